@@ -1,0 +1,44 @@
+"""The ``lightkeeper`` command: one subcommand per package.
+
+Each subcommand lives in the package that owns it and exposes two functions,
+``add_arguments(parser)`` and ``run(args) -> int``. Modules are imported only
+when their subcommand is chosen, so ``lightkeeper analyze`` does not pay for
+importing torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("trainer.cli", "run one rank of a torchft replica group with a WorkerServer"),
+    "demo": ("lightkeeper.demo", "run a whole fault-tolerant job with faults, monitor and report"),
+    "monitor": ("monitor.cli", "poll every rank, detect bad replica groups and evict them"),
+    "analyze": ("monitor.analysis.cli", "analyze Flight Recorder dumps across ranks"),
+    "dashboards": ("dashboards.cli", "build, validate and upload Grafana dashboards"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = next((a for a in argv if a in SUBCOMMANDS), None)
+    parser = argparse.ArgumentParser(prog="lightkeeper", description="Lightkeeper: observability and auto-eviction for torchft training.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            importlib.import_module(module_name).add_arguments(p)
+    args = parser.parse_args(argv)
+    module = importlib.import_module(SUBCOMMANDS[args.command][0])
+    try:
+        return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
