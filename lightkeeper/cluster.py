@@ -1,0 +1,227 @@
+"""A local torchft job: a Lighthouse and replica groups as real processes on this machine.
+
+Used by ``lightkeeper demo`` and by the tests. Every process is started in its own session and
+stopped by PID (SIGTERM, then SIGKILL after a grace period); ports are ephemeral; everything
+binds 127.0.0.1. Logs go to files in ``log_dir``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+WORKER_URL_RE = re.compile(r"group_rank=(\d+) worker_server=(\S+)")
+LIGHTHOUSE_SCRIPT = r"""
+import sys, time
+from torchft.coordination import LighthouseServer
+lh = LighthouseServer(bind="127.0.0.1:0", min_replicas=int(sys.argv[1]),
+                      join_timeout_ms=int(sys.argv[2]), heartbeat_timeout_ms=int(sys.argv[3]))
+port = lh.address().rsplit(":", 1)[1]
+print(f"LIGHTHOUSE http://127.0.0.1:{port}", flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+
+class ClusterError(RuntimeError):
+    """A process of the local job failed to start or to report in time."""
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.1, what: str = "condition"):
+    """Poll ``predicate`` until it returns a truthy value or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout:.1f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def stop_process(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """Stop a process we started (and its session) by PID: SIGTERM, then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=grace)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+@dataclass
+class ManagedProcess:
+    name: str
+    proc: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return _read_text(self.log_path)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+@dataclass
+class ReplicaGroupProcess(ManagedProcess):
+    replica_group: int = 0
+    worker_urls: dict[int, str] = field(default_factory=dict)
+    faults: list[str] = field(default_factory=list)
+
+
+class LocalCluster:
+    """A Lighthouse plus replica-group processes (1 rank per group, or torchrun for more)."""
+
+    def __init__(self, log_dir: str | os.PathLike, *, num_groups: int = 2, ranks_per_group: int = 1,
+                 steps: int = 1000, job: str = "lightkeeper", min_replicas: int = 1,
+                 join_timeout_ms: int = 5000, heartbeat_timeout_ms: int = 5000,
+                 pg_timeout_s: float = 20.0, quorum_timeout_s: float = 60.0,
+                 step_pause_s: float = 0.0, extra_env: dict[str, str] | None = None) -> None:
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.num_groups = num_groups
+        self.ranks_per_group = ranks_per_group
+        self.steps = steps
+        self.job = job
+        self.min_replicas = min_replicas
+        self.join_timeout_ms = join_timeout_ms
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self.pg_timeout_s = pg_timeout_s
+        self.quorum_timeout_s = quorum_timeout_s
+        self.step_pause_s = step_pause_s
+        self.extra_env = dict(extra_env or {})
+        self.lighthouse: ManagedProcess | None = None
+        self.lighthouse_url: str | None = None
+        self.groups: dict[int, ReplicaGroupProcess] = {}
+        self._restarts: dict[int, int] = {}
+
+    # --- lifecycle -------------------------------------------------------------------
+    def start_lighthouse(self, timeout: float = 30.0) -> str:
+        log_path = self.log_dir / "lighthouse.log"
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-u", "-c", LIGHTHOUSE_SCRIPT, str(self.min_replicas),
+                 str(self.join_timeout_ms), str(self.heartbeat_timeout_ms)],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        self.lighthouse = ManagedProcess("lighthouse", proc, log_path)
+
+        def address():
+            if proc.poll() is not None:
+                raise ClusterError(f"Lighthouse exited with {proc.returncode}: "
+                                   f"{_read_text(log_path)[-2000:]}")
+            m = re.search(r"LIGHTHOUSE (\S+)", _read_text(log_path))
+            return m.group(1) if m else None
+
+        self.lighthouse_url = wait_until(address, timeout, what="the Lighthouse to listen")
+        return self.lighthouse_url
+
+    def start_group(self, replica_group: int, faults: list[str] | None = None,
+                    extra_args: list[str] | None = None) -> ReplicaGroupProcess:
+        """Start (or restart) one replica group's process(es)."""
+        if self.lighthouse_url is None:
+            raise ClusterError("start the Lighthouse first")
+        old = self.groups.get(replica_group)
+        if old is not None and old.alive():
+            raise ClusterError(f"replica group {replica_group} is still running")
+        n = self._restarts[replica_group] = self._restarts.get(replica_group, -1) + 1
+        log_path = self.log_dir / f"replica_group_{replica_group}" / (
+            "train.log" if n == 0 else f"train.restart{n}.log")
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        train_args = [
+            "train", "--replica-group", str(replica_group),
+            "--num-replica-groups", str(self.num_groups), "--lighthouse", self.lighthouse_url,
+            "--steps", str(self.steps), "--job", self.job,
+            "--pg-timeout", str(self.pg_timeout_s), "--quorum-timeout", str(self.quorum_timeout_s),
+            "--step-pause", str(self.step_pause_s),
+        ]
+        for f in faults or []:
+            train_args += ["--inject", f]
+        train_args += extra_args or []
+        if self.ranks_per_group == 1:
+            cmd = [sys.executable, "-u", "-m", "lightkeeper.cli", *train_args]
+        else:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   f"--nproc-per-node={self.ranks_per_group}", "--no-python",
+                   sys.executable, "-u", "-m", "lightkeeper.cli", *train_args]
+        env = {**os.environ, **self.extra_env, "TORCHFT_LIGHTHOUSE": self.lighthouse_url,
+               "REPLICA_GROUP_ID": str(replica_group), "NUM_REPLICA_GROUPS": str(self.num_groups),
+               "PYTHONUNBUFFERED": "1"}
+        env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+        group = ReplicaGroupProcess(f"replica_group_{replica_group}", proc, log_path,
+                                    replica_group=replica_group, faults=list(faults or []))
+        self.groups[replica_group] = group
+        return group
+
+    def wait_for_workers(self, replica_group: int, timeout: float = 60.0) -> dict[int, str]:
+        """Wait until every rank of the group printed its WorkerServer URL; returns them."""
+        group = self.groups[replica_group]
+
+        def urls():
+            text = group.log()
+            found = {int(r): u for r, u in WORKER_URL_RE.findall(text)}
+            if len(found) >= self.ranks_per_group:
+                return found
+            if not group.alive():
+                raise ClusterError(f"replica group {replica_group} exited with "
+                                   f"{group.proc.returncode}: {text[-3000:]}")
+            return None
+
+        group.worker_urls = wait_until(urls, timeout, what=f"replica group {replica_group}'s "
+                                                           "WorkerServers")
+        return group.worker_urls
+
+    def start(self, faults: dict[int, list[str]] | None = None, timeout: float = 90.0) -> None:
+        self.start_lighthouse()
+        for g in range(self.num_groups):
+            self.start_group(g, (faults or {}).get(g))
+        for g in range(self.num_groups):
+            self.wait_for_workers(g, timeout)
+
+    def kill_group(self, replica_group: int) -> None:
+        stop_process(self.groups[replica_group].proc, grace=0.0)
+
+    def worker_urls(self) -> list[str]:
+        return [u for g in self.groups.values() if g.alive() for u in g.worker_urls.values()]
+
+    def stop(self) -> None:
+        for g in self.groups.values():
+            stop_process(g.proc, grace=3.0)
+        if self.lighthouse is not None:
+            stop_process(self.lighthouse.proc, grace=3.0)
+
+    def pids(self) -> list[int]:
+        procs = [g.proc for g in self.groups.values()]
+        if self.lighthouse:
+            procs.append(self.lighthouse.proc)
+        return [p.pid for p in procs]
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,86 @@
+"""``lightkeeper train``: one rank of one replica group (several ranks per group under torchrun)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from .config import ModelConfig, TrainConfig
+from .faults import FaultSpecError, parse_fault
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise SystemExit(f"lightkeeper train: {name}={raw!r} is not an integer") from None
+
+
+def fault_spec(value: str) -> str:
+    try:
+        parse_fault(value)
+    except FaultSpecError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--replica-group", type=int, default=None,
+                   help="replica group index (env REPLICA_GROUP_ID; default 0)")
+    p.add_argument("--num-replica-groups", type=int, default=None,
+                   help="number of replica groups in the job (env NUM_REPLICA_GROUPS; default 2)")
+    p.add_argument("--lighthouse", default=None,
+                   help="Lighthouse URL (env TORCHFT_LIGHTHOUSE)")
+    p.add_argument("--steps", type=int, default=100, help="committed steps to train (default 100)")
+    p.add_argument("--worker-port", type=int, default=0,
+                   help="WorkerServer port; 0 = ephemeral; with several local ranks each gets "
+                        "port+group_rank")
+    p.add_argument("--worker-host", default="127.0.0.1", help="WorkerServer bind address")
+    p.add_argument("--job", default=os.environ.get("LIGHTKEEPER_JOB", "lightkeeper"),
+                   help="job name used in labels and state (env LIGHTKEEPER_JOB)")
+    p.add_argument("--inject", action="append", default=[], type=fault_spec, metavar="SPEC",
+                   help="inject a fault (repeatable): slow:delay=S[,from_step=N] | hang:at_step=N "
+                        "| mismatch:at_step=N | crash:at_step=N")
+    p.add_argument("--pg-timeout", type=float, default=60.0,
+                   help="torchft collective/process-group timeout, seconds (default 60)")
+    p.add_argument("--quorum-timeout", type=float, default=60.0,
+                   help="torchft quorum timeout, seconds (default 60)")
+    p.add_argument("--step-pause", type=float, default=0.0,
+                   help="extra seconds per step standing in for data loading (default 0)")
+    p.add_argument("--min-replica-size", type=int, default=1,
+                   help="torchft min_replica_size: fewest groups that may commit a step")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    lighthouse = args.lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE")
+    if not lighthouse:
+        raise SystemExit("lightkeeper train: no Lighthouse: pass --lighthouse URL or set "
+                         "TORCHFT_LIGHTHOUSE")
+    replica_group = (args.replica_group if args.replica_group is not None
+                     else _env_int("REPLICA_GROUP_ID", 0))
+    num_groups = (args.num_replica_groups if args.num_replica_groups is not None
+                  else _env_int("NUM_REPLICA_GROUPS", 2))
+    if replica_group < 0 or num_groups < 1 or replica_group >= num_groups:
+        raise SystemExit(f"lightkeeper train: replica group {replica_group} is not in "
+                         f"[0, {num_groups})")
+    if args.steps < 0:
+        raise SystemExit("lightkeeper train: --steps must be >= 0")
+    return TrainConfig(
+        replica_group=replica_group, num_replica_groups=num_groups, lighthouse=lighthouse,
+        steps=args.steps, worker_host=args.worker_host, worker_port=args.worker_port,
+        job=args.job, pg_timeout_s=args.pg_timeout, quorum_timeout_s=args.quorum_timeout,
+        step_pause_s=args.step_pause, min_replica_size=args.min_replica_size, seed=args.seed,
+        faults=list(args.inject), model=ModelConfig(),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from .loop import setup_logging, train
+
+    cfg = config_from_args(args)
+    setup_logging()
+    return train(cfg)

@@ -1,0 +1,174 @@
+"""The training loop of one rank, top to bottom.
+
+FT-DDP across replica groups with torchft: every step asks the Lighthouse for a quorum
+(asynchronously, during the forward pass), all-reduces the flattened gradients over the quorum's
+participants through ``Manager.allreduce`` (averaged over participants), and steps the optimizer
+only when ``should_commit`` agrees. A group that (re)joins heals from a healthy peer through
+torchft's checkpoint transport and continues at the quorum's step.
+
+Gradients go through ``Manager.allreduce`` rather than torchft's ``DistributedDataParallel``:
+measured with torch 2.13 + torchft 0.2.0, the DDP comm hook fails with ``AssertionError`` in the
+*survivors* after a peer hangs and times out, while ``Manager.allreduce`` reports the error to the
+Manager, which skips the step and reconfigures, so survivors live on.
+
+With several ranks per replica group (under ``torchrun``) gradients are first averaged inside the
+group over the default gloo process group, then across groups; see README for why not FSDP2.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from datetime import timedelta
+
+from .config import TrainConfig
+from .faults import FaultInjector, parse_fault
+
+log = logging.getLogger("lightkeeper.trainer")
+
+
+def _configure_env() -> None:
+    # Flight Recorder must be sized before torch's process groups are created.
+    os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+
+
+def train(cfg: TrainConfig) -> int:
+    """Run one rank until ``cfg.steps`` committed steps; returns a process exit code."""
+    _configure_env()
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import TCPStore
+    from torchft import Manager, ProcessGroupGloo
+    from torchft.checkpointing.http_transport import HTTPTransport
+    from torchft.optim import OptimizerWrapper
+
+    from worker_server import WorkerServer
+
+    from .model import TinyTransformerLM, synthetic_batch
+
+    injector = FaultInjector([parse_fault(s) for s in cfg.faults])
+    torch.set_num_threads(cfg.torch_threads)
+    torch.manual_seed(cfg.seed)  # identical init in every group
+
+    group_rank = int(os.environ.get("RANK", 0))
+    group_world_size = int(os.environ.get("WORLD_SIZE", 1))
+    use_cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if use_cuda else "cpu")
+
+    # Each replica group needs its own TCPStore: torchrun hosts one; a bare process hosts it.
+    store = None
+    if "MASTER_ADDR" not in os.environ:
+        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = str(store.port)
+    intra_group = None
+    if group_world_size > 1:
+        dist.init_process_group("nccl" if use_cuda else "gloo", rank=group_rank,
+                                world_size=group_world_size)
+        intra_group = dist.group.WORLD
+
+    server = WorkerServer.start(
+        replica_group=cfg.replica_group, group_rank=group_rank, group_world_size=group_world_size,
+        job=cfg.job, lighthouse=cfg.lighthouse, host=cfg.worker_host,
+        port=cfg.worker_port + group_rank if cfg.worker_port else 0, faults=injector.specs,
+    )
+    state = server.state
+    print(f"[lightkeeper] replica_group={cfg.replica_group} group_rank={group_rank} "
+          f"worker_server={server.url}", flush=True)
+
+    m = cfg.model
+    model = TinyTransformerLM(m.vocab_size, m.d_model, m.n_heads, m.n_layers, m.seq_len).to(device)
+    inner_optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+
+    def load_state_dict(sd):
+        model.load_state_dict(sd["model"])
+        inner_optimizer.load_state_dict(sd["optim"])
+
+    def state_dict():
+        return {"model": model.state_dict(), "optim": inner_optimizer.state_dict()}
+
+    if use_cuda:
+        from torchft import ProcessGroupNCCL
+
+        pg = ProcessGroupNCCL(timeout=timedelta(seconds=cfg.pg_timeout_s))
+    else:
+        pg = ProcessGroupGloo(timeout=timedelta(seconds=cfg.pg_timeout_s))
+    manager = Manager(
+        pg=pg,
+        min_replica_size=cfg.min_replica_size,
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        replica_id=f"replica_group_{cfg.replica_group}",
+        lighthouse_addr=cfg.lighthouse,
+        rank=group_rank,
+        world_size=group_world_size,
+        timeout=timedelta(seconds=cfg.pg_timeout_s),
+        quorum_timeout=timedelta(seconds=cfg.quorum_timeout_s),
+        connect_timeout=timedelta(seconds=cfg.connect_timeout_s),
+        checkpoint_transport=HTTPTransport(timeout=timedelta(seconds=cfg.pg_timeout_s),
+                                           num_chunks=0),
+    )
+    server.attach(manager)
+    # zero_grad() starts the step's quorum; step() steps only when should_commit agrees.
+    optimizer = OptimizerWrapper(manager, inner_optimizer)
+    params = [p for p in model.parameters() if p.requires_grad]
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    try:
+        while manager.current_step() < cfg.steps:
+            step = manager.current_step()
+            optimizer.zero_grad(set_to_none=False)  # async quorum forms during the forward pass
+            if cfg.step_pause_s:
+                time.sleep(cfg.step_pause_s)
+            tokens, targets = synthetic_batch(step, cfg.replica_group * group_world_size
+                                              + group_rank, m.batch_size, m.seq_len, m.vocab_size)
+            tokens, targets = tokens.to(device), targets.to(device)
+            logits = model(tokens)
+            loss = loss_fn(logits.reshape(-1, m.vocab_size), targets.reshape(-1))
+            state.set_phase("backward")
+            loss.backward()
+
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            if intra_group is not None:
+                dist.all_reduce(flat, op=dist.ReduceOp.AVG if use_cuda else dist.ReduceOp.SUM,
+                                group=intra_group)
+                if not use_cuda:
+                    flat /= group_world_size
+            injector.before_allreduce(step)
+            if injector.mismatch_at(step):
+                flat = torch.cat([flat, flat.new_zeros(1)])  # a shape no peer issues
+            manager.allreduce(flat).wait()
+            if flat.numel() == sum(p.numel() for p in params):
+                offset = 0
+                for p in params:
+                    n = p.numel()
+                    p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+                    offset += n
+
+            optimizer.step()
+            committed = manager.current_step() > step
+            state.set_loss(loss.item())
+            snap = state.snapshot()
+            log.info(
+                "step=%d quorum_id=%d participants=%d step_time=%.3fs committed=%s loss=%.4f",
+                manager.current_step(), snap["quorum_id"], snap["num_participants"],
+                snap["last_step_seconds"] or 0.0, committed, loss.item(),
+            )
+    finally:
+        state.set_phase("stopped")
+        manager.shutdown(wait=False)
+        server.stop()
+        if intra_group is not None:
+            dist.destroy_process_group()
+        del store
+    return 0
+
+
+def setup_logging() -> None:
+    logging.basicConfig(stream=sys.stdout, level=logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # torchft logs a line per quorum/commit at INFO; keep ours readable.
+    for name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors"):
+        logging.getLogger(name).setLevel(logging.WARNING)

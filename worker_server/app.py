@@ -1,0 +1,105 @@
+"""Flask app factory for the WorkerServer: thin, read-only routes over plain functions.
+
+Every route is GET-only. An unknown path or a bad parameter answers 4xx with a JSON error;
+an endpoint that fails inside answers 500 with the reason, and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from flask import Flask, Response, jsonify, request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from werkzeug.exceptions import HTTPException
+
+from .flight_recorder import IncarnationTracker, fr_dump
+from .metrics import WorkerMetrics
+from .stacks import format_stacks, thread_stacks
+from .state import RankState
+
+_BOOL = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+class BadParameter(ValueError):
+    """A query parameter with a value the endpoint does not accept (answered 400)."""
+
+
+def bool_param(name: str, default: bool = False) -> bool:
+    raw = request.args.get(name)
+    if raw is None:
+        return default
+    try:
+        return _BOOL[raw.strip().lower()]
+    except KeyError:
+        raise BadParameter(f"{name} must be true or false, got {raw!r}") from None
+
+
+def choice_param(name: str, choices: tuple[str, ...], default: str) -> str:
+    raw = request.args.get(name, default)
+    if raw not in choices:
+        raise BadParameter(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+    return raw
+
+
+def identity_keys(state: RankState) -> dict[str, Any]:
+    i = state.identity
+    return {
+        "rank": i.rank,
+        "replica_group": i.replica_group,
+        "replica_id": state.replica_id,
+        "group_rank": i.group_rank,
+        "group_world_size": i.group_world_size,
+        "host": i.host,
+        "job": i.job,
+    }
+
+
+def create_app(
+    state: RankState,
+    tracker: IncarnationTracker | None = None,
+    metrics: WorkerMetrics | None = None,
+    fr_dumper: Callable[..., dict[str, Any]] = fr_dump,
+) -> Flask:
+    app = Flask("lightkeeper.worker_server")
+    metrics = metrics or WorkerMetrics(state)
+
+    @app.get("/healthz")
+    def healthz():
+        return jsonify(status="ok")
+
+    @app.get("/v1/state")
+    def v1_state():
+        return jsonify(state.snapshot())
+
+    @app.get("/v1/fr_trace")
+    def v1_fr_trace():
+        only_active = bool_param("onlyactive")
+        return jsonify(fr_dumper(tracker, identity_keys(state), only_active=only_active))
+
+    @app.get("/v1/stacks")
+    def v1_stacks():
+        fmt = choice_param("format", ("text", "json"), "text")
+        stacks = thread_stacks()
+        if fmt == "json":
+            return jsonify(pid=state.identity.pid, rank=state.identity.rank, threads=stacks)
+        return Response(format_stacks(stacks), mimetype="text/plain")
+
+    @app.get("/metrics")
+    def prometheus_metrics():
+        return Response(generate_latest(metrics.registry), mimetype=CONTENT_TYPE_LATEST)
+
+    @app.errorhandler(BadParameter)
+    def bad_parameter(e: BadParameter):
+        return jsonify(error=str(e), status=400), 400
+
+    @app.errorhandler(HTTPException)
+    def http_error(e: HTTPException):
+        return jsonify(error=e.description, status=e.code, path=request.path), e.code
+
+    @app.errorhandler(Exception)
+    def internal_error(e: Exception):
+        app.logger.exception("endpoint %s failed", request.path)
+        return jsonify(error=f"{type(e).__name__}: {e}", status=500, path=request.path), 500
+
+    return app

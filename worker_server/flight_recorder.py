@@ -1,0 +1,154 @@
+"""This rank's Flight Recorder dump, made interpretable across torchft quorums.
+
+torchft rebuilds its cross-replica-group process group at every quorum change: sequence ids
+restart at 1, ``pg_id`` grows per process and, on gloo, the group has an empty name. A raw dump
+therefore cannot tell which entries belong to which quorum. :class:`IncarnationTracker` hooks the
+process group's ``configure`` and records, per incarnation, the quorum id, this rank's position and
+the group's members next to the record id where it began; :func:`fr_dump` adds that list to the
+dump as ``incarnations`` (see docs/CONTRACTS.md).
+
+A dump that torch cannot produce (Flight Recorder disabled, a build without it) raises
+:class:`FlightRecorderUnavailable`; the HTTP layer turns it into a 500 with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+TORCHFT_PG_PREFIX = "torchft_quorum_"
+
+
+class FlightRecorderUnavailable(RuntimeError):
+    """torch cannot dump its Flight Recorder here."""
+
+
+def raw_dump(only_active: bool = False) -> dict[str, Any]:
+    """torch's Flight Recorder dump as a dict (NCCL flavour when NCCL is in use, else gloo's)."""
+    import torch
+    import torch._C._distributed_c10d as c10d
+
+    dumpers: list[Callable[..., bytes]] = []
+    if torch.cuda.is_available() and hasattr(c10d, "_dump_nccl_trace_json"):
+        dumpers.append(
+            lambda: c10d._dump_nccl_trace_json(includeCollectives=True, onlyActive=only_active)
+        )
+    if hasattr(c10d, "_dump_fr_trace_json"):
+        dumpers.append(
+            lambda: c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=only_active)
+        )
+    if not dumpers:
+        raise FlightRecorderUnavailable("this torch build has no Flight Recorder JSON dump")
+    errors = []
+    for dump in dumpers:
+        try:
+            return json.loads(dump())
+        except Exception as e:  # try the next flavour, report all if none works
+            errors.append(f"{type(e).__name__}: {e}")
+    raise FlightRecorderUnavailable("; ".join(errors))
+
+
+def is_torchft_pg_name(name: str) -> bool:
+    # gloo names torchft's group '' (group_rank 0) or torchft_quorum_<q>_rank_<r>.
+    return name == "" or name.startswith(TORCHFT_PG_PREFIX)
+
+
+def _next_record_id(dump: dict[str, Any]) -> int:
+    entries = dump.get("entries") or []
+    return (max(int(e.get("record_id", -1)) for e in entries) + 1) if entries else 0
+
+
+class IncarnationTracker:
+    """Remembers every torchft process-group incarnation this rank has been part of."""
+
+    def __init__(self, group_rank: int, max_incarnations: int = 256) -> None:
+        self.group_rank = group_rank
+        self._lock = threading.Lock()
+        self._incarnations: list[dict[str, Any]] = []
+        self._max = max_incarnations
+
+    def hook(self, pg: Any) -> None:
+        """Wrap ``pg.configure`` (a torchft ProcessGroup) so each reconfiguration is recorded."""
+        original = pg.configure
+        if getattr(original, "_lightkeeper_hooked", False):
+            return
+
+        def configure(store_addr, replica_id, rank, world_size, quorum_id=None,
+                      group_rank=None, group_world_size=None, global_ranks=None):
+            try:
+                first = _next_record_id(raw_dump())
+            except FlightRecorderUnavailable:
+                first = 0
+            result = original(store_addr, replica_id, rank, world_size, quorum_id,
+                              group_rank, group_world_size, global_ranks)
+            self.record(
+                quorum_id=quorum_id,
+                replica_rank=rank,
+                replica_world_size=world_size,
+                global_ranks=list(global_ranks) if global_ranks is not None else None,
+                first_record_id=first,
+            )
+            return result
+
+        configure._lightkeeper_hooked = True  # type: ignore[attr-defined]
+        pg.configure = configure
+
+    def record(self, *, quorum_id, replica_rank, replica_world_size, global_ranks,
+               first_record_id) -> None:
+        with self._lock:
+            self._incarnations.append({
+                "pg_id": None,
+                "pg_name": None,
+                "quorum_id": None if quorum_id is None else int(quorum_id),
+                "group_rank": self.group_rank,
+                "replica_rank": int(replica_rank),
+                "replica_world_size": int(replica_world_size),
+                "global_ranks": global_ranks,
+                "first_record_id": int(first_record_id),
+                "started_ns": time.time_ns(),
+            })
+            del self._incarnations[: -self._max]
+
+    def annotate(self, dump: dict[str, Any]) -> list[dict[str, Any]]:
+        """The incarnation list for ``dump``, with ``pg_id``/``pg_name`` resolved from its entries.
+
+        The first torchft-group entry at or after an incarnation's first record id carries the
+        incarnation's ``pg_id``; once seen it is remembered, so later dumps whose ring buffer has
+        wrapped past that entry still know it.
+        """
+        entries = dump.get("entries") or []
+        with self._lock:
+            incs = self._incarnations
+            for i, inc in enumerate(incs):
+                if inc["pg_id"] is not None:
+                    continue
+                end = incs[i + 1]["first_record_id"] if i + 1 < len(incs) else None
+                for e in entries:
+                    rid = int(e.get("record_id", -1))
+                    if rid < inc["first_record_id"] or (end is not None and rid >= end):
+                        continue
+                    pg = e.get("process_group") or [""]
+                    if is_torchft_pg_name(str(pg[0])):
+                        inc["pg_id"] = int(e.get("pg_id"))
+                        inc["pg_name"] = str(pg[0])
+                        break
+            return [dict(inc) for inc in incs]
+
+    def current(self) -> dict[str, Any] | None:
+        with self._lock:
+            return dict(self._incarnations[-1]) if self._incarnations else None
+
+
+def fr_dump(tracker: IncarnationTracker | None, identity: dict[str, Any],
+            only_active: bool = False) -> dict[str, Any]:
+    """The ``/v1/fr_trace`` document: torch's dump plus who-am-I keys and ``incarnations``."""
+    dump = raw_dump(only_active=only_active)
+    # Resolve pg ids against the full buffer even when only active entries are served.
+    full = raw_dump() if (only_active and tracker is not None) else dump
+    dump.update(identity)
+    dump["dump_time_ns"] = time.time_ns()
+    dump["incarnations"] = tracker.annotate(full) if tracker is not None else []
+    return dump

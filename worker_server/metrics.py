@@ -1,0 +1,110 @@
+"""Prometheus metrics of one rank (``lightkeeper_`` prefix), in their own registry.
+
+Gauges and counters are read from :class:`~worker_server.state.RankState` at scrape time by a
+custom collector, so the training thread pays nothing per scrape; only the step-time histogram
+is updated by a step listener, once per step.
+
+Every series carries ``job``, ``replica_group`` and ``rank`` (global rank) labels, plus
+``group_rank``. See the README's metrics table for each metric.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.registry import Collector
+
+from .state import PHASES, RankState, library_versions
+
+# `_created` series double every counter's cardinality and no dashboard reads them.
+disable_created_metrics()
+
+STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+LABELS = ("job", "replica_group", "rank", "group_rank")
+
+
+def _label_values(state: RankState) -> list[str]:
+    i = state.identity
+    return [i.job, str(i.replica_group), str(i.rank), str(i.group_rank)]
+
+
+class _StateCollector(Collector):
+    def __init__(self, state: RankState) -> None:
+        self.state = state
+
+    def collect(self):
+        snap = self.state.snapshot()
+        lv = _label_values(self.state)
+        now = time.time()
+
+        def gauge(name: str, doc: str, value: float | None, unit: str = ""):
+            g = GaugeMetricFamily(name, doc, labels=LABELS, unit=unit)
+            if value is not None:
+                g.add_metric(lv, float(value))
+            return g
+
+        yield gauge("lightkeeper_step", "torchft committed step of this rank", snap["step"])
+        yield gauge("lightkeeper_quorum_id", "current torchft quorum id", snap["quorum_id"])
+        yield gauge("lightkeeper_quorum_participants",
+                    "replica groups participating in the current quorum", snap["num_participants"])
+        yield gauge("lightkeeper_participating",
+                    "1 when this replica group takes part in the current step",
+                    1 if snap["participating"] else 0)
+        yield gauge("lightkeeper_last_step_duration_seconds", "wall time of the last finished step",
+                    snap["last_step_seconds"])
+        yield gauge("lightkeeper_last_step_timestamp_seconds",
+                    "unix time the last step finished", snap["last_step_at"])
+        yield gauge("lightkeeper_phase_duration_seconds", "seconds spent so far in the current phase",
+                    max(0.0, now - snap["phase_since"]))
+        yield gauge("lightkeeper_loss", "training loss of the last step", snap["loss"])
+        yield gauge("lightkeeper_faults_injected", "number of faults injected into this rank",
+                    len(snap["faults"]))
+        for name, doc, value in (
+            ("lightkeeper_commits", "steps whose should_commit returned True", snap["commits"]),
+            ("lightkeeper_commit_failures", "steps whose should_commit returned False",
+             snap["commit_failures"]),
+            ("lightkeeper_heals", "times this rank healed (recovered state) from a peer",
+             snap["heals"]),
+            ("lightkeeper_quorum_changes", "times the quorum (and process group) was rebuilt",
+             snap["quorum_changes"]),
+        ):
+            c = CounterMetricFamily(name, doc, labels=LABELS)
+            c.add_metric(lv, float(value))
+            yield c
+        phase = GaugeMetricFamily("lightkeeper_phase", "1 for the phase this rank is in, else 0",
+                                  labels=(*LABELS, "phase"))
+        for p in PHASES:
+            phase.add_metric([*lv, p], 1.0 if p == snap["phase"] else 0.0)
+        yield phase
+        torch_v, torchft_v = library_versions()
+        info = InfoMetricFamily("lightkeeper_worker", "static facts about this rank",
+                                labels=LABELS)
+        info.add_metric(lv, {
+            "replica_id": snap["replica_id"] or "",
+            "host": snap["host"],
+            "pid": str(snap["pid"]),
+            "worker_url": snap["worker_url"] or "",
+            "torch_version": torch_v,
+            "torchft_version": torchft_v,
+        })
+        yield info
+
+
+class WorkerMetrics:
+    """The registry served at ``/metrics``; attach once per RankState."""
+
+    def __init__(self, state: RankState) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        lv = _label_values(state)
+        self.step_seconds = Histogram(
+            "lightkeeper_step_duration_seconds", "wall time of each training step",
+            LABELS, buckets=STEP_BUCKETS, registry=self.registry,
+        ).labels(*lv)
+        self.registry.register(_StateCollector(state))
+        state.add_step_listener(self._on_step)
+
+    def _on_step(self, duration: float | None, committed: bool) -> None:
+        if duration is not None:
+            self.step_seconds.observe(duration)

@@ -1,0 +1,126 @@
+"""The per-rank WorkerServer: the Flask app on a production WSGI server (waitress) in a thread.
+
+Two lines in any torchft training script, right after creating the ``Manager``::
+
+    from worker_server import WorkerServer
+    server = WorkerServer.start(manager, replica_group=int(os.environ["REPLICA_GROUP_ID"]))
+
+It binds 127.0.0.1 on an ephemeral port unless told otherwise (``host``/``port`` or
+``LIGHTKEEPER_WORKER_HOST`` / ``LIGHTKEEPER_WORKER_PORT``) and serves read-only endpoints.
+With ``LIGHTKEEPER_MONITOR=URL`` set it registers itself with that monitor and keeps
+re-registering, so a restarted monitor finds it again; a monitor that is down only delays that.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from typing import Any
+
+import requests
+from waitress.server import create_server
+
+from .app import create_app
+from .flight_recorder import IncarnationTracker
+from .instrument import instrument_manager
+from .metrics import WorkerMetrics
+from .state import RankIdentity, RankState
+
+log = logging.getLogger(__name__)
+
+REGISTER_INTERVAL_S = 5.0
+
+
+class WorkerServer:
+    """Serves one rank's state, Flight Recorder dump, stacks and metrics over HTTP."""
+
+    def __init__(self, state: RankState, tracker: IncarnationTracker | None = None,
+                 host: str = "127.0.0.1", port: int = 0, threads: int = 4) -> None:
+        self.state = state
+        self.tracker = tracker or IncarnationTracker(state.identity.group_rank)
+        self.metrics = WorkerMetrics(state)
+        self.app = create_app(state, self.tracker, self.metrics)
+        # waitress: a real WSGI server with a small thread pool; one slow /v1/fr_trace does not
+        # block /healthz or /v1/stacks.
+        self._server = create_server(self.app, host=host, port=port, threads=threads,
+                                     ident="lightkeeper-worker", clear_untrusted_proxy_headers=True)
+        self.host = host
+        self.port = int(self._server.effective_port)
+        display_host = host if host not in ("0.0.0.0", "::", "") else socket.gethostname()
+        self.url = f"http://{display_host}:{self.port}"
+        state.worker_url = self.url
+        self._thread = threading.Thread(target=self._server.run, name="lightkeeper-worker-http",
+                                        daemon=True)
+        self._stop = threading.Event()
+        self._register_thread: threading.Thread | None = None
+
+    @classmethod
+    def start(cls, manager: Any = None, *, replica_group: int | None = None,
+              group_rank: int | None = None, group_world_size: int | None = None,
+              job: str | None = None, lighthouse: str | None = None,
+              host: str | None = None, port: int | None = None,
+              faults: list[str] | None = None, monitor_url: str | None = None) -> WorkerServer:
+        """Start serving; with ``manager``, instrument it (see :mod:`worker_server.instrument`).
+
+        Unset arguments come from the environment torchft users already have:
+        ``REPLICA_GROUP_ID``, ``RANK``, ``WORLD_SIZE``, ``TORCHFT_LIGHTHOUSE``, ``LIGHTKEEPER_JOB``.
+        Raises ``OSError`` when the port cannot be bound.
+        """
+        env = os.environ
+        identity = RankIdentity(
+            job=job or env.get("LIGHTKEEPER_JOB", "lightkeeper"),
+            replica_group=int(replica_group if replica_group is not None
+                              else env.get("REPLICA_GROUP_ID", 0)),
+            group_rank=int(group_rank if group_rank is not None else env.get("RANK", 0)),
+            group_world_size=int(group_world_size if group_world_size is not None
+                                 else env.get("WORLD_SIZE", 1)),
+            lighthouse=lighthouse or env.get("TORCHFT_LIGHTHOUSE"),
+        )
+        state = RankState(identity, faults=faults)
+        server = cls(
+            state,
+            host=host or env.get("LIGHTKEEPER_WORKER_HOST", "127.0.0.1"),
+            port=int(port if port is not None else env.get("LIGHTKEEPER_WORKER_PORT", 0)),
+        )
+        if manager is not None:
+            server.attach(manager)
+        server._thread.start()
+        monitor_url = monitor_url or env.get("LIGHTKEEPER_MONITOR")
+        if monitor_url:
+            server.register_with(monitor_url, token=env.get("LIGHTKEEPER_TOKEN"))
+        return server
+
+    def attach(self, manager: Any) -> None:
+        """Instrument a torchft Manager created after the server started."""
+        instrument_manager(manager, self.state, self.tracker)
+
+    def register_with(self, monitor_url: str, token: str | None = None) -> None:
+        """Keep this rank registered with a monitor (``POST {monitor}/v1/targets``)."""
+        body = {
+            "url": self.url,
+            "job": self.state.identity.job,
+            "replica_group": self.state.identity.replica_group,
+            "rank": self.state.identity.rank,
+        }
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+        def loop() -> None:
+            while not self._stop.is_set():
+                try:
+                    requests.post(f"{monitor_url.rstrip('/')}/v1/targets", json=body,
+                                  headers=headers, timeout=2).raise_for_status()
+                except requests.RequestException as e:
+                    log.debug("registration with %s failed: %s", monitor_url, e)
+                self._stop.wait(REGISTER_INTERVAL_S)
+
+        self._register_thread = threading.Thread(target=loop, name="lightkeeper-register",
+                                                 daemon=True)
+        self._register_thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.state.set_phase("stopped")
+        self._server.close()
+        self._thread.join(timeout=5)

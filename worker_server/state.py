@@ -1,0 +1,181 @@
+"""What one rank is doing right now: the record behind ``/v1/state`` and ``/metrics``.
+
+The training thread writes (``set_phase``, ``step_finished``, ``set_quorum``), HTTP threads
+read (``snapshot``). A lock keeps every snapshot consistent; writes are a few attribute
+stores, so the training thread never waits on a slow reader for long.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from functools import cache
+from importlib.metadata import PackageNotFoundError, version
+
+PHASES = (
+    "starting",
+    "quorum",
+    "forward",
+    "backward",
+    "allreduce",
+    "commit",
+    "optimizer",
+    "healing",
+    "stopped",
+)
+RECENT_STEPS = 64
+
+
+@cache
+def library_versions() -> tuple[str, str]:
+    """(torch, torchft) versions as installed; "unknown" when a package is missing."""
+    out = []
+    for name in ("torch", "torchft"):
+        try:
+            out.append(version(name))
+        except PackageNotFoundError:
+            out.append("unknown")
+    return out[0], out[1]
+
+
+@dataclass
+class RankIdentity:
+    """Who this rank is; fixed for the life of the process."""
+
+    job: str = "lightkeeper"
+    replica_group: int = 0
+    group_rank: int = 0
+    group_world_size: int = 1
+    host: str = field(default_factory=socket.gethostname)
+    pid: int = field(default_factory=os.getpid)
+    lighthouse: str | None = None
+
+    @property
+    def rank(self) -> int:
+        return self.replica_group * self.group_world_size + self.group_rank
+
+
+class RankState:
+    """Thread-safe training state of one rank."""
+
+    def __init__(self, identity: RankIdentity, faults: list[str] | None = None) -> None:
+        self.identity = identity
+        self.faults = list(faults or [])
+        self._lock = threading.Lock()
+        self.started_at = time.time()
+        self.worker_url: str | None = None
+        self.replica_id: str | None = None
+        self.step = 0
+        self.quorum_id = -1
+        self.num_participants = 0
+        self.participating = False
+        self.phase = "starting"
+        self.phase_since = self.started_at
+        self.last_step_seconds: float | None = None
+        self.last_step_at: float | None = None
+        self.recent_step_seconds: deque[float] = deque(maxlen=RECENT_STEPS)
+        self.commits = 0
+        self.commit_failures = 0
+        self.heals = 0
+        self.quorum_changes = 0
+        self.loss: float | None = None
+        self._step_started_at: float | None = None
+        # Callbacks (e.g. Prometheus metrics) told about every finished step.
+        self._step_listeners: list = []
+
+    # --- writers (training thread) -------------------------------------------------
+    def set_phase(self, phase: str) -> None:
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}; expected one of {PHASES}")
+        now = time.time()
+        with self._lock:
+            if phase != self.phase:
+                self.phase = phase
+                self.phase_since = now
+
+    def step_started(self) -> None:
+        with self._lock:
+            self._step_started_at = time.time()
+
+    def set_quorum(self, quorum_id: int, num_participants: int, participating: bool) -> None:
+        with self._lock:
+            if quorum_id != self.quorum_id:
+                self.quorum_changes += 1 if self.quorum_id != -1 else 0
+            self.quorum_id = quorum_id
+            self.num_participants = num_participants
+            self.participating = participating
+
+    def step_finished(self, step: int, committed: bool, loss: float | None = None) -> float | None:
+        """Record the end of a step; returns its duration (None if its start was not seen)."""
+        now = time.time()
+        with self._lock:
+            duration = None if self._step_started_at is None else now - self._step_started_at
+            self._step_started_at = None
+            self.step = step
+            if committed:
+                self.commits += 1
+            else:
+                self.commit_failures += 1
+            if loss is not None:
+                self.loss = loss
+            if duration is not None:
+                self.last_step_seconds = duration
+                self.recent_step_seconds.append(duration)
+            self.last_step_at = now
+            listeners = list(self._step_listeners)
+        for listener in listeners:
+            listener(duration, committed)
+        return duration
+
+    def set_loss(self, loss: float) -> None:
+        with self._lock:
+            self.loss = float(loss)
+
+    def healed(self) -> None:
+        with self._lock:
+            self.heals += 1
+
+    def add_step_listener(self, listener) -> None:
+        with self._lock:
+            self._step_listeners.append(listener)
+
+    # --- readers (HTTP threads) ----------------------------------------------------
+    def snapshot(self) -> dict:
+        """The ``/v1/state`` document (see docs/CONTRACTS.md)."""
+        torch_version, torchft_version = library_versions()
+        ident = self.identity
+        with self._lock:
+            return {
+                "job": ident.job,
+                "replica_group": ident.replica_group,
+                "replica_id": self.replica_id,
+                "group_rank": ident.group_rank,
+                "group_world_size": ident.group_world_size,
+                "rank": ident.rank,
+                "host": ident.host,
+                "pid": ident.pid,
+                "worker_url": self.worker_url,
+                "step": self.step,
+                "quorum_id": self.quorum_id,
+                "num_participants": self.num_participants,
+                "participating": self.participating,
+                "phase": self.phase,
+                "phase_since": self.phase_since,
+                "last_step_seconds": self.last_step_seconds,
+                "last_step_at": self.last_step_at,
+                "recent_step_seconds": list(self.recent_step_seconds),
+                "commits": self.commits,
+                "commit_failures": self.commit_failures,
+                "heals": self.heals,
+                "quorum_changes": self.quorum_changes,
+                "loss": self.loss,
+                "lighthouse": ident.lighthouse,
+                "torch_version": torch_version,
+                "torchft_version": torchft_version,
+                "started_at": self.started_at,
+                "faults": list(self.faults),
+            }
