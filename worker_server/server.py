@@ -23,7 +23,7 @@ import requests
 from waitress.server import create_server
 
 from .app import create_app
-from .flight_recorder import IncarnationTracker
+from .flight_recorder import IncarnationTracker, fr_dump
 from .instrument import instrument_manager
 from .metrics import WorkerMetrics
 from .state import RankIdentity, RankState
@@ -37,11 +37,12 @@ class WorkerServer:
     """Serves one rank's state, Flight Recorder dump, stacks and metrics over HTTP."""
 
     def __init__(self, state: RankState, tracker: IncarnationTracker | None = None,
-                 host: str = "127.0.0.1", port: int = 0, threads: int = 4) -> None:
+                 host: str = "127.0.0.1", port: int = 0, threads: int = 4,
+                 fr_dumper=fr_dump) -> None:
         self.state = state
         self.tracker = tracker or IncarnationTracker(state.identity.group_rank)
         self.metrics = WorkerMetrics(state)
-        self.app = create_app(state, self.tracker, self.metrics)
+        self.app = create_app(state, self.tracker, self.metrics, fr_dumper=fr_dumper)
         # waitress: a real WSGI server with a small thread pool; one slow /v1/fr_trace does not
         # block /healthz or /v1/stacks.
         self._server = create_server(self.app, host=host, port=port, threads=threads,
@@ -86,11 +87,17 @@ class WorkerServer:
         )
         if manager is not None:
             server.attach(manager)
-        server._thread.start()
+        server.serve()
         monitor_url = monitor_url or env.get("LIGHTKEEPER_MONITOR")
         if monitor_url:
             server.register_with(monitor_url, token=env.get("LIGHTKEEPER_TOKEN"))
         return server
+
+    def serve(self) -> WorkerServer:
+        """Start answering HTTP requests on a background thread; returns self."""
+        if not self._thread.is_alive():
+            self._thread.start()
+        return self
 
     def attach(self, manager: Any) -> None:
         """Instrument a torchft Manager created after the server started."""

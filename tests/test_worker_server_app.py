@@ -1,0 +1,117 @@
+"""WorkerServer over real HTTP (waitress on an ephemeral port) without a training job:
+every endpoint's contract, errors as JSON, and a failing endpoint not taking the server down."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import requests
+
+from worker_server import RankIdentity, RankState, WorkerServer
+from worker_server.flight_recorder import IncarnationTracker
+
+
+@pytest.fixture
+def server():
+    state = RankState(RankIdentity(job="unit", replica_group=2, group_rank=1, group_world_size=2,
+                                   lighthouse="http://127.0.0.1:1"), faults=["slow:delay=1"])
+    srv = WorkerServer(state)
+    srv.serve()
+    yield srv
+    srv.stop()
+
+
+def test_binds_loopback_on_an_ephemeral_port(server):
+    assert server.host == "127.0.0.1" and server.port > 0
+    assert server.url == f"http://127.0.0.1:{server.port}"
+    assert requests.get(server.url + "/healthz", timeout=2).json() == {"status": "ok"}
+
+
+def test_state_reports_identity_and_steps(server):
+    st = server.state
+    st.step_started()
+    st.set_phase("forward")
+    st.set_quorum(5, 3, True)
+    st.step_finished(1, committed=True, loss=2.5)
+    st.step_started()
+    st.step_finished(1, committed=False)
+    body = requests.get(server.url + "/v1/state", timeout=2).json()
+    assert body["job"] == "unit" and body["replica_group"] == 2 and body["group_rank"] == 1
+    assert body["rank"] == 5  # replica_group * group_world_size + group_rank
+    assert body["quorum_id"] == 5 and body["num_participants"] == 3 and body["participating"]
+    assert body["commits"] == 1 and body["commit_failures"] == 1 and body["loss"] == 2.5
+    assert len(body["recent_step_seconds"]) == 2 and body["last_step_seconds"] >= 0
+    assert body["phase"] == "forward" and body["faults"] == ["slow:delay=1"]
+    assert body["torch_version"].startswith("2.13") and body["torchft_version"] == "0.2.0"
+    assert body["worker_url"] == server.url
+
+
+def test_unknown_path_and_method_are_json_errors(server):
+    r = requests.get(server.url + "/v1/nope", timeout=2)
+    assert r.status_code == 404 and r.json()["status"] == 404
+    r = requests.post(server.url + "/v1/state", timeout=2)  # read-only
+    assert r.status_code == 405 and "error" in r.json()
+
+
+@pytest.mark.parametrize("path", ["/v1/fr_trace?onlyactive=maybe", "/v1/stacks?format=xml"])
+def test_bad_parameters_are_400_with_reason(server, path):
+    r = requests.get(server.url + path, timeout=2)
+    assert r.status_code == 400
+    assert "must be" in r.json()["error"]
+
+
+def test_fr_trace_is_self_describing(server):
+    body = requests.get(server.url + "/v1/fr_trace?onlyactive=true", timeout=5).json()
+    for key in ("rank", "replica_group", "replica_id", "host", "job", "dump_time_ns",
+                "incarnations", "version"):
+        assert key in body, key
+    assert body["rank"] == 5 and body["job"] == "unit"
+
+
+def test_stacks_show_every_thread_text_and_json(server):
+    blocker = threading.Event()
+    t = threading.Thread(target=blocker.wait, name="blocked-worker", daemon=True)
+    t.start()
+    try:
+        text = requests.get(server.url + "/v1/stacks", timeout=2).text
+        assert 'Thread' in text and '"blocked-worker"' in text and "in wait" in text
+        body = requests.get(server.url + "/v1/stacks?format=json", timeout=2).json()
+        names = {th["name"] for th in body["threads"]}
+        assert "blocked-worker" in names and "MainThread" in names
+    finally:
+        blocker.set()
+
+
+def test_failing_endpoint_is_500_and_server_keeps_serving():
+    def broken(*_a, **_k):
+        raise RuntimeError("ring buffer exploded")
+
+    srv = WorkerServer(RankState(RankIdentity()), fr_dumper=broken)
+    srv.serve()
+    try:
+        r = requests.get(srv.url + "/v1/fr_trace", timeout=2)
+        assert r.status_code == 500 and "ring buffer exploded" in r.json()["error"]
+        assert requests.get(srv.url + "/healthz", timeout=2).status_code == 200
+    finally:
+        srv.stop()
+
+
+def test_incarnation_tracker_resolves_pg_ids_from_entries():
+    tracker = IncarnationTracker(group_rank=0)
+    tracker.record(quorum_id=3, replica_rank=1, replica_world_size=2, global_ranks=[0, 1],
+                   first_record_id=10)
+    tracker.record(quorum_id=4, replica_rank=0, replica_world_size=3, global_ranks=[0, 1, 2],
+                   first_record_id=20)
+    dump = {"entries": [
+        {"record_id": 9, "pg_id": 0, "process_group": ["", ""]},
+        {"record_id": 10, "pg_id": 7, "process_group": ["0", "default_pg"]},  # not torchft's
+        {"record_id": 11, "pg_id": 1, "process_group": ["", ""]},
+        {"record_id": 21, "pg_id": 2, "process_group": ["", ""]},
+    ]}
+    incs = tracker.annotate(dump)
+    assert [(i["quorum_id"], i["pg_id"], i["pg_name"]) for i in incs] == [(3, 1, ""), (4, 2, "")]
+    # Once resolved, an id survives the ring buffer wrapping past its entries.
+    assert [i["pg_id"] for i in tracker.annotate({"entries": []})] == [1, 2]
+    json.dumps(incs)
