@@ -46,21 +46,20 @@ def wait_until(predicate, timeout: float, interval: float = 0.1, what: str = "co
 
 
 def stop_process(proc: subprocess.Popen, grace: float = 5.0) -> None:
-    """Stop a process we started (and its session) by PID: SIGTERM, then SIGKILL."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
+    """Stop a process we started (and its session) by PID: SIGTERM, then SIGKILL after
+    ``grace`` seconds (at once when ``grace`` is 0)."""
+    if proc.poll() is None and grace > 0:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=grace)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
             pass
-        proc.wait(timeout=grace)
+    try:
+        # The whole session: torchrun's children too, even when the leader already exited.
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
 
 
 def _read_text(path: Path) -> str:
