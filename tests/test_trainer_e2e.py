@@ -52,7 +52,7 @@ def test_two_groups_train_in_one_quorum_with_matching_collectives(cluster):
     assert sorted(i["replica_rank"] for i in incs) == [0, 1]
     assert all(i["global_ranks"] == [0, 1] for i in incs)
     seqs = []
-    for d, inc in zip(dumps, incs):
+    for d, inc in zip(dumps, incs, strict=True):
         entries = torchft_entries(d, inc)
         assert entries and all(e["profiling_name"] == "gloo:all_reduce" for e in entries)
         seqs.append({e["collective_seq_id"]: e["input_sizes"] for e in entries})
