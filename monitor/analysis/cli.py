@@ -1,0 +1,104 @@
+"""``lightkeeper analyze PATH [PATH ...]``: cross-rank findings from Flight Recorder dumps.
+
+Exit status: 0 no findings, 1 findings, 2 unusable input (nothing loadable; argparse exits 2 on
+bad flags). Files that cannot be used are listed as errors and the rest is still analyzed.
+Does not import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, TextIO
+
+__all__ = ["add_arguments", "run", "format_text"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="per-rank dump files or directories of them (JSON or pickle)")
+    parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
+    parser.add_argument(
+        "--blame-missing",
+        action="store_true",
+        help="count group members without a dump as never having arrived (default: report them as unknown)",
+    )
+    parser.add_argument(
+        "--same-host",
+        action="store_true",
+        help="dumps without a 'host' key come from one host: their enqueue times may be compared",
+    )
+    parser.add_argument("--world-size", type=int, default=None, help="ranks in the job, when the dumps do not say (gloo)")
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    from .engine import analyze
+    from .loader import load_paths
+
+    out = out or sys.stdout
+    if args.world_size is not None and args.world_size < 1:
+        print("lightkeeper analyze: --world-size must be positive", file=sys.stderr)
+        return 2
+    loaded = load_paths(args.paths)
+    result = analyze(loaded.traces, blame_missing=args.blame_missing, same_host=args.same_host, world_size=args.world_size)
+    result.errors = loaded.errors + result.errors
+    if args.format == "json":
+        json.dump(result.to_dict(), out, indent=2)
+        out.write("\n")
+    else:
+        out.write(format_text(result.to_dict()))
+    if not result.ranks:
+        if args.format == "text":
+            print("lightkeeper analyze: no usable dump", file=sys.stderr)
+        return 2
+    return 1 if result.findings else 0
+
+
+def _span(ranks: list[int]) -> str:
+    if not ranks:
+        return "none"
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks))
+
+
+def format_text(report: dict[str, Any]) -> str:
+    """The human-readable form of ``AnalysisResult.to_dict()``: one block per finding."""
+    lines = [f"analyzed {len(report['ranks'])} rank(s): {_span(report['ranks'])}"]
+    if report["unknown_ranks"]:
+        lines.append(f"no dump from rank(s): {_span(report['unknown_ranks'])}")
+    for err in report["errors"]:
+        where = err.get("path", f"rank {err.get('rank')}")
+        lines.append(f"error: {where}: {err['error']}")
+    findings = report["findings"]
+    lines.append(f"{len(findings)} finding(s)" if findings else "no findings")
+    for f in findings:
+        lines.append("")
+        where = f"group {f['pg']!r}"
+        if f.get("quorum_id") is not None:
+            where += f" (torchft quorum {f['quorum_id']}, group_rank {f['group_rank']})"
+        elif f.get("replica_group") is not None:
+            where += f" (replica group {f['replica_group']})"
+        head = f"[{f['kind']}] {where}"
+        if f["seq"] is not None:
+            head += f" seq {f['seq']}"
+        if f["op"]:
+            head += f" {f['op']}"
+        lines.append(head)
+        lines.append(f"  culprits: {_span(f['culprit_ranks']) if f['culprit_ranks'] else 'none known'}")
+        lines.append(f"  {f['detail']}")
+        if f["kind"] == "mismatch":
+            for v in f["variants"]:
+                lines.append(f"  ranks {_span(v['ranks'])}: {v['op']} in={v['input_sizes']} out={v['output_sizes']} dtypes={v['input_dtypes']}")
+            if f["later_mismatches"]:
+                lines.append(f"  {f['later_mismatches']} later sequence id(s) of this group disagree too")
+        elif f["kind"] == "hang":
+            for rank, act in f["last_activity"].items():
+                seq = f["last_seq_by_rank"].get(rank)
+                doing = "nothing recorded" if not act else f"pg {act['pg']!r} seq {act['seq']} {act['op']} ({act['state']})"
+                lines.append(f"  rank {rank}: last seq in group {seq}; newest entry: {doing}")
+            if f["unknown_ranks"]:
+                lines.append(f"  unknown: {_span(f['unknown_ranks'])}")
+        elif f["kind"] == "straggler":
+            lines.append(f"  score {f['score']:.2f} (chance {f['expected']:.2f}, z {f['z']:.1f}) over {f['collectives']} collectives; groups: {', '.join(f['groups'][:5])}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,469 @@
+"""Cross-rank Flight Recorder analysis: mismatches, hangs and stragglers.
+
+:func:`analyze` takes every rank's dump and returns an
+:class:`~monitor.analysis.findings.AnalysisResult`. Ranks are matched per process group
+(:class:`~monitor.analysis.model.GroupKey`) and ``collective_seq_id``, never by ``record_id``; a
+rank whose ring buffer no longer holds a sequence id simply does not testify about it, so buffers
+that wrapped at different points do not create findings.
+
+- ``mismatch``: at one sequence id the members of a group enqueued different collectives (op,
+  sizes or dtypes). The culprits are the ranks that differ from the variant most ranks enqueued;
+  when no variant has more ranks than every other, every participant is named and
+  ``has_majority`` is False. One finding per group (the first sequence id that disagrees).
+- ``hang``: in a current group (every group, but for torchft's only the latest incarnation) some
+  members' last sequence id is below others'. The culprits are the members furthest behind; the
+  finding names the first sequence id they never enqueued. On NCCL a sequence id that completed
+  anywhere cannot be a hang (everyone joined it; the laggard's dump is just older). gloo records
+  no completion, so there the rule is purely "enqueued by some, not by others": a caller polling
+  live dumps should confirm a hang persists before acting.
+- ``straggler``: a rank that arrives last far more often than chance, by evidence that does not
+  compare hosts' clocks: on NCCL, the last rank to arrive has the shortest ``duration_ms`` (its
+  peers' kernels were already waiting); otherwise enqueue times among ranks that share a host
+  (dump key ``host``, or ``same_host=True``). A rank is flagged only when it was last at least
+  ``min_fraction`` of the time, ``min_z`` standard deviations above chance, over at least
+  ``min_collectives`` collectives, and its peers waited a median of ``min_wait_ms`` for it, so a
+  job where every rank is noisy but none systematically slow stays quiet.
+
+A member of a group without a dump is reported in ``unknown_ranks``, not as a culprit, unless
+``blame_missing=True``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .findings import AnalysisResult, Finding, HangFinding, MismatchFinding, StragglerFinding
+from .model import COMPLETED, DumpFormatError, GroupKey, GroupTrace, RankTrace, Signature, normalize
+
+__all__ = ["analyze", "StragglerConfig"]
+
+
+@dataclass(frozen=True)
+class StragglerConfig:
+    """Thresholds for calling a rank a straggler (all must hold)."""
+
+    min_collectives: int = 10  # collectives with evidence the rank took part in
+    min_fraction: float = 0.5  # fraction of them at which it arrived last
+    min_z: float = 4.0  # standard deviations above what chance gives
+    min_wait_ms: float = 1.0  # median time its peers waited for it
+    tie_ms: float = 1e-6  # arrivals closer than this have no "last"
+
+
+def analyze(
+    dumps: Mapping[int, Mapping[str, Any] | RankTrace],
+    *,
+    blame_missing: bool = False,
+    same_host: bool = False,
+    world_size: int | None = None,
+    straggler: StragglerConfig | None = None,
+) -> AnalysisResult:
+    """Analyze every rank's dump (rank -> raw dump dict or normalized :class:`RankTrace`).
+
+    Keys are global ranks. A dump that is not a Flight Recorder dump becomes an ``errors`` entry;
+    the others are still analyzed. ``same_host`` lets enqueue times of ranks without a ``host``
+    key be compared (they share one clock); ``world_size`` names the default group's members when
+    the dumps do not (gloo), so that ranks without a dump show up as unknown.
+    """
+    config = straggler or StragglerConfig()
+    traces: dict[int, RankTrace] = {}
+    errors: list[dict[str, Any]] = []
+    for rank, dump in dumps.items():
+        if isinstance(dump, RankTrace):
+            trace = dump
+        else:
+            try:
+                trace = normalize(dump, rank)
+            except DumpFormatError as exc:
+                errors.append({"rank": rank, "error": str(exc)})
+                continue
+        trace.rank = rank
+        traces[rank] = trace
+    signatures = _share_signatures(traces)
+    members = _members(traces, world_size)
+    current = _current_groups(members)
+
+    findings: list[Finding] = []
+    last_seq: dict[GroupKey, dict[int, int]] = {}
+    unknown: set[int] = set()
+    evidence = _StragglerEvidence()
+    for key in sorted(members, key=_key_order):
+        group_members = members[key]
+        rows = {r: traces[r].groups[key] for r in group_members if r in traces and key in traces[r].groups}
+        unknown.update(r for r in group_members if r not in traces)
+        if len(rows) >= 2:
+            mismatch = _first_mismatch(key, rows, signatures)
+            if mismatch is not None:
+                findings.append(mismatch)
+        if key in current:
+            testimony = {r: _testimony(traces.get(r), key) for r in group_members}
+            last_seq[key] = {r: s for r, s in testimony.items() if s is not None}
+            hang = _hang(key, group_members, testimony, rows, traces, signatures, blame_missing)
+            if hang is not None:
+                findings.append(hang)
+        if len(rows) == len(group_members) >= 2:
+            evidence.add(key, group_members, rows, traces, same_host, config)
+    findings.extend(evidence.findings(config))
+    findings.sort(key=lambda f: f.sort_key())
+    return AnalysisResult(
+        ranks=sorted(traces),
+        unknown_ranks=sorted(unknown),
+        findings=findings,
+        errors=errors,
+        last_seq=last_seq,
+    )
+
+
+def _key_order(key: GroupKey) -> tuple:
+    return (key.pg, key.replica_group or -1, key.quorum_id or -1, key.group_rank or -1)
+
+
+def _share_signatures(traces: Mapping[int, RankTrace]) -> list[Signature]:
+    """Re-number every trace's signature ids into one shared table (returned)."""
+    table: list[Signature] = []
+    ids: dict[Signature, int] = {}
+    for trace in traces.values():
+        remap: dict[int | None, int | None] = {None: None}
+        for local, sig in enumerate(trace.signatures):
+            gid = ids.get(sig)
+            if gid is None:
+                gid = ids[sig] = len(table)
+                table.append(sig)
+            remap[local] = gid
+        if any(k != v for k, v in remap.items()):
+            get = remap.__getitem__
+            for group in trace.groups.values():
+                group.sigs = list(map(get, group.sigs))
+        trace.signatures = table
+    return table
+
+
+def _members(traces: Mapping[int, RankTrace], world_size: int | None) -> dict[GroupKey, list[int]]:
+    """Each group's members: declared (pg_config, incarnations) plus ranks seen in it."""
+    found: dict[GroupKey, set[int]] = defaultdict(set)
+    for rank, trace in traces.items():
+        for key, ranks in trace.members.items():
+            found[key].update(ranks)
+        for key in trace.groups:
+            found[key].add(rank)
+    # the default group "0" spans the world: gloo does not say so, but rank numbers do
+    if traces:
+        world = range(world_size) if world_size else range(max(traces) + 1)
+        for key in list(found):
+            if key.pg == "0" and key.quorum_id is None and key.replica_group is None:
+                declared = any(key in t.members for t in traces.values())
+                if not declared:
+                    found[key].update(world)
+    return {key: sorted(ranks) for key, ranks in found.items()}
+
+
+def _current_groups(members: Mapping[GroupKey, list[int]]) -> set[GroupKey]:
+    """Every group but torchft incarnations older than the latest for their group rank."""
+    latest: dict[tuple[str, int | None], int] = {}
+    for key in members:
+        if key.quorum_id is not None:
+            slot = (key.pg, key.group_rank)
+            latest[slot] = max(latest.get(slot, key.quorum_id), key.quorum_id)
+    return {
+        key
+        for key in members
+        if key.quorum_id is None or key.quorum_id == latest[(key.pg, key.group_rank)]
+    }
+
+
+# ---- mismatch ------------------------------------------------------------------------------
+
+
+def _first_mismatch(
+    key: GroupKey, rows: Mapping[int, GroupTrace], signatures: list[Signature]
+) -> MismatchFinding | None:
+    lo = min(t.first_seq for t in rows.values())
+    hi = max(t.last_seq for t in rows.values())
+    consensus: list[int | None] = [None] * (hi - lo + 1)
+    # fill from the ranks that cover most, then check every rank against it with C-speed
+    # slice comparisons; only disagreeing ranks are walked element by element
+    for t in sorted(rows.values(), key=lambda t: -len(t.sigs)):
+        a = t.first_seq - lo
+        b = a + len(t.sigs)
+        seg = consensus[a:b]
+        if seg.count(None) == len(seg):
+            consensus[a:b] = t.sigs
+        elif None in seg:
+            consensus[a:b] = [c if c is not None else s for c, s in zip(seg, t.sigs, strict=True)]
+    bad: set[int] = set()
+    for t in rows.values():
+        a = t.first_seq - lo
+        seg = consensus[a : a + len(t.sigs)]
+        if seg != t.sigs:
+            for i, (c, s) in enumerate(zip(seg, t.sigs, strict=True)):
+                if c != s and s is not None:
+                    bad.add(lo + a + i)
+    if not bad:
+        return None
+    seq = min(bad)
+    at: dict[int, int] = {}
+    for rank, t in rows.items():
+        i = seq - t.first_seq
+        if 0 <= i < len(t.sigs) and t.sigs[i] is not None:
+            at[rank] = t.sigs[i]
+    counts = Counter(at.values())
+    ranked = counts.most_common()
+    has_majority = len(ranked) == 1 or ranked[0][1] > ranked[1][1]
+    variants = []
+    for sig_id, _count in ranked:
+        ranks = sorted(r for r, s in at.items() if s == sig_id)
+        variants.append({"ranks": ranks, **signatures[sig_id].to_dict()})
+    if has_majority:
+        majority = ranked[0][0]
+        culprits = sorted(r for r, s in at.items() if s != majority)
+        reference = signatures[majority]
+        kind = _worst(_difference(reference, signatures[s]) for s in counts if s != majority)
+        op = reference.op
+        detail = (
+            f"group {key.label()} seq {seq}: rank(s) {_ranks(culprits)} enqueued "
+            f"{_describe(signatures[at[culprits[0]]])} while {ranked[0][1]} rank(s) enqueued "
+            f"{_describe(reference)} ({kind} mismatch)"
+        )
+    else:
+        culprits = sorted(at)
+        kind = _worst(_difference(signatures[a], signatures[b]) for a in counts for b in counts if a != b)
+        op = signatures[ranked[0][0]].op
+        detail = (
+            f"group {key.label()} seq {seq}: ranks disagree ({kind} mismatch) and no variant has a "
+            "majority: " + "; ".join(f"{_ranks(v['ranks'])}: {_describe(signatures[s])}" for v, (s, _) in zip(variants, ranked, strict=True))
+        )
+    return MismatchFinding(
+        kind="mismatch",
+        group=key,
+        seq=seq,
+        op=op,
+        culprit_ranks=culprits,
+        detail=detail,
+        mismatch=kind,
+        has_majority=has_majority,
+        variants=variants,
+        later_mismatches=len(bad) - 1,
+    )
+
+
+_SEVERITY = {"op": 3, "size": 2, "dtype": 1}
+
+
+def _worst(kinds: Any) -> str:
+    return max(kinds, key=lambda k: _SEVERITY[k], default="op")
+
+
+def _difference(a: Signature, b: Signature) -> str:
+    if a.op != b.op or len(a.parts) != len(b.parts):
+        return "op"
+    if a.parts:
+        return _worst(_difference(x, y) for x, y in zip(a.parts, b.parts, strict=True))
+    if a.input_sizes != b.input_sizes or a.output_sizes != b.output_sizes:
+        return "size"
+    if a.input_dtypes != b.input_dtypes or a.output_dtypes != b.output_dtypes:
+        return "dtype"
+    return "size"
+
+
+def _describe(sig: Signature) -> str:
+    if sig.parts:
+        return "coalesced[" + ", ".join(_describe(p) for p in sig.parts) + "]"
+    sizes = "" if sig.input_sizes is None else f" {[list(s) for s in sig.input_sizes]}"
+    dtypes = "/".join(sorted(set(sig.input_dtypes) | set(sig.output_dtypes)))
+    return f"{sig.op}{sizes}{' ' + dtypes if dtypes else ''}"
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))
+
+
+# ---- hang ----------------------------------------------------------------------------------
+
+
+def _testimony(trace: RankTrace | None, key: GroupKey) -> int | None:
+    """The rank's last sequence id in the group, 0 if it provably enqueued none, else None."""
+    if trace is None:
+        return None
+    group = trace.groups.get(key)
+    if group is not None:
+        return group.last_seq
+    if key.quorum_id is not None:
+        first = trace.incarnations.get(key)
+        if first is not None:
+            # nothing of this incarnation retained: fine if the buffer reaches back to its start
+            return 0 if trace.oldest_record_id is None or trace.oldest_record_id <= first else None
+        if trace.is_torchft:
+            joined = [k.quorum_id for k in trace.incarnations if k.pg == key.pg and k.group_rank == key.group_rank]
+            if not joined or max(joined) < key.quorum_id:  # type: ignore[operator]
+                return 0  # it has not reached this quorum yet
+        return None
+    return None if trace.wrapped else 0
+
+
+def _hang(
+    key: GroupKey,
+    group_members: list[int],
+    testimony: Mapping[int, int | None],
+    rows: Mapping[int, GroupTrace],
+    traces: Mapping[int, RankTrace],
+    signatures: list[Signature],
+    blame_missing: bool,
+) -> HangFinding | None:
+    known = {r: s for r, s in testimony.items() if s is not None}
+    if blame_missing:
+        known.update({r: 0 for r in group_members if r not in traces})
+    unknown = sorted(r for r in group_members if r not in known)
+    if len(known) < 2:
+        return None
+    newest = max(known.values())
+    behind = min(known.values())
+    if behind == newest:
+        return None
+    seq = behind + 1
+    culprits = sorted(r for r, s in known.items() if s == behind)
+    waiting = sorted(r for r, s in known.items() if s >= seq)
+    op = None
+    for r in waiting:
+        t = rows[r]
+        i = seq - t.first_seq
+        if 0 <= i < len(t.sigs):
+            if t.states[i] == COMPLETED:
+                return None  # it completed, so everyone joined: the laggards' dumps are older
+            if op is None and t.sigs[i] is not None:
+                op = signatures[t.sigs[i]].op
+    activity = {r: (traces[r].last_entry if r in traces else None) for r in known}
+    detail = (
+        f"group {key.label()}: rank(s) {_ranks(culprits)} never enqueued collective seq {seq}"
+        f"{' (' + op + ')' if op else ''} that rank(s) {_ranks(waiting)} enqueued and wait in"
+    )
+    if unknown:
+        detail += f"; no evidence from rank(s) {_ranks(unknown)}"
+    return HangFinding(
+        kind="hang",
+        group=key,
+        seq=seq,
+        op=op,
+        culprit_ranks=culprits,
+        detail=detail,
+        waiting_ranks=waiting,
+        unknown_ranks=unknown,
+        last_seq_by_rank=dict(known),
+        last_activity=activity,
+    )
+
+
+# ---- straggler -----------------------------------------------------------------------------
+
+
+class _StragglerEvidence:
+    """Per-rank tallies of who arrived last, accumulated group by group."""
+
+    def __init__(self) -> None:
+        self.observed: Counter[int] = Counter()
+        self.last: Counter[int] = Counter()
+        self.expected: defaultdict[int, float] = defaultdict(float)
+        self.variance: defaultdict[int, float] = defaultdict(float)
+        self.waits: defaultdict[int, list[float]] = defaultdict(list)
+        self.by_group: defaultdict[int, Counter[GroupKey]] = defaultdict(Counter)
+        self.kind: dict[int, Counter[str]] = defaultdict(Counter)
+
+    def add(
+        self,
+        key: GroupKey,
+        group_members: list[int],
+        rows: Mapping[int, GroupTrace],
+        traces: Mapping[int, RankTrace],
+        same_host: bool,
+        config: StragglerConfig,
+    ) -> None:
+        lo = max(t.first_seq for t in rows.values())
+        hi = min(t.last_seq for t in rows.values())
+        if hi < lo:
+            return
+        if all(traces[r].flavour == "nccl" for r in group_members):
+            cols = zip(*(_window(rows[r].duration_ms, rows[r].first_seq, lo, hi) for r in group_members), strict=True)
+            self._tally(key, group_members, cols, 1.0, "duration_ms", config)
+            return
+        by_host: defaultdict[str, list[int]] = defaultdict(list)
+        for r in group_members:
+            host = traces[r].host or ("" if same_host else None)
+            if host is not None:
+                by_host[host].append(r)
+        for ranks in by_host.values():
+            if len(ranks) < 2:
+                continue
+            # later enqueue = later arrival; negate so that "last" is the smallest, as durations
+            cols = zip(*(_window(rows[r].created_ns, rows[r].first_seq, lo, hi) for r in ranks), strict=True)
+            self._tally(key, ranks, ([-c / 1e6 if c else math.nan for c in col] for col in cols), 1.0, "host_clock", config)
+
+    def _tally(self, key: GroupKey, ranks: list[int], cols: Any, scale: float, kind: str, config: StragglerConfig) -> None:
+        n = len(ranks)
+        p = 1.0 / n
+        used = 0
+        half = n // 2
+        last, waits, by_group = self.last, self.waits, self.by_group
+        for col in cols:
+            total = sum(col)
+            if total != total:  # NaN: some rank has no evidence for this collective
+                continue
+            ordered = sorted(col)
+            first = ordered[0]
+            used += 1
+            if ordered[1] - first <= config.tie_ms:
+                continue
+            median = ordered[half] if n % 2 else (ordered[half - 1] + ordered[half]) / 2
+            rank = ranks[col.index(first)]
+            last[rank] += 1
+            waits[rank].append((median - first) * scale)
+            by_group[rank][key] += 1
+        if used:
+            for r in ranks:
+                self.observed[r] += used
+                self.expected[r] += used * p
+                self.variance[r] += used * p * (1 - p)
+                self.kind[r][kind] += used
+
+    def findings(self, config: StragglerConfig) -> list[StragglerFinding]:
+        out = []
+        for rank, observed in self.observed.items():
+            last = self.last.get(rank, 0)
+            if observed < config.min_collectives or last / observed < config.min_fraction:
+                continue
+            sd = math.sqrt(self.variance[rank]) or 1.0
+            z = (last - self.expected[rank]) / sd
+            waits = sorted(self.waits[rank])
+            median_wait = waits[len(waits) // 2] if waits else 0.0
+            if z < config.min_z or median_wait < config.min_wait_ms:
+                continue
+            groups = [k for k, _ in self.by_group[rank].most_common()]
+            evidence = self.kind[rank].most_common(1)[0][0]
+            out.append(
+                StragglerFinding(
+                    kind="straggler",
+                    group=groups[0] if groups else None,
+                    seq=None,
+                    op=None,
+                    culprit_ranks=[rank],
+                    detail=(
+                        f"rank {rank} arrived last at {last} of {observed} collectives "
+                        f"({last / observed:.0%}, chance {self.expected[rank] / observed:.0%}); "
+                        f"its peers waited a median {median_wait:.2f} ms for it ({evidence})"
+                    ),
+                    rank=rank,
+                    score=last / observed,
+                    expected=self.expected[rank] / observed,
+                    z=z,
+                    collectives=observed,
+                    median_wait_ms=median_wait,
+                    evidence=evidence,
+                    groups=[k.label() for k in groups],
+                )
+            )
+        return out
+
+
+def _window(values: list, first_seq: int, lo: int, hi: int) -> list:
+    return values[lo - first_seq : hi - first_seq + 1]
