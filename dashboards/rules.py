@@ -1,0 +1,310 @@
+"""Prometheus recording and alerting rules for Lightkeeper, with their promtool unit tests.
+
+The rules are data here; ``render_rules()`` writes ``dashboards/prometheus/rules.yml`` and
+``render_rules_test()`` writes ``rules_test.yml`` (``promtool test rules``), whose expected alert
+annotations are rendered from the same templates, so the two cannot drift. Each alert has at
+least one case in which it fires on a bad series and one in which it stays silent.
+
+``up{lightkeeper_component="worker"|"monitor"}`` comes from the ``lightkeeper_component`` target
+label the shipped ``prometheus.yml`` sets on each scrape job; everything else is a metric the
+WorkerServer or the monitor exports (docs/CONTRACTS.md).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .yamlout import dump
+
+RUNBOOK_BASE = "https://github.com/lightkeeper/lightkeeper/blob/main/docs/dashboards.md"
+
+
+@dataclass(frozen=True)
+class Record:
+    record: str
+    expr: str
+
+
+@dataclass(frozen=True)
+class Case:
+    """One promtool test: input series, when to evaluate, the alerts expected (none = silent)."""
+    name: str
+    series: list[tuple[str, str]]
+    eval_time: str
+    fires: list[dict[str, str]] = field(default_factory=list)
+    interval: str = "15s"
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    expr: str
+    for_: str
+    severity: str
+    summary: str
+    description: str
+    runbook: str
+    cases: list[Case]
+
+    def annotations(self) -> dict[str, str]:
+        return {"summary": self.summary, "description": self.description,
+                "runbook": self.runbook,
+                "runbook_url": f"{RUNBOOK_BASE}#{self.name.lower()}"}
+
+
+RECORDS = [
+    Record("lightkeeper:replica_group_step_seconds:mean1m",
+           "sum by (job, replica_group) (rate(lightkeeper_step_duration_seconds_sum[1m]))\n"
+           "  / sum by (job, replica_group) (rate(lightkeeper_step_duration_seconds_count[1m]))"),
+    Record("lightkeeper:replica_group_step_seconds:relative1m",
+           "lightkeeper:replica_group_step_seconds:mean1m\n"
+           "  / on (job) group_left\n"
+           "quantile by (job) (0.5, lightkeeper:replica_group_step_seconds:mean1m)"),
+    Record("lightkeeper:replica_group_commits:rate1m",
+           "max by (job, replica_group) (rate(lightkeeper_commits_total[1m]))"),
+    Record("lightkeeper:job_step:max", "max by (job) (lightkeeper_step)"),
+]
+
+W = 'job="train", lightkeeper_component="worker"'
+M = 'job="train", lightkeeper_component="monitor", instance="mon:9400"'
+
+
+def _worker(rg: int, extra: str = "") -> str:
+    return (f'{W}, instance="w{rg}:9000", replica_group="{rg}", rank="{rg}", group_rank="0"'
+            + (f", {extra}" if extra else ""))
+
+
+ALERTS = [
+    Alert(
+        "LightkeeperRankDown",
+        'up{lightkeeper_component="worker"} == 0', "1m", "critical",
+        "Rank {{ $labels.rank }} (replica group {{ $labels.replica_group }}) of job "
+        "{{ $labels.job }} is down",
+        "Prometheus has not been able to scrape the WorkerServer at {{ $labels.instance }} for "
+        "1 minute: the rank's process is dead, hung hard, or its host is unreachable.",
+        "Open the Job overview dashboard; check the rank's process and host; "
+        "curl http://{{ $labels.instance }}/healthz; torchft carries on without the replica "
+        "group, so restart it and it rejoins and heals from a peer.",
+        [Case("rank 1 stops answering",
+              [(f'up{{{_worker(0)}}}', "1x20"), (f'up{{{_worker(1)}}}', "1 1 1 1 0x16")],
+              "3m", [{"instance": "w1:9000", "job": "train", "lightkeeper_component": "worker",
+                      "replica_group": "1", "rank": "1", "group_rank": "0"}]),
+         Case("all ranks up", [(f'up{{{_worker(0)}}}', "1x20"), (f'up{{{_worker(1)}}}', "1x20")],
+              "3m")]),
+    Alert(
+        "LightkeeperRanksUnreachable",
+        "max by (job) (lightkeeper_monitor_ranks_unreachable) > 0", "2m", "warning",
+        "The Lightkeeper monitor cannot reach ranks of job {{ $labels.job }}",
+        "At least one rank has not answered the monitor's polls for 2 minutes.",
+        "Open the Monitor health dashboard (poll errors by reason) and the monitor's "
+        "/v1/cluster; a rank that stays unreachable is dead or hung: check its process, or "
+        "let the monitor evict its replica group.",
+        [Case("one rank unreachable",
+              [(f"lightkeeper_monitor_ranks_unreachable{{{M}}}", "0 0 1x20")], "4m",
+              [{"job": "train"}]),
+         Case("all reachable", [(f"lightkeeper_monitor_ranks_unreachable{{{M}}}", "0x20")],
+              "4m")]),
+    Alert(
+        "LightkeeperReplicaGroupStraggling",
+        "max by (job, replica_group) (\n"
+        "  lightkeeper:replica_group_step_seconds:relative1m\n"
+        "  or lightkeeper_monitor_replica_group_relative_step_time\n"
+        ") > 1.5", "2m", "warning",
+        "Replica group {{ $labels.replica_group }} of job {{ $labels.job }} is straggling",
+        "Its step time has been more than 1.5x the median over replica groups for 2 minutes "
+        "(Prometheus' own estimate or the monitor's).",
+        "Open the drill-down dashboard for replica group {{ $labels.replica_group }}: compare "
+        "phases and step time per rank, follow the Python stacks link of the slowest rank; if "
+        "it does not recover, evict it (the monitor does when not in dry run).",
+        [Case("group 2 steps 3x slower (step-time histogram)",
+              [(f"lightkeeper_step_duration_seconds_count{{{_worker(0)}}}", "0+10x20"),
+               (f"lightkeeper_step_duration_seconds_sum{{{_worker(0)}}}", "0+1x20"),
+               (f"lightkeeper_step_duration_seconds_count{{{_worker(1)}}}", "0+10x20"),
+               (f"lightkeeper_step_duration_seconds_sum{{{_worker(1)}}}", "0+1x20"),
+               (f"lightkeeper_step_duration_seconds_count{{{_worker(2)}}}", "0+10x20"),
+               (f"lightkeeper_step_duration_seconds_sum{{{_worker(2)}}}", "0+3x20")],
+              "4m", [{"job": "train", "replica_group": "2"}]),
+         Case("monitor reports group 1 at 2x",
+              [(f'lightkeeper_monitor_replica_group_relative_step_time{{{M}, replica_group="0"}}',
+                "1x20"),
+               (f'lightkeeper_monitor_replica_group_relative_step_time{{{M}, replica_group="1"}}',
+                "2x20")],
+              "4m", [{"job": "train", "replica_group": "1"}]),
+         Case("all groups equally fast",
+              [(f"lightkeeper_step_duration_seconds_count{{{_worker(g)}}}", "0+10x20")
+               for g in range(3)]
+              + [(f"lightkeeper_step_duration_seconds_sum{{{_worker(g)}}}", "0+1x20")
+                 for g in range(3)]
+              + [(f'lightkeeper_monitor_replica_group_relative_step_time{{{M}, replica_group="0"}}',
+                  "1x20")],
+              "4m")]),
+    Alert(
+        "LightkeeperJobNoProgress",
+        "(max by (job) (increase(lightkeeper_commits_total[5m])) == 0)\n"
+        "unless on (job)\n"
+        '(min by (job) (lightkeeper_phase{phase="stopped"}) == 1)', "2m", "critical",
+        "Job {{ $labels.job }} has committed no step for 7 minutes",
+        "No rank of the job committed a step in the last 5 minutes (for 2 minutes), and the job "
+        "has not stopped: it is hung, cannot form a quorum, or every step fails to commit.",
+        "Open the Job overview (quorum, commit failures) and the drill-down's phase per rank: "
+        "ranks stuck in allreduce point at a hang (follow the Flight Recorder links), ranks in "
+        "quorum at the Lighthouse; evict or restart the replica group at fault.",
+        [Case("commits stop",
+              [(f"lightkeeper_commits_total{{{_worker(0)}}}", "0+10x10 100x30"),
+               (f"lightkeeper_commits_total{{{_worker(1)}}}", "0+10x10 100x30"),
+               (f'lightkeeper_phase{{{_worker(0)}, phase="stopped"}}', "0x40")],
+              "10m", [{"job": "train"}]),
+         Case("commits continue",
+              [(f"lightkeeper_commits_total{{{_worker(0)}}}", "0+10x40"),
+               (f"lightkeeper_commits_total{{{_worker(1)}}}", "0+10x40")], "10m"),
+         Case("job finished (all ranks stopped)",
+              [(f"lightkeeper_commits_total{{{_worker(0)}}}", "0+10x10 100x30"),
+               (f'lightkeeper_phase{{{_worker(0)}, phase="stopped"}}', "0x10 1x30")],
+              "10m")]),
+    Alert(
+        "LightkeeperEvictionsTooFrequent",
+        "sum by (job) (increase(lightkeeper_monitor_evictions_total[1h])) > 3", "0m", "warning",
+        "The monitor of job {{ $labels.job }} evicts replica groups too often",
+        "More than 3 eviction requests in the last hour: the cluster is unhealthy, or the "
+        "monitor's thresholds are too tight.",
+        "Look at the Monitor health dashboard (findings by kind, decisions): the same group "
+        "evicted repeatedly points at a bad host; many groups at a job- or threshold-wide "
+        "problem. Consider --dry-run while investigating.",
+        [Case("an eviction every 2 minutes",
+              [(f'lightkeeper_monitor_evictions_total{{{M}, replica_group="1"}}',
+                "0 0 1 1 2 2 3 3 4 4 5 5")], "11m", [{"job": "train"}], interval="1m"),
+         Case("one eviction",
+              [(f'lightkeeper_monitor_evictions_total{{{M}, replica_group="1"}}',
+                "0 0 0 1 1 1 1 1 1 1 1 1")], "11m", interval="1m")]),
+    Alert(
+        "LightkeeperEvictionsHeldBack",
+        'sum by (job, reason) (increase(lightkeeper_monitor_eviction_decisions_total{decision="hold"}[15m])) > 0',
+        "0m", "info",
+        "The monitor of job {{ $labels.job }} held back evictions ({{ $labels.reason }})",
+        "The monitor confirmed a finding that warrants eviction but did not evict "
+        "(reason: {{ $labels.reason }}).",
+        "Check the monitor's /v1/evictions and findings: if the finding is real, evict by "
+        "hand (POST /v1/evict) or leave dry run; otherwise tune the monitor's thresholds.",
+        [Case("held back in dry run",
+              [(f'lightkeeper_monitor_eviction_decisions_total{{{M}, decision="hold", '
+                f'reason="dry_run"}}', "0 0 1 1 1 1 1")], "5m",
+              [{"job": "train", "reason": "dry_run"}], interval="1m"),
+         Case("evictions carried out",
+              [(f'lightkeeper_monitor_eviction_decisions_total{{{M}, decision="evict", '
+                f'reason="straggler"}}', "0 0 1 1 1 1 1")], "5m", interval="1m")]),
+    Alert(
+        "LightkeeperRankStuckInCollective",
+        "(lightkeeper_phase_duration_seconds\n"
+        '  * ignoring(phase) lightkeeper_phase{phase="allreduce"}) > 120', "1m", "warning",
+        "Rank {{ $labels.rank }} of job {{ $labels.job }} has waited in allreduce for over 2 "
+        "minutes",
+        "Replica group {{ $labels.replica_group }}, rank {{ $labels.rank }} has a collective "
+        "pending for more than 120 s: a peer is hung, dead or much slower.",
+        "Open the drill-down for replica group {{ $labels.replica_group }} and follow the "
+        "Flight Recorder link of each rank (or run lightkeeper analyze) to see which rank "
+        "never joined the collective.",
+        [Case("rank 1 stuck in allreduce",
+              [(f"lightkeeper_phase_duration_seconds{{{_worker(1)}}}", "0+15x20"),
+               (f'lightkeeper_phase{{{_worker(1)}, phase="allreduce"}}', "1x20")], "4m",
+              [{"instance": "w1:9000", "job": "train", "lightkeeper_component": "worker",
+                "replica_group": "1", "rank": "1", "group_rank": "0"}]),
+         Case("long phase that is not a collective",
+              [(f"lightkeeper_phase_duration_seconds{{{_worker(1)}}}", "0+15x20"),
+               (f'lightkeeper_phase{{{_worker(1)}, phase="allreduce"}}', "0x20")], "4m")]),
+    Alert(
+        "LightkeeperMonitorDown",
+        'up{lightkeeper_component="monitor"} == 0', "2m", "warning",
+        "The Lightkeeper monitor of job {{ $labels.job }} is down",
+        "Prometheus has not been able to scrape the monitor at {{ $labels.instance }} for 2 "
+        "minutes: nothing detects or evicts bad replica groups meanwhile.",
+        "Restart lightkeeper monitor (it rebuilds its view from the Lighthouse and the ranks' "
+        "self-registration); check its log for the cause.",
+        [Case("monitor gone", [(f"up{{{M}}}", "1 1 0x20")], "4m",
+              [{"job": "train", "lightkeeper_component": "monitor", "instance": "mon:9400"}]),
+         Case("monitor up", [(f"up{{{M}}}", "1x20")], "4m")]),
+]
+
+
+def rules_document() -> dict:
+    return {"groups": [
+        {"name": "lightkeeper.recording", "interval": "15s",
+         "rules": [{"record": r.record, "expr": r.expr} for r in RECORDS]},
+        {"name": "lightkeeper.alerts", "rules": [
+            {"alert": a.name, "expr": a.expr, "for": a.for_,
+             "labels": {"severity": a.severity}, "annotations": a.annotations()}
+            for a in ALERTS]},
+    ]}
+
+
+RULES_HEADER = """\
+Lightkeeper recording and alerting rules. GENERATED by `lightkeeper dashboards build`
+from dashboards/rules.py: edit that file, not this one.
+Every alert carries a `runbook` annotation (what to do) and a `runbook_url`.
+`up{lightkeeper_component=...}` relies on the target label set in prometheus.yml."""
+
+
+def render_rules() -> str:
+    return dump(rules_document(), RULES_HEADER)
+
+
+_TEMPLATE_VAR = re.compile(r"\{\{\s*\$labels\.(\w+)\s*\}\}")
+
+
+def render_template(text: str, labels: dict[str, str]) -> str:
+    """Expand ``{{ $labels.x }}`` like Prometheus does (the only template form the rules use)."""
+    return _TEMPLATE_VAR.sub(lambda m: labels.get(m.group(1), "<no value>"), text)
+
+
+def rules_test_document() -> dict:
+    tests = []
+    for a in ALERTS:
+        for c in a.cases:
+            exp = []
+            for labels in c.fires:
+                exp.append({"exp_labels": {**labels, "severity": a.severity},
+                            "exp_annotations": {k: render_template(v, labels)
+                                                for k, v in a.annotations().items()}})
+            tests.append({
+                "name": f"{a.name}: {c.name}",
+                "interval": c.interval,
+                "input_series": [{"series": s, "values": v} for s, v in c.series],
+                "alert_rule_test": [{"eval_time": c.eval_time, "alertname": a.name,
+                                     "exp_alerts": exp}],
+            })
+    # The recording rule behind straggler detection, checked on its own.
+    tests.append({
+        "name": "relative step time per replica group",
+        "interval": "15s",
+        "input_series": [
+            {"series": f"lightkeeper_step_duration_seconds_count{{{_worker(g)}}}",
+             "values": "0+1x20"} for g in range(2)] + [
+            {"series": f"lightkeeper_step_duration_seconds_sum{{{_worker(0)}}}", "values": "0+1x20"},
+            {"series": f"lightkeeper_step_duration_seconds_sum{{{_worker(1)}}}", "values": "0+3x20"}],
+        "promql_expr_test": [{
+            "expr": "lightkeeper:replica_group_step_seconds:relative1m",
+            "eval_time": "4m",
+            "exp_samples": [
+                {"labels": 'lightkeeper:replica_group_step_seconds:relative1m{job="train", '
+                           'replica_group="0"}', "value": 0.5},
+                {"labels": 'lightkeeper:replica_group_step_seconds:relative1m{job="train", '
+                           'replica_group="1"}', "value": 1.5}]}],
+    })
+    return {"rule_files": ["rules.yml"], "evaluation_interval": "15s", "tests": tests}
+
+
+def render_rules_test() -> str:
+    return dump(rules_test_document(),
+                "promtool unit tests for rules.yml: `promtool test rules rules_test.yml`.\n"
+                "GENERATED by `lightkeeper dashboards build` from dashboards/rules.py.")
+
+
+def alert_names() -> list[str]:
+    return [a.name for a in ALERTS]
+
+
+def all_rule_exprs() -> dict[str, str]:
+    """Rule name -> PromQL, recording rules and alerts."""
+    out = {r.record: r.expr for r in RECORDS}
+    out.update({a.name: a.expr for a in ALERTS})
+    return out

@@ -1,0 +1,265 @@
+"""Checks for the generated dashboards: JSON Schema, PromQL syntax, metric names, staleness.
+
+- Schema: every dashboard against ``../shared/grafana-schema/dashboard.jsonschema.json``
+  (Draft 7), each panel's ``options`` and ``fieldConfig.defaults.custom`` against its kind's
+  schema when the directory has one, and every target against the Prometheus query schema.
+- PromQL: every target, annotation and variable query parses (``promql_parser``) once
+  Grafana's variables are replaced by what Grafana would send (:func:`substitute`).
+- Metric names: :func:`metric_names` lists what a query reads; the caller compares it with
+  what real WorkerServers and monitors export (``--metrics-url``; the tests scrape them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .build import GENERATED_DIR, build_dashboards, stale_files
+
+SCHEMA_ENV = "LIGHTKEEPER_GRAFANA_SCHEMA_DIR"
+
+# What Grafana puts in place of its built-in variables (a plausible dashboard refresh).
+BUILTINS = {
+    "$__rate_interval": "1m",
+    "$__interval_ms": "15000",
+    "$__interval": "15s",
+    "$__range_s": "1800",
+    "$__range_ms": "1800000",
+    "$__range": "30m",
+}
+# Dashboard variables are multi-value regex matchers; "All" is ".*".
+DEFAULT_VARIABLES = {"job": ".*", "replica_group": ".*", "rank": ".*"}
+
+
+class SchemaDirMissing(FileNotFoundError):
+    pass
+
+
+def schema_dir(explicit: str | os.PathLike | None = None) -> Path:
+    """``../shared/grafana-schema`` next to the repository (or $LIGHTKEEPER_GRAFANA_SCHEMA_DIR)."""
+    candidates = []
+    if explicit:
+        candidates.append(Path(explicit))
+    if os.environ.get(SCHEMA_ENV):
+        candidates.append(Path(os.environ[SCHEMA_ENV]))
+    repo_root = Path(__file__).resolve().parents[1]
+    candidates.append(repo_root.parent / "shared" / "grafana-schema")
+    for c in candidates:
+        if (c / "dashboard.jsonschema.json").is_file():
+            return c
+    tried = ", ".join(str(c) for c in candidates)
+    raise SchemaDirMissing(
+        f"Grafana JSON Schemas not found (looked in: {tried}). They live in "
+        f"../shared/grafana-schema beside the repository; pass --schema-dir or set {SCHEMA_ENV}.")
+
+
+# --- walking a dashboard ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Query:
+    dashboard: str  # uid
+    where: str      # "panel 'Title' A", "annotation 'Evictions'", "variable job"
+    expr: str       # as stored, with Grafana variables
+    kind: str       # "target" | "annotation" | "variable"
+    instant: bool = False
+
+
+def iter_panels(dashboard: dict) -> Iterator[dict]:
+    for p in dashboard.get("panels", []):
+        yield p
+        yield from p.get("panels", []) if p.get("type") == "row" else ()
+
+
+_LABEL_VALUES = re.compile(r"^\s*label_values\((.*),\s*(\w+)\s*\)\s*$", re.S)
+_LABEL_VALUES_1 = re.compile(r"^\s*label_values\(\s*(\w+)\s*\)\s*$")
+
+
+def variable_selector(query: str) -> str | None:
+    """The PromQL selector inside Grafana's ``label_values(selector, label)``."""
+    m = _LABEL_VALUES.match(query)
+    if m:
+        return m.group(1)
+    if _LABEL_VALUES_1.match(query):
+        return None  # label_values(label): no metric
+    return query
+
+
+def iter_queries(dashboard: dict) -> Iterator[Query]:
+    uid = dashboard.get("uid", "?")
+    for p in iter_panels(dashboard):
+        for t in p.get("targets", []):
+            if "expr" in t:
+                yield Query(uid, f"panel {p.get('title')!r} {t.get('refId')}", t["expr"], "target",
+                            bool(t.get("instant")) and not t.get("range"))
+    for a in dashboard.get("annotations", {}).get("list", []):
+        if a.get("expr"):
+            yield Query(uid, f"annotation {a.get('name')!r}", a["expr"], "annotation")
+    for v in dashboard.get("templating", {}).get("list", []):
+        if v.get("type") == "query":
+            q = v.get("query")
+            q = q.get("query") if isinstance(q, dict) else q
+            sel = variable_selector(q or "")
+            if sel:
+                yield Query(uid, f"variable {v.get('name')}", sel, "variable", True)
+
+
+def all_queries(dashboards: dict[str, dict] | None = None) -> list[Query]:
+    dashboards = dashboards if dashboards is not None else build_dashboards()
+    return [q for d in dashboards.values() for q in iter_queries(d)]
+
+
+def substitute(expr: str, variables: dict[str, str] | None = None,
+               builtins: dict[str, str] | None = None) -> str:
+    """Replace Grafana's variables (``$x``, ``${x}``, ``[[x]]``) the way Grafana would."""
+    values = {**BUILTINS, **(builtins or {})}
+    for name in sorted(values, key=len, reverse=True):
+        expr = expr.replace(name, values[name])
+    variables = {**DEFAULT_VARIABLES, **(variables or {})}
+
+    def repl(m: re.Match) -> str:
+        name = m.group(1) or m.group(2) or m.group(3)
+        if name not in variables:
+            raise KeyError(f"unknown Grafana variable ${name} in {expr!r}")
+        return variables[name]
+
+    return re.sub(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)|\[\[(\w+)\]\]", repl, expr)
+
+
+# --- PromQL -------------------------------------------------------------------------------------
+def parse_promql(expr: str):
+    """The AST of ``expr`` (raises ValueError with the parser's message when it does not parse)."""
+    try:
+        import promql_parser
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise RuntimeError("promql_parser is not installed: pip install promql-parser") from e
+    return promql_parser.parse(expr)
+
+
+def metric_names(expr: str) -> set[str]:
+    """Every metric name a (substituted) PromQL expression selects."""
+    import promql_parser
+
+    names: set[str] = set()
+
+    def visit(node: Any) -> bool:
+        if isinstance(node, promql_parser.VectorSelector):
+            if node.name:
+                names.add(node.name)
+            for m in node.matchers.matchers:
+                if m.name == "__name__":
+                    names.add(m.value)
+        return True
+
+    promql_parser.walk(parse_promql(expr), visit)
+    return names
+
+
+def names_from_exposition(text: str) -> set[str]:
+    """Sample names a /metrics page exposes, including families declared without samples
+    yet (a labelled counter before its first increment): counters as ``_total``, histograms
+    as ``_bucket``/``_sum``/``_count``, info as ``_info``."""
+    names: set[str] = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            parts = line.split()
+            if len(parts) < 4:
+                continue
+            name, kind = parts[2], parts[3]
+            if kind == "counter":
+                names.add(name if name.endswith("_total") else name + "_total")
+            elif kind in ("histogram", "gaugehistogram"):
+                names.update({name + "_bucket", name + "_sum", name + "_count"})
+            elif kind == "summary":
+                names.update({name, name + "_sum", name + "_count"})
+            elif kind == "info":
+                names.add(name if name.endswith("_info") else name + "_info")
+            else:
+                names.add(name)
+        elif line and not line.startswith("#"):
+            names.add(re.split(r"[{\s]", line, maxsplit=1)[0])
+    return names
+
+
+# --- JSON Schema --------------------------------------------------------------------------------
+PANEL_SCHEMAS = {"timeseries": "timeseries", "stat": "stat", "table": "table",
+                 "state-timeline": "statetimeline", "status-history": "statushistory",
+                 "heatmap": "heatmap", "text": "text", "gauge": "gauge", "bargauge": "bargauge"}
+
+
+def _sub_validator(schema: dict, definition: str):
+    from jsonschema import Draft7Validator
+
+    return Draft7Validator({"$ref": f"#/definitions/{definition}",
+                            "definitions": schema["definitions"]})
+
+
+def schema_errors(dashboard: dict, schemas: Path) -> list[str]:
+    """Every schema violation in one dashboard, as readable lines (empty when valid)."""
+    from jsonschema import Draft7Validator
+
+    dash_schema = json.loads((schemas / "dashboard.jsonschema.json").read_text())
+    errors = [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
+              for e in Draft7Validator(dash_schema).iter_errors(dashboard)]
+    prom_path = schemas / "prometheus.jsonschema.json"
+    prom = json.loads(prom_path.read_text()) if prom_path.is_file() else None
+    for p in iter_panels(dashboard):
+        title = p.get("title", p.get("type"))
+        kind_file = schemas / f"{PANEL_SCHEMAS.get(p.get('type'), '')}.jsonschema.json"
+        if p.get("type") != "row" and kind_file.is_file():
+            kind_schema = json.loads(kind_file.read_text())
+            defs = kind_schema.get("definitions", {})
+            if "Options" in defs:
+                errors += [f"panel {title!r} options: {e.message}"
+                           for e in _sub_validator(kind_schema, "Options").iter_errors(
+                               p.get("options", {}))]
+            custom = p.get("fieldConfig", {}).get("defaults", {}).get("custom")
+            if "FieldConfig" in defs and custom is not None:
+                errors += [f"panel {title!r} fieldConfig.defaults.custom: {e.message}"
+                           for e in _sub_validator(kind_schema, "FieldConfig").iter_errors(custom)]
+        if prom is not None:
+            for t in p.get("targets", []):
+                errors += [f"panel {title!r} target {t.get('refId')}: {e.message}"
+                           for e in _sub_validator(prom, "Dataquery").iter_errors(t)]
+    return errors
+
+
+# --- everything at once (the CLI) ---------------------------------------------------------------
+def validate_all(*, schemas: Path | None, known_metrics: set[str] | None = None,
+                 check_stale: bool = True, files: list[Path] | None = None) -> list[str]:
+    """Problems found in the dashboards (the committed files, or ``files``); empty = valid."""
+    problems: list[str] = []
+    if files is None:
+        files = sorted(GENERATED_DIR.glob("*.json"))
+    if not files:
+        problems.append(f"no dashboards in {GENERATED_DIR}: run `lightkeeper dashboards build`")
+    dashboards = {}
+    for f in files:
+        try:
+            dashboards[f.name] = json.loads(f.read_text())
+        except (OSError, ValueError) as e:
+            problems.append(f"{f}: cannot read: {e}")
+    if check_stale:
+        problems += [f"{p}: stale, run `lightkeeper dashboards build`" for p in stale_files()]
+    uids: dict[str, str] = {}
+    for name, d in dashboards.items():
+        if d.get("uid") in uids:
+            problems.append(f"{name}: uid {d.get('uid')!r} also used by {uids[d['uid']]}")
+        uids[d.get("uid")] = name
+        if schemas is not None:
+            problems += [f"{name}: {e}" for e in schema_errors(d, schemas)]
+        for q in iter_queries(d):
+            try:
+                expr = substitute(q.expr)
+                names = metric_names(expr)
+            except (KeyError, ValueError) as e:
+                problems.append(f"{name}: {q.where}: {e}")
+                continue
+            if known_metrics is not None:
+                unknown = sorted(names - known_metrics)
+                if unknown:
+                    problems.append(f"{name}: {q.where}: metrics not exported: {unknown}")
+    return problems
