@@ -23,9 +23,11 @@ version, entries without the keys every 2.x version writes) raises :class:`DumpF
 from __future__ import annotations
 
 import json
+import marshal
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from operator import itemgetter
 from typing import Any, NamedTuple
 
@@ -269,7 +271,7 @@ def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
 
     # torchft incarnations: pg_id -> key, plus record-id ranges for those without a pg_id
     by_pg_id: dict[int, GroupKey] = {}
-    ranged: list[tuple[int, str, GroupKey]] = []
+    ranged: list[tuple[int, float, str, GroupKey]] = []
     incarnations: dict[GroupKey, int] = {}
     raw_incarnations = dump.get("incarnations") or []
     if not isinstance(raw_incarnations, list):
@@ -292,118 +294,76 @@ def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
     for i, (first, pg_name, key, pg_id) in enumerate(starts):
         if pg_id is None:
             end = starts[i + 1][0] if i + 1 < len(starts) else math.inf
-            ranged.append((first, end, pg_name, key))  # type: ignore[arg-type]
+            ranged.append((first, end, pg_name, key))
 
-    signatures: list[Signature] = []
-    sig_ids: dict[Any, int] = {}
-    groups: dict[GroupKey, GroupTrace] = {}
-    # per group: current trace plus the previous entry's seq, for coalescing and restarts
+    builder = _Builder()
     p2p = 0
     oldest: int | None = None
     last_entry: dict[str, Any] | None = None
-    plain_keys: dict[str, GroupKey] = {}
-
     if entries:
         first_entry = entries[0]
         if not isinstance(first_entry, Mapping) or any(k not in first_entry for k in _CORE_KEYS):
             raise DumpFormatError("entries lack process_group/profiling_name/record_id")
-        getter = _fast_get if all(k in first_entry for k in _FAST_KEYS) else _slow_get
         try:
-            rows = list(map(getter, entries))
-        except (KeyError, TypeError, AttributeError):
+            rows = list(map(_fast_get, entries))
+        except (KeyError, TypeError):
             try:
                 rows = list(map(_slow_get, entries))
             except (KeyError, TypeError, AttributeError) as exc:
                 raise DumpFormatError(f"malformed entry: {exc!r}") from exc
-        has_duration = "duration_ms" in first_entry
-        durations = [e.get("duration_ms") for e in entries] if has_duration else None
-        oldest = min(r[9] for r in rows) if rows else None
-        cur_key: GroupKey | None = None
-        for i, (pg, seq, pname, ins, outs, idt, odt, st, created, rid, pg_id, is_p2p) in enumerate(rows):
-            try:
-                pg_name = pg[0]
-                op = pname.rpartition(":")[2].partition(" ")[0]
-            except (TypeError, IndexError, AttributeError) as exc:
-                raise DumpFormatError(f"malformed entry {i}: {exc!r}") from exc
-            if is_p2p or op in _P2P_OPS:
-                p2p += 1
-                continue
-            if not isinstance(seq, int):
-                raise DumpFormatError(f"entry {i} has no integer collective_seq_id")
-            key = by_pg_id.get(pg_id) if by_pg_id else None
-            if key is None and ranged:
-                for first, end, inc_pg, inc_key in ranged:
-                    if first <= rid < end and inc_pg == pg_name:
-                        key = inc_key
-                        break
-            if key is None:
-                key = plain_keys.get(pg_name)
-                if key is None:
-                    key = plain_keys[pg_name] = GroupKey(str(pg_name), scope)
-            # signature interning: repr of the raw values is the cheapest stable key
-            raw_sig = (pname, ins, outs, idt, odt)
-            try:
-                sig_key = repr(raw_sig)
-            except Exception as exc:  # pragma: no cover - repr of plain data does not fail
-                raise DumpFormatError(f"malformed entry {i}") from exc
-            sig = sig_ids.get(sig_key)
-            if sig is None:
-                sig = sig_ids[sig_key] = len(signatures)
-                signatures.append(_make_signature(op, ins, outs, idt, odt))
-            state = _STATE_CODES.get(st, SCHEDULED)
-            dur = durations[i] if durations is not None else None
-            dur = NAN if dur is None else float(dur)
-            trace = groups.get(key)
-            if trace is None:
-                trace = groups[key] = GroupTrace(first_seq=seq)
-            pos = seq - trace.first_seq
-            n = len(trace.sigs)
-            if pos == n:
-                trace.sigs.append(sig)
-                trace.states.append(state)
-                trace.created_ns.append(created)
-                trace.duration_ms.append(dur)
-            elif pos == n - 1 and cur_key == key:
-                # another entry of the same (coalesced) collective
-                prev = trace.sigs[pos]
-                combo = ("coalesced", prev, sig)
-                cid = sig_ids.get(combo)
-                if cid is None:
-                    cid = sig_ids[combo] = len(signatures)
-                    signatures.append(_combine(signatures[prev], signatures[sig]))
-                trace.sigs[pos] = cid
-                trace.states[pos] = min(trace.states[pos], state)
-                if dur == dur:
-                    trace.duration_ms[pos] = dur
-            elif pos > n:
-                gap = pos - n
-                trace.sigs.extend([None] * gap)
-                trace.states.extend([SCHEDULED] * gap)
-                trace.created_ns.extend([0] * gap)
-                trace.duration_ms.extend([NAN] * gap)
-                trace.sigs.append(sig)
-                trace.states.append(state)
-                trace.created_ns.append(created)
-                trace.duration_ms.append(dur)
-            else:
-                # sequence ids went back: a new group reused the name; keep the newest run only
-                trace = groups[key] = GroupTrace(first_seq=seq, restarted=True)
-                trace.sigs.append(sig)
-                trace.states.append(state)
-                trace.created_ns.append(created)
-                trace.duration_ms.append(dur)
-            cur_key = key
-        last = entries[-1]
+        if "duration_ms" in first_entry:
+            durations: list[Any] = [e.get("duration_ms") for e in entries]
+        else:
+            durations = [None] * len(rows)
+        pgs, seqs, pnames, ins, outs, idts, odts, states, created, rids, pg_ids, p2ps = zip(*rows, strict=True)
+        try:
+            names = list(map(itemgetter(0), pgs))
+            op_of = {n: n.rpartition(":")[2].partition(" ")[0] for n in set(pnames)}
+            ops = list(map(op_of.__getitem__, pnames))
+            oldest = min(rids)
+        except (TypeError, IndexError, AttributeError) as exc:
+            raise DumpFormatError(f"malformed entry: {exc!r}") from exc
+        if any(p2ps) or not _P2P_OPS.isdisjoint(ops):
+            keep = [i for i, (flag, op) in enumerate(zip(p2ps, ops, strict=True)) if not (flag or op in _P2P_OPS)]
+            p2p = len(rows) - len(keep)
+        else:
+            keep = None
+        kept_seqs = seqs if keep is None else [seqs[i] for i in keep]
+        if not all(type(q) is int for q in kept_seqs):
+            raise DumpFormatError("an entry has no integer collective_seq_id")
+        # signature ids: one C-level marshal per entry, Python work per distinct signature only
+        sig_keys = list(map(marshal.dumps, zip(pnames, ins, outs, idts, odts, strict=True), repeat(0)))
+        for key, i in dict(zip(sig_keys, range(len(sig_keys)), strict=True)).items():
+            if key not in builder.sig_ids:
+                builder.sig_ids[key] = len(builder.signatures)
+                builder.signatures.append(_make_signature(ops[i], ins[i], outs[i], idts[i], odts[i]))
+        sig_col = list(map(builder.sig_ids.__getitem__, sig_keys))
+        state_col = list(map(_STATE_CODES.get, states, repeat(SCHEDULED)))
+        dur_col = list(map(_NONE_TO_NAN.get, durations, durations))
+        # which group each entry belongs to
+        key_col: list[GroupKey]
+        if by_pg_id or ranged:
+            key_col = [
+                _incarnation_key(name, pg_id, rid, by_pg_id, ranged) or GroupKey(str(name), scope)
+                for name, pg_id, rid in zip(names, pg_ids, rids, strict=True)
+            ]
+        else:
+            plain = {name: GroupKey(str(name), scope) for name in set(names)}
+            key_col = list(map(plain.__getitem__, names))
+        by_group: dict[GroupKey, list[int]] = {}
+        for i in keep if keep is not None else range(len(rows)):
+            by_group.setdefault(key_col[i], []).append(i)
+        for key, idx in by_group.items():
+            builder.add_group(key, idx, seqs, sig_col, state_col, created, dur_col)
         last_entry = {
-            "pg": str(last["process_group"][0]),
-            "seq": last.get("collective_seq_id"),
-            "op": _op_name(str(last.get("profiling_name", ""))),
-            "state": str(last.get("state", "scheduled")),
+            "pg": str(names[-1]),
+            "seq": seqs[-1],
+            "op": ops[-1],
+            "state": str(states[-1]),
         }
-        if last_entry["pg"] == "" or by_pg_id or ranged:
-            lk = by_pg_id.get(last.get("pg_id")) if by_pg_id else None
-            if lk is not None and lk.quorum_id is not None:
-                last_entry["quorum_id"] = lk.quorum_id
+        if key_col[-1].quorum_id is not None:
+            last_entry["quorum_id"] = key_col[-1].quorum_id
+    signatures, groups = builder.signatures, builder.groups
     flavour = "nccl" if (entries and _looks_nccl(entries)) else "gloo"
     host = dump.get("host")
     return RankTrace(
@@ -420,6 +380,94 @@ def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
         p2p_entries=p2p,
         is_torchft=bool(raw_incarnations),
     )
+
+
+_NONE_TO_NAN = {None: NAN}
+
+
+def _incarnation_key(
+    name: str,
+    pg_id: Any,
+    record_id: int,
+    by_pg_id: Mapping[int, GroupKey],
+    ranged: list[tuple[int, float, str, GroupKey]],
+) -> GroupKey | None:
+    key = by_pg_id.get(pg_id)
+    if key is None:
+        for first, end, inc_pg, inc_key in ranged:
+            if first <= record_id < end and inc_pg == name:
+                return inc_key
+    return key
+
+
+class _Builder:
+    """Accumulates a rank's signature table and per-group traces."""
+
+    def __init__(self) -> None:
+        self.signatures: list[Signature] = []
+        self.sig_ids: dict[Any, int] = {}
+        self.groups: dict[GroupKey, GroupTrace] = {}
+
+    def add_group(
+        self,
+        key: GroupKey,
+        idx: list[int],
+        seqs: tuple,
+        sigs: list[int],
+        states: list[int],
+        created: tuple,
+        durations: list[float],
+    ) -> None:
+        gather = itemgetter(*idx) if len(idx) > 1 else (lambda col: (col[idx[0]],))
+        g_seqs = gather(seqs)
+        first = g_seqs[0]
+        if g_seqs[-1] - first == len(g_seqs) - 1 and g_seqs == tuple(range(first, first + len(g_seqs))):
+            # the common case: one entry per sequence id, no gaps, no restarts
+            self.groups[key] = GroupTrace(
+                first_seq=first,
+                sigs=list(gather(sigs)),
+                states=list(gather(states)),
+                created_ns=list(gather(created)),
+                duration_ms=list(gather(durations)),
+            )
+            return
+        self._add_irregular(key, g_seqs, gather(sigs), gather(states), gather(created), gather(durations))
+
+    def _add_irregular(self, key: GroupKey, seqs: tuple, sigs: tuple, states: tuple, created: tuple, durations: tuple) -> None:
+        """Coalesced collectives (one seq, several entries), gaps, and restarted sequence ids."""
+        trace = GroupTrace(first_seq=seqs[0])
+        prev_seq = None
+        for seq, sig, state, when, dur in zip(seqs, sigs, states, created, durations, strict=True):
+            pos = seq - trace.first_seq
+            n = len(trace.sigs)
+            if seq == prev_seq:
+                # another entry of the same (coalesced) collective
+                before = trace.sigs[pos]
+                combo = ("coalesced", before, sig)
+                cid = self.sig_ids.get(combo)
+                if cid is None:
+                    cid = self.sig_ids[combo] = len(self.signatures)
+                    self.signatures.append(_combine(self.signatures[before], self.signatures[sig]))  # type: ignore[index]
+                trace.sigs[pos] = cid
+                trace.states[pos] = min(trace.states[pos], state)
+                if dur == dur:
+                    trace.duration_ms[pos] = dur
+                continue
+            if pos < n:
+                # sequence ids went back: a new group reused the name; keep the newest run only
+                trace = GroupTrace(first_seq=seq, restarted=True)
+            elif pos > n:
+                gap = pos - n
+                trace.sigs.extend([None] * gap)
+                trace.states.extend([SCHEDULED] * gap)
+                trace.created_ns.extend([0] * gap)
+                trace.duration_ms.extend([NAN] * gap)
+            trace.sigs.append(sig)
+            trace.states.append(state)
+            trace.created_ns.append(when)
+            trace.duration_ms.append(dur)
+            prev_seq = seq
+        self.groups[key] = trace
 
 
 def _looks_nccl(entries: list[Mapping[str, Any]]) -> bool:
