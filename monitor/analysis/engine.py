@@ -313,8 +313,12 @@ def _hang(
     blame_missing: bool,
 ) -> HangFinding | None:
     known = {r: s for r, s in testimony.items() if s is not None}
-    if blame_missing:
-        known.update({r: 0 for r in group_members if r not in traces})
+    if blame_missing and known:
+        # a rank without a dump is assumed to have done what is known to have completed (NCCL),
+        # or all but the newest collective of the slowest rank with a dump (gloo)
+        done = [c for c in map(_last_completed, rows.values()) if c is not None]
+        assumed = max(done) if done else min(known.values()) - 1
+        known.update({r: assumed for r in group_members if r not in traces})
     unknown = sorted(r for r in group_members if r not in known)
     if len(known) < 2:
         return None
@@ -353,6 +357,14 @@ def _hang(
         last_seq_by_rank=dict(known),
         last_activity=activity,
     )
+
+
+def _last_completed(trace: GroupTrace) -> int | None:
+    states = trace.states
+    for i in range(len(states) - 1, -1, -1):
+        if states[i] == COMPLETED:
+            return trace.first_seq + i
+    return None
 
 
 # ---- straggler -----------------------------------------------------------------------------

@@ -1,0 +1,312 @@
+"""The analysis engine on generated scenarios: each finding kind, and the jobs that must stay quiet."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from monitor.analysis import GroupKey, analyze, normalize
+from monitor.analysis.model import DumpFormatError
+from tests.support.frgen import FRJob
+
+STEP = [("0", "all_reduce", [[1024]]), ("1", "all_gather", [[64]]), ("2", "all_gather", [[64]])]
+
+
+def tp_job(flavour: str = "nccl", **kwargs) -> FRJob:
+    """4 ranks: default group, tp groups "1" = {0, 1} and "2" = {2, 3}."""
+    job = FRJob(4, flavour=flavour, **kwargs)
+    job.group("1", [0, 1])
+    job.group("2", [2, 3])
+    return job
+
+
+def kinds(result) -> list[tuple[str, str | None, list[int]]]:
+    return [(f.kind, f.pg, f.culprit_ranks) for f in result.findings]
+
+
+@pytest.mark.parametrize("flavour", ["nccl", "gloo"])
+def test_healthy_job_with_differently_wrapped_buffers_has_no_findings(flavour):
+    job = tp_job(flavour)
+    job.repeat(40, STEP)
+    # ranks wrap at very different points; record ids no longer line up across ranks
+    result = analyze(job.dumps(buffer_size={0: 17, 1: 50, 2: 33, 3: 120}))
+    assert result.findings == []
+    assert result.ranks == [0, 1, 2, 3]
+    assert result.unknown_ranks == []
+    assert result.last_seq[GroupKey("0")] == {0: 40, 1: 40, 2: 40, 3: 40}
+
+
+@pytest.mark.parametrize(
+    ("override", "mismatch"),
+    [
+        ({"ops": {2: "broadcast"}}, "op"),
+        ({"rank_sizes": {2: [[512]]}}, "size"),
+        ({"dtypes": {2: "BFloat16"}}, "dtype"),
+    ],
+)
+@pytest.mark.parametrize("flavour", ["nccl", "gloo"])
+def test_mismatch_names_the_rank_that_differs_from_the_majority(flavour, override, mismatch):
+    job = tp_job(flavour)
+    job.repeat(10, STEP)
+    job.collective("0", "all_reduce", [[1024]], **override)
+    job.repeat(3, STEP)
+    result = analyze(job.dumps(buffer_size={0: 30, 1: 40, 2: 45, 3: 60}))
+    mismatches = [f for f in result.findings if f.kind == "mismatch"]
+    assert len(mismatches) == 1
+    found = mismatches[0]
+    assert (found.pg, found.seq, found.mismatch, found.culprit_ranks) == ("0", 11, mismatch, [2])
+    assert found.has_majority
+    assert found.variants[0]["ranks"] == [0, 1, 3]
+    assert found.to_dict()["mismatch"] == mismatch
+
+
+def test_mismatch_without_majority_says_so_and_names_every_participant():
+    job = tp_job()
+    job.repeat(5, STEP)
+    job.collective("1", "all_gather", [[64]], rank_sizes={1: [[32]]})
+    result = analyze(job.dumps())
+    (found,) = [f for f in result.findings if f.kind == "mismatch"]
+    assert (found.pg, found.seq, found.has_majority, found.culprit_ranks) == ("1", 6, False, [0, 1])
+    assert "no variant has a majority" in found.detail
+
+
+def test_rank_that_skipped_a_collective_is_blamed_once_per_group():
+    job = FRJob(4)
+    for _ in range(5):
+        job.collective("0", "all_reduce", [[1024]])
+        job.collective("0", "broadcast", [[16]])
+    # rank 3 skips one broadcast, so from there on its sequence ids are shifted against everyone's
+    job.collective("0", "all_reduce", [[1024]])
+    job.collective("0", "broadcast", [[16]], absent=[3], complete=True)
+    for _ in range(3):
+        job.collective("0", "all_reduce", [[1024]])
+        job.collective("0", "broadcast", [[16]])
+    mismatches = [f for f in analyze(job.dumps()).findings if f.kind == "mismatch"]
+    assert len(mismatches) == 1
+    assert mismatches[0].culprit_ranks == [3] and mismatches[0].seq == 12
+    assert mismatches[0].later_mismatches > 0
+
+
+@pytest.mark.parametrize("flavour", ["nccl", "gloo"])
+def test_hang_blames_the_members_that_never_arrived(flavour):
+    job = tp_job(flavour)
+    job.repeat(12, STEP)
+    job.collective("0", "all_reduce", [[1024]], absent=[1])
+    # rank 1 went on to wait in its tp group where rank 0 never comes (0 waits in the default group)
+    job.collective("1", "all_gather", [[64]], absent=[0])
+    result = analyze(job.dumps(buffer_size={0: 20, 1: 25, 2: 31, 3: 40}))
+    hangs = {f.pg: f for f in result.findings if f.kind == "hang"}
+    assert set(hangs) == {"0", "1"}
+    default = hangs["0"]
+    assert (default.seq, default.op, default.culprit_ranks, default.waiting_ranks) == (13, "all_reduce", [1], [0, 2, 3])
+    assert default.last_seq_by_rank == {0: 13, 1: 12, 2: 13, 3: 13}
+    assert default.last_activity[1]["pg"] == "1" and default.last_activity[1]["op"] == "all_gather"
+    assert hangs["1"].culprit_ranks == [0] and hangs["1"].seq == 13
+    assert [f.kind for f in result.findings if f.kind == "mismatch"] == []
+    assert json.loads(json.dumps(result.to_dict()))["findings"][0]["last_seq_by_rank"]["1"] == 12
+
+
+def test_nccl_collective_completed_anywhere_is_not_a_hang():
+    # rank 3's dump was taken before it enqueued seq 8, which everyone then completed
+    job = FRJob(4)
+    job.repeat(8, [("0", "all_reduce", [[1024]])])
+    dumps = job.dumps()
+    dumps[3]["entries"] = dumps[3]["entries"][:-1]
+    assert [f.kind for f in analyze(dumps).findings] == []
+
+
+def test_missing_dump_is_unknown_not_a_culprit_unless_asked():
+    job = tp_job()
+    job.repeat(6, STEP)
+    job.collective("0", "all_reduce", [[1024]], absent=[3])
+    dumps = job.dumps(ranks=[0, 1, 2])
+    result = analyze(dumps)
+    assert result.unknown_ranks == [3]
+    assert [f for f in result.findings if 3 in f.culprit_ranks] == []
+    blamed = analyze(dumps, blame_missing=True)
+    # rank 2 completed everything in group "2", so only the default group's pending seq 7 blames 3
+    assert [(f.kind, f.pg, f.seq, f.culprit_ranks) for f in blamed.findings] == [("hang", "0", 7, [3])]
+
+
+def test_gloo_world_is_inferred_from_rank_numbers_or_given():
+    job = FRJob(4, flavour="gloo")
+    job.repeat(5, [("0", "all_reduce", [[8]])])
+    assert analyze(job.dumps(ranks=[0, 1, 3])).unknown_ranks == [2]
+    assert analyze(job.dumps(ranks=[0, 1, 2]), world_size=4).unknown_ranks == [3]
+
+
+def test_wrapped_rank_without_entries_of_a_group_cannot_testify():
+    job = tp_job()
+    job.repeat(5, STEP)
+    job.repeat(30, [("0", "all_reduce", [[1024]])])
+    # rank 0's buffer holds only default-group work: it says nothing about group "1"
+    result = analyze(job.dumps(buffer_size={0: 10}))
+    assert result.findings == []
+    assert result.last_seq[GroupKey("1")] == {1: 5}
+
+
+def test_straggler_found_from_durations_despite_clock_skew():
+    job = FRJob(8, jitter_ms=1.0, skew_ms=50.0, seed=1)
+    job.repeat(40, [("0", "all_reduce", [[4096]])], delay_ms={5: 4.0})
+    (found,) = analyze(job.dumps()).findings
+    assert (found.kind, found.culprit_ranks, found.evidence) == ("straggler", [5], "duration_ms")
+    assert found.score > 0.9 and found.median_wait_ms > 3.0
+    assert found.to_dict()["rank"] == 5
+
+
+def test_straggler_on_gloo_uses_arrival_order_within_a_host():
+    hosts = {r: f"h{r // 4}" for r in range(8)}
+    job = FRJob(8, flavour="gloo", hosts=hosts, jitter_ms=1.0, skew_ms=200.0, seed=2)
+    job.repeat(40, [("0", "all_reduce", [[4096]])], delay_ms={6: 5.0})
+    dumps = job.dumps()
+    for rank, dump in dumps.items():
+        dump["host"] = hosts[rank]
+    (found,) = analyze(dumps).findings
+    assert (found.kind, found.culprit_ranks, found.evidence) == ("straggler", [6], "host_clock")
+    # without host information gloo clocks are never compared
+    for dump in dumps.values():
+        del dump["host"]
+    assert analyze(dumps).findings == []
+
+
+@pytest.mark.parametrize("flavour", ["nccl", "gloo"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_noisy_but_healthy_job_has_no_stragglers(flavour, seed):
+    hosts = {r: "h0" for r in range(8)}
+    job = FRJob(8, flavour=flavour, hosts=hosts, jitter_ms=4.0, seed=seed)
+    job.group("1", [0, 1, 2, 3])
+    job.group("2", [4, 5, 6, 7])
+    # every rank does the same work (each is in one tp group) with exponential noise as large as
+    # the delay the straggler tests detect; long tails make every rank last now and then
+    job.repeat(150, [("0", "all_reduce", [[4096]]), ("1", "all_gather", [[64]]), ("2", "all_gather", [[64]])])
+    assert analyze(job.dumps(), same_host=True).findings == []
+
+
+def test_one_slow_collective_is_not_a_straggler():
+    job = FRJob(4, jitter_ms=0.5)
+    job.repeat(30, [("0", "all_reduce", [[4096]])])
+    job.collective("0", "all_reduce", [[4096]], delay_ms={2: 500.0})
+    job.repeat(30, [("0", "all_reduce", [[4096]])])
+    assert analyze(job.dumps()).findings == []
+
+
+def torchft_job() -> FRJob:
+    """Replica groups of 2 ranks; quorum 3 = groups {0, 2}, quorum 4 = groups {0, 1, 2}."""
+    job = FRJob(6, flavour="gloo", replica_group_size=2, seed=4)
+    job.quorum(3, [0, 2])
+    for _ in range(5):
+        job.ft_collective("all_reduce", [[4096]])
+    job.quorum(4, [0, 1, 2])
+    return job
+
+
+def test_torchft_incarnations_are_never_matched_across_quorums():
+    job = torchft_job()
+    for _ in range(4):
+        job.ft_collective("all_reduce", [[2048]])  # different size than in quorum 3
+    dumps = job.dumps()
+    result = analyze(dumps)
+    assert result.findings == []
+    current = GroupKey("", None, 4, 0)
+    assert result.last_seq[current] == {0: 4, 2: 4, 4: 4}
+    assert GroupKey("", None, 3, 0) not in result.last_seq  # only the latest incarnation is current
+    # without incarnation data the restarted '' group keeps only its newest run: still quiet
+    for dump in dumps.values():
+        del dump["incarnations"]
+    assert analyze(dumps).findings == []
+
+
+def test_torchft_mismatch_inside_a_quorum_is_found():
+    job = torchft_job()
+    job.ft_collective("all_reduce", [[2048]])
+    job.ft_collective("all_reduce", [[2048]], rank_sizes={3: [[1024]]})
+    (found,) = analyze(job.dumps()).findings
+    assert (found.kind, found.group, found.seq, found.culprit_ranks) == ("mismatch", GroupKey("", None, 4, 1), 2, [3])
+    assert found.to_dict()["quorum_id"] == 4 and found.to_dict()["group_rank"] == 1
+
+
+def test_torchft_hang_is_judged_from_the_latest_incarnation_only():
+    job = torchft_job()
+    job.ft_collective("all_reduce", [[2048]])
+    job.ft_collective("all_reduce", [[2048]], group_ranks=[0], absent=[2])
+    found = [f for f in analyze(job.dumps()).findings]
+    assert [(f.kind, f.group, f.seq, f.culprit_ranks) for f in found] == [("hang", GroupKey("", None, 4, 0), 2, [2])]
+
+
+def test_torchft_incarnation_without_pg_id_is_placed_by_record_id():
+    job = torchft_job()
+    job.ft_collective("all_reduce", [[2048]], rank_sizes={4: [[8]]})
+    dumps = job.dumps()
+    for dump in dumps.values():
+        for inc in dump["incarnations"]:
+            inc["pg_id"] = None
+    (found,) = analyze(dumps).findings
+    assert (found.kind, found.group.quorum_id, found.culprit_ranks) == ("mismatch", 4, [4])
+
+
+def test_coalesced_collectives_compare_as_one():
+    job = FRJob(3)
+    job.repeat(3, [("0", "all_reduce", [[8]])])
+    dumps = job.dumps()
+    for rank, dump in dumps.items():
+        tail = dict(dump["entries"][-1])
+        # seq 4 is a coalesced group of two all_reduces; rank 1's second part is larger
+        parts = []
+        for i, size in enumerate([[8], [16] if rank != 1 else [32]]):
+            part = dict(tail, record_id=tail["record_id"] + 1 + i, collective_seq_id=4, input_sizes=[size], output_sizes=[size])
+            parts.append(part)
+        parts.append(dict(tail, record_id=tail["record_id"] + 3, collective_seq_id=4, profiling_name="nccl:coalesced", input_sizes=[], output_sizes=[]))
+        dump["entries"].extend(parts)
+    (found,) = analyze(dumps).findings
+    assert (found.kind, found.seq, found.op, found.mismatch, found.culprit_ranks) == ("mismatch", 4, "coalesced", "size", [1])
+
+
+def test_p2p_entries_are_ignored():
+    job = FRJob(2)
+    job.repeat(3, [("0", "all_reduce", [[8]])])
+    dumps = job.dumps()
+    send = dict(dumps[0]["entries"][-1], profiling_name="nccl:send 0->1", is_p2p=True, collective_seq_id=3, p2p_seq_id=1, record_id=99)
+    dumps[0]["entries"].append(send)
+    result = analyze(dumps)
+    assert result.findings == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [],
+        {"entries": []},
+        {"version": "3.0", "entries": []},
+        {"version": "2.10", "entries": "nope"},
+        {"version": "2.10", "entries": [{"unrelated": 1}]},
+        {"version": "2.10", "entries": [{"process_group": ["0", ""], "profiling_name": "nccl:all_reduce", "record_id": 0, "collective_seq_id": "x"}]},
+    ],
+)
+def test_foreign_dumps_are_errors_and_the_rest_is_still_analyzed(bad):
+    with pytest.raises(DumpFormatError):
+        normalize(bad, 1)
+    job = FRJob(3)
+    job.repeat(3, [("0", "all_reduce", [[8]])])
+    job.collective("0", "all_reduce", [[8]], absent=[2])
+    dumps = job.dumps()
+    dumps[1] = bad
+    result = analyze(dumps)
+    assert result.ranks == [0, 2]
+    assert [e["rank"] for e in result.errors] == [1]
+    assert result.unknown_ranks == [1]
+    assert [(f.kind, f.culprit_ranks) for f in result.findings] == [("hang", [2])]
+
+
+@pytest.mark.parametrize("version", ["2.4", "2.7", "2.10"])
+def test_older_versions_without_optional_keys_are_read(version):
+    job = FRJob(3, version=version)
+    job.repeat(4, [("0", "all_reduce", [[8]])])
+    job.collective("0", "all_reduce", [[8]], dtypes={0: "Half"})
+    dumps = job.dumps()
+    for dump in dumps.values():
+        for e in dump["entries"]:
+            for key in ("thread_name", "thread_id", "duration_ms", "is_p2p", "timeout_ms"):
+                e.pop(key, None)
+    (found,) = analyze(dumps).findings
+    assert (found.mismatch, found.culprit_ranks) == ("dtype", [0])
