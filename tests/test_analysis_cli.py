@@ -1,0 +1,153 @@
+"""``lightkeeper analyze``: files and directories in, text or JSON out, exit status."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightkeeper.cli import main
+from monitor.analysis.loader import load_paths, rank_from_name
+from tests.support.frgen import FRJob, write_dumps
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def hang_job() -> FRJob:
+    job = FRJob(4)
+    job.repeat(6, [("0", "all_reduce", [[1024]])])
+    job.collective("0", "all_reduce", [[1024]], absent=[2])
+    return job
+
+
+def run_json(capsys, *argv: str) -> tuple[int, dict]:
+    code = main(["analyze", "--format", "json", *map(str, argv)])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_pickle_directory_with_findings_exits_1_and_reports_json(tmp_path, capsys):
+    write_dumps(hang_job().dumps(fmt="pickle"), tmp_path, fmt="pickle", prefix="nccl_trace_rank_")
+    code, report = run_json(capsys, tmp_path)
+    assert code == 1
+    assert set(report) == {"ranks", "unknown_ranks", "errors", "findings"}
+    assert report["ranks"] == [0, 1, 2, 3] and report["errors"] == []
+    (finding,) = report["findings"]
+    assert {k: finding[k] for k in ("kind", "pg", "seq", "op", "culprit_ranks")} == {
+        "kind": "hang",
+        "pg": "0",
+        "seq": 7,
+        "op": "all_reduce",
+        "culprit_ranks": [2],
+    }
+    assert isinstance(finding["detail"], str) and finding["waiting_ranks"] == [0, 1, 3]
+
+
+def test_healthy_json_files_exit_0_and_text_says_no_findings(tmp_path, capsys):
+    job = FRJob(3)
+    job.repeat(5, [("0", "all_reduce", [[8]])])
+    paths = write_dumps(job.dumps(), tmp_path, fmt="json")
+    assert main(["analyze", *map(str, paths)]) == 0
+    out = capsys.readouterr().out
+    assert "analyzed 3 rank(s)" in out and "no findings" in out
+
+
+def test_text_format_has_one_block_per_finding(tmp_path, capsys):
+    job = FRJob(4)
+    job.group("1", [0, 1])
+    job.repeat(4, [("0", "all_reduce", [[8]]), ("1", "all_gather", [[8]])])
+    job.collective("1", "all_gather", [[8]], ops={1: "broadcast"})
+    job.collective("0", "all_reduce", [[8]], absent=[3])
+    write_dumps(job.dumps(), tmp_path, fmt="json")
+    assert main(["analyze", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "2 finding(s)" in out
+    assert "[hang] group '0' seq 5 all_reduce" in out
+    assert "[mismatch] group '1' seq 5 all_gather" in out
+    assert out.count("  culprits: ") == 2
+
+
+def test_rank_comes_from_the_dump_before_the_file_name(tmp_path, capsys):
+    dumps = hang_job().dumps()
+    for rank, dump in dumps.items():
+        dump["rank"] = rank
+        (tmp_path / f"dump-{rank}-of-4.json").write_text(json.dumps(dump))  # name's digits: 4
+    code, report = run_json(capsys, tmp_path)
+    assert code == 1 and report["ranks"] == [0, 1, 2, 3] and report["errors"] == []
+    assert rank_from_name("rank12") == 12 and rank_from_name("trace_rank_3.json") == 3
+    assert rank_from_name("notes.txt") is None
+
+
+def test_broken_files_become_errors_and_the_rest_is_analyzed(tmp_path, capsys):
+    dumps = hang_job().dumps(fmt="pickle")
+    write_dumps({r: d for r, d in dumps.items() if r != 1}, tmp_path, fmt="pickle")
+    full = pickle.dumps(dumps[1])
+    (tmp_path / "rank1").write_bytes(full[: len(full) // 2])  # truncated
+    (tmp_path / "rank7.json").write_text('{"version": "2.10", "entr')  # corrupt JSON
+    (tmp_path / "rank8.json").write_text(json.dumps({"hello": "world"}))  # foreign schema
+    (tmp_path / "rank9").write_bytes(pickle.dumps(Path("/etc/passwd")))  # a class: refused
+    (tmp_path / "README").write_text("per-rank dumps")  # neither JSON nor pickle, no rank
+    (tmp_path / ".hidden5").write_text("ignored")
+    code, report = run_json(capsys, tmp_path, tmp_path / "missing-rank3")
+    errors = {Path(e["path"]).name: e["error"] for e in report["errors"]}
+    assert set(errors) == {"rank1", "rank7.json", "rank8.json", "rank9", "README", "missing-rank3"}
+    assert "truncated" in errors["rank1"]
+    assert "refusing" in errors["rank9"]
+    assert report["ranks"] == [0, 2, 3]
+    assert report["unknown_ranks"] == [1]
+    # rank 2 never arrived at seq 7; rank 1 (no usable dump) is unknown, not a culprit
+    assert [(f["kind"], f["culprit_ranks"], f["unknown_ranks"]) for f in report["findings"]] == [("hang", [2], [1])]
+    assert code == 1
+
+
+def test_duplicate_rank_is_an_error(tmp_path):
+    job = FRJob(2)
+    job.repeat(2, [("0", "all_reduce", [[8]])])
+    dumps = job.dumps()
+    write_dumps(dumps, tmp_path / "a", fmt="json")
+    write_dumps({0: dumps[0]}, tmp_path / "b", fmt="json")
+    loaded = load_paths([tmp_path / "a", tmp_path / "b"])
+    assert sorted(loaded.traces) == [0, 1]
+    assert len(loaded.errors) == 1 and "duplicate dump of rank 0" in loaded.errors[0]["error"]
+
+
+@pytest.mark.parametrize("content", [None, "garbage"])
+def test_nothing_loadable_exits_2(tmp_path, capsys, content):
+    if content is not None:
+        (tmp_path / "rank0").write_text(content)
+    code, report = run_json(capsys, tmp_path)
+    assert code == 2
+    assert report["ranks"] == [] and report["findings"] == []
+    assert len(report["errors"]) == (1 if content else 0)
+
+
+def test_bad_flags_exit_2(tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        main(["analyze", "--format", "yaml", str(tmp_path)])
+    assert exc.value.code == 2
+
+
+def test_real_format_sample_is_healthy(capsys):
+    sample = Path("/work/shared/fr-format-sample")
+    if not sample.is_dir():
+        pytest.skip("format sample not present")
+    for sub in ("json", "pickle"):
+        code, report = run_json(capsys, sample / sub)
+        assert (code, report["ranks"], report["errors"], report["findings"]) == (0, [0, 1, 2, 3], [], [])
+
+
+def test_console_script_runs_without_importing_torch(tmp_path):
+    write_dumps(hang_job().dumps(fmt="pickle"), tmp_path, fmt="pickle")
+    code = (
+        "import sys\n"
+        "from lightkeeper.cli import main\n"
+        "rc = main(['analyze', '--format', 'json', sys.argv[1]])\n"
+        "assert 'torch' not in sys.modules, 'analyze imported torch'\n"
+        "sys.exit(rc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert json.loads(proc.stdout)["findings"][0]["culprit_ranks"] == [2]
