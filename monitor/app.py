@@ -1,0 +1,129 @@
+"""Flask app factory for the monitor's HTTP API: thin routes over :class:`~monitor.service.Monitor`.
+
+Read-only routes answer from what the loop last published. ``POST /v1/targets`` (self-
+registration) needs ``Authorization: Bearer <token>`` when the monitor has a token; ``POST
+/v1/evict`` (manual eviction) always needs it and answers 403 when no token is configured. A
+malformed request answers 400 with a JSON error; a route that fails inside answers 500 and the
+monitor keeps serving and sweeping.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import TYPE_CHECKING
+
+from flask import Flask, Response, jsonify, render_template, request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from werkzeug.exceptions import HTTPException
+
+from .discovery import BadTarget
+
+if TYPE_CHECKING:
+    from .service import Monitor
+
+
+class Forbidden(Exception):
+    def __init__(self, message: str, status: int = 403) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _check_token(expected: str | None, required: bool) -> None:
+    if not expected:
+        if required:
+            raise Forbidden("manual eviction is disabled: start the monitor with --token or "
+                            "LIGHTKEEPER_TOKEN")
+        return
+    header = request.headers.get("Authorization", "")
+    scheme, _, given = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), expected):
+        raise Forbidden("missing or wrong bearer token", 401)
+
+
+def _limit() -> int:
+    raw = request.args.get("limit", "500")
+    try:
+        n = int(raw)
+    except ValueError:
+        raise BadTarget(f"limit must be an integer, got {raw!r}") from None
+    return max(1, min(n, 10_000))
+
+
+def create_app(monitor: Monitor) -> Flask:
+    app = Flask(__name__)  # templates/ next to this file
+
+    @app.get("/healthz")
+    def healthz():
+        return jsonify(status="ok", sweeps=monitor.sweeps)
+
+    @app.get("/metrics")
+    def metrics():
+        return Response(generate_latest(monitor.metrics.registry), mimetype=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/cluster")
+    def cluster():
+        return jsonify(monitor.cluster_json())
+
+    @app.get("/v1/findings")
+    def findings():
+        open_only = request.args.get("open", "").lower() in ("1", "true", "yes")
+        rows = monitor.store.findings(limit=_limit(), open_only=open_only)
+        for r in rows:
+            r["open"] = r["resolved_at"] is None
+        return jsonify(rows)
+
+    @app.get("/v1/evictions")
+    def evictions():
+        only = request.args.get("decision")
+        return jsonify(monitor.store.decisions(limit=_limit(), evictions_only=only == "evict"))
+
+    @app.get("/v1/targets")
+    def targets():
+        return jsonify([{"url": t.url, "source": t.source, "job": t.job,
+                         "replica_group": t.replica_group, "rank": t.rank}
+                        for t in monitor.discovery.targets()])
+
+    @app.post("/v1/targets")
+    def register():
+        _check_token(monitor.cfg.token, required=False)
+        t = monitor.discovery.register(request.get_json(silent=True))
+        return jsonify(url=t.url, registered=True)
+
+    @app.post("/v1/evict")
+    def evict():
+        _check_token(monitor.cfg.token, required=True)
+        body = request.get_json(silent=True)
+        if not isinstance(body, dict) or not isinstance(body.get("replica_group"), int) \
+                or isinstance(body.get("replica_group"), bool):
+            raise BadTarget('body must be {"replica_group": <int>, "reason": "..."}')
+        result = monitor.evict_manual(body["replica_group"], str(body.get("reason") or "manual"))
+        return jsonify(result), (200 if result["decision"] == "evict" else 409)
+
+    @app.get("/")
+    def overview():
+        return render_template("overview.html", c=monitor.cluster_json(),
+                               findings=monitor.store.findings(limit=20),
+                               decisions=monitor.store.decisions(limit=20),
+                               interval=monitor.cfg.interval_s, now=time.time(),
+                               fmt_time=lambda t: time.strftime("%H:%M:%S", time.localtime(t))
+                               if t else "")
+
+    @app.errorhandler(BadTarget)
+    def bad_request(e):
+        return jsonify(error=str(e), status=400), 400
+
+    @app.errorhandler(Forbidden)
+    def forbidden(e):
+        return jsonify(error=str(e), status=e.status), e.status
+
+    @app.errorhandler(HTTPException)
+    def http_error(e):
+        return jsonify(error=e.description, status=e.code, path=request.path), e.code
+
+    @app.errorhandler(Exception)
+    def internal_error(e):
+        app.logger.exception("endpoint %s failed", request.path)
+        return jsonify(error=f"{type(e).__name__}: {e}", status=500, path=request.path), 500
+
+    return app

@@ -1,0 +1,133 @@
+"""``lightkeeper monitor``: poll every rank, detect bad replica groups, evict them.
+
+Every flag is documented in docs/monitor.md. The monitor serves its API on ``--bind``/``--port``
+(127.0.0.1:9090 by default) and sweeps every ``--interval`` seconds until SIGINT/SIGTERM. A bad
+flag value exits with status 2 and a message naming it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+
+from .config import EVICTABLE_KINDS, ConfigError, DetectorConfig, MonitorConfig, RailsConfig
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d, r = DetectorConfig(), RailsConfig()
+    p.add_argument("--lighthouse", default=os.environ.get("TORCHFT_LIGHTHOUSE"),
+                   help="torchft Lighthouse URL used for evictions (env TORCHFT_LIGHTHOUSE); "
+                        "without it the monitor only reports")
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between sweeps (1)")
+    p.add_argument("--bind", default="127.0.0.1", help="address to serve the API on (127.0.0.1)")
+    p.add_argument("--port", type=int, default=9090, help="API port; 0 = ephemeral (9090)")
+    p.add_argument("--dry-run", action="store_true", help="detect and report, never evict")
+    p.add_argument("--min-replicas", type=int, default=r.min_replicas,
+                   help=f"never evict below this many replica groups in the quorum "
+                        f"({r.min_replicas})")
+    p.add_argument("--cooldown", type=float, default=r.cooldown_s,
+                   help=f"at most one eviction per this many seconds ({r.cooldown_s:g})")
+    p.add_argument("--min-reachable", type=float, default=r.min_reachable_fraction,
+                   help="hold evictions unless the monitor reaches more than this fraction of "
+                        f"the ranks it knows ({r.min_reachable_fraction:g})")
+    p.add_argument("--evict-on", type=_csv, default=list(r.evict_kinds),
+                   help=f"finding kinds that evict, comma separated, of "
+                        f"{','.join(EVICTABLE_KINDS)} ({','.join(r.evict_kinds)})")
+    p.add_argument("--state", default=os.path.join(os.getcwd(), "lightkeeper-monitor.sqlite"),
+                   help="SQLite audit log (./lightkeeper-monitor.sqlite)")
+    p.add_argument("--job", default=os.environ.get("LIGHTKEEPER_JOB", "lightkeeper"),
+                   help="training job name for metric labels (env LIGHTKEEPER_JOB)")
+    p.add_argument("--targets", type=_csv, default=[],
+                   help="static WorkerServers, host:port[,host:port...]")
+    p.add_argument("--targets-file", default=None,
+                   help="Prometheus file_sd JSON with WorkerServers; re-read when it changes")
+    p.add_argument("--sd-out", default=None,
+                   help="write the targets the monitor knows to this file_sd JSON for "
+                        "Prometheus (default: next to --state)")
+    p.add_argument("--forget-after", type=float, default=30.0,
+                   help="forget a self-registered rank unreachable this many seconds (30)")
+    p.add_argument("--poll-timeout", type=float, default=0.8,
+                   help="timeout of each /v1/state request, seconds (0.8)")
+    p.add_argument("--fr-timeout", type=float, default=5.0,
+                   help="timeout of each /v1/fr_trace request, seconds (5)")
+    p.add_argument("--token", default=None,
+                   help="bearer token for POST /v1/evict and /v1/targets (env LIGHTKEEPER_TOKEN);"
+                        " without one, manual eviction is disabled")
+    g = p.add_argument_group("detector thresholds")
+    g.add_argument("--straggler-min-lag", type=float, default=d.straggler_min_lag_s,
+                   help=f"seconds a group must arrive after its peers ({d.straggler_min_lag_s:g})")
+    g.add_argument("--straggler-rel-lag", type=float, default=d.straggler_rel_lag,
+                   help="... and at least this fraction of the median step time "
+                        f"({d.straggler_rel_lag:g})")
+    g.add_argument("--straggler-steps", type=int, default=d.straggler_steps,
+                   help=f"collectives per straggler window ({d.straggler_steps})")
+    g.add_argument("--straggler-windows", type=int, default=d.straggler_windows,
+                   help=f"consecutive windows to confirm a straggler ({d.straggler_windows})")
+    g.add_argument("--hang-floor", type=float, default=d.hang_floor_s,
+                   help=f"minimum seconds without progress before a hang ({d.hang_floor_s:g})")
+    g.add_argument("--hang-factor", type=float, default=d.hang_factor,
+                   help=f"... or this many median step times if longer ({d.hang_factor:g})")
+    g.add_argument("--dead-sweeps", type=int, default=d.dead_sweeps,
+                   help=f"unreachable sweeps before a rank is dead ({d.dead_sweeps})")
+    g.add_argument("--fr-interval", type=float, default=d.fr_interval_s,
+                   help="fetch Flight Recorder from every rank at least this often, seconds "
+                        f"({d.fr_interval_s:g})")
+    p.add_argument("--log-level", default="INFO", help="logging level (INFO)")
+
+
+def config_from_args(args: argparse.Namespace) -> MonitorConfig:
+    cfg = MonitorConfig(
+        lighthouse=args.lighthouse, interval_s=args.interval, bind=args.bind, port=args.port,
+        state_path=args.state, job=args.job, targets=list(args.targets),
+        targets_file=args.targets_file,
+        sd_out=args.sd_out or os.path.join(os.path.dirname(os.path.abspath(args.state)),
+                                           "lightkeeper-targets.json"),
+        forget_after_s=args.forget_after, poll_timeout_s=args.poll_timeout,
+        fr_timeout_s=args.fr_timeout, token=args.token or os.environ.get("LIGHTKEEPER_TOKEN"),
+        detectors=DetectorConfig(
+            straggler_min_lag_s=args.straggler_min_lag, straggler_rel_lag=args.straggler_rel_lag,
+            straggler_steps=args.straggler_steps, straggler_windows=args.straggler_windows,
+            hang_floor_s=args.hang_floor, hang_factor=args.hang_factor,
+            dead_sweeps=args.dead_sweeps, fr_interval_s=args.fr_interval),
+        rails=RailsConfig(min_replicas=args.min_replicas, cooldown_s=args.cooldown,
+                          min_reachable_fraction=args.min_reachable, dry_run=args.dry_run,
+                          evict_kinds=tuple(args.evict_on)),
+    )
+    cfg.validate()
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(stream=sys.stderr, level=getattr(logging, str(args.log_level).upper(),
+                                                          logging.INFO),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        cfg = config_from_args(args)
+    except ConfigError as e:
+        print(f"lightkeeper monitor: {e}", file=sys.stderr)
+        return 2
+    from .service import Monitor
+
+    try:
+        monitor = Monitor(cfg).start()
+    except OSError as e:
+        print(f"lightkeeper monitor: cannot serve on {cfg.bind}:{cfg.port}: {e}", file=sys.stderr)
+        return 1
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"[lightkeeper] monitor={monitor.url} state={cfg.state_path} sd_out={cfg.sd_out} "
+          f"lighthouse={cfg.lighthouse} dry_run={cfg.rails.dry_run}", flush=True)
+    try:
+        stop.wait()
+    finally:
+        monitor.stop()
+    return 0

@@ -1,0 +1,100 @@
+"""The monitor's configuration: plain dataclasses, filled from ``lightkeeper monitor`` flags.
+
+Every threshold has a default that works for the demo and the tests (CPU, 3 replica groups,
+~0.2 s steps) and for real jobs; docs/monitor.md explains each one. A value that makes no sense
+(a negative interval, a fraction outside (0, 1]) raises :class:`ConfigError` at start-up, never
+in the middle of a run.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+EVICTABLE_KINDS = ("straggler", "hang", "mismatch", "dead")
+
+
+class ConfigError(ValueError):
+    """A configuration value the monitor cannot run with."""
+
+
+@dataclass
+class DetectorConfig:
+    # straggler: FR arrival lag at the cross-group all_reduce
+    straggler_min_lag_s: float = 0.1  # absolute floor of the lag that counts as "others wait"
+    straggler_rel_lag: float = 0.25  # ... and relative to the median step time
+    straggler_steps: int = 4  # newest common collectives looked at per window
+    straggler_windows: int = 3  # consecutive windows (each with new steps) to confirm
+    # hang: no step progress for max(hang_floor_s, hang_factor * median step time)
+    hang_floor_s: float = 3.0
+    hang_factor: float = 3.0
+    # dead: unreachable for this many consecutive sweeps
+    dead_sweeps: int = 3
+    # Flight Recorder is fetched when a detector needs it, and at least this often (mismatch)
+    fr_interval_s: float = 15.0
+
+    def validate(self) -> None:
+        for name in ("straggler_min_lag_s", "straggler_rel_lag", "hang_floor_s", "hang_factor",
+                     "fr_interval_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("straggler_steps", "straggler_windows", "dead_sweeps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+
+
+@dataclass
+class RailsConfig:
+    min_replicas: int = 2  # never leave fewer replica groups than this in the job
+    cooldown_s: float = 60.0  # at most one eviction per cooldown window
+    min_reachable_fraction: float = 0.5  # hold when the monitor reaches no more than this
+    dry_run: bool = False
+    evict_kinds: tuple[str, ...] = ("straggler", "hang", "mismatch")
+
+    def validate(self) -> None:
+        if self.min_replicas < 1:
+            raise ConfigError(f"min_replicas must be >= 1, got {self.min_replicas}")
+        if self.cooldown_s < 0:
+            raise ConfigError(f"cooldown must be >= 0, got {self.cooldown_s}")
+        if not 0 <= self.min_reachable_fraction < 1:
+            raise ConfigError("min_reachable_fraction must be in [0, 1), got "
+                              f"{self.min_reachable_fraction}")
+        unknown = [k for k in self.evict_kinds if k not in EVICTABLE_KINDS]
+        if unknown:
+            raise ConfigError(f"unknown finding kind(s) to evict on: {', '.join(unknown)}; "
+                              f"expected some of {', '.join(EVICTABLE_KINDS)}")
+
+
+@dataclass
+class MonitorConfig:
+    lighthouse: str | None = None
+    interval_s: float = 1.0
+    bind: str = "127.0.0.1"
+    port: int = 9090
+    state_path: str = field(default_factory=lambda: os.path.join(os.getcwd(),
+                                                                 "lightkeeper-monitor.sqlite"))
+    job: str = "lightkeeper"
+    targets: list[str] = field(default_factory=list)  # static host:port or URLs
+    targets_file: str | None = None  # Prometheus file_sd JSON, re-read on change
+    sd_out: str | None = None  # where the monitor writes the set it knows (file_sd JSON)
+    forget_after_s: float = 30.0  # registered targets unreachable this long are forgotten
+    poll_timeout_s: float = 0.8  # per /v1/state request
+    fr_timeout_s: float = 5.0  # per /v1/fr_trace request
+    max_concurrency: int = 1024  # requests in flight at once
+    token: str | None = None  # guards POST /v1/evict and (when set) POST /v1/targets
+    kill_timeout_s: float = 5.0
+    confirm_timeout_s: float = 60.0  # an eviction not seen leaving the quorum by then: unconfirmed
+    detectors: DetectorConfig = field(default_factory=DetectorConfig)
+    rails: RailsConfig = field(default_factory=RailsConfig)
+
+    def validate(self) -> None:
+        if self.interval_s <= 0:
+            raise ConfigError(f"interval must be > 0, got {self.interval_s}")
+        if self.poll_timeout_s <= 0 or self.fr_timeout_s <= 0:
+            raise ConfigError("poll timeouts must be > 0")
+        if self.max_concurrency < 1:
+            raise ConfigError("max_concurrency must be >= 1")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in [0, 65535], got {self.port}")
+        self.detectors.validate()
+        self.rails.validate()

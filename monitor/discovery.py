@@ -1,0 +1,224 @@
+"""Which ranks the monitor polls: static targets, a Prometheus ``file_sd`` file, self-registration.
+
+Three sources feed one set of :class:`Target` s, keyed by base URL:
+
+- static ``--targets host:port,...`` (never forgotten);
+- a Prometheus ``file_sd`` JSON file (``--targets-file``), re-read whenever its mtime or size
+  changes; a target that disappears from the file is dropped; a file that cannot be parsed keeps
+  the last good set (and the error is reported by :meth:`Discovery.refresh`);
+- ``POST /v1/targets`` from WorkerServers started with ``LIGHTKEEPER_MONITOR``; they re-register
+  every few seconds, and a registered target that stays unreachable for ``forget_after_s`` is
+  forgotten (a live rank comes back with its next registration).
+
+The monitor writes the set it knows as a ``file_sd`` file (:meth:`Discovery.write_file_sd`), so a
+Prometheus pointed at it scrapes exactly the ranks the monitor sees. Thread-safe: registrations
+arrive on HTTP threads while the loop reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+
+class BadTarget(ValueError):
+    """A target address or registration body the monitor cannot use."""
+
+
+def normalize_url(address: str) -> str:
+    """``host:port`` or ``http://host:port[/]`` -> ``http://host:port``; raises BadTarget."""
+    address = address.strip()
+    if not address:
+        raise BadTarget("empty target address")
+    if "://" not in address:
+        address = "http://" + address
+    parts = urlsplit(address)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BadTarget(f"target {address!r} is not http(s)://host:port")
+    try:
+        port = parts.port
+    except ValueError:
+        raise BadTarget(f"target {address!r} has a bad port") from None
+    if port is None:
+        raise BadTarget(f"target {address!r} has no port")
+    host = parts.hostname
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    return f"{parts.scheme}://{host}:{port}"
+
+
+def _opt_int(value: Any) -> int | None:
+    if value is None or value == "":
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise BadTarget(f"expected an integer, got {value!r}") from None
+
+
+@dataclass
+class Target:
+    url: str
+    source: str  # "static", "file_sd" or "registered"
+    job: str | None = None
+    replica_group: int | None = None  # hints; /v1/state is the truth
+    rank: int | None = None
+    added_at: float = field(default_factory=time.time)
+    last_registered: float | None = None
+
+    @property
+    def address(self) -> str:
+        return self.url.split("://", 1)[1]
+
+
+class Discovery:
+    def __init__(self, static: list[str] | None = None, targets_file: str | None = None,
+                 forget_after_s: float = 30.0, job: str | None = None) -> None:
+        self._lock = threading.Lock()
+        self._static = {u: Target(u, "static", job=job) for u in map(normalize_url, static or [])}
+        self._file: dict[str, Target] = {}
+        self._registered: dict[str, Target] = {}
+        self.targets_file = targets_file
+        self._file_sig: tuple[float, int] | None = None
+        self.file_error: str | None = None
+        self.forget_after_s = forget_after_s
+        self.job = job
+        self._written: str | None = None
+
+    # --- sources ---------------------------------------------------------------------
+    def register(self, body: Any, now: float | None = None) -> Target:
+        """A WorkerServer's self-registration; raises BadTarget on a malformed body."""
+        if not isinstance(body, dict) or not isinstance(body.get("url"), str):
+            raise BadTarget('registration body must be a JSON object with "url"')
+        url = normalize_url(body["url"])
+        now = time.time() if now is None else now
+        job = body.get("job")
+        target = Target(url, "registered", job=str(job) if job is not None else None,
+                        replica_group=_opt_int(body.get("replica_group")),
+                        rank=_opt_int(body.get("rank")), added_at=now, last_registered=now)
+        with self._lock:
+            old = self._registered.get(url)
+            if old is not None:
+                target.added_at = old.added_at
+            self._registered[url] = target
+        return target
+
+    def refresh(self) -> str | None:
+        """Re-read the file_sd input if it changed; returns an error message or None."""
+        path = self.targets_file
+        if not path:
+            return None
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            self.file_error = f"targets file {path} does not exist"
+            return self.file_error
+        sig = (st.st_mtime, st.st_size)
+        if sig == self._file_sig:
+            return self.file_error
+        try:
+            with open(path) as f:
+                groups = json.load(f)
+            parsed = self._parse_file_sd(groups)
+        except (OSError, ValueError, BadTarget) as e:
+            self.file_error = f"targets file {path}: {e}"
+            self._file_sig = sig  # do not re-parse the same broken content every sweep
+            return self.file_error
+        with self._lock:
+            self._file = parsed
+        self._file_sig = sig
+        self.file_error = None
+        return None
+
+    @staticmethod
+    def _parse_file_sd(groups: Any) -> dict[str, Target]:
+        if not isinstance(groups, list):
+            raise BadTarget("file_sd content must be a JSON list of target groups")
+        out: dict[str, Target] = {}
+        for g in groups:
+            if not isinstance(g, dict) or not isinstance(g.get("targets"), list):
+                raise BadTarget('each file_sd group needs a "targets" list')
+            labels = g.get("labels") or {}
+            if not isinstance(labels, dict):
+                raise BadTarget('file_sd "labels" must be an object')
+            for address in g["targets"]:
+                if not isinstance(address, str):
+                    raise BadTarget(f"target {address!r} is not a string")
+                url = normalize_url(address)
+                out[url] = Target(url, "file_sd", job=labels.get("job"),
+                                  replica_group=_opt_int(labels.get("replica_group")),
+                                  rank=_opt_int(labels.get("rank")))
+        return out
+
+    # --- the set ---------------------------------------------------------------------
+    def targets(self) -> list[Target]:
+        """All known targets, static first, then file_sd, then registered (one per URL)."""
+        with self._lock:
+            merged = {**self._registered, **self._file, **self._static}
+        return sorted(merged.values(), key=lambda t: (t.rank if t.rank is not None else 1 << 62,
+                                                      t.url))
+
+    def forget_unreachable(self, unreachable_since: dict[str, float],
+                           now: float | None = None) -> list[str]:
+        """Drop registered targets unreachable for ``forget_after_s`` and not re-registered since.
+
+        ``unreachable_since`` maps URL -> time the target was first seen unreachable (from the
+        poller). Static and file_sd targets are never dropped here. Returns the forgotten URLs.
+        """
+        now = time.time() if now is None else now
+        forgotten = []
+        with self._lock:
+            for url, t in list(self._registered.items()):
+                since = unreachable_since.get(url)
+                if since is None or now - since < self.forget_after_s:
+                    continue
+                if t.last_registered is not None and t.last_registered > since:
+                    continue  # it registered again after it went dark: keep trying
+                del self._registered[url]
+                forgotten.append(url)
+        return forgotten
+
+    def file_sd(self) -> list[dict[str, Any]]:
+        """The known set as Prometheus ``file_sd`` target groups (one per target, with labels)."""
+        out = []
+        for t in self.targets():
+            labels = {"lightkeeper_source": t.source}
+            job = t.job or self.job
+            if job:
+                labels["job"] = job
+            if t.replica_group is not None:
+                labels["replica_group"] = str(t.replica_group)
+            if t.rank is not None:
+                labels["rank"] = str(t.rank)
+            out.append({"targets": [t.address], "labels": labels})
+        return out
+
+    def write_file_sd(self, path: str) -> bool:
+        """Atomically write :meth:`file_sd` to ``path`` when it changed; True if written.
+
+        A write that fails (read-only directory, full disk) raises OSError; the caller logs it.
+        """
+        text = json.dumps(self.file_sd(), indent=1, sort_keys=True)
+        if text == self._written and os.path.exists(path):
+            return False
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".lightkeeper-sd-", dir=directory)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        self._written = text
+        return True

@@ -1,0 +1,78 @@
+"""The monitor's own Prometheus metrics (prefix ``lightkeeper_monitor_``, docs/CONTRACTS.md).
+
+One :class:`MonitorMetrics` per monitor, on its own registry (several monitors in one process,
+as in the tests, do not collide). Every metric carries the ``job`` label of the training job
+the monitor watches. Gauges about replica groups are rewritten after every sweep, so a group the
+monitor no longer knows disappears instead of keeping its last value.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+SWEEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class MonitorMetrics:
+    def __init__(self, job: str) -> None:
+        self.job = job
+        r = self.registry = CollectorRegistry()
+        p = "lightkeeper_monitor_"
+        self.sweep_duration = Histogram(p + "sweep_duration_seconds",
+                                        "Wall time of one sweep (poll every rank, detect, decide)",
+                                        ["job"], registry=r, buckets=SWEEP_BUCKETS)
+        self.sweeps = Counter(p + "sweeps", "Sweeps done", ["job"], registry=r)
+        self.ranks_known = Gauge(p + "ranks_known", "Ranks the monitor polls", ["job"], registry=r)
+        self.ranks_up = Gauge(p + "ranks_up", "Ranks that answered the last sweep", ["job"],
+                              registry=r)
+        self.ranks_unreachable = Gauge(p + "ranks_unreachable",
+                                       "Ranks that did not answer the last sweep", ["job"],
+                                       registry=r)
+        self.poll_errors = Counter(p + "poll_errors", "Failed polls by reason",
+                                   ["job", "reason"], registry=r)
+        self.findings = Counter(p + "findings", "Confirmed findings",
+                                ["job", "kind", "replica_group"], registry=r)
+        self.open_findings = Gauge(p + "open_findings", "Open confirmed findings",
+                                   ["job", "kind"], registry=r)
+        self.evictions = Counter(p + "evictions", "Kill requests sent to the Lighthouse",
+                                 ["job", "replica_group"], registry=r)
+        self.decisions = Counter(p + "eviction_decisions", "Eviction decisions by outcome",
+                                 ["job", "decision", "reason"], registry=r)
+        self.last_eviction = Gauge(p + "last_eviction_timestamp_seconds",
+                                   "Unix time of the last kill request", ["job"], registry=r)
+        self.relative_step = Gauge(p + "replica_group_relative_step_time",
+                                   "Group median step time / median over groups",
+                                   ["job", "replica_group"], registry=r)
+        self.arrival_lag = Gauge(p + "replica_group_arrival_lag_seconds",
+                                 "Median lag behind the first group at the cross-group all_reduce "
+                                 "(Flight Recorder, last window)", ["job", "replica_group"],
+                                 registry=r)
+        self.group_step = Gauge(p + "replica_group_step", "Committed step of the group",
+                                ["job", "replica_group"], registry=r)
+        self.group_in_quorum = Gauge(p + "replica_group_in_quorum",
+                                     "1 when the group takes part in the newest quorum",
+                                     ["job", "replica_group"], registry=r)
+        self.quorum_id = Gauge(p + "quorum_id", "Newest quorum id the ranks report", ["job"],
+                               registry=r)
+        self.quorum_participants = Gauge(p + "quorum_participants",
+                                         "Participants of the newest quorum", ["job"], registry=r)
+        self.dry_run = Gauge(p + "dry_run", "1 when the monitor never evicts", ["job"],
+                             registry=r)
+        for reason in ("timeout", "connection", "http_status", "bad_response"):
+            self.poll_errors.labels(job, reason)
+        for kind in ("straggler", "hang", "mismatch", "dead"):
+            self.open_findings.labels(job, kind).set(0)
+
+    def set_groups(self, rows: dict[int, dict[str, float | None]]) -> None:
+        """Rewrite the per-group gauges: replica_group -> {relative, lag, step, in_quorum}."""
+        for g in (self.relative_step, self.arrival_lag, self.group_step, self.group_in_quorum):
+            g.clear()
+        for group, row in rows.items():
+            label = str(group)
+            if row.get("relative") is not None:
+                self.relative_step.labels(self.job, label).set(row["relative"])
+            if row.get("lag") is not None:
+                self.arrival_lag.labels(self.job, label).set(row["lag"])
+            if row.get("step") is not None:
+                self.group_step.labels(self.job, label).set(row["step"])
+            self.group_in_quorum.labels(self.job, label).set(1 if row.get("in_quorum") else 0)

@@ -1,0 +1,235 @@
+"""Concurrent polling of every rank: one sweep = one ``GET /v1/state`` per target, all at once.
+
+The poller runs its own asyncio event loop in a background thread and speaks just enough
+HTTP/1.1 (keep-alive, ``Content-Length`` or chunked bodies) to fetch JSON from WorkerServers.
+That keeps a sweep over 1,000 ranks well under a second on two cores (benchmarks/
+bench_monitor_sweep.py), where a thread per request or ``requests`` would spend the budget on
+overhead. Every request has its own timeout; a rank that is slow, refuses connections, answers
+garbage or an HTTP error becomes a :class:`RankPoll` with ``ok=False`` and a ``reason``
+(``timeout``, ``connection``, ``http_status``, ``bad_response``) and never delays the others
+beyond its timeout or raises out of :meth:`Poller.sweep`.
+
+Keep-alive connections are pooled per target (at most ``max_idle`` idle ones overall, so 100,000
+targets do not hold 100,000 sockets); a reused connection the server closed in the meantime is
+retried once on a fresh one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+REASONS = ("timeout", "connection", "http_status", "bad_response")
+MAX_BODY = 256 * 1024 * 1024
+
+
+class PollError(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass
+class RankPoll:
+    """One target's answer to one request."""
+
+    url: str
+    ok: bool
+    data: dict[str, Any] | None = None
+    reason: str | None = None  # one of REASONS when not ok
+    error: str | None = None
+    latency_s: float = 0.0
+    at: float = field(default_factory=time.time)
+
+
+class _Conn:
+    __slots__ = ("reader", "writer")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    def close(self) -> None:
+        try:
+            self.writer.close()
+        except Exception:
+            pass
+
+
+def _split(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname or parts.port is None:
+        raise PollError("connection", f"unsupported target URL {url!r} (http://host:port only)")
+    return parts.hostname, parts.port
+
+
+class Poller:
+    """Fetch JSON documents from many WorkerServers concurrently; see the module docstring."""
+
+    def __init__(self, timeout_s: float = 0.8, max_concurrency: int = 1024,
+                 max_idle: int = 4096) -> None:
+        self.timeout_s = timeout_s
+        self.max_concurrency = max_concurrency
+        self.max_idle = max_idle
+        self._idle: OrderedDict[tuple[str, int], _Conn] = OrderedDict()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="lightkeeper-poller",
+                                        daemon=True)
+        self._thread.start()
+        self._closed = False
+
+    # --- public, thread-safe ---------------------------------------------------------
+    def sweep(self, urls: Iterable[str], path: str = "/v1/state",
+              timeout_s: float | None = None) -> dict[str, RankPoll]:
+        """GET ``path`` from every URL concurrently; returns url -> RankPoll (never raises)."""
+        urls = list(dict.fromkeys(urls))
+        if not urls:
+            return {}
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        fut = asyncio.run_coroutine_threadsafe(self._sweep(urls, path, timeout), self._loop)
+        return fut.result()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+
+        async def shutdown():
+            for conn in self._idle.values():
+                conn.close()
+            self._idle.clear()
+
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=5)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+            self._loop.close()
+
+    # --- event loop side -------------------------------------------------------------
+    async def _sweep(self, urls: list[str], path: str, timeout: float) -> dict[str, RankPoll]:
+        sem = asyncio.Semaphore(self.max_concurrency)
+
+        async def one(url: str) -> RankPoll:
+            async with sem:
+                start = time.perf_counter()
+                try:
+                    data = await asyncio.wait_for(self._get_json(url, path), timeout)
+                    return RankPoll(url, True, data=data, latency_s=time.perf_counter() - start)
+                except PollError as e:
+                    reason, msg = e.reason, str(e)
+                except TimeoutError:
+                    reason, msg = "timeout", f"no answer within {timeout:.2f}s"
+                except (OSError, asyncio.IncompleteReadError, ConnectionError) as e:
+                    reason, msg = "connection", f"{type(e).__name__}: {e}"
+                except Exception as e:  # anything else a broken rank can provoke
+                    reason, msg = "bad_response", f"{type(e).__name__}: {e}"
+                return RankPoll(url, False, reason=reason, error=msg,
+                                latency_s=time.perf_counter() - start)
+
+        results = await asyncio.gather(*(one(u) for u in urls))
+        return {r.url: r for r in results}
+
+    async def _get_json(self, url: str, path: str) -> dict[str, Any]:
+        host, port = _split(url)
+        key = (host, port)
+        conn = self._idle.pop(key, None)
+        reused = conn is not None
+        for attempt in (0, 1):
+            if conn is None:
+                reader, writer = await asyncio.open_connection(host, port)
+                conn = _Conn(reader, writer)
+            try:
+                status, body, keep = await self._request(conn, host, port, path)
+                break
+            except (ConnectionError, asyncio.IncompleteReadError, _StaleConnection):
+                conn.close()
+                conn = None
+                if attempt == 0 and reused:
+                    continue  # the server closed an idle keep-alive connection: retry fresh
+                raise
+            except BaseException:
+                conn.close()  # cancelled (timeout) or malformed: the stream state is unknown
+                raise
+        if keep:
+            self._idle[key] = conn
+            while len(self._idle) > self.max_idle:
+                _, old = self._idle.popitem(last=False)
+                old.close()
+        else:
+            conn.close()
+        if status != 200:
+            raise PollError("http_status", f"HTTP {status}: {body[:200]!r}")
+        try:
+            data = json.loads(body)
+        except ValueError as e:
+            raise PollError("bad_response", f"not JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise PollError("bad_response", f"expected a JSON object, got {type(data).__name__}")
+        return data
+
+    @staticmethod
+    async def _request(conn: _Conn, host: str, port: int, path: str) -> tuple[int, bytes, bool]:
+        conn.writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                          "Accept: application/json\r\nUser-Agent: lightkeeper-monitor\r\n\r\n"
+                          .encode("latin-1"))
+        await conn.writer.drain()
+        line = await conn.reader.readline()
+        if not line:
+            raise _StaleConnection("connection closed before the status line")
+        parts = line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+            raise PollError("bad_response", f"bad status line {line[:100]!r}")
+        status = int(parts[1])
+        headers: dict[bytes, bytes] = {}
+        while True:
+            h = await conn.reader.readline()
+            if h in (b"\r\n", b"\n"):
+                break
+            if not h:
+                raise PollError("bad_response", "connection closed inside the headers")
+            name, _, value = h.partition(b":")
+            headers[name.strip().lower()] = value.strip()
+        keep = parts[0] == b"HTTP/1.1" and headers.get(b"connection", b"").lower() != b"close"
+        if b"content-length" in headers:
+            try:
+                n = int(headers[b"content-length"])
+            except ValueError:
+                raise PollError("bad_response", "bad Content-Length") from None
+            if n < 0 or n > MAX_BODY:
+                raise PollError("bad_response", f"Content-Length {n} out of range")
+            body = await conn.reader.readexactly(n)
+        elif headers.get(b"transfer-encoding", b"").lower() == b"chunked":
+            chunks = []
+            total = 0
+            while True:
+                size_line = await conn.reader.readline()
+                try:
+                    size = int(size_line.split(b";")[0].strip(), 16)
+                except ValueError:
+                    raise PollError("bad_response", "bad chunk size") from None
+                if size == 0:
+                    while (await conn.reader.readline()) not in (b"\r\n", b"\n", b""):
+                        pass
+                    break
+                total += size
+                if total > MAX_BODY:
+                    raise PollError("bad_response", "body too large")
+                chunks.append(await conn.reader.readexactly(size))
+                await conn.reader.readexactly(2)
+            body = b"".join(chunks)
+        else:
+            body = await conn.reader.read(MAX_BODY)
+            keep = False
+        return status, body, keep
+
+
+class _StaleConnection(ConnectionError):
+    pass

@@ -1,0 +1,194 @@
+"""The monitor's durable audit log: confirmed findings and every eviction decision, in SQLite.
+
+One file (``--state``) holds two tables. ``findings``: every confirmed finding with its evidence
+and, later, when and how it was resolved. ``decisions``: every decision about a finding or a
+manual request, ``evict`` or ``hold`` with the reason; an ``evict`` row then carries the kill
+request's outcome (``sent``, ``failed``) and whether the group was seen leaving the quorum
+(``confirmed``, ``unconfirmed``).
+
+A restarted monitor reads the same file: it still lists past decisions, it does not evict a
+``replica_id`` it already evicted, and its cooldown continues from the last eviction. Writes are
+committed one by one (WAL mode), so a crash loses at most the decision being written; a file
+that is not a database raises :class:`sqlite3.DatabaseError` at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS findings (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    replica_group INTEGER NOT NULL,
+    replica_id TEXT,
+    ranks TEXT NOT NULL,
+    evidence TEXT NOT NULL,
+    first_seen REAL NOT NULL,
+    confirmed_at REAL,
+    resolved_at REAL,
+    resolution TEXT
+);
+CREATE TABLE IF NOT EXISTS decisions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    replica_group INTEGER,
+    replica_id TEXT,
+    decision TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    detail TEXT,
+    finding_id INTEGER,
+    finding TEXT,
+    status TEXT,
+    http_status INTEGER,
+    confirmed_at REAL,
+    source TEXT NOT NULL DEFAULT 'auto'
+);
+CREATE INDEX IF NOT EXISTS decisions_replica ON decisions (replica_id, decision);
+"""
+
+EVICTED_STATUSES = ("sent", "confirmed", "unconfirmed")
+
+
+class Store:
+    """Thread-safe access to the audit log; see the module docstring."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        if path != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, timeout=10)
+        self._db.row_factory = sqlite3.Row
+        with self._lock:
+            if path != ":memory:":
+                self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.executescript(SCHEMA)
+            self._db.commit()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # --- findings --------------------------------------------------------------------
+    def add_finding(self, f: dict[str, Any]) -> int:
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT INTO findings (kind, replica_group, replica_id, ranks, evidence, "
+                "first_seen, confirmed_at, resolved_at, resolution) VALUES (?,?,?,?,?,?,?,?,?)",
+                (f["kind"], f["replica_group"], f.get("replica_id"), json.dumps(f["ranks"]),
+                 json.dumps(f.get("evidence") or {}, default=str), f["first_seen"],
+                 f.get("confirmed_at"), f.get("resolved_at"), f.get("resolution")))
+            self._db.commit()
+            return int(cur.lastrowid)
+
+    def resolve_finding(self, finding_id: int, at: float, resolution: str) -> None:
+        with self._lock:
+            self._db.execute("UPDATE findings SET resolved_at=?, resolution=? WHERE id=?",
+                             (at, resolution, finding_id))
+            self._db.commit()
+
+    def open_finding_ids(self) -> dict[tuple, int]:
+        """(kind, replica_group, replica_id) -> id of findings not resolved yet."""
+        with self._lock:
+            rows = self._db.execute("SELECT id, kind, replica_group, replica_id FROM findings "
+                                    "WHERE resolved_at IS NULL").fetchall()
+        return {(r["kind"], r["replica_group"], r["replica_id"]): r["id"] for r in rows}
+
+    def findings(self, limit: int = 500, open_only: bool = False) -> list[dict[str, Any]]:
+        q = "SELECT * FROM findings"
+        if open_only:
+            q += " WHERE resolved_at IS NULL"
+        with self._lock:
+            rows = self._db.execute(q + " ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+        out = []
+        for r in rows:
+            d = dict(r)
+            d["ranks"] = json.loads(d["ranks"])
+            d["evidence"] = json.loads(d["evidence"])
+            out.append(d)
+        return out
+
+    # --- decisions -------------------------------------------------------------------
+    def add_decision(self, *, replica_group: int | None, replica_id: str | None, decision: str,
+                     reason: str, detail: str = "", finding_id: int | None = None,
+                     finding: dict[str, Any] | None = None, status: str | None = None,
+                     source: str = "auto", at: float | None = None) -> int:
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT INTO decisions (at, replica_group, replica_id, decision, reason, detail, "
+                "finding_id, finding, status, source) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (time.time() if at is None else at, replica_group, replica_id, decision, reason,
+                 detail, finding_id, json.dumps(finding, default=str) if finding else None,
+                 status, source))
+            self._db.commit()
+            return int(cur.lastrowid)
+
+    def update_decision(self, decision_id: int, **fields: Any) -> None:
+        allowed = {"status", "http_status", "confirmed_at", "detail"}
+        bad = set(fields) - allowed
+        if bad:
+            raise ValueError(f"cannot update {', '.join(sorted(bad))}")
+        if not fields:
+            return
+        cols = ", ".join(f"{k}=?" for k in fields)
+        with self._lock:
+            self._db.execute(f"UPDATE decisions SET {cols} WHERE id=?",
+                             (*fields.values(), decision_id))
+            self._db.commit()
+
+    def decisions(self, limit: int = 500, evictions_only: bool = False) -> list[dict[str, Any]]:
+        q = "SELECT * FROM decisions"
+        if evictions_only:
+            q += " WHERE decision='evict'"
+        with self._lock:
+            rows = self._db.execute(q + " ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+        out = []
+        for r in rows:
+            d = dict(r)
+            d["finding"] = json.loads(d["finding"]) if d["finding"] else None
+            out.append(d)
+        return out
+
+    def evicted_replica_ids(self) -> set[str]:
+        """replica_ids a kill was sent for (whatever its confirmation): never evicted again."""
+        marks = ",".join("?" * len(EVICTED_STATUSES))
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT DISTINCT replica_id FROM decisions WHERE decision='evict' AND "
+                f"status IN ({marks}) AND replica_id IS NOT NULL", EVICTED_STATUSES).fetchall()
+        return {r[0] for r in rows}
+
+    def last_eviction_at(self) -> float | None:
+        """When the last kill request was attempted (sent or failed): the cooldown's start."""
+        with self._lock:
+            row = self._db.execute("SELECT MAX(at) FROM decisions WHERE decision='evict'"
+                                   ).fetchone()
+        return row[0]
+
+    def pending_confirmations(self) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM decisions WHERE decision='evict' AND "
+                                    "status='sent'").fetchall()
+        return [dict(r) for r in rows]
+
+    def last_decision_for(self, replica_id: str | None, finding_kind: str) -> dict | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT d.* FROM decisions d LEFT JOIN findings f ON d.finding_id=f.id "
+                "WHERE d.replica_id IS ? AND f.kind=? ORDER BY d.id DESC LIMIT 1",
+                (replica_id, finding_kind)).fetchone()
+        return dict(row) if row else None
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            f = self._db.execute("SELECT COUNT(*) FROM findings").fetchone()[0]
+            d = self._db.execute("SELECT COUNT(*) FROM decisions").fetchone()[0]
+            e = self._db.execute("SELECT COUNT(*) FROM decisions WHERE decision='evict'"
+                                 ).fetchone()[0]
+        return {"findings": f, "decisions": d, "evictions": e}

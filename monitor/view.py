@@ -1,0 +1,205 @@
+"""The poller's sweeps turned into one picture of the job: replica groups x ranks.
+
+:class:`ViewBuilder` remembers, per target, the last good ``/v1/state`` and how long the target has
+been unreachable, and builds a :class:`ClusterView` after every sweep. A rank that answers
+something that is not a ``/v1/state`` document (missing keys, wrong types) counts as unreachable
+with reason ``bad_response``: the detectors only ever see well-formed states.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .discovery import Target
+from .poller import RankPoll
+
+REQUIRED = {"replica_group": int, "rank": int, "group_rank": int, "step": int,
+            "quorum_id": int, "phase": str, "phase_since": (int, float)}
+COMPUTE_PHASES = ("quorum", "forward", "backward")
+
+
+def valid_state(data: Any) -> str | None:
+    """None when ``data`` looks like a /v1/state document, else what is wrong with it."""
+    if not isinstance(data, dict):
+        return "not an object"
+    for key, typ in REQUIRED.items():
+        v = data.get(key)
+        if not isinstance(v, typ) or isinstance(v, bool):
+            return f"{key} is {v!r}"
+    return None
+
+
+@dataclass
+class RankView:
+    url: str
+    reachable: bool
+    state: dict[str, Any] | None  # last good /v1/state (possibly stale when unreachable)
+    reason: str | None = None
+    error: str | None = None
+    failures: int = 0  # consecutive failed sweeps
+    unreachable_since: float | None = None
+    last_ok_at: float | None = None
+    target: Target | None = None
+    superseded: bool = False  # unreachable, and a live rank now holds its (group, group_rank)
+
+    @property
+    def replica_group(self) -> int | None:
+        if self.state is not None:
+            return int(self.state["replica_group"])
+        return self.target.replica_group if self.target else None
+
+    @property
+    def rank(self) -> int | None:
+        if self.state is not None:
+            return int(self.state["rank"])
+        return self.target.rank if self.target else None
+
+    @property
+    def replica_id(self) -> str | None:
+        return self.state.get("replica_id") if self.state else None
+
+    def recent_steps(self) -> list[float]:
+        if not self.state:
+            return []
+        vals = self.state.get("recent_step_seconds") or []
+        return [float(v) for v in vals if isinstance(v, (int, float)) and v >= 0]
+
+
+@dataclass
+class GroupView:
+    replica_group: int
+    ranks: list[RankView] = field(default_factory=list)
+
+    @property
+    def reachable(self) -> list[RankView]:
+        return [r for r in self.ranks if r.reachable]
+
+    @property
+    def replica_id(self) -> str | None:
+        """The replica id most reachable ranks report (the current incarnation of the group)."""
+        ids = [r.replica_id for r in self.reachable if r.replica_id]
+        if not ids:
+            ids = [r.replica_id for r in self.ranks if r.replica_id]
+        return max(set(ids), key=ids.count) if ids else None
+
+    @property
+    def step(self) -> int | None:
+        steps = [int(r.state["step"]) for r in self.reachable if r.state]
+        return max(steps) if steps else None
+
+    @property
+    def quorum_id(self) -> int | None:
+        q = [int(r.state["quorum_id"]) for r in self.reachable if r.state]
+        return max(q) if q else None
+
+    def median_step_seconds(self, last: int = 16) -> float | None:
+        vals = [v for r in self.reachable for v in r.recent_steps()[-last:]]
+        return statistics.median(vals) if vals else None
+
+    @property
+    def status(self) -> str:
+        if not self.ranks:
+            return "unknown"
+        n = len(self.reachable)
+        if n == 0:
+            return "unreachable"
+        if n < len(self.ranks):
+            return "partial"
+        return "up"
+
+
+@dataclass
+class ClusterView:
+    at: float
+    ranks: dict[str, RankView]
+    sweep_seconds: float = 0.0
+    groups: dict[int, GroupView] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.groups:
+            live = {(r.replica_group, r.state.get("group_rank")) for r in self.ranks.values()
+                    if r.reachable and r.state}
+            for rv in self.ranks.values():
+                g = rv.replica_group
+                if (not rv.reachable and rv.state
+                        and (g, rv.state.get("group_rank")) in live):
+                    rv.superseded = True  # an old process of a restarted group
+                if g is None or rv.superseded:
+                    continue
+                self.groups.setdefault(g, GroupView(g)).ranks.append(rv)
+            for gv in self.groups.values():
+                gv.ranks.sort(key=lambda r: (r.rank if r.rank is not None else 1 << 62, r.url))
+            self.groups = dict(sorted(self.groups.items()))
+
+    @property
+    def reachable_fraction(self) -> float:
+        ranks = [r for r in self.ranks.values() if not r.superseded]
+        return sum(r.reachable for r in ranks) / len(ranks) if ranks else 0.0
+
+    @property
+    def quorum_id(self) -> int | None:
+        q = [g.quorum_id for g in self.groups.values() if g.quorum_id is not None]
+        return max(q) if q else None
+
+    def quorum_participants(self) -> int | None:
+        q = self.quorum_id
+        vals = [int(r.state.get("num_participants", 0)) for r in self.ranks.values()
+                if r.reachable and r.state and r.state["quorum_id"] == q]
+        return max(vals) if vals else None
+
+    def in_quorum(self) -> list[GroupView]:
+        """Groups with a reachable rank in the newest quorum that take part in it."""
+        q = self.quorum_id
+        return [g for g in self.groups.values()
+                if any(r.state and r.state["quorum_id"] == q and r.state.get("participating", True)
+                       for r in g.reachable)]
+
+    def median_step_seconds(self, last: int = 16) -> float | None:
+        vals = [v for r in self.ranks.values() if r.reachable for v in r.recent_steps()[-last:]]
+        return statistics.median(vals) if vals else None
+
+
+class ViewBuilder:
+    """Folds sweeps into ClusterViews, keeping per-target memory across sweeps."""
+
+    def __init__(self) -> None:
+        self._ranks: dict[str, RankView] = {}
+
+    def update(self, targets: list[Target], polls: dict[str, RankPoll],
+               sweep_seconds: float = 0.0, now: float | None = None) -> ClusterView:
+        now = time.time() if now is None else now
+        current: dict[str, RankView] = {}
+        for t in targets:
+            prev = self._ranks.get(t.url)
+            p = polls.get(t.url)
+            rv = RankView(t.url, False, prev.state if prev else None, target=t,
+                          failures=prev.failures if prev else 0,
+                          unreachable_since=prev.unreachable_since if prev else None,
+                          last_ok_at=prev.last_ok_at if prev else None)
+            problem = None
+            if p is None:
+                rv.reason, rv.error = "connection", "not polled"
+            elif not p.ok:
+                rv.reason, rv.error = p.reason, p.error
+            else:
+                problem = valid_state(p.data)
+                if problem is None:
+                    rv.reachable, rv.state = True, p.data
+                else:
+                    rv.reason, rv.error = "bad_response", f"bad /v1/state: {problem}"
+            if rv.reachable:
+                rv.failures, rv.unreachable_since, rv.last_ok_at = 0, None, now
+            else:
+                rv.failures += 1
+                if rv.unreachable_since is None:
+                    rv.unreachable_since = now
+            current[t.url] = rv
+        self._ranks = current
+        return ClusterView(at=now, ranks=dict(current), sweep_seconds=sweep_seconds)
+
+    def unreachable_since(self) -> dict[str, float]:
+        return {u: r.unreachable_since for u, r in self._ranks.items()
+                if r.unreachable_since is not None}
