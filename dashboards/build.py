@@ -394,6 +394,12 @@ def monitor_health() -> dict:
         thresholds_=P.thresholds((None, "green"), (1.5, "red")), threshold_style="dashed"),
         12, 7)
     L.add(timeseries(
+        "Arrival lag at the cross-group allreduce",
+        "Median time each replica group arrives after the first one at torchft's allreduce "
+        "(from Flight Recorder dumps): the straggler detector's evidence.",
+        [target(f"lightkeeper_monitor_replica_group_arrival_lag_seconds{{{J}}}",
+                "group {{replica_group}}")], unit="s", min_=0), 12, 7)
+    L.add(timeseries(
         "Step per replica group (monitor)", "Committed step of each group as the monitor polled it.",
         [target(f"lightkeeper_monitor_replica_group_step{{{J}}}", "group {{replica_group}}")]),
         12, 7)

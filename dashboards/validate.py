@@ -42,13 +42,15 @@ class SchemaDirMissing(FileNotFoundError):
 
 def schema_dir(explicit: str | os.PathLike | None = None) -> Path:
     """``../shared/grafana-schema`` next to the repository (or $LIGHTKEEPER_GRAFANA_SCHEMA_DIR)."""
-    candidates = []
+    # An explicit choice (argument, then environment) is the only candidate: a typo must not
+    # silently fall back to another copy of the schemas.
     if explicit:
-        candidates.append(Path(explicit))
-    if os.environ.get(SCHEMA_ENV):
-        candidates.append(Path(os.environ[SCHEMA_ENV]))
-    repo_root = Path(__file__).resolve().parents[1]
-    candidates.append(repo_root.parent / "shared" / "grafana-schema")
+        candidates = [Path(explicit)]
+    elif os.environ.get(SCHEMA_ENV):
+        candidates = [Path(os.environ[SCHEMA_ENV])]
+    else:
+        repo_root = Path(__file__).resolve().parents[1]
+        candidates = [repo_root.parent / "shared" / "grafana-schema"]
     for c in candidates:
         if (c / "dashboard.jsonschema.json").is_file():
             return c

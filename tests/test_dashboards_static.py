@@ -1,0 +1,278 @@
+"""The shipped dashboards and rules, checked without a job: up to date with the code, valid
+against Grafana's JSON Schemas, every query parses, and every metric a query or rule names is
+one a real WorkerServer (and the monitor) exports, read from their /metrics pages."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+
+import pytest
+import requests
+
+from dashboards import build, rules
+from dashboards.cli import run as cli_run
+from dashboards.validate import (
+    all_queries,
+    iter_panels,
+    iter_queries,
+    metric_names,
+    names_from_exposition,
+    parse_promql,
+    schema_dir,
+    schema_errors,
+    substitute,
+)
+from lightkeeper.cli import main as lightkeeper_main
+from lightkeeper.cluster import wait_until
+from tests.conftest import require_binary
+from worker_server import RankIdentity, RankState, WorkerServer
+
+DASHBOARDS = build.build_dashboards()
+QUERIES = all_queries(DASHBOARDS)
+MONITOR_PREFIX = "lightkeeper_monitor_"
+
+
+@pytest.fixture(scope="module")
+def worker_names() -> set[str]:
+    """Names a real WorkerServer exposes on /metrics (over HTTP), after one step."""
+    state = RankState(RankIdentity(job="unit", replica_group=0, group_rank=0, group_world_size=1,
+                                   lighthouse="http://127.0.0.1:1"))
+    srv = WorkerServer(state)
+    srv.serve()
+    try:
+        state.set_quorum(1, 1, True)
+        state.step_started()
+        state.set_phase("forward")
+        state.step_finished(1, committed=True, loss=1.0)
+        text = requests.get(srv.url + "/metrics", timeout=5).text
+    finally:
+        srv.stop()
+    names = names_from_exposition(text)
+    assert "lightkeeper_step" in names and "lightkeeper_step_duration_seconds_bucket" in names
+    return names
+
+
+def monitor_exposition(tmpdir) -> str:
+    """/metrics of a real monitor (in this process, ephemeral port, no targets) after a sweep."""
+    from monitor.config import MonitorConfig
+    from monitor.service import Monitor
+
+    cfg = MonitorConfig(port=0, interval_s=0.2, job="unit", state_path=str(tmpdir / "m.sqlite"),
+                        sd_out=str(tmpdir / "targets.json"))
+    cfg.validate()
+    mon = Monitor(cfg).start()
+    try:
+        def swept():
+            text = requests.get(mon.url + "/metrics", timeout=5).text
+            return text if "lightkeeper_monitor_sweeps_total{" in text else None
+
+        return wait_until(swept, 20, what="the monitor's first sweep")
+    finally:
+        mon.stop()
+
+
+@pytest.fixture(scope="module")
+def monitor_names(tmp_path_factory) -> set[str]:
+    text = monitor_exposition(tmp_path_factory.mktemp("monitor"))
+    names = names_from_exposition(text)
+    assert any(n.startswith(MONITOR_PREFIX) for n in names), text[:2000]
+    return names
+
+
+def test_generated_files_are_up_to_date():
+    stale = build.stale_files()
+    assert not stale, (f"generated files differ from the code that builds them: {stale}; "
+                       "run `lightkeeper dashboards build` and commit the result")
+
+
+def test_cli_build_check_and_validate(capsys):
+    assert lightkeeper_main(["dashboards", "build", "--check"]) == 0
+    assert lightkeeper_main(["dashboards", "validate", "--no-promtool"]) == 0
+    assert "dashboards valid" in capsys.readouterr().out
+
+
+def test_cli_validate_fails_clearly_without_schemas(capsys, tmp_path):
+    assert lightkeeper_main(["dashboards", "validate", "--schema-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "Grafana JSON Schemas not found" in err and str(tmp_path) in err
+
+
+def test_the_three_dashboards_ship():
+    titles = {d["uid"]: d["title"] for d in DASHBOARDS.values()}
+    assert set(titles) == {build.UID_OVERVIEW, build.UID_DRILLDOWN, build.UID_MONITOR}
+    for d in DASHBOARDS.values():
+        assert 8 <= len(d["uid"]) <= 40
+
+
+@pytest.mark.parametrize("name", sorted(DASHBOARDS))
+def test_dashboard_validates_against_grafana_schema(name):
+    schemas = schema_dir()
+    committed = json.loads((build.GENERATED_DIR / name).read_text())
+    errors = schema_errors(committed, schemas)
+    assert not errors, "\n".join(errors)
+
+
+def test_schema_check_is_not_vacuous():
+    """Broken dashboards are caught: at the root, in a panel's options, in its field config,
+    in a target and in a variable."""
+    d = copy.deepcopy(DASHBOARDS["job-overview.json"])
+    d["bogus"] = 1
+    panels = [p for p in iter_panels(d) if p["type"] != "row"]
+    stat = next(p for p in panels if p["type"] == "stat")
+    ts = next(p for p in panels if p["type"] == "timeseries")
+    stat["options"]["graphMode"] = "sparkles"
+    ts["fieldConfig"]["defaults"]["custom"]["drawStyle"] = "crayon"
+    ts["targets"][0]["format"] = "csv"
+    d["templating"]["list"][1]["refresh"] = 7
+    errors = schema_errors(d, schema_dir())
+    for needle in ("'bogus' was unexpected", "sparkles", "crayon", "csv", "7 is not one of"):
+        assert any(needle in e for e in errors), (needle, errors)
+
+
+def test_variables_where_they_apply():
+    for d in DASHBOARDS.values():
+        names = [v["name"] for v in d["templating"]["list"]]
+        assert names[:2] == ["datasource", "job"], (d["uid"], names)
+        assert d["templating"]["list"][0]["type"] == "datasource"
+    drill = DASHBOARDS["rank-drilldown.json"]
+    assert [v["name"] for v in drill["templating"]["list"]] == [
+        "datasource", "job", "replica_group", "rank"]
+
+
+def _selectors(ast) -> list:
+    import promql_parser
+
+    found = []
+    promql_parser.walk(ast, lambda n: found.append(n)
+                       if isinstance(n, promql_parser.VectorSelector) else None)
+    return found
+
+
+def test_every_query_uses_the_datasource_variable_and_filters_by_job():
+    """Every selector carries job=~"$job" (and, on the drill-down, the group/rank variables):
+    checked on the parsed query, with the variables replaced by sentinels."""
+    sentinels = {"job": "JOBVAR", "replica_group": "GROUPVAR", "rank": "RANKVAR"}
+    for d in DASHBOARDS.values():
+        want = {"job"} | ({"replica_group", "rank"} if d["uid"] == build.UID_DRILLDOWN else set())
+        for p in iter_panels(d):
+            for t in p.get("targets", []):
+                assert t["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        for q in iter_queries(d):
+            if q.kind == "variable":
+                continue
+            selectors = _selectors(parse_promql(substitute(q.expr, sentinels)))
+            assert selectors, q
+            for sel in selectors:
+                matchers = {m.name: m.value for m in sel.matchers.matchers}
+                for label in want:
+                    assert matchers.get(label) == sentinels[label], (d["uid"], q.where, q.expr)
+
+
+@pytest.mark.parametrize("query", QUERIES, ids=[f"{q.dashboard}:{q.where}" for q in QUERIES])
+def test_query_parses(query):
+    expr = substitute(query.expr)
+    assert "$" not in expr and "[[" not in expr, expr
+    parse_promql(expr)
+    assert metric_names(expr), f"{query.where} names no metric: {expr}"
+
+
+def test_queries_parse_with_promtool(tmp_path):
+    """The same queries through Prometheus' own parser: as recording rules in a rules file."""
+    promtool = require_binary("promtool")
+    lines = ["groups:", "  - name: dashboard_queries", "    rules:"]
+    for i, q in enumerate(QUERIES):
+        lines += [f"      - record: q{i}", f"        expr: {json.dumps(substitute(q.expr))}"]
+    path = tmp_path / "queries.yml"
+    path.write_text("\n".join(lines) + "\n")
+    r = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"{len(QUERIES)} rules found" in r.stdout
+
+
+def _query_names() -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for q in QUERIES:
+        for n in metric_names(substitute(q.expr)):
+            out.setdefault(n, set()).add(f"{q.dashboard}: {q.where}")
+    return out
+
+
+def test_worker_metrics_in_queries_are_exported(worker_names):
+    wanted = {n: w for n, w in _query_names().items() if not n.startswith(MONITOR_PREFIX)}
+    missing = {n: sorted(w) for n, w in wanted.items() if n not in worker_names}
+    assert not missing, f"not exported by the WorkerServer: {missing}"
+    # and the dashboards show every WorkerServer metric
+    assert {n for n in worker_names if n.startswith("lightkeeper_")} <= set(wanted)
+
+
+def test_monitor_metrics_in_queries_are_exported(monitor_names):
+    wanted = {n: w for n, w in _query_names().items() if n.startswith(MONITOR_PREFIX)}
+    missing = {n: sorted(w) for n, w in wanted.items() if n not in monitor_names}
+    assert not missing, f"not exported by the monitor: {missing}"
+    assert {n for n in monitor_names if n.startswith(MONITOR_PREFIX)} <= set(wanted), (
+        "monitor metrics no dashboard shows")
+
+
+def test_rule_metrics_are_exported(worker_names, monitor_names):
+    recorded = {r.record for r in rules.RECORDS}
+    prometheus_own = {"up"}  # Prometheus' per-target series
+    for name, expr in rules.all_rule_exprs().items():
+        unknown = metric_names(expr) - worker_names - monitor_names - recorded - prometheus_own
+        assert not unknown, f"rule {name} reads metrics nobody exports: {unknown}"
+
+
+def test_phase_timeline_knows_every_phase():
+    from worker_server.state import PHASES
+
+    assert build.PHASES == PHASES
+
+
+def test_drilldown_links_to_each_ranks_endpoints():
+    drill = DASHBOARDS["rank-drilldown.json"]
+    table = next(p for p in iter_panels(drill) if p["type"] == "table")
+    urls = [link["url"] for link in table["fieldConfig"]["defaults"]["links"]]
+    assert urls == ["${__data.fields.worker_url}/v1/stacks",
+                    "${__data.fields.worker_url}/v1/fr_trace",
+                    "${__data.fields.worker_url}/v1/state"]
+    # the field the links read is a column of the table's first (info) query
+    assert "worker_url" in table["targets"][0]["expr"]
+    assert all(t["format"] == "table" and t["instant"] for t in table["targets"])
+
+
+def test_overview_annotates_findings_and_evictions():
+    names = {a["name"]: a for a in DASHBOARDS["job-overview.json"]["annotations"]["list"]}
+    assert {"Findings", "Evictions", "Quorum changes"} <= set(names)
+    assert "lightkeeper_monitor_findings_total" in names["Findings"]["expr"]
+    assert "lightkeeper_monitor_evictions_total" in names["Evictions"]["expr"]
+
+
+def test_panel_ids_unique_and_grid_valid():
+    for d in DASHBOARDS.values():
+        ids = [p["id"] for p in iter_panels(d)]
+        assert len(ids) == len(set(ids)), d["uid"]
+        for p in iter_panels(d):
+            g = p["gridPos"]
+            assert 0 <= g["x"] and g["x"] + g["w"] <= 24, (d["uid"], p["title"], g)
+
+
+def test_every_alert_has_a_runbook_and_a_firing_and_a_silent_test():
+    for a in rules.ALERTS:
+        ann = a.annotations()
+        assert ann["runbook"].strip() and ann["summary"] and ann["description"], a.name
+        assert any(c.fires for c in a.cases), f"{a.name}: no case in which it fires"
+        assert any(not c.fires for c in a.cases), f"{a.name}: no case in which it stays silent"
+    names = set(rules.alert_names())
+    # what the issue asks for at least
+    assert {"LightkeeperRankDown", "LightkeeperReplicaGroupStraggling",
+            "LightkeeperJobNoProgress", "LightkeeperEvictionsTooFrequent"} <= names
+
+
+def test_build_writes_copies_for_provisioning(tmp_path, capsys):
+    import argparse
+
+    args = argparse.Namespace(dashboards_command="build", check=False, out=str(tmp_path))
+    assert cli_run(args) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(DASHBOARDS)
