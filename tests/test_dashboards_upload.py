@@ -1,0 +1,186 @@
+"""``lightkeeper dashboards upload`` against a local stand-in for Grafana's HTTP API.
+
+No Grafana server can run on these machines, so a small HTTP server plays the part of the few
+endpoints the upload uses (``GET/POST /api/folders``, ``POST /api/dashboards/db``), with Grafana's
+status codes and bodies, and records and checks every request: the bearer token, the folder,
+``overwrite: true``, and that each dashboard arrives intact under its fixed uid.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from dashboards.build import build_dashboards
+from lightkeeper.cli import main
+
+TOKEN = "glsa_test_token"
+DASHBOARDS = {d["uid"]: d for d in build_dashboards().values()}
+
+
+class FakeGrafana:
+    """Grafana's folder and dashboard API, in memory."""
+
+    def __init__(self, *, forbid: bool = False) -> None:
+        self.folders: dict[str, dict] = {}
+        self.dashboards: dict[str, dict] = {}  # uid -> saved body
+        self.versions: dict[str, int] = {}
+        self.requests: list[tuple[str, str, dict | None]] = []
+        self.problems: list[str] = []
+        self.forbid = forbid
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep pytest output clean
+                pass
+
+            def _reply(self, status: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _handle(self, method: str) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                fake.requests.append((method, self.path, body))
+                if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                    return self._reply(401, {"message": "invalid API key"})
+                if fake.forbid:
+                    return self._reply(403, {"message": "You'll need additional permissions"})
+                status, out = fake.route(method, self.path, body)
+                self._reply(status, out)
+
+            def do_GET(self):
+                self._handle("GET")
+
+            def do_POST(self):
+                self._handle("POST")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def route(self, method: str, path: str, body: dict | None) -> tuple[int, dict]:
+        if method == "GET" and path.startswith("/api/folders/"):
+            uid = path.rsplit("/", 1)[1]
+            if uid in self.folders:
+                return 200, self.folders[uid]
+            return 404, {"message": "folder not found", "status": "not-found"}
+        if method == "POST" and path == "/api/folders":
+            uid = body.get("uid")
+            if uid in self.folders:
+                return 409, {"message": "a folder with the same uid already exists"}
+            self.folders[uid] = {"id": len(self.folders) + 1, "uid": uid, "title": body["title"]}
+            return 200, self.folders[uid]
+        if method == "POST" and path == "/api/dashboards/db":
+            d = body.get("dashboard") or {}
+            uid = d.get("uid")
+            if body.get("folderUid") not in self.folders:
+                self.problems.append(f"dashboard {uid} saved into unknown folder "
+                                     f"{body.get('folderUid')!r}")
+                return 400, {"message": "folder not found"}
+            if uid in self.dashboards and not body.get("overwrite"):
+                return 412, {"message": "A dashboard with the same uid already exists",
+                             "status": "name-exists"}
+            if d.get("id") not in (None, 0):
+                self.problems.append(f"dashboard {uid} sent with id {d.get('id')}")
+            self.dashboards[uid] = body
+            self.versions[uid] = self.versions.get(uid, 0) + 1
+            return 200, {"id": 1, "uid": uid, "status": "success",
+                         "url": f"/d/{uid}/{uid}", "version": self.versions[uid]}
+        return 404, {"message": "Not found"}
+
+    def __enter__(self) -> FakeGrafana:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def grafana():
+    with FakeGrafana() as g:
+        yield g
+
+
+def test_upload_creates_folder_and_dashboards_then_overwrites(grafana, monkeypatch, capsys):
+    monkeypatch.setenv("GRAFANA_TOKEN", TOKEN)
+    assert main(["dashboards", "upload", "--grafana-url", grafana.url]) == 0
+    out = capsys.readouterr().out
+    assert set(grafana.folders) == {"lightkeeper"}
+    assert grafana.folders["lightkeeper"]["title"] == "Lightkeeper"
+    assert set(grafana.dashboards) == set(DASHBOARDS)
+    for uid, body in grafana.dashboards.items():
+        assert body["overwrite"] is True and body["folderUid"] == "lightkeeper"
+        sent = {k: v for k, v in body["dashboard"].items() if k != "id"}
+        assert sent == DASHBOARDS[uid], f"{uid} changed on the way"
+        assert f"uploaded {uid}" in out
+    first = list(grafana.requests)
+    assert [(m, p) for m, p, _ in first[:2]] == [("GET", "/api/folders/lightkeeper"),
+                                                 ("POST", "/api/folders")]
+
+    # again: same folder (not re-created), same uids, new versions
+    assert main(["dashboards", "upload", "--grafana-url", grafana.url + "/"]) == 0
+    second = grafana.requests[len(first):]
+    assert [(m, p) for m, p, _ in second] == [("GET", "/api/folders/lightkeeper")] + [
+        ("POST", "/api/dashboards/db")] * len(DASHBOARDS)
+    assert set(grafana.versions.values()) == {2}
+    assert len(grafana.folders) == 1 and not grafana.problems
+
+
+def test_upload_into_another_folder(grafana, monkeypatch):
+    monkeypatch.setenv("MY_TOKEN", TOKEN)
+    assert main(["dashboards", "upload", "--grafana-url", grafana.url, "--token-env", "MY_TOKEN",
+                 "--folder", "Training", "--folder-uid", "training"]) == 0
+    assert set(grafana.folders) == {"training"}
+    assert {b["folderUid"] for b in grafana.dashboards.values()} == {"training"}
+
+
+def test_bad_token_is_a_clear_error(grafana, monkeypatch, capsys):
+    monkeypatch.setenv("GRAFANA_TOKEN", "wrong")
+    assert main(["dashboards", "upload", "--grafana-url", grafana.url]) == 1
+    err = capsys.readouterr().err
+    assert "rejected the token (401 Unauthorized)" in err and "GRAFANA_TOKEN" in err
+    assert not grafana.dashboards
+    # the token travelled as a bearer token, never in the URL
+    assert all("wrong" not in path for _, path, _ in grafana.requests)
+
+
+def test_missing_token_is_a_clear_error(grafana, monkeypatch, capsys):
+    monkeypatch.delenv("GRAFANA_TOKEN", raising=False)
+    assert main(["dashboards", "upload", "--grafana-url", grafana.url]) == 1
+    assert "no Grafana token: set $GRAFANA_TOKEN" in capsys.readouterr().err
+    assert not grafana.requests
+
+
+def test_forbidden_is_a_clear_error(monkeypatch, capsys):
+    monkeypatch.setenv("GRAFANA_TOKEN", TOKEN)
+    with FakeGrafana(forbid=True) as g:
+        assert main(["dashboards", "upload", "--grafana-url", g.url]) == 1
+    assert "403 Forbidden" in capsys.readouterr().err
+
+
+def test_unreachable_grafana_is_a_clear_error(monkeypatch, capsys):
+    monkeypatch.setenv("GRAFANA_TOKEN", TOKEN)
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["dashboards", "upload", "--grafana-url", f"http://127.0.0.1:{port}",
+                 "--timeout", "2"]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot reach Grafana at http://127.0.0.1:{port}" in err
+
+
+def test_not_a_url(monkeypatch, capsys):
+    monkeypatch.setenv("GRAFANA_TOKEN", TOKEN)
+    assert main(["dashboards", "upload", "--grafana-url", "grafana:3000"]) == 1
+    assert "must be http(s)://" in capsys.readouterr().err
