@@ -102,9 +102,16 @@ class Poller:
         self._closed = True
 
         async def shutdown():
-            for conn in self._idle.values():
-                conn.close()
+            conns = list(self._idle.values())
             self._idle.clear()
+            for conn in conns:
+                conn.close()
+            for conn in conns:
+                try:
+                    await asyncio.wait_for(conn.writer.wait_closed(), 1.0)
+                except Exception:
+                    pass
+            await asyncio.sleep(0)  # let transports run their close callbacks
 
         try:
             asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=5)

@@ -1,0 +1,205 @@
+"""Simulated WorkerServers for monitor tests and benchmarks: many ranks, one asyncio loop.
+
+Each simulated rank listens on its own port and answers ``/v1/state`` (and ``/v1/fr_trace``,
+``/v1/stacks``, ``/healthz``) from a document the test controls. A rank can misbehave on purpose:
+``mode`` ``"slow"`` answers after ``delay`` seconds, ``"http500"`` answers 500, ``"garbage"``
+answers a body that is not JSON, ``"badstate"`` a JSON object that is not a /v1/state, ``"close"``
+closes the connection without answering, ``"down"`` stops listening (connection refused).
+
+In-process: ``sim = SimRanks.start(n, groups=3)`` ... ``sim.stop()``. As a process (benchmarks,
+so the monitor and the simulated ranks do not share one GIL)::
+
+    python -m tests.support.monitor_sim --ranks 1000 --groups 100
+    # prints one line "SIM <url> <url> ..." then serves until stdin closes
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import sys
+import threading
+import time
+from typing import Any
+
+
+def raise_fd_limit() -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def rank_state(rank: int, replica_group: int, *, step: int = 100, phase: str = "forward",
+               step_seconds: float = 0.2, quorum_id: int = 1, participants: int = 1,
+               now: float | None = None) -> dict[str, Any]:
+    now = time.time() if now is None else now
+    return {
+        "job": "sim", "replica_group": replica_group, "replica_id": f"replica_group_{replica_group}:sim",
+        "group_rank": 0, "group_world_size": 1, "rank": rank, "host": "sim", "pid": 1000 + rank,
+        "worker_url": None, "step": step, "quorum_id": quorum_id,
+        "num_participants": participants, "participating": True, "phase": phase,
+        "phase_since": now - 0.01, "last_step_seconds": step_seconds, "last_step_at": now - 0.02,
+        "recent_step_seconds": [step_seconds] * 16, "commits": step, "commit_failures": 0,
+        "heals": 0, "quorum_changes": 0, "loss": 1.0, "lighthouse": None,
+        "torch_version": "sim", "torchft_version": "sim", "started_at": now - 60, "faults": [],
+    }
+
+
+class SimRank:
+    def __init__(self, sim: SimRanks, state: dict[str, Any]) -> None:
+        self.sim = sim
+        self.state = state
+        self.fr: dict[str, Any] | None = None
+        self.mode = "ok"
+        self.delay = 0.0
+        self.server: asyncio.base_events.Server | None = None
+        self.port = 0
+        self.requests = 0
+        self.writers: set[asyncio.StreamWriter] = set()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def update(self, **fields: Any) -> None:
+        self.state = {**self.state, **fields}
+
+    def set_mode(self, mode: str, delay: float = 0.0) -> None:
+        """Change behaviour (thread-safe); ``down``/``ok`` stop/start listening on the same port."""
+        fut = asyncio.run_coroutine_threadsafe(self._set_mode(mode, delay), self.sim.loop)
+        fut.result(timeout=10)
+
+    async def _set_mode(self, mode: str, delay: float) -> None:
+        self.mode, self.delay = mode, delay
+        if mode == "down" and self.server is not None:
+            self.server.close()
+            self.server = None
+            self.drop_connections()
+        elif mode != "down" and self.server is None:
+            await self.listen(self.port)
+
+    def drop_connections(self) -> None:
+        for w in list(self.writers):
+            w.close()
+        self.writers.clear()
+
+    async def listen(self, port: int = 0) -> None:
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", port, backlog=256)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writers.add(writer)
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    break
+                path = line.split()[1].decode() if len(line.split()) > 1 else "/"
+                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    pass
+                self.requests += 1
+                mode = self.mode
+                if mode == "close":
+                    break
+                if mode == "slow":
+                    await asyncio.sleep(self.delay)
+                status, ctype, body = self.respond(path.split("?")[0], mode)
+                writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
+                             f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+        finally:
+            self.writers.discard(writer)
+            writer.close()
+
+    def respond(self, path: str, mode: str) -> tuple[str, str, bytes]:
+        if mode == "http500":
+            return "500 Internal Server Error", "application/json", b'{"error": "boom"}'
+        if mode == "garbage":
+            return "200 OK", "application/json", b"<html>not json"
+        if path == "/v1/state":
+            doc = {"oops": True} if mode == "badstate" else self.state
+            return "200 OK", "application/json", json.dumps(doc).encode()
+        if path == "/v1/fr_trace" and self.fr is not None:
+            return "200 OK", "application/json", json.dumps(self.fr).encode()
+        if path == "/v1/stacks":
+            return "200 OK", "text/plain", b"Thread MainThread\n  sim\n"
+        if path == "/healthz":
+            return "200 OK", "application/json", b'{"status": "ok"}'
+        return "404 Not Found", "application/json", b'{"error": "not found"}'
+
+
+class SimRanks:
+    """N simulated ranks in ``groups`` replica groups (rank r is in group r % groups)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
+                                       name="sim-ranks")
+        self.ranks: list[SimRank] = []
+
+    @classmethod
+    def start(cls, n: int, groups: int | None = None, **state_kw: Any) -> SimRanks:
+        raise_fd_limit()
+        sim = cls()
+        sim.thread.start()
+        groups = groups or n
+
+        async def boot():
+            for r in range(n):
+                rank = SimRank(sim, rank_state(r, r % groups, participants=groups, **state_kw))
+                rank.state["group_rank"] = r // groups
+                rank.state["group_world_size"] = -(-n // groups)
+                await rank.listen()
+                sim.ranks.append(rank)
+
+        asyncio.run_coroutine_threadsafe(boot(), sim.loop).result(timeout=120)
+        return sim
+
+    @property
+    def urls(self) -> list[str]:
+        return [r.url for r in self.ranks]
+
+    def group(self, g: int) -> list[SimRank]:
+        return [r for r in self.ranks if r.state["replica_group"] == g]
+
+    def stop(self) -> None:
+        async def shutdown():
+            for r in self.ranks:
+                if r.server is not None:
+                    r.server.close()
+                r.drop_connections()
+            await asyncio.sleep(0.05)
+            for t in asyncio.all_tasks():
+                if t is not asyncio.current_task():
+                    t.cancel()
+            await asyncio.sleep(0)
+
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(timeout=30)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--ranks", type=int, required=True)
+    p.add_argument("--groups", type=int, default=None)
+    p.add_argument("--rank-offset", type=int, default=0)
+    args = p.parse_args()
+    sim = SimRanks.start(args.ranks, args.groups)
+    for i, r in enumerate(sim.ranks):
+        r.update(rank=args.rank_offset + i)
+    print("SIM " + " ".join(sim.urls), flush=True)
+    sys.stdin.read()  # serve until the parent closes our stdin (or exits)
+    sim.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

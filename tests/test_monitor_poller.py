@@ -1,0 +1,115 @@
+"""Poller and view: concurrent sweeps where broken ranks fail alone and fast."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from monitor.discovery import Target
+from monitor.poller import Poller
+from monitor.view import ViewBuilder
+from tests.support.monitor_sim import SimRanks
+
+
+@pytest.fixture
+def sim():
+    s = SimRanks.start(6, groups=3)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def poller():
+    p = Poller(timeout_s=0.5)
+    yield p
+    p.close()
+
+
+def test_sweep_returns_every_state(sim, poller):
+    polls = poller.sweep(sim.urls)
+    assert set(polls) == set(sim.urls)
+    assert all(p.ok for p in polls.values())
+    assert sorted(p.data["rank"] for p in polls.values()) == list(range(6))
+
+
+@pytest.mark.parametrize("mode,reason", [("http500", "http_status"), ("garbage", "bad_response"),
+                                         ("close", "connection"), ("down", "connection"),
+                                         ("slow", "timeout")])
+def test_broken_rank_fails_alone_with_reason(sim, poller, mode, reason):
+    bad = sim.ranks[2]
+    bad.set_mode(mode, delay=30.0)
+    start = time.monotonic()
+    polls = poller.sweep(sim.urls)
+    took = time.monotonic() - start
+    assert polls[bad.url].ok is False
+    assert polls[bad.url].reason == reason
+    assert all(p.ok for u, p in polls.items() if u != bad.url)
+    # a rank that never answers costs the sweep its timeout, not its 30 s delay
+    assert took < 0.5 + 1.5
+
+
+def test_slow_ranks_are_polled_concurrently():
+    sim = SimRanks.start(40)
+    p = Poller(timeout_s=2.0)
+    try:
+        for r in sim.ranks:
+            r.set_mode("slow", delay=0.4)
+        start = time.monotonic()
+        polls = p.sweep(sim.urls)
+        took = time.monotonic() - start
+        assert all(x.ok for x in polls.values())
+        assert took < 40 * 0.4 / 4  # sequential would take 16 s
+    finally:
+        p.close()
+        sim.stop()
+
+
+def test_keepalive_connection_closed_by_server_is_retried(sim, poller):
+    url = sim.ranks[0].url
+    assert poller.sweep([url])[url].ok
+    sim.ranks[0].set_mode("down")
+    sim.ranks[0].set_mode("ok")  # same port again: the pooled connection is stale
+    assert poller.sweep([url])[url].ok
+
+
+def test_view_counts_unreachable_sweeps_and_rejects_bad_state(sim, poller):
+    targets = [Target(u, "static") for u in sim.urls]
+    vb = ViewBuilder()
+    vb.update(targets, poller.sweep(sim.urls), now=99.0)
+    sim.ranks[1].set_mode("badstate")
+    sim.ranks[4].set_mode("down")
+    for i in range(3):
+        view = vb.update(targets, poller.sweep(sim.urls), now=100.0 + i)
+    bad, down = view.ranks[sim.ranks[1].url], view.ranks[sim.ranks[4].url]
+    assert not bad.reachable and bad.reason == "bad_response" and bad.failures == 3
+    assert not down.reachable and down.reason == "connection" and down.unreachable_since == 100.0
+    assert view.reachable_fraction == pytest.approx(4 / 6)
+    assert sorted(view.groups) == [0, 1, 2]  # the last good state still places them
+    assert view.groups[1].status == "unreachable"
+    sim.ranks[4].set_mode("ok")
+    view = vb.update(targets, poller.sweep(sim.urls), now=104.0)
+    assert view.ranks[sim.ranks[4].url].reachable
+    assert view.ranks[sim.ranks[4].url].failures == 0
+
+
+def test_restarted_rank_supersedes_its_old_address(poller):
+    sim = SimRanks.start(3)
+    targets = [Target(u, "static") for u in sim.urls]
+    vb = ViewBuilder()
+    vb.update(targets, poller.sweep(sim.urls))
+    old = sim.ranks[0]
+    old.set_mode("down")
+    new = SimRanks.start(1)
+    try:
+        new.ranks[0].update(**{**old.state, "replica_id": "replica_group_0:new"})
+        targets.append(Target(new.urls[0], "registered"))
+        view = vb.update(targets, poller.sweep([t.url for t in targets]))
+        assert view.ranks[old.url].superseded
+        g0 = view.groups[0]
+        assert old.url not in [r.url for r in g0.ranks]
+        assert g0.replica_id == "replica_group_0:new"
+        assert g0.status == "up"
+    finally:
+        new.stop()
+        sim.stop()

@@ -1,0 +1,153 @@
+"""Safety rails, the audit log and discovery: each rail holds for its reason, and only then."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from monitor.config import ConfigError, MonitorConfig, RailsConfig
+from monitor.decisions import Situation, decide
+from monitor.discovery import BadTarget, Discovery, normalize_url
+from monitor.store import Store
+
+RID = "replica_group_1:abc"
+
+
+def situation(**kw):
+    base = dict(now=1000.0, reachable_fraction=1.0, groups_in_quorum={0, 1, 2},
+                evicted_replica_ids=set(), last_eviction_at=None)
+    return Situation(**{**base, **kw})
+
+
+def test_evicts_when_every_rail_is_clear():
+    d = decide("hang", 1, RID, situation(), RailsConfig(min_replicas=2))
+    assert d.evict and d.reason == "evict"
+
+
+@pytest.mark.parametrize("kw,rails,reason", [
+    ({}, dict(evict_kinds=("hang",)), "kind_not_evicted"),
+    (dict(evicted_replica_ids={RID}), {}, "already_evicted"),
+    ({}, dict(dry_run=True), "dry_run"),
+    (dict(reachable_fraction=0.5), {}, "monitor_blind"),
+    (dict(groups_in_quorum={1, 2}), dict(min_replicas=2), "min_replicas"),
+    (dict(last_eviction_at=990.0), dict(cooldown_s=30), "cooldown"),
+])
+def test_each_rail_holds(kw, rails, reason):
+    d = decide("straggler", 1, RID, situation(**kw), RailsConfig(**rails))
+    assert not d.evict
+    assert d.reason == reason
+    assert d.detail
+
+
+def test_no_replica_id_holds():
+    assert decide("hang", 1, None, situation(), RailsConfig()).reason == "no_replica_id"
+
+
+def test_cooldown_expires():
+    rails = RailsConfig(cooldown_s=30)
+    assert decide("hang", 1, RID, situation(last_eviction_at=969.0), rails).evict
+
+
+def test_min_replicas_counts_remaining_groups():
+    rails = RailsConfig(min_replicas=2)
+    assert decide("hang", 1, RID, situation(groups_in_quorum={0, 1, 2}), rails).evict
+    assert decide("hang", 1, RID, situation(groups_in_quorum={0, 1}), rails).reason \
+        == "min_replicas"
+    # the culprit already out of the quorum: the others still count
+    assert decide("hang", 1, RID, situation(groups_in_quorum={0, 2}), rails).evict
+
+
+def test_manual_skips_cooldown_and_blindness_not_min_replicas():
+    rails = RailsConfig(min_replicas=2, cooldown_s=60)
+    s = situation(last_eviction_at=999.0, reachable_fraction=0.1)
+    assert decide("manual", 1, RID, s, rails, manual=True).evict
+    s = situation(groups_in_quorum={0, 1})
+    assert decide("manual", 1, RID, s, rails, manual=True).reason == "min_replicas"
+    assert decide("manual", 1, RID, situation(), RailsConfig(dry_run=True),
+                  manual=True).reason == "dry_run"
+
+
+def test_config_validation():
+    with pytest.raises(ConfigError):
+        RailsConfig(evict_kinds=("bogus",)).validate()
+    with pytest.raises(ConfigError):
+        MonitorConfig(interval_s=0).validate()
+    with pytest.raises(ConfigError):
+        RailsConfig(min_replicas=0).validate()
+
+
+def test_store_survives_reopen(tmp_path):
+    path = str(tmp_path / "state.sqlite")
+    s = Store(path)
+    fid = s.add_finding({"kind": "hang", "replica_group": 1, "replica_id": RID, "ranks": [1],
+                         "evidence": {"x": 1}, "first_seen": 1.0, "confirmed_at": 2.0})
+    did = s.add_decision(replica_group=1, replica_id=RID, decision="evict", reason="hang",
+                         finding_id=fid, status="sent", at=5.0)
+    s.add_decision(replica_group=2, replica_id="replica_group_2:x", decision="hold",
+                   reason="min_replicas", at=6.0)
+    s.add_decision(replica_group=0, replica_id="replica_group_0:y", decision="evict",
+                   reason="manual", status="failed", at=7.0)
+    s.close()
+    s = Store(path)
+    assert s.evicted_replica_ids() == {RID}  # a failed kill does not count as evicted
+    assert s.last_eviction_at() == 7.0
+    assert [d["decision"] for d in s.decisions()] == ["evict", "hold", "evict"]
+    assert s.findings()[0]["evidence"] == {"x": 1}
+    assert [d["id"] for d in s.pending_confirmations()] == [did]
+    s.update_decision(did, status="confirmed", confirmed_at=9.0)
+    assert s.pending_confirmations() == []
+    with pytest.raises(ValueError):
+        s.update_decision(did, decision="hold")
+    s.close()
+
+
+def test_normalize_url():
+    assert normalize_url("127.0.0.1:80") == "http://127.0.0.1:80"
+    assert normalize_url("http://h:1/") == "http://h:1"
+    for bad in ("", "h", "ftp://h:1", "http://h:notaport"):
+        with pytest.raises(BadTarget):
+            normalize_url(bad)
+
+
+def test_registration_and_forgetting():
+    d = Discovery(static=["127.0.0.1:1"], forget_after_s=30)
+    d.register({"url": "http://127.0.0.1:2", "replica_group": 1, "rank": 1}, now=100.0)
+    assert {t.url for t in d.targets()} == {"http://127.0.0.1:1", "http://127.0.0.1:2"}
+    with pytest.raises(BadTarget):
+        d.register({"nope": 1})
+    with pytest.raises(BadTarget):
+        d.register({"url": "http://h:3", "rank": "x"})
+    unreachable = {"http://127.0.0.1:1": 100.0, "http://127.0.0.1:2": 101.0}
+    assert d.forget_unreachable(unreachable, now=120.0) == []
+    # it registered again after going dark: keep it
+    d.register({"url": "http://127.0.0.1:2"}, now=125.0)
+    assert d.forget_unreachable(unreachable, now=140.0) == []
+    unreachable["http://127.0.0.1:2"] = 130.0
+    assert d.forget_unreachable(unreachable, now=161.0) == ["http://127.0.0.1:2"]
+    assert [t.url for t in d.targets()] == ["http://127.0.0.1:1"]  # static stays
+
+
+def test_file_sd_in_and_out(tmp_path):
+    src = tmp_path / "in.json"
+    src.write_text(json.dumps([{"targets": ["127.0.0.1:5", "127.0.0.1:6"],
+                                "labels": {"replica_group": "0"}}]))
+    d = Discovery(targets_file=str(src), job="train")
+    assert d.refresh() is None
+    assert [t.url for t in d.targets()] == ["http://127.0.0.1:5", "http://127.0.0.1:6"]
+    assert d.targets()[0].replica_group == 0
+    src.write_text("{broken")
+    os.utime(src, (1, 1))
+    assert "in.json" in d.refresh()
+    assert len(d.targets()) == 2  # the last good set stays
+    src.write_text(json.dumps([{"targets": ["127.0.0.1:7"]}]))
+    os.utime(src, (2, 2))
+    assert d.refresh() is None
+    assert [t.url for t in d.targets()] == ["http://127.0.0.1:7"]
+    out = tmp_path / "sd" / "out.json"
+    assert d.write_file_sd(str(out)) is True
+    assert d.write_file_sd(str(out)) is False  # unchanged
+    groups = json.loads(out.read_text())
+    assert groups == [{"targets": ["127.0.0.1:7"],
+                       "labels": {"job": "train", "lightkeeper_source": "file_sd"}}]
