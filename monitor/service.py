@@ -285,6 +285,7 @@ class Monitor:
                                "monitor_started_at": self.started_at, "groups": [],
                                "quorum_id": None, "quorum_participants": None,
                                "reachable_fraction": None, "sweep_seconds": None, "at": None,
+                               "ungrouped": [],
                                "last_error": self.last_sweep_error or self.detectors.last_error,
                                "targets_file_error": self.discovery.file_error}
         if view is None:
@@ -315,4 +316,8 @@ class Monitor:
                 "median_step_seconds": gv.median_step_seconds(),
                 "arrival_lag_seconds": self.detectors.last_lags.get(g),
                 "open_findings": sorted(open_by_group.get(g, [])), "ranks": ranks})
+        out["ungrouped"] = [{"url": r.url, "reachable": r.reachable, "reason": r.reason,
+                             "error": r.error, "unreachable_sweeps": r.failures}
+                            for r in view.ranks.values()
+                            if r.replica_group is None and not r.superseded]
         return out

@@ -1,0 +1,206 @@
+"""A live monitor (real HTTP, real loop) against simulated ranks and a fake Lighthouse."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+from lightkeeper.cluster import wait_until
+from monitor.config import DetectorConfig, MonitorConfig, RailsConfig
+from monitor.service import Monitor
+from tests.support.monitor_fakes import FakeLighthouse
+from tests.support.monitor_sim import SimRanks
+
+TOKEN = "s3cret"
+
+
+@pytest.fixture
+def sim():
+    s = SimRanks.start(3)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def lighthouse(sim):
+    # like torchft: the killed group's process exits (its rank stops answering)
+    def on_kill(replica_id):
+        for r in sim.ranks:
+            if r.state["replica_id"] == replica_id:
+                r.set_mode("down")
+    lh = FakeLighthouse(on_kill=on_kill)
+    yield lh
+    lh.stop()
+
+
+def make_monitor(tmp_path, sim, lighthouse=None, **kw):
+    rails = kw.pop("rails", RailsConfig(min_replicas=1, cooldown_s=0))
+    cfg = MonitorConfig(port=0, interval_s=0.2, state_path=str(tmp_path / "state.sqlite"),
+                        targets=[] if kw.get("register") else sim.urls,
+                        sd_out=str(tmp_path / "targets.json"), job="sim",
+                        lighthouse=lighthouse.url if lighthouse else None, rails=rails,
+                        detectors=DetectorConfig(dead_sweeps=2), **{k: v for k, v in kw.items()
+                                                                     if k != "register"})
+    return Monitor(cfg).start()
+
+
+def get(mon, path, **kw):
+    return requests.get(mon.url + path, timeout=5, **kw)
+
+
+def test_cluster_metrics_and_file_sd(tmp_path, sim):
+    mon = make_monitor(tmp_path, sim)
+    try:
+        wait_until(lambda: mon.sweeps >= 2, 10, what="two sweeps")
+        c = get(mon, "/v1/cluster").json()
+        assert [g["replica_group"] for g in c["groups"]] == [0, 1, 2]
+        assert all(g["status"] == "up" and g["step"] == 100 for g in c["groups"])
+        text = get(mon, "/metrics").text
+        for name in ("lightkeeper_monitor_sweep_duration_seconds_bucket",
+                     "lightkeeper_monitor_sweeps_total", 'lightkeeper_monitor_ranks_up{job="sim"} 3.0',
+                     "lightkeeper_monitor_ranks_known", "lightkeeper_monitor_ranks_unreachable",
+                     "lightkeeper_monitor_poll_errors_total", "lightkeeper_monitor_open_findings",
+                     "lightkeeper_monitor_replica_group_relative_step_time",
+                     "lightkeeper_monitor_replica_group_step", "lightkeeper_monitor_quorum_id",
+                     "lightkeeper_monitor_replica_group_in_quorum",
+                     'lightkeeper_monitor_dry_run{job="sim"} 0.0'):
+            assert name in text, name
+        import json
+        sd = json.loads((tmp_path / "targets.json").read_text())
+        assert sorted(t for g in sd for t in g["targets"]) == sorted(
+            u.split("//")[1] for u in sim.urls)
+        assert get(mon, "/v1/findings").json() == []
+        assert get(mon, "/v1/findings?limit=x").status_code == 400
+    finally:
+        mon.stop()
+
+
+def test_bad_rank_does_not_stop_the_monitor(tmp_path, sim):
+    mon = make_monitor(tmp_path, sim)
+    try:
+        wait_until(lambda: mon.sweeps >= 1, 10, what="a sweep")
+        sim.ranks[0].set_mode("garbage")
+        sim.ranks[1].set_mode("slow", delay=10)
+        n = mon.sweeps
+        wait_until(lambda: mon.sweeps >= n + 3, 15, what="sweeps with broken ranks")
+        c = get(mon, "/v1/cluster").json()
+        by_url = {r["url"]: r for g in c["groups"] for r in g["ranks"]}
+        assert by_url[sim.ranks[0].url]["reason"] == "bad_response"
+        assert by_url[sim.ranks[1].url]["reason"] == "timeout"
+        assert by_url[sim.ranks[2].url]["reachable"]
+        assert 'reason="timeout"' in get(mon, "/metrics").text
+    finally:
+        mon.stop()
+
+
+def test_registration_needs_the_token_when_one_is_set(tmp_path, sim):
+    mon = make_monitor(tmp_path, sim, register=True, token=TOKEN)
+    try:
+        body = {"url": sim.urls[1], "job": "sim", "replica_group": 1, "rank": 1}
+        assert requests.post(mon.url + "/v1/targets", json=body, timeout=5).status_code == 401
+        r = requests.post(mon.url + "/v1/targets", json=body, timeout=5,
+                          headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 200
+        bad = requests.post(mon.url + "/v1/targets", json={"url": "nope"}, timeout=5,
+                            headers={"Authorization": f"Bearer {TOKEN}"})
+        assert bad.status_code == 400
+        wait_until(lambda: [g["replica_group"] for g in get(mon, "/v1/cluster").json()["groups"]]
+                   == [1], 10, what="the registered rank in the cluster view")
+    finally:
+        mon.stop()
+
+
+def test_manual_eviction_disabled_without_token(tmp_path, sim, lighthouse):
+    mon = make_monitor(tmp_path, sim, lighthouse)
+    try:
+        r = requests.post(mon.url + "/v1/evict", json={"replica_group": 1}, timeout=5)
+        assert r.status_code == 403
+        assert lighthouse.kills == []
+    finally:
+        mon.stop()
+
+
+def test_manual_eviction_confirmed_and_not_repeated_after_restart(tmp_path, sim, lighthouse):
+    mon = make_monitor(tmp_path, sim, lighthouse, token=TOKEN)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        wait_until(lambda: mon.sweeps >= 1, 10, what="a sweep")
+        assert requests.post(mon.url + "/v1/evict", json={"replica_group": 1}, timeout=5,
+                             headers={"Authorization": "Bearer wrong"}).status_code == 401
+        r = requests.post(mon.url + "/v1/evict", json={"replica_group": 1, "reason": "test"},
+                          headers=auth, timeout=5)
+        assert r.status_code == 200, r.text
+        assert r.json()["sent"] is True  # the 500 from torchft 0.2.0 counts as sent
+        assert lighthouse.kills == ["replica_group_1:sim"]
+        wait_until(lambda: get(mon, "/v1/evictions?decision=evict").json()[0]["status"]
+                   == "confirmed", 10, what="the eviction confirmed")
+    finally:
+        mon.stop()
+    sim.ranks[1].set_mode("ok")  # say the kill did not take: the same replica id is back
+    mon = make_monitor(tmp_path, sim, lighthouse, token=TOKEN)
+    try:
+        wait_until(lambda: mon.view and 1 in mon.view.groups, 10, what="group 1 seen")
+        ev = get(mon, "/v1/evictions").json()
+        assert [(e["decision"], e["replica_id"], e["status"]) for e in ev] == [
+            ("evict", "replica_group_1:sim", "confirmed")]
+        r = requests.post(mon.url + "/v1/evict", json={"replica_group": 1}, headers=auth,
+                          timeout=5)
+        assert r.status_code == 409 and r.json()["reason"] == "already_evicted"
+        assert lighthouse.kills == ["replica_group_1:sim"]
+    finally:
+        mon.stop()
+
+
+def test_auto_eviction_rails_and_audit_across_restart(tmp_path):
+    """dead evicts here (--evict-on dead) so the whole loop runs without a trainer."""
+    sim = SimRanks.start(5)
+    lighthouse = FakeLighthouse(on_kill=lambda rid: [r.set_mode("down") for r in sim.ranks
+                                                     if r.state["replica_id"] == rid])
+    rails = RailsConfig(min_replicas=4, cooldown_s=0, evict_kinds=("dead",))
+    sim.ranks[4].set_mode("down")
+    mon = make_monitor(tmp_path, sim, lighthouse, rails=rails)
+    try:
+        # a rank that never answered has no group and no replica id: nothing to decide
+        wait_until(lambda: mon.sweeps >= 4, 10, what="sweeps")
+        assert lighthouse.kills == []
+        sim.ranks[4].set_mode("ok")
+        wait_until(lambda: mon.view and mon.view.groups.get(4) is not None
+                   and mon.view.groups[4].status == "up", 10, what="group 4 up")
+        sim.ranks[4].set_mode("down")
+        wait_until(lambda: lighthouse.kills, 10, what="the dead group's eviction")
+        assert lighthouse.kills == ["replica_group_4:sim"]
+        # the next dead group would leave 3 < --min-replicas 4 groups: held back
+        sim.ranks[3].set_mode("down")
+        wait_until(lambda: any(d["reason"] == "min_replicas"
+                               for d in get(mon, "/v1/evictions").json()), 10,
+                   what="a min_replicas hold")
+        assert lighthouse.kills == ["replica_group_4:sim"]
+        findings = get(mon, "/v1/findings").json()
+        assert {(f["kind"], f["replica_group"]) for f in findings} >= {("dead", 3), ("dead", 4)}
+        before = get(mon, "/v1/evictions").json()
+    finally:
+        mon.stop()
+    mon = make_monitor(tmp_path, sim, lighthouse, rails=rails)
+    try:
+        wait_until(lambda: mon.sweeps >= 5, 10, what="sweeps after the restart")
+        after = get(mon, "/v1/evictions").json()
+        assert after[-len(before):] == before  # the audit log is intact
+        assert lighthouse.kills == ["replica_group_4:sim"]  # not evicted twice
+    finally:
+        mon.stop()
+        lighthouse.stop()
+        sim.stop()
+
+
+def test_dry_run_never_evicts(tmp_path, sim, lighthouse):
+    rails = RailsConfig(min_replicas=1, cooldown_s=0, evict_kinds=("dead",), dry_run=True)
+    mon = make_monitor(tmp_path, sim, lighthouse, rails=rails)
+    try:
+        wait_until(lambda: mon.sweeps >= 1, 10, what="a sweep")
+        sim.ranks[0].set_mode("down")
+        wait_until(lambda: any(d["reason"] == "dry_run"
+                               for d in get(mon, "/v1/evictions").json()), 10, what="dry-run hold")
+        assert lighthouse.kills == []
+        assert 'lightkeeper_monitor_dry_run{job="sim"} 1.0' in get(mon, "/metrics").text
+    finally:
+        mon.stop()
