@@ -1,0 +1,245 @@
+"""Live: a real Prometheus scrapes a real job and monitor; every dashboard query returns data.
+
+The set-up is the one the README describes: the monitor writes a ``file_sd`` file from the
+WorkerServers that register with it (``LIGHTKEEPER_MONITOR``), and Prometheus runs the shipped
+configuration (``dashboards.promconfig``, pointed at the real paths and ports, 1 s scrapes) and
+the shipped ``rules.yml``. The Debian ``prometheus`` binary is started on 127.0.0.1 with a
+temporary storage directory and stopped by PID, like the Lighthouse, the trainers and the monitor.
+
+Scenario: a Lighthouse and 2 replica groups train; once Prometheus has the monitor's Flight
+Recorder analysis and the recording rules, replica group 1 is evicted through the monitor's
+``POST /v1/evict`` (the monitor asks the Lighthouse to kill it). That gives the event panels
+(findings, evictions, decisions, poll errors, quorum changes) real events. Each query is run as
+Grafana would run it (instant for tables/stats, and annotations as range queries over the run);
+a query passes once it has returned data.
+
+Prometheus missing: skipped locally, a failure under CI (see tests/conftest.require_binary).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import requests
+
+from dashboards.build import PROMETHEUS_DIR, build_dashboards
+from dashboards.promconfig import render_prometheus_yml
+from dashboards.rules import RECORDS
+from dashboards.validate import Query, all_queries, metric_names, substitute
+from lightkeeper.cluster import LocalCluster, stop_process, wait_until
+from tests.conftest import require_binary
+from tests.support import prometheus
+
+pytestmark = pytest.mark.e2e
+
+TOKEN = "dashboards-live-test"
+JOB = "lightkeeper"
+# What Grafana would send with every variable on "All" values of this job, 1 s scrapes.
+VARIABLES = {"job": JOB, "replica_group": "(0|1)", "rank": "(0|1)"}
+BUILTINS = {"$__rate_interval": "10s", "$__interval": "5s", "$__range": "5m"}
+DEADLINE_S = 45.0
+
+
+@dataclass
+class LiveRun:
+    prom: prometheus.PrometheusServer
+    monitor_url: str
+    started: float
+    queries: list[Query]
+    data: dict[Query, int] = field(default_factory=dict)  # query -> most series seen
+    errors: dict[Query, str] = field(default_factory=dict)
+    variable_values: dict[str, set[str]] = field(default_factory=dict)
+    eviction: dict = field(default_factory=dict)
+    alerts_seen: list[dict] = field(default_factory=list)
+    timeline: list[str] = field(default_factory=list)
+
+    def missing(self) -> list[Query]:
+        return [q for q in self.queries if not self.data.get(q)]
+
+
+def _run_queries(run: LiveRun) -> None:
+    """Run every query once as Grafana would; remember which returned data."""
+    now = time.time()
+    for q in run.queries:
+        expr = substitute(q.expr, VARIABLES, BUILTINS)
+        try:
+            if q.kind == "annotation":
+                # Grafana runs annotation queries over the dashboard's time range
+                result = run.prom.query_range(expr, run.started, now, 1.0)
+            else:
+                result = run.prom.query(expr)
+        except prometheus.PrometheusError as e:
+            run.errors[q] = str(e)
+            continue
+        run.data[q] = max(run.data.get(q, 0), len(result))
+        if q.kind == "variable" and result:
+            label = q.where.split()[-1]
+            run.variable_values.setdefault(label, set()).update(
+                r["metric"].get(label, "") for r in result)
+
+
+def _start_monitor(workdir: Path, lighthouse: str) -> tuple[subprocess.Popen, str, Path]:
+    sd_dir = workdir / "file_sd"
+    log_path = workdir / "monitor.log"
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-u", "-m", "lightkeeper.cli", "monitor", "--lighthouse", lighthouse,
+             "--port", "0", "--interval", "0.5", "--state", str(workdir / "monitor.sqlite"),
+             "--sd-out", str(sd_dir / "lightkeeper.json"), "--token", TOKEN, "--job", JOB,
+             "--min-replicas", "1", "--dead-sweeps", "2", "--fr-interval", "1"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def url():
+        if proc.poll() is not None:
+            raise RuntimeError(f"monitor exited with {proc.returncode}: "
+                               f"{log_path.read_text()[-3000:]}")
+        m = re.search(r"monitor=(\S+)", log_path.read_text())
+        return m.group(1) if m else None
+
+    return proc, wait_until(url, 30, what="the monitor to listen"), sd_dir
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    require_binary("prometheus")
+    workdir = tmp_path_factory.mktemp("dashboards_live")
+    t0 = time.monotonic()
+    cluster = LocalCluster(workdir / "cluster", num_groups=2, steps=100000, step_pause_s=0.1,
+                           job=JOB)
+    monitor = prom = None
+    try:
+        lighthouse = cluster.start_lighthouse()
+        monitor, monitor_url, sd_dir = _start_monitor(workdir, lighthouse)
+        # the ranks register with the monitor, which lists them in its file_sd file
+        cluster.extra_env.update(LIGHTKEEPER_MONITOR=monitor_url, LIGHTKEEPER_TOKEN=TOKEN)
+        for g in range(2):
+            cluster.start_group(g)
+        for g in range(2):
+            cluster.wait_for_workers(g)
+        config = workdir / "prometheus.yml"
+        config.write_text(render_prometheus_yml(
+            file_sd_files=[str(sd_dir / "*.json")],
+            monitor_targets=[monitor_url.split("://", 1)[1]],
+            rule_files=[str(PROMETHEUS_DIR / "rules.yml")], scrape_interval="1s"))
+        prom = prometheus.start(config, workdir / "prometheus")
+        run = LiveRun(prom, monitor_url, time.time(),
+                      [q for q in all_queries(build_dashboards())])
+        run.timeline.append(f"{time.monotonic() - t0:.1f}s Prometheus up at {prom.url}")
+        prom.wait_for_targets(2, job="lightkeeper-workers", timeout=30)
+        prom.wait_for_targets(1, job="lightkeeper-monitor", timeout=30)
+        run.timeline.append(f"{time.monotonic() - t0:.1f}s all 3 targets scraped")
+
+        # Phase 1: healthy job, until the monitor's FR analysis (arrival lag of both groups)
+        # and the recording rules have reached Prometheus.
+        def warmed_up():
+            _run_queries(run)
+            lag = prom.query("count(lightkeeper_monitor_replica_group_arrival_lag_seconds)")
+            rel = prom.query("count(lightkeeper:replica_group_step_seconds:relative1m)")
+            return (lag and float(lag[0]["value"][1]) >= 2 and rel
+                    and float(rel[0]["value"][1]) >= 2)
+
+        wait_until(warmed_up, 40, interval=1.0, what="monitor analysis and recording rules")
+        run.timeline.append(f"{time.monotonic() - t0:.1f}s warmed up")
+
+        # Phase 2: evict replica group 1 through the monitor.
+        r = requests.post(monitor_url + "/v1/evict", json={"replica_group": 1,
+                                                            "reason": "dashboards live test"},
+                          headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+        run.eviction = {"status": r.status_code, **r.json()}
+        run.timeline.append(f"{time.monotonic() - t0:.1f}s evicted group 1: {r.status_code}")
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            _run_queries(run)
+            seen = {(a["labels"]["alertname"], tuple(sorted(a["labels"].items())))
+                    for a in run.alerts_seen}
+            run.alerts_seen += [a for a in prom.api("alerts")["alerts"]
+                                if (a["labels"]["alertname"], tuple(sorted(a["labels"].items())))
+                                not in seen]
+            if not run.missing() and any(a["labels"]["alertname"] == "LightkeeperRankDown"
+                                         for a in run.alerts_seen):
+                break
+            time.sleep(1.0)
+        run.timeline.append(f"{time.monotonic() - t0:.1f}s done, {len(run.missing())} "
+                            "queries without data")
+        _maybe_render_docs(run)
+        yield run
+    finally:
+        if prom is not None:
+            prom.stop()
+        if monitor is not None:
+            stop_process(monitor)
+        cluster.stop()
+
+
+def _maybe_render_docs(run: LiveRun) -> None:
+    """With LIGHTKEEPER_DOCS_IMG=DIR, render each dashboard's panels from this run's data."""
+    out = os.environ.get("LIGHTKEEPER_DOCS_IMG")
+    if out:
+        from dashboards.render import render_all
+
+        render_all(run.prom.url, Path(out), start=run.started, end=time.time(),
+                   variables=VARIABLES, builtins=BUILTINS)
+
+
+def _report(run: LiveRun, queries: list[Query]) -> str:
+    lines = [f"{q.dashboard}: {q.where}: {substitute(q.expr, VARIABLES, BUILTINS)}"
+             + (f"  [error: {run.errors[q]}]" if q in run.errors else "") for q in queries]
+    return "\n".join(["timeline:", *run.timeline, "no data:", *lines])
+
+
+def _needs_monitor(q: Query) -> bool:
+    return any(n.startswith("lightkeeper_monitor_") for n in metric_names(substitute(q.expr)))
+
+
+def test_eviction_was_sent(live):
+    assert live.eviction.get("decision") == "evict" and live.eviction.get("sent"), live.eviction
+
+
+def test_worker_dashboard_queries_return_data(live):
+    missing = [q for q in live.missing() if not _needs_monitor(q)]
+    assert not missing, _report(live, missing)
+
+
+def test_monitor_dashboard_queries_return_data(live):
+    missing = [q for q in live.missing() if _needs_monitor(q)]
+    assert not missing, _report(live, missing)
+
+
+def test_annotations_mark_the_eviction_finding_and_quorum_change(live):
+    annotations = {q.where: live.data.get(q, 0) for q in live.queries if q.kind == "annotation"}
+    assert annotations and all(annotations.values()), annotations
+
+
+def test_variables_list_the_job_groups_and_ranks(live):
+    assert JOB in live.variable_values.get("job", set())
+    assert {"0", "1"} <= live.variable_values.get("replica_group", set())
+    assert {"0", "1"} <= live.variable_values.get("rank", set())
+
+
+def test_every_metric_the_dashboards_name_reached_prometheus(live):
+    names = live.prom.metric_names()
+    wanted = set().union(*(metric_names(substitute(q.expr)) for q in live.queries))
+    assert wanted <= names, sorted(wanted - names)
+
+
+def test_recording_rules_produce_data(live):
+    for r in RECORDS:
+        assert live.prom.query(r.record), f"recording rule {r.record} has no data"
+
+
+def test_rank_down_alert_fires_for_the_evicted_rank(live):
+    """The shipped rules plus the file_sd labels the monitor writes: the evicted rank's
+    target goes down and LightkeeperRankDown becomes pending with its group and rank."""
+    down = [a for a in live.alerts_seen if a["labels"]["alertname"] == "LightkeeperRankDown"]
+    assert down, live.alerts_seen
+    labels = down[0]["labels"]
+    assert (labels["job"], labels["replica_group"], labels["rank"]) == (JOB, "1", "1")
+    assert down[0]["annotations"]["summary"] == f"Rank 1 (replica group 1) of job {JOB} is down"
+    assert down[0]["annotations"]["runbook"]
