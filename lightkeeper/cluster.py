@@ -45,20 +45,50 @@ def wait_until(predicate, timeout: float, interval: float = 0.1, what: str = "co
         time.sleep(interval)
 
 
-def stop_process(proc: subprocess.Popen, grace: float = 5.0) -> None:
-    """Stop a process we started (and its session) by PID: SIGTERM, then SIGKILL after
-    ``grace`` seconds (at once when ``grace`` is 0)."""
-    if proc.poll() is None and grace > 0:
+def descendants(pid: int) -> list[int]:
+    """PIDs of every live descendant of ``pid`` (from /proc), children before grandchildren."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=grace)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
             pass
-    try:
-        # The whole session: torchrun's children too, even when the leader already exited.
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+
+
+def stop_process(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """Stop a process we started and all its descendants, by PID: SIGTERM, then SIGKILL after
+    ``grace`` seconds (at once when ``grace`` is 0).
+
+    Descendants are found through /proc rather than the process group: torchrun puts its
+    workers in sessions of their own, so a group signal would leave them running.
+    """
+    tree = [proc.pid, *descendants(proc.pid)]
+    if proc.poll() is None and grace > 0:
+        _signal_all(tree, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    _signal_all([proc.pid, *descendants(proc.pid), *tree[1:]], signal.SIGKILL)
     proc.wait(timeout=30)
 
 
@@ -118,7 +148,7 @@ class LocalCluster:
     # --- lifecycle -------------------------------------------------------------------
     def start_lighthouse(self, timeout: float = 30.0) -> str:
         log_path = self.log_dir / "lighthouse.log"
-        with open(log_path, "ab") as out:
+        with open(log_path, "wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-u", "-c", LIGHTHOUSE_SCRIPT, str(self.min_replicas),
                  str(self.join_timeout_ms), str(self.heartbeat_timeout_ms)],
@@ -168,7 +198,7 @@ class LocalCluster:
                "REPLICA_GROUP_ID": str(replica_group), "NUM_REPLICA_GROUPS": str(self.num_groups),
                "PYTHONUNBUFFERED": "1"}
         env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
-        with open(log_path, "ab") as out:
+        with open(log_path, "wb") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)
         group = ReplicaGroupProcess(f"replica_group_{replica_group}", proc, log_path,

@@ -130,3 +130,35 @@ def test_hang_stacks_answer_fast_and_survivor_moves_on(hung_cluster):
                          and s["step"] > 9 and s, 60, what="the survivors to commit again")
     assert resumed["commit_failures"] >= 1
     assert c.groups[0].alive() and c.groups[2].alive()
+
+
+def test_two_ranks_per_group_fsdp2_inside_heals_across_groups(tmp_path):
+    """FT-HSDP: torchrun runs 2 ranks per group (FSDP2 inside), groups average across."""
+    c = LocalCluster(tmp_path, num_groups=2, ranks_per_group=2, steps=100_000, pg_timeout_s=10)
+
+    def all_states():
+        s = [try_state(u) for u in c.worker_urls()]
+        return s if s and all(s) else None
+
+    try:
+        c.start()
+        wait_until(lambda: (s := all_states()) and len(s) == 4 and all(
+            x["step"] >= 5 and x["num_participants"] == 2 for x in s), 120,
+            what="4 ranks training in one quorum")
+        dump = get_json(c.groups[0].worker_urls[1] + "/v1/fr_trace", 5)
+        inc = dump["incarnations"][-1]
+        assert inc["group_rank"] == 1 and inc["global_ranks"] == [1, 3]
+        names = {(e["process_group"][0], e["profiling_name"]) for e in dump["entries"]}
+        assert ("", "gloo:all_reduce") in names  # across groups (torchft)
+        assert any(n.startswith("gloo:all_gather") for _, n in names)  # FSDP2 inside the group
+
+        c.kill_group(1)  # torchrun and both its workers, found by PID
+        c.start_group(1)
+        c.wait_for_workers(1)
+        healed = wait_until(lambda: (s := all_states()) and len(s) == 4 and all(
+            x["num_participants"] == 2 for x in s) and s, 120, what="group 1 to heal")
+        by_rank = {x["rank"]: x for x in healed}
+        assert by_rank[2]["heals"] == 1 and by_rank[3]["heals"] == 1
+        assert by_rank[2]["commits"] < by_rank[0]["commits"]
+    finally:
+        c.stop()

@@ -11,8 +11,8 @@ measured with torch 2.13 + torchft 0.2.0, the DDP comm hook fails with ``Asserti
 *survivors* after a peer hangs and times out, while ``Manager.allreduce`` reports the error to the
 Manager, which skips the step and reconfigures, so survivors live on.
 
-With several ranks per replica group (under ``torchrun``) gradients are first averaged inside the
-group over the default gloo process group, then across groups; see README for why not FSDP2.
+With several ranks per replica group (under ``torchrun``) the model is sharded inside the group
+with FSDP2 and each rank's gradient shard is averaged across groups: FT-HSDP (``parallel.py``).
 """
 
 from __future__ import annotations
@@ -47,6 +47,14 @@ def train(cfg: TrainConfig) -> int:
     from worker_server import WorkerServer
 
     from .model import TinyTransformerLM, synthetic_batch
+    from .parallel import (
+        flat_local_grads,
+        load_local_state_dict,
+        local_numel,
+        local_state_dict,
+        shard_within_group,
+        unflatten_into_grads,
+    )
 
     injector = FaultInjector([parse_fault(s) for s in cfg.faults])
     torch.set_num_threads(cfg.torch_threads)
@@ -63,11 +71,9 @@ def train(cfg: TrainConfig) -> int:
         store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = str(store.port)
-    intra_group = None
     if group_world_size > 1:
         dist.init_process_group("nccl" if use_cuda else "gloo", rank=group_rank,
                                 world_size=group_world_size)
-        intra_group = dist.group.WORLD
 
     server = WorkerServer.start(
         replica_group=cfg.replica_group, group_rank=group_rank, group_world_size=group_world_size,
@@ -80,14 +86,14 @@ def train(cfg: TrainConfig) -> int:
 
     m = cfg.model
     model = TinyTransformerLM(m.vocab_size, m.d_model, m.n_heads, m.n_layers, m.seq_len).to(device)
+    model = shard_within_group(model, group_world_size, device.type)
     inner_optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
 
     def load_state_dict(sd):
-        model.load_state_dict(sd["model"])
-        inner_optimizer.load_state_dict(sd["optim"])
+        load_local_state_dict(model, inner_optimizer, sd)
 
     def state_dict():
-        return {"model": model.state_dict(), "optim": inner_optimizer.state_dict()}
+        return local_state_dict(model, inner_optimizer)
 
     if use_cuda:
         from torchft import ProcessGroupNCCL
@@ -101,6 +107,10 @@ def train(cfg: TrainConfig) -> int:
         load_state_dict=load_state_dict,
         state_dict=state_dict,
         replica_id=f"replica_group_{cfg.replica_group}",
+        # FSDP2 swaps sharded and unsharded parameters during forward/backward; with an async
+        # quorum torchft would read the state for a healing peer from its quorum thread in the
+        # middle of that. A synchronous quorum reads it at the step boundary, while sharded.
+        use_async_quorum=group_world_size == 1,
         lighthouse_addr=cfg.lighthouse,
         rank=group_rank,
         world_size=group_world_size,
@@ -130,22 +140,15 @@ def train(cfg: TrainConfig) -> int:
             state.set_phase("backward")
             loss.backward()
 
-            flat = torch.cat([p.grad.reshape(-1) for p in params])
-            if intra_group is not None:
-                dist.all_reduce(flat, op=dist.ReduceOp.AVG if use_cuda else dist.ReduceOp.SUM,
-                                group=intra_group)
-                if not use_cuda:
-                    flat /= group_world_size
+            # Gradients are already averaged inside the group (FSDP2 reduce-scatter); now
+            # average this rank's shard across the quorum's replica groups.
+            flat = flat_local_grads(params)
             injector.before_allreduce(step)
             if injector.mismatch_at(step):
                 flat = torch.cat([flat, flat.new_zeros(1)])  # a shape no peer issues
             manager.allreduce(flat).wait()
-            if flat.numel() == sum(p.numel() for p in params):
-                offset = 0
-                for p in params:
-                    n = p.numel()
-                    p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
-                    offset += n
+            if flat.numel() == local_numel(params):
+                unflatten_into_grads(flat, params)
 
             optimizer.step()
             committed = manager.current_step() > step
@@ -160,7 +163,7 @@ def train(cfg: TrainConfig) -> int:
         state.set_phase("stopped")
         manager.shutdown(wait=False)
         server.stop()
-        if intra_group is not None:
+        if dist.is_initialized():
             dist.destroy_process_group()
         del store
     return 0

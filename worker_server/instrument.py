@@ -54,10 +54,15 @@ def instrument_manager(manager: Any, state: RankState, tracker: IncarnationTrack
     allreduce = manager.allreduce
     should_commit = manager.should_commit
 
+    # The step before this step's quorum: a quorum that moves it means this group healed
+    # (torchft sets the step to the quorum's max_step after loading a peer's state).
+    step_at_start: list[int | None] = [None]
+
     @functools.wraps(start_quorum)
     def start_quorum_wrapper(*args, **kwargs):
         state.step_started()
         state.set_phase("quorum")
+        step_at_start[0] = manager.current_step()
         result = start_quorum(*args, **kwargs)
         state.set_phase("forward")
         return result
@@ -66,6 +71,11 @@ def instrument_manager(manager: Any, state: RankState, tracker: IncarnationTrack
     def wait_quorum_wrapper(*args, **kwargs):
         result = wait_quorum(*args, **kwargs)
         _update_quorum(manager, state)
+        before = step_at_start[0]
+        if before is not None:
+            step_at_start[0] = None  # once per step: allreduce waits on the quorum again
+            if manager.current_step() != before:
+                state.healed()
         return result
 
     @functools.wraps(allreduce)
@@ -76,8 +86,7 @@ def instrument_manager(manager: Any, state: RankState, tracker: IncarnationTrack
     @functools.wraps(should_commit)
     def should_commit_wrapper(*args, **kwargs):
         if getattr(manager, "_healing", False):
-            state.healed()
-            state.set_phase("healing")
+            state.set_phase("healing")  # should_commit loads the peer's state first
         state.set_phase("commit")
         committed = should_commit(*args, **kwargs)
         _update_quorum(manager, state)
