@@ -109,6 +109,28 @@ class Discovery:
             self._registered[url] = target
         return target
 
+    def restore(self, path: str, now: float | None = None) -> int:
+        """Re-adopt the targets a previous run wrote with :meth:`write_file_sd` as registered ones.
+
+        A restarted monitor then polls the job at once instead of waiting for re-registrations;
+        targets that are gone are forgotten as usual. A missing or broken file restores nothing.
+        """
+        try:
+            with open(path) as f:
+                parsed = self._parse_file_sd(json.load(f))
+        except (OSError, ValueError, BadTarget):
+            return 0
+        now = time.time() if now is None else now
+        n = 0
+        with self._lock:
+            for url, t in parsed.items():
+                if url in self._registered:
+                    continue
+                t.source, t.added_at, t.last_registered = "registered", now, now
+                self._registered[url] = t
+                n += 1
+        return n
+
     def refresh(self) -> str | None:
         """Re-read the file_sd input if it changed; returns an error message or None."""
         path = self.targets_file

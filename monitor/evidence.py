@@ -104,25 +104,32 @@ class Aligned:
         return max(seqs) if seqs else None
 
 
-def align(dumps: Mapping[int, Mapping[str, Any]]) -> list[Aligned]:
-    """Group ranks by their current incarnation ``(quorum_id, group_rank)``; newest quorum first."""
+def align(dumps: Mapping[int, Mapping[str, Any]], current_only: bool = True) -> list[Aligned]:
+    """Group ranks by incarnation ``(quorum_id, group_rank)``, newest quorum first: each rank's
+    current incarnation only (default), or every incarnation its dump still holds."""
     groups: dict[tuple, Aligned] = {}
     for rank, dump in dumps.items():
-        inc = current_incarnation(dump) if isinstance(dump, Mapping) else None
-        if inc is None:
+        incs = dump.get("incarnations") if isinstance(dump, Mapping) else None
+        if not isinstance(incs, list) or not incs:
             continue
-        key = (inc.get("quorum_id"), inc.get("group_rank"))
-        a = groups.get(key)
-        members = inc.get("global_ranks")
-        if a is None:
-            a = groups[key] = Aligned(key[0], key[1], list(members) if isinstance(members, list)
-                                      else [])
-        elif isinstance(members, list) and len(members) > len(a.members):
-            a.members = list(members)
-        seqs: dict[int, dict[str, Any]] = {}
-        for e in incarnation_entries(dump):
-            seqs[int(e["collective_seq_id"])] = e
-        a.by_rank[int(rank)] = seqs
+        indices = [len(incs) - 1] if current_only else range(len(incs))
+        for i in indices:
+            inc = incs[i]
+            if not isinstance(inc, dict):
+                continue
+            key = (inc.get("quorum_id"), inc.get("group_rank"))
+            a = groups.get(key)
+            members = inc.get("global_ranks")
+            if a is None:
+                a = groups[key] = Aligned(key[0], key[1], list(members)
+                                          if isinstance(members, list) else [])
+            elif isinstance(members, list) and len(members) > len(a.members):
+                a.members = list(members)
+            seqs: dict[int, dict[str, Any]] = {}
+            for e in incarnation_entries(dump, i):
+                seqs[int(e["collective_seq_id"])] = e
+            if seqs or current_only:
+                a.by_rank[int(rank)] = seqs
     return sorted(groups.values(), key=lambda a: (a.quorum_id is None, -(a.quorum_id or 0)))
 
 
@@ -197,7 +204,7 @@ def _usual(dump: Mapping[str, Any], op: Any, exclude: dict[str, Any]) -> tuple |
 def mismatches(dumps: Mapping[int, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Collectives of one incarnation whose signature differs across ranks, with the culprits."""
     out = []
-    for a in align(dumps):
+    for a in align(dumps, current_only=False):
         for seq in a.common_seqs():
             sigs = {r: _signature(a.by_rank[r][seq]) for r in a.by_rank}
             if len(set(sigs.values())) < 2:

@@ -41,6 +41,8 @@ class Monitor:
         self.cfg = cfg
         self.clock = clock
         self.discovery = Discovery(cfg.targets, cfg.targets_file, cfg.forget_after_s, cfg.job)
+        if cfg.sd_out:
+            self.discovery.restore(cfg.sd_out)  # resume polling what the last run knew
         self.poller = Poller(cfg.poll_timeout_s, cfg.max_concurrency)
         self.views = ViewBuilder()
         self.detectors = Detectors(cfg.detectors, analyzer, clock=clock)

@@ -43,7 +43,7 @@ class RankView:
     unreachable_since: float | None = None
     last_ok_at: float | None = None
     target: Target | None = None
-    superseded: bool = False  # unreachable, and a live rank now holds its (group, group_rank)
+    superseded: bool = False  # unreachable, and a live rank now holds its (group, rank)
 
     @property
     def replica_group(self) -> int | None:
@@ -120,12 +120,11 @@ class ClusterView:
 
     def __post_init__(self) -> None:
         if not self.groups:
-            live = {(r.replica_group, r.state.get("group_rank")) for r in self.ranks.values()
+            live = {(r.replica_group, r.rank) for r in self.ranks.values()
                     if r.reachable and r.state}
             for rv in self.ranks.values():
                 g = rv.replica_group
-                if (not rv.reachable and rv.state
-                        and (g, rv.state.get("group_rank")) in live):
+                if not rv.reachable and g is not None and (g, rv.rank) in live:
                     rv.superseded = True  # an old process of a restarted group
                 if g is None or rv.superseded:
                     continue
