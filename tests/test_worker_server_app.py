@@ -115,3 +115,32 @@ def test_incarnation_tracker_resolves_pg_ids_from_entries():
     # Once resolved, an id survives the ring buffer wrapping past its entries.
     assert [i["pg_id"] for i in tracker.annotate({"entries": []})] == [1, 2]
     json.dumps(incs)
+
+
+def test_fault_injection_is_off_by_default(server):
+    r = requests.post(server.url + "/v1/faults", json={"spec": "hang:at_step=1"}, timeout=2)
+    assert r.status_code == 403 and "disabled" in r.json()["error"]
+
+
+def test_fault_injection_needs_the_token_and_a_valid_spec():
+    from trainer.faults import FaultInjector
+
+    injector = FaultInjector([])
+    srv = WorkerServer(RankState(RankIdentity()), fault_handler=injector.inject,
+                       fault_token="s3cret").serve()
+    try:
+        url = srv.url + "/v1/faults"
+        assert requests.post(url, json={"spec": "hang:at_step=4"}, timeout=2).status_code == 401
+        wrong = {"Authorization": "Bearer nope"}
+        assert requests.post(url, json={"spec": "hang:at_step=4"}, headers=wrong,
+                             timeout=2).status_code == 401
+        auth = {"Authorization": "Bearer s3cret"}
+        bad = requests.post(url, json={"spec": "hang:when=4"}, headers=auth, timeout=2)
+        assert bad.status_code == 400 and "unknown parameter 'when'" in bad.json()["error"]
+        assert requests.post(url, data="x", headers=auth, timeout=2).status_code == 400
+        assert injector.faults == []
+        ok = requests.post(url, json={"spec": "hang:at_step=4"}, headers=auth, timeout=2)
+        assert ok.status_code == 200 and ok.json()["injected"] == "hang:at_step=4"
+        assert [f.kind for f in injector.faults] == ["hang"]
+    finally:
+        srv.stop()

@@ -105,6 +105,12 @@ class FaultInjector:
         self.faults = list(faults)
         self._hang_forever = threading.Event()  # never set: a hang lasts until the process dies
 
+    def inject(self, spec: str) -> Fault:
+        """Add a fault while training runs (from ``POST /v1/faults``); raises FaultSpecError."""
+        fault = parse_fault(spec)
+        self.faults = [*self.faults, fault]  # one assignment: the training thread never sees half
+        return fault
+
     @property
     def specs(self) -> list[str]:
         return [f.spec for f in self.faults]

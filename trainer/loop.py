@@ -75,10 +75,13 @@ def train(cfg: TrainConfig) -> int:
         dist.init_process_group("nccl" if use_cuda else "gloo", rank=group_rank,
                                 world_size=group_world_size)
 
+    # Faults can also be injected while training runs (POST /v1/faults), but only when
+    # LIGHTKEEPER_FAULT_TOKEN is set: the demo does that, a real job does not.
     server = WorkerServer.start(
         replica_group=cfg.replica_group, group_rank=group_rank, group_world_size=group_world_size,
         job=cfg.job, lighthouse=cfg.lighthouse, host=cfg.worker_host,
         port=cfg.worker_port + group_rank if cfg.worker_port else 0, faults=injector.specs,
+        fault_handler=lambda spec: (injector.inject(spec), state.faults.append(spec)),
     )
     state = server.state
     print(f"[lightkeeper] replica_group={cfg.replica_group} group_rank={group_rank} "

@@ -1,11 +1,13 @@
 """Flask app factory for the WorkerServer: thin, read-only routes over plain functions.
 
-Every route is GET-only. An unknown path or a bad parameter answers 4xx with a JSON error;
+Every debug route is GET-only; the one route that changes state, fault injection, is off
+unless the process opts in with a handler and a token. An unknown path or a bad parameter answers 4xx with a JSON error;
 an endpoint that fails inside answers 500 with the reason, and the server keeps serving.
 """
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +44,12 @@ def choice_param(name: str, choices: tuple[str, ...], default: str) -> str:
     return raw
 
 
+def bearer_matches(token: str) -> bool:
+    header = request.headers.get("Authorization", "")
+    scheme, _, given = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), token)
+
+
 def identity_keys(state: RankState) -> dict[str, Any]:
     i = state.identity
     return {
@@ -60,7 +68,12 @@ def create_app(
     tracker: IncarnationTracker | None = None,
     metrics: WorkerMetrics | None = None,
     fr_dumper: Callable[..., dict[str, Any]] = fr_dump,
+    fault_handler: Callable[[str], Any] | None = None,
+    fault_token: str | None = None,
 ) -> Flask:
+    """The WorkerServer's routes. ``fault_handler`` + ``fault_token`` opt in to the one
+    state-changing route, ``POST /v1/faults`` (fault injection for tests and the demo); without
+    both it answers 403."""
     app = Flask("lightkeeper.worker_server")
     metrics = metrics or WorkerMetrics(state)
 
@@ -88,6 +101,23 @@ def create_app(
     @app.get("/metrics")
     def prometheus_metrics():
         return Response(generate_latest(metrics.registry), mimetype=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/faults")
+    def v1_faults():
+        if fault_handler is None or not fault_token:
+            return jsonify(error="fault injection is disabled on this rank (start the trainer "
+                                 "with LIGHTKEEPER_FAULT_TOKEN set to enable it)", status=403), 403
+        if not bearer_matches(fault_token):
+            return jsonify(error="missing or wrong bearer token", status=401), 401
+        body = request.get_json(silent=True)
+        spec = body.get("spec") if isinstance(body, dict) else None
+        if not isinstance(spec, str):
+            raise BadParameter('body must be JSON {"spec": "KIND:KEY=VALUE,..."}')
+        try:
+            fault_handler(spec)
+        except ValueError as e:
+            raise BadParameter(str(e)) from None
+        return jsonify(injected=spec, faults=state.faults)
 
     @app.errorhandler(BadParameter)
     def bad_parameter(e: BadParameter):

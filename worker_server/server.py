@@ -38,11 +38,12 @@ class WorkerServer:
 
     def __init__(self, state: RankState, tracker: IncarnationTracker | None = None,
                  host: str = "127.0.0.1", port: int = 0, threads: int = 4,
-                 fr_dumper=fr_dump) -> None:
+                 fr_dumper=fr_dump, fault_handler=None, fault_token: str | None = None) -> None:
         self.state = state
         self.tracker = tracker or IncarnationTracker(state.identity.group_rank)
         self.metrics = WorkerMetrics(state)
-        self.app = create_app(state, self.tracker, self.metrics, fr_dumper=fr_dumper)
+        self.app = create_app(state, self.tracker, self.metrics, fr_dumper=fr_dumper,
+                              fault_handler=fault_handler, fault_token=fault_token)
         # waitress: a real WSGI server with a small thread pool; one slow /v1/fr_trace does not
         # block /healthz or /v1/stacks.
         self._server = create_server(self.app, host=host, port=port, threads=threads,
@@ -62,11 +63,13 @@ class WorkerServer:
               group_rank: int | None = None, group_world_size: int | None = None,
               job: str | None = None, lighthouse: str | None = None,
               host: str | None = None, port: int | None = None,
-              faults: list[str] | None = None, monitor_url: str | None = None) -> WorkerServer:
+              faults: list[str] | None = None, monitor_url: str | None = None,
+              fault_handler=None) -> WorkerServer:
         """Start serving; with ``manager``, instrument it (see :mod:`worker_server.instrument`).
 
         Unset arguments come from the environment torchft users already have:
         ``REPLICA_GROUP_ID``, ``RANK``, ``WORLD_SIZE``, ``TORCHFT_LIGHTHOUSE``, ``LIGHTKEEPER_JOB``.
+        ``fault_handler(spec)`` with ``LIGHTKEEPER_FAULT_TOKEN`` set enables ``POST /v1/faults``.
         Raises ``OSError`` when the port cannot be bound.
         """
         env = os.environ
@@ -84,6 +87,7 @@ class WorkerServer:
             state,
             host=host or env.get("LIGHTKEEPER_WORKER_HOST", "127.0.0.1"),
             port=int(port if port is not None else env.get("LIGHTKEEPER_WORKER_PORT", 0)),
+            fault_handler=fault_handler, fault_token=env.get("LIGHTKEEPER_FAULT_TOKEN") or None,
         )
         if manager is not None:
             server.attach(manager)
