@@ -155,6 +155,15 @@ def test_straggler_found_from_durations_despite_clock_skew():
     assert found.to_dict()["rank"] == 5
 
 
+def test_two_equally_slow_ranks_are_both_stragglers():
+    # they take turns being last, so neither is last most of the time; both are always late
+    job = FRJob(8, jitter_ms=0.5, seed=5)
+    job.repeat(40, [("0", "all_reduce", [[4096]])], delay_ms={2: 6.0, 6: 6.0})
+    found = analyze(job.dumps()).findings
+    assert [(f.kind, f.culprit_ranks) for f in found] == [("straggler", [2]), ("straggler", [6])]
+    assert all(f.to_dict()["late_fraction"] > 0.9 for f in found)
+
+
 def test_straggler_on_gloo_uses_arrival_order_within_a_host():
     hosts = {r: f"h{r // 4}" for r in range(8)}
     job = FRJob(8, flavour="gloo", hosts=hosts, jitter_ms=1.0, skew_ms=200.0, seed=2)

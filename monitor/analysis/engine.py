@@ -49,7 +49,7 @@ class StragglerConfig:
     min_collectives: int = 10  # collectives with evidence the rank took part in
     min_fraction: float = 0.5  # fraction of them at which it arrived last
     min_z: float = 4.0  # standard deviations above what chance gives
-    min_wait_ms: float = 1.0  # median time its peers waited for it
+    min_wait_ms: float = 1.0  # median time its peers waited for it; also what counts as late
     tie_ms: float = 1e-6  # arrivals closer than this have no "last"
 
 
@@ -371,16 +371,22 @@ def _last_completed(trace: GroupTrace) -> int | None:
 
 
 class _StragglerEvidence:
-    """Per-rank tallies of who arrived last, accumulated group by group."""
+    """Tallies of who arrived last (and late), per (rank, group), accumulated group by group.
+
+    Each group is judged on its own: a rank slow in one group must not be diluted by groups where
+    it waits for others, and several equally slow ranks stand out against their group's others.
+    """
 
     def __init__(self) -> None:
-        self.observed: Counter[int] = Counter()
-        self.last: Counter[int] = Counter()
-        self.expected: defaultdict[int, float] = defaultdict(float)
-        self.variance: defaultdict[int, float] = defaultdict(float)
-        self.waits: defaultdict[int, list[float]] = defaultdict(list)
-        self.by_group: defaultdict[int, Counter[GroupKey]] = defaultdict(Counter)
-        self.kind: dict[int, Counter[str]] = defaultdict(Counter)
+        self.observed: Counter[tuple[int, GroupKey]] = Counter()
+        self.last: Counter[tuple[int, GroupKey]] = Counter()
+        self.expected: defaultdict[tuple[int, GroupKey], float] = defaultdict(float)
+        self.variance: defaultdict[tuple[int, GroupKey], float] = defaultdict(float)
+        self.waits: defaultdict[tuple[int, GroupKey], list[float]] = defaultdict(list)
+        self.late: Counter[tuple[int, GroupKey]] = Counter()
+        self.late_waits: defaultdict[tuple[int, GroupKey], list[float]] = defaultdict(list)
+        self.kind: dict[tuple[int, GroupKey], str] = {}
+        self.groups: defaultdict[GroupKey, list[int]] = defaultdict(list)
 
     def add(
         self,
@@ -397,7 +403,7 @@ class _StragglerEvidence:
             return
         if all(traces[r].flavour == "nccl" for r in group_members):
             cols = zip(*(_window(rows[r].duration_ms, rows[r].first_seq, lo, hi) for r in group_members), strict=True)
-            self._tally(key, group_members, cols, 1.0, "duration_ms", config)
+            self._tally(key, group_members, cols, "duration_ms", config)
             return
         by_host: defaultdict[str, list[int]] = defaultdict(list)
         for r in group_members:
@@ -407,16 +413,20 @@ class _StragglerEvidence:
         for ranks in by_host.values():
             if len(ranks) < 2:
                 continue
-            # later enqueue = later arrival; negate so that "last" is the smallest, as durations
+            # later enqueue = later arrival; negate (in ms) so that the last is the smallest,
+            # as with durations
             cols = zip(*(_window(rows[r].created_ns, rows[r].first_seq, lo, hi) for r in ranks), strict=True)
-            self._tally(key, ranks, ([-c / 1e6 if c else math.nan for c in col] for col in cols), 1.0, "host_clock", config)
+            self._tally(key, ranks, ([-c / 1e6 if c else math.nan for c in col] for col in cols), "host_clock", config)
 
-    def _tally(self, key: GroupKey, ranks: list[int], cols: Any, scale: float, kind: str, config: StragglerConfig) -> None:
+    def _tally(self, key: GroupKey, ranks: list[int], cols: Any, kind: str, config: StragglerConfig) -> None:
         n = len(ranks)
         p = 1.0 / n
         used = 0
         half = n // 2
-        last, waits, by_group = self.last, self.waits, self.by_group
+        last = [0] * n
+        late = [0] * n
+        waits: list[list[float]] = [[] for _ in ranks]
+        late_waits: list[list[float]] = [[] for _ in ranks]
         for col in cols:
             total = sum(col)
             if total != total:  # NaN: some rank has no evidence for this collective
@@ -424,57 +434,100 @@ class _StragglerEvidence:
             ordered = sorted(col)
             first = ordered[0]
             used += 1
+            median = ordered[half] if n % 2 else (ordered[half - 1] + ordered[half]) / 2
+            cutoff = median - config.min_wait_ms
+            if first <= cutoff:
+                # ranks that arrived at least min_wait_ms after the median rank
+                for i, value in enumerate(col):
+                    if value <= cutoff:
+                        late[i] += 1
+                        late_waits[i].append(median - value)
             if ordered[1] - first <= config.tie_ms:
                 continue
-            median = ordered[half] if n % 2 else (ordered[half - 1] + ordered[half]) / 2
-            rank = ranks[col.index(first)]
-            last[rank] += 1
-            waits[rank].append((median - first) * scale)
-            by_group[rank][key] += 1
-        if used:
-            for r in ranks:
-                self.observed[r] += used
-                self.expected[r] += used * p
-                self.variance[r] += used * p * (1 - p)
-                self.kind[r][kind] += used
+            i = col.index(first)
+            last[i] += 1
+            waits[i].append(median - first)
+        if not used:
+            return
+        for i, r in enumerate(ranks):
+            slot = (r, key)
+            if slot not in self.kind:
+                self.groups[key].append(r)
+            self.observed[slot] += used
+            self.expected[slot] += used * p
+            self.variance[slot] += used * p * (1 - p)
+            self.last[slot] += last[i]
+            self.late[slot] += late[i]
+            self.waits[slot].extend(waits[i])
+            self.late_waits[slot].extend(late_waits[i])
+            self.kind[slot] = kind
 
     def findings(self, config: StragglerConfig) -> list[StragglerFinding]:
+        """Ranks flagged in some group by either rule (both need min_collectives, min_wait_ms):
+
+        - last: last at >= min_fraction of collectives, min_z above chance (1 / group size);
+        - late: at least min_wait_ms behind the median rank at >= min_fraction of collectives,
+          min_z above the group's typical rate of being that late (so that several equally slow
+          ranks, which take turns being last, are found too; in a noisy job every rank is late
+          about as often, so none stands out).
+        One finding per rank, for the group with the strongest evidence.
+        """
+        flagged: dict[int, list[tuple[float, GroupKey, dict[str, Any]]]] = defaultdict(list)
+        for key, ranks in self.groups.items():
+            rates = sorted(self.late[(r, key)] / self.observed[(r, key)] for r in ranks)
+            typical = min(max(rates[(len(rates) - 1) // 2], 0.02), 0.98)
+            for rank in ranks:
+                slot = (rank, key)
+                observed = self.observed[slot]
+                if observed < config.min_collectives:
+                    continue
+                last, late = self.last[slot], self.late[slot]
+                z_last = (last - self.expected[slot]) / (math.sqrt(self.variance[slot]) or 1.0)
+                wait_last = _median(self.waits[slot])
+                by_last = last / observed >= config.min_fraction and z_last >= config.min_z and wait_last >= config.min_wait_ms
+                z_late = (late - observed * typical) / math.sqrt(observed * typical * (1 - typical))
+                wait_late = _median(self.late_waits[slot])
+                by_late = late / observed >= config.min_fraction and z_late >= config.min_z and wait_late >= config.min_wait_ms
+                if by_last or by_late:
+                    z, wait = (z_last, wait_last) if by_last else (z_late, wait_late)
+                    flagged[rank].append(
+                        (z, key, {"last": last, "late": late, "observed": observed, "z": z, "wait": wait})
+                    )
         out = []
-        for rank, observed in self.observed.items():
-            last = self.last.get(rank, 0)
-            if observed < config.min_collectives or last / observed < config.min_fraction:
-                continue
-            sd = math.sqrt(self.variance[rank]) or 1.0
-            z = (last - self.expected[rank]) / sd
-            waits = sorted(self.waits[rank])
-            median_wait = waits[len(waits) // 2] if waits else 0.0
-            if z < config.min_z or median_wait < config.min_wait_ms:
-                continue
-            groups = [k for k, _ in self.by_group[rank].most_common()]
-            evidence = self.kind[rank].most_common(1)[0][0]
+        for rank, hits in flagged.items():
+            hits.sort(key=lambda h: -h[0])
+            _, key, best = hits[0]
+            slot = (rank, key)
+            observed = best["observed"]
             out.append(
                 StragglerFinding(
                     kind="straggler",
-                    group=groups[0] if groups else None,
+                    group=key,
                     seq=None,
                     op=None,
                     culprit_ranks=[rank],
                     detail=(
-                        f"rank {rank} arrived last at {last} of {observed} collectives "
-                        f"({last / observed:.0%}, chance {self.expected[rank] / observed:.0%}); "
-                        f"its peers waited a median {median_wait:.2f} ms for it ({evidence})"
+                        f"in group {key.label()} rank {rank} arrived last at {best['last']} and "
+                        f">= {config.min_wait_ms:g} ms after the median rank at {best['late']} of "
+                        f"{observed} collectives (chance of last {self.expected[slot] / observed:.0%}); "
+                        f"its peers waited a median {best['wait']:.2f} ms for it ({self.kind[slot]})"
                     ),
                     rank=rank,
-                    score=last / observed,
-                    expected=self.expected[rank] / observed,
-                    z=z,
+                    score=best["last"] / observed,
+                    expected=self.expected[slot] / observed,
+                    z=best["z"],
                     collectives=observed,
-                    median_wait_ms=median_wait,
-                    evidence=evidence,
-                    groups=[k.label() for k in groups],
+                    median_wait_ms=best["wait"],
+                    evidence=self.kind[slot],
+                    groups=[k.label() for _, k, _ in hits],
+                    late_fraction=best["late"] / observed,
                 )
             )
         return out
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2] if values else 0.0
 
 
 def _window(values: list, first_seq: int, lo: int, hi: int) -> list:

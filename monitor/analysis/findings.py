@@ -126,11 +126,12 @@ class HangFinding(Finding):
 
 @dataclass
 class StragglerFinding(Finding):
-    """A rank that arrives last at collectives far more often than chance.
+    """A rank that arrives last (or late) at collectives far more often than chance.
 
     ``score`` is the fraction of observed collectives at which it arrived last; ``expected`` what
-    that fraction would be by chance; ``z`` how many standard deviations above chance the count
-    is; ``median_wait_ms`` how long its peers typically waited for it when it was last;
+    that fraction would be by chance; ``late_fraction`` the fraction at which it arrived at least
+    ``min_wait_ms`` after the median rank; ``z`` how many standard deviations above chance the
+    count that flagged it is; ``median_wait_ms`` how long its peers typically waited for it when it was last;
     ``evidence`` is ``"duration_ms"`` (NCCL: the last to arrive has the shortest kernel) or
     ``"host_clock"`` (enqueue order among ranks sharing a host's clock).
     """
@@ -143,6 +144,7 @@ class StragglerFinding(Finding):
     median_wait_ms: float = 0.0
     evidence: str = "duration_ms"
     groups: list[str] = field(default_factory=list)
+    late_fraction: float = 0.0
 
     def _extra(self) -> dict[str, Any]:
         return {
@@ -154,6 +156,7 @@ class StragglerFinding(Finding):
             "median_wait_ms": round(self.median_wait_ms, 3),
             "evidence": self.evidence,
             "groups": list(self.groups),
+            "late_fraction": round(self.late_fraction, 4),
         }
 
 
