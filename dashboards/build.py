@@ -48,11 +48,13 @@ def _job_var() -> dict:
     return P.query_variable("job", "Training job", "label_values(lightkeeper_step, job)")
 
 
-def _new_or_increased(metric: str, sel: str, by: str, window: str = "$__interval") -> str:
-    """Series of ``metric`` that increased within ``window``, including series that first
-    appeared in it (``increase`` cannot see a labelled counter's first increment)."""
+def events(metric: str, sel: str, by: str, window: str = RI) -> str:
+    """How much counter ``metric`` grew within ``window``, by ``by``.
+
+    ``increase`` cannot see the first increment of a labelled counter (its series appears
+    already at 1), so a series that is new within the window counts with its whole value."""
     m = f"{metric}{{{sel}}}"
-    return (f"sum by ({by}) ((increase({m}[{window}]) > 0) or ({m} unless {m} offset {window}))")
+    return f"sum by ({by}) (({m} unless {m} offset {window}) or increase({m}[{window}]))"
 
 
 def _step_quantile(q: float, by: str, sel: str) -> str:
@@ -161,23 +163,23 @@ def job_overview() -> dict:
     L.add(timeseries(
         "Findings and evictions",
         "Confirmed findings by kind and eviction requests by replica group (monitor).",
-        targets((f"sum by (kind) (increase(lightkeeper_monitor_findings_total{{{J}}}[{RI}]))",
-                 "finding: {{kind}}"),
-                (f"sum by (replica_group) "
-                 f"(increase(lightkeeper_monitor_evictions_total{{{J}}}[{RI}]))",
+        targets((events("lightkeeper_monitor_findings_total", J, "kind"), "finding: {{kind}}"),
+                (events("lightkeeper_monitor_evictions_total", J, "replica_group"),
                  "eviction: group {{replica_group}}")),
         draw="bars", fill=80, min_=0), 12, 7)
 
     annotations = [
         P.prometheus_annotation(
-            "Evictions", _new_or_increased("lightkeeper_monitor_evictions_total", J,
-                                           "job, replica_group"),
+            "Evictions",
+            events("lightkeeper_monitor_evictions_total", J, "job, replica_group",
+                   "$__interval") + " > 0",
             title="Eviction of replica group {{replica_group}}",
             text="The monitor asked to evict replica group {{replica_group}}",
             color="red", tags="replica_group"),
         P.prometheus_annotation(
-            "Findings", _new_or_increased("lightkeeper_monitor_findings_total", J,
-                                          "job, kind, replica_group"),
+            "Findings",
+            events("lightkeeper_monitor_findings_total", J, "job, kind, replica_group",
+                   "$__interval") + " > 0",
             title="Finding: {{kind}} in replica group {{replica_group}}",
             text="The monitor confirmed a {{kind}} finding",
             color="orange", tags="kind,replica_group"),
@@ -354,29 +356,26 @@ def monitor_health() -> dict:
     L.row("Findings, evictions and held-back decisions")
     L.add(timeseries(
         "Findings by kind", "Confirmed findings per interval, by kind.",
-        [target(f"sum by (kind) (increase(lightkeeper_monitor_findings_total{{{J}}}[{RI}]))",
-                "{{kind}}")], draw="bars", fill=80, min_=0), 8, 8)
+        [target(events("lightkeeper_monitor_findings_total", J, "kind"), "{{kind}}")],
+        draw="bars", fill=80, min_=0), 8, 8)
     L.add(timeseries(
         "Open findings by kind", "Findings currently open, by kind.",
         [target(f"sum by (kind) (lightkeeper_monitor_open_findings{{{J}}})", "{{kind}}")],
         interpolation="stepAfter", min_=0), 8, 8)
     L.add(timeseries(
         "Evictions by replica group", "Kill requests the monitor sent, per interval.",
-        [target(f"sum by (replica_group) "
-                f"(increase(lightkeeper_monitor_evictions_total{{{J}}}[{RI}]))",
+        [target(events("lightkeeper_monitor_evictions_total", J, "replica_group"),
                 "group {{replica_group}}")], draw="bars", fill=80, min_=0), 8, 8)
     L.add(timeseries(
         "Eviction decisions (evict / hold)",
         "What the monitor decided for each confirmed finding: evict, or hold back (dry run, "
         "eviction budget, quorum too small, ...), per interval.",
-        [target(f"sum by (decision, reason) "
-                f"(increase(lightkeeper_monitor_eviction_decisions_total{{{J}}}[{RI}]))",
+        [target(events("lightkeeper_monitor_eviction_decisions_total", J, "decision, reason"),
                 "{{decision}}: {{reason}}")], draw="bars", fill=80, min_=0), 14, 8)
     L.add(table(
         "Decisions in the time range", "Eviction decisions over the dashboard's time range.",
-        [target(f"sum by (decision, reason) "
-                f"(increase(lightkeeper_monitor_eviction_decisions_total{{{J}}}[$__range]))",
-                "", instant=True, fmt="table")],
+        [target(events("lightkeeper_monitor_eviction_decisions_total", J, "decision, reason",
+                       "$__range"), "", instant=True, fmt="table")],
         transformations=[{"id": "organize", "options": {
             "excludeByName": {"Time": True}, "renameByName": {"Value": "decisions"}}}]), 10, 8)
 
@@ -410,8 +409,9 @@ def monitor_health() -> dict:
         interpolation="stepAfter", fill=0), 12, 7)
 
     annotations = [P.prometheus_annotation(
-        "Evictions", _new_or_increased("lightkeeper_monitor_evictions_total", J,
-                                       "job, replica_group"),
+        "Evictions",
+        events("lightkeeper_monitor_evictions_total", J, "job, replica_group", "$__interval")
+        + " > 0",
         title="Eviction of replica group {{replica_group}}",
         text="The monitor asked to evict replica group {{replica_group}}", color="red",
         tags="replica_group")]

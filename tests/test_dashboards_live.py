@@ -147,6 +147,8 @@ def live(tmp_path_factory):
 
         wait_until(warmed_up, 40, interval=1.0, what="monitor analysis and recording rules")
         run.timeline.append(f"{time.monotonic() - t0:.1f}s warmed up")
+        if os.environ.get("LIGHTKEEPER_DOCS_IMG"):  # longer healthy stretch for the pictures
+            time.sleep(float(os.environ.get("LIGHTKEEPER_DOCS_BEFORE_S", "40")))
 
         # Phase 2: evict replica group 1 through the monitor.
         r = requests.post(monitor_url + "/v1/evict", json={"replica_group": 1,
@@ -179,11 +181,13 @@ def live(tmp_path_factory):
 
 
 def _maybe_render_docs(run: LiveRun) -> None:
-    """With LIGHTKEEPER_DOCS_IMG=DIR, render each dashboard's panels from this run's data."""
+    """With LIGHTKEEPER_DOCS_IMG=DIR, render each dashboard's panels from this run's data
+    (docs/img: ``LIGHTKEEPER_DOCS_IMG=docs/img pytest tests/test_dashboards_live.py``)."""
     out = os.environ.get("LIGHTKEEPER_DOCS_IMG")
     if out:
         from dashboards.render import render_all
 
+        time.sleep(float(os.environ.get("LIGHTKEEPER_DOCS_AFTER_S", "30")))
         render_all(run.prom.url, Path(out), start=run.started, end=time.time(),
                    variables=VARIABLES, builtins=BUILTINS)
 
@@ -243,3 +247,16 @@ def test_rank_down_alert_fires_for_the_evicted_rank(live):
     assert (labels["job"], labels["replica_group"], labels["rank"]) == (JOB, "1", "1")
     assert down[0]["annotations"]["summary"] == f"Rank 1 (replica group 1) of job {JOB} is down"
     assert down[0]["annotations"]["runbook"]
+
+
+def test_pictures_render_from_the_live_data(live, tmp_path):
+    """The renderer behind docs/img draws every dashboard from this run without a panel error."""
+    from dashboards.render import render_all
+
+    errors: list[str] = []
+    paths = render_all(live.prom.url, tmp_path, start=live.started, end=time.time(),
+                       variables=VARIABLES, builtins=BUILTINS, errors=errors)
+    assert not errors, errors
+    assert [p.name for p in paths] == ["job-overview.png", "rank-drilldown.png",
+                                       "monitor-health.png"]
+    assert all(p.stat().st_size > 50_000 for p in paths)
