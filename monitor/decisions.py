@@ -5,7 +5,8 @@
 returns ``evict`` or ``hold`` with the first rail that stops it, checked in this order:
 
 1. ``kind_not_evicted``: the finding's kind is not in ``--evict-on`` (``dead`` by default: torchft
-   already drops a dead group, and a kill request cannot reach it);
+   already drops a dead group, and a kill request cannot reach it); the loop does not even ask
+   for such findings, so they appear as findings only, not in the decision log;
 2. ``no_replica_id``: the group's torchft replica id is unknown, so there is nothing to kill;
 3. ``already_evicted``: a kill for this replica id was already sent (also before a restart of the
    monitor); a restarted group has a new replica id and is judged on its own evidence;

@@ -280,7 +280,7 @@ class Detectors:
                                                  "error": r.error, "sweeps": r.failures,
                                                  "since": r.unreachable_since} for r in ranks},
                   "group_ranks_unreachable": len(ranks), "group_ranks": len(gv.ranks)}
-            f = self._open_or_get("dead", gv, sorted(r.rank for r in ranks if r.rank is not None),
+            f = self._open_or_get("dead", gv, sorted({r.rank for r in ranks if r.rank is not None}),
                                   ev, min(r.unreachable_since or now for r in ranks), now)
             if f:
                 new.append(f)

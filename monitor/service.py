@@ -177,6 +177,8 @@ class Monitor:
 
     def _decide_all(self, view: ClusterView, now: float) -> None:
         for f in self.detectors.open_findings():
+            if f.kind not in self.cfg.rails.evict_kinds:
+                continue  # reported only (e.g. dead): nothing to decide
             with self._act_lock:
                 s = self._situation(view, now)
                 d = decide(f.kind, f.replica_group, f.replica_id, s, self.cfg.rails)

@@ -21,7 +21,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import time
 
 import pytest
 import requests
