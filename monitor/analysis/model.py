@@ -227,12 +227,6 @@ def _parse_ranks(raw: Any) -> tuple[int, ...]:
     return ()
 
 
-def _op_name(profiling_name: str) -> str:
-    # "nccl:all_reduce", "gloo:send 0->1", "nccl:coalesced"
-    name = profiling_name.rpartition(":")[2]
-    return name.partition(" ")[0]
-
-
 def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
     """Normalize one rank's dump; ``rank`` is used when the dump has no ``rank`` key.
 
