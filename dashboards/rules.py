@@ -66,6 +66,18 @@ RECORDS = [
     Record("lightkeeper:job_step:max", "max by (job) (lightkeeper_step)"),
 ]
 
+def grown(selector: str, window: str) -> str:
+    """How much a monitor counter grew within ``window``, per series.
+
+    ``increase`` misses the first increment of a labelled counter (its series appears already
+    at 1), so a series that is new within the window counts with its whole value, but only if
+    the monitor was already being scraped a window ago (after a Prometheus restart every series
+    looks new)."""
+    return (f"(({selector} unless {selector} offset {window})\n"
+            f"    and on (job) lightkeeper_monitor_sweeps_total offset {window})\n"
+            f"  or increase({selector}[{window}])")
+
+
 W = 'job="train", lightkeeper_component="worker"'
 M = 'job="train", lightkeeper_component="monitor", instance="mon:9400"'
 
@@ -164,7 +176,8 @@ ALERTS = [
               "10m")]),
     Alert(
         "LightkeeperEvictionsTooFrequent",
-        "sum by (job) (increase(lightkeeper_monitor_evictions_total[1h])) > 3", "0m", "warning",
+        f"sum by (job) (\n  {grown('lightkeeper_monitor_evictions_total', '1h')}\n) > 3",
+        "0m", "warning",
         "The monitor of job {{ $labels.job }} evicts replica groups too often",
         "More than 3 eviction requests in the last hour: the cluster is unhealthy, or the "
         "monitor's thresholds are too tight.",
@@ -174,13 +187,22 @@ ALERTS = [
         [Case("an eviction every 2 minutes",
               [(f'lightkeeper_monitor_evictions_total{{{M}, replica_group="1"}}',
                 "0 0 1 1 2 2 3 3 4 4 5 5")], "11m", [{"job": "train"}], interval="1m"),
+         Case("4 evictions, the counter appearing with the first",
+              [(f"lightkeeper_monitor_sweeps_total{{{M}}}", "0+60x100"),
+               (f'lightkeeper_monitor_evictions_total{{{M}, replica_group="1"}}',
+                "_x70 1 2 3 4 4 4")], "76m", [{"job": "train"}], interval="1m"),
          Case("one eviction",
               [(f'lightkeeper_monitor_evictions_total{{{M}, replica_group="1"}}',
-                "0 0 0 1 1 1 1 1 1 1 1 1")], "11m", interval="1m")]),
+                "0 0 0 1 1 1 1 1 1 1 1 1")], "11m", interval="1m"),
+         Case("evictions long ago, Prometheus just restarted",
+              [(f"lightkeeper_monitor_sweeps_total{{{M}}}", "1000+60x10"),
+               (f'lightkeeper_monitor_evictions_total{{{M}, replica_group="1"}}', "9x10")],
+              "5m", interval="1m")]),
     Alert(
         "LightkeeperEvictionsHeldBack",
-        'sum by (job, reason) (increase(lightkeeper_monitor_eviction_decisions_total{decision="hold"}[15m])) > 0',
-        "0m", "info",
+        "sum by (job, reason) (\n  "
+        + grown('lightkeeper_monitor_eviction_decisions_total{decision="hold"}', "15m")
+        + "\n) > 0", "0m", "info",
         "The monitor of job {{ $labels.job }} held back evictions ({{ $labels.reason }})",
         "The monitor confirmed a finding that warrants eviction but did not evict "
         "(reason: {{ $labels.reason }}).",
@@ -190,6 +212,15 @@ ALERTS = [
               [(f'lightkeeper_monitor_eviction_decisions_total{{{M}, decision="hold", '
                 f'reason="dry_run"}}', "0 0 1 1 1 1 1")], "5m",
               [{"job": "train", "reason": "dry_run"}], interval="1m"),
+         Case("first hold (the counter appears at 1)",
+              [(f"lightkeeper_monitor_sweeps_total{{{M}}}", "0+60x40"),
+               (f'lightkeeper_monitor_eviction_decisions_total{{{M}, decision="hold", '
+                f'reason="min_replicas"}}', "_x20 1x10")], "25m",
+              [{"job": "train", "reason": "min_replicas"}], interval="1m"),
+         Case("an old hold, Prometheus just restarted",
+              [(f"lightkeeper_monitor_sweeps_total{{{M}}}", "1000+60x10"),
+               (f'lightkeeper_monitor_eviction_decisions_total{{{M}, decision="hold", '
+                f'reason="dry_run"}}', "1x10")], "5m", interval="1m"),
          Case("evictions carried out",
               [(f'lightkeeper_monitor_eviction_decisions_total{{{M}, decision="evict", '
                 f'reason="straggler"}}', "0 0 1 1 1 1 1")], "5m", interval="1m")]),
