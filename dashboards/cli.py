@@ -93,7 +93,13 @@ def _promtool_checks() -> list[str]:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from .validate import SchemaDirMissing, names_from_exposition, schema_dir, validate_all
+    from .validate import (
+        ParserMissing,
+        SchemaDirMissing,
+        names_from_exposition,
+        schema_dir,
+        validate_all,
+    )
 
     try:
         schemas = schema_dir(args.schema_dir)
@@ -113,7 +119,11 @@ def _validate(args: argparse.Namespace) -> int:
                 print(f"error: cannot scrape {url}: {e}", file=sys.stderr)
                 return 2
             known |= names_from_exposition(r.text)
-    problems = validate_all(schemas=schemas, known_metrics=known)
+    try:
+        problems = validate_all(schemas=schemas, known_metrics=known)
+    except ParserMissing as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if not args.no_promtool:
         problems += _promtool_checks()
     for p in problems:

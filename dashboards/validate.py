@@ -132,19 +132,27 @@ def substitute(expr: str, variables: dict[str, str] | None = None,
 
 
 # --- PromQL -------------------------------------------------------------------------------------
-def parse_promql(expr: str):
-    """The AST of ``expr`` (raises ValueError with the parser's message when it does not parse)."""
+class ParserMissing(RuntimeError):
+    pass
+
+
+def _promql_parser():
     try:
         import promql_parser
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise RuntimeError("promql_parser is not installed: pip install promql-parser") from e
-    return promql_parser.parse(expr)
+    except ImportError as e:  # depends on the environment
+        raise ParserMissing("the PromQL parser is not installed: pip install "
+                            "'promql-parser>=0.12'") from e
+    return promql_parser
+
+
+def parse_promql(expr: str):
+    """The AST of ``expr`` (raises ValueError with the parser's message when it does not parse)."""
+    return _promql_parser().parse(expr)
 
 
 def metric_names(expr: str) -> set[str]:
     """Every metric name a (substituted) PromQL expression selects."""
-    import promql_parser
-
+    promql_parser = _promql_parser()
     names: set[str] = set()
 
     def visit(node: Any) -> bool:

@@ -289,3 +289,31 @@ def test_every_alert_has_a_runbook_section_in_the_docs():
     for img in ("job-overview", "rank-drilldown", "monitor-health"):
         assert f"img/{img}.png" in docs
         assert (build.PACKAGE_DIR.parent / "docs" / "img" / f"{img}.png").is_file()
+
+
+def test_cli_validate_checks_names_against_live_metrics_pages(tmp_path, capsys):
+    from monitor.config import MonitorConfig
+    from monitor.service import Monitor
+
+    state = RankState(RankIdentity(job="unit", replica_group=0, group_rank=0, group_world_size=1,
+                                   lighthouse="http://127.0.0.1:1"))
+    worker = WorkerServer(state)
+    worker.serve()
+    cfg = MonitorConfig(port=0, interval_s=0.2, job="unit", state_path=str(tmp_path / "m.sqlite"),
+                        sd_out=str(tmp_path / "targets.json"))
+    mon = Monitor(cfg).start()
+    try:
+        wait_until(lambda: "lightkeeper_monitor_sweeps_total{" in requests.get(
+            mon.url + "/metrics", timeout=5).text, 20, what="a monitor sweep")
+        assert lightkeeper_main(["dashboards", "validate", "--no-promtool",
+                                 "--metrics-url", worker.url + "/metrics",
+                                 "--metrics-url", mon.url + "/metrics"]) == 0
+        capsys.readouterr()
+        # without the monitor's page, its metrics are reported as not exported
+        assert lightkeeper_main(["dashboards", "validate", "--no-promtool",
+                                 "--metrics-url", worker.url + "/metrics"]) == 1
+        err = capsys.readouterr().err
+        assert "metrics not exported: ['lightkeeper_monitor_" in err
+    finally:
+        mon.stop()
+        worker.stop()
