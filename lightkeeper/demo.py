@@ -1,13 +1,25 @@
-"""``lightkeeper demo``: a local fault-tolerant job with a WorkerServer on every rank.
+"""``lightkeeper demo``: a fault-tolerant job on this machine, faults, detection, eviction, report.
 
-Starts a torchft Lighthouse and ``--groups`` replica groups (real processes, gloo on CPU),
-trains ``--steps`` committed steps, prints each rank's WorkerServer URL and, at the end, each
-group's final state. Every process it started is stopped by PID on exit, Ctrl-C included.
+Starts a torchft Lighthouse, ``--groups`` replica groups (real processes, gloo on CPU, a
+WorkerServer on every rank), ``lightkeeper monitor`` and, when the binary is there, Prometheus
+with the shipped configuration. A small state machine then drives the scenario (see
+:mod:`lightkeeper.scenario`): healthy -> ``slow`` into group 1 -> detected -> evicted -> the
+demo's supervisor restarts the group (as Kubernetes would) -> it heals and rejoins -> ``hang``
+into group 2 -> ... -> healthy end. The main loop samples every rank's ``/v1/state`` and the
+monitor's findings/evictions at ~2 Hz and records a timeline; at the end (Ctrl-C and failures
+included) it writes ``report.json``, ``report.md`` and ``timeline.png`` to ``--report-dir`` and
+stops every process it started, by PID. See docs/demo.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
+import os
+import re
+import secrets
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -15,59 +27,615 @@ from pathlib import Path
 
 import requests
 
+from .scenario import FaultPlan, Scenario, default_faults, parse_inject
+
+LOCK_NAME = "lightkeeper-demo.lock"
+TICK_S = 0.5
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--groups", type=int, default=2, help="replica groups (default 2)")
+    p.add_argument("--groups", type=int, default=3, help="replica groups (default 3)")
     p.add_argument("--ranks-per-group", type=int, default=1, help="ranks per group (default 1)")
-    p.add_argument("--steps", type=int, default=60, help="committed steps to train (default 60)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="committed steps each group trains; the demo ends when all are done "
+                        "(default: unbounded, the scenario decides)")
+    p.add_argument("--duration", type=float, default=None,
+                   help="stop after this many seconds of training (default: when the scenario "
+                        "ends; 60 s with --no-faults)")
+    p.add_argument("--inject", action="append", default=[], metavar="GROUP:SPEC",
+                   help="inject SPEC (as the trainer's --inject, e.g. 1:slow:delay=0.5,"
+                        "from_step=40) into GROUP from its start; repeatable; replaces the "
+                        "default scenario")
+    p.add_argument("--no-faults", action="store_true", help="run the job healthy")
+    p.add_argument("--dry-run", action="store_true",
+                   help="the monitor detects and reports but never evicts")
     p.add_argument("--report-dir", default=None,
-                   help="where logs go (default: a new directory under the system temp dir)")
+                   help="report and logs (default: a new directory under the system temp dir)")
+    p.add_argument("--keep-running", action="store_true",
+                   help="after the scenario, leave the cluster up (Ctrl-C stops it)")
+    p.add_argument("--no-prometheus", action="store_true", help="do not start Prometheus")
+    # stage timings (tests and impatient people); see lightkeeper/scenario.py
+    s = Scenario()
+    for flag, attr in (("--healthy-s", "healthy_s"), ("--end-s", "end_s"),
+                       ("--slow-delay", "slow_delay_s"), ("--detect-timeout", "detect_timeout_s"),
+                       ("--evict-timeout", "evict_timeout_s"),
+                       ("--rejoin-timeout", "rejoin_timeout_s"), ("--step-pause", "step_pause_s")):
+        p.add_argument(flag, dest=attr, type=float, default=getattr(s, attr),
+                       help=argparse.SUPPRESS)
 
 
-def _state(url: str) -> dict | None:
+# --------------------------------------------------------------------------------------------
+class DemoLocked(RuntimeError):
+    pass
+
+
+def acquire_lock():
+    """Hold an exclusive lock for this demo's lifetime; DemoLocked names the running one."""
+    path = Path(tempfile.gettempdir()) / LOCK_NAME
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        return requests.get(url + "/v1/state", timeout=2).json()
-    except (requests.RequestException, ValueError):
-        return None
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise DemoLocked(f"another lightkeeper demo is running (PID {holder}; lock {path}); "
+                         "stop it first (Ctrl-C in its terminal, or kill that PID)") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
 
 
+class Stop(Exception):
+    """The demo's time is up (``--duration``) or every group finished its ``--steps``."""
+
+
+def _sigterm(*_):
+    raise KeyboardInterrupt
+
+
+# --------------------------------------------------------------------------------------------
+class Demo:
+    def __init__(self, args: argparse.Namespace, scenario: Scenario, report_dir: Path) -> None:
+        from .cluster import LocalCluster
+
+        self.args = args
+        self.sc = scenario
+        self.dir = report_dir
+        self.logs = report_dir / "logs"
+        self.token = secrets.token_hex(16)
+        self.t0_mono = time.monotonic()
+        self.t0_unix = time.time()
+        self.tty = sys.stdout.isatty()
+        self.cluster = LocalCluster(
+            self.logs, num_groups=args.groups, ranks_per_group=args.ranks_per_group,
+            steps=args.steps or 1_000_000, step_pause_s=scenario.step_pause_s,
+            pg_timeout_s=scenario.pg_timeout_s, join_timeout_ms=5000, heartbeat_timeout_ms=5000,
+            extra_env={"LIGHTKEEPER_FAULT_TOKEN": self.token})
+        self.http = requests.Session()
+        self.monitor_proc: subprocess.Popen | None = None
+        self.monitor_url: str | None = None
+        self.prom = None
+        self.prom_note = ""
+        self.procs: list[subprocess.Popen] = []
+        self.rank_pids: set[int] = set()
+        self.samples: list[dict] = []          # one per rank per tick
+        self.ticks: list[tuple[float, int]] = []  # (t, job step)
+        self.events: list[dict] = []
+        self.latest: dict[int, list[dict]] = {}  # group -> latest rank states
+        self.findings: list[dict] = []
+        self.evictions: list[dict] = []
+        self.faults: list[dict] = []
+        self.restarts: dict[int, int] = {}
+        self.train_start_s: float | None = None
+        self.stopping = False
+        self.deadline: float | None = None     # demo seconds
+        self.status = "starting"
+        self.interrupted = False
+        self.error: str | None = None
+        self._last_status_print = 0.0
+        self._seen_findings: set = set()
+        self._seen_evictions: set = set()
+        self._log = None
+
+    # --- time ---------------------------------------------------------------------------------
+    def now(self) -> float:
+        return round(time.monotonic() - self.t0_mono, 2)
+
+    def rel(self, unix: float | None) -> float | None:
+        return None if unix is None else round(unix - self.t0_unix, 2)
+
+    # --- output -------------------------------------------------------------------------------
+    def event(self, kind: str, group: int | None, detail: str) -> None:
+        e = {"t": self.now(), "kind": kind, "replica_group": group, "detail": detail}
+        self.events.append(e)
+        line = f"[{e['t']:7.1f}s] {kind:<12} " + (f"group {group}: " if group is not None
+                                                   else "") + detail
+        if self._log:
+            self._log.write(line + "\n")
+            self._log.flush()
+        if not self.tty:
+            print(line, flush=True)
+
+    def say(self, text: str) -> None:
+        if self._log:
+            self._log.write(text + "\n")
+            self._log.flush()
+        print(text, flush=True)
+
+    def render(self) -> None:
+        rows = []
+        for g in sorted(self.cluster.groups):
+            grp = self.cluster.groups[g]
+            st = self.latest.get(g) or []
+            if not grp.alive():
+                status = f"exited ({grp.proc.returncode})"
+            elif not st:
+                status = "starting"
+            else:
+                s = st[0]
+                status = ("in quorum" if s["participating"] else "not participating") + \
+                    f", {s['phase']}"
+                if s.get("faults"):
+                    status += f", fault {s['faults'][-1]}"
+            step = max((s["step"] for s in st), default=None)
+            sec = st[0].get("last_step_seconds") if st else None
+            rows.append((g, step, sec, status))
+        if self.tty:
+            out = ["\x1b[H\x1b[2J", f"lightkeeper demo  t={self.now():6.1f}s  stage: {self.status}",
+                   f"report dir: {self.dir}", "",
+                   f"{'group':>5}  {'step':>6}  {'step time':>9}  status"]
+            for g, step, sec, status in rows:
+                out.append(f"{g:>5}  {'-' if step is None else step:>6}  "
+                           f"{'-' if sec is None else f'{sec:.2f}s':>9}  {status}")
+            out += ["", "events:"]
+            for e in self.events[-10:]:
+                out.append(f"  [{e['t']:6.1f}s] {e['kind']:<11} "
+                           + (f"group {e['replica_group']}: " if e["replica_group"] is not None
+                              else "") + e["detail"])
+            sys.stdout.write("\n".join(out) + "\n")
+            sys.stdout.flush()
+        elif time.monotonic() - self._last_status_print >= 5.0:
+            self._last_status_print = time.monotonic()
+            parts = [f"g{g} step {'-' if step is None else step}"
+                     + (f" {sec:.2f}s" if sec is not None else "") + f" {status}"
+                     for g, step, sec, status in rows]
+            print(f"[{self.now():7.1f}s] status       {self.status} | " + " | ".join(parts),
+                  flush=True)
+
+    # --- start --------------------------------------------------------------------------------
+    def start(self) -> None:
+        from .cluster import ClusterError, wait_until
+
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.dir / "demo.log", "a")
+        self.cluster.start_lighthouse()
+        self.procs.append(self.cluster.lighthouse.proc)
+        # LocalCluster reads the URL from the Lighthouse's "LIGHTHOUSE <url>" line, which torchft's
+        # own log output can interleave with (no newline in between); take the port from the
+        # Lighthouse's own "listening on" line instead.
+        port = wait_until(lambda: re.search(r"Lighthouse listening on: \S+?:(\d+)\s",
+                                            self.cluster.lighthouse.log()), 30,
+                          what="the Lighthouse to listen")
+        self.cluster.lighthouse_url = f"http://127.0.0.1:{port.group(1)}"
+        self.event("lighthouse", None, self.cluster.lighthouse_url)
+        self.start_monitor()
+        self.cluster.extra_env["LIGHTKEEPER_MONITOR"] = self.monitor_url
+        specs: dict[int, list[str]] = {}
+        for f in self.sc.faults:
+            if f.kind == "spec":
+                specs.setdefault(f.replica_group, []).append(f.spec)
+        for g in range(self.args.groups):
+            self.procs.append(self.cluster.start_group(g, specs.get(g)).proc)
+        for g in range(self.args.groups):
+            try:
+                self.cluster.wait_for_workers(g, timeout=120)
+            except TimeoutError as e:
+                raise ClusterError(str(e)) from None
+        for g, grp in sorted(self.cluster.groups.items()):
+            self.event("started", g, "WorkerServers " + ", ".join(grp.worker_urls.values()))
+        self.start_prometheus()
+        self.status = "waiting for the first quorum"
+        wait_until(lambda: self.tick() or self.all_stepping(), 180, interval=0.0,
+                   what="every group to commit a step")
+        self.train_start_s = self.now()
+        self.event("training", None, f"all {self.args.groups} groups committing steps")
+
+    def start_monitor(self) -> None:
+        from .cluster import ClusterError, wait_until
+
+        log_path = self.logs / "monitor.log"
+        out_path = self.logs / "monitor.out"
+        cmd = [sys.executable, "-u", "-m", "lightkeeper.cli", "monitor", "--port", "0",
+               "--lighthouse", self.cluster.lighthouse_url,
+               "--state", str(self.dir / "monitor.sqlite"),
+               "--sd-out", str(self.dir / "prometheus" / "file_sd" / "lightkeeper.json"),
+               "--interval", "0.5", "--cooldown", "5",
+               "--min-replicas", str(max(1, self.args.groups - 1))]
+        if self.args.dry_run:
+            cmd.append("--dry-run")
+        (self.dir / "prometheus" / "file_sd").mkdir(parents=True, exist_ok=True)
+        with open(out_path, "wb") as out, open(log_path, "wb") as err:
+            self.monitor_proc = subprocess.Popen(cmd, stdout=out, stderr=err,
+                                                 start_new_session=True)
+        self.procs.append(self.monitor_proc)
+
+        def url():
+            if self.monitor_proc.poll() is not None:
+                raise ClusterError(f"monitor exited with {self.monitor_proc.returncode}: "
+                                   f"{log_path.read_text(errors='replace')[-2000:]}")
+            for word in out_path.read_text(errors="replace").split():
+                if word.startswith("monitor="):
+                    return word.split("=", 1)[1]
+            return None
+
+        self.monitor_url = wait_until(url, 60, what="the monitor to serve")
+        self.event("monitor", None, self.monitor_url + (" (dry run)" if self.args.dry_run
+                                                        else ""))
+
+    def start_prometheus(self) -> None:
+        from dashboards.promconfig import prometheus_config
+
+        from . import prometheus
+
+        if self.args.no_prometheus:
+            self.prom_note = "not started (--no-prometheus)"
+            return
+        if prometheus.binary() is None:
+            self.prom_note = ("not started: no prometheus binary (apt install prometheus, or "
+                              "set PROMETHEUS_BIN)")
+            self.event("prometheus", None, self.prom_note)
+            return
+        rules = Path(__file__).resolve().parent.parent / "dashboards" / "prometheus" / "rules.yml"
+        cfg = prometheus_config(
+            file_sd_files=[str(self.dir / "prometheus" / "file_sd" / "*.json")],
+            monitor_targets=[self.monitor_url.split("://", 1)[1]],
+            rule_files=[str(rules)] if rules.exists() else [], scrape_interval="2s")
+        try:
+            self.prom = prometheus.start(cfg, self.dir / "prometheus")
+        except prometheus.PrometheusError as e:
+            self.prom_note = f"failed to start: {str(e).splitlines()[0]}"
+            self.event("prometheus", None, self.prom_note)
+            return
+        self.procs.append(self.prom.proc)
+        self.prom_note = f"{self.prom.url} (config {self.prom.config_path})"
+        self.event("prometheus", None, self.prom_note)
+
+    # --- sampling -----------------------------------------------------------------------------
+    def state(self, url: str) -> dict | None:
+        try:
+            r = self.http.get(url + "/v1/state", timeout=1.0)
+            return r.json() if r.ok else None
+        except (requests.RequestException, ValueError):
+            return None
+
+    def monitor_get(self, path: str) -> list | None:
+        try:
+            r = self.http.get(self.monitor_url + path, timeout=2.0)
+            return r.json() if r.ok else None
+        except (requests.RequestException, ValueError):
+            return None
+
+    def tick(self) -> None:
+        """One sampling round (~TICK_S): ranks, monitor, supervisor, live view, deadline."""
+        from .cluster import WORKER_URL_RE
+
+        started = time.monotonic()
+        t = self.now()
+        job_step = -1
+        for g, grp in sorted(self.cluster.groups.items()):
+            if grp.alive() and len(grp.worker_urls) < self.args.ranks_per_group:
+                grp.worker_urls = {int(r): u for r, u in WORKER_URL_RE.findall(grp.log())}
+            states = [s for s in (self.state(u) for u in grp.worker_urls.values())
+                      if s] if grp.alive() else []
+            self.latest[g] = states
+            for s in states:
+                self.rank_pids.add(int(s["pid"]))
+                job_step = max(job_step, s["step"])
+                self.samples.append({
+                    "t": t, "replica_group": g, "rank": s["rank"], "step": s["step"],
+                    "participating": s["participating"],
+                    "num_participants": s["num_participants"], "phase": s["phase"],
+                    "last_step_seconds": s["last_step_seconds"],
+                    "last_step_at_s": self.rel(s["last_step_at"]),
+                    "replica_id": s["replica_id"]})
+        self.ticks.append((t, job_step))
+        self.poll_monitor()
+        self.supervise()
+        self.render()
+        if self.deadline is not None and self.train_start_s is not None \
+                and t >= self.train_start_s + self.deadline:
+            raise Stop(f"--duration {self.deadline:g}s reached")
+        if self.args.steps and self.cluster.groups and all(
+                not g.alive() and g.proc.returncode == 0 for g in self.cluster.groups.values()):
+            raise Stop(f"every group trained {self.args.steps} steps")
+        time.sleep(max(0.0, TICK_S - (time.monotonic() - started)))
+
+    def poll_monitor(self) -> None:
+        findings = self.monitor_get("/v1/findings")
+        if findings is not None:
+            self.findings = findings
+            for f in findings:
+                key = (f["kind"], f["replica_group"], f.get("replica_id"), f.get("first_seen"))
+                if key not in self._seen_findings and f.get("confirmed_at"):
+                    self._seen_findings.add(key)
+                    self.event("detected", f["replica_group"],
+                               f"{f['kind']} (ranks {f.get('ranks')}) "
+                               f"at {self.rel(f['confirmed_at']):.1f}s")
+        evictions = self.monitor_get("/v1/evictions")
+        if evictions is not None:
+            self.evictions = evictions
+            for d in evictions:
+                key = (d.get("id"), d["replica_group"], d.get("at"), d["decision"])
+                if key not in self._seen_evictions:
+                    self._seen_evictions.add(key)
+                    self.event("evicted" if d["decision"] == "evict" else "held",
+                               d["replica_group"], f"{d['decision']} ({d['reason']})")
+
+    def supervise(self) -> None:
+        """Restart any group whose process exited (evicted, crashed), as a scheduler would."""
+        if self.stopping:
+            return
+        for g, grp in sorted(self.cluster.groups.items()):
+            if grp.alive() or (self.args.steps and grp.proc.returncode == 0):
+                continue
+            n = self.restarts.get(g, 0)
+            if n >= 5:
+                continue
+            self.restarts[g] = n + 1
+            code = grp.proc.returncode
+            self.procs.append(self.cluster.start_group(g).proc)
+            self.event("restarted", g, f"process exited ({code}); supervisor restarted it "
+                                       f"(restart {n + 1})")
+
+    # --- predicates ---------------------------------------------------------------------------
+    def all_stepping(self) -> bool:
+        return len(self.cluster.groups) == self.args.groups and all(
+            len(self.latest.get(g) or []) == self.args.ranks_per_group
+            and all(s["step"] >= 1 for s in self.latest[g]) for g in self.cluster.groups)
+
+    def group_step(self, g: int) -> int:
+        return max((s["step"] for s in self.latest.get(g) or []), default=-1)
+
+    def job_step(self) -> int:
+        return max((self.group_step(g) for g in self.cluster.groups), default=-1)
+
+    def rejoined(self, g: int, since_unix: float) -> bool:
+        st = self.latest.get(g) or []
+        return (len(st) == self.args.ranks_per_group
+                and all(s["participating"] and s["num_participants"] == self.args.groups
+                        and s["started_at"] > since_unix and s["step"] >= self.job_step() - 3
+                        for s in st))
+
+    def wait(self, pred, timeout: float) -> bool:
+        """Tick until ``pred()`` or ``timeout`` seconds; raises Stop at the demo's deadline."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            self.tick()
+            if pred():
+                return True
+        return False
+
+    # --- scenario -----------------------------------------------------------------------------
+    def inject(self, g: int, spec: str) -> bool:
+        ok = True
+        for url in (self.cluster.groups[g].worker_urls or {}).values():
+            try:
+                r = self.http.post(url + "/v1/faults", json={"spec": spec}, timeout=5,
+                                   headers={"Authorization": f"Bearer {self.token}"})
+                ok = ok and r.ok
+            except requests.RequestException:
+                ok = False
+        return ok
+
+    def run_scenario(self) -> None:
+        self.status = f"healthy ({self.sc.healthy_s:g}s)"
+        if not self.sc.faults:
+            while True:
+                self.tick()
+        self.wait(lambda: False, self.sc.healthy_s)
+        for i, plan in enumerate(self.sc.faults, 1):
+            self.run_fault(i, plan)
+        self.status = f"healthy end ({self.sc.end_s:g}s)"
+        self.wait(lambda: False, self.sc.end_s)
+
+    def run_fault(self, i: int, plan: FaultPlan) -> None:
+        g = plan.replica_group
+        rec = {"replica_group": g, "spec": plan.spec, "injected_at_s": None,
+               "detected_at_s": None, "detected_kind": None, "evicted_at_s": None,
+               "restarted_at_s": None, "survivors_committing_at_s": None,
+               "rejoined_at_s": None, "steps_lost": None, "outcome": "pending"}
+        self.faults.append(rec)
+        tag = f"fault {i}/{len(self.sc.faults)}"
+        if plan.kind == "spec":
+            from trainer.faults import parse_fault
+
+            f = parse_fault(plan.spec)
+            trigger = f.from_step if f.kind == "slow" else f.at_step
+            self.status = f"{tag}: waiting for group {g} to reach step {trigger} ({plan.spec})"
+            if not self.wait(lambda: self.group_step(g) >= trigger, self.sc.rejoin_timeout_s
+                             + max(0, trigger - self.group_step(g)) * 2.0):
+                rec["outcome"] = "never triggered"
+                return
+        else:
+            self.wait(lambda: self.group_step(g) >= 1, self.sc.rejoin_timeout_s)
+            cur = self.group_step(g)
+            plan_spec = (f"slow:delay={self.sc.slow_delay_s:g},from_step={cur}"
+                         if plan.kind == "slow" else f"hang:at_step={cur + 2}")
+            rec["spec"] = plan_spec
+            if not self.inject(g, plan_spec):
+                rec["outcome"] = "injection failed"
+                self.event("error", g, f"could not inject {plan_spec}")
+                return
+        rec["injected_at_s"] = self.now()
+        injected_unix = self.t0_unix + rec["injected_at_s"]
+        self.event("injected", g, rec["spec"])
+
+        def detection():
+            found = [f for f in self.findings if f["replica_group"] == g and f.get("confirmed_at")
+                     and f["confirmed_at"] >= injected_unix - 1.0]
+            found.sort(key=lambda f: (f["kind"] == "dead", f["confirmed_at"]))
+            return found[0] if found else None
+
+        self.status = f"{tag}: {rec['spec']} in group {g}, waiting for detection"
+        if not self.wait(lambda: detection() and detection()["kind"] != "dead"
+                         or (detection() and not self.cluster.groups[g].alive()),
+                         self.sc.detect_timeout_s):
+            rec["outcome"] = "not detected"
+            self.event("timeout", g, f"not detected within {self.sc.detect_timeout_s:g}s")
+            return
+        f = detection()
+        rec["detected_at_s"], rec["detected_kind"] = self.rel(f["confirmed_at"]), f["kind"]
+
+        def eviction():
+            ev = [d for d in self.evictions if d["replica_group"] == g
+                  and d["decision"] == "evict" and d["at"] >= injected_unix - 1.0]
+            return min(ev, key=lambda d: d["at"]) if ev else None
+
+        self.status = f"{tag}: group {g} detected as {f['kind']}, waiting for eviction"
+        if not self.wait(lambda: eviction() is not None, self.sc.evict_timeout_s):
+            rec["outcome"] = "detected, not evicted" + (" (dry run)" if self.args.dry_run else "")
+            return
+        evicted_unix = eviction()["at"]
+        rec["evicted_at_s"] = self.rel(evicted_unix)
+        survivors = [h for h in self.cluster.groups if h != g]
+
+        def survivors_commit():
+            late = [s["last_step_at_s"] for s in self.samples if s["replica_group"] in survivors
+                    and s["last_step_at_s"] is not None
+                    and s["last_step_at_s"] > rec["evicted_at_s"]]
+            return min(late) if late else None
+
+        def restarted():
+            return next((e["t"] for e in self.events if e["kind"] == "restarted"
+                         and e["replica_group"] == g and e["t"] >= rec["detected_at_s"]), None)
+
+        self.status = f"{tag}: group {g} evicted, waiting for restart and rejoin"
+        ok = self.wait(lambda: survivors_commit() is not None and self.rejoined(g, evicted_unix),
+                       self.sc.rejoin_timeout_s)
+        rec["survivors_committing_at_s"] = survivors_commit()
+        rec["restarted_at_s"] = restarted()
+        if not ok and not self.rejoined(g, evicted_unix):
+            rec["outcome"] = "evicted, did not rejoin in time"
+            return
+        rec["rejoined_at_s"] = self.now()
+        rec["outcome"] = "recovered"
+        self.event("rejoined", g, f"back in the quorum ({self.args.groups} participants) "
+                                  f"at step {self.group_step(g)}")
+
+    # --- stop & report ------------------------------------------------------------------------
+    def stop(self) -> None:
+        from .cluster import stop_process
+
+        self.stopping = True
+        self.status = "stopping"
+        for p in reversed(self.procs):
+            try:
+                stop_process(p, grace=3.0)
+            except Exception as e:  # keep stopping the others
+                self.say(f"lightkeeper demo: could not stop PID {p.pid}: {e}")
+        if self._log:
+            self._log.close()
+            self._log = None
+
+    def pids(self) -> list[int]:
+        return sorted({p.pid for p in self.procs} | self.rank_pids)
+
+    def report(self) -> dict:
+        from .report import build_report
+
+        return build_report(self)
+
+
+# --------------------------------------------------------------------------------------------
 def run(args: argparse.Namespace) -> int:
-    from .cluster import ClusterError, LocalCluster
+    from .cluster import ClusterError
+    from .report import write_report
 
-    if args.groups < 1 or args.ranks_per_group < 1 or args.steps < 1:
-        print("lightkeeper demo: --groups, --ranks-per-group and --steps must be >= 1",
+    if args.groups < 2 or args.ranks_per_group < 1 or (args.steps is not None and args.steps < 1):
+        print("lightkeeper demo: --groups must be >= 2, --ranks-per-group and --steps >= 1",
               file=sys.stderr)
         return 2
-    report_dir = Path(args.report_dir or tempfile.mkdtemp(prefix="lightkeeper-demo-"))
-    cluster = LocalCluster(report_dir / "logs", num_groups=args.groups,
-                           ranks_per_group=args.ranks_per_group, steps=args.steps)
     try:
-        print(f"lightkeeper demo: logs in {report_dir / 'logs'}")
-        cluster.start()
-        print(f"Lighthouse: {cluster.lighthouse_url}")
-        for g, group in sorted(cluster.groups.items()):
-            for rank, url in sorted(group.worker_urls.items()):
-                print(f"replica group {g} rank {rank}: {url}  "
-                      f"(try: curl {url}/v1/state)")
-        last = -1
-        while any(g.alive() for g in cluster.groups.values()):
-            states = [s for g in cluster.groups.values() for u in g.worker_urls.values()
-                      if (s := _state(u))]
-            step = min((s["step"] for s in states), default=last)
-            if step != last and states:
-                print(f"  step {step:>4}/{args.steps}  quorum {states[0]['quorum_id']}  "
-                      f"participants {states[0]['num_participants']}")
-                last = step
-            time.sleep(1.0)  # display refresh, not synchronization
-        failed = [g for g, grp in cluster.groups.items() if grp.proc.returncode != 0]
-        if failed:
-            print(f"lightkeeper demo: replica groups {failed} failed; see {report_dir / 'logs'}",
-                  file=sys.stderr)
-            return 1
-        print(f"done: {args.groups} replica groups trained {args.steps} steps")
-        return 0
-    except ClusterError as e:
+        plans = [parse_inject(v) for v in args.inject]
+    except ValueError as e:
+        print(f"lightkeeper demo: {e}", file=sys.stderr)
+        return 2
+    if any(p.replica_group >= args.groups for p in plans):
+        print(f"lightkeeper demo: --inject names a group >= --groups {args.groups}",
+              file=sys.stderr)
+        return 2
+    if args.no_faults and plans:
+        print("lightkeeper demo: --no-faults and --inject exclude each other", file=sys.stderr)
+        return 2
+    faults = [] if args.no_faults else plans or default_faults(args.groups)
+    sc = Scenario(faults=faults, healthy_s=args.healthy_s, end_s=args.end_s,
+                  slow_delay_s=args.slow_delay_s, detect_timeout_s=args.detect_timeout_s,
+                  evict_timeout_s=args.evict_timeout_s, rejoin_timeout_s=args.rejoin_timeout_s,
+                  step_pause_s=args.step_pause_s)
+    try:
+        lock = acquire_lock()
+    except DemoLocked as e:
         print(f"lightkeeper demo: {e}", file=sys.stderr)
         return 1
+    report_dir = Path(args.report_dir or tempfile.mkdtemp(prefix="lightkeeper-demo-")).resolve()
+    report_dir.mkdir(parents=True, exist_ok=True)
+    demo = Demo(args, sc, report_dir)
+    demo.deadline = args.duration if args.duration is not None else (
+        60.0 if not faults and not args.steps else None)
+    old_term = signal.signal(signal.SIGTERM, _sigterm)
+    code = 0
+    try:
+        print(f"lightkeeper demo: {args.groups} replica groups x {args.ranks_per_group} rank(s); "
+              f"report and logs in {report_dir}", flush=True)
+        try:
+            demo.start()
+            demo.run_scenario()
+        except Stop as e:
+            demo.event("stop", None, str(e))
+        if args.keep_running:
+            write_report(demo, report_dir, final=False)
+            print_keep_running(demo)
+            while True:
+                demo.tick()
+    except Stop:
+        pass
+    except KeyboardInterrupt:
+        demo.interrupted = True
+        code = 130
+        print("\nlightkeeper demo: interrupted; stopping everything", flush=True)
+    except (ClusterError, TimeoutError, OSError) as e:
+        demo.error = str(e)
+        code = 1
+        print(f"lightkeeper demo: {e}", file=sys.stderr, flush=True)
     finally:
-        cluster.stop()
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            demo.stop()
+        finally:
+            signal.signal(signal.SIGTERM, old_term)
+            os.close(lock)
+    summary = write_report(demo, report_dir, final=True)
+    print(summary, flush=True)
+    print(f"report: {report_dir / 'report.md'}  json: {report_dir / 'report.json'}  "
+          f"timeline: {report_dir / 'timeline.png'}", flush=True)
+    if code == 0 and demo.faults and any(f["outcome"] != "recovered" for f in demo.faults) \
+            and not args.dry_run:
+        print("lightkeeper demo: not every fault went the whole way; see the table",
+              file=sys.stderr)
+    return code
+
+
+def print_keep_running(demo: Demo) -> None:
+    lines = ["", "the cluster keeps running (Ctrl-C stops it). Try:",
+             f"  curl {demo.monitor_url}/v1/cluster",
+             f"  curl {demo.monitor_url}/v1/findings",
+             f"  curl {demo.monitor_url}/v1/evictions",
+             f"  open {demo.monitor_url}/   (monitor overview)",
+             f"  Lighthouse status: {demo.cluster.lighthouse_url}/status"]
+    for g, grp in sorted(demo.cluster.groups.items()):
+        for r, u in sorted(grp.worker_urls.items()):
+            lines.append(f"  curl {u}/v1/state      # group {g} rank {r}")
+    lines.append(f"  Prometheus: {demo.prom_note or 'not started'}")
+    lines.append("  Grafana: import the dashboards from dashboards/generated/ with that Prometheus "
+                 "as data source (see docs/dashboards.md or `lightkeeper dashboards --help`)")
+    demo.say("\n".join(lines))

@@ -1,0 +1,237 @@
+"""The demo's report: ``report.json`` (a documented interface, see docs/demo.md), ``report.md``
+(the summary table) and ``timeline.png`` (step rate per group over time, events marked).
+
+Times are seconds since the demo started; null when it did not happen.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+REPORT_VERSION = 1
+
+
+def _job_step_at(ticks: list[tuple[float, int]], t: float) -> int | None:
+    best = None
+    for tt, step in ticks:
+        if tt > t:
+            break
+        if step >= 0:
+            best = step
+    return best
+
+
+def _rate(ticks, start: float, end: float) -> float | None:
+    a, b = _job_step_at(ticks, start), _job_step_at(ticks, end)
+    if a is None or b is None or end - start < 1.0:
+        return None
+    return round((b - a) / (end - start), 3)
+
+
+def phases(train_start: float | None, end: float, faults: list[dict], groups: int,
+           ticks) -> list[dict]:
+    """Consecutive phases between the scenario's events, with the job's committed step rate."""
+    if train_start is None:
+        return []
+    marks: list[tuple[float, str]] = [(train_start, "healthy")]
+    for f in faults:
+        g = f["replica_group"]
+        kind = (f["spec"] or "?").split(":", 1)[0]
+        if f["injected_at_s"] is not None:
+            marks.append((f["injected_at_s"], f"{kind} in group {g}"))
+        if f["evicted_at_s"] is not None:
+            marks.append((f["evicted_at_s"], f"group {g} evicted ({groups - 1} groups)"))
+        if f["rejoined_at_s"] is not None:
+            marks.append((f["rejoined_at_s"], f"healthy (group {g} rejoined)"))
+    marks.sort()
+    out = []
+    for i, (start, name) in enumerate(marks):
+        stop = marks[i + 1][0] if i + 1 < len(marks) else end
+        if stop <= start:
+            continue
+        a, b = _job_step_at(ticks, start), _job_step_at(ticks, stop)
+        out.append({"name": name, "start_s": round(start, 2), "end_s": round(stop, 2),
+                    "steps": None if a is None or b is None else b - a,
+                    "step_rate": _rate(ticks, start, stop)})
+    healthy = out[0]["step_rate"] if out else None
+    for p in out:
+        p["vs_healthy"] = (round(p["step_rate"] / healthy, 2)
+                           if healthy and p["step_rate"] is not None else None)
+    return out
+
+
+def detections(findings: list[dict], evictions: list[dict], t0_unix: float) -> list[dict]:
+    out = []
+    for f in findings:
+        if not f.get("confirmed_at"):
+            continue
+        ev = [d for d in evictions if d["decision"] == "evict"
+              and d["replica_group"] == f["replica_group"]
+              and (d.get("replica_id") is None or d.get("replica_id") == f.get("replica_id"))
+              and d["at"] >= f["confirmed_at"] - 1.0 and d.get("reason") == f["kind"]]
+        out.append({"kind": f["kind"], "replica_group": f["replica_group"],
+                    "ranks": f.get("ranks"), "replica_id": f.get("replica_id"),
+                    "at_s": round(f["confirmed_at"] - t0_unix, 2), "evicted": bool(ev)})
+    return sorted(out, key=lambda d: d["at_s"])
+
+
+def build_report(demo) -> dict[str, Any]:
+    end = demo.now()
+    faults = [dict(f) for f in demo.faults]
+    ph = phases(demo.train_start_s, end, faults, demo.args.groups, demo.ticks)
+    healthy = ph[0]["step_rate"] if ph else None
+    for f in faults:
+        start, stop = f["injected_at_s"], f["rejoined_at_s"] or (end if f["injected_at_s"]
+                                                                  is not None else None)
+        if healthy and start is not None and stop is not None:
+            a, b = _job_step_at(demo.ticks, start), _job_step_at(demo.ticks, stop)
+            if a is not None and b is not None:
+                f["steps_lost"] = max(0, round(healthy * (stop - start) - (b - a)))
+    return {
+        "version": REPORT_VERSION,
+        "started_at_unix": round(demo.t0_unix, 3),
+        "duration_s": end,
+        "training_started_at_s": demo.train_start_s,
+        "config": {"groups": demo.args.groups, "ranks_per_group": demo.args.ranks_per_group,
+                   "dry_run": bool(demo.args.dry_run), "no_faults": bool(demo.args.no_faults),
+                   "steps": demo.args.steps, "duration": demo.args.duration},
+        "outcome": ("interrupted" if demo.interrupted else "error" if demo.error else "completed"),
+        "error": demo.error,
+        "faults": faults,
+        "detections": detections(demo.findings, demo.evictions, demo.t0_unix),
+        "evictions": [{"replica_group": d["replica_group"], "replica_id": d.get("replica_id"),
+                       "decision": d["decision"], "reason": d.get("reason"),
+                       "at_s": round(d["at"] - demo.t0_unix, 2), "status": d.get("status")}
+                      for d in demo.evictions],
+        "restarts": [{"replica_group": e["replica_group"], "at_s": e["t"]}
+                     for e in demo.events if e["kind"] == "restarted"],
+        "phases": ph,
+        "healthy_step_rate": healthy,
+        "final_steps": {str(g): demo.group_step(g) for g in sorted(demo.cluster.groups)},
+        "events": demo.events,
+        "urls": {"lighthouse": demo.cluster.lighthouse_url, "monitor": demo.monitor_url,
+                 "prometheus": demo.prom.url if demo.prom else None},
+        "prometheus": demo.prom_note or None,
+        "pids": demo.pids(),
+    }
+
+
+def _fmt(v, unit: str = "s") -> str:
+    if v is None:
+        return "—"
+    return f"{v:.1f}{unit}" if isinstance(v, float) else f"{v}{unit}"
+
+
+def summary_markdown(rep: dict) -> str:
+    lines = ["| # | group | fault | injected | detected (as) | evicted | survivors committing "
+             "| rejoined | steps lost | outcome |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for i, f in enumerate(rep["faults"], 1):
+        det = (f"{_fmt(f['detected_at_s'])} ({f['detected_kind']})"
+               if f["detected_at_s"] is not None else "—")
+        lines.append(f"| {i} | {f['replica_group']} | `{f['spec']}` | {_fmt(f['injected_at_s'])} "
+                     f"| {det} | {_fmt(f['evicted_at_s'])} "
+                     f"| {_fmt(f['survivors_committing_at_s'])} | {_fmt(f['rejoined_at_s'])} "
+                     f"| {_fmt(f['steps_lost'], '')} | {f['outcome']} |")
+    if not rep["faults"]:
+        lines.append("| – | – | (no faults) | | | | | | | |")
+    lines += ["", "| phase | from | to | steps | steps/s | vs healthy |",
+              "|---|---|---|---|---|---|"]
+    for p in rep["phases"]:
+        vs = f"{p['vs_healthy']:.2f}x" if p["vs_healthy"] is not None else "—"
+        rate = f"{p['step_rate']:.2f}" if p["step_rate"] is not None else "—"
+        lines.append(f"| {p['name']} | {p['start_s']:.1f}s | {p['end_s']:.1f}s "
+                     f"| {_fmt(p['steps'], '')} | {rate} | {vs} |")
+    return "\n".join(lines)
+
+
+def markdown(rep: dict) -> str:
+    c = rep["config"]
+    head = ["# Lightkeeper demo report", "",
+            f"{c['groups']} replica groups x {c['ranks_per_group']} rank(s)"
+            + (", dry run (no evictions)" if c["dry_run"] else "")
+            + (", no faults" if c["no_faults"] else "")
+            + f"; {rep['duration_s']:.0f} s; outcome: {rep['outcome']}"
+            + (f" ({rep['error']})" if rep["error"] else "") + ".",
+            f"Healthy step rate: {rep['healthy_step_rate']} committed steps/s. "
+            "Times are seconds since the demo started.", "",
+            "## Faults and phases", "", summary_markdown(rep), "",
+            "## Detections", "", "| at | kind | group | ranks | evicted |", "|---|---|---|---|---|"]
+    for d in rep["detections"]:
+        head.append(f"| {d['at_s']:.1f}s | {d['kind']} | {d['replica_group']} | {d['ranks']} "
+                    f"| {'yes' if d['evicted'] else 'no'} |")
+    head += ["", "![timeline](timeline.png)", "", "## Events", ""]
+    for e in rep["events"]:
+        g = f"group {e['replica_group']}: " if e["replica_group"] is not None else ""
+        head.append(f"- `{e['t']:7.1f}s` **{e['kind']}** {g}{e['detail']}")
+    return "\n".join(head) + "\n"
+
+
+def plot(demo, rep: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 4.5), dpi=110)
+    by_group: dict[int, list[tuple[float, int]]] = {}
+    for s in demo.samples:
+        if s["rank"] % demo.args.ranks_per_group == 0:  # one rank per group is enough
+            by_group.setdefault(s["replica_group"], []).append((s["t"], s["step"]))
+    for g, pts in sorted(by_group.items()):
+        xs, ys = [], []
+        j = 0
+        for i, (t, step) in enumerate(pts):
+            while pts[j][0] < t - 3.0:
+                j += 1
+            t0, s0 = pts[j]
+            if t - t0 >= 1.0 and step >= s0:
+                xs.append(t)
+                ys.append((step - s0) / (t - t0))
+            # a gap (restart) breaks the line
+            if i + 1 < len(pts) and pts[i + 1][0] - t > 2.0:
+                xs.append(t + 0.01)
+                ys.append(float("nan"))
+                j = i + 1
+        ax.plot(xs, ys, label=f"group {g}", lw=1.4)
+    colors = {"injected": "tab:red", "detected": "tab:orange", "evicted": "tab:purple",
+              "rejoined": "tab:green"}
+    seen = set()
+    for f in rep["faults"]:
+        for key, name in (("injected_at_s", "injected"), ("detected_at_s", "detected"),
+                          ("evicted_at_s", "evicted"), ("rejoined_at_s", "rejoined")):
+            if f[key] is not None:
+                ax.axvline(f[key], color=colors[name], ls="--", lw=1,
+                           label=name if name not in seen else None)
+                seen.add(name)
+        if f["injected_at_s"] is not None:
+            ax.annotate(f"g{f['replica_group']} {(f['spec'] or '').split(':')[0]}",
+                        (f["injected_at_s"], 1.0), xycoords=("data", "axes fraction"),
+                        xytext=(3, -12), textcoords="offset points", fontsize=8,
+                        color="tab:red")
+    ax.set_xlabel("seconds since the demo started")
+    ax.set_ylabel("committed steps/s (3 s window)")
+    ax.set_title("lightkeeper demo: step rate per replica group")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_report(demo, report_dir: Path, final: bool = True) -> str:
+    """Write report.json, report.md, timeline.png and timeline.json; return the summary table."""
+    report_dir = Path(report_dir)
+    rep = build_report(demo)
+    (report_dir / "report.json").write_text(json.dumps(rep, indent=1))
+    (report_dir / "timeline.json").write_text(json.dumps(
+        {"samples": demo.samples, "ticks": demo.ticks}))
+    (report_dir / "report.md").write_text(markdown(rep))
+    try:
+        plot(demo, rep, report_dir / "timeline.png")
+    except Exception as e:  # a report without its picture beats no report
+        (report_dir / "timeline.error.txt").write_text(repr(e))
+    return summary_markdown(rep)
