@@ -293,11 +293,12 @@ class Renderer:
 
 def render_all(prometheus_url: str, out_dir: Path, *, start: float, end: float,
                variables: dict[str, str] | None = None, builtins: dict[str, str] | None = None,
-               errors: list[str] | None = None) -> list[Path]:
-    """One PNG per dashboard in ``out_dir``; panel failures are appended to ``errors``."""
+               errors: list[str] | None = None, only: list[str] | None = None) -> list[Path]:
+    """One PNG per dashboard (or those in ``only``, by file name) in ``out_dir``; panel
+    failures are appended to ``errors``."""
     r = Renderer(Prom(prometheus_url), start, end, variables or {}, builtins or {})
     paths = [r.draw(d, Path(out_dir) / name.replace(".json", ".png"))
-             for name, d in build_dashboards().items()]
+             for name, d in build_dashboards().items() if only is None or name in only]
     if errors is not None:
         errors.extend(r.errors)
     return paths
