@@ -174,6 +174,7 @@ class Detectors:
         self._fr_reason = reason
         if reason is None:
             return []
+        self._last_fr_at = now  # asked for, answered or not: the periodic clock restarts
         return [r.url for g in view.groups.values() for r in g.reachable]
 
     def update(self, view: ClusterView, dumps: Mapping[int, dict] | None = None,
@@ -185,7 +186,6 @@ class Detectors:
         steps = [self._dead, self._hang, self._straggler, self._mismatch]
         analysis = None
         if dumps:
-            self._last_fr_at = now
             try:
                 analysis = engine_findings(self.analyzer(dumps))
             except Exception as e:

@@ -62,10 +62,14 @@ class RankView:
         return self.state.get("replica_id") if self.state else None
 
     def recent_steps(self) -> list[float]:
-        if not self.state:
-            return []
-        vals = self.state.get("recent_step_seconds") or []
-        return [float(v) for v in vals if isinstance(v, (int, float)) and v >= 0]
+        cached = self.__dict__.get("_recent")
+        if cached is not None:
+            return cached
+        vals = (self.state.get("recent_step_seconds") or []) if self.state else []
+        out = [float(v) for v in vals if isinstance(v, (int, float)) and v >= 0] \
+            if isinstance(vals, list) else []
+        self.__dict__["_recent"] = out
+        return out
 
 
 @dataclass

@@ -151,3 +151,24 @@ def test_file_sd_in_and_out(tmp_path):
     groups = json.loads(out.read_text())
     assert groups == [{"targets": ["127.0.0.1:7"],
                        "labels": {"job": "train", "lightkeeper_source": "file_sd"}}]
+
+
+def test_cli_flags_map_to_config_and_bad_values_exit_2(tmp_path, capsys):
+    import argparse
+
+    from monitor import cli
+
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    args = p.parse_args(["--targets", "127.0.0.1:1,127.0.0.1:2", "--min-replicas", "3",
+                         "--dry-run", "--evict-on", "hang", "--state", str(tmp_path / "s.db"),
+                         "--hang-floor", "4"])
+    cfg = cli.config_from_args(args)
+    assert cfg.targets == ["127.0.0.1:1", "127.0.0.1:2"]
+    assert (cfg.rails.min_replicas, cfg.rails.dry_run, cfg.rails.evict_kinds) == (3, True,
+                                                                                   ("hang",))
+    assert cfg.detectors.hang_floor_s == 4
+    assert cfg.sd_out == str(tmp_path / "lightkeeper-targets.json")
+    bad = p.parse_args(["--interval", "0", "--state", str(tmp_path / "s.db")])
+    assert cli.run(bad) == 2
+    assert "interval" in capsys.readouterr().err
