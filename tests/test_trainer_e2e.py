@@ -123,7 +123,6 @@ def test_hang_stacks_answer_fast_and_survivor_moves_on(hung_cluster):
     assert "loop.py" in peer and ".wait()" in peer  # waiting on its collective
     hung_state = try_state(hung_url)
     assert hung_state["phase"] == "backward" and hung_state["step"] == 8
-    assert try_state(hung_url)["quorum_id"] == hung_state["quorum_id"]
 
     # Survivors survive: the peer's collective times out, the next quorum leaves the hung
     # group out (it heartbeats but never asks), and the peer commits again alone.
