@@ -169,7 +169,9 @@ def markdown(rep: dict) -> str:
     return "\n".join(head) + "\n"
 
 
-def plot(demo, rep: dict, path: Path) -> None:
+def plot(samples: list[dict], ranks_per_group: int, rep: dict, path: Path) -> None:
+    """Step rate per group (one rank per group, 3 s window); a heal (a jump of the step) or a
+    restart starts a new window so neither shows as a spike."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -177,13 +179,15 @@ def plot(demo, rep: dict, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(11, 4.5), dpi=110)
     by_group: dict[int, list[tuple[float, int]]] = {}
-    for s in demo.samples:
-        if s["rank"] % demo.args.ranks_per_group == 0:  # one rank per group is enough
+    for s in samples:
+        if s["rank"] % ranks_per_group == 0:  # one rank per group is enough
             by_group.setdefault(s["replica_group"], []).append((s["t"], s["step"]))
     for g, pts in sorted(by_group.items()):
         xs, ys = [], []
         j = 0
         for i, (t, step) in enumerate(pts):
+            if i and step - pts[i - 1][1] > 10:  # healed from a peer: new window
+                j = i
             while pts[j][0] < t - 3.0:
                 j += 1
             t0, s0 = pts[j]
@@ -231,7 +235,7 @@ def write_report(demo, report_dir: Path, final: bool = True) -> str:
         {"samples": demo.samples, "ticks": demo.ticks}))
     (report_dir / "report.md").write_text(markdown(rep))
     try:
-        plot(demo, rep, report_dir / "timeline.png")
+        plot(demo.samples, demo.args.ranks_per_group, rep, report_dir / "timeline.png")
     except Exception as e:  # a report without its picture beats no report
         (report_dir / "timeline.error.txt").write_text(repr(e))
     return summary_markdown(rep)
