@@ -52,7 +52,7 @@ CREATE TABLE IF NOT EXISTS decisions (
 CREATE INDEX IF NOT EXISTS decisions_replica ON decisions (replica_id, decision);
 """
 
-EVICTED_STATUSES = ("sent", "confirmed", "unconfirmed")
+EVICTED_STATUSES = ("sending", "sent", "confirmed", "unconfirmed")  # all but "failed"
 
 
 class Store:
