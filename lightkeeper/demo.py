@@ -427,6 +427,11 @@ class Demo:
                 ok = False
         return ok
 
+    def fresh_step(self, g: int) -> int:
+        steps = [s["step"] for s in (self.state(u) for u in
+                                     self.cluster.groups[g].worker_urls.values()) if s]
+        return max(steps, default=self.group_step(g))
+
     def run_scenario(self) -> None:
         self.status = f"healthy ({self.sc.healthy_s:g}s)"
         if not self.sc.faults:
@@ -458,11 +463,19 @@ class Demo:
                 return
         else:
             self.wait(lambda: self.group_step(g) >= 1, self.sc.rejoin_timeout_s)
-            cur = self.group_step(g)
-            plan_spec = (f"slow:delay={self.sc.slow_delay_s:g},from_step={cur}"
-                         if plan.kind == "slow" else f"hang:at_step={cur + 2}")
-            rec["spec"] = plan_spec
-            if not self.inject(g, plan_spec):
+            ok = False
+            for _attempt in range(3):  # the step read may be stale on a busy box: check, retry
+                cur = self.fresh_step(g)
+                plan_spec = (f"slow:delay={self.sc.slow_delay_s:g},from_step={cur}"
+                             if plan.kind == "slow"
+                             else f"hang:at_step={cur + self.sc.hang_in_steps}")
+                rec["spec"] = plan_spec
+                ok = self.inject(g, plan_spec) and (plan.kind == "slow"
+                                                    or self.fresh_step(g)
+                                                    < cur + self.sc.hang_in_steps)
+                if ok:
+                    break
+            if not ok:
                 rec["outcome"] = "injection failed"
                 self.event("error", g, f"could not inject {plan_spec}")
                 return

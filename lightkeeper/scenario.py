@@ -23,7 +23,7 @@ class Scenario:
     healthy_s: float = 20.0        # healthy phase before the first fault
     end_s: float = 15.0            # healthy phase after the last fault
     slow_delay_s: float = 0.6      # slow:delay= of the default straggler
-    hang_in_steps: int = 2         # hang:at_step = current step + this
+    hang_in_steps: int = 4         # hang:at_step = current step + this
     detect_timeout_s: float = 60.0  # injection -> detection
     evict_timeout_s: float = 30.0   # detection -> eviction (dry run: how long to watch)
     rejoin_timeout_s: float = 120.0  # eviction -> group back in the quorum
