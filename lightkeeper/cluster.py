@@ -17,13 +17,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 WORKER_URL_RE = re.compile(r"group_rank=(\d+) worker_server=(\S+)")
+# The Lighthouse reports its URL through a file of its own, written atomically: torchft's Rust
+# logger shares the log file and can interleave with a printed line.
 LIGHTHOUSE_SCRIPT = r"""
-import sys, time
+import os, sys, time
 from torchft.coordination import LighthouseServer
 lh = LighthouseServer(bind="127.0.0.1:0", min_replicas=int(sys.argv[1]),
                       join_timeout_ms=int(sys.argv[2]), heartbeat_timeout_ms=int(sys.argv[3]))
 port = lh.address().rsplit(":", 1)[1]
-print(f"LIGHTHOUSE http://127.0.0.1:{port}", flush=True)
+with open(sys.argv[4] + ".tmp", "w") as f:
+    f.write(f"http://127.0.0.1:{port}")
+os.replace(sys.argv[4] + ".tmp", sys.argv[4])
 while True:
     time.sleep(3600)
 """
@@ -148,10 +152,12 @@ class LocalCluster:
     # --- lifecycle -------------------------------------------------------------------
     def start_lighthouse(self, timeout: float = 30.0) -> str:
         log_path = self.log_dir / "lighthouse.log"
+        url_path = self.log_dir / "lighthouse.url"
+        url_path.unlink(missing_ok=True)
         with open(log_path, "wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-u", "-c", LIGHTHOUSE_SCRIPT, str(self.min_replicas),
-                 str(self.join_timeout_ms), str(self.heartbeat_timeout_ms)],
+                 str(self.join_timeout_ms), str(self.heartbeat_timeout_ms), str(url_path)],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
         self.lighthouse = ManagedProcess("lighthouse", proc, log_path)
@@ -160,8 +166,7 @@ class LocalCluster:
             if proc.poll() is not None:
                 raise ClusterError(f"Lighthouse exited with {proc.returncode}: "
                                    f"{_read_text(log_path)[-2000:]}")
-            m = re.search(r"LIGHTHOUSE (\S+)", _read_text(log_path))
-            return m.group(1) if m else None
+            return _read_text(url_path).strip() or None
 
         self.lighthouse_url = wait_until(address, timeout, what="the Lighthouse to listen")
         return self.lighthouse_url

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
-import re
 import secrets
 import signal
 import subprocess
@@ -210,13 +209,6 @@ class Demo:
         self._log = open(self.dir / "demo.log", "a")
         self.cluster.start_lighthouse()
         self.procs.append(self.cluster.lighthouse.proc)
-        # LocalCluster reads the URL from the Lighthouse's "LIGHTHOUSE <url>" line, which torchft's
-        # own log output can interleave with (no newline in between); take the port from the
-        # Lighthouse's own "listening on" line instead.
-        port = wait_until(lambda: re.search(r"Lighthouse listening on: \S+?:(\d+)\s",
-                                            self.cluster.lighthouse.log()), 30,
-                          what="the Lighthouse to listen")
-        self.cluster.lighthouse_url = f"http://127.0.0.1:{port.group(1)}"
         self.event("lighthouse", None, self.cluster.lighthouse_url)
         self.start_monitor()
         self.cluster.extra_env["LIGHTKEEPER_MONITOR"] = self.monitor_url
