@@ -83,15 +83,16 @@ class Run:
 
 
 def survivors_commit_after(run: Run, stalled_step: int, timeout: float) -> tuple[float | None, str]:
-    """Unix time the survivors (groups 0, 1) both committed past ``stalled_step``, or why not."""
+    """Unix time the survivors (groups 0, 1) both committed past ``stalled_step``, or the time
+    the first of them exited (then the job is broken), or None after ``timeout``."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         s = run.states((0, 1))
         if len(s) == 2 and all(x["step"] > stalled_step for x in s.values()):
             return max(x["last_step_at"] for x in s.values()), "committed"
-        alive = [run.cluster.groups[g].alive() for g in (0, 1)]
-        if not any(alive):
-            return time.time(), "survivors exited"
+        exited = [g for g in (0, 1) if not run.cluster.groups[g].alive()]
+        if exited:  # a survivor died: the job cannot commit with the zombie any more
+            return time.time(), f"survivor group(s) {exited} exited"
         time.sleep(0.1)
     return None, "timeout"
 
@@ -109,7 +110,8 @@ def hang(workdir: str, at: int, timeouts: dict, monitor: bool, wait_s: float) ->
         stalled = max(x["step"] for x in s.values())
         commit_at, how = survivors_commit_after(run, stalled, wait_s)
         f = run.finding("hang")
-        out = {"onset_to_commit_s": None if commit_at is None else round(commit_at - onset, 2),
+        t = None if commit_at is None else round(commit_at - onset, 2)
+        out = {"onset_to_commit_s" if how == "committed" else "onset_to_outcome_s": t,
                "outcome": how}
         if f:
             out["onset_to_confirmed_s"] = round(f["confirmed_at"] - onset, 2)
