@@ -505,8 +505,16 @@ class Demo:
         survivors = [h for h in self.cluster.groups if h != g]
 
         def survivors_commit():
+            # A committed step moves torchft's step; a failed one (the survivors' collective
+            # breaking when the evicted group goes) only moves last_step_at.
+            step_at_eviction = {}
+            for s in self.samples:
+                if s["replica_group"] in survivors and s["t"] <= rec["evicted_at_s"]:
+                    step_at_eviction[s["rank"]] = max(step_at_eviction.get(s["rank"], 0),
+                                                      s["step"])
             late = [s["last_step_at_s"] for s in self.samples if s["replica_group"] in survivors
                     and s["last_step_at_s"] is not None
+                    and s["step"] > step_at_eviction.get(s["rank"], 0)
                     and s["last_step_at_s"] > rec["evicted_at_s"]]
             return min(late) if late else None
 
