@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -67,6 +68,8 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=10.0, help="polls per second per endpoint")
     ap.add_argument("--fr-rate", type=float, default=1.0, help="Flight Recorder dumps per second")
     args = ap.parse_args()
+    # SIGTERM unwinds like Ctrl-C so the job's processes are stopped by the context manager.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     # The job runs on CPU 0 and the poller (standing in for a remote monitor/Prometheus) on
     # CPU 1, so the step time shows the server side of the polling, not the client's CPU use.
