@@ -98,23 +98,47 @@ def test_failing_endpoint_is_500_and_server_keeps_serving():
         srv.stop()
 
 
-def test_incarnation_tracker_resolves_pg_ids_from_entries():
+def _entry(record_id, pg_id, name):
+    return {"record_id": record_id, "pg_id": pg_id, "process_group": [name, name],
+            "collective_seq_id": 1, "input_sizes": [[4]], "profiling_name": "gloo:all_reduce"}
+
+
+@pytest.mark.parametrize("sort_keys", [True, False], ids=["torch-layout", "other-layout"])
+def test_incarnation_tracker_resolves_pg_ids_from_entries(sort_keys):
     tracker = IncarnationTracker(group_rank=0)
     tracker.record(quorum_id=3, replica_rank=1, replica_world_size=2, global_ranks=[0, 1],
                    first_record_id=10)
     tracker.record(quorum_id=4, replica_rank=0, replica_world_size=3, global_ranks=[0, 1, 2],
                    first_record_id=20)
-    dump = {"entries": [
-        {"record_id": 9, "pg_id": 0, "process_group": ["", ""]},
-        {"record_id": 10, "pg_id": 7, "process_group": ["0", "default_pg"]},  # not torchft's
-        {"record_id": 11, "pg_id": 1, "process_group": ["", ""]},
-        {"record_id": 21, "pg_id": 2, "process_group": ["", ""]},
+    dump = {"version": "2.10", "entries": [
+        _entry(9, 0, ""),
+        _entry(10, 7, "0"),  # not torchft's group
+        _entry(11, 1, ""),
+        _entry(21, 2, "torchft_quorum_4_rank_0"),
     ]}
-    incs = tracker.annotate(dump)
-    assert [(i["quorum_id"], i["pg_id"], i["pg_name"]) for i in incs] == [(3, 1, ""), (4, 2, "")]
+    raw = json.dumps(dump, sort_keys=sort_keys).encode()
+    incs = tracker.annotate(raw)
+    assert [(i["quorum_id"], i["pg_id"], i["pg_name"]) for i in incs] == [
+        (3, 1, ""), (4, 2, "torchft_quorum_4_rank_0")]
     # Once resolved, an id survives the ring buffer wrapping past its entries.
-    assert [i["pg_id"] for i in tracker.annotate({"entries": []})] == [1, 2]
-    json.dumps(incs)
+    assert [i["pg_id"] for i in tracker.annotate(b'{"entries": []}')] == [1, 2]
+
+
+def test_entry_index_reads_torch_layout_without_parsing_and_others_by_parsing():
+    from worker_server.flight_recorder import entry_index
+
+    entries = [_entry(5, 1, 'we"ird'), _entry(6, 2, "")]
+    for sort_keys in (True, False):
+        raw = json.dumps({"entries": entries}, sort_keys=sort_keys).encode()
+        assert entry_index(raw) == [(5, 1, 'we"ird'), (6, 2, "")]
+
+
+def test_fr_trace_splices_identity_into_the_dump_bytes():
+    from worker_server.flight_recorder import fr_dump
+
+    body = json.loads(fr_dump(IncarnationTracker(0), {"rank": 3, "job": "j"}))
+    assert body["rank"] == 3 and body["job"] == "j" and body["incarnations"] == []
+    assert "version" in body and body["dump_time_ns"] > 0  # torch's keys are all still there
 
 
 def test_fault_injection_is_off_by_default(server):

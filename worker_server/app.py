@@ -67,7 +67,7 @@ def create_app(
     state: RankState,
     tracker: IncarnationTracker | None = None,
     metrics: WorkerMetrics | None = None,
-    fr_dumper: Callable[..., dict[str, Any]] = fr_dump,
+    fr_dumper: Callable[..., bytes] = fr_dump,
     fault_handler: Callable[[str], Any] | None = None,
     fault_token: str | None = None,
 ) -> Flask:
@@ -88,7 +88,10 @@ def create_app(
     @app.get("/v1/fr_trace")
     def v1_fr_trace():
         only_active = bool_param("onlyactive")
-        return jsonify(fr_dumper(tracker, identity_keys(state), only_active=only_active))
+        # Bytes straight through: a full dump is ~1 MB of JSON, and parsing and re-serializing it
+        # here would hold the GIL the training thread needs.
+        return Response(fr_dumper(tracker, identity_keys(state), only_active=only_active),
+                        mimetype="application/json")
 
     @app.get("/v1/stacks")
     def v1_stacks():

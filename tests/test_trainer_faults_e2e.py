@@ -1,0 +1,84 @@
+"""Trainer faults and multi-rank groups with real parts: a hung group's stacks and survivors,
+and FT-HSDP (torchrun, FSDP2 inside a group) healing across groups."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+
+from lightkeeper.cluster import LocalCluster, wait_until
+from tests.support.workers import get_json, try_state
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def hung_cluster(tmp_path):
+    # Three groups: the Lighthouse forms a quorum only from more than half of the heartbeating
+    # groups, and a hung group keeps heartbeating, so with two the survivor would wait forever.
+    c = LocalCluster(tmp_path, num_groups=3, steps=100_000, pg_timeout_s=5,
+                     join_timeout_ms=3000, step_pause_s=0.02)
+    try:
+        c.start(faults={1: ["hang:at_step=8"]})
+        yield c
+    finally:
+        c.stop()
+
+
+def test_hang_stacks_answer_fast_and_survivor_moves_on(hung_cluster):
+    c = hung_cluster
+    hung_url, peer_url = c.groups[1].worker_urls[0], c.groups[0].worker_urls[0]
+    wait_until(lambda: (s := try_state(peer_url)) and s["phase"] == "allreduce"
+               and time.time() - s["phase_since"] > 1.0, 60,
+               what="the peer to wait in its all_reduce")
+    t0 = time.monotonic()
+    hung = requests.get(hung_url + "/v1/stacks", timeout=1).text
+    t1 = time.monotonic()
+    peer = requests.get(peer_url + "/v1/stacks", timeout=1).text
+    t2 = time.monotonic()
+    assert t1 - t0 < 1.0 and t2 - t1 < 1.0
+    assert "before_allreduce" in hung and "faults.py" in hung  # blocked by the injected hang
+    assert "loop.py" in peer and ".wait()" in peer  # waiting on its collective
+    hung_state = try_state(hung_url)
+    assert hung_state["phase"] == "backward" and hung_state["step"] == 8
+
+    # Survivors survive: the peer's collective times out, the next quorum leaves the hung
+    # group out (it heartbeats but never asks), and the peer commits again alone.
+    resumed = wait_until(lambda: (s := try_state(peer_url)) and s["num_participants"] == 2
+                         and s["step"] > 9 and s, 60, what="the survivors to commit again")
+    assert resumed["quorum_id"] > hung_state["quorum_id"], "a new quorum without the hung group"
+    assert c.groups[0].alive() and c.groups[2].alive()
+
+
+def test_two_ranks_per_group_fsdp2_inside_heals_across_groups(tmp_path):
+    """FT-HSDP: torchrun runs 2 ranks per group (FSDP2 inside), groups average across."""
+    c = LocalCluster(tmp_path, num_groups=2, ranks_per_group=2, steps=100_000, pg_timeout_s=10)
+
+    def all_states():
+        s = [try_state(u) for u in c.worker_urls()]
+        return s if s and all(s) else None
+
+    try:
+        c.start()
+        wait_until(lambda: (s := all_states()) and len(s) == 4 and all(
+            x["step"] >= 5 and x["num_participants"] == 2 for x in s), 120,
+            what="4 ranks training in one quorum")
+        dump = get_json(c.groups[0].worker_urls[1] + "/v1/fr_trace", 5)
+        inc = dump["incarnations"][-1]
+        assert inc["group_rank"] == 1 and inc["global_ranks"] == [1, 3]
+        names = {(e["process_group"][0], e["profiling_name"]) for e in dump["entries"]}
+        assert ("", "gloo:all_reduce") in names  # across groups (torchft)
+        assert any(n.startswith("gloo:all_gather") for _, n in names)  # FSDP2 inside the group
+
+        c.kill_group(1)  # torchrun and both its workers, found by PID
+        c.start_group(1)
+        c.wait_for_workers(1)
+        healed = wait_until(lambda: (s := all_states()) and len(s) == 4 and all(
+            x["num_participants"] == 2 for x in s) and s, 120, what="group 1 to heal")
+        by_rank = {x["rank"]: x for x in healed}
+        assert by_rank[2]["heals"] == 1 and by_rank[3]["heals"] == 1
+        assert by_rank[2]["commits"] < by_rank[0]["commits"]
+    finally:
+        c.stop()
