@@ -2,7 +2,7 @@
 
 Every scenario is a fresh real job (Lighthouse + 3 single-rank replica groups on CPU, 0.1 s step
 pause) with one fault injected into replica group 2 at step ``--at``; the monitor (when used)
-runs in-process with its defaults (1 s interval, thresholds of docs/monitor.md). Measured side
+runs in-process with its defaults (1 s interval, thresholds in the README's Monitor section). Measured side
 by side in one run:
 
 - ``straggler`` (``slow:delay=0.6``): steps and seconds from the first slow step to confirmation;

@@ -8,7 +8,7 @@ demo's supervisor restarts the group (as Kubernetes would) -> it heals and rejoi
 into group 2 -> ... -> healthy end. The main loop samples every rank's ``/v1/state`` and the
 monitor's findings/evictions at ~2 Hz and records a timeline; at the end (Ctrl-C and failures
 included) it writes ``report.json``, ``report.md`` and ``timeline.png`` to ``--report-dir`` and
-stops every process it started, by PID. See docs/demo.md.
+stops every process it started, by PID. See the README (`lightkeeper demo`).
 """
 
 from __future__ import annotations
@@ -650,5 +650,5 @@ def print_keep_running(demo: Demo) -> None:
             lines.append(f"  curl {u}/v1/state      # group {g} rank {r}")
     lines.append(f"  Prometheus: {demo.prom_note or 'not started'}")
     lines.append("  Grafana: import the dashboards from dashboards/generated/ with that Prometheus "
-                 "as data source (see docs/dashboards.md or `lightkeeper dashboards --help`)")
+                 "as data source (see the README's Dashboards section or `lightkeeper dashboards --help`)")
     demo.say("\n".join(lines))
