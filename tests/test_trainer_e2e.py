@@ -10,7 +10,7 @@ import requests
 
 from lightkeeper.cluster import LocalCluster, wait_until
 from tests.conftest import require_binary
-from tests.support.workers import get_json, torchft_entries, try_state
+from tests.support.workers import analyze_cli, get_json, save_dumps, torchft_entries, try_state
 
 pytestmark = pytest.mark.e2e
 
@@ -59,6 +59,15 @@ def test_two_groups_train_in_one_quorum_with_matching_collectives(cluster):
     common = set(seqs[0]) & set(seqs[1])
     assert len(common) >= 10, "the cross-group all_reduce must show up on both groups"
     assert all(seqs[0][k] == seqs[1][k] for k in common)
+
+
+def test_analyze_finds_nothing_in_a_healthy_trainers_dumps(cluster, tmp_path):
+    urls = [cluster.groups[g].worker_urls[0] for g in (0, 1)]
+    wait_until(lambda: all((s := try_state(u)) and s["step"] >= 10 for u in urls), 120,
+               what="10 steps")
+    status, report = analyze_cli(*save_dumps(urls, tmp_path))
+    assert status == 0, report
+    assert report["ranks"] == [0, 1] and report["findings"] == [] and report["errors"] == []
 
 
 def test_metrics_pass_promtool(cluster):

@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from lightkeeper.cluster import LocalCluster, wait_until
-from tests.support.workers import get_json, try_state
+from tests.support.workers import analyze_cli, get_json, save_dumps, try_state
 
 pytestmark = pytest.mark.e2e
 
@@ -27,7 +27,7 @@ def hung_cluster(tmp_path):
         c.stop()
 
 
-def test_hang_stacks_answer_fast_and_survivor_moves_on(hung_cluster):
+def test_hang_stacks_answer_fast_and_survivor_moves_on(hung_cluster, tmp_path):
     c = hung_cluster
     hung_url, peer_url = c.groups[1].worker_urls[0], c.groups[0].worker_urls[0]
     wait_until(lambda: (s := try_state(peer_url)) and s["phase"] == "allreduce"
@@ -43,6 +43,13 @@ def test_hang_stacks_answer_fast_and_survivor_moves_on(hung_cluster):
     assert "loop.py" in peer and ".wait()" in peer  # waiting on its collective
     hung_state = try_state(hung_url)
     assert hung_state["phase"] == "backward" and hung_state["step"] == 8
+
+    # The same live dumps, analyzed as a user would: the hung rank never arrived at seq N.
+    status, report = analyze_cli(*save_dumps([c.groups[g].worker_urls[0] for g in range(3)],
+                                             tmp_path))
+    hangs = [f for f in report["findings"] if f["kind"] == "hang"]
+    assert status == 1 and hangs, report
+    assert hangs[0]["culprit_ranks"] == [1]
 
     # Survivors survive: the peer's collective times out, the next quorum leaves the hung
     # group out (it heartbeats but never asks), and the peer commits again alone.

@@ -22,3 +22,28 @@ def try_state(base_url: str) -> dict | None:
 def torchft_entries(dump: dict, incarnation: dict) -> list[dict]:
     """Entries of ``dump`` that belong to one torchft process-group incarnation."""
     return [e for e in dump["entries"] if e["pg_id"] == incarnation["pg_id"]]
+
+
+def save_dumps(urls: list[str], directory) -> list:
+    """Fetch every rank's /v1/fr_trace into ``directory/rank<N>.json``; returns the paths."""
+    import json
+    from pathlib import Path
+
+    paths = []
+    for url in urls:
+        dump = get_json(url + "/v1/fr_trace", timeout=10)
+        path = Path(directory) / f"rank{dump['rank']}.json"
+        path.write_text(json.dumps(dump))
+        paths.append(path)
+    return paths
+
+
+def analyze_cli(*paths) -> tuple[int, dict]:
+    """Run ``lightkeeper analyze --format json`` as a user would; (exit status, parsed output)."""
+    import json
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "lightkeeper.cli", "analyze", "--format", "json",
+                          *map(str, paths)], capture_output=True, text=True, timeout=120)
+    return res.returncode, json.loads(res.stdout)
