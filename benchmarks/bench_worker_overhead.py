@@ -60,6 +60,16 @@ def committed_steps(urls: list[str]) -> int:
     return sum(requests.get(u + "/v1/state", timeout=2).json()["commits"] for u in urls)
 
 
+def server_cpu_seconds(urls: list[str]) -> float:
+    """The WorkerServers' own CPU accounting (lightkeeper_worker_server_cpu_seconds_total)."""
+    total = 0.0
+    for u in urls:
+        for line in requests.get(u + "/metrics", timeout=2).text.splitlines():
+            if line.startswith("lightkeeper_worker_server_cpu_seconds_total{"):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--groups", type=int, default=1)
@@ -87,6 +97,7 @@ def main() -> int:
         wait_until(lambda: all(requests.get(u + "/v1/state", timeout=2).json()["step"] >= 20
                                for u in urls), 120, what="warm-up steps")
         results: dict[str, list[float]] = {c: [] for c in CONDITIONS}
+        cpu_share: dict[str, list[float]] = {c: [] for c in CONDITIONS}
         print(f"{'window':>6} {'condition':>9} {'steps':>6} {'s/step':>9} {'requests':>9}")
         order = list(CONDITIONS)
         for i in range(len(order) * args.windows):
@@ -97,11 +108,13 @@ def main() -> int:
                 rate = args.fr_rate if condition == "fr" else args.rate
                 poller = threading.Thread(target=poll_loop,
                                           args=(urls, CONDITIONS[condition], rate, stop, counter))
+            start_cpu = server_cpu_seconds(urls)
             start_steps, t0 = committed_steps(urls), time.monotonic()
             if poller:
                 poller.start()
             time.sleep(args.window_seconds)  # the measured window itself, not a synchronization
             steps, t1 = committed_steps(urls), time.monotonic()
+            cpu_share[condition].append((server_cpu_seconds(urls) - start_cpu) / (t1 - t0) / len(urls))
             stop.set()
             if poller:
                 poller.join()
@@ -110,6 +123,12 @@ def main() -> int:
             print(f"{i:>6} {condition:>9} {(steps - start_steps) // len(urls):>6} "
                   f"{per_step * 1000:>7.2f}ms {counter[0]:>9}")
         med = {c: statistics.median(v) for c, v in results.items()}
+        # The server's own CPU time is what it takes from training (the training thread needs
+        # the GIL those requests hold), measured per request: a bound that machine noise does
+        # not blur the way it blurs step times.
+        for cond, shares in cpu_share.items():
+            print(f"{cond}: WorkerServer CPU {statistics.median(shares) * 100:.2f}% of one core "
+                  f"(per rank, median of {len(shares)} windows)")
         # Short windows cycled idle/polled/fr cancel the machine's slow drift; each cycle's
         # ratio to its own idle window is one paired sample.
         for cond in ("polled", "fr"):

@@ -290,6 +290,14 @@ def rank_drilldown() -> dict:
         interpolation="stepAfter", fill=0), 8, 7)
     L.add(timeseries("Loss per rank", "Training loss of each rank's last step.",
                      [target(f"lightkeeper_loss{{{R}}}", "rank {{rank}}")]), 16, 7)
+    L.add(timeseries(
+        "WorkerServer cost", "CPU the rank's WorkerServer spends answering (share of one core), "
+        "and its requests per second.",
+        targets((f"rate(lightkeeper_worker_server_cpu_seconds_total{{{R}}}[{RI}])",
+                 "rank {{rank}} CPU share"),
+                (f"rate(lightkeeper_worker_server_requests_total{{{R}}}[{RI}])",
+                 "rank {{rank}} requests/s")),
+        min_=0), 16, 7)
     L.add(stat("Faults injected", "Faults injected into the selected ranks (testing only).",
                [target(f"sum(lightkeeper_faults_injected{{{R}}})", "faults")],
                thresholds_=P.thresholds((None, "green"), (1, "orange"))), 8, 7)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
@@ -102,8 +102,30 @@ class WorkerMetrics:
             "lightkeeper_step_duration_seconds", "wall time of each training step",
             LABELS, buckets=STEP_BUCKETS, registry=self.registry,
         ).labels(*lv)
+        # What the WorkerServer itself costs the training process: CPU seconds its HTTP threads
+        # spent answering (measured per request with thread_time), and the requests.
+        self.server_cpu_seconds = Counter(
+            "lightkeeper_worker_server_cpu_seconds", "CPU seconds the WorkerServer spent serving",
+            LABELS, registry=self.registry,
+        ).labels(*lv)
+        self.server_requests = Counter(
+            "lightkeeper_worker_server_requests", "HTTP requests the WorkerServer answered",
+            LABELS, registry=self.registry,
+        ).labels(*lv)
         self.registry.register(_StateCollector(state))
         state.add_step_listener(self._on_step)
+
+    def count_cpu(self, app):
+        """Wrap a WSGI app so each request's CPU time (its thread's) is counted."""
+        def wsgi(environ, start_response):
+            started = time.thread_time()
+            try:
+                return app(environ, start_response)
+            finally:
+                self.server_cpu_seconds.inc(time.thread_time() - started)
+                self.server_requests.inc()
+
+        return wsgi
 
     def _on_step(self, duration: float | None, committed: bool) -> None:
         if duration is not None:

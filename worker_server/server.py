@@ -46,7 +46,7 @@ class WorkerServer:
                               fault_handler=fault_handler, fault_token=fault_token)
         # waitress: a real WSGI server with a small thread pool; one slow /v1/fr_trace does not
         # block /healthz or /v1/stacks.
-        self._server = create_server(self.app, host=host, port=port, threads=threads,
+        self._server = create_server(self.metrics.count_cpu(self.app), host=host, port=port, threads=threads,
                                      ident="lightkeeper-worker", clear_untrusted_proxy_headers=True)
         self.host = host
         self.port = int(self._server.effective_port)
