@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-WORKER_URL_RE = re.compile(r"group_rank=(\d+) worker_server=(\S+)")
+# The URL must end the line: a line another process's output ran into is not trusted.
+WORKER_URL_RE = re.compile(r"group_rank=(\d+) worker_server=(http://[^\s/]+:\d+)$", re.M)
 # The Lighthouse reports its URL through a file of its own, written atomically: torchft's Rust
 # logger shares the log file and can interleave with a printed line.
 LIGHTHOUSE_SCRIPT = r"""

@@ -84,8 +84,11 @@ def train(cfg: TrainConfig) -> int:
         fault_handler=lambda spec: (injector.inject(spec), state.faults.append(spec)),
     )
     state = server.state
-    print(f"[lightkeeper] replica_group={cfg.replica_group} group_rank={group_rank} "
-          f"worker_server={server.url}", flush=True)
+    # One write(): several ranks (and torch's logs) share the log file, and print() writes the
+    # text and the newline separately, so another process's bytes could land between them.
+    sys.stdout.write(f"[lightkeeper] replica_group={cfg.replica_group} group_rank={group_rank} "
+                     f"worker_server={server.url}\n")
+    sys.stdout.flush()
 
     m = cfg.model
     model = TinyTransformerLM(m.vocab_size, m.d_model, m.n_heads, m.n_layers, m.seq_len).to(device)

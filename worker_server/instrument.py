@@ -75,7 +75,7 @@ def instrument_manager(manager: Any, state: RankState, tracker: IncarnationTrack
         if before is not None:
             step_at_start[0] = None  # once per step: allreduce waits on the quorum again
             if manager.current_step() != before:
-                state.healed()
+                state.healed(manager.current_step())
         return result
 
     @functools.wraps(allreduce)

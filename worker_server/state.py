@@ -135,9 +135,11 @@ class RankState:
         with self._lock:
             self.loss = float(loss)
 
-    def healed(self) -> None:
+    def healed(self, step: int) -> None:
+        """This group loaded a peer's state and now stands at ``step``."""
         with self._lock:
             self.heals += 1
+            self.step = step
 
     def add_step_listener(self, listener) -> None:
         with self._lock:
