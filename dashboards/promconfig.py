@@ -62,8 +62,8 @@ from dashboards/promconfig.py.
   writes (`lightkeeper monitor --sd-out /var/lib/lightkeeper/file_sd/lightkeeper.json`; ranks
   started with LIGHTKEEPER_MONITOR=<monitor URL> register themselves and get job, replica_group
   and rank target labels).
-- lightkeeper-monitor: the monitor's own /metrics (`lightkeeper monitor --port 9400`: its
-  default port, 9090, is Prometheus' own).
+- lightkeeper-monitor: the monitor's own /metrics (`lightkeeper monitor`, port 9400 by
+  default).
 Both keep the exported `job` label (honor_labels: true): it is the training job's name.
 Copy rules.yml beside this file (or fix the rule_files path)."""
 

@@ -70,7 +70,7 @@ class MonitorConfig:
     lighthouse: str | None = None
     interval_s: float = 1.0
     bind: str = "127.0.0.1"
-    port: int = 9090
+    port: int = 9400  # not 9090: that is Prometheus' own default
     state_path: str = field(default_factory=lambda: os.path.join(os.getcwd(),
                                                                  "lightkeeper-monitor.sqlite"))
     job: str = "lightkeeper"
