@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from waitress.server import create_server
+from lightkeeper.wsgi import BackgroundWSGIServer
 
 from .actions import Lighthouse
 from .config import MonitorConfig
@@ -60,7 +60,6 @@ class Monitor:
         self._stop = threading.Event()
         self._loop_thread: threading.Thread | None = None
         self._http = None
-        self._http_thread: threading.Thread | None = None
         self.url: str | None = None
         # Findings a previous run left open are not known to this run's detectors: close them;
         # if still true they are confirmed again on fresh evidence.
@@ -75,15 +74,13 @@ class Monitor:
         if serve:
             from .app import create_app
 
-            self._http = create_server(create_app(self), host=self.cfg.bind, port=self.cfg.port,
-                                       threads=8, ident="lightkeeper-monitor",
-                                       clear_untrusted_proxy_headers=True)
-            port = int(self._http.effective_port)
+            self._http = BackgroundWSGIServer(create_app(self), host=self.cfg.bind,
+                                              port=self.cfg.port, threads=8,
+                                              name="lightkeeper-monitor-http")
+            port = self._http.port
             host = self.cfg.bind if self.cfg.bind not in ("0.0.0.0", "::", "") else "127.0.0.1"
             self.url = f"http://{host}:{port}"
-            self._http_thread = threading.Thread(target=self._http.run,
-                                                 name="lightkeeper-monitor-http", daemon=True)
-            self._http_thread.start()
+            self._http.start()
         self._loop_thread = threading.Thread(target=self._loop, name="lightkeeper-monitor-loop",
                                              daemon=True)
         self._loop_thread.start()
@@ -94,9 +91,7 @@ class Monitor:
         if self._loop_thread is not None:
             self._loop_thread.join(timeout=30)
         if self._http is not None:
-            self._http.close()
-            if self._http_thread is not None:
-                self._http_thread.join(timeout=5)
+            self._http.stop()
         self.poller.close()
         self.lighthouse.close()
         self.store.close()

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import threading
 from typing import Any
 
 import requests
-from waitress.server import create_server
+
+from lightkeeper.wsgi import BackgroundWSGIServer
 
 from .app import create_app
 from .flight_recorder import IncarnationTracker, fr_dump
@@ -46,15 +46,10 @@ class WorkerServer:
                               fault_handler=fault_handler, fault_token=fault_token)
         # waitress: a real WSGI server with a small thread pool; one slow /v1/fr_trace does not
         # block /healthz or /v1/stacks.
-        self._server = create_server(self.metrics.count_cpu(self.app), host=host, port=port, threads=threads,
-                                     ident="lightkeeper-worker", clear_untrusted_proxy_headers=True)
-        self.host = host
-        self.port = int(self._server.effective_port)
-        display_host = host if host not in ("0.0.0.0", "::", "") else socket.gethostname()
-        self.url = f"http://{display_host}:{self.port}"
+        self._http = BackgroundWSGIServer(self.metrics.count_cpu(self.app), host=host, port=port,
+                                          threads=threads, name="lightkeeper-worker-http")
+        self.host, self.port, self.url = host, self._http.port, self._http.url
         state.worker_url = self.url
-        self._thread = threading.Thread(target=self._server.run, name="lightkeeper-worker-http",
-                                        daemon=True)
         self._stop = threading.Event()
         self._register_thread: threading.Thread | None = None
 
@@ -99,8 +94,7 @@ class WorkerServer:
 
     def serve(self) -> WorkerServer:
         """Start answering HTTP requests on a background thread; returns self."""
-        if not self._thread.is_alive():
-            self._thread.start()
+        self._http.start()
         return self
 
     def attach(self, manager: Any) -> None:
@@ -133,5 +127,4 @@ class WorkerServer:
     def stop(self) -> None:
         self._stop.set()
         self.state.set_phase("stopped")
-        self._server.close()
-        self._thread.join(timeout=5)
+        self._http.stop()

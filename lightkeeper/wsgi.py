@@ -1,0 +1,53 @@
+"""A WSGI app served by waitress from a daemon thread, with a clean stop.
+
+Shared by the WorkerServer and the monitor. waitress has no stop API for a server running in
+another thread: closing its sockets under its select() loop makes the loop fail with EBADF. Here
+that failure, once a stop was asked for, is the expected way out of the loop; any other error
+still surfaces.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+from waitress.server import create_server
+
+
+class BackgroundWSGIServer:
+    def __init__(self, app, *, host: str = "127.0.0.1", port: int = 0, threads: int = 4,
+                 name: str = "lightkeeper-http") -> None:
+        """Bind now (raises ``OSError`` when the address is taken); serve after :meth:`start`."""
+        self._server = create_server(app, host=host, port=port, threads=threads, ident=name,
+                                     clear_untrusted_proxy_headers=True)
+        self.host = host
+        self.port = int(self._server.effective_port)
+        shown = host if host not in ("0.0.0.0", "::", "") else socket.gethostname()
+        self.url = f"http://{shown}:{self.port}"
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self._server.run()
+        except (OSError, ValueError):
+            if not self._stopping.is_set():
+                raise
+        finally:
+            self._server.task_dispatcher.shutdown()
+
+    def start(self) -> BackgroundWSGIServer:
+        if not self._thread.is_alive() and not self._stopping.is_set():
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        self._server.close()
+        for channel in list(self._server._map.values()):  # open client connections
+            try:
+                channel.close()
+            except OSError:
+                pass
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout)
