@@ -116,6 +116,28 @@ def test_nccl_collective_completed_anywhere_is_not_a_hang():
     assert [f.kind for f in analyze(dumps).findings] == []
 
 
+@pytest.mark.parametrize("age_s, hung", [(0.2, False), (3.0, True)])
+def test_gloo_collective_enqueued_just_before_the_dump_is_in_flight_not_hung(age_s, hung):
+    # Dumps of a running gloo job are taken one after another: rank 3's was taken just before
+    # it enqueued seq 8. With dump_time_ns (the WorkerServer's) the others' seq 8 has an age on
+    # their own clocks; only one older than min_pending_s is a hang.
+    job = FRJob(4, flavour="gloo")
+    job.repeat(8, [("0", "all_reduce", [[1024]])])
+    dumps = job.dumps()
+    dumps[3]["entries"] = dumps[3]["entries"][:-1]
+    for d in dumps.values():
+        newest = max(e["time_created_ns"] for e in d["entries"])
+        d["dump_time_ns"] = newest + int(age_s * 1e9)
+    hangs = [f for f in analyze(dumps).findings if f.kind == "hang"]
+    assert bool(hangs) == hung
+    if hung:
+        assert hangs[0].culprit_ranks == [3] and hangs[0].seq == 8
+    # Without dump_time_ns there is no age to judge by: reported, as before.
+    for d in dumps.values():
+        del d["dump_time_ns"]
+    assert [f.kind for f in analyze(dumps).findings] == ["hang"]
+
+
 def test_missing_dump_is_unknown_not_a_culprit_unless_asked():
     job = tp_job()
     job.repeat(6, STEP)

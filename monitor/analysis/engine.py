@@ -39,6 +39,9 @@ from typing import Any
 from .findings import AnalysisResult, Finding, HangFinding, MismatchFinding, StragglerFinding
 from .model import COMPLETED, DumpFormatError, GroupKey, GroupTrace, RankTrace, Signature, normalize
 
+# A gloo collective younger than this when its rank was dumped is in flight, not hung.
+MIN_PENDING_S = 1.0
+
 __all__ = ["analyze", "StragglerConfig"]
 
 
@@ -60,13 +63,18 @@ def analyze(
     same_host: bool = False,
     world_size: int | None = None,
     straggler: StragglerConfig | None = None,
+    min_pending_s: float = MIN_PENDING_S,
 ) -> AnalysisResult:
     """Analyze every rank's dump (rank -> raw dump dict or normalized :class:`RankTrace`).
 
     Keys are global ranks. A dump that is not a Flight Recorder dump becomes an ``errors`` entry;
     the others are still analyzed. ``same_host`` lets enqueue times of ranks without a ``host``
     key be compared (they share one clock); ``world_size`` names the default group's members when
-    the dumps do not (gloo), so that ranks without a dump show up as unknown.
+    the dumps do not (gloo), so that ranks without a dump show up as unknown. On gloo (no
+    completion state) a collective that the waiting ranks enqueued less than ``min_pending_s``
+    before their own dump was taken is in flight, not hung: dumps of a running job are never
+    taken at the same instant. That age needs the dump's ``dump_time_ns`` (the WorkerServer
+    adds it) and compares only times of one rank's own clock.
     """
     config = straggler or StragglerConfig()
     traces: dict[int, RankTrace] = {}
@@ -101,7 +109,8 @@ def analyze(
         if key in current:
             testimony = {r: _testimony(traces.get(r), key) for r in group_members}
             last_seq[key] = {r: s for r, s in testimony.items() if s is not None}
-            hang = _hang(key, group_members, testimony, rows, traces, signatures, blame_missing)
+            hang = _hang(key, group_members, testimony, rows, traces, signatures, blame_missing,
+                         min_pending_s)
             if hang is not None:
                 findings.append(hang)
         if len(rows) == len(group_members) >= 2:
@@ -311,6 +320,7 @@ def _hang(
     traces: Mapping[int, RankTrace],
     signatures: list[Signature],
     blame_missing: bool,
+    min_pending_s: float = 0.0,
 ) -> HangFinding | None:
     known = {r: s for r, s in testimony.items() if s is not None}
     if blame_missing and known:
@@ -338,6 +348,9 @@ def _hang(
                 return None  # it completed, so everyone joined: the laggards' dumps are older
             if op is None and t.sigs[i] is not None:
                 op = signatures[t.sigs[i]].op
+    ages = [_pending_for(traces.get(r), rows[r], seq) for r in waiting]
+    if ages and all(a is not None for a in ages) and max(ages) < min_pending_s:
+        return None  # enqueued just before the dumps were taken: in flight, not (yet) hung
     activity = {r: (traces[r].last_entry if r in traces else None) for r in known}
     detail = (
         f"group {key.label()}: rank(s) {_ranks(culprits)} never enqueued collective seq {seq}"
@@ -357,6 +370,15 @@ def _hang(
         last_seq_by_rank=dict(known),
         last_activity=activity,
     )
+
+
+def _pending_for(trace: RankTrace | None, row: GroupTrace, seq: int) -> float | None:
+    """Seconds between a rank enqueuing ``seq`` and its dump being taken (its own clock)."""
+    i = seq - row.first_seq
+    if trace is None or trace.dump_time_ns is None or not 0 <= i < len(row.created_ns):
+        return None
+    created = row.created_ns[i]
+    return (trace.dump_time_ns - created) / 1e9 if created else None
 
 
 def _last_completed(trace: GroupTrace) -> int | None:

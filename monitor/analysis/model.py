@@ -163,6 +163,9 @@ class RankTrace:
     last_entry: dict[str, Any] | None  # the newest entry: what the rank was last doing
     p2p_entries: int = 0
     is_torchft: bool = False
+    # When the dump was taken, on this rank's own clock (the WorkerServer adds it): lets a
+    # collective's age be judged without comparing hosts' clocks.
+    dump_time_ns: int | None = None
 
     @property
     def wrapped(self) -> bool:
@@ -373,7 +376,15 @@ def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
         last_entry=last_entry,
         p2p_entries=p2p,
         is_torchft=bool(raw_incarnations),
+        dump_time_ns=_int_or_none(dump.get("dump_time_ns")),
     )
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 _NONE_TO_NAN = {None: NAN}
