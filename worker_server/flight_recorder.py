@@ -56,11 +56,6 @@ def raw_dump_json(only_active: bool = False) -> bytes:
     raise FlightRecorderUnavailable("; ".join(errors))
 
 
-def raw_dump(only_active: bool = False) -> dict[str, Any]:
-    """torch's Flight Recorder dump as a dict."""
-    return json.loads(raw_dump_json(only_active))
-
-
 # One entry's (pg_id, group name, record_id), read straight from the dump's bytes: torch writes
 # entry keys in sorted order (nlohmann::json), so pg_id, process_group and record_id come in
 # that order inside each entry object. Entries hold no nested objects, so [^{}] stays inside one.
