@@ -7,9 +7,10 @@ silently.
 
 - ``straggler``: a group the others wait for at the cross-group all_reduce. Cheap trigger: a
   sweep where the group computes while a peer group already sits in ``allreduce``. Evidence, from
-  Flight Recorder: over the newest ``straggler_steps`` collectives of the current torchft
-  incarnation the group enqueued last in at least 3 of 4, and its median lag behind the first
-  group exceeds ``max(straggler_min_lag_s, straggler_rel_lag * median step time)``. Confirmed
+  Flight Recorder (:func:`monitor.analysis.arrival_lags`): over the newest ``straggler_steps``
+  collectives of the current torchft incarnation the group enqueued last in at least 3 of 4, and
+  its median lag behind the first group exceeds
+  ``max(straggler_min_lag_s, straggler_rel_lag * median step time)``. Confirmed
   after ``straggler_windows`` consecutive windows, each with newer collectives than the last.
   Raw step time is *not* compared: with a slow group every group's step time rises (they wait
   for it); the lag is the time it spends outside the all_reduce beyond its peers.
@@ -18,7 +19,12 @@ silently.
   current incarnation that the group's ranks never enqueued (its ``culprit_ranks``).
 - ``mismatch``: the analysis engine over live dumps finds members of one incarnation that
   enqueued different collectives at one sequence id; on a tie (e.g. two survivors) the culprit is
-  the rank whose collective differs from its own history of that collective.
+  the rank whose collective differs from its own history of that collective (the engine's
+  ``departs_from_history``).
+
+Every sweep's dumps are normalized once (:func:`monitor.analysis.normalize_dumps`); the analyzer
+and the arrival lags read the same traces. A dump that is not a Flight Recorder dump is left out
+(and logged); the other ranks are still judged.
 - ``dead``: a rank unreachable for ``dead_sweeps`` consecutive sweeps (not one replaced by a
   restart of its group).
 
@@ -38,24 +44,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import evidence as fr
+from .analysis import RankTrace, analyze, arrival_lags, normalize_dumps
 from .config import DetectorConfig
 from .view import COMPUTE_PHASES, ClusterView, GroupView
 
 log = logging.getLogger(__name__)
 
-Analyzer = Callable[[Mapping[int, dict]], Any]  # dumps -> result with .findings
+Analyzer = Callable[[Mapping[int, RankTrace]], Any]  # normalized traces -> result with .findings
 KINDS = ("straggler", "hang", "mismatch", "dead")
-
-
-def default_analyzer() -> Analyzer:
-    """The analysis engine (``monitor.analysis.analyze``), or the built-in stand-in without it."""
-    try:
-        from monitor.analysis import analyze
-
-        return analyze
-    except ImportError:  # pragma: no cover - the engine ships with the monitor
-        return fr.analyze
 
 
 @dataclass
@@ -99,9 +95,7 @@ def engine_findings(result: Any) -> list[dict[str, Any]]:
         try:
             as_dict = f.to_dict() if hasattr(f, "to_dict") else dict(f) if isinstance(
                 f, Mapping) else dict(vars(f))
-            culprits = _get(f, "culprit_ranks", None)
-            if culprits is None:
-                culprits = _get(f, "ranks", [])
+            culprits = _get(f, "culprit_ranks", None) or []
             group = _get(f, "group", None)
             out.append({
                 "kind": _get(f, "kind"),
@@ -134,7 +128,7 @@ class Detectors:
     def __init__(self, cfg: DetectorConfig | None = None, analyzer: Analyzer | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.cfg = cfg or DetectorConfig()
-        self.analyzer = analyzer or default_analyzer()
+        self.analyzer = analyzer or analyze
         self.clock = clock
         self._groups: dict[int, _GroupMemory] = {}
         self._open: dict[tuple, Finding] = {}
@@ -184,16 +178,20 @@ class Detectors:
         new: list[Finding] = []
         self._remember_groups(view)
         steps = [self._dead, self._hang, self._straggler, self._mismatch]
+        traces: dict[int, RankTrace] = {}
         analysis = None
         if dumps:
             try:
-                analysis = engine_findings(self.analyzer(dumps))
+                traces, errors = normalize_dumps(dumps)
+                for err in errors:
+                    log.warning("Flight Recorder dump of rank %s left out: %s", err["rank"], err["error"])
+                analysis = engine_findings(self.analyzer(traces))
             except Exception as e:
                 log.exception("Flight Recorder analysis failed")
                 self.last_error = f"analysis: {type(e).__name__}: {e}"
         for step in steps:
             try:
-                new.extend(step(view, dumps or {}, analysis, now))
+                new.extend(step(view, dumps or {}, traces, analysis, now))
             except Exception as e:
                 log.exception("detector %s failed", step.__name__)
                 self.last_error = f"{step.__name__}: {type(e).__name__}: {e}"
@@ -262,7 +260,7 @@ class Detectors:
         return out
 
     # --- dead ------------------------------------------------------------------------
-    def _dead(self, view, dumps, analysis, now) -> list[Finding]:
+    def _dead(self, view, dumps, traces, analysis, now) -> list[Finding]:
         new = []
         dead_groups: dict[int, list] = {}
         for r in view.ranks.values():
@@ -301,7 +299,7 @@ class Detectors:
                    and now - float(r.state["phase_since"]) >= threshold]
         return (stall >= threshold and bool(waiting)), stall, threshold
 
-    def _hang(self, view, dumps, analysis, now) -> list[Finding]:
+    def _hang(self, view, dumps, traces, analysis, now) -> list[Finding]:
         stalled, stall, threshold = self._stall(view, now)
         if not stalled:
             for key in [k for k in self._open if k[0] == "hang"]:
@@ -389,24 +387,24 @@ class Detectors:
                 mem.lag_samples.append(g.replica_group in lagging)
         return lagging
 
-    def _straggler(self, view, dumps, analysis, now) -> list[Finding]:
+    def _straggler(self, view, dumps, traces, analysis, now) -> list[Finding]:
         groups = {g.replica_group: g for g in view.in_quorum()}
         if len(groups) < 2:
             return []
-        if not dumps:
+        if not traces:
             return []
         rank_group = self._rank_group(view, dumps)
-        lags = fr.arrival_lags({r: d for r, d in dumps.items()
-                                if rank_group.get(r) in groups}, last=self.cfg.straggler_steps)
+        lags = arrival_lags({r: t for r, t in traces.items() if rank_group.get(r) in groups},
+                            last=self.cfg.straggler_steps)
         if not lags:
             return []
-        newest_q = max((x["quorum_id"] for x in lags if x["quorum_id"] is not None), default=None)
-        lags = [x for x in lags if x["quorum_id"] == newest_q]
+        newest_q = max((x.quorum_id for x in lags if x.quorum_id is not None), default=None)
+        lags = [x for x in lags if x.quorum_id == newest_q]
         # per collective: each group's lag = its slowest rank's
         per_seq: list[dict[int, float]] = []
         for x in lags:
             gl: dict[int, float] = {}
-            for rank, lag in x["lags"].items():
+            for rank, lag in x.lags_s.items():
                 g = rank_group.get(rank)
                 if g is not None:
                     gl[g] = max(gl.get(g, 0.0), lag)
@@ -414,7 +412,7 @@ class Detectors:
                 per_seq.append(gl)
         if not per_seq:
             return []
-        newest = (newest_q, max(x["seq"] for x in lags))
+        newest = (newest_q, max(x.seq for x in lags))
         med_step = view.median_step_seconds() or 0.0
         threshold = max(self.cfg.straggler_min_lag_s, self.cfg.straggler_rel_lag * med_step)
         need = max(1, math.ceil(0.75 * len(per_seq)))
@@ -462,7 +460,7 @@ class Detectors:
         return new
 
     # --- mismatch --------------------------------------------------------------------
-    def _mismatch(self, view, dumps, analysis, now) -> list[Finding]:
+    def _mismatch(self, view, dumps, traces, analysis, now) -> list[Finding]:
         if not analysis:
             return []
         rank_group = self._rank_group(view, dumps)
@@ -473,7 +471,7 @@ class Detectors:
             culprits = list(m["culprits"])
             how = "majority"
             if not m["has_majority"]:
-                culprits = self._tie_break(dumps, m) or []
+                culprits = [int(r) for r in m["raw"].get("departs_from_history") or []]
                 how = "own_history"
             if not culprits:
                 continue  # no way to tell who is wrong: report nothing we cannot back
@@ -496,11 +494,3 @@ class Detectors:
                     self._seen_mismatch.add(ident)
                     new.append(f)
         return new
-
-    @staticmethod
-    def _tie_break(dumps: Mapping[int, dict], m: dict[str, Any]) -> list[int]:
-        """Ranks whose collective at the mismatching seq differs from their own usual one."""
-        for x in fr.mismatches(dumps):
-            if x["quorum_id"] == m["quorum_id"] and x["seq"] == m["seq"]:
-                return list(x["culprits"])
-        return []

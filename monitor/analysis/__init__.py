@@ -10,7 +10,12 @@ Public API (pure functions, no I/O except the loader, no torch import):
   ``StragglerFinding``, each with ``.to_dict()``), ``.ranks``, ``.unknown_ranks``, ``.errors``,
   ``.last_seq`` (``GroupKey -> {rank: last enqueued seq}`` for every current group, i.e. the
   latest torchft incarnation), ``.to_dict()`` (the JSON of ``lightkeeper analyze --format json``).
-- ``normalize(dump, rank=None) -> RankTrace`` and ``DumpFormatError``: one dump, validated.
+- ``normalize(dump, rank=None) -> RankTrace`` and ``DumpFormatError``: one dump, validated;
+  ``normalize_dumps(dumps) -> (traces, errors)``: every rank's, once (then pass the traces to
+  ``analyze`` and to the queries below).
+- ``arrival_lags(traces, last=4) -> [ArrivalLags]``: per newest collective of torchft's current
+  incarnation, each rank's enqueue lag (s) behind the first (host clocks; the live straggler's
+  evidence).
 - ``load_paths(paths) -> LoadResult``: read per-rank dump files (JSON or pickle) from files and
   directories; unreadable files become errors instead of exceptions.
 
@@ -18,13 +23,15 @@ Finding kinds and the rules behind them are documented in :mod:`monitor.analysis
 JSON interface in the README (Flight Recorder analysis).
 """
 
-from .engine import StragglerConfig, analyze
+from .arrival import ArrivalLags, arrival_lags
+from .engine import StragglerConfig, analyze, normalize_dumps
 from .findings import AnalysisResult, Finding, HangFinding, MismatchFinding, StragglerFinding
 from .loader import LoadResult, load_paths
 from .model import DumpFormatError, GroupKey, RankTrace, normalize
 
 __all__ = [
     "AnalysisResult",
+    "ArrivalLags",
     "DumpFormatError",
     "Finding",
     "GroupKey",
@@ -35,6 +42,8 @@ __all__ = [
     "StragglerConfig",
     "StragglerFinding",
     "analyze",
+    "arrival_lags",
     "load_paths",
     "normalize",
+    "normalize_dumps",
 ]

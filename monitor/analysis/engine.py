@@ -8,8 +8,10 @@ that wrapped at different points do not create findings.
 
 - ``mismatch``: at one sequence id the members of a group enqueued different collectives (op,
   sizes or dtypes). The culprits are the ranks that differ from the variant most ranks enqueued;
-  when no variant has more ranks than every other, every participant is named and
-  ``has_majority`` is False. One finding per group (the first sequence id that disagrees).
+  when no variant has more ranks than every other, every participant is named,
+  ``has_majority`` is False, and ``departs_from_history`` names the participants whose
+  collective differs from their own usual one for that op. One finding per group (the first
+  sequence id that disagrees).
 - ``hang``: in a current group (every group, but for torchft's only the latest incarnation) some
   members' last sequence id is below others'. The culprits are the members furthest behind; the
   finding names the first sequence id they never enqueued. On NCCL a sequence id that completed
@@ -42,7 +44,7 @@ from .model import COMPLETED, DumpFormatError, GroupKey, GroupTrace, RankTrace, 
 # A gloo collective younger than this when its rank was dumped is in flight, not hung.
 MIN_PENDING_S = 1.0
 
-__all__ = ["analyze", "StragglerConfig"]
+__all__ = ["analyze", "current_groups", "normalize_dumps", "StragglerConfig"]
 
 
 @dataclass(frozen=True)
@@ -77,19 +79,7 @@ def analyze(
     adds it) and compares only times of one rank's own clock.
     """
     config = straggler or StragglerConfig()
-    traces: dict[int, RankTrace] = {}
-    errors: list[dict[str, Any]] = []
-    for rank, dump in dumps.items():
-        if isinstance(dump, RankTrace):
-            trace = dump
-        else:
-            try:
-                trace = normalize(dump, rank)
-            except DumpFormatError as exc:
-                errors.append({"rank": rank, "error": str(exc)})
-                continue
-        trace.rank = rank
-        traces[rank] = trace
+    traces, errors = normalize_dumps(dumps)
     signatures = _share_signatures(traces)
     members = _members(traces, world_size)
     current = _current_groups(members)
@@ -103,7 +93,7 @@ def analyze(
         rows = {r: traces[r].groups[key] for r in group_members if r in traces and key in traces[r].groups}
         unknown.update(r for r in group_members if r not in traces)
         if len(rows) >= 2:
-            mismatch = _first_mismatch(key, rows, signatures)
+            mismatch = _first_mismatch(key, rows, traces, signatures)
             if mismatch is not None:
                 findings.append(mismatch)
         if key in current:
@@ -124,6 +114,39 @@ def analyze(
         errors=errors,
         last_seq=last_seq,
     )
+
+
+def normalize_dumps(
+    dumps: Mapping[int, Mapping[str, Any] | RankTrace],
+) -> tuple[dict[int, RankTrace], list[dict[str, Any]]]:
+    """Normalize every rank's dump once: ``(traces by rank, errors)``.
+
+    A :class:`RankTrace` is taken as it is. A dump that is not a Flight Recorder dump becomes an
+    ``{"rank": .., "error": ..}`` entry and is left out; the others are still normalized. Callers
+    that query the traces beyond :func:`analyze` (the live monitor) normalize with this and pass
+    the traces to :func:`analyze`, so that no dump is normalized twice.
+    """
+    traces: dict[int, RankTrace] = {}
+    errors: list[dict[str, Any]] = []
+    for rank, dump in dumps.items():
+        if isinstance(dump, RankTrace):
+            trace = dump
+        else:
+            try:
+                trace = normalize(dump, rank)
+            except DumpFormatError as exc:
+                errors.append({"rank": rank, "error": str(exc)})
+                continue
+        trace.rank = rank
+        traces[rank] = trace
+    return traces, errors
+
+
+def current_groups(traces: Mapping[int, RankTrace], world_size: int | None = None) -> dict[GroupKey, list[int]]:
+    """Every current group with its members: every group but torchft incarnations older than the
+    latest one for their group rank (the groups ``AnalysisResult.last_seq`` covers)."""
+    members = _members(traces, world_size)
+    return {key: members[key] for key in _current_groups(members)}
 
 
 def _key_order(key: GroupKey) -> tuple:
@@ -187,7 +210,7 @@ def _current_groups(members: Mapping[GroupKey, list[int]]) -> set[GroupKey]:
 
 
 def _first_mismatch(
-    key: GroupKey, rows: Mapping[int, GroupTrace], signatures: list[Signature]
+    key: GroupKey, rows: Mapping[int, GroupTrace], traces: Mapping[int, RankTrace], signatures: list[Signature]
 ) -> MismatchFinding | None:
     lo = min(t.first_seq for t in rows.values())
     hi = max(t.last_seq for t in rows.values())
@@ -225,6 +248,7 @@ def _first_mismatch(
     for sig_id, _count in ranked:
         ranks = sorted(r for r, s in at.items() if s == sig_id)
         variants.append({"ranks": ranks, **signatures[sig_id].to_dict()})
+    departs: list[int] = []
     if has_majority:
         majority = ranked[0][0]
         culprits = sorted(r for r, s in at.items() if s != majority)
@@ -244,6 +268,9 @@ def _first_mismatch(
             f"group {key.label()} seq {seq}: ranks disagree ({kind} mismatch) and no variant has a "
             "majority: " + "; ".join(f"{_ranks(v['ranks'])}: {_describe(signatures[s])}" for v, (s, _) in zip(variants, ranked, strict=True))
         )
+        departs = _departs_from_history(key, seq, at, traces, signatures)
+        if departs:
+            detail += f"; rank(s) {_ranks(departs)} depart from their own history of that collective"
     return MismatchFinding(
         kind="mismatch",
         group=key,
@@ -255,7 +282,33 @@ def _first_mismatch(
         has_majority=has_majority,
         variants=variants,
         later_mismatches=len(bad) - 1,
+        departs_from_history=departs,
     )
+
+
+def _departs_from_history(
+    key: GroupKey, seq: int, at: Mapping[int, int], traces: Mapping[int, RankTrace], signatures: list[Signature]
+) -> list[int]:
+    """Ranks whose collective at ``seq`` differs from the variant of that op they themselves
+    enqueued most often in the group's other collectives (every torchft incarnation of it).
+
+    This breaks ties no majority can: a mismatched gloo all_reduce crashes a neighbour, and the
+    two surviving dumps disagree. A rank with no history of the op, or no single most common
+    variant, is not named (no evidence either way).
+    """
+    slot = (key.pg, key.replica_group, key.group_rank)
+    out = []
+    for rank, sig_id in at.items():
+        counts: Counter[int | None] = Counter()
+        for k, group in traces[rank].groups.items():
+            if (k.pg, k.replica_group, k.group_rank) == slot:
+                counts.update(group.sigs)
+        counts[sig_id] -= 1  # the collective being judged is not its own history
+        op = signatures[sig_id].op
+        usual = [(s, n) for s, n in counts.most_common() if s is not None and n > 0 and signatures[s].op == op]
+        if usual and (len(usual) == 1 or usual[0][1] > usual[1][1]) and usual[0][0] != sig_id:
+            out.append(rank)
+    return sorted(out)
 
 
 _SEVERITY = {"op": 3, "size": 2, "dtype": 1}

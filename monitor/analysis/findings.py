@@ -83,13 +83,17 @@ class MismatchFinding(Finding):
     ``mismatch`` is ``"op"``, ``"size"`` or ``"dtype"``; ``has_majority`` is False when no single
     variant was enqueued by more ranks than every other (then every participant is a culprit);
     ``variants`` lists what was enqueued, most common first; ``later_mismatches`` counts further
-    sequence ids of the group that disagree too (usually consequences of the first).
+    sequence ids of the group that disagree too (usually consequences of the first);
+    ``departs_from_history`` (only without a majority) names the participants whose collective
+    differs from the variant of that op they themselves enqueued most often in the group's other
+    collectives: the likely culprit when two ranks disagree.
     """
 
     mismatch: str = "op"
     has_majority: bool = True
     variants: list[dict[str, Any]] = field(default_factory=list)
     later_mismatches: int = 0
+    departs_from_history: list[int] = field(default_factory=list)
 
     def _extra(self) -> dict[str, Any]:
         return {
@@ -97,6 +101,7 @@ class MismatchFinding(Finding):
             "has_majority": self.has_majority,
             "variants": self.variants,
             "later_mismatches": self.later_mismatches,
+            "departs_from_history": list(self.departs_from_history),
         }
 
 
