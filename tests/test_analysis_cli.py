@@ -131,10 +131,11 @@ def test_bad_flags_exit_2(tmp_path):
 
 
 def test_real_format_sample_is_healthy(capsys):
-    sample = Path("/work/shared/fr-format-sample")
-    if not sample.is_dir():
-        pytest.skip("format sample not present")
+    """The NCCL-shaped format sample shipped in tests/fixtures (see its README): both the
+    json and the pickle dumps of a healthy 4-rank job analyze to no findings."""
+    sample = REPO / "tests" / "fixtures" / "fr-format-sample"
     for sub in ("json", "pickle"):
+        assert len(list((sample / sub).iterdir())) == 4, sample / sub
         code, report = run_json(capsys, sample / sub)
         assert (code, report["ranks"], report["errors"], report["findings"]) == (0, [0, 1, 2, 3], [], [])
 
