@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from monitor.analysis import GroupKey, analyze, normalize
+from monitor.analysis import GroupKey, analyze, normalize, normalize_dumps
 from monitor.analysis.model import DumpFormatError
 from tests.support.frgen import FRJob
 
@@ -255,6 +255,73 @@ def test_torchft_mismatch_inside_a_quorum_is_found():
     (found,) = analyze(job.dumps()).findings
     assert (found.kind, found.group, found.seq, found.culprit_ranks) == ("mismatch", GroupKey("", None, 4, 1), 2, [3])
     assert found.to_dict()["quorum_id"] == 4 and found.to_dict()["group_rank"] == 1
+
+
+def two_survivors(history: int, quorums: int = 1) -> FRJob:
+    """3 single-rank groups, ``history`` good all_reduces per quorum, then rank 2's is larger."""
+    job = FRJob(3, flavour="gloo", replica_group_size=1, seed=5)
+    for q in range(quorums):
+        job.quorum(3 + q, [0, 1, 2])
+        for _ in range(history):
+            job.ft_collective("all_reduce", [[1000]])
+    job.ft_collective("all_reduce", [[1000]], rank_sizes={2: [[1001]]})
+    return job
+
+
+def test_mismatch_without_majority_names_the_rank_that_departs_from_its_own_history():
+    dumps = two_survivors(history=10).dumps()
+    del dumps[0]  # the mismatched all_reduce crashed gloo's neighbour: two dumps disagree
+    (found,) = analyze(dumps).findings
+    assert (found.kind, found.has_majority, found.culprit_ranks) == ("mismatch", False, [1, 2])
+    assert found.departs_from_history == [2]
+    assert found.to_dict()["departs_from_history"] == [2]
+    assert "rank(s) 2 depart from their own history" in found.detail
+
+
+def test_own_history_spans_the_torchft_incarnations_of_the_group():
+    # the mismatch is the first collective of quorum 4: the history is quorum 3's
+    dumps = two_survivors(history=0, quorums=1).dumps()
+    del dumps[0]
+    assert analyze(dumps).findings[0].departs_from_history == []  # no history: no evidence
+    job = FRJob(3, flavour="gloo", replica_group_size=1, seed=5)
+    job.quorum(3, [0, 1, 2])
+    for _ in range(6):
+        job.ft_collective("all_reduce", [[1000]])
+    job.quorum(4, [0, 1, 2])
+    job.ft_collective("all_reduce", [[1000]], rank_sizes={1: [[999]]})
+    dumps = job.dumps()
+    del dumps[2]
+    (found,) = analyze(dumps).findings
+    assert (found.group.quorum_id, found.has_majority, found.departs_from_history) == (4, False, [1])
+
+
+def test_own_history_without_a_single_usual_variant_names_nobody():
+    job = FRJob(3, flavour="gloo", replica_group_size=1, seed=5)
+    job.quorum(3, [0, 1, 2])
+    for size in [1000, 2000] * 4:  # two buffers, equally often
+        job.ft_collective("all_reduce", [[size]])
+    job.ft_collective("all_reduce", [[1000]], rank_sizes={2: [[2000]]})
+    dumps = job.dumps()
+    del dumps[0]
+    (found,) = analyze(dumps).findings
+    assert (found.has_majority, found.departs_from_history) == (False, [])
+
+
+def test_mismatch_with_a_majority_needs_no_history():
+    (found,) = analyze(two_survivors(history=10).dumps()).findings
+    assert (found.has_majority, found.culprit_ranks, found.departs_from_history) == (True, [2], [])
+
+
+def test_normalize_dumps_keeps_traces_and_reports_foreign_dumps():
+    job = FRJob(3)
+    job.repeat(3, [("0", "all_reduce", [[8]])])
+    dumps = job.dumps()
+    dumps[0] = normalize(dumps[0], 0)  # already normalized: taken as it is
+    dumps[1] = {"entries": []}
+    traces, errors = normalize_dumps(dumps)
+    assert sorted(traces) == [0, 2] and traces[0] is dumps[0]
+    assert [e["rank"] for e in errors] == [1] and "version" in errors[0]["error"]
+    assert analyze(traces).findings == []
 
 
 def test_torchft_hang_is_judged_from_the_latest_incarnation_only():

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from monitor.analysis import RankTrace, analyze
 from monitor.config import DetectorConfig
 from monitor.detectors import Detectors
 from monitor.discovery import Target
@@ -212,6 +213,56 @@ def test_new_replica_id_starts_clean():
     sweep(det, job, now)
     assert det.open_findings() == []
     assert det.resolved_findings()[-1].resolution == "replaced"
+
+
+def straggle(det: Detectors, job: Job, sweeps: int, now: float = T0) -> list:
+    """Group 2 enqueues every all_reduce 0.6 s after the others, for ``sweeps`` sweeps."""
+    found = []
+    for _ in range(sweeps):
+        now += 1.0
+        job.steps(2, delay_ms={2: 600}, now=now)
+        job.states[2]["phase"] = "backward"
+        job.states[0]["phase"] = job.states[1]["phase"] = "allreduce"
+        found += sweep(det, job, now)
+    return found
+
+
+def test_each_sweep_normalizes_every_dump_once_for_analysis_and_lags(monkeypatch):
+    import monitor.analysis.engine as engine
+
+    normalized: list[int] = []
+    real_normalize = engine.normalize
+
+    def counting_normalize(dump, rank=None):
+        normalized.append(rank)
+        return real_normalize(dump, rank)
+
+    seen: list[dict] = []
+
+    def analyzer(traces):
+        seen.append(dict(traces))
+        return analyze(traces)
+
+    monkeypatch.setattr(engine, "normalize", counting_normalize)
+    job = Job()
+    det = Detectors(DetectorConfig(straggler_windows=3), analyzer=analyzer)
+    job.steps(10, now=T0)
+    found = straggle(det, job, 4)
+    assert [(f.kind, f.replica_group) for f in found] == [("straggler", 2)]
+    assert seen and all(isinstance(t, RankTrace) for traces in seen for t in traces.values())
+    assert sorted(normalized) == sorted(r for traces in seen for r in traces)  # once per sweep
+
+
+def test_a_foreign_dump_is_left_out_and_the_others_are_still_judged():
+    job = Job()
+    real_dumps = job.dumps
+    job.dumps = lambda: {**real_dumps(), 0: {"not": "a Flight Recorder dump"}}
+    det = Detectors(DetectorConfig(straggler_windows=3))
+    job.steps(10, now=T0)
+    found = straggle(det, job, 5)
+    assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("straggler", 2, [2])]
+    assert found[0].evidence["median_lag_s"] == pytest.approx(0.6, abs=0.05)
+    assert det.last_error is None
 
 
 def test_analyzer_failure_does_not_raise():
