@@ -10,8 +10,8 @@ silently.
   Flight Recorder (:func:`monitor.analysis.arrival_lags`): over the newest ``straggler_steps``
   collectives of the current torchft incarnation the group enqueued last in at least 3 of 4, and
   its median lag behind the first group exceeds
-  ``max(straggler_min_lag_s, straggler_rel_lag * median step time)``. Confirmed
-  after ``straggler_windows`` consecutive windows, each with newer collectives than the last.
+  ``max(straggler_min_lag_s, straggler_rel_lag * median step time)``. Confirmed after
+  ``straggler_windows`` consecutive windows, each with newer collectives than the last.
   Raw step time is *not* compared: with a slow group every group's step time rises (they wait
   for it); the lag is the time it spends outside the all_reduce beyond its peers.
 - ``hang``: no step finished for ``max(hang_floor_s, hang_factor * median step time)``, peers wait
@@ -21,12 +21,12 @@ silently.
   enqueued different collectives at one sequence id; on a tie (e.g. two survivors) the culprit is
   the rank whose collective differs from its own history of that collective (the engine's
   ``departs_from_history``).
+- ``dead``: a rank unreachable for ``dead_sweeps`` consecutive sweeps (not one replaced by a
+  restart of its group).
 
 Every sweep's dumps are normalized once (:func:`monitor.analysis.normalize_dumps`); the analyzer
 and the arrival lags read the same traces. A dump that is not a Flight Recorder dump is left out
 (and logged); the other ranks are still judged.
-- ``dead``: a rank unreachable for ``dead_sweeps`` consecutive sweeps (not one replaced by a
-  restart of its group).
 
 A group whose ``replica_id`` changes (torchft restarted it) starts from a clean slate: nothing
 seen about the previous incarnation carries over. A detector that fails on odd input logs and
