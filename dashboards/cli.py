@@ -24,12 +24,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "dashboard provider reads)")
 
     v = sub.add_parser("validate", help="check the dashboards (schema, PromQL, metric names)",
-                       description="Validate the generated dashboards against the Grafana JSON "
-                                   "Schemas, parse every query, check that the files are not "
+                       description="Type-check the generated dashboards against Grafana's "
+                                   "dashboard model (the npm package @grafana/schema, with "
+                                   "tsc), parse every query, check that the files are not "
                                    "stale and (with promtool on PATH) the Prometheus files.")
     v.add_argument("--schema-dir", metavar="DIR",
-                   help="Grafana JSON Schemas (default ../shared/grafana-schema beside the "
-                        "repository, or $LIGHTKEEPER_GRAFANA_SCHEMA_DIR)")
+                   help="the installed schema project: dashboards/schema with its node_modules "
+                        "(default; bin/bootstrap installs it), or $LIGHTKEEPER_GRAFANA_SCHEMA_DIR")
     v.add_argument("--metrics-url", metavar="URL", action="append", default=[],
                    help="a live /metrics page (WorkerServer or monitor; repeatable): every "
                         "metric a query names must be exported by one of them")
@@ -93,17 +94,12 @@ def _promtool_checks() -> list[str]:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from .validate import (
-        ParserMissing,
-        SchemaDirMissing,
-        names_from_exposition,
-        schema_dir,
-        validate_all,
-    )
+    from .schema_check import SchemaCheckError, SchemaPackageMissing, schema_project
+    from .validate import ParserMissing, names_from_exposition, validate_all
 
     try:
-        schemas = schema_dir(args.schema_dir)
-    except SchemaDirMissing as e:
+        schemas = schema_project(args.schema_dir)
+    except SchemaPackageMissing as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     known = None
@@ -121,7 +117,7 @@ def _validate(args: argparse.Namespace) -> int:
             known |= names_from_exposition(r.text)
     try:
         problems = validate_all(schemas=schemas, known_metrics=known)
-    except ParserMissing as e:
+    except (ParserMissing, SchemaCheckError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not args.no_promtool:
@@ -131,7 +127,7 @@ def _validate(args: argparse.Namespace) -> int:
     if problems:
         print(f"{len(problems)} problem(s)", file=sys.stderr)
         return 1
-    print(f"dashboards valid (schemas: {schemas})")
+    print(f"dashboards valid (schema: {schemas})")
     return 0
 
 

@@ -1,7 +1,8 @@
 """Small builders for Grafana dashboard JSON (Prometheus data source only).
 
-Every function returns plain dicts in the shape Grafana saves (schema version 39) and that
-``../shared/grafana-schema`` describes; ``dashboards.build`` composes them. Panels are laid out
+Every function returns plain dicts in the shape Grafana saves (dashboard schema version 42,
+Grafana 13) and that Grafana's ``@grafana/schema`` types describe (checked by
+:mod:`dashboards.schema_check`); ``dashboards.build`` composes them. Panels are laid out
 left to right in rows by :class:`Layout`, so a dashboard definition lists panels with a width
 and a height and never computes grid positions by hand.
 """
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-SCHEMA_VERSION = 39
+# The dashboard model of the pinned @grafana/schema (a test reads its defaultDashboard).
+SCHEMA_VERSION = 42
 DS = {"type": "prometheus", "uid": "${datasource}"}
 
 Json = dict[str, Any]
@@ -174,7 +176,7 @@ def state_timeline(title: str, description: str, tgts: list[Json], *,
         "legend": {**LEGEND, "showLegend": False},
         "tooltip": {"mode": "single", "sort": "none"},
     }
-    custom = {"lineWidth": 0, "fillOpacity": 80, "spanNulls": False,
+    custom = {"lineWidth": 0, "fillOpacity": 80,
               "hideFrom": {"legend": False, "tooltip": False, "viz": False}}
     return _panel("state-timeline", title, description, tgts, options,
                   field_defaults(custom=custom, mappings=mappings, color="thresholds",
@@ -188,11 +190,11 @@ def table(title: str, description: str, tgts: list[Json], *, links: list[Json] |
         "frameIndex": 0,
         "showHeader": True,
         "cellHeight": "sm",
-        "footer": {"show": False, "reducer": ["sum"], "countRows": False, "fields": []},
     }
     if sort_by:
         options["sortBy"] = [{"displayName": sort_by, "desc": False}]
-    custom = {"align": "auto", "inspect": False, "filterable": False}
+    custom = {"align": "auto", "cellOptions": {"type": "auto"}, "inspect": False,
+              "filterable": False}
     return _panel("table", title, description, tgts, options,
                   field_defaults(custom=custom, links=links, color="thresholds"),
                   overrides, transformations=transformations or [])
@@ -279,7 +281,6 @@ def query_variable(name: str, label: str, query: str, *, multi: bool = True,
         "label": label,
         "datasource": DS,
         "query": query,
-        "definition": query,
         "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
         "hide": 0,
         "includeAll": include_all,
@@ -304,10 +305,15 @@ def grafana_annotation() -> Json:
 
 def prometheus_annotation(name: str, expr: str, *, title: str, text: str, color: str,
                           tags: str = "") -> Json:
-    """An annotation from a Prometheus query: one marker wherever the expression has a value."""
+    """An annotation from a Prometheus query: one marker wherever the expression has a value.
+
+    The query is the annotation's ``target`` (Grafana 13's model; older dashboards had ``expr``
+    and ``step`` beside it); title, text and tags stay on the annotation, where the Prometheus
+    data source reads them."""
     return {"name": name, "datasource": DS, "enable": True, "hide": False, "iconColor": color,
-            "expr": expr, "step": "$__interval", "titleFormat": title, "textFormat": text,
-            "tagKeys": tags, "useValueForTime": False}
+            "target": {"datasource": DS, "expr": expr, "interval": "$__interval",
+                       "refId": "Anno"},
+            "titleFormat": title, "textFormat": text, "tagKeys": tags, "useValueForTime": False}
 
 
 def dashboard(uid: str, title: str, description: str, tags: list[str], variables: list[Json],

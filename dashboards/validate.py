@@ -1,8 +1,9 @@
 """Checks for the generated dashboards: JSON Schema, PromQL syntax, metric names, staleness.
 
-- Schema: every dashboard against ``../shared/grafana-schema/dashboard.jsonschema.json``
-  (Draft 7), each panel's ``options`` and ``fieldConfig.defaults.custom`` against its kind's
-  schema when the directory has one, and every target against the Prometheus query schema.
+- Schema: every dashboard against Grafana's dashboard model from the npm package
+  ``@grafana/schema`` (:mod:`dashboards.schema_check`): the dashboard, each panel's ``options``
+  and ``fieldConfig.defaults.custom`` as its kind's, every target and annotation query as a
+  Prometheus query.
 - PromQL: every target, annotation and variable query parses (``promql_parser``) once
   Grafana's variables are replaced by what Grafana would send (:func:`substitute`).
 - Metric names: :func:`metric_names` lists what a query reads; the caller compares it with
@@ -12,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .build import GENERATED_DIR, build_dashboards, stale_files
-
-SCHEMA_ENV = "LIGHTKEEPER_GRAFANA_SCHEMA_DIR"
+from .schema_check import SchemaProject, schema_errors
 
 # What Grafana puts in place of its built-in variables (a plausible dashboard refresh).
 BUILTINS = {
@@ -34,30 +33,6 @@ BUILTINS = {
 }
 # Dashboard variables are multi-value regex matchers; "All" is ".*".
 DEFAULT_VARIABLES = {"job": ".*", "replica_group": ".*", "rank": ".*"}
-
-
-class SchemaDirMissing(FileNotFoundError):
-    pass
-
-
-def schema_dir(explicit: str | os.PathLike | None = None) -> Path:
-    """``../shared/grafana-schema`` next to the repository (or $LIGHTKEEPER_GRAFANA_SCHEMA_DIR)."""
-    # An explicit choice (argument, then environment) is the only candidate: a typo must not
-    # silently fall back to another copy of the schemas.
-    if explicit:
-        candidates = [Path(explicit)]
-    elif os.environ.get(SCHEMA_ENV):
-        candidates = [Path(os.environ[SCHEMA_ENV])]
-    else:
-        repo_root = Path(__file__).resolve().parents[1]
-        candidates = [repo_root.parent / "shared" / "grafana-schema"]
-    for c in candidates:
-        if (c / "dashboard.jsonschema.json").is_file():
-            return c
-    tried = ", ".join(str(c) for c in candidates)
-    raise SchemaDirMissing(
-        f"Grafana JSON Schemas not found (looked in: {tried}). They live in "
-        f"../shared/grafana-schema beside the repository; pass --schema-dir or set {SCHEMA_ENV}.")
 
 
 # --- walking a dashboard ------------------------------------------------------------------------
@@ -98,8 +73,9 @@ def iter_queries(dashboard: dict) -> Iterator[Query]:
                 yield Query(uid, f"panel {p.get('title')!r} {t.get('refId')}", t["expr"], "target",
                             bool(t.get("instant")) and not t.get("range"))
     for a in dashboard.get("annotations", {}).get("list", []):
-        if a.get("expr"):
-            yield Query(uid, f"annotation {a.get('name')!r}", a["expr"], "annotation")
+        expr = (a.get("target") or {}).get("expr")
+        if expr:
+            yield Query(uid, f"annotation {a.get('name')!r}", expr, "annotation")
     for v in dashboard.get("templating", {}).get("list", []):
         if v.get("type") == "query":
             q = v.get("query")
@@ -194,53 +170,12 @@ def names_from_exposition(text: str) -> set[str]:
     return names
 
 
-# --- JSON Schema --------------------------------------------------------------------------------
-PANEL_SCHEMAS = {"timeseries": "timeseries", "stat": "stat", "table": "table",
-                 "state-timeline": "statetimeline", "status-history": "statushistory",
-                 "heatmap": "heatmap", "text": "text", "gauge": "gauge", "bargauge": "bargauge"}
-
-
-def _sub_validator(schema: dict, definition: str):
-    from jsonschema import Draft7Validator
-
-    return Draft7Validator({"$ref": f"#/definitions/{definition}",
-                            "definitions": schema["definitions"]})
-
-
-def schema_errors(dashboard: dict, schemas: Path) -> list[str]:
-    """Every schema violation in one dashboard, as readable lines (empty when valid)."""
-    from jsonschema import Draft7Validator
-
-    dash_schema = json.loads((schemas / "dashboard.jsonschema.json").read_text())
-    errors = [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
-              for e in Draft7Validator(dash_schema).iter_errors(dashboard)]
-    prom_path = schemas / "prometheus.jsonschema.json"
-    prom = json.loads(prom_path.read_text()) if prom_path.is_file() else None
-    for p in iter_panels(dashboard):
-        title = p.get("title", p.get("type"))
-        kind_file = schemas / f"{PANEL_SCHEMAS.get(p.get('type'), '')}.jsonschema.json"
-        if p.get("type") != "row" and kind_file.is_file():
-            kind_schema = json.loads(kind_file.read_text())
-            defs = kind_schema.get("definitions", {})
-            if "Options" in defs:
-                errors += [f"panel {title!r} options: {e.message}"
-                           for e in _sub_validator(kind_schema, "Options").iter_errors(
-                               p.get("options", {}))]
-            custom = p.get("fieldConfig", {}).get("defaults", {}).get("custom")
-            if "FieldConfig" in defs and custom is not None:
-                errors += [f"panel {title!r} fieldConfig.defaults.custom: {e.message}"
-                           for e in _sub_validator(kind_schema, "FieldConfig").iter_errors(custom)]
-        if prom is not None:
-            for t in p.get("targets", []):
-                errors += [f"panel {title!r} target {t.get('refId')}: {e.message}"
-                           for e in _sub_validator(prom, "Dataquery").iter_errors(t)]
-    return errors
-
-
 # --- everything at once (the CLI) ---------------------------------------------------------------
-def validate_all(*, schemas: Path | None, known_metrics: set[str] | None = None,
+def validate_all(*, schemas: SchemaProject | None, known_metrics: set[str] | None = None,
                  check_stale: bool = True, files: list[Path] | None = None) -> list[str]:
-    """Problems found in the dashboards (the committed files, or ``files``); empty = valid."""
+    """Problems found in the dashboards (the committed files, or ``files``); empty = valid.
+    ``schemas`` None skips the schema check (the CLI always passes one: a missing install is
+    an error there, not a skip)."""
     problems: list[str] = []
     if files is None:
         files = sorted(GENERATED_DIR.glob("*.json"))
@@ -254,13 +189,14 @@ def validate_all(*, schemas: Path | None, known_metrics: set[str] | None = None,
             problems.append(f"{f}: cannot read: {e}")
     if check_stale:
         problems += [f"{p}: stale, run `lightkeeper dashboards build`" for p in stale_files()]
+    if schemas is not None and dashboards:
+        for name, errors in schema_errors(dashboards, schemas).items():
+            problems += [f"{name}: {e}" for e in errors]
     uids: dict[str, str] = {}
     for name, d in dashboards.items():
         if d.get("uid") in uids:
             problems.append(f"{name}: uid {d.get('uid')!r} also used by {uids[d['uid']]}")
         uids[d.get("uid")] = name
-        if schemas is not None:
-            problems += [f"{name}: {e}" for e in schema_errors(d, schemas)]
         for q in iter_queries(d):
             try:
                 expr = substitute(q.expr)

@@ -1,18 +1,26 @@
 """The shipped dashboards and rules, checked without a job: up to date with the code, valid
-against Grafana's JSON Schemas, every query parses, and every metric a query or rule names is
-one a real WorkerServer (and the monitor) exports, read from their /metrics pages."""
+against Grafana's dashboard model (the npm package @grafana/schema, through the real TypeScript
+compiler), every query parses, and every metric a query or rule names is one a real WorkerServer
+(and the monitor) exports, read from their /metrics pages."""
 
 from __future__ import annotations
 
 import copy
 import json
+import shutil
 import subprocess
 
 import pytest
 import requests
 
-from dashboards import build, rules
+from dashboards import build, panels, rules, schema_check
 from dashboards.cli import run as cli_run
+from dashboards.schema_check import (
+    SchemaCheckError,
+    SchemaPackageMissing,
+    schema_errors,
+    schema_project,
+)
 from dashboards.validate import (
     all_queries,
     iter_panels,
@@ -20,8 +28,6 @@ from dashboards.validate import (
     metric_names,
     names_from_exposition,
     parse_promql,
-    schema_dir,
-    schema_errors,
     substitute,
 )
 from lightkeeper.cli import main as lightkeeper_main
@@ -93,10 +99,53 @@ def test_cli_build_check_and_validate(capsys):
     assert "dashboards valid" in capsys.readouterr().out
 
 
-def test_cli_validate_fails_clearly_without_schemas(capsys, tmp_path):
-    assert lightkeeper_main(["dashboards", "validate", "--schema-dir", str(tmp_path)]) == 2
+def test_cli_validate_fails_clearly_without_the_schema_package(capsys, tmp_path):
+    """The schema project without its node_modules (a clone before bin/bootstrap): exit 2 and
+    an error naming what is missing and how to install it, never a pass."""
+    project = tmp_path / "schema"
+    project.mkdir()
+    for name in ("package.json", "package-lock.json", "dashboard.ts"):
+        shutil.copyfile(schema_check.PROJECT_DIR / name, project / name)
+    assert lightkeeper_main(["dashboards", "validate", "--schema-dir", str(project)]) == 2
     err = capsys.readouterr().err
-    assert "Grafana JSON Schemas not found" in err and str(tmp_path) in err
+    assert "@grafana/schema is not installed" in err and str(project) in err, err
+    assert "bin/bootstrap" in err and "npm ci" in err, err
+    # a directory that is not the schema project at all
+    assert lightkeeper_main(["dashboards", "validate", "--schema-dir", str(tmp_path)]) == 2
+    assert "is not the dashboard schema project" in capsys.readouterr().err
+
+
+def test_schema_check_without_node_says_how_to_get_it(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no node on it
+    with pytest.raises(SchemaPackageMissing, match=r"Node\.js .* not found.*nodejs and npm"):
+        schema_project()
+
+
+def test_schema_check_that_cannot_run_is_an_error_not_a_pass(tmp_path):
+    """A compile error outside the dashboards (here a broken dashboard.ts) raises; it is never
+    read as 'no problems'."""
+    installed = schema_project()
+    project = tmp_path / "schema"
+    project.mkdir()
+    shutil.copyfile(installed.dir / "package.json", project / "package.json")
+    (project / "node_modules").symlink_to(installed.dir / "node_modules")
+    (project / "dashboard.ts").write_text(
+        (installed.dir / "dashboard.ts").read_text().replace("@grafana/schema\"", "@grafana/nope\"", 1))
+    with pytest.raises(SchemaCheckError, match="not a dashboard's"):
+        schema_errors({"x.json": DASHBOARDS["job-overview.json"]}, schema_project(project))
+
+
+def test_dashboards_declare_the_schema_version_of_the_checked_model():
+    """schemaVersion is the one of the pinned @grafana/schema (its defaultDashboard), so Grafana
+    runs no migration on a dashboard already in that model."""
+    project = schema_project()
+    r = subprocess.run([project.node, "-e", "console.log(require(process.argv[1])"
+                        ".defaultDashboard.schemaVersion)",
+                        str(project.dir / "node_modules" / "@grafana" / "schema")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout) == panels.SCHEMA_VERSION
+    assert {d["schemaVersion"] for d in DASHBOARDS.values()} == {panels.SCHEMA_VERSION}
 
 
 def test_the_three_dashboards_ship():
@@ -106,29 +155,77 @@ def test_the_three_dashboards_ship():
         assert 8 <= len(d["uid"]) <= 40
 
 
+@pytest.fixture(scope="module")
+def committed_schema_errors() -> dict[str, list[str]]:
+    """Every committed dashboard through one tsc run (fails, never skips, without the package)."""
+    committed = {name: json.loads((build.GENERATED_DIR / name).read_text()) for name in DASHBOARDS}
+    return schema_errors(committed, schema_project())
+
+
 @pytest.mark.parametrize("name", sorted(DASHBOARDS))
-def test_dashboard_validates_against_grafana_schema(name):
-    schemas = schema_dir()
-    committed = json.loads((build.GENERATED_DIR / name).read_text())
-    errors = schema_errors(committed, schemas)
+def test_dashboard_validates_against_grafana_schema(name, committed_schema_errors):
+    errors = committed_schema_errors[name]
     assert not errors, "\n".join(errors)
 
 
+def _panel(d: dict, kind: str, n: int = 0) -> dict:
+    return [p for p in iter_panels(d) if p["type"] == kind][n]
+
+
+def _pop(obj: dict, key: str) -> None:
+    del obj[key]
+
+
+# name -> (how to break a copy of the job overview, the JSON path the error must name,
+#          a piece of the compiler's message)
+BROKEN = {
+    "unknown field": (lambda d: d.update(bogus=1), "bogus:", '"bogus"' + "' does not exist"),
+    "misspelt panel field": (lambda d: _panel(d, "timeseries").update(titel="x"),
+                             "titel", '"titel"' + "' does not exist"),
+    "misspelt target field": (lambda d: _panel(d, "timeseries")["targets"][0].update(legendFormt="x"),
+                              "targets/0/legendFormt", "does not exist"),
+    "wrong type": (lambda d: _panel(d, "timeseries", 1)["gridPos"].update(w="wide"),
+                   "gridPos/w", "'string' is not assignable to type 'number'"),
+    "wrong type at the root": (lambda d: d.update(editable="yes"), "editable:",
+                               "'string' is not assignable to type 'boolean"),
+    "missing required field": (lambda d: _pop(d, "schemaVersion"), "<root>:",
+                               "Property 'schemaVersion' is missing"),
+    "missing query refId": (lambda d: _pop(_panel(d, "timeseries", 2)["targets"][0], "refId"),
+                            "targets/0", "Property 'refId' is missing"),
+    "missing annotation name": (lambda d: _pop(d["annotations"]["list"][1], "name"),
+                                "annotations/list/1:", "Property 'name' is missing"),
+    "bad stat option": (lambda d: _panel(d, "stat")["options"].update(graphMode="sparkles"),
+                        "options/graphMode", '"sparkles"'),
+    "bad field config": (lambda d: _panel(d, "timeseries", 3)["fieldConfig"]["defaults"]["custom"]
+                         .update(drawStyle="crayon"), "custom/drawStyle", '"crayon"'),
+    "bad query format": (lambda d: _panel(d, "timeseries", 4)["targets"][0].update(format="csv"),
+                         "targets/0/format", '"csv"'),
+    "bad variable refresh": (lambda d: d["templating"]["list"][1].update(refresh=7),
+                             "templating/list/1/refresh", "'7' is not assignable"),
+    "option of another kind": (lambda d: _panel(d, "state-timeline")["options"]
+                               .update(graphMode="area"), "options/graphMode", "does not exist"),
+    "custom field config on a stat": (lambda d: _panel(d, "stat", 1)["fieldConfig"]["defaults"]
+                                      .update(custom={"drawStyle": "line"}),
+                                      "fieldConfig/defaults/custom", "not assignable"),
+    "unknown panel kind": (lambda d: _panel(d, "timeseries", 5).update(type="piechart"),
+                           "/type", '"piechart"'),
+    "bad annotation query": (lambda d: d["annotations"]["list"][2]["target"].update(exprr="up"),
+                             "annotations/list/2/target/exprr", "does not exist"),
+}
+
+
 def test_schema_check_is_not_vacuous():
-    """Broken dashboards are caught: at the root, in a panel's options, in its field config,
-    in a target and in a variable."""
-    d = copy.deepcopy(DASHBOARDS["job-overview.json"])
-    d["bogus"] = 1
-    panels = [p for p in iter_panels(d) if p["type"] != "row"]
-    stat = next(p for p in panels if p["type"] == "stat")
-    ts = next(p for p in panels if p["type"] == "timeseries")
-    stat["options"]["graphMode"] = "sparkles"
-    ts["fieldConfig"]["defaults"]["custom"]["drawStyle"] = "crayon"
-    ts["targets"][0]["format"] = "csv"
-    d["templating"]["list"][1]["refresh"] = 7
-    errors = schema_errors(d, schema_dir())
-    for needle in ("'bogus' was unexpected", "sparkles", "crayon", "csv", "7 is not one of"):
-        assert any(needle in e for e in errors), (needle, errors)
+    """Each broken copy of a dashboard fails at the JSON path of what was broken; the intact
+    copy checked in the same compiler run passes."""
+    broken = {"intact": copy.deepcopy(DASHBOARDS["job-overview.json"])}
+    for name, (breaks, _, _) in BROKEN.items():
+        d = copy.deepcopy(DASHBOARDS["job-overview.json"])
+        breaks(d)
+        broken[name] = d
+    errors = schema_errors(broken, schema_project())
+    assert errors["intact"] == []
+    for name, (_, where, needle) in BROKEN.items():
+        assert any(where in e and needle in e for e in errors[name]), (name, errors[name])
 
 
 def test_variables_where_they_apply():
@@ -245,8 +342,11 @@ def test_drilldown_links_to_each_ranks_endpoints():
 def test_overview_annotates_findings_and_evictions():
     names = {a["name"]: a for a in DASHBOARDS["job-overview.json"]["annotations"]["list"]}
     assert {"Findings", "Evictions", "Quorum changes"} <= set(names)
-    assert "lightkeeper_monitor_findings_total" in names["Findings"]["expr"]
-    assert "lightkeeper_monitor_evictions_total" in names["Evictions"]["expr"]
+    assert "lightkeeper_monitor_findings_total" in names["Findings"]["target"]["expr"]
+    assert "lightkeeper_monitor_evictions_total" in names["Evictions"]["target"]["expr"]
+    # the annotation queries are among those parsed, checked and run against Prometheus
+    assert {q.where for q in QUERIES if q.kind == "annotation"} >= {
+        "annotation 'Findings'", "annotation 'Evictions'", "annotation 'Quorum changes'"}
 
 
 def test_panel_ids_unique_and_grid_valid():
