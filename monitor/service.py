@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from lightkeeper.wsgi import BackgroundWSGIServer
+from http_serving import BackgroundWSGIServer
 
 from .actions import Lighthouse
 from .config import MonitorConfig

@@ -20,7 +20,7 @@ from typing import Any
 
 import requests
 
-from lightkeeper.wsgi import BackgroundWSGIServer
+from http_serving import BackgroundWSGIServer
 
 from .app import create_app
 from .flight_recorder import IncarnationTracker, fr_dump

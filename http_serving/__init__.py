@@ -1,0 +1,9 @@
+"""HTTP plumbing shared by the WorkerServer and the monitor, at the bottom of the import graph.
+
+It imports only the standard library and waitress: ``worker_server`` and ``monitor`` depend on
+it, the application package ``lightkeeper`` (CLI, demo) depends on them, never the reverse.
+"""
+
+from .wsgi import BackgroundWSGIServer
+
+__all__ = ["BackgroundWSGIServer"]
