@@ -6,7 +6,7 @@ import argparse
 import os
 
 from .config import ModelConfig, TrainConfig
-from .faults import FaultSpecError, parse_fault
+from .faults import FaultSpecError, check_fits_group, parse_fault
 
 
 def _env_int(name: str, default: int) -> int:
@@ -42,12 +42,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job", default=os.environ.get("LIGHTKEEPER_JOB", "lightkeeper"),
                    help="job name used in labels and state (env LIGHTKEEPER_JOB)")
     p.add_argument("--inject", action="append", default=[], type=fault_spec, metavar="SPEC",
-                   help="inject a fault (repeatable): slow:delay=S[,from_step=N] | hang:at_step=N "
-                        "| mismatch:at_step=N | crash:at_step=N")
+                   help="inject a fault (repeatable): slow:delay=S[,from_step=N] | "
+                        "slow_compute:factor=F|delay=S[,from_step=N] | "
+                        "hang:at_step=N[,where=cross|group] | mismatch:at_step=N[,where=cross|group]"
+                        " | crash:at_step=N; each also takes rank=R (group rank; default: all)")
     p.add_argument("--pg-timeout", type=float, default=60.0,
                    help="torchft collective/process-group timeout, seconds (default 60)")
     p.add_argument("--quorum-timeout", type=float, default=60.0,
                    help="torchft quorum timeout, seconds (default 60)")
+    p.add_argument("--connect-timeout", type=float, default=60.0,
+                   help="seconds to wait for the replica group's TCPStore (MASTER_ADDR:MASTER_PORT) "
+                        "and for torchft's connections (default 60)")
     p.add_argument("--step-pause", type=float, default=0.0,
                    help="extra seconds per step standing in for data loading (default 0)")
     p.add_argument("--min-replica-size", type=int, default=1,
@@ -69,8 +74,21 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                          f"[0, {num_groups})")
     if args.steps < 0:
         raise SystemExit("lightkeeper train: --steps must be >= 0")
+    if args.connect_timeout <= 0:
+        raise SystemExit("lightkeeper train: --connect-timeout must be > 0")
+    group_rank, group_world_size = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    if group_world_size < 1 or not 0 <= group_rank < group_world_size:
+        raise SystemExit(f"lightkeeper train: RANK={group_rank} is not in [0, WORLD_SIZE="
+                         f"{group_world_size})")
+    for spec in args.inject:  # what the grammar alone cannot check: does it fit this group?
+        try:
+            check_fits_group(parse_fault(spec), group_world_size)
+        except FaultSpecError as e:
+            raise SystemExit(f"lightkeeper train: --inject: {e}") from None
     return TrainConfig(
         replica_group=replica_group, num_replica_groups=num_groups, lighthouse=lighthouse,
+        group_rank=group_rank, group_world_size=group_world_size,
+        connect_timeout_s=args.connect_timeout,
         steps=args.steps, worker_host=args.worker_host, worker_port=args.worker_port,
         job=args.job, pg_timeout_s=args.pg_timeout, quorum_timeout_s=args.quorum_timeout,
         step_pause_s=args.step_pause, min_replica_size=args.min_replica_size, seed=args.seed,

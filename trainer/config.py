@@ -19,6 +19,9 @@ class ModelConfig:
 class TrainConfig:
     replica_group: int = 0
     num_replica_groups: int = 2
+    # This rank inside its replica group (RANK / WORLD_SIZE, as torchrun and other launchers set).
+    group_rank: int = 0
+    group_world_size: int = 1
     lighthouse: str | None = None
     steps: int = 100
     worker_host: str = "127.0.0.1"
@@ -30,6 +33,7 @@ class TrainConfig:
     # shorter ones so a failure shows within seconds.
     pg_timeout_s: float = 60.0
     quorum_timeout_s: float = 60.0
+    # torchft's connect timeout, and how long a rank waits for its group's TCPStore (store.py).
     connect_timeout_s: float = 60.0
     min_replica_size: int = 1
     # A pause per step (seconds) that stands for data loading / a bigger model, so the demo's

@@ -1,40 +1,71 @@
-"""Fault injection for tests and the demo: ``--inject SPEC``.
+"""Fault injection for tests and the demo: ``--inject SPEC`` and ``POST /v1/faults``.
 
 Grammar (one fault per ``--inject``; repeat the flag for several)::
 
     SPEC   := KIND ":" PARAMS
     PARAMS := KEY "=" VALUE ("," KEY "=" VALUE)*
 
-    slow:delay=SECONDS[,from_step=N]   sleep SECONDS before every cross-group all_reduce
-                                       from step N on (default 0): a straggler
-    hang:at_step=N                     block forever before the all_reduce of step N; the
-                                       process stays alive and keeps heartbeating
-    mismatch:at_step=N                 at step N, all_reduce a tensor of another shape than
-                                       the peers' (one extra element): a mismatched collective
-    crash:at_step=N                    exit hard (os._exit(1)) before the all_reduce of step N
+    slow:delay=S[,from_step=N]           sleep S seconds before every cross-group all_reduce from
+                                         step N on (default 0): the whole group arrives late
+    slow_compute:factor=F[,from_step=N]  the rank computes F times slower (F > 1): after each
+    slow_compute:delay=S[,from_step=N]   forward pass it sleeps (F-1) x its measured compute time
+                                         (this forward + the last backward), or S seconds, as a
+                                         throttled GPU would; its group peers wait for it inside
+                                         FSDP's next collective, then the whole group arrives late
+                                         at the cross-group all_reduce
+    hang:at_step=N[,where=cross|group]   block forever at step N (the process stays alive and its
+                                         group keeps heartbeating): before the cross-group
+                                         all_reduce (cross, the default) or before the forward
+                                         pass's first in-group FSDP all-gather (group): group peers
+                                         block inside that collective, other groups in the
+                                         cross-group all_reduce
+    mismatch:at_step=N[,where=cross|group]
+                                         at step N issue a collective no peer issues: the
+                                         cross-group all_reduce with one extra element (cross), or
+                                         an in-group all-gather of one element before the forward
+                                         pass, where the peers all-gather FSDP's shards (group)
+    crash:at_step=N                      exit hard (os._exit(1)) before the cross-group all_reduce
+                                         of step N
+
+    Every kind also takes rank=R: the group rank it strikes (default: every rank of the group).
 
 Steps are torchft's committed step numbers (``manager.current_step()``). A bad spec raises
-:class:`FaultSpecError` with a message that names the problem; nothing is injected by default.
+:class:`FaultSpecError` with a message that names the problem; what can only be checked against
+the replica group (``rank`` out of range, ``where=group`` in a one-rank group) is checked by
+:class:`FaultInjector`, which knows the group. Nothing is injected by default.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
 from dataclasses import dataclass
 
+WHERE = ("cross", "group")
+
+# kind -> {param: (type, required)}. A one-of pair (slow_compute's factor/delay) is checked below.
 KINDS: dict[str, dict[str, tuple[type, bool]]] = {
-    # kind -> {param: (type, required)}
-    "slow": {"delay": (float, True), "from_step": (int, False)},
-    "hang": {"at_step": (int, True)},
-    "mismatch": {"at_step": (int, True)},
-    "crash": {"at_step": (int, True)},
+    "slow": {"delay": (float, True), "from_step": (int, False), "rank": (int, False)},
+    "slow_compute": {"factor": (float, False), "delay": (float, False),
+                     "from_step": (int, False), "rank": (int, False)},
+    "hang": {"at_step": (int, True), "where": (str, False), "rank": (int, False)},
+    "mismatch": {"at_step": (int, True), "where": (str, False), "rank": (int, False)},
+    "crash": {"at_step": (int, True), "rank": (int, False)},
+}
+
+_EXAMPLES = {
+    "slow": "slow:delay=0.5,from_step=10",
+    "slow_compute": "slow_compute:factor=3,from_step=10,rank=1",
+    "hang": "hang:at_step=20,where=group,rank=1",
+    "mismatch": "mismatch:at_step=20",
+    "crash": "crash:at_step=20,rank=1",
 }
 
 
 class FaultSpecError(ValueError):
-    """A ``--inject`` spec that does not follow the grammar."""
+    """A ``--inject`` spec that does not follow the grammar, or does not fit the replica group."""
 
 
 @dataclass(frozen=True)
@@ -42,13 +73,19 @@ class Fault:
     kind: str
     spec: str
     delay: float = 0.0
+    factor: float = 1.0
     from_step: int = 0
     at_step: int = -1
+    where: str = "cross"
+    rank: int | None = None  # group rank it strikes; None: every rank of the group
 
     def applies(self, step: int) -> bool:
-        if self.kind == "slow":
+        if self.kind in ("slow", "slow_compute"):
             return step >= self.from_step
         return step == self.at_step
+
+    def targets(self, group_rank: int) -> bool:
+        return self.rank is None or self.rank == group_rank
 
 
 def parse_fault(spec: str) -> Fault:
@@ -59,12 +96,12 @@ def parse_fault(spec: str) -> Fault:
             f"unknown fault kind {kind!r} in {spec!r}; expected one of {', '.join(KINDS)}"
         )
     if not sep or not rest:
-        raise FaultSpecError(f"fault {spec!r} has no parameters; e.g. {_example(kind)}")
+        raise FaultSpecError(f"fault {spec!r} has no parameters; e.g. {_EXAMPLES[kind]}")
     allowed = KINDS[kind]
-    values: dict[str, float | int] = {}
+    values: dict[str, float | int | str] = {}
     for part in rest.split(","):
         key, eq, raw = part.partition("=")
-        key = key.strip()
+        key, raw = key.strip(), raw.strip()
         if not eq:
             raise FaultSpecError(f"parameter {part!r} in {spec!r} is not KEY=VALUE")
         if key not in allowed:
@@ -73,59 +110,125 @@ def parse_fault(spec: str) -> Fault:
             )
         if key in values:
             raise FaultSpecError(f"parameter {key!r} given twice in {spec!r}")
-        typ = allowed[key][0]
-        try:
-            value = typ(raw.strip())
-        except ValueError:
-            raise FaultSpecError(
-                f"{key} in {spec!r} must be {'a number' if typ is float else 'an integer'}, got {raw!r}"
-            ) from None
-        if value < 0 or (typ is float and value != value):
-            raise FaultSpecError(f"{key} in {spec!r} must be >= 0, got {raw!r}")
-        values[key] = value
+        values[key] = _value(key, allowed[key][0], raw, spec)
     missing = [k for k, (_, required) in allowed.items() if required and k not in values]
     if missing:
-        raise FaultSpecError(f"{kind} needs {', '.join(missing)}; e.g. {_example(kind)}")
+        raise FaultSpecError(f"{kind} needs {', '.join(missing)}; e.g. {_EXAMPLES[kind]}")
+    if kind == "slow_compute":
+        given = [k for k in ("factor", "delay") if k in values]
+        if len(given) != 1:
+            raise FaultSpecError(
+                f"slow_compute takes factor or delay, {'not both' if given else 'one of them'}: "
+                f"got {spec!r}; e.g. slow_compute:factor=3 or slow_compute:delay=0.5"
+            )
+        if "factor" in values and values["factor"] <= 1:
+            raise FaultSpecError(
+                f"factor in {spec!r} must be > 1 (how many times slower the rank computes), "
+                f"got {values['factor']:g}"
+            )
     return Fault(kind=kind, spec=spec.strip(), **values)
 
 
-def _example(kind: str) -> str:
-    return {
-        "slow": "slow:delay=0.5,from_step=10",
-        "hang": "hang:at_step=20",
-        "mismatch": "mismatch:at_step=20",
-        "crash": "crash:at_step=20",
-    }[kind]
+def _value(key: str, typ: type, raw: str, spec: str) -> float | int | str:
+    if key == "where":
+        if raw not in WHERE:
+            raise FaultSpecError(f"where in {spec!r} must be cross or group, got {raw!r}")
+        return raw
+    try:
+        value = typ(raw)
+    except ValueError:
+        raise FaultSpecError(
+            f"{key} in {spec!r} must be {'a number' if typ is float else 'an integer'}, got {raw!r}"
+        ) from None
+    if typ is float and not math.isfinite(value):
+        raise FaultSpecError(f"{key} in {spec!r} must be a finite number, got {raw!r}")
+    if value < 0:
+        raise FaultSpecError(f"{key} in {spec!r} must be >= 0, got {raw!r}")
+    return value
+
+
+def check_fits_group(fault: Fault, group_world_size: int) -> None:
+    """Raise FaultSpecError when ``fault`` cannot strike a replica group of this size."""
+    if fault.rank is not None and fault.rank >= group_world_size:
+        raise FaultSpecError(
+            f"rank={fault.rank} in {fault.spec!r} is out of range: this replica group has "
+            f"{group_world_size} rank{'s' if group_world_size > 1 else ''} "
+            f"(0..{group_world_size - 1})"
+        )
+    if fault.where == "group" and group_world_size < 2:
+        raise FaultSpecError(
+            f"where=group in {fault.spec!r} needs a replica group of several ranks (FSDP inside "
+            f"the group); this one has 1 rank, so there is no in-group collective"
+        )
 
 
 class FaultInjector:
-    """Applies parsed faults at the cross-group all_reduce of each step."""
+    """Applies the faults that strike this rank at their places in the step.
 
-    def __init__(self, faults: list[Fault]) -> None:
-        self.faults = list(faults)
+    Every rank of a group is given the same specs (torchrun passes the same ``--inject`` to all);
+    each rank acts only on those whose ``rank`` is unset or its own ``group_rank``.
+    The hooks run on the training thread and may sleep, block forever or exit the process.
+    """
+
+    def __init__(self, faults: list[Fault], group_rank: int = 0, group_world_size: int = 1) -> None:
+        self.group_rank = group_rank
+        self.group_world_size = group_world_size
+        for fault in faults:
+            check_fits_group(fault, group_world_size)
+        self.faults = [f for f in faults if f.targets(group_rank)]
         self._hang_forever = threading.Event()  # never set: a hang lasts until the process dies
 
     def inject(self, spec: str) -> Fault:
-        """Add a fault while training runs (from ``POST /v1/faults``); raises FaultSpecError."""
+        """Add a fault while training runs (``POST /v1/faults``); raises FaultSpecError.
+
+        Returns the fault; it acts only when ``fault.targets(group_rank)``."""
         fault = parse_fault(spec)
-        self.faults = [*self.faults, fault]  # one assignment: the training thread never sees half
+        check_fits_group(fault, self.group_world_size)
+        if fault.targets(self.group_rank):
+            self.faults = [*self.faults, fault]  # one assignment: the training thread never sees half
         return fault
 
     @property
     def specs(self) -> list[str]:
+        """Specs of the faults that strike this rank."""
         return [f.spec for f in self.faults]
 
+    def _active(self, step: int, kind: str, where: str | None = None):
+        return [f for f in self.faults if f.kind == kind and f.applies(step)
+                and (where is None or f.where == where)]
+
+    def before_forward(self, step: int) -> None:
+        """Run before the forward pass (and so before its first in-group all-gather)."""
+        if self._active(step, "hang", "group"):
+            self._hang_forever.wait()
+
+    def throttle(self, step: int, compute_s: float) -> float:
+        """slow_compute: sleep after the forward pass, before backward's in-group collectives.
+
+        ``compute_s`` is the compute time to stretch (this forward + the last backward, measured
+        by the caller). Returns the seconds slept."""
+        extra = sum(f.delay if f.delay else (f.factor - 1.0) * max(0.0, compute_s)
+                    for f in self._active(step, "slow_compute"))
+        if extra > 0:
+            time.sleep(extra)
+        return extra
+
     def before_allreduce(self, step: int) -> None:
-        """Run before this rank issues its all_reduce for ``step``: may sleep, block or exit."""
+        """Run before this rank issues its cross-group all_reduce for ``step``: may sleep, block or exit."""
         for fault in self.faults:
             if not fault.applies(step):
                 continue
             if fault.kind == "slow":
                 time.sleep(fault.delay)
-            elif fault.kind == "hang":
+            elif fault.kind == "hang" and fault.where == "cross":
                 self._hang_forever.wait()
             elif fault.kind == "crash":
                 os._exit(1)
 
     def mismatch_at(self, step: int) -> bool:
-        return any(f.kind == "mismatch" and f.applies(step) for f in self.faults)
+        """Whether this rank's cross-group all_reduce of ``step`` carries one extra element."""
+        return bool(self._active(step, "mismatch", "cross"))
+
+    def group_mismatch_at(self, step: int) -> bool:
+        """Whether this rank issues a stray in-group all-gather before the forward of ``step``."""
+        return bool(self._active(step, "mismatch", "group"))

@@ -39,12 +39,12 @@ def train(cfg: TrainConfig) -> int:
     _configure_env()
     import torch
     import torch.distributed as dist
-    from torch.distributed import TCPStore
     from torchft import Manager, ProcessGroupGloo
     from torchft.checkpointing.http_transport import HTTPTransport
     from torchft.optim import OptimizerWrapper
 
     from worker_server import WorkerServer
+    from worker_server.instrument import instrument_fsdp
 
     from .model import TinyTransformerLM, synthetic_batch
     from .parallel import (
@@ -53,27 +53,34 @@ def train(cfg: TrainConfig) -> int:
         local_numel,
         local_state_dict,
         shard_within_group,
+        stray_group_all_gather,
         unflatten_into_grads,
     )
+    from .store import StoreUnavailable, group_store
 
-    injector = FaultInjector([parse_fault(s) for s in cfg.faults])
+    group_rank, group_world_size = cfg.group_rank, cfg.group_world_size
+    injector = FaultInjector([parse_fault(s) for s in cfg.faults], group_rank, group_world_size)
     torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)  # identical init in every group
 
-    group_rank = int(os.environ.get("RANK", 0))
-    group_world_size = int(os.environ.get("WORLD_SIZE", 1))
     use_cuda = torch.cuda.is_available()
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if use_cuda else "cpu")
 
-    # Each replica group needs its own TCPStore: torchrun hosts one; a bare process hosts it.
-    store = None
-    if "MASTER_ADDR" not in os.environ:
-        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        os.environ["MASTER_ADDR"] = "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(store.port)
+    # The group's TCPStore: torchrun's agent hosts it, else group rank 0 (torch's env://
+    # convention), else a lone rank hosts its own. Waiting for it is bounded.
+    try:
+        gstore = group_store(group_rank, group_world_size, cfg.connect_timeout_s)
+    except StoreUnavailable as e:
+        sys.stderr.write(f"lightkeeper train: error: {e}\n")
+        return 1
     if group_world_size > 1:
-        dist.init_process_group("nccl" if use_cuda else "gloo", rank=group_rank,
-                                world_size=group_world_size)
+        dist.init_process_group("nccl" if use_cuda else "gloo", store=gstore.store,
+                                rank=group_rank, world_size=group_world_size)
+
+    def inject_live(spec: str) -> None:
+        # Every rank of the group may be given the spec; only its target rank lists and applies it.
+        if injector.inject(spec).targets(group_rank):
+            state.faults.append(spec)
 
     # Faults can also be injected while training runs (POST /v1/faults), but only when
     # LIGHTKEEPER_FAULT_TOKEN is set: the demo does that, a real job does not.
@@ -81,7 +88,7 @@ def train(cfg: TrainConfig) -> int:
         replica_group=cfg.replica_group, group_rank=group_rank, group_world_size=group_world_size,
         job=cfg.job, lighthouse=cfg.lighthouse, host=cfg.worker_host,
         port=cfg.worker_port + group_rank if cfg.worker_port else 0, faults=injector.specs,
-        fault_handler=lambda spec: (injector.inject(spec), state.faults.append(spec)),
+        fault_handler=inject_live,
     )
     state = server.state
     # One write(): several ranks (and torch's logs) share the log file, and print() writes the
@@ -92,7 +99,8 @@ def train(cfg: TrainConfig) -> int:
 
     m = cfg.model
     model = TinyTransformerLM(m.vocab_size, m.d_model, m.n_heads, m.n_layers, m.seq_len).to(device)
-    model = shard_within_group(model, group_world_size, device.type)
+    model, group_pg = shard_within_group(model, group_world_size, device.type)
+    instrument_fsdp(model, state)  # FSDP's in-group collectives count as this rank's group wait
     inner_optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
 
     def load_state_dict(sd):
@@ -118,6 +126,8 @@ def train(cfg: TrainConfig) -> int:
         # middle of that. A synchronous quorum reads it at the step boundary, while sharded.
         use_async_quorum=group_world_size == 1,
         lighthouse_addr=cfg.lighthouse,
+        store_addr=gstore.addr,
+        store_port=gstore.port,
         rank=group_rank,
         world_size=group_world_size,
         timeout=timedelta(seconds=cfg.pg_timeout_s),
@@ -131,6 +141,7 @@ def train(cfg: TrainConfig) -> int:
     optimizer = OptimizerWrapper(manager, inner_optimizer)
     params = [p for p in model.parameters() if p.requires_grad]
     loss_fn = torch.nn.CrossEntropyLoss()
+    backward_s = 0.0  # the last step's backward time, stretched by slow_compute
 
     try:
         while manager.current_step() < cfg.steps:
@@ -141,10 +152,19 @@ def train(cfg: TrainConfig) -> int:
             tokens, targets = synthetic_batch(step, cfg.replica_group * group_world_size
                                               + group_rank, m.batch_size, m.seq_len, m.vocab_size)
             tokens, targets = tokens.to(device), targets.to(device)
+            injector.before_forward(step)  # hang where=group: peers block in FSDP's all-gather
+            if group_pg is not None and injector.group_mismatch_at(step):
+                stray_group_all_gather(group_pg, device)
+            started = time.monotonic()
             logits = model(tokens)
             loss = loss_fn(logits.reshape(-1, m.vocab_size), targets.reshape(-1))
+            # slow_compute sleeps here, before backward's in-group collectives, so the group's
+            # peers wait for this rank inside FSDP (as they would for a throttled GPU).
+            injector.throttle(step, time.monotonic() - started + backward_s)
             state.set_phase("backward")
+            started = time.monotonic()
             loss.backward()
+            backward_s = time.monotonic() - started
 
             # Gradients are already averaged inside the group (FSDP2 reduce-scatter); now
             # average this rank's shard across the quorum's replica groups.
@@ -171,7 +191,7 @@ def train(cfg: TrainConfig) -> int:
         server.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
-        del store
+        del gstore
     return 0
 
 

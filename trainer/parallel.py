@@ -25,10 +25,12 @@ def _local(t: Any) -> Any:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def shard_within_group(model: nn.Module, group_world_size: int, device_type: str) -> nn.Module:
-    """FSDP2 over the replica group's ranks (no-op for a single-rank group)."""
+def shard_within_group(model: nn.Module, group_world_size: int,
+                       device_type: str) -> tuple[nn.Module, Any]:
+    """FSDP2 over the replica group's ranks; returns the model and the in-group process group
+    FSDP's collectives run on (the model unchanged and None for a single-rank group)."""
     if group_world_size <= 1:
-        return model
+        return model, None
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -37,7 +39,19 @@ def shard_within_group(model: nn.Module, group_world_size: int, device_type: str
         if isinstance(module, nn.TransformerEncoderLayer):
             fully_shard(module, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    return model
+    return model, mesh.get_group()
+
+
+def stray_group_all_gather(group: Any, device: torch.device) -> None:
+    """Issue an in-group all-gather of one element that no peer issues (fault injection).
+
+    The peers' next collective is FSDP's all-gather of the parameter shards on the same process
+    group, so the group's sequence numbers line up a collective of another size against it."""
+    import torch.distributed as dist
+
+    one = torch.zeros(1, device=device)
+    out = torch.empty(dist.get_world_size(group), device=device)
+    dist.all_gather_into_tensor(out, one, group=group)
 
 
 def flat_local_grads(params: list[nn.Parameter]) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """Prometheus metrics of one rank (``lightkeeper_`` prefix), in their own registry.
 
 Gauges and counters are read from :class:`~worker_server.state.RankState` at scrape time by a
-custom collector, so the training thread pays nothing per scrape; only the step-time histogram
-is updated by a step listener, once per step.
+custom collector, so the training thread pays nothing per scrape; only the histograms (step time,
+and per step the compute time and the waits inside collectives, from
+:mod:`worker_server.timing`) are updated by step listeners, once per step.
 
 Every series carries ``job``, ``replica_group`` and ``rank`` (global rank) labels, plus
 ``group_rank``. See the README's metrics table for each metric.
@@ -17,11 +18,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from .state import PHASES, RankState, library_versions
+from .timing import StepTiming
 
 # `_created` series double every counter's cardinality and no dashboard reads them.
 disable_created_metrics()
 
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# Waits of a healthy step are milliseconds; a straggler's peers wait about its extra time.
+WAIT_BUCKETS = (0.001, 0.0025, 0.005, *STEP_BUCKETS)
 LABELS = ("job", "replica_group", "rank", "group_rank")
 
 
@@ -84,6 +88,7 @@ class _StateCollector(Collector):
         info.add_metric(lv, {
             "replica_id": snap["replica_id"] or "",
             "host": snap["host"],
+            "local_rank": str(snap["local_rank"]),
             "pid": str(snap["pid"]),
             "worker_url": snap["worker_url"] or "",
             "torch_version": torch_v,
@@ -112,8 +117,24 @@ class WorkerMetrics:
             "lightkeeper_worker_server_requests", "HTTP requests the WorkerServer answered",
             LABELS, registry=self.registry,
         ).labels(*lv)
+        # Per step, on this rank's own clock: what it computed and how long it waited inside
+        # collectives, across replica groups (torchft) and inside its group (FSDP, commit vote).
+        self.compute_seconds = Histogram(
+            "lightkeeper_step_compute_seconds",
+            "per step, seconds this rank spent outside collective waits (forward, backward, "
+            "optimizer, data)", LABELS, buckets=WAIT_BUCKETS, registry=self.registry,
+        ).labels(*lv)
+        wait = Histogram(
+            "lightkeeper_collective_wait_seconds",
+            "per step, seconds this rank's training thread waited inside collectives; "
+            "scope=cross: torchft quorum and all_reduce across replica groups, scope=group: "
+            "FSDP all-gather/reduce-scatter and the commit vote inside the replica group",
+            (*LABELS, "scope"), buckets=WAIT_BUCKETS, registry=self.registry,
+        )
+        self.wait_seconds = {scope: wait.labels(*lv, scope) for scope in ("cross", "group")}
         self.registry.register(_StateCollector(state))
         state.add_step_listener(self._on_step)
+        state.timing.add_listener(self._on_timing)
 
     def count_cpu(self, app):
         """Wrap a WSGI app so each request's CPU time (its thread's) is counted."""
@@ -130,3 +151,8 @@ class WorkerMetrics:
     def _on_step(self, duration: float | None, committed: bool) -> None:
         if duration is not None:
             self.step_seconds.observe(duration)
+
+    def _on_timing(self, timing: StepTiming) -> None:
+        self.compute_seconds.observe(timing.compute_s)
+        self.wait_seconds["cross"].observe(timing.wait_cross_s)
+        self.wait_seconds["group"].observe(timing.wait_group_s)

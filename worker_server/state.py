@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 
+from .timing import StepTimer
+
 PHASES = (
     "starting",
     "quorum",
@@ -42,6 +44,25 @@ def library_versions() -> tuple[str, str]:
     return out[0], out[1]
 
 
+def node_name() -> str:
+    """The host this rank runs on: ``NODE_NAME`` when set (Kubernetes' downward API puts the
+    node's name there; a pod's own hostname is the pod's), else the hostname."""
+    return os.environ.get("NODE_NAME", "").strip() or socket.gethostname()
+
+
+def env_local_rank() -> int:
+    """``LOCAL_RANK`` (torchrun and most launchers set it), 0 when unset.
+
+    Raises ValueError naming the variable when it is not an integer."""
+    raw = os.environ.get("LOCAL_RANK", "").strip()
+    if not raw:
+        return 0
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"LOCAL_RANK={raw!r} is not an integer") from None
+
+
 @dataclass
 class RankIdentity:
     """Who this rank is; fixed for the life of the process."""
@@ -50,9 +71,10 @@ class RankIdentity:
     replica_group: int = 0
     group_rank: int = 0
     group_world_size: int = 1
-    host: str = field(default_factory=socket.gethostname)
+    host: str = field(default_factory=node_name)
     pid: int = field(default_factory=os.getpid)
     lighthouse: str | None = None
+    local_rank: int = field(default_factory=env_local_rank)  # the rank's index on its host
 
     @property
     def rank(self) -> int:
@@ -83,6 +105,8 @@ class RankState:
         self.heals = 0
         self.quorum_changes = 0
         self.loss: float | None = None
+        # Per-step compute and collective waits on this rank's own clock (timing.py).
+        self.timing = StepTimer()
         self._step_started_at: float | None = None
         # Callbacks (e.g. Prometheus metrics) told about every finished step.
         self._step_listeners: list = []
@@ -150,6 +174,7 @@ class RankState:
         """The ``/v1/state`` document (see docs/CONTRACTS.md)."""
         torch_version, torchft_version = library_versions()
         ident = self.identity
+        timing = self.timing.snapshot()
         with self._lock:
             return {
                 "job": ident.job,
@@ -159,6 +184,7 @@ class RankState:
                 "group_world_size": ident.group_world_size,
                 "rank": ident.rank,
                 "host": ident.host,
+                "local_rank": ident.local_rank,
                 "pid": ident.pid,
                 "worker_url": self.worker_url,
                 "step": self.step,
@@ -180,4 +206,5 @@ class RankState:
                 "torchft_version": torchft_version,
                 "started_at": self.started_at,
                 "faults": list(self.faults),
+                "timing": timing,
             }

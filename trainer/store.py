@@ -1,0 +1,121 @@
+"""The replica group's TCPStore, found or hosted the way torch's ``env://`` does it, with a bound.
+
+A replica group's ranks meet in one TCPStore: the in-group process group (FSDP) rendezvous there,
+torchft's Manager publishes its ManagerServer address there, and other groups connect to it to
+build torchft's cross-group process group. Who hosts it:
+
+- under torchrun, its agent (``TORCHELASTIC_USE_AGENT_STORE=True``): every rank connects;
+- with ``MASTER_ADDR``/``MASTER_PORT`` set and no agent store (a launcher that sets the variables
+  and runs bare processes, as Kubernetes operators do): group rank 0 hosts it on ``MASTER_PORT``,
+  the other ranks connect;
+- with neither, a group of one rank hosts its own on an ephemeral port of 127.0.0.1.
+
+A rank that connects waits at most ``timeout_s`` for the store to accept connections, then fails
+with :class:`StoreUnavailable` naming the address. (torchft's Manager, given an address where no
+store listens, would sit in its TCPStore connect for its 300 s default and then fail far from the
+cause.)
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+
+class StoreUnavailable(RuntimeError):
+    """The replica group's TCPStore cannot be hosted or reached; the message says where and why."""
+
+
+@dataclass
+class GroupStore:
+    store: Any  # torch.distributed.TCPStore
+    addr: str
+    port: int
+    hosted: bool  # this process runs the store's server
+
+    @property
+    def address(self) -> str:
+        return f"{self.addr}:{self.port}"
+
+
+def uses_agent_store(env: Mapping[str, str]) -> bool:
+    # torch.distributed.rendezvous._torchelastic_use_agent_store compares with str(True) as well.
+    return env.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+
+
+def _port(env: Mapping[str, str]) -> int:
+    raw = env.get("MASTER_PORT", "").strip()
+    try:
+        port = int(raw)
+    except ValueError:
+        raise StoreUnavailable(f"MASTER_ADDR is set but MASTER_PORT={raw!r} is not a port "
+                               "number") from None
+    if not 0 < port < 65536:
+        raise StoreUnavailable(f"MASTER_PORT={port} is not a port number (1..65535)")
+    return port
+
+
+def wait_for_listener(addr: str, port: int, timeout_s: float, interval_s: float = 0.2) -> bool:
+    """Poll until something accepts TCP connections on ``addr:port``; False after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            with socket.create_connection((addr, port), timeout=max(0.1, min(1.0, remaining))):
+                return True
+        except OSError:
+            pass
+        if time.monotonic() + interval_s >= deadline:
+            return False
+        time.sleep(interval_s)
+
+
+def group_store(group_rank: int, group_world_size: int, timeout_s: float,
+                env: Mapping[str, str] | None = None) -> GroupStore:
+    """Host or connect to this replica group's store (see the module docstring).
+
+    Raises StoreUnavailable: several ranks but no ``MASTER_ADDR``, a bad ``MASTER_PORT``, a port
+    rank 0 cannot listen on, or no store reachable within ``timeout_s``."""
+    from torch.distributed import TCPStore
+
+    env = os.environ if env is None else env
+    timeout = timedelta(seconds=timeout_s)
+    addr = env.get("MASTER_ADDR", "").strip()
+    if not addr:
+        if group_world_size > 1:
+            raise StoreUnavailable(
+                f"a replica group of {group_world_size} ranks needs MASTER_ADDR and MASTER_PORT "
+                "(torchrun sets them; other launchers must set them to group rank 0's address)"
+            )
+        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
+        return GroupStore(store, "127.0.0.1", store.port, hosted=True)
+
+    port = _port(env)
+    if group_rank == 0 and not uses_agent_store(env):
+        try:
+            store = TCPStore(addr, port, is_master=True, wait_for_workers=False, timeout=timeout,
+                             multi_tenant=True)
+        except Exception as e:  # DistNetworkError and friends: say which address failed
+            raise StoreUnavailable(
+                f"group rank 0 hosts the replica group's TCPStore (torch's env:// convention) "
+                f"but cannot listen on {addr}:{port}: {str(e).splitlines()[0]}"
+            ) from None
+        return GroupStore(store, addr, port, hosted=True)
+
+    host = "torchrun's agent" if uses_agent_store(env) else "group rank 0"
+    if not wait_for_listener(addr, port, timeout_s):
+        raise StoreUnavailable(
+            f"no TCPStore at {addr}:{port} (MASTER_ADDR:MASTER_PORT) after {timeout_s:g}s: "
+            f"{host} hosts this replica group's store; is it running, and is that its address?"
+        )
+    try:
+        store = TCPStore(addr, port, is_master=False, wait_for_workers=False, timeout=timeout)
+    except Exception as e:
+        raise StoreUnavailable(f"cannot connect to the TCPStore at {addr}:{port}: "
+                               f"{str(e).splitlines()[0]}") from None
+    return GroupStore(store, addr, port, hosted=False)
