@@ -273,8 +273,7 @@ class Demo:
             self.prom_note = "not started (--no-prometheus)"
             return
         if prometheus.binary() is None:
-            self.prom_note = ("not started: no prometheus binary (apt install prometheus, or "
-                              "set PROMETHEUS_BIN)")
+            self.prom_note = f"not started: {prometheus.INSTALL_HINT}"
             self.event("prometheus", None, self.prom_note)
             return
         rules = Path(__file__).resolve().parent.parent / "dashboards" / "prometheus" / "rules.yml"

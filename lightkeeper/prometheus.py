@@ -14,7 +14,9 @@ Used by ``lightkeeper demo`` and by the tests::
 JSON, which Prometheus reads as YAML) or a list of scrape targets (``host:port`` or URLs) for
 which it writes a minimal config with ``honor_labels: true`` (the ``job`` label is the training
 job's). Storage and the log live under ``workdir``. The binary comes from ``$PROMETHEUS_BIN`` or
-PATH (Debian's ``prometheus`` package); :func:`binary` returns None when there is none.
+PATH (Debian's ``prometheus`` package, which ``bin/bootstrap --prometheus`` or ``--system``
+installs as root); :func:`binary` returns None when there is none and :data:`INSTALL_HINT` says,
+in one line, how to get it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from urllib.parse import urlsplit
 import requests
 
 from .cluster import stop_process
+
+INSTALL_HINT = ("no prometheus binary: as root, `bin/bootstrap --prometheus` installs Debian's "
+                "prometheus (bin/lightkeeper demo and bin/test do it), or set PROMETHEUS_BIN")
 
 
 class PrometheusError(RuntimeError):
@@ -160,7 +165,7 @@ def start(config: str | os.PathLike | dict | list[str], workdir: str | os.PathLi
     """
     exe = binary()
     if exe is None:
-        raise PrometheusError("prometheus not found (install Debian's prometheus package)")
+        raise PrometheusError(INSTALL_HINT)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     if isinstance(config, (list, tuple)):
