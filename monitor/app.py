@@ -1,26 +1,43 @@
-"""Flask app factory for the monitor's HTTP API: thin routes over :class:`~monitor.service.Monitor`.
+"""Flask app factory for the monitor's HTTP API: thin routes over the monitor's loop.
 
 Read-only routes answer from what the loop last published. ``POST /v1/targets`` (self-
 registration) needs ``Authorization: Bearer <token>`` when the monitor has a token; ``POST
 /v1/evict`` (manual eviction) always needs it and answers 403 when no token is configured. A
 malformed request answers 400 with a JSON error; a route that fails inside answers 500 and the
 monitor keeps serving and sweeping.
+
+The app knows the monitor only through :class:`MonitorAPI`, what its routes read and call:
+:mod:`monitor.service` wires the app to its loop, and this module never imports it.
 """
 
 from __future__ import annotations
 
 import hmac
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from flask import Flask, Response, jsonify, render_template, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException
 
-from .discovery import BadTarget
+from .config import MonitorConfig
+from .discovery import BadTarget, Discovery
+from .metrics import MonitorMetrics
+from .store import Store
 
-if TYPE_CHECKING:
-    from .service import Monitor
+
+class MonitorAPI(Protocol):
+    """What the routes use of the monitor (:class:`monitor.service.Monitor` provides it)."""
+
+    cfg: MonitorConfig
+    metrics: MonitorMetrics
+    store: Store
+    discovery: Discovery
+    sweeps: int
+
+    def cluster_json(self) -> dict[str, Any]: ...
+
+    def evict_manual(self, replica_group: int, reason: str) -> dict[str, Any]: ...
 
 
 class Forbidden(Exception):
@@ -50,7 +67,7 @@ def _limit() -> int:
     return max(1, min(n, 10_000))
 
 
-def create_app(monitor: Monitor) -> Flask:
+def create_app(monitor: MonitorAPI) -> Flask:
     app = Flask(__name__)  # templates/ next to this file
 
     @app.get("/healthz")

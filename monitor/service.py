@@ -22,6 +22,7 @@ from typing import Any
 from http_serving import BackgroundWSGIServer
 
 from .actions import Lighthouse
+from .app import create_app
 from .config import MonitorConfig
 from .decisions import Situation, decide
 from .detectors import Analyzer, Detectors, Finding
@@ -72,8 +73,6 @@ class Monitor:
     # --- lifecycle -------------------------------------------------------------------
     def start(self, serve: bool = True) -> Monitor:
         if serve:
-            from .app import create_app
-
             self._http = BackgroundWSGIServer(create_app(self), host=self.cfg.bind,
                                               port=self.cfg.port, threads=8,
                                               name="lightkeeper-monitor-http")
