@@ -513,3 +513,69 @@ def steady_dump(
         "entries": out,
         "nccl_comm_state": {},
     }
+
+
+def plain_dump(
+    rank: int,
+    world_size: int,
+    entries: int,
+    *,
+    flavour: str = "nccl",
+    frames: int = 1,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """One rank's dump of a healthy job with a single process group (the "plain" shape).
+
+    Every entry is an all_reduce on the default group ``"0"`` with ``frames`` stack frames, as a
+    plain data-parallel job records it. Unlike :func:`steady_dump`, every entry gets its own
+    lists and dicts (sizes, dtypes, frames), as torch's C++ pickler writes them (it shares
+    repeated strings, never containers), so loading costs what a real dump of this shape costs.
+    Timings come from a generator seeded by ``seed`` and the record id, so every rank agrees.
+    """
+    offset = (rank // 8) * 1_700_000  # host clock offset, ns
+    total = entries + 5  # the ring buffer has wrapped: record ids start above 0
+    status = "completed" if flavour == "nccl" else "scheduled"
+    profiling_name = f"{flavour}:all_reduce"
+    out = []
+    for record_id in range(total - entries, total):
+        rng = random.Random(seed * 1_000_003 + record_id)
+        t = _EPOCH_NS + record_id * 7 * _MS
+        jitter = int(rng.random() * 0.3 * _MS) + (rank * 7919 + record_id) % 50_000
+        created = t + jitter + offset
+        entry = {
+            "record_id": record_id,
+            "pg_id": 0,
+            "process_group": ["0", "default_pg"],
+            "collective_seq_id": record_id + 1,
+            "p2p_seq_id": 0,
+            "op_id": record_id + 1,
+            "profiling_name": profiling_name,
+            "time_created_ns": created,
+            "input_sizes": [[4096]],
+            "input_dtypes": ["Float"],
+            "output_sizes": [[4096]],
+            "output_dtypes": ["Float"],
+            "state": status,
+            "time_discovered_started_ns": created + 40_000 if flavour == "nccl" else 0,
+            "time_discovered_completed_ns": t + int(1.2 * _MS) + offset if flavour == "nccl" else 0,
+            "retired": True,
+            "timeout_ms": 600000,
+            "is_p2p": False,
+            "thread_name": "pt_main_thread",
+            "thread_id": "140000000000001",
+            "frames": [{"name": f"fn{i}", "filename": "train.py", "line": 80 + i} for i in range(frames)],
+        }
+        if flavour == "nccl":
+            entry["duration_ms"] = round((int(1.2 * _MS) - jitter) / _MS, 4)
+        out.append(entry)
+    last_seq = total
+    return {
+        "version": "2.10",
+        "comm_lib_version": "2.27.5" if flavour == "nccl" else "",
+        "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(world_size)))}},
+        "pg_status": {
+            "0": {"last_enqueued_collective": last_seq, "last_started_collective": last_seq, "last_completed_collective": last_seq}
+        },
+        "entries": out,
+        "nccl_comm_state": {},
+    }
