@@ -4,6 +4,7 @@ It imports only the standard library and waitress: ``worker_server`` and ``monit
 it, the application package ``lightkeeper`` (CLI, demo) depends on them, never the reverse.
 """
 
+from .auth import bearer_token_matches
 from .wsgi import BackgroundWSGIServer
 
-__all__ = ["BackgroundWSGIServer"]
+__all__ = ["BackgroundWSGIServer", "bearer_token_matches"]

@@ -13,13 +13,19 @@ import threading
 
 from waitress.server import create_server
 
+# Both servers take only small JSON bodies (a fault spec, a registration): anything larger is
+# refused by waitress with 413 before it is buffered (waitress' own default is 1 GiB).
+MAX_REQUEST_BODY = 64 * 1024
+
 
 class BackgroundWSGIServer:
     def __init__(self, app, *, host: str = "127.0.0.1", port: int = 0, threads: int = 4,
-                 name: str = "lightkeeper-http") -> None:
+                 name: str = "lightkeeper-http",
+                 max_request_body_size: int = MAX_REQUEST_BODY) -> None:
         """Bind now (raises ``OSError`` when the address is taken); serve after :meth:`start`."""
         self._server = create_server(app, host=host, port=port, threads=threads, ident=name,
-                                     clear_untrusted_proxy_headers=True)
+                                     clear_untrusted_proxy_headers=True,
+                                     max_request_body_size=max_request_body_size)
         self.host = host
         self.port = int(self._server.effective_port)
         shown = host if host not in ("0.0.0.0", "::", "") else socket.gethostname()

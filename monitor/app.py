@@ -12,7 +12,6 @@ The app knows the monitor only through :class:`MonitorAPI`, what its routes read
 
 from __future__ import annotations
 
-import hmac
 import time
 from typing import Any, Protocol
 
@@ -20,10 +19,14 @@ from flask import Flask, Response, jsonify, render_template, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException
 
+from http_serving import bearer_token_matches
+
 from .config import MonitorConfig
 from .discovery import BadTarget, Discovery
 from .metrics import MonitorMetrics
 from .store import Store
+
+MAX_BODY = 64 * 1024  # a registration or an eviction request is a few hundred bytes
 
 
 class MonitorAPI(Protocol):
@@ -52,9 +55,7 @@ def _check_token(expected: str | None, required: bool) -> None:
             raise Forbidden("manual eviction is disabled: start the monitor with --token or "
                             "LIGHTKEEPER_TOKEN")
         return
-    header = request.headers.get("Authorization", "")
-    scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip(), expected):
+    if not bearer_token_matches(request.headers.get("Authorization"), expected):
         raise Forbidden("missing or wrong bearer token", 401)
 
 
@@ -69,6 +70,7 @@ def _limit() -> int:
 
 def create_app(monitor: MonitorAPI) -> Flask:
     app = Flask(__name__)  # templates/ next to this file
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY  # 413 beyond it
 
     @app.get("/healthz")
     def healthz():

@@ -7,7 +7,6 @@ an endpoint that fails inside answers 500 with the reason, and the server keeps 
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable
 from typing import Any
 
@@ -15,11 +14,14 @@ from flask import Flask, Response, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException
 
+from http_serving import bearer_token_matches
+
 from .flight_recorder import IncarnationTracker, fr_dump
 from .metrics import WorkerMetrics
 from .stacks import format_stacks, thread_stacks
 from .state import RankState
 
+MAX_BODY = 16 * 1024
 _BOOL = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
@@ -45,9 +47,8 @@ def choice_param(name: str, choices: tuple[str, ...], default: str) -> str:
 
 
 def bearer_matches(token: str) -> bool:
-    header = request.headers.get("Authorization", "")
-    scheme, _, given = header.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), token)
+    """The request carries ``Authorization: Bearer <token>`` (compared in constant time)."""
+    return bearer_token_matches(request.headers.get("Authorization"), token)
 
 
 def identity_keys(state: RankState) -> dict[str, Any]:
@@ -75,6 +76,7 @@ def create_app(
     state-changing route, ``POST /v1/faults`` (fault injection for tests and the demo); without
     both it answers 403."""
     app = Flask("lightkeeper.worker_server")
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY  # 413 beyond it (a fault spec is a short line)
     metrics = metrics or WorkerMetrics(state)
 
     @app.get("/healthz")
