@@ -41,6 +41,7 @@ import math
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 WHERE = ("cross", "group")
@@ -177,6 +178,16 @@ class FaultInjector:
             check_fits_group(fault, group_world_size)
         self.faults = [f for f in faults if f.targets(group_rank)]
         self._hang_forever = threading.Event()  # never set: a hang lasts until the process dies
+        # Told once per fault, on the training thread, the first time it acts (before a hang
+        # blocks or a crash exits), so the rank can say when it struck (/v1/state).
+        self.on_strike: Callable[[Fault], None] | None = None
+        self._struck: set[Fault] = set()
+
+    def _strike(self, fault: Fault) -> None:
+        if fault not in self._struck:
+            self._struck.add(fault)
+            if self.on_strike is not None:
+                self.on_strike(fault)
 
     def inject(self, spec: str) -> Fault:
         """Add a fault while training runs (``POST /v1/faults``); raises FaultSpecError.
@@ -199,7 +210,8 @@ class FaultInjector:
 
     def before_forward(self, step: int) -> None:
         """Run before the forward pass (and so before its first in-group all-gather)."""
-        if self._active(step, "hang", "group"):
+        for fault in self._active(step, "hang", "group"):
+            self._strike(fault)
             self._hang_forever.wait()
 
     def throttle(self, step: int, compute_s: float) -> float:
@@ -207,8 +219,11 @@ class FaultInjector:
 
         ``compute_s`` is the compute time to stretch (this forward + the last backward, measured
         by the caller). Returns the seconds slept."""
+        active = self._active(step, "slow_compute")
+        for fault in active:
+            self._strike(fault)
         extra = sum(f.delay if f.delay else (f.factor - 1.0) * max(0.0, compute_s)
-                    for f in self._active(step, "slow_compute"))
+                    for f in active)
         if extra > 0:
             time.sleep(extra)
         return extra
@@ -216,8 +231,11 @@ class FaultInjector:
     def before_allreduce(self, step: int) -> None:
         """Run before this rank issues its cross-group all_reduce for ``step``: may sleep, block or exit."""
         for fault in self.faults:
-            if not fault.applies(step):
+            acts_here = fault.kind in ("slow", "crash") or (fault.kind, fault.where) == (
+                "hang", "cross")
+            if not (acts_here and fault.applies(step)):
                 continue
+            self._strike(fault)
             if fault.kind == "slow":
                 time.sleep(fault.delay)
             elif fault.kind == "hang" and fault.where == "cross":
@@ -227,8 +245,13 @@ class FaultInjector:
 
     def mismatch_at(self, step: int) -> bool:
         """Whether this rank's cross-group all_reduce of ``step`` carries one extra element."""
-        return bool(self._active(step, "mismatch", "cross"))
+        return self._strikes(self._active(step, "mismatch", "cross"))
 
     def group_mismatch_at(self, step: int) -> bool:
         """Whether this rank issues a stray in-group all-gather before the forward of ``step``."""
-        return bool(self._active(step, "mismatch", "group"))
+        return self._strikes(self._active(step, "mismatch", "group"))
+
+    def _strikes(self, faults: list[Fault]) -> bool:
+        for fault in faults:
+            self._strike(fault)
+        return bool(faults)

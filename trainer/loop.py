@@ -91,6 +91,7 @@ def train(cfg: TrainConfig) -> int:
         fault_handler=inject_live,
     )
     state = server.state
+    injector.on_strike = lambda fault: state.fault_struck(fault.spec)  # /v1/state faults_struck_at
     # One write(): several ranks (and torch's logs) share the log file, and print() writes the
     # text and the newline separately, so another process's bytes could land between them.
     sys.stdout.write(f"[lightkeeper] replica_group={cfg.replica_group} group_rank={group_rank} "

@@ -87,6 +87,7 @@ class RankState:
     def __init__(self, identity: RankIdentity, faults: list[str] | None = None) -> None:
         self.identity = identity
         self.faults = list(faults or [])
+        self.faults_struck_at: dict[str, float] = {}  # spec -> unix time it first acted here
         self._lock = threading.Lock()
         self.started_at = time.time()
         self.worker_url: str | None = None
@@ -165,6 +166,12 @@ class RankState:
             self.heals += 1
             self.step = step
 
+    def fault_struck(self, spec: str) -> None:
+        """A fault injected into this rank acted for the first time (its strike time stays)."""
+        now = time.time()
+        with self._lock:
+            self.faults_struck_at.setdefault(spec, now)
+
     def add_step_listener(self, listener) -> None:
         with self._lock:
             self._step_listeners.append(listener)
@@ -206,5 +213,6 @@ class RankState:
                 "torchft_version": torchft_version,
                 "started_at": self.started_at,
                 "faults": list(self.faults),
+                "faults_struck_at": dict(self.faults_struck_at),
                 "timing": timing,
             }
