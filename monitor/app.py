@@ -1,10 +1,11 @@
 """Flask app factory for the monitor's HTTP API: thin routes over the monitor's loop.
 
 Read-only routes answer from what the loop last published. ``POST /v1/targets`` (self-
-registration) needs ``Authorization: Bearer <token>`` when the monitor has a token; ``POST
-/v1/evict`` (manual eviction) always needs it and answers 403 when no token is configured. A
-malformed request answers 400 with a JSON error; a route that fails inside answers 500 and the
-monitor keeps serving and sweeping.
+registration) needs ``Authorization: Bearer <token>`` when the monitor has a token (401 without),
+else a target inside ``--allow-targets`` (403 outside; 429 past ``--max-targets``); ``POST
+/v1/evict`` (manual eviction) always needs the token and answers 403 when none is configured. A
+malformed request answers 400 with a JSON error, a body over 64 KiB 413; a route that fails
+inside answers 500 and the monitor keeps serving and sweeping.
 
 The app knows the monitor only through :class:`MonitorAPI`, what its routes read and call:
 :mod:`monitor.service` wires the app to its loop, and this module never imports it.
@@ -21,8 +22,9 @@ from werkzeug.exceptions import HTTPException
 
 from http_serving import bearer_token_matches
 
+from .admission import NotAllowed, Unauthorized
 from .config import MonitorConfig
-from .discovery import BadTarget, Discovery
+from .discovery import BadTarget, Discovery, Target, TooManyTargets
 from .metrics import MonitorMetrics
 from .store import Store
 
@@ -42,6 +44,8 @@ class MonitorAPI(Protocol):
 
     def evict_manual(self, replica_group: int, reason: str) -> dict[str, Any]: ...
 
+    def register_target(self, body: Any, authorization: str | None) -> Target: ...
+
 
 class Forbidden(Exception):
     def __init__(self, message: str, status: int = 403) -> None:
@@ -49,12 +53,10 @@ class Forbidden(Exception):
         self.status = status
 
 
-def _check_token(expected: str | None, required: bool) -> None:
+def _check_token(expected: str | None) -> None:
     if not expected:
-        if required:
-            raise Forbidden("manual eviction is disabled: start the monitor with --token or "
-                            "LIGHTKEEPER_TOKEN")
-        return
+        raise Forbidden("manual eviction is disabled: start the monitor with --token or "
+                        "LIGHTKEEPER_TOKEN")
     if not bearer_token_matches(request.headers.get("Authorization"), expected):
         raise Forbidden("missing or wrong bearer token", 401)
 
@@ -105,13 +107,13 @@ def create_app(monitor: MonitorAPI) -> Flask:
 
     @app.post("/v1/targets")
     def register():
-        _check_token(monitor.cfg.token, required=False)
-        t = monitor.discovery.register(request.get_json(silent=True))
-        return jsonify(url=t.url, registered=True)
+        t = monitor.register_target(request.get_json(silent=True),
+                                    request.headers.get("Authorization"))
+        return jsonify(url=t.url, registered=True, registered_as=t.registered_as or t.url)
 
     @app.post("/v1/evict")
     def evict():
-        _check_token(monitor.cfg.token, required=True)
+        _check_token(monitor.cfg.token)
         body = request.get_json(silent=True)
         if not isinstance(body, dict) or not isinstance(body.get("replica_group"), int) \
                 or isinstance(body.get("replica_group"), bool):
@@ -135,6 +137,18 @@ def create_app(monitor: MonitorAPI) -> Flask:
     @app.errorhandler(Forbidden)
     def forbidden(e):
         return jsonify(error=str(e), status=e.status), e.status
+
+    @app.errorhandler(Unauthorized)
+    def unauthorized(e):
+        return jsonify(error=str(e), status=401), 401
+
+    @app.errorhandler(NotAllowed)
+    def not_allowed(e):
+        return jsonify(error=str(e), status=403), 403
+
+    @app.errorhandler(TooManyTargets)
+    def too_many(e):
+        return jsonify(error=str(e), status=429), 429
 
     @app.errorhandler(HTTPException)
     def http_error(e):

@@ -61,6 +61,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token", default=None,
                    help="bearer token for POST /v1/evict and /v1/targets (env LIGHTKEEPER_TOKEN);"
                         " without one, manual eviction is disabled")
+    p.add_argument("--allow-targets", type=_csv, default=None,
+                   help="without the token, only these may register: CIDRs, IPs, host names or "
+                        "patterns (*.example), judged on resolved addresses (default: loopback "
+                        "and the hosts of --targets)")
+    p.add_argument("--max-targets", type=int, default=10_000,
+                   help="most targets the monitor knows; new registrations beyond are refused "
+                        "(10000)")
+    p.add_argument("--max-state-bytes", type=int, default=1 << 20,
+                   help="largest /v1/state answer read from a rank, bytes (1048576)")
+    p.add_argument("--max-fr-bytes", type=int, default=64 << 20,
+                   help="largest /v1/fr_trace answer read from a rank, bytes (67108864)")
     g = p.add_argument_group("detector thresholds")
     g.add_argument("--straggler-min-lag", type=float, default=d.straggler_min_lag_s,
                    help=f"seconds a group must arrive after its peers ({d.straggler_min_lag_s:g})")
@@ -92,6 +103,8 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
                                            "lightkeeper-targets.json"),
         forget_after_s=args.forget_after, poll_timeout_s=args.poll_timeout,
         fr_timeout_s=args.fr_timeout, token=args.token or os.environ.get("LIGHTKEEPER_TOKEN"),
+        allow_targets=args.allow_targets, max_targets=args.max_targets,
+        max_state_bytes=args.max_state_bytes, max_fr_bytes=args.max_fr_bytes,
         detectors=DetectorConfig(
             straggler_min_lag_s=args.straggler_min_lag, straggler_rel_lag=args.straggler_rel_lag,
             straggler_steps=args.straggler_steps, straggler_windows=args.straggler_windows,

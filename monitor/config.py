@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from .admission import AllowList
+
 EVICTABLE_KINDS = ("straggler", "hang", "mismatch", "dead")
 
 
@@ -82,6 +84,12 @@ class MonitorConfig:
     fr_timeout_s: float = 5.0  # per /v1/fr_trace request
     max_concurrency: int = 1024  # requests in flight at once
     token: str | None = None  # guards POST /v1/evict and (when set) POST /v1/targets
+    # registration without the token: hosts/networks allowed (None: loopback + static hosts)
+    allow_targets: list[str] | None = None
+    max_targets: int = 10_000  # known targets; a registration beyond is refused (429)
+    max_state_bytes: int = 1 << 20  # largest /v1/state answer read from a rank
+    max_fr_bytes: int = 64 << 20  # largest /v1/fr_trace answer read from a rank
+    lighthouse_timeout_s: float = 2.0  # reading the Lighthouse's status page (verification)
     kill_timeout_s: float = 5.0
     confirm_timeout_s: float = 60.0  # an eviction not seen leaving the quorum by then: unconfirmed
     detectors: DetectorConfig = field(default_factory=DetectorConfig)
@@ -96,5 +104,20 @@ class MonitorConfig:
             raise ConfigError("max_concurrency must be >= 1")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in [0, 65535], got {self.port}")
+        for name in ("max_targets", "max_state_bytes", "max_fr_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.lighthouse_timeout_s <= 0:
+            raise ConfigError("lighthouse_timeout_s must be > 0")
+        try:
+            self.allow_list()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         self.detectors.validate()
         self.rails.validate()
+
+    def allow_list(self) -> AllowList:
+        """Who may register without the token (raises ValueError on a bad entry)."""
+        if self.allow_targets is None:
+            return AllowList.default(self.targets)
+        return AllowList.parse(self.allow_targets)

@@ -8,7 +8,10 @@ Three sources feed one set of :class:`Target` s, keyed by base URL:
   the last good set (and the error is reported by :meth:`Discovery.refresh`);
 - ``POST /v1/targets`` from WorkerServers started with ``LIGHTKEEPER_MONITOR``; they re-register
   every few seconds, and a registered target that stays unreachable for ``forget_after_s`` is
-  forgotten (a live rank comes back with its next registration).
+  forgotten (a live rank comes back with its next registration). Who may register is decided
+  before (:mod:`monitor.admission`, through the ``admit`` hook); a registration that would take
+  the set past ``max_targets`` is refused with :class:`TooManyTargets`, and a body with fields
+  of the wrong type or size with :class:`BadTarget`.
 
 The monitor writes the set it knows as a ``file_sd`` file (:meth:`Discovery.write_file_sd`), so a
 Prometheus pointed at it scrapes exactly the ranks the monitor sees. Thread-safe: registrations
@@ -22,6 +25,7 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,6 +33,14 @@ from urllib.parse import urlsplit
 
 class BadTarget(ValueError):
     """A target address or registration body the monitor cannot use."""
+
+
+class TooManyTargets(Exception):
+    """The monitor already knows ``max_targets`` targets (a new registration is refused)."""
+
+
+MAX_URL = 2048
+MAX_LABEL = 256  # a job name in a registration
 
 
 def normalize_url(address: str) -> str:
@@ -56,6 +68,8 @@ def normalize_url(address: str) -> str:
 def _opt_int(value: Any) -> int | None:
     if value is None or value == "":
         return None
+    if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
+        raise BadTarget(f"expected an integer, got {value!r}")
     try:
         return int(value)
     except (TypeError, ValueError):
@@ -71,6 +85,7 @@ class Target:
     rank: int | None = None
     added_at: float = field(default_factory=time.time)
     last_registered: float | None = None
+    registered_as: str | None = None  # the URL as registered, when polled at a checked address
 
     @property
     def address(self) -> str:
@@ -79,7 +94,8 @@ class Target:
 
 class Discovery:
     def __init__(self, static: list[str] | None = None, targets_file: str | None = None,
-                 forget_after_s: float = 30.0, job: str | None = None) -> None:
+                 forget_after_s: float = 30.0, job: str | None = None,
+                 max_targets: int = 10_000) -> None:
         self._lock = threading.Lock()
         self._static = {u: Target(u, "static", job=job) for u in map(normalize_url, static or [])}
         self._file: dict[str, Target] = {}
@@ -89,25 +105,45 @@ class Discovery:
         self.file_error: str | None = None
         self.forget_after_s = forget_after_s
         self.job = job
+        self.max_targets = max_targets
         self._written: str | None = None
 
     # --- sources ---------------------------------------------------------------------
-    def register(self, body: Any, now: float | None = None) -> Target:
-        """A WorkerServer's self-registration; raises BadTarget on a malformed body."""
+    def register(self, body: Any, now: float | None = None,
+                 admit: Callable[[str], str] | None = None) -> Target:
+        """A WorkerServer's self-registration.
+
+        ``admit(url)`` (when given) decides whether the URL may be polled and returns the URL to
+        poll (its host replaced by the checked address), or raises. Raises BadTarget on a
+        malformed body and TooManyTargets when a new target would exceed ``max_targets``.
+        """
         if not isinstance(body, dict) or not isinstance(body.get("url"), str):
             raise BadTarget('registration body must be a JSON object with "url"')
-        url = normalize_url(body["url"])
-        now = time.time() if now is None else now
+        if len(body["url"]) > MAX_URL:
+            raise BadTarget(f"url longer than {MAX_URL} characters")
         job = body.get("job")
-        target = Target(url, "registered", job=str(job) if job is not None else None,
-                        replica_group=_opt_int(body.get("replica_group")),
-                        rank=_opt_int(body.get("rank")), added_at=now, last_registered=now)
+        if job is not None and (not isinstance(job, str) or len(job) > MAX_LABEL):
+            raise BadTarget(f"job must be a string of at most {MAX_LABEL} characters")
+        replica_group, rank = _opt_int(body.get("replica_group")), _opt_int(body.get("rank"))
+        registered_as = normalize_url(body["url"])
+        url = admit(registered_as) if admit is not None else registered_as
+        now = time.time() if now is None else now
+        target = Target(url, "registered", job=job, replica_group=replica_group, rank=rank,
+                        added_at=now, last_registered=now,
+                        registered_as=registered_as if registered_as != url else None)
         with self._lock:
             old = self._registered.get(url)
             if old is not None:
                 target.added_at = old.added_at
+            elif url not in self._static and url not in self._file \
+                    and self._count() >= self.max_targets:
+                raise TooManyTargets(f"the monitor already knows {self._count()} targets "
+                                     f"(--max-targets {self.max_targets}); {url} not added")
             self._registered[url] = target
         return target
+
+    def _count(self) -> int:
+        return len(self._registered.keys() | self._file.keys() | self._static.keys())
 
     def restore(self, path: str, now: float | None = None) -> int:
         """Re-adopt the targets a previous run wrote with :meth:`write_file_sd` as registered ones.
@@ -126,6 +162,8 @@ class Discovery:
             for url, t in parsed.items():
                 if url in self._registered:
                     continue
+                if self._count() >= self.max_targets:
+                    break
                 t.source, t.added_at, t.last_registered = "registered", now, now
                 self._registered[url] = t
                 n += 1

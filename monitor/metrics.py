@@ -58,6 +58,10 @@ class MonitorMetrics:
                                          "Participants of the newest quorum", ["job"], registry=r)
         self.dry_run = Gauge(p + "dry_run", "1 when the monitor never evicts", ["job"],
                              registry=r)
+        self.registrations = Counter(p + "registrations",
+                                     "POST /v1/targets by outcome (accepted, unauthorized, "
+                                     "not_allowed, bad_request, too_many_targets)",
+                                     ["job", "outcome"], registry=r)
         for reason in ("timeout", "connection", "http_status", "bad_response"):
             self.poll_errors.labels(job, reason)
         for kind in ("straggler", "hang", "mismatch", "dead"):

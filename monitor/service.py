@@ -19,20 +19,24 @@ import threading
 import time
 from typing import Any
 
-from http_serving import BackgroundWSGIServer
+from http_serving import BackgroundWSGIServer, bearer_token_matches
 
 from .actions import Lighthouse
+from .admission import NotAllowed, Unauthorized
 from .app import create_app
 from .config import MonitorConfig
 from .decisions import Situation, decide
 from .detectors import Analyzer, Detectors, Finding
-from .discovery import Discovery
+from .discovery import BadTarget, Discovery, Target, TooManyTargets
 from .metrics import MonitorMetrics
 from .poller import Poller
 from .store import Store
 from .view import ClusterView, ViewBuilder
 
 log = logging.getLogger(__name__)
+
+REFUSALS = {Unauthorized: "unauthorized", NotAllowed: "not_allowed", BadTarget: "bad_request",
+            TooManyTargets: "too_many_targets"}
 
 
 class Monitor:
@@ -41,7 +45,9 @@ class Monitor:
         cfg.validate()
         self.cfg = cfg
         self.clock = clock
-        self.discovery = Discovery(cfg.targets, cfg.targets_file, cfg.forget_after_s, cfg.job)
+        self.discovery = Discovery(cfg.targets, cfg.targets_file, cfg.forget_after_s, cfg.job,
+                                   max_targets=cfg.max_targets)
+        self.allow_list = cfg.allow_list()
         if cfg.sd_out:
             self.discovery.restore(cfg.sd_out)  # resume polling what the last run knew
         self.poller = Poller(cfg.poll_timeout_s, cfg.max_concurrency)
@@ -205,6 +211,27 @@ class Monitor:
         self.metrics.last_eviction.labels(self.cfg.job).set(self.clock())
         return {"id": did, "decision": "evict", "reason": d.reason, "sent": result.sent,
                 "detail": result.detail}
+
+    def register_target(self, body: Any, authorization: str | None) -> Target:
+        """``POST /v1/targets``. With a token configured the registration must carry it (any
+        address then); without one, the target must resolve into ``--allow-targets``.
+
+        Raises Unauthorized, NotAllowed, BadTarget or TooManyTargets; nothing is added then.
+        """
+        try:
+            if self.cfg.token:
+                if not bearer_token_matches(authorization, self.cfg.token):
+                    raise Unauthorized("missing or wrong bearer token")
+                target = self.discovery.register(body)
+            else:
+                target = self.discovery.register(body, admit=self.allow_list.admit)
+        except (Unauthorized, NotAllowed, BadTarget, TooManyTargets) as e:
+            outcome = REFUSALS[type(e)]
+            self.metrics.registrations.labels(self.cfg.job, outcome).inc()
+            log.info("registration refused (%s): %s", outcome, e)
+            raise
+        self.metrics.registrations.labels(self.cfg.job, "accepted").inc()
+        return target
 
     def evict_manual(self, replica_group: int, reason: str) -> dict[str, Any]:
         """``POST /v1/evict``: the same rails minus evidence, cooldown and blindness."""

@@ -149,3 +149,128 @@ def test_monitor_refuses_a_huge_body(tmp_path):
                    10, what="sweeps after the refused bodies")
     finally:
         mon.stop()
+
+
+# --- registration: who may add a target -------------------------------------------------------
+def register(mon: Monitor, url: str, token: str | None = None, **fields):
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return requests.post(mon.url + "/v1/targets", json={"url": url, **fields}, headers=headers,
+                         timeout=10)
+
+
+def test_registration_without_token_is_limited_to_loopback_and_static_hosts(tmp_path):
+    mon = bare_monitor(tmp_path, targets=["192.0.2.10:9000"])
+    try:
+        assert register(mon, "127.0.0.1:4001").status_code == 200
+        assert register(mon, "http://[::1]:4002").status_code == 200
+        assert register(mon, "192.0.2.10:9001").status_code == 200  # a static target's host
+        for url in ("10.1.2.3:80", "192.0.2.11:9000", "169.254.169.254:80", "0.0.0.0:80",
+                    "http://[::ffff:10.1.2.3]:80"):
+            r = register(mon, url)
+            assert r.status_code == 403, (url, r.text)
+            assert "--allow-targets" in r.json()["error"]
+        # a name is judged on what it resolves to (real DNS: localhost is in /etc/hosts), and
+        # the target is polled at the checked address, not by name
+        r = register(mon, "http://localhost:4003")
+        assert r.status_code == 200, r.text
+        assert r.json()["url"] in ("http://127.0.0.1:4003", "http://[::1]:4003")
+        assert r.json()["registered_as"] == "http://localhost:4003"
+        assert register(mon, "http://no-such-host.invalid:80").status_code == 403
+        urls = {t.url for t in mon.discovery.targets()}
+        assert urls == {"http://192.0.2.10:9000", "http://127.0.0.1:4001", "http://[::1]:4002",
+                        "http://192.0.2.10:9001", r.json()["url"]}
+        text = requests.get(mon.url + "/metrics", timeout=5).text
+        assert 'lightkeeper_monitor_registrations_total{job="unit",outcome="accepted"} 4.0' in text
+        assert 'lightkeeper_monitor_registrations_total{job="unit",outcome="not_allowed"} 6.0' \
+            in text
+    finally:
+        mon.stop()
+
+
+def test_token_admits_any_address_and_is_required_when_set(tmp_path):
+    mon = bare_monitor(tmp_path, token=TOKEN)
+    try:
+        assert register(mon, "127.0.0.1:4001").status_code == 401  # even from loopback
+        assert register(mon, "10.1.2.3:80", token=TOKEN).status_code == 200
+        assert {t.url for t in mon.discovery.targets()} == {"http://10.1.2.3:80"}
+    finally:
+        mon.stop()
+
+
+def test_allow_targets_networks_names_and_patterns():
+    """The rule itself, with a stand-in resolver (no DNS server to control here)."""
+    from monitor.admission import AllowList, NotAllowed
+
+    dns = {"rank-1.train.example": ["10.0.0.5"], "evil.train.example": ["169.254.169.254"],
+           "split.train.example": ["10.0.0.6", "127.0.0.1"], "trainer-a": ["172.16.0.9"],
+           "rebind.example": ["172.16.0.9", "8.8.8.8"], "outside": ["8.8.4.4"]}
+
+    def resolver(host):
+        import ipaddress
+        try:
+            return [ipaddress.ip_address(host)]
+        except ValueError:
+            if host not in dns:
+                raise NotAllowed(f"{host} does not resolve") from None
+            return [ipaddress.ip_address(a) for a in dns[host]]
+
+    allow = AllowList.parse(["192.168.0.0/16", "*.train.example", "trainer-a"],
+                            resolver=resolver)
+    assert allow.admit("http://192.168.3.4:80") == "http://192.168.3.4:80"
+    assert allow.admit("http://rank-1.train.example:80") == "http://10.0.0.5:80"
+    assert allow.admit("http://trainer-a:81") == "http://172.16.0.9:81"
+    # an IP that an allowed name resolves to is allowed as such
+    assert allow.admit("http://172.16.0.9:82") == "http://172.16.0.9:82"
+    refused = ["http://evil.train.example:80",  # matches the pattern, resolves to link-local
+               "http://split.train.example:80",  # one address is loopback: refused
+               "http://rebind.example:80",  # one of its addresses is outside
+               "http://outside:80", "http://10.0.0.5:80", "http://127.0.0.1:80",
+               "http://unknown.example:80"]
+    for url in refused:
+        with pytest.raises(NotAllowed):
+            allow.admit(url)
+    for bad in ("http://x", "not a host!", "*"):
+        with pytest.raises(ValueError):
+            AllowList.parse([bad])
+
+
+def test_too_many_targets_and_bad_bodies_are_refused(tmp_path):
+    mon = bare_monitor(tmp_path, max_targets=3, targets=["127.0.0.1:4000"])
+    try:
+        assert register(mon, "127.0.0.1:4001").status_code == 200
+        assert register(mon, "127.0.0.1:4002").status_code == 200
+        r = register(mon, "127.0.0.1:4003")
+        assert r.status_code == 429 and "--max-targets 3" in r.json()["error"]
+        assert register(mon, "127.0.0.1:4002", rank=2).status_code == 200  # known: refreshed
+        for body in ({"url": 5}, {"url": "127.0.0.1:4001", "rank": "two"},
+                     {"url": "127.0.0.1:4001", "rank": True},
+                     {"url": "127.0.0.1:4001", "replica_group": 1.5},
+                     {"url": "127.0.0.1:4001", "job": {"a": 1}},
+                     {"url": "127.0.0.1:4001", "job": "j" * 300},
+                     {"url": "http://127.0.0.1:" + "1" * 3000}, [1, 2], "x"):
+            r = requests.post(mon.url + "/v1/targets", json=body, timeout=5)
+            assert r.status_code == 400, (body, r.text)
+        r = requests.post(mon.url + "/v1/targets", data=b"\xff\xfe not json", timeout=5,
+                          headers={"Content-Type": "application/json"})
+        assert r.status_code == 400
+        assert len(mon.discovery.targets()) == 3
+        assert {t.rank for t in mon.discovery.targets()} == {None, 2}
+    finally:
+        mon.stop()
+
+
+def test_bad_allow_targets_flag_exits_2(tmp_path, capsys):
+    import argparse
+
+    from monitor import cli
+
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    args = p.parse_args(["--allow-targets", "10.0.0.0/8,bad host", "--state",
+                         str(tmp_path / "s.db")])
+    assert cli.run(args) == 2
+    assert "bad host" in capsys.readouterr().err
+    args = p.parse_args(["--allow-targets", "10.0.0.0/8,*.example", "--max-targets", "5",
+                         "--state", str(tmp_path / "s.db")])
+    cfg = cli.config_from_args(args)
+    assert cfg.allow_targets == ["10.0.0.0/8", "*.example"] and cfg.max_targets == 5

@@ -112,10 +112,17 @@ class WorkerServer:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
 
         def loop() -> None:
+            refused: int | None = None  # the last refusal's status, logged once
             while not self._stop.is_set():
                 try:
-                    requests.post(f"{monitor_url.rstrip('/')}/v1/targets", json=body,
-                                  headers=headers, timeout=2).raise_for_status()
+                    r = requests.post(f"{monitor_url.rstrip('/')}/v1/targets", json=body,
+                                      headers=headers, timeout=2)
+                    if r.status_code != 200 and r.status_code != refused:
+                        # 401 (token), 403 (address not allowed), 429 (monitor full): the
+                        # operator has to act, and this rank is not monitored until then
+                        log.warning("monitor %s refused this rank's registration: HTTP %d %s",
+                                    monitor_url, r.status_code, r.text[:300])
+                    refused = None if r.status_code == 200 else r.status_code
                 except requests.RequestException as e:
                     log.debug("registration with %s failed: %s", monitor_url, e)
                 self._stop.wait(REGISTER_INTERVAL_S)

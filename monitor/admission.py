@@ -1,0 +1,179 @@
+"""Which addresses a WorkerServer may register without the monitor's token (``--allow-targets``).
+
+A registration names a URL the monitor will then poll every sweep, so an open ``POST
+/v1/targets`` would let anyone point the monitor at any address. Without the token, the target's
+host must be allowed, judged on the addresses it resolves to, not on the string:
+
+- a network (``10.0.0.0/8``, ``192.168.1.7``, ``::1``) allows the addresses inside it;
+- a host name without wildcards (``trainer-3.example``) allows that name and the addresses it
+  resolves to when the registration is checked;
+- a host pattern (``*.train.example``, fnmatch rules, case-insensitive) allows names that match
+  it whose every address is an ordinary unicast one: not unspecified, multicast, link-local
+  (``169.254.0.0/16`` holds cloud metadata services), loopback or reserved, unless a network
+  entry allows it.
+
+A host that matches none of these must resolve only into allowed addresses; one address outside
+is enough to refuse. The default list is loopback (``127.0.0.0/8``, ``::1``) and the hosts of
+the static ``--targets``.
+
+DNS: a name is resolved once, when it registers (within :data:`RESOLVE_TIMEOUT_S`; a name that
+does not resolve in time is refused), and the target is then polled at the address that was
+checked, never by name again: a name that later resolves elsewhere (DNS rebinding) cannot move
+the monitor's polls. A WorkerServer re-registers every few seconds, so a rank whose address
+really changed is re-checked and polled at its new address; the old one is forgotten once
+unreachable.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+import re
+import socket
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+RESOLVE_TIMEOUT_S = 2.0
+DEFAULT_NETWORKS = ("127.0.0.0/8", "::1/128")
+_HOST_RE = re.compile(r"^[A-Za-z0-9*?\[\]_.-]+$")
+_WILDCARDS = set("*?[")
+
+
+class NotAllowed(Exception):
+    """A target the monitor may not poll on an unauthenticated registration (answered 403)."""
+
+
+class Unauthorized(Exception):
+    """The monitor has a token and the registration did not carry it (answered 401)."""
+
+
+def _plain(addr: IPAddress) -> IPAddress:
+    """``::ffff:10.0.0.1`` -> ``10.0.0.1``: judge the IPv4 address an IPv4-mapped one reaches."""
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    return addr
+
+
+def ordinary_unicast(addr: IPAddress) -> bool:
+    addr = _plain(addr)
+    return not (addr.is_unspecified or addr.is_multicast or addr.is_link_local
+                or addr.is_loopback or addr.is_reserved)
+
+
+_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lightkeeper-dns")
+
+
+def resolve(host: str, timeout: float = RESOLVE_TIMEOUT_S) -> list[IPAddress]:
+    """Every address ``host`` resolves to (an IP literal resolves to itself); raises NotAllowed
+    when it does not resolve within ``timeout`` seconds."""
+    try:
+        return [_plain(ipaddress.ip_address(host.strip("[]")))]
+    except ValueError:
+        pass
+    fut = _pool.submit(socket.getaddrinfo, host, None, 0, socket.SOCK_STREAM)
+    try:
+        infos = fut.result(timeout=timeout)
+    except FutureTimeout:
+        raise NotAllowed(f"{host} did not resolve within {timeout:g}s") from None
+    except OSError as e:
+        raise NotAllowed(f"{host} does not resolve: {e}") from None
+    out: list[IPAddress] = []
+    for info in infos:
+        try:
+            a = _plain(ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]))
+        except ValueError:
+            continue
+        if a not in out:
+            out.append(a)
+    if not out:
+        raise NotAllowed(f"{host} resolves to no IP address")
+    return out
+
+
+@dataclass
+class AllowList:
+    """The parsed ``--allow-targets`` entries; :meth:`admit` checks one target URL."""
+
+    networks: list[IPNetwork] = field(default_factory=list)
+    hosts: list[str] = field(default_factory=list)  # exact names, lower case
+    patterns: list[str] = field(default_factory=list)  # fnmatch patterns, lower case
+    resolver: Callable[[str], list[IPAddress]] = resolve
+    host_cache_s: float = 30.0
+    _host_addrs: dict[str, tuple[float, list[IPAddress]]] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, entries: Iterable[str], **kw) -> AllowList:
+        """Raises ValueError naming the first entry that is neither a network nor a host."""
+        out = cls(**kw)
+        for raw in entries:
+            entry = raw.strip().lower()
+            if not entry:
+                continue
+            try:
+                out.networks.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
+                continue
+            except ValueError:
+                pass
+            if not _HOST_RE.match(entry) or entry.strip("*?.") == "":
+                raise ValueError(f"--allow-targets entry {raw!r} is neither a network "
+                                 "(CIDR or IP) nor a host name or pattern")
+            (out.patterns if _WILDCARDS & set(entry) else out.hosts).append(entry)
+        return out
+
+    @classmethod
+    def default(cls, static_targets: Iterable[str], **kw) -> AllowList:
+        """Loopback and the hosts of the static targets (``host:port`` or URLs)."""
+        hosts = []
+        for t in static_targets:
+            parts = urlsplit(t if "://" in t else "http://" + t)
+            if parts.hostname:
+                hosts.append(parts.hostname)
+        return cls.parse([*DEFAULT_NETWORKS, *hosts], **kw)
+
+    def describe(self) -> str:
+        return ", ".join([*map(str, self.networks), *self.hosts, *self.patterns]) or "nothing"
+
+    def _allowed_by_hosts(self) -> set[IPAddress]:
+        now = time.monotonic()
+        out: set[IPAddress] = set()
+        for h in self.hosts:
+            cached = self._host_addrs.get(h)
+            if cached is None or now - cached[0] > self.host_cache_s:
+                try:
+                    addrs = self.resolver(h)
+                except NotAllowed:
+                    addrs = []  # an allowed name that does not resolve allows no address
+                cached = self._host_addrs[h] = (now, addrs)
+            out.update(cached[1])
+        return out
+
+    def admit(self, url: str) -> str:
+        """The URL to poll for a registered ``http://host:port`` (the host replaced by the address
+        that was checked); raises NotAllowed saying why not."""
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+        addrs = self.resolver(host)
+        by_network = [a for a in addrs if any(a in n for n in self.networks)]
+        if host in self.hosts:
+            ok = addrs
+        elif any(fnmatch.fnmatchcase(host, p) for p in self.patterns):
+            ok = [a for a in addrs if a in by_network or ordinary_unicast(a)]
+        else:
+            by_host = self._allowed_by_hosts()
+            ok = [a for a in addrs if a in by_network or a in by_host]
+        refused = [a for a in addrs if a not in ok]
+        if refused:
+            shown = ", ".join(map(str, refused))
+            raise NotAllowed(f"target {url} resolves to {shown}, outside --allow-targets "
+                             f"({self.describe()}); register with the monitor's token or "
+                             "widen --allow-targets")
+        addr = addrs[0]
+        netloc = f"[{addr}]" if addr.version == 6 else str(addr)
+        return f"{parts.scheme}://{netloc}:{parts.port}"
