@@ -9,6 +9,10 @@ garbage or an HTTP error becomes a :class:`RankPoll` with ``ok=False`` and a ``r
 (``timeout``, ``connection``, ``http_status``, ``bad_response``) and never delays the others
 beyond its timeout or raises out of :meth:`Poller.sweep`.
 
+Everything a rank sends is bounded: the whole request by its timeout (a rank that dribbles bytes
+is cut off like a silent one), the body by ``max_bytes`` (declared or counted, chunked or not),
+header lines by the stream's 64 KiB line limit and their number by :data:`MAX_HEADERS`.
+
 Keep-alive connections are pooled per target (at most ``max_idle`` idle ones overall, so 100,000
 targets do not hold 100,000 sockets); a reused connection the server closed in the meantime is
 retried once on a fresh one.
@@ -27,7 +31,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 REASONS = ("timeout", "connection", "http_status", "bad_response")
-MAX_BODY = 256 * 1024 * 1024
+MAX_BODY = 1 << 20  # default per answer; /v1/fr_trace gets its own (larger) bound
+MAX_HEADERS = 100
 
 
 class PollError(Exception):
@@ -74,8 +79,9 @@ class Poller:
     """Fetch JSON documents from many WorkerServers concurrently; see the module docstring."""
 
     def __init__(self, timeout_s: float = 0.8, max_concurrency: int = 1024,
-                 max_idle: int = 4096) -> None:
+                 max_idle: int = 4096, max_bytes: int = MAX_BODY) -> None:
         self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
         self.max_concurrency = max_concurrency
         self.max_idle = max_idle
         self._idle: OrderedDict[tuple[str, int], _Conn] = OrderedDict()
@@ -87,13 +93,18 @@ class Poller:
 
     # --- public, thread-safe ---------------------------------------------------------
     def sweep(self, urls: Iterable[str], path: str = "/v1/state",
-              timeout_s: float | None = None) -> dict[str, RankPoll]:
-        """GET ``path`` from every URL concurrently; returns url -> RankPoll (never raises)."""
+              timeout_s: float | None = None,
+              max_bytes: int | None = None) -> dict[str, RankPoll]:
+        """GET ``path`` from every URL concurrently; returns url -> RankPoll (never raises).
+
+        A body over ``max_bytes`` (default: the poller's) is a ``bad_response``."""
         urls = list(dict.fromkeys(urls))
         if not urls:
             return {}
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        fut = asyncio.run_coroutine_threadsafe(self._sweep(urls, path, timeout), self._loop)
+        limit = self.max_bytes if max_bytes is None else max_bytes
+        fut = asyncio.run_coroutine_threadsafe(self._sweep(urls, path, timeout, limit),
+                                               self._loop)
         return fut.result()
 
     def close(self) -> None:
@@ -121,14 +132,15 @@ class Poller:
             self._loop.close()
 
     # --- event loop side -------------------------------------------------------------
-    async def _sweep(self, urls: list[str], path: str, timeout: float) -> dict[str, RankPoll]:
+    async def _sweep(self, urls: list[str], path: str, timeout: float,
+                     limit: int) -> dict[str, RankPoll]:
         sem = asyncio.Semaphore(self.max_concurrency)
 
         async def one(url: str) -> RankPoll:
             async with sem:
                 start = time.perf_counter()
                 try:
-                    data = await asyncio.wait_for(self._get_json(url, path), timeout)
+                    data = await asyncio.wait_for(self._get_json(url, path, limit), timeout)
                     return RankPoll(url, True, data=data, latency_s=time.perf_counter() - start)
                 except PollError as e:
                     reason, msg = e.reason, str(e)
@@ -144,7 +156,7 @@ class Poller:
         results = await asyncio.gather(*(one(u) for u in urls))
         return {r.url: r for r in results}
 
-    async def _get_json(self, url: str, path: str) -> dict[str, Any]:
+    async def _get_json(self, url: str, path: str, limit: int) -> dict[str, Any]:
         host, port = _split(url)
         key = (host, port)
         conn = self._idle.pop(key, None)
@@ -154,7 +166,7 @@ class Poller:
                 reader, writer = await asyncio.open_connection(host, port)
                 conn = _Conn(reader, writer)
             try:
-                status, body, keep = await self._request(conn, host, port, path)
+                status, body, keep = await self._request(conn, host, port, path, limit)
                 break
             except (ConnectionError, asyncio.IncompleteReadError, _StaleConnection):
                 conn.close()
@@ -183,7 +195,8 @@ class Poller:
         return data
 
     @staticmethod
-    async def _request(conn: _Conn, host: str, port: int, path: str) -> tuple[int, bytes, bool]:
+    async def _request(conn: _Conn, host: str, port: int, path: str,
+                       limit: int) -> tuple[int, bytes, bool]:
         conn.writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
                           "Accept: application/json\r\nUser-Agent: lightkeeper-monitor\r\n\r\n"
                           .encode("latin-1"))
@@ -196,12 +209,14 @@ class Poller:
             raise PollError("bad_response", f"bad status line {line[:100]!r}")
         status = int(parts[1])
         headers: dict[bytes, bytes] = {}
-        while True:
+        for lines in range(MAX_HEADERS + 1):
             h = await conn.reader.readline()
             if h in (b"\r\n", b"\n"):
                 break
             if not h:
                 raise PollError("bad_response", "connection closed inside the headers")
+            if lines == MAX_HEADERS:
+                raise PollError("bad_response", f"more than {MAX_HEADERS} header lines")
             name, _, value = h.partition(b":")
             headers[name.strip().lower()] = value.strip()
         keep = parts[0] == b"HTTP/1.1" and headers.get(b"connection", b"").lower() != b"close"
@@ -210,8 +225,9 @@ class Poller:
                 n = int(headers[b"content-length"])
             except ValueError:
                 raise PollError("bad_response", "bad Content-Length") from None
-            if n < 0 or n > MAX_BODY:
-                raise PollError("bad_response", f"Content-Length {n} out of range")
+            if n < 0 or n > limit:
+                raise PollError("bad_response", f"Content-Length {n} out of range "
+                                                f"(at most {limit} bytes)")
             body = await conn.reader.readexactly(n)
         elif headers.get(b"transfer-encoding", b"").lower() == b"chunked":
             chunks = []
@@ -227,13 +243,19 @@ class Poller:
                         pass
                     break
                 total += size
-                if total > MAX_BODY:
-                    raise PollError("bad_response", "body too large")
+                if total > limit:
+                    raise PollError("bad_response", f"body larger than {limit} bytes")
                 chunks.append(await conn.reader.readexactly(size))
                 await conn.reader.readexactly(2)
             body = b"".join(chunks)
-        else:
-            body = await conn.reader.read(MAX_BODY)
+        else:  # the body ends when the connection does
+            chunks, total = [], 0
+            while chunk := await conn.reader.read(65536):
+                total += len(chunk)
+                if total > limit:
+                    raise PollError("bad_response", f"body larger than {limit} bytes")
+                chunks.append(chunk)
+            body = b"".join(chunks)
             keep = False
         return status, body, keep
 

@@ -50,7 +50,8 @@ class Monitor:
         self.allow_list = cfg.allow_list()
         if cfg.sd_out:
             self.discovery.restore(cfg.sd_out)  # resume polling what the last run knew
-        self.poller = Poller(cfg.poll_timeout_s, cfg.max_concurrency)
+        self.poller = Poller(cfg.poll_timeout_s, cfg.max_concurrency,
+                             max_bytes=cfg.max_state_bytes)
         self.views = ViewBuilder()
         self.detectors = Detectors(cfg.detectors, analyzer, clock=clock)
         self.store = Store(cfg.state_path)
@@ -144,7 +145,8 @@ class Monitor:
         if not urls:
             return {}
         dumps: dict[int, dict] = {}
-        for url, p in self.poller.sweep(urls, "/v1/fr_trace", self.cfg.fr_timeout_s).items():
+        for url, p in self.poller.sweep(urls, "/v1/fr_trace", self.cfg.fr_timeout_s,
+                                        self.cfg.max_fr_bytes).items():
             if not p.ok or not isinstance(p.data, dict):
                 continue
             rank = p.data.get("rank")

@@ -9,6 +9,7 @@ against a real torchft Lighthouse before they count as evidence.
 from __future__ import annotations
 
 import hmac
+import time
 
 import pytest
 import requests
@@ -274,3 +275,73 @@ def test_bad_allow_targets_flag_exits_2(tmp_path, capsys):
                          "--state", str(tmp_path / "s.db")])
     cfg = cli.config_from_args(args)
     assert cfg.allow_targets == ["10.0.0.0/8", "*.example"] and cfg.max_targets == 5
+
+
+# --- bounded polling: misbehaving ranks -------------------------------------------------------
+HOSTILE_MODES = {"huge": ("bad_response", "out of range"),
+                 "huge_chunked": ("bad_response", "larger than"),
+                 "huge_unframed": ("bad_response", "larger than"),
+                 "dribble": ("timeout", "no answer"),
+                 "slow": ("timeout", "no answer"),
+                 "many_headers": ("bad_response", "header lines"),
+                 "long_header": ("bad_response", "limit"),
+                 "deep_json": ("bad_response", "Recursion"),
+                 "garbage": ("bad_response", "not JSON")}
+
+
+@pytest.fixture
+def hostile_sim():
+    from tests.support.monitor_sim import SimRanks
+
+    sim = SimRanks.start(3 + len(HOSTILE_MODES) + 1)
+    for rank, mode in zip(sim.ranks[3:], [*HOSTILE_MODES, "wrongtypes"], strict=True):
+        rank.set_mode(mode, delay=60.0)
+    yield sim
+    sim.stop()
+
+
+def test_poller_bounds_every_answer(hostile_sim):
+    from monitor.poller import Poller
+
+    sim = hostile_sim
+    p = Poller(timeout_s=1.0, max_bytes=64 * 1024)
+    try:
+        for _ in range(2):  # twice: pooled connections to the good ranks stay usable
+            start = time.monotonic()
+            polls = p.sweep(sim.urls)
+            took = time.monotonic() - start
+            assert all(polls[r.url].ok for r in sim.ranks[:3])
+            for rank, (mode, (reason, words)) in zip(sim.ranks[3:], HOSTILE_MODES.items()):
+                got = polls[rank.url]
+                assert (got.ok, got.reason) == (False, reason), (mode, got)
+                assert words in got.error, (mode, got.error)
+            assert polls[sim.ranks[-1].url].ok  # wrong types: valid JSON, judged by the view
+            assert took < 1.0 + 1.5, took  # the timeout, not the 60 s of the slow rank
+        # a Flight Recorder answer gets its own bound
+        sim.ranks[0].fr = {"entries": ["x" * 1000] * 100}
+        fr = p.sweep([sim.ranks[0].url], "/v1/fr_trace", 2.0, max_bytes=50_000)
+        assert fr[sim.ranks[0].url].reason == "bad_response"
+        fr = p.sweep([sim.ranks[0].url], "/v1/fr_trace", 2.0, max_bytes=200_000)
+        assert fr[sim.ranks[0].url].ok
+    finally:
+        p.close()
+
+
+def test_monitor_keeps_sweeping_past_misbehaving_ranks(tmp_path, hostile_sim):
+    sim = hostile_sim
+    mon = bare_monitor(tmp_path, targets=sim.urls, poll_timeout_s=0.5, max_state_bytes=65536)
+    try:
+        wait_until(lambda: mon.sweeps >= 4, 30, what="sweeps past misbehaving ranks")
+        c = requests.get(mon.url + "/v1/cluster", timeout=10).json()
+        ranks = {r["url"]: r for g in c["groups"] for r in g["ranks"]}
+        ranks.update({r["url"]: r for r in c["ungrouped"]})
+        assert all(ranks[r.url]["reachable"] for r in sim.ranks[:3])
+        for rank, (mode, (reason, _)) in zip(sim.ranks[3:], HOSTILE_MODES.items()):
+            assert ranks[rank.url]["reachable"] is False and ranks[rank.url]["reason"] == reason
+        bad = ranks[sim.ranks[-1].url]
+        assert bad["reason"] == "bad_response" and "bad /v1/state" in bad["error"]
+        assert c["sweep_seconds"] < 0.5 + 1.5 and c["last_error"] is None
+        text = requests.get(mon.url + "/metrics", timeout=5).text
+        assert 'lightkeeper_monitor_ranks_up{job="unit"} 3.0' in text
+    finally:
+        mon.stop()

@@ -3,8 +3,13 @@
 Each simulated rank listens on its own port and answers ``/v1/state`` (and ``/v1/fr_trace``,
 ``/v1/stacks``, ``/healthz``) from a document the test controls. A rank can misbehave on purpose:
 ``mode`` ``"slow"`` answers after ``delay`` seconds, ``"http500"`` answers 500, ``"garbage"``
-answers a body that is not JSON, ``"badstate"`` a JSON object that is not a /v1/state, ``"close"``
-closes the connection without answering, ``"down"`` stops listening (connection refused).
+answers a body that is not JSON, ``"badstate"`` a JSON object that is not a /v1/state,
+``"wrongtypes"`` a /v1/state whose values have the wrong types, ``"close"`` closes the connection
+without answering, ``"down"`` stops listening (connection refused). Hostile ones, for the bounds:
+``"huge"`` declares a 10 GiB body, ``"huge_chunked"`` and ``"huge_unframed"`` stream one without
+end (chunked / until the connection closes), ``"dribble"`` sends one byte every 50 ms,
+``"many_headers"`` 10,000 header lines, ``"long_header"`` a 1 MiB header line, ``"deep_json"``
+an array nested 30,000 deep.
 
 In-process: ``sim = SimRanks.start(n, groups=3)`` ... ``sim.stop()``. As a process (benchmarks,
 so the monitor and the simulated ranks do not share one GIL)::
@@ -106,6 +111,9 @@ class SimRank:
                     break
                 if mode == "slow":
                     await asyncio.sleep(self.delay)
+                if mode in HOSTILE:
+                    await HOSTILE[mode](writer)
+                    break
                 status, ctype, body = self.respond(path.split("?")[0], mode)
                 writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
                              f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
@@ -121,8 +129,13 @@ class SimRank:
             return "500 Internal Server Error", "application/json", b'{"error": "boom"}'
         if mode == "garbage":
             return "200 OK", "application/json", b"<html>not json"
+        if mode == "deep_json":
+            return "200 OK", "application/json", b"[" * 30_000 + b"]" * 30_000
         if path == "/v1/state":
             doc = {"oops": True} if mode == "badstate" else self.state
+            if mode == "wrongtypes":
+                doc = {**self.state, "step": "100", "quorum_id": None, "phase": 7,
+                       "replica_group": [1]}
             return "200 OK", "application/json", json.dumps(doc).encode()
         if path == "/v1/fr_trace" and self.fr is not None:
             return "200 OK", "application/json", json.dumps(self.fr).encode()
@@ -131,6 +144,50 @@ class SimRank:
         if path == "/healthz":
             return "200 OK", "application/json", b'{"status": "ok"}'
         return "404 Not Found", "application/json", b'{"error": "not found"}'
+
+
+async def _huge(writer: asyncio.StreamWriter) -> None:
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 10737418240\r\n\r\n")
+    await _stream(writer, b"\x00" * 65536)
+
+
+async def _huge_chunked(writer: asyncio.StreamWriter) -> None:
+    writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    await _stream(writer, b"10000\r\n" + b"[" * 65536 + b"\r\n")
+
+
+async def _huge_unframed(writer: asyncio.StreamWriter) -> None:
+    writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n")
+    await _stream(writer, b" " * 65536)
+
+
+async def _stream(writer: asyncio.StreamWriter, piece: bytes) -> None:
+    while True:  # until the reader hangs up (drain raises) or the test stops the sim
+        writer.write(piece)
+        await writer.drain()
+
+
+async def _dribble(writer: asyncio.StreamWriter) -> None:
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+    while True:
+        writer.write(b" ")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+
+
+async def _many_headers(writer: asyncio.StreamWriter) -> None:
+    writer.write(b"HTTP/1.1 200 OK\r\n" + b"X-Pad: 1\r\n" * 10_000 + b"\r\n{}")
+    await writer.drain()
+
+
+async def _long_header(writer: asyncio.StreamWriter) -> None:
+    writer.write(b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * (1 << 20) + b"\r\n\r\n{}")
+    await writer.drain()
+
+
+HOSTILE = {"huge": _huge, "huge_chunked": _huge_chunked, "huge_unframed": _huge_unframed,
+           "dribble": _dribble, "many_headers": _many_headers, "long_header": _long_header}
 
 
 class SimRanks:
