@@ -3,6 +3,12 @@
 Used by ``lightkeeper demo`` and by the tests. Every process is started in its own session and
 stopped by PID (SIGTERM, then SIGKILL after a grace period); ports are ephemeral; everything
 binds 127.0.0.1. Logs go to files in ``log_dir``.
+
+A group of several ranks is launched with torchrun (``launcher="torchrun"``: its agent hosts the
+group's store and tears the whole group down when one rank exits) or as bare processes, one per
+rank, with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/``MASTER_PORT`` set, as a
+Kubernetes operator runs pods (``launcher="bare"``: group rank 0 hosts the store; a rank that
+exits leaves the others running).
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -122,6 +129,28 @@ class ReplicaGroupProcess(ManagedProcess):
     replica_group: int = 0
     worker_urls: dict[int, str] = field(default_factory=dict)
     faults: list[str] = field(default_factory=list)
+    # launcher="bare": one process per group rank (``proc`` is rank 0's); empty under torchrun.
+    rank_procs: dict[int, subprocess.Popen] = field(default_factory=dict)
+
+    def processes(self) -> list[subprocess.Popen]:
+        return list(self.rank_procs.values()) or [self.proc]
+
+    def alive(self) -> bool:
+        """Whether any process of the group still runs."""
+        return any(p.poll() is None for p in self.processes())
+
+    def alive_ranks(self) -> list[int]:
+        """Group ranks whose own process runs (launcher="bare"; under torchrun: all or none)."""
+        if not self.rank_procs:
+            return sorted(self.worker_urls) if self.proc.poll() is None else []
+        return sorted(r for r, p in self.rank_procs.items() if p.poll() is None)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (for MASTER_PORT, which must be known up front)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 class LocalCluster:
@@ -131,7 +160,10 @@ class LocalCluster:
                  steps: int = 1000, job: str = "lightkeeper", min_replicas: int = 1,
                  join_timeout_ms: int = 5000, heartbeat_timeout_ms: int = 5000,
                  pg_timeout_s: float = 20.0, quorum_timeout_s: float = 60.0,
-                 step_pause_s: float = 0.0, extra_env: dict[str, str] | None = None) -> None:
+                 step_pause_s: float = 0.0, extra_env: dict[str, str] | None = None,
+                 launcher: str = "torchrun") -> None:
+        if launcher not in ("torchrun", "bare"):
+            raise ValueError(f"launcher must be torchrun or bare, got {launcher!r}")
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.num_groups = num_groups
@@ -145,6 +177,7 @@ class LocalCluster:
         self.quorum_timeout_s = quorum_timeout_s
         self.step_pause_s = step_pause_s
         self.extra_env = dict(extra_env or {})
+        self.launcher = launcher
         self.lighthouse: ManagedProcess | None = None
         self.lighthouse_url: str | None = None
         self.groups: dict[int, ReplicaGroupProcess] = {}
@@ -194,21 +227,35 @@ class LocalCluster:
         for f in faults or []:
             train_args += ["--inject", f]
         train_args += extra_args or []
-        if self.ranks_per_group == 1:
-            cmd = [sys.executable, "-u", "-m", "lightkeeper.cli", *train_args]
-        else:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc-per-node={self.ranks_per_group}", "--no-python",
-                   sys.executable, "-u", "-m", "lightkeeper.cli", *train_args]
+        train_cmd = [sys.executable, "-u", "-m", "lightkeeper.cli", *train_args]
         env = {**os.environ, **self.extra_env, "TORCHFT_LIGHTHOUSE": self.lighthouse_url,
                "REPLICA_GROUP_ID": str(replica_group), "NUM_REPLICA_GROUPS": str(self.num_groups),
                "PYTHONUNBUFFERED": "1"}
         env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
-        with open(log_path, "wb") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True)
+        rank_procs: dict[int, subprocess.Popen] = {}
+        # Append mode: every rank writes whole lines to the one log, none overwrites another's.
+        log_path.write_bytes(b"")
+        with open(log_path, "ab") as out:
+            if self.ranks_per_group == 1:
+                proc = subprocess.Popen(train_cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                        start_new_session=True)
+            elif self.launcher == "torchrun":
+                cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                       f"--nproc-per-node={self.ranks_per_group}", "--no-python", *train_cmd]
+                proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                        start_new_session=True)
+            else:
+                rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+                              "WORLD_SIZE": str(self.ranks_per_group)}
+                for r in range(self.ranks_per_group):
+                    rank_procs[r] = subprocess.Popen(
+                        train_cmd, stdout=out, stderr=subprocess.STDOUT,
+                        env={**env, **rendezvous, "RANK": str(r), "LOCAL_RANK": str(r)},
+                        start_new_session=True)
+                proc = rank_procs[0]
         group = ReplicaGroupProcess(f"replica_group_{replica_group}", proc, log_path,
-                                    replica_group=replica_group, faults=list(faults or []))
+                                    replica_group=replica_group, faults=list(faults or []),
+                                    rank_procs=rank_procs)
         self.groups[replica_group] = group
         return group
 
@@ -238,19 +285,21 @@ class LocalCluster:
             self.wait_for_workers(g, timeout)
 
     def kill_group(self, replica_group: int) -> None:
-        stop_process(self.groups[replica_group].proc, grace=0.0)
+        for proc in self.groups[replica_group].processes():
+            stop_process(proc, grace=0.0)
 
     def worker_urls(self) -> list[str]:
         return [u for g in self.groups.values() if g.alive() for u in g.worker_urls.values()]
 
     def stop(self) -> None:
         for g in self.groups.values():
-            stop_process(g.proc, grace=3.0)
+            for proc in g.processes():
+                stop_process(proc, grace=3.0)
         if self.lighthouse is not None:
             stop_process(self.lighthouse.proc, grace=3.0)
 
     def pids(self) -> list[int]:
-        procs = [g.proc for g in self.groups.values()]
+        procs = [p for g in self.groups.values() for p in g.processes()]
         if self.lighthouse:
             procs.append(self.lighthouse.proc)
         return [p.pid for p in procs]

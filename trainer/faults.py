@@ -20,10 +20,13 @@ Grammar (one fault per ``--inject``; repeat the flag for several)::
                                          block inside that collective, other groups in the
                                          cross-group all_reduce
     mismatch:at_step=N[,where=cross|group]
-                                         at step N issue a collective no peer issues: the
-                                         cross-group all_reduce with one extra element (cross), or
-                                         an in-group all-gather of one element before the forward
-                                         pass, where the peers all-gather FSDP's shards (group)
+                                         at step N issue a collective unlike the peers': the
+                                         cross-group all_reduce with one extra element (cross;
+                                         on gloo the peers that receive the bigger message
+                                         abort), or the forward pass's first in-group FSDP
+                                         all-gather as integers of the same width (group: same
+                                         bytes, so it completes and training is unharmed, but
+                                         the Flight Recorder records another dtype)
     crash:at_step=N                      exit hard (os._exit(1)) before the cross-group all_reduce
                                          of step N
 
@@ -248,7 +251,7 @@ class FaultInjector:
         return self._strikes(self._active(step, "mismatch", "cross"))
 
     def group_mismatch_at(self, step: int) -> bool:
-        """Whether this rank issues a stray in-group all-gather before the forward of ``step``."""
+        """Whether the forward of ``step`` issues its first in-group all-gather mismatched."""
         return self._strikes(self._active(step, "mismatch", "group"))
 
     def _strikes(self, faults: list[Fault]) -> bool:

@@ -53,7 +53,6 @@ def train(cfg: TrainConfig) -> int:
         local_numel,
         local_state_dict,
         shard_within_group,
-        stray_group_all_gather,
         unflatten_into_grads,
     )
     from .store import StoreUnavailable, group_store
@@ -100,7 +99,7 @@ def train(cfg: TrainConfig) -> int:
 
     m = cfg.model
     model = TinyTransformerLM(m.vocab_size, m.d_model, m.n_heads, m.n_layers, m.seq_len).to(device)
-    model, group_pg = shard_within_group(model, group_world_size, device.type)
+    model, group_all_gather = shard_within_group(model, group_world_size, device.type)
     instrument_fsdp(model, state)  # FSDP's in-group collectives count as this rank's group wait
     inner_optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
 
@@ -154,8 +153,8 @@ def train(cfg: TrainConfig) -> int:
                                               + group_rank, m.batch_size, m.seq_len, m.vocab_size)
             tokens, targets = tokens.to(device), targets.to(device)
             injector.before_forward(step)  # hang where=group: peers block in FSDP's all-gather
-            if group_pg is not None and injector.group_mismatch_at(step):
-                stray_group_all_gather(group_pg, device)
+            if group_all_gather is not None and injector.group_mismatch_at(step):
+                group_all_gather.arm()  # the forward's first all-gather goes out as integers
             started = time.monotonic()
             logits = model(tokens)
             loss = loss_fn(logits.reshape(-1, m.vocab_size), targets.reshape(-1))

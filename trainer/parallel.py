@@ -27,8 +27,9 @@ def _local(t: Any) -> Any:
 
 def shard_within_group(model: nn.Module, group_world_size: int,
                        device_type: str) -> tuple[nn.Module, Any]:
-    """FSDP2 over the replica group's ranks; returns the model and the in-group process group
-    FSDP's collectives run on (the model unchanged and None for a single-rank group)."""
+    """FSDP2 over the replica group's ranks; returns the model and the all-gather comm its FSDP
+    modules share (a :func:`mismatchable_all_gather`, for fault injection), or the model
+    unchanged and None for a single-rank group."""
     if group_world_size <= 1:
         return model, None
     from torch.distributed.device_mesh import init_device_mesh
@@ -39,19 +40,40 @@ def shard_within_group(model: nn.Module, group_world_size: int,
         if isinstance(module, nn.TransformerEncoderLayer):
             fully_shard(module, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    return model, mesh.get_group()
+    comm = mismatchable_all_gather()
+    for module in model.modules():
+        if hasattr(module, "set_custom_all_gather"):
+            module.set_custom_all_gather(comm)
+    return model, comm
 
 
-def stray_group_all_gather(group: Any, device: torch.device) -> None:
-    """Issue an in-group all-gather of one element that no peer issues (fault injection).
+_SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
-    The peers' next collective is FSDP's all-gather of the parameter shards on the same process
-    group, so the group's sequence numbers line up a collective of another size against it."""
-    import torch.distributed as dist
 
-    one = torch.zeros(1, device=device)
-    out = torch.empty(dist.get_world_size(group), device=device)
-    dist.all_gather_into_tensor(out, one, group=group)
+def mismatchable_all_gather() -> Any:
+    """FSDP's default all-gather, which can issue its next call as a mismatched collective.
+
+    After ``arm()``, the next all-gather sends and receives the same bytes viewed as integers
+    of the same width: the peers all-gather floats at that sequence number, this rank integers,
+    so the Flight Recorder records a dtype mismatch, while the data (and training) stay intact.
+    (A mismatch of sizes is no use on gloo: the rank that receives more bytes than it expects
+    aborts with ``gloo::EnforceNotMet``.)"""
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather
+
+    class MismatchableAllGather(DefaultAllGather):
+        armed = False
+
+        def arm(self) -> None:
+            self.armed = True
+
+        def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
+            if self.armed:
+                self.armed = False
+                as_int = _SAME_WIDTH_INT[input_tensor.element_size()]
+                output_tensor, input_tensor = output_tensor.view(as_int), input_tensor.view(as_int)
+            return super().__call__(output_tensor, input_tensor, group, async_op)
+
+    return MismatchableAllGather()
 
 
 def flat_local_grads(params: list[nn.Parameter]) -> torch.Tensor:

@@ -1,10 +1,10 @@
 """FSDP2's in-group collectives, timed: the ``group`` waits of :mod:`worker_server.timing`.
 
 FSDP2 lets a module swap the callables that issue its all-gathers and reduce-scatters
-(``FSDPModule.set_custom_all_gather`` / ``set_custom_reduce_scatter``). The ones here are FSDP's
-defaults with the training thread's time inside them counted as in-group wait: a synchronous call
-(gloo, FSDP's default on CPU) is timed whole; an asynchronous one returns a Work whose ``wait()``
-is timed. They subclass FSDP's defaults, so FSDP treats them as default comms.
+(``FSDPModule.set_custom_all_gather`` / ``set_custom_reduce_scatter``). The ones here wrap the
+comm a module already has (FSDP's default, or one the training script installed) and count the
+training thread's time inside it as in-group wait: a synchronous call (gloo, FSDP's default on CPU)
+is timed whole; an asynchronous one returns a Work whose ``wait()`` is timed.
 
 Imported only when a model is instrumented (it imports torch).
 """
@@ -17,6 +17,7 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
     DefaultAllGather,
     DefaultReduceScatter,
@@ -67,38 +68,58 @@ def _timed(call, timer: StepTimer, *args: Any, async_op: bool = False, **kwargs:
         return call(*args, async_op=False, **kwargs)
 
 
-class TimedAllGather(DefaultAllGather):
-    def __init__(self, timer: StepTimer) -> None:
-        super().__init__()
+class TimedAllGather(AllGather):
+    def __init__(self, timer: StepTimer, inner: AllGather | None = None) -> None:
         self.timer = timer
+        self.inner = inner or DefaultAllGather()
+
+    def allocate(self, size, *, dtype, device):
+        return self.inner.allocate(size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, async_op: bool = False):
-        return _timed(super().__call__, self.timer, output_tensor, input_tensor, group,
+        return _timed(self.inner, self.timer, output_tensor, input_tensor, group,
                       async_op=async_op)
 
 
-class TimedReduceScatter(DefaultReduceScatter):
-    def __init__(self, timer: StepTimer) -> None:
-        super().__init__()
+class TimedReduceScatter(ReduceScatter):
+    def __init__(self, timer: StepTimer, inner: ReduceScatter | None = None) -> None:
         self.timer = timer
+        self.inner = inner or DefaultReduceScatter()
+
+    def allocate(self, size, *, dtype, device):
+        return self.inner.allocate(size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
-        return _timed(super().__call__, self.timer, output_tensor, input_tensor, group, op,
+        return _timed(self.inner, self.timer, output_tensor, input_tensor, group, op,
                       async_op=async_op)
+
+
+def _installed_comms(module: FSDPModule) -> tuple[AllGather | None, ReduceScatter | None]:
+    # FSDP2 has setters but no getters for its comms; read them from its one parameter group
+    # (None, i.e. FSDP's defaults, if this torch lays its state out differently).
+    try:
+        (group,) = module._get_fsdp_state()._fsdp_param_groups
+        return group._all_gather_comm, group._reduce_scatter_comm
+    except (AttributeError, ValueError):
+        return None, None
 
 
 def time_fsdp_collectives(model: nn.Module, timer: StepTimer) -> int:
-    """Install timed comms on every FSDP2 module of ``model``; returns how many took them.
+    """Wrap the comms of every FSDP2 module of ``model`` in timed ones; returns how many took them.
 
-    A module FSDP cannot give one custom comm (several parameter groups, from a per-parameter
-    mesh) keeps FSDP's own and is not timed. Call it before anything else sets custom comms."""
+    Idempotent. A module FSDP cannot give one custom comm (several parameter groups, from a
+    per-parameter mesh) keeps its own and is not timed."""
     count = 0
     for module in model.modules():
         if not isinstance(module, FSDPModule):
             continue
+        all_gather, reduce_scatter = _installed_comms(module)
+        if isinstance(all_gather, TimedAllGather):
+            count += 1
+            continue
         try:
-            module.set_custom_all_gather(TimedAllGather(timer))
-            module.set_custom_reduce_scatter(TimedReduceScatter(timer))
+            module.set_custom_all_gather(TimedAllGather(timer, all_gather))
+            module.set_custom_reduce_scatter(TimedReduceScatter(timer, reduce_scatter))
         except ValueError:
             continue
         count += 1
