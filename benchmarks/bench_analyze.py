@@ -1,15 +1,35 @@
 """Benchmark: ``lightkeeper analyze`` vs torch's ``torchfrtrace`` on the same pickle dumps.
 
-Writes NCCL-flavour pickle dumps of a healthy job (default group, TP groups of 8, DP groups; one
-file per rank, ``rank<N>``, as ``TORCH_NCCL_DUMP_ON_TIMEOUT`` names them) and runs each tool in its
-own subprocess, so that wall time, CPU time and peak RSS (``ru_maxrss`` from ``wait4``) belong to
-that tool alone. Both tools start a fresh interpreter, as a user running them would.
+Two shapes of NCCL-flavour pickle dumps of a healthy job (one file per rank, ``rank<N>``, as
+``TORCH_NCCL_DUMP_ON_TIMEOUT`` names them), both from ``tests/support/frgen.py``, seeded:
 
-    .venv/bin/python benchmarks/bench_analyze.py            # full run (several minutes)
-    .venv/bin/python benchmarks/bench_analyze.py --quick    # a smoke run, seconds
+- ``steady``: default group, TP groups of 8, DP groups; 8 stack frames shared by every entry
+  (:func:`~tests.support.frgen.steady_dump`);
+- ``plain``: one process group, one stack frame per entry, fresh containers per entry as torch's
+  pickler writes them (:func:`~tests.support.frgen.plain_dump`).
 
-Not a test: numbers depend on the machine. It exits non-zero if a tool fails or reports findings
-on the healthy job.
+Every command runs in its own fresh interpreter, as a user would run it. For each shape and size:
+
+- ``torchfrtrace``: ``python -m torch.distributed.flight_recorder.fr_trace DIR -p rank``, once
+  (killed after ``--tf-timeout`` s; then its figures are lower bounds);
+- ``lightkeeper``: ``lightkeeper analyze --format json DIR`` (workers: the cores available);
+- ``serial``: the same with ``--jobs 1`` (no worker processes);
+- ``floor``: the parallel load and nothing else: the same worker pool reading and unpickling
+  every file (``monitor.analysis.pool.run_pool(task="read")``), no normalizing, no analysis.
+
+lightkeeper, serial and floor run ``--repeat`` times, interleaved, and the median run is kept.
+Wall time is the root process's; CPU time is the whole tree's (``wait4``: the root and every
+child it waited for); peak RSS is the whole tree's, the sum over its processes of each one's
+peak (``VmHWM``, sampled every 10 ms from /proc), which bounds the tree's peak from above.
+
+    .venv/bin/python benchmarks/bench_analyze.py                # 256 and 1024 ranks x 2000
+    .venv/bin/python benchmarks/bench_analyze.py --quick        # a smoke run, seconds
+    .venv/bin/python benchmarks/bench_analyze.py --threshold    # where worker processes pay off
+
+Targets checked and printed (issue 10): lightkeeper >= 10x faster than torchfrtrace (wall),
+<= 1/2 of its peak RSS, and within 1.2x of the parallel load floor (wall). Not a test: numbers
+depend on the machine, and on what else runs on it (the load average is printed). Exits non-zero
+if a tool fails, or if lightkeeper reports findings on the healthy job.
 """
 
 from __future__ import annotations
@@ -22,18 +42,25 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support.frgen import steady_dump  # noqa: E402
+SHAPES = ("steady", "plain")
+TARGET_SPEEDUP = 10.0
+TARGET_MEMORY = 0.5
+TARGET_FLOOR = 1.2
 
 
-def write_job(directory: Path, ranks: int, entries: int) -> Path:
-    """Pickle dumps for ``ranks`` x ``entries`` into ``directory/<ranks>x<entries>`` (cached)."""
-    target = directory / f"{ranks}x{entries}"
+def write_job(directory: Path, shape: str, ranks: int, entries: int) -> Path:
+    """Pickle dumps of ``shape`` into ``directory/<shape>-<ranks>x<entries>`` (cached)."""
+    from tests.support.frgen import plain_dump, steady_dump
+
+    make = {"steady": steady_dump, "plain": plain_dump}[shape]
+    target = directory / f"{shape}-{ranks}x{entries}"
     marker = target / ".complete"
     if marker.exists():
         return target
@@ -42,94 +69,256 @@ def write_job(directory: Path, ranks: int, entries: int) -> Path:
     target.mkdir(parents=True)
     for rank in range(ranks):
         with open(target / f"rank{rank}", "wb") as f:
-            pickle.dump(steady_dump(rank, ranks, entries), f, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dump(make(rank, ranks, entries), f, protocol=pickle.HIGHEST_PROTOCOL)
     marker.touch()
     return target
 
 
-def measure(cmd: list[str]) -> dict[str, float | int]:
-    """Run ``cmd`` in its own process: wall s, CPU s, peak RSS MiB, exit status."""
+# ---- measuring one command -----------------------------------------------------------------
+
+
+def _tree(root: int) -> list[int]:
+    pids, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        pids.append(pid)
+        try:
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:  # gone meanwhile
+            pass
+    return pids
+
+
+def _status_kib(pid: int, keys: tuple[str, ...]) -> dict[str, int]:
+    out = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name in keys:
+                    out[name] = int(value.split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+class _TreeMemory(threading.Thread):
+    """Samples a process tree: each process's peak RSS (VmHWM) and the tree's total RSS."""
+
+    def __init__(self, root: int, interval: float = 0.01) -> None:
+        super().__init__(daemon=True)
+        self.root, self.interval = root, interval
+        self.hwm: dict[int, int] = {}
+        self.concurrent_kib = 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            total = 0
+            for pid in _tree(self.root):
+                status = _status_kib(pid, ("VmHWM", "VmRSS"))
+                if "VmHWM" in status:
+                    self.hwm[pid] = max(self.hwm.get(pid, 0), status["VmHWM"])
+                total += status.get("VmRSS", 0)
+            self.concurrent_kib = max(self.concurrent_kib, total)
+            self.done.wait(self.interval)
+
+
+def measure(cmd: list[str], timeout: float | None = None) -> dict:
+    """Run ``cmd`` in its own process tree: wall s, tree CPU s, tree peak RSS MiB, exit status."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    sampler = _TreeMemory(proc.pid)
+    sampler.start()
+    killer = threading.Timer(timeout, proc.kill) if timeout else None
+    if killer:
+        killer.start()
+    stderr: list[bytes] = []  # drained on a thread: a full pipe would stall the command
+    reader = threading.Thread(target=lambda: stderr.append(proc.stderr.read()), daemon=True)
+    reader.start()
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    if killer:
+        killer.cancel()
+    sampler.done.set()
+    sampler.join()
+    reader.join()
+    code = os.waitstatus_to_exitcode(status)
+    timed_out = bool(timeout) and code == -9 and wall >= timeout
+    # wait4's ru_maxrss is the largest single process of the tree; the tree's is their sum
+    root_kib = usage.ru_maxrss
+    tree_kib = max(sum(sampler.hwm.values()), root_kib)
     return {
-        "wall_s": round(wall, 2),
-        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
-        "peak_rss_mib": round(usage.ru_maxrss / 1024, 1),
-        "exit": proc.returncode,
-        "stderr_tail": stderr[-300:] if proc.returncode not in (0,) else "",
+        "wall_s": round(wall, 3),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
+        "peak_rss_mib": round(tree_kib / 1024, 1),
+        "peak_rss_concurrent_mib": round(max(sampler.concurrent_kib, root_kib) / 1024, 1),
+        "processes": len(sampler.hwm),
+        "exit": code,
+        "timed_out": timed_out,
+        "stderr_tail": b"".join(stderr).decode(errors="replace")[-300:] if code != 0 and not timed_out else "",
     }
 
 
-def lightkeeper_cmd(path: Path) -> list[str]:
-    return [sys.executable, "-m", "lightkeeper.cli", "analyze", "--format", "json", str(path)]
+def lightkeeper_cmd(path: Path, jobs: int | None = None) -> list[str]:
+    cmd = [sys.executable, "-m", "lightkeeper.cli", "analyze", "--format", "json", str(path)]
+    return cmd + ["--jobs", str(jobs)] if jobs else cmd
+
+
+def floor_cmd(path: Path) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), "--floor", str(path)]
 
 
 def torchfrtrace_cmd(path: Path) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(path), "-p", "rank"]
 
 
+def run_floor(path: Path) -> int:
+    """The floor, in this (fresh) process: the loader's pool reads every file, nothing else."""
+    from monitor.analysis.loader import _candidates
+    from monitor.analysis.pool import available_cores, run_pool
+
+    files = _candidates([path], [])
+    outcomes = run_pool(files, available_cores(), task="read")
+    return 1 if any(error for _, error in outcomes) else 0
+
+
+def _median_run(runs: list[dict]) -> dict:
+    ordered = sorted(runs, key=lambda r: r["wall_s"])
+    chosen = dict(ordered[len(ordered) // 2])
+    chosen["walls_s"] = [r["wall_s"] for r in runs]
+    return chosen
+
+
+# ---- the comparison --------------------------------------------------------------------------
+
+
+def compare(workdir: Path, shapes: list[str], sizes: list[tuple[int, int]], repeat: int, tf_timeout: float,
+            torchfrtrace: bool) -> tuple[list[dict], bool]:
+    rows, failed = [], False
+    for ranks, entries in sizes:
+        for shape in shapes:
+            path = write_job(workdir, shape, ranks, entries)
+            row: dict = {"shape": shape, "ranks": ranks, "entries": entries,
+                         "dump_mib": round(sum(p.stat().st_size for p in path.iterdir()) / 2**20, 1),
+                         "load_before": os.getloadavg()[0]}
+            runs: dict[str, list[dict]] = {"lightkeeper": [], "serial": [], "floor": []}
+            for _ in range(repeat):
+                runs["floor"].append(measure(floor_cmd(path)))
+                runs["lightkeeper"].append(measure(lightkeeper_cmd(path)))
+                runs["serial"].append(measure(lightkeeper_cmd(path, jobs=1)))
+            for name, measured in runs.items():
+                row[name] = _median_run(measured)
+                failed |= any(r["exit"] != 0 for r in measured)  # healthy job: 0 = no findings
+            if torchfrtrace:
+                row["torchfrtrace"] = measure(torchfrtrace_cmd(path), timeout=tf_timeout)
+                failed |= row["torchfrtrace"]["exit"] != 0 and not row["torchfrtrace"]["timed_out"]
+            row["load_after"] = os.getloadavg()[0]
+            _ratios(row)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows, failed
+
+
+def _ratios(row: dict) -> None:
+    lk, floor = row["lightkeeper"], row["floor"]
+    row["vs_floor"] = round(lk["wall_s"] / floor["wall_s"], 3)
+    tf = row.get("torchfrtrace")
+    if tf:
+        row["speedup"] = round(tf["wall_s"] / lk["wall_s"], 2)
+        row["memory_ratio"] = round(lk["peak_rss_mib"] / tf["peak_rss_mib"], 3)
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| dumps (ranks x entries) | torchfrtrace wall / CPU / peak RSS | lightkeeper wall / CPU / peak RSS (tree) | "
+        "--jobs 1 wall | load floor wall | speedup | memory | vs floor |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        lk, serial, floor = row["lightkeeper"], row["serial"], row["floor"]
+        tf = row.get("torchfrtrace")
+        bound = ">" if tf and tf["timed_out"] else ""
+        tf_cell = f"{bound}{tf['wall_s']:.2f} s / {tf['cpu_s']:.2f} s / {bound}{tf['peak_rss_mib']:.0f} MiB" if tf else "-"
+        speed = f"{bound}{row['speedup']:.1f}x {_mark(row['speedup'] >= TARGET_SPEEDUP)}" if tf else "-"
+        mem = f"1/{1 / row['memory_ratio']:.0f} {_mark(row['memory_ratio'] <= TARGET_MEMORY)}" if tf else "-"
+        lines.append(
+            f"| {row['shape']} {row['ranks']} x {row['entries']} ({row['dump_mib']:.0f} MiB) | {tf_cell} | "
+            f"{lk['wall_s']:.2f} s / {lk['cpu_s']:.2f} s / {lk['peak_rss_mib']:.0f} MiB | {serial['wall_s']:.2f} s | "
+            f"{floor['wall_s']:.2f} s | {speed} | {mem} | {row['vs_floor']:.2f}x {_mark(row['vs_floor'] <= TARGET_FLOOR)} |"
+        )
+    return "\n".join(lines)
+
+
+def _mark(ok: bool) -> str:
+    return "(ok)" if ok else "(MISSED)"
+
+
+# ---- the pool threshold ----------------------------------------------------------------------
+
+
+def threshold(workdir: Path, repeat: int) -> list[dict]:
+    """Small inputs: in-process loading vs the worker pool forced on, by total dump size."""
+    forced = (
+        "import sys; import monitor.analysis.loader as loader; loader.POOL_MIN_BYTES = 0; "
+        "from lightkeeper.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
+    rows = []
+    for ranks, entries in [(4, 500), (8, 500), (8, 1000), (16, 1000), (16, 2000), (32, 2000), (64, 2000)]:
+        path = write_job(workdir, "plain", ranks, entries)
+        size = sum(p.stat().st_size for p in path.iterdir())
+        here, pool = [], []
+        for _ in range(repeat):
+            here.append(measure(lightkeeper_cmd(path, jobs=1)))
+            pool.append(measure([sys.executable, "-c", forced, "analyze", "--format", "json", str(path)]))
+        row = {"ranks": ranks, "entries": entries, "dump_mib": round(size / 2**20, 2),
+               "in_process_s": _median_run(here)["wall_s"], "pool_s": _median_run(pool)["wall_s"]}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes only (smoke run)")
-    parser.add_argument("--workdir", type=Path, default=None, help="where to write dumps (default: a temp dir, removed)")
+    parser.add_argument("--ranks", type=int, nargs="+", default=None, help="rank counts (default 256 1024)")
+    parser.add_argument("--entries", type=int, default=2000, help="entries per dump (default 2000)")
+    parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
+    parser.add_argument("--repeat", type=int, default=3, help="runs of each lightkeeper command (median kept)")
+    parser.add_argument("--tf-timeout", type=float, default=420.0, help="seconds before torchfrtrace is stopped")
+    parser.add_argument("--workdir", type=Path, default=None, help="where to write dumps (default: a temp dir, removed); reused when given")
     parser.add_argument("--no-torchfrtrace", action="store_true", help="measure lightkeeper only")
+    parser.add_argument("--threshold", action="store_true", help="measure where the worker pool pays off, and stop")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--floor", type=Path, default=None, help=argparse.SUPPRESS)  # the floor's own process
     args = parser.parse_args(argv)
-
-    if args.quick:
-        head_to_head = [(32, 500)]
-        ranks_sweep = [(16, 500), (32, 500)]
-        entries_sweep = [(32, 250), (32, 500)]
-        torchfrtrace_sizes = {(32, 500)}
-    else:
-        head_to_head = [(256, 2000)]
-        ranks_sweep = [(64, 2000), (128, 2000), (256, 2000), (512, 2000), (1024, 2000)]
-        entries_sweep = [(256, 500), (256, 1000), (256, 2000), (256, 4000)]
-        torchfrtrace_sizes = {(64, 2000), (128, 2000), (256, 2000)}
-    if args.no_torchfrtrace:
-        torchfrtrace_sizes = set()
+    if args.floor:
+        return run_floor(args.floor)
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lk-bench-"))
-    results: list[dict] = []
-    failed = False
+    started = time.perf_counter()
+    print(f"# cores available: {len(os.sched_getaffinity(0))}, load average before: {os.getloadavg()[0]:.2f}", flush=True)
     try:
-        sizes = sorted(set(head_to_head + ranks_sweep + entries_sweep))
-        for ranks, entries in sizes:
-            path = write_job(workdir, ranks, entries)
-            row: dict = {"ranks": ranks, "entries": entries}
-            row["lightkeeper"] = measure(lightkeeper_cmd(path))
-            failed |= row["lightkeeper"]["exit"] != 0  # healthy job: 0 = no findings
-            if (ranks, entries) in torchfrtrace_sizes:
-                row["torchfrtrace"] = measure(torchfrtrace_cmd(path))
-                failed |= row["torchfrtrace"]["exit"] != 0
-            results.append(row)
-            print(json.dumps(row), flush=True)
+        if args.threshold:
+            rows = threshold(workdir, args.repeat)
+            failed = False
+        else:
+            ranks = [32] if args.quick else (args.ranks or [256, 1024])
+            entries = 500 if args.quick else args.entries
+            rows, failed = compare(workdir, args.shapes, [(r, entries) for r in ranks], args.repeat,
+                                   args.tf_timeout, not args.no_torchfrtrace)
+            print()
+            print(table(rows))
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-
-    print()
-    print("| ranks x entries | lightkeeper wall / CPU / peak RSS | torchfrtrace wall / CPU / peak RSS | speedup (wall) | memory ratio |")
-    print("| --- | --- | --- | --- | --- |")
-    for row in results:
-        lk = row["lightkeeper"]
-        cell = f"{lk['wall_s']:.2f} s / {lk['cpu_s']:.2f} s / {lk['peak_rss_mib']:.0f} MiB"
-        tf = row.get("torchfrtrace")
-        if tf:
-            other = f"{tf['wall_s']:.2f} s / {tf['cpu_s']:.2f} s / {tf['peak_rss_mib']:.0f} MiB"
-            speed = f"{tf['wall_s'] / lk['wall_s']:.1f}x"
-            mem = f"{lk['peak_rss_mib'] / tf['peak_rss_mib']:.2f}"
-        else:
-            other, speed, mem = "-", "-", "-"
-        print(f"| {row['ranks']} x {row['entries']} | {cell} | {other} | {speed} | {mem} |")
+    print(f"\n# took {time.perf_counter() - started:.0f} s; load average after: {os.getloadavg()[0]:.2f}")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+        args.json.write_text(json.dumps(rows, indent=2))
     if failed:
-        print("a tool failed or reported findings on the healthy job", file=sys.stderr)
+        print("a tool failed or lightkeeper reported findings on the healthy job", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -29,6 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="dumps without a 'host' key come from one host: their enqueue times may be compared",
     )
     parser.add_argument("--world-size", type=int, default=None, help="ranks in the job, when the dumps do not say (gloo)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        metavar="N",
+        help="worker processes loading the dumps (default: the cores available; 1: none). "
+        "Small inputs are loaded without workers anyway",
+    )
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
@@ -39,7 +47,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if args.world_size is not None and args.world_size < 1:
         print("lightkeeper analyze: --world-size must be positive", file=sys.stderr)
         return 2
-    loaded = load_paths(args.paths)
+    if args.jobs is not None and args.jobs < 1:
+        print("lightkeeper analyze: --jobs must be positive", file=sys.stderr)
+        return 2
+    loaded = load_paths(args.paths, jobs=args.jobs)
     result = analyze(loaded.traces, blame_missing=args.blame_missing, same_host=args.same_host, world_size=args.world_size)
     result.errors = loaded.errors + result.errors
     if args.format == "json":

@@ -4,8 +4,15 @@
 is a candidate): JSON (as served by the WorkerServer's ``/v1/fr_trace`` or written from torch's
 ``_dump_*_json``) and pickle (as ``TORCH_NCCL_DUMP_ON_TIMEOUT`` writes ``<prefix><rank>``). The
 rank is the dump's own ``rank`` key, else the digits that end the file name (before an
-extension). Each dump is normalized as soon as it is read and the raw dict dropped, so memory
-holds one raw dump at a time.
+extension). Each dump is normalized as soon as it is read (:mod:`monitor.analysis.columnar`'s
+fast path, same result as ``normalize``) and the raw dict dropped, so a process holds one raw
+dump at a time.
+
+Large inputs are loaded by worker processes (:mod:`monitor.analysis.pool`), one per available
+core unless ``jobs`` says otherwise; inputs under :data:`POOL_MIN_BYTES` in all are loaded in
+this process, where starting workers would cost more than it saves. Both ways give the same
+result: the workers run :func:`load_outcome`, and files are taken in the same order for ranks
+and duplicates.
 
 Pickles are read with an unpickler that refuses every class and function: Flight Recorder dumps
 are plain dicts, lists, strings and numbers, and a dump file must not be able to run code. A file
@@ -19,16 +26,31 @@ from __future__ import annotations
 import gc
 import io
 import json
+import os
 import pickle
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .model import DumpFormatError, RankTrace, normalize
+from .columnar import normalize_columnar
+from .model import DumpFormatError, RankTrace
+from .pool import Outcome, available_cores, run_pool
 
-__all__ = ["LoadResult", "load_paths", "read_dump", "rank_from_name"]
+__all__ = [
+    "POOL_MIN_BYTES",
+    "LoadResult",
+    "load_file",
+    "load_outcome",
+    "load_paths",
+    "read_dump",
+    "rank_from_name",
+]
+
+# Below this many bytes of dump files in all, loading in this process beats starting workers
+# (measured: benchmarks/bench_analyze.py --threshold; the README's Performance section).
+POOL_MIN_BYTES = 8 << 20
 
 _TRAILING_DIGITS = re.compile(r"(\d+)(?:\.[A-Za-z]+)?$")
 
@@ -81,42 +103,75 @@ def _candidates(paths: Iterable[str | Path], errors: list[dict[str, str]]) -> li
     return files
 
 
-def load_paths(paths: Iterable[str | Path]) -> LoadResult:
-    """Load and normalize every dump under ``paths``; failures become ``errors`` entries."""
+def load_file(path: str | Path) -> RankTrace:
+    """Read and normalize one dump file; raises what reading or normalizing raises."""
+    raw = read_dump(path)
+    rank = raw.get("rank") if isinstance(raw, dict) else None
+    if not isinstance(rank, int) or isinstance(rank, bool):
+        rank = rank_from_name(path)
+    if rank is None:
+        raise DumpFormatError("no rank: no 'rank' key and no digits ending the file name")
+    return normalize_columnar(raw, rank)
+
+
+def load_outcome(path: str | Path) -> Outcome:
+    """``(trace, None)`` for a usable dump file, ``(None, error message)`` for any other."""
+    try:
+        return load_file(path), None
+    except Exception as exc:  # a foreign pickle can fail in many ways; never crash on it
+        return None, _describe(exc)
+
+
+def load_paths(paths: Iterable[str | Path], jobs: int | None = None) -> LoadResult:
+    """Load and normalize every dump under ``paths``; failures become ``errors`` entries.
+
+    ``jobs``: worker processes (default: the cores this process may use); 1 loads everything
+    in this process. Inputs under :data:`POOL_MIN_BYTES` are loaded in this process anyway.
+    """
     result = LoadResult()
     files = _candidates(paths, result.errors)
+    jobs = available_cores() if jobs is None else jobs
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
+    outcomes: Iterable[Outcome]
+    if jobs > 1 and len(files) > 1 and _total_size(files) >= POOL_MIN_BYTES:
+        outcomes = run_pool(files, jobs)
+    else:
+        outcomes = _load_here(files)
+    for path, (trace, error) in zip(files, outcomes, strict=True):
+        if trace is None:
+            result.errors.append({"path": str(path), "error": error or "not loaded"})
+        elif trace.rank in result.traces:
+            result.errors.append(
+                {"path": str(path), "error": f"duplicate dump of rank {trace.rank} (also {result.paths[trace.rank]})"}
+            )
+        else:
+            result.traces[trace.rank] = trace
+            result.paths[trace.rank] = str(path)
+    return result
+
+
+def _load_here(files: list[Path]) -> Iterator[Outcome]:
     # a dump is hundreds of thousands of small containers: the cyclic GC would rescan them
     # over and over while they are built, for nothing (they hold no cycles)
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         for path in files:
-            try:
-                raw = read_dump(path)
-                rank = raw.get("rank") if isinstance(raw, dict) else None
-                if not isinstance(rank, int) or isinstance(rank, bool):
-                    rank = rank_from_name(path)
-                if rank is None:
-                    raise DumpFormatError("no rank: no 'rank' key and no digits ending the file name")
-                trace = normalize(raw, rank)
-                del raw
-            except (DumpFormatError, ValueError, pickle.UnpicklingError, EOFError, OSError) as exc:
-                result.errors.append({"path": str(path), "error": _describe(exc)})
-                continue
-            except Exception as exc:  # a foreign pickle can fail in many ways; never crash on it
-                result.errors.append({"path": str(path), "error": _describe(exc)})
-                continue
-            if trace.rank in result.traces:
-                result.errors.append(
-                    {"path": str(path), "error": f"duplicate dump of rank {trace.rank} (also {result.paths[trace.rank]})"}
-                )
-                continue
-            result.traces[trace.rank] = trace
-            result.paths[trace.rank] = str(path)
+            yield load_outcome(path)
     finally:
         if gc_was_enabled:
             gc.enable()
-    return result
+
+
+def _total_size(files: list[Path]) -> int:
+    total = 0
+    for path in files:
+        try:
+            total += os.stat(path).st_size
+        except OSError:  # it will fail to load, and say why, like any other
+            pass
+    return total
 
 
 def _describe(exc: BaseException) -> str:

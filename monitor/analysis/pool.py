@@ -1,0 +1,270 @@
+"""Loading dump files on several cores: worker processes that read and normalize, and hand back
+only the compact :class:`~monitor.analysis.model.RankTrace` of each file.
+
+Unpickling a Flight Recorder dump is most of ``lightkeeper analyze``'s time and is pure
+Python-object work under one GIL, so it is spread over processes. Each worker is a fresh
+interpreter (``sys.executable -S``, started through ``subprocess``: fork+exec, safe from a
+process whose other threads hold locks, like ``multiprocessing``'s spawn) that imports the
+analysis package and nothing else: never torch, never the caller's ``__main__`` (which spawn and
+forkserver import again in every worker). Parent and worker talk over the worker's stdin and
+stdout in length-prefixed pickles: the parent sends one file at a time, keeping two in flight per
+worker so none waits for work, biggest files first so the last ones to finish are small; the
+worker answers with the file's trace or its error message, exactly what the serial loader makes
+of it (:func:`monitor.analysis.loader.load_file`).
+
+Failures: a file that cannot be used is an error answer like any other. A worker that dies
+(killed, out of memory, a crash in C) costs only the file it was reading, which gets an error
+naming how the process ended; the files it had been handed but not started go back in the
+queue and a replacement worker is started (at most ``jobs`` replacements in all). A worker that
+dies before it is ready (it could not start) costs no file. When no worker is left, the files
+still queued are loaded in this process, so the caller always gets one answer per file and
+nothing waits on a dead process.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+__all__ = ["Outcome", "available_cores", "run_pool"]
+
+# (trace or None, error message or None) for one file
+Outcome = tuple[Any, str | None]
+
+IN_FLIGHT = 2  # files handed to a worker ahead of its answers
+_HEADER = 8
+_ROOT = str(Path(__file__).resolve().parents[2])  # holds the `monitor` package
+_BOOT = (
+    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "from monitor.analysis.pool import _serve; _serve(sys.argv[2])"
+)
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity, which containers and taskset narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+def run_pool(paths: Sequence[str | os.PathLike[str]], jobs: int, task: str = "load") -> list[Outcome]:
+    """One outcome per path, in order, computed by ``jobs`` worker processes.
+
+    ``task`` is ``"load"`` (the trace of each file, as :func:`~monitor.analysis.loader.load_file`
+    gives it) or ``"read"`` (read and unpickle each file, then drop it: the cost of loading alone,
+    which ``benchmarks/bench_analyze.py`` measures as the floor).
+    """
+    if task not in _TASKS:
+        raise ValueError(f"unknown task {task!r}")
+    return _Pool([str(p) for p in paths], max(1, jobs), task).run()
+
+
+# ---- worker side ---------------------------------------------------------------------------
+
+
+def _load(path: str) -> Outcome:
+    from .loader import load_outcome
+
+    return load_outcome(path)
+
+
+def _read(path: str) -> Outcome:
+    from .loader import read_dump
+
+    try:
+        read_dump(path)
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    return None, None
+
+
+_TASKS: dict[str, Callable[[str], Outcome]] = {"load": _load, "read": _read}
+
+
+def _serve(task: str) -> None:
+    """A worker's life: answer ``(index, path)`` requests on stdin until it closes."""
+    gc.disable()  # dumps are trees of fresh containers without cycles
+    work = _TASKS[task]
+    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    try:
+        _send(out, ("ready", os.getpid()))
+        while (request := _recv(inp)) is not None:
+            index, path = request
+            _send(out, (index, *work(path)))
+    except (EOFError, BrokenPipeError):  # the parent is gone
+        pass
+
+
+# ---- wire ----------------------------------------------------------------------------------
+
+
+def _send(stream: BinaryIO, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(len(data).to_bytes(_HEADER, "little") + data)
+    stream.flush()
+
+
+def _recv(stream: BinaryIO) -> Any:
+    head = _read_exactly(stream, _HEADER)
+    return pickle.loads(_read_exactly(stream, int.from_bytes(head, "little")))
+
+
+def _read_exactly(stream: BinaryIO, size: int) -> bytes:
+    data = stream.read(size)
+    if len(data) != size:
+        raise EOFError("worker stream ended")
+    return data
+
+
+# ---- parent side ---------------------------------------------------------------------------
+
+_GONE = object()  # a worker's stdout ended
+
+
+class _Worker:
+    def __init__(self, task: str, answers: queue.SimpleQueue) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-S", "-c", _BOOT, _ROOT, task],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+            start_new_session=True,  # the terminal's Ctrl-C is the parent's to handle
+        )
+        self.ready = False
+        self.in_flight: deque[int] = deque()
+        self._reader = threading.Thread(target=self._read_answers, args=(answers,), daemon=True)
+        self._reader.start()
+
+    def _read_answers(self, answers: queue.SimpleQueue) -> None:
+        # a thread per worker: blocking reads release the GIL, and a dead worker's pipe ends
+        # with EOF, which is how the parent learns of the death without polling
+        stream = self.proc.stdout
+        try:
+            while True:
+                answers.put((self, _recv(stream)))
+        except Exception:  # EOF, or a torn frame from a dying worker
+            answers.put((self, _GONE))
+
+    def send(self, message: Any) -> bool:
+        try:
+            _send(self.proc.stdin, message)
+            return True
+        except OSError:  # its stdin is closed: it died, and its reader will say so
+            return False
+
+    def close(self) -> None:
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+    def stop(self) -> None:
+        # an idle worker only waits for its next request: killing it spares its interpreter's
+        # teardown, and a busy one (the caller gave up) must not outlive the call
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.close()
+        self.proc.wait()
+
+
+class _Pool:
+    def __init__(self, paths: list[str], jobs: int, task: str) -> None:
+        self.paths = paths
+        self.jobs = min(jobs, len(paths))
+        self.task = task
+        self.outcomes: list[Outcome | None] = [None] * len(paths)
+        self.left = len(paths)
+        self.queue: deque[int] = deque(sorted(range(len(paths)), key=self._size, reverse=True))
+        self.answers: queue.SimpleQueue = queue.SimpleQueue()
+        self.workers: list[_Worker] = []
+        self.replacements = self.jobs
+
+    def _size(self, index: int) -> int:
+        try:
+            return os.stat(self.paths[index]).st_size
+        except OSError:
+            return 0
+
+    def run(self) -> list[Outcome]:
+        if not self.paths:
+            return []
+        try:
+            for _ in range(self.jobs):
+                self._start_worker()
+            while self.left and self.workers:
+                worker, answer = self.answers.get()
+                if answer is _GONE:
+                    self._bury(worker)
+                elif answer[0] == "ready":
+                    worker.ready = True
+                else:
+                    index, trace, error = answer
+                    worker.in_flight.remove(index)
+                    self._settle(index, (trace, error))
+                    self._feed(worker)
+            if self.left:  # every worker died: load what is left here
+                work = _TASKS[self.task]
+                while self.queue:
+                    index = self.queue.popleft()
+                    self._settle(index, work(self.paths[index]))
+        finally:
+            for worker in self.workers:
+                worker.stop()
+        return self.outcomes  # type: ignore[return-value]
+
+    def _start_worker(self) -> None:
+        try:
+            worker = _Worker(self.task, self.answers)
+        except OSError:  # cannot start a process at all: the caller's loop loads in-process
+            return
+        self.workers.append(worker)
+        for _ in range(IN_FLIGHT):
+            self._feed(worker)
+
+    def _feed(self, worker: _Worker) -> None:
+        if self.queue and len(worker.in_flight) < IN_FLIGHT:
+            index = self.queue.popleft()
+            worker.in_flight.append(index)
+            worker.send((index, self.paths[index]))
+        elif not self.queue and not worker.in_flight:
+            worker.send(None)  # nothing more: let it exit
+
+    def _settle(self, index: int, outcome: Outcome) -> None:
+        if self.outcomes[index] is None:
+            self.outcomes[index] = outcome
+            self.left -= 1
+
+    def _bury(self, worker: _Worker) -> None:
+        """A worker's output ended: blame the file it was reading, requeue the rest."""
+        worker.close()
+        code = worker.proc.wait()
+        self.workers.remove(worker)
+        lost = worker.in_flight
+        if worker.ready and lost and code != 0:
+            index = lost.popleft()
+            self._settle(index, (None, f"the loader process died ({_describe_exit(code)}) while reading this file"))
+        self.queue.extendleft(reversed(lost))
+        if self.queue and worker.ready and self.replacements > 0:
+            self.replacements -= 1
+            self._start_worker()
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
