@@ -1,8 +1,12 @@
-"""The --inject grammar: good specs parse, bad ones fail with a message that names the problem."""
+"""The --inject grammar: good specs parse, bad ones fail with a message that names the problem;
+rank-level faults strike only their rank, and what depends on the group is checked against it."""
+
+import time
 
 import pytest
+import requests
 
-from trainer.faults import Fault, FaultInjector, FaultSpecError, parse_fault
+from trainer.faults import Fault, FaultInjector, FaultSpecError, check_fits_group, parse_fault
 
 
 @pytest.mark.parametrize(
@@ -13,6 +17,17 @@ from trainer.faults import Fault, FaultInjector, FaultSpecError, parse_fault
         ("hang:at_step=7", Fault("hang", "hang:at_step=7", at_step=7)),
         ("mismatch:at_step=3", Fault("mismatch", "mismatch:at_step=3", at_step=3)),
         ("crash:at_step=0", Fault("crash", "crash:at_step=0", at_step=0)),
+        ("slow_compute:factor=3", Fault("slow_compute", "slow_compute:factor=3", factor=3.0)),
+        ("slow_compute:delay=0.25,from_step=4,rank=1",
+         Fault("slow_compute", "slow_compute:delay=0.25,from_step=4,rank=1", delay=0.25,
+               from_step=4, rank=1)),
+        ("hang:at_step=5,where=group,rank=1",
+         Fault("hang", "hang:at_step=5,where=group,rank=1", at_step=5, where="group", rank=1)),
+        ("hang:at_step=5,where=cross", Fault("hang", "hang:at_step=5,where=cross", at_step=5)),
+        ("mismatch:at_step=2,where=group",
+         Fault("mismatch", "mismatch:at_step=2,where=group", at_step=2, where="group")),
+        ("crash:at_step=9,rank=0", Fault("crash", "crash:at_step=9,rank=0", at_step=9, rank=0)),
+        ("slow:delay=1,rank=3", Fault("slow", "slow:delay=1,rank=3", delay=1.0, rank=3)),
     ],
 )
 def test_valid_specs_parse(spec, expected):
@@ -32,6 +47,18 @@ def test_valid_specs_parse(spec, expected):
         ("hang:at_step=-1", "must be >= 0"),
         ("slow:delay=1,delay=2", "given twice"),
         ("hang:at_step", "is not KEY=VALUE"),
+        ("hang:at_step=3,where=gpu", "where in 'hang:at_step=3,where=gpu' must be cross or group"),
+        ("mismatch:at_step=3,where=", "must be cross or group, got ''"),
+        ("crash:at_step=3,where=group", "crash takes at_step, rank; got unknown parameter 'where'"),
+        ("slow:delay=1,where=group", "unknown parameter 'where'"),
+        ("slow_compute:factor=1", "factor in 'slow_compute:factor=1' must be > 1"),
+        ("slow_compute:factor=0.5", "must be > 1"),
+        ("slow_compute:factor=2,delay=1", "slow_compute takes factor or delay, not both"),
+        ("slow_compute:from_step=2", "slow_compute takes factor or delay, one of them"),
+        ("slow_compute:factor=inf", "must be a finite number"),
+        ("slow_compute:delay=nan", "must be a finite number"),
+        ("hang:at_step=1,rank=-1", "rank in 'hang:at_step=1,rank=-1' must be >= 0"),
+        ("hang:at_step=1,rank=one", "rank in 'hang:at_step=1,rank=one' must be an integer"),
     ],
 )
 def test_bad_specs_say_what_is_wrong(spec, words):
@@ -39,11 +66,59 @@ def test_bad_specs_say_what_is_wrong(spec, words):
         parse_fault(spec)
 
 
+@pytest.mark.parametrize(
+    "spec, size, words",
+    [
+        ("hang:at_step=1,rank=2", 2, r"rank=2 in 'hang:at_step=1,rank=2' is out of range: this "
+                                     r"replica group has 2 ranks \(0..1\)"),
+        ("slow_compute:factor=2,rank=1", 1, r"has 1 rank \(0..0\)"),
+        ("hang:at_step=1,where=group", 1, "where=group .* needs a replica group of several ranks"),
+        ("mismatch:at_step=1,where=group,rank=0", 1, "needs a replica group of several ranks"),
+    ],
+)
+def test_what_only_the_group_can_check_is_checked_against_it(spec, size, words):
+    with pytest.raises(FaultSpecError, match=words):
+        check_fits_group(parse_fault(spec), size)
+    with pytest.raises(FaultSpecError, match=words):
+        FaultInjector([parse_fault(spec)], group_rank=0, group_world_size=size)
+    injector = FaultInjector([], group_rank=0, group_world_size=size)
+    with pytest.raises(FaultSpecError, match=words):
+        injector.inject(spec)  # POST /v1/faults
+    assert injector.faults == []
+
+
 def test_slow_applies_from_step_and_mismatch_only_at_its_step():
     slow = parse_fault("slow:delay=0,from_step=5")
     assert not slow.applies(4) and slow.applies(5) and slow.applies(50)
     injector = FaultInjector([parse_fault("mismatch:at_step=3")])
     assert [s for s in range(6) if injector.mismatch_at(s)] == [3]
+    assert not any(injector.group_mismatch_at(s) for s in range(6))
+
+
+def test_a_rank_acts_only_on_faults_for_it():
+    specs = ["slow_compute:delay=0.2,rank=1", "mismatch:at_step=2,where=group,rank=0",
+             "mismatch:at_step=3,where=group", "hang:at_step=9,where=group,rank=1"]
+    rank0 = FaultInjector([parse_fault(s) for s in specs], group_rank=0, group_world_size=2)
+    rank1 = FaultInjector([parse_fault(s) for s in specs], group_rank=1, group_world_size=2)
+    assert rank0.specs == [specs[1], specs[2]]
+    assert rank1.specs == [specs[0], specs[2], specs[3]]
+    assert [s for s in range(5) if rank0.group_mismatch_at(s)] == [2, 3]
+    assert [s for s in range(5) if rank1.group_mismatch_at(s)] == [3]
+    assert rank0.throttle(0, 1.0) == 0.0  # rank 1's slow_compute never sleeps here
+    rank0.before_forward(9)  # rank 1's hang: returns at once on rank 0
+    live = rank0.inject("crash:at_step=4,rank=1")
+    assert not live.targets(0) and rank0.specs == [specs[1], specs[2]]
+    rank0.before_allreduce(4)  # rank 1's crash: rank 0 lives on
+
+
+def test_slow_compute_sleeps_its_factor_or_delay_from_its_step():
+    by_factor = FaultInjector([parse_fault("slow_compute:factor=3,from_step=2")])
+    assert by_factor.throttle(1, 0.05) == 0.0
+    started = time.monotonic()
+    slept = by_factor.throttle(2, 0.05)  # (3 - 1) x 0.05 s of compute
+    assert slept == pytest.approx(0.1) and time.monotonic() - started >= 0.1
+    by_delay = FaultInjector([parse_fault("slow_compute:delay=0.05")])
+    assert by_delay.throttle(0, 10.0) == pytest.approx(0.05)  # delay does not scale
 
 
 def test_cli_rejects_a_bad_spec_before_starting(capsys):
@@ -53,3 +128,54 @@ def test_cli_rejects_a_bad_spec_before_starting(capsys):
         main(["train", "--lighthouse", "http://127.0.0.1:1", "--inject", "hang:at=3"])
     assert exc.value.code == 2
     assert "unknown parameter 'at'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("hang:at_step=3,where=group", "needs a replica group of several ranks"),
+    ("slow_compute:factor=2,rank=1", "rank=1 in 'slow_compute:factor=2,rank=1' is out of range"),
+])
+def test_cli_rejects_a_spec_that_does_not_fit_the_group(monkeypatch, spec, words):
+    import argparse
+
+    from trainer.cli import add_arguments, config_from_args
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--lighthouse", "http://127.0.0.1:1", "--inject", spec])
+    with pytest.raises(SystemExit, match=words):
+        config_from_args(args)
+
+
+def test_post_faults_takes_the_same_grammar_and_checks_the_group():
+    """A real WorkerServer with the trainer's handler shape: a spec for another rank is accepted
+    (the demo posts to every rank of a group) but not listed here; one that does not fit is 400."""
+    from worker_server import RankIdentity, RankState, WorkerServer
+
+    injector = FaultInjector([], group_rank=0, group_world_size=2)
+    state = RankState(RankIdentity(group_rank=0, group_world_size=2))
+
+    def handler(spec):
+        if injector.inject(spec).targets(0):
+            state.faults.append(spec)
+
+    srv = WorkerServer(state, fault_handler=handler, fault_token="t0k").serve()
+    try:
+        auth = {"Authorization": "Bearer t0k"}
+        url = srv.url + "/v1/faults"
+        for spec, words in [("hang:at_step=4,rank=2", "out of range"),
+                            ("slow_compute:factor=1", "must be > 1"),
+                            ("hang:at_step=4,where=sideways", "must be cross or group")]:
+            r = requests.post(url, json={"spec": spec}, headers=auth, timeout=5)
+            assert r.status_code == 400 and words in r.json()["error"], (spec, r.text)
+        r = requests.post(url, json={"spec": "slow_compute:delay=0.5,rank=1"}, headers=auth,
+                          timeout=5)
+        assert r.status_code == 200 and r.json()["faults"] == []
+        r = requests.post(url, json={"spec": "hang:at_step=7,where=group"}, headers=auth, timeout=5)
+        assert r.status_code == 200 and r.json()["faults"] == ["hang:at_step=7,where=group"]
+        assert [f.spec for f in injector.faults] == ["hang:at_step=7,where=group"]
+        assert requests.get(srv.url + "/v1/state", timeout=5).json()["faults"] == [
+            "hang:at_step=7,where=group"]
+    finally:
+        srv.stop()
