@@ -268,6 +268,32 @@ def rank_drilldown() -> dict:
         "Steps per histogram bucket and interval, over the selected ranks.",
         [target(f"sum by (le) (increase(lightkeeper_step_duration_seconds_bucket{{{R}}}[{RI}]))",
                 "{{le}}", fmt="heatmap")]), 12, 8)
+    L.add(timeseries(
+        "Compute per step per rank (mean / p95)",
+        "Seconds of each step the rank spent outside collective waits (forward, backward, "
+        "optimizer, data), on its own clock. A rank that computes longer than its peers is the "
+        "straggler; the others then wait for it.",
+        targets((f"sum by (rank) (rate(lightkeeper_step_compute_seconds_sum{{{R}}}[{RI}])) / "
+                 f"sum by (rank) (rate(lightkeeper_step_compute_seconds_count{{{R}}}[{RI}]))",
+                 "rank {{rank}} mean"),
+                (f"histogram_quantile(0.95, sum by (rank, le) "
+                 f"(rate(lightkeeper_step_compute_seconds_bucket{{{R}}}[{RI}])))",
+                 "rank {{rank}} p95")),
+        unit="s", min_=0), 12, 8)
+    L.add(timeseries(
+        "Collective wait per step per rank (mean / p95)",
+        "Seconds of each step the rank's training thread waited inside collectives: cross = "
+        "torchft's quorum and allreduce across replica groups, group = FSDP collectives and the "
+        "commit vote inside the replica group. The ranks that wait long are waiting for one "
+        "that does not.",
+        targets((f"sum by (rank, scope) (rate(lightkeeper_collective_wait_seconds_sum{{{R}}}[{RI}]))"
+                 f" / sum by (rank, scope) "
+                 f"(rate(lightkeeper_collective_wait_seconds_count{{{R}}}[{RI}]))",
+                 "rank {{rank}} {{scope}} mean"),
+                (f"histogram_quantile(0.95, sum by (rank, scope, le) "
+                 f"(rate(lightkeeper_collective_wait_seconds_bucket{{{R}}}[{RI}])))",
+                 "rank {{rank}} {{scope}} p95")),
+        unit="s", min_=0), 12, 8)
     L.add(timeseries("Last step time per rank", "Wall time of each rank's last finished step.",
                      [target(f"lightkeeper_last_step_duration_seconds{{{R}}}", "rank {{rank}}")],
                      unit="s", min_=0), 24, 7)
@@ -360,6 +386,12 @@ def monitor_health() -> dict:
         "bad_response.",
         [target(f"sum by (reason) (rate(lightkeeper_monitor_poll_errors_total{{{J}}}[{RI}]))",
                 "{{reason}}")], min_=0), 6, 8)
+    L.add(timeseries(
+        "Rank registrations by outcome",
+        "POST /v1/targets per interval: accepted, or refused (unauthorized, not_allowed, "
+        "bad_request, too_many_targets). Refusals mean ranks the monitor does not poll.",
+        [target(events("lightkeeper_monitor_registrations_total", J, "outcome"), "{{outcome}}")],
+        draw="bars", fill=80, min_=0), 24, 6)
 
     L.row("Findings, evictions and held-back decisions")
     L.add(timeseries(

@@ -50,7 +50,10 @@ def install_hint(project: Path) -> str:
 
 
 def _pinned(project: Path) -> dict[str, str]:
-    deps = json.loads((project / "package.json").read_text()).get("dependencies", {})
+    try:
+        deps = json.loads((project / "package.json").read_text()).get("dependencies", {})
+    except (OSError, ValueError, AttributeError) as e:
+        raise SchemaPackageMissing(f"cannot read {project}/package.json: {e}") from e
     return {name: deps[name] for name in REQUIRED_PACKAGES if name in deps}
 
 

@@ -1,4 +1,4 @@
-"""Checks for the generated dashboards: JSON Schema, PromQL syntax, metric names, staleness.
+"""Checks for the generated dashboards: Grafana's model, PromQL syntax, metric names, staleness.
 
 - Schema: every dashboard against Grafana's dashboard model from the npm package
   ``@grafana/schema`` (:mod:`dashboards.schema_check`): the dashboard, each panel's ``options``
