@@ -1,0 +1,112 @@
+"""Launch semantics of ``lightkeeper train`` (trainer/store.py), torch's ``env://`` convention:
+group rank 0 hosts the replica group's TCPStore unless torchrun's agent does, the others connect
+with a bound and fail naming the address. Real TCPStores, real trainer processes, a real
+torchft Lighthouse."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from lightkeeper.cluster import LocalCluster, free_port
+from trainer.store import StoreUnavailable, group_store
+
+
+def env(**kv) -> dict[str, str]:
+    return {k: str(v) for k, v in kv.items()}
+
+
+def test_lone_rank_without_master_addr_hosts_its_own_store():
+    gs = group_store(0, 1, timeout_s=2, env={})
+    assert gs.hosted and gs.addr == "127.0.0.1" and gs.port > 0
+    gs.store.set("k", "v")
+
+
+def test_rank0_hosts_at_master_port_and_rank1_connects_to_it():
+    port = free_port()
+    e = env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    host = group_store(0, 2, timeout_s=5, env=e)
+    assert host.hosted and host.address == f"127.0.0.1:{port}"
+    peer = group_store(1, 2, timeout_s=5, env=e)
+    assert not peer.hosted
+    host.store.set("from_rank0", "hello")
+    assert peer.store.get("from_rank0") == b"hello"
+
+
+def test_rank1_without_a_store_fails_within_the_bound_naming_the_address():
+    port = free_port()
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable, match=f"no TCPStore at 127.0.0.1:{port} .* after 1.5s: "
+                                               "group rank 0 hosts"):
+        group_store(1, 2, timeout_s=1.5, env=env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
+    assert time.monotonic() - started < 3.0
+
+
+def test_under_torchrun_rank0_connects_to_the_agents_store_instead_of_hosting():
+    port = free_port()
+    with pytest.raises(StoreUnavailable, match="torchrun's agent hosts"):
+        group_store(0, 2, timeout_s=1, env=env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                                               TORCHELASTIC_USE_AGENT_STORE="True"))
+
+
+@pytest.mark.parametrize("e, words", [
+    ({}, "a replica group of 2 ranks needs MASTER_ADDR and MASTER_PORT"),
+    ({"MASTER_ADDR": "127.0.0.1"}, "MASTER_PORT='' is not a port number"),
+    ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "http"}, "MASTER_PORT='http' is not a port"),
+    ({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "70000"}, r"MASTER_PORT=70000 is not a port number \(1..65535\)"),
+])
+def test_bad_rendezvous_variables_are_named(e, words):
+    with pytest.raises(StoreUnavailable, match=words):
+        group_store(1, 2, timeout_s=1, env=e)
+
+
+def test_rank0_that_cannot_listen_says_where():
+    taken = group_store(0, 1, timeout_s=2, env={})  # something already listens there
+    with pytest.raises(StoreUnavailable, match=f"cannot listen on 127.0.0.1:{taken.port}"):
+        group_store(0, 2, timeout_s=1, env=env(MASTER_ADDR="127.0.0.1", MASTER_PORT=taken.port))
+
+
+def _train_env(**extra) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                         "TORCHELASTIC_USE_AGENT_STORE")}
+    return {**base, "PYTHONUNBUFFERED": "1", **env(**extra)}
+
+
+@pytest.mark.e2e
+def test_bare_rank0_with_master_variables_trains(tmp_path):
+    """A lone rank 0 under a launcher that sets MASTER_ADDR/MASTER_PORT (no torchrun) hosts the
+    store itself and trains; before, it blocked in the Manager's TCPStore connect."""
+    cluster = LocalCluster(tmp_path, num_groups=1)
+    try:
+        lighthouse = cluster.start_lighthouse()
+        res = subprocess.run(
+            [sys.executable, "-m", "lightkeeper.cli", "train", "--lighthouse", lighthouse,
+             "--num-replica-groups", "1", "--steps", "3", "--connect-timeout", "10"],
+            env=_train_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), RANK=0,
+                           WORLD_SIZE=1),
+            capture_output=True, text=True, timeout=180)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        assert "step=3 " in res.stdout
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.e2e
+def test_rank1_without_a_store_exits_nonzero_within_the_bound():
+    port = free_port()
+    started = time.monotonic()
+    res = subprocess.run(
+        [sys.executable, "-m", "lightkeeper.cli", "train", "--lighthouse", "http://127.0.0.1:1",
+         "--connect-timeout", "3"],
+        env=_train_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=1, WORLD_SIZE=2),
+        capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - started
+    assert res.returncode != 0
+    assert f"no TCPStore at 127.0.0.1:{port}" in res.stderr, res.stderr[-2000:]
+    # 3 s of waiting plus starting Python and importing torch on a shared 2-core machine.
+    assert took < 30, took  # measured here: 8 s
