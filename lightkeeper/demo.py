@@ -1,14 +1,19 @@
 """``lightkeeper demo``: a fault-tolerant job on this machine, faults, detection, eviction, report.
 
-Starts a torchft Lighthouse, ``--groups`` replica groups (real processes, gloo on CPU, a
-WorkerServer on every rank), ``lightkeeper monitor`` and, when the binary is there, Prometheus
-with the shipped configuration. A small state machine then drives the scenario (see
-:mod:`lightkeeper.scenario`): healthy -> ``slow`` into group 1 -> detected -> evicted -> the
-demo's supervisor restarts the group (as Kubernetes would) -> it heals and rejoins -> ``hang``
-into group 2 -> ... -> healthy end. The main loop samples every rank's ``/v1/state`` and the
-monitor's findings/evictions at ~2 Hz and records a timeline; at the end (Ctrl-C and failures
-included) it writes ``report.json``, ``report.md`` and ``timeline.png`` to ``--report-dir`` and
-stops every process it started, by PID. See the README (`lightkeeper demo`).
+Starts a torchft Lighthouse, ``--groups`` replica groups of ``--ranks-per-group`` ranks (real
+processes, gloo on CPU, a WorkerServer on every rank), ``lightkeeper monitor`` and, when the
+binary is there, Prometheus with the shipped configuration. Then it plays the scenario
+(:mod:`lightkeeper.scenario`): by default healthy -> ``slow_compute`` on one rank of group 1 ->
+detected -> evicted -> the demo's supervisor restarts the group (as Kubernetes would) -> it heals
+and rejoins -> an in-group ``hang`` on one rank of group 2 -> ... -> healthy end; with
+``--inject`` the faults given to the groups at start. Each fault's story (struck, caught,
+evicted, back) is followed by a :class:`~lightkeeper.faulttrack.FaultTrack` from what the ranks
+and the monitor serve; the scenario ends when every story has ended (each stage has a deadline).
+The main loop samples every rank's ``/v1/state`` and the monitor's findings/evictions at ~2 Hz
+and records a timeline; at the end (Ctrl-C, SIGTERM and failures included) it writes
+``report.json``, ``report.md`` and ``timeline.png`` to ``--report-dir`` and stops every process
+it started, by PID. ``--keep-running`` leaves everything up after the scenario until Ctrl-C or
+SIGTERM. See the README (`lightkeeper demo`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pathlib import Path
 
 import requests
 
+from .faulttrack import Deadlines, FaultTrack, Observation, Strike, finding_culprits
 from .scenario import FaultPlan, Scenario, default_faults, parse_inject
 
 LOCK_NAME = "lightkeeper-demo.lock"
@@ -34,16 +40,18 @@ TICK_S = 0.5
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--groups", type=int, default=3, help="replica groups (default 3)")
-    p.add_argument("--ranks-per-group", type=int, default=1, help="ranks per group (default 1)")
+    p.add_argument("--ranks-per-group", type=int, default=2,
+                   help="ranks per group (default 2; FSDP inside the group, torchrun)")
     p.add_argument("--steps", type=int, default=None,
                    help="committed steps each group trains; the demo ends when all are done "
                         "(default: unbounded, the scenario decides)")
     p.add_argument("--duration", type=float, default=None,
                    help="stop after this many seconds of training (default: when the scenario "
                         "ends; 60 s with --no-faults)")
-    p.add_argument("--inject", action="append", default=[], metavar="GROUP:SPEC",
-                   help="inject SPEC (as the trainer's --inject, e.g. 1:slow:delay=0.5,"
-                        "from_step=40) into GROUP from its start; repeatable; replaces the "
+    p.add_argument("--inject", action="append", default=[], metavar="GROUP[.RANK]:SPEC",
+                   help="give SPEC (as the trainer's --inject, e.g. 1:slow:delay=0.5,"
+                        "from_step=40) to GROUP from its start, on every rank or on RANK only "
+                        "(1.1:slow_compute:factor=3,from_step=30); repeatable; replaces the "
                         "default scenario")
     p.add_argument("--no-faults", action="store_true", help="run the job healthy")
     p.add_argument("--dry-run", action="store_true",
@@ -51,12 +59,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--report-dir", default=None,
                    help="report and logs (default: a new directory under the system temp dir)")
     p.add_argument("--keep-running", action="store_true",
-                   help="after the scenario, leave the cluster up (Ctrl-C stops it)")
+                   help="after the scenario, leave everything up (Ctrl-C or SIGTERM stops "
+                        "it and every process the demo started)")
     p.add_argument("--no-prometheus", action="store_true", help="do not start Prometheus")
     # stage timings (tests and impatient people); see lightkeeper/scenario.py
     s = Scenario()
     for flag, attr in (("--healthy-s", "healthy_s"), ("--end-s", "end_s"),
-                       ("--slow-delay", "slow_delay_s"), ("--detect-timeout", "detect_timeout_s"),
+                       ("--slow-delay", "slow_delay_s"), ("--strike-timeout", "strike_timeout_s"),
+                       ("--detect-timeout", "detect_timeout_s"),
                        ("--evict-timeout", "evict_timeout_s"),
                        ("--rejoin-timeout", "rejoin_timeout_s"), ("--step-pause", "step_pause_s")):
         p.add_argument(flag, dest=attr, type=float, default=getattr(s, attr),
@@ -123,8 +133,11 @@ class Demo:
         self.latest: dict[int, list[dict]] = {}  # group -> latest rank states
         self.findings: list[dict] = []
         self.evictions: list[dict] = []
-        self.faults: list[dict] = []
-        self.restarts: dict[int, int] = {}
+        self.tracks: list[FaultTrack] = []      # one story per fault, in arming order
+        self.strikes: dict[tuple, Strike] = {}  # (group, incarnation, group rank, spec) -> strike
+        self.launched_at: dict[int, float] = {}  # group -> demo seconds its first start began
+        self.restarts: dict[int, int] = {}      # group -> supervisor restarts (its incarnation)
+        self.keeping = False                    # --keep-running: the scenario is over, stay up
         self.train_start_s: float | None = None
         self.stopping = False
         self.deadline: float | None = None     # demo seconds
@@ -135,6 +148,11 @@ class Demo:
         self._seen_findings: set = set()
         self._seen_evictions: set = set()
         self._log = None
+
+    @property
+    def faults(self) -> list[dict]:
+        """The report's ``faults[]``: every story's record."""
+        return [tr.record for tr in self.tracks]
 
     # --- time ---------------------------------------------------------------------------------
     def now(self) -> float:
@@ -186,6 +204,7 @@ class Demo:
             for g, step, sec, status in rows:
                 out.append(f"{g:>5}  {'-' if step is None else step:>6}  "
                            f"{'-' if sec is None else f'{sec:.2f}s':>9}  {status}")
+            out += [""] + [f"fault {tr.index}: {tr.describe()}" for tr in self.tracks]
             out += ["", "events:"]
             for e in self.events[-10:]:
                 out.append(f"  [{e['t']:6.1f}s] {e['kind']:<11} "
@@ -213,10 +232,11 @@ class Demo:
         self.start_monitor()
         self.cluster.extra_env["LIGHTKEEPER_MONITOR"] = self.monitor_url
         specs: dict[int, list[str]] = {}
-        for f in self.sc.faults:
-            if f.kind == "spec":
-                specs.setdefault(f.replica_group, []).append(f.spec)
+        for plan in self.sc.faults:
+            if plan.at_start:
+                specs.setdefault(plan.replica_group, []).append(plan.spec)
         for g in range(self.args.groups):
+            self.launched_at[g] = self.now()
             self.procs.append(self.cluster.start_group(g, specs.get(g)).proc)
         for g in range(self.args.groups):
             try:
@@ -319,7 +339,13 @@ class Demo:
             states = [s for s in (self.state(u) for u in grp.worker_urls.values())
                       if s] if grp.alive() else []
             self.latest[g] = states
+            incarnation = self.restarts.get(g, 0)
             for s in states:
+                for spec, at in (s.get("faults_struck_at") or {}).items():
+                    key = (g, incarnation, s["group_rank"], spec)
+                    if key not in self.strikes:
+                        self.strikes[key] = Strike(g, incarnation, s["group_rank"], s["rank"],
+                                                   s.get("host") or "?", spec, float(at))
                 self.rank_pids.add(int(s["pid"]))
                 job_step = max(job_step, s["step"])
                 self.samples.append({
@@ -328,11 +354,15 @@ class Demo:
                     "num_participants": s["num_participants"], "phase": s["phase"],
                     "last_step_seconds": s["last_step_seconds"],
                     "last_step_at_s": self.rel(s["last_step_at"]),
-                    "replica_id": s["replica_id"]})
+                    "replica_id": s["replica_id"], "faults": list(s.get("faults") or [])})
         self.ticks.append((t, job_step))
         self.poll_monitor()
         self.supervise()
+        self.follow_stories()
         self.render()
+        if self.keeping:  # --keep-running: neither --duration nor --steps ends it now
+            time.sleep(max(0.0, TICK_S - (time.monotonic() - started)))
+            return
         if self.deadline is not None and self.train_start_s is not None \
                 and t >= self.train_start_s + self.deadline:
             raise Stop(f"--duration {self.deadline:g}s reached")
@@ -349,9 +379,12 @@ class Demo:
                 key = (f["kind"], f["replica_group"], f.get("replica_id"), f.get("first_seen"))
                 if key not in self._seen_findings and f.get("confirmed_at"):
                     self._seen_findings.add(key)
+                    culprits, hosts = finding_culprits(f)
                     self.event("detected", f["replica_group"],
-                               f"{f['kind']} (ranks {f.get('ranks')}) "
-                               f"at {self.rel(f['confirmed_at']):.1f}s")
+                               f"{f['kind']} (ranks {f.get('ranks')}"
+                               + (f", culprit ranks {culprits}" if culprits is not None else "")
+                               + (f" on {', '.join(hosts)}" if hosts else "")
+                               + f") at {self.rel(f['confirmed_at']):.1f}s")
         evictions = self.monitor_get("/v1/evictions")
         if evictions is not None:
             self.evictions = evictions
@@ -390,13 +423,6 @@ class Demo:
     def job_step(self) -> int:
         return max((self.group_step(g) for g in self.cluster.groups), default=-1)
 
-    def rejoined(self, g: int, since_unix: float) -> bool:
-        st = self.latest.get(g) or []
-        return (len(st) == self.args.ranks_per_group
-                and all(s["participating"] and s["num_participants"] == self.args.groups
-                        and s["started_at"] > since_unix and s["step"] >= self.job_step() - 3
-                        for s in st))
-
     def wait(self, pred, timeout: float) -> bool:
         """Tick until ``pred()`` or ``timeout`` seconds; raises Stop at the demo's deadline."""
         end = time.monotonic() + timeout
@@ -406,10 +432,84 @@ class Demo:
                 return True
         return False
 
-    # --- scenario -----------------------------------------------------------------------------
-    def inject(self, g: int, spec: str) -> bool:
-        ok = True
-        for url in (self.cluster.groups[g].worker_urls or {}).values():
+    # --- stories ------------------------------------------------------------------------------
+    def observation(self) -> Observation:
+        groups = self.cluster.groups
+        return Observation(
+            t=self.now(), t0_unix=self.t0_unix, groups=self.args.groups,
+            ranks_per_group=self.args.ranks_per_group, states=self.latest,
+            incarnation={g: self.restarts.get(g, 0) for g in groups},
+            alive={g: grp.alive() for g, grp in groups.items()},
+            finished={g: not grp.alive() and grp.proc.returncode == 0
+                      for g, grp in groups.items()},
+            strikes=list(self.strikes.values()), findings=self.findings,
+            evictions=self.evictions,
+            restarts=[(e["replica_group"], e["t"]) for e in self.events
+                      if e["kind"] == "restarted"],
+            samples=self.samples, dry_run=bool(self.args.dry_run))
+
+    def follow_stories(self) -> None:
+        open_tracks = [tr for tr in self.tracks if not tr.done]
+        if not open_tracks:
+            return
+        obs = self.observation()
+        for tr in open_tracks:
+            for kind, detail in tr.update(obs):
+                self.event(kind, tr.group, detail)
+
+    def deadlines(self) -> Deadlines:
+        sc = self.sc
+        return Deadlines(strike_s=sc.strike_timeout_s, detect_s=sc.detect_timeout_s,
+                         evict_s=sc.evict_timeout_s, rejoin_s=sc.rejoin_timeout_s)
+
+    def arm(self, spec: str, g: int, given: str, armed_at_s: float) -> FaultTrack:
+        """Start following ``spec`` in group ``g`` (already given to it, or just injected)."""
+        from trainer.faults import parse_fault
+
+        f = parse_fault(spec)
+        tr = FaultTrack(
+            len(self.tracks) + 1, replica_group=g, group_rank=f.rank, spec=f.spec, kind=f.kind,
+            trigger_step=f.from_step if f.kind in ("slow", "slow_compute") else f.at_step,
+            given=given, armed_at_s=armed_at_s, counting_from_s=self.now(),
+            incarnation=self.restarts.get(g, 0), step_at_arming=self.group_step(g),
+            ranks_per_group=self.args.ranks_per_group, deadlines=self.deadlines())
+        self.tracks.append(tr)
+        return tr
+
+    def story_over(self) -> bool:
+        return all(tr.done for tr in self.tracks)
+
+    def run_scenario(self) -> None:
+        plans = self.sc.faults
+        if not plans:
+            self.status = "healthy"
+            while True:
+                self.tick()
+        for plan in plans:
+            if plan.at_start:
+                tr = self.arm(plan.spec, plan.replica_group, "start",
+                              self.launched_at[plan.replica_group])
+                self.event("armed", plan.replica_group,
+                           f"{plan.spec} (given at start; strikes from step {tr.trigger_step})")
+        live = [plan for plan in plans if not plan.at_start]
+        if live:
+            self.status = f"healthy ({self.sc.healthy_s:g}s)"
+            self.wait(lambda: False, self.sc.healthy_s)
+        for plan in live:  # one at a time: the next once the last one's story is over
+            self.status = "following the faults"
+            self.wait(self.story_over, float("inf"))
+            self.inject_live(plan)
+        self.status = "following the faults"
+        self.wait(self.story_over, float("inf"))  # every stage of every story has a deadline
+        self.event("story", None, "every fault's story is over: " + "; ".join(
+            f"{tr.index}: {tr.record['outcome']}" for tr in self.tracks))
+        self.status = f"healthy end ({self.sc.end_s:g}s)"
+        self.wait(lambda: False, self.sc.end_s)
+
+    # --- live injection -----------------------------------------------------------------------
+    def post_fault(self, urls: list[str], spec: str) -> bool:
+        ok = bool(urls)
+        for url in urls:
             try:
                 r = self.http.post(url + "/v1/faults", json={"spec": spec}, timeout=5,
                                    headers={"Authorization": f"Bearer {self.token}"})
@@ -423,116 +523,38 @@ class Demo:
                                      self.cluster.groups[g].worker_urls.values()) if s]
         return max(steps, default=self.group_step(g))
 
-    def run_scenario(self) -> None:
-        self.status = f"healthy ({self.sc.healthy_s:g}s)"
-        if not self.sc.faults:
-            while True:
-                self.tick()
-        self.wait(lambda: False, self.sc.healthy_s)
-        for i, plan in enumerate(self.sc.faults, 1):
-            self.run_fault(i, plan)
-        self.status = f"healthy end ({self.sc.end_s:g}s)"
-        self.wait(lambda: False, self.sc.end_s)
+    def live_spec(self, plan: FaultPlan, step: int) -> str:
+        """The spec of a default fault, from the group's current ``step``."""
+        rank = "" if plan.group_rank is None else f",rank={plan.group_rank}"
+        if plan.kind in ("slow", "slow_compute"):
+            return f"{plan.kind}:delay={self.sc.slow_delay_s:g},from_step={step}{rank}"
+        where = ",where=group" if self.args.ranks_per_group > 1 else ""
+        return f"{plan.kind}:at_step={step + self.sc.hang_in_steps}{where}{rank}"
 
-    def run_fault(self, i: int, plan: FaultPlan) -> None:
+    def inject_live(self, plan: FaultPlan) -> None:
+        """Inject a default fault into the running target rank (every rank: group-wide)."""
         g = plan.replica_group
-        rec = {"replica_group": g, "spec": plan.spec, "injected_at_s": None,
-               "detected_at_s": None, "detected_kind": None, "evicted_at_s": None,
-               "restarted_at_s": None, "survivors_committing_at_s": None,
-               "rejoined_at_s": None, "steps_lost": None, "outcome": "pending"}
-        self.faults.append(rec)
-        tag = f"fault {i}/{len(self.sc.faults)}"
-        if plan.kind == "spec":
-            from trainer.faults import parse_fault
-
-            f = parse_fault(plan.spec)
-            trigger = f.from_step if f.kind == "slow" else f.at_step
-            self.status = f"{tag}: waiting for group {g} to reach step {trigger} ({plan.spec})"
-            if not self.wait(lambda: self.group_step(g) >= trigger, self.sc.rejoin_timeout_s
-                             + max(0, trigger - self.group_step(g)) * 2.0):
-                rec["outcome"] = "never triggered"
-                return
-        else:
-            self.wait(lambda: self.group_step(g) >= 1, self.sc.rejoin_timeout_s)
-            ok = False
-            for _attempt in range(3):  # the step read may be stale on a busy box: check, retry
-                cur = self.fresh_step(g)
-                plan_spec = (f"slow:delay={self.sc.slow_delay_s:g},from_step={cur}"
-                             if plan.kind == "slow"
-                             else f"hang:at_step={cur + self.sc.hang_in_steps}")
-                rec["spec"] = plan_spec
-                ok = self.inject(g, plan_spec) and (plan.kind == "slow"
-                                                    or self.fresh_step(g)
-                                                    < cur + self.sc.hang_in_steps)
-                if ok:
-                    break
-            if not ok:
-                rec["outcome"] = "injection failed"
-                self.event("error", g, f"could not inject {plan_spec}")
-                return
-        rec["injected_at_s"] = self.now()
-        injected_unix = self.t0_unix + rec["injected_at_s"]
-        self.event("injected", g, rec["spec"])
-
-        def detection():
-            found = [f for f in self.findings if f["replica_group"] == g and f.get("confirmed_at")
-                     and f["confirmed_at"] >= injected_unix - 1.0]
-            found.sort(key=lambda f: (f["kind"] == "dead", f["confirmed_at"]))
-            return found[0] if found else None
-
-        self.status = f"{tag}: {rec['spec']} in group {g}, waiting for detection"
-        if not self.wait(lambda: detection() and detection()["kind"] != "dead"
-                         or (detection() and not self.cluster.groups[g].alive()),
-                         self.sc.detect_timeout_s):
-            rec["outcome"] = "not detected"
-            self.event("timeout", g, f"not detected within {self.sc.detect_timeout_s:g}s")
+        self.wait(lambda: self.group_step(g) >= 1 and len(self.latest.get(g) or [])
+                  == self.args.ranks_per_group, self.sc.rejoin_timeout_s)
+        urls = self.cluster.groups[g].worker_urls
+        targets = [urls[plan.group_rank]] if plan.group_rank in urls else list(urls.values())
+        ok, spec = False, ""
+        for _attempt in range(3):  # the step read may be stale on a busy box: check, retry
+            cur = self.fresh_step(g)
+            spec = self.live_spec(plan, cur)
+            ok = self.post_fault(targets, spec) and (
+                plan.kind in ("slow", "slow_compute")
+                or self.fresh_step(g) < cur + self.sc.hang_in_steps)
+            if ok:
+                break
+        tr = self.arm(spec, g, "live", self.now())
+        if not ok:
+            tr.fail("injection failed", f"POST /v1/faults {spec} to {', '.join(targets)} failed, "
+                                        "or the group passed the step first (3 tries)")
+            self.event("error", g, f"could not inject {spec}")
             return
-        f = detection()
-        rec["detected_at_s"], rec["detected_kind"] = self.rel(f["confirmed_at"]), f["kind"]
-
-        def eviction():
-            ev = [d for d in self.evictions if d["replica_group"] == g
-                  and d["decision"] == "evict" and d["at"] >= injected_unix - 1.0]
-            return min(ev, key=lambda d: d["at"]) if ev else None
-
-        self.status = f"{tag}: group {g} detected as {f['kind']}, waiting for eviction"
-        if not self.wait(lambda: eviction() is not None, self.sc.evict_timeout_s):
-            rec["outcome"] = "detected, not evicted" + (" (dry run)" if self.args.dry_run else "")
-            return
-        evicted_unix = eviction()["at"]
-        rec["evicted_at_s"] = self.rel(evicted_unix)
-        survivors = [h for h in self.cluster.groups if h != g]
-
-        def survivors_commit():
-            # A committed step moves torchft's step; a failed one (the survivors' collective
-            # breaking when the evicted group goes) only moves last_step_at.
-            step_at_eviction = {}
-            for s in self.samples:
-                if s["replica_group"] in survivors and s["t"] <= rec["evicted_at_s"]:
-                    step_at_eviction[s["rank"]] = max(step_at_eviction.get(s["rank"], 0),
-                                                      s["step"])
-            late = [s["last_step_at_s"] for s in self.samples if s["replica_group"] in survivors
-                    and s["last_step_at_s"] is not None
-                    and s["step"] > step_at_eviction.get(s["rank"], 0)
-                    and s["last_step_at_s"] > rec["evicted_at_s"]]
-            return min(late) if late else None
-
-        def restarted():
-            return next((e["t"] for e in self.events if e["kind"] == "restarted"
-                         and e["replica_group"] == g and e["t"] >= rec["detected_at_s"]), None)
-
-        self.status = f"{tag}: group {g} evicted, waiting for restart and rejoin"
-        ok = self.wait(lambda: survivors_commit() is not None and self.rejoined(g, evicted_unix),
-                       self.sc.rejoin_timeout_s)
-        rec["survivors_committing_at_s"] = survivors_commit()
-        rec["restarted_at_s"] = restarted()
-        if not ok and not self.rejoined(g, evicted_unix):
-            rec["outcome"] = "evicted, did not rejoin in time"
-            return
-        rec["rejoined_at_s"] = self.now()
-        rec["outcome"] = "recovered"
-        self.event("rejoined", g, f"back in the quorum ({self.args.groups} participants) "
-                                  f"at step {self.group_step(g)}")
+        self.event("injected", g, spec + ("" if plan.group_rank is None
+                                          else f" (rank {plan.group_rank} only)"))
 
     # --- stop & report ------------------------------------------------------------------------
     def stop(self) -> None:
@@ -567,21 +589,18 @@ def run(args: argparse.Namespace) -> int:
         print("lightkeeper demo: --groups must be >= 2, --ranks-per-group and --steps >= 1",
               file=sys.stderr)
         return 2
-    try:
-        plans = [parse_inject(v) for v in args.inject]
+    try:  # every placement is checked before anything starts
+        plans = [parse_inject(v, args.groups, args.ranks_per_group) for v in args.inject]
     except ValueError as e:
         print(f"lightkeeper demo: {e}", file=sys.stderr)
-        return 2
-    if any(p.replica_group >= args.groups for p in plans):
-        print(f"lightkeeper demo: --inject names a group >= --groups {args.groups}",
-              file=sys.stderr)
         return 2
     if args.no_faults and plans:
         print("lightkeeper demo: --no-faults and --inject exclude each other", file=sys.stderr)
         return 2
-    faults = [] if args.no_faults else plans or default_faults(args.groups)
+    faults = [] if args.no_faults else plans or default_faults(args.groups, args.ranks_per_group)
     sc = Scenario(faults=faults, healthy_s=args.healthy_s, end_s=args.end_s,
-                  slow_delay_s=args.slow_delay_s, detect_timeout_s=args.detect_timeout_s,
+                  slow_delay_s=args.slow_delay_s, strike_timeout_s=args.strike_timeout_s,
+                  detect_timeout_s=args.detect_timeout_s,
                   evict_timeout_s=args.evict_timeout_s, rejoin_timeout_s=args.rejoin_timeout_s,
                   step_pause_s=args.step_pause_s)
     try:
@@ -605,6 +624,7 @@ def run(args: argparse.Namespace) -> int:
         except Stop as e:
             demo.event("stop", None, str(e))
         if args.keep_running:
+            demo.keeping = True  # from here only Ctrl-C or SIGTERM ends it
             write_report(demo, report_dir, final=False)
             print_keep_running(demo)
             while True:
@@ -612,9 +632,12 @@ def run(args: argparse.Namespace) -> int:
     except Stop:
         pass
     except KeyboardInterrupt:
-        demo.interrupted = True
-        code = 130
-        print("\nlightkeeper demo: interrupted; stopping everything", flush=True)
+        if demo.keeping:  # the way --keep-running ends: the scenario itself completed
+            print("\nlightkeeper demo: stopping everything", flush=True)
+        else:
+            demo.interrupted = True
+            code = 130
+            print("\nlightkeeper demo: interrupted; stopping everything", flush=True)
     except (ClusterError, TimeoutError, OSError) as e:
         demo.error = str(e)
         code = 1
@@ -622,6 +645,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
+            for tr in demo.tracks:
+                tr.stop(demo.now())
             demo.stop()
         finally:
             signal.signal(signal.SIGTERM, old_term)
@@ -638,7 +663,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def print_keep_running(demo: Demo) -> None:
-    lines = ["", "the cluster keeps running (Ctrl-C stops it). Try:",
+    lines = ["", f"the cluster keeps running (Ctrl-C or SIGTERM to PID {os.getpid()} stops it); "
+                 f"report so far in {demo.dir}. Try:",
              f"  curl {demo.monitor_url}/v1/cluster",
              f"  curl {demo.monitor_url}/v1/findings",
              f"  curl {demo.monitor_url}/v1/evictions",

@@ -1,7 +1,9 @@
 """The demo's report: ``report.json`` (a documented interface, see the README (`lightkeeper demo`)), ``report.md``
 (the summary table) and ``timeline.png`` (step rate per group over time, events marked).
 
-Times are seconds since the demo started; null when it did not happen.
+Times are seconds since the demo started; null when it did not happen. A fault's phase starts
+when it *struck* (the rank's own report), not when it was armed: a fault given at start may
+strike long after the group started, or never.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+
+from .faulttrack import FINDING_SLACK_S, finding_culprits
 
 REPORT_VERSION = 1
 
@@ -38,9 +42,8 @@ def phases(train_start: float | None, end: float, faults: list[dict], groups: in
     marks: list[tuple[float, str]] = [(train_start, "healthy")]
     for f in faults:
         g = f["replica_group"]
-        kind = (f["spec"] or "?").split(":", 1)[0]
-        if f["injected_at_s"] is not None:
-            marks.append((f["injected_at_s"], f"{kind} in group {g}"))
+        if f["struck_at_s"] is not None:
+            marks.append((max(train_start, f["struck_at_s"]), f"{fault_kind(f)} in {where(f)}"))
         if f["evicted_at_s"] is not None:
             marks.append((f["evicted_at_s"], f"group {g} evicted ({groups - 1} groups)"))
         if f["rejoined_at_s"] is not None:
@@ -62,7 +65,33 @@ def phases(train_start: float | None, end: float, faults: list[dict], groups: in
     return out
 
 
-def detections(findings: list[dict], evictions: list[dict], t0_unix: float) -> list[dict]:
+def fault_kind(f: dict) -> str:
+    return (f["spec"] or "?").split(":", 1)[0]
+
+
+def where(f: dict) -> str:
+    return f"group {f['replica_group']}" + ("" if f.get("group_rank") is None
+                                            else f" rank {f['group_rank']}")
+
+
+def attributed_fault(d: dict, faults: list[dict], end: float) -> int | None:
+    """The fault (1-based) that explains detection ``d``: same group, confirmed between its
+    strike (arming, if no strike was seen; 1 s slack) and its group's rejoin (else the end)."""
+    for i, f in enumerate(faults, 1):
+        start = f["struck_at_s"] if f["struck_at_s"] is not None else (
+            f["injected_at_s"] if f["detected_at_s"] is not None else None)
+        if f["replica_group"] != d["replica_group"] or start is None:
+            continue
+        stop = f["rejoined_at_s"] if f["rejoined_at_s"] is not None else end
+        if start - FINDING_SLACK_S <= d["at_s"] <= stop + FINDING_SLACK_S:
+            return i
+    return None
+
+
+def detections(findings: list[dict], evictions: list[dict], t0_unix: float,
+               faults: list[dict] | None = None, end: float = float("inf")) -> list[dict]:
+    """Every finding the monitor confirmed, with the culprits it named and the fault it is
+    attributed to (``fault``: 1-based index into ``faults``, null when no fault explains it)."""
     out = []
     for f in findings:
         if not f.get("confirmed_at"):
@@ -71,9 +100,13 @@ def detections(findings: list[dict], evictions: list[dict], t0_unix: float) -> l
               and d["replica_group"] == f["replica_group"]
               and (d.get("replica_id") is None or d.get("replica_id") == f.get("replica_id"))
               and d["at"] >= f["confirmed_at"] - 1.0 and d.get("reason") == f["kind"]]
-        out.append({"kind": f["kind"], "replica_group": f["replica_group"],
-                    "ranks": f.get("ranks"), "replica_id": f.get("replica_id"),
-                    "at_s": round(f["confirmed_at"] - t0_unix, 2), "evicted": bool(ev)})
+        culprit_ranks, culprit_hosts = finding_culprits(f)
+        d = {"kind": f["kind"], "replica_group": f["replica_group"],
+             "ranks": f.get("ranks"), "culprit_ranks": culprit_ranks,
+             "culprit_hosts": culprit_hosts, "replica_id": f.get("replica_id"),
+             "at_s": round(f["confirmed_at"] - t0_unix, 2), "evicted": bool(ev)}
+        d["fault"] = attributed_fault(d, faults or [], end)
+        out.append(d)
     return sorted(out, key=lambda d: d["at_s"])
 
 
@@ -83,8 +116,8 @@ def build_report(demo) -> dict[str, Any]:
     ph = phases(demo.train_start_s, end, faults, demo.args.groups, demo.ticks)
     healthy = ph[0]["step_rate"] if ph else None
     for f in faults:
-        start, stop = f["injected_at_s"], f["rejoined_at_s"] or (end if f["injected_at_s"]
-                                                                  is not None else None)
+        start = f["struck_at_s"]
+        stop = f["rejoined_at_s"] or (end if start is not None else None)
         if healthy and start is not None and stop is not None:
             a, b = _job_step_at(demo.ticks, start), _job_step_at(demo.ticks, stop)
             if a is not None and b is not None:
@@ -100,7 +133,7 @@ def build_report(demo) -> dict[str, Any]:
         "outcome": ("interrupted" if demo.interrupted else "error" if demo.error else "completed"),
         "error": demo.error,
         "faults": faults,
-        "detections": detections(demo.findings, demo.evictions, demo.t0_unix),
+        "detections": detections(demo.findings, demo.evictions, demo.t0_unix, faults, end),
         "evictions": [{"replica_group": d["replica_group"], "replica_id": d.get("replica_id"),
                        "decision": d["decision"], "reason": d.get("reason"),
                        "at_s": round(d["at"] - demo.t0_unix, 2), "status": d.get("status")}
@@ -124,19 +157,42 @@ def _fmt(v, unit: str = "s") -> str:
     return f"{v:.1f}{unit}" if isinstance(v, float) else f"{v}{unit}"
 
 
+def _culprit(f: dict) -> str:
+    """What the finding named: culprit ranks and hosts when the monitor served them, else the
+    finding's ranks (in parentheses: the ranks it looked at, not a culprit)."""
+    if f.get("culprit_ranks") is not None:
+        out = "rank" + ("s " if len(f["culprit_ranks"]) != 1 else " ") + ", ".join(
+            str(r) for r in f["culprit_ranks"])
+    elif f.get("finding_ranks") or f.get("ranks"):
+        out = "(ranks " + ", ".join(str(r) for r in f.get("finding_ranks") or f["ranks"]) + ")"
+    else:
+        return "—"
+    hosts = f.get("culprit_hosts")
+    return out + (f" on {', '.join(hosts)}" if hosts else "")
+
+
 def summary_markdown(rep: dict) -> str:
-    lines = ["| # | group | fault | injected | detected (as) | evicted | survivors committing "
-             "| rejoined | steps lost | outcome |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| # | fault | where (global rank, host) | armed | struck | caught as | culprit "
+             "| detected | evicted | survivors committing | rejoined | steps lost | outcome |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, f in enumerate(rep["faults"], 1):
-        det = (f"{_fmt(f['detected_at_s'])} ({f['detected_kind']})"
-               if f["detected_at_s"] is not None else "—")
-        lines.append(f"| {i} | {f['replica_group']} | `{f['spec']}` | {_fmt(f['injected_at_s'])} "
-                     f"| {det} | {_fmt(f['evicted_at_s'])} "
+        place = where(f)
+        if f.get("rank") is not None or f.get("host"):
+            place += " (" + ", ".join(x for x in (
+                None if f.get("rank") is None else f"rank {f['rank']}", f.get("host")) if x) + ")"
+        armed = "at start" if f.get("given") == "start" else _fmt(f["injected_at_s"])
+        caught = (f"{f['detected_kind']} in group {f['replica_group']}"
+                  if f["detected_kind"] else "—")
+        lines.append(f"| {i} | `{f['spec']}` | {place} | {armed} | {_fmt(f['struck_at_s'])} "
+                     f"| {caught} | {_culprit(f) if f['detected_kind'] else '—'} "
+                     f"| {_fmt(f['detected_at_s'])} | {_fmt(f['evicted_at_s'])} "
                      f"| {_fmt(f['survivors_committing_at_s'])} | {_fmt(f['rejoined_at_s'])} "
                      f"| {_fmt(f['steps_lost'], '')} | {f['outcome']} |")
     if not rep["faults"]:
-        lines.append("| – | – | (no faults) | | | | | | | |")
+        lines.append("| – | (no faults) | | | | | | | | | | | |")
+    notes = [f"- fault {i}: {f['note']}" for i, f in enumerate(rep["faults"], 1) if f.get("note")]
+    if notes:
+        lines += [""] + notes
     lines += ["", "| phase | from | to | steps | steps/s | vs healthy |",
               "|---|---|---|---|---|---|"]
     for p in rep["phases"]:
@@ -158,10 +214,14 @@ def markdown(rep: dict) -> str:
             f"Healthy step rate: {rep['healthy_step_rate']} committed steps/s. "
             "Times are seconds since the demo started.", "",
             "## Faults and phases", "", summary_markdown(rep), "",
-            "## Detections", "", "| at | kind | group | ranks | evicted |", "|---|---|---|---|---|"]
+            "## Detections", "",
+            "| at | kind | group | ranks | culprit | evicted | explained by |",
+            "|---|---|---|---|---|---|---|"]
     for d in rep["detections"]:
         head.append(f"| {d['at_s']:.1f}s | {d['kind']} | {d['replica_group']} | {d['ranks']} "
-                    f"| {'yes' if d['evicted'] else 'no'} |")
+                    f"| {_culprit(d) if d.get('culprit_ranks') is not None else '—'} "
+                    f"| {'yes' if d['evicted'] else 'no'} "
+                    f"| {'fault ' + str(d['fault']) if d.get('fault') else 'no fault'} |")
     head += ["", "![timeline](timeline.png)", "", "## Events", ""]
     for e in rep["events"]:
         g = f"group {e['replica_group']}: " if e["replica_group"] is not None else ""
@@ -200,19 +260,21 @@ def plot(samples: list[dict], ranks_per_group: int, rep: dict, path: Path) -> No
                 ys.append(float("nan"))
                 j = i + 1
         ax.plot(xs, ys, label=f"group {g}", lw=1.4)
-    colors = {"injected": "tab:red", "detected": "tab:orange", "evicted": "tab:purple",
+    colors = {"struck": "tab:red", "detected": "tab:orange", "evicted": "tab:purple",
               "rejoined": "tab:green"}
     seen = set()
     for f in rep["faults"]:
-        for key, name in (("injected_at_s", "injected"), ("detected_at_s", "detected"),
+        for key, name in (("struck_at_s", "struck"), ("detected_at_s", "detected"),
                           ("evicted_at_s", "evicted"), ("rejoined_at_s", "rejoined")):
             if f[key] is not None:
                 ax.axvline(f[key], color=colors[name], ls="--", lw=1,
                            label=name if name not in seen else None)
                 seen.add(name)
-        if f["injected_at_s"] is not None:
-            ax.annotate(f"g{f['replica_group']} {(f['spec'] or '').split(':')[0]}",
-                        (f["injected_at_s"], 1.0), xycoords=("data", "axes fraction"),
+        if f["struck_at_s"] is not None:
+            label = f"g{f['replica_group']}" + ("" if f.get("group_rank") is None
+                                                else f".{f['group_rank']}")
+            ax.annotate(f"{label} {fault_kind(f)}",
+                        (f["struck_at_s"], 1.0), xycoords=("data", "axes fraction"),
                         xytext=(3, -12), textcoords="offset points", fontsize=8,
                         color="tab:red")
     ax.set_xlabel("seconds since the demo started")

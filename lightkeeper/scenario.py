@@ -1,8 +1,11 @@
-"""The demo's scenario: which faults, when, and how long each stage may take.
+"""The demo's scenario: which faults, where, when, and how long each stage may take.
 
-The default story: healthy for ``healthy_s`` -> ``slow`` in group 1 -> detected -> evicted ->
-restarted -> rejoined -> ``hang`` in group 2 -> ... -> healthy for ``end_s``. Every stage has a
-deadline: a stage that never happens ends that fault (and the demo moves on) with what it has.
+The default story (faults on single ranks): healthy for ``healthy_s`` -> ``slow_compute`` on
+the last rank of group 1 -> detected -> evicted -> restarted -> rejoined -> an in-group ``hang``
+(``where=group``) on the last rank of group 2 -> ... -> healthy for ``end_s``. The demo injects
+these into the running rank. ``--inject GROUP[.RANK]:SPEC`` replaces them with faults given to
+the group when it starts. Every stage has a deadline (:mod:`lightkeeper.faulttrack`): a stage
+that never happens ends that fault's story with what it has.
 """
 
 from __future__ import annotations
@@ -12,38 +15,77 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class FaultPlan:
+    """One fault of the scenario: where it strikes and what it is."""
+
     replica_group: int
-    kind: str                      # "slow" / "hang" (injected live) or "spec" (at start)
-    spec: str | None = None        # the trainer's --inject spec when given by the user
+    kind: str                      # the trainer's fault kind: slow, slow_compute, hang, ...
+    spec: str | None = None        # the whole spec, given at start (--inject); None: the demo
+    #                                writes it (steps relative to the running job) when it injects
+    group_rank: int | None = None  # the one group rank it strikes; None: every rank of the group
+
+    @property
+    def at_start(self) -> bool:
+        return self.spec is not None
 
 
 @dataclass
 class Scenario:
     faults: list[FaultPlan] = field(default_factory=list)
-    healthy_s: float = 20.0        # healthy phase before the first fault
-    end_s: float = 15.0            # healthy phase after the last fault
-    slow_delay_s: float = 0.6      # slow:delay= of the default straggler
+    healthy_s: float = 8.0         # healthy phase before the first fault (the baseline rate)
+    end_s: float = 6.0             # healthy phase after the last fault
+    slow_delay_s: float = 0.6      # slow_compute:delay= of the default straggler rank
     hang_in_steps: int = 4         # hang:at_step = current step + this
-    detect_timeout_s: float = 60.0  # injection -> detection
-    evict_timeout_s: float = 30.0   # detection -> eviction (dry run: how long to watch)
+    strike_timeout_s: float = 30.0  # armed -> struck, plus 2 s per step still to go
+    detect_timeout_s: float = 60.0  # strike -> detection
+    evict_timeout_s: float = 30.0   # detection -> eviction (a hold that does not lift)
     rejoin_timeout_s: float = 120.0  # eviction -> group back in the quorum
     step_pause_s: float = 0.1      # trainer --step-pause (keeps 2 cores breathing)
     pg_timeout_s: float = 20.0
 
 
-def default_faults(groups: int) -> list[FaultPlan]:
-    """slow into group 1, then hang into group 2 (wrapping around when there are fewer)."""
+def default_faults(groups: int, ranks_per_group: int) -> list[FaultPlan]:
+    """slow_compute on one rank of group 1, then hang on one rank of group 2 (group 1 again
+    with two groups). The last rank of the group: not rank 0, which also runs the group's
+    torchft Manager, so the culprit is not the rank a guess would name."""
     if groups < 2:
         return []
-    return [FaultPlan(1 % groups, "slow"), FaultPlan(2 % groups if groups > 2 else 1, "hang")]
+    rank = ranks_per_group - 1
+    return [FaultPlan(1, "slow_compute", group_rank=rank),
+            FaultPlan(2 if groups > 2 else 1, "hang", group_rank=rank)]
 
 
-def parse_inject(value: str) -> FaultPlan:
-    """``GROUP:SPEC`` (SPEC as the trainer's ``--inject``) -> a FaultPlan; ValueError if bad."""
-    from trainer.faults import parse_fault
+def parse_inject(value: str, groups: int, ranks_per_group: int) -> FaultPlan:
+    """``GROUP[.RANK]:SPEC`` -> a FaultPlan given to GROUP at start; ValueError naming the problem.
 
-    group, sep, spec = value.partition(":")
-    if not sep or not group.strip().isdigit():
-        raise ValueError(f"--inject {value!r}: expected GROUP:SPEC, e.g. 1:slow:delay=0.5")
-    parse_fault(spec)  # raises FaultSpecError (a ValueError) naming the problem
-    return FaultPlan(int(group), "spec", spec)
+    SPEC is the trainer's ``--inject`` (``trainer/faults.py``). ``.RANK`` places the fault on
+    that group rank (the spec's ``rank=``; both may be given when they agree); without either,
+    every rank of the group. The placement is checked against ``groups`` x ``ranks_per_group``.
+    """
+    import re
+
+    from trainer.faults import FaultSpecError, check_fits_group, parse_fault
+
+    placement, sep, spec = value.partition(":")
+    m = re.fullmatch(r"\s*(\d+)(?:\.(\d+))?\s*", placement)
+    if not sep or not m:
+        raise ValueError(f"--inject {value!r}: expected GROUP[.RANK]:SPEC, e.g. "
+                         "1:slow:delay=0.5,from_step=40 or 1.1:slow_compute:factor=3")
+    group = int(m.group(1))
+    rank = None if m.group(2) is None else int(m.group(2))
+    if group >= groups:
+        raise ValueError(f"--inject {value!r}: group {group} is out of range: the demo runs "
+                         f"{groups} replica groups (0..{groups - 1}; --groups)")
+    if rank is not None and rank >= ranks_per_group:
+        raise ValueError(f"--inject {value!r}: rank {rank} is out of range: each group has "
+                         f"{ranks_per_group} rank{'s' if ranks_per_group > 1 else ''} "
+                         f"(0..{ranks_per_group - 1}; --ranks-per-group)")
+    try:
+        fault = parse_fault(spec)
+        if rank is not None and fault.rank is not None and fault.rank != rank:
+            raise FaultSpecError(f"the placement says rank {rank}, the spec rank={fault.rank}")
+        if rank is not None and fault.rank is None:
+            fault = parse_fault(f"{fault.spec},rank={rank}")
+        check_fits_group(fault, ranks_per_group)
+    except FaultSpecError as e:
+        raise ValueError(f"--inject {value!r}: {e}") from None
+    return FaultPlan(group, fault.kind, fault.spec, fault.rank)

@@ -1,0 +1,314 @@
+"""One injected fault's story, told from what the demo observes: struck -> caught -> evicted -> back.
+
+A :class:`FaultTrack` is created when the demo arms a fault (given to a group at start, or
+injected into a running rank). Every tick the demo hands it an :class:`Observation` (the ranks'
+own ``/v1/state``, the monitor's ``/v1/findings`` and ``/v1/evictions``, the supervisor's
+restarts) and the track moves through its stages, each with a deadline:
+
+1. **strike**: the target rank reports the fault in ``/v1/state`` ``faults_struck_at`` (its own
+   clock, the moment the fault first acted). Deadline: ``strike_s`` plus ``s_per_step`` for every
+   step the group still had to go to the fault's step when it was armed. A group restarted (or
+   finished) before the fault struck takes the fault with it: "never struck".
+2. **detection**: a confirmed finding for the fault's replica group, confirmed no earlier than
+   1 s before the strike (``dead`` counts only once the group's process is gone, as for a crash).
+   Deadline: ``detect_s`` after the strike.
+3. **eviction**: the monitor's ``evict`` decision for that finding (or group). A ``dry_run``
+   hold ends the story there; other holds (cooldown, min_replicas) are waited out until
+   ``evict_s``. A group whose process died and was restarted without an eviction skips it.
+4. **rejoin**: every rank of a restarted incarnation takes part in a quorum of all groups, close
+   to the job's step. Deadline: ``rejoin_s`` after the eviction.
+
+A stage whose deadline passes ends the story of that fault with an ``outcome`` and a ``note``
+that names the deadline; the track never waits forever, so the demo always ends. ``record`` is
+the fault's entry in ``report.json`` (README, `report.json`). Times are demo seconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+STAGES = ("strike", "detection", "eviction", "rejoin", "done")
+FINDING_SLACK_S = 1.0  # a finding confirmed this long before the strike still counts (clocks)
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    strike_s: float = 30.0     # armed -> struck (plus s_per_step per step still to go)
+    s_per_step: float = 2.0
+    detect_s: float = 60.0     # struck -> detected
+    evict_s: float = 30.0      # detected -> evicted
+    rejoin_s: float = 120.0    # evicted -> rejoined
+
+
+@dataclass(frozen=True)
+class Strike:
+    """A strike one rank reported: its group, the group's incarnation (0 = first start), the
+    rank's group rank, global rank, host, the spec and the unix time it struck."""
+
+    replica_group: int
+    incarnation: int
+    group_rank: int
+    rank: int
+    host: str
+    spec: str
+    at_unix: float
+
+
+@dataclass
+class Observation:
+    """What the demo knows at one tick."""
+
+    t: float                                    # demo seconds now
+    t0_unix: float                              # unix time of demo second 0
+    groups: int
+    ranks_per_group: int
+    states: dict[int, list[dict]]               # group -> latest /v1/state of its live ranks
+    incarnation: dict[int, int]                 # group -> starts so far - 1
+    alive: dict[int, bool]                      # group -> any of its processes runs
+    finished: dict[int, bool]                   # group -> exited 0 (trained its --steps)
+    strikes: list[Strike]
+    findings: list[dict]                        # monitor /v1/findings
+    evictions: list[dict]                       # monitor /v1/evictions (decisions)
+    restarts: list[tuple[int, float]]           # (group, demo seconds) per supervisor restart
+    samples: list[dict] = field(default_factory=list)  # every rank sample so far
+    dry_run: bool = False
+
+    def unix(self, t: float) -> float:
+        return self.t0_unix + t
+
+    def rel(self, unix: float | None) -> float | None:
+        return None if unix is None else round(unix - self.t0_unix, 2)
+
+    def group_step(self, g: int) -> int:
+        return max((s["step"] for s in self.states.get(g) or []), default=-1)
+
+    def job_step(self) -> int:
+        return max((self.group_step(g) for g in self.states), default=-1)
+
+
+def finding_culprits(f: dict) -> tuple[list[int] | None, list[str] | None]:
+    """(culprit ranks, culprit hosts) as the monitor serves them on a finding; None where the
+    finding does not carry them (the evidence's copy counts when the top level has none)."""
+    ev = f.get("evidence") if isinstance(f.get("evidence"), dict) else {}
+    ranks = f.get("culprit_ranks", ev.get("culprit_ranks"))
+    hosts = f.get("culprit_hosts", ev.get("culprit_hosts"))
+    if hosts is None and isinstance(f.get("culprit_host", ev.get("culprit_host")), str):
+        hosts = [f.get("culprit_host", ev.get("culprit_host"))]
+    return (None if ranks is None else [int(r) for r in ranks],
+            None if hosts is None else [str(h) for h in hosts])
+
+
+class FaultTrack:
+    """The story of one fault; see the module docstring."""
+
+    def __init__(self, index: int, *, replica_group: int, group_rank: int | None, spec: str,
+                 kind: str, trigger_step: int, given: str, armed_at_s: float,
+                 counting_from_s: float, incarnation: int, step_at_arming: int,
+                 ranks_per_group: int, deadlines: Deadlines = Deadlines()) -> None:
+        """``armed_at_s``: when the fault was given (the group's start, or the injection);
+        ``counting_from_s``: when the strike deadline starts counting (for a fault given at
+        start, once training runs); ``incarnation``: the group's starts so far - 1."""
+        self.index = index
+        self.kind = kind
+        self.trigger_step = trigger_step
+        self.incarnation = incarnation
+        self.dl = deadlines
+        self.stage = "strike"
+        steps_to_go = max(0, trigger_step - max(0, step_at_arming))
+        self.deadline_s = round(counting_from_s + deadlines.strike_s
+                                + steps_to_go * deadlines.s_per_step, 2)
+        self.finding_id: Any = None
+        self.held: str | None = None
+        self._since_unix: float | None = None    # detection window start (strike, else arming)
+        self.record: dict[str, Any] = {
+            "replica_group": replica_group, "group_rank": group_rank,
+            "rank": None if group_rank is None else replica_group * ranks_per_group + group_rank,
+            "host": None, "spec": spec, "given": given, "injected_at_s": armed_at_s,
+            "struck_at_s": None, "detected_at_s": None, "detected_kind": None,
+            "finding_ranks": None, "culprit_ranks": None, "culprit_hosts": None,
+            "evicted_at_s": None, "restarted_at_s": None, "survivors_committing_at_s": None,
+            "rejoined_at_s": None, "steps_lost": None, "outcome": "pending", "note": None}
+
+    # --- public ----------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.stage == "done"
+
+    @property
+    def group(self) -> int:
+        return self.record["replica_group"]
+
+    def describe(self) -> str:
+        """A few words on where the story stands (live view)."""
+        r = self.record
+        where = f"group {self.group}" + ("" if r["group_rank"] is None
+                                         else f" rank {r['group_rank']}")
+        if self.done:
+            return f"{r['spec']} in {where}: {r['outcome']}"
+        return f"{r['spec']} in {where}: waiting for {self.stage} (until {self.deadline_s:.0f}s)"
+
+    def update(self, obs: Observation) -> list[tuple[str, str]]:
+        """Advance as far as ``obs`` allows; returns events (kind, detail) for the demo's log."""
+        events: list[tuple[str, str]] = []
+        before = None
+        while not self.done and self.stage != before:
+            before = self.stage
+            getattr(self, f"_{self.stage}")(obs, events)
+        return events
+
+    def fail(self, outcome: str, note: str) -> None:
+        """End the story before it began (the fault could not be armed)."""
+        self._end(outcome, note, [])
+
+    def stop(self, t: float) -> None:
+        """The demo ends before this story did: say where it stood."""
+        if not self.done:
+            self.record["note"] = f"the demo stopped at {t:.1f}s while waiting for {self.stage}"
+            self.stage = "done"
+
+    # --- stages ----------------------------------------------------------------------
+    def _end(self, outcome: str, note: str | None, events: list) -> None:
+        self.record["outcome"] = outcome
+        self.record["note"] = note
+        self.stage = "done"
+        events.append(("outcome", f"fault {self.index}: {outcome}" + (f" ({note})" if note
+                                                                      else "")))
+
+    def _strike(self, obs: Observation, events: list) -> None:
+        r = self.record
+        mine = [s for s in obs.strikes if s.replica_group == self.group
+                and s.incarnation == self.incarnation and s.spec == r["spec"]
+                and (r["group_rank"] is None or s.group_rank == r["group_rank"])]
+        if mine:
+            first = min(mine, key=lambda s: s.at_unix)
+            r["struck_at_s"] = obs.rel(first.at_unix)
+            r["host"] = first.host
+            r["rank"] = first.rank if r["group_rank"] is not None else r["rank"]
+            self._since_unix = first.at_unix
+            self._next("detection", max(obs.t, r["struck_at_s"]), self.dl.detect_s)
+            events.append(("struck", f"{r['spec']} struck group {self.group} "
+                                     f"rank {first.rank} ({first.host}) at "
+                                     f"{r['struck_at_s']:.1f}s"))
+            return
+        gone = (not obs.alive.get(self.group, False)
+                or obs.incarnation.get(self.group, 0) != self.incarnation)
+        since = obs.unix(r["injected_at_s"])
+        if gone and self._finding(obs, since) is not None:
+            # The process is gone without a strike seen (a crash exits before the next poll)
+            # and the monitor caught something: told as such, counted from arming.
+            self._since_unix = since
+            r["note"] = "the rank never reported the strike; detection counted from arming"
+            self._next("detection", obs.t, self.dl.detect_s)
+            return
+        if obs.incarnation.get(self.group, 0) != self.incarnation:
+            self._end("never struck", f"group {self.group} was restarted before the fault "
+                                      "struck; faults given at start are not given again", events)
+        elif obs.finished.get(self.group):
+            self._end("never struck", f"group {self.group} finished its steps first", events)
+        elif obs.t >= self.deadline_s:
+            self._end("never struck", f"no strike reported by {self.deadline_s:.1f}s "
+                                      f"(step {self.trigger_step} not reached, or skipped by a "
+                                      "heal)", events)
+
+    def _finding(self, obs: Observation, since_unix: float) -> dict | None:
+        found = [f for f in obs.findings if f.get("replica_group") == self.group
+                 and f.get("confirmed_at") and f["confirmed_at"] >= since_unix - FINDING_SLACK_S]
+        gone = (not obs.alive.get(self.group, False)
+                or obs.incarnation.get(self.group, 0) != self.incarnation)
+        found = [f for f in found if f["kind"] != "dead" or gone]
+        found.sort(key=lambda f: (f["kind"] == "dead", f["confirmed_at"]))
+        return found[0] if found else None
+
+    def _detection(self, obs: Observation, events: list) -> None:
+        r = self.record
+        f = self._finding(obs, self._since_unix)
+        if f is None:
+            if obs.t >= self.deadline_s:
+                self._end("not detected", f"no confirmed finding for group {self.group} within "
+                                          f"{self.dl.detect_s:g}s of the strike "
+                                          f"(deadline {self.deadline_s:.1f}s)", events)
+            return
+        self.finding_id = f.get("id")
+        r["detected_at_s"], r["detected_kind"] = obs.rel(f["confirmed_at"]), f["kind"]
+        r["finding_ranks"] = list(f.get("ranks") or [])
+        r["culprit_ranks"], r["culprit_hosts"] = finding_culprits(f)
+        self._next("eviction", max(obs.t, r["detected_at_s"]), self.dl.evict_s)
+
+    def _decisions(self, obs: Observation, decision: str) -> list[dict]:
+        since = obs.unix(self.record["detected_at_s"]) - FINDING_SLACK_S
+        out = [d for d in obs.evictions if d.get("decision") == decision
+               and d.get("replica_group") == self.group and d.get("at", 0) >= since]
+        if self.finding_id is not None:
+            own = [d for d in out if d.get("finding_id") == self.finding_id]
+            out = own or [d for d in out if d.get("finding_id") is None]
+        return sorted(out, key=lambda d: d["at"])
+
+    def _eviction(self, obs: Observation, events: list) -> None:
+        r = self.record
+        evicts = self._decisions(obs, "evict")
+        if evicts:
+            r["evicted_at_s"] = obs.rel(evicts[0]["at"])
+            self._next("rejoin", max(obs.t, r["evicted_at_s"]), self.dl.rejoin_s)
+            return
+        holds = self._decisions(obs, "hold")
+        if holds:
+            self.held = holds[-1].get("reason")
+            if self.held == "dry_run":
+                self._end("detected, not evicted (dry run)", "the monitor held the eviction: "
+                                                              "--dry-run", events)
+                return
+        if obs.incarnation.get(self.group, 0) != self.incarnation:
+            # the process died (a crash, or a dead rank) and the supervisor restarted it
+            self._next("rejoin", obs.t, self.dl.rejoin_s)
+            return
+        if obs.t >= self.deadline_s:
+            self._end("detected, not evicted" + (f" (held: {self.held})" if self.held else ""),
+                      f"no eviction of group {self.group} within {self.dl.evict_s:g}s of the "
+                      f"detection (deadline {self.deadline_s:.1f}s)", events)
+
+    def _rejoin(self, obs: Observation, events: list) -> None:
+        r = self.record
+        r["restarted_at_s"] = r["restarted_at_s"] or next(
+            (t for g, t in obs.restarts if g == self.group and t >= r["detected_at_s"]), None)
+        gone_at = r["evicted_at_s"] if r["evicted_at_s"] is not None else r["restarted_at_s"]
+        if r["survivors_committing_at_s"] is None and gone_at is not None:
+            r["survivors_committing_at_s"] = self._survivors_commit(obs, gone_at)
+        if gone_at is not None and r["survivors_committing_at_s"] is not None \
+                and self._rejoined(obs, obs.unix(gone_at)):
+            r["rejoined_at_s"] = obs.t
+            r["outcome"] = "recovered"
+            self.stage = "done"
+            events.append(("rejoined", f"group {self.group} back in the quorum "
+                                       f"({obs.groups} participants) at step "
+                                       f"{obs.group_step(self.group)}"))
+        elif obs.t >= self.deadline_s:
+            self._end("evicted, did not rejoin in time" if r["evicted_at_s"] is not None
+                      else "did not rejoin in time",
+                      f"group {self.group} not back in a quorum of {obs.groups} within "
+                      f"{self.dl.rejoin_s:g}s (deadline {self.deadline_s:.1f}s)", events)
+
+    def _survivors_commit(self, obs: Observation, gone_at: float) -> float | None:
+        """First step the other groups committed after ``gone_at``: a committed step moves
+        torchft's step; a failed one (the survivors' collective breaking) only moves
+        last_step_at."""
+        survivors = {g for g in obs.states if g != self.group}
+        step_then: dict[int, int] = {}
+        for s in obs.samples:
+            if s["replica_group"] in survivors and s["t"] <= gone_at:
+                step_then[s["rank"]] = max(step_then.get(s["rank"], 0), s["step"])
+        late = [s["last_step_at_s"] for s in obs.samples if s["replica_group"] in survivors
+                and s["last_step_at_s"] is not None and s["step"] > step_then.get(s["rank"], 0)
+                and s["last_step_at_s"] > gone_at]
+        return min(late) if late else None
+
+    def _rejoined(self, obs: Observation, since_unix: float) -> bool:
+        st = obs.states.get(self.group) or []
+        return (len(st) == obs.ranks_per_group
+                and all(s["participating"] and s["num_participants"] == obs.groups
+                        and s["started_at"] > since_unix and s["step"] >= obs.job_step() - 3
+                        for s in st))
+
+    def _next(self, stage: str, start_s: float, allowed_s: float) -> None:
+        self.stage = stage
+        self.deadline_s = round(start_s + allowed_s, 2)

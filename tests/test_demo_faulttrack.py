@@ -1,0 +1,179 @@
+"""A fault's story (:class:`lightkeeper.faulttrack.FaultTrack`) from what the demo observes.
+
+Observations are written here as plain data in the shapes the ranks (``/v1/state``) and the
+monitor (``/v1/findings``, ``/v1/evictions``) serve; the real processes run in
+``tests/test_demo_e2e.py``. Every stage's deadline is exercised: a story always ends.
+"""
+
+from __future__ import annotations
+
+from lightkeeper.faulttrack import Deadlines, FaultTrack, Observation, Strike
+
+T0 = 1_800_000_000.0
+SPEC = "slow_compute:delay=0.6,from_step=20,rank=1"
+
+
+def rank_state(g: int, r: int, step: int, started_at: float, participants: int = 3) -> dict:
+    return {"replica_group": g, "group_rank": r, "rank": 2 * g + r, "step": step,
+            "participating": True, "num_participants": participants, "started_at": started_at,
+            "host": "node-a", "last_step_at": None}
+
+
+def obs(t: float, *, states=None, incarnation=None, alive=None, strikes=(), findings=(),
+        evictions=(), restarts=(), samples=(), finished=None) -> Observation:
+    states = states if states is not None else {g: [rank_state(g, 0, 10, T0), rank_state(g, 1, 10, T0)]
+                                                for g in range(3)}
+    return Observation(t=t, t0_unix=T0, groups=3, ranks_per_group=2, states=states,
+                       incarnation=incarnation or {0: 0, 1: 0, 2: 0},
+                       alive=alive or {0: True, 1: True, 2: True},
+                       finished=finished or {0: False, 1: False, 2: False},
+                       strikes=list(strikes), findings=list(findings),
+                       evictions=list(evictions), restarts=list(restarts),
+                       samples=list(samples))
+
+
+def track(given: str = "start", **kw) -> FaultTrack:
+    args = dict(replica_group=1, group_rank=1, spec=SPEC, kind="slow_compute", trigger_step=20,
+                given=given, armed_at_s=2.0, counting_from_s=10.0, incarnation=0,
+                step_at_arming=10, ranks_per_group=2,
+                deadlines=Deadlines(strike_s=30, s_per_step=2, detect_s=60, evict_s=30,
+                                    rejoin_s=120))
+    args.update(kw)
+    return FaultTrack(1, **args)
+
+
+STRIKE = Strike(1, 0, 1, 3, "node-a", SPEC, T0 + 25.0)
+FINDING = {"id": 7, "kind": "straggler", "replica_group": 1, "ranks": [2, 3],
+           "first_seen": T0 + 27.0, "confirmed_at": T0 + 29.0, "evidence": {}}
+EVICT = {"id": 3, "replica_group": 1, "decision": "evict", "reason": "straggler",
+         "at": T0 + 29.1, "finding_id": 7}
+
+
+def survivor_samples() -> list[dict]:
+    # groups 0 and 2 at step 30 until the eviction (29.1 s), step 31 committed at 33.0 s
+    out = []
+    for g in (0, 2):
+        out.append({"t": 29.0, "replica_group": g, "rank": 2 * g, "step": 30,
+                    "last_step_at_s": 28.9})
+        out.append({"t": 33.5, "replica_group": g, "rank": 2 * g, "step": 31,
+                    "last_step_at_s": 33.0})
+    return out
+
+
+def test_the_whole_story_with_the_times_the_parts_report():
+    tr = track()
+    assert tr.update(obs(20.0)) == [] and tr.stage == "strike"
+    events = tr.update(obs(25.5, strikes=[STRIKE]))
+    assert tr.record["struck_at_s"] == 25.0 and tr.record["host"] == "node-a"
+    assert tr.record["rank"] == 3 and events[0][0] == "struck"
+    tr.update(obs(30.0, strikes=[STRIKE], findings=[FINDING], evictions=[EVICT]))
+    assert tr.record["detected_at_s"] == 29.0 and tr.record["detected_kind"] == "straggler"
+    assert tr.record["finding_ranks"] == [2, 3]
+    assert tr.record["culprit_ranks"] is None  # the finding did not name one
+    assert tr.record["evicted_at_s"] == 29.1 and tr.stage == "rejoin"
+    restarted = {0: [rank_state(0, 0, 40, T0), rank_state(0, 1, 40, T0)],
+                 1: [rank_state(1, 0, 39, T0 + 31), rank_state(1, 1, 39, T0 + 31)],
+                 2: [rank_state(2, 0, 40, T0), rank_state(2, 1, 40, T0)]}
+    events = tr.update(obs(41.0, states=restarted, incarnation={0: 0, 1: 1, 2: 0},
+                           strikes=[STRIKE], findings=[FINDING], evictions=[EVICT],
+                           restarts=[(1, 30.5)], samples=survivor_samples()))
+    r = tr.record
+    assert tr.done and r["outcome"] == "recovered" and r["note"] is None
+    assert (r["restarted_at_s"], r["survivors_committing_at_s"], r["rejoined_at_s"]) == (
+        30.5, 33.0, 41.0)
+    assert events[-1][0] == "rejoined"
+
+
+def test_culprits_are_taken_from_the_finding():
+    tr = track()
+    finding = dict(FINDING, culprit_ranks=[3], culprit_hosts=["node-a"])
+    tr.update(obs(30.0, strikes=[STRIKE], findings=[finding]))
+    assert tr.record["culprit_ranks"] == [3] and tr.record["culprit_hosts"] == ["node-a"]
+
+
+def test_a_finding_before_the_strike_or_elsewhere_is_not_the_fault_s():
+    tr = track()
+    early = dict(FINDING, confirmed_at=T0 + 20.0)
+    elsewhere = dict(FINDING, replica_group=0, confirmed_at=T0 + 29.0)
+    tr.update(obs(40.0, strikes=[STRIKE], findings=[early, elsewhere]))
+    assert tr.stage == "detection" and tr.record["detected_at_s"] is None
+
+
+def test_strike_of_another_rank_or_incarnation_does_not_count():
+    tr = track()
+    other_rank = Strike(1, 0, 0, 2, "node-a", SPEC, T0 + 25.0)
+    other_life = Strike(1, 1, 1, 3, "node-a", SPEC, T0 + 25.0)
+    tr.update(obs(26.0, strikes=[other_rank, other_life]))
+    assert tr.stage == "strike"
+
+
+def test_never_struck_by_its_deadline():
+    tr = track()  # counting from 10 s: 30 s + 10 steps to go x 2 s = 60 s
+    assert tr.deadline_s == 60.0
+    tr.update(obs(59.9))
+    assert not tr.done
+    tr.update(obs(60.0))
+    assert tr.done and tr.record["outcome"] == "never struck"
+    assert "60.0s" in tr.record["note"]
+
+
+def test_a_restart_before_the_strike_takes_the_fault_along():
+    tr = track()
+    tr.update(obs(20.0, incarnation={0: 0, 1: 1, 2: 0}))
+    assert tr.record["outcome"] == "never struck"
+    assert "not given again" in tr.record["note"]
+
+
+def test_not_detected_names_its_deadline():
+    tr = track()
+    tr.update(obs(26.0, strikes=[STRIKE]))
+    assert tr.deadline_s == 86.0  # 60 s after the strike was seen (26 s)
+    tr.update(obs(86.0, strikes=[STRIKE]))
+    assert tr.record["outcome"] == "not detected" and "within 60s" in tr.record["note"]
+
+
+def test_dry_run_hold_ends_the_story_at_detection():
+    tr = track()
+    hold = dict(EVICT, decision="hold", reason="dry_run")
+    tr.update(obs(30.0, strikes=[STRIKE], findings=[FINDING], evictions=[hold]))
+    assert tr.done and tr.record["outcome"] == "detected, not evicted (dry run)"
+
+
+def test_a_hold_that_does_not_lift_is_named_at_the_deadline():
+    tr = track()
+    hold = dict(EVICT, decision="hold", reason="min_replicas")
+    tr.update(obs(30.0, strikes=[STRIKE], findings=[FINDING], evictions=[hold]))
+    assert tr.stage == "eviction"
+    tr.update(obs(60.0, strikes=[STRIKE], findings=[FINDING], evictions=[hold]))
+    assert tr.record["outcome"] == "detected, not evicted (held: min_replicas)"
+
+
+def test_an_eviction_for_another_finding_is_not_this_one():
+    tr = track()
+    other = dict(EVICT, finding_id=99)
+    tr.update(obs(30.0, strikes=[STRIKE], findings=[FINDING], evictions=[other]))
+    assert tr.stage == "eviction" and tr.record["evicted_at_s"] is None
+
+
+def test_a_crash_is_caught_as_dead_once_the_process_is_gone():
+    crash = "crash:at_step=20,rank=1"
+    tr = track(spec=crash, kind="crash")
+    dead = dict(FINDING, kind="dead", confirmed_at=T0 + 27.0)
+    # alive: a dead finding does not count yet (an eviction's own aftermath looks the same)
+    tr.update(obs(26.0, findings=[dead]))
+    assert tr.stage == "strike"
+    tr.update(obs(28.0, findings=[dead], alive={0: True, 1: False, 2: True}))
+    assert tr.record["detected_kind"] == "dead" and tr.record["struck_at_s"] is None
+    assert "never reported the strike" in tr.record["note"]
+    assert tr.stage == "eviction"
+    tr.update(obs(31.0, findings=[dead], incarnation={0: 0, 1: 1, 2: 0},
+                  restarts=[(1, 30.0)]))
+    assert tr.stage == "rejoin"  # restarted without an eviction
+
+
+def test_stop_says_where_the_story_stood():
+    tr = track()
+    tr.update(obs(26.0, strikes=[STRIKE]))
+    tr.stop(30.0)
+    assert tr.done and tr.record["outcome"] == "pending"
+    assert "while waiting for detection" in tr.record["note"]

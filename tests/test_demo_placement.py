@@ -1,0 +1,80 @@
+"""``lightkeeper demo --inject GROUP[.RANK]:SPEC``: placements are checked before anything starts.
+
+Unit tests of :func:`lightkeeper.scenario.parse_inject` (the grammar is the trainer's,
+``trainer/faults.py``), and the command itself: a bad placement exits with status 2 and a
+message naming the problem, without starting a process or writing a report.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from lightkeeper.scenario import FaultPlan, default_faults, parse_inject
+
+
+@pytest.mark.parametrize("value,plan", [
+    ("1.1:slow_compute:factor=3", FaultPlan(1, "slow_compute", "slow_compute:factor=3,rank=1", 1)),
+    ("1.1:slow_compute:delay=0.5,from_step=20",
+     FaultPlan(1, "slow_compute", "slow_compute:delay=0.5,from_step=20,rank=1", 1)),
+    ("0:hang:at_step=40", FaultPlan(0, "hang", "hang:at_step=40", None)),
+    ("2:slow:delay=0.3,from_step=20", FaultPlan(2, "slow", "slow:delay=0.3,from_step=20", None)),
+    ("2.0:hang:at_step=9,where=group", FaultPlan(2, "hang", "hang:at_step=9,where=group,rank=0", 0)),
+    ("1:mismatch:at_step=5,rank=1", FaultPlan(1, "mismatch", "mismatch:at_step=5,rank=1", 1)),
+    ("1.1:crash:at_step=5,rank=1", FaultPlan(1, "crash", "crash:at_step=5,rank=1", 1)),
+    (" 1.1 :slow_compute:factor=2", FaultPlan(1, "slow_compute", "slow_compute:factor=2,rank=1", 1)),
+])
+def test_good_placements(value, plan):
+    got = parse_inject(value, groups=3, ranks_per_group=2)
+    assert got == plan and got.at_start
+
+
+@pytest.mark.parametrize("value,groups,ranks,message", [
+    ("3:hang:at_step=4", 3, 2, "group 3 is out of range: the demo runs 3 replica groups (0..2"),
+    ("1.2:hang:at_step=4", 3, 2, "rank 2 is out of range: each group has 2 ranks (0..1"),
+    ("1.1:hang:at_step=4", 3, 1, "rank 1 is out of range: each group has 1 rank (0..0"),
+    ("1:hang:at_step=4,rank=2", 3, 2, "rank=2 in 'hang:at_step=4,rank=2' is out of range"),
+    ("1.0:hang:at_step=4,rank=1", 3, 2, "the placement says rank 0, the spec rank=1"),
+    ("1:hang:at_step=4,where=group", 3, 1, "where=group in 'hang:at_step=4,where=group' needs"),
+    ("x:hang:at_step=4", 3, 2, "expected GROUP[.RANK]:SPEC"),
+    ("1.:hang:at_step=4", 3, 2, "expected GROUP[.RANK]:SPEC"),
+    ("-1:hang:at_step=4", 3, 2, "expected GROUP[.RANK]:SPEC"),
+    ("1.1.1:hang:at_step=4", 3, 2, "expected GROUP[.RANK]:SPEC"),
+    ("1", 3, 2, "expected GROUP[.RANK]:SPEC"),
+    ("1:hang", 3, 2, "fault 'hang' has no parameters"),
+    ("1:hang:at=3", 3, 2, "hang takes at_step, where, rank; got unknown parameter 'at'"),
+    ("1:slow_compute:factor=0.5", 3, 2, "factor in 'slow_compute:factor=0.5' must be > 1"),
+    ("1:bogus:x=1", 3, 2, "unknown fault kind 'bogus'"),
+])
+def test_bad_placements_name_the_problem(value, groups, ranks, message):
+    with pytest.raises(ValueError) as e:
+        parse_inject(value, groups=groups, ranks_per_group=ranks)
+    assert message in str(e.value), str(e.value)
+    assert str(e.value).startswith(f"--inject {value!r}: ")
+
+
+def test_default_faults_strike_single_ranks():
+    slow, hang = default_faults(3, 2)
+    assert (slow.replica_group, slow.kind, slow.group_rank, slow.at_start) == (
+        1, "slow_compute", 1, False)
+    assert (hang.replica_group, hang.kind, hang.group_rank, hang.at_start) == (2, "hang", 1, False)
+    assert [p.replica_group for p in default_faults(2, 1)] == [1, 1]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--inject", "3:hang:at_step=4"], "group 3 is out of range"),
+    (["--inject", "1.5:slow_compute:factor=3"], "rank 5 is out of range"),
+    (["--ranks-per-group", "1", "--inject", "1:hang:at_step=4,where=group"], "needs a replica"),
+    (["--inject", "1:hang:at_step=4", "--inject", "one:hang:at_step=4"],
+     "expected GROUP[.RANK]:SPEC"),
+])
+def test_the_demo_rejects_a_bad_placement_before_starting(tmp_path, args, message):
+    report_dir = tmp_path / "report"
+    proc = subprocess.run([sys.executable, "-m", "lightkeeper.cli", "demo", "--report-dir",
+                           str(report_dir), *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr and proc.stderr.startswith("lightkeeper demo: --inject ")
+    assert "Traceback" not in proc.stderr
+    assert not report_dir.exists()  # nothing started, nothing written
