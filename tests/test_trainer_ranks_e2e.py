@@ -1,0 +1,160 @@
+"""Rank-level faults in real multi-rank replica groups, and the clock-free evidence each rank
+serves: 3 replica groups x 2 ranks (FSDP2 inside a group over gloo, torchft across), every rank
+its own process launched bare (RANK/WORLD_SIZE/MASTER_* set, group rank 0 hosts the store), a
+real Lighthouse. Small model, short timeouts; every wait polls /v1/state with a deadline."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+
+from lightkeeper.cluster import LocalCluster, wait_until
+from tests.support.workers import try_state
+
+pytestmark = pytest.mark.e2e
+
+TOKEN = "ranks-e2e-token"
+DELAY = 0.3  # slow_compute's extra seconds per step on the slow rank
+
+
+def group_states(c: LocalCluster) -> dict[tuple[int, int], dict] | None:
+    """{(replica_group, group_rank): /v1/state} for every rank, or None while one is missing."""
+    out = {}
+    for g, grp in c.groups.items():
+        for r, url in grp.worker_urls.items():
+            s = try_state(url)
+            if s is None:
+                return None
+            out[(g, r)] = s
+    return out
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    c = LocalCluster(tmp_path_factory.mktemp("ranks3x2"), num_groups=3, ranks_per_group=2,
+                     steps=100_000, pg_timeout_s=8, join_timeout_ms=3000, launcher="bare",
+                     extra_env={"NODE_NAME": "node-under-test", "LIGHTKEEPER_FAULT_TOKEN": TOKEN})
+    try:
+        c.start(faults={1: [f"slow_compute:delay={DELAY},rank=1"]}, timeout=180)
+        yield c
+    finally:
+        c.stop()
+
+
+def test_slow_rank_waits_least_in_group_and_its_group_least_across(job):
+    def settled():
+        s = group_states(job)
+        # 16 steps of a 3-group quorum in every window: startup and heals have left it.
+        return s if s and all(x["step"] >= 24 and x["num_participants"] == 3
+                              and (x["timing"]["window"] or {}).get("steps", 0) >= 16
+                              for x in s.values()) else None
+
+    states = wait_until(settled, 240, interval=0.5, what="every rank 24 steps into a 3-group job")
+    for (g, r), s in states.items():
+        assert s["host"] == "node-under-test" and s["local_rank"] == r  # NODE_NAME, LOCAL_RANK
+        assert (s["replica_group"], s["group_rank"], s["rank"]) == (g, r, 2 * g + r)
+    w = {k: s["timing"]["window"] for k, s in states.items()}
+
+    # Inside group 1 the slow rank is the one its peer waits for: it waits least in-group.
+    assert w[(1, 1)]["wait_group_s"] < w[(1, 0)]["wait_group_s"], w
+    assert w[(1, 0)]["wait_group_s"] >= DELAY / 2, w
+    assert w[(1, 1)]["compute_s"] >= DELAY * 0.8, w
+    # Across groups, group 1 arrives last at the all_reduce: its ranks wait least there.
+    slow_group_cross = max(w[(1, r)]["wait_cross_s"] for r in (0, 1))
+    others_cross = [w[(g, r)]["wait_cross_s"] for g in (0, 2) for r in (0, 1)]
+    assert slow_group_cross < min(others_cross), w
+    assert min(others_cross) >= DELAY / 2, w
+    # The healthy groups compute quickly and do not wait much for each other in-group.
+    assert all(w[(g, r)]["wait_group_s"] < DELAY / 2 for g in (0, 2) for r in (0, 1)), w
+
+    # /metrics has the same evidence as histograms, per scope.
+    text = requests.get(job.groups[1].worker_urls[0] + "/metrics", timeout=5).text
+    assert 'lightkeeper_collective_wait_seconds_bucket{group_rank="0",job="lightkeeper",' \
+           'le="0.1",rank="2",replica_group="1",scope="group"}' in text
+    assert "lightkeeper_step_compute_seconds_count" in text
+
+
+def test_hang_in_group_posted_live_blocks_peer_inside_its_collective(job):
+    """POST /v1/faults takes the rank-level grammar: group 2's rank 1 hangs before its forward;
+    its peer blocks inside FSDP's all-gather (served as a group wait in progress); the other
+    groups time out of the cross-group all_reduce and go on without group 2."""
+    urls = job.groups[2].worker_urls
+
+    def post_hang() -> int:
+        at = max(try_state(u)["step"] for u in urls.values()) + 4
+        spec = f"hang:at_step={at},where=group,rank=1"
+        for u in urls.values():  # as the demo does: to every rank of the group
+            r = requests.post(u + "/v1/faults", json={"spec": spec}, timeout=5,
+                              headers={"Authorization": f"Bearer {TOKEN}"})
+            assert r.status_code == 200, r.text
+        return at
+
+    at = post_hang()
+    hung_url, peer_url = urls[1], urls[0]
+
+    def peer_blocked():
+        peer, hung = try_state(peer_url), try_state(hung_url)
+        if not (peer and hung):
+            return None
+        waiting = peer["timing"]["waiting"]
+        return (peer, hung) if (hung["step"] == at and waiting and waiting["scope"] == "group"
+                                and waiting["seconds"] > 2.0) else None
+
+    peer, hung = wait_until(peer_blocked, 60, interval=0.5,
+                            what="group 2's rank 0 to be blocked in an in-group collective")
+    assert hung["faults"] == [f"hang:at_step={at},where=group,rank=1"] and peer["faults"] == []
+    assert hung["timing"]["waiting"] is None  # the culprit waits for nobody
+    assert hung["phase"] == "forward"
+    stacks = requests.get(hung_url + "/v1/stacks", timeout=5).text
+    assert "before_forward" in stacks
+
+    # Survivors: a quorum without group 2 commits again while group 2 stays blocked.
+    survivors = [u for g in (0, 1) for u in job.groups[g].worker_urls.values()]
+    before = {u: try_state(u)["commits"] for u in survivors}
+    wait_until(lambda: all((s := try_state(u)) and s["num_participants"] == 2
+                           and s["commits"] >= before[u] + 3 for u in survivors),
+               90, interval=0.5, what="groups 0 and 1 to commit without group 2")
+    assert try_state(peer_url)["timing"]["waiting"]["scope"] == "group"
+    assert job.groups[2].alive_ranks() == [0, 1]
+
+
+def test_crash_of_one_rank_leaves_its_group_rank0_stuck_until_the_timeout(tmp_path):
+    """Measured torchft 0.2.0 behaviour (README, Trainer): with bare processes one rank of a group
+    exits before its cross-group all_reduce; rank 0 of that group lives on, blocked in
+    should_commit's in-group vote (its ManagerServer still heartbeating), until torchft's
+    timeout fails it and it exits; the other groups go on without the group."""
+    pg_timeout = 8.0
+    c = LocalCluster(tmp_path, num_groups=3, ranks_per_group=2, steps=100_000,
+                     pg_timeout_s=pg_timeout, join_timeout_ms=3000, launcher="bare")
+    try:
+        c.start(faults={1: ["crash:at_step=10,rank=1"]}, timeout=180)
+        grp = c.groups[1]
+        wait_until(lambda: grp.rank_procs[1].poll() is not None, 180,
+                   what="group 1's rank 1 to exit")
+        crashed_at = time.monotonic()
+        assert grp.rank_procs[1].returncode == 1
+
+        def rank0_stuck():
+            s = try_state(grp.worker_urls[0])
+            w = s and s["timing"]["waiting"]
+            return s if w and w["scope"] == "group" and w["seconds"] > 2.0 else None
+
+        stuck = wait_until(rank0_stuck, pg_timeout, interval=0.2,
+                           what="group 1's rank 0 to wait in its group's commit vote")
+        assert stuck["phase"] == "commit" and grp.rank_procs[0].poll() is None
+
+        wait_until(lambda: grp.rank_procs[0].poll() is not None, pg_timeout + 30,
+                   what="group 1's rank 0 to fail at torchft's timeout")
+        stalled = time.monotonic() - crashed_at
+        assert grp.rank_procs[0].returncode != 0
+        assert stalled >= pg_timeout - 3.0, stalled  # it lived on until the timeout
+
+        survivors = [u for g in (0, 2) for u in c.groups[g].worker_urls.values()]
+        before = {u: try_state(u)["commits"] for u in survivors}
+        wait_until(lambda: all((s := try_state(u)) and s["num_participants"] == 2
+                               and s["commits"] >= before[u] + 3 for u in survivors),
+                   60, interval=0.5, what="groups 0 and 2 to commit without group 1")
+    finally:
+        c.stop()
