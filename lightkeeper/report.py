@@ -110,6 +110,19 @@ def detections(findings: list[dict], evictions: list[dict], t0_unix: float,
     return sorted(out, key=lambda d: d["at_s"])
 
 
+def final_steps(samples: list[dict]) -> dict[str, int]:
+    """Each group's furthest rank at its last sample (a group that finished its --steps has no
+    live rank to ask any more)."""
+    last: dict[int, tuple[float, int]] = {}
+    for s in samples:
+        t, step = last.get(s["replica_group"], (-1.0, -1))
+        if s["t"] > t:
+            last[s["replica_group"]] = (s["t"], s["step"])
+        elif s["t"] == t:
+            last[s["replica_group"]] = (t, max(step, s["step"]))
+    return {str(g): step for g, (_, step) in sorted(last.items())}
+
+
 def build_report(demo) -> dict[str, Any]:
     end = demo.now()
     faults = [dict(f) for f in demo.faults]
@@ -142,7 +155,7 @@ def build_report(demo) -> dict[str, Any]:
                      for e in demo.events if e["kind"] == "restarted"],
         "phases": ph,
         "healthy_step_rate": healthy,
-        "final_steps": {str(g): demo.group_step(g) for g in sorted(demo.cluster.groups)},
+        "final_steps": final_steps(demo.samples),
         "events": demo.events,
         "urls": {"lighthouse": demo.cluster.lighthouse_url, "monitor": demo.monitor_url,
                  "prometheus": demo.prom.url if demo.prom else None},

@@ -1,0 +1,104 @@
+"""``lightkeeper demo --keep-running``: after the scenario everything stays up until SIGTERM.
+
+The demo runs as a real subprocess with a real Lighthouse, trainers, monitor (and Prometheus when
+the binary is there). The test polls until the report is written and the cluster is announced,
+checks that every process still serves (and keeps working: steps and sweeps advance), sends
+SIGTERM and checks that every process the demo started is gone within a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+pytestmark = pytest.mark.e2e
+
+
+def poll(predicate, timeout: float, what: str, interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+def gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def get_json(url: str):
+    try:
+        r = requests.get(url, timeout=2)
+        return r.json() if r.ok else None
+    except (requests.RequestException, ValueError):
+        return None
+
+
+@pytest.mark.parametrize("mode", [
+    ["--no-faults", "--duration", "5"],   # the scenario ends by its --duration
+    ["--no-faults", "--steps", "15"],     # ... or when every group trained its --steps
+])
+def test_keep_running_stays_up_until_sigterm(tmp_path, mode):
+    out_path = tmp_path / "demo.out"
+    report_dir = tmp_path / "report"
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "lightkeeper.cli", "demo", "--report-dir",
+                                 str(report_dir), "--keep-running", *mode],
+                                stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        def announced():
+            assert proc.poll() is None, f"demo exited ({proc.returncode}):\n" + \
+                out_path.read_text()[-4000:]
+            text = out_path.read_text()
+            return "the cluster keeps running" in text and (report_dir / "report.json").exists()
+
+        poll(announced, 300, "the demo to announce the running cluster")
+        report = json.loads((report_dir / "report.json").read_text())
+        text = out_path.read_text()
+        urls = report["urls"]
+        monitor = urls["monitor"]
+        ranks = re.findall(r"curl (http://127\.0\.0\.1:\d+)/v1/state", text)
+
+        # everything still serves, and keeps working, well after the announcement
+        sweeps = get_json(monitor + "/v1/cluster")["sweeps"]
+        assert requests.get(urls["lighthouse"] + "/status", timeout=2).ok
+        if urls["prometheus"]:
+            assert requests.get(urls["prometheus"] + "/-/ready", timeout=2).ok
+        poll(lambda: (get_json(monitor + "/v1/cluster") or {}).get("sweeps", 0) >= sweeps + 5,
+             60, "the monitor to keep sweeping")
+        if "--duration" in mode:  # the ranks keep training
+            assert len(ranks) == 6, text
+            steps = {u: get_json(u + "/v1/state")["step"] for u in ranks}
+            poll(lambda: all((get_json(u + "/v1/state") or {}).get("step", -1) > steps[u]
+                             for u in ranks), 60, "every rank to keep stepping")
+        else:  # --steps: the groups finished their steps and exited; the rest stays up
+            assert [e["detail"] for e in report["events"] if e["kind"] == "stop"] == [
+                "every group trained 15 steps"], report["events"]
+        assert proc.poll() is None, "the demo exited on its own"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=90)
+    text = out_path.read_text()
+    assert code == 0, text[-4000:]
+    assert "Traceback" not in text, text[-4000:]
+    final = json.loads((report_dir / "report.json").read_text())
+    assert final["outcome"] == "completed"
+    pids = set(final["pids"]) | set(report["pids"])
+    assert len(pids) >= 5  # Lighthouse, monitor, the groups and their ranks
+    poll(lambda: all(gone(p) for p in pids), 30, "every process the demo started to be gone")
+    assert not any(os.path.exists(f"/proc/{p}") and not gone(p) for p in pids)
