@@ -33,7 +33,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 SCOPES = ("cross", "group")
@@ -73,23 +72,12 @@ class StepTimer:
         self._listeners: list[Callable[[StepTiming], None]] = []
 
     # --- training thread ---------------------------------------------------------------
-    @contextmanager
-    def waiting(self, scope: str):
-        """Time the block as this step's wait in ``scope`` (``cross`` or ``group``)."""
+    def waiting(self, scope: str) -> _Wait:
+        """A context manager timing its block as this step's wait in ``scope`` (``cross`` or
+        ``group``)."""
         if scope not in self._wait:
             raise ValueError(f"unknown wait scope {scope!r}; expected one of {SCOPES}")
-        if getattr(self._local, "inside", False):
-            yield  # the enclosing wait already counts this time
-            return
-        self._local.inside = True
-        started = self._clock()
-        self._current = (scope, started)
-        try:
-            yield
-        finally:
-            self._current = None
-            self._wait[scope] += self._clock() - started
-            self._local.inside = False
+        return _Wait(self, scope)
 
     def begin_step(self) -> None:
         """A step begins (``start_quorum``) unless one is already running."""
@@ -136,3 +124,30 @@ class StepTimer:
         for key in ("step_s", "compute_s", "wait_cross_s", "wait_group_s"):
             window[key] = statistics.median(getattr(t, key) for t in recent)
         return {"last_step": asdict(recent[-1]), "window": window, "waiting": waiting}
+
+
+class _Wait:
+    """One timed wait (a class, not a generator: it costs about a microsecond per collective)."""
+
+    __slots__ = ("_timer", "_scope", "_started")
+
+    def __init__(self, timer: StepTimer, scope: str) -> None:
+        self._timer = timer
+        self._scope = scope
+        self._started: float | None = None
+
+    def __enter__(self) -> None:
+        timer = self._timer
+        if getattr(timer._local, "inside", False):
+            return  # the enclosing wait already counts this time
+        timer._local.inside = True
+        self._started = started = timer._clock()
+        timer._current = (self._scope, started)
+
+    def __exit__(self, *exc) -> None:
+        if self._started is None:
+            return
+        timer = self._timer
+        timer._current = None
+        timer._wait[self._scope] += timer._clock() - self._started
+        timer._local.inside = False
