@@ -42,6 +42,8 @@ class MonitorAPI(Protocol):
 
     def cluster_json(self) -> dict[str, Any]: ...
 
+    def ranks_json(self) -> list[dict[str, Any]]: ...
+
     def evict_manual(self, replica_group: int, reason: str) -> dict[str, Any]: ...
 
     def register_target(self, body: Any, authorization: str | None) -> Target: ...
@@ -85,6 +87,10 @@ def create_app(monitor: MonitorAPI) -> Flask:
     @app.get("/v1/cluster")
     def cluster():
         return jsonify(monitor.cluster_json())
+
+    @app.get("/v1/ranks")
+    def ranks():
+        return jsonify(monitor.ranks_json())
 
     @app.get("/v1/findings")
     def findings():

@@ -12,7 +12,8 @@ returns ``evict`` or ``hold`` with the first rail that stops it, checked in this
    monitor); a restarted group has a new replica id and is judged on its own evidence;
 4. ``dry_run``: ``--dry-run`` detects and reports, never evicts;
 5. ``monitor_blind``: the monitor reaches no more than ``min_reachable_fraction`` of the ranks it
-   knows; then the monitor (or its network) is the likely problem, not the groups;
+   knows; then the monitor (or its network) is the likely problem, not the groups; or it cannot
+   verify what ranks claim (``Situation.blind_reason``: the Lighthouse is unreadable);
 6. ``min_replicas``: evicting would leave fewer than ``--min-replicas`` groups in the quorum;
 7. ``cooldown``: another eviction happened less than ``--cooldown`` seconds ago.
 
@@ -38,6 +39,7 @@ class Situation:
     groups_in_quorum: set[int]  # replica groups taking part in the newest quorum
     evicted_replica_ids: set[str] = field(default_factory=set)
     last_eviction_at: float | None = None
+    blind_reason: str | None = None  # set when the monitor cannot verify what it sees
 
 
 @dataclass
@@ -66,6 +68,8 @@ def decide(kind: str, replica_group: int, replica_id: str | None, s: Situation,
         return hold("already_evicted", f"a kill for {replica_id} was already sent")
     if rails.dry_run:
         return hold("dry_run", "--dry-run: detect and report only")
+    if not manual and s.blind_reason:
+        return hold("monitor_blind", s.blind_reason)
     if not manual and s.reachable_fraction <= rails.min_reachable_fraction:
         return hold("monitor_blind", f"the monitor reaches only {s.reachable_fraction:.0%} of "
                                      "the ranks it knows; it may be the problem")

@@ -58,6 +58,16 @@ class MonitorMetrics:
                                          "Participants of the newest quorum", ["job"], registry=r)
         self.dry_run = Gauge(p + "dry_run", "1 when the monitor never evicts", ["job"],
                              registry=r)
+        self.ranks_verified = Gauge(p + "ranks_verified",
+                                    "Ranks whose claims the Lighthouse and their peers confirm "
+                                    "(their answers are evidence)", ["job"], registry=r)
+        self.ranks_unverified = Gauge(p + "ranks_unverified",
+                                      "Known ranks not verified, by reason (shown, never "
+                                      "evidence for an eviction)", ["job", "reason"], registry=r)
+        self.lighthouse_up = Gauge(p + "lighthouse_up",
+                                   "1 when the Lighthouse's status was read and understood at "
+                                   "the last sweep (else ranks cannot be verified: no eviction)",
+                                   ["job"], registry=r)
         self.registrations = Counter(p + "registrations",
                                      "POST /v1/targets by outcome (accepted, unauthorized, "
                                      "not_allowed, bad_request, too_many_targets)",

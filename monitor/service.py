@@ -1,10 +1,12 @@
-"""The monitor's loop: ranks -> poller -> detectors -> decisions -> actions, once per interval.
+"""The monitor's loop: ranks -> poller -> verification -> detectors -> decisions -> actions.
 
 :class:`Monitor` wires the stages together and owns nothing else: discovery says whom to poll,
 the poller fetches ``/v1/state`` (and ``/v1/fr_trace`` when a detector asks), the view builder
-folds answers into groups x ranks, the detectors turn views into confirmed findings, the rails
-decide, the Lighthouse client acts, and the store keeps the audit log. The HTTP API
-(:mod:`monitor.app`) only reads what the loop published, plus two writes (registration and
+folds answers into groups x ranks, verification checks each rank's claims against the
+Lighthouse's ``/status`` (read right after the ranks), the detectors turn the *evidence* view
+(verified ranks only) into confirmed findings, the rails decide, the Lighthouse client acts, and
+the store keeps the audit log. The full view, unverified ranks included, is only shown. The HTTP
+API (:mod:`monitor.app`) only reads what the loop published, plus two writes (registration and
 manual eviction) that go through the same objects.
 
 A sweep that fails anywhere is logged and counted; the loop goes on with the next one. The
@@ -28,9 +30,12 @@ from .config import MonitorConfig
 from .decisions import Situation, decide
 from .detectors import Analyzer, Detectors, Finding
 from .discovery import BadTarget, Discovery, Target, TooManyTargets
+from .lighthouse_status import LighthouseReader, LighthouseStatus
 from .metrics import MonitorMetrics
 from .poller import Poller
 from .store import Store
+from .verification import REASONS as TRUST_REASONS
+from .verification import VERIFIED, verify
 from .view import ClusterView, ViewBuilder
 
 log = logging.getLogger(__name__)
@@ -56,9 +61,14 @@ class Monitor:
         self.detectors = Detectors(cfg.detectors, analyzer, clock=clock)
         self.store = Store(cfg.state_path)
         self.lighthouse = Lighthouse(cfg.lighthouse, cfg.kill_timeout_s)
+        self.lighthouse_reader = LighthouseReader(cfg.lighthouse, cfg.lighthouse_timeout_s) \
+            if cfg.lighthouse else None
+        self.lighthouse_status: LighthouseStatus | None = None
+        self.lighthouse_error: str | None = None if cfg.lighthouse else "no --lighthouse"
         self.metrics = MonitorMetrics(cfg.job)
         self.metrics.dry_run.labels(cfg.job).set(1 if cfg.rails.dry_run else 0)
-        self.view: ClusterView | None = None
+        self.view: ClusterView | None = None  # every rank: what the monitor shows
+        self.evidence: ClusterView | None = None  # ranks whose answers count: what it acts on
         self.sweeps = 0
         self.last_sweep_error: str | None = None
         self.started_at = clock()
@@ -100,6 +110,8 @@ class Monitor:
             self._http.stop()
         self.poller.close()
         self.lighthouse.close()
+        if self.lighthouse_reader is not None:
+            self.lighthouse_reader.close()
         self.store.close()
 
     def _loop(self) -> None:
@@ -120,19 +132,28 @@ class Monitor:
             log.warning("%s", err)
         targets = self.discovery.targets()
         polls = self.poller.sweep([t.url for t in targets])
+        # after the ranks: a real rank is never ahead of the Lighthouse read after it
+        if self.lighthouse_reader is not None:
+            self.lighthouse_status, self.lighthouse_error = self.lighthouse_reader.read()
+            if self.lighthouse_error:
+                log.warning("cannot verify ranks: %s", self.lighthouse_error)
         now = self.clock()
         view = self.views.update(targets, polls, now=now)
+        for url, trust in verify(view, self.lighthouse_status, self.lighthouse_error,
+                                 self.lighthouse_reader is not None, now).items():
+            view.ranks[url].trust = trust
+        evidence = view.evidence()
         for url in self.discovery.forget_unreachable(self.views.unreachable_since(), now):
             log.info("forgot %s: unreachable for %.0fs", url, self.cfg.forget_after_s)
-        dumps = self._fetch_fr(view, now)
-        new = self.detectors.update(view, dumps, now)
+        dumps = self._fetch_fr(evidence, now)
+        new = self.detectors.update(evidence, dumps, now)
         self._record_findings(new, now)
-        self._decide_all(view, now)
+        self._decide_all(view, evidence, now)
         self._confirm_evictions(view, now)
-        view.sweep_seconds = time.perf_counter() - t0
-        self.view = view
+        view.sweep_seconds = evidence.sweep_seconds = time.perf_counter() - t0
+        self.view, self.evidence = view, evidence
         self.sweeps += 1
-        self._publish_metrics(view, polls)
+        self._publish_metrics(view, evidence, polls)
         if self.cfg.sd_out:
             try:
                 self.discovery.write_file_sd(self.cfg.sd_out)
@@ -147,14 +168,18 @@ class Monitor:
         dumps: dict[int, dict] = {}
         for url, p in self.poller.sweep(urls, "/v1/fr_trace", self.cfg.fr_timeout_s,
                                         self.cfg.max_fr_bytes).items():
-            if not p.ok or not isinstance(p.data, dict):
+            rv = view.ranks.get(url)
+            if not p.ok or not isinstance(p.data, dict) or rv is None or rv.rank is None:
                 continue
-            rank = p.data.get("rank")
-            if not isinstance(rank, int):
-                rv = view.ranks.get(url)
-                rank = rv.rank if rv else None
-            if isinstance(rank, int):
-                dumps[rank] = p.data
+            claimed = p.data.get("rank", rv.rank)
+            if claimed != rv.rank or p.data.get("replica_group", rv.replica_group) \
+                    != rv.replica_group:
+                # the dump must describe the verified rank that served it, or it is no evidence
+                log.warning("ignoring %s/v1/fr_trace: it claims rank %r of group %r, its "
+                            "/v1/state rank %s of group %s", url, claimed,
+                            p.data.get("replica_group"), rv.rank, rv.replica_group)
+                continue
+            dumps[rv.rank] = p.data
         return dumps
 
     def _record_findings(self, new: list[Finding], now: float) -> None:
@@ -171,18 +196,28 @@ class Monitor:
             self._last_decision.pop(key, None)
 
     # --- decisions and actions -------------------------------------------------------
-    def _situation(self, view: ClusterView, now: float) -> Situation:
-        return Situation(now=now, reachable_fraction=view.reachable_fraction,
-                         groups_in_quorum={g.replica_group for g in view.in_quorum()},
-                         evicted_replica_ids=self.store.evicted_replica_ids(),
-                         last_eviction_at=self.store.last_eviction_at())
+    def blind_reason(self) -> str | None:
+        """Why ranks cannot be verified right now (the rails then hold as ``monitor_blind``)."""
+        if self.lighthouse_reader is None:
+            return "no --lighthouse: ranks cannot be verified (findings are reported only)"
+        if self.lighthouse_error:
+            return f"ranks cannot be verified: {self.lighthouse_error}"
+        return None
 
-    def _decide_all(self, view: ClusterView, now: float) -> None:
+    def _situation(self, view: ClusterView, evidence: ClusterView, now: float) -> Situation:
+        """Reachability from every known rank; the quorum from verified ranks only."""
+        return Situation(now=now, reachable_fraction=view.reachable_fraction,
+                         groups_in_quorum={g.replica_group for g in evidence.in_quorum()},
+                         evicted_replica_ids=self.store.evicted_replica_ids(),
+                         last_eviction_at=self.store.last_eviction_at(),
+                         blind_reason=self.blind_reason())
+
+    def _decide_all(self, view: ClusterView, evidence: ClusterView, now: float) -> None:
         for f in self.detectors.open_findings():
             if f.kind not in self.cfg.rails.evict_kinds:
                 continue  # reported only (e.g. dead): nothing to decide
             with self._act_lock:
-                s = self._situation(view, now)
+                s = self._situation(view, evidence, now)
                 d = decide(f.kind, f.replica_group, f.replica_id, s, self.cfg.rails)
                 if not d.evict and self._last_decision.get(f.key) == d.reason:
                     continue  # the same hold as last sweep: logged once
@@ -236,13 +271,16 @@ class Monitor:
         return target
 
     def evict_manual(self, replica_group: int, reason: str) -> dict[str, Any]:
-        """``POST /v1/evict``: the same rails minus evidence, cooldown and blindness."""
-        view = self.view
-        gv = view.groups.get(replica_group) if view else None
+        """``POST /v1/evict``: the same rails minus evidence, cooldown and blindness.
+
+        The replica id to kill is the one the group's *verified* ranks report."""
+        view, evidence = self.view, self.evidence
+        gv = evidence.groups.get(replica_group) if evidence else None
         replica_id = gv.replica_id if gv else None
         with self._act_lock:
             now = self.clock()
-            s = self._situation(view, now) if view else Situation(now, 0.0, set())
+            s = self._situation(view, evidence, now) if view and evidence \
+                else Situation(now, 0.0, set())
             d = decide("manual", replica_group, replica_id, s, self.cfg.rails, manual=True)
             out = self._apply(d, replica_group, replica_id, None,
                               {"kind": "manual", "reason": reason}, "manual")
@@ -267,7 +305,8 @@ class Monitor:
                                                   f"{self.cfg.confirm_timeout_s:g}s")
 
     # --- publishing ------------------------------------------------------------------
-    def _publish_metrics(self, view: ClusterView, polls) -> None:
+    def _publish_metrics(self, view: ClusterView, evidence: ClusterView, polls) -> None:
+        """Rank counts from every known rank; everything about groups from verified ranks."""
         m, job = self.metrics, self.cfg.job
         m.sweeps.labels(job).inc()
         m.sweep_duration.labels(job).observe(view.sweep_seconds)
@@ -276,6 +315,16 @@ class Monitor:
         m.ranks_known.labels(job).set(len(known))
         m.ranks_up.labels(job).set(up)
         m.ranks_unreachable.labels(job).set(len(known) - up)
+        by_reason = dict.fromkeys(TRUST_REASONS[1:], 0)
+        for r in known:
+            if r.trust is not None and r.trust.state != VERIFIED:
+                by_reason[r.trust.reason] = by_reason.get(r.trust.reason, 0) + 1
+        m.ranks_verified.labels(job).set(sum(1 for r in known if r.trust is not None
+                                             and r.trust.state == VERIFIED))
+        for reason, n in by_reason.items():
+            m.ranks_unverified.labels(job, reason).set(n)
+        m.lighthouse_up.labels(job).set(1 if self.lighthouse_status is not None
+                                        and not self.lighthouse_error else 0)
         for p in polls.values():
             if not p.ok and p.reason:
                 m.poll_errors.labels(job, p.reason).inc()
@@ -288,24 +337,72 @@ class Monitor:
             counts[f.kind] = counts.get(f.kind, 0) + 1
         for kind in ("straggler", "hang", "mismatch", "dead"):
             m.open_findings.labels(job, kind).set(counts.get(kind, 0))
-        in_quorum = {g.replica_group for g in view.in_quorum()}
-        meds = {g: gv.median_step_seconds() for g, gv in view.groups.items()}
+        in_quorum = {g.replica_group for g in evidence.in_quorum()}
+        meds = {g: gv.median_step_seconds() for g, gv in evidence.groups.items()}
         valid = [v for v in meds.values() if v]
         overall = statistics.median(valid) if valid else None
         rows = {}
-        for g, gv in view.groups.items():
+        for g, gv in evidence.groups.items():
             rows[g] = {"relative": (meds[g] / overall) if meds[g] and overall else None,
                        "lag": self.detectors.last_lags.get(g), "step": gv.step,
                        "in_quorum": g in in_quorum}
         m.set_groups(rows)
-        if view.quorum_id is not None:
-            m.quorum_id.labels(job).set(view.quorum_id)
-        qp = view.quorum_participants()
+        if evidence.quorum_id is not None:
+            m.quorum_id.labels(job).set(evidence.quorum_id)
+        qp = evidence.quorum_participants()
         if qp is not None:
             m.quorum_participants.labels(job).set(qp)
 
+    def verification_json(self) -> dict[str, Any]:
+        """What the Lighthouse said at the last sweep, and how many ranks are verified."""
+        st, view = self.lighthouse_status, self.view
+        known = [r for r in view.ranks.values() if not r.superseded] if view else []
+        counts: dict[str, int] = {}
+        for r in known:
+            key = r.trust.state if r.trust is not None else "unchecked"
+            counts[key] = counts.get(key, 0) + 1
+        return {"lighthouse_ok": st is not None and not self.lighthouse_error,
+                "lighthouse_error": self.lighthouse_error,
+                "lighthouse_quorum_id": st.quorum_id if st else None,
+                "lighthouse_participants": sorted(st.members) if st else [],
+                "lighthouse_heartbeating": sorted(r for r in st.heartbeats
+                                                  if st.heartbeating(r)) if st else [],
+                "read_at": st.at if st else None, "ranks": counts,
+                "blind": self.blind_reason()}
+
+    @staticmethod
+    def _rank_json(r, now: float) -> dict[str, Any]:
+        s = r.state or {}
+        return {
+            "url": r.url, "rank": r.rank, "replica_group": r.replica_group,
+            "group_rank": s.get("group_rank"), "group_world_size": s.get("group_world_size"),
+            "reachable": r.reachable, "reason": r.reason, "error": r.error,
+            "step": s.get("step"), "phase": s.get("phase"),
+            "phase_for_s": (now - s["phase_since"]) if s.get("phase_since") else None,
+            "quorum_id": s.get("quorum_id"), "participating": s.get("participating"),
+            "last_step_seconds": s.get("last_step_seconds"), "host": s.get("host"),
+            "pid": s.get("pid"), "replica_id": s.get("replica_id"),
+            "faults": s.get("faults"), "unreachable_sweeps": r.failures,
+            "verification": r.trust.to_dict() if r.trust is not None else None}
+
+    def ranks_json(self) -> list[dict[str, Any]]:
+        """``GET /v1/ranks``: every target the monitor polls, with the verdict on its claims."""
+        view, now = self.view, self.clock()
+        if view is None:
+            return []
+        out = []
+        for r in view.ranks.values():
+            row = self._rank_json(r, now)
+            t = r.target
+            row.update(source=t.source if t else None,
+                       registered_as=t.registered_as if t else None, superseded=r.superseded)
+            out.append(row)
+        return sorted(out, key=lambda x: (x["rank"] is None, x["rank"] or 0, x["url"]))
+
     def cluster_json(self) -> dict[str, Any]:
-        view = self.view
+        """``GET /v1/cluster``: every rank as seen (unverified ones too, marked); the quorum,
+        the groups' quorum membership and replica ids from verified ranks only."""
+        view, evidence = self.view, self.evidence
         now = self.clock()
         out: dict[str, Any] = {"job": self.cfg.job, "lighthouse": self.cfg.lighthouse,
                                "dry_run": self.cfg.rails.dry_run, "sweeps": self.sweeps,
@@ -314,37 +411,31 @@ class Monitor:
                                "reachable_fraction": None, "sweep_seconds": None, "at": None,
                                "ungrouped": [],
                                "last_error": self.last_sweep_error or self.detectors.last_error,
-                               "targets_file_error": self.discovery.file_error}
-        if view is None:
+                               "targets_file_error": self.discovery.file_error,
+                               "verification": self.verification_json()}
+        if view is None or evidence is None:
             return out
         open_by_group: dict[int, list[str]] = {}
         for f in self.detectors.open_findings():
             open_by_group.setdefault(f.replica_group, []).append(f.kind)
-        in_quorum = {g.replica_group for g in view.in_quorum()}
-        out.update(quorum_id=view.quorum_id, quorum_participants=view.quorum_participants(),
+        in_quorum = {g.replica_group for g in evidence.in_quorum()}
+        out.update(quorum_id=evidence.quorum_id,
+                   quorum_participants=evidence.quorum_participants(),
                    reachable_fraction=view.reachable_fraction, sweep_seconds=view.sweep_seconds,
                    at=view.at)
         for g, gv in view.groups.items():
-            ranks = []
-            for r in gv.ranks:
-                s = r.state or {}
-                ranks.append({
-                    "url": r.url, "rank": r.rank, "group_rank": s.get("group_rank"),
-                    "reachable": r.reachable, "reason": r.reason, "error": r.error,
-                    "step": s.get("step"), "phase": s.get("phase"),
-                    "phase_for_s": (now - s["phase_since"]) if s.get("phase_since") else None,
-                    "quorum_id": s.get("quorum_id"), "participating": s.get("participating"),
-                    "last_step_seconds": s.get("last_step_seconds"), "host": s.get("host"),
-                    "pid": s.get("pid"), "replica_id": s.get("replica_id"),
-                    "faults": s.get("faults"), "unreachable_sweeps": r.failures})
+            verified = evidence.groups.get(g)
             out["groups"].append({
-                "replica_group": g, "replica_id": gv.replica_id, "status": gv.status,
-                "step": gv.step, "in_quorum": g in in_quorum,
+                "replica_group": g, "replica_id": verified.replica_id if verified else None,
+                "status": gv.status, "step": gv.step, "in_quorum": g in in_quorum,
                 "median_step_seconds": gv.median_step_seconds(),
                 "arrival_lag_seconds": self.detectors.last_lags.get(g),
-                "open_findings": sorted(open_by_group.get(g, [])), "ranks": ranks})
+                "open_findings": sorted(open_by_group.get(g, [])),
+                "evidence_ranks": len(verified.ranks) if verified else 0,
+                "ranks": [self._rank_json(r, now) for r in gv.ranks]})
         out["ungrouped"] = [{"url": r.url, "reachable": r.reachable, "reason": r.reason,
-                             "error": r.error, "unreachable_sweeps": r.failures}
+                             "error": r.error, "unreachable_sweeps": r.failures,
+                             "verification": r.trust.to_dict() if r.trust else None}
                             for r in view.ranks.values()
                             if r.replica_group is None and not r.superseded]
         return out

@@ -4,13 +4,18 @@
 been unreachable, and builds a :class:`ClusterView` after every sweep. A rank that answers
 something that is not a ``/v1/state`` document (missing keys, wrong types) counts as unreachable
 with reason ``bad_response``: the detectors only ever see well-formed states.
+
+Every rank also carries the verdict on its claims (``trust``, set by :mod:`monitor.verification`
+after each sweep and kept while the rank does not answer). The full view is what the monitor
+shows; :meth:`ClusterView.evidence` is the view the detectors and the rails get: only the ranks
+whose answers count as evidence.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .discovery import Target
@@ -44,6 +49,7 @@ class RankView:
     last_ok_at: float | None = None
     target: Target | None = None
     superseded: bool = False  # unreachable, and a live rank now holds its (group, rank)
+    trust: Any = None  # monitor.verification.Trust: the verdict on its claims (None: none yet)
 
     @property
     def replica_group(self) -> int | None:
@@ -164,6 +170,12 @@ class ClusterView:
         vals = [v for r in self.ranks.values() if r.reachable for v in r.recent_steps()[-last:]]
         return statistics.median(vals) if vals else None
 
+    def evidence(self) -> ClusterView:
+        """The same sweep with only the ranks whose answers count as evidence (``trust``)."""
+        ranks = {u: replace(r, superseded=False) for u, r in self.ranks.items()
+                 if r.trust is not None and r.trust.evidence}
+        return ClusterView(at=self.at, ranks=ranks, sweep_seconds=self.sweep_seconds)
+
 
 class ViewBuilder:
     """Folds sweeps into ClusterViews, keeping per-target memory across sweeps."""
@@ -181,7 +193,8 @@ class ViewBuilder:
             rv = RankView(t.url, False, prev.state if prev else None, target=t,
                           failures=prev.failures if prev else 0,
                           unreachable_since=prev.unreachable_since if prev else None,
-                          last_ok_at=prev.last_ok_at if prev else None)
+                          last_ok_at=prev.last_ok_at if prev else None,
+                          trust=prev.trust if prev else None)
             problem = None
             if p is None:
                 rv.reason, rv.error = "connection", "not polled"

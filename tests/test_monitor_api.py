@@ -1,4 +1,9 @@
-"""A live monitor (real HTTP, real loop) against simulated ranks and a fake Lighthouse."""
+"""A live monitor (real HTTP, real loop) against simulated ranks.
+
+Evictions need ranks the monitor can verify: there the simulated groups join a real torchft
+Lighthouse (``SimJob``); kill requests reach a recording front, since a simulated group has no
+torchft Manager to exit (see tests/support/monitor_sim.py).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +13,7 @@ import requests
 from lightkeeper.cluster import wait_until
 from monitor.config import DetectorConfig, MonitorConfig, RailsConfig
 from monitor.service import Monitor
-from tests.support.monitor_fakes import FakeLighthouse
-from tests.support.monitor_sim import SimRanks
+from tests.support.monitor_sim import SimJob, SimRanks
 
 TOKEN = "s3cret"
 
@@ -22,15 +26,11 @@ def sim():
 
 
 @pytest.fixture
-def lighthouse(sim):
-    # like torchft: the killed group's process exits (its rank stops answering)
-    def on_kill(replica_id):
-        for r in sim.ranks:
-            if r.state["replica_id"] == replica_id:
-                r.set_mode("down")
-    lh = FakeLighthouse(on_kill=on_kill)
-    yield lh
-    lh.stop()
+def job():
+    # like torchft: a killed group's process exits (its rank stops answering)
+    j = SimJob(3)
+    yield j
+    j.stop()
 
 
 def make_monitor(tmp_path, sim, lighthouse=None, **kw):
@@ -110,52 +110,56 @@ def test_registration_needs_the_token_when_one_is_set(tmp_path, sim):
         mon.stop()
 
 
-def test_manual_eviction_disabled_without_token(tmp_path, sim, lighthouse):
-    mon = make_monitor(tmp_path, sim, lighthouse)
+def test_manual_eviction_disabled_without_token(tmp_path, job):
+    mon = make_monitor(tmp_path, job.sim, job)
     try:
         r = requests.post(mon.url + "/v1/evict", json={"replica_group": 1}, timeout=5)
         assert r.status_code == 403
-        assert lighthouse.kills == []
+        assert job.kills == []
     finally:
         mon.stop()
 
 
-def test_manual_eviction_confirmed_and_not_repeated_after_restart(tmp_path, sim, lighthouse):
+def test_manual_eviction_confirmed_and_not_repeated_after_restart(tmp_path, job):
+    sim, lighthouse = job.sim, job
+    rid = job.replica_ids[1]
     mon = make_monitor(tmp_path, sim, lighthouse, token=TOKEN)
     auth = {"Authorization": f"Bearer {TOKEN}"}
     try:
-        wait_until(lambda: mon.sweeps >= 1, 10, what="a sweep")
+        wait_until(lambda: mon.evidence and 1 in mon.evidence.groups, 10,
+                   what="group 1 verified")
         assert requests.post(mon.url + "/v1/evict", json={"replica_group": 1}, timeout=5,
                              headers={"Authorization": "Bearer wrong"}).status_code == 401
         r = requests.post(mon.url + "/v1/evict", json={"replica_group": 1, "reason": "test"},
                           headers=auth, timeout=5)
         assert r.status_code == 200, r.text
         assert r.json()["sent"] is True  # the 500 from torchft 0.2.0 counts as sent
-        assert lighthouse.kills == ["replica_group_1:sim"]
+        assert lighthouse.kills == [rid]
         wait_until(lambda: get(mon, "/v1/evictions?decision=evict").json()[0]["status"]
                    == "confirmed", 10, what="the eviction confirmed")
     finally:
         mon.stop()
-    sim.ranks[1].set_mode("ok")  # say the kill did not take: the same replica id is back
+    # say the kill did not take: the same replica id is back (still in the Lighthouse's quorum)
+    sim.ranks[1].set_mode("ok")
     mon = make_monitor(tmp_path, sim, lighthouse, token=TOKEN)
     try:
-        wait_until(lambda: mon.view and 1 in mon.view.groups, 10, what="group 1 seen")
+        wait_until(lambda: mon.evidence and 1 in mon.evidence.groups, 10,
+                   what="group 1 seen and verified")
         ev = get(mon, "/v1/evictions").json()
         assert [(e["decision"], e["replica_id"], e["status"]) for e in ev] == [
-            ("evict", "replica_group_1:sim", "confirmed")]
+            ("evict", rid, "confirmed")]
         r = requests.post(mon.url + "/v1/evict", json={"replica_group": 1}, headers=auth,
                           timeout=5)
         assert r.status_code == 409 and r.json()["reason"] == "already_evicted"
-        assert lighthouse.kills == ["replica_group_1:sim"]
+        assert lighthouse.kills == [rid]
     finally:
         mon.stop()
 
 
 def test_auto_eviction_rails_and_audit_across_restart(tmp_path):
     """dead evicts here (--evict-on dead) so the whole loop runs without a trainer."""
-    sim = SimRanks.start(5)
-    lighthouse = FakeLighthouse(on_kill=lambda rid: [r.set_mode("down") for r in sim.ranks
-                                                     if r.state["replica_id"] == rid])
+    lighthouse = SimJob(5)
+    sim = lighthouse.sim
     rails = RailsConfig(min_replicas=4, cooldown_s=0, evict_kinds=("dead",))
     sim.ranks[4].set_mode("down")
     mon = make_monitor(tmp_path, sim, lighthouse, rails=rails)
@@ -168,13 +172,13 @@ def test_auto_eviction_rails_and_audit_across_restart(tmp_path):
                    and mon.view.groups[4].status == "up", 10, what="group 4 up")
         sim.ranks[4].set_mode("down")
         wait_until(lambda: lighthouse.kills, 10, what="the dead group's eviction")
-        assert lighthouse.kills == ["replica_group_4:sim"]
+        assert lighthouse.kills == [lighthouse.replica_ids[4]]
         # the next dead group would leave 3 < --min-replicas 4 groups: held back
         sim.ranks[3].set_mode("down")
         wait_until(lambda: any(d["reason"] == "min_replicas"
                                for d in get(mon, "/v1/evictions").json()), 10,
                    what="a min_replicas hold")
-        assert lighthouse.kills == ["replica_group_4:sim"]
+        assert lighthouse.kills == [lighthouse.replica_ids[4]]
         findings = get(mon, "/v1/findings").json()
         assert {(f["kind"], f["replica_group"]) for f in findings} >= {("dead", 3), ("dead", 4)}
         before = get(mon, "/v1/evictions").json()
@@ -185,14 +189,14 @@ def test_auto_eviction_rails_and_audit_across_restart(tmp_path):
         wait_until(lambda: mon.sweeps >= 5, 10, what="sweeps after the restart")
         after = get(mon, "/v1/evictions").json()
         assert after[-len(before):] == before  # the audit log is intact
-        assert lighthouse.kills == ["replica_group_4:sim"]  # not evicted twice
+        assert lighthouse.kills == [lighthouse.replica_ids[4]]  # not evicted twice
     finally:
         mon.stop()
         lighthouse.stop()
-        sim.stop()
 
 
-def test_dry_run_never_evicts(tmp_path, sim, lighthouse):
+def test_dry_run_never_evicts(tmp_path, job):
+    sim, lighthouse = job.sim, job
     rails = RailsConfig(min_replicas=1, cooldown_s=0, evict_kinds=("dead",), dry_run=True)
     mon = make_monitor(tmp_path, sim, lighthouse, rails=rails)
     try:

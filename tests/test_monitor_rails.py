@@ -41,6 +41,16 @@ def test_each_rail_holds(kw, rails, reason):
     assert d.detail
 
 
+def test_blind_when_ranks_cannot_be_verified():
+    s = situation(blind_reason="ranks cannot be verified: Lighthouse unreachable")
+    d = decide("hang", 1, RID, s, RailsConfig())
+    assert (d.reason, d.detail) == ("monitor_blind",
+                                    "ranks cannot be verified: Lighthouse unreachable")
+    # the rails before it still come first; a person asking is not held by it
+    assert decide("hang", 1, RID, s, RailsConfig(dry_run=True)).reason == "dry_run"
+    assert decide("manual", 1, RID, s, RailsConfig(), manual=True).evict
+
+
 def test_no_replica_id_holds():
     assert decide("hang", 1, None, situation(), RailsConfig()).reason == "no_replica_id"
 

@@ -84,7 +84,9 @@ def test_worker_refuses_a_huge_body():
     injected: list[str] = []
     srv = worker(TOKEN, injected)
     try:
-        r = requests.post(srv.url + "/v1/faults", data=b"{" + b" " * (1 << 20) + b"}",
+        # past the route's 16 KiB (a size the socket buffers take whole: the server answers
+        # before reading the rest, and a larger upload may see a reset instead of the 413)
+        r = requests.post(srv.url + "/v1/faults", data=b"{" + b" " * (20 << 10) + b"}",
                           headers={"Authorization": f"Bearer {TOKEN}",
                                    "Content-Type": "application/json"}, timeout=10)
         assert r.status_code == 413
@@ -135,12 +137,12 @@ def test_monitor_refuses_a_huge_body(tmp_path):
     mon = bare_monitor(tmp_path, token=TOKEN)
     try:
         auth = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
-        big = b'{"url": "127.0.0.1:1", "pad": "' + b"x" * (1 << 20) + b'"}'
+        big = b'{"url": "127.0.0.1:1", "pad": "' + b"x" * (66 << 10) + b'"}'  # > 64 KiB
         assert requests.post(mon.url + "/v1/targets", data=big, headers=auth,
                              timeout=10).status_code == 413
 
         def chunks():  # no Content-Length: waitress counts the chunks
-            for _ in range(64):
+            for _ in range(17):
                 yield b"x" * 4096
 
         assert requests.post(mon.url + "/v1/targets", data=chunks(), headers=auth,
@@ -311,7 +313,8 @@ def test_poller_bounds_every_answer(hostile_sim):
             polls = p.sweep(sim.urls)
             took = time.monotonic() - start
             assert all(polls[r.url].ok for r in sim.ranks[:3])
-            for rank, (mode, (reason, words)) in zip(sim.ranks[3:], HOSTILE_MODES.items()):
+            for rank, (mode, (reason, words)) in zip(sim.ranks[3:-1], HOSTILE_MODES.items(),
+                                                     strict=True):
                 got = polls[rank.url]
                 assert (got.ok, got.reason) == (False, reason), (mode, got)
                 assert words in got.error, (mode, got.error)
@@ -336,12 +339,226 @@ def test_monitor_keeps_sweeping_past_misbehaving_ranks(tmp_path, hostile_sim):
         ranks = {r["url"]: r for g in c["groups"] for r in g["ranks"]}
         ranks.update({r["url"]: r for r in c["ungrouped"]})
         assert all(ranks[r.url]["reachable"] for r in sim.ranks[:3])
-        for rank, (mode, (reason, _)) in zip(sim.ranks[3:], HOSTILE_MODES.items()):
+        for rank, (reason, _) in zip(sim.ranks[3:-1], HOSTILE_MODES.values(), strict=True):
             assert ranks[rank.url]["reachable"] is False and ranks[rank.url]["reason"] == reason
         bad = ranks[sim.ranks[-1].url]
         assert bad["reason"] == "bad_response" and "bad /v1/state" in bad["error"]
         assert c["sweep_seconds"] < 0.5 + 1.5 and c["last_error"] is None
         text = requests.get(mon.url + "/metrics", timeout=5).text
         assert 'lightkeeper_monitor_ranks_up{job="unit"} 3.0' in text
+    finally:
+        mon.stop()
+
+
+# --- verification against a real Lighthouse ---------------------------------------------------
+def test_lighthouse_status_page_is_parsed_and_other_shapes_are_refused():
+    """The page of a real torchft Lighthouse that simulated groups joined for real."""
+    from monitor.lighthouse_status import StatusFormatError, parse_status
+    from tests.support.monitor_sim import SimJob
+
+    job = SimJob(2, ranks_per_group=2)
+    try:
+        page = requests.get(job.lighthouse_url + "/status", timeout=5).text
+        st = parse_status(page)
+        assert st.quorum_id == job.quorum_id == 1
+        assert set(st.members) == set(job.replica_ids.values())
+        assert all(m.world_size == 2 and m.step == 100 for m in st.members.values())
+        assert all(st.heartbeating(rid) for rid in job.replica_ids.values())
+        job.kill(job.replica_ids[1])  # its heartbeats stop: "old" after the 2 s timeout
+        wait_until(lambda: not parse_status(requests.get(
+            job.lighthouse_url + "/status", timeout=5).text).heartbeating(job.replica_ids[1]),
+            10, what="the killed group's heartbeat to go old")
+    finally:
+        job.stop()
+    for bad in ("<html>Lighthouse</html>", "", page.replace("World size", "World"),
+                page.replace("<h2>Heartbeats</h2>", ""), page.replace(" ago", "")):
+        with pytest.raises(StatusFormatError):
+            parse_status(bad)
+
+
+def impostor(sim_ranks, base: dict, **claims):
+    """A simulated rank (a real HTTP server on 127.0.0.1) serving a copied /v1/state with
+    ``claims`` changed."""
+    r = sim_ranks.ranks[len(impostor.used.setdefault(id(sim_ranks), []))]
+    impostor.used[id(sim_ranks)].append(r)
+    r.update(**{**base, **claims, "worker_url": r.url})
+    return r
+
+
+impostor.used = {}
+
+
+@pytest.fixture
+def job():
+    from tests.support.monitor_sim import SimJob
+
+    j = SimJob(3, ranks_per_group=2)
+    yield j
+    j.stop()
+
+
+@pytest.fixture
+def strangers():
+    from tests.support.monitor_sim import SimRanks
+
+    s = SimRanks.start(8)
+    yield s
+    s.stop()
+
+
+def job_monitor(tmp_path, job, extra_urls=(), **kw) -> Monitor:
+    from monitor.config import DetectorConfig, RailsConfig
+
+    kw.setdefault("rails", RailsConfig(min_replicas=1, cooldown_s=0, evict_kinds=("dead",)))
+    cfg = MonitorConfig(port=0, interval_s=0.2, state_path=str(tmp_path / "state.sqlite"),
+                        sd_out=str(tmp_path / "targets.json"), job="sim", lighthouse=job.url,
+                        targets=[*job.sim.urls, *extra_urls], kill_timeout_s=2.0,
+                        detectors=DetectorConfig(dead_sweeps=2), **kw)
+    return Monitor(cfg).start()
+
+
+def verdicts(mon: Monitor) -> dict[str, dict]:
+    return {r["url"]: r["verification"] for r in
+            requests.get(mon.url + "/v1/ranks", timeout=5).json()}
+
+
+def test_claims_are_checked_against_the_lighthouse_and_the_group(tmp_path, job, strangers):
+    g1 = job.sim.group(1)[1].state  # group 1, group_rank 1
+    imps = {
+        "unknown_replica_id": impostor(strangers, g1, replica_id="replica_group_1:made-up",
+                                       rank=101),
+        "no_replica_id": impostor(strangers, g1, replica_id=None, rank=102),
+        "quorum_ahead": impostor(strangers, g1, quorum_id=99, rank=103),
+        "world_size_mismatch": impostor(strangers, g1, group_world_size=3, group_rank=2,
+                                        rank=104),
+        "group_rank_out_of_range": impostor(strangers, g1, group_rank=5, rank=105),
+        # another group: group 0's replica id claimed for replica group 2
+        "replica_id_conflict": impostor(strangers, job.sim.group(0)[0].state, replica_group=2,
+                                        rank=106),
+        # a copy of group 1's rank 1, under another global rank: its slot is taken twice
+        "group_rank_taken": impostor(strangers, g1, rank=107),
+    }
+    mon = job_monitor(tmp_path, job, [r.url for r in imps.values()])
+    try:
+        wait_until(lambda: mon.sweeps >= 3, 15, what="sweeps")
+        v = verdicts(mon)
+        for reason, r in imps.items():
+            assert (v[r.url]["state"], v[r.url]["reason"], v[r.url]["evidence"]) == \
+                ("unverified", reason, False), (reason, v[r.url])
+        # no telling which of two claimants of one slot (or one replica id) is real: neither
+        # counts; every other real rank is verified
+        ambiguous = {job.sim.group(1)[1].url: "group_rank_taken",
+                     **{r.url: "replica_id_conflict" for r in job.sim.group(0)}}
+        for r in job.sim.ranks:
+            want = ambiguous.get(r.url)
+            assert v[r.url]["state"] == ("unverified" if want else "verified"), (r.url, v[r.url])
+            assert v[r.url]["reason"] == (want or "ok")
+        text = requests.get(mon.url + "/metrics", timeout=5).text
+        assert 'lightkeeper_monitor_ranks_verified{job="sim"} 3.0' in text
+        assert 'lightkeeper_monitor_ranks_unverified{job="sim",reason="replica_id_conflict"} 3.0' \
+            in text
+        assert 'lightkeeper_monitor_lighthouse_up{job="sim"} 1.0' in text
+        # shown everywhere: the overview marks each rank
+        page = requests.get(mon.url + "/", timeout=5).text
+        assert page.count("unverified: ") == 3 + len(imps)
+        assert page.count('class="trust verified"') == 3
+    finally:
+        mon.stop()
+
+
+def findings(mon: Monitor) -> list[dict]:
+    return requests.get(mon.url + "/v1/findings", timeout=5).json()
+
+
+def decisions(mon: Monitor) -> list[dict]:
+    return requests.get(mon.url + "/v1/evictions", timeout=5).json()
+
+
+def test_an_unverified_rank_is_shown_never_grounds_for_an_eviction(tmp_path, job, strangers):
+    """A stranger claiming replica group 1 dies: no finding, no decision, no kill. A real rank
+    of group 2 dying (the control) is evicted at once by the same monitor."""
+    forged = impostor(strangers, job.sim.group(1)[0].state, replica_id="replica_group_1:forged",
+                      group_rank=0, rank=201)
+    mon = job_monitor(tmp_path, job, [forged.url])
+    try:
+        wait_until(lambda: verdicts(mon).get(forged.url, {}).get("reason")
+                   == "unknown_replica_id", 15, what="the stranger judged")
+        c = requests.get(mon.url + "/v1/cluster", timeout=5).json()
+        g1 = next(g for g in c["groups"] if g["replica_group"] == 1)
+        assert forged.url in [r["url"] for r in g1["ranks"]]  # shown in the group it claims
+        assert g1["evidence_ranks"] == 2 and g1["replica_id"] == job.replica_ids[1]
+        forged.set_mode("down")
+        n = mon.sweeps
+        wait_until(lambda: mon.sweeps >= n + 8, 20, what="sweeps with the stranger down")
+        assert findings(mon) == [] and decisions(mon) == [] and job.kills == []
+        r = {x["url"]: x for x in requests.get(mon.url + "/v1/ranks", timeout=5).json()}
+        assert r[forged.url]["reachable"] is False
+        assert r[forged.url]["verification"]["evidence"] is False
+
+        real = job.sim.group(2)[1]
+        real.set_mode("down")
+        wait_until(lambda: job.kills, 20, what="the control: a verified rank's group evicted")
+        assert job.kills == [job.replica_ids[2]]
+        assert [(f["kind"], f["replica_group"]) for f in findings(mon)] == [("dead", 2)]
+        assert [d["decision"] for d in decisions(mon)] == ["evict"]
+    finally:
+        mon.stop()
+
+
+def test_lighthouse_unreachable_blinds_evictions_and_everything_stays_shown(tmp_path, job,
+                                                                           strangers):
+    mon = job_monitor(tmp_path, job)
+    try:
+        wait_until(lambda: mon.sweeps >= 2 and all(
+            v["state"] == "verified" for v in verdicts(mon).values()), 15, what="verified ranks")
+        job.front_down()
+        wait_until(lambda: requests.get(mon.url + "/v1/cluster", timeout=5).json()
+                   ["verification"]["blind"], 15, what="the monitor to go blind")
+        # what was verified with the same identity stays evidence; nothing new becomes it
+        newcomer = impostor(strangers, job.sim.group(2)[0].state, group_rank=1, rank=301,
+                            replica_group=0, replica_id=job.replica_ids[0])
+        requests.post(mon.url + "/v1/targets", json={"url": newcomer.url},
+                      timeout=5).raise_for_status()
+        wait_until(lambda: newcomer.url in verdicts(mon), 15, what="the newcomer polled")
+        v = verdicts(mon)
+        assert v[newcomer.url]["state"] == "unverifiable" and not v[newcomer.url]["evidence"]
+        for r in job.sim.ranks:
+            assert (v[r.url]["state"], v[r.url]["reason"], v[r.url]["evidence"]) == \
+                ("unverifiable", "lighthouse_unreadable", True)
+        # a real rank dies: the finding is shown, the eviction held as monitor_blind
+        job.sim.group(1)[0].set_mode("down")
+        wait_until(lambda: [d["reason"] for d in decisions(mon)] == ["monitor_blind"], 20,
+                   what="a monitor_blind hold")
+        assert "cannot be verified" in decisions(mon)[0]["detail"] and job.kills == []
+        assert [(f["kind"], f["replica_group"]) for f in findings(mon)] == [("dead", 1)]
+        c = requests.get(mon.url + "/v1/cluster", timeout=5).json()
+        assert [g["replica_group"] for g in c["groups"]] == [0, 1, 2]
+        assert sum(len(g["ranks"]) for g in c["groups"]) == 7
+        assert 'lightkeeper_monitor_lighthouse_up{job="sim"} 0.0' in requests.get(
+            mon.url + "/metrics", timeout=5).text
+        assert 'id="blind"' in requests.get(mon.url + "/", timeout=5).text
+        # the Lighthouse is back: verified again, the held eviction goes ahead
+        job.front_up()
+        wait_until(lambda: job.kills, 20, what="the eviction once the Lighthouse is back")
+        assert job.kills == [job.replica_ids[1]]
+        assert verdicts(mon)[newcomer.url]["reason"] == "group_rank_taken"
+    finally:
+        mon.stop()
+
+
+def test_a_dump_must_describe_the_rank_that_served_it(tmp_path, job):
+    """Flight Recorder dumps are keyed by the verified rank's number, never the dump's claim."""
+    mon = job_monitor(tmp_path, job)
+    try:
+        wait_until(lambda: mon.evidence and len(mon.evidence.ranks) == 6, 15,
+                   what="verified ranks")
+        honest, liar, other = job.sim.ranks[0], job.sim.ranks[1], job.sim.ranks[2]
+        honest.fr = {"rank": honest.state["rank"], "replica_group": 0, "entries": []}
+        liar.fr = {"rank": honest.state["rank"], "replica_group": 1, "entries": []}
+        other.fr = {"rank": other.state["rank"], "replica_group": 0, "entries": []}  # its group is 2
+        mon.detectors.fr_wanted = lambda view, now=None: [honest.url, liar.url, other.url]
+        dumps = mon._fetch_fr(mon.evidence, time.time())
+        assert set(dumps) == {honest.state["rank"]}
+        assert dumps[honest.state["rank"]]["replica_group"] == 0
     finally:
         mon.stop()

@@ -11,7 +11,9 @@ end (chunked / until the connection closes), ``"dribble"`` sends one byte every 
 ``"many_headers"`` 10,000 header lines, ``"long_header"`` a 1 MiB header line, ``"deep_json"``
 an array nested 30,000 deep.
 
-In-process: ``sim = SimRanks.start(n, groups=3)`` ... ``sim.stop()``. As a process (benchmarks,
+:class:`SimJob` puts simulated groups into a real torchft Lighthouse's quorum, so that the
+monitor can verify them (and records kill requests). In-process: ``sim = SimRanks.start(n,
+groups=3)`` ... ``sim.stop()``. As a process (benchmarks,
 so the monitor and the simulated ranks do not share one GIL)::
 
     python -m tests.support.monitor_sim --ranks 1000 --groups 100
@@ -27,6 +29,9 @@ import resource
 import sys
 import threading
 import time
+import urllib.parse
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
@@ -241,6 +246,172 @@ class SimRanks:
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(timeout=10)
+
+
+class SimJob:
+    """Simulated replica groups in a real torchft job: a real Lighthouse (in this process) that
+    every group joins for real (``LighthouseClient.quorum``, then heartbeats every 0.2 s), with
+    the groups' ranks served by :class:`SimRanks` and their states agreeing with the Lighthouse
+    (replica id, quorum id, participants, group world size).
+
+    A real kill makes the group's torchft Manager exit its process, and a simulated group has no
+    Manager. So the monitor is pointed at :attr:`url`, a small front on 127.0.0.1 that forwards
+    every request to the real Lighthouse except ``POST /replica/{id}/kill``: that one it records
+    in :attr:`kills`, takes the group down the way its exiting Manager would (ranks stop
+    answering, heartbeats stop) and answers 500 as torchft 0.2.0 does. :meth:`front_down` /
+    :meth:`front_up` close and reopen the front's port (the Lighthouse unreachable, then back).
+    """
+
+    def __init__(self, groups: int, ranks_per_group: int = 1, heartbeat_timeout_ms: int = 2000,
+                 join_timeout_ms: int = 3000) -> None:
+        from datetime import timedelta
+
+        from torchft.coordination import LighthouseClient, LighthouseServer
+
+        self._client = lambda: LighthouseClient(addr=self.grpc_addr,
+                                                connect_timeout=timedelta(seconds=5))
+        self._timedelta = timedelta
+        self.lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1,
+                                           join_timeout_ms=join_timeout_ms,
+                                           heartbeat_timeout_ms=heartbeat_timeout_ms)
+        port = int(self.lighthouse.address().rsplit(":", 1)[1])
+        self.grpc_addr = f"http://127.0.0.1:{port}"
+        self.lighthouse_url = f"http://127.0.0.1:{port}"
+        self.sim = SimRanks.start(groups * ranks_per_group, groups)
+        self.groups = groups
+        self.replica_ids = {g: f"replica_group_{g}:{uuid.uuid4()}" for g in range(groups)}
+        self.alive = set(range(groups))
+        for r in self.sim.ranks:
+            r.update(replica_id=self.replica_ids[r.state["replica_group"]])
+        self.kills: list[str] = []
+        self.quorum_id: int | None = None
+        self._stop = threading.Event()
+        self._heartbeats = threading.Thread(target=self._heartbeat_loop, daemon=True,
+                                            name="sim-heartbeats")
+        self._heartbeats.start()
+        self.front_port = 0
+        self._front: ThreadingHTTPServer | None = None
+        self.front_up()
+        self.requorum()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.front_port}"
+
+    def _heartbeat_loop(self) -> None:
+        client = self._client()
+        while not self._stop.is_set():
+            for g in sorted(self.alive):
+                try:
+                    client.heartbeat(self.replica_ids[g],
+                                     timeout=self._timedelta(seconds=1))
+                except Exception:  # the Lighthouse shutting down at the end of a test
+                    pass
+            self._stop.wait(0.2)
+
+    def requorum(self, attempts: int = 3) -> int:
+        """Every live group asks for a quorum at once (as each step's Manager does); the ranks
+        then report it. Returns the quorum id."""
+        client = self._client()
+        for g in sorted(self.alive):  # all heartbeating first: the Lighthouse waits for them
+            client.heartbeat(self.replica_ids[g], timeout=self._timedelta(seconds=5))
+        for _ in range(attempts):
+            results: dict[int, Any] = {}
+
+            def join(g: int, results: dict[int, Any] = results) -> None:
+                try:
+                    results[g] = self._client().quorum(
+                        replica_id=self.replica_ids[g], timeout=self._timedelta(seconds=10),
+                        address=f"http://127.0.0.1:1/sim-manager-{g}",
+                        store_address="127.0.0.1:1", step=100,
+                        world_size=len(self.sim.group(g)), shrink_only=False)
+                except Exception as e:  # a round that split: asked again below
+                    results[g] = e
+
+            threads = [threading.Thread(target=join, args=(g,)) for g in sorted(self.alive)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(timeout=30)
+            ids = {getattr(q, "quorum_id", None) for q in results.values()}
+            if len(results) == len(self.alive) and len(ids) == 1 and None not in ids:
+                break
+        else:
+            raise RuntimeError(f"simulated groups did not form one quorum: {results}")
+        q = next(iter(results.values()))
+        self.quorum_id = int(q.quorum_id)
+        for g in self.alive:
+            for r in self.sim.group(g):
+                r.update(quorum_id=self.quorum_id, num_participants=len(q.participants),
+                         participating=True, group_world_size=len(self.sim.group(g)))
+        return self.quorum_id
+
+    def kill(self, replica_id: str) -> bool:
+        for g, rid in self.replica_ids.items():
+            if rid == replica_id and g in self.alive:
+                self.alive.discard(g)
+                for r in self.sim.group(g):
+                    r.set_mode("down")
+                return True
+        return False
+
+    # --- the front -------------------------------------------------------------------
+    def front_up(self) -> None:
+        outer = self
+
+        class Front(BaseHTTPRequestHandler):
+            def _forward(self, method: str) -> None:
+                import urllib.error
+                import urllib.request
+
+                req = urllib.request.Request(outer.lighthouse_url + self.path, method=method)
+                try:
+                    with urllib.request.urlopen(req, timeout=10) as resp:
+                        status, body = resp.status, resp.read()
+                except urllib.error.HTTPError as e:
+                    status, body = e.code, e.read()
+                self._answer(status, body)
+
+            def _answer(self, status: int, body: bytes) -> None:
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):  # noqa: N802
+                self._forward("GET")
+
+            def do_POST(self):  # noqa: N802
+                parts = self.path.strip("/").split("/")
+                if len(parts) == 3 and parts[0] == "replica" and parts[2] == "kill":
+                    rid = urllib.parse.unquote(parts[1])
+                    outer.kills.append(rid)
+                    outer.kill(rid)
+                    self._answer(500, b"Something went wrong: transport error")
+                else:
+                    self._forward("POST")
+
+            def log_message(self, *args):
+                pass
+
+        self._front = ThreadingHTTPServer(("127.0.0.1", self.front_port), Front)
+        self._front.daemon_threads = True
+        self.front_port = self._front.server_address[1]
+        threading.Thread(target=self._front.serve_forever, daemon=True,
+                         name="sim-lighthouse-front").start()
+
+    def front_down(self) -> None:
+        if self._front is not None:
+            self._front.shutdown()
+            self._front.server_close()
+            self._front = None
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.front_down()
+        self._heartbeats.join(timeout=5)
+        self.lighthouse.shutdown()
+        self.sim.stop()
 
 
 def main() -> int:

@@ -1,0 +1,150 @@
+"""What the torchft Lighthouse says about the job: its newest quorum and who heartbeats.
+
+torchft 0.2.0's Lighthouse has no JSON API. Its HTTP server answers ``/`` (the dashboard),
+``POST /replica/{replica_id}/kill`` and ``/status``, the HTML fragment the dashboard reloads
+every second, read here. Its shape (askama template; every value HTML-escaped)::
+
+    Current quorum_id: 3 <br>
+    Next quorum status: ...
+    <h3>Previous Quorum</h3>
+    Previous quorum id: 3 <br>            (absent before the first quorum)
+    Num participants: 2 <br>
+    <div class="member [recovering]">
+      <b>replica_group_0:2f1c...</b> <br/>
+      Step: 41 <br/>
+      Manager: http://host:port <br/>
+      TCPStore: host:port <br/>
+      World size: 2 <br/>                  (ranks in that replica group)
+      ...
+    <h2>Heartbeats</h2>
+    <li class="heartbeat [old]"> replica_group_0:2f1c...: seen 0.21s ago </li>
+
+"Previous quorum" is the quorum the Lighthouse issued last, i.e. the current one; a heartbeat is
+``old`` once it is older than the Lighthouse's heartbeat timeout. A page that does not have this
+shape (another torchft version, something else at that address) is a :class:`StatusFormatError`,
+never an empty quorum: whatever relies on it fails closed. The read is bounded in time
+(``timeout_s`` per socket operation, twice that overall) and size (:data:`MAX_STATUS_BYTES`).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import time
+from dataclasses import dataclass, field
+
+import requests
+
+MAX_STATUS_BYTES = 16 << 20  # ~600 bytes per replica group: room for ~25,000 of them
+
+_CURRENT = re.compile(r"Current quorum_id:\s*(-?\d+)\s*<br>")
+_PREVIOUS = re.compile(r"Previous quorum id:\s*(\d+)\s*<br>\s*Num participants:\s*(\d+)\s*<br>")
+_MEMBER = re.compile(
+    r'<div class="member\s*(recovering)?\s*">\s*<b>(.*?)</b>\s*<br/>\s*'
+    r"Step:\s*(-?\d+)\s*<br/>\s*Manager:\s*(.*?)\s*<br/>\s*TCPStore:\s*(.*?)\s*<br/>\s*"
+    r"World size:\s*(\d+)\s*<br/>", re.S)
+_MEMBER_START = re.compile(r'<div class="member\b')
+_HEARTBEAT = re.compile(r'<li class="heartbeat\s*(old)?\s*">\s*(.+):\s+seen\s+([0-9.]+)'
+                        r"\s*(ns|µs|us|ms|s)\s+ago\s*</li>")
+_HEARTBEAT_START = re.compile(r'<li class="heartbeat\b')
+_UNITS = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+class StatusFormatError(ValueError):
+    """The page is not a torchft 0.2.0 Lighthouse ``/status`` fragment."""
+
+
+@dataclass(frozen=True)
+class QuorumMember:
+    replica_id: str
+    step: int
+    manager: str
+    store: str
+    world_size: int  # ranks in the replica group
+    recovering: bool
+
+
+@dataclass(frozen=True)
+class LighthouseStatus:
+    quorum_id: int | None  # the newest quorum the Lighthouse issued; None before the first
+    members: dict[str, QuorumMember]  # its participants, by replica_id
+    heartbeats: dict[str, float]  # replica_id -> seconds since its last heartbeat
+    stale: frozenset[str] = field(default_factory=frozenset)  # heartbeats past the timeout
+    at: float = 0.0
+
+    def heartbeating(self, replica_id: str) -> bool:
+        return replica_id in self.heartbeats and replica_id not in self.stale
+
+
+def parse_status(page: str, at: float = 0.0) -> LighthouseStatus:
+    """Parse the ``/status`` fragment; raises StatusFormatError when it has another shape."""
+    current = _CURRENT.search(page)
+    if current is None or "<h3>Previous Quorum</h3>" not in page or "<h2>Heartbeats</h2>" \
+            not in page:
+        raise StatusFormatError("not a torchft Lighthouse /status page (no quorum_id, quorum "
+                                "or heartbeat section)")
+    quorum_part, _, heartbeat_part = page.partition("<h2>Heartbeats</h2>")
+    members: dict[str, QuorumMember] = {}
+    previous = _PREVIOUS.search(quorum_part)
+    if previous is None:
+        if _MEMBER_START.search(quorum_part):
+            raise StatusFormatError("quorum members without a quorum id")
+        quorum_id = None if int(current.group(1)) <= 0 else int(current.group(1))
+    else:
+        quorum_id = int(previous.group(1))
+        for m in _MEMBER.finditer(quorum_part):
+            rid = html.unescape(m.group(2))
+            members[rid] = QuorumMember(rid, int(m.group(3)), html.unescape(m.group(4)),
+                                        html.unescape(m.group(5)), int(m.group(6)),
+                                        m.group(1) is not None)
+        declared = int(previous.group(2))
+        found = len(_MEMBER_START.findall(quorum_part))
+        if not declared == found == len(members):
+            raise StatusFormatError(f"quorum {quorum_id} declares {declared} participants; "
+                                    f"{found} member blocks, {len(members)} understood")
+    heartbeats: dict[str, float] = {}
+    stale = set()
+    for h in _HEARTBEAT.finditer(heartbeat_part):
+        rid = html.unescape(h.group(2).strip())
+        heartbeats[rid] = float(h.group(3)) * _UNITS[h.group(4)]
+        if h.group(1):
+            stale.add(rid)
+    if len(_HEARTBEAT_START.findall(heartbeat_part)) != len(heartbeats):
+        raise StatusFormatError("heartbeat entries that could not be read")
+    return LighthouseStatus(quorum_id, members, heartbeats, frozenset(stale), at)
+
+
+class LighthouseReader:
+    """Reads and parses ``{lighthouse}/status``; :meth:`read` never raises."""
+
+    def __init__(self, url: str, timeout_s: float = 2.0,
+                 max_bytes: int = MAX_STATUS_BYTES) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
+        self._session = requests.Session()
+
+    def read(self) -> tuple[LighthouseStatus | None, str | None]:
+        """(status, None), or (None, why it could not be read or understood)."""
+        deadline = time.monotonic() + 2 * self.timeout_s
+        try:
+            with self._session.get(self.url + "/status", timeout=self.timeout_s,
+                                   stream=True) as r:
+                if r.status_code != 200:
+                    return None, f"{self.url}/status answered HTTP {r.status_code}"
+                body = bytearray()
+                for chunk in r.iter_content(65536):
+                    body += chunk
+                    if len(body) > self.max_bytes:
+                        return None, f"{self.url}/status is larger than {self.max_bytes} bytes"
+                    if time.monotonic() > deadline:
+                        return None, f"{self.url}/status took longer than " \
+                                     f"{2 * self.timeout_s:g}s"
+            return parse_status(body.decode("utf-8", "replace"), time.time()), None
+        except requests.RequestException as e:
+            return None, f"{self.url}/status unreachable: {type(e).__name__}: {e}"
+        except StatusFormatError as e:
+            return None, f"{self.url}/status: {e}"
+
+    def close(self) -> None:
+        self._session.close()

@@ -1,0 +1,183 @@
+"""Whether a rank's claims hold, checked against the Lighthouse and the rank's peers.
+
+Anyone allowed to register can serve a ``/v1/state`` that claims any replica group, replica id,
+timing or phase, and a rank's Flight Recorder dump says whatever its server wants. Before a
+rank's answers count as evidence (the detectors see them, an eviction may follow), its identity
+claims are checked against what the torchft Lighthouse says (:mod:`monitor.lighthouse_status`,
+read after the ranks were polled, so a real rank is never ahead of it) and against the other
+ranks. A rank is **verified** when all of these hold:
+
+1. it reports a ``replica_id`` (torchft's id of its replica group; null before the Manager
+   exists) and the Lighthouse knows it: a participant of its newest quorum, or heartbeating;
+2. its ``quorum_id`` is not newer than the Lighthouse's, and a rank at the Lighthouse's quorum
+   is one of its participants, with no more ``num_participants`` than that quorum has;
+3. its ``group_world_size`` is the world size the Lighthouse lists for its replica id;
+   ``0 <= group_rank < group_world_size``;
+4. no rank of another replica group claims the same ``replica_id``; the ranks of its group agree
+   on ``replica_id`` and ``group_world_size`` (a strict majority; the others are not verified);
+   no other rank that passes these checks claims its ``(replica_group, group_rank)`` or its
+   global ``rank`` (then none of them is verified: there is no telling which one is real).
+
+A failed check leaves the rank **unverified**, with the reason: it is shown, never evidence.
+When the Lighthouse cannot be read, nothing can be checked: live ranks are **unverifiable**;
+one that was evidence at the previous sweep, claiming exactly the same identity, stays evidence
+(detection goes on about known ranks), anything new is not, and the monitor is blind for
+eviction (the rails' ``monitor_blind``). Without ``--lighthouse`` at all the monitor cannot evict
+and only reports: every live rank is unverifiable and evidence for findings. A rank that stops
+answering keeps the verdict of its last answer (that is what a ``dead`` finding is about).
+
+What this cannot catch: a stranger that copies a real group's replica id and fills a
+``group_rank`` slot that no live rank of that group holds. Registration is therefore limited too
+(token or ``--allow-targets``, :mod:`monitor.admission`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from .lighthouse_status import LighthouseStatus
+from .view import ClusterView, RankView
+
+VERIFIED, UNVERIFIED, UNVERIFIABLE = "verified", "unverified", "unverifiable"
+REASONS = ("ok", "no_replica_id", "unknown_replica_id", "quorum_ahead", "not_in_quorum",
+           "world_size_mismatch", "group_rank_out_of_range", "replica_id_conflict",
+           "group_disagrees", "group_rank_taken", "rank_taken", "never_answered",
+           "lighthouse_unreadable", "no_lighthouse")
+
+
+@dataclass(frozen=True)
+class Trust:
+    """The verdict on one rank; ``evidence`` says whether its answers reach the detectors."""
+
+    state: str  # VERIFIED, UNVERIFIED or UNVERIFIABLE
+    reason: str  # "ok" or one of REASONS: why not
+    detail: str
+    evidence: bool
+    claims: tuple | None = None  # (replica_id, replica_group, group_rank, world size, rank)
+    checked_at: float | None = None
+    stale: bool = False  # the rank did not answer this sweep: the verdict of its last answer
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "reason": self.reason, "detail": self.detail,
+                "evidence": self.evidence, "checked_at": self.checked_at, "stale": self.stale}
+
+
+def claims(state: dict[str, Any]) -> tuple:
+    return (state.get("replica_id"), state["replica_group"], state["group_rank"],
+            state.get("group_world_size"), state["rank"])
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _check_against_lighthouse(s: dict[str, Any], lh: LighthouseStatus) -> tuple[str, str]:
+    """("ok", detail) or (reason, detail) for one rank's claims against the Lighthouse."""
+    rid = s.get("replica_id")
+    if not isinstance(rid, str) or not rid:
+        return "no_replica_id", "reports no replica_id (its torchft Manager may not exist yet)"
+    member = lh.members.get(rid)
+    if member is None and not lh.heartbeating(rid):
+        return "unknown_replica_id", (f"the Lighthouse has no participant or live heartbeat "
+                                      f"{rid!r}")
+    q, lq = s["quorum_id"], lh.quorum_id
+    if q > (lq if lq is not None else 0) or (lq is None and q > 0):
+        return "quorum_ahead", f"claims quorum {q}; the Lighthouse's newest is {lq}"
+    if lq is not None and q == lq:
+        if member is None:
+            return "not_in_quorum", f"claims quorum {q}, which does not list {rid!r}"
+        n = _int(s.get("num_participants"))
+        if n is not None and n > len(lh.members):
+            return "not_in_quorum", (f"claims {n} participants in quorum {q}, which has "
+                                     f"{len(lh.members)}")
+    ws = _int(s.get("group_world_size"))
+    if ws is None or ws < 1:
+        return "world_size_mismatch", f"group_world_size is {s.get('group_world_size')!r}"
+    if member is not None and member.world_size != ws:
+        return "world_size_mismatch", (f"claims group_world_size {ws}; the Lighthouse lists "
+                                       f"{member.world_size} for {rid!r}")
+    if not 0 <= s["group_rank"] < ws:
+        return "group_rank_out_of_range", f"group_rank {s['group_rank']} of {ws}"
+    how = f"participant of quorum {lq}" if member is not None else "heartbeating"
+    return "ok", f"{rid} is known to the Lighthouse ({how})"
+
+
+def verify(view: ClusterView, lighthouse: LighthouseStatus | None, error: str | None,
+           configured: bool, now: float) -> dict[str, Trust]:
+    """The verdict on every rank of ``view`` (by URL). ``rv.trust`` holds the previous one."""
+    out: dict[str, Trust] = {}
+    live: list[RankView] = []
+    for url, rv in view.ranks.items():
+        if rv.reachable and rv.state is not None:
+            live.append(rv)
+        elif rv.trust is not None:
+            out[url] = Trust(rv.trust.state, rv.trust.reason, rv.trust.detail,
+                             rv.trust.evidence, rv.trust.claims, rv.trust.checked_at, True)
+        else:
+            out[url] = Trust(UNVERIFIED, "never_answered", "has not answered a valid /v1/state",
+                             False, None, None, True)
+    if not configured:
+        for rv in live:
+            out[rv.url] = Trust(UNVERIFIABLE, "no_lighthouse", "no --lighthouse to verify "
+                                "against: findings are reported, never acted on", True,
+                                claims(rv.state), now)
+        return out
+    if lighthouse is None:
+        for rv in live:
+            c, prev = claims(rv.state), rv.trust
+            vouched = prev is not None and prev.evidence and prev.claims == c
+            out[rv.url] = Trust(UNVERIFIABLE, "lighthouse_unreadable",
+                                f"{error}; " + ("verified before with the same identity"
+                                                if vouched else "not verified before"),
+                                vouched, c, now)
+        return out
+
+    verdict: dict[str, tuple[str, str]] = {}
+    for rv in live:
+        verdict[rv.url] = _check_against_lighthouse(rv.state, lighthouse)
+    passing = [rv for rv in live if verdict[rv.url][0] == "ok"]
+
+    groups_of_rid: dict[str, set[int]] = defaultdict(set)
+    for rv in passing:
+        groups_of_rid[rv.state["replica_id"]].add(rv.state["replica_group"])
+    by_group: dict[int, list[RankView]] = defaultdict(list)
+    for rv in passing:
+        rid = rv.state["replica_id"]
+        if len(groups_of_rid[rid]) > 1:
+            others = sorted(groups_of_rid[rid] - {rv.state["replica_group"]})
+            verdict[rv.url] = ("replica_id_conflict",
+                               f"replica group(s) {others} claim {rid!r} too")
+        else:
+            by_group[rv.state["replica_group"]].append(rv)
+    for g, ranks in by_group.items():
+        for key, name in ((lambda s: s["replica_id"], "replica_id"),
+                          (lambda s: s["group_world_size"], "group_world_size")):
+            counts = Counter(key(rv.state) for rv in ranks if verdict[rv.url][0] == "ok")
+            if len(counts) < 2:
+                continue
+            (top, n), *rest = counts.most_common()
+            majority = top if n * 2 > sum(counts.values()) else None
+            for rv in ranks:
+                if verdict[rv.url][0] == "ok" and key(rv.state) != majority:
+                    verdict[rv.url] = ("group_disagrees",
+                                       f"replica group {g}'s ranks disagree on {name}: "
+                                       f"{dict(counts)}")
+    for key, reason in ((lambda s: (s["replica_group"], s["group_rank"]), "group_rank_taken"),
+                        (lambda s: s["rank"], "rank_taken")):
+        holders: dict[Any, list[RankView]] = defaultdict(list)
+        for rv in live:
+            if verdict[rv.url][0] == "ok":  # a claimant already caught lying is no rival
+                holders[key(rv.state)].append(rv)
+        for k, rvs in holders.items():
+            if len(rvs) > 1:
+                for rv in rvs:
+                    verdict[rv.url] = (reason, f"{len(rvs)} ranks that pass every other check "
+                                               f"claim {k}: {sorted(r.url for r in rvs)}")
+    for rv in live:
+        reason, detail = verdict[rv.url]
+        ok = reason == "ok"
+        out[rv.url] = Trust(VERIFIED if ok else UNVERIFIED, reason, detail, ok,
+                            claims(rv.state), now)
+    return out
