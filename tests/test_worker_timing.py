@@ -56,10 +56,12 @@ def run_step(timer: StepTimer, clock: Clock, step: int, compute: float, cross: f
 def test_a_step_splits_into_compute_and_waits_and_nested_waits_count_once():
     clock = Clock()
     timer = StepTimer(clock=clock)
-    assert timer.snapshot() == {"last_step": None, "window": None, "waiting": None}
+    assert timer.snapshot() == {"last_step": None, "window": None, "waiting": None,
+                                "recent": []}
     run_step(timer, clock, 0, compute=0.5, cross=0.2, group=0.1)
     last = timer.snapshot()["last_step"]
     assert last["step"] == 0
+    assert timer.snapshot()["recent"] == [last]  # every step of the window, by step number
     assert last["step_s"] == pytest.approx(0.8)
     assert last["wait_cross_s"] == pytest.approx(0.2)  # not 0.3: the nested wait counted once
     assert last["wait_group_s"] == pytest.approx(0.1)

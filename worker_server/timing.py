@@ -111,7 +111,8 @@ class StepTimer:
     def snapshot(self) -> dict:
         """The ``timing`` object of ``/v1/state`` (docs/CONTRACTS.md): ``last_step``, ``window``
         (medians over the last steps) and ``waiting`` (the wait in progress), each None when
-        there is none."""
+        there is none, and ``recent``: the window's steps, oldest first (the monitor compares
+        ranks step by step, by step number, so it needs each step, not only the last)."""
         current = self._current  # one read: the training thread may replace it meanwhile
         now = self._clock()
         with self._lock:
@@ -119,11 +120,12 @@ class StepTimer:
         waiting = None if current is None else {
             "scope": current[0], "seconds": max(0.0, now - current[1])}
         if not recent:
-            return {"last_step": None, "window": None, "waiting": waiting}
+            return {"last_step": None, "window": None, "waiting": waiting, "recent": []}
         window: dict[str, float | int] = {"steps": len(recent)}
         for key in ("step_s", "compute_s", "wait_cross_s", "wait_group_s"):
             window[key] = statistics.median(getattr(t, key) for t in recent)
-        return {"last_step": asdict(recent[-1]), "window": window, "waiting": waiting}
+        return {"last_step": asdict(recent[-1]), "window": window, "waiting": waiting,
+                "recent": [asdict(t) for t in recent]}
 
 
 class _Wait:
