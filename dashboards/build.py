@@ -391,7 +391,21 @@ def monitor_health() -> dict:
         "POST /v1/targets per interval: accepted, or refused (unauthorized, not_allowed, "
         "bad_request, too_many_targets). Refusals mean ranks the monitor does not poll.",
         [target(events("lightkeeper_monitor_registrations_total", J, "outcome"), "{{outcome}}")],
-        draw="bars", fill=80, min_=0), 24, 6)
+        draw="bars", fill=80, min_=0), 12, 6)
+    L.add(timeseries(
+        "Ranks verified / unverified by reason",
+        "Ranks whose claims the Lighthouse and their peers confirm (only their answers are "
+        "evidence for a finding), and the others by reason (shown, never evidence).",
+        targets((f"sum(lightkeeper_monitor_ranks_verified{{{J}}})", "verified"),
+                (f"sum by (reason) (lightkeeper_monitor_ranks_unverified{{{J}}})",
+                 "unverified: {{reason}}")),
+        interpolation="stepAfter", fill=0, min_=0), 8, 6)
+    L.add(stat("Lighthouse readable",
+               "Whether the monitor read and understood the Lighthouse's status at its last "
+               "sweep; without it no rank is verified and nothing is evicted.",
+               [target(f"min(lightkeeper_monitor_lighthouse_up{{{J}}})", "lighthouse")],
+               mappings=P.value_mappings({"1": ("read", "green"),
+                                          "0": ("unreadable: no eviction", "red")})), 4, 6)
 
     L.row("Findings, evictions and held-back decisions")
     L.add(timeseries(
