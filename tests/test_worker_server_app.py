@@ -46,6 +46,9 @@ def test_state_reports_identity_and_steps(server):
     assert body["phase"] == "forward" and body["faults"] == ["slow:delay=1"]
     assert body["torch_version"].startswith("2.13") and body["torchft_version"] == "0.2.0"
     assert body["worker_url"] == server.url
+    assert body["local_rank"] == 0 and body["host"]
+    # No instrumented Manager drove a step here: timing is there, empty (tests/test_worker_timing.py).
+    assert body["timing"] == {"last_step": None, "window": None, "waiting": None}
 
 
 def test_unknown_path_and_method_are_json_errors(server):
