@@ -31,6 +31,8 @@ Grammar (one fault per ``--inject``; repeat the flag for several)::
                                          of step N
 
     Every kind also takes rank=R: the group rank it strikes (default: every rank of the group).
+    What torchft 0.2.0 then does (one rank of a group crashed or hung, the others alive) is
+    measured in the README's Trainer section.
 
 Steps are torchft's committed step numbers (``manager.current_step()``). A bad spec raises
 :class:`FaultSpecError` with a message that names the problem; what can only be checked against
