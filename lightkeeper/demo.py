@@ -237,7 +237,7 @@ class Demo:
                 specs.setdefault(plan.replica_group, []).append(plan.spec)
         for g in range(self.args.groups):
             self.launched_at[g] = self.now()
-            self.procs.append(self.cluster.start_group(g, specs.get(g)).proc)
+            self.procs.extend(self.cluster.start_group(g, specs.get(g)).processes())
         for g in range(self.args.groups):
             try:
                 self.cluster.wait_for_workers(g, timeout=120)
@@ -407,7 +407,7 @@ class Demo:
                 continue
             self.restarts[g] = n + 1
             code = grp.proc.returncode
-            self.procs.append(self.cluster.start_group(g).proc)
+            self.procs.extend(self.cluster.start_group(g).processes())
             self.event("restarted", g, f"process exited ({code}); supervisor restarted it "
                                        f"(restart {n + 1})")
 
@@ -557,19 +557,40 @@ class Demo:
                                           else f" (rank {plan.group_rank} only)"))
 
     # --- stop & report ------------------------------------------------------------------------
-    def stop(self) -> None:
-        from .cluster import stop_process
+    def stop(self, grace: float = 3.0) -> None:
+        """Stop every process the demo started and their descendants, by PID: SIGTERM to all at
+        once, ``grace`` seconds for all of them together, then SIGKILL whatever is left."""
+        from .cluster import descendants, stop_process
 
         self.stopping = True
         self.status = "stopping"
+        running = [p for p in reversed(self.procs) if p.poll() is None]
+        # the trees as they are now: a child whose parent exits is no longer its descendant
+        trees = {p.pid: [p.pid, *descendants(p.pid)] for p in running}
+        self._kill([pid for tree in trees.values() for pid in tree], signal.SIGTERM)
+        end = time.monotonic() + grace
+        for p in running:
+            try:
+                p.wait(timeout=max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
         for p in reversed(self.procs):
             try:
-                stop_process(p, grace=3.0)
+                stop_process(p, grace=0.0)  # SIGKILL the rest of its tree and reap it
+                self._kill(trees.get(p.pid, [])[1:], signal.SIGKILL)
             except Exception as e:  # keep stopping the others
                 self.say(f"lightkeeper demo: could not stop PID {p.pid}: {e}")
         if self._log:
             self._log.close()
             self._log = None
+
+    @staticmethod
+    def _kill(pids: list[int], sig: int) -> None:
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def pids(self) -> list[int]:
         return sorted({p.pid for p in self.procs} | self.rank_pids)
