@@ -1,4 +1,5 @@
-"""Actions: ask the torchft Lighthouse to kill a replica group, the way its Kill button does.
+"""Actions: ask the torchft Lighthouse to kill a replica group, the way its Kill button does,
+and finish the job on the group's ranks that kill does not reach (:class:`Orphans`).
 
 ``POST {lighthouse}/replica/{replica_id}/kill`` makes the Lighthouse tell that group's Manager to
 exit. torchft 0.2.0 answers 500 ("transport error") because the Manager exits before it replies,
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import quote
 
 import requests
@@ -66,3 +68,100 @@ class Lighthouse:
 
     def close(self) -> None:
         self._session.close()
+
+
+@dataclass
+class ExitResult:
+    told: bool
+    http_status: int | None
+    detail: str
+
+
+class RankExits:
+    """Tell one rank to exit: ``POST {rank}/v1/exit`` with the ranks' exit token.
+
+    The WorkerServer answers only when its process opted in (``LIGHTKEEPER_EXIT_TOKEN``) and the
+    token matches; it then ends its process at once (``os._exit``): a rank blocked in a collective
+    or hung in Python cannot be asked to finish anything. Never raises."""
+
+    def __init__(self, token: str | None, timeout_s: float = 2.0) -> None:
+        self.token = token
+        self.timeout_s = timeout_s
+        self._session = requests.Session()
+
+    def exit(self, url: str, reason: str) -> ExitResult:
+        if not self.token:
+            return ExitResult(False, None, "no --rank-exit-token")
+        try:
+            r = self._session.post(f"{url.rstrip('/')}/v1/exit", json={"reason": reason},
+                                   headers={"Authorization": f"Bearer {self.token}"},
+                                   timeout=self.timeout_s)
+        except requests.RequestException as e:
+            return ExitResult(False, None, f"unreachable: {type(e).__name__}")
+        if r.status_code in (200, 202):
+            return ExitResult(True, r.status_code, "exiting")
+        return ExitResult(False, r.status_code, f"HTTP {r.status_code}: {r.text[:120]}")
+
+    def close(self) -> None:
+        self._session.close()
+
+
+class Orphans:
+    """Finish an eviction the Lighthouse's kill cannot finish on its own.
+
+    torchft 0.2.0's kill reaches only the process that runs the group's Manager server (group
+    rank 0: ``ManagerServer`` exists there only, and ``Kill`` calls ``std::process::exit``). The
+    group's other ranks are not told. Measured on CPU/gloo (README, Monitor, Eviction): under
+    torchrun its agent tears them down within ~1 s; launched bare (as on other hosts, with no local
+    agent), a rank blocked in a collective with rank 0 fails within seconds, but a rank that waits
+    outside a collective (e.g. an in-group hang's culprit) lives on, holding its port (and GPU).
+
+    :meth:`follow` is called every sweep for each eviction not yet confirmed, with the ranks that
+    still report the evicted replica id. After ``grace_s`` it tells each of them to exit (once; a
+    rank still answering 5 s after being told is told again) when the monitor has the ranks' exit
+    token, and otherwise names them for the operator. It returns a sentence for the eviction's
+    detail whenever that sentence changes, else None."""
+
+    RETELL_S = 5.0
+
+    def __init__(self, exits: RankExits, grace_s: float) -> None:
+        self.exits = exits
+        self.grace_s = grace_s
+        self._told: dict[str, float] = {}  # rank URL -> seconds after the kill it was told
+        self._said: dict[int, str] = {}  # decision id -> the last sentence returned
+
+    def follow(self, decision_id: int, replica_id: str, ranks: list[Any],
+               since_kill_s: float) -> str | None:
+        if not ranks or since_kill_s < self.grace_s:
+            return None
+        names = ", ".join(_rank_name(r) for r in ranks)
+        if not self.exits.token:
+            note = (f"rank(s) still running {self.grace_s:g}s after the kill: {names}; the "
+                    "Lighthouse's kill reaches only group rank 0: stop them before restarting the "
+                    "group (or run ranks with LIGHTKEEPER_EXIT_TOKEN and the monitor with "
+                    "--rank-exit-token)")
+        else:
+            outcomes = []
+            for r in ranks:
+                told_at = self._told.get(r.url)
+                if told_at is not None and since_kill_s - told_at < self.RETELL_S:
+                    continue
+                res = self.exits.exit(r.url, f"replica {replica_id} was evicted by the monitor")
+                self._told[r.url] = since_kill_s
+                log.warning("told %s of evicted %s to exit: %s", _rank_name(r), replica_id,
+                            res.detail)
+                outcomes.append(f"{_rank_name(r)}: {res.detail}")
+            if not outcomes:
+                return None
+            note = "told rank(s) the Lighthouse's kill does not reach to exit (POST /v1/exit): " \
+                   + "; ".join(outcomes)
+        if self._said.get(decision_id) == note:
+            return None
+        self._said[decision_id] = note
+        return note
+
+
+def _rank_name(r: Any) -> str:
+    s = getattr(r, "state", None) or {}
+    return (f"rank {getattr(r, 'rank', '?')} (group rank {s.get('group_rank')}, host "
+            f"{s.get('host')}, pid {s.get('pid')}, {getattr(r, 'url', '?')})")

@@ -79,7 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="... and at least this fraction of the median step time "
                         f"({d.straggler_rel_lag:g})")
     g.add_argument("--straggler-steps", type=int, default=d.straggler_steps,
-                   help=f"collectives per straggler window ({d.straggler_steps})")
+                   help=f"newest steps per straggler window, late in 3 of 4 ({d.straggler_steps})")
     g.add_argument("--straggler-windows", type=int, default=d.straggler_windows,
                    help=f"consecutive windows to confirm a straggler ({d.straggler_windows})")
     g.add_argument("--hang-floor", type=float, default=d.hang_floor_s,
@@ -88,9 +88,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"... or this many median step times if longer ({d.hang_factor:g})")
     g.add_argument("--dead-sweeps", type=int, default=d.dead_sweeps,
                    help=f"unreachable sweeps before a rank is dead ({d.dead_sweeps})")
+    g.add_argument("--starting-timeout", type=float, default=d.starting_timeout_s,
+                   help="seconds a rank may answer without a first quorum before it is "
+                        f"stuck_starting ({d.starting_timeout_s:g})")
     g.add_argument("--fr-interval", type=float, default=d.fr_interval_s,
                    help="fetch Flight Recorder from every rank at least this often, seconds "
                         f"({d.fr_interval_s:g})")
+    p.add_argument("--rank-exit-token", default=None,
+                   help="bearer token of the ranks' POST /v1/exit (env LIGHTKEEPER_EXIT_TOKEN, as "
+                        "the ranks have it): ranks of an evicted group still answering "
+                        "--orphan-grace seconds after the Lighthouse's kill (which reaches only "
+                        "group rank 0) are told to exit; without it they are reported")
+    p.add_argument("--orphan-grace", type=float, default=5.0,
+                   help="seconds after a kill before the group's remaining ranks are told to "
+                        "exit or reported (5)")
     p.add_argument("--log-level", default="INFO", help="logging level (INFO)")
 
 
@@ -109,7 +120,10 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
             straggler_min_lag_s=args.straggler_min_lag, straggler_rel_lag=args.straggler_rel_lag,
             straggler_steps=args.straggler_steps, straggler_windows=args.straggler_windows,
             hang_floor_s=args.hang_floor, hang_factor=args.hang_factor,
-            dead_sweeps=args.dead_sweeps, fr_interval_s=args.fr_interval),
+            dead_sweeps=args.dead_sweeps, fr_interval_s=args.fr_interval,
+            starting_timeout_s=args.starting_timeout),
+        rank_exit_token=args.rank_exit_token or os.environ.get("LIGHTKEEPER_EXIT_TOKEN") or None,
+        orphan_grace_s=args.orphan_grace,
         rails=RailsConfig(min_replicas=args.min_replicas, cooldown_s=args.cooldown,
                           min_reachable_fraction=args.min_reachable, dry_run=args.dry_run,
                           evict_kinds=tuple(args.evict_on)),

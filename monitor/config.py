@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from .admission import AllowList
 
-EVICTABLE_KINDS = ("straggler", "hang", "mismatch", "dead")
+EVICTABLE_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting")
 
 
 class ConfigError(ValueError):
@@ -22,22 +22,25 @@ class ConfigError(ValueError):
 
 @dataclass
 class DetectorConfig:
-    # straggler: FR arrival lag at the cross-group all_reduce
+    # straggler: how long the other groups wait for a group at the cross-group step, from each
+    # rank's own per-step wait times (no clocks compared)
     straggler_min_lag_s: float = 0.1  # absolute floor of the lag that counts as "others wait"
     straggler_rel_lag: float = 0.25  # ... and relative to the median step time
-    straggler_steps: int = 4  # newest common collectives looked at per window
-    straggler_windows: int = 3  # consecutive windows (each with new steps) to confirm
+    straggler_steps: int = 6  # newest steps every group served, judged per window (3 in 4 late)
+    straggler_windows: int = 2  # consecutive windows (each with newer steps) to confirm
     # hang: no step progress for max(hang_floor_s, hang_factor * median step time)
     hang_floor_s: float = 3.0
     hang_factor: float = 3.0
-    # dead: unreachable for this many consecutive sweeps
+    # dead / dead_rank: unreachable for this many consecutive sweeps
     dead_sweeps: int = 3
+    # stuck_starting: answering without a first quorum this long (the monitor's clock)
+    starting_timeout_s: float = 300.0
     # Flight Recorder is fetched when a detector needs it, and at least this often (mismatch)
     fr_interval_s: float = 15.0
 
     def validate(self) -> None:
         for name in ("straggler_min_lag_s", "straggler_rel_lag", "hang_floor_s", "hang_factor",
-                     "fr_interval_s"):
+                     "fr_interval_s", "starting_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
         for name in ("straggler_steps", "straggler_windows", "dead_sweeps"):
@@ -51,7 +54,7 @@ class RailsConfig:
     cooldown_s: float = 60.0  # at most one eviction per cooldown window
     min_reachable_fraction: float = 0.5  # hold when the monitor reaches no more than this
     dry_run: bool = False
-    evict_kinds: tuple[str, ...] = ("straggler", "hang", "mismatch")
+    evict_kinds: tuple[str, ...] = ("straggler", "hang", "mismatch", "dead_rank")
 
     def validate(self) -> None:
         if self.min_replicas < 1:
@@ -92,6 +95,12 @@ class MonitorConfig:
     lighthouse_timeout_s: float = 2.0  # reading the Lighthouse's status page (verification)
     kill_timeout_s: float = 5.0
     confirm_timeout_s: float = 60.0  # an eviction not seen leaving the quorum by then: unconfirmed
+    # The Lighthouse's kill reaches only group rank 0 (the Manager's process). Ranks of an evicted
+    # group still answering this long after it are told to exit through their token-guarded
+    # POST /v1/exit when this token is set (ranks started with LIGHTKEEPER_EXIT_TOKEN), else
+    # reported on the eviction for the operator.
+    rank_exit_token: str | None = None
+    orphan_grace_s: float = 5.0
     detectors: DetectorConfig = field(default_factory=DetectorConfig)
     rails: RailsConfig = field(default_factory=RailsConfig)
 
@@ -109,6 +118,8 @@ class MonitorConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.lighthouse_timeout_s <= 0:
             raise ConfigError("lighthouse_timeout_s must be > 0")
+        if self.orphan_grace_s < 0:
+            raise ConfigError(f"orphan_grace_s must be >= 0, got {self.orphan_grace_s}")
         try:
             self.allow_list()
         except ValueError as e:

@@ -1,32 +1,54 @@
 """Detectors: from the cluster view (and live Flight Recorder dumps) to findings.
 
 Each finding names a replica group (and its torchft ``replica_id``, i.e. one incarnation of the
-group), the ranks involved, the evidence, when it was first seen and when it was confirmed. Only a
-*confirmed* finding is handed on to the decisions; a candidate that does not persist is dropped
-silently.
+group), the culprit ranks and their hosts (``evidence.culprit_ranks``, ``culprit_hosts`` and
+``culprits``: rank, group rank, host, local rank, pid, URL, phase), the evidence, when it was first
+seen and when it was confirmed. Only a *confirmed* finding is handed on to the decisions; a
+candidate that does not persist is dropped silently.
 
-- ``straggler``: a group the others wait for at the cross-group all_reduce. Cheap trigger: a
-  sweep where the group computes while a peer group already sits in ``allreduce``. Evidence, from
-  Flight Recorder (:func:`monitor.analysis.arrival_lags`): over the newest ``straggler_steps``
-  collectives of the current torchft incarnation the group enqueued last in at least 3 of 4, and
-  its median lag behind the first group exceeds
-  ``max(straggler_min_lag_s, straggler_rel_lag * median step time)``. Confirmed after
-  ``straggler_windows`` consecutive windows, each with newer collectives than the last.
-  Raw step time is *not* compared: with a slow group every group's step time rises (they wait
-  for it); the lag is the time it spends outside the all_reduce beyond its peers.
-- ``hang``: no step finished for ``max(hang_floor_s, hang_factor * median step time)``, peers wait
-  in ``allreduce`` for that long, and the analysis engine finds a pending collective of the
-  current incarnation that the group's ranks never enqueued (its ``culprit_ranks``).
-- ``mismatch``: the analysis engine over live dumps finds members of one incarnation that
-  enqueued different collectives at one sequence id; on a tie (e.g. two survivors) the culprit is
-  the rank whose collective differs from its own history of that collective (the engine's
-  ``departs_from_history``).
-- ``dead``: a rank unreachable for ``dead_sweeps`` consecutive sweeps (not one replaced by a
-  restart of its group).
+No detector compares clocks of different hosts. What ranks measure about themselves (each rank's
+per-step compute and collective-wait seconds on its own monotonic clock, ``timing`` in
+``/v1/state``), Flight Recorder sequence numbers, and the monitor's own clock are the evidence.
 
-Every sweep's dumps are normalized once (:func:`monitor.analysis.normalize_dumps`); the analyzer
-and the arrival lags read the same traces. A dump that is not a Flight Recorder dump is left out
-(and logged); the other ranks are still judged.
+- ``straggler``: the replica group the others wait for at the cross-group step. Each rank serves
+  its last steps' ``wait_cross_s`` (time blocked in torchft's quorum and all_reduce) keyed by step
+  number. Per step, a group's cross wait is its most-waiting rank's; the group that waits least is
+  the late one and its *lag* is the median of the other groups' cross waits minus its own: how long
+  they waited for it. A group is a straggler when, over the newest ``straggler_steps`` steps every
+  group served, its lag is at least ``max(straggler_min_lag_s, straggler_rel_lag x median step
+  time)`` in 3 of 4 steps and in the median, in ``straggler_windows`` consecutive evaluations that
+  each saw newer steps. Inside that group the culprit is the rank everyone waits for: the one whose
+  in-group wait (``wait_group_s``: FSDP's collectives, the commit vote) is at least that threshold
+  below the median of its peers'; when no rank stands out, every rank of the group is late
+  (the whole group is slow) and all are named.
+- ``hang``: a rank of the newest quorum has waited inside a collective for at least ``max(hang_floor_s,
+  hang_factor x median step time)`` (its own clock: ``timing.waiting``; waiting for a quorum is not a
+  collective), no group's step moved since the previous sweep, and the analysis engine finds a
+  collective of the current incarnation that some members enqueued and the culprits never did.
+  When the engine also finds one inside the culprit group (its in-group process group, e.g. FSDP's
+  all-gather), the culprits are the ranks that never entered *that* one (their peers are blocked
+  in it); otherwise the group's ranks missing from the cross-group collective. A culprit must not
+  itself be waiting inside the collective it is blamed for.
+- ``mismatch``: the analysis engine over the live dumps finds members of one group that enqueued
+  different collectives at one sequence id. The culprit is the minority; without a majority (two
+  ranks of a replica group, or two survivors of a crashed cross-group all_reduce) it is the rank
+  whose collective breaks its own repeating per-step pattern of collectives (``step_pattern``), or
+  else differs from its own history of that collective (the engine's ``departs_from_history``).
+  When neither singles one out, nothing is reported.
+- ``dead_rank``: a rank unreachable for ``dead_sweeps`` consecutive sweeps while the rest of its
+  group lives on: group rank 0 (whose process runs the group's torchft Manager and heartbeats to
+  the Lighthouse) still answers with the same replica id. torchft keeps such a group in the quorum
+  and every group waits for it until its timeouts: this one evicts by default.
+- ``dead``: ranks unreachable for ``dead_sweeps`` sweeps whose group's Manager rank is gone too (the
+  group died whole, or its rank 0 did): torchft drops such a group itself (reported only).
+- ``stuck_starting``: a rank that answers but has not reached its first quorum (``quorum_id`` -1)
+  for ``starting_timeout_s`` on the monitor's clock since the monitor first saw it so (e.g. its
+  group's store or rank 0 never came up, or its Lighthouse is unreachable). Judged on every rank
+  the monitor polls, verified or not; its replica id is the verified one or none (so it can only
+  be evicted, when asked for with ``--evict-on``, once its group is verified).
+
+Every sweep's dumps are normalized once (:func:`monitor.analysis.normalize_dumps`). A dump that is
+not a Flight Recorder dump is left out (and logged); the other ranks are still judged.
 
 A group whose ``replica_id`` changes (torchft restarted it) starts from a clean slate: nothing
 seen about the previous incarnation carries over. A detector that fails on odd input logs and
@@ -44,14 +66,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .analysis import RankTrace, analyze, arrival_lags, normalize_dumps
+from .analysis import GroupKey, RankTrace, analyze, normalize_dumps
 from .config import DetectorConfig
-from .view import COMPUTE_PHASES, ClusterView, GroupView
+from .view import ClusterView, GroupView, RankView
 
 log = logging.getLogger(__name__)
 
 Analyzer = Callable[[Mapping[int, RankTrace]], Any]  # normalized traces -> result with .findings
-KINDS = ("straggler", "hang", "mismatch", "dead")
+KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting")
+STEP_MEMORY = 64  # per-step timings kept per rank
+TIMING_KEYS = ("step_s", "compute_s", "wait_cross_s", "wait_group_s")
 
 
 @dataclass
@@ -101,8 +125,9 @@ def engine_findings(result: Any) -> list[dict[str, Any]]:
                 "kind": _get(f, "kind"),
                 "culprits": sorted(int(r) for r in culprits),
                 "quorum_id": as_dict.get("quorum_id", _get(group, "quorum_id")),
+                "replica_group": as_dict.get("replica_group", _get(group, "replica_group")),
                 "has_majority": as_dict.get("has_majority", True),
-                "waiting": [int(r) for r in as_dict.get("waiting_ranks", [])],
+                "waiting": [int(r) for r in as_dict.get("waiting_ranks") or []],
                 "seq": as_dict.get("seq"),
                 "raw": as_dict,
             })
@@ -111,15 +136,98 @@ def engine_findings(result: Any) -> list[dict[str, Any]]:
     return out
 
 
+# --- what a rank says about itself ------------------------------------------------------------
+
+def step_timings(state: Mapping[str, Any] | None) -> list[dict[str, float]]:
+    """The per-step timings a ``/v1/state`` serves (``timing.recent``, else ``timing.last_step``),
+    each with an int ``step`` and the four float seconds; malformed entries are left out."""
+    timing = state.get("timing") if isinstance(state, Mapping) else None
+    if not isinstance(timing, Mapping):
+        return []
+    rows = timing.get("recent")
+    if not isinstance(rows, list) or not rows:
+        rows = [timing.get("last_step")]
+    out = []
+    for row in rows:
+        if not isinstance(row, Mapping) or not isinstance(row.get("step"), int):
+            continue
+        vals = {k: row.get(k) for k in TIMING_KEYS}
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+               and v >= 0 for v in vals.values()):
+            out.append({"step": int(row["step"]), **{k: float(v) for k, v in vals.items()}})
+    return out
+
+
+def current_wait(state: Mapping[str, Any] | None) -> tuple[str | None, float | None]:
+    """(scope, seconds) of the collective wait the rank is blocked in now, on its own clock;
+    (None, None) when it is not waiting or does not say."""
+    timing = state.get("timing") if isinstance(state, Mapping) else None
+    w = timing.get("waiting") if isinstance(timing, Mapping) else None
+    if not isinstance(w, Mapping):
+        return None, None
+    scope, secs = w.get("scope"), w.get("seconds")
+    if not isinstance(scope, str) or not isinstance(secs, (int, float)) or not math.isfinite(secs):
+        return None, None
+    return scope, float(secs)
+
+
+def collective_wait(state: Mapping[str, Any] | None, now: float) -> tuple[str | None, float]:
+    """How long the rank has been blocked inside a *collective* (not a quorum): ("group" or
+    "cross", seconds), or (None, 0.0). A rank without ``timing`` falls back to its phase
+    (``allreduce`` since ``phase_since``: its own clock against the monitor's)."""
+    if not isinstance(state, Mapping):
+        return None, 0.0
+    if isinstance(state.get("timing"), Mapping):
+        scope, secs = current_wait(state)
+        if scope == "group" or (scope == "cross" and state.get("phase") == "allreduce"):
+            return scope, secs or 0.0
+        return None, 0.0
+    if state.get("phase") == "allreduce" and isinstance(state.get("phase_since"), (int, float)):
+        return "cross", max(0.0, now - float(state["phase_since"]))
+    return None, 0.0
+
+
+def describe_ranks(view: ClusterView, ranks: list[int], now: float) -> list[dict[str, Any]]:
+    """Who the culprit ranks are and where they run, from their last ``/v1/state``."""
+    out = []
+    for rank in ranks:
+        rv = _rank_view(view, rank)
+        s = (rv.state if rv else None) or {}
+        scope, secs = current_wait(s)
+        out.append({"rank": rank, "group_rank": s.get("group_rank"), "host": s.get("host"),
+                    "local_rank": s.get("local_rank"), "pid": s.get("pid"),
+                    "url": rv.url if rv else None, "reachable": bool(rv and rv.reachable),
+                    "phase": s.get("phase"), "step": s.get("step"),
+                    "waiting": None if scope is None else {"scope": scope,
+                                                           "seconds": round(secs or 0.0, 3)},
+                    "stacks": f"{rv.url}/v1/stacks" if rv else None})
+    return out
+
+
+def _rank_view(view: ClusterView, rank: int) -> RankView | None:
+    found = None
+    for r in view.ranks.values():
+        if r.rank == rank and not r.superseded:
+            if r.reachable:
+                return r
+            found = found or r
+    return found
+
+
+def _median(values) -> float:
+    values = list(values)
+    return statistics.median(values) if values else 0.0
+
+
+# --- per-group memory ---------------------------------------------------------------------------
+
 @dataclass
 class _GroupMemory:
     replica_id: str | None
-    lag_samples: deque = field(default_factory=lambda: deque(maxlen=8))
     straggler_windows: int = 0
-    straggler_last_seq: tuple | None = None
+    straggler_newest: int | None = None  # newest step of the last straggler evaluation
     straggler_first_seen: float | None = None
     straggler_lags: list[float] = field(default_factory=list)
-    hang_first_seen: float | None = None
 
 
 class Detectors:
@@ -136,8 +244,15 @@ class Detectors:
         self._commit_failures: dict[str, int] = {}
         self._last_fr_at = 0.0
         self._fr_reason: str | None = None
-        self._seen_mismatch: set[tuple] = set()
-        self.last_lags: dict[int, float] = {}  # replica_group -> median arrival lag (s)
+        # per rank URL: (replica_id, {step: timing}) from the ranks' own timing
+        self._steps: dict[str, tuple[str | None, dict[int, dict[str, float]]]] = {}
+        # job progress on the monitor's clock: the newest step seen and since when
+        self._progress: tuple[tuple, float] | None = None
+        self._progress_noted_at: float | None = None
+        self._stalled_sweeps = 0
+        # stuck_starting: (url, pid, started_at) -> monitor time first seen without a quorum
+        self._starting: dict[tuple, float] = {}
+        self.last_lags: dict[int, float] = {}  # replica_group -> how long the others waited (s)
         self.last_error: str | None = None
 
     # --- public ----------------------------------------------------------------------
@@ -153,10 +268,8 @@ class Detectors:
         reason = None
         try:
             self._remember_groups(view)
-            if self._lag_candidates(view) or any(m.straggler_windows for m in
-                                                 self._groups.values()):
-                reason = "straggler"
-            elif self._stall(view, now)[0]:
+            self._note_progress(view, now)
+            if self._stall(view, now)[0]:
                 reason = "hang"
             elif self._commit_failures_rose(view):
                 reason = "commit_failures"
@@ -172,30 +285,36 @@ class Detectors:
         return [r.url for g in view.groups.values() for r in g.reachable]
 
     def update(self, view: ClusterView, dumps: Mapping[int, dict] | None = None,
-               now: float | None = None) -> list[Finding]:
-        """Fold one sweep (and the dumps :meth:`fr_wanted` asked for); returns newly confirmed."""
+               now: float | None = None, full_view: ClusterView | None = None) -> list[Finding]:
+        """Fold one sweep (and the dumps :meth:`fr_wanted` asked for); returns newly confirmed.
+
+        ``view`` holds the ranks whose answers count as evidence; ``full_view`` (default: the
+        same) every rank the monitor polls, which only ``stuck_starting`` reads."""
         now = self.clock() if now is None else now
         new: list[Finding] = []
         self._remember_groups(view)
-        steps = [self._dead, self._hang, self._straggler, self._mismatch]
+        self._note_progress(view, now)
         traces: dict[int, RankTrace] = {}
         analysis = None
         if dumps:
             try:
                 traces, errors = normalize_dumps(dumps)
                 for err in errors:
-                    log.warning("Flight Recorder dump of rank %s left out: %s", err["rank"], err["error"])
+                    log.warning("Flight Recorder dump of rank %s left out: %s", err["rank"],
+                                err["error"])
                 analysis = engine_findings(self.analyzer(traces))
             except Exception as e:
                 log.exception("Flight Recorder analysis failed")
                 self.last_error = f"analysis: {type(e).__name__}: {e}"
-        for step in steps:
+        steps = [(self._dead, view), (self._hang, view), (self._straggler, view),
+                 (self._mismatch, view), (self._stuck_starting, full_view or view)]
+        for step, v in steps:
             try:
-                new.extend(step(view, dumps or {}, traces, analysis, now))
+                new.extend(step(v, dumps or {}, traces, analysis, now))
             except Exception as e:
                 log.exception("detector %s failed", step.__name__)
                 self.last_error = f"{step.__name__}: {type(e).__name__}: {e}"
-        self._resolve_gone(view, now)
+        self._resolve_gone(view, full_view or view, now)
         self._commit_failures = {u: int(r.state.get("commit_failures") or 0)
                                  for u, r in view.ranks.items() if r.reachable and r.state}
         return new
@@ -207,19 +326,27 @@ class Detectors:
             mem = self._groups.get(g)
             if mem is None or (rid is not None and mem.replica_id != rid):
                 if mem is not None:
-                    self._resolve_group(g, "replaced", self.clock(), keep_kind="dead")
+                    self._resolve_group(g, "replaced", self.clock(),
+                                        keep_kinds=("dead", "stuck_starting"))
                 self._groups[g] = _GroupMemory(rid)
 
     def _open_or_get(self, kind: str, gv: GroupView, ranks: list[int], ev: dict[str, Any],
-                     first_seen: float, now: float) -> Finding | None:
+                     first_seen: float, now: float, view: ClusterView,
+                     replica_id: Any = ...) -> Finding | None:
         """Open a confirmed finding unless one with the same key is already open."""
-        key = (kind, gv.replica_group, gv.replica_id)
+        rid = gv.replica_id if replica_id is ... else replica_id
+        culprits = describe_ranks(view, ranks, now)
+        ev = {**ev, "culprit_ranks": list(ranks),
+              "culprit_hosts": [c["host"] for c in culprits], "culprits": culprits}
+        key = (kind, gv.replica_group, rid)
         if key in self._open:
             self._open[key].evidence = ev
             return None
-        f = Finding(kind, gv.replica_group, gv.replica_id, ranks, ev, first_seen, now)
+        f = Finding(kind, gv.replica_group, rid, ranks, ev, first_seen, now)
         self._open[key] = f
-        log.warning("confirmed %s in replica group %d (ranks %s)", kind, gv.replica_group, ranks)
+        hosts = sorted({str(c["host"]) for c in culprits})
+        log.warning("confirmed %s in replica group %d: rank(s) %s on %s", kind, gv.replica_group,
+                    ranks, ", ".join(hosts))
         return f
 
     def _resolve(self, key: tuple, how: str, now: float) -> None:
@@ -228,17 +355,22 @@ class Detectors:
             f.resolved_at, f.resolution = now, how
             self._resolved.append(f)
 
-    def _resolve_group(self, g: int, how: str, now: float, keep_kind: str | None = None) -> None:
-        for key in [k for k in self._open if k[1] == g and k[0] != keep_kind]:
+    def _resolve_kind(self, kind: str, g: int, how: str, now: float) -> None:
+        for key in [k for k in self._open if k[0] == kind and k[1] == g]:
             self._resolve(key, how, now)
 
-    def _resolve_gone(self, view: ClusterView, now: float) -> None:
+    def _resolve_group(self, g: int, how: str, now: float,
+                       keep_kinds: tuple[str, ...] = ()) -> None:
+        for key in [k for k in self._open if k[1] == g and k[0] not in keep_kinds]:
+            self._resolve(key, how, now)
+
+    def _resolve_gone(self, view: ClusterView, full: ClusterView, now: float) -> None:
         for key in list(self._open):
-            kind, g, rid = key
-            gv = view.groups.get(g)
+            kind, g, _rid = key
+            gv = (full if kind == "stuck_starting" else view).groups.get(g)
             if gv is None:
                 self._resolve(key, "gone", now)
-            elif kind != "dead" and not gv.reachable:
+            elif kind not in ("dead", "stuck_starting") and not gv.reachable:
                 self._resolve(key, "left_job", now)
 
     def _commit_failures_rose(self, view: ClusterView) -> bool:
@@ -259,48 +391,82 @@ class Detectors:
                 out.setdefault(int(rank), d["replica_group"])
         return out
 
-    # --- dead ------------------------------------------------------------------------
+    # --- dead and dead_rank ----------------------------------------------------------
     def _dead(self, view, dumps, traces, analysis, now) -> list[Finding]:
         new = []
-        dead_groups: dict[int, list] = {}
-        for r in view.ranks.values():
-            if r.superseded or r.replica_group is None:
-                continue
-            if not r.reachable and r.failures >= self.cfg.dead_sweeps:
-                dead_groups.setdefault(r.replica_group, []).append(r)
         for g, gv in view.groups.items():
-            key = ("dead", g, gv.replica_id)
-            ranks = dead_groups.get(g)
-            if not ranks:
-                self._resolve(key, "reachable", now)
+            rid = gv.replica_id
+            down = [r for r in gv.ranks if not r.reachable and not r.superseded
+                    and r.failures >= self.cfg.dead_sweeps]
+            # group rank 0 runs the group's torchft Manager: alive, it heartbeats to the Lighthouse
+            manager_up = [r for r in gv.reachable if r.state.get("group_rank") == 0
+                          and r.replica_id == rid and rid is not None]
+            lost = [r for r in down if r.replica_id == rid and r.state
+                    and r.state.get("group_rank") != 0]
+            if manager_up and lost:
+                self._resolve(("dead", g, rid), "rank_dead_in_live_group", now)
+                ranks = sorted(r.rank for r in lost if r.rank is not None)
+                ev = {"unreachable": self._unreachable(lost),
+                      "alive": sorted(r.rank for r in gv.reachable if r.rank is not None),
+                      "manager_rank": manager_up[0].rank,
+                      "why": "the group's Manager (group rank 0) still heartbeats, so torchft "
+                             "keeps the group in the quorum and every group waits for these "
+                             "ranks until its timeouts"}
+                f = self._open_or_get("dead_rank", gv, ranks, ev,
+                                      min(r.unreachable_since or now for r in lost), now, view)
+                if f:
+                    new.append(f)
                 continue
-            ev = {"unreachable": {str(r.rank): {"url": r.url, "reason": r.reason,
-                                                 "error": r.error, "sweeps": r.failures,
-                                                 "since": r.unreachable_since} for r in ranks},
-                  "group_ranks_unreachable": len(ranks), "group_ranks": len(gv.ranks)}
-            f = self._open_or_get("dead", gv, sorted({r.rank for r in ranks if r.rank is not None}),
-                                  ev, min(r.unreachable_since or now for r in ranks), now)
+            self._resolve_kind("dead_rank", g, "group_dead" if down else "reachable", now)
+            if not down:
+                self._resolve(("dead", g, rid), "reachable", now)
+                continue
+            ev = {"unreachable": self._unreachable(down), "group_ranks_unreachable": len(down),
+                  "group_ranks": len(gv.ranks)}
+            f = self._open_or_get("dead", gv, sorted({r.rank for r in down if r.rank is not None}),
+                                  ev, min(r.unreachable_since or now for r in down), now, view)
             if f:
                 new.append(f)
         return new
 
+    @staticmethod
+    def _unreachable(ranks: list[RankView]) -> dict[str, Any]:
+        return {str(r.rank): {"url": r.url, "reason": r.reason, "error": r.error,
+                              "sweeps": r.failures, "since": r.unreachable_since}
+                for r in ranks}
+
     # --- hang ------------------------------------------------------------------------
-    def _stall(self, view: ClusterView, now: float) -> tuple[bool, float, float]:
-        """(stalled, seconds since the last finished step, threshold)."""
-        groups = view.in_quorum()
-        med = view.median_step_seconds() or 0.0
-        threshold = max(self.cfg.hang_floor_s, self.cfg.hang_factor * med)
-        last = [r.state.get("last_step_at") for g in groups for r in g.reachable]
-        last = [float(t) for t in last if isinstance(t, (int, float))]
-        if len(groups) < 2 or not last:
-            return False, 0.0, threshold
-        stall = now - max(last)
-        waiting = [r for g in groups for r in g.reachable if r.state["phase"] == "allreduce"
-                   and now - float(r.state["phase_since"]) >= threshold]
-        return (stall >= threshold and bool(waiting)), stall, threshold
+    def _note_progress(self, view: ClusterView, now: float) -> None:
+        """Count the sweeps (the monitor's own clock) since the in-quorum groups' steps moved."""
+        if self._progress_noted_at == now:
+            return  # fr_wanted and update of one sweep: counted once
+        self._progress_noted_at = now
+        steps = tuple(sorted((g.replica_group, g.step or 0) for g in view.in_quorum()))
+        if self._progress is None or self._progress[0] != steps:
+            self._progress = (steps, now)
+            self._stalled_sweeps = 0
+        else:
+            self._stalled_sweeps += 1
+
+    def _hang_threshold(self, view: ClusterView) -> float:
+        return max(self.cfg.hang_floor_s, self.cfg.hang_factor * (view.median_step_seconds() or 0))
+
+    def _stall(self, view: ClusterView, now: float) -> tuple[bool, float, float, dict[int, tuple]]:
+        """(stalled, longest collective wait (s), threshold, {rank: (scope, seconds)} of the
+        ranks blocked in a collective at least that long)."""
+        threshold = self._hang_threshold(view)
+        waits: dict[int, tuple[str, float]] = {}
+        for g in view.in_quorum():
+            for r in g.reachable:
+                scope, secs = collective_wait(r.state, now)
+                if scope is not None and secs >= threshold and r.rank is not None:
+                    waits[r.rank] = (scope, secs)
+        stalled = bool(waits) and self._stalled_sweeps >= 1
+        longest = max((s for _, s in waits.values()), default=0.0)
+        return stalled, longest, threshold, waits
 
     def _hang(self, view, dumps, traces, analysis, now) -> list[Finding]:
-        stalled, stall, threshold = self._stall(view, now)
+        stalled, longest, threshold, waits = self._stall(view, now)
         if not stalled:
             for key in [k for k in self._open if k[0] == "hang"]:
                 self._resolve(key, "progress", now)
@@ -309,133 +475,146 @@ class Detectors:
             return []
         newest_q = view.quorum_id
         rank_group = self._rank_group(view, dumps)
+        in_quorum = {g.replica_group for g in view.in_quorum()}
+        hangs = [h for h in analysis if h["kind"] == "hang"]
+        cross: dict[int, list[dict]] = {}
+        inner: dict[int, dict] = {}
+        for h in hangs:
+            if h["replica_group"] is not None:  # a process group inside one replica group
+                inner.setdefault(int(h["replica_group"]), h)
+            elif h["quorum_id"] in (None, newest_q):
+                for r in h["culprits"]:
+                    g = rank_group.get(r)
+                    if g is not None and h not in cross.setdefault(g, []):
+                        cross[g].append(h)
         new = []
-        for h in analysis:
-            if h["kind"] != "hang" or h["quorum_id"] not in (None, newest_q):
+        for g in sorted(set(cross) | set(inner)):
+            gv = view.groups.get(g)
+            if gv is None or g not in in_quorum:
                 continue
-            waiting_ok = [r for r in h["waiting"] if self._rank_waiting(view, r, now, threshold)]
-            if not waiting_ok:
-                continue  # nobody actually waits that long: not (yet) a hang
-            by_group: dict[int, list[int]] = {}
-            for r in h["culprits"]:
-                g = rank_group.get(r)
-                if g is not None:
-                    by_group.setdefault(g, []).append(r)
-            for g, ranks in by_group.items():
-                gv = view.groups.get(g)
-                if gv is None or not self._ranks_not_waiting(view, ranks):
+            h_in = inner.get(g)
+            peers_blocked = [r for r in (h_in["waiting"] if h_in else []) if r in waits
+                             and waits[r][0] == "group"]
+            if h_in and h_in["culprits"] and peers_blocked and all(
+                    rank_group.get(r) == g for r in h_in["culprits"]) and \
+                    self._not_waiting(view, h_in["culprits"], now, "group"):
+                level, ranks, found = "in_group", list(h_in["culprits"]), [h_in]
+                waiting = peers_blocked
+            else:
+                ranks = sorted({r for h in cross.get(g, []) for r in h["culprits"]
+                                if rank_group.get(r) == g})
+                waiting = sorted({r for h in cross.get(g, []) for r in h["waiting"]
+                                  if r in waits})
+                if not ranks or not waiting or not self._not_waiting(view, ranks, now, "cross"):
                     continue
-                ev = {"stalled_s": round(stall, 3), "threshold_s": round(threshold, 3),
-                      "median_step_s": view.median_step_seconds(), "pending_seq": h["seq"],
-                      "quorum_id": h["quorum_id"], "never_arrived": ranks,
-                      "waiting_ranks": h["waiting"],
-                      "phases": self._phases(view, ranks + waiting_ok, now),
-                      "analysis": h["raw"]}
-                f = self._open_or_get("hang", gv, ranks, ev, now - stall, now)
-                if f:
-                    new.append(f)
+                level, found = "cross_group", cross[g]
+            pending = found[0]["raw"]
+            ev = {"level": level, "stalled_s": round(longest, 3),
+                  "threshold_s": round(threshold, 3),
+                  "median_step_s": view.median_step_seconds(),
+                  "pending": {"pg": pending.get("pg"), "replica_group": pending.get("replica_group"),
+                              "quorum_id": pending.get("quorum_id"), "seq": pending.get("seq"),
+                              "op": pending.get("op")},
+                  "pending_seq": pending.get("seq"), "quorum_id": newest_q,
+                  "never_arrived": ranks, "waiting_ranks": waiting,
+                  "waits": {str(r): {"scope": waits[r][0], "seconds": round(waits[r][1], 3)}
+                            for r in waiting},
+                  "phases": self._phases(view, ranks + waiting, now),
+                  "analysis": [h["raw"] for h in found]
+                  + [h["raw"] for h in cross.get(g, []) if h not in found]}
+            f = self._open_or_get("hang", gv, ranks, ev, now - longest, now, view)
+            if f:
+                new.append(f)
         return new
 
     @staticmethod
-    def _rank_view(view: ClusterView, rank: int):
-        for r in view.ranks.values():
-            if r.rank == rank and not r.superseded:
-                return r
-        return None
-
-    def _rank_waiting(self, view, rank, now, threshold) -> bool:
-        r = self._rank_view(view, rank)
-        return bool(r and r.reachable and r.state["phase"] == "allreduce"
-                    and now - float(r.state["phase_since"]) >= threshold)
-
-    def _ranks_not_waiting(self, view, ranks) -> bool:
-        """True when no culprit rank is itself in the all_reduce (then it is not the one late)."""
+    def _not_waiting(view: ClusterView, ranks: list[int], now: float, scope: str) -> bool:
+        """True when no culprit is itself blocked inside a collective of ``scope`` (then it is
+        not the one that never came)."""
         for rank in ranks:
-            r = self._rank_view(view, rank)
-            if r is not None and r.reachable and r.state["phase"] == "allreduce":
+            r = _rank_view(view, rank)
+            if r is not None and r.reachable and collective_wait(r.state, now)[0] == scope:
                 return False
         return True
 
-    def _phases(self, view, ranks, now) -> dict[str, Any]:
+    @staticmethod
+    def _phases(view: ClusterView, ranks: list[int], now: float) -> dict[str, Any]:
         out = {}
         for rank in ranks:
-            r = self._rank_view(view, rank)
+            r = _rank_view(view, rank)
             if r is None or not r.state:
                 continue
+            scope, secs = current_wait(r.state)
             out[str(rank)] = {"phase": r.state["phase"], "reachable": r.reachable,
-                              "for_s": round(now - float(r.state["phase_since"]), 3),
-                              "step": r.state["step"]}
+                              "step": r.state["step"], "host": r.state.get("host"),
+                              "waiting": None if scope is None else
+                              {"scope": scope, "seconds": round(secs or 0.0, 3)}}
         return out
 
     # --- straggler -------------------------------------------------------------------
-    def _lag_candidates(self, view: ClusterView) -> list[int]:
-        """Groups that compute while a peer group already waits in the all_reduce (one sample)."""
-        groups = view.in_quorum()
-        if len(groups) < 2:
-            return []
-        step = max((g.step or 0) for g in groups)
-        at_step = [g for g in groups if g.step == step]
-        waiting = {g.replica_group for g in at_step
-                   if g.reachable and all(r.state["phase"] == "allreduce" for r in g.reachable)}
-        if not waiting:
-            return []
-        lagging = [g.replica_group for g in at_step if g.replica_group not in waiting
-                   and any(r.state["phase"] in COMPUTE_PHASES for r in g.reachable)]
-        for g in groups:
-            mem = self._groups.get(g.replica_group)
-            if mem is not None:
-                mem.lag_samples.append(g.replica_group in lagging)
-        return lagging
+    def _collect_steps(self, view: ClusterView) -> None:
+        """Fold every reachable rank's served per-step timings into the per-rank memory."""
+        for url, r in view.ranks.items():
+            if not r.reachable or not r.state:
+                continue
+            rows = step_timings(r.state)
+            rid = r.replica_id
+            known = self._steps.get(url)
+            if known is None or known[0] != rid:
+                known = (rid, {})
+                self._steps[url] = known
+            by_step = known[1]
+            for row in rows:
+                by_step[row["step"]] = row
+            if len(by_step) > STEP_MEMORY:
+                for s in sorted(by_step)[:len(by_step) - STEP_MEMORY]:
+                    del by_step[s]
+        for url in [u for u in self._steps if u not in view.ranks]:
+            del self._steps[url]
 
     def _straggler(self, view, dumps, traces, analysis, now) -> list[Finding]:
+        self._collect_steps(view)
         groups = {g.replica_group: g for g in view.in_quorum()}
         if len(groups) < 2:
+            self.last_lags = {}
             return []
-        if not traces:
+        # each group's ranks with their per-step timings (all reachable ranks must serve them)
+        # (a rank that serves no timing at all, e.g. an older WorkerServer, is left out; a group
+        # with none cannot be judged, and then no group is)
+        members: dict[int, list[tuple[RankView, dict[int, dict]]]] = {}
+        for g, gv in groups.items():
+            rows = [(r, self._steps.get(r.url, (None, {}))[1]) for r in gv.reachable
+                    if r.replica_id == gv.replica_id]
+            rows = [(r, by_step) for r, by_step in rows if by_step]
+            if not rows:
+                self.last_lags = {}
+                return []
+            members[g] = rows
+        common = set.intersection(*(set(by_step) for rows in members.values()
+                                    for _, by_step in rows))
+        window = sorted(common)[-self.cfg.straggler_steps:]
+        if len(window) < self.cfg.straggler_steps:
             return []
-        rank_group = self._rank_group(view, dumps)
-        lags = arrival_lags({r: t for r, t in traces.items() if rank_group.get(r) in groups},
-                            last=self.cfg.straggler_steps)
-        if not lags:
-            return []
-        newest_q = max((x.quorum_id for x in lags if x.quorum_id is not None), default=None)
-        lags = [x for x in lags if x.quorum_id == newest_q]
-        # per collective: each group's lag = its slowest rank's
-        per_seq: list[dict[int, float]] = []
-        for x in lags:
-            gl: dict[int, float] = {}
-            for rank, lag in x.lags_s.items():
-                g = rank_group.get(rank)
-                if g is not None:
-                    gl[g] = max(gl.get(g, 0.0), lag)
-            if len(gl) >= 2:
-                per_seq.append(gl)
-        if not per_seq:
-            return []
-        newest = (newest_q, max(x.seq for x in lags))
-        med_step = view.median_step_seconds() or 0.0
+        cross = {s: {g: max(by_step[s]["wait_cross_s"] for _, by_step in rows)
+                     for g, rows in members.items()} for s in window}
+        med_step = _median(by_step[s]["step_s"] for rows in members.values()
+                           for _, by_step in rows for s in window)
         threshold = max(self.cfg.straggler_min_lag_s, self.cfg.straggler_rel_lag * med_step)
-        need = max(1, math.ceil(0.75 * len(per_seq)))
-        self.last_lags = {g: statistics.median(s.get(g, 0.0) for s in per_seq) for g in groups}
+        need = math.ceil(0.75 * len(window))
+        lags = {g: [_median(v for h, v in cross[s].items() if h != g) - cross[s][g]
+                    for s in window] for g in groups}
+        self.last_lags = {g: round(max(0.0, _median(v)), 4) for g, v in lags.items()}
         new = []
         for g, gv in groups.items():
             mem = self._groups.get(g)
-            if mem is None:
-                continue
-            last_count = sum(1 for s in per_seq if max(s, key=s.get) == g and s[g] >= threshold)
-            med_lag = self.last_lags.get(g, 0.0)
-            others = [v for k, v in self.last_lags.items() if k != g]
-            passes = (len(per_seq) >= min(2, self.cfg.straggler_steps) and last_count >= need
-                      and med_lag >= threshold
-                      and med_lag > (statistics.median(others) if others else 0.0) + threshold)
+            if mem is None or mem.straggler_newest == window[-1]:
+                continue  # no newer steps since the last evaluation: nothing new to judge
+            mem.straggler_newest = window[-1]
+            med_lag = _median(lags[g])
+            late = sum(1 for v in lags[g] if v >= threshold)
             key = ("straggler", g, gv.replica_id)
-            if mem.straggler_last_seq == newest:
-                continue  # no new collectives since the last window: nothing new to judge
-            mem.straggler_last_seq = newest
-            if not passes:
-                mem.straggler_windows = 0
-                mem.straggler_first_seen = None
-                mem.straggler_lags = []
+            if late < need or med_lag < threshold:
+                mem.straggler_windows, mem.straggler_first_seen, mem.straggler_lags = 0, None, []
                 if key in self._open:
                     self._resolve(key, "caught_up", now)
                 continue
@@ -445,19 +624,41 @@ class Detectors:
                 mem.straggler_first_seen = now
             if mem.straggler_windows < self.cfg.straggler_windows:
                 continue
-            ranks = sorted(r for r, gg in rank_group.items() if gg == g and r in dumps)
-            engine_says = [h["raw"] for h in analysis or [] if h["kind"] == "straggler"
-                           and any(rank_group.get(r) == g for r in h["culprits"])]
+            ranks, in_group = self._late_ranks(members[g], window, threshold)
             ev = {"median_lag_s": round(med_lag, 4), "threshold_s": round(threshold, 4),
-                  "median_step_s": med_step, "last_in": f"{last_count}/{len(per_seq)}",
-                  "windows": mem.straggler_windows, "window_lags_s": mem.straggler_lags[-10:],
-                  "peer_lags_s": {str(k): round(v, 4) for k, v in self.last_lags.items()},
-                  "quorum_id": newest_q, "newest_seq": newest[1],
-                  "phases": self._phases(view, ranks, now), "analysis": engine_says}
-            f = self._open_or_get("straggler", gv, ranks, ev, mem.straggler_first_seen, now)
+                  "median_step_s": round(med_step, 4), "late_in": f"{late}/{len(window)}",
+                  "steps": [window[0], window[-1]], "windows": mem.straggler_windows,
+                  "window_lags_s": mem.straggler_lags[-10:],
+                  "peer_lags_s": {str(k): v for k, v in self.last_lags.items()},
+                  "cross_wait_s": {str(h): round(_median(cross[s][h] for s in window), 4)
+                                   for h in groups},
+                  "in_group": in_group, "quorum_id": view.quorum_id,
+                  "phases": self._phases(view, [r.rank for r, _ in members[g]
+                                                if r.rank is not None], now),
+                  "evidence": "each rank's own per-step wait times (no clocks compared)"}
+            f = self._open_or_get("straggler", gv, ranks, ev, mem.straggler_first_seen, now, view)
             if f:
                 new.append(f)
         return new
+
+    @staticmethod
+    def _late_ranks(rows: list[tuple[RankView, dict[int, dict]]], window: list[int],
+                    threshold: float) -> tuple[list[int], dict[str, Any]]:
+        """The ranks of a late group its peers wait for: in-group wait at least ``threshold``
+        below the median of the others'. None standing out: every rank (the group is slow)."""
+        per_rank = {r.rank: {k: round(_median(by_step[s][k] for s in window), 4)
+                             for k in ("wait_group_s", "compute_s", "wait_cross_s")}
+                    for r, by_step in rows if r.rank is not None}
+        late = []
+        if len(per_rank) >= 2:
+            for rank, m in per_rank.items():
+                others = _median(v["wait_group_s"] for k, v in per_rank.items() if k != rank)
+                if others - m["wait_group_s"] >= threshold:
+                    late.append(rank)
+        verdict = ("the rank(s) its peers wait for inside the group" if late else
+                   "no rank stands out: the whole group is late")
+        info = {"verdict": verdict, "ranks": {str(k): v for k, v in sorted(per_rank.items())}}
+        return sorted(late) if late else sorted(per_rank), info
 
     # --- mismatch --------------------------------------------------------------------
     def _mismatch(self, view, dumps, traces, analysis, now) -> list[Finding]:
@@ -471,11 +672,16 @@ class Detectors:
             culprits = list(m["culprits"])
             how = "majority"
             if not m["has_majority"]:
-                culprits = [int(r) for r in m["raw"].get("departs_from_history") or []]
-                how = "own_history"
+                culprits = departs_from_step_pattern(traces, m["raw"])
+                how = "step_pattern"
+                if not culprits:
+                    culprits = [int(r) for r in m["raw"].get("departs_from_history") or []]
+                    how = "own_history"
+                participants = [r for v in m["raw"].get("variants") or [] for r in v["ranks"]]
+                if len(culprits) >= len(participants):
+                    culprits = []  # everyone "departs": that singles nobody out
             if not culprits:
                 continue  # no way to tell who is wrong: report nothing we cannot back
-            ident = (m["quorum_id"], m["raw"].get("group_rank"), m["seq"], tuple(culprits))
             by_group: dict[int, list[int]] = {}
             for r in culprits:
                 g = rank_group.get(r)
@@ -487,10 +693,120 @@ class Detectors:
                 gv = view.groups.get(g)
                 if gv is None:
                     continue
-                ev = {"quorum_id": m["quorum_id"], "seq": m["seq"], "culprit_ranks": ranks,
+                ev = {"quorum_id": m["quorum_id"], "seq": m["seq"],
+                      "pg": m["raw"].get("pg"), "level": "in_group"
+                      if m["replica_group"] is not None else "cross_group",
                       "attributed_by": how, "analysis": m["raw"]}
-                f = self._open_or_get("mismatch", gv, ranks, ev, now, now)
+                f = self._open_or_get("mismatch", gv, ranks, ev, now, now, view)
                 if f:
-                    self._seen_mismatch.add(ident)
                     new.append(f)
         return new
+
+    # --- stuck_starting --------------------------------------------------------------
+    def _stuck_starting(self, full, dumps, traces, analysis, now) -> list[Finding]:
+        seen = set()
+        stuck: dict[int, list[RankView]] = {}
+        for r in full.ranks.values():
+            s = r.state
+            if not r.reachable or not s or r.replica_group is None:
+                continue
+            if int(s["quorum_id"]) >= 0:
+                continue
+            ident = (r.url, s.get("pid"), s.get("started_at"))
+            seen.add(ident)
+            first = self._starting.setdefault(ident, now)
+            if now - first >= self.cfg.starting_timeout_s:
+                stuck.setdefault(r.replica_group, []).append(r)
+        for ident in [i for i in self._starting if i not in seen]:
+            del self._starting[ident]
+        new = []
+        for g, gv in full.groups.items():
+            ranks = stuck.get(g)
+            if not ranks:
+                self._resolve_kind("stuck_starting", g, "started", now)
+                continue
+            verified = self._groups.get(g)
+            rid = verified.replica_id if verified else None
+            if rid is not None and any(r.replica_id not in (None, rid) for r in ranks):
+                rid = None
+            first = min(self._starting[(r.url, r.state.get("pid"), r.state.get("started_at"))]
+                        for r in ranks)
+            ev = {"starting_timeout_s": self.cfg.starting_timeout_s,
+                  "for_s": round(now - first, 1),
+                  "ranks": {str(r.rank): {
+                      "phase": r.state.get("phase"), "replica_id": r.replica_id,
+                      "verified": bool(getattr(getattr(r, "trust", None), "evidence", True)),
+                      "why": "no torchft Manager yet (waiting for the group's store or rank 0)"
+                      if not r.replica_id else "the Manager exists but no quorum was formed "
+                      "(Lighthouse unreachable, or the group's other ranks never asked)"}
+                      for r in ranks}}
+            f = self._open_or_get("stuck_starting", gv, sorted(r.rank for r in ranks
+                                                               if r.rank is not None),
+                                  ev, first, now, full, replica_id=rid)
+            if f:
+                new.append(f)
+        return new
+
+
+# --- mismatch attribution -------------------------------------------------------------------
+
+def _period(sigs: list[int | None], skip: int, max_period: int = 128) -> int | None:
+    """The shortest period with which a rank's collectives repeat (one training step's pattern),
+    judged on its own history without position ``skip``; None when none holds for 9 in 10."""
+    n = len(sigs)
+    for p in range(1, min(max_period, n // 3) + 1):
+        same = total = 0
+        allowed = 0.1 * (n - p)  # give up on this period once too many positions disagree
+        for i in range(p, n):
+            if i == skip or i - p == skip or sigs[i] is None or sigs[i - p] is None:
+                continue
+            total += 1
+            if sigs[i] == sigs[i - p]:
+                same += 1
+            elif total - same > allowed:
+                break
+        if total >= 2 * p and same >= 0.9 * total:
+            return p
+    return None
+
+
+def _expected(sigs: list[int | None], i: int, p: int) -> int | None:
+    """What the repeating pattern puts at position ``i``: the nearest period-aligned neighbour."""
+    for k in range(1, 4):
+        for j in (i - k * p, i + k * p):
+            if 0 <= j < len(sigs) and sigs[j] is not None:
+                return sigs[j]
+    return None
+
+
+def departs_from_step_pattern(traces: Mapping[int, RankTrace], raw: Mapping[str, Any]) -> list[int]:
+    """Participants of a mismatch whose collective at its sequence id breaks their own repeating
+    per-step pattern, when at least one other participant's follows its pattern.
+
+    Training repeats the same collectives every step (FSDP gathers each unit in turn, a cross-group
+    all_reduce per step), so the op at a sequence id is predictable from the same rank's earlier
+    and later steps. A rank that issued something else there departs; a rank whose pattern
+    predicts exactly what it issued does not. Empty when that does not single anyone out (no
+    period, or every participant departs)."""
+    key = GroupKey(raw.get("pg"), raw.get("replica_group"), raw.get("quorum_id"),
+                   raw.get("group_rank"))
+    seq = raw.get("seq")
+    if not isinstance(seq, int):
+        return []
+    departs, conforms = [], []
+    for v in raw.get("variants") or []:
+        for rank in v.get("ranks") or []:
+            t = traces.get(rank)
+            row = t.groups.get(key) if t is not None else None
+            if row is None or not row.first_seq <= seq <= row.last_seq:
+                continue
+            # the steps around it are enough to see the pattern (and keep this cheap)
+            lo = max(0, seq - row.first_seq - 600)
+            sigs = row.sigs[lo:seq - row.first_seq + 300]
+            i = seq - row.first_seq - lo
+            p = _period(sigs, i)
+            expected = None if p is None else _expected(sigs, i, p)
+            if expected is None:
+                continue
+            (conforms if expected == sigs[i] else departs).append(rank)
+    return sorted(departs) if departs and conforms else []

@@ -1,4 +1,12 @@
-"""Detectors on synthetic views and Flight Recorder dumps: what counts as a finding, what not."""
+"""Detectors on synthetic views, per-step timings and Flight Recorder dumps: what counts as a
+finding, who is named, and what does not count.
+
+The job here is what a real FT-HSDP job serves (3 replica groups x 2 ranks unless a test says
+otherwise): every rank's ``/v1/state`` with ``timing.recent`` (its own per-step compute and wait
+seconds, on its own clock) and a gloo Flight Recorder dump with the replica group's own process
+group ``"0"`` (FSDP's collectives) and torchft's cross-group incarnation. The real thing is tested
+end to end in tests/test_monitor_e2e_multirank.py.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +16,7 @@ import pytest
 
 from monitor.analysis import RankTrace, analyze
 from monitor.config import DetectorConfig
-from monitor.detectors import Detectors
+from monitor.detectors import Detectors, departs_from_step_pattern
 from monitor.discovery import Target
 from monitor.poller import RankPoll
 from monitor.view import ViewBuilder
@@ -16,33 +24,80 @@ from tests.support.frgen import FRJob
 from tests.support.monitor_sim import rank_state
 
 T0 = 1_795_000_000.0
+# FSDP's in-group collectives of one step (3 units: gathered in forward, again in backward, then
+# reduce-scattered): several sizes of one op, as in a real dump
+IN_GROUP_STEP = [("all_gather", [[300]]), ("all_gather", [[1000]]), ("all_gather", [[1000]]),
+                 ("all_gather", [[1000]]), ("all_gather", [[1000]]),
+                 ("reduce_scatter", [[1000]]), ("reduce_scatter", [[1000]]),
+                 ("reduce_scatter", [[300]])]
 
 
 class Job:
-    """Three single-rank replica groups: states for the view and an FRJob for the dumps."""
+    """``groups`` replica groups of ``ranks`` ranks: /v1/state documents and gloo dumps."""
 
-    def __init__(self, groups: int = 3, step_s: float = 0.2, seed: int = 0) -> None:
-        self.n = groups
-        self.step_s = step_s
+    def __init__(self, groups: int = 3, ranks: int = 2, step_s: float = 0.25, seed: int = 0,
+                 host_skew_ms: float = 0.0) -> None:
+        self.n, self.ranks, self.step_s = groups, ranks, step_s
+        self.world = groups * ranks
         self.rng = random.Random(seed)
-        self.fr = FRJob(world_size=groups, flavour="gloo", replica_group_size=1, jitter_ms=5,
-                        compute_ms=step_s * 1000, seed=seed)
+        hosts = {r: f"host-g{r // ranks}" for r in range(self.world)}
+        self.fr = FRJob(world_size=self.world, flavour="gloo", replica_group_size=ranks,
+                        jitter_ms=5, compute_ms=step_s * 1000, seed=seed, hosts=hosts,
+                        skew_ms=host_skew_ms)
         self.fr.quorum(3, list(range(groups)))
-        self.states = [rank_state(r, r, participants=groups, quorum_id=3, step=0, now=T0)
-                       for r in range(groups)]
+        self.states = []
+        for r in range(self.world):
+            s = rank_state(r, r // ranks, participants=groups, quorum_id=3, step=0, now=T0)
+            s.update(group_rank=r % ranks, group_world_size=ranks, host=hosts[r],
+                     local_rank=r % ranks, timing={"recent": [], "waiting": None,
+                                                   "last_step": None, "window": None})
+            self.states.append(s)
         self.vb = ViewBuilder()
-        self.targets = [Target(f"http://127.0.0.1:{9000 + r}", "static") for r in range(groups)]
+        self.targets = [Target(f"http://127.0.0.1:{9000 + r}", "static") for r in range(self.world)]
         self.down: set[int] = set()
+        self.step = 0
 
-    def steps(self, n: int, delay_ms: dict[int, float] | None = None, now: float = T0) -> None:
+    def group_of(self, rank: int) -> int:
+        return rank // self.ranks
+
+    def steps(self, n: int, *, late_group: dict[int, float] | None = None,
+              slow_rank: dict[int, float] | None = None, noise: float = 0.03,
+              now: float = T0) -> None:
+        """``n`` committed steps. ``late_group`` {group: s}: the whole group arrives s late at
+        the cross-group all_reduce; ``slow_rank`` {rank: s}: one rank computes s longer, its group
+        peers wait for it in-group, then every other group waits for the group."""
+        late_group, slow_rank = late_group or {}, slow_rank or {}
         for _ in range(n):
-            self.fr.ft_collective("all_reduce", [[1000]], delay_ms=delay_ms)
+            extra = dict(late_group)
+            for r, s in slow_rank.items():
+                extra[self.group_of(r)] = max(extra.get(self.group_of(r), 0.0), s)
+            worst = max(extra.values(), default=0.0)
+            for r, s in enumerate(self.states):
+                g = self.group_of(r)
+                cross = self.rng.uniform(0.01, 0.01 + noise) + (worst - extra.get(g, 0.0))
+                group = self.rng.uniform(0.005, 0.005 + noise)
+                peers_slow = [q for q in slow_rank if self.group_of(q) == g and q != r]
+                group += max((slow_rank[q] for q in peers_slow), default=0.0)
+                compute = self.step_s * 0.3 + slow_rank.get(r, 0.0)
+                row = {"step": self.step, "compute_s": compute, "wait_cross_s": cross,
+                       "wait_group_s": group, "step_s": compute + cross + group}
+                s["timing"]["recent"] = (s["timing"]["recent"] + [row])[-16:]
+                s["timing"]["last_step"] = row
+            if self.ranks > 1:
+                for g in range(self.n):
+                    for op, sizes in IN_GROUP_STEP:
+                        self.fr.collective("0", op, sizes, members=self.members(g))
+            self.fr.ft_collective("all_reduce", [[1000]])
+            self.step += 1
         for s in self.states:
-            s["step"] += n
-            s["recent_step_seconds"] = [self.step_s * self.rng.uniform(0.8, 1.3)
-                                        for _ in range(16)]
+            s["step"] = self.step
+            s["recent_step_seconds"] = [r["step_s"] for r in s["timing"]["recent"]]
             s["last_step_at"] = now
             s["phase"], s["phase_since"] = "forward", now
+            s["timing"]["waiting"] = None
+
+    def members(self, g: int) -> list[int]:
+        return list(range(g * self.ranks, (g + 1) * self.ranks))
 
     def view(self, now: float):
         polls = {t.url: (RankPoll(t.url, True, data=dict(s)) if r not in self.down
@@ -53,107 +108,239 @@ class Job:
     def dumps(self):
         return {r: d for r, d in self.fr.dumps().items() if r not in self.down}
 
+    def wait(self, rank: int, scope: str | None, seconds: float = 0.0, phase: str | None = None):
+        s = self.states[rank]
+        s["timing"]["waiting"] = None if scope is None else {"scope": scope, "seconds": seconds}
+        if phase:
+            s["phase"] = phase
 
-def sweep(det: Detectors, job: Job, now: float):
+
+def sweep(det: Detectors, job: Job, now: float, full=None):
     view = job.view(now)
     wanted = det.fr_wanted(view, now)
-    return det.update(view, job.dumps() if wanted else None, now)
+    return det.update(view, job.dumps() if wanted else None, now, full_view=full)
+
+
+def run(det: Detectors, job: Job, sweeps: int, now: float, per_sweep: int = 3, **kw):
+    found = []
+    for _ in range(sweeps):
+        now += 1.0
+        job.steps(per_sweep, now=now, **kw)
+        found += [(now, f) for f in sweep(det, job, now)]
+    return found, now
 
 
 def test_healthy_noisy_job_has_no_findings():
     job = Job(seed=1)
-    det = Detectors(DetectorConfig(fr_interval_s=1.0))
+    det = Detectors(DetectorConfig(fr_interval_s=4.0))
     now = T0
     for i in range(60):
         now += 1.0
-        job.steps(5, delay_ms={r: random.Random(i * 7 + r).uniform(0, 60) for r in range(3)},
-                  now=now - 0.05)
-        job.states[i % 3]["phase"] = "backward"  # someone is always a little behind
-        for r in range(3):
-            if r != i % 3:
-                job.states[r]["phase"] = "allreduce"
-        assert sweep(det, job, now) == []
+        # everyone is noisy; now and then one rank has a bad step, never the same one for long
+        spike = {i % job.world: 0.3} if i % 7 == 0 else None
+        job.steps(3, slow_rank=spike, noise=0.08, now=now)
+        assert sweep(det, job, now) == [], i
     assert det.open_findings() == []
 
 
-def test_straggler_needs_consecutive_windows_then_confirms():
+def test_slow_rank_names_its_group_then_itself_and_its_host():
     job = Job()
-    det = Detectors(DetectorConfig(straggler_windows=3))
+    det = Detectors(DetectorConfig(straggler_steps=6, straggler_windows=2))
     now = T0
     job.steps(10, now=now)
-    sweep(det, job, now)
-    confirmed = []
-    for i in range(6):
+    assert sweep(det, job, now) == []
+    found, _ = run(det, job, 5, now, slow_rank={3: 0.4})
+    assert len(found) == 1
+    t, f = found[0]
+    assert (f.kind, f.replica_group, f.ranks) == ("straggler", 1, [3])
+    assert f.evidence["culprit_hosts"] == ["host-g1"]
+    assert f.evidence["culprits"][0]["group_rank"] == 1
+    assert f.evidence["median_lag_s"] == pytest.approx(0.4, abs=0.06)
+    assert t >= T0 + 2  # not on the first window
+    per_rank = f.evidence["in_group"]["ranks"]
+    assert per_rank["2"]["wait_group_s"] - per_rank["3"]["wait_group_s"] > 0.3
+    assert det.last_lags[1] == pytest.approx(0.4, abs=0.06) and det.last_lags[0] == 0.0
+
+
+def test_a_whole_late_group_names_every_rank():
+    job = Job()
+    det = Detectors(DetectorConfig())
+    job.steps(10, now=T0)
+    found, _ = run(det, job, 5, T0, late_group={2: 0.5})
+    assert [(f.kind, f.replica_group, f.ranks) for _, f in found] == [("straggler", 2, [4, 5])]
+    assert "whole group" in found[0][1].evidence["in_group"]["verdict"]
+
+
+def test_one_groups_clock_half_a_second_ahead_is_no_straggler_and_the_real_one_is_found():
+    """Host clocks are never compared: group 0's enqueue times, phase_since and last_step_at
+    are 0.5 s ahead (what a skewed host serves), and only the per-step waits count."""
+    job = Job(host_skew_ms=0)
+    for r in job.members(0):  # FR enqueue times on group 0's host run 0.5 s ahead
+        job.fr._ranks[r].clock_offset_ns += 500_000_000
+    det = Detectors(DetectorConfig(fr_interval_s=1.0))
+    now = T0
+    for _ in range(20):
         now += 1.0
-        job.steps(2, delay_ms={2: 600}, now=now)
-        job.states[2]["phase"] = "backward"
-        job.states[0]["phase"] = job.states[1]["phase"] = "allreduce"
-        new = sweep(det, job, now)
-        confirmed += [(i, f) for f in new]
-    assert len(confirmed) == 1
-    i, f = confirmed[0]
-    assert i >= 2  # not on the first window
-    assert (f.kind, f.replica_group, f.ranks) == ("straggler", 2, [2])
-    assert f.evidence["median_lag_s"] == pytest.approx(0.6, abs=0.05)
-    assert f.evidence["windows"] >= 3
-    assert f.first_seen < f.confirmed_at
+        job.steps(3, now=now)
+        for r in job.members(0):
+            job.states[r]["last_step_at"] += 0.5
+            job.states[r]["phase_since"] += 0.5
+        assert sweep(det, job, now) == []
+    found, _ = run(det, job, 5, now, slow_rank={4: 0.4})
+    assert [(f.kind, f.replica_group, f.ranks) for _, f in found] == [("straggler", 2, [4])]
 
 
-def test_one_spike_is_not_a_straggler():
+def test_one_slow_step_is_not_a_straggler():
     job = Job()
     det = Detectors(DetectorConfig())
     now = T0
     job.steps(10, now=now)
     for i in range(8):
         now += 1.0
-        job.steps(3, delay_ms={1: 900} if i == 2 else None, now=now)
-        if i == 2:
-            job.states[1]["phase"] = "backward"
-            job.states[0]["phase"] = job.states[2]["phase"] = "allreduce"
+        job.steps(1, slow_rank={3: 0.9} if i == 2 else None, now=now)
+        job.steps(2, now=now)
         assert sweep(det, job, now) == []
 
 
-def test_hang_confirmed_with_the_rank_that_never_arrived():
+def test_in_group_hang_names_the_rank_that_never_entered_the_collective():
     job = Job()
-    cfg = DetectorConfig(hang_floor_s=3.0, hang_factor=3.0)
-    det = Detectors(cfg)
+    det = Detectors(DetectorConfig(hang_floor_s=3.0, hang_factor=3.0))
     now = T0
     job.steps(20, now=now)
     sweep(det, job, now)
-    # group 1 hangs before its all_reduce; 0 and 2 enqueue theirs and wait
-    job.fr.ft_collective("all_reduce", [[1000]], absent=[1])
-    job.states[1].update(phase="backward", phase_since=now + 0.1)
-    for r in (0, 2):
-        job.states[r].update(phase="allreduce", phase_since=now + 0.15)
+    # group 1's rank 3 hangs before its forward: rank 2 blocks in FSDP's all-gather, and the
+    # other groups' ranks in the cross-group all_reduce group 1 never reaches
+    job.fr.collective("0", "all_gather", [[300]], members=job.members(1), absent=[3])
+    for g in (0, 2):
+        for op, sizes in IN_GROUP_STEP:
+            job.fr.collective("0", op, sizes, members=job.members(g))
+    job.fr.ft_collective("all_reduce", [[1000]], absent=[2, 3])
     found = []
     for t in (1.0, 2.0, 3.5, 4.5):
+        for r in (0, 1, 4, 5):
+            job.wait(r, "cross", t - 0.2, phase="allreduce")
+        job.wait(2, "group", t - 0.1)
+        job.wait(3, None)
         found += sweep(det, job, now + t)
         if t < 3.0:
             assert found == []  # below the threshold: not yet
-    assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("hang", 1, [1])]
+    assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("hang", 1, [3])]
     ev = found[0].evidence
-    assert ev["never_arrived"] == [1] and ev["waiting_ranks"] == [0, 2]
+    assert ev["level"] == "in_group" and ev["never_arrived"] == [3] and ev["waiting_ranks"] == [2]
+    assert ev["pending"]["op"] == "all_gather" and ev["pending"]["replica_group"] == 1
+    assert ev["culprit_hosts"] == ["host-g1"] and ev["culprits"][0]["waiting"] is None
     assert ev["threshold_s"] == pytest.approx(3.0)
     # progress resumes: the hang is resolved
     job.steps(1, now=now + 6)
     sweep(det, job, now + 6.2)
+    sweep(det, job, now + 7.2)
     assert det.open_findings() == []
     assert det.resolved_findings()[-1].resolution == "progress"
 
 
-def test_stall_without_pending_collective_is_not_a_hang():
+def test_cross_group_hang_of_single_rank_groups_names_the_missing_group():
+    job = Job(ranks=1)
+    det = Detectors(DetectorConfig())
+    now = T0
+    job.steps(20, now=now)
+    sweep(det, job, now)
+    job.fr.ft_collective("all_reduce", [[1000]], absent=[1])
+    found = []
+    for t in (1.0, 2.0, 3.5, 4.5):
+        for r in (0, 2):
+            job.wait(r, "cross", t - 0.2, phase="allreduce")
+        job.states[1]["phase"] = "backward"
+        found += sweep(det, job, now + t)
+    assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("hang", 1, [1])]
+    assert found[0].evidence["level"] == "cross_group"
+    assert found[0].evidence["waiting_ranks"] == [0, 2]
+
+
+def test_waiting_for_a_quorum_is_not_a_hang():
     job = Job()
     det = Detectors(DetectorConfig())
     now = T0
     job.steps(20, now=now)
-    for s in job.states:  # everyone waits for a quorum (torchft's business, not a hang)
-        s.update(phase="quorum", phase_since=now)
     for t in range(1, 10):
+        for r in range(job.world):  # the quorum is torchft's business, not a collective
+            job.wait(r, "cross", float(t), phase="quorum")
         assert sweep(det, job, now + t) == []
 
 
-def test_mismatch_attributed_to_the_minority():
+def test_dead_rank_in_a_live_group_then_the_group_dead():
     job = Job()
+    det = Detectors(DetectorConfig(dead_sweeps=3))
+    job.steps(5, now=T0)
+    sweep(det, job, T0)
+    job.down = {3}  # group 1's rank 1 died; rank 2 (its Manager) still answers
+    out = [sweep(det, job, T0 + i) for i in (1, 2, 3)]
+    assert out[0] == [] and out[1] == []
+    [f] = out[2]
+    assert (f.kind, f.replica_group, f.ranks) == ("dead_rank", 1, [3])
+    assert f.evidence["alive"] == [2] and f.evidence["manager_rank"] == 2
+    assert f.evidence["culprit_hosts"] == ["host-g1"] and f.first_seen == T0 + 1
+    # its Manager rank goes too: the group died whole; torchft drops it (reported only)
+    job.down = {2, 3}
+    new = [f for t in (4, 5, 6) for f in sweep(det, job, T0 + t)]
+    assert [(f.kind, f.replica_group, f.ranks) for f in new] == [("dead", 1, [3])]
+    assert [f.kind for f in det.open_findings()] == ["dead"]
+    assert [(f.kind, f.resolution) for f in det.resolved_findings()] == \
+        [("dead_rank", "group_dead")]
+    job.down = set()
+    sweep(det, job, T0 + 7)
+    assert det.open_findings() == []
+
+
+def test_a_dead_manager_rank_is_dead_not_dead_rank():
+    job = Job()
+    det = Detectors(DetectorConfig(dead_sweeps=2))
+    job.steps(5, now=T0)
+    sweep(det, job, T0)
+    job.down = {2}  # group rank 0: the Manager's process; torchft stops seeing the group
+    found = [f for i in (1, 2, 3) for f in sweep(det, job, T0 + i)]
+    assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("dead", 1, [2])]
+
+
+def test_stuck_starting_from_every_polled_rank_with_its_replica_id_only_when_verified():
+    job = Job()
+    det = Detectors(DetectorConfig(starting_timeout_s=10))
+    job.steps(5, now=T0)
+    for r in job.members(2):  # group 2 never reached a quorum; no Manager yet
+        job.states[r].update(quorum_id=-1, phase="starting", replica_id=None, step=0,
+                             participating=False)
+    found = []
+    for t in (0, 5, 9, 10.5, 12):
+        found += [(t, f) for f in sweep(det, job, T0 + t)]
+    assert [(t, f.kind, f.replica_group, f.ranks) for t, f in found] == \
+        [(10.5, "stuck_starting", 2, [4, 5])]
+    f = found[0][1]
+    assert f.replica_id is None  # no verified replica id: nothing an eviction could name
+    assert f.evidence["ranks"]["4"]["why"].startswith("no torchft Manager yet")
+    assert f.evidence["culprit_hosts"] == ["host-g2", "host-g2"]
+    for r in job.members(2):
+        job.states[r].update(quorum_id=3, phase="forward", replica_id="replica_group_2:sim")
+    sweep(det, job, T0 + 13)
+    assert det.open_findings() == []
+    assert det.resolved_findings()[-1].resolution == "started"
+
+
+def test_stuck_starting_reads_the_full_view_not_only_evidence():
+    job = Job()
+    det = Detectors(DetectorConfig(starting_timeout_s=1))
+    job.steps(5, now=T0)
+    job.states[5].update(quorum_id=-1, phase="quorum")
+    evidence_targets = job.targets[:5]  # rank 5 is not verified: only the full view has it
+    full = job.view(T0 + 2)
+    evidence = ViewBuilder().update(evidence_targets, {
+        u: RankPoll(u, True, data=dict(job.states[r]))
+        for r, u in enumerate(t.url for t in evidence_targets)}, now=T0 + 2)
+    det.update(evidence, None, T0, full_view=job.view(T0))
+    found = det.update(evidence, None, T0 + 2, full_view=full)
+    assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("stuck_starting", 2, [5])]
+
+
+def test_mismatch_attributed_to_the_minority():
+    job = Job(ranks=1)
     det = Detectors(DetectorConfig())
     job.steps(10, now=T0)
     assert sweep(det, job, T0) == []  # remembers commit failures (and a first periodic look)
@@ -167,7 +354,7 @@ def test_mismatch_attributed_to_the_minority():
 
 def test_mismatch_between_two_survivors_uses_own_history():
     """The third group crashed on the mismatch: two dumps disagree, the odd one is the culprit."""
-    job = Job()
+    job = Job(ranks=1)
     det = Detectors(DetectorConfig())
     job.steps(10, now=T0)
     assert sweep(det, job, T0) == []
@@ -178,36 +365,44 @@ def test_mismatch_between_two_survivors_uses_own_history():
     found = sweep(det, job, T0 + 1)
     mism = [f for f in found if f.kind == "mismatch"]
     assert [(f.replica_group, f.ranks) for f in mism] == [(2, [2])]
-    assert mism[0].evidence["attributed_by"] == "own_history"
+    assert mism[0].evidence["attributed_by"] in ("step_pattern", "own_history")
 
 
-def test_dead_after_n_sweeps_and_resolved_when_back():
+def test_in_group_mismatch_of_two_ranks_is_attributed_by_the_step_pattern():
+    """Two ranks, no majority; FSDP gathers several sizes per step, so "the variant it usually
+    issues" names both. The repeating per-step pattern names the one that broke it."""
     job = Job()
-    det = Detectors(DetectorConfig(dead_sweeps=3))
-    job.steps(5, now=T0)
-    sweep(det, job, T0)
-    job.down = {2}
-    out = [sweep(det, job, T0 + i) for i in (1, 2, 3)]
-    assert out[0] == [] and out[1] == []
-    assert [(f.kind, f.replica_group) for f in out[2]] == [("dead", 2)]
-    job.down = set()
-    sweep(det, job, T0 + 4)
-    assert det.open_findings() == []
+    det = Detectors(DetectorConfig(fr_interval_s=1.0))
+    job.steps(30, now=T0)
+    assert sweep(det, job, T0) == []
+    # step 30: rank 5 issues its first all-gather of the step as integers; rank 4 as usual
+    for g in range(3):
+        for i, (op, sizes) in enumerate(IN_GROUP_STEP):
+            job.fr.collective("0", op, sizes, members=job.members(g),
+                              dtypes={5: "Int"} if g == 2 and i == 0 else None)
+    job.fr.ft_collective("all_reduce", [[1000]])
+    job.steps(3, now=T0 + 2)
+    found = sweep(det, job, T0 + 2)
+    assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("mismatch", 2, [5])]
+    ev = found[0].evidence
+    assert ev["attributed_by"] == "step_pattern" and ev["level"] == "in_group"
+    assert ev["analysis"]["departs_from_history"] != [5]  # the engine's own rule cannot tell
+    assert ev["culprit_hosts"] == ["host-g2"]
+
+
+def test_step_pattern_names_nobody_without_a_pattern():
+    assert departs_from_step_pattern({}, {"seq": 3, "pg": "0", "variants": []}) == []
+    assert departs_from_step_pattern({}, {"seq": None}) == []
 
 
 def test_new_replica_id_starts_clean():
     job = Job()
     det = Detectors(DetectorConfig(straggler_windows=2))
-    now = T0
-    job.steps(10, now=now)
-    for _ in range(3):
-        now += 1
-        job.steps(2, delay_ms={2: 600}, now=now)
-        job.states[2]["phase"] = "backward"
-        job.states[0]["phase"] = job.states[1]["phase"] = "allreduce"
-        sweep(det, job, now)
+    job.steps(10, now=T0)
+    found, now = run(det, job, 4, T0, late_group={2: 0.6})
     assert [f.kind for f in det.open_findings()] == ["straggler"]
-    job.states[2]["replica_id"] = "replica_group_2:restarted"
+    for r in job.members(2):
+        job.states[r]["replica_id"] = "replica_group_2:restarted"
     now += 1
     job.steps(2, now=now)
     sweep(det, job, now)
@@ -215,19 +410,7 @@ def test_new_replica_id_starts_clean():
     assert det.resolved_findings()[-1].resolution == "replaced"
 
 
-def straggle(det: Detectors, job: Job, sweeps: int, now: float = T0) -> list:
-    """Group 2 enqueues every all_reduce 0.6 s after the others, for ``sweeps`` sweeps."""
-    found = []
-    for _ in range(sweeps):
-        now += 1.0
-        job.steps(2, delay_ms={2: 600}, now=now)
-        job.states[2]["phase"] = "backward"
-        job.states[0]["phase"] = job.states[1]["phase"] = "allreduce"
-        found += sweep(det, job, now)
-    return found
-
-
-def test_each_sweep_normalizes_every_dump_once_for_analysis_and_lags(monkeypatch):
+def test_each_sweep_normalizes_every_dump_once(monkeypatch):
     import monitor.analysis.engine as engine
 
     normalized: list[int] = []
@@ -245,23 +428,35 @@ def test_each_sweep_normalizes_every_dump_once_for_analysis_and_lags(monkeypatch
 
     monkeypatch.setattr(engine, "normalize", counting_normalize)
     job = Job()
-    det = Detectors(DetectorConfig(straggler_windows=3), analyzer=analyzer)
+    det = Detectors(DetectorConfig(fr_interval_s=1.0), analyzer=analyzer)
     job.steps(10, now=T0)
-    found = straggle(det, job, 4)
-    assert [(f.kind, f.replica_group) for f in found] == [("straggler", 2)]
-    assert seen and all(isinstance(t, RankTrace) for traces in seen for t in traces.values())
+    run(det, job, 3, T0)
+    assert len(seen) == 3 and all(isinstance(t, RankTrace) for tr in seen for t in tr.values())
     assert sorted(normalized) == sorted(r for traces in seen for r in traces)  # once per sweep
 
 
 def test_a_foreign_dump_is_left_out_and_the_others_are_still_judged():
-    job = Job()
+    job = Job(ranks=1)
     real_dumps = job.dumps
     job.dumps = lambda: {**real_dumps(), 0: {"not": "a Flight Recorder dump"}}
-    det = Detectors(DetectorConfig(straggler_windows=3))
+    det = Detectors(DetectorConfig(fr_interval_s=1.0))
     job.steps(10, now=T0)
-    found = straggle(det, job, 5)
-    assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("straggler", 2, [2])]
-    assert found[0].evidence["median_lag_s"] == pytest.approx(0.6, abs=0.05)
+    assert sweep(det, job, T0) == []
+    job.fr.ft_collective("all_reduce", [[1000]], rank_sizes={2: [[1001]]})
+    job.steps(1, now=T0 + 2)
+    found = sweep(det, job, T0 + 2)
+    assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("mismatch", 2, [2])]
+    assert det.last_error is None
+
+
+def test_malformed_timing_is_left_out_not_fatal():
+    job = Job()
+    det = Detectors(DetectorConfig())
+    job.steps(10, now=T0)
+    job.states[1]["timing"] = {"recent": [{"step": "x"}, None, {"step": 3, "step_s": -1}],
+                               "waiting": {"scope": 3}}
+    job.states[2]["timing"] = "garbage"
+    assert sweep(det, job, T0 + 1) == []
     assert det.last_error is None
 
 

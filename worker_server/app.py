@@ -1,7 +1,8 @@
 """Flask app factory for the WorkerServer: thin, read-only routes over plain functions.
 
-Every debug route is GET-only; the one route that changes state, fault injection, is off
-unless the process opts in with a handler and a token. An unknown path or a bad parameter answers 4xx with a JSON error;
+Every debug route is GET-only; the two routes that change state, fault injection and exit (a
+monitor ending a rank of an evicted group), are off unless the process opts in with a handler and
+a token. An unknown path or a bad parameter answers 4xx with a JSON error;
 an endpoint that fails inside answers 500 with the reason, and the server keeps serving.
 """
 
@@ -71,10 +72,13 @@ def create_app(
     fr_dumper: Callable[..., bytes] = fr_dump,
     fault_handler: Callable[[str], Any] | None = None,
     fault_token: str | None = None,
+    exit_handler: Callable[[str], Any] | None = None,
+    exit_token: str | None = None,
 ) -> Flask:
-    """The WorkerServer's routes. ``fault_handler`` + ``fault_token`` opt in to the one
-    state-changing route, ``POST /v1/faults`` (fault injection for tests and the demo); without
-    both it answers 403."""
+    """The WorkerServer's routes. ``fault_handler`` + ``fault_token`` opt in to ``POST
+    /v1/faults`` (fault injection for tests and the demo), ``exit_handler`` + ``exit_token`` to
+    ``POST /v1/exit`` (the process ends: a monitor finishing an eviction); without both a route
+    answers 403."""
     app = Flask("lightkeeper.worker_server")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY  # 413 beyond it (a fault spec is a short line)
     metrics = metrics or WorkerMetrics(state)
@@ -123,6 +127,19 @@ def create_app(
         except ValueError as e:
             raise BadParameter(str(e)) from None
         return jsonify(injected=spec, faults=state.faults)
+
+    @app.post("/v1/exit")
+    def v1_exit():
+        if exit_handler is None or not exit_token:
+            return jsonify(error="exit is disabled on this rank (start it with "
+                                 "LIGHTKEEPER_EXIT_TOKEN set to let a monitor end it)",
+                           status=403), 403
+        if not bearer_matches(exit_token):
+            return jsonify(error="missing or wrong bearer token", status=401), 401
+        body = request.get_json(silent=True)
+        reason = body.get("reason") if isinstance(body, dict) else None
+        exit_handler(reason if isinstance(reason, str) else "POST /v1/exit")
+        return jsonify(exiting=True, pid=state.identity.pid, rank=state.identity.rank), 202
 
     @app.errorhandler(BadParameter)
     def bad_parameter(e: BadParameter):

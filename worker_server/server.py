@@ -31,6 +31,18 @@ from .state import RankIdentity, RankState
 log = logging.getLogger(__name__)
 
 REGISTER_INTERVAL_S = 5.0
+EXIT_STATUS = 1  # as torchft's Manager exits on the Lighthouse's kill
+
+
+def exit_process(reason: str, delay_s: float = 0.2) -> None:
+    """End this process ``delay_s`` from now (the HTTP answer goes out first), whatever its
+    training thread is doing: blocked in a collective or hung, it could not be asked to stop.
+    ``os._exit`` skips cleanup; the OS frees the process's ports, memory and devices."""
+    log.warning("exiting (status %d): %s", EXIT_STATUS, reason)
+    print(f"[lightkeeper] exiting (status {EXIT_STATUS}): {reason}", flush=True)
+    timer = threading.Timer(delay_s, os._exit, args=(EXIT_STATUS,))
+    timer.daemon = True
+    timer.start()
 
 
 class WorkerServer:
@@ -38,12 +50,15 @@ class WorkerServer:
 
     def __init__(self, state: RankState, tracker: IncarnationTracker | None = None,
                  host: str = "127.0.0.1", port: int = 0, threads: int = 4,
-                 fr_dumper=fr_dump, fault_handler=None, fault_token: str | None = None) -> None:
+                 fr_dumper=fr_dump, fault_handler=None, fault_token: str | None = None,
+                 exit_token: str | None = None) -> None:
         self.state = state
         self.tracker = tracker or IncarnationTracker(state.identity.group_rank)
         self.metrics = WorkerMetrics(state)
         self.app = create_app(state, self.tracker, self.metrics, fr_dumper=fr_dumper,
-                              fault_handler=fault_handler, fault_token=fault_token)
+                              fault_handler=fault_handler, fault_token=fault_token,
+                              exit_handler=exit_process if exit_token else None,
+                              exit_token=exit_token)
         # waitress: a real WSGI server with a small thread pool; one slow /v1/fr_trace does not
         # block /healthz or /v1/stacks.
         self._http = BackgroundWSGIServer(self.metrics.count_cpu(self.app), host=host, port=port,
@@ -64,7 +79,8 @@ class WorkerServer:
 
         Unset arguments come from the environment torchft users already have:
         ``REPLICA_GROUP_ID``, ``RANK``, ``WORLD_SIZE``, ``TORCHFT_LIGHTHOUSE``, ``LIGHTKEEPER_JOB``.
-        ``fault_handler(spec)`` with ``LIGHTKEEPER_FAULT_TOKEN`` set enables ``POST /v1/faults``.
+        ``fault_handler(spec)`` with ``LIGHTKEEPER_FAULT_TOKEN`` set enables ``POST /v1/faults``;
+        ``LIGHTKEEPER_EXIT_TOKEN`` enables ``POST /v1/exit`` (:func:`exit_process`).
         Raises ``OSError`` when the port cannot be bound.
         """
         env = os.environ
@@ -83,6 +99,7 @@ class WorkerServer:
             host=host or env.get("LIGHTKEEPER_WORKER_HOST", "127.0.0.1"),
             port=int(port if port is not None else env.get("LIGHTKEEPER_WORKER_PORT", 0)),
             fault_handler=fault_handler, fault_token=env.get("LIGHTKEEPER_FAULT_TOKEN") or None,
+            exit_token=env.get("LIGHTKEEPER_EXIT_TOKEN") or None,
         )
         if manager is not None:
             server.attach(manager)
