@@ -23,12 +23,12 @@ from typing import Any
 
 from http_serving import BackgroundWSGIServer, bearer_token_matches
 
-from .actions import Lighthouse
+from .actions import Lighthouse, Orphans, RankExits
 from .admission import NotAllowed, Unauthorized
 from .app import create_app
 from .config import MonitorConfig
 from .decisions import Situation, decide
-from .detectors import Analyzer, Detectors, Finding
+from .detectors import KINDS, Analyzer, Detectors, Finding
 from .discovery import BadTarget, Discovery, Target, TooManyTargets
 from .lighthouse_status import LighthouseReader, LighthouseStatus
 from .metrics import MonitorMetrics
@@ -61,6 +61,8 @@ class Monitor:
         self.detectors = Detectors(cfg.detectors, analyzer, clock=clock)
         self.store = Store(cfg.state_path)
         self.lighthouse = Lighthouse(cfg.lighthouse, cfg.kill_timeout_s)
+        self.orphans = Orphans(RankExits(cfg.rank_exit_token, cfg.kill_timeout_s),
+                               cfg.orphan_grace_s)
         self.lighthouse_reader = LighthouseReader(cfg.lighthouse, cfg.lighthouse_timeout_s) \
             if cfg.lighthouse else None
         self.lighthouse_status: LighthouseStatus | None = None
@@ -134,9 +136,12 @@ class Monitor:
         polls = self.poller.sweep([t.url for t in targets])
         # after the ranks: a real rank is never ahead of the Lighthouse read after it
         if self.lighthouse_reader is not None:
-            self.lighthouse_status, self.lighthouse_error = self.lighthouse_reader.read()
-            if self.lighthouse_error:
-                log.warning("cannot verify ranks: %s", self.lighthouse_error)
+            status, error = self.lighthouse_reader.read()
+            if error and error != self.lighthouse_error:  # once per new error, not per sweep
+                log.warning("cannot verify ranks, evictions held: %s", error)
+            elif not error and self.lighthouse_error:
+                log.warning("the Lighthouse answers again: verifying ranks")
+            self.lighthouse_status, self.lighthouse_error = status, error
         now = self.clock()
         view = self.views.update(targets, polls, now=now)
         for url, trust in verify(view, self.lighthouse_status, self.lighthouse_error,
@@ -146,7 +151,7 @@ class Monitor:
         for url in self.discovery.forget_unreachable(self.views.unreachable_since(), now):
             log.info("forgot %s: unreachable for %.0fs", url, self.cfg.forget_after_s)
         dumps = self._fetch_fr(evidence, now)
-        new = self.detectors.update(evidence, dumps, now)
+        new = self.detectors.update(evidence, dumps, now, full_view=view)
         self._record_findings(new, now)
         self._decide_all(view, evidence, now)
         self._confirm_evictions(view, now)
@@ -292,6 +297,10 @@ class Monitor:
         for d in self.store.pending_confirmations():
             rid = d["replica_id"]
             still = [r for r in view.ranks.values() if r.reachable and r.replica_id == rid]
+            note = self.orphans.follow(d["id"], rid, still, now - d["at"])  # ranks kill misses
+            if note:
+                d["detail"] = f"{d['detail']}; {note}"
+                self.store.update_decision(d["id"], detail=d["detail"])
             if not still:
                 q = view.quorum_id
                 self.store.update_decision(d["id"], status="confirmed", confirmed_at=now,
@@ -335,7 +344,7 @@ class Monitor:
         counts: dict[str, int] = {}
         for f in self.detectors.open_findings():
             counts[f.kind] = counts.get(f.kind, 0) + 1
-        for kind in ("straggler", "hang", "mismatch", "dead"):
+        for kind in KINDS:
             m.open_findings.labels(job, kind).set(counts.get(kind, 0))
         in_quorum = {g.replica_group for g in evidence.in_quorum()}
         meds = {g: gv.median_step_seconds() for g, gv in evidence.groups.items()}

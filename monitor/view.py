@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from .discovery import Target
@@ -66,6 +66,14 @@ class RankView:
     @property
     def replica_id(self) -> str | None:
         return self.state.get("replica_id") if self.state else None
+
+    def copy(self) -> RankView:
+        """A shallow copy whose ``superseded`` the view it goes into decides afresh (~4x
+        cheaper than dataclasses.replace; one per rank per sweep)."""
+        c = object.__new__(RankView)
+        c.__dict__.update(self.__dict__)
+        c.superseded = False
+        return c
 
     def recent_steps(self) -> list[float]:
         cached = self.__dict__.get("_recent")
@@ -172,7 +180,7 @@ class ClusterView:
 
     def evidence(self) -> ClusterView:
         """The same sweep with only the ranks whose answers count as evidence (``trust``)."""
-        ranks = {u: replace(r, superseded=False) for u, r in self.ranks.items()
+        ranks = {u: r.copy() for u, r in self.ranks.items()
                  if r.trust is not None and r.trust.evidence}
         return ClusterView(at=self.at, ranks=ranks, sweep_seconds=self.sweep_seconds)
 
