@@ -383,7 +383,7 @@ class Demo:
                     self.event("detected", f["replica_group"],
                                f"{f['kind']} (ranks {f.get('ranks')}"
                                + (f", culprit ranks {culprits}" if culprits is not None else "")
-                               + (f" on {', '.join(hosts)}" if hosts else "")
+                               + (f" on {', '.join(dict.fromkeys(hosts))}" if hosts else "")
                                + f") at {self.rel(f['confirmed_at']):.1f}s")
         evictions = self.monitor_get("/v1/evictions")
         if evictions is not None:

@@ -88,13 +88,10 @@ class Observation:
 
 
 def finding_culprits(f: dict) -> tuple[list[int] | None, list[str] | None]:
-    """(culprit ranks, culprit hosts) as the monitor serves them on a finding; None where the
-    finding does not carry them (the evidence's copy counts when the top level has none)."""
+    """(culprit ranks, their hosts) as the monitor serves them on a finding (its
+    ``evidence.culprit_ranks`` and ``evidence.culprit_hosts``); None where it names none."""
     ev = f.get("evidence") if isinstance(f.get("evidence"), dict) else {}
-    ranks = f.get("culprit_ranks", ev.get("culprit_ranks"))
-    hosts = f.get("culprit_hosts", ev.get("culprit_hosts"))
-    if hosts is None and isinstance(f.get("culprit_host", ev.get("culprit_host")), str):
-        hosts = [f.get("culprit_host", ev.get("culprit_host"))]
+    ranks, hosts = ev.get("culprit_ranks"), ev.get("culprit_hosts")
     return (None if ranks is None else [int(r) for r in ranks],
             None if hosts is None else [str(h) for h in hosts])
 

@@ -180,7 +180,7 @@ def _culprit(f: dict) -> str:
         out = "(ranks " + ", ".join(str(r) for r in f.get("finding_ranks") or f["ranks"]) + ")"
     else:
         return "—"
-    hosts = f.get("culprit_hosts")
+    hosts = list(dict.fromkeys(f.get("culprit_hosts") or []))  # each host once, in order
     return out + (f" on {', '.join(hosts)}" if hosts else "")
 
 

@@ -79,6 +79,7 @@ def test_default_scenario(tmp_path):
     for f, kind in ((slow, "straggler"), (hang, "hang")):
         assert f["given"] == "live" and f["host"] == node_name(), f
         assert f["detected_kind"] == kind, f
+        assert f["culprit_ranks"] == [f["rank"]], f  # the rank, not its group or its rank 0
         # injected, then struck (the rank's own report), then caught
         assert f["injected_at_s"] <= f["struck_at_s"] < f["detected_at_s"], f
         assert f["detected_at_s"] <= f["evicted_at_s"] + 1.0, f
@@ -133,15 +134,14 @@ def test_a_fault_given_at_start_is_reported_when_and_where_it_struck(rank_fault_
     assert "| 1 | `slow_compute:delay=0.6,from_step=15,rank=1` | group 1 rank 1 (rank 3" in out
 
 
-@pytest.mark.xfail(strict=True, reason="the monitor does not yet name culprit ranks and their "
-                                       "host on a straggler finding (monitor/detectors.py, "
-                                       "being built)")
 def test_the_monitor_names_the_culprit_rank_and_host(rank_fault_run):
-    r, _, _ = rank_fault_run
+    """The finding that caught it names global rank 3 on its host (the monitor's evidence)."""
+    r, out, _ = rank_fault_run
     [f] = r["faults"]
     assert f["culprit_ranks"] == [3] and f["culprit_hosts"] == [node_name()], f
     caught = [d for d in r["detections"] if d["kind"] == "straggler"]
     assert caught and all(d["culprit_ranks"] == [3] for d in caught), caught
+    assert f"| straggler in group 1 | rank 3 on {node_name()} |" in out
 
 
 def test_dry_run_evicts_nothing(tmp_path):

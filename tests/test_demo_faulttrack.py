@@ -86,7 +86,7 @@ def test_the_whole_story_with_the_times_the_parts_report():
 
 def test_culprits_are_taken_from_the_finding():
     tr = track()
-    finding = dict(FINDING, culprit_ranks=[3], culprit_hosts=["node-a"])
+    finding = dict(FINDING, evidence={"culprit_ranks": [3], "culprit_hosts": ["node-a"]})
     tr.update(obs(30.0, strikes=[STRIKE], findings=[finding]))
     assert tr.record["culprit_ranks"] == [3] and tr.record["culprit_hosts"] == ["node-a"]
 
