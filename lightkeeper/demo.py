@@ -446,7 +446,7 @@ class Demo:
             evictions=self.evictions,
             restarts=[(e["replica_group"], e["t"]) for e in self.events
                       if e["kind"] == "restarted"],
-            samples=self.samples, dry_run=bool(self.args.dry_run))
+            samples=self.samples)
 
     def follow_stories(self) -> None:
         open_tracks = [tr for tr in self.tracks if not tr.done]
@@ -456,6 +456,9 @@ class Demo:
         for tr in open_tracks:
             for kind, detail in tr.update(obs):
                 self.event(kind, tr.group, detail)
+        still = [f"fault {tr.index}: {tr.describe()}" for tr in open_tracks if not tr.done]
+        if still:
+            self.status = "; ".join(still)
 
     def deadlines(self) -> Deadlines:
         sc = self.sc

@@ -72,7 +72,6 @@ class Observation:
     evictions: list[dict]                       # monitor /v1/evictions (decisions)
     restarts: list[tuple[int, float]]           # (group, demo seconds) per supervisor restart
     samples: list[dict] = field(default_factory=list)  # every rank sample so far
-    dry_run: bool = False
 
     def unix(self, t: float) -> float:
         return self.t0_unix + t
@@ -181,7 +180,8 @@ class FaultTrack:
             first = min(mine, key=lambda s: s.at_unix)
             r["struck_at_s"] = obs.rel(first.at_unix)
             r["host"] = first.host
-            r["rank"] = first.rank if r["group_rank"] is not None else r["rank"]
+            if r["group_rank"] is not None:
+                r["rank"] = first.rank
             self._since_unix = first.at_unix
             self._next("detection", max(obs.t, r["struck_at_s"]), self.dl.detect_s)
             events.append(("struck", f"{r['spec']} struck group {self.group} "

@@ -171,6 +171,13 @@ def test_a_crash_is_caught_as_dead_once_the_process_is_gone():
     assert tr.stage == "rejoin"  # restarted without an eviction
 
 
+def test_describe_says_where_the_story_stands():
+    tr = track()
+    assert tr.describe() == f"{SPEC} in group 1 rank 1: waiting for strike (until 60s)"
+    tr.update(obs(60.0))
+    assert tr.describe() == f"{SPEC} in group 1 rank 1: never struck"
+
+
 def test_stop_says_where_the_story_stood():
     tr = track()
     tr.update(obs(26.0, strikes=[STRIKE]))
