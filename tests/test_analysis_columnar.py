@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from monitor.analysis import columnar, model
+from monitor.analysis import analyze, columnar, model
 from monitor.analysis.columnar import normalize_columnar
 from monitor.analysis.model import DumpFormatError, normalize
 from tests.support.frgen import FRJob, plain_dump, steady_dump
@@ -64,13 +64,16 @@ def scoped_to_a_replica_group() -> dict[int, dict]:
 
 
 def numbers_of_different_types() -> dict[int, dict]:
-    # 8, 8.0 and True are equal to ==, not to normalize's signature keys
-    job = FRJob(2)
-    job.repeat(6, [("0", "all_reduce", [[8]])])
+    # 8 and 8.0, 1 and True: equal to ==, not to normalize's signature keys (rank 0)
+    job = tp_job()
+    job.repeat(6, [("0", "all_reduce", [[8]]), ("1", "all_gather", [[4]])])
+    job.collective("1", "all_gather", [[4]], rank_sizes={1: [[5]]})
     dumps = job.dumps()
+    for e in dumps[0]["entries"]:
+        if e["process_group"][0] == "1":
+            e["input_sizes"] = [[1]]
     dumps[0]["entries"][2]["input_sizes"] = [[8.0]]
     dumps[0]["entries"][3]["input_sizes"] = [[True]]
-    dumps[1]["entries"][4]["output_dtypes"] = [1]
     return dumps
 
 
@@ -135,6 +138,14 @@ def json_round_trip(dumps: dict[int, dict]) -> dict[int, dict]:
     return {r: json.loads(json.dumps(d)) for r, d in dumps.items()}
 
 
+def resolved(trace) -> dict:
+    """What a trace says per group and sequence id, signatures by value instead of by id."""
+    return {
+        key: (g.first_seq, [trace.signatures[i] for i in g.sigs], g.states, g.created_ns, g.duration_ms, g.restarted)
+        for key, g in trace.groups.items()
+    }
+
+
 FAST = {
     "steady": lambda: {r: steady_dump(r, 16, 300) for r in range(16)},
     "steady gloo": lambda: {r: steady_dump(r, 16, 301, flavour="gloo") for r in range(16)},
@@ -147,8 +158,8 @@ FAST = {
     "repeated group in a step": repeated_group_in_a_step,
     "no fixed order": no_fixed_order,
     "scoped to a replica group": scoped_to_a_replica_group,
-    "numbers of different types": numbers_of_different_types,
 }
+EQUAL_BY_VALUE = {"numbers of different types": numbers_of_different_types}
 FALLBACK = {
     "torchft incarnations": torchft,
     "coalesced": coalesced,
@@ -185,6 +196,19 @@ def test_same_trace_as_normalize(name, fallbacks):
         assert fallbacks == []
     else:
         assert fallbacks, "expected normalize to take at least one of these dumps"
+
+
+def test_signatures_equal_but_of_other_types_share_an_id_and_reports_agree(fallbacks):
+    dumps = numbers_of_different_types()
+    fast = {r: normalize_columnar(d, r) for r, d in dumps.items()}
+    slow = {r: normalize(d, r) for r, d in dumps.items()}
+    assert fallbacks == []
+    assert len(fast[0].signatures) < len(slow[0].signatures)  # the documented difference
+    for rank in dumps:
+        assert resolved(fast[rank]) == resolved(slow[rank])
+        assert fast[rank].last_entry == slow[rank].last_entry
+    by_fast, by_slow = analyze(fast).to_dict(), analyze(slow).to_dict()
+    assert by_fast == by_slow and [f["kind"] for f in by_fast["findings"]] == ["mismatch"]
 
 
 def test_signature_ids_follow_first_occurrence_across_groups():

@@ -1,22 +1,26 @@
 """The loader's fast path: normalizing the common Flight Recorder dump column by column.
 
-:func:`normalize_columnar` returns exactly what :func:`~monitor.analysis.model.normalize` returns
-(an equal :class:`~monitor.analysis.model.RankTrace`), three to four times faster, for the dumps
-that make up large jobs: entries that are dicts with every key torch writes, no point-to-point
+:func:`normalize_columnar` returns what :func:`~monitor.analysis.model.normalize` returns (an
+equal :class:`~monitor.analysis.model.RankTrace`), at about half of its cost, for the dumps that
+make up large jobs: entries that are dicts with every key torch writes, no point-to-point
 entries, no torchft ``incarnations``, and in every group one entry per sequence id without gaps
 or restarts. Everything else, malformed dumps included, goes to ``normalize`` itself, so the
-errors are ``normalize``'s too and the two cannot disagree on what they both accept
-(``tests/test_analysis_columnar.py`` compares them on every shape the generator makes).
+errors are ``normalize``'s too (``tests/test_analysis_columnar.py`` compares the two on every
+shape the generator makes).
 
-Why it is faster, per dump of N entries:
+Why it is cheaper, per dump of N entries:
 
 - each needed field of every entry is read in one C-level pass (``itemgetter`` over the dump's
   own key objects, then one transpose) instead of being visited again per derived column;
 - entries are split by group with slices when the job issues its groups in a fixed order (one
   training step after another: the group names repeat with a period), else in one loop;
-- a group whose five signature fields (op, sizes, dtypes) are the same in every entry, checked
-  byte for byte on their ``marshal`` form (the same bytes ``normalize`` keys signatures by),
-  gets its signature computed once instead of once per entry.
+- a group whose op, sizes and dtypes are the same in every entry (the usual case) gets its
+  signature computed once instead of once per entry, and its state codes likewise.
+
+One deliberate difference: within a group whose signature fields are equal (``==``) in every
+entry but not of one type (sizes ``8`` and ``8.0``, or ``1`` and ``True``), ``normalize`` gives
+each variant its own signature id and this gives the group one. The engine's shared signature
+table compares signatures with ``==`` and merges such ids anyway, so no report differs.
 
 The dump's top-level keys (version, rank, ``pg_config`` members, host, ...) are read by
 ``normalize`` itself, on the dump without its entries.
@@ -109,8 +113,12 @@ def _columns(entries: list, scope: int | None) -> tuple | None:
     if set(map(type, order)) != {str}:
         return None  # normalize keys groups by str(name): 0 and "0" would be one group
     oldest = min(rids)
-    state_col = list(map(_STATE_CODES.get, states, repeat(SCHEDULED)))
-    dur_col = list(map(_NONE_TO_NAN.get, cols[12], cols[12])) if len(cols) > 12 else [NAN] * n
+    if len(cols) == 12:
+        durations: Sequence[Any] = [NAN] * n
+    elif None in cols[12]:
+        durations = list(map(_NONE_TO_NAN.get, cols[12], cols[12]))
+    else:  # what normalize's mapping leaves them, without hashing every float
+        durations = cols[12]
 
     # normalize numbers signatures in the order their keys first occur in the dump: keep each
     # key's first index (the entry whose fields make its Signature)
@@ -123,7 +131,7 @@ def _columns(entries: list, scope: int | None) -> tuple | None:
             return None  # coalesced, gaps or restarts: normalize's irregular path
         sig_cols = [take(pnames), take(ins), take(outs), take(idts), take(odts)]
         keyed: bytes | list[bytes]
-        if sig_cols[0].count(sig_cols[0][0]) == count and all(map(_constant, sig_cols[1:])):
+        if all(c.count(c[0]) == count for c in sig_cols):
             keyed = marshal.dumps(tuple(c[0] for c in sig_cols), 0)
             local_first = {keyed: 0}
         else:
@@ -142,13 +150,18 @@ def _columns(entries: list, scope: int | None) -> tuple | None:
         signatures.append(_make_signature(op_of[pnames[i]], ins[i], outs[i], idts[i], odts[i]))
     groups: dict[GroupKey, GroupTrace] = {}
     for key, take, first_seq, keyed in plans:
-        states_g = list(take(state_col))
+        g_states = take(states)
+        count = len(g_states)
+        if g_states.count(g_states[0]) == count:
+            codes = [_STATE_CODES.get(g_states[0], SCHEDULED)] * count
+        else:
+            codes = list(map(_STATE_CODES.get, g_states, repeat(SCHEDULED)))
         groups[key] = GroupTrace(
             first_seq=first_seq,
-            sigs=[sig_ids[keyed]] * len(states_g) if isinstance(keyed, bytes) else list(map(sig_ids.__getitem__, keyed)),
-            states=states_g,
+            sigs=[sig_ids[keyed]] * count if isinstance(keyed, bytes) else list(map(sig_ids.__getitem__, keyed)),
+            states=codes,
             created_ns=list(take(created)),
-            duration_ms=list(take(dur_col)),
+            duration_ms=list(take(durations)),
         )
     last_entry = {"pg": str(names[-1]), "seq": seqs[-1], "op": op_of[pnames[-1]], "state": str(states[-1])}
     return oldest, signatures, groups, last_entry
@@ -202,10 +215,3 @@ def _same(i: int) -> int:
 def _stride(start: int, period: int) -> Callable[[int], int]:
     return lambda i: start + i * period
 
-
-def _constant(col: Sequence[Any]) -> bool:
-    """Whether every item of ``col`` has the same ``marshal`` form (value and type: 1, 1.0 and
-    True differ there, as they do in the signature keys of ``normalize``)."""
-    item = marshal.dumps(col[0], 0)
-    blob = marshal.dumps(col, 0)  # a 5-byte header (type, length), then each item's bytes
-    return len(blob) == 5 + len(item) * len(col) and blob[5:] == item * len(col)
