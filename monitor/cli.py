@@ -99,9 +99,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the ranks have it): ranks of an evicted group still answering "
                         "--orphan-grace seconds after the Lighthouse's kill (which reaches only "
                         "group rank 0) are told to exit; without it they are reported")
-    p.add_argument("--orphan-grace", type=float, default=5.0,
+    p.add_argument("--orphan-grace", type=float, default=3.0,
                    help="seconds after a kill before the group's remaining ranks are told to "
-                        "exit or reported (5)")
+                        "exit or reported (3)")
     p.add_argument("--log-level", default="INFO", help="logging level (INFO)")
 
 

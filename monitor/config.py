@@ -100,7 +100,7 @@ class MonitorConfig:
     # POST /v1/exit when this token is set (ranks started with LIGHTKEEPER_EXIT_TOKEN), else
     # reported on the eviction for the operator.
     rank_exit_token: str | None = None
-    orphan_grace_s: float = 5.0
+    orphan_grace_s: float = 3.0
     detectors: DetectorConfig = field(default_factory=DetectorConfig)
     rails: RailsConfig = field(default_factory=RailsConfig)
 

@@ -396,8 +396,15 @@ class Detectors:
         new = []
         for g, gv in view.groups.items():
             rid = gv.replica_id
+            if rid is not None:  # what was dead of an earlier incarnation is over
+                for key in [k for k in self._open if k[0] in ("dead", "dead_rank") and k[1] == g
+                            and k[2] not in (None, rid)]:
+                    self._resolve(key, "replaced", now)
+            # a rank of an earlier incarnation (its group restarted, its own rank not back yet)
+            # is not this incarnation's loss
             down = [r for r in gv.ranks if not r.reachable and not r.superseded
-                    and r.failures >= self.cfg.dead_sweeps]
+                    and r.failures >= self.cfg.dead_sweeps
+                    and (rid is None or r.replica_id in (None, rid))]
             # group rank 0 runs the group's torchft Manager: alive, it heartbeats to the Lighthouse
             manager_up = [r for r in gv.reachable if r.state.get("group_rank") == 0
                           and r.replica_id == rid and rid is not None]
@@ -419,7 +426,7 @@ class Detectors:
                 continue
             self._resolve_kind("dead_rank", g, "group_dead" if down else "reachable", now)
             if not down:
-                self._resolve(("dead", g, rid), "reachable", now)
+                self._resolve_kind("dead", g, "reachable", now)
                 continue
             ev = {"unreachable": self._unreachable(down), "group_ranks_unreachable": len(down),
                   "group_ranks": len(gv.ranks)}

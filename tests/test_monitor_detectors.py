@@ -291,6 +291,17 @@ def test_dead_rank_in_a_live_group_then_the_group_dead():
     assert det.open_findings() == []
 
 
+def test_a_restarting_group_is_not_dead_for_a_rank_of_its_previous_incarnation():
+    job = Job()
+    det = Detectors(DetectorConfig(dead_sweeps=2))
+    job.steps(5, now=T0)
+    sweep(det, job, T0)
+    job.down = {3}  # group 1 restarts: its new rank 0 is up first, rank 1 not yet
+    job.states[2]["replica_id"] = "replica_group_1:new"
+    found = [f for t in (1, 2, 3, 4) for f in sweep(det, job, T0 + t)]
+    assert [f for f in found if f.replica_id == "replica_group_1:new"] == []
+
+
 def test_a_dead_manager_rank_is_dead_not_dead_rank():
     job = Job()
     det = Detectors(DetectorConfig(dead_sweeps=2))
