@@ -1,8 +1,9 @@
 """The HTML overview in headless Chromium against a live monitor: groups render, a finding shows.
 
 Simulated ranks stand in for the trainer (the page is the same); a rank taken down becomes a
-``dead`` finding, which the page must show after a reload. Chromium is driven as a plain
-subprocess (``--headless --dump-dom``): the DOM after the page loaded.
+``dead_rank`` finding (its group's rank 0 still answers), which the page must show after a
+reload, with the culprit's host. Chromium is driven as a plain subprocess (``--headless
+--dump-dom``): the DOM after the page loaded.
 """
 
 from __future__ import annotations
@@ -47,13 +48,14 @@ def test_overview_renders_groups_and_a_finding(tmp_path):
         assert sim.urls[0] + "/v1/stacks" in dom and sim.urls[0] + "/v1/fr_trace" in dom
         assert "no findings" in dom and "DRY RUN" in dom
 
-        sim.ranks[4].set_mode("down")  # rank 4 is in replica group 1
+        sim.ranks[4].set_mode("down")  # rank 4 is group rank 1 of replica group 1
         wait_until(lambda: mon.detectors.open_findings(), 10, what="the dead finding")
         dom = dump_dom(chromium, mon.url + "/", tmp_path)
         row = re.search(r'<tr class="group finding" data-replica-group="1">(.*?)</tr>', dom, re.S)
         assert row, dom[:4000]
-        assert re.search(r'class="open-findings">\s*dead\s*<', dom)
-        assert re.search(r'<tr class="finding-row finding" data-kind="dead">', dom)
+        assert re.search(r'class="open-findings">\s*dead_rank\s*<', dom)
+        assert re.search(r'<tr class="finding-row finding" data-kind="dead_rank">', dom)
+        assert re.search(r'<td class="hosts">\s*sim\s*</td>', dom)  # where the culprit runs
     finally:
         mon.stop()
         sim.stop()
