@@ -1,6 +1,9 @@
 """The monitor's durable audit log: confirmed findings and every eviction decision, in SQLite.
 
-One file (``--state``) holds two tables. ``findings``: every confirmed finding with its evidence
+One file (``--state``) holds the audit log's two tables and the goodput ledger's
+(``goodput_state``: the ledger's resumable state, one row; ``goodput_incidents``;
+``goodput_intervals``: settled badput intervals, the newest 100,000), written together once per
+sweep (:meth:`Store.save_goodput`). ``findings``: every confirmed finding with its evidence
 and, later, when and how it was resolved. ``decisions``: every decision about a finding or a
 manual request, ``evict`` or ``hold`` with the reason; an ``evict`` row then carries the kill
 request's outcome (``sent``, ``failed``) and whether the group was seen leaving the quorum
@@ -50,7 +53,29 @@ CREATE TABLE IF NOT EXISTS decisions (
     source TEXT NOT NULL DEFAULT 'auto'
 );
 CREATE INDEX IF NOT EXISTS decisions_replica ON decisions (replica_id, decision);
+CREATE TABLE IF NOT EXISTS goodput_state (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    at REAL NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS goodput_incidents (
+    id INTEGER PRIMARY KEY,
+    updated_at REAL NOT NULL,
+    closed INTEGER NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS goodput_intervals (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    start REAL NOT NULL,
+    end REAL NOT NULL,
+    replica_group INTEGER,
+    cause TEXT NOT NULL,
+    incident INTEGER,
+    data TEXT NOT NULL
+);
 """
+
+GOODPUT_INTERVALS_KEPT = 100_000  # settled badput intervals kept in the file (oldest dropped)
 
 EVICTED_STATUSES = ("sending", "sent", "confirmed", "unconfirmed")  # all but "failed"
 
@@ -184,6 +209,58 @@ class Store:
                 "WHERE d.replica_id IS ? AND f.kind=? ORDER BY d.id DESC LIMIT 1",
                 (replica_id, finding_kind)).fetchone()
         return dict(row) if row else None
+
+    # --- goodput ledger (monitor.goodput) ------------------------------------------------
+    def save_goodput(self, state: dict[str, Any], incidents: list[dict[str, Any]],
+                     intervals: list[dict[str, Any]], at: float | None = None) -> None:
+        """The ledger's state, its changed incidents and its newly settled intervals, in one
+        transaction (a crash keeps the previous sweep's consistent state)."""
+        now = time.time() if at is None else at
+        with self._lock:
+            with self._db:
+                self._db.execute("INSERT OR REPLACE INTO goodput_state (id, at, data) "
+                                 "VALUES (1, ?, ?)", (now, json.dumps(state)))
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO goodput_incidents (id, updated_at, closed, data) "
+                    "VALUES (?,?,?,?)",
+                    [(i["id"], now, 1 if i.get("closed_at") is not None else 0, json.dumps(i))
+                     for i in incidents])
+                if intervals:
+                    self._db.executemany(
+                        "INSERT INTO goodput_intervals (start, end, replica_group, cause, "
+                        "incident, data) VALUES (?,?,?,?,?,?)",
+                        [(iv["start"], iv["end"], iv.get("replica_group"), iv["cause"],
+                          iv.get("incident"), json.dumps(iv)) for iv in intervals])
+                    self._db.execute(
+                        "DELETE FROM goodput_intervals WHERE id <= "
+                        "(SELECT MAX(id) FROM goodput_intervals) - ?", (GOODPUT_INTERVALS_KEPT,))
+
+    def load_goodput(self, incidents: int = 200, intervals: int = 2000
+                     ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]]]:
+        """(state or None, every open incident plus the newest ``incidents`` closed ones, the
+        newest ``intervals`` settled intervals oldest first)."""
+        with self._lock:
+            row = self._db.execute("SELECT data FROM goodput_state WHERE id=1").fetchone()
+            incs = self._db.execute(
+                "SELECT data FROM goodput_incidents WHERE closed=0 UNION ALL "
+                "SELECT data FROM (SELECT data FROM goodput_incidents WHERE closed=1 "
+                "ORDER BY id DESC LIMIT ?)", (incidents,)).fetchall()
+            ivs = self._db.execute("SELECT data FROM goodput_intervals ORDER BY id DESC LIMIT ?",
+                                   (intervals,)).fetchall()
+        return (json.loads(row[0]) if row else None,
+                sorted((json.loads(r[0]) for r in incs), key=lambda i: i["id"]),
+                [json.loads(r[0]) for r in reversed(ivs)])
+
+    def goodput_intervals(self, limit: int = 500, incident: int | None = None
+                          ) -> list[dict[str, Any]]:
+        """Settled intervals, newest first (optionally of one incident)."""
+        q, args = "SELECT data FROM goodput_intervals", []
+        if incident is not None:
+            q += " WHERE incident=?"
+            args.append(incident)
+        with self._lock:
+            rows = self._db.execute(q + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
+        return [json.loads(r[0]) for r in rows]
 
     def counts(self) -> dict[str, int]:
         with self._lock:

@@ -1,0 +1,947 @@
+"""The goodput ledger: where the job's replica-seconds went, and what each incident cost.
+
+Fed once per sweep with the *evidence* view (verified ranks), the open confirmed findings and the
+eviction decisions, at the sweep's time on the monitor's own clock. It splits the wall time since
+the previous sweep, times the *expected* replica groups, into goodput and badput by cause, so that
+at every sweep ``goodput + sum(badput) + pending == expected groups x wall seconds`` (exactly, up
+to float rounding). No HTTP, no threads, no I/O: :mod:`monitor.service` feeds it and persists
+:meth:`GoodputLedger.snapshot`; ``docs/goodput.md`` is the manual.
+
+Definitions (per replica group slot, per sweep interval ``dt``):
+
+- **healthy baseline** ``b``: the rolling median (last ``baseline_samples`` samples) of the job's
+  mean step time over the trailing pace window, one sample per healthy sweep. Frozen (no sample)
+  while an incident is open, during recovery, and while the job is slower than
+  ``pace_threshold`` x baseline without explanation for less than the attribution horizon (so a
+  fault never drags the baseline it is measured against; a lasting unexplained change of pace is
+  adopted after the horizon).
+- **pace window** ``W = max(pace_window_s, pace_window_steps x b)``; a group's *pace* is its
+  commits in the trailing ``W`` times ``b`` over the window's length (1.0 = healthy pace).
+- **goodput**: a group in the quorum (participating) that committed in ``dt`` at a pace of at
+  least ``pace_threshold`` counts the whole ``dt``; below, only ``commits x b`` (the time its
+  commits take at healthy pace), at most ``dt``.
+- **badput**, the rest of the slot, by the first cause that applies:
+  ``startup`` (the ledger has no baseline yet: from the first sweep that sees a verified rank),
+  ``capacity_lost`` (the slot's group is out of the quorum: evicted, restarting, healing, never
+  joined), ``recovery`` (after an eviction, until the job is back at pace), ``stall`` (no group
+  committed in ``dt``), ``straggler_drag`` (slow commits while a straggler finding is open, or
+  before it was confirmed, back to its onset), ``unattributed`` (slow, nothing explains it).
+  Slow time nothing explains yet is held as ``pending`` for the attribution horizon
+  ``H = max(horizon_s, horizon_steps x b)``: a straggler confirmed within ``H`` claims it back to
+  its onset; otherwise it settles as ``unattributed``.
+- **incident**: one confirmed finding (or a manual eviction). Onset: the culprit ranks' own
+  ``faults_struck_at`` when they report one, else the finding's ``first_seen``. Back at pace: the
+  start of the first trailing window ``W`` after the eviction (or the detection, when not
+  evicted) over which the job's pace is at least ``pace_threshold``. Cost: every badput interval
+  tied to it, in replica-seconds and, with the group world size the ranks report, GPU-seconds.
+
+Robustness: a sweep at or before the previous one is skipped (counted); a gap longer than
+``max_gap_s`` (the monitor was down, or stalled) is credited with the commits made across it and
+the rest is ``unattributed``; a sweep that sees no reachable rank, or only stopped ones, with no
+incident open is not accounted (``unobserved_seconds``). Odd values in a rank's state are
+ignored, never raised.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .view import ClusterView
+
+CAUSES = ("straggler_drag", "stall", "recovery", "capacity_lost", "startup", "unattributed")
+PENDING = "pending"  # slow time nothing explains yet (settles within the horizon)
+SNAPSHOT_VERSION = 1
+UNSEEN = "unseen"  # a slot of an expected group never seen (its key in per-group totals)
+
+
+class GoodputError(ValueError):
+    """A ledger setting it cannot run with."""
+
+
+@dataclass
+class GoodputConfig:
+    expected_groups: int | None = None  # None: the number of replica groups ever seen
+    pace_threshold: float = 0.9  # "at healthy pace" and "back at pace"
+    pace_window_s: float = 3.0  # W's floor
+    pace_window_steps: int = 20  # W >= this many baseline steps
+    baseline_samples: int = 120  # the rolling median's window (samples, one per healthy sweep)
+    baseline_min_samples: int = 3  # startup ends with this many
+    horizon_s: float = 60.0  # H's floor: how long pending slow time waits for an explanation
+    horizon_steps: int = 30  # H >= this many baseline steps
+    max_gap_s: float = 30.0  # a longer gap between sweeps is accounted as a gap
+    keep_intervals: int = 2000  # settled intervals kept in memory (all go to the store)
+    keep_incidents: int = 200  # closed incidents kept in memory (all go to the store)
+
+    def validate(self) -> None:
+        if self.expected_groups is not None and self.expected_groups < 1:
+            raise GoodputError(f"expected_groups must be >= 1, got {self.expected_groups}")
+        if not 0 < self.pace_threshold <= 1:
+            raise GoodputError(f"pace_threshold must be in (0, 1], got {self.pace_threshold}")
+        for name in ("pace_window_s", "horizon_s", "max_gap_s"):
+            if not getattr(self, name) > 0:
+                raise GoodputError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("pace_window_steps", "baseline_samples", "baseline_min_samples",
+                     "horizon_steps", "keep_intervals", "keep_incidents"):
+            if getattr(self, name) < 1:
+                raise GoodputError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+
+
+@dataclass
+class Slice:
+    """One slot's badput over one sweep interval (kept until settled, then merged)."""
+
+    t0: float
+    t1: float
+    replica_group: int | None
+    cause: str
+    seconds: float
+    gpus: int | None
+    incident: int | None = None
+    finding_id: int | None = None
+    eviction_id: int | None = None
+
+
+@dataclass
+class Interval:
+    """Settled badput: consecutive slices of one group with one cause and one incident."""
+
+    start: float
+    end: float
+    replica_group: int | None
+    cause: str
+    replica_seconds: float
+    gpu_seconds: float | None
+    incident: int | None
+    finding_id: int | None
+    eviction_id: int | None
+    settled: bool = True
+
+    @classmethod
+    def of(cls, s: Slice, settled: bool = True) -> Interval:
+        return cls(s.t0, s.t1, s.replica_group, s.cause, s.seconds,
+                   s.seconds * s.gpus if s.gpus else None, s.incident, s.finding_id,
+                   s.eviction_id, settled)
+
+    def extend(self, s: Slice) -> bool:
+        """Append the slice that continues this interval (same cause and ties); False if not."""
+        if (s.cause, s.incident, s.eviction_id) != (self.cause, self.incident, self.eviction_id) \
+                or abs(self.end - s.t0) > 1e-6:
+            return False
+        self.end = s.t1
+        self.replica_seconds += s.seconds
+        self.gpu_seconds = self.gpu_seconds + s.seconds * s.gpus \
+            if self.gpu_seconds is not None and s.gpus else None
+        return True
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in ("start", "end", "replica_seconds", "gpu_seconds"):
+            if d[k] is not None:
+                d[k] = round(d[k], 3)
+        return d
+
+
+@dataclass
+class Incident:
+    id: int
+    kind: str
+    replica_group: int | None
+    replica_id: str | None
+    ranks: list[int]
+    onset_at: float
+    onset_source: str  # faults_struck_at | first_seen | eviction
+    detected_at: float
+    finding_ids: list[int] = field(default_factory=list)
+    eviction_id: int | None = None
+    evicted_at: float | None = None
+    resolved_at: float | None = None  # its finding is no longer open
+    back_to_pace_at: float | None = None
+    rejoined_at: float | None = None
+    closed_at: float | None = None
+    gpus_per_group: int | None = None
+    cost: dict[str, float] = field(default_factory=dict)  # settled replica-seconds by cause
+    gpu_cost: float = 0.0  # settled GPU-seconds
+    gpu_cost_known: bool = True  # every settled slice had a known group world size
+
+    @property
+    def open(self) -> bool:
+        return self.closed_at is None
+
+    @property
+    def search_from(self) -> float:
+        """Back at pace is looked for from here: the eviction, else the detection."""
+        return self.evicted_at if self.evicted_at is not None else self.detected_at
+
+    def to_store(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_store(cls, d: dict[str, Any]) -> Incident:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+@dataclass
+class SweepAccount:
+    """What one update added: the seconds the metrics count (pending time once it settles)."""
+
+    accounted: bool = False
+    dt: float = 0.0
+    expected_groups: int = 0
+    goodput: float = 0.0
+    badput: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0.0))
+    group_goodput_ratio: dict[int, float] = field(default_factory=dict)
+    job_goodput_ratio: float | None = None
+
+
+@dataclass
+class _Group:
+    replica_group: int
+    replica_id: str | None = None
+    commits: int | None = None  # last commit count of replica_id
+    cum: int = 0  # commits summed over the group's incarnations
+    gpus: int | None = None
+    last_in_quorum_at: float | None = None
+    history: deque = field(default_factory=deque)  # (t, cum)
+
+
+# --- reading a rank's state without trusting its types -------------------------------------
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def _int(v: Any) -> int | None:
+    if isinstance(v, bool) or not isinstance(v, int):
+        return None
+    return v
+
+
+def _pace(history: deque, window: float, b: float | None) -> float | None:
+    """Commits (or steps) in the trailing window x b / the window's length; None without data."""
+    if b is None or len(history) < 2:
+        return None
+    t_end, v_end = history[-1]
+    start = history[0]
+    for t, v in history:
+        if t <= t_end - window:
+            start = (t, v)
+        else:
+            break
+    span = t_end - start[0]
+    if span <= 0:
+        return None
+    return max(0, v_end - start[1]) * b / span
+
+
+def _trim(history: deque, now: float, keep: float) -> None:
+    """Keep one sample at or before ``now - keep`` and everything after."""
+    while len(history) >= 2 and history[1][0] <= now - keep:
+        history.popleft()
+
+
+class GoodputLedger:
+    """See the module docstring. Call :meth:`update` once per sweep."""
+
+    def __init__(self, cfg: GoodputConfig | None = None) -> None:
+        self.cfg = cfg or GoodputConfig()
+        self.cfg.validate()
+        self.since: float | None = None  # first accounted sweep
+        self.last_at: float | None = None
+        self.groups: dict[int, _Group] = {}
+        self.job_step: int | None = None
+        self.job_history: deque = deque()  # (t, job step)
+        self.baseline_samples: deque = deque(maxlen=self.cfg.baseline_samples)
+        self.baseline: float | None = None
+        self.slow_since: float | None = None  # pace below threshold, unexplained, since
+        self.last_commit_at: float | None = None  # the last sweep that saw a commit
+        self.pace: float | None = None  # the job's pace over the last window
+        # settled totals: key -> {"goodput", "expected", cause...} (replica-seconds), and GPU-s
+        self.totals: dict[str, dict[str, float]] = {}
+        self.gpu_totals: dict[str, dict[str, float]] = {}
+        self.expected_groups = 0
+        self.unobserved_s = 0.0
+        self.gap_s = 0.0
+        self.gaps = 0
+        self.skipped_sweeps = 0
+        self.unsettled: list[Slice] = []
+        self.intervals: deque[Interval] = deque(maxlen=self.cfg.keep_intervals)
+        self.open_intervals: dict[str, Interval] = {}  # group key -> the interval being extended
+        self.incidents: dict[int, Incident] = {}
+        self.next_incident = 1
+        self.seen_evictions: set[int] = set()
+        # for the store: what changed since the last drain
+        self._dirty_incidents: set[int] = set()
+        self._closed_intervals: list[Interval] = []
+
+    # --- derived settings ------------------------------------------------------------
+    @property
+    def window(self) -> float:
+        b = self.baseline or 0.0
+        return max(self.cfg.pace_window_s, self.cfg.pace_window_steps * b)
+
+    @property
+    def horizon(self) -> float:
+        b = self.baseline or 0.0
+        return max(self.cfg.horizon_s, self.cfg.horizon_steps * b)
+
+    # --- the sweep -------------------------------------------------------------------
+    def update(self, view: ClusterView, findings: list[dict[str, Any]],
+               evictions: list[dict[str, Any]], now: float) -> SweepAccount:
+        """Fold one sweep: ``view`` (evidence), open confirmed findings (each with its store
+        ``id``), eviction decisions (``decision == "evict"``, with ``id``), the sweep's time."""
+        acct = SweepAccount()
+        if self.last_at is not None and now <= self.last_at:
+            self.skipped_sweeps += 1  # out of order or repeated: nothing to split
+            return acct
+        live = [r for r in view.ranks.values() if r.reachable and r.state]
+        if self.since is None and not live:
+            return acct  # no job seen yet: the ledger's clock has not started
+        in_quorum = {g.replica_group for g in view.in_quorum()}
+        deltas = self._ingest_groups(view, in_quorum, now)
+        self._ingest_findings(view, findings, now)
+        self._ingest_evictions(evictions, now)
+        job_moved = self._ingest_job_step(view, in_quorum, now)
+        if self.since is None:
+            self.since = self.last_at = now
+            return acct
+        dt = now - self.last_at
+        running = any(r.state.get("phase") != "stopped" for r in live)
+        if not running and not any(i.open for i in self.incidents.values()):
+            self.unobserved_s += dt  # the job is not there (ended, or not reachable): no split
+        elif dt > self.cfg.max_gap_s:
+            self._account_gap(in_quorum, deltas, dt, now, acct)
+        else:
+            self._account(in_quorum, deltas, job_moved, dt, now, acct)
+        self.last_at = now
+        self._follow_incidents(in_quorum, now)
+        self._sample_baseline(now)
+        self._settle(now, acct)
+        self._publish_ratios(acct)
+        return acct
+
+    def _ingest_groups(self, view: ClusterView, in_quorum: set[int], now: float
+                       ) -> dict[int, int]:
+        """Commits each group made since the last sweep (its current incarnation's)."""
+        deltas: dict[int, int] = {}
+        for g, gv in view.groups.items():
+            grp = self.groups.setdefault(g, _Group(g))
+            rid = gv.replica_id
+            ranks = [r for r in gv.reachable if r.state and r.replica_id == rid]
+            commits = [c for c in (_int(r.state.get("commits")) for r in ranks)
+                       if c is not None and c >= 0]
+            sizes = [s for s in (_int(r.state.get("group_world_size")) for r in ranks)
+                     if s is not None and s >= 1]
+            if sizes:
+                grp.gpus = max(set(sizes), key=sizes.count)
+            if not commits:
+                continue
+            c = max(commits)
+            if grp.commits is None:
+                d = 0 if grp.replica_id == rid or self.last_at is None else c
+            elif rid != grp.replica_id:
+                d = c  # a new incarnation: everything it committed is new
+            else:
+                d = max(0, c - grp.commits)
+            grp.replica_id, grp.commits = rid, c
+            grp.cum += d
+            deltas[g] = d
+            if g in in_quorum:
+                grp.last_in_quorum_at = now
+        for grp in self.groups.values():
+            grp.history.append((now, grp.cum))
+            _trim(grp.history, now, self.window)
+        return deltas
+
+    def _ingest_job_step(self, view: ClusterView, in_quorum: set[int], now: float) -> bool:
+        steps = [gv.step for g, gv in view.groups.items() if g in in_quorum and gv.step is not None]
+        moved = False
+        if steps:
+            s = max(steps)
+            if self.job_step is not None and s > self.job_step:
+                moved = True
+            if self.job_step is None or s > self.job_step or s < self.job_step - 1_000_000:
+                self.job_step = s
+        if self.job_step is not None:
+            self.job_history.append((now, self.job_step))
+            _trim(self.job_history, now, self.window)
+        return moved
+
+    # --- incidents -------------------------------------------------------------------
+    def _ingest_findings(self, view: ClusterView, findings: list[dict[str, Any]],
+                         now: float) -> None:
+        open_ids = set()
+        for f in findings:
+            fid = _int(f.get("id"))
+            if fid is None:
+                continue
+            open_ids.add(fid)
+            if any(fid in i.finding_ids for i in self.incidents.values()):
+                continue
+            same = [i for i in self.incidents.values() if i.open and i.kind == f.get("kind")
+                    and i.replica_group == f.get("replica_group")
+                    and i.replica_id == f.get("replica_id")]
+            if same:  # the same fault confirmed again (e.g. by a restarted monitor)
+                same[-1].finding_ids.append(fid)
+                same[-1].resolved_at = None
+                self._dirty_incidents.add(same[-1].id)
+                continue
+            self._open_incident(f, fid, view, now)
+        for inc in self.incidents.values():
+            if inc.finding_ids and inc.resolved_at is None and inc.open \
+                    and not open_ids.intersection(inc.finding_ids):
+                inc.resolved_at = now
+                self._dirty_incidents.add(inc.id)
+
+    def _open_incident(self, f: dict[str, Any], fid: int | None, view: ClusterView | None,
+                       now: float, kind: str | None = None) -> Incident:
+        first = _num(f.get("first_seen"))
+        detected = _num(f.get("confirmed_at")) or first or now
+        first = first if first is not None else detected
+        onset, source = first, "first_seen"
+        strike = self._strike_time(f, view, detected) if view is not None else None
+        if strike is not None and strike < first:
+            onset, source = strike, "faults_struck_at"
+        if self.since is not None:
+            onset = max(onset, self.since)
+        g = _int(f.get("replica_group"))
+        grp = self.groups.get(g) if g is not None else None
+        inc = Incident(id=self.next_incident, kind=str(kind or f.get("kind") or "unknown"),
+                       replica_group=g, replica_id=f.get("replica_id"),
+                       ranks=[r for r in (f.get("ranks") or []) if _int(r) is not None],
+                       onset_at=onset, onset_source=source, detected_at=detected,
+                       finding_ids=[fid] if fid is not None else [],
+                       gpus_per_group=grp.gpus if grp else None)
+        self.next_incident += 1
+        self.incidents[inc.id] = inc
+        self._dirty_incidents.add(inc.id)
+        self._claim_unsettled(inc)
+        return inc
+
+    @staticmethod
+    def _strike_time(f: dict[str, Any], view: ClusterView, detected: float) -> float | None:
+        """The latest fault strike a culprit rank reports before the detection."""
+        ev = f.get("evidence") if isinstance(f.get("evidence"), dict) else {}
+        ranks = {r for r in list(f.get("ranks") or []) + list(ev.get("culprit_ranks") or [])
+                 if _int(r) is not None}
+        strikes = []
+        for r in view.ranks.values():
+            if r.state is None or r.rank not in ranks:
+                continue
+            if f.get("replica_id") is not None and r.replica_id != f.get("replica_id"):
+                continue
+            struck = r.state.get("faults_struck_at")
+            if isinstance(struck, dict):
+                strikes += [t for t in map(_num, struck.values())
+                            if t is not None and t <= detected]
+        return max(strikes) if strikes else None
+
+    def _ingest_evictions(self, evictions: list[dict[str, Any]], now: float) -> None:
+        for d in sorted(evictions, key=lambda d: _num(d.get("at")) or 0.0):
+            did = _int(d.get("id"))
+            if did is None or did in self.seen_evictions or d.get("decision") != "evict" \
+                    or d.get("status") == "failed":
+                continue
+            at = _num(d.get("at")) or now
+            if at < (self.since if self.since is not None else now) - self.cfg.max_gap_s:
+                self.seen_evictions.add(did)  # from before this ledger: not its business
+                continue
+            self.seen_evictions.add(did)
+            fid = _int(d.get("finding_id"))
+            inc = next((i for i in self.incidents.values() if fid is not None
+                        and fid in i.finding_ids), None)
+            if inc is None:
+                finding = d.get("finding") if isinstance(d.get("finding"), dict) else {}
+                manual = d.get("source") == "manual" or not finding.get("first_seen")
+                f = {"kind": "manual" if manual else finding.get("kind"),
+                     "replica_group": d.get("replica_group"), "replica_id": d.get("replica_id"),
+                     "ranks": finding.get("ranks") or [],
+                     "first_seen": at if manual else finding.get("first_seen"),
+                     "confirmed_at": at if manual else finding.get("confirmed_at") or at}
+                inc = self._open_incident(f, fid, None, now)
+                if manual:
+                    inc.onset_source = "eviction"
+            if inc.evicted_at is None:
+                inc.evicted_at, inc.eviction_id = at, did
+                inc.back_to_pace_at = None  # looked for after the eviction
+                self._dirty_incidents.add(inc.id)
+
+    def _claim_unsettled(self, inc: Incident) -> None:
+        """A new incident explains unsettled badput since its onset: a straggler the pending
+        slow time, any incident a stall nothing explained, its group's capacity lost."""
+        for s in self.unsettled:
+            if s.t1 <= inc.onset_at:
+                continue
+            if s.cause == PENDING and inc.kind == "straggler":
+                s.cause = "straggler_drag"
+            elif s.incident is not None or not (
+                    s.cause == "stall" or (s.cause == "capacity_lost"
+                                           and s.replica_group == inc.replica_group)):
+                continue
+            self._link(s, inc)
+
+    def _link(self, s: Slice, inc: Incident | None) -> None:
+        if inc is None:
+            return
+        s.incident = inc.id
+        s.finding_id = inc.finding_ids[0] if inc.finding_ids else None
+        s.eviction_id = inc.eviction_id if inc.evicted_at is not None \
+            and inc.evicted_at < s.t1 else None
+
+    def _open_incidents(self) -> list[Incident]:
+        return [i for i in self.incidents.values() if i.open]
+
+    def _recovering(self, t: float) -> Incident | None:
+        """The latest evicted incident whose job is not back at pace by ``t``."""
+        cands = [i for i in self._open_incidents() if i.evicted_at is not None
+                 and i.evicted_at < t and i.back_to_pace_at is None]
+        return max(cands, key=lambda i: i.evicted_at) if cands else None
+
+    def _explaining(self, straggler: bool | None = None) -> Incident | None:
+        """The latest open incident (of a straggler, or of anything but one, or either)."""
+        cands = [i for i in self._open_incidents()
+                 if straggler is None or (i.kind == "straggler") == straggler]
+        return max(cands, key=lambda i: (i.detected_at, i.id)) if cands else None
+
+    def _group_incident(self, g: int | None) -> Incident | None:
+        cands = [i for i in self._open_incidents() if g is not None and i.replica_group == g]
+        return max(cands, key=lambda i: (i.detected_at, i.id)) if cands else None
+
+    # --- splitting a sweep -----------------------------------------------------------
+    def _slots(self, in_quorum: set[int]) -> tuple[list[int], list[int], int]:
+        """(groups in the quorum, known groups out of it that fill slots, unseen slots)."""
+        known = sorted(self.groups)
+        inside = [g for g in known if g in in_quorum]
+        outside = [g for g in known if g not in in_quorum]
+        if self.cfg.expected_groups is None:
+            self.expected_groups = len(known)
+            return inside, outside, 0
+        e = max(self.cfg.expected_groups, len(inside))
+        self.expected_groups = e
+        outside.sort(key=lambda g: -(self.groups[g].last_in_quorum_at or 0.0))
+        outside = outside[:e - len(inside)]
+        return inside, outside, e - len(inside) - len(outside)
+
+    def _default_gpus(self) -> int | None:
+        sizes = [g.gpus for g in self.groups.values() if g.gpus]
+        return max(set(sizes), key=sizes.count) if sizes else None
+
+    def _account(self, in_quorum: set[int], deltas: dict[int, int], job_moved: bool,
+                 dt: float, now: float, acct: SweepAccount) -> None:
+        t0, b = self.last_at, self.baseline
+        inside, outside, unseen = self._slots(in_quorum)
+        acct.accounted, acct.dt, acct.expected_groups = True, dt, self.expected_groups
+        startup = b is None
+        if job_moved or any(deltas.get(g, 0) for g in inside):
+            self.last_commit_at = now
+        # a stall: no group committed for a whole pace window (shorter gaps are slow steps)
+        stall = not startup and (self.last_commit_at is None
+                                 or now - self.last_commit_at >= self.window)
+        recovering = self._recovering(now)
+        straggler = self._explaining(straggler=True)
+        stall_cause = self._explaining(straggler=False) or straggler
+        if stall and recovering is None:
+            self._pending_to_stall(stall_cause)
+        slow = False
+        for g in inside:
+            grp = self.groups[g]
+            if startup:
+                self._add(g, 0.0, dt, acct)
+                self._badput(t0, now, g, "startup", dt, grp.gpus, None, acct)
+                continue
+            pace = _pace(grp.history, self.window, b)
+            if pace is not None and pace >= self.cfg.pace_threshold:
+                good = dt  # at healthy pace over the window: the whole interval
+            else:
+                good = min(dt, deltas.get(g, 0) * b)
+            self._add(g, good, dt, acct)
+            rest = dt - good
+            if rest <= 1e-9:
+                continue
+            if recovering is not None:
+                cause, inc = "recovery", recovering
+            elif stall:
+                cause, inc = "stall", stall_cause
+            elif straggler is not None:
+                cause, inc = "straggler_drag", straggler
+            else:
+                cause, inc, slow = PENDING, None, True
+            self._badput(t0, now, g, cause, rest, grp.gpus, inc, acct)
+        for g in outside:
+            self._add(g, 0.0, dt, acct)
+            self._badput(t0, now, g, "startup" if startup else "capacity_lost", dt,
+                         self.groups[g].gpus, None if startup else self._group_incident(g),
+                         acct)
+        for _ in range(unseen):
+            self._add(None, 0.0, dt, acct)
+            self._badput(t0, now, None, "startup" if startup else "capacity_lost", dt,
+                         self._default_gpus(), None, acct)
+        self.pace = _pace(self.job_history, self.window, b)
+        self.slow_since = (self.slow_since or t0) if slow else None
+
+    def _pending_to_stall(self, inc: Incident | None) -> None:
+        """Pending slow time since the last commit was the stall's beginning."""
+        for s in self.unsettled:
+            if s.cause == PENDING and self.last_commit_at is not None \
+                    and s.t0 >= self.last_commit_at - 1e-9:
+                s.cause = "stall"
+                self._link(s, inc)
+
+    def _account_gap(self, in_quorum: set[int], deltas: dict[int, int], dt: float, now: float,
+                     acct: SweepAccount) -> None:
+        """A gap: credit the commits made across it, leave the rest unexplained."""
+        inside, outside, unseen = self._slots(in_quorum)
+        acct.accounted, acct.dt, acct.expected_groups = True, dt, self.expected_groups
+        self.gaps += 1
+        self.gap_s += dt
+        b = self.baseline
+        for g in inside + outside + [None] * unseen:
+            good = min(dt, deltas.get(g, 0) * b) if b is not None and g in in_quorum else 0.0
+            self._add(g, good, dt, acct)
+            if dt - good > 1e-9:
+                gpus = self.groups[g].gpus if g is not None else self._default_gpus()
+                self._badput(self.last_at, now, g, "unattributed", dt - good, gpus, None, acct)
+
+    def _key(self, g: int | None) -> str:
+        return UNSEEN if g is None else str(g)
+
+    def _add(self, g: int | None, good: float, dt: float, acct: SweepAccount) -> None:
+        row = self.totals.setdefault(self._key(g), {})
+        row["goodput"] = row.get("goodput", 0.0) + good
+        row["expected"] = row.get("expected", 0.0) + dt
+        gpus = self.groups[g].gpus if g is not None and g in self.groups else self._default_gpus()
+        if gpus:
+            grow = self.gpu_totals.setdefault(self._key(g), {})
+            grow["goodput"] = grow.get("goodput", 0.0) + good * gpus
+            grow["expected"] = grow.get("expected", 0.0) + dt * gpus
+        acct.goodput += good
+
+    def _badput(self, t0: float, t1: float, g: int | None, cause: str, seconds: float,
+                gpus: int | None, inc: Incident | None, acct: SweepAccount) -> None:
+        s = Slice(t0, t1, g, cause, seconds, gpus)
+        self._link(s, inc)
+        self.unsettled.append(s)
+        if cause != PENDING:  # pending counts once it settles
+            acct.badput[cause] += seconds
+
+    # --- after the split -------------------------------------------------------------
+    def _follow_incidents(self, in_quorum: set[int], now: float) -> None:
+        hist = list(self.job_history)
+        b = self.baseline
+        for inc in self._open_incidents():
+            changed = False
+            back_in = inc.replica_group is None or inc.replica_group in in_quorum
+            if inc.evicted_at is not None and inc.rejoined_at is None \
+                    and inc.replica_group in in_quorum \
+                    and self.groups[inc.replica_group].replica_id != inc.replica_id:
+                inc.rejoined_at, changed = now, True
+            if inc.back_to_pace_at is None and b is not None and len(hist) >= 2:
+                back = self._back_at(hist, inc.search_from, now, b)
+                if back is not None:
+                    inc.back_to_pace_at, changed = back, True
+            # closed: acted on (evicted) or cleared, the job back at pace, the group back in
+            acted = inc.evicted_at is not None or inc.resolved_at is not None
+            if inc.back_to_pace_at is not None and acted and back_in:
+                inc.closed_at, changed = now, True
+            if changed:
+                self._dirty_incidents.add(inc.id)
+
+    def _back_at(self, hist: list[tuple[float, int]], after: float, now: float,
+                 b: float) -> float | None:
+        """Start of the trailing window (>= ``after``) at pace, or None."""
+        w = self.window
+        start = None
+        for t, s in hist:
+            if t <= now - w:
+                start = (t, s)
+        if start is None or start[0] < after - 1e-9:
+            return None
+        span = now - start[0]
+        if span <= 0 or (hist[-1][1] - start[1]) * b / span < self.cfg.pace_threshold:
+            return None
+        # never before the sweep after which the job first committed again
+        first_move = next((hist[i - 1][0] for i in range(1, len(hist))
+                           if hist[i][0] > after and hist[i][1] > hist[i - 1][1]), start[0])
+        return max(start[0], first_move)
+
+    def _sample_baseline(self, now: float) -> None:
+        """One sample (the job's mean step time over the trailing window) per healthy sweep."""
+        hist = self.job_history
+        if len(hist) < 2:
+            return
+        span = hist[-1][0] - hist[0][0]
+        steps = hist[-1][1] - hist[0][1]
+        if steps < 3 or span < 1.0:
+            return
+        if self.baseline is not None and any(i.open for i in self.incidents.values()):
+            return  # frozen: an incident is open (its own slowness must not become the norm)
+        if self.slow_since is not None and now - self.slow_since < self.horizon:
+            return  # frozen: unexplained slowness, still waiting for an explanation
+        self.baseline_samples.append(span / steps)
+        if len(self.baseline_samples) >= self.cfg.baseline_min_samples:
+            self.baseline = statistics.median(self.baseline_samples)
+
+    def _settle(self, now: float, acct: SweepAccount) -> None:
+        """Slices older than the horizon become final: pending -> unattributed, counted."""
+        cutoff = now - self.horizon
+        keep: list[Slice] = []
+        for s in self.unsettled:
+            if s.t1 > cutoff:
+                keep.append(s)
+                continue
+            if s.cause == PENDING:
+                s.cause = "unattributed"
+                acct.badput["unattributed"] += s.seconds
+            self._settle_slice(s)
+        self.unsettled = keep
+        # an interval no unsettled slice continues is over: close it (it goes to the store)
+        continued = {(self._key(s.replica_group), round(s.t0, 6)) for s in keep}
+        for key, iv in list(self.open_intervals.items()):
+            if (key, round(iv.end, 6)) not in continued:
+                self._close_interval(self.open_intervals.pop(key))
+
+    def _settle_slice(self, s: Slice) -> None:
+        key = self._key(s.replica_group)
+        row = self.totals.setdefault(key, {})
+        row[s.cause] = row.get(s.cause, 0.0) + s.seconds
+        if s.gpus:
+            grow = self.gpu_totals.setdefault(key, {})
+            grow[s.cause] = grow.get(s.cause, 0.0) + s.seconds * s.gpus
+        inc = self.incidents.get(s.incident) if s.incident is not None else None
+        if inc is not None:
+            inc.cost[s.cause] = inc.cost.get(s.cause, 0.0) + s.seconds
+            if s.gpus:
+                inc.gpu_cost += s.seconds * s.gpus
+            else:
+                inc.gpu_cost_known = False
+            self._dirty_incidents.add(inc.id)
+        cur = self.open_intervals.get(key)
+        if cur is not None and cur.extend(s):
+            return
+        if cur is not None:
+            self._close_interval(cur)
+        self.open_intervals[key] = Interval.of(s)
+
+    def _close_interval(self, iv: Interval) -> None:
+        self.intervals.append(iv)
+        self._closed_intervals.append(iv)
+
+    def _publish_ratios(self, acct: SweepAccount) -> None:
+        for key, row in self.totals.items():
+            if key != UNSEEN and row.get("expected"):
+                acct.group_goodput_ratio[int(key)] = row.get("goodput", 0.0) / row["expected"]
+        acct.job_goodput_ratio = self.job_ratio()
+
+    # --- reading ---------------------------------------------------------------------
+    def job_ratio(self) -> float | None:
+        expected = sum(r.get("expected", 0.0) for r in self.totals.values())
+        good = sum(r.get("goodput", 0.0) for r in self.totals.values())
+        return good / expected if expected > 0 else None
+
+    def _live_totals(self) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+        """Settled totals plus the unsettled slices (pending as its own key)."""
+        rows = {k: dict(v) for k, v in self.totals.items()}
+        gpu = {k: dict(v) for k, v in self.gpu_totals.items()}
+        for s in self.unsettled:
+            key = self._key(s.replica_group)
+            rows.setdefault(key, {})[s.cause] = rows.get(key, {}).get(s.cause, 0.0) + s.seconds
+            if s.gpus:
+                gpu.setdefault(key, {})[s.cause] = gpu.get(key, {}).get(s.cause, 0.0) \
+                    + s.seconds * s.gpus
+        return rows, gpu
+
+    @staticmethod
+    def _summary(rows: list[dict[str, float]]) -> dict[str, Any]:
+        expected = sum(r.get("expected", 0.0) for r in rows)
+        good = sum(r.get("goodput", 0.0) for r in rows)
+        return {"goodput_ratio": round(good / expected, 4) if expected > 0 else None,
+                "goodput_seconds": round(good, 3),
+                "expected_seconds": round(expected, 3),
+                "badput_seconds": {c: round(sum(r.get(c, 0.0) for r in rows), 3)
+                                   for c in CAUSES},
+                "pending_seconds": round(sum(r.get(PENDING, 0.0) for r in rows), 3)}
+
+    def incident_json(self, inc: Incident) -> dict[str, Any]:
+        cost = dict(inc.cost)
+        gpu, gpu_known = inc.gpu_cost, inc.gpu_cost_known
+        for s in self.unsettled:
+            if s.incident == inc.id:
+                cost[s.cause] = cost.get(s.cause, 0.0) + s.seconds
+                if s.gpus:
+                    gpu += s.seconds * s.gpus
+                else:
+                    gpu_known = False
+        total = sum(cost.values())
+
+        def since_onset(t: float | None) -> float | None:
+            return round(t - inc.onset_at, 3) if t is not None else None
+
+        return {
+            "id": inc.id, "kind": inc.kind, "replica_group": inc.replica_group,
+            "replica_id": inc.replica_id, "ranks": inc.ranks, "finding_ids": inc.finding_ids,
+            "eviction_id": inc.eviction_id, "open": inc.open,
+            "onset_at": inc.onset_at, "onset_source": inc.onset_source,
+            "detected_at": inc.detected_at, "evicted_at": inc.evicted_at,
+            "resolved_at": inc.resolved_at, "back_to_pace_at": inc.back_to_pace_at,
+            "rejoined_at": inc.rejoined_at, "closed_at": inc.closed_at,
+            "detect_s": since_onset(inc.detected_at), "evict_s": since_onset(inc.evicted_at),
+            "recovery_s": since_onset(inc.back_to_pace_at),
+            "rejoin_s": since_onset(inc.rejoined_at),
+            "gpus_per_group": inc.gpus_per_group,
+            "cost": {"replica_seconds": round(total, 3),
+                     "by_cause": {k: round(v, 3) for k, v in sorted(cost.items())},
+                     "gpu_seconds": round(gpu, 3) if gpu_known and total > 0 else
+                     (0.0 if total == 0 else None),
+                     # the group-steps that time holds at the healthy pace
+                     "group_steps": round(total / self.baseline, 1)
+                     if self.baseline else None},
+        }
+
+    def intervals_json(self, limit: int = 200) -> list[dict[str, Any]]:
+        """Newest first: unsettled slices merged on the fly, then the settled intervals."""
+        merged: dict[str, Interval] = {}
+        out: list[Interval] = []
+        for s in sorted(self.unsettled, key=lambda s: (s.t0, self._key(s.replica_group))):
+            key = self._key(s.replica_group)
+            cur = merged.get(key)
+            if cur is not None and cur.extend(s):
+                continue
+            merged[key] = Interval.of(s, settled=False)
+            out.append(merged[key])
+        rows = list(self.intervals) + list(self.open_intervals.values()) + out
+        rows.sort(key=lambda iv: (iv.end, iv.start), reverse=True)
+        return [iv.to_dict() for iv in rows[:limit]]
+
+    def to_json(self, incidents: int = 50, intervals: int = 200) -> dict[str, Any]:
+        """``GET /v1/goodput``: the job, each group, incidents and intervals (newest first)."""
+        rows, gpu = self._live_totals()
+        job = self._summary(list(rows.values()))
+        job["gpu_seconds"] = self._summary(list(gpu.values())) if gpu else None
+        if job["gpu_seconds"]:
+            job["gpu_seconds"].pop("goodput_ratio", None)
+        groups = []
+        for key in sorted(rows, key=lambda k: (k == UNSEEN, int(k) if k != UNSEEN else 0)):
+            row = self._summary([rows[key]])
+            grp = self.groups.get(int(key)) if key != UNSEEN else None
+            row.update(replica_group=None if key == UNSEEN else int(key),
+                       replica_id=grp.replica_id if grp else None,
+                       gpus=grp.gpus if grp else None,
+                       last_in_quorum_at=grp.last_in_quorum_at if grp else None)
+            groups.append(row)
+        incs = sorted(self.incidents.values(), key=lambda i: i.id, reverse=True)[:incidents]
+        return {
+            "since": self.since, "at": self.last_at,
+            "wall_seconds": round(self.last_at - self.since, 3) if self.since is not None
+            and self.last_at is not None else 0.0,
+            "unobserved_seconds": round(self.unobserved_s, 3),
+            "gaps": self.gaps, "gap_seconds": round(self.gap_s, 3),
+            "skipped_sweeps": self.skipped_sweeps,
+            "expected_groups": self.expected_groups,
+            "expected_groups_source": "flag" if self.cfg.expected_groups else "max_seen",
+            "baseline": {"step_seconds": round(self.baseline, 4) if self.baseline else None,
+                         "samples": len(self.baseline_samples),
+                         "window_samples": self.cfg.baseline_samples,
+                         "frozen": self.baseline_frozen()},
+            "pace": {"ratio": round(self.pace, 3) if self.pace is not None else None,
+                     "threshold": self.cfg.pace_threshold, "window_s": round(self.window, 3)},
+            "horizon_s": round(self.horizon, 3),
+            "job": job,
+            "groups": groups,
+            "incidents": [self.incident_json(i) for i in incs],
+            "intervals": self.intervals_json(intervals),
+        }
+
+    def baseline_frozen(self) -> str | None:
+        """Why the baseline takes no samples now (None: it does)."""
+        opened = [i.id for i in self._open_incidents()]
+        if opened:
+            return f"incident {opened[-1]} open"
+        if self.slow_since is not None and self.last_at is not None \
+                and self.last_at - self.slow_since < self.horizon:
+            return "unexplained slowness, waiting for an explanation"
+        return None
+
+    # --- persistence -----------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """The state a restarted monitor resumes from (incidents and settled intervals are
+        stored apart, see :meth:`drain`)."""
+        return {
+            "version": SNAPSHOT_VERSION, "since": self.since, "last_at": self.last_at,
+            "groups": {str(g): {"replica_id": grp.replica_id, "commits": grp.commits,
+                                "cum": grp.cum, "gpus": grp.gpus,
+                                "last_in_quorum_at": grp.last_in_quorum_at,
+                                "history": list(grp.history)[-1:]}
+                       for g, grp in self.groups.items()},
+            "job_step": self.job_step, "job_history": list(self.job_history)[-1:],
+            "baseline_samples": list(self.baseline_samples), "baseline": self.baseline,
+            "pace": self.pace, "slow_since": self.slow_since, "last_commit_at": self.last_commit_at,
+            "totals": self.totals, "gpu_totals": self.gpu_totals,
+            "expected_groups": self.expected_groups, "unobserved_s": self.unobserved_s,
+            "gap_s": self.gap_s, "gaps": self.gaps, "skipped_sweeps": self.skipped_sweeps,
+            "unsettled": [asdict(s) for s in self.unsettled],
+            "open_intervals": {k: asdict(v) for k, v in self.open_intervals.items()},
+            "next_incident": self.next_incident,
+            "seen_evictions": sorted(self.seen_evictions)[-1000:],
+        }
+
+    def drain(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Incidents changed and intervals closed since the last drain (for the store)."""
+        incs = [self.incidents[i].to_store() for i in sorted(self._dirty_incidents)
+                if i in self.incidents]
+        ivs = [asdict(iv) for iv in self._closed_intervals]
+        self._dirty_incidents.clear()
+        self._closed_intervals = []
+        self._forget_old_incidents()
+        return incs, ivs
+
+    def _forget_old_incidents(self) -> None:
+        closed = sorted((i for i in self.incidents.values() if not i.open), key=lambda i: i.id)
+        for inc in closed[:max(0, len(closed) - self.cfg.keep_incidents)]:
+            if not any(s.incident == inc.id for s in self.unsettled):
+                del self.incidents[inc.id]
+
+    @classmethod
+    def restore(cls, cfg: GoodputConfig | None, state: dict[str, Any] | None,
+                incidents: list[dict[str, Any]], intervals: list[dict[str, Any]]
+                ) -> GoodputLedger:
+        """A ledger resuming from what :meth:`snapshot` and :meth:`drain` stored. A snapshot
+        of another version is not resumed (a fresh ledger starts; the old rows stay stored)."""
+        led = cls(cfg)
+        if not state or state.get("version") != SNAPSHOT_VERSION:
+            return led
+        led.since, led.last_at = state.get("since"), state.get("last_at")
+        for g, d in (state.get("groups") or {}).items():
+            grp = _Group(int(g), d.get("replica_id"), d.get("commits"), int(d.get("cum") or 0),
+                         d.get("gpus"), d.get("last_in_quorum_at"))
+            grp.history.extend(tuple(x) for x in d.get("history") or [])
+            led.groups[int(g)] = grp
+        led.job_step = state.get("job_step")
+        led.job_history.extend(tuple(x) for x in state.get("job_history") or [])
+        led.baseline_samples.extend(state.get("baseline_samples") or [])
+        led.baseline = state.get("baseline")
+        led.slow_since = state.get("slow_since")
+        led.pace = state.get("pace")
+        led.last_commit_at = state.get("last_commit_at")
+        led.totals = state.get("totals") or {}
+        led.gpu_totals = state.get("gpu_totals") or {}
+        led.expected_groups = int(state.get("expected_groups") or 0)
+        led.unobserved_s = float(state.get("unobserved_s") or 0.0)
+        led.gap_s = float(state.get("gap_s") or 0.0)
+        led.gaps = int(state.get("gaps") or 0)
+        led.skipped_sweeps = int(state.get("skipped_sweeps") or 0)
+        led.unsettled = [Slice(**s) for s in state.get("unsettled") or []]
+        led.open_intervals = {k: Interval(**v) for k, v in
+                              (state.get("open_intervals") or {}).items()}
+        led.next_incident = int(state.get("next_incident") or 1)
+        led.seen_evictions = set(state.get("seen_evictions") or [])
+        for d in incidents:
+            inc = Incident.from_store(d)
+            led.incidents[inc.id] = inc
+            led.next_incident = max(led.next_incident, inc.id + 1)
+        led.intervals.extend(Interval(**iv) for iv in intervals)
+        return led

@@ -1,0 +1,381 @@
+"""The goodput ledger (monitor/goodput.py) fed synthetic sweeps: every cause, an incident's whole
+life, a monitor restarted from a real SQLite store, skipped and missing sweeps, a group that never
+returns, odd rank data. Each sweep's split is checked against the invariant
+``goodput + badput + pending == expected groups x wall seconds``.
+
+The job here is a model, not torchft: each group commits at a pace the test sets (steps of
+``STEP`` seconds at pace 1.0), and the ledger sees it through /v1/state-shaped rank states in a
+real :class:`monitor.view.ClusterView`."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from monitor.goodput import CAUSES, GoodputConfig, GoodputError, GoodputLedger
+from monitor.store import Store
+from monitor.view import ClusterView, RankView
+
+STEP = 0.2  # healthy step time of the model job (s)
+T0 = 1_700_000_000.0
+
+
+class ModelJob:
+    """Replica groups of ``gws`` ranks committing steps at a pace the test sets."""
+
+    def __init__(self, groups: int = 3, gws: int = 2) -> None:
+        self.t = T0
+        self.gws = gws
+        self.progress = 0.0  # the job's step, fractional
+        self.groups = {g: {"rid": f"replica_group_{g}:a", "commits": 0, "in": True,
+                           "joined": 0.0, "struck": {}, "phase": "forward", "reach": True}
+                       for g in range(groups)}
+        self.findings: list[dict] = []
+        self.evictions: list[dict] = []
+        self.splits: list[float] = []
+
+    def ranks(self) -> dict[str, RankView]:
+        out = {}
+        for g, s in self.groups.items():
+            for gr in range(self.gws):
+                url = f"http://127.0.0.1:{9000 + g * 10 + gr}"
+                state = {"replica_group": g, "rank": g * self.gws + gr, "group_rank": gr,
+                         "group_world_size": self.gws, "step": int(s["joined"]),
+                         "quorum_id": 7 if s["in"] else 6, "phase": s["phase"],
+                         "phase_since": self.t, "participating": s["in"],
+                         "replica_id": s["rid"], "commits": s["commits"],
+                         "faults_struck_at": s["struck"] if gr == 1 else {}}
+                out[url] = RankView(url, s["reach"], state)
+        return out
+
+    def sweep(self, ledger: GoodputLedger, dt: float = 1.0, pace: float = 1.0):
+        """Advance ``dt`` seconds at ``pace`` (every group in the quorum commits), then sweep."""
+        before = self.progress
+        self.t += dt
+        self.progress += pace * dt / STEP
+        n = int(self.progress) - int(before)
+        for s in self.groups.values():
+            if s["in"]:
+                s["commits"] += n
+                s["joined"] = self.progress
+        acct = ledger.update(ClusterView(at=self.t, ranks=self.ranks()), self.findings,
+                             self.evictions, self.t)
+        check_invariant(ledger)
+        return acct
+
+    def run(self, ledger, seconds: float, pace: float = 1.0, dt: float = 1.0) -> None:
+        for _ in range(int(round(seconds / dt))):
+            self.sweep(ledger, dt, pace)
+
+    def finding(self, kind, g, first_seen, confirmed_at, fid, ranks=None):
+        f = {"id": fid, "kind": kind, "replica_group": g, "replica_id": self.groups[g]["rid"],
+             "ranks": ranks or [g * self.gws + 1], "evidence": {}, "first_seen": first_seen,
+             "confirmed_at": confirmed_at}
+        self.findings.append(f)
+        return f
+
+    def evict(self, g, at, did, fid=None, source="auto"):
+        self.evictions.append({"id": did, "decision": "evict", "replica_group": g,
+                               "replica_id": self.groups[g]["rid"], "at": at, "finding_id": fid,
+                               "status": "sent", "source": source, "finding": None})
+        self.groups[g]["in"] = False
+
+    def restart(self, g, suffix):
+        s = self.groups[g]
+        s.update(rid=f"replica_group_{g}:{suffix}", commits=0, **{"in": True}, struck={})
+
+
+def check_invariant(ledger: GoodputLedger) -> None:
+    j = ledger.to_json()["job"]
+    total = j["goodput_seconds"] + sum(j["badput_seconds"].values()) + j["pending_seconds"]
+    assert total == pytest.approx(j["expected_seconds"], abs=0.01), j
+    for g in ledger.to_json()["groups"]:
+        parts = g["goodput_seconds"] + sum(g["badput_seconds"].values()) + g["pending_seconds"]
+        assert parts == pytest.approx(g["expected_seconds"], abs=0.01), g
+
+
+def job_json(ledger):
+    return ledger.to_json()["job"]
+
+
+def healthy_ledger(groups=3, seconds=20, **cfg):
+    job = ModelJob(groups)
+    led = GoodputLedger(GoodputConfig(**cfg))
+    job.run(led, seconds)
+    return job, led
+
+
+def test_healthy_run_is_goodput_after_a_short_startup():
+    job, led = healthy_ledger(seconds=60)
+    out = led.to_json()
+    j = out["job"]
+    assert out["expected_groups"] == 3 and out["expected_groups_source"] == "max_seen"
+    assert out["baseline"]["step_seconds"] == pytest.approx(STEP, rel=0.1)
+    assert out["wall_seconds"] == 59  # the first sweep starts the ledger's clock
+    assert j["expected_seconds"] == pytest.approx(3 * 59, abs=0.01)
+    startup = j["badput_seconds"]["startup"]
+    assert 0 < startup <= 3 * 5  # a few sweeps to measure the pace
+    assert j["goodput_seconds"] == pytest.approx(3 * 59 - startup, abs=0.01)
+    assert {c: v for c, v in j["badput_seconds"].items() if v} == {"startup": startup}
+    assert j["pending_seconds"] == 0 and out["incidents"] == [] and out["pace"]["ratio"] >= 0.9
+    # GPU-seconds: the group world size (2) times replica-seconds
+    assert j["gpu_seconds"]["goodput_seconds"] == pytest.approx(2 * j["goodput_seconds"])
+
+
+def test_sweep_interval_longer_or_shorter_than_a_step_is_still_goodput():
+    for dt in (0.07, 0.5, 2.5):  # commits per sweep: 0 or 1, 2-3, 12-13
+        job = ModelJob(2)
+        led = GoodputLedger()
+        job.run(led, 30, dt=dt)
+        j = job_json(led)
+        assert j["goodput_seconds"] + j["badput_seconds"]["startup"] == pytest.approx(
+            j["expected_seconds"], abs=0.01), (dt, j)
+
+
+def test_straggler_incident_full_life():
+    """Slow group 1 (pace 0.3 for everyone) -> straggler confirmed -> evicted -> survivors
+    stall then back at pace -> group 1 restarted, heals, rejoins."""
+    job, led = healthy_ledger(seconds=30)
+    onset = job.t
+    job.groups[1]["struck"] = {"slow_compute:delay=0.6": onset + 0.1}
+    job.run(led, 8, pace=0.3)  # the detector's windows: slow, nothing explains it yet
+    assert job_json(led)["pending_seconds"] == pytest.approx(3 * 8 * 0.7, rel=0.1)
+    job.finding("straggler", 1, first_seen=onset + 4, confirmed_at=job.t, fid=11)
+    job.run(led, 4, pace=0.3)
+    j = job_json(led)
+    assert j["pending_seconds"] == 0  # claimed back to the onset by the straggler
+    assert j["badput_seconds"]["straggler_drag"] == pytest.approx(3 * 12 * 0.7, rel=0.1)
+    job.evict(1, at=job.t - 0.2, did=5, fid=11)
+    job.run(led, 4, pace=0.0)  # the Lighthouse has not dropped the killed group yet
+    job.run(led, 10, pace=1.0)
+    job.restart(1, "b")
+    job.groups[1]["in"] = False  # restarting, then healing: out of the quorum
+    job.run(led, 6, pace=1.0)
+    job.groups[1]["in"] = True
+    job.run(led, 10, pace=1.0)
+
+    out = led.to_json()
+    [inc] = out["incidents"]
+    assert inc["kind"] == "straggler" and inc["finding_ids"] == [11] and inc["eviction_id"] == 5
+    assert inc["onset_at"] == onset + 0.1 and inc["onset_source"] == "faults_struck_at"
+    assert inc["detect_s"] == pytest.approx(8 - 0.1, abs=0.01)
+    assert inc["evict_s"] == pytest.approx(12 - 0.3, abs=0.01)
+    # back at pace: within a sweep of the survivors' first commit after the 4 s stall
+    assert inc["back_to_pace_at"] - inc["evicted_at"] == pytest.approx(4.2, abs=1.01)
+    assert inc["rejoined_at"] is not None and not inc["open"] and inc["closed_at"] is not None
+    cost = inc["cost"]["by_cause"]
+    assert cost["straggler_drag"] == pytest.approx(3 * 12 * 0.7, rel=0.1)
+    # capacity: group 1 out from the eviction's sweep until it rejoined (4 + 10 + 6 sweeps)
+    assert cost["capacity_lost"] == pytest.approx(20, abs=0.01)
+    # recovery: the two survivors from the eviction until back at pace
+    assert 2 * 4 <= cost["recovery"] <= 2 * 6
+    assert set(cost) == {"straggler_drag", "capacity_lost", "recovery"}
+    assert inc["cost"]["replica_seconds"] == pytest.approx(sum(cost.values()), abs=0.01)
+    assert inc["cost"]["gpu_seconds"] == pytest.approx(2 * inc["cost"]["replica_seconds"],
+                                                       abs=0.01)
+    assert inc["gpus_per_group"] == 2
+    # every badput interval after the onset is tied to it; capacity/recovery to the eviction
+    ivs = [iv for iv in out["intervals"] if iv["cause"] != "startup"]
+    assert ivs and all(iv["incident"] == inc["id"] for iv in ivs)
+    assert {iv["cause"] for iv in ivs} == {"straggler_drag", "capacity_lost", "recovery"}
+    assert all(iv["eviction_id"] == 5 for iv in ivs if iv["cause"] in ("capacity_lost",
+                                                                      "recovery"))
+    assert all(iv["finding_id"] == 11 for iv in ivs)
+    # the group's own ledger: out of the quorum for 20 s
+    g1 = next(g for g in out["groups"] if g["replica_group"] == 1)
+    assert g1["badput_seconds"]["capacity_lost"] == pytest.approx(20, abs=0.01)
+    # the baseline was frozen while the incident was open: still the healthy step
+    assert out["baseline"]["step_seconds"] == pytest.approx(STEP, rel=0.1)
+
+
+def test_hang_stall_is_tied_to_the_hang_back_to_its_first_evidence():
+    job, led = healthy_ledger(seconds=30)
+    hang_at = job.t
+    job.run(led, 2, pace=0.0)  # shorter than the pace window: pending, not yet a stall
+    assert job_json(led)["badput_seconds"]["stall"] == 0
+    job.run(led, 3, pace=0.0)  # no commit for a whole window: a stall since the last commit
+    j = job_json(led)
+    assert j["pending_seconds"] == 0
+    assert j["badput_seconds"]["stall"] == pytest.approx(3 * 5 - 3 * 0.3, abs=3 * 0.31)
+    job.finding("hang", 2, first_seen=hang_at + 0.1, confirmed_at=job.t, fid=21)
+    job.evict(2, at=job.t + 0.3, did=8, fid=21)
+    job.run(led, 5, pace=0.0)
+    job.run(led, 8, pace=1.0)
+    [inc] = led.to_json()["incidents"]
+    assert inc["onset_source"] == "first_seen" and inc["onset_at"] == hang_at + 0.1
+    cost = inc["cost"]["by_cause"]
+    assert cost["stall"] == pytest.approx(j["badput_seconds"]["stall"], abs=0.01)
+    assert cost["recovery"] == pytest.approx(2 * 5, abs=2 * 1.01)
+    assert inc["recovery_s"] == pytest.approx(10, abs=1.5)
+    assert inc["open"]  # group 2 has not come back: its capacity is still being lost
+
+
+def test_group_that_never_returns_keeps_losing_capacity_on_its_incident():
+    job, led = healthy_ledger(seconds=30)
+    job.evict(0, at=job.t + 0.5, did=3, source="manual")
+    job.run(led, 60, pace=1.0)
+    out = led.to_json()
+    [inc] = out["incidents"]
+    assert inc["kind"] == "manual" and inc["onset_source"] == "eviction"
+    assert inc["back_to_pace_at"] is not None and inc["rejoined_at"] is None and inc["open"]
+    assert inc["cost"]["by_cause"]["capacity_lost"] == pytest.approx(60, abs=0.01)
+    g0 = next(g for g in out["groups"] if g["replica_group"] == 0)
+    assert g0["badput_seconds"]["capacity_lost"] == pytest.approx(60, abs=0.01)
+    assert out["job"]["goodput_ratio"] == pytest.approx(
+        (out["job"]["goodput_seconds"]) / (3 * 89), abs=1e-3)
+    # one group of three gone for 60 of the 89 s: at most 1 - 60 / (3 x 89) of the capacity
+    assert out["job"]["goodput_ratio"] < 1 - 60 / (3 * 89)
+
+
+def test_unexplained_slowness_settles_as_unattributed_and_the_baseline_adapts():
+    job, led = healthy_ledger(seconds=20, horizon_s=10)
+    job.run(led, 8, pace=0.5)
+    assert job_json(led)["pending_seconds"] > 0
+    assert led.to_json()["baseline"]["frozen"]
+    job.run(led, 40, pace=0.5)
+    j = job_json(led)
+    assert j["badput_seconds"]["unattributed"] > 3 * 10 * 0.5 * 0.9
+    assert j["badput_seconds"]["straggler_drag"] == 0 and led.to_json()["incidents"] == []
+    # after the horizon the new pace is adopted (a lasting change is the job's new normal)
+    assert led.baseline == pytest.approx(2 * STEP, rel=0.15)
+
+
+def test_late_straggler_cannot_claim_settled_time():
+    job, led = healthy_ledger(seconds=20, horizon_s=5)
+    onset = job.t
+    job.run(led, 12, pace=0.4)
+    job.finding("straggler", 0, first_seen=onset, confirmed_at=job.t, fid=1)
+    job.sweep(led)
+    j = job_json(led)
+    assert j["badput_seconds"]["unattributed"] > 0  # older than the horizon: stays
+    assert 0 < j["badput_seconds"]["straggler_drag"] < 3 * 12 * 0.6
+
+
+def test_expected_groups_flag_counts_a_group_that_never_came():
+    job = ModelJob(2)
+    led = GoodputLedger(GoodputConfig(expected_groups=3))
+    job.run(led, 30)
+    out = led.to_json()
+    assert out["expected_groups"] == 3 and out["expected_groups_source"] == "flag"
+    unseen = next(g for g in out["groups"] if g["replica_group"] is None)
+    startup = unseen["badput_seconds"]["startup"]
+    assert unseen["badput_seconds"]["capacity_lost"] == pytest.approx(29 - startup, abs=0.01)
+    assert out["job"]["expected_seconds"] == pytest.approx(3 * 29, abs=0.01)
+    assert out["job"]["goodput_ratio"] < 2 / 3
+
+
+def test_out_of_order_and_repeated_sweeps_are_skipped():
+    job, led = healthy_ledger(seconds=20)
+    before = led.to_json()["job"]
+    view = ClusterView(at=job.t, ranks=job.ranks())
+    assert not led.update(view, [], [], job.t).accounted  # the same time again
+    assert not led.update(view, [], [], job.t - 5).accounted  # the clock went back
+    assert led.to_json()["job"] == before and led.skipped_sweeps == 2
+    job.sweep(led)  # and it carries on from where it was
+    assert led.to_json()["job"]["expected_seconds"] == pytest.approx(
+        before["expected_seconds"] + 3, abs=0.01)
+
+
+def test_missing_sweeps_are_a_gap_credited_with_the_commits_made_across_it():
+    job, led = healthy_ledger(seconds=20)
+    before = led.to_json()["job"]
+    job.sweep(led, dt=100, pace=0.5)  # the monitor was away; the job ran at half pace
+    j = led.to_json()
+    assert j["gaps"] == 1 and j["gap_seconds"] == 100
+    gained = j["job"]["goodput_seconds"] - before["goodput_seconds"]
+    assert gained == pytest.approx(3 * 50, rel=0.02)  # commits x baseline
+    assert j["job"]["badput_seconds"]["unattributed"] == pytest.approx(3 * 100 - gained,
+                                                                        abs=0.01)
+
+
+def test_stopped_or_unreachable_job_is_not_accounted():
+    job, led = healthy_ledger(seconds=20)
+    for s in job.groups.values():
+        s["phase"] = "stopped"
+    job.run(led, 10, pace=0.0)
+    for s in job.groups.values():
+        s["reach"] = False
+    job.run(led, 10, pace=0.0)
+    out = led.to_json()
+    assert out["unobserved_seconds"] == pytest.approx(20, abs=0.01)
+    assert out["job"]["expected_seconds"] == pytest.approx(3 * 19, abs=0.01)
+
+
+def test_odd_rank_values_are_ignored_not_raised():
+    job, led = healthy_ledger(seconds=10)
+    ranks = job.ranks()
+    for i, r in enumerate(ranks.values()):
+        r.state.update(commits=["x", -4, None, 1e9, True, "7"][i],
+                       group_world_size="two", faults_struck_at={"x": "soon", "y": math.nan})
+    job.t += 1
+    led.update(ClusterView(at=job.t, ranks=ranks), [{"id": "nine", "kind": "hang"},
+                                                     {"id": 4, "kind": "hang", "ranks": ["a"],
+                                                      "replica_group": 1,
+                                                      "first_seen": "then"}],
+               [{"id": None}, {"id": 2, "decision": "evict", "at": "now"}], job.t)
+    check_invariant(led)
+    out = led.to_json()
+    assert out["job"]["goodput_seconds"] <= out["job"]["expected_seconds"]
+    assert {i["kind"] for i in out["incidents"]} <= {"hang", "manual"}
+
+
+def test_restarted_monitor_resumes_totals_and_incidents_from_the_store(tmp_path):
+    path = str(tmp_path / "monitor.sqlite")
+    store = Store(path)
+    job, led = healthy_ledger(seconds=30)
+    job.finding("hang", 2, first_seen=job.t, confirmed_at=job.t + 3, fid=5)
+    job.run(led, 4, pace=0.0)
+    job.evict(2, at=job.t, did=9, fid=5)
+    job.run(led, 5, pace=1.0)
+    store.save_goodput(led.snapshot(), *led.drain())
+    before = led.to_json()
+    store.close()
+
+    store = Store(path)  # a new monitor process, same --state
+    state, incidents, intervals = store.load_goodput()
+    resumed = GoodputLedger.restore(GoodputConfig(), state, incidents, intervals)
+    assert resumed.to_json() == before
+    job.findings = []  # the old finding was closed as monitor_restarted
+    job.run(resumed, 5, pace=1.0)  # 5 s: a sweep gap shorter than max_gap is accounted
+    after = resumed.to_json()
+    assert after["job"]["expected_seconds"] == pytest.approx(
+        before["job"]["expected_seconds"] + 3 * 5, abs=0.01)
+    [inc] = after["incidents"]
+    assert inc["id"] == before["incidents"][0]["id"] and inc["eviction_id"] == 9
+    assert inc["cost"]["by_cause"]["capacity_lost"] == pytest.approx(
+        before["incidents"][0]["cost"]["by_cause"]["capacity_lost"] + 5, abs=0.01)
+    # the same fault confirmed again by the new monitor joins the same incident
+    job.finding("hang", 2, first_seen=job.t, confirmed_at=job.t, fid=6)
+    job.sweep(resumed)
+    [inc] = resumed.to_json()["incidents"]
+    assert inc["finding_ids"] == [5, 6]
+    # settled intervals went to the store; a restart keeps them too
+    store.save_goodput(resumed.snapshot(), *resumed.drain())
+    assert all(iv["cause"] in CAUSES for iv in store.goodput_intervals())
+    store.close()
+
+
+def test_settled_intervals_are_persisted(tmp_path):
+    store = Store(str(tmp_path / "m.sqlite"))
+    job, led = healthy_ledger(seconds=20, horizon_s=5)
+    job.evict(1, at=job.t, did=1, source="manual")
+    job.run(led, 30)
+    store.save_goodput(led.snapshot(), *led.drain())
+    job.restart(1, "b")
+    job.run(led, 10)
+    store.save_goodput(led.snapshot(), *led.drain())
+    rows = store.goodput_intervals()
+    cap = [r for r in rows if r["cause"] == "capacity_lost"]
+    assert cap and all(r["eviction_id"] == 1 and r["replica_group"] == 1 for r in cap)
+    assert sum(r["replica_seconds"] for r in cap) == pytest.approx(30, abs=1.01)
+    state, incidents, _ = store.load_goodput()
+    assert state["version"] == 1 and incidents[0]["closed_at"] is not None
+    store.close()
+
+
+def test_config_is_checked():
+    with pytest.raises(GoodputError, match="expected_groups"):
+        GoodputLedger(GoodputConfig(expected_groups=0))
+    with pytest.raises(GoodputError, match="pace_threshold"):
+        GoodputLedger(GoodputConfig(pace_threshold=1.5))
