@@ -176,13 +176,18 @@ def torchfrtrace_cmd(path: Path) -> list[str]:
 
 
 def run_floor(path: Path) -> int:
-    """The floor, in this (fresh) process: the loader's pool reads every file, nothing else."""
-    from monitor.analysis.loader import _candidates
+    """The floor, in this (fresh) process: every file read as the loader reads it (by its pool,
+    or here when the loader would not start one), and nothing else."""
+    from monitor.analysis.loader import POOL_MIN_BYTES, _candidates, _total_size, read_dump
     from monitor.analysis.pool import available_cores, run_pool
 
     files = _candidates([path], [])
-    outcomes = run_pool(files, available_cores(), task="read")
-    return 1 if any(error for _, error in outcomes) else 0
+    jobs = available_cores()
+    if jobs > 1 and len(files) > 1 and _total_size(files) >= POOL_MIN_BYTES:
+        return 1 if any(error for _, error in run_pool(files, jobs, task="read")) else 0
+    for file in files:
+        read_dump(file)
+    return 0
 
 
 def _median_run(runs: list[dict]) -> dict:
@@ -205,9 +210,11 @@ def compare(workdir: Path, shapes: list[str], sizes: list[tuple[int, int]], repe
                          "dump_mib": round(sum(p.stat().st_size for p in path.iterdir()) / 2**20, 1),
                          "load_before": os.getloadavg()[0]}
             runs: dict[str, list[dict]] = {"lightkeeper": [], "serial": [], "floor": []}
-            for _ in range(repeat):
-                runs["floor"].append(measure(floor_cmd(path)))
-                runs["lightkeeper"].append(measure(lightkeeper_cmd(path)))
+            for i in range(repeat):
+                # alternate which of the pair goes first
+                pair = [("floor", floor_cmd(path)), ("lightkeeper", lightkeeper_cmd(path))]
+                for name, cmd in pair if i % 2 == 0 else pair[::-1]:
+                    runs[name].append(measure(cmd))
                 runs["serial"].append(measure(lightkeeper_cmd(path, jobs=1)))
             for name, measured in runs.items():
                 row[name] = _median_run(measured)
@@ -216,16 +223,19 @@ def compare(workdir: Path, shapes: list[str], sizes: list[tuple[int, int]], repe
                 row["torchfrtrace"] = measure(torchfrtrace_cmd(path), timeout=tf_timeout)
                 failed |= row["torchfrtrace"]["exit"] != 0 and not row["torchfrtrace"]["timed_out"]
             row["load_after"] = os.getloadavg()[0]
-            _ratios(row)
+            _ratios(row, list(zip(runs["lightkeeper"], runs["floor"], strict=True)))
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows, failed
 
 
-def _ratios(row: dict) -> None:
-    lk, floor = row["lightkeeper"], row["floor"]
-    row["vs_floor"] = round(lk["wall_s"] / floor["wall_s"], 3)
-    tf = row.get("torchfrtrace")
+def _ratios(row: dict, pairs: list[tuple[dict, dict]]) -> None:
+    # runs of lightkeeper and the floor next to each other share the machine's mood: the median
+    # of their ratios is steadier than a ratio of medians on a shared machine
+    ratios = sorted(lk["wall_s"] / floor["wall_s"] for lk, floor in pairs)
+    row["vs_floor"] = round(ratios[len(ratios) // 2], 3)
+    row["vs_floor_runs"] = [round(r, 3) for r in ratios]
+    lk, tf = row["lightkeeper"], row.get("torchfrtrace")
     if tf:
         row["speedup"] = round(tf["wall_s"] / lk["wall_s"], 2)
         row["memory_ratio"] = round(lk["peak_rss_mib"] / tf["peak_rss_mib"], 3)
@@ -286,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=None, help="rank counts (default 256 1024)")
     parser.add_argument("--entries", type=int, default=2000, help="entries per dump (default 2000)")
     parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
-    parser.add_argument("--repeat", type=int, default=3, help="runs of each lightkeeper command (median kept)")
+    parser.add_argument("--repeat", type=int, default=5, help="runs of lightkeeper, --jobs 1 and the floor (medians kept)")
     parser.add_argument("--tf-timeout", type=float, default=420.0, help="seconds before torchfrtrace is stopped")
     parser.add_argument("--workdir", type=Path, default=None, help="where to write dumps (default: a temp dir, removed); reused when given")
     parser.add_argument("--no-torchfrtrace", action="store_true", help="measure lightkeeper only")

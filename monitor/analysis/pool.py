@@ -23,14 +23,15 @@ nothing waits on a dead process.
 
 from __future__ import annotations
 
+import fcntl
 import gc
 import os
 import pickle
-import queue
+import selectors
 import signal
 import subprocess
 import sys
-import threading
+from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -76,7 +77,8 @@ def run_pool(paths: Sequence[str | os.PathLike[str]], jobs: int, task: str = "lo
 def _load(path: str) -> Outcome:
     from .loader import load_outcome
 
-    return load_outcome(path)
+    trace, error = load_outcome(path)
+    return (None if trace is None else _pack(trace)), error
 
 
 def _read(path: str) -> Outcome:
@@ -109,6 +111,73 @@ def _serve(task: str) -> None:
 # ---- wire ----------------------------------------------------------------------------------
 
 
+class _Packed:
+    """A RankTrace on the wire: its groups' columns packed by :func:`_pack_column`."""
+
+    __slots__ = ("trace", "columns")
+
+    def __init__(self, trace: Any, columns: dict) -> None:
+        self.trace, self.columns = trace, columns
+
+
+def _pack(trace: Any) -> _Packed:
+    columns = {
+        key: (g.first_seq, g.restarted, _pack_column(g.sigs), _pack_column(g.states),
+              _pack_column(g.created_ns), _pack_column(g.duration_ms))
+        for key, g in trace.groups.items()
+    }
+    trace.groups = {}
+    return _Packed(trace, columns)
+
+
+def _unpack(packed: _Packed) -> Any:
+    from .model import GroupTrace
+
+    trace = packed.trace
+    trace.groups = {
+        key: GroupTrace(first_seq, _as_list(sigs), _as_list(states), _as_sequence(created),
+                        _as_sequence(durations), restarted)
+        for key, (first_seq, restarted, sigs, states, created, durations) in packed.columns.items()
+    }
+    return trace
+
+
+def _pack_column(values: list) -> Any:
+    """One value and a count, or a machine array of exactly these values' type, or the list."""
+    kinds = set(map(type, values))
+    if len(kinds) != 1:  # empty, or mixed (sequence ids without an entry are None)
+        return values
+    if values.count(values[0]) == len(values):  # one type, so 1, 1.0 and True stay apart
+        return ("same", values[0], len(values))
+    kind = kinds.pop()
+    try:
+        if kind is int:
+            return array("q", values)
+        if kind is float:
+            return array("d", values)
+    except OverflowError:  # an int beyond 64 bits: the list it is
+        pass
+    return values
+
+
+def _as_list(packed: Any) -> list:
+    if type(packed) is array:
+        return packed.tolist()
+    if type(packed) is tuple:
+        _, value, count = packed
+        return [value] * count
+    return packed
+
+
+def _as_sequence(packed: Any) -> Sequence[Any]:
+    # enqueue times and durations stay machine arrays: the engine only indexes, slices and
+    # iterates them, and at 8 bytes a value (not a Python object each) they cost this process
+    # no allocation per value now and no deallocation at exit
+    if type(packed) is array:
+        return packed
+    return _as_list(packed)
+
+
 def _send(stream: BinaryIO, obj: Any) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(len(data).to_bytes(_HEADER, "little") + data)
@@ -129,11 +198,12 @@ def _read_exactly(stream: BinaryIO, size: int) -> bytes:
 
 # ---- parent side ---------------------------------------------------------------------------
 
-_GONE = object()  # a worker's stdout ended
+_PIPE_BYTES = 1 << 20  # a worker's answers queue up here instead of blocking it
+_F_SETPIPE_SZ = 1031  # Linux fcntl
 
 
 class _Worker:
-    def __init__(self, task: str, answers: queue.SimpleQueue) -> None:
+    def __init__(self, task: str) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-S", "-c", _BOOT, _ROOT, task],
             stdin=subprocess.PIPE,
@@ -141,32 +211,46 @@ class _Worker:
             close_fds=True,
             start_new_session=True,  # the terminal's Ctrl-C is the parent's to handle
         )
+        self.fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        try:
+            fcntl.fcntl(self.fd, _F_SETPIPE_SZ, _PIPE_BYTES)
+        except OSError:  # not Linux, or over the system's limit: the default size works too
+            pass
         self.ready = False
         self.in_flight: deque[int] = deque()
-        self._reader = threading.Thread(target=self._read_answers, args=(answers,), daemon=True)
-        self._reader.start()
+        self._pending = bytearray()
 
-    def _read_answers(self, answers: queue.SimpleQueue) -> None:
-        # a thread per worker: blocking reads release the GIL, and a dead worker's pipe ends
-        # with EOF, which is how the parent learns of the death without polling
-        stream = self.proc.stdout
-        try:
-            while True:
-                answers.put((self, _recv(stream)))
-        except Exception:  # EOF, or a torn frame from a dying worker
-            answers.put((self, _GONE))
+    def answers(self) -> list[Any] | None:
+        """The answers that arrived complete (read without blocking); None at end of stream."""
+        chunk = os.read(self.fd, _PIPE_BYTES)
+        if not chunk:
+            return None
+        buf = self._pending
+        buf += chunk
+        out, at = [], 0
+        while len(buf) - at >= _HEADER:
+            size = int.from_bytes(buf[at : at + _HEADER], "little")
+            if len(buf) - at - _HEADER < size:
+                break
+            answer = pickle.loads(memoryview(buf)[at + _HEADER : at + _HEADER + size])
+            at += _HEADER + size
+            if type(answer[1]) is _Packed:
+                answer = (answer[0], _unpack(answer[1]), answer[2])
+            out.append(answer)
+        del buf[:at]
+        return out
 
     def send(self, message: Any) -> bool:
         try:
-            _send(self.proc.stdin, message)
+            _send(self.proc.stdin, message)  # type: ignore[arg-type]
             return True
-        except OSError:  # its stdin is closed: it died, and its reader will say so
+        except OSError:  # its stdin is closed: it died, and its stdout's end will say so
             return False
 
     def close(self) -> None:
         for stream in (self.proc.stdin, self.proc.stdout):
             try:
-                stream.close()
+                stream.close()  # type: ignore[union-attr]
             except OSError:
                 pass
 
@@ -187,7 +271,7 @@ class _Pool:
         self.outcomes: list[Outcome | None] = [None] * len(paths)
         self.left = len(paths)
         self.queue: deque[int] = deque(sorted(range(len(paths)), key=self._size, reverse=True))
-        self.answers: queue.SimpleQueue = queue.SimpleQueue()
+        self.selector = selectors.DefaultSelector()
         self.workers: list[_Worker] = []
         self.replacements = self.jobs
 
@@ -203,33 +287,45 @@ class _Pool:
         try:
             for _ in range(self.jobs):
                 self._start_worker()
+            # one thread reads every worker's answers as they come: a dead worker's stdout
+            # ends (EOF), which is how its death is noticed without polling or timeouts
             while self.left and self.workers:
-                worker, answer = self.answers.get()
-                if answer is _GONE:
-                    self._bury(worker)
-                elif answer[0] == "ready":
-                    worker.ready = True
-                else:
-                    index, trace, error = answer
-                    worker.in_flight.remove(index)
-                    self._settle(index, (trace, error))
-                    self._feed(worker)
+                for key, _ in self.selector.select():
+                    worker = key.data
+                    answers = worker.answers()
+                    if answers is None:
+                        self._bury(worker)
+                        continue
+                    for answer in answers:
+                        self._take(worker, answer)
             if self.left:  # every worker died: load what is left here
                 work = _TASKS[self.task]
                 while self.queue:
                     index = self.queue.popleft()
-                    self._settle(index, work(self.paths[index]))
+                    trace, error = work(self.paths[index])
+                    self._settle(index, (_unpack(trace) if type(trace) is _Packed else trace, error))
         finally:
             for worker in self.workers:
                 worker.stop()
+            self.selector.close()
         return self.outcomes  # type: ignore[return-value]
+
+    def _take(self, worker: _Worker, answer: tuple) -> None:
+        if answer[0] == "ready":
+            worker.ready = True
+            return
+        index, trace, error = answer
+        worker.in_flight.remove(index)
+        self._settle(index, (trace, error))
+        self._feed(worker)
 
     def _start_worker(self) -> None:
         try:
-            worker = _Worker(self.task, self.answers)
+            worker = _Worker(self.task)
         except OSError:  # cannot start a process at all: the caller's loop loads in-process
             return
         self.workers.append(worker)
+        self.selector.register(worker.fd, selectors.EVENT_READ, worker)
         for _ in range(IN_FLIGHT):
             self._feed(worker)
 
@@ -248,6 +344,7 @@ class _Pool:
 
     def _bury(self, worker: _Worker) -> None:
         """A worker's output ended: blame the file it was reading, requeue the rest."""
+        self.selector.unregister(worker.fd)
         worker.close()
         code = worker.proc.wait()
         self.workers.remove(worker)
