@@ -13,9 +13,6 @@ Public API (pure functions, no I/O except the loader, no torch import):
 - ``normalize(dump, rank=None) -> RankTrace`` and ``DumpFormatError``: one dump, validated;
   ``normalize_dumps(dumps) -> (traces, errors)``: every rank's, once (then pass the traces to
   ``analyze`` and to the queries below).
-- ``arrival_lags(traces, last=4) -> [ArrivalLags]``: per newest collective of torchft's current
-  incarnation, each rank's enqueue lag (s) behind the first (host clocks; the live straggler's
-  evidence).
 - ``load_paths(paths) -> LoadResult``: read per-rank dump files (JSON or pickle) from files and
   directories; unreadable files become errors instead of exceptions.
 
@@ -23,7 +20,6 @@ Finding kinds and the rules behind them are documented in :mod:`monitor.analysis
 JSON interface in the README (Flight Recorder analysis).
 """
 
-from .arrival import ArrivalLags, arrival_lags
 from .engine import StragglerConfig, analyze, normalize_dumps
 from .findings import AnalysisResult, Finding, HangFinding, MismatchFinding, StragglerFinding
 from .loader import LoadResult, load_paths
@@ -31,7 +27,6 @@ from .model import DumpFormatError, GroupKey, RankTrace, normalize
 
 __all__ = [
     "AnalysisResult",
-    "ArrivalLags",
     "DumpFormatError",
     "Finding",
     "GroupKey",
@@ -42,7 +37,6 @@ __all__ = [
     "StragglerConfig",
     "StragglerFinding",
     "analyze",
-    "arrival_lags",
     "load_paths",
     "normalize",
     "normalize_dumps",
