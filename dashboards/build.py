@@ -120,6 +120,9 @@ def job_overview() -> dict:
                 (f"max(lightkeeper_quorum_participants{{{J}}})", "participants")),
         interpolation="stepAfter", fill=0), 12, 7)
 
+    L.row("Goodput (monitor)")
+    _goodput_panels(L)
+
     L.row("Progress")
     L.add(timeseries(
         "Step rate per replica group",
@@ -192,6 +195,54 @@ def job_overview() -> dict:
         "A fault-tolerant torchft job at a glance: quorum, progress, step time per replica "
         "group, commit failures, and the monitor's findings and evictions.",
         [TAG], [P.datasource_variable(), _job_var()], L, annotations, LINKS)
+
+
+# Badput causes of the monitor's goodput ledger (monitor.goodput.CAUSES), in stacking order,
+# with their colours; a test keeps the two lists in step.
+BADPUT_COLORS = {"startup": "blue", "capacity_lost": "red", "recovery": "orange",
+                 "stall": "dark-red", "straggler_drag": "yellow", "unattributed": "purple"}
+
+
+def _fixed_color(name: str, color: str) -> dict:
+    return P.override_by_name(name, color={"mode": "fixed", "fixedColor": color})
+
+
+def _goodput_panels(L: Layout) -> None:
+    """The ledger's job-level view: its ratio, its capacity, and where each interval's
+    replica-seconds went (docs/goodput.md)."""
+    good = f"sum(rate(lightkeeper_monitor_goodput_seconds_total{{{J}}}[{RI}]))"
+    bad = f"rate(lightkeeper_monitor_badput_seconds_total{{{J}}}[{RI}])"
+    total = f"({good} + sum({bad}))"
+    L.add(stat("Goodput since the ledger began",
+               "Replica-seconds spent in steps committed at healthy pace / (expected replica "
+               "groups x wall seconds), since the monitor's goodput ledger began (it survives "
+               "monitor restarts). GET /v1/goodput on the monitor has the incidents.",
+               [target(f"max(lightkeeper_monitor_goodput_ratio{{{J}}})", "goodput")],
+               unit="percentunit", decimals=1,
+               thresholds_=P.thresholds((None, "red"), (0.8, "orange"), (0.9, "green"))), 4, 8)
+    L.add(stat("Expected replica groups",
+               "The ledger's capacity: the monitor's --expected-groups, else the number of "
+               "replica groups it has seen.",
+               [target(f"max(lightkeeper_monitor_expected_replica_groups{{{J}}})",
+                       "expected")]), 4, 8)
+    L.add(timeseries(
+        "Goodput and badput by cause",
+        "Per interval, the share of the job's replica-seconds that went to goodput (steps "
+        "committed at healthy pace) and to each badput cause, stacked to 100%: startup, "
+        "capacity_lost (a group out of the quorum), recovery (after an eviction until back at "
+        "pace), stall (no commit anywhere), straggler_drag, unattributed. Slow time is counted "
+        "once its cause is settled (up to the attribution horizon later).",
+        targets((f"{good} / {total}", "goodput"),
+                (f"sum by (cause) ({bad}) / scalar{total}", "{{cause}}")),
+        unit="percentunit", stack=True, fill=70, min_=0, max_=1,
+        overrides=[_fixed_color("goodput", "green")]
+        + [_fixed_color(c, color) for c, color in BADPUT_COLORS.items()]), 8, 8)
+    L.add(timeseries(
+        "Goodput per replica group",
+        "Each replica group slot's goodput / its wall seconds since the ledger began.",
+        [target(f"lightkeeper_monitor_replica_group_goodput_ratio{{{J}}}",
+                "group {{replica_group}}")],
+        unit="percentunit", min_=0, max_=1), 8, 8)
 
 
 # --- 2. replica group / rank drill-down ---------------------------------------------------------

@@ -117,6 +117,7 @@ TOOLTIP = {"mode": "multi", "sort": "desc"}
 
 def timeseries(title: str, description: str, tgts: list[Json], *, unit: str = "short",
                draw: str = "line", stack: bool = False, fill: int = 10, min_: float | None = None,
+               max_: float | None = None,
                interpolation: str = "linear", overrides: list[Json] | None = None,
                thresholds_: Json | None = None, threshold_style: str = "off",
                legend_calcs: list[str] | None = None) -> Json:
@@ -142,7 +143,8 @@ def timeseries(title: str, description: str, tgts: list[Json], *, unit: str = "s
         legend = {**legend, "displayMode": "table", "calcs": legend_calcs}
     return _panel("timeseries", title, description, tgts,
                   {"legend": legend, "tooltip": TOOLTIP},
-                  field_defaults(unit=unit, custom=custom, min_=min_, thresholds_=thresholds_),
+                  field_defaults(unit=unit, custom=custom, min_=min_, max_=max_,
+                                 thresholds_=thresholds_),
                   overrides)
 
 

@@ -44,6 +44,8 @@ class MonitorAPI(Protocol):
 
     def ranks_json(self) -> list[dict[str, Any]]: ...
 
+    def goodput_json(self, incidents: int = 50, intervals: int = 200) -> dict[str, Any]: ...
+
     def evict_manual(self, replica_group: int, reason: str) -> dict[str, Any]: ...
 
     def register_target(self, body: Any, authorization: str | None) -> Target: ...
@@ -63,13 +65,13 @@ def _check_token(expected: str | None) -> None:
         raise Forbidden("missing or wrong bearer token", 401)
 
 
-def _limit() -> int:
-    raw = request.args.get("limit", "500")
+def _limit(name: str = "limit", default: int = 500, least: int = 1) -> int:
+    raw = request.args.get(name, str(default))
     try:
         n = int(raw)
     except ValueError:
-        raise BadTarget(f"limit must be an integer, got {raw!r}") from None
-    return max(1, min(n, 10_000))
+        raise BadTarget(f"{name} must be an integer, got {raw!r}") from None
+    return max(least, min(n, 10_000))
 
 
 def create_app(monitor: MonitorAPI) -> Flask:
@@ -105,6 +107,11 @@ def create_app(monitor: MonitorAPI) -> Flask:
         only = request.args.get("decision")
         return jsonify(monitor.store.decisions(limit=_limit(), evictions_only=only == "evict"))
 
+    @app.get("/v1/goodput")
+    def goodput():
+        return jsonify(monitor.goodput_json(incidents=_limit("incidents", 50, 0),
+                                            intervals=_limit("intervals", 200, 0)))
+
     @app.get("/v1/targets")
     def targets():
         return jsonify([{"url": t.url, "source": t.source, "job": t.job,
@@ -130,6 +137,7 @@ def create_app(monitor: MonitorAPI) -> Flask:
     @app.get("/")
     def overview():
         return render_template("overview.html", c=monitor.cluster_json(),
+                               goodput=monitor.goodput_json(incidents=1, intervals=0),
                                findings=monitor.store.findings(limit=20),
                                decisions=monitor.store.decisions(limit=20),
                                interval=monitor.cfg.interval_s, now=time.time(),

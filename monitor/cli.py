@@ -21,6 +21,16 @@ def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d, r = DetectorConfig(), RailsConfig()
     p.add_argument("--lighthouse", default=os.environ.get("TORCHFT_LIGHTHOUSE"),
@@ -102,6 +112,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--orphan-grace", type=float, default=3.0,
                    help="seconds after a kill before the group's remaining ranks are told to "
                         "exit or reported (3)")
+    p.add_argument("--expected-groups", type=_positive_int, default=None,
+                   help="replica groups the job should run with: the goodput ledger's capacity "
+                        "(default: the number of replica groups ever seen)")
     p.add_argument("--log-level", default="INFO", help="logging level (INFO)")
 
 
@@ -123,7 +136,7 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
             dead_sweeps=args.dead_sweeps, fr_interval_s=args.fr_interval,
             starting_timeout_s=args.starting_timeout),
         rank_exit_token=args.rank_exit_token or os.environ.get("LIGHTKEEPER_EXIT_TOKEN") or None,
-        orphan_grace_s=args.orphan_grace,
+        orphan_grace_s=args.orphan_grace, expected_groups=args.expected_groups,
         rails=RailsConfig(min_replicas=args.min_replicas, cooldown_s=args.cooldown,
                           min_reachable_fraction=args.min_reachable, dry_run=args.dry_run,
                           evict_kinds=tuple(args.evict_on)),

@@ -101,6 +101,7 @@ class MonitorConfig:
     # reported on the eviction for the operator.
     rank_exit_token: str | None = None
     orphan_grace_s: float = 3.0
+    expected_groups: int | None = None  # goodput ledger's capacity (None: groups ever seen)
     detectors: DetectorConfig = field(default_factory=DetectorConfig)
     rails: RailsConfig = field(default_factory=RailsConfig)
 

@@ -7,33 +7,37 @@ at every sweep ``goodput + sum(badput) + pending == expected groups x wall secon
 to float rounding). No HTTP, no threads, no I/O: :mod:`monitor.service` feeds it and persists
 :meth:`GoodputLedger.snapshot`; ``docs/goodput.md`` is the manual.
 
-Definitions (per replica group slot, per sweep interval ``dt``):
+Definitions (per replica group slot, per sweep interval ``dt``; ``docs/goodput.md`` has more):
 
-- **healthy baseline** ``b``: the rolling median (last ``baseline_samples`` samples) of the job's
-  mean step time over the trailing pace window, one sample per healthy sweep. Frozen (no sample)
-  while an incident is open, during recovery, and while the job is slower than
-  ``pace_threshold`` x baseline without explanation for less than the attribution horizon (so a
-  fault never drags the baseline it is measured against; a lasting unexplained change of pace is
-  adopted after the horizon).
+- **healthy baseline** ``b``: the rolling median (last ``baseline_samples``) of the job's mean
+  step time over the trailing pace window, one sample per sweep. Frozen (no sample) while an
+  incident is open, and while the job is below ``pace_threshold`` without explanation for less
+  than the attribution horizon, so a fault never drags the baseline it is measured against (a
+  lasting unexplained change of pace is adopted after the horizon). Before the baseline exists
+  every sample counts (a fault during startup is part of the startup).
 - **pace window** ``W = max(pace_window_s, pace_window_steps x b)``; a group's *pace* is its
   commits in the trailing ``W`` times ``b`` over the window's length (1.0 = healthy pace).
-- **goodput**: a group in the quorum (participating) that committed in ``dt`` at a pace of at
-  least ``pace_threshold`` counts the whole ``dt``; below, only ``commits x b`` (the time its
-  commits take at healthy pace), at most ``dt``.
+- **goodput**: a group in the quorum (participating) at a pace of at least ``pace_threshold``
+  counts the whole ``dt``; below, only ``commits x b`` (the time its commits take at healthy
+  pace), at most ``dt``.
 - **badput**, the rest of the slot, by the first cause that applies:
-  ``startup`` (the ledger has no baseline yet: from the first sweep that sees a verified rank),
+  ``startup`` (no baseline yet: from the first sweep that sees a verified rank),
   ``capacity_lost`` (the slot's group is out of the quorum: evicted, restarting, healing, never
   joined), ``recovery`` (after an eviction, until the job is back at pace), ``stall`` (no group
-  committed in ``dt``), ``straggler_drag`` (slow commits while a straggler finding is open, or
-  before it was confirmed, back to its onset), ``unattributed`` (slow, nothing explains it).
-  Slow time nothing explains yet is held as ``pending`` for the attribution horizon
-  ``H = max(horizon_s, horizon_steps x b)``: a straggler confirmed within ``H`` claims it back to
-  its onset; otherwise it settles as ``unattributed``.
-- **incident**: one confirmed finding (or a manual eviction). Onset: the culprit ranks' own
-  ``faults_struck_at`` when they report one, else the finding's ``first_seen``. Back at pace: the
-  start of the first trailing window ``W`` after the eviction (or the detection, when not
-  evicted) over which the job's pace is at least ``pace_threshold``. Cost: every badput interval
-  tied to it, in replica-seconds and, with the group world size the ranks report, GPU-seconds.
+  committed for a whole window ``W``: from its last commit), ``straggler_drag`` (slow commits
+  while a straggler finding is open, or before it was confirmed, back to its onset),
+  ``unattributed`` (slow, nothing explains it). Slow time nothing explains yet is held as
+  ``pending`` for the attribution horizon ``H = max(horizon_s, horizon_steps x b)``: a
+  straggler confirmed within ``H`` claims it back to its onset, a stall claims it back to the
+  last commit; otherwise it settles as ``unattributed``.
+- **incident**: one faulty replica group incarnation (its first confirmed finding, or a manual
+  eviction; later findings about the same replica id join it, e.g. the ``dead`` that follows a
+  kill). Onset: the culprit ranks' own ``faults_struck_at`` when they report one, else the
+  finding's ``first_seen``. Back at pace: the start of the first trailing window ``W`` after
+  the eviction (or the detection, when not evicted) over which the job's pace is at least
+  ``pace_threshold``. Closed once acted on (evicted, or its findings cleared), back at pace and
+  its group back in the quorum. Cost: every badput slice tied to it, in replica-seconds and,
+  with the group world size the ranks report (one accelerator per rank), GPU-seconds.
 
 Robustness: a sweep at or before the previous one is skipped (counted); a gap longer than
 ``max_gap_s`` (the monitor was down, or stalled) is credited with the commits made across it and
@@ -275,7 +279,7 @@ class GoodputLedger:
         self.incidents: dict[int, Incident] = {}
         self.next_incident = 1
         self.seen_evictions: set[int] = set()
-        # for the store: what changed since the last drain
+        # for the store: what changed since the last save
         self._dirty_incidents: set[int] = set()
         self._closed_intervals: list[Interval] = []
 
@@ -383,10 +387,14 @@ class GoodputLedger:
             open_ids.add(fid)
             if any(fid in i.finding_ids for i in self.incidents.values()):
                 continue
-            same = [i for i in self.incidents.values() if i.open and i.kind == f.get("kind")
+            # one incident per faulty incarnation: a later finding about the same replica id
+            # (the `dead` that follows a kill, the same fault confirmed again by a restarted
+            # monitor) joins the open incident
+            same = [i for i in self.incidents.values() if i.open
                     and i.replica_group == f.get("replica_group")
-                    and i.replica_id == f.get("replica_id")]
-            if same:  # the same fault confirmed again (e.g. by a restarted monitor)
+                    and i.replica_id == f.get("replica_id")
+                    and (i.replica_id is not None or i.kind == f.get("kind"))]
+            if same:
                 same[-1].finding_ids.append(fid)
                 same[-1].resolved_at = None
                 self._dirty_incidents.add(same[-1].id)
@@ -869,7 +877,7 @@ class GoodputLedger:
     # --- persistence -----------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         """The state a restarted monitor resumes from (incidents and settled intervals are
-        stored apart, see :meth:`drain`)."""
+        stored apart, see :meth:`unsaved`)."""
         return {
             "version": SNAPSHOT_VERSION, "since": self.since, "last_at": self.last_at,
             "groups": {str(g): {"replica_id": grp.replica_id, "commits": grp.commits,
@@ -889,15 +897,19 @@ class GoodputLedger:
             "seen_evictions": sorted(self.seen_evictions)[-1000:],
         }
 
-    def drain(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Incidents changed and intervals closed since the last drain (for the store)."""
+    def unsaved(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Incidents changed and intervals closed since :meth:`saved` (for the store, with
+        :meth:`snapshot`)."""
         incs = [self.incidents[i].to_store() for i in sorted(self._dirty_incidents)
                 if i in self.incidents]
-        ivs = [asdict(iv) for iv in self._closed_intervals]
+        return incs, [asdict(iv) for iv in self._closed_intervals]
+
+    def saved(self) -> None:
+        """What :meth:`unsaved` returned is stored: forget it (and closed incidents beyond
+        ``keep_incidents``, which the store keeps)."""
         self._dirty_incidents.clear()
         self._closed_intervals = []
         self._forget_old_incidents()
-        return incs, ivs
 
     def _forget_old_incidents(self) -> None:
         closed = sorted((i for i in self.incidents.values() if not i.open), key=lambda i: i.id)
@@ -909,7 +921,7 @@ class GoodputLedger:
     def restore(cls, cfg: GoodputConfig | None, state: dict[str, Any] | None,
                 incidents: list[dict[str, Any]], intervals: list[dict[str, Any]]
                 ) -> GoodputLedger:
-        """A ledger resuming from what :meth:`snapshot` and :meth:`drain` stored. A snapshot
+        """A ledger resuming from what :meth:`snapshot` and :meth:`unsaved` stored. A snapshot
         of another version is not resumed (a fresh ledger starts; the old rows stay stored)."""
         led = cls(cfg)
         if not state or state.get("version") != SNAPSHOT_VERSION:

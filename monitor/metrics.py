@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from .goodput import CAUSES, SweepAccount
+
 SWEEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -72,6 +74,32 @@ class MonitorMetrics:
                                      "POST /v1/targets by outcome (accepted, unauthorized, "
                                      "not_allowed, bad_request, too_many_targets)",
                                      ["job", "outcome"], registry=r)
+        self.goodput_ratio = Gauge(p + "goodput_ratio",
+                                   "Goodput / (expected replica groups x wall seconds) since the "
+                                   "goodput ledger began (NaN before it has accounted a sweep)",
+                                   ["job"], registry=r)
+        self.group_goodput_ratio = Gauge(p + "replica_group_goodput_ratio",
+                                         "One replica group slot's goodput / its wall seconds "
+                                         "since the ledger began", ["job", "replica_group"],
+                                         registry=r)
+        self.goodput_seconds = Counter(p + "goodput_seconds",
+                                       "Replica-seconds spent in steps committed at healthy "
+                                       "pace (this monitor process's accounting)", ["job"],
+                                       registry=r)
+        self.badput_seconds = Counter(p + "badput_seconds",
+                                      "Replica-seconds lost, by cause (straggler_drag, stall, "
+                                      "recovery, capacity_lost, startup, unattributed; slow time "
+                                      "counts once its cause is settled)", ["job", "cause"],
+                                      registry=r)
+        self.expected_groups = Gauge(p + "expected_replica_groups",
+                                     "Replica groups the goodput ledger expects "
+                                     "(--expected-groups, else the number ever seen)", ["job"],
+                                     registry=r)
+        self.goodput_ratio.labels(job).set(float("nan"))
+        self.goodput_seconds.labels(job)
+        for cause in CAUSES:
+            self.badput_seconds.labels(job, cause)
+        self.expected_groups.labels(job).set(0)
         for reason in ("timeout", "connection", "http_status", "bad_response"):
             self.poll_errors.labels(job, reason)
         for kind in ("straggler", "hang", "mismatch", "dead"):
@@ -90,3 +118,20 @@ class MonitorMetrics:
             if row.get("step") is not None:
                 self.group_step.labels(self.job, label).set(row["step"])
             self.group_in_quorum.labels(self.job, label).set(1 if row.get("in_quorum") else 0)
+
+    def add_goodput(self, acct: SweepAccount) -> None:
+        """Count one ledger update: seconds to the counters, ratios to the gauges."""
+        job = self.job
+        if acct.goodput > 0:
+            self.goodput_seconds.labels(job).inc(acct.goodput)
+        for cause, seconds in acct.badput.items():
+            if seconds > 0:
+                self.badput_seconds.labels(job, cause).inc(seconds)
+        if acct.job_goodput_ratio is not None:
+            self.goodput_ratio.labels(job).set(acct.job_goodput_ratio)
+        if acct.accounted:
+            self.expected_groups.labels(job).set(acct.expected_groups)
+        if acct.group_goodput_ratio:
+            self.group_goodput_ratio.clear()
+        for group, ratio in acct.group_goodput_ratio.items():
+            self.group_goodput_ratio.labels(job, str(group)).set(ratio)

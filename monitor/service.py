@@ -30,6 +30,7 @@ from .config import MonitorConfig
 from .decisions import Situation, decide
 from .detectors import KINDS, Analyzer, Detectors, Finding
 from .discovery import BadTarget, Discovery, Target, TooManyTargets
+from .goodput import GoodputConfig, GoodputLedger
 from .lighthouse_status import LighthouseReader, LighthouseStatus
 from .metrics import MonitorMetrics
 from .poller import Poller
@@ -77,6 +78,9 @@ class Monitor:
         self._finding_ids: dict[tuple, int] = {}
         self._last_decision: dict[tuple, str] = {}
         self._act_lock = threading.Lock()  # one decision/eviction at a time (loop vs. API)
+        self._goodput_lock = threading.Lock()  # the loop updates the ledger, the API reads it
+        self.goodput = self._restore_goodput()
+        self.goodput_error: str | None = None
         self._stop = threading.Event()
         self._loop_thread: threading.Thread | None = None
         self._http = None
@@ -155,6 +159,7 @@ class Monitor:
         self._record_findings(new, now)
         self._decide_all(view, evidence, now)
         self._confirm_evictions(view, now)
+        self._account_goodput(evidence, now)
         view.sweep_seconds = evidence.sweep_seconds = time.perf_counter() - t0
         self.view, self.evidence = view, evidence
         self.sweeps += 1
@@ -237,13 +242,14 @@ class Monitor:
             log.info("hold replica group %s (%s): %s", replica_group, d.reason, d.detail)
             did = self.store.add_decision(replica_group=replica_group, replica_id=replica_id,
                                           decision="hold", reason=d.reason, detail=d.detail,
-                                          finding_id=finding_id, finding=finding, source=source)
+                                          finding_id=finding_id, finding=finding, source=source,
+                                          at=self.clock())
             return {"id": did, "decision": "hold", "reason": d.reason, "detail": d.detail}
         log.warning("evicting replica group %s (%s): %s", replica_group, replica_id, d.detail)
         did = self.store.add_decision(replica_group=replica_group, replica_id=replica_id,
                                       decision="evict", reason=(finding or {}).get("kind", source),
                                       detail=d.detail, finding_id=finding_id, finding=finding,
-                                      status="sending", source=source)
+                                      status="sending", source=source, at=self.clock())
         result = self.lighthouse.kill(replica_id)
         self.store.update_decision(did, status="sent" if result.sent else "failed",
                                    http_status=result.http_status,
@@ -312,6 +318,46 @@ class Monitor:
                 self.store.update_decision(d["id"], status="unconfirmed",
                                            detail=f"{d['detail']}; still reporting after "
                                                   f"{self.cfg.confirm_timeout_s:g}s")
+
+    # --- goodput ledger ---------------------------------------------------------------
+    def _restore_goodput(self) -> GoodputLedger:
+        """The ledger as the previous run left it in ``--state`` (a fresh one if none, or if
+        what is stored cannot be read: logged, the old rows stay in the file)."""
+        gcfg = GoodputConfig(expected_groups=self.cfg.expected_groups,
+                             max_gap_s=max(30.0, 10 * self.cfg.interval_s))
+        try:
+            return GoodputLedger.restore(gcfg, *self.store.load_goodput())
+        except (ValueError, TypeError, KeyError) as e:
+            log.warning("goodput ledger not resumed from %s (%s: %s): starting afresh",
+                        self.cfg.state_path, type(e).__name__, e)
+            return GoodputLedger(gcfg)
+
+    def _account_goodput(self, evidence: ClusterView, now: float) -> None:
+        """Split this sweep's wall time (verified ranks only); a failure here is logged and
+        never stops the sweep."""
+        findings = [{**f.to_dict(), "id": self._finding_ids.get(f.key)}
+                    for f in self.detectors.open_findings()]
+        try:
+            with self._goodput_lock:
+                acct = self.goodput.update(evidence, findings,
+                                           self.store.decisions(limit=100, evictions_only=True),
+                                           now)
+                self.store.save_goodput(self.goodput.snapshot(), *self.goodput.unsaved(), at=now)
+                self.goodput.saved()  # only once stored: a failed write is retried next sweep
+            self.metrics.add_goodput(acct)
+            self.goodput_error = None
+        except Exception as e:  # the ledger must never end monitoring
+            error = f"{type(e).__name__}: {e}"
+            if error != self.goodput_error:  # once per new error, not per sweep
+                log.exception("goodput ledger failed")
+            self.goodput_error = error
+
+    def goodput_json(self, incidents: int = 50, intervals: int = 200) -> dict[str, Any]:
+        """``GET /v1/goodput``."""
+        with self._goodput_lock:
+            out = self.goodput.to_json(incidents=incidents, intervals=intervals)
+        out["error"] = self.goodput_error
+        return out
 
     # --- publishing ------------------------------------------------------------------
     def _publish_metrics(self, view: ClusterView, evidence: ClusterView, polls) -> None:

@@ -95,6 +95,11 @@ def check_invariant(ledger: GoodputLedger) -> None:
         assert parts == pytest.approx(g["expected_seconds"], abs=0.01), g
 
 
+def save(store: Store, ledger: GoodputLedger) -> None:
+    store.save_goodput(ledger.snapshot(), *ledger.unsaved())
+    ledger.saved()
+
+
 def job_json(ledger):
     return ledger.to_json()["job"]
 
@@ -328,7 +333,7 @@ def test_restarted_monitor_resumes_totals_and_incidents_from_the_store(tmp_path)
     job.run(led, 4, pace=0.0)
     job.evict(2, at=job.t, did=9, fid=5)
     job.run(led, 5, pace=1.0)
-    store.save_goodput(led.snapshot(), *led.drain())
+    save(store, led)
     before = led.to_json()
     store.close()
 
@@ -351,7 +356,7 @@ def test_restarted_monitor_resumes_totals_and_incidents_from_the_store(tmp_path)
     [inc] = resumed.to_json()["incidents"]
     assert inc["finding_ids"] == [5, 6]
     # settled intervals went to the store; a restart keeps them too
-    store.save_goodput(resumed.snapshot(), *resumed.drain())
+    save(store, resumed)
     assert all(iv["cause"] in CAUSES for iv in store.goodput_intervals())
     store.close()
 
@@ -361,10 +366,10 @@ def test_settled_intervals_are_persisted(tmp_path):
     job, led = healthy_ledger(seconds=20, horizon_s=5)
     job.evict(1, at=job.t, did=1, source="manual")
     job.run(led, 30)
-    store.save_goodput(led.snapshot(), *led.drain())
+    save(store, led)
     job.restart(1, "b")
     job.run(led, 10)
-    store.save_goodput(led.snapshot(), *led.drain())
+    save(store, led)
     rows = store.goodput_intervals()
     cap = [r for r in rows if r["cause"] == "capacity_lost"]
     assert cap and all(r["eviction_id"] == 1 and r["replica_group"] == 1 for r in cap)
@@ -379,3 +384,11 @@ def test_config_is_checked():
         GoodputLedger(GoodputConfig(expected_groups=0))
     with pytest.raises(GoodputError, match="pace_threshold"):
         GoodputLedger(GoodputConfig(pace_threshold=1.5))
+
+
+def test_dashboard_colours_every_badput_cause():
+    from dashboards.build import BADPUT_COLORS
+
+    assert list(BADPUT_COLORS) == ["startup", "capacity_lost", "recovery", "stall",
+                                   "straggler_drag", "unattributed"]
+    assert set(BADPUT_COLORS) == set(CAUSES)
