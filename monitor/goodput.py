@@ -14,19 +14,21 @@ Definitions (per replica group slot, per sweep interval ``dt``; ``docs/goodput.m
   incident is open, and while the job is below ``pace_threshold`` without explanation for less
   than the attribution horizon, so a fault never drags the baseline it is measured against (a
   lasting unexplained change of pace is adopted after the horizon). Before the baseline exists
-  every sample counts (a fault during startup is part of the startup).
+  every sample counts (a fault during startup is part of the startup), and a young baseline
+  (fewer than a quarter of its window) keeps following a job that warms up or settles.
 - **pace window** ``W = max(pace_window_s, pace_window_steps x b)``; a group's *pace* is its
   commits in the trailing ``W`` times ``b`` over the window's length (1.0 = healthy pace).
 - **goodput**: a group in the quorum (participating) at a pace of at least ``pace_threshold``
   counts the whole ``dt``; below, only ``commits x b`` (the time its commits take at healthy
   pace), at most ``dt``.
 - **badput**, the rest of the slot, by the first cause that applies:
-  ``startup`` (no baseline yet: from the first sweep that sees a verified rank),
-  ``capacity_lost`` (the slot's group is out of the quorum: evicted, restarting, healing, never
-  joined), ``recovery`` (after an eviction, until the job is back at pace), ``stall`` (no group
-  committed for a whole window ``W``: from its last commit), ``straggler_drag`` (slow commits
-  while a straggler finding is open, or before it was confirmed, back to its onset),
-  ``unattributed`` (slow, nothing explains it). Slow time nothing explains yet is held as
+  ``startup`` (no baseline yet: from the first sweep that sees a verified rank; and a group
+  seen but never yet in the quorum, with no finding about it), ``capacity_lost`` (the slot's
+  group is out of the quorum: evicted, restarting, healing, never seen), ``recovery`` (after
+  an eviction, until the job is back at pace; a survivor between quorums then too), ``stall`` (no group committed for a whole window
+  ``W``: from its last commit), ``straggler_drag`` (slow commits while a straggler finding is
+  open, or before it was confirmed, back to its onset), ``unattributed`` (slow, nothing
+  explains it). Slow time nothing explains yet is held as
   ``pending`` for the attribution horizon ``H = max(horizon_s, horizon_steps x b)``: a
   straggler confirmed within ``H`` claims it back to its onset, a stall claims it back to the
   last commit; otherwise it settles as ``unattributed``.
@@ -73,7 +75,7 @@ class GoodputConfig:
     pace_window_s: float = 3.0  # W's floor
     pace_window_steps: int = 20  # W >= this many baseline steps
     baseline_samples: int = 120  # the rolling median's window (samples, one per healthy sweep)
-    baseline_min_samples: int = 3  # startup ends with this many
+    baseline_min_samples: int = 10  # startup ends with this many
     horizon_s: float = 60.0  # H's floor: how long pending slow time waits for an explanation
     horizon_steps: int = 30  # H >= this many baseline steps
     max_gap_s: float = 30.0  # a longer gap between sweeps is accounted as a gap
@@ -582,9 +584,16 @@ class GoodputLedger:
             self._badput(t0, now, g, cause, rest, grp.gpus, inc, acct)
         for g in outside:
             self._add(g, 0.0, dt, acct)
-            self._badput(t0, now, g, "startup" if startup else "capacity_lost", dt,
-                         self.groups[g].gpus, None if startup else self._group_incident(g),
-                         acct)
+            inc = None if startup else self._group_incident(g)
+            # a group never yet in the quorum, with nothing wrong found, is still starting
+            first = self.groups[g].last_in_quorum_at is None and inc is None
+            if startup or first:
+                cause = "startup"
+            elif inc is None and recovering is not None:
+                cause, inc = "recovery", recovering  # a survivor between quorums
+            else:
+                cause = "capacity_lost"
+            self._badput(t0, now, g, cause, dt, self.groups[g].gpus, inc, acct)
         for _ in range(unseen):
             self._add(None, 0.0, dt, acct)
             self._badput(t0, now, None, "startup" if startup else "capacity_lost", dt,
@@ -684,11 +693,12 @@ class GoodputLedger:
             return
         span = hist[-1][0] - hist[0][0]
         steps = hist[-1][1] - hist[0][1]
-        if steps < 3 or span < 1.0:
-            return
+        if steps < 3 or span < 0.9 * self.window:
+            return  # too few steps, or not a whole window yet
         if self.baseline is not None and any(i.open for i in self.incidents.values()):
             return  # frozen: an incident is open (its own slowness must not become the norm)
-        if self.slow_since is not None and now - self.slow_since < self.horizon:
+        young = len(self.baseline_samples) < self.cfg.baseline_samples // 4
+        if not young and self.slow_since is not None and now - self.slow_since < self.horizon:
             return  # frozen: unexplained slowness, still waiting for an explanation
         self.baseline_samples.append(span / steps)
         if len(self.baseline_samples) >= self.cfg.baseline_min_samples:
@@ -867,9 +877,10 @@ class GoodputLedger:
     def baseline_frozen(self) -> str | None:
         """Why the baseline takes no samples now (None: it does)."""
         opened = [i.id for i in self._open_incidents()]
-        if opened:
+        if opened and self.baseline is not None:
             return f"incident {opened[-1]} open"
-        if self.slow_since is not None and self.last_at is not None \
+        young = len(self.baseline_samples) < self.cfg.baseline_samples // 4
+        if not young and self.slow_since is not None and self.last_at is not None \
                 and self.last_at - self.slow_since < self.horizon:
             return "unexplained slowness, waiting for an explanation"
         return None
