@@ -6,7 +6,7 @@ local agent to tear them down), FSDP2 inside a group over real gloo, torchft acr
 monitor as a ``lightkeeper monitor`` process the ranks register with. Each group runs on its own
 "host" (``NODE_NAME``); group 2's first incarnation runs with its clock 0.5 s ahead (Debian's
 libfaketime, as ``bin/bootstrap --system`` installs it; without it that test skips, or fails in
-CI). A supervisor thread plays Kubernetes: a group none of whose processes is left is started
+CI; see tests/support/faketime.py). A supervisor thread plays Kubernetes: a group none of whose processes is left is started
 again (``LocalCluster.start_group`` refuses while any process of the group runs, so an evicted
 group is wholly gone before it is restarted).
 
@@ -44,6 +44,7 @@ import requests
 
 from lightkeeper.cluster import LocalCluster, stop_process, wait_until
 from tests.conftest import require_binary
+from tests.support.faketime import faketime_env
 from tests.support.workers import get_json, try_state
 
 pytestmark = pytest.mark.e2e
@@ -58,45 +59,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-# libfaketime 0.9.10 with a true monotonic clock (FAKETIME_DONT_FAKE_MONOTONIC=1, as on a host
-# whose wall clock is off) answers Python's time.sleep (clock_nanosleep to an absolute monotonic
-# deadline) with EINVAL; faking the monotonic clock too makes every timed lock wait forever. The
-# shifted processes get this sitecustomize: time.sleep falls back to a relative wait. Nothing else
-# is changed.
-SLEEP_SHIM = """
-import select
-import time
-
-_sleep = time.sleep
-
-
-def _sleep_relative(seconds):
-    try:
-        _sleep(seconds)
-    except OSError:
-        select.select([], [], [], seconds)
-
-
-time.sleep = _sleep_relative
-"""
-
-
-def faketime_env(offset_s: float, shim_dir) -> dict[str, str] | None:
-    """LD_PRELOAD/FAKETIME as Debian's ``faketime`` wrapper sets them (None without it), with a
-    true monotonic clock and the sleep shim above."""
-    import shutil
-
-    if not shutil.which("faketime"):
-        return None
-    out = subprocess.run(["faketime", "-f", f"+{offset_s}s", "env"], capture_output=True,
-                         text=True, timeout=10).stdout
-    env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-    shim_dir.mkdir(parents=True, exist_ok=True)
-    (shim_dir / "sitecustomize.py").write_text(SLEEP_SHIM)
-    return {"LD_PRELOAD": env["LD_PRELOAD"], "FAKETIME": env["FAKETIME"],
-            "FAKETIME_DONT_FAKE_MONOTONIC": "1", "PYTHONPATH": str(shim_dir)}
 
 
 class Job:
