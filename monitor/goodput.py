@@ -705,11 +705,19 @@ class GoodputLedger:
             self.baseline = statistics.median(self.baseline_samples)
 
     def _settle(self, now: float, acct: SweepAccount) -> None:
-        """Slices older than the horizon become final: pending -> unattributed, counted."""
+        """Slices nothing can change any more become final (totals, incident costs, intervals):
+        those tied to an incident or of ``startup`` or of a group never seen at once, the rest
+        (pending, and stall or capacity lost nothing explains yet) after the horizon, pending
+        then as ``unattributed``. A group's slices settle in time order."""
         cutoff = now - self.horizon
         keep: list[Slice] = []
+        blocked: set[str] = set()  # groups with an earlier slice still open to change
         for s in self.unsettled:
-            if s.t1 > cutoff:
+            key = self._key(s.replica_group)
+            final = s.t1 <= cutoff or (s.cause != PENDING and (
+                s.incident is not None or s.cause == "startup" or s.replica_group is None))
+            if key in blocked or not final:
+                blocked.add(key)
                 keep.append(s)
                 continue
             if s.cause == PENDING:
@@ -717,10 +725,10 @@ class GoodputLedger:
                 acct.badput["unattributed"] += s.seconds
             self._settle_slice(s)
         self.unsettled = keep
-        # an interval no unsettled slice continues is over: close it (it goes to the store)
+        # an interval that neither this sweep nor an open slice continues is over: close it
         continued = {(self._key(s.replica_group), round(s.t0, 6)) for s in keep}
         for key, iv in list(self.open_intervals.items()):
-            if (key, round(iv.end, 6)) not in continued:
+            if iv.end < now - 1e-6 and (key, round(iv.end, 6)) not in continued:
                 self._close_interval(self.open_intervals.pop(key))
 
     def _settle_slice(self, s: Slice) -> None:

@@ -41,6 +41,8 @@ from .view import ClusterView, ViewBuilder
 
 log = logging.getLogger(__name__)
 
+GOODPUT_SAVE_S = 5.0  # the goodput ledger's state is written at least this often
+
 REFUSALS = {Unauthorized: "unauthorized", NotAllowed: "not_allowed", BadTarget: "bad_request",
             TooManyTargets: "too_many_targets"}
 
@@ -81,6 +83,7 @@ class Monitor:
         self._goodput_lock = threading.Lock()  # the loop updates the ledger, the API reads it
         self.goodput = self._restore_goodput()
         self.goodput_error: str | None = None
+        self._goodput_saved_at = float("-inf")
         self._stop = threading.Event()
         self._loop_thread: threading.Thread | None = None
         self._http = None
@@ -114,6 +117,11 @@ class Monitor:
             self._loop_thread.join(timeout=30)
         if self._http is not None:
             self._http.stop()
+        try:
+            with self._goodput_lock:
+                self._save_goodput(self.clock(), force=True)
+        except Exception:  # a store that cannot be written: logged, the stop goes on
+            log.exception("could not save the goodput ledger")
         self.poller.close()
         self.lighthouse.close()
         if self.lighthouse_reader is not None:
@@ -342,8 +350,7 @@ class Monitor:
                 acct = self.goodput.update(evidence, findings,
                                            self.store.decisions(limit=100, evictions_only=True),
                                            now)
-                self.store.save_goodput(self.goodput.snapshot(), *self.goodput.unsaved(), at=now)
-                self.goodput.saved()  # only once stored: a failed write is retried next sweep
+                self._save_goodput(now)
             self.metrics.add_goodput(acct)
             self.goodput_error = None
         except Exception as e:  # the ledger must never end monitoring
@@ -351,6 +358,16 @@ class Monitor:
             if error != self.goodput_error:  # once per new error, not per sweep
                 log.exception("goodput ledger failed")
             self.goodput_error = error
+
+    def _save_goodput(self, now: float, force: bool = False) -> None:
+        """State, changed incidents and closed intervals in one transaction: at once when an
+        incident changed, else every GOODPUT_SAVE_S (a crash loses at most that much, which a
+        restarted ledger then accounts as the time since its last saved sweep)."""
+        incidents, intervals = self.goodput.unsaved()
+        if force or incidents or now - self._goodput_saved_at >= GOODPUT_SAVE_S:
+            self.store.save_goodput(self.goodput.snapshot(), incidents, intervals, at=now)
+            self.goodput.saved()  # only once stored: a failed write is retried next sweep
+            self._goodput_saved_at = now
 
     def goodput_json(self, incidents: int = 50, intervals: int = 200) -> dict[str, Any]:
         """``GET /v1/goodput``."""

@@ -413,3 +413,17 @@ def test_a_group_still_launching_is_startup_until_it_first_joins():
     g2 = next(g for g in led.to_json()["groups"] if g["replica_group"] == 2)
     assert g2["badput_seconds"]["capacity_lost"] == 0
     assert g2["goodput_seconds"] >= 9
+
+
+def test_a_lasting_straggler_never_becomes_the_baseline():
+    """Not evicted (dry run): the straggler's pace must not become the healthy pace."""
+    job, led = healthy_ledger(seconds=60)
+    job.finding("straggler", 1, first_seen=job.t, confirmed_at=job.t + 1, fid=3)
+    job.run(led, 150, pace=0.3)
+    out = led.to_json()
+    assert out["baseline"]["step_seconds"] == pytest.approx(STEP, rel=0.1)
+    assert out["baseline"]["frozen"] == "incident 1 open"
+    drag = out["job"]["badput_seconds"]["straggler_drag"]
+    assert drag == pytest.approx(3 * 150 * 0.7, rel=0.05)
+    [inc] = out["incidents"]
+    assert inc["open"] and inc["back_to_pace_at"] is None and inc["recovery_s"] is None

@@ -116,6 +116,18 @@ def test_goodput_api_metrics_overview_and_a_manual_eviction(tmp_path, job):
         g1 = next(x for x in g["groups"] if x["replica_group"] == 1)
         assert g1["badput_seconds"]["capacity_lost"] == pytest.approx(23, abs=1.01)
 
+        # the counters hold what is settled: here all of it (tied to the eviction, or startup)
+        text = requests.get(mon.url + "/metrics", timeout=10).text
+        for cause in ("capacity_lost", "recovery", "startup"):
+            line = next(x for x in text.splitlines() if x.startswith(
+                f'lightkeeper_monitor_badput_seconds_total{{cause="{cause}",job="sim"}}'))
+            assert float(line.split()[-1]) == pytest.approx(
+                g["job"]["badput_seconds"][cause], abs=0.01)
+        ratio = next(x for x in text.splitlines()
+                     if x.startswith('lightkeeper_monitor_goodput_ratio{job="sim"}'))
+        assert float(ratio.split()[-1]) == pytest.approx(g["job"]["goodput_ratio"], abs=1e-3)
+        assert all(iv["settled"] for iv in tied)
+
         page = requests.get(mon.url + "/", timeout=10).text
         assert 'id="goodput-ratio"' in page and "capacity_lost" in page
         assert "manual in group 1" in page

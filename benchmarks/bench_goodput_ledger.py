@@ -1,0 +1,85 @@
+"""Cost of the goodput ledger (monitor/goodput.py) per monitor sweep, and the size of what it saves.
+
+Synthetic sweeps of N replica groups x R ranks (every group committing at a steady pace, one group
+leaving the quorum at sweep 30 so capacity is being lost), one per simulated second, through a
+real ``ClusterView``. Timed: ``GoodputLedger.update`` (the view built beforehand, as the monitor
+builds it anyway), ``snapshot`` + ``json.dumps`` (what the store writes), and ``to_json``
+(``GET /v1/goodput``). Medians over the last sweeps.
+
+    .venv/bin/python benchmarks/bench_goodput_ledger.py [--groups 100,1000] [--ranks 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+from monitor.goodput import GoodputLedger
+from monitor.view import ClusterView, RankView
+
+STEP_S = 0.2
+
+
+def ranks_of(groups: int, per_group: int) -> dict[str, RankView]:
+    out = {}
+    for g in range(groups):
+        for gr in range(per_group):
+            url = f"http://10.0.{g // 250}.{g % 250}:{9000 + gr}"
+            out[url] = RankView(url, True, {
+                "replica_group": g, "rank": g * per_group + gr, "group_rank": gr,
+                "group_world_size": per_group, "step": 0, "quorum_id": 1, "phase": "forward",
+                "phase_since": 0.0, "participating": True, "replica_id": f"replica_group_{g}:a",
+                "commits": 0, "faults_struck_at": {}})
+    return out
+
+
+def run(groups: int, per_group: int, sweeps: int = 60) -> dict[str, float]:
+    ranks = ranks_of(groups, per_group)
+    led = GoodputLedger()
+    t, updates, saves, sizes = 1_700_000_000.0, [], [], []
+    per_sweep = round(1.0 / STEP_S)
+    for i in range(sweeps):
+        t += 1.0
+        for r in ranks.values():
+            if i >= 30 and r.state["replica_group"] == 0:
+                r.state["participating"] = False  # out of the quorum: capacity lost
+                continue
+            r.state["step"] += per_sweep
+            r.state["commits"] += per_sweep
+        view = ClusterView(at=t, ranks=ranks)
+        t0 = time.perf_counter()
+        led.update(view, [], [], t)
+        t1 = time.perf_counter()
+        blob = json.dumps(led.snapshot())
+        led.unsaved()
+        led.saved()
+        t2 = time.perf_counter()
+        if i >= sweeps // 2:
+            updates.append(t1 - t0)
+            saves.append(t2 - t1)
+            sizes.append(len(blob))
+    t3 = time.perf_counter()
+    api = json.dumps(led.to_json())
+    t4 = time.perf_counter()
+    return {"update_ms": statistics.median(updates) * 1e3,
+            "save_ms": statistics.median(saves) * 1e3, "state_kib": sizes[-1] / 1024,
+            "api_ms": (t4 - t3) * 1e3, "api_kib": len(api) / 1024}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--groups", default="100,1000", help="comma-separated group counts")
+    p.add_argument("--ranks", type=int, default=8, help="ranks per group (8)")
+    args = p.parse_args()
+    print("| groups x ranks | update / sweep | snapshot + json | saved state | GET /v1/goodput |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    for n in (int(x) for x in args.groups.split(",")):
+        r = run(n, args.ranks)
+        print(f"| {n} x {args.ranks} | {r['update_ms']:.1f} ms | {r['save_ms']:.1f} ms | "
+              f"{r['state_kib']:.0f} KiB | {r['api_ms']:.1f} ms, {r['api_kib']:.0f} KiB |")
+
+
+if __name__ == "__main__":
+    main()
