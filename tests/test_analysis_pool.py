@@ -249,3 +249,25 @@ def test_no_process_imports_torch(tmp_path):
     # the stand-in works: a process that imports torch is recorded
     subprocess.run([sys.executable, "-c", "import torch"], env=env, check=True, timeout=DEADLINE_S)
     assert marker.exists()
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [],
+        [5, 5, 5],
+        [1, 2, 3],
+        [1.5, float("nan"), 2.5],
+        [3, 3.0, True],  # equal to ==, not of one type
+        [None, 4, None],
+        [2**70, 1],  # beyond 64 bits
+        [10**18 + 7, 10**18 + 9],  # enqueue times in ns
+    ],
+)
+def test_columns_come_back_as_the_same_values_of_the_same_types(values):
+    back = list(pool._as_sequence(pickle.loads(pickle.dumps(pool._pack_column(values)))))
+    assert [type(v) for v in back] == [type(v) for v in values]
+    assert [repr(v) for v in back] == [repr(v) for v in values]
+    if all(type(v) is int for v in values) and None not in values:
+        codes = list(pool._as_sequence(pickle.loads(pickle.dumps(pool._pack_codes(values)))))
+        assert codes == values

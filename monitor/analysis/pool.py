@@ -122,7 +122,7 @@ class _Packed:
 
 def _pack(trace: Any) -> _Packed:
     columns = {
-        key: (g.first_seq, g.restarted, _pack_column(g.sigs), _pack_column(g.states),
+        key: (g.first_seq, g.restarted, _pack_codes(g.sigs), _pack_codes(g.states),
               _pack_column(g.created_ns), _pack_column(g.duration_ms))
         for key, g in trace.groups.items()
     }
@@ -142,12 +142,25 @@ def _unpack(packed: _Packed) -> Any:
     return trace
 
 
-def _pack_column(values: list) -> Any:
-    """One value and a count, or a machine array of exactly these values' type, or the list."""
-    kinds = set(map(type, values))
-    if len(kinds) != 1:  # empty, or mixed (sequence ids without an entry are None)
+def _pack_codes(values: list) -> Any:
+    """Signature ids and state codes (ints normalize made, None for a missing sequence id)."""
+    if values and values.count(values[0]) == len(values):
+        return ("same", values[0], len(values))
+    if None in values:
         return values
-    if values.count(values[0]) == len(values):  # one type, so 1, 1.0 and True stay apart
+    try:
+        return array("q", values)
+    except OverflowError:  # not from normalize, but never wrong
+        return values
+
+
+def _pack_column(values: list) -> Any:
+    """Values as the dump had them: one value and a count, or a machine array when they are all
+    of one type that fits one, else the list (so that 3 and 3.0 come back as they went)."""
+    kinds = set(map(type, values))
+    if len(kinds) != 1:
+        return values
+    if values.count(values[0]) == len(values):
         return ("same", values[0], len(values))
     kind = kinds.pop()
     try:
