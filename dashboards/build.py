@@ -499,8 +499,9 @@ def monitor_health() -> dict:
         12, 7)
     L.add(timeseries(
         "Arrival lag at the cross-group allreduce",
-        "Median time each replica group arrives after the first one at torchft's allreduce "
-        "(from Flight Recorder dumps): the straggler detector's evidence.",
+        "How long the other replica groups wait for each group at the cross-group step (median "
+        "over the straggler window, from every rank's own per-step wait times; no clocks "
+        "compared): the straggler detector's evidence.",
         [target(f"lightkeeper_monitor_replica_group_arrival_lag_seconds{{{J}}}",
                 "group {{replica_group}}")], unit="s", min_=0), 12, 7)
     L.add(timeseries(

@@ -46,8 +46,9 @@ class MonitorMetrics:
                                    "Group median step time / median over groups",
                                    ["job", "replica_group"], registry=r)
         self.arrival_lag = Gauge(p + "replica_group_arrival_lag_seconds",
-                                 "Median lag behind the first group at the cross-group all_reduce "
-                                 "(Flight Recorder, last window)", ["job", "replica_group"],
+                                 "How long the other groups wait for this group at the "
+                                 "cross-group step (median over the straggler window, from the "
+                                 "ranks' own per-step waits)", ["job", "replica_group"],
                                  registry=r)
         self.group_step = Gauge(p + "replica_group_step", "Committed step of the group",
                                 ["job", "replica_group"], registry=r)
