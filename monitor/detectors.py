@@ -74,7 +74,7 @@ log = logging.getLogger(__name__)
 
 Analyzer = Callable[[Mapping[int, RankTrace]], Any]  # normalized traces -> result with .findings
 KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting")
-STEP_MEMORY = 64  # per-step timings kept per rank
+STEP_MEMORY = 32  # per-step timings kept per rank (ranks serve their last 16)
 TIMING_KEYS = ("step_s", "compute_s", "wait_cross_s", "wait_group_s")
 
 
