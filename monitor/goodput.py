@@ -30,8 +30,9 @@ Definitions (per replica group slot, per sweep interval ``dt``; ``docs/goodput.m
   open, or before it was confirmed, back to its onset), ``unattributed`` (slow, nothing
   explains it). Slow time nothing explains yet is held as
   ``pending`` for the attribution horizon ``H = max(horizon_s, horizon_steps x b)``: a
-  straggler confirmed within ``H`` claims it back to its onset, a stall claims it back to the
-  last commit; otherwise it settles as ``unattributed``.
+  straggler confirmed within ``H`` claims it back to its onset, any other incident the time
+  without commits since its onset (as ``stall``), a stall the time since the last commit;
+  otherwise it settles as ``unattributed``.
 - **incident**: one faulty replica group incarnation (its first confirmed finding, or a manual
   eviction; later findings about the same replica id join it, e.g. the ``dead`` that follows a
   kill). Onset: the culprit ranks' own ``faults_struck_at`` when they report one, else the
@@ -109,6 +110,7 @@ class Slice:
     incident: int | None = None
     finding_id: int | None = None
     eviction_id: int | None = None
+    idle: bool = False  # no group committed in it (pending: a stall not yet a window long)
 
 
 @dataclass
@@ -483,12 +485,15 @@ class GoodputLedger:
 
     def _claim_unsettled(self, inc: Incident) -> None:
         """A new incident explains unsettled badput since its onset: a straggler the pending
-        slow time, any incident a stall nothing explained, its group's capacity lost."""
+        slow time, any other the pending time without commits (as ``stall``), any incident a
+        stall nothing explained, its group's capacity lost."""
         for s in self.unsettled:
             if s.t1 <= inc.onset_at:
                 continue
             if s.cause == PENDING and inc.kind == "straggler":
                 s.cause = "straggler_drag"
+            elif s.cause == PENDING and s.idle:
+                s.cause = "stall"  # the first seconds of the stall this incident caused
             elif s.incident is not None or not (
                     s.cause == "stall" or (s.cause == "capacity_lost"
                                            and s.replica_group == inc.replica_group)):
@@ -581,7 +586,8 @@ class GoodputLedger:
                 cause, inc = "straggler_drag", straggler
             else:
                 cause, inc, slow = PENDING, None, True
-            self._badput(t0, now, g, cause, rest, grp.gpus, inc, acct)
+            self._badput(t0, now, g, cause, rest, grp.gpus, inc, acct,
+                         idle=not deltas.get(g, 0) and not job_moved)
         for g in outside:
             self._add(g, 0.0, dt, acct)
             inc = None if startup else self._group_incident(g)
@@ -639,8 +645,9 @@ class GoodputLedger:
         acct.goodput += good
 
     def _badput(self, t0: float, t1: float, g: int | None, cause: str, seconds: float,
-                gpus: int | None, inc: Incident | None, acct: SweepAccount) -> None:
-        s = Slice(t0, t1, g, cause, seconds, gpus)
+                gpus: int | None, inc: Incident | None, acct: SweepAccount,
+                idle: bool = False) -> None:
+        s = Slice(t0, t1, g, cause, seconds, gpus, idle=idle)
         self._link(s, inc)
         self.unsettled.append(s)
         if cause != PENDING:  # pending counts once it settles

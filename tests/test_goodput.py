@@ -223,6 +223,24 @@ def test_hang_stall_is_tied_to_the_hang_back_to_its_first_evidence():
     assert inc["open"]  # group 2 has not come back: its capacity is still being lost
 
 
+def test_hang_caught_within_a_window_claims_its_first_seconds_as_stall():
+    """Detected and evicted before the job has been still for a whole pace window (4 s)."""
+    job, led = healthy_ledger(seconds=30)
+    hang_at = job.t
+    job.run(led, 3, pace=0.0)
+    assert job_json(led)["pending_seconds"] > 0
+    job.finding("hang", 2, first_seen=hang_at + 0.2, confirmed_at=job.t, fid=4)
+    job.evict(2, at=job.t, did=2, fid=4)
+    job.run(led, 5, pace=0.0)  # the Lighthouse drops the killed group
+    job.run(led, 8)
+    out = led.to_json()
+    assert out["job"]["pending_seconds"] == 0 and out["job"]["badput_seconds"]["unattributed"] == 0
+    [inc] = out["incidents"]
+    assert inc["cost"]["by_cause"]["stall"] == pytest.approx(out["job"]["badput_seconds"]["stall"])
+    assert 3 * 2 <= inc["cost"]["by_cause"]["stall"] <= 3 * 3
+    assert inc["recovery_s"] == pytest.approx(8, abs=1.5)
+
+
 def test_group_that_never_returns_keeps_losing_capacity_on_its_incident():
     job, led = healthy_ledger(seconds=30)
     job.evict(0, at=job.t + 0.5, did=3, source="manual")
