@@ -63,6 +63,9 @@ CAUSES = ("straggler_drag", "stall", "recovery", "capacity_lost", "startup", "un
 PENDING = "pending"  # slow time nothing explains yet (settles within the horizon)
 SNAPSHOT_VERSION = 1
 UNSEEN = "unseen"  # a slot of an expected group never seen (its key in per-group totals)
+# the job's newest step falling this far means it started over (one group lagging a step behind
+# another that left the quorum is not that)
+JOB_RESTART_STEPS = 100
 
 
 class GoodputError(ValueError):
@@ -230,6 +233,10 @@ def _int(v: Any) -> int | None:
     return v
 
 
+def _ints(v: Any) -> list[int]:
+    return [x for x in v if _int(x) is not None] if isinstance(v, list) else []
+
+
 def _pace(history: deque, window: float, b: float | None) -> float | None:
     """Commits (or steps) in the trailing window x b / the window's length; None without data."""
     if b is None or len(history) < 2:
@@ -373,7 +380,9 @@ class GoodputLedger:
             s = max(steps)
             if self.job_step is not None and s > self.job_step:
                 moved = True
-            if self.job_step is None or s > self.job_step or s < self.job_step - 1_000_000:
+            if self.job_step is not None and s < self.job_step - JOB_RESTART_STEPS:
+                self.job_history.clear()  # the job started over (e.g. from a checkpoint)
+            if self.job_step is None or s > self.job_step or not self.job_history:
                 self.job_step = s
         if self.job_step is not None:
             self.job_history.append((now, self.job_step))
@@ -411,7 +420,7 @@ class GoodputLedger:
                 self._dirty_incidents.add(inc.id)
 
     def _open_incident(self, f: dict[str, Any], fid: int | None, view: ClusterView | None,
-                       now: float, kind: str | None = None) -> Incident:
+                       now: float) -> Incident:
         first = _num(f.get("first_seen"))
         detected = _num(f.get("confirmed_at")) or first or now
         first = first if first is not None else detected
@@ -423,9 +432,9 @@ class GoodputLedger:
             onset = max(onset, self.since)
         g = _int(f.get("replica_group"))
         grp = self.groups.get(g) if g is not None else None
-        inc = Incident(id=self.next_incident, kind=str(kind or f.get("kind") or "unknown"),
+        inc = Incident(id=self.next_incident, kind=str(f.get("kind") or "unknown"),
                        replica_group=g, replica_id=f.get("replica_id"),
-                       ranks=[r for r in (f.get("ranks") or []) if _int(r) is not None],
+                       ranks=_ints(f.get("ranks")),
                        onset_at=onset, onset_source=source, detected_at=detected,
                        finding_ids=[fid] if fid is not None else [],
                        gpus_per_group=grp.gpus if grp else None)
@@ -439,8 +448,7 @@ class GoodputLedger:
     def _strike_time(f: dict[str, Any], view: ClusterView, detected: float) -> float | None:
         """The latest fault strike a culprit rank reports before the detection."""
         ev = f.get("evidence") if isinstance(f.get("evidence"), dict) else {}
-        ranks = {r for r in list(f.get("ranks") or []) + list(ev.get("culprit_ranks") or [])
-                 if _int(r) is not None}
+        ranks = set(_ints(f.get("ranks")) + _ints(ev.get("culprit_ranks")))
         strikes = []
         for r in view.ranks.values():
             if r.state is None or r.rank not in ranks:

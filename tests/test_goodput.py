@@ -445,3 +445,19 @@ def test_a_lasting_straggler_never_becomes_the_baseline():
     assert drag == pytest.approx(3 * 150 * 0.7, rel=0.05)
     [inc] = out["incidents"]
     assert inc["open"] and inc["back_to_pace_at"] is None and inc["recovery_s"] is None
+
+
+def test_expected_groups_flag(capsys):
+    import argparse
+
+    from monitor.cli import add_arguments, config_from_args
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert config_from_args(p.parse_args(["--expected-groups", "4"])).expected_groups == 4
+    assert config_from_args(p.parse_args([])).expected_groups is None
+    for bad in ("0", "three"):
+        with pytest.raises(SystemExit) as e:
+            p.parse_args(["--expected-groups", bad])
+        assert e.value.code == 2
+        assert "--expected-groups" in capsys.readouterr().err
