@@ -57,12 +57,13 @@ TARGET_MEMORY = 0.5
 TARGET_FLOOR = 1.2
 
 
-def write_job(directory: Path, shape: str, ranks: int, entries: int) -> Path:
-    """Pickle dumps of ``shape`` into ``directory/<shape>-<ranks>x<entries>`` (cached)."""
+def write_job(directory: Path, shape: str, ranks: int, entries: int, protocol: int = pickle.HIGHEST_PROTOCOL) -> Path:
+    """Pickle dumps of ``shape`` into ``directory/<shape>-<ranks>x<entries>[-p<protocol>]`` (cached)."""
     from tests.support.frgen import plain_dump, steady_dump
 
     make = {"steady": steady_dump, "plain": plain_dump}[shape]
-    target = directory / f"{shape}-{ranks}x{entries}"
+    suffix = "" if protocol == pickle.HIGHEST_PROTOCOL else f"-p{protocol}"
+    target = directory / f"{shape}-{ranks}x{entries}{suffix}"
     marker = target / ".complete"
     if marker.exists():
         return target
@@ -71,7 +72,7 @@ def write_job(directory: Path, shape: str, ranks: int, entries: int) -> Path:
     target.mkdir(parents=True)
     for rank in range(ranks):
         with open(target / f"rank{rank}", "wb") as f:
-            pickle.dump(make(rank, ranks, entries), f, protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dump(make(rank, ranks, entries), f, protocol=protocol)
     marker.touch()
     return target
 
@@ -203,12 +204,12 @@ def _median_run(runs: list[dict]) -> dict:
 
 
 def compare(workdir: Path, shapes: list[str], sizes: list[tuple[int, int]], repeat: int, tf_timeout: float,
-            torchfrtrace: bool) -> tuple[list[dict], bool]:
+            torchfrtrace: bool, protocol: int) -> tuple[list[dict], bool]:
     rows, failed = [], False
     for ranks, entries in sizes:
         for shape in shapes:
-            path = write_job(workdir, shape, ranks, entries)
-            row: dict = {"shape": shape, "ranks": ranks, "entries": entries,
+            path = write_job(workdir, shape, ranks, entries, protocol)
+            row: dict = {"shape": shape, "ranks": ranks, "entries": entries, "protocol": protocol,
                          "dump_mib": round(sum(p.stat().st_size for p in path.iterdir()) / 2**20, 1),
                          "load_before": os.getloadavg()[0]}
             runs: dict[str, list[dict]] = {"lightkeeper": [], "serial": [], "floor": []}
@@ -298,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ranks", type=int, nargs="+", default=None, help="rank counts (default 256 1024)")
     parser.add_argument("--entries", type=int, default=2000, help="entries per dump (default 2000)")
     parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
+    parser.add_argument("--protocol", type=int, default=pickle.HIGHEST_PROTOCOL,
+                        help="pickle protocol of the dumps (default: the highest, framed; torch's own pickler writes 2)")
     parser.add_argument("--repeat", type=int, default=5, help="runs of lightkeeper and of the floor (medians kept)")
     parser.add_argument("--tf-timeout", type=float, default=300.0,
                         help="seconds before torchfrtrace is stopped; its figures are then lower bounds (default 300)")
@@ -321,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             ranks = [32] if args.quick else (args.ranks or [256, 1024])
             entries = 500 if args.quick else args.entries
             rows, failed = compare(workdir, args.shapes, [(r, entries) for r in ranks], args.repeat,
-                                   args.tf_timeout, not args.no_torchfrtrace)
+                                   args.tf_timeout, not args.no_torchfrtrace, args.protocol)
             print()
             print(table(rows))
     finally:

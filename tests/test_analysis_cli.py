@@ -152,3 +152,14 @@ def test_console_script_runs_without_importing_torch(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert proc.returncode == 1, proc.stderr
     assert json.loads(proc.stdout)["findings"][0]["culprit_ranks"] == [2]
+
+
+@pytest.mark.parametrize("protocol", [2, 4, pickle.HIGHEST_PROTOCOL])
+def test_pickles_of_any_protocol_load_alike(tmp_path, protocol):
+    # torch's own pickler writes protocol 2 (no frames); Python's default is framed
+    dumps = hang_job().dumps(fmt="pickle")
+    for rank, dump in dumps.items():
+        (tmp_path / f"rank{rank}").write_bytes(pickle.dumps(dump, protocol=protocol))
+    loaded = load_paths([tmp_path], jobs=1)
+    assert loaded.errors == [] and sorted(loaded.traces) == [0, 1, 2, 3]
+    assert loaded.traces == load_paths([write_dumps(dumps, tmp_path / "json", fmt="json")[0].parent], jobs=1).traces

@@ -5,12 +5,15 @@ Unpickling a Flight Recorder dump is most of ``lightkeeper analyze``'s time and 
 Python-object work under one GIL, so it is spread over processes. Each worker is a fresh
 interpreter (``sys.executable -S``, started through ``subprocess``: fork+exec, safe from a
 process whose other threads hold locks, like ``multiprocessing``'s spawn) that imports the
-analysis package and nothing else: never torch, never the caller's ``__main__`` (which spawn and
-forkserver import again in every worker). Parent and worker talk over the worker's stdin and
-stdout in length-prefixed pickles: the parent sends one file at a time, keeping two in flight per
-worker so none waits for work, biggest files first so the last ones to finish are small; the
-worker answers with the file's trace or its error message, exactly what the serial loader makes
-of it (:func:`monitor.analysis.loader.load_file`).
+analysis package and nothing else: never torch, never the caller's ``__main__`` (which spawn
+imports again in every worker, and forkserver in its server). Parent and worker talk over the
+worker's stdin and stdout in length-prefixed pickles: the parent sends one file at a time,
+keeping two in flight per worker so none waits for work, biggest files first so the last ones
+to finish are small, and reads every worker's answers in one thread as they come; the worker
+answers with the file's trace or its error message, exactly what the serial loader makes of it
+(:func:`monitor.analysis.loader.load_outcome`). The parent unpickles only what its own workers
+pickled: traces built of plain values (the worker's unpickler refuses every class in a dump)
+and this package's classes.
 
 Failures: a file that cannot be used is an error answer like any other. A worker that dies
 (killed, out of memory, a crash in C) costs only the file it was reading, which gets an error
@@ -99,6 +102,7 @@ def _serve(task: str) -> None:
     gc.disable()  # dumps are trees of fresh containers without cycles
     work = _TASKS[task]
     inp, out = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # a stray print must not land in the answers
     try:
         _send(out, ("ready", os.getpid()))
         while (request := _recv(inp)) is not None:
@@ -112,7 +116,8 @@ def _serve(task: str) -> None:
 
 
 class _Packed:
-    """A RankTrace on the wire: its groups' columns packed by :func:`_pack_column`."""
+    """A RankTrace on the wire: its groups' columns packed (:func:`_pack_codes`,
+    :func:`_pack_column`), rebuilt by :func:`_unpack`."""
 
     __slots__ = ("trace", "columns")
 
