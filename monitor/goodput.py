@@ -21,18 +21,18 @@ Definitions (per replica group slot, per sweep interval ``dt``; ``docs/goodput.m
 - **goodput**: a group in the quorum (participating) at a pace of at least ``pace_threshold``
   counts the whole ``dt``; below, only ``commits x b`` (the time its commits take at healthy
   pace), at most ``dt``.
-- **badput**, the rest of the slot, by the first cause that applies:
-  ``startup`` (no baseline yet: from the first sweep that sees a verified rank; and a group
-  seen but never yet in the quorum, with no finding about it), ``capacity_lost`` (the slot's
-  group is out of the quorum: evicted, restarting, healing, never seen), ``recovery`` (after
-  an eviction, until the job is back at pace; a survivor between quorums then too), ``stall`` (no group committed for a whole window
-  ``W``: from its last commit), ``straggler_drag`` (slow commits while a straggler finding is
-  open, or before it was confirmed, back to its onset), ``unattributed`` (slow, nothing
-  explains it). Slow time nothing explains yet is held as
-  ``pending`` for the attribution horizon ``H = max(horizon_s, horizon_steps x b)``: a
-  straggler confirmed within ``H`` claims it back to its onset, any other incident the time
-  without commits since its onset (as ``stall``), a stall the time since the last commit;
-  otherwise it settles as ``unattributed``.
+- **badput**, the rest of the slot, by the first cause that applies: ``startup`` (no baseline
+  yet: from the first sweep that sees a verified rank; and a group seen but never yet in the
+  quorum, with no finding about it), ``capacity_lost`` (the slot's group is out of the quorum:
+  evicted, restarting, healing, never seen), ``recovery`` (after an eviction, until the job is
+  back at pace; a survivor between quorums then too), ``stall`` (no group committed for a whole
+  window ``W``, from its last commit; or none in this sweep while an incident other than a
+  straggler is open), ``straggler_drag`` (slow commits while a straggler finding is open, or
+  before it was confirmed, back to its onset), ``unattributed`` (slow, nothing explains it).
+  Slow time nothing explains yet is held as ``pending`` for the attribution horizon
+  ``H = max(horizon_s, horizon_steps x b)``: a straggler confirmed within ``H`` claims it back
+  to its onset, any other incident the time without commits since its onset (as ``stall``), a
+  stall the time since the last commit; otherwise it settles as ``unattributed``.
 - **incident**: one faulty replica group incarnation (its first confirmed finding, or a manual
   eviction; later findings about the same replica id join it, e.g. the ``dead`` that follows a
   kill). Onset: the culprit ranks' own ``faults_struck_at`` when they report one, else the
@@ -567,7 +567,9 @@ class GoodputLedger:
                                  or now - self.last_commit_at >= self.window)
         recovering = self._recovering(now)
         straggler = self._explaining(straggler=True)
-        stall_cause = self._explaining(straggler=False) or straggler
+        other = self._explaining(straggler=False)
+        stall_cause = other or straggler
+        idle = not job_moved and not any(deltas.get(g, 0) for g in inside)
         if stall and recovering is None:
             self._pending_to_stall(stall_cause)
         slow = False
@@ -592,10 +594,11 @@ class GoodputLedger:
                 cause, inc = "stall", stall_cause
             elif straggler is not None:
                 cause, inc = "straggler_drag", straggler
+            elif idle and other is not None:  # stalling, with a fault that stops commits open
+                cause, inc = "stall", other
             else:
                 cause, inc, slow = PENDING, None, True
-            self._badput(t0, now, g, cause, rest, grp.gpus, inc, acct,
-                         idle=not deltas.get(g, 0) and not job_moved)
+            self._badput(t0, now, g, cause, rest, grp.gpus, inc, acct, idle=idle)
         for g in outside:
             self._add(g, 0.0, dt, acct)
             inc = None if startup else self._group_incident(g)

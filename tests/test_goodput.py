@@ -241,6 +241,19 @@ def test_hang_caught_within_a_window_claims_its_first_seconds_as_stall():
     assert inc["recovery_s"] == pytest.approx(8, abs=1.5)
 
 
+def test_idle_sweeps_while_a_held_incident_is_open_are_its_stall():
+    """A mismatch the rails hold (no eviction): the job's idle sweeps are tied to it at once."""
+    job, led = healthy_ledger(seconds=30)
+    job.finding("mismatch", 2, first_seen=job.t, confirmed_at=job.t, fid=7)
+    job.sweep(led)
+    job.run(led, 2, pace=0.0)  # shorter than the pace window
+    out = led.to_json()
+    assert out["job"]["pending_seconds"] == 0
+    [inc] = out["incidents"]
+    assert inc["cost"]["by_cause"] == {"stall": pytest.approx(out["job"]["badput_seconds"]["stall"])}
+    assert inc["cost"]["by_cause"]["stall"] > 3 * 1.5
+
+
 def test_group_that_never_returns_keeps_losing_capacity_on_its_incident():
     job, led = healthy_ledger(seconds=30)
     job.evict(0, at=job.t + 0.5, did=3, source="manual")
