@@ -245,22 +245,25 @@ def _ratios(row: dict, pairs: list[tuple[dict, dict]]) -> None:
 
 
 def table(rows: list[dict]) -> str:
+    """Medians (best run in brackets), the targets' verdicts and the load average around each row."""
     lines = [
-        "| dumps (ranks x entries) | torchfrtrace wall / CPU / peak RSS | lightkeeper wall / CPU / peak RSS (tree) | "
-        "--jobs 1 wall | load floor wall | speedup | memory | vs floor |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| dumps (ranks x entries) | torchfrtrace wall / CPU / peak RSS | lightkeeper wall (best) / CPU / peak RSS | "
+        "--jobs 1 wall | load floor wall (best) | speedup | memory | vs floor | load avg |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         lk, serial, floor = row["lightkeeper"], row["serial"], row["floor"]
         tf = row.get("torchfrtrace")
         bound = ">" if tf and tf["timed_out"] else ""
-        tf_cell = f"{bound}{tf['wall_s']:.2f} s / {tf['cpu_s']:.2f} s / {bound}{tf['peak_rss_mib']:.0f} MiB" if tf else "-"
+        tf_cell = f"{bound}{tf['wall_s']:.1f} s / {tf['cpu_s']:.1f} s / {bound}{tf['peak_rss_mib']:.0f} MiB" if tf else "-"
         speed = f"{bound}{row['speedup']:.1f}x {_mark(row['speedup'] >= TARGET_SPEEDUP)}" if tf else "-"
         mem = f"1/{1 / row['memory_ratio']:.0f} {_mark(row['memory_ratio'] <= TARGET_MEMORY)}" if tf else "-"
         lines.append(
             f"| {row['shape']} {row['ranks']} x {row['entries']} ({row['dump_mib']:.0f} MiB) | {tf_cell} | "
-            f"{lk['wall_s']:.2f} s / {lk['cpu_s']:.2f} s / {lk['peak_rss_mib']:.0f} MiB | {serial['wall_s']:.2f} s | "
-            f"{floor['wall_s']:.2f} s | {speed} | {mem} | {row['vs_floor']:.2f}x {_mark(row['vs_floor'] <= TARGET_FLOOR)} |"
+            f"{lk['wall_s']:.2f} s ({min(lk['walls_s']):.2f}) / {lk['cpu_s']:.2f} s / {lk['peak_rss_mib']:.0f} MiB | "
+            f"{serial['wall_s']:.2f} s | {floor['wall_s']:.2f} s ({min(floor['walls_s']):.2f}) | {speed} | {mem} | "
+            f"{row['vs_floor']:.2f}x {_mark(row['vs_floor'] <= TARGET_FLOOR)} | "
+            f"{row['load_before']:.1f} -> {row['load_after']:.1f} |"
         )
     return "\n".join(lines)
 
@@ -308,10 +311,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-torchfrtrace", action="store_true", help="measure lightkeeper only")
     parser.add_argument("--threshold", action="store_true", help="measure where the worker pool pays off, and stop")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--table", type=Path, default=None, metavar="JSON",
+                        help="print the table of an earlier run's --json file, and stop")
     parser.add_argument("--floor", type=Path, default=None, help=argparse.SUPPRESS)  # the floor's own process
     args = parser.parse_args(argv)
     if args.floor:
         return run_floor(args.floor)
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return 0
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lk-bench-"))
     started = time.perf_counter()
