@@ -22,9 +22,13 @@ lightkeeper and the floor run ``--repeat`` times, side by side in alternating or
 run of each is kept, and "vs floor" is the median of the per-pair ratios.
 Wall time is the root process's; CPU time is the whole tree's (``wait4``: the root and every
 child it waited for); peak RSS is the whole tree's, the sum over its processes of each one's
-peak (``VmHWM``, sampled every 10 ms from /proc), which bounds the tree's peak from above.
+peak (``VmHWM``, sampled every 25 ms from /proc: a high-water mark needs no finer sampling, and
+on 2 cores a busier sampler would take CPU from the measured processes), which bounds the
+tree's peak from above.
 
-    .venv/bin/python benchmarks/bench_analyze.py                # 256 and 1024 ranks x 2000
+    .venv/bin/python benchmarks/bench_analyze.py --workdir /tmp/lk-dumps   # 256 and 1024 ranks x 2000:
+        # about 10 minutes on 2 cores (5 of them torchfrtrace at 1024 ranks), plus 1.5 minutes
+        # to write the dumps the first time (kept in --workdir for the next run)
     .venv/bin/python benchmarks/bench_analyze.py --quick        # a smoke run, seconds
     .venv/bin/python benchmarks/bench_analyze.py --threshold    # where worker processes pay off
 
@@ -110,7 +114,7 @@ def _status_kib(pid: int, keys: tuple[str, ...]) -> dict[str, int]:
 class _TreeMemory(threading.Thread):
     """Samples a process tree: each process's peak RSS (VmHWM) and the tree's total RSS."""
 
-    def __init__(self, root: int, interval: float = 0.01) -> None:
+    def __init__(self, root: int, interval: float = 0.025) -> None:
         super().__init__(daemon=True)
         self.root, self.interval = root, interval
         self.hwm: dict[int, int] = {}
