@@ -61,6 +61,16 @@ def test_mismatch_names_the_rank_that_differs_from_the_majority(flavour, overrid
     assert found.to_dict()["mismatch"] == mismatch
 
 
+def test_a_non_string_dtype_is_described_not_a_crash():
+    job = tp_job()
+    job.repeat(5, STEP)
+    job.collective("0", "all_reduce", [[1024]], dtypes={2: 7})  # a rank serving garbage
+    job.repeat(2, STEP)
+    (found,) = [f for f in analyze(job.dumps()).findings if f.kind == "mismatch"]
+    assert (found.mismatch, found.culprit_ranks) == ("dtype", [2])
+    assert "7" in found.detail
+
+
 def test_mismatch_without_majority_says_so_and_names_every_participant():
     job = tp_job()
     job.repeat(5, STEP)

@@ -334,7 +334,8 @@ def _describe(sig: Signature) -> str:
     if sig.parts:
         return "coalesced[" + ", ".join(_describe(p) for p in sig.parts) + "]"
     sizes = "" if sig.input_sizes is None else f" {[list(s) for s in sig.input_sizes]}"
-    dtypes = "/".join(sorted(set(sig.input_dtypes) | set(sig.output_dtypes)))
+    # str(): a rank may serve a non-string dtype (bad input); it is described, not a crash.
+    dtypes = "/".join(sorted({str(d) for d in (*sig.input_dtypes, *sig.output_dtypes)}))
     return f"{sig.op}{sizes}{' ' + dtypes if dtypes else ''}"
 
 
