@@ -35,6 +35,7 @@ from operator import eq, itemgetter
 from typing import Any
 
 from .model import (
+    _FAST_KEYS,
     _NONE_TO_NAN,
     _P2P_OPS,
     _STATE_CODES,
@@ -50,21 +51,8 @@ from .model import (
 
 __all__ = ["normalize_columnar"]
 
-# the fields normalize reads from every entry (model._FAST_KEYS), in this order
-_KEYS = (
-    "process_group",
-    "collective_seq_id",
-    "profiling_name",
-    "input_sizes",
-    "output_sizes",
-    "input_dtypes",
-    "output_dtypes",
-    "state",
-    "time_created_ns",
-    "record_id",
-    "pg_id",
-    "is_p2p",
-)
+# the fields normalize reads from every entry, in its order: one list for both paths
+_KEYS = _FAST_KEYS
 _MAX_PERIOD = 64  # longest repeating pattern of groups looked for (collectives per step)
 
 Take = Callable[[Sequence[Any]], Sequence[Any]]
