@@ -16,16 +16,9 @@ import pytest
 from monitor.analysis import analyze, columnar, model
 from monitor.analysis.columnar import normalize_columnar
 from monitor.analysis.model import DumpFormatError, normalize
-from tests.support.frgen import FRJob, plain_dump, steady_dump
+from tests.support.frgen import TP_STEP, FRJob, plain_dump, steady_dump, tp_job
 
-STEP = [("0", "all_reduce", [[1024]]), ("1", "all_gather", [[64]]), ("2", "all_gather", [[64]])]
-
-
-def tp_job(flavour: str = "nccl", **kwargs) -> FRJob:
-    job = FRJob(4, flavour=flavour, **kwargs)
-    job.group("1", [0, 1])
-    job.group("2", [2, 3])
-    return job
+STEP = TP_STEP
 
 
 def faulty(flavour: str) -> dict[int, dict]:

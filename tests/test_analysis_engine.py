@@ -8,17 +8,9 @@ import pytest
 
 from monitor.analysis import GroupKey, analyze, normalize, normalize_dumps
 from monitor.analysis.model import DumpFormatError
-from tests.support.frgen import FRJob
+from tests.support.frgen import TP_STEP, FRJob, tp_job
 
-STEP = [("0", "all_reduce", [[1024]]), ("1", "all_gather", [[64]]), ("2", "all_gather", [[64]])]
-
-
-def tp_job(flavour: str = "nccl", **kwargs) -> FRJob:
-    """4 ranks: default group, tp groups "1" = {0, 1} and "2" = {2, 3}."""
-    job = FRJob(4, flavour=flavour, **kwargs)
-    job.group("1", [0, 1])
-    job.group("2", [2, 3])
-    return job
+STEP = TP_STEP
 
 
 def kinds(result) -> list[tuple[str, str | None, list[int]]]:

@@ -579,3 +579,15 @@ def plain_dump(
         "entries": out,
         "nccl_comm_state": {},
     }
+
+
+TP_STEP = [("0", "all_reduce", [[1024]]), ("1", "all_gather", [[64]]), ("2", "all_gather", [[64]])]
+"""One training step of :func:`tp_job`: a default-group all_reduce, an all_gather per tp group."""
+
+
+def tp_job(flavour: str = "nccl", **kwargs) -> FRJob:
+    """4 ranks: default group, tp groups "1" = {0, 1} and "2" = {2, 3}."""
+    job = FRJob(4, flavour=flavour, **kwargs)
+    job.group("1", [0, 1])
+    job.group("2", [2, 3])
+    return job
