@@ -2,7 +2,7 @@
 
 Not Grafana: an approximation of each panel kind (time series, stat, state timeline, table,
 heatmap) laid out on the dashboard's grid, drawn from the same queries Grafana would run. Used
-for the README's pictures (``docs/img/*.png``)::
+for the pictures in docs/dashboards.md (``docs/img/*.png``)::
 
     python -m dashboards.render --prometheus-url http://127.0.0.1:9090 --out docs/img --since 5m
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from .yamlout import dump
 
-# Runbooks are sections of the README, one per alert, headed by the alert's name.
-RUNBOOK_BASE = "https://github.com/lightkeeper/lightkeeper/blob/main/README.md"
+# Runbooks are sections of docs/dashboards.md, one per alert, headed by the alert's name.
+RUNBOOK_BASE = "https://github.com/lightkeeper/lightkeeper/blob/main/docs/dashboards.md"
 
 
 @dataclass(frozen=True)
