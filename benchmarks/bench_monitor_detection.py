@@ -5,7 +5,7 @@ Every scenario is a fresh real job: a Lighthouse and 3 replica groups of ``--ran
 (default 2: FSDP2 inside a group over gloo, torchft across), each rank its own process (launched
 bare, as on other hosts, unless the scenario says torchrun), ``--step-pause`` seconds of data
 loading per step, each group on its own "host" (``NODE_NAME``). The monitor (when used) runs
-in-process at its defaults (1 s interval, thresholds in the README's Monitor section) plus the
+in-process at its defaults (1 s interval, thresholds in docs/monitor.md) plus the
 ranks' exit token. Faults strike replica group 2 (its group rank 1 for rank-level faults) at step
 ``--at``. Scenarios (``--only a,b``; default: the 3x2 set):
 

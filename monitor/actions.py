@@ -111,7 +111,7 @@ class Orphans:
 
     torchft 0.2.0's kill reaches only the process that runs the group's Manager server (group
     rank 0: ``ManagerServer`` exists there only, and ``Kill`` calls ``std::process::exit``). The
-    group's other ranks are not told. Measured on CPU/gloo (README, Monitor, Eviction): under
+    group's other ranks are not told. Measured on CPU/gloo (docs/monitor.md, Eviction): under
     torchrun its agent tears them down within ~1 s; launched bare (as on other hosts, with no local
     agent), a rank blocked in a collective with rank 0 fails within seconds, but a rank that waits
     outside a collective (e.g. an in-group hang's culprit) lives on, holding its port (and GPU).

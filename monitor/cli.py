@@ -1,6 +1,6 @@
 """``lightkeeper monitor``: poll every rank, detect bad replica groups, evict them.
 
-Every flag is documented in the README (Monitor). The monitor serves its API on ``--bind``/``--port``
+Every flag is documented in docs/monitor.md. The monitor serves its API on ``--bind``/``--port``
 (127.0.0.1:9400 by default; 9090 is Prometheus') and sweeps every ``--interval`` seconds until SIGINT/SIGTERM. A bad
 flag value exits with status 2 and a message naming it.
 """

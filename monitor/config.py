@@ -1,7 +1,7 @@
 """The monitor's configuration: plain dataclasses, filled from ``lightkeeper monitor`` flags.
 
 Every threshold has a default that works for the demo and the tests (CPU, 3 replica groups,
-~0.2 s steps) and for real jobs; the README (Monitor) explains each one. A value that makes no sense
+~0.2 s steps) and for real jobs; docs/monitor.md explains each one. A value that makes no sense
 (a negative interval, a fraction outside (0, 1]) raises :class:`ConfigError` at start-up, never
 in the middle of a run.
 """

@@ -121,7 +121,7 @@ def test_hang_in_group_posted_live_blocks_peer_inside_its_collective(job):
 
 
 def test_crash_of_one_rank_leaves_its_group_rank0_stuck_until_the_timeout(tmp_path):
-    """Measured torchft 0.2.0 behaviour (README, Trainer): with bare processes one rank of a group
+    """Measured torchft 0.2.0 behaviour (docs/trainer.md): with bare processes one rank of a group
     exits before its cross-group all_reduce; rank 0 of that group lives on, blocked in
     should_commit's in-group vote (its ManagerServer still heartbeating), until torchft's
     timeout fails it and it exits; the other groups go on without the group."""

@@ -17,7 +17,7 @@ Public API (pure functions, no I/O except the loader, no torch import):
   directories; unreadable files become errors instead of exceptions.
 
 Finding kinds and the rules behind them are documented in :mod:`monitor.analysis.engine`; the
-JSON interface in the README (Flight Recorder analysis).
+JSON interface in docs/analyze.md.
 """
 
 from .engine import StragglerConfig, analyze, normalize_dumps

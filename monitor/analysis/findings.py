@@ -4,7 +4,7 @@ Every finding has ``kind``, ``pg`` (process-group name as entries carry it), ``s
 sequence id, ``None`` for stragglers), ``op``, ``culprit_ranks`` and a one-line ``detail``; torchft
 groups add ``quorum_id`` / ``group_rank``, replica-group-local groups ``replica_group``. The
 kind-specific fields are those of the subclasses. ``to_dict()`` gives the JSON form documented in
-the README (Flight Recorder analysis), which other tools rely on: add fields, never rename or remove them.
+docs/analyze.md (JSON interface), which other tools rely on: add fields, never rename or remove them.
 """
 
 from __future__ import annotations

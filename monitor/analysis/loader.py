@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 # Below this many bytes of dump files in all, loading in this process beats starting workers
-# (measured: benchmarks/bench_analyze.py --threshold; the README's Performance section).
+# (measured: benchmarks/bench_analyze.py --threshold; docs/analyze.md, Performance).
 POOL_MIN_BYTES = 8 << 20
 
 _TRAILING_DIGITS = re.compile(r"(\d+)(?:\.[A-Za-z]+)?$")
