@@ -15,6 +15,8 @@ import sys
 # subcommand -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("trainer.cli", "run one rank of a torchft replica group with a WorkerServer"),
+    "run": ("lightkeeper.run", "run any torchft job with a WorkerServer on every rank, no code "
+                               "change: lightkeeper run -- COMMAND"),
     "demo": ("lightkeeper.demo", "run a whole fault-tolerant job with faults, monitor and report"),
     "monitor": ("monitor.cli", "poll every rank, detect bad replica groups and evict them"),
     "analyze": ("monitor.analysis.cli", "analyze Flight Recorder dumps across ranks"),

@@ -58,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-replica-size", type=int, default=1,
                    help="torchft min_replica_size: fewest groups that may commit a step")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-worker-server", dest="worker_server", action="store_false",
+                   help="start no WorkerServer of its own (the job is run under `lightkeeper "
+                        "run`, whose hook serves the torchft Manager)")
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -92,7 +95,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         steps=args.steps, worker_host=args.worker_host, worker_port=args.worker_port,
         job=args.job, pg_timeout_s=args.pg_timeout, quorum_timeout_s=args.quorum_timeout,
         step_pause_s=args.step_pause, min_replica_size=args.min_replica_size, seed=args.seed,
-        faults=list(args.inject), model=ModelConfig(),
+        faults=list(args.inject), model=ModelConfig(), worker_server=args.worker_server,
     )
 
 

@@ -42,4 +42,7 @@ class TrainConfig:
     # Intra-process threads for torch; several ranks share the machine's cores.
     torch_threads: int = 1
     faults: list[str] = field(default_factory=list)
+    # False: start no WorkerServer of its own (under `lightkeeper run`, whose hook serves the
+    # Manager; the trainer's phases and POST /v1/faults are then not served).
+    worker_server: bool = True
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -43,7 +43,7 @@ def train(cfg: TrainConfig) -> int:
     from torchft.checkpointing.http_transport import HTTPTransport
     from torchft.optim import OptimizerWrapper
 
-    from worker_server import WorkerServer
+    from worker_server import RankIdentity, RankState, WorkerServer
     from worker_server.instrument import instrument_fsdp
 
     from .model import TinyTransformerLM, synthetic_batch
@@ -83,19 +83,26 @@ def train(cfg: TrainConfig) -> int:
 
     # Faults can also be injected while training runs (POST /v1/faults), but only when
     # LIGHTKEEPER_FAULT_TOKEN is set: the demo does that, a real job does not.
-    server = WorkerServer.start(
-        replica_group=cfg.replica_group, group_rank=group_rank, group_world_size=group_world_size,
-        job=cfg.job, lighthouse=cfg.lighthouse, host=cfg.worker_host,
-        port=cfg.worker_port + group_rank if cfg.worker_port else 0, faults=injector.specs,
-        fault_handler=inject_live,
-    )
-    state = server.state
+    server = None
+    if cfg.worker_server:
+        server = WorkerServer.start(
+            replica_group=cfg.replica_group, group_rank=group_rank,
+            group_world_size=group_world_size, job=cfg.job, lighthouse=cfg.lighthouse,
+            host=cfg.worker_host, port=cfg.worker_port + group_rank if cfg.worker_port else 0,
+            faults=injector.specs, fault_handler=inject_live,
+        )
+        state = server.state
+    else:  # --no-worker-server: the loop's own state, not served
+        state = RankState(RankIdentity(job=cfg.job, replica_group=cfg.replica_group,
+                                       group_rank=group_rank, group_world_size=group_world_size,
+                                       lighthouse=cfg.lighthouse), faults=injector.specs)
     injector.on_strike = lambda fault: state.fault_struck(fault.spec)  # /v1/state faults_struck_at
     # One write(): several ranks (and torch's logs) share the log file, and print() writes the
     # text and the newline separately, so another process's bytes could land between them.
-    sys.stdout.write(f"[lightkeeper] replica_group={cfg.replica_group} group_rank={group_rank} "
-                     f"worker_server={server.url}\n")
-    sys.stdout.flush()
+    if server is not None:
+        sys.stdout.write(f"[lightkeeper] replica_group={cfg.replica_group} "
+                         f"group_rank={group_rank} worker_server={server.url}\n")
+        sys.stdout.flush()
 
     m = cfg.model
     model = TinyTransformerLM(m.vocab_size, m.d_model, m.n_heads, m.n_layers, m.seq_len).to(device)
@@ -136,7 +143,8 @@ def train(cfg: TrainConfig) -> int:
         checkpoint_transport=HTTPTransport(timeout=timedelta(seconds=cfg.pg_timeout_s),
                                            num_chunks=0),
     )
-    server.attach(manager)
+    if server is not None:
+        server.attach(manager)
     # zero_grad() starts the step's quorum; step() steps only when should_commit agrees.
     optimizer = OptimizerWrapper(manager, inner_optimizer)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -188,7 +196,8 @@ def train(cfg: TrainConfig) -> int:
     finally:
         state.set_phase("stopped")
         manager.shutdown(wait=False)
-        server.stop()
+        if server is not None:
+            server.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
         del gstore

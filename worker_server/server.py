@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from typing import Any
 
 import requests
@@ -32,6 +33,12 @@ log = logging.getLogger(__name__)
 
 REGISTER_INTERVAL_S = 5.0
 EXIT_STATUS = 1  # as torchft's Manager exits on the Lighthouse's kill
+_SERVING: weakref.WeakSet = weakref.WeakSet()  # servers of this process that are serving
+
+
+def serving() -> list[WorkerServer]:
+    """The WorkerServers this process serves now (``worker_server.autostart`` asks)."""
+    return list(_SERVING)
 
 
 def exit_process(reason: str, delay_s: float = 0.2) -> None:
@@ -67,6 +74,7 @@ class WorkerServer:
         state.worker_url = self.url
         self._stop = threading.Event()
         self._register_thread: threading.Thread | None = None
+        self.autostarted = False  # started by lightkeeper run's hook, not by the job's code
 
     @classmethod
     def start(cls, manager: Any = None, *, replica_group: int | None = None,
@@ -81,8 +89,14 @@ class WorkerServer:
         ``REPLICA_GROUP_ID``, ``RANK``, ``WORLD_SIZE``, ``TORCHFT_LIGHTHOUSE``, ``LIGHTKEEPER_JOB``.
         ``fault_handler(spec)`` with ``LIGHTKEEPER_FAULT_TOKEN`` set enables ``POST /v1/faults``;
         ``LIGHTKEEPER_EXIT_TOKEN`` enables ``POST /v1/exit`` (:func:`exit_process`).
-        Raises ``OSError`` when the port cannot be bound.
+        Raises ``OSError`` when the port cannot be bound. A ``manager`` that already has a
+        server (``lightkeeper run``'s hook started one, :mod:`worker_server.autostart`) gets
+        that server back, unchanged: one WorkerServer per rank.
         """
+        existing = getattr(manager, "_lightkeeper_server", None) if manager is not None else None
+        if existing is not None:
+            log.info("this Manager is already served at %s (lightkeeper run)", existing.url)
+            return existing
         env = os.environ
         identity = RankIdentity(
             job=job or env.get("LIGHTKEEPER_JOB", "lightkeeper"),
@@ -112,6 +126,7 @@ class WorkerServer:
     def serve(self) -> WorkerServer:
         """Start answering HTTP requests on a background thread; returns self."""
         self._http.start()
+        _SERVING.add(self)
         return self
 
     def attach(self, manager: Any) -> None:
@@ -150,5 +165,6 @@ class WorkerServer:
 
     def stop(self) -> None:
         self._stop.set()
+        _SERVING.discard(self)
         self.state.set_phase("stopped")
         self._http.stop()

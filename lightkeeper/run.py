@@ -1,0 +1,86 @@
+"""``lightkeeper run -- <command>``: run a torchft job with a WorkerServer on every rank, no code
+change (docs/run.md).
+
+It replaces itself (``exec``) with the command, in an environment where every Python process
+the command starts (torchrun's workers included) loads :mod:`worker_server.autostart`'s hook:
+``LIGHTKEEPER_AUTOSTART=1`` and the hook's directory first on ``PYTHONPATH``. Signals reach the
+command directly and its exit status is the command's own. A command that is not found exits
+127 with one line, as a shell would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+
+from worker_server.autostart import ENV_AUTOSTART, SITE_DIR
+
+FR_BUFFER_DEFAULT = "2000"  # Flight Recorder entries kept per process unless the job sets its own
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.usage = "lightkeeper run [options] -- COMMAND [ARG ...]"
+    p.add_argument("--monitor", metavar="URL", default=None,
+                   help="register every rank with this monitor (env LIGHTKEEPER_MONITOR)")
+    p.add_argument("--token", default=None,
+                   help="bearer token for the monitor's registration (env LIGHTKEEPER_TOKEN)")
+    p.add_argument("--job", default=None, help="job name in labels and state (env LIGHTKEEPER_JOB)")
+    p.add_argument("--worker-host", default=None,
+                   help="address the WorkerServers bind (env LIGHTKEEPER_WORKER_HOST; "
+                        "default 127.0.0.1)")
+    p.add_argument("--worker-port", type=int, default=None,
+                   help="first WorkerServer port, + LOCAL_RANK per rank (env "
+                        "LIGHTKEEPER_WORKER_PORT; default 0: ephemeral)")
+    p.add_argument("--print-env", action="store_true",
+                   help="print the variables that turn the hook on (for a container spec) and exit")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="COMMAND",
+                   help="the command to run, after --")
+
+
+def hook_env(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
+    """The variables ``run`` adds to ``base`` (only those)."""
+    out = {ENV_AUTOSTART: "1"}
+    path = base.get("PYTHONPATH", "")
+    parts = [p for p in path.split(os.pathsep) if p and p != str(SITE_DIR)]
+    out["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), *parts])
+    for value, name in ((args.monitor, "LIGHTKEEPER_MONITOR"), (args.token, "LIGHTKEEPER_TOKEN"),
+                        (args.job, "LIGHTKEEPER_JOB"), (args.worker_host, "LIGHTKEEPER_WORKER_HOST"),
+                        (args.worker_port, "LIGHTKEEPER_WORKER_PORT")):
+        if value is not None:
+            out[name] = str(value)
+    if "TORCH_FR_BUFFER_SIZE" not in base and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in base:
+        out["TORCH_FR_BUFFER_SIZE"] = FR_BUFFER_DEFAULT  # Flight Recorder is off at size 0
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    command = list(args.cmd)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if args.worker_port is not None and not 0 <= args.worker_port < 65536:
+        sys.stderr.write(f"lightkeeper run: --worker-port {args.worker_port} is not a port\n")
+        return 2
+    added = hook_env(args, dict(os.environ))
+    if args.print_env:
+        for name, value in added.items():
+            print(f"{name}={value}")
+        return 0
+    if not command:
+        sys.stderr.write("lightkeeper run: no command: lightkeeper run [options] -- COMMAND "
+                         "[ARG ...]\n")
+        return 2
+    exe = shutil.which(command[0])
+    if exe is None:
+        sys.stderr.write(f"lightkeeper run: {command[0]}: command not found\n")
+        return 127
+    env = {**os.environ, **added}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execve(exe, command, env)
+    except OSError as e:  # not executable, bad interpreter line...
+        sys.stderr.write(f"lightkeeper run: {command[0]}: {e.strerror or e}\n")
+        return 126
+    return 0  # not reached

@@ -1,0 +1,217 @@
+"""Zero-code instrumentation: a WorkerServer for every torchft ``Manager`` a process creates.
+
+``lightkeeper run -- <command>`` (see docs/run.md) starts the command with
+``LIGHTKEEPER_AUTOSTART=1`` and :data:`SITE_DIR` first on ``PYTHONPATH``; Python then runs that
+directory's ``sitecustomize.py``, which calls :func:`install_if_enabled`. A container whose
+command line is fixed sets ``LIGHTKEEPER_AUTOSTART=1`` and loads the hook through the
+``lightkeeper-autostart.pth`` file a wheel install puts in site-packages (a no-op without the
+variable), or by putting :data:`SITE_DIR` on ``PYTHONPATH`` itself.
+
+The hook is this module's stable interface (TorchTitan and other integrations rely on it):
+
+- :func:`install` adds an import hook (a ``sys.meta_path`` finder) that does nothing until the
+  module ``torchft.manager`` is loaded, then wraps ``torchft.manager.Manager.__init__``. Nothing
+  here imports torch or torchft: a process that never imports torchft is left alone.
+- After a ``Manager`` is constructed, :func:`on_manager` starts one WorkerServer for the process
+  (identity below) and instruments that Manager, as ``WorkerServer.start(manager)`` would. A
+  second Manager in the same process is attached to the same server.
+- Identity comes from the Manager and the environment torchrun and torchft set:
+  ``group_rank`` and ``group_world_size`` from the Manager (its ``rank``/``world_size`` or
+  ``RANK``/``WORLD_SIZE``); the replica group from ``REPLICA_GROUP_ID``, else from the trailing
+  digits of the ``replica_id`` given to the Manager (torchft's own convention for its global rank;
+  TorchTitan passes ``torchtitan_ft_<replica_id>``), else 0 with a line saying so; the Lighthouse
+  from the Manager's ``lighthouse_addr`` or ``TORCHFT_LIGHTHOUSE``; the job from
+  ``LIGHTKEEPER_JOB``. ``LIGHTKEEPER_WORKER_HOST`` binds (default 127.0.0.1);
+  ``LIGHTKEEPER_WORKER_PORT`` (default 0: ephemeral) is offset by ``LOCAL_RANK`` so the ranks of
+  one node do not collide. ``LIGHTKEEPER_MONITOR`` registers the rank with a monitor.
+- A process that already serves an explicit WorkerServer (the two-line API called before the
+  Manager existed, as ``lightkeeper train`` does) is left to it; an explicit
+  ``WorkerServer.start(manager)`` after the hook started one returns the hook's server.
+
+Failures: the job never fails because of Lightkeeper. Anything that goes wrong in the hook
+(port taken, ``worker_server``'s dependencies missing, a torchft whose ``Manager`` looks
+different) writes one ``[lightkeeper] ...`` line to stderr and training goes on unobserved.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+ENV_AUTOSTART = "LIGHTKEEPER_AUTOSTART"
+#: The directory ``lightkeeper run`` puts first on ``PYTHONPATH`` (holds ``sitecustomize.py``).
+SITE_DIR = Path(__file__).resolve().parent / "autostart_site"
+TARGET_MODULE = "torchft.manager"
+_MARK = "_lightkeeper_autostart_wrapped"
+
+_lock = threading.Lock()
+_server: Any = None  # the WorkerServer this hook started in this process
+
+
+def enabled(env: dict[str, str] | None = None) -> bool:
+    """``LIGHTKEEPER_AUTOSTART`` is set to 1/true/yes/on."""
+    value = (os.environ if env is None else env).get(ENV_AUTOSTART, "")
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def say(message: str) -> None:
+    """One line on stderr, the hook's only way to speak (logging may not be configured)."""
+    try:
+        sys.stderr.write(f"[lightkeeper] {message}\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def install_if_enabled() -> bool:
+    """:func:`install` when ``LIGHTKEEPER_AUTOSTART`` is on; returns whether it did."""
+    if not enabled():
+        return False
+    install()
+    return True
+
+
+def install() -> None:
+    """Wrap ``torchft.manager.Manager.__init__`` now if torchft is imported, else when it is."""
+    module = sys.modules.get(TARGET_MODULE)
+    if module is not None:
+        patch_module(module)
+        return
+    if not any(isinstance(f, ManagerFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, ManagerFinder())
+
+
+class ManagerFinder:  # a sys.meta_path finder (importlib.abc costs 10 ms to import)
+    """Finds nothing itself: when ``torchft.manager`` is imported it asks the other finders for
+    it and wraps the loader so the module is patched right after it runs."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != TARGET_MODULE:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = PatchingLoader(spec.loader)
+                return spec
+        return None
+
+
+class PatchingLoader:
+    """Delegates to torchft's own loader, then patches the module it executed."""
+
+    def __init__(self, loader) -> None:
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        patch_module(module)
+
+    def __getattr__(self, name):  # get_source, get_filename, ... for tracebacks and tools
+        return getattr(self._loader, name)
+
+
+def patch_module(module: Any) -> bool:
+    """Wrap ``module.Manager.__init__``; returns whether it is wrapped (idempotent)."""
+    try:
+        cls = module.Manager
+        original = cls.__init__
+        if getattr(original, _MARK, False):
+            return True
+
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            on_manager(self, kwargs)
+
+        __init__.__wrapped__ = original  # type: ignore[attr-defined]
+        __init__.__doc__ = original.__doc__
+        setattr(__init__, _MARK, True)
+        cls.__init__ = __init__
+        return True
+    except Exception as e:
+        say(f"autostart: cannot hook torchft's Manager ({type(e).__name__}: {e}); "
+            "training goes on without a WorkerServer")
+        return False
+
+
+def replica_group_of(manager: Any, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """(replica group, where it came from): ``REPLICA_GROUP_ID``, else the trailing digits of
+    the Manager's ``replica_id``, else (0, "default")."""
+    env = os.environ if env is None else env
+    raw = env.get("REPLICA_GROUP_ID", "").strip()
+    if raw:
+        try:
+            return int(raw), "REPLICA_GROUP_ID"
+        except ValueError:
+            pass
+    m = re.search(r"(\d+)$", str(getattr(manager, "_replica_id", None) or ""))
+    if m:
+        return int(m.group(1)), "replica_id"
+    return 0, "default"
+
+
+def worker_port(env: dict[str, str] | None = None) -> int:
+    """``LIGHTKEEPER_WORKER_PORT`` + ``LOCAL_RANK`` (0 stays 0: ephemeral)."""
+    env = os.environ if env is None else env
+    base = int(env.get("LIGHTKEEPER_WORKER_PORT") or 0)
+    return base + int(env.get("LOCAL_RANK") or 0) if base else 0
+
+
+def on_manager(manager: Any, kwargs: dict[str, Any] | None = None) -> Any:
+    """Serve ``manager``'s rank (see the module doc); returns the server or None. Never raises."""
+    global _server
+    try:
+        from .server import WorkerServer, serving
+
+        with _lock:
+            if _server is not None:
+                _server.attach(manager)
+                manager._lightkeeper_server = _server
+                return _server
+            if any(not getattr(s, "autostarted", False) for s in serving()):
+                return None  # the process's own explicit WorkerServer decides what to attach
+            group, source = replica_group_of(manager)
+            if source == "default":
+                say("autostart: no REPLICA_GROUP_ID and no digits in the Manager's replica_id: "
+                    "reporting replica group 0")
+            env = os.environ
+            server = WorkerServer.start(
+                manager,
+                replica_group=group,
+                group_rank=int(getattr(manager, "_group_rank", env.get("RANK", 0))),
+                group_world_size=int(getattr(manager, "_group_world_size",
+                                             env.get("WORLD_SIZE", 1))),
+                lighthouse=(kwargs or {}).get("lighthouse_addr") or env.get("TORCHFT_LIGHTHOUSE"),
+                port=worker_port(),
+            )
+            server.autostarted = True
+            manager._lightkeeper_server = server
+            _server = server
+        ident = server.state.identity
+        say(f"replica_group={ident.replica_group} group_rank={ident.group_rank} "
+            f"worker_server={server.url} (lightkeeper run)")
+        return server
+    except BaseException as e:  # the job must never fail because of the hook
+        if isinstance(e, KeyboardInterrupt | SystemExit):
+            raise
+        say(f"WorkerServer not started ({type(e).__name__}: {e}); training goes on "
+            "without it")
+        return None
+
+
+def started_server() -> Any:
+    """The WorkerServer this hook started in this process, or None."""
+    return _server
+
+
+if __name__ == "__main__":  # python -m worker_server.autostart: where the hook lives
+    print(SITE_DIR)
