@@ -112,6 +112,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--orphan-grace", type=float, default=3.0,
                    help="seconds after a kill before the group's remaining ranks are told to "
                         "exit or reported (3)")
+    p.add_argument("--lighthouse-heartbeat-timeout-ms", type=_positive_int, default=None,
+                   help="the heartbeat_timeout_ms the Lighthouse was started with, if known: the "
+                        "monitor warns when it makes recovery slow (docs/lighthouse.md); it "
+                        "also infers it from the Lighthouse's /status")
+    p.add_argument("--lighthouse-join-timeout-ms", type=_positive_int, default=None,
+                   help="the Lighthouse's join_timeout_ms, if known (docs/lighthouse.md)")
     p.add_argument("--expected-groups", type=_positive_int, default=None,
                    help="replica groups the job should run with: the goodput ledger's capacity "
                         "(default: the number of replica groups ever seen)")
@@ -137,6 +143,8 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
             starting_timeout_s=args.starting_timeout),
         rank_exit_token=args.rank_exit_token or os.environ.get("LIGHTKEEPER_EXIT_TOKEN") or None,
         orphan_grace_s=args.orphan_grace, expected_groups=args.expected_groups,
+        lighthouse_heartbeat_timeout_ms=args.lighthouse_heartbeat_timeout_ms,
+        lighthouse_join_timeout_ms=args.lighthouse_join_timeout_ms,
         rails=RailsConfig(min_replicas=args.min_replicas, cooldown_s=args.cooldown,
                           min_reachable_fraction=args.min_reachable, dry_run=args.dry_run,
                           evict_kinds=tuple(args.evict_on)),

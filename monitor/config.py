@@ -93,6 +93,10 @@ class MonitorConfig:
     max_state_bytes: int = 1 << 20  # largest /v1/state answer read from a rank
     max_fr_bytes: int = 64 << 20  # largest /v1/fr_trace answer read from a rank
     lighthouse_timeout_s: float = 2.0  # reading the Lighthouse's status page (verification)
+    # The Lighthouse's settings as the operator declares them (None: not stated); only for the
+    # slow-recovery warning (monitor/lighthouse_settings.py, docs/lighthouse.md)
+    lighthouse_heartbeat_timeout_ms: int | None = None
+    lighthouse_join_timeout_ms: int | None = None
     kill_timeout_s: float = 5.0
     confirm_timeout_s: float = 60.0  # an eviction not seen leaving the quorum by then: unconfirmed
     # The Lighthouse's kill reaches only group rank 0 (the Manager's process). Ranks of an evicted
@@ -119,6 +123,9 @@ class MonitorConfig:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.lighthouse_timeout_s <= 0:
             raise ConfigError("lighthouse_timeout_s must be > 0")
+        for name in ("lighthouse_heartbeat_timeout_ms", "lighthouse_join_timeout_ms"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.orphan_grace_s < 0:
             raise ConfigError(f"orphan_grace_s must be >= 0, got {self.orphan_grace_s}")
         try:

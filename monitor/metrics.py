@@ -11,6 +11,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from .goodput import CAUSES, SweepAccount
+from .lighthouse_settings import SETTINGS
 
 SWEEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -96,6 +97,23 @@ class MonitorMetrics:
                                      "Replica groups the goodput ledger expects "
                                      "(--expected-groups, else the number ever seen)", ["job"],
                                      registry=r)
+        self.lighthouse_drop = Gauge(p + "lighthouse_drop_seconds",
+                                     "The last evicted group: seconds from the kill until the "
+                                     "Lighthouse's newest quorum no longer listed it (to within "
+                                     "one sweep; NaN before the first)", ["job"], registry=r)
+        self.lighthouse_heartbeat_timeout = Gauge(
+            p + "lighthouse_heartbeat_timeout_seconds",
+            "The Lighthouse's heartbeat timeout: declared (--lighthouse-heartbeat-timeout-ms), "
+            "and the bounds its /status shows (observed_above < timeout <= observed_at_most); "
+            "NaN when not known", ["job", "source"], registry=r)
+        self.config_warnings = Gauge(p + "config_warnings",
+                                     "1 while a setting makes recovery slow (docs/lighthouse.md),"
+                                     " by setting", ["job", "setting"], registry=r)
+        self.lighthouse_drop.labels(job).set(float("nan"))
+        for setting in SETTINGS:
+            self.config_warnings.labels(job, setting).set(0)
+        for source in ("declared", "observed_above", "observed_at_most"):
+            self.lighthouse_heartbeat_timeout.labels(job, source).set(float("nan"))
         self.goodput_ratio.labels(job).set(float("nan"))
         self.goodput_seconds.labels(job)
         for cause in CAUSES:

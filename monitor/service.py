@@ -31,6 +31,7 @@ from .decisions import Situation, decide
 from .detectors import KINDS, Analyzer, Detectors, Finding
 from .discovery import BadTarget, Discovery, Target, TooManyTargets
 from .goodput import GoodputConfig, GoodputLedger
+from .lighthouse_settings import LighthouseSettingsWatch
 from .lighthouse_status import LighthouseReader, LighthouseStatus
 from .metrics import MonitorMetrics
 from .poller import Poller
@@ -71,6 +72,9 @@ class Monitor:
         self.lighthouse_status: LighthouseStatus | None = None
         self.lighthouse_error: str | None = None if cfg.lighthouse else "no --lighthouse"
         self.metrics = MonitorMetrics(cfg.job)
+        # slow-recovery warning from the Lighthouse's settings (docs/lighthouse.md)
+        self.lh_settings = LighthouseSettingsWatch(cfg.lighthouse_heartbeat_timeout_ms,
+                                                   cfg.lighthouse_join_timeout_ms, cfg.interval_s)
         self.metrics.dry_run.labels(cfg.job).set(1 if cfg.rails.dry_run else 0)
         self.view: ClusterView | None = None  # every rank: what the monitor shows
         self.evidence: ClusterView | None = None  # ranks whose answers count: what it acts on
@@ -154,6 +158,7 @@ class Monitor:
             elif not error and self.lighthouse_error:
                 log.warning("the Lighthouse answers again: verifying ranks")
             self.lighthouse_status, self.lighthouse_error = status, error
+            self.lh_settings.observe(status, self.clock())
         now = self.clock()
         view = self.views.update(targets, polls, now=now)
         for url, trust in verify(view, self.lighthouse_status, self.lighthouse_error,
@@ -264,6 +269,7 @@ class Monitor:
                                    detail=f"{d.detail}; kill: {result.detail}")
         if result.sent:
             self.metrics.evictions.labels(self.cfg.job, str(replica_group)).inc()
+            self.lh_settings.kill_sent(replica_id, self.clock())
         self.metrics.last_eviction.labels(self.cfg.job).set(self.clock())
         return {"id": did, "decision": "evict", "reason": d.reason, "sent": result.sent,
                 "detail": result.detail}
@@ -397,6 +403,7 @@ class Monitor:
             m.ranks_unverified.labels(job, reason).set(n)
         m.lighthouse_up.labels(job).set(1 if self.lighthouse_status is not None
                                         and not self.lighthouse_error else 0)
+        self.lh_settings.publish(m, job)
         for p in polls.values():
             if not p.ok and p.reason:
                 m.poll_errors.labels(job, p.reason).inc()
@@ -484,7 +491,8 @@ class Monitor:
                                "ungrouped": [],
                                "last_error": self.last_sweep_error or self.detectors.last_error,
                                "targets_file_error": self.discovery.file_error,
-                               "verification": self.verification_json()}
+                               "verification": self.verification_json(),
+                               "lighthouse_settings": self.lh_settings.to_dict()}
         if view is None or evidence is None:
             return out
         open_by_group: dict[int, list[str]] = {}

@@ -1,0 +1,207 @@
+"""Is the Lighthouse the monitor drives set so that recovery is slow? (docs/lighthouse.md)
+
+When a replica group dies, or the monitor evicts it, torchft 0.2.0's Lighthouse issues the
+survivors' next quorum only once the dead group stops counting: its last heartbeat is older
+than the Lighthouse's ``heartbeat_timeout_ms``, or the survivors have waited
+``join_timeout_ms`` since their first quorum request (``quorum_compute`` in torchft's
+``src/lighthouse.rs``: ``healthy_replicas``, ``all_healthy_joined``). Until then every survivor
+stalls in its quorum: measured (``benchmarks/bench_heartbeat.py``), the job is back at 90% of
+its pace ~``min(heartbeat, join)`` + 0.3 s after the dead process exits.
+
+The Lighthouse does not publish its flags (``/status`` has no setting), so the monitor judges
+from evidence it reads anyway:
+
+- **declared**: ``--lighthouse-heartbeat-timeout-ms`` / ``--lighthouse-join-timeout-ms``, when
+  the operator states the values the Lighthouse was started with;
+- **heartbeat bounds** from ``/status``: a heartbeat listed ``old`` is at least the timeout old,
+  one not listed old is younger than it. The Lighthouse never forgets a replica id, so every
+  group that left (killed, crashed, restarted under a new id) brackets the timeout within one
+  sweep interval as its heartbeat ages;
+- **drop time**: for each kill the monitor sends, the time until the Lighthouse's newest quorum
+  no longer lists that replica (to within one sweep).
+
+:func:`assess` turns these into warnings with a bounded ``setting`` label (:data:`SETTINGS`);
+:class:`LighthouseSettingsWatch` feeds it every sweep, logs each warning once (again every
+:data:`RELOG_S` while it holds, and once when it clears) and publishes the gauges. Nothing here
+changes what the monitor decides: a slow Lighthouse is reported, never acted on, and an input
+the watch cannot read (no status, a page without heartbeats) only leaves it knowing less.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+from .lighthouse_status import LighthouseStatus
+
+log = logging.getLogger(__name__)
+
+# Above this many seconds a dead group's stall is "slow". Measured on the demo's job
+# (docs/lighthouse.md): at heartbeat_timeout_ms 1000 the job is back at 90% of its pace ~1.5 s
+# after a kill with no false drop in 10 healthy minutes; at 5000 (torchft's default, and the
+# demo's old value) ~5.5 s, every eviction and crash.
+SLOW_S = 2.0
+# A kill's drop time also holds the process's exit after the kill and up to one sweep of
+# sampling; above SLOW_S + this it is slow whatever the interval.
+DROP_SLACK_S = 1.0
+RELOG_S = 600.0  # a warning that still holds is logged again after this many seconds
+PENDING_MAX_S = 300.0  # a kill whose replica never leaves the quorum is forgotten after this
+
+SETTINGS = ("heartbeat_timeout", "eviction_drop", "heartbeat_timeout_declared")
+
+
+@dataclass(frozen=True)
+class SettingWarning:
+    setting: str  # one of SETTINGS
+    message: str
+
+
+@dataclass
+class Evidence:
+    """What is known about the Lighthouse's settings; None: not known."""
+
+    declared_heartbeat_s: float | None = None
+    declared_join_s: float | None = None
+    heartbeat_above_s: float | None = None  # the timeout is longer than this (observed)
+    heartbeat_at_most_s: float | None = None  # ... and at most this (observed)
+    last_drop_s: float | None = None  # the last kill -> out of the Lighthouse's quorum
+    interval_s: float = 1.0  # the sweep interval the observations were made at
+
+
+def _fmt(s: float) -> str:
+    return f"{s * 1000:.0f} ms"
+
+
+def assess(ev: Evidence, slow_s: float = SLOW_S) -> list[SettingWarning]:
+    """Warnings for what the evidence shows; [] when nothing is known to be slow.
+
+    - ``heartbeat_timeout``: the heartbeat timeout is known (declared, else observed) to be
+      above ``slow_s`` and no declared join timeout at or below ``slow_s`` caps the stall;
+    - ``eviction_drop``: the last kill took longer than ``slow_s`` + one sweep + the exit
+      slack to leave the Lighthouse's quorum (whatever the settings, that is what happened);
+    - ``heartbeat_timeout_declared``: the declared heartbeat timeout contradicts what the
+      Lighthouse's page shows (outside the observed bounds by more than one sweep).
+    """
+    out: list[SettingWarning] = []
+    hb = ev.declared_heartbeat_s
+    source = "declared (--lighthouse-heartbeat-timeout-ms)"
+    if hb is None and ev.heartbeat_above_s is not None and ev.heartbeat_above_s > slow_s:
+        hb, source = ev.heartbeat_above_s, "observed on the Lighthouse's /status: at least"
+    join_caps = ev.declared_join_s is not None and ev.declared_join_s <= slow_s
+    if hb is not None and hb > slow_s and not join_caps:
+        out.append(SettingWarning(
+            "heartbeat_timeout",
+            f"the Lighthouse's heartbeat timeout is {source} {_fmt(hb)}: after every eviction "
+            f"or crash the surviving groups stall about that long before their next quorum "
+            f"(above {_fmt(slow_s)}); start the Lighthouse with heartbeat_timeout_ms=1000 "
+            f"(measured in docs/lighthouse.md)"))
+    if ev.last_drop_s is not None and ev.last_drop_s > slow_s + ev.interval_s + DROP_SLACK_S:
+        out.append(SettingWarning(
+            "eviction_drop",
+            f"the last evicted group left the Lighthouse's quorum {ev.last_drop_s:.1f}s after "
+            f"the kill (more than {slow_s + ev.interval_s + DROP_SLACK_S:.1f}s: {_fmt(slow_s)}"
+            f" + one sweep + {DROP_SLACK_S:g}s for the process to exit); the survivors "
+            f"stalled that long: check the Lighthouse's heartbeat_timeout_ms and "
+            f"join_timeout_ms (docs/lighthouse.md)"))
+    d = ev.declared_heartbeat_s
+    if d is not None:
+        lo, hi = ev.heartbeat_above_s, ev.heartbeat_at_most_s
+        if (lo is not None and d < lo - ev.interval_s) or \
+                (hi is not None and d > hi + ev.interval_s):
+            seen = (f"longer than {lo:.1f}s" if lo is not None and d < lo - ev.interval_s
+                    else f"at most {hi:.1f}s")
+            out.append(SettingWarning(
+                "heartbeat_timeout_declared",
+                f"--lighthouse-heartbeat-timeout-ms says {_fmt(d)} but the Lighthouse's /status "
+                f"shows a heartbeat timeout {seen}: the declared value is not what it runs "
+                f"with"))
+    return out
+
+
+class LighthouseSettingsWatch:
+    """Collects the evidence sweep by sweep and reports :func:`assess`'s warnings.
+
+    :meth:`observe` takes each sweep's Lighthouse status (None when it could not be read: then
+    nothing is learnt), :meth:`kill_sent` each kill the monitor sent. Never raises on what the
+    Lighthouse serves."""
+
+    def __init__(self, declared_heartbeat_ms: int | None = None,
+                 declared_join_ms: int | None = None, interval_s: float = 1.0,
+                 slow_s: float = SLOW_S) -> None:
+        self.ev = Evidence(
+            declared_heartbeat_s=None if declared_heartbeat_ms is None
+            else declared_heartbeat_ms / 1000,
+            declared_join_s=None if declared_join_ms is None else declared_join_ms / 1000,
+            interval_s=interval_s)
+        self.slow_s = slow_s
+        self.pending: dict[str, float] = {}  # replica_id -> when the kill was sent
+        self.drops: list[tuple[str, float]] = []  # (replica_id, seconds), oldest first
+        self.active: dict[str, SettingWarning] = {}
+        self._logged_at: dict[str, float] = {}
+
+    def kill_sent(self, replica_id: str | None, now: float) -> None:
+        if replica_id:
+            self.pending[replica_id] = now
+
+    def observe(self, status: LighthouseStatus | None, now: float) -> list[SettingWarning]:
+        """Learn from one sweep's status; returns the warnings that hold now (and logs)."""
+        if status is not None:
+            ev = self.ev
+            for rid, age in status.heartbeats.items():
+                if not math.isfinite(age) or age < 0:
+                    continue
+                if rid in status.stale:
+                    if ev.heartbeat_at_most_s is None or age < ev.heartbeat_at_most_s:
+                        ev.heartbeat_at_most_s = age
+                elif ev.heartbeat_above_s is None or age > ev.heartbeat_above_s:
+                    ev.heartbeat_above_s = age
+            if status.quorum_id is not None:
+                for rid, at in list(self.pending.items()):
+                    if rid not in status.members:
+                        del self.pending[rid]
+                        ev.last_drop_s = max(0.0, now - at)
+                        self.drops.append((rid, ev.last_drop_s))
+                        del self.drops[:-50]
+                        log.info("evicted replica %s left the Lighthouse's quorum %.1fs after "
+                                 "the kill", rid, ev.last_drop_s)
+        for rid, at in list(self.pending.items()):
+            if now - at > PENDING_MAX_S:
+                del self.pending[rid]
+        return self._report(assess(self.ev, self.slow_s), now)
+
+    def _report(self, warnings: list[SettingWarning], now: float) -> list[SettingWarning]:
+        current = {w.setting: w for w in warnings}
+        for setting, w in current.items():
+            last = self._logged_at.get(setting)
+            if last is None or now - last >= RELOG_S:
+                log.warning("slow Lighthouse settings (%s): %s", setting, w.message)
+                self._logged_at[setting] = now
+        for setting in set(self.active) - set(current):
+            log.info("Lighthouse settings warning cleared (%s)", setting)
+            self._logged_at.pop(setting, None)
+        self.active = current
+        return warnings
+
+    def publish(self, metrics, job: str) -> None:
+        """Set the gauges of :class:`monitor.metrics.MonitorMetrics` from what is known."""
+        ev, nan = self.ev, float("nan")
+        metrics.lighthouse_drop.labels(job).set(nan if ev.last_drop_s is None
+                                                else ev.last_drop_s)
+        for source, value in (("declared", ev.declared_heartbeat_s),
+                              ("observed_above", ev.heartbeat_above_s),
+                              ("observed_at_most", ev.heartbeat_at_most_s)):
+            metrics.lighthouse_heartbeat_timeout.labels(job, source).set(
+                nan if value is None else value)
+        for setting in SETTINGS:
+            metrics.config_warnings.labels(job, setting).set(1 if setting in self.active else 0)
+
+    def to_dict(self) -> dict:
+        ev = self.ev
+        return {"declared_heartbeat_timeout_s": ev.declared_heartbeat_s,
+                "declared_join_timeout_s": ev.declared_join_s,
+                "observed_heartbeat_timeout_above_s": ev.heartbeat_above_s,
+                "observed_heartbeat_timeout_at_most_s": ev.heartbeat_at_most_s,
+                "last_drop_s": ev.last_drop_s, "slow_s": self.slow_s,
+                "warnings": [{"setting": w.setting, "message": w.message}
+                             for w in self.active.values()]}

@@ -1,0 +1,134 @@
+"""The slow-Lighthouse warning (monitor/lighthouse_settings.py): the decision on plain inputs,
+the evidence read from Lighthouse /status snapshots, and the log line and gauges a Monitor
+publishes. No processes: the Lighthouse's page is given as parsed snapshots (the parser has
+its own tests), the Monitor's Lighthouse is a closed port (status unreadable)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from prometheus_client import generate_latest
+
+from monitor.config import ConfigError, MonitorConfig
+from monitor.lighthouse_settings import (
+    RELOG_S,
+    SETTINGS,
+    Evidence,
+    LighthouseSettingsWatch,
+    assess,
+)
+from monitor.lighthouse_status import LighthouseStatus
+from monitor.service import Monitor
+
+
+def settings(ws):
+    return sorted(w.setting for w in ws)
+
+
+@pytest.mark.parametrize("ev,expected", [
+    (Evidence(), []),  # nothing known: nothing said
+    (Evidence(declared_heartbeat_s=1.0), []),
+    (Evidence(declared_heartbeat_s=2.0), []),  # at the threshold: not slow
+    (Evidence(declared_heartbeat_s=5.0), ["heartbeat_timeout"]),  # torchft's default
+    # a short join timeout caps the stall (the Lighthouse issues the quorum after it)
+    (Evidence(declared_heartbeat_s=5.0, declared_join_s=1.0), []),
+    (Evidence(declared_heartbeat_s=5.0, declared_join_s=60.0), ["heartbeat_timeout"]),
+    # observed: a departed group's heartbeat 4.2 s old and not yet "old": timeout > 4.2 s
+    (Evidence(heartbeat_above_s=4.2), ["heartbeat_timeout"]),
+    (Evidence(heartbeat_above_s=0.9, heartbeat_at_most_s=1.3), []),
+    # a kill that took long to leave the quorum, whatever is declared
+    (Evidence(declared_heartbeat_s=1.0, last_drop_s=4.5, interval_s=1.0),
+     ["eviction_drop"]),
+    (Evidence(last_drop_s=3.9, interval_s=1.0), []),  # 2 s + one sweep + exit slack
+    # the declared value contradicts the page (more than one sweep off)
+    (Evidence(declared_heartbeat_s=1.0, heartbeat_above_s=4.6),
+     ["heartbeat_timeout_declared"]),
+    (Evidence(declared_heartbeat_s=5.0, heartbeat_at_most_s=1.2),
+     ["heartbeat_timeout", "heartbeat_timeout_declared"]),
+    (Evidence(declared_heartbeat_s=1.0, heartbeat_above_s=0.9, heartbeat_at_most_s=1.4), []),
+])
+def test_assess(ev, expected):
+    ws = assess(ev)
+    assert settings(ws) == expected
+    assert all(w.setting in SETTINGS and w.message for w in ws)
+
+
+def status(qid, members, heartbeats, stale=()):
+    return LighthouseStatus(qid, dict.fromkeys(members), heartbeats, frozenset(stale))
+
+
+def test_watch_brackets_the_heartbeat_timeout_from_a_departed_group():
+    w = LighthouseSettingsWatch(interval_s=1.0)
+    live = {"a": 0.05, "b": 0.07}
+    # group c died: its heartbeat ages sweep by sweep until the Lighthouse lists it as old
+    for age, stale in ((0.6, False), (1.6, False), (2.6, False), (3.6, False), (4.6, False),
+                       (5.6, True)):
+        w.observe(status(3, ["a", "b", "c"], {**live, "c": age}, ["c"] if stale else []),
+                  now=100 + age)
+    assert w.ev.heartbeat_above_s == pytest.approx(4.6)
+    assert w.ev.heartbeat_at_most_s == pytest.approx(5.6)
+    assert settings(w.active.values()) == ["heartbeat_timeout"]
+    # a page that could not be read teaches nothing and does not clear what is known
+    w.observe(None, now=200)
+    assert settings(w.active.values()) == ["heartbeat_timeout"]
+
+
+def test_watch_measures_each_kill_until_the_group_leaves_the_quorum():
+    w = LighthouseSettingsWatch(declared_heartbeat_ms=1000, interval_s=1.0)
+    hb = {"a": 0.1, "b": 0.1, "c": 0.1}
+    w.kill_sent("c", now=10.0)
+    w.observe(status(3, ["a", "b", "c"], hb), now=11.0)  # still listed
+    assert w.ev.last_drop_s is None and "c" in w.pending
+    w.observe(status(4, ["a", "b"], hb, ["c"]), now=12.5)
+    assert w.ev.last_drop_s == pytest.approx(2.5)
+    assert w.drops == [("c", pytest.approx(2.5))]
+    assert w.active == {}  # 2.5 s with a 1 s sweep: not slow
+    w.kill_sent("b", now=20.0)
+    w.observe(status(5, ["a"], hb, ["c"]), now=26.0)
+    assert settings(w.active.values()) == ["eviction_drop"]
+    assert "6.0s after the kill" in w.active["eviction_drop"].message
+
+
+def test_watch_logs_once_then_again_after_relog_and_when_cleared(caplog):
+    w = LighthouseSettingsWatch(declared_heartbeat_ms=5000)
+    caplog.set_level(logging.INFO, logger="monitor.lighthouse_settings")
+    for t in range(10):
+        w.observe(None, now=float(t))
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "heartbeat_timeout" in warned[0].getMessage()
+    w.observe(None, now=RELOG_S + 1)
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 2
+    w.ev.declared_join_s = 1.0  # the stall is capped now: the warning clears, once
+    w.observe(None, now=RELOG_S + 2)
+    w.observe(None, now=RELOG_S + 3)
+    assert [r.getMessage() for r in caplog.records if "cleared" in r.getMessage()] == [
+        "Lighthouse settings warning cleared (heartbeat_timeout)"]
+
+
+def test_bad_declared_value_is_a_config_error(tmp_path):
+    cfg = MonitorConfig(lighthouse_heartbeat_timeout_ms=0, state_path=str(tmp_path / "s.db"))
+    with pytest.raises(ConfigError, match="lighthouse_heartbeat_timeout_ms"):
+        cfg.validate()
+
+
+def test_monitor_publishes_the_warning_and_logs_it(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="monitor.lighthouse_settings")
+    # the Lighthouse is a closed port: its status cannot be read, the declared value stands
+    cfg = MonitorConfig(port=0, lighthouse="http://127.0.0.1:9", state_path=str(tmp_path / "s.db"),
+                        lighthouse_heartbeat_timeout_ms=5000, lighthouse_timeout_s=0.2)
+    mon = Monitor(cfg)
+    try:
+        mon.sweep_once()
+        text = generate_latest(mon.metrics.registry).decode()
+        assert 'lightkeeper_monitor_config_warnings{job="lightkeeper",setting="heartbeat_timeout"}' \
+               ' 1.0' in text
+        assert 'setting="eviction_drop"} 0.0' in text
+        assert 'lightkeeper_monitor_lighthouse_heartbeat_timeout_seconds{job="lightkeeper",' \
+               'source="declared"} 5.0' in text
+        assert 'lightkeeper_monitor_lighthouse_drop_seconds{job="lightkeeper"} NaN' in text
+        assert [r for r in caplog.records if "slow Lighthouse settings" in r.getMessage()]
+        assert mon.cluster_json()["lighthouse_settings"]["warnings"][0]["setting"] == \
+            "heartbeat_timeout"
+    finally:
+        mon.stop()
