@@ -1,0 +1,811 @@
+"""Goodput under faults, side by side in one run: Lightkeeper against torchft alone.
+
+The same job (``--groups`` x ``--ranks-per-group``, the demo's shape: 3 x 2, FSDP inside a
+group, gloo on CPU; :class:`lightkeeper.cluster.LocalCluster`: a real Lighthouse and real
+ranks) trains for the same ``--duration`` seconds, from the moment every group has committed a
+step, under the same fault schedule, four ways one after the other:
+
+- ``fault_free``: no faults (the demo's timeouts);
+- ``torchft_defaults``: the faults, torchft alone at torchft's own defaults (process-group and
+  quorum timeouts 60 s, Lighthouse ``join_timeout_ms`` 60000, ``heartbeat_timeout_ms`` 5000);
+- ``torchft_tuned``: the faults, torchft alone at the short timeouts the demo uses
+  (``--tuned-*`` flags; defaults: the demo's values);
+- ``lightkeeper``: the faults, the demo's timeouts, ``lightkeeper monitor`` evicting.
+
+The schedule is in wall time after training starts, the same for every faulty run: at
+``--slow-at`` seconds the last rank of group 1 is throttled (``slow_compute:delay=...,rank=R``,
+from its current step), at ``--hang-at`` the last rank of group 2 hangs inside the group
+(``hang:at_step=...,where=group,rank=R``, 3 steps ahead). Both are injected into the running
+rank through its token-guarded ``POST /v1/faults``, as the demo does. In every run a supervisor
+restarts a group whose processes exited (as Kubernetes would; the demo's supervisor), so a
+group evicted by the monitor, or one that torchft let die, comes back the same way in every run.
+
+``lightkeeper monitor`` runs in every run with the demo's flags (so each run carries the same
+polling load), with ``--dry-run`` in all but the Lightkeeper run: it detects and keeps its
+goodput ledger but never evicts (``--no-monitor-alone``: no monitor in the torchft-alone runs).
+
+Ground truth, read from the ranks themselves, not from the monitor:
+
+- committed steps: every ``step=N ... committed=True`` line each rank logs (its own clock,
+  millisecond resolution), per group, every incarnation;
+- fault times: the target rank's ``/v1/state`` ``faults_struck_at`` (polled at 2 Hz).
+
+Figures per run: committed samples per wall-second (group-steps x ranks per group x batch),
+goodput by the ledger's own definitions applied to the ground truth (:func:`goodput_from_commits`;
+the healthy baseline is the median time between a group's commits before the first fault),
+badput split by the fault window it fell in, onset -> job back at >= 90% of healthy pace per
+fault, and, where a monitor ran, its ledger (``GET /v1/goodput``) over the same window with
+badput by cause. :func:`reconcile` checks the ledger against the ground truth with stated
+tolerances. Output: a table, ``--out`` JSON and ``--png`` (committed samples over time).
+
+    .venv/bin/python benchmarks/bench_goodput.py                       # 4 x ~2.5 min
+    .venv/bin/python benchmarks/bench_goodput.py --duration 30 --slow-at 8 --hang-at 18 \\
+        --runs fault_free,lightkeeper                                  # a quick look
+    .venv/bin/python benchmarks/bench_goodput.py --table benchmarks/results/goodput.json
+
+Every process it starts is stopped by PID (Ctrl-C and SIGTERM included). A run that fails to
+start is recorded with its error and the others still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import math
+import os
+import re
+import secrets
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(ROOT))
+
+RUNS = ("fault_free", "torchft_defaults", "torchft_tuned", "lightkeeper")
+PACE_THRESHOLD = 0.9  # "at healthy pace", as the ledger (monitor/goodput.py)
+PACE_WINDOW_S, PACE_WINDOW_STEPS = 3.0, 20  # the ledger's pace window W = max(3 s, 20 x b)
+BIN_S = 0.5  # ground-truth accounting resolution (the monitor's sweep interval here)
+# Reconciliation tolerances (the ledger against the ground truth, same window, same baseline)
+TOL_GOODPUT_RATIO = 0.05  # |goodput ratio difference| (5% of the expected replica-seconds)
+TOL_ONSET_S = 0.5  # an incident's onset vs the rank's own strike time (one sweep)
+TOL_FIRST_INTERVAL_S = 1.0  # its first badput interval's start vs the strike (two sweeps)
+TOL_RECOVERY_S = 3.0  # onset -> back at pace: the ledger's vs the ground truth's (~ W/2)
+
+# The trainer logs one line per finished step (trainer/loop.py, asctime on the local clock).
+COMMIT_RE = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) \S+ INFO step=(\d+) .*committed=True", re.M)
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """torchft's timeouts for one run (LocalCluster's parameters)."""
+
+    pg_timeout_s: float
+    quorum_timeout_s: float
+    join_timeout_ms: int
+    heartbeat_timeout_ms: int
+
+
+# torchft 0.2.0's own defaults: Manager(timeout=60 s, quorum_timeout=60 s) and
+# torchft_lighthouse --join_timeout_ms 60000 --heartbeat_timeout_ms 5000.
+TORCHFT_DEFAULTS = Timeouts(60.0, 60.0, 60000, 5000)
+
+
+def demo_timeouts() -> Timeouts:
+    """The timeouts the demo runs with (lightkeeper/demo.py, lightkeeper/scenario.py)."""
+    from lightkeeper.scenario import Scenario
+
+    sc = Scenario()
+    return Timeouts(float(getattr(sc, "pg_timeout_s", 20.0)),
+                    float(getattr(sc, "quorum_timeout_s", 60.0)),
+                    int(getattr(sc, "join_timeout_ms", 5000)),
+                    int(getattr(sc, "heartbeat_timeout_ms", 5000)))
+
+
+# --------------------------------------------------------------------------------------------
+# Pure functions (unit-tested in tests/test_bench_goodput.py)
+def parse_commit_log(text: str) -> list[tuple[float, int]]:
+    """``(unix time, step)`` of every committed step in one incarnation's log, sorted by time.
+
+    Several ranks of a group write the same log and each logs every step: a step counts once, at
+    the first rank's time. Lines another process's output ran into are skipped (no match)."""
+    first: dict[int, float] = {}
+    for m in COMMIT_RE.finditer(text):
+        t = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1e3
+        step = int(m.group(3))
+        if step not in first or t < first[step]:
+            first[step] = t
+    return sorted((t, s) for s, t in first.items())
+
+
+def healthy_step_s(commits: dict[int, list[float]], t0: float, t1: float) -> float | None:
+    """The healthy baseline: the median time between a group's consecutive commits, both in
+    ``[t0, t1]``, over every group (None with fewer than 5 such gaps)."""
+    gaps = []
+    for times in commits.values():
+        inside = [t for t in times if t0 <= t <= t1]
+        gaps += [b - a for a, b in zip(inside, inside[1:], strict=False) if b > a]
+    return statistics.median(gaps) if len(gaps) >= 5 else None
+
+
+def pace_window(b: float) -> float:
+    return max(PACE_WINDOW_S, PACE_WINDOW_STEPS * b)
+
+
+def _count(times: list[float], a: float, c: float) -> int:
+    """Commits in ``(a, c]``."""
+    return bisect.bisect_right(times, c) - bisect.bisect_right(times, a)
+
+
+def goodput_from_commits(commits: dict[int, list[float]], t0: float, t1: float, b: float,
+                         expected_groups: int, bin_s: float = BIN_S,
+                         threshold: float = PACE_THRESHOLD) -> dict:
+    """Goodput of ``expected_groups`` slots over ``[t0, t1]`` from the groups' commit times, by
+    the ledger's definitions (monitor/goodput.py): per slot and bin, a group whose commits in the
+    trailing window ``W`` (not before ``t0``) x ``b`` / its length reach ``threshold`` counts
+    the whole bin, else its commits in the bin x ``b``, at most the bin. A group without
+    commits is all badput; a slot of a group never seen too.
+
+    Returns ``goodput_s``, ``expected_s``, ``ratio`` and ``bins``: ``[start, end, goodput]``
+    summed over the slots. ValueError on an empty window or a baseline that is not > 0."""
+    if not t1 > t0:
+        raise ValueError(f"empty window: {t0} .. {t1}")
+    if not b or b <= 0 or expected_groups < 1:
+        raise ValueError(f"need a baseline > 0 and >= 1 group, got b={b!r}, "
+                         f"groups={expected_groups}")
+    w = pace_window(b)
+    series = [sorted(commits.get(g, [])) for g in sorted(commits)][:expected_groups]
+    # the trailing window starts at t0 at the earliest (what came before is not accounted); a
+    # window shorter than 2 steps says nothing about pace yet: the bin's own commits count
+    edges = [t0 + i * bin_s for i in range(int(math.ceil((t1 - t0) / bin_s - 1e-9)))] + [t1]
+    bins, total = [], 0.0
+    for a, c in zip(edges, edges[1:], strict=False):
+        dt, good = c - a, 0.0
+        span = min(w, c - t0)
+        for times in series:
+            if span >= 2 * b and _count(times, c - span, c) * b / span >= threshold:
+                good += dt
+            else:
+                good += min(dt, _count(times, a, c) * b)
+        bins.append([round(a, 3), round(c, 3), round(good, 4)])
+        total += good
+    expected = expected_groups * (t1 - t0)
+    return {"goodput_s": round(total, 3), "expected_s": round(expected, 3),
+            "ratio": round(total / expected, 4), "bins": bins, "baseline_s": round(b, 4),
+            "window_s": round(w, 3)}
+
+
+def badput_by_window(bins: list[list[float]], expected_groups: int,
+                     marks: list[tuple[float, str]]) -> dict[str, float]:
+    """Each bin's badput (slots x bin - goodput) under the label of the latest mark at or before
+    the bin's start (``before faults`` before the first). Marks: ``(time, label)``."""
+    marks = sorted(marks)
+    out: dict[str, float] = {}
+    for a, c, good in bins:
+        label = "before faults"
+        for t, name in marks:
+            if t <= a + 1e-9:
+                label = name
+        out[label] = out.get(label, 0.0) + max(0.0, expected_groups * (c - a) - good)
+    return {k: round(v, 3) for k, v in out.items()}
+
+
+def job_commit_times(steps: dict[int, list[tuple[float, int]]]) -> list[float]:
+    """Times at which the job's newest committed step (the max over groups) moved on."""
+    events = sorted((t, s) for series in steps.values() for t, s in series)
+    out, top = [], None
+    for t, s in events:
+        if top is None or s > top:
+            if top is not None:
+                out.append(t)
+            top = s
+    return out
+
+
+def back_at_pace(job_times: list[float], after: float, t_end: float, b: float,
+                 threshold: float = PACE_THRESHOLD) -> float | None:
+    """The ledger's "back at pace" on ground truth: the start of the first window ``W`` that
+    begins at or after ``after`` (at ``after`` or at a commit) and ends by ``t_end`` in which
+    the job's newest step moves at >= ``threshold`` of one step per ``b``; None if none."""
+    w = pace_window(b)
+    starts = [after] + [t for t in job_times if t >= after]
+    for s in starts:
+        if s + w > t_end:
+            return None
+        if _count(job_times, s, s + w) * b / w >= threshold:
+            # never before the job's first commit after ``after`` (as the ledger)
+            first = next((t for t in job_times if t >= after), None)
+            return None if first is None else max(s, first)
+    return None
+
+
+def ledger_window(before: dict | None, after: dict | None) -> dict | None:
+    """The ledger's job totals between two ``GET /v1/goodput`` answers (a window of the run)."""
+    if not before or not after or not after.get("job"):
+        return None
+    j0, j1 = before.get("job") or {}, after["job"]
+    good = j1["goodput_seconds"] - j0.get("goodput_seconds", 0.0)
+    exp = j1["expected_seconds"] - j0.get("expected_seconds", 0.0)
+    bad0 = j0.get("badput_seconds") or {}
+    bad = {k: round(v - bad0.get(k, 0.0), 3) for k, v in j1["badput_seconds"].items()}
+    return {"from": before.get("at"), "to": after.get("at"),
+            "goodput_s": round(good, 3), "expected_s": round(exp, 3),
+            "ratio": round(good / exp, 4) if exp > 0 else None, "badput_s": bad,
+            "pending_s": j1.get("pending_seconds"),
+            "baseline_s": (after.get("baseline") or {}).get("step_seconds")}
+
+
+def reconcile(commits: dict[int, list[float]], job_times: list[float], ledger: dict,
+              incidents: list[dict], intervals: list[dict], strikes: list[dict],
+              expected_groups: int) -> list[dict]:
+    """The ledger against the ground truth, each check with its tolerance and verdict.
+
+    - ``goodput``: the ledger's goodput ratio over its window vs :func:`goodput_from_commits`
+      over the same window with the ledger's own baseline (so only the commit counts and their
+      timing can differ), within ``TOL_GOODPUT_RATIO``;
+    - per fault that struck: the incident of its replica group whose onset is nearest, its
+      ``onset_at`` vs the rank's ``faults_struck_at`` (``TOL_ONSET_S``); the first badput
+      interval tied to that incident starts no earlier than the strike less
+      ``TOL_FIRST_INTERVAL_S`` and no later than the strike plus it; its ``recovery_s`` vs
+      :func:`back_at_pace` on the ground truth from its eviction (``TOL_RECOVERY_S``).
+    A fault without a matching incident fails its checks (the monitor missed it)."""
+    checks = []
+    b = ledger.get("baseline_s")
+    if b and ledger.get("from") and ledger.get("to") and ledger["to"] > ledger["from"]:
+        gt = goodput_from_commits(commits, ledger["from"], ledger["to"], b, expected_groups)
+        diff = ledger["ratio"] - gt["ratio"]
+        checks.append({"check": "goodput ratio over the ledger's window",
+                       "ground_truth": gt["ratio"], "ledger": ledger["ratio"],
+                       "diff": round(diff, 4), "tolerance": TOL_GOODPUT_RATIO,
+                       "ok": abs(diff) <= TOL_GOODPUT_RATIO})
+    else:
+        checks.append({"check": "goodput ratio over the ledger's window", "ok": False,
+                       "note": "the ledger has no baseline or no window"})
+    for st in strikes:
+        name = f"{st['kind']} in group {st['replica_group']}"
+        mine = [i for i in incidents if i.get("replica_group") == st["replica_group"]
+                and i.get("onset_at") is not None]
+        if not mine:
+            checks.append({"check": f"{name}: an incident", "ok": False,
+                           "note": "no incident for this group in the ledger"})
+            continue
+        inc = min(mine, key=lambda i: abs(i["onset_at"] - st["at"]))
+        d = inc["onset_at"] - st["at"]
+        checks.append({"check": f"{name}: onset vs the rank's strike", "ground_truth": st["at"],
+                       "ledger": inc["onset_at"], "diff": round(d, 3),
+                       "tolerance": TOL_ONSET_S, "ok": abs(d) <= TOL_ONSET_S})
+        tied = [iv for iv in intervals if iv.get("incident") == inc["id"]]
+        if tied:
+            first = min(iv["start"] for iv in tied)
+            d = first - st["at"]
+            checks.append({"check": f"{name}: first badput interval vs the strike",
+                           "ground_truth": st["at"], "ledger": first, "diff": round(d, 3),
+                           "tolerance": TOL_FIRST_INTERVAL_S,
+                           "ok": abs(d) <= TOL_FIRST_INTERVAL_S})
+        else:
+            checks.append({"check": f"{name}: first badput interval vs the strike", "ok": False,
+                           "note": "no interval tied to the incident"})
+        if inc.get("back_to_pace_at") is not None and b:
+            after = inc.get("evicted_at") or inc.get("detected_at") or st["at"]
+            back = back_at_pace(job_times, after, ledger["to"], b)
+            if back is None:
+                checks.append({"check": f"{name}: onset -> back at pace", "ok": False,
+                               "ledger": inc.get("recovery_s"),
+                               "note": "the ground truth is never back at pace"})
+            else:
+                gt_rec = back - st["at"]
+                d = (inc["back_to_pace_at"] - inc["onset_at"]) - gt_rec
+                checks.append({"check": f"{name}: onset -> back at pace (s)",
+                               "ground_truth": round(gt_rec, 3), "ledger": inc.get("recovery_s"),
+                               "diff": round(d, 3), "tolerance": TOL_RECOVERY_S,
+                               "ok": abs(d) <= TOL_RECOVERY_S})
+    return checks
+
+
+# --------------------------------------------------------------------------------------------
+# One run: a job, its supervisor, the schedule, the monitor
+class Run:
+    def __init__(self, name: str, args: argparse.Namespace, timeouts: Timeouts, faults: bool,
+                 monitor: str | None, work: Path) -> None:
+        import requests
+
+        from lightkeeper.cluster import LocalCluster
+
+        self.name, self.args, self.timeouts, self.faults = name, args, timeouts, faults
+        self.monitor_mode = monitor  # "evict", "dry_run" or None
+        self.dir = work / name
+        self.token = secrets.token_hex(16)
+        self.cluster = LocalCluster(
+            self.dir / "logs", num_groups=args.groups, ranks_per_group=args.ranks_per_group,
+            steps=1_000_000, step_pause_s=args.step_pause, pg_timeout_s=timeouts.pg_timeout_s,
+            quorum_timeout_s=timeouts.quorum_timeout_s, join_timeout_ms=timeouts.join_timeout_ms,
+            heartbeat_timeout_ms=timeouts.heartbeat_timeout_ms,
+            extra_env={"LIGHTKEEPER_FAULT_TOKEN": self.token})
+        self.http = requests.Session()
+        self.monitor_proc: subprocess.Popen | None = None
+        self.monitor_url: str | None = None
+        self.procs: list[subprocess.Popen] = []
+        self.incarnation: dict[int, int] = {}
+        self.events: list[dict] = []  # restarts, exits, injections (unix times)
+        self.strikes: dict[tuple, dict] = {}
+        self.t_start: float | None = None
+
+    # --- processes ----------------------------------------------------------------------------
+    def start(self) -> None:
+        from lightkeeper.cluster import wait_until
+
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.cluster.start_lighthouse()
+        self.procs.append(self.cluster.lighthouse.proc)
+        if self.monitor_mode:
+            self.start_monitor()
+            self.cluster.extra_env["LIGHTKEEPER_MONITOR"] = self.monitor_url
+        for g in range(self.args.groups):
+            self.incarnation[g] = 0
+            self.procs.extend(self.cluster.start_group(g).processes())
+        for g in range(self.args.groups):
+            self.cluster.wait_for_workers(g, timeout=180)
+        wait_until(self.all_stepping, 240, interval=0.5, what="every group to commit a step")
+
+    def start_monitor(self) -> None:
+        from lightkeeper.cluster import ClusterError, wait_until
+
+        out_path, log_path = self.dir / "monitor.out", self.dir / "monitor.log"
+        cmd = [sys.executable, "-u", "-m", "lightkeeper.cli", "monitor", "--port", "0",
+               "--lighthouse", self.cluster.lighthouse_url,
+               "--state", str(self.dir / "monitor.sqlite"),
+               "--expected-groups", str(self.args.groups), *shlex.split(self.args.monitor_args)]
+        if self.monitor_mode == "dry_run":
+            cmd.append("--dry-run")
+        with open(out_path, "wb") as out, open(log_path, "wb") as err:
+            self.monitor_proc = subprocess.Popen(cmd, stdout=out, stderr=err,
+                                                 start_new_session=True)
+        self.procs.append(self.monitor_proc)
+
+        def url():
+            if self.monitor_proc.poll() is not None:
+                raise ClusterError(f"monitor exited with {self.monitor_proc.returncode}: "
+                                   f"{log_path.read_text(errors='replace')[-2000:]}")
+            for word in out_path.read_text(errors="replace").split():
+                if word.startswith("monitor="):
+                    return word.split("=", 1)[1]
+            return None
+
+        self.monitor_url = wait_until(url, 60, what="the monitor to serve")
+
+    def stop(self) -> None:
+        from lightkeeper.cluster import stop_process
+
+        for p in reversed(self.procs):
+            try:
+                stop_process(p, grace=3.0)
+            except Exception as e:  # keep stopping the others
+                print(f"bench_goodput: could not stop PID {p.pid}: {e}", file=sys.stderr)
+
+    # --- sampling -----------------------------------------------------------------------------
+    def state(self, url: str) -> dict | None:
+        import requests
+
+        try:
+            r = self.http.get(url + "/v1/state", timeout=1.0)
+            return r.json() if r.ok else None
+        except (requests.RequestException, ValueError):
+            return None
+
+    def states(self, g: int) -> list[dict]:
+        from lightkeeper.cluster import WORKER_URL_RE
+
+        grp = self.cluster.groups[g]
+        if not grp.alive():
+            return []
+        if len(grp.worker_urls) < self.args.ranks_per_group:
+            grp.worker_urls = {int(r): u for r, u in WORKER_URL_RE.findall(grp.log())}
+        return [s for s in (self.state(u) for u in grp.worker_urls.values()) if s]
+
+    def all_stepping(self) -> bool:
+        return all(len(st) == self.args.ranks_per_group and all(s["step"] >= 1 for s in st)
+                   for st in (self.states(g) for g in range(self.args.groups)))
+
+    def tick(self) -> None:
+        """Record strikes; restart a group whose processes all exited (the supervisor)."""
+        for g in range(self.args.groups):
+            for s in self.states(g):
+                for spec, at in (s.get("faults_struck_at") or {}).items():
+                    key = (g, self.incarnation[g], s.get("group_rank"), spec)
+                    self.strikes.setdefault(key, {
+                        "replica_group": g, "group_rank": s.get("group_rank"),
+                        "incarnation": self.incarnation[g], "spec": spec,
+                        "kind": spec.split(":", 1)[0], "at": float(at)})
+            grp = self.cluster.groups[g]
+            if not grp.alive() and self.incarnation[g] < 5:
+                self.events.append({"at": time.time(), "event": "restart", "replica_group": g,
+                                    "detail": f"exited ({grp.proc.returncode})"})
+                self.incarnation[g] += 1
+                self.procs.extend(self.cluster.start_group(g).processes())
+
+    def monitor_get(self, path: str):
+        import requests
+
+        if not self.monitor_url:
+            return None
+        try:
+            r = self.http.get(self.monitor_url + path, timeout=5.0)
+            return r.json() if r.ok else None
+        except (requests.RequestException, ValueError):
+            return None
+
+    # --- faults -------------------------------------------------------------------------------
+    def inject(self, g: int, kind: str) -> bool:
+        """POST the fault to the last rank of group ``g``, from its current step; True once
+        it is armed ahead of the rank (a hang whose step the group passed first is retried)."""
+        import requests
+
+        rank = self.args.ranks_per_group - 1
+        grp = self.cluster.groups[g]
+        url = grp.worker_urls.get(rank)
+        s = self.state(url) if url else None
+        if s is None:
+            return False
+        cur = int(s["step"])
+        placed = f",rank={rank}" if self.args.ranks_per_group > 1 else ""
+        if kind == "slow_compute":
+            spec = f"slow_compute:delay={self.args.slow_delay:g},from_step={cur}{placed}"
+        else:
+            where = ",where=group" if self.args.ranks_per_group > 1 else ""
+            spec = f"hang:at_step={cur + 3}{where}{placed}"
+        try:
+            r = self.http.post(url + "/v1/faults", json={"spec": spec}, timeout=5,
+                               headers={"Authorization": f"Bearer {self.token}"})
+        except requests.RequestException:
+            return False
+        if not r.ok:
+            return False
+        if kind == "hang":
+            s = self.state(url)
+            if s is None or int(s["step"]) >= cur + 3:
+                return False
+        self.events.append({"at": time.time(), "event": "inject", "replica_group": g,
+                            "detail": spec})
+        return True
+
+    # --- the run ------------------------------------------------------------------------------
+    def run(self) -> dict:
+        self.start()
+        self.t_start = time.time()
+        ledger0 = self.monitor_get("/v1/goodput?incidents=0&intervals=0")
+        end = self.t_start + self.args.duration
+        todo = []
+        if self.faults:
+            todo = [(self.t_start + self.args.slow_at, 1 % self.args.groups, "slow_compute"),
+                    (self.t_start + self.args.hang_at, 2 % self.args.groups, "hang")]
+        tries: dict[str, int] = {}
+        snaps, next_snap = [], 0.0
+        while time.time() < end:
+            began = time.time()
+            if self.monitor_url and began >= next_snap:  # the ledger's totals every 2 s
+                next_snap = began + 2.0
+                led = self.monitor_get("/v1/goodput?incidents=0&intervals=0")
+                if led:
+                    snaps.append({"at": led.get("at"), "job": led.get("job"),
+                                  "baseline": led.get("baseline")})
+            for item in list(todo):
+                at, g, kind = item
+                if began >= at:
+                    tries[kind] = tries.get(kind, 0) + 1
+                    if self.inject(g, kind):
+                        todo.remove(item)
+                    elif tries[kind] >= 20:
+                        todo.remove(item)
+                        self.events.append({"at": time.time(), "event": "inject_failed",
+                                            "replica_group": g, "detail": kind})
+            self.tick()
+            time.sleep(max(0.0, 0.5 - (time.time() - began)))
+        t_end = time.time()
+        ledger1 = self.monitor_get("/v1/goodput?incidents=50&intervals=5000")
+        findings = self.monitor_get("/v1/findings") or []
+        evictions = self.monitor_get("/v1/evictions") or []
+        return {"t_start": self.t_start, "t_end": t_end, "ledger_start": ledger0,
+                "ledger_end": ledger1, "ledger_snapshots": snaps, "findings": findings, "evictions": evictions,
+                "events": self.events, "strikes": list(self.strikes.values()),
+                "commits": self.read_commits(), "load_avg": os.getloadavg()}
+
+    def read_commits(self) -> dict[str, list[list[float]]]:
+        """Every group's committed steps, every incarnation, from the ranks' logs."""
+        out = {}
+        for g in range(self.args.groups):
+            series = []
+            for path in sorted((self.dir / "logs" / f"replica_group_{g}").glob("train*.log")):
+                series += parse_commit_log(path.read_text(errors="replace"))
+            out[str(g)] = [[round(t, 3), s] for t, s in sorted(series)]
+        return out
+
+
+# --------------------------------------------------------------------------------------------
+# Analysis of one run's raw record
+def analyze(name: str, raw: dict, args: argparse.Namespace, samples_per_group_step: int) -> dict:
+    t0, t1 = raw["t_start"], raw["t_end"]
+    steps = {int(g): [(t, s) for t, s in series] for g, series in raw["commits"].items()}
+    commits = {g: [t for t, _ in series] for g, series in steps.items()}
+    wall = t1 - t0
+    group_steps = sum(_count(times, t0, t1) for times in commits.values())
+    b = healthy_step_s(commits, t0 + 2.0, t0 + min(args.slow_at, args.duration))
+    out = {"run": name, "wall_s": round(wall, 2), "committed_group_steps": group_steps,
+           "samples_per_s": round(group_steps * samples_per_group_step / wall, 2),
+           "healthy_step_s": None if b is None else round(b, 4),
+           "load_avg_end": [round(x, 2) for x in raw.get("load_avg", [])]}
+    first = [s for s in raw["strikes"]]
+    strikes = sorted(({"replica_group": s["replica_group"], "kind": s["kind"], "at": s["at"],
+                       "spec": s["spec"]} for s in first), key=lambda s: s["at"])
+    out["strikes"] = [{**s, "at_s": round(s["at"] - t0, 2)} for s in strikes]
+    out["events"] = [{**e, "at_s": round(e["at"] - t0, 2)} for e in raw["events"]]
+    out["evictions"] = [{"replica_group": d.get("replica_group"), "decision": d.get("decision"),
+                         "at_s": round(d["at"] - t0, 2) if d.get("at") else None,
+                         "reason": d.get("reason")} for d in raw["evictions"]]
+    out["findings"] = [{"kind": f.get("kind"), "replica_group": f.get("replica_group"),
+                        "confirmed_at_s": round(f["confirmed_at"] - t0, 2)
+                        if f.get("confirmed_at") else None} for f in raw["findings"]]
+    if b is None:
+        out["error"] = "too few healthy commits for a baseline"
+        return out
+    gp = goodput_from_commits(commits, t0, t1, b, args.groups)
+    out["goodput"] = {k: v for k, v in gp.items() if k != "bins"}
+    marks = [(s["at"], f"{s['kind']} (group {s['replica_group']})") for s in strikes]
+    out["badput_by_fault_s"] = badput_by_window(gp["bins"], args.groups, marks)
+    jt = job_commit_times(steps)
+    evicted = {}
+    for d in raw["evictions"]:
+        if d.get("decision") == "evict" and d.get("at"):
+            evicted.setdefault(d["replica_group"], []).append(d["at"])
+    rec = []
+    for s in strikes:
+        after = min((t for t in evicted.get(s["replica_group"], []) if t >= s["at"]),
+                    default=s["at"])
+        back = back_at_pace(jt, after, t1, b)
+        rec.append({"fault": f"{s['kind']} (group {s['replica_group']})",
+                    "onset_s": round(s["at"] - t0, 2),
+                    "evicted_s": None if after == s["at"] else round(after - t0, 2),
+                    "back_at_pace_s": None if back is None else round(back - t0, 2),
+                    "recovery_s": None if back is None else round(back - s["at"], 2)})
+    out["recovery"] = rec
+    led = ledger_window(raw.get("ledger_start"), raw.get("ledger_end"))
+    # reconciled from the ledger's first answer with a baseline (its startup over) to the end
+    ready = next((x for x in raw.get("ledger_snapshots") or []
+                  if (x.get("baseline") or {}).get("step_seconds") and x.get("at")), None)
+    led_rec = ledger_window(ready, raw.get("ledger_end"))
+    if led:
+        end = raw["ledger_end"]
+        incidents = end.get("incidents") or []
+        out["ledger"] = led
+        out["ledger_incidents"] = [
+            {"kind": i.get("kind"), "replica_group": i.get("replica_group"),
+             "onset_s": _rel(i.get("onset_at"), t0), "onset_source": i.get("onset_source"),
+             "detected_s": _rel(i.get("detected_at"), t0),
+             "evicted_s": _rel(i.get("evicted_at"), t0),
+             "back_to_pace_s": _rel(i.get("back_to_pace_at"), t0),
+             "recovery_s": i.get("recovery_s"), "cost_replica_s":
+                 (i.get("cost") or {}).get("replica_seconds"),
+             "cost_by_cause": (i.get("cost") or {}).get("by_cause")} for i in incidents]
+        out["ledger_reconciled_window"] = None if led_rec is None else {
+            k: v for k, v in led_rec.items() if k not in ("from", "to")} | {
+            "from_s": _rel(led_rec["from"], t0), "to_s": _rel(led_rec["to"], t0)}
+        out["reconciliation"] = reconcile(commits, jt, led_rec or led, incidents,
+                                          end.get("intervals") or [], strikes, args.groups)
+    out["series"] = {g: [[round(t - t0, 3), s] for t, s in series if t0 - 5 <= t <= t1]
+                     for g, series in steps.items()}
+    return out
+
+
+def _rel(t: float | None, t0: float) -> float | None:
+    return None if t is None else round(t - t0, 2)
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+def table(result: dict) -> str:
+    runs = result["runs"]
+    ff = next((r for r in runs if r["run"] == "fault_free" and "goodput" in r), None)
+    lines = ["| run | samples/s | vs fault-free | goodput (ground truth) | vs fault-free | "
+             "goodput (ledger) | ledger badput by cause (replica-s) | badput by fault "
+             "(ground truth, replica-s) | onset -> back at pace |",
+             "|---|---:|---:|---:|---:|---:|---|---|---|"]
+    for r in runs:
+        if "goodput" not in r:
+            lines.append(f"| {r['run']} | {r.get('error', 'failed')} |||||||")
+            continue
+        g = r["goodput"]["ratio"]
+        sps = r["samples_per_s"]
+        vs_s = f"{sps / ff['samples_per_s']:.2f}x" if ff else "-"
+        vs_g = f"{g / ff['goodput']['ratio']:.2f}x" if ff else "-"
+        led = r.get("ledger")
+        lg = f"{led['ratio']:.3f}" if led and led.get("ratio") is not None else "-"
+        lb = ", ".join(f"{k} {v:.1f}" for k, v in (led or {}).get("badput_s", {}).items()
+                       if v >= 0.05) or "-"
+        if led and led.get("pending_s"):
+            lb += f", pending {led['pending_s']:.1f}"
+        bf = ", ".join(f"{k} {v:.1f}" for k, v in r["badput_by_fault_s"].items()) or "-"
+        rc = "; ".join(f"{x['fault']} {x['recovery_s']:.1f}s" if x["recovery_s"] is not None
+                       else f"{x['fault']} never" for x in r["recovery"]) or "-"
+        lines.append(f"| {r['run']} | {sps:.1f} | {vs_s} | {g:.3f} | {vs_g} | {lg} | {lb} | "
+                     f"{bf} | {rc} |")
+    out = "\n".join(lines)
+    for r in runs:
+        checks = r.get("reconciliation")
+        if not checks:
+            continue
+        out += f"\n\nledger vs ground truth, {r['run']}:"
+        for c in checks:
+            detail = (f"ground truth {c['ground_truth']}, ledger {c['ledger']}, diff "
+                      f"{c['diff']} (tolerance {c['tolerance']})" if "diff" in c
+                      else c.get("note", ""))
+            out += f"\n  {'ok  ' if c['ok'] else 'FAIL'} {c['check']}: {detail}"
+    return out
+
+
+def plot(result: dict, path: Path) -> str | None:
+    """Committed samples over time, one line per run; faults and evictions marked."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install matplotlib): no PNG"
+    per = result["settings"]["samples_per_group_step"]
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    colors = {"fault_free": "tab:green", "torchft_defaults": "tab:red",
+              "torchft_tuned": "tab:orange", "lightkeeper": "tab:blue"}
+    for r in result["runs"]:
+        if "series" not in r:
+            continue
+        events = sorted((t, 1) for series in r["series"].values() for t, _ in series if t >= 0)
+        xs, ys, n = [0.0], [0], 0
+        for t, k in events:
+            n += k
+            xs.append(t)
+            ys.append(n * per)
+        xs.append(r["wall_s"])
+        ys.append(n * per)
+        ax.step(xs, ys, where="post", color=colors.get(r["run"]), label=(
+            f"{r['run']}: {r['samples_per_s']:.0f} samples/s, goodput {r['goodput']['ratio']:.2f}"
+            if "goodput" in r else r["run"]))
+        if r["run"] == "lightkeeper":
+            for e in r["evictions"]:
+                if e["decision"] == "evict" and e["at_s"] is not None:
+                    ax.axvline(e["at_s"], color="tab:blue", ls=":", lw=1)
+    strikes = next((r["strikes"] for r in result["runs"] if r["run"] == "lightkeeper"
+                    and r.get("strikes")), None) or next(
+        (r["strikes"] for r in result["runs"] if r.get("strikes")), [])
+    for s in strikes:
+        ax.axvline(s["at_s"], color="grey", ls="--", lw=1)
+        ax.text(s["at_s"], ax.get_ylim()[1] * 0.97, f" {s['kind']}\n group {s['replica_group']}",
+                va="top", fontsize=8, color="grey")
+    ax.set_xlabel("seconds since training started")
+    ax.set_ylabel("committed samples (all replica groups)")
+    st = result["settings"]
+    ax.set_title(f"{st['groups']} groups x {st['ranks_per_group']} ranks, same fault schedule "
+                 f"(dashed: strikes in the Lightkeeper run; dotted: its evictions)", fontsize=9)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    tuned = demo_timeouts()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", default=",".join(RUNS), help=f"comma list of {', '.join(RUNS)}")
+    p.add_argument("--duration", type=float, default=120.0, help="seconds of training (120)")
+    p.add_argument("--groups", type=int, default=3)
+    p.add_argument("--ranks-per-group", type=int, default=2)
+    p.add_argument("--step-pause", type=float, default=0.1, help="trainer --step-pause (the "
+                   "demo's 0.1)")
+    p.add_argument("--slow-at", type=float, default=40.0,
+                   help="seconds after training starts: throttle the last rank of group 1 (40; "
+                        "after the ledger's startup, which lasts ~W + 5 s)")
+    p.add_argument("--slow-delay", type=float, default=0.6, help="slow_compute delay= (0.6)")
+    p.add_argument("--hang-at", type=float, default=75.0,
+                   help="seconds after training starts: hang the last rank of group 2 (75)")
+    p.add_argument("--tuned-pg-timeout", type=float, default=tuned.pg_timeout_s)
+    p.add_argument("--tuned-quorum-timeout", type=float, default=tuned.quorum_timeout_s)
+    p.add_argument("--tuned-join-timeout-ms", type=int, default=tuned.join_timeout_ms)
+    p.add_argument("--tuned-heartbeat-timeout-ms", type=int, default=tuned.heartbeat_timeout_ms)
+    p.add_argument("--monitor-args", default="--interval 0.5 --cooldown 5 --min-replicas 2",
+                   help="lightkeeper monitor flags (the demo's)")
+    p.add_argument("--no-monitor-alone", action="store_true",
+                   help="no monitor at all in the fault-free and torchft-alone runs")
+    p.add_argument("--work-dir", default=None, help="logs (default: a new temp dir)")
+    p.add_argument("--out", default=None, help="write the JSON here")
+    p.add_argument("--png", default=None, help="write the committed-samples plot here")
+    p.add_argument("--table", default=None, metavar="JSON", help="print an earlier run's table")
+    args = p.parse_args(argv)
+    if args.table:
+        result = json.loads(Path(args.table).read_text())
+        print(table(result))
+        if args.png:
+            note = plot(result, Path(args.png))
+            print(note or f"plot: {args.png}")
+        return 0
+    names = [n.strip() for n in args.runs.split(",") if n.strip()]
+    bad = [n for n in names if n not in RUNS]
+    if bad or not names:
+        p.error(f"--runs: unknown {bad}; choose from {', '.join(RUNS)}")
+    if args.groups < 3 or args.ranks_per_group < 1:
+        p.error("--groups must be >= 3 (the faults strike groups 1 and 2), --ranks-per-group >= 1")
+    if not 0 < args.slow_at < args.hang_at < args.duration:
+        p.error("need 0 < --slow-at < --hang-at < --duration")
+    from trainer.config import ModelConfig
+
+    per = args.ranks_per_group * ModelConfig().batch_size
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench-goodput-"))
+    settings = {k: v for k, v in vars(args).items() if k not in ("table",)}
+    settings["samples_per_group_step"] = per
+    settings["torchft_defaults"] = asdict(TORCHFT_DEFAULTS)
+    tuned = Timeouts(args.tuned_pg_timeout, args.tuned_quorum_timeout,
+                     args.tuned_join_timeout_ms, args.tuned_heartbeat_timeout_ms)
+    settings["tuned"] = asdict(tuned)
+    settings["cpus"] = os.cpu_count()
+    result = {"settings": settings, "runs": [], "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "load_avg_start": [round(x, 2) for x in os.getloadavg()]}
+    print(f"bench_goodput: runs {', '.join(names)}; logs in {work}", flush=True)
+
+    def _term(*_):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, _term)
+    try:
+        for name in names:
+            alone = None if args.no_monitor_alone else "dry_run"
+            spec = {"fault_free": (tuned, False, alone),
+                    "torchft_defaults": (TORCHFT_DEFAULTS, True, alone),
+                    "torchft_tuned": (tuned, True, alone),
+                    "lightkeeper": (tuned, True, "evict")}[name]
+            run = Run(name, args, *spec, work)
+            began = time.time()
+            print(f"[{time.strftime('%H:%M:%S')}] {name}: starting", flush=True)
+            try:
+                raw = run.run()
+            except Exception as e:  # record it, the other runs still go
+                result["runs"].append({"run": name, "error": f"{type(e).__name__}: {e}"})
+                print(f"{name}: failed: {e}", file=sys.stderr, flush=True)
+                continue
+            finally:
+                run.stop()
+            (work / name / "raw.json").write_text(json.dumps(raw))
+            res = analyze(name, raw, args, per)
+            res["timeouts"] = asdict(spec[0])
+            res["monitor"] = spec[2]
+            res["run_wall_s"] = round(time.time() - began, 1)
+            result["runs"].append(res)
+            print(f"[{time.strftime('%H:%M:%S')}] {name}: {res.get('samples_per_s')} samples/s, "
+                  f"goodput {(res.get('goodput') or {}).get('ratio')}", flush=True)
+    except KeyboardInterrupt:
+        print("bench_goodput: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    result["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
+    print(table(result))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        print(f"json: {args.out}")
+    if args.png:
+        Path(args.png).parent.mkdir(parents=True, exist_ok=True)
+        note = plot(result, Path(args.png))
+        print(note or f"plot: {args.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

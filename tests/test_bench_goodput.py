@@ -1,0 +1,142 @@
+"""benchmarks/bench_goodput.py's pure functions: the ground truth it reads from the ranks' logs,
+goodput by the ledger's definitions on commit times, and the reconciliation with the ledger.
+Plain data, no processes (the benchmark itself is run by hand: docs/goodput.md, Benchmark)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from benchmarks.bench_goodput import (
+    back_at_pace,
+    badput_by_window,
+    goodput_from_commits,
+    healthy_step_s,
+    job_commit_times,
+    ledger_window,
+    parse_commit_log,
+    reconcile,
+)
+
+B = 0.25  # healthy step time of the synthetic job
+
+
+def steady(t0: float, t1: float, b: float = B) -> list[float]:
+    n = int((t1 - t0) / b)
+    return [t0 + (i + 1) * b for i in range(n)]
+
+
+def log_line(unix: float, step: int, committed: bool = True) -> str:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix))
+    ms = int(round((unix % 1) * 1000))
+    return (f"{stamp},{ms:03d} lightkeeper.trainer INFO step={step} quorum_id=2 participants=3 "
+            f"step_time=0.150s committed={committed} loss=5.6641")
+
+
+def test_parse_commit_log_counts_each_step_once_at_its_first_rank():
+    t = 1_800_000_000.0
+    text = "\n".join([
+        log_line(t + 0.1, 5), log_line(t + 0.3, 5),           # both ranks log step 5
+        log_line(t + 0.5, 6, committed=False),                 # not committed: not a commit
+        "garbage " + log_line(t + 0.6, 7),                     # another process ran into it
+        log_line(t + 0.9, 7), "torchrun noise",
+    ])
+    got = parse_commit_log(text)
+    assert [s for _, s in got] == [5, 7]
+    assert got[0][0] == pytest.approx(t + 0.1, abs=2e-3)
+    assert got[1][0] == pytest.approx(t + 0.9, abs=2e-3)
+
+
+def test_healthy_job_is_all_goodput_and_a_missing_group_loses_its_slot():
+    commits = {g: steady(0, 40) for g in range(3)}
+    assert healthy_step_s(commits, 0, 40) == pytest.approx(B)
+    gp = goodput_from_commits(commits, 10, 30, B, 3)
+    assert gp["expected_s"] == pytest.approx(60)
+    assert gp["ratio"] == pytest.approx(1.0, abs=0.01)
+    # group 2 gone from t=20: its slot is badput from then on (after its window drains)
+    commits[2] = steady(0, 20)
+    gp = goodput_from_commits(commits, 10, 30, B, 3)
+    assert gp["ratio"] == pytest.approx((60 - 10) / 60, abs=0.02)
+    # a slot never seen at all counts too (expected groups, not seen groups)
+    gp = goodput_from_commits({0: steady(0, 40), 1: steady(0, 40)}, 10, 30, B, 3)
+    assert gp["ratio"] == pytest.approx(2 / 3, abs=0.01)
+
+
+def test_a_group_at_half_pace_counts_only_what_its_commits_take_at_healthy_pace():
+    commits = {0: steady(0, 40), 1: steady(0, 40), 2: steady(0, 40, 2 * B)}
+    gp = goodput_from_commits(commits, 10, 30, B, 3)
+    assert gp["ratio"] == pytest.approx((20 + 20 + 10) / 60, abs=0.02)
+
+
+def test_bad_window_or_baseline_is_a_clear_error():
+    with pytest.raises(ValueError, match="empty window"):
+        goodput_from_commits({0: [1.0]}, 5, 5, B, 1)
+    with pytest.raises(ValueError, match="baseline"):
+        goodput_from_commits({0: [1.0]}, 0, 5, 0.0, 1)
+    assert healthy_step_s({0: [1.0, 2.0]}, 0, 5) is None  # too few gaps for a median
+
+
+def test_badput_falls_in_the_window_of_the_fault_that_preceded_it():
+    bins = [[0, 1, 3.0], [1, 2, 2.0], [2, 3, 1.0], [3, 4, 3.0]]
+    got = badput_by_window(bins, 3, [(2.0, "hang (group 2)"), (0.5, "slow (group 1)")])
+    assert got == {"before faults": 0.0, "slow (group 1)": 1.0, "hang (group 2)": 2.0}
+
+
+def test_back_at_pace_after_a_stall():
+    # the job commits steadily, stalls from 10 to 20 s, then resumes at full pace
+    job = steady(0, 10) + [20 + t for t in steady(0, 20)]
+    back = back_at_pace(job, 12.0, 40.0, B)
+    assert back == pytest.approx(20 + B)  # the first commit after the stall
+    assert back_at_pace(job, 12.0, 24.0, B) is None  # no whole window at pace by the end
+    # a job at half pace is never back
+    assert back_at_pace(steady(0, 40, 2 * B), 5.0, 40.0, B) is None
+
+
+def test_job_commit_times_follow_the_newest_step_only():
+    steps = {0: [(1.0, 1), (2.0, 2), (3.0, 3)], 1: [(1.1, 1), (2.5, 2), (9.0, 3)],
+             2: [(8.0, 2)]}  # group 2 healed to step 2 late: not a job step
+    assert job_commit_times(steps) == [2.0, 3.0]
+
+
+def ledger_of(commits, t0, t1, b, groups, **extra):
+    gp = goodput_from_commits(commits, t0, t1, b, groups)
+    before = {"at": t0, "job": {"goodput_seconds": 100.0, "expected_seconds": 150.0,
+                                "badput_seconds": {"stall": 1.0}}}
+    after = {"at": t1, "baseline": {"step_seconds": b},
+             "job": {"goodput_seconds": 100.0 + gp["goodput_s"] + extra.get("extra_good", 0),
+                     "expected_seconds": 150.0 + gp["expected_s"],
+                     "badput_seconds": {"stall": 1.0 + gp["expected_s"] - gp["goodput_s"]},
+                     "pending_seconds": 0.0}}
+    return ledger_window(before, after)
+
+
+def test_reconcile_agrees_with_a_ledger_that_matches_the_ground_truth_and_fails_otherwise():
+    # group 2 hangs at 20 s; evicted at 22 s; the survivors go on from 27 s at full pace
+    commits = {g: steady(0, 20) + [27 + t for t in steady(0, 33)] for g in (0, 1)}
+    commits[2] = steady(0, 20)
+    steps = {g: [(t, i + 1) for i, t in enumerate(times)] for g, times in commits.items()}
+    jt = job_commit_times(steps)
+    led = ledger_of(commits, 5, 60, B, 3)
+    assert led["ratio"] is not None and led["badput_s"]["stall"] > 0
+    back = back_at_pace(jt, 22.0, 60, B)
+    inc = {"id": 1, "kind": "hang", "replica_group": 2, "onset_at": 20.05, "detected_at": 21.5,
+           "evicted_at": 22.0, "back_to_pace_at": back, "recovery_s": back - 20.05}
+    ivs = [{"incident": 1, "start": 20.0, "end": 27.0}, {"incident": None, "start": 3.0}]
+    strikes = [{"replica_group": 2, "kind": "hang", "at": 20.0}]
+    checks = reconcile(commits, jt, led, [inc], ivs, strikes, 3)
+    assert [c["ok"] for c in checks] == [True, True, True, True], checks
+
+    # a ledger that counted 10% more goodput, an onset 2 s late, intervals 3 s early: all fail
+    led_bad = ledger_of(commits, 5, 60, B, 3, extra_good=0.1 * 165)
+    late = {**inc, "onset_at": 22.0}
+    early = [{"incident": 1, "start": 17.0}]
+    checks = reconcile(commits, jt, led_bad, [late], early, strikes, 3)
+    by = {c["check"].split(": ")[-1]: c["ok"] for c in checks}
+    assert by["goodput ratio over the ledger's window"] is False
+    assert by["onset vs the rank's strike"] is False
+    assert by["first badput interval vs the strike"] is False
+    # a fault the ledger has no incident for fails its check
+    checks = reconcile(commits, jt, led, [], ivs, strikes, 3)
+    assert checks[-1] == {"check": "hang in group 2: an incident", "ok": False,
+                          "note": "no incident for this group in the ledger"}
