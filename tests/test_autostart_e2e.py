@@ -1,0 +1,197 @@
+"""``lightkeeper run -- COMMAND`` on real processes: a real torchft Lighthouse, gloo, the monitor
+(in this process, serving its real HTTP API so ranks register themselves), and jobs that carry
+no Lightkeeper code: the project's trainer with its own WorkerServer switched off, and a torchft
+script written here against torchft's public API only (Manager, ProcessGroupGloo,
+DistributedDataParallel, Optimizer). Also: a Python program that never imports torchft (the hook
+starts nothing and imports nothing) and a WorkerServer that cannot bind its port (one line, the
+job finishes with status 0)."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import requests
+
+from lightkeeper.cluster import LocalCluster, stop_process, wait_until
+from monitor.config import MonitorConfig
+from monitor.service import Monitor
+from tests.support.workers import try_state
+
+pytestmark = pytest.mark.e2e
+
+LIGHTKEEPER = [sys.executable, "-m", "lightkeeper.cli"]
+HOOK_LINE = re.compile(r"^\[lightkeeper\] replica_group=(\d+) group_rank=(\d+) "
+                       r"worker_server=(http://\S+) \(lightkeeper run\)$", re.M)
+
+# A torchft job as a user writes it: torch and torchft's public API, nothing of Lightkeeper.
+FT_SCRIPT = textwrap.dedent('''
+    import sys
+    import time
+    from datetime import timedelta
+    from pathlib import Path
+
+    import torch
+    from torch.distributed import TCPStore
+    from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+
+    stop_file, max_steps, replica = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    model = torch.nn.Linear(8, 1)
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=10)), min_replica_size=1,
+        load_state_dict=model.load_state_dict, state_dict=model.state_dict,
+        replica_id=f"ddp_job_{replica}", store_addr="127.0.0.1", store_port=store.port,
+        rank=0, world_size=1, timeout=timedelta(seconds=10),
+        quorum_timeout=timedelta(seconds=30))
+    model = DistributedDataParallel(manager, model)
+    optimizer = Optimizer(manager, torch.optim.SGD(model.parameters(), lr=0.01))
+    while manager.current_step() < max_steps and not stop_file.exists():
+        optimizer.zero_grad()
+        model(torch.randn(4, 8)).sum().backward()
+        optimizer.step()
+        time.sleep(0.05)  # the step's compute
+    print(f"done at step {manager.current_step()}", flush=True)
+    manager.shutdown(wait=False)
+''')
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """One Lighthouse and one monitor for the module's jobs (which run one after another)."""
+    d = tmp_path_factory.mktemp("autostart")
+    cluster = LocalCluster(d / "cluster", num_groups=1)
+    mon = None
+    try:
+        cluster.start_lighthouse()
+        mon = Monitor(MonitorConfig(port=0, interval_s=0.5, lighthouse=cluster.lighthouse_url,
+                                    state_path=str(d / "monitor.sqlite"))).start()
+        (d / "ft_job.py").write_text(FT_SCRIPT)
+        yield {"dir": d, "lighthouse": cluster.lighthouse_url, "monitor": mon}
+    finally:
+        if mon is not None:
+            mon.stop()
+        cluster.stop()
+
+
+def start(job, name: str, command: list[str], **env: str) -> tuple[subprocess.Popen, Path]:
+    """``lightkeeper run --monitor URL -- command`` with the job's Lighthouse; stdout+stderr
+    go to a log file."""
+    log = job["dir"] / f"{name}.log"
+    full_env = {k: v for k, v in os.environ.items() if k != "REPLICA_GROUP_ID"}
+    full_env.update(TORCHFT_LIGHTHOUSE=job["lighthouse"], PYTHONUNBUFFERED="1", **env)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([*LIGHTKEEPER, "run", "--monitor", job["monitor"].url, "--",
+                                 *command], stdout=out, stderr=subprocess.STDOUT, env=full_env,
+                                cwd=job["dir"], start_new_session=True)
+    return proc, log
+
+
+def hook_url(proc: subprocess.Popen, log: Path, timeout: float = 90) -> tuple[int, int, str]:
+    def found():
+        m = HOOK_LINE.search(log.read_text(errors="replace"))
+        if m:
+            return int(m.group(1)), int(m.group(2)), m.group(3)
+        if proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode}: {log.read_text()[-3000:]}")
+        return None
+    return wait_until(found, timeout, what="the hook's WorkerServer line")
+
+
+def seen_by_monitor(mon: Monitor, url: str) -> dict:
+    """The monitor's row for ``url`` once it registered itself, trains and is verified against
+    the Lighthouse (``GET /v1/ranks``)."""
+    last: list = [None]
+
+    def rank():
+        ranks = requests.get(mon.url + "/v1/ranks", timeout=5).json()
+        r = last[0] = next((r for r in ranks if r.get("url") == url), None)
+        return r if (r and r["source"] == "registered" and (r["step"] or 0) >= 2
+                     and (r["verification"] or {}).get("state") == "verified") else None
+    try:
+        return wait_until(rank, 60, interval=0.3, what=f"the monitor polling {url}")
+    except TimeoutError as e:
+        raise AssertionError(f"{e}; the monitor's last row: {last[0]}") from None
+
+
+def test_trainer_without_its_own_server_is_served_by_the_hook(job):
+    proc, log = start(job, "trainer", [*LIGHTKEEPER, "train", "--no-worker-server",
+                                       "--steps", "100000", "--step-pause", "0.05",
+                                       "--pg-timeout", "10"],
+                      REPLICA_GROUP_ID="1", NUM_REPLICA_GROUPS="2", LIGHTKEEPER_JOB="zero-code")
+    try:
+        group, group_rank, url = hook_url(proc, log)
+        assert (group, group_rank) == (1, 0)
+        assert log.read_text().count("worker_server=") == 1  # the trainer started none
+        state = wait_until(lambda: (s := try_state(url)) and s["step"] >= 3 and s, 60,
+                           what="3 steps on the hook's WorkerServer")
+        assert (state["replica_group"], state["group_rank"], state["group_world_size"],
+                state["rank"], state["job"]) == (1, 0, 1, 1, "zero-code")
+        assert state["replica_id"].startswith("replica_group_1:")
+        assert state["quorum_id"] >= 0 and state["num_participants"] == 1
+        rank = seen_by_monitor(job["monitor"], url)
+        assert rank["replica_group"] == 1
+    finally:
+        stop_process(proc, grace=3)
+
+
+def test_plain_torchft_script_is_served_and_seen_by_the_monitor(job):
+    stop = job["dir"] / "stop_b"
+    proc, log = start(job, "ft_job", [sys.executable, "ft_job.py", str(stop), "100000", "2"])
+    try:
+        group, group_rank, url = hook_url(proc, log)
+        # No REPLICA_GROUP_ID: the group comes from the Manager's replica_id, "ddp_job_2".
+        assert (group, group_rank) == (2, 0)
+        rank = seen_by_monitor(job["monitor"], url)
+        assert rank["replica_group"] == 2
+        state = try_state(url)
+        assert state["replica_id"].startswith("ddp_job_2:") and state["commits"] >= 2
+        dump = requests.get(url + "/v1/fr_trace", timeout=10).json()
+        assert dump["incarnations"] and any(e["profiling_name"] == "gloo:all_reduce"
+                                            for e in dump["entries"])
+        stop.touch()
+        assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+    finally:
+        stop_process(proc, grace=3)
+
+
+def test_a_program_without_torchft_gets_nothing(job):
+    code = ("import sys, json; print(json.dumps({m: m in sys.modules for m in "
+            "('torch', 'torchft', 'flask', 'worker_server.server', 'worker_server.autostart')}))")
+    res = subprocess.run([*LIGHTKEEPER, "run", "--monitor", job["monitor"].url, "--",
+                          sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=job["dir"])
+    assert res.returncode == 0, res.stderr
+    assert "[lightkeeper]" not in res.stdout + res.stderr
+    # The hook is installed (its module is loaded) but nothing heavy is imported.
+    assert res.stdout.strip() == ('{"torch": false, "torchft": false, "flask": false, '
+                                  '"worker_server.server": false, '
+                                  '"worker_server.autostart": true}')
+
+
+def test_a_worker_server_that_cannot_start_costs_one_line_and_the_job_finishes(job):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc, log = start(job, "clash", [sys.executable, "ft_job.py",
+                                         str(job["dir"] / "never"), "3", "5"],
+                          LIGHTKEEPER_WORKER_PORT=str(port))
+        try:
+            assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+        finally:
+            stop_process(proc, grace=0)
+    text = log.read_text()
+    lines = [line for line in text.splitlines() if line.startswith("[lightkeeper]")]
+    assert len(lines) == 1, text[-3000:]
+    assert lines[0].startswith("[lightkeeper] WorkerServer not started (")
+    assert "training goes on without it" in lines[0]
+    assert "done at step 3" in text
