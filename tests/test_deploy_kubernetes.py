@@ -1,0 +1,562 @@
+"""deploy/kubernetes/, checked offline (no cluster runs here; docs/kubernetes.md says what is not
+exercised).
+
+- The generated PrometheusRule and dashboard ConfigMaps are current (one source: the rules and
+  dashboards the dashboards package builds), the rule spec passes ``promtool check rules``.
+- Every Kubernetes object validates, strictly (unknown fields fail), with ``kubernetes-validate``
+  against the oldest Kubernetes the manifests need (1.28: the StatefulSet pod-index label) and
+  the newest it ships; pod templates inside a LeaderWorkerSet as ``PodTemplate``.
+- prometheus-operator and LeaderWorkerSet objects validate against their CRDs' schemas, vendored
+  in deploy/kubernetes/schemas/ (no package ships them as a schema), with unknown fields refused
+  as the API server's strict field validation does. CEL rules (``x-kubernetes-validations``) are
+  not evaluated.
+- The wiring holds: selectors match labels, ``$(VAR)`` references resolve, URLs name Services
+  and ports that exist, tokens come from a Secret, the WorkerServer binds the pod IP on a named
+  port, the job's size reaches every consumer. Checked on the files as they are, and on each
+  overlay rendered by kustomize (``kustomize build`` or ``kubectl kustomize``) when one is on
+  PATH (skipped otherwise, with the reason).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml", reason="PyYAML comes with kubernetes-validate (.[test])")
+kubernetes_validate = pytest.importorskip("kubernetes_validate",
+                                          reason="pip install -e '.[test]' (kubernetes-validate)")
+jsonschema = pytest.importorskip("jsonschema")
+
+from conftest import require_binary  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+KDIR = REPO / "deploy" / "kubernetes"
+SCHEMAS = KDIR / "schemas"
+OVERLAYS = sorted(p.parent for p in (KDIR / "overlays").glob("*/kustomization.yaml"))
+K8S_VERSIONS = ("1.28.0", "1.37.0")
+SECRET = {"name": "lightkeeper", "keys": {"token", "exit-token"}}  # created out of band
+LWS_ENV = {"LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE", "LWS_WORKER_INDEX"}  # set by LWS' webhook
+CRD_SCHEMAS = {
+    ("monitoring.coreos.com/v1", "PodMonitor"): "monitoring.coreos.com_v1_podmonitor.json",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "monitoring.coreos.com_v1_servicemonitor.json",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "monitoring.coreos.com_v1_prometheusrule.json",
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"):
+        "leaderworkerset.x-k8s.io_v1_leaderworkerset.json",
+}
+WORKLOADS = {"Deployment", "StatefulSet", "LeaderWorkerSet"}
+
+sys.path.insert(0, str(KDIR))
+import generate  # noqa: E402
+
+# kubernetes-validate reads and parses its schema files (the definitions are 4 MB of JSON) on
+# every call: read each once in this module.
+_schema_contents = kubernetes_validate.utils.schema_contents
+
+
+@pytest.fixture(autouse=True)
+def _cached_schemas(monkeypatch):
+    monkeypatch.setattr(kubernetes_validate.utils, "schema_contents", _cached_schema_contents)
+
+
+@cache
+def _cached_schema_contents(filename: str, desired_version: str):
+    return _schema_contents(filename, desired_version)
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+@cache
+def _parsed(path: Path) -> tuple[dict, ...]:
+    return tuple(d for d in yaml.load_all(path.read_text(), Loader=_Loader) if d)
+
+
+def load_docs(path: Path) -> list[dict]:
+    """The documents of a YAML file (parsed once; each caller gets its own copy)."""
+    return copy.deepcopy(list(_parsed(path)))
+
+
+@cache
+def kustomization(directory: Path) -> dict:
+    return yaml.load((directory / "kustomization.yaml").read_text(), Loader=_Loader)
+
+
+def resource_files(directory: Path) -> list[Path]:
+    """Manifest files of a kustomization, following directories it includes."""
+    out = []
+    for res in kustomization(directory).get("resources", []):
+        target = (directory / res).resolve()
+        out += resource_files(target) if target.is_dir() else [target]
+    return out
+
+
+def job_configmap(overlay: Path) -> dict:
+    """The overlay's lightkeeper-job ConfigMap as kustomize generates it (from its literals)."""
+    gen = next(g for g in kustomization(overlay)["configMapGenerator"]
+               if g["name"] == "lightkeeper-job")
+    data = dict(lit.split("=", 1) for lit in gen["literals"])
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "lightkeeper-job"}, "data": data}
+
+
+def unrendered(overlay: Path) -> list[dict]:
+    """The overlay's objects without kustomize: its resources as written, its generated
+    ConfigMap, the replacement of the workload's replicas, and its job label on pods."""
+    docs = [d for f in resource_files(overlay) for d in load_docs(f)]
+    cm = job_configmap(overlay)
+    job = next(lab["pairs"]["lightkeeper/job"] for lab in kustomization(overlay)["labels"])
+    for d in docs:
+        if d["kind"] in {"StatefulSet", "LeaderWorkerSet"}:
+            d["spec"]["replicas"] = int(cm["data"]["replica_groups"])
+        for _, tpl in pod_templates(d):
+            tpl.setdefault("metadata", {}).setdefault("labels", {})["lightkeeper/job"] = job
+    return [*docs, cm]
+
+
+def kustomize_command() -> list[str] | None:
+    if shutil.which("kustomize"):
+        return ["kustomize", "build"]
+    kubectl = shutil.which("kubectl")
+    if kubectl:
+        r = subprocess.run([kubectl, "version", "--client", "-o", "json"], capture_output=True,
+                           text=True, timeout=30)
+        try:
+            version = json.loads(r.stdout).get("kustomizeVersion", "")
+        except ValueError:
+            version = ""
+        # kustomize 4 has `replacements` and `labels`; kubectl < 1.21 bundles kustomize 2
+        if re.match(r"v?([4-9]|\d\d)\.", version):
+            return [kubectl, "kustomize"]
+    return None
+
+
+@cache
+def rendered(overlay: Path) -> tuple[dict, ...]:
+    cmd = kustomize_command()
+    if cmd is None:
+        pytest.skip("no kustomize >= 4 on PATH (kustomize, or kubectl >= 1.21): the overlays "
+                    "are checked unrendered only")
+    r = subprocess.run([*cmd, str(overlay)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"{' '.join(cmd)} {overlay.name}: {r.stderr}"
+    return tuple(d for d in yaml.load_all(r.stdout, Loader=_Loader) if d)
+
+
+def all_manifest_docs() -> list[tuple[Path, dict]]:
+    files = sorted(p for p in KDIR.rglob("*.yaml") if p.name != "kustomization.yaml")
+    return [(f, d) for f in files for d in load_docs(f)]
+
+
+def pod_templates(doc: dict) -> list[tuple[str, dict]]:
+    """(path, pod template) inside a workload."""
+    spec = doc.get("spec", {})
+    if doc["kind"] in {"Deployment", "StatefulSet"}:
+        return [("spec.template", spec["template"])]
+    if doc["kind"] == "LeaderWorkerSet":
+        lwt = spec["leaderWorkerTemplate"]
+        return [(f"spec.leaderWorkerTemplate.{k}", lwt[k])
+                for k in ("leaderTemplate", "workerTemplate") if k in lwt]
+    return []
+
+
+def by_kind(docs, kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def named(docs, kind: str, name: str) -> dict:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+    return found[0]
+
+
+# --- schemas ---------------------------------------------------------------------------------
+
+def validate_core(doc: dict, version: str) -> None:
+    """kubernetes-validate, strict; a LeaderWorkerSet's pod templates as PodTemplate objects."""
+    if (doc["apiVersion"], doc["kind"]) in CRD_SCHEMAS:
+        for path, tpl in pod_templates(doc):
+            wrapped = {"apiVersion": "v1", "kind": "PodTemplate",
+                       "metadata": {"name": "x"}, "template": tpl}
+            try:
+                kubernetes_validate.validate(wrapped, version, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                raise AssertionError(f"{doc['kind']} {path}: {e.message}") from None
+        return
+    try:
+        kubernetes_validate.validate(doc, version, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        raise AssertionError(f"{doc['kind']}/{doc['metadata']['name']} (k8s {version}): "
+                             f"{e.message} at {list(e.path)}") from None
+
+
+def strict_schema(schema):
+    """The CRD schema as JSON Schema, refusing unknown fields where the API server would (an
+    object with properties and no x-kubernetes-preserve-unknown-fields), int-or-string as such."""
+    if isinstance(schema, list):
+        return [strict_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k, v in schema.items():
+        if k == "properties":
+            out[k] = {name: strict_schema(sub) for name, sub in v.items()}
+        elif k in ("enum", "required"):
+            out[k] = v
+        else:
+            out[k] = strict_schema(v)
+    if schema.get("x-kubernetes-int-or-string"):
+        out["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if ("properties" in schema and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")):
+        out["additionalProperties"] = False
+    if schema.get("nullable"):
+        out.pop("type", None)
+    return out
+
+
+@cache
+def crd_validator(api_version: str, kind: str):
+    schema = json.loads((SCHEMAS / CRD_SCHEMAS[(api_version, kind)]).read_text())
+    schema = strict_schema(schema)
+    schema["properties"]["metadata"] = {"type": "object"}
+    return jsonschema.Draft7Validator(schema)
+
+
+def crd_errors(doc: dict) -> list[str]:
+    v = crd_validator(doc["apiVersion"], doc["kind"])
+    return [f"{doc['kind']}/{doc['metadata']['name']} at "
+            f"{'.'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}"
+            for e in v.iter_errors(doc)]
+
+
+# --- the wiring ------------------------------------------------------------------------------
+
+def env_of(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+VAR_REF = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def matches(selector: dict, labels: dict) -> bool:
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def check_wiring(docs: list[dict]) -> list[str]:
+    """Every cross-reference between the objects; returns the problems found."""
+    problems: list[str] = []
+    services = {d["metadata"]["name"]: d for d in by_kind(docs, "Service")}
+    configmaps = {d["metadata"]["name"]: d for d in by_kind(docs, "ConfigMap")}
+    pvcs = {d["metadata"]["name"] for d in by_kind(docs, "PersistentVolumeClaim")}
+    templates = [(d, path, tpl) for d in docs if d["kind"] in WORKLOADS
+                 for path, tpl in pod_templates(d)]
+
+    def check_url(where: str, url: str) -> None:
+        m = re.fullmatch(r"http://([a-z0-9-]+):(\d+)/?", url)
+        if not m:
+            problems.append(f"{where}: {url!r} is not http://<service>:<port>")
+            return
+        svc = services.get(m.group(1))
+        if svc is None:
+            problems.append(f"{where}: no Service {m.group(1)!r}")
+        elif int(m.group(2)) not in [p["port"] for p in svc["spec"]["ports"]]:
+            problems.append(f"{where}: Service {m.group(1)} has no port {m.group(2)}")
+
+    for d, _path, tpl in templates:
+        where = f"{d['kind']}/{d['metadata']['name']}"
+        labels = tpl["metadata"]["labels"]
+        if "selector" in d["spec"] and not matches(d["spec"]["selector"], labels):
+            problems.append(f"{where}: selector does not match its pod template")
+        if "lightkeeper/job" not in labels:
+            problems.append(f"{where}: pod template without the lightkeeper/job label")
+        volumes = {v["name"]: v for v in tpl["spec"].get("volumes", [])}
+        for v in volumes.values():
+            claim = v.get("persistentVolumeClaim", {}).get("claimName")
+            if claim and claim not in pvcs:
+                problems.append(f"{where}: volume {v['name']} claims missing PVC {claim}")
+        for c in tpl["spec"]["containers"]:
+            cw = f"{where} container {c['name']}"
+            for m in c.get("volumeMounts", []):
+                if m["name"] not in volumes:
+                    problems.append(f"{cw}: mounts undeclared volume {m['name']}")
+            declared: set[str] = set(LWS_ENV if d["kind"] == "LeaderWorkerSet" else ())
+            for e in c.get("env", []):
+                for ref in VAR_REF.findall(e.get("value", "")):
+                    if ref not in declared:
+                        problems.append(f"{cw}: env {e['name']} uses $({ref}) not set before it")
+                declared.add(e["name"])
+                src = e.get("valueFrom", {})
+                if "secretKeyRef" in src:
+                    ref = src["secretKeyRef"]
+                    if ref["name"] != SECRET["name"] or ref["key"] not in SECRET["keys"]:
+                        problems.append(f"{cw}: env {e['name']} reads unknown secret {ref}")
+                    if ref.get("optional"):
+                        problems.append(f"{cw}: env {e['name']}: the secret must not be optional")
+                if "configMapKeyRef" in src:
+                    ref = src["configMapKeyRef"]
+                    if ref["key"] not in configmaps.get(ref["name"], {}).get("data", {}):
+                        problems.append(f"{cw}: env {e['name']}: no ConfigMap key {ref}")
+                if "TOKEN" in e["name"] and "value" in e:
+                    problems.append(f"{cw}: env {e['name']}: a token inline, not from the Secret")
+            for arg in [*c.get("command", []), *c.get("args", [])]:
+                for ref in VAR_REF.findall(arg):
+                    if ref not in declared:
+                        problems.append(f"{cw}: {arg!r} uses $({ref}), not in its env")
+            env = env_of(c)
+            for name in ("TORCHFT_LIGHTHOUSE", "LIGHTKEEPER_MONITOR"):
+                if name in env:
+                    check_url(f"{cw} {name}", env[name]["value"])
+            for arg in c.get("args", []):
+                if arg.startswith("--lighthouse="):
+                    check_url(f"{cw} {arg}", arg.split("=", 1)[1])
+    for svc in services.values():
+        sel = svc["spec"].get("selector", {})
+        targets = [tpl for _, _, tpl in templates if matches({"matchLabels": sel},
+                                                             tpl["metadata"]["labels"])]
+        if not targets:
+            problems.append(f"Service/{svc['metadata']['name']}: selects no pod template")
+        ports = {p["name"] for tpl in targets for c in tpl["spec"]["containers"]
+                 for p in c.get("ports", [])}
+        for p in svc["spec"]["ports"]:
+            if isinstance(p.get("targetPort"), str) and p["targetPort"] not in ports:
+                problems.append(f"Service/{svc['metadata']['name']}: targetPort "
+                                f"{p['targetPort']} is no container port")
+    for pm in by_kind(docs, "PodMonitor"):
+        if not any(matches(pm["spec"]["selector"], tpl["metadata"]["labels"])
+                   for d, _, tpl in templates if d["metadata"]["name"] == "training"):
+            problems.append("PodMonitor: selects no training pod")
+    for sm in by_kind(docs, "ServiceMonitor"):
+        hits = [s for s in services.values()
+                if matches(sm["spec"]["selector"], s["metadata"].get("labels", {}))]
+        if [s["metadata"]["name"] for s in hits] != ["lightkeeper-monitor"]:
+            problems.append(f"ServiceMonitor: selects {[s['metadata']['name'] for s in hits]}")
+        for ep in sm["spec"]["endpoints"]:
+            if hits and ep["port"] not in {p["name"] for p in hits[0]["spec"]["ports"]}:
+                problems.append(f"ServiceMonitor: no Service port {ep['port']}")
+    return problems
+
+
+def training_container(docs) -> tuple[dict, dict]:
+    (workload,) = [d for d in docs if d["kind"] in {"StatefulSet", "LeaderWorkerSet"}]
+    (_, tpl), *_ = pod_templates(workload)
+    return workload, tpl["spec"]["containers"][0]
+
+
+def monitor_container(docs) -> dict:
+    return named(docs, "Deployment", "lightkeeper-monitor")["spec"]["template"]["spec"][
+        "containers"][0]
+
+
+def check_roles(docs: list[dict]) -> None:
+    """What each part must be, as the issue asks."""
+    cm = named(docs, "ConfigMap", "lightkeeper-job")["data"]
+    groups, min_replicas = int(cm["replica_groups"]), int(cm["min_replicas"])
+    assert 1 <= min_replicas < groups, "min_replicas must leave room for an eviction"
+
+    workload, c = training_container(docs)
+    env = env_of(c)
+    assert workload["spec"]["replicas"] == groups
+    assert c["command"][:3] == ["lightkeeper", "run", "--"] and "torchrun" in c["command"]
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    label = {"StatefulSet": "apps.kubernetes.io/pod-index",
+             "LeaderWorkerSet": "leaderworkerset.sigs.k8s.io/group-index"}[workload["kind"]]
+    assert env["REPLICA_GROUP_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        f"metadata.labels['{label}']"
+    assert env["LIGHTKEEPER_WORKER_HOST"]["value"] == "$(POD_IP)"
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    base = int(env["LIGHTKEEPER_WORKER_PORT"]["value"])
+    assert ports["lk-worker"] == base
+    nproc = int(next(a.split("=")[1] for a in c["command"] if a.startswith("--nproc-per-node=")))
+    assert [ports.get("lk-worker" + (f"-{i}" if i else "")) for i in range(nproc)] == \
+        [base + i for i in range(nproc)], "one named port per local rank"
+    assert all(len(n) <= 15 for n in ports), "port names are at most 15 characters"
+    assert workload["spec"]["template" if workload["kind"] == "StatefulSet" else
+                            "leaderWorkerTemplate"] is not None
+    tspec = pod_templates(workload)[0][1]["spec"]
+    assert tspec["setHostnameAsFQDN"] is True
+    if workload["kind"] == "StatefulSet":
+        assert workload["spec"]["podManagementPolicy"] == "Parallel"
+        headless = named(docs, "Service", workload["spec"]["serviceName"])
+        assert headless["spec"]["clusterIP"] == "None"
+        assert headless["spec"]["publishNotReadyAddresses"] is True
+    else:
+        assert workload["spec"]["leaderWorkerTemplate"]["restartPolicy"] == \
+            "RecreateGroupOnPodRestart"
+
+    m = monitor_container(docs)
+    menv = env_of(m)
+    assert "--bind=0.0.0.0" in m["args"]
+    assert menv["LIGHTKEEPER_TOKEN"]["valueFrom"]["secretKeyRef"] == \
+        {"name": "lightkeeper", "key": "token"}
+    assert "--min-replicas=$(LIGHTKEEPER_MIN_REPLICAS)" in m["args"]
+    assert menv["LIGHTKEEPER_MIN_REPLICAS"]["valueFrom"]["configMapKeyRef"]["key"] == \
+        "min_replicas"
+    assert menv["LIGHTKEEPER_EXPECTED_GROUPS"]["valueFrom"]["configMapKeyRef"]["key"] == \
+        "replica_groups"
+    state = next(a.split("=", 1)[1] for a in m["args"] if a.startswith("--state="))
+    mount = next(v["mountPath"] for v in m["volumeMounts"] if v["name"] == "state")
+    assert state.startswith(mount + "/"), "the SQLite state lives on the PVC"
+    mon = named(docs, "Deployment", "lightkeeper-monitor")
+    assert mon["spec"]["replicas"] == 1 and mon["spec"]["strategy"]["type"] == "Recreate"
+
+    lh = named(docs, "Deployment", "torchft-lighthouse")
+    lc = lh["spec"]["template"]["spec"]["containers"][0]
+    assert lc["command"] == ["torchft_lighthouse"]
+    assert "--min_replicas=$(TORCHFT_MIN_REPLICAS)" in lc["args"]
+    assert env_of(lc)["TORCHFT_MIN_REPLICAS"]["valueFrom"]["configMapKeyRef"]["key"] == \
+        "min_replicas"
+    assert {p["port"] for p in named(docs, "Service", "torchft-lighthouse")["spec"]["ports"]} \
+        == {29510}
+
+
+# --- tests -----------------------------------------------------------------------------------
+
+def test_generated_manifests_are_current():
+    assert generate.stale_files() == [], "run python deploy/kubernetes/generate.py"
+
+
+def test_prometheus_rule_spec_is_rules_yml_and_dashboards_are_the_generated_json():
+    (rule,) = load_docs(generate.PROMETHEUS_RULE)
+    assert rule["spec"] == yaml.safe_load(generate.RULES_YML.read_text())
+    cms = load_docs(generate.DASHBOARD_CONFIGMAPS)
+    files = sorted(generate.DASHBOARDS_DIR.glob("*.json"))
+    assert len(cms) == len(files) == 3
+    for cm, f in zip(cms, files, strict=True):
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert cm["data"] == {f.name: f.read_text()}
+        assert len(json.dumps(cm)) < 256 * 1024, "fits kubectl's client-side apply annotation"
+
+
+def test_generate_check_names_a_stale_file(tmp_path, monkeypatch, capsys):
+    stale = tmp_path / "prometheusrule.yaml"
+    stale.write_text(generate.PROMETHEUS_RULE.read_text().replace("for: 1m", "for: 5m", 1))
+    monkeypatch.setattr(generate, "PROMETHEUS_RULE", stale)
+    monkeypatch.setattr(generate, "DASHBOARD_CONFIGMAPS", tmp_path / "dashboards.yaml")
+    assert generate.main(["--check"]) == 1
+    err = capsys.readouterr().err
+    assert "stale: " in err and "prometheusrule.yaml" in err and "dashboards.yaml" in err
+    assert generate.main([]) == 0 and generate.main(["--check"]) == 0
+    assert stale.read_text() == generate.expected_files()[stale]
+
+
+def test_generate_refuses_a_rules_file_it_cannot_read():
+    with pytest.raises(generate.SourceError, match="groups:"):
+        generate.prometheus_rule("# only a comment\nrules: []\n")
+    with pytest.raises(generate.SourceError, match="uid"):
+        generate.dashboard_configmap(generate.DASHBOARDS_DIR / "x.json", '{"title": "t"}\n')
+
+
+def test_promtool_checks_the_prometheus_rule_spec(tmp_path):
+    exe = require_binary("promtool")
+    (rule,) = load_docs(generate.PROMETHEUS_RULE)
+    spec = tmp_path / "rules.yml"
+    spec.write_text(yaml.safe_dump(rule["spec"]))
+    r = subprocess.run([exe, "check", "rules", str(spec)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"SUCCESS: \d+ rules found", r.stdout + r.stderr)
+
+
+def test_every_manifest_is_in_a_kustomization_and_every_resource_exists():
+    listed = set()
+    for k in KDIR.rglob("kustomization.yaml"):
+        for res in kustomization(k.parent).get("resources", []):
+            target = (k.parent / res).resolve()
+            assert target.exists(), f"{k.relative_to(REPO)}: {res} does not exist"
+            listed.add(target)
+    manifests = {p.resolve() for p in KDIR.rglob("*.yaml") if p.name != "kustomization.yaml"}
+    assert manifests - listed == set()
+    assert {o.name for o in OVERLAYS} == {"single-node", "multi-node"}
+    for overlay in OVERLAYS:
+        res = kustomization(overlay)["resources"]
+        assert "../../base" in res and "../../monitoring" in res
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_core_objects_validate_with_kubernetes_validate(version):
+    docs = all_manifest_docs()
+    assert len(docs) >= 14
+    for _, doc in docs:
+        validate_core(doc, version)
+
+
+def test_custom_resources_validate_against_the_vendored_crd_schemas():
+    checked = set()
+    for _, doc in all_manifest_docs():
+        if (doc["apiVersion"], doc["kind"]) in CRD_SCHEMAS:
+            assert crd_errors(doc) == []
+            checked.add(doc["kind"])
+    assert checked == {"PodMonitor", "ServiceMonitor", "PrometheusRule", "LeaderWorkerSet"}
+
+
+def test_the_schema_checks_catch_mistakes():
+    """A misspelled field, a wrong type and a missing required field fail each check."""
+    docs = {d["kind"]: d for _, d in all_manifest_docs()}
+    pm = copy.deepcopy(docs["PodMonitor"])
+    pm["spec"]["podMetricsEndpoints"][0]["honorLabel"] = True
+    assert any("honorLabel" in e for e in crd_errors(pm))
+    rule = copy.deepcopy(docs["PrometheusRule"])
+    del rule["spec"]["groups"][0]["name"]
+    assert crd_errors(rule)
+    lws = copy.deepcopy(docs["LeaderWorkerSet"])
+    lws["spec"]["leaderWorkerTemplate"]["restartPolicy"] = "RecreateEverything"
+    assert crd_errors(lws)
+    lws = copy.deepcopy(docs["LeaderWorkerSet"])
+    lws["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]["portz"] = []
+    with pytest.raises(AssertionError, match="portz"):
+        validate_core(lws, K8S_VERSIONS[0])
+    sts = copy.deepcopy(docs["StatefulSet"])
+    sts["spec"]["replicas"] = "4"
+    with pytest.raises(AssertionError):
+        validate_core(sts, K8S_VERSIONS[0])
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_overlay_wiring_unrendered(overlay):
+    docs = unrendered(overlay)
+    assert check_wiring(docs) == []
+    check_roles(docs)
+
+
+def test_the_wiring_check_catches_mistakes():
+    docs = unrendered(KDIR / "overlays" / "single-node")
+    broken = copy.deepcopy(docs)
+    _, c = training_container(broken)
+    env_of(c)["TORCHFT_LIGHTHOUSE"]["value"] = "http://lighthouse:29510"
+    env_of(c)["LIGHTKEEPER_WORKER_HOST"]["value"] = "$(POD_ADDRESS)"
+    m = monitor_container(broken)
+    env_of(m)["LIGHTKEEPER_TOKEN"].pop("valueFrom")
+    env_of(m)["LIGHTKEEPER_TOKEN"]["value"] = "s3cret"
+    problems = "\n".join(check_wiring(broken))
+    assert "no Service 'lighthouse'" in problems
+    assert "$(POD_ADDRESS)" in problems
+    assert "LIGHTKEEPER_TOKEN: a token inline" in problems
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_overlay_renders_validates_and_is_wired(overlay):
+    docs = list(rendered(overlay))
+    namespace = kustomization(overlay)["namespace"]
+    job = next(lab["pairs"]["lightkeeper/job"] for lab in kustomization(overlay)["labels"])
+    for d in docs:
+        assert d["metadata"].get("namespace") == namespace, d["metadata"]["name"]
+        assert d["metadata"]["labels"]["lightkeeper/job"] == job
+        if (d["apiVersion"], d["kind"]) in CRD_SCHEMAS:
+            assert crd_errors(d) == []
+        for version in K8S_VERSIONS:
+            validate_core(d, version)
+    assert check_wiring(docs) == []
+    check_roles(docs)
+    images = {c["image"] for d in docs for _, t in pod_templates(d)
+              for c in t["spec"]["containers"]}
+    assert images == {f"{i['newName']}:{i['newTag']}" for i in kustomization(overlay)["images"]}
