@@ -116,7 +116,11 @@ class WorkerServer:
             exit_token=env.get("LIGHTKEEPER_EXIT_TOKEN") or None,
         )
         if manager is not None:
-            server.attach(manager)
+            try:
+                server.attach(manager)
+            except BaseException:
+                server.stop()  # the port is bound already: free it
+                raise
         server.serve()
         monitor_url = monitor_url or env.get("LIGHTKEEPER_MONITOR")
         if monitor_url:
