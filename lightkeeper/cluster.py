@@ -9,6 +9,13 @@ group's store and tears the whole group down when one rank exits) or as bare pro
 rank, with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/``MASTER_PORT`` set, as a
 Kubernetes operator runs pods (``launcher="bare"``: group rank 0 hosts the store; a rank that
 exits leaves the others running).
+
+**Warm spares** (``start_spare``): a replica group's next incarnation started ahead of need, as a
+job's hot spare is: its process(es) (under torchrun the agent and every rank) import torch, torchft
+and the trainer, then wait, joining nothing, until :meth:`LocalCluster.start_group` hands them the
+go-ahead (a file appears). The restart then skips the interpreter start and the imports (5-12 s on
+the 2-core development VM). A spare whose parent is gone exits on its own; one that fails to come
+up is not used (the group is started cold). See docs/demo.md.
 """
 
 from __future__ import annotations
@@ -38,6 +45,40 @@ with open(sys.argv[4] + ".tmp", "w") as f:
 os.replace(sys.argv[4] + ".tmp", sys.argv[4])
 while True:
     time.sleep(3600)
+"""
+
+
+# A warm spare: import what the trainer needs, say so, wait for the go-ahead file, then run
+# ``lightkeeper train`` with the arguments it was given. argv: go file, ready file, train args.
+SPARE_SCRIPT = r"""
+import os, sys, time
+go, ready = sys.argv[1], sys.argv[2]
+owner = int(os.environ["LIGHTKEEPER_SPARE_OWNER"])
+import torch, torch.distributed, torch.distributed.fsdp
+import torchft, torchft.checkpointing.http_transport, torchft.optim
+import worker_server, worker_server.instrument, worker_server.server
+import trainer.cli, trainer.loop, trainer.model, trainer.parallel, trainer.store
+import lightkeeper.cli
+# What the first training step would load lazily (torch.optim pulls in torch._dynamo: ~10 s
+# of a busy 2-core box): run it once here on a throwaway parameter.
+p = torch.nn.Parameter(torch.zeros(4))
+opt = torch.optim.AdamW([p], lr=1e-3)
+(p * 2.0).sum().backward()
+opt.step()
+del p, opt
+with open(ready + f".{os.getpid()}", "w") as f:
+    f.write(str(time.time()))
+checked = time.monotonic()
+while not os.path.exists(go):
+    if time.monotonic() - checked > 0.5:
+        checked = time.monotonic()
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            sys.exit(0)  # whoever started the spare is gone: never train unsupervised
+    time.sleep(0.02)
+sys.argv = ["lightkeeper", *sys.argv[3:]]
+sys.exit(lightkeeper.cli.main())
 """
 
 
@@ -131,6 +172,7 @@ class ReplicaGroupProcess(ManagedProcess):
     faults: list[str] = field(default_factory=list)
     # launcher="bare": one process per group rank (``proc`` is rank 0's); empty under torchrun.
     rank_procs: dict[int, subprocess.Popen] = field(default_factory=dict)
+    warm: bool = False  # started from a warm spare (already imported, waiting for the go-ahead)
 
     def processes(self) -> list[subprocess.Popen]:
         return list(self.rank_procs.values()) or [self.proc]
@@ -144,6 +186,21 @@ class ReplicaGroupProcess(ManagedProcess):
         if not self.rank_procs:
             return sorted(self.worker_urls) if self.proc.poll() is None else []
         return sorted(r for r, p in self.rank_procs.items() if p.poll() is None)
+
+
+@dataclass
+class Spare:
+    """A group's next incarnation, started ahead of need and waiting (see the module docstring)."""
+
+    group: ReplicaGroupProcess
+    go_file: Path
+    ready_prefix: Path      # each rank writes ``<ready_prefix>.<pid>`` once it has imported
+    ranks: int
+
+    def ready(self) -> bool:
+        """Every rank imported and waits (and none exited)."""
+        n = len(list(self.ready_prefix.parent.glob(self.ready_prefix.name + ".*")))
+        return n >= self.ranks and self.group.alive()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -181,6 +238,7 @@ class LocalCluster:
         self.lighthouse: ManagedProcess | None = None
         self.lighthouse_url: str | None = None
         self.groups: dict[int, ReplicaGroupProcess] = {}
+        self.spares: dict[int, Spare] = {}
         self._restarts: dict[int, int] = {}
 
     # --- lifecycle -------------------------------------------------------------------
@@ -207,12 +265,56 @@ class LocalCluster:
 
     def start_group(self, replica_group: int, faults: list[str] | None = None,
                     extra_args: list[str] | None = None) -> ReplicaGroupProcess:
-        """Start (or restart) one replica group's process(es)."""
+        """Start (or restart) one replica group's process(es): its warm spare when it has a
+        ready one and no faults or extra arguments are asked for, else a fresh start."""
         if self.lighthouse_url is None:
             raise ClusterError("start the Lighthouse first")
         old = self.groups.get(replica_group)
         if old is not None and old.alive():
             raise ClusterError(f"replica group {replica_group} is still running")
+        spare = self.spares.pop(replica_group, None)
+        if spare is not None and not faults and not extra_args and spare.ready():
+            tmp = spare.go_file.with_suffix(".tmp")
+            tmp.write_text(str(time.time()))
+            os.replace(tmp, spare.go_file)
+            spare.group.warm = True
+            self.groups[replica_group] = spare.group
+            return spare.group
+        if spare is not None:  # not ready (or not wanted): a cold start instead
+            for proc in spare.group.processes():
+                stop_process(proc, grace=0.0)
+        group = self._launch(replica_group, faults, extra_args)
+        self.groups[replica_group] = group
+        return group
+
+    def start_spare(self, replica_group: int) -> Spare:
+        """Start a warm spare for ``replica_group`` (kept until :meth:`start_group` uses it);
+        returns the one already there if it still runs."""
+        if self.lighthouse_url is None:
+            raise ClusterError("start the Lighthouse first")
+        spare = self.spares.get(replica_group)
+        if spare is not None and spare.group.alive():
+            return spare
+        n = self._restarts.get(replica_group, -1) + 1
+        base = self.log_dir / f"replica_group_{replica_group}" / f"spare{n}"
+        base.parent.mkdir(parents=True, exist_ok=True)
+        go, ready = base.with_suffix(".go"), base.with_suffix(".ready")
+        go.unlink(missing_ok=True)
+        for old in ready.parent.glob(ready.name + ".*"):
+            old.unlink(missing_ok=True)
+        group = self._launch(replica_group, None, None, spare_files=(go, ready))
+        spare = self.spares[replica_group] = Spare(group, go, ready, self.ranks_per_group)
+        return spare
+
+    def stop_spares(self) -> None:
+        for spare in list(self.spares.values()):
+            for proc in spare.group.processes():
+                stop_process(proc, grace=0.0)
+        self.spares.clear()
+
+    def _launch(self, replica_group: int, faults: list[str] | None,
+                extra_args: list[str] | None,
+                spare_files: tuple[Path, Path] | None = None) -> ReplicaGroupProcess:
         n = self._restarts[replica_group] = self._restarts.get(replica_group, -1) + 1
         log_path = self.log_dir / f"replica_group_{replica_group}" / (
             "train.log" if n == 0 else f"train.restart{n}.log")
@@ -231,6 +333,13 @@ class LocalCluster:
         env = {**os.environ, **self.extra_env, "TORCHFT_LIGHTHOUSE": self.lighthouse_url,
                "REPLICA_GROUP_ID": str(replica_group), "NUM_REPLICA_GROUPS": str(self.num_groups),
                "PYTHONUNBUFFERED": "1"}
+        if spare_files is not None:
+            train_cmd = [sys.executable, "-u", "-c", SPARE_SCRIPT, str(spare_files[0]),
+                         str(spare_files[1]), *train_args]
+            env["LIGHTKEEPER_SPARE_OWNER"] = str(os.getpid())
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(Path(__file__).resolve().parent.parent)]
+                + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
         rank_procs: dict[int, subprocess.Popen] = {}
         # Append mode: every rank writes whole lines to the one log, none overwrites another's.
@@ -253,11 +362,9 @@ class LocalCluster:
                         env={**env, **rendezvous, "RANK": str(r), "LOCAL_RANK": str(r)},
                         start_new_session=True)
                 proc = rank_procs[0]
-        group = ReplicaGroupProcess(f"replica_group_{replica_group}", proc, log_path,
-                                    replica_group=replica_group, faults=list(faults or []),
-                                    rank_procs=rank_procs)
-        self.groups[replica_group] = group
-        return group
+        return ReplicaGroupProcess(f"replica_group_{replica_group}", proc, log_path,
+                                   replica_group=replica_group, faults=list(faults or []),
+                                   rank_procs=rank_procs)
 
     def wait_for_workers(self, replica_group: int, timeout: float = 60.0) -> dict[int, str]:
         """Wait until every rank of the group printed its WorkerServer URL; returns them."""
@@ -292,6 +399,7 @@ class LocalCluster:
         return [u for g in self.groups.values() if g.alive() for u in g.worker_urls.values()]
 
     def stop(self) -> None:
+        self.stop_spares()
         for g in self.groups.values():
             for proc in g.processes():
                 stop_process(proc, grace=3.0)
@@ -300,6 +408,7 @@ class LocalCluster:
 
     def pids(self) -> list[int]:
         procs = [p for g in self.groups.values() for p in g.processes()]
+        procs += [p for sp in self.spares.values() for p in sp.group.processes()]
         if self.lighthouse:
             procs.append(self.lighthouse.proc)
         return [p.pid for p in procs]

@@ -62,14 +62,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="after the scenario, leave everything up (Ctrl-C or SIGTERM stops "
                         "it and every process the demo started)")
     p.add_argument("--no-prometheus", action="store_true", help="do not start Prometheus")
+    p.add_argument("--cold-restarts", action="store_true",
+                   help="restart an evicted group from scratch (default: from a warm spare the "
+                        "supervisor started ahead, already imported; docs/demo.md)")
     # stage timings (tests and impatient people); see lightkeeper/scenario.py
     s = Scenario()
     for flag, attr in (("--healthy-s", "healthy_s"), ("--end-s", "end_s"),
                        ("--slow-delay", "slow_delay_s"), ("--strike-timeout", "strike_timeout_s"),
                        ("--detect-timeout", "detect_timeout_s"),
                        ("--evict-timeout", "evict_timeout_s"),
-                       ("--rejoin-timeout", "rejoin_timeout_s"), ("--step-pause", "step_pause_s")):
+                       ("--rejoin-timeout", "rejoin_timeout_s"), ("--step-pause", "step_pause_s"),
+                       ("--hang-floor", "hang_floor_s"), ("--pg-timeout", "pg_timeout_s")):
         p.add_argument(flag, dest=attr, type=float, default=getattr(s, attr),
+                       help=argparse.SUPPRESS)
+    # the Lighthouse's timeouts (the recovery study, docs/demo.md and docs/lighthouse.md)
+    for flag, attr in (("--heartbeat-timeout-ms", "heartbeat_timeout_ms"),
+                       ("--join-timeout-ms", "join_timeout_ms")):
+        p.add_argument(flag, dest=attr, type=int, default=getattr(s, attr),
                        help=argparse.SUPPRESS)
 
 
@@ -118,7 +127,9 @@ class Demo:
         self.cluster = LocalCluster(
             self.logs, num_groups=args.groups, ranks_per_group=args.ranks_per_group,
             steps=args.steps or 1_000_000, step_pause_s=scenario.step_pause_s,
-            pg_timeout_s=scenario.pg_timeout_s, join_timeout_ms=5000, heartbeat_timeout_ms=5000,
+            pg_timeout_s=scenario.pg_timeout_s, quorum_timeout_s=scenario.quorum_timeout_s,
+            join_timeout_ms=scenario.join_timeout_ms,
+            heartbeat_timeout_ms=scenario.heartbeat_timeout_ms,
             extra_env={"LIGHTKEEPER_FAULT_TOKEN": self.token})
         self.http = requests.Session()
         self.monitor_proc: subprocess.Popen | None = None
@@ -133,6 +144,9 @@ class Demo:
         self.latest: dict[int, list[dict]] = {}  # group -> latest rank states
         self.findings: list[dict] = []
         self.evictions: list[dict] = []
+        self.goodput: dict | None = None        # the monitor's newest /v1/goodput
+        self.lighthouse_log: list[dict] = []    # the Lighthouse's /status, each change
+        self._lh_reader = None
         self.tracks: list[FaultTrack] = []      # one story per fault, in arming order
         self.strikes: dict[tuple, Strike] = {}  # (group, incarnation, group rank, spec) -> strike
         self.launched_at: dict[int, float] = {}  # group -> demo seconds its first start began
@@ -238,6 +252,7 @@ class Demo:
         for g in range(self.args.groups):
             self.launched_at[g] = self.now()
             self.procs.extend(self.cluster.start_group(g, specs.get(g)).processes())
+        self.refill_spares(wait=False)
         for g in range(self.args.groups):
             try:
                 self.cluster.wait_for_workers(g, timeout=120)
@@ -249,6 +264,7 @@ class Demo:
         self.status = "waiting for the first quorum"
         wait_until(lambda: self.tick() or self.all_stepping(), 180, interval=0.0,
                    what="every group to commit a step")
+        self.refill_spares(wait=True)  # a spare importing torch would slow the healthy baseline
         self.train_start_s = self.now()
         self.event("training", None, f"all {self.args.groups} groups committing steps")
 
@@ -261,7 +277,8 @@ class Demo:
                "--lighthouse", self.cluster.lighthouse_url,
                "--state", str(self.dir / "monitor.sqlite"),
                "--sd-out", str(self.dir / "prometheus" / "file_sd" / "lightkeeper.json"),
-               "--interval", "0.5", "--cooldown", "5",
+               "--interval", "0.5", "--cooldown", "5", "--hang-floor", f"{self.sc.hang_floor_s:g}",
+               "--expected-groups", str(self.args.groups),
                "--min-replicas", str(max(1, self.args.groups - 1))]
         if self.args.dry_run:
             cmd.append("--dry-run")
@@ -354,8 +371,10 @@ class Demo:
                     "num_participants": s["num_participants"], "phase": s["phase"],
                     "last_step_seconds": s["last_step_seconds"],
                     "last_step_at_s": self.rel(s["last_step_at"]),
+                    "quorum_id": s.get("quorum_id"),
                     "replica_id": s["replica_id"], "faults": list(s.get("faults") or [])})
         self.ticks.append((t, job_step))
+        self.poll_lighthouse(t)
         self.poll_monitor()
         self.supervise()
         self.follow_stories()
@@ -371,7 +390,32 @@ class Demo:
             raise Stop(f"every group trained {self.args.steps} steps")
         time.sleep(max(0.0, TICK_S - (time.monotonic() - started)))
 
+    def poll_lighthouse(self, t: float) -> None:
+        """The Lighthouse's own view (``/status``): its newest quorum and which heartbeats it
+        counts as stale; one entry in ``lighthouse_log`` per change."""
+        from monitor.lighthouse_status import LighthouseReader
+
+        if self.cluster.lighthouse_url is None:
+            return
+        if self._lh_reader is None:
+            self._lh_reader = LighthouseReader(self.cluster.lighthouse_url, timeout_s=1.0)
+        st, _err = self._lh_reader.read()
+        if st is None:
+            return
+        entry = {"quorum_id": st.quorum_id, "members": sorted(st.members),
+                 "heartbeating": sorted(r for r in st.heartbeats if r not in st.stale),
+                 "stale": sorted(st.stale)}
+        if not self.lighthouse_log or any(self.lighthouse_log[-1][k] != v
+                                          for k, v in entry.items()):
+            self.lighthouse_log.append({"t": t, **entry})
+
+    def poll_goodput(self) -> None:
+        g = self.monitor_get("/v1/goodput?incidents=50&intervals=0")
+        if isinstance(g, dict):
+            self.goodput = g
+
     def poll_monitor(self) -> None:
+        self.poll_goodput()
         findings = self.monitor_get("/v1/findings")
         if findings is not None:
             self.findings = findings
@@ -407,9 +451,25 @@ class Demo:
                 continue
             self.restarts[g] = n + 1
             code = grp.proc.returncode
-            self.procs.extend(self.cluster.start_group(g).processes())
+            new = self.cluster.start_group(g)
+            self.procs.extend(p for p in new.processes() if p not in self.procs)
             self.event("restarted", g, f"process exited ({code}); supervisor restarted it "
-                                       f"(restart {n + 1})")
+                                       f"(restart {n + 1}, "
+                                       + ("warm spare)" if new.warm else "cold start)"))
+
+    def refill_spares(self, wait: bool, timeout: float = 90.0) -> None:
+        """Give every group a warm spare (unless --cold-restarts); with ``wait``, tick until
+        they have all imported (at most ``timeout`` s: a late spare is simply not used)."""
+        if not self.sc.warm_spares or self.stopping:
+            return
+        for g in range(self.args.groups):
+            had = g in self.cluster.spares and self.cluster.spares[g].group.alive()
+            spare = self.cluster.start_spare(g)
+            if not had:
+                self.procs.extend(spare.group.processes())
+                self.event("spare", g, "warm spare started (imports, then waits)")
+        if wait:
+            self.wait(lambda: all(sp.ready() for sp in self.cluster.spares.values()), timeout)
 
     # --- predicates ---------------------------------------------------------------------------
     def all_stepping(self) -> bool:
@@ -501,6 +561,8 @@ class Demo:
         for plan in live:  # one at a time: the next once the last one's story is over
             self.status = "following the faults"
             self.wait(self.story_over, float("inf"))
+            self.status = "refilling the warm spares"
+            self.refill_spares(wait=True)  # the pool is full again before the next fault
             self.inject_live(plan)
         self.status = "following the faults"
         self.wait(self.story_over, float("inf"))  # every stage of every story has a deadline
@@ -626,7 +688,9 @@ def run(args: argparse.Namespace) -> int:
                   slow_delay_s=args.slow_delay_s, strike_timeout_s=args.strike_timeout_s,
                   detect_timeout_s=args.detect_timeout_s,
                   evict_timeout_s=args.evict_timeout_s, rejoin_timeout_s=args.rejoin_timeout_s,
-                  step_pause_s=args.step_pause_s)
+                  step_pause_s=args.step_pause_s, hang_floor_s=args.hang_floor_s,
+                  pg_timeout_s=args.pg_timeout_s, heartbeat_timeout_ms=args.heartbeat_timeout_ms,
+                  join_timeout_ms=args.join_timeout_ms, warm_spares=not args.cold_restarts)
     try:
         lock = acquire_lock()
     except DemoLocked as e:
@@ -671,6 +735,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             for tr in demo.tracks:
                 tr.stop(demo.now())
+            if demo.monitor_url and demo.monitor_proc and demo.monitor_proc.poll() is None:
+                demo.poll_goodput()  # the ledger's last word, before the monitor stops
             demo.stop()
         finally:
             signal.signal(signal.SIGTERM, old_term)

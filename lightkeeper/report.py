@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from . import recovery
 from .faulttrack import FINDING_SLACK_S, finding_culprits
 
 REPORT_VERSION = 1
@@ -123,6 +124,44 @@ def final_steps(samples: list[dict]) -> dict[str, int]:
     return {str(g): step for g, (_, step) in sorted(last.items())}
 
 
+def settings(demo) -> dict[str, Any]:
+    """The timeouts and thresholds the run used (torchft's, the monitor's)."""
+    sc = demo.sc
+    return {"pg_timeout_s": sc.pg_timeout_s, "quorum_timeout_s": sc.quorum_timeout_s,
+            "join_timeout_ms": sc.join_timeout_ms,
+            "heartbeat_timeout_ms": sc.heartbeat_timeout_ms, "hang_floor_s": sc.hang_floor_s,
+            "step_pause_s": sc.step_pause_s, "warm_spares": sc.warm_spares}
+
+
+def recoveries(faults: list[dict], ph: list[dict], samples: list[dict], lighthouse: list[dict],
+               evictions: list[dict], goodput: dict | None, t0_unix: float, end: float,
+               groups: int, cfg: dict[str, Any]) -> None:
+    """Add each fault's ``stages``, ``recovery_s``, measured ``cost`` and computed
+    ``torchft_alone`` (:mod:`lightkeeper.recovery`) in place."""
+    healthy = ph[0]["step_rate"] if ph else None
+    for f in faults:
+        st = recovery.stages(f, samples, lighthouse, evictions, healthy, end)
+        inc = recovery.ledger_incident(f, goodput, t0_unix)
+        cost = recovery.measured_cost(inc, t0_unix, groups)
+        st["back_at_pace_ledger"] = cost["back_to_pace_s"] if cost else None
+        f["stages"] = st
+        f["cost"] = cost
+        onset = f.get("struck_at_s")
+        f["recovery_s"] = cost["recovery_s"] if cost and cost.get("recovery_s") is not None \
+            else None
+        f["recovery_s_ranks"] = (round(st["back_at_pace"] - onset, 2)
+                                 if st["back_at_pace"] is not None and onset is not None
+                                 else None)
+        slow = next((p["step_rate"] for p in ph if p["name"] == f"{fault_kind(f)} in {where(f)}"
+                     and onset is not None and abs(p["start_s"] - onset) < 0.5), None)
+        f["torchft_alone"] = recovery.torchft_alone(
+            f, groups=groups, horizon_s=None if onset is None else round(end - onset, 2),
+            healthy_rate=healthy, slow_rate=slow, settings=cfg)
+        f["torchft_alone_at_defaults"] = recovery.torchft_alone(
+            f, groups=groups, horizon_s=None if onset is None else round(end - onset, 2),
+            healthy_rate=healthy, slow_rate=slow, settings=recovery.TORCHFT_DEFAULTS)
+
+
 def build_report(demo) -> dict[str, Any]:
     end = demo.now()
     faults = [dict(f) for f in demo.faults]
@@ -135,6 +174,13 @@ def build_report(demo) -> dict[str, Any]:
             a, b = _job_step_at(demo.ticks, start), _job_step_at(demo.ticks, stop)
             if a is not None and b is not None:
                 f["steps_lost"] = max(0, round(healthy * (stop - start) - (b - a)))
+    evictions = [{"replica_group": d["replica_group"], "replica_id": d.get("replica_id"),
+                  "decision": d["decision"], "reason": d.get("reason"),
+                  "at_s": round(d["at"] - demo.t0_unix, 2), "status": d.get("status")}
+                 for d in demo.evictions]
+    cfg = settings(demo)
+    recoveries(faults, ph, demo.samples, demo.lighthouse_log, evictions, demo.goodput,
+               demo.t0_unix, end, demo.args.groups, cfg)
     return {
         "version": REPORT_VERSION,
         "started_at_unix": round(demo.t0_unix, 3),
@@ -142,19 +188,17 @@ def build_report(demo) -> dict[str, Any]:
         "training_started_at_s": demo.train_start_s,
         "config": {"groups": demo.args.groups, "ranks_per_group": demo.args.ranks_per_group,
                    "dry_run": bool(demo.args.dry_run), "no_faults": bool(demo.args.no_faults),
-                   "steps": demo.args.steps, "duration": demo.args.duration},
+                   "steps": demo.args.steps, "duration": demo.args.duration, **cfg},
         "outcome": ("interrupted" if demo.interrupted else "error" if demo.error else "completed"),
         "error": demo.error,
         "faults": faults,
         "detections": detections(demo.findings, demo.evictions, demo.t0_unix, faults, end),
-        "evictions": [{"replica_group": d["replica_group"], "replica_id": d.get("replica_id"),
-                       "decision": d["decision"], "reason": d.get("reason"),
-                       "at_s": round(d["at"] - demo.t0_unix, 2), "status": d.get("status")}
-                      for d in demo.evictions],
+        "evictions": evictions,
         "restarts": [{"replica_group": e["replica_group"], "at_s": e["t"]}
                      for e in demo.events if e["kind"] == "restarted"],
         "phases": ph,
         "healthy_step_rate": healthy,
+        "goodput": _goodput_summary(demo.goodput),
         "final_steps": final_steps(demo.samples),
         "events": demo.events,
         "urls": {"lighthouse": demo.cluster.lighthouse_url, "monitor": demo.monitor_url,
@@ -162,6 +206,20 @@ def build_report(demo) -> dict[str, Any]:
         "prometheus": demo.prom_note or None,
         "pids": demo.pids(),
     }
+
+
+def _goodput_summary(g: dict | None) -> dict | None:
+    """The job's goodput as the monitor's ledger had it at the end (null without a ledger)."""
+    if not isinstance(g, dict) or not isinstance(g.get("job"), dict):
+        return None
+    job = g["job"]
+    return {"source": "measured: the monitor's ledger (GET /v1/goodput)",
+            "goodput_ratio": job.get("goodput_ratio"),
+            "goodput_seconds": job.get("goodput_seconds"),
+            "expected_seconds": job.get("expected_seconds"),
+            "badput_seconds": job.get("badput_seconds"),
+            "pending_seconds": job.get("pending_seconds"),
+            "baseline_step_seconds": (g.get("baseline") or {}).get("step_seconds")}
 
 
 def _fmt(v, unit: str = "s") -> str:
@@ -186,8 +244,9 @@ def _culprit(f: dict) -> str:
 
 def summary_markdown(rep: dict) -> str:
     lines = ["| # | fault | where (global rank, host) | armed | struck | caught as | culprit "
-             "| detected | evicted | survivors committing | rejoined | steps lost | outcome |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| detected | evicted | survivors committing | back at pace | rejoined | steps lost "
+             "| outcome |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, f in enumerate(rep["faults"], 1):
         place = where(f)
         if f.get("rank") is not None or f.get("host"):
@@ -199,13 +258,16 @@ def summary_markdown(rep: dict) -> str:
         lines.append(f"| {i} | `{f['spec']}` | {place} | {armed} | {_fmt(f['struck_at_s'])} "
                      f"| {caught} | {_culprit(f) if f['detected_kind'] else '—'} "
                      f"| {_fmt(f['detected_at_s'])} | {_fmt(f['evicted_at_s'])} "
-                     f"| {_fmt(f['survivors_committing_at_s'])} | {_fmt(f['rejoined_at_s'])} "
+                     f"| {_fmt(f['survivors_committing_at_s'])} "
+                     f"| {_fmt(_back_at(f))} | {_fmt(f['rejoined_at_s'])} "
                      f"| {_fmt(f['steps_lost'], '')} | {f['outcome']} |")
     if not rep["faults"]:
-        lines.append("| – | (no faults) | | | | | | | | | | | |")
+        lines.append("| – | (no faults) | | | | | | | | | | | | |")
     notes = [f"- fault {i}: {f['note']}" for i, f in enumerate(rep["faults"], 1) if f.get("note")]
     if notes:
         lines += [""] + notes
+    if any(f.get("stages") for f in rep["faults"]):
+        lines += ["", stages_markdown(rep), "", cost_markdown(rep)]
     lines += ["", "| phase | from | to | steps | steps/s | vs healthy |",
               "|---|---|---|---|---|---|"]
     for p in rep["phases"]:
@@ -213,6 +275,75 @@ def summary_markdown(rep: dict) -> str:
         rate = f"{p['step_rate']:.2f}" if p["step_rate"] is not None else "—"
         lines.append(f"| {p['name']} | {p['start_s']:.1f}s | {p['end_s']:.1f}s "
                      f"| {_fmt(p['steps'], '')} | {rate} | {vs} |")
+    return "\n".join(lines)
+
+
+def _back_at(f: dict) -> float | None:
+    """Back at >= 90% of healthy pace: the monitor's ledger, else the ranks' commits."""
+    st = f.get("stages") or {}
+    return st.get("back_at_pace_ledger") if st.get("back_at_pace_ledger") is not None \
+        else st.get("back_at_pace")
+
+
+def _plus(v, onset) -> str:
+    return "—" if v is None or onset is None else f"+{v - onset:.1f}"
+
+
+STAGE_COLUMNS = (("detected", "detected"), ("kill_sent", "kill sent"),
+                 ("lighthouse_dropped", "Lighthouse dropped it"),
+                 ("survivors_quorum", "survivors' quorum"),
+                 ("survivors_committing", "survivors committing"),
+                 ("back_at_pace", "back at pace (ranks)"),
+                 ("back_at_pace_ledger", "back at pace (ledger)"), ("restarted", "restarted"),
+                 ("joined", "joined"), ("healed", "healed"))
+
+
+def stages_markdown(rep: dict) -> str:
+    """Each recovery stage by stage, in seconds after the fault's onset (measured)."""
+    head = "| # | onset | " + " | ".join(name for _, name in STAGE_COLUMNS) + " | join dip |"
+    lines = ["Recovery, stage by stage (seconds after the onset; measured):", "", head,
+             "|" + "---|" * (len(STAGE_COLUMNS) + 3)]
+    for i, f in enumerate(rep["faults"], 1):
+        st = f.get("stages") or {}
+        onset = st.get("onset")
+        dip = st.get("join_dip")
+        dip_s = "—" if not dip else (
+            f"{'stalled' if dip['stalled'] else 'no stall'}: longest gap {dip['stall_s']:.1f}s, "
+            f"lowest {dip['min_vs_healthy'] if dip['min_vs_healthy'] is not None else '—'}x")
+        lines.append(f"| {i} | {_fmt(onset)} | "
+                     + " | ".join(_plus(st.get(k), onset) for k, _ in STAGE_COLUMNS)
+                     + f" | {dip_s} |")
+    return "\n".join(lines)
+
+
+def cost_markdown(rep: dict) -> str:
+    """What each fault cost (measured by the monitor's ledger) beside what torchft alone would
+    have cost under the same settings, and at torchft's defaults (computed)."""
+    lines = ["What each fault cost: with Lightkeeper (measured) and torchft alone (computed, "
+             "same settings / torchft defaults; to the end of this run):", "",
+             "| # | fault | recovery, onset -> back at pace (measured) | cost (measured) "
+             "| torchft alone, same settings (computed) | torchft alone, defaults (computed) |",
+             "|---|---|---|---|---|---|"]
+    for i, f in enumerate(rep["faults"], 1):
+        c = f.get("cost")
+        rec = f.get("recovery_s")
+        rec_s = (f"{rec:.1f}s (ledger)" if rec is not None else "—") + (
+            f", {f['recovery_s_ranks']:.1f}s (ranks)" if f.get("recovery_s_ranks") is not None
+            else "")
+        if c:
+            causes = ", ".join(f"{k} {v:.1f}" for k, v in (c.get("by_cause") or {}).items() if v)
+            cost_s = (f"{c['replica_seconds']:.1f} replica-s, {c['job_steps']} job steps"
+                      + (f" ({causes})" if causes else ""))
+        else:
+            cost_s = "— (no ledger incident)"
+
+        def alone(a):
+            if not a:
+                return "—"
+            return (f"{a['outcome']}; {a['replica_seconds']:.1f} replica-s, "
+                    f"{a['job_steps']} job steps")
+        lines.append(f"| {i} | `{f['spec']}` | {rec_s} | {cost_s} | {alone(f.get('torchft_alone'))} "
+                     f"| {alone(f.get('torchft_alone_at_defaults'))} |")
     return "\n".join(lines)
 
 
@@ -274,13 +405,19 @@ def plot(samples: list[dict], ranks_per_group: int, rep: dict, path: Path) -> No
                 j = i + 1
         ax.plot(xs, ys, label=f"group {g}", lw=1.4)
     colors = {"struck": "tab:red", "detected": "tab:orange", "evicted": "tab:purple",
+              "Lighthouse dropped it": "tab:brown", "back at pace": "black",
               "rejoined": "tab:green"}
     seen = set()
     for f in rep["faults"]:
-        for key, name in (("struck_at_s", "struck"), ("detected_at_s", "detected"),
-                          ("evicted_at_s", "evicted"), ("rejoined_at_s", "rejoined")):
-            if f[key] is not None:
-                ax.axvline(f[key], color=colors[name], ls="--", lw=1,
+        st = f.get("stages") or {}
+        marks = [(f["struck_at_s"], "struck"), (f["detected_at_s"], "detected"),
+                 (f["evicted_at_s"], "evicted"),
+                 (st.get("lighthouse_dropped"), "Lighthouse dropped it"),
+                 (_back_at(f), "back at pace"), (f["rejoined_at_s"], "rejoined")]
+        for at, name in marks:
+            if at is not None:
+                ax.axvline(at, color=colors[name], ls=":" if name == "back at pace" else "--",
+                           lw=1.2 if name == "back at pace" else 1,
                            label=name if name not in seen else None)
                 seen.add(name)
         if f["struck_at_s"] is not None:
@@ -307,7 +444,8 @@ def write_report(demo, report_dir: Path, final: bool = True) -> str:
     rep = build_report(demo)
     (report_dir / "report.json").write_text(json.dumps(rep, indent=1))
     (report_dir / "timeline.json").write_text(json.dumps(
-        {"samples": demo.samples, "ticks": demo.ticks}))
+        {"samples": demo.samples, "ticks": demo.ticks, "lighthouse": demo.lighthouse_log,
+         "goodput": demo.goodput, "t0_unix": demo.t0_unix}))
     (report_dir / "report.md").write_text(markdown(rep))
     try:
         plot(demo.samples, demo.args.ranks_per_group, rep, report_dir / "timeline.png")

@@ -41,6 +41,14 @@ class Scenario:
     rejoin_timeout_s: float = 120.0  # eviction -> group back in the quorum
     step_pause_s: float = 0.1      # trainer --step-pause (keeps 2 cores breathing)
     pg_timeout_s: float = 20.0
+    quorum_timeout_s: float = 60.0  # trainer --quorum-timeout (torchft Manager)
+    # torchft Lighthouse: how long a replica may go without a heartbeat before it is dead, and
+    # how long a quorum waits for heartbeating replicas that have not asked to join. After an
+    # eviction the survivors' next quorum waits for the shorter of the two (docs/demo.md).
+    heartbeat_timeout_ms: int = 1000
+    join_timeout_ms: int = 1000
+    hang_floor_s: float = 1.0      # monitor --hang-floor: a hang is >= this many s without progress
+    warm_spares: bool = True       # the supervisor keeps one started, imported spare per group
 
 
 def default_faults(groups: int, ranks_per_group: int) -> list[FaultPlan]:

@@ -1,0 +1,282 @@
+"""Each fault's recovery, stage by stage, its cost, and what torchft alone would have cost.
+
+Plain functions over what the demo recorded (its rank samples, the Lighthouse's ``/status`` as
+it changed, the monitor's ``/v1/goodput``), used by :mod:`lightkeeper.report` and re-runnable on
+a saved run (``report.json`` + ``timeline.json``). Times are demo seconds (0 = the demo's start).
+
+**Recovery** is fault onset -> the job back at >= 90% of its healthy pace (committed job steps
+per second over a trailing window), never the first commit after an eviction. A job on fewer
+replica groups can be back at pace: its pace is in job steps per second.
+
+Stages (``stages`` of a fault in ``report.json``; null when it did not happen or could not be
+seen):
+
+| stage | evidence |
+| --- | --- |
+| ``onset`` | the rank's own ``faults_struck_at`` (``steps_to_detect``: the faulty group's own commits from the onset to the detection) |
+| ``detected`` | the monitor's finding, ``confirmed_at`` |
+| ``kill_sent`` | the monitor's ``evict`` decision (it sends the Lighthouse kill in the same sweep) |
+| ``lighthouse_dropped`` | the first Lighthouse ``/status`` read after the kill in which the killed replica no longer heartbeats (stale or gone), or the Lighthouse issued a quorum without it |
+| ``survivors_quorum`` | the first quorum the Lighthouse issued without the killed replica (its ``/status``; else a survivor rank's ``quorum_id`` moved) |
+| ``survivors_committing`` | the survivors' first commit after the kill (their ``last_step_at``) |
+| ``back_at_pace`` | the start of the first trailing window (``PACE_WINDOW_S``) after the kill over which the job committed >= 90% of the steps its healthy rate makes (the ranks' commit times); ``back_at_pace_ledger`` is the monitor's ledger's ``back_to_pace_at`` for the same incident |
+| ``restarted`` | the supervisor started the group again (warm spare or cold) |
+| ``joined`` | a rank of the new incarnation first takes part in a quorum |
+| ``healed`` | every rank of it in a quorum of all groups, within 3 steps of the job (``rejoined_at_s``) |
+
+``join_dip`` says whether the restarted group's arrival stalled the others again: the job's
+longest time without a commit from 1 s before the join to 5 s after it (``stall_s``) and its
+lowest pace over ``DIP_WINDOW_S`` windows there (``min_vs_healthy``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+PACE_WINDOW_S = 3.0   # the ledger's window at this step time: max(3 s, 20 x step time)
+PACE_RATIO = 0.9
+DIP_WINDOW_S = 2.0
+DIP_AFTER_S = 5.0
+
+
+# --- the job's commits ------------------------------------------------------------------------
+def commit_series(samples: list[dict]) -> list[tuple[float, int]]:
+    """(time, job step) at every commit the samples saw: each rank sample gives the time its
+    newest step committed (``last_step_at_s``); the job's step is the furthest group's."""
+    pts = sorted((s["last_step_at_s"], s["step"]) for s in samples
+                 if s.get("last_step_at_s") is not None and s.get("step") is not None)
+    out: list[tuple[float, int]] = []
+    best = -1
+    for t, step in pts:
+        if step > best:
+            best = step
+            out.append((t, step))
+    return out
+
+
+def step_at(series: list[tuple[float, int]], t: float) -> int | None:
+    """The job's committed step at time ``t`` (None before the first commit)."""
+    i = bisect.bisect_right(series, (t, float("inf"))) - 1
+    return series[i][1] if i >= 0 else None
+
+
+def back_at_pace(series: list[tuple[float, int]], after: float, rate: float | None,
+                 last_t: float, window: float = PACE_WINDOW_S,
+                 ratio: float = PACE_RATIO) -> float | None:
+    """The first commit time ``T >= after`` from which the job commits at least ``ratio`` x
+    ``rate`` x ``window`` steps in ``(T, T + window]`` (``T + window <= last_t``, the last time
+    observed); None when it never does (or there is no healthy rate)."""
+    if not rate:
+        return None
+    need = ratio * rate * window
+    for t, step in series:
+        if t < after:
+            continue
+        if t + window > last_t:
+            return None
+        end = step_at(series, t + window)
+        if end is not None and end - step >= need - 1e-9:
+            return round(t, 2)
+    return None
+
+
+def job_stall(series: list[tuple[float, int]], start: float, end: float) -> float:
+    """The longest time in ``[start, end]`` without a job commit."""
+    times = [start] + [t for t, _ in series if start < t < end] + [end]
+    return round(max(b - a for a, b in zip(times, times[1:], strict=False)), 2) \
+        if end > start else 0.0
+
+
+def min_pace(series: list[tuple[float, int]], start: float, end: float, rate: float | None,
+             window: float = DIP_WINDOW_S, step: float = 0.25) -> float | None:
+    """The job's lowest pace (vs ``rate``) over trailing ``window`` s windows ending in
+    ``[start + window, end]`` (None without a rate or a whole window)."""
+    if not rate or end - start < window:
+        return None
+    low = None
+    t = start + window
+    while t <= end + 1e-9:
+        a, b = step_at(series, t - window), step_at(series, t)
+        if a is not None and b is not None:
+            v = (b - a) / window / rate
+            low = v if low is None else min(low, v)
+        t += step
+    return None if low is None else round(low, 2)
+
+
+# --- stages -----------------------------------------------------------------------------------
+def evicted_replica(fault: dict, evictions: list[dict]) -> str | None:
+    """The replica id the monitor evicted for ``fault`` (its first evict decision for the
+    group at or after the detection)."""
+    if fault.get("evicted_at_s") is None:
+        return None
+    evs = sorted((e for e in evictions if e.get("decision") == "evict"
+                  and e.get("replica_group") == fault["replica_group"]
+                  and e.get("at_s") is not None and e["at_s"] >= fault["evicted_at_s"] - 0.5),
+                 key=lambda e: e["at_s"])
+    return evs[0].get("replica_id") if evs else None
+
+
+def stages(fault: dict, samples: list[dict], lighthouse: list[dict], evictions: list[dict],
+           rate: float | None, end: float) -> dict[str, Any]:
+    """The recovery of one fault, stage by stage (module docstring); times in demo seconds."""
+    g = fault["replica_group"]
+    kill = fault.get("evicted_at_s")
+    rid = evicted_replica(fault, evictions)
+    series = commit_series(samples)
+    out: dict[str, Any] = {
+        "onset": fault.get("struck_at_s"), "detected": fault.get("detected_at_s"),
+        "kill_sent": kill, "lighthouse_dropped": None, "survivors_quorum": None,
+        "survivors_committing": fault.get("survivors_committing_at_s"), "back_at_pace": None,
+        "back_at_pace_ledger": None, "restarted": fault.get("restarted_at_s"), "joined": None,
+        "healed": fault.get("rejoined_at_s"), "evicted_replica_id": rid, "join_dip": None,
+        "steps_to_detect": None}
+    onset, det = fault.get("struck_at_s"), fault.get("detected_at_s")
+    if onset is not None and det is not None:  # its own group's steps from onset to detection
+        own = commit_series([s for s in samples if s["replica_group"] == g and s["t"] <= det + 1
+                             and (rid is None or s.get("replica_id") == rid)])
+        a, b = step_at(own, onset), step_at(own, det)
+        out["steps_to_detect"] = None if a is None or b is None else b - a
+    if kill is None:
+        return out
+    # the Lighthouse's own view
+    before = [e for e in lighthouse if e["t"] <= kill]
+    q0 = before[-1]["quorum_id"] if before else None
+    for e in lighthouse:
+        if e["t"] < kill:
+            continue
+        if rid is not None and out["lighthouse_dropped"] is None and (
+                rid not in e["heartbeating"]
+                or (e["quorum_id"] != q0 and rid not in e["members"])):
+            out["lighthouse_dropped"] = e["t"]
+        if out["survivors_quorum"] is None and e["quorum_id"] is not None and q0 is not None \
+                and e["quorum_id"] > q0 and (rid is None or rid not in e["members"]):
+            out["survivors_quorum"] = e["t"]
+    if out["survivors_quorum"] is None:  # the ranks' view
+        qs = [s["quorum_id"] for s in samples if s["replica_group"] != g and s["t"] <= kill
+              and s.get("quorum_id") is not None]
+        if qs:
+            q = max(qs)
+            later = [s["t"] for s in samples if s["replica_group"] != g and s["t"] > kill
+                     and (s.get("quorum_id") or -1) > q]
+            out["survivors_quorum"] = min(later) if later else None
+    not_before = out["survivors_committing"] if out["survivors_committing"] is not None else kill
+    out["back_at_pace"] = back_at_pace(series, not_before, rate, end)
+    # the restarted group
+    joined = [s["t"] for s in samples if s["replica_group"] == g and s["t"] > kill
+              and s.get("participating") and s.get("replica_id") not in (None, rid)]
+    out["joined"] = min(joined) if joined else None
+    if out["joined"] is not None:
+        a, b = out["joined"] - 1.0, min(end, out["joined"] + DIP_AFTER_S)
+        low = min_pace(series, a, b, rate)
+        out["join_dip"] = {"from": round(a, 2), "to": round(b, 2),
+                           "stall_s": job_stall(series, a, b), "min_vs_healthy": low,
+                           "stalled": low is not None and low < PACE_RATIO}
+    return out
+
+
+# --- the monitor's ledger ---------------------------------------------------------------------
+def ledger_incident(fault: dict, goodput: dict | None, t0_unix: float) -> dict | None:
+    """The monitor's incident for ``fault``: same replica group, detected within 1.5 s of the
+    fault's detection (else the first whose onset lies between the strike and the rejoin)."""
+    if not goodput or fault.get("detected_at_s") is None:
+        return None
+    incs = [i for i in goodput.get("incidents") or [] if i.get("replica_group")
+            == fault["replica_group"] and i.get("kind") != "manual"]
+    det = t0_unix + fault["detected_at_s"]
+    close = [i for i in incs if i.get("detected_at") is not None
+             and abs(i["detected_at"] - det) <= 1.5]
+    if close:
+        return min(close, key=lambda i: abs(i["detected_at"] - det))
+    lo = t0_unix + (fault.get("struck_at_s") or fault["detected_at_s"]) - 2.0
+    hi = t0_unix + (fault.get("rejoined_at_s") or 1e18)
+    inside = [i for i in incs if i.get("onset_at") is not None and lo <= i["onset_at"] <= hi]
+    return min(inside, key=lambda i: i["onset_at"]) if inside else None
+
+
+def measured_cost(inc: dict | None, t0_unix: float, groups: int) -> dict | None:
+    """A fault's cost as the monitor's ledger measured it."""
+    if inc is None:
+        return None
+    cost = inc.get("cost") or {}
+
+    def rel(v):
+        return None if v is None else round(v - t0_unix, 2)
+
+    rs = cost.get("replica_seconds")
+    gs = cost.get("group_steps")
+    return {"source": "measured: the monitor's ledger (GET /v1/goodput)",
+            "incident": inc.get("id"), "open": inc.get("open"),
+            "replica_seconds": rs, "group_steps": gs,
+            "job_steps": None if gs is None else round(gs / groups, 1),
+            "by_cause": cost.get("by_cause"),
+            "onset_s": rel(inc.get("onset_at")), "detected_s": rel(inc.get("detected_at")),
+            "evicted_s": rel(inc.get("evicted_at")),
+            "back_to_pace_s": rel(inc.get("back_to_pace_at")),
+            "recovery_s": inc.get("recovery_s"), "detect_s": inc.get("detect_s")}
+
+
+# --- torchft alone ----------------------------------------------------------------------------
+TORCHFT_DEFAULTS = {"pg_timeout_s": 60.0, "quorum_timeout_s": 60.0, "join_timeout_ms": 60000,
+                    "heartbeat_timeout_ms": 5000}
+
+
+def torchft_alone(fault: dict, *, groups: int, horizon_s: float | None,
+                  healthy_rate: float | None, slow_rate: float | None,
+                  settings: dict[str, float]) -> dict | None:
+    """What the same fault would have cost with torchft alone (nobody evicts), COMPUTED from
+    the job's timeouts (``settings``: ``pg_timeout_s``, ``quorum_timeout_s``,
+    ``join_timeout_ms``) over ``horizon_s`` (the fault's onset to the end of the run).
+
+    - hang: every group waits for the process-group timeout; then the survivors' next quorum
+      waits for the hung group, which still heartbeats but never asks to join, until the
+      Lighthouse's join timeout, and if that is not shorter than the Manager's quorum timeout,
+      the quorum times out and the job dies (torchft's defaults: +120 s). Otherwise the job goes
+      on at full pace on the other groups and the hung group's capacity is lost to the end.
+    - straggler (``slow``, ``slow_compute``): never removed: the job keeps the pace it had with
+      the straggler (``slow_rate``, measured in the fault's phase) to the end of the run.
+
+    Returns None for other kinds (torchft handles a crash itself) or without a horizon."""
+    kind = (fault.get("spec") or "").split(":", 1)[0]
+    if horizon_s is None or horizon_s <= 0:
+        return None
+    e = groups
+    pg = float(settings["pg_timeout_s"])
+    qt = float(settings["quorum_timeout_s"])
+    join = float(settings["join_timeout_ms"]) / 1000.0
+    basis = (f"process-group timeout {pg:g} s, quorum timeout {qt:g} s, Lighthouse join "
+             f"timeout {join:g} s")
+    if kind == "hang":
+        if join >= qt:
+            dies = pg + qt
+            lost = e * horizon_s
+            return {"source": "computed from the job's timeouts", "basis": basis,
+                    "outcome": f"the job dies at +{dies:g} s (the survivors' quorum times out "
+                               "waiting for the hung group)",
+                    "stall_s": round(min(dies, horizon_s), 1), "recovery_s": None,
+                    "replica_seconds": round(lost, 1),
+                    "job_steps": None if not healthy_rate else round(horizon_s * healthy_rate),
+                    "per_hour_after_replica_s": e * 3600.0}
+        stall = pg + join
+        cut = min(stall, horizon_s)
+        lost = e * cut + max(0.0, horizon_s - stall)
+        return {"source": "computed from the job's timeouts", "basis": basis,
+                "outcome": f"the job stalls {stall:g} s, then trains on {e - 1} of {e} groups "
+                           "to the end (the hung group never returns)",
+                "stall_s": round(stall, 1), "recovery_s": round(stall, 1),
+                "replica_seconds": round(lost, 1),
+                "job_steps": None if not healthy_rate else round(cut * healthy_rate),
+                "per_hour_after_replica_s": 3600.0}
+    if kind in ("slow", "slow_compute"):
+        if not healthy_rate or slow_rate is None:
+            return None
+        frac = max(0.0, 1.0 - slow_rate / healthy_rate)
+        return {"source": "computed from the straggler's measured pace", "basis":
+                f"the job at {slow_rate:.2f} steps/s with the straggler vs {healthy_rate:.2f} "
+                "healthy; torchft never removes a slow group",
+                "outcome": "drags the job to the end of the run", "stall_s": 0.0,
+                "recovery_s": None, "replica_seconds": round(e * horizon_s * frac, 1),
+                "job_steps": round(horizon_s * (healthy_rate - slow_rate)),
+                "per_hour_after_replica_s": round(e * 3600.0 * frac, 1)}
+    return None
