@@ -25,7 +25,11 @@ pytestmark = pytest.mark.e2e
 FAULT_KEYS = {"replica_group", "group_rank", "rank", "host", "spec", "given", "injected_at_s",
               "struck_at_s", "detected_at_s", "detected_kind", "finding_ranks", "culprit_ranks",
               "culprit_hosts", "evicted_at_s", "restarted_at_s", "survivors_committing_at_s",
-              "rejoined_at_s", "steps_lost", "outcome", "note"}
+              "rejoined_at_s", "steps_lost", "outcome", "note", "stages", "cost", "recovery_s",
+              "recovery_s_ranks", "torchft_alone", "torchft_alone_at_defaults"}
+STAGE_KEYS = {"onset", "detected", "kill_sent", "lighthouse_dropped", "survivors_quorum",
+              "survivors_committing", "back_at_pace", "back_at_pace_ledger", "restarted",
+              "joined", "healed", "join_dip", "steps_to_detect", "evicted_replica_id"}
 TIME_KEYS = {"injected_at_s", "struck_at_s", "detected_at_s", "evicted_at_s", "restarted_at_s",
              "survivors_committing_at_s", "rejoined_at_s"}
 DETECTION_KEYS = {"kind", "replica_group", "ranks", "culprit_ranks", "culprit_hosts", "at_s",
@@ -57,8 +61,12 @@ def _zombie(pid: int) -> bool:
 def check_shape(r: dict) -> None:
     for f in r["faults"]:
         assert FAULT_KEYS <= f.keys(), f
+        assert STAGE_KEYS <= f["stages"].keys(), f["stages"]
         for k in TIME_KEYS:
             assert f[k] is None or isinstance(f[k], (int, float)), (k, f)
+    for k in ("pg_timeout_s", "quorum_timeout_s", "join_timeout_ms", "heartbeat_timeout_ms",
+              "hang_floor_s", "warm_spares"):
+        assert k in r["config"], r["config"]
     for d in r["detections"]:
         assert DETECTION_KEYS <= d.keys(), d
         assert isinstance(d["evicted"], bool) and isinstance(d["at_s"], (int, float))
@@ -94,8 +102,48 @@ def test_default_scenario(tmp_path):
     assert {x["replica_group"] for x in r["restarts"]} >= {1, 2}
     assert r["phases"][0]["name"] == "healthy" and r["healthy_step_rate"] > 0
     assert "| 1 | `slow_compute:" in out and "group 1 rank 1 (rank 3" in out
+    check_recoveries(r, out)
     # the run ends once the last story did (plus the healthy end), not at a fixed time
     assert r["duration_s"] <= hang["rejoined_at_s"] + 3 + 15, r["duration_s"]
+
+
+def check_recoveries(r: dict, out: str) -> None:
+    """Each evicted fault's recovery stage by stage (in order, from the parts' own records),
+    its cost as the monitor's ledger measured it, torchft alone's computed beside it."""
+    cfg = r["config"]
+    assert cfg["warm_spares"] is True
+    for f in r["faults"]:
+        st = f["stages"]
+        assert (st["onset"], st["detected"], st["kill_sent"]) == (
+            f["struck_at_s"], f["detected_at_s"], f["evicted_at_s"]), st
+        assert st["evicted_replica_id"] and st["evicted_replica_id"].startswith(
+            f"replica_group_{f['replica_group']}:"), st
+        # the Lighthouse let the killed group go, then issued the survivors a quorum without it
+        assert st["kill_sent"] <= st["lighthouse_dropped"], st
+        assert st["kill_sent"] <= st["survivors_quorum"] <= st["survivors_committing"] + 1.0, st
+        # the restarted group came from its warm spare, joined, then healed
+        assert st["restarted"] <= st["joined"] <= st["healed"] + 1.0, st
+        assert st["join_dip"] is not None and st["join_dip"]["stall_s"] >= 0, st
+        # the monitor's ledger: the same incident, back at pace after the kill, a real cost
+        c = f["cost"]
+        assert c is not None and c["source"].startswith("measured"), f
+        assert c["replica_seconds"] > 0 and c["by_cause"], c
+        assert st["back_at_pace_ledger"] is not None and \
+            st["back_at_pace_ledger"] >= st["kill_sent"] - 0.1, st
+        assert f["recovery_s"] == pytest.approx(c["recovery_s"]) and f["recovery_s"] > 0
+        alone = f["torchft_alone"]
+        assert alone["source"].startswith("computed"), alone
+        # torchft alone: nobody evicts; a hang stalls for the process-group timeout plus the
+        # join timeout, a straggler drags the job to the end: both cost more than the eviction
+        if f["detected_kind"] == "hang":
+            assert alone["stall_s"] == pytest.approx(
+                cfg["pg_timeout_s"] + cfg["join_timeout_ms"] / 1000), alone
+            assert "dies at +120 s" in f["torchft_alone_at_defaults"]["outcome"]
+        else:
+            assert alone["recovery_s"] is None and "drags" in alone["outcome"], alone
+        assert alone["replica_seconds"] > c["replica_seconds"], (alone, c)
+    assert "Recovery, stage by stage" in out and "torchft alone, same settings (computed)" in out
+    assert r["goodput"] and 0 < r["goodput"]["goodput_ratio"] <= 1, r["goodput"]
 
 
 @pytest.fixture(scope="module")
