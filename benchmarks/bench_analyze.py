@@ -16,7 +16,7 @@ Every command runs in its own fresh interpreter, as a user would run it. For eac
 - ``lightkeeper``: ``lightkeeper analyze --format json DIR`` (workers: the cores available);
 - ``serial``: the same with ``--jobs 1`` (no worker processes), once, for reference;
 - ``floor``: the parallel load and nothing else: the same worker pool reading and unpickling
-  every file (``monitor.analysis.pool.run_pool(task="read")``), no normalizing, no analysis.
+  every file (``run_pool(files, jobs, loader.READ_TASK)``), no normalizing, no analysis.
 
 lightkeeper and the floor run ``--repeat`` times, side by side in alternating order; the median
 run of each is kept, and "vs floor" is the median of the per-pair ratios.
@@ -185,13 +185,19 @@ def torchfrtrace_cmd(path: Path) -> list[str]:
 def run_floor(path: Path) -> int:
     """The floor, in this (fresh) process: every file read as the loader reads it (by its pool,
     or here when the loader would not start one), and nothing else."""
-    from monitor.analysis.loader import POOL_MIN_BYTES, _candidates, _total_size, read_dump
+    from monitor.analysis.loader import (
+        POOL_MIN_BYTES,
+        READ_TASK,
+        _candidates,
+        _total_size,
+        read_dump,
+    )
     from monitor.analysis.pool import available_cores, run_pool
 
     files = _candidates([path], [])
     jobs = available_cores()
     if jobs > 1 and len(files) > 1 and _total_size(files) >= POOL_MIN_BYTES:
-        return 1 if any(error for _, error in run_pool(files, jobs, task="read")) else 0
+        return 1 if any(error for _, error in run_pool(files, jobs, READ_TASK)) else 0
     for file in files:
         read_dump(file)
     return 0

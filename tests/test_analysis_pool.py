@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from lightkeeper.cli import main
-from monitor.analysis import loader, pool
-from monitor.analysis.loader import load_outcome, load_paths
+from monitor.analysis import loader, pool, wire
+from monitor.analysis.loader import LOAD_TASK, READ_TASK, load_outcome, load_paths
 from tests.support.frgen import FRJob, plain_dump, write_dumps
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,9 +35,9 @@ def pool_calls(monkeypatch) -> list[int]:
     calls: list[int] = []
     real = loader.run_pool
 
-    def spy(files, jobs, task="load"):
+    def spy(files, jobs, *args, **kwargs):
         calls.append(jobs)
-        return real(files, jobs, task)
+        return real(files, jobs, *args, **kwargs)
 
     monkeypatch.setattr(loader, "run_pool", spy)
     monkeypatch.setattr(loader, "POOL_MIN_BYTES", 0)
@@ -118,7 +118,7 @@ def test_jobs_1_and_2_give_the_same_report(name, tmp_path, capsys, pool_calls):
 def test_small_inputs_are_loaded_without_workers(tmp_path, monkeypatch):
     write_scenario("hang", tmp_path)
     calls: list[int] = []
-    monkeypatch.setattr(loader, "run_pool", lambda files, jobs, task="load": calls.append(jobs) or [])
+    monkeypatch.setattr(loader, "run_pool", lambda files, jobs, *args: calls.append(jobs) or [])
     size = sum(p.stat().st_size for p in tmp_path.iterdir())
     assert size < loader.POOL_MIN_BYTES
     assert sorted(load_paths([tmp_path], jobs=2).traces) == list(range(6))
@@ -169,7 +169,7 @@ def test_a_killed_worker_costs_only_the_file_it_was_reading(tmp_path, monkeypatc
             os.kill(busy[0].proc.pid, signal.SIGKILL)
 
     monkeypatch.setattr(pool._Pool, "_settle", settle_then_kill)
-    outcomes = in_time(pool.run_pool, files, 2)
+    outcomes = in_time(pool.run_pool, files, 2, LOAD_TASK, wire.unpack)
     assert killed, "no worker was busy to be killed"
     died = [i for i, (trace, error) in enumerate(outcomes) if error and "loader process died" in error]
     assert len(died) == 1
@@ -184,16 +184,22 @@ def test_a_killed_worker_costs_only_the_file_it_was_reading(tmp_path, monkeypatc
 def test_workers_that_cannot_start_leave_the_files_to_this_process(tmp_path, monkeypatch, capfd):
     files = big_dumps(tmp_path, ranks=4, entries=50)
     monkeypatch.setattr(pool, "_BOOT", "import sys; sys.exit(3)")
-    outcomes = in_time(pool.run_pool, files, 2)
+    outcomes = in_time(pool.run_pool, files, 2, LOAD_TASK, wire.unpack)
     assert [(as_lists(t), e) for t, e in outcomes] == [load_outcome(f) for f in files]
 
 
 def test_read_task_reads_and_returns_nothing_but_errors(tmp_path):
     files = big_dumps(tmp_path, ranks=3, entries=20)
     (tmp_path / "rank3").write_text("garbage")
-    outcomes = in_time(pool.run_pool, [*files, tmp_path / "rank3"], 2, "read")
+    outcomes = in_time(pool.run_pool, [*files, tmp_path / "rank3"], 2, READ_TASK)
     assert outcomes[:3] == [(None, None)] * 3
     assert outcomes[3][0] is None and "neither JSON nor a pickle" in outcomes[3][1]
+
+
+def test_a_task_that_does_not_resolve_is_refused_before_any_worker_starts(tmp_path):
+    for task in ("monitor.analysis.loader:no_such_function", "no_such_module:f", "load", "monitor.analysis.loader:LOAD_TASK"):
+        with pytest.raises(ValueError, match="unknown task"):
+            pool.run_pool([tmp_path / "rank0"], 2, task)
 
 
 def test_pool_works_from_a_thread_while_other_threads_hold_locks(tmp_path, pool_calls):
@@ -262,12 +268,18 @@ def test_no_process_imports_torch(tmp_path):
         [None, 4, None],
         [2**70, 1],  # beyond 64 bits
         [10**18 + 7, 10**18 + 9],  # enqueue times in ns
+        [0, 0, 0],  # gloo's enqueue times
+        [1, True, 1],  # first and last alike, not of one type
+        [1, 2, True],  # a machine array of ints would take the bool
+        [1.0, 2, 3.0],  # and one of floats the int
+        [True, False],
+        ["a", "a"],
     ],
 )
 def test_columns_come_back_as_the_same_values_of_the_same_types(values):
-    back = list(pool._as_sequence(pickle.loads(pickle.dumps(pool._pack_column(values)))))
+    back = list(wire._as_sequence(pickle.loads(pickle.dumps(wire.pack_column(values)))))
     assert [type(v) for v in back] == [type(v) for v in values]
     assert [repr(v) for v in back] == [repr(v) for v in values]
     if all(type(v) is int for v in values) and None not in values:
-        codes = list(pool._as_sequence(pickle.loads(pickle.dumps(pool._pack_codes(values)))))
+        codes = list(wire._as_sequence(pickle.loads(pickle.dumps(wire.pack_codes(values)))))
         assert codes == values

@@ -11,7 +11,8 @@ dump at a time.
 Large inputs are loaded by worker processes (:mod:`monitor.analysis.pool`), one per available
 core unless ``jobs`` says otherwise; inputs under :data:`POOL_MIN_BYTES` in all are loaded in
 this process, where starting workers would cost more than it saves. Both ways give the same
-result: the workers run :func:`load_outcome`, and files are taken in the same order for ranks
+result: the workers run :func:`load_packed` (:func:`load_outcome`, its trace packed by
+:mod:`monitor.analysis.wire` for the trip back), and files are taken in the same order for ranks
 and duplicates.
 
 Pickles are read with an unpickler that refuses every class and function: Flight Recorder dumps
@@ -36,20 +37,29 @@ from typing import Any
 from .columnar import normalize_columnar
 from .model import DumpFormatError, RankTrace
 from .pool import Outcome, available_cores, run_pool
+from .wire import pack, unpack
 
 __all__ = [
+    "LOAD_TASK",
     "POOL_MIN_BYTES",
+    "READ_TASK",
     "LoadResult",
     "load_file",
     "load_outcome",
+    "load_packed",
     "load_paths",
     "read_dump",
+    "read_outcome",
     "rank_from_name",
 ]
 
 # Below this many bytes of dump files in all, loading in this process beats starting workers
 # (measured: benchmarks/bench_analyze.py --threshold; docs/analyze.md, Performance).
 POOL_MIN_BYTES = 8 << 20
+
+# the worker pool's tasks (run_pool imports them by name in each worker)
+LOAD_TASK = f"{__name__}:load_packed"
+READ_TASK = f"{__name__}:read_outcome"
 
 _TRAILING_DIGITS = re.compile(r"(\d+)(?:\.[A-Za-z]+)?$")
 
@@ -124,6 +134,24 @@ def load_outcome(path: str | Path) -> Outcome:
         return None, _describe(exc)
 
 
+def load_packed(path: str | Path) -> Outcome:
+    """:func:`load_outcome` with the trace packed (:func:`monitor.analysis.wire.pack`): the
+    workers' task, so that a compact trace crosses the pipe."""
+    trace, error = load_outcome(path)
+    return (None if trace is None else pack(trace)), error
+
+
+def read_outcome(path: str | Path) -> Outcome:
+    """Read and decode one file as the loader does, then drop it: ``(None, None)``, or ``(None,
+    error message)``. The cost of reading alone, which ``benchmarks/bench_analyze.py`` measures
+    as the load floor (``run_pool(files, jobs, READ_TASK)``)."""
+    try:
+        read_dump(path)
+    except Exception as exc:  # a foreign file can fail in many ways
+        return None, _describe(exc)
+    return None, None
+
+
 def load_paths(paths: Iterable[str | Path], jobs: int | None = None) -> LoadResult:
     """Load and normalize every dump under ``paths``; failures become ``errors`` entries.
 
@@ -137,7 +165,7 @@ def load_paths(paths: Iterable[str | Path], jobs: int | None = None) -> LoadResu
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     outcomes: Iterable[Outcome]
     if jobs > 1 and len(files) > 1 and _total_size(files) >= POOL_MIN_BYTES:
-        outcomes = run_pool(files, jobs)
+        outcomes = run_pool(files, jobs, LOAD_TASK, unpack)
     else:
         outcomes = _load_here(files)
     for path, (trace, error) in zip(files, outcomes, strict=True):

@@ -1,40 +1,45 @@
-"""Loading dump files on several cores: worker processes that read and normalize, and hand back
-only the compact :class:`~monitor.analysis.model.RankTrace` of each file.
+"""Running one task over many files on several cores: worker processes that each take one file
+at a time and hand back only the task's small answer.
 
 Unpickling a Flight Recorder dump is most of ``lightkeeper analyze``'s time and is pure
-Python-object work under one GIL, so it is spread over processes. Each worker is a fresh
-interpreter (``sys.executable -S``, started through ``subprocess``: fork+exec, safe from a
-process whose other threads hold locks, like ``multiprocessing``'s spawn) that imports the
-analysis package and nothing else: never torch, never the caller's ``__main__`` (which spawn
-imports again in every worker, and forkserver in its server). Parent and worker talk over the
-worker's stdin and stdout in length-prefixed pickles: the parent sends one file at a time,
-keeping two in flight per worker so none waits for work, biggest files first so the last ones
-to finish are small, and reads every worker's answers in one thread as they come; the worker
-answers with the file's trace or its error message, exactly what the serial loader makes of it
-(:func:`monitor.analysis.loader.load_outcome`). The parent unpickles only what its own workers
-pickled: traces built of plain values (the worker's unpickler refuses every class in a dump)
-and this package's classes.
+Python-object work under one GIL, so it is spread over processes. The pool knows nothing of dumps:
+a task is named ``"package.module:function"``, a function of one path that returns an
+:data:`Outcome` ``(value, error message)`` and never raises; each worker imports it by name, and
+the parent may turn each value back into what its caller wants (``finish``). The loader's task
+(:func:`monitor.analysis.loader.load_packed`) reads and normalizes a dump and answers with its
+packed trace.
 
-Failures: a file that cannot be used is an error answer like any other. A worker that dies
+Each worker is a fresh interpreter (``sys.executable -S``, started through ``subprocess``:
+fork+exec, safe from a process whose other threads hold locks, like ``multiprocessing``'s spawn)
+that imports the task's package and nothing else: never torch, never the caller's ``__main__``
+(which spawn imports again in every worker, and forkserver in its server). Parent and worker talk
+over the worker's stdin and stdout in length-prefixed pickles: the parent sends one file at a
+time, keeping two in flight per worker so none waits for work, biggest files first so the last
+ones to finish are small, and reads every worker's answers in one thread as they come. The
+parent unpickles only what its own workers pickled (a task's values are built of plain values
+and the task's own classes).
+
+Failures: a task answers a file it cannot use with an error message. A worker that dies
 (killed, out of memory, a crash in C) costs only the file it was reading, which gets an error
 naming how the process ended; the files it had been handed but not started go back in the
 queue and a replacement worker is started (at most ``jobs`` replacements in all). A worker that
 dies before it is ready (it could not start) costs no file. When no worker is left, the files
-still queued are loaded in this process, so the caller always gets one answer per file and
-nothing waits on a dead process.
+still queued are run in this process, so the caller always gets one answer per file and
+nothing waits on a dead process. A task name that does not resolve raises ``ValueError`` before
+any worker starts.
 """
 
 from __future__ import annotations
 
 import fcntl
 import gc
+import importlib
 import os
 import pickle
 import selectors
 import signal
 import subprocess
 import sys
-from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -62,45 +67,40 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def run_pool(paths: Sequence[str | os.PathLike[str]], jobs: int, task: str = "load") -> list[Outcome]:
-    """One outcome per path, in order, computed by ``jobs`` worker processes.
+def run_pool(
+    paths: Sequence[str | os.PathLike[str]],
+    jobs: int,
+    task: str,
+    finish: Callable[[Any], Any] | None = None,
+) -> list[Outcome]:
+    """One outcome per path, in order: ``task`` (``"package.module:function"``) run on each path
+    by ``jobs`` worker processes, each value passed through ``finish`` in this process.
 
-    ``task`` is ``"load"`` (the trace of each file, as :func:`~monitor.analysis.loader.load_file`
-    gives it) or ``"read"`` (read and unpickle each file, then drop it: the cost of loading alone,
-    which ``benchmarks/bench_analyze.py`` measures as the floor).
+    Raises ``ValueError`` when ``task`` does not name a function this process can import.
     """
-    if task not in _TASKS:
-        raise ValueError(f"unknown task {task!r}")
-    return _Pool([str(p) for p in paths], max(1, jobs), task).run()
+    resolve(task)  # a bad name fails here, not as one error per file
+    return _Pool([str(p) for p in paths], max(1, jobs), task, finish).run()
+
+
+def resolve(task: str) -> Callable[[str], Outcome]:
+    """The function ``"package.module:function"`` names; ``ValueError`` when there is none."""
+    module, _, name = task.partition(":")
+    try:
+        function = getattr(importlib.import_module(module), name) if module and name else None
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"unknown task {task!r}: {exc}") from exc
+    if not callable(function):
+        raise ValueError(f"unknown task {task!r}: want 'package.module:function'")
+    return function
 
 
 # ---- worker side ---------------------------------------------------------------------------
 
 
-def _load(path: str) -> Outcome:
-    from .loader import load_outcome
-
-    trace, error = load_outcome(path)
-    return (None if trace is None else _pack(trace)), error
-
-
-def _read(path: str) -> Outcome:
-    from .loader import read_dump
-
-    try:
-        read_dump(path)
-    except Exception as exc:
-        return None, f"{type(exc).__name__}: {exc}"
-    return None, None
-
-
-_TASKS: dict[str, Callable[[str], Outcome]] = {"load": _load, "read": _read}
-
-
 def _serve(task: str) -> None:
     """A worker's life: answer ``(index, path)`` requests on stdin until it closes."""
     gc.disable()  # dumps are trees of fresh containers without cycles
-    work = _TASKS[task]
+    work = resolve(task)
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print must not land in the answers
     try:
@@ -113,87 +113,6 @@ def _serve(task: str) -> None:
 
 
 # ---- wire ----------------------------------------------------------------------------------
-
-
-class _Packed:
-    """A RankTrace on the wire: its groups' columns packed (:func:`_pack_codes`,
-    :func:`_pack_column`), rebuilt by :func:`_unpack`."""
-
-    __slots__ = ("trace", "columns")
-
-    def __init__(self, trace: Any, columns: dict) -> None:
-        self.trace, self.columns = trace, columns
-
-
-def _pack(trace: Any) -> _Packed:
-    columns = {
-        key: (g.first_seq, g.restarted, _pack_codes(g.sigs), _pack_codes(g.states),
-              _pack_column(g.created_ns), _pack_column(g.duration_ms))
-        for key, g in trace.groups.items()
-    }
-    trace.groups = {}
-    return _Packed(trace, columns)
-
-
-def _unpack(packed: _Packed) -> Any:
-    from .model import GroupTrace
-
-    trace = packed.trace
-    trace.groups = {
-        key: GroupTrace(first_seq, _as_list(sigs), _as_list(states), _as_sequence(created),
-                        _as_sequence(durations), restarted)
-        for key, (first_seq, restarted, sigs, states, created, durations) in packed.columns.items()
-    }
-    return trace
-
-
-def _pack_codes(values: list) -> Any:
-    """Signature ids and state codes (ints normalize made, None for a missing sequence id)."""
-    if values and values.count(values[0]) == len(values):
-        return ("same", values[0], len(values))
-    if None in values:
-        return values
-    try:
-        return array("q", values)
-    except OverflowError:  # not from normalize, but never wrong
-        return values
-
-
-def _pack_column(values: list) -> Any:
-    """Values as the dump had them: one value and a count, or a machine array when they are all
-    of one type that fits one, else the list (so that 3 and 3.0 come back as they went)."""
-    kinds = set(map(type, values))
-    if len(kinds) != 1:
-        return values
-    if values.count(values[0]) == len(values):
-        return ("same", values[0], len(values))
-    kind = kinds.pop()
-    try:
-        if kind is int:
-            return array("q", values)
-        if kind is float:
-            return array("d", values)
-    except OverflowError:  # an int beyond 64 bits: the list it is
-        pass
-    return values
-
-
-def _as_list(packed: Any) -> list:
-    if type(packed) is array:
-        return packed.tolist()
-    if type(packed) is tuple:
-        _, value, count = packed
-        return [value] * count
-    return packed
-
-
-def _as_sequence(packed: Any) -> Sequence[Any]:
-    # enqueue times and durations stay machine arrays: the engine only indexes, slices and
-    # iterates them, and at 8 bytes a value (not a Python object each) they cost this process
-    # no allocation per value now and no deallocation at exit
-    if type(packed) is array:
-        return packed
-    return _as_list(packed)
 
 
 def _send(stream: BinaryIO, obj: Any) -> None:
@@ -221,7 +140,8 @@ _F_SETPIPE_SZ = 1031  # Linux fcntl
 
 
 class _Worker:
-    def __init__(self, task: str) -> None:
+    def __init__(self, task: str, finish: Callable[[Any], Any] | None) -> None:
+        self.finish = finish
         self.proc = subprocess.Popen(
             [sys.executable, "-S", "-c", _BOOT, _ROOT, task],
             stdin=subprocess.PIPE,
@@ -252,8 +172,8 @@ class _Worker:
                 break
             answer = pickle.loads(memoryview(buf)[at + _HEADER : at + _HEADER + size])
             at += _HEADER + size
-            if type(answer[1]) is _Packed:
-                answer = (answer[0], _unpack(answer[1]), answer[2])
+            if self.finish is not None and answer[1] is not None and answer[0] != "ready":
+                answer = (answer[0], self.finish(answer[1]), answer[2])
             out.append(answer)
         del buf[:at]
         return out
@@ -282,10 +202,11 @@ class _Worker:
 
 
 class _Pool:
-    def __init__(self, paths: list[str], jobs: int, task: str) -> None:
+    def __init__(self, paths: list[str], jobs: int, task: str, finish: Callable[[Any], Any] | None) -> None:
         self.paths = paths
         self.jobs = min(jobs, len(paths))
         self.task = task
+        self.finish = finish
         self.outcomes: list[Outcome | None] = [None] * len(paths)
         self.left = len(paths)
         self.queue: deque[int] = deque(sorted(range(len(paths)), key=self._size, reverse=True))
@@ -316,12 +237,14 @@ class _Pool:
                         continue
                     for answer in answers:
                         self._take(worker, answer)
-            if self.left:  # every worker died: load what is left here
-                work = _TASKS[self.task]
+            if self.left:  # every worker died: run what is left here
+                work = resolve(self.task)
                 while self.queue:
                     index = self.queue.popleft()
-                    trace, error = work(self.paths[index])
-                    self._settle(index, (_unpack(trace) if type(trace) is _Packed else trace, error))
+                    value, error = work(self.paths[index])
+                    if value is not None and self.finish is not None:
+                        value = self.finish(value)
+                    self._settle(index, (value, error))
         finally:
             for worker in self.workers:
                 worker.stop()
@@ -339,7 +262,7 @@ class _Pool:
 
     def _start_worker(self) -> None:
         try:
-            worker = _Worker(self.task)
+            worker = _Worker(self.task, self.finish)
         except OSError:  # cannot start a process at all: the caller's loop loads in-process
             return
         self.workers.append(worker)

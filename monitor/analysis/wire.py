@@ -1,0 +1,101 @@
+"""A :class:`~monitor.analysis.model.RankTrace` as the loader's workers send it: compact columns.
+
+:func:`pack` turns a trace's per-group columns into machine arrays (8 bytes a value instead of a
+Python object each, and a small pickle), or one value and a count for a constant column;
+:func:`unpack` gives the trace back. Signature ids and state codes come back as lists; enqueue
+times and durations stay machine arrays, which the engine reads as the sequences they are (it
+only indexes, slices and iterates them), at no allocation per value in the parent. Values come
+back equal and of the same type as they went: a column that a machine array cannot hold exactly
+(mixed types such as ``3`` and ``3.0``, ``None``, ints beyond 64 bits) travels as the list it is.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from typing import Any
+
+from .model import GroupTrace, RankTrace
+
+__all__ = ["Packed", "pack", "unpack"]
+
+
+class Packed:
+    """A RankTrace without its groups, and the groups' packed columns."""
+
+    __slots__ = ("trace", "columns")
+
+    def __init__(self, trace: RankTrace, columns: dict) -> None:
+        self.trace, self.columns = trace, columns
+
+
+def pack(trace: RankTrace) -> Packed:
+    """The trace, packed (its ``groups`` are taken out of it)."""
+    columns = {
+        key: (g.first_seq, g.restarted, pack_codes(g.sigs), pack_codes(g.states),
+              pack_column(g.created_ns), pack_column(g.duration_ms))
+        for key, g in trace.groups.items()
+    }
+    trace.groups = {}
+    return Packed(trace, columns)
+
+
+def unpack(packed: Packed) -> RankTrace:
+    """The trace :func:`pack` packed."""
+    trace = packed.trace
+    trace.groups = {
+        key: GroupTrace(first_seq, _as_list(sigs), _as_list(states), _as_sequence(created),
+                        _as_sequence(durations), restarted)
+        for key, (first_seq, restarted, sigs, states, created, durations) in packed.columns.items()
+    }
+    return trace
+
+
+def pack_codes(values: list) -> Any:
+    """Signature ids and state codes (ints normalize made, None for a missing sequence id)."""
+    if values and values.count(values[0]) == len(values):
+        return ("same", values[0], len(values))
+    if None in values:
+        return values
+    try:
+        return array("q", values)
+    except OverflowError:  # not from normalize, but never wrong
+        return values
+
+
+def pack_column(values: list) -> Any:
+    """Values as the dump had them: one value and a count, or a machine array when they are all
+    of one type that fits one, else the list (so that 3 and 3.0 come back as they went)."""
+    if not values:
+        return values
+    kind = type(values[0])
+    # first and last differ in nearly every column of enqueue times: the count is spared
+    if values[-1] == values[0] and values.count(values[0]) == len(values):
+        return ("same", values[0], len(values)) if _one_type(values, kind) else values
+    if kind is not int and kind is not float:
+        return values
+    try:
+        packed = array("q" if kind is int else "d", values)
+    except (TypeError, OverflowError):  # another type among them, or an int beyond 64 bits
+        return values
+    # an array of ints also takes a bool, one of floats an int: the values must be of one type
+    return packed if _one_type(values, kind) else values
+
+
+def _one_type(values: list, kind: type) -> bool:
+    return set(map(type, values)) == {kind}
+
+
+def _as_list(packed: Any) -> list:
+    if type(packed) is array:
+        return packed.tolist()
+    if type(packed) is tuple:
+        _, value, count = packed
+        return [value] * count
+    return packed
+
+
+def _as_sequence(packed: Any) -> Sequence[Any]:
+    if type(packed) is array:
+        return packed
+    return _as_list(packed)
