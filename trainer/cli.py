@@ -103,5 +103,11 @@ def run(args: argparse.Namespace) -> int:
     from .loop import setup_logging, train
 
     cfg = config_from_args(args)
+    try:  # a core install (monitor, analyze) has neither
+        import torch  # noqa: F401
+        import torchft  # noqa: F401
+    except ImportError as e:
+        raise SystemExit(f"lightkeeper train: needs torch and torchft ({e}); install them with "
+                         "pip install 'lightkeeper[trainer]' (docs/install.md)") from None
     setup_logging()
     return train(cfg)

@@ -1,0 +1,182 @@
+"""Core ``lightkeeper`` (monitor, analyze, dashboards, the CLI, ``lightkeeper run``) installs and
+runs in a fresh virtual environment that has no torch and no torchft (docs/install.md).
+
+How the environment is built, offline: the project is built into a wheel from a copy of the
+checkout (with .venv's setuptools, no index); a new venv (``python -m venv``, no system site
+packages) gets that wheel with ``pip --python`` and ``--no-deps``, and the core dependencies are
+the wheel's own ``Requires-Dist`` without extras, resolved transitively against what .venv has
+installed and linked into the new venv's site-packages, distribution by distribution (its
+RECORD). ``pip check`` in the new venv then proves the wheel's requirements are met there, and
+the test asserts torch and torchft are not in that closure and cannot be imported. Then the
+console script runs: ``--help``, ``analyze`` on the shipped format sample, ``dashboards build
+--check``, ``monitor`` serving its API, ``run --print-env``, the autostart ``.pth`` with
+``LIGHTKEEPER_AUTOSTART=1``, and ``train``'s one-line answer that it needs the trainer extra.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import zipfile
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+import requests
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from lightkeeper.cluster import stop_process, wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("lightkeeper", "worker_server", "trainer", "monitor", "dashboards", "http_serving")
+HEAVY = {"torch", "torchft", "triton", "nvidia-nccl-cu12"}
+PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+
+
+def closure(requirements: list[str]) -> set[str]:
+    """Canonical names of the installed distributions ``requirements`` need (extras off)."""
+    seen: set[str] = set()
+    todo = [Requirement(r) for r in requirements]
+    while todo:
+        req = todo.pop()
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        name = canonicalize_name(req.name)
+        if name in seen:
+            continue
+        seen.add(name)
+        todo.extend(Requirement(r) for r in metadata.distribution(name).requires or [])
+    return seen
+
+
+def link_distribution(name: str, site: Path) -> None:
+    """Symlink every top-level entry a distribution installed (per its RECORD) into ``site``."""
+    dist = metadata.distribution(name)
+    base = Path(dist.locate_file(""))
+    tops = {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
+    for top in tops:
+        target = site / top
+        if not target.exists() and (base / top).exists():
+            target.symlink_to(base / top)
+
+
+@pytest.fixture(scope="module")
+def core_env(tmp_path_factory):
+    d = tmp_path_factory.mktemp("core")
+    src = d / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    ignore = shutil.ignore_patterns("__pycache__", "node_modules", "*.egg-info", "build")
+    for pkg in PACKAGES:
+        shutil.copytree(ROOT / pkg, src / pkg, ignore=ignore)
+    subprocess.run([*PIP, "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+                    "-w", str(d / "dist"), str(src)], check=True, timeout=180,
+                   capture_output=True)
+    wheel = next((d / "dist").glob("lightkeeper-*.whl"))
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    requires = [line.split(":", 1)[1].strip() for line in meta.splitlines()
+                if line.startswith("Requires-Dist:")]
+    venv = d / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; "
+                                "print(sysconfig.get_paths()['purelib'])"], check=True,
+                               capture_output=True, text=True).stdout.strip())
+    deps = closure(requires)
+    for name in deps:
+        link_distribution(name, site)
+    subprocess.run([*PIP, "--python", str(python), "install", "-q", "--no-deps", "--no-index",
+                    str(wheel)], check=True, timeout=180, capture_output=True)
+    check = subprocess.run([*PIP, "--python", str(python), "check"], capture_output=True,
+                           text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "LIGHTKEEPER_AUTOSTART")}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    work = d / "work"  # not the checkout: nothing importable from the working directory
+    work.mkdir()
+    return {"python": str(python), "lightkeeper": str(venv / "bin" / "lightkeeper"), "env": env,
+            "cwd": work, "deps": deps, "wheel_names": names, "pip_check": check,
+            "requires": requires}
+
+
+def run(core_env, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), capture_output=True, text=True, timeout=120,
+                          cwd=core_env["cwd"], env={**core_env["env"], **env})
+
+
+def test_core_installs_without_torch(core_env):
+    assert not core_env["deps"] & HEAVY, sorted(core_env["deps"] & HEAVY)
+    assert core_env["pip_check"].returncode == 0, core_env["pip_check"].stdout
+    res = run(core_env, core_env["python"], "-c", "import torch")
+    assert res.returncode == 1 and "No module named 'torch'" in res.stderr
+    res = run(core_env, core_env["python"], "-c", "import torchft")
+    assert res.returncode == 1 and "No module named 'torchft'" in res.stderr
+    # torch and torchft are in the extras, never in the core requirements
+    extras = [r for r in core_env["requires"] if "extra ==" in r]
+    assert any(r.startswith("torch>=2.7") and '"worker"' in r for r in extras), extras
+    assert not [r for r in core_env["requires"] if "extra ==" not in r
+                and canonicalize_name(Requirement(r).name) in HEAVY]
+
+
+def test_core_entry_points_run_without_torch(core_env, tmp_path):
+    lk = core_env["lightkeeper"]
+    res = run(core_env, lk, "--help")
+    assert res.returncode == 0 and "analyze" in res.stdout and "run" in res.stdout, res.stderr
+
+    sample = ROOT / "tests" / "fixtures" / "fr-format-sample" / "json"
+    res = run(core_env, lk, "analyze", "--format", "json", str(sample))
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert (report["ranks"], report["findings"], report["errors"]) == ([0, 1, 2, 3], [], [])
+
+    res = run(core_env, lk, "dashboards", "build", "--check")
+    assert res.returncode == 0, res.stdout + res.stderr
+
+    res = run(core_env, lk, "run", "--print-env")
+    assert res.returncode == 0 and "LIGHTKEEPER_AUTOSTART=1" in res.stdout, res.stderr
+
+    res = run(core_env, lk, "train", "--lighthouse", "http://127.0.0.1:1")
+    assert res.returncode == 1
+    assert "needs torch and torchft" in res.stderr and "lightkeeper[trainer]" in res.stderr
+
+    # the .pth at the top of site-packages: with LIGHTKEEPER_AUTOSTART=1 every interpreter of
+    # the environment installs the hook (and, without torchft, nothing else happens)
+    probe = ("import sys; from worker_server import autostart; "
+             "print(any(isinstance(f, autostart.ManagerFinder) for f in sys.meta_path))")
+    assert "lightkeeper-autostart.pth" in core_env["wheel_names"]
+    for value, expected in (("1", "True"), ("0", "False")):
+        res = run(core_env, core_env["python"], "-c", probe, LIGHTKEEPER_AUTOSTART=value)
+        assert (res.returncode, res.stdout.strip(), res.stderr) == (0, expected, ""), value
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "monitor.log", "wb")
+    proc = subprocess.Popen([lk, "monitor", "--port", str(port), "--interval", "0.5",
+                             "--state", str(tmp_path / "m.sqlite")], stdout=log,
+                            stderr=subprocess.STDOUT, cwd=core_env["cwd"], env=core_env["env"],
+                            start_new_session=True)
+    log.close()
+    try:
+        def serving():
+            if proc.poll() is not None:
+                raise AssertionError((tmp_path / "monitor.log").read_text())
+            try:
+                return requests.get(f"http://127.0.0.1:{port}/v1/cluster", timeout=1).json()
+            except requests.RequestException:
+                return None
+        cluster = wait_until(serving, 60, what="the core monitor to serve")
+        assert cluster["groups"] == []
+        wait_until(lambda: requests.get(f"http://127.0.0.1:{port}/v1/cluster",
+                                        timeout=1).json()["sweeps"] >= 2, 30, what="2 sweeps")
+    finally:
+        stop_process(proc, grace=3)
