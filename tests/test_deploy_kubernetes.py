@@ -573,3 +573,80 @@ def test_overlay_renders_validates_and_is_wired(overlay):
     images = {c["image"] for d in docs for _, t in pod_templates(d)
               for c in t["spec"]["containers"]}
     assert images == {f"{i['newName']}:{i['newTag']}" for i in kustomization(overlay)["images"]}
+
+
+# `torchft_lighthouse` is torchft's Rust main (clap) behind `from torchft._torchft import ...`,
+# which imports torch first. Load the extension module alone and call the same main.
+LIGHTHOUSE_MAIN = """
+import importlib.util as u, sys
+from pathlib import Path
+so = next(Path(u.find_spec("torchft").submodule_search_locations[0]).glob("_torchft*.so"))
+spec = u.spec_from_file_location("torchft._torchft", so)
+m = u.module_from_spec(spec)
+spec.loader.exec_module(m)
+sys.exit(m.lighthouse_main())
+"""
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) expansion of a command-line argument."""
+    return VAR_REF.sub(lambda m: env[m.group(1)], text)
+
+
+def container_env(c: dict, configmap: dict, extra: dict[str, str] | None = None) -> dict:
+    """The values a container's env would hold (ConfigMap keys resolved, others made up)."""
+    out: dict[str, str] = dict(extra or {})
+    for e in c.get("env", []):
+        src = e.get("valueFrom", {})
+        if "configMapKeyRef" in src:
+            out[e["name"]] = configmap["data"][src["configMapKeyRef"]["key"]]
+        elif "value" in e:
+            out[e["name"]] = expand(e["value"], out)
+        else:
+            out[e["name"]] = {"POD_IP": "10.0.0.7", "NODE_NAME": "node-a"}.get(e["name"], "x")
+    return out
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_the_programs_accept_the_manifests_command_lines(overlay, monkeypatch, tmp_path):
+    """The monitor's, the Lighthouse's and `lightkeeper run`'s own argument parsers take the
+    command lines as Kubernetes would expand them (the Lighthouse: torchft's real main, which
+    refuses a misspelled flag)."""
+    import argparse
+
+    from lightkeeper import run as lk_run
+    from monitor import cli as monitor_cli
+
+    docs = unrendered(overlay)
+    cm = named(docs, "ConfigMap", "lightkeeper-job")
+
+    m = monitor_container(docs)
+    env = container_env(m, cm)
+    monkeypatch.setenv("LIGHTKEEPER_TOKEN", env["LIGHTKEEPER_TOKEN"])
+    p = argparse.ArgumentParser()
+    monitor_cli.add_arguments(p)
+    cfg = monitor_cli.config_from_args(p.parse_args([expand(a, env) for a in m["args"]]))
+    assert (cfg.bind, cfg.port, cfg.token) == ("0.0.0.0", 9400, "x")
+    assert cfg.rails.min_replicas == int(cm["data"]["min_replicas"])
+    assert cfg.expected_groups == int(cm["data"]["replica_groups"])
+    assert cfg.lighthouse_heartbeat_timeout_ms == int(cm["data"]["heartbeat_timeout_ms"])
+
+    lh = named(docs, "Deployment", "torchft-lighthouse")["spec"]["template"]["spec"][
+        "containers"][0]
+    args = [expand(a, container_env(lh, cm)) for a in lh["args"]]
+    script = tmp_path / "torchft_lighthouse"  # a file: the Rust main drops only argv[0]
+    script.write_text(LIGHTHOUSE_MAIN)
+    for extra, ok in (([], True), (["--heartbeat_timeout=1000"], False)):
+        r = subprocess.run([sys.executable, str(script), *args, *extra, "--help"],
+                           capture_output=True, text=True, timeout=60)
+        assert (r.returncode == 0) == ok, r.stdout + r.stderr
+    assert all(int(a.split("=")[1]) > 0 for a in args if not a.startswith("--bind"))
+
+    _, t = training_container(docs)
+    env = container_env(t, cm, {v: "1" for v in LWS_ENV})
+    command = [expand(a, env) for a in t["command"]]
+    p = argparse.ArgumentParser()
+    lk_run.add_arguments(p)
+    ns = p.parse_args(command[2:])
+    assert ns.cmd[:2] == ["--", "torchrun"] and ns.cmd[-1] == "/app/train.py"
+    # torchrun's own parser is not run: importing it imports torch (20 s and more under load)
