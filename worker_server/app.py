@@ -17,7 +17,7 @@ from werkzeug.exceptions import HTTPException
 
 from http_serving import bearer_token_matches
 
-from .flight_recorder import IncarnationTracker, fr_dump
+from .flight_recorder import FlightRecorderNotAvailable, IncarnationTracker, fr_dump
 from .metrics import WorkerMetrics
 from .stacks import format_stacks, thread_stacks
 from .state import RankState
@@ -144,6 +144,12 @@ def create_app(
     @app.errorhandler(BadParameter)
     def bad_parameter(e: BadParameter):
         return jsonify(error=str(e), status=400), 400
+
+    @app.errorhandler(FlightRecorderNotAvailable)
+    def fr_not_available(e: FlightRecorderNotAvailable):
+        # this torch has no such call (worker_server/flight_recorder.py): not a failure
+        return jsonify(error=str(e), status=501, path=request.path, torch=e.torch_version,
+                       missing=e.missing), 501
 
     @app.errorhandler(HTTPException)
     def http_error(e: HTTPException):

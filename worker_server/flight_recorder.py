@@ -7,8 +7,24 @@ process group's ``configure`` and records, per incarnation, the quorum id, this 
 the group's members next to the record id where it began; :func:`fr_dump` adds that list to the
 dump as ``incarnations`` (see docs/CONTRACTS.md).
 
-A dump that torch cannot produce (Flight Recorder disabled, a build without it) raises
-:class:`FlightRecorderUnavailable`; the HTTP layer turns it into a 500 with the reason.
+Which torch has which dump (``torch._C._distributed_c10d``), as read in torch's sources:
+
+============================  ===============  =============================================
+call                          torch            what it dumps
+============================  ===============  =============================================
+``_dump_nccl_trace``          2.3+, NCCL       ProcessGroupNCCL's recorder, pickle
+``_dump_nccl_trace_json``     2.5+, NCCL       ProcessGroupNCCL's recorder, JSON (used here)
+``_dump_fr_trace``            2.8+             the generic recorder (gloo, ...), pickle
+``_dump_fr_trace_json``       2.8+             the generic recorder, JSON (used here)
+============================  ===============  =============================================
+
+The two JSON calls dump two different recorders: NCCL's entries are only in
+``_dump_nccl_trace_json`` (CUDA builds), gloo's only in ``_dump_fr_trace_json``. So a gloo job on
+torch 2.7 (torchft 0.2's floor) has no dump to serve: :func:`raw_dump_json` raises
+:class:`FlightRecorderNotAvailable`, which the WorkerServer answers ``501`` with a JSON reason
+naming the torch version; the rank's state, stacks and metrics are served as usual. A dump that
+this torch could produce but did not (Flight Recorder disabled, the call failed) raises
+:class:`FlightRecorderUnavailable`, answered 500 with the reason.
 """
 
 from __future__ import annotations
@@ -27,26 +43,55 @@ class FlightRecorderUnavailable(RuntimeError):
     """torch cannot dump its Flight Recorder here."""
 
 
-def raw_dump_json(only_active: bool = False) -> bytes:
-    """torch's Flight Recorder dump as JSON bytes (NCCL flavour when NCCL is in use, else gloo's)."""
-    import torch
-    import torch._C._distributed_c10d as c10d
+class FlightRecorderNotAvailable(FlightRecorderUnavailable):
+    """This torch has no Flight Recorder call that could dump this rank (HTTP 501)."""
 
+    def __init__(self, reason: str, torch_version: str | None, missing: list[str]) -> None:
+        super().__init__(reason)
+        self.torch_version = torch_version
+        self.missing = missing
+
+
+NCCL_JSON, GENERIC_JSON = "_dump_nccl_trace_json", "_dump_fr_trace_json"
+SINCE = {NCCL_JSON: "torch 2.5, CUDA builds", GENERIC_JSON: "torch 2.8"}
+
+
+def _call(dump: Callable[..., bytes], only_active: bool) -> bytes:
+    try:
+        return dump(includeCollectives=True, onlyActive=only_active)
+    except TypeError:  # a torch whose binding takes other keywords: its defaults
+        return dump()
+
+
+def raw_dump_json(only_active: bool = False) -> bytes:
+    """torch's Flight Recorder dump as JSON bytes (NCCL flavour when NCCL is in use, else gloo's).
+
+    Raises :class:`FlightRecorderNotAvailable` when this torch has no call to make (see the
+    module doc), :class:`FlightRecorderUnavailable` when every call failed."""
+    try:
+        import torch
+        import torch._C._distributed_c10d as c10d
+    except ImportError as e:
+        raise FlightRecorderNotAvailable(f"no Flight Recorder: torch.distributed cannot be "
+                                         f"imported ({e})", None, [NCCL_JSON, GENERIC_JSON]
+                                         ) from None
+    version = str(getattr(torch, "__version__", "?"))
     dumpers: list[Callable[..., bytes]] = []
-    if torch.cuda.is_available() and hasattr(c10d, "_dump_nccl_trace_json"):
-        dumpers.append(
-            lambda: c10d._dump_nccl_trace_json(includeCollectives=True, onlyActive=only_active)
-        )
-    if hasattr(c10d, "_dump_fr_trace_json"):
-        dumpers.append(
-            lambda: c10d._dump_fr_trace_json(includeCollectives=True, onlyActive=only_active)
-        )
+    cuda = torch.cuda.is_available()
+    if cuda and hasattr(c10d, NCCL_JSON):
+        dumpers.append(getattr(c10d, NCCL_JSON))
+    if hasattr(c10d, GENERIC_JSON):
+        dumpers.append(getattr(c10d, GENERIC_JSON))
     if not dumpers:
-        raise FlightRecorderUnavailable("this torch build has no Flight Recorder JSON dump")
+        wanted = [NCCL_JSON, GENERIC_JSON] if cuda else [GENERIC_JSON]
+        raise FlightRecorderNotAvailable(
+            f"Flight Recorder JSON dump not available in torch {version}: "
+            + "; ".join(f"torch._C._distributed_c10d.{n} is missing (since {SINCE[n]})"
+                        for n in wanted), version, wanted)
     errors = []
     for dump in dumpers:
         try:
-            raw = bytes(dump()).strip()
+            raw = bytes(_call(dump, only_active)).strip()
         except Exception as e:  # try the next flavour, report all if none works
             errors.append(f"{type(e).__name__}: {e}")
             continue
