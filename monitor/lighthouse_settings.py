@@ -85,14 +85,16 @@ def assess(ev: Evidence, slow_s: float = SLOW_S) -> list[SettingWarning]:
     """
     out: list[SettingWarning] = []
     hb = ev.declared_heartbeat_s
-    source = "declared (--lighthouse-heartbeat-timeout-ms)"
+    said = f"{_fmt(hb)} (declared, --lighthouse-heartbeat-timeout-ms)" if hb is not None else ""
     if hb is None and ev.heartbeat_above_s is not None and ev.heartbeat_above_s > slow_s:
-        hb, source = ev.heartbeat_above_s, "observed on the Lighthouse's /status: at least"
+        hb = ev.heartbeat_above_s
+        said = (f"longer than {_fmt(hb)} (its /status showed a departed group's heartbeat that "
+                f"old and not yet expired)")
     join_caps = ev.declared_join_s is not None and ev.declared_join_s <= slow_s
     if hb is not None and hb > slow_s and not join_caps:
         out.append(SettingWarning(
             "heartbeat_timeout",
-            f"the Lighthouse's heartbeat timeout is {source} {_fmt(hb)}: after every eviction "
+            f"the Lighthouse's heartbeat timeout is {said}: after every eviction "
             f"or crash the surviving groups stall about that long before their next quorum "
             f"(above {_fmt(slow_s)}); start the Lighthouse with heartbeat_timeout_ms=1000 "
             f"(measured in docs/lighthouse.md)"))
