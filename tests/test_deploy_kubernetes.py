@@ -680,3 +680,44 @@ def test_network_policies_select_the_pods_and_ports_they_name():
     training = next(p for p in policies if p["metadata"]["name"] == "training")
     scrape = training["spec"]["ingress"][1]["ports"][0]
     assert set(range(scrape["port"], scrape["endPort"] + 1)) == worker_ports
+
+
+def relabel(labels: dict[str, str], configs: list[dict]) -> dict[str, str] | None:
+    """Prometheus' `replace` and `keep` relabeling, as the PodMonitor's camelCase rules read
+    (anchored regex, ';' separator, replacement $1). Written here to test the rules' logic:
+    no Prometheus or prometheus-operator runs."""
+    labels = dict(labels)
+    for c in configs:
+        value = c.get("separator", ";").join(labels.get(s, "") for s in c.get("sourceLabels", []))
+        m = re.fullmatch(c.get("regex", "(.*)"), value)
+        action = c.get("action", "replace")
+        if action == "keep":
+            if not m:
+                return None
+        elif action == "replace":
+            if m:
+                labels[c["targetLabel"]] = m.expand(
+                    c.get("replacement", "$1").replace("$1", r"\g<1>") if m.groups()
+                    else c.get("replacement", ""))
+        else:
+            raise AssertionError(f"relabel action {action} not emulated")
+    return labels
+
+
+def test_podmonitor_relabeling_keeps_worker_ports_and_names_the_replica_group():
+    (pm,) = load_docs(KDIR / "monitoring" / "podmonitor.yaml")
+    rules = pm["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    port, pod_index, group_index = ("__meta_kubernetes_pod_container_port_name",
+                                    "__meta_kubernetes_pod_label_apps_kubernetes_io_pod_index",
+                                    "__meta_kubernetes_pod_label_leaderworkerset_sigs_k8s_io_"
+                                    "group_index")
+    node = {"__meta_kubernetes_pod_node_name": "gpu-17"}
+    sts = relabel({port: "lk-worker-3", pod_index: "5", **node}, rules)
+    assert (sts["replica_group"], sts["lightkeeper_component"], sts["node"]) == \
+        ("5", "worker", "gpu-17")
+    # an LWS worker pod: its StatefulSet pod-index is its place in the group, not the group
+    lws = relabel({port: "lk-worker", pod_index: "1", group_index: "2", **node}, rules)
+    assert lws["replica_group"] == "2"
+    assert relabel({port: "lk-worker-7", **node}, rules) is not None
+    for other in ("store", "lk-workers", "metrics", ""):
+        assert relabel({port: other, pod_index: "0"}, rules) is None, other
