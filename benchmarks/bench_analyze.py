@@ -16,10 +16,14 @@ Every command runs in its own fresh interpreter, as a user would run it. For eac
 - ``lightkeeper``: ``lightkeeper analyze --format json DIR`` (workers: the cores available);
 - ``serial``: the same with ``--jobs 1`` (no worker processes), once, for reference;
 - ``floor``: the parallel load and nothing else: the same worker pool reading and unpickling
-  every file (``run_pool(files, jobs, loader.READ_TASK)``), no normalizing, no analysis.
+  every file (``run_pool(files, jobs, loader.READ_TASK)``), no normalizing, no analysis;
+- ``fields floor``: the floor plus the least any loader must add: reading, in each entry, the
+  fields the analysis needs (one ``itemgetter`` of them per entry, :func:`read_fields`), and
+  nothing else: no columns, no checks, no answer sent back.
 
-lightkeeper and the floor run ``--repeat`` times, side by side in alternating order; the median
-run of each is kept, and "vs floor" is the median of the per-pair ratios.
+lightkeeper and the floors run ``--repeat`` times, side by side in rotating order; the median
+run of each is kept, and "vs floor" ("vs fields") is the median of the per-run ratios of
+lightkeeper to the floor (fields floor) run next to it.
 Wall time is the root process's; CPU time is the whole tree's (``wait4``: the root and every
 child it waited for); peak RSS is the whole tree's, the sum over its processes of each one's
 peak (``VmHWM``, sampled every 25 ms from /proc: a high-water mark needs no finer sampling, and
@@ -174,33 +178,55 @@ def lightkeeper_cmd(path: Path, jobs: int | None = None) -> list[str]:
     return cmd + ["--jobs", str(jobs)] if jobs else cmd
 
 
-def floor_cmd(path: Path) -> list[str]:
-    return [sys.executable, str(Path(__file__).resolve()), "--floor", str(path)]
+def floor_cmd(path: Path, task: str = "read") -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), "--floor", str(path), "--floor-task", task]
 
 
 def torchfrtrace_cmd(path: Path) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(path), "-p", "rank"]
 
 
-def run_floor(path: Path) -> int:
-    """The floor, in this (fresh) process: every file read as the loader reads it (by its pool,
-    or here when the loader would not start one), and nothing else."""
-    from monitor.analysis.loader import (
-        POOL_MIN_BYTES,
-        READ_TASK,
-        _candidates,
-        _total_size,
-        read_dump,
-    )
-    from monitor.analysis.pool import available_cores, run_pool
+def read_fields(path: str) -> tuple[None, str | None]:
+    """The fields floor's task: a file read as the loader reads it, then the fields the analysis
+    needs taken from every entry (as the loader's first step takes them), then dropped. A pool
+    task (``run_pool``): ``(None, None)``, or ``(None, error)`` for a file that is not a dump."""
+    from operator import itemgetter
+
+    from monitor.analysis.columnar import _KEYS
+    from monitor.analysis.loader import read_dump
+
+    try:
+        entries = read_dump(path)["entries"]
+        own = {k: k for k in entries[0]}
+        keys = _KEYS + ("duration_ms",) if "duration_ms" in own else _KEYS
+        list(map(itemgetter(*(own.get(k, k) for k in keys)), entries))
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    return None, None
+
+
+# pool tasks by floor (the loader's READ_TASK, and read_fields above, imported by name in each worker)
+FLOOR_TASKS = {
+    "read": "monitor.analysis.loader:read_outcome",
+    "fields": f"{Path(__file__).parent.name}.{Path(__file__).stem}:read_fields",
+}
+
+
+def run_floor(path: Path, task: str = "read") -> int:
+    """A floor, in this (fresh) process: every file read as the loader reads it (by its pool,
+    or here when the loader would not start one), and nothing else (``read``), or then the
+    fields the analysis needs taken from each entry (``fields``)."""
+    from monitor.analysis.loader import POOL_MIN_BYTES, _candidates, _total_size
+    from monitor.analysis.pool import available_cores, resolve, run_pool
 
     files = _candidates([path], [])
     jobs = available_cores()
     if jobs > 1 and len(files) > 1 and _total_size(files) >= POOL_MIN_BYTES:
-        return 1 if any(error for _, error in run_pool(files, jobs, READ_TASK)) else 0
-    for file in files:
-        read_dump(file)
-    return 0
+        outcomes = run_pool(files, jobs, FLOOR_TASKS[task])
+    else:
+        work = resolve(FLOOR_TASKS[task])
+        outcomes = [work(str(file)) for file in files]
+    return 1 if any(error for _, error in outcomes) else 0
 
 
 def _median_run(runs: list[dict]) -> dict:
@@ -222,11 +248,11 @@ def compare(workdir: Path, shapes: list[str], sizes: list[tuple[int, int]], repe
             row: dict = {"shape": shape, "ranks": ranks, "entries": entries, "protocol": protocol,
                          "dump_mib": round(sum(p.stat().st_size for p in path.iterdir()) / 2**20, 1),
                          "load_before": os.getloadavg()[0]}
-            runs: dict[str, list[dict]] = {"lightkeeper": [], "serial": [], "floor": []}
+            runs: dict[str, list[dict]] = {"lightkeeper": [], "serial": [], "floor": [], "fields": []}
             for i in range(repeat):
-                # alternate which of the pair goes first
-                pair = [("floor", floor_cmd(path)), ("lightkeeper", lightkeeper_cmd(path))]
-                for name, cmd in pair if i % 2 == 0 else pair[::-1]:
+                # rotate which of the three goes first
+                trio = [("floor", floor_cmd(path)), ("fields", floor_cmd(path, "fields")), ("lightkeeper", lightkeeper_cmd(path))]
+                for name, cmd in trio[i % 3:] + trio[: i % 3]:
                     runs[name].append(measure(cmd))
             runs["serial"].append(measure(lightkeeper_cmd(path, jobs=1)))  # for reference: once
             for name, measured in runs.items():
@@ -236,18 +262,19 @@ def compare(workdir: Path, shapes: list[str], sizes: list[tuple[int, int]], repe
                 row["torchfrtrace"] = measure(torchfrtrace_cmd(path), timeout=tf_timeout)
                 failed |= row["torchfrtrace"]["exit"] != 0 and not row["torchfrtrace"]["timed_out"]
             row["load_after"] = os.getloadavg()[0]
-            _ratios(row, list(zip(runs["lightkeeper"], runs["floor"], strict=True)))
+            _ratios(row, runs)
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows, failed
 
 
-def _ratios(row: dict, pairs: list[tuple[dict, dict]]) -> None:
-    # runs of lightkeeper and the floor next to each other share the machine's mood: the median
+def _ratios(row: dict, runs: dict[str, list[dict]]) -> None:
+    # runs of lightkeeper and a floor next to each other share the machine's mood: the median
     # of their ratios is steadier than a ratio of medians on a shared machine
-    ratios = sorted(lk["wall_s"] / floor["wall_s"] for lk, floor in pairs)
-    row["vs_floor"] = round(ratios[len(ratios) // 2], 3)
-    row["vs_floor_runs"] = [round(r, 3) for r in ratios]
+    for floor, name in (("floor", "vs_floor"), ("fields", "vs_fields")):
+        ratios = sorted(lk["wall_s"] / f["wall_s"] for lk, f in zip(runs["lightkeeper"], runs[floor], strict=True))
+        row[name] = round(ratios[len(ratios) // 2], 3)
+        row[f"{name}_runs"] = [round(r, 3) for r in ratios]
     lk, tf = row["lightkeeper"], row.get("torchfrtrace")
     if tf:
         row["speedup"] = round(tf["wall_s"] / lk["wall_s"], 2)
@@ -258,21 +285,24 @@ def table(rows: list[dict]) -> str:
     """Medians (best run in brackets), the targets' verdicts and the load average around each row."""
     lines = [
         "| dumps (ranks x entries) | torchfrtrace wall / CPU / peak RSS | lightkeeper wall (best) / CPU / peak RSS | "
-        "--jobs 1 wall | load floor wall (best) | speedup | memory | vs floor | load avg |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "--jobs 1 wall | load floor wall (best) | fields floor wall (best) | speedup | memory | vs floor | vs fields | load avg |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
-        lk, serial, floor = row["lightkeeper"], row["serial"], row["floor"]
+        lk, serial, floor, fields = row["lightkeeper"], row["serial"], row["floor"], row.get("fields")
         tf = row.get("torchfrtrace")
         bound = ">" if tf and tf["timed_out"] else ""
         tf_cell = f"{bound}{tf['wall_s']:.1f} s / {tf['cpu_s']:.1f} s / {bound}{tf['peak_rss_mib']:.0f} MiB" if tf else "-"
         speed = f"{bound}{row['speedup']:.1f}x {_mark(row['speedup'] >= TARGET_SPEEDUP)}" if tf else "-"
         mem = f"1/{1 / row['memory_ratio']:.0f} {_mark(row['memory_ratio'] <= TARGET_MEMORY)}" if tf else "-"
+        # runs from before the fields floor existed (--table of an old --json) have none
+        fields_cell = f"{fields['wall_s']:.2f} s ({min(fields['walls_s']):.2f})" if fields else "-"
+        vs_fields = f"{row['vs_fields']:.2f}x" if "vs_fields" in row else "-"
         lines.append(
             f"| {row['shape']} {row['ranks']} x {row['entries']} ({row['dump_mib']:.0f} MiB) | {tf_cell} | "
             f"{lk['wall_s']:.2f} s ({min(lk['walls_s']):.2f}) / {lk['cpu_s']:.2f} s / {lk['peak_rss_mib']:.0f} MiB | "
-            f"{serial['wall_s']:.2f} s | {floor['wall_s']:.2f} s ({min(floor['walls_s']):.2f}) | {speed} | {mem} | "
-            f"{row['vs_floor']:.2f}x {_mark(row['vs_floor'] <= TARGET_FLOOR)} | "
+            f"{serial['wall_s']:.2f} s | {floor['wall_s']:.2f} s ({min(floor['walls_s']):.2f}) | {fields_cell} | "
+            f"{speed} | {mem} | {row['vs_floor']:.2f}x {_mark(row['vs_floor'] <= TARGET_FLOOR)} | {vs_fields} | "
             f"{row['load_before']:.1f} -> {row['load_after']:.1f} |"
         )
     return "\n".join(lines)
@@ -314,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES))
     parser.add_argument("--protocol", type=int, default=pickle.HIGHEST_PROTOCOL,
                         help="pickle protocol of the dumps (default: the highest, framed; torch's own pickler writes 2)")
-    parser.add_argument("--repeat", type=int, default=5, help="runs of lightkeeper and of the floor (medians kept)")
+    parser.add_argument("--repeat", type=int, default=5, help="runs of lightkeeper and of each floor (medians kept)")
     parser.add_argument("--tf-timeout", type=float, default=300.0,
                         help="seconds before torchfrtrace is stopped; its figures are then lower bounds (default 300)")
     parser.add_argument("--workdir", type=Path, default=None, help="where to write dumps (default: a temp dir, removed); reused when given")
@@ -323,10 +353,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--table", type=Path, default=None, metavar="JSON",
                         help="print the table of an earlier run's --json file, and stop")
-    parser.add_argument("--floor", type=Path, default=None, help=argparse.SUPPRESS)  # the floor's own process
+    parser.add_argument("--floor", type=Path, default=None, help=argparse.SUPPRESS)  # a floor's own process
+    parser.add_argument("--floor-task", choices=sorted(FLOOR_TASKS), default="read", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.floor:
-        return run_floor(args.floor)
+        return run_floor(args.floor, args.floor_task)
     if args.table:
         print(table(json.loads(args.table.read_text())))
         return 0
