@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import time
 from collections import deque
@@ -48,6 +49,30 @@ def node_name() -> str:
     """The host this rank runs on: ``NODE_NAME`` when set (Kubernetes' downward API puts the
     node's name there; a pod's own hostname is the pod's), else the hostname."""
     return os.environ.get("NODE_NAME", "").strip() or socket.gethostname()
+
+
+def rank_device(local_rank: int) -> dict:
+    """The accelerator this rank uses, as ``/v1/state`` ``device`` reports it.
+
+    ``{"type": "cuda", "index": i, "uuid": "GPU-..."}`` when the process has imported torch and
+    CUDA is available: the index is ``local_rank`` modulo the visible devices (the usual one GPU
+    per local rank; the current device is per thread, so an HTTP thread cannot read the training
+    thread's: a trainer that maps differently calls :meth:`RankState.set_device`); the UUID is
+    ``torch.cuda.get_device_properties(i).uuid``. ``{"type": "cpu"}``
+    otherwise. torch is never imported here (a rank without it is a CPU rank); a CUDA error is
+    reported as ``{"type": "cuda", "index": i, "uuid": None, "error": "..."}``, never raised."""
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is None or not cuda.is_available():
+            return {"type": "cpu"}
+        idx = local_rank % max(1, cuda.device_count())
+    except Exception as e:  # a broken driver: say so, do not fail /v1/state
+        return {"type": "cpu", "error": f"{type(e).__name__}: {e}"}
+    try:
+        return {"type": "cuda", "index": idx, "uuid": str(cuda.get_device_properties(idx).uuid)}
+    except Exception as e:
+        return {"type": "cuda", "index": idx, "uuid": None, "error": f"{type(e).__name__}: {e}"}
 
 
 def env_local_rank() -> int:
@@ -91,6 +116,8 @@ class RankState:
         self._lock = threading.Lock()
         self.started_at = time.time()
         self.worker_url: str | None = None
+        self.hostname = socket.gethostname()
+        self._device: dict | None = None  # rank_device(), looked up on first snapshot
         self.replica_id: str | None = None
         self.step = 0
         self.quorum_id = -1
@@ -176,12 +203,20 @@ class RankState:
         with self._lock:
             self._step_listeners.append(listener)
 
+    def set_device(self, index: int) -> None:
+        """Report CUDA device ``index`` (when the rank does not use ``local_rank``'s GPU)."""
+        dev = rank_device(index)
+        with self._lock:
+            self._device = dev
+
     # --- readers (HTTP threads) ----------------------------------------------------
     def snapshot(self) -> dict:
         """The ``/v1/state`` document (see docs/CONTRACTS.md)."""
         torch_version, torchft_version = library_versions()
         ident = self.identity
         timing = self.timing.snapshot()
+        if self._device is None:  # once: torch is imported by then in a training process
+            self._device = rank_device(ident.local_rank)
         with self._lock:
             return {
                 "job": ident.job,
@@ -191,6 +226,9 @@ class RankState:
                 "group_world_size": ident.group_world_size,
                 "rank": ident.rank,
                 "host": ident.host,
+                "node": ident.host,
+                "hostname": self.hostname,
+                "device": dict(self._device),
                 "local_rank": ident.local_rank,
                 "pid": ident.pid,
                 "worker_url": self.worker_url,
