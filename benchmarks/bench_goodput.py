@@ -614,8 +614,9 @@ def table(result: dict) -> str:
     runs = result["runs"]
     ff = next((r for r in runs if r["run"] == "fault_free" and "goodput" in r), None)
     lines = ["| run | samples/s | vs fault-free | goodput (ground truth) | vs fault-free | "
-             "goodput (ledger) | ledger badput by cause (replica-s) | badput by fault "
-             "(ground truth, replica-s) | onset -> back at pace |",
+             "ledger goodput (ground truth), from the ledger's baseline on | ledger badput by "
+             "cause, same window (replica-s) | badput by fault window (ground truth, replica-s) "
+             "| onset -> back at pace (ground truth) |",
              "|---|---:|---:|---:|---:|---:|---|---|---|"]
     for r in runs:
         if "goodput" not in r:
@@ -625,8 +626,12 @@ def table(result: dict) -> str:
         sps = r["samples_per_s"]
         vs_s = f"{sps / ff['samples_per_s']:.2f}x" if ff else "-"
         vs_g = f"{g / ff['goodput']['ratio']:.2f}x" if ff else "-"
-        led = r.get("ledger")
+        led = r.get("ledger_reconciled_window") or r.get("ledger")
         lg = f"{led['ratio']:.3f}" if led and led.get("ratio") is not None else "-"
+        gt = next((c.get("ground_truth") for c in r.get("reconciliation") or []
+                   if c["check"].startswith("goodput") and "ground_truth" in c), None)
+        if gt is not None:
+            lg += f" ({gt:.3f})"
         lb = ", ".join(f"{k} {v:.1f}" for k, v in (led or {}).get("badput_s", {}).items()
                        if v >= 0.05) or "-"
         if led and led.get("pending_s"):
