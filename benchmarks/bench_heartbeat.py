@@ -45,12 +45,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import requests
@@ -104,7 +106,11 @@ class Sampler(threading.Thread):
             if st is not None:
                 self.lh.append({"t": time.monotonic(), "quorum_id": st.quorum_id,
                                 "members": sorted(st.members), "stale": sorted(st.stale),
-                                "heartbeats": sorted(st.heartbeats)})
+                                "heartbeats": sorted(st.heartbeats),
+                                # the oldest heartbeat of a quorum member: the margin left
+                                "member_heartbeat_age": max(
+                                    (a for r, a in st.heartbeats.items() if r in st.members),
+                                    default=None)})
             self._halt.wait(max(0.0, self.period - (time.monotonic() - t0)))
 
     def stop(self) -> None:
@@ -167,6 +173,37 @@ def _rate(points: list[tuple[float, int]]) -> float | None:
     return (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0])
 
 
+_LH_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+) \[INFO\] "
+                      r"\[torchft::lighthouse\] - (.*)$")
+
+
+def request_spread(lighthouse_log: Path) -> dict | None:
+    """Per quorum round, the Lighthouse's own log: seconds from the first group's quorum request
+    to the quorum. A healthy group asking more than join_timeout_ms after the first is left out
+    of a quorum that is not fast (docs/lighthouse.md), so the largest spread is the margin
+    join_timeout_ms must keep. None when the log cannot be read."""
+    try:
+        first, spreads = None, []
+        for line in lighthouse_log.read_text(errors="replace").splitlines():
+            m = _LH_LINE.match(line)
+            if not m:
+                continue
+            t = datetime.fromisoformat(m.group(1)).timestamp()
+            if m.group(2).startswith("Received quorum request") and first is None:
+                first = t
+            elif m.group(2).startswith("Quorum! ") and first is not None:
+                spreads.append(t - first)
+                first = None
+    except (OSError, ValueError):
+        return None
+    if not spreads:
+        return None
+    spreads.sort()
+    return {"rounds": len(spreads), "median_s": round(statistics.median(spreads), 3),
+            "p99_s": round(spreads[int(0.99 * (len(spreads) - 1))], 3),
+            "max_s": round(spreads[-1], 3)}
+
+
 # --- healthy: false drops ----------------------------------------------------------------------
 def healthy_run(hb_ms: int, join_ms: int, duration_s: float, log_dir: Path,
                 quorum_timeout_s: float) -> dict:
@@ -207,6 +244,8 @@ def healthy_run(hb_ms: int, join_ms: int, duration_s: float, log_dir: Path,
                          and (s["num_participants"] or GROUPS) < GROUPS})
     rank_quorums = sorted({s["quorum_id"] for s in sampler.ranks if s["t"] >= t0})
     stale_seen = sorted({r for s in sampler.lh if s["t"] >= t0 for r in s["stale"]})
+    ages = [s["member_heartbeat_age"] for s in sampler.lh
+            if s["t"] >= t0 and s["member_heartbeat_age"] is not None]
     last = {g: sampler.latest(g) for g in range(GROUPS)}
     return {
         "mode": "healthy", "heartbeat_timeout_ms": hb_ms, "join_timeout_ms": join_ms,
@@ -219,6 +258,9 @@ def healthy_run(hb_ms: int, join_ms: int, duration_s: float, log_dir: Path,
         "lighthouse_drops": lh_drops, "rank_quorum_ids": rank_quorums,
         "rank_short_quorums": [list(x) for x in rank_short],
         "stale_heartbeats_seen": stale_seen, "group_exits": exits,
+        "max_member_heartbeat_age_s": round(max(ages), 3) if ages else None,
+        "lighthouse_samples": len(ages),
+        "quorum_request_spread": request_spread(log_dir / "lighthouse.log"),
         # a drop the Lighthouse page showed, or one only the ranks saw (a quorum between polls)
         "false_drops": max(len(lh_drops), len({q for q, _, _ in rank_short})) + len(exits),
         "loadavg_mean": round(statistics.mean(load), 2) if load else None,
@@ -328,6 +370,15 @@ def _med(xs):
     return round(statistics.median(xs), 2) if xs else None
 
 
+def _spread(r: dict) -> str:
+    sp = r.get("quorum_request_spread")
+    if not sp and r.get("log_dir"):  # rows written before the benchmark recorded it
+        sp = request_spread(Path(r["log_dir"]) / "lighthouse.log")
+    if not sp:
+        return "n/a"
+    return f"{sp['median_s']} / {sp['p99_s']} / {sp['max_s']} ({sp['rounds']})"
+
+
 def table(rows: list[dict]) -> str:
     lines = []
     rec = [r for r in rows if r.get("mode") == "recovery"]
@@ -335,9 +386,9 @@ def table(rows: list[dict]) -> str:
         keys = ["exit", "lh_heartbeat_stale", "lh_drop", "survivors_quorum", "survivors_commit",
                 "back90", "restarted_up", "rejoin"]
         lines.append("| heartbeat_timeout_ms | join_timeout_ms | quorum_timeout_s | runs | "
-                     + " | ".join(keys) + " | pace after vs healthy | rejoin pace vs healthy | rejoin longest gap s "
+                     + " | ".join(keys) + " | survivors_commit - exit | pace after vs healthy | rejoin pace vs healthy | rejoin longest gap s "
                      "(healthy step s) | load avg |")
-        lines.append("|" + "---|" * (len(keys) + 8))
+        lines.append("|" + "---|" * (len(keys) + 9))
         settings = []
         for r in rec:
             k = (r["heartbeat_timeout_ms"], r["join_timeout_ms"], r.get("quorum_timeout_s"))
@@ -349,6 +400,7 @@ def table(rows: list[dict]) -> str:
             cells = [str(_med([r["kill_to"][key] for r in rs])) for key in keys]
             lines.append(
                 f"| {k[0]} | {k[1]} | {k[2]:g} | {len(rs)} | " + " | ".join(cells)
+                + f" | {_med([r['kill_to']['survivors_commit'] - r['kill_to']['exit'] for r in rs if r['kill_to']['survivors_commit'] is not None])}"
                 + f" | {_med([r.get('pace_after_vs_healthy') for r in rs])}"
                 + f" | {_med([r['rejoin_dip']['pace_vs_healthy'] for r in rs])}"
                 f" | {_med([r['rejoin_dip']['longest_commit_gap_s'] for r in rs])}"
@@ -359,13 +411,15 @@ def table(rows: list[dict]) -> str:
         lines.append("")
         lines.append("| heartbeat_timeout_ms | join_timeout_ms | duration s | steps committed | "
                      "quorum changes | false drops | group exits | stale heartbeats seen | "
-                     "commit failures | load avg mean (max) |")
-        lines.append("|" + "---|" * 10)
+                     "commit failures | oldest member heartbeat s | quorum request spread s "
+                     "median / p99 / max (rounds) | load avg mean (max) |")
+        lines.append("|" + "---|" * 12)
         for r in hl:
             lines.append(f"| {r['heartbeat_timeout_ms']} | {r['join_timeout_ms']} | "
                          f"{r['duration_s']} | {r['steps_committed']} | {r['quorum_changes']} | "
                          f"{r['false_drops']} | {len(r['group_exits'])} | "
                          f"{len(r['stale_heartbeats_seen'])} | {r['commit_failures']} | "
+                         f"{r.get('max_member_heartbeat_age_s')} | {_spread(r)} | "
                          f"{r['loadavg_mean']} ({r['loadavg_max']}) |")
     return "\n".join(lines)
 
@@ -427,27 +481,29 @@ def main(argv: list[str] | None = None) -> int:
     log_root = Path(a.log_dir or tempfile.mkdtemp(prefix="bench_heartbeat_"))
     rows: list[dict] = []
     n = 0
-    for hb in a.heartbeat_ms:
-        for join in a.join_ms:
-            for rep in range(a.repeats if a.cmd == "recovery" else 1):
-                n += 1
-                d = log_root / f"run{n}_hb{hb}_join{join}_{rep}"
-                t = time.monotonic()
-                try:
-                    if a.cmd == "healthy":
-                        row = healthy_run(hb, join, a.duration, d, a.quorum_timeout)
-                    else:
-                        row = recovery_run(hb, join, d, a.healthy_s, a.window, a.quorum_timeout,
-                                           a.connect_timeout)
-                except (TimeoutError, RuntimeError) as e:
-                    row = {"mode": a.cmd, "heartbeat_timeout_ms": hb, "join_timeout_ms": join,
-                           "error": f"{type(e).__name__}: {e}", "log_dir": str(d)}
-                row["wall_s"] = round(time.monotonic() - t, 1)
-                row["log_dir"] = str(d)
-                rows.append(row)
-                _save(a.out, rows)
-                print(json.dumps({k: v for k, v in row.items()
-                                  if k not in ("quorums", "rank_quorum_ids")}), flush=True)
+    # repeats outermost: the settings take turns, so a change in the machine's load over the
+    # run falls on all of them alike (side by side, not one after the other)
+    plan = [(rep, hb, join) for rep in range(a.repeats if a.cmd == "recovery" else 1)
+            for hb in a.heartbeat_ms for join in a.join_ms]
+    for rep, hb, join in plan:
+        n += 1
+        d = log_root / f"run{n}_hb{hb}_join{join}_{rep}"
+        t = time.monotonic()
+        try:
+            if a.cmd == "healthy":
+                row = healthy_run(hb, join, a.duration, d, a.quorum_timeout)
+            else:
+                row = recovery_run(hb, join, d, a.healthy_s, a.window, a.quorum_timeout,
+                                   a.connect_timeout)
+        except (TimeoutError, RuntimeError) as e:
+            row = {"mode": a.cmd, "heartbeat_timeout_ms": hb, "join_timeout_ms": join,
+                   "error": f"{type(e).__name__}: {e}", "log_dir": str(d)}
+        row["wall_s"] = round(time.monotonic() - t, 1)
+        row["log_dir"] = str(d)
+        rows.append(row)
+        _save(a.out, rows)
+        print(json.dumps({k: v for k, v in row.items()
+                          if k not in ("quorums", "rank_quorum_ids")}), flush=True)
     ok = [r for r in rows if "error" not in r]
     print(table(ok))
     return 0 if len(ok) == len(rows) else 1
