@@ -50,6 +50,10 @@ class MonitorAPI(Protocol):
 
     def register_target(self, body: Any, authorization: str | None) -> Target: ...
 
+    def hosts_json(self) -> dict[str, Any]: ...
+
+    def release_host(self, host: str, reason: str) -> dict[str, Any]: ...
+
 
 class Forbidden(Exception):
     def __init__(self, message: str, status: int = 403) -> None:
@@ -134,12 +138,34 @@ def create_app(monitor: MonitorAPI) -> Flask:
         result = monitor.evict_manual(body["replica_group"], str(body.get("reason") or "manual"))
         return jsonify(result), (200 if result["decision"] == "evict" else 409)
 
+    @app.get("/v1/hosts")
+    def hosts():
+        return jsonify(monitor.hosts_json())
+
+    @app.post("/v1/hosts/<host>/release")
+    def release_host(host: str):
+        """Needs the token (403 without one configured, 401 wrong); 404 for a host the ledger
+        does not know, 409 for one that is not quarantined."""
+        _check_token(monitor.cfg.token)
+        body = request.get_json(silent=True)
+        reason = str((body or {}).get("reason") or "released by hand") \
+            if isinstance(body, dict) or body is None else None
+        if reason is None:
+            raise BadTarget('body must be {"reason": "..."} or empty')
+        try:
+            return jsonify(monitor.release_host(host, reason[:500]))
+        except KeyError:
+            return jsonify(error=f"no host {host!r} in the ledger", status=404), 404
+        except ValueError as e:
+            return jsonify(error=str(e), status=409), 409
+
     @app.get("/")
     def overview():
         return render_template("overview.html", c=monitor.cluster_json(),
                                goodput=monitor.goodput_json(incidents=1, intervals=0),
                                findings=monitor.store.findings(limit=20),
                                decisions=monitor.store.decisions(limit=20),
+                               hosts=monitor.hosts_json(),
                                interval=monitor.cfg.interval_s, now=time.time(),
                                fmt_time=lambda t: time.strftime("%H:%M:%S", time.localtime(t))
                                if t else "")

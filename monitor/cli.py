@@ -14,7 +14,15 @@ import signal
 import sys
 import threading
 
-from .config import EVICTABLE_KINDS, ConfigError, DetectorConfig, MonitorConfig, RailsConfig
+from .config import (
+    EVICTABLE_KINDS,
+    QUARANTINE_AFTER,
+    ConfigError,
+    DetectorConfig,
+    MonitorConfig,
+    QuarantineConfig,
+    RailsConfig,
+)
 
 
 def _csv(value: str) -> list[str]:
@@ -29,6 +37,20 @@ def _positive_int(value: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
     return n
+
+
+def _kind_counts(value: str) -> dict[str, int]:
+    """``hang=1,straggler=2`` -> {"hang": 1, "straggler": 2} (kinds checked by the config)."""
+    out = {}
+    for part in _csv(value):
+        k, sep, n = part.partition("=")
+        try:
+            out[k.strip()] = int(n)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected kind=N[,kind=N], got {part!r}") from None
+        if not sep or not k.strip():
+            raise argparse.ArgumentTypeError(f"expected kind=N[,kind=N], got {part!r}")
+    return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -121,6 +143,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expected-groups", type=_positive_int, default=None,
                    help="replica groups the job should run with: the goodput ledger's capacity "
                         "(default: the number of replica groups ever seen)")
+    q = p.add_argument_group("host quarantine (docs/quarantine.md)")
+    qd = QuarantineConfig()
+    q.add_argument("--quarantine-after", type=_kind_counts, default={},
+                   help="quarantine a host after N confirmed findings of a kind within the "
+                        "window, kind=N[,kind=N] (0: never), merged over the defaults "
+                        f"{','.join(f'{k}={n}' for k, n in QUARANTINE_AFTER.items())}")
+    q.add_argument("--quarantine-window", type=float, default=qd.window_s,
+                   help=f"seconds within which offences count ({qd.window_s:g})")
+    q.add_argument("--quarantine-ttl", type=float, default=qd.ttl_s,
+                   help=f"seconds a quarantine lasts before it is released ({qd.ttl_s:g})")
+    q.add_argument("--max-quarantined", type=float, default=qd.max_quarantined,
+                   help="most hosts quarantined at once: a count (>= 1) or a fraction (< 1) of "
+                        f"the hosts the monitor knows, at least one ({qd.max_quarantined:g})")
+    q.add_argument("--quarantine-dry-run", action="store_true",
+                   help="decide and log quarantines, carry none out")
+    q.add_argument("--action", dest="actions", action="append", default=[],
+                   help="carry out quarantines and releases: k8s, slurm, exec:CMD or "
+                        "webhook:URL (repeatable; none: the ledger only)")
+    q.add_argument("--action-timeout", type=float, default=qd.action_timeout_s,
+                   help=f"seconds per action attempt ({qd.action_timeout_s:g})")
+    q.add_argument("--webhook-secret", default=None,
+                   help="HMAC-SHA256 key of webhook signatures (env LIGHTKEEPER_WEBHOOK_SECRET)")
+    q.add_argument("--k8s-namespace", default=None,
+                   help="namespace of the job's pods (default: the monitor pod's own)")
+    q.add_argument("--k8s-pod-selector", default=None,
+                   help="label selector of the job's pods deleted from a quarantined node "
+                        "(app.kubernetes.io/component=training)")
     p.add_argument("--log-level", default="INFO", help="logging level (INFO)")
 
 
@@ -148,6 +197,14 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
         rails=RailsConfig(min_replicas=args.min_replicas, cooldown_s=args.cooldown,
                           min_reachable_fraction=args.min_reachable, dry_run=args.dry_run,
                           evict_kinds=tuple(args.evict_on)),
+        quarantine=QuarantineConfig(
+            after={**QUARANTINE_AFTER, **args.quarantine_after},
+            window_s=args.quarantine_window, ttl_s=args.quarantine_ttl,
+            max_quarantined=args.max_quarantined, dry_run=args.quarantine_dry_run,
+            actions=tuple(args.actions), action_timeout_s=args.action_timeout,
+            webhook_secret=args.webhook_secret
+            or os.environ.get("LIGHTKEEPER_WEBHOOK_SECRET") or None,
+            k8s_namespace=args.k8s_namespace, k8s_pod_selector=args.k8s_pod_selector),
     )
     cfg.validate()
     return cfg
@@ -166,6 +223,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         monitor = Monitor(cfg).start()
+    except ConfigError as e:  # e.g. --action k8s without lightkube or a cluster configuration
+        print(f"lightkeeper monitor: {e}", file=sys.stderr)
+        return 2
     except OSError as e:
         print(f"lightkeeper monitor: cannot serve on {cfg.bind}:{cfg.port}: {e}", file=sys.stderr)
         return 1

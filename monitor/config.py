@@ -13,7 +13,13 @@ from dataclasses import dataclass, field
 
 from .admission import AllowList
 
-EVICTABLE_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting")
+EVICTABLE_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting",
+                   "quarantined_host")
+# --quarantine-after defaults (docs/quarantine.md): one hang, mismatch or dead rank in a live group
+# is already confirmed over several sweeps and names its rank; a straggler can be the job's own
+# jitter or a neighbour's load, so it takes two confirmed findings within the window.
+QUARANTINE_AFTER = {"hang": 1, "mismatch": 1, "dead_rank": 1, "straggler": 2}
+QUARANTINE_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting")
 
 
 class ConfigError(ValueError):
@@ -54,7 +60,8 @@ class RailsConfig:
     cooldown_s: float = 60.0  # at most one eviction per cooldown window
     min_reachable_fraction: float = 0.5  # hold when the monitor reaches no more than this
     dry_run: bool = False
-    evict_kinds: tuple[str, ...] = ("straggler", "hang", "mismatch", "dead_rank")
+    evict_kinds: tuple[str, ...] = ("straggler", "hang", "mismatch", "dead_rank",
+                                    "quarantined_host")
 
     def validate(self) -> None:
         if self.min_replicas < 1:
@@ -68,6 +75,58 @@ class RailsConfig:
         if unknown:
             raise ConfigError(f"unknown finding kind(s) to evict on: {', '.join(unknown)}; "
                               f"expected some of {', '.join(EVICTABLE_KINDS)}")
+
+
+@dataclass
+class QuarantineConfig:
+    """The host ledger's policy (monitor/hosts.py, docs/quarantine.md)."""
+
+    after: dict[str, int] = field(default_factory=lambda: dict(QUARANTINE_AFTER))
+    window_s: float = 3600.0  # offences counted within this window
+    ttl_s: float = 86400.0  # a quarantine expires after this long (then released)
+    # at most this many hosts quarantined at once: a count (>= 1) or a fraction (< 1) of the
+    # hosts the monitor knows, at least one
+    max_quarantined: float = 0.1
+    dry_run: bool = False  # decide and log, act on nothing
+    actions: tuple[str, ...] = ()  # k8s, slurm, exec:CMD, webhook:URL
+    action_timeout_s: float = 10.0
+    max_attempts: int = 6  # per action; retried with backoff 2 s, 4 s, ... up to 5 min
+    webhook_secret: str | None = None
+    k8s_namespace: str | None = None
+    k8s_pod_selector: str | None = None
+
+    def cap(self, known_hosts: int) -> int:
+        if self.max_quarantined >= 1:
+            return int(self.max_quarantined)
+        return max(1, int(self.max_quarantined * known_hosts))
+
+    def validate(self) -> None:
+        bad = [k for k in self.after if k not in QUARANTINE_KINDS]
+        if bad:
+            raise ConfigError(f"--quarantine-after: unknown kind(s) {', '.join(bad)}; expected "
+                              f"some of {', '.join(QUARANTINE_KINDS)}")
+        for k, n in self.after.items():
+            if not isinstance(n, int) or n < 0:
+                raise ConfigError(f"--quarantine-after {k}={n!r}: expected a count >= 0 "
+                                  "(0: never)")
+        for name in ("window_s", "ttl_s", "action_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if self.max_quarantined <= 0 or (self.max_quarantined >= 1
+                                         and self.max_quarantined != int(self.max_quarantined)):
+            raise ConfigError("--max-quarantined: a whole count >= 1 or a fraction in (0, 1), "
+                              f"got {self.max_quarantined!r}")
+        if self.max_attempts < 1:
+            raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        from .sinks import SinkConfigError, validate_action
+        for a in self.actions:
+            try:
+                validate_action(a)
+            except SinkConfigError as e:
+                raise ConfigError(str(e)) from None
+            if a.startswith("webhook:") and not self.webhook_secret:
+                raise ConfigError(f"--action {a}: a signing secret is required "
+                                  "(--webhook-secret or LIGHTKEEPER_WEBHOOK_SECRET)")
 
 
 @dataclass
@@ -108,6 +167,7 @@ class MonitorConfig:
     expected_groups: int | None = None  # goodput ledger's capacity (None: groups ever seen)
     detectors: DetectorConfig = field(default_factory=DetectorConfig)
     rails: RailsConfig = field(default_factory=RailsConfig)
+    quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
 
     def validate(self) -> None:
         if self.interval_s <= 0:
@@ -134,6 +194,7 @@ class MonitorConfig:
             raise ConfigError(str(e)) from None
         self.detectors.validate()
         self.rails.validate()
+        self.quarantine.validate()
 
     def allow_list(self) -> AllowList:
         """Who may register without the token (raises ValueError on a bad entry)."""

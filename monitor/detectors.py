@@ -73,7 +73,8 @@ from .view import ClusterView, GroupView, RankView
 log = logging.getLogger(__name__)
 
 Analyzer = Callable[[Mapping[int, RankTrace]], Any]  # normalized traces -> result with .findings
-KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting")
+KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting",
+         "quarantined_host")  # the last one is opened by monitor.hosts through report()
 STEP_MEMORY = 32  # per-step timings kept per rank (ranks serve their last 16)
 TIMING_KEYS = ("step_s", "compute_s", "wait_cross_s", "wait_group_s")
 
@@ -262,6 +263,19 @@ class Detectors:
 
     def resolved_findings(self) -> list[Finding]:
         return list(self._resolved)
+
+    def report(self, f: Finding) -> bool:
+        """Open a finding confirmed outside the detectors (``quarantined_host``, from
+        :mod:`monitor.hosts`): it is then resolved like any other (group replaced, gone, left
+        the job) or by :meth:`resolve`. False when one with its key is open already."""
+        if f.key in self._open:
+            return False
+        self._open[f.key] = f
+        return True
+
+    def resolve(self, key: tuple, how: str, now: float) -> None:
+        """Resolve an open finding by key (a no-op when none is open)."""
+        self._resolve(key, how, now)
 
     def fr_wanted(self, view: ClusterView, now: float | None = None) -> list[str]:
         """URLs whose ``/v1/fr_trace`` this sweep needs (empty: no Flight Recorder this time)."""

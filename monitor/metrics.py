@@ -109,6 +109,22 @@ class MonitorMetrics:
         self.config_warnings = Gauge(p + "config_warnings",
                                      "1 while a setting makes recovery slow (docs/lighthouse.md),"
                                      " by setting", ["job", "setting"], registry=r)
+        self.hosts = Gauge(p + "hosts", "Hosts in the host ledger by state (ok, suspect, "
+                           "quarantined, released; only hosts that ever offended are in it)",
+                           ["job", "state"], registry=r)
+        self.host_state = Gauge(p + "host_quarantine_state",
+                                "1 per host that is not ok, labelled with its state (suspect, "
+                                "quarantined, released): bounded by the hosts in trouble",
+                                ["job", "host", "node", "state"], registry=r)
+        self.host_offences = Gauge(p + "host_offences",
+                                   "Offences counting towards quarantine, per host not ok",
+                                   ["job", "host"], registry=r)
+        self.host_action_failures = Gauge(p + "host_action_failed",
+                                          "1 while a host's last quarantine/release action "
+                                          "failed or is being retried", ["job", "host", "sink"],
+                                          registry=r)
+        for state in ("ok", "suspect", "quarantined", "released"):
+            self.hosts.labels(job, state).set(0)
         self.lighthouse_drop.labels(job).set(float("nan"))
         for setting in SETTINGS:
             self.config_warnings.labels(job, setting).set(0)
@@ -137,6 +153,24 @@ class MonitorMetrics:
             if row.get("step") is not None:
                 self.group_step.labels(self.job, label).set(row["step"])
             self.group_in_quorum.labels(self.job, label).set(1 if row.get("in_quorum") else 0)
+
+    def set_hosts(self, counts: dict[str, int], hosts: list[dict]) -> None:
+        """Rewrite the host gauges from the ledger: counts by state, and one series per host
+        that is not ``ok`` (a host back to ok disappears)."""
+        for state, n in counts.items():
+            self.hosts.labels(self.job, state).set(n)
+        for g in (self.host_state, self.host_offences, self.host_action_failures):
+            g.clear()
+        for h in hosts:
+            if h.get("state") == "ok":
+                continue
+            self.host_state.labels(self.job, h["host"], str(h.get("node") or h["host"]),
+                                   h["state"]).set(1)
+            self.host_offences.labels(self.job, h["host"]).set(
+                sum(1 for o in h.get("offences") or [] if o.get("in_window")))
+            a = h.get("last_action") or {}
+            if a.get("status") in ("failed", "retrying"):
+                self.host_action_failures.labels(self.job, h["host"], a.get("sink", "?")).set(1)
 
     def add_goodput(self, acct: SweepAccount) -> None:
         """Count one ledger update: seconds to the counters, ratios to the gauges."""

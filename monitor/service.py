@@ -26,15 +26,17 @@ from http_serving import BackgroundWSGIServer, bearer_token_matches
 from .actions import Lighthouse, Orphans, RankExits
 from .admission import NotAllowed, Unauthorized
 from .app import create_app
-from .config import MonitorConfig
+from .config import ConfigError, MonitorConfig
 from .decisions import Situation, decide
 from .detectors import KINDS, Analyzer, Detectors, Finding
 from .discovery import BadTarget, Discovery, Target, TooManyTargets
 from .goodput import GoodputConfig, GoodputLedger
+from .hosts import HostLedger
 from .lighthouse_settings import LighthouseSettingsWatch
 from .lighthouse_status import LighthouseReader, LighthouseStatus
 from .metrics import MonitorMetrics
 from .poller import Poller
+from .sinks import SinkConfigError, build_sink
 from .store import Store
 from .verification import REASONS as TRUST_REASONS
 from .verification import VERIFIED, verify
@@ -72,6 +74,8 @@ class Monitor:
         self.lighthouse_status: LighthouseStatus | None = None
         self.lighthouse_error: str | None = None if cfg.lighthouse else "no --lighthouse"
         self.metrics = MonitorMetrics(cfg.job)
+        self.hosts = HostLedger(self.store, cfg.quarantine, self._build_sinks(), cfg.job, clock)
+        self.hosts_error: str | None = None
         # slow-recovery warning from the Lighthouse's settings (docs/lighthouse.md)
         self.lh_settings = LighthouseSettingsWatch(cfg.lighthouse_heartbeat_timeout_ms,
                                                    cfg.lighthouse_join_timeout_ms, cfg.interval_s)
@@ -169,7 +173,9 @@ class Monitor:
             log.info("forgot %s: unreachable for %.0fs", url, self.cfg.forget_after_s)
         dumps = self._fetch_fr(evidence, now)
         new = self.detectors.update(evidence, dumps, now, full_view=view)
+        new += self._host_findings(view, evidence, now)
         self._record_findings(new, now)
+        self._judge_hosts(view, new, now)
         self._decide_all(view, evidence, now)
         self._confirm_evictions(view, now)
         self._account_goodput(evidence, now)
@@ -217,6 +223,71 @@ class Monitor:
             self.store.resolve_finding(fid, f.resolved_at if f else now,
                                        f.resolution if f else "cleared")
             self._last_decision.pop(key, None)
+
+    # --- host ledger and quarantine (monitor/hosts.py, docs/quarantine.md) -------------
+    def _build_sinks(self) -> list:
+        q = self.cfg.quarantine
+        try:
+            return [build_sink(a, timeout_s=q.action_timeout_s, webhook_secret=q.webhook_secret,
+                               k8s_namespace=q.k8s_namespace, k8s_pod_selector=q.k8s_pod_selector)
+                    for a in q.actions]
+        except SinkConfigError as e:
+            raise ConfigError(str(e)) from None
+
+    def _host_findings(self, view: ClusterView, evidence: ClusterView, now: float) -> list:
+        """quarantined_host findings (opened in the detectors, so they resolve like others);
+        those whose hosts are no longer quarantined are resolved. Never raises."""
+        try:
+            self.hosts.observe(view, now)
+            bad = set(self.hosts.quarantined())
+            for f in self.detectors.open_findings():
+                if f.kind == "quarantined_host" and not bad & set(f.evidence.get("hosts", {})):
+                    self.detectors.resolve(f.key, "host_released", now)
+            return [f for f in self.hosts.group_findings(evidence, now)
+                    if self.detectors.report(f)]
+        except Exception as e:  # the ledger must never end monitoring
+            log.exception("host ledger failed")
+            self.hosts_error = f"{type(e).__name__}: {e}"
+            return []
+
+    def _judge_hosts(self, view: ClusterView, new: list[Finding], now: float) -> None:
+        """Offences from this sweep's new findings, the quarantine policy, then the due sink
+        actions on a background thread (a slow sink never delays a sweep). Never raises."""
+        try:
+            self.hosts.record([{**f.to_dict(), "id": self._finding_ids.get(f.key)}
+                               for f in new], now)
+            blind = self.blind_reason()
+            if not blind and view.reachable_fraction <= self.cfg.rails.min_reachable_fraction:
+                blind = (f"the monitor reaches only {view.reachable_fraction:.0%} of the ranks "
+                         "it knows; it may be the problem")
+            self.hosts.decide(now, blind, len(self.hosts.known_hosts(view)))
+            if self.hosts.sinks:
+                threading.Thread(target=self.hosts.run_actions, name="lightkeeper-host-actions",
+                                 daemon=True).start()
+            self.metrics.set_hosts(self.hosts.counts(), self.hosts.to_json(now))
+            self.hosts_error = None
+        except Exception as e:
+            log.exception("host ledger failed")
+            self.hosts_error = f"{type(e).__name__}: {e}"
+
+    def hosts_json(self) -> dict[str, Any]:
+        """``GET /v1/hosts``."""
+        q = self.cfg.quarantine
+        return {"hosts": self.hosts.to_json(self.clock()), "counts": self.hosts.counts(),
+                "quarantined": self.hosts.quarantined(), "dry_run": q.dry_run,
+                "actions": [s.name for s in self.hosts.sinks],
+                "policy": {"after": q.after, "window_s": q.window_s, "ttl_s": q.ttl_s,
+                           "max_quarantined": q.max_quarantined,
+                           "cap": q.cap(len(self.hosts.known_hosts(self.view)))},
+                "decisions": self.store.host_decisions(limit=50), "error": self.hosts_error}
+
+    def release_host(self, host: str, reason: str) -> dict[str, Any]:
+        """``POST /v1/hosts/{host}/release``; KeyError / ValueError as HostLedger.release."""
+        out = self.hosts.release(host, reason)
+        if self.hosts.sinks:
+            threading.Thread(target=self.hosts.run_actions, name="lightkeeper-host-actions",
+                             daemon=True).start()
+        return out
 
     # --- decisions and actions -------------------------------------------------------
     def blind_reason(self) -> str | None:

@@ -9,6 +9,11 @@ manual request, ``evict`` or ``hold`` with the reason; an ``evict`` row then car
 request's outcome (``sent``, ``failed``) and whether the group was seen leaving the quorum
 (``confirmed``, ``unconfirmed``).
 
+The host ledger (:mod:`monitor.hosts`) keeps four more tables: ``hosts`` (each host's state as
+JSON), ``host_offences`` (a confirmed finding against a culprit's host), ``host_decisions`` (every
+quarantine, hold, release and expiry with its evidence) and ``host_actions`` (each sink's attempt
+at carrying one out: pending, retrying, done, failed, dry_run).
+
 A restarted monitor reads the same file: it still lists past decisions, it does not evict a
 ``replica_id`` it already evicted, and its cooldown continues from the last eviction. Writes are
 committed one by one (WAL mode), so a crash loses at most the decision being written; a file
@@ -75,6 +80,47 @@ CREATE TABLE IF NOT EXISTS goodput_intervals (
 );
 """
 
+HOSTS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS hosts (
+    host TEXT PRIMARY KEY,
+    data TEXT NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS host_offences (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    host TEXT NOT NULL,
+    at REAL NOT NULL,
+    kind TEXT NOT NULL,
+    finding_id INTEGER,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS host_offences_host ON host_offences (host, at);
+CREATE TABLE IF NOT EXISTS host_decisions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    host TEXT NOT NULL,
+    decision TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    detail TEXT,
+    evidence TEXT,
+    source TEXT NOT NULL DEFAULT 'auto'
+);
+CREATE TABLE IF NOT EXISTS host_actions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    host TEXT NOT NULL,
+    sink TEXT NOT NULL,
+    op TEXT NOT NULL,
+    status TEXT NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_at REAL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    detail TEXT,
+    event TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS host_actions_due ON host_actions (status, next_at);
+"""
+
 GOODPUT_INTERVALS_KEPT = 100_000  # settled badput intervals kept in the file (oldest dropped)
 
 EVICTED_STATUSES = ("sending", "sent", "confirmed", "unconfirmed")  # all but "failed"
@@ -94,6 +140,7 @@ class Store:
             if path != ":memory:":
                 self._db.execute("PRAGMA journal_mode=WAL")
             self._db.executescript(SCHEMA)
+            self._db.executescript(HOSTS_SCHEMA)
             self._db.commit()
 
     def close(self) -> None:
@@ -261,6 +308,96 @@ class Store:
         with self._lock:
             rows = self._db.execute(q + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
         return [json.loads(r[0]) for r in rows]
+
+    # --- host ledger (monitor.hosts) ------------------------------------------------------
+    def save_host(self, host: str, data: dict[str, Any], at: float) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO hosts (host, data, updated_at) VALUES "
+                             "(?,?,?)", (host, json.dumps(data, default=str), at))
+            self._db.commit()
+
+    def load_hosts(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute("SELECT host, data FROM hosts").fetchall()
+        return {r[0]: json.loads(r[1]) for r in rows}
+
+    def add_host_offence(self, host: str, at: float, kind: str, finding_id: int | None,
+                         data: dict[str, Any]) -> int:
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT INTO host_offences (host, at, kind, finding_id, data) VALUES (?,?,?,?,?)",
+                (host, at, kind, finding_id, json.dumps(data, default=str)))
+            self._db.commit()
+            return int(cur.lastrowid)
+
+    def host_offences(self, host: str | None = None, since: float | None = None,
+                      limit: int = 1000) -> list[dict[str, Any]]:
+        """Offences, newest first (of one host, since a time)."""
+        q, args = "SELECT * FROM host_offences WHERE 1=1", []
+        if host is not None:
+            q += " AND host=?"
+            args.append(host)
+        if since is not None:
+            q += " AND at>=?"
+            args.append(since)
+        with self._lock:
+            rows = self._db.execute(q + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
+        return [{**dict(r), "data": json.loads(r["data"])} for r in rows]
+
+    def add_host_decision(self, *, host: str, decision: str, reason: str, detail: str,
+                          evidence: Any, at: float, source: str = "auto") -> int:
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT INTO host_decisions (at, host, decision, reason, detail, evidence, "
+                "source) VALUES (?,?,?,?,?,?,?)",
+                (at, host, decision, reason, detail, json.dumps(evidence, default=str), source))
+            self._db.commit()
+            return int(cur.lastrowid)
+
+    def host_decisions(self, host: str | None = None, limit: int = 500) -> list[dict[str, Any]]:
+        q, args = "SELECT * FROM host_decisions", []
+        if host is not None:
+            q += " WHERE host=?"
+            args.append(host)
+        with self._lock:
+            rows = self._db.execute(q + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
+        return [{**dict(r), "evidence": json.loads(r["evidence"]) if r["evidence"] else None}
+                for r in rows]
+
+    def add_host_action(self, *, host: str, sink: str, op: str, status: str, event: dict,
+                        at: float, next_at: float | None, detail: str = "") -> int:
+        with self._lock:
+            cur = self._db.execute(
+                "INSERT INTO host_actions (host, sink, op, status, attempts, next_at, "
+                "created_at, updated_at, detail, event) VALUES (?,?,?,?,0,?,?,?,?,?)",
+                (host, sink, op, status, next_at, at, at, detail, json.dumps(event, default=str)))
+            self._db.commit()
+            return int(cur.lastrowid)
+
+    def update_host_action(self, action_id: int, *, status: str, attempts: int,
+                           next_at: float | None, detail: str, at: float) -> None:
+        with self._lock:
+            self._db.execute("UPDATE host_actions SET status=?, attempts=?, next_at=?, detail=?, "
+                             "updated_at=? WHERE id=?",
+                             (status, attempts, next_at, detail, at, action_id))
+            self._db.commit()
+
+    def host_actions(self, host: str | None = None, due_at: float | None = None,
+                     limit: int = 500) -> list[dict[str, Any]]:
+        """Actions newest first; with ``due_at``, only pending ones due by then, oldest first."""
+        q, args = "SELECT * FROM host_actions WHERE 1=1", []
+        if host is not None:
+            q += " AND host=?"
+            args.append(host)
+        order = "DESC"
+        if due_at is not None:
+            q += " AND status IN ('pending', 'retrying') AND next_at<=?"
+            args.append(due_at)
+            order = "ASC"
+        with self._lock:
+            rows = self._db.execute(q + f" ORDER BY id {order} LIMIT ?",
+                                    (*args, limit)).fetchall()
+        return [{**dict(r), "event": json.loads(r["event"])} for r in rows]
 
     def counts(self) -> dict[str, int]:
         with self._lock:

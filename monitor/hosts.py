@@ -1,0 +1,405 @@
+"""The host ledger and the quarantine policy: confirmed findings in, host decisions out.
+
+Every confirmed finding whose kind is in ``--quarantine-after`` is recorded as an *offence*
+against each of its culprit ranks' hosts (``evidence.culprits``: host, node, device), in the
+monitor's SQLite file (:mod:`monitor.store`), so a restarted monitor keeps the ledger. A host is
+``ok`` (no offence within ``--quarantine-window``), ``suspect`` (offences below the threshold,
+or a quarantine held by a rail), ``quarantined`` or ``released`` (a quarantine ended, by TTL or
+``POST /v1/hosts/{host}/release``; offences before the release no longer count).
+
+:meth:`HostLedger.decide` quarantines a host once, for some kind, ``N`` offences fall within the
+window (``--quarantine-after kind=N``), unless a rail holds it, checked in this order:
+
+1. ``monitor_blind``: the same rule as evictions (the Lighthouse unreadable, or the monitor
+   reaches no more than ``--min-reachable`` of the ranks it knows);
+2. ``cap``: ``--max-quarantined`` hosts (a count, or a fraction of the hosts it knows, at least
+   one) are quarantined already: a monitor bug cannot drain a cluster;
+3. ``dry_run``: ``--quarantine-dry-run`` decides and logs (``would_quarantine`` on the host),
+   and changes nothing else.
+
+Every decision (quarantine, hold with its rail, release, expiry) goes to ``host_decisions`` with
+its evidence (the offences and their findings); a hold is logged once per host and rail, not
+every sweep. A quarantine or a release queues one action per configured sink
+(:mod:`monitor.sinks`); :meth:`HostLedger.run_actions` carries out the due ones, each attempt
+recorded; a failed attempt is retried with backoff (2 s, 4 s, ... up to 5 min) up to
+``max_attempts`` (or at once given up when retrying cannot help), then ``failed``. A sink that
+raises is a failed attempt: nothing here stops the monitor.
+
+:meth:`HostLedger.group_findings` opens ``quarantined_host`` for a group whose incarnation
+(``replica_id``) was not on a host when it was quarantined but now runs there: the rails of
+:mod:`monitor.decisions` then evict it like any other finding.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from .config import QuarantineConfig
+from .detectors import Finding
+from .sinks import ActionResult, Sink
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+OK, SUSPECT, QUARANTINED, RELEASED = "ok", "suspect", "quarantined", "released"
+STATES = (OK, SUSPECT, QUARANTINED, RELEASED)
+BACKOFF_S, BACKOFF_MAX_S = 2.0, 300.0
+
+
+def culprit_hosts(finding: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """host -> {node, devices, ranks} from a finding's ``evidence.culprits`` (falls back on
+    ``evidence.culprit_hosts``); ranks without a host are skipped."""
+    ev = finding.get("evidence") or {}
+    out: dict[str, dict[str, Any]] = {}
+    culprits = ev.get("culprits")
+    if not culprits:
+        culprits = [{"host": h, "rank": r} for h, r in
+                    zip(ev.get("culprit_hosts") or [], finding.get("ranks") or [], strict=False)]
+    for c in culprits:
+        host = c.get("host")
+        if not host:
+            continue
+        row = out.setdefault(str(host), {"node": c.get("node") or host, "devices": [],
+                                         "ranks": []})
+        if c.get("device") and c["device"] not in row["devices"]:
+            row["devices"].append(c["device"])
+        if c.get("rank") is not None:
+            row["ranks"].append(c["rank"])
+    return out
+
+
+def device_label(d: Any) -> str:
+    if not isinstance(d, dict):
+        return str(d)
+    if d.get("type") == "cuda":
+        return f"cuda:{d.get('index')}" + (f" {d['uuid']}" if d.get("uuid") else "")
+    return str(d.get("type", "?"))
+
+
+class HostLedger:
+    def __init__(self, store: Store, cfg: QuarantineConfig, sinks: list[Sink], job: str,
+                 clock) -> None:
+        self.store = store
+        self.cfg = cfg
+        self.sinks = list(sinks)
+        self.job = job
+        self.clock = clock
+        self._lock = threading.RLock()
+        self.hosts: dict[str, dict[str, Any]] = store.load_hosts()
+        self._held: dict[str, str] = {}  # host -> the rail that held it last (logged once)
+        self._actions_running = threading.Lock()
+        self._on_host: dict[str, set[str]] = {}  # host -> replica ids seen there last sweep
+
+    # --- what the monitor sees -------------------------------------------------------------
+    def _host(self, host: str, now: float) -> dict[str, Any]:
+        h = self.hosts.get(host)
+        if h is None:
+            h = self.hosts[host] = {"host": host, "node": host, "devices": [], "state": OK,
+                                    "state_since": now, "first_seen": now, "last_seen": None}
+        return h
+
+    def observe(self, view: Any, now: float) -> None:
+        """Node, devices and last-seen time of every host a rank reports (nothing is stored
+        for hosts that never offended: the ledger stays the size of the trouble)."""
+        with self._lock:
+            self._on_host = {}
+            for r in view.ranks.values():
+                s = r.state or {}
+                host = s.get("host")
+                if not host or getattr(r, "superseded", False):
+                    continue
+                if s.get("replica_id"):
+                    self._on_host.setdefault(host, set()).add(str(s["replica_id"]))
+                h = self.hosts.get(host)
+                if h is None:
+                    continue
+                h["last_seen"] = now
+                if s.get("node"):
+                    h["node"] = s["node"]
+                d = device_label(s["device"]) if s.get("device") else None
+                if d and d not in h["devices"]:
+                    h["devices"].append(d)
+
+    def known_hosts(self, view: Any) -> set[str]:
+        seen = {(r.state or {}).get("host") for r in view.ranks.values()} if view else set()
+        return {h for h in seen if h} | set(self.hosts)
+
+    def record(self, findings: list[dict[str, Any]], now: float) -> list[str]:
+        """Record new confirmed findings (dicts with ``id``) against their culprits' hosts;
+        returns the hosts that offended."""
+        offended = []
+        with self._lock:
+            for f in findings:
+                if self.cfg.after.get(f.get("kind"), 0) < 1:
+                    continue  # not a kind that counts against a host
+                for host, c in culprit_hosts(f).items():
+                    h = self._host(host, now)
+                    h["node"] = c["node"] or h["node"]
+                    for d in c["devices"]:
+                        if device_label(d) not in h["devices"]:
+                            h["devices"].append(device_label(d))
+                    self.store.add_host_offence(host, now, f["kind"], f.get("id"), {
+                        "kind": f["kind"], "finding_id": f.get("id"),
+                        "replica_group": f.get("replica_group"),
+                        "replica_id": f.get("replica_id"), "ranks": c["ranks"],
+                        "devices": [device_label(d) for d in c["devices"]]})
+                    if h["state"] == OK:
+                        self._set_state(h, SUSPECT, now)
+                    self._save(h, now)
+                    offended.append(host)
+        return offended
+
+    # --- the policy --------------------------------------------------------------------------
+    def _counting_offences(self, h: dict[str, Any], now: float) -> list[dict[str, Any]]:
+        since = max(now - self.cfg.window_s, h.get("released_at") or float("-inf"))
+        return [o for o in self.store.host_offences(h["host"], since=since)
+                if o["at"] > (h.get("released_at") or float("-inf"))]
+
+    def decide(self, now: float, blind: str | None, known: int) -> list[dict[str, Any]]:
+        """Expire quarantines past their TTL, then judge every host that offended; returns the
+        decisions made this call (holds only when their rail changed)."""
+        out = []
+        with self._lock:
+            for h in list(self.hosts.values()):
+                if h["state"] == QUARANTINED and h.get("expires_at") is not None \
+                        and now >= h["expires_at"]:
+                    out.append(self._release(h, now, "ttl", f"quarantine TTL "
+                                             f"({self.cfg.ttl_s:g}s) expired", "auto"))
+            for h in list(self.hosts.values()):
+                if h["state"] == QUARANTINED:
+                    continue
+                offences = self._counting_offences(h, now)
+                counts: dict[str, int] = {}
+                for o in offences:
+                    counts[o["kind"]] = counts.get(o["kind"], 0) + 1
+                due = sorted(k for k, n in counts.items()
+                             if self.cfg.after.get(k, 0) >= 1 and n >= self.cfg.after[k])
+                if not due:
+                    if h["state"] == SUSPECT and not offences:
+                        self._set_state(h, OK, now)
+                        self._save(h, now)
+                    self._held.pop(h["host"], None)
+                    continue
+                kind = due[0]
+                evidence = {"counts": counts, "after": {k: self.cfg.after[k] for k in counts
+                                                        if k in self.cfg.after},
+                            "window_s": self.cfg.window_s,
+                            "offences": [{"at": o["at"], **o["data"]} for o in offences[:20]]}
+                rail = None
+                n_quarantined = sum(1 for x in self.hosts.values() if x["state"] == QUARANTINED)
+                cap = self.cfg.cap(known)
+                if blind:
+                    rail = ("monitor_blind", blind)
+                elif n_quarantined >= cap:
+                    rail = ("cap", f"{n_quarantined} host(s) quarantined already, the cap "
+                                   f"(--max-quarantined {self.cfg.max_quarantined:g} of {known} "
+                                   f"known host(s)) is {cap}")
+                elif self.cfg.dry_run:
+                    rail = ("dry_run", "--quarantine-dry-run: decided, nothing done")
+                summary = f"{counts[kind]} {kind} finding(s) within {self.cfg.window_s:g}s " \
+                          f"(--quarantine-after {kind}={self.cfg.after[kind]})"
+                if rail is not None:
+                    if self._held.get(h["host"]) == rail[0]:
+                        continue
+                    self._held[h["host"]] = rail[0]
+                    decision = "quarantine" if rail[0] == "dry_run" else "hold"
+                    log.warning("host %s: %s (%s): %s; %s", h["host"], decision, rail[0],
+                                summary, rail[1])
+                    h["hold"] = {"reason": rail[0], "detail": rail[1], "at": now}
+                    if rail[0] == "dry_run":
+                        h["would_quarantine"] = {"at": now, "kind": kind, "reason": summary}
+                    self._save(h, now)
+                    self.store.add_host_decision(host=h["host"], decision=decision,
+                                                 reason=rail[0], detail=f"{summary}; {rail[1]}",
+                                                 evidence=evidence, at=now)
+                    out.append({"host": h["host"], "decision": decision, "reason": rail[0],
+                                "detail": rail[1]})
+                    continue
+                out.append(self._quarantine(h, kind, summary, evidence, now))
+        return out
+
+    def _quarantine(self, h: dict[str, Any], kind: str, summary: str, evidence: dict,
+                    now: float) -> dict[str, Any]:
+        last = (evidence["offences"] or [{}])[0]
+        self._held.pop(h["host"], None)
+        h.pop("hold", None)
+        h.update(kind=kind, reason=summary, quarantined_at=now,
+                 expires_at=now + self.cfg.ttl_s, finding_id=last.get("finding_id"),
+                 present_replica_ids=sorted({str(o.get("replica_id")) for o in
+                                             evidence["offences"] if o.get("replica_id")}
+                                            | self._on_host.get(h["host"], set())),
+                 released_at=None, release_reason=None)
+        self._set_state(h, QUARANTINED, now)
+        self._save(h, now)
+        self.store.add_host_decision(host=h["host"], decision="quarantine", reason=kind,
+                                     detail=summary, evidence=evidence, at=now)
+        log.warning("host %s (node %s) quarantined: %s", h["host"], h["node"], summary)
+        finding = {"id": last.get("finding_id"), "kind": kind,
+                   "replica_group": last.get("replica_group"),
+                   "replica_id": last.get("replica_id"), "ranks": last.get("ranks")}
+        self._queue(h, "quarantine", kind, summary, finding, now)
+        return {"host": h["host"], "decision": "quarantine", "reason": kind, "detail": summary}
+
+    def release(self, host: str, reason: str, source: str = "manual") -> dict[str, Any]:
+        """``POST /v1/hosts/{host}/release``. Raises KeyError for a host the ledger does not
+        know and ValueError for one that is not quarantined."""
+        now = self.clock()
+        with self._lock:
+            h = self.hosts.get(host)
+            if h is None:
+                raise KeyError(host)
+            if h["state"] != QUARANTINED:
+                raise ValueError(f"host {host} is {h['state']}, not quarantined")
+            return self._release(h, now, "manual", reason, source)
+
+    def _release(self, h: dict[str, Any], now: float, why: str, detail: str,
+                 source: str) -> dict[str, Any]:
+        h.update(released_at=now, release_reason=f"{why}: {detail}")
+        self._set_state(h, RELEASED, now)
+        self._save(h, now)
+        self.store.add_host_decision(host=h["host"], decision="release", reason=why,
+                                     detail=detail, evidence={"quarantined_at":
+                                                              h.get("quarantined_at"),
+                                                              "kind": h.get("kind")},
+                                     at=now, source=source)
+        log.warning("host %s released (%s): %s", h["host"], why, detail)
+        self._queue(h, "release", h.get("kind") or "", f"{why}: {detail}", None, now)
+        return {"host": h["host"], "decision": "release", "reason": why, "detail": detail}
+
+    # --- groups on a quarantined host -----------------------------------------------------
+    def group_findings(self, evidence: Any, now: float) -> list[Finding]:
+        """A ``quarantined_host`` finding for each group (verified ranks) with a rank on a
+        quarantined host whose incarnation was not there when the host was quarantined."""
+        out = []
+        with self._lock:
+            bad = {h["host"]: h for h in self.hosts.values() if h["state"] == QUARANTINED}
+            if not bad:
+                return out
+            for g, gv in evidence.groups.items():
+                rid = gv.replica_id
+                ranks = [r for r in gv.ranks
+                         if (r.state or {}).get("host") in bad and r.reachable]
+                if not ranks or rid is None:
+                    continue
+                hosts = sorted({r.state["host"] for r in ranks})
+                if all(str(rid) in bad[x].get("present_replica_ids", []) for x in hosts):
+                    continue
+                culprits = [{"rank": r.rank, "group_rank": r.state.get("group_rank"),
+                             "host": r.state.get("host"), "node": r.state.get("node"),
+                             "device": r.state.get("device"), "pid": r.state.get("pid"),
+                             "url": r.url} for r in ranks]
+                ev = {"summary": f"replica group {g} ({rid}) runs on quarantined host(s) "
+                                 f"{', '.join(hosts)}",
+                      "hosts": {x: {"quarantined_at": bad[x].get("quarantined_at"),
+                                    "kind": bad[x].get("kind"), "reason": bad[x].get("reason")}
+                                for x in hosts},
+                      "culprit_ranks": [r.rank for r in ranks],
+                      "culprit_hosts": [c["host"] for c in culprits], "culprits": culprits}
+                out.append(Finding("quarantined_host", g, rid, [r.rank for r in ranks], ev,
+                                   now, now))
+        return out
+
+    # --- actions ---------------------------------------------------------------------------
+    def _queue(self, h: dict[str, Any], op: str, kind: str, reason: str,
+               finding: dict | None, now: float) -> None:
+        for sink in self.sinks:
+            event = {"event": op, "host": h["host"], "node": h.get("node") or h["host"],
+                     "devices": list(h.get("devices", [])), "kind": kind, "reason": reason,
+                     "finding": finding, "job": self.job, "at": now,
+                     "expires_at": h.get("expires_at") if op == "quarantine" else None}
+            aid = self.store.add_host_action(host=h["host"], sink=sink.name, op=op,
+                                             status="pending", event=event, at=now, next_at=now)
+            h["last_action"] = {"id": aid, "sink": sink.name, "op": op, "status": "pending",
+                                "attempts": 0, "detail": "", "at": now}
+        self._save(h, now)
+
+    def run_actions(self, now: float | None = None) -> int:
+        """Carry out every due action once (one caller at a time; a second returns 0 at once).
+        Returns the number of attempts made."""
+        if not self._actions_running.acquire(blocking=False):
+            return 0
+        try:
+            now = self.clock() if now is None else now
+            by_name = {s.name: s for s in self.sinks}
+            n = 0
+            for a in self.store.host_actions(due_at=now):
+                sink = by_name.get(a["sink"])
+                attempts = a["attempts"] + 1
+                event = {**a["event"], "action_id": a["id"], "attempt": attempts}
+                if sink is None:
+                    res = ActionResult(False, f"sink {a['sink']} is no longer configured",
+                                       retry=False)
+                else:
+                    try:
+                        res = getattr(sink, a["op"])(event)
+                    except Exception as e:  # a sink bug is a failed attempt, never a crash
+                        log.exception("sink %s failed", a["sink"])
+                        res = ActionResult(False, f"{type(e).__name__}: {e}")
+                n += 1
+                done = self.clock()
+                if res.ok:
+                    status, next_at = "done", None
+                elif res.retry and attempts < self.cfg.max_attempts:
+                    status = "retrying"
+                    next_at = done + min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (attempts - 1))
+                else:
+                    status, next_at = "failed", None
+                (log.info if res.ok else log.warning)(
+                    "host %s: %s via %s, attempt %d: %s (%s)", a["host"], a["op"], a["sink"],
+                    attempts, status, res.detail)
+                self.store.update_host_action(a["id"], status=status, attempts=attempts,
+                                              next_at=next_at, detail=res.detail, at=done)
+                with self._lock:
+                    h = self.hosts.get(a["host"])
+                    if h is not None:
+                        h["last_action"] = {"id": a["id"], "sink": a["sink"], "op": a["op"],
+                                            "status": status, "attempts": attempts,
+                                            "detail": res.detail, "at": done,
+                                            "next_at": next_at}
+                        self._save(h, done)
+            return n
+        finally:
+            self._actions_running.release()
+
+    # --- state and output ------------------------------------------------------------------
+    @staticmethod
+    def _set_state(h: dict[str, Any], state: str, now: float) -> None:
+        if h.get("state") != state:
+            h["state"], h["state_since"] = state, now
+
+    def _save(self, h: dict[str, Any], now: float) -> None:
+        self.store.save_host(h["host"], h, now)
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            out = dict.fromkeys(STATES, 0)
+            for h in self.hosts.values():
+                out[h["state"]] = out.get(h["state"], 0) + 1
+        return out
+
+    def quarantined(self) -> list[str]:
+        with self._lock:
+            return sorted(h["host"] for h in self.hosts.values() if h["state"] == QUARANTINED)
+
+    def to_json(self, now: float, offences: int = 20) -> list[dict[str, Any]]:
+        """``GET /v1/hosts``: every host with an offence, a quarantine or a release."""
+        with self._lock:
+            hosts = [dict(h) for h in self.hosts.values()]
+        out = []
+        order = {QUARANTINED: 0, SUSPECT: 1, RELEASED: 2, OK: 3}
+        for h in sorted(hosts, key=lambda x: (order.get(x["state"], 4), x["host"])):
+            since = now - self.cfg.window_s
+            rows = self.store.host_offences(h["host"], limit=offences)
+            h["offences"] = [{"at": o["at"], "kind": o["kind"], "finding_id": o["finding_id"],
+                              "replica_group": o["data"].get("replica_group"),
+                              "ranks": o["data"].get("ranks"),
+                              "in_window": o["at"] >= since
+                              and o["at"] > (h.get("released_at") or float("-inf"))}
+                             for o in rows]
+            h.pop("present_replica_ids", None)
+            h["expires_in_s"] = (h["expires_at"] - now) if h["state"] == QUARANTINED \
+                and h.get("expires_at") else None
+            out.append(h)
+        return out

@@ -1,0 +1,190 @@
+"""Kubernetes sink: cordon and taint the quarantined node, say why in a node condition, and
+delete the job's pods on it so their controller reschedules them elsewhere.
+
+Needs ``lightkeeper[kubernetes]`` (lightkube) and a cluster configuration: the pod's service
+account in the cluster, else ``KUBECONFIG`` or ``~/.kube/config``. The RBAC it needs is in
+``deploy/kubernetes/monitor-quarantine-rbac.yaml``: nodes get/patch, nodes/status patch, pods
+list/delete in the job's namespace.
+
+Quarantine, in this order (each step is one request; the first that fails ends the attempt,
+which the ledger retries; every step is idempotent):
+
+1. ``GET /api/v1/nodes/<node>``, then ``PATCH`` it (strategic merge) with
+   ``spec.unschedulable: true`` and ``spec.taints`` = the node's taints without ours plus
+   ``lightkeeper.io/quarantined=<kind>:NoSchedule`` (``spec.taints`` has no merge key: the patch
+   carries the whole list, and the node's ``metadata.resourceVersion`` so a concurrent change
+   answers 409 instead of being overwritten);
+2. ``PATCH /api/v1/nodes/<node>/status`` (strategic merge; conditions merge by ``type``):
+   condition ``LightkeeperQuarantined`` ``True``, reason the finding's kind, message the
+   evidence summary: ``kubectl describe node`` and remediation controllers see it;
+3. ``GET /api/v1/namespaces/<ns>/pods?labelSelector=<selector>&fieldSelector=spec.nodeName=<node>``
+   and ``DELETE`` each: the job's pods on that node (a cordon alone never moves a running pod).
+
+Release: the same node patch with ``unschedulable: false`` (only when our taint was there: a
+node someone else cordoned stays cordoned) and the taint removed, and the condition set
+``False`` with reason ``Released``. 403 (RBAC) and 404 (no such node) are not retried; 409 and
+5xx are.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Any
+
+from .base import ActionResult, SinkConfigError
+
+TAINT_KEY = "lightkeeper.io/quarantined"
+CONDITION = "LightkeeperQuarantined"
+DEFAULT_POD_SELECTOR = "app.kubernetes.io/component=training"
+SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def _rfc3339(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def taint_value(kind: str) -> str:
+    """A label-value-safe form of the finding kind (taint values follow label value rules)."""
+    v = re.sub(r"[^A-Za-z0-9_.-]", "_", kind or "quarantined")[:63].strip("_.-")
+    return v or "quarantined"
+
+
+class KubernetesSink:
+    name = "k8s"
+
+    def __init__(self, client: Any, namespace: str, pod_selector: str = DEFAULT_POD_SELECTOR,
+                 ) -> None:
+        self.client = client
+        self.namespace = namespace
+        self.pod_selector = pod_selector
+        self._labels = _selector(pod_selector)  # a bad selector fails at start-up
+
+    @classmethod
+    def from_env(cls, namespace: str | None = None, pod_selector: str | None = None,
+                 timeout_s: float = 10.0, client: Any = None) -> KubernetesSink:
+        try:
+            import lightkube
+            from lightkube.config.kubeconfig import KubeConfig
+        except ImportError:
+            raise SinkConfigError("--action k8s needs lightkube: pip install "
+                                  "'lightkeeper[kubernetes]'") from None
+        if client is None:
+            try:
+                config = KubeConfig.from_env()
+            except Exception as e:  # no service account, no kubeconfig
+                raise SinkConfigError(f"--action k8s: no Kubernetes configuration "
+                                      f"(in-cluster, KUBECONFIG or ~/.kube/config): {e}") from None
+            client = lightkube.Client(config=config, timeout=timeout_s,
+                                      field_manager="lightkeeper-monitor")
+        if not namespace:
+            try:
+                with open(SA_NAMESPACE) as f:
+                    namespace = f.read().strip()
+            except OSError:
+                namespace = os.environ.get("POD_NAMESPACE") or client.namespace
+        return cls(client, namespace, pod_selector or DEFAULT_POD_SELECTOR)
+
+    # --- the two calls ----------------------------------------------------------------
+    def quarantine(self, event: dict[str, Any]) -> ActionResult:
+        node = str(event.get("node") or event["host"])
+        kind = str(event.get("kind") or "quarantined")
+        done: list[str] = []
+        try:
+            self._patch_node(node, cordon=True, taint=taint_value(kind))
+            done.append("cordoned and tainted")
+            self._set_condition(node, True, _reason(kind), str(event.get("reason") or kind))
+            done.append(f"condition {CONDITION}=True")
+            deleted = self._delete_pods(node)
+            done.append(f"deleted {len(deleted)} pod(s) on the node"
+                        + (f" ({', '.join(deleted)})" if deleted else ""))
+        except Exception as e:
+            return self._failure(node, done, e)
+        return ActionResult(True, f"node {node}: " + "; ".join(done))
+
+    def release(self, event: dict[str, Any]) -> ActionResult:
+        node = str(event.get("node") or event["host"])
+        done: list[str] = []
+        try:
+            self._patch_node(node, cordon=False, taint=None)
+            done.append("taint removed")
+            self._set_condition(node, False, "Released", str(event.get("reason") or "released"))
+            done.append(f"condition {CONDITION}=False")
+        except Exception as e:
+            return self._failure(node, done, e)
+        return ActionResult(True, f"node {node}: " + "; ".join(done))
+
+    # --- requests -----------------------------------------------------------------------
+    def _patch_node(self, node: str, cordon: bool, taint: str | None) -> None:
+        from lightkube.resources.core_v1 import Node
+        from lightkube.types import PatchType
+
+        obj = self.client.get(Node, node)
+        current = [t.to_dict() if hasattr(t, "to_dict") else dict(t)
+                   for t in (obj.spec.taints or [])] if obj.spec else []
+        ours = [t for t in current if t.get("key") == TAINT_KEY]
+        taints = [t for t in current if t.get("key") != TAINT_KEY]
+        if taint is not None:
+            taints.append({"key": TAINT_KEY, "value": taint, "effect": "NoSchedule"})
+        spec: dict[str, Any] = {"taints": taints}
+        if cordon:
+            spec["unschedulable"] = True
+        elif ours:  # only undo a cordon that came with our taint
+            spec["unschedulable"] = False
+        body = {"metadata": {"resourceVersion": obj.metadata.resourceVersion}, "spec": spec}
+        self.client.patch(Node, node, body, patch_type=PatchType.STRATEGIC)
+
+    def _set_condition(self, node: str, on: bool, reason: str, message: str) -> None:
+        from lightkube.resources.core_v1 import Node
+        from lightkube.types import PatchType
+
+        now = _rfc3339(time.time())
+        cond = {"type": CONDITION, "status": "True" if on else "False", "reason": reason,
+                "message": message[:1000], "lastHeartbeatTime": now, "lastTransitionTime": now}
+        self.client.patch(Node.Status, node, {"status": {"conditions": [cond]}},
+                          patch_type=PatchType.STRATEGIC)
+
+    def _delete_pods(self, node: str) -> list[str]:
+        from lightkube.resources.core_v1 import Pod
+
+        names = [p.metadata.name for p in self.client.list(
+            Pod, namespace=self.namespace, labels=self._labels,
+            fields={"spec.nodeName": node})]
+        deleted = []
+        for name in names:
+            try:
+                self.client.delete(Pod, name, namespace=self.namespace)
+                deleted.append(name)
+            except Exception as e:
+                if _status(e) != 404:  # gone already: fine
+                    raise
+        return deleted
+
+    @staticmethod
+    def _failure(node: str, done: list[str], e: Exception) -> ActionResult:
+        code = _status(e)
+        what = f"HTTP {code}: {e}" if code else f"{type(e).__name__}: {e}"
+        prefix = f"node {node}: " + ("; ".join(done) + "; then " if done else "")
+        return ActionResult(False, prefix + what, retry=code not in (403, 404, 401, 422))
+
+
+def _reason(kind: str) -> str:
+    """A condition reason is CamelCase by convention: ``dead_rank`` -> ``DeadRank``."""
+    return "".join(p.capitalize() for p in re.split(r"[^A-Za-z0-9]+", kind) if p) or "Quarantined"
+
+
+def _selector(text: str) -> dict[str, str]:
+    """``a=b,c=d`` -> {"a": "b", "c": "d"} (equality selectors only)."""
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        k, sep, v = part.partition("=")
+        if not sep or not k.strip():
+            raise SinkConfigError(f"pod selector {text!r}: expected key=value[,key=value]")
+        out[k.strip()] = v.strip().lstrip("=")
+    return out
+
+
+def _status(e: Exception) -> int | None:
+    resp = getattr(e, "response", None)
+    return getattr(resp, "status_code", None)
