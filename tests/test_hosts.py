@@ -1,0 +1,316 @@
+"""The host ledger and quarantine policy (monitor/hosts.py) on plain inputs: a real SQLite store
+in tmp_path, a fake clock, findings as the detectors emit them, and a recording sink (a fake:
+the real sinks are tested in test_hosts_sinks.py). Plus the routes through Flask's test client
+on a Monitor that polls nothing."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from types import SimpleNamespace as NS
+
+import pytest
+
+from monitor.config import ConfigError, MonitorConfig, QuarantineConfig, RailsConfig
+from monitor.hosts import HostLedger, culprit_hosts
+from monitor.sinks import ActionResult
+from monitor.store import Store
+from worker_server.state import RankIdentity, RankState, rank_device
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class RecordingSink:
+    """A fake sink: records each call, fails the first ``fail`` attempts."""
+
+    def __init__(self, name: str = "rec", fail: int = 0, retry: bool = True) -> None:
+        self.name, self.fail, self.retry, self.calls = name, fail, retry, []
+
+    def _do(self, event):
+        self.calls.append(event)
+        if len(self.calls) <= self.fail:
+            return ActionResult(False, "boom", retry=self.retry)
+        return ActionResult(True, "ok")
+
+    def quarantine(self, event):
+        return self._do(event)
+
+    def release(self, event):
+        return self._do(event)
+
+
+def finding(kind: str, host: str, fid: int, group: int = 1, rid: str = "g1:a") -> dict:
+    return {"id": fid, "kind": kind, "replica_group": group, "replica_id": rid, "ranks": [2],
+            "evidence": {"culprits": [{"rank": 2, "host": host, "node": f"node-{host}",
+                                       "device": {"type": "cuda", "index": 1, "uuid": "GPU-x"}}]}}
+
+
+def ledger(tmp_path, clock, sinks=(), **kw) -> HostLedger:
+    return HostLedger(Store(str(tmp_path / "m.sqlite")), QuarantineConfig(**kw), list(sinks),
+                      "job", clock)
+
+
+def test_culprit_hosts_groups_ranks_and_devices():
+    f = finding("hang", "h1", 1)
+    f["evidence"]["culprits"].append({"rank": 3, "host": "h1", "device": {"type": "cpu"}})
+    got = culprit_hosts(f)
+    assert list(got) == ["h1"] and got["h1"]["ranks"] == [2, 3]
+    assert got["h1"]["node"] == "node-h1" and len(got["h1"]["devices"]) == 2
+    # older findings: culprit_hosts only
+    assert list(culprit_hosts({"ranks": [4], "evidence": {"culprit_hosts": ["h9"]}})) == ["h9"]
+
+
+def test_one_hang_quarantines_two_stragglers_needed_and_actions_run(tmp_path):
+    clock = Clock()
+    sink = RecordingSink()
+    led = ledger(tmp_path, clock, [sink])
+    led.record([finding("straggler", "h1", 1)], clock())
+    assert led.decide(clock(), None, 10) == [] and led.hosts["h1"]["state"] == "suspect"
+    clock.t += 10
+    led.record([finding("straggler", "h1", 2)], clock())
+    led.record([finding("hang", "h2", 3)], clock())
+    out = {d["host"]: d for d in led.decide(clock(), None, 40)}  # cap: 4 of 40 hosts
+    assert out["h1"]["decision"] == out["h2"]["decision"] == "quarantine"
+    h = led.hosts["h2"]
+    assert h["state"] == "quarantined" and h["node"] == "node-h2"
+    assert h["devices"] == ["cuda:1 GPU-x"] and h["expires_at"] == clock() + 86400
+    assert led.run_actions(clock()) == 2
+    assert {c["host"] for c in sink.calls} == {"h1", "h2"}
+    ev = next(c for c in sink.calls if c["host"] == "h2")
+    assert ev["event"] == "quarantine" and ev["kind"] == "hang" and ev["node"] == "node-h2"
+    assert ev["finding"]["id"] == 3 and ev["attempt"] == 1
+    assert led.hosts["h2"]["last_action"]["status"] == "done"
+    decisions = led.store.host_decisions()
+    assert {d["decision"] for d in decisions} == {"quarantine"}
+    assert all(d["evidence"]["offences"] for d in decisions)  # every decision with evidence
+
+
+def test_window_forgets_old_offences(tmp_path):
+    clock = Clock()
+    led = ledger(tmp_path, clock, window_s=60)
+    led.record([finding("straggler", "h1", 1)], clock())
+    clock.t += 61
+    led.record([finding("straggler", "h1", 2)], clock())
+    assert led.decide(clock(), None, 10) == []
+    assert led.hosts["h1"]["state"] == "suspect"
+    clock.t += 61
+    led.decide(clock(), None, 10)
+    assert led.hosts["h1"]["state"] == "ok"
+
+
+def test_blind_monitor_quarantines_nothing_and_logs_once(tmp_path):
+    clock = Clock()
+    led = ledger(tmp_path, clock)
+    led.record([finding("hang", "h1", 1)], clock())
+    first = led.decide(clock(), "ranks cannot be verified: Lighthouse down", 10)
+    assert [(d["decision"], d["reason"]) for d in first] == [("hold", "monitor_blind")]
+    assert led.decide(clock() + 1, "ranks cannot be verified: Lighthouse down", 10) == []
+    assert led.hosts["h1"]["state"] == "suspect" and led.quarantined() == []
+    assert len(led.store.host_decisions()) == 1
+    # sight back: quarantined on the same evidence
+    assert led.decide(clock() + 2, None, 10)[0]["decision"] == "quarantine"
+
+
+def test_cap_count_and_fraction(tmp_path):
+    assert QuarantineConfig(max_quarantined=0.1).cap(125) == 12
+    assert QuarantineConfig(max_quarantined=0.1).cap(4) == 1  # at least one
+    assert QuarantineConfig(max_quarantined=3).cap(4) == 3
+    clock = Clock()
+    led = ledger(tmp_path, clock, max_quarantined=1)
+    led.record([finding("hang", "h1", 1), finding("hang", "h2", 2)], clock())
+    out = sorted((d["host"], d["decision"], d["reason"]) for d in led.decide(clock(), None, 40))
+    assert out == [("h1", "quarantine", "hang"), ("h2", "hold", "cap")]
+    assert led.quarantined() == ["h1"]
+
+
+def test_dry_run_decides_logs_and_acts_on_nothing(tmp_path):
+    clock = Clock()
+    sink = RecordingSink()
+    led = ledger(tmp_path, clock, [sink], dry_run=True)
+    led.record([finding("mismatch", "h1", 1)], clock())
+    out = led.decide(clock(), None, 10)
+    assert [(d["decision"], d["reason"]) for d in out] == [("quarantine", "dry_run")]
+    assert led.hosts["h1"]["state"] == "suspect" and led.hosts["h1"]["would_quarantine"]
+    assert led.run_actions(clock()) == 0 and sink.calls == []
+    assert led.store.host_decisions()[0]["reason"] == "dry_run"
+
+
+def test_ttl_expiry_and_manual_release_queue_releases(tmp_path):
+    clock = Clock()
+    sink = RecordingSink()
+    led = ledger(tmp_path, clock, [sink], ttl_s=100)
+    led.record([finding("hang", "h1", 1), finding("hang", "h2", 2)], clock())
+    led.decide(clock(), None, 40)
+    assert led.release("h1", "DIMM replaced")["decision"] == "release"
+    with pytest.raises(ValueError):
+        led.release("h1", "again")
+    assert led.hosts["h1"]["state"] == "released"
+    with pytest.raises(KeyError):
+        led.release("h3", "x")
+    clock.t += 101
+    out = led.decide(clock(), None, 10)
+    assert [(d["host"], d["decision"], d["reason"]) for d in out] == [("h2", "release", "ttl")]
+    led.run_actions(clock())
+    assert sorted((c["host"], c["event"]) for c in sink.calls) == [
+        ("h1", "quarantine"), ("h1", "release"), ("h2", "quarantine"), ("h2", "release")]
+    # offences before the release no longer count: not quarantined again on old evidence
+    assert led.decide(clock() + 1, None, 10) == [] and led.quarantined() == []
+    led.record([finding("hang", "h1", 9)], clock())
+    assert led.decide(clock() + 2, None, 10)[0]["host"] == "h1"
+
+
+def test_failing_action_retried_with_backoff_then_failed_never_raises(tmp_path):
+    clock = Clock()
+
+    class Raising(RecordingSink):
+        def quarantine(self, event):
+            raise RuntimeError("sink bug")
+
+    flaky, broken = RecordingSink("flaky", fail=2), Raising("broken")
+    led = ledger(tmp_path, clock, [flaky, broken], max_attempts=3)
+    led.record([finding("hang", "h1", 1)], clock())
+    led.decide(clock(), None, 10)
+    assert led.run_actions(clock()) == 2
+    acts = {a["sink"]: a for a in led.store.host_actions()}
+    assert acts["flaky"]["status"] == acts["broken"]["status"] == "retrying"
+    assert acts["flaky"]["next_at"] == pytest.approx(clock() + 2)
+    assert led.run_actions(clock() + 1) == 0  # not due yet
+    clock.t += 2
+    led.run_actions(clock())
+    clock.t += 4
+    led.run_actions(clock())
+    acts = {a["sink"]: a for a in led.store.host_actions()}
+    assert (acts["flaky"]["status"], acts["flaky"]["attempts"]) == ("done", 3)
+    assert (acts["broken"]["status"], acts["broken"]["attempts"]) == ("failed", 3)
+    assert "RuntimeError: sink bug" in acts["broken"]["detail"]
+    # not retryable: given up at once
+    led2 = ledger(tmp_path / "b", clock, [RecordingSink("no", fail=9, retry=False)])
+    led2.record([finding("hang", "h1", 1)], clock())
+    led2.decide(clock(), None, 10)
+    led2.run_actions(clock())
+    assert led2.hosts["h1"]["last_action"]["status"] == "failed"
+
+
+def test_restart_keeps_the_ledger(tmp_path):
+    clock = Clock()
+    led = ledger(tmp_path, clock)
+    led.record([finding("hang", "h1", 1), finding("straggler", "h2", 2)], clock())
+    led.decide(clock(), None, 10)
+    led.store.close()
+    again = ledger(tmp_path, clock)
+    assert again.quarantined() == ["h1"] and again.hosts["h2"]["state"] == "suspect"
+    assert [o["kind"] for o in again.store.host_offences("h2")] == ["straggler"]
+    again.record([finding("straggler", "h2", 3)], clock())  # the old offence still counts
+    assert again.decide(clock(), None, 10)[0]["host"] == "h2"
+
+
+def _view(groups: dict[int, tuple[str, list[str]]]):
+    gs, ranks = {}, {}
+    for g, (rid, hosts) in groups.items():
+        rs = []
+        for i, h in enumerate(hosts):
+            r = NS(url=f"http://{h}:{9500 + i}/{g}", rank=g * 10 + i, reachable=True,
+                   superseded=False, state={"host": h, "node": h, "replica_id": rid,
+                                            "group_rank": i, "pid": 1})
+            rs.append(r)
+            ranks[r.url] = r
+        gs[g] = NS(replica_id=rid, ranks=rs)
+    return NS(groups=gs, ranks=ranks)
+
+
+def test_quarantined_host_on_a_new_incarnation_only(tmp_path):
+    clock = Clock()
+    led = ledger(tmp_path, clock)
+    before = _view({1: ("g1:a", ["h1"]), 2: ("g2:a", ["h2"])})
+    led.observe(before, clock())
+    led.record([finding("hang", "h1", 1, group=1, rid="g1:a")], clock())
+    led.decide(clock(), None, 10)
+    assert led.group_findings(before, clock()) == []  # the offender itself: evicted as before
+    after = _view({1: ("g1:b", ["h1"]), 2: ("g2:a", ["h2"])})
+    (f,) = led.group_findings(after, clock())
+    assert (f.kind, f.replica_group, f.replica_id, f.ranks) == ("quarantined_host", 1, "g1:b",
+                                                                [10])
+    assert f.evidence["culprit_hosts"] == ["h1"] and "h1" in f.evidence["hosts"]
+
+
+def test_config_validation():
+    with pytest.raises(ConfigError, match="unknown kind"):
+        QuarantineConfig(after={"bogus": 1}).validate()
+    with pytest.raises(ConfigError, match="max-quarantined"):
+        QuarantineConfig(max_quarantined=2.5).validate()
+    with pytest.raises(ConfigError, match="expected k8s"):
+        QuarantineConfig(actions=("ftp:x",)).validate()
+    with pytest.raises(ConfigError, match="secret"):
+        QuarantineConfig(actions=("webhook:http://127.0.0.1:1/",)).validate()
+    QuarantineConfig(actions=("slurm", "exec:/bin/true --x", "webhook:https://x/"),
+                     webhook_secret="s").validate()
+
+
+def test_cli_flags():
+    import argparse
+
+    from monitor.cli import add_arguments, config_from_args
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    cfg = config_from_args(p.parse_args([
+        "--quarantine-after", "straggler=3,dead_rank=0", "--quarantine-window", "600",
+        "--quarantine-ttl", "7200", "--max-quarantined", "2", "--quarantine-dry-run",
+        "--action", "slurm", "--action", "exec:/usr/local/bin/hook --x"]))
+    q = cfg.quarantine
+    assert q.after == {"hang": 1, "mismatch": 1, "dead_rank": 0, "straggler": 3}
+    assert (q.window_s, q.ttl_s, q.max_quarantined, q.dry_run) == (600, 7200, 2, True)
+    assert q.actions == ("slurm", "exec:/usr/local/bin/hook --x")
+    with pytest.raises(SystemExit):
+        p.parse_args(["--quarantine-after", "hang"])
+
+
+def test_rank_device_cpu_and_cuda_from_a_stand_in_module(monkeypatch):
+    """rank_device never imports torch; a stand-in torch module (a fake: no GPU here) checks
+    the CUDA branch; the real one is this process's torch when imported."""
+    assert rank_device(0)["type"] in ("cpu", "cuda")
+    props = NS(uuid="GPU-1234")
+    cuda = NS(is_available=lambda: True, device_count=lambda: 2,
+              get_device_properties=lambda i: props)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    assert rank_device(3) == {"type": "cuda", "index": 1, "uuid": "GPU-1234"}
+    s = RankState(RankIdentity(host="node-a")).snapshot()
+    assert (s["host"], s["node"], s["device"]["index"]) == ("node-a", "node-a", 0)
+    assert s["hostname"]
+
+
+def test_routes_hosts_and_release(tmp_path):
+    from monitor.app import create_app
+    from monitor.service import Monitor
+    clock = Clock()
+    cfg = MonitorConfig(state_path=str(tmp_path / "m.sqlite"), token="tok", port=0,
+                        rails=RailsConfig(min_replicas=1))
+    m = Monitor(cfg, clock=clock)
+    try:
+        m.hosts.record([finding("hang", "h1", 1)], clock())
+        m.hosts.decide(clock(), None, 10)
+        c = create_app(m).test_client()
+        body = c.get("/v1/hosts").get_json()
+        assert body["quarantined"] == ["h1"] and body["hosts"][0]["offences"][0]["kind"] == "hang"
+        assert c.post("/v1/hosts/h1/release").status_code == 401
+        assert c.post("/v1/hosts/zz/release", headers={"Authorization": "Bearer tok"}
+                      ).status_code == 404
+        r = c.post("/v1/hosts/h1/release", headers={"Authorization": "Bearer tok"},
+                   json={"reason": "DIMM replaced"})
+        assert r.status_code == 200 and r.get_json()["decision"] == "release"
+        assert c.post("/v1/hosts/h1/release", headers={"Authorization": "Bearer tok"}
+                      ).status_code == 409
+        assert c.get("/").status_code == 200
+        m.metrics.set_hosts(m.hosts.counts(), m.hosts.to_json(clock()))
+        text = c.get("/metrics").get_data(as_text=True)
+        assert 'lightkeeper_monitor_hosts{job="lightkeeper",state="released"} 1.0' in text
+        assert 'host_quarantine_state{host="h1"' in text
+        assert json.loads(json.dumps(body))  # serializable
+    finally:
+        m.stop()
