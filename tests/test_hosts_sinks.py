@@ -1,0 +1,241 @@
+"""The quarantine sinks against what they talk to: a real exec hook (a shell script), a webhook
+receiver in the test that checks the HMAC signature, a stand-in ``scontrol`` on PATH (a fake:
+no Slurm controller runs here, see docs/quarantine.md) and a FAKE Kubernetes API server (no API
+server can run here): a tiny HTTP server on 127.0.0.1 that records every request and answers
+like the API does, so the exact patch bodies, content types, the status subresource, the pod
+deletes by label and the 403/404/409 paths are checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from monitor.sinks import SinkConfigError, build_sink
+from monitor.sinks.hooks import SIGNATURE_HEADER, signature_matches
+from monitor.sinks.slurm import SlurmSink
+
+EVENT = {"event": "quarantine", "host": "h1", "node": "node-1", "devices": ["cuda:1 GPU-x"],
+         "kind": "dead_rank", "reason": "1 dead_rank finding(s)", "job": "j", "at": 1.0,
+         "finding": {"id": 7, "kind": "dead_rank", "replica_group": 2}, "action_id": 1,
+         "attempt": 1}
+
+
+class Recorder:
+    """A tiny HTTP server on 127.0.0.1: records requests, answers with ``respond(req)``."""
+
+    def __init__(self, respond):
+        self.requests = []
+        rec = self
+
+        class H(BaseHTTPRequestHandler):
+            def _any(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else b""
+                u = urlparse(self.path)
+                req = {"method": self.command, "path": u.path, "query": parse_qs(u.query),
+                       "headers": dict(self.headers), "body": body}
+                rec.requests.append(req)
+                code, out = respond(req)
+                data = json.dumps(out).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_PATCH = do_DELETE = _any
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_exec_hook_gets_json_on_stdin_and_a_failure_is_reported(tmp_path):
+    out = tmp_path / "got.json"
+    script = tmp_path / "hook.sh"
+    script.write_text(f'#!/bin/sh\ncat > {out}\necho "$LIGHTKEEPER_EVENT $LIGHTKEEPER_NODE" '
+                      f'>> {out}.env\n')
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    sink = build_sink(f"exec:{script}")
+    res = sink.quarantine(EVENT)
+    assert res.ok, res.detail
+    assert json.loads(out.read_text()) == EVENT
+    assert (tmp_path / "got.json.env").read_text().strip() == "quarantine node-1"
+    bad = build_sink("exec:sh -c 'echo disk full >&2; exit 3'").release(EVENT)
+    assert not bad.ok and bad.retry and "exited 3: disk full" in bad.detail
+    missing = build_sink(f"exec:{tmp_path}/no-such-hook").quarantine(EVENT)
+    assert not missing.ok and not missing.retry
+    slow = build_sink("exec:sleep 5", timeout_s=0.3).quarantine(EVENT)
+    assert not slow.ok and "did not finish within 0.3s" in slow.detail
+
+
+def test_webhook_signature_checked_by_the_receiver_and_errors():
+    secret = "s3cret"
+    status = {"code": 204}
+
+    def respond(req):
+        ok = signature_matches(secret, req["body"], req["headers"].get(SIGNATURE_HEADER))
+        return (status["code"] if ok else 401), {}
+
+    rx = Recorder(respond)
+    try:
+        sink = build_sink(f"webhook:{rx.url}/hook", webhook_secret=secret)
+        res = sink.quarantine(EVENT)
+        assert res.ok, res.detail
+        req = rx.requests[-1]
+        assert req["method"] == "POST" and req["path"] == "/hook"
+        assert req["headers"]["Content-Type"] == "application/json"
+        assert req["headers"]["X-Lightkeeper-Event"] == "quarantine"
+        assert json.loads(req["body"]) == EVENT
+        wrong = build_sink(f"webhook:{rx.url}/hook", webhook_secret="other").quarantine(EVENT)
+        assert not wrong.ok and not wrong.retry and "HTTP 401" in wrong.detail
+        status["code"] = 503
+        down = sink.release(EVENT)
+        assert not down.ok and down.retry and "HTTP 503" in down.detail
+    finally:
+        rx.close()
+    gone = sink.quarantine(EVENT)
+    assert not gone.ok and gone.retry and "unreachable" in gone.detail
+    with pytest.raises(SinkConfigError, match="secret"):
+        build_sink("webhook:http://127.0.0.1:1/", webhook_secret=None)
+
+
+def test_slurm_drain_and_resume_commands(tmp_path, monkeypatch):
+    log = tmp_path / "argv"
+    fake = tmp_path / "scontrol"  # a stand-in: records its argv, one line per argument
+    fake.write_text(f'#!/bin/sh\nfor a in "$@"; do echo "$a"; done >> {log}\necho --- >> {log}\n'
+                    'case "$*" in *bad-node*) echo "Invalid node name specified" >&2; exit 1;; '
+                    'esac\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    sink = SlurmSink()
+    assert sink.quarantine(EVENT).ok
+    assert sink.release(EVENT).ok
+    calls = [c.strip().splitlines() for c in log.read_text().split("---") if c.strip()]
+    assert calls == [["update", "NodeName=node-1", "State=DRAIN",
+                      "Reason=lightkeeper: dead_rank finding 7 replica_group 2"],
+                     ["update", "NodeName=node-1", "State=RESUME"]]
+    res = sink.quarantine({**EVENT, "node": "bad-node"})
+    assert not res.ok and "Invalid node name" in res.detail
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    res = sink.quarantine(EVENT)
+    assert not res.ok and not res.retry and "not found" in res.detail
+
+
+class FakeKubeAPI:
+    """The FAKE API server's state and answers: one node, pods listed by selector."""
+
+    def __init__(self):
+        self.node = {"apiVersion": "v1", "kind": "Node",
+                     "metadata": {"name": "node-1", "resourceVersion": "41"},
+                     "spec": {"taints": [{"key": "other", "value": "x",
+                                          "effect": "NoExecute"}]}}
+        self.fail: dict[tuple[str, str], int] = {}  # (method, path) -> status
+
+    def respond(self, req):
+        key = (req["method"], req["path"])
+        if key in self.fail:
+            code = self.fail[key]
+            return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                          "message": f"fake {code}", "reason": "Fake", "code": code}
+        if req["path"] == "/api/v1/nodes/node-1":
+            if req["method"] == "PATCH":
+                self.node["spec"].update(json.loads(req["body"])["spec"])
+            return 200, self.node
+        if req["path"] == "/api/v1/nodes/node-1/status":
+            return 200, self.node
+        if req["path"] == "/api/v1/namespaces/train/pods" and req["method"] == "GET":
+            items = [{"apiVersion": "v1", "kind": "Pod",
+                      "metadata": {"name": f"training-{i}", "namespace": "train"}}
+                     for i in (1, 2)]
+            return 200, {"apiVersion": "v1", "kind": "PodList", "metadata": {},
+                         "items": items}
+        if req["path"].startswith("/api/v1/namespaces/train/pods/"):
+            return 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"}
+        return 404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404,
+                     "message": "not found", "reason": "NotFound"}
+
+
+@pytest.fixture
+def kube(tmp_path, monkeypatch):
+    pytest.importorskip("lightkube")
+    api = FakeKubeAPI()
+    rx = Recorder(api.respond)
+    cfg = tmp_path / "kubeconfig"
+    cfg.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": rx.url}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u",
+                                                  "namespace": "train"}}]}))
+    monkeypatch.setenv("KUBECONFIG", str(cfg))
+    sink = build_sink("k8s", k8s_namespace="train", timeout_s=5)
+    yield api, rx, sink
+    rx.close()
+
+
+def test_k8s_quarantine_exact_requests(kube):
+    api, rx, sink = kube
+    res = sink.quarantine(EVENT)
+    assert res.ok, res.detail
+    assert "deleted 2 pod(s)" in res.detail
+    reqs = [(r["method"], r["path"]) for r in rx.requests]
+    assert reqs == [("GET", "/api/v1/nodes/node-1"), ("PATCH", "/api/v1/nodes/node-1"),
+                    ("PATCH", "/api/v1/nodes/node-1/status"),
+                    ("GET", "/api/v1/namespaces/train/pods"),
+                    ("DELETE", "/api/v1/namespaces/train/pods/training-1"),
+                    ("DELETE", "/api/v1/namespaces/train/pods/training-2")]
+    patch, status, pods = rx.requests[1], rx.requests[2], rx.requests[3]
+    assert patch["headers"]["Content-Type"] == "application/strategic-merge-patch+json"
+    assert json.loads(patch["body"]) == {
+        "metadata": {"resourceVersion": "41"},
+        "spec": {"unschedulable": True, "taints": [
+            {"key": "other", "value": "x", "effect": "NoExecute"},
+            {"key": "lightkeeper.io/quarantined", "value": "dead_rank",
+             "effect": "NoSchedule"}]}}
+    assert status["headers"]["Content-Type"] == "application/strategic-merge-patch+json"
+    (cond,) = json.loads(status["body"])["status"]["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == ("LightkeeperQuarantined", "True",
+                                                              "DeadRank")
+    assert cond["message"] == EVENT["reason"]
+    assert pods["query"]["labelSelector"] == ["app.kubernetes.io/component=training"]
+    assert pods["query"]["fieldSelector"] == ["spec.nodeName=node-1"]
+    assert all(r["headers"].get("Authorization") == "Bearer t" for r in rx.requests)
+
+    rx.requests.clear()
+    assert sink.release({**EVENT, "event": "release"}).ok
+    body = json.loads(rx.requests[1]["body"])
+    assert body["spec"] == {"unschedulable": False,
+                            "taints": [{"key": "other", "value": "x", "effect": "NoExecute"}]}
+    (cond,) = json.loads(rx.requests[2]["body"])["status"]["conditions"]
+    assert (cond["status"], cond["reason"]) == ("False", "Released")
+
+
+@pytest.mark.parametrize("code,retry", [(403, False), (404, False), (409, True)])
+def test_k8s_error_paths(kube, code, retry):
+    api, rx, sink = kube
+    api.fail[("PATCH", "/api/v1/nodes/node-1")] = code
+    res = sink.quarantine(EVENT)
+    assert not res.ok and res.retry is retry and f"HTTP {code}" in res.detail
+    assert [r["method"] for r in rx.requests] == ["GET", "PATCH"]  # stopped at the failure
+    api.fail.clear()
+    api.fail[("DELETE", "/api/v1/namespaces/train/pods/training-1")] = 404  # gone already
+    api.fail[("DELETE", "/api/v1/namespaces/train/pods/training-2")] = code
+    res = sink.quarantine(EVENT)
+    assert (res.ok if code == 404 else not res.ok), res.detail
+    if code != 404:
+        assert "condition LightkeeperQuarantined=True; then HTTP" in res.detail
