@@ -2,7 +2,7 @@
 (in this process, serving its real HTTP API so ranks register themselves), and jobs that carry
 no Lightkeeper code: the project's trainer with its own WorkerServer switched off, and a torchft
 script written here against torchft's public API only (Manager, ProcessGroupGloo,
-DistributedDataParallel, Optimizer). Also: a Python program that never imports torchft (the hook
+DistributedDataParallel or Manager.allreduce, Optimizer). Also: a Python program that never imports torchft (the hook
 starts nothing and imports nothing) and a WorkerServer that cannot bind its port (one line, the
 job finishes with status 0)."""
 
@@ -41,7 +41,7 @@ FT_SCRIPT = textwrap.dedent('''
     from torch.distributed import TCPStore
     from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
 
-    stop_file, max_steps, replica = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    stop_file, max_steps, replica, mode = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     torch.manual_seed(0)
     torch.set_num_threads(1)
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -52,11 +52,15 @@ FT_SCRIPT = textwrap.dedent('''
         replica_id=f"ddp_job_{replica}", store_addr="127.0.0.1", store_port=store.port,
         rank=0, world_size=1, timeout=timedelta(seconds=10),
         quorum_timeout=timedelta(seconds=30))
-    model = DistributedDataParallel(manager, model)
+    if mode == "ddp":
+        model = DistributedDataParallel(manager, model)
     optimizer = Optimizer(manager, torch.optim.SGD(model.parameters(), lr=0.01))
     while manager.current_step() < max_steps and not stop_file.exists():
         optimizer.zero_grad()
         model(torch.randn(4, 8)).sum().backward()
+        if mode == "allreduce":  # what DDP does, by hand
+            for p in model.parameters():
+                manager.allreduce(p.grad).wait()
         optimizer.step()
         time.sleep(0.05)  # the step's compute
     print(f"done at step {manager.current_step()}", flush=True)
@@ -145,7 +149,8 @@ def test_trainer_without_its_own_server_is_served_by_the_hook(job):
 
 def test_plain_torchft_script_is_served_and_seen_by_the_monitor(job):
     stop = job["dir"] / "stop_b"
-    proc, log = start(job, "ft_job", [sys.executable, "ft_job.py", str(stop), "100000", "2"])
+    proc, log = start(job, "ft_job", [sys.executable, "ft_job.py", str(stop), "100000", "2",
+                                      "ddp"])
     try:
         group, group_rank, url = hook_url(proc, log)
         # No REPLICA_GROUP_ID: the group comes from the Manager's replica_id, "ddp_job_2".
@@ -183,7 +188,7 @@ def test_a_worker_server_that_cannot_start_costs_one_line_and_the_job_finishes(j
         taken.listen()
         port = taken.getsockname()[1]
         proc, log = start(job, "clash", [sys.executable, "ft_job.py",
-                                         str(job["dir"] / "never"), "3", "5"],
+                                         str(job["dir"] / "never"), "3", "5", "allreduce"],
                           LIGHTKEEPER_WORKER_PORT=str(port))
         try:
             assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
