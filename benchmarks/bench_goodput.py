@@ -18,7 +18,9 @@ from its current step), at ``--hang-at`` the last rank of group 2 hangs inside t
 (``hang:at_step=...,where=group,rank=R``, 3 steps ahead). Both are injected into the running
 rank through its token-guarded ``POST /v1/faults``, as the demo does. In every run a supervisor
 restarts a group whose processes exited (as Kubernetes would; the demo's supervisor), so a
-group evicted by the monitor, or one that torchft let die, comes back the same way in every run.
+group evicted by the monitor, or one that torchft let die, comes back the same way in every run:
+as the demo does, from a warm spare (one per group, started and imported before the measured
+window, used once; ``--cold-restarts``: from scratch).
 
 ``lightkeeper monitor`` runs in every run with the demo's flags (so each run carries the same
 polling load), with ``--dry-run`` in all but the Lightkeeper run: it detects and keeps its
@@ -98,6 +100,24 @@ class Timeouts:
 # torchft 0.2.0's own defaults: Manager(timeout=60 s, quorum_timeout=60 s) and
 # torchft_lighthouse --join_timeout_ms 60000 --heartbeat_timeout_ms 5000.
 TORCHFT_DEFAULTS = Timeouts(60.0, 60.0, 60000, 5000)
+
+
+def demo_monitor_args(groups: int) -> str:
+    """The monitor flags the demo runs with (lightkeeper/demo.py), less its ports and files."""
+    from lightkeeper.scenario import Scenario
+
+    floor = getattr(Scenario(), "hang_floor_s", None)
+    return (f"--interval 0.5 --cooldown 5 --min-replicas {max(1, groups - 1)}"
+            + (f" --hang-floor {floor:g}" if floor is not None else ""))
+
+
+def demo_warm_spares() -> bool:
+    """Whether the demo's supervisor restarts a group from a warm spare (LocalCluster)."""
+    from lightkeeper.cluster import LocalCluster
+    from lightkeeper.scenario import Scenario
+
+    return bool(getattr(Scenario(), "warm_spares", False)) and hasattr(LocalCluster,
+                                                                       "start_spare")
 
 
 def demo_timeouts() -> Timeouts:
@@ -338,6 +358,7 @@ class Run:
         self.events: list[dict] = []  # restarts, exits, injections (unix times)
         self.strikes: dict[tuple, dict] = {}
         self.t_start: float | None = None
+        self.spares_ready = False
 
     # --- processes ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -355,6 +376,15 @@ class Run:
         for g in range(self.args.groups):
             self.cluster.wait_for_workers(g, timeout=180)
         wait_until(self.all_stepping, 240, interval=0.5, what="every group to commit a step")
+        if self.args.warm_spares:  # as the demo: one imported spare per group, before measuring
+            for g in range(self.args.groups):
+                self.procs.extend(self.cluster.start_spare(g).group.processes())
+            try:  # a spare not ready by then is not used: that group restarts cold
+                self.spares_ready = wait_until(
+                    lambda: all(sp.ready() for sp in self.cluster.spares.values()), 120,
+                    interval=0.5, what="the warm spares to import")
+            except TimeoutError:
+                self.spares_ready = False
 
     def start_monitor(self) -> None:
         from lightkeeper.cluster import ClusterError, wait_until
@@ -427,10 +457,14 @@ class Run:
                         "kind": spec.split(":", 1)[0], "at": float(at)})
             grp = self.cluster.groups[g]
             if not grp.alive() and self.incarnation[g] < 5:
-                self.events.append({"at": time.time(), "event": "restart", "replica_group": g,
-                                    "detail": f"exited ({grp.proc.returncode})"})
+                code = grp.proc.returncode
                 self.incarnation[g] += 1
-                self.procs.extend(self.cluster.start_group(g).processes())
+                new = self.cluster.start_group(g)
+                self.procs.extend(p for p in new.processes() if p not in self.procs)
+                self.events.append({"at": time.time(), "event": "restart", "replica_group": g,
+                                    "detail": f"exited ({code}); "
+                                              + ("warm spare" if getattr(new, "warm", False)
+                                                 else "cold start")})
 
     def monitor_get(self, path: str):
         import requests
@@ -516,6 +550,7 @@ class Run:
         return {"t_start": self.t_start, "t_end": t_end, "ledger_start": ledger0,
                 "ledger_end": ledger1, "ledger_snapshots": snaps, "findings": findings, "evictions": evictions,
                 "events": self.events, "strikes": list(self.strikes.values()),
+                "warm_spares": self.args.warm_spares, "spares_ready": self.spares_ready,
                 "commits": self.read_commits(), "load_avg": os.getloadavg()}
 
     def read_commits(self) -> dict[str, list[list[float]]]:
@@ -721,12 +756,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slow-delay", type=float, default=0.6, help="slow_compute delay= (0.6)")
     p.add_argument("--hang-at", type=float, default=75.0,
                    help="seconds after training starts: hang the last rank of group 2 (75)")
-    p.add_argument("--tuned-pg-timeout", type=float, default=tuned.pg_timeout_s)
-    p.add_argument("--tuned-quorum-timeout", type=float, default=tuned.quorum_timeout_s)
-    p.add_argument("--tuned-join-timeout-ms", type=int, default=tuned.join_timeout_ms)
-    p.add_argument("--tuned-heartbeat-timeout-ms", type=int, default=tuned.heartbeat_timeout_ms)
-    p.add_argument("--monitor-args", default="--interval 0.5 --cooldown 5 --min-replicas 2",
-                   help="lightkeeper monitor flags (the demo's)")
+    demo = "the demo's value, now"  # lightkeeper/scenario.py
+    p.add_argument("--tuned-pg-timeout", type=float, default=tuned.pg_timeout_s,
+                   help=f"s, every run but torchft_defaults ({demo} {tuned.pg_timeout_s:g})")
+    p.add_argument("--tuned-quorum-timeout", type=float, default=tuned.quorum_timeout_s,
+                   help=f"s ({demo} {tuned.quorum_timeout_s:g})")
+    p.add_argument("--tuned-join-timeout-ms", type=int, default=tuned.join_timeout_ms,
+                   help=f"Lighthouse join_timeout_ms ({demo} {tuned.join_timeout_ms})")
+    p.add_argument("--tuned-heartbeat-timeout-ms", type=int, default=tuned.heartbeat_timeout_ms,
+                   help=f"Lighthouse heartbeat_timeout_ms ({demo} {tuned.heartbeat_timeout_ms})")
+    p.add_argument("--monitor-args", default=None,
+                   help=f"lightkeeper monitor flags (default: the demo's, now "
+                        f"'{demo_monitor_args(3)}' for 3 groups)")
+    p.add_argument("--cold-restarts", dest="warm_spares", action="store_false",
+                   default=demo_warm_spares(),
+                   help="the supervisor restarts a group from scratch in every run (default: "
+                        "as the demo, from a warm spare started before training is measured)")
     p.add_argument("--no-monitor-alone", action="store_true",
                    help="no monitor at all in the fault-free and torchft-alone runs")
     p.add_argument("--work-dir", default=None, help="logs (default: a new temp dir)")
@@ -741,6 +786,8 @@ def main(argv: list[str] | None = None) -> int:
             note = plot(result, Path(args.png))
             print(note or f"plot: {args.png}")
         return 0
+    if args.monitor_args is None:
+        args.monitor_args = demo_monitor_args(args.groups)
     names = [n.strip() for n in args.runs.split(",") if n.strip()]
     bad = [n for n in names if n not in RUNS]
     if bad or not names:
