@@ -20,15 +20,35 @@ spent blocked in:
 ``time.monotonic()`` calls per timed call and a few float additions; nothing is synchronized
 and nothing is sent.
 
-Only wall time on the host is measured. With NCCL, collectives run asynchronously on CUDA streams:
-the host returns from a launch at once and waits in ``should_commit``'s device synchronize, so on
-GPUs the in-group figure sees the launch, not the wait (the Flight Recorder's per-entry durations
-are the GPU-side source there). On gloo (CPU) the calls block and the figures are the waits.
+On CUDA the host clock alone is wrong. Kernels run asynchronously: the host returns from the
+forward/backward launches at once and meets the GPU's work wherever it next synchronizes, inside a
+collective (gloo copies CUDA tensors to the host) or in ``should_commit``'s device synchronize.
+Measured on an H100 (docs/gpu.md), a rank with 4x the GPU work showed host compute_s of a few
+milliseconds like its peer and waited about as long, so the slow rank was not the one with the
+short wait. So when the process uses CUDA, every timed wait also records a CUDA event on the
+current stream as it begins and as it ends; a wait's length is then the GPU time between those
+two events: it starts when the rank's own queued work before the collective is done and ends
+when the stream can go on after it. That covers a host that blocks (gloo on CUDA tensors, the
+commit vote: the GPU sits idle until the host returns) and a collective that only makes the
+stream wait (NCCL: the span is the collective's own time on the GPU, its waits for peers
+included). The step itself stays host time; ``compute_s = step_s - waits``.
+
+``LIGHTKEEPER_CUDA_TIMING`` chooses: ``auto`` (default: CUDA events from the first step that
+begins after this process initialized CUDA; host time without CUDA) or ``off`` (host time only).
+Any other value is a ``ValueError`` when the timer is made.
+The cost on CUDA is two event records per timed wait (microseconds, events reused) and, at the
+end of a step, one wait on the step's last event, which in a torchft loop has already passed
+(``should_commit`` synchronizes the stream); a loop that does not synchronize would wait there for
+its GPU to reach the end of the step. A CUDA error while recording or reading events makes that
+step's figures the host's, and the timer stays on host time from then on (logged once).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import statistics
+import sys
 import threading
 import time
 from collections import deque
@@ -37,6 +57,10 @@ from dataclasses import asdict, dataclass
 
 SCOPES = ("cross", "group")
 TIMING_WINDOW = 16  # steps in the served median
+CUDA_TIMING_ENV = "LIGHTKEEPER_CUDA_TIMING"
+CUDA_TIMING_MODES = ("auto", "off")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -50,6 +74,52 @@ class StepTiming:
     wait_group_s: float
 
 
+class CudaEvents:
+    """The device clock: CUDA events recorded on the current stream (torch imported lazily).
+
+    ``mark()`` records an event and returns it; ``spans_s(pairs)`` waits for the last event of
+    ``pairs`` and returns each pair's GPU time in seconds, then reuses the events. Errors are
+    torch's (``RuntimeError``); :class:`StepTimer` turns them into host timing."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._torch = torch
+        self._free: list = []
+
+    def mark(self):
+        event = self._free.pop() if self._free else self._torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def spans_s(self, pairs: list[tuple]) -> list[float]:
+        try:
+            pairs[-1][1].synchronize()
+            return [begin.elapsed_time(end) / 1000.0 for begin, end in pairs]
+        finally:
+            for begin, end in pairs:
+                self._free.extend((begin, end))
+
+
+def cuda_timing_mode(value: str | None = None) -> str:
+    """``LIGHTKEEPER_CUDA_TIMING`` (or ``value``) checked: one of :data:`CUDA_TIMING_MODES`;
+    anything else raises ``ValueError`` naming the variable."""
+    raw = os.environ.get(CUDA_TIMING_ENV, "auto") if value is None else value
+    mode = raw.strip().lower() or "auto"
+    if mode not in CUDA_TIMING_MODES:
+        raise ValueError(f"{CUDA_TIMING_ENV}={raw!r}: expected one of {', '.join(CUDA_TIMING_MODES)}")
+    return mode
+
+
+def _cuda_in_use() -> bool:
+    """Whether this process has initialized CUDA (never imports torch, never initializes CUDA)."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:
+        return False
+
+
 class StepTimer:
     """Adds up one rank's waits inside collectives per step; keeps the last ``window`` steps.
 
@@ -57,10 +127,24 @@ class StepTimer:
     starts inside another (``Manager.allreduce`` calls ``wait_quorum``) is counted once, by the
     outer one; waits on other threads (torchft's quorum thread) are not the training thread's
     and are not counted. Readers (``snapshot``) may run on any thread.
+
+    ``device`` is the device clock: ``None`` chooses by ``LIGHTKEEPER_CUDA_TIMING`` (module
+    docstring; a bad value raises ``ValueError`` here), ``False`` is host time only, and an object
+    with ``mark()`` and ``spans_s(pairs)`` (as :class:`CudaEvents`) is used as given. ``clock``
+    says which one the last step was measured with: ``"host"`` or ``"device"``.
     """
 
-    def __init__(self, window: int = TIMING_WINDOW, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, window: int = TIMING_WINDOW, clock: Callable[[], float] = time.monotonic,
+                 device: object = None):
         self._clock = clock
+        if device is None:
+            self._device_mode = cuda_timing_mode()
+            self._device = None
+        else:
+            self._device_mode = "given" if device else "off"
+            self._device = device or None
+        self._spans: list[tuple[str, object, object]] = []
+        self.clock = "host"
         self._lock = threading.Lock()
         self._local = threading.local()
         self._step_began: float | None = None
@@ -81,8 +165,37 @@ class StepTimer:
 
     def begin_step(self) -> None:
         """A step begins (``start_quorum``) unless one is already running."""
+        if self._device is None and self._device_mode == "auto" and _cuda_in_use():
+            try:
+                self._device = CudaEvents()
+            except Exception:
+                self._device_mode = "off"
+                log.warning("CUDA event timing unavailable; step timing stays on host time",
+                            exc_info=True)
         if self._step_began is None:
             self._step_began = self._clock()
+
+    def _device_waits(self) -> dict[str, float] | None:
+        """This step's waits per scope on the device clock, or None (no device, or it failed)."""
+        spans, self._spans = self._spans, []
+        if self._device is None:
+            return None
+        waits = dict.fromkeys(SCOPES, 0.0)
+        if not spans:
+            return waits
+        try:
+            seconds = self._device.spans_s([(begin, end) for _, begin, end in spans])
+        except Exception:
+            self._device_failed()
+            return None
+        for (scope, _, _), span in zip(spans, seconds, strict=True):
+            waits[scope] += max(0.0, span)
+        return waits
+
+    def _device_failed(self) -> None:
+        log.warning("CUDA event timing failed; step timing is on host time from now on",
+                    exc_info=True)
+        self._device, self._device_mode = None, "off"
 
     def end_step(self, step: int) -> StepTiming | None:
         """Close the running step (``should_commit`` returned) and begin the next one."""
@@ -90,8 +203,12 @@ class StepTimer:
         began, self._step_began = self._step_began, now
         cross, group = self._wait["cross"], self._wait["group"]
         self._wait = dict.fromkeys(SCOPES, 0.0)
+        device = self._device_waits()  # reads (and frees) the step's events even without a step
         if began is None:
             return None
+        if device is not None:
+            cross, group = device["cross"], device["group"]
+        self.clock = "host" if device is None else "device"
         step_s = now - began
         timing = StepTiming(step=step, step_s=step_s,
                             compute_s=max(0.0, step_s - cross - group),
@@ -131,18 +248,24 @@ class StepTimer:
 class _Wait:
     """One timed wait (a class, not a generator: it costs about a microsecond per collective)."""
 
-    __slots__ = ("_timer", "_scope", "_started")
+    __slots__ = ("_timer", "_scope", "_started", "_mark")
 
     def __init__(self, timer: StepTimer, scope: str) -> None:
         self._timer = timer
         self._scope = scope
         self._started: float | None = None
+        self._mark = None
 
     def __enter__(self) -> None:
         timer = self._timer
         if getattr(timer._local, "inside", False):
             return  # the enclosing wait already counts this time
         timer._local.inside = True
+        if timer._device is not None:
+            try:
+                self._mark = timer._device.mark()
+            except Exception:
+                timer._device_failed()
         self._started = started = timer._clock()
         timer._current = (self._scope, started)
 
@@ -153,3 +276,9 @@ class _Wait:
         timer._current = None
         timer._wait[self._scope] += timer._clock() - self._started
         timer._local.inside = False
+        device = timer._device
+        if self._mark is not None and device is not None:
+            try:
+                timer._spans.append((self._scope, self._mark, device.mark()))
+            except Exception:
+                timer._device_failed()
