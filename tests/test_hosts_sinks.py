@@ -1,6 +1,6 @@
 """The quarantine sinks against what they talk to: a real exec hook (a shell script), a webhook
 receiver in the test that checks the HMAC signature, a stand-in ``scontrol`` on PATH (a fake:
-no Slurm controller runs here, see docs/quarantine.md) and a FAKE Kubernetes API server (no API
+the failure paths; a real controller on loopback checks the commands themselves) and a FAKE Kubernetes API server (no API
 server can run here): a tiny HTTP server on 127.0.0.1 that records every request and answers
 like the API does, so the exact patch bodies, content types, the status subresource, the pod
 deletes by label and the 403/404/409 paths are checked."""
@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 import stat
+import subprocess
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
@@ -19,6 +23,7 @@ import pytest
 from monitor.sinks import SinkConfigError, build_sink
 from monitor.sinks.hooks import SIGNATURE_HEADER, signature_matches
 from monitor.sinks.slurm import SlurmSink
+from tests.conftest import require_binary
 
 EVENT = {"event": "quarantine", "host": "h1", "node": "node-1", "devices": ["cuda:1 GPU-x"],
          "kind": "dead_rank", "reason": "1 dead_rank finding(s)", "job": "j", "at": 1.0,
@@ -239,3 +244,114 @@ def test_k8s_error_paths(kube, code, retry):
     assert (res.ok if code == 404 else not res.ok), res.detail
     if code != 404:
         assert "condition LightkeeperQuarantined=True; then HTTP" in res.detail
+
+
+def _sbin(name: str) -> str:
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin") \
+        or require_binary(name)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def slurm(tmp_path):
+    """A real Slurm controller and one slurmd (node ``n1``) on loopback, with their own munged
+    (Debian's slurmctld, slurmd, slurm-client, munge: bin/bootstrap --system). Root only."""
+    binaries = {n: _sbin(n) for n in ("munged", "mungekey", "slurmctld", "slurmd")}
+    require_binary("scontrol")
+    if os.geteuid() != 0:
+        pytest.skip("the loopback Slurm cluster runs as root (SlurmUser=root)")
+    d = tmp_path
+    (d / "state").mkdir()
+    (d / "spool").mkdir()
+    key, sock = d / "munge.key", d / "munge.sock"
+    subprocess.run([binaries["mungekey"], "-c", "-k", str(key), "-b", "1024", "-f"],
+                   check=True, capture_output=True)
+    key.chmod(0o600)
+    conf = d / "slurm.conf"
+    conf.write_text(f"""ClusterName=lk
+SlurmctldHost=localhost(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={sock}
+CredType=cred/munge
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
+StateSaveLocation={d}/state
+SlurmdSpoolDir={d}/spool
+SlurmctldPidFile={d}/ctld.pid
+SlurmdPidFile={d}/d.pid
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/linear
+ReturnToService=2
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SlurmctldLogFile={d}/ctld.log
+SlurmdLogFile={d}/slurmd.log
+NodeName=n1 NodeAddr=127.0.0.1 NodeHostname=localhost CPUs=1 State=UNKNOWN
+PartitionName=p Nodes=n1 Default=YES State=UP
+""")
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    procs = [subprocess.Popen([binaries["munged"], "-F", "-f", f"--key-file={key}",
+                               f"--socket={sock}", f"--pid-file={d}/munged.pid",
+                               f"--log-file={d}/munged.log", f"--seed-file={d}/munged.seed"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        deadline = time.monotonic() + 15
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling for the socket, with a deadline
+        procs.append(subprocess.Popen([binaries["slurmctld"], "-D", "-i", "-f", str(conf)],
+                                      env=env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL))
+        procs.append(subprocess.Popen([binaries["slurmd"], "-D", "-N", "n1", "-f", str(conf)],
+                                      env=env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL))
+        while True:  # until slurmd has registered n1 (IDLE): a node in UNKNOWN cannot resume
+            r = subprocess.run(["scontrol", "show", "node", "n1"], env=env, capture_output=True,
+                               text=True)
+            if r.returncode == 0 and "State=IDLE" in r.stdout:
+                break
+            if time.monotonic() > deadline:
+                log = d / "ctld.log"
+                pytest.fail("the loopback Slurm cluster did not come up within 15 s: "
+                            f"{r.stdout[-300:]} {r.stderr[-300:]} "
+                            + (log.read_text(errors="replace")[-800:] if log.exists() else ""))
+            time.sleep(0.1)
+        yield env
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def test_slurm_sink_against_a_real_controller(slurm, monkeypatch):
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+
+    def node() -> str:
+        return subprocess.run(["scontrol", "show", "node", "n1"], capture_output=True,
+                              text=True, check=True).stdout
+
+    sink = SlurmSink()
+    res = sink.quarantine({**EVENT, "node": "n1"})
+    assert res.ok, res.detail
+    shown = node()
+    assert "DRAIN" in shown.split("State=")[1].split()[0]
+    assert "Reason=lightkeeper: dead_rank finding 7 replica_group 2" in shown
+    rel = sink.release({**EVENT, "node": "n1"})
+    assert rel.ok, (rel.detail, shown)
+    assert "DRAIN" not in node().split("State=")[1].split()[0]
+    bad = sink.quarantine({**EVENT, "node": "no-such-node"})
+    assert not bad.ok and not bad.retry and "Invalid node name" in bad.detail

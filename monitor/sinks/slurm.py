@@ -57,7 +57,9 @@ class SlurmSink:
         if p.returncode == 0:
             return ActionResult(True, f"scontrol {shown}")
         err = p.stderr.decode(errors="replace").strip()[-300:]
-        return ActionResult(False, f"scontrol {shown} exited {p.returncode}: {err}")
+        # a node Slurm does not know stays unknown: retrying cannot help
+        return ActionResult(False, f"scontrol {shown} exited {p.returncode}: {err}",
+                            retry="Invalid node name" not in err)
 
 
 def _node(event: dict[str, Any]) -> str:
