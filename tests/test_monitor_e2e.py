@@ -2,21 +2,31 @@
 
 One cluster serves the whole module, one fault after another (tests run in file order):
 
-1. healthy run: no findings, no evictions;
-2. group 2 turns slow (``slow:delay=0.6,from_step=S``): straggler confirmed within 10 steps,
-   evicted through the Lighthouse, survivors' step time back to normal;
-3. the monitor is restarted (same ``--state``): the audit log is intact, the restarted group 2
+1. healthy run: no findings, no evictions; the goodput ledger's badput is startup only and its
+   goodput after startup is high;
+2. group 2 turns slow (``slow:delay=0.6,from_step=S``, given at start): straggler confirmed
+   within 10 steps, evicted through the Lighthouse, survivors' step time back to normal;
+3. the goodput ledger ties it together: the straggler's badput to its finding, back to the rank's
+   own strike time; the eviction's ``capacity_lost`` and ``recovery`` intervals to the eviction's
+   decision id; the job back at pace; group 2, not restarted yet, keeps losing capacity on the
+   same incident;
+4. the monitor is restarted (same ``--state``): the audit log is intact, the restarted group 2
    (new replica id) is not evicted on old evidence;
-4. the new group 2 hangs: detected and evicted, survivors commit again well before the 20 s
-   process-group timeout;
-5. group 2 restarted once more with a mismatched all_reduce, monitor restarted with
+5. the new group 2 hangs (posted live): detected and evicted, survivors commit again well before
+   the 20 s process-group timeout;
+6. group 2 restarted once more, a mismatched all_reduce posted live, monitor restarted with
    ``--min-replicas 3``: the mismatch is reported for group 2 and the eviction held back.
 
 Monitors run as ``lightkeeper monitor`` processes; ranks find them through self-registration.
+Faults after the first are posted to the restarted group's rank through its token-guarded
+``POST /v1/faults`` a few steps ahead, once it has caught up (as the demo does), so no test waits
+for a step chosen before the group started.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import statistics
 import subprocess
@@ -30,8 +40,9 @@ from tests.support.workers import try_state
 
 pytestmark = pytest.mark.e2e
 
-SLOW_FROM = 60
+SLOW_FROM = 70
 STEP_PAUSE = 0.1
+FAULT_TOKEN = "monitor-e2e-faults"
 
 
 def free_port() -> int:
@@ -48,7 +59,8 @@ class MonitorProc:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", str(env["port"]),
              "--lighthouse", env["cluster"].lighthouse_url, "--state", str(env["state"]),
-             "--interval", "0.5", "--cooldown", "5", "--min-replicas", "2", *extra],
+             "--interval", "0.5", "--cooldown", "5", "--min-replicas", "2",
+             "--expected-groups", "3", *extra],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         wait_until(self.up, 30, what="the monitor to serve")
@@ -77,7 +89,8 @@ def env(tmp_path_factory):
     url = f"http://127.0.0.1:{port}"
     cluster = LocalCluster(d / "cluster", num_groups=3, steps=100_000, step_pause_s=STEP_PAUSE,
                            pg_timeout_s=20, join_timeout_ms=5000, heartbeat_timeout_ms=5000,
-                           extra_env={"LIGHTKEEPER_MONITOR": url})
+                           extra_env={"LIGHTKEEPER_MONITOR": url,
+                                      "LIGHTKEEPER_FAULT_TOKEN": FAULT_TOKEN})
     e = {"dir": d, "port": port, "monitor_url": url, "state": d / "monitor.sqlite",
          "cluster": cluster, "monitors": 0, "monitor": None}
     try:
@@ -109,15 +122,23 @@ def median_recent(env, g: int, last: int = 5) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def restart_group(env, g: int, fault_in_steps: int, kind: str) -> int:
-    """Restart group g with a fault ``fault_in_steps`` after the survivors' current step."""
+def restart_group(env, g: int) -> None:
+    """Restart group g once it has exited; wait until it caught up with group 0."""
     cluster = env["cluster"]
     wait_until(lambda: not cluster.groups[g].alive(), 30, what=f"group {g} to exit")
-    at = step_of(env, 0) + fault_in_steps
-    cluster.start_group(g, [f"{kind}:at_step={at}"])
+    cluster.start_group(g)
     cluster.wait_for_workers(g, timeout=90)
     wait_until(lambda: step_of(env, g) >= step_of(env, 0) - 2 and step_of(env, g) > 0, 90,
                what=f"restarted group {g} to catch up")
+
+
+def post_fault(env, g: int, kind: str, ahead: int = 4) -> int:
+    """Arm ``kind:at_step=S`` on group g's rank, S ``ahead`` steps past the job's step."""
+    at = max(step_of(env, h) for h in range(3)) + ahead
+    for url in env["cluster"].groups[g].worker_urls.values():
+        r = requests.post(url + "/v1/faults", json={"spec": f"{kind}:at_step={at}"}, timeout=5,
+                          headers={"Authorization": f"Bearer {FAULT_TOKEN}"})
+        assert r.status_code == 200, r.text
     return at
 
 
@@ -136,6 +157,26 @@ def test_healthy_run_has_no_findings(env):
     assert mon.get("/v1/findings") == []
     assert evictions(mon) == []
     env["baseline_step_s"] = median_recent(env, 0, last=16)
+    # the goodput ledger of the healthy run
+    g = mon.get("/v1/goodput")
+    (env["dir"] / "goodput_healthy.json").write_text(json.dumps(g, indent=1))
+    j = g["job"]
+    assert g["expected_groups"] == 3 and g["incidents"] == [], g
+    assert g["baseline"]["step_seconds"] is not None
+    bad = j["badput_seconds"]
+    assert bad["startup"] > 0
+    assert bad["stall"] == bad["recovery"] == bad["capacity_lost"] == 0, j
+    assert bad["straggler_drag"] == 0, j
+    # On this shared 2-core machine other work slows the job below 90% of its measured pace
+    # now and then; the ledger rightly calls that unexplained (pending, then unattributed),
+    # never a fault's. Measured: 1.3 of 33 replica-s after startup at load average 6,
+    # 7.7 of 36 at load average 9. A quiet machine shows ~0.
+    after_startup = j["expected_seconds"] - bad["startup"]
+    assert after_startup > 0
+    noise = bad["unattributed"] + j["pending_seconds"]
+    load = os.getloadavg()[0]
+    assert noise <= 0.3 * after_startup, (load, g)
+    assert j["goodput_seconds"] / after_startup >= 0.7, (load, g)
 
 
 def test_straggler_detected_and_evicted(env):
@@ -161,10 +202,52 @@ def test_straggler_detected_and_evicted(env):
                what=f"survivors' step time back near {base:.3f}s")
 
 
+def test_straggler_and_eviction_are_tied_to_their_finding_and_decision(env):
+    mon = env["monitor"]
+    [ev] = evictions(mon, "evict")
+    [finding] = [f for f in mon.get("/v1/findings") if f["kind"] == "straggler"]
+
+    def back_at_pace():
+        incs = mon.get("/v1/goodput")["incidents"]
+        return incs if incs and incs[0]["back_to_pace_at"] is not None else None
+
+    [inc] = wait_until(back_at_pace, 60, what="the job back at pace")
+    assert inc["kind"] == "straggler" and inc["replica_group"] == 2
+    assert finding["id"] in inc["finding_ids"] and inc["eviction_id"] == ev["id"]
+    # onset: the slow rank's own strike time, before the detector's first evidence
+    assert inc["onset_source"] == "faults_struck_at"
+    assert inc["onset_at"] <= finding["first_seen"]
+    assert inc["onset_at"] <= inc["detected_at"] <= inc["evicted_at"] <= inc["back_to_pace_at"]
+    assert inc["open"] and inc["rejoined_at"] is None  # group 2 is not restarted yet
+    # let the killed group's capacity accrue a little more, then read the whole ledger
+    wait_until(lambda: mon.get("/v1/goodput")["incidents"][0]["cost"]["by_cause"].get(
+        "capacity_lost", 0) >= 5, 30, what="capacity lost on the incident")
+    g = mon.get("/v1/goodput?intervals=500")
+    (env["dir"] / "goodput_evicted.json").write_text(json.dumps(g, indent=1))
+    [inc] = g["incidents"]
+    by = inc["cost"]["by_cause"]
+    assert by.get("straggler_drag", 0) > 0 and by.get("capacity_lost", 0) >= 5, inc
+    assert inc["cost"]["gpu_seconds"] == pytest.approx(inc["cost"]["replica_seconds"], rel=1e-3)
+    ivs = g["intervals"]
+    drag = [iv for iv in ivs if iv["cause"] == "straggler_drag"]
+    assert drag and all(iv["incident"] == inc["id"] and iv["finding_id"] in inc["finding_ids"]
+                        for iv in drag)
+    after = [iv for iv in ivs if iv["cause"] in ("capacity_lost", "recovery")
+             and iv["start"] >= inc["evicted_at"] - 1]
+    assert {iv["cause"] for iv in after} >= {"capacity_lost"}
+    assert all(iv["eviction_id"] == ev["id"] and iv["incident"] == inc["id"] for iv in after)
+    assert {iv["replica_group"] for iv in after if iv["cause"] == "capacity_lost"} == {2}
+    # the invariant on the live monitor
+    j = g["job"]
+    assert j["goodput_seconds"] + sum(j["badput_seconds"].values()) + j["pending_seconds"] \
+        == pytest.approx(j["expected_seconds"], abs=0.05)
+    assert j["expected_seconds"] == pytest.approx(3 * g["wall_seconds"], rel=0.01)
+
+
 def test_monitor_restart_keeps_audit_and_judges_new_incarnation_afresh(env):
     before = evictions(env["monitor"])
     env["monitor"].stop()
-    env["hang_at"] = restart_group(env, 2, 100, "hang")
+    restart_group(env, 2)
     env["monitor"] = mon = MonitorProc(env)
     after = evictions(mon)
     assert after == before  # audit log intact across the restart
@@ -174,9 +257,11 @@ def test_monitor_restart_keeps_audit_and_judges_new_incarnation_afresh(env):
                            and g["status"] == "up" for g in mon.get("/v1/cluster")["groups"]),
                30, what="the monitor to see the new group 2")
     # running healthy on: the new incarnation is not evicted on the old straggler evidence
-    wait_until(lambda: step_of(env, 0) >= env["hang_at"] - 3, 120, what="steps before the hang")
+    healthy_from = step_of(env, 0)
+    wait_until(lambda: step_of(env, 0) >= healthy_from + 20, 120, what="20 healthy steps")
     assert len(evictions(mon, "evict")) == 1
     assert not [f for f in mon.get("/v1/findings?open=1") if f["kind"] != "dead"]
+    env["hang_at"] = post_fault(env, 2, "hang")
 
 
 def test_hang_detected_and_evicted_survivors_recover(env):
@@ -208,10 +293,14 @@ def test_hang_detected_and_evicted_survivors_recover(env):
 
 def test_mismatch_reported_and_min_replicas_holds(env):
     env["monitor"].stop()
-    at = restart_group(env, 2, 100, "mismatch")
+    restart_group(env, 2)
     env["monitor"] = mon = MonitorProc(env, "--min-replicas", "3")
     n_evict = len(evictions(mon, "evict"))
-    wait_until(lambda: step_of(env, 0) >= at - 5, 120, what="steps before the mismatch")
+    # the new monitor knows the new group 2 (it registers every 5 s) before the fault strikes
+    wait_until(lambda: sum(g["status"] == "up" and g["in_quorum"]
+                           for g in mon.get("/v1/cluster")["groups"]) == 3, 60,
+               what="the monitor to see 3 groups in the quorum")
+    post_fault(env, 2, "mismatch")
     wait_until(lambda: [f for f in mon.get("/v1/findings") if f["kind"] == "mismatch"], 60,
                what="the mismatch finding")
     [f] = [f for f in mon.get("/v1/findings") if f["kind"] == "mismatch"]

@@ -1,7 +1,10 @@
 """Rank-level faults in real multi-rank replica groups, and the clock-free evidence each rank
 serves: 3 replica groups x 2 ranks (FSDP2 inside a group over gloo, torchft across), every rank
 its own process launched bare (RANK/WORLD_SIZE/MASTER_* set, group rank 0 hosts the store), a
-real Lighthouse. Small model, short timeouts; every wait polls /v1/state with a deadline."""
+real Lighthouse. Small model, short timeouts; every wait polls /v1/state with a deadline.
+
+One job serves the module, in file order: the slow rank's evidence, a live in-group hang of
+group 2, then (group 2 killed) a crash of group 0's rank 1."""
 
 from __future__ import annotations
 
@@ -120,41 +123,44 @@ def test_hang_in_group_posted_live_blocks_peer_inside_its_collective(job):
     assert job.groups[2].alive_ranks() == [0, 1]
 
 
-def test_crash_of_one_rank_leaves_its_group_rank0_stuck_until_the_timeout(tmp_path):
+def test_crash_of_one_rank_leaves_its_group_rank0_stuck_until_the_timeout(job):
     """Measured torchft 0.2.0 behaviour (docs/trainer.md): with bare processes one rank of a group
     exits before its cross-group all_reduce; rank 0 of that group lives on, blocked in
     should_commit's in-group vote (its ManagerServer still heartbeating), until torchft's
-    timeout fails it and it exits; the other groups go on without the group."""
-    pg_timeout = 8.0
-    c = LocalCluster(tmp_path, num_groups=3, ranks_per_group=2, steps=100_000,
-                     pg_timeout_s=pg_timeout, join_timeout_ms=3000, launcher="bare")
-    try:
-        c.start(faults={1: ["crash:at_step=10,rank=1"]}, timeout=180)
-        grp = c.groups[1]
-        wait_until(lambda: grp.rank_procs[1].poll() is not None, 180,
-                   what="group 1's rank 1 to exit")
-        crashed_at = time.monotonic()
-        assert grp.rank_procs[1].returncode == 1
+    timeout fails it and it exits; the other groups go on without the group.
 
-        def rank0_stuck():
-            s = try_state(grp.worker_urls[0])
-            w = s and s["timing"]["waiting"]
-            return s if w and w["scope"] == "group" and w["seconds"] > 2.0 else None
+    On the module's job, after the hang above: group 2 (hung, still heartbeating) is killed
+    first, or the last healthy group could never form a quorum (the Lighthouse needs more than
+    half of the heartbeating groups); then group 0's rank 1 crashes and group 1 goes on alone."""
+    pg_timeout = 8.0  # the module job's
+    job.kill_group(2)
+    grp = job.groups[0]
+    urls = grp.worker_urls
+    at = max(try_state(u)["step"] for u in urls.values()) + 3
+    for u in urls.values():  # as the demo does: to every rank of the group
+        r = requests.post(u + "/v1/faults", json={"spec": f"crash:at_step={at},rank=1"},
+                          timeout=5, headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 200, r.text
+    wait_until(lambda: grp.rank_procs[1].poll() is not None, 120,
+               what="group 0's rank 1 to exit")
+    crashed_at = time.monotonic()
+    assert grp.rank_procs[1].returncode == 1
 
-        stuck = wait_until(rank0_stuck, pg_timeout, interval=0.2,
-                           what="group 1's rank 0 to wait in its group's commit vote")
-        assert stuck["phase"] == "commit" and grp.rank_procs[0].poll() is None
+    def rank0_stuck():
+        s = try_state(urls[0])
+        w = s and s["timing"]["waiting"]
+        return s if w and w["scope"] == "group" and w["seconds"] > 2.0 else None
 
-        wait_until(lambda: grp.rank_procs[0].poll() is not None, pg_timeout + 30,
-                   what="group 1's rank 0 to fail at torchft's timeout")
-        stalled = time.monotonic() - crashed_at
-        assert grp.rank_procs[0].returncode != 0
-        assert stalled >= pg_timeout - 3.0, stalled  # it lived on until the timeout
-
-        survivors = [u for g in (0, 2) for u in c.groups[g].worker_urls.values()]
-        before = {u: try_state(u)["commits"] for u in survivors}
-        wait_until(lambda: all((s := try_state(u)) and s["num_participants"] == 2
-                               and s["commits"] >= before[u] + 3 for u in survivors),
-                   60, interval=0.5, what="groups 0 and 2 to commit without group 1")
-    finally:
-        c.stop()
+    stuck = wait_until(rank0_stuck, pg_timeout, interval=0.2,
+                       what="group 0's rank 0 to wait in its group's commit vote")
+    assert stuck["phase"] == "commit" and grp.rank_procs[0].poll() is None
+    wait_until(lambda: grp.rank_procs[0].poll() is not None, pg_timeout + 30,
+               what="group 0's rank 0 to fail at torchft's timeout")
+    stalled = time.monotonic() - crashed_at
+    assert grp.rank_procs[0].returncode != 0
+    assert stalled >= pg_timeout - 3.0, stalled  # it lived on until the timeout
+    survivors = list(job.groups[1].worker_urls.values())
+    before = {u: try_state(u)["commits"] for u in survivors}
+    wait_until(lambda: all((s := try_state(u)) and s["num_participants"] == 1
+                           and s["commits"] >= before[u] + 3 for u in survivors),
+               60, interval=0.5, what="group 1 to commit without groups 0 and 2")
