@@ -13,7 +13,10 @@ The main loop samples every rank's ``/v1/state`` and the monitor's findings/evic
 and records a timeline; at the end (Ctrl-C, SIGTERM and failures included) it writes
 ``report.json``, ``report.md`` and ``timeline.png`` to ``--report-dir`` and stops every process
 it started, by PID. ``--keep-running`` leaves everything up after the scenario until Ctrl-C or
-SIGTERM. See the README (`lightkeeper demo`).
+SIGTERM. Each evicted fault's recovery is told stage by stage with its cost from the monitor's
+goodput ledger and torchft alone's computed beside it (:mod:`lightkeeper.recovery`); the
+supervisor restarts an evicted group from a warm spare (``LocalCluster.start_spare``). See
+docs/demo.md.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from .scenario import FaultPlan, Scenario, default_faults, parse_inject
 
 LOCK_NAME = "lightkeeper-demo.lock"
 TICK_S = 0.5
+LEDGER_WAIT_S = 30.0  # after the healthy end, for the ledger's back-at-pace verdicts
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -544,6 +548,18 @@ class Demo:
     def story_over(self) -> bool:
         return all(tr.done for tr in self.tracks)
 
+    def ledger_settled(self) -> bool:
+        """Every evicted fault's incident in the monitor's ledger has its back-at-pace time."""
+        from .recovery import ledger_incident
+
+        for f in self.faults:
+            if f["evicted_at_s"] is None:
+                continue
+            inc = ledger_incident(f, self.goodput, self.t0_unix)
+            if inc is None or inc.get("back_to_pace_at") is None:
+                return False
+        return True
+
     def run_scenario(self) -> None:
         plans = self.sc.faults
         if not plans:
@@ -563,6 +579,8 @@ class Demo:
         for plan in live:  # one at a time: the next once the last one's story is over
             self.status = "following the faults"
             self.wait(self.story_over, float("inf"))
+            # and the monitor's ledger saw the job back at pace: each fault measured alone
+            self.wait(self.ledger_settled, LEDGER_WAIT_S)
             # No refill of a used spare here: its import would slow the job that is being
             # measured (on this machine a spare shares the cores; a real one waits elsewhere).
             self.inject_live(plan)
@@ -572,6 +590,10 @@ class Demo:
             f"{tr.index}: {tr.record['outcome']}" for tr in self.tracks))
         self.status = f"healthy end ({self.sc.end_s:g}s)"
         self.wait(lambda: False, self.sc.end_s)
+        # The ledger says a job is back at pace once a whole pace window (20 steps, 3 s at
+        # least) after the eviction was at pace: give it that long to say so (at most 30 s).
+        self.status = "waiting for the monitor's ledger to see the job back at pace"
+        self.wait(self.ledger_settled, LEDGER_WAIT_S)
 
     # --- live injection -----------------------------------------------------------------------
     def post_fault(self, urls: list[str], spec: str) -> bool:

@@ -319,8 +319,9 @@ def stages_markdown(rep: dict) -> str:
 def cost_markdown(rep: dict) -> str:
     """What each fault cost (measured by the monitor's ledger) beside what torchft alone would
     have cost under the same settings, and at torchft's defaults (computed)."""
-    lines = ["What each fault cost: with Lightkeeper (measured) and torchft alone (computed, "
-             "same settings / torchft defaults; to the end of this run):", "",
+    lines = ["What each fault cost: with Lightkeeper (measured by the monitor's ledger) and "
+             "with torchft alone (computed from the timeouts: the same settings, and torchft's "
+             "defaults):", "",
              "| # | fault | recovery, onset -> back at pace (measured) | cost (measured) "
              "| torchft alone, same settings (computed) | torchft alone, defaults (computed) |",
              "|---|---|---|---|---|---|"]
@@ -341,7 +342,8 @@ def cost_markdown(rep: dict) -> str:
             if not a:
                 return "—"
             return (f"{a['outcome']}; {a['replica_seconds']:.1f} replica-s, "
-                    f"{a['job_steps']} job steps")
+                    f"{a['job_steps']} job steps to the end of this run, then "
+                    f"{a['per_hour_after_replica_s'] / 3600:.2f} replica-s per second")
         lines.append(f"| {i} | `{f['spec']}` | {rec_s} | {cost_s} | {alone(f.get('torchft_alone'))} "
                      f"| {alone(f.get('torchft_alone_at_defaults'))} |")
     return "\n".join(lines)

@@ -45,8 +45,8 @@ class Scenario:
     # torchft Lighthouse: how long a replica may go without a heartbeat before it is dead, and
     # how long a quorum waits for heartbeating replicas that have not asked to join. After an
     # eviction the survivors' next quorum waits for the shorter of the two (docs/demo.md).
-    heartbeat_timeout_ms: int = 1000
-    join_timeout_ms: int = 1000
+    heartbeat_timeout_ms: int = 1000  # docs/lighthouse.md: no false drop in 10 healthy min
+    join_timeout_ms: int = 5000
     hang_floor_s: float = 1.0      # monitor --hang-floor: a hang is >= this many s without progress
     warm_spares: bool = True       # the supervisor keeps one started, imported spare per group
 

@@ -69,6 +69,14 @@ def test_keep_running_stays_up_until_sigterm(tmp_path, mode):
         poll(announced, 300, "the demo to announce the running cluster")
         report = json.loads((report_dir / "report.json").read_text())
         text = out_path.read_text()
+        # a healthy run's report: no fault, no finding (with --steps only the groups that
+        # finished are gone: `dead`), no eviction, one healthy phase
+        assert report["faults"] == [] and report["restarts"] == []
+        assert [d for d in report["detections"] if "--duration" in mode or d["kind"] != "dead"] \
+            == [], report["detections"]
+        assert [e for e in report["evictions"] if e["decision"] == "evict"] == []
+        assert [p["name"] for p in report["phases"]] == ["healthy"]
+        assert report["healthy_step_rate"] > 0 and report["config"]["warm_spares"] is False
         urls = report["urls"]
         monitor = urls["monitor"]
         ranks = re.findall(r"curl (http://127\.0\.0\.1:\d+)/v1/state", text)
