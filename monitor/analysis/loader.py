@@ -30,6 +30,7 @@ import os
 import pickle
 import re
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,10 +165,11 @@ def load_paths(paths: Iterable[str | Path], jobs: int | None = None) -> LoadResu
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     outcomes: Iterable[Outcome]
-    if jobs > 1 and len(files) > 1 and _total_size(files) >= POOL_MIN_BYTES:
-        outcomes = run_pool(files, jobs, LOAD_TASK, unpack)
-    else:
-        outcomes = _load_here(files)
+    with _no_cyclic_gc():
+        if jobs > 1 and len(files) > 1 and _total_size(files) >= POOL_MIN_BYTES:
+            outcomes = run_pool(files, jobs, LOAD_TASK, unpack)
+        else:
+            outcomes = list(map(load_outcome, files))
     for path, (trace, error) in zip(files, outcomes, strict=True):
         if trace is None:
             result.errors.append({"path": str(path), "error": error or "not loaded"})
@@ -181,16 +183,17 @@ def load_paths(paths: Iterable[str | Path], jobs: int | None = None) -> LoadResu
     return result
 
 
-def _load_here(files: list[Path]) -> Iterator[Outcome]:
-    # a dump is hundreds of thousands of small containers: the cyclic GC would rescan them
-    # over and over while they are built, for nothing (they hold no cycles)
-    gc_was_enabled = gc.isenabled()
+@contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    # a dump is hundreds of thousands of small containers, and the traces the workers send
+    # back thousands more: the cyclic GC would rescan them over and over while they are built,
+    # for nothing (they hold no cycles)
+    was_enabled = gc.isenabled()
     gc.disable()
     try:
-        for path in files:
-            yield load_outcome(path)
+        yield
     finally:
-        if gc_was_enabled:
+        if was_enabled:
             gc.enable()
 
 
