@@ -16,27 +16,33 @@ spent blocked in:
   :mod:`worker_server.fsdp`) and ``should_commit``, the in-group commit vote (a healing step's
   commit also loads the peer's state).
 
-``compute_s`` is the rest: ``step_s - wait_cross_s - wait_group_s``. The cost is two
-``time.monotonic()`` calls per timed call and a few float additions; nothing is synchronized
+``compute_s`` is the rest: ``step_s - wait_cross_s - wait_group_s``. Without CUDA the cost is
+two ``time.monotonic()`` calls per timed call and a few float additions; nothing is synchronized
 and nothing is sent.
 
 On CUDA the host clock alone is wrong. Kernels run asynchronously: the host returns from the
 forward/backward launches at once and meets the GPU's work wherever it next synchronizes, inside a
 collective (gloo copies CUDA tensors to the host) or in ``should_commit``'s device synchronize.
-Measured on an H100 (docs/gpu.md), a rank with 4x the GPU work showed host compute_s of a few
-milliseconds like its peer and waited about as long, so the slow rank was not the one with the
-short wait. So when the process uses CUDA, every timed wait also records a CUDA event on the
-current stream as it begins and as it ends; a wait's length is then the GPU time between those
-two events: it starts when the rank's own queued work before the collective is done and ends
-when the stream can go on after it. That covers a host that blocks (gloo on CUDA tensors, the
+Measured on an H100 (docs/gpu.md): a rank whose GPU took 30 ms longer per step, with the same
+launches as its peer, showed the same host compute (4 ms) and the same wait (50.5 ms) as the
+peer, so the slow rank was not the one with the short wait (it waited less in 18 of 30 steps:
+chance); with the events below it waited 4 ms and its peer 35 ms, in 30 of 30 steps.
+
+So when the process uses CUDA, every timed wait also records a CUDA event on the current stream
+as it begins and as it ends; a wait's length is then the GPU time between those two events: it
+starts when the rank's own queued work before the collective is done and ends when the stream
+can go on after it. That covers a host that blocks (gloo on CUDA tensors, the
 commit vote: the GPU sits idle until the host returns) and a collective that only makes the
 stream wait (NCCL: the span is the collective's own time on the GPU, its waits for peers
 included). The step itself stays host time; ``compute_s = step_s - waits``.
 
 ``LIGHTKEEPER_CUDA_TIMING`` chooses: ``auto`` (default: CUDA events from the first step that
 begins after this process initialized CUDA; host time without CUDA) or ``off`` (host time only).
-Any other value is a ``ValueError`` when the timer is made.
-The cost on CUDA is two event records per timed wait (microseconds, events reused) and, at the
+Any other value is a ``ValueError`` when the timer is made. The wait in progress that readers
+see (``waiting``) is always host time.
+
+The cost on CUDA is two event records per timed wait (events reused; measured on an H100 host:
+about 0.3 ms a step with 10 timed waits, inside that run's block-to-block spread) and, at the
 end of a step, one wait on the step's last event, which in a torchft loop has already passed
 (``should_commit`` synchronizes the stream); a loop that does not synchronize would wait there for
 its GPU to reach the end of the step. A CUDA error while recording or reading events makes that
