@@ -135,6 +135,8 @@ class HostLedger:
                 if self.cfg.after.get(f.get("kind"), 0) < 1:
                     continue  # not a kind that counts against a host
                 for host, c in culprit_hosts(f).items():
+                    if self._seen_before_restart(host, f):
+                        continue
                     h = self._host(host, now)
                     h["node"] = c["node"] or h["node"]
                     for d in c["devices"]:
@@ -145,11 +147,22 @@ class HostLedger:
                         "replica_group": f.get("replica_group"),
                         "replica_id": f.get("replica_id"), "ranks": c["ranks"],
                         "devices": [device_label(d) for d in c["devices"]]})
-                    if h["state"] == OK:
+                    if h["state"] in (OK, RELEASED):
                         self._set_state(h, SUSPECT, now)
                     self._save(h, now)
                     offended.append(host)
         return offended
+
+    def _seen_before_restart(self, host: str, f: dict[str, Any]) -> bool:
+        """The same episode confirmed again after a monitor restart (the restart closed the
+        finding as ``monitor_restarted``; the detectors confirm it anew): not a new offence."""
+        for o in self.store.host_offences(host, limit=20):
+            d = o["data"]
+            if o["kind"] == f["kind"] and d.get("replica_id") == f.get("replica_id") \
+                    and d.get("replica_group") == f.get("replica_group") \
+                    and self.store.finding_resolution(o["finding_id"]) == "monitor_restarted":
+                return True
+        return False
 
     # --- the policy --------------------------------------------------------------------------
     def _counting_offences(self, h: dict[str, Any], now: float) -> list[dict[str, Any]]:
@@ -168,8 +181,8 @@ class HostLedger:
                     out.append(self._release(h, now, "ttl", f"quarantine TTL "
                                              f"({self.cfg.ttl_s:g}s) expired", "auto"))
             for h in list(self.hosts.values()):
-                if h["state"] == QUARANTINED:
-                    continue
+                if h["state"] != SUSPECT:
+                    continue  # an offence makes a host suspect (record): only those are judged
                 offences = self._counting_offences(h, now)
                 counts: dict[str, int] = {}
                 for o in offences:

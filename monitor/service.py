@@ -261,7 +261,7 @@ class Monitor:
                 blind = (f"the monitor reaches only {view.reachable_fraction:.0%} of the ranks "
                          "it knows; it may be the problem")
             self.hosts.decide(now, blind, len(self.hosts.known_hosts(view)))
-            if self.hosts.sinks:
+            if self.hosts.sinks and self.store.host_actions(due_at=now, limit=1):
                 threading.Thread(target=self.hosts.run_actions, name="lightkeeper-host-actions",
                                  daemon=True).start()
             self.metrics.set_hosts(self.hosts.counts(), self.hosts.to_json(now))

@@ -165,6 +165,14 @@ class Store:
                              (at, resolution, finding_id))
             self._db.commit()
 
+    def finding_resolution(self, finding_id: int | None) -> str | None:
+        if finding_id is None:
+            return None
+        with self._lock:
+            row = self._db.execute("SELECT resolution FROM findings WHERE id=?",
+                                   (finding_id,)).fetchone()
+        return row[0] if row else None
+
     def open_finding_ids(self) -> dict[tuple, int]:
         """(kind, replica_group, replica_id) -> id of findings not resolved yet."""
         with self._lock:

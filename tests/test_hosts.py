@@ -314,3 +314,20 @@ def test_routes_hosts_and_release(tmp_path):
         assert json.loads(json.dumps(body))  # serializable
     finally:
         m.stop()
+
+
+def test_an_episode_confirmed_again_after_a_monitor_restart_is_not_a_second_offence(tmp_path):
+    clock = Clock()
+    led = ledger(tmp_path, clock)
+    f = finding("straggler", "h1", None)
+    f["id"] = led.store.add_finding({**f, "first_seen": clock()})
+    led.record([f], clock())
+    led.store.resolve_finding(f["id"], clock(), "monitor_restarted")  # what a restart does
+    again = finding("straggler", "h1", None)
+    again["id"] = led.store.add_finding({**again, "first_seen": clock()})
+    led.record([again], clock())
+    assert len(led.store.host_offences("h1")) == 1 and led.decide(clock(), None, 40) == []
+    other = finding("straggler", "h1", None, rid="g1:b")  # a new incarnation straggles too
+    other["id"] = led.store.add_finding({**other, "first_seen": clock()})
+    led.record([other], clock())
+    assert led.decide(clock(), None, 40)[0]["decision"] == "quarantine"
