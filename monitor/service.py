@@ -76,6 +76,7 @@ class Monitor:
         self.metrics = MonitorMetrics(cfg.job)
         self.hosts = HostLedger(self.store, cfg.quarantine, self._build_sinks(), cfg.job, clock)
         self.hosts_error: str | None = None
+        self._host_actions: threading.Thread | None = None
         # slow-recovery warning from the Lighthouse's settings (docs/lighthouse.md)
         self.lh_settings = LighthouseSettingsWatch(cfg.lighthouse_heartbeat_timeout_ms,
                                                    cfg.lighthouse_join_timeout_ms, cfg.interval_s)
@@ -125,6 +126,8 @@ class Monitor:
             self._loop_thread.join(timeout=30)
         if self._http is not None:
             self._http.stop()
+        if self._host_actions is not None:  # an attempt under way finishes (bounded by its timeout)
+            self._host_actions.join(timeout=self.cfg.quarantine.action_timeout_s + 5)
         try:
             with self._goodput_lock:
                 self._save_goodput(self.clock(), force=True)
@@ -262,8 +265,7 @@ class Monitor:
                          "it knows; it may be the problem")
             self.hosts.decide(now, blind, len(self.hosts.known_hosts(view)))
             if self.hosts.sinks and self.store.host_actions(due_at=now, limit=1):
-                threading.Thread(target=self.hosts.run_actions, name="lightkeeper-host-actions",
-                                 daemon=True).start()
+                self._start_host_actions()
             self.metrics.set_hosts(self.hosts.counts(), self.hosts.to_json(now))
             self.hosts_error = None
         except Exception as e:
@@ -285,9 +287,18 @@ class Monitor:
         """``POST /v1/hosts/{host}/release``; KeyError / ValueError as HostLedger.release."""
         out = self.hosts.release(host, reason)
         if self.hosts.sinks:
-            threading.Thread(target=self.hosts.run_actions, name="lightkeeper-host-actions",
-                             daemon=True).start()
+            self._start_host_actions()
         return out
+
+    def _start_host_actions(self) -> None:
+        """Carry out due sink actions on a background thread (one at a time: run_actions
+        returns at once while another call runs)."""
+        t = self._host_actions
+        if t is not None and t.is_alive():
+            return
+        self._host_actions = threading.Thread(target=self.hosts.run_actions,
+                                              name="lightkeeper-host-actions", daemon=True)
+        self._host_actions.start()
 
     # --- decisions and actions -------------------------------------------------------
     def blind_reason(self) -> str | None:
