@@ -701,7 +701,8 @@ def plot(result: dict, path: Path) -> str | None:
     per = result["settings"]["samples_per_group_step"]
     fig, ax = plt.subplots(figsize=(10, 5.5))
     colors = {"fault_free": "tab:green", "torchft_defaults": "tab:red",
-              "torchft_tuned": "tab:orange", "lightkeeper": "tab:blue"}
+              "torchft_tuned": "tab:orange", "lightkeeper": "tab:blue",
+              "lightkeeper_cold": "tab:purple"}
     for r in result["runs"]:
         if "series" not in r:
             continue
@@ -713,7 +714,8 @@ def plot(result: dict, path: Path) -> str | None:
             ys.append(n * per)
         xs.append(r["wall_s"])
         ys.append(n * per)
-        ax.step(xs, ys, where="post", color=colors.get(r["run"]), label=(
+        ax.step(xs, ys, where="post", color=colors.get(r["run"]),
+                ls="--" if r["run"] not in RUNS else "-", label=(
             f"{r['run']}: {r['samples_per_s']:.0f} samples/s, goodput {r['goodput']['ratio']:.2f}"
             if "goodput" in r else r["run"]))
         if r["run"] == "lightkeeper":
@@ -850,7 +852,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(result))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1))
+        Path(args.out).write_text(json.dumps(result, separators=(",", ":")))
         print(f"json: {args.out}")
     if args.png:
         Path(args.png).parent.mkdir(parents=True, exist_ok=True)
