@@ -39,6 +39,10 @@ TAINT_KEY = "lightkeeper.io/quarantined"
 CONDITION = "LightkeeperQuarantined"
 DEFAULT_POD_SELECTOR = "app.kubernetes.io/component=training"
 SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+# Every request this sink makes, as RBAC rules (deploy/kubernetes/quarantine/ grants exactly these;
+# tests/test_hosts_deploy.py checks it): (resource, verbs), core API group.
+RBAC_CLUSTER = {"nodes": ("get", "patch"), "nodes/status": ("patch",)}
+RBAC_NAMESPACE = {"pods": ("list", "delete")}
 
 
 def _rfc3339(t: float) -> str:
