@@ -1,5 +1,5 @@
 """Trainer faults and multi-rank groups with real parts: a hung group's stacks and survivors,
-and FT-HSDP (torchrun, FSDP2 inside a group) healing across groups."""
+and FT-HSDP (torchrun, FSDP2 inside a group, torchft across groups)."""
 
 from __future__ import annotations
 
@@ -59,8 +59,11 @@ def test_hang_stacks_answer_fast_and_survivor_moves_on(hung_cluster, tmp_path):
     assert c.groups[0].alive() and c.groups[2].alive()
 
 
-def test_two_ranks_per_group_fsdp2_inside_heals_across_groups(tmp_path):
-    """FT-HSDP: torchrun runs 2 ranks per group (FSDP2 inside), groups average across."""
+def test_two_ranks_per_group_under_torchrun_fsdp2_inside_torchft_across(tmp_path):
+    """FT-HSDP under torchrun: 2 ranks per group (FSDP2 inside, the agent hosts the group's
+    store), groups averaged across by torchft. Healing after a restart is checked elsewhere:
+    FSDP2 groups of 2 ranks, bare-launched, four times in tests/test_monitor_e2e_multirank.py
+    (each rank healed, at the quorum's step); a torchrun group in tests/test_trainer_e2e.py."""
     c = LocalCluster(tmp_path, num_groups=2, ranks_per_group=2, steps=100_000, pg_timeout_s=10)
 
     def all_states():
@@ -78,16 +81,5 @@ def test_two_ranks_per_group_fsdp2_inside_heals_across_groups(tmp_path):
         names = {(e["process_group"][0], e["profiling_name"]) for e in dump["entries"]}
         assert ("", "gloo:all_reduce") in names  # across groups (torchft)
         assert any(n.startswith("gloo:all_gather") for _, n in names)  # FSDP2 inside the group
-
-        step_before_kill = max(x["step"] for x in all_states())
-        c.kill_group(1)  # torchrun and both its workers, found by PID
-        c.start_group(1)
-        c.wait_for_workers(1)
-        healed = wait_until(lambda: (s := all_states()) and len(s) == 4 and all(
-            x["num_participants"] == 2 for x in s) and s, 120, what="group 1 to heal")
-        by_rank = {x["rank"]: x for x in healed}
-        assert by_rank[2]["heals"] == 1 and by_rank[3]["heals"] == 1
-        # A fresh process continues at the quorum's step: it loaded its shards from the peer.
-        assert by_rank[2]["step"] >= step_before_kill and by_rank[3]["step"] >= step_before_kill
     finally:
         c.stop()
