@@ -126,15 +126,24 @@ class HostLedger:
         seen = {(r.state or {}).get("host") for r in view.ranks.values()} if view else set()
         return {h for h in seen if h} | set(self.hosts)
 
-    def record(self, findings: list[dict[str, Any]], now: float) -> list[str]:
+    def record(self, findings: list[dict[str, Any]], now: float,
+               group_hosts: dict[int, set[str]] | None = None) -> list[str]:
         """Record new confirmed findings (dicts with ``id``) against their culprits' hosts;
-        returns the hosts that offended."""
+        returns the hosts that offended.
+
+        ``group_hosts`` (replica group -> the hosts its ranks run on): a finding that names
+        every host of a group spanning several hosts (e.g. a straggler group where no rank stands
+        out) does not single out a host; its offences are recorded with ``counts: false`` and
+        never count towards a quarantine."""
         offended = []
         with self._lock:
             for f in findings:
                 if self.cfg.after.get(f.get("kind"), 0) < 1:
                     continue  # not a kind that counts against a host
-                for host, c in culprit_hosts(f).items():
+                named = culprit_hosts(f)
+                spans = (group_hosts or {}).get(f.get("replica_group")) or set()
+                counts = not (len(spans) > 1 and set(named) >= spans)
+                for host, c in named.items():
                     if self._seen_before_restart(host, f):
                         continue
                     h = self._host(host, now)
@@ -146,8 +155,12 @@ class HostLedger:
                         "kind": f["kind"], "finding_id": f.get("id"),
                         "replica_group": f.get("replica_group"),
                         "replica_id": f.get("replica_id"), "ranks": c["ranks"],
-                        "devices": [device_label(d) for d in c["devices"]]})
-                    if h["state"] in (OK, RELEASED):
+                        "devices": [device_label(d) for d in c["devices"]], "counts": counts})
+                    if not counts:
+                        log.info("%s in replica group %s names all its hosts (%s): recorded, not "
+                                 "counted against %s", f["kind"], f.get("replica_group"),
+                                 ", ".join(sorted(spans)), host)
+                    if counts and h["state"] in (OK, RELEASED):
                         self._set_state(h, SUSPECT, now)
                     self._save(h, now)
                     offended.append(host)
@@ -168,7 +181,8 @@ class HostLedger:
     def _counting_offences(self, h: dict[str, Any], now: float) -> list[dict[str, Any]]:
         since = max(now - self.cfg.window_s, h.get("released_at") or float("-inf"))
         return [o for o in self.store.host_offences(h["host"], since=since)
-                if o["at"] > (h.get("released_at") or float("-inf"))]
+                if o["at"] > (h.get("released_at") or float("-inf"))
+                and o["data"].get("counts", True)]
 
     def decide(self, now: float, blind: str | None, known: int) -> list[dict[str, Any]]:
         """Expire quarantines past their TTL, then judge every host that offended; returns the
@@ -408,7 +422,8 @@ class HostLedger:
             h["offences"] = [{"at": o["at"], "kind": o["kind"], "finding_id": o["finding_id"],
                               "replica_group": o["data"].get("replica_group"),
                               "ranks": o["data"].get("ranks"),
-                              "in_window": o["at"] >= since
+                              "counts": o["data"].get("counts", True),
+                              "in_window": o["data"].get("counts", True) and o["at"] >= since
                               and o["at"] > (h.get("released_at") or float("-inf"))}
                              for o in rows]
             h.pop("present_replica_ids", None)

@@ -257,8 +257,11 @@ class Monitor:
         """Offences from this sweep's new findings, the quarantine policy, then the due sink
         actions on a background thread (a slow sink never delays a sweep). Never raises."""
         try:
+            group_hosts = {g: {r.state["host"] for r in gv.ranks
+                               if r.state and r.state.get("host")}
+                           for g, gv in view.groups.items()}
             self.hosts.record([{**f.to_dict(), "id": self._finding_ids.get(f.key)}
-                               for f in new], now)
+                               for f in new], now, group_hosts)
             blind = self.blind_reason()
             if not blind and view.reachable_fraction <= self.cfg.rails.min_reachable_fraction:
                 blind = (f"the monitor reaches only {view.reachable_fraction:.0%} of the ranks "

@@ -331,3 +331,19 @@ def test_an_episode_confirmed_again_after_a_monitor_restart_is_not_a_second_offe
     other["id"] = led.store.add_finding({**other, "first_seen": clock()})
     led.record([other], clock())
     assert led.decide(clock(), None, 40)[0]["decision"] == "quarantine"
+
+
+def test_a_finding_naming_every_host_of_a_multi_host_group_singles_out_none(tmp_path):
+    clock = Clock()
+    led = ledger(tmp_path, clock)
+    f = finding("hang", "h1", 1)
+    f["evidence"]["culprits"].append({"rank": 3, "host": "h2"})
+    led.record([f], clock(), group_hosts={1: {"h1", "h2"}})
+    assert led.decide(clock(), None, 40) == [] and led.quarantined() == []
+    assert [o["counts"] for o in led.to_json(clock())[0]["offences"]] == [False]
+    # one host of the two named: that one is singled out
+    led.record([finding("hang", "h1", 2)], clock(), group_hosts={1: {"h1", "h2"}})
+    assert [d["host"] for d in led.decide(clock(), None, 40)] == ["h1"]
+    # a group on one host: naming all its ranks names that host
+    led.record([finding("hang", "h3", 3, group=3)], clock(), group_hosts={3: {"h3"}})
+    assert [d["host"] for d in led.decide(clock(), None, 40)] == ["h3"]
