@@ -12,9 +12,11 @@ window (``--quarantine-after kind=N``), unless a rail holds it, checked in this 
 
 1. ``monitor_blind``: the same rule as evictions (the Lighthouse unreadable, or the monitor
    reaches no more than ``--min-reachable`` of the ranks it knows);
-2. ``cap``: ``--max-quarantined`` hosts (a count, or a fraction of the hosts it knows, at least
+2. ``no_other_host``: every other host the monitor knows is quarantined already (or there is
+   none, as on a one-host job): a quarantine would only evict every restart on the same host;
+3. ``cap``: ``--max-quarantined`` hosts (a count, or a fraction of the hosts it knows, at least
    one) are quarantined already: a monitor bug cannot drain a cluster;
-3. ``dry_run``: ``--quarantine-dry-run`` decides and logs (``would_quarantine`` on the host),
+4. ``dry_run``: ``--quarantine-dry-run`` decides and logs (``would_quarantine`` on the host),
    and changes nothing else.
 
 Every decision (quarantine, hold with its rail, release, expiry) goes to ``host_decisions`` with
@@ -219,6 +221,11 @@ class HostLedger:
                 cap = self.cfg.cap(known)
                 if blind:
                     rail = ("monitor_blind", blind)
+                elif n_quarantined + 1 >= known:
+                    rail = ("no_other_host", f"quarantining {h['host']} would leave none of the "
+                                             f"{known} host(s) the monitor knows to run on "
+                                             f"({n_quarantined} quarantined already): the "
+                                             "restarted group would come back on it")
                 elif n_quarantined >= cap:
                     rail = ("cap", f"{n_quarantined} host(s) quarantined already, the cap "
                                    f"(--max-quarantined {self.cfg.max_quarantined:g} of {known} "

@@ -347,3 +347,19 @@ def test_a_finding_naming_every_host_of_a_multi_host_group_singles_out_none(tmp_
     # a group on one host: naming all its ranks names that host
     led.record([finding("hang", "h3", 3, group=3)], clock(), group_hosts={3: {"h3"}})
     assert [d["host"] for d in led.decide(clock(), None, 40)] == ["h3"]
+
+
+def test_never_the_last_host_a_one_host_job_quarantines_nothing(tmp_path):
+    """On a one-host job (the demo without NODE_NAMEs, a laptop) quarantining the host would
+    only evict every restarted group again: held as no_other_host."""
+    clock = Clock()
+    led = ledger(tmp_path, clock, max_quarantined=5)
+    led.record([finding("hang", "vm", 1)], clock())
+    out = led.decide(clock(), None, 1)
+    assert [(d["decision"], d["reason"]) for d in out] == [("hold", "no_other_host")]
+    assert led.quarantined() == []
+    # two hosts: one may go; the second then is the last one
+    led.record([finding("hang", "h2", 2)], clock())
+    out = {d["host"]: d["reason"] for d in led.decide(clock(), None, 2)}
+    assert out == {"vm": "hang", "h2": "no_other_host"}  # hosts judged in the ledger's order
+    assert led.quarantined() == ["vm"]
