@@ -125,6 +125,7 @@ class Demo:
         self.dir = report_dir
         self.logs = report_dir / "logs"
         self.token = secrets.token_hex(16)
+        self.exit_token = secrets.token_hex(16)
         self.t0_mono = time.monotonic()
         self.t0_unix = time.time()
         self.tty = sys.stdout.isatty()
@@ -134,7 +135,10 @@ class Demo:
             pg_timeout_s=scenario.pg_timeout_s, quorum_timeout_s=scenario.quorum_timeout_s,
             join_timeout_ms=scenario.join_timeout_ms,
             heartbeat_timeout_ms=scenario.heartbeat_timeout_ms,
-            extra_env={"LIGHTKEEPER_FAULT_TOKEN": self.token})
+            extra_env={"LIGHTKEEPER_FAULT_TOKEN": self.token,
+                       # the monitor tells an evicted group's other ranks to exit (the kill
+                       # reaches only its rank 0): the group is gone, and restarted, sooner
+                       "LIGHTKEEPER_EXIT_TOKEN": self.exit_token})
         self.http = requests.Session()
         self.monitor_proc: subprocess.Popen | None = None
         self.monitor_url: str | None = None
@@ -283,13 +287,19 @@ class Demo:
                "--sd-out", str(self.dir / "prometheus" / "file_sd" / "lightkeeper.json"),
                "--interval", "0.5", "--cooldown", "5", "--hang-floor", f"{self.sc.hang_floor_s:g}",
                "--expected-groups", str(self.args.groups),
+               "--lighthouse-heartbeat-timeout-ms", str(self.sc.heartbeat_timeout_ms),
+               "--lighthouse-join-timeout-ms", str(self.sc.join_timeout_ms),
+               "--orphan-grace", "1",  # the exit token: in its environment, not argv
+               # every rank runs on this one machine: quarantining its host would end the demo
+               "--quarantine-after", "hang=0,mismatch=0,dead_rank=0,straggler=0",
                "--min-replicas", str(max(1, self.args.groups - 1))]
         if self.args.dry_run:
             cmd.append("--dry-run")
         (self.dir / "prometheus" / "file_sd").mkdir(parents=True, exist_ok=True)
         with open(out_path, "wb") as out, open(log_path, "wb") as err:
-            self.monitor_proc = subprocess.Popen(cmd, stdout=out, stderr=err,
-                                                 start_new_session=True)
+            self.monitor_proc = subprocess.Popen(
+                cmd, stdout=out, stderr=err, start_new_session=True,
+                env={**os.environ, "LIGHTKEEPER_EXIT_TOKEN": self.exit_token})
         self.procs.append(self.monitor_proc)
 
         def url():

@@ -237,7 +237,8 @@ def torchft_alone(fault: dict, *, groups: int, horizon_s: float | None,
     - straggler (``slow``, ``slow_compute``): never removed: the job keeps the pace it had with
       the straggler (``slow_rate``, measured in the fault's phase) to the end of the run.
 
-    Returns None for other kinds (torchft handles a crash itself) or without a horizon."""
+    Returns None for other kinds (torchft handles a crash itself), without a horizon, or for a
+    straggler whose phase was not slower than the healthy one (the machine's pace changed)."""
     kind = (fault.get("spec") or "").split(":", 1)[0]
     if horizon_s is None or horizon_s <= 0:
         return None
@@ -269,9 +270,9 @@ def torchft_alone(fault: dict, *, groups: int, horizon_s: float | None,
                 "job_steps": None if not healthy_rate else round(cut * healthy_rate),
                 "per_hour_after_replica_s": 3600.0}
     if kind in ("slow", "slow_compute"):
-        if not healthy_rate or slow_rate is None:
-            return None
-        frac = max(0.0, 1.0 - slow_rate / healthy_rate)
+        if not healthy_rate or slow_rate is None or slow_rate >= 0.95 * healthy_rate:
+            return None  # no slower than the healthy phase: the box's own pace changed
+        frac = 1.0 - slow_rate / healthy_rate
         return {"source": "computed from the straggler's measured pace", "basis":
                 f"the job at {slow_rate:.2f} steps/s with the straggler vs {healthy_rate:.2f} "
                 "healthy; torchft never removes a slow group",

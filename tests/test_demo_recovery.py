@@ -136,5 +136,8 @@ def test_torchft_alone_straggler_drags_to_the_end():
                                   slow_rate=1.25, settings=DEMO) is None
     assert recovery.torchft_alone(f, groups=3, horizon_s=60.0, healthy_rate=5.0,
                                   slow_rate=None, settings=DEMO) is None
+    # its phase no slower than the healthy one (the box sped up or slowed down): no figure
+    assert recovery.torchft_alone(f, groups=3, horizon_s=60.0, healthy_rate=5.0,
+                                  slow_rate=4.9, settings=DEMO) is None
     assert recovery.torchft_alone({"spec": "crash:at_step=3"}, groups=3, horizon_s=60.0,
                                   healthy_rate=5.0, slow_rate=None, settings=DEMO) is None
