@@ -171,3 +171,43 @@ def test_fault_injection_needs_the_token_and_a_valid_spec():
         assert [f.kind for f in injector.faults] == ["hang"]
     finally:
         srv.stop()
+
+
+def test_fr_trace_filters_by_process_group_and_newest_entries():
+    """?pg=torchft (every incarnation of torchft's group, by pg_id or name), ?pg=<name> (an
+    in-group group), ?last=N (newest N); the rest of the dump is kept, bad values are 400."""
+    entries = [_entry(1, 0, ""), _entry(2, 4, "fsdp"), _entry(3, 9, "renamed"),
+               _entry(4, 4, "fsdp"), _entry(5, 11, "torchft_quorum_5_rank_0"),
+               _entry(6, 4, "fsdp")]
+    incarnations = [{"pg_id": 9, "pg_name": "renamed", "quorum_id": 4, "group_rank": 0}]
+
+    def dumper(tracker, identity, only_active=False):
+        return json.dumps({"version": "2.10", "pg_config": {"4": {"name": "fsdp"}},
+                           "entries": entries, **identity,
+                           "incarnations": incarnations}).encode()
+
+    srv = WorkerServer(RankState(RankIdentity(job="unit")), fr_dumper=dumper)
+    srv.serve()
+    try:
+        def get(query):
+            return requests.get(f"{srv.url}/v1/fr_trace{query}", timeout=5)
+
+        def ids(query):
+            return [e["record_id"] for e in get(query).json()["entries"]]
+
+        assert ids("") == [1, 2, 3, 4, 5, 6]  # unfiltered: the bytes straight through
+        assert "filter" not in get("").json()
+        assert ids("?pg=torchft") == [1, 3, 5]
+        assert ids("?pg=torchft&last=2") == [3, 5]
+        assert ids("?pg=fsdp") == [2, 4, 6]
+        assert ids("?last=1") == [6]
+        body = get("?pg=fsdp&last=1").json()
+        assert body["filter"] == {"pg": "fsdp", "last": 1, "entries_total": 6}
+        assert body["pg_config"] == {"4": {"name": "fsdp"}} and body["job"] == "unit"
+        assert ids("?pg=nosuchgroup") == []
+        for bad in ("?last=0", "?last=x", "?last=-3", "?pg="):
+            r = get(bad)
+            assert r.status_code == 400, bad
+            assert "must" in r.json()["error"]
+    finally:
+        srv.stop()

@@ -8,6 +8,7 @@ an endpoint that fails inside answers 500 with the reason, and the server keeps 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,12 @@ from werkzeug.exceptions import HTTPException
 
 from http_serving import bearer_token_matches
 
-from .flight_recorder import FlightRecorderNotAvailable, IncarnationTracker, fr_dump
+from .flight_recorder import (
+    FlightRecorderNotAvailable,
+    IncarnationTracker,
+    fr_dump,
+    is_torchft_pg_name,
+)
 from .metrics import WorkerMetrics
 from .stacks import format_stacks, thread_stacks
 from .state import RankState
@@ -45,6 +51,60 @@ def choice_param(name: str, choices: tuple[str, ...], default: str) -> str:
     if raw not in choices:
         raise BadParameter(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
     return raw
+
+
+def int_param(name: str, lo: int, hi: int) -> int | None:
+    raw = request.args.get(name)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadParameter(f"{name} must be an integer in [{lo}, {hi}], got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise BadParameter(f"{name} must be an integer in [{lo}, {hi}], got {raw!r}")
+    return value
+
+
+MAX_LAST = 1_000_000
+
+
+def filter_fr_dump(body: bytes, pg: str | None, last: int | None) -> bytes:
+    """``/v1/fr_trace?pg=<name>&last=N``: only the entries of one process group, the newest N.
+
+    ``pg=torchft`` is torchft's cross-replica-group group, every incarnation of it (entries whose
+    ``pg_id`` an incarnation names, or whose name is torchft's: ``''`` or
+    ``torchft_quorum_*``); any other value matches a process group's name or description exactly.
+    ``last`` keeps the newest N entries (of that group, when both are given). Every other key is
+    kept as it is, and ``filter`` says what was left out (``entries_total`` in the full dump).
+    A dump that is not a JSON object with an ``entries`` list is returned unchanged."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return body
+    entries = doc.get("entries") if isinstance(doc, dict) else None
+    if not isinstance(entries, list):
+        return body
+    kept = entries
+    if pg is not None:
+        if pg == "torchft":
+            ids = {i.get("pg_id") for i in doc.get("incarnations") or []
+                   if isinstance(i, dict) and i.get("pg_id") is not None}
+
+            def match(e: Any) -> bool:
+                names = e.get("process_group") or [None]
+                return e.get("pg_id") in ids or (isinstance(names[0], str)
+                                                 and is_torchft_pg_name(names[0]))
+        else:
+            def match(e: Any) -> bool:
+                names = e.get("process_group") or []
+                return pg in names[:2] if isinstance(names, list) else False
+        kept = [e for e in kept if isinstance(e, dict) and match(e)]
+    if last is not None:
+        kept = kept[-last:]
+    doc["entries"] = kept
+    doc["filter"] = {"pg": pg, "last": last, "entries_total": len(entries)}
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def bearer_matches(token: str) -> bool:
@@ -94,10 +154,17 @@ def create_app(
     @app.get("/v1/fr_trace")
     def v1_fr_trace():
         only_active = bool_param("onlyactive")
+        pg = request.args.get("pg")
+        last = int_param("last", 1, MAX_LAST)
+        if pg is not None and not pg.strip():
+            raise BadParameter("pg must name a process group (or 'torchft'), got ''")
         # Bytes straight through: a full dump is ~1 MB of JSON, and parsing and re-serializing it
-        # here would hold the GIL the training thread needs.
-        return Response(fr_dumper(tracker, identity_keys(state), only_active=only_active),
-                        mimetype="application/json")
+        # here would hold the GIL the training thread needs. Only a filtered request (a
+        # monitor's drill-down) pays one parse, to answer kilobytes instead of that megabyte.
+        body = fr_dumper(tracker, identity_keys(state), only_active=only_active)
+        if pg is not None or last is not None:
+            body = filter_fr_dump(body, pg, last)
+        return Response(body, mimetype="application/json")
 
     @app.get("/v1/stacks")
     def v1_stacks():
