@@ -209,9 +209,11 @@ def test_dry_run_evicts_nothing(tmp_path):
     assert slow["evicted_at_s"] is None and slow["rejoined_at_s"] is None
     assert slow["detected_kind"] == "straggler", r  # detected, just not acted on
     assert slow["outcome"] == "detected, not evicted (dry run)", slow
-    # the healthy groups trained 30 s beside it without a false alarm (a healthy run's quiet
+    # every finding is explained by a fault (the hang that follows on group 2 may be caught
+    # too); group 0, healthy for the whole run, was never flagged (a healthy run's quiet
     # report: tests/test_demo_keep_running.py)
-    assert {d["replica_group"] for d in r["detections"]} == {1}, r["detections"]
+    assert all(d["fault"] is not None for d in r["detections"]), r["detections"]
+    assert 0 not in {d["replica_group"] for d in r["detections"]}, r["detections"]
     assert r["config"]["warm_spares"] is False  # nothing is evicted: no spare is started
 
 
