@@ -123,6 +123,9 @@ def job_overview() -> dict:
     L.row("Goodput (monitor)")
     _goodput_panels(L)
 
+    L.row("Hosts (monitor)")
+    _host_panels(L)
+
     L.row("Progress")
     L.add(timeseries(
         "Step rate per replica group",
@@ -243,6 +246,72 @@ def _goodput_panels(L: Layout) -> None:
         [target(f"lightkeeper_monitor_replica_group_goodput_ratio{{{J}}}",
                 "group {{replica_group}}")],
         unit="percentunit", min_=0, max_=1), 8, 8)
+
+
+HOST_STATE = P.value_mappings({"suspect": ("suspect", "orange"),
+                                "quarantined": ("quarantined", "red"),
+                                "released": ("released", "blue")})
+
+
+def _host_panels(L: Layout) -> None:
+    """The monitor's host ledger (docs/quarantine.md): how many hosts are quarantined, which
+    hosts are not ok and why, and quarantine/release actions that fail. The per-host series
+    exist only for hosts that are not ok, so a healthy job shows "0" and an empty table."""
+    hosts = f"lightkeeper_monitor_hosts{{{J}}}"
+    failed = f"lightkeeper_monitor_host_action_failed{{{J}}}"
+    L.add(stat("Quarantined hosts",
+               "Hosts the monitor's host ledger holds quarantined: their groups are evicted "
+               "when they come back there (quarantined_host findings), and the sinks "
+               "(--action) cordon or drain them. GET /v1/hosts on the monitor has the evidence; "
+               "POST /v1/hosts/{host}/release lifts it.",
+               [target(f'sum(lightkeeper_monitor_hosts{{{J}, state="quarantined"}})',
+                       "quarantined")],
+               thresholds_=P.thresholds((None, "green"), (1, "orange"))), 4, 8)
+    L.add(stat("Hosts with a failing action",
+               "Hosts whose last quarantine or release action (k8s, slurm, exec, webhook) "
+               "failed or is being retried: a quarantine decided but not carried out.",
+               [target(f"count({failed} == 1) or vector(0)", "failing")],
+               thresholds_=P.thresholds((None, "green"), (1, "red"))), 4, 8)
+    L.add(timeseries(
+        "Hosts by state",
+        "Hosts in the monitor's ledger by state: suspect (offences counting, not yet "
+        "quarantined, or held back by a rail), quarantined, released, ok (offended once, "
+        "nothing counting now). Only hosts that ever offended are in the ledger.",
+        [target(f"sum by (state) ({hosts})", "{{state}}")],
+        interpolation="stepAfter", fill=0, min_=0,
+        overrides=[_fixed_color("quarantined", "red"), _fixed_color("suspect", "orange"),
+                   _fixed_color("released", "blue"), _fixed_color("ok", "green")]), 8, 8)
+    L.add(timeseries(
+        "Failing host actions by sink",
+        "Hosts whose last action failed or is being retried (retries back off 2 s, 4 s, ... "
+        "up to 6 attempts), by sink.",
+        [target(f"sum by (sink) ({failed})", "{{sink}}")],
+        interpolation="stepAfter", fill=0, min_=0), 8, 8)
+    key = "job, host"
+    L.add(table(
+        "Hosts not ok",
+        "One row per host that is not ok: its node, state, the offences that count now, and "
+        "the sink whose last action failed (empty when none). A healthy job has no row.",
+        targets((f"max by ({key}, node, state) "
+                 f"(lightkeeper_monitor_host_quarantine_state{{{J}}})", ""),
+                (f"max by ({key}) (lightkeeper_monitor_host_offences{{{J}}})", ""),
+                (f"max by ({key}, sink) ({failed})", ""),
+                instant=True, fmt="table"),
+        sort_by="host",
+        overrides=[P.override_by_name("state", mappings=HOST_STATE,
+                                      **{"custom.cellOptions": {"type": "color-text"}}),
+                   P.override_by_name("action failing", mappings=P.value_mappings(
+                       {"1": ("failed / retrying", "red")}),
+                       **{"custom.cellOptions": {"type": "color-text"}})],
+        transformations=[
+            {"id": "merge", "options": {}},
+            {"id": "organize", "options": {
+                "excludeByName": {"Time": True, "job": True, "Value #A": True},
+                "indexByName": {"host": 0, "node": 1, "state": 2, "Value #B": 3, "sink": 4,
+                                "Value #C": 5},
+                "renameByName": {"Value #B": "offences counting", "sink": "action sink",
+                                 "Value #C": "action failing"}}},
+        ]), 24, 7)
 
 
 # --- 2. replica group / rank drill-down ---------------------------------------------------------
@@ -458,6 +527,9 @@ def monitor_health() -> dict:
                mappings=P.value_mappings({"1": ("read", "green"),
                                           "0": ("unreadable: no eviction", "red")})), 4, 6)
 
+    L.row("Lighthouse settings")
+    _lighthouse_settings_panels(L)
+
     L.row("Findings, evictions and held-back decisions")
     L.add(timeseries(
         "Findings by kind", "Confirmed findings per interval, by kind.",
@@ -526,6 +598,50 @@ def monitor_health() -> dict:
         "Is the Lightkeeper monitor itself healthy: sweep duration, reachability of ranks, "
         "poll errors, findings, evictions and decisions it held back.",
         [TAG], [P.datasource_variable(), _job_var()], L, annotations, LINKS)
+
+
+SETTING_WARNING = P.value_mappings({"0": ("ok", "green"), "1": ("slow recovery", "orange")})
+UNKNOWN = P.special_mapping("nan", "unknown")
+
+
+def _lighthouse_settings_panels(L: Layout) -> None:
+    """What the monitor knows of the Lighthouse's timeouts and whether they make recovery slow
+    (docs/lighthouse.md, "The monitor's warning"). NaN (not known yet) shows as "unknown"."""
+    warnings = f"lightkeeper_monitor_config_warnings{{{J}}}"
+    L.add(stat("Slow Lighthouse settings",
+               "Settings that make recovery after a fault slow (a dead group would stall the "
+               "survivors more than 2 s): heartbeat_timeout, eviction_drop, "
+               "heartbeat_timeout_declared (LightkeeperLighthouseSlowRecovery).",
+               [target(f"sum({warnings})", "warnings")],
+               thresholds_=P.thresholds((None, "green"), (1, "orange"))), 4, 6)
+    L.add(table(
+        "Lighthouse settings warnings",
+        "One row per setting the monitor judges: ok, or slow recovery while the evidence "
+        "holds (declared timeouts, the heartbeat ages /status shows, the last kill's drop "
+        "time). The monitor's log says why.",
+        [target(f"max by (setting) ({warnings})", "", instant=True, fmt="table")],
+        sort_by="setting",
+        overrides=[P.override_by_name("warning", mappings=SETTING_WARNING,
+                                      **{"custom.cellOptions": {"type": "color-text"}})],
+        transformations=[{"id": "organize", "options": {
+            "excludeByName": {"Time": True}, "renameByName": {"Value": "warning"}}}]), 8, 6)
+    L.add(stat("Lighthouse heartbeat timeout",
+               "declared: what the monitor was told (--lighthouse-heartbeat-timeout-ms); "
+               "observed_above / observed_at_most: the bounds the Lighthouse's /status shows "
+               "(a left group's heartbeat ageing past it). unknown until there is evidence.",
+               [target(f"max by (source) "
+                       f"(lightkeeper_monitor_lighthouse_heartbeat_timeout_seconds{{{J}}})",
+                       "{{source}}")],
+               unit="s", decimals=2, mappings=[UNKNOWN],
+               thresholds_=P.thresholds((None, "green"), (2, "orange"))), 8, 6)
+    L.add(stat("Last eviction: out of the quorum after",
+               "Seconds from the monitor's last kill until the Lighthouse's newest quorum no "
+               "longer listed the group (to within one sweep); the survivors stall about this "
+               "long. Orange above 3 s (2 s plus the process's exit); unknown before the first "
+               "eviction.",
+               [target(f"max(lightkeeper_monitor_lighthouse_drop_seconds{{{J}}})", "drop")],
+               unit="s", decimals=2, mappings=[UNKNOWN],
+               thresholds_=P.thresholds((None, "green"), (3, "orange"))), 4, 6)
 
 
 # --- output -------------------------------------------------------------------------------------

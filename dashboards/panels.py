@@ -61,6 +61,12 @@ def value_mappings(mapping: dict[str, tuple[str, str]]) -> list[Json]:
         for i, (k, (text, color)) in enumerate(mapping.items())}}]
 
 
+def special_mapping(match: str, text: str, color: str = "text") -> Json:
+    """A Grafana special-value map: ``match`` is ``nan``, ``null``, ``null+nan``, ``empty``..."""
+    return {"type": "special", "options": {"match": match,
+                                           "result": {"text": text, "color": color, "index": 0}}}
+
+
 def field_defaults(*, unit: str = "short", custom: Json | None = None, decimals: float | None = None,
                    min_: float | None = None, max_: float | None = None,
                    thresholds_: Json | None = None, mappings: list[Json] | None = None,

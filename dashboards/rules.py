@@ -245,6 +245,71 @@ ALERTS = [
               [(f"lightkeeper_phase_duration_seconds{{{_worker(1)}}}", "0+15x20"),
                (f'lightkeeper_phase{{{_worker(1)}, phase="allreduce"}}', "0x20")], "4m")]),
     Alert(
+        "LightkeeperHostQuarantined",
+        'max by (job, host, node) (lightkeeper_monitor_host_quarantine_state{state="quarantined"})'
+        " == 1", "0m", "warning",
+        "Host {{ $labels.host }} (node {{ $labels.node }}) of job {{ $labels.job }} is "
+        "quarantined",
+        "The monitor's host ledger quarantined host {{ $labels.host }}: it kept offending "
+        "(hang, mismatch, dead rank, repeated straggler) within the quarantine window. Groups "
+        "that come back on it are evicted; the sinks (--action) cordon or drain it.",
+        "GET /v1/hosts on the monitor for the offences and their findings; check the host's "
+        "hardware (GPU, NIC, memory); once repaired, POST /v1/hosts/{{ $labels.host }}/release "
+        "(bearer token), else it expires after --quarantine-ttl.",
+        [Case("host h1 quarantined",
+              [(f'lightkeeper_monitor_host_quarantine_state{{{M}, host="h1", node="node-1", '
+                f'state="suspect"}}', "1x4 stale"),
+               (f'lightkeeper_monitor_host_quarantine_state{{{M}, host="h1", node="node-1", '
+                f'state="quarantined"}}', "_x5 1x10")], "3m",
+              [{"job": "train", "host": "h1", "node": "node-1"}]),
+         Case("host h1 only suspect, h2 released",
+              [(f'lightkeeper_monitor_host_quarantine_state{{{M}, host="h1", node="node-1", '
+                f'state="suspect"}}', "1x20"),
+               (f'lightkeeper_monitor_host_quarantine_state{{{M}, host="h2", node="node-2", '
+                f'state="released"}}', "1x20"),
+               (f'lightkeeper_monitor_hosts{{{M}, state="quarantined"}}', "0x20")], "3m")]),
+    Alert(
+        "LightkeeperQuarantineActionFailing",
+        "max by (job, host, sink) (lightkeeper_monitor_host_action_failed) == 1", "2m",
+        "warning",
+        "The {{ $labels.sink }} action for host {{ $labels.host }} of job {{ $labels.job }} "
+        "keeps failing",
+        "The last quarantine or release action of host {{ $labels.host }} through sink "
+        "{{ $labels.sink }} has failed or been retried for 2 minutes: the monitor decided, "
+        "but the host is not cordoned, drained or released as decided.",
+        "GET /v1/hosts on the monitor: last_action.detail says why (RBAC, a missing scontrol, "
+        "a webhook answering 4xx/5xx) and the monitor's log has each attempt; fix the sink, "
+        "then carry the action out by hand or release and let the ledger decide again.",
+        [Case("k8s patch refused",
+              [(f'lightkeeper_monitor_host_action_failed{{{M}, host="h1", sink="k8s"}}',
+                "_x2 1x20")], "4m",
+              [{"job": "train", "host": "h1", "sink": "k8s"}]),
+         Case("a retry that succeeded within a minute",
+              [(f'lightkeeper_monitor_host_action_failed{{{M}, host="h1", sink="webhook"}}',
+                "_x2 1x4 stale")], "4m")]),
+    Alert(
+        "LightkeeperLighthouseSlowRecovery",
+        "max by (job, setting) (lightkeeper_monitor_config_warnings) == 1", "1m", "info",
+        "The Lighthouse of job {{ $labels.job }} makes recovery slow ({{ $labels.setting }})",
+        "The monitor judges that a dead replica group stalls the survivors for more than 2 s "
+        "(setting {{ $labels.setting }}): the Lighthouse's heartbeat timeout is long, the last "
+        "eviction took long to leave the quorum, or the declared timeout is not what runs.",
+        "Read docs/lighthouse.md (The monitor's warning) and the monitor's log line 'slow "
+        "Lighthouse settings'; restart the Lighthouse with --heartbeat_timeout_ms 1000 "
+        "(2000 on a busy or remote Lighthouse) and tell the monitor "
+        "(--lighthouse-heartbeat-timeout-ms).",
+        [Case("heartbeat timeout at torchft's default 5 s",
+              [(f'lightkeeper_monitor_config_warnings{{{M}, setting="heartbeat_timeout"}}',
+                "0 0 1x20"),
+               (f'lightkeeper_monitor_config_warnings{{{M}, setting="eviction_drop"}}',
+                "0x20")], "4m",
+              [{"job": "train", "setting": "heartbeat_timeout"}]),
+         Case("a warning that cleared within a minute",
+              [(f'lightkeeper_monitor_config_warnings{{{M}, setting="eviction_drop"}}',
+                "0 1 1 0x20"),
+               (f'lightkeeper_monitor_config_warnings{{{M}, setting="heartbeat_timeout"}}',
+                "0x20")], "4m")]),
+    Alert(
         "LightkeeperMonitorDown",
         'up{lightkeeper_component="monitor"} == 0', "2m", "warning",
         "The Lightkeeper monitor of job {{ $labels.job }} is down",
