@@ -3,17 +3,25 @@
 The simulated ranks (tests/support/monitor_sim.py) run in separate processes, 2,500 per process,
 so the monitor's poller does not share their GIL; on a 2-core machine they still share the
 cores, so the figures are pessimistic for a monitor on its own host. Per N it reports the
-median and worst of several sweeps of the poller alone (``GET /v1/state`` from every rank) and
-of the whole monitor sweep (poll + view + detectors + metrics, no Flight Recorder).
+median and worst of several sweeps of the poller alone (``GET /v1/state`` from every rank), of
+the whole monitor sweep over every rank (poll + view + detectors + metrics; ``--leader-polling
+off``) and of the whole monitor sweep with leader polling (``on``: every group's rank 0 each
+sweep, the others every ``--member-interval``; docs/scaling.md), side by side in one run, and the
+monitor process's peak RSS. The simulated groups have 8 ranks, all healthy.
 
     .venv/bin/python benchmarks/bench_monitor_sweep.py --sizes 100,1000,3000,10000
+    .venv/bin/python benchmarks/bench_monitor_sweep.py --sizes 10000 --profile /tmp/sweep
+        # cProfile of the whole sweeps, both threads: /tmp/sweep.{loop,poller}.pstats
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import cProfile
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -62,7 +70,55 @@ def stop_sims(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def bench(n: int, sweeps: int) -> dict:
+def rss_mib() -> tuple[float, float]:
+    """(current, peak) resident memory of this process, MiB."""
+    cur = 0.0
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                cur = int(line.split()[1]) / 1024
+    return cur, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def monitor_sweeps(urls: list[str], sweeps: int, mode: str, d: str,
+                   profile: str | None) -> tuple[list[float], int, int]:
+    """(sweep seconds, reachable ranks, URLs polled in the last sweep)."""
+    mon = Monitor(MonitorConfig(port=0, targets=urls, state_path=os.path.join(d, f"{mode}.db"),
+                                poll_timeout_s=5.0, leader_polling=mode,
+                                max_targets=max(10_000, len(urls))))
+    try:
+        mon.sweep_once()  # warm up: connect once, as a running monitor has
+        mon.sweep_once()  # (leader polling plans from the previous sweep's view)
+        profs = None
+        if profile:
+            profs = cProfile.Profile(), cProfile.Profile()
+            asyncio.run_coroutine_threadsafe(_enable(profs[1]), mon.poller._loop).result()
+            profs[0].enable()
+        full = []
+        for _ in range(sweeps):
+            t = time.perf_counter()
+            view = mon.sweep_once()
+            full.append(time.perf_counter() - t)
+        if profs:
+            profs[0].disable()
+            asyncio.run_coroutine_threadsafe(_disable(profs[1]), mon.poller._loop).result()
+            profs[0].dump_stats(f"{profile}.{mode}.loop.pstats")
+            profs[1].dump_stats(f"{profile}.{mode}.poller.pstats")
+        up = sum(r.reachable for r in view.ranks.values())
+        return full, up, len(mon.schedule.last.urls)
+    finally:
+        mon.stop()
+
+
+async def _enable(p: cProfile.Profile) -> None:
+    p.enable()
+
+
+async def _disable(p: cProfile.Profile) -> None:
+    p.disable()
+
+
+def bench(n: int, sweeps: int, modes: list[str], profile: str | None) -> dict:
     procs, urls = start_sims(n, groups=max(1, n // 8))
     try:
         poller = Poller(timeout_s=5.0, max_concurrency=1024)
@@ -76,22 +132,17 @@ def bench(n: int, sweeps: int) -> dict:
                 ok = sum(r.ok for r in res.values())
         finally:
             poller.close()
+        row = {"ranks": n, "ok": ok, "poll_median_s": statistics.median(poll_times),
+               "poll_max_s": max(poll_times)}
         with tempfile.TemporaryDirectory() as d:
-            mon = Monitor(MonitorConfig(port=0, targets=urls, state_path=os.path.join(d, "s.db"),
-                                        poll_timeout_s=5.0))
-            try:
-                mon.sweep_once()
-                full = []
-                for _ in range(sweeps):
-                    t = time.perf_counter()
-                    view = mon.sweep_once()
-                    full.append(time.perf_counter() - t)
-                up = sum(r.reachable for r in view.ranks.values())
-            finally:
-                mon.stop()
-        return {"ranks": n, "ok": ok, "up": up,
-                "poll_median_s": statistics.median(poll_times), "poll_max_s": max(poll_times),
-                "sweep_median_s": statistics.median(full), "sweep_max_s": max(full)}
+            for mode in modes:
+                full, up, asked = monitor_sweeps(urls, sweeps, mode, d, profile)
+                key = "sweep" if mode == "off" else "leader"
+                row.update({f"{key}_median_s": statistics.median(full),
+                            f"{key}_max_s": max(full), f"{key}_up": up,
+                            f"{key}_polled": asked})
+        row["rss_mib"], row["peak_rss_mib"] = rss_mib()
+        return row
     finally:
         stop_sims(procs)
 
@@ -100,18 +151,28 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", default="100,1000,3000,10000")
     p.add_argument("--sweeps", type=int, default=5)
+    p.add_argument("--modes", default="off,on",
+                   help="leader polling modes to measure: off (every rank), on (leaders)")
+    p.add_argument("--profile", default=None,
+                   help="write cProfile stats of the monitor's sweeps to PREFIX.<mode>.*.pstats")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
     raise_fd_limit()
+    modes = args.modes.split(",")
     rows = []
     for n in args.sizes.split(","):
-        rows.append(bench(int(n), args.sweeps))
+        rows.append(bench(int(n), args.sweeps, modes, args.profile))
         print(json.dumps(rows[-1]), flush=True)
+    print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"{'ranks':>7} {'answered':>8} {'poll median':>12} {'poll max':>9} "
-          f"{'sweep median':>13} {'sweep max':>10}")
+          f"{'sweep median':>13} {'sweep max':>10} {'leader median':>14} {'leader max':>11} "
+          f"{'peak RSS':>9}")
+    nan = float("nan")
     for r in rows:
         print(f"{r['ranks']:>7} {r['ok']:>8} {r['poll_median_s']:>11.3f}s {r['poll_max_s']:>8.3f}s "
-              f"{r['sweep_median_s']:>12.3f}s {r['sweep_max_s']:>9.3f}s")
+              f"{r.get('sweep_median_s', nan):>12.3f}s {r.get('sweep_max_s', nan):>9.3f}s "
+              f"{r.get('leader_median_s', nan):>13.3f}s {r.get('leader_max_s', nan):>10.3f}s "
+              f"{r['peak_rss_mib']:>7.0f}MiB")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

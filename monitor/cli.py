@@ -126,6 +126,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fr-interval", type=float, default=d.fr_interval_s,
                    help="fetch Flight Recorder from every rank at least this often, seconds "
                         f"({d.fr_interval_s:g})")
+    p.add_argument("--leader-polling", choices=("auto", "on", "off"), default="auto",
+                   help="poll each replica group's rank 0 every sweep and the other ranks every "
+                        "--member-interval, drilling into a group whose leader looks wrong "
+                        "(auto: from 2,000 targets; docs/scaling.md)")
+    p.add_argument("--member-interval", type=float, default=10.0,
+                   help="leader polling: seconds between polls of a non-leader rank (10)")
     p.add_argument("--rank-exit-token", default=None,
                    help="bearer token of the ranks' POST /v1/exit (env LIGHTKEEPER_EXIT_TOKEN, as "
                         "the ranks have it): ranks of an evicted group still answering "
@@ -192,6 +198,7 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
             starting_timeout_s=args.starting_timeout),
         rank_exit_token=args.rank_exit_token or os.environ.get("LIGHTKEEPER_EXIT_TOKEN") or None,
         orphan_grace_s=args.orphan_grace, expected_groups=args.expected_groups,
+        leader_polling=args.leader_polling, member_interval_s=args.member_interval,
         lighthouse_heartbeat_timeout_ms=args.lighthouse_heartbeat_timeout_ms,
         lighthouse_join_timeout_ms=args.lighthouse_join_timeout_ms,
         rails=RailsConfig(min_replicas=args.min_replicas, cooldown_s=args.cooldown,

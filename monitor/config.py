@@ -165,6 +165,10 @@ class MonitorConfig:
     rank_exit_token: str | None = None
     orphan_grace_s: float = 3.0
     expected_groups: int | None = None  # goodput ledger's capacity (None: groups ever seen)
+    # leader polling (monitor/schedule.py, docs/scaling.md): auto = on from that many targets
+    leader_polling: str = "auto"
+    leader_polling_min_ranks: int = 2000
+    member_interval_s: float = 10.0  # non-leader ranks of undrilled groups: polled this often
     detectors: DetectorConfig = field(default_factory=DetectorConfig)
     rails: RailsConfig = field(default_factory=RailsConfig)
     quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
@@ -186,6 +190,11 @@ class MonitorConfig:
         for name in ("lighthouse_heartbeat_timeout_ms", "lighthouse_join_timeout_ms"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.leader_polling not in ("auto", "on", "off"):
+            raise ConfigError(f"leader_polling must be auto, on or off, got "
+                              f"{self.leader_polling!r}")
+        if self.member_interval_s <= 0 or self.leader_polling_min_ranks < 0:
+            raise ConfigError("member_interval_s must be > 0, leader_polling_min_ranks >= 0")
         if self.orphan_grace_s < 0:
             raise ConfigError(f"orphan_grace_s must be >= 0, got {self.orphan_grace_s}")
         try:

@@ -207,13 +207,7 @@ def describe_ranks(view: ClusterView, ranks: list[int], now: float) -> list[dict
 
 
 def _rank_view(view: ClusterView, rank: int) -> RankView | None:
-    found = None
-    for r in view.ranks.values():
-        if r.rank == rank and not r.superseded:
-            if r.reachable:
-                return r
-            found = found or r
-    return found
+    return view.rank_view(rank)  # indexed once per view: a scan per call was quadratic
 
 
 def _median(values) -> float:
@@ -480,6 +474,8 @@ class Detectors:
         waits: dict[int, tuple[str, float]] = {}
         for g in view.in_quorum():
             for r in g.reachable:
+                if not r.fresh:  # a wait carried from an older poll is not a wait now
+                    continue
                 scope, secs = collective_wait(r.state, now)
                 if scope is not None and secs >= threshold and r.rank is not None:
                     waits[r.rank] = (scope, secs)
@@ -605,8 +601,9 @@ class Detectors:
         # with none cannot be judged, and then no group is)
         members: dict[int, list[tuple[RankView, dict[int, dict]]]] = {}
         for g, gv in groups.items():
+            # ranks polled this sweep (leader polling carries the others' older timings)
             rows = [(r, self._steps.get(r.url, (None, {}))[1]) for r in gv.reachable
-                    if r.replica_id == gv.replica_id]
+                    if r.replica_id == gv.replica_id and r.fresh]
             rows = [(r, by_step) for r, by_step in rows if by_step]
             if not rows:
                 self.last_lags = {}

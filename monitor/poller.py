@@ -13,9 +13,13 @@ Everything a rank sends is bounded: the whole request by its timeout (a rank tha
 is cut off like a silent one), the body by ``max_bytes`` (declared or counted, chunked or not),
 header lines by the stream's 64 KiB line limit and their number by :data:`MAX_HEADERS`.
 
-Keep-alive connections are pooled per target (at most ``max_idle`` idle ones overall, so 100,000
-targets do not hold 100,000 sockets); a reused connection the server closed in the meantime is
-retried once on a fresh one.
+Keep-alive connections are pooled per ``host:port`` (several per address when several targets
+share one, e.g. ranks behind one proxy, addressed as ``http://host:port/<prefix>``: the request
+goes to ``/<prefix>/v1/state``), at most ``max_idle`` idle ones overall, least recently used
+closed first; a reused connection the server closed in the meantime is retried once on a fresh
+one. The monitor sizes ``max_idle`` to the targets it polls: a pool smaller than one sweep made
+every sweep past it reconnect (at 10,000 ranks ~6,000 connects per sweep, most of its cost;
+docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -68,11 +72,24 @@ class _Conn:
             pass
 
 
-def _split(url: str) -> tuple[str, int]:
+_SPLIT_CACHE: dict[str, tuple[str, int, str]] = {}
+
+
+def _split(url: str) -> tuple[str, int, str]:
+    """(host, port, path prefix without a trailing slash) of a target URL (cached)."""
+    got = _SPLIT_CACHE.get(url)
+    if got is not None:
+        return got
     parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname or parts.port is None:
-        raise PollError("connection", f"unsupported target URL {url!r} (http://host:port only)")
-    return parts.hostname, parts.port
+    if parts.scheme != "http" or not parts.hostname or parts.port is None or parts.query \
+            or parts.fragment:
+        raise PollError("connection", f"unsupported target URL {url!r} "
+                                      "(http://host:port[/prefix] only)")
+    got = (parts.hostname, parts.port, parts.path.rstrip("/"))
+    if len(_SPLIT_CACHE) > 1_000_000:
+        _SPLIT_CACHE.clear()
+    _SPLIT_CACHE[url] = got
+    return got
 
 
 class Poller:
@@ -84,7 +101,8 @@ class Poller:
         self.max_bytes = max_bytes
         self.max_concurrency = max_concurrency
         self.max_idle = max_idle
-        self._idle: OrderedDict[tuple[str, int], _Conn] = OrderedDict()
+        self._idle: OrderedDict[tuple[str, int], list[_Conn]] = OrderedDict()
+        self._n_idle = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="lightkeeper-poller",
                                         daemon=True)
@@ -113,8 +131,9 @@ class Poller:
         self._closed = True
 
         async def shutdown():
-            conns = list(self._idle.values())
+            conns = [c for cs in self._idle.values() for c in cs]
             self._idle.clear()
+            self._n_idle = 0
             for conn in conns:
                 conn.close()
             for conn in conns:
@@ -140,7 +159,8 @@ class Poller:
             async with sem:
                 start = time.perf_counter()
                 try:
-                    data = await asyncio.wait_for(self._get_json(url, path, limit), timeout)
+                    async with asyncio.timeout(timeout):  # no extra task per request
+                        data = await self._get_json(url, path, limit)
                     return RankPoll(url, True, data=data, latency_s=time.perf_counter() - start)
                 except PollError as e:
                     reason, msg = e.reason, str(e)
@@ -156,10 +176,36 @@ class Poller:
         results = await asyncio.gather(*(one(u) for u in urls))
         return {r.url: r for r in results}
 
+    def _take(self, key: tuple[str, int]) -> _Conn | None:
+        conns = self._idle.get(key)
+        if not conns:
+            return None
+        conn = conns.pop()
+        if not conns:
+            del self._idle[key]
+        self._n_idle -= 1
+        return conn
+
+    def _put(self, key: tuple[str, int], conn: _Conn) -> None:
+        conns = self._idle.get(key)
+        if conns is None:
+            self._idle[key] = [conn]
+        else:
+            conns.append(conn)
+            self._idle.move_to_end(key)
+        self._n_idle += 1
+        while self._n_idle > self.max_idle:
+            old_key, old = next(iter(self._idle.items()))
+            old.pop(0).close()
+            self._n_idle -= 1
+            if not old:
+                del self._idle[old_key]
+
     async def _get_json(self, url: str, path: str, limit: int) -> dict[str, Any]:
-        host, port = _split(url)
+        host, port, prefix = _split(url)
         key = (host, port)
-        conn = self._idle.pop(key, None)
+        path = prefix + path
+        conn = self._take(key)
         reused = conn is not None
         for attempt in (0, 1):
             if conn is None:
@@ -178,10 +224,7 @@ class Poller:
                 conn.close()  # cancelled (timeout) or malformed: the stream state is unknown
                 raise
         if keep:
-            self._idle[key] = conn
-            while len(self._idle) > self.max_idle:
-                _, old = self._idle.popitem(last=False)
-                old.close()
+            self._put(key, conn)
         else:
             conn.close()
         if status != 200:

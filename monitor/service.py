@@ -36,6 +36,7 @@ from .lighthouse_settings import LighthouseSettingsWatch
 from .lighthouse_status import LighthouseReader, LighthouseStatus
 from .metrics import MonitorMetrics
 from .poller import Poller
+from .schedule import LeaderSchedule
 from .sinks import SinkConfigError, build_sink
 from .store import Store
 from .verification import REASONS as TRUST_REASONS
@@ -64,6 +65,8 @@ class Monitor:
         self.poller = Poller(cfg.poll_timeout_s, cfg.max_concurrency,
                              max_bytes=cfg.max_state_bytes)
         self.views = ViewBuilder()
+        self.schedule = LeaderSchedule(cfg.leader_polling, cfg.leader_polling_min_ranks,
+                                       cfg.member_interval_s, cfg.interval_s)
         self.detectors = Detectors(cfg.detectors, analyzer, clock=clock)
         self.store = Store(cfg.state_path)
         self.lighthouse = Lighthouse(cfg.lighthouse, cfg.kill_timeout_s)
@@ -156,7 +159,11 @@ class Monitor:
         if err:
             log.warning("%s", err)
         targets = self.discovery.targets()
-        polls = self.poller.sweep([t.url for t in targets])
+        # one pooled keep-alive connection per target (+ its Flight Recorder fetch): a smaller
+        # pool reconnects every sweep (docs/scaling.md)
+        self.poller.max_idle = max(self.poller.max_idle, len(targets) + 1024)
+        plan = self.schedule.plan(targets, self.view, self.clock(), self._suspect_groups())
+        polls = self.poller.sweep(plan.urls)
         # after the ranks: a real rank is never ahead of the Lighthouse read after it
         if self.lighthouse_reader is not None:
             status, error = self.lighthouse_reader.read()
@@ -167,7 +174,8 @@ class Monitor:
             self.lighthouse_status, self.lighthouse_error = status, error
             self.lh_settings.observe(status, self.clock())
         now = self.clock()
-        view = self.views.update(targets, polls, now=now)
+        view = self.views.update(targets, polls, now=now,
+                                 polled=None if plan.everything else set(plan.urls))
         for url, trust in verify(view, self.lighthouse_status, self.lighthouse_error,
                                  self.lighthouse_reader is not None, now).items():
             view.ranks[url].trust = trust
@@ -193,8 +201,16 @@ class Monitor:
                 log.warning("cannot write %s: %s", self.cfg.sd_out, e)
         return view
 
+    def _suspect_groups(self) -> set[int]:
+        """Groups leader polling drills into whatever their leader says: open findings and
+        straggler candidates (a lag over the straggler floor)."""
+        floor = self.cfg.detectors.straggler_min_lag_s
+        return {f.replica_group for f in self.detectors.open_findings()} | {
+            g for g, lag in self.detectors.last_lags.items() if lag is not None and lag >= floor}
+
     def _fetch_fr(self, view: ClusterView, now: float) -> dict[int, dict]:
-        urls = self.detectors.fr_wanted(view, now)
+        # only ranks polled this sweep (leader polling: leaders and drilled groups)
+        urls = [u for u in self.detectors.fr_wanted(view, now) if view.ranks[u].fresh]
         if not urls:
             return {}
         dumps: dict[int, dict] = {}

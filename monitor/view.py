@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from .discovery import Target
@@ -50,17 +51,25 @@ class RankView:
     target: Target | None = None
     superseded: bool = False  # unreachable, and a live rank now holds its (group, rank)
     trust: Any = None  # monitor.verification.Trust: the verdict on its claims (None: none yet)
+    # polled this sweep; False: not due (leader polling, monitor/schedule.py), everything above
+    # is carried from its last poll at ``polled_at``
+    fresh: bool = True
+    polled_at: float | None = None
 
     @property
     def replica_group(self) -> int | None:
-        if self.state is not None:
-            return int(self.state["replica_group"])
+        s = self.state
+        if s is not None:
+            g = s["replica_group"]
+            return g if type(g) is int else int(g)
         return self.target.replica_group if self.target else None
 
     @property
     def rank(self) -> int | None:
-        if self.state is not None:
-            return int(self.state["rank"])
+        s = self.state
+        if s is not None:
+            r = s["rank"]
+            return r if type(r) is int else int(r)
         return self.target.rank if self.target else None
 
     @property
@@ -88,14 +97,19 @@ class RankView:
 
 @dataclass
 class GroupView:
+    """One replica group's ranks. Its derived values (reachable ranks, replica id, step, quorum
+    id) are computed once, on first use, after the view is built: a view is not changed after
+    that (each sweep builds a new one), and recomputing them per caller made a 10,000-rank
+    sweep quadratic."""
+
     replica_group: int
     ranks: list[RankView] = field(default_factory=list)
 
-    @property
+    @cached_property
     def reachable(self) -> list[RankView]:
         return [r for r in self.ranks if r.reachable]
 
-    @property
+    @cached_property
     def replica_id(self) -> str | None:
         """The replica id most reachable ranks report (the current incarnation of the group)."""
         ids = [r.replica_id for r in self.reachable if r.replica_id]
@@ -103,12 +117,12 @@ class GroupView:
             ids = [r.replica_id for r in self.ranks if r.replica_id]
         return max(set(ids), key=ids.count) if ids else None
 
-    @property
+    @cached_property
     def step(self) -> int | None:
         steps = [int(r.state["step"]) for r in self.reachable if r.state]
         return max(steps) if steps else None
 
-    @property
+    @cached_property
     def quorum_id(self) -> int | None:
         q = [int(r.state["quorum_id"]) for r in self.reachable if r.state]
         return max(q) if q else None
@@ -151,12 +165,12 @@ class ClusterView:
                 gv.ranks.sort(key=lambda r: (r.rank if r.rank is not None else 1 << 62, r.url))
             self.groups = dict(sorted(self.groups.items()))
 
-    @property
+    @cached_property
     def reachable_fraction(self) -> float:
         ranks = [r for r in self.ranks.values() if not r.superseded]
         return sum(r.reachable for r in ranks) / len(ranks) if ranks else 0.0
 
-    @property
+    @cached_property
     def quorum_id(self) -> int | None:
         q = [g.quorum_id for g in self.groups.values() if g.quorum_id is not None]
         return max(q) if q else None
@@ -169,10 +183,34 @@ class ClusterView:
 
     def in_quorum(self) -> list[GroupView]:
         """Groups with a reachable rank in the newest quorum that take part in it."""
+        return list(self._in_quorum)
+
+    @cached_property
+    def _in_quorum(self) -> list[GroupView]:
         q = self.quorum_id
         return [g for g in self.groups.values()
                 if any(r.state and r.state["quorum_id"] == q and r.state.get("participating", True)
                        for r in g.reachable)]
+
+    def rank_view(self, rank: int) -> RankView | None:
+        """The rank's RankView: a reachable one if any (not superseded), else the first
+        found; None when the view has none. One index per view (a scan per call made the
+        detectors' culprit descriptions quadratic at 10,000 ranks)."""
+        return self._by_rank.get(rank)
+
+    @cached_property
+    def _by_rank(self) -> dict[int, RankView]:
+        out: dict[int, RankView] = {}
+        for r in self.ranks.values():
+            if r.superseded:
+                continue
+            k = r.rank
+            if k is None:
+                continue
+            have = out.get(k)
+            if have is None or (r.reachable and not have.reachable):
+                out[k] = r
+        return out
 
     def median_step_seconds(self, last: int = 16) -> float | None:
         vals = [v for r in self.ranks.values() if r.reachable for v in r.recent_steps()[-last:]]
@@ -192,17 +230,26 @@ class ViewBuilder:
         self._ranks: dict[str, RankView] = {}
 
     def update(self, targets: list[Target], polls: dict[str, RankPoll],
-               sweep_seconds: float = 0.0, now: float | None = None) -> ClusterView:
+               sweep_seconds: float = 0.0, now: float | None = None,
+               polled: set[str] | None = None) -> ClusterView:
+        """``polled``: the URLs this sweep asked (default: every target). A target outside it
+        that was seen before keeps its last RankView (``fresh`` False): not being due is not
+        a failure."""
         now = time.time() if now is None else now
         current: dict[str, RankView] = {}
         for t in targets:
             prev = self._ranks.get(t.url)
+            if polled is not None and prev is not None and t.url not in polled:
+                carried = prev.copy()
+                carried.fresh, carried.target = False, t
+                current[t.url] = carried
+                continue
             p = polls.get(t.url)
             rv = RankView(t.url, False, prev.state if prev else None, target=t,
                           failures=prev.failures if prev else 0,
                           unreachable_since=prev.unreachable_since if prev else None,
                           last_ok_at=prev.last_ok_at if prev else None,
-                          trust=prev.trust if prev else None)
+                          trust=prev.trust if prev else None, polled_at=now)
             problem = None
             if p is None:
                 rv.reason, rv.error = "connection", "not polled"

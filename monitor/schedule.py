@@ -1,0 +1,177 @@
+"""Leader polling: which ranks a sweep asks, so that one monitor keeps up with 100,000 ranks.
+
+The ranks of one torchft replica group move in lockstep (one quorum, one step), so a sweep
+polls every group's *leader* (group rank 0, the process that runs the group's Manager) and the
+other ranks ("members") only every ``member_interval_s``, spread evenly over the sweeps. A group
+is *drilled* (every rank polled every sweep) the moment its leader looks wrong, and for
+``hold_s`` after the last reason:
+
+- its leader is unknown, did not answer, or any of its ranks did not answer at its last poll
+  (``dead_rank`` / ``dead`` need consecutive sweeps of the lost rank);
+- its leader has waited inside an in-group collective (``timing.waiting`` scope ``group``) for
+  ``suspect_s`` or more: a member is late or hung, and the leader is blocked on it. This is how a
+  hang of a non-leader rank is seen on the leader alone;
+- its leader's step has not moved for ``suspect_s`` on the monitor's clock while the leaders of
+  other groups moved (stuck phase);
+- most leaders wait in the cross-group collective for ``suspect_s`` or more and this group's does
+  not (the group the others wait for: late arrival). When every leader waits there and none
+  stands out, every group is drilled: the evidence the detectors then need is the whole job's;
+- the caller names it (``suspects``): an open finding or a straggler candidate (its lag).
+
+With ``mode`` ``auto`` (the default) leader polling starts at ``min_ranks`` targets; below, every
+rank is polled every sweep, as before. A target never seen answering is polled every sweep.
+Nothing here raises on a rank's odd state: a rank whose state cannot be read is polled.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .detectors import current_wait
+from .discovery import Target
+from .view import ClusterView, RankView
+
+MODES = ("auto", "on", "off")
+
+
+@dataclass
+class Plan:
+    """One sweep's plan: the URLs to poll, and why groups are drilled (group -> reason)."""
+
+    urls: list[str]
+    drilled: dict[int, str] = field(default_factory=dict)
+    leaders: int = 0
+    members: int = 0  # members of undrilled groups due this sweep
+    everything: bool = True  # leader polling off: every target polled
+
+
+class LeaderSchedule:
+    """Decides each sweep's URLs from the previous sweep's view; see the module docstring."""
+
+    def __init__(self, mode: str = "auto", min_ranks: int = 2000, member_interval_s: float = 10.0,
+                 interval_s: float = 1.0, hold_s: float = 10.0, suspect_floor_s: float = 1.0,
+                 suspect_factor: float = 2.0) -> None:
+        if mode not in MODES:
+            raise ValueError(f"leader polling mode must be one of {', '.join(MODES)}, "
+                             f"got {mode!r}")
+        if member_interval_s <= 0 or interval_s <= 0 or hold_s < 0 or min_ranks < 0:
+            raise ValueError("member_interval_s and interval_s must be > 0, hold_s and "
+                             "min_ranks >= 0")
+        self.mode = mode
+        self.min_ranks = min_ranks
+        self.member_interval_s = member_interval_s
+        self.interval_s = interval_s
+        self.hold_s = hold_s
+        self.suspect_floor_s = suspect_floor_s
+        self.suspect_factor = suspect_factor
+        self._sweep = 0
+        self._drilled_until: dict[int, tuple[float, str]] = {}
+        self._leader_step: dict[int, tuple[int, float]] = {}  # group -> (step, since, monitor)
+        self.last: Plan | None = None
+
+    def active(self, n_targets: int) -> bool:
+        return self.mode == "on" or (self.mode == "auto" and n_targets >= self.min_ranks)
+
+    def suspect_s(self, view: ClusterView | None) -> float:
+        med = view.median_step_seconds() if view is not None else None
+        return max(self.suspect_floor_s, self.suspect_factor * (med or 0.0))
+
+    def plan(self, targets: list[Target], view: ClusterView | None, now: float,
+             suspects: Iterable[int] = ()) -> Plan:
+        """The URLs this sweep polls. ``view``: the previous sweep's full view (None: first)."""
+        self._sweep += 1
+        urls = [t.url for t in targets]
+        if view is None or not self.active(len(urls)):
+            self.last = Plan(urls)
+            return self.last
+        groups: dict[int, list[str]] = {}
+        leader: dict[int, RankView] = {}
+        always: list[str] = []
+        for t in targets:
+            rv = view.ranks.get(t.url)
+            if rv is None or rv.state is None or rv.superseded:
+                always.append(t.url)  # never answered (or replaced): asked every sweep
+                continue
+            g = rv.replica_group
+            groups.setdefault(g, []).append(t.url)
+            if rv.state.get("group_rank") == 0 and (g not in leader or rv.reachable):
+                leader[g] = rv
+        reasons = self._reasons(view, groups, leader, now, set(suspects))
+        for g, why in reasons.items():
+            self._drilled_until[g] = (now + self.hold_s, why)
+        drilled = {g: why for g, (until, why) in self._drilled_until.items()
+                   if until >= now and g in groups}
+        self._drilled_until = {g: v for g, v in self._drilled_until.items() if v[0] >= now}
+        period = max(1, math.ceil(self.member_interval_s / self.interval_s))
+        out = list(always)
+        n_leaders = n_members = 0
+        for g, members in groups.items():
+            if g in drilled:
+                out += members
+                continue
+            lead = leader.get(g)
+            for u in members:
+                if lead is not None and u == lead.url:
+                    out.append(u)
+                    n_leaders += 1
+                elif (zlib.crc32(u.encode()) + self._sweep) % period == 0:
+                    out.append(u)
+                    n_members += 1
+        self.last = Plan(out, drilled, n_leaders, n_members, everything=False)
+        return self.last
+
+    def _reasons(self, view: ClusterView, groups: dict[int, list[str]],
+                 leader: dict[int, RankView], now: float, suspects: set[int]) -> dict[int, str]:
+        suspect_s = self.suspect_s(view)
+        out: dict[int, str] = {g: "finding or straggler candidate" for g in suspects
+                               if g in groups}
+        cross_waiting, moving, others = [], 0, []
+        for g, urls in groups.items():
+            lead = leader.get(g)
+            if lead is None:
+                out.setdefault(g, "no leader (group rank 0) known")
+                continue
+            if not lead.reachable:
+                out.setdefault(g, f"leader unreachable ({lead.reason})")
+                continue
+            if any(view.ranks[u].fresh and not view.ranks[u].reachable for u in urls):
+                out.setdefault(g, "a rank did not answer")
+                continue
+            if not lead.fresh:
+                continue
+            try:
+                scope, secs = current_wait(lead.state)
+                step = int(lead.state["step"])
+            except (TypeError, ValueError, KeyError):
+                out.setdefault(g, "leader state unreadable")
+                continue
+            if scope == "group" and (secs or 0.0) >= suspect_s:
+                out.setdefault(g, f"leader blocked in an in-group collective {secs:.1f}s")
+                continue
+            prev = self._leader_step.get(g)
+            if prev is None or prev[0] != step:
+                self._leader_step[g] = (step, now)
+                moving += 1
+            elif now - prev[1] >= suspect_s:
+                others.append((g, f"leader at step {step} for {now - prev[1]:.1f}s"))
+            if scope == "cross" and (secs or 0.0) >= suspect_s:
+                cross_waiting.append(g)
+        for g in [g for g in self._leader_step if g not in groups]:
+            del self._leader_step[g]
+        if moving:  # a stuck leader among moving ones
+            for g, why in others:
+                out.setdefault(g, why)
+        in_leaders = [g for g in groups if g in leader and leader[g].reachable and
+                      leader[g].fresh]
+        if in_leaders and len(cross_waiting) * 2 > len(in_leaders):
+            late = [g for g in in_leaders if g not in cross_waiting]
+            if late:
+                for g in late:
+                    out.setdefault(g, "the others wait for it in the cross-group collective")
+            else:
+                for g in groups:
+                    out.setdefault(g, "every leader waits in the cross-group collective")
+        return out

@@ -1,0 +1,142 @@
+"""Leader polling (monitor/schedule.py): which ranks a sweep asks, when a group is drilled, and
+the rank-level findings of multi-rank groups still confirmed in time with only leaders polled.
+
+The job is tests/test_monitor_detectors.py's synthetic FT-HSDP job (its /v1/state documents and
+gloo Flight Recorder dumps); the sweep here polls only what the schedule plans, carries the
+others in the view and fetches Flight Recorder from the ranks polled, as the monitor does.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from monitor.config import DetectorConfig
+from monitor.detectors import Detectors
+from monitor.discovery import Target
+from monitor.poller import RankPoll
+from monitor.schedule import LeaderSchedule
+from monitor.view import ViewBuilder
+from tests.support.monitor_sim import rank_state
+from tests.test_monitor_detectors import IN_GROUP_STEP, T0, Job
+
+
+class LeaderSweeps:
+    """The monitor's sweep with a schedule: plan -> poll the planned -> view -> detectors."""
+
+    def __init__(self, job: Job, sched: LeaderSchedule) -> None:
+        self.job, self.sched = job, sched
+        self.det = Detectors(DetectorConfig(hang_floor_s=3.0, hang_factor=3.0))
+        self.view = None
+        self.asked: list[set[int]] = []  # ranks polled, per sweep
+        self.fr_from: list[set[int]] = []
+
+    def sweep(self, now: float):
+        job = self.job
+        suspects = {f.replica_group for f in self.det.open_findings()}
+        plan = self.sched.plan(job.targets, self.view, now, suspects)
+        asked = set(plan.urls)
+        polls = {t.url: (RankPoll(t.url, True, data=dict(s)) if r not in job.down
+                         else RankPoll(t.url, False, reason="connection", error="refused"))
+                 for r, (t, s) in enumerate(zip(job.targets, job.states, strict=True))
+                 if t.url in asked}
+        view = job.vb.update(job.targets, polls, now=now,
+                             polled=None if plan.everything else asked)
+        wanted = {u for u in self.det.fr_wanted(view, now) if view.ranks[u].fresh}
+        ranks = {r for r, t in enumerate(job.targets) if t.url in wanted}
+        dumps = {r: d for r, d in job.dumps().items() if r in ranks} if wanted else None
+        self.asked.append({r for r, t in enumerate(job.targets) if t.url in asked})
+        self.fr_from.append(ranks)
+        self.view = view
+        return self.det.update(view, dumps, now)
+
+
+def leaders(job: Job) -> set[int]:
+    return {g * job.ranks for g in range(job.n)}
+
+
+def test_a_hang_of_a_non_leader_rank_is_confirmed_in_time_from_its_leader():
+    """8 groups x 2 ranks, members polled every 100 s (never, here): group 1's rank 3 hangs, its
+    leader blocks in FSDP's all-gather; the group is drilled and the hang confirmed on rank 3
+    within max(5 s, 5 x median step), as with every rank polled."""
+    job = Job(groups=8, ranks=2)
+    ls = LeaderSweeps(job, LeaderSchedule("on", member_interval_s=100.0, hold_s=10.0))
+    now = T0
+    job.steps(20, now=now)
+    ls.sweep(now)  # the first sweep asks every rank
+    assert ls.asked[-1] == set(range(job.world))
+    for _ in range(3):  # healthy: leaders only (and the odd member whose turn it is)
+        now += 1.0
+        job.steps(3, now=now)
+        assert ls.sweep(now) == []
+        assert leaders(job) <= ls.asked[-1] and len(ls.asked[-1]) < job.world - 4
+    onset = now
+    job.fr.collective("0", "all_gather", [[300]], members=job.members(1), absent=[3])
+    for g in set(range(job.n)) - {1}:
+        for op, sizes in IN_GROUP_STEP:
+            job.fr.collective("0", op, sizes, members=job.members(g))
+    job.fr.ft_collective("all_reduce", [[1000]], absent=[2, 3])
+    found, confirmed = [], None
+    for t in (1.0, 2.0, 3.0, 4.0, 5.0):
+        for r in range(job.world):
+            if job.group_of(r) != 1:
+                job.wait(r, "cross", t - 0.2, phase="allreduce")
+        job.wait(2, "group", t - 0.1)
+        job.wait(3, None)
+        new = ls.sweep(onset + t)
+        if new and confirmed is None:
+            confirmed = t
+        found += new
+    assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("hang", 1, [3])]
+    assert found[0].evidence["level"] == "in_group"
+    assert confirmed is not None and confirmed <= max(5.0, 5 * job.step_s)
+    assert ls.sched.last.drilled.get(1), "group 1 is drilled"
+    assert {2, 3} <= ls.asked[-1]
+    # Flight Recorder came from the ranks polled, never from every rank
+    assert all(len(f) < job.world for f in ls.fr_from[1:])
+
+
+def test_a_rank_that_stops_answering_gets_its_group_drilled_until_dead_rank():
+    job = Job(groups=4, ranks=2)
+    ls = LeaderSweeps(job, LeaderSchedule("on", member_interval_s=2.0, hold_s=5.0))
+    now = T0
+    job.steps(20, now=now)
+    ls.sweep(now)
+    job.down.add(5)  # group 2's non-leader
+    found, sweeps = [], 0
+    while not found and sweeps < 12:
+        now += 1.0
+        sweeps += 1
+        job.steps(1, now=now)
+        found += ls.sweep(now)
+    assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("dead_rank", 2, [5])]
+    # once seen failing, rank 5 is asked every sweep: dead_sweeps (3) polls, not 3 intervals
+    assert sweeps <= 2 + 3
+    assert "did not answer" in ls.sched.last.drilled[2]
+
+
+def test_auto_polls_every_rank_below_the_threshold_and_plans_leaders_above():
+    targets = [Target(f"http://127.0.0.1:{9000 + r}", "static") for r in range(32)]
+    vb = ViewBuilder()
+    polls = {}
+    for r, t in enumerate(targets):
+        s = rank_state(r, r // 8, now=T0)
+        s.update(group_rank=r % 8, group_world_size=8)
+        polls[t.url] = RankPoll(t.url, True, data=s)
+    view = vb.update(targets, polls, now=T0)
+    small = LeaderSchedule("auto", min_ranks=33)
+    assert small.plan(targets, view, T0 + 1).urls == [t.url for t in targets]
+    big = LeaderSchedule("auto", min_ranks=32, member_interval_s=4.0, interval_s=1.0)
+    seen: set[str] = set()
+    for k in range(4):
+        plan = big.plan(targets, view, T0 + 1 + k)
+        assert not plan.everything and plan.leaders == 4 and not plan.drilled
+        assert {targets[g * 8].url for g in range(4)} <= set(plan.urls)
+        seen |= set(plan.urls)
+    assert seen == {t.url for t in targets}  # every member within one member interval
+    # carried ranks keep their state and are not counted as failures
+    some = {u: p for u, p in polls.items() if u in set(plan.urls)}
+    view2 = vb.update(targets, some, now=T0 + 5, polled=set(plan.urls))
+    stale = [r for r in view2.ranks.values() if not r.fresh]
+    assert stale and all(r.reachable and r.failures == 0 and r.state for r in stale)
+    with pytest.raises(ValueError):
+        LeaderSchedule("sometimes")
