@@ -92,3 +92,124 @@ def test_yaml_writer_round_trips_through_prometheus(tmp_path):
         got = {r["name"]: r["annotations"]["text"]
                for g in prom.api("rules")["groups"] for r in g["rules"]}
     assert got == {f"A{i}": t for i, t in enumerate(tricky)}
+
+
+# --- the host and Lighthouse-settings panels and alerts on the monitor's own series ----------
+HOST_AND_SETTINGS = ("lightkeeper_monitor_host", "lightkeeper_monitor_config_warnings",
+                     "lightkeeper_monitor_lighthouse_")
+
+
+def _monitor_series_with_trouble(tmp_path) -> list[tuple[str, str]]:
+    """promtool input series (constant over 20 samples) from a real MonitorMetrics, filled by
+    the real host ledger and Lighthouse-settings watch: host h1 quarantined after a hang, its
+    quarantine action through a real exec sink (``false``) failing; h2 suspect after one
+    straggler; the monitor told the Lighthouse's heartbeat timeout is torchft's default 5 s.
+    Only the hand-made findings are not from a running job (a healthy live job has no host
+    that is not ok, so tests/test_dashboards_live.py cannot show these series)."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from monitor.config import QuarantineConfig
+    from monitor.hosts import HostLedger
+    from monitor.lighthouse_settings import LighthouseSettingsWatch
+    from monitor.metrics import MonitorMetrics
+    from monitor.sinks import build_sink
+    from monitor.store import Store
+
+    now = 1000.0
+    clock = lambda: now  # noqa: E731
+    led = HostLedger(Store(str(tmp_path / "m.sqlite")), QuarantineConfig(),
+                     [build_sink("exec:false")], "train", clock)
+
+    def finding(kind, host, fid):
+        return {"id": fid, "kind": kind, "replica_group": fid, "replica_id": f"g{fid}:a",
+                "ranks": [fid], "evidence": {"culprits": [
+                    {"rank": fid, "host": host, "node": f"node-{host}", "device": {"type": "cpu"}}]}}
+
+    led.record([finding("hang", "h1", 1), finding("straggler", "h2", 2)], now)
+    led.decide(now, None, 40)
+    assert led.run_actions(now) == 1
+    m = MonitorMetrics("train")
+    m.set_hosts(led.counts(), led.to_json(now))
+    watch = LighthouseSettingsWatch(declared_heartbeat_ms=5000, interval_s=1.0)
+    watch.observe(None, now)
+    watch.publish(m, "train")
+
+    out = []
+    text = generate_latest(m.registry).decode()
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if not s.name.startswith(HOST_AND_SETTINGS):
+                continue
+            labels = {**s.labels, "lightkeeper_component": "monitor", "instance": "mon:9400"}
+            sel = ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+            value = "NaN" if s.value != s.value else repr(float(s.value))
+            out.append((f"{s.name}{{{sel}}}", " ".join([value] * 20)))
+    return out
+
+
+def _query(title: str, ref: str = "A") -> str:
+    from dashboards.build import build_dashboards
+    from dashboards.validate import all_queries, substitute
+
+    (q,) = [q for q in all_queries(build_dashboards())
+            if q.where == f"panel '{title}' {ref}"]
+    return substitute(q.expr, {"job": "train"}, {"$__rate_interval": "1m"})
+
+
+def test_host_and_lighthouse_panels_and_alerts_on_the_monitors_own_series(tmp_path):
+    series = _monitor_series_with_trouble(tmp_path)
+    names = {s.split("{")[0] for s, _ in series}
+    assert {"lightkeeper_monitor_host_quarantine_state", "lightkeeper_monitor_host_offences",
+            "lightkeeper_monitor_host_action_failed", "lightkeeper_monitor_hosts",
+            "lightkeeper_monitor_config_warnings"} <= names, names
+    j = {"job": "train"}
+
+    def samples(rows: list[tuple[dict, float]]) -> list[dict]:
+        return [{"labels": "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(lab.items())) + "}",
+                 "value": v} for lab, v in rows]
+
+    expr_tests = [
+        (_query("Quarantined hosts"), samples([({}, 1)])),
+        (_query("Hosts with a failing action"), samples([({}, 1)])),
+        (_query("Hosts by state"), samples([({"state": s}, n) for s, n in (
+            ("ok", 0), ("quarantined", 1), ("released", 0), ("suspect", 1))])),
+        (_query("Failing host actions by sink"), samples([({"sink": "exec:false"}, 1)])),
+        (_query("Hosts not ok", "A"), samples([
+            ({**j, "host": "h1", "node": "node-h1", "state": "quarantined"}, 1),
+            ({**j, "host": "h2", "node": "node-h2", "state": "suspect"}, 1)])),
+        (_query("Hosts not ok", "B"), samples([({**j, "host": "h1"}, 1), ({**j, "host": "h2"}, 1)])),
+        (_query("Hosts not ok", "C"), samples([({**j, "host": "h1", "sink": "exec:false"}, 1)])),
+        (_query("Slow Lighthouse settings"), samples([({}, 1)])),
+        (_query("Lighthouse settings warnings"), samples([
+            ({"setting": "eviction_drop"}, 0), ({"setting": "heartbeat_timeout"}, 1),
+            ({"setting": "heartbeat_timeout_declared"}, 0)])),
+        # NaN (not known) never equals itself: the known sources only
+        (f"({_query('Lighthouse heartbeat timeout')}) == "
+         f"({_query('Lighthouse heartbeat timeout')})", samples([({"source": "declared"}, 5)])),
+    ]
+    base = {"job": "train"}
+    alerts = [
+        ("LightkeeperHostQuarantined", [{**base, "host": "h1", "node": "node-h1"}]),
+        ("LightkeeperQuarantineActionFailing", [{**base, "host": "h1", "sink": "exec:false"}]),
+        ("LightkeeperLighthouseSlowRecovery", [{**base, "setting": "heartbeat_timeout"}]),
+    ]
+    by_name = {a.name: a for a in rules.ALERTS}
+    doc = {"rule_files": [str(PROMETHEUS_DIR / "rules.yml")], "evaluation_interval": "15s",
+           "tests": [{
+               "name": "host and Lighthouse-settings series of a real MonitorMetrics",
+               "interval": "15s",
+               "input_series": [{"series": s, "values": v} for s, v in series],
+               "promql_expr_test": [{"expr": e, "eval_time": "3m", "exp_samples": exp}
+                                    for e, exp in expr_tests],
+               "alert_rule_test": [{
+                   "eval_time": "3m", "alertname": name,
+                   "exp_alerts": [{"exp_labels": {**lab, "severity": by_name[name].severity},
+                                   "exp_annotations": {
+                                       k: rules.render_template(v, lab)
+                                       for k, v in by_name[name].annotations().items()}}
+                                  for lab in labels]} for name, labels in alerts],
+           }]}
+    (tmp_path / "t.yml").write_text(dump(doc))
+    r = promtool("test", "rules", "t.yml", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
