@@ -171,6 +171,10 @@ class Incident:
     evicted_at: float | None = None
     resolved_at: float | None = None  # its finding is no longer open
     back_to_pace_at: float | None = None
+    # back "settled" below pace: the job's steady pace then, in units of the old baseline's
+    # (e.g. 0.8), and the step time the baseline moved to (None: back at pace, or not yet)
+    settled_pace: float | None = None
+    settled_step_s: float | None = None
     rejoined_at: float | None = None
     closed_at: float | None = None
     gpus_per_group: int | None = None
@@ -276,6 +280,10 @@ class GoodputLedger:
         self.slow_since: float | None = None  # pace below threshold, unexplained, since
         self.last_commit_at: float | None = None  # the last sweep that saw a commit
         self.pace: float | None = None  # the job's pace over the last window
+        self.open_findings = 0  # open confirmed findings this sweep
+        # (time, job step) where the job's pace became steady, while an incident acted on
+        # waits to be back at pace (see _track_steady)
+        self.steady: tuple[float, int] | None = None
         # settled totals: key -> {"goodput", "expected", cause...} (replica-seconds), and GPU-s
         self.totals: dict[str, dict[str, float]] = {}
         self.gpu_totals: dict[str, dict[str, float]] = {}
@@ -393,6 +401,7 @@ class GoodputLedger:
     def _ingest_findings(self, view: ClusterView, findings: list[dict[str, Any]],
                          now: float) -> None:
         open_ids = set()
+        self.open_findings = sum(1 for f in findings if _int(f.get("id")) is not None)
         for f in findings:
             fid = _int(f.get("id"))
             if fid is None:
@@ -500,13 +509,24 @@ class GoodputLedger:
                 continue
             if s.cause == PENDING and inc.kind == "straggler":
                 s.cause = "straggler_drag"
-            elif s.cause == PENDING and s.idle:
+            elif (s.cause == PENDING and s.idle) or (inc.kind != "straggler"
+                                                      and self._provisional(s)):
                 s.cause = "stall"  # the first seconds of the stall this incident caused
             elif s.incident is not None or not (
                     s.cause == "stall" or (s.cause == "capacity_lost"
                                            and s.replica_group == inc.replica_group)):
                 continue
             self._link(s, inc)
+
+    def _provisional(self, s: Slice) -> bool:
+        """Straggler drag booked while no group committed, with no commit since: it may be
+        the first seconds of a stall another fault caused (confirmed a little later), so it
+        stays open to that fault's claim until the job commits again (or the horizon)."""
+        if s.cause != "straggler_drag" or not s.idle:
+            return False
+        inc = self.incidents.get(s.incident) if s.incident is not None else None
+        return (inc is None or inc.kind == "straggler") and (
+            self.last_commit_at is None or self.last_commit_at < s.t1 - 1e-9)
 
     def _link(self, s: Slice, inc: Incident | None) -> None:
         if inc is None:
@@ -592,10 +612,10 @@ class GoodputLedger:
                 cause, inc = "recovery", recovering
             elif stall:
                 cause, inc = "stall", stall_cause
+            elif idle and other is not None:  # stalling, with a fault that stops commits open
+                cause, inc = "stall", other  # before a straggler: a straggler slows, never stops
             elif straggler is not None:
                 cause, inc = "straggler_drag", straggler
-            elif idle and other is not None:  # stalling, with a fault that stops commits open
-                cause, inc = "stall", other
             else:
                 cause, inc, slow = PENDING, None, True
             self._badput(t0, now, g, cause, rest, grp.gpus, inc, acct, idle=idle)
@@ -621,7 +641,7 @@ class GoodputLedger:
     def _pending_to_stall(self, inc: Incident | None) -> None:
         """Pending slow time since the last commit was the stall's beginning."""
         for s in self.unsettled:
-            if s.cause == PENDING and self.last_commit_at is not None \
+            if (s.cause == PENDING or self._provisional(s)) and self.last_commit_at is not None \
                     and s.t0 >= self.last_commit_at - 1e-9:
                 s.cause = "stall"
                 self._link(s, inc)
@@ -668,6 +688,7 @@ class GoodputLedger:
     def _follow_incidents(self, in_quorum: set[int], now: float) -> None:
         hist = list(self.job_history)
         b = self.baseline
+        settled = self._track_steady(now)
         for inc in self._open_incidents():
             changed = False
             back_in = inc.replica_group is None or inc.replica_group in in_quorum
@@ -679,12 +700,58 @@ class GoodputLedger:
                 back = self._back_at(hist, inc.search_from, now, b)
                 if back is not None:
                     inc.back_to_pace_at, changed = back, True
+                elif settled is not None and self._waiting(inc):
+                    inc.back_to_pace_at = settled[0]
+                    inc.settled_pace = round(b / settled[1], 3)
+                    inc.settled_step_s = round(settled[1], 4)
+                    changed = True
             # closed: acted on (evicted) or cleared, the job back at pace, the group back in
             acted = inc.evicted_at is not None or inc.resolved_at is not None
             if inc.back_to_pace_at is not None and acted and back_in:
                 inc.closed_at, changed = now, True
             if changed:
                 self._dirty_incidents.add(inc.id)
+
+    def _waiting(self, inc: Incident) -> bool:
+        """Acted on (evicted, or its findings cleared) and not yet back at pace."""
+        return inc.open and inc.back_to_pace_at is None and (
+            inc.evicted_at is not None or inc.resolved_at is not None)
+
+    def _track_steady(self, now: float) -> tuple[float, float] | None:
+        """The "settled" rule: while an incident acted on waits to be back at >= 90% of the
+        (frozen) baseline's pace, follow the job's pace; once it has been steady for the horizon
+        ``H`` (every trailing window ``W`` with at least 3 steps, each window's pace within 10%
+        of the steady period's mean, no confirmed finding open, the period starting after every
+        waiting incident's eviction or clearing), the job has settled at a new level: returns
+        (start of the steady period, its mean step time) and moves the baseline there (its
+        samples replaced), else None. A commit gap, a finding or a change of pace restarts it."""
+        waiting = [i for i in self._open_incidents() if self._waiting(i)]
+        hist = self.job_history
+        if not waiting or self.open_findings or self.baseline is None or len(hist) < 2:
+            self.steady = None
+            return None
+        (t0, s0), (t1, s1) = hist[0], hist[-1]
+        after = max(i.search_from for i in waiting)
+        if s1 - s0 < 3 or t1 - t0 < 0.9 * self.window or t0 < after - 1e-9:
+            self.steady = None  # a commit gap, or a window not yet wholly after the action
+            return None
+        if self.steady is None:
+            self.steady = (t0, s0)
+            return None
+        st, ss = self.steady
+        mean = (s1 - ss) / (t1 - st) if t1 > st else 0.0
+        if mean <= 0 or abs((s1 - s0) / (t1 - t0) / mean - 1) > 0.1:
+            self.steady = (t0, s0)  # the pace changed: a new steady period may begin here
+            return None
+        if now - st < self.horizon:
+            return None
+        level = 1 / mean
+        self.baseline = level
+        self.baseline_samples.clear()
+        self.baseline_samples.extend([level] * self.cfg.baseline_min_samples)
+        self.slow_since = None
+        self.steady = None
+        return st, level
 
     def _back_at(self, hist: list[tuple[float, int]], after: float, now: float,
                  b: float) -> float | None:
@@ -713,7 +780,8 @@ class GoodputLedger:
         steps = hist[-1][1] - hist[0][1]
         if steps < 3 or span < 0.9 * self.window:
             return  # too few steps, or not a whole window yet
-        if self.baseline is not None and any(i.open for i in self.incidents.values()):
+        if self.baseline is not None and any(i.open and i.settled_pace is None
+                                             for i in self.incidents.values()):
             return  # frozen: an incident is open (its own slowness must not become the norm)
         young = len(self.baseline_samples) < self.cfg.baseline_samples // 4
         if not young and self.slow_since is not None and now - self.slow_since < self.horizon:
@@ -732,7 +800,7 @@ class GoodputLedger:
         blocked: set[str] = set()  # groups with an earlier slice still open to change
         for s in self.unsettled:
             key = self._key(s.replica_group)
-            final = s.t1 <= cutoff or (s.cause != PENDING and (
+            final = s.t1 <= cutoff or (s.cause != PENDING and not self._provisional(s) and (
                 s.incident is not None or s.cause == "startup" or s.replica_group is None))
             if key in blocked or not final:
                 blocked.add(key)
@@ -832,6 +900,9 @@ class GoodputLedger:
             "onset_at": inc.onset_at, "onset_source": inc.onset_source,
             "detected_at": inc.detected_at, "evicted_at": inc.evicted_at,
             "resolved_at": inc.resolved_at, "back_to_pace_at": inc.back_to_pace_at,
+            "back_to_pace": None if inc.back_to_pace_at is None
+            else "settled" if inc.settled_pace is not None else "reached",
+            "settled_pace": inc.settled_pace, "settled_step_s": inc.settled_step_s,
             "rejoined_at": inc.rejoined_at, "closed_at": inc.closed_at,
             "detect_s": since_onset(inc.detected_at), "evict_s": since_onset(inc.evicted_at),
             "recovery_s": since_onset(inc.back_to_pace_at),
@@ -902,7 +973,7 @@ class GoodputLedger:
 
     def baseline_frozen(self) -> str | None:
         """Why the baseline takes no samples now (None: it does)."""
-        opened = [i.id for i in self._open_incidents()]
+        opened = [i.id for i in self._open_incidents() if i.settled_pace is None]
         if opened and self.baseline is not None:
             return f"incident {opened[-1]} open"
         young = len(self.baseline_samples) < self.cfg.baseline_samples // 4
@@ -925,6 +996,7 @@ class GoodputLedger:
             "job_step": self.job_step, "job_history": list(self.job_history)[-1:],
             "baseline_samples": list(self.baseline_samples), "baseline": self.baseline,
             "pace": self.pace, "slow_since": self.slow_since, "last_commit_at": self.last_commit_at,
+            "steady": list(self.steady) if self.steady else None,
             "totals": self.totals, "gpu_totals": self.gpu_totals,
             "expected_groups": self.expected_groups, "unobserved_s": self.unobserved_s,
             "gap_s": self.gap_s, "gaps": self.gaps, "skipped_sweeps": self.skipped_sweeps,
@@ -976,6 +1048,8 @@ class GoodputLedger:
         led.slow_since = state.get("slow_since")
         led.pace = state.get("pace")
         led.last_commit_at = state.get("last_commit_at")
+        steady = state.get("steady")
+        led.steady = (float(steady[0]), int(steady[1])) if steady else None
         led.totals = state.get("totals") or {}
         led.gpu_totals = state.get("gpu_totals") or {}
         led.expected_groups = int(state.get("expected_groups") or 0)

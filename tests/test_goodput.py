@@ -474,3 +474,107 @@ def test_expected_groups_flag(capsys):
             p.parse_args(["--expected-groups", bad])
         assert e.value.code == 2
         assert "--expected-groups" in capsys.readouterr().err
+
+
+def test_stall_during_an_open_straggler_belongs_to_the_hang_from_its_onset():
+    """A straggler confirmed but never acted on (dry run), then a hang stops every group: the
+    idle sweeps after the hang's onset are the hang's stall (not straggler drag), from the onset,
+    also those before the hang was confirmed (claimed back)."""
+    job, led = healthy_ledger(seconds=30)
+    job.groups[1]["struck"] = {"slow_compute:delay=0.6": job.t}
+    job.finding("straggler", 1, first_seen=job.t, confirmed_at=job.t, fid=1)
+    job.run(led, 10, pace=0.4)
+    hang_at = job.t
+    job.run(led, 2, pace=0.0)  # shorter than the pace window (4 s): not a stall by itself
+    job.finding("hang", 2, first_seen=hang_at + 0.1, confirmed_at=job.t, fid=2)
+    job.run(led, 3, pace=0.0)
+    out = led.to_json()
+    hang = next(i for i in out["incidents"] if i["kind"] == "hang")
+    strag = next(i for i in out["incidents"] if i["kind"] == "straggler")
+    tied = [iv for iv in out["intervals"] if iv["incident"] == hang["id"]]
+    assert tied and min(iv["start"] for iv in tied) == pytest.approx(hang_at, abs=1e-6)
+    assert {iv["cause"] for iv in tied} == {"stall"}
+    assert hang["cost"]["by_cause"]["stall"] == pytest.approx(3 * 5, abs=0.01)
+    # no straggler drag after the hang's onset
+    assert all(iv["end"] <= hang_at + 1e-6 for iv in out["intervals"]
+               if iv["incident"] == strag["id"])
+    assert out["job"]["pending_seconds"] == 0
+
+
+def test_idle_sweeps_under_a_lone_straggler_stay_its_drag():
+    """No other fault: the straggler's idle sweeps (its slow steps) settle as its drag once the
+    job commits again."""
+    job, led = healthy_ledger(seconds=30)
+    job.finding("straggler", 1, first_seen=job.t, confirmed_at=job.t, fid=1)
+    for _ in range(4):
+        job.run(led, 2, pace=0.0)  # a 2 s step: idle sweeps, shorter than the window
+        job.run(led, 1, pace=1.0)
+    out = led.to_json()
+    [inc] = out["incidents"]
+    assert set(inc["cost"]["by_cause"]) == {"straggler_drag"}
+    assert out["job"]["badput_seconds"]["stall"] == 0 and out["job"]["pending_seconds"] == 0
+    assert not any(s.cause == "straggler_drag" for s in led.unsettled)  # settled
+
+
+def _evicted_straggler(horizon_s=10.0):
+    job, led = healthy_ledger(seconds=30, horizon_s=horizon_s)
+    job.finding("straggler", 1, first_seen=job.t, confirmed_at=job.t, fid=1)
+    job.run(led, 3, pace=0.4)
+    job.findings.clear()
+    job.evict(1, at=job.t, did=1, fid=1)
+    return job, led
+
+
+def test_job_steady_below_the_frozen_baseline_settles_the_incident_and_moves_the_baseline():
+    """After the eviction the job runs steadily at 0.8x the old pace (a slower machine, slower
+    survivors): the incident closes as settled at 0.8x, the baseline follows, later time is
+    goodput again instead of recovery forever."""
+    job, led = _evicted_straggler()
+    evicted_at = job.t
+    job.run(led, 2, pace=0.0)
+    job.restart(1, "b")
+    job.run(led, 30, pace=0.8)
+    out = led.to_json()
+    [inc] = out["incidents"]
+    assert inc["back_to_pace"] == "settled" and inc["settled_pace"] == pytest.approx(0.8, abs=0.05)
+    assert inc["settled_step_s"] == pytest.approx(STEP / 0.8, rel=0.05)
+    # the steady period began one window after the survivors resumed (W = 4 s)
+    assert evicted_at + 2 <= inc["back_to_pace_at"] <= evicted_at + 2 + 4 + 1
+    assert not inc["open"] and inc["recovery_s"] is not None
+    assert led.baseline == pytest.approx(STEP / 0.8, rel=0.05)
+    assert out["baseline"]["frozen"] is None
+    recovery = out["job"]["badput_seconds"]["recovery"]
+    job.run(led, 20, pace=0.8)
+    out = led.to_json()
+    assert out["job"]["badput_seconds"]["recovery"] == pytest.approx(recovery)
+    assert out["job"]["pending_seconds"] == 0 and out["job"]["badput_seconds"]["unattributed"] == 0
+    assert out["pace"]["ratio"] >= 0.9
+
+
+def test_settling_needs_a_steady_pace_and_no_open_finding():
+    job, led = _evicted_straggler()
+    job.restart(1, "b")
+    for _ in range(8):  # pace swinging between 0.5 and 0.8 every 4 s: never steady
+        job.run(led, 4, pace=0.5)
+        job.run(led, 4, pace=0.8)
+    [inc] = led.to_json()["incidents"]
+    assert inc["back_to_pace_at"] is None and inc["open"] and led.baseline == pytest.approx(
+        STEP, rel=0.1)
+    # steady now, but a confirmed finding is open: not settled either
+    job.finding("straggler", 0, first_seen=job.t, confirmed_at=job.t, fid=9)
+    job.run(led, 30, pace=0.8)
+    inc = next(i for i in led.to_json()["incidents"] if i["id"] == inc["id"])
+    assert inc["back_to_pace_at"] is None
+    job.findings.clear()
+    job.run(led, 20, pace=0.8)
+    inc = next(i for i in led.to_json()["incidents"] if i["id"] == inc["id"])
+    assert inc["back_to_pace"] == "settled"
+
+
+def test_job_back_at_pace_is_reached_not_settled():
+    job, led = _evicted_straggler()
+    job.restart(1, "b")
+    job.run(led, 20, pace=1.0)
+    [inc] = led.to_json()["incidents"]
+    assert inc["back_to_pace"] == "reached" and inc["settled_pace"] is None
+    assert led.baseline == pytest.approx(STEP, rel=0.1)
