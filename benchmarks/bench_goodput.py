@@ -626,6 +626,8 @@ def analyze(name: str, raw: dict, args: argparse.Namespace, samples_per_group_st
              "detected_s": _rel(i.get("detected_at"), t0),
              "evicted_s": _rel(i.get("evicted_at"), t0),
              "back_to_pace_s": _rel(i.get("back_to_pace_at"), t0),
+             "back_to_pace": i.get("back_to_pace"), "settled_pace": i.get("settled_pace"),
+             "closed_s": _rel(i.get("closed_at"), t0),
              "recovery_s": i.get("recovery_s"), "cost_replica_s":
                  (i.get("cost") or {}).get("replica_seconds"),
              "cost_by_cause": (i.get("cost") or {}).get("by_cause")} for i in incidents]
