@@ -114,6 +114,7 @@ class Slice:
     finding_id: int | None = None
     eviction_id: int | None = None
     idle: bool = False  # no group committed in it (pending: a stall not yet a window long)
+    counted: bool = False  # in a SweepAccount's badput already (else counted when it settles)
 
 
 @dataclass
@@ -681,8 +682,11 @@ class GoodputLedger:
         s = Slice(t0, t1, g, cause, seconds, gpus, idle=idle)
         self._link(s, inc)
         self.unsettled.append(s)
-        if cause != PENDING:  # pending counts once it settles
+        # counted now unless its cause may still change (pending; idle straggler drag): those
+        # count once settled, under their final cause
+        if cause != PENDING and not (cause == "straggler_drag" and idle):
             acct.badput[cause] += seconds
+            s.counted = True
 
     # --- after the split -------------------------------------------------------------
     def _follow_incidents(self, in_quorum: set[int], now: float) -> None:
@@ -808,7 +812,9 @@ class GoodputLedger:
                 continue
             if s.cause == PENDING:
                 s.cause = "unattributed"
-                acct.badput["unattributed"] += s.seconds
+            if not s.counted:
+                acct.badput[s.cause] += s.seconds
+                s.counted = True
             self._settle_slice(s)
         self.unsettled = keep
         # an interval that neither this sweep nor an open slice continues is over: close it
@@ -1057,7 +1063,8 @@ class GoodputLedger:
         led.gap_s = float(state.get("gap_s") or 0.0)
         led.gaps = int(state.get("gaps") or 0)
         led.skipped_sweeps = int(state.get("skipped_sweeps") or 0)
-        led.unsettled = [Slice(**s) for s in state.get("unsettled") or []]
+        led.unsettled = [Slice(**{"counted": s.get("cause") != PENDING, **s})
+                         for s in state.get("unsettled") or []]
         led.open_intervals = {k: Interval(**v) for k, v in
                               (state.get("open_intervals") or {}).items()}
         led.next_incident = int(state.get("next_incident") or 1)

@@ -34,6 +34,7 @@ class ModelJob:
         self.findings: list[dict] = []
         self.evictions: list[dict] = []
         self.splits: list[float] = []
+        self.counted = dict.fromkeys(CAUSES, 0.0)  # badput the metrics counted (SweepAccount)
 
     def ranks(self) -> dict[str, RankView]:
         out = {}
@@ -62,6 +63,8 @@ class ModelJob:
         acct = ledger.update(ClusterView(at=self.t, ranks=self.ranks()), self.findings,
                              self.evictions, self.t)
         check_invariant(ledger)
+        for c, v in acct.badput.items():
+            self.counted[c] += v
         return acct
 
     def run(self, ledger, seconds: float, pace: float = 1.0, dt: float = 1.0) -> None:
@@ -93,6 +96,15 @@ def check_invariant(ledger: GoodputLedger) -> None:
     for g in ledger.to_json()["groups"]:
         parts = g["goodput_seconds"] + sum(g["badput_seconds"].values()) + g["pending_seconds"]
         assert parts == pytest.approx(g["expected_seconds"], abs=0.01), g
+
+
+def check_counted(job: ModelJob, ledger: GoodputLedger) -> None:
+    """What the metrics counted, by cause == the settled badput plus the unsettled slices
+    already counted (a slice whose cause changed after it was counted would break this)."""
+    for c in CAUSES:
+        settled = sum(row.get(c, 0.0) for row in ledger.totals.values())
+        held = sum(x.seconds for x in ledger.unsettled if x.counted and x.cause == c)
+        assert job.counted[c] == pytest.approx(settled + held, abs=1e-6), c
 
 
 def save(store: Store, ledger: GoodputLedger) -> None:
@@ -151,6 +163,7 @@ def test_straggler_incident_full_life():
     job.run(led, 4, pace=0.3)
     j = job_json(led)
     assert j["pending_seconds"] == 0  # claimed back to the onset by the straggler
+    check_counted(job, led)  # the claimed pending time reaches the metrics, as straggler drag
     assert j["badput_seconds"]["straggler_drag"] == pytest.approx(3 * 12 * 0.7, rel=0.1)
     job.evict(1, at=job.t - 0.2, did=5, fid=11)
     job.run(led, 4, pace=0.0)  # the Lighthouse has not dropped the killed group yet
@@ -238,6 +251,7 @@ def test_hang_caught_within_a_window_claims_its_first_seconds_as_stall():
     [inc] = out["incidents"]
     assert inc["cost"]["by_cause"]["stall"] == pytest.approx(out["job"]["badput_seconds"]["stall"])
     assert 3 * 2 <= inc["cost"]["by_cause"]["stall"] <= 3 * 3
+    check_counted(job, led)
     assert inc["recovery_s"] == pytest.approx(8, abs=1.5)
 
 
@@ -499,6 +513,7 @@ def test_stall_during_an_open_straggler_belongs_to_the_hang_from_its_onset():
     assert all(iv["end"] <= hang_at + 1e-6 for iv in out["intervals"]
                if iv["incident"] == strag["id"])
     assert out["job"]["pending_seconds"] == 0
+    check_counted(job, led)  # the metrics count the claimed seconds as stall, once
 
 
 def test_idle_sweeps_under_a_lone_straggler_stay_its_drag():
@@ -514,6 +529,7 @@ def test_idle_sweeps_under_a_lone_straggler_stay_its_drag():
     assert set(inc["cost"]["by_cause"]) == {"straggler_drag"}
     assert out["job"]["badput_seconds"]["stall"] == 0 and out["job"]["pending_seconds"] == 0
     assert not any(s.cause == "straggler_drag" for s in led.unsettled)  # settled
+    check_counted(job, led)
 
 
 def _evicted_straggler(horizon_s=10.0):
