@@ -121,7 +121,7 @@ async def _disable(p: cProfile.Profile) -> None:
 def bench(n: int, sweeps: int, modes: list[str], profile: str | None) -> dict:
     procs, urls = start_sims(n, groups=max(1, n // 8))
     try:
-        poller = Poller(timeout_s=5.0, max_concurrency=1024)
+        poller = Poller(timeout_s=5.0, max_concurrency=1024, max_idle=n + 1024)
         poll_times = []
         try:
             poller.sweep(urls)  # warm up: connect once, as a running monitor has

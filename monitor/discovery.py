@@ -44,7 +44,8 @@ MAX_LABEL = 256  # a job name in a registration
 
 
 def normalize_url(address: str) -> str:
-    """``host:port`` or ``http://host:port[/]`` -> ``http://host:port``; raises BadTarget."""
+    """``host:port`` or ``http://host:port[/prefix][/]`` -> ``http://host:port[/prefix]`` (a
+    prefix: ranks behind one proxy, polled at ``<prefix>/v1/state``); raises BadTarget."""
     address = address.strip()
     if not address:
         raise BadTarget("empty target address")
@@ -62,7 +63,9 @@ def normalize_url(address: str) -> str:
     host = parts.hostname
     if ":" in host:  # IPv6 literal
         host = f"[{host}]"
-    return f"{parts.scheme}://{host}:{port}"
+    if parts.query or parts.fragment:
+        raise BadTarget(f"target {address!r} has a query or fragment")
+    return f"{parts.scheme}://{host}:{port}{parts.path.rstrip('/')}"
 
 
 def _opt_int(value: Any) -> int | None:

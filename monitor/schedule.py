@@ -12,7 +12,8 @@ is *drilled* (every rank polled every sweep) the moment its leader looks wrong, 
   ``suspect_s`` or more: a member is late or hung, and the leader is blocked on it. This is how a
   hang of a non-leader rank is seen on the leader alone;
 - its leader's step has not moved for ``suspect_s`` on the monitor's clock while the leaders of
-  other groups moved (stuck phase);
+  other groups moved past it (stuck phase; in a job-wide stall every leader holds one step, and
+  the next rule applies);
 - most leaders wait in the cross-group collective for ``suspect_s`` or more and this group's does
   not (the group the others wait for: late arrival). When every leader waits there and none
   stands out, every group is drilled: the evidence the detectors then need is the whole job's;
@@ -128,7 +129,7 @@ class LeaderSchedule:
         suspect_s = self.suspect_s(view)
         out: dict[int, str] = {g: "finding or straggler candidate" for g in suspects
                                if g in groups}
-        cross_waiting, moving, others = [], 0, []
+        cross_waiting, moving, others, newest = [], 0, [], -1
         for g, urls in groups.items():
             lead = leader.get(g)
             if lead is None:
@@ -156,14 +157,16 @@ class LeaderSchedule:
                 self._leader_step[g] = (step, now)
                 moving += 1
             elif now - prev[1] >= suspect_s:
-                others.append((g, f"leader at step {step} for {now - prev[1]:.1f}s"))
+                others.append((g, step, f"leader at step {step} for {now - prev[1]:.1f}s"))
+            newest = max(newest, step)
             if scope == "cross" and (secs or 0.0) >= suspect_s:
                 cross_waiting.append(g)
         for g in [g for g in self._leader_step if g not in groups]:
             del self._leader_step[g]
-        if moving:  # a stuck leader among moving ones
-            for g, why in others:
-                out.setdefault(g, why)
+        if moving:  # a stuck leader behind moving ones (a job-wide stall holds every step)
+            for g, step, why in others:
+                if step < newest:
+                    out.setdefault(g, why)
         in_leaders = [g for g in groups if g in leader and leader[g].reachable and
                       leader[g].fresh]
         if in_leaders and len(cross_waiting) * 2 > len(in_leaders):

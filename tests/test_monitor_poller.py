@@ -113,3 +113,35 @@ def test_restarted_rank_supersedes_its_old_address(poller):
     finally:
         new.stop()
         sim.stop()
+
+
+def test_ranks_behind_one_address_are_polled_under_their_path_prefix():
+    """Many ranks behind one host:port (a proxy; the 100,000-rank benchmark's virtual ranks):
+    each polled at <prefix>/v1/state, pooled connections shared by the address."""
+    import asyncio
+    import threading
+
+    from monitor.discovery import normalize_url
+    from tests.support.virtual_ranks import VirtualRanks
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    vr = VirtualRanks(16, 0, 8, 0.5)
+    server = asyncio.run_coroutine_threadsafe(
+        asyncio.start_server(vr.handle, "127.0.0.1", 0), loop).result(10)
+    port = server.sockets[0].getsockname()[1]
+    p = Poller(timeout_s=2.0, max_concurrency=4)
+    try:
+        urls = [normalize_url(f"127.0.0.1:{port}/r/{r}/") for r in range(16)]
+        assert urls[3] == f"http://127.0.0.1:{port}/r/3"
+        for _ in range(2):
+            polls = p.sweep(urls + [f"http://127.0.0.1:{port}/r/99"])
+        assert [polls[u].data["rank"] for u in urls] == list(range(16))
+        assert [polls[u].data["group_rank"] for u in urls[6:10]] == [6, 7, 0, 1]
+        assert polls[f"http://127.0.0.1:{port}/r/99"].reason == "http_status"  # no such rank
+        assert p._n_idle <= 4  # one address: the connections of 4 workers, reused
+        assert vr.requests == 34
+    finally:
+        p.close()
+        server.close()
+        loop.call_soon_threadsafe(loop.stop)

@@ -1,0 +1,144 @@
+"""One monitor over 100,000 simulated ranks (12,500 replica groups x 8) with leader polling.
+
+The ranks are virtual: ``--procs`` server processes (tests/support/virtual_ranks.py) each answer
+``/v1/state`` for a slice of them, every rank addressed as ``http://127.0.0.1:<port>/r/<rank>``
+(this machine allows 20,000 open files per process, not 100,000 ports). The monitor is the real
+one (discovery, poller, view, schedule, verification off, detectors, goodput, metrics), in
+this process, with ``--leader-polling on``. It reports:
+
+- the first sweep (every rank), then the leader sweeps' median and worst over ``--sweeps``;
+- a hang planted in a non-leader rank of one group: how long until that group is drilled
+  (every one of its ranks polled in one sweep) and how long the drilled sweep takes;
+- the monitor process's RSS.
+
+The simulated ranks share the machine's cores with the monitor, so on a small box the figures
+are pessimistic; the load average is printed with them.
+
+    .venv/bin/python benchmarks/bench_monitor_100k.py --groups 12500 --group-size 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks.bench_monitor_sweep import rss_mib  # noqa: E402
+from monitor.config import MonitorConfig  # noqa: E402
+from monitor.service import Monitor  # noqa: E402
+from tests.support.monitor_sim import raise_fd_limit  # noqa: E402
+
+
+def start(n: int, procs: int, group_size: int, step_s: float) -> tuple[list, list[str]]:
+    per = -(-n // procs)
+    per = -(-per // group_size) * group_size  # whole groups per process
+    out, urls = [], []
+    for offset in range(0, n, per):
+        k = min(per, n - offset)
+        p = subprocess.Popen([sys.executable, "-m", "tests.support.virtual_ranks", "--ranks",
+                              str(k), "--offset", str(offset), "--group-size", str(group_size),
+                              "--step-s", str(step_s)],
+                             cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        out.append((p, offset, k))
+    for p, offset, k in out:
+        line = p.stdout.readline()
+        if not line.startswith("VRANKS "):
+            raise RuntimeError(f"virtual ranks failed: {line!r}")
+        port = int(line.split()[1])
+        urls += [f"http://127.0.0.1:{port}/r/{r}" for r in range(offset, offset + k)]
+    return out, urls
+
+
+def stop(procs: list) -> None:
+    for p, _, _ in procs:
+        try:
+            p.stdin.close()
+        except OSError:
+            pass
+    for p, _, _ in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--groups", type=int, default=12_500)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--procs", type=int, default=8)
+    ap.add_argument("--sweeps", type=int, default=10)
+    ap.add_argument("--step-s", type=float, default=0.5)
+    ap.add_argument("--member-interval", type=float, default=10.0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    raise_fd_limit()
+    n = args.groups * args.group_size
+    procs, urls = start(n, args.procs, args.group_size, args.step_s)
+    row: dict = {"ranks": n, "groups": args.groups, "group_size": args.group_size}
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            mon = Monitor(MonitorConfig(port=0, targets=urls, state_path=os.path.join(d, "m.db"),
+                                        poll_timeout_s=10.0, leader_polling="on",
+                                        member_interval_s=args.member_interval,
+                                        max_targets=n))
+            try:
+                t = time.perf_counter()
+                view = mon.sweep_once()
+                row["first_sweep_s"] = time.perf_counter() - t
+                row["first_up"] = sum(r.reachable for r in view.ranks.values())
+                times, polled = [], []
+                for _ in range(args.sweeps):
+                    t = time.perf_counter()
+                    mon.sweep_once()
+                    times.append(time.perf_counter() - t)
+                    polled.append(len(mon.schedule.last.urls))
+                    time.sleep(max(0.0, 1.0 - times[-1]))  # the monitor's 1 s interval
+                row.update(leader_median_s=statistics.median(times), leader_max_s=max(times),
+                           polled_median=statistics.median(polled))
+                # a hang in a non-leader rank of a group in the middle of the job
+                g = args.groups // 2
+                victim = g * args.group_size + 3
+                owner = next(p for p, off, k in procs if off <= victim < off + k)
+                owner.stdin.write(f"hang {victim}\n")
+                owner.stdin.flush()
+                onset = time.perf_counter()
+                drilled_at = drilled_sweep = None
+                while time.perf_counter() - onset < 30:
+                    t = time.perf_counter()
+                    mon.sweep_once()
+                    took = time.perf_counter() - t
+                    plan = mon.schedule.last
+                    if g in plan.drilled:
+                        drilled_at = time.perf_counter() - onset
+                        drilled_sweep = took
+                        row["drill_reason"] = plan.drilled[g]
+                        row["drilled_groups"] = len(plan.drilled)
+                        break
+                    time.sleep(max(0.0, 1.0 - took))
+                row.update(hang_drilled_after_s=drilled_at, drilled_sweep_s=drilled_sweep)
+            finally:
+                mon.stop()
+    finally:
+        stop(procs)
+    row["rss_mib"], row["peak_rss_mib"] = rss_mib()
+    row["load_average"] = os.getloadavg()[0]
+    row["cores"] = os.cpu_count()
+    print(json.dumps(row, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(row, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

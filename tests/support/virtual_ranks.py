@@ -1,0 +1,127 @@
+"""Many virtual ranks behind one server process, for benchmarks at 100,000 ranks.
+
+One asyncio HTTP/1.1 server (keep-alive) answers ``GET /r/<rank>/v1/state`` for ranks
+``offset .. offset + n - 1`` with the same ``/v1/state`` document a WorkerServer serves (the
+monitor addresses each rank as ``http://127.0.0.1:<port>/r/<rank>``: the same API under a path
+prefix, as behind a proxy). A machine with a 20,000 file descriptor limit cannot give 100,000
+ranks a port each; the monitor's side (its poller, view, schedule, detectors) is the same.
+
+Ranks are in replica groups of ``group_size`` (group ``rank // group_size``, group rank
+``rank % group_size``) and step every ``step_s`` on the server's clock. Commands on stdin, one
+per line: ``hang <rank>`` (the rank stops stepping; its group's rank 0 then waits in an in-group
+collective, and every other group's ranks in the cross-group one, as in a real FSDP job),
+``heal`` (all step again). Prints ``VRANKS <port>`` once listening, serves until stdin closes.
+
+    python -m tests.support.virtual_ranks --ranks 12500 --offset 0 --group-size 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+
+from tests.support.monitor_sim import rank_state
+
+STEP_MARK = 987654321  # placeholder serialized once, replaced per answer
+
+
+class VirtualRanks:
+    def __init__(self, n: int, offset: int, group_size: int, step_s: float) -> None:
+        self.n, self.offset, self.group_size, self.step_s = n, offset, group_size, step_s
+        self.t0 = time.monotonic()
+        self.hung: dict[int, float] = {}  # rank -> monotonic onset
+        self.templates: dict[int, bytes] = {}
+        self.requests = 0
+
+    def template(self, rank: int) -> bytes:
+        t = self.templates.get(rank)
+        if t is None:
+            g, gr = divmod(rank, self.group_size)
+            s = rank_state(rank, g, step=STEP_MARK, step_seconds=self.step_s)
+            s.update(group_rank=gr, group_world_size=self.group_size, host=f"node-{g}",
+                     replica_id=f"replica_group_{g}:virtual", commits=STEP_MARK,
+                     timing={"recent": [], "waiting": None, "last_step": None, "window": None})
+            t = self.templates[rank] = json.dumps(s).encode()
+        return t
+
+    def state(self, rank: int) -> bytes:
+        now = time.monotonic()
+        g = rank // self.group_size
+        onset = min(self.hung.values(), default=None)
+        step = int((now - self.t0) / self.step_s)
+        body = self.template(rank)
+        if onset is None:
+            return body.replace(str(STEP_MARK).encode(), str(step).encode())
+        stuck = int((onset - self.t0) / self.step_s)
+        doc = json.loads(body.replace(str(STEP_MARK).encode(), str(stuck).encode()))
+        waited = round(now - onset, 3)
+        if rank in self.hung:
+            doc["phase"] = "forward"
+        elif any(h // self.group_size == g for h in self.hung):
+            doc["phase"], doc["timing"]["waiting"] = "forward", {"scope": "group",
+                                                                 "seconds": waited}
+        else:
+            doc["phase"], doc["timing"]["waiting"] = "allreduce", {"scope": "cross",
+                                                                   "seconds": waited}
+        return json.dumps(doc).encode()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    break
+                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    pass
+                parts = line.split()
+                path = parts[1].decode() if len(parts) > 1 else "/"
+                status, body = "404 Not Found", b'{"error": "not found"}'
+                bits = path.split("?")[0].split("/")  # '', 'r', '<rank>', 'v1', 'state'
+                if len(bits) == 5 and bits[1] == "r" and bits[3:] == ["v1", "state"]:
+                    try:
+                        rank = int(bits[2])
+                    except ValueError:
+                        rank = -1
+                    if self.offset <= rank < self.offset + self.n:
+                        status, body = "200 OK", self.state(rank)
+                self.requests += 1
+                writer.write(f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+                             f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+
+async def serve(args: argparse.Namespace) -> None:
+    vr = VirtualRanks(args.ranks, args.offset, args.group_size, args.step_s)
+    server = await asyncio.start_server(vr.handle, "127.0.0.1", 0, backlog=4096)
+    print(f"VRANKS {server.sockets[0].getsockname()[1]}", flush=True)
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    while line := await reader.readline():
+        cmd = line.decode().split()
+        if cmd[:1] == ["hang"] and len(cmd) == 2:
+            vr.hung[int(cmd[1])] = time.monotonic()
+        elif cmd[:1] == ["heal"]:
+            vr.hung.clear()
+    server.close()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--ranks", type=int, required=True)
+    p.add_argument("--offset", type=int, default=0)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--step-s", type=float, default=0.5)
+    asyncio.run(serve(p.parse_args()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
