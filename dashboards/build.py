@@ -624,7 +624,8 @@ def _lighthouse_settings_panels(L: Layout) -> None:
         overrides=[P.override_by_name("warning", mappings=SETTING_WARNING,
                                       **{"custom.cellOptions": {"type": "color-text"}})],
         transformations=[{"id": "organize", "options": {
-            "excludeByName": {"Time": True}, "renameByName": {"Value": "warning"}}}]), 8, 6)
+            "excludeByName": {"Time": True}, "indexByName": {"setting": 0, "Value": 1},
+            "renameByName": {"Value": "warning"}}}]), 8, 6)
     L.add(stat("Lighthouse heartbeat timeout",
                "declared: what the monitor was told (--lighthouse-heartbeat-timeout-ms); "
                "observed_above / observed_at_most: the bounds the Lighthouse's /status shows "

@@ -61,8 +61,33 @@ def legend(fmt: str, metric: dict) -> str:
 def _mapping(panel: dict) -> dict[str, tuple[str, str]]:
     out = {}
     for m in panel.get("fieldConfig", {}).get("defaults", {}).get("mappings", []):
-        for k, v in m.get("options", {}).items():
-            out[k] = (v.get("text", k), COLORS.get(v.get("color", ""), v.get("color", TEXT)))
+        out.update(_map_options(m))
+    return out
+
+
+def _map_options(m: dict) -> dict[str, tuple[str, str]]:
+    """One Grafana value map as ``{"1": (text, color)}``; a special map of NaN as key ``nan``
+    (how ``f"{value:g}"`` writes NaN)."""
+    def entry(k: str, v: dict) -> tuple[str, str]:
+        return v.get("text", k), COLORS.get(v.get("color", ""), v.get("color", TEXT))
+
+    if m.get("type") == "special":
+        o = m.get("options", {})
+        return {"nan": entry("nan", o.get("result", {}))} if o.get("match") == "nan" else {}
+    return {k: entry(k, v) for k, v in m.get("options", {}).items()}
+
+
+def _override_mappings(panel: dict) -> dict[str, dict[str, tuple[str, str]]]:
+    """Field name -> its value mappings, from the panel's by-name overrides."""
+    out: dict[str, dict[str, tuple[str, str]]] = {}
+    for o in panel.get("fieldConfig", {}).get("overrides", []):
+        if o.get("matcher", {}).get("id") != "byName":
+            continue
+        for prop in o.get("properties", []):
+            if prop.get("id") == "mappings":
+                name = o["matcher"]["options"]
+                for m in prop.get("value") or []:
+                    out.setdefault(name, {}).update(_map_options(m))
     return out
 
 
@@ -149,13 +174,20 @@ class Renderer:
         if not result:
             ax.text(0.5, 0.45, "No data", color=TEXT, ha="center", va="center", fontsize=12)
             return
-        value = float(result[0]["value"][1])
-        key = f"{value:g}"
-        mapped = _mapping(p).get(key)
         unit = p["fieldConfig"]["defaults"].get("unit", "")
-        text, color = mapped if mapped else (_fmt(value, unit), _threshold_color(p, value))
-        ax.text(0.5, 0.42, text, color=color, ha="center", va="center", fontsize=18,
-                weight="bold", transform=ax.transAxes)
+        fmt = p["targets"][0].get("legendFormat", "")
+        result = sorted(result, key=lambda r: legend(fmt, r["metric"]))
+        n = len(result)
+        for i, r in enumerate(result):  # several series: side by side, named, as Grafana does
+            value = float(r["value"][1])
+            mapped = _mapping(p).get(f"{value:g}")
+            text, color = mapped if mapped else (_fmt(value, unit), _threshold_color(p, value))
+            x = (i + 0.5) / n
+            ax.text(x, 0.42, text, color=color, ha="center", va="center",
+                    fontsize=18 if n == 1 else 12, weight="bold", transform=ax.transAxes)
+            if n > 1:
+                ax.text(x, 0.8, legend(fmt, r["metric"]), color=TEXT, ha="center",
+                        va="center", fontsize=6, transform=ax.transAxes)
 
     def state_timeline(self, ax, p: dict) -> None:
         from matplotlib.patches import Patch
@@ -209,7 +241,13 @@ class Renderer:
         if not rows:
             ax.text(0.5, 0.5, "No data", color=TEXT, ha="center", va="center")
             return
-        body = [[str(r.get(c, "")) for c in cols] for _, r in sorted(rows.items())]
+        value_maps = _override_mappings(p)
+
+        def cell(r: dict[str, str], c: str) -> str:
+            v = str(r.get(c, ""))
+            return value_maps.get(rename.get(c, c), {}).get(v, (v, ""))[0]
+
+        body = [[cell(r, c) for c in cols] for _, r in sorted(rows.items())]
         tbl = ax.table(cellText=body, colLabels=[rename.get(c, c) for c in cols], loc="upper left",
                        cellLoc="left")
         tbl.auto_set_font_size(False)
