@@ -17,7 +17,12 @@ per-step compute and collective-wait seconds on its own monotonic clock, ``timin
   they waited for it. A group is a straggler when, over the newest ``straggler_steps`` steps every
   group served, its lag is at least ``max(straggler_min_lag_s, straggler_rel_lag x median step
   time)`` in 3 of 4 steps and in the median, in ``straggler_windows`` consecutive evaluations that
-  each saw newer steps. Inside that group the culprit is the rank everyone waits for: the one whose
+  each saw newer steps. A group late by that measure is measured again against the groups that
+  are not late themselves: its lag is then the least-waiting one's cross wait minus its own (each
+  healthy group waited at least that long; the median of the others is kept when every other
+  group is late). On a loaded box the groups spread apart (issue 14/9: cross waits 0.41, 0.27
+  and 0.61 s over many steps), and the fastest group's long wait no longer makes a middle-slow
+  group a straggler. Inside that group the culprit is the rank everyone waits for: the one whose
   in-group wait (``wait_group_s``: FSDP's collectives, the commit vote) is at least that threshold
   below the median of its peers'; when no rank stands out, every rank of the group is late
   (the whole group is slow) and all are named.
@@ -620,8 +625,7 @@ class Detectors:
                            for _, by_step in rows for s in window)
         threshold = max(self.cfg.straggler_min_lag_s, self.cfg.straggler_rel_lag * med_step)
         need = math.ceil(0.75 * len(window))
-        lags = {g: [_median(v for h, v in cross[s].items() if h != g) - cross[s][g]
-                    for s in window] for g in groups}
+        lags, against = self._lags(cross, window, sorted(groups), threshold, need)
         self.last_lags = {g: round(max(0.0, _median(v)), 4) for g, v in lags.items()}
         new = []
         for g, gv in groups.items():
@@ -646,6 +650,7 @@ class Detectors:
             ranks, in_group = self._late_ranks(members[g], window, threshold)
             ev = {"median_lag_s": round(med_lag, 4), "threshold_s": round(threshold, 4),
                   "median_step_s": round(med_step, 4), "late_in": f"{late}/{len(window)}",
+                  "lag_against": against[g],
                   "steps": [window[0], window[-1]], "windows": mem.straggler_windows,
                   "window_lags_s": mem.straggler_lags[-10:],
                   "peer_lags_s": {str(k): v for k, v in self.last_lags.items()},
@@ -659,6 +664,34 @@ class Detectors:
             if f:
                 new.append(f)
         return new
+
+    @staticmethod
+    def _lags(cross: dict[int, dict[int, float]], window: list[int], groups: list[int],
+              threshold: float, need: int) -> tuple[dict[int, list[float]], dict[int, list[int]]]:
+        """Per group, per step of ``window``: how long the others waited for it at the
+        cross-group step, and which groups that is measured against.
+
+        First against the median of all other groups; a group late by that measure (``need``
+        steps and the median at or over ``threshold``) is then measured again against the
+        least-waiting of the groups that are *not* late: each of them waited at least that
+        long. Groups that merely spread apart (on a loaded box the fastest group waits far
+        more than a middle one) no longer make a middle-slow group look late; a real straggler
+        is waited for by every healthy group, and two late groups are each measured against
+        the healthy ones (the median would have counted the other late group). When every
+        other group is late, the median stays."""
+        def late(v: list[float]) -> bool:
+            return sum(1 for x in v if x >= threshold) >= need and _median(v) >= threshold
+
+        lags = {g: [_median(v for h, v in cross[s].items() if h != g) - cross[s][g]
+                    for s in window] for g in groups}
+        against = {g: [h for h in groups if h != g] for g in groups}
+        candidates = {g for g in groups if late(lags[g])}
+        for g in candidates:
+            ref = [h for h in groups if h != g and h not in candidates]
+            if ref:
+                lags[g] = [min(cross[s][h] for h in ref) - cross[s][g] for s in window]
+                against[g] = ref
+        return lags, against
 
     @staticmethod
     def _late_ranks(rows: list[tuple[RankView, dict[int, dict]]], window: list[int],

@@ -190,6 +190,46 @@ def test_one_groups_clock_half_a_second_ahead_is_no_straggler_and_the_real_one_i
     assert [(f.kind, f.replica_group, f.ranks) for _, f in found] == [("straggler", 2, [4])]
 
 
+def test_groups_spread_apart_under_load_is_no_straggler():
+    """Issue 14/9: on a 2-core box at load 20-47 (steps ~0.9 s) the three groups' cross waits
+    spread apart for many steps (0.41, 0.27 and 0.61 s: group 2 fast, group 1 slowest, nobody
+    singled out inside group 1). Against the median of the other two (0.51 s) group 1 "lagged"
+    0.24 s, over a 0.2 s threshold, and was evicted; group 0, which is not late, waited only
+    0.14 s for it. A late group is judged against the groups that are not late themselves, and
+    each of them must have waited for it."""
+    job = Job(step_s=2.0)  # compute 0.6 s a step: steps ~0.8 s, threshold 0.25 x that
+    det = Detectors(DetectorConfig())
+    job.steps(10, now=T0)
+    spread = {0: 0.2, 1: 0.34, 2: 0.0}  # how late each group arrives; group 2 waits the most
+    found, now = run(det, job, 8, T0, late_group=spread)
+    assert found == [] and det.open_findings() == []
+    # judged by what group 0 waited for it (0.14 s), not the median of groups 0 and 2 (0.24 s,
+    # over this job's ~0.2 s threshold: the detector before the fix evicted it here)
+    assert det.last_lags[1] == pytest.approx(0.14, abs=0.03)
+    # the same spread with a real straggler rank on top: every other group waits for it, and it
+    # is still confirmed 6 slow steps after it began, sweeping every step (docs/benchmarks.md)
+    found, _ = run(det, job, 8, now, per_sweep=1, late_group={0: 0.2}, slow_rank={3: 0.6})
+    assert [(t - now, f.kind, f.replica_group, f.ranks) for t, f in found] == [
+        (6.0, "straggler", 1, [3])]
+    ev = found[0][1].evidence
+    assert ev["median_lag_s"] == pytest.approx(0.4, abs=0.05)  # what group 0 waited for it
+    assert ev["lag_against"] == [0, 2]
+
+
+def test_two_late_groups_of_three_are_both_found():
+    """Two stragglers at once: each one's lag against the one group that is not late (the
+    median of the other two would halve it)."""
+    job = Job()
+    det = Detectors(DetectorConfig())
+    job.steps(10, now=T0)
+    found, _ = run(det, job, 6, T0, late_group={1: 0.5, 2: 0.5})
+    assert sorted((f.kind, f.replica_group) for _, f in found) == [("straggler", 1),
+                                                                  ("straggler", 2)]
+    for _, f in found:
+        assert f.evidence["median_lag_s"] == pytest.approx(0.5, abs=0.05)
+        assert f.evidence["lag_against"] == [0]
+
+
 def test_one_slow_step_is_not_a_straggler():
     job = Job()
     det = Detectors(DetectorConfig())
