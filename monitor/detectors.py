@@ -578,7 +578,7 @@ class Detectors:
     def _collect_steps(self, view: ClusterView) -> None:
         """Fold every reachable rank's served per-step timings into the per-rank memory."""
         for url, r in view.ranks.items():
-            if not r.reachable or not r.state:
+            if not r.reachable or not r.state or not r.fresh:  # carried: folded already
                 continue
             rows = step_timings(r.state)
             rid = r.replica_id

@@ -213,8 +213,14 @@ class ClusterView:
         return out
 
     def median_step_seconds(self, last: int = 16) -> float | None:
-        vals = [v for r in self.ranks.values() if r.reachable for v in r.recent_steps()[-last:]]
-        return statistics.median(vals) if vals else None
+        """Median of the reachable ranks' recent step times, from the ranks polled this sweep
+        (all of them without leader polling); once per view and ``last``."""
+        cache = self.__dict__.setdefault("_median_steps", {})
+        if last not in cache:
+            vals = [v for r in self.ranks.values() if r.reachable and r.fresh
+                    for v in r.recent_steps()[-last:]]
+            cache[last] = statistics.median(vals) if vals else None
+        return cache[last]
 
     def evidence(self) -> ClusterView:
         """The same sweep with only the ranks whose answers count as evidence (``trust``)."""
