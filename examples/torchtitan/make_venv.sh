@@ -3,7 +3,7 @@
 # docs/torchtitan.md): torch 2.13.0 (CPU) first, then torchft 0.2.0, torchtitan 0.3.0 with all its
 # dependencies, triton (torchtitan 0.3.0 imports it unconditionally, through
 # torchtitan/distributed/minimal_async_ep/kernels.py; a CUDA torch wheel brings it, the CPU one
-# does not), and this checkout's lightkeeper[worker] (editable). About 1.5 GB.
+# does not), and this checkout's lightkeeper[worker] (editable). About 2.6 GB.
 #
 #   examples/torchtitan/make_venv.sh /tmp/tt-venv
 #   LIGHTKEEPER_TORCHTITAN_PYTHON=/tmp/tt-venv/bin/python .venv/bin/pytest tests/test_torchtitan.py
