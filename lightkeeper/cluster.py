@@ -203,8 +203,34 @@ class Spare:
         return n >= self.ranks and self.group.alive()
 
 
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on right now (for MASTER_PORT, which must be known up front)."""
+    """A port nothing listens on right now (for MASTER_PORT, which must be known up front).
+
+    Chosen below the kernel's ephemeral range: a port the kernel handed out with ``bind(0)`` and
+    we released can be taken by any outgoing connection before rank 0 listens on it (seen with
+    ~18,000 sockets open: rank 0 failed with EADDRINUSE). Falls back to ``bind(0)`` when no port
+    below the range is free.
+    """
+    import random
+
+    low = _ephemeral_low()
+    rng = random.Random()
+    for _ in range(50):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]

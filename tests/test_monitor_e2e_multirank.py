@@ -32,7 +32,6 @@ restarted by the supervisor, healed and back in a 3-group quorum.
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,7 +41,7 @@ import time
 import pytest
 import requests
 
-from lightkeeper.cluster import LocalCluster, stop_process, wait_until
+from lightkeeper.cluster import LocalCluster, free_port, stop_process, wait_until
 from tests.conftest import require_binary
 from tests.support.faketime import faketime_env
 from tests.support.workers import get_json, try_state
@@ -53,12 +52,6 @@ FAULT_TOKEN = "multirank-faults"
 EXIT_TOKEN = "multirank-exit"
 SHIFT_S = 0.5
 SLOW_S = 0.4  # slow_compute's extra seconds per step on the slow rank
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Job:
