@@ -802,5 +802,5 @@ def print_keep_running(demo: Demo) -> None:
             lines.append(f"  curl {u}/v1/state      # group {g} rank {r}")
     lines.append(f"  Prometheus: {demo.prom_note or 'not started'}")
     lines.append("  Grafana: import the dashboards from dashboards/generated/ with that Prometheus "
-                 "as data source (see the README's Dashboards section or `lightkeeper dashboards --help`)")
+                 "as data source (see docs/dashboards.md or `lightkeeper dashboards --help`)")
     demo.say("\n".join(lines))

@@ -20,7 +20,7 @@ restarts) and the track moves through its stages, each with a deadline:
 
 A stage whose deadline passes ends the story of that fault with an ``outcome`` and a ``note``
 that names the deadline; the track never waits forever, so the demo always ends. ``record`` is
-the fault's entry in ``report.json`` (README, `report.json`). Times are demo seconds.
+the fault's entry in ``report.json`` (docs/demo.md, `report.json`). Times are demo seconds.
 """
 
 from __future__ import annotations

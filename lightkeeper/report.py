@@ -1,4 +1,4 @@
-"""The demo's report: ``report.json`` (a documented interface, see the README (`lightkeeper demo`)), ``report.md``
+"""The demo's report: ``report.json`` (a documented interface, see docs/demo.md), ``report.md``
 (the summary table) and ``timeline.png`` (step rate per group over time, events marked).
 
 Times are seconds since the demo started; null when it did not happen. A fault's phase starts
