@@ -153,11 +153,6 @@ def test_pickles_hold_plain_data_only(name):
     assert isinstance(read_dump(path), dict)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "loader bug (monitor/analysis, helper C): normalize reads duration_ms only when the FIRST "
-    "entry has the key (model.py `if \"duration_ms\" in first_entry`), and torch leaves the key "
-    "out of unfinished entries; fix: always `[e.get('duration_ms') for e in entries]`, and the "
-    "same column in columnar._columns"))
 def test_durations_survive_when_the_oldest_kept_entry_is_the_unfinished_one():
     """A wrapped ring buffer whose oldest kept entry is the stuck collective (it hung while other
     groups went on). Built from the real in-flight dump: its stuck entry, then group "0"'s real

@@ -86,7 +86,12 @@ def _columns(entries: list, scope: int | None) -> tuple | None:
     first = entries[0]
     if type(first) is not dict:
         return None
-    keys = _KEYS + ("duration_ms",) if "duration_ms" in first else _KEYS
+    if "duration_ms" in first:
+        keys = _KEYS + ("duration_ms",)  # an entry without it raises KeyError: normalize's path
+    elif any("duration_ms" in e for e in entries):
+        return None  # the oldest entry unfinished, later ones timed: normalize keeps durations
+    else:
+        keys = _KEYS
     own = {k: k for k in first}  # the dump's own key objects: lookups match by identity
     cols = list(zip(*map(itemgetter(*(own.get(k, k) for k in keys)), entries), strict=True))
     pgs, seqs, pnames, ins, outs, idts, odts, states, created, rids, _pg_ids, p2ps = cols[:12]

@@ -308,7 +308,9 @@ def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
                 rows = list(map(_slow_get, entries))
             except (KeyError, TypeError, AttributeError) as exc:
                 raise DumpFormatError(f"malformed entry: {exc!r}") from exc
-        if "duration_ms" in first_entry:
+        # torch leaves the key out of unfinished entries: the oldest kept entry may be a stuck
+        # collective (a wrapped ring buffer) while later ones carry their durations
+        if "duration_ms" in first_entry or any("duration_ms" in e for e in entries):
             durations: list[Any] = [e.get("duration_ms") for e in entries]
         else:
             durations = [None] * len(rows)
