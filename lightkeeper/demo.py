@@ -701,6 +701,13 @@ class Demo:
 
 
 # --------------------------------------------------------------------------------------------
+def missing_trainer_packages() -> list[str]:
+    """The packages the demo's ranks import that this environment lacks (found, not imported)."""
+    import importlib.util
+
+    return [name for name in ("torch", "torchft") if importlib.util.find_spec(name) is None]
+
+
 def run(args: argparse.Namespace) -> int:
     from .cluster import ClusterError
     from .report import write_report
@@ -716,6 +723,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.no_faults and plans:
         print("lightkeeper demo: --no-faults and --inject exclude each other", file=sys.stderr)
+        return 2
+    missing = missing_trainer_packages()
+    if missing:  # a core install (monitor, analyze, dashboards) has neither
+        print(f"lightkeeper demo: needs {' and '.join(missing)} to train; install them with "
+              "pip install 'lightkeeper[trainer]' (docs/install.md)", file=sys.stderr)
         return 2
     faults = [] if args.no_faults else plans or default_faults(args.groups, args.ranks_per_group)
     sc = Scenario(faults=faults, healthy_s=args.healthy_s, end_s=args.end_s,

@@ -148,6 +148,10 @@ def test_core_entry_points_run_without_torch(core_env, tmp_path):
     assert res.returncode == 1
     assert "needs torch and torchft" in res.stderr and "lightkeeper[trainer]" in res.stderr
 
+    res = run(core_env, lk, "demo", "--no-faults")  # says so before starting anything
+    assert res.returncode == 2
+    assert "needs torch and torchft" in res.stderr and "lightkeeper[trainer]" in res.stderr
+
     # the .pth at the top of site-packages: with LIGHTKEEPER_AUTOSTART=1 every interpreter of
     # the environment installs the hook (and, without torchft, nothing else happens)
     probe = ("import sys; from worker_server import autostart; "
