@@ -9,7 +9,8 @@ this process, with ``--leader-polling on``. It reports:
 - the first sweep (every rank), then the leader sweeps' median and worst over ``--sweeps``;
 - a hang planted in a non-leader rank of one group: how long until that group is drilled
   (every one of its ranks polled in one sweep) and how long the drilled sweep takes;
-- the monitor process's RSS.
+- the monitor process's RSS, and its own CPU seconds per sweep (all its threads; the virtual
+  ranks' processes excluded).
 
 The simulated ranks share the machine's cores with the monitor, so on a small box the figures
 are pessimistic; the load average is printed with them.
@@ -96,15 +97,17 @@ def main() -> int:
                 view = mon.sweep_once()
                 row["first_sweep_s"] = time.perf_counter() - t
                 row["first_up"] = sum(r.reachable for r in view.ranks.values())
-                times, polled = [], []
+                times, cpu, polled = [], [], []
                 for _ in range(args.sweeps):
-                    t = time.perf_counter()
+                    t, c = time.perf_counter(), time.process_time()
                     mon.sweep_once()
                     times.append(time.perf_counter() - t)
+                    cpu.append(time.process_time() - c)
                     polled.append(len(mon.schedule.last.urls))
                     time.sleep(max(0.0, 1.0 - times[-1]))  # the monitor's 1 s interval
                 row.update(leader_median_s=statistics.median(times), leader_max_s=max(times),
-                           polled_median=statistics.median(polled))
+                           leader_cpu_median_s=statistics.median(cpu),
+                           leader_cpu_max_s=max(cpu), polled_median=statistics.median(polled))
                 # a hang in a non-leader rank of a group in the middle of the job
                 g = args.groups // 2
                 victim = g * args.group_size + 3
