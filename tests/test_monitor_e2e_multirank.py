@@ -17,7 +17,8 @@ their token-guarded ``POST /v1/faults``):
 2. straggler: ``slow_compute`` on group 1's rank 1: found as group 1, rank 3, host-g1 within 10
    steps, evicted through the Lighthouse, group 1 restarted, heals, rejoins;
 3. in-group hang on group 2's rank 1 (still the clock-shifted group): rank 5 named, evicted; the
-   kill ends rank 4 only, the monitor tells the hung rank 5 to exit (``POST /v1/exit``);
+   kill ends rank 4 only, the monitor tells the hung rank 5 to exit (``POST /v1/exit``); one
+   hang quarantines host-g2, and the supervisor restarts the group on another node;
 4. dead rank in a live group: group 0's rank 1 exits; its rank 0 (the Manager) lives on, blocked
    in the commit vote: ``dead_rank`` within max(5 s, 5 x median step), evicted;
 5. in-group mismatch on group 1's rank 1 (a same-width dtype mismatch in FSDP's all-gather):
@@ -71,6 +72,8 @@ class Job:
         self.shift_env = faketime_env(SHIFT_S, d / "faketime-shim")
         self.monitor: subprocess.Popen | None = None
         self.restarts: list[dict] = []  # the supervisor's log
+        self.nodes: dict[int, str] = {}  # group -> the node it runs on now
+        self.placements: list[dict] = []
         self.exits: dict[tuple[int, int], list[int | None]] = {}  # (group, incarnation) -> codes
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -79,7 +82,13 @@ class Job:
 
     # --- processes ---------------------------------------------------------------------
     def start_group(self, g: int, first: bool) -> None:
-        env = {**self.base_env, "NODE_NAME": f"host-g{g}"}
+        """Start group ``g`` on its node; a restart goes to a fresh node when the monitor has
+        quarantined the group's node (as a scheduler honouring the quarantine taint would)."""
+        node = self.nodes.setdefault(g, f"host-g{g}")
+        if not first and node in self.quarantined():
+            node = self.nodes[g] = f"host-g{g}-r{len(self.restarts)}"
+        self.placements.append({"group": g, "node": node, "at": time.time()})
+        env = {**self.base_env, "NODE_NAME": node}
         if first and g == 2 and self.shift_env:
             env.update(self.shift_env)  # this "host" runs 0.5 s ahead
         with self._lock:
@@ -104,6 +113,9 @@ class Job:
             self.cluster.wait_for_workers(g, timeout=120)
         self._supervisor = threading.Thread(target=self._supervise, daemon=True)
         self._supervisor.start()
+
+    def quarantined(self) -> list[str]:
+        return requests.get(self.monitor_url + "/v1/hosts", timeout=5).json()["quarantined"]
 
     def monitor_up(self) -> bool:
         if self.monitor.poll() is not None:
@@ -287,6 +299,11 @@ def test_in_group_hang_names_the_rank_and_the_monitor_ends_it(job):
     assert "told rank(s)" in d["detail"] and f"pid {hung_pid}" in d["detail"], d["detail"]
     restart = next(r for r in job.restarts if r["group"] == 2 and r["at"] >= since)
     assert restart["exit_codes"][1] == 1, restart  # the hung rank exited through /v1/exit
+    # one hang quarantines its host (--quarantine-after hang=1): the group came back elsewhere
+    assert "host-g2" in job.quarantined()
+    moved = next(p for p in job.placements if p["group"] == 2 and p["at"] >= since)
+    assert moved["node"] != "host-g2", job.placements
+    assert {s["node"] for s in job.states(2).values()} == {moved["node"]}
     assert other_findings(job, 2, since) == []
 
 
