@@ -138,15 +138,24 @@ def test_monitor_refuses_a_huge_body(tmp_path):
     try:
         auth = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
         big = b'{"url": "127.0.0.1:1", "pad": "' + b"x" * (66 << 10) + b'"}'  # > 64 KiB
-        assert requests.post(mon.url + "/v1/targets", data=big, headers=auth,
-                             timeout=10).status_code == 413
+
+        def refused(body) -> bool:
+            """413, or the connection closed under a client still sending (the server answers
+            413 and closes as soon as it has read past the limit; a client that is still
+            writing then gets a reset instead of the answer: a race, both are refusals)."""
+            try:
+                return requests.post(mon.url + "/v1/targets", data=body, headers=auth,
+                                     timeout=10).status_code == 413
+            except requests.ConnectionError as e:
+                return "reset" in str(e).lower() or "aborted" in str(e).lower()
+
+        assert refused(big)
 
         def chunks():  # no Content-Length: waitress counts the chunks
             for _ in range(17):
                 yield b"x" * 4096
 
-        assert requests.post(mon.url + "/v1/targets", data=chunks(), headers=auth,
-                             timeout=10).status_code == 413
+        assert refused(chunks())
         assert mon.discovery.targets() == []
         wait_until(lambda: requests.get(mon.url + "/healthz", timeout=5).json()["sweeps"] > 1,
                    10, what="sweeps after the refused bodies")
