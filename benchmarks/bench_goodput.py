@@ -387,7 +387,7 @@ class Run:
                 self.spares_ready = False
 
     def start_monitor(self) -> None:
-        from lightkeeper.cluster import ClusterError, wait_until
+        from lightkeeper.cluster import start_monitor_process
 
         out_path, log_path = self.dir / "monitor.out", self.dir / "monitor.log"
         cmd = [sys.executable, "-u", "-m", "lightkeeper.cli", "monitor", "--port", "0",
@@ -396,21 +396,8 @@ class Run:
                "--expected-groups", str(self.args.groups), *shlex.split(self.args.monitor_args)]
         if self.monitor_mode == "dry_run":
             cmd.append("--dry-run")
-        with open(out_path, "wb") as out, open(log_path, "wb") as err:
-            self.monitor_proc = subprocess.Popen(cmd, stdout=out, stderr=err,
-                                                 start_new_session=True)
+        self.monitor_proc, self.monitor_url = start_monitor_process(cmd, out_path, log_path)
         self.procs.append(self.monitor_proc)
-
-        def url():
-            if self.monitor_proc.poll() is not None:
-                raise ClusterError(f"monitor exited with {self.monitor_proc.returncode}: "
-                                   f"{log_path.read_text(errors='replace')[-2000:]}")
-            for word in out_path.read_text(errors="replace").split():
-                if word.startswith("monitor="):
-                    return word.split("=", 1)[1]
-            return None
-
-        self.monitor_url = wait_until(url, 60, what="the monitor to serve")
 
     def stop(self) -> None:
         from lightkeeper.cluster import stop_process

@@ -236,6 +236,32 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def start_monitor_process(cmd: list[str], out_path: Path, log_path: Path,
+                          env: dict[str, str] | None = None,
+                          timeout: float = 60.0) -> tuple[subprocess.Popen, str]:
+    """Start ``lightkeeper monitor --port 0 ...`` (``cmd``) in its own session, its stdout to
+    ``out_path`` and stderr to ``log_path``; return the process and the URL it printed
+    (``monitor=URL``). Raises :class:`ClusterError` with the log's tail if it exits first, and
+    ``TimeoutError`` if it prints no URL within ``timeout`` (the process is the caller's to stop)."""
+    with open(out_path, "wb") as out, open(log_path, "wb") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True, env=env)
+
+    def url():
+        if proc.poll() is not None:
+            raise ClusterError(f"monitor exited with {proc.returncode}: "
+                               f"{log_path.read_text(errors='replace')[-2000:]}")
+        for word in out_path.read_text(errors="replace").split():
+            if word.startswith("monitor="):
+                return word.split("=", 1)[1]
+        return None
+
+    try:
+        return proc, wait_until(url, timeout, what="the monitor to serve")
+    except BaseException:
+        stop_process(proc, grace=1.0)
+        raise
+
+
 class LocalCluster:
     """A Lighthouse plus replica-group processes (1 rank per group, or torchrun for more)."""
 

@@ -277,7 +277,7 @@ class Demo:
         self.event("training", None, f"all {self.args.groups} groups committing steps")
 
     def start_monitor(self) -> None:
-        from .cluster import ClusterError, wait_until
+        from .cluster import start_monitor_process
 
         log_path = self.logs / "monitor.log"
         out_path = self.logs / "monitor.out"
@@ -296,22 +296,9 @@ class Demo:
         if self.args.dry_run:
             cmd.append("--dry-run")
         (self.dir / "prometheus" / "file_sd").mkdir(parents=True, exist_ok=True)
-        with open(out_path, "wb") as out, open(log_path, "wb") as err:
-            self.monitor_proc = subprocess.Popen(
-                cmd, stdout=out, stderr=err, start_new_session=True,
-                env={**os.environ, "LIGHTKEEPER_EXIT_TOKEN": self.exit_token})
+        self.monitor_proc, self.monitor_url = start_monitor_process(
+            cmd, out_path, log_path, env={**os.environ, "LIGHTKEEPER_EXIT_TOKEN": self.exit_token})
         self.procs.append(self.monitor_proc)
-
-        def url():
-            if self.monitor_proc.poll() is not None:
-                raise ClusterError(f"monitor exited with {self.monitor_proc.returncode}: "
-                                   f"{log_path.read_text(errors='replace')[-2000:]}")
-            for word in out_path.read_text(errors="replace").split():
-                if word.startswith("monitor="):
-                    return word.split("=", 1)[1]
-            return None
-
-        self.monitor_url = wait_until(url, 60, what="the monitor to serve")
         self.event("monitor", None, self.monitor_url + (" (dry run)" if self.args.dry_run
                                                         else ""))
 
