@@ -553,7 +553,9 @@ def test_lighthouse_unreachable_blinds_evictions_and_everything_stays_shown(tmp_
         job.front_up()
         wait_until(lambda: job.kills, 20, what="the eviction once the Lighthouse is back")
         assert job.kills == [job.replica_ids[1]]
-        assert verdicts(mon)[newcomer.url]["reason"] == "group_rank_taken"
+        # the newcomer is judged again on the sweep that next polls it (possibly after the kill)
+        wait_until(lambda: verdicts(mon)[newcomer.url]["reason"] == "group_rank_taken", 10,
+                   what="the newcomer judged against the Lighthouse again")
     finally:
         mon.stop()
 
