@@ -9,6 +9,7 @@ import threading
 import pytest
 import requests
 
+from tests.support.clock import ManualClock as Clock
 from worker_server import RankIdentity, RankState, WorkerServer
 from worker_server.timing import StepTimer
 
@@ -24,17 +25,6 @@ def scrape(url: str) -> dict:
     text = requests.get(url + "/metrics", timeout=5).text
     return {(s.name, labels_key(s.labels)): s.value
             for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 def run_step(timer: StepTimer, clock: Clock, step: int, compute: float, cross: float,

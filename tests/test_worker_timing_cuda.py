@@ -15,19 +15,9 @@ import logging
 
 import pytest
 
+from tests.support.clock import ManualClock as Clock
 from worker_server import timing
 from worker_server.timing import StepTimer
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 class Stream:
