@@ -24,8 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.usage = "lightkeeper run [options] -- COMMAND [ARG ...]"
     p.add_argument("--monitor", metavar="URL", default=None,
                    help="register every rank with this monitor (env LIGHTKEEPER_MONITOR)")
-    p.add_argument("--token", default=None,
-                   help="bearer token for the monitor's registration (env LIGHTKEEPER_TOKEN)")
+    p.add_argument("--register-token", "--token", dest="register_token", default=None,
+                   help="the monitor's registration token (env LIGHTKEEPER_REGISTER_TOKEN); "
+                        "--token is its old name")
     p.add_argument("--job", default=None, help="job name in labels and state (env LIGHTKEEPER_JOB)")
     p.add_argument("--worker-host", default=None,
                    help="address the WorkerServers bind (env LIGHTKEEPER_WORKER_HOST; "
@@ -45,7 +46,8 @@ def hook_env(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
     path = base.get("PYTHONPATH", "")
     parts = [p for p in path.split(os.pathsep) if p and p != str(SITE_DIR)]
     out["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), *parts])
-    for value, name in ((args.monitor, "LIGHTKEEPER_MONITOR"), (args.token, "LIGHTKEEPER_TOKEN"),
+    for value, name in ((args.monitor, "LIGHTKEEPER_MONITOR"),
+                        (args.register_token, "LIGHTKEEPER_REGISTER_TOKEN"),
                         (args.job, "LIGHTKEEPER_JOB"), (args.worker_host, "LIGHTKEEPER_WORKER_HOST"),
                         (args.worker_port, "LIGHTKEEPER_WORKER_PORT")):
         if value is not None:

@@ -1,8 +1,13 @@
-"""Which addresses a WorkerServer may register without the monitor's token (``--allow-targets``).
+"""Who may register: a token (:func:`registration_authorized`), else an allowed address.
+
+With ``--register-token`` or ``--token`` set, a registration must carry one of them (the
+registration token is the one ranks hold; the admin token is accepted too, so that a monitor
+with ``--token`` alone keeps working, with :func:`token_warning` said once at start-up).
 
 A registration names a URL the monitor will then poll every sweep, so an open ``POST
-/v1/targets`` would let anyone point the monitor at any address. Without the token, the target's
-host must be allowed, judged on the addresses it resolves to, not on the string:
+/v1/targets`` would let anyone point the monitor at any address. Without a token
+(``--allow-targets``), the target's host must be allowed, judged on the addresses it resolves
+to, not on the string:
 
 - a network (``10.0.0.0/8``, ``192.168.1.7``, ``::1``) allows the addresses inside it;
 - a host name without wildcards (``trainer-3.example``) allows that name and the addresses it
@@ -37,6 +42,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from http_serving import bearer_token_matches
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -51,7 +58,30 @@ class NotAllowed(Exception):
 
 
 class Unauthorized(Exception):
-    """The monitor has a token and the registration did not carry it (answered 401)."""
+    """The monitor has a registration or admin token and the registration carried neither
+    (answered 401)."""
+
+
+def registration_authorized(authorization: str | None, register_token: str | None,
+                            admin_token: str | None) -> bool:
+    """The header carries the registration token or the admin token (each compared in constant
+    time). Both are compared whatever the first gives, so the time taken does not say which
+    one matched; an unset token matches nothing."""
+    by_register = bearer_token_matches(authorization, register_token)
+    by_admin = bearer_token_matches(authorization, admin_token)
+    return by_register or by_admin
+
+
+def token_warning(register_token: str | None, admin_token: str | None) -> str | None:
+    """The one-line warning for a monitor whose ranks must hold its admin token, else None."""
+    if admin_token and register_token == admin_token:
+        return ("--register-token equals --token: every pod holding it can also evict and "
+                "release hosts; give them different values")
+    if admin_token and not register_token:
+        return ("--token without --register-token: ranks register with the admin token, so "
+                "every pod holding it can also evict and release hosts; set --register-token "
+                "(LIGHTKEEPER_REGISTER_TOKEN) and give the pods only that one")
+    return None
 
 
 def _plain(addr: IPAddress) -> IPAddress:

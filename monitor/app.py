@@ -1,9 +1,12 @@
 """Flask app factory for the monitor's HTTP API: thin routes over the monitor's loop.
 
 Read-only routes answer from what the loop last published. ``POST /v1/targets`` (self-
-registration) needs ``Authorization: Bearer <token>`` when the monitor has a token (401 without),
-else a target inside ``--allow-targets`` (403 outside; 429 past ``--max-targets``); ``POST
-/v1/evict`` (manual eviction) always needs the token and answers 403 when none is configured. A
+registration) needs ``Authorization: Bearer <token>`` with the registration token
+(``--register-token``) or the admin token (``--token``) when the monitor has either (401
+without), else a target inside ``--allow-targets`` (403 outside; 429 past ``--max-targets``).
+The routes that change state (``POST /v1/evict``, ``POST /v1/hosts/{host}/release``) need the
+admin token alone: 403 when none is configured, 401 for any other token, the registration
+token included (a rank's token never evicts). A
 malformed request answers 400 with a JSON error, a body over 64 KiB 413; a route that fails
 inside answers 500 and the monitor keeps serving and sweeping.
 
@@ -61,12 +64,20 @@ class Forbidden(Exception):
         self.status = status
 
 
-def _check_token(expected: str | None) -> None:
-    if not expected:
-        raise Forbidden("manual eviction is disabled: start the monitor with --token or "
-                        "LIGHTKEEPER_TOKEN")
-    if not bearer_token_matches(request.headers.get("Authorization"), expected):
-        raise Forbidden("missing or wrong bearer token", 401)
+def _check_admin(cfg: MonitorConfig) -> None:
+    """The admin token, and only it: raises Forbidden, 403 when the monitor has none or the
+    caller shows the registration token (known, but it admits registrations only), 401 for a
+    missing or unknown token."""
+    if not cfg.token:
+        raise Forbidden("state changes are disabled: start the monitor with --token or "
+                        "LIGHTKEEPER_TOKEN (the admin token)")
+    authorization = request.headers.get("Authorization")
+    if bearer_token_matches(authorization, cfg.token):
+        return
+    if bearer_token_matches(authorization, cfg.register_token):
+        raise Forbidden("the registration token admits POST /v1/targets only; this route needs "
+                        "the admin token (--token)")
+    raise Forbidden("missing or wrong bearer token", 401)
 
 
 def _limit(name: str = "limit", default: int = 500, least: int = 1) -> int:
@@ -130,7 +141,7 @@ def create_app(monitor: MonitorAPI) -> Flask:
 
     @app.post("/v1/evict")
     def evict():
-        _check_token(monitor.cfg.token)
+        _check_admin(monitor.cfg)
         body = request.get_json(silent=True)
         if not isinstance(body, dict) or not isinstance(body.get("replica_group"), int) \
                 or isinstance(body.get("replica_group"), bool):
@@ -144,9 +155,10 @@ def create_app(monitor: MonitorAPI) -> Flask:
 
     @app.post("/v1/hosts/<host>/release")
     def release_host(host: str):
-        """Needs the token (403 without one configured, 401 wrong); 404 for a host the ledger
-        does not know, 409 for one that is not quarantined."""
-        _check_token(monitor.cfg.token)
+        """Needs the admin token (403 without one configured or with the registration token,
+        401 wrong); 404 for a host the ledger does not know, 409 for one that is not
+        quarantined."""
+        _check_admin(monitor.cfg)
         body = request.get_json(silent=True)
         reason = str((body or {}).get("reason") or "released by hand") \
             if isinstance(body, dict) or body is None else None

@@ -91,8 +91,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fr-timeout", type=float, default=5.0,
                    help="timeout of each /v1/fr_trace request, seconds (5)")
     p.add_argument("--token", default=None,
-                   help="bearer token for POST /v1/evict and /v1/targets (env LIGHTKEEPER_TOKEN);"
-                        " without one, manual eviction is disabled")
+                   help="admin bearer token for POST /v1/evict and host release (env "
+                        "LIGHTKEEPER_TOKEN); without one they are disabled. Also admits "
+                        "registrations: give ranks --register-token instead")
+    p.add_argument("--register-token", default=None,
+                   help="bearer token that admits POST /v1/targets only, the one ranks hold "
+                        "(env LIGHTKEEPER_REGISTER_TOKEN)")
     p.add_argument("--allow-targets", type=_csv, default=None,
                    help="without the token, only these may register: CIDRs, IPs, host names or "
                         "patterns (*.example), judged on resolved addresses (default: loopback "
@@ -187,7 +191,10 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
         sd_out=args.sd_out or os.path.join(os.path.dirname(os.path.abspath(args.state)),
                                            "lightkeeper-targets.json"),
         forget_after_s=args.forget_after, poll_timeout_s=args.poll_timeout,
-        fr_timeout_s=args.fr_timeout, token=args.token or os.environ.get("LIGHTKEEPER_TOKEN"),
+        fr_timeout_s=args.fr_timeout,
+        token=args.token or os.environ.get("LIGHTKEEPER_TOKEN") or None,
+        register_token=(args.register_token or os.environ.get("LIGHTKEEPER_REGISTER_TOKEN")
+                        or None),
         allow_targets=args.allow_targets, max_targets=args.max_targets,
         max_state_bytes=args.max_state_bytes, max_fr_bytes=args.max_fr_bytes,
         detectors=DetectorConfig(
@@ -226,7 +233,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"lightkeeper monitor: {e}", file=sys.stderr)
         return 2
+    from .admission import token_warning
     from .service import Monitor
+
+    if warning := token_warning(cfg.register_token, cfg.token):
+        logging.getLogger(__name__).warning(warning)
 
     try:
         monitor = Monitor(cfg).start()

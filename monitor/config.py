@@ -145,7 +145,9 @@ class MonitorConfig:
     poll_timeout_s: float = 0.8  # per /v1/state request
     fr_timeout_s: float = 5.0  # per /v1/fr_trace request
     max_concurrency: int = 1024  # requests in flight at once
-    token: str | None = None  # guards POST /v1/evict and (when set) POST /v1/targets
+    token: str | None = None  # admin: guards POST /v1/evict, host release (and registration)
+    # admits POST /v1/targets only: what every rank holds (docs/monitor.md, Trust model)
+    register_token: str | None = None
     # registration without the token: hosts/networks allowed (None: loopback + static hosts)
     allow_targets: list[str] | None = None
     max_targets: int = 10_000  # known targets; a registration beyond is refused (429)

@@ -21,10 +21,10 @@ import threading
 import time
 from typing import Any
 
-from http_serving import BackgroundWSGIServer, bearer_token_matches
+from http_serving import BackgroundWSGIServer
 
 from .actions import Lighthouse, Orphans, RankExits
-from .admission import NotAllowed, Unauthorized
+from .admission import NotAllowed, Unauthorized, registration_authorized
 from .app import create_app
 from .config import ConfigError, MonitorConfig
 from .decisions import Situation, decide
@@ -376,14 +376,16 @@ class Monitor:
                 "detail": result.detail}
 
     def register_target(self, body: Any, authorization: str | None) -> Target:
-        """``POST /v1/targets``. With a token configured the registration must carry it (any
-        address then); without one, the target must resolve into ``--allow-targets``.
+        """``POST /v1/targets``. With a registration or admin token configured the registration
+        must carry one of them (any address then); without, the target must resolve into
+        ``--allow-targets``.
 
         Raises Unauthorized, NotAllowed, BadTarget or TooManyTargets; nothing is added then.
         """
         try:
-            if self.cfg.token:
-                if not bearer_token_matches(authorization, self.cfg.token):
+            if self.cfg.token or self.cfg.register_token:
+                if not registration_authorized(authorization, self.cfg.register_token,
+                                               self.cfg.token):
                     raise Unauthorized("missing or wrong bearer token")
                 target = self.discovery.register(body)
             else:

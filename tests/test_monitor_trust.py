@@ -209,6 +209,103 @@ def test_token_admits_any_address_and_is_required_when_set(tmp_path):
         mon.stop()
 
 
+REGISTER_TOKEN = "r3gister-only"
+
+
+def test_register_token_admits_registrations_and_never_changes_state(tmp_path):
+    mon = bare_monitor(tmp_path, token=TOKEN, register_token=REGISTER_TOKEN)
+    try:
+        assert register(mon, "127.0.0.1:4001").status_code == 401
+        assert register(mon, "10.1.2.3:80", token="wrong").status_code == 401
+        assert register(mon, "10.1.2.3:80", token=REGISTER_TOKEN).status_code == 200
+        assert register(mon, "10.1.2.4:80", token=TOKEN).status_code == 200  # admin: anything
+        assert {t.url for t in mon.discovery.targets()} == {"http://10.1.2.3:80",
+                                                           "http://10.1.2.4:80"}
+
+        def post(path, token, body):
+            return requests.post(mon.url + path, json=body, timeout=10,
+                                 headers={"Authorization": f"Bearer {token}"})
+
+        # what every rank holds is known, and refused on the routes that change state
+        for path, body in (("/v1/evict", {"replica_group": 1}),
+                           ("/v1/hosts/node-a/release", {"reason": "x"})):
+            r = post(path, REGISTER_TOKEN, body)
+            assert r.status_code == 403, (path, r.text)
+            assert "registration token" in r.json()["error"]
+            assert post(path, "wrong", body).status_code == 401
+        assert mon.store.decisions(limit=10) == []  # nothing was decided on its say-so
+        # the admin token passes the check: the eviction reaches the rails (no such group
+        # here: held), the release reaches the ledger (no such host: 404)
+        r = post("/v1/evict", TOKEN, {"replica_group": 1})
+        assert r.status_code in (200, 409) and r.json()["decision"] in ("evict", "hold"), r.text
+        assert len(mon.store.decisions(limit=10)) == 1
+        assert post("/v1/hosts/node-a/release", TOKEN, {}).status_code == 404
+    finally:
+        mon.stop()
+
+
+def test_register_token_alone_admits_registrations_and_leaves_eviction_off(tmp_path):
+    mon = bare_monitor(tmp_path, register_token=REGISTER_TOKEN)
+    try:
+        assert register(mon, "127.0.0.1:4001").status_code == 401  # a token is set: required
+        assert register(mon, "10.1.2.3:80", token=REGISTER_TOKEN).status_code == 200
+        r = requests.post(mon.url + "/v1/evict", json={"replica_group": 0}, timeout=10,
+                          headers={"Authorization": f"Bearer {REGISTER_TOKEN}"})
+        assert r.status_code == 403 and "disabled" in r.json()["error"]
+    finally:
+        mon.stop()
+
+
+def test_token_warning_says_when_pods_hold_the_admin_token():
+    from monitor.admission import token_warning
+
+    assert "--register-token" in token_warning(None, TOKEN)
+    assert "equals" in token_warning(TOKEN, TOKEN)
+    assert token_warning(REGISTER_TOKEN, TOKEN) is None
+    assert token_warning(REGISTER_TOKEN, None) is None and token_warning(None, None) is None
+
+
+def test_monitor_cli_reads_both_tokens_from_flags_or_environment(monkeypatch):
+    import argparse
+
+    from monitor.cli import add_arguments, config_from_args
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    monkeypatch.setenv("LIGHTKEEPER_TOKEN", "adm")
+    monkeypatch.setenv("LIGHTKEEPER_REGISTER_TOKEN", "reg")
+    cfg = config_from_args(p.parse_args(["--port", "0"]))
+    assert (cfg.token, cfg.register_token) == ("adm", "reg")
+    cfg = config_from_args(p.parse_args(["--port", "0", "--register-token", "r2"]))
+    assert (cfg.token, cfg.register_token) == ("adm", "r2")
+    monkeypatch.delenv("LIGHTKEEPER_REGISTER_TOKEN")
+    assert config_from_args(p.parse_args(["--port", "0"])).register_token is None
+
+
+def test_worker_registers_with_the_register_token_from_its_environment(tmp_path, monkeypatch):
+    """WorkerServer.start (what the trainer, autostart and the demo's ranks call) sends
+    LIGHTKEEPER_REGISTER_TOKEN; LIGHTKEEPER_TOKEN is only the fallback of older deployments."""
+    from worker_server.server import registration_token
+
+    assert registration_token({"LIGHTKEEPER_REGISTER_TOKEN": "r", "LIGHTKEEPER_TOKEN": "a"}) == "r"
+    assert registration_token({"LIGHTKEEPER_TOKEN": "a"}) == "a"
+    assert registration_token({"LIGHTKEEPER_REGISTER_TOKEN": ""}) is None
+    mon = bare_monitor(tmp_path, token=TOKEN, register_token=REGISTER_TOKEN)
+    monkeypatch.setenv("LIGHTKEEPER_REGISTER_TOKEN", REGISTER_TOKEN)
+    monkeypatch.setenv("LIGHTKEEPER_TOKEN", "not-the-admin-token")
+    srv = None
+    try:
+        srv = WorkerServer.start(replica_group=0, group_rank=0, group_world_size=1, job="unit",
+                                 monitor_url=mon.url)
+        wait_until(lambda: srv.url in {t.registered_as or t.url
+                                       for t in mon.discovery.targets()},
+                   15, what="the rank registered with its registration token")
+    finally:
+        if srv is not None:
+            srv.stop()
+        mon.stop()
+
+
 def test_allow_targets_networks_names_and_patterns():
     """The rule itself, with a stand-in resolver (no DNS server to control here)."""
     from monitor.admission import AllowList, NotAllowed

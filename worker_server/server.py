@@ -36,6 +36,13 @@ EXIT_STATUS = 1  # as torchft's Manager exits on the Lighthouse's kill
 _SERVING: weakref.WeakSet = weakref.WeakSet()  # servers of this process that are serving
 
 
+def registration_token(env: Any = os.environ) -> str | None:
+    """The bearer token a rank registers with: ``LIGHTKEEPER_REGISTER_TOKEN`` (it admits a
+    registration and nothing else), else ``LIGHTKEEPER_TOKEN`` for a deployment made before the
+    split (then the rank holds the monitor's admin token: docs/monitor.md, Trust model)."""
+    return env.get("LIGHTKEEPER_REGISTER_TOKEN") or env.get("LIGHTKEEPER_TOKEN") or None
+
+
 def serving() -> list[WorkerServer]:
     """The WorkerServers this process serves now (``worker_server.autostart`` asks)."""
     return list(_SERVING)
@@ -124,7 +131,7 @@ class WorkerServer:
         server.serve()
         monitor_url = monitor_url or env.get("LIGHTKEEPER_MONITOR")
         if monitor_url:
-            server.register_with(monitor_url, token=env.get("LIGHTKEEPER_TOKEN"))
+            server.register_with(monitor_url, token=registration_token(env))
         return server
 
     def serve(self) -> WorkerServer:
@@ -138,7 +145,9 @@ class WorkerServer:
         instrument_manager(manager, self.state, self.tracker)
 
     def register_with(self, monitor_url: str, token: str | None = None) -> None:
-        """Keep this rank registered with a monitor (``POST {monitor}/v1/targets``)."""
+        """Keep this rank registered with a monitor (``POST {monitor}/v1/targets``) with its
+        registration ``token`` (:func:`registration_token`). A refusal is logged once per
+        status and retried; the rank keeps training either way."""
         body = {
             "url": self.url,
             "job": self.state.identity.job,
