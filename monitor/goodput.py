@@ -223,6 +223,9 @@ class _Group:
     gpus: int | None = None
     last_in_quorum_at: float | None = None
     history: deque = field(default_factory=deque)  # (t, cum)
+    # its sweeps in the quorum over the horizon, [t0, t1, cum before, cum after, credit]:
+    # ``credit`` is what the whole-sweep rule gave beyond ``commits x b`` (see _rejudge)
+    judged: deque = field(default_factory=deque)
 
 
 # --- reading a rank's state without trusting its types -------------------------------------
@@ -259,6 +262,19 @@ def _pace(history: deque, window: float, b: float | None) -> float | None:
     return max(0, v_end - start[1]) * b / span
 
 
+def _cum_at(judged: deque, t: float) -> int | None:
+    """A group's cumulative commits at the sweep at or before ``t`` (None: not recorded)."""
+    cum = None
+    for _t0, t1, before, after, _ in judged:
+        if t1 <= t + 1e-9:
+            cum = after
+        elif cum is None:  # the record starts at (or straddles) ``t``
+            return before
+        else:
+            break
+    return cum
+
+
 def _trim(history: deque, now: float, keep: float) -> None:
     """Keep one sample at or before ``now - keep`` and everything after."""
     while len(history) >= 2 and history[1][0] <= now - keep:
@@ -293,6 +309,10 @@ class GoodputLedger:
         self.gap_s = 0.0
         self.gaps = 0
         self.skipped_sweeps = 0
+        # goodput taken back by a re-judgement (see _rejudge) that the metrics' counter, which
+        # never decreases, has counted already: paid back from the next sweeps' goodput
+        self.goodput_debt = 0.0
+        self._revised: list[Slice] = []  # re-judged slices not yet in a SweepAccount
         self.unsettled: list[Slice] = []
         self.intervals: deque[Interval] = deque(maxlen=self.cfg.keep_intervals)
         self.open_intervals: dict[str, Interval] = {}  # group key -> the interval being extended
@@ -333,7 +353,12 @@ class GoodputLedger:
         job_moved = self._ingest_job_step(view, in_quorum, now)
         if self.since is None:
             self.since = self.last_at = now
+            self._revised.clear()
             return acct
+        for s in self._revised:  # goodput an incident's confirmation took back (_rejudge)
+            acct.badput[s.cause] += s.seconds
+            acct.goodput -= s.seconds
+        self._revised.clear()
         dt = now - self.last_at
         running = any(r.state.get("phase") != "stopped" for r in live)
         if not running and not any(i.open for i in self.incidents.values()):
@@ -342,6 +367,10 @@ class GoodputLedger:
             self._account_gap(in_quorum, deltas, dt, now, acct)
         else:
             self._account(in_quorum, deltas, job_moved, dt, now, acct)
+        # the counter never decreases: goodput taken back is paid from this sweep's first
+        self.goodput_debt -= min(0.0, acct.goodput)
+        pay = min(max(0.0, acct.goodput), self.goodput_debt)
+        acct.goodput, self.goodput_debt = max(0.0, acct.goodput) - pay, self.goodput_debt - pay
         self.last_at = now
         self._follow_incidents(in_quorum, now)
         self._sample_baseline(now)
@@ -452,7 +481,46 @@ class GoodputLedger:
         self.incidents[inc.id] = inc
         self._dirty_incidents.add(inc.id)
         self._claim_unsettled(inc)
+        self._rejudge(inc)
         return inc
+
+    def _rejudge(self, inc: Incident) -> None:
+        """Judge again, from the incident's onset, the sweeps since then that a pace window
+        reaching back before it credited whole: commits made before a fault say nothing about
+        the pace after it. A sweep whose commits since the onset (over at least two baseline
+        steps) are below ``pace_threshold`` keeps ``commits x b`` of goodput; the rest of it
+        (from the onset, in the sweep the onset falls in) becomes the incident's badput: a
+        straggler's ``straggler_drag``, any other's ``stall``. Within the horizon only (what a
+        group's ``judged`` record holds; a restarted monitor's record starts empty)."""
+        b = self.baseline
+        if b is None:
+            return
+        cause = "straggler_drag" if inc.kind == "straggler" else "stall"
+        t_on = inc.onset_at
+        for g, grp in self.groups.items():
+            cum0 = _cum_at(grp.judged, t_on)
+            if cum0 is None:
+                continue
+            for rec in grp.judged:
+                t0, t1, _, after, credit = rec
+                if t1 <= t_on + 1e-9 or credit <= 1e-9:
+                    continue
+                span = t1 - t_on
+                if span >= 2 * b and (after - cum0) * b / span >= self.cfg.pace_threshold:
+                    continue
+                seconds = credit * min(1.0, span / (t1 - t0))
+                rec[4] = credit - seconds
+                s = Slice(max(t0, t_on), t1, g, cause, seconds, grp.gpus, counted=True)
+                self._link(s, inc)
+                self._revised.append(s)
+                self.unsettled.append(s)
+                row = self.totals.setdefault(self._key(g), {})
+                row["goodput"] = row.get("goodput", 0.0) - seconds
+                if grp.gpus:
+                    grow = self.gpu_totals.setdefault(self._key(g), {})
+                    grow["goodput"] = grow.get("goodput", 0.0) - seconds * grp.gpus
+        if self._revised:
+            self.unsettled.sort(key=lambda s: s.t0)  # a group's slices settle in time order
 
     @staticmethod
     def _strike_time(f: dict[str, Any], view: ClusterView, detected: float) -> float | None:
@@ -591,6 +659,13 @@ class GoodputLedger:
         other = self._explaining(straggler=False)
         stall_cause = other or straggler
         idle = not job_moved and not any(deltas.get(g, 0) for g in inside)
+        # the pace window never reaches back across the onset of an incident not yet acted on
+        cuts = [i.onset_at for i in self._open_incidents() if i.evicted_at is None
+                and i.resolved_at is None and now - self.window < i.onset_at < now]
+        cut = max(cuts) if cuts else None
+        for grp in self.groups.values():
+            while grp.judged and grp.judged[0][1] < now - self.horizon:
+                grp.judged.popleft()
         if stall and recovering is None:
             self._pending_to_stall(stall_cause)
         slow = False
@@ -600,11 +675,14 @@ class GoodputLedger:
                 self._add(g, 0.0, dt, acct)
                 self._badput(t0, now, g, "startup", dt, grp.gpus, None, acct)
                 continue
-            pace = _pace(grp.history, self.window, b)
+            window = self.window if cut is None else min(self.window, now - cut)
+            pace = _pace(grp.history, window, b) if window >= 2 * b else None
+            earned = min(dt, deltas.get(g, 0) * b)
             if pace is not None and pace >= self.cfg.pace_threshold:
                 good = dt  # at healthy pace over the window: the whole interval
             else:
-                good = min(dt, deltas.get(g, 0) * b)
+                good = earned
+            grp.judged.append([t0, now, grp.cum - deltas.get(g, 0), grp.cum, good - earned])
             self._add(g, good, dt, acct)
             rest = dt - good
             if rest <= 1e-9:
@@ -1006,6 +1084,7 @@ class GoodputLedger:
             "totals": self.totals, "gpu_totals": self.gpu_totals,
             "expected_groups": self.expected_groups, "unobserved_s": self.unobserved_s,
             "gap_s": self.gap_s, "gaps": self.gaps, "skipped_sweeps": self.skipped_sweeps,
+            "goodput_debt": self.goodput_debt,
             "unsettled": [asdict(s) for s in self.unsettled],
             "open_intervals": {k: asdict(v) for k, v in self.open_intervals.items()},
             "next_incident": self.next_incident,
@@ -1063,6 +1142,7 @@ class GoodputLedger:
         led.gap_s = float(state.get("gap_s") or 0.0)
         led.gaps = int(state.get("gaps") or 0)
         led.skipped_sweeps = int(state.get("skipped_sweeps") or 0)
+        led.goodput_debt = float(state.get("goodput_debt") or 0.0)
         led.unsettled = [Slice(**{"counted": s.get("cause") != PENDING, **s})
                          for s in state.get("unsettled") or []]
         led.open_intervals = {k: Interval(**v) for k, v in

@@ -35,6 +35,7 @@ class ModelJob:
         self.evictions: list[dict] = []
         self.splits: list[float] = []
         self.counted = dict.fromkeys(CAUSES, 0.0)  # badput the metrics counted (SweepAccount)
+        self.counted_goodput = 0.0  # goodput the metrics counted (a counter: never negative)
 
     def ranks(self) -> dict[str, RankView]:
         out = {}
@@ -65,6 +66,8 @@ class ModelJob:
         check_invariant(ledger)
         for c, v in acct.badput.items():
             self.counted[c] += v
+        assert acct.goodput >= 0
+        self.counted_goodput += acct.goodput
         return acct
 
     def run(self, ledger, seconds: float, pace: float = 1.0, dt: float = 1.0) -> None:
@@ -594,3 +597,46 @@ def test_job_back_at_pace_is_reached_not_settled():
     [inc] = led.to_json()["incidents"]
     assert inc["back_to_pace"] == "reached" and inc["settled_pace"] is None
     assert led.baseline == pytest.approx(STEP, rel=0.1)
+
+
+def test_straggler_drag_starts_at_the_onset_not_when_the_window_notices():
+    """A straggler at 0.6x pace: the trailing window W (4 s here) still holds the healthy
+    commits from before the strike, so the first sweeps after it look at pace. Once the
+    straggler is confirmed they are judged again from its onset: slow, its drag from the strike
+    on (before, the drag began ~1 s late, when W's pace fell below 0.9). Goodput the metrics'
+    counter already had is paid back from later sweeps, never counted negative."""
+    job, led = healthy_ledger(seconds=30)
+    onset = job.t + 0.1
+    job.groups[1]["struck"] = {"slow_compute:delay=0.3": onset}
+    job.run(led, 1.0, pace=0.6, dt=0.5)  # W's pace still >= 0.9: credited whole, for now
+    assert job_json(led)["pending_seconds"] == 0
+    good_before = job_json(led)["goodput_seconds"]
+    job.finding("straggler", 1, first_seen=onset + 0.4, confirmed_at=job.t, fid=31)
+    job.run(led, 3.0, pace=0.6, dt=0.5)
+    out = led.to_json()
+    [inc] = out["incidents"]
+    assert inc["onset_at"] == onset
+    tied = [iv for iv in out["intervals"] if iv["incident"] == inc["id"]]
+    assert min(iv["start"] for iv in tied) == pytest.approx(onset, abs=1e-3)
+    assert {iv["cause"] for iv in tied} == {"straggler_drag"}
+    # every slot at 0.6x from the strike: 40% of its time is the straggler's drag
+    drag = out["job"]["badput_seconds"]["straggler_drag"]
+    assert drag == pytest.approx(3 * (job.t - onset) * 0.4, rel=0.1)
+    assert job_json(led)["goodput_seconds"] < good_before + 3 * 3.0 * 0.7
+    check_counted(job, led)
+    assert job.counted_goodput + led.goodput_debt == pytest.approx(
+        out["job"]["goodput_seconds"], abs=1e-6)
+
+
+def test_a_fault_that_does_not_slow_the_job_is_not_rejudged():
+    """Judging again from the onset books nothing when the job kept its pace (a mismatch)."""
+    job, led = healthy_ledger(seconds=30)
+    onset = job.t + 0.1
+    job.run(led, 2.0, dt=0.5)
+    job.finding("mismatch", 2, first_seen=onset, confirmed_at=job.t, fid=41)
+    job.run(led, 2.0, dt=0.5)
+    out = led.to_json()
+    assert out["job"]["goodput_ratio"] == pytest.approx(
+        job_json(healthy_ledger(seconds=34)[1])["goodput_ratio"], abs=0.02)
+    assert not [iv for iv in out["intervals"] if iv["incident"] is not None
+                and iv["start"] < job.t - 2.0 + 1e-6]
