@@ -20,6 +20,7 @@ up is not used (the group is started cold). See docs/demo.md.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -77,9 +78,82 @@ while not os.path.exists(go):
         except ProcessLookupError:
             sys.exit(0)  # whoever started the spare is gone: never train unsupervised
     time.sleep(0.02)
-sys.argv = ["lightkeeper", *sys.argv[3:]]
+# The go file says where this incarnation runs (LocalCluster.start_group's host): its node name
+# and address, taken now, before the trainer reads them (a spare waits "on" no host).
+import json
+with open(go) as f:
+    placed = json.loads(f.read() or "{}")
+os.environ.update(placed.get("env") or {})
+sys.argv = ["lightkeeper", *sys.argv[3:], *(placed.get("args") or [])]
 sys.exit(lightkeeper.cli.main())
 """
+
+
+@dataclass(frozen=True)
+class Host:
+    """A host a replica group can run on: its node name (set as ``NODE_NAME`` for its ranks, as
+    Kubernetes' downward API does) and the address its ranks bind (``None``: the default,
+    127.0.0.1). On one machine each "host" gets a loopback address of its own (Linux routes all
+    of 127.0.0.0/8 to ``lo``): see docs/demo.md for what binds there and what cannot."""
+
+    node: str
+    addr: str | None = None
+
+    def __str__(self) -> str:
+        return self.node + (f" ({self.addr})" if self.addr else "")
+
+
+def loopback_hosts(count: int, prefix: str = "node-") -> list[Host]:
+    """``count`` hosts ``node-0``.. on 127.0.0.2, 127.0.0.3, ... (127.0.0.1 stays the shared
+    services' address: Lighthouse, monitor, Prometheus)."""
+    if not 0 <= count <= 250:
+        raise ValueError(f"at most 250 loopback hosts (127.0.0.2..127.0.0.251), not {count}")
+    return [Host(f"{prefix}{i}", f"127.0.0.{i + 2}") for i in range(count)]
+
+
+class HostPool:
+    """Where each replica group runs, placed as a scheduler honouring the quarantine taint
+    places a pod: the first ``groups`` hosts start groups 0..groups-1, the rest are spares.
+
+    :meth:`place` keeps a group on its host unless that host is quarantined; then it moves the
+    group to a free host (not quarantined, no other group on it), a never-used spare first.
+    None when no host is free: the group waits (the caller says so and asks again later).
+    """
+
+    def __init__(self, hosts: list[Host], groups: int) -> None:
+        if len({h.node for h in hosts}) != len(hosts):
+            raise ValueError("host node names must be distinct")
+        if len(hosts) < groups:
+            raise ValueError(f"{groups} groups need at least {groups} hosts, got {len(hosts)}")
+        self.hosts = list(hosts)
+        self.assigned: dict[int, Host] = {g: hosts[g] for g in range(groups)}
+        self.used: set[str] = {h.node for h in self.assigned.values()}
+        # (group, from node or None, to node, why) per placement that moved a group
+        self.moves: list[tuple[int, str | None, str, str]] = []
+
+    def spares(self, quarantined=()) -> list[Host]:
+        """Hosts no group runs on and not quarantined, never-used ones first."""
+        taken = {h.node for h in self.assigned.values()}
+        free = [h for h in self.hosts if h.node not in taken and h.node not in set(quarantined)]
+        return sorted(free, key=lambda h: h.node in self.used)  # stable: pool order otherwise
+
+    def host_of(self, group: int) -> Host | None:
+        return self.assigned.get(group)
+
+    def place(self, group: int, quarantined=()) -> Host | None:
+        """The host ``group``'s next incarnation runs on (recorded), or None: none is free."""
+        bad = set(quarantined)
+        cur = self.assigned.get(group)
+        if cur is not None and cur.node not in bad:
+            return cur
+        free = self.spares(bad)
+        if not free:
+            return None
+        new = self.assigned[group] = free[0]
+        self.used.add(new.node)
+        self.moves.append((group, None if cur is None else cur.node, new.node,
+                           "quarantined" if cur is not None else "first start"))
+        return new
 
 
 class ClusterError(RuntimeError):
@@ -173,6 +247,7 @@ class ReplicaGroupProcess(ManagedProcess):
     # launcher="bare": one process per group rank (``proc`` is rank 0's); empty under torchrun.
     rank_procs: dict[int, subprocess.Popen] = field(default_factory=dict)
     warm: bool = False  # started from a warm spare (already imported, waiting for the go-ahead)
+    host: Host | None = None  # where it runs (None: this machine as it is, no NODE_NAME given)
 
     def processes(self) -> list[subprocess.Popen]:
         return list(self.rank_procs.values()) or [self.proc]
@@ -316,9 +391,14 @@ class LocalCluster:
         return self.lighthouse_url
 
     def start_group(self, replica_group: int, faults: list[str] | None = None,
-                    extra_args: list[str] | None = None) -> ReplicaGroupProcess:
+                    extra_args: list[str] | None = None,
+                    host: Host | None = None) -> ReplicaGroupProcess:
         """Start (or restart) one replica group's process(es): its warm spare when it has a
-        ready one and no faults or extra arguments are asked for, else a fresh start."""
+        ready one and no faults or extra arguments are asked for, else a fresh start.
+
+        ``host``: where it runs: its ranks get ``NODE_NAME=host.node`` and, with ``host.addr``,
+        bind their WorkerServers there and meet in the group's store at that address (a warm
+        spare takes both from its go file, before the trainer starts)."""
         if self.lighthouse_url is None:
             raise ClusterError("start the Lighthouse first")
         old = self.groups.get(replica_group)
@@ -326,18 +406,30 @@ class LocalCluster:
             raise ClusterError(f"replica group {replica_group} is still running")
         spare = self.spares.pop(replica_group, None)
         if spare is not None and not faults and not extra_args and spare.ready():
+            env, args = self._host_env(host), self._host_args(host)
+            if host is not None and host.addr and self.ranks_per_group > 1:
+                env["MASTER_ADDR"] = host.addr  # the store listens on every address
             tmp = spare.go_file.with_suffix(".tmp")
-            tmp.write_text(str(time.time()))
+            tmp.write_text(json.dumps({"at": time.time(), "env": env, "args": args}))
             os.replace(tmp, spare.go_file)
             spare.group.warm = True
+            spare.group.host = host
             self.groups[replica_group] = spare.group
             return spare.group
         if spare is not None:  # not ready (or not wanted): a cold start instead
             for proc in spare.group.processes():
                 stop_process(proc, grace=0.0)
-        group = self._launch(replica_group, faults, extra_args)
+        group = self._launch(replica_group, faults, extra_args, host=host)
         self.groups[replica_group] = group
         return group
+
+    @staticmethod
+    def _host_env(host: Host | None) -> dict[str, str]:
+        return {} if host is None else {"NODE_NAME": host.node}
+
+    @staticmethod
+    def _host_args(host: Host | None) -> list[str]:
+        return ["--worker-host", host.addr] if host is not None and host.addr else []
 
     def start_spare(self, replica_group: int) -> Spare:
         """Start a warm spare for ``replica_group`` (kept until :meth:`start_group` uses it);
@@ -366,7 +458,8 @@ class LocalCluster:
 
     def _launch(self, replica_group: int, faults: list[str] | None,
                 extra_args: list[str] | None,
-                spare_files: tuple[Path, Path] | None = None) -> ReplicaGroupProcess:
+                spare_files: tuple[Path, Path] | None = None,
+                host: Host | None = None) -> ReplicaGroupProcess:
         n = self._restarts[replica_group] = self._restarts.get(replica_group, -1) + 1
         log_path = self.log_dir / f"replica_group_{replica_group}" / (
             "train.log" if n == 0 else f"train.restart{n}.log")
@@ -381,10 +474,13 @@ class LocalCluster:
         for f in faults or []:
             train_args += ["--inject", f]
         train_args += extra_args or []
+        if spare_files is None:
+            train_args += self._host_args(host)
         train_cmd = [sys.executable, "-u", "-m", "lightkeeper.cli", *train_args]
         env = {**os.environ, **self.extra_env, "TORCHFT_LIGHTHOUSE": self.lighthouse_url,
                "REPLICA_GROUP_ID": str(replica_group), "NUM_REPLICA_GROUPS": str(self.num_groups),
-               "PYTHONUNBUFFERED": "1"}
+               "PYTHONUNBUFFERED": "1", **self._host_env(host)}
+        addr = host.addr if host is not None and host.addr else "127.0.0.1"
         if spare_files is not None:
             train_cmd = [sys.executable, "-u", "-c", SPARE_SCRIPT, str(spare_files[0]),
                          str(spare_files[1]), *train_args]
@@ -401,12 +497,15 @@ class LocalCluster:
                 proc = subprocess.Popen(train_cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True)
             elif self.launcher == "torchrun":
+                # --local-addr: the agent gives its ranks MASTER_ADDR=addr (its store itself
+                # listens on every address; torch has no bind address for a TCPStore server)
                 cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                       f"--nproc-per-node={self.ranks_per_group}", "--no-python", *train_cmd]
+                       f"--local-addr={addr}", f"--nproc-per-node={self.ranks_per_group}",
+                       "--no-python", *train_cmd]
                 proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True)
             else:
-                rendezvous = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+                rendezvous = {"MASTER_ADDR": addr, "MASTER_PORT": str(free_port()),
                               "WORLD_SIZE": str(self.ranks_per_group)}
                 for r in range(self.ranks_per_group):
                     rank_procs[r] = subprocess.Popen(
@@ -416,7 +515,7 @@ class LocalCluster:
                 proc = rank_procs[0]
         return ReplicaGroupProcess(f"replica_group_{replica_group}", proc, log_path,
                                    replica_group=replica_group, faults=list(faults or []),
-                                   rank_procs=rank_procs)
+                                   rank_procs=rank_procs, host=host)
 
     def wait_for_workers(self, replica_group: int, timeout: float = 60.0) -> dict[int, str]:
         """Wait until every rank of the group printed its WorkerServer URL; returns them."""

@@ -66,6 +66,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="after the scenario, leave everything up (Ctrl-C or SIGTERM stops "
                         "it and every process the demo started)")
     p.add_argument("--no-prometheus", action="store_true", help="do not start Prometheus")
+    p.add_argument("--spare-hosts", type=int, default=2,
+                   help="hosts beyond one per group, for a group whose host is quarantined "
+                        "(default 2: each of the default story's two faulty hosts can be "
+                        "replaced; docs/demo.md)")
+    p.add_argument("--one-host", action="store_true",
+                   help="run every group on this machine as it is (no NODE_NAME, 127.0.0.1): "
+                        "no other host to move to, so host quarantine is off")
+    p.add_argument("--no-quarantine", action="store_true",
+                   help="the monitor never quarantines a host (evictions only)")
+    p.add_argument("--quarantine-dry-run", action="store_true",
+                   help="the monitor decides quarantines and logs them, carries none out")
     p.add_argument("--cold-restarts", action="store_true",
                    help="restart an evicted group from scratch (default: from a warm spare the "
                         "supervisor started ahead, already imported; docs/demo.md)")
@@ -139,6 +150,16 @@ class Demo:
                        # the monitor tells an evicted group's other ranks to exit (the kill
                        # reaches only its rank 0): the group is gone, and restarted, sooner
                        "LIGHTKEEPER_EXIT_TOKEN": self.exit_token})
+        from .cluster import HostPool, loopback_hosts
+
+        # One host per group plus spares, each with a node name and a loopback address of its
+        # own; the supervisor places a restarted group off a quarantined host (None: --one-host)
+        self.pool: HostPool | None = None if args.one_host else HostPool(
+            loopback_hosts(args.groups + args.spare_hosts), args.groups)
+        self.hosts_view: dict | None = None     # the monitor's newest GET /v1/hosts
+        self.quarantines: dict[str, float] = {}  # host -> demo seconds it was quarantined
+        self.placements: list[dict] = []         # every group start: where, when, why
+        self.waiting: dict[int, float] = {}      # group -> since when it waits for a free host
         self.http = requests.Session()
         self.monitor_proc: subprocess.Popen | None = None
         self.monitor_url: str | None = None
@@ -259,7 +280,9 @@ class Demo:
                 specs.setdefault(plan.replica_group, []).append(plan.spec)
         for g in range(self.args.groups):
             self.launched_at[g] = self.now()
-            self.procs.extend(self.cluster.start_group(g, specs.get(g)).processes())
+            host = self.pool.place(g) if self.pool else None
+            self.placements.append(self._placement(g, host, "first start"))
+            self.procs.extend(self.cluster.start_group(g, specs.get(g), host=host).processes())
         self.refill_spares(wait=False)
         for g in range(self.args.groups):
             try:
@@ -290,9 +313,8 @@ class Demo:
                "--lighthouse-heartbeat-timeout-ms", str(self.sc.heartbeat_timeout_ms),
                "--lighthouse-join-timeout-ms", str(self.sc.join_timeout_ms),
                "--orphan-grace", "1",  # the exit token: in its environment, not argv
-               # every rank runs on this one machine: quarantining its host would end the demo
-               "--quarantine-after", "hang=0,mismatch=0,dead_rank=0,straggler=0",
                "--min-replicas", str(max(1, self.args.groups - 1))]
+        cmd += self.quarantine_args()
         if self.args.dry_run:
             cmd.append("--dry-run")
         (self.dir / "prometheus" / "file_sd").mkdir(parents=True, exist_ok=True)
@@ -301,6 +323,24 @@ class Demo:
         self.procs.append(self.monitor_proc)
         self.event("monitor", None, self.monitor_url + (" (dry run)" if self.args.dry_run
                                                         else ""))
+
+    def quarantine_args(self) -> list[str]:
+        """The monitor's host-quarantine flags (docs/demo.md, "Hosts"). Off with --one-host
+        (every rank on one machine: quarantining it would end the demo) or --no-quarantine.
+        The cap is the number of spare hosts: each quarantine moves a group to a spare, and
+        one more would leave a group waiting; the default 10% of 3-5 hosts is 1, which would
+        hold the second of two faulty hosts."""
+        a = self.args
+        if a.one_host or a.no_quarantine:
+            return ["--quarantine-after", "hang=0,mismatch=0,dead_rank=0,straggler=0"]
+        out = ["--max-quarantined", str(max(1, a.spare_hosts))]
+        if a.quarantine_dry_run:
+            out.append("--quarantine-dry-run")
+        return out
+
+    def _placement(self, g: int, host, why: str) -> dict:
+        return {"replica_group": g, "at_s": self.now(), "node": host.node if host else None,
+                "addr": host.addr if host else None, "why": why}
 
     def start_prometheus(self) -> None:
         from dashboards.promconfig import prometheus_config
@@ -373,7 +413,8 @@ class Demo:
                     "last_step_seconds": s["last_step_seconds"],
                     "last_step_at_s": self.rel(s["last_step_at"]),
                     "quorum_id": s.get("quorum_id"),
-                    "replica_id": s["replica_id"], "faults": list(s.get("faults") or [])})
+                    "replica_id": s["replica_id"], "faults": list(s.get("faults") or []),
+                    "host": s.get("host"), "worker_url": s.get("worker_url")})
         self.ticks.append((t, job_step))
         self.poll_lighthouse(t)
         self.poll_monitor()
@@ -415,8 +456,25 @@ class Demo:
         if isinstance(g, dict):
             self.goodput = g
 
+    def poll_hosts(self) -> None:
+        """The monitor's host ledger (``GET /v1/hosts``): one event per host quarantined,
+        with the time the monitor quarantined it."""
+        body = self.monitor_get("/v1/hosts")
+        if not isinstance(body, dict) or not isinstance(body.get("hosts"), list):
+            return
+        self.hosts_view = body
+        for h in body["hosts"]:
+            name = h.get("host")
+            if h.get("state") != "quarantined" or name in self.quarantines:
+                continue
+            at = self.rel(h.get("quarantined_at")) if h.get("quarantined_at") else self.now()
+            self.quarantines[name] = at
+            self.event("quarantined", None, f"host {name} quarantined at {at:.1f}s "
+                                            f"({h.get('reason') or h.get('kind')})")
+
     def poll_monitor(self) -> None:
         self.poll_goodput()
+        self.poll_hosts()
         findings = self.monitor_get("/v1/findings")
         if findings is not None:
             self.findings = findings
@@ -450,13 +508,32 @@ class Demo:
             n = self.restarts.get(g, 0)
             if n >= 5:
                 continue
+            old = self.pool.host_of(g) if self.pool else None
+            # the monitor's quarantine list, as a scheduler reads a node's taint; before the
+            # monitor ever answered, nothing is known to be quarantined
+            bad = set((self.hosts_view or {}).get("quarantined") or [])
+            host = self.pool.place(g, bad) if self.pool else None
+            if self.pool and host is None:
+                if g not in self.waiting:
+                    self.waiting[g] = self.now()
+                    self.event("waiting", g, f"host {old.node if old else '?'} is quarantined "
+                                             "and no other host is free: the group waits")
+                continue
+            waited = self.waiting.pop(g, None)
             self.restarts[g] = n + 1
             code = grp.proc.returncode
-            new = self.cluster.start_group(g)
+            moved = host is not None and old is not None and host.node != old.node
+            why = (f"{old.node} quarantined" if moved else "same host") if host else "restart"
+            self.placements.append(self._placement(g, host, why))
+            new = self.cluster.start_group(g, host=host)
             self.procs.extend(p for p in new.processes() if p not in self.procs)
-            self.event("restarted", g, f"process exited ({code}); supervisor restarted it "
-                                       f"(restart {n + 1}, "
-                                       + ("warm spare)" if new.warm else "cold start)"))
+            where = "" if host is None else (
+                f" on {host}" + (f", spare host ({old.node} quarantined)" if moved else ""))
+            self.event("restarted", g, f"process exited ({code}); supervisor restarted it"
+                                       f"{where} (restart {n + 1}, "
+                                       + ("warm spare" if new.warm else "cold start")
+                                       + (f", after waiting {self.now() - waited:.1f}s for a "
+                                          "free host" if waited is not None else "") + ")")
 
     def refill_spares(self, wait: bool, timeout: float = 90.0) -> None:
         """Give every group a warm spare (unless --cold-restarts): with the job at its start
@@ -509,16 +586,20 @@ class Demo:
             evictions=self.evictions,
             restarts=[(e["replica_group"], e["t"]) for e in self.events
                       if e["kind"] == "restarted"],
-            samples=self.samples)
+            samples=self.samples, quarantines=dict(self.quarantines),
+            placements=list(self.placements))
 
     def follow_stories(self) -> None:
-        open_tracks = [tr for tr in self.tracks if not tr.done]
-        if not open_tracks:
+        if not self.tracks:
             return
         obs = self.observation()
+        for tr in self.tracks:
+            tr.note_hosts(obs)
+        open_tracks = [tr for tr in self.tracks if not tr.done]
         for tr in open_tracks:
             for kind, detail in tr.update(obs):
                 self.event(kind, tr.group, detail)
+            tr.note_hosts(obs)
         still = [f"fault {tr.index}: {tr.describe()}" for tr in open_tracks if not tr.done]
         if still:
             self.status = "; ".join(still)
@@ -702,6 +783,10 @@ def run(args: argparse.Namespace) -> int:
     if args.groups < 2 or args.ranks_per_group < 1 or (args.steps is not None and args.steps < 1):
         print("lightkeeper demo: --groups must be >= 2, --ranks-per-group and --steps >= 1",
               file=sys.stderr)
+        return 2
+    if not 0 <= args.spare_hosts or args.groups + args.spare_hosts > 250:
+        print("lightkeeper demo: --spare-hosts must be >= 0, and --groups plus --spare-hosts "
+              "at most 250 (one loopback address each: 127.0.0.2..127.0.0.251)", file=sys.stderr)
         return 2
     try:  # every placement is checked before anything starts
         plans = [parse_inject(v, args.groups, args.ranks_per_group) for v in args.inject]

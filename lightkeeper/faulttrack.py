@@ -72,6 +72,9 @@ class Observation:
     evictions: list[dict]                       # monitor /v1/evictions (decisions)
     restarts: list[tuple[int, float]]           # (group, demo seconds) per supervisor restart
     samples: list[dict] = field(default_factory=list)  # every rank sample so far
+    quarantines: dict[str, float] = field(default_factory=dict)  # host -> demo s quarantined
+    placements: list[dict] = field(default_factory=list)  # group starts: replica_group, at_s,
+    #                                                      node, addr, why (the supervisor's)
 
     def unix(self, t: float) -> float:
         return self.t0_unix + t
@@ -124,7 +127,8 @@ class FaultTrack:
             "struck_at_s": None, "detected_at_s": None, "detected_kind": None,
             "finding_ranks": None, "culprit_ranks": None, "culprit_hosts": None,
             "evicted_at_s": None, "restarted_at_s": None, "survivors_committing_at_s": None,
-            "rejoined_at_s": None, "steps_lost": None, "outcome": "pending", "note": None}
+            "rejoined_at_s": None, "steps_lost": None, "outcome": "pending", "note": None,
+            "host_quarantined_at_s": None, "restarted_on": None, "restarted_addr": None}
 
     # --- public ----------------------------------------------------------------------
     @property
@@ -152,6 +156,26 @@ class FaultTrack:
             before = self.stage
             getattr(self, f"_{self.stage}")(obs, events)
         return events
+
+    def note_hosts(self, obs: Observation) -> None:
+        """Where the story met the hosts: the struck host's quarantine (if the monitor
+        quarantined it after the strike) and the host the group was restarted on. Called on
+        every tick, also once the story is over (the monitor's ledger may answer a tick late)."""
+        r = self.record
+        if r["struck_at_s"] is None and r["detected_at_s"] is None:
+            return
+        since = (r["struck_at_s"] if r["struck_at_s"] is not None else r["injected_at_s"]) \
+            - FINDING_SLACK_S
+        for host in [r["host"], *(r["culprit_hosts"] or [])]:
+            at = obs.quarantines.get(host) if host else None
+            if r["host_quarantined_at_s"] is None and at is not None and at >= since:
+                r["host_quarantined_at_s"] = at
+        gone = r["evicted_at_s"] if r["evicted_at_s"] is not None else r["detected_at_s"]
+        if r["restarted_on"] is None and gone is not None:
+            p = next((p for p in obs.placements if p["replica_group"] == self.group
+                      and p["at_s"] >= gone - FINDING_SLACK_S and p.get("node")), None)
+            if p is not None:
+                r["restarted_on"], r["restarted_addr"] = p["node"], p.get("addr")
 
     def fail(self, outcome: str, note: str) -> None:
         """End the story before it began (the fault could not be armed)."""

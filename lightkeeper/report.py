@@ -179,6 +179,9 @@ def build_report(demo) -> dict[str, Any]:
                   "at_s": round(d["at"] - demo.t0_unix, 2), "status": d.get("status")}
                  for d in demo.evictions]
     cfg = settings(demo)
+    hosts_view = getattr(demo, "hosts_view", None)
+    for f in faults:
+        f["host_state"] = host_state(hosts_view, f.get("host"))
     recoveries(faults, ph, demo.samples, demo.lighthouse_log, evictions, demo.goodput,
                demo.t0_unix, end, demo.args.groups, cfg)
     return {
@@ -196,6 +199,8 @@ def build_report(demo) -> dict[str, Any]:
         "evictions": evictions,
         "restarts": [{"replica_group": e["replica_group"], "at_s": e["t"]}
                      for e in demo.events if e["kind"] == "restarted"],
+        "hosts": hosts_summary(demo),
+        "placements": list(getattr(demo, "placements", [])),
         "phases": ph,
         "healthy_step_rate": healthy,
         "goodput": _goodput_summary(demo.goodput),
@@ -206,6 +211,85 @@ def build_report(demo) -> dict[str, Any]:
         "prometheus": demo.prom_note or None,
         "pids": demo.pids(),
     }
+
+
+def host_state(hosts_view: dict | None, host: str | None) -> str | None:
+    """A host's state in the monitor's ledger at the end (``ok`` when it is not in the ledger:
+    it never offended), with its offences that count: "suspect (1 straggler offence)"."""
+    if not host or not isinstance(hosts_view, dict):
+        return None
+    h = next((h for h in hosts_view.get("hosts") or [] if h.get("host") == host), None)
+    if h is None:
+        return "ok"
+    counted: dict[str, int] = {}
+    for o in h.get("offences") or []:
+        if o.get("in_window"):
+            counted[o["kind"]] = counted.get(o["kind"], 0) + 1
+    out = h.get("state") or "?"
+    if counted:
+        out += " (" + ", ".join(f"{n} {k} offence{'s' if n > 1 else ''}"
+                                for k, n in counted.items()) + ")"
+    if h.get("hold"):
+        out += f", held: {h['hold']}"
+    return out
+
+
+def hosts_summary(demo) -> dict[str, Any] | None:
+    """The demo's hosts (node, address), which group ran where at the end, and the monitor's
+    quarantine list and policy as ``GET /v1/hosts`` last served them."""
+    pool = getattr(demo, "pool", None)
+    if pool is None:
+        return None
+    view = getattr(demo, "hosts_view", None) or {}
+    return {"hosts": [{"node": h.node, "addr": h.addr} for h in pool.hosts],
+            "groups": {str(g): h.node for g, h in sorted(pool.assigned.items())},
+            "quarantined": view.get("quarantined"),
+            "quarantined_at_s": dict(getattr(demo, "quarantines", {})),
+            "states": {h["host"]: h.get("state") for h in view.get("hosts") or []},
+            "policy": view.get("policy"), "dry_run": view.get("dry_run"),
+            "waiting": {str(g): t for g, t in getattr(demo, "waiting", {}).items()}}
+
+
+def story_lines(rep: dict) -> list[str]:
+    """Each fault's story in one line, each step with its time: struck (rank, host) ->
+    finding naming rank and host -> eviction -> host quarantined -> restarted on a host ->
+    rejoined -> back at pace."""
+    out = []
+    for i, f in enumerate(rep["faults"], 1):
+        steps = []
+        if f["struck_at_s"] is not None:
+            steps.append(f"struck group {f['replica_group']} rank {f['rank']}"
+                         + (f" on {f['host']}" if f.get("host") else "")
+                         + f" at {f['struck_at_s']:.1f}s")
+        if f["detected_at_s"] is not None:
+            steps.append(f"{f['detected_kind']} finding naming {_culprit(f)} at "
+                         f"{f['detected_at_s']:.1f}s")
+        if f["evicted_at_s"] is not None:
+            steps.append(f"evicted at {f['evicted_at_s']:.1f}s")
+        if f.get("host_quarantined_at_s") is not None:
+            steps.append(f"{f['host']} quarantined at {f['host_quarantined_at_s']:.1f}s")
+        elif f.get("host") and f.get("host_state") and f["detected_at_s"] is not None:
+            steps.append(f"{f['host']} not quarantined: {f['host_state']}")
+        if f["restarted_at_s"] is not None:
+            on = f.get("restarted_on")
+            moved = on and f.get("host") and on != f["host"]
+            steps.append("restarted" + (f" on {on}" if on else "")
+                         + (f" ({f['restarted_addr']})" if on and f.get("restarted_addr")
+                            else "")
+                         + (", a spare host" if moved else ", same host" if on else "")
+                         + f" at {f['restarted_at_s']:.1f}s")
+        if f["rejoined_at_s"] is not None:
+            steps.append(f"rejoined at {f['rejoined_at_s']:.1f}s")
+        back = _back_at(f)
+        if back is not None:
+            steps.append(f"back at pace at {back:.1f}s")
+        out.append(f"fault {i} ({fault_kind(f)}): " + (" -> ".join(steps) or "no step seen")
+                   + f"; {f['outcome']}")
+    hs = rep.get("hosts") or {}
+    for g, since in (hs.get("waiting") or {}).items():
+        out.append(f"group {g} waits since {since:.1f}s: its host is quarantined and no other "
+                   "host is free (--spare-hosts)")
+    return out
 
 
 def _goodput_summary(g: dict | None) -> dict | None:
@@ -266,6 +350,10 @@ def summary_markdown(rep: dict) -> str:
     notes = [f"- fault {i}: {f['note']}" for i, f in enumerate(rep["faults"], 1) if f.get("note")]
     if notes:
         lines += [""] + notes
+    story = story_lines(rep)
+    if story:
+        lines += ["", "The story, step by step (seconds since the demo started):", ""]
+        lines += [f"- {line}" for line in story]
     if any(f.get("stages") for f in rep["faults"]):
         lines += ["", stages_markdown(rep), "", cost_markdown(rep)]
     lines += ["", "| phase | from | to | steps | steps/s | vs healthy |",
@@ -368,6 +456,17 @@ def markdown(rep: dict) -> str:
                     f"| {_culprit(d) if d.get('culprit_ranks') is not None else '—'} "
                     f"| {'yes' if d['evicted'] else 'no'} "
                     f"| {'fault ' + str(d['fault']) if d.get('fault') else 'no fault'} |")
+    hs = rep.get("hosts")
+    if hs:
+        head += ["", "## Hosts", "",
+                 "Each group on a host of its own (node name as NODE_NAME, a loopback address "
+                 "for its ranks' servers), plus spares; the monitor's quarantine list at the "
+                 f"end: {', '.join(hs.get('quarantined') or []) or 'none'}.", "",
+                 "| host | address | group at the end | monitor's state |", "|---|---|---|---|"]
+        on = {node: g for g, node in (hs.get("groups") or {}).items()}
+        for h in hs["hosts"]:
+            head.append(f"| {h['node']} | {h['addr']} | {on.get(h['node'], 'spare')} "
+                        f"| {(hs.get('states') or {}).get(h['node'], 'ok')} |")
     head += ["", "![timeline](timeline.png)", "", "## Events", ""]
     for e in rep["events"]:
         g = f"group {e['replica_group']}: " if e["replica_group"] is not None else ""
@@ -407,14 +506,16 @@ def plot(samples: list[dict], ranks_per_group: int, rep: dict, path: Path) -> No
                 j = i + 1
         ax.plot(xs, ys, label=f"group {g}", lw=1.4)
     colors = {"struck": "tab:red", "detected": "tab:orange", "evicted": "tab:purple",
-              "Lighthouse dropped it": "tab:brown", "back at pace": "black",
-              "rejoined": "tab:green"}
+              "Lighthouse dropped it": "tab:brown", "host quarantined": "tab:pink",
+              "restarted": "tab:cyan", "back at pace": "black", "rejoined": "tab:green"}
     seen = set()
     for f in rep["faults"]:
         st = f.get("stages") or {}
         marks = [(f["struck_at_s"], "struck"), (f["detected_at_s"], "detected"),
                  (f["evicted_at_s"], "evicted"),
                  (st.get("lighthouse_dropped"), "Lighthouse dropped it"),
+                 (f.get("host_quarantined_at_s"), "host quarantined"),
+                 (f["restarted_at_s"], "restarted"),
                  (_back_at(f), "back at pace"), (f["rejoined_at_s"], "rejoined")]
         for at, name in marks:
             if at is not None:
@@ -425,6 +526,10 @@ def plot(samples: list[dict], ranks_per_group: int, rep: dict, path: Path) -> No
         if f["struck_at_s"] is not None:
             label = f"g{f['replica_group']}" + ("" if f.get("group_rank") is None
                                                 else f".{f['group_rank']}")
+            if f.get("host"):
+                label += f"@{f['host']}"
+            if f.get("restarted_on") and f["restarted_on"] != f.get("host"):
+                label += f" -> {f['restarted_on']}"
             ax.annotate(f"{label} {fault_kind(f)}",
                         (f["struck_at_s"], 1.0), xycoords=("data", "axes fraction"),
                         xytext=(3, -12), textcoords="offset points", fontsize=8,

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from lightkeeper.demo import LEDGER_WAIT_S
-from worker_server.state import node_name
 
 pytestmark = pytest.mark.e2e
 
@@ -85,8 +84,9 @@ def test_default_scenario(tmp_path):
     assert hang["spec"].startswith("hang:") and hang["spec"].endswith(",where=group,rank=1")
     assert (slow["replica_group"], slow["group_rank"], slow["rank"]) == (1, 1, 3)
     assert (hang["replica_group"], hang["group_rank"], hang["rank"]) == (2, 1, 5)
-    for f, kind in ((slow, "straggler"), (hang, "hang")):
-        assert f["given"] == "live" and f["host"] == node_name(), f
+    for f, kind, host in ((slow, "straggler", "node-1"), (hang, "hang", "node-2")):
+        assert f["given"] == "live" and f["host"] == host, f  # each group on its own host
+        assert f["culprit_hosts"] == [host], f
         assert f["detected_kind"] == kind, f
         assert f["culprit_ranks"] == [f["rank"]], f  # the rank, not its group or its rank 0
         # injected, then struck (the rank's own report), then caught
@@ -104,9 +104,46 @@ def test_default_scenario(tmp_path):
     assert r["phases"][0]["name"] == "healthy" and r["healthy_step_rate"] > 0
     assert "| 1 | `slow_compute:" in out and "group 1 rank 1 (rank 3" in out
     check_recoveries(r, out)
+    check_hosts(r, out, tmp_path)
     # the run ends once the last story did (plus the healthy end and, at most LEDGER_WAIT_S,
     # the monitor's ledger seeing the job back at pace), not at a fixed time
     assert r["duration_s"] <= hang["rejoined_at_s"] + 3 + 15 + LEDGER_WAIT_S, r["duration_s"]
+
+
+def check_hosts(r: dict, out: str, report_dir: Path) -> None:
+    """The hang's host is quarantined and group 2 restarted on the spare (its ranks report the
+    spare's node and address); the straggler (2 offences quarantine, one was injected) is only
+    evicted: group 1 back on its own host; nothing evicted again as quarantined_host."""
+    slow, hang = r["faults"]
+    hosts = r["hosts"]
+    assert [h["node"] for h in hosts["hosts"]] == [f"node-{i}" for i in range(5)], hosts
+    assert hosts["quarantined"] == ["node-2"] and hosts["states"]["node-2"] == "quarantined"
+    assert hosts["states"].get("node-1") == "suspect", hosts  # one straggler offence of two
+    assert hosts["groups"] == {"0": "node-0", "1": "node-1", "2": "node-3"}, hosts
+    assert hosts["policy"]["cap"] == 2, hosts["policy"]  # --max-quarantined: the spare hosts
+    # quarantined in the sweep that confirmed the finding, before the group was restarted
+    assert hang["detected_at_s"] - 1.0 <= hang["host_quarantined_at_s"] <= hang["restarted_at_s"]
+    assert (hang["restarted_on"], hang["restarted_addr"]) == ("node-3", "127.0.0.5"), hang
+    assert slow["host_quarantined_at_s"] is None and slow["restarted_on"] == "node-1", slow
+    assert slow["host_state"].startswith("suspect (1 straggler offence"), slow
+    # what the restarted incarnations' ranks themselves report
+    samples = json.loads((report_dir / "timeline.json").read_text())["samples"]
+    for g, node, addr in ((2, "node-3", "127.0.0.5"), (1, "node-1", "127.0.0.3")):
+        mine = [s for s in samples if s["replica_group"] == g and s["replica_id"]]
+        later = [s for s in mine if s["replica_id"] != mine[0]["replica_id"]]
+        assert later and all(s["host"] == node and s["worker_url"].startswith(
+            f"http://{addr}:") for s in later), (g, later[-1:])
+    assert all(s["host"] == "node-2" for s in samples if s["replica_group"] == 2
+               and s["t"] < hang["evicted_at_s"])
+    assert not [e for e in r["evictions"] if e["reason"] == "quarantined_host"], r["evictions"]
+    assert not [d for d in r["detections"] if d["kind"] == "quarantined_host"]
+    assert [p["node"] for p in r["placements"] if p["replica_group"] == 2] == ["node-2", "node-3"]
+    # the story, each step with its time (printed and in report.md)
+    assert f"node-2 quarantined at {hang['host_quarantined_at_s']:.1f}s -> restarted on node-3 " \
+           "(127.0.0.5), a spare host at" in out, out[-3000:]
+    assert "hang finding naming rank 5 on node-2 at" in out
+    assert "node-1 not quarantined: suspect (1 straggler offence)" in out
+    assert "| node-2 | 127.0.0.4 | spare | quarantined |" in (report_dir / "report.md").read_text()
 
 
 def check_recoveries(r: dict, out: str) -> None:
@@ -164,7 +201,7 @@ def test_a_fault_given_at_start_is_reported_when_and_where_it_struck(rank_fault_
     r, out, report_dir = rank_fault_run
     [f] = r["faults"]
     assert f["spec"] == "slow_compute:delay=0.6,from_step=15,rank=1" and f["given"] == "start"
-    assert (f["replica_group"], f["group_rank"], f["rank"], f["host"]) == (1, 1, 3, node_name())
+    assert (f["replica_group"], f["group_rank"], f["rank"], f["host"]) == (1, 1, 3, "node-1")
     # given when the group started, struck once training reached step 15: the rank's own time
     assert f["injected_at_s"] < r["training_started_at_s"] <= f["struck_at_s"], f
     assert f["struck_at_s"] < f["detected_at_s"] <= f["evicted_at_s"] + 1.0, f
@@ -192,10 +229,10 @@ def test_the_monitor_names_the_culprit_rank_and_host(rank_fault_run):
     """The finding that caught it names global rank 3 on its host (the monitor's evidence)."""
     r, out, _ = rank_fault_run
     [f] = r["faults"]
-    assert f["culprit_ranks"] == [3] and f["culprit_hosts"] == [node_name()], f
+    assert f["culprit_ranks"] == [3] and f["culprit_hosts"] == ["node-1"], f
     caught = [d for d in r["detections"] if d["kind"] == "straggler"]
     assert caught and all(d["culprit_ranks"] == [3] for d in caught), caught
-    assert f"| straggler in group 1 | rank 3 on {node_name()} |" in out
+    assert "| straggler in group 1 | rank 3 on node-1 |" in out
 
 
 def test_dry_run_evicts_nothing(tmp_path):

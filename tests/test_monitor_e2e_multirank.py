@@ -42,7 +42,7 @@ import time
 import pytest
 import requests
 
-from lightkeeper.cluster import LocalCluster, free_port, stop_process, wait_until
+from lightkeeper.cluster import Host, HostPool, LocalCluster, free_port, stop_process, wait_until
 from tests.conftest import require_binary
 from tests.support.faketime import faketime_env
 from tests.support.workers import get_json, try_state
@@ -72,7 +72,8 @@ class Job:
         self.shift_env = faketime_env(SHIFT_S, d / "faketime-shim")
         self.monitor: subprocess.Popen | None = None
         self.restarts: list[dict] = []  # the supervisor's log
-        self.nodes: dict[int, str] = {}  # group -> the node it runs on now
+        # host-g0..g2 run the groups, host-g3..g5 are spares (lightkeeper.cluster.HostPool)
+        self.pool = HostPool([Host(f"host-g{i}") for i in range(6)], groups=3)
         self.placements: list[dict] = []
         self.exits: dict[tuple[int, int], list[int | None]] = {}  # (group, incarnation) -> codes
         self._lock = threading.Lock()
@@ -84,16 +85,16 @@ class Job:
     def start_group(self, g: int, first: bool) -> None:
         """Start group ``g`` on its node; a restart goes to a fresh node when the monitor has
         quarantined the group's node (as a scheduler honouring the quarantine taint would)."""
-        node = self.nodes.setdefault(g, f"host-g{g}")
-        if not first and node in self.quarantined():
-            node = self.nodes[g] = f"host-g{g}-r{len(self.restarts)}"
-        self.placements.append({"group": g, "node": node, "at": time.time()})
-        env = {**self.base_env, "NODE_NAME": node}
+        host = self.pool.place(g, [] if first else self.quarantined())
+        if host is None:
+            raise RuntimeError(f"no free host for group {g}: {self.quarantined()} quarantined")
+        self.placements.append({"group": g, "node": host.node, "at": time.time()})
+        env = dict(self.base_env)
         if first and g == 2 and self.shift_env:
             env.update(self.shift_env)  # this "host" runs 0.5 s ahead
         with self._lock:
             self.cluster.extra_env = env
-            self.cluster.start_group(g)
+            self.cluster.start_group(g, host=host)
 
     def start(self) -> None:
         self.cluster.start_lighthouse()
