@@ -46,7 +46,9 @@ KDIR = REPO / "deploy" / "kubernetes"
 SCHEMAS = KDIR / "schemas"
 OVERLAYS = sorted(p.parent for p in (KDIR / "overlays").glob("*/kustomization.yaml"))
 K8S_VERSIONS = ("1.28.0", "1.37.0")
-SECRET = {"name": "lightkeeper", "keys": {"token", "exit-token"}}  # created out of band
+# created out of band: what pods and the monitor read, and the admin token the monitor alone reads
+SECRETS = {"lightkeeper": {"register-token", "exit-token"}, "lightkeeper-admin": {"token"}}
+MONITOR_ONLY_SECRETS = {"lightkeeper-admin"}
 LWS_ENV = {"LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE", "LWS_WORKER_INDEX"}  # set by LWS' webhook
 CRD_SCHEMAS = {
     ("monitoring.coreos.com/v1", "PodMonitor"): "monitoring.coreos.com_v1_podmonitor.json",
@@ -301,8 +303,12 @@ def check_wiring(docs: list[dict]) -> list[str]:
                 src = e.get("valueFrom", {})
                 if "secretKeyRef" in src:
                     ref = src["secretKeyRef"]
-                    if ref["name"] != SECRET["name"] or ref["key"] not in SECRET["keys"]:
+                    if ref["key"] not in SECRETS.get(ref["name"], ()):
                         problems.append(f"{cw}: env {e['name']} reads unknown secret {ref}")
+                    if ref["name"] in MONITOR_ONLY_SECRETS and d["metadata"]["name"] != \
+                            "lightkeeper-monitor":
+                        problems.append(f"{cw}: env {e['name']} reads the monitor's admin "
+                                        f"Secret {ref['name']}")
                     if ref.get("optional"):
                         problems.append(f"{cw}: env {e['name']}: the secret must not be optional")
                 if "configMapKeyRef" in src:
@@ -401,7 +407,13 @@ def check_roles(docs: list[dict]) -> None:
     menv = env_of(m)
     assert "--bind=0.0.0.0" in m["args"]
     assert menv["LIGHTKEEPER_TOKEN"]["valueFrom"]["secretKeyRef"] == \
-        {"name": "lightkeeper", "key": "token"}
+        {"name": "lightkeeper-admin", "key": "token"}
+    assert menv["LIGHTKEEPER_REGISTER_TOKEN"]["valueFrom"]["secretKeyRef"] == \
+        {"name": "lightkeeper", "key": "register-token"}
+    # a training pod holds the registration token, never the admin token (README, Trust model)
+    assert env["LIGHTKEEPER_REGISTER_TOKEN"]["valueFrom"]["secretKeyRef"] == \
+        {"name": "lightkeeper", "key": "register-token"}
+    assert "LIGHTKEEPER_TOKEN" not in env
     assert "--min-replicas=$(LIGHTKEEPER_MIN_REPLICAS)" in m["args"]
     assert menv["LIGHTKEEPER_MIN_REPLICAS"]["valueFrom"]["configMapKeyRef"]["key"] == \
         "min_replicas"
@@ -550,10 +562,14 @@ def test_the_wiring_check_catches_mistakes():
     m = monitor_container(broken)
     env_of(m)["LIGHTKEEPER_TOKEN"].pop("valueFrom")
     env_of(m)["LIGHTKEEPER_TOKEN"]["value"] = "s3cret"
+    # a training pod given the admin token
+    env_of(c)["LIGHTKEEPER_REGISTER_TOKEN"]["valueFrom"]["secretKeyRef"] = \
+        {"name": "lightkeeper-admin", "key": "token"}
     problems = "\n".join(check_wiring(broken))
     assert "no Service 'lighthouse'" in problems
     assert "$(POD_ADDRESS)" in problems
     assert "LIGHTKEEPER_TOKEN: a token inline" in problems
+    assert "LIGHTKEEPER_REGISTER_TOKEN reads the monitor's admin Secret" in problems
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
@@ -622,10 +638,11 @@ def test_the_programs_accept_the_manifests_command_lines(overlay, monkeypatch, t
     m = monitor_container(docs)
     env = container_env(m, cm)
     monkeypatch.setenv("LIGHTKEEPER_TOKEN", env["LIGHTKEEPER_TOKEN"])
+    monkeypatch.setenv("LIGHTKEEPER_REGISTER_TOKEN", env["LIGHTKEEPER_REGISTER_TOKEN"])
     p = argparse.ArgumentParser()
     monitor_cli.add_arguments(p)
     cfg = monitor_cli.config_from_args(p.parse_args([expand(a, env) for a in m["args"]]))
-    assert (cfg.bind, cfg.port, cfg.token) == ("0.0.0.0", 9400, "x")
+    assert (cfg.bind, cfg.port, cfg.token, cfg.register_token) == ("0.0.0.0", 9400, "x", "x")
     assert cfg.rails.min_replicas == int(cm["data"]["min_replicas"])
     assert cfg.expected_groups == int(cm["data"]["replica_groups"])
     assert cfg.lighthouse_heartbeat_timeout_ms == int(cm["data"]["heartbeat_timeout_ms"])
