@@ -168,40 +168,75 @@ def _count(times: list[float], a: float, c: float) -> int:
 
 def goodput_from_commits(commits: dict[int, list[float]], t0: float, t1: float, b: float,
                          expected_groups: int, bin_s: float = BIN_S,
-                         threshold: float = PACE_THRESHOLD) -> dict:
+                         threshold: float = PACE_THRESHOLD,
+                         baselines: list[tuple[float, float]] | None = None,
+                         cuts: list[tuple[float, float]] = ()) -> dict:
     """Goodput of ``expected_groups`` slots over ``[t0, t1]`` from the groups' commit times, by
     the ledger's definitions (monitor/goodput.py): per slot and bin, a group whose commits in the
     trailing window ``W`` (not before ``t0``) x ``b`` / its length reach ``threshold`` counts
     the whole bin, else its commits in the bin x ``b``, at most the bin. A group without
     commits is all badput; a slot of a group never seen too.
 
+    ``baselines``: ``(time, b)`` the baseline the ledger had from that time on (sorted); a bin
+    is judged with the one in force at its end (``b`` before the first). ``cuts``: ``(onset,
+    until)`` of each fault: for a bin ending in ``(onset, until]`` the trailing window starts
+    at the onset at the earliest (commits before a fault say nothing about the pace after it;
+    ``until``: the fault acted on, as the ledger's incident).
+
     Returns ``goodput_s``, ``expected_s``, ``ratio`` and ``bins``: ``[start, end, goodput]``
     summed over the slots. ValueError on an empty window or a baseline that is not > 0."""
     if not t1 > t0:
         raise ValueError(f"empty window: {t0} .. {t1}")
+    history = sorted((t, v) for t, v in baselines or [] if v and v > 0)
     if not b or b <= 0 or expected_groups < 1:
         raise ValueError(f"need a baseline > 0 and >= 1 group, got b={b!r}, "
                          f"groups={expected_groups}")
-    w = pace_window(b)
     series = [sorted(commits.get(g, [])) for g in sorted(commits)][:expected_groups]
     # the trailing window starts at t0 at the earliest (what came before is not accounted); a
     # window shorter than 2 steps says nothing about pace yet: the bin's own commits count
     edges = [t0 + i * bin_s for i in range(int(math.ceil((t1 - t0) / bin_s - 1e-9)))] + [t1]
     bins, total = [], 0.0
     for a, c in zip(edges, edges[1:], strict=False):
+        i = bisect.bisect_right(history, (c, math.inf))
+        bc = history[i - 1][1] if i else b
         dt, good = c - a, 0.0
-        span = min(w, c - t0)
+        start = max([c - pace_window(bc), t0] + [on for on, until in cuts if on < c <= until])
+        span = c - start
         for times in series:
-            if span >= 2 * b and _count(times, c - span, c) * b / span >= threshold:
+            if span >= 2 * bc and _count(times, start, c) * bc / span >= threshold:
                 good += dt
             else:
-                good += min(dt, _count(times, a, c) * b)
+                good += min(dt, _count(times, a, c) * bc)
         bins.append([round(a, 3), round(c, 3), round(good, 4)])
         total += good
     expected = expected_groups * (t1 - t0)
     return {"goodput_s": round(total, 3), "expected_s": round(expected, 3),
             "ratio": round(total / expected, 4), "bins": bins, "baseline_s": round(b, 4),
-            "window_s": round(w, 3)}
+            "window_s": round(pace_window(b), 3),
+            "baselines": [min(v for _, v in history), max(v for _, v in history)]
+            if history else None}
+
+
+def fault_cuts(strikes: list[dict], evicted: dict[int, list[float]], t_end: float
+               ) -> list[tuple[float, float]]:
+    """``(strike, until)`` per fault for :func:`goodput_from_commits`: until its group's first
+    eviction after the strike (acted on), else ``t_end``."""
+    return [(s["at"], min((t for t in evicted.get(s["replica_group"], []) if t >= s["at"]),
+                          default=t_end)) for s in strikes]
+
+
+def badput_in_window(intervals: list[dict], t0: float, t1: float) -> dict[str, float]:
+    """The ledger's badput by cause (pending included) within ``[t0, t1]``: each interval's
+    replica-seconds pro rata of its overlap with the window (a diff of the ledger's totals
+    would also count time from before ``t0`` that settled within the window)."""
+    out: dict[str, float] = {}
+    for iv in intervals:
+        a, c, rs = iv.get("start"), iv.get("end"), iv.get("replica_seconds")
+        if a is None or c is None or not rs or c <= t0 or a >= t1:
+            continue
+        frac = 1.0 if c <= a else (min(c, t1) - max(a, t0)) / (c - a)
+        out[iv["cause"]] = out.get(iv["cause"], 0.0) + rs * frac
+    return {k: round(v, 3) for k, v in sorted(out.items())}
 
 
 def badput_by_window(bins: list[list[float]], expected_groups: int,
@@ -266,12 +301,14 @@ def ledger_window(before: dict | None, after: dict | None) -> dict | None:
 
 def reconcile(commits: dict[int, list[float]], job_times: list[float], ledger: dict,
               incidents: list[dict], intervals: list[dict], strikes: list[dict],
-              expected_groups: int) -> list[dict]:
+              expected_groups: int, baselines: list[tuple[float, float]] | None = None,
+              cuts: list[tuple[float, float]] = ()) -> list[dict]:
     """The ledger against the ground truth, each check with its tolerance and verdict.
 
     - ``goodput``: the ledger's goodput ratio over its window vs :func:`goodput_from_commits`
-      over the same window with the ledger's own baseline (so only the commit counts and their
-      timing can differ), within ``TOL_GOODPUT_RATIO``;
+      over the same window with the baseline the ledger had at each moment (``baselines``, its
+      answers polled during the run) and the faults' ``cuts``, so only the commit counts and
+      their timing can differ, within ``TOL_GOODPUT_RATIO``;
     - per fault that struck: the incident of its replica group whose onset is nearest, its
       ``onset_at`` vs the rank's ``faults_struck_at`` (``TOL_ONSET_S``); the first badput
       interval tied to that incident starts no earlier than the strike less
@@ -281,7 +318,8 @@ def reconcile(commits: dict[int, list[float]], job_times: list[float], ledger: d
     checks = []
     b = ledger.get("baseline_s")
     if b and ledger.get("from") and ledger.get("to") and ledger["to"] > ledger["from"]:
-        gt = goodput_from_commits(commits, ledger["from"], ledger["to"], b, expected_groups)
+        gt = goodput_from_commits(commits, ledger["from"], ledger["to"], b, expected_groups,
+                                  baselines=baselines, cuts=cuts)
         diff = ledger["ratio"] - gt["ratio"]
         checks.append({"check": "goodput ratio over the ledger's window",
                        "ground_truth": gt["ratio"], "ledger": ledger["ratio"],
@@ -578,15 +616,16 @@ def analyze(name: str, raw: dict, args: argparse.Namespace, samples_per_group_st
     if b is None:
         out["error"] = "too few healthy commits for a baseline"
         return out
-    gp = goodput_from_commits(commits, t0, t1, b, args.groups)
-    out["goodput"] = {k: v for k, v in gp.items() if k != "bins"}
-    marks = [(s["at"], f"{s['kind']} (group {s['replica_group']})") for s in strikes]
-    out["badput_by_fault_s"] = badput_by_window(gp["bins"], args.groups, marks)
-    jt = job_commit_times(steps)
     evicted = {}
     for d in raw["evictions"]:
         if d.get("decision") == "evict" and d.get("at"):
             evicted.setdefault(d["replica_group"], []).append(d["at"])
+    cuts = fault_cuts(strikes, evicted, t1)
+    gp = goodput_from_commits(commits, t0, t1, b, args.groups, cuts=cuts)
+    out["goodput"] = {k: v for k, v in gp.items() if k not in ("bins", "baselines")}
+    marks = [(s["at"], f"{s['kind']} (group {s['replica_group']})") for s in strikes]
+    out["badput_by_fault_s"] = badput_by_window(gp["bins"], args.groups, marks)
+    jt = job_commit_times(steps)
     rec = []
     for s in strikes:
         after = min((t for t in evicted.get(s["replica_group"], []) if t >= s["at"]),
@@ -618,11 +657,20 @@ def analyze(name: str, raw: dict, args: argparse.Namespace, samples_per_group_st
              "recovery_s": i.get("recovery_s"), "cost_replica_s":
                  (i.get("cost") or {}).get("replica_seconds"),
              "cost_by_cause": (i.get("cost") or {}).get("by_cause")} for i in incidents]
+        window = led_rec or led
+        # the baseline the ledger had at each moment (its answers every 2 s, and the last)
+        baselines = [(x["at"], x["baseline"]["step_seconds"])
+                     for x in (raw.get("ledger_snapshots") or []) + [end]
+                     if x.get("at") and (x.get("baseline") or {}).get("step_seconds")]
+        intervals = end.get("intervals") or []
         out["ledger_reconciled_window"] = None if led_rec is None else {
             k: v for k, v in led_rec.items() if k not in ("from", "to")} | {
-            "from_s": _rel(led_rec["from"], t0), "to_s": _rel(led_rec["to"], t0)}
-        out["reconciliation"] = reconcile(commits, jt, led_rec or led, incidents,
-                                          end.get("intervals") or [], strikes, args.groups)
+            "from_s": _rel(led_rec["from"], t0), "to_s": _rel(led_rec["to"], t0),
+            "badput_in_window_s": badput_in_window(intervals, led_rec["from"], led_rec["to"]),
+            "baseline_range_s": [min(v for _, v in baselines), max(v for _, v in baselines)]
+            if baselines else None}
+        out["reconciliation"] = reconcile(commits, jt, window, incidents, intervals, strikes,
+                                          args.groups, baselines=baselines, cuts=cuts)
     out["series"] = {g: [[round(t - t0, 3), s] for t, s in series if t0 - 5 <= t <= t1]
                      for g, series in steps.items()}
     return out
@@ -656,10 +704,14 @@ def table(result: dict) -> str:
                    if c["check"].startswith("goodput") and "ground_truth" in c), None)
         if gt is not None:
             lg += f" ({gt:.3f})"
-        lb = ", ".join(f"{k} {v:.1f}" for k, v in (led or {}).get("badput_s", {}).items()
-                       if v >= 0.05) or "-"
-        if led and led.get("pending_s"):
-            lb += f", pending {led['pending_s']:.1f}"
+        if led and "badput_in_window_s" in led:  # clipped to the window, pending included
+            lb = ", ".join(f"{k} {v:.1f}" for k, v in sorted(
+                led["badput_in_window_s"].items(), key=lambda kv: -kv[1]) if v >= 0.05) or "-"
+        else:
+            lb = ", ".join(f"{k} {v:.1f}" for k, v in (led or {}).get("badput_s", {}).items()
+                           if v >= 0.05) or "-"
+            if led and led.get("pending_s"):
+                lb += f", pending {led['pending_s']:.1f}"
         bf = ", ".join(f"{k} {v:.1f}" for k, v in r["badput_by_fault_s"].items()) or "-"
         rc = "; ".join(f"{x['fault']} {x['recovery_s']:.1f}s" if x["recovery_s"] is not None
                        else f"{x['fault']} never" for x in r["recovery"]) or "-"

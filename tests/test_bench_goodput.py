@@ -11,6 +11,8 @@ import pytest
 from benchmarks.bench_goodput import (
     back_at_pace,
     badput_by_window,
+    badput_in_window,
+    fault_cuts,
     goodput_from_commits,
     healthy_step_s,
     job_commit_times,
@@ -140,3 +142,43 @@ def test_reconcile_agrees_with_a_ledger_that_matches_the_ground_truth_and_fails_
     checks = reconcile(commits, jt, led, [], ivs, strikes, 3)
     assert checks[-1] == {"check": "hang in group 2: an incident", "ok": False,
                           "note": "no incident for this group in the ledger"}
+
+
+def test_recomputed_goodput_uses_the_baseline_the_ledger_had_at_each_moment():
+    """A job that speeds up as the load on its machine falls (step 0.3 s, then 0.2 s): the
+    ledger's baseline follows it, every bin at its pace. Judged throughout with the final
+    baseline (the old recomputation) the slower first half looks slow."""
+    first = steady(0, 30, 0.3)
+    commits = {g: first + [30 + t for t in steady(0, 30, 0.2)] for g in range(3)}
+    follow = [(0.0, 0.3), (30.0 + 4.0, 0.2)]  # the ledger's median moves a few s after
+    with_history = goodput_from_commits(commits, 5, 60, 0.2, 3, baselines=follow)
+    assert with_history["ratio"] == pytest.approx(1.0, abs=0.03)
+    final_only = goodput_from_commits(commits, 5, 60, 0.2, 3)
+    assert final_only["ratio"] == pytest.approx((25 * 0.2 / 0.3 + 30) / 55, abs=0.02)
+
+
+def test_a_fault_cuts_the_pace_window_at_its_onset():
+    """Group pace halves at 20 s: the window W (20 x 0.25 = 5 s) still holds the commits
+    before it, so without the cut the first bins after the strike count whole; cut at the
+    onset, each counts its own commits x b from the strike on (until the fault is acted on)."""
+    slow = steady(0, 20) + [20 + t for t in steady(0, 20, 2 * B)]
+    commits = {0: slow, 1: slow, 2: slow}
+    no_cut = goodput_from_commits(commits, 10, 30, B, 3)
+    cut = goodput_from_commits(commits, 10, 30, B, 3, cuts=[(20.0, 40.0)])
+    after = [g for a, _, g in cut["bins"] if 20 <= a < 22]
+    assert after and all(g == pytest.approx(3 * 0.25, abs=0.01) for g in after)
+    assert [g for a, _, g in no_cut["bins"] if 20 <= a < 20.5] == [pytest.approx(1.5)]
+    assert cut["ratio"] == pytest.approx((30 + 15) / 60, abs=0.02)
+    assert no_cut["ratio"] == pytest.approx(cut["ratio"] + 3 * 1.0 * 0.5 / 60, abs=0.005)
+    # acted on at 21 s: from then the window reaches back as before
+    cuts = fault_cuts([{"replica_group": 1, "at": 20.0}], {1: [19.0, 20.5]}, 30.0)
+    assert cuts == [(20.0, 20.5)]
+    acted = goodput_from_commits(commits, 10, 30, B, 3, cuts=cuts)
+    assert cut["ratio"] < acted["ratio"] <= no_cut["ratio"]
+
+
+def test_ledger_badput_in_a_window_counts_only_the_window():
+    ivs = [{"start": 0.0, "end": 10.0, "cause": "unattributed", "replica_seconds": 20.0},
+           {"start": 12.0, "end": 14.0, "cause": "stall", "replica_seconds": 6.0},
+           {"start": 30.0, "end": 31.0, "cause": "stall", "replica_seconds": 3.0}]
+    assert badput_in_window(ivs, 5.0, 20.0) == {"stall": 6.0, "unattributed": 10.0}
