@@ -147,7 +147,9 @@ def create_app(monitor: MonitorAPI) -> Flask:
                 or isinstance(body.get("replica_group"), bool):
             raise BadTarget('body must be {"replica_group": <int>, "reason": "..."}')
         result = monitor.evict_manual(body["replica_group"], str(body.get("reason") or "manual"))
-        return jsonify(result), (200 if result["decision"] == "evict" else 409)
+        # 202: a shard's proposal, which the leader carries out (docs/scaling.md)
+        return jsonify(result), (200 if result["decision"] == "evict"
+                                 else 202 if result["decision"] == "proposed" else 409)
 
     @app.get("/v1/hosts")
     def hosts():

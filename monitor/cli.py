@@ -22,6 +22,7 @@ from .config import (
     MonitorConfig,
     QuarantineConfig,
     RailsConfig,
+    ShardConfig,
 )
 
 
@@ -180,7 +181,49 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     q.add_argument("--k8s-pod-selector", default=None,
                    help="label selector of the job's pods deleted from a quarantined node "
                         "(app.kubernetes.io/component=training)")
+    sh = p.add_argument_group("several monitors (docs/scaling.md, Beyond one machine)")
+    sh.add_argument("--shard", type=_shard, default=None, metavar="I/N",
+                    help="poll and analyze only the replica groups of slice I of N (Prometheus' "
+                         "hashmod of the group id) and propose their evictions to the leader "
+                         "in etcd")
+    sh.add_argument("--shards", type=_positive_int, default=None, metavar="N",
+                    help="the slice count, for a leader candidate that owns no slice (--lead)")
+    sh.add_argument("--lead", action="store_true",
+                    help="campaign for the one leader (an etcd lease), which applies the global "
+                         "rails and sends the Lighthouse kills")
+    sh.add_argument("--etcd", default=os.environ.get("LIGHTKEEPER_ETCD"),
+                    help="etcd client URL, http://host:2379 (env LIGHTKEEPER_ETCD)")
+    sh.add_argument("--etcd-prefix", default="/lightkeeper",
+                    help="etcd key prefix; the job's keys are under PREFIX/<job>/ (/lightkeeper)")
+    sh.add_argument("--lease-ttl", type=_positive_int, default=10,
+                    help="seconds of the leader's and each shard's etcd lease: how long a dead "
+                         "leader or shard goes unnoticed (10)")
     p.add_argument("--log-level", default="INFO", help="logging level (INFO)")
+
+
+def _shard(value: str) -> tuple[int, int]:
+    """``I/N`` -> (I, N)."""
+    i, sep, n = value.partition("/")
+    try:
+        out = int(i), int(n)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected I/N (e.g. 0/4), got {value!r}") from None
+    if not sep or out[1] < 1 or not 0 <= out[0] < out[1]:
+        raise argparse.ArgumentTypeError(f"expected I/N with 0 <= I < N, got {value!r}")
+    return out
+
+
+def _shard_config(args: argparse.Namespace) -> ShardConfig | None:
+    if args.shard is None and args.shards is None and not args.lead:
+        return None
+    index, n = args.shard if args.shard is not None else (None, args.shards)
+    if args.shard is not None and args.shards is not None and args.shards != n:
+        raise ConfigError(f"--shard {index}/{n} and --shards {args.shards} disagree")
+    if n is None:
+        raise ConfigError("--lead needs --shards N (or --shard I/N): the leader waits for every "
+                          "shard's report")
+    return ShardConfig(shards=n, index=index, etcd=args.etcd or "", lead=args.lead,
+                       etcd_prefix=args.etcd_prefix, lease_ttl_s=args.lease_ttl)
 
 
 def config_from_args(args: argparse.Namespace) -> MonitorConfig:
@@ -219,6 +262,7 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
             webhook_secret=args.webhook_secret
             or os.environ.get("LIGHTKEEPER_WEBHOOK_SECRET") or None,
             k8s_namespace=args.k8s_namespace, k8s_pod_selector=args.k8s_pod_selector),
+        shard=_shard_config(args),
     )
     cfg.validate()
     return cfg

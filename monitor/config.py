@@ -130,6 +130,39 @@ class QuarantineConfig:
 
 
 @dataclass
+class ShardConfig:
+    """One monitor of several (monitor/shard.py, docs/scaling.md "Beyond one machine")."""
+
+    shards: int  # N: the replica groups are split into N slices
+    index: int | None  # the slice this monitor polls (None: a leader candidate only)
+    etcd: str  # etcd client URL (its v3 JSON gateway)
+    lead: bool = False  # campaign for the one leader, which applies the global rails
+    etcd_prefix: str = "/lightkeeper"  # keys under <prefix>/<job>/
+    lease_ttl_s: int = 10  # leader and shard-report leases
+    etcd_timeout_s: float = 2.0
+    reprobe_s: float = 60.0  # a target of another shard is asked its group again this often
+    resend_after_s: float | None = None  # None: 3 Lighthouse heartbeat timeouts
+
+    def validate(self, interval_s: float) -> None:
+        if self.shards < 1:
+            raise ConfigError(f"--shards must be >= 1, got {self.shards}")
+        if self.index is not None and not 0 <= self.index < self.shards:
+            raise ConfigError(f"--shard {self.index}/{self.shards}: the index must be in "
+                              f"[0, {self.shards})")
+        if self.index is None and not self.lead:
+            raise ConfigError("--shards without --shard I/N or --lead: this monitor would do "
+                              "nothing")
+        if not self.etcd or not self.etcd.startswith(("http://", "https://")):
+            raise ConfigError(f"--etcd: an http(s):// client URL is required with --shard/"
+                              f"--lead, got {self.etcd!r}")
+        if self.lease_ttl_s < 2 or self.lease_ttl_s < 2 * interval_s:
+            raise ConfigError(f"--lease-ttl must be >= 2 s and >= 2 sweep intervals "
+                              f"({2 * interval_s:g} s), got {self.lease_ttl_s}")
+        if self.reprobe_s <= 0 or self.etcd_timeout_s <= 0:
+            raise ConfigError("reprobe_s and etcd_timeout_s must be > 0")
+
+
+@dataclass
 class MonitorConfig:
     lighthouse: str | None = None
     interval_s: float = 1.0
@@ -174,6 +207,7 @@ class MonitorConfig:
     detectors: DetectorConfig = field(default_factory=DetectorConfig)
     rails: RailsConfig = field(default_factory=RailsConfig)
     quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
+    shard: ShardConfig | None = None  # one of several monitors (monitor/shard.py)
 
     def validate(self) -> None:
         if self.interval_s <= 0:
@@ -206,6 +240,8 @@ class MonitorConfig:
         self.detectors.validate()
         self.rails.validate()
         self.quarantine.validate()
+        if self.shard is not None:
+            self.shard.validate(self.interval_s)
 
     def allow_list(self) -> AllowList:
         """Who may register without the token (raises ValueError on a bad entry)."""

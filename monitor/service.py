@@ -37,6 +37,7 @@ from .lighthouse_status import LighthouseReader, LighthouseStatus
 from .metrics import MonitorMetrics
 from .poller import Poller
 from .schedule import LeaderSchedule
+from .shard import Shards
 from .sinks import SinkConfigError, build_sink
 from .store import Store
 from .verification import REASONS as TRUST_REASONS
@@ -107,6 +108,8 @@ class Monitor:
         last = self.store.last_eviction_at()
         if last is not None:
             self.metrics.last_eviction.labels(cfg.job).set(last)
+        # one monitor of several: a slice of the groups, proposals, maybe the leader
+        self.shard = Shards(cfg.shard, self) if cfg.shard is not None else None
 
     # --- lifecycle -------------------------------------------------------------------
     def start(self, serve: bool = True) -> Monitor:
@@ -121,12 +124,16 @@ class Monitor:
         self._loop_thread = threading.Thread(target=self._loop, name="lightkeeper-monitor-loop",
                                              daemon=True)
         self._loop_thread.start()
+        if self.shard is not None:
+            self.shard.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
         if self._loop_thread is not None:
             self._loop_thread.join(timeout=30)
+        if self.shard is not None:
+            self.shard.stop()
         if self._http is not None:
             self._http.stop()
         if self._host_actions is not None:  # an attempt under way finishes (bounded by its timeout)
@@ -159,6 +166,8 @@ class Monitor:
         if err:
             log.warning("%s", err)
         targets = self.discovery.targets()
+        if self.shard is not None:  # this shard's replica groups only (monitor/shard.py)
+            targets = self.shard.own_targets(targets, self.poller, self.clock())
         # one pooled keep-alive connection per target (+ its Flight Recorder fetch): a smaller
         # pool reconnects every sweep (docs/scaling.md)
         self.poller.max_idle = max(self.poller.max_idle, len(targets) + 1024)
@@ -337,6 +346,9 @@ class Monitor:
                          blind_reason=self.blind_reason())
 
     def _decide_all(self, view: ClusterView, evidence: ClusterView, now: float) -> None:
+        if self.shard is not None:  # proposals to the leader, which applies the global rails
+            self.shard.after_sweep(view, evidence, now)
+            return
         for f in self.detectors.open_findings():
             if f.kind not in self.cfg.rails.evict_kinds:
                 continue  # reported only (e.g. dead): nothing to decide
@@ -405,6 +417,10 @@ class Monitor:
         view, evidence = self.view, self.evidence
         gv = evidence.groups.get(replica_group) if evidence else None
         replica_id = gv.replica_id if gv else None
+        if self.shard is not None:  # the leader applies it (docs/scaling.md); EtcdError: 503
+            out = self.shard.propose_manual(replica_group, replica_id, reason)
+            out.update(replica_group=replica_group, replica_id=replica_id)
+            return out
         with self._act_lock:
             now = self.clock()
             s = self._situation(view, evidence, now) if view and evidence \
@@ -595,7 +611,8 @@ class Monitor:
                                "last_error": self.last_sweep_error or self.detectors.last_error,
                                "targets_file_error": self.discovery.file_error,
                                "verification": self.verification_json(),
-                               "lighthouse_settings": self.lh_settings.to_dict()}
+                               "lighthouse_settings": self.lh_settings.to_dict(),
+                               "shard": self.shard.to_json() if self.shard else None}
         if view is None or evidence is None:
             return out
         open_by_group: dict[int, list[str]] = {}

@@ -1,0 +1,248 @@
+"""The sharded monitor (monitor/shard.py, monitor/lease.py; docs/scaling.md, Beyond one machine).
+
+Real parts: a real etcd (Debian's etcd-server, on 127.0.0.1 with ephemeral ports and a temp data
+dir, stopped by PID), a real torchft Lighthouse that simulated replica groups join for real
+(``SimJob``: a simulated group has no Manager to exit, so kill requests reach a recording front
+that takes the group down as an exiting Manager would; tests/support/monitor_sim.py), and
+``lightkeeper monitor`` processes. Without etcd the tests skip locally and fail in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+
+from lightkeeper.cluster import free_port, start_monitor_process, stop_process, wait_until
+from monitor.cli import add_arguments, config_from_args
+from monitor.config import ConfigError
+from monitor.lease import Etcd, LeaderLease, put_op
+from monitor.shard import shard_of
+from tests.conftest import require_binary
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    exe = require_binary("etcd")
+    data = tmp_path_factory.mktemp("etcd")
+    client, peer = free_port(), free_port()
+    url = f"http://127.0.0.1:{client}"
+    with open(data / "etcd.log", "wb") as log:
+        proc = subprocess.Popen(
+            [exe, "--name", "lk", "--data-dir", str(data / "data"),
+             "--listen-client-urls", url, "--advertise-client-urls", url,
+             "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+             "--initial-cluster", f"lk=http://127.0.0.1:{peer}", "--log-level", "error"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        def up():
+            if proc.poll() is not None:
+                raise RuntimeError(f"etcd exited: {(data / 'etcd.log').read_text()[-2000:]}")
+            try:
+                return requests.post(url + "/v3/kv/range", json={"key": "eA=="},
+                                     timeout=1).ok
+            except requests.RequestException:
+                return False
+
+        wait_until(up, 30, what="etcd to serve")
+        yield url
+    finally:
+        stop_process(proc, grace=2.0)
+
+
+def keys(etcd_url: str, prefix: str) -> dict[str, dict]:
+    e = Etcd(etcd_url)
+    try:
+        return {kv.key[len(prefix):]: {"value": kv.json(), "create_revision": kv.create_revision,
+                                       "mod_revision": kv.mod_revision}
+                for kv in e.range_prefix(prefix)}
+    finally:
+        e.close()
+
+
+# --- cheap: the hash, the flags, the election ----------------------------------------------------
+def test_shard_of_is_prometheus_hashmod_and_splits_the_groups():
+    # Prometheus' hashmod: the last 8 bytes of the label value's MD5, big-endian, mod N
+    for g in (0, 7, 1234):
+        want = int.from_bytes(hashlib.md5(str(g).encode()).digest()[8:], "big") % 4
+        assert shard_of(g, 4) == want
+    counts = [0] * 4
+    for g in range(4000):
+        counts[shard_of(g, 4)] += 1
+    assert min(counts) > 900, counts  # roughly even
+    assert {shard_of(g, 1) for g in range(100)} == {0}
+
+
+def parse(*argv: str):
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(["--state", "/tmp/x.sqlite", *argv])
+
+
+@pytest.mark.parametrize("argv,error", [
+    (["--shard", "0/2"], "--etcd"),
+    (["--shards", "2", "--etcd", "http://127.0.0.1:2379"], "would do nothing"),
+    (["--lead", "--etcd", "http://127.0.0.1:2379"], "--lead needs --shards"),
+    (["--shard", "1/2", "--shards", "3", "--etcd", "http://e:2379"], "disagree"),
+    (["--shard", "0/2", "--etcd", "http://e:2379", "--lease-ttl", "1"], "--lease-ttl"),
+    (["--shard", "0/2", "--etcd", "e:2379"], "http(s)://"),
+])
+def test_bad_shard_flags_are_refused_with_a_message(argv, error):
+    with pytest.raises(ConfigError, match=re.escape(error)):
+        config_from_args(parse(*argv))
+
+
+@pytest.mark.parametrize("bad", ["2/2", "x/2", "1", "-1/2", "0/0"])
+def test_bad_shard_value_exits_2(bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse("--shard", bad)
+    assert e.value.code == 2 and "I/N" in capsys.readouterr().err
+
+
+def test_shard_flags_fill_the_config():
+    cfg = config_from_args(parse("--shard", "1/3", "--lead", "--etcd", "http://127.0.0.1:2379",
+                                 "--lease-ttl", "5", "--etcd-prefix", "/lk"))
+    s = cfg.shard
+    assert (s.index, s.shards, s.lead, s.lease_ttl_s, s.etcd_prefix) == (1, 3, True, 5, "/lk")
+    leader_only = config_from_args(parse("--shards", "3", "--lead", "--etcd", "http://e:2379"))
+    assert leader_only.shard.index is None and config_from_args(parse()).shard is None
+
+
+def test_one_leader_and_a_lapsed_leader_cannot_write(etcd):
+    """Two candidates: one leads; the other's guarded txn fails. The leader stops renewing
+    (as a paused or killed process would): the other takes over once the lease lapses, and the
+    old leader's txn now fails in etcd although it still believes it leads."""
+    key = f"/lktest/{uuid.uuid4().hex}/leader"
+    ea, eb = Etcd(etcd), Etcd(etcd)
+    a = LeaderLease(ea, key, {"name": "a"}, ttl_s=2)
+    b = LeaderLease(eb, key, {"name": "b"}, ttl_s=2)
+    try:
+        assert a.campaign() and not b.campaign()
+        assert b.leader["id"] == a.id
+        out = key + "-x"
+        assert ea.txn([a.guard()], [put_op(out, {"by": "a"})])[0]
+        assert not eb.txn([b.guard()], [put_op(out, {"by": "b"})])[0]
+        # a stops renewing; b keeps campaigning
+        wait_until(b.campaign, 10, interval=0.2, what="b to take over after a's lease lapsed")
+        assert a.leading  # a's own belief, never refreshed ...
+        assert not a.valid()  # ... which its own clock already distrusts ...
+        assert not ea.txn([a.guard()], [put_op(out, {"by": "a"})])[0]  # ... and etcd refuses
+        assert ea.get(out).json() == {"by": "a"}  # the first write only
+        b.resign()
+        assert eb.get(key) is None  # a clean stop frees the key at once
+    finally:
+        ea.close()
+        eb.close()
+
+
+# --- the real thing: shards, a leader, a standby, a SIGKILL mid-kill ---------------------------
+def monitor_cmd(tmp_path: Path, name: str, job, etcd_url: str, prefix: str, *extra: str):
+    return [sys.executable, "-u", "-m", "lightkeeper.cli", "monitor", "--port", "0",
+            "--job", "sim", "--lighthouse", job.url, "--state", str(tmp_path / f"{name}.sqlite"),
+            "--sd-out", str(tmp_path / f"{name}.json"), "--targets", ",".join(job.sim.urls),
+            "--interval", "0.2", "--dead-sweeps", "2", "--evict-on", "dead,dead_rank",
+            "--min-replicas", "1", "--cooldown", "0", "--min-reachable", "0.3",
+            "--etcd", etcd_url,
+            "--etcd-prefix", prefix, "--lease-ttl", "3",
+            "--lighthouse-heartbeat-timeout-ms", "1000", *extra]
+
+
+def test_leader_killed_mid_kill_standby_takes_over_nothing_sent_twice_nothing_lost(
+        tmp_path, etcd):
+    from tests.support.monitor_sim import SimJob
+
+    job = SimJob(4, heartbeat_timeout_ms=1000)
+    prefix = f"/lktest-{uuid.uuid4().hex[:8]}"
+    root = f"{prefix}/sim/"
+    procs: dict[str, subprocess.Popen] = {}
+    urls: dict[str, str] = {}
+    try:
+        def start(name, *extra):
+            procs[name], urls[name] = start_monitor_process(
+                monitor_cmd(tmp_path, name, job, etcd, prefix, *extra),
+                tmp_path / f"{name}.out", tmp_path / f"{name}.log")
+
+        start("leader", "--shards", "2", "--lead")
+        wait_until(lambda: "leader" in keys(etcd, root), 30, what="the first leader elected")
+        start("standby", "--shards", "2", "--lead")
+        start("shard0", "--shard", "0/2")
+        start("shard1", "--shard", "1/2")
+        term1 = keys(etcd, root)["leader"]
+        assert term1["value"]["monitor"] == urls["leader"]
+
+        def cluster(name):
+            return requests.get(urls[name] + "/v1/cluster", timeout=5).json()
+
+        # each shard polls its own groups only, and together they cover the job
+        owned = {i: {g for g in range(4) if shard_of(g, 2) == i} for i in (0, 1)}
+        assert owned[0] and owned[1]
+        for i in (0, 1):
+            wait_until(lambda i=i: {g["replica_group"] for g in cluster(f"shard{i}")["groups"]}
+                       == owned[i] and f"shards/{i}" in keys(etcd, root), 30,
+                       what=f"shard {i} polling and reporting its groups")
+        wait_until(lambda: cluster("leader")["shard"]["leader_blind"] is None, 15,
+                   what="the leader seeing every shard and the Lighthouse")
+        x, y = min(owned[0]), min(owned[1])  # a fault in each shard
+        rid = job.replica_ids
+
+        # The leader's kill reaches the Lighthouse front: SIGKILL the leader right there (it
+        # has written `sending`, it will never write `sent`), fault y while no leader lives,
+        # wait for y's proposal, then let the kill land.
+        events = {}
+        kill_group = job.kill
+
+        def kill_hook(replica_id):
+            if "killed_leader" not in events:
+                events["killed_leader"] = True
+                events["record"] = keys(etcd, root).get(f"evictions/{replica_id}")
+                os.kill(procs["leader"].pid, signal.SIGKILL)
+                procs["leader"].wait(timeout=10)
+                job.sim.group(y)[0].set_mode("down")
+                wait_until(lambda: f"proposals/{rid[y]}" in keys(etcd, root), 15,
+                           what="the proposal for y, made while no leader lives")
+            return kill_group(replica_id)
+
+        job.kill = kill_hook
+        job.sim.group(x)[0].set_mode("down")
+        wait_until(lambda: len(job.kills) >= 2, 30, what="both evictions carried out")
+        # the standby took over and carried out y's proposal; x was killed once
+        assert job.kills == [rid[x], rid[y]]
+        assert events["record"]["value"]["state"] == "sending"
+        k = keys(etcd, root)
+        term2 = k["leader"]
+        assert term2["value"]["monitor"] == urls["standby"]
+        assert term2["create_revision"] > term1["create_revision"]
+        # y was proposed after the old leader died and before the standby led
+        assert k[f"proposals/{rid[y]}"]["create_revision"] < term2["create_revision"]
+        assert k[f"proposals/{rid[y]}"]["value"]["shard"] == shard_of(y, 2)
+        wait_until(lambda: keys(etcd, root)[f"evictions/{rid[x]}"]["value"]["state"] == "sent",
+                   15, what="x's in-flight eviction resolved")
+        k = keys(etcd, root)
+        ex, ey = k[f"evictions/{rid[x]}"]["value"], k[f"evictions/{rid[y]}"]["value"]
+        assert ex["attempt"] == 1 and ex["leader"] == term1["value"]["id"]
+        assert ex["resolved_by"] == term2["value"]["id"] and "not sent again" in ex["detail"]
+        assert (ey["state"], ey["attempt"], ey["leader"]) == ("sent", 1, term2["value"]["id"])
+        # the standby's audit log says the same; a few more leader ticks send nothing more
+        ev = requests.get(urls["standby"] + "/v1/evictions", timeout=5).json()
+        assert sorted((d["replica_id"], d["status"]) for d in ev
+                      if d["decision"] == "evict") == sorted(
+            [(rid[x], "leader_resolved"), (rid[y], "leader_sent")])
+        ticks = cluster("standby")["sweeps"]
+        wait_until(lambda: cluster("standby")["sweeps"] >= ticks + 5, 15, what="more sweeps")
+        assert job.kills == [rid[x], rid[y]]
+    finally:
+        for p in procs.values():
+            stop_process(p, grace=2.0)
+        job.stop()
