@@ -59,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "default scenario")
     p.add_argument("--no-faults", action="store_true", help="run the job healthy")
     p.add_argument("--dry-run", action="store_true",
-                   help="the monitor detects and reports but never evicts")
+                   help="the monitor detects and reports but never evicts (nor quarantines)")
     p.add_argument("--report-dir", default=None,
                    help="report and logs (default: a new directory under the system temp dir)")
     p.add_argument("--keep-running", action="store_true",
@@ -334,7 +334,7 @@ class Demo:
         if a.one_host or a.no_quarantine:
             return ["--quarantine-after", "hang=0,mismatch=0,dead_rank=0,straggler=0"]
         out = ["--max-quarantined", str(max(1, a.spare_hosts))]
-        if a.quarantine_dry_run:
+        if a.quarantine_dry_run or a.dry_run:  # --dry-run acts on nothing, hosts included
             out.append("--quarantine-dry-run")
         return out
 

@@ -252,6 +252,8 @@ def test_dry_run_evicts_nothing(tmp_path):
     assert all(d["fault"] is not None for d in r["detections"]), r["detections"]
     assert 0 not in {d["replica_group"] for d in r["detections"]}, r["detections"]
     assert r["config"]["warm_spares"] is False  # nothing is evicted: no spare is started
+    assert r["hosts"]["quarantined"] == [] and r["hosts"]["dry_run"] is True, r["hosts"]
+    assert [p["why"] for p in r["placements"]] == ["first start"] * 3, r["placements"]
 
 
 def test_second_demo_fails_clearly(tmp_path):

@@ -75,6 +75,7 @@ def _args(*argv: str) -> argparse.Namespace:
     (("--spare-hosts", "3"), ["--max-quarantined", "3"]),
     (("--spare-hosts", "0"), ["--max-quarantined", "1"]),
     (("--quarantine-dry-run",), ["--max-quarantined", "2", "--quarantine-dry-run"]),
+    (("--dry-run",), ["--max-quarantined", "2", "--quarantine-dry-run"]),
     (("--no-quarantine",), ["--quarantine-after", "hang=0,mismatch=0,dead_rank=0,straggler=0"]),
     (("--one-host",), ["--quarantine-after", "hang=0,mismatch=0,dead_rank=0,straggler=0"]),
 ])
