@@ -142,3 +142,53 @@ def test_a_host_not_quarantined_says_why_and_a_waiting_group_is_told():
     assert "node-1 not quarantined: suspect (1 straggler offence) -> restarted on node-1 " \
            "(127.0.0.3), same host at 16.0s" in lines[0]
     assert lines[1].startswith("group 2 waits since 40.0s: its host is quarantined")
+
+
+class _Gone:
+    """A group whose processes all exited (stand-in: the supervisor's decision is what is
+    tested here; the demo e2e restarts real groups)."""
+
+    def __init__(self, code: int = 1) -> None:
+        self.proc = argparse.Namespace(returncode=code)
+
+    def alive(self) -> bool:
+        return False
+
+    def processes(self) -> list:
+        return []
+
+
+class _Cluster:
+    def __init__(self, groups: int) -> None:
+        self.groups = {g: _Gone() for g in range(groups)}
+        self.started: list[tuple[int, Host | None]] = []
+
+    def start_group(self, g, faults=None, extra_args=None, host=None):
+        self.started.append((g, host))
+        new = self.groups[g] = argparse.Namespace(alive=lambda: True, warm=True,
+                                                  processes=lambda: [])
+        return new
+
+
+def test_the_supervisor_restarts_off_a_quarantined_host_and_waits_when_none_is_free(tmp_path):
+    demo = Demo(_args("--spare-hosts", "1"), Scenario(), tmp_path)
+    demo.cluster = _Cluster(3)
+    demo.cluster.groups[0] = demo.cluster.groups[1] = argparse.Namespace(alive=lambda: True)
+    demo.hosts_view = {"quarantined": ["node-2"]}
+    demo.supervise()  # group 2's host is quarantined: to the spare node-3
+    assert demo.cluster.started == [(2, Host("node-3", "127.0.0.5"))]
+    assert demo.placements[-1]["why"] == "node-2 quarantined"
+    (ev,) = [e for e in demo.events if e["kind"] == "restarted"]
+    assert "on node-3 (127.0.0.5), spare host (node-2 quarantined)" in ev["detail"]
+    # group 2 exits again and node-3 is quarantined too: no host is free (node-2 still is)
+    demo.cluster.groups[2] = _Gone()
+    demo.hosts_view = {"quarantined": ["node-2", "node-3"]}
+    demo.supervise()
+    demo.supervise()  # told once, not every tick
+    assert len(demo.cluster.started) == 1 and list(demo.waiting) == [2]
+    assert [e["kind"] for e in demo.events].count("waiting") == 1
+    # node-2 released: the group starts there, and says how long it waited
+    demo.hosts_view = {"quarantined": ["node-3"]}
+    demo.supervise()
+    assert demo.cluster.started[-1] == (2, Host("node-2", "127.0.0.4")) and not demo.waiting
+    assert "after waiting" in demo.events[-1]["detail"]
