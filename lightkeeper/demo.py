@@ -15,8 +15,11 @@ and records a timeline; at the end (Ctrl-C, SIGTERM and failures included) it wr
 it started, by PID. ``--keep-running`` leaves everything up after the scenario until Ctrl-C or
 SIGTERM. Each evicted fault's recovery is told stage by stage with its cost from the monitor's
 goodput ledger and torchft alone's computed beside it (:mod:`lightkeeper.recovery`); the
-supervisor restarts an evicted group from a warm spare (``LocalCluster.start_spare``). See
-docs/demo.md.
+supervisor restarts an evicted group from a warm spare (``LocalCluster.start_spare``). Each
+group runs on a host of its own (a node name as ``NODE_NAME``, a loopback address for its
+ranks' servers) and there are ``--spare-hosts``; the monitor quarantines a bad host and the
+supervisor restarts its group on a host that is not quarantined (``HostPool``, reading the
+monitor's ``GET /v1/hosts``), or lets it wait when none is free. See docs/demo.md.
 """
 
 from __future__ import annotations
