@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import re
 import signal
@@ -271,3 +272,51 @@ def test_leader_killed_mid_kill_standby_takes_over_nothing_sent_twice_nothing_lo
         for p in procs.values():
             stop_process(p, grace=2.0)
         job.stop()
+
+
+# --- Prometheus sharded by the same hash (docs/scaling.md) -------------------------------------
+def doc_blocks() -> dict[str, str]:
+    """The YAML blocks of docs/scaling.md named by their first line (``# name.yml: ...``)."""
+    text = (ROOT / "docs" / "scaling.md").read_text()
+    return {m.group(1): m.group(0)[len("```yaml\n"):-len("```")]
+            for m in re.finditer(r"```yaml\n# (shard-[a-z]+\.yml):.*?```", text, re.S)}
+
+
+def write_doc_config(tmp_path: Path, groups: int) -> Path:
+    blocks = doc_blocks()
+    assert set(blocks) == {"shard-prometheus.yml", "shard-rules.yml"}
+    for name, text in blocks.items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "file_sd").mkdir()
+    (tmp_path / "file_sd" / "ranks.json").write_text(json.dumps([
+        {"targets": [f"127.0.0.1:{20000 + g}"],
+         "labels": {"job": "sim", "replica_group": str(g), "rank": str(g)}}
+        for g in range(groups)]))
+    return tmp_path / "shard-prometheus.yml"
+
+
+def test_documented_shard_config_passes_promtool(tmp_path):
+    exe = require_binary("promtool")
+    config = write_doc_config(tmp_path, 4)
+    r = subprocess.run([exe, "check", "config", str(config)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "shard-rules.yml" in r.stdout and "4 rules found" in r.stdout
+
+
+def test_documented_prometheus_shard_keeps_the_monitor_shards_groups(tmp_path):
+    """A real Prometheus with the documented config (shard 0 of 2) keeps exactly the targets
+    of the groups monitor shard 0/2 owns: the same hash."""
+    require_binary("prometheus")
+    from tests.support.prometheus import start
+
+    config = write_doc_config(tmp_path, 12)
+    want = {g for g in range(12) if shard_of(g, 2) == 0}
+    assert 0 < len(want) < 12
+    with start(config, tmp_path / "prom") as prom:
+        def kept():
+            active = prom.api("targets", state="active")["activeTargets"]
+            return len(active) + len(prom.api("targets", state="dropped")["droppedTargets"]) \
+                == 12 and {int(t["labels"]["replica_group"]) for t in active}
+
+        assert wait_until(kept, 30, what="Prometheus to load the file_sd targets") == want
