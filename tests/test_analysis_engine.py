@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -222,6 +223,72 @@ def test_one_slow_collective_is_not_a_straggler():
     job.collective("0", "all_reduce", [[4096]], delay_ms={2: 500.0})
     job.repeat(30, [("0", "all_reduce", [[4096]])])
     assert analyze(job.dumps()).findings == []
+
+
+
+# --- two groups: "who is late" has no majority (docs/analyze.md, Stragglers) -----------------
+def loaded_pair_job(seed: int, *, bias_ms: float, steps: int = 200, group_size: int = 1) -> FRJob:
+    """Two replica groups on one host under heavy load: each step every rank computes ~40 ms plus
+    exponential jitter (mean 6 ms), one in ten of its steps stalls a further ~30 ms (the
+    scheduler gave its core away), and the second group's ranks are ``bias_ms`` slower on
+    average (their cores are the busier ones). A CI run under load ~25 looked like this."""
+    hosts = {r: "h0" for r in range(2 * group_size)}
+    job = FRJob(2 * group_size, flavour="gloo", hosts=hosts, replica_group_size=group_size,
+                jitter_ms=6.0, compute_ms=40.0, seed=seed)
+    rng = random.Random(seed + 100)
+    job.quorum(1, [0, 1])
+    for _ in range(steps):
+        delay = {r: bias_ms for r in range(group_size, 2 * group_size)}
+        for r in hosts:
+            if rng.random() < 0.1:
+                delay[r] = delay.get(r, 0.0) + rng.expovariate(1 / 30.0)
+        job.ft_collective("all_reduce", [[4096]], delay_ms=delay)
+    return job
+
+
+@pytest.mark.parametrize("seed", [0, 1, 4])
+def test_two_healthy_groups_under_jittery_same_host_load_have_no_straggler(seed):
+    # a 2 ms bias against a ~57 ms step: the second group is later a little more often than
+    # not, which a coin-toss z-test (or "late" against the other rank's rate) calls significant
+    result = analyze(loaded_pair_job(seed, bias_ms=2.0).dumps())
+    assert result.findings == [] and result.lags == []
+
+
+def test_a_persistent_lag_between_two_groups_is_a_lag_not_an_accusation():
+    result = analyze(loaded_pair_job(0, bias_ms=10.0).dumps())
+    assert result.findings == []
+    (lag,) = result.lags
+    assert (lag.kind, lag.culprit_ranks, lag.peers, lag.evidence) == ("lag", [1], [0], "host_clock")
+    assert 7.0 < lag.median_wait_ms < 13.0 and lag.collectives == 200
+    assert "no majority" in lag.detail
+    assert lag.to_dict()["peers"] == [0]
+
+
+def test_a_lag_behind_two_different_peers_is_a_straggler():
+    """Replica groups of two ranks: rank 3 lags behind rank 1 (torchft's group for group rank 1)
+    and behind rank 2 (its own replica group's process group): two peers agree."""
+    job = FRJob(4, flavour="gloo", hosts={r: "h0" for r in range(4)}, replica_group_size=2,
+                jitter_ms=2.0, compute_ms=30.0, seed=7)
+    job.group("rg0", [0, 1])
+    job.group("rg1", [2, 3])
+    job.quorum(1, [0, 1])
+    for _ in range(60):
+        job.collective("rg0", "all_gather", [[64]])
+        job.collective("rg1", "all_gather", [[64]], delay_ms={3: 8.0})
+        job.ft_collective("all_reduce", [[4096]], delay_ms={3: 8.0})
+    result = analyze(job.dumps())
+    (found,) = result.findings
+    assert (found.kind, found.culprit_ranks) == ("straggler", [3])
+    assert len(found.groups) == 2 and "other evidence agrees" in found.detail
+    assert [3] not in [f.culprit_ranks for f in result.lags]  # promoted, not also a lag
+
+
+def test_a_lag_small_against_the_step_is_no_straggler():
+    """3 ms late at every collective is a straggler at 20 ms a step, not at 200 ms a step."""
+    for compute_ms, found in ((20.0, [[5]]), (200.0, [])):
+        job = FRJob(8, jitter_ms=0.5, compute_ms=compute_ms, seed=1)
+        job.repeat(40, [("0", "all_reduce", [[4096]])], delay_ms={5: 3.0})
+        assert [f.culprit_ranks for f in analyze(job.dumps()).findings] == found, compute_ms
 
 
 def torchft_job() -> FRJob:

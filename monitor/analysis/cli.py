@@ -112,4 +112,8 @@ def format_text(report: dict[str, Any]) -> str:
                 lines.append(f"  unknown: {_span(f['unknown_ranks'])}")
         elif f["kind"] == "straggler":
             lines.append(f"  score {f['score']:.2f} (chance {f['expected']:.2f}, z {f['z']:.1f}) over {f['collectives']} collectives; groups: {', '.join(f['groups'][:5])}")
+    for f in report.get("lags", []):  # not findings: the exit status does not count them
+        lines.append("")
+        lines.append(f"[lag] rank {f['rank']} behind rank {_span(f['peers'])} (not a finding)")
+        lines.append(f"  {f['detail']}")
     return "\n".join(lines) + "\n"

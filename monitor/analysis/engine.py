@@ -23,8 +23,17 @@ that wrapped at different points do not create findings.
   peers' kernels were already waiting); otherwise enqueue times among ranks that share a host
   (dump key ``host``, or ``same_host=True``). A rank is flagged only when it was last at least
   ``min_fraction`` of the time, ``min_z`` standard deviations above chance, over at least
-  ``min_collectives`` collectives, and its peers waited a median of ``min_wait_ms`` for it, so a
-  job where every rank is noisy but none systematically slow stays quiet.
+  ``min_collectives`` collectives, and its peers waited a median of at least ``min_wait_ms`` and
+  ``min_period_fraction`` of the group's period (its median interval between collectives) for
+  it, so a job where every rank is noisy but none systematically slow stays quiet.
+- ``lag`` (in ``AnalysisResult.lags``, not a finding): where only two ranks are compared (a
+  torchft group of two replica groups, two ranks of a group on one host), "who is late" has no
+  majority to be judged against, and a heavily loaded host makes one of two processes enqueue a
+  little later for long stretches. There a rank counts only when its median lag behind its peer
+  reaches ``max(min_lag_ms, min_period_fraction * period)`` in each of ``pair_windows``
+  consecutive windows of the collectives; it is reported as a lag, naming both ranks, and becomes
+  a ``straggler`` finding only when other evidence agrees: the rank is also a straggler in a
+  group of three or more, or lags behind another peer in a second pair.
 
 A member of a group without a dump is reported in ``unknown_ranks``, not as a culprit, unless
 ``blame_missing=True``.
@@ -36,6 +45,7 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from .findings import AnalysisResult, Finding, HangFinding, MismatchFinding, StragglerFinding
@@ -56,6 +66,15 @@ class StragglerConfig:
     min_z: float = 4.0  # standard deviations above what chance gives
     min_wait_ms: float = 1.0  # median time its peers waited for it; also what counts as late
     tie_ms: float = 1e-6  # arrivals closer than this have no "last"
+    # How long peers wait must matter against the group's pace: its median interval between
+    # consecutive collectives (one step for torchft's one cross-group all_reduce per step).
+    min_period_fraction: float = 0.1
+    # Two members (no majority says what "on time" is): a rank's median lag behind its one peer
+    # must reach max(min_lag_ms, min_period_fraction * period) in each of pair_windows
+    # consecutive windows of the collectives; it is reported as a lag unless other evidence
+    # agrees (analyze's docstring).
+    min_lag_ms: float = 2.0
+    pair_windows: int = 3
 
 
 def analyze(
@@ -105,14 +124,17 @@ def analyze(
                 findings.append(hang)
         if len(rows) == len(group_members) >= 2:
             evidence.add(key, group_members, rows, traces, same_host, config)
-    findings.extend(evidence.findings(config))
+    stragglers, lags = evidence.findings(config)
+    findings.extend(stragglers)
     findings.sort(key=lambda f: f.sort_key())
+    lags.sort(key=lambda f: f.sort_key())
     return AnalysisResult(
         ranks=sorted(traces),
         unknown_ranks=sorted(unknown),
         findings=findings,
         errors=errors,
         last_seq=last_seq,
+        lags=lags,
     )
 
 
@@ -474,6 +496,8 @@ class _StragglerEvidence:
 
     Each group is judged on its own: a rank slow in one group must not be diluted by groups where
     it waits for others, and several equally slow ranks stand out against their group's others.
+    Where only two ranks are compared, their signed gap per collective is kept instead (the pair
+    rule, :meth:`findings`).
     """
 
     def __init__(self) -> None:
@@ -486,6 +510,10 @@ class _StragglerEvidence:
         self.late_waits: defaultdict[tuple[int, GroupKey], list[float]] = defaultdict(list)
         self.kind: dict[tuple[int, GroupKey], str] = {}
         self.groups: defaultdict[GroupKey, list[int]] = defaultdict(list)
+        self.period_ms: dict[GroupKey, float] = {}
+        # pairs: (group, (a, b)) -> how much later b arrived than a, per collective, in order
+        self.pairs: dict[tuple[GroupKey, tuple[int, int]], list[float]] = {}
+        self.pair_kind: dict[tuple[GroupKey, tuple[int, int]], str] = {}
 
     def add(
         self,
@@ -500,6 +528,8 @@ class _StragglerEvidence:
         hi = min(t.last_seq for t in rows.values())
         if hi < lo:
             return
+        self.period_ms[key] = _period_ms([_window(rows[r].created_ns, rows[r].first_seq, lo, hi)
+                                          for r in group_members[:3]])
         if all(traces[r].flavour == "nccl" for r in group_members):
             cols = zip(*(_window(rows[r].duration_ms, rows[r].first_seq, lo, hi) for r in group_members), strict=True)
             self._tally(key, group_members, cols, "duration_ms", config)
@@ -519,6 +549,14 @@ class _StragglerEvidence:
 
     def _tally(self, key: GroupKey, ranks: list[int], cols: Any, kind: str, config: StragglerConfig) -> None:
         n = len(ranks)
+        if n == 2:
+            # both values say "smaller = later": b's lag behind a is a - b
+            gaps = [a - b for a, b in cols if a == a and b == b]
+            if gaps:
+                pair = (key, (ranks[0], ranks[1]))
+                self.pairs.setdefault(pair, []).extend(gaps)
+                self.pair_kind[pair] = kind
+            return
         p = 1.0 / n
         used = 0
         half = n // 2
@@ -561,20 +599,31 @@ class _StragglerEvidence:
             self.late_waits[slot].extend(late_waits[i])
             self.kind[slot] = kind
 
-    def findings(self, config: StragglerConfig) -> list[StragglerFinding]:
-        """Ranks flagged in some group by either rule (both need min_collectives, min_wait_ms):
+    def _floor_ms(self, key: GroupKey, config: StragglerConfig, least: float) -> float:
+        """What a wait must reach in ``key``: ``least``, and a fraction of the group's period."""
+        period = self.period_ms.get(key, math.nan)
+        return max(least, config.min_period_fraction * period) if period == period else least
+
+    def findings(self, config: StragglerConfig) -> tuple[list[StragglerFinding], list[StragglerFinding]]:
+        """``(stragglers, lags)``. Ranks of groups of three or more are flagged by either rule
+        (both need min_collectives, and a median wait of at least min_wait_ms and
+        min_period_fraction of the group's period):
 
         - last: last at >= min_fraction of collectives, min_z above chance (1 / group size);
         - late: at least min_wait_ms behind the median rank at >= min_fraction of collectives,
           min_z above the group's typical rate of being that late (so that several equally slow
           ranks, which take turns being last, are found too; in a noisy job every rank is late
           about as often, so none stands out).
+
+        Pairs (two ranks compared) by the pair rule (:class:`StragglerConfig`), as lags unless
+        the same rank is also flagged in a larger group or lags behind another peer.
         One finding per rank, for the group with the strongest evidence.
         """
         flagged: dict[int, list[tuple[float, GroupKey, dict[str, Any]]]] = defaultdict(list)
         for key, ranks in self.groups.items():
             rates = sorted(self.late[(r, key)] / self.observed[(r, key)] for r in ranks)
             typical = min(max(rates[(len(rates) - 1) // 2], 0.02), 0.98)
+            floor = self._floor_ms(key, config, config.min_wait_ms)
             for rank in ranks:
                 slot = (rank, key)
                 observed = self.observed[slot]
@@ -583,46 +632,111 @@ class _StragglerEvidence:
                 last, late = self.last[slot], self.late[slot]
                 z_last = (last - self.expected[slot]) / (math.sqrt(self.variance[slot]) or 1.0)
                 wait_last = _median(self.waits[slot])
-                by_last = last / observed >= config.min_fraction and z_last >= config.min_z and wait_last >= config.min_wait_ms
+                by_last = last / observed >= config.min_fraction and z_last >= config.min_z and wait_last >= floor
                 z_late = (late - observed * typical) / math.sqrt(observed * typical * (1 - typical))
                 wait_late = _median(self.late_waits[slot])
-                by_late = late / observed >= config.min_fraction and z_late >= config.min_z and wait_late >= config.min_wait_ms
+                by_late = late / observed >= config.min_fraction and z_late >= config.min_z and wait_late >= floor
                 if by_last or by_late:
                     z, wait = (z_last, wait_last) if by_last else (z_late, wait_late)
                     flagged[rank].append(
-                        (z, key, {"last": last, "late": late, "observed": observed, "z": z, "wait": wait})
+                        (z, key, {"last": last, "late": late, "observed": observed, "z": z, "wait": wait,
+                                  "expected": self.expected[slot], "kind": self.kind[slot]})
                     )
+        pair_hits = self._pair_hits(config)
         out = []
+        lags = []
+        for rank, hits in pair_hits.items():
+            peers = {h[2]["peer"] for h in hits}
+            if rank in flagged or len(peers) >= 2:
+                flagged[rank].extend(hits)  # other evidence agrees: an accusation
+            else:
+                lags.extend(self._finding(rank, [h], config, lag=True) for h in hits)
         for rank, hits in flagged.items():
             hits.sort(key=lambda h: -h[0])
-            _, key, best = hits[0]
-            slot = (rank, key)
-            observed = best["observed"]
-            out.append(
-                StragglerFinding(
-                    kind="straggler",
-                    group=key,
-                    seq=None,
-                    op=None,
-                    culprit_ranks=[rank],
-                    detail=(
-                        f"in group {key.label()} rank {rank} arrived last at {best['last']} and "
-                        f">= {config.min_wait_ms:g} ms after the median rank at {best['late']} of "
-                        f"{observed} collectives (chance of last {self.expected[slot] / observed:.0%}); "
-                        f"its peers waited a median {best['wait']:.2f} ms for it ({self.kind[slot]})"
-                    ),
-                    rank=rank,
-                    score=best["last"] / observed,
-                    expected=self.expected[slot] / observed,
-                    z=best["z"],
-                    collectives=observed,
-                    median_wait_ms=best["wait"],
-                    evidence=self.kind[slot],
-                    groups=[k.label() for _, k, _ in hits],
-                    late_fraction=best["late"] / observed,
-                )
+            out.append(self._finding(rank, hits, config))
+        return out, lags
+
+    def _pair_hits(self, config: StragglerConfig) -> dict[int, list[tuple[float, GroupKey, dict[str, Any]]]]:
+        """Every pair where one rank's median lag behind the other reaches the floor in each of
+        ``pair_windows`` consecutive windows: rank -> hits (as ``flagged`` holds them)."""
+        hits: dict[int, list[tuple[float, GroupKey, dict[str, Any]]]] = defaultdict(list)
+        windows = max(1, config.pair_windows)
+        for (key, (a, b)), gaps in self.pairs.items():
+            n = len(gaps)
+            if n < max(config.min_collectives, windows):
+                continue
+            floor = self._floor_ms(key, config, config.min_lag_ms)
+            lag = _median(gaps)
+            late, peer = (b, a) if lag > 0 else (a, b)
+            sign = 1.0 if lag > 0 else -1.0
+            per_window = [sign * _median(gaps[i * n // windows:(i + 1) * n // windows]) for i in range(windows)]
+            if min(per_window) < floor:
+                continue
+            signed = [sign * g for g in gaps]
+            later = sum(1 for g in signed if g > config.tie_ms)
+            # z of being later this often against a coin toss, for ordering and the report
+            z = (later - n / 2) / (math.sqrt(n / 4) or 1.0)
+            hits[late].append(
+                (z, key, {"last": later, "late": sum(1 for g in signed if g >= floor), "observed": n, "z": z,
+                          "wait": sign * lag, "expected": n / 2, "kind": self.pair_kind[(key, (a, b))],
+                          "peer": peer, "windows": per_window, "floor": floor})
             )
-        return out
+        return hits
+
+    def _finding(self, rank: int, hits: list[tuple[float, GroupKey, dict[str, Any]]], config: StragglerConfig,
+                 lag: bool = False) -> StragglerFinding:
+        _, key, best = hits[0]
+        observed = best["observed"]
+        if "peer" in best:
+            windows = ", ".join(f"{w:.2f}" for w in best["windows"])
+            period = self.period_ms.get(key, math.nan)
+            detail = (
+                f"in group {key.label()} rank {rank} enqueued a median {best['wait']:.2f} ms after its "
+                f"only compared peer, rank {best['peer']}, over {observed} collectives (per window: "
+                f"{windows} ms; floor {best['floor']:.2f} ms, the group's period {period:.1f} ms; "
+                f"{best['kind']})"
+            )
+            detail += (
+                "; with two ranks there is no majority to say which one is off pace: a lag, not a straggler"
+                if lag
+                else "; other evidence agrees (" + ", ".join(k.label() for _, k, _ in hits[1:] or hits) + ")"
+            )
+        else:
+            detail = (
+                f"in group {key.label()} rank {rank} arrived last at {best['last']} and "
+                f">= {config.min_wait_ms:g} ms after the median rank at {best['late']} of "
+                f"{observed} collectives (chance of last {best['expected'] / observed:.0%}); "
+                f"its peers waited a median {best['wait']:.2f} ms for it ({best['kind']})"
+            )
+        return StragglerFinding(
+            kind="lag" if lag else "straggler",
+            group=key,
+            seq=None,
+            op=None,
+            culprit_ranks=[rank],
+            detail=detail,
+            rank=rank,
+            score=best["last"] / observed,
+            expected=best["expected"] / observed,
+            z=best["z"],
+            collectives=observed,
+            median_wait_ms=best["wait"],
+            evidence=best["kind"],
+            groups=[k.label() for _, k, _ in hits],
+            late_fraction=best["late"] / observed,
+            peers=[best["peer"]] if "peer" in best else [],
+        )
+
+
+def _period_ms(created: list[list[int]]) -> float:
+    """The median interval between consecutive collectives, ms, over the given ranks' own
+    enqueue times (never compared across ranks); NaN when none has two times."""
+    periods = []
+    for times in created:
+        steps = [b - a for a, b in pairwise(times) if a and b and b >= a]
+        if steps:
+            periods.append(_median(steps) / 1e6)
+    return _median(periods) if periods else math.nan
 
 
 def _median(values: list[float]) -> float:

@@ -23,7 +23,7 @@ __all__ = [
     "KIND_ORDER",
 ]
 
-KIND_ORDER = {"hang": 0, "mismatch": 1, "straggler": 2}
+KIND_ORDER = {"hang": 0, "mismatch": 1, "straggler": 2, "lag": 3}
 
 
 def _str_keys(mapping: dict[int, Any]) -> dict[str, Any]:
@@ -139,6 +139,11 @@ class StragglerFinding(Finding):
     count that flagged it is; ``median_wait_ms`` how long its peers typically waited for it when it was last;
     ``evidence`` is ``"duration_ms"`` (NCCL: the last to arrive has the shortest kernel) or
     ``"host_clock"`` (enqueue order among ranks sharing a host's clock).
+
+    Found where only two ranks are compared (``peers`` names the other one), ``score`` is the
+    fraction of collectives at which it was the later of the two and ``median_wait_ms`` its
+    median lag behind the peer; alone, such a finding has kind ``lag`` and sits in
+    ``AnalysisResult.lags``, not in the findings (docs/analyze.md, Stragglers).
     """
 
     rank: int = -1
@@ -150,9 +155,11 @@ class StragglerFinding(Finding):
     evidence: str = "duration_ms"
     groups: list[str] = field(default_factory=list)
     late_fraction: float = 0.0
+    peers: list[int] = field(default_factory=list)
 
     def _extra(self) -> dict[str, Any]:
         return {
+            "peers": list(self.peers),
             "rank": self.rank,
             "score": round(self.score, 4),
             "expected": round(self.expected, 4),
@@ -173,7 +180,9 @@ class AnalysisResult:
     usable dump (never culprits unless ``blame_missing``); ``errors``: dumps that could not be
     used (``{"rank": .., "error": ..}``, or ``"path"`` from the loader); ``last_seq``: for every
     current group (the latest torchft incarnation, every other group), each member's last
-    enqueued sequence id where its dump can tell (0 = enqueued nothing).
+    enqueued sequence id where its dump can tell (0 = enqueued nothing); ``lags``: ranks that
+    lag persistently behind the one peer they were compared with, where nothing else agrees
+    that they are stragglers (kind ``lag``; not findings: no majority says who is off pace).
     """
 
     ranks: list[int]
@@ -181,6 +190,7 @@ class AnalysisResult:
     findings: list[Finding]
     errors: list[dict[str, Any]] = field(default_factory=list)
     last_seq: dict[GroupKey, dict[int, int]] = field(default_factory=dict)
+    lags: list[Finding] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -188,4 +198,5 @@ class AnalysisResult:
             "unknown_ranks": list(self.unknown_ranks),
             "errors": list(self.errors),
             "findings": [f.to_dict() for f in self.findings],
+            "lags": [f.to_dict() for f in self.lags],
         }
