@@ -5,6 +5,8 @@ it, the application package ``lightkeeper`` (CLI, demo) depends on them, never t
 """
 
 from .auth import bearer_token_matches
+from .urls import host_for_url, http_url, split_host_port
 from .wsgi import BackgroundWSGIServer
 
-__all__ = ["BackgroundWSGIServer", "bearer_token_matches"]
+__all__ = ["BackgroundWSGIServer", "bearer_token_matches", "host_for_url", "http_url",
+           "split_host_port"]

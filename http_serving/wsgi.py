@@ -13,6 +13,8 @@ import threading
 
 from waitress.server import create_server
 
+from .urls import http_url
+
 # Both servers take only small JSON bodies (a fault spec, a registration): anything larger is
 # refused by waitress with 413 before it is buffered (waitress' own default is 1 GiB).
 MAX_REQUEST_BODY = 64 * 1024
@@ -28,8 +30,9 @@ class BackgroundWSGIServer:
                                      max_request_body_size=max_request_body_size)
         self.host = host
         self.port = int(self._server.effective_port)
+        # every address: the name others reach it by; an IPv6 literal is bracketed
         shown = host if host not in ("0.0.0.0", "::", "") else socket.gethostname()
-        self.url = f"http://{shown}:{self.port}"
+        self.url = http_url(shown, self.port)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 

@@ -298,15 +298,17 @@ def free_port(host: str = "127.0.0.1") -> int:
 
     low = _ephemeral_low()
     rng = random.Random()
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # ::1 and other IPv6 literals
+    host = host.strip("[]")
     for _ in range(50):
         port = rng.randrange(max(1024, low - 12000), low)
-        with socket.socket() as s:
+        with socket.socket(family) as s:
             try:
                 s.bind((host, port))
             except OSError:
                 continue
             return port
-    with socket.socket() as s:
+    with socket.socket(family) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
 

@@ -28,7 +28,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
+
+from http_serving import host_for_url
 
 
 class BadTarget(ValueError):
@@ -51,7 +53,14 @@ def normalize_url(address: str) -> str:
         raise BadTarget("empty target address")
     if "://" not in address:
         address = "http://" + address
-    parts = urlsplit(address)
+    netloc = address.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1]
+    if not netloc.startswith("[") and netloc.count(":") > 1:
+        raise BadTarget(f"target {address!r}: an IPv6 address needs brackets, "
+                        "e.g. http://[::1]:9500")
+    try:
+        parts = urlsplit(address)
+    except ValueError as e:  # e.g. an unbalanced or invalid bracketed host
+        raise BadTarget(f"target {address!r} is not http(s)://host:port: {e}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise BadTarget(f"target {address!r} is not http(s)://host:port")
     try:
@@ -60,9 +69,7 @@ def normalize_url(address: str) -> str:
         raise BadTarget(f"target {address!r} has a bad port") from None
     if port is None:
         raise BadTarget(f"target {address!r} has no port")
-    host = parts.hostname
-    if ":" in host:  # IPv6 literal
-        host = f"[{host}]"
+    host = host_for_url(unquote(parts.hostname))  # an IPv6 literal back in its brackets
     if parts.query or parts.fragment:
         raise BadTarget(f"target {address!r} has a query or fragment")
     return f"{parts.scheme}://{host}:{port}{parts.path.rstrip('/')}"

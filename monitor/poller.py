@@ -32,7 +32,9 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
+
+from http_serving import host_for_url
 
 REASONS = ("timeout", "connection", "http_status", "bad_response")
 MAX_BODY = 1 << 20  # default per answer; /v1/fr_trace gets its own (larger) bound
@@ -85,7 +87,8 @@ def _split(url: str) -> tuple[str, int, str]:
             or parts.fragment:
         raise PollError("connection", f"unsupported target URL {url!r} "
                                       "(http://host:port[/prefix] only)")
-    got = (parts.hostname, parts.port, parts.path.rstrip("/"))
+    # an IPv6 literal comes unbracketed (as asyncio takes it), a zone as %eth0, not %25eth0
+    got = (unquote(parts.hostname), parts.port, parts.path.rstrip("/"))
     if len(_SPLIT_CACHE) > 1_000_000:
         _SPLIT_CACHE.clear()
     _SPLIT_CACHE[url] = got
@@ -252,7 +255,7 @@ class Poller:
     @staticmethod
     async def _request(conn: _Conn, host: str, port: int, path: str,
                        limit: int) -> tuple[int, bytes, bool]:
-        conn.writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        conn.writer.write(f"GET {path} HTTP/1.1\r\nHost: {host_for_url(host)}:{port}\r\n"
                           "Accept: application/json\r\nUser-Agent: lightkeeper-monitor\r\n\r\n"
                           .encode("latin-1"))
         await conn.writer.drain()

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from http_serving import BackgroundWSGIServer
+from http_serving import BackgroundWSGIServer, http_url
 
 from .actions import Lighthouse, Orphans, RankExits
 from .admission import NotAllowed, Unauthorized, registration_authorized
@@ -118,8 +118,9 @@ class Monitor:
                                               port=self.cfg.port, threads=8,
                                               name="lightkeeper-monitor-http")
             port = self._http.port
-            host = self.cfg.bind if self.cfg.bind not in ("0.0.0.0", "::", "") else "127.0.0.1"
-            self.url = f"http://{host}:{port}"
+            host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(self.cfg.bind,
+                                                                              self.cfg.bind)
+            self.url = http_url(host, port)
             self._http.start()
         self._loop_thread = threading.Thread(target=self._loop, name="lightkeeper-monitor-loop",
                                              daemon=True)

@@ -1,0 +1,58 @@
+"""``http://host:port`` for every kind of host, and back.
+
+An IPv6 literal in a URL or a ``host:port`` address goes in brackets (RFC 3986: ``[::1]:9400``),
+else its colons read as the port's: ``http://::1:9400`` is no URL, and a Kubernetes pod whose
+``status.podIP`` is IPv6 would register an address no one can poll. A zone (``fe80::1%eth0``) is
+written ``%25`` inside the brackets (RFC 6874). Names and IPv4 addresses are left as they are.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from urllib.parse import unquote, urlsplit
+
+__all__ = ["host_for_url", "http_url", "split_host_port"]
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        return isinstance(ipaddress.ip_address(host.split("%", 1)[0]), ipaddress.IPv6Address)
+    except ValueError:
+        return False
+
+
+def host_for_url(host: str) -> str:
+    """``::1`` -> ``[::1]``, ``fe80::1%eth0`` -> ``[fe80::1%25eth0]``; anything else (a name,
+    an IPv4 address, a host already in brackets) unchanged."""
+    if host.startswith("[") or not _is_ipv6(host):
+        return host
+    addr, sep, zone = host.partition("%")
+    return f"[{addr}%25{zone}]" if sep else f"[{addr}]"
+
+
+def http_url(host: str, port: int, scheme: str = "http") -> str:
+    """``scheme://host:port`` with the host bracketed when it is an IPv6 literal."""
+    return f"{scheme}://{host_for_url(host)}:{int(port)}"
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """``host:port``, ``[v6]:port`` or ``http(s)://host:port[/path]`` -> ``(host, port)``, the
+    host without brackets (``::1``, a zone as ``%eth0``), as ``socket`` and ``asyncio`` take it.
+
+    Raises ValueError saying what is wrong: no port, a bad port, or an IPv6 literal without
+    brackets (``::1:9400`` cannot say where the address ends).
+    """
+    text = address.strip()
+    bare = text.split("://", 1)[1] if "://" in text else text
+    netloc = bare.split("/", 1)[0].rsplit("@", 1)[-1]
+    if not netloc.startswith("[") and netloc.count(":") > 1:
+        raise ValueError(f"{address!r}: an IPv6 address needs brackets, e.g. [::1]:9400")
+    parts = urlsplit(text if "://" in text else "http://" + text)
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"{address!r}: bad port") from None
+    if not parts.hostname or port is None:
+        raise ValueError(f"{address!r}: expected host:port")
+    host = unquote(parts.hostname) if "%" in parts.hostname else parts.hostname
+    return host, port
