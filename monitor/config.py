@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 
 from .admission import AllowList
+from .discovery import normalize_url
 
 EVICTABLE_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting",
                    "quarantined_host")
@@ -235,7 +236,9 @@ class MonitorConfig:
             raise ConfigError(f"orphan_grace_s must be >= 0, got {self.orphan_grace_s}")
         try:
             self.allow_list()
-        except ValueError as e:
+            for t in self.targets:
+                normalize_url(t)  # e.g. an IPv6 literal without brackets: said here, not a crash
+        except ValueError as e:  # BadTarget is one
             raise ConfigError(str(e)) from None
         self.detectors.validate()
         self.rails.validate()

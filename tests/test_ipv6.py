@@ -109,3 +109,11 @@ def test_rank_and_monitor_serve_register_and_poll_on_ipv6_loopback(tmp_path):
         srv.stop()
         if mon is not None:
             mon.stop()
+
+
+def test_an_unbracketed_ipv6_static_target_is_a_config_error_not_a_crash():
+    from monitor.config import ConfigError, MonitorConfig
+
+    with pytest.raises(ConfigError, match="needs brackets"):
+        MonitorConfig(targets=["::1:9000"]).validate()
+    MonitorConfig(targets=["[::1]:9000"]).validate()
