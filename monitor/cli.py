@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 
+from .admission import token_warning
 from .config import (
     EVICTABLE_KINDS,
     QUARANTINE_AFTER,
@@ -268,6 +269,12 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
     return cfg
 
 
+def warn_about_tokens(cfg: MonitorConfig) -> None:
+    """Say once, at start-up, when the ranks must hold the admin token to register."""
+    if warning := token_warning(cfg.register_token, cfg.token):
+        logging.getLogger(__name__).warning(warning)
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(stream=sys.stderr, level=getattr(logging, str(args.log_level).upper(),
                                                           logging.INFO),
@@ -277,11 +284,9 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"lightkeeper monitor: {e}", file=sys.stderr)
         return 2
-    from .admission import token_warning
     from .service import Monitor
 
-    if warning := token_warning(cfg.register_token, cfg.token):
-        logging.getLogger(__name__).warning(warning)
+    warn_about_tokens(cfg)
 
     try:
         monitor = Monitor(cfg).start()

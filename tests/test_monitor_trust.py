@@ -265,6 +265,16 @@ def test_token_warning_says_when_pods_hold_the_admin_token():
     assert token_warning(REGISTER_TOKEN, None) is None and token_warning(None, None) is None
 
 
+def test_monitor_start_warns_once_when_ranks_must_hold_the_admin_token(caplog):
+    from monitor.cli import warn_about_tokens
+
+    with caplog.at_level("WARNING", logger="monitor.cli"):
+        warn_about_tokens(MonitorConfig(token=TOKEN))
+        warn_about_tokens(MonitorConfig(token=TOKEN, register_token=REGISTER_TOKEN))
+    (record,) = caplog.records
+    assert "--register-token" in record.getMessage() and "\n" not in record.getMessage()
+
+
 def test_monitor_cli_reads_both_tokens_from_flags_or_environment(monkeypatch):
     import argparse
 
