@@ -245,6 +245,9 @@ class MonitorConfig:
         self.quarantine.validate()
         if self.shard is not None:
             self.shard.validate(self.interval_s)
+            if self.shard.lead and not self.lighthouse:
+                raise ConfigError("--lead needs --lighthouse: the leader verifies the quorum "
+                                  "there and sends the kills")
 
     def allow_list(self) -> AllowList:
         """Who may register without the token (raises ValueError on a bad entry)."""

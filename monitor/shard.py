@@ -236,13 +236,13 @@ class Shards:
         """``POST /v1/evict`` on a shard: a proposal the leader judges with the manual rails
         (min replicas; not cooldown or blindness). A group of another shard, or one without a
         verified replica id, is refused here (409)."""
-        if replica_id is None or not self.owns(replica_group):
-            why = ("no_replica_id", "no verified rank of the group reports a torchft replica "
-                                    "id") if replica_id is None else \
-                ("other_shard", f"replica group {replica_group} belongs to shard "
-                                f"{shard_of(replica_group, self.cfg.shards)}, not "
-                                f"{self.cfg.index}")
-            return {"id": None, "decision": "hold", "reason": why[0], "detail": why[1]}
+        if not self.owns(replica_group):
+            return {"id": None, "decision": "hold", "reason": "other_shard",
+                    "detail": f"replica group {replica_group} belongs to shard "
+                              f"{shard_of(replica_group, self.cfg.shards)}, not {self.cfg.index}"}
+        if replica_id is None:
+            return {"id": None, "decision": "hold", "reason": "no_replica_id",
+                    "detail": "no verified rank of the group reports a torchft replica id"}
         try:
             out = self.propose(replica_group, replica_id, {"kind": "manual", "detail": reason},
                                None, {"kind": "manual", "reason": reason}, "manual")
@@ -303,7 +303,8 @@ class Shards:
         reports: dict[int, dict] = {}
         for kv in etcd.range_prefix(self.key("shards")):
             r = _json(kv)
-            if isinstance(r, dict) and isinstance(r.get("shard"), int):
+            if isinstance(r, dict) and isinstance(r.get("shard"), int) \
+                    and isinstance(r.get("groups", {}), dict):
                 reports[r["shard"]] = r
         proposals = {kv.key[len(self.key("proposals")):]: kv
                      for kv in etcd.range_prefix(self.key("proposals"))}
@@ -317,20 +318,24 @@ class Shards:
                 self._resolve(etcd, lighthouse, rid, kv, rec, status)
         # 2. proposals without a record, or whose kill failed, oldest first
         group_of = {rid: int(g) for r in reports.values()
-                    for g, rid in (r.get("groups") or {}).items() if rid}
+                    for g, rid in (r.get("groups") or {}).items()
+                    if isinstance(rid, str) and str(g).isdigit()}
         for rid, kv in sorted(proposals.items(), key=lambda x: x[1].create_revision):
             rec = _json(records[rid]) if rid in records else None
             if rec is not None and (not isinstance(rec, dict) or rec.get("state") != "failed"):
                 continue
             p = _json(kv)
-            if not isinstance(p, dict):
+            if not _is_proposal(p):  # written by something else: never acted on
+                if self._held.get(rid) != "bad_proposal":
+                    self._held[rid] = "bad_proposal"
+                    log.warning("ignoring %s: not a proposal: %r", kv.key, kv.value[:200])
                 continue
             s = self._situation(status, records, group_of, blind)
             if status is not None and rid not in status.members and rid not in status.heartbeats:
                 d_reason, d = "gone", None  # torchft no longer knows it: nothing to kill
             else:
-                d = decide(str(p.get("kind")), int(p.get("replica_group", -1)), rid, s,
-                           self.mon.cfg.rails, manual=bool(p.get("manual")))
+                d = decide(p["kind"], p["replica_group"], rid, s, self.mon.cfg.rails,
+                           manual=p.get("manual") is True)
                 d_reason = d.reason
             if d is None or not d.evict:
                 if self._held.get(rid) != d_reason:
@@ -456,8 +461,13 @@ class Shards:
 
 
 def _json(kv: KV) -> Any:
+    """The value as JSON, None when it is not (never acted on)."""
     try:
         return kv.json()
     except ValueError:
-        log.warning("ignoring %s: its value is not JSON", kv.key)
         return None
+
+
+def _is_proposal(p: Any) -> bool:
+    return isinstance(p, dict) and isinstance(p.get("kind"), str) \
+        and isinstance(p.get("replica_group"), int) and not isinstance(p["replica_group"], bool)

@@ -100,8 +100,10 @@ def parse(*argv: str):
     (["--shard", "1/2", "--shards", "3", "--etcd", "http://e:2379"], "disagree"),
     (["--shard", "0/2", "--etcd", "http://e:2379", "--lease-ttl", "1"], "--lease-ttl"),
     (["--shard", "0/2", "--etcd", "e:2379"], "http(s)://"),
+    (["--shards", "2", "--lead", "--etcd", "http://e:2379"], "--lead needs --lighthouse"),
 ])
-def test_bad_shard_flags_are_refused_with_a_message(argv, error):
+def test_bad_shard_flags_are_refused_with_a_message(argv, error, monkeypatch):
+    monkeypatch.delenv("TORCHFT_LIGHTHOUSE", raising=False)
     with pytest.raises(ConfigError, match=re.escape(error)):
         config_from_args(parse(*argv))
 
@@ -115,10 +117,12 @@ def test_bad_shard_value_exits_2(bad, capsys):
 
 def test_shard_flags_fill_the_config():
     cfg = config_from_args(parse("--shard", "1/3", "--lead", "--etcd", "http://127.0.0.1:2379",
-                                 "--lease-ttl", "5", "--etcd-prefix", "/lk"))
+                                 "--lease-ttl", "5", "--etcd-prefix", "/lk",
+                                 "--lighthouse", "http://lh:29510"))
     s = cfg.shard
     assert (s.index, s.shards, s.lead, s.lease_ttl_s, s.etcd_prefix) == (1, 3, True, 5, "/lk")
-    leader_only = config_from_args(parse("--shards", "3", "--lead", "--etcd", "http://e:2379"))
+    leader_only = config_from_args(parse("--shards", "3", "--lead", "--etcd", "http://e:2379",
+                                         "--lighthouse", "http://lh:29510"))
     assert leader_only.shard.index is None and config_from_args(parse()).shard is None
 
 
@@ -147,6 +151,69 @@ def test_one_leader_and_a_lapsed_leader_cannot_write(etcd):
     finally:
         ea.close()
         eb.close()
+
+
+# --- a leader in this process: a kill lost in flight, manual proposals -------------------------
+def test_a_kill_lost_in_flight_is_sent_again_and_manual_evictions_are_proposals(tmp_path, etcd):
+    """A ``sending`` left by a leader that died before its request left (the group still
+    heartbeats) is sent again, once, only after the grace; ``POST /v1/evict`` on a shard is a
+    proposal (202) for its own groups and a 409 for another shard's, and the leader carries it
+    out."""
+    from monitor.config import DetectorConfig, MonitorConfig, RailsConfig, ShardConfig
+    from monitor.lease import SessionLease
+    from monitor.service import Monitor
+    from tests.support.monitor_sim import SimJob
+
+    job = SimJob(4, heartbeat_timeout_ms=1000)
+    prefix = f"/lktest-{uuid.uuid4().hex[:8]}"
+    root = f"{prefix}/sim/"
+    mine = sorted(g for g in range(4) if shard_of(g, 2) == 0)
+    other = next(g for g in range(4) if shard_of(g, 2) == 1)
+    rid = job.replica_ids
+    e = Etcd(etcd)
+    other_shard = SessionLease(e, 30)  # shard 1 reports once and stays "alive" for the test
+    e.put(root + "shards/1", {"shard": 1, "shards": 2, "blind": None, "groups": {}},
+          other_shard.refresh())
+    lost = {"state": "sending", "replica_id": rid[mine[1]], "replica_group": mine[1],
+            "kind": "hang", "attempt": 1, "leader": "dead-leader", "at": time.time()}
+    e.put(root + f"evictions/{rid[mine[1]]}", lost)
+    mon = Monitor(MonitorConfig(
+        port=0, interval_s=0.2, state_path=str(tmp_path / "m.sqlite"),
+        sd_out=str(tmp_path / "m.json"), job="sim", lighthouse=job.url, targets=job.sim.urls,
+        token="t0ken", detectors=DetectorConfig(dead_sweeps=2),
+        rails=RailsConfig(min_replicas=1, cooldown_s=0),
+        shard=ShardConfig(shards=2, index=0, etcd=etcd, lead=True, etcd_prefix=prefix,
+                          lease_ttl_s=2, resend_after_s=1.5))).start()
+    try:
+        wait_until(lambda: mon.cluster_json()["shard"]["leading"], 15, what="leadership")
+        led_at = time.time()
+        auth = {"Authorization": "Bearer t0ken"}
+        r = requests.post(mon.url + "/v1/evict", json={"replica_group": other}, headers=auth,
+                          timeout=5)
+        assert r.status_code == 409 and r.json()["reason"] == "other_shard"
+        wait_until(lambda: {g["replica_group"] for g in mon.cluster_json()["groups"]}
+                   == set(mine) and mon.cluster_json()["groups"][0]["replica_id"], 15,
+                   what="shard 0 polling its groups")
+        r = requests.post(mon.url + "/v1/evict", json={"replica_group": mine[0],
+                                                       "reason": "operator"},
+                          headers=auth, timeout=5)
+        assert r.status_code == 202 and r.json()["decision"] == "proposed", r.text
+        wait_until(lambda: len(job.kills) >= 2, 20, what="the manual eviction and the resend")
+        assert sorted(job.kills) == sorted([rid[mine[0]], rid[mine[1]]])
+        k = keys(etcd, root)
+        resent = k[f"evictions/{rid[mine[1]]}"]["value"]
+        assert (resent["state"], resent["attempt"]) == ("sent", 2)
+        assert resent["at"] - led_at >= 1.0  # not before the grace
+        assert k[f"proposals/{rid[mine[0]]}"]["value"]["manual"] is True
+        assert k[f"evictions/{rid[mine[0]]}"]["value"]["state"] == "sent"
+        n = mon.sweeps
+        wait_until(lambda: mon.sweeps >= n + 5, 10, what="more sweeps")
+        assert len(job.kills) == 2
+    finally:
+        mon.stop()
+        other_shard.revoke()
+        e.close()
+        job.stop()
 
 
 # --- the real thing: shards, a leader, a standby, a SIGKILL mid-kill ---------------------------
