@@ -228,6 +228,7 @@ def monitor_cmd(tmp_path: Path, name: str, job, etcd_url: str, prefix: str, *ext
             "--lighthouse-heartbeat-timeout-ms", "1000", *extra]
 
 
+@pytest.mark.e2e
 def test_leader_killed_mid_kill_standby_takes_over_nothing_sent_twice_nothing_lost(
         tmp_path, etcd):
     from tests.support.monitor_sim import SimJob
