@@ -12,7 +12,7 @@ import pytest
 
 from lightkeeper.cli import main
 from monitor.analysis.loader import load_paths, rank_from_name
-from tests.support.frgen import FRJob, write_dumps
+from tests.support.frgen import FRJob, loaded_pair_job, write_dumps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,6 +68,16 @@ def test_text_format_has_one_block_per_finding(tmp_path, capsys):
     assert "[hang] group '0' seq 5 all_reduce" in out
     assert "[mismatch] group '1' seq 5 all_gather" in out
     assert out.count("  culprits: ") == 2
+
+
+def test_a_lag_between_two_groups_is_reported_and_the_exit_status_ignores_it(tmp_path, capsys):
+    write_dumps(loaded_pair_job(0, bias_ms=10.0).dumps(), tmp_path, fmt="json")
+    assert main(["analyze", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "no findings" in out and "[lag] rank 1 behind rank 0 (not a finding)" in out
+    code, report = run_json(capsys, tmp_path)
+    assert code == 0 and report["findings"] == []
+    assert [(f["kind"], f["rank"], f["peers"]) for f in report["lags"]] == [("lag", 1, [0])]
 
 
 def test_rank_comes_from_the_dump_before_the_file_name(tmp_path, capsys):

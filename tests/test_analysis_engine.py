@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
 
 from monitor.analysis import GroupKey, analyze, normalize, normalize_dumps
 from monitor.analysis.model import DumpFormatError
-from tests.support.frgen import TP_STEP, FRJob, tp_job
+from tests.support.frgen import TP_STEP, FRJob, loaded_pair_job, tp_job
 
 STEP = TP_STEP
 
@@ -227,25 +226,6 @@ def test_one_slow_collective_is_not_a_straggler():
 
 
 # --- two groups: "who is late" has no majority (docs/analyze.md, Stragglers) -----------------
-def loaded_pair_job(seed: int, *, bias_ms: float, steps: int = 200, group_size: int = 1) -> FRJob:
-    """Two replica groups on one host under heavy load: each step every rank computes ~40 ms plus
-    exponential jitter (mean 6 ms), one in ten of its steps stalls a further ~30 ms (the
-    scheduler gave its core away), and the second group's ranks are ``bias_ms`` slower on
-    average (their cores are the busier ones). A CI run under load ~25 looked like this."""
-    hosts = {r: "h0" for r in range(2 * group_size)}
-    job = FRJob(2 * group_size, flavour="gloo", hosts=hosts, replica_group_size=group_size,
-                jitter_ms=6.0, compute_ms=40.0, seed=seed)
-    rng = random.Random(seed + 100)
-    job.quorum(1, [0, 1])
-    for _ in range(steps):
-        delay = {r: bias_ms for r in range(group_size, 2 * group_size)}
-        for r in hosts:
-            if rng.random() < 0.1:
-                delay[r] = delay.get(r, 0.0) + rng.expovariate(1 / 30.0)
-        job.ft_collective("all_reduce", [[4096]], delay_ms=delay)
-    return job
-
-
 @pytest.mark.parametrize("seed", [0, 1, 4])
 def test_two_healthy_groups_under_jittery_same_host_load_have_no_straggler(seed):
     # a 2 ms bias against a ~57 ms step: the second group is later a little more often than

@@ -591,3 +591,22 @@ def tp_job(flavour: str = "nccl", **kwargs) -> FRJob:
     job.group("1", [0, 1])
     job.group("2", [2, 3])
     return job
+
+
+def loaded_pair_job(seed: int, *, bias_ms: float, steps: int = 200) -> FRJob:
+    """Two replica groups of one rank on one host under heavy load, torchft's group between them:
+    each step every rank computes ~40 ms plus exponential jitter (mean 6 ms), one step in ten of
+    each rank stalls a further ~30 ms on average (the scheduler gave its core away), and rank 1
+    is ``bias_ms`` slower on average (its core is the busier one). A model of what a CI run at
+    load ~25 gave ``lightkeeper analyze`` (its dumps were not kept)."""
+    job = FRJob(2, flavour="gloo", hosts={0: "h0", 1: "h0"}, replica_group_size=1,
+                jitter_ms=6.0, compute_ms=40.0, seed=seed)
+    rng = random.Random(seed + 100)
+    job.quorum(1, [0, 1])
+    for _ in range(steps):
+        delay = {1: bias_ms}
+        for r in (0, 1):
+            if rng.random() < 0.1:
+                delay[r] = delay.get(r, 0.0) + rng.expovariate(1 / 30.0)
+        job.ft_collective("all_reduce", [[4096]], delay_ms=delay)
+    return job
