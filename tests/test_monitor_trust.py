@@ -292,6 +292,18 @@ def test_monitor_cli_reads_both_tokens_from_flags_or_environment(monkeypatch):
     assert config_from_args(p.parse_args(["--port", "0"])).register_token is None
 
 
+@pytest.mark.parametrize("flag", ["--register-token", "--token"])
+def test_lightkeeper_run_hands_the_ranks_the_registration_token(flag):
+    import argparse
+
+    from lightkeeper.run import add_arguments, hook_env
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    env = hook_env(p.parse_args(["--monitor", "http://m:9400", flag, "r3g", "--", "true"]), {})
+    assert env["LIGHTKEEPER_REGISTER_TOKEN"] == "r3g" and "LIGHTKEEPER_TOKEN" not in env
+
+
 def test_worker_registers_with_the_register_token_from_its_environment(tmp_path, monkeypatch):
     """WorkerServer.start (what the trainer, autostart and the demo's ranks call) sends
     LIGHTKEEPER_REGISTER_TOKEN; LIGHTKEEPER_TOKEN is only the fallback of older deployments."""
