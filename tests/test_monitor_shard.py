@@ -153,6 +153,40 @@ def test_one_leader_and_a_lapsed_leader_cannot_write(etcd):
         eb.close()
 
 
+def test_a_rank_registers_with_every_shard_and_only_its_owner_polls_it(tmp_path, etcd):
+    """LIGHTKEEPER_MONITOR with a comma-separated list registers the rank with each shard;
+    every shard accepts it, only the shard that owns its replica group polls it."""
+    from monitor.config import MonitorConfig, ShardConfig
+    from monitor.service import Monitor
+    from worker_server.server import WorkerServer
+
+    prefix = f"/lktest-{uuid.uuid4().hex[:8]}"
+    mons = [Monitor(MonitorConfig(
+        port=0, interval_s=0.2, state_path=str(tmp_path / f"m{i}.sqlite"),
+        sd_out=str(tmp_path / f"m{i}.json"),
+        shard=ShardConfig(shards=2, index=i, etcd=etcd, etcd_prefix=prefix))).start()
+        for i in (0, 1)]
+    srv = None
+    try:
+        srv = WorkerServer.start(replica_group=5, group_rank=0, group_world_size=1, port=0,
+                                 monitor_url=f"{mons[0].url}, {mons[1].url}")
+        owner = shard_of(5, 2)
+        wait_until(lambda: all(srv.url in [t["url"] for t in requests.get(
+            m.url + "/v1/targets", timeout=5).json()] for m in mons), 20,
+            what="the rank registered with both shards")
+        wait_until(lambda: srv.url in [r["url"] for r in mons[owner].ranks_json()], 20,
+                   what="the owner polling it")
+        n = mons[1 - owner].sweeps
+        wait_until(lambda: mons[1 - owner].sweeps >= n + 3, 10, what="the other shard sweeping")
+        assert mons[1 - owner].ranks_json() == []
+        assert mons[owner].cluster_json()["shard"]["owned_groups"] == [5]
+    finally:
+        if srv is not None:
+            srv.stop()
+        for m in mons:
+            m.stop()
+
+
 # --- a leader in this process: a kill lost in flight, manual proposals -------------------------
 def test_a_kill_lost_in_flight_is_sent_again_and_manual_evictions_are_proposals(tmp_path, etcd):
     """A ``sending`` left by a leader that died before its request left (the group still

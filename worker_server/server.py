@@ -129,9 +129,10 @@ class WorkerServer:
                 server.stop()  # the port is bound already: free it
                 raise
         server.serve()
-        monitor_url = monitor_url or env.get("LIGHTKEEPER_MONITOR")
-        if monitor_url:
-            server.register_with(monitor_url, token=registration_token(env))
+        # a comma-separated list: registered with each (sharded monitors, docs/scaling.md)
+        for url in (monitor_url or env.get("LIGHTKEEPER_MONITOR") or "").split(","):
+            if url.strip():
+                server.register_with(url.strip(), token=registration_token(env))
         return server
 
     def serve(self) -> WorkerServer:
