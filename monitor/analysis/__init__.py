@@ -8,7 +8,8 @@ Public API (pure functions, no I/O except the loader, no torch import):
   it) or a pre-normalized ``RankTrace``. Cheap enough to call every second on live dumps.
 - ``AnalysisResult``: ``.findings`` (``MismatchFinding`` / ``HangFinding`` /
   ``StragglerFinding``, each with ``.to_dict()``), ``.lags`` (kind ``lag``: a rank behind the
-  one peer it was compared with, nothing else agreeing), ``.ranks``, ``.unknown_ranks``, ``.errors``,
+  one peer it was compared with, nothing else agreeing), ``.ranks``, ``.unknown_ranks``,
+  ``.errors``,
   ``.last_seq`` (``GroupKey -> {rank: last enqueued seq}`` for every current group, i.e. the
   latest torchft incarnation), ``.to_dict()`` (the JSON of ``lightkeeper analyze --format json``).
 - ``normalize(dump, rank=None) -> RankTrace`` and ``DumpFormatError``: one dump, validated;
