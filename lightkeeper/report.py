@@ -465,7 +465,7 @@ def markdown(rep: dict) -> str:
                  "| host | address | group at the end | monitor's state |", "|---|---|---|---|"]
         on = {node: g for g, node in (hs.get("groups") or {}).items()}
         for h in hs["hosts"]:
-            head.append(f"| {h['node']} | {h['addr']} | {on.get(h['node'], 'spare')} "
+            head.append(f"| {h['node']} | {h['addr']} | {on.get(h['node'], 'none')} "
                         f"| {(hs.get('states') or {}).get(h['node'], 'ok')} |")
     head += ["", "![timeline](timeline.png)", "", "## Events", ""]
     for e in rep["events"]:

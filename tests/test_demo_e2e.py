@@ -143,7 +143,7 @@ def check_hosts(r: dict, out: str, report_dir: Path) -> None:
            "(127.0.0.5), a spare host at" in out, out[-3000:]
     assert "hang finding naming rank 5 on node-2 at" in out
     assert "node-1 not quarantined: suspect (1 straggler offence)" in out
-    assert "| node-2 | 127.0.0.4 | spare | quarantined |" in (report_dir / "report.md").read_text()
+    assert "| node-2 | 127.0.0.4 | none | quarantined |" in (report_dir / "report.md").read_text()
 
 
 def check_recoveries(r: dict, out: str) -> None:
