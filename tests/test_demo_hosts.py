@@ -192,3 +192,14 @@ def test_the_supervisor_restarts_off_a_quarantined_host_and_waits_when_none_is_f
     demo.supervise()
     assert demo.cluster.started[-1] == (2, Host("node-2", "127.0.0.4")) and not demo.waiting
     assert "after waiting" in demo.events[-1]["detail"]
+
+
+def test_one_host_restarts_in_place_with_no_host_given(tmp_path):
+    demo = Demo(_args("--one-host"), Scenario(), tmp_path)
+    demo.cluster = _Cluster(3)
+    demo.cluster.groups[0] = demo.cluster.groups[1] = argparse.Namespace(alive=lambda: True)
+    demo.hosts_view = {"quarantined": ["vm"]}  # nothing to move to: ignored
+    demo.supervise()
+    assert demo.cluster.started == [(2, None)] and not demo.waiting
+    assert demo.events[-1]["detail"] == ("process exited (1); supervisor restarted it "
+                                         "(restart 1, warm spare)")
