@@ -96,6 +96,10 @@ def put_op(key: str, value: Any, lease: int = 0) -> dict:
     return {"request_put": op}
 
 
+def delete_op(key: str) -> dict:
+    return {"request_delete_range": {"key": _b64(key)}}
+
+
 class Etcd:
     """A small etcd v3 client over the JSON gateway; one per thread (one requests.Session)."""
 

@@ -38,6 +38,7 @@ import hashlib
 import logging
 import threading
 import time
+import uuid
 from typing import Any
 
 from .actions import Lighthouse
@@ -50,6 +51,7 @@ from .lease import (
     LeaderLease,
     SessionLease,
     created_never,
+    delete_op,
     modified_at,
     put_op,
 )
@@ -92,6 +94,7 @@ class Shards:
         self.session = SessionLease(self.etcd, cfg.lease_ttl_s)
         self._groups: dict[str, tuple[int, float]] = {}  # url -> (replica group, learned at)
         self._proposed: set[str] = set()
+        self.run = uuid.uuid4().hex[:12]  # this run of the shard: its proposals name it
         self.error: str | None = None
         self.proposals_made = 0
         # the leader side
@@ -171,6 +174,9 @@ class Shards:
         mon = self.mon
         try:
             lease = self.session.refresh()
+            # proposals (and withdrawals) before the report: a leader that sees this run's
+            # report sees its proposals as they stand
+            self._propose_findings(view, evidence, now)
             blind = mon.blind_reason()
             if not blind and view.ranks and \
                     view.reachable_fraction <= mon.cfg.rails.min_reachable_fraction:
@@ -179,9 +185,8 @@ class Shards:
             self.etcd.put(self.key("shards", self.cfg.index), {
                 "shard": self.cfg.index, "shards": self.cfg.shards, "at": now,
                 "monitor": mon.url, "sweeps": mon.sweeps, "blind": blind,
-                "ranks": len(view.ranks),
+                "ranks": len(view.ranks), "run": self.run,
                 "groups": {str(g): gv.replica_id for g, gv in evidence.groups.items()}}, lease)
-            self._propose_findings(view, evidence, now)
             if self.error:
                 log.warning("etcd answers again: shard %s reports and proposes",
                             self.cfg.index)
@@ -197,8 +202,9 @@ class Shards:
         mon = self.mon
         local = dataclasses.replace(mon.cfg.rails, min_replicas=0, cooldown_s=0.0)
         s = mon._situation(view, evidence, now)
+        wanted: set[str] = set()
         for f in mon.detectors.open_findings():
-            if f.kind not in local.evict_kinds or f.replica_id in self._proposed:
+            if f.kind not in local.evict_kinds:
                 continue
             d = decide(f.kind, f.replica_group, f.replica_id, s, local)
             if not d.evict:
@@ -207,8 +213,34 @@ class Shards:
                     mon._apply(d, f.replica_group, f.replica_id, mon._finding_ids.get(f.key),
                                f.to_dict(), "auto")
                 continue
-            self.propose(f.replica_group, f.replica_id, _summary(f),
-                         mon._finding_ids.get(f.key), f.to_dict(), "auto")
+            wanted.add(f.replica_id)
+            if f.replica_id not in self._proposed:
+                self.propose(f.replica_group, f.replica_id, _summary(f),
+                             mon._finding_ids.get(f.key), f.to_dict(), "auto")
+        self._withdraw(wanted)
+
+    def _withdraw(self, wanted: set[str]) -> None:
+        """Delete this shard's proposals that no open finding of this run stands behind (the
+        finding resolved, the shard went blind, or an earlier run of the shard made it) and
+        that no leader has acted on: a leader never evicts on evidence the shard no longer
+        holds. Manual proposals stay. One txn each, guarded by "no eviction record" and "the
+        proposal as read"."""
+        for kv in self.etcd.range_prefix(self.key("proposals")):
+            p = _json(kv)
+            rid = kv.key[len(self.key("proposals")):]
+            if not _is_proposal(p) or p.get("shard") != self.cfg.index or p.get("manual") \
+                    or rid in wanted:
+                continue
+            ok, _ = self.etcd.txn([created_never(self.key("evictions", rid)),
+                                   modified_at(kv.key, kv.mod_revision)], [delete_op(kv.key)])
+            self._proposed.discard(rid)
+            if ok:
+                log.warning("withdrew the proposal to evict %s: no open finding stands behind "
+                            "it any more", rid)
+                self.mon.store.add_decision(
+                    replica_group=p["replica_group"], replica_id=rid, decision="withdrawn",
+                    reason=p["kind"], detail="no open finding of this shard stands behind the "
+                    "proposal any more", finding=p, source="auto", at=self.mon.clock())
 
     def propose(self, replica_group: int, replica_id: str, summary: dict[str, Any],
                 finding_id: int | None, finding: dict[str, Any] | None,
@@ -217,7 +249,7 @@ class Shards:
         key = self.key("proposals", replica_id)
         value = {"replica_group": replica_group, "replica_id": replica_id, "shard": self.cfg.index,
                  "monitor": self.mon.url, "at": self.mon.clock(), "source": source,
-                 "manual": source == "manual", **summary}
+                 "manual": source == "manual", "run": self.run, **summary}
         created, _ = self.etcd.txn([created_never(key)], [put_op(key, value)])
         self._proposed.add(replica_id)
         if created:
@@ -331,8 +363,12 @@ class Shards:
                     log.warning("ignoring %s: not a proposal: %r", kv.key, kv.value[:200])
                 continue
             s = self._situation(status, records, group_of, blind)
+            report = reports.get(p.get("shard"))
             if status is not None and rid not in status.members and rid not in status.heartbeats:
                 d_reason, d = "gone", None  # torchft no longer knows it: nothing to kill
+            elif not p.get("manual") and report is not None and report.get("run") != p.get("run"):
+                # made by an earlier run of that shard: it withdraws it or proposes it again
+                d_reason, d = "stale_proposal", None
             else:
                 d = decide(p["kind"], p["replica_group"], rid, s, self.mon.cfg.rails,
                            manual=p.get("manual") is True)
@@ -340,8 +376,10 @@ class Shards:
             if d is None or not d.evict:
                 if self._held.get(rid) != d_reason:
                     self._held[rid] = d_reason
-                    detail = d.detail if d else "no longer in the Lighthouse's quorum or " \
-                                                "heartbeats"
+                    detail = d.detail if d else {
+                        "gone": "no longer in the Lighthouse's quorum or heartbeats",
+                        "stale_proposal": f"proposed by an earlier run of shard {p.get('shard')}"
+                    }[d_reason]
                     log.info("leader holds %s (%s): %s", rid, d_reason, detail)
                     self.mon.metrics.decisions.labels(self.mon.cfg.job, "hold", d_reason).inc()
                     self.mon.store.add_decision(
@@ -352,7 +390,8 @@ class Shards:
             attempt = (rec.get("attempt", 0) if rec else 0) + 1
             guard = modified_at(self.key("evictions", rid), records[rid].mod_revision) \
                 if rid in records else created_never(self.key("evictions", rid))
-            self._send(etcd, lighthouse, rid, p, attempt, guard, d.detail)
+            self._send(etcd, lighthouse, rid, p, attempt, guard, d.detail,
+                       modified_at(kv.key, kv.mod_revision))  # not withdrawn meanwhile
             records = {kv.key[len(self.key("evictions")):]: kv
                        for kv in etcd.range_prefix(self.key("evictions"))}  # the cooldown's start
 
@@ -378,7 +417,7 @@ class Shards:
                          last_eviction_at=last, blind_reason=blind)
 
     def _send(self, etcd: Etcd, lighthouse: Lighthouse, rid: str, p: dict, attempt: int,
-              guard: dict, detail: str) -> None:
+              guard: dict, detail: str, *also: dict) -> None:
         """``sending`` (guarded by the leader lease and the record as read), the kill, then
         ``sent``/``failed`` (guarded by the record still being ours)."""
         key = self.key("evictions", rid)
@@ -386,7 +425,7 @@ class Shards:
                "kind": p.get("kind"), "shard": p.get("shard"), "attempt": attempt,
                "leader": self.election.id, "term": self.election.leader_revision,
                "at": self.mon.clock()}
-        ok, out = etcd.txn([self.election.guard(), guard], [put_op(key, rec)])
+        ok, out = etcd.txn([self.election.guard(), guard, *also], [put_op(key, rec)])
         if not ok:  # not leader any more, or someone wrote the record since: next tick decides
             log.info("not sending %s: the leader lease or the record changed", rid)
             return

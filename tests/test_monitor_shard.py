@@ -192,22 +192,27 @@ def test_a_kill_lost_in_flight_is_sent_again_and_manual_evictions_are_proposals(
     """A ``sending`` left by a leader that died before its request left (the group still
     heartbeats) is sent again, once, only after the grace; ``POST /v1/evict`` on a shard is a
     proposal (202) for its own groups and a 409 for another shard's, and the leader carries it
-    out."""
+    out. Proposals of an earlier run of a shard are never acted on: shard 0 withdraws its own
+    (no open finding stands behind them), the leader holds shard 1's as ``stale_proposal``."""
     from monitor.config import DetectorConfig, MonitorConfig, RailsConfig, ShardConfig
     from monitor.lease import SessionLease
     from monitor.service import Monitor
     from tests.support.monitor_sim import SimJob
 
-    job = SimJob(4, heartbeat_timeout_ms=1000)
+    job = SimJob(6, heartbeat_timeout_ms=1000)
     prefix = f"/lktest-{uuid.uuid4().hex[:8]}"
     root = f"{prefix}/sim/"
-    mine = sorted(g for g in range(4) if shard_of(g, 2) == 0)
-    other = next(g for g in range(4) if shard_of(g, 2) == 1)
+    mine = sorted(g for g in range(6) if shard_of(g, 2) == 0)
+    other = next(g for g in range(6) if shard_of(g, 2) == 1)
+    assert len(mine) >= 3
     rid = job.replica_ids
     e = Etcd(etcd)
     other_shard = SessionLease(e, 30)  # shard 1 reports once and stays "alive" for the test
-    e.put(root + "shards/1", {"shard": 1, "shards": 2, "blind": None, "groups": {}},
-          other_shard.refresh())
+    e.put(root + "shards/1", {"shard": 1, "shards": 2, "blind": None, "groups": {},
+                              "run": "now"}, other_shard.refresh())
+    for g, shard in ((mine[2], 0), (other, 1)):  # left by earlier runs of the shards
+        e.put(root + f"proposals/{rid[g]}", {"replica_group": g, "replica_id": rid[g],
+                                             "kind": "dead", "shard": shard, "run": "earlier"})
     lost = {"state": "sending", "replica_id": rid[mine[1]], "replica_group": mine[1],
             "kind": "hang", "attempt": 1, "leader": "dead-leader", "at": time.time()}
     e.put(root + f"evictions/{rid[mine[1]]}", lost)
@@ -235,6 +240,12 @@ def test_a_kill_lost_in_flight_is_sent_again_and_manual_evictions_are_proposals(
         wait_until(lambda: len(job.kills) >= 2, 20, what="the manual eviction and the resend")
         assert sorted(job.kills) == sorted([rid[mine[0]], rid[mine[1]]])
         k = keys(etcd, root)
+        assert f"proposals/{rid[mine[2]]}" not in k  # withdrawn by shard 0
+        assert f"evictions/{rid[mine[2]]}" not in k and f"evictions/{rid[other]}" not in k
+        ev = requests.get(mon.url + "/v1/evictions", timeout=5).json()
+        assert [d["decision"] for d in ev if d["replica_id"] == rid[mine[2]]] == ["withdrawn"]
+        assert [(d["decision"], d["reason"]) for d in ev if d["replica_id"] == rid[other]] == \
+            [("hold", "stale_proposal")]
         resent = k[f"evictions/{rid[mine[1]]}"]["value"]
         assert (resent["state"], resent["attempt"]) == ("sent", 2)
         assert resent["at"] - led_at >= 1.0  # not before the grace
