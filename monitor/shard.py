@@ -12,7 +12,9 @@ Lighthouse kill. docs/scaling.md, "Beyond one machine", has the protocol; in sho
 ``shards/<I>``          shard I's report, rewritten every sweep under a lease the sweep loop
                         renews: present means "shard I swept less than a TTL ago"
 ``proposals/<rid>``     an eviction a shard wants for torchft replica id ``rid`` (created only
-                        when absent, no lease: it outlives the shard and any leader)
+                        when absent, no lease: it outlives the shard and any leader; withdrawn
+                        by the shard once no open finding of its run stands behind it, unless
+                        a leader already acted; a leader holds one of an earlier run)
 ``evictions/<rid>``     the leader's record: ``sending`` is written *before* the kill, in one
                         txn that also requires the leader key under the writer's lease and
                         no earlier record, and ``sent``/``failed`` after it
