@@ -718,6 +718,7 @@ def table(result: dict) -> str:
         lines.append(f"| {r['run']} | {sps:.1f} | {vs_s} | {g:.3f} | {vs_g} | {lg} | {lb} | "
                      f"{bf} | {rc} |")
     out = "\n".join(lines)
+    out += "\n\n" + vs_fault_free(runs)
     for r in runs:
         checks = r.get("reconciliation")
         if not checks:
@@ -729,6 +730,39 @@ def table(result: dict) -> str:
                       else c.get("note", ""))
             out += f"\n  {'ok  ' if c['ok'] else 'FAIL'} {c['check']}: {detail}"
     return out
+
+
+def vs_fault_free(runs: list[dict]) -> str:
+    """Each faulty run's goodput over the fault-free run's, three ways (the load on a shared
+    machine moves the healthy pace within and between runs, and each way judges that drift
+    differently), and what its faults cost by the ledger's incidents."""
+    ff = next((r for r in runs if r["run"] == "fault_free" and "goodput" in r), None)
+
+    def recomputed(r: dict) -> float | None:
+        return next((c.get("ground_truth") for c in r.get("reconciliation") or []
+                     if c["check"].startswith("goodput") and "ground_truth" in c), None)
+
+    def ledger(r: dict) -> float | None:
+        led = r.get("ledger_reconciled_window") or r.get("ledger") or {}
+        return led.get("ratio")
+
+    lines = ["vs fault-free (goodput / fault-free goodput): ground truth with the pre-fault "
+             "baseline | ground truth with the ledger's baseline | ledger; faults' cost "
+             "(ledger incidents, replica-s / expected)"]
+    for r in runs:
+        if r["run"] == "fault_free" or "goodput" not in r:
+            continue
+        parts = []
+        for f in (lambda x: (x.get("goodput") or {}).get("ratio"), recomputed, ledger):
+            a, b = f(r), f(ff) if ff else None
+            parts.append(f"{a / b:.3f}x" if a is not None and b else "-")
+        incs = r.get("ledger_incidents") or []
+        cost = sum(i.get("cost_replica_s") or 0.0 for i in incs)
+        exp = (r.get("ledger_reconciled_window") or {}).get("expected_s")
+        each = ", ".join(f"{i['kind']} {i.get('cost_replica_s') or 0.0:.1f}" for i in incs)
+        share = f" = {cost / exp:.3f}" if exp else ""
+        lines.append(f"  {r['run']}: {' | '.join(parts)}; faults {cost:.1f}{share} ({each})")
+    return "\n".join(lines)
 
 
 def plot(result: dict, path: Path) -> str | None:

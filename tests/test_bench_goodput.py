@@ -19,6 +19,7 @@ from benchmarks.bench_goodput import (
     ledger_window,
     parse_commit_log,
     reconcile,
+    vs_fault_free,
 )
 
 B = 0.25  # healthy step time of the synthetic job
@@ -182,3 +183,17 @@ def test_ledger_badput_in_a_window_counts_only_the_window():
            {"start": 12.0, "end": 14.0, "cause": "stall", "replica_seconds": 6.0},
            {"start": 30.0, "end": 31.0, "cause": "stall", "replica_seconds": 3.0}]
     assert badput_in_window(ivs, 5.0, 20.0) == {"stall": 6.0, "unattributed": 10.0}
+
+
+def test_vs_fault_free_three_ways_and_the_faults_cost():
+    def run(name, gt, rec, led, incs=()):
+        return {"run": name, "goodput": {"ratio": gt},
+                "reconciliation": [{"check": "goodput ratio over the ledger's window",
+                                    "ground_truth": rec, "ledger": led, "ok": True}],
+                "ledger_reconciled_window": {"ratio": led, "expected_s": 360.0},
+                "ledger_incidents": [{"kind": k, "cost_replica_s": c} for k, c in incs]}
+    text = vs_fault_free([run("fault_free", 0.8, 0.9, 0.92),
+                          run("lightkeeper", 0.96, 0.81, 0.828,
+                              [("hang", 6.0), ("straggler", 12.0)])])
+    assert "lightkeeper: 1.200x | 0.900x | 0.900x; faults 18.0 = 0.050 (hang 6.0, " \
+           "straggler 12.0)" in text
