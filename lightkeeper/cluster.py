@@ -507,7 +507,7 @@ class LocalCluster:
                 proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True)
             else:
-                rendezvous = {"MASTER_ADDR": addr, "MASTER_PORT": str(free_port()),
+                rendezvous = {"MASTER_ADDR": addr, "MASTER_PORT": str(free_port(addr)),
                               "WORLD_SIZE": str(self.ranks_per_group)}
                 for r in range(self.ranks_per_group):
                     rank_procs[r] = subprocess.Popen(
