@@ -2,7 +2,9 @@
 
 Used by ``lightkeeper demo`` and by the tests. Every process is started in its own session and
 stopped by PID (SIGTERM, then SIGKILL after a grace period); ports are ephemeral; everything
-binds 127.0.0.1. Logs go to files in ``log_dir``.
+binds 127.0.0.1, except a group started on a :class:`Host` with an address of its own (its
+ranks' WorkerServers bind 127.0.0.x; :class:`HostPool` places groups on hosts as a scheduler
+honouring a quarantine would). Logs go to files in ``log_dir``.
 
 A group of several ranks is launched with torchrun (``launcher="torchrun"``: its agent hosts the
 group's store and tears the whole group down when one rank exits) or as bare processes, one per
