@@ -399,12 +399,9 @@ class Shards:
 
     def _situation(self, status: LighthouseStatus | None, records: dict[str, KV],
                    group_of: dict[str, int], blind: str | None) -> Situation:
-        """The global picture: the quorum from the Lighthouse (heartbeating members, by replica
-        group where a shard reported it), evictions and the last one from etcd's records."""
-        in_quorum: set = set()
-        if status is not None:
-            in_quorum = {group_of.get(rid, rid) for rid in status.members
-                         if status.heartbeating(rid)}
+        """The global picture: the quorum from the Lighthouse (heartbeating members not already
+        evicted, by replica group where a shard reported it), evictions and the last one from
+        etcd's records."""
         evicted, last = set(), None
         for rid, kv in records.items():
             rec = _json(kv)
@@ -414,6 +411,10 @@ class Shards:
                 evicted.add(rid)
             if isinstance(rec.get("at"), (int, float)):
                 last = rec["at"] if last is None else max(last, rec["at"])
+        in_quorum: set = set()
+        if status is not None:  # a group killed this tick still heartbeats in this read
+            in_quorum = {group_of.get(rid, rid) for rid in status.members
+                         if status.heartbeating(rid) and rid not in evicted}
         return Situation(now=self.mon.clock(), reachable_fraction=1.0,
                          groups_in_quorum=in_quorum, evicted_replica_ids=evicted,
                          last_eviction_at=last, blind_reason=blind)

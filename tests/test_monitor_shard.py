@@ -261,6 +261,47 @@ def test_a_kill_lost_in_flight_is_sent_again_and_manual_evictions_are_proposals(
         job.stop()
 
 
+def test_min_replicas_holds_across_proposals_decided_in_one_tick(tmp_path, etcd):
+    """Two proposals waiting when a leader takes over (cooldown 0, min replicas 2, 3 groups):
+    the first is sent, the second held as min_replicas, although the Lighthouse read of that
+    tick still shows the first group heartbeating."""
+    from monitor.config import MonitorConfig, RailsConfig, ShardConfig
+    from monitor.lease import SessionLease
+    from monitor.service import Monitor
+    from tests.support.monitor_sim import SimJob
+
+    job = SimJob(3)
+    prefix = f"/lktest-{uuid.uuid4().hex[:8]}"
+    root = f"{prefix}/sim/"
+    rid = job.replica_ids
+    e = Etcd(etcd)
+    shard = SessionLease(e, 30)  # one shard that reports every group, as shard 0 of 1
+    e.put(root + "shards/0", {"shard": 0, "shards": 1, "blind": None, "run": "r",
+                              "groups": {str(g): rid[g] for g in range(3)}}, shard.refresh())
+    for g in (0, 1):
+        e.put(root + f"proposals/{rid[g]}", {"replica_group": g, "replica_id": rid[g],
+                                             "kind": "hang", "shard": 0, "run": "r"})
+    mon = Monitor(MonitorConfig(
+        port=0, interval_s=0.2, state_path=str(tmp_path / "m.sqlite"),
+        sd_out=str(tmp_path / "m.json"), job="sim", lighthouse=job.url,
+        rails=RailsConfig(min_replicas=2, cooldown_s=0, evict_kinds=("hang",)),
+        shard=ShardConfig(shards=1, index=None, etcd=etcd, lead=True, etcd_prefix=prefix,
+                          lease_ttl_s=2))).start()
+    try:
+        def held():
+            return [d for d in mon.store.decisions() if d["replica_id"] == rid[1]]
+
+        wait_until(held, 15, what="the second proposal decided")
+        assert job.kills == [rid[0]]
+        assert [(d["decision"], d["reason"]) for d in held()] == [("hold", "min_replicas")]
+        assert f"evictions/{rid[1]}" not in keys(etcd, root)
+    finally:
+        mon.stop()
+        shard.revoke()
+        e.close()
+        job.stop()
+
+
 # --- the real thing: shards, a leader, a standby, a SIGKILL mid-kill ---------------------------
 def monitor_cmd(tmp_path: Path, name: str, job, etcd_url: str, prefix: str, *extra: str):
     return [sys.executable, "-u", "-m", "lightkeeper.cli", "monitor", "--port", "0",
