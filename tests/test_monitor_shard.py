@@ -243,9 +243,11 @@ def test_a_kill_lost_in_flight_is_sent_again_and_manual_evictions_are_proposals(
         assert f"proposals/{rid[mine[2]]}" not in k  # withdrawn by shard 0
         assert f"evictions/{rid[mine[2]]}" not in k and f"evictions/{rid[other]}" not in k
         ev = requests.get(mon.url + "/v1/evictions", timeout=5).json()
-        assert [d["decision"] for d in ev if d["replica_id"] == rid[mine[2]]] == ["withdrawn"]
-        assert [(d["decision"], d["reason"]) for d in ev if d["replica_id"] == rid[other]] == \
-            [("hold", "stale_proposal")]
+        # (the leader may have read them before shard 0 first reported: then held, as blind)
+        stale = [d["decision"] for d in ev if d["replica_id"] == rid[mine[2]]]
+        assert "withdrawn" in stale and "evict" not in stale
+        stale = [(d["decision"], d["reason"]) for d in ev if d["replica_id"] == rid[other]]
+        assert ("hold", "stale_proposal") in stale and {d for d, _ in stale} == {"hold"}
         resent = k[f"evictions/{rid[mine[1]]}"]["value"]
         assert (resent["state"], resent["attempt"]) == ("sent", 2)
         assert resent["at"] - led_at >= 1.0  # not before the grace
