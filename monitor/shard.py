@@ -16,11 +16,13 @@ Lighthouse kill. docs/scaling.md, "Beyond one machine", has the protocol; in sho
                         by the shard once no open finding of its run stands behind it, unless
                         a leader already acted; a leader holds one of an earlier run)
 ``evictions/<rid>``     the leader's record: ``sending`` is written *before* the kill, in one
-                        txn that also requires the leader key under the writer's lease and
-                        no earlier record, and ``sent``/``failed`` after it
+                        txn that also requires the leader key under the writer's lease, no
+                        earlier record and the proposal unchanged, and ``sent``/``failed``
+                        after it
 
-A replica id is killed at most once per term and record: a second ``sending`` needs the
-record unchanged since it was read (a compare on its mod_revision). A new leader that finds a
+Each ``sending`` is one kill: a second one (a retry of ``failed``, a resend) needs the record
+unchanged since it was read (a compare on its mod_revision), so two leaders cannot both write
+it, and a replica id with ``sending`` or ``sent`` is never decided again. A new leader that finds a
 ``sending`` left by a leader that died mid-kill does not send again while it cannot tell: it
 reads the Lighthouse, and a replica that no longer heartbeats there is recorded ``sent`` (the
 kill landed, or the group died anyway); one still heartbeating after ``resend_after_s`` (three
