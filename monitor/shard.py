@@ -98,6 +98,7 @@ class Shards:
         self.session = SessionLease(self.etcd, cfg.lease_ttl_s)
         self._groups: dict[str, tuple[int, float]] = {}  # url -> (replica group, learned at)
         self._proposed: set[str] = set()
+        self._mirrored: set[str] = set()  # leader kills copied into this shard's audit log
         self.run = uuid.uuid4().hex[:12]  # this run of the shard: its proposals name it
         self.error: str | None = None
         self.proposals_made = 0
@@ -181,6 +182,7 @@ class Shards:
             # proposals (and withdrawals) before the report: a leader that sees this run's
             # report sees its proposals as they stand
             self._propose_findings(view, evidence, now)
+            self._mirror_evictions()
             blind = mon.blind_reason()
             if not blind and view.ranks and \
                     view.reachable_fraction <= mon.cfg.rails.min_reachable_fraction:
@@ -245,6 +247,26 @@ class Shards:
                     replica_group=p["replica_group"], replica_id=rid, decision="withdrawn",
                     reason=p["kind"], detail="no open finding of this shard stands behind the "
                     "proposal any more", finding=p, source="auto", at=self.mon.clock())
+
+    def _mirror_evictions(self) -> None:
+        """Copy the leader's sent kills of this shard's groups into its own audit log (status
+        ``sent``, ``source: leader``): then the shard confirms them (the group leaves), tells
+        the group's other ranks to exit (``--rank-exit-token``) and its goodput ledger sees
+        them, as a single monitor does for its own kills."""
+        store = self.mon.store
+        for kv in self.etcd.range_prefix(self.key("evictions")):
+            rec, rid = _json(kv), kv.key[len(self.key("evictions")):]
+            if rid in self._mirrored or not isinstance(rec, dict) \
+                    or rec.get("shard") != self.cfg.index or rec.get("state") != "sent":
+                continue
+            self._mirrored.add(rid)
+            if rid in store.evicted_replica_ids():  # mirrored by an earlier run
+                continue
+            store.add_decision(
+                replica_group=rec.get("replica_group"), replica_id=rid, decision="evict",
+                reason=str(rec.get("kind")), detail=f"sent by the leader {rec.get('leader')} "
+                f"(attempt {rec.get('attempt')}): {rec.get('detail', '')}", finding=rec,
+                status="sent", source="leader", at=self.mon.clock())
 
     def propose(self, replica_group: int, replica_id: str, summary: dict[str, Any],
                 finding_id: int | None, finding: dict[str, Any] | None,

@@ -405,6 +405,12 @@ def test_leader_killed_mid_kill_standby_takes_over_nothing_sent_twice_nothing_lo
         ticks = cluster("standby")["sweeps"]
         wait_until(lambda: cluster("standby")["sweeps"] >= ticks + 5, 15, what="more sweeps")
         assert job.kills == [rid[x], rid[y]]
+        # each owning shard copied its kill and saw its group leave (confirmed)
+        for i, g in ((0, x), (1, y)):
+            wait_until(lambda i=i, g=g: [(d["status"], d["source"]) for d in requests.get(
+                urls[f"shard{i}"] + "/v1/evictions?decision=evict", timeout=5).json()
+                if d["replica_id"] == rid[g]] == [("confirmed", "leader")], 15,
+                what=f"shard {i} confirming the leader's kill of group {g}")
 
         # a shard gone (a clean stop revokes its report's lease) blinds the leader: a fault in
         # the other shard is proposed and held, never sent
