@@ -8,7 +8,10 @@ this process, with ``--leader-polling on``. It reports:
 
 - the first sweep (every rank), then the leader sweeps' median and worst over ``--sweeps``;
 - a hang planted in a non-leader rank of one group: how long until that group is drilled
-  (every one of its ranks polled in one sweep) and how long the drilled sweep takes;
+  (every one of its ranks polled in one sweep), how long the drilled sweep takes, and whether
+  a hang is confirmed (the virtual ranks serve no Flight Recorder, which a hang needs: no);
+- a straggler group (``--straggler-lag`` seconds late from one step on): how many of its steps
+  until the straggler finding is confirmed (the ranks serve per-step timings);
 - the monitor process's RSS, and its own CPU seconds per sweep (all its threads; the virtual
   ranks' processes excluded).
 
@@ -80,6 +83,9 @@ def main() -> int:
     ap.add_argument("--sweeps", type=int, default=10)
     ap.add_argument("--step-s", type=float, default=0.5)
     ap.add_argument("--member-interval", type=float, default=10.0)
+    ap.add_argument("--straggler-lag", type=float, default=0.5)
+    ap.add_argument("--straggler-wait", type=float, default=120.0,
+                    help="give up on the straggler's confirmation after this many seconds")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     raise_fd_limit()
@@ -129,6 +135,42 @@ def main() -> int:
                         break
                     time.sleep(max(0.0, 1.0 - took))
                 row.update(hang_drilled_after_s=drilled_at, drilled_sweep_s=drilled_sweep)
+                while drilled_at is not None and time.perf_counter() - onset < 30 \
+                        and not any(f.kind == "hang" for f in mon.detectors.open_findings()):
+                    mon.sweep_once()  # no Flight Recorder: expected to run out
+                row["hang_confirmed"] = any(f.kind == "hang" and f.replica_group == g
+                                            for f in mon.detectors.open_findings())
+                # a straggler group: every process hears it (the others wait for it)
+                for p, _, _ in procs:
+                    p.stdin.write("heal\n")
+                    p.stdin.flush()
+                settle = time.perf_counter()
+                while time.perf_counter() - settle < 20 and mon.detectors.open_findings():
+                    mon.sweep_once()  # findings of the hang resolve once every group steps
+                slow = args.groups // 3
+                for p, _, _ in procs:
+                    p.stdin.write(f"slow {slow} {args.straggler_lag}\n")
+                    p.stdin.flush()
+                onset = time.perf_counter()
+                confirmed = None
+                sweeps_s = []
+                while time.perf_counter() - onset < args.straggler_wait:
+                    t = time.perf_counter()
+                    mon.sweep_once()
+                    sweeps_s.append(time.perf_counter() - t)
+                    if any(f.kind == "straggler" and f.replica_group == slow
+                           for f in mon.detectors.open_findings()):
+                        confirmed = time.perf_counter() - onset
+                        break
+                    time.sleep(max(0.0, 1.0 - sweeps_s[-1]))
+                row.update(straggler_group=slow, straggler_lag_s=args.straggler_lag,
+                           straggler_confirmed_after_s=confirmed,
+                           straggler_confirmed_after_steps=None if confirmed is None
+                           else confirmed / args.step_s,
+                           straggler_sweeps_median_s=statistics.median(sweeps_s),
+                           other_findings=sorted({(f.kind, f.replica_group)
+                                                  for f in mon.detectors.open_findings()
+                                                  if f.replica_group != slow})[:10])
             finally:
                 mon.stop()
     finally:

@@ -62,6 +62,7 @@ skips that sweep; it never takes the monitor down.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import statistics
@@ -215,9 +216,31 @@ def _rank_view(view: ClusterView, rank: int) -> RankView | None:
     return view.rank_view(rank)  # indexed once per view: a scan per call was quadratic
 
 
+def _fresh(view: ClusterView):
+    """(url, RankView) of the ranks polled this sweep: with leader polling the others are
+    carried unchanged, so what is folded from them was folded when they were polled."""
+    if view.polled is None:
+        return view.ranks.items()
+    ranks = view.ranks
+    return [(u, ranks[u]) for u in view.polled if u in ranks]
+
+
 def _median(values) -> float:
     values = list(values)
     return statistics.median(values) if values else 0.0
+
+
+def _median_without(ordered: list[float], x: float) -> float:
+    """statistics.median of ``ordered`` (sorted) with one occurrence of ``x`` taken out."""
+    n = len(ordered) - 1
+    if n <= 0:
+        return 0.0
+    i = bisect.bisect_left(ordered, x)
+
+    def at(j: int) -> float:
+        return ordered[j if j < i else j + 1]
+
+    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
 
 
 # --- per-group memory ---------------------------------------------------------------------------
@@ -296,7 +319,9 @@ class Detectors:
         if reason is None:
             return []
         self._last_fr_at = now  # asked for, answered or not: the periodic clock restarts
-        return [r.url for g in view.groups.values() for r in g.reachable]
+        # reachable ranks polled this sweep (a carried rank's dump would describe the past)
+        return [u for u, r in _fresh(view) if r.reachable and not r.superseded
+                and r.replica_group in view.groups]
 
     def update(self, view: ClusterView, dumps: Mapping[int, dict] | None = None,
                now: float | None = None, full_view: ClusterView | None = None) -> list[Finding]:
@@ -329,8 +354,17 @@ class Detectors:
                 log.exception("detector %s failed", step.__name__)
                 self.last_error = f"{step.__name__}: {type(e).__name__}: {e}"
         self._resolve_gone(view, full_view or view, now)
-        self._commit_failures = {u: int(r.state.get("commit_failures") or 0)
-                                 for u, r in view.ranks.items() if r.reachable and r.state}
+        if view.polled is None:
+            self._commit_failures = {}
+        cf = self._commit_failures
+        for u, r in _fresh(view):
+            if r.reachable and r.state:
+                cf[u] = int(r.state.get("commit_failures") or 0)
+            else:
+                cf.pop(u, None)
+        if not cf.keys() <= view.ranks.keys():
+            for u in cf.keys() - view.ranks.keys():
+                del cf[u]
         return new
 
     # --- bookkeeping -----------------------------------------------------------------
@@ -388,7 +422,7 @@ class Detectors:
                 self._resolve(key, "left_job", now)
 
     def _commit_failures_rose(self, view: ClusterView) -> bool:
-        for u, r in view.ranks.items():
+        for u, r in _fresh(view):
             if r.reachable and r.state:
                 prev = self._commit_failures.get(u)
                 if prev is not None and int(r.state.get("commit_failures") or 0) > prev:
@@ -408,7 +442,10 @@ class Detectors:
     # --- dead and dead_rank ----------------------------------------------------------
     def _dead(self, view, dumps, traces, analysis, now) -> list[Finding]:
         new = []
+        open_dead = {k[1] for k in self._open if k[0] in ("dead", "dead_rank")}
         for g, gv in view.groups.items():
+            if g not in open_dead and len(gv.reachable) == len(gv.ranks):
+                continue  # nothing down, nothing open: nothing to do (most groups)
             rid = gv.replica_id
             if rid is not None:  # what was dead of an earlier incarnation is over
                 for key in [k for k in self._open if k[0] in ("dead", "dead_rank") and k[1] == g
@@ -477,13 +514,13 @@ class Detectors:
         ranks blocked in a collective at least that long)."""
         threshold = self._hang_threshold(view)
         waits: dict[int, tuple[str, float]] = {}
-        for g in view.in_quorum():
-            for r in g.reachable:
-                if not r.fresh:  # a wait carried from an older poll is not a wait now
-                    continue
-                scope, secs = collective_wait(r.state, now)
-                if scope is not None and secs >= threshold and r.rank is not None:
-                    waits[r.rank] = (scope, secs)
+        in_quorum = {g.replica_group for g in view.in_quorum()}
+        for _, r in _fresh(view):  # a wait carried from an older poll is not a wait now
+            if not r.reachable or not r.fresh or r.replica_group not in in_quorum:
+                continue
+            scope, secs = collective_wait(r.state, now)
+            if scope is not None and secs >= threshold and r.rank is not None:
+                waits[r.rank] = (scope, secs)
         stalled = bool(waits) and self._stalled_sweeps >= 1
         longest = max((s for _, s in waits.values()), default=0.0)
         return stalled, longest, threshold, waits
@@ -577,7 +614,7 @@ class Detectors:
     # --- straggler -------------------------------------------------------------------
     def _collect_steps(self, view: ClusterView) -> None:
         """Fold every reachable rank's served per-step timings into the per-rank memory."""
-        for url, r in view.ranks.items():
+        for url, r in _fresh(view):
             if not r.reachable or not r.state or not r.fresh:  # carried: folded already
                 continue
             rows = step_timings(r.state)
@@ -592,8 +629,9 @@ class Detectors:
             if len(by_step) > STEP_MEMORY:
                 for s in sorted(by_step)[:len(by_step) - STEP_MEMORY]:
                     del by_step[s]
-        for url in [u for u in self._steps if u not in view.ranks]:
-            del self._steps[url]
+        if not self._steps.keys() <= view.ranks.keys():
+            for url in self._steps.keys() - view.ranks.keys():
+                del self._steps[url]
 
     def _straggler(self, view, dumps, traces, analysis, now) -> list[Finding]:
         self._collect_steps(view)
@@ -650,7 +688,7 @@ class Detectors:
             ranks, in_group = self._late_ranks(members[g], window, threshold)
             ev = {"median_lag_s": round(med_lag, 4), "threshold_s": round(threshold, 4),
                   "median_step_s": round(med_step, 4), "late_in": f"{late}/{len(window)}",
-                  "lag_against": against[g],
+                  "lag_against": against[g] if g in against else [h for h in groups if h != g],
                   "steps": [window[0], window[-1]], "windows": mem.straggler_windows,
                   "window_lags_s": mem.straggler_lags[-10:],
                   "peer_lags_s": {str(k): v for k, v in self.last_lags.items()},
@@ -682,15 +720,22 @@ class Detectors:
         def late(v: list[float]) -> bool:
             return sum(1 for x in v if x >= threshold) >= need and _median(v) >= threshold
 
-        lags = {g: [_median(v for h, v in cross[s].items() if h != g) - cross[s][g]
-                    for s in window] for g in groups}
-        against = {g: [h for h in groups if h != g] for g in groups}
+        # the median of the others per group from one sorted list per step: O(G log G), not
+        # O(G^2) (12,500 groups made the latter minutes; docs/scaling.md)
+        ordered = {s: sorted(cross[s][g] for g in groups) for s in window}
+        lags = {g: [_median_without(ordered[s], cross[s][g]) - cross[s][g] for s in window]
+                for g in groups}
         candidates = {g for g in groups if late(lags[g])}
+        ref_all = [h for h in groups if h not in candidates]
+        against = {g: [h for h in groups if h != g] for g in groups} \
+            if len(groups) <= 64 else {}
         for g in candidates:
-            ref = [h for h in groups if h != g and h not in candidates]
+            ref = [h for h in ref_all if h != g]
             if ref:
                 lags[g] = [min(cross[s][h] for h in ref) - cross[s][g] for s in window]
                 against[g] = ref
+            elif g not in against:
+                against[g] = [h for h in groups if h != g]
         return lags, against
 
     @staticmethod
@@ -756,26 +801,38 @@ class Detectors:
 
     # --- stuck_starting --------------------------------------------------------------
     def _stuck_starting(self, full, dumps, traces, analysis, now) -> list[Finding]:
-        seen = set()
-        stuck: dict[int, list[RankView]] = {}
-        for r in full.ranks.values():
+        # only the ranks polled this sweep can have started or begun starting; a carried rank
+        # keeps what its last poll said
+        starting = {}
+        for url, r in _fresh(full):
             s = r.state
-            if not r.reachable or not s or r.replica_group is None:
+            if not r.reachable or not s or r.replica_group is None or int(s["quorum_id"]) >= 0:
                 continue
-            if int(s["quorum_id"]) >= 0:
-                continue
-            ident = (r.url, s.get("pid"), s.get("started_at"))
-            seen.add(ident)
+            starting[url] = (url, s.get("pid"), s.get("started_at"))
+        if full.polled is not None:
+            fresh = set(full.polled)
+            for ident in self._starting:
+                url = ident[0]
+                if url not in fresh and url in full.ranks:
+                    r = full.ranks[url]
+                    if r.reachable and r.state and r.replica_group is not None:
+                        starting.setdefault(url, ident)
+        seen = set(starting.values())
+        stuck: dict[int, list[RankView]] = {}
+        for ident in seen:
             first = self._starting.setdefault(ident, now)
             if now - first >= self.cfg.starting_timeout_s:
+                r = full.ranks[ident[0]]
                 stuck.setdefault(r.replica_group, []).append(r)
         for ident in [i for i in self._starting if i not in seen]:
             del self._starting[ident]
         new = []
-        for g, gv in full.groups.items():
-            ranks = stuck.get(g)
-            if not ranks:
-                self._resolve_kind("stuck_starting", g, "started", now)
+        for key in [k for k in self._open if k[0] == "stuck_starting"
+                    and k[1] in full.groups and k[1] not in stuck]:
+            self._resolve(key, "started", now)
+        for g, ranks in stuck.items():
+            gv = full.groups.get(g)
+            if gv is None:
                 continue
             verified = self._groups.get(g)
             rid = verified.replica_id if verified else None

@@ -123,6 +123,8 @@ class MonitorMetrics:
                                           "1 while a host's last quarantine/release action "
                                           "failed or is being retried", ["job", "host", "sink"],
                                           registry=r)
+        self._group_rows: dict[int, dict[str, float | None]] = {}  # as set_groups left them
+        self._group_goodput: dict[int, float] = {}  # as add_goodput left them
         for state in ("ok", "suspect", "quarantined", "released"):
             self.hosts.labels(job, state).set(0)
         self.lighthouse_drop.labels(job).set(float("nan"))
@@ -141,18 +143,37 @@ class MonitorMetrics:
             self.open_findings.labels(job, kind).set(0)
 
     def set_groups(self, rows: dict[int, dict[str, float | None]]) -> None:
-        """Rewrite the per-group gauges: replica_group -> {relative, lag, step, in_quorum}."""
-        for g in (self.relative_step, self.arrival_lag, self.group_step, self.group_in_quorum):
-            g.clear()
-        for group, row in rows.items():
+        """Rewrite the per-group gauges: replica_group -> {relative, lag, step, in_quorum}.
+
+        A group's series is created once and then only set when its value changed; a value
+        that became None, or a group no longer in ``rows``, loses its series. (Clearing and
+        re-creating every group's children each sweep cost ~30 us per group: 0.4 s a sweep
+        at 12,500 groups; docs/scaling.md.)"""
+        last = self._group_rows
+        gauges = (("relative", self.relative_step), ("lag", self.arrival_lag),
+                  ("step", self.group_step), ("in_quorum", self.group_in_quorum))
+        for group in [g for g in last if g not in rows]:
             label = str(group)
-            if row.get("relative") is not None:
-                self.relative_step.labels(self.job, label).set(row["relative"])
-            if row.get("lag") is not None:
-                self.arrival_lag.labels(self.job, label).set(row["lag"])
-            if row.get("step") is not None:
-                self.group_step.labels(self.job, label).set(row["step"])
-            self.group_in_quorum.labels(self.job, label).set(1 if row.get("in_quorum") else 0)
+            for key, gauge in gauges:
+                if last[group].get(key) is not None:
+                    gauge.remove(self.job, label)
+            del last[group]
+        for group, row in rows.items():
+            row = {**row, "in_quorum": 1 if row.get("in_quorum") else 0}
+            before = last.get(group)
+            if before == row:
+                continue
+            label = str(group)
+            for key, gauge in gauges:
+                v, was = row.get(key), (before or {}).get(key)
+                if v == was and before is not None:
+                    continue
+                if v is None:
+                    if was is not None:
+                        gauge.remove(self.job, label)
+                else:
+                    gauge.labels(self.job, label).set(v)
+            last[group] = row
 
     def set_hosts(self, counts: dict[str, int], hosts: list[dict]) -> None:
         """Rewrite the host gauges from the ledger: counts by state, and one series per host
@@ -184,7 +205,12 @@ class MonitorMetrics:
             self.goodput_ratio.labels(job).set(acct.job_goodput_ratio)
         if acct.accounted:
             self.expected_groups.labels(job).set(acct.expected_groups)
-        if acct.group_goodput_ratio:
-            self.group_goodput_ratio.clear()
-        for group, ratio in acct.group_goodput_ratio.items():
-            self.group_goodput_ratio.labels(job, str(group)).set(ratio)
+        if acct.group_goodput_ratio:  # series created once per group, set when changed
+            last = self._group_goodput
+            for group in [g for g in last if g not in acct.group_goodput_ratio]:
+                self.group_goodput_ratio.remove(job, str(group))
+                del last[group]
+            for group, ratio in acct.group_goodput_ratio.items():
+                if last.get(group) != ratio:
+                    self.group_goodput_ratio.labels(job, str(group)).set(ratio)
+                    last[group] = ratio

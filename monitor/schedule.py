@@ -27,13 +27,14 @@ Nothing here raises on a rank's odd state: a rank whose state cannot be read is 
 from __future__ import annotations
 
 import math
+import operator
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .detectors import current_wait
 from .discovery import Target
-from .view import ClusterView, RankView
+from .view import ClusterView, GroupView
 
 MODES = ("auto", "on", "off")
 
@@ -71,6 +72,11 @@ class LeaderSchedule:
         self._sweep = 0
         self._drilled_until: dict[int, tuple[float, str]] = {}
         self._leader_step: dict[int, tuple[int, float]] = {}  # group -> (step, since, monitor)
+        self._targets: list[Target] = []
+        self._period = 0
+        self._urls: list[str] = []
+        self._url_set: set[str] = set()
+        self._buckets: list[list[str]] = []
         self.last: Plan | None = None
 
     def active(self, n_targets: int) -> bool:
@@ -82,63 +88,82 @@ class LeaderSchedule:
 
     def plan(self, targets: list[Target], view: ClusterView | None, now: float,
              suspects: Iterable[int] = ()) -> Plan:
-        """The URLs this sweep polls. ``view``: the previous sweep's full view (None: first)."""
+        """The URLs this sweep polls. ``view``: the previous sweep's full view (None: first).
+
+        Work proportional to the groups and the ranks asked, not the ranks known: groups come
+        from the view, the members due this sweep from buckets of URLs by their slot (made
+        again only when the targets change)."""
         self._sweep += 1
-        urls = [t.url for t in targets]
-        if view is None or not self.active(len(urls)):
-            self.last = Plan(urls)
+        if view is None or not self.active(len(targets)):
+            self.last = Plan([t.url for t in targets])
             return self.last
-        groups: dict[int, list[str]] = {}
-        leader: dict[int, RankView] = {}
-        always: list[str] = []
-        for t in targets:
-            rv = view.ranks.get(t.url)
-            if rv is None or rv.state is None or rv.superseded:
-                always.append(t.url)  # never answered (or replaced): asked every sweep
-                continue
-            g = rv.replica_group
-            groups.setdefault(g, []).append(t.url)
-            if rv.state.get("group_rank") == 0 and (g not in leader or rv.reachable):
-                leader[g] = rv
-        reasons = self._reasons(view, groups, leader, now, set(suspects))
+        period = max(1, math.ceil(self.member_interval_s / self.interval_s))
+        self._rebucket(targets, period)
+        known = view.ranks
+        # never answered (or not in the view yet) or replaced: asked every sweep
+        always = list(self._url_set - known.keys())
+        always += [r.url for r in view.ungrouped or () if r.url in self._url_set]
+        groups = {g: gv for g, gv in view.groups.items() if gv.answered}
+        for gv in view.groups.values():
+            always += [r.url for r in gv.ranks if r.state is None]
+            always += [r.url for r in gv.superseded]
+        reasons = self._reasons(view, groups, now, set(suspects))
         for g, why in reasons.items():
             self._drilled_until[g] = (now + self.hold_s, why)
         drilled = {g: why for g, (until, why) in self._drilled_until.items()
                    if until >= now and g in groups}
         self._drilled_until = {g: v for g, v in self._drilled_until.items() if v[0] >= now}
-        period = max(1, math.ceil(self.member_interval_s / self.interval_s))
-        out = list(always)
-        n_leaders = n_members = 0
-        for g, members in groups.items():
+        out = always
+        leaders = set()
+        for g, gv in groups.items():
             if g in drilled:
-                out += members
+                out += [r.url for r in gv.answered]
                 continue
-            lead = leader.get(g)
-            for u in members:
-                if lead is not None and u == lead.url:
-                    out.append(u)
-                    n_leaders += 1
-                elif (zlib.crc32(u.encode()) + self._sweep) % period == 0:
-                    out.append(u)
-                    n_members += 1
+            lead = gv.leader
+            if lead is not None:
+                out.append(lead.url)
+                leaders.add(lead.url)
+        n_leaders = len(leaders)
+        n_members = 0
+        for u in self._buckets[(-self._sweep) % period]:
+            rv = known.get(u)
+            if rv is None or rv.state is None or rv.superseded or u in leaders:
+                continue
+            g = rv.replica_group
+            if g in drilled or g not in groups:
+                continue
+            out.append(u)
+            n_members += 1
         self.last = Plan(out, drilled, n_leaders, n_members, everything=False)
         return self.last
 
-    def _reasons(self, view: ClusterView, groups: dict[int, list[str]],
-                 leader: dict[int, RankView], now: float, suspects: set[int]) -> dict[int, str]:
+    def _rebucket(self, targets: list[Target], period: int) -> None:
+        """URLs by member slot ``crc32(url) % period``, kept while the targets are the same."""
+        if period == self._period and len(targets) == len(self._targets) \
+                and all(map(operator.is_, targets, self._targets)):
+            return
+        self._targets, self._period = list(targets), period
+        self._urls = [t.url for t in targets]
+        self._url_set = set(self._urls)
+        self._buckets = [[] for _ in range(period)]
+        for u in self._urls:
+            self._buckets[zlib.crc32(u.encode()) % period].append(u)
+
+    def _reasons(self, view: ClusterView, groups: dict[int, GroupView], now: float,
+                 suspects: set[int]) -> dict[int, str]:
         suspect_s = self.suspect_s(view)
         out: dict[int, str] = {g: "finding or straggler candidate" for g in suspects
                                if g in groups}
         cross_waiting, moving, others, newest = [], 0, [], -1
-        for g, urls in groups.items():
-            lead = leader.get(g)
+        for g, gv in groups.items():
+            lead = gv.leader
             if lead is None:
                 out.setdefault(g, "no leader (group rank 0) known")
                 continue
             if not lead.reachable:
                 out.setdefault(g, f"leader unreachable ({lead.reason})")
                 continue
-            if any(view.ranks[u].fresh and not view.ranks[u].reachable for u in urls):
+            if gv.fresh_failed:
                 out.setdefault(g, "a rank did not answer")
                 continue
             if not lead.fresh:
@@ -167,8 +192,8 @@ class LeaderSchedule:
             for g, step, why in others:
                 if step < newest:
                     out.setdefault(g, why)
-        in_leaders = [g for g in groups if g in leader and leader[g].reachable and
-                      leader[g].fresh]
+        in_leaders = [g for g, gv in groups.items() if gv.leader is not None
+                      and gv.leader.reachable and gv.leader.fresh]
         if in_leaders and len(cross_waiting) * 2 > len(in_leaders):
             late = [g for g in in_leaders if g not in cross_waiting]
             if late:

@@ -41,7 +41,7 @@ from .shard import Shards
 from .sinks import SinkConfigError, build_sink
 from .store import Store
 from .verification import REASONS as TRUST_REASONS
-from .verification import VERIFIED, verify
+from .verification import VERIFIED, Verifier
 from .view import ClusterView, ViewBuilder
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,7 @@ class Monitor:
         self.poller = Poller(cfg.poll_timeout_s, cfg.max_concurrency,
                              max_bytes=cfg.max_state_bytes)
         self.views = ViewBuilder()
+        self.verifier = Verifier()
         self.schedule = LeaderSchedule(cfg.leader_polling, cfg.leader_polling_min_ranks,
                                        cfg.member_interval_s, cfg.interval_s)
         self.detectors = Detectors(cfg.detectors, analyzer, clock=clock)
@@ -97,6 +98,7 @@ class Monitor:
         self.goodput = self._restore_goodput()
         self.goodput_error: str | None = None
         self._goodput_saved_at = float("-inf")
+        self._goodput_save_s = 0.0  # how long the last snapshot took to write
         self._stop = threading.Event()
         self._loop_thread: threading.Thread | None = None
         self._http = None
@@ -184,11 +186,12 @@ class Monitor:
             self.lighthouse_status, self.lighthouse_error = status, error
             self.lh_settings.observe(status, self.clock())
         now = self.clock()
-        view = self.views.update(targets, polls, now=now,
-                                 polled=None if plan.everything else set(plan.urls))
-        for url, trust in verify(view, self.lighthouse_status, self.lighthouse_error,
-                                 self.lighthouse_reader is not None, now).items():
-            view.ranks[url].trust = trust
+        # verdicts judged again only where claims or the Lighthouse changed (docs/scaling.md)
+        view = self.views.update(
+            targets, polls, now=now, polled=None if plan.everything else set(plan.urls),
+            judge=lambda ranks, changed: self.verifier.judge(
+                ranks, changed, self.lighthouse_status, self.lighthouse_error,
+                self.lighthouse_reader is not None, now))
         evidence = view.evidence()
         for url in self.discovery.forget_unreachable(self.views.unreachable_since(), now):
             log.info("forgot %s: unreachable for %.0fs", url, self.cfg.forget_after_s)
@@ -283,9 +286,7 @@ class Monitor:
         """Offences from this sweep's new findings, the quarantine policy, then the due sink
         actions on a background thread (a slow sink never delays a sweep). Never raises."""
         try:
-            group_hosts = {g: {r.state["host"] for r in gv.ranks
-                               if r.state and r.state.get("host")}
-                           for g, gv in view.groups.items()}
+            group_hosts = {g: gv.hosts for g, gv in view.groups.items()}
             self.hosts.record([{**f.to_dict(), "id": self._finding_ids.get(f.key)}
                                for f in new], now, group_hosts)
             blind = self.blind_reason()
@@ -490,10 +491,15 @@ class Monitor:
         incident changed, else every GOODPUT_SAVE_S (a crash loses at most that much, which a
         restarted ledger then accounts as the time since its last saved sweep)."""
         incidents, intervals = self.goodput.unsaved()
-        if force or incidents or now - self._goodput_saved_at >= GOODPUT_SAVE_S:
+        # the snapshot grows with the groups (~0.5 ms each): at 12,500 groups one costs
+        # seconds, so it is written at most once per 20 of its own durations (docs/scaling.md)
+        every = max(GOODPUT_SAVE_S, 20 * self._goodput_save_s)
+        if force or incidents or now - self._goodput_saved_at >= every:
+            t = time.perf_counter()
             self.store.save_goodput(self.goodput.snapshot(), incidents, intervals, at=now)
             self.goodput.saved()  # only once stored: a failed write is retried next sweep
             self._goodput_saved_at = now
+            self._goodput_save_s = time.perf_counter() - t
 
     def goodput_json(self, incidents: int = 50, intervals: int = 200) -> dict[str, Any]:
         """``GET /v1/goodput``."""
@@ -508,17 +514,20 @@ class Monitor:
         m, job = self.metrics, self.cfg.job
         m.sweeps.labels(job).inc()
         m.sweep_duration.labels(job).observe(view.sweep_seconds)
-        known = [r for r in view.ranks.values() if not r.superseded]
-        up = sum(r.reachable for r in known)
-        m.ranks_known.labels(job).set(len(known))
+        known, up, trust = view.counts  # summed per group (docs/scaling.md)
+        m.ranks_known.labels(job).set(known)
         m.ranks_up.labels(job).set(up)
-        m.ranks_unreachable.labels(job).set(len(known) - up)
+        m.ranks_unreachable.labels(job).set(known - up)
         by_reason = dict.fromkeys(TRUST_REASONS[1:], 0)
-        for r in known:
-            if r.trust is not None and r.trust.state != VERIFIED:
-                by_reason[r.trust.reason] = by_reason.get(r.trust.reason, 0) + 1
-        m.ranks_verified.labels(job).set(sum(1 for r in known if r.trust is not None
-                                             and r.trust.state == VERIFIED))
+        verified = 0
+        for k, n in trust.items():
+            if k is None:
+                continue
+            if k[0] == VERIFIED:
+                verified += n
+            else:
+                by_reason[k[1]] = by_reason.get(k[1], 0) + n
+        m.ranks_verified.labels(job).set(verified)
         for reason, n in by_reason.items():
             m.ranks_unverified.labels(job, reason).set(n)
         m.lighthouse_up.labels(job).set(1 if self.lighthouse_status is not None
@@ -527,9 +536,9 @@ class Monitor:
         for p in polls.values():
             if not p.ok and p.reason:
                 m.poll_errors.labels(job, p.reason).inc()
-        for r in view.ranks.values():
-            if r.reachable is False and r.reason == "bad_response" and r.url in polls \
-                    and polls[r.url].ok:
+        for url, p in polls.items():
+            r = view.ranks.get(url) if p.ok else None
+            if r is not None and r.reachable is False and r.reason == "bad_response":
                 m.poll_errors.labels(job, "bad_response").inc()
         counts: dict[str, int] = {}
         for f in self.detectors.open_findings():

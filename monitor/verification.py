@@ -34,6 +34,7 @@ What this cannot catch: a stranger that copies a real group's replica id and fil
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,9 +108,15 @@ def _check_against_lighthouse(s: dict[str, Any], lh: LighthouseStatus) -> tuple[
 def verify(view: ClusterView, lighthouse: LighthouseStatus | None, error: str | None,
            configured: bool, now: float) -> dict[str, Trust]:
     """The verdict on every rank of ``view`` (by URL). ``rv.trust`` holds the previous one."""
+    return verify_ranks(view.ranks, lighthouse, error, configured, now)
+
+
+def verify_ranks(ranks: Mapping[str, RankView], lighthouse: LighthouseStatus | None,
+                 error: str | None, configured: bool, now: float) -> dict[str, Trust]:
+    """:func:`verify` over some ranks (by URL): every check's scope must be among them."""
     out: dict[str, Trust] = {}
     live: list[RankView] = []
-    for url, rv in view.ranks.items():
+    for url, rv in ranks.items():
         if rv.reachable and rv.state is not None:
             live.append(rv)
         elif rv.trust is not None:
@@ -180,4 +187,113 @@ def verify(view: ClusterView, lighthouse: LighthouseStatus | None, error: str | 
         ok = reason == "ok"
         out[rv.url] = Trust(VERIFIED if ok else UNVERIFIED, reason, detail, ok,
                             claims(rv.state), now)
+    return out
+
+
+def _key(rv: RankView) -> tuple | None:
+    """What a rank's verdict is reached on, besides the Lighthouse and its peers."""
+    s = rv.state
+    if s is None:
+        return None
+    return (rv.reachable, claims(s), s["quorum_id"], s.get("num_participants"))
+
+
+class Verifier:
+    """:func:`verify`, sweep after sweep, judging again only what can have changed.
+
+    A verdict depends on the rank's claims (and its quorum id and participants), on the
+    Lighthouse's status, and on the claims of the ranks that share its replica group, its
+    replica id or its global rank. While the Lighthouse says the same (its quorum, members,
+    world sizes and live heartbeats), only the ranks whose claims changed are judged again,
+    with every rank those checks involve (their groups, and every rank sharing one of their
+    replica ids or ranks, to closure); every other verdict stands, as its ``checked_at``
+    says. When the Lighthouse's answer changes, every rank is judged again. The verdicts are
+    exactly :func:`verify`'s on the same ranks (tests/test_monitor_trust.py).
+    """
+
+    def __init__(self) -> None:
+        self._sig: Any = _NOT_YET
+        self._keys: dict[str, tuple | None] = {}
+        self._by: dict[tuple, set[str]] = defaultdict(set)  # ("g"|"rid"|"rank", v) -> URLs
+
+    @staticmethod
+    def _signature(lighthouse: LighthouseStatus | None, error: str | None,
+                   configured: bool) -> Any:
+        if not configured:
+            return ("none",)
+        if lighthouse is None:
+            return ("unreadable", error)
+        return (lighthouse.quorum_id,
+                tuple(sorted((rid, m.world_size) for rid, m in lighthouse.members.items())),
+                frozenset(r for r in lighthouse.heartbeats if lighthouse.heartbeating(r)))
+
+    def _index(self, url: str, key: tuple | None, add: bool) -> None:
+        if key is None:
+            return
+        for k in _scopes(key):
+            if add:
+                self._by[k].add(url)
+            else:
+                urls = self._by.get(k)
+                if urls is not None:
+                    urls.discard(url)
+                    if not urls:
+                        del self._by[k]
+
+    def judge(self, ranks: Mapping[str, RankView], changed: set[str],
+              lighthouse: LighthouseStatus | None, error: str | None, configured: bool,
+              now: float) -> dict[str, Trust]:
+        """The verdicts that change this sweep, by URL (for ViewBuilder.update's ``judge``);
+        ``changed``: the URLs whose RankView is new (every other one is as last judged)."""
+        sig = self._signature(lighthouse, error, configured)
+        if sig != self._sig or len(self._keys) > len(ranks) \
+                or not self._keys.keys() <= ranks.keys():
+            self._sig = sig
+            self._keys, self._by = {}, defaultdict(set)
+            for url, rv in ranks.items():
+                k = self._keys[url] = _key(rv)
+                self._index(url, k, True)
+            return verify_ranks(ranks, lighthouse, error, configured, now)
+        touched = []
+        for url in changed:
+            k = _key(ranks[url])
+            old = self._keys.get(url, _NOT_YET)
+            if k != old:
+                touched.append((url, old, k))
+        if not touched:
+            return {}
+        todo: list[tuple] = []
+        for url, old, k in touched:
+            if old is not _NOT_YET:
+                self._index(url, old, False)
+                todo += _scopes(old)
+            self._keys[url] = k
+            self._index(url, k, True)
+            todo += _scopes(k)
+        subset: dict[str, RankView] = {url: ranks[url] for url, _, _ in touched}
+        seen: set[tuple] = set()
+        while todo:  # every rank a changed rank's checks involve, to closure
+            k = todo.pop()
+            if k in seen:
+                continue
+            seen.add(k)
+            for url in self._by.get(k, ()):
+                if url not in subset:
+                    subset[url] = ranks[url]
+                    todo += _scopes(self._keys.get(url))
+        return verify_ranks(subset, lighthouse, error, configured, now)
+
+
+_NOT_YET = object()
+
+
+def _scopes(key: tuple | None) -> list[tuple]:
+    """The checks a rank's claims take part in beyond its own: its group, its replica id
+    (none: no rival), its global rank."""
+    if key is None:
+        return []
+    rid, g, _gr, _ws, rank = key[1]
+    out = [("g", g), ("rank", rank)]
+    if rid is not None:
+        out.append(("rid", rid))
     return out

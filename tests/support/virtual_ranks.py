@@ -7,10 +7,13 @@ prefix, as behind a proxy). A machine with a 20,000 file descriptor limit cannot
 ranks a port each; the monitor's side (its poller, view, schedule, detectors) is the same.
 
 Ranks are in replica groups of ``group_size`` (group ``rank // group_size``, group rank
-``rank % group_size``) and step every ``step_s`` on the server's clock. Commands on stdin, one
-per line: ``hang <rank>`` (the rank stops stepping; its group's rank 0 then waits in an in-group
-collective, and every other group's ranks in the cross-group one, as in a real FSDP job),
-``heal`` (all step again). Prints ``VRANKS <port>`` once listening, serves until stdin closes.
+``rank % group_size``) and step every ``step_s`` on the server's clock, and serve the per-step timings of their last 8 steps
+(``timing.recent``, as a WorkerServer's step timer does: compute, in-group and cross-group
+waits), which the straggler detector reads. Commands on stdin, one per line: ``hang <rank>``
+(the rank stops stepping; its group's rank 0 then waits in an in-group collective, and every
+other group's ranks in the cross-group one, as in a real FSDP job), ``slow <group> <seconds>``
+(from the next step on the group computes that much longer and every other group waits for it
+at the cross-group step), ``heal`` (all step again, nobody slow). Prints ``VRANKS <port>`` once listening, serves until stdin closes.
 
     python -m tests.support.virtual_ranks --ranks 12500 --offset 0 --group-size 8
 """
@@ -26,6 +29,8 @@ import time
 from tests.support.monitor_sim import rank_state
 
 STEP_MARK = 987654321  # placeholder serialized once, replaced per answer
+RECENT_MARK, LAST_MARK = '"@RECENT@"', '"@LAST@"'  # the same, for the timings
+KEEP_STEPS = 8
 
 
 class VirtualRanks:
@@ -33,6 +38,7 @@ class VirtualRanks:
         self.n, self.offset, self.group_size, self.step_s = n, offset, group_size, step_s
         self.t0 = time.monotonic()
         self.hung: dict[int, float] = {}  # rank -> monotonic onset
+        self.slow: dict[int, tuple[int, float]] = {}  # group -> (first slow step, seconds)
         self.templates: dict[int, bytes] = {}
         self.requests = 0
 
@@ -43,7 +49,8 @@ class VirtualRanks:
             s = rank_state(rank, g, step=STEP_MARK, step_seconds=self.step_s)
             s.update(group_rank=gr, group_world_size=self.group_size, host=f"node-{g}",
                      replica_id=f"replica_group_{g}:virtual", commits=STEP_MARK,
-                     timing={"recent": [], "waiting": None, "last_step": None, "window": None})
+                     timing={"recent": "@RECENT@", "waiting": None, "last_step": "@LAST@",
+                             "window": None})
             t = self.templates[rank] = json.dumps(s).encode()
         return t
 
@@ -54,9 +61,9 @@ class VirtualRanks:
         step = int((now - self.t0) / self.step_s)
         body = self.template(rank)
         if onset is None:
-            return body.replace(str(STEP_MARK).encode(), str(step).encode())
+            return self._timed(body, rank, step)
         stuck = int((onset - self.t0) / self.step_s)
-        doc = json.loads(body.replace(str(STEP_MARK).encode(), str(stuck).encode()))
+        doc = json.loads(self._timed(body, rank, stuck))
         waited = round(now - onset, 3)
         if rank in self.hung:
             doc["phase"] = "forward"
@@ -67,6 +74,27 @@ class VirtualRanks:
             doc["phase"], doc["timing"]["waiting"] = "allreduce", {"scope": "cross",
                                                                    "seconds": waited}
         return json.dumps(doc).encode()
+
+    def row(self, rank: int, step: int) -> str:
+        """One completed step's timing, as a WorkerServer's step timer serves it."""
+        g = rank // self.group_size
+        jitter = ((rank * 7 + step * 13) % 10) * 0.001
+        compute, cross, group = 0.6 * self.step_s, 0.02 + jitter, 0.01 + jitter / 2
+        for h, (first, secs) in self.slow.items():
+            if step >= first:
+                if h == g:
+                    compute += secs
+                else:
+                    cross += secs
+        return (f'{{"step": {step}, "step_s": {compute + cross + group:.4f}, '
+                f'"compute_s": {compute:.4f}, "wait_cross_s": {cross:.4f}, '
+                f'"wait_group_s": {group:.4f}}}')
+
+    def _timed(self, body: bytes, rank: int, step: int) -> bytes:
+        rows = [self.row(rank, s) for s in range(max(0, step - KEEP_STEPS), step)]
+        return (body.replace(str(STEP_MARK).encode(), str(step).encode())
+                .replace(RECENT_MARK.encode(), f"[{', '.join(rows)}]".encode())
+                .replace(LAST_MARK.encode(), (rows[-1] if rows else "null").encode()))
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -108,8 +136,12 @@ async def serve(args: argparse.Namespace) -> None:
         cmd = line.decode().split()
         if cmd[:1] == ["hang"] and len(cmd) == 2:
             vr.hung[int(cmd[1])] = time.monotonic()
+        elif cmd[:1] == ["slow"] and len(cmd) == 3:
+            step = int((time.monotonic() - vr.t0) / vr.step_s) + 1
+            vr.slow[int(cmd[1])] = (step, float(cmd[2]))
         elif cmd[:1] == ["heal"]:
             vr.hung.clear()
+            vr.slow.clear()
     server.close()
 
 
