@@ -1,0 +1,130 @@
+"""The sweep's incremental parts (docs/scaling.md) give what the from-scratch ones give.
+
+ViewBuilder, given the URLs a sweep asked, reuses carried RankViews and regroups only the
+touched groups; Verifier judges again only the ranks whose claims changed (and every rank
+those checks involve). Both are compared here, sweep after sweep, with the from-scratch
+results on the same ranks: a view grouped afresh (ClusterView from the ranks) and verify()
+over every rank. Synthetic /v1/state documents (no server needed: what is compared is the
+monitor's own bookkeeping), with the changes that move verdicts and groups: a rank going
+down and a new process taking its slot, a replica id claimed by two groups, a rank moving
+group, a Lighthouse quorum change.
+"""
+
+from __future__ import annotations
+
+import random
+
+from monitor.discovery import Target
+from monitor.lighthouse_status import LighthouseStatus, QuorumMember
+from monitor.poller import RankPoll
+from monitor.verification import Verifier, verify
+from monitor.view import ClusterView, ViewBuilder
+from tests.support.monitor_sim import rank_state
+
+GROUPS, SIZE = 6, 4
+
+
+def state(rank: int, group: int, step: int, quorum: int = 3, rid: str | None = None) -> dict:
+    s = rank_state(rank, group, step=step, quorum_id=quorum, participants=GROUPS, now=1000.0)
+    s.update(group_rank=rank % SIZE, group_world_size=SIZE, host=f"h{group}",
+             replica_id=rid or f"replica_group_{group}:x")
+    return s
+
+
+def lighthouse(quorum: int = 3) -> LighthouseStatus:
+    members = {f"replica_group_{g}:x": QuorumMember(f"replica_group_{g}:x", 0, "m", "s", SIZE,
+                                                    False) for g in range(GROUPS)}
+    return LighthouseStatus(quorum, members, {rid: 0.1 for rid in members})
+
+
+def trust_fields(t):
+    return None if t is None else (t.state, t.reason, t.evidence, t.stale)
+
+
+def group_summary(view: ClusterView) -> dict:
+    return {g: ([(r.url, r.reachable, r.fresh) for r in gv.ranks],
+                sorted(r.url for r in gv.superseded), len(gv.reachable), gv.replica_id,
+                gv.step, gv.quorum_id, gv.leader.url if gv.leader else None)
+            for g, gv in view.groups.items()}
+
+
+def test_incremental_view_and_verdicts_match_the_from_scratch_ones_sweep_after_sweep():
+    rng = random.Random(7)
+    targets = [Target(f"http://127.0.0.1:{9000 + r}", "static") for r in range(GROUPS * SIZE)]
+    states = {t.url: state(r, r // SIZE, 0) for r, t in enumerate(targets)}
+    spare = Target("http://127.0.0.1:9999", "static")  # silent until it takes rank 5's slot
+    targets.append(spare)
+    down: set[str] = {spare.url}
+    vb, verifier = ViewBuilder(), Verifier()
+    lh = lighthouse()
+    leaders = {t.url for r, t in enumerate(targets[:-1]) if r % SIZE == 0}
+    for sweep in range(40):
+        now = 1000.0 + sweep
+        # what changes this sweep
+        if sweep == 8:
+            down.add(targets[5].url)  # group 1's rank 5 stops answering
+        if sweep == 12:  # a new process in its slot, at another address: the old superseded
+            states[spare.url] = state(5, 1, sweep)
+            down.discard(spare.url)
+        if sweep == 15:  # group 2's rank 9 claims group 3's replica id: both unverified
+            states[targets[9].url]["replica_id"] = "replica_group_3:x"
+        if sweep == 20:
+            states[targets[9].url]["replica_id"] = "replica_group_2:x"
+        if sweep == 24:  # the Lighthouse moves on to a new quorum; ranks follow as polled
+            lh = lighthouse(4)
+        if sweep >= 24:
+            for s in states.values():
+                if rng.random() < 0.3:
+                    s["quorum_id"] = 4
+        if sweep == 30:  # rank 13 reports another group (a restarted process elsewhere)
+            states[targets[13].url].update(replica_group=5, rank=13)
+        for s in states.values():
+            s["step"] = sweep
+        asked = set(leaders) | {t.url for t in rng.sample(targets, 5)} | down
+        if sweep % 10 == 0:
+            asked = {t.url for t in targets}
+        polls = {u: (RankPoll(u, True, data=dict(states[u])) if u not in down
+                     else RankPoll(u, False, reason="connection", error="refused"))
+                 for u in asked}
+        view = vb.update(targets, polls, now=now, polled=asked,
+                         judge=lambda ranks, changed, lh=lh, now=now: verifier.judge(
+                             ranks, changed, lh, None, True, now))
+        # the verdicts are verify()'s on the same ranks
+        full = verify(view, lh, None, True, now)
+        assert {u: trust_fields(r.trust) for u, r in view.ranks.items()} == \
+            {u: trust_fields(t) for u, t in full.items()}, f"sweep {sweep}"
+        # the view is the one grouped afresh from the same ranks
+        fresh = ClusterView(at=now, ranks={u: r.copy() for u, r in view.ranks.items()})
+        assert group_summary(view) == group_summary(fresh), f"sweep {sweep}"
+        assert view.counts == fresh.counts
+        assert view.reachable_fraction == fresh.reachable_fraction
+        assert view.quorum_id == fresh.quorum_id
+        assert view.quorum_participants() == fresh.quorum_participants()
+        assert [g.replica_group for g in view.in_quorum()] == \
+            [g.replica_group for g in fresh.in_quorum()]
+        # and so is its evidence view
+        ev = view.evidence()
+        for r in fresh.ranks.values():
+            r.trust = view.ranks[r.url].trust
+        fresh_ev = ClusterView(at=now, ranks={u: r.copy() for u, r in fresh.ranks.items()
+                                              if r.trust is not None and r.trust.evidence})
+        assert sorted(ev.ranks) == sorted(fresh_ev.ranks), f"sweep {sweep}"
+        assert group_summary(ev) == group_summary(fresh_ev), f"sweep {sweep}"
+        if sweep == 16:  # the conflict is seen and judged: neither claimant is evidence
+            assert view.ranks[targets[9].url].trust.reason == "replica_id_conflict"
+        if sweep == 9:
+            assert view.ranks[targets[5].url].trust.stale
+        if sweep == 13:
+            assert view.ranks[targets[5].url].superseded
+            assert targets[5].url not in [r.url for r in view.groups[1].ranks]
+    # only what changed was judged again: a quiet sweep leaves every verdict as it was
+    before, last = {u: r.trust for u, r in view.ranks.items()}, view
+    asked = set(leaders)
+    polls = {u: RankPoll(u, True, data=dict(states[u])) for u in asked}
+    view = vb.update(targets, polls, now=now + 1, polled=asked,
+                     judge=lambda ranks, changed: verifier.judge(ranks, changed, lh, None,
+                                                                 True, now + 1))
+    assert all(view.ranks[u].trust is t for u, t in before.items())
+    # carried ranks are the same objects as in the previous view (nothing copied)
+    carried = [u for u, r in last.ranks.items() if u not in asked and not r.fresh]
+    assert carried and all(view.ranks[u] is last.ranks[u] for u in carried)
