@@ -148,9 +148,12 @@ def main() -> int:
               f"{r['wall_max_s']:>8.3f}s {r['cpu_median_s']:>10.3f}s {r['cpu_ratio']:>9.2f}x "
               f"{r['etcd_in_sweep_median_s'] * 1e3:>11.1f} ms "
               f"{r['etcd_cpu_median_s'] * 1e3:>6.1f} ms")
-    if args.json:
+    if args.json:  # the figures with the conditions they were taken under
         with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            json.dump({"ranks": args.ranks, "leader_polling": args.leader_polling,
+                       "sweeps": args.sweeps, "cores": os.cpu_count(),
+                       "load_average": [load_before, os.getloadavg()[0]], "rows": rows},
+                      f, indent=1)
     return 0
 
 
