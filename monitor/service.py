@@ -47,6 +47,10 @@ from .view import ClusterView, ViewBuilder
 log = logging.getLogger(__name__)
 
 GOODPUT_SAVE_S = 5.0  # the goodput ledger's state is written at least this often
+# Flight Recorder entries a fetch asks each rank for (``/v1/fr_trace?last=N``, the newest N of
+# all its process groups): the analysis engine's verdicts on the gloo/frgen scenarios are the
+# same from dumps cut to 64 entries as from whole ones (tests/test_monitor_fr_filter.py); 4x that
+FR_LAST = 256
 
 REFUSALS = {Unauthorized: "unauthorized", NotAllowed: "not_allowed", BadTarget: "bad_request",
             TooManyTargets: "too_many_targets"}
@@ -227,8 +231,17 @@ class Monitor:
         if not urls:
             return {}
         dumps: dict[int, dict] = {}
-        for url, p in self.poller.sweep(urls, "/v1/fr_trace", self.cfg.fr_timeout_s,
-                                        self.cfg.max_fr_bytes).items():
+        # the newest FR_LAST entries of every process group: kilobytes, not the whole ring
+        # buffer; a rank whose server refuses the filter (400) is asked for its whole dump
+        # (a server that does not know it ignores it and sends the whole dump anyway)
+        got = self.poller.sweep(urls, f"/v1/fr_trace?last={FR_LAST}", self.cfg.fr_timeout_s,
+                                self.cfg.max_fr_bytes)
+        refused = [u for u, p in got.items()
+                   if not p.ok and p.reason == "http_status" and (p.error or "")[:9] == "HTTP 400:"]
+        if refused:
+            got.update(self.poller.sweep(refused, "/v1/fr_trace", self.cfg.fr_timeout_s,
+                                         self.cfg.max_fr_bytes))
+        for url, p in got.items():
             rv = view.ranks.get(url)
             if not p.ok or not isinstance(p.data, dict) or rv is None or rv.rank is None:
                 continue

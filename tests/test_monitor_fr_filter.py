@@ -1,0 +1,121 @@
+"""The monitor asks ranks for the newest entries of their Flight Recorder only
+(``/v1/fr_trace?last=N``, monitor.service.FR_LAST), so a drill-down fetches kilobytes.
+
+That is only sound if the analysis engine reaches the same verdicts on cut dumps as on whole
+ones: here the detector scenarios of tests/test_monitor_detectors.py (gloo dumps from
+tests/support/frgen.py: an in-group hang, a cross-group hang, mismatches attributed by
+majority, by own history and by the step pattern) run again with every dump cut by the
+WorkerServer's own filter, at FR_LAST and at 64 entries (the fewest at which every verdict
+still holds: at 32 the step-pattern attribution no longer names the rank), and must give the
+same findings. Then the fallback: a rank whose server refuses the filter (400) is asked for
+its whole dump; one that does not know it (older server, query ignored) sends it anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+import tests.test_monitor_detectors as scenarios
+from monitor.config import MonitorConfig
+from monitor.service import FR_LAST, Monitor
+from monitor.view import ViewBuilder
+from tests.support.monitor_sim import SimRanks, rank_state
+from worker_server.app import filter_fr_dump
+
+SCENARIOS = [
+    "test_in_group_hang_names_the_rank_that_never_entered_the_collective",
+    "test_cross_group_hang_of_single_rank_groups_names_the_missing_group",
+    "test_mismatch_attributed_to_the_minority",
+    "test_mismatch_between_two_survivors_uses_own_history",
+    "test_in_group_mismatch_of_two_ranks_is_attributed_by_the_step_pattern",
+]
+
+
+@pytest.mark.parametrize("last", [FR_LAST, 64])
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_the_same_verdicts_from_cut_dumps(monkeypatch, name, last):
+    whole = scenarios.Job.dumps
+    cut = {"dumps": 0, "shorter": 0, "bytes": 0, "whole_bytes": 0}
+
+    def dumps(self):
+        out = {}
+        for r, d in whole(self).items():
+            body = json.dumps(d).encode()
+            doc = json.loads(filter_fr_dump(body, None, last))
+            cut["dumps"] += 1
+            cut["shorter"] += doc["filter"]["entries_total"] > len(doc["entries"])
+            cut["whole_bytes"] += len(body)
+            cut["bytes"] += len(json.dumps(doc))
+            out[r] = doc
+        return out
+
+    monkeypatch.setattr(scenarios.Job, "dumps", dumps)
+    getattr(scenarios, name)()  # its own assertions: the exact findings, culprits, evidence
+    assert cut["dumps"] > 0
+    if last == 64 and "in_group" in name:  # FSDP's in-group collectives: long enough dumps
+        assert cut["shorter"] > 0 and cut["bytes"] < cut["whole_bytes"]
+
+
+class _RefusesFilters(BaseHTTPRequestHandler):
+    """A rank server that answers 400 to any query (a stricter or proxied server)."""
+
+    state: dict = {}
+    dump: dict = {}
+    asked: list = []
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        self.asked.append(self.path)
+        if "?" in self.path:
+            body, code = b'{"error": "unknown parameter"}', 400
+        elif self.path == "/v1/state":
+            body, code = json.dumps(self.state).encode(), 200
+        else:
+            body, code = json.dumps(self.dump).encode(), 200
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_rank_that_refuses_the_filter_is_asked_for_its_whole_dump():
+    job = scenarios.Job(groups=2, ranks=1)
+    job.steps(5)
+    dumps = job.dumps()
+    _RefusesFilters.state = rank_state(0, 0, participants=2)
+    _RefusesFilters.dump = dumps[0]
+    _RefusesFilters.asked = []
+    strict = ThreadingHTTPServer(("127.0.0.1", 0), _RefusesFilters)
+    threading.Thread(target=strict.serve_forever, daemon=True).start()
+    sim = SimRanks.start(1)  # an older server: the query is ignored
+    try:
+        sim.ranks[0].update(**rank_state(1, 1, participants=2))
+        sim.ranks[0].fr = dumps[1]
+        urls = [f"http://127.0.0.1:{strict.server_address[1]}", sim.ranks[0].url]
+        with tempfile.TemporaryDirectory() as d:
+            mon = Monitor(MonitorConfig(port=0, targets=urls, state_path=os.path.join(d, "m.db")))
+            try:
+                targets = mon.discovery.targets()
+                view = ViewBuilder().update(targets, mon.poller.sweep(urls))
+                for r in view.ranks.values():
+                    r.trust = type("T", (), {"evidence": True})()
+                got = mon._fetch_fr(view, 100.0)  # the periodic Flight Recorder look is due
+            finally:
+                mon.stop()
+    finally:
+        strict.shutdown()
+        strict.server_close()
+        sim.stop()
+    assert sorted(got) == [0, 1]
+    assert len(got[0]["entries"]) == len(dumps[0]["entries"])  # the whole dump, after the 400
+    assert _RefusesFilters.asked.count("/v1/fr_trace") == 1
+    assert f"/v1/fr_trace?last={FR_LAST}" in _RefusesFilters.asked
