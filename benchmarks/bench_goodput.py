@@ -174,8 +174,9 @@ def goodput_from_commits(commits: dict[int, list[float]], t0: float, t1: float, 
     """Goodput of ``expected_groups`` slots over ``[t0, t1]`` from the groups' commit times, by
     the ledger's definitions (monitor/goodput.py): per slot and bin, a group whose commits in the
     trailing window ``W`` (not before ``t0``) x ``b`` / its length reach ``threshold`` counts
-    the whole bin, else its commits in the bin x ``b``, at most the bin. A group without
-    commits is all badput; a slot of a group never seen too.
+    the whole bin, else its commits in the bin x ``b``, at most the bin, what they hold beyond
+    it carried to the next bin (at most ``b``; reset at pace). A group without commits is all
+    badput; a slot of a group never seen too.
 
     ``baselines``: ``(time, b)`` the baseline the ledger had from that time on (sorted); a bin
     is judged with the one in force at its end (``b`` before the first). ``cuts``: ``(onset,
@@ -196,17 +197,19 @@ def goodput_from_commits(commits: dict[int, list[float]], t0: float, t1: float, 
     # window shorter than 2 steps says nothing about pace yet: the bin's own commits count
     edges = [t0 + i * bin_s for i in range(int(math.ceil((t1 - t0) / bin_s - 1e-9)))] + [t1]
     bins, total = [], 0.0
+    carry = [0.0] * len(series)
     for a, c in zip(edges, edges[1:], strict=False):
         i = bisect.bisect_right(history, (c, math.inf))
         bc = history[i - 1][1] if i else b
         dt, good = c - a, 0.0
         start = max([c - pace_window(bc), t0] + [on for on, until in cuts if on < c <= until])
         span = c - start
-        for times in series:
+        for k, times in enumerate(series):
             if span >= 2 * bc and _count(times, start, c) * bc / span >= threshold:
-                good += dt
+                good, carry[k] = good + dt, 0.0
             else:
-                good += min(dt, _count(times, a, c) * bc)
+                held = _count(times, a, c) * bc + carry[k]
+                good, carry[k] = good + min(dt, held), min(bc, held - min(dt, held))
         bins.append([round(a, 3), round(c, 3), round(good, 4)])
         total += good
     expected = expected_groups * (t1 - t0)

@@ -226,6 +226,9 @@ class _Group:
     # its sweeps in the quorum over the horizon, [t0, t1, cum before, cum after, credit]:
     # ``credit`` is what the whole-sweep rule gave beyond ``commits x b`` (see _rejudge)
     judged: deque = field(default_factory=deque)
+    # below pace, credit its commits held beyond the sweep's length (at most one step ``b``):
+    # counted in the next sweep, so that commits are not lost to where the sweeps fall
+    carry: float = 0.0
 
 
 # --- reading a rank's state without trusting its types -------------------------------------
@@ -677,11 +680,12 @@ class GoodputLedger:
                 continue
             window = self.window if cut is None else min(self.window, now - cut)
             pace = _pace(grp.history, window, b) if window >= 2 * b else None
-            earned = min(dt, deltas.get(g, 0) * b)
+            held = deltas.get(g, 0) * b + grp.carry  # what its commits take at healthy pace
+            earned = min(dt, held)
             if pace is not None and pace >= self.cfg.pace_threshold:
-                good = dt  # at healthy pace over the window: the whole interval
+                good, grp.carry = dt, 0.0  # at healthy pace over the window: the whole interval
             else:
-                good = earned
+                good, grp.carry = earned, min(b, held - earned)
             grp.judged.append([t0, now, grp.cum - deltas.get(g, 0), grp.cum, good - earned])
             self._add(g, good, dt, acct)
             rest = dt - good
@@ -699,6 +703,7 @@ class GoodputLedger:
                 cause, inc, slow = PENDING, None, True
             self._badput(t0, now, g, cause, rest, grp.gpus, inc, acct, idle=idle)
         for g in outside:
+            self.groups[g].carry = 0.0
             self._add(g, 0.0, dt, acct)
             inc = None if startup else self._group_incident(g)
             # a group never yet in the quorum, with nothing wrong found, is still starting

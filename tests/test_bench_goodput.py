@@ -197,3 +197,11 @@ def test_vs_fault_free_three_ways_and_the_faults_cost():
                               [("hang", 6.0), ("straggler", 12.0)])])
     assert "lightkeeper: 1.200x | 0.900x | 0.900x; faults 18.0 = 0.050 (hang 6.0, " \
            "straggler 12.0)" in text
+
+
+def test_slow_commits_are_credited_whole_across_bins_shorter_than_a_step():
+    """b = 0.8 s, one commit a second (0.8x pace, slow): a commit holds 0.8 s of a 0.5 s bin;
+    the rest carries to the next bin, so the group keeps 0.8 of its time (0.5 if capped)."""
+    commits = {0: steady(0, 60, 1.0)}
+    gp = goodput_from_commits(commits, 20, 60, 0.8, 1)
+    assert gp["ratio"] == pytest.approx(0.8, abs=0.02)

@@ -640,3 +640,15 @@ def test_a_fault_that_does_not_slow_the_job_is_not_rejudged():
         job_json(healthy_ledger(seconds=34)[1])["goodput_ratio"], abs=0.02)
     assert not [iv for iv in out["intervals"] if iv["incident"] is not None
                 and iv["start"] < job.t - 2.0 + 1e-6]
+
+
+def test_slow_commits_are_credited_whole_across_sweeps_shorter_than_a_step():
+    """Below pace a group is credited b per commit. With sweeps shorter than a step (0.1 s
+    sweeps, 0.2 s steps) a commit holds more than its sweep: the rest is carried to the next
+    sweep, so a group at 0.8x pace keeps 0.8 of its time (capped per sweep, it kept 0.4)."""
+    job, led = healthy_ledger(seconds=30)
+    job.run(led, 3.0, pace=0.8, dt=0.1)  # W's pace still >= 0.9 for the first ~2 s
+    before = job_json(led)["goodput_seconds"]
+    job.run(led, 3.0, pace=0.8, dt=0.1)
+    gained = job_json(led)["goodput_seconds"] - before
+    assert gained == pytest.approx(3 * 3.0 * 0.8, rel=0.08)
