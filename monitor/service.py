@@ -353,10 +353,15 @@ class Monitor:
         return None
 
     def _situation(self, view: ClusterView, evidence: ClusterView, now: float) -> Situation:
-        """Reachability from every known rank; the quorum from verified ranks only."""
+        """Reachability from every known rank; the quorum from verified ranks only, less the
+        groups a kill was already sent to (they still look in the quorum until the Lighthouse
+        drops them: counting them would let two findings of one sweep, or of two sweeps
+        inside the drop time, take the job below --min-replicas)."""
+        evicted = self.store.evicted_replica_ids()
         return Situation(now=now, reachable_fraction=view.reachable_fraction,
-                         groups_in_quorum={g.replica_group for g in evidence.in_quorum()},
-                         evicted_replica_ids=self.store.evicted_replica_ids(),
+                         groups_in_quorum={g.replica_group for g in evidence.in_quorum()
+                                           if g.replica_id not in evicted},
+                         evicted_replica_ids=evicted,
                          last_eviction_at=self.store.last_eviction_at(),
                          blind_reason=self.blind_reason())
 

@@ -208,3 +208,23 @@ def test_dry_run_never_evicts(tmp_path, job):
         assert 'lightkeeper_monitor_dry_run{job="sim"} 1.0' in get(mon, "/metrics").text
     finally:
         mon.stop()
+
+
+def test_two_evictions_in_one_sweep_respect_min_replicas(tmp_path):
+    """A group a kill was sent to still looks in the quorum until the Lighthouse drops it; it
+    must not count towards --min-replicas, or two decisions made on one sweep's view (two
+    findings, or two requests) take the job below it. With cooldown 0 nothing else holds."""
+    lighthouse = SimJob(5)
+    rails = RailsConfig(min_replicas=4, cooldown_s=0)
+    mon = make_monitor(tmp_path, lighthouse.sim, lighthouse, rails=rails)
+    try:
+        wait_until(lambda: mon.evidence is not None and len(mon.evidence.in_quorum()) == 5, 15,
+                   what="five verified groups in the quorum")
+        first = mon.evict_manual(3, "test")
+        second = mon.evict_manual(4, "test")  # on the same view: group 3 still in its quorum
+        assert first["decision"] == "evict", first
+        assert (second["decision"], second["reason"]) == ("hold", "min_replicas"), second
+        assert lighthouse.kills == [lighthouse.replica_ids[3]]
+    finally:
+        mon.stop()
+        lighthouse.stop()
