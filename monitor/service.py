@@ -51,6 +51,9 @@ GOODPUT_SAVE_S = 5.0  # the goodput ledger's state is written at least this ofte
 # all its process groups): the analysis engine's verdicts on the gloo/frgen scenarios are the
 # same from dumps cut to 64 entries as from whole ones (tests/test_monitor_fr_filter.py); 4x that
 FR_LAST = 256
+# ... and of torchft's cross-group group only, from the leaders of groups not drilled (the same
+# verdicts on the single-rank-group scenarios from dumps cut to 16 entries of it)
+FR_LAST_LEADERS = 64
 
 REFUSALS = {Unauthorized: "unauthorized", NotAllowed: "not_allowed", BadTarget: "bad_request",
             TooManyTargets: "too_many_targets"}
@@ -231,11 +234,24 @@ class Monitor:
         if not urls:
             return {}
         dumps: dict[int, dict] = {}
-        # the newest FR_LAST entries of every process group: kilobytes, not the whole ring
-        # buffer; a rank whose server refuses the filter (400) is asked for its whole dump
-        # (a server that does not know it ignores it and sends the whole dump anyway)
-        got = self.poller.sweep(urls, f"/v1/fr_trace?last={FR_LAST}", self.cfg.fr_timeout_s,
-                                self.cfg.max_fr_bytes)
+        # the newest FR_LAST entries of every process group from the ranks of drilled groups
+        # (every rank, without leader polling); from the leaders of the others only torchft's
+        # cross-group group (a cross-group hang or mismatch is judged on those). Kilobytes, not
+        # whole ring buffers. A rank whose server refuses the filter (400) is asked for its
+        # whole dump (a server that does not know it ignores it and sends the whole dump).
+        plan = self.schedule.last
+        if plan is None or plan.everything:
+            drilled_urls = set(urls)
+        else:
+            drilled_urls = {r.url for g in plan.drilled if g in view.groups
+                            for r in view.groups[g].ranks}
+        got: dict[str, Any] = {}
+        for part, path in (([u for u in urls if u in drilled_urls], f"?last={FR_LAST}"),
+                           ([u for u in urls if u not in drilled_urls],
+                            f"?pg=torchft&last={FR_LAST_LEADERS}")):
+            if part:
+                got.update(self.poller.sweep(part, "/v1/fr_trace" + path, self.cfg.fr_timeout_s,
+                                             self.cfg.max_fr_bytes))
         refused = [u for u, p in got.items()
                    if not p.ok and p.reason == "http_status" and (p.error or "")[:9] == "HTTP 400:"]
         if refused:

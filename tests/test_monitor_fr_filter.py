@@ -7,7 +7,8 @@ tests/support/frgen.py: an in-group hang, a cross-group hang, mismatches attribu
 majority, by own history and by the step pattern) run again with every dump cut by the
 WorkerServer's own filter, at FR_LAST and at 64 entries (the fewest at which every verdict
 still holds: at 32 the step-pattern attribution no longer names the rank), and must give the
-same findings. Then the fallback: a rank whose server refuses the filter (400) is asked for
+same findings; the cross-group ones also from torchft's group alone (``pg=torchft``, what the
+leaders of undrilled groups are asked for) at FR_LAST_LEADERS and 16 entries. Then the fallback: a rank whose server refuses the filter (400) is asked for
 its whole dump; one that does not know it (older server, query ignored) sends it anyway.
 """
 
@@ -23,7 +24,7 @@ import pytest
 
 import tests.test_monitor_detectors as scenarios
 from monitor.config import MonitorConfig
-from monitor.service import FR_LAST, Monitor
+from monitor.service import FR_LAST, FR_LAST_LEADERS, Monitor
 from monitor.view import ViewBuilder
 from tests.support.monitor_sim import SimRanks, rank_state
 from worker_server.app import filter_fr_dump
@@ -37,9 +38,16 @@ SCENARIOS = [
 ]
 
 
-@pytest.mark.parametrize("last", [FR_LAST, 64])
-@pytest.mark.parametrize("name", SCENARIOS)
-def test_the_same_verdicts_from_cut_dumps(monkeypatch, name, last):
+# leaders of undrilled groups are asked for torchft's cross-group group only: the scenarios
+# judged on it (groups of one rank: every rank a leader)
+CROSS = [n for n in SCENARIOS if "cross_group" in n or "mismatch_attributed_to_the_minority" in n
+         or "own_history" in n]
+CUTS = [(n, None, last) for n in SCENARIOS for last in (FR_LAST, 64)] + \
+    [(n, "torchft", last) for n in CROSS for last in (FR_LAST_LEADERS, 16)]
+
+
+@pytest.mark.parametrize(("name", "pg", "last"), CUTS)
+def test_the_same_verdicts_from_cut_dumps(monkeypatch, name, pg, last):
     whole = scenarios.Job.dumps
     cut = {"dumps": 0, "shorter": 0, "bytes": 0, "whole_bytes": 0}
 
@@ -47,7 +55,7 @@ def test_the_same_verdicts_from_cut_dumps(monkeypatch, name, last):
         out = {}
         for r, d in whole(self).items():
             body = json.dumps(d).encode()
-            doc = json.loads(filter_fr_dump(body, None, last))
+            doc = json.loads(filter_fr_dump(body, pg, last))
             cut["dumps"] += 1
             cut["shorter"] += doc["filter"]["entries_total"] > len(doc["entries"])
             cut["whole_bytes"] += len(body)
@@ -58,7 +66,7 @@ def test_the_same_verdicts_from_cut_dumps(monkeypatch, name, last):
     monkeypatch.setattr(scenarios.Job, "dumps", dumps)
     getattr(scenarios, name)()  # its own assertions: the exact findings, culprits, evidence
     assert cut["dumps"] > 0
-    if last == 64 and "in_group" in name:  # FSDP's in-group collectives: long enough dumps
+    if (last == 64 and "in_group" in name) or (last == 16 and "cross_group" in name):  # cut
         assert cut["shorter"] > 0 and cut["bytes"] < cut["whole_bytes"]
 
 
