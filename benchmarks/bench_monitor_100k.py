@@ -8,8 +8,9 @@ this process, with ``--leader-polling on``. It reports:
 
 - the first sweep (every rank), then the leader sweeps' median and worst over ``--sweeps``;
 - a hang planted in a non-leader rank of one group: how long until that group is drilled
-  (every one of its ranks polled in one sweep), how long the drilled sweep takes, and whether
-  a hang is confirmed (the virtual ranks serve no Flight Recorder, which a hang needs: no);
+  (every one of its ranks polled in one sweep), how long the drilled sweep takes, and when
+  the hang is confirmed (from the drilled group's Flight Recorder: the virtual ranks serve a
+  small generated one), against the target max(5 s, 5 x step);
 - a straggler group (``--straggler-lag`` seconds late from one step on): how many of its steps
   until the straggler finding is confirmed (the ranks serve per-step timings);
 - the monitor process's RSS, and its own CPU seconds per sweep (all its threads; the virtual
@@ -117,9 +118,9 @@ def main() -> int:
                 # a hang in a non-leader rank of a group in the middle of the job
                 g = args.groups // 2
                 victim = g * args.group_size + 3
-                owner = next(p for p, off, k in procs if off <= victim < off + k)
-                owner.stdin.write(f"hang {victim}\n")
-                owner.stdin.flush()
+                for p, _, _ in procs:  # every group stops stepping, as in a real job
+                    p.stdin.write(f"hang {victim}\n")
+                    p.stdin.flush()
                 onset = time.perf_counter()
                 drilled_at = drilled_sweep = None
                 while time.perf_counter() - onset < 30:
@@ -135,11 +136,19 @@ def main() -> int:
                         break
                     time.sleep(max(0.0, 1.0 - took))
                 row.update(hang_drilled_after_s=drilled_at, drilled_sweep_s=drilled_sweep)
-                while drilled_at is not None and time.perf_counter() - onset < 30 \
+                hang_sweeps = []
+                while drilled_at is not None and time.perf_counter() - onset < 60 \
                         and not any(f.kind == "hang" for f in mon.detectors.open_findings()):
-                    mon.sweep_once()  # no Flight Recorder: expected to run out
-                row["hang_confirmed"] = any(f.kind == "hang" and f.replica_group == g
-                                            for f in mon.detectors.open_findings())
+                    t = time.perf_counter()
+                    mon.sweep_once()
+                    hang_sweeps.append(time.perf_counter() - t)
+                    time.sleep(max(0.0, 1.0 - hang_sweeps[-1]))
+                hangs = [f for f in mon.detectors.open_findings() if f.kind == "hang"]
+                row.update(hang_confirmed_after_s=time.perf_counter() - onset if hangs else None,
+                           hang_findings=[(f.replica_group, f.ranks,
+                                           f.evidence.get("level")) for f in hangs][:5],
+                           hang_target_s=max(5.0, 5 * args.step_s),
+                           sweeps_after_drill_s=[round(x, 2) for x in hang_sweeps])
                 # a straggler group: every process hears it (the others wait for it)
                 for p, _, _ in procs:
                     p.stdin.write("heal\n")

@@ -13,7 +13,14 @@ waits), which the straggler detector reads. Commands on stdin, one per line: ``h
 (the rank stops stepping; its group's rank 0 then waits in an in-group collective, and every
 other group's ranks in the cross-group one, as in a real FSDP job), ``slow <group> <seconds>``
 (from the next step on the group computes that much longer and every other group waits for it
-at the cross-group step), ``heal`` (all step again, nobody slow). Prints ``VRANKS <port>`` once listening, serves until stdin closes.
+at the cross-group step), ``heal`` (all step again, nobody slow).
+
+``GET /r/<rank>/v1/fr_trace`` (with the WorkerServer's ``?pg=`` / ``?last=`` filter) serves a
+small gloo Flight Recorder dump of the rank's in-group process group (tests/support/frgen.py:
+six FSDP-like steps; no torchft cross-group entries, so ``pg=torchft`` is empty): in a group
+with a hung rank, its peers' newest all-gather is one the hung rank never entered, which the
+analysis engine names as an in-group hang, as on a real job. The dumps are rendered once per
+(group rank, hung group rank, filter) and stamped with each rank's identity. Prints ``VRANKS <port>`` once listening, serves until stdin closes.
 
     python -m tests.support.virtual_ranks --ranks 12500 --offset 0 --group-size 8
 """
@@ -25,12 +32,18 @@ import asyncio
 import json
 import sys
 import time
+from urllib.parse import parse_qs
 
+from tests.support.frgen import FRJob
 from tests.support.monitor_sim import rank_state
+from worker_server.app import filter_fr_dump
 
 STEP_MARK = 987654321  # placeholder serialized once, replaced per answer
 RECENT_MARK, LAST_MARK = '"@RECENT@"', '"@LAST@"'  # the same, for the timings
 KEEP_STEPS = 8
+RANK_MARK, GROUP_MARK = 900000001, 900000002  # identity placeholders of the FR templates
+FR_STEP = [("all_gather", [[300]]), ("all_gather", [[1000]]), ("reduce_scatter", [[1000]]),
+           ("reduce_scatter", [[300]])]
 
 
 class VirtualRanks:
@@ -41,6 +54,7 @@ class VirtualRanks:
         self.slow: dict[int, tuple[int, float]] = {}  # group -> (first slow step, seconds)
         self.templates: dict[int, bytes] = {}
         self.requests = 0
+        self.fr_templates: dict[tuple, bytes] = {}
 
     def template(self, rank: int) -> bytes:
         t = self.templates.get(rank)
@@ -96,6 +110,37 @@ class VirtualRanks:
                 .replace(RECENT_MARK.encode(), f"[{', '.join(rows)}]".encode())
                 .replace(LAST_MARK.encode(), (rows[-1] if rows else "null").encode()))
 
+    def fr(self, rank: int, query: str) -> tuple[str, bytes]:
+        """(status, body) of ``/v1/fr_trace`` for ``rank``; see the module docstring."""
+        g, local = divmod(rank, self.group_size)
+        hung = [h % self.group_size for h in self.hung if h // self.group_size == g]
+        victim = hung[0] if hung else None
+        key = (local, victim, query)
+        body = self.fr_templates.get(key)
+        if body is None:
+            args = parse_qs(query)
+            pg = args.get("pg", [None])[0]
+            try:
+                last = int(args["last"][0]) if "last" in args else None
+            except ValueError:
+                return "400 Bad Request", b'{"error": "last must be an integer"}'
+            job = FRJob(world_size=self.group_size, flavour="gloo", jitter_ms=1,
+                        compute_ms=self.step_s * 1000 / len(FR_STEP), seed=1)
+            for _ in range(6):
+                for op, sizes in FR_STEP:
+                    job.collective("0", op, sizes)
+            if victim is not None:
+                job.collective("0", "all_gather", [[300]], absent=[victim])
+            doc = job.dumps()[local]
+            doc.update(rank=RANK_MARK, replica_group=GROUP_MARK, group_rank=local,
+                       group_world_size=self.group_size, host=f"node-{GROUP_MARK}")
+            body = json.dumps(doc).encode()
+            if pg is not None or last is not None:
+                body = filter_fr_dump(body, pg, last)
+            self.fr_templates[key] = body
+        return "200 OK", body.replace(str(RANK_MARK).encode(), str(rank).encode()) \
+            .replace(str(GROUP_MARK).encode(), str(g).encode())
+
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
@@ -107,14 +152,19 @@ class VirtualRanks:
                 parts = line.split()
                 path = parts[1].decode() if len(parts) > 1 else "/"
                 status, body = "404 Not Found", b'{"error": "not found"}'
-                bits = path.split("?")[0].split("/")  # '', 'r', '<rank>', 'v1', 'state'
-                if len(bits) == 5 and bits[1] == "r" and bits[3:] == ["v1", "state"]:
+                path, _, query = path.partition("?")
+                bits = path.split("/")  # '', 'r', '<rank>', 'v1', 'state' | 'fr_trace'
+                if len(bits) == 5 and bits[1] == "r" and bits[3] == "v1":
                     try:
                         rank = int(bits[2])
                     except ValueError:
                         rank = -1
-                    if self.offset <= rank < self.offset + self.n:
+                    if not self.offset <= rank < self.offset + self.n:
+                        pass
+                    elif bits[4] == "state":
                         status, body = "200 OK", self.state(rank)
+                    elif bits[4] == "fr_trace":
+                        status, body = self.fr(rank, query)
                 self.requests += 1
                 writer.write(f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
                              f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
