@@ -629,8 +629,12 @@ class Detectors:
             if len(by_step) > STEP_MEMORY:
                 for s in sorted(by_step)[:len(by_step) - STEP_MEMORY]:
                     del by_step[s]
-        if not self._steps.keys() <= view.ranks.keys():
-            for url in self._steps.keys() - view.ranks.keys():
+        # only ranks polled this sweep are judged, and a rank serves its last 16 steps when
+        # polled again: with leader polling the others' memory is dropped (100,000 ranks x 32
+        # steps of timings were ~1 GiB; docs/scaling.md)
+        keep = view.ranks.keys() if view.polled is None else set(view.polled)
+        if not self._steps.keys() <= keep:
+            for url in self._steps.keys() - keep:
                 del self._steps[url]
 
     def _straggler(self, view, dumps, traces, analysis, now) -> list[Finding]:
