@@ -240,11 +240,14 @@ class Monitor:
         # whole ring buffers. A rank whose server refuses the filter (400) is asked for its
         # whole dump (a server that does not know it ignores it and sends the whole dump).
         plan = self.schedule.last
-        if plan is None or plan.everything:
+        if plan is None or not self.schedule.active(len(view.ranks)):
             drilled_urls = set(urls)
-        else:
+        else:  # leader polling: the leaders and the drilled groups only, even on a sweep that
+            # asked every rank (the first: 100,000 dumps at once would be gigabytes)
             drilled_urls = {r.url for g in plan.drilled if g in view.groups
                             for r in view.groups[g].ranks}
+            leaders = {gv.leader.url for gv in view.groups.values() if gv.leader is not None}
+            urls = [u for u in urls if u in drilled_urls or u in leaders]
         got: dict[str, Any] = {}
         for part, path in (([u for u in urls if u in drilled_urls], f"?last={FR_LAST}"),
                            ([u for u in urls if u not in drilled_urls],
