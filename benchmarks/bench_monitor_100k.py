@@ -14,7 +14,7 @@ this process, with ``--leader-polling on``. It reports:
 - a straggler group (``--straggler-lag`` seconds late from one step on): how many of its steps
   until the straggler finding is confirmed (the ranks serve per-step timings);
 - the monitor process's RSS, and its own CPU seconds per sweep (all its threads; the virtual
-  ranks' processes excluded).
+  ranks' processes excluded), and the seconds its cyclic garbage collector took per sweep.
 
 The simulated ranks share the machine's cores with the monitor, so on a small box the figures
 are pessimistic; the load average is printed with them.
@@ -25,6 +25,7 @@ are pessimistic; the load average is printed with them.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -90,6 +91,15 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     raise_fd_limit()
+    gc_s = [0.0, None]
+
+    def gc_time(phase: str, info: dict) -> None:  # seconds in the cyclic GC, this process
+        if phase == "start":
+            gc_s[1] = time.perf_counter()
+        elif gc_s[1] is not None:
+            gc_s[0] += time.perf_counter() - gc_s[1]
+
+    gc.callbacks.append(gc_time)
     n = args.groups * args.group_size
     procs, urls = start(n, args.procs, args.group_size, args.step_s)
     row: dict = {"ranks": n, "groups": args.groups, "group_size": args.group_size}
@@ -104,17 +114,20 @@ def main() -> int:
                 view = mon.sweep_once()
                 row["first_sweep_s"] = time.perf_counter() - t
                 row["first_up"] = sum(r.reachable for r in view.ranks.values())
-                times, cpu, polled = [], [], []
+                times, cpu, polled, gcs = [], [], [], []
                 for _ in range(args.sweeps):
                     t, c = time.perf_counter(), time.process_time()
+                    gc_s[0] = 0.0
                     mon.sweep_once()
+                    gcs.append(gc_s[0])
                     times.append(time.perf_counter() - t)
                     cpu.append(time.process_time() - c)
                     polled.append(len(mon.schedule.last.urls))
                     time.sleep(max(0.0, 1.0 - times[-1]))  # the monitor's 1 s interval
                 row.update(leader_median_s=statistics.median(times), leader_max_s=max(times),
                            leader_cpu_median_s=statistics.median(cpu),
-                           leader_cpu_max_s=max(cpu), polled_median=statistics.median(polled))
+                           leader_cpu_max_s=max(cpu), polled_median=statistics.median(polled),
+                           leader_gc_s=[round(x, 3) for x in gcs])
                 # a hang in a non-leader rank of a group in the middle of the job
                 g = args.groups // 2
                 victim = g * args.group_size + 3

@@ -127,3 +127,37 @@ def test_a_rank_that_refuses_the_filter_is_asked_for_its_whole_dump():
     assert len(got[0]["entries"]) == len(dumps[0]["entries"])  # the whole dump, after the 400
     assert _RefusesFilters.asked.count("/v1/fr_trace") == 1
     assert f"/v1/fr_trace?last={FR_LAST}" in _RefusesFilters.asked
+
+
+def test_with_leader_polling_the_first_sweep_asks_leaders_only_for_flight_recorder():
+    """The first sweep polls every rank; its Flight Recorder look still goes to the leaders
+    (group rank 0) only, for torchft's group only: at 100,000 ranks a dump from every rank
+    at once was gigabytes."""
+    job = scenarios.Job(groups=2, ranks=1)
+    job.steps(3)
+    sim = SimRanks.start(8, groups=2)  # group g: ranks g, g + 2, ...; group rank r // 2
+    asked: list[tuple[str, str]] = []
+    try:
+        for r in sim.ranks:
+            r.fr = job.dumps()[0]
+        with tempfile.TemporaryDirectory() as d:
+            mon = Monitor(MonitorConfig(port=0, targets=sim.urls, leader_polling="on",
+                                        state_path=os.path.join(d, "m.db")))
+            sweep = mon.poller.sweep
+
+            def spy(urls, path="/v1/state", *a, **k):
+                urls = list(urls)
+                asked.extend((u, path) for u in urls)
+                return sweep(urls, path, *a, **k)
+
+            mon.poller.sweep = spy
+            try:
+                view = mon.sweep_once()
+            finally:
+                mon.stop()
+    finally:
+        sim.stop()
+    fr = {(u, p) for u, p in asked if p.startswith("/v1/fr_trace")}
+    leaders = {r.url for r in view.ranks.values() if r.state["group_rank"] == 0}
+    assert len(leaders) == 2 and len([p for u, p in asked if p == "/v1/state"]) == 8
+    assert fr == {(u, f"/v1/fr_trace?pg=torchft&last={FR_LAST_LEADERS}") for u in leaders}
