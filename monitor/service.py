@@ -15,6 +15,7 @@ monitor never raises out of :meth:`Monitor.sweep_once` because of a rank.
 
 from __future__ import annotations
 
+import gc
 import logging
 import statistics
 import threading
@@ -54,6 +55,14 @@ FR_LAST = 256
 # ... and of torchft's cross-group group only, from the leaders of groups not drilled (the same
 # verdicts on the single-rank-group scenarios from dumps cut to 16 entries of it)
 FR_LAST_LEADERS = 64
+# From this many targets the cyclic garbage collector is kept off during a sweep and what
+# survived it is then moved out of its reach (gc.freeze): with 100,000 ranks' states held, each
+# full collection walked millions of objects, 1-17 s on this box, about once a sweep
+# (docs/scaling.md). The states are acyclic and still freed by reference counting; a full
+# collection of everything runs every GC_FULL_EVERY sweeps, so cyclic garbage made meanwhile is
+# collected then.
+GC_FREEZE_MIN_TARGETS = 20_000
+GC_FULL_EVERY = 100
 
 REFUSALS = {Unauthorized: "unauthorized", NotAllowed: "not_allowed", BadTarget: "bad_request",
             TooManyTargets: "too_many_targets"}
@@ -106,6 +115,7 @@ class Monitor:
         self.goodput_error: str | None = None
         self._goodput_saved_at = float("-inf")
         self._goodput_save_s = 0.0  # how long the last snapshot took to write
+        self._gc_frozen = 0  # sweeps since the last full collection (0: not freezing)
         self._stop = threading.Event()
         self._loop_thread: threading.Thread | None = None
         self._http = None
@@ -153,6 +163,10 @@ class Monitor:
                 self._save_goodput(self.clock(), force=True)
         except Exception:  # a store that cannot be written: logged, the stop goes on
             log.exception("could not save the goodput ledger")
+        if self._gc_frozen:
+            gc.unfreeze()
+            gc.enable()
+            self._gc_frozen = 0
         self.poller.close()
         self.lighthouse.close()
         if self.lighthouse_reader is not None:
@@ -172,6 +186,8 @@ class Monitor:
     # --- one sweep -------------------------------------------------------------------
     def sweep_once(self) -> ClusterView:
         t0 = time.perf_counter()
+        if self._gc_frozen:
+            gc.disable()  # re-enabled once what survived the sweep is frozen (_freeze_gc)
         err = self.discovery.refresh()
         if err:
             log.warning("%s", err)
@@ -213,6 +229,7 @@ class Monitor:
         view.sweep_seconds = evidence.sweep_seconds = time.perf_counter() - t0
         self.view, self.evidence = view, evidence
         self.sweeps += 1
+        self._freeze_gc(len(targets))
         self._publish_metrics(view, evidence, polls)
         if self.cfg.sd_out:
             try:
@@ -220,6 +237,23 @@ class Monitor:
             except OSError as e:
                 log.warning("cannot write %s: %s", self.cfg.sd_out, e)
         return view
+
+    def _freeze_gc(self, n_targets: int) -> None:
+        """See GC_FREEZE_MIN_TARGETS; below it (and on a monitor that shrank) nothing is
+        frozen."""
+        if n_targets < GC_FREEZE_MIN_TARGETS:
+            if self._gc_frozen:
+                gc.unfreeze()
+                gc.enable()
+                self._gc_frozen = 0
+            return
+        self._gc_frozen += 1
+        if self._gc_frozen > GC_FULL_EVERY:
+            gc.unfreeze()
+            gc.collect()
+            self._gc_frozen = 1
+        gc.freeze()
+        gc.enable()
 
     def _suspect_groups(self) -> set[int]:
         """Groups leader polling drills into whatever their leader says: open findings and
