@@ -20,7 +20,10 @@ Definitions (per replica group slot, per sweep interval ``dt``; ``docs/goodput.m
   commits in the trailing ``W`` times ``b`` over the window's length (1.0 = healthy pace).
 - **goodput**: a group in the quorum (participating) at a pace of at least ``pace_threshold``
   counts the whole ``dt``; below, only ``commits x b`` (the time its commits take at healthy
-  pace), at most ``dt``.
+  pace), at most ``dt``, what they hold beyond it carried to the group's next sweep (at most
+  ``b``). The pace window never reaches back across the onset of an incident not yet acted
+  on, and an incident's confirmation judges again, from its onset, the sweeps a window reaching
+  back before it credited whole (:meth:`GoodputLedger._rejudge`).
 - **badput**, the rest of the slot, by the first cause that applies: ``startup`` (no baseline
   yet: from the first sweep that sees a verified rank; and a group seen but never yet in the
   quorum, with no finding about it), ``capacity_lost`` (the slot's group is out of the quorum:
