@@ -43,6 +43,32 @@ from monitor.service import Monitor  # noqa: E402
 from tests.support.monitor_sim import raise_fd_limit  # noqa: E402
 
 
+class GcClock:
+    """Seconds this process's cyclic garbage collector has run since :meth:`take`."""
+
+    def __init__(self) -> None:
+        self.seconds, self._began = 0.0, None
+        gc.callbacks.append(self._tick)
+
+    def _tick(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        elif self._began is not None:
+            self.seconds += time.perf_counter() - self._began
+
+    def take(self) -> float:
+        out, self.seconds = self.seconds, 0.0
+        return out
+
+
+def save(row: dict, path: str | None) -> int:
+    """Write the results as JSON when ``path`` is given; the exit status."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(row, f, indent=1)
+    return 0
+
+
 def start(n: int, procs: int, group_size: int, step_s: float) -> tuple[list, list[str]]:
     per = -(-n // procs)
     per = -(-per // group_size) * group_size  # whole groups per process
@@ -91,15 +117,7 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     raise_fd_limit()
-    gc_s = [0.0, None]
-
-    def gc_time(phase: str, info: dict) -> None:  # seconds in the cyclic GC, this process
-        if phase == "start":
-            gc_s[1] = time.perf_counter()
-        elif gc_s[1] is not None:
-            gc_s[0] += time.perf_counter() - gc_s[1]
-
-    gc.callbacks.append(gc_time)
+    gc_clock = GcClock()
     n = args.groups * args.group_size
     procs, urls = start(n, args.procs, args.group_size, args.step_s)
     row: dict = {"ranks": n, "groups": args.groups, "group_size": args.group_size}
@@ -117,9 +135,9 @@ def main() -> int:
                 times, cpu, polled, gcs = [], [], [], []
                 for _ in range(args.sweeps):
                     t, c = time.perf_counter(), time.process_time()
-                    gc_s[0] = 0.0
+                    gc_clock.take()
                     mon.sweep_once()
-                    gcs.append(gc_s[0])
+                    gcs.append(gc_clock.take())
                     times.append(time.perf_counter() - t)
                     cpu.append(time.process_time() - c)
                     polled.append(len(mon.schedule.last.urls))
@@ -201,10 +219,7 @@ def main() -> int:
     row["load_average"] = os.getloadavg()[0]
     row["cores"] = os.cpu_count()
     print(json.dumps(row, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(row, f, indent=1)
-    return 0
+    return save(row, args.json)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ requests out; the answers are the real documents.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import statistics
@@ -27,6 +26,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks.bench_monitor_100k import GcClock, save  # noqa: E402
 from monitor.config import MonitorConfig  # noqa: E402
 from monitor.poller import RankPoll  # noqa: E402
 from monitor.service import Monitor  # noqa: E402
@@ -68,15 +68,7 @@ def main() -> int:
     vr = VirtualRanks(n, 0, args.group_size, 1.0)
     urls = [f"http://127.0.0.1:1/r/{r}" for r in range(n)]
     poller = InProcessPoller(vr, {u: i for i, u in enumerate(urls)})
-    gc_s = [0.0, None]
-
-    def gc_time(phase: str, info: dict) -> None:
-        if phase == "start":
-            gc_s[1] = time.perf_counter()
-        elif gc_s[1] is not None:
-            gc_s[0] += time.perf_counter() - gc_s[1]
-
-    gc.callbacks.append(gc_time)
+    gc_clock = GcClock()
     stages: dict[str, list[float]] = {}
     now: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as d:
@@ -110,12 +102,13 @@ def main() -> int:
             row = {"ranks": n, "groups": args.groups, "sweeps": []}
             for _ in range(args.sweeps):
                 now.clear()
-                poller.seconds = gc_s[0] = 0.0
+                poller.seconds = 0.0
+                gc_clock.take()
                 t, c = time.perf_counter(), time.process_time()
                 mon.sweep_once()
                 wall, cpu = time.perf_counter() - t, time.process_time() - c
                 sweep = {"wall_s": wall, "cpu_s": cpu, "answers_s": poller.seconds,
-                         "monitor_s": wall - poller.seconds, "gc_s": gc_s[0],
+                         "monitor_s": wall - poller.seconds, "gc_s": gc_clock.take(),
                          "asked": len(mon.schedule.last.urls), **now}
                 row["sweeps"].append(sweep)
                 print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
@@ -133,10 +126,7 @@ def main() -> int:
         per_group = f"{1e6 * v / args.groups:8.1f} us/group" if k.endswith("_s") or " " in k \
             or k in ("schedule", "detectors", "goodput", "metrics") else ""
         print(f"  {k:>26}: {v:10.3f}  {per_group}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(row, f, indent=1)
-    return 0
+    return save(row, args.json)
 
 
 if __name__ == "__main__":
