@@ -486,11 +486,17 @@ class Demo:
                 if key not in self._seen_findings and f.get("confirmed_at"):
                     self._seen_findings.add(key)
                     culprits, hosts = finding_culprits(f)
+                    evicted = {d.get("replica_id") for d in self.evictions or []
+                               if d.get("decision") == "evict"}
+                    # the evicted incarnation's ranks exit, as the kill intends: the monitor
+                    # reports that as `dead` (never acted on); say so, lest it read as a new fault
+                    expected = (" - the evicted incarnation exiting, as intended"
+                                if f["kind"] == "dead" and f.get("replica_id") in evicted else "")
                     self.event("detected", f["replica_group"],
                                f"{f['kind']} (ranks {f.get('ranks')}"
                                + (f", culprit ranks {culprits}" if culprits is not None else "")
                                + (f" on {', '.join(dict.fromkeys(hosts))}" if hosts else "")
-                               + f") at {self.rel(f['confirmed_at']):.1f}s")
+                               + f") at {self.rel(f['confirmed_at']):.1f}s{expected}")
         evictions = self.monitor_get("/v1/evictions")
         if evictions is not None:
             self.evictions = evictions
