@@ -15,7 +15,8 @@ is *drilled* (every rank polled every sweep) the moment its leader looks wrong, 
   other groups moved past it (stuck phase; in a job-wide stall every leader holds one step, and
   the next rule applies);
 - most leaders wait in the cross-group collective for ``suspect_s`` or more and this group's does
-  not (the group the others wait for: late arrival). When every leader waits there and none
+  not wait there at all (the group the others wait for: late arrival; a leader waiting there
+  for less, polled earlier in the sweep, arrived too). When every leader waits there and none
   stands out, every group is drilled: the evidence the detectors then need is the whole job's;
 - the caller names it (``suspects``): an open finding or a straggler candidate (its lag).
 
@@ -154,7 +155,10 @@ class LeaderSchedule:
         suspect_s = self.suspect_s(view)
         out: dict[int, str] = {g: "finding or straggler candidate" for g in suspects
                                if g in groups}
-        cross_waiting, moving, others, newest = [], 0, [], -1
+        # arrived: the leader waits in the cross-group collective at all. Leaders are polled at
+        # different moments of a sweep (seconds apart at 100,000 ranks), so in a job-wide stall
+        # one polled early reports a shorter wait: it arrived, it is not the late one
+        cross_waiting, arrived, moving, others, newest = [], set(), 0, [], -1
         for g, gv in groups.items():
             lead = gv.leader
             if lead is None:
@@ -184,8 +188,10 @@ class LeaderSchedule:
             elif now - prev[1] >= suspect_s:
                 others.append((g, step, f"leader at step {step} for {now - prev[1]:.1f}s"))
             newest = max(newest, step)
-            if scope == "cross" and (secs or 0.0) >= suspect_s:
-                cross_waiting.append(g)
+            if scope == "cross":
+                arrived.add(g)
+                if (secs or 0.0) >= suspect_s:
+                    cross_waiting.append(g)
         for g in [g for g in self._leader_step if g not in groups]:
             del self._leader_step[g]
         if moving:  # a stuck leader behind moving ones (a job-wide stall holds every step)
@@ -195,7 +201,7 @@ class LeaderSchedule:
         in_leaders = [g for g, gv in groups.items() if gv.leader is not None
                       and gv.leader.reachable and gv.leader.fresh]
         if in_leaders and len(cross_waiting) * 2 > len(in_leaders):
-            late = [g for g in in_leaders if g not in cross_waiting]
+            late = [g for g in in_leaders if g not in arrived]
             if late:
                 for g in late:
                     out.setdefault(g, "the others wait for it in the cross-group collective")

@@ -140,3 +140,45 @@ def test_auto_polls_every_rank_below_the_threshold_and_plans_leaders_above():
     assert stale and all(r.reachable and r.failures == 0 and r.state for r in stale)
     with pytest.raises(ValueError):
         LeaderSchedule("sometimes")
+
+
+def _stalled_view(waits: dict[int, tuple[str, float] | None], groups: int = 20):
+    """A view of ``groups`` x 2 ranks whose leaders' current waits are ``waits`` (group ->
+    (scope, seconds), None: computing); groups not named wait in the cross-group collective
+    for 3 s."""
+    targets = [Target(f"http://127.0.0.1:{9000 + r}", "static") for r in range(2 * groups)]
+    polls = {}
+    for r, t in enumerate(targets):
+        g = r // 2
+        s = rank_state(r, g, step=40, now=T0)
+        s.update(group_rank=r % 2, group_world_size=2)
+        w = waits.get(g, ("cross", 3.0))
+        s["timing"] = {"waiting": {"scope": w[0], "seconds": w[1]} if w else None}
+        if w and w[0] == "cross":
+            s["phase"] = "allreduce"
+        polls[t.url] = RankPoll(t.url, True, data=s)
+    return targets, ViewBuilder().update(targets, polls, now=T0)
+
+
+def test_a_job_wide_stall_does_not_drill_leaders_polled_early_in_the_sweep():
+    """A hang in group 9 (its leader blocked in its own group's collective, polled early)
+    stalls the job: the other leaders wait in the cross-group collective, and those polled early
+    in a long sweep report a shorter wait than suspect_s. They arrived (they wait there too):
+    only group 9 is the one the others wait for. Before, each early one was drilled as "late"
+    too (916 groups at 20,000 ranks: bench_monitor_100k.py)."""
+    early = {g: ("cross", 0.4) for g in range(4)}
+    targets, view = _stalled_view({**early, 9: ("group", 0.5)})
+    plan = LeaderSchedule("on", member_interval_s=100.0).plan(targets, view, T0 + 1)
+    assert plan.drilled.keys() == {9}, plan.drilled
+    assert "others wait for it" in plan.drilled[9]
+
+
+def test_the_group_the_others_wait_for_is_still_drilled():
+    """One leader computing (not in any collective) while the others wait in the cross-group
+    collective past suspect_s: that group, and only it, is drilled as the late one; a leader
+    blocked in its own group's collective is drilled for that."""
+    targets, view = _stalled_view({7: None, 9: ("group", 3.0), 3: ("cross", 0.2)})
+    plan = LeaderSchedule("on", member_interval_s=100.0).plan(targets, view, T0 + 1)
+    assert plan.drilled.keys() == {7, 9}
+    assert "others wait for it" in plan.drilled[7]
+    assert "in-group" in plan.drilled[9]
