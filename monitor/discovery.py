@@ -117,6 +117,10 @@ class Discovery:
         self.job = job
         self.max_targets = max_targets
         self._written: str | None = None
+        # targets() is asked every sweep: its sorted list is kept until a source changes (a
+        # sort of 100,000 targets is ~50 ms; the view and the schedule tell unchanged targets
+        # by identity, so the same Target objects also keep their caches)
+        self._sorted: list[Target] | None = None
 
     # --- sources ---------------------------------------------------------------------
     def register(self, body: Any, now: float | None = None,
@@ -143,6 +147,10 @@ class Discovery:
                         registered_as=registered_as if registered_as != url else None)
         with self._lock:
             old = self._registered.get(url)
+            if old is not None and (old.job, old.replica_group, old.rank, old.registered_as) \
+                    == (job, replica_group, rank, target.registered_as):
+                old.last_registered = now  # the same registration again: the same target
+                return old
             if old is not None:
                 target.added_at = old.added_at
             elif url not in self._static and url not in self._file \
@@ -150,6 +158,7 @@ class Discovery:
                 raise TooManyTargets(f"the monitor already knows {self._count()} targets "
                                      f"(--max-targets {self.max_targets}); {url} not added")
             self._registered[url] = target
+            self._sorted = None
         return target
 
     def _count(self) -> int:
@@ -176,6 +185,7 @@ class Discovery:
                     break
                 t.source, t.added_at, t.last_registered = "registered", now, now
                 self._registered[url] = t
+                self._sorted = None
                 n += 1
         return n
 
@@ -202,6 +212,7 @@ class Discovery:
             return self.file_error
         with self._lock:
             self._file = parsed
+            self._sorted = None
         self._file_sig = sig
         self.file_error = None
         return None
@@ -230,9 +241,11 @@ class Discovery:
     def targets(self) -> list[Target]:
         """All known targets, static first, then file_sd, then registered (one per URL)."""
         with self._lock:
-            merged = {**self._registered, **self._file, **self._static}
-        return sorted(merged.values(), key=lambda t: (t.rank if t.rank is not None else 1 << 62,
-                                                      t.url))
+            if self._sorted is None:
+                merged = {**self._registered, **self._file, **self._static}
+                self._sorted = sorted(merged.values(), key=lambda t: (
+                    t.rank if t.rank is not None else 1 << 62, t.url))
+            return list(self._sorted)
 
     def forget_unreachable(self, unreachable_since: dict[str, float],
                            now: float | None = None) -> list[str]:
@@ -251,6 +264,7 @@ class Discovery:
                 if t.last_registered is not None and t.last_registered > since:
                     continue  # it registered again after it went dark: keep trying
                 del self._registered[url]
+                self._sorted = None
                 forgotten.append(url)
         return forgotten
 
