@@ -145,18 +145,23 @@ def engine_findings(result: Any) -> list[dict[str, Any]]:
 
 # --- what a rank says about itself ------------------------------------------------------------
 
-def step_timings(state: Mapping[str, Any] | None) -> list[dict[str, float]]:
+def step_timings(state: Mapping[str, Any] | None,
+                 skip: Mapping[int, Any] | None = None) -> list[dict[str, float]]:
     """The per-step timings a ``/v1/state`` serves (``timing.recent``, else ``timing.last_step``),
-    each with an int ``step`` and the four float seconds; malformed entries are left out."""
+    each with an int ``step`` and the four float seconds; malformed entries are left out, and
+    so are steps in ``skip`` (the ones already folded: a completed step's row does not
+    change, and a rank serves its last 16 again at every poll)."""
     timing = state.get("timing") if isinstance(state, Mapping) else None
     if not isinstance(timing, Mapping):
         return []
+    skip = skip or ()
     rows = timing.get("recent")
     if not isinstance(rows, list) or not rows:
         rows = [timing.get("last_step")]
     out = []
     for row in rows:
-        if not isinstance(row, Mapping) or not isinstance(row.get("step"), int):
+        if not isinstance(row, Mapping) or not isinstance(row.get("step"), int) \
+                or row["step"] in skip:
             continue
         vals = {k: row.get(k) for k in TIMING_KEYS}
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
@@ -273,6 +278,8 @@ class Detectors:
         # job progress on the monitor's clock: the newest step seen and since when
         self._progress: tuple[tuple, float] | None = None
         self._progress_noted_at: float | None = None
+        self._remembered: ClusterView | None = None  # the view _remember_groups last read
+        self._stall_seen: tuple | None = None  # (view, now, stalled sweeps, _stall's answer)
         self._stalled_sweeps = 0
         # stuck_starting: (url, pid, started_at) -> monitor time first seen without a quorum
         self._starting: dict[tuple, float] = {}
@@ -369,6 +376,9 @@ class Detectors:
 
     # --- bookkeeping -----------------------------------------------------------------
     def _remember_groups(self, view: ClusterView) -> None:
+        if view is self._remembered:
+            return  # fr_wanted and update of one sweep: once (O(groups))
+        self._remembered = view
         for g, gv in view.groups.items():
             rid = gv.replica_id
             mem = self._groups.get(g)
@@ -511,7 +521,12 @@ class Detectors:
 
     def _stall(self, view: ClusterView, now: float) -> tuple[bool, float, float, dict[int, tuple]]:
         """(stalled, longest collective wait (s), threshold, {rank: (scope, seconds)} of the
-        ranks blocked in a collective at least that long)."""
+        ranks blocked in a collective at least that long). Once per sweep: fr_wanted and
+        update ask it of the same view (a pass over every rank polled)."""
+        seen = self._stall_seen
+        if seen is not None and seen[0] is view and seen[1] == now \
+                and seen[2] == self._stalled_sweeps:
+            return seen[3]
         threshold = self._hang_threshold(view)
         waits: dict[int, tuple[str, float]] = {}
         in_quorum = {g.replica_group for g in view.in_quorum()}
@@ -523,6 +538,7 @@ class Detectors:
                 waits[r.rank] = (scope, secs)
         stalled = bool(waits) and self._stalled_sweeps >= 1
         longest = max((s for _, s in waits.values()), default=0.0)
+        self._stall_seen = (view, now, self._stalled_sweeps, (stalled, longest, threshold, waits))
         return stalled, longest, threshold, waits
 
     def _hang(self, view, dumps, traces, analysis, now) -> list[Finding]:
@@ -617,13 +633,13 @@ class Detectors:
         for url, r in _fresh(view):
             if not r.reachable or not r.state or not r.fresh:  # carried: folded already
                 continue
-            rows = step_timings(r.state)
             rid = r.replica_id
             known = self._steps.get(url)
             if known is None or known[0] != rid:
                 known = (rid, {})
                 self._steps[url] = known
             by_step = known[1]
+            rows = step_timings(r.state, by_step)  # only the steps not folded yet
             for row in rows:
                 by_step[row["step"]] = row
             if len(by_step) > STEP_MEMORY:

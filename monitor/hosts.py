@@ -92,7 +92,15 @@ class HostLedger:
         self.hosts: dict[str, dict[str, Any]] = store.load_hosts()
         self._held: dict[str, str] = {}  # host -> the rail that held it last (logged once)
         self._actions_running = threading.Lock()
-        self._on_host: dict[str, set[str]] = {}  # host -> replica ids seen there last sweep
+        # what the last observed view's ranks say about hosts, kept per rank so that a sweep
+        # reads only the ranks whose RankView changed (docs/scaling.md): url -> (host, replica
+        # id, node, device label, superseded); host -> replica id -> ranks (not superseded);
+        # host -> its ranks' urls (not superseded); host -> ranks naming it (all)
+        self._claims: dict[str, tuple] = {}
+        self._rids: dict[str, dict[str, int]] = {}
+        self._urls: dict[str, set[str]] = {}
+        self._named: dict[str, int] = {}
+        self._observed: Any = None  # the view the index is of
 
     # --- what the monitor sees -------------------------------------------------------------
     def _host(self, host: str, now: float) -> dict[str, Any]:
@@ -102,29 +110,83 @@ class HostLedger:
                                     "state_since": now, "first_seen": now, "last_seen": None}
         return h
 
-    def observe(self, view: Any, now: float) -> None:
+    def observe(self, view: Any, now: float, changed: Any = None) -> None:
         """Node, devices and last-seen time of every host a rank reports (nothing is stored
-        for hosts that never offended: the ledger stays the size of the trouble)."""
+        for hosts that never offended: the ledger stays the size of the trouble).
+
+        ``changed``: the URLs whose RankView differs from the previous call's view
+        (``ViewBuilder.changed``); only those are read, the other ranks' claims are kept from
+        before. None (or every rank) reads every rank afresh."""
         with self._lock:
-            self._on_host = {}
-            for r in view.ranks.values():
-                s = r.state or {}
-                host = s.get("host")
-                if not host or getattr(r, "superseded", False):
+            ranks = view.ranks
+            if changed is None or len(changed) >= len(ranks) or self._observed is None:
+                self._claims, self._rids, self._urls, self._named = {}, {}, {}, {}
+                changed = ranks.keys()
+            for url in changed:
+                r = ranks.get(url)
+                new = self._claim(r) if r is not None else None
+                old = self._claims.get(url)
+                if new == old:
                     continue
-                if s.get("replica_id"):
-                    self._on_host.setdefault(host, set()).add(str(s["replica_id"]))
-                h = self.hosts.get(host)
-                if h is None:
+                if old is not None:
+                    self._index(url, old, -1)
+                if new is None:
+                    self._claims.pop(url, None)
+                else:
+                    self._claims[url] = new
+                    self._index(url, new, 1)
+            self._observed = view
+            for host, h in self.hosts.items():  # the ledger's hosts: the few that offended
+                urls = self._urls.get(host)
+                if not urls:
                     continue
                 h["last_seen"] = now
-                if s.get("node"):
-                    h["node"] = s["node"]
-                d = device_label(s["device"]) if s.get("device") else None
-                if d and d not in h["devices"]:
-                    h["devices"].append(d)
+                for u in sorted(urls, key=lambda u: (ranks[u].rank, u)):
+                    _, _, node, d, _ = self._claims[u]
+                    if node:
+                        h["node"] = node
+                    if d and d not in h["devices"]:
+                        h["devices"].append(d)
+
+    @staticmethod
+    def _claim(r: Any) -> tuple | None:
+        s = r.state or {}
+        host = s.get("host")
+        if not host:
+            return None
+        return (host, str(s["replica_id"]) if s.get("replica_id") else None, s.get("node"),
+                device_label(s["device"]) if s.get("device") else None,
+                bool(getattr(r, "superseded", False)))
+
+    def _index(self, url: str, claim: tuple, sign: int) -> None:
+        host, rid, _, _, superseded = claim
+        n = self._named[host] = self._named.get(host, 0) + sign
+        if not n:
+            del self._named[host]
+        if superseded:
+            return
+        if sign > 0:
+            self._urls.setdefault(host, set()).add(url)
+        else:
+            self._urls[host].discard(url)
+            if not self._urls[host]:
+                del self._urls[host]
+        if rid is not None:
+            by = self._rids.setdefault(host, {})
+            k = by[rid] = by.get(rid, 0) + sign
+            if not k:
+                del by[rid]
+                if not by:
+                    del self._rids[host]
+
+    def _on_host(self, host: str) -> set[str]:
+        """Replica ids of the last observed view's (not superseded) ranks on ``host``."""
+        return set(self._rids.get(host, ()))
 
     def known_hosts(self, view: Any) -> set[str]:
+        with self._lock:
+            if view is not None and view is self._observed:
+                return set(self._named) | set(self.hosts)
         seen = {(r.state or {}).get("host") for r in view.ranks.values()} if view else set()
         return {h for h in seen if h} | set(self.hosts)
 
@@ -263,7 +325,7 @@ class HostLedger:
                  expires_at=now + self.cfg.ttl_s, finding_id=last.get("finding_id"),
                  present_replica_ids=sorted({str(o.get("replica_id")) for o in
                                              evidence["offences"] if o.get("replica_id")}
-                                            | self._on_host.get(h["host"], set())),
+                                            | self._on_host(h["host"])),
                  released_at=None, release_reason=None)
         self._set_state(h, QUARANTINED, now)
         self._save(h, now)

@@ -336,7 +336,8 @@ class Monitor:
         """quarantined_host findings (opened in the detectors, so they resolve like others);
         those whose hosts are no longer quarantined are resolved. Never raises."""
         try:
-            self.hosts.observe(view, now)
+            # only the ranks whose RankView this sweep made anew (docs/scaling.md)
+            self.hosts.observe(view, now, self.views.changed)
             bad = set(self.hosts.quarantined())
             for f in self.detectors.open_findings():
                 if f.kind == "quarantined_host" and not bad & set(f.evidence.get("hosts", {})):

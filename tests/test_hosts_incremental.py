@@ -1,0 +1,69 @@
+"""The host ledger's ``observe`` reads only the ranks whose RankView a sweep made anew
+(``ViewBuilder.changed``, docs/scaling.md): sweep after sweep of leader polling (ranks changing
+host, device, replica id, going dark and superseded), what it knows equals what a ledger that
+reads every rank afresh knows."""
+
+from __future__ import annotations
+
+from monitor.config import QuarantineConfig
+from monitor.discovery import Target
+from monitor.hosts import HostLedger
+from monitor.poller import RankPoll
+from monitor.store import Store
+from monitor.view import ViewBuilder
+from tests.support.monitor_sim import rank_state
+
+T0 = 1000.0
+
+
+def _state(r: int, host: str, rid: str, device: int = 0) -> dict:
+    s = rank_state(r, r // 4, now=T0)
+    s.update(group_rank=r % 4, group_world_size=4, host=host, node=f"node-{host}",
+             replica_id=rid, device={"type": "cuda", "index": device})
+    return s
+
+
+def _known(led: HostLedger, view) -> tuple:
+    return ({h: (d["last_seen"], d["node"], list(d["devices"])) for h, d in led.hosts.items()},
+            {h: led._on_host(h) for h in led.known_hosts(view)}, led.known_hosts(view))
+
+
+def test_observe_of_the_changed_ranks_equals_observe_of_every_rank(tmp_path):
+    targets = [Target(f"http://127.0.0.1:{9000 + r}", "static") for r in range(16)]
+    states = {r: _state(r, f"h{r // 2}", f"g{r // 4}:a") for r in range(16)}
+    down: set[int] = set()
+    vb = ViewBuilder()
+    inc = HostLedger(Store(str(tmp_path / "a.sqlite")), QuarantineConfig(), [], "job",
+                     lambda: T0)
+    inc.hosts = {"h1": {"host": "h1", "node": "h1", "devices": [], "state": "suspect",
+                        "state_since": T0, "first_seen": T0, "last_seen": None},
+                 "h6": {"host": "h6", "node": "h6", "devices": [], "state": "suspect",
+                        "state_since": T0, "first_seen": T0, "last_seen": None}}
+    changes = {  # sweep -> what changes before it
+        2: lambda: states[3].update(device={"type": "cuda", "index": 5}),
+        3: lambda: states.__setitem__(5, _state(5, "h9", "g1:a")),  # rank 5 moved host
+        4: lambda: down.add(13),
+        5: lambda: states.__setitem__(13, _state(13, "h6", "g3:b")),
+        6: lambda: (down.discard(13), states.__setitem__(12, _state(12, "h6", "g3:b")),
+                    states.__setitem__(2, _state(2, "h1", "g0:b"))),  # a new incarnation
+    }
+    for sweep in range(9):
+        now = T0 + sweep
+        if sweep in changes:
+            changes[sweep]()
+        # leaders every sweep, one member in four: leader polling's shape
+        asked = {r for r in range(16) if r % 4 == 0 or r % 4 == sweep % 4 or r in (12, 13)}
+        polls = {targets[r].url: (RankPoll(targets[r].url, False, reason="connection",
+                                           error="refused") if r in down else
+                                  RankPoll(targets[r].url, True, data=dict(states[r])))
+                 for r in asked}
+        view = vb.update(targets, polls, now=now,
+                         polled=None if sweep == 0 else {targets[r].url for r in asked})
+        inc.observe(view, now, vb.changed)
+        full = HostLedger(Store(str(tmp_path / f"f{sweep}.sqlite")), QuarantineConfig(), [],
+                          "job", lambda: T0)
+        full.hosts = {h: {**d, "devices": []} for h, d in inc.hosts.items()}
+        full.observe(view, now)
+        assert _known(inc, view) == _known(full, view), sweep
+    assert inc._on_host("h9") == {"g1:a"} and "g0:b" in inc._on_host("h1")
+    assert inc.hosts["h1"]["devices"] == ["cuda:0", "cuda:5"]
