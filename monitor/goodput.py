@@ -54,6 +54,7 @@ ignored, never raised.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections import deque
@@ -349,8 +350,10 @@ class GoodputLedger:
         if self.last_at is not None and now <= self.last_at:
             self.skipped_sweeps += 1  # out of order or repeated: nothing to split
             return acct
-        live = [r for r in view.ranks.values() if r.reachable and r.state]
-        if self.since is None and not live:
+        # lazily: both uses stop at the first live (running) rank; a list was O(ranks) a sweep
+        live = (r for r in view.ranks.values() if r.reachable and r.state)
+        first = next(live, None)
+        if self.since is None and first is None:
             return acct  # no job seen yet: the ledger's clock has not started
         in_quorum = {g.replica_group for g in view.in_quorum()}
         deltas = self._ingest_groups(view, in_quorum, now)
@@ -366,7 +369,8 @@ class GoodputLedger:
             acct.goodput -= s.seconds
         self._revised.clear()
         dt = now - self.last_at
-        running = any(r.state.get("phase") != "stopped" for r in live)
+        running = first is not None and any(r.state.get("phase") != "stopped"
+                                            for r in itertools.chain((first,), live))
         if not running and not any(i.open for i in self.incidents.values()):
             self.unobserved_s += dt  # the job is not there (ended, or not reachable): no split
         elif dt > self.cfg.max_gap_s:
