@@ -674,15 +674,22 @@ class Detectors:
         members: dict[int, list[tuple[RankView, dict[int, dict]]]] = {}
         for g, gv in groups.items():
             # ranks polled this sweep (leader polling carries the others' older timings)
-            rows = [(r, self._steps.get(r.url, (None, {}))[1]) for r in gv.reachable
-                    if r.replica_id == gv.replica_id and r.fresh]
+            rid, steps = gv.replica_id, self._steps
+            rows = [(r, steps.get(r.url, (None, {}))[1]) for r in gv.reachable
+                    if r.fresh and r.replica_id == rid]
             rows = [(r, by_step) for r, by_step in rows if by_step]
             if not rows:
                 self.last_lags = {}
                 return []
             members[g] = rows
-        common = set.intersection(*(set(by_step) for rows in members.values()
-                                    for _, by_step in rows))
+        # the steps every polled rank has: narrowed in place (no set per rank; 21,000 a sweep)
+        common: set[int] | None = None
+        for rows in members.values():
+            for _, by_step in rows:
+                if common is None:
+                    common = set(by_step)
+                else:
+                    common.intersection_update(by_step)
         window = sorted(common)[-self.cfg.straggler_steps:]
         if len(window) < self.cfg.straggler_steps:
             return []
