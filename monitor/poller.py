@@ -42,9 +42,10 @@ MAX_HEADERS = 100
 
 
 class PollError(Exception):
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.reason = reason
+        self.status = status
 
 
 @dataclass
@@ -56,6 +57,7 @@ class RankPoll:
     data: dict[str, Any] | None = None
     reason: str | None = None  # one of REASONS when not ok
     error: str | None = None
+    status: int | None = None  # the HTTP status of an answer that was not 200
     latency_s: float = 0.0
     at: float = field(default_factory=time.time)
 
@@ -176,19 +178,20 @@ class Poller:
 
     async def _one(self, url: str, path: str, timeout: float, limit: int) -> RankPoll:
         start = time.perf_counter()
+        status = None
         try:
             async with asyncio.timeout(timeout):  # no extra task per request
                 data = await self._get_json(url, path, limit)
             return RankPoll(url, True, data=data, latency_s=time.perf_counter() - start)
         except PollError as e:
-            reason, msg = e.reason, str(e)
+            reason, msg, status = e.reason, str(e), e.status
         except TimeoutError:
             reason, msg = "timeout", f"no answer within {timeout:.2f}s"
         except (OSError, asyncio.IncompleteReadError, ConnectionError) as e:
             reason, msg = "connection", f"{type(e).__name__}: {e}"
         except Exception as e:  # anything else a broken rank can provoke
             reason, msg = "bad_response", f"{type(e).__name__}: {e}"
-        return RankPoll(url, False, reason=reason, error=msg,
+        return RankPoll(url, False, reason=reason, error=msg, status=status,
                         latency_s=time.perf_counter() - start)
 
     def _take(self, key: tuple[str, int]) -> _Conn | None:
@@ -243,7 +246,7 @@ class Poller:
         else:
             conn.close()
         if status != 200:
-            raise PollError("http_status", f"HTTP {status}: {body[:200]!r}")
+            raise PollError("http_status", f"HTTP {status}: {body[:200]!r}", status)
         try:
             data = json.loads(body)
         except ValueError as e:

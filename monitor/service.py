@@ -289,8 +289,7 @@ class Monitor:
             if part:
                 got.update(self.poller.sweep(part, "/v1/fr_trace" + path, self.cfg.fr_timeout_s,
                                              self.cfg.max_fr_bytes))
-        refused = [u for u, p in got.items()
-                   if not p.ok and p.reason == "http_status" and (p.error or "")[:9] == "HTTP 400:"]
+        refused = [u for u, p in got.items() if p.status == 400]
         if refused:
             got.update(self.poller.sweep(refused, "/v1/fr_trace", self.cfg.fr_timeout_s,
                                          self.cfg.max_fr_bytes))
