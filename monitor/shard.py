@@ -171,9 +171,12 @@ class Shards:
     def after_sweep(self, view: Any, evidence: Any, now: float) -> None:
         """Learn the groups of the ranks polled, report this shard, propose its evictions.
         Never raises: etcd unreachable is logged once and shown."""
-        for r in view.ranks.values():
-            if r.replica_group is not None and r.fresh:
-                self._groups[r.url] = (r.replica_group, now)
+        # a rank polled this sweep has a RankView made anew (ViewBuilder.changed): the others'
+        # groups were learned when they were last polled
+        for url in self.mon.views.changed:
+            r = view.ranks.get(url)
+            if r is not None and r.replica_group is not None and r.fresh:
+                self._groups[url] = (r.replica_group, now)
         if self.cfg.index is None:
             return
         mon = self.mon
