@@ -163,10 +163,7 @@ class Monitor:
                 self._save_goodput(self.clock(), force=True)
         except Exception:  # a store that cannot be written: logged, the stop goes on
             log.exception("could not save the goodput ledger")
-        if self._gc_frozen:
-            gc.unfreeze()
-            gc.enable()
-            self._gc_frozen = 0
+        self._thaw_gc()
         self.poller.close()
         self.lighthouse.close()
         if self.lighthouse_reader is not None:
@@ -242,10 +239,7 @@ class Monitor:
         """See GC_FREEZE_MIN_TARGETS; below it (and on a monitor that shrank) nothing is
         frozen."""
         if n_targets < GC_FREEZE_MIN_TARGETS:
-            if self._gc_frozen:
-                gc.unfreeze()
-                gc.enable()
-                self._gc_frozen = 0
+            self._thaw_gc()
             return
         self._gc_frozen += 1
         if self._gc_frozen > GC_FULL_EVERY:
@@ -254,6 +248,14 @@ class Monitor:
             self._gc_frozen = 1
         gc.freeze()
         gc.enable()
+
+    def _thaw_gc(self) -> None:
+        """Give the collector back everything frozen, switched on (stop, or a monitor that
+        shrank below GC_FREEZE_MIN_TARGETS)."""
+        if self._gc_frozen:
+            gc.unfreeze()
+            gc.enable()
+            self._gc_frozen = 0
 
     def _suspect_groups(self) -> set[int]:
         """Groups leader polling drills into whatever their leader says: open findings and
