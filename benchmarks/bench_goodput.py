@@ -451,13 +451,9 @@ class Run:
 
     # --- sampling -----------------------------------------------------------------------------
     def state(self, url: str) -> dict | None:
-        import requests
+        from lightkeeper.cluster import get_json
 
-        try:
-            r = self.http.get(url + "/v1/state", timeout=1.0)
-            return r.json() if r.ok else None
-        except (requests.RequestException, ValueError):
-            return None
+        return get_json(self.http, url + "/v1/state", 1.0)
 
     def states(self, g: int) -> list[dict]:
         from lightkeeper.cluster import WORKER_URL_RE
@@ -495,15 +491,9 @@ class Run:
                                                  else "cold start")})
 
     def monitor_get(self, path: str):
-        import requests
+        from lightkeeper.cluster import get_json
 
-        if not self.monitor_url:
-            return None
-        try:
-            r = self.http.get(self.monitor_url + path, timeout=5.0)
-            return r.json() if r.ok else None
-        except (requests.RequestException, ValueError):
-            return None
+        return get_json(self.http, self.monitor_url + path, 5.0) if self.monitor_url else None
 
     # --- faults -------------------------------------------------------------------------------
     def inject(self, g: int, kind: str) -> bool:

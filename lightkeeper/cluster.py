@@ -162,6 +162,19 @@ class ClusterError(RuntimeError):
     """A process of the local job failed to start or to report in time."""
 
 
+def get_json(http, url: str, timeout: float):
+    """``GET url`` with the ``requests`` session ``http``: the JSON answer, or None for an
+    error status, no answer or a body that is not JSON (a rank or monitor that is starting,
+    exiting or gone is sampled again next tick)."""
+    import requests  # the trainer's ranks import this module and never make requests
+
+    try:
+        r = http.get(url, timeout=timeout)
+        return r.json() if r.ok else None
+    except (requests.RequestException, ValueError):
+        return None
+
+
 def wait_until(predicate, timeout: float, interval: float = 0.1, what: str = "condition"):
     """Poll ``predicate`` until it returns a truthy value or ``timeout`` seconds pass."""
     deadline = time.monotonic() + timeout

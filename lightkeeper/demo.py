@@ -374,18 +374,14 @@ class Demo:
 
     # --- sampling -----------------------------------------------------------------------------
     def state(self, url: str) -> dict | None:
-        try:
-            r = self.http.get(url + "/v1/state", timeout=1.0)
-            return r.json() if r.ok else None
-        except (requests.RequestException, ValueError):
-            return None
+        from .cluster import get_json
+
+        return get_json(self.http, url + "/v1/state", 1.0)
 
     def monitor_get(self, path: str) -> list | None:
-        try:
-            r = self.http.get(self.monitor_url + path, timeout=2.0)
-            return r.json() if r.ok else None
-        except (requests.RequestException, ValueError):
-            return None
+        from .cluster import get_json
+
+        return get_json(self.http, self.monitor_url + path, 2.0)
 
     def tick(self) -> None:
         """One sampling round (~TICK_S): ranks, monitor, supervisor, live view, deadline."""
