@@ -2,16 +2,18 @@
 
 The poller runs its own asyncio event loop in a background thread and speaks just enough
 HTTP/1.1 (keep-alive, ``Content-Length`` or chunked bodies) to fetch JSON from WorkerServers.
-That keeps a sweep over 1,000 ranks well under a second on two cores (benchmarks/
-bench_monitor_sweep.py), where a thread per request or ``requests`` would spend the budget on
-overhead. Every request has its own timeout; a rank that is slow, refuses connections, answers
-garbage or an HTTP error becomes a :class:`RankPoll` with ``ok=False`` and a ``reason``
-(``timeout``, ``connection``, ``http_status``, ``bad_response``) and never delays the others
-beyond its timeout or raises out of :meth:`Poller.sweep`.
+Each connection is an :class:`asyncio.Protocol` driven by callbacks: no coroutine, task,
+stream reader or timeout context per request, since at 100,000 ranks (~21,000 requests a sweep)
+that machinery was most of the poller's CPU (~87 us a request; docs/scaling.md). Every request
+has its own timeout; a rank that is slow, refuses connections, answers garbage or an HTTP error
+becomes a :class:`RankPoll` with ``ok=False`` and a ``reason`` (``timeout``, ``connection``,
+``http_status``, ``bad_response``) and never delays the others beyond its timeout or raises out
+of :meth:`Poller.sweep`.
 
 Everything a rank sends is bounded: the whole request by its timeout (a rank that dribbles bytes
 is cut off like a silent one), the body by ``max_bytes`` (declared or counted, chunked or not),
-header lines by the stream's 64 KiB line limit and their number by :data:`MAX_HEADERS`.
+the status line and headers together by :data:`MAX_HEAD` bytes and their lines by
+:data:`MAX_HEADERS`.
 
 Keep-alive connections are pooled per ``host:port`` (several per address when several targets
 share one, e.g. ranks behind one proxy, addressed as ``http://host:port/<prefix>``: the request
@@ -28,7 +30,7 @@ import asyncio
 import json
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +41,8 @@ from http_serving import host_for_url
 REASONS = ("timeout", "connection", "http_status", "bad_response")
 MAX_BODY = 1 << 20  # default per answer; /v1/fr_trace gets its own (larger) bound
 MAX_HEADERS = 100
+MAX_HEAD = 64 * 1024  # status line + headers, bytes
+MAX_CHUNK_LINE = 1024  # a chunk-size line (hex size and extensions)
 
 
 class PollError(Exception):
@@ -62,20 +66,6 @@ class RankPoll:
     at: float = field(default_factory=time.time)
 
 
-class _Conn:
-    __slots__ = ("reader", "writer")
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-
-    def close(self) -> None:
-        try:
-            self.writer.close()
-        except Exception:
-            pass
-
-
 _SPLIT_CACHE: dict[str, tuple[str, int, str]] = {}
 
 
@@ -95,6 +85,268 @@ def _split(url: str) -> tuple[str, int, str]:
         _SPLIT_CACHE.clear()
     _SPLIT_CACHE[url] = got
     return got
+
+
+# url -> ((host, port), b"GET <prefix>", b" HTTP/1.1\r\nHost: ...\r\n\r\n"): the request's
+# bytes are the two around the path, so a request costs one concatenation
+_TARGET_CACHE: dict[str, tuple[tuple[str, int], bytes, bytes]] = {}
+_TAILS: dict[tuple[str, int], bytes] = {}  # one header block per address, shared by its targets
+
+
+def _target(url: str) -> tuple[tuple[str, int], bytes, bytes]:
+    got = _TARGET_CACHE.get(url)
+    if got is not None:
+        return got
+    host, port, prefix = _split(url)
+    key = (host, port)
+    tail = _TAILS.get(key)
+    if tail is None:
+        tail = _TAILS[key] = (f" HTTP/1.1\r\nHost: {host_for_url(host)}:{port}\r\n"
+                              "Accept: application/json\r\nUser-Agent: lightkeeper-monitor\r\n\r\n"
+                              ).encode("latin-1")
+    got = (key, b"GET " + prefix.encode("latin-1"), tail)
+    if len(_TARGET_CACHE) > 1_000_000:
+        _TARGET_CACHE.clear()
+        _TAILS.clear()
+    _TARGET_CACHE[url] = got
+    return got
+
+
+class _Request:
+    """One GET in flight: its sweep, target, deadline and (while it has one) connection."""
+
+    __slots__ = ("sweep", "url", "key", "wire", "start", "deadline", "conn",
+                 "connecting", "reused", "done")
+
+    def __init__(self, sweep: _Sweep, url: str, key: tuple[str, int], wire: bytes,
+                 start: float, deadline: float) -> None:
+        self.sweep = sweep
+        self.url = url
+        self.key = key
+        self.wire = wire
+        self.start = start
+        self.deadline = deadline
+        self.conn: _Conn | None = None
+        self.connecting: asyncio.Task | None = None
+        self.reused = False
+        self.done = False
+
+
+class _Sweep:
+    """One call of :meth:`Poller.sweep`: its URLs, results, and requests in deadline order."""
+
+    __slots__ = ("urls", "next", "path", "timeout", "limit", "results", "active", "waiter",
+                 "inflight", "timer", "launching")
+
+    def __init__(self, urls: list[str], path: bytes, timeout: float, limit: int,
+                 waiter: asyncio.Future) -> None:
+        self.urls = urls
+        self.next = 0
+        self.path = path
+        self.timeout = timeout
+        self.limit = limit
+        self.results: dict[str, RankPoll] = {}
+        self.active = 0
+        self.waiter = waiter
+        # every request of a sweep has the same timeout, so start order is deadline order:
+        # one timer at the oldest deadline instead of one per request
+        self.inflight: deque[_Request] = deque()
+        self.timer: asyncio.TimerHandle | None = None
+        self.launching = False
+
+
+_HEAD, _LENGTH, _CHUNKED, _TO_EOF = range(4)  # what a connection is reading
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive connection: sends its request's bytes, parses the answer as it comes."""
+
+    def __init__(self, poller: Poller, key: tuple[str, int]) -> None:
+        self.poller = poller
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.req: _Request | None = None
+        self.lost = False
+        self.buf = bytearray()  # only what the current answer's next step still needs
+        self.state = _HEAD
+        self.status = 0
+        self.keep = True
+        self.need = 0  # _LENGTH: body bytes; _CHUNKED: bytes counted so far
+        self.chunks: list[bytes] = []
+        self.got_any = False
+
+    # --- asyncio.Protocol ----------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        req = self.req
+        if req is None:  # nothing was asked: the stream is out of step, never reuse it
+            self.abort()
+            return
+        self.got_any = True
+        try:
+            if self.buf:
+                self.buf += data
+                self._advance(self.buf)
+            else:
+                self._advance(data)
+        except PollError as e:
+            self.poller._fail(req, e.reason, str(e), e.status)
+        except Exception as e:  # anything else a broken rank can provoke
+            self.poller._fail(req, "bad_response", f"{type(e).__name__}: {e}")
+
+    def eof_received(self) -> bool:
+        return False  # close; connection_lost says what that means for the request
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        req = self.req
+        if req is None or req.done:
+            return
+        if self.state == _TO_EOF:  # the body ends when the connection does
+            body = b"".join(self.chunks)
+            self.keep = False
+            self.poller._answer(req, self.status, body)
+        elif not self.got_any and req.reused:
+            self.req = None  # the server closed an idle keep-alive connection: retry fresh
+            self.poller._retry(req)
+        else:
+            what = f"{type(exc).__name__}: {exc}" if exc is not None else \
+                "connection closed before the status line" if not self.got_any else \
+                "connection closed inside the answer"
+            self.poller._fail(req, "connection", what)
+
+    # --- requests --------------------------------------------------------------------
+    def begin(self, req: _Request) -> None:
+        self.req = req
+        req.conn = self
+        self.state, self.keep, self.got_any = _HEAD, True, False
+        self.transport.write(req.wire)
+
+    def abort(self) -> None:
+        self.req = None
+        self.lost = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _advance(self, buf: bytes | bytearray) -> None:
+        """Consume ``buf`` (the bytes not yet used); finish the request when the answer is
+        whole, else keep what the next step needs in ``self.buf``."""
+        state = self.state
+        if state == _HEAD:
+            end = buf.find(b"\r\n\r\n")
+            if end >= 0:
+                body_at = end + 4
+            else:  # a bare-LF server (or the head not whole yet)
+                end = buf.find(b"\n\n")
+                body_at = end + 2
+            if end < 0 or end > MAX_HEAD:
+                lines = buf.count(b"\n", 0, MAX_HEAD + 2)
+                if lines > MAX_HEADERS + 1:
+                    raise PollError("bad_response", f"more than {MAX_HEADERS} header lines")
+                if len(buf) > MAX_HEAD or end > MAX_HEAD:
+                    raise PollError("bad_response", f"status line and headers over the "
+                                                    f"{MAX_HEAD}-byte limit")
+                if not isinstance(buf, bytearray):
+                    self.buf += buf
+                return
+            self._head(bytes(buf[:end]))
+            rest = buf[body_at:]
+            state = self.state
+            if state == _LENGTH and len(rest) >= self.need:  # the usual answer: all in one
+                self._body(bytes(rest[:self.need]), len(rest) > self.need)
+                return
+            buf = rest
+        if state == _LENGTH:
+            if len(buf) >= self.need:
+                self._body(bytes(buf[:self.need]), len(buf) > self.need)
+            else:
+                self.buf = buf if isinstance(buf, bytearray) else bytearray(buf)
+        elif state == _CHUNKED:
+            self._chunks(buf if isinstance(buf, bytearray) else bytearray(buf))
+        else:  # _TO_EOF
+            self.need += len(buf)
+            if self.need > self.req.sweep.limit:
+                raise PollError("bad_response", f"body larger than {self.req.sweep.limit} bytes")
+            if buf:
+                self.chunks.append(bytes(buf))
+            self.buf = bytearray()
+
+    def _head(self, head: bytes) -> None:
+        lines = head.split(b"\n")
+        if len(lines) > MAX_HEADERS + 1:
+            raise PollError("bad_response", f"more than {MAX_HEADERS} header lines")
+        parts = lines[0].split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+            raise PollError("bad_response", f"bad status line {lines[0][:100]!r}")
+        self.status = int(parts[1])
+        length = chunked = None
+        keep = parts[0] == b"HTTP/1.1"
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = value
+            elif name == b"transfer-encoding":
+                chunked = value.strip().lower() == b"chunked"
+            elif name == b"connection" and value.strip().lower() == b"close":
+                keep = False
+        self.keep = keep
+        limit = self.req.sweep.limit
+        if length is not None:
+            try:
+                n = int(length)
+            except ValueError:
+                raise PollError("bad_response", "bad Content-Length") from None
+            if n < 0 or n > limit:
+                raise PollError("bad_response", f"Content-Length {n} out of range "
+                                                f"(at most {limit} bytes)")
+            self.state, self.need = _LENGTH, n
+        elif chunked:
+            self.state, self.need, self.chunks = _CHUNKED, 0, []
+        else:
+            self.state, self.need, self.chunks, self.keep = _TO_EOF, 0, [], False
+
+    def _chunks(self, buf: bytearray) -> None:
+        limit = self.req.sweep.limit
+        while True:
+            eol = buf.find(b"\n")
+            if eol < 0:
+                if len(buf) > MAX_CHUNK_LINE:
+                    raise PollError("bad_response", "bad chunk size")
+                break
+            try:
+                size = int(bytes(buf[:eol]).split(b";")[0].strip(), 16)
+            except ValueError:
+                raise PollError("bad_response", "bad chunk size") from None
+            if size < 0:
+                raise PollError("bad_response", "bad chunk size")
+            if size == 0:  # then optional trailers, up to an empty line
+                if buf.startswith(b"\r\n", eol + 1) or buf.startswith(b"\n", eol + 1):
+                    body = b"".join(self.chunks)
+                    self._body(body, len(buf) > eol + 1 + (1 if buf[eol + 1] == 10 else 2))
+                    return
+                if buf.find(b"\n\r\n", eol) < 0 and buf.find(b"\n\n", eol) < 0:
+                    if len(buf) > MAX_HEAD:
+                        raise PollError("bad_response", "trailers over the limit")
+                    break
+                self._body(b"".join(self.chunks), True)  # trailers: never reuse after them
+                return
+            if self.need + size > limit:
+                raise PollError("bad_response", f"body larger than {limit} bytes")
+            if len(buf) < eol + 1 + size + 2:  # the chunk and its CRLF are not all here yet
+                break
+            self.need += size
+            self.chunks.append(bytes(buf[eol + 1:eol + 1 + size]))
+            del buf[:eol + 1 + size + 2]
+        self.buf = buf
+
+    def _body(self, body: bytes, extra: bytes | bool) -> None:
+        if extra:  # bytes past the answer: the stream is out of step
+            self.keep = False
+        self.buf = bytearray()
+        self.poller._answer(self.req, self.status, body)
 
 
 class Poller:
@@ -140,17 +392,10 @@ class Poller:
             self._idle.clear()
             self._n_idle = 0
             for conn in conns:
-                conn.close()
-
-            async def closed(conn: _Conn) -> None:
-                try:
-                    await conn.writer.wait_closed()
-                except Exception:
-                    pass
-
-            if conns:  # all at once: one by one, 10,000 pooled connections outlast any timeout
-                await asyncio.wait([asyncio.ensure_future(closed(c)) for c in conns], timeout=2.0)
-            await asyncio.sleep(0)  # let transports run their close callbacks
+                if not conn.lost:
+                    conn.abort()  # idle: nothing to flush
+            for _ in range(2):  # let the transports run their close callbacks
+                await asyncio.sleep(0)
 
         try:
             asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=10)
@@ -164,47 +409,148 @@ class Poller:
     # --- event loop side -------------------------------------------------------------
     async def _sweep(self, urls: list[str], path: str, timeout: float,
                      limit: int) -> dict[str, RankPoll]:
-        # max_concurrency workers share one iterator: no semaphore, whose release scans its
-        # waiters (with 10,000 queued requests that scan was a quarter of the sweep)
-        results: dict[str, RankPoll] = {}
-        todo = iter(urls)
-
-        async def worker() -> None:
-            for url in todo:
-                results[url] = await self._one(url, path, timeout, limit)
-
-        await asyncio.gather(*(worker() for _ in range(min(self.max_concurrency, len(urls)))))
+        sw = _Sweep(urls, path.encode("latin-1"), timeout, limit, self._loop.create_future())
+        self._launch(sw)
+        try:
+            await sw.waiter
+        finally:
+            if sw.timer is not None:
+                sw.timer.cancel()
+        results = sw.results
         return {u: results[u] for u in urls}
 
-    async def _one(self, url: str, path: str, timeout: float, limit: int) -> RankPoll:
-        start = time.perf_counter()
-        status = None
+    def _launch(self, sw: _Sweep) -> None:
+        """Start requests until ``max_concurrency`` are in flight or none are left."""
+        if sw.launching:  # a request that failed at once, inside the loop below
+            return
+        sw.launching = True
+        urls, n, most = sw.urls, len(sw.urls), self.max_concurrency
+        now = self._loop.time()
+        while sw.active < most and sw.next < n:
+            url = urls[sw.next]
+            sw.next += 1
+            sw.active += 1
+            try:
+                key, get, tail = _target(url)
+                req = _Request(sw, url, key, get + sw.path + tail, now, now + sw.timeout)
+            except PollError as e:
+                self._done(sw, url, RankPoll(url, False, reason=e.reason, error=str(e)))
+                continue
+            except Exception as e:
+                self._done(sw, url, RankPoll(url, False, reason="bad_response",
+                                             error=f"{type(e).__name__}: {e}"))
+                continue
+            sw.inflight.append(req)
+            if sw.timer is None:
+                sw.timer = self._loop.call_at(req.deadline, self._expire, sw)
+            self._send(req)
+        sw.launching = False
+        if sw.active == 0 and sw.next >= n and not sw.waiter.done():
+            sw.waiter.set_result(None)
+
+    def _send(self, req: _Request) -> None:
+        conn = self._take(req.key)
+        if conn is not None:
+            req.reused = True
+            conn.begin(req)
+        else:
+            req.reused = False
+            req.connecting = self._loop.create_task(self._connect(req))
+
+    async def _connect(self, req: _Request) -> None:
+        host, port = req.key
         try:
-            async with asyncio.timeout(timeout):  # no extra task per request
-                data = await self._get_json(url, path, limit)
-            return RankPoll(url, True, data=data, latency_s=time.perf_counter() - start)
-        except PollError as e:
-            reason, msg, status = e.reason, str(e), e.status
-        except TimeoutError:
-            reason, msg = "timeout", f"no answer within {timeout:.2f}s"
-        except (OSError, asyncio.IncompleteReadError, ConnectionError) as e:
-            reason, msg = "connection", f"{type(e).__name__}: {e}"
-        except Exception as e:  # anything else a broken rank can provoke
-            reason, msg = "bad_response", f"{type(e).__name__}: {e}"
-        return RankPoll(url, False, reason=reason, error=msg, status=status,
-                        latency_s=time.perf_counter() - start)
+            _, conn = await self._loop.create_connection(lambda: _Conn(self, req.key), host, port)
+        except OSError as e:
+            self._fail(req, "connection", f"{type(e).__name__}: {e}")
+            return
+        except Exception as e:  # e.g. a host name that does not encode
+            self._fail(req, "bad_response", f"{type(e).__name__}: {e}")
+            return
+        finally:
+            req.connecting = None
+        if req.done:  # timed out meanwhile
+            conn.abort()
+        else:
+            conn.begin(req)
+
+    def _retry(self, req: _Request) -> None:
+        req.conn = None
+        req.reused = False  # once: the fresh connection's failure is the answer
+        req.connecting = self._loop.create_task(self._connect(req))
+
+    def _expire(self, sw: _Sweep) -> None:
+        sw.timer = None
+        now = self._loop.time() + 0.001  # call_at may run a little early
+        q = sw.inflight
+        while q and (q[0].done or q[0].deadline <= now):
+            req = q.popleft()
+            if not req.done:
+                self._fail(req, "timeout", f"no answer within {sw.timeout:.2f}s")
+        if q and sw.timer is None:
+            sw.timer = self._loop.call_at(q[0].deadline, self._expire, sw)
+
+    def _answer(self, req: _Request, status: int, body: bytes) -> None:
+        """The whole answer is here: the connection goes back to the pool, the body is judged."""
+        conn = req.conn
+        req.conn = None
+        conn.req = None
+        if conn.keep and not conn.lost:
+            self._put(conn)
+        else:
+            conn.abort()
+        if status != 200:
+            self._fail(req, "http_status", f"HTTP {status}: {body[:200]!r}", status)
+            return
+        try:
+            data = json.loads(body)
+        except ValueError as e:
+            self._fail(req, "bad_response", f"not JSON: {e}")
+            return
+        except Exception as e:  # RecursionError on deep nesting
+            self._fail(req, "bad_response", f"{type(e).__name__}: {e}")
+            return
+        if not isinstance(data, dict):
+            self._fail(req, "bad_response", f"expected a JSON object, got {type(data).__name__}")
+            return
+        req.done = True
+        self._done(req.sweep, req.url,
+                   RankPoll(req.url, True, data=data, latency_s=self._loop.time() - req.start))
+
+    def _fail(self, req: _Request, reason: str, error: str, status: int | None = None) -> None:
+        if req.done:
+            return
+        req.done = True
+        conn = req.conn
+        if conn is not None:  # cut off or malformed: the stream state is unknown
+            req.conn = None
+            conn.abort()
+        if req.connecting is not None:
+            req.connecting.cancel()
+            req.connecting = None
+        self._done(req.sweep, req.url, RankPoll(req.url, False, reason=reason, error=error,
+                                                status=status,
+                                                latency_s=self._loop.time() - req.start))
+
+    def _done(self, sw: _Sweep, url: str, poll: RankPoll) -> None:
+        sw.results[url] = poll
+        sw.active -= 1
+        self._launch(sw)
 
     def _take(self, key: tuple[str, int]) -> _Conn | None:
         conns = self._idle.get(key)
-        if not conns:
-            return None
-        conn = conns.pop()
-        if not conns:
-            del self._idle[key]
-        self._n_idle -= 1
-        return conn
+        while conns:
+            conn = conns.pop()
+            self._n_idle -= 1
+            if not conns:
+                del self._idle[key]
+            if not conn.lost and not conn.transport.is_closing():
+                return conn
+            conns = self._idle.get(key)  # closed by the server while idle: skip it
+        return None
 
-    def _put(self, key: tuple[str, int], conn: _Conn) -> None:
+    def _put(self, conn: _Conn) -> None:
+        key = conn.key
         conns = self._idle.get(key)
         if conns is None:
             self._idle[key] = [conn]
@@ -214,112 +560,7 @@ class Poller:
         self._n_idle += 1
         while self._n_idle > self.max_idle:
             old_key, old = next(iter(self._idle.items()))
-            old.pop(0).close()
+            old.pop(0).abort()
             self._n_idle -= 1
             if not old:
                 del self._idle[old_key]
-
-    async def _get_json(self, url: str, path: str, limit: int) -> dict[str, Any]:
-        host, port, prefix = _split(url)
-        key = (host, port)
-        path = prefix + path
-        conn = self._take(key)
-        reused = conn is not None
-        for attempt in (0, 1):
-            if conn is None:
-                reader, writer = await asyncio.open_connection(host, port)
-                conn = _Conn(reader, writer)
-            try:
-                status, body, keep = await self._request(conn, host, port, path, limit)
-                break
-            except (ConnectionError, asyncio.IncompleteReadError, _StaleConnection):
-                conn.close()
-                conn = None
-                if attempt == 0 and reused:
-                    continue  # the server closed an idle keep-alive connection: retry fresh
-                raise
-            except BaseException:
-                conn.close()  # cancelled (timeout) or malformed: the stream state is unknown
-                raise
-        if keep:
-            self._put(key, conn)
-        else:
-            conn.close()
-        if status != 200:
-            raise PollError("http_status", f"HTTP {status}: {body[:200]!r}", status)
-        try:
-            data = json.loads(body)
-        except ValueError as e:
-            raise PollError("bad_response", f"not JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise PollError("bad_response", f"expected a JSON object, got {type(data).__name__}")
-        return data
-
-    @staticmethod
-    async def _request(conn: _Conn, host: str, port: int, path: str,
-                       limit: int) -> tuple[int, bytes, bool]:
-        conn.writer.write(f"GET {path} HTTP/1.1\r\nHost: {host_for_url(host)}:{port}\r\n"
-                          "Accept: application/json\r\nUser-Agent: lightkeeper-monitor\r\n\r\n"
-                          .encode("latin-1"))
-        await conn.writer.drain()
-        line = await conn.reader.readline()
-        if not line:
-            raise _StaleConnection("connection closed before the status line")
-        parts = line.split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise PollError("bad_response", f"bad status line {line[:100]!r}")
-        status = int(parts[1])
-        headers: dict[bytes, bytes] = {}
-        for lines in range(MAX_HEADERS + 1):
-            h = await conn.reader.readline()
-            if h in (b"\r\n", b"\n"):
-                break
-            if not h:
-                raise PollError("bad_response", "connection closed inside the headers")
-            if lines == MAX_HEADERS:
-                raise PollError("bad_response", f"more than {MAX_HEADERS} header lines")
-            name, _, value = h.partition(b":")
-            headers[name.strip().lower()] = value.strip()
-        keep = parts[0] == b"HTTP/1.1" and headers.get(b"connection", b"").lower() != b"close"
-        if b"content-length" in headers:
-            try:
-                n = int(headers[b"content-length"])
-            except ValueError:
-                raise PollError("bad_response", "bad Content-Length") from None
-            if n < 0 or n > limit:
-                raise PollError("bad_response", f"Content-Length {n} out of range "
-                                                f"(at most {limit} bytes)")
-            body = await conn.reader.readexactly(n)
-        elif headers.get(b"transfer-encoding", b"").lower() == b"chunked":
-            chunks = []
-            total = 0
-            while True:
-                size_line = await conn.reader.readline()
-                try:
-                    size = int(size_line.split(b";")[0].strip(), 16)
-                except ValueError:
-                    raise PollError("bad_response", "bad chunk size") from None
-                if size == 0:
-                    while (await conn.reader.readline()) not in (b"\r\n", b"\n", b""):
-                        pass
-                    break
-                total += size
-                if total > limit:
-                    raise PollError("bad_response", f"body larger than {limit} bytes")
-                chunks.append(await conn.reader.readexactly(size))
-                await conn.reader.readexactly(2)
-            body = b"".join(chunks)
-        else:  # the body ends when the connection does
-            chunks, total = [], 0
-            while chunk := await conn.reader.read(65536):
-                total += len(chunk)
-                if total > limit:
-                    raise PollError("bad_response", f"body larger than {limit} bytes")
-                chunks.append(chunk)
-            body = b"".join(chunks)
-            keep = False
-        return status, body, keep
-
-
-class _StaleConnection(ConnectionError):
-    pass
