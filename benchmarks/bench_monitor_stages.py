@@ -11,11 +11,19 @@ is bench_monitor_sweep.py's poller row. A fake poller because the point is to ta
 requests out; the answers are the real documents.
 
     .venv/bin/python benchmarks/bench_monitor_stages.py --groups 12500 --sweeps 3
+
+Every figure is CPU time of the sweep's thread (``time.thread_time``): this box is shared, and
+wall time follows the load. A stage's time excludes the stages and answers it calls; what no
+stage accounts for is ``sweep orchestration`` (sweep_once's own steps: the Flight Recorder
+fetch's scans, findings, decisions, confirmations). ``--drill`` then plants a hang in one
+non-leader rank and times the sweeps that drill its group; ``--profile FILE`` writes the
+measured leader sweeps' cProfile stats.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
 import statistics
@@ -32,6 +40,19 @@ from monitor.poller import RankPoll  # noqa: E402
 from monitor.service import Monitor  # noqa: E402
 from tests.support.virtual_ranks import VirtualRanks  # noqa: E402
 
+# (object on the Monitor, or "monitor" itself; method; stage) timed by the bench
+STAGES = [("schedule", "plan", "schedule"),
+          ("views", "update", "view + verification"),
+          ("detectors", "fr_wanted", "Flight Recorder trigger"),
+          ("detectors", "update", "detectors"),
+          ("monitor", "_host_findings", "host ledger"),
+          ("monitor", "_judge_hosts", "host ledger"),
+          ("monitor", "_account_goodput", "goodput"),
+          ("monitor", "_publish_metrics", "metrics")]
+ORCHESTRATION = "sweep orchestration"
+# the view engineer's stages (issue 17): their sum is printed on its own line
+VIEW_STAGES = ("schedule", "view + verification", ORCHESTRATION)
+
 
 class InProcessPoller:
     """Answers like the virtual ranks, without sockets (see the module docstring)."""
@@ -40,21 +61,46 @@ class InProcessPoller:
 
     def __init__(self, vr: VirtualRanks, index: dict[str, int]) -> None:
         self.vr, self.index = vr, index
-        self.seconds = 0.0
+        self.cpu_seconds = 0.0
+        self.stack: list[list[float]] = []  # the bench's open stages (their children's CPU)
 
     def sweep(self, urls, path="/v1/state", timeout_s=None, max_bytes=None):
-        t = time.perf_counter()
+        t = time.thread_time()
         if path != "/v1/state":
             out = {u: RankPoll(u, False, reason="http_status", error="HTTP 404: b''")
                    for u in urls}
         else:
             out = {u: RankPoll(u, True, data=json.loads(self.vr.state(self.index[u])))
                    for u in urls}
-        self.seconds += time.perf_counter() - t
+        spent = time.thread_time() - t
+        self.cpu_seconds += spent
+        if self.stack:  # not the stage's own work
+            self.stack[-1][1] += spent
         return out
 
     def close(self) -> None:
         pass
+
+
+def drilled_sweep(mon: Monitor, vr: VirtualRanks, sweeps: int) -> list[dict]:
+    """Hang group rank 3 of the middle group (its leader then waits in an in-group
+    collective, the other leaders in the cross-group one) and time ``sweeps`` sweeps: the
+    schedule drills the hung group, whose every rank is then polled each sweep."""
+    g = len(mon.view.groups) // 2
+    vr.hung[g * vr.group_size + 3] = time.monotonic() - 30.0
+    out = []
+    for _ in range(sweeps):
+        c = time.thread_time()
+        mon.poller.cpu_seconds = 0.0
+        mon.sweep_once()
+        cpu = time.thread_time() - c
+        row = {"cpu_s": cpu, "monitor_s": cpu - mon.poller.cpu_seconds,
+               "asked": len(mon.schedule.last.urls), "drilled": len(mon.schedule.last.drilled)}
+        print("drilled sweep:", json.dumps({k: round(v, 3) if isinstance(v, float) else v
+                                            for k, v in row.items()}), flush=True)
+        out.append(row)
+    vr.hung.clear()
+    return out
 
 
 def main() -> int:
@@ -63,6 +109,9 @@ def main() -> int:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--sweeps", type=int, default=3)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", default=None, help="cProfile stats of the leader sweeps")
+    ap.add_argument("--drill", type=int, default=None, metavar="SWEEPS",
+                    help="then hang one non-leader rank and time this many sweeps")
     args = ap.parse_args()
     n = args.groups * args.group_size
     vr = VirtualRanks(n, 0, args.group_size, 1.0)
@@ -77,55 +126,81 @@ def main() -> int:
         mon.poller.close()
         mon.poller = poller
         try:
-            mon.sweep_once()
+            c = time.thread_time()
+            mon.sweep_once()  # every rank: nothing known yet
+            first_cpu = time.thread_time() - c
             mon.sweep_once()
 
+            stack: list[list[float]] = []  # per open stage: [its start, its children's CPU]
+
             def timed(obj, name: str, label: str) -> None:
+                """Add the CPU seconds of ``obj.name`` to ``label``, less the stages it calls
+                (the Flight Recorder trigger runs inside the orchestration's _fetch_fr)."""
                 f = getattr(obj, name)
 
                 def w(*a, **k):
-                    t = time.perf_counter()
+                    stack.append([time.thread_time(), 0.0])
                     try:
                         return f(*a, **k)
                     finally:
-                        now[label] = now.get(label, 0.0) + time.perf_counter() - t
+                        began, children = stack.pop()
+                        spent = time.thread_time() - began
+                        now[label] = now.get(label, 0.0) + spent - children
+                        if stack:
+                            stack[-1][1] += spent
                 setattr(obj, name, w)
 
-            timed(mon.schedule, "plan", "schedule")
-            timed(mon.views, "update", "view + verification")
-            timed(mon.detectors, "fr_wanted", "Flight Recorder trigger")
-            timed(mon.detectors, "update", "detectors")
-            timed(mon, "_host_findings", "host ledger")
-            timed(mon, "_judge_hosts", "host ledger")
-            timed(mon, "_account_goodput", "goodput")
-            timed(mon, "_publish_metrics", "metrics")
-            row = {"ranks": n, "groups": args.groups, "sweeps": []}
+            for obj, name, label in STAGES:
+                timed(mon if obj == "monitor" else getattr(mon, obj), name, label)
+            poller.stack = stack
+            row = {"ranks": n, "groups": args.groups, "sweeps": [],
+                   "first_sweep_cpu_s": first_cpu, "stage_clock": "thread CPU (time.thread_time)"}
+            prof = cProfile.Profile() if args.profile else None
             for _ in range(args.sweeps):
                 now.clear()
-                poller.seconds = 0.0
+                poller.cpu_seconds = 0.0
                 gc_clock.take()
-                t, c = time.perf_counter(), time.process_time()
+                t, c = time.perf_counter(), time.thread_time()
+                if prof is not None:
+                    prof.enable()
                 mon.sweep_once()
-                wall, cpu = time.perf_counter() - t, time.process_time() - c
-                sweep = {"wall_s": wall, "cpu_s": cpu, "answers_s": poller.seconds,
-                         "monitor_s": wall - poller.seconds, "gc_s": gc_clock.take(),
+                if prof is not None:
+                    prof.disable()
+                wall, cpu = time.perf_counter() - t, time.thread_time() - c
+                own = cpu - poller.cpu_seconds
+                sweep = {"wall_s": wall, "cpu_s": cpu, "answers_s": poller.cpu_seconds,
+                         "monitor_s": own, "gc_s": gc_clock.take(),
                          "asked": len(mon.schedule.last.urls), **now}
+                # what no stage above accounts for: sweep_once's own steps between them
+                sweep[ORCHESTRATION] = own - sum(now.values())
                 row["sweeps"].append(sweep)
                 print(json.dumps({k: round(v, 3) if isinstance(v, float) else v
                                   for k, v in sweep.items()}), flush=True)
+            if prof is not None:
+                prof.dump_stats(args.profile)
+            if args.drill is not None:
+                row["drilled_sweep"] = drilled_sweep(mon, vr, args.drill)
         finally:
             mon.stop()
     for key in row["sweeps"][0]:
         stages[key] = [s.get(key, 0.0) for s in row["sweeps"]]
     row["median"] = {k: statistics.median(v) for k, v in stages.items()}
-    row["load_average"] = os.getloadavg()[0]
+    row["load_average"] = os.getloadavg()
     row["cores"] = os.cpu_count()
-    print(f"median of {args.sweeps} sweeps at {n} ranks (load average "
-          f"{row['load_average']:.1f} on {row['cores']} cores):")
-    for k, v in row["median"].items():
-        per_group = f"{1e6 * v / args.groups:8.1f} us/group" if k.endswith("_s") or " " in k \
-            or k in ("schedule", "detectors", "goodput", "metrics") else ""
-        print(f"  {k:>26}: {v:10.3f}  {per_group}")
+    med = row["median"]
+    print(f"median of {args.sweeps} leader sweeps at {n} ranks, CPU seconds (load average "
+          f"{row['load_average'][0]:.1f} on {row['cores']} cores; first sweep "
+          f"{first_cpu:.2f} s):")
+    for k, v in med.items():
+        per_group = f"{1e6 * v / args.groups:8.1f} us/group" \
+            if k not in ("asked", "wall_s") else ""
+        print(f"  {k:>32}: {v:10.3f}  {per_group}")
+    mine = sum(med.get(k, 0.0) for k in VIEW_STAGES)
+    print(f"  {'view, verification, schedule, orchestration':>32}: {mine:10.3f}  "
+          f"{1e6 * mine / args.groups:8.1f} us/group")
+    row["view_stages_s"] = mine
+    print(f"monitor's own work per leader sweep: {med['monitor_s']:.2f} s "
+          f"({1e6 * med['monitor_s'] / args.groups:.0f} us/group)")
     return save(row, args.json)
 
 
