@@ -31,6 +31,15 @@ COMPUTE_PHASES = ("quorum", "forward", "backward")
 
 def valid_state(data: Any) -> str | None:
     """None when ``data`` looks like a /v1/state document, else what is wrong with it."""
+    if type(data) is dict:  # JSON's own types, one comparison each (the general check below)
+        try:
+            if type(data["replica_group"]) is int and type(data["rank"]) is int \
+                    and type(data["group_rank"]) is int and type(data["step"]) is int \
+                    and type(data["quorum_id"]) is int and type(data["phase"]) is str \
+                    and type(data["phase_since"]) in (float, int):
+                return None
+        except KeyError:
+            pass
     if not isinstance(data, dict):
         return "not an object"
     for key, typ in REQUIRED.items():
@@ -197,6 +206,40 @@ class GroupView:
             out[k] = out.get(k, 0) + 1
         return out
 
+    def _progressed(self, ranks: list[RankView],
+                    moved: list[tuple[RankView, RankView]]) -> GroupView:
+        """This group after progress only (ViewBuilder's ``moved_groups``): ``ranks`` are its
+        ranks in the same slots, ``moved`` the (last sweep's, this sweep's) RankViews swapped
+        in, each the same process answering with the same identity, quorum, host and verdict.
+        What those alone decide is carried over from this GroupView if it was computed; the
+        group's step is updated from the moved ranks' (recomputed if one went back); the rest
+        (the median step time) is computed again on demand."""
+        new = GroupView(self.replica_group, ranks, self.superseded)
+        d, old = new.__dict__, self.__dict__
+        for k in _KEPT_ON_PROGRESS:
+            if k in old:
+                d[k] = old[k]
+        n = len(ranks)
+        for k in ("answered", "reachable"):  # the same ranks: every one of them, usually
+            were = old.get(k)
+            if were is not None and len(were) == n:
+                d[k] = ranks
+        if "leader" in old:
+            lead = old["leader"]
+            d["leader"] = None if lead is None else \
+                ranks[next(i for i, r in enumerate(self.ranks) if r is lead)]
+        step = old.get("step")
+        if step is not None:
+            for was, rv in moved:
+                a, b = int(was.state["step"]), int(rv.state["step"])
+                if b < a:
+                    break
+                if b > step:
+                    step = b
+            else:
+                d["step"] = step
+        return new
+
     @property
     def status(self) -> str:
         if not self.ranks:
@@ -209,8 +252,36 @@ class GroupView:
         return "up"
 
 
+# GroupView's derived values that progress alone (step, phase, timings, being polled or not)
+# leaves as they are: GroupView._progressed carries them
+_KEPT_ON_PROGRESS = ("replica_id", "quorum_id", "quorums", "taking_part", "trust_counts", "hosts",
+                     "fresh_failed")
+
+
 @dataclass
 class ClusterView:
+    """One sweep's picture. ``changed_groups`` and ``moved_groups`` let a consumer skip the
+    groups that did not change since the previous sweep's view (ViewBuilder's, built with
+    verdicts); both are None on a view grouped from scratch (every group may have changed):
+
+    - ``changed_groups``: the replica groups whose GroupView is not the previous view's
+      object (a new GroupView: any change of any of its ranks), those new in this view and
+      those gone from it (not in ``groups`` any more). A group outside it is the very same
+      GroupView object as in the previous view, derived values and all.
+    - ``moved_groups`` (a subset of ``changed_groups``): groups changed by progress only.
+      Every rank that changed is the same process answering again (reachable at both
+      sweeps, not superseded) with the same identity claims (replica id, replica group,
+      group rank, world size, global rank), quorum id, ``num_participants``,
+      ``participating``, host and verdict (the same ``Trust`` object); what moved is its
+      step, phase, timings and other state, or whether it was polled this sweep
+      (``fresh``). So the group's ranks are the same URLs in the same slots, and its
+      replica id, quorum id, quorums, ``taking_part``, hosts, verdict counts, reachable
+      ranks, ``fresh_failed``, leader slot and status are those of the previous view's
+      GroupView; its step and median step time may differ. A group may be left out of it
+      when only progress moved (then it is only in ``changed_groups``), never the reverse.
+
+    In the evidence view the same two sets are about the evidence view's groups."""
+
     at: float
     ranks: dict[str, RankView]
     sweep_seconds: float = 0.0
@@ -220,6 +291,8 @@ class ClusterView:
     ungrouped: list[RankView] | None = None
     polled: list[str] | None = None
     evidence_view: ClusterView | None = field(default=None, repr=False)
+    changed_groups: set[int] | None = field(default=None, repr=False)
+    moved_groups: set[int] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.ungrouped is None:
@@ -331,6 +404,58 @@ def _rank_order(r: RankView) -> tuple:
     return (r.rank if r.rank is not None else 1 << 62, r.url)
 
 
+def _progress_only(was: RankView, rv: RankView) -> bool:
+    """``rv`` is ``was`` (last sweep's RankView of the same URL, in the same group) having
+    moved on only: see ClusterView.moved_groups."""
+    if not (was.reachable and rv.reachable) or was.superseded or was.trust is not rv.trust:
+        return False
+    a, b = was.state, rv.state
+    if a is b:
+        return True
+    ga, gb = a.get, b.get
+    return (a["rank"] == b["rank"] and a["group_rank"] == b["group_rank"]
+            and a["replica_group"] == b["replica_group"] and a["quorum_id"] == b["quorum_id"]
+            and ga("replica_id") == gb("replica_id")
+            and ga("group_world_size") == gb("group_world_size")
+            and ga("num_participants") == gb("num_participants")
+            and ga("participating", True) == gb("participating", True)
+            and ga("host") == gb("host"))
+
+
+class _Sums:
+    """Sums over a view's groups, kept as its groups are replaced (a moved group adds what it
+    replaces): ranks known and reachable, ranks by verdict, groups by quorum id. What
+    ClusterView.counts and quorum_id would sum over every group."""
+
+    __slots__ = ("known", "up", "trust", "quorums")
+
+    def __init__(self) -> None:
+        self.known = self.up = 0
+        self.trust: dict[tuple[str, str] | None, int] = {}
+        self.quorums: dict[int, int] = {}
+
+    def add(self, gv: GroupView, sign: int) -> None:
+        self.known += sign * len(gv.ranks)
+        self.up += sign * len(gv.reachable)
+        trust = self.trust
+        for k, n in gv.trust_counts.items():
+            trust[k] = trust.get(k, 0) + sign * n
+        q = gv.quorum_id
+        if q is not None:
+            self.quorums[q] = self.quorums.get(q, 0) + sign
+
+    def fill(self, view: ClusterView) -> None:
+        """Set ``view``'s counts and quorum id (ClusterView's cached values) from the sums."""
+        ungrouped = view.ungrouped or ()
+        trust = {k: n for k, n in self.trust.items() if n}
+        for r in ungrouped:
+            k = (r.trust.state, r.trust.reason) if r.trust is not None else None
+            trust[k] = trust.get(k, 0) + 1
+        view.__dict__["counts"] = (self.known + len(ungrouped), self.up, trust)
+        qs = [q for q, n in self.quorums.items() if n]
+        view.__dict__["quorum_id"] = max(qs) if qs else None
+
+
 class ViewBuilder:
     """Folds sweeps into ClusterViews, keeping per-target memory across sweeps.
 
@@ -341,6 +466,13 @@ class ViewBuilder:
     their evidence. The work of a sweep is then proportional to the ranks asked, not to the
     ranks known (docs/scaling.md). A view is never changed once built: a RankView shared with
     the last view is copied before anything in it changes.
+
+    With verdicts (``judge``), a group whose changed ranks only progressed (see
+    ClusterView.moved_groups: the usual leader sweep, every leader one step further) is not
+    grouped again: its new GroupView has the same slots with the new RankViews in them and
+    carries what progress leaves as it was; the view's counts and quorum id are sums kept
+    per group. The view says which groups changed and which only moved
+    (``changed_groups``, ``moved_groups``), so its consumers can skip the others.
     """
 
     def __init__(self) -> None:
@@ -352,6 +484,8 @@ class ViewBuilder:
         self._groups: dict[int, GroupView] = {}
         self._ev_groups: dict[int, GroupView] = {}
         self._ev_ranks: dict[str, RankView] = {}
+        self._slot: dict[str, int] = {}  # url -> its index in its GroupView's ranks
+        self._sums, self._ev_sums = _Sums(), _Sums()
         self.changed: set[str] = set()  # URLs whose RankView the last update made anew
         self._unreachable: dict[str, float] = {}
         self._judged = False
@@ -366,14 +500,18 @@ class ViewBuilder:
         a failure.
 
         ``judge(ranks, changed)``: the verdicts (``trust``) that change, by URL, given every
-        rank and the URLs whose RankView is new (monitor.verification.Verifier). With it the
-        view comes with its evidence view (:meth:`ClusterView.evidence`) built alongside;
-        without it the caller sets ``trust`` and the evidence view is derived on demand."""
+        rank and the URLs whose RankView is new, less those that only stopped being fresh
+        (their state and reachability, all a verdict rests on, are the last ones:
+        monitor.verification.Verifier). With it the view comes with its evidence view
+        (:meth:`ClusterView.evidence`) built alongside, and both say which groups changed
+        (``changed_groups``, ``moved_groups``); without it the caller sets ``trust`` and the
+        evidence view is derived on demand."""
         now = time.time() if now is None else now
         prev = self._ranks
         same = (polled is not None and bool(prev) and len(targets) == len(self._targets)
                 and (judge is not None) == self._judged
                 and all(map(operator.is_, targets, self._targets)))
+        gone: set[int] = set()
         if same:
             current = dict(prev)
             changed: set[str] = set()
@@ -382,12 +520,14 @@ class ViewBuilder:
                 rv.fresh = False
                 current[url] = rv
                 changed.add(url)
+            unfreshed = set(changed)  # no longer fresh, nothing else new
+            polled_rank = self._polled
             for url in polled:
                 old = prev.get(url)
                 if old is None:
                     same = False  # not a target: rebuild from the targets below
                     break
-                current[url] = self._polled(url, old, old.target, polls.get(url), now)
+                current[url] = polled_rank(url, old, old.target, polls.get(url), now)
                 changed.add(url)
         if not same:
             current = {}
@@ -399,37 +539,53 @@ class ViewBuilder:
                     current[t.url] = carried
                 else:
                     current[t.url] = self._polled(t.url, old, t, polls.get(t.url), now)
-            changed = set(current)
-            self._group_of, self._members = {}, {}
+            changed, unfreshed = set(current), set()
+            gone = self._groups.keys() | self._ev_groups.keys()
+            self._group_of, self._members, self._slot = {}, {}, {}
             self._groups, self._ev_groups, self._ev_ranks = {}, {}, {}
+            self._sums, self._ev_sums = _Sums(), _Sums()
             self._unreachable = {}
         self._targets = list(targets)
         self._judged = judge is not None
         self._fresh = set(current) if polled is None else set(polled) & current.keys()
         if judge is not None:
-            for url, trust in judge(current, changed).items():
+            for url, trust in judge(current, changed - unfreshed if unfreshed else changed
+                                    ).items():
                 rv = current[url]
                 if url not in changed:
                     rv = current[url] = rv.clone()
                     changed.add(url)
                 rv.trust = trust
-        groups = self._regroup(current, changed, judge is not None)
+        groups, moved, ev_changed, ev_moved = self._regroup(current, changed, judge is not None)
         self._ranks = current
         self.changed = changed
         polled_list = None if polled is None else [u for u in polled if u in current]
-        view = ClusterView(at=now, ranks=dict(current), sweep_seconds=sweep_seconds,
+        # ``current`` is not changed after this: the next update starts from a copy
+        view = ClusterView(at=now, ranks=current, sweep_seconds=sweep_seconds,
                            groups=groups, ungrouped=list(self._members.get(None, {}).values()),
                            polled=polled_list)
         if judge is not None:
-            view.evidence_view = ClusterView(at=now, ranks=dict(self._ev_ranks),
-                                             sweep_seconds=sweep_seconds,
-                                             groups=dict(self._ev_groups), ungrouped=[],
-                                             polled=polled_list)
+            view.changed_groups = (gone | moved[0]) - {None}
+            view.moved_groups = moved[1]
+            self._sums.fill(view)
+            view.evidence_view = ev = ClusterView(
+                at=now, ranks=dict(self._ev_ranks), sweep_seconds=sweep_seconds,
+                groups=dict(self._ev_groups), ungrouped=[], polled=polled_list,
+                changed_groups=gone | ev_changed, moved_groups=ev_moved)
+            self._ev_sums.fill(ev)
         return view
 
     @staticmethod
     def _polled(url: str, prev: RankView | None, target: Target | None, p: RankPoll | None,
                 now: float) -> RankView:
+        if p is not None and p.ok and valid_state(p.data) is None:  # answered: all is known
+            rv = object.__new__(RankView)
+            rv.__dict__ = {"url": url, "reachable": True, "state": p.data, "reason": None,
+                           "error": None, "failures": 0, "unreachable_since": None,
+                           "last_ok_at": now, "target": target, "superseded": False,
+                           "trust": prev.trust if prev is not None else None, "fresh": True,
+                           "polled_at": now}
+            return rv
         rv = RankView(url, False, prev.state if prev else None, target=target,
                       failures=prev.failures if prev else 0,
                       unreachable_since=prev.unreachable_since if prev else None,
@@ -440,49 +596,85 @@ class ViewBuilder:
         elif not p.ok:
             rv.reason, rv.error = p.reason, p.error
         else:
-            problem = valid_state(p.data)
-            if problem is None:
-                rv.reachable, rv.state = True, p.data
-            else:
-                rv.reason, rv.error = "bad_response", f"bad /v1/state: {problem}"
-        if rv.reachable:
-            rv.failures, rv.unreachable_since, rv.last_ok_at = 0, None, now
-        else:
-            rv.failures += 1
-            if rv.unreachable_since is None:
-                rv.unreachable_since = now
+            rv.reason, rv.error = "bad_response", f"bad /v1/state: {valid_state(p.data)}"
+        rv.failures += 1
+        if rv.unreachable_since is None:
+            rv.unreachable_since = now
         return rv
 
-    def _regroup(self, current: dict[str, RankView], changed: set[str],
-                 with_evidence: bool) -> dict[int, GroupView]:
-        """Move the changed ranks into their groups and group again only the groups touched."""
+    def _regroup(self, current: dict[str, RankView], changed: set[str], with_evidence: bool
+                 ) -> tuple[dict[int, GroupView], tuple[set, set[int]], set[int], set[int]]:
+        """Move the changed ranks into their groups and group again only the groups touched;
+        with verdicts, a group whose changed ranks only progressed is made from its last
+        GroupView instead (GroupView._progressed). The groups, then (changed, moved) groups
+        of the full view and of the evidence view."""
         dirty: set[int | None] = set()
+        moved: dict[int, list[tuple[RankView, RankView]]] = {}
+        members_of, group_of, unreachable = self._members, self._group_of, self._unreachable
+        ev_ranks = self._ev_ranks
         for url in changed:
             rv = current[url]
             g = rv.replica_group
             if rv.unreachable_since is None:
-                self._unreachable.pop(url, None)
+                unreachable.pop(url, None)
             else:
-                self._unreachable[url] = rv.unreachable_since
-            old = self._group_of.get(url, _NOT_SEEN)
-            if old is not _NOT_SEEN and old != g:
-                self._members[old].pop(url, None)
-                dirty.add(old)
-            self._group_of[url] = g
-            self._members.setdefault(g, {})[url] = rv
+                unreachable[url] = rv.unreachable_since
+            old = group_of.get(url, _NOT_SEEN)
+            if old == g:
+                members = members_of[g]
+                was = members[url]
+                members[url] = rv
+                if with_evidence and g is not None and _progress_only(was, rv):
+                    moved.setdefault(g, []).append((was, rv))
+                    continue
+            else:
+                if old is not _NOT_SEEN:
+                    members_of[old].pop(url, None)
+                    dirty.add(old)
+                group_of[url] = g
+                members_of.setdefault(g, {})[url] = rv
             dirty.add(g)
             if with_evidence:
-                self._ev_ranks.pop(url, None)
+                ev_ranks.pop(url, None)
         groups = dict(self._groups)
+        sums, slot = self._sums, self._slot
+        moved_groups: set[int] = set()
+        ev_changed: set[int] = set()
+        ev_moved: set[int] = set()
+        for g, pairs in moved.items():
+            if g in dirty:
+                continue  # another of its ranks did more than progress: grouped again below
+            last = groups[g]
+            ranks = list(last.ranks)
+            for _, rv in pairs:
+                ranks[slot[rv.url]] = rv
+            gv = groups[g] = last._progressed(ranks, pairs)
+            moved_groups.add(g)
+            ev_changed.add(g)
+            if self._ev_groups.get(g) is last:  # every rank evidence: the same GroupView
+                self._ev_groups[g] = gv
+                for _, rv in pairs:
+                    ev_ranks[rv.url] = rv
+                ev_moved.add(g)
+            else:
+                before = self._ev_groups.get(g)
+                self._evidence_group(g, members_of[g], gv)
+                self._ev_resum(before, self._ev_groups.get(g))
         added = False
         for g in dirty:
             if g is None:
                 continue
-            members = self._members.get(g)
+            before = groups.get(g)
+            members = members_of.get(g)
             if not members:
-                self._members.pop(g, None)
+                members_of.pop(g, None)
                 groups.pop(g, None)
-                self._ev_groups.pop(g, None)
+                if with_evidence:
+                    if before is not None:
+                        sums.add(before, -1)
+                    ev_before = self._ev_groups.pop(g, None)
+                    self._ev_resum(ev_before, None)
+                    ev_changed.add(g)
                 continue
             live = {r.rank for r in members.values() if r.reachable and r.state}
             ranks, old = [], []
@@ -494,20 +686,39 @@ class ViewBuilder:
                         changed.add(url)
                     r.superseded = sup
                 (old if sup else ranks).append(r)
+            gv = None
             if not ranks:
                 groups.pop(g, None)
             else:
                 ranks.sort(key=_rank_order)
+                for i, r in enumerate(ranks):
+                    slot[r.url] = i
                 added = added or g not in groups
-                groups[g] = GroupView(g, ranks, old)
+                gv = groups[g] = GroupView(g, ranks, old)
             if with_evidence:
-                self._evidence_group(g, members, groups.get(g))
+                if before is not None:
+                    sums.add(before, -1)
+                if gv is not None:
+                    sums.add(gv, 1)
+                ev_before = self._ev_groups.get(g)
+                self._evidence_group(g, members, gv)
+                self._ev_resum(ev_before, self._ev_groups.get(g))
+                ev_changed.add(g)
         if added:
             groups = dict(sorted(groups.items()))
         if with_evidence and any(g not in self._ev_groups for g in dirty if g is not None):
             self._ev_groups = dict(sorted(self._ev_groups.items()))
         self._groups = groups
-        return groups
+        return groups, (dirty | moved_groups, moved_groups), ev_changed, ev_moved
+
+    def _ev_resum(self, before: GroupView | None, after: GroupView | None) -> None:
+        """The evidence view's sums, one of its groups replaced."""
+        if before is after:
+            return
+        if before is not None:
+            self._ev_sums.add(before, -1)
+        if after is not None:
+            self._ev_sums.add(after, 1)
 
     def _evidence_group(self, g: int, members: dict[str, RankView],
                         full: GroupView | None) -> None:

@@ -128,3 +128,102 @@ def test_incremental_view_and_verdicts_match_the_from_scratch_ones_sweep_after_s
     # carried ranks are the same objects as in the previous view (nothing copied)
     carried = [u for u, r in last.ranks.items() if u not in asked and not r.fresh]
     assert carried and all(view.ranks[u] is last.ranks[u] for u in carried)
+
+
+def derived(gv) -> tuple:
+    """Every derived value of a GroupView (computing them all: what a moved group carries is
+    what its predecessor computed)."""
+    return ([r.url for r in gv.ranks], [r.url for r in gv.superseded],
+            [r.url for r in gv.answered], [r.url for r in gv.reachable], gv.fresh_failed,
+            gv.replica_id, gv.step, gv.quorum_id, gv.quorums, gv.taking_part, gv.trust_counts,
+            gv.hosts, gv.leader.url if gv.leader else None, gv.status,
+            gv.median_step_seconds(), gv.median_step_seconds(4))
+
+
+def view_summary(view: ClusterView) -> tuple:
+    return ({g: derived(gv) for g, gv in view.groups.items()}, view.counts, view.quorum_id,
+            view.quorum_participants(), [g.replica_group for g in view.in_quorum()],
+            sorted(view.ranks))
+
+
+def test_moved_groups_carry_what_a_from_scratch_view_computes_over_random_sweeps():
+    """Random leader-polling sweeps (mostly progress; now and then a rank down or back, a new
+    quorum, a host, replica id or world size changing, a rank changing group, the Lighthouse
+    changing): after every sweep the incremental view, its evidence view and every group's
+    derived values equal those of views grouped afresh, a group outside ``changed_groups``
+    is the previous view's object, and a moved group keeps its ranks' slots."""
+    rng = random.Random(17)
+    n = GROUPS * SIZE
+    targets = [Target(f"http://127.0.0.1:{9000 + r}", "static") for r in range(n)]
+    states = {t.url: state(r, r // SIZE, 0) for r, t in enumerate(targets)}
+    for s in states.values():
+        s["recent_step_seconds"] = [0.5]
+    leaders = [t.url for r, t in enumerate(targets) if r % SIZE == 0]
+    down: set[str] = set()
+    vb, verifier = ViewBuilder(), Verifier()
+    lh, quorum = lighthouse(), 3
+    prev: ClusterView | None = None
+    moved_seen = 0
+    for sweep in range(150):
+        now = 1000.0 + sweep
+        for s in states.values():  # progress: every rank a step on, a new step time
+            s["step"] += 1
+            s["recent_step_seconds"] = s["recent_step_seconds"][-3:] + [rng.choice((0.4, 0.5,
+                                                                                    0.9))]
+        event = rng.random()
+        victim = rng.choice(targets).url
+        if event < 0.05:
+            down.add(victim)
+        elif event < 0.12 and down:
+            down.discard(rng.choice(sorted(down)))
+        elif event < 0.15:
+            states[victim]["host"] = f"h{rng.randrange(GROUPS + 2)}"
+        elif event < 0.18:
+            states[victim]["replica_id"] = rng.choice(("replica_group_0:x", "replica_group_1:x",
+                                                       None))
+        elif event < 0.2:
+            states[victim]["group_world_size"] = rng.choice((SIZE, SIZE + 1))
+        elif event < 0.22:
+            states[victim]["step"] -= 3  # a step back (a restarted process)
+        elif event < 0.24:
+            g = rng.randrange(GROUPS)
+            states[victim].update(replica_group=g, replica_id=f"replica_group_{g}:x")
+        elif event < 0.27:
+            quorum += 1
+            lh = lighthouse(quorum)
+        if rng.random() < 0.3:
+            states[victim]["quorum_id"] = quorum
+        asked = set(leaders) | {t.url for t in rng.sample(targets, 4)} | down
+        if sweep % 25 == 0:
+            asked = {t.url for t in targets}
+        polls = {u: (RankPoll(u, True, data=dict(states[u])) if u not in down
+                     else RankPoll(u, False, reason="connection", error="refused"))
+                 for u in asked}
+        view = vb.update(targets, polls, now=now, polled=asked,
+                         judge=lambda ranks, changed, lh=lh, now=now: verifier.judge(
+                             ranks, changed, lh, None, True, now))
+        full = verify(view, lh, None, True, now)
+        assert {u: trust_fields(r.trust) for u, r in view.ranks.items()} == \
+            {u: trust_fields(t) for u, t in full.items()}, f"sweep {sweep}"
+        fresh = ClusterView(at=now, ranks={u: r.copy() for u, r in view.ranks.items()},
+                            polled=view.polled)
+        assert view_summary(view) == view_summary(fresh), f"sweep {sweep}"
+        ev = view.evidence()
+        fresh_ev = ClusterView(at=now, ranks={u: r.copy() for u, r in view.ranks.items()
+                                              if r.trust is not None and r.trust.evidence},
+                               polled=view.polled)
+        assert view_summary(ev) == view_summary(fresh_ev), f"sweep {sweep}"
+        assert view.median_step_seconds() == fresh.median_step_seconds()
+        for v, last in ((view, prev), (ev, prev.evidence() if prev else None)):
+            assert v.moved_groups <= v.changed_groups
+            if last is None:
+                continue
+            assert v.changed_groups >= last.groups.keys() ^ v.groups.keys()
+            for g, gv in v.groups.items():
+                if g not in v.changed_groups:
+                    assert gv is last.groups[g], f"sweep {sweep} group {g}"
+                elif g in v.moved_groups:
+                    moved_seen += 1
+                    assert [r.url for r in gv.ranks] == [r.url for r in last.groups[g].ranks]
+        prev = view
+    assert moved_seen > 500  # the fast path was taken, not only the full regroup
