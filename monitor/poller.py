@@ -158,6 +158,33 @@ class _Sweep:
 _HEAD, _LENGTH, _CHUNKED, _TO_EOF = range(4)  # what a connection is reading
 
 
+_SCAN = json.JSONDecoder().scan_once  # the C scanner that json.loads ends in
+
+
+def _json(body: bytes) -> Any:
+    """``json.loads(body)`` without json's Python layers around its C scanner (encoding
+    detection, two whitespace regexes) for the usual answer: UTF-8, nothing around the value.
+    Anything else goes to ``json.loads`` itself, so a bad answer fails with its words."""
+    try:
+        text = body.decode()
+        data, end = _SCAN(text, 0)
+    except (UnicodeDecodeError, StopIteration):
+        return json.loads(body)
+    if end != len(text) and text[end:].strip(" \t\n\r"):
+        return json.loads(body)  # "Extra data"
+    return data
+
+
+def _header(low: bytes, name: bytes) -> bytes | None:
+    """The stripped value of header ``name`` (b"\\n<name>:", lower case) in a lower-cased head."""
+    at = low.find(name)
+    if at < 0:
+        return None
+    at += len(name)
+    end = low.find(b"\n", at)
+    return low[at:end if end >= 0 else len(low)].strip()
+
+
 class _Conn(asyncio.Protocol):
     """One keep-alive connection: sends its request's bytes, parses the answer as it comes."""
 
@@ -274,24 +301,21 @@ class _Conn(asyncio.Protocol):
             self.buf = bytearray()
 
     def _head(self, head: bytes) -> None:
-        lines = head.split(b"\n")
-        if len(lines) > MAX_HEADERS + 1:
+        if head.count(b"\n") > MAX_HEADERS:
             raise PollError("bad_response", f"more than {MAX_HEADERS} header lines")
-        parts = lines[0].split(None, 2)
+        eol = head.find(b"\n")
+        first = head[:eol] if eol >= 0 else head
+        parts = first.split(None, 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise PollError("bad_response", f"bad status line {lines[0][:100]!r}")
+            raise PollError("bad_response", f"bad status line {first[:100]!r}")
         self.status = int(parts[1])
-        length = chunked = None
-        keep = parts[0] == b"HTTP/1.1"
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = value
-            elif name == b"transfer-encoding":
-                chunked = value.strip().lower() == b"chunked"
-            elif name == b"connection" and value.strip().lower() == b"close":
-                keep = False
+        # three header lookups by find over the lower-cased head, not a loop over its lines
+        low = head.lower()
+        length = _header(low, b"\ncontent-length:")
+        chunked = b"\ntransfer-encoding:" in low \
+            and _header(low, b"\ntransfer-encoding:") == b"chunked"
+        keep = parts[0] == b"HTTP/1.1" and not (
+            b"\nconnection:" in low and _header(low, b"\nconnection:") == b"close")
         self.keep = keep
         limit = self.req.sweep.limit
         if length is not None:
@@ -503,7 +527,7 @@ class Poller:
             self._fail(req, "http_status", f"HTTP {status}: {body[:200]!r}", status)
             return
         try:
-            data = json.loads(body)
+            data = _json(body)
         except ValueError as e:
             self._fail(req, "bad_response", f"not JSON: {e}")
             return

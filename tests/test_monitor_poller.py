@@ -128,7 +128,7 @@ def test_ranks_behind_one_address_are_polled_under_their_path_prefix():
     threading.Thread(target=loop.run_forever, daemon=True).start()
     vr = VirtualRanks(16, 0, 8, 0.5)
     server = asyncio.run_coroutine_threadsafe(
-        asyncio.start_server(vr.handle, "127.0.0.1", 0), loop).result(10)
+        loop.create_server(vr.protocol, "127.0.0.1", 0), loop).result(10)
     port = server.sockets[0].getsockname()[1]
     p = Poller(timeout_s=2.0, max_concurrency=4)
     try:

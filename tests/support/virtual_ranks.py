@@ -1,6 +1,7 @@
 """Many virtual ranks behind one server process, for benchmarks at 100,000 ranks.
 
-One asyncio HTTP/1.1 server (keep-alive) answers ``GET /r/<rank>/v1/state`` for ranks
+One asyncio HTTP/1.1 server (keep-alive; an :class:`asyncio.Protocol`, no stream reader or
+coroutine per request) answers ``GET /r/<rank>/v1/state`` for ranks
 ``offset .. offset + n - 1`` with the same ``/v1/state`` document a WorkerServer serves (the
 monitor addresses each rank as ``http://127.0.0.1:<port>/r/<rank>``: the same API under a path
 prefix, as behind a proxy). A machine with a 20,000 file descriptor limit cannot give 100,000
@@ -20,7 +21,13 @@ small gloo Flight Recorder dump of the rank's in-group process group (tests/supp
 six FSDP-like steps; no torchft cross-group entries, so ``pg=torchft`` is empty): in a group
 with a hung rank, its peers' newest all-gather is one the hung rank never entered, which the
 analysis engine names as an in-group hang, as on a real job. The dumps are rendered once per
-(group rank, hung group rank, filter) and stamped with each rank's identity. Prints ``VRANKS <port>`` once listening, serves until stdin closes.
+(group rank, hung group rank, filter) and stamped with each rank's identity. Prints
+``VRANKS <port>`` once listening, serves until stdin closes.
+
+Answers are cheap, so that the ~21,000 requests a second of a 100,000-rank monitor fit beside
+it on a small machine: each rank's ``/v1/state`` is cut once into literal pieces around the
+values that change (step, phase, timings, wait), and the timing rows are rendered once per
+(step, rank % 10, slow group) and shared by every rank with the same rows.
 
     python -m tests.support.virtual_ranks --ranks 12500 --offset 0 --group-size 8
 """
@@ -30,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 import time
 from urllib.parse import parse_qs
@@ -38,12 +46,16 @@ from tests.support.frgen import FRJob
 from tests.support.monitor_sim import rank_state
 from worker_server.app import filter_fr_dump
 
-STEP_MARK = 987654321  # placeholder serialized once, replaced per answer
-RECENT_MARK, LAST_MARK = '"@RECENT@"', '"@LAST@"'  # the same, for the timings
+STEP_MARK = 987654321  # placeholders serialized once, cut out of each rank's template
+RECENT_MARK, LAST_MARK, PHASE_MARK, WAIT_MARK = "@RECENT@", "@LAST@", "@PHASE@", "@WAIT@"
+MARKS = {str(STEP_MARK).encode(): "step", b'"@RECENT@"': "recent", b'"@LAST@"': "last",
+         b'"@PHASE@"': "phase", b'"@WAIT@"': "waiting"}
+_MARK_RE = re.compile(b"|".join(re.escape(m) for m in MARKS))
 KEEP_STEPS = 8
 RANK_MARK, GROUP_MARK = 900000001, 900000002  # identity placeholders of the FR templates
 FR_STEP = [("all_gather", [[300]]), ("all_gather", [[1000]]), ("reduce_scatter", [[1000]]),
            ("reduce_scatter", [[300]])]
+MAX_REQUEST_HEAD = 64 * 1024
 
 
 class VirtualRanks:
@@ -52,42 +64,72 @@ class VirtualRanks:
         self.t0 = time.monotonic()
         self.hung: dict[int, float] = {}  # rank -> monotonic onset
         self.slow: dict[int, tuple[int, float]] = {}  # group -> (first slow step, seconds)
-        self.templates: dict[int, bytes] = {}
+        self.templates: dict[int, tuple[list[bytes], list[str]]] = {}  # pieces, marks between
         self.requests = 0
         self.fr_templates: dict[tuple, bytes] = {}
+        self._rows: dict[tuple, tuple[bytes, bytes]] = {}
 
-    def template(self, rank: int) -> bytes:
+    def template(self, rank: int) -> tuple[list[bytes], list[str]]:
+        """The rank's /v1/state cut around its changing values: literal pieces, and between
+        each two the name of the value that goes there."""
         t = self.templates.get(rank)
         if t is None:
             g, gr = divmod(rank, self.group_size)
             s = rank_state(rank, g, step=STEP_MARK, step_seconds=self.step_s)
             s.update(group_rank=gr, group_world_size=self.group_size, host=f"node-{g}",
                      replica_id=f"replica_group_{g}:virtual", commits=STEP_MARK,
-                     timing={"recent": "@RECENT@", "waiting": None, "last_step": "@LAST@",
+                     phase=PHASE_MARK,
+                     timing={"recent": RECENT_MARK, "waiting": WAIT_MARK, "last_step": LAST_MARK,
                              "window": None})
-            t = self.templates[rank] = json.dumps(s).encode()
+            doc = json.dumps(s).encode()
+            pieces, marks, at = [], [], 0
+            for m in _MARK_RE.finditer(doc):
+                pieces.append(doc[at:m.start()])
+                marks.append(MARKS[m.group()])
+                at = m.end()
+            pieces.append(doc[at:])
+            t = self.templates[rank] = (pieces, marks)
         return t
 
     def state(self, rank: int) -> bytes:
         now = time.monotonic()
         g = rank // self.group_size
-        onset = min(self.hung.values(), default=None)
-        step = int((now - self.t0) / self.step_s)
-        body = self.template(rank)
-        if onset is None:
-            return self._timed(body, rank, step)
-        stuck = int((onset - self.t0) / self.step_s)
-        doc = json.loads(self._timed(body, rank, stuck))
-        waited = round(now - onset, 3)
-        if rank in self.hung:
-            doc["phase"] = "forward"
-        elif any(h // self.group_size == g for h in self.hung):
-            doc["phase"], doc["timing"]["waiting"] = "forward", {"scope": "group",
-                                                                 "seconds": waited}
+        if not self.hung:
+            step = int((now - self.t0) / self.step_s)
+            phase, waiting = b'"forward"', b"null"
         else:
-            doc["phase"], doc["timing"]["waiting"] = "allreduce", {"scope": "cross",
-                                                                   "seconds": waited}
-        return json.dumps(doc).encode()
+            onset = min(self.hung.values())
+            step = int((onset - self.t0) / self.step_s)
+            waited = round(now - onset, 3)
+            if rank in self.hung:
+                phase, waiting = b'"forward"', b"null"
+            elif any(h // self.group_size == g for h in self.hung):
+                phase, waiting = b'"forward"', b'{"scope": "group", "seconds": %r}' % waited
+            else:
+                phase, waiting = b'"allreduce"', b'{"scope": "cross", "seconds": %r}' % waited
+        recent, last = self.rows(rank, step)
+        values = {"step": str(step).encode(), "recent": recent, "last": last, "phase": phase,
+                  "waiting": waiting}
+        pieces, marks = self.template(rank)
+        out = [pieces[0]]
+        for mark, piece in zip(marks, pieces[1:], strict=True):
+            out += (values[mark], piece)
+        return b"".join(out)
+
+    def rows(self, rank: int, step: int) -> tuple[bytes, bytes]:
+        """(``timing.recent``, ``timing.last_step``) of the rank at ``step``: the same for every
+        rank with the same jitter (rank % 10) and slowness (its group slow or not)."""
+        g = rank // self.group_size
+        key = (rank % 10, step, g if g in self.slow else -1,
+               tuple(self.slow.items()) if self.slow else ())
+        got = self._rows.get(key)
+        if got is None:
+            if len(self._rows) > 10_000:
+                self._rows.clear()
+            rows = [self.row(rank, s) for s in range(max(0, step - KEEP_STEPS), step)]
+            got = self._rows[key] = (f"[{', '.join(rows)}]".encode(),
+                                     (rows[-1] if rows else "null").encode())
+        return got
 
     def row(self, rank: int, step: int) -> str:
         """One completed step's timing, as a WorkerServer's step timer serves it."""
@@ -103,12 +145,6 @@ class VirtualRanks:
         return (f'{{"step": {step}, "step_s": {compute + cross + group:.4f}, '
                 f'"compute_s": {compute:.4f}, "wait_cross_s": {cross:.4f}, '
                 f'"wait_group_s": {group:.4f}}}')
-
-    def _timed(self, body: bytes, rank: int, step: int) -> bytes:
-        rows = [self.row(rank, s) for s in range(max(0, step - KEEP_STEPS), step)]
-        return (body.replace(str(STEP_MARK).encode(), str(step).encode())
-                .replace(RECENT_MARK.encode(), f"[{', '.join(rows)}]".encode())
-                .replace(LAST_MARK.encode(), (rows[-1] if rows else "null").encode()))
 
     def fr(self, rank: int, query: str) -> tuple[str, bytes]:
         """(status, body) of ``/v1/fr_trace`` for ``rank``; see the module docstring."""
@@ -141,45 +177,68 @@ class VirtualRanks:
         return "200 OK", body.replace(str(RANK_MARK).encode(), str(rank).encode()) \
             .replace(str(GROUP_MARK).encode(), str(g).encode())
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                line = await reader.readline()
-                if not line:
-                    break
-                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                    pass
-                parts = line.split()
-                path = parts[1].decode() if len(parts) > 1 else "/"
-                status, body = "404 Not Found", b'{"error": "not found"}'
-                path, _, query = path.partition("?")
-                bits = path.split("/")  # '', 'r', '<rank>', 'v1', 'state' | 'fr_trace'
-                if len(bits) == 5 and bits[1] == "r" and bits[3] == "v1":
-                    try:
-                        rank = int(bits[2])
-                    except ValueError:
-                        rank = -1
-                    if not self.offset <= rank < self.offset + self.n:
-                        pass
-                    elif bits[4] == "state":
-                        status, body = "200 OK", self.state(rank)
-                    elif bits[4] == "fr_trace":
-                        status, body = self.fr(rank, query)
-                self.requests += 1
-                writer.write(f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
-                             f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-                await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
+    def answer(self, request_line: bytes) -> tuple[bytes, bytes]:
+        """(status, body) for one request line, e.g. ``GET /r/7/v1/state HTTP/1.1``."""
+        self.requests += 1
+        parts = request_line.split()
+        target = parts[1].decode("latin-1") if len(parts) > 1 else "/"
+        path, _, query = target.partition("?")
+        bits = path.split("/")  # '', 'r', '<rank>', 'v1', 'state' | 'fr_trace'
+        if len(bits) == 5 and bits[1] == "r" and bits[3] == "v1":
+            try:
+                rank = int(bits[2])
+            except ValueError:
+                rank = -1
+            if not self.offset <= rank < self.offset + self.n:
+                pass
+            elif bits[4] == "state":
+                return b"200 OK", self.state(rank)
+            elif bits[4] == "fr_trace":
+                status, body = self.fr(rank, query)
+                return status.encode(), body
+        return b"404 Not Found", b'{"error": "not found"}'
+
+    def protocol(self) -> asyncio.Protocol:
+        """A new connection's protocol (``loop.create_server(vr.protocol, ...)``)."""
+        return _Connection(self)
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive client: answers each request as soon as its head is in."""
+
+    def __init__(self, ranks: VirtualRanks) -> None:
+        self.ranks = ranks
+        self.buf = b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf + data if self.buf else data
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            skip = 4
+            if end < 0:
+                end, skip = buf.find(b"\n\n"), 2
+            if end < 0:
+                if len(buf) > MAX_REQUEST_HEAD:
+                    self.transport.close()
+                    buf = b""
+                break
+            eol = buf.find(b"\n")
+            status, body = self.ranks.answer(buf[:eol])
+            self.transport.write(b"HTTP/1.1 %s\r\nContent-Type: application/json\r\n"
+                                 b"Content-Length: %d\r\n\r\n%s" % (status, len(body), body))
+            buf = buf[end + skip:]
+        self.buf = buf
 
 
 async def serve(args: argparse.Namespace) -> None:
     vr = VirtualRanks(args.ranks, args.offset, args.group_size, args.step_s)
-    server = await asyncio.start_server(vr.handle, "127.0.0.1", 0, backlog=4096)
-    print(f"VRANKS {server.sockets[0].getsockname()[1]}", flush=True)
     loop = asyncio.get_running_loop()
+    server = await loop.create_server(vr.protocol, "127.0.0.1", 0, backlog=4096)
+    print(f"VRANKS {server.sockets[0].getsockname()[1]}", flush=True)
     reader = asyncio.StreamReader()
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     while line := await reader.readline():

@@ -1,0 +1,188 @@
+"""The poller alone: CPU per request, old and new side by side, against old and new virtual ranks.
+
+N keep-alive targets (``http://127.0.0.1:<port>/r/<rank>``) served by ``--procs`` virtual-rank
+processes (tests/support/virtual_ranks.py, the server of bench_monitor_100k.py), once with the
+servers of this tree and once with the servers of ``--baseline`` (a git revision; its
+``tests/support/virtual_ranks.py`` run from its source). Two pollers in this process: the
+``Poller`` of this tree and the one of ``--baseline``'s ``monitor/poller.py`` (imported from its
+source under another name). Every round sweeps every target once with each (poller, servers)
+pair, in alternating order, after a warm-up sweep that opens the pooled connections; per pair it
+reports the medians over rounds of:
+
+- ``poller_us``: this process's CPU seconds (``time.process_time``, every thread: the poller's
+  event loop, JSON parsing included) per request;
+- ``server_us``: the virtual-rank processes' CPU seconds (user + system, /proc) per request;
+- ``wall_s``: the sweep's wall time (both sides share the machine's cores);
+
+and, as a reference measured in the same rounds, ``json_us``: ``json.loads`` of one rank's
+``/v1/state`` answer (part of every poller's CPU per request: the monitor needs the parsed
+document). The cyclic GC is off during the sweeps and collects between them, as in a monitor of
+20,000 targets or more (monitor/service.py).
+
+CPU, not wall time, is the figure that matters on a loaded 2-core box; the load average is
+printed with it.
+
+    .venv/bin/python benchmarks/bench_poller.py --ranks 20000 --procs 4 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from monitor.poller import Poller  # noqa: E402
+from tests.support.monitor_sim import raise_fd_limit  # noqa: E402
+from tests.support.virtual_ranks import VirtualRanks  # noqa: E402
+
+BASELINE = "e04bd93"  # the asyncio-streams poller and the streams virtual ranks
+
+
+def git_source(rev: str, path: str) -> str:
+    return subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True,
+                          capture_output=True, text=True).stdout
+
+
+def baseline_poller(rev: str) -> type:
+    """``Poller`` of ``monitor/poller.py`` at ``rev``, as module ``baseline_poller``."""
+    spec = importlib.util.spec_from_loader("baseline_poller", loader=None)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[mod.__name__] = mod  # dataclasses look their module up while decorating
+    exec(compile(git_source(rev, "monitor/poller.py"), f"{rev}:monitor/poller.py", "exec"),
+         mod.__dict__)
+    return mod.Poller
+
+
+def start_servers(n: int, procs: int, group_size: int, source: str | None) -> tuple[list, list]:
+    """Virtual-rank processes for ranks 0..n-1: this tree's module, or ``source`` (another
+    revision's) run with ``-c``; (processes, URLs)."""
+    per = -(-n // procs)
+    per = -(-per // group_size) * group_size
+    out, urls = [], []
+    for offset in range(0, n, per):
+        k = min(per, n - offset)
+        argv = ["--ranks", str(k), "--offset", str(offset), "--group-size", str(group_size)]
+        cmd = [sys.executable, "-m", "tests.support.virtual_ranks", *argv] if source is None \
+            else [sys.executable, "-c", source, *argv]
+        out.append((subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True), offset, k))
+    for p, offset, k in out:
+        line = p.stdout.readline()
+        if not line.startswith("VRANKS "):
+            raise RuntimeError(f"virtual ranks failed: {line!r}")
+        port = int(line.split()[1])
+        urls += [f"http://127.0.0.1:{port}/r/{r}" for r in range(offset, offset + k)]
+    return out, urls
+
+
+def cpu_of(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
+
+
+def json_reference_us(n: int, group_size: int, samples: int = 2000) -> float:
+    """CPU microseconds of ``json.loads`` per virtual rank's ``/v1/state`` answer (bytes)."""
+    vr = VirtualRanks(n, 0, group_size, 0.5)
+    vr.t0 -= 100  # 200 steps in: every answer carries its 8 timing rows
+    bodies = [vr.state(r * n // samples) for r in range(samples)]
+    c = time.process_time()
+    for b in bodies:
+        json.loads(b)
+    return (time.process_time() - c) / samples * 1e6
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ranks", type=int, default=20_000)
+    ap.add_argument("--procs", type=int, default=4)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--concurrency", type=int, default=1024)
+    ap.add_argument("--baseline", default=BASELINE, help="git revision to compare with")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    raise_fd_limit()
+    from benchmarks.bench_monitor_100k import stop
+
+    old_source = git_source(args.baseline, "tests/support/virtual_ranks.py")
+    servers = {}
+    pollers = {"new": Poller(timeout_s=10.0, max_concurrency=args.concurrency,
+                             max_idle=4 * args.ranks),
+               "old": baseline_poller(args.baseline)(timeout_s=10.0,
+                                                     max_concurrency=args.concurrency,
+                                                     max_idle=4 * args.ranks)}
+    figures: dict[tuple[str, str], dict[str, list[float]]] = {}
+    try:
+        for side, source in (("new", None), ("old", old_source)):
+            servers[side] = start_servers(args.ranks, args.procs, args.group_size, source)
+        pairs = [(p, s) for p in pollers for s in servers]
+        for poller, side in pairs:  # warm up: open the pooled connections
+            got = pollers[poller].sweep(servers[side][1])
+            bad = [r for r in got.values() if not r.ok]
+            if bad:
+                raise RuntimeError(f"{poller} poller on {side} servers: {len(bad)} failed, "
+                                   f"e.g. {bad[0]}")
+        json_us = []
+        for rnd in range(args.rounds):
+            json_us.append(json_reference_us(args.ranks, args.group_size))
+            for poller, side in pairs if rnd % 2 == 0 else pairs[::-1]:
+                procs, urls = servers[side]
+                pids = [p.pid for p, _, _ in procs]
+                gc.collect()
+                gc.disable()
+                c, s, t = time.process_time(), cpu_of(pids), time.perf_counter()
+                got = pollers[poller].sweep(urls)
+                wall = time.perf_counter() - t
+                cpu, server = time.process_time() - c, cpu_of(pids) - s
+                gc.enable()
+                ok = sum(r.ok for r in got.values())
+                f = figures.setdefault((poller, side), {"poller_us": [], "server_us": [],
+                                                        "wall_s": [], "ok": []})
+                f["poller_us"].append(cpu / len(urls) * 1e6)
+                f["server_us"].append(server / len(urls) * 1e6)
+                f["wall_s"].append(wall)
+                f["ok"].append(ok)
+    finally:
+        for p in pollers.values():
+            p.close()
+        for procs, _ in servers.values():
+            stop(procs)
+    rows = [{"poller": p, "servers": s, "requests": args.ranks,
+             **{k: round(statistics.median(v), 3) for k, v in f.items() if k != "ok"},
+             "answered_min": min(f["ok"])} for (p, s), f in figures.items()]
+    load = os.getloadavg()
+    out = {"ranks": args.ranks, "procs": args.procs, "rounds": args.rounds,
+           "json_us": round(statistics.median(json_us), 2),
+           "concurrency": args.concurrency, "baseline": args.baseline,
+           "load_average": [round(x, 2) for x in load], "cores": os.cpu_count(), "rows": rows}
+    print(f"{args.ranks} keep-alive targets on {args.procs} virtual-rank processes, medians of "
+          f"{args.rounds} rounds; load average {load[0]:.1f} on {os.cpu_count()} cores; "
+          f"json.loads of one answer: {out['json_us']:.1f}us")
+    print(f"{'poller':>6} {'servers':>7} {'poller CPU/req':>15} {'server CPU/req':>15} "
+          f"{'sweep wall':>11}")
+    for r in rows:
+        print(f"{r['poller']:>6} {r['servers']:>7} {r['poller_us']:>13.1f}us "
+              f"{r['server_us']:>13.1f}us {r['wall_s']:>10.3f}s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
