@@ -10,11 +10,12 @@ from __future__ import annotations
 import copy
 import json
 import random
+from array import array
 
 import pytest
 
-from monitor.analysis import analyze, columnar, model
-from monitor.analysis.columnar import normalize_columnar
+from monitor.analysis import analyze, columnar, model, wire
+from monitor.analysis.columnar import normalize_columnar, normalize_packed
 from monitor.analysis.model import DumpFormatError, normalize
 from tests.support.frgen import TP_STEP, FRJob, plain_dump, steady_dump, tp_job
 
@@ -191,6 +192,29 @@ def test_same_trace_as_normalize(name, fallbacks):
         assert fallbacks, "expected normalize to take at least one of these dumps"
 
 
+def packed_form(packed: wire.Packed) -> tuple:
+    """A packed trace, comparable: arrays by type code and values, every value by its repr (so
+    that NaN equals NaN, and 3 differs from 3.0)."""
+    def column(c):
+        return ("array", c.typecode, repr(c.tolist())) if type(c) is array else repr(c)
+
+    return packed.trace, {key: tuple(map(column, cols)) for key, cols in packed.columns.items()}
+
+
+@pytest.mark.parametrize("name", sorted(FAST) + sorted(FALLBACK))
+def test_packed_straight_from_the_dump_as_normalize_then_pack(name, fallbacks):
+    # the workers' path (normalize_packed) sends what packing normalize's trace would send
+    dumps = {**FAST, **FALLBACK}[name]()
+    pristine = copy.deepcopy(dumps)
+    for rank, dump in dumps.items():
+        assert packed_form(normalize_packed(dump, rank)) == packed_form(wire.pack(normalize(dump, rank))), (name, rank)
+    assert dumps == pristine
+    if name in FAST:
+        assert fallbacks == []
+    else:
+        assert fallbacks, "expected normalize to take at least one of these dumps"
+
+
 def test_signatures_equal_but_of_other_types_share_an_id_and_reports_agree(fallbacks):
     dumps = numbers_of_different_types()
     fast = {r: normalize_columnar(d, r) for r, d in dumps.items()}
@@ -231,9 +255,10 @@ BAD = [
 def test_malformed_dump_raises_what_normalize_raises(bad):
     with pytest.raises(DumpFormatError) as expected:
         normalize(bad, 1)
-    with pytest.raises(DumpFormatError) as got:
-        normalize_columnar(bad, 1)
-    assert str(got.value) == str(expected.value)
+    for fast in (normalize_columnar, normalize_packed):
+        with pytest.raises(DumpFormatError) as got:
+            fast(bad, 1)
+        assert str(got.value) == str(expected.value)
 
 
 def test_malformed_entry_in_a_common_dump_raises_what_normalize_raises():
@@ -241,6 +266,7 @@ def test_malformed_entry_in_a_common_dump_raises_what_normalize_raises():
     dump["entries"][7]["collective_seq_id"] = "7"
     with pytest.raises(DumpFormatError) as expected:
         normalize(dump, 0)
-    with pytest.raises(DumpFormatError) as got:
-        normalize_columnar(dump, 0)
-    assert str(got.value) == str(expected.value)
+    for fast in (normalize_columnar, normalize_packed):
+        with pytest.raises(DumpFormatError) as got:
+            fast(dump, 0)
+        assert str(got.value) == str(expected.value)

@@ -36,6 +36,7 @@ from typing import Any
 
 from .model import (
     _FAST_KEYS,
+    _INT_ONLY,
     _NONE_TO_NAN,
     _P2P_OPS,
     _STATE_CODES,
@@ -48,11 +49,13 @@ from .model import (
     _make_signature,
     normalize,
 )
+from .wire import Packed, pack, pack_codes, pack_column
 
-__all__ = ["normalize_columnar"]
+__all__ = ["normalize_columnar", "normalize_packed"]
 
-# the fields normalize reads from every entry, in its order: one list for both paths
-_KEYS = _FAST_KEYS
+# the fields normalize reads from every entry, in its order, but pg_id: normalize reads it only
+# to tell torchft incarnations apart, and dumps with incarnations are left to normalize
+_KEYS = tuple(k for k in _FAST_KEYS if k != "pg_id")
 _MAX_PERIOD = 64  # longest repeating pattern of groups looked for (collectives per step)
 
 Take = Callable[[Sequence[Any]], Sequence[Any]]
@@ -60,28 +63,46 @@ Take = Callable[[Sequence[Any]], Sequence[Any]]
 
 def normalize_columnar(dump: Any, rank: int | None = None) -> RankTrace:
     """Normalize one rank's dump (same result and errors as ``normalize(dump, rank)``)."""
+    trace = _fast(dump, rank, _group_trace)
+    return normalize(dump, rank) if trace is None else trace
+
+
+def normalize_packed(dump: Any, rank: int | None = None) -> Packed:
+    """``wire.pack(normalize(dump, rank))`` (the same columns, the same errors), built straight
+    from the dump's columns: no per-group lists are made only to be packed again. The loader's
+    workers send this."""
+    trace = _fast(dump, rank, _packed_group)
+    if trace is None:
+        return pack(normalize(dump, rank))
+    columns, trace.groups = trace.groups, {}
+    return Packed(trace, columns)
+
+
+def _fast(dump: Any, rank: int | None, build: Build) -> RankTrace | None:
+    """The trace, its groups made by ``build``; None when the dump is not of the common shape
+    (``normalize`` then takes it whole, and raises what it raises)."""
     if type(dump) is not dict:
-        return normalize(dump, rank)
+        return None
     entries = dump.get("entries")
     if not entries or type(entries) is not list or dump.get("incarnations"):
-        return normalize(dump, rank)
+        return None
     # top-level checks and fields first: an invalid dump raises here, before any entry is read
     trace = normalize({**dump, "entries": []}, rank)
     scope = None  # as normalize scopes groups inside a torchft replica group
     if isinstance(dump.get("replica_group"), int) and isinstance(dump.get("group_world_size"), int):
         scope = dump["replica_group"]
     try:
-        body = _columns(entries, scope)
+        body = _columns(entries, scope, build)
     except Exception:  # anything unusual: normalize decides, and raises what it raises
         body = None
     if body is None:
-        return normalize(dump, rank)
+        return None
     trace.oldest_record_id, trace.signatures, trace.groups, trace.last_entry = body
     trace.flavour = "nccl" if _looks_nccl(entries) else "gloo"
     return trace
 
 
-def _columns(entries: list, scope: int | None) -> tuple | None:
+def _columns(entries: list, scope: int | None, build: Build) -> tuple | None:
     """``(oldest record id, signatures, groups, last entry)``, or None when not the common shape."""
     first = entries[0]
     if type(first) is not dict:
@@ -94,24 +115,31 @@ def _columns(entries: list, scope: int | None) -> tuple | None:
         keys = _KEYS
     own = {k: k for k in first}  # the dump's own key objects: lookups match by identity
     cols = list(zip(*map(itemgetter(*(own.get(k, k) for k in keys)), entries), strict=True))
-    pgs, seqs, pnames, ins, outs, idts, odts, states, created, rids, _pg_ids, p2ps = cols[:12]
+    pgs, seqs, pnames, ins, outs, idts, odts, states, created, rids, p2ps = cols[:11]
     n = len(entries)
     if any(p2ps):
         return None
-    op_of = {p: p.rpartition(":")[2].partition(" ")[0] for p in set(pnames)}
-    if not _P2P_OPS.isdisjoint(op_of.values()) or set(map(type, seqs)) != {int}:
+    if set(map(type, seqs)) != _INT_ONLY:
         return None
-    names = list(map(itemgetter(0), pgs))
-    order = list(dict.fromkeys(names))
+    if pgs.count(pgs[0]) == n:  # one process group (equal lists: the same name throughout)
+        names: Sequence[Any] = (pgs[0][0],)
+        order = [pgs[0][0]]
+    else:
+        names = list(map(itemgetter(0), pgs))
+        order = list(dict.fromkeys(names))
     if set(map(type, order)) != {str}:
         return None  # normalize keys groups by str(name): 0 and "0" would be one group
     oldest = min(rids)
-    if len(cols) == 12:
+    if len(cols) == 11:
         durations: Sequence[Any] = [NAN] * n
-    elif None in cols[12]:
-        durations = list(map(_NONE_TO_NAN.get, cols[12], cols[12]))
+    elif None in cols[11]:
+        durations = list(map(_NONE_TO_NAN.get, cols[11], cols[11]))
     else:  # what normalize's mapping leaves them, without hashing every float
-        durations = cols[12]
+        durations = cols[11]
+    # one pass over the types of each column of values (what packing needs to know), instead of
+    # one per group
+    kinds = (_one_type(created), _one_type(durations))
+    pname_set: set[str] = set()
 
     # normalize numbers signatures in the order their keys first occur in the dump: keep each
     # key's first index (the entry whose fields make its Signature)
@@ -127,42 +155,69 @@ def _columns(entries: list, scope: int | None) -> tuple | None:
         if all(c.count(c[0]) == count for c in sig_cols):
             keyed = marshal.dumps(tuple(c[0] for c in sig_cols), 0)
             local_first = {keyed: 0}
+            pname_set.add(sig_cols[0][0])
         else:
             keyed = list(map(marshal.dumps, zip(*sig_cols, strict=True), repeat(0)))
             local_first = dict(zip(reversed(keyed), range(count - 1, -1, -1), strict=True))
+            pname_set.update(sig_cols[0])
         for key, local in local_first.items():
             at = index_of(local)
             if firsts.get(key, n) > at:
                 firsts[key] = at
         plans.append((GroupKey(str(name), scope), take, first_seq, keyed))
 
+    # each distinct profiling name, taken from the groups' columns (a group that enqueued one
+    # collective throughout has one), not hashed once per entry
+    op_of = {p: p.rpartition(":")[2].partition(" ")[0] for p in pname_set}
+    if not _P2P_OPS.isdisjoint(op_of.values()):
+        return None
     sig_ids: dict[bytes, int] = {}
     signatures = []
     for key, i in sorted(firsts.items(), key=itemgetter(1)):
         sig_ids[key] = len(signatures)
         signatures.append(_make_signature(op_of[pnames[i]], ins[i], outs[i], idts[i], odts[i]))
-    groups: dict[GroupKey, GroupTrace] = {}
+    groups = {}
     for key, take, first_seq, keyed in plans:
         g_states = take(states)
         count = len(g_states)
-        if g_states.count(g_states[0]) == count:
+        same_state = g_states.count(g_states[0]) == count
+        if same_state:
             codes = [_STATE_CODES.get(g_states[0], SCHEDULED)] * count
         else:
             codes = list(map(_STATE_CODES.get, g_states, repeat(SCHEDULED)))
-        groups[key] = GroupTrace(
-            first_seq=first_seq,
-            sigs=[sig_ids[keyed]] * count if isinstance(keyed, bytes) else list(map(sig_ids.__getitem__, keyed)),
-            states=codes,
-            created_ns=list(take(created)),
-            duration_ms=list(take(durations)),
-        )
+        sigs = [sig_ids[keyed]] * count if isinstance(keyed, bytes) else list(map(sig_ids.__getitem__, keyed))
+        groups[key] = build(first_seq, sigs, codes, take(created), take(durations), kinds)
     last_entry = {"pg": str(names[-1]), "seq": seqs[-1], "op": op_of[pnames[-1]], "state": str(states[-1])}
     return oldest, signatures, groups, last_entry
 
 
-def _split(names: list[str], order: list[str]) -> list[tuple[str, Take, Callable[[int], int]]]:
+# a group's columns -> what the trace holds for it: (first seq, signature ids, state codes,
+# enqueue times, durations, the value columns' one type each or None)
+Build = Callable[[int, list, list, Sequence[Any], Sequence[Any], tuple], Any]
+
+
+def _group_trace(first_seq: int, sigs: list, states: list, created: Sequence[Any], durations: Sequence[Any],
+                 kinds: tuple) -> GroupTrace:
+    return GroupTrace(first_seq=first_seq, sigs=sigs, states=states, created_ns=list(created),
+                      duration_ms=list(durations))
+
+
+def _packed_group(first_seq: int, sigs: list, states: list, created: Sequence[Any], durations: Sequence[Any],
+                  kinds: tuple) -> tuple:
+    """``wire.pack``'s columns of the group :func:`_group_trace` makes."""
+    return (first_seq, False, pack_codes(sigs), pack_codes(states), pack_column(created, kinds[0]),
+            pack_column(durations, kinds[1]))
+
+
+def _one_type(values: Sequence[Any]) -> type | None:
+    kinds = set(map(type, values))
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def _split(names: Sequence[str], order: list[str]) -> list[tuple[str, Take, Callable[[int], int]]]:
     """Per group name, in order of first appearance: a function taking the group's entries out
-    of a column, and one mapping a position in the group back to the entry's index."""
+    of a column, and one mapping a position in the group back to the entry's index (``names``:
+    each entry's, unless there is one group)."""
     if len(order) == 1:
         return [(order[0], _whole, _same)]
     period = _period(names, len(order))

@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .columnar import normalize_columnar
+from .columnar import normalize_columnar, normalize_packed
 from .model import DumpFormatError, RankTrace
 from .pool import Outcome, available_cores, run_pool
-from .wire import pack, unpack
+from .wire import unpack
 
 __all__ = [
     "LOAD_TASK",
@@ -118,13 +118,18 @@ def _candidates(paths: Iterable[str | Path], errors: list[dict[str, str]]) -> li
 
 def load_file(path: str | Path) -> RankTrace:
     """Read and normalize one dump file; raises what reading or normalizing raises."""
+    return normalize_columnar(*_read_ranked(path))
+
+
+def _read_ranked(path: str | Path) -> tuple[Any, int]:
+    """The decoded dump and its rank (its own ``rank`` key, else the file name's)."""
     raw = read_dump(path)
     rank = raw.get("rank") if isinstance(raw, dict) else None
     if not isinstance(rank, int) or isinstance(rank, bool):
         rank = rank_from_name(path)
     if rank is None:
         raise DumpFormatError("no rank: no 'rank' key and no digits ending the file name")
-    return normalize_columnar(raw, rank)
+    return raw, rank
 
 
 def load_outcome(path: str | Path) -> Outcome:
@@ -136,10 +141,13 @@ def load_outcome(path: str | Path) -> Outcome:
 
 
 def load_packed(path: str | Path) -> Outcome:
-    """:func:`load_outcome` with the trace packed (:func:`monitor.analysis.wire.pack`): the
+    """:func:`load_outcome` with the trace packed (:func:`monitor.analysis.wire.pack`; made
+    straight from the dump's columns, :func:`~monitor.analysis.columnar.normalize_packed`): the
     workers' task, so that a compact trace crosses the pipe."""
-    trace, error = load_outcome(path)
-    return (None if trace is None else pack(trace)), error
+    try:
+        return normalize_packed(*_read_ranked(path)), None
+    except Exception as exc:  # as load_outcome: a foreign pickle can fail in many ways
+        return None, _describe(exc)
 
 
 def read_outcome(path: str | Path) -> Outcome:

@@ -225,9 +225,31 @@ def _parse_ranks(raw: Any) -> tuple[int, ...]:
             raw = json.loads(raw)
         except ValueError:
             return ()
-    if isinstance(raw, list | tuple) and all(isinstance(r, int) for r in raw):
+    # one C-level pass over the types first: a job's default group lists every rank, in every dump
+    if isinstance(raw, list | tuple) and (set(map(type, raw)) <= _INT_ONLY or all(isinstance(r, int) for r in raw)):
         return tuple(raw)
     return ()
+
+
+_INT_ONLY = frozenset({int})
+# pg_config's rank lists by (text, offset): every dump of a job repeats its groups' lists (the
+# default group's names every rank), and a loader reads many dumps of one job
+_MEMBERS_SEEN: dict[tuple[str, int], tuple[int, ...]] = {}
+_MEMBERS_SEEN_MAX = 4096
+
+
+def _members_of(raw: Any, offset: int) -> tuple[int, ...]:
+    """A group's global ranks from pg_config's ``ranks`` (each plus ``offset``); () if none."""
+    if type(raw) is str:
+        known = _MEMBERS_SEEN.get((raw, offset))
+        if known is not None:
+            return known
+    members = tuple(map(offset.__add__, _parse_ranks(raw)))  # r + offset, at C speed
+    if type(raw) is str:
+        if len(_MEMBERS_SEEN) >= _MEMBERS_SEEN_MAX:
+            _MEMBERS_SEEN.clear()
+        _MEMBERS_SEEN[(raw, offset)] = members
+    return members
 
 
 def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
@@ -261,10 +283,10 @@ def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
         for key, cfg in pg_config.items():
             if not isinstance(cfg, Mapping):
                 continue
-            ranks = _parse_ranks(cfg.get("ranks"))
+            ranks = _members_of(cfg.get("ranks"), offset)
             if ranks:
                 name = str(cfg.get("name", key))
-                members[GroupKey(name, scope)] = tuple(r + offset for r in ranks)
+                members[GroupKey(name, scope)] = ranks
 
     # torchft incarnations: pg_id -> key, plus record-id ranges for those without a pg_id
     by_pg_id: dict[int, GroupKey] = {}

@@ -63,27 +63,35 @@ def pack_codes(values: list) -> Any:
         return values
 
 
-def pack_column(values: list) -> Any:
+def pack_column(values: Sequence[Any], one_type: type | None = None) -> Any:
     """Values as the dump had them: one value and a count, or a machine array when they are all
-    of one type that fits one, else the list (so that 3 and 3.0 come back as they went)."""
+    of one type that fits one, else a list (so that 3 and 3.0 come back as they went).
+
+    ``one_type``: the type every value is known to have (the caller checked a larger column at
+    once), which spares a pass over them; None when not known."""
     if not values:
-        return values
+        return _listed(values)
     kind = type(values[0])
+    known = one_type is kind
     # first and last differ in nearly every column of enqueue times: the count is spared
     if values[-1] == values[0] and values.count(values[0]) == len(values):
-        return ("same", values[0], len(values)) if _one_type(values, kind) else values
+        return ("same", values[0], len(values)) if known or _one_type(values, kind) else _listed(values)
     if kind is not int and kind is not float:
-        return values
+        return _listed(values)
     try:
         packed = array("q" if kind is int else "d", values)
     except (TypeError, OverflowError):  # another type among them, or an int beyond 64 bits
-        return values
+        return _listed(values)
     # an array of ints also takes a bool, one of floats an int: the values must be of one type
-    return packed if _one_type(values, kind) else values
+    return packed if known or _one_type(values, kind) else _listed(values)
 
 
-def _one_type(values: list, kind: type) -> bool:
+def _one_type(values: Sequence[Any], kind: type) -> bool:
     return set(map(type, values)) == {kind}
+
+
+def _listed(values: Sequence[Any]) -> list:
+    return values if type(values) is list else list(values)
 
 
 def _as_list(packed: Any) -> list:
