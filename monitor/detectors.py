@@ -62,7 +62,6 @@ skips that sweep; it never takes the monitor down.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import math
 import statistics
@@ -71,6 +70,8 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from .analysis import GroupKey, RankTrace, analyze, normalize_dumps
 from .config import DetectorConfig
@@ -83,6 +84,8 @@ KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting",
          "quarantined_host")  # the last one is opened by monitor.hosts through report()
 STEP_MEMORY = 32  # per-step timings kept per rank (ranks serve their last 16)
 TIMING_KEYS = ("step_s", "compute_s", "wait_cross_s", "wait_group_s")
+# a folded step row is a tuple in TIMING_KEYS' order (a dict per row cost ~2x as much to make)
+STEP_S, COMPUTE_S, WAIT_CROSS_S, WAIT_GROUP_S = range(4)
 _PLAIN, _INF = (float, int), math.inf  # step_timings' fast check
 
 
@@ -152,10 +155,16 @@ def step_timings(state: Mapping[str, Any] | None,
     each with an int ``step`` and the four float seconds; malformed entries are left out, and
     so are steps in ``skip`` (the ones already folded: a completed step's row does not
     change, and a rank serves its last 16 again at every poll)."""
+    return [{"step": step, **dict(zip(TIMING_KEYS, row, strict=True))}
+            for step, row in _timing_rows(state, skip or ())]
+
+
+def _timing_rows(state: Mapping[str, Any] | None,
+                 skip: Mapping[int, Any] | tuple) -> list[tuple[int, tuple[float, ...]]]:
+    """(step, (step_s, compute_s, wait_cross_s, wait_group_s)) of :func:`step_timings`."""
     timing = state.get("timing") if isinstance(state, Mapping) else None
     if not isinstance(timing, Mapping):
         return []
-    skip = skip or ()
     rows = timing.get("recent")
     if not isinstance(rows, list) or not rows:
         rows = [timing.get("last_step")]
@@ -174,8 +183,7 @@ def step_timings(state: Mapping[str, Any] | None,
         elif not all(isinstance(v, (int, float)) and not isinstance(v, bool)
                      and math.isfinite(v) and v >= 0 for v in (a, b, c, d)):
             continue
-        out.append({"step": int(row["step"]), "step_s": float(a), "compute_s": float(b),
-                    "wait_cross_s": float(c), "wait_group_s": float(d)})
+        out.append((int(row["step"]), (float(a), float(b), float(c), float(d))))
     return out
 
 
@@ -244,20 +252,76 @@ def _median(values) -> float:
     return statistics.median(values) if values else 0.0
 
 
-def _median_without(ordered: list[float], x: float) -> float:
-    """statistics.median of ``ordered`` (sorted) with one occurrence of ``x`` taken out."""
-    n = len(ordered) - 1
+def straggler_lags(cross: np.ndarray, threshold: float, need: int
+                   ) -> tuple[np.ndarray, set[int], list[int]]:
+    """Per group (row of ``cross``: its cross-group wait per step of the window, one column
+    per step), how long the others waited for it at the cross-group step; the rows first
+    found late, and the rows measured against.
+
+    First against the median of all other groups; a group late by that measure (``need``
+    steps and the median at or over ``threshold``) is then measured again against the
+    least-waiting of the groups that are *not* late: each of them waited at least that long.
+    Groups that merely spread apart (on a loaded box the fastest group waits far more than a
+    middle one) no longer make a middle-slow group look late; a real straggler is waited for
+    by every healthy group, and two late groups are each measured against the healthy ones
+    (the median would have counted the other late group). When every group is late, the
+    median stays.
+
+    Returns (lags, the rows late by the first measure, the rows not late: what those were
+    measured against). The median of the others, per step, is one sorted column and a binary
+    search per group (what ``statistics.median`` of the list without that group gives, to the
+    bit): O(G log G) in numpy, where a median per group was O(G^2) and 12,500 groups a Python
+    loop each sweep (docs/scaling.md)."""
+    n_groups = cross.shape[0]
+    n = n_groups - 1  # the others
     if n <= 0:
-        return 0.0
-    i = bisect.bisect_left(ordered, x)
+        others = np.zeros_like(cross)
+    else:
+        ordered = np.sort(cross, axis=0)
+        # where each group's own value sits in its step's column (bisect_left): taking it out
+        # shifts every later position by one
+        at_or_after = np.empty(cross.shape, dtype=np.intp)
+        for s in range(cross.shape[1]):
+            at_or_after[:, s] = np.searchsorted(ordered[:, s], cross[:, s], side="left")
 
-    def at(j: int) -> float:
-        return ordered[j if j < i else j + 1]
+        def at(j: int) -> np.ndarray:  # position j of each group's list of the others
+            return np.where(j < at_or_after, ordered[j], ordered[j + 1])
 
-    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
+        others = at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
+    lags = others - cross
+    late = ((lags >= threshold).sum(axis=1) >= need) & (np.median(lags, axis=1) >= threshold)
+    candidates = set(np.flatnonzero(late).tolist())
+    healthy = np.flatnonzero(~late).tolist()
+    if candidates and healthy:
+        least = cross[~late].min(axis=0)  # per step: the least-waiting healthy group
+        rows = np.flatnonzero(late)
+        lags[rows] = least - cross[rows]
+    return lags, candidates, healthy
 
 
 # --- per-group memory ---------------------------------------------------------------------------
+
+class _SeenGroups:
+    """Which groups' ``GroupView`` differs from the one a consumer saw at its last call.
+
+    An incremental view (``ViewBuilder``) keeps a group's GroupView *object* while nothing in
+    the group changed, and a view is never changed once built, so identity tells what to read
+    again: a consumer that walked every group each sweep then reads only those (a view built
+    afresh, as in the tests, changes every group). Each consumer keeps its own, so one that
+    skipped a sweep still sees everything that changed since it last looked."""
+
+    def __init__(self) -> None:
+        self.groups: Mapping[int, GroupView] = {}
+
+    def changed(self, view: ClusterView) -> tuple[list[int], set[int]]:
+        """(groups of ``view`` new or changed since the last call, groups gone), in view
+        order; O(groups) in C-level dict lookups."""
+        seen, groups = self.groups, view.groups
+        changed = [g for g, gv in groups.items() if seen.get(g) is not gv]
+        gone = seen.keys() - groups.keys() if len(seen) > len(groups) - len(changed) else set()
+        self.groups = groups
+        return changed, gone
+
 
 @dataclass
 class _GroupMemory:
@@ -266,6 +330,9 @@ class _GroupMemory:
     straggler_newest: int | None = None  # newest step of the last straggler evaluation
     straggler_first_seen: float | None = None
     straggler_lags: list[float] = field(default_factory=list)
+
+
+_NO_QUORUM = object()  # _note_progress before its first view
 
 
 class Detectors:
@@ -283,11 +350,22 @@ class Detectors:
         self._last_fr_at = 0.0
         self._fr_reason: str | None = None
         # per rank URL: (replica_id, {step: timing}) from the ranks' own timing
-        self._steps: dict[str, tuple[str | None, dict[int, dict[str, float]]]] = {}
-        # job progress on the monitor's clock: the newest step seen and since when
-        self._progress: tuple[tuple, float] | None = None
+        self._steps: dict[str, tuple[str | None, dict[int, tuple[float, ...]]]] = {}
+        # job progress on the monitor's clock: each in-quorum group's step (of the newest
+        # quorum id, ``_progress_quorum``), kept per group, and since when none moved
+        self._progress_steps: dict[int, int] = {}
+        self._progress_quorum: Any = _NO_QUORUM
+        self._progress_at: float | None = None
         self._progress_noted_at: float | None = None
+        self._progress_seen = _SeenGroups()
         self._remembered: ClusterView | None = None  # the view _remember_groups last read
+        self._remembered_seen = _SeenGroups()
+        self._dead_seen = _SeenGroups()
+        self._down_groups: set[int] = set()  # groups _dead last saw with a rank down
+        # the last two views' (URL, RankView) polled this sweep (evidence and full view)
+        self._fresh_of: dict[int, tuple[ClusterView, list]] = {}
+        # commit failures of the ranks polled in the view _commit_counts last read
+        self._commit_counts_of: tuple | None = None
         self._stall_seen: tuple | None = None  # (view, now, stalled sweeps, _stall's answer)
         self._stalled_sweeps = 0
         # stuck_starting: (url, pid, started_at) -> monitor time first seen without a quorum
@@ -336,7 +414,7 @@ class Detectors:
             return []
         self._last_fr_at = now  # asked for, answered or not: the periodic clock restarts
         # reachable ranks polled this sweep (a carried rank's dump would describe the past)
-        return [u for u, r in _fresh(view) if r.reachable and not r.superseded
+        return [u for u, r in self._fresh_ranks(view) if r.reachable and not r.superseded
                 and r.replica_group in view.groups]
 
     def update(self, view: ClusterView, dumps: Mapping[int, dict] | None = None,
@@ -373,22 +451,49 @@ class Detectors:
         if view.polled is None:
             self._commit_failures = {}
         cf = self._commit_failures
-        for u, r in _fresh(view):
-            if r.reachable and r.state:
-                cf[u] = int(r.state.get("commit_failures") or 0)
-            else:
-                cf.pop(u, None)
+        counts, silent = self._commit_counts(view)
+        cf.update(counts)
+        for u in silent:
+            cf.pop(u, None)
         if not cf.keys() <= view.ranks.keys():
             for u in cf.keys() - view.ranks.keys():
                 del cf[u]
         return new
 
     # --- bookkeeping -----------------------------------------------------------------
+    def _fresh_ranks(self, view: ClusterView) -> list:
+        """:func:`_fresh` once per view (the trigger and five detectors walk it)."""
+        got = self._fresh_of.get(id(view))
+        if got is not None and got[0] is view:
+            return got[1]
+        if len(self._fresh_of) >= 2:
+            self._fresh_of.clear()
+        out = list(_fresh(view))
+        self._fresh_of[id(view)] = (view, out)
+        return out
+
+    def _commit_counts(self, view: ClusterView) -> tuple[dict[str, int], list[str]]:
+        """({URL: commit failures} of the reachable ranks polled this sweep, the URLs polled
+        that did not answer): one pass per view for the trigger and the bookkeeping."""
+        got = self._commit_counts_of
+        if got is not None and got[0] is view:
+            return got[1]
+        counts, silent = {}, []
+        for u, r in self._fresh_ranks(view):
+            if r.reachable and r.state:
+                counts[u] = int(r.state.get("commit_failures") or 0)
+            else:
+                silent.append(u)
+        self._commit_counts_of = (view, (counts, silent))
+        return counts, silent
+
     def _remember_groups(self, view: ClusterView) -> None:
         if view is self._remembered:
-            return  # fr_wanted and update of one sweep: once (O(groups))
+            return  # fr_wanted and update of one sweep: once
         self._remembered = view
-        for g, gv in view.groups.items():
+        groups = view.groups
+        for g in self._remembered_seen.changed(view)[0]:  # an unchanged group: nothing new
+            gv = groups[g]
             rid = gv.replica_id
             mem = self._groups.get(g)
             if mem is None or (rid is not None and mem.replica_id != rid):
@@ -441,11 +546,11 @@ class Detectors:
                 self._resolve(key, "left_job", now)
 
     def _commit_failures_rose(self, view: ClusterView) -> bool:
-        for u, r in _fresh(view):
-            if r.reachable and r.state:
-                prev = self._commit_failures.get(u)
-                if prev is not None and int(r.state.get("commit_failures") or 0) > prev:
-                    return True
+        prev = self._commit_failures
+        for u, n in self._commit_counts(view)[0].items():
+            was = prev.get(u)
+            if was is not None and n > was:
+                return True
         return False
 
     def _rank_group(self, view: ClusterView, dumps: Mapping[int, dict]) -> dict[int, int]:
@@ -462,9 +567,22 @@ class Detectors:
     def _dead(self, view, dumps, traces, analysis, now) -> list[Finding]:
         new = []
         open_dead = {k[1] for k in self._open if k[0] in ("dead", "dead_rank")}
-        for g, gv in view.groups.items():
-            if g not in open_dead and len(gv.reachable) == len(gv.ranks):
-                continue  # nothing down, nothing open: nothing to do (most groups)
+        changed, gone = self._dead_seen.changed(view)
+        down_groups = self._down_groups
+        down_groups.difference_update(gone)
+        # a group whose GroupView did not change, with no rank down and nothing open, has
+        # nothing new to judge (most groups; a changed one is judged again)
+        groups = view.groups
+        for g in sorted(down_groups.union(changed, open_dead)):
+            gv = groups.get(g)
+            if gv is None:
+                continue
+            if len(gv.reachable) == len(gv.ranks):
+                down_groups.discard(g)
+                if g not in open_dead:
+                    continue  # nothing down, nothing open: nothing to do
+            else:
+                down_groups.add(g)
             rid = gv.replica_id
             if rid is not None:  # what was dead of an earlier incarnation is over
                 for key in [k for k in self._open if k[0] in ("dead", "dead_rank") and k[1] == g
@@ -518,9 +636,26 @@ class Detectors:
         if self._progress_noted_at == now:
             return  # fr_wanted and update of one sweep: counted once
         self._progress_noted_at = now
-        steps = tuple(sorted((g.replica_group, g.step or 0) for g in view.in_quorum()))
-        if self._progress is None or self._progress[0] != steps:
-            self._progress = (steps, now)
+        changed, gone = self._progress_seen.changed(view)
+        q, groups, steps = view.quorum_id, view.groups, self._progress_steps
+        moved = False
+        if q != self._progress_quorum:  # a new quorum: which groups are in it, afresh
+            self._progress_quorum = q
+            now_steps = {g: gv.step or 0 for g, gv in groups.items() if q in gv.taking_part}
+            moved, self._progress_steps = now_steps != steps, now_steps
+        else:  # the same quorum: only a changed group's step or membership can have moved
+            for g in gone:
+                moved = steps.pop(g, None) is not None or moved
+            for g in changed:
+                gv = groups[g]
+                if q in gv.taking_part:
+                    step = gv.step or 0
+                    if steps.get(g) != step:
+                        steps[g], moved = step, True
+                elif steps.pop(g, None) is not None:
+                    moved = True
+        if self._progress_at is None or moved:
+            self._progress_at = now
             self._stalled_sweeps = 0
         else:
             self._stalled_sweeps += 1
@@ -532,6 +667,10 @@ class Detectors:
         """(stalled, longest collective wait (s), threshold, {rank: (scope, seconds)} of the
         ranks blocked in a collective at least that long). Once per sweep: fr_wanted and
         update ask it of the same view (a pass over every rank polled)."""
+        if self._stalled_sweeps < 1:
+            # a group moved since the last sweep: not stalled whatever the waits, which only
+            # a stall reads (the median step time and a pass over every rank polled: skipped)
+            return False, 0.0, 0.0, {}
         seen = self._stall_seen
         if seen is not None and seen[0] is view and seen[1] == now \
                 and seen[2] == self._stalled_sweeps:
@@ -539,13 +678,13 @@ class Detectors:
         threshold = self._hang_threshold(view)
         waits: dict[int, tuple[str, float]] = {}
         in_quorum = {g.replica_group for g in view.in_quorum()}
-        for _, r in _fresh(view):  # a wait carried from an older poll is not a wait now
+        for _, r in self._fresh_ranks(view):  # a wait carried from an older poll is not a wait now
             if not r.reachable or not r.fresh or r.replica_group not in in_quorum:
                 continue
             scope, secs = collective_wait(r.state, now)
             if scope is not None and secs >= threshold and r.rank is not None:
                 waits[r.rank] = (scope, secs)
-        stalled = bool(waits) and self._stalled_sweeps >= 1
+        stalled = bool(waits)
         longest = max((s for _, s in waits.values()), default=0.0)
         self._stall_seen = (view, now, self._stalled_sweeps, (stalled, longest, threshold, waits))
         return stalled, longest, threshold, waits
@@ -639,18 +778,16 @@ class Detectors:
     # --- straggler -------------------------------------------------------------------
     def _collect_steps(self, view: ClusterView) -> None:
         """Fold every reachable rank's served per-step timings into the per-rank memory."""
-        for url, r in _fresh(view):
+        steps = self._steps
+        for url, r in self._fresh_ranks(view):
             if not r.reachable or not r.state or not r.fresh:  # carried: folded already
                 continue
             rid = r.replica_id
-            known = self._steps.get(url)
+            known = steps.get(url)
             if known is None or known[0] != rid:
-                known = (rid, {})
-                self._steps[url] = known
+                known = steps[url] = (rid, {})
             by_step = known[1]
-            rows = step_timings(r.state, by_step)  # only the steps not folded yet
-            for row in rows:
-                by_step[row["step"]] = row
+            by_step.update(_timing_rows(r.state, by_step))  # only the steps not folded yet
             if len(by_step) > STEP_MEMORY:
                 for s in sorted(by_step)[:len(by_step) - STEP_MEMORY]:
                     del by_step[s]
@@ -658,9 +795,9 @@ class Detectors:
         # polled again: with leader polling the others' memory is dropped (100,000 ranks x 32
         # steps of timings were ~1 GiB; docs/scaling.md)
         keep = view.ranks.keys() if view.polled is None else set(view.polled)
-        if not self._steps.keys() <= keep:
-            for url in self._steps.keys() - keep:
-                del self._steps[url]
+        if not steps.keys() <= keep:
+            for url in steps.keys() - keep:
+                del steps[url]
 
     def _straggler(self, view, dumps, traces, analysis, now) -> list[Finding]:
         self._collect_steps(view)
@@ -671,13 +808,17 @@ class Detectors:
         # each group's ranks with their per-step timings (all reachable ranks must serve them)
         # (a rank that serves no timing at all, e.g. an older WorkerServer, is left out; a group
         # with none cannot be judged, and then no group is)
-        members: dict[int, list[tuple[RankView, dict[int, dict]]]] = {}
+        members: dict[int, list[tuple[RankView, dict[int, tuple]]]] = {}
+        steps, no_steps = self._steps, (None, {})
         for g, gv in groups.items():
             # ranks polled this sweep (leader polling carries the others' older timings)
-            rid, steps = gv.replica_id, self._steps
-            rows = [(r, steps.get(r.url, (None, {}))[1]) for r in gv.reachable
-                    if r.fresh and r.replica_id == rid]
-            rows = [(r, by_step) for r, by_step in rows if by_step]
+            rid = gv.replica_id
+            rows = []
+            for r in gv.reachable:
+                if r.fresh and r.replica_id == rid:
+                    by_step = steps.get(r.url, no_steps)[1]
+                    if by_step:
+                        rows.append((r, by_step))
             if not rows:
                 self.last_lags = {}
                 return []
@@ -693,43 +834,68 @@ class Detectors:
         window = sorted(common)[-self.cfg.straggler_steps:]
         if len(window) < self.cfg.straggler_steps:
             return []
-        cross = {s: {g: max(by_step[s]["wait_cross_s"] for _, by_step in rows)
-                     for g, rows in members.items()} for s in window}
-        med_step = _median(by_step[s]["step_s"] for rows in members.values()
-                           for _, by_step in rows for s in window)
+        # per group (in view order) and step of the window: its most-waiting rank's cross
+        # wait; and every polled rank's step times over the window. One Python pass per group
+        # (one rank per undrilled group); what compares the groups is numpy over the matrix
+        order = list(groups)
+        cross_rows, step_times = [], []
+        for g in order:
+            rows = members[g]
+            if len(rows) == 1:
+                picked = [rows[0][1][s] for s in window]
+                cross_rows.append([t[WAIT_CROSS_S] for t in picked])
+                step_times.extend([t[STEP_S] for t in picked])
+            else:
+                cross_rows.append([max(by_step[s][WAIT_CROSS_S] for _, by_step in rows)
+                                   for s in window])
+                for _, by_step in rows:
+                    step_times.extend([by_step[s][STEP_S] for s in window])
+        cross = np.array(cross_rows, dtype=float)
+        med_step = float(np.median(np.array(step_times, dtype=float)))
         threshold = max(self.cfg.straggler_min_lag_s, self.cfg.straggler_rel_lag * med_step)
         need = math.ceil(0.75 * len(window))
-        lags, against = self._lags(cross, window, sorted(groups), threshold, need)
-        self.last_lags = {g: round(max(0.0, _median(v)), 4) for g, v in lags.items()}
+        lags, candidates, healthy = straggler_lags(cross, threshold, need)
+        med_lags = np.median(lags, axis=1)
+        late_in = (lags >= threshold).sum(axis=1)
+        is_late = ((late_in >= need) & (med_lags >= threshold)).tolist()
+        self.last_lags = dict(zip(order, [round(v, 4) for v in
+                                          np.maximum(med_lags, 0.0).tolist()], strict=True))
+        med_lags, late_in = med_lags.tolist(), late_in.tolist()
+        open_groups = {k[1] for k in self._open if k[0] == "straggler"}
+        newest, mems = window[-1], self._groups
         new = []
-        for g, gv in groups.items():
-            mem = self._groups.get(g)
-            if mem is None or mem.straggler_newest == window[-1]:
+        for i, g in enumerate(order):
+            mem = mems.get(g)
+            if mem is None or mem.straggler_newest == newest:
                 continue  # no newer steps since the last evaluation: nothing new to judge
-            mem.straggler_newest = window[-1]
-            med_lag = _median(lags[g])
-            late = sum(1 for v in lags[g] if v >= threshold)
-            key = ("straggler", g, gv.replica_id)
-            if late < need or med_lag < threshold:
-                mem.straggler_windows, mem.straggler_first_seen, mem.straggler_lags = 0, None, []
-                if key in self._open:
-                    self._resolve(key, "caught_up", now)
+            mem.straggler_newest = newest
+            if not is_late[i]:
+                if mem.straggler_windows or mem.straggler_lags \
+                        or mem.straggler_first_seen is not None:
+                    mem.straggler_windows, mem.straggler_first_seen = 0, None
+                    mem.straggler_lags = []
+                if g in open_groups:
+                    self._resolve(("straggler", g, groups[g].replica_id), "caught_up", now)
                 continue
+            med_lag = med_lags[i]
             mem.straggler_windows += 1
             mem.straggler_lags.append(round(med_lag, 4))
             if mem.straggler_first_seen is None:
                 mem.straggler_first_seen = now
             if mem.straggler_windows < self.cfg.straggler_windows:
                 continue
+            gv = groups[g]
             ranks, in_group = self._late_ranks(members[g], window, threshold)
+            against = healthy if i in candidates and healthy else [
+                j for j in range(len(order)) if j != i]
             ev = {"median_lag_s": round(med_lag, 4), "threshold_s": round(threshold, 4),
-                  "median_step_s": round(med_step, 4), "late_in": f"{late}/{len(window)}",
-                  "lag_against": against[g] if g in against else [h for h in groups if h != g],
+                  "median_step_s": round(med_step, 4), "late_in": f"{late_in[i]}/{len(window)}",
+                  "lag_against": [order[j] for j in against],
                   "steps": [window[0], window[-1]], "windows": mem.straggler_windows,
                   "window_lags_s": mem.straggler_lags[-10:],
                   "peer_lags_s": {str(k): v for k, v in self.last_lags.items()},
-                  "cross_wait_s": {str(h): round(_median(cross[s][h] for s in window), 4)
-                                   for h in groups},
+                  "cross_wait_s": {str(h): round(_median(row), 4)
+                                   for h, row in zip(order, cross.tolist(), strict=True)},
                   "in_group": in_group, "quorum_id": view.quorum_id,
                   "phases": self._phases(view, [r.rank for r, _ in members[g]
                                                 if r.rank is not None], now),
@@ -740,47 +906,14 @@ class Detectors:
         return new
 
     @staticmethod
-    def _lags(cross: dict[int, dict[int, float]], window: list[int], groups: list[int],
-              threshold: float, need: int) -> tuple[dict[int, list[float]], dict[int, list[int]]]:
-        """Per group, per step of ``window``: how long the others waited for it at the
-        cross-group step, and which groups that is measured against.
-
-        First against the median of all other groups; a group late by that measure (``need``
-        steps and the median at or over ``threshold``) is then measured again against the
-        least-waiting of the groups that are *not* late: each of them waited at least that
-        long. Groups that merely spread apart (on a loaded box the fastest group waits far
-        more than a middle one) no longer make a middle-slow group look late; a real straggler
-        is waited for by every healthy group, and two late groups are each measured against
-        the healthy ones (the median would have counted the other late group). When every
-        other group is late, the median stays."""
-        def late(v: list[float]) -> bool:
-            return sum(1 for x in v if x >= threshold) >= need and _median(v) >= threshold
-
-        # the median of the others per group from one sorted list per step: O(G log G), not
-        # O(G^2) (12,500 groups made the latter minutes; docs/scaling.md)
-        ordered = {s: sorted(cross[s][g] for g in groups) for s in window}
-        lags = {g: [_median_without(ordered[s], cross[s][g]) - cross[s][g] for s in window]
-                for g in groups}
-        candidates = {g for g in groups if late(lags[g])}
-        ref_all = [h for h in groups if h not in candidates]
-        against = {g: [h for h in groups if h != g] for g in groups} \
-            if len(groups) <= 64 else {}
-        for g in candidates:
-            ref = [h for h in ref_all if h != g]
-            if ref:
-                lags[g] = [min(cross[s][h] for h in ref) - cross[s][g] for s in window]
-                against[g] = ref
-            elif g not in against:
-                against[g] = [h for h in groups if h != g]
-        return lags, against
-
-    @staticmethod
-    def _late_ranks(rows: list[tuple[RankView, dict[int, dict]]], window: list[int],
+    def _late_ranks(rows: list[tuple[RankView, dict[int, tuple]]], window: list[int],
                     threshold: float) -> tuple[list[int], dict[str, Any]]:
         """The ranks of a late group its peers wait for: in-group wait at least ``threshold``
         below the median of the others'. None standing out: every rank (the group is slow)."""
-        per_rank = {r.rank: {k: round(_median(by_step[s][k] for s in window), 4)
-                             for k in ("wait_group_s", "compute_s", "wait_cross_s")}
+        keys = (("wait_group_s", WAIT_GROUP_S), ("compute_s", COMPUTE_S),
+                ("wait_cross_s", WAIT_CROSS_S))
+        per_rank = {r.rank: {k: round(_median(by_step[s][i] for s in window), 4)
+                             for k, i in keys}
                     for r, by_step in rows if r.rank is not None}
         late = []
         if len(per_rank) >= 2:
@@ -840,7 +973,7 @@ class Detectors:
         # only the ranks polled this sweep can have started or begun starting; a carried rank
         # keeps what its last poll said
         starting = {}
-        for url, r in _fresh(full):
+        for url, r in self._fresh_ranks(full):
             s = r.state
             if not r.reachable or not s or r.replica_group is None or int(s["quorum_id"]) >= 0:
                 continue

@@ -10,16 +10,19 @@ end to end in tests/test_monitor_e2e_multirank.py.
 
 from __future__ import annotations
 
+import math
 import random
+import statistics
 
+import numpy as np
 import pytest
 
 from monitor.analysis import RankTrace, analyze
 from monitor.config import DetectorConfig
-from monitor.detectors import Detectors, departs_from_step_pattern
+from monitor.detectors import Detectors, departs_from_step_pattern, straggler_lags
 from monitor.discovery import Target
 from monitor.poller import RankPoll
-from monitor.view import ViewBuilder
+from monitor.view import ClusterView, ViewBuilder
 from tests.support.frgen import FRJob
 from tests.support.monitor_sim import rank_state
 
@@ -520,3 +523,123 @@ def test_analyzer_failure_does_not_raise():
     job.steps(5, now=T0)
     assert sweep(det, job, T0 + 1) == []
     assert "engine bug" in det.last_error
+
+
+# --- the incremental paths against the from-scratch ones ------------------------------------
+
+def _reference_lags(cross: list[list[float]], threshold: float, need: int):
+    """The straggler lags as computed before they became numpy (a median of the others per
+    group and step with statistics.median), kept here as the oracle of straggler_lags."""
+    groups, window = range(len(cross)), range(len(cross[0]))
+
+    def late(v: list[float]) -> bool:
+        return sum(1 for x in v if x >= threshold) >= need and statistics.median(v) >= threshold
+
+    def median_without(g: int, s: int) -> float:
+        others = [cross[h][s] for h in groups if h != g]
+        return statistics.median(others) if others else 0.0
+
+    lags = {g: [median_without(g, s) - cross[g][s] for s in window] for g in groups}
+    candidates = {g for g in groups if late(lags[g])}
+    ref = [h for h in groups if h not in candidates]
+    for g in candidates:
+        if ref:
+            lags[g] = [min(cross[h][s] for h in ref) - cross[g][s] for s in window]
+    return [lags[g] for g in groups], candidates, ref
+
+
+def test_straggler_lags_equal_the_per_group_medians_to_the_bit():
+    rng = random.Random(3)
+    for trial in range(300):
+        n_groups, width = rng.randint(1, 40), rng.randint(1, 8)
+        if trial % 3 == 0:  # ties: a few distinct values
+            values = [rng.choice([0.0, 0.05, 0.1, 0.4]) for _ in range(4)]
+            cross = [[rng.choice(values) for _ in range(width)] for _ in range(n_groups)]
+        else:
+            cross = [[rng.uniform(0, 1) for _ in range(width)] for _ in range(n_groups)]
+        for g in rng.sample(range(n_groups), min(n_groups, rng.randint(0, 3))):  # late ones
+            cross[g] = [max(0.0, v - 0.6) for v in cross[g]]
+        threshold, need = rng.choice([0.05, 0.1, 0.3]), math.ceil(0.75 * width)
+        lags, candidates, healthy = straggler_lags(np.array(cross), threshold, need)
+        want, want_candidates, want_healthy = _reference_lags(cross, threshold, need)
+        assert lags.tolist() == want, (trial, cross)
+        assert (candidates, healthy) == (want_candidates, want_healthy)
+
+
+def _summary(findings):
+    return [(f.kind, f.replica_group, f.replica_id, f.ranks, f.evidence, f.first_seen,
+             f.confirmed_at, f.resolved_at, f.resolution) for f in findings]
+
+
+def test_incremental_detectors_match_from_scratch_ones_sweep_after_sweep():
+    """Leader polling over an incremental view (unchanged groups keep their GroupView, which
+    the detectors then skip) against the same sweeps as views grouped afresh (every group
+    new, every group read): the same Flight Recorder requests, findings, lags and open and
+    resolved findings, through stragglers, stalls with hangs, dead ranks, restarts and a new
+    quorum."""
+    rng = random.Random(11)
+    job = Job(groups=6, ranks=3, seed=5)
+    # Flight Recorder only for a stall (the periodic fetch's dumps are what makes this slow)
+    cfg = DetectorConfig(straggler_steps=4, straggler_windows=2, dead_sweeps=2,
+                         fr_interval_s=1e9)
+    inc, ref = Detectors(cfg), Detectors(cfg)
+    now = T0
+    job.steps(8, now=now)
+    late: dict[int, float] = {}
+    drilled: set[int] = set()
+    kinds = set()
+    for sweep_no in range(60):
+        now += 1.0
+        event = rng.random()
+        if event < 0.08:
+            late = {rng.randrange(job.n): 0.6}
+        elif event < 0.12:
+            late = {}
+        elif event < 0.2:  # a rank dies (its group then drilled, as the schedule does) or lives
+            job.down = {rng.randrange(job.world)} if not job.down else set()
+            drilled = {job.group_of(r) for r in job.down}
+        elif event < 0.24:
+            g = rng.randrange(job.n)
+            for r in job.members(g):
+                job.states[r]["replica_id"] = f"replica_group_{g}:{sweep_no}"
+        elif event < 0.27:
+            for s in job.states:
+                s["quorum_id"] += 1
+        elif event < 0.32:
+            drilled = {rng.randrange(job.n)}
+        stall = sweep_no % 30 - 20
+        if stall == 0:  # rank 4 (group 1) hangs before an all-gather its peers entered
+            job.fr.collective("0", "all_gather", [[300]], members=job.members(1), absent=[4])
+            for g in range(job.n):
+                if g != 1:
+                    for op, sizes in IN_GROUP_STEP:
+                        job.fr.collective("0", op, sizes, members=job.members(g))
+            job.fr.ft_collective("all_reduce", [[1000]], absent=job.members(1))
+            job.down, drilled = set(), {1}
+        if 0 <= stall < 5:  # nobody steps; rank 4's peers wait in-group, the others cross
+            for r in range(job.world):
+                if job.group_of(r) != 1:
+                    job.wait(r, "cross", 4.0 + stall, phase="allreduce")
+                else:
+                    job.wait(r, "group" if r != 4 else None, 4.0 + stall)
+        else:
+            job.steps(rng.choice([1, 1, 2]), late_group=late, now=now)
+        polled = {t.url for r, t in enumerate(job.targets)
+                  if r % job.ranks == 0 or job.group_of(r) in drilled or rng.random() < 0.2}
+        polls = {t.url: (RankPoll(t.url, True, data=dict(s)) if r not in job.down
+                         else RankPoll(t.url, False, reason="connection", error="refused"))
+                 for r, (t, s) in enumerate(zip(job.targets, job.states, strict=True))
+                 if t.url in polled}
+        view = job.vb.update(job.targets, polls, now=now, polled=polled)
+        scratch = ClusterView(at=now, ranks={u: r.copy() for u, r in view.ranks.items()},
+                              polled=view.polled)
+        wanted = inc.fr_wanted(view, now)
+        assert wanted == ref.fr_wanted(scratch, now), sweep_no
+        dumps = job.dumps() if wanted else None
+        got = inc.update(view, dumps, now)
+        assert _summary(got) == _summary(ref.update(scratch, dumps, now)), sweep_no
+        assert _summary(inc.open_findings()) == _summary(ref.open_findings()), sweep_no
+        assert _summary(inc.resolved_findings()) == _summary(ref.resolved_findings())
+        assert inc.last_lags == ref.last_lags and inc.last_error is None, sweep_no
+        kinds |= {f.kind for f in got}
+    assert {"straggler", "dead_rank", "hang"} <= kinds  # the paths were taken
