@@ -130,15 +130,18 @@ def _columns(entries: list, scope: int | None, build: Build) -> tuple | None:
     if set(map(type, order)) != {str}:
         return None  # normalize keys groups by str(name): 0 and "0" would be one group
     oldest = min(rids)
-    if len(cols) == 11:
-        durations: Sequence[Any] = [NAN] * n
-    elif None in cols[11]:
-        durations = list(map(_NONE_TO_NAN.get, cols[11], cols[11]))
-    else:  # what normalize's mapping leaves them, without hashing every float
-        durations = cols[11]
     # one pass over the types of each column of values (what packing needs to know), instead of
     # one per group
-    kinds = (_one_type(created), _one_type(durations))
+    durations: Sequence[Any]
+    if len(cols) == 11:
+        durations, duration_kind = [NAN] * n, float
+    else:  # what normalize's mapping leaves them (None -> NaN), without hashing every float
+        durations = cols[11]
+        duration_kind = _one_type(durations)
+        if duration_kind is not float and None in durations:  # floats only: no None to look for
+            durations = list(map(_NONE_TO_NAN.get, durations, durations))
+            duration_kind = _one_type(durations)
+    kinds = (_one_type(created), duration_kind)
     pname_set: set[str] = set()
 
     # normalize numbers signatures in the order their keys first occur in the dump: keep each
