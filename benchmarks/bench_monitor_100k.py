@@ -14,7 +14,17 @@ this process, with ``--leader-polling on``. It reports:
 - a straggler group (``--straggler-lag`` seconds late from one step on): how many of its steps
   until the straggler finding is confirmed (the ranks serve per-step timings);
 - the monitor process's RSS, and its own CPU seconds per sweep (all its threads; the virtual
-  ranks' processes excluded), and the seconds its cyclic garbage collector took per sweep.
+  ranks' processes excluded), and the seconds its cyclic garbage collector took per sweep;
+  the virtual ranks' processes' CPU seconds per leader sweep beside it.
+
+Members are polled every ``--member-interval`` 30 s (the monitor's default is 10 s): at 100,000
+ranks 12,500 leaders + 2,900 members a sweep instead of + 8,750 (~15,400 requests instead of
+~21,250, each costing the poller and the ranks' servers CPU on the same cores). What a sweep
+must find does not come from members: a non-leader's hang shows on its leader (blocked in the
+in-group collective: the group is drilled, every rank polled every sweep), a straggler group on
+its leader's step timings, and a member that stops answering is polled again every sweep from
+its first failed poll (docs/scaling.md, "Leader polling"). 30 s bounds how late a rank-level
+change with a healthy leader is seen (a member's WorkerServer gone while training goes on).
 
 The simulated ranks share the machine's cores with the monitor, so on a small box the figures
 are pessimistic; the load average is printed with them.
@@ -69,16 +79,22 @@ def save(row: dict, path: str | None) -> int:
     return 0
 
 
-def start(n: int, procs: int, group_size: int, step_s: float) -> tuple[list, list[str]]:
+def start(n: int, procs: int, group_size: int, step_s: float,
+          source: str | None = None) -> tuple[list, list[str]]:
+    """``procs`` virtual-rank processes serving ranks 0..n-1, whole groups each: this tree's
+    tests/support/virtual_ranks.py, or ``source`` (another revision's) run with ``-c``;
+    ((process, first rank, ranks), URLs)."""
     per = -(-n // procs)
     per = -(-per // group_size) * group_size  # whole groups per process
     out, urls = [], []
     for offset in range(0, n, per):
         k = min(per, n - offset)
-        p = subprocess.Popen([sys.executable, "-m", "tests.support.virtual_ranks", "--ranks",
-                              str(k), "--offset", str(offset), "--group-size", str(group_size),
-                              "--step-s", str(step_s)],
-                             cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        argv = ["--ranks", str(k), "--offset", str(offset), "--group-size", str(group_size),
+                "--step-s", str(step_s)]
+        cmd = [sys.executable, "-m", "tests.support.virtual_ranks", *argv] if source is None \
+            else [sys.executable, "-c", source, *argv]
+        p = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
         out.append((p, offset, k))
     for p, offset, k in out:
         line = p.stdout.readline()
@@ -87,6 +103,17 @@ def start(n: int, procs: int, group_size: int, step_s: float) -> tuple[list, lis
         port = int(line.split()[1])
         urls += [f"http://127.0.0.1:{port}/r/{r}" for r in range(offset, offset + k)]
     return out, urls
+
+
+def cpu_of(procs: list) -> float:
+    """User + system CPU seconds the virtual-rank processes have used."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for p, _, _ in procs:
+        with open(f"/proc/{p.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
 
 
 def stop(procs: list) -> None:
@@ -110,7 +137,7 @@ def main() -> int:
     ap.add_argument("--procs", type=int, default=8)
     ap.add_argument("--sweeps", type=int, default=10)
     ap.add_argument("--step-s", type=float, default=0.5)
-    ap.add_argument("--member-interval", type=float, default=10.0)
+    ap.add_argument("--member-interval", type=float, default=30.0)
     ap.add_argument("--straggler-lag", type=float, default=0.5)
     ap.add_argument("--straggler-wait", type=float, default=120.0,
                     help="give up on the straggler's confirmation after this many seconds")
@@ -120,7 +147,9 @@ def main() -> int:
     gc_clock = GcClock()
     n = args.groups * args.group_size
     procs, urls = start(n, args.procs, args.group_size, args.step_s)
-    row: dict = {"ranks": n, "groups": args.groups, "group_size": args.group_size}
+    row: dict = {"ranks": n, "groups": args.groups, "group_size": args.group_size,
+                 "procs": len(procs), "step_s": args.step_s,
+                 "member_interval_s": args.member_interval}
     try:
         with tempfile.TemporaryDirectory() as d:
             mon = Monitor(MonitorConfig(port=0, targets=urls, state_path=os.path.join(d, "m.db"),
@@ -132,20 +161,22 @@ def main() -> int:
                 view = mon.sweep_once()
                 row["first_sweep_s"] = time.perf_counter() - t
                 row["first_up"] = sum(r.reachable for r in view.ranks.values())
-                times, cpu, polled, gcs = [], [], [], []
+                times, cpu, polled, gcs, ranks_cpu = [], [], [], [], []
                 for _ in range(args.sweeps):
-                    t, c = time.perf_counter(), time.process_time()
+                    t, c, r = time.perf_counter(), time.process_time(), cpu_of(procs)
                     gc_clock.take()
                     mon.sweep_once()
                     gcs.append(gc_clock.take())
                     times.append(time.perf_counter() - t)
                     cpu.append(time.process_time() - c)
+                    ranks_cpu.append(cpu_of(procs) - r)
                     polled.append(len(mon.schedule.last.urls))
                     time.sleep(max(0.0, 1.0 - times[-1]))  # the monitor's 1 s interval
                 row.update(leader_median_s=statistics.median(times), leader_max_s=max(times),
                            leader_cpu_median_s=statistics.median(cpu),
                            leader_cpu_max_s=max(cpu), polled_median=statistics.median(polled),
-                           leader_gc_s=[round(x, 3) for x in gcs])
+                           leader_gc_s=[round(x, 3) for x in gcs],
+                           ranks_cpu_median_s=statistics.median(ranks_cpu))
                 # a hang in a non-leader rank of a group in the middle of the job
                 g = args.groups // 2
                 victim = g * args.group_size + 3

@@ -10,7 +10,8 @@ pair, in alternating order, after a warm-up sweep that opens the pooled connecti
 reports the medians over rounds of:
 
 - ``poller_us``: this process's CPU seconds (``time.process_time``, every thread: the poller's
-  event loop, JSON parsing included) per request;
+  event loop, JSON parsing included) per request; ``poller_sys_us`` the part in the kernel
+  (send, recv, epoll);
 - ``server_us``: the virtual-rank processes' CPU seconds (user + system, /proc) per request;
 - ``wall_s``: the sweep's wall time (both sides share the machine's cores);
 
@@ -32,6 +33,7 @@ import gc
 import importlib.util
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -40,6 +42,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks.bench_monitor_100k import cpu_of, start, stop  # noqa: E402
 from monitor.poller import Poller  # noqa: E402
 from tests.support.monitor_sim import raise_fd_limit  # noqa: E402
 from tests.support.virtual_ranks import VirtualRanks  # noqa: E402
@@ -60,39 +63,6 @@ def baseline_poller(rev: str) -> type:
     exec(compile(git_source(rev, "monitor/poller.py"), f"{rev}:monitor/poller.py", "exec"),
          mod.__dict__)
     return mod.Poller
-
-
-def start_servers(n: int, procs: int, group_size: int, source: str | None) -> tuple[list, list]:
-    """Virtual-rank processes for ranks 0..n-1: this tree's module, or ``source`` (another
-    revision's) run with ``-c``; (processes, URLs)."""
-    per = -(-n // procs)
-    per = -(-per // group_size) * group_size
-    out, urls = [], []
-    for offset in range(0, n, per):
-        k = min(per, n - offset)
-        argv = ["--ranks", str(k), "--offset", str(offset), "--group-size", str(group_size)]
-        cmd = [sys.executable, "-m", "tests.support.virtual_ranks", *argv] if source is None \
-            else [sys.executable, "-c", source, *argv]
-        out.append((subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True), offset, k))
-    for p, offset, k in out:
-        line = p.stdout.readline()
-        if not line.startswith("VRANKS "):
-            raise RuntimeError(f"virtual ranks failed: {line!r}")
-        port = int(line.split()[1])
-        urls += [f"http://127.0.0.1:{port}/r/{r}" for r in range(offset, offset + k)]
-    return out, urls
-
-
-def cpu_of(pids: list[int]) -> float:
-    """User + system CPU seconds of these processes."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / tick
 
 
 def json_reference_us(n: int, group_size: int, samples: int = 2000) -> float:
@@ -117,8 +87,6 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     raise_fd_limit()
-    from benchmarks.bench_monitor_100k import stop
-
     old_source = git_source(args.baseline, "tests/support/virtual_ranks.py")
     servers = {}
     pollers = {"new": Poller(timeout_s=10.0, max_concurrency=args.concurrency,
@@ -129,7 +97,7 @@ def main() -> int:
     figures: dict[tuple[str, str], dict[str, list[float]]] = {}
     try:
         for side, source in (("new", None), ("old", old_source)):
-            servers[side] = start_servers(args.ranks, args.procs, args.group_size, source)
+            servers[side] = start(args.ranks, args.procs, args.group_size, 0.5, source)
         pairs = [(p, s) for p in pollers for s in servers]
         for poller, side in pairs:  # warm up: open the pooled connections
             got = pollers[poller].sweep(servers[side][1])
@@ -142,18 +110,20 @@ def main() -> int:
             json_us.append(json_reference_us(args.ranks, args.group_size))
             for poller, side in pairs if rnd % 2 == 0 else pairs[::-1]:
                 procs, urls = servers[side]
-                pids = [p.pid for p, _, _ in procs]
                 gc.collect()
                 gc.disable()
-                c, s, t = time.process_time(), cpu_of(pids), time.perf_counter()
+                c, s, t = time.process_time(), cpu_of(procs), time.perf_counter()
+                k = resource.getrusage(resource.RUSAGE_SELF).ru_stime
                 got = pollers[poller].sweep(urls)
                 wall = time.perf_counter() - t
-                cpu, server = time.process_time() - c, cpu_of(pids) - s
+                cpu, server = time.process_time() - c, cpu_of(procs) - s
+                kernel = resource.getrusage(resource.RUSAGE_SELF).ru_stime - k
                 gc.enable()
                 ok = sum(r.ok for r in got.values())
-                f = figures.setdefault((poller, side), {"poller_us": [], "server_us": [],
-                                                        "wall_s": [], "ok": []})
+                f = figures.setdefault((poller, side), {"poller_us": [], "poller_sys_us": [],
+                                                        "server_us": [], "wall_s": [], "ok": []})
                 f["poller_us"].append(cpu / len(urls) * 1e6)
+                f["poller_sys_us"].append(kernel / len(urls) * 1e6)
                 f["server_us"].append(server / len(urls) * 1e6)
                 f["wall_s"].append(wall)
                 f["ok"].append(ok)
@@ -173,11 +143,11 @@ def main() -> int:
     print(f"{args.ranks} keep-alive targets on {args.procs} virtual-rank processes, medians of "
           f"{args.rounds} rounds; load average {load[0]:.1f} on {os.cpu_count()} cores; "
           f"json.loads of one answer: {out['json_us']:.1f}us")
-    print(f"{'poller':>6} {'servers':>7} {'poller CPU/req':>15} {'server CPU/req':>15} "
-          f"{'sweep wall':>11}")
+    print(f"{'poller':>6} {'servers':>7} {'poller CPU/req':>15} {'of it kernel':>13} "
+          f"{'server CPU/req':>15} {'sweep wall':>11}")
     for r in rows:
         print(f"{r['poller']:>6} {r['servers']:>7} {r['poller_us']:>13.1f}us "
-              f"{r['server_us']:>13.1f}us {r['wall_s']:>10.3f}s")
+              f"{r['poller_sys_us']:>11.1f}us {r['server_us']:>13.1f}us {r['wall_s']:>10.3f}s")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
