@@ -216,12 +216,38 @@ class _Conn(asyncio.Protocol):
             if self.buf:
                 self.buf += data
                 self._advance(self.buf)
-            else:
+            elif self.state != _HEAD or not self._whole(data, req):
                 self._advance(data)
         except PollError as e:
             self.poller._fail(req, e.reason, str(e), e.status)
         except Exception as e:  # anything else a broken rank can provoke
             self.poller._fail(req, "bad_response", f"{type(e).__name__}: {e}")
+
+    def _whole(self, data: bytes, req: _Request) -> bool:
+        """The usual answer, whole in one read (``HTTP/1.1 200``, ``Content-Length``, no
+        ``Transfer-Encoding`` or ``Connection``): finish it here, in a few ``find``s. False
+        for anything else, which :meth:`_advance` then reads step by step."""
+        end = data.find(b"\r\n\r\n")
+        if end < 0 or end > MAX_HEAD or not data.startswith(b"HTTP/1.1 200 "):
+            return False
+        low = data[:end].lower()
+        at = low.find(b"\ncontent-length:")
+        if at < 0 or b"\ntransfer-encoding:" in low or b"\nconnection:" in low \
+                or low.count(b"\n") > MAX_HEADERS:
+            return False
+        eol = low.find(b"\n", at + 16)
+        try:
+            n = int(low[at + 16:eol if eol >= 0 else end])
+        except ValueError:
+            return False
+        end += 4
+        if n < 0 or n > req.sweep.limit or len(data) - end < n:
+            return False
+        self.status = 200
+        if len(data) - end > n:  # bytes past the answer: the stream is out of step
+            self.keep = False
+        self.poller._answer(req, 200, data[end:end + n])
+        return True
 
     def eof_received(self) -> bool:
         return False  # close; connection_lost says what that means for the request
@@ -449,7 +475,7 @@ class Poller:
             return
         sw.launching = True
         urls, n, most = sw.urls, len(sw.urls), self.max_concurrency
-        now = self._loop.time()
+        now = time.monotonic()
         while sw.active < most and sw.next < n:
             url = urls[sw.next]
             sw.next += 1
@@ -505,7 +531,7 @@ class Poller:
 
     def _expire(self, sw: _Sweep) -> None:
         sw.timer = None
-        now = self._loop.time() + 0.001  # call_at may run a little early
+        now = time.monotonic() + 0.001  # call_at may run a little early
         q = sw.inflight
         while q and (q[0].done or q[0].deadline <= now):
             req = q.popleft()
@@ -515,31 +541,57 @@ class Poller:
             sw.timer = self._loop.call_at(q[0].deadline, self._expire, sw)
 
     def _answer(self, req: _Request, status: int, body: bytes) -> None:
-        """The whole answer is here: the connection goes back to the pool, the body is judged."""
+        """The whole answer is here: the body is judged, and the connection goes on to the
+        sweep's next target when that is behind the same address (ranks behind one proxy),
+        else back to the pool."""
         conn = req.conn
         req.conn = None
         conn.req = None
-        if conn.keep and not conn.lost:
+        req.done = True
+        sw = req.sweep
+        url = req.url
+        now = time.monotonic()
+        if status != 200:
+            poll = RankPoll(url, False, reason="http_status", error=f"HTTP {status}: "
+                            f"{body[:200]!r}", status=status, latency_s=now - req.start)
+        else:
+            try:
+                data = _json(body)
+                if not isinstance(data, dict):
+                    raise PollError("bad_response",
+                                    f"expected a JSON object, got {type(data).__name__}")
+                poll = RankPoll(url, True, data=data, latency_s=now - req.start)
+            except PollError as e:
+                poll = RankPoll(url, False, reason=e.reason, error=str(e),
+                                latency_s=now - req.start)
+            except ValueError as e:
+                poll = RankPoll(url, False, reason="bad_response", error=f"not JSON: {e}",
+                                latency_s=now - req.start)
+            except Exception as e:  # RecursionError on deep nesting
+                poll = RankPoll(url, False, reason="bad_response",
+                                error=f"{type(e).__name__}: {e}", latency_s=now - req.start)
+        sw.results[url] = poll
+        sw.active -= 1
+        if not conn.keep or conn.lost:
+            conn.abort()
+        elif sw.next < len(sw.urls) and not sw.launching:
+            nxt = sw.urls[sw.next]
+            target = _TARGET_CACHE.get(nxt)
+            if target is not None and target[0] == conn.key:
+                sw.next += 1
+                sw.active += 1
+                nreq = _Request(sw, nxt, conn.key, target[1] + sw.path + target[2], now,
+                                now + sw.timeout)
+                sw.inflight.append(nreq)
+                if sw.timer is None:
+                    sw.timer = self._loop.call_at(nreq.deadline, self._expire, sw)
+                nreq.reused = True
+                conn.begin(nreq)
+                return
             self._put(conn)
         else:
-            conn.abort()
-        if status != 200:
-            self._fail(req, "http_status", f"HTTP {status}: {body[:200]!r}", status)
-            return
-        try:
-            data = _json(body)
-        except ValueError as e:
-            self._fail(req, "bad_response", f"not JSON: {e}")
-            return
-        except Exception as e:  # RecursionError on deep nesting
-            self._fail(req, "bad_response", f"{type(e).__name__}: {e}")
-            return
-        if not isinstance(data, dict):
-            self._fail(req, "bad_response", f"expected a JSON object, got {type(data).__name__}")
-            return
-        req.done = True
-        self._done(req.sweep, req.url,
-                   RankPoll(req.url, True, data=data, latency_s=self._loop.time() - req.start))
+            self._put(conn)
+        self._launch(sw)
 
     def _fail(self, req: _Request, reason: str, error: str, status: int | None = None) -> None:
         if req.done:
@@ -554,7 +606,7 @@ class Poller:
             req.connecting = None
         self._done(req.sweep, req.url, RankPoll(req.url, False, reason=reason, error=error,
                                                 status=status,
-                                                latency_s=self._loop.time() - req.start))
+                                                latency_s=time.monotonic() - req.start))
 
     def _done(self, sw: _Sweep, url: str, poll: RankPoll) -> None:
         sw.results[url] = poll
