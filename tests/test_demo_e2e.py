@@ -1,10 +1,15 @@
 """``lightkeeper demo`` end to end: real Lighthouse, trainers, monitor (and Prometheus if there).
 
 Stage timings are shortened through the demo's hidden flags so the default scenario (3 groups x
-2 ranks, faults on single ranks) runs in about a minute and a half and the dry-run variant in
-about one (a healthy run's report: tests/test_demo_keep_running.py). A fault given at start on one rank (``--inject 1.1:...``) must be
-reported when it struck, on that rank and host, caught there and nowhere else, and the run must
-end once its story is over.
+2 ranks, faults on single ranks) runs in about a minute and a half (a healthy run's report:
+tests/test_demo_keep_running.py). A fault given at start on one rank (``--inject 1.1:...``) must
+be reported when it struck, on that rank and host, caught there and nowhere else, and the run
+must end once its story is over.
+
+``--dry-run`` has no demo of its own: its wiring (monitor and host ledger dry, no eviction, no
+restart) is asserted on tests/test_demo_keep_running.py's ``--steps`` run; a real monitor holding
+a finding under --dry-run in tests/test_monitor_api.py (and tests/test_monitor_rails.py for
+every kind); the story that ends at such a hold in tests/test_demo_faulttrack.py.
 """
 
 from __future__ import annotations
@@ -233,27 +238,6 @@ def test_the_monitor_names_the_culprit_rank_and_host(rank_fault_run):
     caught = [d for d in r["detections"] if d["kind"] == "straggler"]
     assert caught and all(d["culprit_ranks"] == [3] for d in caught), caught
     assert "| straggler in group 1 | rank 3 on node-1 |" in out
-
-
-def test_dry_run_evicts_nothing(tmp_path):
-    r, _ = run_demo(tmp_path, "--dry-run", "--duration", "30", "--healthy-s", "5",
-                    "--evict-timeout", "60")
-    assert r["config"]["dry_run"] is True
-    assert [e for e in r["evictions"] if e["decision"] == "evict"] == []
-    assert not any(d["evicted"] for d in r["detections"])
-    assert r["restarts"] == []
-    slow = r["faults"][0]
-    assert slow["evicted_at_s"] is None and slow["rejoined_at_s"] is None
-    assert slow["detected_kind"] == "straggler", r  # detected, just not acted on
-    assert slow["outcome"] == "detected, not evicted (dry run)", slow
-    # every finding is explained by a fault (the hang that follows on group 2 may be caught
-    # too); group 0, healthy for the whole run, was never flagged (a healthy run's quiet
-    # report: tests/test_demo_keep_running.py)
-    assert all(d["fault"] is not None for d in r["detections"]), r["detections"]
-    assert 0 not in {d["replica_group"] for d in r["detections"]}, r["detections"]
-    assert r["config"]["warm_spares"] is False  # nothing is evicted: no spare is started
-    assert r["hosts"]["quarantined"] == [] and r["hosts"]["dry_run"] is True, r["hosts"]
-    assert [p["why"] for p in r["placements"]] == ["first start"] * 3, r["placements"]
 
 
 def test_second_demo_fails_clearly(tmp_path):

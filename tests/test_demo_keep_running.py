@@ -4,6 +4,12 @@ The demo runs as a real subprocess with a real Lighthouse, trainers, monitor (an
 the binary is there). The test polls until the report is written and the cluster is announced,
 checks that every process still serves (and keeps working: steps and sweeps advance), sends
 SIGTERM and checks that every process the demo started is gone within a deadline.
+
+The ``--steps`` run is also a ``--dry-run`` (a healthy job has nothing to evict, so it changes
+nothing else here): it carries the demo's dry-run wiring (the monitor runs dry, hosts too, no
+restart, no spare), which needs no demo of its own. That a real monitor holds a real finding
+under --dry-run (tests/test_monitor_api.py) and that the demo's story ends at the hold
+(tests/test_demo_faulttrack.py) are tested on their own parts.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ def get_json(url: str):
 
 @pytest.mark.parametrize("mode", [
     ["--no-faults", "--duration", "5"],   # the scenario ends by its --duration
-    ["--no-faults", "--steps", "15"],     # ... or when every group trained its --steps
+    ["--no-faults", "--steps", "15", "--dry-run"],  # ... or when every group trained its --steps
 ])
 def test_keep_running_stays_up_until_sigterm(tmp_path, mode):
     out_path = tmp_path / "demo.out"
@@ -83,7 +89,15 @@ def test_keep_running_stays_up_until_sigterm(tmp_path, mode):
         ranks = re.findall(r"curl (http://127\.0\.0\.\d+:\d+)/v1/state", text)
 
         # everything still serves, and keeps working, well after the announcement
-        sweeps = get_json(monitor + "/v1/cluster")["sweeps"]
+        cluster = get_json(monitor + "/v1/cluster")
+        sweeps = cluster["sweeps"]
+        dry_run = "--dry-run" in mode
+        # --dry-run reaches the monitor (it never evicts) and its host ledger (never
+        # quarantines); nothing was restarted, so every group is where it first started
+        assert cluster["dry_run"] is dry_run and report["config"]["dry_run"] is dry_run
+        assert report["hosts"]["dry_run"] is dry_run and report["hosts"]["quarantined"] == []
+        assert not any(d["evicted"] for d in report["detections"]), report["detections"]
+        assert [p["why"] for p in report["placements"]] == ["first start"] * 3
         assert requests.get(urls["lighthouse"] + "/status", timeout=2).ok
         if urls["prometheus"]:
             assert requests.get(urls["prometheus"] + "/-/ready", timeout=2).ok
