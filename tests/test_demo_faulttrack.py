@@ -137,6 +137,7 @@ def test_dry_run_hold_ends_the_story_at_detection():
     hold = dict(EVICT, decision="hold", reason="dry_run")
     tr.update(obs(30.0, strikes=[STRIKE], findings=[FINDING], evictions=[hold]))
     assert tr.done and tr.record["outcome"] == "detected, not evicted (dry run)"
+    assert tr.record["evicted_at_s"] is None and tr.record["rejoined_at_s"] is None, tr.record
 
 
 def test_a_hold_that_does_not_lift_is_named_at_the_deadline():
