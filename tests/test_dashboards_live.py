@@ -3,7 +3,8 @@
 The set-up is the one the README describes: the monitor writes a ``file_sd`` file from the
 WorkerServers that register with it (``LIGHTKEEPER_MONITOR``), and Prometheus runs the shipped
 configuration (``dashboards.promconfig``, pointed at the real paths and ports, 1 s scrapes) and
-the shipped ``rules.yml``. The Debian ``prometheus`` binary is started on 127.0.0.1 with a
+the shipped ``rules.yml`` (its groups evaluated every second: the recording rules' 15 s would
+only make the test wait). The Debian ``prometheus`` binary is started on 127.0.0.1 with a
 temporary storage directory and stopped by PID, like the Lighthouse, the trainers and the monitor.
 
 Scenario: a Lighthouse and 2 replica groups train; once Prometheus has the monitor's Flight
@@ -18,6 +19,7 @@ Prometheus missing: skipped locally, a failure under CI (see tests/conftest.requ
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import requests
+import yaml
 
 from dashboards.build import PROMETHEUS_DIR, build_dashboards
 from dashboards.promconfig import render_prometheus_yml
@@ -110,6 +113,16 @@ def _start_monitor(workdir: Path, lighthouse: str) -> tuple[subprocess.Popen, st
     return proc, wait_until(url, 30, what="the monitor to listen"), sd_dir
 
 
+def _rules_every_second(workdir: Path) -> Path:
+    """The shipped rules.yml, every group evaluated each second (the expressions unchanged)."""
+    rules = yaml.safe_load((PROMETHEUS_DIR / "rules.yml").read_text())
+    for group in rules["groups"]:
+        group["interval"] = "1s"
+    path = workdir / "rules.yml"
+    path.write_text(json.dumps(rules))  # JSON is YAML
+    return path
+
+
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     require_binary("prometheus")
@@ -131,7 +144,7 @@ def live(tmp_path_factory):
         config.write_text(render_prometheus_yml(
             file_sd_files=[str(sd_dir / "*.json")],
             monitor_targets=[monitor_url.split("://", 1)[1]],
-            rule_files=[str(PROMETHEUS_DIR / "rules.yml")], scrape_interval="1s"))
+            rule_files=[str(_rules_every_second(workdir))], scrape_interval="1s"))
         prom = prometheus.start(config, workdir / "prometheus")
         run = LiveRun(prom, monitor_url, time.time(),
                       [q for q in all_queries(build_dashboards())])
