@@ -2,18 +2,97 @@
 
 One :class:`MonitorMetrics` per monitor, on its own registry (several monitors in one process,
 as in the tests, do not collide). Every metric carries the ``job`` label of the training job
-the monitor watches. Gauges about replica groups are rewritten after every sweep, so a group the
-monitor no longer knows disappears instead of keeping its last value.
+the monitor watches. The series about replica groups (one per group: relative step time,
+arrival lag, step, quorum membership, goodput ratio) are made when ``/metrics`` is scraped,
+from what the last sweep published (:meth:`MonitorMetrics.set_groups`,
+:meth:`MonitorMetrics.add_goodput`), so a group the monitor no longer knows disappears instead
+of keeping its last value, and a sweep does no per-group metrics work: at 12,500 groups setting
+their gauges was ~40 us per group per sweep, where a scrape comes every 15 s or so
+(docs/scaling.md).
 """
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Iterator, Mapping
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from .goodput import CAUSES, SweepAccount
 from .lighthouse_settings import SETTINGS
+from .view import ClusterView
 
 SWEEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+GROUP_SERIES = (  # (name, help) of the per-group gauges, labels job and replica_group
+    ("relative_step_time", "Group median step time / median over groups"),
+    ("arrival_lag_seconds", "How long the other groups wait for this group at the cross-group "
+                            "step (median over the straggler window, from the ranks' own "
+                            "per-step waits)"),
+    ("step", "Committed step of the group"),
+    ("in_quorum", "1 when the group takes part in the newest quorum"),
+    ("goodput_ratio", "One replica group slot's goodput / its wall seconds since the ledger "
+                      "began"))
+GROUP_PREFIX = "lightkeeper_monitor_replica_group_"
+
+
+def group_rows(view: ClusterView, lags: Mapping[int, float | None]
+               ) -> dict[int, dict[str, float | None]]:
+    """replica_group -> {relative, lag, step, in_quorum} of a view (verified ranks): a group's
+    median step time (its ranks polled that sweep) over the median of the groups'."""
+    in_quorum = {g.replica_group for g in view.in_quorum()}
+    meds = {g: gv.median_step_seconds() for g, gv in view.groups.items()}
+    valid = [v for v in meds.values() if v]
+    overall = statistics.median(valid) if valid else None
+    return {g: {"relative": (meds[g] / overall) if meds[g] and overall else None,
+                "lag": lags.get(g), "step": gv.step, "in_quorum": g in in_quorum}
+            for g, gv in view.groups.items()}
+
+
+class GroupSeries(Collector):
+    """The per-group gauges, made at scrape time from the last sweep's view and lags and the
+    goodput ledger's last ratios (all replaced, never changed, by the sweep: a scrape on the
+    HTTP thread reads a consistent sweep). Names, help and labels as the gauges they were."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self.view: ClusterView | None = None
+        self.lags: Mapping[int, float | None] = {}
+        self.goodput: Mapping[int, float] = {}
+        self._rows: tuple[Any, Any, dict] | None = None  # (view, lags, group_rows) last made
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        for name, doc in GROUP_SERIES:
+            yield GaugeMetricFamily(GROUP_PREFIX + name, doc, labels=["job", "replica_group"])
+
+    def rows(self) -> dict[int, dict[str, float | None]]:
+        view, lags, made = self.view, self.lags, self._rows
+        if view is None:
+            return {}
+        if made is None or made[0] is not view or made[1] is not lags:
+            made = self._rows = (view, lags, group_rows(view, lags))
+        return made[2]
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        families = {name: GaugeMetricFamily(GROUP_PREFIX + name, doc,
+                                            labels=["job", "replica_group"])
+                    for name, doc in GROUP_SERIES}
+        job = self.job
+        for key, name in (("relative", "relative_step_time"), ("lag", "arrival_lag_seconds"),
+                          ("step", "step"), ("in_quorum", "in_quorum")):
+            family = families[name]
+            for g, row in self.rows().items():
+                v = row[key]
+                if v is not None:
+                    family.add_metric([job, str(g)], float(v))
+        family = families["goodput_ratio"]
+        for g, ratio in self.goodput.items():
+            family.add_metric([job, str(g)], ratio)
+        yield from families.values()
 
 
 class MonitorMetrics:
@@ -43,19 +122,10 @@ class MonitorMetrics:
                                  ["job", "decision", "reason"], registry=r)
         self.last_eviction = Gauge(p + "last_eviction_timestamp_seconds",
                                    "Unix time of the last kill request", ["job"], registry=r)
-        self.relative_step = Gauge(p + "replica_group_relative_step_time",
-                                   "Group median step time / median over groups",
-                                   ["job", "replica_group"], registry=r)
-        self.arrival_lag = Gauge(p + "replica_group_arrival_lag_seconds",
-                                 "How long the other groups wait for this group at the "
-                                 "cross-group step (median over the straggler window, from the "
-                                 "ranks' own per-step waits)", ["job", "replica_group"],
-                                 registry=r)
-        self.group_step = Gauge(p + "replica_group_step", "Committed step of the group",
-                                ["job", "replica_group"], registry=r)
-        self.group_in_quorum = Gauge(p + "replica_group_in_quorum",
-                                     "1 when the group takes part in the newest quorum",
-                                     ["job", "replica_group"], registry=r)
+        # replica_group_{relative_step_time, arrival_lag_seconds, step, in_quorum,
+        # goodput_ratio}: made at scrape time (GroupSeries)
+        self.groups = GroupSeries(job)
+        r.register(self.groups)
         self.quorum_id = Gauge(p + "quorum_id", "Newest quorum id the ranks report", ["job"],
                                registry=r)
         self.quorum_participants = Gauge(p + "quorum_participants",
@@ -80,10 +150,6 @@ class MonitorMetrics:
                                    "Goodput / (expected replica groups x wall seconds) since the "
                                    "goodput ledger began (NaN before it has accounted a sweep)",
                                    ["job"], registry=r)
-        self.group_goodput_ratio = Gauge(p + "replica_group_goodput_ratio",
-                                         "One replica group slot's goodput / its wall seconds "
-                                         "since the ledger began", ["job", "replica_group"],
-                                         registry=r)
         self.goodput_seconds = Counter(p + "goodput_seconds",
                                        "Replica-seconds spent in steps committed at healthy "
                                        "pace (this monitor process's accounting)", ["job"],
@@ -123,8 +189,6 @@ class MonitorMetrics:
                                           "1 while a host's last quarantine/release action "
                                           "failed or is being retried", ["job", "host", "sink"],
                                           registry=r)
-        self._group_rows: dict[int, dict[str, float | None]] = {}  # as set_groups left them
-        self._group_goodput: dict[int, float] = {}  # as add_goodput left them
         for state in ("ok", "suspect", "quarantined", "released"):
             self.hosts.labels(job, state).set(0)
         self.lighthouse_drop.labels(job).set(float("nan"))
@@ -142,38 +206,11 @@ class MonitorMetrics:
         for kind in ("straggler", "hang", "mismatch", "dead"):
             self.open_findings.labels(job, kind).set(0)
 
-    def set_groups(self, rows: dict[int, dict[str, float | None]]) -> None:
-        """Rewrite the per-group gauges: replica_group -> {relative, lag, step, in_quorum}.
-
-        A group's series is created once and then only set when its value changed; a value
-        that became None, or a group no longer in ``rows``, loses its series. (Clearing and
-        re-creating every group's children each sweep cost ~30 us per group: 0.4 s a sweep
-        at 12,500 groups; docs/scaling.md.)"""
-        last = self._group_rows
-        gauges = (("relative", self.relative_step), ("lag", self.arrival_lag),
-                  ("step", self.group_step), ("in_quorum", self.group_in_quorum))
-        for group in [g for g in last if g not in rows]:
-            label = str(group)
-            for key, gauge in gauges:
-                if last[group].get(key) is not None:
-                    gauge.remove(self.job, label)
-            del last[group]
-        for group, row in rows.items():
-            row = {**row, "in_quorum": 1 if row.get("in_quorum") else 0}
-            before = last.get(group)
-            if before == row:
-                continue
-            label = str(group)
-            for key, gauge in gauges:
-                v, was = row.get(key), (before or {}).get(key)
-                if v == was and before is not None:
-                    continue
-                if v is None:
-                    if was is not None:
-                        gauge.remove(self.job, label)
-                else:
-                    gauge.labels(self.job, label).set(v)
-            last[group] = row
+    def set_groups(self, view: ClusterView, lags: Mapping[int, float | None]) -> None:
+        """The per-group series from now on: of ``view`` (verified ranks) and the straggler
+        lags (replica_group -> seconds), read at the next scrape. Neither may change
+        afterwards (the monitor publishes a new view and lags each sweep)."""
+        self.groups.view, self.groups.lags = view, lags
 
     def set_hosts(self, counts: dict[str, int], hosts: list[dict]) -> None:
         """Rewrite the host gauges from the ledger: counts by state, and one series per host
@@ -205,12 +242,5 @@ class MonitorMetrics:
             self.goodput_ratio.labels(job).set(acct.job_goodput_ratio)
         if acct.accounted:
             self.expected_groups.labels(job).set(acct.expected_groups)
-        if acct.group_goodput_ratio:  # series created once per group, set when changed
-            last = self._group_goodput
-            for group in [g for g in last if g not in acct.group_goodput_ratio]:
-                self.group_goodput_ratio.remove(job, str(group))
-                del last[group]
-            for group, ratio in acct.group_goodput_ratio.items():
-                if last.get(group) != ratio:
-                    self.group_goodput_ratio.labels(job, str(group)).set(ratio)
-                    last[group] = ratio
+        if acct.group_goodput_ratio:  # the series at the next scrape (GroupSeries)
+            self.groups.goodput = acct.group_goodput_ratio

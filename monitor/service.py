@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import statistics
 import threading
 import time
 from typing import Any
@@ -354,7 +353,9 @@ class Monitor:
         """Offences from this sweep's new findings, the quarantine policy, then the due sink
         actions on a background thread (a slow sink never delays a sweep). Never raises."""
         try:
-            group_hosts = {g: gv.hosts for g, gv in view.groups.items()}
+            # the hosts of the new findings' groups only (every group's was ~10 us a group)
+            group_hosts = {f.replica_group: view.groups[f.replica_group].hosts for f in new
+                           if f.replica_group in view.groups}
             self.hosts.record([{**f.to_dict(), "id": self._finding_ids.get(f.key)}
                                for f in new], now, group_hosts)
             blind = self.blind_reason()
@@ -618,16 +619,7 @@ class Monitor:
             counts[f.kind] = counts.get(f.kind, 0) + 1
         for kind in KINDS:
             m.open_findings.labels(job, kind).set(counts.get(kind, 0))
-        in_quorum = {g.replica_group for g in evidence.in_quorum()}
-        meds = {g: gv.median_step_seconds() for g, gv in evidence.groups.items()}
-        valid = [v for v in meds.values() if v]
-        overall = statistics.median(valid) if valid else None
-        rows = {}
-        for g, gv in evidence.groups.items():
-            rows[g] = {"relative": (meds[g] / overall) if meds[g] and overall else None,
-                       "lag": self.detectors.last_lags.get(g), "step": gv.step,
-                       "in_quorum": g in in_quorum}
-        m.set_groups(rows)
+        m.set_groups(evidence, self.detectors.last_lags)  # per-group series: at scrape time
         if evidence.quorum_id is not None:
             m.quorum_id.labels(job).set(evidence.quorum_id)
         qp = evidence.quorum_participants()
