@@ -1,6 +1,6 @@
 """One monitor over 100,000 simulated ranks (12,500 replica groups x 8) with leader polling.
 
-The ranks are virtual: ``--procs`` server processes (tests/support/virtual_ranks.py) each answer
+The ranks are virtual: ``--procs`` (2) server processes (tests/support/virtual_ranks.py) each answer
 ``/v1/state`` for a slice of them, every rank addressed as ``http://127.0.0.1:<port>/r/<rank>``
 (this machine allows 20,000 open files per process, not 100,000 ports). The monitor is the real
 one (discovery, poller, view, schedule, verification off, detectors, goodput, metrics), in
@@ -134,7 +134,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--groups", type=int, default=12_500)
     ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--procs", type=int, default=8)
+    # few server processes: each wakes for more answers at once, ~23 us of CPU per answer with
+    # 1-2 processes against ~41 us with 4-8 (benchmarks/bench_poller.py's servers, load ~9)
+    ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--sweeps", type=int, default=10)
     ap.add_argument("--step-s", type=float, default=0.5)
     ap.add_argument("--member-interval", type=float, default=30.0)
