@@ -145,3 +145,91 @@ def test_ranks_behind_one_address_are_polled_under_their_path_prefix():
         p.close()
         server.close()
         loop.call_soon_threadsafe(loop.stop)
+
+
+class RawAnswers:
+    """A real TCP server on 127.0.0.1 that answers ``GET /<name>`` with the canned bytes of
+    ``ANSWERS[name]``, written in the pieces given (to make the poller read an answer in several
+    parts); it counts the connections it accepted."""
+
+    ANSWERS = {
+        "split": [b"HTTP/1.1 200 OK\r\nContent-Le", b"ngth: 8\r\n\r\n{\"a\":", b" 1}"],
+        "chunked": [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{\"a\"",
+                    b"\r\n4;ext=1\r\n: 2}\r\n0\r\n", b"\r\n"],
+        "bare_lf": [b"HTTP/1.1 200 OK\nContent-Length: 8\n\n{\"a\": 3}"],
+        "close": [b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 8\r\n\r\n{\"a\": 4}"],
+        "http10": [b"HTTP/1.0 200 OK\r\n\r\n{\"a\": 5}"],
+        "extra": [b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\n\r\n{\"a\": 6}HTTP/1.1 200"],
+        "not_object": [b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]"],
+        "bad_chunk": [b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"],
+        "bad_length": [b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n{}"],
+        "bad_status": [b"SPDY/9 200 OK\r\n\r\n"],
+    }
+
+    def __init__(self) -> None:
+        import asyncio
+        import threading
+
+        self.connections = 0
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        self.server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._serve, "127.0.0.1", 0), self.loop).result(10)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader, writer) -> None:
+        import asyncio
+
+        self.connections += 1
+        try:
+            while line := await reader.readline():
+                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    pass
+                name = line.split()[1].decode().rsplit("/", 1)[-1]
+                for piece in self.ANSWERS[name]:
+                    writer.write(piece)
+                    await writer.drain()
+                    await asyncio.sleep(0.01)  # separate reads on the poller's side
+                if name in ("close", "http10", "extra"):
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    def stop(self) -> None:
+        import asyncio
+
+        async def shutdown() -> None:
+            self.server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def test_answers_framed_every_way_are_read_and_only_clean_ones_reuse_the_connection():
+    raw = RawAnswers()
+    p = Poller(timeout_s=2.0, max_concurrency=1)
+    try:
+        base = f"http://127.0.0.1:{raw.port}"
+        expect = {"split": 1, "chunked": 2, "bare_lf": 3, "close": 4, "http10": 5, "extra": 6}
+        for name, a in expect.items():
+            got = p.sweep([f"{base}/{name}"], path="")[f"{base}/{name}"]
+            assert got.ok and got.data == {"a": a}, (name, got)
+        # split, chunked, bare_lf and close went over one connection (close ended it); http10
+        # and extra each ended theirs (extra sent bytes past its answer: never reused)
+        assert raw.connections == 3
+        for name, words in (("not_object", "expected a JSON object"),
+                            ("bad_chunk", "bad chunk size"),
+                            ("bad_length", "bad Content-Length"),
+                            ("bad_status", "bad status line")):
+            got = p.sweep([f"{base}/{name}"], path="")[f"{base}/{name}"]
+            assert (got.ok, got.reason) == (False, "bad_response") and words in got.error, got
+        assert p.sweep([f"{base}/split"], path="")[f"{base}/split"].data == {"a": 1}
+    finally:
+        p.close()
+        raw.stop()
