@@ -822,9 +822,9 @@ class Detectors:
             rid = gv.replica_id
             rows = []
             for r in gv.reachable:
-                if r.fresh and r.replica_id == rid:
-                    by_step = steps.get(r.url, no_steps)[1]
-                    if by_step:
+                if r.fresh:  # folded above under its replica id (the same state's)
+                    known_rid, by_step = steps.get(r.url, no_steps)
+                    if by_step and known_rid == rid:
                         rows.append((r, by_step))
             if not rows:
                 self.last_lags = {}
