@@ -198,7 +198,7 @@ def packed_form(packed: wire.Packed) -> tuple:
     def column(c):
         return ("array", c.typecode, repr(c.tolist())) if type(c) is array else repr(c)
 
-    return packed.trace, {key: tuple(map(column, cols)) for key, cols in packed.columns.items()}
+    return packed.trace, {key: tuple(map(column, cols)) for key, cols in packed.columns.items()}, packed.members
 
 
 @pytest.mark.parametrize("name", sorted(FAST) + sorted(FALLBACK))

@@ -283,3 +283,11 @@ def test_columns_come_back_as_the_same_values_of_the_same_types(values):
     if all(type(v) is int for v in values) and None not in values:
         codes = list(wire._as_sequence(pickle.loads(pickle.dumps(wire.pack_codes(values)))))
         assert codes == values
+
+
+@pytest.mark.parametrize("ranks", [(0, 1, 2, 3), (5,), (), (True, 1), (2**70, 1), tuple(range(1024))])
+def test_member_lists_come_back_equal_of_the_same_types_and_shared(ranks):
+    back = [wire._as_ranks(pickle.loads(pickle.dumps(wire.pack_ranks(ranks)))) for _ in range(2)]
+    assert back[0] == ranks and [type(r) for r in back[0]] == [type(r) for r in ranks]
+    if ranks and all(type(r) is int for r in ranks) and max(ranks) < 2**63:
+        assert back[0] is back[1]  # one tuple per list in the receiving process

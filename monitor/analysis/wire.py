@@ -21,16 +21,20 @@ __all__ = ["Packed", "pack", "unpack"]
 
 
 class Packed:
-    """A RankTrace without its groups, and the groups' packed columns."""
+    """A RankTrace without its groups and members, the groups' packed columns, and the
+    members' packed rank lists."""
 
-    __slots__ = ("trace", "columns")
+    __slots__ = ("trace", "columns", "members")
 
     def __init__(self, trace: RankTrace, columns: dict) -> None:
+        """Takes the trace's members out of it (its groups are the caller's to take)."""
         self.trace, self.columns = trace, columns
+        self.members = {key: pack_ranks(ranks) for key, ranks in trace.members.items()}
+        trace.members = {}
 
 
 def pack(trace: RankTrace) -> Packed:
-    """The trace, packed (its ``groups`` are taken out of it)."""
+    """The trace, packed (its ``groups`` and ``members`` are taken out of it)."""
     columns = {
         key: (g.first_seq, g.restarted, pack_codes(g.sigs), pack_codes(g.states),
               pack_column(g.created_ns), pack_column(g.duration_ms))
@@ -48,7 +52,40 @@ def unpack(packed: Packed) -> RankTrace:
                         _as_sequence(durations), restarted)
         for key, (first_seq, restarted, sigs, states, created, durations) in packed.columns.items()
     }
+    trace.members = {key: _as_ranks(ranks) for key, ranks in packed.members.items()}
     return trace
+
+
+# A group's declared members, as every dump of the group repeats them (the default group's: every
+# rank, in every dump): packed as machine bytes, and turned back into one shared tuple per list
+# in the receiving process, so that 1024 dumps do not make a million int objects there (and the
+# engine compares the lists by identity).
+_RANKS_SEEN: dict[bytes, tuple[int, ...]] = {}
+_RANKS_SEEN_MAX = 4096
+
+
+def pack_ranks(ranks: tuple[int, ...]) -> Any:
+    """Machine bytes for a tuple of ints that fit 64 bits, else the tuple (bools stay bools)."""
+    if ranks and set(map(type, ranks)) == _INT:
+        try:
+            return array("q", ranks).tobytes()
+        except OverflowError:
+            pass
+    return ranks
+
+
+def _as_ranks(packed: Any) -> tuple[int, ...]:
+    if type(packed) is not bytes:
+        return packed
+    ranks = _RANKS_SEEN.get(packed)
+    if ranks is None:
+        if len(_RANKS_SEEN) >= _RANKS_SEEN_MAX:
+            _RANKS_SEEN.clear()
+        ranks = _RANKS_SEEN[packed] = tuple(array("q", packed))
+    return ranks
+
+
+_INT = {int}
 
 
 def pack_codes(values: list) -> Any:
