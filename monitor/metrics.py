@@ -14,7 +14,8 @@ their gauges was ~40 us per group per sweep, where a scrape comes every 15 s or 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterator, Mapping
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -56,36 +57,41 @@ def group_rows(view: ClusterView, lags: Mapping[int, float | None]
 class GroupSeries(Collector):
     """The per-group gauges, made at scrape time from the last sweep's view and lags and the
     goodput ledger's last ratios (all replaced, never changed, by the sweep: a scrape on the
-    HTTP thread reads a consistent sweep). Names, help and labels as the gauges they were."""
+    HTTP thread reads a consistent sweep). Names, help and labels as the gauges they were.
+
+    The view is held by a weak reference: the monitor keeps its last view (``Monitor.evidence``)
+    and the series are of that one; holding it here would only keep the one before alive
+    until the next sweep's :meth:`MonitorMetrics.set_groups` (and free it there)."""
 
     def __init__(self, job: str) -> None:
         self.job = job
-        self.view: ClusterView | None = None
+        self.view_ref: Callable[[], ClusterView | None] = lambda: None
         self.lags: Mapping[int, float | None] = {}
         self.goodput: Mapping[int, float] = {}
-        self._rows: tuple[Any, Any, dict] | None = None  # (view, lags, group_rows) last made
+        self._rows: tuple[Any, Any, dict] | None = None  # (view_ref, lags, group_rows) made
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         for name, doc in GROUP_SERIES:
             yield GaugeMetricFamily(GROUP_PREFIX + name, doc, labels=["job", "replica_group"])
 
     def rows(self) -> dict[int, dict[str, float | None]]:
-        view, lags, made = self.view, self.lags, self._rows
+        ref, lags, made = self.view_ref, self.lags, self._rows
+        view = ref()
         if view is None:
             return {}
-        if made is None or made[0] is not view or made[1] is not lags:
-            made = self._rows = (view, lags, group_rows(view, lags))
+        if made is None or made[0] is not ref or made[1] is not lags:  # a new sweep's
+            made = self._rows = (ref, lags, group_rows(view, lags))
         return made[2]
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         families = {name: GaugeMetricFamily(GROUP_PREFIX + name, doc,
                                             labels=["job", "replica_group"])
                     for name, doc in GROUP_SERIES}
-        job = self.job
+        job, rows = self.job, self.rows()
         for key, name in (("relative", "relative_step_time"), ("lag", "arrival_lag_seconds"),
                           ("step", "step"), ("in_quorum", "in_quorum")):
             family = families[name]
-            for g, row in self.rows().items():
+            for g, row in rows.items():
                 v = row[key]
                 if v is not None:
                     family.add_metric([job, str(g)], float(v))
@@ -209,8 +215,9 @@ class MonitorMetrics:
     def set_groups(self, view: ClusterView, lags: Mapping[int, float | None]) -> None:
         """The per-group series from now on: of ``view`` (verified ranks) and the straggler
         lags (replica_group -> seconds), read at the next scrape. Neither may change
-        afterwards (the monitor publishes a new view and lags each sweep)."""
-        self.groups.view, self.groups.lags = view, lags
+        afterwards (the monitor publishes a new view and lags each sweep), and the caller
+        keeps ``view`` (only a weak reference is held: the series go with it)."""
+        self.groups.view_ref, self.groups.lags = weakref.ref(view), lags
 
     def set_hosts(self, counts: dict[str, int], hosts: list[dict]) -> None:
         """Rewrite the host gauges from the ledger: counts by state, and one series per host
