@@ -97,6 +97,9 @@ class HostLedger:
         # id, node, device label, superseded); host -> replica id -> ranks (not superseded);
         # host -> its ranks' urls (not superseded); host -> ranks naming it (all)
         self._claims: dict[str, tuple] = {}
+        # per URL, the state fields its claim was made from: the same fields, the same claim
+        # (~30,000 ranks a sweep at 100,000 are asked or newly carried, their claims unchanged)
+        self._claimed_from: dict[str, tuple] = {}
         self._rids: dict[str, dict[str, int]] = {}
         self._urls: dict[str, set[str]] = {}
         self._named: dict[str, int] = {}
@@ -121,9 +124,21 @@ class HostLedger:
             ranks = view.ranks
             if changed is None or len(changed) >= len(ranks) or self._observed is None:
                 self._claims, self._rids, self._urls, self._named = {}, {}, {}, {}
+                self._claimed_from = {}
                 changed = ranks.keys()
+            claimed_from = self._claimed_from
             for url in changed:
                 r = ranks.get(url)
+                s = r.state if r is not None else None
+                fields = None if not s else (s.get("host"), s.get("replica_id"), s.get("node"),
+                                             s.get("device"), bool(getattr(r, "superseded",
+                                                                           False)))
+                if fields is not None and fields == claimed_from.get(url):
+                    continue
+                if fields is None:
+                    claimed_from.pop(url, None)
+                else:
+                    claimed_from[url] = fields
                 new = self._claim(r) if r is not None else None
                 old = self._claims.get(url)
                 if new == old:
