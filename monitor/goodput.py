@@ -405,10 +405,14 @@ class GoodputLedger:
                 st = r.state
                 if not st or st.get("replica_id") != rid:
                     continue
-                v = _int(st.get("commits"))
+                v = st.get("commits")
+                if type(v) is not int:  # JSON's ints pass as they are; anything else: _int
+                    v = _int(v)
                 if v is not None and v >= 0 and (c is None or v > c):
                     c = v
-                v = _int(st.get("group_world_size"))
+                v = st.get("group_world_size")
+                if type(v) is not int:
+                    v = _int(v)
                 if v is not None and v >= 1:
                     sizes.append(v)
             if sizes:
@@ -427,9 +431,12 @@ class GoodputLedger:
             deltas[g] = d
             if g in in_quorum:
                 grp.last_in_quorum_at = now
+        sample_end = now - self.window
         for grp in self.groups.values():
-            grp.history.append((now, grp.cum))
-            _trim(grp.history, now, self.window)
+            history = grp.history
+            history.append((now, grp.cum))
+            if len(history) >= 2 and history[1][0] <= sample_end:  # what _trim would drop
+                _trim(history, now, self.window)
         return deltas
 
     def _ingest_job_step(self, view: ClusterView, in_quorum: set[int], now: float) -> bool:
@@ -684,19 +691,21 @@ class GoodputLedger:
         cuts = [i.onset_at for i in self._open_incidents() if i.evicted_at is None
                 and i.resolved_at is None and now - self.window < i.onset_at < now]
         cut = max(cuts) if cuts else None
+        judged_from = now - self.horizon
         for grp in self.groups.values():
-            while grp.judged and grp.judged[0][1] < now - self.horizon:
-                grp.judged.popleft()
+            judged = grp.judged
+            while judged and judged[0][1] < judged_from:
+                judged.popleft()
         if stall and recovering is None:
             self._pending_to_stall(stall_cause)
         slow = False
+        window = self.window if cut is None else min(self.window, now - cut)
         for g in inside:
             grp = self.groups[g]
             if startup:
                 self._add(g, 0.0, dt, acct)
                 self._badput(t0, now, g, "startup", dt, grp.gpus, None, acct)
                 continue
-            window = self.window if cut is None else min(self.window, now - cut)
             pace = _pace(grp.history, window, b) if window >= 2 * b else None
             held = deltas.get(g, 0) * b + grp.carry  # what its commits take at healthy pace
             earned = min(dt, held)
