@@ -466,6 +466,10 @@ class Poller:
         finally:
             if sw.timer is not None:
                 sw.timer.cancel()
+            # the requests point back at the sweep: without this the two make a reference
+            # cycle, which the monitor's frozen GC (monitor/service.py) would keep for good,
+            # every answer of the sweep with it
+            sw.inflight.clear()
         results = sw.results
         return {u: results[u] for u in urls}
 

@@ -233,3 +233,37 @@ def test_answers_framed_every_way_are_read_and_only_clean_ones_reuse_the_connect
     finally:
         p.close()
         raw.stop()
+
+
+def test_a_sweep_leaves_no_reference_cycles(sim, poller):
+    """From 20,000 targets the monitor sweeps with the cyclic GC off and then freezes what
+    survived (monitor/service.py): a reference cycle left by the poller would be kept until its
+    full collection every 100 sweeps, and with it every answer the cycle reaches. A sweep of
+    good answers leaves none; failing, refused and timed-out polls leave only the closed
+    connections' asyncio transports (a transport holds its own bound method), none of the
+    poller's objects or answers."""
+    import gc
+
+    import monitor.poller as poller_module
+
+    poller.sweep(sim.urls)  # warm: connections pooled, caches filled
+    gc.collect()
+    gc.disable()
+    try:
+        poller.sweep(sim.urls)
+        assert gc.collect() == 0
+        for rank, mode in zip(sim.ranks[1:], ("http500", "garbage", "close", "down", "slow"),
+                              strict=True):
+            rank.set_mode(mode, delay=30.0)
+        polls = poller.sweep(sim.urls)
+        assert [p.reason for p in polls.values()] == [None, "http_status", "bad_response",
+                                                      "connection", "connection", "timeout"]
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = [type(o) for o in gc.garbage]
+        assert not [t for t in left if t.__module__ == poller_module.__name__], left
+        assert not [o for o in gc.garbage if isinstance(o, dict) and "rank" in o]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
