@@ -155,7 +155,7 @@ def main() -> int:
             poller.stack = stack
             row = {"ranks": n, "groups": args.groups, "sweeps": [],
                    "first_sweep_cpu_s": first_cpu, "stage_clock": "thread CPU (time.thread_time)"}
-            prof = cProfile.Profile() if args.profile else None
+            prof = cProfile.Profile(time.thread_time) if args.profile else None
             for _ in range(args.sweeps):
                 now.clear()
                 poller.cpu_seconds = 0.0

@@ -104,26 +104,34 @@ class LeaderSchedule:
         # never answered (or not in the view yet) or replaced: asked every sweep
         always = list(self._url_set - known.keys())
         always += [r.url for r in view.ungrouped or () if r.url in self._url_set]
-        groups = {g: gv for g, gv in view.groups.items() if gv.answered}
-        for gv in view.groups.values():
-            always += [r.url for r in gv.ranks if r.state is None]
-            always += [r.url for r in gv.superseded]
-        reasons = self._reasons(view, groups, now, set(suspects))
+        groups = {}
+        for g, gv in view.groups.items():  # one pass; a group's answered ranks are usually all
+            answered = gv.answered
+            if answered:
+                groups[g] = gv
+            if len(answered) != len(gv.ranks):
+                always += [r.url for r in gv.ranks if r.state is None]
+            if gv.superseded:
+                always += [r.url for r in gv.superseded]
+        reasons, leader_urls = self._reasons(view, groups, now, set(suspects))
         for g, why in reasons.items():
             self._drilled_until[g] = (now + self.hold_s, why)
         drilled = {g: why for g, (until, why) in self._drilled_until.items()
                    if until >= now and g in groups}
-        self._drilled_until = {g: v for g, v in self._drilled_until.items() if v[0] >= now}
+        if len(drilled) != len(self._drilled_until):
+            self._drilled_until = {g: v for g, v in self._drilled_until.items() if v[0] >= now}
         out = always
-        leaders = set()
-        for g, gv in groups.items():
-            if g in drilled:
-                out += [r.url for r in gv.answered]
-                continue
-            lead = gv.leader
-            if lead is not None:
-                out.append(lead.url)
-                leaders.add(lead.url)
+        if drilled:
+            for g, url in leader_urls.items():
+                if g in drilled:
+                    out += [r.url for r in groups[g].answered]
+                elif url is not None:
+                    out.append(url)
+            leaders = {u for g, u in leader_urls.items() if u is not None and g not in drilled}
+        else:  # the usual sweep: every group's leader
+            lead_urls = [u for u in leader_urls.values() if u is not None]
+            out += lead_urls
+            leaders = set(lead_urls)
         n_leaders = len(leaders)
         n_members = 0
         for u in self._buckets[(-self._sweep) % period]:
@@ -151,7 +159,9 @@ class LeaderSchedule:
             self._buckets[zlib.crc32(u.encode()) % period].append(u)
 
     def _reasons(self, view: ClusterView, groups: dict[int, GroupView], now: float,
-                 suspects: set[int]) -> dict[int, str]:
+                 suspects: set[int]) -> tuple[dict[int, str], dict[int, str | None]]:
+        """(group -> why it is drilled, group -> its leader's URL (None: none)), in one pass
+        over the groups: the leader's state is read once (its wait, its step)."""
         suspect_s = self.suspect_s(view)
         out: dict[int, str] = {g: "finding or straggler candidate" for g in suspects
                                if g in groups}
@@ -159,47 +169,66 @@ class LeaderSchedule:
         # different moments of a sweep (seconds apart at 100,000 ranks), so in a job-wide stall
         # one polled early reports a shorter wait: it arrived, it is not the late one
         cross_waiting, arrived, moving, others, newest = [], set(), 0, [], -1
+        in_leaders: list[int] = []  # groups whose leader answered this sweep
+        leader_urls: dict[int, str | None] = {}
+        last_step = self._leader_step
+        kept = 0  # groups of ``last_step`` still here (the others are forgotten below)
         for g, gv in groups.items():
             lead = gv.leader
             if lead is None:
+                leader_urls[g] = None
                 out.setdefault(g, "no leader (group rank 0) known")
                 continue
+            leader_urls[g] = lead.url
+            if g in last_step:
+                kept += 1
             if not lead.reachable:
                 out.setdefault(g, f"leader unreachable ({lead.reason})")
                 continue
+            if lead.fresh:
+                in_leaders.append(g)
             if gv.fresh_failed:
                 out.setdefault(g, "a rank did not answer")
                 continue
             if not lead.fresh:
                 continue
+            st = lead.state
             try:
-                scope, secs = current_wait(lead.state)
-                step = int(lead.state["step"])
-            except (TypeError, ValueError, KeyError):
+                timing = st.get("timing")
+                if type(timing) is dict and timing.get("waiting") is None:
+                    scope = secs = None  # not waiting (what current_wait says, sooner)
+                else:
+                    scope, secs = current_wait(st)
+                step = st["step"]
+                if type(step) is not int:
+                    step = int(step)
+            except (TypeError, ValueError, KeyError, AttributeError):
                 out.setdefault(g, "leader state unreadable")
                 continue
             if scope == "group" and (secs or 0.0) >= suspect_s:
                 out.setdefault(g, f"leader blocked in an in-group collective {secs:.1f}s")
                 continue
-            prev = self._leader_step.get(g)
+            prev = last_step.get(g)
             if prev is None or prev[0] != step:
-                self._leader_step[g] = (step, now)
+                if prev is None:
+                    kept += 1
+                last_step[g] = (step, now)
                 moving += 1
             elif now - prev[1] >= suspect_s:
                 others.append((g, step, f"leader at step {step} for {now - prev[1]:.1f}s"))
-            newest = max(newest, step)
+            if step > newest:
+                newest = step
             if scope == "cross":
                 arrived.add(g)
                 if (secs or 0.0) >= suspect_s:
                     cross_waiting.append(g)
-        for g in [g for g in self._leader_step if g not in groups]:
-            del self._leader_step[g]
+        if len(last_step) > kept:  # groups gone (or without an answered rank)
+            for g in [g for g in last_step if g not in groups]:
+                del last_step[g]
         if moving:  # a stuck leader behind moving ones (a job-wide stall holds every step)
             for g, step, why in others:
                 if step < newest:
                     out.setdefault(g, why)
-        in_leaders = [g for g, gv in groups.items() if gv.leader is not None
-                      and gv.leader.reachable and gv.leader.fresh]
         if in_leaders and len(cross_waiting) * 2 > len(in_leaders):
             late = [g for g in in_leaders if g not in arrived]
             if late:
@@ -208,4 +237,4 @@ class LeaderSchedule:
             else:
                 for g in groups:
                     out.setdefault(g, "every leader waits in the cross-group collective")
-        return out
+        return out, leader_urls

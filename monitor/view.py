@@ -112,6 +112,43 @@ class RankView:
         return out
 
 
+class _cached:
+    """functools.cached_property without its lock (Python 3.11 takes a lock shared by every
+    instance on each first computation; a value computed twice by two threads is the same)."""
+
+    def __init__(self, func: Callable) -> None:
+        self.func, self.__doc__ = func, func.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        v = obj.__dict__[self.name] = self.func(obj)
+        return v
+
+
+def _carry(gv: GroupView) -> dict[str, Any]:
+    """The values a GroupView's next generation inherits (GroupView._progressed)."""
+    d = gv.__dict__
+    c = d.get("_carry")
+    if c is None:
+        c = d["_carry"] = {}
+    return c
+
+
+class _kept(_cached):
+    """A cached value that progress alone leaves as it is (ClusterView.moved_groups): a moved
+    group's next GroupView inherits it."""
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        v = obj.__dict__[self.name] = _carry(obj)[self.name] = self.func(obj)
+        return v
+
+
 @dataclass
 class GroupView:
     """One replica group's ranks. Its derived values (reachable ranks, replica id, step, quorum
@@ -123,21 +160,21 @@ class GroupView:
     ranks: list[RankView] = field(default_factory=list)
     superseded: list[RankView] = field(default_factory=list)  # its ranks' old processes
 
-    @cached_property
+    @_cached
     def answered(self) -> list[RankView]:
         """Ranks that ever answered a valid /v1/state (the others are known by hints only)."""
         return [r for r in self.ranks if r.state is not None]
 
-    @cached_property
+    @_kept
     def fresh_failed(self) -> bool:
         """A rank that answered before did not answer when polled this sweep."""
         return any(r.fresh and not r.reachable for r in self.answered)
 
-    @cached_property
+    @_cached
     def reachable(self) -> list[RankView]:
         return [r for r in self.ranks if r.reachable]
 
-    @cached_property
+    @_kept
     def replica_id(self) -> str | None:
         """The replica id most reachable ranks report (the current incarnation of the group)."""
         ids = [r.replica_id for r in self.reachable if r.replica_id]
@@ -145,12 +182,12 @@ class GroupView:
             ids = [r.replica_id for r in self.ranks if r.replica_id]
         return max(set(ids), key=ids.count) if ids else None
 
-    @cached_property
+    @_cached
     def step(self) -> int | None:
         steps = [int(r.state["step"]) for r in self.reachable if r.state]
         return max(steps) if steps else None
 
-    @cached_property
+    @_kept
     def quorum_id(self) -> int | None:
         q = [int(r.state["quorum_id"]) for r in self.reachable if r.state]
         return max(q) if q else None
@@ -167,21 +204,22 @@ class GroupView:
             cache[last] = statistics.median(vals) if vals else None
         return cache[last]
 
-    @cached_property
+    @_cached
     def leader(self) -> RankView | None:
         """Group rank 0 (the process running the group's Manager): a reachable one if any."""
-        out = None
-        for r in self.ranks:
+        out, slot = None, -1
+        for i, r in enumerate(self.ranks):
             if r.state is not None and r.state.get("group_rank") == 0 \
                     and (out is None or r.reachable):
-                out = r
+                out, slot = r, i
+        _carry(self)["_leader_slot"] = slot
         return out
 
-    @cached_property
+    @_kept
     def hosts(self) -> set[str]:
         return {r.state["host"] for r in self.ranks if r.state and r.state.get("host")}
 
-    @cached_property
+    @_kept
     def quorums(self) -> dict[int, int]:
         """quorum_id -> the most participants a reachable rank reports at it; only ranks that
         take part (``participating``) are in ``taking_part``."""
@@ -192,12 +230,12 @@ class GroupView:
                 out[q] = max(out.get(q, 0), int(r.state.get("num_participants", 0)))
         return out
 
-    @cached_property
+    @_kept
     def taking_part(self) -> frozenset[int]:
         return frozenset(r.state["quorum_id"] for r in self.reachable
                          if r.state and r.state.get("participating", True))
 
-    @cached_property
+    @_kept
     def trust_counts(self) -> dict[tuple[str, str] | None, int]:
         """(trust state, reason) -> ranks (None: no verdict yet), over its ranks."""
         out: dict[tuple[str, str] | None, int] = {}
@@ -214,28 +252,30 @@ class GroupView:
         What those alone decide is carried over from this GroupView if it was computed; the
         group's step is updated from the moved ranks' (recomputed if one went back); the rest
         (the median step time) is computed again on demand."""
-        new = GroupView(self.replica_group, ranks, self.superseded)
-        d, old = new.__dict__, self.__dict__
-        for k in _KEPT_ON_PROGRESS:
-            if k in old:
-                d[k] = old[k]
+        new = object.__new__(GroupView)
+        d = new.__dict__ = {"replica_group": self.replica_group, "ranks": ranks,
+                            "superseded": self.superseded}
+        old = self.__dict__
+        carry = old.get("_carry")
+        if carry is not None:  # one dict shared by the generations: their values are equal
+            d.update(carry)
+            d["_carry"] = carry
+            slot = carry.get("_leader_slot")
+            if slot is not None:
+                d["leader"] = ranks[slot] if slot >= 0 else None
         n = len(ranks)
         for k in ("answered", "reachable"):  # the same ranks: every one of them, usually
             were = old.get(k)
             if were is not None and len(were) == n:
                 d[k] = ranks
-        if "leader" in old:
-            lead = old["leader"]
-            d["leader"] = None if lead is None else \
-                ranks[next(i for i, r in enumerate(self.ranks) if r is lead)]
         step = old.get("step")
         if step is not None:
             for was, rv in moved:
-                a, b = int(was.state["step"]), int(rv.state["step"])
+                a, b = was.state["step"], rv.state["step"]
                 if b < a:
                     break
                 if b > step:
-                    step = b
+                    step = int(b)
             else:
                 d["step"] = step
         return new
@@ -250,12 +290,6 @@ class GroupView:
         if n < len(self.ranks):
             return "partial"
         return "up"
-
-
-# GroupView's derived values that progress alone (step, phase, timings, being polled or not)
-# leaves as they are: GroupView._progressed carries them
-_KEPT_ON_PROGRESS = ("replica_id", "quorum_id", "quorums", "taking_part", "trust_counts", "hosts",
-                     "fresh_failed")
 
 
 @dataclass
@@ -404,22 +438,14 @@ def _rank_order(r: RankView) -> tuple:
     return (r.rank if r.rank is not None else 1 << 62, r.url)
 
 
-def _progress_only(was: RankView, rv: RankView) -> bool:
-    """``rv`` is ``was`` (last sweep's RankView of the same URL, in the same group) having
-    moved on only: see ClusterView.moved_groups."""
-    if not (was.reachable and rv.reachable) or was.superseded or was.trust is not rv.trust:
-        return False
-    a, b = was.state, rv.state
-    if a is b:
-        return True
-    ga, gb = a.get, b.get
-    return (a["rank"] == b["rank"] and a["group_rank"] == b["group_rank"]
-            and a["replica_group"] == b["replica_group"] and a["quorum_id"] == b["quorum_id"]
-            and ga("replica_id") == gb("replica_id")
-            and ga("group_world_size") == gb("group_world_size")
-            and ga("num_participants") == gb("num_participants")
-            and ga("participating", True) == gb("participating", True)
-            and ga("host") == gb("host"))
+def _shape(s: dict[str, Any]) -> tuple:
+    """What of an answered state the view's groups and a verdict rest on, besides progress:
+    identity claims (monitor.verification.claims), quorum, participation and host. A rank
+    answering again with the same shape and verdict moved on only (ClusterView.moved_groups);
+    one whose shape is the same is not judged again (its verdict's inputs are the same)."""
+    g = s.get
+    return (s["replica_group"], s["rank"], s["group_rank"], s["quorum_id"], g("replica_id"),
+            g("group_world_size"), g("num_participants"), g("participating", True), g("host"))
 
 
 class _Sums:
@@ -485,6 +511,7 @@ class ViewBuilder:
         self._ev_groups: dict[int, GroupView] = {}
         self._ev_ranks: dict[str, RankView] = {}
         self._slot: dict[str, int] = {}  # url -> its index in its GroupView's ranks
+        self._shapes: dict[str, tuple] = {}  # url -> _shape of its last answer
         self._sums, self._ev_sums = _Sums(), _Sums()
         self.changed: set[str] = set()  # URLs whose RankView the last update made anew
         self._unreachable: dict[str, float] = {}
@@ -500,9 +527,9 @@ class ViewBuilder:
         a failure.
 
         ``judge(ranks, changed)``: the verdicts (``trust``) that change, by URL, given every
-        rank and the URLs whose RankView is new, less those that only stopped being fresh
-        (their state and reachability, all a verdict rests on, are the last ones:
-        monitor.verification.Verifier). With it the view comes with its evidence view
+        rank and the URLs whose RankView is new, less those whose reachability and claims
+        (all a verdict rests on, see ``_shape``) are the last ones: a rank that only stopped
+        being fresh, or answered again with the same shape (monitor.verification.Verifier). With it the view comes with its evidence view
         (:meth:`ClusterView.evidence`) built alongside, and both say which groups changed
         (``changed_groups``, ``moved_groups``); without it the caller sets ``trust`` and the
         evidence view is derived on demand."""
@@ -512,23 +539,37 @@ class ViewBuilder:
                 and (judge is not None) == self._judged
                 and all(map(operator.is_, targets, self._targets)))
         gone: set[int] = set()
+        # (last sweep's, this sweep's) RankView of ranks answering again with the same shape
+        # (_shape): the same process moving on, if its verdict stands (see moved_groups)
+        moving: list[tuple[RankView, RankView]] = []
+        # URLs whose verdict may change: a new RankView whose reachability or shape (all a
+        # verdict rests on) is not the last one's
+        rejudge: set[str] = set()
         if same:
             current = dict(prev)
             changed: set[str] = set()
             for url in self._fresh - polled:  # asked last sweep, not now: carried from now on
-                rv = prev[url].clone()
+                was = prev[url]
+                rv = current[url] = was.clone()
                 rv.fresh = False
-                current[url] = rv
                 changed.add(url)
-            unfreshed = set(changed)  # no longer fresh, nothing else new
-            polled_rank = self._polled
+                if was.reachable and not was.superseded:  # its state: the same object
+                    moving.append((was, rv))
+            polled_rank, shapes = self._polled, self._shapes
             for url in polled:
                 old = prev.get(url)
                 if old is None:
                     same = False  # not a target: rebuild from the targets below
                     break
-                current[url] = polled_rank(url, old, old.target, polls.get(url), now)
+                rv = current[url] = polled_rank(url, old, old.target, polls.get(url), now)
                 changed.add(url)
+                if rv.reachable:
+                    shape = _shape(rv.state)
+                    if old.reachable and not old.superseded and shapes.get(url) == shape:
+                        moving.append((old, rv))
+                        continue
+                    shapes[url] = shape
+                rejudge.add(url)
         if not same:
             current = {}
             for t in targets:
@@ -539,7 +580,8 @@ class ViewBuilder:
                     current[t.url] = carried
                 else:
                     current[t.url] = self._polled(t.url, old, t, polls.get(t.url), now)
-            changed, unfreshed = set(current), set()
+            changed, rejudge, moving = set(current), set(current), []
+            self._shapes = {u: _shape(r.state) for u, r in current.items() if r.reachable}
             gone = self._groups.keys() | self._ev_groups.keys()
             self._group_of, self._members, self._slot = {}, {}, {}
             self._groups, self._ev_groups, self._ev_ranks = {}, {}, {}
@@ -549,14 +591,14 @@ class ViewBuilder:
         self._judged = judge is not None
         self._fresh = set(current) if polled is None else set(polled) & current.keys()
         if judge is not None:
-            for url, trust in judge(current, changed - unfreshed if unfreshed else changed
-                                    ).items():
+            for url, trust in judge(current, rejudge).items():
                 rv = current[url]
                 if url not in changed:
                     rv = current[url] = rv.clone()
                     changed.add(url)
                 rv.trust = trust
-        groups, moved, ev_changed, ev_moved = self._regroup(current, changed, judge is not None)
+        groups, moved, ev_changed, ev_moved = self._regroup(current, changed, moving,
+                                                            judge is not None)
         self._ranks = current
         self.changed = changed
         polled_list = None if polled is None else [u for u in polled if u in current]
@@ -602,17 +644,29 @@ class ViewBuilder:
             rv.unreachable_since = now
         return rv
 
-    def _regroup(self, current: dict[str, RankView], changed: set[str], with_evidence: bool
+    def _regroup(self, current: dict[str, RankView], changed: set[str],
+                 moving: list[tuple[RankView, RankView]], with_evidence: bool
                  ) -> tuple[dict[int, GroupView], tuple[set, set[int]], set[int], set[int]]:
         """Move the changed ranks into their groups and group again only the groups touched;
-        with verdicts, a group whose changed ranks only progressed is made from its last
-        GroupView instead (GroupView._progressed). The groups, then (changed, moved) groups
-        of the full view and of the evidence view."""
+        with verdicts, a group whose changed ranks only progressed (``moving``, their verdict
+        unchanged) is made from its last GroupView instead (GroupView._progressed). The
+        groups, then (changed, moved) groups of the full view and of the evidence view."""
         dirty: set[int | None] = set()
         moved: dict[int, list[tuple[RankView, RankView]]] = {}
         members_of, group_of, unreachable = self._members, self._group_of, self._unreachable
         ev_ranks = self._ev_ranks
-        for url in changed:
+        rest = changed
+        if moving and with_evidence:
+            rest = set(changed)
+            for pair in moving:
+                was, rv = pair
+                if was.trust is rv.trust and current[rv.url] is rv:  # else: judged again
+                    url = rv.url
+                    g = group_of[url]
+                    members_of[g][url] = rv
+                    moved.setdefault(g, []).append(pair)
+                    rest.discard(url)
+        for url in rest:
             rv = current[url]
             g = rv.replica_group
             if rv.unreachable_since is None:
@@ -621,12 +675,7 @@ class ViewBuilder:
                 unreachable[url] = rv.unreachable_since
             old = group_of.get(url, _NOT_SEEN)
             if old == g:
-                members = members_of[g]
-                was = members[url]
-                members[url] = rv
-                if with_evidence and g is not None and _progress_only(was, rv):
-                    moved.setdefault(g, []).append((was, rv))
-                    continue
+                members_of[g][url] = rv
             else:
                 if old is not _NOT_SEEN:
                     members_of[old].pop(url, None)

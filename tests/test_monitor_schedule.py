@@ -182,3 +182,124 @@ def test_the_group_the_others_wait_for_is_still_drilled():
     assert plan.drilled.keys() == {7, 9}
     assert "others wait for it" in plan.drilled[7]
     assert "in-group" in plan.drilled[9]
+
+
+class RulesOracle:
+    """The module docstring's drill rules, written plainly (one rule at a time over every
+    group, no shared pass): what LeaderSchedule._reasons must decide."""
+
+    def __init__(self, suspect_s: float, hold_s: float) -> None:
+        self.suspect_s, self.hold_s = suspect_s, hold_s
+        self.step_since: dict[int, tuple[int, float]] = {}
+        self.until: dict[int, float] = {}
+
+    def drilled(self, view, now: float, suspects: set[int]) -> set[int]:
+        groups = {g: gv for g, gv in view.groups.items() if gv.answered}
+        why: set[int] = {g for g in suspects if g in groups}
+        fresh: dict[int, dict] = {}
+        for g, gv in groups.items():
+            lead = gv.leader
+            if lead is None or not lead.reachable or gv.fresh_failed:
+                why.add(g)
+            elif lead.fresh:
+                fresh[g] = lead.state
+        waits = {g: (s["timing"]["waiting"] or {}) for g, s in fresh.items()}
+        blocked = {g for g, w in waits.items()
+                   if w.get("scope") == "group" and w["seconds"] >= self.suspect_s}
+        why |= blocked
+        moved, stuck = False, {}
+        for g, s in fresh.items():
+            if g in blocked:
+                continue
+            was = self.step_since.get(g)
+            if was is None or was[0] != s["step"]:
+                self.step_since[g] = (s["step"], now)
+                moved = True
+            elif now - was[1] >= self.suspect_s:
+                stuck[g] = s["step"]
+        for g in [g for g in self.step_since if g not in groups]:
+            del self.step_since[g]
+        newest = max((s["step"] for g, s in fresh.items() if g not in blocked), default=-1)
+        if moved:
+            why |= {g for g, step in stuck.items() if step < newest}
+        in_leaders = [g for g, gv in groups.items() if gv.leader is not None
+                      and gv.leader.reachable and gv.leader.fresh]
+        cross = [g for g in fresh if g not in blocked and waits[g].get("scope") == "cross"]
+        long_cross = [g for g in cross if waits[g]["seconds"] >= self.suspect_s]
+        if in_leaders and len(long_cross) * 2 > len(in_leaders):
+            late = [g for g in in_leaders if g not in cross]
+            why |= set(late) if late else set(groups)
+        for g in why:
+            self.until[g] = now + self.hold_s
+        return {g for g, t in self.until.items() if t >= now and g in groups}
+
+
+def test_drills_match_the_rules_over_random_leader_sweeps():
+    """Random sweeps of 12 groups x 3 ranks through the incremental view (leaders waiting in
+    their group or across groups, stuck and moving steps, ranks down, suspects): every plan
+    drills exactly the groups the rules name, asks every group's leader or, drilled, its
+    answered ranks, and every never-answered or superseded rank."""
+    import random
+
+    rng = random.Random(5)
+    groups, size = 12, 3
+    targets = [Target(f"http://127.0.0.1:{9000 + r}", "static") for r in range(groups * size)]
+    states = []
+    for r in range(groups * size):
+        s = rank_state(r, r // size, step=10, now=T0)
+        s.update(group_rank=r % size, group_world_size=size, timing={"waiting": None})
+        states.append(s)
+    sched = LeaderSchedule("on", member_interval_s=3.0, hold_s=2.0, suspect_floor_s=1.0,
+                           suspect_factor=0.0)
+    oracle = RulesOracle(1.0, 2.0)
+    vb, view, down = ViewBuilder(), None, set()
+    drills = 0
+    for sweep in range(120):
+        now = T0 + sweep
+        for g in range(groups):
+            event = rng.random()
+            lead = states[g * size]
+            if event < 0.7:
+                for s in states[g * size:(g + 1) * size]:
+                    s["step"] += 1
+                    s["timing"] = {"waiting": None}
+            elif event < 0.8:
+                lead["timing"] = {"waiting": {"scope": "cross", "seconds": rng.choice((0.5,
+                                                                                       2.0))}}
+            elif event < 0.85:
+                lead["timing"] = {"waiting": {"scope": "group", "seconds": rng.choice((0.5,
+                                                                                       2.0))}}
+        if rng.random() < 0.2:  # a job-wide stall: most leaders wait across groups
+            for g in range(groups):
+                if rng.random() < 0.85:
+                    states[g * size]["timing"] = {"waiting": {
+                        "scope": "cross", "seconds": rng.choice((0.5, 2.0, 2.0))}}
+        if rng.random() < 0.1:
+            down ^= {rng.randrange(groups * size)}
+        suspects = {rng.randrange(groups)} if rng.random() < 0.1 else set()
+        plan = sched.plan(targets, view, now, suspects)
+        if view is not None:
+            expected = oracle.drilled(view, now, suspects)
+            assert set(plan.drilled) == expected, f"sweep {sweep}"
+            drills += len(expected)
+            want = set()
+            for g, gv in view.groups.items():
+                if not gv.answered:
+                    continue
+                if g in expected:
+                    want |= {r.url for r in gv.answered}
+                elif gv.leader is not None:
+                    want.add(gv.leader.url)
+                want |= {r.url for r in gv.ranks if r.state is None}
+                want |= {r.url for r in gv.superseded}
+            assert want <= set(plan.urls), f"sweep {sweep}"
+            assert plan.leaders == len({gv.leader.url for g, gv in view.groups.items()
+                                        if gv.answered and gv.leader is not None
+                                        and g not in expected})
+        asked = set(plan.urls)
+        polls = {t.url: (RankPoll(t.url, False, reason="connection", error="refused")
+                         if r in down else RankPoll(t.url, True, data=dict(states[r])))
+                 for r, t in enumerate(targets) if t.url in asked}
+        view = vb.update(targets, polls, now=now, polled=None if plan.everything else asked,
+                         judge=lambda ranks, changed: {})
+    assert drills > 50  # the rules fired, not only quiet sweeps
