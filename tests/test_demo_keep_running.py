@@ -21,10 +21,13 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import requests
+
+from lightkeeper.cluster import stop_process
 
 pytestmark = pytest.mark.e2e
 
@@ -54,17 +57,55 @@ def get_json(url: str):
         return None
 
 
-@pytest.mark.parametrize("mode", [
-    ["--no-faults", "--duration", "5"],   # the scenario ends by its --duration
-    ["--no-faults", "--steps", "15", "--dry-run"],  # ... or when every group trained its --steps
-])
-def test_keep_running_stays_up_until_sigterm(tmp_path, mode):
-    out_path = tmp_path / "demo.out"
-    report_dir = tmp_path / "report"
-    with open(out_path, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "lightkeeper.cli", "demo", "--report-dir",
-                                 str(report_dir), "--keep-running", *mode],
-                                stdout=out, stderr=subprocess.STDOUT, text=True)
+MODES = {
+    "duration": ["--no-faults", "--duration", "5"],  # the scenario ends by its --duration
+    # ... or when every group trained its --steps
+    "steps": ["--no-faults", "--steps", "15", "--dry-run"],
+}
+
+
+@dataclass
+class RunningDemo:
+    proc: subprocess.Popen
+    out_path: Path
+    report_dir: Path
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory):
+    """Both demos, started at once; each test checks and stops its own. Much of a demo's
+    start is waiting (the first quorum, then the scenario's 5 s or 15 steps), so the two
+    overlap well. Each has a TMPDIR of its own, hence its own lock file (the lock keeps a
+    user from starting a second demo by mistake; these two share nothing: ephemeral ports,
+    their own report directories)."""
+    started: dict[str, RunningDemo] = {}
+    try:
+        for name, mode in MODES.items():
+            d = tmp_path_factory.mktemp(f"keep-running-{name}")
+            (d / "tmp").mkdir()
+            out_path, report_dir = d / "demo.out", d / "report"
+            with open(out_path, "w") as out:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "lightkeeper.cli", "demo", "--report-dir",
+                     str(report_dir), "--keep-running", *mode],
+                    stdout=out, stderr=subprocess.STDOUT, text=True,
+                    env={**os.environ, "TMPDIR": str(d / "tmp")})
+            started[name] = RunningDemo(proc, out_path, report_dir)
+        yield started
+    finally:  # a demo whose test did not stop it (failed early, or deselected)
+        for demo in started.values():
+            if demo.proc.poll() is None:
+                demo.proc.send_signal(signal.SIGTERM)
+                try:
+                    demo.proc.wait(timeout=90)
+                except subprocess.TimeoutExpired:
+                    stop_process(demo.proc, grace=0)
+
+
+@pytest.mark.parametrize("name", list(MODES))
+def test_keep_running_stays_up_until_sigterm(demos, name):
+    mode, demo = MODES[name], demos[name]
+    proc, out_path, report_dir = demo.proc, demo.out_path, demo.report_dir
     try:
         def announced():
             assert proc.poll() is None, f"demo exited ({proc.returncode}):\n" + \
