@@ -169,7 +169,7 @@ def test_a_killed_worker_costs_only_the_file_it_was_reading(tmp_path, monkeypatc
             os.kill(busy[0].proc.pid, signal.SIGKILL)
 
     monkeypatch.setattr(pool._Pool, "_settle", settle_then_kill)
-    outcomes = in_time(pool.run_pool, files, 2, LOAD_TASK, wire.unpack)
+    outcomes = in_time(pool.run_pool, files, 2, LOAD_TASK, wire.from_bytes)
     assert killed, "no worker was busy to be killed"
     died = [i for i, (trace, error) in enumerate(outcomes) if error and "loader process died" in error]
     assert len(died) == 1
@@ -184,7 +184,7 @@ def test_a_killed_worker_costs_only_the_file_it_was_reading(tmp_path, monkeypatc
 def test_workers_that_cannot_start_leave_the_files_to_this_process(tmp_path, monkeypatch, capfd):
     files = big_dumps(tmp_path, ranks=4, entries=50)
     monkeypatch.setattr(pool, "_BOOT", "import sys; sys.exit(3)")
-    outcomes = in_time(pool.run_pool, files, 2, LOAD_TASK, wire.unpack)
+    outcomes = in_time(pool.run_pool, files, 2, LOAD_TASK, wire.from_bytes)
     assert [(as_lists(t), e) for t, e in outcomes] == [load_outcome(f) for f in files]
 
 

@@ -38,7 +38,7 @@ from typing import Any
 from .columnar import normalize_columnar, normalize_packed
 from .model import DumpFormatError, RankTrace
 from .pool import Outcome, available_cores, run_pool
-from .wire import unpack
+from .wire import from_bytes, to_bytes
 
 __all__ = [
     "LOAD_TASK",
@@ -142,10 +142,11 @@ def load_outcome(path: str | Path) -> Outcome:
 
 def load_packed(path: str | Path) -> Outcome:
     """:func:`load_outcome` with the trace packed (:func:`monitor.analysis.wire.pack`; made
-    straight from the dump's columns, :func:`~monitor.analysis.columnar.normalize_packed`): the
-    workers' task, so that a compact trace crosses the pipe."""
+    straight from the dump's columns, :func:`~monitor.analysis.columnar.normalize_packed`) and
+    pickled (:func:`~monitor.analysis.wire.to_bytes`): the workers' task, so that a compact
+    trace crosses the pipe; :func:`~monitor.analysis.wire.from_bytes` gives the trace back."""
     try:
-        return normalize_packed(*_read_ranked(path)), None
+        return to_bytes(normalize_packed(*_read_ranked(path))), None
     except Exception as exc:  # as load_outcome: a foreign pickle can fail in many ways
         return None, _describe(exc)
 
@@ -175,7 +176,7 @@ def load_paths(paths: Iterable[str | Path], jobs: int | None = None) -> LoadResu
     outcomes: Iterable[Outcome]
     with _no_cyclic_gc():
         if jobs > 1 and len(files) > 1 and _total_size(files) >= POOL_MIN_BYTES:
-            outcomes = run_pool(files, jobs, LOAD_TASK, unpack)
+            outcomes = _decoded(run_pool(files, jobs, LOAD_TASK))
         else:
             outcomes = list(map(load_outcome, files))
     for path, (trace, error) in zip(files, outcomes, strict=True):
@@ -189,6 +190,16 @@ def load_paths(paths: Iterable[str | Path], jobs: int | None = None) -> LoadResu
             result.traces[trace.rank] = trace
             result.paths[trace.rank] = str(path)
     return result
+
+
+def _decoded(sent: list[Outcome]) -> list[Outcome]:
+    """The workers' pickled traces decoded once all are in, in one loop (``wire.to_bytes`` says
+    why), each pickle dropped as soon as its trace is made."""
+    out: list[Outcome] = []
+    for i, (blob, error) in enumerate(sent):
+        sent[i] = (None, None)
+        out.append((None if blob is None else from_bytes(blob), error))
+    return out
 
 
 @contextmanager
