@@ -15,7 +15,8 @@ this process, with ``--leader-polling on``. It reports:
   until the straggler finding is confirmed (the ranks serve per-step timings);
 - the monitor process's RSS, and its own CPU seconds per sweep (all its threads; the virtual
   ranks' processes excluded), and the seconds its cyclic garbage collector took per sweep;
-  the virtual ranks' processes' CPU seconds per leader sweep beside it.
+  of it, the poller thread's (HTTP and JSON); the virtual ranks' processes' CPU seconds per
+  leader sweep beside it.
 
 Members are polled every ``--member-interval`` 30 s (the monitor's default is 10 s): at 100,000
 ranks 12,500 leaders + 2,900 members a sweep instead of + 8,750 (~15,400 requests instead of
@@ -107,13 +108,14 @@ def start(n: int, procs: int, group_size: int, step_s: float,
 
 def cpu_of(procs: list) -> float:
     """User + system CPU seconds the virtual-rank processes have used."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for p, _, _ in procs:
-        with open(f"/proc/{p.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / tick
+    return sum(proc_cpu(f"/proc/{p.pid}/stat") for p, _, _ in procs)
+
+
+def proc_cpu(stat_path: str) -> float:
+    """User + system CPU seconds of a process or thread (/proc/.../stat)."""
+    with open(stat_path) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def stop(procs: list) -> None:
@@ -163,22 +165,27 @@ def main() -> int:
                 view = mon.sweep_once()
                 row["first_sweep_s"] = time.perf_counter() - t
                 row["first_up"] = sum(r.reachable for r in view.ranks.values())
-                times, cpu, polled, gcs, ranks_cpu = [], [], [], [], []
+                times, cpu, polled, gcs, ranks_cpu, poller_cpu = [], [], [], [], [], []
+                # the poller's own thread: the HTTP and JSON part of the monitor's CPU
+                poller_stat = f"/proc/self/task/{mon.poller._thread.native_id}/stat"
                 for _ in range(args.sweeps):
                     t, c, r = time.perf_counter(), time.process_time(), cpu_of(procs)
+                    pc = proc_cpu(poller_stat)
                     gc_clock.take()
                     mon.sweep_once()
                     gcs.append(gc_clock.take())
                     times.append(time.perf_counter() - t)
                     cpu.append(time.process_time() - c)
                     ranks_cpu.append(cpu_of(procs) - r)
+                    poller_cpu.append(proc_cpu(poller_stat) - pc)
                     polled.append(len(mon.schedule.last.urls))
                     time.sleep(max(0.0, 1.0 - times[-1]))  # the monitor's 1 s interval
                 row.update(leader_median_s=statistics.median(times), leader_max_s=max(times),
                            leader_cpu_median_s=statistics.median(cpu),
                            leader_cpu_max_s=max(cpu), polled_median=statistics.median(polled),
                            leader_gc_s=[round(x, 3) for x in gcs],
-                           ranks_cpu_median_s=statistics.median(ranks_cpu))
+                           ranks_cpu_median_s=statistics.median(ranks_cpu),
+                           poller_cpu_median_s=statistics.median(poller_cpu))
                 # a hang in a non-leader rank of a group in the middle of the job
                 g = args.groups // 2
                 victim = g * args.group_size + 3
