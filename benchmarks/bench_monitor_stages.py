@@ -15,7 +15,9 @@ requests out; the answers are the real documents.
 Every figure is CPU time of the sweep's thread (``time.thread_time``): this box is shared, and
 wall time follows the load. A stage's time excludes the stages and answers it calls; what no
 stage accounts for is ``sweep orchestration`` (sweep_once's own steps: the Flight Recorder
-fetch's scans, findings, decisions, confirmations). ``--drill`` then plants a hang in one
+fetch's scans, findings, decisions, confirmations); ``last views freed`` is the previous
+sweep's views let go (the monitor drops them in sweep_once; here the bench holds them until
+the sweep ends and times their release: mostly the ~21,000 answers they held). ``--drill`` then plants a hang in one
 non-leader rank and times the sweeps that drill its group; ``--profile FILE`` writes the
 measured leader sweeps' cProfile stats.
 """
@@ -50,6 +52,9 @@ STAGES = [("schedule", "plan", "schedule"),
           ("monitor", "_account_goodput", "goodput"),
           ("monitor", "_publish_metrics", "metrics")]
 ORCHESTRATION = "sweep orchestration"
+# the last sweep's views dropped (in the monitor: when sweep_once replaces them): mostly the
+# answers they held, ~21,000 parsed documents, freed
+FREED = "last views freed"
 # the view engineer's stages (issue 17): their sum is printed on its own line
 VIEW_STAGES = ("schedule", "view + verification", ORCHESTRATION)
 
@@ -160,6 +165,7 @@ def main() -> int:
                 now.clear()
                 poller.cpu_seconds = 0.0
                 gc_clock.take()
+                last = [mon.view, mon.evidence]  # freed below, timed on its own
                 t, c = time.perf_counter(), time.thread_time()
                 if prof is not None:
                     prof.enable()
@@ -167,7 +173,10 @@ def main() -> int:
                 if prof is not None:
                     prof.disable()
                 wall, cpu = time.perf_counter() - t, time.thread_time() - c
-                own = cpu - poller.cpu_seconds
+                c = time.thread_time()
+                last.clear()
+                now[FREED] = time.thread_time() - c
+                own = cpu - poller.cpu_seconds + now[FREED]
                 sweep = {"wall_s": wall, "cpu_s": cpu, "answers_s": poller.cpu_seconds,
                          "monitor_s": own, "gc_s": gc_clock.take(),
                          "asked": len(mon.schedule.last.urls), **now}

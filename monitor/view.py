@@ -31,15 +31,8 @@ COMPUTE_PHASES = ("quorum", "forward", "backward")
 
 def valid_state(data: Any) -> str | None:
     """None when ``data`` looks like a /v1/state document, else what is wrong with it."""
-    if type(data) is dict:  # JSON's own types, one comparison each (the general check below)
-        try:
-            if type(data["replica_group"]) is int and type(data["rank"]) is int \
-                    and type(data["group_rank"]) is int and type(data["step"]) is int \
-                    and type(data["quorum_id"]) is int and type(data["phase"]) is str \
-                    and type(data["phase_since"]) in (float, int):
-                return None
-        except KeyError:
-            pass
+    if _plainly_valid(data):
+        return None
     if not isinstance(data, dict):
         return "not an object"
     for key, typ in REQUIRED.items():
@@ -47,6 +40,20 @@ def valid_state(data: Any) -> str | None:
         if not isinstance(v, typ) or isinstance(v, bool):
             return f"{key} is {v!r}"
     return None
+
+
+def _plainly_valid(data: Any) -> bool:
+    """``data`` is a valid /v1/state with JSON's own types, told by one comparison a value
+    (False: valid_state's general check decides)."""
+    if type(data) is not dict:
+        return False
+    try:
+        return type(data["replica_group"]) is int and type(data["rank"]) is int \
+            and type(data["group_rank"]) is int and type(data["step"]) is int \
+            and type(data["quorum_id"]) is int and type(data["phase"]) is str \
+            and type(data["phase_since"]) in (float, int)
+    except KeyError:
+        return False
 
 
 @dataclass
@@ -438,6 +445,19 @@ def _rank_order(r: RankView) -> tuple:
     return (r.rank if r.rank is not None else 1 << 62, r.url)
 
 
+def _answered(url: str, prev: RankView | None, state: dict[str, Any], now: float,
+              target: Any = _NOT_SEEN) -> RankView:
+    """The RankView of a valid answer (``target``: the previous one's by default); all of it
+    is known from the answer (ViewBuilder._polled's other cases keep the previous one's)."""
+    rv = object.__new__(RankView)
+    rv.__dict__ = {"url": url, "reachable": True, "state": state, "reason": None,
+                   "error": None, "failures": 0, "unreachable_since": None, "last_ok_at": now,
+                   "target": prev.target if target is _NOT_SEEN else target,
+                   "superseded": False, "trust": prev.trust if prev is not None else None,
+                   "fresh": True, "polled_at": now}
+    return rv
+
+
 def _shape(s: dict[str, Any]) -> tuple:
     """What of an answered state the view's groups and a verdict rest on, besides progress:
     identity claims (monitor.verification.claims), quorum, participation and host. A rank
@@ -545,24 +565,30 @@ class ViewBuilder:
         # URLs whose verdict may change: a new RankView whose reachability or shape (all a
         # verdict rests on) is not the last one's
         rejudge: set[str] = set()
+        rest: set[str] = set()  # the changed URLs not moving: their groups are grouped again
         if same:
             current = dict(prev)
-            changed: set[str] = set()
-            for url in self._fresh - polled:  # asked last sweep, not now: carried from now on
+            carried = self._fresh - polled  # asked last sweep, not now: carried from now on
+            changed = carried | polled
+            for url in carried:
                 was = prev[url]
                 rv = current[url] = was.clone()
                 rv.fresh = False
-                changed.add(url)
                 if was.reachable and not was.superseded:  # its state: the same object
                     moving.append((was, rv))
+                else:
+                    rest.add(url)
             polled_rank, shapes = self._polled, self._shapes
             for url in polled:
                 old = prev.get(url)
                 if old is None:
                     same = False  # not a target: rebuild from the targets below
                     break
-                rv = current[url] = polled_rank(url, old, old.target, polls.get(url), now)
-                changed.add(url)
+                p = polls.get(url)
+                if p is not None and p.ok and _plainly_valid(p.data):
+                    rv = current[url] = _answered(url, old, p.data, now)
+                else:
+                    rv = current[url] = polled_rank(url, old, old.target, p, now)
                 if rv.reachable:
                     shape = _shape(rv.state)
                     if old.reachable and not old.superseded and shapes.get(url) == shape:
@@ -570,6 +596,7 @@ class ViewBuilder:
                         continue
                     shapes[url] = shape
                 rejudge.add(url)
+            rest |= rejudge
         if not same:
             current = {}
             for t in targets:
@@ -580,7 +607,7 @@ class ViewBuilder:
                     current[t.url] = carried
                 else:
                     current[t.url] = self._polled(t.url, old, t, polls.get(t.url), now)
-            changed, rejudge, moving = set(current), set(current), []
+            changed, rejudge, moving, rest = set(current), set(current), [], set(current)
             self._shapes = {u: _shape(r.state) for u, r in current.items() if r.reachable}
             gone = self._groups.keys() | self._ev_groups.keys()
             self._group_of, self._members, self._slot = {}, {}, {}
@@ -589,7 +616,13 @@ class ViewBuilder:
             self._unreachable = {}
         self._targets = list(targets)
         self._judged = judge is not None
-        self._fresh = set(current) if polled is None else set(polled) & current.keys()
+        if polled is None:
+            self._fresh, polled_list = set(current), None
+        elif same:  # every URL polled is a target
+            self._fresh, polled_list = set(polled), list(polled)
+        else:
+            self._fresh = set(polled) & current.keys()
+            polled_list = [u for u in polled if u in current]
         if judge is not None:
             for url, trust in judge(current, rejudge).items():
                 rv = current[url]
@@ -597,11 +630,11 @@ class ViewBuilder:
                     rv = current[url] = rv.clone()
                     changed.add(url)
                 rv.trust = trust
-        groups, moved, ev_changed, ev_moved = self._regroup(current, changed, moving,
+                rest.add(url)
+        groups, moved, ev_changed, ev_moved = self._regroup(current, changed, moving, rest,
                                                             judge is not None)
         self._ranks = current
         self.changed = changed
-        polled_list = None if polled is None else [u for u in polled if u in current]
         # ``current`` is not changed after this: the next update starts from a copy
         view = ClusterView(at=now, ranks=current, sweep_seconds=sweep_seconds,
                            groups=groups, ungrouped=list(self._members.get(None, {}).values()),
@@ -620,14 +653,8 @@ class ViewBuilder:
     @staticmethod
     def _polled(url: str, prev: RankView | None, target: Target | None, p: RankPoll | None,
                 now: float) -> RankView:
-        if p is not None and p.ok and valid_state(p.data) is None:  # answered: all is known
-            rv = object.__new__(RankView)
-            rv.__dict__ = {"url": url, "reachable": True, "state": p.data, "reason": None,
-                           "error": None, "failures": 0, "unreachable_since": None,
-                           "last_ok_at": now, "target": target, "superseded": False,
-                           "trust": prev.trust if prev is not None else None, "fresh": True,
-                           "polled_at": now}
-            return rv
+        if p is not None and p.ok and valid_state(p.data) is None:
+            return _answered(url, prev, p.data, now, target)
         rv = RankView(url, False, prev.state if prev else None, target=target,
                       failures=prev.failures if prev else 0,
                       unreachable_since=prev.unreachable_since if prev else None,
@@ -645,27 +672,26 @@ class ViewBuilder:
         return rv
 
     def _regroup(self, current: dict[str, RankView], changed: set[str],
-                 moving: list[tuple[RankView, RankView]], with_evidence: bool
+                 moving: list[tuple[RankView, RankView]], rest: set[str], with_evidence: bool
                  ) -> tuple[dict[int, GroupView], tuple[set, set[int]], set[int], set[int]]:
         """Move the changed ranks into their groups and group again only the groups touched;
         with verdicts, a group whose changed ranks only progressed (``moving``, their verdict
-        unchanged) is made from its last GroupView instead (GroupView._progressed). The
-        groups, then (changed, moved) groups of the full view and of the evidence view."""
+        unchanged) is made from its last GroupView instead (GroupView._progressed); ``rest``:
+        the other changed URLs. The groups, then (changed, moved) groups of the full view and
+        of the evidence view."""
         dirty: set[int | None] = set()
         moved: dict[int, list[tuple[RankView, RankView]]] = {}
         members_of, group_of, unreachable = self._members, self._group_of, self._unreachable
         ev_ranks = self._ev_ranks
-        rest = changed
-        if moving and with_evidence:
-            rest = set(changed)
-            for pair in moving:
-                was, rv = pair
-                if was.trust is rv.trust and current[rv.url] is rv:  # else: judged again
-                    url = rv.url
-                    g = group_of[url]
-                    members_of[g][url] = rv
-                    moved.setdefault(g, []).append(pair)
-                    rest.discard(url)
+        for pair in moving:
+            was, rv = pair
+            url = rv.url
+            if with_evidence and was.trust is rv.trust:  # else: its verdict changed
+                g = group_of[url]
+                members_of[g][url] = rv
+                moved.setdefault(g, []).append(pair)
+            else:
+                rest.add(url)
         for url in rest:
             rv = current[url]
             g = rv.replica_group
