@@ -63,6 +63,31 @@ FR_LAST_LEADERS = 64
 GC_FREEZE_MIN_TARGETS = 20_000
 GC_FULL_EVERY = 100
 
+def _leads(view: ClusterView, url: str) -> bool:
+    """The rank at ``url`` is its group's leader in ``view`` (its group's, not every group's,
+    leader looked at)."""
+    gv = view.groups.get(view.ranks[url].replica_group)
+    return gv is not None and gv.leader is not None and gv.leader.url == url
+
+
+def _in_quorum_by_replica_id(evidence: ClusterView) -> dict[str | None, set[int]]:
+    """The evidence's groups in the newest quorum, by the replica id they report."""
+    out: dict[str | None, set[int]] = {}
+    for gv in evidence.in_quorum():
+        out.setdefault(gv.replica_id, set()).add(gv.replica_group)
+    return out
+
+
+def _reporting(view: ClusterView, replica_id: str | None) -> list:
+    """The reachable ranks reporting ``replica_id``, in the targets' order (rank hint, URL):
+    looked for in the groups whose reachable ranks report it (a per-group set kept while the
+    group only progresses), not rank by rank over every rank known."""
+    found = [r for gv in view.groups.values() if replica_id in gv.reported_replica_ids
+             for r in gv.reachable if r.replica_id == replica_id]
+    return sorted(found, key=lambda r: (r.target.rank if r.target is not None
+                                        and r.target.rank is not None else 1 << 62, r.url))
+
+
 REFUSALS = {Unauthorized: "unauthorized", NotAllowed: "not_allowed", BadTarget: "bad_request",
             TooManyTargets: "too_many_targets"}
 
@@ -281,8 +306,7 @@ class Monitor:
             # asked every rank (the first: 100,000 dumps at once would be gigabytes)
             drilled_urls = {r.url for g in plan.drilled if g in view.groups
                             for r in view.groups[g].ranks}
-            leaders = {gv.leader.url for gv in view.groups.values() if gv.leader is not None}
-            urls = [u for u in urls if u in drilled_urls or u in leaders]
+            urls = [u for u in urls if u in drilled_urls or _leads(view, u)]
         got: dict[str, Any] = {}
         for part, path in (([u for u in urls if u in drilled_urls], f"?last={FR_LAST}"),
                            ([u for u in urls if u not in drilled_urls],
@@ -408,15 +432,21 @@ class Monitor:
             return f"ranks cannot be verified: {self.lighthouse_error}"
         return None
 
-    def _situation(self, view: ClusterView, evidence: ClusterView, now: float) -> Situation:
+    def _situation(self, view: ClusterView, evidence: ClusterView, now: float,
+                   in_quorum: dict[str | None, set[int]] | None = None) -> Situation:
         """Reachability from every known rank; the quorum from verified ranks only, less the
         groups a kill was already sent to (they still look in the quorum until the Lighthouse
         drops them: counting them would let two findings of one sweep, or of two sweeps
-        inside the drop time, take the job below --min-replicas)."""
+        inside the drop time, take the job below --min-replicas). ``in_quorum``:
+        _in_quorum_by_replica_id(evidence) when the caller has it (one per sweep)."""
         evicted = self.store.evicted_replica_ids()
+        if in_quorum is None:
+            in_quorum = _in_quorum_by_replica_id(evidence)
+        groups = set().union(*in_quorum.values())
+        for rid in evicted:
+            groups -= in_quorum.get(rid, set())
         return Situation(now=now, reachable_fraction=view.reachable_fraction,
-                         groups_in_quorum={g.replica_group for g in evidence.in_quorum()
-                                           if g.replica_id not in evicted},
+                         groups_in_quorum=groups,
                          evicted_replica_ids=evicted,
                          last_eviction_at=self.store.last_eviction_at(),
                          blind_reason=self.blind_reason())
@@ -425,11 +455,14 @@ class Monitor:
         if self.shard is not None:  # proposals to the leader, which applies the global rails
             self.shard.after_sweep(view, evidence, now)
             return
+        in_quorum = None  # the evidence's groups in the quorum, once per sweep (if asked)
         for f in self.detectors.open_findings():
             if f.kind not in self.cfg.rails.evict_kinds:
                 continue  # reported only (e.g. dead): nothing to decide
             with self._act_lock:
-                s = self._situation(view, evidence, now)
+                if in_quorum is None:
+                    in_quorum = _in_quorum_by_replica_id(evidence)
+                s = self._situation(view, evidence, now, in_quorum)
                 d = decide(f.kind, f.replica_group, f.replica_id, s, self.cfg.rails)
                 if not d.evict and self._last_decision.get(f.key) == d.reason:
                     continue  # the same hold as last sweep: logged once
@@ -511,7 +544,7 @@ class Monitor:
         """An eviction is confirmed once no reachable rank reports the evicted replica_id."""
         for d in self.store.pending_confirmations():
             rid = d["replica_id"]
-            still = [r for r in view.ranks.values() if r.reachable and r.replica_id == rid]
+            still = _reporting(view, rid)
             note = self.orphans.follow(d["id"], rid, still, now - d["at"])  # ranks kill misses
             if note:
                 d["detail"] = f"{d['detail']}; {note}"

@@ -223,6 +223,11 @@ class GroupView:
         return out
 
     @_kept
+    def reported_replica_ids(self) -> frozenset[str | None]:
+        """The replica ids its reachable ranks report (None: a rank reporting none)."""
+        return frozenset(r.replica_id for r in self.reachable)
+
+    @_kept
     def hosts(self) -> set[str]:
         return {r.state["host"] for r in self.ranks if r.state and r.state.get("host")}
 

@@ -136,7 +136,7 @@ def derived(gv) -> tuple:
     return ([r.url for r in gv.ranks], [r.url for r in gv.superseded],
             [r.url for r in gv.answered], [r.url for r in gv.reachable], gv.fresh_failed,
             gv.replica_id, gv.step, gv.quorum_id, gv.quorums, gv.taking_part, gv.trust_counts,
-            gv.hosts, gv.leader.url if gv.leader else None, gv.status,
+            gv.hosts, gv.reported_replica_ids, gv.leader.url if gv.leader else None, gv.status,
             gv.median_step_seconds(), gv.median_step_seconds(4))
 
 
