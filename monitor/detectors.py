@@ -182,8 +182,12 @@ def _timing_rows(state: Mapping[str, Any] | None,
             continue
         a, b, c, d = (row.get("step_s"), row.get("compute_s"), row.get("wait_cross_s"),
                       row.get("wait_group_s"))
-        # JSON's own floats and ints first (a rank serves ~16 rows, 21,000 ranks a sweep at
-        # 100,000: docs/scaling.md); anything else takes the general check
+        # JSON's own floats first, as they are, then its ints (a rank serves ~16 rows, 21,000
+        # ranks a sweep at 100,000: docs/scaling.md); anything else takes the general check
+        if type(a) is float and type(b) is float and type(c) is float and type(d) is float:
+            if 0 <= a < _INF and 0 <= b < _INF and 0 <= c < _INF and 0 <= d < _INF:
+                out.append((step if type(step) is int else int(step), (a, b, c, d)))
+            continue
         if type(a) in _PLAIN and type(b) in _PLAIN and type(c) in _PLAIN and type(d) in _PLAIN:
             if not (0 <= a < _INF and 0 <= b < _INF and 0 <= c < _INF and 0 <= d < _INF):
                 continue
