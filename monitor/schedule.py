@@ -136,9 +136,14 @@ class LeaderSchedule:
         n_members = 0
         for u in self._buckets[(-self._sweep) % period]:
             rv = known.get(u)
-            if rv is None or rv.state is None or rv.superseded or u in leaders:
+            if rv is None or rv.superseded or u in leaders:
                 continue
-            g = rv.replica_group
+            st = rv.state
+            if st is None:
+                continue
+            g = st["replica_group"]  # RankView.replica_group, read once
+            if type(g) is not int:
+                g = int(g)
             if g in drilled or g not in groups:
                 continue
             out.append(u)

@@ -31,7 +31,7 @@ COMPUTE_PHASES = ("quorum", "forward", "backward")
 
 def valid_state(data: Any) -> str | None:
     """None when ``data`` looks like a /v1/state document, else what is wrong with it."""
-    if _plainly_valid(data):
+    if _plain_shape(data) is not None:
         return None
     if not isinstance(data, dict):
         return "not an object"
@@ -42,18 +42,20 @@ def valid_state(data: Any) -> str | None:
     return None
 
 
-def _plainly_valid(data: Any) -> bool:
-    """``data`` is a valid /v1/state with JSON's own types, told by one comparison a value
-    (False: valid_state's general check decides)."""
+def _plain_shape(data: Any) -> tuple | None:
+    """``data``'s _shape when it is a valid /v1/state with JSON's own types, told by one
+    comparison a value; None: valid_state's general check decides."""
     if type(data) is not dict:
-        return False
+        return None
     try:
-        return type(data["replica_group"]) is int and type(data["rank"]) is int \
-            and type(data["group_rank"]) is int and type(data["step"]) is int \
-            and type(data["quorum_id"]) is int and type(data["phase"]) is str \
-            and type(data["phase_since"]) in (float, int)
+        if type(data["replica_group"]) is int and type(data["rank"]) is int \
+                and type(data["group_rank"]) is int and type(data["step"]) is int \
+                and type(data["quorum_id"]) is int and type(data["phase"]) is str \
+                and type(data["phase_since"]) in (float, int):
+            return _shape(data)
     except KeyError:
-        return False
+        pass
+    return None
 
 
 @dataclass
@@ -590,12 +592,14 @@ class ViewBuilder:
                     same = False  # not a target: rebuild from the targets below
                     break
                 p = polls.get(url)
-                if p is not None and p.ok and _plainly_valid(p.data):
+                shape = _plain_shape(p.data) if p is not None and p.ok else None
+                if shape is not None:
                     rv = current[url] = _answered(url, old, p.data, now)
                 else:
                     rv = current[url] = polled_rank(url, old, old.target, p, now)
-                if rv.reachable:
-                    shape = _shape(rv.state)
+                    if rv.reachable:
+                        shape = _shape(rv.state)
+                if shape is not None:
                     if old.reachable and not old.superseded and shapes.get(url) == shape:
                         moving.append((old, rv))
                         continue
