@@ -1117,8 +1117,10 @@ class GoodputLedger:
             "expected_groups": self.expected_groups, "unobserved_s": self.unobserved_s,
             "gap_s": self.gap_s, "gaps": self.gaps, "skipped_sweeps": self.skipped_sweeps,
             "goodput_debt": self.goodput_debt,
-            "unsettled": [asdict(s) for s in self.unsettled],
-            "open_intervals": {k: asdict(v) for k, v in self.open_intervals.items()},
+            # flat dataclasses of scalars: their __dict__ is asdict() without its deep copy
+            # (~10x cheaper; 12,500 groups' open intervals per snapshot at 100,000 ranks)
+            "unsettled": [dict(vars(s)) for s in self.unsettled],
+            "open_intervals": {k: dict(vars(v)) for k, v in self.open_intervals.items()},
             "next_incident": self.next_incident,
             "seen_evictions": sorted(self.seen_evictions)[-1000:],
         }
@@ -1128,7 +1130,7 @@ class GoodputLedger:
         :meth:`snapshot`)."""
         incs = [self.incidents[i].to_store() for i in sorted(self._dirty_incidents)
                 if i in self.incidents]
-        return incs, [asdict(iv) for iv in self._closed_intervals]
+        return incs, [dict(vars(iv)) for iv in self._closed_intervals]
 
     def saved(self) -> None:
         """What :meth:`unsaved` returned is stored: forget it (and closed incidents beyond

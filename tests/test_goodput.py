@@ -10,6 +10,7 @@ real :class:`monitor.view.ClusterView`."""
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
 import pytest
 
@@ -388,6 +389,10 @@ def test_restarted_monitor_resumes_totals_and_incidents_from_the_store(tmp_path)
     job.run(led, 4, pace=0.0)
     job.evict(2, at=job.t, did=9, fid=5)
     job.run(led, 5, pace=1.0)
+    snap = led.snapshot()  # the slices and intervals as dataclasses.asdict has them
+    assert snap["unsettled"] == [asdict(s) for s in led.unsettled]
+    assert snap["open_intervals"] == {k: asdict(v) for k, v in led.open_intervals.items()}
+    assert snap["open_intervals"]
     save(store, led)
     before = led.to_json()
     store.close()
