@@ -566,6 +566,8 @@ class _StragglerEvidence:
         late = [0] * n
         waits: list[list[float]] = [[] for _ in ranks]
         late_waits: list[list[float]] = [[] for _ in ranks]
+        # read once, not per collective (this loop runs once per collective of every group)
+        odd, min_wait_ms, tie_ms = n % 2, config.min_wait_ms, config.tie_ms
         for col in cols:
             total = sum(col)
             if total != total:  # NaN: some rank has no evidence for this collective
@@ -573,15 +575,15 @@ class _StragglerEvidence:
             ordered = sorted(col)
             first = ordered[0]
             used += 1
-            median = ordered[half] if n % 2 else (ordered[half - 1] + ordered[half]) / 2
-            cutoff = median - config.min_wait_ms
+            median = ordered[half] if odd else (ordered[half - 1] + ordered[half]) / 2
+            cutoff = median - min_wait_ms
             if first <= cutoff:
                 # ranks that arrived at least min_wait_ms after the median rank
                 for i, value in enumerate(col):
                     if value <= cutoff:
                         late[i] += 1
                         late_waits[i].append(median - value)
-            if ordered[1] - first <= config.tie_ms:
+            if ordered[1] - first <= tie_ms:
                 continue
             i = col.index(first)
             last[i] += 1
