@@ -16,10 +16,13 @@ from __future__ import annotations
 import operator
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import chain
 from typing import Any
+
+import numpy as np
 
 from .discovery import Target
 from .poller import RankPoll
@@ -56,6 +59,9 @@ def _plain_shape(data: Any) -> tuple | None:
     except KeyError:
         pass
     return None
+
+
+_FLOATS = {float}
 
 
 @dataclass
@@ -115,8 +121,14 @@ class RankView:
         if cached is not None:
             return cached
         vals = (self.state.get("recent_step_seconds") or []) if self.state else []
-        out = [float(v) for v in vals if isinstance(v, (int, float)) and v >= 0] \
-            if isinstance(vals, list) else []
+        if type(vals) is list and set(map(type, vals)) == _FLOATS and min(vals) >= 0 \
+                and (total := sum(vals)) == total:
+            # the usual list: JSON floats, none negative and none NaN (a NaN in the sum
+            # fails the equality; min() alone can miss it), kept as they are
+            out = list(vals)
+        else:
+            out = [float(v) for v in vals if isinstance(v, (int, float)) and v >= 0] \
+                if isinstance(vals, list) else []
         self.__dict__["_recent"] = out
         return out
 
@@ -430,9 +442,8 @@ class ClusterView:
         if last not in cache:
             ranks = self.ranks.values() if self.polled is None else \
                 [r for r in map(self.ranks.get, self.polled) if r is not None]
-            vals = [v for r in ranks if r.reachable and r.fresh
-                    for v in r.recent_steps()[-last:]]
-            cache[last] = statistics.median(vals) if vals else None
+            cache[last] = _median(chain.from_iterable(
+                r.recent_steps()[-last:] for r in ranks if r.reachable and r.fresh))
         return cache[last]
 
     def evidence(self) -> ClusterView:
@@ -446,6 +457,18 @@ class ClusterView:
 
 
 _NOT_SEEN = object()
+
+
+def _median(values: Iterable[float]) -> float | None:
+    """statistics.median of ``values`` (None when empty), by numpy's partition for many: the
+    same value (the middle one, or the mean of the two middle ones), without sorting ~300,000
+    step times a sweep at 100,000 ranks."""
+    arr = np.fromiter(values, dtype=float)
+    if not len(arr):
+        return None
+    if len(arr) < 64:
+        return statistics.median(arr.tolist())
+    return float(np.median(arr))
 
 
 def _rank_order(r: RankView) -> tuple:

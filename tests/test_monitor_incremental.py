@@ -227,3 +227,24 @@ def test_moved_groups_carry_what_a_from_scratch_view_computes_over_random_sweeps
                     assert [r.url for r in gv.ranks] == [r.url for r in last.groups[g].ranks]
         prev = view
     assert moved_seen > 500  # the fast path was taken, not only the full regroup
+
+
+def test_step_times_and_their_median_are_the_general_paths():
+    """RankView.recent_steps' fast path (a list of JSON floats) and the view's median by numpy
+    give what the general filter and statistics.median give, odd lists included."""
+    import statistics
+
+    from monitor.view import RankView, _median
+
+    nan, inf = float("nan"), float("inf")
+    for vals in ([1.0, 2.0], [1.0, nan, 2.0], [nan, 1.0], [-0.5, 1.0], [1, 2.0], [True, 1.0],
+                 [], [inf, 1.0], [1.0, -inf], "x", None, [0.0, -0.0]):
+        general = [float(v) for v in (vals or []) if isinstance(v, (int, float)) and v >= 0] \
+            if isinstance(vals or [], list) else []
+        got = RankView("u", True, {"recent_step_seconds": vals}).recent_steps()
+        assert repr(got) == repr(general), vals
+    rng = random.Random(3)
+    for n in (0, 1, 2, 63, 64, 65, 1000, 1001):
+        for _ in range(10):
+            vals = [rng.choice((0.5, 1.0, 3.0, rng.random())) for _ in range(n)]
+            assert _median(iter(vals)) == (statistics.median(vals) if vals else None), n
