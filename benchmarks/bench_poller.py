@@ -23,7 +23,7 @@ document). The cyclic GC is off during the sweeps and collects between them, as 
 CPU, not wall time, is the figure that matters on a loaded 2-core box; the load average is
 printed with it.
 
-    .venv/bin/python benchmarks/bench_poller.py --ranks 20000 --procs 4 --rounds 5
+    .venv/bin/python benchmarks/bench_poller.py --ranks 20000 --procs 2 --also-procs 8 --rounds 5
 """
 
 from __future__ import annotations
@@ -79,7 +79,10 @@ def json_reference_us(n: int, group_size: int, samples: int = 2000) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", type=int, default=20_000)
-    ap.add_argument("--procs", type=int, default=4)
+    ap.add_argument("--procs", type=int, default=2)
+    ap.add_argument("--also-procs", type=lambda v: [int(x) for x in v.split(",")], default=[],
+                    help="also this tree's servers split over these many processes (e.g. 8), "
+                         "polled by the new poller: servers 'new/8'")
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--concurrency", type=int, default=1024)
@@ -96,9 +99,12 @@ def main() -> int:
                                                      max_idle=4 * args.ranks)}
     figures: dict[tuple[str, str], dict[str, list[float]]] = {}
     try:
-        for side, source in (("new", None), ("old", old_source)):
-            servers[side] = start(args.ranks, args.procs, args.group_size, 0.5, source)
-        pairs = [(p, s) for p in pollers for s in servers]
+        sides = [("new", None, args.procs), ("old", old_source, args.procs)]
+        sides += [(f"new/{k}", None, k) for k in args.also_procs]
+        for side, source, procs in sides:
+            servers[side] = start(args.ranks, procs, args.group_size, 0.5, source)
+        pairs = [(p, s) for p in pollers for s in ("new", "old")]
+        pairs += [("new", side) for side, _, _ in sides[2:]]
         for poller, side in pairs:  # warm up: open the pooled connections
             got = pollers[poller].sweep(servers[side][1])
             bad = [r for r in got.values() if not r.ok]
