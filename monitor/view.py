@@ -680,6 +680,10 @@ class ViewBuilder:
                 groups=dict(self._ev_groups), ungrouped=[], polled=polled_list,
                 changed_groups=gone | ev_changed, moved_groups=ev_moved)
             self._ev_sums.fill(ev)
+            if len(self._ev_groups) == len(groups) and all(
+                    map(operator.is_, self._ev_groups.values(), groups.values())):
+                # every group's ranks are evidence, the same objects: so are the medians
+                ev.__dict__["_median_steps"] = view.__dict__.setdefault("_median_steps", {})
         return view
 
     @staticmethod
