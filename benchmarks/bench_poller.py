@@ -42,7 +42,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.bench_monitor_100k import cpu_of, start, stop  # noqa: E402
+from benchmarks.bench_monitor_100k import cpu_of, save, start, stop  # noqa: E402
 from monitor.poller import Poller  # noqa: E402
 from tests.support.monitor_sim import raise_fd_limit  # noqa: E402
 from tests.support.virtual_ranks import VirtualRanks  # noqa: E402
@@ -154,10 +154,7 @@ def main() -> int:
     for r in rows:
         print(f"{r['poller']:>6} {r['servers']:>7} {r['poller_us']:>13.1f}us "
               f"{r['poller_sys_us']:>11.1f}us {r['server_us']:>13.1f}us {r['wall_s']:>10.3f}s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-    return 0
+    return save(out, args.json)
 
 
 if __name__ == "__main__":
