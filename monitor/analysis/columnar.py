@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import marshal
 from collections.abc import Callable, Sequence
-from itertools import compress, repeat
-from operator import eq, itemgetter
+from itertools import repeat
+from operator import itemgetter
 from typing import Any
 
 from .model import (
@@ -121,12 +121,16 @@ def _columns(entries: list, scope: int | None, build: Build) -> tuple | None:
         return None
     if set(map(type, seqs)) != _INT_ONLY:
         return None
+    period: int | None
     if pgs.count(pgs[0]) == n:  # one process group (equal lists: the same name throughout)
         names: Sequence[Any] = (pgs[0][0],)
-        order = [pgs[0][0]]
+        period = 1
     else:
-        names = list(map(itemgetter(0), pgs))
-        order = list(dict.fromkeys(names))
+        # a fixed order of groups (one training step after another) is found on the entries'
+        # process_group lists themselves: then only one period's names are taken out
+        period = _period(pgs, 2)
+        names = [pg[0] for pg in pgs[:period]] if period else list(map(itemgetter(0), pgs))
+    order = list(dict.fromkeys(names))
     if set(map(type, order)) != {str}:
         return None  # normalize keys groups by str(name): 0 and "0" would be one group
     oldest = min(rids)
@@ -148,7 +152,7 @@ def _columns(entries: list, scope: int | None, build: Build) -> tuple | None:
     # key's first index (the entry whose fields make its Signature)
     firsts: dict[bytes, int] = {}
     plans: list[tuple[GroupKey, Take, int, bytes | list[bytes]]] = []
-    for name, take, index_of in _split(names, order):
+    for name, take, index_of in _split(names, order, period, n):
         g_seqs = take(seqs)
         first_seq, count = g_seqs[0], len(g_seqs)
         if g_seqs[-1] - first_seq != count - 1 or g_seqs != tuple(range(first_seq, first_seq + count)):
@@ -190,7 +194,7 @@ def _columns(entries: list, scope: int | None, build: Build) -> tuple | None:
             codes = list(map(_STATE_CODES.get, g_states, repeat(SCHEDULED)))
         sigs = [sig_ids[keyed]] * count if isinstance(keyed, bytes) else list(map(sig_ids.__getitem__, keyed))
         groups[key] = build(first_seq, sigs, codes, take(created), take(durations), kinds)
-    last_entry = {"pg": str(names[-1]), "seq": seqs[-1], "op": op_of[pnames[-1]], "state": str(states[-1])}
+    last_entry = {"pg": str(pgs[-1][0]), "seq": seqs[-1], "op": op_of[pnames[-1]], "state": str(states[-1])}
     return oldest, signatures, groups, last_entry
 
 
@@ -217,13 +221,14 @@ def _one_type(values: Sequence[Any]) -> type | None:
     return kinds.pop() if len(kinds) == 1 else None
 
 
-def _split(names: Sequence[str], order: list[str]) -> list[tuple[str, Take, Callable[[int], int]]]:
+def _split(names: Sequence[str], order: list[str], period: int | None,
+           n: int) -> list[tuple[str, Take, Callable[[int], int]]]:
     """Per group name, in order of first appearance: a function taking the group's entries out
-    of a column, and one mapping a position in the group back to the entry's index (``names``:
-    each entry's, unless there is one group)."""
+    of a column of ``n``, and one mapping a position in the group back to the entry's index.
+    ``names``: the first ``period`` entries' when the groups repeat with that period, else every
+    entry's."""
     if len(order) == 1:
         return [(order[0], _whole, _same)]
-    period = _period(names, len(order))
     if period is None:
         buckets: dict[str, list[int]] = {name: [] for name in order}
         for i, name in enumerate(names):
@@ -235,15 +240,16 @@ def _split(names: Sequence[str], order: list[str]) -> list[tuple[str, Take, Call
         if len(at) == 1:  # once per period: every period-th entry from its first
             out.append((name, itemgetter(slice(at[0], None, period)), _stride(at[0], period)))
         else:
-            idx = list(compress(range(len(names)), map(eq, names, repeat(name))))
+            idx = sorted(i for j in at for i in range(j, n, period))
             out.append((name, _gather(idx), idx.__getitem__))
     return out
 
 
-def _period(names: list[str], distinct: int) -> int | None:
-    """The shortest p with names[i] == names[i + p] everywhere (a fixed order of groups)."""
-    for p in range(distinct, min(_MAX_PERIOD, len(names) // 2) + 1):
-        if names[p : 2 * p] == names[:p] and names[p:] == names[:-p]:
+def _period(column: Sequence[Any], shortest: int) -> int | None:
+    """The shortest p >= ``shortest`` with column[i] == column[i + p] everywhere (a fixed order
+    of groups), up to a period of _MAX_PERIOD entries; None if there is none."""
+    for p in range(shortest, min(_MAX_PERIOD, len(column) // 2) + 1):
+        if column[p : 2 * p] == column[:p] and column[p:] == column[:-p]:
             return p
     return None
 
