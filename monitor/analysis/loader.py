@@ -11,8 +11,9 @@ dump at a time.
 Large inputs are loaded by worker processes (:mod:`monitor.analysis.pool`), one per available
 core unless ``jobs`` says otherwise; inputs under :data:`POOL_MIN_BYTES` in all are loaded in
 this process, where starting workers would cost more than it saves. Both ways give the same
-result: the workers run :func:`load_packed` (:func:`load_outcome`, its trace packed by
-:mod:`monitor.analysis.wire` for the trip back), and files are taken in the same order for ranks
+result: the workers run :func:`load_packed` (the trace :func:`load_outcome` gives, packed for
+the trip back straight from the dump's columns and pickled, :mod:`monitor.analysis.wire`; this
+process decodes the traces once all are in), and files are taken in the same order for ranks
 and duplicates.
 
 Pickles are read with an unpickler that refuses every class and function: Flight Recorder dumps

@@ -7,6 +7,8 @@ times and durations stay machine arrays, which the engine reads as the sequences
 only indexes, slices and iterates them), at no allocation per value in the parent. Values come
 back equal and of the same type as they went: a column that a machine array cannot hold exactly
 (mixed types such as ``3`` and ``3.0``, ``None``, ints beyond 64 bits) travels as the list it is.
+A worker sends the packed trace as one pickle (:func:`to_bytes`), which the parent decodes with
+:func:`from_bytes`; groups' declared member lists travel as machine bytes too.
 """
 
 from __future__ import annotations
