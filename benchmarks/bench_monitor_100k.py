@@ -136,8 +136,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--groups", type=int, default=12_500)
     ap.add_argument("--group-size", type=int, default=8)
-    # 2 server processes, not 8: as cheap per answer or a little cheaper (each wakes for more
-    # answers at once: 39.5 us against 42.5 us, bench_poller.py --also-procs 8, results/
+    # 2 server processes, not 8: a little cheaper per answer (each wakes for more answers at
+    # once: 34-40 us against 42.5 us in two runs of bench_poller.py --also-procs 8, results/
     # poller_vm2core.json), and a quarter of the processes' memory
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--sweeps", type=int, default=10)

@@ -15,9 +15,9 @@ reports the medians over rounds of:
 - ``server_us``: the virtual-rank processes' CPU seconds (user + system, /proc) per request;
 - ``wall_s``: the sweep's wall time (both sides share the machine's cores);
 
-and, as a reference measured in the same rounds, ``json_us``: ``json.loads`` of one rank's
-``/v1/state`` answer (part of every poller's CPU per request: the monitor needs the parsed
-document). The cyclic GC is off during the sweeps and collects between them, as in a monitor of
+and, as references measured in the same rounds (``references_us``): ``json_us``, ``json.loads``
+of one rank's ``/v1/state`` answer (part of every poller's CPU per request: the monitor needs
+the parsed document), and the cost of making one answer in either revision's virtual ranks. The cyclic GC is off during the sweeps and collects between them, as in a monitor of
 20,000 targets or more (monitor/service.py).
 
 CPU, not wall time, is the figure that matters on a loaded 2-core box; the load average is
@@ -38,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -55,25 +56,49 @@ def git_source(rev: str, path: str) -> str:
                           capture_output=True, text=True).stdout
 
 
-def baseline_poller(rev: str) -> type:
-    """``Poller`` of ``monitor/poller.py`` at ``rev``, as module ``baseline_poller``."""
-    spec = importlib.util.spec_from_loader("baseline_poller", loader=None)
+def baseline_module(rev: str, path: str, name: str) -> Any:
+    """The module at ``path`` as of ``rev``, imported from its source as ``name``."""
+    spec = importlib.util.spec_from_loader(name, loader=None)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[mod.__name__] = mod  # dataclasses look their module up while decorating
-    exec(compile(git_source(rev, "monitor/poller.py"), f"{rev}:monitor/poller.py", "exec"),
-         mod.__dict__)
-    return mod.Poller
+    exec(compile(git_source(rev, path), f"{rev}:{path}", "exec"), mod.__dict__)
+    return mod
 
 
-def json_reference_us(n: int, group_size: int, samples: int = 2000) -> float:
-    """CPU microseconds of ``json.loads`` per virtual rank's ``/v1/state`` answer (bytes)."""
-    vr = VirtualRanks(n, 0, group_size, 0.5)
-    vr.t0 -= 100  # 200 steps in: every answer carries its 8 timing rows
-    bodies = [vr.state(r * n // samples) for r in range(samples)]
-    c = time.process_time()
-    for b in bodies:
-        json.loads(b)
-    return (time.process_time() - c) / samples * 1e6
+def baseline_poller(rev: str) -> type:
+    """``Poller`` of ``monitor/poller.py`` at ``rev``."""
+    return baseline_module(rev, "monitor/poller.py", "baseline_poller").Poller
+
+
+def references_us(n: int, group_size: int, old_ranks: type,
+                  samples: int = 2000) -> dict[str, float | None]:
+    """CPU microseconds per answer of: making a ``/v1/state`` answer with this tree's and the
+    baseline's virtual ranks (``answer_us``, ``answer_old_us``), ``json.loads`` of it
+    (``json_us``), and ``msgspec.json.decode`` of it where msgspec is installed (``msgspec_us``;
+    not a dependency of the monitor)."""
+    out: dict[str, float | None] = {}
+    for key, cls in (("answer_us", VirtualRanks), ("answer_old_us", old_ranks)):
+        vr = cls(n, 0, group_size, 0.5)
+        vr.t0 -= 100  # 200 steps in: every answer carries its 8 timing rows
+        ranks = [r * n // samples for r in range(samples)]
+        for r in ranks:
+            vr.state(r)  # templates made once, as in a running server
+        c = time.process_time()
+        bodies = [vr.state(r) for r in ranks]
+        out[key] = (time.process_time() - c) / samples * 1e6
+    decoders: dict[str, Any] = {"json_us": json.loads}
+    try:
+        import msgspec
+
+        decoders["msgspec_us"] = msgspec.json.decode
+    except ImportError:
+        out["msgspec_us"] = None
+    for key, decode in decoders.items():
+        c = time.process_time()
+        for b in bodies:
+            decode(b)
+        out[key] = (time.process_time() - c) / samples * 1e6
+    return out
 
 
 def main() -> int:
@@ -111,9 +136,11 @@ def main() -> int:
             if bad:
                 raise RuntimeError(f"{poller} poller on {side} servers: {len(bad)} failed, "
                                    f"e.g. {bad[0]}")
-        json_us = []
+        refs: list[dict] = []
+        old_ranks = baseline_module(args.baseline, "tests/support/virtual_ranks.py",
+                                    "baseline_virtual_ranks").VirtualRanks
         for rnd in range(args.rounds):
-            json_us.append(json_reference_us(args.ranks, args.group_size))
+            refs.append(references_us(args.ranks, args.group_size, old_ranks))
             for poller, side in pairs if rnd % 2 == 0 else pairs[::-1]:
                 procs, urls = servers[side]
                 gc.collect()
@@ -143,12 +170,14 @@ def main() -> int:
              "answered_min": min(f["ok"])} for (p, s), f in figures.items()]
     load = os.getloadavg()
     out = {"ranks": args.ranks, "procs": args.procs, "rounds": args.rounds,
-           "json_us": round(statistics.median(json_us), 2),
+           **{k: None if refs[0][k] is None else round(statistics.median(r[k] for r in refs), 2)
+              for k in refs[0]},
            "concurrency": args.concurrency, "baseline": args.baseline,
            "load_average": [round(x, 2) for x in load], "cores": os.cpu_count(), "rows": rows}
     print(f"{args.ranks} keep-alive targets on {args.procs} virtual-rank processes, medians of "
           f"{args.rounds} rounds; load average {load[0]:.1f} on {os.cpu_count()} cores; "
-          f"json.loads of one answer: {out['json_us']:.1f}us")
+          f"json.loads of one answer: {out['json_us']:.1f}us (msgspec: {out['msgspec_us']}); "
+          f"making one: {out['answer_us']:.1f}us (old virtual ranks: {out['answer_old_us']:.1f}us)")
     print(f"{'poller':>6} {'servers':>7} {'poller CPU/req':>15} {'of it kernel':>13} "
           f"{'server CPU/req':>15} {'sweep wall':>11}")
     for r in rows:
