@@ -233,6 +233,9 @@ class _Group:
     # below pace, credit its commits held beyond the sweep's length (at most one step ``b``):
     # counted in the next sweep, so that commits are not lost to where the sweeps fall
     carry: float = 0.0
+    # what _ingest_groups last read of its reachable ranks: (replica id, [RankView],
+    # [commits], [world size]); a RankView object read before is not read again
+    read: tuple | None = field(default=None, repr=False, compare=False)
 
 
 # --- reading a rank's state without trusting its types -------------------------------------
@@ -250,6 +253,21 @@ def _int(v: Any) -> int | None:
 
 def _ints(v: Any) -> list[int]:
     return [x for x in v if _int(x) is not None] if isinstance(v, list) else []
+
+
+def _rank_counts(r: Any, rid: str | None) -> tuple[int | None, int | None]:
+    """(commits, group world size) a reachable rank of incarnation ``rid`` reports (None:
+    not of it, or not a count)."""
+    st = r.state
+    if not st or st.get("replica_id") != rid:
+        return None, None
+    c = st.get("commits")
+    if type(c) is not int:  # JSON's ints pass as they are; anything else: _int
+        c = _int(c)
+    n = st.get("group_world_size")
+    if type(n) is not int:
+        n = _int(n)
+    return (c if c is not None and c >= 0 else None), (n if n is not None and n >= 1 else None)
 
 
 def _pace(history: deque, window: float, b: float | None) -> float | None:
@@ -400,21 +418,26 @@ class GoodputLedger:
             if grp is None:
                 grp = groups[g] = _Group(g)
             rid = gv.replica_id
-            c, sizes = None, []
-            for r in gv.reachable:
-                st = r.state
-                if not st or st.get("replica_id") != rid:
-                    continue
-                v = st.get("commits")
-                if type(v) is not int:  # JSON's ints pass as they are; anything else: _int
-                    v = _int(v)
-                if v is not None and v >= 0 and (c is None or v > c):
-                    c = v
-                v = st.get("group_world_size")
-                if type(v) is not int:
-                    v = _int(v)
-                if v is not None and v >= 1:
-                    sizes.append(v)
+            reach = gv.reachable
+            read = grp.read
+            if read is not None and read[0] == rid and len(read[1]) == len(reach):
+                # the usual leader sweep: one or two ranks answered anew, the others are the
+                # RankView objects read last sweep (a view never changes one): read the new
+                _, seen, commits, sizes_of = read
+                for i, r in enumerate(reach):
+                    if r is not seen[i]:
+                        seen[i] = r
+                        commits[i], sizes_of[i] = _rank_counts(r, rid)
+            else:
+                seen = list(reach)
+                commits, sizes_of = [], []
+                for r in seen:
+                    c, n = _rank_counts(r, rid)
+                    commits.append(c)
+                    sizes_of.append(n)
+                grp.read = (rid, seen, commits, sizes_of)
+            c = max([v for v in commits if v is not None], default=None)
+            sizes = [v for v in sizes_of if v is not None]
             if sizes:
                 grp.gpus = sizes[0] if sizes.count(sizes[0]) == len(sizes) \
                     else max(set(sizes), key=sizes.count)
