@@ -278,17 +278,20 @@ class GroupView:
         What those alone decide is carried over from this GroupView if it was computed; the
         group's step is updated from the moved ranks' (recomputed if one went back); the rest
         (the median step time) is computed again on demand."""
-        new = object.__new__(GroupView)
-        d = new.__dict__ = {"replica_group": self.replica_group, "ranks": ranks,
-                            "superseded": self.superseded}
         old = self.__dict__
         carry = old.get("_carry")
         if carry is not None:  # one dict shared by the generations: their values are equal
-            d.update(carry)
+            d = carry.copy()
             d["_carry"] = carry
             slot = carry.get("_leader_slot")
             if slot is not None:
                 d["leader"] = ranks[slot] if slot >= 0 else None
+        else:
+            d = {}
+        d["replica_group"], d["ranks"], d["superseded"] = \
+            self.replica_group, ranks, self.superseded
+        new = object.__new__(GroupView)
+        new.__dict__ = d
         n = len(ranks)
         for k in ("answered", "reachable"):  # the same ranks: every one of them, usually
             were = old.get(k)
@@ -749,28 +752,29 @@ class ViewBuilder:
                 ev_ranks.pop(url, None)
         groups = dict(self._groups)
         sums, slot = self._sums, self._slot
-        moved_groups: set[int] = set()
-        ev_changed: set[int] = set()
-        ev_moved: set[int] = set()
+        ev_groups = self._ev_groups
+        ev_apart: list[int] = []  # moved groups whose evidence is not the full group
         for g, pairs in moved.items():
             if g in dirty:
                 continue  # another of its ranks did more than progress: grouped again below
             last = groups[g]
-            ranks = list(last.ranks)
+            ranks = last.ranks.copy()
             for _, rv in pairs:
                 ranks[slot[rv.url]] = rv
             gv = groups[g] = last._progressed(ranks, pairs)
-            moved_groups.add(g)
-            ev_changed.add(g)
-            if self._ev_groups.get(g) is last:  # every rank evidence: the same GroupView
-                self._ev_groups[g] = gv
+            if ev_groups.get(g) is last:  # every rank evidence: the same GroupView
+                ev_groups[g] = gv
                 for _, rv in pairs:
                     ev_ranks[rv.url] = rv
-                ev_moved.add(g)
             else:
-                before = self._ev_groups.get(g)
-                self._evidence_group(g, members_of[g], gv)
-                self._ev_resum(before, self._ev_groups.get(g))
+                ev_apart.append(g)
+        moved_groups = moved.keys() - dirty
+        ev_changed = set(moved_groups)
+        ev_moved = moved_groups.difference(ev_apart)
+        for g in ev_apart:
+            before = ev_groups.get(g)
+            self._evidence_group(g, members_of[g], groups[g])
+            self._ev_resum(before, ev_groups.get(g))
         added = False
         for g in dirty:
             if g is None:
