@@ -338,8 +338,9 @@ class ClusterView:
       ``participating``, host and verdict (the same ``Trust`` object); what moved is its
       step, phase, timings and other state, or whether it was polled this sweep
       (``fresh``). So the group's ranks are the same URLs in the same slots, and its
-      replica id, quorum id, quorums, ``taking_part``, hosts, verdict counts, reachable
-      ranks, ``fresh_failed``, leader slot and status are those of the previous view's
+      replica id, quorum id, quorums, ``taking_part``, hosts, reported replica ids,
+      verdict counts, reachable ranks (by URL), ``fresh_failed``, leader slot and status are
+      those of the previous view's
       GroupView; its step and median step time may differ. A group may be left out of it
       when only progress moved (then it is only in ``changed_groups``), never the reverse.
 
