@@ -244,7 +244,9 @@ class Verifier:
               lighthouse: LighthouseStatus | None, error: str | None, configured: bool,
               now: float) -> dict[str, Trust]:
         """The verdicts that change this sweep, by URL (for ViewBuilder.update's ``judge``);
-        ``changed``: the URLs whose RankView is new (every other one is as last judged)."""
+        ``changed``: at least every URL whose reachability or claims (``_key``) may differ
+        from when it was last judged (ViewBuilder passes the new RankViews less those with
+        the last answer's shape); every other one is as last judged."""
         sig = self._signature(lighthouse, error, configured)
         if sig != self._sig or len(self._keys) > len(ranks) \
                 or not self._keys.keys() <= ranks.keys():
