@@ -20,6 +20,12 @@ is *drilled* (every rank polled every sweep) the moment its leader looks wrong, 
   stands out, every group is drilled: the evidence the detectors then need is the whole job's;
 - the caller names it (``suspects``): an open finding or a straggler candidate (its lag).
 
+A leader blocked in an in-group collective is drilled in the sweep that sees it, not the next:
+:meth:`LeaderSchedule.drill_now` reads this sweep's leader answers right after they come in, and
+the monitor polls those groups' other ranks at once (a small extra batch), so the view, the Flight
+Recorder fetch and the detectors of that same sweep see the whole group. At 100,000 ranks a sweep
+takes seconds; waiting for the next one cost a whole sweep of a hang's confirmation (issue 17).
+
 With ``mode`` ``auto`` (the default) leader polling starts at ``min_ranks`` targets; below, every
 rank is polled every sweep, as before. A target never seen answering is polled every sweep.
 Nothing here raises on a rank's odd state: a rank whose state cannot be read is polled.
@@ -35,6 +41,7 @@ from dataclasses import dataclass, field
 
 from .detectors import current_wait
 from .discovery import Target
+from .poller import RankPoll
 from .view import ClusterView, GroupView
 
 MODES = ("auto", "on", "off")
@@ -150,6 +157,40 @@ class LeaderSchedule:
             n_members += 1
         self.last = Plan(out, drilled, n_leaders, n_members, everything=False)
         return self.last
+
+    def drill_now(self, polls: dict[str, RankPoll], view: ClusterView | None,
+                  now: float) -> list[str]:
+        """The URLs to poll at once, in this sweep, after its planned polls (``polls``): the
+        other ranks of each group not drilled yet whose leader answered blocked in an in-group
+        collective for ``suspect_s`` or more (the rule :meth:`plan` applies a sweep later).
+        Those groups join this sweep's plan (``last.drilled``, ``last.urls``) and are held for
+        ``hold_s`` as if planned. ``view``: the previous sweep's (the groups' ranks)."""
+        plan = self.last
+        if plan is None or plan.everything or view is None:
+            return []
+        suspect_s = self.suspect_s(view)
+        extra: list[str] = []
+        for g, gv in view.groups.items():
+            lead = gv.leader
+            if lead is None or g in plan.drilled:
+                continue
+            p = polls.get(lead.url)
+            if p is None or not p.ok or not isinstance(p.data, dict):
+                continue
+            st = p.data
+            timing = st.get("timing")
+            if type(timing) is dict and timing.get("waiting") is None:
+                continue  # not waiting: the usual answer, read no further
+            scope, secs = current_wait(st)
+            if scope != "group" or (secs or 0.0) < suspect_s or st.get("replica_group") != g:
+                continue
+            why = f"leader blocked in an in-group collective {secs:.1f}s"
+            plan.drilled[g] = why
+            self._drilled_until[g] = (now + self.hold_s, why)
+            extra += [r.url for r in gv.ranks if r.url not in polls]
+        if extra:
+            plan.urls = plan.urls + extra
+        return extra
 
     def _rebucket(self, targets: list[Target], period: int) -> None:
         """URLs by member slot ``crc32(url) % period``, kept while the targets are the same."""

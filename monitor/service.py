@@ -220,6 +220,10 @@ class Monitor:
         self.poller.max_idle = max(self.poller.max_idle, len(targets) + 1024)
         plan = self.schedule.plan(targets, self.view, self.clock(), self._suspect_groups())
         polls = self.poller.sweep(plan.urls)
+        # a leader blocked on its group: that group's other ranks now, not next sweep
+        drill = self.schedule.drill_now(polls, self.view, self.clock())
+        if drill:
+            polls.update(self.poller.sweep(drill))
         # after the ranks: a real rank is never ahead of the Lighthouse read after it
         if self.lighthouse_reader is not None:
             status, error = self.lighthouse_reader.read()

@@ -8,6 +8,8 @@ others in the view and fetches Flight Recorder from the ranks polled, as the mon
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from monitor.config import DetectorConfig
@@ -34,11 +36,10 @@ class LeaderSweeps:
         job = self.job
         suspects = {f.replica_group for f in self.det.open_findings()}
         plan = self.sched.plan(job.targets, self.view, now, suspects)
+        polls = self.poll(set(plan.urls))
+        extra = self.sched.drill_now(polls, self.view, now)  # as the monitor: polled at once
+        polls.update(self.poll(set(extra)))
         asked = set(plan.urls)
-        polls = {t.url: (RankPoll(t.url, True, data=dict(s)) if r not in job.down
-                         else RankPoll(t.url, False, reason="connection", error="refused"))
-                 for r, (t, s) in enumerate(zip(job.targets, job.states, strict=True))
-                 if t.url in asked}
         view = job.vb.update(job.targets, polls, now=now,
                              polled=None if plan.everything else asked)
         wanted = {u for u in self.det.fr_wanted(view, now) if view.ranks[u].fresh}
@@ -48,6 +49,16 @@ class LeaderSweeps:
         self.fr_from.append(ranks)
         self.view = view
         return self.det.update(view, dumps, now)
+
+
+    def poll(self, urls: set[str]) -> dict[str, RankPoll]:
+        job = self.job
+        # a deep copy: the job's states change in place, and the previous sweep's view must
+        # keep what its poll saw (a shallow copy showed the schedule the next sweep's waits)
+        return {t.url: (RankPoll(t.url, True, data=copy.deepcopy(s)) if r not in job.down
+                        else RankPoll(t.url, False, reason="connection", error="refused"))
+                for r, (t, s) in enumerate(zip(job.targets, job.states, strict=True))
+                if t.url in urls}
 
 
 def leaders(job: Job) -> set[int]:
@@ -93,6 +104,44 @@ def test_a_hang_of_a_non_leader_rank_is_confirmed_in_time_from_its_leader():
     assert {2, 3} <= ls.asked[-1]
     # Flight Recorder came from the ranks polled, never from every rank
     assert all(len(f) < job.world for f in ls.fr_from[1:])
+
+
+def test_a_leader_blocked_on_its_group_gets_the_group_drilled_in_the_same_sweep():
+    """The sweep whose leader answer first shows the in-group wait past suspect_s polls the
+    group's other ranks at once (drill_now), and the hang is confirmed in the first sweep whose
+    waits pass the hang threshold, not a sweep later. Before, the drill waited for the next
+    sweep's plan: at 100,000 ranks a whole sweep (seconds) of the hang's confirmation."""
+    job = Job(groups=8, ranks=2)
+    ls = LeaderSweeps(job, LeaderSchedule("on", member_interval_s=100.0, hold_s=10.0))
+    now = T0
+    job.steps(20, now=now)
+    ls.sweep(now)
+    for _ in range(2):
+        now += 1.0
+        job.steps(3, now=now)
+        ls.sweep(now)
+        assert 3 not in ls.asked[-1] and not ls.sched.last.drilled  # healthy: no drill
+    onset = now
+    job.fr.collective("0", "all_gather", [[300]], members=job.members(1), absent=[3])
+    job.fr.ft_collective("all_reduce", [[1000]], absent=[2, 3])
+    suspect_s = ls.sched.suspect_s(ls.view)
+    drilled_at = confirmed_at = None
+    for t in (0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0):
+        for r in range(job.world):
+            if job.group_of(r) != 1:
+                job.wait(r, "cross", t, phase="allreduce")
+        job.wait(2, "group", t)  # group 1's leader, blocked on rank 3
+        job.wait(3, None)
+        found = ls.sweep(onset + t)
+        if drilled_at is None and 1 in ls.sched.last.drilled:
+            drilled_at = t
+            assert 3 in ls.asked[-1], "the member is polled in the sweep that drills"
+        if found and confirmed_at is None:
+            confirmed_at = t
+            assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("hang", 1, [3])]
+    assert drilled_at == min(t for t in (0.5, 1.0, 1.5, 2.0) if t >= suspect_s)
+    # the first sweep with a wait past the hang threshold (3 s) confirms it
+    assert confirmed_at == 3.0
 
 
 def test_a_rank_that_stops_answering_gets_its_group_drilled_until_dead_rank():
