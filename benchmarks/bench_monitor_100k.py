@@ -50,6 +50,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.bench_monitor_sweep import rss_mib  # noqa: E402
 from monitor.config import MonitorConfig  # noqa: E402
+from monitor.detectors import current_wait  # noqa: E402
 from monitor.service import Monitor  # noqa: E402
 from tests.support.monitor_sim import raise_fd_limit  # noqa: E402
 
@@ -88,10 +89,13 @@ def start(n: int, procs: int, group_size: int, step_s: float,
     per = -(-n // procs)
     per = -(-per // group_size) * group_size  # whole groups per process
     out, urls = [], []
+    epoch = time.monotonic()  # one step clock for every process: groups step in lockstep
     for offset in range(0, n, per):
         k = min(per, n - offset)
         argv = ["--ranks", str(k), "--offset", str(offset), "--group-size", str(group_size),
                 "--step-s", str(step_s)]
+        if source is None:  # another revision's server may not know it
+            argv += ["--epoch", repr(epoch)]
         cmd = [sys.executable, "-m", "tests.support.virtual_ranks", *argv] if source is None \
             else [sys.executable, "-c", source, *argv]
         p = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -132,6 +136,150 @@ def stop(procs: list) -> None:
             p.wait()
 
 
+def tell(procs: list, line: str) -> None:
+    for p, _, _ in procs:
+        p.stdin.write(line + "\n")
+        p.stdin.flush()
+
+
+class StageClock:
+    """Wall seconds per stage of the monitor's sweeps (its poller's sweeps, the view, the
+    Flight Recorder fetch, the detectors), by wrapping those methods on the instances;
+    :meth:`take` returns and restarts them."""
+
+    def __init__(self, mon: Monitor) -> None:
+        self.seconds: dict[str, float] = {}
+        for name, obj, attr in (("poll", mon.poller, "sweep"), ("view", mon.views, "update"),
+                                ("fr", mon, "_fetch_fr"), ("detect", mon.detectors, "update")):
+            setattr(obj, attr, self._timed(name, getattr(obj, attr)))
+
+    def _timed(self, name: str, fn):
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t
+        return timed
+
+    def take(self) -> dict[str, float]:
+        out, self.seconds = {k: round(v, 3) for k, v in self.seconds.items()}, {}
+        return out
+
+
+def hang_phase(mon: Monitor, procs: list, g: int, victim: int, args) -> dict:
+    """Plant a hang in ``victim`` (a non-leader of group ``g``) and sweep until it is confirmed:
+    the timeline, in seconds after the onset (the moment the virtual ranks hear it and stop):
+    each sweep's start and end, the wait group g's leader reported in it, whether g was
+    drilled (and why), when its Flight Recorder was fetched, and when the hang was confirmed
+    (the end of the sweep that confirmed it; and the finding's own confirmed_at, the monitor's
+    clock when that sweep's detectors ran)."""
+    fetched: list[float] = []
+    fetch_fr = mon._fetch_fr
+    ranks = set(range(g * args.group_size, (g + 1) * args.group_size))
+
+    def timed_fetch(view, now):  # when the drilled group's dumps are in
+        dumps = fetch_fr(view, now)
+        if ranks & dumps.keys():
+            fetched.append(time.perf_counter())
+        return dumps
+
+    mon._fetch_fr = timed_fetch
+    stages = StageClock(mon)  # the FR fetch's stage includes the drilled group's
+    confirmed_at: list[float] = []
+    update = mon.detectors.update
+
+    def timed_update(*a, **k):  # the moment the detectors return the hang: confirmed
+        new = update(*a, **k)
+        if any(f.kind == "hang" for f in new):
+            confirmed_at.append(time.perf_counter())
+        return new
+
+    mon.detectors.update = timed_update
+    tell(procs, f"hang {victim}")  # every group stops stepping, as in a real job
+    onset, onset_wall = time.perf_counter(), time.time()
+    timeline, out = [], {"hang_target_s": max(5.0, 5 * args.step_s)}
+    try:
+        while time.perf_counter() - onset < 60:
+            t = time.perf_counter()
+            mon.sweep_once()
+            end = time.perf_counter()
+            plan = mon.schedule.last
+            lead = mon.view.groups[g].leader if g in mon.view.groups else None
+            scope, secs = current_wait(lead.state) if lead is not None and lead.fresh \
+                else (None, None)
+            hangs = [f for f in mon.detectors.open_findings() if f.kind == "hang"]
+            timeline.append({"start": round(t - onset, 3), "end": round(end - onset, 3),
+                             "leader_wait": None if scope is None else [scope, secs],
+                             "drilled": plan.drilled.get(g),
+                             "fr_fetched": round(fetched[-1] - onset, 3)
+                             if fetched and fetched[-1] >= t else None,
+                             "confirmed": bool(hangs), "stages_s": stages.take()})
+            if plan.drilled.get(g) and "hang_drilled_after_s" not in out:
+                out.update(hang_drilled_after_s=end - onset, drilled_sweep_s=end - t,
+                           drill_reason=plan.drilled[g], drilled_groups=len(plan.drilled))
+            if hangs:
+                out.update(hang_confirmed_after_s=end - onset,
+                           hang_detected_after_s=confirmed_at[0] - onset if confirmed_at
+                           else None,
+                           hang_confirmed_at_s=min(f.confirmed_at for f in hangs) - onset_wall,
+                           hang_findings=[(f.replica_group, f.ranks, f.evidence.get("level"))
+                                          for f in hangs][:5])
+                break
+            time.sleep(max(0.0, 1.0 - (end - t)))
+    finally:
+        for obj, attr in ((mon, "_fetch_fr"), (mon.detectors, "update"), (mon.poller, "sweep"),
+                          (mon.views, "update")):
+            obj.__dict__.pop(attr, None)  # the classes' own methods again
+    out["hang_timeline"] = timeline
+    return out
+
+
+def straggler_phase(mon: Monitor, procs: list, slow: int, args) -> dict:
+    """Heal the hang, then make group ``slow`` late by ``--straggler-lag`` from its next step on
+    and sweep until the straggler is confirmed. Steps are counted from the start of its first
+    slow step (the virtual ranks say when that is: ``SLOW <step> <monotonic start>``), and also
+    from the command. The timeline: per sweep its end, the group's lag as judged, the windows
+    counted so far."""
+    tell(procs, "heal")
+    settle = time.perf_counter()
+    while time.perf_counter() - settle < 20 and mon.detectors.open_findings():
+        mon.sweep_once()  # findings of the hang resolve once every group steps
+    tell(procs, f"slow {slow} {args.straggler_lag}")
+    commanded = time.perf_counter()
+    starts = [float(p.stdout.readline().split()[2]) for p, _, _ in procs]
+    onset = min(starts)  # the earliest process's first slow step: the longer latency
+    confirmed, sweeps_s, timeline = None, [], []
+    while time.perf_counter() - commanded < args.straggler_wait:
+        t = time.perf_counter()
+        mon.sweep_once()
+        end = time.perf_counter()
+        sweeps_s.append(end - t)
+        mem = mon.detectors._groups.get(slow)
+        timeline.append({"end": round(end - onset, 3),
+                         "lag": mon.detectors.last_lags.get(slow),
+                         "windows": mem.straggler_windows if mem is not None else None,
+                         "newest_step_judged": mem.straggler_newest if mem is not None
+                         else None})
+        if any(f.kind == "straggler" and f.replica_group == slow
+               for f in mon.detectors.open_findings()):
+            confirmed = end
+            break
+        time.sleep(max(0.0, 1.0 - sweeps_s[-1]))
+    return {"straggler_group": slow, "straggler_lag_s": args.straggler_lag,
+            "straggler_onset_after_command_s": onset - commanded,
+            "straggler_confirmed_after_s": None if confirmed is None else confirmed - onset,
+            "straggler_confirmed_after_steps": None if confirmed is None
+            else (confirmed - onset) / args.step_s,
+            "straggler_confirmed_after_command_steps": None if confirmed is None
+            else (confirmed - commanded) / args.step_s,
+            "straggler_sweeps_median_s": statistics.median(sweeps_s),
+            "straggler_timeline": timeline,
+            "other_findings": sorted({(f.kind, f.replica_group)
+                                      for f in mon.detectors.open_findings()
+                                      if f.replica_group != slow})[:10]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--groups", type=int, default=12_500)
@@ -167,6 +315,7 @@ def main() -> int:
                 row["first_sweep_s"] = time.perf_counter() - t
                 row["first_up"] = sum(r.reachable for r in view.ranks.values())
                 times, cpu, polled, gcs, ranks_cpu, poller_cpu = [], [], [], [], [], []
+                drilled = []  # groups drilled per healthy sweep (should be none)
                 # the poller's own thread: the HTTP and JSON part of the monitor's CPU
                 poller_stat = f"/proc/self/task/{mon.poller._thread.native_id}/stat"
                 for _ in range(args.sweeps):
@@ -180,47 +329,19 @@ def main() -> int:
                     ranks_cpu.append(cpu_of(procs) - r)
                     poller_cpu.append(proc_cpu(poller_stat) - pc)
                     polled.append(len(mon.schedule.last.urls))
+                    drilled.append(len(mon.schedule.last.drilled))
                     time.sleep(max(0.0, 1.0 - times[-1]))  # the monitor's 1 s interval
                 row.update(leader_median_s=statistics.median(times), leader_max_s=max(times),
                            leader_cpu_median_s=statistics.median(cpu),
                            leader_cpu_max_s=max(cpu), polled_median=statistics.median(polled),
                            leader_gc_s=[round(x, 3) for x in gcs],
                            ranks_cpu_median_s=statistics.median(ranks_cpu),
-                           poller_cpu_median_s=statistics.median(poller_cpu))
+                           poller_cpu_median_s=statistics.median(poller_cpu),
+                           healthy_drilled_groups=drilled)
                 # a hang in a non-leader rank of a group in the middle of the job
                 g = args.groups // 2
                 victim = g * args.group_size + 3
-                for p, _, _ in procs:  # every group stops stepping, as in a real job
-                    p.stdin.write(f"hang {victim}\n")
-                    p.stdin.flush()
-                onset = time.perf_counter()
-                drilled_at = drilled_sweep = None
-                while time.perf_counter() - onset < 30:
-                    t = time.perf_counter()
-                    mon.sweep_once()
-                    took = time.perf_counter() - t
-                    plan = mon.schedule.last
-                    if g in plan.drilled:
-                        drilled_at = time.perf_counter() - onset
-                        drilled_sweep = took
-                        row["drill_reason"] = plan.drilled[g]
-                        row["drilled_groups"] = len(plan.drilled)
-                        break
-                    time.sleep(max(0.0, 1.0 - took))
-                row.update(hang_drilled_after_s=drilled_at, drilled_sweep_s=drilled_sweep)
-                hang_sweeps = []
-                while drilled_at is not None and time.perf_counter() - onset < 60 \
-                        and not any(f.kind == "hang" for f in mon.detectors.open_findings()):
-                    t = time.perf_counter()
-                    mon.sweep_once()
-                    hang_sweeps.append(time.perf_counter() - t)
-                    time.sleep(max(0.0, 1.0 - hang_sweeps[-1]))
-                hangs = [f for f in mon.detectors.open_findings() if f.kind == "hang"]
-                row.update(hang_confirmed_after_s=time.perf_counter() - onset if hangs else None,
-                           hang_findings=[(f.replica_group, f.ranks,
-                                           f.evidence.get("level")) for f in hangs][:5],
-                           hang_target_s=max(5.0, 5 * args.step_s),
-                           sweeps_after_drill_s=[round(x, 2) for x in hang_sweeps])
+                row.update(hang_phase(mon, procs, g, victim, args))
                 # a straggler group: every process hears it (the others wait for it)
                 for p, _, _ in procs:
                     p.stdin.write("heal\n")
@@ -228,30 +349,7 @@ def main() -> int:
                 settle = time.perf_counter()
                 while time.perf_counter() - settle < 20 and mon.detectors.open_findings():
                     mon.sweep_once()  # findings of the hang resolve once every group steps
-                slow = args.groups // 3
-                for p, _, _ in procs:
-                    p.stdin.write(f"slow {slow} {args.straggler_lag}\n")
-                    p.stdin.flush()
-                onset = time.perf_counter()
-                confirmed = None
-                sweeps_s = []
-                while time.perf_counter() - onset < args.straggler_wait:
-                    t = time.perf_counter()
-                    mon.sweep_once()
-                    sweeps_s.append(time.perf_counter() - t)
-                    if any(f.kind == "straggler" and f.replica_group == slow
-                           for f in mon.detectors.open_findings()):
-                        confirmed = time.perf_counter() - onset
-                        break
-                    time.sleep(max(0.0, 1.0 - sweeps_s[-1]))
-                row.update(straggler_group=slow, straggler_lag_s=args.straggler_lag,
-                           straggler_confirmed_after_s=confirmed,
-                           straggler_confirmed_after_steps=None if confirmed is None
-                           else confirmed / args.step_s,
-                           straggler_sweeps_median_s=statistics.median(sweeps_s),
-                           other_findings=sorted({(f.kind, f.replica_group)
-                                                  for f in mon.detectors.open_findings()
-                                                  if f.replica_group != slow})[:10])
+                row.update(straggler_phase(mon, procs, args.groups // 3, args))
             finally:
                 mon.stop()
     finally:

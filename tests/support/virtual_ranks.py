@@ -14,7 +14,7 @@ waits), which the straggler detector reads. Commands on stdin, one per line: ``h
 (the rank stops stepping; its group's rank 0 then waits in an in-group collective, and every
 other group's ranks in the cross-group one, as in a real FSDP job), ``slow <group> <seconds>``
 (from the next step on the group computes that much longer and every other group waits for it
-at the cross-group step), ``heal`` (all step again, nobody slow).
+at the cross-group step; prints ``SLOW <step> <monotonic start of that step>``), ``heal`` (all step again, nobody slow).
 
 ``GET /r/<rank>/v1/fr_trace`` (with the WorkerServer's ``?pg=`` / ``?last=`` filter) serves a
 small gloo Flight Recorder dump of the rank's in-group process group (tests/support/frgen.py:
@@ -59,9 +59,13 @@ MAX_REQUEST_HEAD = 64 * 1024
 
 
 class VirtualRanks:
-    def __init__(self, n: int, offset: int, group_size: int, step_s: float) -> None:
+    def __init__(self, n: int, offset: int, group_size: int, step_s: float,
+                 epoch: float | None = None) -> None:
         self.n, self.offset, self.group_size, self.step_s = n, offset, group_size, step_s
-        self.t0 = time.monotonic()
+        # step 0's start (time.monotonic); processes of one job share it, or their groups would
+        # be a fraction of a step apart: stopped by a hang, half of them one step behind the
+        # others, which no real job in lockstep shows (the monitor drilled half the groups)
+        self.t0 = time.monotonic() if epoch is None else epoch
         self.hung: dict[int, float] = {}  # rank -> monotonic onset
         self.slow: dict[int, tuple[int, float]] = {}  # group -> (first slow step, seconds)
         self.templates: dict[int, tuple[list[bytes], list[str]]] = {}  # pieces, marks between
@@ -235,7 +239,7 @@ class _Connection(asyncio.Protocol):
 
 
 async def serve(args: argparse.Namespace) -> None:
-    vr = VirtualRanks(args.ranks, args.offset, args.group_size, args.step_s)
+    vr = VirtualRanks(args.ranks, args.offset, args.group_size, args.step_s, args.epoch)
     loop = asyncio.get_running_loop()
     server = await loop.create_server(vr.protocol, "127.0.0.1", 0, backlog=4096)
     print(f"VRANKS {server.sockets[0].getsockname()[1]}", flush=True)
@@ -248,6 +252,9 @@ async def serve(args: argparse.Namespace) -> None:
         elif cmd[:1] == ["slow"] and len(cmd) == 3:
             step = int((time.monotonic() - vr.t0) / vr.step_s) + 1
             vr.slow[int(cmd[1])] = (step, float(cmd[2]))
+            # when the slowness begins (time.monotonic, one clock for every process here): a
+            # benchmark counts the straggler's steps from it, not from the command
+            print(f"SLOW {step} {vr.t0 + step * vr.step_s:.6f}", flush=True)
         elif cmd[:1] == ["heal"]:
             vr.hung.clear()
             vr.slow.clear()
@@ -260,6 +267,8 @@ def main() -> int:
     p.add_argument("--offset", type=int, default=0)
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--step-s", type=float, default=0.5)
+    p.add_argument("--epoch", type=float, default=None,
+                   help="time.monotonic() of step 0, shared by the processes of one job")
     asyncio.run(serve(p.parse_args()))
     return 0
 
