@@ -17,7 +17,8 @@ per-step compute and collective-wait seconds on its own monotonic clock, ``timin
   they waited for it. A group is a straggler when, over the newest ``straggler_steps`` steps every
   group served, its lag is at least ``max(straggler_min_lag_s, straggler_rel_lag x median step
   time)`` in 3 of 4 steps and in the median, in ``straggler_windows`` consecutive evaluations that
-  each saw newer steps. A group late by that measure is measured again against the groups that
+  each saw newer steps, or in every step of one window (as much evidence, a sweep sooner).
+  A group late by that measure is measured again against the groups that
   are not late themselves: its lag is then the least-waiting one's cross wait minus its own (each
   healthy group waited at least that long; the median of the others is kept when every other
   group is late). On a loaded box the groups spread apart (issue 14/9: cross waits 0.41, 0.27
@@ -893,7 +894,10 @@ class Detectors:
             mem.straggler_lags.append(round(med_lag, 4))
             if mem.straggler_first_seen is None:
                 mem.straggler_first_seen = now
-            if mem.straggler_windows < self.cfg.straggler_windows:
+            # every step of one window late is as much evidence as the consecutive windows
+            # (each with newer steps) of 3 in 4: at 100,000 ranks a sweep spans several steps,
+            # and waiting for the next one cost a whole sweep (issue 17)
+            if mem.straggler_windows < self.cfg.straggler_windows and late_in[i] < len(window):
                 continue
             gv = groups[g]
             ranks, in_group = self._late_ranks(members[g], window, threshold)
