@@ -1,0 +1,34 @@
+"""A straggler confirmed on one window when every step of it is late (issue 17): at 100,000
+ranks one sweep spans several steps, and the second window cost a whole sweep. A window with
+a step on time still needs the consecutive windows. The job is tests/test_monitor_detectors.py's
+synthetic FT-HSDP job (its /v1/state documents with per-step timings)."""
+
+from __future__ import annotations
+
+from monitor.config import DetectorConfig
+from monitor.detectors import Detectors
+from tests.test_monitor_detectors import T0, Job, sweep
+
+
+def stragglers(found) -> list[tuple[str, int]]:
+    return [(f.kind, f.replica_group) for f in found]
+
+
+def test_every_step_of_one_window_late_confirms_at_once():
+    job = Job()
+    det = Detectors(DetectorConfig(straggler_steps=6, straggler_windows=2))
+    job.steps(10, now=T0)
+    assert sweep(det, job, T0) == []
+    job.steps(6, late_group={2: 0.5}, now=T0 + 1)  # one sweep sees 6 late steps
+    assert stragglers(sweep(det, job, T0 + 1)) == [("straggler", 2)]
+
+
+def test_a_window_with_a_step_on_time_waits_for_the_next_window():
+    job = Job()
+    det = Detectors(DetectorConfig(straggler_steps=6, straggler_windows=2))
+    job.steps(11, now=T0)
+    assert sweep(det, job, T0) == []
+    job.steps(5, late_group={2: 0.5}, now=T0 + 1)  # 5 of the window's 6 late: a candidate
+    assert sweep(det, job, T0 + 1) == []
+    job.steps(1, late_group={2: 0.5}, now=T0 + 2)  # the next window, with a newer step
+    assert stragglers(sweep(det, job, T0 + 2)) == [("straggler", 2)]
