@@ -85,6 +85,7 @@ class LeaderSchedule:
         self._urls: list[str] = []
         self._url_set: set[str] = set()
         self._buckets: list[list[str]] = []
+        self._leader_urls: dict[int, str | None] = {}  # the last plan's, group -> leader URL
         self.last: Plan | None = None
 
     def active(self, n_targets: int) -> bool:
@@ -121,6 +122,7 @@ class LeaderSchedule:
             if gv.superseded:
                 always += [r.url for r in gv.superseded]
         reasons, leader_urls = self._reasons(view, groups, now, set(suspects))
+        self._leader_urls = leader_urls  # drill_now reads this sweep's answers of these
         for g, why in reasons.items():
             self._drilled_until[g] = (now + self.hold_s, why)
         drilled = {g: why for g, (until, why) in self._drilled_until.items()
@@ -170,22 +172,25 @@ class LeaderSchedule:
             return []
         suspect_s = self.suspect_s(view)
         extra: list[str] = []
-        for g, gv in view.groups.items():
-            lead = gv.leader
-            if lead is None or g in plan.drilled:
-                continue
-            p = polls.get(lead.url)
-            if p is None or not p.ok or not isinstance(p.data, dict):
+        drilled = plan.drilled
+        for g, url in self._leader_urls.items():  # the leaders this plan asked (and drilled)
+            p = polls.get(url)
+            if p is None or not p.ok or g in drilled:
                 continue
             st = p.data
+            if type(st) is not dict:
+                continue
             timing = st.get("timing")
             if type(timing) is dict and timing.get("waiting") is None:
                 continue  # not waiting: the usual answer, read no further
             scope, secs = current_wait(st)
             if scope != "group" or (secs or 0.0) < suspect_s or st.get("replica_group") != g:
                 continue
+            gv = view.groups.get(g)
+            if gv is None:
+                continue
             why = f"leader blocked in an in-group collective {secs:.1f}s"
-            plan.drilled[g] = why
+            drilled[g] = why
             self._drilled_until[g] = (now + self.hold_s, why)
             extra += [r.url for r in gv.ranks if r.url not in polls]
         if extra:
