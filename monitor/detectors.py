@@ -70,6 +70,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -847,23 +849,29 @@ class Detectors:
         if len(window) < self.cfg.straggler_steps:
             return []
         # per group (in view order) and step of the window: its most-waiting rank's cross
-        # wait; and every polled rank's step times over the window. One Python pass per group
-        # (one rank per undrilled group); what compares the groups is numpy over the matrix
+        # wait; and every polled rank's step times over the window. Python only picks each
+        # polled rank's window rows (one C-level itemgetter call per rank, ranks of a group
+        # next to each other); numpy makes the ranks x window x 4 array, takes each group's
+        # maximum over its ranks (reduceat at the group's first rank: max of floats is
+        # exact, so equal to the per-step max() it replaces) and the median step time (of
+        # the same values in another order), and compares the groups over the matrix
         order = list(groups)
-        cross_rows, step_times = [], []
+        pick = itemgetter(*window) if len(window) > 1 else (lambda by_step: (by_step[window[0]],))
+        picked, starts = [], []
         for g in order:
             rows = members[g]
+            starts.append(len(picked))
             if len(rows) == 1:
-                picked = [rows[0][1][s] for s in window]
-                cross_rows.append([t[WAIT_CROSS_S] for t in picked])
-                step_times.extend([t[STEP_S] for t in picked])
+                picked.append(pick(rows[0][1]))
             else:
-                cross_rows.append([max(by_step[s][WAIT_CROSS_S] for _, by_step in rows)
-                                   for s in window])
-                for _, by_step in rows:
-                    step_times.extend([by_step[s][STEP_S] for s in window])
-        cross = np.array(cross_rows, dtype=float)
-        med_step = float(np.median(np.array(step_times, dtype=float)))
+                picked.extend([pick(by_step) for _, by_step in rows])
+        # polled rank x window step x TIMING_KEYS, from one flat C-level pass (np.array over
+        # the nested tuples was ~1.5x the time at 21,000 ranks)
+        timings = np.fromiter(chain.from_iterable(chain.from_iterable(picked)), float,
+                              count=len(picked) * len(window) * len(TIMING_KEYS)
+                              ).reshape(len(picked), len(window), len(TIMING_KEYS))
+        cross = np.maximum.reduceat(timings[:, :, WAIT_CROSS_S], starts, axis=0)
+        med_step = float(np.median(timings[:, :, STEP_S]))
         threshold = max(self.cfg.straggler_min_lag_s, self.cfg.straggler_rel_lag * med_step)
         need = math.ceil(0.75 * len(window))
         lags, candidates, healthy = straggler_lags(cross, threshold, need)
