@@ -566,6 +566,35 @@ def test_straggler_lags_equal_the_per_group_medians_to_the_bit():
         assert (candidates, healthy) == (want_candidates, want_healthy)
 
 
+def test_straggler_matrix_of_groups_with_unequal_polled_ranks_is_the_per_step_max():
+    """The cross-group matrix is each group's most-waiting polled rank per step, with every
+    polled rank's step times in the median step time: groups of 3 polled ranks beside one
+    with a rank down (2 rows), so each group's maximum is taken over a different number of
+    ranks (numpy's reduceat at each group's first rank); the evidence equals the per-step
+    max() and statistics.median over the served rows, to the 4 decimals it is rounded to."""
+    job = Job(groups=4, ranks=3, seed=5)
+    det = Detectors(DetectorConfig(straggler_steps=6, straggler_windows=2))
+    job.steps(10, now=T0)
+    job.down = {4}  # group 1 is judged from its two ranks left
+    assert sweep(det, job, T0) == []
+    found, _ = run(det, job, 4, T0, late_group={2: 0.5})
+    assert [(f.kind, f.replica_group) for _, f in found] == [("straggler", 2)]
+    ev = found[0][1].evidence
+    first, last = ev["steps"]
+    window = range(first, last + 1)
+
+    def row(rank: int, step: int) -> dict:
+        return next(r for r in job.states[rank]["timing"]["recent"] if r["step"] == step)
+
+    up = {g: [r for r in job.members(g) if r not in job.down] for g in range(job.n)}
+    cross = {g: [max(row(r, s)["wait_cross_s"] for r in up[g]) for s in window]
+             for g in range(job.n)}
+    assert ev["cross_wait_s"] == {str(g): round(statistics.median(v), 4)
+                                  for g, v in cross.items()}
+    step_times = [row(r, s)["step_s"] for g in up.values() for r in g for s in window]
+    assert ev["median_step_s"] == round(statistics.median(step_times), 4)
+
+
 def _summary(findings):
     return [(f.kind, f.replica_group, f.replica_id, f.ranks, f.evidence, f.first_seen,
              f.confirmed_at, f.resolved_at, f.resolution) for f in findings]
