@@ -10,9 +10,14 @@ this process, with ``--leader-polling on``. It reports:
 - a hang planted in a non-leader rank of one group: how long until that group is drilled
   (every one of its ranks polled in one sweep), how long the drilled sweep takes, and when
   the hang is confirmed (from the drilled group's Flight Recorder: the virtual ranks serve a
-  small generated one), against the target max(5 s, 5 x step);
+  small generated one), against the target max(5 s, 5 x step): the moment the detectors
+  return it (``hang_detected_after_s``) and the end of that sweep (``hang_confirmed_after_s``),
+  with a timeline per sweep (``hang_timeline``: the leader's reported wait, the drill, the
+  Flight Recorder fetch, seconds per stage);
 - a straggler group (``--straggler-lag`` seconds late from one step on): how many of its steps
-  until the straggler finding is confirmed (the ranks serve per-step timings);
+  until the straggler finding is confirmed (the ranks serve per-step timings), counted from
+  the start of its first slow step, with a timeline per sweep (``straggler_timeline``);
+- ``healthy_drilled_groups``: the groups drilled in each healthy leader sweep (none expected);
 - the monitor process's RSS, and its own CPU seconds per sweep (all its threads; the virtual
   ranks' processes excluded), and the seconds its cyclic garbage collector took per sweep;
   of it, the poller thread's (HTTP and JSON); the virtual ranks' processes' CPU seconds per
