@@ -19,7 +19,8 @@ fetch's scans, findings, decisions, confirmations); ``last views freed`` is the 
 sweep's views let go (the monitor drops them in sweep_once; here the bench holds them until
 the sweep ends and times their release: mostly the ~21,000 answers they held). ``--drill`` then plants a hang in one
 non-leader rank and times the sweeps that drill its group; ``--profile FILE`` writes the
-measured leader sweeps' cProfile stats.
+measured leader sweeps' cProfile stats; ``--split`` also times the detectors' and the goodput
+ledger's steps (their stage rows then hold what their steps do not).
 """
 
 from __future__ import annotations
@@ -51,6 +52,17 @@ STAGES = [("schedule", "plan", "schedule"),
           ("monitor", "_judge_hosts", "host ledger"),
           ("monitor", "_account_goodput", "goodput"),
           ("monitor", "_publish_metrics", "metrics")]
+# --split: the detectors' and goodput ledger's steps timed on their own (each less the
+# steps it calls: "det: straggler rest" is _straggler without its row folding)
+SPLIT = [("detectors", "_collect_steps", "det: fold rows"),
+         ("detectors", "_straggler", "det: straggler rest"),
+         ("detectors", "_dead", "det: dead"), ("detectors", "_hang", "det: hang"),
+         ("detectors", "_stuck_starting", "det: stuck"),
+         ("detectors", "_commit_counts", "det: commit counts"),
+         ("detectors", "_resolve_gone", "det: resolve gone"),
+         ("goodput", "_ingest_groups", "gp: ingest groups"), ("goodput", "_account", "gp: account"),
+         ("goodput", "_settle", "gp: settle"), ("goodput", "_follow_incidents", "gp: follow"),
+         ("goodput", "_publish_ratios", "gp: publish")]
 ORCHESTRATION = "sweep orchestration"
 # the last sweep's views dropped (in the monitor: when sweep_once replaces them): mostly the
 # answers they held, ~21,000 parsed documents, freed
@@ -115,6 +127,8 @@ def main() -> int:
     ap.add_argument("--sweeps", type=int, default=3)
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", default=None, help="cProfile stats of the leader sweeps")
+    ap.add_argument("--split", action="store_true",
+                    help="time the detectors' and goodput ledger's steps on their own too")
     ap.add_argument("--drill", type=int, default=None, metavar="SWEEPS",
                     help="then hang one non-leader rank and time this many sweeps")
     args = ap.parse_args()
@@ -155,7 +169,7 @@ def main() -> int:
                             stack[-1][1] += spent
                 setattr(obj, name, w)
 
-            for obj, name, label in STAGES:
+            for obj, name, label in STAGES + (SPLIT if args.split else []):
                 timed(mon if obj == "monitor" else getattr(mon, obj), name, label)
             poller.stack = stack
             row = {"ranks": n, "groups": args.groups, "sweeps": [],
