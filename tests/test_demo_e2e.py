@@ -164,7 +164,11 @@ def check_recoveries(r: dict, out: str) -> None:
             f"replica_group_{f['replica_group']}:"), st
         # the Lighthouse let the killed group go, then issued the survivors a quorum without it
         assert st["kill_sent"] <= st["lighthouse_dropped"], st
-        assert st["kill_sent"] <= st["survivors_quorum"] <= st["survivors_committing"] + 1.0, st
+        assert st["kill_sent"] <= st["survivors_quorum"], st
+        # the survivors' first commit after the kill: usually in that quorum, but a step in
+        # flight when the kill was sent may still commit in the old one first (seen once under
+        # load: committed 0.3 s after the kill, the new quorum 5.4 s after it)
+        assert st["kill_sent"] <= st["survivors_committing"], st
         # the restarted group came from its warm spare, joined, then healed
         assert st["restarted"] <= st["joined"] <= st["healed"] + 1.0, st
         assert st["join_dip"] is not None and st["join_dip"]["stall_s"] >= 0, st
