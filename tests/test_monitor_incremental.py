@@ -48,6 +48,21 @@ def group_summary(view: ClusterView) -> dict:
             for g, gv in view.groups.items()}
 
 
+
+def sweep_verified(vb, verifier, targets, states, asked, down, lh, now, sweep):
+    """One incremental sweep over ``asked`` (``down`` refusing); its verdicts must be
+    verify()'s on the same ranks."""
+    polls = {u: (RankPoll(u, True, data=dict(states[u])) if u not in down
+                 else RankPoll(u, False, reason="connection", error="refused"))
+             for u in asked}
+    view = vb.update(targets, polls, now=now, polled=asked,
+                     judge=lambda ranks, changed: verifier.judge(
+                         ranks, changed, lh, None, True, now))
+    full = verify(view, lh, None, True, now)
+    assert {u: trust_fields(r.trust) for u, r in view.ranks.items()} == \
+        {u: trust_fields(t) for u, t in full.items()}, f"sweep {sweep}"
+    return view
+
 def test_incremental_view_and_verdicts_match_the_from_scratch_ones_sweep_after_sweep():
     rng = random.Random(7)
     targets = [Target(f"http://127.0.0.1:{9000 + r}", "static") for r in range(GROUPS * SIZE)]
@@ -83,16 +98,7 @@ def test_incremental_view_and_verdicts_match_the_from_scratch_ones_sweep_after_s
         asked = set(leaders) | {t.url for t in rng.sample(targets, 5)} | down
         if sweep % 10 == 0:
             asked = {t.url for t in targets}
-        polls = {u: (RankPoll(u, True, data=dict(states[u])) if u not in down
-                     else RankPoll(u, False, reason="connection", error="refused"))
-                 for u in asked}
-        view = vb.update(targets, polls, now=now, polled=asked,
-                         judge=lambda ranks, changed, lh=lh, now=now: verifier.judge(
-                             ranks, changed, lh, None, True, now))
-        # the verdicts are verify()'s on the same ranks
-        full = verify(view, lh, None, True, now)
-        assert {u: trust_fields(r.trust) for u, r in view.ranks.items()} == \
-            {u: trust_fields(t) for u, t in full.items()}, f"sweep {sweep}"
+        view = sweep_verified(vb, verifier, targets, states, asked, down, lh, now, sweep)
         # the view is the one grouped afresh from the same ranks
         fresh = ClusterView(at=now, ranks={u: r.copy() for u, r in view.ranks.items()})
         assert group_summary(view) == group_summary(fresh), f"sweep {sweep}"
@@ -196,15 +202,7 @@ def test_moved_groups_carry_what_a_from_scratch_view_computes_over_random_sweeps
         asked = set(leaders) | {t.url for t in rng.sample(targets, 4)} | down
         if sweep % 25 == 0:
             asked = {t.url for t in targets}
-        polls = {u: (RankPoll(u, True, data=dict(states[u])) if u not in down
-                     else RankPoll(u, False, reason="connection", error="refused"))
-                 for u in asked}
-        view = vb.update(targets, polls, now=now, polled=asked,
-                         judge=lambda ranks, changed, lh=lh, now=now: verifier.judge(
-                             ranks, changed, lh, None, True, now))
-        full = verify(view, lh, None, True, now)
-        assert {u: trust_fields(r.trust) for u, r in view.ranks.items()} == \
-            {u: trust_fields(t) for u, t in full.items()}, f"sweep {sweep}"
+        view = sweep_verified(vb, verifier, targets, states, asked, down, lh, now, sweep)
         fresh = ClusterView(at=now, ranks={u: r.copy() for u, r in view.ranks.items()},
                             polled=view.polled)
         assert view_summary(view) == view_summary(fresh), f"sweep {sweep}"
