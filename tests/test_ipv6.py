@@ -103,8 +103,11 @@ def test_rank_and_monitor_serve_register_and_poll_on_ipv6_loopback(tmp_path):
         wait_until(lambda: any(r["url"] == srv.url and r["reachable"]
                                for r in mon.ranks_json()),
                    20, what="the monitor polling the rank at its bracketed IPv6 URL")
-        # Prometheus' file_sd names the target as host:port, brackets kept
-        assert srv.url.split("://", 1)[1] in (tmp_path / "targets.json").read_text()
+        # Prometheus' file_sd names the target as host:port, brackets kept (the file is
+        # written at the end of the sweep that polled it, after the view the wait above read)
+        sd = tmp_path / "targets.json"
+        wait_until(lambda: sd.exists() and srv.url.split("://", 1)[1] in sd.read_text(), 10,
+                   what="the bracketed target in the file_sd output")
     finally:
         srv.stop()
         if mon is not None:
