@@ -31,7 +31,7 @@ import json
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -138,10 +138,13 @@ class _Sweep:
     """One call of :meth:`Poller.sweep`: its URLs, results, and requests in deadline order."""
 
     __slots__ = ("urls", "next", "path", "timeout", "limit", "results", "active", "waiter",
-                 "inflight", "timer", "launching")
+                 "inflight", "timer", "launching", "raw", "on_answer")
 
     def __init__(self, urls: list[str], path: bytes, timeout: float, limit: int,
-                 waiter: asyncio.Future) -> None:
+                 waiter: asyncio.Future, raw: bool = False,
+                 on_answer: Callable[[str, RankPoll], None] | None = None) -> None:
+        self.raw = raw
+        self.on_answer = on_answer
         self.urls = urls
         self.next = 0
         self.path = path
@@ -172,6 +175,24 @@ def _json(body: bytes) -> Any:
         return _DECODE(body)
     except (msgspec.DecodeError, RecursionError):
         return json.loads(body)
+
+
+def judge_body(url: str, body: bytes, latency_s: float, at: float | None = None) -> RankPoll:
+    """The poll of a whole ``200`` answer: its JSON object, or why it is not one."""
+    kw = {} if at is None else {"at": at}
+    try:
+        data = _json(body)
+        if not isinstance(data, dict):
+            raise PollError("bad_response", f"expected a JSON object, got {type(data).__name__}")
+        return RankPoll(url, True, data=data, latency_s=latency_s, **kw)
+    except PollError as e:
+        return RankPoll(url, False, reason=e.reason, error=str(e), latency_s=latency_s, **kw)
+    except ValueError as e:
+        return RankPoll(url, False, reason="bad_response", error=f"not JSON: {e}",
+                        latency_s=latency_s, **kw)
+    except Exception as e:  # RecursionError on deep nesting
+        return RankPoll(url, False, reason="bad_response", error=f"{type(e).__name__}: {e}",
+                        latency_s=latency_s, **kw)
 
 
 def _header(low: bytes, name: bytes) -> bytes | None:
@@ -418,17 +439,21 @@ class Poller:
     # --- public, thread-safe ---------------------------------------------------------
     def sweep(self, urls: Iterable[str], path: str = "/v1/state",
               timeout_s: float | None = None,
-              max_bytes: int | None = None) -> dict[str, RankPoll]:
+              max_bytes: int | None = None, raw: bool = False,
+              on_answer: Callable[[str, RankPoll], None] | None = None) -> dict[str, RankPoll]:
         """GET ``path`` from every URL concurrently; returns url -> RankPoll (never raises).
 
-        A body over ``max_bytes`` (default: the poller's) is a ``bad_response``."""
+        A body over ``max_bytes`` (default: the poller's) is a ``bad_response``. ``raw``: a
+        ``200`` answer's body is left as bytes in ``data``, not parsed (:func:`judge_body` does
+        that where it is read). ``on_answer(url, poll)`` is called on the poller's thread as
+        each poll is done (monitor/poll_process.py streams them to the monitor)."""
         urls = list(dict.fromkeys(urls))
         if not urls:
             return {}
         timeout = self.timeout_s if timeout_s is None else timeout_s
         limit = self.max_bytes if max_bytes is None else max_bytes
-        fut = asyncio.run_coroutine_threadsafe(self._sweep(urls, path, timeout, limit),
-                                               self._loop)
+        fut = asyncio.run_coroutine_threadsafe(
+            self._sweep(urls, path, timeout, limit, raw, on_answer), self._loop)
         return fut.result()
 
     def close(self) -> None:
@@ -456,9 +481,11 @@ class Poller:
             self._loop.close()
 
     # --- event loop side -------------------------------------------------------------
-    async def _sweep(self, urls: list[str], path: str, timeout: float,
-                     limit: int) -> dict[str, RankPoll]:
-        sw = _Sweep(urls, path.encode("latin-1"), timeout, limit, self._loop.create_future())
+    async def _sweep(self, urls: list[str], path: str, timeout: float, limit: int,
+                     raw: bool = False, on_answer: Callable[[str, RankPoll], None] | None = None
+                     ) -> dict[str, RankPoll]:
+        sw = _Sweep(urls, path.encode("latin-1"), timeout, limit, self._loop.create_future(),
+                    raw, on_answer)
         self._launch(sw)
         try:
             await sw.waiter
@@ -469,6 +496,7 @@ class Poller:
             # cycle, which the monitor's frozen GC (monitor/service.py) would keep for good,
             # every answer of the sweep with it
             sw.inflight.clear()
+            sw.on_answer = None
         results = sw.results
         return {u: results[u] for u in urls}
 
@@ -557,23 +585,13 @@ class Poller:
         if status != 200:
             poll = RankPoll(url, False, reason="http_status", error=f"HTTP {status}: "
                             f"{body[:200]!r}", status=status, latency_s=now - req.start)
+        elif sw.raw:  # judged by whoever reads it (monitor/poll_process.py: the monitor)
+            poll = RankPoll(url, True, data=body, latency_s=now - req.start)
         else:
-            try:
-                data = _json(body)
-                if not isinstance(data, dict):
-                    raise PollError("bad_response",
-                                    f"expected a JSON object, got {type(data).__name__}")
-                poll = RankPoll(url, True, data=data, latency_s=now - req.start)
-            except PollError as e:
-                poll = RankPoll(url, False, reason=e.reason, error=str(e),
-                                latency_s=now - req.start)
-            except ValueError as e:
-                poll = RankPoll(url, False, reason="bad_response", error=f"not JSON: {e}",
-                                latency_s=now - req.start)
-            except Exception as e:  # RecursionError on deep nesting
-                poll = RankPoll(url, False, reason="bad_response",
-                                error=f"{type(e).__name__}: {e}", latency_s=now - req.start)
+            poll = judge_body(url, body, now - req.start)
         sw.results[url] = poll
+        if sw.on_answer is not None:
+            sw.on_answer(url, poll)
         sw.active -= 1
         if not conn.keep or conn.lost:
             conn.abort()
@@ -613,6 +631,8 @@ class Poller:
 
     def _done(self, sw: _Sweep, url: str, poll: RankPoll) -> None:
         sw.results[url] = poll
+        if sw.on_answer is not None:
+            sw.on_answer(url, poll)
         sw.active -= 1
         self._launch(sw)
 
