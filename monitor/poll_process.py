@@ -1,0 +1,300 @@
+"""The poller in its own process: the sockets and the event loop off the monitor's interpreter.
+
+At 100,000 ranks the poller's thread spent ~0.43 s of CPU a leader sweep (~28 us a request) in
+the monitor's process, under its GIL, while the sweep waited for it (docs/scaling.md). A
+:class:`ProcessPoller` has the same calls as :class:`monitor.poller.Poller` (``sweep``,
+``close``, ``max_idle``) and runs that same Poller in a child process (``python -m
+monitor.poll_process``), so every bound the Poller promises (the body by ``max_bytes``, the
+status line and headers by ``MAX_HEAD`` bytes and ``MAX_HEADERS`` lines, each request by its
+timeout, ``max_concurrency`` requests at once, the targets it is given and no others) holds
+there unchanged. What comes back is each answer's raw body, in batches of :data:`BATCH` polls
+as they finish (msgpack over the child's stdout); a thread of the monitor's reads them and
+parses the JSON with the Poller's own :func:`~monitor.poller.judge_body` (msgspec, ~3 us an
+answer) while the child is still asking the rest.
+
+:meth:`ProcessPoller.start` sends a sweep without waiting for it (the monitor asks the next
+sweep's ranks while it finishes this one's bookkeeping; monitor/service.py says when);
+:meth:`PollHandle.result` waits for it.
+
+A child that dies (or hangs past any bound its sweep could take, and is then killed) fails the
+polls of its sweep that had not come back, reason ``connection``, with an error that names the
+poller process, not the rank: that sweep only; the next sweep starts a new child. The child
+never outlives the monitor by more than one sweep: it reads its requests from a pipe and exits
+when the monitor's end closes (:meth:`ProcessPoller.close`, or the monitor's process dying),
+and a write to a monitor that is gone ends it at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import queue
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from typing import Any, BinaryIO
+
+import msgspec
+
+from .poller import MAX_BODY, Poller, RankPoll, judge_body
+
+BATCH = 256  # polls per message back: the monitor parses the first while the rest are asked
+# a sweep's bound is its requests' timeout times the waves of max_concurrency requests; a child
+# that has not answered GUARD_S past that is stuck (stopped, swapped out), and is killed
+GUARD_S = 30.0
+_LEN = struct.Struct("<I")
+_ENCODE = msgspec.msgpack.Encoder().encode
+_DECODE = msgspec.msgpack.Decoder().decode
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _frame(msg: Any) -> bytes:
+    body = _ENCODE(msg)
+    return _LEN.pack(len(body)) + body
+
+
+def _read_frame(f: BinaryIO) -> Any | None:
+    """The next message, or None at the end of the stream (or a cut one)."""
+    head = f.read(_LEN.size)
+    if len(head) < _LEN.size:
+        return None
+    (n,) = _LEN.unpack(head)
+    body = f.read(n)
+    if len(body) < n:
+        return None
+    return _DECODE(body)
+
+
+class PollHandle:
+    """One sweep sent to the child: :meth:`result` waits for its polls."""
+
+    __slots__ = ("urls", "results", "done", "bound_s", "child", "sent_at")
+
+    def __init__(self, urls: list[str], bound_s: float, child: _Child | None) -> None:
+        self.urls = urls
+        self.results: dict[str, RankPoll] = {}
+        self.done = threading.Event()
+        self.bound_s = bound_s
+        self.child = child
+        self.sent_at = time.monotonic()
+        if not urls:
+            self.done.set()
+
+    def result(self) -> dict[str, RankPoll]:
+        """url -> RankPoll in the order sent (never raises because of a rank or the child)."""
+        if not self.done.wait(self.bound_s + GUARD_S):
+            self.child.kill()  # stuck: its reader then fails what is missing
+            self.done.wait(GUARD_S)
+        results = self.results
+        return {u: results[u] for u in self.urls}
+
+    def fail_missing(self, why: str) -> None:
+        now = time.time()
+        latency = time.monotonic() - self.sent_at
+        for url in self.urls:
+            if url not in self.results:
+                self.results[url] = RankPoll(url, False, reason="connection", error=why,
+                                             latency_s=latency, at=now)
+        self.done.set()
+
+
+class _Child:
+    """One poller process, the sweeps sent to it and the thread reading its answers."""
+
+    def __init__(self, args: list[str]) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
+        self.proc = subprocess.Popen([sys.executable, "-m", "monitor.poll_process", *args],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        self.pending: dict[int, PollHandle] = {}
+        self.dead = False
+        self.lock: threading.Lock | None = None  # the ProcessPoller's, set by it
+        self.write_lock = threading.Lock()
+        self.reader = threading.Thread(target=self._read, name="lightkeeper-poll-reader",
+                                       daemon=True)
+
+    def send(self, msg: Any) -> None:
+        try:
+            with self.write_lock:
+                self.proc.stdin.write(_frame(msg))
+                self.proc.stdin.flush()
+        except (OSError, ValueError):  # gone: the reader fails its sweeps at the EOF
+            pass
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+    def _read(self) -> None:
+        out = self.proc.stdout
+        try:
+            while (msg := _read_frame(out)) is not None:
+                rid, rows, last = msg
+                handle = self.pending.get(rid)
+                if handle is None:
+                    continue
+                urls, results = handle.urls, handle.results
+                for i, ok, body, reason, error, status, latency, at in rows:
+                    url = urls[i]
+                    results[url] = judge_body(url, body, latency, at) if ok else \
+                        RankPoll(url, False, reason=reason, error=error, status=status,
+                                 latency_s=latency, at=at)
+                if last:
+                    with self.lock:
+                        self.pending.pop(rid, None)
+                    handle.done.set()
+        except Exception:  # a garbled stream: the child is of no further use
+            self.kill()
+        with self.lock:
+            self.dead = True
+            left, self.pending = list(self.pending.values()), {}
+        try:
+            code = self.proc.wait(timeout=GUARD_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = self.proc.wait()
+        why = (f"no answer: the monitor's poller process (pid {self.proc.pid}) exited with code "
+               f"{code} during this sweep (the monitor's fault, not the rank's); a new one "
+               "polls the next sweep")
+        for handle in left:
+            handle.fail_missing(why)
+
+
+class ProcessPoller:
+    """:class:`~monitor.poller.Poller`'s calls, the polling in a child process; see the module
+    docstring."""
+
+    def __init__(self, timeout_s: float = 0.8, max_concurrency: int = 1024,
+                 max_idle: int = 4096, max_bytes: int = MAX_BODY) -> None:
+        self.timeout_s = timeout_s
+        self.max_concurrency = max_concurrency
+        self.max_idle = max_idle
+        self.max_bytes = max_bytes
+        self.restarts = 0  # children started after the first (one died or hung)
+        self._lock = threading.Lock()
+        self._next = 0
+        self._closed = False
+        self._child: _Child | None = None
+        with self._lock:
+            self._spawn()
+
+    @property
+    def pid(self) -> int | None:
+        """The current child's process id."""
+        return self._child.proc.pid if self._child is not None else None
+
+    def _spawn(self) -> _Child:
+        child = _Child(["--timeout", repr(self.timeout_s),
+                        "--concurrency", str(self.max_concurrency),
+                        "--max-bytes", str(self.max_bytes)])
+        child.lock = self._lock
+        child.reader.start()
+        self._child = child
+        return child
+
+    def start(self, urls: Iterable[str], path: str = "/v1/state",
+              timeout_s: float | None = None, max_bytes: int | None = None) -> PollHandle:
+        """Send a sweep to the child; :meth:`PollHandle.result` gives what
+        :meth:`Poller.sweep` would have returned."""
+        urls = list(dict.fromkeys(urls))
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        limit = self.max_bytes if max_bytes is None else max_bytes
+        bound = timeout * (math.ceil(len(urls) / self.max_concurrency) + 1)
+        if not urls:
+            return PollHandle(urls, bound, None)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the poller is closed")
+            child = self._child
+            if child is None or child.dead:
+                child = self._spawn()
+                self.restarts += 1
+            rid = self._next = self._next + 1
+            handle = child.pending[rid] = PollHandle(urls, bound, child)
+        child.send((rid, urls, path, timeout, limit, self.max_idle))
+        return handle
+
+    def sweep(self, urls: Iterable[str], path: str = "/v1/state",
+              timeout_s: float | None = None,
+              max_bytes: int | None = None) -> dict[str, RankPoll]:
+        """GET ``path`` from every URL concurrently; returns url -> RankPoll (never raises)."""
+        return self.start(urls, path, timeout_s, max_bytes).result()
+
+    def close(self) -> None:
+        """End the child (its current sweep first, up to 10 s) and wait for it."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            child = self._child
+        if child is None:
+            return
+        try:
+            child.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            child.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.proc.wait()
+        child.reader.join(timeout=10)
+
+
+# --- the child ------------------------------------------------------------------------------
+def _serve(args: argparse.Namespace) -> None:
+    # the answers go over the original stdout; anything else printed goes to stderr, so a stray
+    # print can never garble the stream
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    inp = sys.stdin.buffer
+    poller = Poller(args.timeout, args.concurrency, max_bytes=args.max_bytes)
+    frames: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+
+    def write() -> None:  # off the event loop: a slow reader never stalls the requests
+        try:
+            while (data := frames.get()) is not None:
+                out.write(data)
+                out.flush()
+        except OSError:  # the monitor is gone
+            os._exit(0)
+
+    writer = threading.Thread(target=write, name="lightkeeper-poll-writer", daemon=True)
+    writer.start()
+    try:
+        while (msg := _read_frame(inp)) is not None:
+            rid, urls, path, timeout, limit, max_idle = msg
+            poller.max_idle = max_idle
+            index = {u: i for i, u in enumerate(urls)}
+            batch: list[tuple] = []
+
+            def on_answer(url: str, p: RankPoll, rid=rid, index=index, batch=batch) -> None:
+                batch.append((index[url], p.ok, p.data if p.ok else None, p.reason, p.error,
+                              p.status, p.latency_s, p.at))
+                if len(batch) >= BATCH:
+                    frames.put(_frame((rid, batch[:], False)))
+                    batch.clear()
+
+            poller.sweep(urls, path, timeout, limit, raw=True, on_answer=on_answer)
+            frames.put(_frame((rid, batch, True)))
+    finally:
+        frames.put(None)
+        writer.join(timeout=30)
+        poller.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="the monitor's poller process (started by it)")
+    ap.add_argument("--timeout", type=float, required=True)
+    ap.add_argument("--concurrency", type=int, required=True)
+    ap.add_argument("--max-bytes", type=int, required=True)
+    _serve(ap.parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
