@@ -7,6 +7,7 @@ import time
 import pytest
 
 from monitor.discovery import Target
+from monitor.poll_process import ProcessPoller
 from monitor.poller import Poller
 from monitor.view import ViewBuilder
 from tests.support.monitor_sim import SimRanks
@@ -19,9 +20,11 @@ def sim():
     s.stop()
 
 
-@pytest.fixture
-def poller():
-    p = Poller(timeout_s=0.5)
+@pytest.fixture(params=["thread", "process"])
+def poller(request):
+    """The Poller on its thread, and in its own process (monitor/poll_process.py): the same
+    answers, failures and bounds."""
+    p = Poller(timeout_s=0.5) if request.param == "thread" else ProcessPoller(timeout_s=0.5)
     yield p
     p.close()
 

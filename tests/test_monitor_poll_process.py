@@ -1,0 +1,194 @@
+"""The poller in its own process (monitor/poll_process.py): the Poller's bounds hold in the
+child, its answers stream back while the sweep goes on, a child that dies fails that sweep's
+polls only, and no child outlives its monitor. Real processes, real HTTP on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from monitor.discovery import Target
+from monitor.poll_process import BATCH, ProcessPoller
+from monitor.view import ViewBuilder
+from tests.support.monitor_sim import SimRanks
+from tests.test_monitor_trust import HOSTILE_MODES, hostile_sim  # noqa: F401 (a fixture)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def wait_until(cond, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def gone(pid: int) -> bool:
+    """The process ended (reaped, or a zombie left to its new parent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_every_bound_holds_in_the_child(hostile_sim):  # noqa: F811
+    sim = hostile_sim
+    p = ProcessPoller(timeout_s=1.0, max_bytes=64 * 1024)
+    try:
+        for _ in range(2):  # twice: the child's pooled connections to good ranks stay usable
+            start = time.monotonic()
+            polls = p.sweep(sim.urls)
+            took = time.monotonic() - start
+            assert list(polls) == sim.urls
+            assert all(polls[r.url].ok for r in sim.ranks[:3])
+            for rank, (mode, (reason, words)) in zip(sim.ranks[3:-1], HOSTILE_MODES.items(),
+                                                     strict=True):
+                got = polls[rank.url]
+                assert (got.ok, got.reason) == (False, reason), (mode, got)
+                assert words in got.error, (mode, got.error)
+            assert polls[sim.ranks[-1].url].ok  # wrong types: valid JSON, judged by the view
+            assert took < 1.0 + 2.0, took  # the timeout, not the 60 s of the slow rank
+        sim.ranks[0].fr = {"entries": ["x" * 1000] * 100}  # a per-sweep body bound
+        fr = p.sweep([sim.ranks[0].url], "/v1/fr_trace", 2.0, max_bytes=50_000)
+        assert fr[sim.ranks[0].url].reason == "bad_response"
+        fr = p.sweep([sim.ranks[0].url], "/v1/fr_trace", 2.0, max_bytes=200_000)
+        assert fr[sim.ranks[0].url].ok
+        assert p.restarts == 0
+    finally:
+        p.close()
+
+
+def test_the_child_keeps_max_concurrency():
+    sim = SimRanks.start(6)
+    p = ProcessPoller(timeout_s=3.0, max_concurrency=2)
+    try:
+        p.sweep(sim.urls)  # the child is up and connected
+        for r in sim.ranks:
+            r.set_mode("slow", delay=0.3)
+        start = time.monotonic()
+        polls = p.sweep(sim.urls)
+        took = time.monotonic() - start
+        assert all(x.ok for x in polls.values())
+        assert took >= 3 * 0.3 - 0.05, took  # three waves of two, not one of six
+    finally:
+        p.close()
+        sim.stop()
+
+
+def virtual_ranks(n: int):
+    """n virtual ranks behind one real asyncio server (tests/support/virtual_ranks.py)."""
+    import asyncio
+    import threading
+
+    from tests.support.virtual_ranks import VirtualRanks
+
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    vr = VirtualRanks(n, 0, 8, 0.5)
+    server = asyncio.run_coroutine_threadsafe(
+        loop.create_server(vr.protocol, "127.0.0.1", 0), loop).result(10)
+    port = server.sockets[0].getsockname()[1]
+
+    def stop() -> None:
+        loop.call_soon_threadsafe(server.close)
+        loop.call_soon_threadsafe(loop.stop)
+
+    return [f"http://127.0.0.1:{port}/r/{r}" for r in range(n)], stop
+
+
+def test_answers_come_back_in_batches_while_the_sweep_goes_on():
+    urls, stop = virtual_ranks(2 * BATCH)
+    sim = SimRanks.start(1)
+    sim.ranks[0].set_mode("slow", delay=30.0)
+    p = ProcessPoller(timeout_s=3.0)
+    try:
+        handle = p.start(urls + sim.urls)
+        # parsed in the monitor before the slow rank's timeout ends the sweep
+        wait_until(lambda: len(handle.results) >= BATCH, 2.5, "the first batch")
+        assert not handle.done.is_set()
+        assert all(handle.results[u].ok for u in list(handle.results))
+        polls = handle.result()
+        assert [polls[u].data["rank"] for u in urls] == list(range(2 * BATCH))
+        assert polls[sim.urls[0]].reason == "timeout"
+    finally:
+        p.close()
+        sim.stop()
+        stop()
+
+
+def test_a_child_killed_mid_sweep_fails_that_sweep_only():
+    sim = SimRanks.start(4, groups=2)
+    targets = [Target(u, "static") for u in sim.urls]
+    p = ProcessPoller(timeout_s=20.0)
+    vb = ViewBuilder()
+    try:
+        vb.update(targets, p.sweep(sim.urls), now=100.0)
+        first = p.pid
+        for r in sim.ranks:
+            r.set_mode("slow", delay=30.0)
+        asked = sum(r.requests for r in sim.ranks)
+        handle = p.start(sim.urls)
+        wait_until(lambda: sum(r.requests for r in sim.ranks) == asked + 4, 10,
+                   "the requests in flight")
+        os.kill(first, signal.SIGKILL)
+        start = time.monotonic()
+        polls = handle.result()
+        assert time.monotonic() - start < 5.0  # not the requests' 20 s timeout
+        assert all(x.reason == "connection" and "poller process" in x.error
+                   and f"pid {first}" in x.error for x in polls.values()), polls
+        view = vb.update(targets, polls, now=101.0)
+        assert all(r.failures == 1 for r in view.ranks.values())
+        for r in sim.ranks:
+            r.set_mode("ok")
+        view = vb.update(targets, p.sweep(sim.urls), now=102.0)  # a new child, all answer
+        assert p.pid != first and p.restarts == 1 and gone(first)
+        assert all(r.reachable and r.failures == 0 for r in view.ranks.values())
+    finally:
+        p.close()
+        sim.stop()
+
+
+def test_close_ends_the_child():
+    p = ProcessPoller(timeout_s=1.0)
+    pid = p.pid
+    assert not gone(pid)
+    p.close()
+    assert gone(pid)
+
+
+def test_no_child_outlives_a_killed_monitor():
+    """The monitor's process killed outright (no close): its child reads the end of its pipe
+    and exits."""
+    code = ("import sys, time\n"
+            "from monitor.poll_process import ProcessPoller\n"
+            "p = ProcessPoller(timeout_s=1.0)\n"
+            "print(p.pid, flush=True)\n"
+            "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        child = int(parent.stdout.readline())
+        assert not gone(child)
+        parent.kill()
+        parent.wait()
+        wait_until(lambda: gone(child), 10, "the orphaned child to exit")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+def test_a_closed_poller_refuses_sweeps():
+    p = ProcessPoller(timeout_s=1.0)
+    p.close()
+    with pytest.raises(RuntimeError):
+        p.sweep(["http://127.0.0.1:9/"])
