@@ -89,7 +89,7 @@ STEP_MEMORY = 32  # per-step timings kept per rank (ranks serve their last 16)
 TIMING_KEYS = ("step_s", "compute_s", "wait_cross_s", "wait_group_s")
 # a folded step row is a tuple in TIMING_KEYS' order (a dict per row cost ~2x as much to make)
 STEP_S, COMPUTE_S, WAIT_CROSS_S, WAIT_GROUP_S = range(4)
-_PLAIN, _INF = (float, int), math.inf  # step_timings' fast check
+_PLAIN, _INF = (float, int), math.inf  # timing_rows' fast check
 _TIMING_VALUES = itemgetter(*TIMING_KEYS)  # a served row's four seconds, in TIMING_KEYS order
 
 
@@ -153,19 +153,13 @@ def engine_findings(result: Any) -> list[dict[str, Any]]:
 
 # --- what a rank says about itself ------------------------------------------------------------
 
-def step_timings(state: Mapping[str, Any] | None,
-                 skip: Mapping[int, Any] | None = None) -> list[dict[str, float]]:
-    """The per-step timings a ``/v1/state`` serves (``timing.recent``, else ``timing.last_step``),
-    each with an int ``step`` and the four float seconds; malformed entries are left out, and
-    so are steps in ``skip`` (the ones already folded: a completed step's row does not
-    change, and a rank serves its last 16 again at every poll)."""
-    return [{"step": step, **dict(zip(TIMING_KEYS, row, strict=True))}
-            for step, row in _timing_rows(state, skip or ())]
-
-
-def _timing_rows(state: Mapping[str, Any] | None,
-                 skip: Mapping[int, Any] | tuple) -> list[tuple[int, tuple[float, ...]]]:
-    """(step, (step_s, compute_s, wait_cross_s, wait_group_s)) of :func:`step_timings`."""
+def timing_rows(state: Mapping[str, Any] | None,
+                skip: Mapping[int, Any] | tuple = ()) -> list[tuple[int, tuple[float, ...]]]:
+    """The per-step timings a ``/v1/state`` serves (``timing.recent``, else
+    ``timing.last_step``): (step, (step_s, compute_s, wait_cross_s, wait_group_s)) with an int
+    step and four finite non-negative float seconds; malformed rows are left out, and so are
+    steps in ``skip`` (the ones already folded: a completed step's row does not change, and a
+    rank serves its last 16 again at every poll)."""
     timing = state.get("timing") if type(state) is dict or isinstance(state, Mapping) else None
     if type(timing) is not dict and not isinstance(timing, Mapping):
         return []
@@ -810,9 +804,12 @@ class Detectors:
             if known is None or known[0] != rid:
                 known = steps[url] = (rid, {})
             by_step = known[1]
-            by_step.update(_timing_rows(r.state, by_step))  # only the steps not folded yet
-            if len(by_step) > STEP_MEMORY:
-                for s in sorted(by_step)[:len(by_step) - STEP_MEMORY]:
+            by_step.update(timing_rows(r.state, by_step))  # only the steps not folded yet
+            excess = len(by_step) - STEP_MEMORY
+            if excess == 1:  # a leader polled each sweep: one step more, the oldest goes
+                del by_step[min(by_step)]
+            elif excess > 0:
+                for s in sorted(by_step)[:excess]:
                     del by_step[s]
         # only ranks polled this sweep are judged, and a rank serves its last 16 steps when
         # polled again: with leader polling the others' memory is dropped (100,000 ranks x 32

@@ -514,25 +514,23 @@ def test_malformed_timing_is_left_out_not_fatal():
     assert det.last_error is None
 
 
-def test_step_timings_keep_valid_rows_and_leave_out_the_rest():
+def test_timing_rows_keep_valid_rows_and_leave_out_the_rest():
     """A served row counts with an int step and four finite non-negative seconds (JSON's
     floats as they are, ints made floats); a missing, negative, NaN, bool or text value, or a
     step already folded, leaves the row out; a read-only Mapping row reads like a dict."""
     from types import MappingProxyType
 
-    from monitor.detectors import step_timings
+    from monitor.detectors import timing_rows
     full = {"step_s": 1.0, "compute_s": 0.5, "wait_cross_s": 0.25, "wait_group_s": 0.125}
+    values = (1.0, 0.5, 0.25, 0.125)
     rows = [{"step": 1, **full}, {"step": 2, **{k: v for k, v in full.items() if k != "compute_s"}},
             {"step": 3, **full, "wait_group_s": -0.1}, {"step": 4, **full, "step_s": math.nan},
             {"step": 5, **full, "compute_s": True}, {"step": 6, **full, "wait_cross_s": "1"},
             {"step": 7, "step_s": 2, "compute_s": 1, "wait_cross_s": 0, "wait_group_s": 1},
             MappingProxyType({"step": 8, **full}), {"step": 9, **full}, {"step": 10.0, **full}]
-    got = step_timings({"timing": {"recent": rows}}, skip={9: None})
-    assert got == [{"step": 1, **full},
-                   {"step": 7, "step_s": 2.0, "compute_s": 1.0, "wait_cross_s": 0.0,
-                    "wait_group_s": 1.0},
-                   {"step": 8, **full}]
-    assert all(type(v) is float for row in got for k, v in row.items() if k != "step")
+    got = timing_rows({"timing": {"recent": rows}}, skip={9: None})
+    assert got == [(1, values), (7, (2.0, 1.0, 0.0, 1.0)), (8, values)]
+    assert all(type(v) is float for _, row in got for v in row)
 
 
 def test_analyzer_failure_does_not_raise():
