@@ -35,6 +35,7 @@ from .hosts import HostLedger
 from .lighthouse_settings import LighthouseSettingsWatch
 from .lighthouse_status import LighthouseReader, LighthouseStatus
 from .metrics import MonitorMetrics
+from .poll_process import ProcessPoller
 from .poller import Poller
 from .schedule import LeaderSchedule
 from .shard import Shards
@@ -62,6 +63,11 @@ FR_LAST_LEADERS = 64
 # collected then.
 GC_FREEZE_MIN_TARGETS = 20_000
 GC_FULL_EVERY = 100
+# From this many targets the poller runs in its own process (monitor/poll_process.py): its
+# ~0.4 s of CPU a sweep at 100,000 ranks then leaves the monitor's interpreter and overlaps the
+# end of the sweep before (Monitor._ask_ahead). Below, sweeps fit in the interval and the
+# in-thread poller has no IPC to pay (docs/scaling.md).
+POLL_PROCESS_MIN_TARGETS = 20_000
 
 def _leads(view: ClusterView, url: str) -> bool:
     """The rank at ``url`` is its group's leader in ``view`` (its group's, not every group's,
@@ -140,6 +146,9 @@ class Monitor:
         self._goodput_saved_at = float("-inf")
         self._goodput_save_s = 0.0  # how long the last snapshot took to write
         self._gc_frozen = 0  # sweeps since the last full collection (0: not freezing)
+        self.sweep_plan = None  # what the last sweep polled (schedule.last may be the next's)
+        self._ahead = None  # (targets, plan, PollHandle): the next sweep's, already asked
+        self._tail_s = 0.0  # the last sweep's seconds after its decisions
         self._stop = threading.Event()
         self._loop_thread: threading.Thread | None = None
         self._http = None
@@ -209,17 +218,18 @@ class Monitor:
         t0 = time.perf_counter()
         if self._gc_frozen:
             gc.disable()  # re-enabled once what survived the sweep is frozen (_freeze_gc)
-        err = self.discovery.refresh()
-        if err:
-            log.warning("%s", err)
-        targets = self.discovery.targets()
-        if self.shard is not None:  # this shard's replica groups only (monitor/shard.py)
-            targets = self.shard.own_targets(targets, self.poller, self.clock())
-        # one pooled keep-alive connection per target (+ its Flight Recorder fetch): a smaller
-        # pool reconnects every sweep (docs/scaling.md)
-        self.poller.max_idle = max(self.poller.max_idle, len(targets) + 1024)
-        plan = self.schedule.plan(targets, self.view, self.clock(), self._suspect_groups())
-        polls = self.poller.sweep(plan.urls)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and time.monotonic() - ahead[2].sent_at > self.cfg.interval_s:
+            ahead[2].result()  # asked too long ago (the loop waited after all): ask again
+            ahead = None
+        if ahead is not None:  # asked at the end of the last sweep (_ask_ahead)
+            targets, plan, handle = ahead
+            polls = handle.result()
+        else:
+            targets = self._targets()
+            plan = self.schedule.plan(targets, self.view, self.clock(), self._suspect_groups())
+            polls = self.poller.sweep(plan.urls)
+        self.sweep_plan = plan
         # a leader blocked on its group: that group's other ranks now, not next sweep
         drill = self.schedule.drill_now(polls, self.view, self.clock())
         if drill:
@@ -250,6 +260,8 @@ class Monitor:
         self._judge_hosts(view, new, now)
         self._decide_all(view, evidence, now)
         self._confirm_evictions(view, now)
+        tail = time.perf_counter()
+        self._ask_ahead(t0, view)
         self._account_goodput(evidence, now)
         view.sweep_seconds = evidence.sweep_seconds = time.perf_counter() - t0
         self.view, self.evidence = view, evidence
@@ -261,7 +273,46 @@ class Monitor:
                 self.discovery.write_file_sd(self.cfg.sd_out)
             except OSError as e:
                 log.warning("cannot write %s: %s", self.cfg.sd_out, e)
+        self._tail_s = time.perf_counter() - tail
         return view
+
+    def _targets(self) -> list[Target]:
+        """This sweep's targets (discovery, then this shard's slice), with the poller made
+        ready for them."""
+        err = self.discovery.refresh()
+        if err:
+            log.warning("%s", err)
+        targets = self.discovery.targets()
+        if self.shard is not None:  # this shard's replica groups only (monitor/shard.py)
+            targets = self.shard.own_targets(targets, self.poller, self.clock())
+        if len(targets) >= POLL_PROCESS_MIN_TARGETS and type(self.poller) is Poller:
+            old = self.poller  # from here on the polling runs in its own process
+            self.poller = ProcessPoller(old.timeout_s, old.max_concurrency, old.max_idle,
+                                        old.max_bytes)
+            old.close()
+        # one pooled keep-alive connection per target (+ its Flight Recorder fetch): a smaller
+        # pool reconnects every sweep (docs/scaling.md)
+        self.poller.max_idle = max(self.poller.max_idle, len(targets) + 1024)
+        return targets
+
+    def _ask_ahead(self, t0: float, view: ClusterView) -> None:
+        """With the poller in its own process, send the next sweep's requests now, while this
+        sweep does what no finding waits for (the goodput ledger, metrics, file_sd: ~0.3 s at
+        100,000 ranks), when the next sweep will start as soon as this one ends (this one
+        takes the whole interval). The next sweep then uses those answers: its plan is made
+        from this sweep's view, as it would be then, and its answers are no older when its
+        detectors read them (the same poll, view, detectors path), so findings come sooner by
+        what the two overlap. Never raises: a failure here is logged and the next sweep asks
+        for itself."""
+        if not isinstance(self.poller, ProcessPoller) or self.shard is not None \
+                or time.perf_counter() - t0 + self._tail_s < self.cfg.interval_s:
+            return
+        try:
+            targets = self._targets()
+            plan = self.schedule.plan(targets, view, self.clock(), self._suspect_groups())
+            self._ahead = (targets, plan, self.poller.start(plan.urls))
+        except Exception:
+            log.exception("could not ask the next sweep's ranks ahead")
 
     def _freeze_gc(self, n_targets: int) -> None:
         """See GC_FREEZE_MIN_TARGETS; below it (and on a monitor that shrank) nothing is

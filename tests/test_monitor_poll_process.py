@@ -192,3 +192,60 @@ def test_a_closed_poller_refuses_sweeps():
     p.close()
     with pytest.raises(RuntimeError):
         p.sweep(["http://127.0.0.1:9/"])
+
+
+@pytest.fixture
+def process_monitor(tmp_path, monkeypatch):
+    """A monitor over 4 real ranks that polls from its own process from the first target on,
+    with a 0.3 s interval. Its sweeps are called by the test."""
+    from monitor import service
+    from monitor.config import MonitorConfig
+
+    monkeypatch.setattr(service, "POLL_PROCESS_MIN_TARGETS", 1)
+    sim = SimRanks.start(4, groups=2)
+    mon = service.Monitor(MonitorConfig(port=0, interval_s=0.3, targets=sim.urls,
+                                        state_path=str(tmp_path / "m.db"), job="unit"))
+    yield mon, sim
+    pid = mon.poller.pid
+    mon.stop()
+    assert gone(pid)  # the monitor's stop ends its poller process
+    sim.stop()
+
+
+def test_the_next_sweep_is_asked_ahead_when_it_follows_at_once(process_monitor):
+    """A sweep that outlasts the interval asks the next sweep's ranks before its ledger and
+    metrics; the next sweep folds those answers (asked before it began). A next sweep that
+    comes later than the interval asks again: never answers older than that."""
+    mon, sim = process_monitor
+    rank = sim.ranks[1]
+    mon._tail_s = 1.0  # as if the ledger took a second: the next sweep will follow at once
+    mon.sweep_once()
+    assert isinstance(mon.poller, ProcessPoller)
+    targets, plan, handle = mon._ahead
+    assert set(plan.urls) == set(handle.urls) == set(sim.urls)
+    wait_until(handle.done.is_set, 10, "the answers asked ahead")
+    rank.update(step=101)  # after they were asked: the next sweep cannot see it
+    mon._tail_s = 1.0
+    view = mon.sweep_once()
+    assert view.ranks[rank.url].state["step"] == 100
+    assert mon.sweep_plan is plan
+    mon._tail_s = 1.0
+    view = mon.sweep_once()  # the answers asked during the last sweep's tail
+    assert view.ranks[rank.url].state["step"] == 101
+    # too late for the answers asked ahead: asked again, the change made meanwhile is seen
+    assert mon._ahead is not None
+    wait_until(mon._ahead[2].done.is_set, 10, "the answers asked ahead")
+    rank.update(step=102)
+    sent = mon._ahead[2].sent_at
+    wait_until(lambda: time.monotonic() - sent > mon.cfg.interval_s, 5, "the interval to pass")
+    view = mon.sweep_once()
+    assert view.ranks[rank.url].state["step"] == 102
+
+
+def test_a_sweep_inside_the_interval_does_not_ask_ahead(process_monitor):
+    mon, sim = process_monitor
+    mon.sweep_once()  # the first: its tail is not known yet (0 s)
+    mon.sweep_once()
+    assert mon._tail_s < mon.cfg.interval_s / 2  # 4 ranks: a sweep of milliseconds
+    assert mon._ahead is None
+    assert isinstance(mon.poller, ProcessPoller)
