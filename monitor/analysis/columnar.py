@@ -51,7 +51,7 @@ from .model import (
 )
 from .wire import Packed, pack, pack_codes, pack_column
 
-__all__ = ["normalize_columnar", "normalize_packed"]
+__all__ = ["normalize_columnar", "normalize_packed", "normalize_parsed"]
 
 # the fields normalize reads from every entry, in its order, but pg_id: normalize reads it only
 # to tell torchft incarnations apart, and dumps with incarnations are left to normalize
@@ -72,8 +72,34 @@ def normalize_packed(dump: Any, rank: int | None = None) -> Packed:
     from the dump's columns: no per-group lists are made only to be packed again. The loader's
     workers send this."""
     trace = _fast(dump, rank, _packed_group)
-    if trace is None:
-        return pack(normalize(dump, rank))
+    return pack(normalize(dump, rank)) if trace is None else _as_packed(trace)
+
+
+def normalize_parsed(doc: Any, rank_of: Callable[[Any], int], packed: bool) -> RankTrace | Packed:
+    """:func:`normalize_columnar` (or, ``packed``, :func:`normalize_packed`) of the dump that
+    ``doc``, a ``_frpickle.Dump`` (the C reader's parsed pickle), holds: same result, same
+    errors. The common shape is normalized from the entries' fields the reader builds as
+    columns (no entry dicts); any other dump is built whole (``doc.load()``, what pickle.load
+    gives) and takes the Python path. ``rank_of``: the rank of a dump given its top-level dict
+    (as the loader reads it: its ``rank`` key, else the file name's digits), or raises.
+
+    Raises ``_frpickle.DumpRefused`` when the reader cannot build something (the caller then
+    reads the file with Python's unpickler)."""
+    build = _packed_group if packed else _group_trace
+    got = doc.columns(_KEYS, "duration_ms")
+    if got is not None:
+        top, cols, first, last = got
+        rank = rank_of(top)
+        if not top.get("incarnations"):
+            trace = _from_parts(top, rank, build, lambda: cols, (first, last))
+            if trace is not None:
+                return _as_packed(trace) if packed else trace
+    dump = doc.load()
+    rank = rank_of(dump)
+    return normalize_packed(dump, rank) if packed else normalize_columnar(dump, rank)
+
+
+def _as_packed(trace: RankTrace) -> Packed:
     columns, trace.groups = trace.groups, {}
     return Packed(trace, columns)
 
@@ -86,24 +112,34 @@ def _fast(dump: Any, rank: int | None, build: Build) -> RankTrace | None:
     entries = dump.get("entries")
     if not entries or type(entries) is not list or dump.get("incarnations"):
         return None
+    return _from_parts(dump, rank, build, lambda: _entry_columns(entries), (entries[0], entries[-1]))
+
+
+def _from_parts(top: dict, rank: int | None, build: Build, columns: Callable[[], Sequence | None],
+                ends: tuple[Any, Any]) -> RankTrace | None:
+    """:func:`_fast` on a dump's parts: ``top`` (its top-level dict; its entries are not read),
+    ``columns`` (gives the entries' fields by columns, :func:`_entry_columns`), ``ends`` (the
+    first and last entries)."""
     # top-level checks and fields first: an invalid dump raises here, before any entry is read
-    trace = normalize({**dump, "entries": []}, rank)
+    trace = normalize({**top, "entries": []}, rank)
     scope = None  # as normalize scopes groups inside a torchft replica group
-    if isinstance(dump.get("replica_group"), int) and isinstance(dump.get("group_world_size"), int):
-        scope = dump["replica_group"]
+    if isinstance(top.get("replica_group"), int) and isinstance(top.get("group_world_size"), int):
+        scope = top["replica_group"]
     try:
-        body = _columns(entries, scope, build)
+        cols = columns()
+        body = None if cols is None else _columns(cols, scope, build)
     except Exception:  # anything unusual: normalize decides, and raises what it raises
         body = None
     if body is None:
         return None
     trace.oldest_record_id, trace.signatures, trace.groups, trace.last_entry = body
-    trace.flavour = "nccl" if _looks_nccl(entries) else "gloo"
+    trace.flavour = "nccl" if _looks_nccl(ends) else "gloo"
     return trace
 
 
-def _columns(entries: list, scope: int | None, build: Build) -> tuple | None:
-    """``(oldest record id, signatures, groups, last entry)``, or None when not the common shape."""
+def _entry_columns(entries: list) -> list | None:
+    """The fields :func:`_columns` reads, one tuple per field of every entry (``duration_ms``
+    last, when the entries have it), or None when not the common shape."""
     first = entries[0]
     if type(first) is not dict:
         return None
@@ -114,9 +150,14 @@ def _columns(entries: list, scope: int | None, build: Build) -> tuple | None:
     else:
         keys = _KEYS
     own = {k: k for k in first}  # the dump's own key objects: lookups match by identity
-    cols = list(zip(*map(itemgetter(*(own.get(k, k) for k in keys)), entries), strict=True))
+    return list(zip(*map(itemgetter(*(own.get(k, k) for k in keys)), entries), strict=True))
+
+
+def _columns(cols: Sequence, scope: int | None, build: Build) -> tuple | None:
+    """``(oldest record id, signatures, groups, last entry)`` from the entries' fields by
+    columns, or None when not the common shape."""
     pgs, seqs, pnames, ins, outs, idts, odts, states, created, rids, p2ps = cols[:11]
-    n = len(entries)
+    n = len(seqs)
     if any(p2ps):
         return None
     if set(map(type, seqs)) != _INT_ONLY:

@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .columnar import normalize_columnar, normalize_packed
+from .columnar import normalize_columnar, normalize_packed, normalize_parsed
 from .model import DumpFormatError, RankTrace
 from .pool import Outcome, available_cores, run_pool
-from .wire import from_bytes, to_bytes
+from .wire import Packed, from_bytes, to_bytes
 
 __all__ = [
     "LOAD_TASK",
@@ -50,6 +50,7 @@ __all__ = [
     "load_outcome",
     "load_packed",
     "load_paths",
+    "pickle_reader",
     "read_dump",
     "read_outcome",
     "rank_from_name",
@@ -65,6 +66,15 @@ READ_TASK = f"{__name__}:read_outcome"
 
 _TRAILING_DIGITS = re.compile(r"(\d+)(?:\.[A-Za-z]+)?$")
 
+try:  # the C reader (monitor/analysis/_frpickle.c): an optional build, see pickle_reader()
+    from . import _frpickle
+except ImportError:  # not built (no compiler at install time): Python's unpickler reads them all
+    _frpickle = None  # type: ignore[assignment]
+
+# set to 1 to read every pickle with Python's unpickler even where the C reader is built (the
+# tests and benchmarks/bench_analyze.py compare the two)
+PURE_PYTHON_ENV = "LIGHTKEEPER_ANALYZE_PURE_PYTHON"
+
 
 @dataclass
 class LoadResult:
@@ -73,6 +83,7 @@ class LoadResult:
     traces: dict[int, RankTrace] = field(default_factory=dict)
     paths: dict[int, str] = field(default_factory=dict)
     errors: list[dict[str, str]] = field(default_factory=list)
+    pickle_reader: str = "python"  # which reader read the pickles: pickle_reader()
 
 
 class _DataOnlyUnpickler(pickle.Unpickler):
@@ -117,20 +128,54 @@ def _candidates(paths: Iterable[str | Path], errors: list[dict[str, str]]) -> li
     return files
 
 
+def pickle_reader() -> str:
+    """``"c"`` when pickle dumps are read by the C reader (built, and not turned off by
+    ``LIGHTKEEPER_ANALYZE_PURE_PYTHON=1``), else ``"python"``. A file the C reader refuses (an
+    opcode or a shape it does not read) is read by Python's unpickler either way."""
+    return "c" if _c_reader() is not None else "python"
+
+
+def _c_reader() -> Any:
+    if _frpickle is None or os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+        return None
+    return _frpickle
+
+
 def load_file(path: str | Path) -> RankTrace:
     """Read and normalize one dump file; raises what reading or normalizing raises."""
-    return normalize_columnar(*_read_ranked(path))
+    return _load(path, packed=False)  # type: ignore[return-value]
+
+
+def _load(path: str | Path, packed: bool) -> RankTrace | Packed:
+    """The file's trace (``packed``: as :func:`~monitor.analysis.columnar.normalize_packed`
+    gives it): by the C reader where it reads the file, else as Python reads it. Both give
+    the same trace and raise the same errors."""
+    reader = _c_reader()
+    if reader is not None:
+        with open(path, "rb") as f:
+            data = f.read() if f.peek(1)[:1] == b"\x80" else None
+        if data is not None:
+            try:
+                return normalize_parsed(reader.parse(data), lambda raw: _rank_of(raw, path), packed)
+            except reader.DumpRefused:
+                pass  # not what it reads (or a dump it cannot build): Python's unpickler decides
+    raw, rank = _read_ranked(path)
+    return normalize_packed(raw, rank) if packed else normalize_columnar(raw, rank)
 
 
 def _read_ranked(path: str | Path) -> tuple[Any, int]:
     """The decoded dump and its rank (its own ``rank`` key, else the file name's)."""
     raw = read_dump(path)
+    return raw, _rank_of(raw, path)
+
+
+def _rank_of(raw: Any, path: str | Path) -> int:
     rank = raw.get("rank") if isinstance(raw, dict) else None
     if not isinstance(rank, int) or isinstance(rank, bool):
         rank = rank_from_name(path)
     if rank is None:
         raise DumpFormatError("no rank: no 'rank' key and no digits ending the file name")
-    return raw, rank
+    return rank
 
 
 def load_outcome(path: str | Path) -> Outcome:
@@ -147,7 +192,7 @@ def load_packed(path: str | Path) -> Outcome:
     pickled (:func:`~monitor.analysis.wire.to_bytes`): the workers' task, so that a compact
     trace crosses the pipe; :func:`~monitor.analysis.wire.from_bytes` gives the trace back."""
     try:
-        return to_bytes(normalize_packed(*_read_ranked(path))), None
+        return to_bytes(_load(path, packed=True)), None  # type: ignore[arg-type]
     except Exception as exc:  # as load_outcome: a foreign pickle can fail in many ways
         return None, _describe(exc)
 
@@ -169,7 +214,7 @@ def load_paths(paths: Iterable[str | Path], jobs: int | None = None) -> LoadResu
     ``jobs``: worker processes (default: the cores this process may use); 1 loads everything
     in this process. Inputs under :data:`POOL_MIN_BYTES` are loaded in this process anyway.
     """
-    result = LoadResult()
+    result = LoadResult(pickle_reader=pickle_reader())
     files = _candidates(paths, result.errors)
     jobs = available_cores() if jobs is None else jobs
     if jobs < 1:
