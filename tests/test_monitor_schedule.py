@@ -352,3 +352,32 @@ def test_drills_match_the_rules_over_random_leader_sweeps():
         view = vb.update(targets, polls, now=now, polled=None if plan.everything else asked,
                          judge=lambda ranks, changed: {})
     assert drills > 50  # the rules fired, not only quiet sweeps
+
+
+def test_the_suspect_time_is_read_only_where_a_rule_needs_it():
+    """The suspect time's median step time (every polled rank's step times: ~21,000 ranks at
+    100,000) is not read in a healthy sweep (every leader moved, none waiting), and where a
+    leader waits in its group it still decides: 1.5 s is under max(1 s, 2 x 1 s steps), 2.5 s
+    is over."""
+    calls = []
+
+    def plan_for(waits: dict[int, tuple[str, float] | None], step: int):
+        targets, view = _stalled_view(waits, groups=6)
+        for r in view.ranks.values():
+            r.state["recent_step_seconds"] = [1.0] * 16
+            r.state["step"] = step
+        median = view.median_step_seconds
+        view.median_step_seconds = lambda *a: calls.append(1) or median(*a)
+        return targets, view
+
+    sched = LeaderSchedule("on", member_interval_s=100.0, suspect_floor_s=1.0,
+                           suspect_factor=2.0)
+    healthy = dict.fromkeys(range(6))  # every leader computing, none waiting
+    for k in range(3):
+        targets, view = plan_for(healthy, 40 + k)
+        plan = sched.plan(targets, view, T0 + k)
+        assert not plan.drilled and not sched.drill_now({}, view, T0 + k)
+    assert calls == []
+    targets, view = plan_for({**healthy, 2: ("group", 1.5), 4: ("group", 2.5)}, 43)
+    assert set(sched.plan(targets, view, T0 + 3).drilled) == {4}
+    assert len(calls) == 1  # once per plan, however many rules ask
