@@ -20,8 +20,13 @@ this process, with ``--leader-polling on``. It reports:
 - ``healthy_drilled_groups``: the groups drilled in each healthy leader sweep (none expected);
 - the monitor process's RSS, and its own CPU seconds per sweep (all its threads; the virtual
   ranks' processes excluded), and the seconds its cyclic garbage collector took per sweep;
-  of it, the poller thread's (HTTP and JSON); the virtual ranks' processes' CPU seconds per
-  leader sweep beside it.
+  of it, the thread that polls (the in-thread poller: HTTP and JSON) or reads the poller
+  process's answers (JSON); the poller process's CPU (monitor/poll_process.py, from 20,000
+  targets) and the virtual ranks' processes' CPU seconds per leader sweep beside it;
+- ``poll_to_findings``: per leader sweep, the seconds from asking its ranks to its detectors'
+  end (with the poller process the next sweep is asked during this one's end: a leader sweep's
+  wall time is then the time between sweeps, and this is how old the answers are when the
+  findings are made).
 
 Members are polled every ``--member-interval`` 30 s (the monitor's default is 10 s): at 100,000
 ranks 12,500 leaders + 2,900 members a sweep instead of + 8,750 (~15,400 requests instead of
@@ -54,6 +59,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.bench_monitor_sweep import rss_mib  # noqa: E402
+from monitor import service  # noqa: E402
 from monitor.config import MonitorConfig  # noqa: E402
 from monitor.detectors import current_wait  # noqa: E402
 from monitor.service import Monitor  # noqa: E402
@@ -147,6 +153,67 @@ def tell(procs: list, line: str) -> None:
         p.stdin.flush()
 
 
+def sweep_plan(mon: Monitor):
+    """The plan the last sweep polled (``schedule.last`` may already be the next sweep's, asked
+    ahead; a tree before that has no ``sweep_plan``)."""
+    return getattr(mon, "sweep_plan", None) or mon.schedule.last
+
+
+class PollerCpu:
+    """CPU seconds of the polling, apart from the rest of the monitor: ``child`` the poller
+    process's (monitor/poll_process.py; 0 with the in-thread poller), ``thread`` the monitor
+    process's thread that polls (the in-thread poller's event loop) or reads the child's
+    answers (parsing their JSON)."""
+
+    def __init__(self, mon: Monitor) -> None:
+        self.mon = mon
+
+    def read(self) -> tuple[float, float]:
+        poller = self.mon.poller
+        child = getattr(poller, "_child", None)
+        if child is not None:
+            return (proc_cpu(f"/proc/{child.proc.pid}/stat"),
+                    proc_cpu(f"/proc/self/task/{child.reader.native_id}/stat"))
+        return 0.0, proc_cpu(f"/proc/self/task/{poller._thread.native_id}/stat")
+
+
+class PollToFindings:
+    """Seconds from a sweep's asking its ranks (/v1/state: the first such request after the
+    previous sweep's detectors, which with the poller process may be sent during the previous
+    sweep) to its detectors' end: how old the answers are when the findings are made."""
+
+    def __init__(self, mon: Monitor) -> None:
+        self.asked: list[float] = []
+        self.decided: list[float] = []
+        poller = mon.poller
+        name = "start" if hasattr(poller, "start") else "sweep"
+        ask = getattr(poller, name)
+
+        def asking(urls, path="/v1/state", *a, **k):
+            if path == "/v1/state":
+                self.asked.append(time.monotonic())
+            return ask(urls, path, *a, **k)
+
+        setattr(poller, name, asking)
+        update = mon.detectors.update
+
+        def detecting(*a, **k):
+            try:
+                return update(*a, **k)
+            finally:
+                self.decided.append(time.monotonic())
+
+        mon.detectors.update = detecting
+
+    def ages(self) -> list[float]:
+        out = []
+        for before, end in zip(self.decided, self.decided[1:], strict=False):
+            asked = [t for t in self.asked if before < t < end]
+            if asked:
+                out.append(end - asked[0])
+        return out
+
+
 class StageClock:
     """Wall seconds per stage of the monitor's sweeps (its poller's sweeps, the view, the
     Flight Recorder fetch, the detectors), by wrapping those methods on the instances;
@@ -209,7 +276,7 @@ def hang_phase(mon: Monitor, procs: list, g: int, victim: int, args) -> dict:
             t = time.perf_counter()
             mon.sweep_once()
             end = time.perf_counter()
-            plan = mon.schedule.last
+            plan = sweep_plan(mon)
             lead = mon.view.groups[g].leader if g in mon.view.groups else None
             scope, secs = current_wait(lead.state) if lead is not None and lead.fresh \
                 else (None, None)
@@ -299,14 +366,20 @@ def main() -> int:
     ap.add_argument("--straggler-lag", type=float, default=0.5)
     ap.add_argument("--straggler-wait", type=float, default=120.0,
                     help="give up on the straggler's confirmation after this many seconds")
+    ap.add_argument("--poller", choices=("auto", "thread"), default="auto",
+                    help="thread: keep the in-thread poller at any size (the monitor's before "
+                         "monitor/poll_process.py), for side-by-side runs; auto: the monitor's "
+                         "choice (its own process from POLL_PROCESS_MIN_TARGETS)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.poller == "thread" and hasattr(service, "POLL_PROCESS_MIN_TARGETS"):
+        service.POLL_PROCESS_MIN_TARGETS = 1 << 62
     raise_fd_limit()
     gc_clock = GcClock()
     n = args.groups * args.group_size
     procs, urls = start(n, args.procs, args.group_size, args.step_s)
     row: dict = {"ranks": n, "groups": args.groups, "group_size": args.group_size,
-                 "procs": len(procs), "step_s": args.step_s,
+                 "procs": len(procs), "step_s": args.step_s, "poller": args.poller,
                  "member_interval_s": args.member_interval}
     try:
         with tempfile.TemporaryDirectory() as d:
@@ -319,29 +392,43 @@ def main() -> int:
                 view = mon.sweep_once()
                 row["first_sweep_s"] = time.perf_counter() - t
                 row["first_up"] = sum(r.reachable for r in view.ranks.values())
-                times, cpu, polled, gcs, ranks_cpu, poller_cpu = [], [], [], [], [], []
+                times, cpu, polled, gcs, ranks_cpu, child_cpu, thread_cpu = ([] for _ in
+                                                                             range(7))
                 drilled = []  # groups drilled per healthy sweep (should be none)
-                # the poller's own thread: the HTTP and JSON part of the monitor's CPU
-                poller_stat = f"/proc/self/task/{mon.poller._thread.native_id}/stat"
+                pollers = PollerCpu(mon)
+                ages = PollToFindings(mon)
                 for _ in range(args.sweeps):
                     t, c, r = time.perf_counter(), time.process_time(), cpu_of(procs)
-                    pc = proc_cpu(poller_stat)
+                    pc = pollers.read()
                     gc_clock.take()
                     mon.sweep_once()
                     gcs.append(gc_clock.take())
                     times.append(time.perf_counter() - t)
                     cpu.append(time.process_time() - c)
                     ranks_cpu.append(cpu_of(procs) - r)
-                    poller_cpu.append(proc_cpu(poller_stat) - pc)
-                    polled.append(len(mon.schedule.last.urls))
-                    drilled.append(len(mon.schedule.last.drilled))
+                    child, thread = pollers.read()
+                    child_cpu.append(child - pc[0])
+                    thread_cpu.append(thread - pc[1])
+                    polled.append(len(sweep_plan(mon).urls))
+                    drilled.append(len(sweep_plan(mon).drilled))
                     time.sleep(max(0.0, 1.0 - times[-1]))  # the monitor's 1 s interval
+                mon.detectors.__dict__.pop("update", None)
+                mon.poller.__dict__.pop("start", None)
+                mon.poller.__dict__.pop("sweep", None)
                 row.update(leader_median_s=statistics.median(times), leader_max_s=max(times),
                            leader_cpu_median_s=statistics.median(cpu),
                            leader_cpu_max_s=max(cpu), polled_median=statistics.median(polled),
                            leader_gc_s=[round(x, 3) for x in gcs],
                            ranks_cpu_median_s=statistics.median(ranks_cpu),
-                           poller_cpu_median_s=statistics.median(poller_cpu),
+                           # the monitor process's CPU (all its threads) = leader_cpu_*; of it
+                           # the thread that polls or reads the poller process's answers; the
+                           # poller process's own beside it (0 with the in-thread poller)
+                           poller_cpu_median_s=statistics.median(thread_cpu),
+                           poller_process_cpu_median_s=statistics.median(child_cpu),
+                           poller_process=type(mon.poller).__name__,
+                           poll_to_findings_median_s=statistics.median(ages.ages()),
+                           poll_to_findings_s=[round(x, 3) for x in ages.ages()],
+                           leader_sweeps_s=[round(x, 3) for x in times],
                            healthy_drilled_groups=drilled)
                 # a hang in a non-leader rank of a group in the middle of the job
                 g = args.groups // 2
