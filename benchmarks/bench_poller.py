@@ -12,6 +12,8 @@ reports the medians over rounds of:
 - ``poller_us``: this process's CPU seconds (``time.process_time``, every thread: the poller's
   event loop, JSON parsing included) per request; ``poller_sys_us`` the part in the kernel
   (send, recv, epoll);
+- ``child_us``: for ``process`` (this tree's Poller in its own process, monitor/poll_process.py,
+  the answers' JSON parsed in this one: ``poller_us``), the child's CPU seconds per request;
 - ``server_us``: the virtual-rank processes' CPU seconds (user + system, /proc) per request;
 - ``wall_s``: the sweep's wall time (both sides share the machine's cores);
 
@@ -43,7 +45,8 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.bench_monitor_100k import cpu_of, save, start, stop  # noqa: E402
+from benchmarks.bench_monitor_100k import cpu_of, proc_cpu, save, start, stop  # noqa: E402
+from monitor.poll_process import ProcessPoller  # noqa: E402
 from monitor.poller import Poller  # noqa: E402
 from tests.support.monitor_sim import raise_fd_limit  # noqa: E402
 from tests.support.virtual_ranks import VirtualRanks  # noqa: E402
@@ -101,6 +104,12 @@ def references_us(n: int, group_size: int, old_ranks: type,
     return out
 
 
+def child_stat(poller: Any) -> str | None:
+    """/proc stat path of a ProcessPoller's child (None for an in-thread poller)."""
+    pid = getattr(poller, "pid", None)
+    return f"/proc/{pid}/stat" if pid else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", type=int, default=20_000)
@@ -119,6 +128,8 @@ def main() -> int:
     servers = {}
     pollers = {"new": Poller(timeout_s=10.0, max_concurrency=args.concurrency,
                              max_idle=4 * args.ranks),
+               "process": ProcessPoller(timeout_s=10.0, max_concurrency=args.concurrency,
+                                        max_idle=4 * args.ranks),
                "old": baseline_poller(args.baseline)(timeout_s=10.0,
                                                      max_concurrency=args.concurrency,
                                                      max_idle=4 * args.ranks)}
@@ -128,7 +139,8 @@ def main() -> int:
         sides += [(f"new/{k}", None, k) for k in args.also_procs]
         for side, source, procs in sides:
             servers[side] = start(args.ranks, procs, args.group_size, 0.5, source)
-        pairs = [(p, s) for p in pollers for s in ("new", "old")]
+        pairs = [(p, s) for p in pollers for s in ("new", "old")
+                 if p != "process" or s == "new"]
         pairs += [("new", side) for side, _, _ in sides[2:]]
         for poller, side in pairs:  # warm up: open the pooled connections
             got = pollers[poller].sweep(servers[side][1])
@@ -145,17 +157,22 @@ def main() -> int:
                 procs, urls = servers[side]
                 gc.collect()
                 gc.disable()
+                child = child_stat(pollers[poller])
                 c, s, t = time.process_time(), cpu_of(procs), time.perf_counter()
                 k = resource.getrusage(resource.RUSAGE_SELF).ru_stime
+                ch = proc_cpu(child) if child else 0.0
                 got = pollers[poller].sweep(urls)
                 wall = time.perf_counter() - t
                 cpu, server = time.process_time() - c, cpu_of(procs) - s
                 kernel = resource.getrusage(resource.RUSAGE_SELF).ru_stime - k
+                ch = proc_cpu(child) - ch if child else 0.0
                 gc.enable()
                 ok = sum(r.ok for r in got.values())
                 f = figures.setdefault((poller, side), {"poller_us": [], "poller_sys_us": [],
-                                                        "server_us": [], "wall_s": [], "ok": []})
+                                                        "child_us": [], "server_us": [],
+                                                        "wall_s": [], "ok": []})
                 f["poller_us"].append(cpu / len(urls) * 1e6)
+                f["child_us"].append(ch / len(urls) * 1e6)
                 f["poller_sys_us"].append(kernel / len(urls) * 1e6)
                 f["server_us"].append(server / len(urls) * 1e6)
                 f["wall_s"].append(wall)
@@ -178,11 +195,12 @@ def main() -> int:
           f"{args.rounds} rounds; load average {load[0]:.1f} on {os.cpu_count()} cores; "
           f"json.loads of one answer: {out['json_us']:.1f}us (msgspec: {out['msgspec_us']}); "
           f"making one: {out['answer_us']:.1f}us (old virtual ranks: {out['answer_old_us']:.1f}us)")
-    print(f"{'poller':>6} {'servers':>7} {'poller CPU/req':>15} {'of it kernel':>13} "
-          f"{'server CPU/req':>15} {'sweep wall':>11}")
+    print(f"{'poller':>7} {'servers':>7} {'poller CPU/req':>15} {'of it kernel':>13} "
+          f"{'child CPU/req':>14} {'server CPU/req':>15} {'sweep wall':>11}")
     for r in rows:
-        print(f"{r['poller']:>6} {r['servers']:>7} {r['poller_us']:>13.1f}us "
-              f"{r['poller_sys_us']:>11.1f}us {r['server_us']:>13.1f}us {r['wall_s']:>10.3f}s")
+        print(f"{r['poller']:>7} {r['servers']:>7} {r['poller_us']:>13.1f}us "
+              f"{r['poller_sys_us']:>11.1f}us {r['child_us']:>12.1f}us {r['server_us']:>13.1f}us "
+              f"{r['wall_s']:>10.3f}s")
     return save(out, args.json)
 
 

@@ -8,9 +8,10 @@ monitor.poll_process``), so every bound the Poller promises (the body by ``max_b
 status line and headers by ``MAX_HEAD`` bytes and ``MAX_HEADERS`` lines, each request by its
 timeout, ``max_concurrency`` requests at once, the targets it is given and no others) holds
 there unchanged. What comes back is each answer's raw body, in batches of :data:`BATCH` polls
-as they finish (msgpack over the child's stdout); a thread of the monitor's reads them and
-parses the JSON with the Poller's own :func:`~monitor.poller.judge_body` (msgspec, ~3 us an
-answer) while the child is still asking the rest.
+as they finish (msgpack over the child's stdout); a thread of the monitor's queues them and
+:meth:`PollHandle.result` parses the JSON with the Poller's own
+:func:`~monitor.poller.judge_body` (msgspec: ~3-7 us an answer, making the document's Python
+objects; the same in msgpack) while the child is still asking the rest.
 
 :meth:`ProcessPoller.start` sends a sweep without waiting for it (the monitor asks the next
 sweep's ranks while it finishes this one's bookkeeping; monitor/service.py says when);
@@ -70,36 +71,68 @@ def _read_frame(f: BinaryIO) -> Any | None:
 
 
 class PollHandle:
-    """One sweep sent to the child: :meth:`result` waits for its polls."""
+    """One sweep sent to the child: :meth:`result` waits for its polls.
 
-    __slots__ = ("urls", "results", "done", "bound_s", "child", "sent_at")
+    The reader thread only queues each batch as it comes (bodies still bytes); the JSON is
+    parsed by :meth:`result`, in the thread that asks for it, while it waits for the rest: a
+    sweep asked ahead (monitor/service.py) is then parsed when the monitor needs it, not beside
+    (and under the same GIL as) the end of the sweep before."""
+
+    __slots__ = ("urls", "results", "batches", "received", "done", "why", "bound_s", "child",
+                 "sent_at")
 
     def __init__(self, urls: list[str], bound_s: float, child: _Child | None) -> None:
         self.urls = urls
         self.results: dict[str, RankPoll] = {}
-        self.done = threading.Event()
+        self.batches: queue.SimpleQueue[list | None] = queue.SimpleQueue()
+        self.received = 0  # polls the reader has queued
+        self.done = threading.Event()  # every poll is queued (or the child is gone)
+        self.why: str | None = None  # the child died: the error of the polls that never came
         self.bound_s = bound_s
         self.child = child
         self.sent_at = time.monotonic()
         if not urls:
-            self.done.set()
+            self.finish(None)
+
+    def add(self, rows: list) -> None:
+        self.received += len(rows)
+        self.batches.put(rows)
+
+    def finish(self, why: str | None) -> None:
+        self.why = why
+        self.done.set()
+        self.batches.put(None)
 
     def result(self) -> dict[str, RankPoll]:
         """url -> RankPoll in the order sent (never raises because of a rank or the child)."""
-        if not self.done.wait(self.bound_s + GUARD_S):
-            self.child.kill()  # stuck: its reader then fails what is missing
-            self.done.wait(GUARD_S)
-        results = self.results
-        return {u: results[u] for u in self.urls}
-
-    def fail_missing(self, why: str) -> None:
-        now = time.time()
-        latency = time.monotonic() - self.sent_at
-        for url in self.urls:
-            if url not in self.results:
-                self.results[url] = RankPoll(url, False, reason="connection", error=why,
-                                             latency_s=latency, at=now)
-        self.done.set()
+        urls, results = self.urls, self.results
+        deadline = self.sent_at + self.bound_s + GUARD_S
+        killed = False
+        while True:
+            try:
+                rows = self.batches.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                if killed:  # not even its reader answered: give up on it
+                    self.why = self.why or "no answer: the monitor's poller process is stuck"
+                    break
+                self.child.kill()  # stuck: its reader then finishes this sweep
+                killed, deadline = True, time.monotonic() + GUARD_S
+                continue
+            if rows is None:
+                self.batches.put(None)  # a second call returns the same
+                break
+            for i, ok, body, reason, error, status, latency, at in rows:
+                url = urls[i]
+                results[url] = judge_body(url, body, latency, at) if ok else \
+                    RankPoll(url, False, reason=reason, error=error, status=status,
+                             latency_s=latency, at=at)
+        if self.why is not None and len(results) < len(urls):
+            now, latency = time.time(), time.monotonic() - self.sent_at
+            for url in urls:
+                if url not in results:
+                    results[url] = RankPoll(url, False, reason="connection", error=self.why,
+                                            latency_s=latency, at=now)
+        return {u: results[u] for u in urls}
 
 
 class _Child:
@@ -137,16 +170,11 @@ class _Child:
                 handle = self.pending.get(rid)
                 if handle is None:
                     continue
-                urls, results = handle.urls, handle.results
-                for i, ok, body, reason, error, status, latency, at in rows:
-                    url = urls[i]
-                    results[url] = judge_body(url, body, latency, at) if ok else \
-                        RankPoll(url, False, reason=reason, error=error, status=status,
-                                 latency_s=latency, at=at)
+                handle.add(rows)
                 if last:
                     with self.lock:
                         self.pending.pop(rid, None)
-                    handle.done.set()
+                    handle.finish(None)
         except Exception:  # a garbled stream: the child is of no further use
             self.kill()
         with self.lock:
@@ -161,7 +189,7 @@ class _Child:
                f"{code} during this sweep (the monitor's fault, not the rank's); a new one "
                "polls the next sweep")
         for handle in left:
-            handle.fail_missing(why)
+            handle.finish(why)
 
 
 class ProcessPoller:
