@@ -78,7 +78,7 @@ import numpy as np
 
 from .analysis import GroupKey, RankTrace, analyze, normalize_dumps
 from .config import DetectorConfig
-from .view import ClusterView, GroupView, RankView, _rank_order
+from .view import ClusterView, GroupView, RankView
 
 log = logging.getLogger(__name__)
 
@@ -262,10 +262,6 @@ def _fresh(view: ClusterView):
         return view.ranks.items()
     ranks = view.ranks
     return [(u, ranks[u]) for u in view.polled if u in ranks]
-
-
-def _first_rank_order(row: tuple[RankView, Any]) -> tuple:
-    return _rank_order(row[0])
 
 
 def _median(values) -> float:
@@ -823,35 +819,6 @@ class Detectors:
             for url in steps.keys() - keep:
                 del steps[url]
 
-    def _polled_members(self, view: ClusterView, groups: dict[int, GroupView]
-                        ) -> dict[int, list[tuple[RankView, dict[int, tuple]]]] | None:
-        """Per group of ``groups`` (in their order), its reachable ranks polled this sweep
-        whose folded timings are of the group's replica id, in the group's rank order, each
-        with them ({step: row}); None when a group has none (then no group can be judged).
-
-        Found from the sweep's polled list (leader polling carries the others' older
-        timings): the groups' other ranks (~80,000 at 100,000 ranks, in memory the sweep did
-        not touch) are not read."""
-        polled: dict[int, list[tuple[RankView, tuple]]] = {}
-        steps = self._steps
-        for url, r in self._fresh_ranks(view):
-            if r.reachable:  # folded in _collect_steps under its replica id (the same state's)
-                known = steps.get(url)
-                if known is not None and known[1]:
-                    g = r.state["replica_group"]
-                    polled.setdefault(g if type(g) is int else int(g), []).append((r, known))
-        members: dict[int, list[tuple[RankView, dict[int, tuple]]]] = {}
-        for g, gv in groups.items():
-            rid = gv.replica_id
-            rows = [(r, by_step) for r, (known_rid, by_step) in polled.get(g, ())
-                    if known_rid == rid]
-            if not rows:
-                return None
-            if len(rows) > 1:  # in the group's rank order, as its GroupView lists them
-                rows.sort(key=_first_rank_order)
-            members[g] = rows
-        return members
-
     def _straggler(self, view, dumps, traces, analysis, now) -> list[Finding]:
         self._collect_steps(view)
         groups = {g.replica_group: g for g in view.in_quorum()}
@@ -861,10 +828,21 @@ class Detectors:
         # each group's ranks with their per-step timings (all reachable ranks must serve them)
         # (a rank that serves no timing at all, e.g. an older WorkerServer, is left out; a group
         # with none cannot be judged, and then no group is)
-        members = self._polled_members(view, groups)
-        if members is None:
-            self.last_lags = {}
-            return []
+        members: dict[int, list[tuple[RankView, dict[int, tuple]]]] = {}
+        steps, no_steps = self._steps, (None, {})
+        for g, gv in groups.items():
+            # ranks polled this sweep (leader polling carries the others' older timings)
+            rid = gv.replica_id
+            rows = []
+            for r in gv.reachable:
+                if r.fresh:  # folded above under its replica id (the same state's)
+                    known_rid, by_step = steps.get(r.url, no_steps)
+                    if by_step and known_rid == rid:
+                        rows.append((r, by_step))
+            if not rows:
+                self.last_lags = {}
+                return []
+            members[g] = rows
         # the steps every polled rank has: narrowed in place (no set per rank; 21,000 a sweep)
         common: set[int] | None = None
         for rows in members.values():
@@ -1026,13 +1004,10 @@ class Detectors:
         starting = {}
         for url, r in self._fresh_ranks(full):
             s = r.state
-            if not r.reachable or not s:
-                continue
-            q = s["quorum_id"]  # a quorum first: most ranks have one, the rest is not read
-            if (q if type(q) is int else int(q)) >= 0 or r.replica_group is None:
+            if not r.reachable or not s or r.replica_group is None or int(s["quorum_id"]) >= 0:
                 continue
             starting[url] = (url, s.get("pid"), s.get("started_at"))
-        if full.polled is not None and self._starting:
+        if full.polled is not None:
             fresh = set(full.polled)
             for ident in self._starting:
                 url = ident[0]

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import random
 
-import pytest
-
 from monitor.discovery import Target
 from monitor.lighthouse_status import LighthouseStatus, QuorumMember
 from monitor.poller import RankPoll
@@ -248,76 +246,3 @@ def test_step_times_and_their_median_are_the_general_paths():
         for _ in range(10):
             vals = [rng.choice((0.5, 1.0, 3.0, rng.random())) for _ in range(n)]
             assert _median(iter(vals)) == (statistics.median(vals) if vals else None), n
-
-
-@pytest.mark.parametrize("lighthouse_known", [True, False])
-def test_the_straggler_reads_the_polled_ranks_a_scan_of_every_group_finds(lighthouse_known):
-    """The straggler's ranks per group (Detectors._polled_members: found from the sweep's
-    polled list, not by scanning every group's ranks) are, over random leader sweeps with
-    ranks down and back, replica ids changing, ranks changing group and a rank serving no
-    timings, what the scan of each group's reachable ranks polled this sweep with timings of
-    the group's replica id finds, in the group's order; None exactly when a group has none.
-    Without a Lighthouse every live rank is evidence, one of another replica id too."""
-    from monitor.detectors import Detectors
-
-    def scanned(det, view, groups):
-        out = {}
-        for g, gv in groups.items():
-            rows = [(r, det._steps[r.url][1]) for r in gv.reachable
-                    if r.fresh and r.url in det._steps and det._steps[r.url][1]
-                    and det._steps[r.url][0] == gv.replica_id]
-            if not rows:
-                return None
-            out[g] = rows
-        return out
-
-    rng = random.Random(23)
-    n = GROUPS * SIZE
-    targets = [Target(f"http://127.0.0.1:{9000 + r}", "static") for r in range(n)]
-    states = {t.url: state(r, r // SIZE, 0) for r, t in enumerate(targets)}
-    leaders = [t.url for r, t in enumerate(targets) if r % SIZE == 0]
-    down: set[str] = set()
-    vb, verifier, det = ViewBuilder(), Verifier(), Detectors()
-    lh = lighthouse()
-    compared = nones = mixed = 0
-    for sweep in range(120):
-        now = 1000.0 + sweep
-        for s in states.values():
-            s["step"] += 1
-            s["timing"] = {"recent": [{"step": k, "step_s": 1.0, "compute_s": 0.5,
-                                       "wait_cross_s": rng.random(), "wait_group_s": 0.1}
-                                      for k in range(max(0, s["step"] - 4), s["step"])]}
-        victim = rng.choice(targets).url
-        event = rng.random()
-        if event < 0.06:
-            down.add(victim)
-        elif event < 0.14 and down:
-            down.discard(rng.choice(sorted(down)))
-        elif event < 0.18:
-            states[victim]["replica_id"] = rng.choice(("replica_group_0:x", None))
-        elif event < 0.22:
-            g = rng.randrange(GROUPS)
-            states[victim].update(replica_group=g, replica_id=f"replica_group_{g}:x")
-        elif event < 0.24:
-            states[victim]["timing"] = {}  # an older WorkerServer: no timings
-        asked = set(leaders) | {t.url for t in rng.sample(targets, 6)} | down
-        if sweep % 20 == 0:
-            asked = {t.url for t in targets}
-        polls = {u: (RankPoll(u, True, data=dict(states[u])) if u not in down
-                     else RankPoll(u, False, reason="connection", error="refused"))
-                 for u in asked}
-        view = vb.update(targets, polls, now=now, polled=asked,
-                         judge=lambda ranks, changed, now=now: verifier.judge(
-                             ranks, changed, lh, None, lighthouse_known, now))
-        ev = view.evidence()
-        det._collect_steps(ev)
-        groups = {g.replica_group: g for g in ev.in_quorum()}
-        got, want = det._polled_members(ev, groups), scanned(det, ev, groups)
-        assert got == want, f"sweep {sweep}"
-        compared += got is not None
-        nones += got is None
-        mixed += got is not None and any(
-            det._steps[r.url][0] != groups[g].replica_id
-            for g, gv in groups.items() for r in gv.reachable if r.fresh and r.url in det._steps)
-    assert compared > 40 and nones > 5  # both outcomes seen
-    assert mixed > 5 or lighthouse_known  # and a rank of another replica id, left out
