@@ -1004,10 +1004,13 @@ class Detectors:
         starting = {}
         for url, r in self._fresh_ranks(full):
             s = r.state
-            if not r.reachable or not s or r.replica_group is None or int(s["quorum_id"]) >= 0:
+            if not r.reachable or not s:
+                continue
+            q = s["quorum_id"]  # a quorum first: most ranks have one, the rest is not read
+            if (q if type(q) is int else int(q)) >= 0 or r.replica_group is None:
                 continue
             starting[url] = (url, s.get("pid"), s.get("started_at"))
-        if full.polled is not None:
+        if full.polled is not None and self._starting:
             fresh = set(full.polled)
             for ident in self._starting:
                 url = ident[0]
