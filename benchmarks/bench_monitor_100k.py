@@ -217,13 +217,34 @@ class PollToFindings:
 class StageClock:
     """Wall seconds per stage of the monitor's sweeps (its poller's sweeps, the view, the
     Flight Recorder fetch, the detectors), by wrapping those methods on the instances;
-    :meth:`take` returns and restarts them."""
+    :meth:`take` returns and restarts them. With the poller process, ``poll`` is the time spent
+    waiting for and parsing answers (``PollHandle.result``), not the time a sweep asked ahead
+    was in flight meanwhile."""
 
     def __init__(self, mon: Monitor) -> None:
         self.seconds: dict[str, float] = {}
-        for name, obj, attr in (("poll", mon.poller, "sweep"), ("view", mon.views, "update"),
-                                ("fr", mon, "_fetch_fr"), ("detect", mon.detectors, "update")):
-            setattr(obj, attr, self._timed(name, getattr(obj, attr)))
+        ask = ("start", self._timed_start) if hasattr(mon.poller, "start") \
+            else ("sweep", self._timed)
+        for name, obj, attr, wrap in (("poll", mon.poller, *ask),
+                                      ("view", mon.views, "update", self._timed),
+                                      ("fr", mon, "_fetch_fr", self._timed),
+                                      ("detect", mon.detectors, "update", self._timed)):
+            setattr(obj, attr, wrap(name, getattr(obj, attr)))
+
+    def _timed_start(self, name: str, fn):
+        clock = self
+
+        class Timed:  # the handle, its result() timed
+            def __init__(self, handle) -> None:
+                self.handle = handle
+
+            def __getattr__(self, attr: str):
+                return getattr(self.handle, attr)
+
+            def result(self):
+                return clock._timed(name, self.handle.result)()
+
+        return lambda *a, **k: Timed(fn(*a, **k))
 
     def _timed(self, name: str, fn):
         def timed(*a, **k):
@@ -301,7 +322,7 @@ def hang_phase(mon: Monitor, procs: list, g: int, victim: int, args) -> dict:
             time.sleep(max(0.0, 1.0 - (end - t)))
     finally:
         for obj, attr in ((mon, "_fetch_fr"), (mon.detectors, "update"), (mon.poller, "sweep"),
-                          (mon.views, "update")):
+                          (mon.poller, "start"), (mon.views, "update")):
             obj.__dict__.pop(attr, None)  # the classes' own methods again
     out["hang_timeline"] = timeline
     return out
