@@ -33,7 +33,7 @@ def test_pickle_directory_with_findings_exits_1_and_reports_json(tmp_path, capsy
     write_dumps(hang_job().dumps(fmt="pickle"), tmp_path, fmt="pickle", prefix="nccl_trace_rank_")
     code, report = run_json(capsys, tmp_path)
     assert code == 1
-    assert set(report) == {"ranks", "unknown_ranks", "errors", "findings", "lags"}
+    assert set(report) == {"ranks", "unknown_ranks", "errors", "findings", "lags", "pickle_reader"}
     assert report["ranks"] == [0, 1, 2, 3] and report["errors"] == []
     (finding,) = report["findings"]
     assert {k: finding[k] for k in ("kind", "pg", "seq", "op", "culprit_ranks")} == {

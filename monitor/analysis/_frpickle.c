@@ -102,7 +102,10 @@ static int check_utf8(const char *s, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) {
         if ((unsigned char)s[i] & 0x80) {  /* not ASCII: let Python's decoder judge, as pickle */
             PyObject *u = PyUnicode_DecodeUTF8(s, n, "surrogatepass");
-            if (!u) return -1;
+            if (!u) {  /* pickle's error, and message, are the Python path's to give */
+                PyErr_Clear();
+                return refuse("a string that is not UTF-8");
+            }
             Py_DECREF(u);
             return 0;
         }

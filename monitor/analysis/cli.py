@@ -53,11 +53,15 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     loaded = load_paths(args.paths, jobs=args.jobs)
     result = analyze(loaded.traces, blame_missing=args.blame_missing, same_host=args.same_host, world_size=args.world_size)
     result.errors = loaded.errors + result.errors
+    report = result.to_dict()
+    # which reader read the pickles: the C reader, or Python's unpickler (not built, or turned
+    # off by LIGHTKEEPER_ANALYZE_PURE_PYTHON=1); the same results either way
+    report["pickle_reader"] = loaded.pickle_reader
     if args.format == "json":
-        json.dump(result.to_dict(), out, indent=2)
+        json.dump(report, out, indent=2)
         out.write("\n")
     else:
-        out.write(format_text(result.to_dict()))
+        out.write(format_text(report))
     if not result.ranks:
         if args.format == "text":
             print("lightkeeper analyze: no usable dump", file=sys.stderr)
@@ -76,6 +80,8 @@ def _span(ranks: list[int]) -> str:
 def format_text(report: dict[str, Any]) -> str:
     """The human-readable form of ``AnalysisResult.to_dict()``: one block per finding."""
     lines = [f"analyzed {len(report['ranks'])} rank(s): {_span(report['ranks'])}"]
+    if "pickle_reader" in report:
+        lines[0] += f" (pickle reader: {report['pickle_reader']})"
     if report["unknown_ranks"]:
         lines.append(f"no dump from rank(s): {_span(report['unknown_ranks'])}")
     for err in report["errors"]:
