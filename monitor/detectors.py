@@ -316,6 +316,29 @@ def straggler_lags(cross: np.ndarray, threshold: float, need: int
     return lags, candidates, healthy
 
 
+class _RankGroups:
+    """rank -> its replica group, for the ranks a Flight Recorder finding names: from the
+    rank's RankView in the view (ClusterView.rank_view's index: a reachable one if any, never
+    a superseded one) when it answered, else from its dump's own claim. Looked up per rank
+    named: a dict of every rank was ~100,000 ``RankView.rank`` calls a confirming sweep at
+    100,000 ranks."""
+
+    __slots__ = ("view", "dumps", "claimed")
+
+    def __init__(self, view: ClusterView, dumps: Mapping[int, dict]) -> None:
+        self.view, self.dumps = view, dumps
+        self.claimed: dict[int, int] | None = None  # the dumps' claims, made on first need
+
+    def get(self, rank: int) -> int | None:
+        rv = self.view.rank_view(rank)
+        if rv is not None and rv.state is not None:
+            return rv.replica_group
+        if self.claimed is None:
+            self.claimed = {int(r): d["replica_group"] for r, d in self.dumps.items()
+                            if isinstance(d, Mapping) and isinstance(d.get("replica_group"), int)}
+        return self.claimed.get(rank)
+
+
 # --- per-group memory ---------------------------------------------------------------------------
 
 class _SeenGroups:
@@ -570,15 +593,9 @@ class Detectors:
                 return True
         return False
 
-    def _rank_group(self, view: ClusterView, dumps: Mapping[int, dict]) -> dict[int, int]:
-        out = {}
-        for r in view.ranks.values():
-            if r.state is not None and r.rank is not None:
-                out[r.rank] = r.replica_group
-        for rank, d in dumps.items():
-            if isinstance(d, Mapping) and isinstance(d.get("replica_group"), int):
-                out.setdefault(int(rank), d["replica_group"])
-        return out
+    @staticmethod
+    def _rank_group(view: ClusterView, dumps: Mapping[int, dict]) -> _RankGroups:
+        return _RankGroups(view, dumps)
 
     # --- dead and dead_rank ----------------------------------------------------------
     def _dead(self, view, dumps, traces, analysis, now) -> list[Finding]:

@@ -701,3 +701,25 @@ def test_incremental_detectors_match_from_scratch_ones_sweep_after_sweep():
             {g: m.replica_id for g, m in ref._groups.items()}, sweep_no
         kinds |= {f.kind for f in got}
     assert {"straggler", "dead_rank", "hang"} <= kinds  # the paths were taken
+
+
+def test_a_named_rank_is_placed_in_its_group_from_the_view_else_from_its_dump():
+    """Detectors._rank_group: a rank named by a Flight Recorder finding is in the replica group
+    its RankView says (a live process's, not its superseded predecessor's), and a rank the view
+    has no answer from is in the group its dump claims; anything else is in none."""
+    from monitor.detectors import Detectors
+    from monitor.view import ClusterView, RankView
+    from tests.support.monitor_sim import rank_state
+
+    def rv(url, rank, group, reachable=True):
+        return RankView(url, reachable, rank_state(rank, group, now=T0))
+
+    ranks = {"a": rv("a", 0, 0), "b": rv("b", 1, 0), "c": rv("c", 2, 1),
+             "old": rv("old", 2, 1, reachable=False),  # rank 2's old process: superseded
+             "never": RankView("never", False, None)}
+    view = ClusterView(at=T0, ranks=ranks)
+    assert ranks["old"].superseded
+    dumps = {5: {"replica_group": 3}, "6": {"replica_group": 4}, 7: {"replica_group": "x"},
+             1: {"replica_group": 9}}  # rank 1's dump claims another group: the view wins
+    got = Detectors._rank_group(view, dumps)
+    assert [got.get(r) for r in range(9)] == [0, 0, 1, None, None, 3, 4, None, None]
