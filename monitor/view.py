@@ -160,8 +160,8 @@ def _carry(gv: GroupView) -> dict[str, Any]:
 
 
 class _kept(_cached):
-    """A cached value that progress alone leaves as it is (ClusterView.moved_groups): a moved
-    group's next GroupView inherits it."""
+    """A cached value that progress alone leaves as it is (see ViewBuilder: a moved group's
+    next GroupView inherits it)."""
 
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
@@ -272,7 +272,7 @@ class GroupView:
 
     def _progressed(self, ranks: list[RankView],
                     moved: list[tuple[RankView, RankView]]) -> GroupView:
-        """This group after progress only (ViewBuilder's ``moved_groups``): ``ranks`` are its
+        """This group after progress only (a moved group, see ViewBuilder): ``ranks`` are its
         ranks in the same slots, ``moved`` the (last sweep's, this sweep's) RankViews swapped
         in, each the same process answering with the same identity, quorum, host and verdict.
         What those alone decide is carried over from this GroupView if it was computed; the
@@ -323,28 +323,10 @@ class GroupView:
 
 @dataclass
 class ClusterView:
-    """One sweep's picture. ``changed_groups`` and ``moved_groups`` let a consumer skip the
-    groups that did not change since the previous sweep's view (ViewBuilder's, built with
-    verdicts); both are None on a view grouped from scratch (every group may have changed):
-
-    - ``changed_groups``: the replica groups whose GroupView is not the previous view's
-      object (a new GroupView: any change of any of its ranks), those new in this view and
-      those gone from it (not in ``groups`` any more). A group outside it is the very same
-      GroupView object as in the previous view, derived values and all.
-    - ``moved_groups`` (a subset of ``changed_groups``): groups changed by progress only.
-      Every rank that changed is the same process answering again (reachable at both
-      sweeps, not superseded) with the same identity claims (replica id, replica group,
-      group rank, world size, global rank), quorum id, ``num_participants``,
-      ``participating``, host and verdict (the same ``Trust`` object); what moved is its
-      step, phase, timings and other state, or whether it was polled this sweep
-      (``fresh``). So the group's ranks are the same URLs in the same slots, and its
-      replica id, quorum id, quorums, ``taking_part``, hosts, reported replica ids,
-      verdict counts, reachable ranks (by URL), ``fresh_failed``, leader slot and status are
-      those of the previous view's
-      GroupView; its step and median step time may differ. A group may be left out of it
-      when only progress moved (then it is only in ``changed_groups``), never the reverse.
-
-    In the evidence view the same two sets are about the evidence view's groups."""
+    """One sweep's picture. Built by ViewBuilder, a group that did not change since the
+    previous sweep's view is the very same GroupView object, derived values and all (never
+    changed once built): a consumer tells what to read again by identity
+    (monitor.detectors._SeenGroups)."""
 
     at: float
     ranks: dict[str, RankView]
@@ -355,8 +337,6 @@ class ClusterView:
     ungrouped: list[RankView] | None = None
     polled: list[str] | None = None
     evidence_view: ClusterView | None = field(default=None, repr=False)
-    changed_groups: set[int] | None = field(default=None, repr=False)
-    moved_groups: set[int] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.ungrouped is None:
@@ -495,7 +475,7 @@ def _answered(url: str, prev: RankView | None, state: dict[str, Any], now: float
 def _shape(s: dict[str, Any]) -> tuple:
     """What of an answered state the view's groups and a verdict rest on, besides progress:
     identity claims (monitor.verification.claims), quorum, participation and host. A rank
-    answering again with the same shape and verdict moved on only (ClusterView.moved_groups);
+    answering again with the same shape and verdict moved on only (ViewBuilder: a moved group);
     one whose shape is the same is not judged again (its verdict's inputs are the same)."""
     g = s.get
     return (s["replica_group"], s["rank"], s["group_rank"], s["quorum_id"], g("replica_id"),
@@ -547,12 +527,20 @@ class ViewBuilder:
     ranks known (docs/scaling.md). A view is never changed once built: a RankView shared with
     the last view is copied before anything in it changes.
 
-    With verdicts (``judge``), a group whose changed ranks only progressed (see
-    ClusterView.moved_groups: the usual leader sweep, every leader one step further) is not
-    grouped again: its new GroupView has the same slots with the new RankViews in them and
-    carries what progress leaves as it was; the view's counts and quorum id are sums kept
-    per group. The view says which groups changed and which only moved
-    (``changed_groups``, ``moved_groups``), so its consumers can skip the others.
+    With verdicts (``judge``), a group whose changed ranks only progressed (a *moved* group:
+    the usual leader sweep, every leader one step further) is not grouped again: its new
+    GroupView has the same slots with the new RankViews in them and carries what progress
+    leaves as it was; the view's counts and quorum id are sums kept per group.
+
+    A moved group's ranks that changed are each the same process answering again (reachable
+    at both sweeps, not superseded) with the same identity claims (replica id, replica group,
+    group rank, world size, global rank), quorum id, ``num_participants``, ``participating``,
+    host and verdict (the same ``Trust`` object); what moved is its step, phase, timings and
+    other state, or whether it was polled this sweep (``fresh``). So the group's ranks are
+    the same URLs in the same slots, and its replica id, quorum id, quorums, ``taking_part``,
+    hosts, reported replica ids, verdict counts, reachable ranks (by URL), ``fresh_failed``,
+    leader slot and status are those of its previous GroupView; its step and median step
+    time may differ. A group any of whose ranks did more is grouped again.
     """
 
     def __init__(self) -> None:
@@ -584,17 +572,15 @@ class ViewBuilder:
         rank and the URLs whose RankView is new, less those whose reachability and claims
         (all a verdict rests on, see ``_shape``) are the last ones: a rank that only stopped
         being fresh, or answered again with the same shape (monitor.verification.Verifier). With it the view comes with its evidence view
-        (:meth:`ClusterView.evidence`) built alongside, and both say which groups changed
-        (``changed_groups``, ``moved_groups``); without it the caller sets ``trust`` and the
-        evidence view is derived on demand."""
+        (:meth:`ClusterView.evidence`) built alongside; without it the caller sets ``trust``
+        and the evidence view is derived on demand."""
         now = time.time() if now is None else now
         prev = self._ranks
         same = (polled is not None and bool(prev) and len(targets) == len(self._targets)
                 and (judge is not None) == self._judged
                 and all(map(operator.is_, targets, self._targets)))
-        gone: set[int] = set()
         # (last sweep's, this sweep's) RankView of ranks answering again with the same shape
-        # (_shape): the same process moving on, if its verdict stands (see moved_groups)
+        # (_shape): the same process moving on, if its verdict stands (a moved group)
         moving: list[tuple[RankView, RankView]] = []
         # URLs whose verdict may change: a new RankView whose reachability or shape (all a
         # verdict rests on) is not the last one's
@@ -645,7 +631,6 @@ class ViewBuilder:
                     current[t.url] = self._polled(t.url, old, t, polls.get(t.url), now)
             changed, rejudge, moving, rest = set(current), set(current), [], set(current)
             self._shapes = {u: _shape(r.state) for u, r in current.items() if r.reachable}
-            gone = self._groups.keys() | self._ev_groups.keys()
             self._group_of, self._members, self._slot = {}, {}, {}
             self._groups, self._ev_groups, self._ev_ranks = {}, {}, {}
             self._sums, self._ev_sums = _Sums(), _Sums()
@@ -667,8 +652,7 @@ class ViewBuilder:
                     changed.add(url)
                 rv.trust = trust
                 rest.add(url)
-        groups, moved, ev_changed, ev_moved = self._regroup(current, changed, moving, rest,
-                                                            judge is not None)
+        groups = self._regroup(current, changed, moving, rest, judge is not None)
         self._ranks = current
         self.changed = changed
         # ``current`` is not changed after this: the next update starts from a copy
@@ -676,13 +660,10 @@ class ViewBuilder:
                            groups=groups, ungrouped=list(self._members.get(None, {}).values()),
                            polled=polled_list)
         if judge is not None:
-            view.changed_groups = (gone | moved[0]) - {None}
-            view.moved_groups = moved[1]
             self._sums.fill(view)
             view.evidence_view = ev = ClusterView(
                 at=now, ranks=dict(self._ev_ranks), sweep_seconds=sweep_seconds,
-                groups=dict(self._ev_groups), ungrouped=[], polled=polled_list,
-                changed_groups=gone | ev_changed, moved_groups=ev_moved)
+                groups=dict(self._ev_groups), ungrouped=[], polled=polled_list)
             self._ev_sums.fill(ev)
             if len(self._ev_groups) == len(groups) and all(
                     map(operator.is_, self._ev_groups.values(), groups.values())):
@@ -713,12 +694,11 @@ class ViewBuilder:
 
     def _regroup(self, current: dict[str, RankView], changed: set[str],
                  moving: list[tuple[RankView, RankView]], rest: set[str], with_evidence: bool
-                 ) -> tuple[dict[int, GroupView], tuple[set, set[int]], set[int], set[int]]:
+                 ) -> dict[int, GroupView]:
         """Move the changed ranks into their groups and group again only the groups touched;
         with verdicts, a group whose changed ranks only progressed (``moving``, their verdict
         unchanged) is made from its last GroupView instead (GroupView._progressed); ``rest``:
-        the other changed URLs. The groups, then (changed, moved) groups of the full view and
-        of the evidence view."""
+        the other changed URLs. Returns the groups."""
         dirty: set[int | None] = set()
         moved: dict[int, list[tuple[RankView, RankView]]] = {}
         members_of, group_of, unreachable = self._members, self._group_of, self._unreachable
@@ -769,9 +749,6 @@ class ViewBuilder:
                     ev_ranks[rv.url] = rv
             else:
                 ev_apart.append(g)
-        moved_groups = moved.keys() - dirty
-        ev_changed = set(moved_groups)
-        ev_moved = moved_groups.difference(ev_apart)
         for g in ev_apart:
             before = ev_groups.get(g)
             self._evidence_group(g, members_of[g], groups[g])
@@ -790,7 +767,6 @@ class ViewBuilder:
                         sums.add(before, -1)
                     ev_before = self._ev_groups.pop(g, None)
                     self._ev_resum(ev_before, None)
-                    ev_changed.add(g)
                 continue
             live = {r.rank for r in members.values() if r.reachable and r.state}
             ranks, old = [], []
@@ -819,13 +795,12 @@ class ViewBuilder:
                 ev_before = self._ev_groups.get(g)
                 self._evidence_group(g, members, gv)
                 self._ev_resum(ev_before, self._ev_groups.get(g))
-                ev_changed.add(g)
         if added:
             groups = dict(sorted(groups.items()))
         if with_evidence and any(g not in self._ev_groups for g in dirty if g is not None):
             self._ev_groups = dict(sorted(self._ev_groups.items()))
         self._groups = groups
-        return groups, (dirty | moved_groups, moved_groups), ev_changed, ev_moved
+        return groups
 
     def _ev_resum(self, before: GroupView | None, after: GroupView | None) -> None:
         """The evidence view's sums, one of its groups replaced."""
