@@ -13,7 +13,10 @@ Every command runs in its own fresh interpreter, as a user would run it. For eac
 - ``torchfrtrace``: ``python -m torch.distributed.flight_recorder.fr_trace DIR -p rank``, once
   (stopped after ``--tf-timeout`` s, 300 by default: at 1024 ranks of the steady shape it takes
   about 5.5 minutes of CPU; its wall time and peak RSS are then lower bounds, marked ``>``);
-- ``lightkeeper``: ``lightkeeper analyze --format json DIR`` (workers: the cores available);
+- ``lightkeeper``: ``lightkeeper analyze --format json DIR`` (workers: the cores available),
+  with the pickle reader it has (the C reader where built: ``reader`` in each row);
+- ``python``: the same with ``LIGHTKEEPER_ANALYZE_PURE_PYTHON=1`` (every pickle read by Python's
+  unpickler: the C reader's side-by-side comparison; ``c vs python`` in each row);
 - ``serial``: the same with ``--jobs 1`` (no worker processes), once, for reference;
 - ``floor``: the parallel load and nothing else: the same worker pool reading and unpickling
   every file (``run_pool(files, jobs, loader.READ_TASK)``), no normalizing, no analysis;
@@ -21,9 +24,9 @@ Every command runs in its own fresh interpreter, as a user would run it. For eac
   fields the analysis needs (one ``itemgetter`` of them per entry, :func:`read_fields`), and
   nothing else: no columns, no checks, no answer sent back.
 
-lightkeeper and the floors run ``--repeat`` times, side by side in rotating order; the median
-run of each is kept, and "vs floor" ("vs fields") is the median of the per-run ratios of
-lightkeeper to the floor (fields floor) run next to it.
+lightkeeper, its pure-Python run and the floors run ``--repeat`` times, side by side in
+rotating order; the median run of each is kept, and "vs floor" ("vs fields") is the median of
+the per-run ratios of lightkeeper to the floor (fields floor) run next to it.
 Wall time is the root process's; CPU time is the whole tree's (``wait4``: the root and every
 child it waited for); peak RSS is the whole tree's, the sum over its processes of each one's
 peak (``VmHWM``, sampled every 25 ms from /proc: a high-water mark needs no finer sampling, and
@@ -35,6 +38,9 @@ tree's peak from above.
         # to write the dumps the first time (kept in --workdir for the next run)
     .venv/bin/python benchmarks/bench_analyze.py --quick        # a smoke run, seconds
     .venv/bin/python benchmarks/bench_analyze.py --threshold    # where worker processes pay off
+    .venv/bin/python benchmarks/bench_analyze.py --workdir /tmp/lk-dumps --ranks 256 --stages 32
+        # per-dump CPU time of each stage (in this process, process_time, A/B per file): the
+        # floor's read, the C reader's parse / columns / normalize+pack, the Python path's
 
 Targets checked and printed (issue 10): lightkeeper >= 10x faster than torchfrtrace (wall),
 <= 1/2 of its peak RSS, and within 1.2x of the parallel load floor (wall). Not a test: numbers
@@ -137,10 +143,12 @@ class _TreeMemory(threading.Thread):
             self.done.wait(self.interval)
 
 
-def measure(cmd: list[str], timeout: float | None = None) -> dict:
-    """Run ``cmd`` in its own process tree: wall s, tree CPU s, tree peak RSS MiB, exit status."""
+def measure(cmd: list[str], timeout: float | None = None, env: dict[str, str] | None = None) -> dict:
+    """Run ``cmd`` in its own process tree: wall s, tree CPU s, tree peak RSS MiB, exit status.
+    ``env``: variables set for it on top of this process's."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, **env} if env else None)
     sampler = _TreeMemory(proc.pid)
     sampler.start()
     killer = threading.Timer(timeout, proc.kill) if timeout else None
@@ -248,12 +256,17 @@ def compare(workdir: Path, shapes: list[str], sizes: list[tuple[int, int]], repe
             row: dict = {"shape": shape, "ranks": ranks, "entries": entries, "protocol": protocol,
                          "dump_mib": round(sum(p.stat().st_size for p in path.iterdir()) / 2**20, 1),
                          "load_before": os.getloadavg()[0]}
-            runs: dict[str, list[dict]] = {"lightkeeper": [], "serial": [], "floor": [], "fields": []}
+            from monitor.analysis.loader import PURE_PYTHON_ENV, pickle_reader
+
+            row["reader"] = pickle_reader()
+            runs: dict[str, list[dict]] = {"lightkeeper": [], "python": [], "serial": [], "floor": [], "fields": []}
+            pure = {PURE_PYTHON_ENV: "1"}
             for i in range(repeat):
-                # rotate which of the three goes first
-                trio = [("floor", floor_cmd(path)), ("fields", floor_cmd(path, "fields")), ("lightkeeper", lightkeeper_cmd(path))]
-                for name, cmd in trio[i % 3:] + trio[: i % 3]:
-                    runs[name].append(measure(cmd))
+                # rotate which of the four goes first
+                four = [("floor", floor_cmd(path), None), ("fields", floor_cmd(path, "fields"), None),
+                        ("lightkeeper", lightkeeper_cmd(path), None), ("python", lightkeeper_cmd(path), pure)]
+                for name, cmd, env in four[i % 4:] + four[: i % 4]:
+                    runs[name].append(measure(cmd, env=env))
             runs["serial"].append(measure(lightkeeper_cmd(path, jobs=1)))  # for reference: once
             for name, measured in runs.items():
                 row[name] = _median_run(measured)
@@ -265,10 +278,12 @@ def compare(workdir: Path, shapes: list[str], sizes: list[tuple[int, int]], repe
             _ratios(row, runs)
             rows.append(row)
             print(json.dumps(row), flush=True)
-            print(f"# {shape} {ranks} x {entries}: lightkeeper vs load floor: wall {row['vs_floor']:.2f}x, "
-                  f"CPU {row['vs_floor_cpu']:.2f}x (target <= {TARGET_FLOOR}x); vs fields floor: wall "
-                  f"{row['vs_fields']:.2f}x, CPU {row['vs_fields_cpu']:.2f}x; load {row['load_before']:.1f} -> "
-                  f"{row['load_after']:.1f}", flush=True)
+            print(f"# {shape} {ranks} x {entries}: lightkeeper ({row['reader']} reader) vs load floor: wall "
+                  f"{row['vs_floor']:.2f}x, CPU {row['vs_floor_cpu']:.2f}x (target <= {TARGET_FLOOR}x); pure Python "
+                  f"vs load floor: wall {row['python_vs_floor']:.2f}x, CPU {row['python_vs_floor_cpu']:.2f}x; "
+                  f"{row['reader']} vs pure Python: wall {row['vs_python']:.2f}x, CPU {row['vs_python_cpu']:.2f}x; "
+                  f"vs fields floor: wall {row['vs_fields']:.2f}x, CPU {row['vs_fields_cpu']:.2f}x; load "
+                  f"{row['load_before']:.1f} -> {row['load_after']:.1f}", flush=True)
     return rows, failed
 
 
@@ -277,9 +292,13 @@ def _ratios(row: dict, runs: dict[str, list[dict]]) -> None:
     # of their ratios is steadier than a ratio of medians on a shared machine
     # wall ratios (the criterion's measure) and CPU ratios (the whole tree's CPU time: what a
     # loaded machine disturbs least), each the median of the pairs' ratios
-    for floor, name in (("floor", "vs_floor"), ("fields", "vs_fields")):
+    pairs = (("lightkeeper", "floor", "vs_floor"), ("lightkeeper", "fields", "vs_fields"),
+             ("python", "floor", "python_vs_floor"), ("lightkeeper", "python", "vs_python"))
+    for run, floor, name in pairs:
+        if not runs.get(run):  # runs from before the pure-Python run existed (--table of an old --json)
+            continue
         for measure_key, suffix in (("wall_s", ""), ("cpu_s", "_cpu")):
-            ratios = sorted(lk[measure_key] / f[measure_key] for lk, f in zip(runs["lightkeeper"], runs[floor], strict=True))
+            ratios = sorted(lk[measure_key] / f[measure_key] for lk, f in zip(runs[run], runs[floor], strict=True))
             row[name + suffix] = round(ratios[len(ratios) // 2], 3)
             row[f"{name}{suffix}_runs"] = [round(r, 3) for r in ratios]
     lk, tf = row["lightkeeper"], row.get("torchfrtrace")
@@ -291,31 +310,36 @@ def _ratios(row: dict, runs: dict[str, list[dict]]) -> None:
 def table(rows: list[dict]) -> str:
     """Medians (best run in brackets), the targets' verdicts and the load average around each row."""
     lines = [
-        "| dumps (ranks x entries) | torchfrtrace wall / CPU / peak RSS | lightkeeper wall (best) / CPU / peak RSS | "
-        "--jobs 1 wall | load floor wall (best) / CPU | fields floor wall (best) / CPU | speedup | memory | "
-        "vs floor wall | vs floor CPU | vs fields wall / CPU | load avg |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| dumps (ranks x entries) | torchfrtrace wall / CPU / peak RSS | lightkeeper (reader) wall (best) / CPU / peak RSS | "
+        "pure Python wall (best) / CPU | --jobs 1 wall | load floor wall (best) / CPU | fields floor wall (best) / CPU | "
+        "speedup | memory | vs floor wall | vs floor CPU | pure Python vs floor wall / CPU | reader vs pure Python wall / CPU | "
+        "vs fields wall / CPU | load avg |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
         lk, serial, floor, fields = row["lightkeeper"], row["serial"], row["floor"], row.get("fields")
-        tf = row.get("torchfrtrace")
+        tf, python = row.get("torchfrtrace"), row.get("python")
         bound = ">" if tf and tf["timed_out"] else ""
         tf_cell = f"{bound}{tf['wall_s']:.1f} s / {tf['cpu_s']:.1f} s / {bound}{tf['peak_rss_mib']:.0f} MiB" if tf else "-"
         speed = f"{bound}{row['speedup']:.1f}x {_mark(row['speedup'] >= TARGET_SPEEDUP)}" if tf else "-"
         mem = f"1/{1 / row['memory_ratio']:.0f} {_mark(row['memory_ratio'] <= TARGET_MEMORY)}" if tf else "-"
-        # runs from before the fields floor existed (--table of an old --json) have none
+        # runs from before the fields floor, the CPU ratios or the pure-Python run existed
+        # (--table of an old --json) have none
         fields_cell = f"{fields['wall_s']:.2f} s ({min(fields['walls_s']):.2f}) / {fields['cpu_s']:.2f} s" if fields else "-"
+        python_cell = f"{python['wall_s']:.2f} s ({min(python['walls_s']):.2f}) / {python['cpu_s']:.2f} s" if python else "-"
         vs_fields = f"{row['vs_fields']:.2f}x" if "vs_fields" in row else "-"
         if "vs_fields_cpu" in row:
             vs_fields += f" / {row['vs_fields_cpu']:.2f}x"
-        # runs from before the CPU ratios were kept have none
         vs_cpu = f"{row['vs_floor_cpu']:.2f}x {_mark(row['vs_floor_cpu'] <= TARGET_FLOOR)}" if "vs_floor_cpu" in row else "-"
+        python_vs = f"{row['python_vs_floor']:.2f}x / {row['python_vs_floor_cpu']:.2f}x" if "python_vs_floor" in row else "-"
+        vs_python = f"{row['vs_python']:.2f}x / {row['vs_python_cpu']:.2f}x" if "vs_python" in row else "-"
         lines.append(
             f"| {row['shape']} {row['ranks']} x {row['entries']} ({row['dump_mib']:.0f} MiB) | {tf_cell} | "
-            f"{lk['wall_s']:.2f} s ({min(lk['walls_s']):.2f}) / {lk['cpu_s']:.2f} s / {lk['peak_rss_mib']:.0f} MiB | "
+            f"({row.get('reader', '?')}) {lk['wall_s']:.2f} s ({min(lk['walls_s']):.2f}) / {lk['cpu_s']:.2f} s / "
+            f"{lk['peak_rss_mib']:.0f} MiB | {python_cell} | "
             f"{serial['wall_s']:.2f} s | {floor['wall_s']:.2f} s ({min(floor['walls_s']):.2f}) / {floor['cpu_s']:.2f} s | "
             f"{fields_cell} | {speed} | {mem} | {row['vs_floor']:.2f}x {_mark(row['vs_floor'] <= TARGET_FLOOR)} | "
-            f"{vs_cpu} | {vs_fields} | "
+            f"{vs_cpu} | {python_vs} | {vs_python} | {vs_fields} | "
             f"{row['load_before']:.1f} -> {row['load_after']:.1f} |"
         )
     return "\n".join(lines)
@@ -349,6 +373,76 @@ def threshold(workdir: Path, repeat: int) -> list[dict]:
     return rows
 
 
+# ---- per-dump stages ---------------------------------------------------------------------------
+
+
+def stages(workdir: Path, shapes: list[str], ranks_list: list[int], entries: int, sample: int) -> list[dict]:
+    """Per-dump CPU time (``process_time``, in this process, cyclic GC off as in the loader) of
+    each stage, on ``sample`` files of each job, the tasks run one after another on each file in
+    rotating order: the floor's task (read and unpickle, ``loader.read_outcome``); the C
+    reader's parse and its columns alone; the worker's whole task (``loader.load_packed``: read,
+    normalize, pack, pickle) with the C reader and with Python's (``LIGHTKEEPER_ANALYZE_PURE_PYTHON=1``).
+    Medians per dump in ms."""
+    import gc
+    import statistics
+
+    from monitor.analysis import loader
+    from monitor.analysis.columnar import _KEYS
+
+    reader = loader._c_reader()
+    rows = []
+    for ranks in ranks_list:
+        for shape in shapes:
+            path = write_job(workdir, shape, ranks, entries)
+            files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+            files = files[:: max(1, len(files) // sample)][:sample]
+            times: dict[str, list[float]] = {"floor": [], "c_parse": [], "c_columns": [], "c_task": [], "python_task": []}
+
+            def task(pure: str, file: Path) -> None:
+                os.environ[loader.PURE_PYTHON_ENV] = pure
+                try:
+                    loader.load_packed(file)
+                finally:
+                    del os.environ[loader.PURE_PYTHON_ENV]
+
+            def parts(file: Path, times: dict[str, list[float]] = times) -> None:
+                start = time.process_time()
+                doc = reader.parse(file.read_bytes())
+                mid = time.process_time()
+                doc.columns(_KEYS, "duration_ms")
+                times["c_columns"].append(time.process_time() - mid)
+                times["c_parse"].append(mid - start)
+
+            steps: list[tuple[str | None, object]] = [("floor", loader.read_outcome), ("python_task", lambda f: task("1", f))]
+            if reader is not None:
+                steps += [("c_task", lambda f: task("", f)), (None, parts)]
+            load_before = os.getloadavg()[0]
+            was = gc.isenabled()
+            gc.disable()
+            try:
+                for i, file in enumerate(files):
+                    for name, step in steps[i % len(steps):] + steps[: i % len(steps)]:
+                        start = time.process_time()
+                        step(file)  # type: ignore[operator]
+                        if name:
+                            times[name].append(time.process_time() - start)
+            finally:
+                if was:
+                    gc.enable()
+            row: dict = {"shape": shape, "ranks": ranks, "entries": entries, "files": len(files),
+                         "reader": "c" if reader is not None else "python", "load_before": load_before,
+                         "load_after": os.getloadavg()[0]}
+            for name, values in times.items():
+                if values:
+                    row[f"{name}_ms"] = round(statistics.median(values) * 1e3, 3)
+            for name in ("c_task", "python_task"):
+                if f"{name}_ms" in row:
+                    row[f"{name}_vs_floor"] = round(row[f"{name}_ms"] / row["floor_ms"], 3)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes only (smoke run)")
@@ -363,6 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="where to write dumps (default: a temp dir, removed); reused when given")
     parser.add_argument("--no-torchfrtrace", action="store_true", help="measure lightkeeper only")
     parser.add_argument("--threshold", action="store_true", help="measure where the worker pool pays off, and stop")
+    parser.add_argument("--stages", type=int, default=None, metavar="FILES",
+                        help="per-dump CPU time of each stage on FILES dumps of each job, in this process, and stop")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--table", type=Path, default=None, metavar="JSON",
                         help="print the table of an earlier run's --json file, and stop")
@@ -381,6 +477,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.threshold:
             rows = threshold(workdir, args.repeat)
+            failed = False
+        elif args.stages:
+            rows = stages(workdir, args.shapes, [32] if args.quick else (args.ranks or [256, 1024]),
+                          500 if args.quick else args.entries, args.stages)
             failed = False
         else:
             ranks = [32] if args.quick else (args.ranks or [256, 1024])
