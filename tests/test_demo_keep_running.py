@@ -10,6 +10,10 @@ nothing else here): it carries the demo's dry-run wiring (the monitor runs dry, 
 restart, no spare), which needs no demo of its own. That a real monitor holds a real finding
 under --dry-run (tests/test_monitor_api.py) and that the demo's story ends at the hold
 (tests/test_demo_faulttrack.py) are tested on their own parts.
+
+The ``--duration`` run's job (3 groups x 2 ranks under torchrun) also carries FT-HSDP's Flight
+Recorder evidence (``check_ft_hsdp``), which had a 2 x 2 torchrun job of its own in
+tests/test_trainer_faults_e2e.py.
 """
 
 from __future__ import annotations
@@ -58,9 +62,10 @@ def get_json(url: str):
 
 
 MODES = {
-    "duration": ["--no-faults", "--duration", "5"],  # the scenario ends by its --duration
-    # ... or when every group trained its --steps
-    "steps": ["--no-faults", "--steps", "15", "--dry-run"],
+    "duration": ["--no-faults", "--duration", "3"],  # the scenario ends by its --duration
+    # ... or when every group trained its --steps. Without Prometheus: the duration run
+    # checks it serves; two of them would only take CPU from the two jobs' start
+    "steps": ["--no-faults", "--steps", "8", "--dry-run", "--no-prometheus"],
 }
 
 
@@ -74,7 +79,7 @@ class RunningDemo:
 @pytest.fixture(scope="module")
 def demos(tmp_path_factory):
     """Both demos, started at once; each test checks and stops its own. Much of a demo's
-    start is waiting (the first quorum, then the scenario's 5 s or 15 steps), so the two
+    start is waiting (the first quorum, then the scenario's 3 s or 8 steps), so the two
     overlap well. Each has a TMPDIR of its own, hence its own lock file (the lock keeps a
     user from starting a second demo by mistake; these two share nothing: ephemeral ports,
     their own report directories)."""
@@ -100,6 +105,22 @@ def demos(tmp_path_factory):
                     demo.proc.wait(timeout=90)
                 except subprocess.TimeoutExpired:
                     stop_process(demo.proc, grace=0)
+
+
+def check_ft_hsdp(text: str) -> None:
+    """FT-HSDP under torchrun, from a rank's Flight Recorder: group 0's rank 1 (torchrun's
+    second worker; the agent hosts the group's store) in a quorum of the 3 groups reduces across
+    them with global ranks 1, 3 and 5 (torchft's gloo all_reduce) and all-gathers inside its
+    group (FSDP2). This job runs anyway: a 2 x 2 torchrun job of its own took ~20 s."""
+    [url] = re.findall(r"curl (\S+)/v1/state +# group 0 rank 1$", text, re.M)
+    poll(lambda: (get_json(url + "/v1/state") or {}).get("num_participants") == 3, 30,
+         "group 0's rank 1 in a quorum of the 3 groups")
+    dump = get_json(url + "/v1/fr_trace")
+    inc = dump["incarnations"][-1]
+    assert inc["group_rank"] == 1 and inc["global_ranks"] == [1, 3, 5], inc
+    names = {(e["process_group"][0], e["profiling_name"]) for e in dump["entries"]}
+    assert ("", "gloo:all_reduce") in names, names  # across groups (torchft)
+    assert any(n.startswith("gloo:all_gather") for _, n in names), names  # FSDP2 inside
 
 
 @pytest.mark.parametrize("name", list(MODES))
@@ -151,9 +172,10 @@ def test_keep_running_stays_up_until_sigterm(demos, name):
             steps = {u: get_json(u + "/v1/state")["step"] for u in ranks}
             poll(lambda: all((get_json(u + "/v1/state") or {}).get("step", -1) > steps[u]
                              for u in ranks), 60, "every rank to keep stepping")
+            check_ft_hsdp(text)
         else:  # --steps: the groups finished their steps and exited; the rest stays up
             assert [e["detail"] for e in report["events"] if e["kind"] == "stop"] == [
-                "every group trained 15 steps"], report["events"]
+                "every group trained 8 steps"], report["events"]
         assert proc.poll() is None, "the demo exited on its own"
     finally:
         if proc.poll() is None:
@@ -164,6 +186,9 @@ def test_keep_running_stays_up_until_sigterm(demos, name):
     assert "Traceback" not in text, text[-4000:]
     final = json.loads((report_dir / "report.json").read_text())
     assert final["outcome"] == "completed"
+    if "--duration" in mode:  # healthy to the end: the whole run, its checks above included
+        assert final["detections"] == [] and final["faults"] == [], final["detections"]
+        assert [p["name"] for p in final["phases"]] == ["healthy"], final["phases"]
     pids = set(final["pids"]) | set(report["pids"])
     assert len(pids) >= 5  # Lighthouse, monitor, the groups and their ranks
     poll(lambda: all(gone(p) for p in pids), 30, "every process the demo started to be gone")
