@@ -474,12 +474,14 @@ def _answered(url: str, prev: RankView | None, state: dict[str, Any], now: float
 
 def _shape(s: dict[str, Any]) -> tuple:
     """What of an answered state the view's groups and a verdict rest on, besides progress:
-    identity claims (monitor.verification.claims), quorum, participation and host. A rank
-    answering again with the same shape and verdict moved on only (ViewBuilder: a moved group);
-    one whose shape is the same is not judged again (its verdict's inputs are the same)."""
+    identity claims (monitor.verification.claims), quorum, participation, host, node and
+    device (the host ledger's claim). A rank answering again with the same shape and verdict
+    moved on only (ViewBuilder: a moved group; not in ``ViewBuilder.reshaped``); one whose
+    shape is the same is not judged again (its verdict's inputs are the same)."""
     g = s.get
     return (s["replica_group"], s["rank"], s["group_rank"], s["quorum_id"], g("replica_id"),
-            g("group_world_size"), g("num_participants"), g("participating", True), g("host"))
+            g("group_world_size"), g("num_participants"), g("participating", True), g("host"),
+            g("node"), g("device"))
 
 
 class _Sums:
@@ -556,6 +558,9 @@ class ViewBuilder:
         self._shapes: dict[str, tuple] = {}  # url -> _shape of its last answer
         self._sums, self._ev_sums = _Sums(), _Sums()
         self.changed: set[str] = set()  # URLs whose RankView the last update made anew
+        # those of them that did more than progress (not a moving rank: its shape, node and
+        # device, reachability, verdict and ``superseded`` are the last view's)
+        self.reshaped: set[str] = set()
         self._unreachable: dict[str, float] = {}
         self._judged = False
 
@@ -655,6 +660,7 @@ class ViewBuilder:
         groups = self._regroup(current, changed, moving, rest, judge is not None)
         self._ranks = current
         self.changed = changed
+        self.reshaped = rest
         # ``current`` is not changed after this: the next update starts from a copy
         view = ClusterView(at=now, ranks=current, sweep_seconds=sweep_seconds,
                            groups=groups, ungrouped=list(self._members.get(None, {}).values()),
@@ -777,6 +783,7 @@ class ViewBuilder:
                         r = current[url] = members[url] = r.clone()
                         changed.add(url)
                     r.superseded = sup
+                    rest.add(url)
                 (old if sup else ranks).append(r)
             gv = None
             if not ranks:
