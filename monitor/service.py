@@ -415,8 +415,8 @@ class Monitor:
         """quarantined_host findings (opened in the detectors, so they resolve like others);
         those whose hosts are no longer quarantined are resolved. Never raises."""
         try:
-            # only the ranks whose RankView this sweep made anew (docs/scaling.md)
-            self.hosts.observe(view, now, self.views.changed)
+            # only the ranks whose RankView did more than progress this sweep (docs/scaling.md)
+            self.hosts.observe(view, now, self.views.reshaped)
             bad = set(self.hosts.quarantined())
             for f in self.detectors.open_findings():
                 if f.kind == "quarantined_host" and not bad & set(f.evidence.get("hosts", {})):
