@@ -117,9 +117,10 @@ class HostLedger:
         """Node, devices and last-seen time of every host a rank reports (nothing is stored
         for hosts that never offended: the ledger stays the size of the trouble).
 
-        ``changed``: the URLs whose RankView differs from the previous call's view
-        (``ViewBuilder.changed``); only those are read, the other ranks' claims are kept from
-        before. None (or every rank) reads every rank afresh."""
+        ``changed``: the URLs whose RankView may claim another host, replica id, node, device
+        or ``superseded`` than in the previous call's view (``ViewBuilder.reshaped``: the
+        monitor's; ``ViewBuilder.changed`` holds them too); only those are read, the other
+        ranks' claims are kept from before. None (or every rank) reads every rank afresh."""
         with self._lock:
             ranks = view.ranks
             if changed is None or len(changed) >= len(ranks) or self._observed is None:
