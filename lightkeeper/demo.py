@@ -42,7 +42,7 @@ from .scenario import FaultPlan, Scenario, default_faults, parse_inject
 
 LOCK_NAME = "lightkeeper-demo.lock"
 TICK_S = 0.5
-LEDGER_WAIT_S = 30.0  # after the healthy end, for the ledger's back-at-pace verdicts
+LEDGER_WAIT_S = Scenario.ledger_wait_s  # the default wait for the ledger's back-at-pace verdicts
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -86,6 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # stage timings (tests and impatient people); see lightkeeper/scenario.py
     s = Scenario()
     for flag, attr in (("--healthy-s", "healthy_s"), ("--end-s", "end_s"),
+                       ("--ledger-wait", "ledger_wait_s"),
                        ("--slow-delay", "slow_delay_s"), ("--strike-timeout", "strike_timeout_s"),
                        ("--detect-timeout", "detect_timeout_s"),
                        ("--evict-timeout", "evict_timeout_s"),
@@ -663,7 +664,7 @@ class Demo:
             self.status = "following the faults"
             self.wait(self.story_over, float("inf"))
             # and the monitor's ledger saw the job back at pace: each fault measured alone
-            self.wait(self.ledger_settled, LEDGER_WAIT_S)
+            self.wait(self.ledger_settled, self.sc.ledger_wait_s)
             # No refill of a used spare here: its import would slow the job that is being
             # measured (on this machine a spare shares the cores; a real one waits elsewhere).
             self.inject_live(plan)
@@ -674,9 +675,10 @@ class Demo:
         self.status = f"healthy end ({self.sc.end_s:g}s)"
         self.wait(lambda: False, self.sc.end_s)
         # The ledger says a job is back at pace once a whole pace window (20 steps, 3 s at
-        # least) after the eviction was at pace: give it that long to say so (at most 30 s).
+        # least) after the eviction was at pace: give it that long to say so (at most
+        # --ledger-wait, 30 s).
         self.status = "waiting for the monitor's ledger to see the job back at pace"
-        self.wait(self.ledger_settled, LEDGER_WAIT_S)
+        self.wait(self.ledger_settled, self.sc.ledger_wait_s)
 
     # --- live injection -----------------------------------------------------------------------
     def post_fault(self, urls: list[str], spec: str) -> bool:
@@ -808,6 +810,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     faults = [] if args.no_faults else plans or default_faults(args.groups, args.ranks_per_group)
     sc = Scenario(faults=faults, healthy_s=args.healthy_s, end_s=args.end_s,
+                  ledger_wait_s=args.ledger_wait_s,
                   slow_delay_s=args.slow_delay_s, strike_timeout_s=args.strike_timeout_s,
                   detect_timeout_s=args.detect_timeout_s,
                   evict_timeout_s=args.evict_timeout_s, rejoin_timeout_s=args.rejoin_timeout_s,

@@ -33,6 +33,8 @@ class Scenario:
     faults: list[FaultPlan] = field(default_factory=list)
     healthy_s: float = 8.0         # healthy phase before the first fault (the baseline rate)
     end_s: float = 6.0             # healthy phase after the last fault
+    ledger_wait_s: float = 30.0    # after a story (and the healthy end), at most this long
+    #                                for the monitor's ledger to see the job back at pace
     slow_delay_s: float = 0.6      # slow_compute:delay= of the default straggler rank
     hang_in_steps: int = 4         # hang:at_step = current step + this
     strike_timeout_s: float = 30.0  # armed -> struck, plus 2 s per step still to go
