@@ -35,7 +35,8 @@ typedef struct {
     } v;
     int32_t n;       /* payload length; K_TUPLE: item count; K_LIST, K_DICT: last chunk or -1 */
     uint8_t kind;
-    uint8_t shared;  /* memoized: may be referenced again, so it is built once (as pickle does) */
+    uint8_t shared;  /* fetched from the memo: referenced more than once, so built once (as
+                        pickle does); a node only memoized is referenced once, built fresh */
     uint8_t busy;    /* a tuple being built: met again means a cycle through a tuple: refused */
 } Node;
 
@@ -141,7 +142,6 @@ static int memo_put(Dump *d, Machine *m, uint64_t idx, Py_ssize_t limit) {
     for (Py_ssize_t i = old; i < m->memo_cap; i++) m->memo[i] = -1;
     if (m->memo[idx] < 0) m->memo_len++;  /* MEMOIZE's next index, as pickle counts it */
     m->memo[idx] = m->stack[m->sp - 1];
-    d->nodes[m->stack[m->sp - 1]].shared = 1;
     return 0;
 }
 
@@ -297,6 +297,7 @@ static int parse(Dump *d) {
             u = le(p, k);
             p += k;
             if (u >= (uint64_t)m.memo_cap || m.memo[u] < 0) { refuse("memo value not found"); goto fail; }
+            d->nodes[m.memo[u]].shared = 1;
             PUSH(m.memo[u]);
             break;
         }
@@ -422,6 +423,41 @@ static int32_t lookup(Dump *d, int32_t dict, const char *s, Py_ssize_t n) {
     return found;
 }
 
+/* Whether two nodes would build equal values of the same types, for values that nothing else
+   refers to (not shared) made of lists, tuples and scalars but floats (NaN != NaN): the
+   entries' sizes, dtypes and process groups, which torch's pickler writes afresh for every
+   entry. A column builds such a value once and gives the next equal one the same object:
+   unobservable, since no other reference to it exists, and the analysis only reads them. */
+static int same_plain(Dump *d, int32_t a, int32_t b, int depth) {
+    Node *x = &d->nodes[a], *y = &d->nodes[b];
+    if (a == b) return x->kind != K_FLOAT;
+    if (x->kind != y->kind || depth > 8) return 0;
+    switch (x->kind) {
+    case K_NONE: case K_TRUE: case K_FALSE: return 1;
+    case K_INT: return x->v.i == y->v.i;
+    case K_STR: case K_BYTES: case K_BIGINT:
+        return x->n == y->n && memcmp(PyBytes_AS_STRING(d->data) + x->v.off, PyBytes_AS_STRING(d->data) + y->v.off, (size_t)x->n) == 0;
+    case K_TUPLE:
+        if (x->shared || y->shared || x->n != y->n) return 0;
+        for (int32_t i = 0; i < x->n; i++)
+            if (!same_plain(d, d->items[x->v.off + i], d->items[y->v.off + i], depth + 1)) return 0;
+        return 1;
+    case K_LIST: {
+        if (x->shared || y->shared) return 0;
+        int32_t cx = (int32_t)x->v.off, cy = (int32_t)y->v.off, ix = 0, iy = 0;
+        for (;;) {  /* the two lists' chunks may split their items differently */
+            while (cx >= 0 && ix == d->chunks[cx].count) { cx = d->chunks[cx].next; ix = 0; }
+            while (cy >= 0 && iy == d->chunks[cy].count) { cy = d->chunks[cy].next; iy = 0; }
+            if (cx < 0 || cy < 0) return cx < 0 && cy < 0;
+            if (!same_plain(d, d->items[d->chunks[cx].start + ix++], d->items[d->chunks[cy].start + iy++], depth + 1)) return 0;
+        }
+    }
+    default: return 0;
+    }
+}
+
+#define RECENT 4  /* distinct values a column remembers: groups that take turns (steady: 3) */
+
 static int check(Dump *d) {
     return d->broken ? refuse("an earlier build failed") : 0;
 }
@@ -524,9 +560,25 @@ static PyObject *Dump_columns(Dump *d, PyObject *args) {
         PyObject *col = PyTuple_New(n);
         if (!col) { Py_DECREF(cols); goto error; }
         PyTuple_SET_ITEM(cols, k, col);
+        int32_t recent_id[RECENT];
+        PyObject *recent[RECENT];  /* borrowed: the column holds them */
+        int n_recent = 0, next_slot = 0;
         for (Py_ssize_t r = 0; r < n; r++) {
-            PyObject *v = build(d, cells[r * (nk + 1) + k], 1);
-            if (!v) { Py_DECREF(cols); goto error; }
+            int32_t id = cells[r * (nk + 1) + k];
+            Node *nd = &d->nodes[id];
+            PyObject *v = NULL;
+            int plain = (nd->kind == K_LIST || nd->kind == K_TUPLE) && !nd->shared;
+            for (int i = 0; plain && i < n_recent && !v; i++)
+                if (same_plain(d, recent_id[i], id, 0)) v = Py_NewRef(recent[i]);
+            if (!v) {
+                if (!(v = build(d, id, 1))) { Py_DECREF(cols); goto error; }
+                if (plain) {
+                    recent_id[next_slot] = id;
+                    recent[next_slot] = v;
+                    next_slot = (next_slot + 1) % RECENT;
+                    if (n_recent < RECENT) n_recent++;
+                }
+            }
             PyTuple_SET_ITEM(col, r, v);
         }
     }
