@@ -59,6 +59,8 @@ import math
 import statistics
 from collections import deque
 from dataclasses import asdict, dataclass, field
+from itertools import compress
+from operator import is_not
 from typing import Any
 
 from .view import ClusterView
@@ -300,6 +302,9 @@ def _cum_at(judged: deque, t: float) -> int | None:
     return cum
 
 
+_SLOTS = range(1 << 30)  # slot numbers for compress(): a group's ranks, by position
+
+
 def _trim(history: deque, now: float, keep: float) -> None:
     """Keep one sample at or before ``now - keep`` and everything after."""
     while len(history) >= 2 and history[1][0] <= now - keep:
@@ -424,10 +429,10 @@ class GoodputLedger:
                 # the usual leader sweep: one or two ranks answered anew, the others are the
                 # RankView objects read last sweep (a view never changes one): read the new
                 _, seen, commits, sizes_of = read
-                for i, r in enumerate(reach):
-                    if r is not seen[i]:
-                        seen[i] = r
-                        commits[i], sizes_of[i] = _rank_counts(r, rid)
+                # the slots whose RankView is not the one read, told in C (usually the leader)
+                for i in compress(_SLOTS, map(is_not, reach, seen)):
+                    r = seen[i] = reach[i]
+                    commits[i], sizes_of[i] = _rank_counts(r, rid)
             else:
                 seen = list(reach)
                 commits, sizes_of = [], []
@@ -436,8 +441,9 @@ class GoodputLedger:
                     commits.append(c)
                     sizes_of.append(n)
                 grp.read = (rid, seen, commits, sizes_of)
-            c = max([v for v in commits if v is not None], default=None)
-            sizes = [v for v in sizes_of if v is not None]
+            c = max(commits) if commits and None not in commits else \
+                max([v for v in commits if v is not None], default=None)
+            sizes = sizes_of if None not in sizes_of else [v for v in sizes_of if v is not None]
             if sizes:
                 grp.gpus = sizes[0] if sizes.count(sizes[0]) == len(sizes) \
                     else max(set(sizes), key=sizes.count)
