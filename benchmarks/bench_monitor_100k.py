@@ -177,6 +177,15 @@ class PollerCpu:
         return 0.0, proc_cpu(f"/proc/self/task/{poller._thread.native_id}/stat")
 
 
+def child_peak_rss_mib(mon: Monitor) -> float | None:
+    """The poller process's peak resident memory, MiB (None with the in-thread poller)."""
+    pid = getattr(mon.poller, "pid", None)
+    if pid is None:
+        return None
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
+
+
 class PollToFindings:
     """Seconds from a sweep's asking its ranks (/v1/state: the first such request after the
     previous sweep's detectors, which with the poller process may be sent during the previous
@@ -463,6 +472,7 @@ def main() -> int:
                 while time.perf_counter() - settle < 20 and mon.detectors.open_findings():
                     mon.sweep_once()  # findings of the hang resolve once every group steps
                 row.update(straggler_phase(mon, procs, args.groups // 3, args))
+                row["poller_process_peak_rss_mib"] = child_peak_rss_mib(mon)
             finally:
                 mon.stop()
     finally:
