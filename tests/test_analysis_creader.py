@@ -76,7 +76,7 @@ ALL = {**FAST, **FALLBACK, **EQUAL_BY_VALUE}
 @pytest.mark.parametrize("protocol", [2, 5])
 @pytest.mark.parametrize("name", sorted(ALL))
 def test_same_trace_and_packed_trace_as_the_python_path(name, protocol, fallbacks):
-    for rank, dump in ALL[name]().items():
+    for rank, dump in list(ALL[name]().items())[:4]:  # 4 ranks of each job are enough, and cheap
         data = pickle.dumps(dump, protocol=protocol)
         assert frpickle.parse(data).load() == pickle.loads(data)
         expected = normalize_columnar(pickle.loads(data), rank)
@@ -166,12 +166,15 @@ def test_classes_are_refused_by_both_readers(tmp_path):
 def test_fixtures_and_faulty_jobs_load_alike_through_the_loader(tmp_path):
     for directory in ("nccl-fr-h100/pickle", "nccl-fr-h100/timeout", "nccl-fr-h100/inflight", "fr-format-sample/pickle"):
         assert_loader_agrees(FIXTURES / directory)
-    for i, name in enumerate(sorted(ALL)):
+    for i, name in enumerate(sorted(set(ALL) - BIG)):
         job = tmp_path / str(i)
         job.mkdir()
         for rank, dump in ALL[name]().items():
             (job / f"rank{rank}").write_bytes(pickle.dumps(dump, protocol=2))
         assert_loader_agrees(job)
+
+
+BIG = {"steady", "steady gloo", "plain"}  # healthy and common: compared above, per dump
 
 
 def assert_loader_agrees(directory: Path) -> loader.LoadResult:
@@ -216,7 +219,7 @@ def hostile_inputs() -> list[bytes]:
     framed = pickle.dumps(plain_dump(1, 4, 6), protocol=5)
     out = [base[:i] for i in range(len(base))] + [framed[:i] for i in range(0, len(framed), 7)]
     rng = random.Random(10)
-    for _ in range(1500):
+    for _ in range(1000):
         mutant = bytearray(rng.choice((base, framed)))
         for _ in range(rng.randint(1, 3)):
             mutant[rng.randrange(2, len(mutant))] = rng.randrange(256)
@@ -281,17 +284,18 @@ def test_hostile_bytes_give_a_clean_error_or_the_python_verdict_under_dev_mode()
     assert res.returncode == 0, (res.returncode, res.stdout[-2000:], res.stderr[-2000:])
     accepted, refused, mismatched = map(int, res.stdout.split()[:3])
     assert mismatched == 0
-    assert accepted > 200, "too few mutants were read by the C reader: the comparison would be vacuous"
+    assert accepted > 100, "too few mutants were read by the C reader: the comparison would be vacuous"
     assert refused > 1000  # every truncation, at least
 
 
 def test_no_leak_over_many_loads():
-    good = pickle.dumps(plain_dump(0, 2, 200, frames=2), protocol=2)
-    deep = plain_dump(0, 2, 20)
+    good = pickle.dumps(plain_dump(0, 2, 60, frames=2), protocol=2)
+    deep = plain_dump(0, 2, 10)
     nested: list = []
     for _ in range(150):
         nested = [nested]
     deep["entries"][0]["frames"] = nested  # parsed, then a build fails half-way
+    deep_data = pickle.dumps(deep, protocol=2)
 
     def once():
         d = frpickle.parse(good)
@@ -300,22 +304,23 @@ def test_no_leak_over_many_loads():
         for bad in (good[:-1], good[: len(good) // 2]):
             with pytest.raises(frpickle.DumpRefused):
                 frpickle.parse(bad)
-        d = frpickle.parse(pickle.dumps(deep, protocol=2))
+        d = frpickle.parse(deep_data)
         for method in (lambda: d.columns(_KEYS, "duration_ms"), d.load):
             with pytest.raises(frpickle.DumpRefused):
                 method()
 
     tracemalloc.start()
     try:
-        for _ in range(50):  # allocators' free lists and caches fill up first (traced too)
+        for _ in range(30):  # allocators' free lists and caches fill up first (traced too)
             once()
         gc.collect()  # the caught exceptions' tracebacks are cycles: only the collector frees them
         before = tracemalloc.get_traced_memory()[0]
-        for _ in range(300):
+        for _ in range(100):
             once()
         gc.collect()
         grown = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    # one leaked object per entry and load would be hundreds of KiB by now
-    assert grown < 64 * 1024, grown
+    # leak-free, nothing grows once warm (measured: 0 to 32 bytes); one leaked object of the
+    # smallest size (a 1-tuple, 48 bytes) per round would be 4.8 KiB, one per entry 290 KiB
+    assert grown < 4096, grown
