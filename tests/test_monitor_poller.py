@@ -20,11 +20,14 @@ def sim():
     s.stop()
 
 
-@pytest.fixture(params=["thread", "process"])
+# the Poller on its thread, and in its own process (monitor/poll_process.py): the same
+# answers, failures and bounds
+POLLERS = {"thread": Poller, "process": ProcessPoller}
+
+
+@pytest.fixture(params=list(POLLERS))
 def poller(request):
-    """The Poller on its thread, and in its own process (monitor/poll_process.py): the same
-    answers, failures and bounds."""
-    p = Poller(timeout_s=0.5) if request.param == "thread" else ProcessPoller(timeout_s=0.5)
+    p = POLLERS[request.param](timeout_s=0.5)
     yield p
     p.close()
 
@@ -52,19 +55,24 @@ def test_broken_rank_fails_alone_with_reason(sim, poller, mode, reason):
     assert took < 0.5 + 1.5
 
 
-def test_slow_ranks_are_polled_concurrently():
+@pytest.mark.parametrize("kind", list(POLLERS))
+def test_slow_ranks_are_polled_concurrently_up_to_max_concurrency(kind):
     sim = SimRanks.start(40)
-    p = Poller(timeout_s=2.0)
+    wide, narrow = POLLERS[kind](timeout_s=3.0), POLLERS[kind](timeout_s=3.0, max_concurrency=20)
     try:
         for r in sim.ranks:
             r.set_mode("slow", delay=0.4)
-        start = time.monotonic()
-        polls = p.sweep(sim.urls)
-        took = time.monotonic() - start
-        assert all(x.ok for x in polls.values())
-        assert took < 40 * 0.4 / 4  # sequential would take 16 s
+        took = []
+        for p in (wide, narrow):
+            start = time.monotonic()
+            polls = p.sweep(sim.urls)
+            took.append(time.monotonic() - start)
+            assert all(x.ok for x in polls.values())
+        assert took[0] < 40 * 0.4 / 4  # sequential would take 16 s
+        assert took[1] >= 2 * 0.4 - 0.05  # two waves of 20, not one of 40
     finally:
-        p.close()
+        wide.close()
+        narrow.close()
         sim.stop()
 
 
