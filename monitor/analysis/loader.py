@@ -16,8 +16,14 @@ the trip back straight from the dump's columns and pickled, :mod:`monitor.analys
 process decodes the traces once all are in), and files are taken in the same order for ranks
 and duplicates.
 
-Pickles are read with an unpickler that refuses every class and function: Flight Recorder dumps
-are plain dicts, lists, strings and numbers, and a dump file must not be able to run code. A file
+Pickles are read by the C reader (``_frpickle``, built from ``_frpickle.c`` where a compiler
+was there at install time; :func:`pickle_reader` says whether it is used, and
+``LIGHTKEEPER_ANALYZE_PURE_PYTHON=1`` turns it off): it parses the bytes itself and builds only
+the entries' fields the analysis reads (:func:`~monitor.analysis.columnar.normalize_parsed`),
+and refuses anything but data opcodes. A file it refuses, and every pickle where it is not
+used, is read by Python's unpickler with a subclass that refuses every class and function:
+Flight Recorder dumps are plain dicts, lists, strings and numbers, and a dump file must not be
+able to run code. Both readers give the same trace, or the same error. A file
 that is truncated, corrupt, not JSON or pickle, of a foreign schema, without a rank, or a second
 dump of a rank already loaded becomes an ``errors`` entry (``{"path": .., "error": ..}``); the
 others are still loaded.
