@@ -74,8 +74,9 @@ static int grow(void **arr, Py_ssize_t *cap, Py_ssize_t need, size_t elem) {
     return 0;
 }
 
-static int32_t new_node(Dump *d, uint8_t kind) {
-    if (grow((void **)&d->nodes, &d->cap_nodes, d->n_nodes + 1, sizeof(Node)) < 0) return -1;
+static inline int32_t new_node(Dump *d, uint8_t kind) {
+    /* the capacity test inline: this runs once per value of the dump */
+    if (d->n_nodes == d->cap_nodes && grow((void **)&d->nodes, &d->cap_nodes, d->n_nodes + 1, sizeof(Node)) < 0) return -1;
     Node *nd = &d->nodes[d->n_nodes];
     memset(nd, 0, sizeof(Node));
     nd->kind = kind;
@@ -131,7 +132,7 @@ typedef struct {
 #define NEED(k) do { if (end - p < (Py_ssize_t)(k)) { refuse("truncated pickle"); goto fail; } } while (0)
 #define FENCE (m.n_marks ? m.marks[m.n_marks - 1] : 0)
 #define PUSH(id) do { int32_t id_ = (id); if (id_ < 0) goto fail; \
-    if (grow((void **)&m.stack, &m.cap, m.sp + 1, sizeof(int32_t)) < 0) goto fail; \
+    if (m.sp == m.cap && grow((void **)&m.stack, &m.cap, m.sp + 1, sizeof(int32_t)) < 0) goto fail; \
     m.stack[m.sp++] = id_; } while (0)
 
 static int memo_put(Dump *d, Machine *m, uint64_t idx, Py_ssize_t limit) {
@@ -160,6 +161,11 @@ static int parse(Dump *d) {
     Py_ssize_t x, len;
     uint64_t u;
     if (size > MAX_BYTES) return refuse("input too large");
+    /* a dump has a value per 6 to 7 bytes of pickle: room for most up front (at most 4M nodes,
+       64 MiB), since growing by copies from a small start tripled the parse's time */
+    Py_ssize_t guess = size / 4 < (1 << 22) ? size / 4 + 64 : (1 << 22);
+    if (grow((void **)&d->nodes, &d->cap_nodes, guess, sizeof(Node)) < 0) return -1;
+    if (grow((void **)&d->items, &d->cap_items, guess, sizeof(int32_t)) < 0) return -1;
     NEED(2);
     if (p[0] != 0x80 || p[1] < 2 || p[1] > 5) { refuse("not a pickle of protocol 2 to 5"); goto fail; }
     for (;;) {

@@ -163,7 +163,7 @@ def _load(path: str | Path, packed: bool) -> RankTrace | Packed:
         if data is not None:
             try:
                 return normalize_parsed(reader.parse(data), lambda raw: _rank_of(raw, path), packed)
-            except reader.DumpRefused:
+            except (reader.DumpRefused, MemoryError):
                 pass  # not what it reads (or a dump it cannot build): Python's unpickler decides
     raw, rank = _read_ranked(path)
     return normalize_packed(raw, rank) if packed else normalize_columnar(raw, rank)
