@@ -178,21 +178,22 @@ def _json(body: bytes) -> Any:
 
 
 def judge_body(url: str, body: bytes, latency_s: float, at: float | None = None) -> RankPoll:
-    """The poll of a whole ``200`` answer: its JSON object, or why it is not one."""
-    kw = {} if at is None else {"at": at}
+    """The poll of a whole ``200`` answer: its JSON object, or why it is not one. ``at``: when
+    it came (default now)."""
+    at = time.time() if at is None else at
     try:
         data = _json(body)
         if not isinstance(data, dict):
             raise PollError("bad_response", f"expected a JSON object, got {type(data).__name__}")
-        return RankPoll(url, True, data=data, latency_s=latency_s, **kw)
+        return RankPoll(url, True, data, None, None, None, latency_s, at)  # ~15,000 a sweep
     except PollError as e:
-        return RankPoll(url, False, reason=e.reason, error=str(e), latency_s=latency_s, **kw)
+        return RankPoll(url, False, reason=e.reason, error=str(e), latency_s=latency_s, at=at)
     except ValueError as e:
         return RankPoll(url, False, reason="bad_response", error=f"not JSON: {e}",
-                        latency_s=latency_s, **kw)
+                        latency_s=latency_s, at=at)
     except Exception as e:  # RecursionError on deep nesting
         return RankPoll(url, False, reason="bad_response", error=f"{type(e).__name__}: {e}",
-                        latency_s=latency_s, **kw)
+                        latency_s=latency_s, at=at)
 
 
 def _header(low: bytes, name: bytes) -> bytes | None:
