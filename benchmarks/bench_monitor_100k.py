@@ -21,7 +21,7 @@ this process, with ``--leader-polling on``. It reports:
 - the monitor process's RSS, and its own CPU seconds per sweep (all its threads; the virtual
   ranks' processes excluded), and the seconds its cyclic garbage collector took per sweep;
   of it, the thread that polls (the in-thread poller: HTTP and JSON) or reads the poller
-  process's answers (JSON); the poller process's CPU (monitor/poll_process.py, from 20,000
+  process's answers (JSON); the poller process's CPU (monitor/poll_process.py, from 50,000
   targets) and the virtual ranks' processes' CPU seconds per leader sweep beside it;
 - ``poll_to_findings``: per leader sweep, the seconds from asking its ranks to its detectors'
   end (with the poller process the next sweep is asked during this one's end: a leader sweep's

@@ -65,9 +65,11 @@ GC_FREEZE_MIN_TARGETS = 20_000
 GC_FULL_EVERY = 100
 # From this many targets the poller runs in its own process (monitor/poll_process.py): its
 # ~0.4 s of CPU a sweep at 100,000 ranks then leaves the monitor's interpreter and overlaps the
-# end of the sweep before (Monitor._ask_ahead). Below, sweeps fit in the interval and the
-# in-thread poller has no IPC to pay (docs/scaling.md).
-POLL_PROCESS_MIN_TARGETS = 20_000
+# end of the sweep before (Monitor._ask_ahead). The process costs more CPU per request in all
+# (its IPC: 50 -> 28 + 40 us at 2,000 ranks, load 15.6, bench_poller.py) and gains only where
+# sweeps outlast the interval, which with leader polling on this 2-core box starts at about
+# 50,000-60,000 ranks (docs/scaling.md)
+POLL_PROCESS_MIN_TARGETS = 50_000
 
 def _leads(view: ClusterView, url: str) -> bool:
     """The rank at ``url`` is its group's leader in ``view`` (its group's, not every group's,
