@@ -447,7 +447,8 @@ class Poller:
         A body over ``max_bytes`` (default: the poller's) is a ``bad_response``. ``raw``: a
         ``200`` answer's body is left as bytes in ``data``, not parsed (:func:`judge_body` does
         that where it is read). ``on_answer(url, poll)`` is called on the poller's thread as
-        each poll is done (monitor/poll_process.py streams them to the monitor)."""
+        each poll is done (monitor/poll_process.py streams them to the monitor); the polls are
+        then not kept, and the sweep returns an empty dict."""
         urls = list(dict.fromkeys(urls))
         if not urls:
             return {}
@@ -499,7 +500,7 @@ class Poller:
             sw.inflight.clear()
             sw.on_answer = None
         results = sw.results
-        return {u: results[u] for u in urls}
+        return {u: results[u] for u in urls} if on_answer is None else {}
 
     def _launch(self, sw: _Sweep) -> None:
         """Start requests until ``max_concurrency`` are in flight or none are left."""
@@ -590,8 +591,9 @@ class Poller:
             poll = RankPoll(url, True, data=body, latency_s=now - req.start)
         else:
             poll = judge_body(url, body, now - req.start)
-        sw.results[url] = poll
-        if sw.on_answer is not None:
+        if sw.on_answer is None:
+            sw.results[url] = poll
+        else:  # handed on, not kept (the poller process: 100,000 bodies in its first sweep)
             sw.on_answer(url, poll)
         sw.active -= 1
         if not conn.keep or conn.lost:
@@ -631,8 +633,9 @@ class Poller:
                                                 latency_s=time.monotonic() - req.start))
 
     def _done(self, sw: _Sweep, url: str, poll: RankPoll) -> None:
-        sw.results[url] = poll
-        if sw.on_answer is not None:
+        if sw.on_answer is None:
+            sw.results[url] = poll
+        else:  # handed on, not kept (the poller process: 100,000 bodies in its first sweep)
             sw.on_answer(url, poll)
         sw.active -= 1
         self._launch(sw)
