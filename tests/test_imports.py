@@ -70,9 +70,16 @@ def project_modules() -> dict[str, tuple[Path, bool]]:
     return mods
 
 
+def extension_modules() -> set[str]:
+    """The project's C extensions (a ``.c`` file builds the module of its name, setup.py):
+    ``from . import _frpickle`` imports that module, not its package."""
+    return {module_name(path.with_suffix(".py")) for pkg in PACKAGES
+            for path in (ROOT / pkg).rglob("*.c")}
+
+
 def import_graph() -> dict[str, set[str]]:
     mods = project_modules()
-    known = set(mods)
+    known = set(mods) | extension_modules()
     return {name: imported_modules(path.read_text(), name, is_pkg, known)
             for name, (path, is_pkg) in mods.items()}
 
