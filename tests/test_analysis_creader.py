@@ -324,3 +324,16 @@ def test_no_leak_over_many_loads():
     # leak-free, nothing grows once warm (measured: 0 to 32 bytes); one leaked object of the
     # smallest size (a 1-tuple, 48 bytes) per round would be 4.8 KiB, one per entry 290 KiB
     assert grown < 4096, grown
+
+
+def test_a_memo_index_past_the_file_is_an_error_not_a_huge_memo(tmp_path, monkeypatch):
+    # LONG_BINPUT 2**31 - 1: Python's unpickler would grow its memo to that many slots (~16 GiB
+    # of pointers); the C reader refuses it and the loader must not hand it on
+    monkeypatch.delenv(loader.PURE_PYTHON_ENV, raising=False)
+    if loader.pickle_reader() != "c":
+        pytest.skip("the C reader is not built here (CI asserts it is)")
+    path = tmp_path / "rank0"
+    path.write_bytes(b"\x80\x02}r\xff\xff\xff\x7f.")
+    trace, error = loader.load_outcome(path)
+    assert trace is None
+    assert error.startswith("invalid pickle: memo index out of range"), error

@@ -77,6 +77,11 @@ try:  # the C reader (monitor/analysis/_frpickle.c): an optional build, see pick
 except ImportError:  # not built (no compiler at install time): Python's unpickler reads them all
     _frpickle = None  # type: ignore[assignment]
 
+# Refusals of the C reader for bytes no pickler writes, which Python's unpickler must not be given
+# either: a memo index past the file's size makes it grow its memo to that index (a LONG_BINPUT
+# of 2**31: gigabytes, tens of seconds). Such a file is an error, as a truncated one is.
+_NEVER_PICKLED = frozenset({"memo index out of range"})
+
 # set to 1 to read every pickle with Python's unpickler even where the C reader is built (the
 # tests and benchmarks/bench_analyze.py compare the two)
 PURE_PYTHON_ENV = "LIGHTKEEPER_ANALYZE_PURE_PYTHON"
@@ -163,8 +168,12 @@ def _load(path: str | Path, packed: bool) -> RankTrace | Packed:
         if data is not None:
             try:
                 return normalize_parsed(reader.parse(data), lambda raw: _rank_of(raw, path), packed)
-            except (reader.DumpRefused, MemoryError):
-                pass  # not what it reads (or a dump it cannot build): Python's unpickler decides
+            except reader.DumpRefused as exc:
+                if str(exc) in _NEVER_PICKLED:
+                    raise pickle.UnpicklingError(f"{exc}: not a pickle any pickler writes") from None
+                # otherwise not what it reads: Python's unpickler decides
+            except MemoryError:
+                pass  # a dump it cannot build: Python's unpickler decides
     raw, rank = _read_ranked(path)
     return normalize_packed(raw, rank) if packed else normalize_columnar(raw, rank)
 
