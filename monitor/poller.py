@@ -159,6 +159,15 @@ class _Sweep:
         self.timer: asyncio.TimerHandle | None = None
         self.launching = False
 
+    def take(self, url: str, poll: RankPoll) -> None:
+        """A request is done: its poll is kept, or handed on and not kept (``on_answer``: the
+        poller process, whose first sweep brings 100,000 bodies)."""
+        if self.on_answer is None:
+            self.results[url] = poll
+        else:
+            self.on_answer(url, poll)
+        self.active -= 1
+
 
 _HEAD, _LENGTH, _CHUNKED, _TO_EOF = range(4)  # what a connection is reading
 
@@ -591,11 +600,7 @@ class Poller:
             poll = RankPoll(url, True, data=body, latency_s=now - req.start)
         else:
             poll = judge_body(url, body, now - req.start)
-        if sw.on_answer is None:
-            sw.results[url] = poll
-        else:  # handed on, not kept (the poller process: 100,000 bodies in its first sweep)
-            sw.on_answer(url, poll)
-        sw.active -= 1
+        sw.take(url, poll)
         if not conn.keep or conn.lost:
             conn.abort()
         elif sw.next < len(sw.urls) and not sw.launching:
@@ -633,11 +638,7 @@ class Poller:
                                                 latency_s=time.monotonic() - req.start))
 
     def _done(self, sw: _Sweep, url: str, poll: RankPoll) -> None:
-        if sw.on_answer is None:
-            sw.results[url] = poll
-        else:  # handed on, not kept (the poller process: 100,000 bodies in its first sweep)
-            sw.on_answer(url, poll)
-        sw.active -= 1
+        sw.take(url, poll)
         self._launch(sw)
 
     def _take(self, key: tuple[str, int]) -> _Conn | None:
