@@ -751,11 +751,8 @@ class Detectors:
             if gv is None or g not in in_quorum:
                 continue
             h_in = inner.get(g)
-            peers_blocked = [r for r in (h_in["waiting"] if h_in else []) if r in waits
-                             and waits[r][0] == "group"]
-            if h_in and h_in["culprits"] and peers_blocked and all(
-                    rank_group.get(r) == g for r in h_in["culprits"]) and \
-                    self._not_waiting(view, h_in["culprits"], now, "group"):
+            peers_blocked = self._in_group_blocked(view, g, h_in, waits, rank_group, now)
+            if peers_blocked:
                 level, ranks, found = "in_group", list(h_in["culprits"]), [h_in]
                 waiting = peers_blocked
             else:
@@ -784,6 +781,43 @@ class Detectors:
             if f:
                 new.append(f)
         return new
+
+    def _in_group_blocked(self, view: ClusterView, g: int, h_in: dict | None,
+                          waits: dict[int, tuple], rank_group: _RankGroups,
+                          now: float) -> list[int]:
+        """The peers blocked at least the hang threshold (``waits``) in ``h_in``, the engine's
+        hang inside group ``g``, when it is that group's in-group hang: its culprits all of
+        ``g`` and none itself blocked in the group; else empty."""
+        peers_blocked = [r for r in (h_in["waiting"] if h_in else []) if r in waits
+                         and waits[r][0] == "group"]
+        if h_in and h_in["culprits"] and peers_blocked and all(
+                rank_group.get(r) == g for r in h_in["culprits"]) and \
+                self._not_waiting(view, h_in["culprits"], now, "group"):
+            return peers_blocked
+        return []
+
+    def in_group_hangs(self, view: ClusterView, dumps: Mapping[int, dict],
+                       now: float) -> set[int]:
+        """The groups of the newest quorum whose hang :meth:`update` confirms at the in-group
+        level this sweep from ``dumps`` alone (their own ranks' dumps): no other group's dump
+        changes that (monitor/service.py then skips the leaders' cross-group fetch). Call
+        between :meth:`fr_wanted` and :meth:`update` of one sweep; empty on any error."""
+        try:
+            stalled, _, _, waits = self._stall(view, now)
+            if not stalled or not dumps:
+                return set()
+            traces, _ = normalize_dumps(dumps)
+            inner: dict[int, dict] = {}
+            for h in engine_findings(self.analyzer(traces)):
+                if h["kind"] == "hang" and h["replica_group"] is not None:
+                    inner.setdefault(int(h["replica_group"]), h)
+            in_quorum = {gv.replica_group for gv in view.in_quorum()}
+            rank_group = self._rank_group(view, dumps)
+            return {g for g, h in inner.items() if g in in_quorum and g in view.groups
+                    and self._in_group_blocked(view, g, h, waits, rank_group, now)}
+        except Exception:  # never let it stop the sweep: the caller then fetches everything
+            log.exception("in-group hang check failed")
+            return set()
 
     @staticmethod
     def _not_waiting(view: ClusterView, ranks: list[int], now: float, scope: str) -> bool:
