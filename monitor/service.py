@@ -28,7 +28,7 @@ from .admission import NotAllowed, Unauthorized, registration_authorized
 from .app import create_app
 from .config import ConfigError, MonitorConfig
 from .decisions import Situation, decide
-from .detectors import KINDS, Analyzer, Detectors, Finding
+from .detectors import KINDS, Analyzer, Detectors, Finding, collective_wait
 from .discovery import BadTarget, Discovery, Target, TooManyTargets
 from .goodput import GoodputConfig, GoodputLedger
 from .hosts import HostLedger
@@ -43,7 +43,7 @@ from .sinks import SinkConfigError, build_sink
 from .store import Store
 from .verification import REASONS as TRUST_REASONS
 from .verification import VERIFIED, Verifier
-from .view import ClusterView, ViewBuilder
+from .view import ClusterView, GroupView, ViewBuilder
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,14 @@ def _leads(view: ClusterView, url: str) -> bool:
     leader looked at)."""
     gv = view.groups.get(view.ranks[url].replica_group)
     return gv is not None and gv.leader is not None and gv.leader.url == url
+
+
+def _blocked_in_group(gv: GroupView, now: float) -> bool:
+    """The group's leader answered this sweep blocked in an in-group collective (on a member:
+    what drills a group for a hang inside it, not for being the one the others wait for)."""
+    lead = gv.leader
+    return lead is not None and lead.fresh and bool(lead.reachable) \
+        and collective_wait(lead.state, now)[0] == "group"
 
 
 def _in_quorum_by_replica_id(evidence: ClusterView) -> dict[str | None, set[int]]:
@@ -150,6 +158,7 @@ class Monitor:
         self._gc_frozen = 0  # sweeps since the last full collection (0: not freezing)
         self.sweep_plan = None  # what the last sweep polled (schedule.last may be the next's)
         self._ahead = None  # (targets, plan, PollHandle): the next sweep's, already asked
+        self.fr_leaders_skipped = False  # the last Flight Recorder fetch skipped the leaders'
         self._tail_s = 0.0  # the last sweep's seconds after its decisions
         self._stop = threading.Event()
         self._loop_thread: threading.Thread | None = None
@@ -229,6 +238,7 @@ class Monitor:
             polls = handle.result()
         else:
             targets = self._targets()
+            self._fit_poller(len(targets))
             plan = self.schedule.plan(targets, self.view, self.clock(), self._suspect_groups())
             polls = self.poller.sweep(plan.urls)
         self.sweep_plan = plan
@@ -279,23 +289,26 @@ class Monitor:
         return view
 
     def _targets(self) -> list[Target]:
-        """This sweep's targets (discovery, then this shard's slice), with the poller made
-        ready for them."""
+        """This sweep's targets: discovery's, then this shard's slice."""
         err = self.discovery.refresh()
         if err:
             log.warning("%s", err)
         targets = self.discovery.targets()
         if self.shard is not None:  # this shard's replica groups only (monitor/shard.py)
             targets = self.shard.own_targets(targets, self.poller, self.clock())
-        if len(targets) >= POLL_PROCESS_MIN_TARGETS and type(self.poller) is Poller:
+        return targets
+
+    def _fit_poller(self, n_targets: int) -> None:
+        """Make the poller ready for a sweep of ``n_targets``: from POLL_PROCESS_MIN_TARGETS
+        it runs in its own process (for good), and its pool keeps a connection per target."""
+        if n_targets >= POLL_PROCESS_MIN_TARGETS and type(self.poller) is Poller:
             old = self.poller  # from here on the polling runs in its own process
             self.poller = ProcessPoller(old.timeout_s, old.max_concurrency, old.max_idle,
                                         old.max_bytes)
             old.close()
         # one pooled keep-alive connection per target (+ its Flight Recorder fetch): a smaller
         # pool reconnects every sweep (docs/scaling.md)
-        self.poller.max_idle = max(self.poller.max_idle, len(targets) + 1024)
-        return targets
+        self.poller.max_idle = max(self.poller.max_idle, n_targets + 1024)
 
     def _ask_ahead(self, t0: float, view: ClusterView) -> None:
         """With the poller in its own process, send the next sweep's requests now, while this
@@ -311,6 +324,7 @@ class Monitor:
             return
         try:
             targets = self._targets()
+            self._fit_poller(len(targets))
             plan = self.schedule.plan(targets, view, self.clock(), self._suspect_groups())
             self._ahead = (targets, plan, self.poller.start(plan.urls))
         except Exception:
@@ -346,31 +360,51 @@ class Monitor:
             g for g, lag in self.detectors.last_lags.items() if lag is not None and lag >= floor}
 
     def _fetch_fr(self, view: ClusterView, now: float) -> dict[int, dict]:
+        """This sweep's Flight Recorder dumps, by rank, of the ranks the detectors want.
+
+        The newest FR_LAST entries of every process group from the ranks of drilled groups
+        (every rank, without leader polling); from the leaders of the others only torchft's
+        cross-group group (a cross-group hang or mismatch is judged on those). Kilobytes, not
+        whole ring buffers. The drilled groups' come first: when every drilled group's leader
+        is blocked in an in-group collective and the group's hang is confirmed inside it from
+        its own dumps (``Detectors.in_group_hangs``: a member never entered the collective),
+        no other group's dump changes a finding of this sweep, and the leaders' fetch (~0.9 s
+        and its analysis at 100,000 ranks) is skipped; a group drilled for anything else (the
+        one the others wait for in the cross-group collective) gets the leaders' fetch
+        (docs/scaling.md)."""
         # only ranks polled this sweep (leader polling: leaders and drilled groups)
         urls = [u for u in self.detectors.fr_wanted(view, now) if view.ranks[u].fresh]
+        self.fr_leaders_skipped = False
         if not urls:
             return {}
-        dumps: dict[int, dict] = {}
-        # the newest FR_LAST entries of every process group from the ranks of drilled groups
-        # (every rank, without leader polling); from the leaders of the others only torchft's
-        # cross-group group (a cross-group hang or mismatch is judged on those). Kilobytes, not
-        # whole ring buffers. A rank whose server refuses the filter (400) is asked for its
-        # whole dump (a server that does not know it ignores it and sends the whole dump).
-        plan = self.schedule.last
+        plan = self.sweep_plan if self.sweep_plan is not None else self.schedule.last
         if plan is None or not self.schedule.active(len(view.ranks)):
-            drilled_urls = set(urls)
+            drilled, drilled_urls = set(), set(urls)
         else:  # leader polling: the leaders and the drilled groups only, even on a sweep that
             # asked every rank (the first: 100,000 dumps at once would be gigabytes)
-            drilled_urls = {r.url for g in plan.drilled if g in view.groups
-                            for r in view.groups[g].ranks}
+            drilled = {g for g in plan.drilled if g in view.groups}
+            drilled_urls = {r.url for g in drilled for r in view.groups[g].ranks}
             urls = [u for u in urls if u in drilled_urls or _leads(view, u)]
-        got: dict[str, Any] = {}
-        for part, path in (([u for u in urls if u in drilled_urls], f"?last={FR_LAST}"),
-                           ([u for u in urls if u not in drilled_urls],
-                            f"?pg=torchft&last={FR_LAST_LEADERS}")):
-            if part:
-                got.update(self.poller.sweep(part, "/v1/fr_trace" + path, self.cfg.fr_timeout_s,
-                                             self.cfg.max_fr_bytes))
+        dumps = self._fr_dumps(view, [u for u in urls if u in drilled_urls], f"?last={FR_LAST}")
+        leaders = [u for u in urls if u not in drilled_urls]
+        if leaders and drilled and dumps and all(
+                _blocked_in_group(view.groups[g], now) for g in drilled) \
+                and drilled <= self.detectors.in_group_hangs(view, dumps, now):
+            self.fr_leaders_skipped = True
+        elif leaders:
+            dumps.update(self._fr_dumps(view, leaders,
+                                        f"?pg=torchft&last={FR_LAST_LEADERS}"))
+        return dumps
+
+    def _fr_dumps(self, view: ClusterView, urls: list[str], query: str) -> dict[int, dict]:
+        """``/v1/fr_trace`` + ``query`` of ``urls``, by rank: the dumps that describe the rank
+        that served them. A rank whose server refuses the filter (400) is asked for its whole
+        dump (a server that does not know it ignores it and sends the whole dump)."""
+        dumps: dict[int, dict] = {}
+        if not urls:
+            return dumps
+        got = self.poller.sweep(urls, "/v1/fr_trace" + query, self.cfg.fr_timeout_s,
+                                self.cfg.max_fr_bytes)
         refused = [u for u, p in got.items() if p.status == 400]
         if refused:
             got.update(self.poller.sweep(refused, "/v1/fr_trace", self.cfg.fr_timeout_s,

@@ -1,0 +1,253 @@
+"""The hang's confirming sweep fetches the drilled groups' Flight Recorder first and skips the
+leaders' cross-group dumps only when they cannot change a finding (monitor/service.py
+``Monitor._fetch_fr``, ``Detectors.in_group_hangs``; docs/scaling.md).
+
+A real monitor (its poller, view, schedule with leader polling on, detectors) sweeps 200 groups
+x 2 ranks of tests/test_monitor_detectors.py's synthetic FT-HSDP job over real HTTP: one asyncio
+server answers every rank's ``/v1/state`` and ``/v1/fr_trace`` (the WorkerServer's own filter
+applied) under a path prefix, as the virtual ranks of the 100,000-rank benchmark do. The
+monitor's clock is the job's (the ranks report their waits; no sleeping). A whole-job stall is
+planted three ways:
+
+- a non-leader rank hangs: its leader blocks in the group's all-gather, every other group waits
+  in the cross-group all_reduce. Confirmed in the first sweep whose waits pass the hang
+  threshold, at the in-group level, *without* the leaders' ``pg=torchft`` fetch; the same
+  finding at the same sweep as a monitor that always fetches them;
+- the hung rank is a group's leader (it computes, outside any collective): the others wait for
+  that group, which is drilled for that, not for a blocked leader, so the leaders' dumps are
+  fetched; the hang is confirmed on the leader in the same first sweep;
+- a whole group never arrives at the cross-group all_reduce: only the leaders' dumps show it
+  (a cross-group hang); fetched, confirmed in the same first sweep. A monitor made to skip
+  them (the mutation: every drilled group taken as an in-group hang) misses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from urllib.parse import parse_qs
+
+import pytest
+
+from monitor import service
+from monitor.config import DetectorConfig, MonitorConfig
+from monitor.service import Monitor
+from tests.support.virtual_ranks import _Connection
+from tests.test_monitor_detectors import IN_GROUP_STEP, T0, Job
+from worker_server.app import filter_fr_dump
+
+GROUPS, RANKS = 200, 2
+HUNG_GROUP = 77
+
+
+class JobServer:
+    """The job's ranks over HTTP, rank r at ``http://127.0.0.1:<port>/r/<r>``; remembers what
+    was asked (rank, endpoint, query)."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.asked: list[tuple[int, str, str]] = []
+        self._fr: dict[tuple[int, str], bytes] = {}
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.server = asyncio.run_coroutine_threadsafe(
+            self.loop.create_server(lambda: _Connection(self), "127.0.0.1", 0),
+            self.loop).result(10)
+        port = self.server.sockets[0].getsockname()[1]
+        self.urls = [f"http://127.0.0.1:{port}/r/{r}" for r in range(job.world)]
+
+    def fr_changed(self) -> None:
+        """The job's collectives moved on: dumps are rendered again when next asked."""
+        self._fr = {}
+
+    def answer(self, request_line: bytes) -> tuple[bytes, bytes]:
+        target = request_line.split()[1].decode()
+        path, _, query = target.partition("?")
+        _, _, rank, _, what = path.split("/")
+        rank = int(rank)
+        self.asked.append((rank, what, query))
+        if what == "state":
+            return b"200 OK", json.dumps(self.job.states[rank]).encode()
+        body = self._fr.get((rank, query))
+        if body is None:
+            args = parse_qs(query)
+            body = self._fr[rank, query] = filter_fr_dump(
+                json.dumps(self.job.fr.dumps(ranks=[rank])[rank]).encode(),
+                args.get("pg", [None])[0],
+                int(args["last"][0]) if "last" in args else None)
+        return b"200 OK", body
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.server.close)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def sparse_job() -> Job:
+    """The job, its in-group collectives recorded for the hung group only: no other group's
+    in-group entries are ever fetched (its leader gives torchft's group only), and recording
+    200 groups' was most of this file's time."""
+    job = Job(groups=GROUPS, ranks=RANKS)
+    record = job.fr.collective
+
+    def hung_group_only(pg, op, sizes, *, members=None, **kw):
+        if members is not None and job.group_of(members[0]) == HUNG_GROUP:
+            record(pg, op, sizes, members=members, **kw)
+
+    job.fr.collective = hung_group_only
+    return job
+
+
+@pytest.fixture(scope="module")
+def job_server():
+    server = JobServer(sparse_job())
+    yield server
+    server.close()
+
+
+def run_stall(server: JobServer, tmp_path, plant, wait, mutate=None) -> dict:
+    """A fresh job behind ``server``: steps, one monitor's first sweep and 3 healthy sweeps,
+    then ``plant(job)`` (the stall's collectives) and sweeps 1 s apart with ``wait(job, t)``
+    setting the ranks' waits at t s after onset. What each sweep found and fetched."""
+    job = server.job = sparse_job()
+    server.fr_changed()
+    clock = [T0]
+    mon = Monitor(MonitorConfig(port=0, targets=server.urls, leader_polling="on",
+                                member_interval_s=100.0, poll_timeout_s=10.0,
+                                state_path=str(tmp_path / f"m{id(plant)}{mutate is None}.db"),
+                                detectors=DetectorConfig(hang_floor_s=3.0, hang_factor=3.0)),
+                  clock=lambda: clock[0])
+    if mutate is not None:
+        mutate(mon)
+    try:
+        job.steps(6, now=clock[0])
+        mon.sweep_once()  # every rank
+        for _ in range(3):
+            clock[0] += 1.0
+            job.steps(2, now=clock[0])
+            server.fr_changed()
+            mon.sweep_once()
+            assert not mon.detectors.open_findings()
+        onset = clock[0]
+        plant(job)
+        server.fr_changed()
+        out = {"sweeps": []}
+        for t in (1.0, 2.0, 3.0, 4.0, 5.0):
+            wait(job, t)
+            clock[0] = onset + t
+            server.asked.clear()
+            mon.sweep_once()
+            hangs = [(f.kind, f.replica_group, f.ranks, f.evidence["level"])
+                     for f in mon.detectors.open_findings() if f.kind == "hang"]
+            out["sweeps"].append({
+                "t": t, "hangs": hangs, "skipped": mon.fr_leaders_skipped,
+                "drilled": dict(mon.sweep_plan.drilled),
+                "torchft_fetched": sum(1 for _, what, q in server.asked
+                                       if what == "fr_trace" and "pg=torchft" in q),
+                "drilled_fetched": sorted(r for r, what, q in server.asked
+                                          if what == "fr_trace" and "pg=torchft" not in q)})
+            if hangs:
+                out.update(confirmed_t=t, found=hangs, last=out["sweeps"][-1])
+                break
+        return out
+    finally:
+        mon.stop()
+
+
+def members(g: int) -> list[int]:
+    return list(range(g * RANKS, (g + 1) * RANKS))
+
+
+def cross_waits(job: Job, t: float) -> None:
+    """Every rank outside the hung group waits in the cross-group all_reduce."""
+    for r in range(job.world):
+        if job.group_of(r) != HUNG_GROUP:
+            job.wait(r, "cross", t - 0.2, phase="allreduce")
+
+
+LEADER, MEMBER = members(HUNG_GROUP)
+# the first sweep whose waits (t - 0.1, t - 0.2 s) pass the hang threshold, 3 s
+FIRST_OVER_THRESHOLD = 4.0
+
+
+def plant_member_hang(job: Job) -> None:
+    job.fr.collective("0", "all_gather", [[300]], members=members(HUNG_GROUP), absent=[MEMBER])
+    job.fr.ft_collective("all_reduce", [[1000]], absent=members(HUNG_GROUP))
+
+
+def wait_member_hang(job: Job, t: float) -> None:
+    cross_waits(job, t)
+    job.wait(LEADER, "group", t - 0.1)  # blocked on the member in FSDP's all-gather
+    job.wait(MEMBER, None)
+
+
+def never_skip(mon: Monitor) -> None:
+    mon.detectors.in_group_hangs = lambda *a, **k: set()
+
+
+def test_an_in_group_hang_is_confirmed_without_the_leaders_dumps_and_no_later(job_server,
+                                                                               tmp_path):
+    got = run_stall(job_server, tmp_path, plant_member_hang, wait_member_hang)
+    assert got["found"] == [("hang", HUNG_GROUP, [MEMBER], "in_group")]
+    assert got["confirmed_t"] == FIRST_OVER_THRESHOLD
+    last = got["last"]
+    assert set(last["drilled"]) == {HUNG_GROUP}
+    assert "in-group collective" in last["drilled"][HUNG_GROUP]
+    assert last["skipped"] and last["torchft_fetched"] == 0
+    assert last["drilled_fetched"] == [LEADER, MEMBER]
+    # a monitor that always fetches the leaders' dumps: the same finding, the same sweep
+    full = run_stall(job_server, tmp_path, plant_member_hang, wait_member_hang, never_skip)
+    assert (full["found"], full["confirmed_t"]) == (got["found"], got["confirmed_t"])
+    assert not full["last"]["skipped"] and full["last"]["torchft_fetched"] == GROUPS - 1
+
+
+def plant_leader_hang(job: Job) -> None:
+    job.fr.collective("0", "all_gather", [[300]], members=members(HUNG_GROUP), absent=[LEADER])
+    job.fr.ft_collective("all_reduce", [[1000]], absent=members(HUNG_GROUP))
+
+
+def wait_leader_hang(job: Job, t: float) -> None:
+    cross_waits(job, t)
+    job.wait(LEADER, None)  # computing: outside any collective
+    job.wait(MEMBER, "group", t - 0.1)
+
+
+def plant_group_late(job: Job) -> None:
+    for op, sizes in IN_GROUP_STEP:  # the group completes its own collectives
+        job.fr.collective("0", op, sizes, members=members(HUNG_GROUP))
+    job.fr.ft_collective("all_reduce", [[1000]], absent=members(HUNG_GROUP))
+
+
+def wait_group_late(job: Job, t: float) -> None:
+    cross_waits(job, t)
+    job.wait(LEADER, None)
+    job.wait(MEMBER, None)
+
+
+def always_skip(mon: Monitor) -> None:
+    """The mutation: the leaders' dumps skipped whenever a group is drilled (every drilled
+    group taken as an in-group hang behind a blocked leader)."""
+    mon.detectors.in_group_hangs = lambda view, dumps, now: set(mon.sweep_plan.drilled)
+
+
+@pytest.mark.parametrize("plant, wait, found", [
+    (plant_leader_hang, wait_leader_hang, [("hang", HUNG_GROUP, [LEADER], "in_group")]),
+    # torchft's cross-group all_reduce of group rank 0s: the leaders' dumps name the leader
+    (plant_group_late, wait_group_late, [("hang", HUNG_GROUP, [LEADER], "cross_group")]),
+], ids=["leader_hung", "group_never_arrives"])
+def test_the_group_the_others_wait_for_gets_the_leaders_dumps_and_no_later(
+        job_server, tmp_path, monkeypatch, plant, wait, found):
+    got = run_stall(job_server, tmp_path, plant, wait)
+    assert got["found"] == found
+    assert got["confirmed_t"] == FIRST_OVER_THRESHOLD
+    last = got["last"]
+    assert set(last["drilled"]) == {HUNG_GROUP}
+    assert "the others wait for it" in last["drilled"][HUNG_GROUP]
+    assert not last["skipped"] and last["torchft_fetched"] == GROUPS - 1
+    assert last["drilled_fetched"] == [LEADER, MEMBER]
+    if plant is plant_group_late:  # the leaders' dumps are the evidence: skipping them misses it
+        monkeypatch.setattr(service, "_blocked_in_group", lambda gv, now: True)
+        mutated = run_stall(job_server, tmp_path, plant, wait, always_skip)
+        assert "found" not in mutated and mutated["sweeps"][-1]["skipped"]
