@@ -28,6 +28,11 @@ their token-guarded ``POST /v1/faults``):
 Every scenario asserts the group, rank(s) and host named, no finding about any other group, the
 eviction through the Lighthouse confirmed, the survivors committing again, and the evicted group
 restarted by the supervisor, healed and back in a 3-group quorum.
+
+A fault is posted inside ``Job.fault`` (a context manager): should the test fail before the
+faulted incarnation is gone, it is ended on the way out (its group killed, restarted by the
+supervisor, back in the quorum, nothing left open about it), so one failure stays one failure
+instead of leaving a slow, hung or crashed group to the tests after it.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 import requests
@@ -80,6 +87,8 @@ class Job:
         self._stop = threading.Event()
         self._supervisor: threading.Thread | None = None
         self.error: BaseException | None = None
+        self.faulted: set[str] = set()  # replica ids of the incarnations faults were posted to
+        self.evicted: set[str] = set()  # ... of those evicted, confirmed and replaced (passed)
 
     # --- processes ---------------------------------------------------------------------
     def start_group(self, g: int, first: bool) -> None:
@@ -177,6 +186,36 @@ class Job:
                               headers={"Authorization": f"Bearer {FAULT_TOKEN}"})
             assert r.status_code == 200, r.text
 
+    @contextmanager
+    def fault(self, g: int, spec: str) -> Iterator[str]:
+        """Post ``spec`` to group ``g``'s ranks; yields the replica id it was posted to. A test
+        that fails before that incarnation is gone leaves nothing behind: no fault is withdrawn
+        but by ending the processes, so the group is killed (the supervisor restarts it), and
+        the job waits until it is back in a 3-group quorum and the monitor has nothing open about
+        the faulted incarnation but ``dead``; then the test's own failure is raised."""
+        rid = self.replica_id(g)
+        self.faulted.add(rid)
+        self.post_fault(g, spec)
+        try:
+            yield rid
+        except BaseException:
+            self._end_incarnation(g, rid)
+            raise
+
+    def _end_incarnation(self, g: int, rid: str) -> None:
+        try:
+            with self._lock:  # not while the supervisor starts it again
+                if any(s["replica_id"] == rid for s in self.states(g).values()):
+                    self.cluster.kill_group(g)
+            wait_until(lambda: self.all_in_quorum() and all(
+                s["replica_id"] != rid for s in self.states(g).values()), 180, interval=0.5,
+                what=f"group {g} restarted and back in the quorum after a failed test")
+            wait_until(lambda: not [f for f in self.mon("/v1/findings?open=1")
+                                    if f["replica_id"] == rid and f["kind"] != "dead"],
+                       30, interval=0.5, what=f"the findings about {rid} resolved")
+        except Exception as e:  # the test's own failure is the one reported
+            print(f"could not end group {g}'s faulted incarnation {rid}: {e}", file=sys.stderr)
+
     def all_in_quorum(self) -> bool:
         """Every rank of the 3 groups answers, in one 3-group quorum, past a committed step."""
         states = [s for g in range(3) for s in self.states(g).values()]
@@ -238,6 +277,7 @@ def evicted_and_back(job: Job, g: int, kind: str, rid: str, since: float) -> dic
     new_rids = {s["replica_id"] for s in new.values()}
     assert [f for f in job.findings() if f["replica_id"] in new_rids] == []  # starts clean
     assert job.error is None, job.error
+    job.evicted.add(rid)
     return d
 
 
@@ -262,40 +302,40 @@ def test_clock_shifted_healthy_job_has_no_findings(job):
 
 def test_straggler_by_slow_compute_on_one_rank(job):
     since = time.time()
-    rid = job.replica_id(1)
     onset = job.step(1) + 2
-    job.post_fault(1, f"slow_compute:delay={SLOW_S},from_step={onset},rank=1")
-    f = wait_until(lambda: next((f for f in job.findings() if f["kind"] == "straggler"), None),
-                   60, interval=0.3, what="the straggler finding")
-    assert (f["replica_group"], f["replica_id"], f["ranks"]) == (1, rid, [3]), f
-    ev = f["evidence"]
-    assert ev["culprit_hosts"] == ["host-g1"] and ev["culprits"][0]["group_rank"] == 1
-    assert ev["median_lag_s"] >= SLOW_S / 2, ev
-    assert ev["phases"]["3"]["step"] - onset <= 10, ev  # confirmed within 10 steps of onset
-    assert other_findings(job, 1, since) == []
-    evicted_and_back(job, 1, "straggler", rid, since)
+    with job.fault(1, f"slow_compute:delay={SLOW_S},from_step={onset},rank=1") as rid:
+        f = wait_until(lambda: next((f for f in job.findings() if f["kind"] == "straggler"),
+                                    None), 60, interval=0.3, what="the straggler finding")
+        assert (f["replica_group"], f["replica_id"], f["ranks"]) == (1, rid, [3]), f
+        ev = f["evidence"]
+        assert ev["culprit_hosts"] == ["host-g1"] and ev["culprits"][0]["group_rank"] == 1
+        assert ev["median_lag_s"] >= SLOW_S / 2, ev
+        assert ev["phases"]["3"]["step"] - onset <= 10, ev  # confirmed within 10 steps of onset
+        assert other_findings(job, 1, since) == []
+        evicted_and_back(job, 1, "straggler", rid, since)
     assert other_findings(job, 1, since) == []
 
 
 def test_in_group_hang_names_the_rank_and_the_monitor_ends_it(job):
     since = time.time()
-    rid = job.replica_id(2)
     hung_pid = job.states(2)[1]["pid"]
     at = job.step(2) + 3
-    job.post_fault(2, f"hang:at_step={at},where=group,rank=1")
-    f = wait_until(lambda: next((f for f in job.findings() if f["kind"] == "hang"), None),
-                   60, interval=0.3, what="the hang finding")
-    assert (f["replica_group"], f["replica_id"], f["ranks"]) == (2, rid, [5]), f
-    ev = f["evidence"]
-    assert ev["level"] == "in_group" and ev["never_arrived"] == [5] and ev["waiting_ranks"] == [4]
-    assert ev["culprit_hosts"] == ["host-g2"] and ev["culprits"][0]["waiting"] is None
-    # onset: the survivors' last committed step (an unshifted clock); confirmed within
-    # max(5 s, 5 x median step)
-    onset = max(s["last_step_at"] for s in job.states(0).values())
-    med = ev["median_step_s"] or 0.0
-    assert f["confirmed_at"] - onset <= max(5.0, 5 * med) + 0.5, (f["confirmed_at"] - onset, ev)
-    assert other_findings(job, 2, since) == []
-    d = evicted_and_back(job, 2, "hang", rid, since)
+    with job.fault(2, f"hang:at_step={at},where=group,rank=1") as rid:
+        f = wait_until(lambda: next((f for f in job.findings() if f["kind"] == "hang"), None),
+                       60, interval=0.3, what="the hang finding")
+        assert (f["replica_group"], f["replica_id"], f["ranks"]) == (2, rid, [5]), f
+        ev = f["evidence"]
+        assert ev["level"] == "in_group" and ev["never_arrived"] == [5]
+        assert ev["waiting_ranks"] == [4]
+        assert ev["culprit_hosts"] == ["host-g2"] and ev["culprits"][0]["waiting"] is None
+        # onset: the survivors' last committed step (an unshifted clock); confirmed within
+        # max(5 s, 5 x median step)
+        onset = max(s["last_step_at"] for s in job.states(0).values())
+        med = ev["median_step_s"] or 0.0
+        assert f["confirmed_at"] - onset <= max(5.0, 5 * med) + 0.5, \
+            (f["confirmed_at"] - onset, ev)
+        assert other_findings(job, 2, since) == []
+        d = evicted_and_back(job, 2, "hang", rid, since)
     # the kill ended rank 4 (the Manager's process); the monitor told the hung rank 5 to exit
     assert "told rank(s)" in d["detail"] and f"pid {hung_pid}" in d["detail"], d["detail"]
     restart = next(r for r in job.restarts if r["group"] == 2 and r["at"] >= since)
@@ -310,39 +350,38 @@ def test_in_group_hang_names_the_rank_and_the_monitor_ends_it(job):
 
 def test_dead_rank_in_a_live_group_is_evicted(job):
     since = time.time()
-    rid = job.replica_id(0)
     grp = job.cluster.groups[0]
     at = job.step(0) + 3
-    job.post_fault(0, f"crash:at_step={at},rank=1")
-    wait_until(lambda: grp.rank_procs[1].poll() is not None, 60, interval=0.05,
-               what="group 0's rank 1 to exit")
-    died = time.time()
-    assert grp.rank_procs[0].poll() is None  # its Manager rank lives on, blocked in the vote
-    f = wait_until(lambda: next((f for f in job.findings() if f["kind"] == "dead_rank"), None),
-                   30, interval=0.2, what="the dead_rank finding")
-    assert (f["replica_group"], f["replica_id"], f["ranks"]) == (0, rid, [1]), f
-    assert f["evidence"]["culprit_hosts"] == ["host-g0"] and f["evidence"]["alive"] == [0]
-    med = statistics.median(v for s in job.states(2).values() for v in s["recent_step_seconds"])
-    assert f["confirmed_at"] - died <= max(5.0, 5 * med), (f["confirmed_at"] - died, med)
-    assert other_findings(job, 0, since) == []
-    evicted_and_back(job, 0, "dead_rank", rid, since)
+    with job.fault(0, f"crash:at_step={at},rank=1") as rid:
+        wait_until(lambda: grp.rank_procs[1].poll() is not None, 60, interval=0.05,
+                   what="group 0's rank 1 to exit")
+        died = time.time()
+        assert grp.rank_procs[0].poll() is None  # its Manager rank lives on, blocked in the vote
+        f = wait_until(lambda: next((f for f in job.findings() if f["kind"] == "dead_rank"),
+                                    None), 30, interval=0.2, what="the dead_rank finding")
+        assert (f["replica_group"], f["replica_id"], f["ranks"]) == (0, rid, [1]), f
+        assert f["evidence"]["culprit_hosts"] == ["host-g0"] and f["evidence"]["alive"] == [0]
+        med = statistics.median(v for s in job.states(2).values()
+                                for v in s["recent_step_seconds"])
+        assert f["confirmed_at"] - died <= max(5.0, 5 * med), (f["confirmed_at"] - died, med)
+        assert other_findings(job, 0, since) == []
+        evicted_and_back(job, 0, "dead_rank", rid, since)
     assert other_findings(job, 0, since) == []
 
 
 def test_in_group_mismatch_names_the_rank(job):
     since = time.time()
-    rid = job.replica_id(1)
     at = job.step(1) + 3
-    job.post_fault(1, f"mismatch:at_step={at},where=group,rank=1")
-    f = wait_until(lambda: next((f for f in job.findings() if f["kind"] == "mismatch"
-                                 and f["confirmed_at"] >= since), None),
-                   60, interval=0.3, what="the mismatch finding")
-    assert (f["replica_group"], f["replica_id"], f["ranks"]) == (1, rid, [3]), f
-    ev = f["evidence"]
-    assert ev["level"] == "in_group" and ev["attributed_by"] == "step_pattern", ev
-    assert ev["culprit_hosts"] == ["host-g1"]
-    assert other_findings(job, 1, since) == []
-    evicted_and_back(job, 1, "mismatch", rid, since)
+    with job.fault(1, f"mismatch:at_step={at},where=group,rank=1") as rid:
+        f = wait_until(lambda: next((f for f in job.findings() if f["kind"] == "mismatch"
+                                     and f["confirmed_at"] >= since), None),
+                       60, interval=0.3, what="the mismatch finding")
+        assert (f["replica_group"], f["replica_id"], f["ranks"]) == (1, rid, [3]), f
+        ev = f["evidence"]
+        assert ev["level"] == "in_group" and ev["attributed_by"] == "step_pattern", ev
+        assert ev["culprit_hosts"] == ["host-g1"]
+        assert other_findings(job, 1, since) == []
+        evicted_and_back(job, 1, "mismatch", rid, since)
     assert other_findings(job, 1, since) == []
 
 
@@ -352,7 +391,10 @@ def test_healthy_again_after_every_eviction(job):
     wait_until(lambda: job.step(0) >= start + 20, 90, interval=0.5, what="20 more steps")
     assert [f for f in job.findings() if f["confirmed_at"] >= since] == []
     assert not [f for f in job.mon("/v1/findings?open=1") if f["kind"] != "dead"]
-    assert len(job.evictions()) == 4
+    # only faulted incarnations evicted, each once, confirmed: the 4 when every test passed (a
+    # failed one's incarnation may have been evicted or ended by Job.fault; it fails alone)
+    evicted = [d["replica_id"] for d in job.evictions()]
+    assert len(evicted) == len(set(evicted)) and job.evicted <= set(evicted) <= job.faulted
     assert all(d["status"] == "confirmed" for d in job.evictions())
     assert job.error is None
     assert os.path.exists(job.dir / "m.sqlite")
