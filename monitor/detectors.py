@@ -157,15 +157,29 @@ def timing_rows(state: Mapping[str, Any] | None,
                 skip: Mapping[int, Any] | tuple = ()) -> list[tuple[int, tuple[float, ...]]]:
     """The per-step timings a ``/v1/state`` serves (``timing.recent``, else
     ``timing.last_step``): (step, (step_s, compute_s, wait_cross_s, wait_group_s)) with an int
-    step and four finite non-negative float seconds; malformed rows are left out, and so are
-    steps in ``skip`` (the ones already folded: a completed step's row does not change, and a
-    rank serves its last 16 again at every poll)."""
+    step and four finite non-negative float seconds, in the order served; malformed rows are
+    left out, and so are the steps already folded (``skip``).
+
+    A rank serves its last 16 steps' rows, oldest first, again at every poll, and a completed
+    step's row does not change: with ``skip`` the rows are read from the newest back and the
+    reading stops at the first folded step (a leader polled every sweep then reads one or two
+    rows, not 16). A rank that serves its rows out of order loses its own rows older than its
+    newest folded step, nobody else's (the straggler detector needs a step from every polled
+    rank, which a rank can withhold anyway by not serving it)."""
     timing = state.get("timing") if type(state) is dict or isinstance(state, Mapping) else None
     if type(timing) is not dict and not isinstance(timing, Mapping):
         return []
     rows = timing.get("recent")
     if not isinstance(rows, list) or not rows:
         rows = [timing.get("last_step")]
+    elif skip:
+        # the rows not folded yet are the newest: read back to the first folded step
+        for i in range(len(rows) - 1, -1, -1):
+            row = rows[i]
+            if (type(row) is dict or isinstance(row, Mapping)) \
+                    and type(step := row.get("step")) is int and step in skip:
+                rows = rows[i + 1:]
+                break
     out = []
     for row in rows:
         # most rows were folded at an earlier poll: the fewest checks that tell (the exact
@@ -372,6 +386,25 @@ class _GroupMemory:
     straggler_lags: list[float] = field(default_factory=list)
 
 
+class _Answers:
+    """What :meth:`Detectors._collect_steps` read from one view's answers: commit failures
+    by URL of the reachable ranks polled, the URLs polled that did not answer, and per group
+    its polled ranks with per-step timings (RankView, {step: row}, replica id), the groups
+    whose ranks do not all report one replica id in ``mixed``."""
+
+    __slots__ = ("view", "counts", "silent", "by_group", "mixed")
+
+    def __init__(self, view: ClusterView) -> None:
+        self.view = view
+        self.counts: dict[str, int] = {}
+        self.silent: list[str] = []
+        self.by_group: dict[int, list[tuple[RankView, dict[int, tuple], str | None]]] = {}
+        self.mixed: set[int] = set()
+
+    def members(self) -> tuple[dict, set[int]]:
+        return self.by_group, self.mixed
+
+
 _NO_QUORUM = object()  # _note_progress before its first view
 
 
@@ -404,13 +437,16 @@ class Detectors:
         self._down_groups: set[int] = set()  # groups _dead last saw with a rank down
         # the last two views' (URL, RankView) polled this sweep (evidence and full view)
         self._fresh_of: dict[int, tuple[ClusterView, list]] = {}
-        # commit failures of the ranks polled in the view _commit_counts last read
-        self._commit_counts_of: tuple | None = None
+        # the pass over the last view's answers (_collect_steps)
+        self._answers: _Answers | None = None
         self._stall_seen: tuple | None = None  # (view, now, stalled sweeps, _stall's answer)
         self._stalled_sweeps = 0
         # stuck_starting: (url, pid, started_at) -> monitor time first seen without a quorum
         self._starting: dict[tuple, float] = {}
         self.last_lags: dict[int, float] = {}  # replica_group -> how long the others waited (s)
+        # groups whose memory may hold a late streak (straggler_windows and the rest), a
+        # superset: judged every evaluation until one resets it
+        self._straggler_streaks: set[int] = set()
         self.last_error: str | None = None
 
     # --- public ----------------------------------------------------------------------
@@ -514,18 +550,9 @@ class Detectors:
 
     def _commit_counts(self, view: ClusterView) -> tuple[dict[str, int], list[str]]:
         """({URL: commit failures} of the reachable ranks polled this sweep, the URLs polled
-        that did not answer): one pass per view for the trigger and the bookkeeping."""
-        got = self._commit_counts_of
-        if got is not None and got[0] is view:
-            return got[1]
-        counts, silent = {}, []
-        for u, r in self._fresh_ranks(view):
-            if r.reachable and r.state:
-                counts[u] = int(r.state.get("commit_failures") or 0)
-            else:
-                silent.append(u)
-        self._commit_counts_of = (view, (counts, silent))
-        return counts, silent
+        that did not answer), from the pass over the sweep's answers."""
+        got = self._collect_steps(view)
+        return got.counts, got.silent
 
     def _remember_groups(self, view: ClusterView) -> None:
         if view is self._remembered:
@@ -844,24 +871,52 @@ class Detectors:
         return out
 
     # --- straggler -------------------------------------------------------------------
-    def _collect_steps(self, view: ClusterView) -> None:
-        """Fold every reachable rank's served per-step timings into the per-rank memory."""
+    def _collect_steps(self, view: ClusterView) -> _Answers:
+        """One pass over the answers of this sweep (once per view: the trigger, the straggler
+        and the bookkeeping read it): every reachable rank's served per-step timings folded
+        into the per-rank memory, each group's ranks with timings, and the commit failures.
+
+        Each answer's state is reached once here (at 100,000 ranks, ~21,000 a sweep, reaching
+        them cost more than reading them: one pass a stage was ~3x this one's misses)."""
+        got = self._answers
+        if got is not None and got.view is view:
+            return got
         steps = self._steps
+        out = self._answers = _Answers(view)
+        counts, silent, by_group, mixed = out.counts, out.silent, out.by_group, out.mixed
         for url, r in self._fresh_ranks(view):
-            if not r.reachable or not r.state or not r.fresh:  # carried: folded already
+            s = r.state
+            if not r.reachable or not s:
+                silent.append(url)
                 continue
-            rid = r.replica_id
+            counts[url] = int(s.get("commit_failures") or 0)
+            if not r.fresh:  # carried: folded when it was polled
+                continue
+            rid = s.get("replica_id")
             known = steps.get(url)
             if known is None or known[0] != rid:
                 known = steps[url] = (rid, {})
             by_step = known[1]
-            by_step.update(timing_rows(r.state, by_step))  # only the steps not folded yet
-            excess = len(by_step) - STEP_MEMORY
-            if excess == 1:  # a leader polled each sweep: one step more, the oldest goes
-                del by_step[min(by_step)]
-            elif excess > 0:
-                for s in sorted(by_step)[:excess]:
-                    del by_step[s]
+            new = timing_rows(s, by_step)  # only the steps not folded yet
+            if new:
+                by_step.update(new)
+                excess = len(by_step) - STEP_MEMORY
+                if excess == 1:  # a leader polled each sweep: one step more, the oldest goes
+                    del by_step[min(by_step)]
+                elif excess > 0:
+                    for step in sorted(by_step)[:excess]:
+                        del by_step[step]
+            if by_step:
+                g = s["replica_group"]
+                if type(g) is not int:
+                    g = int(g)
+                rows = by_group.get(g)
+                if rows is None:
+                    by_group[g] = [(r, by_step, rid)]
+                else:
+                    if rid != rows[0][2]:
+                        mixed.add(g)
+                    rows.append((r, by_step, rid))
         # only ranks polled this sweep are judged, and a rank serves its last 16 steps when
         # polled again: with leader polling the others' memory is dropped (100,000 ranks x 32
         # steps of timings were ~1 GiB; docs/scaling.md)
@@ -869,35 +924,19 @@ class Detectors:
         if not steps.keys() <= keep:
             for url in steps.keys() - keep:
                 del steps[url]
+        return out
 
     def _straggler(self, view, dumps, traces, analysis, now) -> list[Finding]:
-        self._collect_steps(view)
+        self._collect_steps(view)  # every sweep, judged or not (once per view)
         groups = {g.replica_group: g for g in view.in_quorum()}
-        if len(groups) < 2:
+        members = self._straggler_members(view, groups) if len(groups) >= 2 else None
+        if members is None:
             self.last_lags = {}
             return []
-        # each group's ranks with their per-step timings (all reachable ranks must serve them)
-        # (a rank that serves no timing at all, e.g. an older WorkerServer, is left out; a group
-        # with none cannot be judged, and then no group is)
-        members: dict[int, list[tuple[RankView, dict[int, tuple]]]] = {}
-        steps, no_steps = self._steps, (None, {})
-        for g, gv in groups.items():
-            # ranks polled this sweep (leader polling carries the others' older timings)
-            rid = gv.replica_id
-            rows = []
-            for r in gv.reachable:
-                if r.fresh:  # folded above under its replica id (the same state's)
-                    known_rid, by_step = steps.get(r.url, no_steps)
-                    if by_step and known_rid == rid:
-                        rows.append((r, by_step))
-            if not rows:
-                self.last_lags = {}
-                return []
-            members[g] = rows
         # the steps every polled rank has: narrowed in place (no set per rank; 21,000 a sweep)
         common: set[int] | None = None
         for rows in members.values():
-            for _, by_step in rows:
+            for _, by_step, _ in rows:
                 if common is None:
                     common = set(by_step)
                 else:
@@ -921,7 +960,7 @@ class Detectors:
             if len(rows) == 1:
                 picked.append(pick(rows[0][1]))
             else:
-                picked.extend([pick(by_step) for _, by_step in rows])
+                picked.extend([pick(by_step) for _, by_step, _ in rows])
         # polled rank x window step x TIMING_KEYS, from one flat C-level pass (np.array over
         # the nested tuples was ~1.5x the time at 21,000 ranks)
         timings = np.fromiter(chain.from_iterable(chain.from_iterable(picked)), float,
@@ -934,14 +973,15 @@ class Detectors:
         lags, candidates, healthy = straggler_lags(cross, threshold, need)
         med_lags = np.median(lags, axis=1)
         late_in = (lags >= threshold).sum(axis=1)
-        is_late = ((late_in >= need) & (med_lags >= threshold)).tolist()
+        is_late = (late_in >= need) & (med_lags >= threshold)
         self.last_lags = dict(zip(order, [round(v, 4) for v in
                                           np.maximum(med_lags, 0.0).tolist()], strict=True))
         med_lags, late_in = med_lags.tolist(), late_in.tolist()
         open_groups = {k[1] for k in self._open if k[0] == "straggler"}
         newest, mems = window[-1], self._groups
         new = []
-        for i, g in enumerate(order):
+        for i in self._straggler_judged(order, is_late, open_groups):
+            g = order[i]
             mem = mems.get(g)
             if mem is None or mem.straggler_newest == newest:
                 continue  # no newer steps since the last evaluation: nothing new to judge
@@ -951,11 +991,13 @@ class Detectors:
                         or mem.straggler_first_seen is not None:
                     mem.straggler_windows, mem.straggler_first_seen = 0, None
                     mem.straggler_lags = []
+                self._straggler_streaks.discard(g)
                 if g in open_groups:
                     self._resolve(("straggler", g, groups[g].replica_id), "caught_up", now)
                 continue
             med_lag = med_lags[i]
             mem.straggler_windows += 1
+            self._straggler_streaks.add(g)
             mem.straggler_lags.append(round(med_lag, 4))
             if mem.straggler_first_seen is None:
                 mem.straggler_first_seen = now
@@ -965,7 +1007,10 @@ class Detectors:
             if mem.straggler_windows < self.cfg.straggler_windows and late_in[i] < len(window):
                 continue
             gv = groups[g]
-            ranks, in_group = self._late_ranks(members[g], window, threshold)
+            # in the group's order of ranks (GroupView's), as its evidence lists them
+            rows = sorted(members[g], key=lambda m: (m[0].rank if m[0].rank is not None
+                                                     else 1 << 62, m[0].url))
+            ranks, in_group = self._late_ranks(rows, window, threshold)
             against = healthy if i in candidates and healthy else [
                 j for j in range(len(order)) if j != i]
             ev = {"median_lag_s": round(med_lag, 4), "threshold_s": round(threshold, 4),
@@ -977,16 +1022,50 @@ class Detectors:
                   "cross_wait_s": {str(h): round(_median(row), 4)
                                    for h, row in zip(order, cross.tolist(), strict=True)},
                   "in_group": in_group, "quorum_id": view.quorum_id,
-                  "phases": self._phases(view, [r.rank for r, _ in members[g]
+                  "phases": self._phases(view, [r.rank for r, _, _ in rows
                                                 if r.rank is not None], now),
                   "evidence": "each rank's own per-step wait times (no clocks compared)"}
             f = self._open_or_get("straggler", gv, ranks, ev, mem.straggler_first_seen, now, view)
             if f:
                 new.append(f)
+        for mem in map(mems.get, order):  # the groups not judged: this window was seen
+            if mem is not None:
+                mem.straggler_newest = newest
         return new
 
+    def _straggler_members(self, view: ClusterView, groups: dict[int, GroupView]
+                           ) -> dict[int, list[tuple[RankView, dict[int, tuple], Any]]] | None:
+        """Each group's ranks polled this sweep with their per-step timings folded under the
+        group's replica id, from the pass over the answers (leader polling carries the others'
+        older timings; a rank that serves no timing at all, e.g. an older WorkerServer, is left
+        out). None when a group has none: it cannot be judged, and then no group is."""
+        by_group, mixed = self._collect_steps(view).members()
+        members = {}
+        for g, gv in groups.items():
+            rows = by_group.get(g)
+            rid = gv.replica_id
+            if rows is not None and (g in mixed or rows[0][2] != rid):
+                rows = [m for m in rows if m[2] == rid] or None
+            if rows is None:
+                return None
+            members[g] = rows
+        return members
+
+    def _straggler_judged(self, order: list[int], is_late: np.ndarray,
+                          open_groups: set[int]) -> list[int]:
+        """The positions in ``order`` of the groups the straggler's verdict loop must judge,
+        ascending: the late ones, those whose memory holds a late streak (to be reset) and
+        those with an open straggler finding (to be resolved). For every other group judging
+        it only records the window's newest step, which the caller does for all."""
+        judged = np.flatnonzero(is_late).tolist()
+        known = self._straggler_streaks | open_groups
+        if known:
+            judged.extend(i for i, g in enumerate(order) if g in known)
+            judged = sorted(set(judged))
+        return judged
+
     @staticmethod
-    def _late_ranks(rows: list[tuple[RankView, dict[int, tuple]]], window: list[int],
+    def _late_ranks(rows: list[tuple[RankView, dict[int, tuple], Any]], window: list[int],
                     threshold: float) -> tuple[list[int], dict[str, Any]]:
         """The ranks of a late group its peers wait for: in-group wait at least ``threshold``
         below the median of the others'. None standing out: every rank (the group is slow)."""
@@ -994,7 +1073,7 @@ class Detectors:
                 ("wait_cross_s", WAIT_CROSS_S))
         per_rank = {r.rank: {k: round(_median(by_step[s][i] for s in window), 4)
                              for k, i in keys}
-                    for r, by_step in rows if r.rank is not None}
+                    for r, by_step, _ in rows if r.rank is not None}
         late = []
         if len(per_rank) >= 2:
             for rank, m in per_rank.items():

@@ -516,8 +516,8 @@ def test_malformed_timing_is_left_out_not_fatal():
 
 def test_timing_rows_keep_valid_rows_and_leave_out_the_rest():
     """A served row counts with an int step and four finite non-negative seconds (JSON's
-    floats as they are, ints made floats); a missing, negative, NaN, bool or text value, or a
-    step already folded, leaves the row out; a read-only Mapping row reads like a dict."""
+    floats as they are, ints made floats); a missing, negative, NaN, bool or text value leaves
+    the row out; a read-only Mapping row reads like a dict."""
     from types import MappingProxyType
 
     from monitor.detectors import timing_rows
@@ -528,9 +528,62 @@ def test_timing_rows_keep_valid_rows_and_leave_out_the_rest():
             {"step": 5, **full, "compute_s": True}, {"step": 6, **full, "wait_cross_s": "1"},
             {"step": 7, "step_s": 2, "compute_s": 1, "wait_cross_s": 0, "wait_group_s": 1},
             MappingProxyType({"step": 8, **full}), {"step": 9, **full}, {"step": 10.0, **full}]
-    got = timing_rows({"timing": {"recent": rows}}, skip={9: None})
-    assert got == [(1, values), (7, (2.0, 1.0, 0.0, 1.0)), (8, values)]
+    got = timing_rows({"timing": {"recent": rows}})
+    assert got == [(1, values), (7, (2.0, 1.0, 0.0, 1.0)), (8, values), (9, values)]
     assert all(type(v) is float for _, row in got for v in row)
+
+
+def test_timing_rows_read_back_to_the_newest_folded_step():
+    """With steps already folded (``skip``), only the rows after the newest folded one served
+    are read. Folding poll after poll (kept to the newest STEP_MEMORY steps, as the detectors
+    do) gives the memory that reading every row gives, over many random histories served
+    oldest first: the last 16 steps at each poll, polls some steps apart, steps the rank never
+    recorded, malformed rows (the same at every poll: a completed step's row does not change),
+    read-only Mappings, the memory restarted (a new replica id). A rank serving its rows out of
+    order loses its own rows older than a folded one, not more."""
+    from types import MappingProxyType
+
+    from monitor.detectors import STEP_MEMORY, timing_rows
+    rng = random.Random(3)
+
+    def row(step):
+        r = {"step": step, "step_s": rng.random(), "compute_s": 0.5, "wait_cross_s": 0.25,
+             "wait_group_s": 0.125}
+        kind = rng.random()
+        if kind < 0.05:
+            r["step_s"] = -1.0
+        elif kind < 0.08:
+            r["step"] = str(step)
+        elif kind < 0.12:
+            return MappingProxyType(r)
+        return r
+
+    def fold(memory, rows):
+        memory.update(rows)
+        for s in sorted(memory)[:max(0, len(memory) - STEP_MEMORY)]:
+            del memory[s]
+
+    read_back = 0
+    for _ in range(60):
+        history = [row(s) if rng.random() < 0.95 else None for s in range(300)]
+        every, newest = {}, {}
+        step = rng.randrange(0, 20)
+        while step < len(history):
+            served = [r for r in history[max(0, step - 15):step + 1] if r is not None]
+            state = {"timing": {"recent": served}}
+            if rng.random() < 0.03:
+                every, newest = {}, {}  # a new incarnation: memory from scratch
+            fold(every, [(s, v) for s, v in timing_rows(state) if s not in every])
+            got = timing_rows(state, newest)
+            read_back += len(got) < len(served) - 2
+            fold(newest, got)
+            assert newest == every
+            step += rng.choice([1, 1, 1, 2, 3, 10, 20])
+    assert read_back > 1000
+    # out of order: step 5 (folded) served last; 6 and 7 before it are not read, 8 after is
+    rows = [{"step": s, "step_s": 1.0, "compute_s": 0.5, "wait_cross_s": 0.25,
+             "wait_group_s": 0.125} for s in (6, 7, 5, 8)]
+    assert [s for s, _ in timing_rows({"timing": {"recent": rows}}, {5: None})] == [8]
 
 
 def test_analyzer_failure_does_not_raise():
