@@ -28,6 +28,7 @@ and a write to a monitor that is gone ends it at once.
 from __future__ import annotations
 
 import argparse
+import gc
 import math
 import os
 import queue
@@ -41,12 +42,15 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from .poller import MAX_BODY, Poller, RankPoll, judge_body
+from .poller import EVENT_LOOPS, MAX_BODY, Poller, RankPoll, judge_body
 
 BATCH = 256  # polls per message back: the monitor parses the first while the rest are asked
 # a sweep's bound is its requests' timeout times the waves of max_concurrency requests; a child
 # that has not answered GUARD_S past that is stuck (stopped, swapped out), and is killed
 GUARD_S = 30.0
+# set in the monitor's environment: each child writes a cProfile of its event loop's thread to
+# <value>.<pid> when it ends (benchmarks/bench_poller.py --profile)
+PROFILE_ENV = "LIGHTKEEPER_POLL_PROFILE"
 _LEN = struct.Struct("<I")
 _ENCODE = msgspec.msgpack.Encoder().encode
 _DECODE = msgspec.msgpack.Decoder().decode
@@ -141,8 +145,11 @@ class _Child:
     def __init__(self, args: list[str]) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
+        # run from the package's own root: `python -m` looks in its working folder first, and
+        # the monitor's may hold another `monitor` package
         self.proc = subprocess.Popen([sys.executable, "-m", "monitor.poll_process", *args],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                     cwd=_ROOT)
         self.pending: dict[int, PollHandle] = {}
         self.dead = False
         self.lock: threading.Lock | None = None  # the ProcessPoller's, set by it
@@ -197,11 +204,14 @@ class ProcessPoller:
     docstring."""
 
     def __init__(self, timeout_s: float = 0.8, max_concurrency: int = 1024,
-                 max_idle: int = 4096, max_bytes: int = MAX_BODY) -> None:
+                 max_idle: int = 4096, max_bytes: int = MAX_BODY,
+                 event_loop: str = "auto") -> None:
         self.timeout_s = timeout_s
         self.max_concurrency = max_concurrency
         self.max_idle = max_idle
         self.max_bytes = max_bytes
+        # the child's loop (poller.new_event_loop): uvloop where it is installed
+        self.event_loop = event_loop
         self.restarts = 0  # children started after the first (one died or hung)
         self._lock = threading.Lock()
         self._next = 0
@@ -218,7 +228,7 @@ class ProcessPoller:
     def _spawn(self) -> _Child:
         child = _Child(["--timeout", repr(self.timeout_s),
                         "--concurrency", str(self.max_concurrency),
-                        "--max-bytes", str(self.max_bytes)])
+                        "--max-bytes", str(self.max_bytes), "--event-loop", self.event_loop])
         child.lock = self._lock
         child.reader.start()
         self._child = child
@@ -280,7 +290,8 @@ def _serve(args: argparse.Namespace) -> None:
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     inp = sys.stdin.buffer
-    poller = Poller(args.timeout, args.concurrency, max_bytes=args.max_bytes)
+    poller = Poller(args.timeout, args.concurrency, max_bytes=args.max_bytes,
+                    event_loop=args.event_loop)
     frames: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
 
     def write() -> None:  # off the event loop: a slow reader never stalls the requests
@@ -293,25 +304,37 @@ def _serve(args: argparse.Namespace) -> None:
 
     writer = threading.Thread(target=write, name="lightkeeper-poll-writer", daemon=True)
     writer.start()
+    profile = os.environ.get(PROFILE_ENV)
+    if profile:  # cProfile of the event loop's thread (where the requests' Python runs)
+        import cProfile
+
+        profiler = cProfile.Profile()
+        poller._loop.call_soon_threadsafe(profiler.enable)
     try:
         while (msg := _read_frame(inp)) is not None:
             rid, urls, path, timeout, limit, max_idle = msg
             poller.max_idle = max_idle
-            index = {u: i for i, u in enumerate(urls)}
-            batch: list[tuple] = []
 
-            def on_answer(url: str, p: RankPoll, rid=rid, index=index, batch=batch) -> None:
-                batch.append((index[url], p.ok, p.data if p.ok else None, p.reason, p.error,
-                              p.status, p.latency_s, p.at))
-                if len(batch) >= BATCH:
-                    frames.put(_frame((rid, batch[:], False)))
-                    batch.clear()
+            def on_rows(rows: list[tuple], rid=rid) -> None:  # on the poller's thread
+                frames.put(_frame((rid, rows, False)))
 
-            poller.sweep(urls, path, timeout, limit, raw=True, on_answer=on_answer)
-            frames.put(_frame((rid, batch, True)))
+            # the rows' place in `urls` is the monitor's: the monitor sends them deduplicated
+            # (ProcessPoller.start), as the Poller numbers them; no GC pass during a sweep (its
+            # rows, requests and bodies come and go; a sweep's cycles are cut at its end)
+            gc.disable()
+            try:
+                poller.sweep(urls, path, timeout, limit, on_rows=on_rows, per_batch=BATCH)
+            finally:
+                gc.enable()
+            frames.put(_frame((rid, [], True)))
     finally:
         frames.put(None)
         writer.join(timeout=30)
+        if profile:
+            done = threading.Event()
+            poller._loop.call_soon_threadsafe(lambda: (profiler.disable(), done.set()))
+            done.wait(10)
+            profiler.dump_stats(f"{profile}.{os.getpid()}")
         poller.close()
 
 
@@ -320,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, required=True)
     ap.add_argument("--concurrency", type=int, required=True)
     ap.add_argument("--max-bytes", type=int, required=True)
+    ap.add_argument("--event-loop", choices=EVENT_LOOPS, default="auto")
     _serve(ap.parse_args(argv))
     return 0
 

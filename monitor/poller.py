@@ -115,14 +115,16 @@ def _target(url: str) -> tuple[tuple[str, int], bytes, bytes]:
 
 
 class _Request:
-    """One GET in flight: its sweep, target, deadline and (while it has one) connection."""
+    """One GET in flight: its sweep, target (``i``: its place in the sweep's URLs), deadline
+    and (while it has one) connection."""
 
-    __slots__ = ("sweep", "url", "key", "wire", "start", "deadline", "conn",
+    __slots__ = ("sweep", "i", "url", "key", "wire", "start", "deadline", "conn",
                  "connecting", "reused", "done")
 
-    def __init__(self, sweep: _Sweep, url: str, key: tuple[str, int], wire: bytes,
+    def __init__(self, sweep: _Sweep, i: int, url: str, key: tuple[str, int], wire: bytes,
                  start: float, deadline: float) -> None:
         self.sweep = sweep
+        self.i = i
         self.url = url
         self.key = key
         self.wire = wire
@@ -138,13 +140,19 @@ class _Sweep:
     """One call of :meth:`Poller.sweep`: its URLs, results, and requests in deadline order."""
 
     __slots__ = ("urls", "next", "path", "timeout", "limit", "results", "active", "waiter",
-                 "inflight", "timer", "launching", "raw", "on_answer")
+                 "inflight", "timer", "launching", "raw", "on_answer", "on_rows", "rows",
+                 "per_batch")
 
     def __init__(self, urls: list[str], path: bytes, timeout: float, limit: int,
                  waiter: asyncio.Future, raw: bool = False,
-                 on_answer: Callable[[str, RankPoll], None] | None = None) -> None:
-        self.raw = raw
+                 on_answer: Callable[[str, RankPoll], None] | None = None,
+                 on_rows: Callable[[list[tuple]], None] | None = None,
+                 per_batch: int = 256) -> None:
+        self.raw = raw or on_rows is not None
         self.on_answer = on_answer
+        self.on_rows = on_rows
+        self.rows: list[tuple] = []
+        self.per_batch = per_batch
         self.urls = urls
         self.next = 0
         self.path = path
@@ -159,14 +167,27 @@ class _Sweep:
         self.timer: asyncio.TimerHandle | None = None
         self.launching = False
 
-    def take(self, url: str, poll: RankPoll) -> None:
-        """A request is done: its poll is kept, or handed on and not kept (``on_answer``: the
-        poller process, whose first sweep brings 100,000 bodies)."""
+    def take(self, i: int, url: str, poll: RankPoll) -> None:
+        """A request is done: its poll is kept, or handed on and not kept (``on_answer``,
+        ``on_rows``: the poller process, whose first sweep brings 100,000 bodies)."""
+        if self.on_rows is not None:
+            self.row((i, poll.ok, poll.data, poll.reason, poll.error, poll.status,
+                      poll.latency_s, poll.at))
+            return
         if self.on_answer is None:
             self.results[url] = poll
         else:
             self.on_answer(url, poll)
         self.active -= 1
+
+    def row(self, row: tuple) -> None:
+        """A request is done, as an ``on_rows`` row; full batches are handed on at once."""
+        rows = self.rows
+        rows.append(row)
+        self.active -= 1
+        if len(rows) >= self.per_batch:
+            self.rows = []
+            self.on_rows(rows)
 
 
 _HEAD, _LENGTH, _CHUNKED, _TO_EOF = range(4)  # what a connection is reading
@@ -429,18 +450,42 @@ class _Conn(asyncio.Protocol):
         self.poller._answer(self.req, self.status, body)
 
 
+EVENT_LOOPS = ("asyncio", "uvloop", "auto")
+
+
+def new_event_loop(kind: str = "asyncio") -> asyncio.AbstractEventLoop:
+    """A new event loop: the stdlib's (``asyncio``), uvloop's (``uvloop``: ImportError where it
+    is not installed), or uvloop's where it is importable, else the stdlib's (``auto``). uvloop
+    (libuv, its transports in C) halves the CPU a request costs the poller process
+    (docs/scaling.md); it is optional, and the stdlib loop gives the same answers."""
+    if kind not in EVENT_LOOPS:
+        raise ValueError(f"event loop {kind!r}: one of {', '.join(EVENT_LOOPS)}")
+    if kind != "asyncio":
+        try:
+            import uvloop
+        except ImportError:
+            if kind == "uvloop":
+                raise
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
 class Poller:
-    """Fetch JSON documents from many WorkerServers concurrently; see the module docstring."""
+    """Fetch JSON documents from many WorkerServers concurrently; see the module docstring.
+    ``event_loop``: which loop runs the requests (:func:`new_event_loop`)."""
 
     def __init__(self, timeout_s: float = 0.8, max_concurrency: int = 1024,
-                 max_idle: int = 4096, max_bytes: int = MAX_BODY) -> None:
+                 max_idle: int = 4096, max_bytes: int = MAX_BODY,
+                 event_loop: str = "asyncio") -> None:
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
         self.max_concurrency = max_concurrency
         self.max_idle = max_idle
         self._idle: OrderedDict[tuple[str, int], list[_Conn]] = OrderedDict()
         self._n_idle = 0
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop(event_loop)
+        self.event_loop = type(self._loop).__module__.split(".")[0]  # what it got: asyncio, uvloop
         self._thread = threading.Thread(target=self._loop.run_forever, name="lightkeeper-poller",
                                         daemon=True)
         self._thread.start()
@@ -450,21 +495,27 @@ class Poller:
     def sweep(self, urls: Iterable[str], path: str = "/v1/state",
               timeout_s: float | None = None,
               max_bytes: int | None = None, raw: bool = False,
-              on_answer: Callable[[str, RankPoll], None] | None = None) -> dict[str, RankPoll]:
+              on_answer: Callable[[str, RankPoll], None] | None = None,
+              on_rows: Callable[[list[tuple]], None] | None = None,
+              per_batch: int = 256) -> dict[str, RankPoll]:
         """GET ``path`` from every URL concurrently; returns url -> RankPoll (never raises).
 
         A body over ``max_bytes`` (default: the poller's) is a ``bad_response``. ``raw``: a
         ``200`` answer's body is left as bytes in ``data``, not parsed (:func:`judge_body` does
         that where it is read). ``on_answer(url, poll)`` is called on the poller's thread as
-        each poll is done (monitor/poll_process.py streams them to the monitor); the polls are
-        then not kept, and the sweep returns an empty dict."""
+        each poll is done; the polls are then not kept, and the sweep returns an empty dict.
+        ``on_rows(rows)`` (raw): the same without a RankPoll made per request (the poller
+        process's wire format, monitor/poll_process.py): lists of ``per_batch`` rows ``(place
+        of the URL in the deduplicated urls, ok, body or None, reason, error, status,
+        latency_s, at)`` handed on as they fill, the last (shorter, never empty) at the end."""
         urls = list(dict.fromkeys(urls))
         if not urls:
             return {}
         timeout = self.timeout_s if timeout_s is None else timeout_s
         limit = self.max_bytes if max_bytes is None else max_bytes
         fut = asyncio.run_coroutine_threadsafe(
-            self._sweep(urls, path, timeout, limit, raw, on_answer), self._loop)
+            self._sweep(urls, path, timeout, limit, raw, on_answer, on_rows, per_batch),
+            self._loop)
         return fut.result()
 
     def close(self) -> None:
@@ -493,10 +544,11 @@ class Poller:
 
     # --- event loop side -------------------------------------------------------------
     async def _sweep(self, urls: list[str], path: str, timeout: float, limit: int,
-                     raw: bool = False, on_answer: Callable[[str, RankPoll], None] | None = None
-                     ) -> dict[str, RankPoll]:
+                     raw: bool = False, on_answer: Callable[[str, RankPoll], None] | None = None,
+                     on_rows: Callable[[list[tuple]], None] | None = None,
+                     per_batch: int = 256) -> dict[str, RankPoll]:
         sw = _Sweep(urls, path.encode("latin-1"), timeout, limit, self._loop.create_future(),
-                    raw, on_answer)
+                    raw, on_answer, on_rows, per_batch)
         self._launch(sw)
         try:
             await sw.waiter
@@ -507,7 +559,11 @@ class Poller:
             # cycle, which the monitor's frozen GC (monitor/service.py) would keep for good,
             # every answer of the sweep with it
             sw.inflight.clear()
-            sw.on_answer = None
+            sw.on_answer = sw.on_rows = None
+        if on_rows is not None:
+            if sw.rows:
+                on_rows(sw.rows)
+            return {}
         results = sw.results
         return {u: results[u] for u in urls} if on_answer is None else {}
 
@@ -519,18 +575,19 @@ class Poller:
         urls, n, most = sw.urls, len(sw.urls), self.max_concurrency
         now = time.monotonic()
         while sw.active < most and sw.next < n:
-            url = urls[sw.next]
+            i = sw.next
+            url = urls[i]
             sw.next += 1
             sw.active += 1
             try:
                 key, get, tail = _target(url)
-                req = _Request(sw, url, key, get + sw.path + tail, now, now + sw.timeout)
+                req = _Request(sw, i, url, key, get + sw.path + tail, now, now + sw.timeout)
             except PollError as e:
-                self._done(sw, url, RankPoll(url, False, reason=e.reason, error=str(e)))
+                self._done(sw, i, url, RankPoll(url, False, reason=e.reason, error=str(e)))
                 continue
             except Exception as e:
-                self._done(sw, url, RankPoll(url, False, reason="bad_response",
-                                             error=f"{type(e).__name__}: {e}"))
+                self._done(sw, i, url, RankPoll(url, False, reason="bad_response",
+                                                error=f"{type(e).__name__}: {e}"))
                 continue
             sw.inflight.append(req)
             if sw.timer is None:
@@ -593,23 +650,27 @@ class Poller:
         sw = req.sweep
         url = req.url
         now = time.monotonic()
-        if status != 200:
-            poll = RankPoll(url, False, reason="http_status", error=f"HTTP {status}: "
-                            f"{body[:200]!r}", status=status, latency_s=now - req.start)
-        elif sw.raw:  # judged by whoever reads it (monitor/poll_process.py: the monitor)
-            poll = RankPoll(url, True, data=body, latency_s=now - req.start)
+        if status == 200 and sw.on_rows is not None:  # the poller process: no RankPoll
+            sw.row((req.i, True, body, None, None, None, now - req.start, time.time()))
         else:
-            poll = judge_body(url, body, now - req.start)
-        sw.take(url, poll)
+            if status != 200:
+                poll = RankPoll(url, False, reason="http_status", error=f"HTTP {status}: "
+                                f"{body[:200]!r}", status=status, latency_s=now - req.start)
+            elif sw.raw:  # judged by whoever reads it (monitor/poll_process.py: the monitor)
+                poll = RankPoll(url, True, data=body, latency_s=now - req.start)
+            else:
+                poll = judge_body(url, body, now - req.start)
+            sw.take(req.i, url, poll)
         if not conn.keep or conn.lost:
             conn.abort()
         elif sw.next < len(sw.urls) and not sw.launching:
-            nxt = sw.urls[sw.next]
+            i = sw.next
+            nxt = sw.urls[i]
             target = _TARGET_CACHE.get(nxt)
             if target is not None and target[0] == conn.key:
                 sw.next += 1
                 sw.active += 1
-                nreq = _Request(sw, nxt, conn.key, target[1] + sw.path + target[2], now,
+                nreq = _Request(sw, i, nxt, conn.key, target[1] + sw.path + target[2], now,
                                 now + sw.timeout)
                 sw.inflight.append(nreq)
                 if sw.timer is None:
@@ -633,12 +694,12 @@ class Poller:
         if req.connecting is not None:
             req.connecting.cancel()
             req.connecting = None
-        self._done(req.sweep, req.url, RankPoll(req.url, False, reason=reason, error=error,
-                                                status=status,
-                                                latency_s=time.monotonic() - req.start))
+        self._done(req.sweep, req.i, req.url,
+                   RankPoll(req.url, False, reason=reason, error=error, status=status,
+                            latency_s=time.monotonic() - req.start))
 
-    def _done(self, sw: _Sweep, url: str, poll: RankPoll) -> None:
-        sw.take(url, poll)
+    def _done(self, sw: _Sweep, i: int, url: str, poll: RankPoll) -> None:
+        sw.take(i, url, poll)
         self._launch(sw)
 
     def _take(self, key: tuple[str, int]) -> _Conn | None:

@@ -41,17 +41,19 @@ def gone(pid: int) -> bool:
         return True
 
 
-def test_every_bound_holds_in_the_child(hostile_sim, monkeypatch):  # noqa: F811
+@pytest.mark.parametrize("event_loop", ["auto", "asyncio"])
+def test_every_bound_holds_in_the_child(hostile_sim, monkeypatch, event_loop):  # noqa: F811
     """test_monitor_trust's hostile ranks (huge, chunked, unframed, dribbling, slow, many and
     long headers, deep JSON, garbage) and per-sweep body bound, with the poller in its own
-    process: the same reasons and words, within the same timeout."""
+    process: the same reasons and words, within the same timeout; on the child's default loop
+    (uvloop where installed) and on the stdlib's."""
     import monitor.poller
 
     made = []
 
     class Recorded(ProcessPoller):
         def __init__(self, *a, **k) -> None:
-            super().__init__(*a, **k)
+            super().__init__(*a, **k, event_loop=event_loop)
             made.append(self)
             # the child up (on a loaded box its start alone can outlast that test's 1.5 s)
             assert self.sweep([hostile_sim.ranks[0].url])[hostile_sim.ranks[0].url].ok

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
 import time
 
@@ -22,8 +24,14 @@ def sim():
 
 
 # the Poller on its thread, and in its own process (monitor/poll_process.py): the same
-# answers, failures and bounds
-POLLERS = {"thread": Poller, "process": ProcessPoller}
+# answers, failures and bounds, on the stdlib event loop and on uvloop (the child's where it is
+# installed; monitor/poller.py new_event_loop)
+POLLERS = {"thread": Poller,
+           "thread-uvloop": functools.partial(Poller, event_loop="uvloop"),
+           "process": ProcessPoller,
+           "process-asyncio": functools.partial(ProcessPoller, event_loop="asyncio")}
+if importlib.util.find_spec("uvloop") is None:  # an optional dependency (the `fast` extra)
+    del POLLERS["thread-uvloop"]
 
 
 @pytest.fixture(params=list(POLLERS))
@@ -297,3 +305,24 @@ def test_answers_handed_on_as_they_come_are_not_kept(sim):
         assert json.loads(got[sim.ranks[0].url][0].data)["rank"] == 0  # bytes, as sent
     finally:
         p.close()
+
+
+def test_event_loop_choice_falls_back_without_uvloop(monkeypatch):
+    """``auto`` (the poller process's default) is uvloop where installed, else the stdlib's
+    loop; asking for uvloop where it is missing says so; an unknown loop is refused."""
+    import sys
+
+    from monitor.poller import new_event_loop
+
+    if importlib.util.find_spec("uvloop") is not None:
+        loop = new_event_loop("auto")
+        assert type(loop).__module__.startswith("uvloop")
+        loop.close()
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as if not installed: import fails
+    loop = new_event_loop("auto")
+    assert type(loop).__module__.startswith("asyncio")
+    loop.close()
+    with pytest.raises(ImportError):
+        new_event_loop("uvloop")
+    with pytest.raises(ValueError):
+        new_event_loop("trio")
