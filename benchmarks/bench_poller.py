@@ -2,12 +2,17 @@
 
 N keep-alive targets (``http://127.0.0.1:<port>/r/<rank>``) served by ``--procs`` virtual-rank
 processes (tests/support/virtual_ranks.py, the server of bench_monitor_100k.py), once with the
-servers of this tree and once with the servers of ``--baseline`` (a git revision; its
-``tests/support/virtual_ranks.py`` run from its source). Two pollers in this process: the
-``Poller`` of this tree and the one of ``--baseline``'s ``monitor/poller.py`` (imported from its
-source under another name). Every round sweeps every target once with each (poller, servers)
-pair, in alternating order, after a warm-up sweep that opens the pooled connections; per pair it
-reports the medians over rounds of:
+servers of this tree (``new``: uvloop where installed; ``new-asyncio``: the stdlib loop) and
+once with the servers of ``--baseline`` (``old``: a git revision; its
+``tests/support/virtual_ranks.py`` run from its source). The pollers: ``new``, the ``Poller`` of
+this tree in this process; ``old``, the one of ``--baseline``'s ``monitor/poller.py`` (imported
+from its source under another name); ``process``, this tree's ``ProcessPoller`` (its child on
+uvloop where installed; ``process-asyncio``: on the stdlib loop); ``process-old``, the
+``ProcessPoller`` of ``--baseline`` (its ``monitor/`` poller files and ``http_serving`` taken
+out of git into a temporary folder, the child run from there; the monitor's side imported from
+its source). ``--pairs`` picks (poller, servers) pairs; every round sweeps every target once with
+each pair, in alternating order, after a warm-up sweep that opens the pooled connections; per
+pair it reports the medians over rounds of:
 
 - ``poller_us``: this process's CPU seconds (``time.process_time``, every thread: the poller's
   event loop, JSON parsing included) per request; ``poller_sys_us`` the part in the kernel
@@ -26,6 +31,11 @@ CPU, not wall time, is the figure that matters on a loaded 2-core box; the load 
 printed with it.
 
     .venv/bin/python benchmarks/bench_poller.py --ranks 20000 --procs 2 --also-procs 8 --rounds 5
+    .venv/bin/python benchmarks/bench_poller.py --baseline e1d5fb6 --rounds 7 \
+        --pairs process:new,process-old:old,process-asyncio:new-asyncio,process:old,process-old:new
+
+``--profile PREFIX``: every ``process`` poller's child writes a cProfile of its event loop's
+thread to ``PREFIX.<pid>`` (monitor/poll_process.py, ``LIGHTKEEPER_POLL_PROFILE``).
 """
 
 from __future__ import annotations
@@ -36,9 +46,11 @@ import importlib.util
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -46,7 +58,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.bench_monitor_100k import cpu_of, proc_cpu, save, start, stop  # noqa: E402
-from monitor.poll_process import ProcessPoller  # noqa: E402
+from monitor.poll_process import PROFILE_ENV, ProcessPoller  # noqa: E402
 from monitor.poller import Poller  # noqa: E402
 from tests.support.monitor_sim import raise_fd_limit  # noqa: E402
 from tests.support.virtual_ranks import VirtualRanks  # noqa: E402
@@ -71,6 +83,40 @@ def baseline_module(rev: str, path: str, name: str) -> Any:
 def baseline_poller(rev: str) -> type:
     """``Poller`` of ``monitor/poller.py`` at ``rev``."""
     return baseline_module(rev, "monitor/poller.py", "baseline_poller").Poller
+
+
+def baseline_process_poller(rev: str, root: str) -> type:
+    """``ProcessPoller`` of ``monitor/poll_process.py`` at ``rev``: its child runs ``rev``'s
+    poller files, taken out of git into ``root``; the monitor's side is imported from its
+    source, its ``.poller`` being :func:`baseline_poller`'s module."""
+    files = ["monitor/__init__.py", "monitor/poller.py", "monitor/poll_process.py",
+             "http_serving"]
+    tar = subprocess.run(["git", "archive", rev, *files], cwd=ROOT, check=True,
+                         capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", root], input=tar, check=True)
+    source = git_source(rev, "monitor/poll_process.py")
+    spawn = "stdout=subprocess.PIPE, env=env)"
+    if "from .poller import" not in source or spawn not in source:
+        raise RuntimeError(f"{rev}'s monitor/poll_process.py: not the layout this bench knows")
+    # the child runs from root: `python -m` looks in its working folder first, which would
+    # otherwise be this tree's
+    source = source.replace("from .poller import", "from baseline_poller import") \
+        .replace(spawn, "stdout=subprocess.PIPE, env=env, cwd=_ROOT)")
+    if "baseline_poller" not in sys.modules:
+        baseline_poller(rev)
+    spec = importlib.util.spec_from_loader("baseline_poll_process", loader=None)
+    mod = importlib.util.module_from_spec(spec)
+    mod.__file__ = os.path.join(root, "monitor", "poll_process.py")  # its _ROOT: root
+    sys.modules[mod.__name__] = mod
+    exec(compile(source, f"{rev}:monitor/poll_process.py", "exec"), mod.__dict__)
+    return mod.ProcessPoller
+
+
+def vranks_asyncio_source() -> str:
+    """This tree's virtual ranks on the stdlib event loop (``python -c`` source)."""
+    return ("import runpy, sys\n"
+            "sys.argv[1:1] = ['--event-loop', 'asyncio']\n"
+            "runpy.run_module('tests.support.virtual_ranks', run_name='__main__')\n")
 
 
 def references_us(n: int, group_size: int, old_ranks: type,
@@ -121,27 +167,42 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--concurrency", type=int, default=1024)
     ap.add_argument("--baseline", default=BASELINE, help="git revision to compare with")
+    ap.add_argument("--pairs", default=None,
+                    help="poller:servers,... (pollers: new, old, process, process-asyncio, "
+                         "process-old; servers: new, new-asyncio, old, new/K); default: new and "
+                         "old on new and old servers, process on new, new on new/K")
+    ap.add_argument("--profile", default=None, metavar="PREFIX",
+                    help="cProfile of every process poller's child event loop: PREFIX.<pid>")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     raise_fd_limit()
-    old_source = git_source(args.baseline, "tests/support/virtual_ranks.py")
-    servers = {}
-    pollers = {"new": Poller(timeout_s=10.0, max_concurrency=args.concurrency,
-                             max_idle=4 * args.ranks),
-               "process": ProcessPoller(timeout_s=10.0, max_concurrency=args.concurrency,
-                                        max_idle=4 * args.ranks),
-               "old": baseline_poller(args.baseline)(timeout_s=10.0,
-                                                     max_concurrency=args.concurrency,
-                                                     max_idle=4 * args.ranks)}
+    if args.pairs:
+        pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
+    else:
+        pairs = [(p, s) for p in ("new", "process", "old") for s in ("new", "old")
+                 if p != "process" or s == "new"]
+        pairs += [("new", f"new/{k}") for k in args.also_procs]
+    if args.profile:
+        os.environ[PROFILE_ENV] = os.path.abspath(args.profile)
+    old_root = tempfile.mkdtemp(prefix="bench_poller_baseline_")
+    bound = {"timeout_s": 10.0, "max_concurrency": args.concurrency, "max_idle": 4 * args.ranks}
+    makers = {"new": lambda: Poller(**bound),
+              "old": lambda: baseline_poller(args.baseline)(**bound),
+              "process": lambda: ProcessPoller(**bound, event_loop="auto"),
+              "process-asyncio": lambda: ProcessPoller(**bound, event_loop="asyncio"),
+              "process-old": lambda: baseline_process_poller(args.baseline, old_root)(**bound)}
+    sources = {"new": None, "new-asyncio": vranks_asyncio_source(),
+               "old": git_source(args.baseline, "tests/support/virtual_ranks.py")}
+    servers, pollers = {}, {}
     figures: dict[tuple[str, str], dict[str, list[float]]] = {}
     try:
-        sides = [("new", None, args.procs), ("old", old_source, args.procs)]
-        sides += [(f"new/{k}", None, k) for k in args.also_procs]
-        for side, source, procs in sides:
-            servers[side] = start(args.ranks, procs, args.group_size, 0.5, source)
-        pairs = [(p, s) for p in pollers for s in ("new", "old")
-                 if p != "process" or s == "new"]
-        pairs += [("new", side) for side, _, _ in sides[2:]]
+        for poller, side in pairs:
+            if poller not in pollers:
+                pollers[poller] = makers[poller]()
+            if side not in servers:
+                procs = int(side.split("/")[1]) if "/" in side else args.procs
+                servers[side] = start(args.ranks, procs, args.group_size, 0.5,
+                                      sources[side.split("/")[0]])
         for poller, side in pairs:  # warm up: open the pooled connections
             got = pollers[poller].sweep(servers[side][1])
             bad = [r for r in got.values() if not r.ok]
@@ -182,6 +243,7 @@ def main() -> int:
             p.close()
         for procs, _ in servers.values():
             stop(procs)
+        shutil.rmtree(old_root, ignore_errors=True)
     rows = [{"poller": p, "servers": s, "requests": args.ranks,
              **{k: round(statistics.median(v), 3) for k, v in f.items() if k != "ok"},
              "answered_min": min(f["ok"])} for (p, s), f in figures.items()]
