@@ -269,6 +269,30 @@ class StageClock:
         return out
 
 
+class SweepFacts:
+    """Per sweep, what lengthens it besides its polls: the Flight Recorder fetch's reason and
+    whether it skipped the leaders' dumps (monitor/service.py), whether the goodput ledger's
+    snapshot was written, the seconds after its decisions (goodput, metrics, file_sd), and the
+    CPU of the monitor's process and of the poller process."""
+
+    def __init__(self, mon: Monitor) -> None:
+        self.mon = mon
+        self.pollers = PollerCpu(mon)
+
+    def before(self) -> None:
+        self._cpu, self._child = time.process_time(), self.pollers.read()[0]
+        self._saved = getattr(self.mon, "_goodput_saved_at", None)
+
+    def after(self) -> dict:
+        mon = self.mon
+        return {"fr": getattr(mon.detectors, "_fr_reason", None),
+                "fr_leaders_skipped": getattr(mon, "fr_leaders_skipped", None),
+                "goodput_saved": getattr(mon, "_goodput_saved_at", None) != self._saved,
+                "tail_s": round(getattr(mon, "_tail_s", 0.0), 3),
+                "cpu_s": round(time.process_time() - self._cpu, 3),
+                "child_cpu_s": round(self.pollers.read()[0] - self._child, 3)}
+
+
 def hang_phase(mon: Monitor, procs: list, g: int, victim: int, args) -> dict:
     """Plant a hang in ``victim`` (a non-leader of group ``g``) and sweep until it is confirmed:
     the timeline, in seconds after the onset (the moment the virtual ranks hear it and stop):
@@ -298,12 +322,14 @@ def hang_phase(mon: Monitor, procs: list, g: int, victim: int, args) -> dict:
         return new
 
     mon.detectors.update = timed_update
+    facts = SweepFacts(mon)
     tell(procs, f"hang {victim}")  # every group stops stepping, as in a real job
     onset, onset_wall = time.perf_counter(), time.time()
     timeline, out = [], {"hang_target_s": max(5.0, 5 * args.step_s)}
     try:
         while time.perf_counter() - onset < 60:
             t = time.perf_counter()
+            facts.before()
             mon.sweep_once()
             end = time.perf_counter()
             plan = sweep_plan(mon)
@@ -316,7 +342,8 @@ def hang_phase(mon: Monitor, procs: list, g: int, victim: int, args) -> dict:
                              "drilled": plan.drilled.get(g),
                              "fr_fetched": round(fetched[-1] - onset, 3)
                              if fetched and fetched[-1] >= t else None,
-                             "confirmed": bool(hangs), "stages_s": stages.take()})
+                             "confirmed": bool(hangs), "stages_s": stages.take(),
+                             **facts.after()})
             if plan.drilled.get(g) and "hang_drilled_after_s" not in out:
                 out.update(hang_drilled_after_s=end - onset, drilled_sweep_s=end - t,
                            drill_reason=plan.drilled[g], drilled_groups=len(plan.drilled))
@@ -352,23 +379,42 @@ def straggler_phase(mon: Monitor, procs: list, slow: int, args) -> dict:
     starts = [float(p.stdout.readline().split()[2]) for p, _, _ in procs]
     onset = min(starts)  # the earliest process's first slow step: the longer latency
     confirmed, sweeps_s, timeline = None, [], []
-    while time.perf_counter() - commanded < args.straggler_wait:
-        t = time.perf_counter()
-        mon.sweep_once()
-        end = time.perf_counter()
-        sweeps_s.append(end - t)
-        mem = mon.detectors._groups.get(slow)
-        timeline.append({"end": round(end - onset, 3),
-                         "lag": mon.detectors.last_lags.get(slow),
-                         "windows": mem.straggler_windows if mem is not None else None,
-                         "newest_step_judged": mem.straggler_newest if mem is not None
-                         else None})
-        if any(f.kind == "straggler" and f.replica_group == slow
-               for f in mon.detectors.open_findings()):
-            confirmed = end
-            break
-        time.sleep(max(0.0, 1.0 - sweeps_s[-1]))
+    stages, facts, detected = StageClock(mon), SweepFacts(mon), []
+    update = mon.detectors.update
+
+    def timed_update(*a, **k):  # the moment the detectors return the straggler: confirmed
+        new = update(*a, **k)
+        if any(f.kind == "straggler" and f.replica_group == slow for f in new):
+            detected.append(time.perf_counter())
+        return new
+
+    mon.detectors.update = timed_update
+    try:
+        while time.perf_counter() - commanded < args.straggler_wait:
+            t = time.perf_counter()
+            facts.before()
+            mon.sweep_once()
+            end = time.perf_counter()
+            sweeps_s.append(end - t)
+            mem = mon.detectors._groups.get(slow)
+            timeline.append({"end": round(end - onset, 3), "sweep_s": round(end - t, 3),
+                             "lag": mon.detectors.last_lags.get(slow),
+                             "windows": mem.straggler_windows if mem is not None else None,
+                             "newest_step_judged": mem.straggler_newest if mem is not None
+                             else None, "stages_s": stages.take(), **facts.after()})
+            if any(f.kind == "straggler" and f.replica_group == slow
+                   for f in mon.detectors.open_findings()):
+                confirmed = end
+                break
+            time.sleep(max(0.0, 1.0 - sweeps_s[-1]))
+    finally:
+        for obj, attr in ((mon, "_fetch_fr"), (mon.detectors, "update"), (mon.poller, "sweep"),
+                          (mon.poller, "start"), (mon.views, "update")):
+            obj.__dict__.pop(attr, None)  # the classes' own methods again
     return {"straggler_group": slow, "straggler_lag_s": args.straggler_lag,
+            # the moment its detectors returned it, in the confirming sweep (before its end)
+            "straggler_detected_after_steps": (detected[0] - onset) / args.step_s
+            if detected else None,
             "straggler_onset_after_command_s": onset - commanded,
             "straggler_confirmed_after_s": None if confirmed is None else confirmed - onset,
             "straggler_confirmed_after_steps": None if confirmed is None
@@ -408,7 +454,8 @@ def main() -> int:
     gc_clock = GcClock()
     n = args.groups * args.group_size
     procs, urls = start(n, args.procs, args.group_size, args.step_s)
-    row: dict = {"ranks": n, "groups": args.groups, "group_size": args.group_size,
+    row: dict = {"load_average_start": os.getloadavg()[0],
+                 "ranks": n, "groups": args.groups, "group_size": args.group_size,
                  "procs": len(procs), "step_s": args.step_s, "poller": args.poller,
                  "member_interval_s": args.member_interval}
     try:
