@@ -69,12 +69,15 @@ class VirtualRanks:
         self.t0 = time.monotonic() if epoch is None else epoch
         self.hung: dict[int, float] = {}  # rank -> monotonic onset
         self.slow: dict[int, tuple[int, float]] = {}  # group -> (first slow step, seconds)
-        self.templates: dict[int, tuple[list[bytes], list[str]]] = {}  # pieces, marks between
+        self.templates: dict[int, tuple[list[bytes], tuple[str, ...]]] = {}  # pieces, marks
         self.requests = 0
         self.fr_templates: dict[tuple, bytes] = {}
         self._rows: dict[tuple, tuple[bytes, bytes]] = {}
+        self._marks: dict[tuple[str, ...], tuple[str, ...]] = {}
+        self._fills: dict[tuple, list[bytes]] = {}  # values between a template's pieces
+        self._routes: dict[bytes, tuple[str, int, str]] = {}  # request line -> what, rank, query
 
-    def template(self, rank: int) -> tuple[list[bytes], list[str]]:
+    def template(self, rank: int) -> tuple[list[bytes], tuple[str, ...]]:
         """The rank's /v1/state cut around its changing values: literal pieces, and between
         each two the name of the value that goes there."""
         t = self.templates.get(rank)
@@ -93,6 +96,8 @@ class VirtualRanks:
                 marks.append(MARKS[m.group()])
                 at = m.end()
             pieces.append(doc[at:])
+            # every rank's marks come in the same order: one tuple, shared (a key of _fills)
+            marks = self._marks.setdefault(tuple(marks), tuple(marks))
             t = self.templates[rank] = (pieces, marks)
         return t
 
@@ -112,13 +117,22 @@ class VirtualRanks:
                 phase, waiting = b'"forward"', b'{"scope": "group", "seconds": %r}' % waited
             else:
                 phase, waiting = b'"allreduce"', b'{"scope": "cross", "seconds": %r}' % waited
-        recent, last = self.rows(rank, step)
-        values = {"step": str(step).encode(), "recent": recent, "last": last, "phase": phase,
-                  "waiting": waiting}
         pieces, marks = self.template(rank)
-        out = [pieces[0]]
-        for mark, piece in zip(marks, pieces[1:], strict=True):
-            out += (values[mark], piece)
+        # the values between the pieces, in the template's order: the same for every rank with
+        # the same step, rows and wait (all of them but the group's, in a healthy job)
+        key = (marks, step, rank % 10, g if g in self.slow else -1,
+               tuple(self.slow.items()) if self.slow else (), phase, waiting)
+        fill = self._fills.get(key)
+        if fill is None:
+            recent, last = self.rows(rank, step)
+            values = {"step": str(step).encode(), "recent": recent, "last": last,
+                      "phase": phase, "waiting": waiting}
+            if len(self._fills) > 10_000:
+                self._fills.clear()
+            fill = self._fills[key] = [values[mark] for mark in marks]
+        out = [b""] * (len(pieces) + len(fill))
+        out[0::2] = pieces
+        out[1::2] = fill
         return b"".join(out)
 
     def rows(self, rank: int, step: int) -> tuple[bytes, bytes]:
@@ -185,23 +199,35 @@ class VirtualRanks:
     def answer(self, request_line: bytes) -> tuple[bytes, bytes]:
         """(status, body) for one request line, e.g. ``GET /r/7/v1/state HTTP/1.1``."""
         self.requests += 1
+        route = self._routes.get(request_line)  # each rank asks the same line every sweep
+        if route is None:
+            route = self.route(request_line)
+            if len(self._routes) > 1_000_000:
+                self._routes.clear()
+            self._routes[request_line] = route
+        what, rank, query = route
+        if what == "state":
+            return b"200 OK", self.state(rank)
+        if what == "fr_trace":
+            status, body = self.fr(rank, query)
+            return status.encode(), body
+        return b"404 Not Found", b'{"error": "not found"}'
+
+    def route(self, request_line: bytes) -> tuple[str, int, str]:
+        """(``state``, ``fr_trace`` or ``""`` for not found, rank, query) of a request line."""
         parts = request_line.split()
         target = parts[1].decode("latin-1") if len(parts) > 1 else "/"
         path, _, query = target.partition("?")
         bits = path.split("/")  # '', 'r', '<rank>', 'v1', 'state' | 'fr_trace'
-        if len(bits) == 5 and bits[1] == "r" and bits[3] == "v1":
+        if len(bits) == 5 and bits[1] == "r" and bits[3] == "v1" and bits[4] in (
+                "state", "fr_trace"):
             try:
                 rank = int(bits[2])
             except ValueError:
                 rank = -1
-            if not self.offset <= rank < self.offset + self.n:
-                pass
-            elif bits[4] == "state":
-                return b"200 OK", self.state(rank)
-            elif bits[4] == "fr_trace":
-                status, body = self.fr(rank, query)
-                return status.encode(), body
-        return b"404 Not Found", b'{"error": "not found"}'
+            if self.offset <= rank < self.offset + self.n:
+                return bits[4], rank, query
+        return "", -1, ""
 
     def protocol(self) -> asyncio.Protocol:
         """A new connection's protocol (``loop.create_server(vr.protocol, ...)``)."""

@@ -1,0 +1,52 @@
+"""The benchmarks' virtual ranks (tests/support/virtual_ranks.py): a rank's answer made from
+shared cached parts is the one made from scratch."""
+
+from __future__ import annotations
+
+import json
+import types
+
+from tests.support import virtual_ranks
+from tests.support.virtual_ranks import VirtualRanks
+
+
+def unstamped(doc: dict) -> dict:
+    """The document less its wall-clock stamps (each server's template has its own)."""
+    return {k: v for k, v in doc.items() if not (isinstance(v, float) and v > 1e9)}
+
+
+def test_cached_answers_equal_answers_made_afresh(monkeypatch):
+    """One server answering many ranks (its values shared between ranks with the same step,
+    rows and wait) gives each rank the bytes a new server gives it, healthy, with a slow group
+    and with a hung rank; the request line's route is cached the same way."""
+    clock = types.SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(virtual_ranks, "time",
+                        types.SimpleNamespace(monotonic=lambda: clock.now))
+    n, size = 96, 8
+    shared = VirtualRanks(n, 0, size, 0.5, epoch=900.0)
+
+    def afresh(rank: int, line: bytes) -> tuple[bytes, bytes]:
+        vr = VirtualRanks(n, 0, size, 0.5, epoch=900.0)
+        vr.hung, vr.slow = dict(shared.hung), dict(shared.slow)
+        return vr.answer(line)
+
+    seen = 0
+    for phase in ("healthy", "slow", "hung"):
+        if phase == "slow":
+            shared.slow[3] = (int((clock.now - 900.0) / 0.5) + 1, 0.7)
+        if phase == "hung":
+            shared.hung[5 * size + 2] = clock.now - 4.0
+        for tick in range(3):
+            clock.now += 0.5 * tick + 0.013
+            for rank in range(n):
+                line = b"GET /r/%d/v1/state HTTP/1.1\r" % rank
+                got, want = shared.answer(line), afresh(rank, line)
+                assert got[0] == want[0] == b"200 OK"
+                doc, fresh = (unstamped(json.loads(b)) for b in (got[1], want[1]))
+                assert doc == fresh, (phase, tick, rank)
+                assert doc["rank"] == rank and doc["group_rank"] == rank % size
+                seen += 1
+    assert seen == 3 * 3 * n
+    assert shared.answer(b"GET /r/999/v1/state HTTP/1.1")[0] == b"404 Not Found"
+    assert shared.answer(b"GET /r/x/v1/state HTTP/1.1")[0] == b"404 Not Found"
+    assert shared.answer(b"GET /r/1/v1/other HTTP/1.1")[0] == b"404 Not Found"
