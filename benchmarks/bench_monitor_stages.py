@@ -3,7 +3,8 @@
 The real Monitor (leader polling on, no Lighthouse) over ``--groups`` x ``--group-size``
 virtual ranks (tests/support/virtual_ranks.py's documents: states with per-step timings), with
 its poller replaced by an in-process one that answers each URL asked with the document a
-virtual rank would serve, parsed as the poller would (``json.loads``); Flight Recorder requests
+virtual rank would serve, parsed as the monitor parses the poller process's answers
+(``judge_body``: msgspec, whose documents share their keys' string objects); Flight Recorder requests
 get a 404. What is left is the monitor's own per-sweep work on the answers, split by stage
 (schedule, view + verification, Flight Recorder trigger, detectors, host ledger, goodput,
 metrics), and the seconds its cyclic garbage collector took; the HTTP side's cost per request
@@ -39,7 +40,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.bench_monitor_100k import GcClock, save  # noqa: E402
 from monitor.config import MonitorConfig  # noqa: E402
-from monitor.poller import RankPoll  # noqa: E402
+from monitor.poller import RankPoll, judge_body  # noqa: E402
 from monitor.service import Monitor  # noqa: E402
 from tests.support.virtual_ranks import VirtualRanks  # noqa: E402
 
@@ -86,9 +87,9 @@ class InProcessPoller:
         if path != "/v1/state":
             out = {u: RankPoll(u, False, reason="http_status", error="HTTP 404: b''")
                    for u in urls}
-        else:
-            out = {u: RankPoll(u, True, data=json.loads(self.vr.state(self.index[u])))
-                   for u in urls}
+        else:  # parsed as the monitor parses an answer (poll_process: judge_body, msgspec)
+            state, index, at = self.vr.state, self.index, time.time()
+            out = {u: judge_body(u, state(index[u]), 0.0, at) for u in urls}
         spent = time.thread_time() - t
         self.cpu_seconds += spent
         if self.stack:  # not the stage's own work
