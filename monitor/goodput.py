@@ -59,9 +59,11 @@ import math
 import statistics
 from collections import deque
 from dataclasses import asdict, dataclass, field
-from itertools import compress
-from operator import is_not
+from itertools import chain, compress, repeat
+from operator import eq, is_not, ne
 from typing import Any
+
+import numpy as np
 
 from .view import ClusterView
 
@@ -220,24 +222,148 @@ class SweepAccount:
     job_goodput_ratio: float | None = None
 
 
-@dataclass
-class _Group:
-    replica_group: int
-    replica_id: str | None = None
-    commits: int | None = None  # last commit count of replica_id
-    cum: int = 0  # commits summed over the group's incarnations
-    gpus: int | None = None
-    last_in_quorum_at: float | None = None
-    history: deque = field(default_factory=deque)  # (t, cum)
-    # its sweeps in the quorum over the horizon, [t0, t1, cum before, cum after, credit]:
-    # ``credit`` is what the whole-sweep rule gave beyond ``commits x b`` (see _rejudge)
-    judged: deque = field(default_factory=deque)
-    # below pace, credit its commits held beyond the sweep's length (at most one step ``b``):
-    # counted in the next sweep, so that commits are not lost to where the sweeps fall
-    carry: float = 0.0
-    # what _ingest_groups last read of its reachable ranks: (replica id, [RankView],
-    # [commits], [world size]); a RankView object read before is not read again
-    read: tuple | None = field(default=None, repr=False, compare=False)
+class _Slots:
+    """The ledger's per-group state as numpy columns by group slot (docs/scaling.md: one
+    vector operation per sweep over every group, where a Python pass per group was ~20 us a
+    group at 12,500 groups). Slot 0 holds the totals of ``UNSEEN`` (no group); a group keeps
+    the slot it was given when first seen, in the order the views listed them (the order the
+    ledger's dict of groups had)."""
+
+    FLOATS = ("carry", "last_in_quorum_at", "good", "exp", "ggood", "gexp")
+    INTS = ("commits", "cum", "gpus", "born")
+
+    def __init__(self) -> None:
+        self.gids: list[int | None] = [None]  # slot -> replica group (slot 0: UNSEEN)
+        self.index: dict[int, int] = {}  # replica group -> slot
+        self.rid: list[str | None] = [None]  # the incarnation its commits are of
+        # commits: last count of rid (-1: none yet); cum: commits over its incarnations;
+        # gpus: its group world size (0: not known); born: the history sample it began at
+        self.commits = np.full(1, -1, np.int64)
+        self.cum = np.zeros(1, np.int64)
+        self.gpus = np.zeros(1, np.int64)
+        self.born = np.zeros(1, np.int64)
+        self.carry = np.zeros(1)  # below pace: credit held beyond the sweep (see _account)
+        self.last_in_quorum_at = np.full(1, np.nan)  # nan: never
+        # settled goodput and expected replica-seconds (and GPU-seconds) of its totals row; the
+        # row's badput by cause stays in GoodputLedger.totals (a dict per row, as stored)
+        self.good, self.exp = np.zeros(1), np.zeros(1)
+        self.ggood, self.gexp = np.zeros(1), np.zeros(1)
+
+    def __len__(self) -> int:
+        return len(self.gids)
+
+    def add(self, groups: list[int], born: int) -> None:
+        """New groups, in this order, from history sample ``born`` on."""
+        n = len(groups)
+        for g in groups:
+            self.index[g] = len(self.gids)
+            self.gids.append(g)
+            self.rid.append(None)
+        for name, fill in (("commits", -1), ("cum", 0), ("gpus", 0), ("born", born)):
+            setattr(self, name, np.concatenate([getattr(self, name),
+                                                np.full(n, fill, np.int64)]))
+        for name in self.FLOATS:
+            fill = np.nan if name == "last_in_quorum_at" else 0.0
+            setattr(self, name, np.concatenate([getattr(self, name), np.full(n, fill)]))
+
+    def gpus_of(self, g: int | None) -> int | None:
+        s = self.index.get(g) if g is not None else None
+        n = int(self.gpus[s]) if s is not None else 0
+        return n or None
+
+
+class _History:
+    """Every group's cumulative commits at each sweep, on one time axis (a group's history is
+    the samples from its ``born`` on): what a deque of (t, cum) per group held, trimmed the
+    same way (one sample at or before the window's start, and what follows)."""
+
+    def __init__(self) -> None:
+        self.t: deque[float] = deque()
+        self.cum: deque[np.ndarray] = deque()  # the column of every slot's cum, per sample
+        self.first = 0  # the number of the oldest sample kept (numbers count every sample)
+
+    @property
+    def next(self) -> int:
+        return self.first + len(self.t)
+
+    def append(self, now: float, cum: np.ndarray, window: float) -> None:
+        self.t.append(now)
+        self.cum.append(cum.copy())
+        end = now - window
+        while len(self.t) >= 2 and self.t[1] <= end:
+            self.t.popleft()
+            self.cum.popleft()
+            self.first += 1
+
+    def pace(self, slots: np.ndarray, born: np.ndarray, window: float, b: float) -> np.ndarray:
+        """:func:`_pace` of each slot's history (nan: None), all at once."""
+        out = np.full(len(slots), np.nan)
+        if not self.t or not len(slots):
+            return out
+        ts = np.fromiter(self.t, float, len(self.t))
+        t_end = ts[-1]
+        first = np.maximum(born[slots], self.first) - self.first  # its oldest sample kept
+        last = len(ts) - 1
+        # the last sample at or before the window's start, else its first
+        at = int(np.searchsorted(ts, t_end - window, side="right")) - 1
+        start = np.maximum(first, at)
+        v_end = self.cum[-1][slots]
+        v_start = np.empty(len(slots), np.int64)
+        for u in np.unique(start).tolist():
+            if u > last:
+                continue
+            m = start == u
+            v_start[m] = self.cum[u][slots[m]]
+        span = t_end - ts[np.minimum(start, last)]
+        ok = (first < last) & (span > 0)
+        out[ok] = np.maximum(0, v_end[ok] - v_start[ok]) * b / span[ok]
+        return out
+
+    def last_sample(self, slot: int, born: int) -> list[tuple[float, int]]:
+        """The group's newest sample, as the snapshot stores it."""
+        if not self.t or born >= self.next:
+            return []
+        return [(self.t[-1], int(self.cum[-1][slot]))]
+
+
+class _Judged:
+    """The sweeps each group was judged in over the horizon (see :meth:`GoodputLedger._rejudge`),
+    on one axis: per sweep (t0, t1) and, per slot, cum before and after and ``credit`` (nan:
+    that group was not judged in it)."""
+
+    def __init__(self) -> None:
+        self.t0: deque[float] = deque()
+        self.t1: deque[float] = deque()
+        self.before: deque[np.ndarray] = deque()
+        self.after: deque[np.ndarray] = deque()
+        self.credit: deque[np.ndarray] = deque()
+
+    def drop_before(self, t: float) -> None:
+        while self.t1 and self.t1[0] < t:
+            for q in (self.t0, self.t1, self.before, self.after, self.credit):
+                q.popleft()
+
+    def append(self, t0: float, t1: float, n: int, slots: np.ndarray, before: np.ndarray,
+               after: np.ndarray, credit: np.ndarray) -> None:
+        col = np.full(n, np.nan)
+        col[slots] = credit
+        b, a = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        b[slots], a[slots] = before, after
+        self.t0.append(t0)
+        self.t1.append(t1)
+        self.before.append(b)
+        self.after.append(a)
+        self.credit.append(col)
+
+    def dense(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(before, after, credit) as sweeps x slots (credit nan where not judged)."""
+        k = len(self.t1)
+        before, after = np.zeros((k, n), np.int64), np.zeros((k, n), np.int64)
+        credit = np.full((k, n), np.nan)
+        for i, (b, a, c) in enumerate(zip(self.before, self.after, self.credit, strict=True)):
+            before[i, :len(b)], after[i, :len(a)], credit[i, :len(c)] = b, a, c
+        return before, after, credit
+
 
 
 # --- reading a rank's state without trusting its types -------------------------------------
@@ -289,20 +415,7 @@ def _pace(history: deque, window: float, b: float | None) -> float | None:
     return max(0, v_end - start[1]) * b / span
 
 
-def _cum_at(judged: deque, t: float) -> int | None:
-    """A group's cumulative commits at the sweep at or before ``t`` (None: not recorded)."""
-    cum = None
-    for _t0, t1, before, after, _ in judged:
-        if t1 <= t + 1e-9:
-            cum = after
-        elif cum is None:  # the record starts at (or straddles) ``t``
-            return before
-        else:
-            break
-    return cum
-
-
-_SLOTS = range(1 << 30)  # slot numbers for compress(): a group's ranks, by position
+_SLOTS = range(1 << 30)  # flat rank positions for compress()
 
 
 def _trim(history: deque, now: float, keep: float) -> None:
@@ -319,7 +432,11 @@ class GoodputLedger:
         self.cfg.validate()
         self.since: float | None = None  # first accounted sweep
         self.last_at: float | None = None
-        self.groups: dict[int, _Group] = {}
+        self.slots = _Slots()  # every group ever seen: its state, by slot (numpy columns)
+        self.hist = _History()  # their commits over the pace window
+        self.judged = _Judged()  # their sweeps in the quorum over the horizon (_rejudge)
+        # what _ingest_groups last read of the view's ranks (a RankView read is not read again)
+        self._read: tuple | None = None
         self.job_step: int | None = None
         self.job_history: deque = deque()  # (t, job step)
         self.baseline_samples: deque = deque(maxlen=self.cfg.baseline_samples)
@@ -332,8 +449,13 @@ class GoodputLedger:
         # waits to be back at pace (see _track_steady)
         self.steady: tuple[float, int] | None = None
         # settled totals: key -> {"goodput", "expected", cause...} (replica-seconds), and GPU-s
+        # (goodput and expected are the slots' columns: _row, _totals_rows)
         self.totals: dict[str, dict[str, float]] = {}
         self.gpu_totals: dict[str, dict[str, float]] = {}
+        # per kind of row (replica-seconds, GPU-seconds): the slots of its rows in their order,
+        # and which slots have one
+        self._row_order: tuple[list[int], list[int]] = ([], [])
+        self._has_row = (np.zeros(1, bool), np.zeros(1, bool))
         self.expected_groups = 0
         self.unobserved_s = 0.0
         self.gap_s = 0.0
@@ -412,60 +534,80 @@ class GoodputLedger:
         return acct
 
     def _ingest_groups(self, view: ClusterView, in_quorum: set[int], now: float
-                       ) -> dict[int, int]:
-        """Commits each group made since the last sweep (its current incarnation's)."""
-        deltas: dict[int, int] = {}
-        groups = self.groups
-        # once per group every sweep (12,500 at 100,000 ranks): one pass over its ranks, no
-        # _Group made for a group already known (docs/scaling.md)
-        for g, gv in view.groups.items():
-            grp = groups.get(g)
-            if grp is None:
-                grp = groups[g] = _Group(g)
-            rid = gv.replica_id
-            reach = gv.reachable
-            read = grp.read
-            if read is not None and read[0] == rid and len(read[1]) == len(reach):
-                # the usual leader sweep: one or two ranks answered anew, the others are the
-                # RankView objects read last sweep (a view never changes one): read the new
-                _, seen, commits, sizes_of = read
-                # the slots whose RankView is not the one read, told in C (usually the leader)
-                for i in compress(_SLOTS, map(is_not, reach, seen)):
-                    r = seen[i] = reach[i]
-                    commits[i], sizes_of[i] = _rank_counts(r, rid)
-            else:
-                seen = list(reach)
-                commits, sizes_of = [], []
-                for r in seen:
-                    c, n = _rank_counts(r, rid)
-                    commits.append(c)
-                    sizes_of.append(n)
-                grp.read = (rid, seen, commits, sizes_of)
-            c = max(commits) if commits and None not in commits else \
-                max([v for v in commits if v is not None], default=None)
-            sizes = sizes_of if None not in sizes_of else [v for v in sizes_of if v is not None]
-            if sizes:
-                grp.gpus = sizes[0] if sizes.count(sizes[0]) == len(sizes) \
-                    else max(set(sizes), key=sizes.count)
-            if c is None:
-                continue
-            if grp.commits is None:
-                d = 0 if grp.replica_id == rid or self.last_at is None else c
-            elif rid != grp.replica_id:
-                d = c  # a new incarnation: everything it committed is new
-            else:
-                d = max(0, c - grp.commits)
-            grp.replica_id, grp.commits = rid, c
-            grp.cum += d
-            deltas[g] = d
-            if g in in_quorum:
-                grp.last_in_quorum_at = now
-        sample_end = now - self.window
-        for grp in self.groups.values():
-            history = grp.history
-            history.append((now, grp.cum))
-            if len(history) >= 2 and history[1][0] <= sample_end:  # what _trim would drop
-                _trim(history, now, self.window)
+                       ) -> np.ndarray:
+        """Commits each group made since the last sweep (its current incarnation's), by slot.
+
+        A group's commit count is the most any of its reachable ranks of its replica id
+        reports, its world size the one most report. The ranks are read as one flat list: a
+        RankView object read last sweep (a view never changes one) keeps its counts, so a
+        leader sweep reads the ranks that answered anew, and numpy takes each group's max."""
+        S, groups = self.slots, view.groups
+        keys = list(groups)
+        rd = self._read
+        if rd is None or rd[0] != keys:
+            new = [g for g in keys if g not in S.index]
+            if new:
+                S.add(new, self.hist.next)
+            vslots = np.fromiter(map(S.index.__getitem__, keys), np.int64, len(keys))
+        else:
+            vslots = rd[1]
+        gvs = list(groups.values())
+        rids = [gv.replica_id for gv in gvs]
+        reaches = [gv.reachable for gv in gvs]
+        lens = list(map(len, reaches))
+        flat = list(chain.from_iterable(reaches))
+        if rd is not None and rd[0] == keys and rd[3] == lens:
+            owner, commits, sizes = rd[5], rd[6], rd[7]
+            todo = compress(_SLOTS, map(is_not, flat, rd[4]))
+            if rd[2] != rids:  # a new incarnation: every rank of that group again
+                again = set(compress(_SLOTS, map(ne, rids, rd[2])))
+                todo = sorted(set(todo).union(i for i, o in enumerate(owner) if o in again))
+        else:
+            owner = list(chain.from_iterable(map(repeat, range(len(lens)), lens)))
+            commits, sizes = np.full(len(flat), -1, np.int64), np.full(len(flat), -1, np.int64)
+            todo = range(len(flat))
+        for i in todo:
+            c, n = _rank_counts(flat[i], rids[owner[i]])
+            commits[i] = -1 if c is None else c
+            sizes[i] = -1 if n is None else n
+        self._read = (keys, vslots, rids, lens, flat, owner, commits, sizes)
+        # per group (of those with a reachable rank): the most commits, the world sizes
+        has = np.asarray(lens) > 0
+        offsets = np.cumsum(lens) - lens
+        starts = offsets[has]
+        c = np.full(len(keys), -1, np.int64)
+        c[has] = np.maximum.reduceat(commits, starts) if len(starts) else []
+        most = np.full(len(keys), -1, np.int64)
+        least = np.full(len(keys), -1, np.int64)
+        if len(starts):
+            most[has] = np.maximum.reduceat(sizes, starts)
+            least[has] = np.minimum.reduceat(np.where(sizes < 0, 1 << 62, sizes), starts)
+        sized = most >= 1
+        S.gpus[vslots[sized & (least == most)]] = most[sized & (least == most)]
+        for i in np.flatnonzero(sized & (least != most)).tolist():  # the majority's
+            o = int(offsets[i])
+            vals = [v for v in sizes[o:o + lens[i]].tolist() if v >= 1]
+            S.gpus[vslots[i]] = max(set(vals), key=vals.count)
+        # what each group committed since the last sweep
+        got = c >= 0
+        vs = vslots[got]
+        c = c[got]
+        was = S.commits[vs]
+        old_rids = list(map(S.rid.__getitem__, vs.tolist()))
+        rid_got = list(compress(rids, got))
+        same = np.fromiter(map(eq, rid_got, old_rids), bool, len(vs))
+        d = np.where(was < 0, np.where(same | (self.last_at is None), 0, c),
+                     np.where(same, np.maximum(0, c - was), c))
+        for i in np.flatnonzero(~same).tolist():
+            S.rid[vs[i]] = rid_got[i]
+        S.commits[vs] = c
+        S.cum[vs] += d
+        if in_quorum:
+            inq = np.fromiter(map(in_quorum.__contains__, compress(keys, got)), bool, len(vs))
+            S.last_in_quorum_at[vs[inq]] = now
+        deltas = np.zeros(len(S), np.int64)
+        deltas[vs] = d
+        self.hist.append(now, S.cum, self.window)
         return deltas
 
     def _ingest_job_step(self, view: ClusterView, in_quorum: set[int], now: float) -> bool:
@@ -527,13 +669,12 @@ class GoodputLedger:
         if self.since is not None:
             onset = max(onset, self.since)
         g = _int(f.get("replica_group"))
-        grp = self.groups.get(g) if g is not None else None
         inc = Incident(id=self.next_incident, kind=str(f.get("kind") or "unknown"),
                        replica_group=g, replica_id=f.get("replica_id"),
                        ranks=_ints(f.get("ranks")),
                        onset_at=onset, onset_source=source, detected_at=detected,
                        finding_ids=[fid] if fid is not None else [],
-                       gpus_per_group=grp.gpus if grp else None)
+                       gpus_per_group=self.slots.gpus_of(g))
         self.next_incident += 1
         self.incidents[inc.id] = inc
         self._dirty_incidents.add(inc.id)
@@ -547,35 +688,51 @@ class GoodputLedger:
         the pace after it. A sweep whose commits since the onset (over at least two baseline
         steps) are below ``pace_threshold`` keeps ``commits x b`` of goodput; the rest of it
         (from the onset, in the sweep the onset falls in) becomes the incident's badput: a
-        straggler's ``straggler_drag``, any other's ``stall``. Within the horizon only (what a
-        group's ``judged`` record holds; a restarted monitor's record starts empty)."""
+        straggler's ``straggler_drag``, any other's ``stall``. Within the horizon only (what
+        the ledger's judged sweeps hold; a restarted monitor's record starts empty)."""
         b = self.baseline
-        if b is None:
+        J = self.judged
+        if b is None or not J.t1:
             return
         cause = "straggler_drag" if inc.kind == "straggler" else "stall"
         t_on = inc.onset_at
-        for g, grp in self.groups.items():
-            cum0 = _cum_at(grp.judged, t_on)
-            if cum0 is None:
-                continue
-            for rec in grp.judged:
-                t0, t1, _, after, credit = rec
-                if t1 <= t_on + 1e-9 or credit <= 1e-9:
-                    continue
-                span = t1 - t_on
-                if span >= 2 * b and (after - cum0) * b / span >= self.cfg.pace_threshold:
-                    continue
-                seconds = credit * min(1.0, span / (t1 - t0))
-                rec[4] = credit - seconds
-                s = Slice(max(t0, t_on), t1, g, cause, seconds, grp.gpus, counted=True)
-                self._link(s, inc)
-                self._revised.append(s)
-                self.unsettled.append(s)
-                row = self.totals.setdefault(self._key(g), {})
-                row["goodput"] = row.get("goodput", 0.0) - seconds
-                if grp.gpus:
-                    grow = self.gpu_totals.setdefault(self._key(g), {})
-                    grow["goodput"] = grow.get("goodput", 0.0) - seconds * grp.gpus
+        S = self.slots
+        n = len(S)
+        before, after, credit = J.dense(n)
+        t0 = np.fromiter(J.t0, float, len(J.t0))
+        t1 = np.fromiter(J.t1, float, len(J.t1))
+        judged = ~np.isnan(credit)
+        ar = np.arange(n)
+        # each group's cumulative commits at the sweep at or before the onset: after its last
+        # sweep ending by then, else before its first (None: never judged)
+        by_then = judged & (t1 <= t_on + 1e-9)[:, None]
+        first = np.argmax(judged, axis=0)
+        last_by_then = len(t1) - 1 - np.argmax(by_then[::-1], axis=0)
+        cum0 = np.where(by_then[first, ar], after[last_by_then, ar], before[first, ar])
+        span = (t1 - t_on)[:, None]
+        with np.errstate(invalid="ignore", divide="ignore"):  # masked out by `take`
+            take = judged & ~by_then & (credit > 1e-9)
+            take &= ~((span >= 2 * b) & ((after - cum0[None, :]) * b / span
+                                         >= self.cfg.pace_threshold))
+        # slot by slot, each in time order (as a deque per group was walked)
+        for slot, k in zip(*np.nonzero(take.T), strict=True):
+            slot, k = int(slot), int(k)
+            c = float(credit[k, slot])
+            seconds = c * min(1.0, float(span[k, 0]) / (t1[k] - t0[k]))
+            J.credit[k][slot] = c - seconds
+            g = S.gids[slot]
+            gpus = S.gpus_of(g)
+            s = Slice(max(float(t0[k]), t_on), float(t1[k]), g, cause, seconds, gpus,
+                      counted=True)
+            self._link(s, inc)
+            self._revised.append(s)
+            self.unsettled.append(s)
+            key = self._key(g)
+            self._row(slot, key)
+            S.good[slot] -= seconds
+            if gpus:
+                self._row(slot, key, gpu=True)
+                S.ggood[slot] -= seconds * gpus
         if self._revised:
             self.unsettled.sort(key=lambda s: s.t0)  # a group's slices settle in time order
 
@@ -682,31 +839,37 @@ class GoodputLedger:
         return max(cands, key=lambda i: (i.detected_at, i.id)) if cands else None
 
     # --- splitting a sweep -----------------------------------------------------------
-    def _slots(self, in_quorum: set[int]) -> tuple[list[int], list[int], int]:
-        """(groups in the quorum, known groups out of it that fill slots, unseen slots)."""
-        known = sorted(self.groups)
-        inside = [g for g in known if g in in_quorum]
-        outside = [g for g in known if g not in in_quorum]
+    def _slots(self, in_quorum: set[int]) -> tuple[np.ndarray, np.ndarray, int]:
+        """(slots of the groups in the quorum, of known groups out of it that fill slots, unseen
+        slots), each in replica group order."""
+        S = self.slots
+        gids = np.asarray(S.gids[1:], np.int64)
+        known = np.argsort(gids, kind="stable") + 1
+        inq = np.fromiter(map(in_quorum.__contains__, S.gids[1:]), bool, len(gids))
+        inside = known[inq[known - 1]]
+        outside = known[~inq[known - 1]]
         if self.cfg.expected_groups is None:
-            self.expected_groups = len(known)
+            self.expected_groups = len(gids)
             return inside, outside, 0
         e = max(self.cfg.expected_groups, len(inside))
         self.expected_groups = e
-        outside.sort(key=lambda g: -(self.groups[g].last_in_quorum_at or 0.0))
-        outside = outside[:e - len(inside)]
+        last_in = np.nan_to_num(S.last_in_quorum_at[outside], nan=0.0)
+        outside = outside[np.argsort(-last_in, kind="stable")][:e - len(inside)]
         return inside, outside, e - len(inside) - len(outside)
 
     def _default_gpus(self) -> int | None:
-        sizes = [g.gpus for g in self.groups.values() if g.gpus]
+        sizes = self.slots.gpus[self.slots.gpus > 0].tolist()
         return max(set(sizes), key=sizes.count) if sizes else None
 
-    def _account(self, in_quorum: set[int], deltas: dict[int, int], job_moved: bool,
+    def _account(self, in_quorum: set[int], deltas: np.ndarray, job_moved: bool,
                  dt: float, now: float, acct: SweepAccount) -> None:
         t0, b = self.last_at, self.baseline
+        S = self.slots
         inside, outside, unseen = self._slots(in_quorum)
         acct.accounted, acct.dt, acct.expected_groups = True, dt, self.expected_groups
         startup = b is None
-        if job_moved or any(deltas.get(g, 0) for g in inside):
+        committed = bool(deltas[inside].any())
+        if job_moved or committed:
             self.last_commit_at = now
         # a stall: no group committed for a whole pace window (shorter gaps are slow steps)
         stall = not startup and (self.last_commit_at is None
@@ -715,68 +878,97 @@ class GoodputLedger:
         straggler = self._explaining(straggler=True)
         other = self._explaining(straggler=False)
         stall_cause = other or straggler
-        idle = not job_moved and not any(deltas.get(g, 0) for g in inside)
+        idle = not job_moved and not committed
         # the pace window never reaches back across the onset of an incident not yet acted on
         cuts = [i.onset_at for i in self._open_incidents() if i.evicted_at is None
                 and i.resolved_at is None and now - self.window < i.onset_at < now]
         cut = max(cuts) if cuts else None
-        judged_from = now - self.horizon
-        for grp in self.groups.values():
-            judged = grp.judged
-            while judged and judged[0][1] < judged_from:
-                judged.popleft()
+        self.judged.drop_before(now - self.horizon)
         if stall and recovering is None:
             self._pending_to_stall(stall_cause)
         slow = False
         window = self.window if cut is None else min(self.window, now - cut)
-        for g in inside:
-            grp = self.groups[g]
-            if startup:
-                self._add(g, 0.0, dt, acct)
-                self._badput(t0, now, g, "startup", dt, grp.gpus, None, acct)
-                continue
-            pace = _pace(grp.history, window, b) if window >= 2 * b else None
-            held = deltas.get(g, 0) * b + grp.carry  # what its commits take at healthy pace
-            earned = min(dt, held)
-            if pace is not None and pace >= self.cfg.pace_threshold:
-                good, grp.carry = dt, 0.0  # at healthy pace over the window: the whole interval
-            else:
-                good, grp.carry = earned, min(b, held - earned)
-            grp.judged.append([t0, now, grp.cum - deltas.get(g, 0), grp.cum, good - earned])
-            self._add(g, good, dt, acct)
+        gpus = S.gpus[inside].tolist()
+        if startup:
+            self._add_many(inside, np.zeros(len(inside)), dt, acct)
+            if self.unsettled:
+                for slot, n in zip(inside.tolist(), gpus, strict=True):
+                    self._badput(t0, now, S.gids[slot], "startup", dt, n or None, None, acct)
+            else:  # nothing unsettled: these slices settle at once (see _settle_at_once)
+                self._settle_at_once(t0, now, inside, gpus, "startup", dt, acct)
+        else:
+            pace = self.hist.pace(inside, S.born, window, b) if window >= 2 * b \
+                else np.full(len(inside), np.nan)
+            d = deltas[inside]
+            held = d * b + S.carry[inside]  # what its commits take at healthy pace
+            earned = np.minimum(dt, held)
+            at_pace = pace >= self.cfg.pace_threshold  # over the window: the whole interval
+            good = np.where(at_pace, dt, earned)
+            S.carry[inside] = np.where(at_pace, 0.0, np.minimum(b, held - earned))
+            cum = S.cum[inside]
+            self.judged.append(t0, now, len(S), inside, cum - d, cum, good - earned)
+            self._add_many(inside, good, dt, acct)
             rest = dt - good
-            if rest <= 1e-9:
-                continue
-            if recovering is not None:
-                cause, inc = "recovery", recovering
-            elif stall:
-                cause, inc = "stall", stall_cause
-            elif idle and other is not None:  # stalling, with a fault that stops commits open
-                cause, inc = "stall", other  # before a straggler: a straggler slows, never stops
-            elif straggler is not None:
-                cause, inc = "straggler_drag", straggler
-            else:
-                cause, inc, slow = PENDING, None, True
-            self._badput(t0, now, g, cause, rest, grp.gpus, inc, acct, idle=idle)
-        for g in outside:
-            self.groups[g].carry = 0.0
+            for i in np.flatnonzero(rest > 1e-9).tolist():
+                if recovering is not None:
+                    cause, inc = "recovery", recovering
+                elif stall:
+                    cause, inc = "stall", stall_cause
+                elif idle and other is not None:  # stalling, with a fault that stops commits
+                    cause, inc = "stall", other  # before a straggler: it slows, never stops
+                elif straggler is not None:
+                    cause, inc = "straggler_drag", straggler
+                else:
+                    cause, inc, slow = PENDING, None, True
+                self._badput(t0, now, S.gids[inside[i]], cause, float(rest[i]), gpus[i] or None,
+                             inc, acct, idle=idle)
+        for slot in outside.tolist():
+            g = S.gids[slot]
+            S.carry[slot] = 0.0
             self._add(g, 0.0, dt, acct)
             inc = None if startup else self._group_incident(g)
             # a group never yet in the quorum, with nothing wrong found, is still starting
-            first = self.groups[g].last_in_quorum_at is None and inc is None
+            first = np.isnan(S.last_in_quorum_at[slot]) and inc is None
             if startup or first:
                 cause = "startup"
             elif inc is None and recovering is not None:
                 cause, inc = "recovery", recovering  # a survivor between quorums
             else:
                 cause = "capacity_lost"
-            self._badput(t0, now, g, cause, dt, self.groups[g].gpus, inc, acct)
+            self._badput(t0, now, g, cause, dt, S.gpus_of(g), inc, acct)
         for _ in range(unseen):
             self._add(None, 0.0, dt, acct)
             self._badput(t0, now, None, "startup" if startup else "capacity_lost", dt,
                          self._default_gpus(), None, acct)
         self.pace = _pace(self.job_history, self.window, b)
         self.slow_since = (self.slow_since or t0) if slow else None
+
+    def _settle_at_once(self, t0: float, t1: float, slots: np.ndarray, gpus: list[int],
+                        cause: str, seconds: float, acct: SweepAccount) -> None:
+        """A slice of ``cause`` for each slot that :meth:`_settle` would settle in this sweep
+        with nothing before it (a final cause, nothing unsettled): settled here, as it would,
+        without making the Slice (the startup sweeps: every group's, each sweep)."""
+        gids, open_iv = self.slots.gids, self.open_intervals
+        for slot, n in zip(slots.tolist(), gpus, strict=True):
+            key = str(gids[slot])
+            row = self._row(slot, key)
+            row[cause] = row.get(cause, 0.0) + seconds
+            if n:
+                grow = self._row(slot, key, gpu=True)
+                grow[cause] = grow.get(cause, 0.0) + seconds * n
+            acct.badput[cause] += seconds
+            cur = open_iv.get(key)
+            if cur is not None and cur.cause == cause and cur.incident is None \
+                    and cur.eviction_id is None and abs(cur.end - t0) <= 1e-6:
+                cur.end = t1
+                cur.replica_seconds += seconds
+                cur.gpu_seconds = cur.gpu_seconds + seconds * n \
+                    if cur.gpu_seconds is not None and n else None
+                continue
+            if cur is not None:
+                self._close_interval(cur)
+            open_iv[key] = Interval(t0, t1, gids[slot], cause, seconds,
+                                    seconds * n if n else None, None, None, None)
 
     def _pending_to_stall(self, inc: Incident | None) -> None:
         """Pending slow time since the last commit was the stall's beginning."""
@@ -786,7 +978,7 @@ class GoodputLedger:
                 s.cause = "stall"
                 self._link(s, inc)
 
-    def _account_gap(self, in_quorum: set[int], deltas: dict[int, int], dt: float, now: float,
+    def _account_gap(self, in_quorum: set[int], deltas: np.ndarray, dt: float, now: float,
                      acct: SweepAccount) -> None:
         """A gap: credit the commits made across it, leave the rest unexplained."""
         inside, outside, unseen = self._slots(in_quorum)
@@ -794,26 +986,64 @@ class GoodputLedger:
         self.gaps += 1
         self.gap_s += dt
         b = self.baseline
-        for g in inside + outside + [None] * unseen:
-            good = min(dt, deltas.get(g, 0) * b) if b is not None and g in in_quorum else 0.0
+        S = self.slots
+        for slot in inside.tolist() + outside.tolist() + [0] * unseen:
+            g = S.gids[slot]
+            good = min(dt, int(deltas[slot]) * b) if b is not None and g in in_quorum else 0.0
             self._add(g, good, dt, acct)
             if dt - good > 1e-9:
-                gpus = self.groups[g].gpus if g is not None else self._default_gpus()
+                gpus = S.gpus_of(g) if g is not None else self._default_gpus()
                 self._badput(self.last_at, now, g, "unattributed", dt - good, gpus, None, acct)
 
     def _key(self, g: int | None) -> str:
         return UNSEEN if g is None else str(g)
 
+    def _row(self, slot: int, key: str, gpu: bool = False) -> dict[str, float]:
+        """The totals row (GPU-seconds: ``gpu``) of ``slot``: its badput by cause (goodput and
+        expected are columns), made on first use. Rows keep the order they were made in, which
+        the sums over them follow (the same floats as the dicts they were)."""
+        rows = self.gpu_totals if gpu else self.totals
+        row = rows.get(key)
+        if row is None:
+            row = rows[key] = {}
+            order, have = self._row_order[gpu], self._has_row[gpu]
+            order.append(slot)
+            if len(have) < len(self.slots):
+                have.resize(len(self.slots), refcheck=False)
+            have[slot] = True
+        return row
+
     def _add(self, g: int | None, good: float, dt: float, acct: SweepAccount) -> None:
-        row = self.totals.setdefault(self._key(g), {})
-        row["goodput"] = row.get("goodput", 0.0) + good
-        row["expected"] = row.get("expected", 0.0) + dt
-        gpus = self.groups[g].gpus if g is not None and g in self.groups else self._default_gpus()
-        if gpus:
-            grow = self.gpu_totals.setdefault(self._key(g), {})
-            grow["goodput"] = grow.get("goodput", 0.0) + good * gpus
-            grow["expected"] = grow.get("expected", 0.0) + dt * gpus
-        acct.goodput += good
+        slot = self.slots.index[g] if g is not None else 0
+        self._add_many(np.array([slot]), np.array([good]), dt, acct,
+                       None if g is not None else self._default_gpus())
+
+    def _add_many(self, slots: np.ndarray, good: np.ndarray, dt: float, acct: SweepAccount,
+                  unseen_gpus: int | None = None) -> None:
+        """Each slot's goodput and expected seconds of the sweep (in slot order, as one
+        ``_add`` per group did)."""
+        S = self.slots
+        self._rows_for(slots, gpu=False)
+        S.good[slots] += good
+        S.exp[slots] += dt
+        gpus = S.gpus[slots] if unseen_gpus is None else np.array([unseen_gpus or 0])
+        with_gpus = gpus > 0
+        if with_gpus.any():
+            on, n = slots[with_gpus], gpus[with_gpus]
+            self._rows_for(on, gpu=True)
+            S.ggood[on] += good[with_gpus] * n
+            S.gexp[on] += dt * n
+        acct.goodput = sum(good.tolist(), acct.goodput)
+
+    def _rows_for(self, slots: np.ndarray, gpu: bool) -> None:
+        """Make the totals rows these slots do not have yet, in their order."""
+        have = self._has_row[gpu]
+        if len(have) < len(self.slots):
+            have.resize(len(self.slots), refcheck=False)
+        missing = slots[~have[slots]]
+        gids = self.slots.gids
+        for slot in missing.tolist():
+            self._row(slot, self._key(gids[slot]), gpu)
 
     def _badput(self, t0: float, t1: float, g: int | None, cause: str, seconds: float,
                 gpus: int | None, inc: Incident | None, acct: SweepAccount,
@@ -837,7 +1067,8 @@ class GoodputLedger:
             back_in = inc.replica_group is None or inc.replica_group in in_quorum
             if inc.evicted_at is not None and inc.rejoined_at is None \
                     and inc.replica_group in in_quorum \
-                    and self.groups[inc.replica_group].replica_id != inc.replica_id:
+                    and self.slots.rid[self.slots.index[inc.replica_group]] \
+                    != inc.replica_id:
                 inc.rejoined_at, changed = now, True
             if inc.back_to_pace_at is None and b is not None and len(hist) >= 2:
                 back = self._back_at(hist, inc.search_from, now, b)
@@ -963,11 +1194,12 @@ class GoodputLedger:
                 self._close_interval(self.open_intervals.pop(key))
 
     def _settle_slice(self, s: Slice) -> None:
-        key = self._key(s.replica_group)
-        row = self.totals.setdefault(key, {})
+        g = s.replica_group
+        key, slot = self._key(g), self.slots.index[g] if g is not None else 0
+        row = self._row(slot, key)
         row[s.cause] = row.get(s.cause, 0.0) + s.seconds
         if s.gpus:
-            grow = self.gpu_totals.setdefault(key, {})
+            grow = self._row(slot, key, gpu=True)
             grow[s.cause] = grow.get(s.cause, 0.0) + s.seconds * s.gpus
         inc = self.incidents.get(s.incident) if s.incident is not None else None
         if inc is not None:
@@ -989,21 +1221,36 @@ class GoodputLedger:
         self._closed_intervals.append(iv)
 
     def _publish_ratios(self, acct: SweepAccount) -> None:
-        for key, row in self.totals.items():
-            if key != UNSEEN and row.get("expected"):
-                acct.group_goodput_ratio[int(key)] = row.get("goodput", 0.0) / row["expected"]
+        S = self.slots
+        order = np.asarray(self._row_order[False], np.int64)
+        groups = order[order > 0]  # not UNSEEN's row
+        exp = S.exp[groups]
+        with_time = exp != 0
+        ratios = (S.good[groups][with_time] / exp[with_time]).tolist()
+        acct.group_goodput_ratio = dict(zip(map(S.gids.__getitem__, groups[with_time].tolist()),
+                                            ratios, strict=True))
         acct.job_goodput_ratio = self.job_ratio()
 
     # --- reading ---------------------------------------------------------------------
     def job_ratio(self) -> float | None:
-        expected = sum(r.get("expected", 0.0) for r in self.totals.values())
-        good = sum(r.get("goodput", 0.0) for r in self.totals.values())
+        order = self._row_order[False]
+        expected = sum(self.slots.exp[order].tolist(), 0.0)  # the rows' order, one by one
+        good = sum(self.slots.good[order].tolist(), 0.0)
         return good / expected if expected > 0 else None
+
+    def _totals_rows(self, gpu: bool = False) -> dict[str, dict[str, float]]:
+        """The totals rows as stored: badput by cause, goodput and expected seconds."""
+        S = self.slots
+        good, exp = (S.ggood, S.gexp) if gpu else (S.good, S.exp)
+        order = self._row_order[gpu]
+        return {k: {**v, "goodput": g, "expected": e} for (k, v), g, e in zip(
+            (self.gpu_totals if gpu else self.totals).items(), good[order].tolist(),
+            exp[order].tolist(), strict=True)}
 
     def _live_totals(self) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
         """Settled totals plus the unsettled slices (pending as its own key)."""
-        rows = {k: dict(v) for k, v in self.totals.items()}
-        gpu = {k: dict(v) for k, v in self.gpu_totals.items()}
+        rows = self._totals_rows()
+        gpu = self._totals_rows(gpu=True)
         for s in self.unsettled:
             key = self._key(s.replica_group)
             rows.setdefault(key, {})[s.cause] = rows.get(key, {}).get(s.cause, 0.0) + s.seconds
@@ -1087,11 +1334,9 @@ class GoodputLedger:
         groups = []
         for key in sorted(rows, key=lambda k: (k == UNSEEN, int(k) if k != UNSEEN else 0)):
             row = self._summary([rows[key]])
-            grp = self.groups.get(int(key)) if key != UNSEEN else None
+            slot = self.slots.index.get(int(key)) if key != UNSEEN else None
             row.update(replica_group=None if key == UNSEEN else int(key),
-                       replica_id=grp.replica_id if grp else None,
-                       gpus=grp.gpus if grp else None,
-                       last_in_quorum_at=grp.last_in_quorum_at if grp else None)
+                       **self._group_fields(slot))
             groups.append(row)
         incs = sorted(self.incidents.values(), key=lambda i: i.id, reverse=True)[:incidents]
         return {
@@ -1116,6 +1361,14 @@ class GoodputLedger:
             "intervals": self.intervals_json(intervals),
         }
 
+    def _group_fields(self, slot: int | None) -> dict[str, Any]:
+        S = self.slots
+        if slot is None:
+            return {"replica_id": None, "gpus": None, "last_in_quorum_at": None}
+        at = float(S.last_in_quorum_at[slot])
+        return {"replica_id": S.rid[slot], "gpus": int(S.gpus[slot]) or None,
+                "last_in_quorum_at": None if math.isnan(at) else at}
+
     def baseline_frozen(self) -> str | None:
         """Why the baseline takes no samples now (None: it does)."""
         opened = [i.id for i in self._open_incidents() if i.settled_pace is None]
@@ -1133,16 +1386,12 @@ class GoodputLedger:
         stored apart, see :meth:`unsaved`)."""
         return {
             "version": SNAPSHOT_VERSION, "since": self.since, "last_at": self.last_at,
-            "groups": {str(g): {"replica_id": grp.replica_id, "commits": grp.commits,
-                                "cum": grp.cum, "gpus": grp.gpus,
-                                "last_in_quorum_at": grp.last_in_quorum_at,
-                                "history": list(grp.history)[-1:]}
-                       for g, grp in self.groups.items()},
+            "groups": self._groups_snapshot(),
             "job_step": self.job_step, "job_history": list(self.job_history)[-1:],
             "baseline_samples": list(self.baseline_samples), "baseline": self.baseline,
             "pace": self.pace, "slow_since": self.slow_since, "last_commit_at": self.last_commit_at,
             "steady": list(self.steady) if self.steady else None,
-            "totals": self.totals, "gpu_totals": self.gpu_totals,
+            "totals": self._totals_rows(), "gpu_totals": self._totals_rows(gpu=True),
             "expected_groups": self.expected_groups, "unobserved_s": self.unobserved_s,
             "gap_s": self.gap_s, "gaps": self.gaps, "skipped_sweeps": self.skipped_sweeps,
             "goodput_debt": self.goodput_debt,
@@ -1153,6 +1402,24 @@ class GoodputLedger:
             "next_incident": self.next_incident,
             "seen_evictions": sorted(self.seen_evictions)[-1000:],
         }
+
+    def _groups_snapshot(self) -> dict[str, dict[str, Any]]:
+        S, hist = self.slots, self.hist
+        commits, cum, gpus, born = (S.commits.tolist(), S.cum.tolist(), S.gpus.tolist(),
+                                    S.born.tolist())
+        last_in = S.last_in_quorum_at.tolist()
+        t = hist.t[-1] if hist.t else None
+        newest = hist.cum[-1].tolist() if hist.cum else []
+        out = {}
+        for slot in range(1, len(S)):
+            out[str(S.gids[slot])] = {
+                "replica_id": S.rid[slot],
+                "commits": commits[slot] if commits[slot] >= 0 else None,
+                "cum": cum[slot], "gpus": gpus[slot] or None,
+                "last_in_quorum_at": None if math.isnan(last_in[slot]) else last_in[slot],
+                "history": [(t, newest[slot])] if born[slot] < hist.next and slot < len(newest)
+                else []}
+        return out
 
     def unsaved(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Incidents changed and intervals closed since :meth:`saved` (for the store, with
@@ -1184,11 +1451,28 @@ class GoodputLedger:
         if not state or state.get("version") != SNAPSHOT_VERSION:
             return led
         led.since, led.last_at = state.get("since"), state.get("last_at")
-        for g, d in (state.get("groups") or {}).items():
-            grp = _Group(int(g), d.get("replica_id"), d.get("commits"), int(d.get("cum") or 0),
-                         d.get("gpus"), d.get("last_in_quorum_at"))
-            grp.history.extend(tuple(x) for x in d.get("history") or [])
-            led.groups[int(g)] = grp
+        groups = state.get("groups") or {}
+        S = led.slots
+        S.add([int(g) for g in groups], 0)
+        # each group's newest history sample: one sample of the shared axis (a group stored
+        # without one, or with an older one, starts its history at the next sweep)
+        newest = {tuple(d["history"][-1]) for d in groups.values() if d.get("history")}
+        t = max(x[0] for x in newest) if newest else None
+        if t is not None:
+            led.hist.t.append(t)
+            led.hist.cum.append(np.zeros(len(S), np.int64))
+        for slot, d in enumerate(groups.values(), 1):
+            S.rid[slot] = d.get("replica_id")
+            S.commits[slot] = -1 if d.get("commits") is None else d["commits"]
+            S.cum[slot] = int(d.get("cum") or 0)
+            S.gpus[slot] = d.get("gpus") or 0
+            at = d.get("last_in_quorum_at")
+            S.last_in_quorum_at[slot] = np.nan if at is None else at
+            h = d.get("history")
+            if h and h[-1][0] == t:
+                led.hist.cum[0][slot] = h[-1][1]
+            else:
+                S.born[slot] = led.hist.next
         led.job_step = state.get("job_step")
         led.job_history.extend(tuple(x) for x in state.get("job_history") or [])
         led.baseline_samples.extend(state.get("baseline_samples") or [])
@@ -1198,8 +1482,16 @@ class GoodputLedger:
         led.last_commit_at = state.get("last_commit_at")
         steady = state.get("steady")
         led.steady = (float(steady[0]), int(steady[1])) if steady else None
-        led.totals = state.get("totals") or {}
-        led.gpu_totals = state.get("gpu_totals") or {}
+        for gpu, rows in ((False, state.get("totals")), (True, state.get("gpu_totals"))):
+            good, exp = (S.ggood, S.gexp) if gpu else (S.good, S.exp)
+            for key, row in (rows or {}).items():
+                if key != UNSEEN and int(key) not in S.index:
+                    S.add([int(key)], led.hist.next)
+                    good, exp = (S.ggood, S.gexp) if gpu else (S.good, S.exp)
+                slot = 0 if key == UNSEEN else S.index[int(key)]
+                led._row(slot, key, gpu).update(
+                    (k, v) for k, v in row.items() if k not in ("goodput", "expected"))
+                good[slot], exp[slot] = row.get("goodput", 0.0), row.get("expected", 0.0)
         led.expected_groups = int(state.get("expected_groups") or 0)
         led.unobserved_s = float(state.get("unobserved_s") or 0.0)
         led.gap_s = float(state.get("gap_s") or 0.0)

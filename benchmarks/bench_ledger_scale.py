@@ -1,0 +1,185 @@
+"""The goodput ledger and its metrics at 100,000 ranks: CPU per group per sweep, this tree's
+ledger and a baseline revision's side by side in one process, on the same views.
+
+``--groups`` x ``--group-size`` ranks behind a real :class:`monitor.view.ViewBuilder` with
+leader polling's pattern (every group's leader asked each sweep, each member once per
+``--member-every`` sweeps), every group committing one step per sweep. Each sweep's view goes
+to both ledgers (``GoodputLedger.update`` and ``MonitorMetrics.add_goodput``: the monitor's
+``goodput`` and ``metrics`` work of a sweep, less the store), in alternating order, each timed
+by the thread's CPU clock; their ``to_json()`` is compared after every sweep (the figures must
+be the same: the bench stops on the first difference). The ledger's startup (before its
+healthy baseline exists: ``baseline_min_samples`` sweeps after a whole pace window) and its
+paced sweeps are reported apart. ``snapshot()`` (what the monitor writes every few seconds)
+is timed once at the end, both sides.
+
+    .venv/bin/python benchmarks/bench_ledger_scale.py --groups 12500 --sweeps 30 \\
+        --baseline e1d5fb6 --json benchmarks/results/ledger_scale_100k.json
+
+The view building is not timed (bench_monitor_stages.py has it); the ledger sees the whole view
+(no Lighthouse here: every rank is evidence).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+import tracemalloc
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from benchmarks.bench_poller import git_source  # noqa: E402
+from monitor import goodput as this_goodput  # noqa: E402
+from monitor.discovery import Target  # noqa: E402
+from monitor.metrics import MonitorMetrics  # noqa: E402
+from monitor.poller import RankPoll  # noqa: E402
+from monitor.view import ViewBuilder  # noqa: E402
+from tests.support.monitor_sim import rank_state  # noqa: E402
+
+T0 = 1_700_000_000.0
+
+
+def ledger_module(rev: str) -> Any:
+    """``monitor/goodput.py`` at ``rev``, imported as a module of the ``monitor`` package
+    (its relative imports resolve to this tree's: the view is the same for both sides)."""
+    spec = importlib.util.spec_from_loader("monitor.goodput_at_" + rev, loader=None)
+    mod = importlib.util.module_from_spec(spec)
+    mod.__package__ = "monitor"
+    sys.modules[mod.__name__] = mod  # dataclasses look their module up while decorating
+    exec(compile(git_source(rev, "monitor/goodput.py"), f"{rev}:monitor/goodput.py", "exec"),
+         mod.__dict__)
+    return mod
+
+
+class Job:
+    """Every rank's state; each sweep every group commits a step and the due ranks answer."""
+
+    def __init__(self, groups: int, size: int, member_every: int) -> None:
+        self.size, self.member_every = size, member_every
+        self.targets = [Target(f"http://127.0.0.1:1/r/{r}", "static")
+                        for r in range(groups * size)]
+        self.states = []
+        for r in range(groups * size):
+            s = rank_state(r, r // size, step=0, quorum_id=2, participants=groups, now=T0)
+            s.update(group_rank=r % size, group_world_size=size, commits=0, host=f"h{r // 8}")
+            self.states.append(s)
+        self.builder = ViewBuilder()
+        self.sweep_no = 0
+
+    def view(self, now: float):
+        n = self.sweep_no
+        self.sweep_no += 1
+        polled = set()
+        polls = {}
+        for r, (t, s) in enumerate(zip(self.targets, self.states, strict=True)):
+            s["step"] = s["commits"] = n
+            if n == 0 or r % self.size == 0 or (r // self.size + n) % self.member_every == 0:
+                polled.add(t.url)
+                polls[t.url] = RankPoll(t.url, True, data=dict(s))
+        return self.builder.update(self.targets, polls, now=now, polled=polled)
+
+
+def warm(view) -> None:
+    """The view's derived values the ledger reads, computed before the timing: in the
+    monitor the view, schedule and detectors stages read them first (and pay for them)."""
+    view.in_quorum()
+    for gv in view.groups.values():
+        gv.reachable, gv.replica_id, gv.step  # noqa: B018 (cached on first read)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--groups", type=int, default=12_500)
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--member-every", type=int, default=30)
+    ap.add_argument("--sweeps", type=int, default=30)
+    ap.add_argument("--dt", type=float, default=1.0, help="seconds between sweeps (one step)")
+    ap.add_argument("--baseline", default=None, help="git revision to compare with")
+    ap.add_argument("--memory", action="store_true",
+                    help="also tracemalloc what each ledger holds (slow: a run of its own)")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    sides = {"this": this_goodput}
+    if args.baseline:
+        sides["baseline"] = ledger_module(args.baseline)
+    ledgers = {k: m.GoodputLedger(m.GoodputConfig()) for k, m in sides.items()}
+    metrics = {k: MonitorMetrics("bench") for k in sides}
+    held: dict[str, int] = {}
+    if args.memory:  # what each ledger holds after the sweeps: run them one ledger at a time
+        for k in sides:
+            job = Job(args.groups, args.group_size, args.member_every)
+            views = []
+            tracemalloc.start()
+            led = sides[k].GoodputLedger(sides[k].GoodputConfig())
+            for i in range(args.sweeps):
+                v = job.view(T0 + i * args.dt)
+                warm(v)
+                base = tracemalloc.get_traced_memory()[0]
+                led.update(v, [], [], T0 + i * args.dt)
+                views[:] = [v]
+            gc.collect()
+            held[k] = tracemalloc.get_traced_memory()[0] - base
+            tracemalloc.stop()
+            del led, views, job
+            print(f"{k}: the ledger holds ~{held[k] / 2**20:.1f} MiB after {args.sweeps} "
+                  "sweeps (traced growth past the last view)", flush=True)
+    job = Job(args.groups, args.group_size, args.member_every)
+    rows: list[dict[str, Any]] = []
+    gc.disable()  # as the monitor from 20,000 targets: no collection inside a timed update
+    try:
+        for i in range(args.sweeps):
+            now = T0 + i * args.dt
+            view = job.view(now)
+            warm(view)
+            gc.collect()
+            row: dict[str, Any] = {"sweep": i}
+            order = list(sides) if i % 2 == 0 else list(reversed(sides))
+            for k in order:
+                c = time.thread_time()
+                acct = ledgers[k].update(view, [], [], now)
+                metrics[k].add_goodput(acct)
+                row[k + "_s"] = time.thread_time() - c
+                row[k + "_phase"] = "startup" if ledgers[k].baseline is None else "paced"
+            if len(sides) > 1 and ledgers["this"].to_json() != ledgers["baseline"].to_json():
+                print(f"sweep {i}: the two ledgers' JSON differ", flush=True)
+                return 1
+            rows.append(row)
+            print(json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                              for k, v in row.items()}), flush=True)
+        snap = {}
+        for k in sides:
+            c = time.thread_time()
+            ledgers[k].snapshot()
+            snap[k] = time.thread_time() - c
+    finally:
+        gc.enable()
+    out: dict[str, Any] = {"groups": args.groups, "ranks": args.groups * args.group_size,
+                           "sweeps": args.sweeps, "baseline": args.baseline,
+                           "clock": "thread CPU (time.thread_time)", "snapshot_s": snap}
+    g = args.groups
+    for k in sides:
+        for phase in ("startup", "paced"):
+            vals = [r[k + "_s"] for r in rows[2:] if r[k + "_phase"] == phase]
+            if vals:
+                out[f"{k}_{phase}_us_per_group"] = 1e6 * statistics.median(vals) / g
+                out[f"{k}_{phase}_sweeps"] = len(vals)
+        if held:
+            out[f"{k}_held_mib"] = held[k] / 2**20
+    out["load_average"] = os.getloadavg()
+    out["cores"] = os.cpu_count()
+    print(json.dumps(out, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
