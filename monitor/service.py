@@ -55,6 +55,8 @@ FR_LAST = 256
 # ... and of torchft's cross-group group only, from the leaders of groups not drilled (the same
 # verdicts on the single-rank-group scenarios from dumps cut to 16 entries of it)
 FR_LAST_LEADERS = 64
+FR_LEADERS_QUERY = f"?pg=torchft&last={FR_LAST_LEADERS}"
+FR_DRILLED_QUERY = f"?last={FR_LAST}"
 # From this many targets the cyclic garbage collector is kept off during a sweep and what
 # survived it is then moved out of its reach (gc.freeze): with 100,000 ranks' states held, each
 # full collection walked millions of objects, 1-17 s on this box, about once a sweep
@@ -159,6 +161,9 @@ class Monitor:
         self.sweep_plan = None  # what the last sweep polled (schedule.last may be the next's)
         self._ahead = None  # (targets, plan, PollHandle): the next sweep's, already asked
         self.fr_leaders_skipped = False  # the last Flight Recorder fetch skipped the leaders'
+        # query -> (URLs, PollHandle): dumps asked before the view (the periodic look's)
+        self._fr_ahead: dict[str, tuple] = {}
+        self._fr_looked_at = float("-inf")  # when the detectors last wanted Flight Recorder
         self._tail_s = 0.0  # the last sweep's seconds after its decisions
         self._stop = threading.Event()
         self._loop_thread: threading.Thread | None = None
@@ -256,6 +261,7 @@ class Monitor:
             self.lighthouse_status, self.lighthouse_error = status, error
             self.lh_settings.observe(status, self.clock())
         now = self.clock()
+        self._ask_fr_early(plan, polls, now)
         # verdicts judged again only where claims or the Lighthouse changed (docs/scaling.md)
         view = self.views.update(
             targets, polls, now=now, polled=None if plan.everything else set(plan.urls),
@@ -330,6 +336,33 @@ class Monitor:
         except Exception:
             log.exception("could not ask the next sweep's ranks ahead")
 
+    def _ask_fr_early(self, plan, polls: dict, now: float) -> None:
+        """With the poller in its own process, when this sweep's periodic Flight Recorder look
+        is due (``fr_interval_s`` since the last look, on the clock the detectors read), ask
+        the dumps ``_fetch_fr`` will want now, right after the states: the drilled groups'
+        ranks', then the leaders' cross-group ones, of the ranks that answered. The child asks
+        them while this sweep builds its view, and ``_fetch_fr`` reads answers already in
+        instead of waiting for 12,500 more requests at 100,000 ranks (~0.6-0.9 s, one sweep in
+        ~8). Groups and leaders of the last view; ``_fetch_fr`` asks any others itself and
+        drops what it does not want. Never raises."""
+        view = self.view
+        if not isinstance(self.poller, ProcessPoller) or view is None or plan.everything \
+                or now - self._fr_looked_at < self.cfg.detectors.fr_interval_s:
+            return
+        try:
+            drilled = [r.url for g in plan.drilled if g in view.groups
+                       for r in view.groups[g].ranks]
+            leaders = [gv.leader.url for g, gv in view.groups.items()
+                       if gv.leader is not None and g not in plan.drilled]
+            for urls, query in ((drilled, FR_DRILLED_QUERY), (leaders, FR_LEADERS_QUERY)):
+                urls = [u for u in urls if u in polls and polls[u].ok]
+                if urls:
+                    self._fr_ahead[query] = (set(urls), self.poller.start(
+                        urls, "/v1/fr_trace" + query, self.cfg.fr_timeout_s,
+                        self.cfg.max_fr_bytes))
+        except Exception:
+            log.exception("could not ask the Flight Recorder early")
+
     def _freeze_gc(self, n_targets: int) -> None:
         """See GC_FREEZE_MIN_TARGETS; below it (and on a monitor that shrank) nothing is
         frozen."""
@@ -375,8 +408,10 @@ class Monitor:
         # only ranks polled this sweep (leader polling: leaders and drilled groups)
         urls = [u for u in self.detectors.fr_wanted(view, now) if view.ranks[u].fresh]
         self.fr_leaders_skipped = False
+        ahead, self._fr_ahead = self._fr_ahead, {}  # not read: dropped (the child finishes it)
         if not urls:
             return {}
+        self._fr_looked_at = now
         plan = self.sweep_plan if self.sweep_plan is not None else self.schedule.last
         if plan is None or not self.schedule.active(len(view.ranks)):
             drilled, drilled_urls = set(), set(urls)
@@ -385,26 +420,43 @@ class Monitor:
             drilled = {g for g in plan.drilled if g in view.groups}
             drilled_urls = {r.url for g in drilled for r in view.groups[g].ranks}
             urls = [u for u in urls if u in drilled_urls or _leads(view, u)]
-        dumps = self._fr_dumps(view, [u for u in urls if u in drilled_urls], f"?last={FR_LAST}")
+        dumps = self._fr_part(view, [u for u in urls if u in drilled_urls], FR_DRILLED_QUERY,
+                              ahead)
         leaders = [u for u in urls if u not in drilled_urls]
         if leaders and drilled and dumps and all(
                 _blocked_in_group(view.groups[g], now) for g in drilled) \
                 and drilled <= self.detectors.in_group_hangs(view, dumps, now):
             self.fr_leaders_skipped = True
-        elif leaders:
-            dumps.update(self._fr_dumps(view, leaders,
-                                        f"?pg=torchft&last={FR_LAST_LEADERS}"))
+            leaders = []
+        dumps.update(self._fr_part(view, leaders, FR_LEADERS_QUERY, ahead))
         return dumps
 
-    def _fr_dumps(self, view: ClusterView, urls: list[str], query: str) -> dict[int, dict]:
-        """``/v1/fr_trace`` + ``query`` of ``urls``, by rank: the dumps that describe the rank
-        that served them. A rank whose server refuses the filter (400) is asked for its whole
-        dump (a server that does not know it ignores it and sends the whole dump)."""
+    def _fr_part(self, view: ClusterView, urls: list[str], query: str,
+                 ahead: dict[str, tuple]) -> dict[int, dict]:
+        """The dumps of ``urls``: of those asked early (``ahead[query]``, _ask_fr_early) from
+        their answers, of the others asked now."""
+        early = ahead.get(query)
+        if early is None or not urls:
+            return self._fr_dumps(view, urls, query)
+        asked, handle = early
+        dumps = self._fr_dumps(view, [u for u in urls if u not in asked], query)
+        got = handle.result()
+        wanted = [u for u in urls if u in asked]
+        dumps.update(self._fr_dumps(view, wanted, query, {u: got[u] for u in wanted}))
+        return dumps
+
+    def _fr_dumps(self, view: ClusterView, urls: list[str], query: str,
+                  got: dict | None = None) -> dict[int, dict]:
+        """``/v1/fr_trace`` + ``query`` of ``urls`` (or their answers ``got``, asked early),
+        by rank: the dumps that describe the rank that served them. A rank whose server
+        refuses the filter (400) is asked for its whole dump (a server that does not know it
+        ignores it and sends the whole dump)."""
         dumps: dict[int, dict] = {}
         if not urls:
             return dumps
-        got = self.poller.sweep(urls, "/v1/fr_trace" + query, self.cfg.fr_timeout_s,
-                                self.cfg.max_fr_bytes)
+        if got is None:
+            got = self.poller.sweep(urls, "/v1/fr_trace" + query, self.cfg.fr_timeout_s,
+                                    self.cfg.max_fr_bytes)
         refused = [u for u, p in got.items() if p.status == 400]
         if refused:
             got.update(self.poller.sweep(refused, "/v1/fr_trace", self.cfg.fr_timeout_s,

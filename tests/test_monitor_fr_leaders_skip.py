@@ -107,20 +107,36 @@ def job_server():
     server.close()
 
 
-def run_stall(server: JobServer, tmp_path, plant, wait, mutate=None) -> dict:
+def run_stall(server: JobServer, tmp_path, plant, wait, mutate=None,
+              fr_interval_s: float = 15.0) -> dict:
     """A fresh job behind ``server``: steps, one monitor's first sweep and 3 healthy sweeps,
     then ``plant(job)`` (the stall's collectives) and sweeps 1 s apart with ``wait(job, t)``
-    setting the ranks' waits at t s after onset. What each sweep found and fetched."""
+    setting the ranks' waits at t s after onset. What each sweep found and fetched, and
+    (``seen``) per sweep the dumps its detectors were given and whether any were asked early
+    (before its view: ``Monitor._ask_fr_early``)."""
     job = server.job = sparse_job()
     server.fr_changed()
     clock = [T0]
     mon = Monitor(MonitorConfig(port=0, targets=server.urls, leader_polling="on",
                                 member_interval_s=100.0, poll_timeout_s=10.0,
                                 state_path=str(tmp_path / f"m{id(plant)}{mutate is None}.db"),
-                                detectors=DetectorConfig(hang_floor_s=3.0, hang_factor=3.0)),
+                                detectors=DetectorConfig(hang_floor_s=3.0, hang_factor=3.0,
+                                                         fr_interval_s=fr_interval_s)),
                   clock=lambda: clock[0])
     if mutate is not None:
         mutate(mon)
+    seen: list[dict] = []
+    fetch_fr, update = mon._fetch_fr, mon.detectors.update
+
+    def fetching(view, now):
+        seen.append({"early": sorted(mon._fr_ahead)})
+        return fetch_fr(view, now)
+
+    def updating(view, dumps=None, *a, **k):
+        seen[-1]["dumps"] = {r: json.dumps(d, sort_keys=True) for r, d in (dumps or {}).items()}
+        return update(view, dumps, *a, **k)
+
+    mon._fetch_fr, mon.detectors.update = fetching, updating
     try:
         job.steps(6, now=clock[0])
         mon.sweep_once()  # every rank
@@ -151,6 +167,7 @@ def run_stall(server: JobServer, tmp_path, plant, wait, mutate=None) -> dict:
             if hangs:
                 out.update(confirmed_t=t, found=hangs, last=out["sweeps"][-1])
                 break
+        out["seen"] = seen
         return out
     finally:
         mon.stop()
@@ -251,3 +268,27 @@ def test_the_group_the_others_wait_for_gets_the_leaders_dumps_and_no_later(
         monkeypatch.setattr(service, "_blocked_in_group", lambda gv, now: True)
         mutated = run_stall(job_server, tmp_path, plant, wait, always_skip)
         assert "found" not in mutated and mutated["sweeps"][-1]["skipped"]
+
+
+def test_the_periodic_look_asked_early_gives_the_detectors_the_same_dumps(job_server, tmp_path,
+                                                                          monkeypatch):
+    """With the poller in its own process (from 0 targets here), a due periodic look (every
+    2 s of the monitor's clock here) asks its dumps right after the states, before the view:
+    sweep by sweep the detectors are given the same dumps as a monitor that asks them after
+    its view (the drilled group's and the leaders', through healthy sweeps and the in-group
+    hang), and the same finding in the same sweep."""
+    monkeypatch.setattr(service, "POLL_PROCESS_MIN_TARGETS", 0)
+    # the job moves between sweeps: a sweep's states asked ahead (at the end of the one
+    # before, when that outlasted the interval) would read it before its move
+    monkeypatch.setattr(Monitor, "_ask_ahead", lambda *a: None)
+    early = run_stall(job_server, tmp_path, plant_member_hang, wait_member_hang,
+                      fr_interval_s=2.0)
+    late = run_stall(job_server, tmp_path, plant_member_hang, wait_member_hang,
+                     lambda mon: setattr(mon, "_ask_fr_early", lambda *a: None), 2.0)
+    assert (early["found"], early["confirmed_t"]) == (late["found"], late["confirmed_t"])
+    assert [s["dumps"] for s in early["seen"]] == [s["dumps"] for s in late["seen"]]
+    asked_early = [s["early"] for s in early["seen"]]
+    assert all(not s["early"] for s in late["seen"])
+    assert ["?pg=torchft&last=64"] in asked_early  # healthy periodic looks: the leaders'
+    assert ["?last=256", "?pg=torchft&last=64"] in asked_early  # ... and a drilled group's
+    assert sum(len(s["dumps"]) >= GROUPS for s in early["seen"]) >= 3
