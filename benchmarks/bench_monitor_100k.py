@@ -269,6 +269,13 @@ class StageClock:
         return out
 
 
+def unwrap(mon: Monitor) -> None:
+    """The classes' own methods again where a phase wrapped them on the instances."""
+    for obj, attr in ((mon, "_fetch_fr"), (mon.detectors, "update"), (mon.poller, "sweep"),
+                      (mon.poller, "start"), (mon.views, "update")):
+        obj.__dict__.pop(attr, None)
+
+
 class SweepFacts:
     """Per sweep, what lengthens it besides its polls: the Flight Recorder fetch's reason and
     whether it skipped the leaders' dumps (monitor/service.py), whether the goodput ledger's
@@ -357,9 +364,7 @@ def hang_phase(mon: Monitor, procs: list, g: int, victim: int, args) -> dict:
                 break
             time.sleep(max(0.0, 1.0 - (end - t)))
     finally:
-        for obj, attr in ((mon, "_fetch_fr"), (mon.detectors, "update"), (mon.poller, "sweep"),
-                          (mon.poller, "start"), (mon.views, "update")):
-            obj.__dict__.pop(attr, None)  # the classes' own methods again
+        unwrap(mon)
     out["hang_timeline"] = timeline
     return out
 
@@ -408,9 +413,7 @@ def straggler_phase(mon: Monitor, procs: list, slow: int, args) -> dict:
                 break
             time.sleep(max(0.0, 1.0 - sweeps_s[-1]))
     finally:
-        for obj, attr in ((mon, "_fetch_fr"), (mon.detectors, "update"), (mon.poller, "sweep"),
-                          (mon.poller, "start"), (mon.views, "update")):
-            obj.__dict__.pop(attr, None)  # the classes' own methods again
+        unwrap(mon)
     return {"straggler_group": slow, "straggler_lag_s": args.straggler_lag,
             # the moment its detectors returned it, in the confirming sweep (before its end)
             "straggler_detected_after_steps": (detected[0] - onset) / args.step_s
