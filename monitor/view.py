@@ -467,6 +467,19 @@ def _median(values: Iterable[float]) -> float | None:
     return float(np.median(arr))
 
 
+def _in_answer_order(polls: dict[str, RankPoll], polled: set[str]
+                     ) -> Iterable[tuple[str, RankPoll | None]]:
+    """(URL, its poll or None) for every URL of ``polled``: those answered in the order the
+    answers came (``polls``' order, the order their documents were made in memory), then the
+    others. Reading ~21,000 fresh documents in a set's order instead was a cache miss for
+    nearly every key looked up in them: ~3x the view's per-answer time at 100,000 ranks."""
+    if len(polls) <= len(polled) and polls.keys() <= polled:
+        if len(polls) == len(polled):
+            return polls.items()
+        return chain(polls.items(), ((u, None) for u in polled - polls.keys()))
+    return ((u, polls.get(u)) for u in polled)
+
+
 def _rank_order(r: RankView) -> tuple:
     return (r.rank if r.rank is not None else 1 << 62, r.url)
 
@@ -626,12 +639,11 @@ class ViewBuilder:
                 else:
                     rest.add(url)
             polled_rank, shapes = self._polled, self._shapes
-            for url in polled:
+            for url, p in _in_answer_order(polls, polled):
                 old = prev.get(url)
                 if old is None:
                     same = False  # not a target: rebuild from the targets below
                     break
-                p = polls.get(url)
                 shape = _plain_shape(p.data) if p is not None and p.ok else None
                 if shape is not None:
                     rv = current[url] = _answered(url, old, p.data, now)
