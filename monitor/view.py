@@ -345,7 +345,8 @@ class ClusterView:
     sweep_seconds: float = 0.0
     groups: dict[int, GroupView] = field(default_factory=dict)
     # built incrementally by ViewBuilder (None: derived from ``ranks`` here): the ranks of no
-    # group, the URLs polled this sweep, and the evidence view of the same sweep
+    # group, the URLs polled this sweep (those answered first, in the order they answered),
+    # and the evidence view of the same sweep
     ungrouped: list[RankView] | None = None
     polled: list[str] | None = None
     evidence_view: ClusterView | None = field(default=None, repr=False)
@@ -473,11 +474,10 @@ def _in_answer_order(polls: dict[str, RankPoll], polled: set[str]
     answers came (``polls``' order, the order their documents were made in memory), then the
     others. Reading ~21,000 fresh documents in a set's order instead was a cache miss for
     nearly every key looked up in them: ~3x the view's per-answer time at 100,000 ranks."""
-    if len(polls) <= len(polled) and polls.keys() <= polled:
-        if len(polls) == len(polled):
-            return polls.items()
-        return chain(polls.items(), ((u, None) for u in polled - polls.keys()))
-    return ((u, polls.get(u)) for u in polled)
+    if len(polls) == len(polled) and polls.keys() <= polled:
+        return polls.items()  # the usual sweep: an answer (or a failed poll) for each
+    return chain(((u, p) for u, p in polls.items() if u in polled),
+                 ((u, None) for u in polled - polls.keys()))
 
 
 def _rank_order(r: RankView) -> tuple:
@@ -687,10 +687,14 @@ class ViewBuilder:
         if polled is None:
             self._fresh, polled_list = set(current), None
         elif same:  # every URL polled is a target
-            self._fresh, polled_list = set(polled), list(polled)
+            # in answer order: every consumer's pass over this sweep's answers (the detectors',
+            # the ledgers') then reads the documents in the order they lie in memory
+            self._fresh = set(polled)
+            polled_list = list(polls) if len(polls) == len(polled) and polls.keys() <= polled \
+                else [u for u, _ in _in_answer_order(polls, polled)]
         else:
             self._fresh = set(polled) & current.keys()
-            polled_list = [u for u in polled if u in current]
+            polled_list = [u for u, _ in _in_answer_order(polls, polled) if u in current]
         if judge is not None:
             for url, trust in judge(current, rejudge).items():
                 rv = current[url]

@@ -263,3 +263,86 @@ def test_step_times_and_their_median_are_the_general_paths():
         for _ in range(10):
             vals = [rng.choice((0.5, 1.0, 3.0, rng.random())) for _ in range(n)]
             assert _median(iter(vals)) == (statistics.median(vals) if vals else None), n
+
+
+def rank_fields(view: ClusterView) -> dict:
+    """Every field of every RankView (verdicts by their fields: each builder judges its own)."""
+    return {u: (r.reachable, r.reason, r.error, r.failures, r.unreachable_since, r.last_ok_at,
+                r.superseded, r.fresh, r.polled_at, trust_fields(r.trust),
+                r.state["step"] if r.state else None)
+            for u, r in view.ranks.items()}
+
+
+def test_answers_read_in_any_order_give_the_view_of_explicit_failures():
+    """ViewBuilder reads a sweep's answers in the order they came (polls' order), then the
+    URLs asked that have no poll (failed: "not polled"). Over random leader-polling sweeps,
+    polls in a shuffled order with some asked URLs missing, or with a URL not asked, give
+    the view (ranks, groups, derived values, verdicts) of a builder given the same sweeps
+    with an explicit failed poll for each missing URL; ``polled`` lists the answered URLs in
+    their order, then the others."""
+    rng = random.Random(29)
+    n = GROUPS * SIZE
+    targets = [Target(f"http://127.0.0.1:{9000 + r}", "static") for r in range(n)]
+    states = {t.url: state(r, r // SIZE, 0) for r, t in enumerate(targets)}
+    leaders = [t.url for r, t in enumerate(targets) if r % SIZE == 0]
+    lh = lighthouse()
+    got, want = (ViewBuilder(), Verifier()), (ViewBuilder(), Verifier())
+    missing_seen = stray_seen = 0
+    for sweep in range(60):
+        now = 1000.0 + sweep
+        for s in states.values():
+            s["step"] += 1
+        if rng.random() < 0.1:
+            states[rng.choice(targets).url]["host"] = f"h{rng.randrange(GROUPS + 2)}"
+        asked = set(leaders) | {t.url for t in rng.sample(targets, 5)}
+        if sweep % 20 == 0:
+            asked = {t.url for t in targets}
+        answered = sorted(asked)
+        rng.shuffle(answered)
+        missing = set(rng.sample(answered, 2)) if sweep % 3 == 1 else set()
+        polls = {u: RankPoll(u, True, data=dict(states[u])) for u in answered
+                 if u not in missing}
+        if sweep % 7 == 3:  # an answer from a URL this sweep did not ask: not read
+            stray = next(t.url for t in targets if t.url not in asked)
+            polls[stray] = RankPoll(stray, True, data=dict(states[stray]))
+            stray_seen += 1
+        explicit = {u: polls[u] if u not in missing else
+                    RankPoll(u, False, reason="connection", error="not polled")
+                    for u in sorted(asked)}
+        missing_seen += len(missing)
+        views = []
+        for (vb, verifier), p in ((got, polls), (want, explicit)):
+            views.append(vb.update(targets, p, now=now, polled=asked,
+                                   judge=lambda ranks, changed, v=verifier, t=now: v.judge(
+                                       ranks, changed, lh, None, True, t)))
+        view, ref = views
+        assert rank_fields(view) == rank_fields(ref), f"sweep {sweep}"
+        assert view_summary(view) == view_summary(ref), f"sweep {sweep}"
+        assert view_summary(view.evidence()) == view_summary(ref.evidence()), f"sweep {sweep}"
+        for u in missing:
+            assert not view.ranks[u].reachable and view.ranks[u].error == "not polled"
+        in_order = [u for u in polls if u in asked]
+        assert view.polled[:len(in_order)] == in_order and sorted(view.polled) == sorted(asked)
+    assert missing_seen and stray_seen
+
+
+def test_rank_views_are_slotted_and_their_copies_carry_every_field():
+    """RankView has no __dict__ (~150 bytes, not ~530: ~30,000 are made a sweep at 100,000
+    ranks); clone() copies every field, copy() every field but ``superseded``."""
+    import dataclasses
+
+    from monitor.view import RankView
+
+    rv = RankView("u", True, {"recent_step_seconds": [1.0]}, reason="r", error="e",
+                  failures=3, unreachable_since=1.0, last_ok_at=2.0, target=object(),
+                  superseded=True, trust=object(), fresh=False, polled_at=3.0)
+    rv.recent_steps()
+    assert not hasattr(rv, "__dict__")
+    names = [f.name for f in dataclasses.fields(RankView)]
+    assert "_recent" in names
+    c = rv.clone()
+    assert c is not rv and [getattr(c, k) for k in names] == [getattr(rv, k) for k in names]
+    c = rv.copy()
+    assert not c.superseded
+    assert [getattr(c, k) for k in names if k != "superseded"] == \
+        [getattr(rv, k) for k in names if k != "superseded"]
