@@ -575,7 +575,8 @@ class ViewBuilder:
     def __init__(self) -> None:
         self._ranks: dict[str, RankView] = {}
         self._targets: list[Target] = []
-        self._fresh: set[str] = set()
+        # the URLs the last sweep polled, in its answer order (its RankViews were made in it)
+        self._fresh: list[str] = []
         self._group_of: dict[str, int | None] = {}  # url -> the group it is in (None: none)
         self._members: dict[int | None, dict[str, RankView]] = {}  # superseded ones too
         self._groups: dict[int, GroupView] = {}
@@ -622,8 +623,9 @@ class ViewBuilder:
         rest: set[str] = set()  # the changed URLs not moving: their groups are grouped again
         if same:
             current = dict(prev)
-            carried = self._fresh - polled  # asked last sweep, not now: carried from now on
-            changed = carried | polled
+            # asked last sweep, not now: carried from now on (read in the order they were made)
+            carried = [u for u in self._fresh if u not in polled]
+            changed = polled.union(carried)
             group_of, bucket = self._group_of, judge is not None
             for url in carried:
                 was = prev[url]
@@ -685,16 +687,16 @@ class ViewBuilder:
         self._targets = list(targets)
         self._judged = judge is not None
         if polled is None:
-            self._fresh, polled_list = set(current), None
+            self._fresh, polled_list = list(current), None
         elif same:  # every URL polled is a target
             # in answer order: every consumer's pass over this sweep's answers (the detectors',
             # the ledgers') then reads the documents in the order they lie in memory
-            self._fresh = set(polled)
             polled_list = list(polls) if len(polls) == len(polled) and polls.keys() <= polled \
                 else [u for u, _ in _in_answer_order(polls, polled)]
+            self._fresh = polled_list
         else:
-            self._fresh = set(polled) & current.keys()
             polled_list = [u for u, _ in _in_answer_order(polls, polled) if u in current]
+            self._fresh = polled_list
         if judge is not None:
             for url, trust in judge(current, rejudge).items():
                 rv = current[url]
