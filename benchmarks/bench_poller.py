@@ -4,7 +4,7 @@ N keep-alive targets (``http://127.0.0.1:<port>/r/<rank>``) served by ``--procs`
 processes (tests/support/virtual_ranks.py, the server of bench_monitor_100k.py), once with the
 servers of this tree (``new``: uvloop where installed; ``new-asyncio``: the stdlib loop) and
 once with the servers of ``--baseline`` (``old``: a git revision; its
-``tests/support/virtual_ranks.py`` run from its source). The pollers: ``new``, the ``Poller`` of
+``tests/support/virtual_ranks.py`` run with ``-m`` from a git archive of it). The pollers: ``new``, the ``Poller`` of
 this tree in this process; ``old``, the one of ``--baseline``'s ``monitor/poller.py`` (imported
 from its source under another name); ``process``, this tree's ``ProcessPoller`` (its child on
 uvloop where installed; ``process-asyncio``: on the stdlib loop); ``process-old``, the
@@ -85,15 +85,30 @@ def baseline_poller(rev: str) -> type:
     return baseline_module(rev, "monitor/poller.py", "baseline_poller").Poller
 
 
+def baseline_tree(rev: str, root: str) -> None:
+    """What the baseline's poller process and virtual ranks run, taken out of git into
+    ``root``: its ``monitor``, ``worker_server``, ``http_serving`` and ``tests/support``."""
+    tar = subprocess.run(["git", "archive", rev, "monitor", "worker_server", "http_serving",
+                          "tests/support"], cwd=ROOT, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", root], input=tar, check=True)
+
+
+def module_source(root: str, args: list[str]) -> str:
+    """``python -c`` source that becomes ``python -m tests.support.virtual_ranks <args> ...``
+    run from ``root`` (the same process: its CPU is the server's), as bench_monitor_100k.py
+    starts this tree's. Not run from source with ``-c``: a stdlib-loop server started that way
+    paid mmap + mremap + munmap on every request here (glibc's mmap threshold: its 256 KiB
+    receive buffer), ~2x its CPU per request, and one started with ``-m`` did not."""
+    return ("import os, sys\n"
+            f"os.chdir({root!r})\n"
+            "os.execv(sys.executable, [sys.executable, '-m', 'tests.support.virtual_ranks', "
+            f"*{args!r}, *sys.argv[1:]])\n")
+
+
 def baseline_process_poller(rev: str, root: str) -> type:
     """``ProcessPoller`` of ``monitor/poll_process.py`` at ``rev``: its child runs ``rev``'s
-    poller files, taken out of git into ``root``; the monitor's side is imported from its
+    poller files from ``root`` (:func:`baseline_tree`); the monitor's side is imported from its
     source, its ``.poller`` being :func:`baseline_poller`'s module."""
-    files = ["monitor/__init__.py", "monitor/poller.py", "monitor/poll_process.py",
-             "http_serving"]
-    tar = subprocess.run(["git", "archive", rev, *files], cwd=ROOT, check=True,
-                         capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", root], input=tar, check=True)
     source = git_source(rev, "monitor/poll_process.py")
     spawn = "stdout=subprocess.PIPE, env=env)"
     if "from .poller import" not in source or spawn not in source:
@@ -110,13 +125,6 @@ def baseline_process_poller(rev: str, root: str) -> type:
     sys.modules[mod.__name__] = mod
     exec(compile(source, f"{rev}:monitor/poll_process.py", "exec"), mod.__dict__)
     return mod.ProcessPoller
-
-
-def vranks_asyncio_source() -> str:
-    """This tree's virtual ranks on the stdlib event loop (``python -c`` source)."""
-    return ("import runpy, sys\n"
-            "sys.argv[1:1] = ['--event-loop', 'asyncio']\n"
-            "runpy.run_module('tests.support.virtual_ranks', run_name='__main__')\n")
 
 
 def references_us(n: int, group_size: int, old_ranks: type,
@@ -185,14 +193,15 @@ def main() -> int:
     if args.profile:
         os.environ[PROFILE_ENV] = os.path.abspath(args.profile)
     old_root = tempfile.mkdtemp(prefix="bench_poller_baseline_")
+    baseline_tree(args.baseline, old_root)
     bound = {"timeout_s": 10.0, "max_concurrency": args.concurrency, "max_idle": 4 * args.ranks}
     makers = {"new": lambda: Poller(**bound),
               "old": lambda: baseline_poller(args.baseline)(**bound),
               "process": lambda: ProcessPoller(**bound, event_loop="auto"),
               "process-asyncio": lambda: ProcessPoller(**bound, event_loop="asyncio"),
               "process-old": lambda: baseline_process_poller(args.baseline, old_root)(**bound)}
-    sources = {"new": None, "new-asyncio": vranks_asyncio_source(),
-               "old": git_source(args.baseline, "tests/support/virtual_ranks.py")}
+    sources = {"new": None, "new-asyncio": module_source(ROOT, ["--event-loop", "asyncio"]),
+               "old": module_source(old_root, [])}
     servers, pollers = {}, {}
     figures: dict[tuple[str, str], dict[str, list[float]]] = {}
     try:
