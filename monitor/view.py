@@ -654,7 +654,9 @@ class ViewBuilder:
                     if rv.reachable:
                         shape = _shape(rv.state)
                 if shape is not None:
-                    if old.reachable and not old.superseded and shapes.get(url) == shape:
+                    was_shape = shapes.get(url)
+                    shapes[url] = shape  # the new tuple: made now, next to the others read next
+                    if old.reachable and not old.superseded and was_shape == shape:
                         if bucket:
                             g = group_of[url]
                             pairs = moved.get(g)
@@ -665,7 +667,6 @@ class ViewBuilder:
                         else:
                             rest.add(url)
                         continue
-                    shapes[url] = shape
                 rejudge.add(url)
             rest |= rejudge
         if not same:
