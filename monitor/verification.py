@@ -248,20 +248,29 @@ class Verifier:
         from when it was last judged (ViewBuilder passes the new RankViews less those with
         the last answer's shape); every other one is as last judged."""
         sig = self._signature(lighthouse, error, configured)
-        if sig != self._sig or len(self._keys) > len(ranks) \
-                or not self._keys.keys() <= ranks.keys():
+        keys = self._keys
+        touched = []
+        added = 0  # changed URLs never judged
+        if sig == self._sig:
+            for url in changed:
+                k = _key(ranks[url])
+                old = keys.get(url, _NOT_YET)
+                if k != old:
+                    touched.append((url, old, k))
+                    if old is _NOT_YET:
+                        added += 1
+        # every URL judged before is still a rank: a URL new to ``ranks`` has a new RankView,
+        # so it is in ``changed`` (counted in ``added``), and the ranks are the ones judged
+        # plus those exactly when the counts agree (one pass over ``changed``, not a subset
+        # test over every rank: ~100,000 dict lookups a sweep). A new URL missing from
+        # ``changed`` only makes the counts disagree: everything is judged again
+        if sig != self._sig or len(ranks) - added != len(keys):
             self._sig = sig
             self._keys, self._by = {}, defaultdict(set)
             for url, rv in ranks.items():
                 k = self._keys[url] = _key(rv)
                 self._index(url, k, True)
             return verify_ranks(ranks, lighthouse, error, configured, now)
-        touched = []
-        for url in changed:
-            k = _key(ranks[url])
-            old = self._keys.get(url, _NOT_YET)
-            if k != old:
-                touched.append((url, old, k))
         if not touched:
             return {}
         todo: list[tuple] = []

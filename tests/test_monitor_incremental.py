@@ -18,8 +18,8 @@ import random
 from monitor.discovery import Target
 from monitor.lighthouse_status import LighthouseStatus, QuorumMember
 from monitor.poller import RankPoll
-from monitor.verification import Verifier, verify
-from monitor.view import ClusterView, ViewBuilder
+from monitor.verification import Verifier, verify, verify_ranks
+from monitor.view import ClusterView, RankView, ViewBuilder
 from tests.support.monitor_sim import rank_state
 
 GROUPS, SIZE = 6, 4
@@ -346,3 +346,43 @@ def test_rank_views_are_slotted_and_their_copies_carry_every_field():
     assert not c.superseded
     assert [getattr(c, k) for k in names if k != "superseded"] == \
         [getattr(rv, k) for k in names if k != "superseded"]
+
+
+def test_verifier_judges_everything_again_when_a_judged_rank_is_gone():
+    """Verifier.judge tells a rank set that lost a judged URL by counting (the URLs new to
+    it are in ``changed``), not a subset test over every rank: a target replaced by another
+    in the same sweep (same count), a target gone, one added, all give verify()'s verdicts
+    over random sweeps."""
+    rng = random.Random(41)
+    lh = lighthouse()
+    pool = [(f"http://127.0.0.1:{9000 + r}", r) for r in range(GROUPS * SIZE + 8)]
+    live = dict(pool[:GROUPS * SIZE])
+    verifier, views = Verifier(), {}
+    swaps = 0
+    for sweep in range(80):
+        now = 1000.0 + sweep
+        event = rng.random()
+        spare = [u for u, _ in pool if u not in live]
+        if event < 0.3 and spare:  # one target replaced by another (the count stays)
+            gone = rng.choice(sorted(live))
+            new = rng.choice(spare)
+            live[new] = live.pop(gone)  # the new address claims the gone one's rank
+            swaps += 1
+        elif event < 0.4 and spare:
+            live[rng.choice(spare)] = rng.randrange(GROUPS * SIZE)  # a rival claimant
+        elif event < 0.5 and len(live) > GROUPS:
+            live.pop(rng.choice(sorted(live)))
+        ranks = {}
+        for u, r in live.items():
+            rv = views.get(u)
+            if rv is None or rv.state["rank"] != r:
+                rv = views[u] = RankView(u, True, state(r, r // SIZE, sweep))
+            ranks[u] = rv
+        changed = {u for u in ranks if views[u].state["step"] == sweep}
+        got = verifier.judge(ranks, changed, lh, None, True, now)
+        for u, t in got.items():
+            ranks[u].trust = t
+        want = verify_ranks(ranks, lh, None, True, now)
+        assert {u: trust_fields(r.trust) for u, r in ranks.items()} == \
+            {u: trust_fields(t) for u, t in want.items()}, f"sweep {sweep}"
+    assert swaps > 10
