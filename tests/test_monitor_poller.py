@@ -303,6 +303,30 @@ def test_answers_handed_on_as_they_come_are_not_kept(sim):
         p.close()
 
 
+def test_answers_handed_on_as_rows_in_batches(sim):
+    """The poller process's wire format (monitor/poll_process.py): each target once, as a row
+    naming its place in the URLs, in batches of per_batch and a shorter last one; a failure
+    row has the reason and error a RankPoll would."""
+    p = Poller(timeout_s=0.5)
+    try:
+        sim.ranks[2].set_mode("http500")
+        sim.ranks[4].set_mode("down")
+        batches: list = []
+        urls = sim.urls + sim.urls[:2]  # a repeated URL is asked once
+        assert p.sweep(urls, on_rows=batches.append, per_batch=4) == {}
+        assert [len(b) for b in batches] == [4, 2]
+        rows = {r[0]: r for b in batches for r in b}
+        assert sorted(rows) == list(range(6))
+        for place, ok, body, reason, error, status, latency, at in rows.values():
+            assert ok == (place not in (2, 4)) and latency >= 0 and at > 0
+            if ok:
+                assert json.loads(body)["rank"] == place and reason is error is status is None
+        assert rows[2][3:6] == ("http_status", rows[2][4], 500) and "HTTP 500" in rows[2][4]
+        assert rows[4][2] is None and rows[4][3] == "connection"
+    finally:
+        p.close()
+
+
 def test_event_loop_choice_falls_back_without_uvloop(monkeypatch):
     """``auto`` (the poller process's default) is uvloop where installed, else the stdlib's
     loop; asking for uvloop where it is missing says so; an unknown loop is refused."""
