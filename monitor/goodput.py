@@ -59,8 +59,9 @@ import math
 import statistics
 from collections import deque
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from itertools import chain, compress, repeat
-from operator import eq, is_not, ne
+from operator import attrgetter, eq, is_not, ne
 from typing import Any
 
 import numpy as np
@@ -416,6 +417,7 @@ def _pace(history: deque, window: float, b: float | None) -> float | None:
 
 
 _SLOTS = range(1 << 30)  # flat rank positions for compress()
+_READ = attrgetter("replica_id", "reachable", "step")  # what the ledger reads of a GroupView
 
 
 def _trim(history: deque, now: float, keep: float) -> None:
@@ -437,6 +439,7 @@ class GoodputLedger:
         self.judged = _Judged()  # their sweeps in the quorum over the horizon (_rejudge)
         # what _ingest_groups last read of the view's ranks (a RankView read is not read again)
         self._read: tuple | None = None
+        self._quorum_steps: list[int] = []
         self.job_step: int | None = None
         self.job_history: deque = deque()  # (t, job step)
         self.baseline_samples: deque = deque(maxlen=self.cfg.baseline_samples)
@@ -551,10 +554,13 @@ class GoodputLedger:
             vslots = np.fromiter(map(S.index.__getitem__, keys), np.int64, len(keys))
         else:
             vslots = rd[1]
-        gvs = list(groups.values())
-        rids = [gv.replica_id for gv in gvs]
-        reaches = [gv.reachable for gv in gvs]
-        lens = list(map(len, reaches))
+        # one pass over the GroupViews (12,500 objects: each touch is a cache miss)
+        rows = list(map(_READ, groups.values()))
+        rids, reaches, steps = zip(*rows, strict=True) if rows else ((), (), ())
+        rids, lens = list(rids), list(map(len, reaches))
+        inq = list(map(in_quorum.__contains__, keys))
+        # the in-quorum groups' steps (_ingest_job_step)
+        self._quorum_steps = list(filter(partial(is_not, None), compress(steps, inq)))
         flat = list(chain.from_iterable(reaches))
         if rd is not None and rd[0] == keys and rd[3] == lens:
             owner, commits, sizes = rd[5], rd[6], rd[7]
@@ -616,16 +622,14 @@ class GoodputLedger:
             S.rid[vs[i]] = rid_got[i]
         S.commits[vs] = c
         S.cum[vs] += d
-        if in_quorum:
-            inq = np.fromiter(map(in_quorum.__contains__, compress(keys, got)), bool, len(vs))
-            S.last_in_quorum_at[vs[inq]] = now
+        S.last_in_quorum_at[vs[np.asarray(inq, bool)[got]]] = now
         deltas = np.zeros(len(S), np.int64)
         deltas[vs] = d
         self.hist.append(now, S.cum, self.window)
         return deltas
 
     def _ingest_job_step(self, view: ClusterView, in_quorum: set[int], now: float) -> bool:
-        steps = [gv.step for g, gv in view.groups.items() if g in in_quorum and gv.step is not None]
+        steps = self._quorum_steps  # read by _ingest_groups, in the same pass
         moved = False
         if steps:
             s = max(steps)
