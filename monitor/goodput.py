@@ -384,21 +384,6 @@ def _ints(v: Any) -> list[int]:
     return [x for x in v if _int(x) is not None] if isinstance(v, list) else []
 
 
-def _rank_counts(r: Any, rid: str | None) -> tuple[int | None, int | None]:
-    """(commits, group world size) a reachable rank of incarnation ``rid`` reports (None:
-    not of it, or not a count)."""
-    st = r.state
-    if not st or st.get("replica_id") != rid:
-        return None, None
-    c = st.get("commits")
-    if type(c) is not int:  # JSON's ints pass as they are; anything else: _int
-        c = _int(c)
-    n = st.get("group_world_size")
-    if type(n) is not int:
-        n = _int(n)
-    return (c if c is not None and c >= 0 else None), (n if n is not None and n >= 1 else None)
-
-
 def _pace(history: deque, window: float, b: float | None) -> float | None:
     """Commits (or steps) in the trailing window x b / the window's length; None without data."""
     if b is None or len(history) < 2:
@@ -574,7 +559,9 @@ class GoodputLedger:
             todo = range(len(flat))
         todo = list(todo)
         counts, of_size = [], []
-        for i in todo:  # _rank_counts, inline: ~15,000-30,000 ranks a sweep at 100,000
+        # a rank's commits and group world size, if it is of the group's incarnation and they
+        # are counts (-1: not); inline, ~15,000-30,000 ranks a sweep at 100,000
+        for i in todo:
             st = flat[i].state
             if not st or st.get("replica_id") != rids[owner[i]]:
                 counts.append(-1)
