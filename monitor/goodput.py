@@ -69,6 +69,7 @@ import numpy as np
 from .view import ClusterView
 
 CAUSES = ("straggler_drag", "stall", "recovery", "capacity_lost", "startup", "unattributed")
+_CAUSE = {c: i for i, c in enumerate(CAUSES)}  # a cause's column
 PENDING = "pending"  # slow time nothing explains yet (settles within the horizon)
 SNAPSHOT_VERSION = 1
 UNSEEN = "unseen"  # a slot of an expected group never seen (its key in per-group totals)
@@ -245,10 +246,14 @@ class _Slots:
         self.born = np.zeros(1, np.int64)
         self.carry = np.zeros(1)  # below pace: credit held beyond the sweep (see _account)
         self.last_in_quorum_at = np.full(1, np.nan)  # nan: never
-        # settled goodput and expected replica-seconds (and GPU-seconds) of its totals row; the
-        # row's badput by cause stays in GoodputLedger.totals (a dict per row, as stored)
+        # its totals row: settled goodput and expected replica-seconds, badput by cause (a
+        # column per CAUSES entry, and whether the row has that cause at all), and the same in
+        # GPU-seconds
         self.good, self.exp = np.zeros(1), np.zeros(1)
         self.ggood, self.gexp = np.zeros(1), np.zeros(1)
+        self.bad, self.gbad = np.zeros((1, len(CAUSES))), np.zeros((1, len(CAUSES)))
+        self.bad_has = np.zeros((1, len(CAUSES)), bool)
+        self.gbad_has = np.zeros((1, len(CAUSES)), bool)
 
     def __len__(self) -> int:
         return len(self.gids)
@@ -266,6 +271,9 @@ class _Slots:
         for name in self.FLOATS:
             fill = np.nan if name == "last_in_quorum_at" else 0.0
             setattr(self, name, np.concatenate([getattr(self, name), np.full(n, fill)]))
+        for name in ("bad", "gbad", "bad_has", "gbad_has"):
+            col = getattr(self, name)
+            setattr(self, name, np.concatenate([col, np.zeros((n, len(CAUSES)), col.dtype)]))
 
     def gpus_of(self, g: int | None) -> int | None:
         s = self.index.get(g) if g is not None else None
@@ -437,11 +445,11 @@ class GoodputLedger:
         # waits to be back at pace (see _track_steady)
         self.steady: tuple[float, int] | None = None
         # settled totals: key -> {"goodput", "expected", cause...} (replica-seconds), and GPU-s
-        # (goodput and expected are the slots' columns: _row, _totals_rows)
-        self.totals: dict[str, dict[str, float]] = {}
-        self.gpu_totals: dict[str, dict[str, float]] = {}
-        # per kind of row (replica-seconds, GPU-seconds): the slots of its rows in their order,
-        # and which slots have one
+        # the settled totals (goodput, expected, badput by cause) are the slots' columns; per
+        # kind of row (replica-seconds, GPU-seconds): its rows' keys -> slots, in the order the
+        # rows were made (the sums over them follow it), their slots in that order, and which
+        # slots have a row (see _row, totals)
+        self._rows: tuple[dict[str, int], dict[str, int]] = ({}, {})
         self._row_order: tuple[list[int], list[int]] = ([], [])
         self._has_row = (np.zeros(1, bool), np.zeros(1, bool))
         self.expected_groups = 0
@@ -952,16 +960,19 @@ class GoodputLedger:
                         cause: str, seconds: float, acct: SweepAccount) -> None:
         """A slice of ``cause`` for each slot that :meth:`_settle` would settle in this sweep
         with nothing before it (a final cause, nothing unsettled): settled here, as it would,
-        without making the Slice (the startup sweeps: every group's, each sweep)."""
-        gids, open_iv = self.slots.gids, self.open_intervals
+        without making the Slice (the startup sweeps: every group's, each sweep). Their rows
+        exist (_add_many made them)."""
+        S, c = self.slots, _CAUSE[cause]
+        S.bad[slots, c] += seconds
+        S.bad_has[slots, c] = True
+        n = S.gpus[slots]
+        on = slots[n > 0]
+        S.gbad[on, c] += seconds * n[n > 0]
+        S.gbad_has[on, c] = True
+        acct.badput[cause] = sum([seconds] * len(slots), acct.badput[cause])  # one by one
+        gids, open_iv = S.gids, self.open_intervals
         for slot, n in zip(slots.tolist(), gpus, strict=True):
             key = str(gids[slot])
-            row = self._row(slot, key)
-            row[cause] = row.get(cause, 0.0) + seconds
-            if n:
-                grow = self._row(slot, key, gpu=True)
-                grow[cause] = grow.get(cause, 0.0) + seconds * n
-            acct.badput[cause] += seconds
             cur = open_iv.get(key)
             if cur is not None and cur.cause == cause and cur.incident is None \
                     and cur.eviction_id is None and abs(cur.end - t0) <= 1e-6:
@@ -1003,20 +1014,27 @@ class GoodputLedger:
     def _key(self, g: int | None) -> str:
         return UNSEEN if g is None else str(g)
 
-    def _row(self, slot: int, key: str, gpu: bool = False) -> dict[str, float]:
-        """The totals row (GPU-seconds: ``gpu``) of ``slot``: its badput by cause (goodput and
-        expected are columns), made on first use. Rows keep the order they were made in, which
-        the sums over them follow (the same floats as the dicts they were)."""
-        rows = self.gpu_totals if gpu else self.totals
-        row = rows.get(key)
-        if row is None:
-            row = rows[key] = {}
+    def _row(self, slot: int, key: str, gpu: bool = False) -> None:
+        """Make the totals row (GPU-seconds: ``gpu``) of ``slot`` if it has none."""
+        rows = self._rows[gpu]
+        if key not in rows:
+            rows[key] = slot
             order, have = self._row_order[gpu], self._has_row[gpu]
             order.append(slot)
             if len(have) < len(self.slots):
                 have.resize(len(self.slots), refcheck=False)
             have[slot] = True
-        return row
+
+    def _book(self, slot: int, key: str, cause: str, seconds: float, gpus: int | None) -> None:
+        """Settled badput of one slot."""
+        S, c = self.slots, _CAUSE[cause]
+        self._row(slot, key)
+        S.bad[slot, c] += seconds
+        S.bad_has[slot, c] = True
+        if gpus:
+            self._row(slot, key, gpu=True)
+            S.gbad[slot, c] += seconds * gpus
+            S.gbad_has[slot, c] = True
 
     def _add(self, g: int | None, good: float, dt: float, acct: SweepAccount) -> None:
         slot = self.slots.index[g] if g is not None else 0
@@ -1201,11 +1219,7 @@ class GoodputLedger:
     def _settle_slice(self, s: Slice) -> None:
         g = s.replica_group
         key, slot = self._key(g), self.slots.index[g] if g is not None else 0
-        row = self._row(slot, key)
-        row[s.cause] = row.get(s.cause, 0.0) + s.seconds
-        if s.gpus:
-            grow = self._row(slot, key, gpu=True)
-            grow[s.cause] = grow.get(s.cause, 0.0) + s.seconds * s.gpus
+        self._book(slot, key, s.cause, s.seconds, s.gpus)
         inc = self.incidents.get(s.incident) if s.incident is not None else None
         if inc is not None:
             inc.cost[s.cause] = inc.cost.get(s.cause, 0.0) + s.seconds
@@ -1243,14 +1257,29 @@ class GoodputLedger:
         good = sum(self.slots.good[order].tolist(), 0.0)
         return good / expected if expected > 0 else None
 
+    @property
+    def totals(self) -> dict[str, dict[str, float]]:
+        """The settled totals by row key (a group, or ``UNSEEN``): goodput, expected and
+        badput by cause, replica-seconds; made from the columns (a copy)."""
+        return self._totals_rows()
+
+    @property
+    def gpu_totals(self) -> dict[str, dict[str, float]]:
+        """:attr:`totals` in GPU-seconds (rows of slots with a known group world size)."""
+        return self._totals_rows(gpu=True)
+
     def _totals_rows(self, gpu: bool = False) -> dict[str, dict[str, float]]:
-        """The totals rows as stored: badput by cause, goodput and expected seconds."""
         S = self.slots
-        good, exp = (S.ggood, S.gexp) if gpu else (S.good, S.exp)
+        good, exp, bad, has = (S.ggood, S.gexp, S.gbad, S.gbad_has) if gpu else \
+            (S.good, S.exp, S.bad, S.bad_has)
         order = self._row_order[gpu]
-        return {k: {**v, "goodput": g, "expected": e} for (k, v), g, e in zip(
-            (self.gpu_totals if gpu else self.totals).items(), good[order].tolist(),
-            exp[order].tolist(), strict=True)}
+        rows = {}
+        for key, g, e, b, h in zip(self._rows[gpu], good[order].tolist(), exp[order].tolist(),
+                                   bad[order].tolist(), has[order].tolist(), strict=True):
+            row = dict(compress(zip(CAUSES, b, strict=True), h)) if any(h) else {}
+            row["goodput"], row["expected"] = g, e
+            rows[key] = row
+        return rows
 
     def _live_totals(self) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
         """Settled totals plus the unsettled slices (pending as its own key)."""
@@ -1494,8 +1523,11 @@ class GoodputLedger:
                     S.add([int(key)], led.hist.next)
                     good, exp = (S.ggood, S.gexp) if gpu else (S.good, S.exp)
                 slot = 0 if key == UNSEEN else S.index[int(key)]
-                led._row(slot, key, gpu).update(
-                    (k, v) for k, v in row.items() if k not in ("goodput", "expected"))
+                led._row(slot, key, gpu)
+                bad, has = (S.gbad, S.gbad_has) if gpu else (S.bad, S.bad_has)
+                for cause, v in row.items():
+                    if cause in _CAUSE:  # goodput and expected below
+                        bad[slot, _CAUSE[cause]], has[slot, _CAUSE[cause]] = v, True
                 good[slot], exp[slot] = row.get("goodput", 0.0), row.get("expected", 0.0)
         led.expected_groups = int(state.get("expected_groups") or 0)
         led.unobserved_s = float(state.get("unobserved_s") or 0.0)
