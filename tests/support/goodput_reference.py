@@ -1,175 +1,41 @@
-"""The goodput ledger as it was before its per-group state became numpy columns (monitor/goodput.py
-at e1d5fb6, verbatim but for this docstring and the import of ClusterView): the reference
-tests/test_goodput_columns.py compares the columnar ledger with, sweep after sweep. Not used by
-the monitor; do not change it to follow monitor/goodput.py (that is what the test checks)."""
+"""The goodput ledger as it was before its per-group state became numpy columns: the reference
+tests/test_goodput_columns.py compares the columnar ledger with, sweep after sweep.
+``GoodputLedger``, ``_Group``, ``_rank_counts`` and ``_cum_at`` are monitor/goodput.py's at
+e1d5fb6, verbatim; the dataclasses, constants and value helpers the change left alone are
+imported from monitor/goodput.py. Not used by the monitor; do not change the ledger here to
+follow monitor/goodput.py (that is what the test checks)."""
 
 from __future__ import annotations
 
 import itertools
-import math
 import statistics
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from itertools import compress
 from operator import is_not
 from typing import Any
 
+from monitor.goodput import (  # the data and helpers the columns did not change
+    CAUSES,
+    JOB_RESTART_STEPS,
+    PENDING,
+    SNAPSHOT_VERSION,
+    UNSEEN,
+    GoodputConfig,
+    GoodputError,
+    Incident,
+    Interval,
+    Slice,
+    SweepAccount,
+    _int,
+    _ints,
+    _num,
+    _pace,
+    _trim,
+)
 from monitor.view import ClusterView
 
-CAUSES = ("straggler_drag", "stall", "recovery", "capacity_lost", "startup", "unattributed")
-PENDING = "pending"  # slow time nothing explains yet (settles within the horizon)
-SNAPSHOT_VERSION = 1
-UNSEEN = "unseen"  # a slot of an expected group never seen (its key in per-group totals)
-# the job's newest step falling this far means it started over (one group lagging a step behind
-# another that left the quorum is not that)
-JOB_RESTART_STEPS = 100
-
-
-class GoodputError(ValueError):
-    """A ledger setting it cannot run with."""
-
-
-@dataclass
-class GoodputConfig:
-    expected_groups: int | None = None  # None: the number of replica groups ever seen
-    pace_threshold: float = 0.9  # "at healthy pace" and "back at pace"
-    pace_window_s: float = 3.0  # W's floor
-    pace_window_steps: int = 20  # W >= this many baseline steps
-    baseline_samples: int = 120  # the rolling median's window (samples, one per healthy sweep)
-    baseline_min_samples: int = 10  # startup ends with this many
-    horizon_s: float = 60.0  # H's floor: how long pending slow time waits for an explanation
-    horizon_steps: int = 30  # H >= this many baseline steps
-    max_gap_s: float = 30.0  # a longer gap between sweeps is accounted as a gap
-    keep_intervals: int = 2000  # settled intervals kept in memory (all go to the store)
-    keep_incidents: int = 200  # closed incidents kept in memory (all go to the store)
-
-    def validate(self) -> None:
-        if self.expected_groups is not None and self.expected_groups < 1:
-            raise GoodputError(f"expected_groups must be >= 1, got {self.expected_groups}")
-        if not 0 < self.pace_threshold <= 1:
-            raise GoodputError(f"pace_threshold must be in (0, 1], got {self.pace_threshold}")
-        for name in ("pace_window_s", "horizon_s", "max_gap_s"):
-            if not getattr(self, name) > 0:
-                raise GoodputError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("pace_window_steps", "baseline_samples", "baseline_min_samples",
-                     "horizon_steps", "keep_intervals", "keep_incidents"):
-            if getattr(self, name) < 1:
-                raise GoodputError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-
-
-@dataclass
-class Slice:
-    """One slot's badput over one sweep interval (kept until settled, then merged)."""
-
-    t0: float
-    t1: float
-    replica_group: int | None
-    cause: str
-    seconds: float
-    gpus: int | None
-    incident: int | None = None
-    finding_id: int | None = None
-    eviction_id: int | None = None
-    idle: bool = False  # no group committed in it (pending: a stall not yet a window long)
-    counted: bool = False  # in a SweepAccount's badput already (else counted when it settles)
-
-
-@dataclass
-class Interval:
-    """Settled badput: consecutive slices of one group with one cause and one incident."""
-
-    start: float
-    end: float
-    replica_group: int | None
-    cause: str
-    replica_seconds: float
-    gpu_seconds: float | None
-    incident: int | None
-    finding_id: int | None
-    eviction_id: int | None
-    settled: bool = True
-
-    @classmethod
-    def of(cls, s: Slice, settled: bool = True) -> Interval:
-        return cls(s.t0, s.t1, s.replica_group, s.cause, s.seconds,
-                   s.seconds * s.gpus if s.gpus else None, s.incident, s.finding_id,
-                   s.eviction_id, settled)
-
-    def extend(self, s: Slice) -> bool:
-        """Append the slice that continues this interval (same cause and ties); False if not."""
-        if (s.cause, s.incident, s.eviction_id) != (self.cause, self.incident, self.eviction_id) \
-                or abs(self.end - s.t0) > 1e-6:
-            return False
-        self.end = s.t1
-        self.replica_seconds += s.seconds
-        self.gpu_seconds = self.gpu_seconds + s.seconds * s.gpus \
-            if self.gpu_seconds is not None and s.gpus else None
-        return True
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        for k in ("start", "end", "replica_seconds", "gpu_seconds"):
-            if d[k] is not None:
-                d[k] = round(d[k], 3)
-        return d
-
-
-@dataclass
-class Incident:
-    id: int
-    kind: str
-    replica_group: int | None
-    replica_id: str | None
-    ranks: list[int]
-    onset_at: float
-    onset_source: str  # faults_struck_at | first_seen | eviction
-    detected_at: float
-    finding_ids: list[int] = field(default_factory=list)
-    eviction_id: int | None = None
-    evicted_at: float | None = None
-    resolved_at: float | None = None  # its finding is no longer open
-    back_to_pace_at: float | None = None
-    # back "settled" below pace: the job's steady pace then, in units of the old baseline's
-    # (e.g. 0.8), and the step time the baseline moved to (None: back at pace, or not yet)
-    settled_pace: float | None = None
-    settled_step_s: float | None = None
-    rejoined_at: float | None = None
-    closed_at: float | None = None
-    gpus_per_group: int | None = None
-    cost: dict[str, float] = field(default_factory=dict)  # settled replica-seconds by cause
-    gpu_cost: float = 0.0  # settled GPU-seconds
-    gpu_cost_known: bool = True  # every settled slice had a known group world size
-
-    @property
-    def open(self) -> bool:
-        return self.closed_at is None
-
-    @property
-    def search_from(self) -> float:
-        """Back at pace is looked for from here: the eviction, else the detection."""
-        return self.evicted_at if self.evicted_at is not None else self.detected_at
-
-    def to_store(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_store(cls, d: dict[str, Any]) -> Incident:
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-
-@dataclass
-class SweepAccount:
-    """What one update added: the seconds the metrics count (pending time once it settles)."""
-
-    accounted: bool = False
-    dt: float = 0.0
-    expected_groups: int = 0
-    goodput: float = 0.0
-    badput: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0.0))
-    group_goodput_ratio: dict[int, float] = field(default_factory=dict)
-    job_goodput_ratio: float | None = None
-
+__all__ = ["CAUSES", "GoodputConfig", "GoodputError", "GoodputLedger", "SweepAccount"]
 
 @dataclass
 class _Group:
@@ -192,22 +58,6 @@ class _Group:
 
 
 # --- reading a rank's state without trusting its types -------------------------------------
-def _num(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return None
-    return float(v)
-
-
-def _int(v: Any) -> int | None:
-    if isinstance(v, bool) or not isinstance(v, int):
-        return None
-    return v
-
-
-def _ints(v: Any) -> list[int]:
-    return [x for x in v if _int(x) is not None] if isinstance(v, list) else []
-
-
 def _rank_counts(r: Any, rid: str | None) -> tuple[int | None, int | None]:
     """(commits, group world size) a reachable rank of incarnation ``rid`` reports (None:
     not of it, or not a count)."""
@@ -221,23 +71,6 @@ def _rank_counts(r: Any, rid: str | None) -> tuple[int | None, int | None]:
     if type(n) is not int:
         n = _int(n)
     return (c if c is not None and c >= 0 else None), (n if n is not None and n >= 1 else None)
-
-
-def _pace(history: deque, window: float, b: float | None) -> float | None:
-    """Commits (or steps) in the trailing window x b / the window's length; None without data."""
-    if b is None or len(history) < 2:
-        return None
-    t_end, v_end = history[-1]
-    start = history[0]
-    for t, v in history:
-        if t <= t_end - window:
-            start = (t, v)
-        else:
-            break
-    span = t_end - start[0]
-    if span <= 0:
-        return None
-    return max(0, v_end - start[1]) * b / span
 
 
 def _cum_at(judged: deque, t: float) -> int | None:
@@ -254,12 +87,6 @@ def _cum_at(judged: deque, t: float) -> int | None:
 
 
 _SLOTS = range(1 << 30)  # slot numbers for compress(): a group's ranks, by position
-
-
-def _trim(history: deque, now: float, keep: float) -> None:
-    """Keep one sample at or before ``now - keep`` and everything after."""
-    while len(history) >= 2 and history[1][0] <= now - keep:
-        history.popleft()
 
 
 class GoodputLedger:
