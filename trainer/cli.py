@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import traceback
 
 from .config import ModelConfig, TrainConfig
 from .faults import FaultSpecError, check_fits_group, parse_fault
@@ -100,7 +101,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .loop import setup_logging, train
+    from .loop import end_process, setup_logging, train
 
     cfg = config_from_args(args)
     try:  # a core install (monitor, analyze) has neither
@@ -110,4 +111,11 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"lightkeeper train: needs torch and torchft ({e}); install them with "
                          "pip install 'lightkeeper[trainer]' (docs/install.md)") from None
     setup_logging()
-    return train(cfg)
+    try:
+        code = train(cfg)
+    except KeyboardInterrupt:
+        code = 130  # as `lightkeeper` answers an interrupt
+    except Exception:
+        traceback.print_exc()  # what an uncaught exception would have printed
+        code = 1
+    end_process(code)
