@@ -52,11 +52,21 @@ class BackgroundWSGIServer:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping.set()
+        if self._thread.is_alive():
+            # Closed from the loop's own thread (woken through waitress' trigger), the loop finds
+            # its map empty and returns at once; closed from here, under its select(), it sat out
+            # the select's timeout (1 s) first.
+            try:
+                self._server.trigger.pull_trigger(self._close_sockets)
+            except OSError:  # the trigger is gone: close from here, as below
+                pass
+            self._thread.join(timeout=timeout)
+        self._close_sockets()  # never started, or the loop did not get to it: close from here
+
+    def _close_sockets(self) -> None:
         self._server.close()
         for channel in list(self._server._map.values()):  # open client connections
             try:
                 channel.close()
             except OSError:
                 pass
-        if self._thread.is_alive():
-            self._thread.join(timeout=timeout)
