@@ -393,11 +393,12 @@ class _GroupMemory:
 
 class _Answers:
     """What :meth:`Detectors._collect_steps` read from one view's answers: commit failures
-    by URL of the reachable ranks polled, the URLs polled that did not answer, and per group
-    its polled ranks with per-step timings (RankView, {step: row}, replica id), the groups
-    whose ranks do not all report one replica id in ``mixed``."""
+    by URL of the reachable ranks polled, the URLs polled that did not answer, those that
+    answered without a quorum, and per group its polled ranks with per-step timings
+    (RankView, {step: row}, replica id), the groups whose ranks do not all report one
+    replica id in ``mixed``."""
 
-    __slots__ = ("view", "counts", "silent", "by_group", "mixed")
+    __slots__ = ("view", "counts", "silent", "by_group", "mixed", "starting")
 
     def __init__(self, view: ClusterView) -> None:
         self.view = view
@@ -405,6 +406,7 @@ class _Answers:
         self.silent: list[str] = []
         self.by_group: dict[int, list[tuple[RankView, dict[int, bytes], str | None]]] = {}
         self.mixed: set[int] = set()
+        self.starting: list[str] = []  # the URLs answering without a quorum (quorum id < 0)
 
     def members(self) -> tuple[dict, set[int]]:
         return self.by_group, self.mixed
@@ -895,6 +897,9 @@ class Detectors:
                 silent.append(url)
                 continue
             counts[url] = int(s.get("commit_failures") or 0)
+            q = s["quorum_id"]
+            if (q if type(q) is int else int(q)) < 0:
+                out.starting.append(url)  # no quorum yet: for stuck_starting
             if not r.fresh:  # carried: folded when it was polled
                 continue
             rid = s.get("replica_id")
@@ -1137,7 +1142,15 @@ class Detectors:
         # only the ranks polled this sweep can have started or begun starting; a carried rank
         # keeps what its last poll said
         starting = {}
-        for url, r in self._fresh_ranks(full):
+        ans = self._answers
+        if ans is not None and (ans.view is full or (
+                full.evidence_view is ans.view and len(ans.view.ranks) == len(full.ranks))):
+            # every rank is evidence (the usual case): the pass over the evidence's answers
+            # read the quorum ids (RankViews of the two views share their states)
+            polled = [(url, full.ranks[url]) for url in ans.starting]
+        else:
+            polled = self._fresh_ranks(full)
+        for url, r in polled:
             s = r.state
             if not r.reachable or not s:
                 continue

@@ -1,9 +1,11 @@
-"""The straggler detector's fast paths (issue 17) against the straggler as it was before them,
-sweep after sweep: each group's polled ranks taken from the one pass over the sweep's answers
-(not from a scan of every GroupView's ranks), and the verdict loop run only for the groups
-late now, with a late streak or with an open finding (not for every group). The job is
+"""The detectors' fast paths (issue 17) against the detectors as they were before them, sweep
+after sweep: each group's polled ranks taken from the one pass over the sweep's answers (not
+from a scan of every GroupView's ranks), the straggler's verdict loop run only for the groups
+late now, with a late streak or with an open finding (not for every group), and
+stuck_starting reading the ranks without a quorum from that pass when every rank is evidence
+(not from a pass of its own over the full view). The job is
 tests/test_monitor_detectors.py's synthetic FT-HSDP job (real /v1/state documents with
-per-step timings through a real ViewBuilder); the reference is the same class with those two
+per-step timings through a real ViewBuilder); the reference is the same class with those three
 methods as they were."""
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ import pytest
 from monitor.config import DetectorConfig
 from monitor.detectors import Detectors
 from monitor.poller import RankPoll
+from monitor.verification import Trust
 from tests.test_monitor_detectors import T0, Job
+
+TRUSTED = Trust("verified", "ok", "", True)
 
 
 class EveryGroup(Detectors):
@@ -38,6 +43,13 @@ class EveryGroup(Detectors):
 
     def _straggler_judged(self, order, is_late, open_groups):
         return list(range(len(order)))
+
+    def _stuck_starting(self, full, *args):
+        answers, self._answers = self._answers, None  # its own pass over the full view
+        try:
+            return super()._stuck_starting(full, *args)
+        finally:
+            self._answers = answers
 
 
 def clock() -> float:  # the one clock read outside update's ``now`` (a group replaced)
@@ -85,6 +97,11 @@ def run(fast: Detectors, ref: Detectors, seed: int, sweeps: int = 120) -> set[st
                 s["quorum_id"] += 1
         elif event < 0.5:
             drilled = {rng.randrange(job.n)}
+        elif event < 0.55:  # a rank without a quorum (restarting), or back in it
+            r = rng.randrange(job.world)
+            job.states[r]["quorum_id"] = -1 if job.states[r]["quorum_id"] >= 0 else \
+                max(s["quorum_id"] for s in job.states)
+            seen.add("starting")
         if rng.random() < 0.2 and late:  # late in only some steps of the window
             job.steps(1, now=now)
             seen.add("partly late")
@@ -96,10 +113,15 @@ def run(fast: Detectors, ref: Detectors, seed: int, sweeps: int = 120) -> set[st
                          else RankPoll(t.url, False, reason="connection", error="refused"))
                  for r, (t, s) in enumerate(zip(job.targets, job.states, strict=True))
                  if t.url in polled}
-        view = job.vb.update(job.targets, polls, now=now, polled=polled)
+        # every rank trusted (the verification is not what this tests): the evidence view is
+        # the full one's, rank for rank
+        full = job.vb.update(job.targets, polls, now=now, polled=polled,
+                             judge=lambda ranks, changed: dict.fromkeys(changed, TRUSTED))
+        view = full.evidence()
+        assert view is not full and full.evidence_view is view
         assert fast.fr_wanted(view, now) == ref.fr_wanted(view, now), sweep_no
-        got = fast.update(view, None, now)
-        assert summary(got) == summary(ref.update(view, None, now)), sweep_no
+        got = fast.update(view, None, now, full_view=full)
+        assert summary(got) == summary(ref.update(view, None, now, full_view=full)), sweep_no
         assert summary(fast.open_findings()) == summary(ref.open_findings()), sweep_no
         assert summary(fast.resolved_findings()) == summary(ref.resolved_findings()), sweep_no
         assert fast.last_lags == ref.last_lags, sweep_no
@@ -116,9 +138,9 @@ def run(fast: Detectors, ref: Detectors, seed: int, sweeps: int = 120) -> set[st
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_fast_straggler_matches_the_reference_over_random_sweeps(seed):
     cfg = DetectorConfig(straggler_steps=4, straggler_windows=3, dead_sweeps=2,
-                         fr_interval_s=1e9)
+                         fr_interval_s=1e9, starting_timeout_s=3.0)
     seen = run(Detectors(cfg, clock=clock), EveryGroup(cfg, clock=clock), seed)
-    assert {"straggler", "caught_up", "restart", "partly late"} <= seen, seen
+    assert {"straggler", "caught_up", "restart", "partly late", "stuck_starting"} <= seen, seen
 
 
 def test_a_group_whose_streak_is_not_judged_again_diverges():
