@@ -26,11 +26,9 @@ cost).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +39,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.bench_monitor_100k import save  # noqa: E402
 from benchmarks.bench_monitor_stages import InProcessPoller  # noqa: E402
+from benchmarks.bench_poller import baseline_module  # noqa: E402
 from monitor import detectors as this_tree  # noqa: E402
 from monitor.config import MonitorConfig  # noqa: E402
 from monitor.service import Monitor  # noqa: E402
@@ -51,18 +50,6 @@ STAGES = [("fr_wanted", "Flight Recorder trigger"), ("update", "detectors"),
           ("_collect_steps", "det: fold rows"), ("_straggler", "det: straggler rest"),
           ("_dead", "det: dead"), ("_hang", "det: hang"), ("_stuck_starting", "det: stuck"),
           ("_commit_counts", "det: commit counts"), ("_resolve_gone", "det: resolve gone")]
-
-
-def revision_module(rev: str) -> types.ModuleType:
-    """``monitor/detectors.py`` as of ``rev``, imported as a module of this tree's package."""
-    src = subprocess.run(["git", "show", f"{rev}:monitor/detectors.py"], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout
-    spec = importlib.util.spec_from_loader(f"monitor._detectors_{rev}", loader=None)
-    mod = importlib.util.module_from_spec(spec)
-    mod.__package__ = "monitor"
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    exec(compile(src, f"{rev}:monitor/detectors.py", "exec"), mod.__dict__)
-    return mod
 
 
 class Timed:
@@ -104,7 +91,8 @@ def main() -> int:
     vr = virtual_ranks.VirtualRanks(n, 0, args.group_size, 1.0, epoch=clock[0] - 100.0)
     urls = [f"http://127.0.0.1:1/r/{r}" for r in range(n)]
     index = {u: i for i, u in enumerate(urls)}
-    base = revision_module(args.baseline)
+    # imported as a module of this tree's package (its relative imports: this tree's view)
+    base = baseline_module(args.baseline, "monitor/detectors.py", "monitor.baseline_detectors")
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as d:
         monitors, timed = [], []
