@@ -411,6 +411,9 @@ def _pace(history: deque, window: float, b: float | None) -> float | None:
 
 _SLOTS = range(1 << 30)  # flat rank positions for compress()
 _READ = attrgetter("replica_id", "reachable", "step")  # what the ledger reads of a GroupView
+# a count from this on is not one (the columns are int64; a float holds any below it exactly):
+# a rank claiming more commits or a larger group is ignored, as a negative count is
+_HUGE = 1 << 53
 
 
 def _trim(history: deque, now: float, keep: float) -> None:
@@ -581,8 +584,8 @@ class GoodputLedger:
             n = st.get("group_world_size")
             if type(n) is not int:
                 n = _int(n)
-            counts.append(c if c is not None and c >= 0 else -1)
-            of_size.append(n if n is not None and n >= 1 else -1)
+            counts.append(c if c is not None and 0 <= c < _HUGE else -1)
+            of_size.append(n if n is not None and 1 <= n < _HUGE else -1)
         commits[todo] = counts
         sizes[todo] = of_size
         self._read = (keys, vslots, rids, lens, flat, owner, commits, sizes)

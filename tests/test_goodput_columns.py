@@ -245,3 +245,22 @@ def test_the_shared_history_paces_each_group_as_its_own_deque_did():
         got = hist.pace(np.arange(len(cum)), np.asarray(born), pace_window, b)
         want = [reference._pace(h, pace_window, b) for h in own]
         assert [None if np.isnan(x) else x for x in got.tolist()] == want, n
+
+
+def test_a_count_too_large_to_be_one_is_ignored_not_raised():
+    """A rank claiming 2**53 commits or more (or as large a group) is not counted, as a
+    negative count is not: the columns are int64 and a ledger that raised would stop
+    accounting while that rank reports it."""
+    vb = ViewBuilder()
+    targets = [Target(f"http://127.0.0.1:{9000 + gr}", "static") for gr in range(2)]
+    led = GoodputLedger()
+    for i, huge in enumerate([0, 10**30, 2**53, 2**63]):
+        polls = {}
+        for gr in range(2):
+            st = rank_state(gr, 0, step=10 + i, now=T0 + i, quorum_id=2)
+            st.update(group_rank=gr, group_world_size=huge if gr and huge else 2,
+                      commits=huge if gr and huge else 10 + i)
+            polls[targets[gr].url] = RankPoll(targets[gr].url, True, data=st)
+        led.update(vb.update(targets, polls, now=T0 + i, polled=set(polls)), [], [], T0 + i)
+        group = led.snapshot()["groups"]["0"]
+        assert (group["commits"], group["gpus"]) == (10 + i, 2), huge
