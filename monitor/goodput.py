@@ -392,6 +392,12 @@ def _ints(v: Any) -> list[int]:
     return [x for x in v if _int(x) is not None] if isinstance(v, list) else []
 
 
+def _stored_count(v: Any, missing: int) -> int:
+    """A count from a stored snapshot as the int64 columns hold it (``missing``: none, or not
+    one they can hold: an older ledger stored whatever a rank claimed)."""
+    return v if type(v) is int and 0 <= v < _HUGE else missing
+
+
 def _pace(history: deque, window: float, b: float | None) -> float | None:
     """Commits (or steps) in the trailing window x b / the window's length; None without data."""
     if b is None or len(history) < 2:
@@ -1500,14 +1506,14 @@ class GoodputLedger:
             led.hist.cum.append(np.zeros(len(S), np.int64))
         for slot, d in enumerate(groups.values(), 1):
             S.rid[slot] = d.get("replica_id")
-            S.commits[slot] = -1 if d.get("commits") is None else d["commits"]
-            S.cum[slot] = int(d.get("cum") or 0)
-            S.gpus[slot] = d.get("gpus") or 0
+            S.commits[slot] = _stored_count(d.get("commits"), -1)
+            S.cum[slot] = _stored_count(d.get("cum"), 0)
+            S.gpus[slot] = _stored_count(d.get("gpus"), 0)
             at = d.get("last_in_quorum_at")
             S.last_in_quorum_at[slot] = np.nan if at is None else at
             h = d.get("history")
             if h and h[-1][0] == t:
-                led.hist.cum[0][slot] = h[-1][1]
+                led.hist.cum[0][slot] = _stored_count(h[-1][1], 0)
             else:
                 S.born[slot] = led.hist.next
         led.job_step = state.get("job_step")

@@ -264,3 +264,9 @@ def test_a_count_too_large_to_be_one_is_ignored_not_raised():
         led.update(vb.update(targets, polls, now=T0 + i, polled=set(polls)), [], [], T0 + i)
         group = led.snapshot()["groups"]["0"]
         assert (group["commits"], group["gpus"]) == (10 + i, 2), huge
+    # a snapshot an older ledger stored with such a count resumes (without it)
+    state = led.snapshot()
+    state["groups"]["0"].update(commits=10**30, cum=2**63, gpus=10**30,
+                                history=[(state["last_at"], 10**30)])
+    again = restarted(goodput, GoodputConfig(), state, [], [])
+    assert again.snapshot()["groups"]["0"]["commits"] is None
