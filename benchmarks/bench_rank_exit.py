@@ -11,6 +11,10 @@ A real Lighthouse and real ``lightkeeper train`` processes, side by side in alte
 - ``torchrun group``: one group of two ranks under torchrun. ``TORCHRUN_SCRIPT``: LocalCluster's
   launcher as shipped (the agent exits once it returns). ``torchrun``: ``python -m
   torch.distributed.run``, as before.
+- ``torchrun stop``: LocalCluster.stop() of a training 2-group x 2-rank torchrun job (SIGTERM,
+  3 s grace, one group after the other, as every test's teardown and the demo's stop do), with
+  LocalCluster's TORCHRUN_SCRIPT as shipped vs one that runs torchrun as ``-m`` does. Its row's
+  ``exit_after_last_step_s`` is the seconds ``stop()`` took.
 
 For each process: seconds from its last step logged (the trainer's ``asctime``, ms) to its exit
 seen by this process (polled every 10 ms), and its CPU time (``wait4``: the process and the
@@ -120,14 +124,51 @@ def torchrun_group(workdir: Path, variant: str, steps: int) -> list[dict]:
         cluster.stop()
 
 
+# torchrun as ``python -m torch.distributed.run`` runs it: the interpreter finalizes on return.
+PLAIN_TORCHRUN = "import runpy\nrunpy.run_module('torch.distributed.run', run_name='__main__')\n"
+
+
+def torchrun_stop(workdir: Path, variant: str, steps: int) -> list[dict]:
+    import lightkeeper.cluster as lc
+
+    shipped = lc.TORCHRUN_SCRIPT
+    lc.TORCHRUN_SCRIPT = shipped if variant == "TORCHRUN_SCRIPT" else PLAIN_TORCHRUN
+    cluster = LocalCluster(workdir, num_groups=2, ranks_per_group=2, steps=1_000_000,
+                           extra_env={"PYTHONPATH": str(ROOT)})
+    try:
+        cluster.start(timeout=300)
+
+        def stepped() -> bool:
+            return all(" lightkeeper.trainer INFO step=" in g.log()
+                       for g in cluster.groups.values())
+        deadline = time.monotonic() + 300
+        while not stepped():
+            if time.monotonic() > deadline:
+                raise TimeoutError("no step")
+            time.sleep(0.1)
+        procs = [p for g in cluster.groups.values() for p in g.processes()]
+        started = time.monotonic()
+        cluster.stop()
+        took = time.monotonic() - started
+        return [{"exit_after_last_step_s": round(took, 3), "cpu_s": 0.0,
+                 "status": [p.returncode for p in procs]}]
+    finally:
+        cluster.stop()
+        lc.TORCHRUN_SCRIPT = shipped
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None, help="write the results here (JSON)")
+    ap.add_argument("--cases", default="lone ranks,torchrun group,torchrun stop",
+                    help="comma-separated cases to run (default: all)")
     args = ap.parse_args()
     cases = {"lone ranks": (lone_ranks, ("end_process", "interpreter exit")),
-             "torchrun group": (torchrun_group, ("TORCHRUN_SCRIPT", "torchrun"))}
+             "torchrun group": (torchrun_group, ("TORCHRUN_SCRIPT", "torchrun")),
+             "torchrun stop": (torchrun_stop, ("TORCHRUN_SCRIPT", "torchrun"))}
+    cases = {c: cases[c] for c in args.cases.split(",")}
     runs: dict[str, dict[str, list[dict]]] = {c: {v: [] for v in vs} for c, (_, vs) in
                                               cases.items()}
     loads = []
@@ -147,7 +188,8 @@ def main() -> int:
                               x["exit_after_last_step_s"] for x in rows),
                           "median_cpu_s": statistics.median(x["cpu_s"] for x in rows),
                           "exits": len(rows),
-                          "all_status_0": all(x["status"] == 0 for x in rows)}
+                          "all_status_0": all(x["status"] == 0 for x in rows)
+                          if case != "torchrun stop" else None}
                       for v, rows in by_variant.items()}
                for case, by_variant in runs.items()}
     result = {"benchmark": "rank_exit", "rounds": args.rounds, "steps": args.steps,
