@@ -158,12 +158,13 @@ def engine_findings(result: Any) -> list[dict[str, Any]]:
 
 # --- what a rank says about itself ------------------------------------------------------------
 
-def timing_rows(state: Mapping[str, Any] | None,
-                skip: Mapping[int, Any] | tuple = ()) -> list[tuple[int, tuple[float, ...]]]:
+def timing_rows(state: Mapping[str, Any] | None, skip: Mapping[int, Any] | tuple = (),
+                packed: bool = False) -> list[tuple[int, Any]]:
     """The per-step timings a ``/v1/state`` serves (``timing.recent``, else
     ``timing.last_step``): (step, (step_s, compute_s, wait_cross_s, wait_group_s)) with an int
-    step and four finite non-negative float seconds, in the order served; malformed rows are
-    left out, and so are the steps already folded (``skip``).
+    step and four finite non-negative float seconds, in the order served (``packed``: the
+    seconds as one ``_ROW`` bytes, as the detectors keep them); malformed rows are left out,
+    and so are the steps already folded (``skip``).
 
     A rank serves its last 16 steps' rows, oldest first, again at every poll, and a completed
     step's row does not change: with ``skip`` the rows are read from the newest back and the
@@ -211,7 +212,8 @@ def timing_rows(state: Mapping[str, Any] | None,
         # ranks a sweep at 100,000: docs/scaling.md); anything else takes the general check
         if type(a) is float and type(b) is float and type(c) is float and type(d) is float:
             if 0 <= a < _INF and 0 <= b < _INF and 0 <= c < _INF and 0 <= d < _INF:
-                out.append((step if type(step) is int else int(step), values))
+                out.append((step if type(step) is int else int(step),
+                            _ROW.pack(a, b, c, d) if packed else values))
             continue
         if type(a) in _PLAIN and type(b) in _PLAIN and type(c) in _PLAIN and type(d) in _PLAIN:
             if not (0 <= a < _INF and 0 <= b < _INF and 0 <= c < _INF and 0 <= d < _INF):
@@ -219,7 +221,8 @@ def timing_rows(state: Mapping[str, Any] | None,
         elif not all(isinstance(v, (int, float)) and not isinstance(v, bool)
                      and math.isfinite(v) and v >= 0 for v in (a, b, c, d)):
             continue
-        out.append((int(step), (float(a), float(b), float(c), float(d))))
+        values = (float(a), float(b), float(c), float(d))
+        out.append((int(step), _ROW.pack(*values) if packed else values))
     return out
 
 
@@ -907,10 +910,9 @@ class Detectors:
             if known is None or known[0] != rid:
                 known = steps[url] = (rid, {})
             by_step = known[1]
-            new = timing_rows(s, by_step)  # only the steps not folded yet
+            new = timing_rows(s, by_step, packed=True)  # only the steps not folded yet
             if new:
-                pack = _ROW.pack
-                by_step.update([(step, pack(*seconds)) for step, seconds in new])
+                by_step.update(new)
                 excess = len(by_step) - STEP_MEMORY
                 if excess == 1:  # a leader polled each sweep: one step more, the oldest goes
                     del by_step[min(by_step)]
