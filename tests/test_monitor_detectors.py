@@ -520,7 +520,7 @@ def test_timing_rows_keep_valid_rows_and_leave_out_the_rest():
     the row out; a read-only Mapping row reads like a dict."""
     from types import MappingProxyType
 
-    from monitor.detectors import timing_rows
+    from monitor.detectors import _ROW, timing_rows
     full = {"step_s": 1.0, "compute_s": 0.5, "wait_cross_s": 0.25, "wait_group_s": 0.125}
     values = (1.0, 0.5, 0.25, 0.125)
     rows = [{"step": 1, **full}, {"step": 2, **{k: v for k, v in full.items() if k != "compute_s"}},
@@ -531,6 +531,9 @@ def test_timing_rows_keep_valid_rows_and_leave_out_the_rest():
     got = timing_rows({"timing": {"recent": rows}})
     assert got == [(1, values), (7, (2.0, 1.0, 0.0, 1.0)), (8, values), (9, values)]
     assert all(type(v) is float for _, row in got for v in row)
+    # as the detectors keep them: the same seconds packed in one object
+    packed = timing_rows({"timing": {"recent": rows}}, packed=True)
+    assert [(s, _ROW.unpack(b)) for s, b in packed] == got
 
 
 def test_timing_rows_read_back_to_the_newest_folded_step():
