@@ -565,21 +565,28 @@ class GoodputLedger:
         self._quorum_steps = list(filter(partial(is_not, None), compress(steps, inq)))
         flat = list(chain.from_iterable(reaches))
         if rd is not None and rd[0] == keys and rd[3] == lens:
-            owner, commits, sizes = rd[5], rd[6], rd[7]
+            owner, commits, sizes, states = rd[5], rd[6], rd[7], rd[8]
             todo = compress(_SLOTS, map(is_not, flat, rd[4]))
             if rd[2] != rids:  # a new incarnation: every rank of that group again
                 again = set(compress(_SLOTS, map(ne, rids, rd[2])))
                 todo = sorted(set(todo).union(i for i, o in enumerate(owner) if o in again))
+                states = [None] * len(flat)
         else:
             owner = list(chain.from_iterable(map(repeat, range(len(lens)), lens)))
             commits, sizes = np.full(len(flat), -1, np.int64), np.full(len(flat), -1, np.int64)
+            states = [None] * len(flat)
             todo = range(len(flat))
-        todo = list(todo)
-        counts, of_size = [], []
+        read, counts, of_size = [], [], []
         # a rank's commits and group world size, if it is of the group's incarnation and they
-        # are counts (-1: not); inline, ~15,000-30,000 ranks a sweep at 100,000
+        # are counts (-1: not); inline, ~15,000-30,000 ranks a sweep at 100,000. A new RankView
+        # with the state read last sweep (a rank polled then, not now: a copy marked not fresh)
+        # keeps its counts.
         for i in todo:
             st = flat[i].state
+            if st is states[i]:
+                continue
+            states[i] = st
+            read.append(i)
             if not st or st.get("replica_id") != rids[owner[i]]:
                 counts.append(-1)
                 of_size.append(-1)
@@ -592,9 +599,9 @@ class GoodputLedger:
                 n = _int(n)
             counts.append(c if c is not None and 0 <= c < _HUGE else -1)
             of_size.append(n if n is not None and 1 <= n < _HUGE else -1)
-        commits[todo] = counts
-        sizes[todo] = of_size
-        self._read = (keys, vslots, rids, lens, flat, owner, commits, sizes)
+        commits[read] = counts
+        sizes[read] = of_size
+        self._read = (keys, vslots, rids, lens, flat, owner, commits, sizes, states)
         # per group (of those with a reachable rank): the most commits, the world sizes
         has = np.asarray(lens) > 0
         offsets = np.cumsum(lens) - lens
