@@ -35,6 +35,7 @@ from typing import Any
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks.bench_monitor_100k import save  # noqa: E402
 from benchmarks.bench_poller import git_source  # noqa: E402
 from monitor import goodput as this_goodput  # noqa: E402
 from monitor.discovery import Target  # noqa: E402
@@ -138,10 +139,7 @@ def main() -> int:
                **{f"{k}_held_mib": v / 2**20 for k, v in held.items()},
                "load_average": os.getloadavg()}
         print(json.dumps(out))
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(out, f, indent=1)
-        return 0
+        return save(out, args.json)
     job = Job(args.groups, args.group_size, args.member_every)
     rows: list[dict[str, Any]] = []
     gc.disable()  # as the monitor from 20,000 targets: no collection inside a timed update
@@ -187,10 +185,7 @@ def main() -> int:
     out["load_average"] = os.getloadavg()
     out["cores"] = os.cpu_count()
     print(json.dumps(out, indent=1))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-    return 0
+    return save(out, args.json)
 
 
 if __name__ == "__main__":
