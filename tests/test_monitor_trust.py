@@ -631,7 +631,11 @@ def test_an_unverified_rank_is_shown_never_grounds_for_an_eviction(tmp_path, job
         wait_until(lambda: job.kills, 20, what="the control: a verified rank's group evicted")
         assert job.kills == [job.replica_ids[2]]
         assert [(f["kind"] in DEAD, f["replica_group"]) for f in findings(mon)] == [(True, 2)]
-        assert [d["decision"] for d in decisions(mon)] == ["evict"]
+        # under load a sweep may see too few ranks answer in time (or the Lighthouse slow) and
+        # hold as monitor_blind before the eviction: a rail working, not the stranger counted
+        ds = decisions(mon)
+        assert [d["decision"] for d in ds if d["reason"] != "monitor_blind"] == ["evict"], ds
+        assert all(d["decision"] == "hold" for d in ds if d["reason"] == "monitor_blind"), ds
     finally:
         mon.stop()
 
