@@ -71,7 +71,9 @@ from .view import ClusterView
 CAUSES = ("straggler_drag", "stall", "recovery", "capacity_lost", "startup", "unattributed")
 _CAUSE = {c: i for i, c in enumerate(CAUSES)}  # a cause's column
 PENDING = "pending"  # slow time nothing explains yet (settles within the horizon)
-SNAPSHOT_VERSION = 1
+# 2: per-group state and totals as columns (:func:`snapshot_rows` reads it back as 1's
+# per-group dicts); a store's version-1 snapshot still resumes
+SNAPSHOT_VERSION = 2
 UNSEEN = "unseen"  # a slot of an expected group never seen (its key in per-group totals)
 # the job's newest step falling this far means it started over (one group lagging a step behind
 # another that left the quorum is not that)
@@ -396,6 +398,52 @@ def _stored_count(v: Any, missing: int) -> int:
     """A count from a stored snapshot as the int64 columns hold it (``missing``: none, or not
     one they can hold: an older ledger stored whatever a rank claimed)."""
     return v if type(v) is int and 0 <= v < _HUGE else missing
+
+
+_INTERVAL_FIELDS = tuple(Interval.__dataclass_fields__)
+
+
+def _with_none(values: np.ndarray, none: np.ndarray) -> list[Any]:
+    """``values`` as a list, None where ``none``."""
+    out = values.tolist()
+    for i in np.flatnonzero(none).tolist():
+        out[i] = None
+    return out
+
+
+def snapshot_rows(state: dict[str, Any]) -> dict[str, Any]:
+    """A version-2 snapshot as version 1 had it (one dict per group, one totals row per key),
+    which :meth:`GoodputLedger.restore` reads; any other state is returned as it is."""
+    if not state or state.get("version") != 2:
+        return state
+    g = state.get("groups") or {}
+    t = g.get("history_t")
+    groups = {
+        str(gid): {"replica_id": rid, "commits": c if c != -1 else None, "cum": cum,
+                   "gpus": gpus or None, "last_in_quorum_at": at,
+                   "history": [] if h is None else [(t, h)]}
+        for gid, rid, c, cum, gpus, at, h in zip(
+            g["gid"], g["replica_id"], g["commits"], g["cum"], g["gpus"],
+            g["last_in_quorum_at"], g["history_cum"], strict=True)}
+    iv = state.get("open_intervals") or {"key": []}
+    columns = [iv[f] for f in _INTERVAL_FIELDS]
+    open_intervals = {k: dict(zip(_INTERVAL_FIELDS, row, strict=True))
+                      for k, *row in zip(iv["key"], *columns, strict=True)}
+    return {**state, "version": 1, "groups": groups, "open_intervals": open_intervals,
+            "totals": _totals_rows_of(state.get("totals")),
+            "gpu_totals": _totals_rows_of(state.get("gpu_totals"))}
+
+
+def _totals_rows_of(cols: dict[str, Any] | None) -> dict[str, dict[str, float]]:
+    if not cols:
+        return {}
+    causes = [(c, cols[c]) for c in CAUSES if c in cols]
+    rows = {}
+    for i, key in enumerate(cols["key"]):
+        row = {c: v[i] for c, v in causes if v[i] is not None}
+        row["goodput"], row["expected"] = cols["goodput"][i], cols["expected"][i]
+        rows[key] = row
+    return rows
 
 
 def _pace(history: deque, window: float, b: float | None) -> float | None:
@@ -1433,7 +1481,9 @@ class GoodputLedger:
     # --- persistence -----------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         """The state a restarted monitor resumes from (incidents and settled intervals are
-        stored apart, see :meth:`unsaved`)."""
+        stored apart, see :meth:`unsaved`). Per-group state and totals are columns, one list
+        per field (:func:`snapshot_rows` gives version 1's per-group dicts): at 12,500 groups
+        the dicts were 0.07 s to build and 6 MB of JSON, written from the sweep's thread."""
         return {
             "version": SNAPSHOT_VERSION, "since": self.since, "last_at": self.last_at,
             "groups": self._groups_snapshot(),
@@ -1441,34 +1491,51 @@ class GoodputLedger:
             "baseline_samples": list(self.baseline_samples), "baseline": self.baseline,
             "pace": self.pace, "slow_since": self.slow_since, "last_commit_at": self.last_commit_at,
             "steady": list(self.steady) if self.steady else None,
-            "totals": self._totals_rows(), "gpu_totals": self._totals_rows(gpu=True),
+            "totals": self._totals_columns(), "gpu_totals": self._totals_columns(gpu=True),
             "expected_groups": self.expected_groups, "unobserved_s": self.unobserved_s,
             "gap_s": self.gap_s, "gaps": self.gaps, "skipped_sweeps": self.skipped_sweeps,
             "goodput_debt": self.goodput_debt,
             # flat dataclasses of scalars: their __dict__ is asdict() without its deep copy
-            # (~10x cheaper; 12,500 groups' open intervals per snapshot at 100,000 ranks)
             "unsettled": [dict(vars(s)) for s in self.unsettled],
-            "open_intervals": {k: dict(vars(v)) for k, v in self.open_intervals.items()},
+            # one open interval a group (every group's startup, at first): columns by field
+            "open_intervals": {"key": list(self.open_intervals), **{
+                f: list(map(attrgetter(f), self.open_intervals.values()))
+                for f in _INTERVAL_FIELDS}},
             "next_incident": self.next_incident,
             "seen_evictions": sorted(self.seen_evictions)[-1000:],
         }
 
-    def _groups_snapshot(self) -> dict[str, dict[str, Any]]:
+    def _groups_snapshot(self) -> dict[str, Any]:
+        """Every group's slot as columns: ``commits`` -1 and ``gpus`` 0 are none, as in the
+        slots; ``history_cum`` is the group's count at the one history sample ``history_t``
+        (None: its history starts after it)."""
         S, hist = self.slots, self.hist
-        commits, cum, gpus, born = (S.commits.tolist(), S.cum.tolist(), S.gpus.tolist(),
-                                    S.born.tolist())
-        last_in = S.last_in_quorum_at.tolist()
-        t = hist.t[-1] if hist.t else None
-        newest = hist.cum[-1].tolist() if hist.cum else []
-        out = {}
-        for slot in range(1, len(S)):
-            out[str(S.gids[slot])] = {
-                "replica_id": S.rid[slot],
-                "commits": commits[slot] if commits[slot] >= 0 else None,
-                "cum": cum[slot], "gpus": gpus[slot] or None,
-                "last_in_quorum_at": None if math.isnan(last_in[slot]) else last_in[slot],
-                "history": [(t, newest[slot])] if born[slot] < hist.next and slot < len(newest)
-                else []}
+        n = len(S)
+        last_in = S.last_in_quorum_at[1:]
+        never = np.isnan(last_in)
+        newest = hist.cum[-1][1:n] if hist.cum else np.zeros(0, np.int64)
+        sampled = S.born[1:1 + len(newest)] < hist.next
+        return {
+            "gid": S.gids[1:], "replica_id": S.rid[1:], "commits": S.commits[1:].tolist(),
+            "cum": S.cum[1:].tolist(), "gpus": S.gpus[1:].tolist(),
+            "last_in_quorum_at": _with_none(last_in, never),
+            "history_t": hist.t[-1] if hist.t else None,
+            "history_cum": _with_none(newest, ~sampled) + [None] * (n - 1 - len(newest)),
+        }
+
+    def _totals_columns(self, gpu: bool = False) -> dict[str, Any]:
+        """:meth:`_totals_rows` as columns: a cause's list holds None where a row has none
+        (a cause no row has is left out)."""
+        S = self.slots
+        good, exp, bad, has = (S.ggood, S.gexp, S.gbad, S.gbad_has) if gpu else \
+            (S.good, S.exp, S.bad, S.bad_has)
+        order = self._row_order[gpu]
+        out: dict[str, Any] = {"key": list(self._rows[gpu]), "goodput": good[order].tolist(),
+                               "expected": exp[order].tolist()}
+        b, h = bad[order], has[order]
+        for c, cause in enumerate(CAUSES):
+            if h[:, c].any():
+                out[cause] = _with_none(b[:, c], ~h[:, c])
         return out
 
     def unsaved(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -1495,10 +1562,12 @@ class GoodputLedger:
     def restore(cls, cfg: GoodputConfig | None, state: dict[str, Any] | None,
                 incidents: list[dict[str, Any]], intervals: list[dict[str, Any]]
                 ) -> GoodputLedger:
-        """A ledger resuming from what :meth:`snapshot` and :meth:`unsaved` stored. A snapshot
-        of another version is not resumed (a fresh ledger starts; the old rows stay stored)."""
+        """A ledger resuming from what :meth:`snapshot` and :meth:`unsaved` stored (a version-1
+        snapshot, written before per-group columns, too). A snapshot of another version is not
+        resumed (a fresh ledger starts; the old rows stay stored)."""
         led = cls(cfg)
-        if not state or state.get("version") != SNAPSHOT_VERSION:
+        state = snapshot_rows(state)
+        if not state or state.get("version") != 1:
             return led
         led.since, led.last_at = state.get("since"), state.get("last_at")
         groups = state.get("groups") or {}

@@ -29,6 +29,8 @@ import threading
 import time
 from typing import Any
 
+import msgspec
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS findings (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -124,6 +126,17 @@ CREATE INDEX IF NOT EXISTS host_actions_due ON host_actions (status, next_at);
 GOODPUT_INTERVALS_KEPT = 100_000  # settled badput intervals kept in the file (oldest dropped)
 
 EVICTED_STATUSES = ("sending", "sent", "confirmed", "unconfirmed")  # all but "failed"
+
+
+def encode_goodput_state(state: dict[str, Any]) -> str:
+    """The goodput ledger's state as JSON text (the column's rows stay text, as before; msgspec's
+    encoder is several times json.dumps' on the ledger's long columns, see
+    benchmarks/bench_goodput_snapshot.py). Not a number (which msgspec would write as
+    null) is not stored: the ledger keeps none in its state (never is None)."""
+    return _JSON.encode(state).decode()
+
+
+_JSON = msgspec.json.Encoder()
 
 
 class Store:
@@ -274,7 +287,7 @@ class Store:
         with self._lock:
             with self._db:
                 self._db.execute("INSERT OR REPLACE INTO goodput_state (id, at, data) "
-                                 "VALUES (1, ?, ?)", (now, json.dumps(state)))
+                                 "VALUES (1, ?, ?)", (now, encode_goodput_state(state)))
                 self._db.executemany(
                     "INSERT OR REPLACE INTO goodput_incidents (id, updated_at, closed, data) "
                     "VALUES (?,?,?,?)",

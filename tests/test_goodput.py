@@ -16,7 +16,7 @@ from dataclasses import asdict
 import pytest
 
 from monitor.discovery import Target
-from monitor.goodput import CAUSES, GoodputConfig, GoodputError, GoodputLedger
+from monitor.goodput import CAUSES, GoodputConfig, GoodputError, GoodputLedger, snapshot_rows
 from monitor.poller import RankPoll
 from monitor.store import Store
 from monitor.view import ClusterView, RankView, ViewBuilder
@@ -395,7 +395,8 @@ def test_restarted_monitor_resumes_totals_and_incidents_from_the_store(tmp_path)
     job.run(led, 5, pace=1.0)
     snap = led.snapshot()  # the slices and intervals as dataclasses.asdict has them
     assert snap["unsettled"] == [asdict(s) for s in led.unsettled]
-    assert snap["open_intervals"] == {k: asdict(v) for k, v in led.open_intervals.items()}
+    assert snapshot_rows(snap)["open_intervals"] == {k: asdict(v)
+                                                     for k, v in led.open_intervals.items()}
     assert snap["open_intervals"]
     save(store, led)
     before = led.to_json()
@@ -439,7 +440,7 @@ def test_settled_intervals_are_persisted(tmp_path):
     assert cap and all(r["eviction_id"] == 1 and r["replica_group"] == 1 for r in cap)
     assert sum(r["replica_seconds"] for r in cap) == pytest.approx(30, abs=1.01)
     state, incidents, _ = store.load_goodput()
-    assert state["version"] == 1 and incidents[0]["closed_at"] is not None
+    assert state["version"] == 2 and incidents[0]["closed_at"] is not None
     store.close()
 
 
