@@ -1,0 +1,81 @@
+"""The goodput ledger's state through the monitor's real store (monitor/store.py, an SQLite file
+reopened as a restarted monitor reopens its ``--state``): the columns' snapshot (version 2,
+msgspec-encoded) resumes to the same ledger, and a file written before the columns (version 1:
+per-group dicts, ``json.dumps`` text, as the previous store wrote it) still resumes to it.
+
+The ledger comes from test_goodput_columns' random job (groups joining and leaving, incidents,
+evictions, gaps, pending slow time), checked there against the per-group reference ledger."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from monitor.goodput import GoodputConfig, GoodputLedger, snapshot_rows
+from monitor.store import Store
+from tests.test_goodput_columns import run
+
+CFG = {"baseline_min_samples": 3, "horizon_s": 6.0, "pace_window_s": 1.5, "expected_groups": 7}
+
+
+@pytest.fixture(scope="module")
+def ledger() -> GoodputLedger:
+    led, covered = run(1, 150, **CFG)
+    assert covered["incidents"] and covered["paced"], covered  # something to resume
+    assert led.open_intervals and led.incidents
+    return led
+
+
+def stored(path: str, led: GoodputLedger) -> tuple[dict, list, list]:
+    """What a monitor stores of ``led`` (everything: its incidents and intervals unsaved so
+    far), read back by a new Store on the same file."""
+    store = Store(path)
+    incidents = [i.to_store() for i in led.incidents.values()]
+    intervals = [dict(vars(iv)) for iv in led.intervals]
+    store.save_goodput(led.snapshot(), incidents, intervals, at=led.last_at)
+    store.close()
+    store = Store(path)
+    try:
+        return store.load_goodput()
+    finally:
+        store.close()
+
+
+def test_a_restarted_ledger_equals_the_one_saved(ledger, tmp_path):
+    state, incidents, intervals = stored(str(tmp_path / "m.sqlite"), ledger)
+    assert state["version"] == 2
+    resumed = GoodputLedger.restore(GoodputConfig(**CFG), state, incidents, intervals)
+    assert resumed.to_json() == ledger.to_json()
+    assert resumed.snapshot() == ledger.snapshot()
+    # the row stays JSON text, as the previous store wrote it
+    db = sqlite3.connect(str(tmp_path / "m.sqlite"))
+    [(kind, data)] = db.execute("SELECT typeof(data), data FROM goodput_state").fetchall()
+    db.close()
+    assert kind == "text" and json.loads(data) == state
+
+
+def test_a_state_file_written_before_the_columns_still_resumes(ledger, tmp_path):
+    path = str(tmp_path / "old.sqlite")
+    stored(path, ledger)
+    # the state row as the store wrote it before: version 1's per-group dicts, json.dumps
+    old = snapshot_rows(ledger.snapshot())
+    assert old["version"] == 1 and isinstance(old["groups"], dict) and old["groups"]
+    db = sqlite3.connect(path)
+    with db:
+        db.execute("UPDATE goodput_state SET data=? WHERE id=1", (json.dumps(old),))
+    db.close()
+    store = Store(path)
+    state, incidents, intervals = store.load_goodput()
+    store.close()
+    assert state == json.loads(json.dumps(old))
+    resumed = GoodputLedger.restore(GoodputConfig(**CFG), state, incidents, intervals)
+    assert resumed.to_json() == ledger.to_json()
+    assert resumed.snapshot() == ledger.snapshot()
+
+
+def test_a_snapshot_of_an_unknown_version_starts_afresh(ledger):
+    state = {**ledger.snapshot(), "version": 3}
+    resumed = GoodputLedger.restore(GoodputConfig(**CFG), state, [], [])
+    assert resumed.to_json() == GoodputLedger(GoodputConfig(**CFG)).to_json()
