@@ -4,7 +4,7 @@ the thread's CPU clock and by wall time, in a fresh store under a temporary dire
 
 The ledger is driven as ``bench_ledger_scale.py`` drives it (``--groups`` x ``--group-size``
 ranks, leader polling's pattern, every group committing a step each sweep), then written
-``--writes`` times. ``store.encode_goodput_state`` (what the store writes now) and plain
+``--writes`` times. ``store.goodput_json_text`` (what the store writes now) and plain
 ``json.dumps`` (what it wrote before) are timed side by side, alternating order; with
 ``--baseline REV`` that revision's ledger is driven by the same views and its ``snapshot()``
 and ``json.dumps`` of it (the write's work before this tree's) timed alongside.
@@ -31,7 +31,7 @@ sys.path.insert(0, ROOT)
 from benchmarks.bench_ledger_scale import T0, Job, ledger_module, warm  # noqa: E402
 from benchmarks.bench_monitor_100k import save  # noqa: E402
 from monitor.goodput import GoodputConfig, GoodputLedger  # noqa: E402
-from monitor.store import Store, encode_goodput_state  # noqa: E402
+from monitor.store import Store, goodput_json_text  # noqa: E402
 
 
 def timed(fn, *args) -> tuple[Any, float, float]:
@@ -39,6 +39,14 @@ def timed(fn, *args) -> tuple[Any, float, float]:
     c, w = time.thread_time(), time.perf_counter()
     out = fn(*args)
     return out, time.thread_time() - c, time.perf_counter() - w
+
+
+def write_state(store: Store, data: str) -> None:
+    """The state row's transaction as ``Store.save_goodput`` runs it (no incidents, no
+    intervals), for text already encoded: the baseline's SQLite share."""
+    with store._lock, store._db:
+        store._db.execute("INSERT OR REPLACE INTO goodput_state (id, at, data) VALUES (1, ?, ?)",
+                          (T0, data))
 
 
 def main() -> int:
@@ -80,17 +88,25 @@ def main() -> int:
                     data, cpu, wall = timed(json.dumps, old)
                     add("baseline_json_dumps", cpu, wall)
                     add("baseline_json_dumps_bytes", len(data), 0.0)
+                    _, cpu, wall = timed(write_state, store, data)
+                    add("baseline_sqlite", cpu, wall)
                     del old, data
                 state, cpu, wall = timed(led.snapshot)
                 add("snapshot", cpu, wall)
-                encoders = [("json_dumps", json.dumps), ("store_encode", encode_goodput_state)]
+                encoders = [("json_dumps", json.dumps), ("store_encode", goodput_json_text)]
                 for name, fn in (encoders if n % 2 == 0 else list(reversed(encoders))):
                     data, cpu, wall = timed(fn, state)
                     add(name, cpu, wall)
                     add(name + "_bytes", len(data), 0.0)
                 incidents, intervals = led.unsaved()
                 _, cpu, wall = timed(store.save_goodput, state, incidents, intervals, T0)
-                add("save_goodput", cpu, wall)  # the store's whole transaction, encoding included
+                # the store's whole transaction, encoding included; the first write also
+                # stores the intervals settled so far (every group's startup, once paced)
+                add("first_save_goodput" if n == 0 else "save_goodput", cpu, wall)
+                add("first_save_intervals" if n == 0 else "save_intervals", len(intervals), 0.0)
+                led.saved()
+                _, cpu, wall = timed(write_state, store, goodput_json_text(state))
+                add("sqlite", cpu, wall)
                 _, cpu, wall = timed(store.load_goodput)
                 add("load_goodput", cpu, wall)
         finally:
@@ -99,11 +115,15 @@ def main() -> int:
     out: dict[str, Any] = {"groups": args.groups, "ranks": args.groups * args.group_size,
                            "writes": args.writes, "clock": "median thread CPU and wall seconds"}
     for name, vals in stages.items():
-        if name.endswith("_bytes"):
+        if name.endswith(("_bytes", "_intervals")):
             out[name] = int(vals[0][0])
         else:
             out[name + "_cpu_s"] = statistics.median(v[0] for v in vals)
             out[name + "_wall_s"] = statistics.median(v[1] for v in vals)
+    if base is not None:  # the whole write from the sweep's thread: before, and now
+        out["baseline_write_cpu_s"] = sum(out[f"baseline_{k}_cpu_s"]
+                                          for k in ("snapshot", "json_dumps", "sqlite"))
+    out["write_cpu_s"] = out["snapshot_cpu_s"] + out.get("save_goodput_cpu_s", 0.0)
     out["load_average"] = os.getloadavg()
     out["cores"] = os.cpu_count()
     print(json.dumps(out, indent=1))

@@ -128,15 +128,22 @@ GOODPUT_INTERVALS_KEPT = 100_000  # settled badput intervals kept in the file (o
 EVICTED_STATUSES = ("sending", "sent", "confirmed", "unconfirmed")  # all but "failed"
 
 
-def encode_goodput_state(state: dict[str, Any]) -> str:
-    """The goodput ledger's state as JSON text (the column's rows stay text, as before; msgspec's
-    encoder is several times json.dumps' on the ledger's long columns, see
-    benchmarks/bench_goodput_snapshot.py). Not a number (which msgspec would write as
-    null) is not stored: the ledger keeps none in its state (never is None)."""
-    return _JSON.encode(state).decode()
+def goodput_json_text(doc: dict[str, Any]) -> str:
+    """A goodput row's JSON text (state, incident, interval; the columns' rows stay text, as
+    json.dumps wrote them): msgspec's encoder is several times json.dumps' on the ledger's
+    long columns (benchmarks/bench_goodput_snapshot.py). It writes not-a-number as null: the
+    ledger stores none (a time never reached is None)."""
+    return _JSON.encode(doc).decode()
 
 
-_JSON = msgspec.json.Encoder()
+def _float_of(obj: Any) -> float:
+    """A float subclass (numpy's float64 in an incident's cost) as json.dumps wrote it."""
+    if isinstance(obj, float):
+        return float(obj)
+    raise TypeError(f"not JSON: {type(obj).__name__}")
+
+
+_JSON = msgspec.json.Encoder(enc_hook=_float_of)
 
 
 class Store:
@@ -287,18 +294,18 @@ class Store:
         with self._lock:
             with self._db:
                 self._db.execute("INSERT OR REPLACE INTO goodput_state (id, at, data) "
-                                 "VALUES (1, ?, ?)", (now, encode_goodput_state(state)))
+                                 "VALUES (1, ?, ?)", (now, goodput_json_text(state)))
                 self._db.executemany(
                     "INSERT OR REPLACE INTO goodput_incidents (id, updated_at, closed, data) "
                     "VALUES (?,?,?,?)",
-                    [(i["id"], now, 1 if i.get("closed_at") is not None else 0, json.dumps(i))
-                     for i in incidents])
+                    [(i["id"], now, 1 if i.get("closed_at") is not None else 0,
+                      goodput_json_text(i)) for i in incidents])
                 if intervals:
                     self._db.executemany(
                         "INSERT INTO goodput_intervals (start, end, replica_group, cause, "
                         "incident, data) VALUES (?,?,?,?,?,?)",
                         [(iv["start"], iv["end"], iv.get("replica_group"), iv["cause"],
-                          iv.get("incident"), json.dumps(iv)) for iv in intervals])
+                          iv.get("incident"), goodput_json_text(iv)) for iv in intervals])
                     self._db.execute(
                         "DELETE FROM goodput_intervals WHERE id <= "
                         "(SELECT MAX(id) FROM goodput_intervals) - ?", (GOODPUT_INTERVALS_KEPT,))
