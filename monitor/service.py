@@ -741,8 +741,9 @@ class Monitor:
         incident changed, else every GOODPUT_SAVE_S (a crash loses at most that much, which a
         restarted ledger then accounts as the time since its last saved sweep)."""
         incidents, intervals = self.goodput.unsaved()
-        # the snapshot grows with the groups (~0.5 ms each): at 12,500 groups one costs
-        # seconds, so it is written at most once per 20 of its own durations (docs/scaling.md)
+        # the snapshot grows with the groups: at 12,500 groups one write is ~25-55 ms of this
+        # thread's CPU (columns, msgspec; benchmarks/bench_goodput_snapshot.py), more in wall
+        # time on a loaded box, so it is written at most once per 20 of its own durations
         every = max(GOODPUT_SAVE_S, 20 * self._goodput_save_s)
         if force or incidents or now - self._goodput_saved_at >= every:
             t = time.perf_counter()
