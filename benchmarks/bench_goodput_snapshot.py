@@ -107,10 +107,15 @@ def main() -> int:
                 led.saved()
                 _, cpu, wall = timed(write_state, store, goodput_json_text(state))
                 add("sqlite", cpu, wall)
-                _, cpu, wall = timed(store.load_goodput)
+                rows, cpu, wall = timed(store.load_goodput)
                 add("load_goodput", cpu, wall)
+                resumed, cpu, wall = timed(GoodputLedger.restore, GoodputConfig(), *rows)
+                add("restore", cpu, wall)  # a restarted monitor's, once at its start
         finally:
             gc.enable()
+        if resumed.to_json() != led.to_json():
+            print("the ledger restored from the store differs from the one saved", flush=True)
+            return 1
         store.close()
     out: dict[str, Any] = {"groups": args.groups, "ranks": args.groups * args.group_size,
                            "writes": args.writes, "clock": "median thread CPU and wall seconds"}
