@@ -79,3 +79,10 @@ def test_a_snapshot_of_an_unknown_version_starts_afresh(ledger):
     state = {**ledger.snapshot(), "version": 3}
     resumed = GoodputLedger.restore(GoodputConfig(**CFG), state, [], [])
     assert resumed.to_json() == GoodputLedger(GoodputConfig(**CFG)).to_json()
+
+
+def test_an_empty_ledger_round_trips(tmp_path):
+    led = GoodputLedger(GoodputConfig(**CFG))
+    state, incidents, intervals = stored(str(tmp_path / "m.sqlite"), led)
+    resumed = GoodputLedger.restore(GoodputConfig(**CFG), state, incidents, intervals)
+    assert resumed.snapshot() == led.snapshot() and resumed.to_json() == led.to_json()
