@@ -82,14 +82,18 @@ class InProcessPoller:
         self.cpu_seconds = 0.0
         self.stack: list[list[float]] = []  # the bench's open stages (their children's CPU)
 
-    def sweep(self, urls, path="/v1/state", timeout_s=None, max_bytes=None):
+    def sweep(self, urls, path="/v1/state", timeout_s=None, max_bytes=None, queries=None):
         t = time.thread_time()
         if path != "/v1/state":
             out = {u: RankPoll(u, False, reason="http_status", error="HTTP 404: b''")
                    for u in urls}
         else:  # parsed as the monitor parses an answer (poll_process: judge_body, msgspec)
             state, index, at = self.vr.state, self.index, time.time()
-            out = {u: judge_body(u, state(index[u]), 0.0, at) for u in urls}
+            if queries is None:
+                out = {u: judge_body(u, state(index[u]), 0.0, at) for u in urls}
+            else:  # "?since=N" (Detectors.state_queries), as a virtual rank reads it
+                out = {u: judge_body(u, state(index[u], int(q[7:]) if q else None), 0.0, at)
+                       for u, q in zip(urls, queries, strict=True)}
         spent = time.thread_time() - t
         self.cpu_seconds += spent
         if self.stack:  # not the stage's own work

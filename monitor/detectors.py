@@ -69,7 +69,7 @@ import statistics
 import struct
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import itemgetter
@@ -434,6 +434,7 @@ class Detectors:
         self._fr_reason: str | None = None
         # per rank URL: (replica_id, {step: its row packed, _ROW}) from the ranks' own timing
         self._steps: dict[str, tuple[str | None, dict[int, bytes]]] = {}
+        self._since_queries: dict[int, str] = {}  # step -> "?since=<step>" (state_queries)
         # job progress on the monitor's clock: each in-quorum group's step (of the newest
         # quorum id, ``_progress_quorum``), kept per group, and since when none moved
         self._progress_steps: dict[int, int] = {}
@@ -460,6 +461,34 @@ class Detectors:
         self.last_error: str | None = None
 
     # --- public ----------------------------------------------------------------------
+    def state_queries(self, urls: Iterable[str]) -> list[str]:
+        """Per URL, the query its next ``/v1/state`` is asked with: ``?since=N``, N the newest
+        step whose timing row is folded for it (the WorkerServer then serves only the newer
+        rows, monitor/poller.py's per-URL queries), or ``""`` where none is (a member not
+        polled last sweep, a new rank: it serves every row it has, which the straggler's
+        window needs). The rows left out are those :func:`timing_rows` would skip anyway (it
+        reads back to the first folded step); a rank that ignores the query (an older
+        WorkerServer) serves them all, as before.
+
+        A rank whose incarnation changed under the same URL may be asked past its new rows
+        once: the fold then starts its memory afresh (new replica id), empty, and the next
+        sweep asks it for every row."""
+        steps, cache = self._steps, self._since_queries
+        out = []
+        for url in urls:
+            known = steps.get(url)
+            if known is None or not known[1]:
+                out.append("")
+                continue
+            newest = next(reversed(known[1]))  # the last folded (rows are served oldest first)
+            q = cache.get(newest)
+            if q is None:
+                if len(cache) > 4096:
+                    cache.clear()
+                q = cache[newest] = f"?since={newest}"
+            out.append(q)
+        return out
+
     def open_findings(self) -> list[Finding]:
         return sorted(self._open.values(), key=lambda f: (f.confirmed_at or 0, f.kind))
 

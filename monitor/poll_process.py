@@ -37,12 +37,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, BinaryIO
 
 import msgspec
 
-from .poller import EVENT_LOOPS, MAX_BODY, Poller, RankPoll, judge_body
+from .poller import EVENT_LOOPS, MAX_BODY, Poller, RankPoll, dedup_queries, judge_body
 
 BATCH = 256  # polls per message back: the monitor parses the first while the rest are asked
 # a sweep's bound is its requests' timeout times the waves of max_concurrency requests; a child
@@ -235,10 +235,11 @@ class ProcessPoller:
         return child
 
     def start(self, urls: Iterable[str], path: str = "/v1/state",
-              timeout_s: float | None = None, max_bytes: int | None = None) -> PollHandle:
+              timeout_s: float | None = None, max_bytes: int | None = None,
+              queries: Sequence[str] | None = None) -> PollHandle:
         """Send a sweep to the child; :meth:`PollHandle.result` gives what
-        :meth:`Poller.sweep` would have returned."""
-        urls = list(dict.fromkeys(urls))
+        :meth:`Poller.sweep` would have returned (``queries``: as there)."""
+        urls, queries = dedup_queries(urls, queries)
         timeout = self.timeout_s if timeout_s is None else timeout_s
         limit = self.max_bytes if max_bytes is None else max_bytes
         bound = timeout * (math.ceil(len(urls) / self.max_concurrency) + 1)
@@ -253,14 +254,16 @@ class ProcessPoller:
                 self.restarts += 1
             rid = self._next = self._next + 1
             handle = child.pending[rid] = PollHandle(urls, bound, child)
-        child.send((rid, urls, path, timeout, limit, self.max_idle))
+        child.send((rid, urls, path, timeout, limit, self.max_idle, queries))
         return handle
 
     def sweep(self, urls: Iterable[str], path: str = "/v1/state",
               timeout_s: float | None = None,
-              max_bytes: int | None = None) -> dict[str, RankPoll]:
-        """GET ``path`` from every URL concurrently; returns url -> RankPoll (never raises)."""
-        return self.start(urls, path, timeout_s, max_bytes).result()
+              max_bytes: int | None = None,
+              queries: Sequence[str] | None = None) -> dict[str, RankPoll]:
+        """GET ``path`` from every URL concurrently; returns url -> RankPoll (never raises
+        because of a rank; ``queries`` as :meth:`Poller.sweep` takes them)."""
+        return self.start(urls, path, timeout_s, max_bytes, queries).result()
 
     def close(self) -> None:
         """End the child (its current sweep first, up to 10 s) and wait for it."""
@@ -312,7 +315,7 @@ def _serve(args: argparse.Namespace) -> None:
         poller._loop.call_soon_threadsafe(profiler.enable)
     try:
         while (msg := _read_frame(inp)) is not None:
-            rid, urls, path, timeout, limit, max_idle = msg
+            rid, urls, path, timeout, limit, max_idle, queries = msg
             poller.max_idle = max_idle
 
             def on_rows(rows: list[tuple], rid=rid) -> None:  # on the poller's thread
@@ -323,7 +326,8 @@ def _serve(args: argparse.Namespace) -> None:
             # rows, requests and bodies come and go; a sweep's cycles are cut at its end)
             gc.disable()
             try:
-                poller.sweep(urls, path, timeout, limit, on_rows=on_rows, per_batch=BATCH)
+                poller.sweep(urls, path, timeout, limit, on_rows=on_rows, per_batch=BATCH,
+                             queries=queries)
             finally:
                 gc.enable()
             frames.put(_frame((rid, [], True)))

@@ -31,7 +31,7 @@ import json
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -139,15 +139,15 @@ class _Request:
 class _Sweep:
     """One call of :meth:`Poller.sweep`: its URLs, results, and requests in deadline order."""
 
-    __slots__ = ("urls", "next", "path", "timeout", "limit", "results", "active", "waiter",
-                 "inflight", "timer", "launching", "raw", "on_answer", "on_rows", "rows",
+    __slots__ = ("urls", "next", "path", "queries", "timeout", "limit", "results", "active",
+                 "waiter", "inflight", "timer", "launching", "raw", "on_answer", "on_rows", "rows",
                  "per_batch")
 
     def __init__(self, urls: list[str], path: bytes, timeout: float, limit: int,
                  waiter: asyncio.Future, raw: bool = False,
                  on_answer: Callable[[str, RankPoll], None] | None = None,
                  on_rows: Callable[[list[tuple]], None] | None = None,
-                 per_batch: int = 256) -> None:
+                 per_batch: int = 256, queries: list[bytes] | None = None) -> None:
         self.raw = raw or on_rows is not None
         self.on_answer = on_answer
         self.on_rows = on_rows
@@ -156,6 +156,7 @@ class _Sweep:
         self.urls = urls
         self.next = 0
         self.path = path
+        self.queries = queries  # per URL, appended to ``path`` (None: none)
         self.timeout = timeout
         self.limit = limit
         self.results: dict[str, RankPoll] = {}
@@ -453,6 +454,27 @@ class _Conn(asyncio.Protocol):
 EVENT_LOOPS = ("asyncio", "uvloop", "auto")
 
 
+def dedup_queries(urls: Iterable[str], queries: Sequence[str] | None
+                  ) -> tuple[list[str], list[str] | None]:
+    """``urls`` without repeats, in order, and their ``queries`` alongside (a URL given twice
+    is asked once, with its last query). Raises ValueError when ``queries`` is not one string
+    per URL, or a query is not ``?``-led printable ASCII (it goes into the request line)."""
+    if queries is None:
+        return list(dict.fromkeys(urls)), None
+    urls = list(urls)
+    queries = list(queries)
+    if len(queries) != len(urls):
+        raise ValueError(f"{len(queries)} queries for {len(urls)} URLs")
+    for q in set(queries):
+        if type(q) is not str or (q and (q[0] != "?" or not q.isascii() or not q.isprintable()
+                                        or " " in q)):
+            raise ValueError(f"a query must be '' or '?...' (printable ASCII, no space): {q!r}")
+    by_url = dict(zip(urls, queries, strict=True))
+    if len(by_url) == len(urls):
+        return urls, queries
+    return list(by_url), list(by_url.values())
+
+
 def new_event_loop(kind: str = "asyncio") -> asyncio.AbstractEventLoop:
     """A new event loop: the stdlib's (``asyncio``), uvloop's (``uvloop``: ImportError where it
     is not installed), or uvloop's where it is importable, else the stdlib's (``auto``). uvloop
@@ -497,7 +519,8 @@ class Poller:
               max_bytes: int | None = None, raw: bool = False,
               on_answer: Callable[[str, RankPoll], None] | None = None,
               on_rows: Callable[[list[tuple]], None] | None = None,
-              per_batch: int = 256) -> dict[str, RankPoll]:
+              per_batch: int = 256, queries: Sequence[str] | None = None
+              ) -> dict[str, RankPoll]:
         """GET ``path`` from every URL concurrently; returns url -> RankPoll (never raises).
 
         A body over ``max_bytes`` (default: the poller's) is a ``bad_response``. ``raw``: a
@@ -507,15 +530,17 @@ class Poller:
         ``on_rows(rows)`` (raw): the same without a RankPoll made per request (the poller
         process's wire format, monitor/poll_process.py): lists of ``per_batch`` rows ``(place
         of the URL in the deduplicated urls, ok, body or None, reason, error, status,
-        latency_s, at)`` handed on as they fill, the last (shorter, never empty) at the end."""
-        urls = list(dict.fromkeys(urls))
+        latency_s, at)`` handed on as they fill, the last (shorter, never empty) at the end.
+        ``queries``: per URL (in ``urls``' order), a query string appended to ``path`` for that
+        URL alone (``"?since=212"``; ``""``: none), as :func:`dedup_queries` keeps them."""
+        urls, queries = dedup_queries(urls, queries)
         if not urls:
             return {}
         timeout = self.timeout_s if timeout_s is None else timeout_s
         limit = self.max_bytes if max_bytes is None else max_bytes
         fut = asyncio.run_coroutine_threadsafe(
-            self._sweep(urls, path, timeout, limit, raw, on_answer, on_rows, per_batch),
-            self._loop)
+            self._sweep(urls, path, timeout, limit, raw, on_answer, on_rows, per_batch,
+                        queries), self._loop)
         return fut.result()
 
     def close(self) -> None:
@@ -546,9 +571,15 @@ class Poller:
     async def _sweep(self, urls: list[str], path: str, timeout: float, limit: int,
                      raw: bool = False, on_answer: Callable[[str, RankPoll], None] | None = None,
                      on_rows: Callable[[list[tuple]], None] | None = None,
-                     per_batch: int = 256) -> dict[str, RankPoll]:
+                     per_batch: int = 256, queries: list[str] | None = None
+                     ) -> dict[str, RankPoll]:
+        wire = None
+        if queries is not None:  # few distinct values (a leader sweep: one or two): encoded once
+            encoded: dict[str, bytes] = {}
+            wire = [encoded.get(q) or encoded.setdefault(q, q.encode("latin-1"))
+                    for q in queries]
         sw = _Sweep(urls, path.encode("latin-1"), timeout, limit, self._loop.create_future(),
-                    raw, on_answer, on_rows, per_batch)
+                    raw, on_answer, on_rows, per_batch, wire)
         self._launch(sw)
         try:
             await sw.waiter
@@ -581,7 +612,9 @@ class Poller:
             sw.active += 1
             try:
                 key, get, tail = _target(url)
-                req = _Request(sw, i, url, key, get + sw.path + tail, now, now + sw.timeout)
+                wire = get + sw.path + tail if sw.queries is None else \
+                    get + sw.path + sw.queries[i] + tail
+                req = _Request(sw, i, url, key, wire, now, now + sw.timeout)
             except PollError as e:
                 self._done(sw, i, url, RankPoll(url, False, reason=e.reason, error=str(e)))
                 continue

@@ -245,12 +245,12 @@ class Monitor:
             targets = self._targets()
             self._fit_poller(len(targets))
             plan = self.schedule.plan(targets, self.view, self.clock(), self._suspect_groups())
-            polls = self.poller.sweep(plan.urls)
+            polls = self.poller.sweep(plan.urls, queries=self.detectors.state_queries(plan.urls))
         self.sweep_plan = plan
         # a leader blocked on its group: that group's other ranks now, not next sweep
         drill = self.schedule.drill_now(polls, self.view, self.clock())
         if drill:
-            polls.update(self.poller.sweep(drill))
+            polls.update(self.poller.sweep(drill, queries=self.detectors.state_queries(drill)))
         # after the ranks: a real rank is never ahead of the Lighthouse read after it
         if self.lighthouse_reader is not None:
             status, error = self.lighthouse_reader.read()
@@ -332,7 +332,8 @@ class Monitor:
             targets = self._targets()
             self._fit_poller(len(targets))
             plan = self.schedule.plan(targets, view, self.clock(), self._suspect_groups())
-            self._ahead = (targets, plan, self.poller.start(plan.urls))
+            self._ahead = (targets, plan, self.poller.start(
+                plan.urls, queries=self.detectors.state_queries(plan.urls)))
         except Exception:
             log.exception("could not ask the next sweep's ranks ahead")
 

@@ -44,6 +44,24 @@ def test_sweep_returns_every_state(sim, poller):
     assert sorted(p.data["rank"] for p in polls.values()) == list(range(6))
 
 
+def test_each_url_is_asked_with_its_own_query(sim, poller):
+    """``queries``: one per URL, appended to the path for that URL alone (the monitor's
+    ``/v1/state?since=N``, Detectors.state_queries); a URL given twice is asked once, with its
+    last query; a query that would break the request line is refused before anything is sent."""
+    queries = [f"?since={100 + i}" if i % 2 else "" for i in range(len(sim.urls))]
+    polls = poller.sweep(sim.urls, queries=queries)
+    assert all(p.ok for p in polls.values())
+    assert [r.last_path for r in sim.ranks] == ["/v1/state" + q for q in queries]
+    polls = poller.sweep(sim.urls[:2] + sim.urls[:1], queries=["?a=1", "?b=2", "?c=3"])
+    assert list(polls) == sim.urls[:2]
+    assert [r.last_path for r in sim.ranks[:2]] == ["/v1/state?c=3", "/v1/state?b=2"]
+    asked = sum(r.requests for r in sim.ranks)
+    for bad in (["?x"], ["?a b", "?c"], ["since=1", ""], ["?\r\n", ""], [7, ""]):
+        with pytest.raises(ValueError):
+            poller.sweep(sim.urls[:2], queries=bad)
+    assert sum(r.requests for r in sim.ranks) == asked
+
+
 @pytest.mark.parametrize("mode,reason", [("http500", "http_status"), ("garbage", "bad_response"),
                                          ("close", "connection"), ("down", "connection"),
                                          ("slow", "timeout")])

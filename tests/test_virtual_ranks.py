@@ -50,3 +50,26 @@ def test_cached_answers_equal_answers_made_afresh(monkeypatch):
     assert shared.answer(b"GET /r/999/v1/state HTTP/1.1")[0] == b"404 Not Found"
     assert shared.answer(b"GET /r/x/v1/state HTTP/1.1")[0] == b"404 Not Found"
     assert shared.answer(b"GET /r/1/v1/other HTTP/1.1")[0] == b"404 Not Found"
+
+
+def test_since_serves_the_rows_a_worker_server_would(monkeypatch):
+    """``?since=N`` cuts ``timing.recent`` to the steps after N, as worker_server.app's
+    state_since does, and leaves the rest of the document as the whole answer has it."""
+    from worker_server.app import state_since
+
+    clock = types.SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(virtual_ranks, "time",
+                        types.SimpleNamespace(monotonic=lambda: clock.now))
+    vr = VirtualRanks(16, 0, 8, 0.5, epoch=900.0)
+    whole = json.loads(vr.answer(b"GET /r/5/v1/state HTTP/1.1")[1])
+    steps = [r["step"] for r in whole["timing"]["recent"]]
+    assert len(steps) == virtual_ranks.KEEP_STEPS
+    for since in (steps[0] - 3, steps[0], steps[3], steps[-1] - 1, steps[-1], steps[-1] + 9):
+        status, body = vr.answer(b"GET /r/5/v1/state?since=%d HTTP/1.1" % since)
+        cut = json.loads(body)
+        want = state_since(json.loads(json.dumps(whole)), since)
+        assert status == b"200 OK"
+        assert cut["timing"]["recent"] == want["timing"]["recent"], since
+        assert {k: v for k, v in cut.items() if k != "timing"} == \
+            {k: v for k, v in whole.items() if k != "timing"}
+    assert vr.answer(b"GET /r/5/v1/state?since=x HTTP/1.1")[0] == b"400 Bad Request"

@@ -58,6 +58,29 @@ def test_unknown_path_and_method_are_json_errors(server):
     assert r.status_code == 405 and "error" in r.json()
 
 
+def test_state_since_serves_only_the_newer_timing_rows(server):
+    """``/v1/state?since=N`` (a monitor that folded this rank's rows up to step N): the rows of
+    the steps after N, ``timing.since`` N; every other key as the whole document has it."""
+    timer = server.state.timing
+    for step in range(10, 16):
+        timer.begin_step()
+        timer.end_step(step)
+    whole = requests.get(server.url + "/v1/state", timeout=2).json()
+    assert [r["step"] for r in whole["timing"]["recent"]] == list(range(10, 16))
+    assert "since" not in whole["timing"]
+    for since, want in ((12, [13, 14, 15]), (15, []), (-5, list(range(10, 16))), (99, [])):
+        cut = requests.get(server.url + f"/v1/state?since={since}", timeout=2).json()
+        assert [r["step"] for r in cut["timing"]["recent"]] == want, since
+        assert cut["timing"]["since"] == since
+        assert cut["timing"]["last_step"] == whole["timing"]["last_step"]
+        assert cut["timing"]["window"] == whole["timing"]["window"]
+        rest = {k: v for k, v in cut.items() if k not in ("timing", "phase_since")}
+        assert rest == {k: v for k, v in whole.items() if k not in ("timing", "phase_since")}
+    for bad in ("x", "1.5", str(1 << 63), ""):
+        r = requests.get(server.url + f"/v1/state?since={bad}", timeout=2)
+        assert r.status_code == 400 and "since must be an integer" in r.json()["error"], bad
+
+
 @pytest.mark.parametrize("path", ["/v1/fr_trace?onlyactive=maybe", "/v1/stacks?format=xml"])
 def test_bad_parameters_are_400_with_reason(server, path):
     r = requests.get(server.url + path, timeout=2)

@@ -67,6 +67,22 @@ def int_param(name: str, lo: int, hi: int) -> int | None:
 
 
 MAX_LAST = 1_000_000
+MAX_STEP = 1 << 62  # ``since`` bound: any torchft step fits, a huge value is a bad parameter
+
+
+def state_since(doc: dict[str, Any], since: int) -> dict[str, Any]:
+    """``/v1/state?since=N``: ``timing.recent`` holds only the rows of steps after N, and
+    ``timing.since`` says it was cut (N). A monitor that folded this rank's rows up to step N
+    asks for the rest only: at 100,000 ranks a leader's answer is then one or two rows, not 16,
+    and the rows are most of what the monitor parses (docs/scaling.md). Everything else in the
+    document is as ``/v1/state`` serves it (``last_step`` and ``window`` too)."""
+    timing = doc.get("timing")
+    if isinstance(timing, dict) and isinstance(timing.get("recent"), list):
+        timing["recent"] = [r for r in timing["recent"]
+                            if not isinstance(r, dict) or not isinstance(r.get("step"), int)
+                            or r["step"] > since]
+        timing["since"] = since
+    return doc
 
 
 def filter_fr_dump(body: bytes, pg: str | None, last: int | None) -> bytes:
@@ -149,7 +165,9 @@ def create_app(
 
     @app.get("/v1/state")
     def v1_state():
-        return jsonify(state.snapshot())
+        since = int_param("since", -MAX_STEP, MAX_STEP)
+        doc = state.snapshot()
+        return jsonify(doc if since is None else state_since(doc, since))
 
     @app.get("/v1/fr_trace")
     def v1_fr_trace():

@@ -111,6 +111,7 @@ class SimRank:
                 while (await reader.readline()) not in (b"\r\n", b"\n", b""):
                     pass
                 self.requests += 1
+                self.last_path = path  # with its query: what the monitor asked
                 mode = self.mode
                 if mode == "close":
                     break

@@ -101,7 +101,9 @@ class VirtualRanks:
             t = self.templates[rank] = (pieces, marks)
         return t
 
-    def state(self, rank: int) -> bytes:
+    def state(self, rank: int, since: int | None = None) -> bytes:
+        """The rank's ``/v1/state``; ``since``: ``timing.recent`` only after that step, as a
+        WorkerServer serves ``?since=N`` (worker_server/app.py)."""
         now = time.monotonic()
         g = rank // self.group_size
         if not self.hung:
@@ -120,11 +122,12 @@ class VirtualRanks:
         pieces, marks = self.template(rank)
         # the values between the pieces, in the template's order: the same for every rank with
         # the same step, rows and wait (all of them but the group's, in a healthy job)
+        keep = KEEP_STEPS if since is None else max(0, min(KEEP_STEPS, step - since - 1))
         key = (marks, step, rank % 10, g if g in self.slow else -1,
-               tuple(self.slow.items()) if self.slow else (), phase, waiting)
+               tuple(self.slow.items()) if self.slow else (), phase, waiting, keep)
         fill = self._fills.get(key)
         if fill is None:
-            recent, last = self.rows(rank, step)
+            recent, last = self.rows(rank, step, keep)
             values = {"step": str(step).encode(), "recent": recent, "last": last,
                       "phase": phase, "waiting": waiting}
             if len(self._fills) > 10_000:
@@ -135,19 +138,21 @@ class VirtualRanks:
         out[1::2] = fill
         return b"".join(out)
 
-    def rows(self, rank: int, step: int) -> tuple[bytes, bytes]:
-        """(``timing.recent``, ``timing.last_step``) of the rank at ``step``: the same for every
-        rank with the same jitter (rank % 10) and slowness (its group slow or not)."""
+    def rows(self, rank: int, step: int, keep: int = KEEP_STEPS) -> tuple[bytes, bytes]:
+        """(``timing.recent``: the newest ``keep`` of its rows, ``timing.last_step``) of the rank
+        at ``step``: the same for every rank with the same jitter (rank % 10) and slowness (its
+        group slow or not)."""
         g = rank // self.group_size
         key = (rank % 10, step, g if g in self.slow else -1,
-               tuple(self.slow.items()) if self.slow else ())
+               tuple(self.slow.items()) if self.slow else (), keep)
         got = self._rows.get(key)
         if got is None:
             if len(self._rows) > 10_000:
                 self._rows.clear()
             rows = [self.row(rank, s) for s in range(max(0, step - KEEP_STEPS), step)]
-            got = self._rows[key] = (f"[{', '.join(rows)}]".encode(),
-                                     (rows[-1] if rows else "null").encode())
+            last = (rows[-1] if rows else "null").encode()
+            rows = rows[len(rows) - keep:] if keep else []
+            got = self._rows[key] = (f"[{', '.join(rows)}]".encode(), last)
         return got
 
     def row(self, rank: int, step: int) -> str:
@@ -199,6 +204,15 @@ class VirtualRanks:
     def answer(self, request_line: bytes) -> tuple[bytes, bytes]:
         """(status, body) for one request line, e.g. ``GET /r/7/v1/state HTTP/1.1``."""
         self.requests += 1
+        since = None
+        at = request_line.find(b"?since=")
+        if at >= 0:  # a monitor's per-rank query (a new value every step): not in the routes
+            end = request_line.find(b" ", at)
+            try:
+                since = int(request_line[at + 7:end])
+            except ValueError:
+                return b"400 Bad Request", b'{"error": "since must be an integer"}'
+            request_line = request_line[:at] + request_line[end:]
         route = self._routes.get(request_line)  # each rank asks the same line every sweep
         if route is None:
             route = self.route(request_line)
@@ -207,7 +221,7 @@ class VirtualRanks:
             self._routes[request_line] = route
         what, rank, query = route
         if what == "state":
-            return b"200 OK", self.state(rank)
+            return b"200 OK", self.state(rank, since)
         if what == "fr_trace":
             status, body = self.fr(rank, query)
             return status.encode(), body
