@@ -69,7 +69,7 @@ import statistics
 import struct
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import itemgetter
@@ -461,7 +461,8 @@ class Detectors:
         self.last_error: str | None = None
 
     # --- public ----------------------------------------------------------------------
-    def state_queries(self, urls: Iterable[str]) -> list[str]:
+    def state_queries(self, urls: Iterable[str], kept: Container[str] | None = None
+                      ) -> list[str]:
         """Per URL, the query its next ``/v1/state`` is asked with: ``?since=N``, N the newest
         step whose timing row is folded for it (the WorkerServer then serves only the newer
         rows, monitor/poller.py's per-URL queries), or ``""`` where none is (a member not
@@ -472,12 +473,17 @@ class Detectors:
 
         A rank whose incarnation changed under the same URL may be asked past its new rows
         once: the fold then starts its memory afresh (new replica id), empty, and the next
-        sweep asks it for every row."""
+        sweep asks it for every row.
+
+        ``kept``: the URLs whose memory the next fold keeps, when the queries are made before
+        it (the rest are asked for every row): a fold keeps only the memory of the ranks its
+        view polled, and a rank asked ``since`` its dropped memory would serve too few rows
+        for the window."""
         steps, cache = self._steps, self._since_queries
         out = []
         for url in urls:
             known = steps.get(url)
-            if known is None or not known[1]:
+            if known is None or not known[1] or (kept is not None and url not in kept):
                 out.append("")
                 continue
             newest = next(reversed(known[1]))  # the last folded (rows are served oldest first)

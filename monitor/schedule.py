@@ -212,6 +212,31 @@ class LeaderSchedule:
             plan.urls = plan.urls + extra
         return extra
 
+    def drill_suspects(self, plan: Plan, view: ClusterView | None, now: float,
+                       suspects: Iterable[int]) -> list[str]:
+        """The URLs to add to ``plan`` (made before ``suspects`` were known: the monitor asks
+        the next sweep's ranks early, monitor/service.py) so that it drills what :meth:`plan`
+        would have drilled with them: the answered ranks of each suspect group of ``view`` it
+        does not drill yet, held for ``hold_s`` as if planned. ``plan`` is extended in place
+        (``urls``, ``drilled``)."""
+        if plan.everything or view is None:
+            return []
+        groups = view.groups
+        new = [g for g in suspects if g not in plan.drilled and g in groups
+               and groups[g].answered]
+        if not new:
+            return []
+        asked = set(plan.urls)
+        extra: list[str] = []
+        for g in new:
+            why = "finding or straggler candidate"
+            plan.drilled[g] = why
+            self._drilled_until[g] = (now + self.hold_s, why)
+            extra += [r.url for r in groups[g].answered if r.url not in asked]
+        if extra:
+            plan.urls = plan.urls + extra
+        return extra
+
     def _rebucket(self, targets: list[Target], period: int) -> None:
         """URLs by member slot ``crc32(url) % period``, kept while the targets are the same."""
         if period == self._period and len(targets) == len(self._targets) \

@@ -200,7 +200,7 @@ def test_the_next_sweep_is_asked_ahead_when_it_follows_at_once(process_monitor):
     mon._tail_s = 1.0  # as if the ledger took a second: the next sweep will follow at once
     mon.sweep_once()
     assert isinstance(mon.poller, ProcessPoller)
-    targets, plan, handle = mon._ahead
+    plan, handle = mon._ahead.plan, mon._ahead.handles[0]
     assert set(plan.urls) == set(handle.urls) == set(sim.urls)
     wait_until(handle.done.is_set, 10, "the answers asked ahead")
     rank.update(step=101)  # after they were asked: the next sweep cannot see it
@@ -213,9 +213,9 @@ def test_the_next_sweep_is_asked_ahead_when_it_follows_at_once(process_monitor):
     assert view.ranks[rank.url].state["step"] == 101
     # too late for the answers asked ahead: asked again, the change made meanwhile is seen
     assert mon._ahead is not None
-    wait_until(mon._ahead[2].done.is_set, 10, "the answers asked ahead")
+    wait_until(mon._ahead.handles[0].done.is_set, 10, "the answers asked ahead")
     rank.update(step=102)
-    sent = mon._ahead[2].sent_at
+    sent = mon._ahead.sent_at
     wait_until(lambda: time.monotonic() - sent > mon.cfg.interval_s, 5, "the interval to pass")
     view = mon.sweep_once()
     assert view.ranks[rank.url].state["step"] == 102
@@ -228,3 +228,53 @@ def test_a_sweep_inside_the_interval_does_not_ask_ahead(process_monitor):
     assert mon._tail_s < mon.cfg.interval_s / 2  # 4 ranks: a sweep of milliseconds
     assert mon._ahead is None
     assert isinstance(mon.poller, ProcessPoller)
+
+
+def test_the_next_sweep_is_asked_early_and_its_suspects_added(tmp_path, monkeypatch):
+    """After a sweep that outlasted the interval, the next sweep's ranks are asked as soon as
+    this sweep's view is built (before its detectors run: the polling then overlaps them); a
+    group the detectors newly suspect in this sweep is added to that plan and drilled (its
+    other ranks asked too), and the next sweep polls exactly the plan's URLs."""
+    from monitor import service
+    from monitor.config import MonitorConfig
+
+    monkeypatch.setattr(service, "POLL_PROCESS_MIN_TARGETS", 1)
+    sim = SimRanks.start(8, groups=4)  # 4 groups of 2
+    mon = service.Monitor(MonitorConfig(port=0, interval_s=0.3, targets=sim.urls,
+                                        state_path=str(tmp_path / "m.db"), job="unit",
+                                        leader_polling="on", member_interval_s=3600.0))
+    try:
+        first = mon.sweep_once()  # every rank: nothing known yet
+        leaders = {g: gv.leader.url for g, gv in first.groups.items()}
+        other = [r.url for r in first.groups[2].ranks if r.url != leaders[2]]
+        assert len(leaders) == 4 and len(other) == 1
+        asked_before_detectors = []
+        update = mon.detectors.update
+
+        def detecting(*a, **k):
+            asked_before_detectors.append(mon._ahead is not None)
+            out = update(*a, **k)
+            mon.detectors.last_lags = {2: 5.0}  # group 2 now a straggler candidate
+            return out
+
+        mon.detectors.update = detecting
+        mon._last_sweep_s = 1.0  # as if the last sweep took a second
+        mon.sweep_once()
+        assert asked_before_detectors == [True]
+        ahead = mon._ahead
+        assert len(ahead.handles) == 2  # the plan's, then group 2's other rank
+        assert ahead.handles[1].urls == other
+        assert 2 in ahead.plan.drilled
+        for h in ahead.handles:
+            wait_until(h.done.is_set, 10, "the answers asked ahead")
+        mon.detectors.update = update
+        view = mon.sweep_once()
+        assert mon.sweep_plan is ahead.plan
+        polled = set(ahead.plan.urls)
+        assert set(view.polled) == polled == set(leaders.values()) | set(other)
+        assert all(view.ranks[u].reachable and view.ranks[u].fresh for u in polled)
+    finally:
+        pid = mon.poller.pid
+        mon.stop()
+        assert gone(pid)
+        sim.stop()
