@@ -350,10 +350,14 @@ class Monitor:
         this sweep's view, as the next sweep would make it, with the groups the detectors
         suspected at their last update; :meth:`_ask_ahead` adds those this sweep's detectors
         newly suspect. A rank is asked ``?since=`` its folded rows only where this sweep's
-        fold keeps them (Detectors.state_queries' ``kept``). Never raises: a failure is
-        logged and :meth:`_ask_ahead` or the next sweep asks instead."""
+        fold keeps them (Detectors.state_queries' ``kept``). Not while this sweep drills a
+        group: its Flight Recorder fetch, which a hang's confirmation waits for, would then
+        share the poller process and the ranks with the next sweep's ~15,000 requests
+        (measured: the dumps 0.6 s later); :meth:`_ask_ahead` asks after it, as before. Never
+        raises: a failure is logged and :meth:`_ask_ahead` or the next sweep asks instead."""
+        plan = self.sweep_plan
         if not isinstance(self.poller, ProcessPoller) or self.shard is not None \
-                or self._last_sweep_s < self.cfg.interval_s:
+                or self._last_sweep_s < self.cfg.interval_s or plan is None or plan.drilled:
             return
         try:
             targets = self._targets()
