@@ -45,6 +45,9 @@ from .poller import RankPoll
 from .view import ClusterView, GroupView
 
 MODES = ("auto", "on", "off")
+# the drill reason of a group whose leader waits inside its own group (a rank of it hung): the
+# start of Plan.drilled's text for it, which the monitor reads (its Flight Recorder asked early)
+BLOCKED_IN_GROUP = "leader blocked in an in-group collective"
 
 
 @dataclass
@@ -204,7 +207,7 @@ class LeaderSchedule:
             gv = view.groups.get(g)
             if gv is None:
                 continue
-            why = f"leader blocked in an in-group collective {secs:.1f}s"
+            why = f"{BLOCKED_IN_GROUP} {secs:.1f}s"
             drilled[g] = why
             self._drilled_until[g] = (now + self.hold_s, why)
             extra += [r.url for r in gv.ranks if r.url not in polls]
@@ -299,7 +302,7 @@ class LeaderSchedule:
                 out.setdefault(g, "leader state unreadable")
                 continue
             if scope == "group" and (secs or 0.0) >= suspect():
-                out.setdefault(g, f"leader blocked in an in-group collective {secs:.1f}s")
+                out.setdefault(g, f"{BLOCKED_IN_GROUP} {secs:.1f}s")
                 continue
             prev = last_step.get(g)
             if prev is None or prev[0] != step:

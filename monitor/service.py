@@ -37,7 +37,7 @@ from .lighthouse_status import LighthouseReader, LighthouseStatus
 from .metrics import MonitorMetrics
 from .poll_process import PollHandle, ProcessPoller
 from .poller import Poller, RankPoll
-from .schedule import LeaderSchedule, Plan
+from .schedule import BLOCKED_IN_GROUP, LeaderSchedule, Plan
 from .shard import Shards
 from .sinks import SinkConfigError, build_sink
 from .store import Store
@@ -72,6 +72,10 @@ GC_FULL_EVERY = 100
 # sweeps outlast the interval, which with leader polling on this 2-core box starts at about
 # 50,000-60,000 ranks (docs/scaling.md)
 POLL_PROCESS_MIN_TARGETS = 50_000
+# Between periodic looks, the Flight Recorder of up to this many groups whose leader is blocked
+# inside the group is asked right after the states (Monitor._ask_fr_early): a hang's evidence
+# sooner. More such groups at once is no single hang: their dumps are asked after the view.
+EARLY_FR_GROUPS = 8
 
 class _Ahead:
     """The next sweep's polls, asked during this one (Monitor._ask_ahead_early, _ask_ahead):
@@ -411,16 +415,26 @@ class Monitor:
         them while this sweep builds its view, and ``_fetch_fr`` reads answers already in
         instead of waiting for 12,500 more requests at 100,000 ranks (~0.6-0.9 s, one sweep in
         ~8). Groups and leaders of the last view; ``_fetch_fr`` asks any others itself and
-        drops what it does not want. Never raises."""
+        drops what it does not want. Between looks, the dumps of a group drilled because its
+        leader is blocked inside it (a rank of it hung: what a hang's confirmation reads) are
+        asked the same way, for at most EARLY_FR_GROUPS such groups: they come while the view
+        and the fold run, not after them (a few dumps; dropped unread if the detectors do not
+        want them). Never raises."""
         view = self.view
-        if not isinstance(self.poller, ProcessPoller) or view is None or plan.everything \
-                or now - self._fr_looked_at < self.cfg.detectors.fr_interval_s:
+        if not isinstance(self.poller, ProcessPoller) or view is None or plan.everything:
             return
+        periodic = now - self._fr_looked_at >= self.cfg.detectors.fr_interval_s
+        if periodic:
+            groups = [g for g in plan.drilled if g in view.groups]
+        else:
+            groups = [g for g, why in plan.drilled.items()
+                      if why.startswith(BLOCKED_IN_GROUP) and g in view.groups]
+            if not groups or len(groups) > EARLY_FR_GROUPS:
+                return
         try:
-            drilled = [r.url for g in plan.drilled if g in view.groups
-                       for r in view.groups[g].ranks]
+            drilled = [r.url for g in groups for r in view.groups[g].ranks]
             leaders = [gv.leader.url for g, gv in view.groups.items()
-                       if gv.leader is not None and g not in plan.drilled]
+                       if gv.leader is not None and g not in plan.drilled] if periodic else []
             for urls, query in ((drilled, FR_DRILLED_QUERY), (leaders, FR_LEADERS_QUERY)):
                 urls = [u for u in urls if u in polls and polls[u].ok]
                 if urls:

@@ -281,6 +281,7 @@ def test_the_periodic_look_asked_early_gives_the_detectors_the_same_dumps(job_se
     # the job moves between sweeps: a sweep's states asked ahead (at the end of the one
     # before, when that outlasted the interval) would read it before its move
     monkeypatch.setattr(Monitor, "_ask_ahead", lambda *a: None)
+    monkeypatch.setattr(Monitor, "_ask_ahead_early", lambda *a: None)
     early = run_stall(job_server, tmp_path, plant_member_hang, wait_member_hang,
                       fr_interval_s=2.0)
     late = run_stall(job_server, tmp_path, plant_member_hang, wait_member_hang,
@@ -292,3 +293,22 @@ def test_the_periodic_look_asked_early_gives_the_detectors_the_same_dumps(job_se
     assert ["?pg=torchft&last=64"] in asked_early  # healthy periodic looks: the leaders'
     assert ["?last=256", "?pg=torchft&last=64"] in asked_early  # ... and a drilled group's
     assert sum(len(s["dumps"]) >= GROUPS for s in early["seen"]) >= 3
+
+
+def test_a_blocked_groups_dumps_are_asked_early_between_looks(job_server, tmp_path, monkeypatch):
+    """Between periodic looks (none due here), the dumps of a group drilled because its leader
+    is blocked inside it are asked right after the states too (Monitor._ask_fr_early): the
+    detectors are given the same dumps, sweep by sweep, and confirm the same hang in the same
+    sweep as a monitor that asks them after its view; the leaders' are not asked early."""
+    monkeypatch.setattr(service, "POLL_PROCESS_MIN_TARGETS", 0)
+    monkeypatch.setattr(Monitor, "_ask_ahead", lambda *a: None)
+    monkeypatch.setattr(Monitor, "_ask_ahead_early", lambda *a: None)
+    early = run_stall(job_server, tmp_path, plant_member_hang, wait_member_hang,
+                      fr_interval_s=1000.0)
+    late = run_stall(job_server, tmp_path, plant_member_hang, wait_member_hang,
+                     lambda mon: setattr(mon, "_ask_fr_early", lambda *a: None), 1000.0)
+    assert (early["found"], early["confirmed_t"]) == (late["found"], late["confirmed_t"])
+    assert [s["dumps"] for s in early["seen"]] == [s["dumps"] for s in late["seen"]]
+    asked_early = [s["early"] for s in early["seen"]]
+    assert ["?last=256"] in asked_early  # the blocked group's, before the view
+    assert all(s in ([], ["?last=256"]) for s in asked_early)  # never the leaders' here
