@@ -69,8 +69,12 @@ def test_slow_rank_waits_least_in_group_and_its_group_least_across(job):
     others_cross = [w[(g, r)]["wait_cross_s"] for g in (0, 2) for r in (0, 1)]
     assert slow_group_cross < min(others_cross), w
     assert min(others_cross) >= DELAY / 2, w
-    # The healthy groups compute quickly and do not wait much for each other in-group.
-    assert all(w[(g, r)]["wait_group_s"] < DELAY / 2 for g in (0, 2) for r in (0, 1)), w
+    # The healthy groups do not wait for each other in-group the way the slow rank's peer
+    # waits for it: at least DELAY / 2 less. Relative, not absolute: every rank waits in-group
+    # a little each step (gloo's FSDP collectives and the commit vote), 0.13-0.15 s on a slow
+    # 2-core box running these 6 processes, where an absolute DELAY / 2 bound failed.
+    assert all(w[(g, r)]["wait_group_s"] <= w[(1, 0)]["wait_group_s"] - DELAY / 2
+               for g in (0, 2) for r in (0, 1)), w
 
     # /metrics has the same evidence as histograms, per scope.
     text = requests.get(job.groups[1].worker_urls[0] + "/metrics", timeout=5).text
