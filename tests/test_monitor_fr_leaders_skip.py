@@ -270,26 +270,34 @@ def test_the_group_the_others_wait_for_gets_the_leaders_dumps_and_no_later(
         assert "found" not in mutated and mutated["sweeps"][-1]["skipped"]
 
 
-def test_the_periodic_look_asked_early_gives_the_detectors_the_same_dumps(job_server, tmp_path,
-                                                                          monkeypatch):
-    """With the poller in its own process (from 0 targets here), a due periodic look (every
-    2 s of the monitor's clock here) asks its dumps right after the states, before the view:
-    sweep by sweep the detectors are given the same dumps as a monitor that asks them after
-    its view (the drilled group's and the leaders', through healthy sweeps and the in-group
-    hang), and the same finding in the same sweep."""
+def asked_early_and_late(server: JobServer, tmp_path, monkeypatch,
+                         fr_interval_s: float) -> tuple[dict, dict]:
+    """The member hang run twice with the poller in its own process (from 0 targets here):
+    dumps asked early (Monitor._ask_fr_early) and not; both give the detectors the same dumps,
+    sweep by sweep, and confirm the same hang in the same sweep. (early, late)."""
     monkeypatch.setattr(service, "POLL_PROCESS_MIN_TARGETS", 0)
-    # the job moves between sweeps: a sweep's states asked ahead (at the end of the one
-    # before, when that outlasted the interval) would read it before its move
+    # the job moves between sweeps: a sweep's states asked ahead (during the one before, when
+    # that outlasted the interval) would read it before its move
     monkeypatch.setattr(Monitor, "_ask_ahead", lambda *a: None)
     monkeypatch.setattr(Monitor, "_ask_ahead_early", lambda *a: None)
-    early = run_stall(job_server, tmp_path, plant_member_hang, wait_member_hang,
-                      fr_interval_s=2.0)
-    late = run_stall(job_server, tmp_path, plant_member_hang, wait_member_hang,
-                     lambda mon: setattr(mon, "_ask_fr_early", lambda *a: None), 2.0)
+    early = run_stall(server, tmp_path, plant_member_hang, wait_member_hang,
+                      fr_interval_s=fr_interval_s)
+    late = run_stall(server, tmp_path, plant_member_hang, wait_member_hang,
+                     lambda mon: setattr(mon, "_ask_fr_early", lambda *a: None), fr_interval_s)
     assert (early["found"], early["confirmed_t"]) == (late["found"], late["confirmed_t"])
     assert [s["dumps"] for s in early["seen"]] == [s["dumps"] for s in late["seen"]]
-    asked_early = [s["early"] for s in early["seen"]]
     assert all(not s["early"] for s in late["seen"])
+    return early, late
+
+
+def test_the_periodic_look_asked_early_gives_the_detectors_the_same_dumps(job_server, tmp_path,
+                                                                          monkeypatch):
+    """A due periodic look (every 2 s of the monitor's clock here) asks its dumps right after
+    the states, before the view: the detectors get the same dumps as a monitor that asks them
+    after its view (the drilled group's and the leaders', through healthy sweeps and the
+    in-group hang), and the same finding in the same sweep."""
+    early, _ = asked_early_and_late(job_server, tmp_path, monkeypatch, 2.0)
+    asked_early = [s["early"] for s in early["seen"]]
     assert ["?pg=torchft&last=64"] in asked_early  # healthy periodic looks: the leaders'
     assert ["?last=256", "?pg=torchft&last=64"] in asked_early  # ... and a drilled group's
     assert sum(len(s["dumps"]) >= GROUPS for s in early["seen"]) >= 3
@@ -297,18 +305,9 @@ def test_the_periodic_look_asked_early_gives_the_detectors_the_same_dumps(job_se
 
 def test_a_blocked_groups_dumps_are_asked_early_between_looks(job_server, tmp_path, monkeypatch):
     """Between periodic looks (none due here), the dumps of a group drilled because its leader
-    is blocked inside it are asked right after the states too (Monitor._ask_fr_early): the
-    detectors are given the same dumps, sweep by sweep, and confirm the same hang in the same
-    sweep as a monitor that asks them after its view; the leaders' are not asked early."""
-    monkeypatch.setattr(service, "POLL_PROCESS_MIN_TARGETS", 0)
-    monkeypatch.setattr(Monitor, "_ask_ahead", lambda *a: None)
-    monkeypatch.setattr(Monitor, "_ask_ahead_early", lambda *a: None)
-    early = run_stall(job_server, tmp_path, plant_member_hang, wait_member_hang,
-                      fr_interval_s=1000.0)
-    late = run_stall(job_server, tmp_path, plant_member_hang, wait_member_hang,
-                     lambda mon: setattr(mon, "_ask_fr_early", lambda *a: None), 1000.0)
-    assert (early["found"], early["confirmed_t"]) == (late["found"], late["confirmed_t"])
-    assert [s["dumps"] for s in early["seen"]] == [s["dumps"] for s in late["seen"]]
+    is blocked inside it are asked right after the states too: the same dumps and the same
+    confirming sweep as asking them after the view; the leaders' are not asked early."""
+    early, _ = asked_early_and_late(job_server, tmp_path, monkeypatch, 1000.0)
     asked_early = [s["early"] for s in early["seen"]]
     assert ["?last=256"] in asked_early  # the blocked group's, before the view
     assert all(s in ([], ["?last=256"]) for s in asked_early)  # never the leaders' here
