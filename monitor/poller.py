@@ -575,9 +575,8 @@ class Poller:
                      ) -> dict[str, RankPoll]:
         wire = None
         if queries is not None:  # few distinct values (a leader sweep: one or two): encoded once
-            encoded: dict[str, bytes] = {}
-            wire = [encoded.get(q) or encoded.setdefault(q, q.encode("latin-1"))
-                    for q in queries]
+            encoded = {q: q.encode("latin-1") for q in set(queries)}
+            wire = [encoded[q] for q in queries]
         sw = _Sweep(urls, path.encode("latin-1"), timeout, limit, self._loop.create_future(),
                     raw, on_answer, on_rows, per_batch, wire)
         self._launch(sw)

@@ -48,6 +48,7 @@ MODES = ("auto", "on", "off")
 # the drill reason of a group whose leader waits inside its own group (a rank of it hung): the
 # start of Plan.drilled's text for it, which the monitor reads (its Flight Recorder asked early)
 BLOCKED_IN_GROUP = "leader blocked in an in-group collective"
+SUSPECT = "finding or straggler candidate"  # the drill reason of the monitor's suspect groups
 
 
 @dataclass
@@ -232,9 +233,8 @@ class LeaderSchedule:
         asked = set(plan.urls)
         extra: list[str] = []
         for g in new:
-            why = "finding or straggler candidate"
-            plan.drilled[g] = why
-            self._drilled_until[g] = (now + self.hold_s, why)
+            plan.drilled[g] = SUSPECT
+            self._drilled_until[g] = (now + self.hold_s, SUSPECT)
             extra += [r.url for r in groups[g].answered if r.url not in asked]
         if extra:
             plan.urls = plan.urls + extra
@@ -259,7 +259,7 @@ class LeaderSchedule:
         # the view's median step time (~21,000 ranks' step times at 100,000 ranks), read only
         # where a rule needs it: a waiting leader, or one whose step did not move
         suspect = _Once(lambda: self.suspect_s(view))
-        out: dict[int, str] = {g: "finding or straggler candidate" for g in suspects
+        out: dict[int, str] = {g: SUSPECT for g in suspects
                                if g in groups}
         # arrived: the leader waits in the cross-group collective at all. Leaders are polled at
         # different moments of a sweep (seconds apart at 100,000 ranks), so in a job-wide stall

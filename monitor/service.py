@@ -364,15 +364,20 @@ class Monitor:
                 or self._last_sweep_s < self.cfg.interval_s or plan is None or plan.drilled:
             return
         try:
-            targets = self._targets()
-            self._fit_poller(len(targets))
-            plan = self.schedule.plan(targets, view, self.clock(), self._suspect_groups())
-            kept = None if view.polled is None else set(view.polled)
-            self._ahead = _Ahead(targets, plan, self.poller.start(
-                plan.urls, queries=self.detectors.state_queries(plan.urls, kept)))
+            self._ahead = self._plan_ahead(view, None if view.polled is None
+                                           else set(view.polled))
         except Exception:
             self._ahead = None
             log.exception("could not ask the next sweep's ranks ahead")
+
+    def _plan_ahead(self, view: ClusterView, kept: set[str] | None = None) -> _Ahead:
+        """The next sweep's plan, made from ``view`` as that sweep would make it, and its
+        requests sent to the poller process (``kept``: Detectors.state_queries')."""
+        targets = self._targets()
+        self._fit_poller(len(targets))
+        plan = self.schedule.plan(targets, view, self.clock(), self._suspect_groups())
+        return _Ahead(targets, plan, self.poller.start(
+            plan.urls, queries=self.detectors.state_queries(plan.urls, kept)))
 
     def _ask_ahead(self, t0: float, view: ClusterView) -> None:
         """With the poller in its own process, send the next sweep's requests now, while this
@@ -399,11 +404,7 @@ class Monitor:
                 or time.perf_counter() - t0 + self._tail_s < self.cfg.interval_s:
             return
         try:
-            targets = self._targets()
-            self._fit_poller(len(targets))
-            plan = self.schedule.plan(targets, view, self.clock(), self._suspect_groups())
-            self._ahead = _Ahead(targets, plan, self.poller.start(
-                plan.urls, queries=self.detectors.state_queries(plan.urls)))
+            self._ahead = self._plan_ahead(view)
         except Exception:
             log.exception("could not ask the next sweep's ranks ahead")
 
