@@ -117,7 +117,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="... and at least this fraction of the median step time "
                         f"({d.straggler_rel_lag:g})")
     g.add_argument("--straggler-steps", type=int, default=d.straggler_steps,
-                   help=f"newest steps per straggler window, late in 3 of 4 ({d.straggler_steps})")
+                   help=f"newest steps per straggler window, waited for in 3 of 4 ({d.straggler_steps})")
     g.add_argument("--straggler-windows", type=int, default=d.straggler_windows,
                    help=f"consecutive windows to confirm a straggler ({d.straggler_windows})")
     g.add_argument("--hang-floor", type=float, default=d.hang_floor_s,

@@ -33,7 +33,7 @@ class DetectorConfig:
     # rank's own per-step wait times (no clocks compared)
     straggler_min_lag_s: float = 0.1  # absolute floor of the lag that counts as "others wait"
     straggler_rel_lag: float = 0.25  # ... and relative to the median step time
-    straggler_steps: int = 6  # newest steps every group served, judged per window (3 in 4 late)
+    straggler_steps: int = 6  # newest steps every group served, judged per window (waited for in 3 of 4)
     straggler_windows: int = 2  # consecutive windows (each with newer steps) to confirm
     # hang: no step progress for max(hang_floor_s, hang_factor * median step time)
     hang_floor_s: float = 3.0
