@@ -45,8 +45,8 @@ from .poller import RankPoll
 from .view import ClusterView, GroupView
 
 MODES = ("auto", "on", "off")
-# the drill reason of a group whose leader waits inside its own group (a rank of it hung): the
-# start of Plan.drilled's text for it, which the monitor reads (its Flight Recorder asked early)
+# the drill reason of a group whose leader waits inside its own group (a rank of it hung);
+# such groups are also in Plan.blocked (the monitor asks their Flight Recorder early)
 BLOCKED_IN_GROUP = "leader blocked in an in-group collective"
 SUSPECT = "finding or straggler candidate"  # the drill reason of the monitor's suspect groups
 
@@ -60,6 +60,9 @@ class Plan:
     leaders: int = 0
     members: int = 0  # members of undrilled groups due this sweep
     everything: bool = True  # leader polling off: every target polled
+    # the drilled groups whose leader was found blocked in an in-group collective (a rank of
+    # the group hung; BLOCKED_IN_GROUP), this sweep or within the hold
+    blocked: set[int] = field(default_factory=set)
 
 
 class _Once:
@@ -97,7 +100,7 @@ class LeaderSchedule:
         self.suspect_floor_s = suspect_floor_s
         self.suspect_factor = suspect_factor
         self._sweep = 0
-        self._drilled_until: dict[int, tuple[float, str]] = {}
+        self._drilled_until: dict[int, tuple[float, str, bool]] = {}  # until, why, blocked
         self._leader_step: dict[int, tuple[int, float]] = {}  # group -> (step, since, monitor)
         self._targets: list[Target] = []
         self._period = 0
@@ -140,12 +143,13 @@ class LeaderSchedule:
                 always += [r.url for r in gv.ranks if r.state is None]
             if gv.superseded:
                 always += [r.url for r in gv.superseded]
-        reasons, leader_urls = self._reasons(view, groups, now, set(suspects))
+        reasons, blocked, leader_urls = self._reasons(view, groups, now, set(suspects))
         self._leader_urls = leader_urls  # drill_now reads this sweep's answers of these
         for g, why in reasons.items():
-            self._drilled_until[g] = (now + self.hold_s, why)
-        drilled = {g: why for g, (until, why) in self._drilled_until.items()
+            self._drilled_until[g] = (now + self.hold_s, why, g in blocked)
+        drilled = {g: why for g, (until, why, _) in self._drilled_until.items()
                    if until >= now and g in groups}
+        blocked = {g for g in drilled if self._drilled_until[g][2]} if drilled else set()
         if len(drilled) != len(self._drilled_until):
             self._drilled_until = {g: v for g, v in self._drilled_until.items() if v[0] >= now}
         out = always
@@ -176,7 +180,7 @@ class LeaderSchedule:
                 continue
             out.append(u)
             n_members += 1
-        self.last = Plan(out, drilled, n_leaders, n_members, everything=False)
+        self.last = Plan(out, drilled, n_leaders, n_members, everything=False, blocked=blocked)
         return self.last
 
     def drill_now(self, polls: dict[str, RankPoll], view: ClusterView | None,
@@ -210,7 +214,8 @@ class LeaderSchedule:
                 continue
             why = f"{BLOCKED_IN_GROUP} {secs:.1f}s"
             drilled[g] = why
-            self._drilled_until[g] = (now + self.hold_s, why)
+            plan.blocked.add(g)
+            self._drilled_until[g] = (now + self.hold_s, why, True)
             extra += [r.url for r in gv.ranks if r.url not in polls]
         if extra:
             plan.urls = plan.urls + extra
@@ -234,7 +239,7 @@ class LeaderSchedule:
         extra: list[str] = []
         for g in new:
             plan.drilled[g] = SUSPECT
-            self._drilled_until[g] = (now + self.hold_s, SUSPECT)
+            self._drilled_until[g] = (now + self.hold_s, SUSPECT, False)
             extra += [r.url for r in groups[g].answered if r.url not in asked]
         if extra:
             plan.urls = plan.urls + extra
@@ -253,9 +258,11 @@ class LeaderSchedule:
             self._buckets[zlib.crc32(u.encode()) % period].append(u)
 
     def _reasons(self, view: ClusterView, groups: dict[int, GroupView], now: float,
-                 suspects: set[int]) -> tuple[dict[int, str], dict[int, str | None]]:
-        """(group -> why it is drilled, group -> its leader's URL (None: none)), in one pass
-        over the groups: the leader's state is read once (its wait, its step)."""
+                 suspects: set[int]
+                 ) -> tuple[dict[int, str], set[int], dict[int, str | None]]:
+        """(group -> why it is drilled, the groups of those drilled because their leader is
+        blocked in an in-group collective, group -> its leader's URL (None: none)), in one
+        pass over the groups: the leader's state is read once (its wait, its step)."""
         # the view's median step time (~21,000 ranks' step times at 100,000 ranks), read only
         # where a rule needs it: a waiting leader, or one whose step did not move
         suspect = _Once(lambda: self.suspect_s(view))
@@ -266,6 +273,7 @@ class LeaderSchedule:
         # one polled early reports a shorter wait: it arrived, it is not the late one
         cross_waiting, arrived, moving, others, newest = [], set(), 0, [], -1
         in_leaders: list[int] = []  # groups whose leader answered this sweep
+        blocked: set[int] = set()
         leader_urls: dict[int, str | None] = {}
         last_step = self._leader_step
         kept = 0  # groups of ``last_step`` still here (the others are forgotten below)
@@ -302,7 +310,9 @@ class LeaderSchedule:
                 out.setdefault(g, "leader state unreadable")
                 continue
             if scope == "group" and (secs or 0.0) >= suspect():
-                out.setdefault(g, f"{BLOCKED_IN_GROUP} {secs:.1f}s")
+                if g not in out:  # a suspect group stays one
+                    out[g] = f"{BLOCKED_IN_GROUP} {secs:.1f}s"
+                    blocked.add(g)
                 continue
             prev = last_step.get(g)
             if prev is None or prev[0] != step:
@@ -333,4 +343,4 @@ class LeaderSchedule:
             else:
                 for g in groups:
                     out.setdefault(g, "every leader waits in the cross-group collective")
-        return out, leader_urls
+        return out, blocked, leader_urls

@@ -37,7 +37,7 @@ from .lighthouse_status import LighthouseReader, LighthouseStatus
 from .metrics import MonitorMetrics
 from .poll_process import PollHandle, ProcessPoller
 from .poller import Poller, RankPoll
-from .schedule import BLOCKED_IN_GROUP, LeaderSchedule, Plan
+from .schedule import LeaderSchedule, Plan
 from .shard import Shards
 from .sinks import SinkConfigError, build_sink
 from .store import Store
@@ -428,8 +428,7 @@ class Monitor:
         if periodic:
             groups = [g for g in plan.drilled if g in view.groups]
         else:
-            groups = [g for g, why in plan.drilled.items()
-                      if why.startswith(BLOCKED_IN_GROUP) and g in view.groups]
+            groups = [g for g in plan.drilled if g in plan.blocked and g in view.groups]
             if not groups or len(groups) > EARLY_FR_GROUPS:
                 return
         try:

@@ -223,9 +223,12 @@ def test_the_next_sweep_is_asked_ahead_when_it_follows_at_once(process_monitor):
 
 def test_a_sweep_inside_the_interval_does_not_ask_ahead(process_monitor):
     mon, sim = process_monitor
+    # 4 ranks sweep in milliseconds; 30 s keeps a loaded box's sweeps inside the interval too
+    # (the first sweep also starts the poller process: at load 4, over 0.3 s)
+    mon.cfg.interval_s = 30.0
     mon.sweep_once()  # the first: its tail is not known yet (0 s)
     mon.sweep_once()
-    assert mon._tail_s < mon.cfg.interval_s / 2  # 4 ranks: a sweep of milliseconds
+    assert mon._tail_s < mon.cfg.interval_s / 2 and mon._last_sweep_s < mon.cfg.interval_s
     assert mon._ahead is None
     assert isinstance(mon.poller, ProcessPoller)
 

@@ -90,7 +90,9 @@ TITAN_SCRIPT = textwrap.dedent('''
 def _run_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("REPLICA_GROUP_ID", "TORCHFT_LIGHTHOUSE", "LIGHTKEEPER_MONITOR")}
-    env.update(PYTHONUNBUFFERED="1", **extra)
+    # a crash in native code (torch, torchft's Rust Lighthouse) prints its Python stack into the
+    # log the test shows: the hook test's job died once in CI by SIGSEGV before any output
+    env.update(PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **extra)
     return env
 
 
