@@ -38,7 +38,10 @@ its first failed poll (docs/scaling.md, "Leader polling"). 30 s bounds how late 
 change with a healthy leader is seen (a member's WorkerServer gone while training goes on).
 
 The simulated ranks share the machine's cores with the monitor, so on a small box the figures
-are pessimistic; the load average is printed with them.
+are pessimistic; the load average is printed with them. ``--ranks-nice N`` starts the virtual
+ranks' processes at that niceness: the kernel then gives the monitor (and its poller process)
+the cores first and the simulated ranks what is left, nearer a real job's ranks, which run on
+other machines. Their CPU is still spent on the same cores, so the figures stay an upper bound.
 
     .venv/bin/python benchmarks/bench_monitor_100k.py --groups 12500 --group-size 8
 """
@@ -93,7 +96,7 @@ def save(row: dict, path: str | None) -> int:
 
 
 def start(n: int, procs: int, group_size: int, step_s: float,
-          source: str | None = None) -> tuple[list, list[str]]:
+          source: str | None = None, nice: int = 0) -> tuple[list, list[str]]:
     """``procs`` virtual-rank processes serving ranks 0..n-1, whole groups each: this tree's
     tests/support/virtual_ranks.py, or ``source`` (another revision's) run with ``-c``;
     ((process, first rank, ranks), URLs)."""
@@ -110,7 +113,7 @@ def start(n: int, procs: int, group_size: int, step_s: float,
         cmd = [sys.executable, "-m", "tests.support.virtual_ranks", *argv] if source is None \
             else [sys.executable, "-c", source, *argv]
         p = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True)
+                             text=True, preexec_fn=(lambda: os.nice(nice)) if nice else None)
         out.append((p, offset, k))
     for p, offset, k in out:
         line = p.stdout.readline()
@@ -449,6 +452,9 @@ def main() -> int:
                     help="thread: keep the in-thread poller at any size (the monitor's before "
                          "monitor/poll_process.py), for side-by-side runs; auto: the monitor's "
                          "choice (its own process from POLL_PROCESS_MIN_TARGETS)")
+    ap.add_argument("--ranks-nice", type=int, default=0,
+                    help="niceness of the virtual ranks' processes (0: as the monitor's; 19: "
+                         "the monitor first, nearer ranks on other machines)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.poller == "thread" and hasattr(service, "POLL_PROCESS_MIN_TARGETS"):
@@ -456,11 +462,12 @@ def main() -> int:
     raise_fd_limit()
     gc_clock = GcClock()
     n = args.groups * args.group_size
-    procs, urls = start(n, args.procs, args.group_size, args.step_s)
+    procs, urls = start(n, args.procs, args.group_size, args.step_s, nice=args.ranks_nice)
     row: dict = {"load_average_start": os.getloadavg()[0],
                  "ranks": n, "groups": args.groups, "group_size": args.group_size,
                  "procs": len(procs), "step_s": args.step_s, "poller": args.poller,
-                 "member_interval_s": args.member_interval}
+                 "member_interval_s": args.member_interval,
+                 "ranks_nice": args.ranks_nice}
     try:
         with tempfile.TemporaryDirectory() as d:
             mon = Monitor(MonitorConfig(port=0, targets=urls, state_path=os.path.join(d, "m.db"),
