@@ -295,7 +295,14 @@ class SweepFacts:
 
     def after(self) -> dict:
         mon = self.mon
-        return {"fr": getattr(mon.detectors, "_fr_reason", None),
+        plan = sweep_plan(mon)
+        reasons: dict[str, int] = {}  # why groups were drilled (numbers cut), groups each
+        for why in (plan.drilled.values() if plan is not None else ()):
+            key = why.split(" for ")[0].rstrip("0123456789.s ")
+            reasons[key] = reasons.get(key, 0) + 1
+        return {"polled": len(plan.urls) if plan is not None else None,
+                "drilled": dict(sorted(reasons.items(), key=lambda kv: -kv[1])[:4]),
+                "fr": getattr(mon.detectors, "_fr_reason", None),
                 "fr_leaders_skipped": getattr(mon, "fr_leaders_skipped", None),
                 "goodput_saved": getattr(mon, "_goodput_saved_at", None) != self._saved,
                 "tail_s": round(getattr(mon, "_tail_s", 0.0), 3),

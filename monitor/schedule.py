@@ -12,12 +12,18 @@ is *drilled* (every rank polled every sweep) the moment its leader looks wrong, 
   ``suspect_s`` or more: a member is late or hung, and the leader is blocked on it. This is how a
   hang of a non-leader rank is seen on the leader alone;
 - its leader's step has not moved for ``suspect_s`` on the monitor's clock while the leaders of
-  other groups moved past it (stuck phase; in a job-wide stall every leader holds one step, and
-  the next rule applies);
+  other groups moved past it, and it does not wait in the cross-group collective (stuck phase;
+  in a job-wide stall every leader holds one step, and the next rule applies; one waiting there
+  behind leaders that moved was polled before the stall ended);
 - most leaders wait in the cross-group collective for ``suspect_s`` or more and this group's does
-  not wait there at all (the group the others wait for: late arrival; a leader waiting there
-  for less, polled earlier in the sweep, arrived too). When every leader waits there and none
-  stands out, every group is drilled: the evidence the detectors then need is the whole job's;
+  not wait there at all, nor is it past the step they wait at (the group the others wait for:
+  late arrival; a leader waiting there for less, polled earlier in the sweep, arrived too; one
+  past their step was polled after the stall ended). When every leader waits there and none
+  stands out (none late, none ahead), every group is drilled: the evidence the detectors then
+  need is the whole job's. At 100,000 ranks the sweep in which a stall ends is seconds long:
+  the leaders polled before the job moved on hold the old step, waiting across groups, and
+  those polled after it are one step on; before these two exceptions that one sweep drilled
+  ~12,500 groups for ``hold_s`` (every rank polled: 8-60 s sweeps, bench_monitor_100k.py);
 - the caller names it (``suspects``): an open finding or a straggler candidate (its lag).
 
 A leader blocked in an in-group collective is drilled in the sweep that sees it, not the next:
@@ -273,6 +279,7 @@ class LeaderSchedule:
         # one polled early reports a shorter wait: it arrived, it is not the late one
         cross_waiting, arrived, moving, others, newest = [], set(), 0, [], -1
         in_leaders: list[int] = []  # groups whose leader answered this sweep
+        step_of: dict[int, int] = {}  # ... and the step each reported
         blocked: set[int] = set()
         leader_urls: dict[int, str | None] = {}
         last_step = self._leader_step
@@ -309,6 +316,7 @@ class LeaderSchedule:
             except (TypeError, ValueError, KeyError, AttributeError):
                 out.setdefault(g, "leader state unreadable")
                 continue
+            step_of[g] = step
             if scope == "group" and (secs or 0.0) >= suspect():
                 if g not in out:  # a suspect group stays one
                     out[g] = f"{BLOCKED_IN_GROUP} {secs:.1f}s"
@@ -320,7 +328,10 @@ class LeaderSchedule:
                     kept += 1
                 last_step[g] = (step, now)
                 moving += 1
-            elif now - prev[1] >= suspect():
+            elif scope != "cross" and now - prev[1] >= suspect():
+                # (one waiting in the cross-group collective arrived: it waits for another
+                # group. Behind leaders that moved it was polled before the job moved on: the
+                # sweep in which a stall ends, seconds long at 100,000 ranks)
                 others.append((g, step, f"leader at step {step} for {now - prev[1]:.1f}s"))
             if step > newest:
                 newest = step
@@ -336,11 +347,21 @@ class LeaderSchedule:
                 if step < newest:
                     out.setdefault(g, why)
         if in_leaders and len(cross_waiting) * 2 > len(in_leaders):
-            late = [g for g in in_leaders if g not in arrived]
+            # a leader that did not arrive but is past the step the waiting ones are at was
+            # polled after the stall ended (it moved on; a sweep spans seconds): it is ahead, not
+            # late, and the job is not stalled
+            waiting_at = sorted(step_of[g] for g in cross_waiting)[len(cross_waiting) // 2]
+            late, ahead = [], False
+            for g in in_leaders:
+                if g not in arrived:
+                    if step_of.get(g, -1) > waiting_at:
+                        ahead = True
+                    else:
+                        late.append(g)
             if late:
                 for g in late:
                     out.setdefault(g, "the others wait for it in the cross-group collective")
-            else:
+            elif not ahead:
                 for g in groups:
                     out.setdefault(g, "every leader waits in the cross-group collective")
         return out, blocked, leader_urls

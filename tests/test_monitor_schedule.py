@@ -9,6 +9,7 @@ others in the view and fetches Flight Recorder from the ranks polled, as the mon
 from __future__ import annotations
 
 import copy
+import statistics
 
 import pytest
 
@@ -191,22 +192,24 @@ def test_auto_polls_every_rank_below_the_threshold_and_plans_leaders_above():
         LeaderSchedule("sometimes")
 
 
-def _stalled_view(waits: dict[int, tuple[str, float] | None], groups: int = 20):
+def _stalled_view(waits: dict[int, tuple[str, float] | None], groups: int = 20,
+                  steps: dict[int, int] | None = None, vb: ViewBuilder | None = None,
+                  now: float = T0):
     """A view of ``groups`` x 2 ranks whose leaders' current waits are ``waits`` (group ->
     (scope, seconds), None: computing); groups not named wait in the cross-group collective
-    for 3 s."""
+    for 3 s. Every group at step 40 but those in ``steps``."""
     targets = [Target(f"http://127.0.0.1:{9000 + r}", "static") for r in range(2 * groups)]
     polls = {}
     for r, t in enumerate(targets):
         g = r // 2
-        s = rank_state(r, g, step=40, now=T0)
+        s = rank_state(r, g, step=(steps or {}).get(g, 40), now=now)
         s.update(group_rank=r % 2, group_world_size=2)
         w = waits.get(g, ("cross", 3.0))
         s["timing"] = {"waiting": {"scope": w[0], "seconds": w[1]} if w else None}
         if w and w[0] == "cross":
             s["phase"] = "allreduce"
         polls[t.url] = RankPoll(t.url, True, data=s)
-    return targets, ViewBuilder().update(targets, polls, now=T0)
+    return targets, (vb or ViewBuilder()).update(targets, polls, now=now)
 
 
 def test_a_job_wide_stall_does_not_drill_leaders_polled_early_in_the_sweep():
@@ -231,6 +234,34 @@ def test_the_group_the_others_wait_for_is_still_drilled():
     assert plan.drilled.keys() == {7, 9}
     assert "others wait for it" in plan.drilled[7]
     assert "in-group" in plan.drilled[9]
+
+
+def test_the_sweep_in_which_a_stall_ends_drills_no_group():
+    """A hang in group 9 stalled the job (every other leader waiting across groups at step
+    40); it ended during a long sweep: the leaders polled before that still wait there at step
+    40 (8 s now), those polled after are computing step 41. Nobody is stuck or late: the ones
+    at 40 arrived (they wait for another group), the ones at 41 are past the step the others
+    wait at. Before, that one sweep drilled every group (the first half as stuck behind leaders
+    that moved, the second as the ones the others wait for), held for hold_s: at 100,000 ranks
+    ~12,500 groups, every rank polled, 8-60 s sweeps (bench_monitor_100k.py)."""
+    sched = LeaderSchedule("on", member_interval_s=100.0, hold_s=0.0)
+    vb = ViewBuilder()
+    targets, view = _stalled_view({9: ("group", 3.0)}, vb=vb)
+    assert sched.plan(targets, view, T0 + 1).drilled.keys() == {9}
+    after = range(10, 20)  # polled after the job moved on
+    targets, view = _stalled_view({**{g: ("cross", 8.0) for g in range(10)},
+                                   **dict.fromkeys(after)},
+                                  steps=dict.fromkeys(after, 41), vb=vb, now=T0 + 9)
+    plan = sched.plan(targets, view, T0 + 10)
+    assert plan.drilled == {}, plan.drilled
+    # most leaders waiting at step 40, one computing step 40 (not waiting, not ahead): the
+    # one the others wait for (and behind leaders that moved), drilled; those at 41 are not
+    ahead = range(13, 20)
+    targets, view = _stalled_view({**{g: ("cross", 8.0) for g in range(13) if g != 3},
+                                   3: None, **dict.fromkeys(ahead)},
+                                  steps=dict.fromkeys(ahead, 41), vb=vb, now=T0 + 11)
+    plan = sched.plan(targets, view, T0 + 12)
+    assert plan.drilled.keys() == {3}
 
 
 class RulesOracle:
@@ -264,7 +295,7 @@ class RulesOracle:
             if was is None or was[0] != s["step"]:
                 self.step_since[g] = (s["step"], now)
                 moved = True
-            elif now - was[1] >= self.suspect_s:
+            elif now - was[1] >= self.suspect_s and waits[g].get("scope") != "cross":
                 stuck[g] = s["step"]
         for g in [g for g in self.step_since if g not in groups]:
             del self.step_since[g]
@@ -276,8 +307,13 @@ class RulesOracle:
         cross = [g for g in fresh if g not in blocked and waits[g].get("scope") == "cross"]
         long_cross = [g for g in cross if waits[g]["seconds"] >= self.suspect_s]
         if in_leaders and len(long_cross) * 2 > len(in_leaders):
-            late = [g for g in in_leaders if g not in cross]
-            why |= set(late) if late else set(groups)
+            at = statistics.median_high([fresh[g]["step"] for g in long_cross])
+            behind = [g for g in in_leaders if g not in cross]
+            late = [g for g in behind if g not in fresh or fresh[g]["step"] <= at]
+            if late:
+                why |= set(late)
+            elif not behind:  # none late, none ahead (past the step the others wait at)
+                why |= set(groups)
         for g in why:
             self.until[g] = now + self.hold_s
         return {g for g, t in self.until.items() if t >= now and g in groups}
