@@ -447,6 +447,7 @@ class Detectors:
         self._commit_failures: dict[str, int] = {}
         self._last_fr_at = 0.0
         self._fr_reason: str | None = None
+        self._periodic_held: tuple[float, bool] | None = None  # (now, held) of that sweep
         # per rank URL: (replica_id, {step: its row packed, _ROW}) from the ranks' own timing
         self._steps: dict[str, tuple[str | None, dict[int, bytes]]] = {}
         self._since_queries: dict[int, str] = {}  # step -> "?since=<step>" (state_queries)
@@ -540,7 +541,8 @@ class Detectors:
                 reason = "hang"
             elif self._commit_failures_rose(view):
                 reason = "commit_failures"
-            elif now - self._last_fr_at >= self.cfg.fr_interval_s:
+            elif now - self._last_fr_at >= self.cfg.fr_interval_s \
+                    and not self.periodic_look_held(view, now):
                 reason = "periodic"
         except Exception as e:  # never let a trigger bug stop the sweep
             log.exception("Flight Recorder trigger failed")
@@ -552,6 +554,31 @@ class Detectors:
         # reachable ranks polled this sweep (a carried rank's dump would describe the past)
         return [u for u, r in self._fresh_ranks(view) if r.reachable and not r.superseded
                 and r.replica_group in view.groups]
+
+    def periodic_look_held(self, view: ClusterView | None, now: float,
+                           states: Iterable[Any] | None = None) -> bool:
+        """Whether the periodic Flight Recorder look, due at ``now``, waits for a later sweep:
+        a rank polled this sweep has been blocked in a collective for a third of the hang
+        threshold or more. A stall may be building: if it is a hang, the hang look fetches the
+        dumps once the waits pass the threshold, a sweep or two later, and the periodic look
+        (every leader's dump: ~0.9 s at 100,000 ranks) in between would delay that sweep, and
+        the hang's confirmation, by as much (docs/scaling.md). Held at most until
+        2 x ``fr_interval_s`` since the last look (a slow group the others keep waiting for
+        must not stop the looks). ``states``: this sweep's answers (default: those of the
+        view's ranks polled this sweep); decided once per ``now``, so the monitor, asking the
+        dumps early from its poller's answers, and :meth:`fr_wanted` agree."""
+        held = self._periodic_held
+        if held is not None and held[0] == now:
+            return held[1]
+        out = False
+        if now - self._last_fr_at < 2 * self.cfg.fr_interval_s:
+            if states is None:
+                states = [r.state for _, r in self._fresh_ranks(view) if r.reachable]
+            floor = (self._hang_threshold(view) if view is not None
+                     else self.cfg.hang_floor_s) / 3
+            out = any(collective_wait(st, now)[1] >= floor for st in states)
+        self._periodic_held = (now, out)
+        return out
 
     def update(self, view: ClusterView, dumps: Mapping[int, dict] | None = None,
                now: float | None = None, full_view: ClusterView | None = None) -> list[Finding]:

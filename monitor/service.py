@@ -420,11 +420,18 @@ class Monitor:
         leader is blocked inside it (a rank of it hung: what a hang's confirmation reads) are
         asked the same way, for at most EARLY_FR_GROUPS such groups: they come while the view
         and the fold run, not after them (a few dumps; dropped unread if the detectors do not
-        want them). Never raises."""
+        want them). A periodic look the detectors hold (a rank of this sweep blocked in a
+        collective: Detectors.periodic_look_held) is not asked. Never raises."""
         view = self.view
         if not isinstance(self.poller, ProcessPoller) or view is None or plan.everything:
             return
         periodic = now - self._fr_looked_at >= self.cfg.detectors.fr_interval_s
+        try:  # held while a stall may be building (Detectors.periodic_look_held)
+            periodic = periodic and not self.detectors.periodic_look_held(
+                view, now, [p.data for p in polls.values() if p.ok])
+        except Exception:
+            log.exception("could not tell whether the periodic Flight Recorder look is held")
+            return
         if periodic:
             groups = [g for g in plan.drilled if g in view.groups]
         else:

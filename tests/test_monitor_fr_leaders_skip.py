@@ -32,6 +32,7 @@ import pytest
 
 from monitor import service
 from monitor.config import DetectorConfig, MonitorConfig
+from monitor.detectors import Detectors
 from monitor.service import Monitor
 from tests.support.virtual_ranks import _Connection
 from tests.test_monitor_detectors import IN_GROUP_STEP, T0, Job
@@ -295,7 +296,9 @@ def test_the_periodic_look_asked_early_gives_the_detectors_the_same_dumps(job_se
     """A due periodic look (every 2 s of the monitor's clock here) asks its dumps right after
     the states, before the view: the detectors get the same dumps as a monitor that asks them
     after its view (the drilled group's and the leaders', through healthy sweeps and the
-    in-group hang), and the same finding in the same sweep."""
+    in-group hang), and the same finding in the same sweep. The looks are never held here (a
+    stall holds them: tested below), so that one falls in the drilled group's sweeps."""
+    monkeypatch.setattr(Detectors, "periodic_look_held", lambda *a, **k: False)
     early, _ = asked_early_and_late(job_server, tmp_path, monkeypatch, 2.0)
     asked_early = [s["early"] for s in early["seen"]]
     assert ["?pg=torchft&last=64"] in asked_early  # healthy periodic looks: the leaders'
@@ -311,3 +314,55 @@ def test_a_blocked_groups_dumps_are_asked_early_between_looks(job_server, tmp_pa
     asked_early = [s["early"] for s in early["seen"]]
     assert ["?last=256"] in asked_early  # the blocked group's, before the view
     assert all(s in ([], ["?last=256"]) for s in asked_early)  # never the leaders' here
+
+
+def never_held(mon: Monitor) -> None:
+    mon.detectors.periodic_look_held = lambda *a, **k: False
+
+
+@pytest.mark.parametrize("early", [True, False], ids=["asked_early", "asked_after_view"])
+def test_a_building_stall_holds_the_periodic_look_and_the_hang_comes_no_later(
+        job_server, tmp_path, monkeypatch, early):
+    """A periodic look falls due (every 2 s here) in the sweep at 3 s after a member's hang,
+    when the ranks have waited ~2.9 s, under the 3 s hang threshold: held, because a rank waits
+    a third of that threshold or more (no leader's dump fetched, none asked early); the hang is
+    confirmed in the same sweep as by a monitor that looks then (which fetches every leader's
+    dump in that sweep: ~0.9 s of a sweep at 100,000 ranks). With the poller in its own process
+    (asked early) and in the monitor's (after the view)."""
+    if early:
+        monkeypatch.setattr(service, "POLL_PROCESS_MIN_TARGETS", 0)
+        monkeypatch.setattr(Monitor, "_ask_ahead", lambda *a: None)
+        monkeypatch.setattr(Monitor, "_ask_ahead_early", lambda *a: None)
+    held = run_stall(job_server, tmp_path, plant_member_hang, wait_member_hang,
+                     fr_interval_s=2.0)
+    looked = run_stall(job_server, tmp_path, plant_member_hang, wait_member_hang, never_held,
+                       fr_interval_s=2.0)
+    assert held["found"] == looked["found"] == [("hang", HUNG_GROUP, [MEMBER], "in_group")]
+    assert held["confirmed_t"] == looked["confirmed_t"] == FIRST_OVER_THRESHOLD
+    at_3 = {run: next(s for s in got["sweeps"] if s["t"] == 3.0)
+            for run, got in (("held", held), ("looked", looked))}
+    assert at_3["looked"]["torchft_fetched"] == GROUPS - 1  # the look, due then
+    assert at_3["held"]["torchft_fetched"] == 0  # held: the leaders' dumps not fetched
+    assert held["last"]["torchft_fetched"] == 0  # the hang look skips them (in-group hang)
+    if early:  # nothing of the held look asked early either
+        assert all("?pg=torchft&last=64" not in s["early"] for s in held["seen"][-3:])
+
+
+def test_a_held_periodic_look_waits_at_most_twice_its_interval(job_server, tmp_path):
+    """Every rank waits 1.5 s in the cross-group collective, sweep after sweep (over a third of
+    the 3 s hang threshold, under it): the look due at 1 s after onset (2 s since the last) is
+    held, and taken at 3 s, 4 s since the last look."""
+    def plant(job: Job) -> None:
+        pass
+
+    def wait(job: Job, t: float) -> None:
+        for r in range(job.world):
+            job.wait(r, "cross", 1.5, phase="allreduce")
+
+    got = run_stall(job_server, tmp_path, plant, wait, fr_interval_s=2.0)
+    assert "found" not in got
+    # dumps fetched per sweep, the leaders' or (every group drilled from 2 s: every leader
+    # waits, none stands out) every rank's
+    fetched = {s["t"]: s["torchft_fetched"] + len(s["drilled_fetched"]) for s in got["sweeps"]}
+    assert fetched[1.0] == fetched[2.0] == 0, fetched
+    assert fetched[3.0] >= GROUPS, fetched
