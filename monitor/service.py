@@ -425,20 +425,17 @@ class Monitor:
         view = self.view
         if not isinstance(self.poller, ProcessPoller) or view is None or plan.everything:
             return
-        periodic = now - self._fr_looked_at >= self.cfg.detectors.fr_interval_s
-        try:  # held while a stall may be building (Detectors.periodic_look_held)
-            periodic = periodic and not self.detectors.periodic_look_held(
-                view, now, [p.data for p in polls.values() if p.ok])
-        except Exception:
-            log.exception("could not tell whether the periodic Flight Recorder look is held")
-            return
-        if periodic:
-            groups = [g for g in plan.drilled if g in view.groups]
-        else:
-            groups = [g for g in plan.drilled if g in plan.blocked and g in view.groups]
-            if not groups or len(groups) > EARLY_FR_GROUPS:
-                return
         try:
+            # held while a stall may be building (Detectors.periodic_look_held)
+            periodic = now - self._fr_looked_at >= self.cfg.detectors.fr_interval_s \
+                and not self.detectors.periodic_look_held(
+                    view, now, [p.data for p in polls.values() if p.ok])
+            if periodic:
+                groups = [g for g in plan.drilled if g in view.groups]
+            else:
+                groups = [g for g in plan.drilled if g in plan.blocked and g in view.groups]
+                if not groups or len(groups) > EARLY_FR_GROUPS:
+                    return
             drilled = [r.url for g in groups for r in view.groups[g].ranks]
             leaders = [gv.leader.url for g, gv in view.groups.items()
                        if gv.leader is not None and g not in plan.drilled] if periodic else []
