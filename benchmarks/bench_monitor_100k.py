@@ -228,7 +228,7 @@ class PollToFindings:
 
 class StageClock:
     """Wall seconds per stage of the monitor's sweeps (its poller's sweeps, the view, the
-    Flight Recorder fetch, the detectors), by wrapping those methods on the instances;
+    Flight Recorder fetch, the detectors, the goodput ledger with its write), by wrapping those methods on the instances;
     :meth:`take` returns and restarts them. With the poller process, ``poll`` is the time spent
     waiting for and parsing answers (``PollHandle.result``), not the time a sweep asked ahead
     was in flight meanwhile."""
@@ -240,7 +240,9 @@ class StageClock:
         for name, obj, attr, wrap in (("poll", mon.poller, *ask),
                                       ("view", mon.views, "update", self._timed),
                                       ("fr", mon, "_fetch_fr", self._timed),
-                                      ("detect", mon.detectors, "update", self._timed)):
+                                      ("detect", mon.detectors, "update", self._timed),
+                                      # the goodput ledger and its write, in the sweep's tail
+                                      ("goodput", mon, "_account_goodput", self._timed)):
             setattr(obj, attr, wrap(name, getattr(obj, attr)))
 
     def _timed_start(self, name: str, fn):
