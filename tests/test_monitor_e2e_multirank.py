@@ -11,13 +11,16 @@ again (``LocalCluster.start_group`` refuses while any process of the group runs,
 group is wholly gone before it is restarted), from a warm spare (``LocalCluster.start_spare``: its
 processes imported torch before the test began), as the demo restarts a group.
 
-Why warm spares: this module runs 6 ranks, a monitor and the Lighthouse on a 2-core box. A cold
-restart's two processes importing torch (5-12 s of both cores) beside the judged job starved one
-healthy group enough for the straggler rule to confirm it (CI, stop 16: group 2 "late" by a 0.36 s
-median lag against 0.30 s while group 1 restarted), a contention that production does not have:
-there the restarting group has a host of its own. Each test that restarts a group first makes sure
-its spare is ready (``Job.prepare``), and waits for steps after any import, before its own clock
-starts.
+Why warm spares, all imported before the job starts: this module runs 6 ranks, a monitor and the
+Lighthouse on a 2-core box, and the monitor judges the job from its first quorum on. Processes
+importing torch (5-12 s of both cores each) beside the judged job starve a healthy group enough
+for the straggler rule to confirm it, a contention production does not have (there a restarting
+group has a host of its own). Seen in CI twice: a cold restart's imports (stop 16: group 2 "late"
+by a 0.36 s median lag against 0.30 s while group 1 restarted), and spares importing beside the
+job's first steps (stop 17: group 0 "late" by 0.25 s against 0.19 s at step 7). So one spare per
+restart the module makes (``RESTARTS``) imports first, then the groups start; no import runs while
+the monitor judges (``Job.prepare`` starts one only if an earlier failure used a spare up, and
+then waits for steps after it).
 
 One job serves the module, in file order (each fault is posted live to the running ranks through
 their token-guarded ``POST /v1/faults``):
@@ -68,6 +71,7 @@ pytestmark = pytest.mark.e2e
 FAULT_TOKEN = "multirank-faults"
 EXIT_TOKEN = "multirank-exit"
 SHIFT_S = 0.5
+RESTARTS = (1, 2, 0, 1)  # the groups the tests below restart, in file order: a spare each
 SLOW_S = 0.4  # slow_compute's least extra seconds per step on the slow rank (see slow_delay)
 
 
@@ -96,6 +100,8 @@ class Job:
         self._stop = threading.Event()
         self._supervisor: threading.Thread | None = None
         self.error: BaseException | None = None
+        # a second spare of a group restarted twice waits here (LocalCluster keeps one a group)
+        self.reserve: dict[int, list] = {}
         self.faulted: set[str] = set()  # replica ids of the incarnations faults were posted to
         self.evicted: set[str] = set()  # ... of those evicted, confirmed and replaced (passed)
 
@@ -112,14 +118,36 @@ class Job:
             env.update(self.shift_env)  # this "host" runs 0.5 s ahead
         with self._lock:
             self.cluster.extra_env = env
-            self.cluster.start_group(g, host=host)
+            # a first start is cold (group 2's runs shifted): the group's spare is for its restart
+            kept = self.cluster.spares.pop(g, None) if first else None
+            try:
+                self.cluster.start_group(g, host=host)
+            finally:
+                if kept is not None:
+                    self.cluster.spares[g] = kept
+
+    def start_spares(self) -> None:
+        """One warm spare per restart in RESTARTS, started and imported before any group (their
+        environment: base_env; a restart never runs shifted)."""
+        spares = []
+        with self._lock:
+            self.cluster.extra_env = dict(self.base_env)
+            for g in RESTARTS:
+                if g in self.cluster.spares:  # the group's second: its first waits aside
+                    self.reserve.setdefault(g, []).append(self.cluster.spares.pop(g))
+                spares.append(self.cluster.start_spare(g))
+        wait_until(lambda: all(sp.ready() for sp in spares), 300, interval=0.5,
+                   what=f"{len(spares)} warm spares to import")
 
     def prepare(self, g: int, steps: int = 5) -> None:
-        """Before a test that restarts group ``g``: its warm spare started (when it has none)
-        and ready; after an import, ``steps`` more steps of every group, so the windows the
-        test judges begin after it. Only ``g``'s: every import is contention."""
-        with self._lock:  # the spare's environment: base_env (a restart never runs shifted)
+        """Before a test that restarts group ``g``: its warm spare in place and ready (one
+        waiting aside moves in). Should none be left (an earlier failure's restart used it),
+        one is started, and then ``steps`` more steps of every group run before the test's
+        own windows begin."""
+        with self._lock:
             spare = self.cluster.spares.get(g)
+            if (spare is None or not spare.group.alive()) and self.reserve.get(g):
+                spare = self.cluster.spares[g] = self.reserve[g].pop()
             started = spare is None or not spare.group.alive()
             if started:
                 self.cluster.extra_env = dict(self.base_env)
@@ -152,12 +180,9 @@ class Job:
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         wait_until(self.monitor_up, 30, what="the monitor to serve")
+        self.start_spares()
         for g in range(3):
             self.start_group(g, first=True)
-        with self._lock:
-            self.cluster.extra_env = dict(self.base_env)
-            for g in range(3):  # importing beside the first start: nothing is judged yet
-                self.cluster.start_spare(g)
         for g in range(3):
             self.cluster.wait_for_workers(g, timeout=120)
         self._supervisor = threading.Thread(target=self._supervise, daemon=True)
@@ -195,6 +220,9 @@ class Job:
             self._supervisor.join(timeout=150)
         if self.monitor is not None:
             stop_process(self.monitor, grace=5)
+        for spare in (sp for waiting in self.reserve.values() for sp in waiting):
+            for proc in spare.group.processes():
+                stop_process(proc, grace=0.0)
         self.cluster.stop()
 
     # --- reading ---------------------------------------------------------------------
