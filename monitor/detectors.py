@@ -877,6 +877,15 @@ class Detectors:
                 if not ranks or not waiting or not self._not_waiting(view, ranks, now, "cross"):
                     continue
                 level, found = "cross_group", cross[g]
+                # the group the stalled job waits for: inside it, the rank(s) that never entered
+                # the collective its other ranks are blocked in now, however long (they began
+                # waiting after the other groups did: a rank hung before its forward leaves its
+                # peer in FSDP's all-gather a forward later) are the ones that stop it
+                blocked = self._blocked_in_group_now(view, h_in, now)
+                inner_peers = self._in_group_blocked(view, g, h_in, blocked, rank_group, now)
+                if inner_peers:
+                    level, ranks, found = "in_group", list(h_in["culprits"]), [h_in]
+                    waiting, waits = inner_peers, {**blocked, **waits}
             pending = found[0]["raw"]
             ev = {"level": level, "stalled_s": round(longest, 3),
                   "threshold_s": round(threshold, 3),
@@ -909,6 +918,21 @@ class Detectors:
                 self._not_waiting(view, h_in["culprits"], now, "group"):
             return peers_blocked
         return []
+
+    @staticmethod
+    def _blocked_in_group_now(view: ClusterView, h_in: dict | None,
+                              now: float) -> dict[int, tuple]:
+        """{rank: ("group", seconds)} of ``h_in``'s waiting ranks blocked in an in-group
+        collective this sweep, however long."""
+        out: dict[int, tuple] = {}
+        for rank in (h_in["waiting"] if h_in else []):
+            r = _rank_view(view, rank)
+            if r is None or not r.reachable or not r.fresh:
+                continue
+            scope, secs = collective_wait(r.state, now)
+            if scope == "group" and secs > 0:
+                out[rank] = (scope, secs)
+        return out
 
     def in_group_hangs(self, view: ClusterView, dumps: Mapping[int, dict],
                        now: float) -> set[int]:

@@ -283,6 +283,62 @@ def test_in_group_hang_names_the_rank_that_never_entered_the_collective():
     assert det.resolved_findings()[-1].resolution == "progress"
 
 
+def test_in_group_hang_named_when_the_peer_began_waiting_after_the_other_groups():
+    """The other groups block in the cross-group all_reduce before the hung rank's peer blocks
+    in the group's all-gather (it got there a forward later): when the cross-group waits pass
+    the threshold, the peer's is still under it. The group the job waits for is named at
+    once, by the rank inside it that never entered the collective its peer waits in (it named
+    both of the group's ranks at the cross-group level before: the multi-rank e2e test, steps
+    of ~1.3 s, stop 17)."""
+    job = Job()
+    det = Detectors(DetectorConfig(hang_floor_s=3.0, hang_factor=3.0))
+    now = T0
+    job.steps(20, now=now)
+    sweep(det, job, now)
+    job.fr.collective("0", "all_gather", [[300]], members=job.members(1), absent=[3])
+    for g in (0, 2):
+        for op, sizes in IN_GROUP_STEP:
+            job.fr.collective("0", op, sizes, members=job.members(g))
+    job.fr.ft_collective("all_reduce", [[1000]], absent=[2, 3])
+    found = []
+    for t in (1.0, 2.0, 3.5):
+        for r in (0, 1, 4, 5):
+            job.wait(r, "cross", t - 0.2, phase="allreduce")
+        job.wait(2, "group", t - 0.6)  # 2.9 s at t=3.5: under the 3 s threshold
+        job.wait(3, None)
+        found += sweep(det, job, now + t)
+    assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("hang", 1, [3])]
+    ev = found[0].evidence
+    assert ev["level"] == "in_group" and ev["never_arrived"] == [3] and ev["waiting_ranks"] == [2]
+    assert ev["waits"]["2"] == {"scope": "group", "seconds": pytest.approx(2.9, abs=0.01)}
+    assert ev["pending"]["op"] == "all_gather" and ev["culprit_hosts"] == ["host-g1"]
+
+
+def test_a_late_group_whose_ranks_all_wait_inside_it_is_named_whole():
+    """The refinement needs a rank that never entered the collective: a group both of whose
+    ranks wait inside it (the engine names no culprit among them) stays a cross-group hang
+    of the whole group."""
+    job = Job()
+    det = Detectors(DetectorConfig(hang_floor_s=3.0, hang_factor=3.0))
+    now = T0
+    job.steps(20, now=now)
+    sweep(det, job, now)
+    for g in (0, 2):
+        for op, sizes in IN_GROUP_STEP:
+            job.fr.collective("0", op, sizes, members=job.members(g))
+    job.fr.collective("0", "all_gather", [[300]], members=job.members(1))
+    job.fr.ft_collective("all_reduce", [[1000]], absent=[2, 3])
+    found = []
+    for t in (1.0, 2.0, 3.5):
+        for r in (0, 1, 4, 5):
+            job.wait(r, "cross", t - 0.2, phase="allreduce")
+        job.wait(2, None)
+        job.wait(3, None)
+        found += sweep(det, job, now + t)
+    assert [(f.kind, f.replica_group, f.ranks, f.evidence["level"]) for f in found] == [
+        ("hang", 1, [2, 3], "cross_group")]
+
+
 def test_cross_group_hang_of_single_rank_groups_names_the_missing_group():
     job = Job(ranks=1)
     det = Detectors(DetectorConfig())
