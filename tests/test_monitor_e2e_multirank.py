@@ -71,6 +71,13 @@ pytestmark = pytest.mark.e2e
 FAULT_TOKEN = "multirank-faults"
 EXIT_TOKEN = "multirank-exit"
 SHIFT_S = 0.5
+# Each rank rests this long a step (sleeping, not computing). On 2 cores the 6 ranks' CPU
+# contention makes healthy groups' cross-group waits scatter by ~0.2 s from step to step: with a
+# 0.05 s rest (steps of ~0.8 s) a healthy group now and then stood a few hundredths over the
+# straggler rule's bar (a quarter of the median step: 0.24 s against 0.22 s, 1 run in 5, stop
+# 17). A longer rest lengthens the step and lowers the contention that makes the scatter; a
+# production step is seconds long and its ranks have cores of their own.
+STEP_PAUSE_S = 0.25
 RESTARTS = (1, 2, 0, 1)  # the groups the tests below restart, in file order: a spare each
 SLOW_S = 0.4  # slow_compute's least extra seconds per step on the slow rank (see slow_delay)
 
@@ -83,7 +90,7 @@ class Job:
         self.monitor_url = f"http://127.0.0.1:{monitor_port}"
         self.monitor_port = monitor_port
         self.cluster = LocalCluster(
-            d / "cluster", num_groups=3, ranks_per_group=2, steps=100_000, step_pause_s=0.05,
+            d / "cluster", num_groups=3, ranks_per_group=2, steps=100_000, step_pause_s=STEP_PAUSE_S,
             pg_timeout_s=20, join_timeout_ms=2000, heartbeat_timeout_ms=3000, launcher="bare",
             extra_env={"LIGHTKEEPER_MONITOR": self.monitor_url,
                        "LIGHTKEEPER_FAULT_TOKEN": FAULT_TOKEN,
@@ -355,13 +362,22 @@ def test_clock_shifted_healthy_job_has_no_findings(job):
     since = time.time()
     start = job.step(0)
     wait_until(lambda: job.step(0) >= start + 20, 90, interval=0.5, what="20 healthy steps")
-    # the shift is real: group 2's wall clock (its Flight Recorder dump time) runs 0.5 s ahead
+    # the shift is real: group 2's wall clock (its Flight Recorder dump time) runs 0.5 s ahead.
+    # The dump is made between asking and the answer: its clock's offset from ours lies in
+    # [dump - answered, dump - asked], taken from the quickest of 5 asks (a busy rank's answer
+    # can take 0.2 s on this box)
     ahead = {}
     for g in range(3):
-        before = time.time()
-        dump = get_json(job.cluster.groups[g].worker_urls[0] + "/v1/fr_trace", 10)
-        ahead[g] = dump["dump_time_ns"] / 1e9 - before
-    assert ahead[2] > SHIFT_S - 0.15 and ahead[0] < 0.15 and ahead[1] < 0.15, ahead
+        spans = []
+        for _ in range(5):
+            before = time.time()
+            dump = get_json(job.cluster.groups[g].worker_urls[0] + "/v1/fr_trace", 10)
+            after = time.time()
+            t = dump["dump_time_ns"] / 1e9
+            spans.append((after - before, t - after, t - before))
+        ahead[g] = min(spans)[1:]
+    assert ahead[2][0] > SHIFT_S - 0.15, ahead  # at least ~0.5 s ahead
+    assert all(lo < 0.15 and hi > -0.15 for lo, hi in (ahead[0], ahead[1])), ahead  # none
     assert job.findings() == [] and job.evictions() == []
     c = job.mon("/v1/cluster")
     assert c["quorum_participants"] == 3 and all(g["in_quorum"] for g in c["groups"])
