@@ -878,9 +878,10 @@ class Detectors:
                     continue
                 level, found = "cross_group", cross[g]
                 # the group the stalled job waits for: inside it, the rank(s) that never entered
-                # the collective its other ranks are blocked in now, however long (they began
-                # waiting after the other groups did: a rank hung before its forward leaves its
-                # peer in FSDP's all-gather a forward later) are the ones that stop it
+                # the collective its other ranks are blocked in now, however long, are the ones
+                # that stop it (those ranks can have begun waiting after the other groups did:
+                # 0.23 s later on the multi-rank e2e job at ~1.3 s steps, under the threshold
+                # when the others passed it, and both of the group's ranks were named)
                 blocked = self._blocked_in_group_now(view, h_in, now)
                 inner_peers = self._in_group_blocked(view, g, h_in, blocked, rank_group, now)
                 if inner_peers:
