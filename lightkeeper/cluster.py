@@ -430,9 +430,10 @@ class LocalCluster:
 
     def start_group(self, replica_group: int, faults: list[str] | None = None,
                     extra_args: list[str] | None = None,
-                    host: Host | None = None) -> ReplicaGroupProcess:
+                    host: Host | None = None, use_spare: bool = True) -> ReplicaGroupProcess:
         """Start (or restart) one replica group's process(es): its warm spare when it has a
         ready one and no faults or extra arguments are asked for, else a fresh start.
+        ``use_spare=False``: a fresh start that leaves the group's spare for a later one.
 
         ``host``: where it runs: its ranks get ``NODE_NAME=host.node`` and, with ``host.addr``,
         bind their WorkerServers there and meet in the group's store at that address (a warm
@@ -442,7 +443,7 @@ class LocalCluster:
         old = self.groups.get(replica_group)
         if old is not None and old.alive():
             raise ClusterError(f"replica group {replica_group} is still running")
-        spare = self.spares.pop(replica_group, None)
+        spare = self.spares.pop(replica_group, None) if use_spare else None
         if spare is not None and not faults and not extra_args and spare.ready():
             env, args = self._host_env(host), self._host_args(host)
             if host is not None and host.addr and self.ranks_per_group > 1:

@@ -247,19 +247,27 @@ def test_one_slow_step_is_not_a_straggler():
         assert sweep(det, job, now) == []
 
 
-def test_in_group_hang_names_the_rank_that_never_entered_the_collective():
+def group_1_never_arrives(absent_in_group: list[int]) -> tuple[Job, Detectors]:
+    """A 3 x 2 job after 20 steps (a 3 s hang threshold) whose groups 0 and 2 finish their own
+    collectives and enter the cross-group all_reduce group 1 never reaches; inside group 1,
+    FSDP's all-gather that ranks ``absent_in_group`` never entered (none: group 1 finished it)."""
     job = Job()
     det = Detectors(DetectorConfig(hang_floor_s=3.0, hang_factor=3.0))
-    now = T0
-    job.steps(20, now=now)
-    sweep(det, job, now)
-    # group 1's rank 3 hangs before its forward: rank 2 blocks in FSDP's all-gather, and the
-    # other groups' ranks in the cross-group all_reduce group 1 never reaches
-    job.fr.collective("0", "all_gather", [[300]], members=job.members(1), absent=[3])
+    job.steps(20, now=T0)
+    sweep(det, job, T0)
+    job.fr.collective("0", "all_gather", [[300]], members=job.members(1), absent=absent_in_group)
     for g in (0, 2):
         for op, sizes in IN_GROUP_STEP:
             job.fr.collective("0", op, sizes, members=job.members(g))
     job.fr.ft_collective("all_reduce", [[1000]], absent=[2, 3])
+    return job, det
+
+
+def test_in_group_hang_names_the_rank_that_never_entered_the_collective():
+    # group 1's rank 3 hangs before its forward: rank 2 blocks in FSDP's all-gather, and the
+    # other groups' ranks in the cross-group all_reduce group 1 never reaches
+    job, det = group_1_never_arrives(absent_in_group=[3])
+    now = T0
     found = []
     for t in (1.0, 2.0, 3.5, 4.5):
         for r in (0, 1, 4, 5):
@@ -285,21 +293,13 @@ def test_in_group_hang_names_the_rank_that_never_entered_the_collective():
 
 def test_in_group_hang_named_when_the_peer_began_waiting_after_the_other_groups():
     """The other groups block in the cross-group all_reduce before the hung rank's peer blocks
-    in the group's all-gather (it got there a forward later): when the cross-group waits pass
-    the threshold, the peer's is still under it. The group the job waits for is named at
-    once, by the rank inside it that never entered the collective its peer waits in (it named
-    both of the group's ranks at the cross-group level before: the multi-rank e2e test, steps
-    of ~1.3 s, stop 17)."""
-    job = Job()
-    det = Detectors(DetectorConfig(hang_floor_s=3.0, hang_factor=3.0))
+    in the group's all-gather (0.4 s later here; 0.23 s in the multi-rank e2e test at ~1.3 s
+    steps, stop 17): when the cross-group waits pass the threshold, the peer's is still under
+    it. The group the job waits for is named at once, by the rank inside it that never entered
+    the collective its peer waits in (both of the group's ranks were named at the cross-group
+    level before)."""
+    job, det = group_1_never_arrives(absent_in_group=[3])
     now = T0
-    job.steps(20, now=now)
-    sweep(det, job, now)
-    job.fr.collective("0", "all_gather", [[300]], members=job.members(1), absent=[3])
-    for g in (0, 2):
-        for op, sizes in IN_GROUP_STEP:
-            job.fr.collective("0", op, sizes, members=job.members(g))
-    job.fr.ft_collective("all_reduce", [[1000]], absent=[2, 3])
     found = []
     for t in (1.0, 2.0, 3.5):
         for r in (0, 1, 4, 5):
@@ -314,20 +314,13 @@ def test_in_group_hang_named_when_the_peer_began_waiting_after_the_other_groups(
     assert ev["pending"]["op"] == "all_gather" and ev["culprit_hosts"] == ["host-g1"]
 
 
-def test_a_late_group_whose_ranks_all_wait_inside_it_is_named_whole():
-    """The refinement needs a rank that never entered the collective: a group both of whose
-    ranks wait inside it (the engine names no culprit among them) stays a cross-group hang
+def test_a_late_group_with_no_culprit_inside_is_named_whole():
+    """The refinement needs a rank inside the group that never entered a collective its peers
+    wait in: a group that finished its own collectives and never reached the cross-group one
+    (the engine names no culprit inside it, none of its ranks waits) stays a cross-group hang
     of the whole group."""
-    job = Job()
-    det = Detectors(DetectorConfig(hang_floor_s=3.0, hang_factor=3.0))
+    job, det = group_1_never_arrives(absent_in_group=[])
     now = T0
-    job.steps(20, now=now)
-    sweep(det, job, now)
-    for g in (0, 2):
-        for op, sizes in IN_GROUP_STEP:
-            job.fr.collective("0", op, sizes, members=job.members(g))
-    job.fr.collective("0", "all_gather", [[300]], members=job.members(1))
-    job.fr.ft_collective("all_reduce", [[1000]], absent=[2, 3])
     found = []
     for t in (1.0, 2.0, 3.5):
         for r in (0, 1, 4, 5):

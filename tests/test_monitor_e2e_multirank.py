@@ -90,8 +90,8 @@ class Job:
         self.monitor_url = f"http://127.0.0.1:{monitor_port}"
         self.monitor_port = monitor_port
         self.cluster = LocalCluster(
-            d / "cluster", num_groups=3, ranks_per_group=2, steps=100_000, step_pause_s=STEP_PAUSE_S,
-            pg_timeout_s=20, join_timeout_ms=2000, heartbeat_timeout_ms=3000, launcher="bare",
+            d / "cluster", num_groups=3, ranks_per_group=2, steps=100_000,
+            step_pause_s=STEP_PAUSE_S, pg_timeout_s=20, join_timeout_ms=2000, heartbeat_timeout_ms=3000, launcher="bare",
             extra_env={"LIGHTKEEPER_MONITOR": self.monitor_url,
                        "LIGHTKEEPER_FAULT_TOKEN": FAULT_TOKEN,
                        "LIGHTKEEPER_EXIT_TOKEN": EXIT_TOKEN})
@@ -126,12 +126,7 @@ class Job:
         with self._lock:
             self.cluster.extra_env = env
             # a first start is cold (group 2's runs shifted): the group's spare is for its restart
-            kept = self.cluster.spares.pop(g, None) if first else None
-            try:
-                self.cluster.start_group(g, host=host)
-            finally:
-                if kept is not None:
-                    self.cluster.spares[g] = kept
+            self.cluster.start_group(g, host=host, use_spare=not first)
 
     def start_spares(self) -> None:
         """One warm spare per restart in RESTARTS, started and imported before any group (their
