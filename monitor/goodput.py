@@ -58,7 +58,7 @@ import itertools
 import math
 import statistics
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from itertools import chain, compress, repeat
 from operator import attrgetter, eq, is_not, ne
@@ -72,8 +72,10 @@ CAUSES = ("straggler_drag", "stall", "recovery", "capacity_lost", "startup", "un
 _CAUSE = {c: i for i, c in enumerate(CAUSES)}  # a cause's column
 PENDING = "pending"  # slow time nothing explains yet (settles within the horizon)
 # 2: per-group state and totals as columns (:func:`snapshot_rows` reads it back as 1's
-# per-group dicts); a store's version-1 snapshot still resumes
-SNAPSHOT_VERSION = 2
+# per-group dicts); 3: the unsettled badput as runs (see _Run), a run's groups, seconds and
+# world sizes as lists. A store's version-1 or -2 snapshot still resumes.
+SNAPSHOT_VERSION = 3
+_RUN_LISTS = {"replica_group": "groups", "seconds": "seconds", "gpus": "gpus"}  # Slice: _Run
 UNSEEN = "unseen"  # a slot of an expected group never seen (its key in per-group totals)
 # the job's newest step falling this far means it started over (one group lagging a step behind
 # another that left the quorum is not that)
@@ -127,6 +129,47 @@ class Slice:
     eviction_id: int | None = None
     idle: bool = False  # no group committed in it (pending: a stall not yet a window long)
     counted: bool = False  # in a SweepAccount's badput already (else counted when it settles)
+
+
+@dataclass(eq=False)
+class _Run:
+    """Unsettled badput of one sweep interval for one or more groups that share all but their
+    seconds and world sizes, in the order the ledger booked them. The slices
+    :meth:`GoodputLedger._account` books in one sweep for every group below pace (12,500 at
+    100,000 ranks while the job is slow or stalled) are one run: claimed, linked, walked and
+    settled as one, where a ``Slice`` each cost ~20-30 us a group in a fault's sweeps
+    (docs/scaling.md, eleventh round). Every other booking (a group out of the quorum, a slot
+    never seen, a gap, a stored slice) is a run of one, so a run of more than one is never of
+    ``capacity_lost`` and never of a slot never seen (``_claim_unsettled``, ``_settle`` rely
+    on it). :meth:`slices` gives the slices back."""
+
+    t0: float
+    t1: float
+    slots: np.ndarray  # int64, one per slice (0: a slot never seen, UNSEEN)
+    groups: list[int | None]
+    seconds: list[float]
+    gpus: list[int | None]
+    cause: str
+    incident: int | None = None
+    finding_id: int | None = None
+    eviction_id: int | None = None
+    idle: bool = False
+    counted: bool = False
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def slices(self) -> list[Slice]:
+        return [Slice(self.t0, self.t1, g, self.cause, sec, n, self.incident, self.finding_id,
+                      self.eviction_id, self.idle, self.counted)
+                for g, sec, n in zip(self.groups, self.seconds, self.gpus, strict=True)]
+
+    def part(self, mask: np.ndarray) -> _Run:
+        """The slices where ``mask`` is set, in order, as a run of their own."""
+        idx = np.flatnonzero(mask)
+        at = idx.tolist()
+        return replace(self, slots=self.slots[idx], groups=[self.groups[i] for i in at],
+                       seconds=[self.seconds[i] for i in at], gpus=[self.gpus[i] for i in at])
 
 
 @dataclass
@@ -412,10 +455,17 @@ def _with_none(values: np.ndarray, none: np.ndarray) -> list[Any]:
 
 
 def snapshot_rows(state: dict[str, Any]) -> dict[str, Any]:
-    """A version-2 snapshot as version 1 had it (one dict per group, one totals row per key),
-    which :meth:`GoodputLedger.restore` reads; any other state is returned as it is."""
-    if not state or state.get("version") != 2:
+    """A version-2 or -3 snapshot as version 1 had it (one dict per group, one totals row per
+    key, one dict per unsettled slice), which :meth:`GoodputLedger.restore` reads; any other
+    state is returned as it is."""
+    if not state or state.get("version") not in (2, 3):
         return state
+    if state["version"] == 3:
+        state = {**state, "unsettled": [
+            {**{k: v for k, v in r.items() if k not in _RUN_LISTS.values()},
+             **dict(zip(_RUN_LISTS, one, strict=True))}
+            for r in state.get("unsettled") or []
+            for one in zip(*(r[f] for f in _RUN_LISTS.values()), strict=True)]}
     g = state.get("groups") or {}
     t = g.get("history_t")
     groups = {
@@ -517,8 +567,9 @@ class GoodputLedger:
         # goodput taken back by a re-judgement (see _rejudge) that the metrics' counter, which
         # never decreases, has counted already: paid back from the next sweeps' goodput
         self.goodput_debt = 0.0
-        self._revised: list[Slice] = []  # re-judged slices not yet in a SweepAccount
-        self.unsettled: list[Slice] = []
+        # re-judged slices' (cause, seconds) not yet in a SweepAccount, in the order made
+        self._revised: list[tuple[str, float]] = []
+        self._runs: list[_Run] = []  # unsettled badput (see _Run), a group's in time order
         self.intervals: deque[Interval] = deque(maxlen=self.cfg.keep_intervals)
         self.open_intervals: dict[str, Interval] = {}  # group key -> the interval being extended
         self.incidents: dict[int, Incident] = {}
@@ -538,6 +589,11 @@ class GoodputLedger:
     def horizon(self) -> float:
         b = self.baseline or 0.0
         return max(self.cfg.horizon_s, self.cfg.horizon_steps * b)
+
+    @property
+    def unsettled(self) -> list[Slice]:
+        """The badput not settled yet, slice by slice (a group's in time order)."""
+        return [x for r in self._runs for x in r.slices()]
 
     # --- the sweep -------------------------------------------------------------------
     def update(self, view: ClusterView, findings: list[dict[str, Any]],
@@ -562,9 +618,9 @@ class GoodputLedger:
             self.since = self.last_at = now
             self._revised.clear()
             return acct
-        for s in self._revised:  # goodput an incident's confirmation took back (_rejudge)
-            acct.badput[s.cause] += s.seconds
-            acct.goodput -= s.seconds
+        for cause, seconds in self._revised:  # goodput a confirmation took back (_rejudge)
+            acct.badput[cause] += seconds
+            acct.goodput -= seconds
         self._revised.clear()
         dt = now - self.last_at
         running = first is not None and any(r.state.get("phase") != "stopped"
@@ -791,35 +847,44 @@ class GoodputLedger:
             take = judged & ~by_then & (credit > 1e-9)
             take &= ~((span >= 2 * b) & ((after - cum0[None, :]) * b / span
                                          >= self.cfg.pace_threshold))
-        # slot by slot, each in time order (as a deque per group was walked)
-        for slot, k in zip(*np.nonzero(take.T), strict=True):
-            slot, k = int(slot), int(k)
-            c = float(credit[k, slot])
-            seconds = c * min(1.0, float(span[k, 0]) / (t1[k] - t0[k]))
-            J.credit[k][slot] = c - seconds
-            g = S.gids[slot]
-            gpus = S.gpus_of(g)
-            s = Slice(max(float(t0[k]), t_on), float(t1[k]), g, cause, seconds, gpus,
-                      counted=True)
-            self._link(s, inc)
-            self._revised.append(s)
-            self.unsettled.append(s)
-            key = self._key(g)
-            self._row(slot, key)
-            S.good[slot] -= seconds
-            if gpus:
-                self._row(slot, key, gpu=True)
-                S.ggood[slot] -= seconds * gpus
-        if self._revised:
-            self.unsettled.sort(key=lambda s: s.t0)  # a group's slices settle in time order
+        slots_of, ks = np.nonzero(take.T)  # slot by slot, each in time order
+        if not len(ks):
+            return
+        frac = np.minimum(1.0, span[:, 0] / (t1 - t0))
+        seconds = credit[ks, slots_of] * frac[ks]
+        # the account takes them back in that order (a deque per group was walked so)
+        self._revised.extend(zip(repeat(cause), seconds.tolist()))
+        # the rows they book to (made in that order; a slot judged has them already)
+        self._rows_for(np.unique(slots_of), gpu=False)
+        self._rows_for(np.unique(slots_of[S.gpus[slots_of] > 0]), gpu=True)
+        runs = []
+        for k in np.unique(ks).tolist():  # a run per sweep re-judged, its slots in order
+            m = ks == k
+            slots, sec = slots_of[m], seconds[m]
+            J.credit[k][slots] = credit[k, slots] - sec
+            n = S.gpus[slots]
+            S.good[slots] -= sec
+            S.ggood[slots[n > 0]] -= sec[n > 0] * n[n > 0]
+            r = _Run(max(float(t0[k]), t_on), float(t1[k]), slots,
+                     list(map(S.gids.__getitem__, slots.tolist())), sec.tolist(),
+                     [x or None for x in n.tolist()], cause, counted=True)
+            self._link(r, inc)
+            runs.append(r)
+        self._runs.extend(runs)
+        self._runs.sort(key=attrgetter("t0"))  # a group's slices settle in time order
 
     @staticmethod
     def _strike_time(f: dict[str, Any], view: ClusterView, detected: float) -> float | None:
-        """The latest fault strike a culprit rank reports before the detection."""
+        """The latest fault strike a culprit rank reports before the detection. A finding
+        about one incarnation (its replica id) of a group in the view has its culprits among
+        that group's ranks (its old processes too): only those are read, not every rank
+        (0.15-0.25 s an incident at 100,000 ranks)."""
         ev = f.get("evidence") if isinstance(f.get("evidence"), dict) else {}
         ranks = set(_ints(f.get("ranks")) + _ints(ev.get("culprit_ranks")))
         strikes = []
-        for r in view.ranks.values():
+        gv = view.groups.get(_int(f.get("replica_group"))) \
+            if f.get("replica_id") is not None else None
+        for r in chain(gv.ranks, gv.superseded) if gv is not None else view.ranks.values():
             if r.state is None or r.rank not in ranks:
                 continue
             if f.get("replica_id") is not None and r.replica_id != f.get("replica_id"):
@@ -863,22 +928,22 @@ class GoodputLedger:
     def _claim_unsettled(self, inc: Incident) -> None:
         """A new incident explains unsettled badput since its onset: a straggler the pending
         slow time, any other the pending time without commits (as ``stall``), any incident a
-        stall nothing explained, its group's capacity lost."""
-        for s in self.unsettled:
-            if s.t1 <= inc.onset_at:
+        stall nothing explained, its group's capacity lost (a run of one: see _Run)."""
+        for r in self._runs:
+            if r.t1 <= inc.onset_at:
                 continue
-            if s.cause == PENDING and inc.kind == "straggler":
-                s.cause = "straggler_drag"
-            elif (s.cause == PENDING and s.idle) or (inc.kind != "straggler"
-                                                      and self._provisional(s)):
-                s.cause = "stall"  # the first seconds of the stall this incident caused
-            elif s.incident is not None or not (
-                    s.cause == "stall" or (s.cause == "capacity_lost"
-                                           and s.replica_group == inc.replica_group)):
+            if r.cause == PENDING and inc.kind == "straggler":
+                r.cause = "straggler_drag"
+            elif (r.cause == PENDING and r.idle) or (inc.kind != "straggler"
+                                                      and self._provisional(r)):
+                r.cause = "stall"  # the first seconds of the stall this incident caused
+            elif r.incident is not None or not (
+                    r.cause == "stall" or (r.cause == "capacity_lost"
+                                           and r.groups[0] == inc.replica_group)):
                 continue
-            self._link(s, inc)
+            self._link(r, inc)
 
-    def _provisional(self, s: Slice) -> bool:
+    def _provisional(self, s: _Run) -> bool:
         """Straggler drag booked while no group committed, with no commit since: it may be
         the first seconds of a stall another fault caused (confirmed a little later), so it
         stays open to that fault's claim until the job commits again (or the horizon)."""
@@ -888,7 +953,7 @@ class GoodputLedger:
         return (inc is None or inc.kind == "straggler") and (
             self.last_commit_at is None or self.last_commit_at < s.t1 - 1e-9)
 
-    def _link(self, s: Slice, inc: Incident | None) -> None:
+    def _link(self, s: _Run, inc: Incident | None) -> None:
         if inc is None:
             return
         s.incident = inc.id
@@ -968,7 +1033,7 @@ class GoodputLedger:
         gpus = S.gpus[inside].tolist()
         if startup:
             self._add_many(inside, np.zeros(len(inside)), dt, acct)
-            if self.unsettled:
+            if self._runs:
                 for slot, n in zip(inside.tolist(), gpus, strict=True):
                     self._badput(t0, now, S.gids[slot], "startup", dt, n or None, None, acct)
             else:  # nothing unsettled: these slices settle at once (see _settle_at_once)
@@ -986,7 +1051,8 @@ class GoodputLedger:
             self.judged.append(t0, now, len(S), inside, cum - d, cum, good - earned)
             self._add_many(inside, good, dt, acct)
             rest = dt - good
-            for i in np.flatnonzero(rest > 1e-9).tolist():
+            below = np.flatnonzero(rest > 1e-9)
+            if len(below):  # one cause for all of them: one run (see _Run)
                 if recovering is not None:
                     cause, inc = "recovery", recovering
                 elif stall:
@@ -997,8 +1063,11 @@ class GoodputLedger:
                     cause, inc = "straggler_drag", straggler
                 else:
                     cause, inc, slow = PENDING, None, True
-                self._badput(t0, now, S.gids[inside[i]], cause, float(rest[i]), gpus[i] or None,
-                             inc, acct, idle=idle)
+                slots = inside[below]
+                self._book_run(_Run(t0, now, slots, list(map(S.gids.__getitem__, slots.tolist())),
+                                    rest[below].tolist(),
+                                    [gpus[i] or None for i in below.tolist()], cause, idle=idle),
+                               inc, acct)
         for slot in outside.tolist():
             g = S.gids[slot]
             S.carry[slot] = 0.0
@@ -1052,11 +1121,11 @@ class GoodputLedger:
 
     def _pending_to_stall(self, inc: Incident | None) -> None:
         """Pending slow time since the last commit was the stall's beginning."""
-        for s in self.unsettled:
-            if (s.cause == PENDING or self._provisional(s)) and self.last_commit_at is not None \
-                    and s.t0 >= self.last_commit_at - 1e-9:
-                s.cause = "stall"
-                self._link(s, inc)
+        for r in self._runs:
+            if (r.cause == PENDING or self._provisional(r)) and self.last_commit_at is not None \
+                    and r.t0 >= self.last_commit_at - 1e-9:
+                r.cause = "stall"
+                self._link(r, inc)
 
     def _account_gap(self, in_quorum: set[int], deltas: np.ndarray, dt: float, now: float,
                      acct: SweepAccount) -> None:
@@ -1088,17 +1157,6 @@ class GoodputLedger:
             if len(have) < len(self.slots):
                 have.resize(len(self.slots), refcheck=False)
             have[slot] = True
-
-    def _book(self, slot: int, key: str, cause: str, seconds: float, gpus: int | None) -> None:
-        """Settled badput of one slot."""
-        S, c = self.slots, _CAUSE[cause]
-        self._row(slot, key)
-        S.bad[slot, c] += seconds
-        S.bad_has[slot, c] = True
-        if gpus:
-            self._row(slot, key, gpu=True)
-            S.gbad[slot, c] += seconds * gpus
-            S.gbad_has[slot, c] = True
 
     def _add(self, g: int | None, good: float, dt: float, acct: SweepAccount) -> None:
         slot = self.slots.index[g] if g is not None else 0
@@ -1135,14 +1193,19 @@ class GoodputLedger:
     def _badput(self, t0: float, t1: float, g: int | None, cause: str, seconds: float,
                 gpus: int | None, inc: Incident | None, acct: SweepAccount,
                 idle: bool = False) -> None:
-        s = Slice(t0, t1, g, cause, seconds, gpus, idle=idle)
-        self._link(s, inc)
-        self.unsettled.append(s)
+        slot = self.slots.index[g] if g is not None else 0
+        self._book_run(_Run(t0, t1, np.array([slot], np.int64), [g], [seconds], [gpus], cause,
+                            idle=idle), inc, acct)
+
+    def _book_run(self, r: _Run, inc: Incident | None, acct: SweepAccount) -> None:
+        """Unsettled badput: ``r`` (see _Run), tied to ``inc``."""
+        self._link(r, inc)
+        self._runs.append(r)
         # counted now unless its cause may still change (pending; idle straggler drag): those
-        # count once settled, under their final cause
-        if cause != PENDING and not (cause == "straggler_drag" and idle):
-            acct.badput[cause] += seconds
-            s.counted = True
+        # count once settled, under their final cause (one by one, in order)
+        if r.cause != PENDING and not (r.cause == "straggler_drag" and r.idle):
+            acct.badput[r.cause] = sum(r.seconds, acct.badput[r.cause])
+            r.counted = True
 
     # --- after the split -------------------------------------------------------------
     def _follow_incidents(self, in_quorum: set[int], now: float) -> None:
@@ -1257,47 +1320,86 @@ class GoodputLedger:
         (pending, and stall or capacity lost nothing explains yet) after the horizon, pending
         then as ``unattributed``. A group's slices settle in time order."""
         cutoff = now - self.horizon
-        keep: list[Slice] = []
-        blocked: set[str] = set()  # groups with an earlier slice still open to change
-        for s in self.unsettled:
-            key = self._key(s.replica_group)
-            final = s.t1 <= cutoff or (s.cause != PENDING and not self._provisional(s) and (
-                s.incident is not None or s.cause == "startup" or s.replica_group is None))
-            if key in blocked or not final:
-                blocked.add(key)
-                keep.append(s)
+        keep: list[_Run] = []
+        blocked = np.zeros(len(self.slots), bool)  # slots with an earlier slice still open
+        for r in self._runs:
+            # a run of more than one is never of a slot never seen (see _Run)
+            final = r.t1 <= cutoff or (r.cause != PENDING and not self._provisional(r) and (
+                r.incident is not None or r.cause == "startup" or r.groups[0] is None))
+            if not final:
+                blocked[r.slots] = True
+                keep.append(r)
                 continue
-            if s.cause == PENDING:
-                s.cause = "unattributed"
-            if not s.counted:
-                acct.badput[s.cause] += s.seconds
-                s.counted = True
-            self._settle_slice(s)
-        self.unsettled = keep
+            held = blocked[r.slots]
+            if held.any():
+                if held.all():
+                    keep.append(r)
+                    continue
+                keep.append(r.part(held))
+                r = r.part(~held)
+            if r.cause == PENDING:
+                r.cause = "unattributed"
+            if not r.counted:
+                acct.badput[r.cause] = sum(r.seconds, acct.badput[r.cause])  # one by one
+                r.counted = True
+            self._settle_run(r)
+        self._runs = keep
         # an interval that neither this sweep nor an open slice continues is over: close it
-        continued = {(self._key(s.replica_group), round(s.t0, 6)) for s in keep}
+        continued: dict[float, np.ndarray] = {}  # a kept slice's start -> the slots it is of
+        for r in keep:
+            at = continued.get(round(r.t0, 6))
+            if at is None:
+                at = continued[round(r.t0, 6)] = np.zeros(len(self.slots), bool)
+            at[r.slots] = True
+        index = self.slots.index
         for key, iv in list(self.open_intervals.items()):
-            if iv.end < now - 1e-6 and (key, round(iv.end, 6)) not in continued:
-                self._close_interval(self.open_intervals.pop(key))
+            if iv.end < now - 1e-6:
+                at = continued.get(round(iv.end, 6))
+                slot = 0 if key == UNSEEN else index.get(int(key))
+                if at is None or slot is None or not at[slot]:
+                    self._close_interval(self.open_intervals.pop(key))
 
-    def _settle_slice(self, s: Slice) -> None:
-        g = s.replica_group
-        key, slot = self._key(g), self.slots.index[g] if g is not None else 0
-        self._book(slot, key, s.cause, s.seconds, s.gpus)
-        inc = self.incidents.get(s.incident) if s.incident is not None else None
+    def _settle_run(self, r: _Run) -> None:
+        """Book ``r``'s slices as settled: the totals, its incident's cost and the groups'
+        intervals (each slice extends its group's open interval or starts one), in order."""
+        S, c = self.slots, _CAUSE[r.cause]
+        slots, sec = r.slots, np.asarray(r.seconds)
+        self._rows_for(slots, gpu=False)
+        S.bad[slots, c] += sec
+        S.bad_has[slots, c] = True
+        n = np.fromiter((x or 0 for x in r.gpus), np.int64, len(r))
+        on = n > 0
+        if on.any():
+            self._rows_for(slots[on], gpu=True)
+            S.gbad[slots[on], c] += sec[on] * n[on]
+            S.gbad_has[slots[on], c] = True
+        inc = self.incidents.get(r.incident) if r.incident is not None else None
         if inc is not None:
-            inc.cost[s.cause] = inc.cost.get(s.cause, 0.0) + s.seconds
-            if s.gpus:
-                inc.gpu_cost += s.seconds * s.gpus
-            else:
-                inc.gpu_cost_known = False
+            inc.cost[r.cause] = sum(r.seconds, inc.cost.get(r.cause, 0.0))
+            cost = inc.gpu_cost
+            for x, m in zip(r.seconds, r.gpus, strict=True):
+                if m:
+                    cost += x * m
+                else:
+                    inc.gpu_cost_known = False
+            inc.gpu_cost = cost
             self._dirty_incidents.add(inc.id)
-        cur = self.open_intervals.get(key)
-        if cur is not None and cur.extend(s):
-            return
-        if cur is not None:
-            self._close_interval(cur)
-        self.open_intervals[key] = Interval.of(s)
+        ties = (r.cause, r.incident, r.eviction_id)
+        t0, t1, open_iv = r.t0, r.t1, self.open_intervals
+        for g, x, m in zip(r.groups, r.seconds, r.gpus, strict=True):
+            key = UNSEEN if g is None else str(g)
+            cur = open_iv.get(key)
+            if cur is not None and (cur.cause, cur.incident, cur.eviction_id) == ties \
+                    and abs(cur.end - t0) <= 1e-6:  # Interval.extend, inline
+                cur.end = t1
+                cur.replica_seconds += x
+                cur.gpu_seconds = cur.gpu_seconds + x * m \
+                    if cur.gpu_seconds is not None and m else None
+                continue
+            if cur is not None:
+                self._close_interval(cur)
+            open_iv[key] = Interval(t0, t1, g, r.cause, x, x * m if m else None, r.incident,
+                                    r.finding_id, r.eviction_id)
 
     def _close_interval(self, iv: Interval) -> None:
         self.intervals.append(iv)
@@ -1349,7 +1451,7 @@ class GoodputLedger:
         """Settled totals plus the unsettled slices (pending as its own key)."""
         rows = self._totals_rows()
         gpu = self._totals_rows(gpu=True)
-        for s in self.unsettled:
+        for s in self.unsettled:  # (the API's: a slice each is fine here)
             key = self._key(s.replica_group)
             rows.setdefault(key, {})[s.cause] = rows.get(key, {}).get(s.cause, 0.0) + s.seconds
             if s.gpus:
@@ -1371,11 +1473,13 @@ class GoodputLedger:
     def incident_json(self, inc: Incident) -> dict[str, Any]:
         cost = dict(inc.cost)
         gpu, gpu_known = inc.gpu_cost, inc.gpu_cost_known
-        for s in self.unsettled:
-            if s.incident == inc.id:
-                cost[s.cause] = cost.get(s.cause, 0.0) + s.seconds
-                if s.gpus:
-                    gpu += s.seconds * s.gpus
+        for r in self._runs:
+            if r.incident != inc.id:
+                continue
+            for x, m in zip(r.seconds, r.gpus, strict=True):
+                cost[r.cause] = cost.get(r.cause, 0.0) + x
+                if m:
+                    gpu += x * m
                 else:
                     gpu_known = False
         total = sum(cost.values())
@@ -1496,7 +1600,10 @@ class GoodputLedger:
             "gap_s": self.gap_s, "gaps": self.gaps, "skipped_sweeps": self.skipped_sweeps,
             "goodput_debt": self.goodput_debt,
             # flat dataclasses of scalars: their __dict__ is asdict() without its deep copy
-            "unsettled": [dict(vars(s)) for s in self.unsettled],
+            # a run's fields, its lists as they are (a slice a dict was ~6 us and 180 bytes
+            # a group, every group's while the job is slow or stalled)
+            "unsettled": [{k: v for k, v in vars(r).items() if k != "slots"}
+                          for r in self._runs],
             # one open interval a group (every group's startup, at first): columns by field
             "open_intervals": {"key": list(self.open_intervals), **{
                 f: list(map(attrgetter(f), self.open_intervals.values()))
@@ -1555,7 +1662,7 @@ class GoodputLedger:
     def _forget_old_incidents(self) -> None:
         closed = sorted((i for i in self.incidents.values() if not i.open), key=lambda i: i.id)
         for inc in closed[:max(0, len(closed) - self.cfg.keep_incidents)]:
-            if not any(s.incident == inc.id for s in self.unsettled):
+            if not any(r.incident == inc.id for r in self._runs):
                 del self.incidents[inc.id]
 
     @classmethod
@@ -1566,6 +1673,7 @@ class GoodputLedger:
         snapshot, written before per-group columns, too). A snapshot of another version is not
         resumed (a fresh ledger starts; the old rows stay stored)."""
         led = cls(cfg)
+        runs = state.get("unsettled") if state and state.get("version") == 3 else None
         state = snapshot_rows(state)
         if not state or state.get("version") != 1:
             return led
@@ -1620,8 +1728,18 @@ class GoodputLedger:
         led.gaps = int(state.get("gaps") or 0)
         led.skipped_sweeps = int(state.get("skipped_sweeps") or 0)
         led.goodput_debt = float(state.get("goodput_debt") or 0.0)
-        led.unsettled = [Slice(**{"counted": s.get("cause") != PENDING, **s})
-                         for s in state.get("unsettled") or []]
+        if runs is None:  # stored slice by slice (version 1 or 2): a run of one each
+            runs = [{"counted": d.get("cause") != PENDING,
+                     **{k: v for k, v in d.items() if k not in _RUN_LISTS},
+                     **{r: [d[f]] for f, r in _RUN_LISTS.items()}}
+                    for d in state.get("unsettled") or []]
+        for d in runs:
+            new = [g for g in d["groups"] if g is not None and g not in S.index]
+            if new:  # (a group's totals row came without it)
+                S.add(list(dict.fromkeys(new)), led.hist.next)
+            slots = np.fromiter((S.index[g] if g is not None else 0 for g in d["groups"]),
+                                np.int64, len(d["groups"]))
+            led._runs.append(_Run(slots=slots, **d))
         led.open_intervals = {k: Interval(**v) for k, v in
                               (state.get("open_intervals") or {}).items()}
         led.next_incident = int(state.get("next_incident") or 1)

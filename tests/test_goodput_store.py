@@ -1,7 +1,8 @@
 """The goodput ledger's state through the monitor's real store (monitor/store.py, an SQLite file
-reopened as a restarted monitor reopens its ``--state``): the columns' snapshot (version 2,
-msgspec-encoded) resumes to the same ledger, and a file written before the columns (version 1:
-per-group dicts, ``json.dumps`` text, as the previous store wrote it) still resumes to it.
+reopened as a restarted monitor reopens its ``--state``): the snapshot (version 3: columns and
+runs, msgspec-encoded) resumes to the same ledger, and files written before the runs (version 2:
+one dict per unsettled slice) and before the columns (version 1: per-group dicts, ``json.dumps``
+text, as an older store wrote it) still resume to it.
 
 The ledger comes from test_goodput_columns' random job (groups joining and leaving, incidents,
 evictions, gaps, pending slow time), checked there against the per-group reference ledger."""
@@ -45,7 +46,7 @@ def stored(path: str, led: GoodputLedger) -> tuple[dict, list, list]:
 
 def test_a_restarted_ledger_equals_the_one_saved(ledger, tmp_path):
     state, incidents, intervals = stored(str(tmp_path / "m.sqlite"), ledger)
-    assert state["version"] == 2
+    assert state["version"] == 3
     resumed = GoodputLedger.restore(GoodputConfig(**CFG), state, incidents, intervals)
     assert resumed.to_json() == ledger.to_json()
     assert resumed.snapshot() == ledger.snapshot()
@@ -72,11 +73,23 @@ def test_a_state_file_written_before_the_columns_still_resumes(ledger, tmp_path)
     assert state == json.loads(json.dumps(old))
     resumed = GoodputLedger.restore(GoodputConfig(**CFG), state, incidents, intervals)
     assert resumed.to_json() == ledger.to_json()
-    assert resumed.snapshot() == ledger.snapshot()
+    # the same state; its unsettled slices, stored one by one, are runs of one now
+    assert snapshot_rows(resumed.snapshot()) == snapshot_rows(ledger.snapshot())
+
+
+def test_a_state_written_before_the_runs_still_resumes(ledger, tmp_path):
+    """Version 2 (the previous store's): the columns, but each unsettled slice a dict."""
+    state, incidents, intervals = stored(str(tmp_path / "v2.sqlite"), ledger)
+    assert any(len(r["groups"]) > 1 for r in state["unsettled"])  # a run to take apart
+    v2 = {**state, "version": 2, "unsettled": snapshot_rows(state)["unsettled"]}
+    resumed = GoodputLedger.restore(GoodputConfig(**CFG), v2, incidents, intervals)
+    assert resumed.to_json() == ledger.to_json()
+    assert snapshot_rows(resumed.snapshot()) == snapshot_rows(ledger.snapshot())
+    assert len(resumed.snapshot()["unsettled"]) == len(v2["unsettled"])  # runs of one
 
 
 def test_a_snapshot_of_an_unknown_version_starts_afresh(ledger):
-    state = {**ledger.snapshot(), "version": 3}
+    state = {**ledger.snapshot(), "version": 4}
     resumed = GoodputLedger.restore(GoodputConfig(**CFG), state, [], [])
     assert resumed.to_json() == GoodputLedger(GoodputConfig(**CFG)).to_json()
 
