@@ -712,16 +712,19 @@ class Demo:
                   == self.args.ranks_per_group, self.sc.rejoin_timeout_s)
         urls = self.cluster.groups[g].worker_urls
         targets = [urls[plan.group_rank]] if plan.group_rank in urls else list(urls.values())
-        ok, spec = False, ""
+        ok, spec, given_at = False, "", self.now()
         for _attempt in range(3):  # the step read may be stale on a busy box: check, retry
             cur = self.fresh_step(g)
             spec = self.live_spec(plan, cur)
+            # injected when the POST goes out: a fault from the current step strikes while
+            # the answer (and the step check after it) is on its way on a busy box
+            given_at = self.now()
             ok = self.post_fault(targets, spec) and (
                 plan.kind in ("slow", "slow_compute")
                 or self.fresh_step(g) < cur + self.sc.hang_in_steps)
             if ok:
                 break
-        tr = self.arm(spec, g, "live", self.now())
+        tr = self.arm(spec, g, "live", given_at)
         if not ok:
             tr.fail("injection failed", f"POST /v1/faults {spec} to {', '.join(targets)} failed, "
                                         "or the group passed the step first (3 tries)")
