@@ -31,6 +31,7 @@ from .decisions import Situation, decide
 from .detectors import KINDS, Analyzer, Detectors, Finding, collective_wait
 from .discovery import BadTarget, Discovery, Target, TooManyTargets
 from .goodput import GoodputConfig, GoodputLedger
+from .goodput_writer import GoodputWriter
 from .hosts import HostLedger
 from .lighthouse_settings import LighthouseSettingsWatch
 from .lighthouse_status import LighthouseReader, LighthouseStatus
@@ -181,7 +182,8 @@ class Monitor:
         self.goodput = self._restore_goodput()
         self.goodput_error: str | None = None
         self._goodput_saved_at = float("-inf")
-        self._goodput_save_s = 0.0  # how long the last snapshot took to write
+        self._goodput_save_s = 0.0  # how long the last save took (snapshot and write)
+        self._goodput_writer = GoodputWriter(self.store)  # writes beside the next sweep
         self._gc_frozen = 0  # sweeps since the last full collection (0: not freezing)
         self.sweep_plan = None  # what the last sweep polled (schedule.last may be the next's)
         self._ahead: _Ahead | None = None  # the next sweep's polls, already asked
@@ -236,8 +238,9 @@ class Monitor:
         try:
             with self._goodput_lock:
                 self._save_goodput(self.clock(), force=True)
-        except Exception:  # a store that cannot be written: logged, the stop goes on
+        except Exception:  # a ledger that cannot be saved: logged, the stop goes on
             log.exception("could not save the goodput ledger")
+        self._goodput_writer.close(timeout=30)  # every save written (a failure is logged)
         self._thaw_gc()
         self.poller.close()
         self.lighthouse.close()
@@ -822,26 +825,27 @@ class Monitor:
             self.goodput_error = error
 
     def _save_goodput(self, now: float, force: bool = False) -> None:
-        """State, changed incidents and closed intervals in one transaction: at once when an
-        incident changed, else every GOODPUT_SAVE_S (a crash loses at most that much, which a
-        restarted ledger then accounts as the time since its last saved sweep)."""
+        """State, changed incidents and closed intervals, one transaction (written by
+        :class:`GoodputWriter` beside the next sweep): when an incident changed, else every
+        GOODPUT_SAVE_S (a crash loses at most that much, which a restarted ledger then accounts
+        as the time since its last saved sweep)."""
         incidents, intervals = self.goodput.unsaved()
-        # the snapshot grows with the groups: at 12,500 groups one write is ~25-55 ms of this
-        # thread's CPU (columns, msgspec; benchmarks/bench_goodput_snapshot.py), more in wall
-        # time on a loaded box, so it is written at most once per 20 of its own durations
+        # the snapshot grows with the groups: at 12,500 groups a save is ~25-55 ms of CPU
+        # (columns, msgspec; benchmarks/bench_goodput_snapshot.py), more in wall time on a
+        # loaded box, so it is made at most once per 20 of its own durations
         every = max(GOODPUT_SAVE_S, 20 * self._goodput_save_s)
         if force or incidents or now - self._goodput_saved_at >= every:
             t = time.perf_counter()
-            self.store.save_goodput(self.goodput.snapshot(), incidents, intervals, at=now)
-            self.goodput.saved()  # only once stored: a failed write is retried next sweep
+            self._goodput_writer.submit(self.goodput.snapshot(), incidents, intervals, now)
+            self.goodput.saved()  # the writer keeps it until written (a failure: retried)
             self._goodput_saved_at = now
-            self._goodput_save_s = time.perf_counter() - t
+            self._goodput_save_s = time.perf_counter() - t + self._goodput_writer.write_s
 
     def goodput_json(self, incidents: int = 50, intervals: int = 200) -> dict[str, Any]:
         """``GET /v1/goodput``."""
         with self._goodput_lock:
             out = self.goodput.to_json(incidents=incidents, intervals=intervals)
-        out["error"] = self.goodput_error
+        out["error"] = self.goodput_error or self._goodput_writer.error
         return out
 
     # --- publishing ------------------------------------------------------------------
