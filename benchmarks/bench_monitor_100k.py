@@ -229,9 +229,9 @@ class PollToFindings:
 class StageClock:
     """Wall seconds per stage of the monitor's sweeps (its poller's sweeps, the view, the
     Flight Recorder fetch, the detectors, the goodput ledger with its write), by wrapping those
-    methods on the instances; :meth:`take` returns and restarts them. With the poller process, ``poll`` is the time spent
-    waiting for and parsing answers (``PollHandle.result``), not the time a sweep asked ahead
-    was in flight meanwhile."""
+    methods on the instances; :meth:`take` returns and restarts them. With the poller process,
+    ``poll`` is the time spent waiting for and parsing answers (``PollHandle.result``), not the
+    time a sweep asked ahead was in flight meanwhile."""
 
     def __init__(self, mon: Monitor) -> None:
         self.seconds: dict[str, float] = {}

@@ -1033,11 +1033,11 @@ class GoodputLedger:
         gpus = S.gpus[inside].tolist()
         if startup:
             self._add_many(inside, np.zeros(len(inside)), dt, acct)
-            if self._runs:
-                for slot, n in zip(inside.tolist(), gpus, strict=True):
-                    self._badput(t0, now, S.gids[slot], "startup", dt, n or None, None, acct)
-            else:  # nothing unsettled: these slices settle at once (see _settle_at_once)
-                self._settle_at_once(t0, now, inside, gpus, "startup", dt, acct)
+            if len(inside):  # one run, settled by _settle in this sweep (startup is final)
+                self._book_run(_Run(t0, now, inside, list(map(S.gids.__getitem__,
+                                                              inside.tolist())),
+                                    [dt] * len(inside), [n or None for n in gpus], "startup"),
+                               None, acct)
         else:
             pace = self.hist.pace(inside, S.born, window, b) if window >= 2 * b \
                 else np.full(len(inside), np.nan)
@@ -1088,36 +1088,6 @@ class GoodputLedger:
                          self._default_gpus(), None, acct)
         self.pace = _pace(self.job_history, self.window, b)
         self.slow_since = (self.slow_since or t0) if slow else None
-
-    def _settle_at_once(self, t0: float, t1: float, slots: np.ndarray, gpus: list[int],
-                        cause: str, seconds: float, acct: SweepAccount) -> None:
-        """A slice of ``cause`` for each slot that :meth:`_settle` would settle in this sweep
-        with nothing before it (a final cause, nothing unsettled): settled here, as it would,
-        without making the Slice (the startup sweeps: every group's, each sweep). Their rows
-        exist (_add_many made them)."""
-        S, c = self.slots, _CAUSE[cause]
-        S.bad[slots, c] += seconds
-        S.bad_has[slots, c] = True
-        n = S.gpus[slots]
-        on = slots[n > 0]
-        S.gbad[on, c] += seconds * n[n > 0]
-        S.gbad_has[on, c] = True
-        acct.badput[cause] = sum([seconds] * len(slots), acct.badput[cause])  # one by one
-        gids, open_iv = S.gids, self.open_intervals
-        for slot, n in zip(slots.tolist(), gpus, strict=True):
-            key = str(gids[slot])
-            cur = open_iv.get(key)
-            if cur is not None and cur.cause == cause and cur.incident is None \
-                    and cur.eviction_id is None and abs(cur.end - t0) <= 1e-6:
-                cur.end = t1
-                cur.replica_seconds += seconds
-                cur.gpu_seconds = cur.gpu_seconds + seconds * n \
-                    if cur.gpu_seconds is not None and n else None
-                continue
-            if cur is not None:
-                self._close_interval(cur)
-            open_iv[key] = Interval(t0, t1, gids[slot], cause, seconds,
-                                    seconds * n if n else None, None, None, None)
 
     def _pending_to_stall(self, inc: Incident | None) -> None:
         """Pending slow time since the last commit was the stall's beginning."""
