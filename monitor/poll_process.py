@@ -83,7 +83,7 @@ class PollHandle:
     (and under the same GIL as) the end of the sweep before."""
 
     __slots__ = ("urls", "results", "batches", "received", "done", "why", "bound_s", "child",
-                 "sent_at")
+                 "sent_at", "finished_at")
 
     def __init__(self, urls: list[str], bound_s: float, child: _Child | None) -> None:
         self.urls = urls
@@ -95,6 +95,7 @@ class PollHandle:
         self.bound_s = bound_s
         self.child = child
         self.sent_at = time.monotonic()
+        self.finished_at: float | None = None  # when the last poll came (or the child died)
         if not urls:
             self.finish(None)
 
@@ -103,6 +104,7 @@ class PollHandle:
         self.batches.put(rows)
 
     def finish(self, why: str | None) -> None:
+        self.finished_at = time.monotonic()
         self.why = why
         self.done.set()
         self.batches.put(None)

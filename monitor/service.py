@@ -77,6 +77,10 @@ POLL_PROCESS_MIN_TARGETS = 50_000
 # inside the group is asked right after the states (Monitor._ask_fr_early): a hang's evidence
 # sooner. More such groups at once is no single hang: their dumps are asked after the view.
 EARLY_FR_GROUPS = 8
+# With the poller in its own process, the next sweep's ranks are asked this many times the last
+# sweep's polling time (asked -> last answer) before the next sweep starts (Monitor._due_to_ask):
+# in when it starts, no older than they must be
+ASK_LEAD = 1.25
 
 class _Ahead:
     """The next sweep's polls, asked during this one (Monitor._ask_ahead_early, _ask_ahead):
@@ -91,6 +95,12 @@ class _Ahead:
     @property
     def sent_at(self) -> float:
         return self.handles[0].sent_at
+
+    @property
+    def poll_s(self) -> float | None:
+        """Seconds from asking the plan's ranks to their last answer (None: not all in)."""
+        h = self.handles[0]
+        return None if h.finished_at is None else h.finished_at - h.sent_at
 
     def result(self) -> dict[str, RankPoll]:
         polls = self.handles[0].result()
@@ -188,6 +198,8 @@ class Monitor:
         self.sweep_plan = None  # what the last sweep polled (schedule.last may be the next's)
         self._ahead: _Ahead | None = None  # the next sweep's polls, already asked
         self._last_sweep_s = 0.0  # the last sweep's seconds, start to end
+        self._sweep_started = 0.0  # time.monotonic() at the start of the current or last sweep
+        self._poll_s: float | None = None  # the last sweep's polling, asked -> last answer
         self.fr_leaders_skipped = False  # the last Flight Recorder fetch skipped the leaders'
         # query -> (URLs, PollHandle): dumps asked before the view (the periodic look's)
         self._fr_ahead: dict[str, tuple] = {}
@@ -256,11 +268,48 @@ class Monitor:
             except Exception as e:  # a bug in one stage must not end monitoring
                 log.exception("sweep failed")
                 self.last_sweep_error = f"{type(e).__name__}: {e}"
-            self._stop.wait(max(0.0, self.cfg.interval_s - (time.monotonic() - started)))
+            self.wait_next(started)
+
+    def wait_next(self, started: float) -> bool:
+        """Wait for the next sweep: ``interval_s`` after ``started`` (the last sweep's start,
+        on ``time.monotonic``). With the poller in its own process and the next sweep's ranks
+        not asked yet, they are asked ASK_LEAD times the last sweep's polling time before it
+        (:meth:`_due_to_ask`), so that their answers are in when it starts: a sweep shorter
+        than the interval no longer makes the next one wait for its polls (at 100,000 ranks
+        0.4-0.7 s, docs/scaling.md). True when the monitor was stopped meanwhile."""
+        next_start = started + self.cfg.interval_s
+        if self._ahead is None and self.view is not None and self._may_ask_ahead():
+            lead = ASK_LEAD * (self._poll_s or 0.0)
+            if self._stop.wait(max(0.0, next_start - lead - time.monotonic())):
+                return True
+            try:
+                self._ahead = self._plan_ahead(self.view)
+            except Exception:
+                log.exception("could not ask the next sweep's ranks ahead")
+        return self._stop.wait(max(0.0, next_start - time.monotonic()))
+
+    def _may_ask_ahead(self) -> bool:
+        """The next sweep's ranks can be asked before it starts: the poller runs in its own
+        process (asking does not hold this one) and this monitor is not a shard (its targets
+        may change with its lease)."""
+        return isinstance(self.poller, ProcessPoller) and self.shard is None
+
+    def _due_to_ask(self) -> bool:
+        """Whether the next sweep's ranks are due to be asked now: the next sweep may start
+        (the interval after this one's start) within ASK_LEAD times the last sweep's polling
+        time. Asked later, the next sweep would wait for them; asked sooner, its answers would
+        be older than they must be. Not "when this sweep will end": a sweep's length is mostly
+        whether its answers were in when it began (measured at 100,000 ranks: 0.6 s with them
+        in, 1.3-1.8 s without, alternating when predicted from the last one's)."""
+        if self._poll_s is None:
+            return True
+        next_start = self._sweep_started + self.cfg.interval_s
+        return next_start - time.monotonic() <= ASK_LEAD * self._poll_s
 
     # --- one sweep -------------------------------------------------------------------
     def sweep_once(self) -> ClusterView:
         t0 = time.perf_counter()
+        self._sweep_started = time.monotonic()
         if self._gc_frozen:
             gc.disable()  # re-enabled once what survived the sweep is frozen (_freeze_gc)
         ahead, self._ahead = self._ahead, None
@@ -271,11 +320,14 @@ class Monitor:
         if ahead is not None:  # asked during the last sweep (_ask_ahead_early, _ask_ahead)
             targets, plan = ahead.targets, ahead.plan
             polls = ahead.result()
+            self._poll_s = ahead.poll_s or self._poll_s
         else:
             targets = self._targets()
             self._fit_poller(len(targets))
             plan = self.schedule.plan(targets, self.view, self.clock(), self._suspect_groups())
+            asked = time.monotonic()
             polls = self.poller.sweep(plan.urls, queries=self.detectors.state_queries(plan.urls))
+            self._poll_s = time.monotonic() - asked
         self.sweep_plan = plan
         # a leader blocked on its group: that group's other ranks now, not next sweep
         drill = self.schedule.drill_now(polls, self.view, self.clock())
@@ -310,7 +362,7 @@ class Monitor:
         self._decide_all(view, evidence, now)
         self._confirm_evictions(view, now)
         tail = time.perf_counter()
-        self._ask_ahead(t0, view)
+        self._ask_ahead(view)
         self._account_goodput(evidence, now)
         view.sweep_seconds = evidence.sweep_seconds = time.perf_counter() - t0
         self.view, self.evidence = view, evidence
@@ -349,9 +401,10 @@ class Monitor:
         self.poller.max_idle = max(self.poller.max_idle, n_targets + 1024)
 
     def _ask_ahead_early(self, view: ClusterView) -> None:
-        """With the poller in its own process, when the last sweep outlasted the interval (so
-        the next one will start as soon as this one ends), ask the next sweep's ranks as soon
-        as this sweep's view is built: their polling (the poller process and the ranks, ~0.9 s
+        """With the poller in its own process, when the next sweep's ranks are due to be asked
+        (:meth:`_due_to_ask`: it starts within ASK_LEAD times the polling time, as when the
+        last sweep outlasted the interval and the next one starts as soon as this one ends),
+        ask them as soon as this sweep's view is built: their polling (the poller process and the ranks, ~0.9 s
         of CPU at 100,000 ranks on this 2-core box) then runs beside this sweep's Flight
         Recorder fetch, detectors, ledgers and metrics, not after them. The plan is made from
         this sweep's view, as the next sweep would make it, with the groups the detectors
@@ -363,8 +416,7 @@ class Monitor:
         (measured: the dumps 0.6 s later); :meth:`_ask_ahead` asks after it, as before. Never
         raises: a failure is logged and :meth:`_ask_ahead` or the next sweep asks instead."""
         plan = self.sweep_plan
-        if not isinstance(self.poller, ProcessPoller) or self.shard is not None \
-                or self._last_sweep_s < self.cfg.interval_s or plan is None or plan.drilled:
+        if not self._may_ask_ahead() or plan is None or plan.drilled or not self._due_to_ask():
             return
         try:
             self._ahead = self._plan_ahead(view, None if view.polled is None
@@ -382,11 +434,11 @@ class Monitor:
         return _Ahead(targets, plan, self.poller.start(
             plan.urls, queries=self.detectors.state_queries(plan.urls, kept)))
 
-    def _ask_ahead(self, t0: float, view: ClusterView) -> None:
+    def _ask_ahead(self, view: ClusterView) -> None:
         """With the poller in its own process, send the next sweep's requests now, while this
         sweep does what no finding waits for (the goodput ledger, metrics, file_sd: ~0.3 s at
-        100,000 ranks), when the next sweep will start as soon as this one ends (this one
-        takes the whole interval). The next sweep then uses those answers: its plan is made
+        100,000 ranks), when they are due (:meth:`_due_to_ask`; else :meth:`wait_next` asks
+        them before the next sweep). The next sweep then uses those answers: its plan is made
         from this sweep's view, as it would be then, and its answers are no older when its
         detectors read them (the same poll, view, detectors path), so findings come sooner by
         what the two overlap. When :meth:`_ask_ahead_early` already asked them, only the
@@ -403,8 +455,7 @@ class Monitor:
                 self._ahead = None
                 log.exception("could not ask the next sweep's suspect groups ahead")
             return
-        if not isinstance(self.poller, ProcessPoller) or self.shard is not None \
-                or time.perf_counter() - t0 + self._tail_s < self.cfg.interval_s:
+        if not self._may_ask_ahead() or not self._due_to_ask():
             return
         try:
             self._ahead = self._plan_ahead(view)

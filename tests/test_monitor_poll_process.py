@@ -191,24 +191,25 @@ def process_monitor(tmp_path, monkeypatch):
     sim.stop()
 
 
-def test_the_next_sweep_is_asked_ahead_when_it_follows_at_once(process_monitor):
-    """A sweep that outlasts the interval asks the next sweep's ranks before its ledger and
-    metrics; the next sweep folds those answers (asked before it began). A next sweep that
-    comes later than the interval asks again: never answers older than that."""
+def test_the_next_sweep_is_asked_ahead_when_due(process_monitor, monkeypatch):
+    """When the next sweep is due within ASK_LEAD x the polling time (here always: as if the
+    polling took longer than the interval), a sweep asks the next sweep's ranks before its
+    ledger and metrics; the next sweep folds those answers (asked before it began). A next
+    sweep that comes later than the interval asks again: never answers older than that."""
+    from monitor import service
+
     mon, sim = process_monitor
     rank = sim.ranks[1]
-    mon._tail_s = 1.0  # as if the ledger took a second: the next sweep will follow at once
+    monkeypatch.setattr(service, "ASK_LEAD", 1e6)
     mon.sweep_once()
     assert isinstance(mon.poller, ProcessPoller)
     plan, handle = mon._ahead.plan, mon._ahead.handles[0]
     assert set(plan.urls) == set(handle.urls) == set(sim.urls)
     wait_until(handle.done.is_set, 10, "the answers asked ahead")
     rank.update(step=101)  # after they were asked: the next sweep cannot see it
-    mon._tail_s = 1.0
     view = mon.sweep_once()
     assert view.ranks[rank.url].state["step"] == 100
     assert mon.sweep_plan is plan
-    mon._tail_s = 1.0
     view = mon.sweep_once()  # the answers asked during the last sweep's tail
     assert view.ranks[rank.url].state["step"] == 101
     # too late for the answers asked ahead: asked again, the change made meanwhile is seen
@@ -221,21 +222,38 @@ def test_the_next_sweep_is_asked_ahead_when_it_follows_at_once(process_monitor):
     assert view.ranks[rank.url].state["step"] == 102
 
 
-def test_a_sweep_inside_the_interval_does_not_ask_ahead(process_monitor):
+def test_a_sweep_inside_the_interval_asks_the_next_one_just_before_it(process_monitor):
+    """A sweep well inside the interval does not ask the next sweep's ranks (their answers
+    would wait, growing old); the loop's wait (Monitor.wait_next) asks them ASK_LEAD x the
+    polling time before the next sweep is due, not sooner: a change made during the wait is
+    in them, and the next sweep starts with its answers asked (it does not poll again)."""
+    from monitor import service
+
     mon, sim = process_monitor
-    # 4 ranks sweep in milliseconds; 30 s keeps a loaded box's sweeps inside the interval too
+    rank = sim.ranks[1]
+    # 4 ranks sweep and poll in milliseconds; 3 s keeps a loaded box's inside the interval
     # (the first sweep also starts the poller process: at load 4, over 0.3 s)
-    mon.cfg.interval_s = 30.0
-    mon.sweep_once()  # the first: its tail is not known yet (0 s)
+    mon.cfg.interval_s = 3.0
     mon.sweep_once()
-    assert mon._tail_s < mon.cfg.interval_s / 2 and mon._last_sweep_s < mon.cfg.interval_s
-    assert mon._ahead is None
+    started = time.monotonic()
+    mon.sweep_once()
     assert isinstance(mon.poller, ProcessPoller)
+    assert mon._poll_s is not None and mon._poll_s * service.ASK_LEAD < 1.0
+    assert mon._ahead is None
+    rank.update(step=101)  # during the wait, before the next sweep's ranks are asked
+    assert mon.wait_next(started) is False
+    assert time.monotonic() >= started + mon.cfg.interval_s
+    ahead = mon._ahead
+    assert ahead is not None  # asked in the wait, not at the sweep's end:
+    assert ahead.sent_at >= started + mon.cfg.interval_s \
+        - service.ASK_LEAD * mon._poll_s - 0.05
+    view = mon.sweep_once()
+    assert mon.sweep_plan is ahead.plan
+    assert view.ranks[rank.url].state["step"] == 101
 
 
 def test_the_next_sweep_is_asked_early_and_its_suspects_added(tmp_path, monkeypatch):
-    """After a sweep that outlasted the interval, the next sweep's ranks are asked as soon as
-    this sweep's view is built (before its detectors run: the polling then overlaps them); a
+    """When the next sweep is due, its ranks are asked as soon as this sweep's view is built (before its detectors run: the polling then overlaps them); a
     group the detectors newly suspect in this sweep is added to that plan and drilled (its
     other ranks asked too), and the next sweep polls exactly the plan's URLs."""
     from monitor import service
@@ -261,7 +279,9 @@ def test_the_next_sweep_is_asked_early_and_its_suspects_added(tmp_path, monkeypa
             return out
 
         mon.detectors.update = detecting
-        mon._last_sweep_s = 1.0  # as if the last sweep took a second
+        # the next sweep due within ASK_LEAD x the polling time: as if the polling took longer
+        # than the interval
+        monkeypatch.setattr(service, "ASK_LEAD", 1e6)
         mon.sweep_once()
         assert asked_before_detectors == [True]
         ahead = mon._ahead
