@@ -6,7 +6,9 @@ The ranks are virtual: ``--procs`` (2) server processes (tests/support/virtual_r
 one (discovery, poller, view, schedule, verification off, detectors, goodput, metrics), in
 this process, with ``--leader-polling on``. It reports:
 
-- the first sweep (every rank), then the leader sweeps' median and worst over ``--sweeps``;
+- the first sweep (every rank), then the leader sweeps' ``sweep_once`` wall time and the period
+  from one's start to the next's (the monitor's loop is played by ``Monitor.wait_next``: the
+  interval, and the next sweep's ranks asked in time for it);
 - a hang planted in a non-leader rank of one group: how long until that group is drilled
   (every one of its ranks polled in one sweep), how long the drilled sweep takes, and when
   the hang is confirmed (from the drilled group's Flight Recorder: the virtual ranks serve a
@@ -18,15 +20,14 @@ this process, with ``--leader-polling on``. It reports:
   until the straggler finding is confirmed (the ranks serve per-step timings), counted from
   the start of its first slow step, with a timeline per sweep (``straggler_timeline``);
 - ``healthy_drilled_groups``: the groups drilled in each healthy leader sweep (none expected);
-- the monitor process's RSS, and its own CPU seconds per sweep (all its threads; the virtual
-  ranks' processes excluded), and the seconds its cyclic garbage collector took per sweep;
-  of it, the thread that polls (the in-thread poller: HTTP and JSON) or reads the poller
-  process's answers (JSON); the poller process's CPU (monitor/poll_process.py, from 50,000
+- the monitor process's RSS, and its own CPU seconds per sweep and the wait after it (all its
+  threads; the virtual ranks' processes excluded), and the seconds its cyclic garbage
+  collector took per sweep; of it, the thread that polls (the in-thread poller: HTTP and
+  JSON) or reads the poller process's answers (JSON); the poller process's CPU (monitor/poll_process.py, from 50,000
   targets) and the virtual ranks' processes' CPU seconds per leader sweep beside it;
 - ``poll_to_findings``: per leader sweep, the seconds from asking its ranks to its detectors'
-  end (with the poller process the next sweep is asked during this one's end: a leader sweep's
-  wall time is then the time between sweeps, and this is how old the answers are when the
-  findings are made).
+  end (with the poller process the next sweep is asked during this one, in time for it: this
+  is how old the answers are when the findings are made).
 
 Members are polled every ``--member-interval`` 30 s (the monitor's default is 10 s): at 100,000
 ranks 12,500 leaders + 2,900 members a sweep instead of + 8,750 (~15,400 requests instead of
