@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 
 from monitor.goodput_writer import GoodputWriter
 from monitor.store import Store
@@ -45,6 +46,14 @@ def interval(n: int) -> dict:
 
 def incident(n: int, closed: bool = False) -> dict:
     return {"id": 1, "kind": "hang", "sweep": n, "closed_at": 9.0 if closed else None}
+
+
+def failed_first(writer: GoodputWriter, timeout_s: float = 10.0) -> None:
+    """Wait (polling, with a deadline) until the writer's first write has failed."""
+    deadline = time.monotonic() + timeout_s
+    while writer.error is None:
+        assert time.monotonic() < deadline, "the first write did not fail"
+        time.sleep(0.01)
 
 
 def stored(path: str) -> tuple:
@@ -96,9 +105,12 @@ def test_close_writes_what_is_pending_and_refuses_more(tmp_path):
     path = str(tmp_path / "m.sqlite")
     store = GatedStore(path)
     writer = GoodputWriter(store)
-    store.fail_next = 1
+    store.fail_next = 2  # the first write and the flush's try again
     writer.submit(state(1), [], [interval(1)], at=1.0)
-    assert not writer.flush(10)
+    # the first write has failed before the flush: else the flush's wait would see that failure
+    # and return, and the try again would fall to close (a failing run of this test, once)
+    failed_first(writer)
+    assert not writer.flush(10) and store.calls == 2
     assert writer.close(10)  # the stop's last try writes it
     assert stored(path)[0] == state(1) and [iv["start"] for iv in stored(path)[2]] == [1.0]
     try:
@@ -114,7 +126,8 @@ def test_a_write_that_keeps_failing_is_reported_at_close(tmp_path, caplog):
     writer = GoodputWriter(store)
     store.fail_next = 5
     writer.submit(state(1), [], [interval(1)], at=1.0)
-    assert not writer.flush(10) and store.calls == 1
+    failed_first(writer)
+    assert not writer.flush(10) and store.calls == 2  # the first try and the flush's
     assert not writer.close(10)
-    assert store.calls == 2  # the first try and the close's, no loop in between
+    assert store.calls == 3  # and the close's: no loop in between
     assert "not written at stop" in caplog.text and "disk is full" in caplog.text
