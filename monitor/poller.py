@@ -702,8 +702,9 @@ class Poller:
             if target is not None and target[0] == conn.key:
                 sw.next += 1
                 sw.active += 1
-                nreq = _Request(sw, i, nxt, conn.key, target[1] + sw.path + target[2], now,
-                                now + sw.timeout)
+                wire = target[1] + sw.path + target[2] if sw.queries is None else \
+                    target[1] + sw.path + sw.queries[i] + target[2]  # its own query, as _launch
+                nreq = _Request(sw, i, nxt, conn.key, wire, now, now + sw.timeout)
                 sw.inflight.append(nreq)
                 if sw.timer is None:
                     sw.timer = self._loop.call_at(nreq.deadline, self._expire, sw)
