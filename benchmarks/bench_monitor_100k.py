@@ -43,6 +43,11 @@ are pessimistic; the load average is printed with them. ``--ranks-nice N`` start
 ranks' processes at that niceness: the kernel then gives the monitor (and its poller process)
 the cores first and the simulated ranks what is left, nearer a real job's ranks, which run on
 other machines. Their CPU is still spent on the same cores, so the figures stay an upper bound.
+``--ranks-cpus 1`` confines the virtual ranks to those CPUs (the monitor and its poller process
+may use every core): on a 2-core box the ranks then take their CPU from one core, as a real
+job's ranks take none of the monitor host's. The leader sweep's wall time is the sweeping
+thread's own CPU plus what other processes take from its core
+(``leader_main_cpu_median_s``: that thread's CPU in ``sweep_once``).
 
     .venv/bin/python benchmarks/bench_monitor_100k.py --groups 12500 --group-size 8
 """
@@ -58,6 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -97,10 +103,12 @@ def save(row: dict, path: str | None) -> int:
 
 
 def start(n: int, procs: int, group_size: int, step_s: float,
-          source: str | None = None, nice: int = 0) -> tuple[list, list[str]]:
+          source: str | None = None, nice: int = 0, cpus: set[int] | None = None
+          ) -> tuple[list, list[str]]:
     """``procs`` virtual-rank processes serving ranks 0..n-1, whole groups each: this tree's
     tests/support/virtual_ranks.py, or ``source`` (another revision's) run with ``-c``;
-    ((process, first rank, ranks), URLs)."""
+    ((process, first rank, ranks), URLs). ``nice``: their niceness; ``cpus``: the CPUs they
+    may run on (default: any)."""
     per = -(-n // procs)
     per = -(-per // group_size) * group_size  # whole groups per process
     out, urls = [], []
@@ -114,7 +122,7 @@ def start(n: int, procs: int, group_size: int, step_s: float,
         cmd = [sys.executable, "-m", "tests.support.virtual_ranks", *argv] if source is None \
             else [sys.executable, "-c", source, *argv]
         p = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True, preexec_fn=(lambda: os.nice(nice)) if nice else None)
+                             text=True, preexec_fn=partial(_lower, nice, cpus))
         out.append((p, offset, k))
     for p, offset, k in out:
         line = p.stdout.readline()
@@ -123,6 +131,14 @@ def start(n: int, procs: int, group_size: int, step_s: float,
         port = int(line.split()[1])
         urls += [f"http://127.0.0.1:{port}/r/{r}" for r in range(offset, offset + k)]
     return out, urls
+
+
+def _lower(nice: int, cpus: set[int] | None) -> None:
+    """In a virtual-rank process before it runs: its niceness and the CPUs it may use."""
+    if nice:
+        os.nice(nice)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
 
 
 def cpu_of(procs: list) -> float:
@@ -465,6 +481,9 @@ def main() -> int:
     ap.add_argument("--ranks-nice", type=int, default=0,
                     help="niceness of the virtual ranks' processes (0: as the monitor's; 19: "
                          "the monitor first, nearer ranks on other machines)")
+    ap.add_argument("--ranks-cpus", default=None,
+                    help="CPUs the virtual ranks' processes may run on, e.g. 1 or 2,3 "
+                         "(default: any; the monitor may always use every CPU)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.poller == "thread" and hasattr(service, "POLL_PROCESS_MIN_TARGETS"):
@@ -472,12 +491,15 @@ def main() -> int:
     raise_fd_limit()
     gc_clock = GcClock()
     n = args.groups * args.group_size
-    procs, urls = start(n, args.procs, args.group_size, args.step_s, nice=args.ranks_nice)
+    cpus = {int(c) for c in args.ranks_cpus.split(",")} if args.ranks_cpus else None
+    procs, urls = start(n, args.procs, args.group_size, args.step_s, nice=args.ranks_nice,
+                        cpus=cpus)
     row: dict = {"load_average_start": os.getloadavg()[0],
                  "ranks": n, "groups": args.groups, "group_size": args.group_size,
                  "procs": len(procs), "step_s": args.step_s, "poller": args.poller,
                  "member_interval_s": args.member_interval,
-                 "ranks_nice": args.ranks_nice}
+                 "ranks_nice": args.ranks_nice,
+                 "ranks_cpus": sorted(cpus) if cpus else None}
     try:
         with tempfile.TemporaryDirectory() as d:
             mon = Monitor(MonitorConfig(port=0, targets=urls, state_path=os.path.join(d, "m.db"),
@@ -489,6 +511,7 @@ def main() -> int:
                 view = mon.sweep_once()
                 row["first_sweep_s"] = time.perf_counter() - t
                 row["first_up"] = sum(r.reachable for r in view.ranks.values())
+                main_cpu: list[float] = []  # the sweeping thread's own CPU in sweep_once
                 times, cpu, polled, gcs, ranks_cpu, child_cpu, thread_cpu, periods = (
                     [] for _ in range(8))
                 drilled = []  # groups drilled per healthy sweep (should be none)
@@ -499,7 +522,9 @@ def main() -> int:
                     started = time.monotonic()
                     pc = pollers.read()
                     gc_clock.take()
+                    main = time.thread_time()
                     mon.sweep_once()
+                    main_cpu.append(time.thread_time() - main)
                     gcs.append(gc_clock.take())
                     times.append(time.perf_counter() - t)
                     polled.append(len(sweep_plan(mon).urls))
@@ -522,6 +547,10 @@ def main() -> int:
                            leader_period_median_s=statistics.median(periods),
                            leader_cpu_median_s=statistics.median(cpu),
                            leader_cpu_max_s=max(cpu), polled_median=statistics.median(polled),
+                           # of it, the sweeping thread's own in sweep_once (the rest of the
+                           # sweep's wall time: other processes on its core, the GIL, answers)
+                           leader_main_cpu_median_s=statistics.median(main_cpu),
+                           leader_main_cpu_s=[round(x, 3) for x in main_cpu],
                            leader_gc_s=[round(x, 3) for x in gcs],
                            ranks_cpu_median_s=statistics.median(ranks_cpu),
                            # the monitor process's CPU (all its threads) = leader_cpu_*; of it

@@ -88,12 +88,11 @@ class InProcessPoller:
             out = {u: RankPoll(u, False, reason="http_status", error="HTTP 404: b''")
                    for u in urls}
         else:  # parsed as the monitor parses an answer (poll_process: judge_body, msgspec)
-            state, index, at = self.vr.state, self.index, time.time()
-            if queries is None:
-                out = {u: judge_body(u, state(index[u]), 0.0, at) for u in urls}
-            else:  # "?since=N" (Detectors.state_queries), as a virtual rank reads it
-                out = {u: judge_body(u, state(index[u], int(q[7:]) if q else None), 0.0, at)
-                       for u, q in zip(urls, queries, strict=True)}
+            asked, index, at = self.vr.state_asked, self.index, time.time()
+            queries = queries or [""] * len(urls)
+            # "?since=N&recent=M" (Detectors.state_queries), as a virtual rank reads it
+            out = {u: judge_body(u, asked(index[u], q), 0.0, at)
+                   for u, q in zip(urls, queries, strict=True)}
         spent = time.thread_time() - t
         self.cpu_seconds += spent
         if self.stack:  # not the stage's own work

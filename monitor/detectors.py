@@ -80,13 +80,20 @@ import numpy as np
 
 from .analysis import GroupKey, RankTrace, analyze, normalize_dumps
 from .config import DetectorConfig
-from .view import ClusterView, GroupView, RankView
+from .view import STEP_TIMES_READ, ClusterView, GroupView, RankView
 
 log = logging.getLogger(__name__)
 
 Analyzer = Callable[[Mapping[int, RankTrace]], Any]  # normalized traces -> result with .findings
 KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting",
          "quarantined_host")  # the last one is opened by monitor.hosts through report()
+# the query of a rank whose rows the detectors hold none of, nor its group's: every timing row
+# it serves, the step times the view reads (Detectors.state_queries)
+EVERY_ROW_QUERY = f"?recent={STEP_TIMES_READ}"
+# a rank with no rows folded whose group's are (a member polled at its slower cadence) is asked
+# for the rows after its group's newest folded step less the straggler's window and this many
+# steps more: what a window needs, with room for groups a step apart (Detectors.state_queries)
+WINDOW_SLACK_STEPS = 2
 STEP_MEMORY = 32  # per-step timings kept per rank (ranks serve their last 16)
 TIMING_KEYS = ("step_s", "compute_s", "wait_cross_s", "wait_group_s")
 # a folded step row is a tuple in TIMING_KEYS' order (a dict per row cost ~2x as much to make)
@@ -450,7 +457,9 @@ class Detectors:
         self._periodic_held: tuple[float, bool] | None = None  # (now, held) of that sweep
         # per rank URL: (replica_id, {step: its row packed, _ROW}) from the ranks' own timing
         self._steps: dict[str, tuple[str | None, dict[int, bytes]]] = {}
-        self._since_queries: dict[int, str] = {}  # step -> "?since=<step>" (state_queries)
+        self._since_queries: dict[int, str] = {}  # step -> "?since=<step>&..." (state_queries)
+        # per replica group: (replica id, the newest step folded from any of its ranks)
+        self._group_newest: dict[int, tuple[str | None, int]] = {}
         # job progress on the monitor's clock: each in-quorum group's step (of the newest
         # quorum id, ``_progress_quorum``), kept per group, and since when none moved
         self._progress_steps: dict[int, int] = {}
@@ -477,15 +486,24 @@ class Detectors:
         self.last_error: str | None = None
 
     # --- public ----------------------------------------------------------------------
-    def state_queries(self, urls: Iterable[str], kept: Container[str] | None = None
-                      ) -> list[str]:
-        """Per URL, the query its next ``/v1/state`` is asked with: ``?since=N``, N the newest
-        step whose timing row is folded for it (the WorkerServer then serves only the newer
-        rows, monitor/poller.py's per-URL queries), or ``""`` where none is (a member not
-        polled last sweep, a new rank: it serves every row it has, which the straggler's
-        window needs). The rows left out are those :func:`timing_rows` would skip anyway (it
-        reads back to the first folded step); a rank that ignores the query (an older
-        WorkerServer) serves them all, as before.
+    def state_queries(self, urls: Iterable[str], kept: Container[str] | None = None,
+                      view: ClusterView | None = None) -> list[str]:
+        """Per URL, the query its next ``/v1/state`` is asked with: ``?since=N&recent=16``, N
+        the newest step whose timing row is folded for it (the WorkerServer then serves only
+        the newer rows, monitor/poller.py's per-URL queries), or ``?recent=16`` where none is
+        (a new rank: it serves every row it has). The rows left out are those
+        :func:`timing_rows` would skip anyway (it reads back to the first folded step);
+        ``recent=16``: of its 64 ``recent_step_seconds`` the newest 16, all the view reads
+        (STEP_TIMES_READ). A rank that ignores the query (an older WorkerServer) serves them
+        all, as before.
+
+        A rank with nothing folded whose replica group has rows folded (``view``: the group it
+        last answered as, of the same replica id), as a member polled at its slower cadence
+        is, is asked ``?since=G-W-2&recent=16``, G its group's newest folded step and W the
+        straggler's window: the newest steps, all the window reads of it (its group's ranks
+        step together, and the groups within a step of each other), not the 16 a rank serves
+        (at 100,000 ranks ~2,900 members a sweep, 16 rows each, were more rows than the
+        12,500 leaders').
 
         A rank whose incarnation changed under the same URL may be asked past its new rows
         once: the fold then starts its memory afresh (new replica id), empty, and the next
@@ -495,19 +513,27 @@ class Detectors:
         it (the rest are asked for every row): a fold keeps only the memory of the ranks its
         view polled, and a rank asked ``since`` its dropped memory would serve too few rows
         for the window."""
-        steps, cache = self._steps, self._since_queries
+        steps, cache, group_newest = self._steps, self._since_queries, self._group_newest
+        ranks = view.ranks if view is not None else {}
+        back = self.cfg.straggler_steps + WINDOW_SLACK_STEPS
         out = []
         for url in urls:
             known = steps.get(url)
             if known is None or not known[1] or (kept is not None and url not in kept):
-                out.append("")
-                continue
-            newest = next(reversed(known[1]))  # the last folded (rows are served oldest first)
+                rv = ranks.get(url)
+                st = rv.state if rv is not None else None
+                got = group_newest.get(st.get("replica_group")) if st else None
+                if got is None or got[0] != st.get("replica_id"):
+                    out.append(EVERY_ROW_QUERY)
+                    continue
+                newest = got[1] - back
+            else:
+                newest = next(reversed(known[1]))  # the last folded (served oldest first)
             q = cache.get(newest)
             if q is None:
                 if len(cache) > 4096:
                     cache.clear()
-                q = cache[newest] = f"?since={newest}"
+                q = cache[newest] = f"?since={newest}&recent={STEP_TIMES_READ}"
             out.append(q)
         return out
 
@@ -993,7 +1019,7 @@ class Detectors:
         got = self._answers
         if got is not None and got.view is view:
             return got
-        steps = self._steps
+        steps, group_newest = self._steps, self._group_newest
         out = self._answers = _Answers(view)
         counts, silent, by_group, mixed = out.counts, out.silent, out.by_group, out.mixed
         for url, r in self._fresh_ranks(view):
@@ -1025,6 +1051,11 @@ class Detectors:
                 g = s["replica_group"]
                 if type(g) is not int:
                     g = int(g)
+                if new:  # its group's newest folded step (state_queries' members)
+                    last = next(reversed(by_step))
+                    was = group_newest.get(g)
+                    if was is None or was[1] < last or was[0] != rid:
+                        group_newest[g] = (rid, last)
                 rows = by_group.get(g)
                 if rows is None:
                     by_group[g] = [(r, by_step, rid)]
@@ -1039,6 +1070,8 @@ class Detectors:
         if not steps.keys() <= keep:
             for url in steps.keys() - keep:
                 del steps[url]
+        if len(group_newest) > 2 * len(view.groups) + 1024:  # groups gone: forgotten
+            self._group_newest = {g: v for g, v in group_newest.items() if g in view.groups}
         return out
 
     def _straggler(self, view, dumps, traces, analysis, now) -> list[Finding]:

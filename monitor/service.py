@@ -326,13 +326,15 @@ class Monitor:
             self._fit_poller(len(targets))
             plan = self.schedule.plan(targets, self.view, self.clock(), self._suspect_groups())
             asked = time.monotonic()
-            polls = self.poller.sweep(plan.urls, queries=self.detectors.state_queries(plan.urls))
+            polls = self.poller.sweep(plan.urls, queries=self.detectors.state_queries(
+                plan.urls, view=self.view))
             self._poll_s = time.monotonic() - asked
         self.sweep_plan = plan
         # a leader blocked on its group: that group's other ranks now, not next sweep
         drill = self.schedule.drill_now(polls, self.view, self.clock())
         if drill:
-            polls.update(self.poller.sweep(drill, queries=self.detectors.state_queries(drill)))
+            polls.update(self.poller.sweep(drill, queries=self.detectors.state_queries(
+                drill, view=self.view)))
         # after the ranks: a real rank is never ahead of the Lighthouse read after it
         if self.lighthouse_reader is not None:
             status, error = self.lighthouse_reader.read()
@@ -432,7 +434,7 @@ class Monitor:
         self._fit_poller(len(targets))
         plan = self.schedule.plan(targets, view, self.clock(), self._suspect_groups())
         return _Ahead(targets, plan, self.poller.start(
-            plan.urls, queries=self.detectors.state_queries(plan.urls, kept)))
+            plan.urls, queries=self.detectors.state_queries(plan.urls, kept, view)))
 
     def _ask_ahead(self, view: ClusterView) -> None:
         """With the poller in its own process, send the next sweep's requests now, while this
@@ -450,7 +452,7 @@ class Monitor:
                                                      self._suspect_groups())
                 if extra:
                     self._ahead.handles.append(self.poller.start(
-                        extra, queries=self.detectors.state_queries(extra)))
+                        extra, queries=self.detectors.state_queries(extra, view=view)))
             except Exception:  # its plan may name URLs nobody asked: the next sweep asks
                 self._ahead = None
                 log.exception("could not ask the next sweep's suspect groups ahead")

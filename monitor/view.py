@@ -30,6 +30,10 @@ from .poller import RankPoll
 REQUIRED = {"replica_group": int, "rank": int, "group_rank": int, "step": int,
             "quorum_id": int, "phase": str, "phase_since": (int, float)}
 COMPUTE_PHASES = ("quorum", "forward", "backward")
+# the step times a view reads of each rank: the newest of its ``recent_step_seconds`` (a
+# WorkerServer keeps 64); the monitor asks ``/v1/state?recent=`` this many
+# (Detectors.state_queries) and the medians below read no more
+STEP_TIMES_READ = 16
 
 
 def valid_state(data: Any) -> str | None:
@@ -225,7 +229,7 @@ class GroupView:
         q = [int(r.state["quorum_id"]) for r in self.reachable if r.state]
         return max(q) if q else None
 
-    def median_step_seconds(self, last: int = 16) -> float | None:
+    def median_step_seconds(self, last: int = STEP_TIMES_READ) -> float | None:
         """Median of the recent step times of its reachable ranks polled this sweep (all
         of them without leader polling; with it, an undrilled group's leader: the others'
         carried times are older, and re-reading them for every group made each sweep's
@@ -432,7 +436,7 @@ class ClusterView:
                 out[k] = r
         return out
 
-    def median_step_seconds(self, last: int = 16) -> float | None:
+    def median_step_seconds(self, last: int = STEP_TIMES_READ) -> float | None:
         """Median of the reachable ranks' recent step times, from the ranks polled this sweep
         (all of them without leader polling); once per view and ``last``."""
         cache = self.__dict__.setdefault("_median_steps", {})

@@ -1,13 +1,16 @@
-"""``/v1/state?since=N``: the monitor asks each rank only for the timing rows it has not folded
-(Detectors.state_queries), and finds what it finds when it is served every row.
+"""``/v1/state?since=N&recent=16``: the monitor asks each rank only for the timing rows it has not
+folded and the 16 newest of its 64 step times (Detectors.state_queries), and finds what it finds
+when it is served the whole document.
 
 Two real Monitors (leader polling, the real schedule, view, detectors) sweep the same virtual
 ranks (tests/support/virtual_ranks.py, which serve ``?since=`` as a WorkerServer does) on one
 fake clock, one sweep each in turn: one's poller honours the per-URL queries, the other's
 ignores them (as an older WorkerServer does) and serves every row. Through healthy steps, a
 straggler group and a hung rank (its group drilled, every rank polled), the two must fold the
-same per-step rows for every rank, compute the same straggler lags and open the same findings;
-and the answers must really have been cut (else the test would prove nothing). In-process
+same per-step rows for every rank (a member polled at its slower cadence: its newest ones, all the
+straggler's window reads), compute the same straggler lags and median step times and open the same
+findings; and the answers must really have been cut (else the test would prove
+nothing). In-process
 pollers rather than HTTP: the per-URL query on the wire is tests/test_monitor_poller.py's."""
 
 from __future__ import annotations
@@ -28,16 +31,20 @@ GROUPS, SIZE, STEP_S = 12, 4, 1.0
 
 
 class Answers:
-    """A poller answering each URL with its virtual rank's document, honouring ``?since=N``
-    (``honour``) or serving every row; it counts the timing rows it served."""
+    """A poller answering each URL with its virtual rank's document, honouring its query
+    (``?since=N&recent=16``: ``honour``) or serving the whole document; it counts the timing
+    rows it served."""
 
     max_idle = 0
 
     def __init__(self, vr: VirtualRanks, urls: list[str], honour: bool) -> None:
         self.vr, self.honour = vr, honour
         self.index = {u: i for i, u in enumerate(urls)}
-        self.rows_served = 0
+        self.rows_served = self.seconds_served = 0
         self.cut = 0  # answers asked with ?since=
+        # of them, answers of 6 rows or more: a rank asked since its group's newest step less
+        # the window (a member), not since its own newest (1 or 2 rows at these sweeps)
+        self.member_cut = 0
 
     def sweep(self, urls, path="/v1/state", timeout_s=None, max_bytes=None, queries=None):
         if path.startswith("/v1/fr_trace"):  # the drilled group's dumps: an in-group hang
@@ -46,10 +53,13 @@ class Answers:
         queries = queries or [""] * len(urls)
         out = {}
         for u, q in zip(urls, queries, strict=True):
-            since = int(q.removeprefix("?since=")) if q and self.honour else None
-            self.cut += since is not None
-            body = self.vr.state(self.index[u], since)
-            self.rows_served += len(json.loads(body)["timing"]["recent"])
+            honoured = q if self.honour else ""
+            self.cut += "since=" in honoured
+            body = self.vr.state_asked(self.index[u], honoured)
+            doc = json.loads(body)
+            self.rows_served += len(doc["timing"]["recent"])
+            self.member_cut += "since=" in honoured and len(doc["timing"]["recent"]) >= 6
+            self.seconds_served += len(doc["recent_step_seconds"])
             out[u] = judge_body(u, body, 0.0)
         return out
 
@@ -72,6 +82,22 @@ def monitor(tmp_path, name: str, urls: list[str], poller: Answers, clock) -> Mon
     mon.poller.close()
     mon.poller = poller
     return mon
+
+
+def same_rows(cut: dict, whole: dict) -> bool:
+    """The rows folded from cut answers are those folded from whole ones: the same ranks, each
+    rank's rows those of the whole fold on its steps, and its newest ones all there (a member
+    polled at its slower cadence is asked for its group's newest steps only: the straggler's
+    window of 6 and 2 more, where a whole answer has 16)."""
+    if cut.keys() != whole.keys():
+        return False
+    for url, (rid, rows) in whole.items():
+        got_rid, got = cut[url]
+        newest = sorted(rows)[-(6 + 2):]
+        if got_rid != rid or any(got[s] != rows.get(s) for s in got) \
+                or not set(newest) <= got.keys():
+            return False
+    return True
 
 
 def findings(mon: Monitor) -> set:
@@ -101,39 +127,53 @@ def test_cut_answers_fold_and_find_what_whole_ones_do(tmp_path, clock):
             for mon in mons:
                 mon.sweep_once()
             a, b = mons
-            assert a.detectors._steps == b.detectors._steps, i
+            assert same_rows(a.detectors._steps, b.detectors._steps), i
             assert a.detectors.last_lags == b.detectors.last_lags, i
             assert findings(a) == findings(b), i
+            assert a.view.median_step_seconds() == b.view.median_step_seconds(), i
+            assert [gv.median_step_seconds() for gv in a.view.groups.values()] == \
+                [gv.median_step_seconds() for gv in b.view.groups.values()], i
             seen |= {f[0] for f in findings(a)}
             clock.t += gaps[i % len(gaps)]
     finally:
         for mon in mons:
             mon.stop()
     # both findings were made (so the comparison covered them), and the answers were cut:
-    # leaders polled every sweep asked for one or two rows, not the 8 a virtual rank keeps
+    # leaders polled every sweep asked for one or two rows, not the 16 a virtual rank keeps
     assert {"straggler", "hang"} <= seen
     assert cut.cut > 0.5 * 70 * GROUPS
     assert cut.rows_served < 0.5 * whole.rows_served
+    assert cut.member_cut > 0  # members asked for their group's newest rows
+    assert cut.seconds_served < 0.3 * whole.seconds_served  # 16 of 64
 
 
 def test_state_queries_name_the_newest_folded_step(tmp_path, clock):
     """A leader polled last sweep is asked ``?since=<its newest folded step>``; a rank the
     detectors hold no rows for (never polled, or a member not polled last sweep) is asked for
-    everything; an unknown URL too."""
+    every row; an unknown URL too. Each is asked for the 16 newest step times the view reads
+    (``recent=16``), not the 64 a rank keeps."""
     n = 2 * SIZE
     vr = VirtualRanks(n, 0, SIZE, STEP_S, epoch=900.0)
     urls = [f"http://127.0.0.1:1/r/{r}" for r in range(n)]
     mon = monitor(tmp_path, "m.db", urls, Answers(vr, urls, True), clock)
     try:
-        assert mon.detectors.state_queries(urls) == [""] * n
+        assert mon.detectors.state_queries(urls) == ["?recent=16"] * n
         clock.t += 20.0
         mon.sweep_once()  # every rank
         clock.t += 1.0
         mon.sweep_once()  # the leaders only
         step = int((clock.t - 900.0) / STEP_S)
         got = mon.detectors.state_queries(urls + ["http://127.0.0.1:1/r/99"])
-        assert got[0] == got[SIZE] == f"?since={step - 1}"  # rows up to the step before
-        assert got[1:SIZE] == got[SIZE + 1:2 * SIZE] == [""] * (SIZE - 1)
-        assert got[-1] == ""
+        # rows up to the step before
+        assert got[0] == got[SIZE] == f"?since={step - 1}&recent=16"
+        assert got[1:SIZE] == got[SIZE + 1:2 * SIZE] == ["?recent=16"] * (SIZE - 1)
+        assert got[-1] == "?recent=16"
+        # with the view: a member is asked for the rows its group's window needs (its group's
+        # newest folded step less the 6 of the window and 2)
+        got = mon.detectors.state_queries(urls + ["http://127.0.0.1:1/r/99"], view=mon.view)
+        assert got[0] == got[SIZE] == f"?since={step - 1}&recent=16"
+        assert got[1:SIZE] == got[SIZE + 1:2 * SIZE] == [f"?since={step - 9}&recent=16"] * (
+            SIZE - 1)
+        assert got[-1] == "?recent=16"  # not a rank of the view
     finally:
         mon.stop()

@@ -68,6 +68,7 @@ def int_param(name: str, lo: int, hi: int) -> int | None:
 
 MAX_LAST = 1_000_000
 MAX_STEP = 1 << 62  # ``since`` bound: any torchft step fits, a huge value is a bad parameter
+MAX_RECENT = 1 << 20  # ``recent`` bound: more than any rank keeps
 
 
 def state_since(doc: dict[str, Any], since: int) -> dict[str, Any]:
@@ -82,6 +83,17 @@ def state_since(doc: dict[str, Any], since: int) -> dict[str, Any]:
                             if not isinstance(r, dict) or not isinstance(r.get("step"), int)
                             or r["step"] > since]
         timing["since"] = since
+    return doc
+
+
+def state_recent(doc: dict[str, Any], recent: int) -> dict[str, Any]:
+    """``/v1/state?recent=N``: ``recent_step_seconds`` holds only the newest N step times. A
+    rank keeps 64 (worker_server/state.py) and the monitor reads the newest 16: at 100,000
+    ranks the other 48 were ~1.1 KB of every leader's ~2.3 KB answer, parsed and freed ~15,000
+    times a sweep (docs/scaling.md). Everything else is as ``/v1/state`` serves it."""
+    vals = doc.get("recent_step_seconds")
+    if isinstance(vals, list) and len(vals) > recent:
+        doc["recent_step_seconds"] = vals[len(vals) - recent:]
     return doc
 
 
@@ -166,8 +178,13 @@ def create_app(
     @app.get("/v1/state")
     def v1_state():
         since = int_param("since", -MAX_STEP, MAX_STEP)
+        recent = int_param("recent", 0, MAX_RECENT)
         doc = state.snapshot()
-        return jsonify(doc if since is None else state_since(doc, since))
+        if since is not None:
+            doc = state_since(doc, since)
+        if recent is not None:
+            doc = state_recent(doc, recent)
+        return jsonify(doc)
 
     @app.get("/v1/fr_trace")
     def v1_fr_trace():

@@ -8,9 +8,12 @@ prefix, as behind a proxy). A machine with a 20,000 file descriptor limit cannot
 ranks a port each; the monitor's side (its poller, view, schedule, detectors) is the same.
 
 Ranks are in replica groups of ``group_size`` (group ``rank // group_size``, group rank
-``rank % group_size``) and step every ``step_s`` on the server's clock, and serve the per-step timings of their last 8 steps
-(``timing.recent``, as a WorkerServer's step timer does: compute, in-group and cross-group
-waits), which the straggler detector reads. Commands on stdin, one per line: ``hang <rank>``
+``rank % group_size``) and step every ``step_s`` on the server's clock. Each document has a
+WorkerServer's keys and sizes: the per-step timings of the last 16 steps (``timing.recent``, as
+a WorkerServer's step timer serves them: compute, in-group and cross-group waits, which the
+straggler detector reads), the last 64 step times (``recent_step_seconds``), each a float of
+full precision as a rank's clock gives it, not a short decimal (a leader's answer ~2.3 KB, as a
+WorkerServer's; ``?since=N`` and ``?recent=N`` cut them as worker_server/app.py does). Commands on stdin, one per line: ``hang <rank>``
 (the rank stops stepping; its group's rank 0 then waits in an in-group collective, and every
 other group's ranks in the cross-group one, as in a real FSDP job), ``slow <group> <seconds>``
 (from the next step on the group computes that much longer and every other group waits for it
@@ -45,14 +48,18 @@ from urllib.parse import parse_qs
 from monitor.poller import EVENT_LOOPS, new_event_loop
 from tests.support.frgen import FRJob
 from tests.support.monitor_sim import rank_state
-from worker_server.app import filter_fr_dump
+from worker_server.app import MAX_RECENT, filter_fr_dump
+from worker_server.state import RECENT_STEPS
+from worker_server.timing import TIMING_WINDOW
 
 STEP_MARK = 987654321  # placeholders serialized once, cut out of each rank's template
 RECENT_MARK, LAST_MARK, PHASE_MARK, WAIT_MARK = "@RECENT@", "@LAST@", "@PHASE@", "@WAIT@"
+SECONDS_MARK = "@SECONDS@"
 MARKS = {str(STEP_MARK).encode(): "step", b'"@RECENT@"': "recent", b'"@LAST@"': "last",
-         b'"@PHASE@"': "phase", b'"@WAIT@"': "waiting"}
+         b'"@PHASE@"': "phase", b'"@WAIT@"': "waiting", b'"@SECONDS@"': "seconds"}
 _MARK_RE = re.compile(b"|".join(re.escape(m) for m in MARKS))
-KEEP_STEPS = 8
+KEEP_STEPS = TIMING_WINDOW  # timing rows served, as a WorkerServer's step timer keeps
+SECONDS_STEPS = RECENT_STEPS  # recent_step_seconds served, as a WorkerServer keeps
 RANK_MARK, GROUP_MARK = 900000001, 900000002  # identity placeholders of the FR templates
 FR_STEP = [("all_gather", [[300]]), ("all_gather", [[1000]]), ("reduce_scatter", [[1000]]),
            ("reduce_scatter", [[300]])]
@@ -85,8 +92,11 @@ class VirtualRanks:
             g, gr = divmod(rank, self.group_size)
             s = rank_state(rank, g, step=STEP_MARK, step_seconds=self.step_s)
             s.update(group_rank=gr, group_world_size=self.group_size, host=f"node-{g}",
+                     node=f"node-{g}", hostname=f"node-{g}", local_rank=gr,
+                     device={"type": "cuda", "index": gr,
+                             "uuid": f"GPU-{g:08x}-{gr:04x}-4c3a-9d1e-5b7f2a6c8e0d"},
                      replica_id=f"replica_group_{g}:virtual", commits=STEP_MARK,
-                     phase=PHASE_MARK,
+                     phase=PHASE_MARK, recent_step_seconds=SECONDS_MARK, faults_struck_at={},
                      timing={"recent": RECENT_MARK, "waiting": WAIT_MARK, "last_step": LAST_MARK,
                              "window": None})
             doc = json.dumps(s).encode()
@@ -101,9 +111,10 @@ class VirtualRanks:
             t = self.templates[rank] = (pieces, marks)
         return t
 
-    def state(self, rank: int, since: int | None = None) -> bytes:
-        """The rank's ``/v1/state``; ``since``: ``timing.recent`` only after that step, as a
-        WorkerServer serves ``?since=N`` (worker_server/app.py)."""
+    def state(self, rank: int, since: int | None = None, recent: int | None = None) -> bytes:
+        """The rank's ``/v1/state``; ``since``: ``timing.recent`` only after that step,
+        ``recent``: ``recent_step_seconds`` only the newest N, as a WorkerServer serves
+        ``?since=N`` and ``?recent=N`` (worker_server/app.py)."""
         now = time.monotonic()
         g = rank // self.group_size
         if not self.hung:
@@ -124,12 +135,13 @@ class VirtualRanks:
         # the same step, rows and wait (all of them but the group's, in a healthy job)
         keep = KEEP_STEPS if since is None else max(0, min(KEEP_STEPS, step - since - 1))
         key = (marks, step, rank % 10, g if g in self.slow else -1,
-               tuple(self.slow.items()) if self.slow else (), phase, waiting, keep)
+               tuple(self.slow.items()) if self.slow else (), phase, waiting, keep, recent)
         fill = self._fills.get(key)
         if fill is None:
-            recent, last = self.rows(rank, step, keep)
-            values = {"step": str(step).encode(), "recent": recent, "last": last,
-                      "phase": phase, "waiting": waiting}
+            rows, last = self.rows(rank, step, keep)
+            values = {"step": str(step).encode(), "recent": rows, "last": last,
+                      "phase": phase, "waiting": waiting,
+                      "seconds": self.seconds(rank, step, recent)}
             if len(self._fills) > 10_000:
                 self._fills.clear()
             fill = self._fills[key] = [values[mark] for mark in marks]
@@ -155,20 +167,45 @@ class VirtualRanks:
             got = self._rows[key] = (f"[{', '.join(rows)}]".encode(), last)
         return got
 
-    def row(self, rank: int, step: int) -> str:
-        """One completed step's timing, as a WorkerServer's step timer serves it."""
+    def seconds(self, rank: int, step: int, recent: int | None = None) -> bytes:
+        """``recent_step_seconds`` of the rank at ``step``: the step times of its last 64
+        steps (the newest ``recent``), as its timing rows have them."""
+        g = rank // self.group_size
+        key = ("seconds", rank % 10, step, g if g in self.slow else -1,
+               tuple(self.slow.items()) if self.slow else (), recent)
+        got = self._rows.get(key)
+        if got is None:
+            if len(self._rows) > 10_000:
+                self._rows.clear()
+            first = max(0, step - SECONDS_STEPS)
+            if recent is not None:
+                first = max(first, step - recent)
+            vals = [repr(sum(self.timing(rank, s))) for s in range(first, step)]
+            got = self._rows[key] = f"[{', '.join(vals)}]".encode()
+        return got
+
+    def timing(self, rank: int, step: int) -> tuple[float, float, float]:
+        """(compute, cross-group wait, in-group wait) seconds of one completed step: full
+        floats, as a rank's clock measures them (~17 digits each in JSON)."""
         g = rank // self.group_size
         jitter = ((rank * 7 + step * 13) % 10) * 0.001
-        compute, cross, group = 0.6 * self.step_s, 0.02 + jitter, 0.01 + jitter / 2
+        fine = (((rank % 10) * 7 + step * 13) % 997) * 1.3e-7  # the clock's last digits
+        compute, cross, group = 0.6 * self.step_s + fine, 0.02 + jitter + fine, \
+            0.01 + jitter / 2 + fine
         for h, (first, secs) in self.slow.items():
             if step >= first:
                 if h == g:
                     compute += secs
                 else:
                     cross += secs
-        return (f'{{"step": {step}, "step_s": {compute + cross + group:.4f}, '
-                f'"compute_s": {compute:.4f}, "wait_cross_s": {cross:.4f}, '
-                f'"wait_group_s": {group:.4f}}}')
+        return compute, cross, group
+
+    def row(self, rank: int, step: int) -> str:
+        """One completed step's timing, as a WorkerServer's step timer serves it."""
+        compute, cross, group = self.timing(rank, step)
+        return (f'{{"step": {step}, "step_s": {compute + cross + group!r}, '
+                f'"compute_s": {compute!r}, "wait_cross_s": {cross!r}, '
+                f'"wait_group_s": {group!r}}}')
 
     def fr(self, rank: int, query: str) -> tuple[str, bytes]:
         """(status, body) of ``/v1/fr_trace`` for ``rank``; see the module docstring."""
@@ -204,15 +241,28 @@ class VirtualRanks:
     def answer(self, request_line: bytes) -> tuple[bytes, bytes]:
         """(status, body) for one request line, e.g. ``GET /r/7/v1/state HTTP/1.1``."""
         self.requests += 1
-        since = None
-        at = request_line.find(b"?since=")
+        since = recent = None
+        at = request_line.find(b"/v1/state?")
         if at >= 0:  # a monitor's per-rank query (a new value every step): not in the routes
+            at += 9
             end = request_line.find(b" ", at)
-            try:
-                since = int(request_line[at + 7:end])
-            except ValueError:
-                return b"400 Bad Request", b'{"error": "since must be an integer"}'
-            request_line = request_line[:at] + request_line[end:]
+            for part in request_line[at + 1:end if end >= 0 else None].split(b"&"):
+                name, _, value = part.partition(b"=")
+                if name not in (b"since", b"recent"):
+                    continue  # as Flask does: a parameter nobody reads
+                try:
+                    n = int(value)
+                except ValueError:
+                    n = None
+                if name == b"since":
+                    if n is None:
+                        return b"400 Bad Request", b'{"error": "since must be an integer"}'
+                    since = n
+                else:
+                    if n is None or not 0 <= n <= MAX_RECENT:
+                        return b"400 Bad Request", b'{"error": "recent must be an integer"}'
+                    recent = n
+            request_line = request_line[:at] + (request_line[end:] if end >= 0 else b"")
         route = self._routes.get(request_line)  # each rank asks the same line every sweep
         if route is None:
             route = self.route(request_line)
@@ -221,11 +271,20 @@ class VirtualRanks:
             self._routes[request_line] = route
         what, rank, query = route
         if what == "state":
-            return b"200 OK", self.state(rank, since)
+            return b"200 OK", self.state(rank, since, recent)
         if what == "fr_trace":
             status, body = self.fr(rank, query)
             return status.encode(), body
         return b"404 Not Found", b'{"error": "not found"}'
+
+    def state_asked(self, rank: int, query: str = "") -> bytes:
+        """The rank's ``/v1/state`` as asked with ``query`` (a monitor's per-URL query: ``""``
+        or ``"?since=N&recent=M"``), read as a request to this server is; ValueError for a
+        query it answers 400."""
+        status, body = self.answer(b"GET /r/%d/v1/state%s HTTP/1.1" % (rank, query.encode()))
+        if status != b"200 OK":
+            raise ValueError(body.decode())
+        return body
 
     def route(self, request_line: bytes) -> tuple[str, int, str]:
         """(``state``, ``fr_trace`` or ``""`` for not found, rank, query) of a request line."""
