@@ -73,3 +73,35 @@ def test_since_serves_the_rows_a_worker_server_would(monkeypatch):
         assert {k: v for k, v in cut.items() if k != "timing"} == \
             {k: v for k, v in whole.items() if k != "timing"}
     assert vr.answer(b"GET /r/5/v1/state?since=x HTTP/1.1")[0] == b"400 Bad Request"
+
+
+def test_documents_are_a_worker_servers(monkeypatch):
+    """A virtual rank's ``/v1/state`` has a WorkerServer's keys and sizes (64 step times, 16
+    timing rows, floats of full precision), and ``?recent=N`` / ``?since=N&recent=M`` cut it as
+    worker_server.app's state_recent and state_since do."""
+    from worker_server.app import state_recent, state_since
+    from worker_server.state import RankIdentity, RankState
+
+    clock = types.SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(virtual_ranks, "time",
+                        types.SimpleNamespace(monotonic=lambda: clock.now))
+    vr = VirtualRanks(16, 0, 8, 1.0, epoch=900.0)
+    whole = json.loads(vr.answer(b"GET /r/5/v1/state HTTP/1.1")[1])
+    real = RankState(RankIdentity(replica_group=0, group_rank=5, group_world_size=8)).snapshot()
+    assert whole.keys() == real.keys()
+    assert len(whole["recent_step_seconds"]) == 64
+    assert len(whole["timing"]["recent"]) == 16
+    assert all(len(repr(v)) >= 12 for v in whole["recent_step_seconds"])  # not "0.6315"
+    for query, since, recent in ((b"?recent=16", None, 16), (b"?since=95&recent=3", 95, 3),
+                                 (b"?recent=0&since=200", 200, 0)):
+        status, body = vr.answer(b"GET /r/5/v1/state%s HTTP/1.1" % query)
+        want = json.loads(json.dumps(whole))
+        if since is not None:
+            want = state_since(want, since)
+        want = state_recent(want, recent)
+        assert status == b"200 OK"
+        cut = json.loads(body)
+        assert cut["recent_step_seconds"] == want["recent_step_seconds"], query
+        assert cut["timing"]["recent"] == want["timing"]["recent"], query
+    for bad in (b"?recent=x", b"?recent=-1", b"?since=2&recent=", b"?since=&recent=2"):
+        assert vr.answer(b"GET /r/5/v1/state%s HTTP/1.1" % bad)[0] == b"400 Bad Request", bad

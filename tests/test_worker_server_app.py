@@ -81,6 +81,34 @@ def test_state_since_serves_only_the_newer_timing_rows(server):
         assert r.status_code == 400 and "since must be an integer" in r.json()["error"], bad
 
 
+def test_state_recent_serves_only_the_newest_step_times(server):
+    """``/v1/state?recent=N`` (what a monitor reads of a rank's 64 step times): the newest N of
+    ``recent_step_seconds``, every other key as the whole document has it; with ``since`` both
+    cuts, each as it would be alone."""
+    st = server.state
+    for step in range(1, 71):  # more steps than the 64 a rank keeps
+        st.step_started()
+        st.step_finished(step, committed=True)
+        server.state.timing.begin_step()
+        server.state.timing.end_step(step)
+    whole = requests.get(server.url + "/v1/state", timeout=2).json()
+    times = whole["recent_step_seconds"]
+    assert len(times) == 64
+    for recent, want in ((16, times[-16:]), (0, []), (64, times), (500, times), (1, times[-1:])):
+        cut = requests.get(server.url + f"/v1/state?recent={recent}", timeout=2).json()
+        assert cut["recent_step_seconds"] == want, recent
+        rest = {k: v for k, v in cut.items() if k not in ("recent_step_seconds", "phase_since")}
+        assert rest == {k: v for k, v in whole.items()
+                        if k not in ("recent_step_seconds", "phase_since")}
+    both = requests.get(server.url + "/v1/state?since=68&recent=16", timeout=2).json()
+    assert both["recent_step_seconds"] == times[-16:]
+    assert [r["step"] for r in both["timing"]["recent"]] == [69, 70]
+    assert both["timing"]["since"] == 68
+    for bad in ("x", "-1", str((1 << 20) + 1), "1.5", ""):
+        r = requests.get(server.url + f"/v1/state?recent={bad}", timeout=2)
+        assert r.status_code == 400 and "recent must be an integer" in r.json()["error"], bad
+
+
 @pytest.mark.parametrize("path", ["/v1/fr_trace?onlyactive=maybe", "/v1/stacks?format=xml"])
 def test_bad_parameters_are_400_with_reason(server, path):
     r = requests.get(server.url + path, timeout=2)

@@ -189,7 +189,7 @@ class VirtualRanks:
         floats, as a rank's clock measures them (~17 digits each in JSON)."""
         g = rank // self.group_size
         jitter = ((rank * 7 + step * 13) % 10) * 0.001
-        fine = (((rank % 10) * 7 + step * 13) % 997) * 1.3e-7  # the clock's last digits
+        fine = (((rank % 10) * 7 + step * 13) % 997 + 1) * 1.2345678901234567e-7  # last digits
         compute, cross, group = 0.6 * self.step_s + fine, 0.02 + jitter + fine, \
             0.01 + jitter / 2 + fine
         for h, (first, secs) in self.slow.items():
