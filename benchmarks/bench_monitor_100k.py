@@ -511,9 +511,9 @@ def main() -> int:
                 view = mon.sweep_once()
                 row["first_sweep_s"] = time.perf_counter() - t
                 row["first_up"] = sum(r.reachable for r in view.ranks.values())
-                main_cpu: list[float] = []  # the sweeping thread's own CPU in sweep_once
-                times, cpu, polled, gcs, ranks_cpu, child_cpu, thread_cpu, periods = (
-                    [] for _ in range(8))
+                # main_cpu: the sweeping thread's own CPU in sweep_once
+                times, cpu, main_cpu, polled, gcs, ranks_cpu, child_cpu, thread_cpu, periods = (
+                    [] for _ in range(9))
                 drilled = []  # groups drilled per healthy sweep (should be none)
                 pollers = PollerCpu(mon)
                 ages = PollToFindings(mon)

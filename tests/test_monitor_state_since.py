@@ -9,9 +9,8 @@ ignores them (as an older WorkerServer does) and serves every row. Through healt
 straggler group and a hung rank (its group drilled, every rank polled), the two must fold the
 same per-step rows for every rank (a member polled at its slower cadence: its newest ones, all the
 straggler's window reads), compute the same straggler lags and median step times and open the same
-findings; and the answers must really have been cut (else the test would prove
-nothing). In-process
-pollers rather than HTTP: the per-URL query on the wire is tests/test_monitor_poller.py's."""
+findings; and the answers must really have been cut (else the test would prove nothing).
+In-process pollers rather than HTTP: the per-URL query on the wire is tests/test_monitor_poller.py's."""
 
 from __future__ import annotations
 
@@ -21,7 +20,8 @@ import types
 
 import pytest
 
-from monitor.config import MonitorConfig
+from monitor.config import DetectorConfig, MonitorConfig
+from monitor.detectors import WINDOW_SLACK_STEPS
 from monitor.poller import judge_body
 from monitor.service import Monitor
 from tests.support import virtual_ranks
@@ -93,7 +93,7 @@ def same_rows(cut: dict, whole: dict) -> bool:
         return False
     for url, (rid, rows) in whole.items():
         got_rid, got = cut[url]
-        newest = sorted(rows)[-(6 + 2):]
+        newest = sorted(rows)[-(DetectorConfig().straggler_steps + WINDOW_SLACK_STEPS):]
         if got_rid != rid or any(got[s] != rows.get(s) for s in got) \
                 or not set(newest) <= got.keys():
             return False

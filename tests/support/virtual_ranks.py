@@ -244,7 +244,7 @@ class VirtualRanks:
         since = recent = None
         at = request_line.find(b"/v1/state?")
         if at >= 0:  # a monitor's per-rank query (a new value every step): not in the routes
-            at += 9
+            at += len(b"/v1/state")  # at the "?"
             end = request_line.find(b" ", at)
             for part in request_line[at + 1:end if end >= 0 else None].split(b"&"):
                 name, _, value = part.partition(b"=")
