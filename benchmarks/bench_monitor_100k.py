@@ -517,6 +517,7 @@ def main() -> int:
                 drilled = []  # groups drilled per healthy sweep (should be none)
                 pollers = PollerCpu(mon)
                 ages = PollToFindings(mon)
+                stages, stage_rows = StageClock(mon), []  # wall seconds per stage
                 for _ in range(args.sweeps):
                     t, c, r = time.perf_counter(), time.process_time(), cpu_of(procs)
                     started = time.monotonic()
@@ -525,6 +526,7 @@ def main() -> int:
                     main = time.thread_time()
                     mon.sweep_once()
                     main_cpu.append(time.thread_time() - main)
+                    stage_rows.append(stages.take())
                     gcs.append(gc_clock.take())
                     times.append(time.perf_counter() - t)
                     polled.append(len(sweep_plan(mon).urls))
@@ -539,9 +541,7 @@ def main() -> int:
                     child, thread = pollers.read()
                     child_cpu.append(child - pc[0])
                     thread_cpu.append(thread - pc[1])
-                mon.detectors.__dict__.pop("update", None)
-                mon.poller.__dict__.pop("start", None)
-                mon.poller.__dict__.pop("sweep", None)
+                unwrap(mon)
                 row.update(leader_median_s=statistics.median(times), leader_max_s=max(times),
                            # start to start: the interval, or the sweep where it outlasts it
                            leader_period_median_s=statistics.median(periods),
@@ -551,6 +551,11 @@ def main() -> int:
                            # sweep's wall time: other processes on its core, the GIL, answers)
                            leader_main_cpu_median_s=statistics.median(main_cpu),
                            leader_main_cpu_s=[round(x, 3) for x in main_cpu],
+                           # wall seconds per stage (StageClock; poll: waiting for and reading
+                           # the answers)
+                           leader_stages_median_s={
+                               k: round(statistics.median(r.get(k, 0.0) for r in stage_rows), 3)
+                               for k in sorted({k for r in stage_rows for k in r})},
                            leader_gc_s=[round(x, 3) for x in gcs],
                            ranks_cpu_median_s=statistics.median(ranks_cpu),
                            # the monitor process's CPU (all its threads) = leader_cpu_*; of it

@@ -87,11 +87,11 @@ class InProcessPoller:
         if path != "/v1/state":
             out = {u: RankPoll(u, False, reason="http_status", error="HTTP 404: b''")
                    for u in urls}
-        else:  # parsed as the monitor parses an answer (poll_process: judge_body, msgspec)
+        else:  # parsed and packed as the poller process does (poll_process.judged)
             asked, index, at = self.vr.state_asked, self.index, time.time()
             queries = queries or [""] * len(urls)
             # "?since=N&recent=M" (Detectors.state_queries), as a virtual rank reads it
-            out = {u: judge_body(u, asked(index[u], q), 0.0, at)
+            out = {u: judge_body(u, asked(index[u], q), 0.0, at, state=True)
                    for u, q in zip(urls, queries, strict=True)}
         spent = time.thread_time() - t
         self.cpu_seconds += spent

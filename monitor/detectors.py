@@ -80,6 +80,7 @@ import numpy as np
 
 from .analysis import GroupKey, RankTrace, analyze, normalize_dumps
 from .config import DetectorConfig
+from .packed_state import TIMING_KEYS, TIMING_ROW
 from .view import STEP_TIMES_READ, ClusterView, GroupView, RankView
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,6 @@ EVERY_ROW_QUERY = f"?recent={STEP_TIMES_READ}"
 # steps more: what a window needs, with room for groups a step apart (Detectors.state_queries)
 WINDOW_SLACK_STEPS = 2
 STEP_MEMORY = 32  # per-step timings kept per rank (ranks serve their last 16)
-TIMING_KEYS = ("step_s", "compute_s", "wait_cross_s", "wait_group_s")
 # a folded step row is a tuple in TIMING_KEYS' order (a dict per row cost ~2x as much to make)
 STEP_S, COMPUTE_S, WAIT_CROSS_S, WAIT_GROUP_S = range(4)
 _PLAIN, _INF = (float, int), math.inf  # timing_rows' fast check
@@ -103,7 +103,9 @@ _TIMING_VALUES = itemgetter(*TIMING_KEYS)  # a served row's four seconds, in TIM
 # a folded row in the per-rank memory: its four seconds packed (32 bytes, one object): the
 # straggler reads ~21,000 ranks' window rows a sweep at 100,000 ranks, and four float objects
 # a row, each allocated apart when its answer was parsed, cost a cache miss each to reach
-_ROW = struct.Struct(f"{len(TIMING_KEYS)}d")
+_ROW = struct.Struct(f"<{len(TIMING_KEYS)}d")
+# a packed served row is its step and then a _ROW (monitor/packed_state.py)
+_PACKED_ROW, _PACKED_STEP = TIMING_ROW, struct.Struct("<q")
 
 
 @dataclass
@@ -184,6 +186,8 @@ def timing_rows(state: Mapping[str, Any] | None, skip: Mapping[int, Any] | tuple
     if type(timing) is not dict and not isinstance(timing, Mapping):
         return []
     rows = timing.get("recent")
+    if type(rows) is bytes:  # packed by the poller (monitor/packed_state.py)
+        return _packed_timing_rows(rows, skip, packed)
     if not isinstance(rows, list) or not rows:
         rows = [timing.get("last_step")]
     elif skip:
@@ -231,6 +235,28 @@ def timing_rows(state: Mapping[str, Any] | None, skip: Mapping[int, Any] | tuple
             continue
         values = (float(a), float(b), float(c), float(d))
         out.append((int(step), _ROW.pack(*values) if packed else values))
+    return out
+
+
+def _packed_timing_rows(rows: bytes, skip: Mapping[int, Any] | tuple, packed: bool
+                        ) -> list[tuple[int, Any]]:
+    """timing_rows of a packed ``timing.recent`` (monitor/packed_state.py): the same rows, read
+    back from the newest to the first folded step, rows of NaN seconds left out."""
+    size, step_at, row_at = _PACKED_ROW.size, _PACKED_STEP.unpack_from, _PACKED_ROW.unpack_from
+    start, end = 0, len(rows) - len(rows) % size
+    if skip:
+        for at in range(end - size, -1, -size):
+            if step_at(rows, at)[0] in skip:
+                start = at + size
+                break
+    out = []
+    for at in range(start, end, size):
+        step, a, b, c, d = row_at(rows, at)
+        # a rank's bytes are checked as its JSON is: four finite seconds >= 0 (NaN: served
+        # malformed, worker_server/packed.py)
+        if 0 <= a < _INF and 0 <= b < _INF and 0 <= c < _INF and 0 <= d < _INF \
+                and step not in skip:
+            out.append((step, rows[at + 8:at + size] if packed else (a, b, c, d)))
     return out
 
 
@@ -1111,7 +1137,7 @@ class Detectors:
                 by_steps.extend([by_step for _, by_step, _ in rows])
         # polled rank x window step x TIMING_KEYS: the window's packed rows joined, read as
         # one buffer (no float object reached)
-        timings = np.frombuffer(b"".join(chain.from_iterable(map(pick, by_steps))), float
+        timings = np.frombuffer(b"".join(chain.from_iterable(map(pick, by_steps))), "<f8"
                                 ).reshape(len(by_steps), len(window), len(TIMING_KEYS))
         cross = np.maximum.reduceat(timings[:, :, WAIT_CROSS_S], starts, axis=0)
         med_step = float(np.median(timings[:, :, STEP_S]))

@@ -42,7 +42,15 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from .poller import EVENT_LOOPS, MAX_BODY, Poller, RankPoll, dedup_queries, judge_body
+from .poller import (
+    EVENT_LOOPS,
+    MAX_BODY,
+    STATE_PATH,
+    Poller,
+    RankPoll,
+    dedup_queries,
+    judge_body,
+)
 
 BATCH = 256  # polls per message back: the monitor parses the first while the rest are asked
 # a sweep's bound is its requests' timeout times the waves of max_concurrency requests; a child
@@ -82,11 +90,13 @@ class PollHandle:
     sweep asked ahead (monitor/service.py) is then parsed when the monitor needs it, not beside
     (and under the same GIL as) the end of the sweep before."""
 
-    __slots__ = ("urls", "results", "batches", "received", "done", "why", "bound_s", "child",
-                 "sent_at", "finished_at")
+    __slots__ = ("urls", "state", "results", "batches", "received", "done", "why", "bound_s",
+                 "child", "sent_at", "finished_at")
 
-    def __init__(self, urls: list[str], bound_s: float, child: _Child | None) -> None:
+    def __init__(self, urls: list[str], bound_s: float, child: _Child | None,
+                 state: bool = False) -> None:
         self.urls = urls
+        self.state = state  # polls of STATE_PATH: kept packed (monitor/packed_state.py)
         self.results: dict[str, RankPoll] = {}
         self.batches: queue.SimpleQueue[list | None] = queue.SimpleQueue()
         self.received = 0  # polls the reader has queued
@@ -111,7 +121,7 @@ class PollHandle:
 
     def result(self) -> dict[str, RankPoll]:
         """url -> RankPoll in the order sent (never raises because of a rank or the child)."""
-        urls, results = self.urls, self.results
+        urls, results, state = self.urls, self.results, self.state
         deadline = self.sent_at + self.bound_s + GUARD_S
         killed = False
         while True:
@@ -127,11 +137,16 @@ class PollHandle:
             if rows is None:
                 self.batches.put(None)  # a second call returns the same
                 break
-            for i, ok, body, reason, error, status, latency, at in rows:
+            for i, ok, body, reason, error, status, latency, at, parsed in rows:
                 url = urls[i]
-                results[url] = judge_body(url, body, latency, at) if ok else \
-                    RankPoll(url, False, reason=reason, error=error, status=status,
-                             latency_s=latency, at=at)
+                if not ok:
+                    results[url] = RankPoll(url, False, reason=reason, error=error,
+                                            status=status, latency_s=latency, at=at)
+                elif parsed:  # judged and packed by the child: its dict, in msgpack
+                    results[url] = RankPoll(url, True, _DECODE(body), None, None, None,
+                                            latency, at)
+                else:
+                    results[url] = judge_body(url, body, latency, at, state)
         if self.why is not None and len(results) < len(urls):
             now, latency = time.time(), time.monotonic() - self.sent_at
             for url in urls:
@@ -236,7 +251,7 @@ class ProcessPoller:
         self._child = child
         return child
 
-    def start(self, urls: Iterable[str], path: str = "/v1/state",
+    def start(self, urls: Iterable[str], path: str = STATE_PATH,
               timeout_s: float | None = None, max_bytes: int | None = None,
               queries: Sequence[str] | None = None) -> PollHandle:
         """Send a sweep to the child; :meth:`PollHandle.result` gives what
@@ -255,11 +270,11 @@ class ProcessPoller:
                 child = self._spawn()
                 self.restarts += 1
             rid = self._next = self._next + 1
-            handle = child.pending[rid] = PollHandle(urls, bound, child)
+            handle = child.pending[rid] = PollHandle(urls, bound, child, path == STATE_PATH)
         child.send((rid, urls, path, timeout, limit, self.max_idle, queries))
         return handle
 
-    def sweep(self, urls: Iterable[str], path: str = "/v1/state",
+    def sweep(self, urls: Iterable[str], path: str = STATE_PATH,
               timeout_s: float | None = None,
               max_bytes: int | None = None,
               queries: Sequence[str] | None = None) -> dict[str, RankPoll]:
@@ -289,6 +304,25 @@ class ProcessPoller:
 
 
 # --- the child ------------------------------------------------------------------------------
+def judged(urls: list[str], row: tuple) -> tuple:
+    """A row of a :data:`~monitor.poller.STATE_PATH` sweep as the child sends it: an answer
+    judged here (:func:`~monitor.poller.judge_body`, packed) goes as its dict in msgpack
+    (``parsed``; the monitor reads it ~1.5-2.5x faster than the JSON, and it holds ~80 fewer
+    objects a member's answer: monitor/packed_state.py); one that is not a JSON object goes as
+    its failure. An answer msgpack cannot carry (an integer beyond 64 bits) goes as its body,
+    for the monitor to judge as before."""
+    i, ok, body, reason, error, status, latency, at = row
+    if not ok:
+        return (*row, False)
+    poll = judge_body(urls[i], body, latency, at, state=True)
+    if not poll.ok:
+        return (i, False, None, poll.reason, poll.error, None, latency, at, False)
+    try:
+        return (i, True, _ENCODE(poll.data), None, None, None, latency, at, True)
+    except (OverflowError, TypeError, ValueError, RecursionError):
+        return (*row, False)
+
+
 def _serve(args: argparse.Namespace) -> None:
     # the answers go over the original stdout; anything else printed goes to stderr, so a stray
     # print can never garble the stream
@@ -297,12 +331,14 @@ def _serve(args: argparse.Namespace) -> None:
     inp = sys.stdin.buffer
     poller = Poller(args.timeout, args.concurrency, max_bytes=args.max_bytes,
                     event_loop=args.event_loop)
-    frames: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+    frames: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
 
     def write() -> None:  # off the event loop: a slow reader never stalls the requests
         try:
-            while (data := frames.get()) is not None:
-                out.write(data)
+            while (batch := frames.get()) is not None:
+                rid, rows, last, urls, state = batch
+                out.write(_frame((rid, [judged(urls, row) if state else (*row, False)
+                                        for row in rows], last)))
                 out.flush()
         except OSError:  # the monitor is gone
             os._exit(0)
@@ -320,8 +356,10 @@ def _serve(args: argparse.Namespace) -> None:
             rid, urls, path, timeout, limit, max_idle, queries = msg
             poller.max_idle = max_idle
 
-            def on_rows(rows: list[tuple], rid=rid) -> None:  # on the poller's thread
-                frames.put(_frame((rid, rows, False)))
+            state = path == STATE_PATH
+
+            def on_rows(rows: list[tuple], rid=rid, urls=urls, state=state) -> None:
+                frames.put((rid, rows, False, urls, state))  # on the poller's thread
 
             # the rows' place in `urls` is the monitor's: the monitor sends them deduplicated
             # (ProcessPoller.start), as the Poller numbers them; no GC pass during a sweep (its
@@ -332,7 +370,7 @@ def _serve(args: argparse.Namespace) -> None:
                              queries=queries)
             finally:
                 gc.enable()
-            frames.put(_frame((rid, [], True)))
+            frames.put((rid, [], True, urls, state))
     finally:
         frames.put(None)
         writer.join(timeout=30)

@@ -40,7 +40,11 @@ import msgspec
 
 from http_serving import host_for_url
 
+from .packed_state import pack_state
+
 REASONS = ("timeout", "connection", "http_status", "bad_response")
+STATE_PATH = "/v1/state"  # its answers are kept packed (judge_body, monitor/packed_state.py)
+_STATE_PATH = STATE_PATH.encode("latin-1")
 MAX_BODY = 1 << 20  # default per answer; /v1/fr_trace gets its own (larger) bound
 MAX_HEADERS = 100
 MAX_HEAD = 64 * 1024  # status line + headers, bytes
@@ -208,14 +212,18 @@ def _json(body: bytes) -> Any:
         return json.loads(body)
 
 
-def judge_body(url: str, body: bytes, latency_s: float, at: float | None = None) -> RankPoll:
+def judge_body(url: str, body: bytes, latency_s: float, at: float | None = None,
+               state: bool = False) -> RankPoll:
     """The poll of a whole ``200`` answer: its JSON object, or why it is not one. ``at``: when
-    it came (default now)."""
+    it came (default now). ``state``: an answer of :data:`STATE_PATH`, kept packed
+    (:func:`monitor.packed_state.pack_state`)."""
     at = time.time() if at is None else at
     try:
         data = _json(body)
         if not isinstance(data, dict):
             raise PollError("bad_response", f"expected a JSON object, got {type(data).__name__}")
+        if state:
+            pack_state(data)
         return RankPoll(url, True, data, None, None, None, latency_s, at)  # ~15,000 a sweep
     except PollError as e:
         return RankPoll(url, False, reason=e.reason, error=str(e), latency_s=latency_s, at=at)
@@ -514,7 +522,7 @@ class Poller:
         self._closed = False
 
     # --- public, thread-safe ---------------------------------------------------------
-    def sweep(self, urls: Iterable[str], path: str = "/v1/state",
+    def sweep(self, urls: Iterable[str], path: str = STATE_PATH,
               timeout_s: float | None = None,
               max_bytes: int | None = None, raw: bool = False,
               on_answer: Callable[[str, RankPoll], None] | None = None,
@@ -522,6 +530,7 @@ class Poller:
               per_batch: int = 256, queries: Sequence[str] | None = None
               ) -> dict[str, RankPoll]:
         """GET ``path`` from every URL concurrently; returns url -> RankPoll (never raises).
+        An answer of :data:`STATE_PATH` is kept packed (:mod:`monitor.packed_state`).
 
         A body over ``max_bytes`` (default: the poller's) is a ``bad_response``. ``raw``: a
         ``200`` answer's body is left as bytes in ``data``, not parsed (:func:`judge_body` does
@@ -691,7 +700,7 @@ class Poller:
             elif sw.raw:  # judged by whoever reads it (monitor/poll_process.py: the monitor)
                 poll = RankPoll(url, True, data=body, latency_s=now - req.start)
             else:
-                poll = judge_body(url, body, now - req.start)
+                poll = judge_body(url, body, now - req.start, state=sw.path == _STATE_PATH)
             sw.take(req.i, url, poll)
         if not conn.keep or conn.lost:
             conn.abort()

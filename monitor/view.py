@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from .discovery import Target
+from .packed_state import step_seconds
 from .poller import RankPoll
 
 REQUIRED = {"replica_group": int, "rank": int, "group_rank": int, "step": int,
@@ -137,7 +138,9 @@ class RankView:
         if cached is not None:
             return cached
         vals = (self.state.get("recent_step_seconds") or []) if self.state else []
-        if type(vals) is list and set(map(type, vals)) == _FLOATS and min(vals) >= 0 \
+        if type(vals) is bytes:  # packed by the poller: the numbers >= 0 already
+            out = step_seconds(vals)
+        elif type(vals) is list and set(map(type, vals)) == _FLOATS and min(vals) >= 0 \
                 and (total := sum(vals)) == total:
             # the usual list: JSON floats, none negative and none NaN (a NaN in the sum
             # fails the equality; min() alone can miss it), kept as they are

@@ -21,6 +21,7 @@ from monitor.analysis import RankTrace, analyze
 from monitor.config import DetectorConfig
 from monitor.detectors import Detectors, departs_from_step_pattern, is_late_window, straggler_lags
 from monitor.discovery import Target
+from monitor.packed_state import pack_state
 from monitor.poller import RankPoll
 from monitor.view import ClusterView, ViewBuilder
 from tests.support.frgen import FRJob
@@ -585,6 +586,11 @@ def test_timing_rows_keep_valid_rows_and_leave_out_the_rest():
     # as the detectors keep them: the same seconds packed in one object
     packed = timing_rows({"timing": {"recent": rows}}, packed=True)
     assert [(s, _ROW.unpack(b)) for s, b in packed] == got
+    # as the poller keeps an answer (monitor/packed_state.py): the same rows either way
+    kept = pack_state({"timing": {"recent": list(rows)}})
+    assert type(kept["timing"]["recent"]) is bytes
+    assert timing_rows(kept) == got
+    assert timing_rows(kept, packed=True) == packed
 
 
 def test_timing_rows_read_back_to_the_newest_folded_step():
@@ -617,7 +623,7 @@ def test_timing_rows_read_back_to_the_newest_folded_step():
         for s in sorted(memory)[:max(0, len(memory) - STEP_MEMORY)]:
             del memory[s]
 
-    read_back = 0
+    read_back = packed_read = 0
     for _ in range(60):
         history = [row(s) if rng.random() < 0.95 else None for s in range(300)]
         every, newest = {}, {}
@@ -629,15 +635,22 @@ def test_timing_rows_read_back_to_the_newest_folded_step():
                 every, newest = {}, {}  # a new incarnation: memory from scratch
             fold(every, [(s, v) for s, v in timing_rows(state) if s not in every])
             got = timing_rows(state, newest)
+            # the answer as the poller keeps it reads the same (monitor/packed_state.py)
+            kept = pack_state({"timing": {"recent": list(served)}})
+            assert timing_rows(kept, newest) == got
+            packed_read += type(kept["timing"]["recent"]) is bytes
             read_back += len(got) < len(served) - 2
             fold(newest, got)
             assert newest == every
             step += rng.choice([1, 1, 1, 2, 3, 10, 20])
     assert read_back > 1000
+    assert packed_read > 1000
     # out of order: step 5 (folded) served last; 6 and 7 before it are not read, 8 after is
     rows = [{"step": s, "step_s": 1.0, "compute_s": 0.5, "wait_cross_s": 0.25,
              "wait_group_s": 0.125} for s in (6, 7, 5, 8)]
     assert [s for s, _ in timing_rows({"timing": {"recent": rows}}, {5: None})] == [8]
+    kept = pack_state({"timing": {"recent": rows}})
+    assert [s for s, _ in timing_rows(kept, {5: None})] == [8]
 
 
 def test_analyzer_failure_does_not_raise():

@@ -245,10 +245,12 @@ def test_moved_groups_carry_what_a_from_scratch_view_computes_over_random_sweeps
 
 
 def test_step_times_and_their_median_are_the_general_paths():
-    """RankView.recent_steps' fast path (a list of JSON floats) and the view's median by numpy
-    give what the general filter and statistics.median give, odd lists included."""
+    """RankView.recent_steps' fast path (a list of JSON floats), its packed form (as the poller
+    keeps an answer) and the view's median by numpy give what the general filter and
+    statistics.median give, odd lists included."""
     import statistics
 
+    from monitor.packed_state import pack_state
     from monitor.view import RankView, _median
 
     nan, inf = float("nan"), float("inf")
@@ -258,6 +260,11 @@ def test_step_times_and_their_median_are_the_general_paths():
             if isinstance(vals or [], list) else []
         got = RankView("u", True, {"recent_step_seconds": vals}).recent_steps()
         assert repr(got) == repr(general), vals
+        # as the poller keeps an answer (monitor/packed_state.py): packed, the same floats
+        kept = pack_state({"recent_step_seconds": vals})
+        assert type(kept["recent_step_seconds"]) is (bytes if isinstance(vals, list) else
+                                                     type(vals))
+        assert repr(RankView("u", True, kept).recent_steps()) == repr(general), vals
     rng = random.Random(3)
     for n in (0, 1, 2, 63, 64, 65, 1000, 1001):
         for _ in range(10):

@@ -60,7 +60,7 @@ class Answers:
             self.rows_served += len(doc["timing"]["recent"])
             self.member_cut += "since=" in honoured and len(doc["timing"]["recent"]) >= 6
             self.seconds_served += len(doc["recent_step_seconds"])
-            out[u] = judge_body(u, body, 0.0)
+            out[u] = judge_body(u, body, 0.0, state=True)  # packed, as the poller keeps it
         return out
 
     def close(self) -> None:
