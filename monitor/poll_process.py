@@ -137,16 +137,11 @@ class PollHandle:
             if rows is None:
                 self.batches.put(None)  # a second call returns the same
                 break
-            for i, ok, body, reason, error, status, latency, at, parsed in rows:
+            for i, ok, body, reason, error, status, latency, at in rows:
                 url = urls[i]
-                if not ok:
-                    results[url] = RankPoll(url, False, reason=reason, error=error,
-                                            status=status, latency_s=latency, at=at)
-                elif parsed:  # judged and packed by the child: its dict, in msgpack
-                    results[url] = RankPoll(url, True, _DECODE(body), None, None, None,
-                                            latency, at)
-                else:
-                    results[url] = judge_body(url, body, latency, at, state)
+                results[url] = judge_body(url, body, latency, at, state) if ok else \
+                    RankPoll(url, False, reason=reason, error=error, status=status,
+                             latency_s=latency, at=at)
         if self.why is not None and len(results) < len(urls):
             now, latency = time.time(), time.monotonic() - self.sent_at
             for url in urls:
@@ -304,25 +299,6 @@ class ProcessPoller:
 
 
 # --- the child ------------------------------------------------------------------------------
-def judged(urls: list[str], row: tuple) -> tuple:
-    """A row of a :data:`~monitor.poller.STATE_PATH` sweep as the child sends it: an answer
-    judged here (:func:`~monitor.poller.judge_body`, packed) goes as its dict in msgpack
-    (``parsed``; the monitor reads it ~1.5-2.5x faster than the JSON, and it holds ~80 fewer
-    objects a member's answer: monitor/packed_state.py); one that is not a JSON object goes as
-    its failure. An answer msgpack cannot carry (an integer beyond 64 bits) goes as its body,
-    for the monitor to judge as before."""
-    i, ok, body, reason, error, status, latency, at = row
-    if not ok:
-        return (*row, False)
-    poll = judge_body(urls[i], body, latency, at, state=True)
-    if not poll.ok:
-        return (i, False, None, poll.reason, poll.error, None, latency, at, False)
-    try:
-        return (i, True, _ENCODE(poll.data), None, None, None, latency, at, True)
-    except (OverflowError, TypeError, ValueError, RecursionError):
-        return (*row, False)
-
-
 def _serve(args: argparse.Namespace) -> None:
     # the answers go over the original stdout; anything else printed goes to stderr, so a stray
     # print can never garble the stream
@@ -331,14 +307,12 @@ def _serve(args: argparse.Namespace) -> None:
     inp = sys.stdin.buffer
     poller = Poller(args.timeout, args.concurrency, max_bytes=args.max_bytes,
                     event_loop=args.event_loop)
-    frames: queue.SimpleQueue[tuple | None] = queue.SimpleQueue()
+    frames: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
 
     def write() -> None:  # off the event loop: a slow reader never stalls the requests
         try:
-            while (batch := frames.get()) is not None:
-                rid, rows, last, urls, state = batch
-                out.write(_frame((rid, [judged(urls, row) if state else (*row, False)
-                                        for row in rows], last)))
+            while (data := frames.get()) is not None:
+                out.write(data)
                 out.flush()
         except OSError:  # the monitor is gone
             os._exit(0)
@@ -356,10 +330,8 @@ def _serve(args: argparse.Namespace) -> None:
             rid, urls, path, timeout, limit, max_idle, queries = msg
             poller.max_idle = max_idle
 
-            state = path == STATE_PATH
-
-            def on_rows(rows: list[tuple], rid=rid, urls=urls, state=state) -> None:
-                frames.put((rid, rows, False, urls, state))  # on the poller's thread
+            def on_rows(rows: list[tuple], rid=rid) -> None:  # on the poller's thread
+                frames.put(_frame((rid, rows, False)))
 
             # the rows' place in `urls` is the monitor's: the monitor sends them deduplicated
             # (ProcessPoller.start), as the Poller numbers them; no GC pass during a sweep (its
@@ -370,7 +342,7 @@ def _serve(args: argparse.Namespace) -> None:
                              queries=queries)
             finally:
                 gc.enable()
-            frames.put((rid, [], True, urls, state))
+            frames.put(_frame((rid, [], True)))
     finally:
         frames.put(None)
         writer.join(timeout=30)

@@ -1,8 +1,7 @@
 """A ``/v1/state`` answer as the monitor keeps it (monitor/packed_state.py): its timing rows and
 step times packed into bytes by the poller, read by the detectors and the view exactly as the
-answer served. The poller process packs (monitor/poll_process.py ``judged``) and sends the
-dict as msgpack; the in-thread poller packs the same; an answer msgpack cannot carry goes as
-its JSON, judged by the monitor as before. Real HTTP on 127.0.0.1 for the two pollers."""
+answer served. The in-thread poller and the poller process's reader pack the same. Real HTTP on
+127.0.0.1 for the two pollers."""
 
 from __future__ import annotations
 
@@ -10,12 +9,11 @@ import json
 import math
 import time
 
-import msgspec
 import pytest
 
 from monitor.detectors import timing_rows
 from monitor.packed_state import TIMING_ROW, pack_state
-from monitor.poll_process import ProcessPoller, judged
+from monitor.poll_process import ProcessPoller
 from monitor.poller import STATE_PATH, Poller, judge_body
 from monitor.view import RankView
 from tests.support.monitor_sim import SimRanks
@@ -75,29 +73,16 @@ def test_what_cannot_be_packed_is_left_as_served():
     assert timing_rows(pack_state(last)) == [(4, (1.0, 0.5, 0.25, 0.125))]
 
 
-def test_the_poller_process_sends_its_answers_judged_and_packed():
-    """``judged`` (the child's writer): a /v1/state answer goes as its packed dict in msgpack,
-    equal to what the monitor's own judge_body makes of it; one that is no JSON object goes
-    as judge_body's failure; one msgpack cannot carry goes as its JSON (the monitor judges it,
-    and it reads)."""
-    decode = msgspec.msgpack.Decoder().decode
-    for body in answers() + [b'{"rank": 1, "x": NaN}']:
-        i, ok, data, reason, error, status, latency, at, parsed = \
-            judged(["u0", "u1"], (1, True, body, None, None, None, 0.25, 100.0))
-        want = judge_body("u1", body, 0.25, 100.0, state=True)
-        assert (i, ok, parsed, latency, at) == (1, True, True, 0.25, 100.0)
-        got = decode(data)
-        assert json.dumps(got, default=bytes.hex) == json.dumps(want.data, default=bytes.hex)
+def test_the_poller_keeps_state_answers_packed_and_nothing_else():
+    """judge_body packs an answer of /v1/state (``state``) and leaves any other as parsed; an
+    answer that is no JSON object fails with the same words either way."""
+    for body in answers():
+        assert judge_body("u", body, 0.1, 5.0, state=True).data == pack_state(json.loads(body))
+        assert judge_body("u", body, 0.1, 5.0).data == json.loads(body)
     for body in (b"[1, 2]", b"{not json"):
-        row = judged(["u0"], (0, True, body, None, None, None, 0.1, 5.0))
-        want = judge_body("u0", body, 0.1, 5.0, state=True)
-        assert row == (0, False, None, want.reason, want.error, None, 0.1, 5.0, False)
-        assert want.reason == "bad_response"
-    huge = json.dumps({"rank": 2**70}).encode()
-    row = (0, True, huge, None, None, None, 0.1, 5.0)
-    assert judged(["u0"], row) == (*row, False)  # the monitor judges the JSON itself
-    failed = (0, False, None, "timeout", "no answer", None, 0.5, 5.0)
-    assert judged(["u0"], failed) == (*failed, False)
+        packed, plain = judge_body("u", body, 0.1, 5.0, state=True), judge_body("u", body, 0.1, 5.0)
+        assert (packed.ok, packed.reason, packed.error) == (plain.ok, plain.reason, plain.error)
+        assert (packed.ok, packed.reason) == (False, "bad_response")
 
 
 @pytest.fixture
