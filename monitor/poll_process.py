@@ -11,7 +11,10 @@ there unchanged. What comes back is each answer's raw body, in batches of :data:
 as they finish (msgpack over the child's stdout); a thread of the monitor's queues them and
 :meth:`PollHandle.result` parses the JSON with the Poller's own
 :func:`~monitor.poller.judge_body` (msgspec: ~3-7 us an answer, making the document's Python
-objects; the same in msgpack) while the child is still asking the rest.
+objects; the same in msgpack; a ``/v1/state`` answer's number lists packed,
+monitor/packed_state.py) while the child is still asking the rest. Parsed and packed in the
+child instead, the monitor's thread spent up to 27 % less CPU a sweep, but the child's ~0.2 s more
+lengthened the sweep on a 2-core box (docs/scaling.md, round 14).
 
 :meth:`ProcessPoller.start` sends a sweep without waiting for it (the monitor asks the next
 sweep's ranks while it finishes this one's bookkeeping; monitor/service.py says when);
