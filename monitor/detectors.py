@@ -241,7 +241,8 @@ def timing_rows(state: Mapping[str, Any] | None, skip: Mapping[int, Any] | tuple
 def _packed_timing_rows(rows: bytes, skip: Mapping[int, Any] | tuple, packed: bool
                         ) -> list[tuple[int, Any]]:
     """timing_rows of a packed ``timing.recent`` (monitor/packed_state.py): the same rows, read
-    back from the newest to the first folded step, rows of NaN seconds left out."""
+    back from the newest to the first folded step; a row whose seconds are not four finite
+    numbers >= 0 (NaN: served malformed) is left out."""
     size, step_at, row_at = _PACKED_ROW.size, _PACKED_STEP.unpack_from, _PACKED_ROW.unpack_from
     start, end = 0, len(rows) - len(rows) % size
     if skip:
@@ -252,8 +253,7 @@ def _packed_timing_rows(rows: bytes, skip: Mapping[int, Any] | tuple, packed: bo
     out = []
     for at in range(start, end, size):
         step, a, b, c, d = row_at(rows, at)
-        # a rank's bytes are checked as its JSON is: four finite seconds >= 0 (NaN: served
-        # malformed, worker_server/packed.py)
+        # checked as a JSON row is: four finite seconds >= 0 (NaN: served malformed)
         if 0 <= a < _INF and 0 <= b < _INF and 0 <= c < _INF and 0 <= d < _INF \
                 and step not in skip:
             out.append((step, rows[at + 8:at + size] if packed else (a, b, c, d)))
