@@ -87,7 +87,7 @@ class InProcessPoller:
         if path != "/v1/state":
             out = {u: RankPoll(u, False, reason="http_status", error="HTTP 404: b''")
                    for u in urls}
-        else:  # parsed and packed as the poller process does (poll_process.judged)
+        else:  # parsed and packed as the monitor reads an answer (PollHandle.result, judge_body)
             asked, index, at = self.vr.state_asked, self.index, time.time()
             queries = queries or [""] * len(urls)
             # "?since=N&recent=M" (Detectors.state_queries), as a virtual rank reads it

@@ -69,17 +69,24 @@ def pack_timing_rows(rows: list) -> bytes | None:
     return b"".join(out)
 
 
-def pack_step_seconds(values: list) -> bytes | None:
-    """``recent_step_seconds`` packed (see the module docstring); None: leave it as served."""
+def kept_step_seconds(values: list) -> list[float]:
+    """The step times a served ``recent_step_seconds`` list counts: its numbers >= 0, as floats,
+    in order (OverflowError: an integer beyond a float). Packed (:func:`pack_step_seconds`) or
+    read as served (:meth:`monitor.view.RankView.recent_steps`), the same values."""
     if values and set(map(type, values)) == _FLOATS and min(values) >= 0 \
             and (total := sum(values)) == total:
-        packed = array("d", values)  # the usual list: floats, none negative, none NaN
-    else:
-        try:
-            packed = array("d", [float(v) for v in values
-                                 if isinstance(v, (int, float)) and v >= 0])
-        except (OverflowError, TypeError):  # an integer beyond a float
-            return None
+        # the usual list: JSON floats, none negative and none NaN (a NaN in the sum fails the
+        # equality; min() alone can miss it), kept as they are
+        return list(values)
+    return [float(v) for v in values if isinstance(v, (int, float)) and v >= 0]
+
+
+def pack_step_seconds(values: list) -> bytes | None:
+    """``recent_step_seconds`` packed (see the module docstring); None: leave it as served."""
+    try:
+        packed = array("d", kept_step_seconds(values))
+    except OverflowError:  # an integer beyond a float
+        return None
     if _SWAP:
         packed.byteswap()
     return packed.tobytes()

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .discovery import Target
-from .packed_state import step_seconds
+from .packed_state import kept_step_seconds, step_seconds
 from .poller import RankPoll
 
 REQUIRED = {"replica_group": int, "rank": int, "group_rank": int, "step": int,
@@ -66,7 +66,6 @@ def _plain_shape(data: Any) -> tuple | None:
     return None
 
 
-_FLOATS = {float}
 _new = object.__new__
 
 
@@ -138,16 +137,10 @@ class RankView:
         if cached is not None:
             return cached
         vals = (self.state.get("recent_step_seconds") or []) if self.state else []
-        if type(vals) is bytes:  # packed by the poller: the numbers >= 0 already
+        if type(vals) is bytes:  # packed by the poller (monitor/packed_state.py)
             out = step_seconds(vals)
-        elif type(vals) is list and set(map(type, vals)) == _FLOATS and min(vals) >= 0 \
-                and (total := sum(vals)) == total:
-            # the usual list: JSON floats, none negative and none NaN (a NaN in the sum
-            # fails the equality; min() alone can miss it), kept as they are
-            out = list(vals)
         else:
-            out = [float(v) for v in vals if isinstance(v, (int, float)) and v >= 0] \
-                if isinstance(vals, list) else []
+            out = kept_step_seconds(vals) if isinstance(vals, list) else []
         self._recent = out
         return out
 
