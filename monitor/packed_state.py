@@ -22,11 +22,20 @@ memory: 27 % less at 100,000 ranks (docs/scaling.md, round 14).
 A list that cannot be packed (a step beyond ``int64``, a number beyond a float) is left as
 served. Every reader takes both forms, so an answer packed and one as served (a test's state, a
 poll of another path) read the same; nothing else in the answer changes, and nothing here raises
-on a rank's answer. The bytes are only ever the monitor's own: a rank's JSON has no bytes.
+on a rank's answer.
+
+A WorkerServer asked ``?packed=1`` packs the two lists itself, in this same format, and serves
+each as a base64 string (worker_server/packed.py; the answer says ``"packed": 1``): the monitor
+then only decodes the two strings into bytes, ~5 us less per answer than parsing the lists and
+packing them (docs/scaling.md, round 15). A served string is decoded only in those two places,
+and only in an answer that says ``"packed": 1``; one that is not strict base64 of whole records
+is left as served, a string, which every reader skips as it skips any malformed list. So bytes
+in the answer are only ever where the monitor put them: nowhere else can a rank place any.
 """
 
 from __future__ import annotations
 
+import binascii
 import math
 import struct
 import sys
@@ -41,6 +50,18 @@ _NAN = math.nan
 _INF = math.inf
 _FLOATS = {float}
 _SWAP = sys.byteorder != "little"  # array's floats are the machine's order
+PACKED_FORMAT = 1  # an answer's "packed" value for the lists served packed (worker_server/packed.py)
+_A2B = binascii.a2b_base64
+
+
+def served_packed(value: str, record: int) -> bytes | None:
+    """A list a rank served packed (base64 of ``record``-byte records) as bytes; None where it
+    is not strict base64 of whole records."""
+    try:
+        out = _A2B(value, strict_mode=True)
+    except (binascii.Error, ValueError):  # not base64; a non-ASCII character
+        return None
+    return out if len(out) % record == 0 else None
 
 
 def pack_timing_rows(rows: list) -> bytes | None:
@@ -93,16 +114,26 @@ def pack_step_seconds(values: list) -> bytes | None:
 
 
 def pack_state(doc: dict[str, Any]) -> dict[str, Any]:
-    """``doc`` (a parsed ``/v1/state`` answer) with its number lists packed, in place."""
+    """``doc`` (a parsed ``/v1/state`` answer) with its number lists packed, in place: lists
+    packed here, strings a rank served packed (``"packed": 1``) decoded."""
+    served = doc.get("packed")
+    served = type(served) is int and served == PACKED_FORMAT  # not True: a bool is no format
     timing = doc.get("timing")
     if type(timing) is dict:
         rows = timing.get("recent")
-        if type(rows) is list and rows:
+        if type(rows) is str:
+            if served and (packed := served_packed(rows, TIMING_ROW.size)) is not None:
+                # none served: the empty list, which readers read as the JSON one (last_step)
+                timing["recent"] = packed or []
+        elif type(rows) is list and rows:
             packed = pack_timing_rows(rows)
             if packed is not None:
                 timing["recent"] = packed
     values = doc.get("recent_step_seconds")
-    if type(values) is list:
+    if type(values) is str:
+        if served and (packed := served_packed(values, 8)) is not None:
+            doc["recent_step_seconds"] = packed
+    elif type(values) is list:
         packed = pack_step_seconds(values)
         if packed is not None:
             doc["recent_step_seconds"] = packed

@@ -1,6 +1,6 @@
-"""``/v1/state?since=N&recent=16``: the monitor asks each rank only for the timing rows it has not
-folded and the 16 newest of its 64 step times (Detectors.state_queries), and finds what it finds
-when it is served the whole document.
+"""``/v1/state?since=N&recent=16&packed=1``: the monitor asks each rank only for the timing rows it
+has not folded and the 16 newest of its 64 step times, both packed (Detectors.state_queries), and
+finds what it finds when it is served the whole document as lists.
 
 Two real Monitors (leader polling, the real schedule, view, detectors) sweep the same virtual
 ranks (tests/support/virtual_ranks.py, which serve ``?since=`` as a WorkerServer does) on one
@@ -14,6 +14,7 @@ In-process pollers rather than HTTP: the per-URL query on the wire is tests/test
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import types
@@ -30,10 +31,16 @@ from tests.support.virtual_ranks import VirtualRanks
 GROUPS, SIZE, STEP_S = 12, 4, 1.0
 
 
+def served(value, record: int) -> int:
+    """How many values a served list holds: a JSON list's length, or the records of a packed
+    one (base64, ``record`` bytes each)."""
+    return len(base64.b64decode(value)) // record if isinstance(value, str) else len(value)
+
+
 class Answers:
     """A poller answering each URL with its virtual rank's document, honouring its query
-    (``?since=N&recent=16``: ``honour``) or serving the whole document; it counts the timing
-    rows it served."""
+    (``?since=N&recent=16&packed=1``: ``honour``) or serving the whole document, lists and all;
+    it counts the timing rows it served."""
 
     max_idle = 0
 
@@ -42,6 +49,7 @@ class Answers:
         self.index = {u: i for i, u in enumerate(urls)}
         self.rows_served = self.seconds_served = 0
         self.cut = 0  # answers asked with ?since=
+        self.answers = self.packed = 0  # state answers; of them served packed (?packed=1)
         # of them, answers of 6 rows or more: a rank asked since its group's newest step less
         # the window (a member), not since its own newest (1 or 2 rows at these sweeps)
         self.member_cut = 0
@@ -57,9 +65,12 @@ class Answers:
             self.cut += "since=" in honoured
             body = self.vr.state_asked(self.index[u], honoured)
             doc = json.loads(body)
-            self.rows_served += len(doc["timing"]["recent"])
-            self.member_cut += "since=" in honoured and len(doc["timing"]["recent"]) >= 6
-            self.seconds_served += len(doc["recent_step_seconds"])
+            rows = served(doc["timing"]["recent"], 40)
+            self.answers += 1
+            self.packed += isinstance(doc["recent_step_seconds"], str)
+            self.rows_served += rows
+            self.member_cut += "since=" in honoured and rows >= 6
+            self.seconds_served += served(doc["recent_step_seconds"], 8)
             out[u] = judge_body(u, body, 0.0, state=True)  # packed, as the poller keeps it
         return out
 
@@ -145,19 +156,20 @@ def test_cut_answers_fold_and_find_what_whole_ones_do(tmp_path, clock):
     assert cut.rows_served < 0.5 * whole.rows_served
     assert cut.member_cut > 0  # members asked for their group's newest rows
     assert cut.seconds_served < 0.3 * whole.seconds_served  # 16 of 64
+    assert cut.packed == cut.answers > 0 and whole.packed == 0  # every asked answer packed
 
 
 def test_state_queries_name_the_newest_folded_step(tmp_path, clock):
     """A leader polled last sweep is asked ``?since=<its newest folded step>``; a rank the
     detectors hold no rows for (never polled, or a member not polled last sweep) is asked for
     every row; an unknown URL too. Each is asked for the 16 newest step times the view reads
-    (``recent=16``), not the 64 a rank keeps."""
+    (``recent=16``), not the 64 a rank keeps, and for both lists packed (``packed=1``)."""
     n = 2 * SIZE
     vr = VirtualRanks(n, 0, SIZE, STEP_S, epoch=900.0)
     urls = [f"http://127.0.0.1:1/r/{r}" for r in range(n)]
     mon = monitor(tmp_path, "m.db", urls, Answers(vr, urls, True), clock)
     try:
-        assert mon.detectors.state_queries(urls) == ["?recent=16"] * n
+        assert mon.detectors.state_queries(urls) == ["?recent=16&packed=1"] * n
         clock.t += 20.0
         mon.sweep_once()  # every rank
         clock.t += 1.0
@@ -165,15 +177,15 @@ def test_state_queries_name_the_newest_folded_step(tmp_path, clock):
         step = int((clock.t - 900.0) / STEP_S)
         got = mon.detectors.state_queries(urls + ["http://127.0.0.1:1/r/99"])
         # rows up to the step before
-        assert got[0] == got[SIZE] == f"?since={step - 1}&recent=16"
-        assert got[1:SIZE] == got[SIZE + 1:2 * SIZE] == ["?recent=16"] * (SIZE - 1)
-        assert got[-1] == "?recent=16"
+        assert got[0] == got[SIZE] == f"?since={step - 1}&recent=16&packed=1"
+        assert got[1:SIZE] == got[SIZE + 1:2 * SIZE] == ["?recent=16&packed=1"] * (SIZE - 1)
+        assert got[-1] == "?recent=16&packed=1"
         # with the view: a member is asked for the rows its group's window needs (its group's
         # newest folded step less the 6 of the window and 2)
         got = mon.detectors.state_queries(urls + ["http://127.0.0.1:1/r/99"], view=mon.view)
-        assert got[0] == got[SIZE] == f"?since={step - 1}&recent=16"
-        assert got[1:SIZE] == got[SIZE + 1:2 * SIZE] == [f"?since={step - 9}&recent=16"] * (
+        assert got[0] == got[SIZE] == f"?since={step - 1}&recent=16&packed=1"
+        assert got[1:SIZE] == got[SIZE + 1:2 * SIZE] == [f"?since={step - 9}&recent=16&packed=1"] * (
             SIZE - 1)
-        assert got[-1] == "?recent=16"  # not a rank of the view
+        assert got[-1] == "?recent=16&packed=1"  # not a rank of the view
     finally:
         mon.stop()

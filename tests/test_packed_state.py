@@ -1,23 +1,29 @@
 """A ``/v1/state`` answer as the monitor keeps it (monitor/packed_state.py): its timing rows and
 step times packed into bytes by the poller, read by the detectors and the view exactly as the
-answer served. The in-thread poller and the poller process's reader pack the same. Real HTTP on
-127.0.0.1 for the two pollers."""
+answer served. The in-thread poller and the poller process's reader pack the same. A rank asked
+``?packed=1`` (worker_server/packed.py) serves them packed, and the monitor keeps the same bytes;
+a served string that is not the format stays a string, and bytes appear nowhere else. Real HTTP
+on 127.0.0.1 for the pollers and the WorkerServer."""
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import struct
 import time
 
 import pytest
 
-from monitor.detectors import timing_rows
+from monitor.config import DetectorConfig
+from monitor.detectors import Detectors, timing_rows
 from monitor.packed_state import TIMING_ROW, pack_state
 from monitor.poll_process import ProcessPoller
 from monitor.poller import STATE_PATH, Poller, judge_body
 from monitor.view import RankView
 from tests.support.monitor_sim import SimRanks
 from tests.support.virtual_ranks import VirtualRanks
+from worker_server import RankIdentity, RankState, WorkerServer
 
 
 def answers() -> list[bytes]:
@@ -115,3 +121,116 @@ def test_both_pollers_keep_the_same_packed_answers(sim):
     finally:
         thread.close()
         process.close()
+
+
+STAMPS = ("phase_since", "last_step_at", "started_at")  # a template's, made at its first answer
+
+
+def bytes_at(doc, path=()) -> list[tuple]:
+    """The paths of every bytes value in ``doc``."""
+    if isinstance(doc, bytes):
+        return [path]
+    if isinstance(doc, dict):
+        return [p for k, v in doc.items() for p in bytes_at(v, (*path, k))]
+    if isinstance(doc, list):
+        return [p for i, v in enumerate(doc) for p in bytes_at(v, (*path, i))]
+    return []
+
+
+def test_an_answer_served_packed_is_kept_as_the_lists_packed_here():
+    """A rank asked ``?packed=1`` serves the two lists as base64 records: the monitor keeps
+    the same bytes it makes of the lists (the same numbers, bit for bit), reads the same rows
+    and step times, and has bytes in those two places only."""
+    vr = VirtualRanks(16, 0, 8, 1.0, epoch=time.monotonic() - 40.3)
+    step = json.loads(vr.state_asked(0))["step"]
+    for rank, query in ((0, f"?since={step - 2}&recent=16"), (1, f"?since={step - 9}&recent=16"),
+                        (2, "?recent=16"), (3, "")):
+        plain = judge_body("u", vr.state_asked(rank, query), 0.0, 1.0, state=True).data
+        body = vr.state_asked(rank, query + ("&" if query else "?") + "packed=1")
+        assert type(json.loads(body)["timing"]["recent"]) is str  # as served: base64
+        served = judge_body("u", body, 0.0, 1.0, state=True).data
+        assert served.pop("packed") == 1
+        for doc in (plain, served):
+            for k in STAMPS:
+                doc.pop(k)
+        assert served == plain, query
+        assert set(bytes_at(served)) == ({("timing", "recent")} if served["timing"]["recent"]
+                                         else set()) | {("recent_step_seconds",)}
+        assert timing_rows(served, {step - 1: None}) == timing_rows(plain, {step - 1: None})
+        assert RankView("u", True, served).recent_steps() == \
+            RankView("u", True, plain).recent_steps()
+
+
+def b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+ROW = {"step": 4, "step_s": 1.0, "compute_s": 0.5, "wait_cross_s": 0.25, "wait_group_s": 0.125}
+
+
+def test_a_served_string_that_is_not_the_format_stays_a_string_and_reads_as_malformed():
+    """Decoded only where the answer says ``"packed": 1`` (not ``true``, not another format),
+    only in the two places, only strict base64 of whole records: anything else is left as
+    served, a string, which the readers skip as a malformed list (the rows fall back to
+    ``last_step``, no step times). A base64-looking value anywhere else stays a string."""
+    good_rows, good_secs = b64(struct.pack("<q4d", 5, 1.0, 0.5, 0.25, 0.125)), b64(
+        struct.pack("<2d", 0.5, 0.75))
+    for packed, rows, secs in ((1, "not base64!", "AAA"), (1, b64(b"x" * 39), b64(b"x" * 9)),
+                               (1, "é" * 8, "\u2603"), (True, good_rows, good_secs),
+                               (2, good_rows, good_secs), ("1", good_rows, good_secs),
+                               (None, good_rows, good_secs), (1.0, good_rows, good_secs)):
+        doc = {"packed": packed, "host": good_rows, "extra": {"recent": good_rows},
+               "timing": {"recent": rows, "last_step": ROW}, "recent_step_seconds": secs}
+        kept = judge_body("u", json.dumps(doc).encode(), 0.0, 1.0, state=True).data
+        assert kept == doc and bytes_at(kept) == [], (packed, rows)
+        assert timing_rows(kept) == [(4, (1.0, 0.5, 0.25, 0.125))]
+        assert RankView("u", True, kept).recent_steps() == []
+    # the format: decoded, checked as the JSON lists are (a row with a negative second, a
+    # NaN second and a negative step time are left out; an empty list reads last_step)
+    rows = struct.pack("<q4d", 5, 1.0, 0.5, 0.25, 0.125) + struct.pack(
+        "<q4d", 6, -1.0, 0.5, 0.25, 0.125) + struct.pack("<q4d", 7, math.nan, 0, 0, 0)
+    doc = {"packed": 1, "host": good_rows, "timing": {"recent": b64(rows), "last_step": ROW},
+           "recent_step_seconds": b64(struct.pack("<3d", 0.5, -2.0, 0.75))}
+    kept = judge_body("u", json.dumps(doc).encode(), 0.0, 1.0, state=True).data
+    assert set(bytes_at(kept)) == {("timing", "recent"), ("recent_step_seconds",)}
+    assert kept["host"] == good_rows
+    assert timing_rows(kept) == [(5, (1.0, 0.5, 0.25, 0.125))]
+    assert [s for s, _ in timing_rows(kept, {5: None})] == []  # 6 and 7 malformed, not read
+    assert RankView("u", True, kept).recent_steps() == [0.5, 0.75]
+    empty = {"packed": 1, "timing": {"recent": "", "last_step": ROW}, "recent_step_seconds": ""}
+    kept = judge_body("u", json.dumps(empty).encode(), 0.0, 1.0, state=True).data
+    assert kept["timing"]["recent"] == [] and kept["recent_step_seconds"] == b""
+    assert timing_rows(kept) == [(4, (1.0, 0.5, 0.25, 0.125))]
+    assert RankView("u", True, kept).recent_steps() == []
+
+
+def test_a_worker_server_asked_as_the_monitor_asks_is_kept_as_its_lists_packed():
+    """A real WorkerServer over HTTP, asked with the detectors' queries (``packed=1``) by the
+    in-thread poller: the kept answers equal its plain answers packed by the monitor."""
+    state = RankState(RankIdentity(job="unit", replica_group=0, group_rank=0,
+                                   group_world_size=1, lighthouse="http://127.0.0.1:1"))
+    for step in range(1, 25):
+        state.step_started()
+        state.step_finished(step, committed=True)
+        state.timing.begin_step()
+        state.timing.end_step(step)
+    srv = WorkerServer(state)
+    srv.serve()
+    poller = Poller(timeout_s=2.0)
+    try:
+        (query,) = Detectors(DetectorConfig()).state_queries([srv.url])
+        assert "packed=1" in query
+        got = poller.sweep([srv.url], STATE_PATH, queries=[query])[srv.url]
+        plain = poller.sweep([srv.url], STATE_PATH, queries=[query.replace("packed=1",
+                                                                           "packed=0")])[srv.url]
+        assert got.ok and plain.ok
+        assert got.data.pop("packed") == 1
+        assert type(got.data["timing"]["recent"]) is bytes
+        assert len(got.data["timing"]["recent"]) == 16 * TIMING_ROW.size
+        for doc in (got.data, plain.data):
+            doc.pop("phase_since")
+        assert got.data == plain.data  # both packed: the served bytes and the monitor's own
+        assert [s for s, _ in timing_rows(got.data)] == list(range(9, 25))
+    finally:
+        poller.close()
+        srv.stop()

@@ -3,7 +3,10 @@ every endpoint's contract, errors as JSON, and a failing endpoint not taking the
 
 from __future__ import annotations
 
+import base64
 import json
+import math
+import struct
 import threading
 
 import pytest
@@ -11,6 +14,7 @@ import requests
 
 from worker_server import RankIdentity, RankState, WorkerServer
 from worker_server.flight_recorder import IncarnationTracker
+from worker_server.packed import TIMING_KEYS, state_packed
 
 
 @pytest.fixture
@@ -107,6 +111,57 @@ def test_state_recent_serves_only_the_newest_step_times(server):
     for bad in ("x", "-1", str((1 << 20) + 1), "1.5", ""):
         r = requests.get(server.url + f"/v1/state?recent={bad}", timeout=2)
         assert r.status_code == 400 and "recent must be an integer" in r.json()["error"], bad
+
+
+def test_state_packed_serves_the_number_lists_as_base64_records(server):
+    """``/v1/state?packed=1`` (what a monitor asks): ``timing.recent`` as base64 of one
+    ``<q4d`` record per row (step, then step_s, compute_s, wait_cross_s, wait_group_s) and
+    ``recent_step_seconds`` as base64 of ``<f8`` values, the same numbers as the lists, and
+    ``"packed": 1``; everything else as served without it; with ``since`` and ``recent`` the
+    lists are cut first. A bad value is a 400 with the reason."""
+    st = server.state
+    for step in range(1, 21):
+        st.step_started()
+        st.step_finished(step, committed=True)
+        st.timing.begin_step()
+        st.timing.end_step(step)
+    whole = requests.get(server.url + "/v1/state", timeout=2).json()
+    assert "packed" not in whole
+    for query, rows, times in (("?packed=1", whole["timing"]["recent"],
+                                whole["recent_step_seconds"]),
+                               ("?since=17&recent=3&packed=true",
+                                whole["timing"]["recent"][-3:], whole["recent_step_seconds"][-3:]),
+                               ("?packed=yes&since=20", [], whole["recent_step_seconds"])):
+        got = requests.get(server.url + "/v1/state" + query, timeout=2).json()
+        assert got["packed"] == 1
+        raw = base64.b64decode(got["timing"]["recent"], validate=True)
+        assert [dict(zip(("step", *TIMING_KEYS), r, strict=True))
+                for r in struct.iter_unpack("<q4d", raw)] == rows, query
+        raw = base64.b64decode(got["recent_step_seconds"], validate=True)
+        assert [v for (v,) in struct.iter_unpack("<d", raw)] == times, query
+        assert {k: v for k, v in got.items()
+                if k not in ("timing", "recent_step_seconds", "packed", "phase_since")} == \
+            {k: v for k, v in whole.items()
+             if k not in ("timing", "recent_step_seconds", "phase_since")}
+    plain = requests.get(server.url + "/v1/state?packed=0", timeout=2).json()
+    assert "packed" not in plain and plain["timing"]["recent"] == whole["timing"]["recent"]
+    r = requests.get(server.url + "/v1/state?packed=maybe", timeout=2)
+    assert r.status_code == 400 and "packed must be true or false" in r.json()["error"]
+
+
+def test_state_packed_leaves_a_list_that_does_not_fit_the_format():
+    """A step beyond int64 cannot be a record: that list is served as a list (a monitor reads
+    it as any answer's), the other one packed."""
+    doc = {"timing": {"recent": [{"step": 2**70, "step_s": 1.0}]},
+           "recent_step_seconds": [0.5, None]}
+    got = state_packed(doc)
+    assert got["packed"] == 1 and got["timing"]["recent"] == [{"step": 2**70, "step_s": 1.0}]
+    values = struct.unpack("<2d", base64.b64decode(got["recent_step_seconds"]))
+    assert values[0] == 0.5 and math.isnan(values[1])
+    rows = state_packed({"timing": {"recent": [{"step": 3, "step_s": "x", "compute_s": 0.25},
+                                               {"step": True}, "not a row"]}})
+    (step, *secs), = struct.iter_unpack("<q4d", base64.b64decode(rows["timing"]["recent"]))
+    assert step == 3 and math.isnan(secs[0]) and secs[1] == 0.25
 
 
 @pytest.mark.parametrize("path", ["/v1/fr_trace?onlyactive=maybe", "/v1/stacks?format=xml"])

@@ -25,11 +25,13 @@ from .flight_recorder import (
     is_torchft_pg_name,
 )
 from .metrics import WorkerMetrics
+from .packed import state_packed
 from .stacks import format_stacks, thread_stacks
 from .state import RankState
 
 MAX_BODY = 16 * 1024
-_BOOL = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+# the words a boolean query parameter may be (any case)
+BOOL_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
 class BadParameter(ValueError):
@@ -41,7 +43,7 @@ def bool_param(name: str, default: bool = False) -> bool:
     if raw is None:
         return default
     try:
-        return _BOOL[raw.strip().lower()]
+        return BOOL_WORDS[raw.strip().lower()]
     except KeyError:
         raise BadParameter(f"{name} must be true or false, got {raw!r}") from None
 
@@ -179,11 +181,14 @@ def create_app(
     def v1_state():
         since = int_param("since", -MAX_STEP, MAX_STEP)
         recent = int_param("recent", 0, MAX_RECENT)
+        packed = bool_param("packed")
         doc = state.snapshot()
         if since is not None:
             doc = state_since(doc, since)
         if recent is not None:
             doc = state_recent(doc, recent)
+        if packed:
+            doc = state_packed(doc)
         return jsonify(doc)
 
     @app.get("/v1/fr_trace")

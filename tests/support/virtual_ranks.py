@@ -13,7 +13,8 @@ WorkerServer's keys and sizes: the per-step timings of the last 16 steps (``timi
 a WorkerServer's step timer serves them: compute, in-group and cross-group waits, which the
 straggler detector reads), the last 64 step times (``recent_step_seconds``), each a float of
 full precision as a rank's clock gives it, not a short decimal (a leader's answer ~2.3 KB, as a
-WorkerServer's; ``?since=N`` and ``?recent=N`` cut them as worker_server/app.py does). Commands on stdin, one per line: ``hang <rank>``
+WorkerServer's; ``?since=N`` and ``?recent=N`` cut them, and ``?packed=1`` serves them packed,
+as worker_server/app.py does). Commands on stdin, one per line: ``hang <rank>``
 (the rank stops stepping; its group's rank 0 then waits in an in-group collective, and every
 other group's ranks in the cross-group one, as in a real FSDP job), ``slow <group> <seconds>``
 (from the next step on the group computes that much longer and every other group waits for it
@@ -48,7 +49,8 @@ from urllib.parse import parse_qs
 from monitor.poller import EVENT_LOOPS, new_event_loop
 from tests.support.frgen import FRJob
 from tests.support.monitor_sim import rank_state
-from worker_server.app import MAX_RECENT, filter_fr_dump
+from worker_server.app import BOOL_WORDS, MAX_RECENT, filter_fr_dump
+from worker_server.packed import PACKED_FORMAT, pack_step_seconds, pack_timing_rows
 from worker_server.state import RECENT_STEPS
 from worker_server.timing import TIMING_WINDOW
 
@@ -76,7 +78,8 @@ class VirtualRanks:
         self.t0 = time.monotonic() if epoch is None else epoch
         self.hung: dict[int, float] = {}  # rank -> monotonic onset
         self.slow: dict[int, tuple[int, float]] = {}  # group -> (first slow step, seconds)
-        self.templates: dict[int, tuple[list[bytes], tuple[str, ...]]] = {}  # pieces, marks
+        # (rank, packed) -> (pieces, marks)
+        self.templates: dict[tuple[int, bool], tuple[list[bytes], tuple[str, ...]]] = {}
         self.requests = 0
         self.fr_templates: dict[tuple, bytes] = {}
         self._rows: dict[tuple, tuple[bytes, bytes]] = {}
@@ -84,10 +87,10 @@ class VirtualRanks:
         self._fills: dict[tuple, list[bytes]] = {}  # values between a template's pieces
         self._routes: dict[bytes, tuple[str, int, str]] = {}  # request line -> what, rank, query
 
-    def template(self, rank: int) -> tuple[list[bytes], tuple[str, ...]]:
+    def template(self, rank: int, packed: bool = False) -> tuple[list[bytes], tuple[str, ...]]:
         """The rank's /v1/state cut around its changing values: literal pieces, and between
-        each two the name of the value that goes there."""
-        t = self.templates.get(rank)
+        each two the name of the value that goes there (``packed``: as asked ``?packed=1``)."""
+        t = self.templates.get((rank, packed))
         if t is None:
             g, gr = divmod(rank, self.group_size)
             s = rank_state(rank, g, step=STEP_MARK, step_seconds=self.step_s)
@@ -99,6 +102,8 @@ class VirtualRanks:
                      phase=PHASE_MARK, recent_step_seconds=SECONDS_MARK, faults_struck_at={},
                      timing={"recent": RECENT_MARK, "waiting": WAIT_MARK, "last_step": LAST_MARK,
                              "window": None})
+            if packed:
+                s["packed"] = PACKED_FORMAT
             doc = json.dumps(s).encode()
             pieces, marks, at = [], [], 0
             for m in _MARK_RE.finditer(doc):
@@ -108,13 +113,14 @@ class VirtualRanks:
             pieces.append(doc[at:])
             # every rank's marks come in the same order: one tuple, shared (a key of _fills)
             marks = self._marks.setdefault(tuple(marks), tuple(marks))
-            t = self.templates[rank] = (pieces, marks)
+            t = self.templates[rank, packed] = (pieces, marks)
         return t
 
-    def state(self, rank: int, since: int | None = None, recent: int | None = None) -> bytes:
+    def state(self, rank: int, since: int | None = None, recent: int | None = None,
+              packed: bool = False) -> bytes:
         """The rank's ``/v1/state``; ``since``: ``timing.recent`` only after that step,
-        ``recent``: ``recent_step_seconds`` only the newest N, as a WorkerServer serves
-        ``?since=N`` and ``?recent=N`` (worker_server/app.py)."""
+        ``recent``: ``recent_step_seconds`` only the newest N, ``packed``: both packed, as a
+        WorkerServer serves ``?since=N``, ``?recent=N`` and ``?packed=1`` (worker_server/app.py)."""
         now = time.monotonic()
         g = rank // self.group_size
         if not self.hung:
@@ -130,18 +136,19 @@ class VirtualRanks:
                 phase, waiting = b'"forward"', b'{"scope": "group", "seconds": %r}' % waited
             else:
                 phase, waiting = b'"allreduce"', b'{"scope": "cross", "seconds": %r}' % waited
-        pieces, marks = self.template(rank)
+        pieces, marks = self.template(rank, packed)
         # the values between the pieces, in the template's order: the same for every rank with
         # the same step, rows and wait (all of them but the group's, in a healthy job)
         keep = KEEP_STEPS if since is None else max(0, min(KEEP_STEPS, step - since - 1))
         key = (marks, step, rank % 10, g if g in self.slow else -1,
-               tuple(self.slow.items()) if self.slow else (), phase, waiting, keep, recent)
+               tuple(self.slow.items()) if self.slow else (), phase, waiting, keep, recent,
+               packed)
         fill = self._fills.get(key)
         if fill is None:
-            rows, last = self.rows(rank, step, keep)
+            rows, last = self.rows(rank, step, keep, packed)
             values = {"step": str(step).encode(), "recent": rows, "last": last,
                       "phase": phase, "waiting": waiting,
-                      "seconds": self.seconds(rank, step, recent)}
+                      "seconds": self.seconds(rank, step, recent, packed)}
             if len(self._fills) > 10_000:
                 self._fills.clear()
             fill = self._fills[key] = [values[mark] for mark in marks]
@@ -150,29 +157,36 @@ class VirtualRanks:
         out[1::2] = fill
         return b"".join(out)
 
-    def rows(self, rank: int, step: int, keep: int = KEEP_STEPS) -> tuple[bytes, bytes]:
+    def rows(self, rank: int, step: int, keep: int = KEEP_STEPS, packed: bool = False
+             ) -> tuple[bytes, bytes]:
         """(``timing.recent``: the newest ``keep`` of its rows, ``timing.last_step``) of the rank
         at ``step``: the same for every rank with the same jitter (rank % 10) and slowness (its
-        group slow or not)."""
+        group slow or not). ``packed``: ``timing.recent`` packed (worker_server/packed.py)."""
         g = rank // self.group_size
         key = (rank % 10, step, g if g in self.slow else -1,
-               tuple(self.slow.items()) if self.slow else (), keep)
+               tuple(self.slow.items()) if self.slow else (), keep, packed)
         got = self._rows.get(key)
         if got is None:
             if len(self._rows) > 10_000:
                 self._rows.clear()
-            rows = [self.row(rank, s) for s in range(max(0, step - KEEP_STEPS), step)]
+            steps = range(max(0, step - KEEP_STEPS), step)
+            rows = [self.row(rank, s) for s in steps]
             last = (rows[-1] if rows else "null").encode()
             rows = rows[len(rows) - keep:] if keep else []
-            got = self._rows[key] = (f"[{', '.join(rows)}]".encode(), last)
+            if packed:
+                recent = json.dumps(pack_timing_rows([json.loads(r) for r in rows])).encode()
+            else:
+                recent = f"[{', '.join(rows)}]".encode()
+            got = self._rows[key] = (recent, last)
         return got
 
-    def seconds(self, rank: int, step: int, recent: int | None = None) -> bytes:
+    def seconds(self, rank: int, step: int, recent: int | None = None, packed: bool = False
+                ) -> bytes:
         """``recent_step_seconds`` of the rank at ``step``: the step times of its last 64
-        steps (the newest ``recent``), as its timing rows have them."""
+        steps (the newest ``recent``), as its timing rows have them (``packed``: packed)."""
         g = rank // self.group_size
         key = ("seconds", rank % 10, step, g if g in self.slow else -1,
-               tuple(self.slow.items()) if self.slow else (), recent)
+               tuple(self.slow.items()) if self.slow else (), recent, packed)
         got = self._rows.get(key)
         if got is None:
             if len(self._rows) > 10_000:
@@ -180,8 +194,9 @@ class VirtualRanks:
             first = max(0, step - SECONDS_STEPS)
             if recent is not None:
                 first = max(first, step - recent)
-            vals = [repr(sum(self.timing(rank, s))) for s in range(first, step)]
-            got = self._rows[key] = f"[{', '.join(vals)}]".encode()
+            vals = [sum(self.timing(rank, s)) for s in range(first, step)]
+            got = self._rows[key] = json.dumps(pack_step_seconds(vals)).encode() if packed \
+                else f"[{', '.join(map(repr, vals))}]".encode()
         return got
 
     def timing(self, rank: int, step: int) -> tuple[float, float, float]:
@@ -242,12 +257,18 @@ class VirtualRanks:
         """(status, body) for one request line, e.g. ``GET /r/7/v1/state HTTP/1.1``."""
         self.requests += 1
         since = recent = None
+        packed = False
         at = request_line.find(b"/v1/state?")
         if at >= 0:  # a monitor's per-rank query (a new value every step): not in the routes
             at += len(b"/v1/state")  # at the "?"
             end = request_line.find(b" ", at)
             for part in request_line[at + 1:end if end >= 0 else None].split(b"&"):
                 name, _, value = part.partition(b"=")
+                if name == b"packed":
+                    packed = BOOL_WORDS.get(value.decode("latin-1").strip().lower())
+                    if packed is None:
+                        return b"400 Bad Request", b'{"error": "packed must be true or false"}'
+                    continue
                 if name not in (b"since", b"recent"):
                     continue  # as Flask does: a parameter nobody reads
                 try:
@@ -271,7 +292,7 @@ class VirtualRanks:
             self._routes[request_line] = route
         what, rank, query = route
         if what == "state":
-            return b"200 OK", self.state(rank, since, recent)
+            return b"200 OK", self.state(rank, since, recent, packed)
         if what == "fr_trace":
             status, body = self.fr(rank, query)
             return status.encode(), body
@@ -279,7 +300,7 @@ class VirtualRanks:
 
     def state_asked(self, rank: int, query: str = "") -> bytes:
         """The rank's ``/v1/state`` as asked with ``query`` (a monitor's per-URL query: ``""``
-        or ``"?since=N&recent=M"``), read as a request to this server is; ValueError for a
+        or ``"?since=N&recent=M&packed=1"``), read as a request to this server is; ValueError for a
         query it answers 400."""
         status, body = self.answer(b"GET /r/%d/v1/state%s HTTP/1.1" % (rank, query.encode()))
         if status != b"200 OK":
