@@ -17,13 +17,14 @@ import pytest
 
 from monitor.config import DetectorConfig
 from monitor.detectors import Detectors, timing_rows
-from monitor.packed_state import TIMING_ROW, pack_state
+from monitor.packed_state import PACKED_FORMAT, TIMING_KEYS, TIMING_ROW, pack_state
 from monitor.poll_process import ProcessPoller
 from monitor.poller import STATE_PATH, Poller, judge_body
 from monitor.view import RankView
 from tests.support.monitor_sim import SimRanks
 from tests.support.virtual_ranks import VirtualRanks
 from worker_server import RankIdentity, RankState, WorkerServer
+from worker_server import packed as served_format
 
 
 def answers() -> list[bytes]:
@@ -159,6 +160,14 @@ def test_an_answer_served_packed_is_kept_as_the_lists_packed_here():
         assert timing_rows(served, {step - 1: None}) == timing_rows(plain, {step - 1: None})
         assert RankView("u", True, served).recent_steps() == \
             RankView("u", True, plain).recent_steps()
+
+
+def test_the_served_format_is_the_kept_one():
+    """The WorkerServer's writer and the monitor's reader name the same records and format
+    version (each side keeps its own copy: a rank does not import the monitor)."""
+    assert served_format.TIMING_ROW.format == TIMING_ROW.format
+    assert served_format.TIMING_KEYS == TIMING_KEYS
+    assert served_format.PACKED_FORMAT == PACKED_FORMAT
 
 
 def b64(raw: bytes) -> str:
