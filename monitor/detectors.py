@@ -175,7 +175,7 @@ def timing_rows(state: Mapping[str, Any] | None, skip: Mapping[int, Any] | tuple
                 packed: bool = False) -> list[tuple[int, Any]]:
     """The per-step timings a ``/v1/state`` serves (``timing.recent``, else
     ``timing.last_step``): (step, (step_s, compute_s, wait_cross_s, wait_group_s)) with an int
-    step and four finite non-negative float seconds, in the order served (``packed``: the
+    step (not ``true``/``false``) and four finite non-negative float seconds, in the order served (``packed``: the
     seconds as one ``_ROW`` bytes, as the detectors keep them); malformed rows are left out,
     and so are the steps already folded (``skip``).
 
@@ -211,7 +211,10 @@ def timing_rows(state: Mapping[str, Any] | None, skip: Mapping[int, Any] | tuple
             step = row.get("step")
         else:
             continue
-        if (type(step) is not int and not isinstance(step, int)) or step in skip:
+        # an int step, not true/false (which JSON parses as bools, and bool is an int):
+        # the packer's rule too (monitor/packed_state.py), so both forms read the same rows
+        if (type(step) is not int and (not isinstance(step, int) or isinstance(step, bool))) \
+                or step in skip:
             continue
         if type(row) is dict:
             # the four values in one C-level call (~15 % less per new row than four gets); a

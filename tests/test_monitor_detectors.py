@@ -569,7 +569,8 @@ def test_malformed_timing_is_left_out_not_fatal():
 def test_timing_rows_keep_valid_rows_and_leave_out_the_rest():
     """A served row counts with an int step and four finite non-negative seconds (JSON's
     floats as they are, ints made floats); a missing, negative, NaN, bool or text value leaves
-    the row out; a read-only Mapping row reads like a dict."""
+    the row out, and so does a true/false or float step; a read-only Mapping row reads like a
+    dict. Kept packed, the same rows."""
     from types import MappingProxyType
 
     from monitor.detectors import _ROW, timing_rows
@@ -579,7 +580,8 @@ def test_timing_rows_keep_valid_rows_and_leave_out_the_rest():
             {"step": 3, **full, "wait_group_s": -0.1}, {"step": 4, **full, "step_s": math.nan},
             {"step": 5, **full, "compute_s": True}, {"step": 6, **full, "wait_cross_s": "1"},
             {"step": 7, "step_s": 2, "compute_s": 1, "wait_cross_s": 0, "wait_group_s": 1},
-            MappingProxyType({"step": 8, **full}), {"step": 9, **full}, {"step": 10.0, **full}]
+            MappingProxyType({"step": 8, **full}), {"step": 9, **full}, {"step": 10.0, **full},
+            {"step": True, **full}, {"step": False, **full}]
     got = timing_rows({"timing": {"recent": rows}})
     assert got == [(1, values), (7, (2.0, 1.0, 0.0, 1.0)), (8, values), (9, values)]
     assert all(type(v) is float for _, row in got for v in row)
