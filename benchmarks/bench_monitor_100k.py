@@ -19,7 +19,8 @@ this process, with ``--leader-polling on``. It reports:
 - a straggler group (``--straggler-lag`` seconds late from one step on): how many of its steps
   until the straggler finding is confirmed (the ranks serve per-step timings), counted from
   the start of its first slow step, with a timeline per sweep (``straggler_timeline``);
-- ``healthy_drilled_groups``: the groups drilled in each healthy leader sweep (none expected);
+- ``healthy_drilled_groups``: the groups drilled in each healthy leader sweep (none expected),
+  and for each sweep that drilled any, why and which polls failed (``healthy_drill_reasons``);
 - the monitor process's RSS, and its own CPU seconds per sweep and the wait after it (all its
   threads; the virtual ranks' processes excluded), and the seconds its cyclic garbage
   collector took per sweep; of it, the thread that polls (the in-thread poller: HTTP and
@@ -179,6 +180,26 @@ def sweep_plan(mon: Monitor):
     return getattr(mon, "sweep_plan", None) or mon.schedule.last
 
 
+def drill_reasons(plan) -> dict[str, int]:
+    """Why ``plan``'s groups were drilled (its reasons, numbers cut), groups each, the four
+    most common."""
+    reasons: dict[str, int] = {}
+    for why in (plan.drilled.values() if plan is not None else ()):
+        key = why.split(" for ")[0].rstrip("0123456789.s ")
+        reasons[key] = reasons.get(key, 0) + 1
+    return dict(sorted(reasons.items(), key=lambda kv: -kv[1])[:4])
+
+
+def unanswered(view) -> dict[str, int]:
+    """The ranks ``view``'s sweep polled that did not answer, by reason."""
+    out: dict[str, int] = {}
+    for url in view.polled or ():
+        r = view.ranks.get(url)
+        if r is not None and not r.reachable:
+            out[r.reason or "?"] = out.get(r.reason or "?", 0) + 1
+    return out
+
+
 class PollerCpu:
     """CPU seconds of the polling, apart from the rest of the monitor: ``child`` the poller
     process's (monitor/poll_process.py; 0 with the in-thread poller), ``thread`` the monitor
@@ -315,12 +336,8 @@ class SweepFacts:
     def after(self) -> dict:
         mon = self.mon
         plan = sweep_plan(mon)
-        reasons: dict[str, int] = {}  # why groups were drilled (numbers cut), groups each
-        for why in (plan.drilled.values() if plan is not None else ()):
-            key = why.split(" for ")[0].rstrip("0123456789.s ")
-            reasons[key] = reasons.get(key, 0) + 1
         return {"polled": len(plan.urls) if plan is not None else None,
-                "drilled": dict(sorted(reasons.items(), key=lambda kv: -kv[1])[:4]),
+                "drilled": drill_reasons(plan),
                 "fr": getattr(mon.detectors, "_fr_reason", None),
                 "fr_leaders_skipped": getattr(mon, "fr_leaders_skipped", None),
                 "goodput_saved": getattr(mon, "_goodput_saved_at", None) != self._saved,
@@ -515,6 +532,8 @@ def main() -> int:
                 times, cpu, main_cpu, polled, gcs, ranks_cpu, child_cpu, thread_cpu, periods = (
                     [] for _ in range(9))
                 drilled = []  # groups drilled per healthy sweep (should be none)
+                # of the sweeps that drilled any: which sweep, why, and the polls that failed
+                drill_facts = []
                 pollers = PollerCpu(mon)
                 ages = PollToFindings(mon)
                 stages, stage_rows = StageClock(mon), []  # wall seconds per stage
@@ -531,6 +550,10 @@ def main() -> int:
                     times.append(time.perf_counter() - t)
                     polled.append(len(sweep_plan(mon).urls))
                     drilled.append(len(sweep_plan(mon).drilled))
+                    if drilled[-1]:
+                        drill_facts.append({"sweep": len(drilled) - 1,
+                                            "why": drill_reasons(sweep_plan(mon)),
+                                            "unanswered": unanswered(mon.view)})
                     # the monitor's loop (Monitor._loop): its 1 s interval, the next sweep's
                     # ranks asked in time for it. The CPU figures are per sweep and the wait
                     # after it (what asking ahead costs counts, wherever it is done)
@@ -567,7 +590,8 @@ def main() -> int:
                            poll_to_findings_median_s=statistics.median(ages.ages()),
                            poll_to_findings_s=[round(x, 3) for x in ages.ages()],
                            leader_sweeps_s=[round(x, 3) for x in times],
-                           healthy_drilled_groups=drilled)
+                           healthy_drilled_groups=drilled,
+                           healthy_drill_reasons=drill_facts)
                 # a hang in a non-leader rank of a group in the middle of the job
                 g = args.groups // 2
                 victim = g * args.group_size + 3

@@ -487,6 +487,7 @@ class Detectors:
         self._last_fr_at = 0.0
         self._fr_reason: str | None = None
         self._periodic_held: tuple[float, bool] | None = None  # (now, held) of that sweep
+        self._longest_wait: tuple[float, float] | None = None  # (now, seconds): longest_wait
         # per rank URL: (replica_id, {step: its row packed, _ROW}) from the ranks' own timing
         self._steps: dict[str, tuple[str | None, dict[int, bytes]]] = {}
         self._since_queries: dict[int, str] = {}  # step -> "?since=<step>&..." (state_queries)
@@ -630,13 +631,38 @@ class Detectors:
             return held[1]
         out = False
         if now - self._last_fr_at < 2 * self.cfg.fr_interval_s:
-            if states is None:
-                states = [r.state for _, r in self._fresh_ranks(view) if r.reachable]
-            floor = (self._hang_threshold(view) if view is not None
-                     else self.cfg.hang_floor_s) / 3
-            out = any(collective_wait(st, now)[1] >= floor for st in states)
+            out = self.longest_wait(view, now, states) >= self.hang_threshold(view) / 3
         self._periodic_held = (now, out)
         return out
+
+    def hang_look_possible(self, view: ClusterView, now: float) -> bool:
+        """Whether :meth:`fr_wanted` may ask for a hang's Flight Recorder dumps at ``now``: a
+        rank polled this sweep has been blocked in a collective for the hang threshold or
+        longer (the hang trigger needs that; :meth:`_stall` also needs a sweep without
+        progress). False means no hang look this sweep; True only that one may come."""
+        return self.longest_wait(view, now) >= self.hang_threshold(view)
+
+    def longest_wait(self, view: ClusterView | None, now: float,
+                     states: Iterable[Any] | None = None) -> float:
+        """The longest a rank polled this sweep has been blocked in a collective (seconds,
+        :func:`collective_wait`), once per ``now``: ``states`` are this sweep's answers
+        (default: those of ``view``'s ranks polled this sweep)."""
+        got = self._longest_wait
+        if got is not None and got[0] == now:
+            return got[1]
+        if states is None:
+            states = [r.state for _, r in self._fresh_ranks(view) if r.reachable] \
+                if view is not None else []
+        longest = 0.0
+        for st in states:
+            timing = st.get("timing") if type(st) is dict else None
+            if type(timing) is dict and timing.get("waiting") is None:
+                continue  # not waiting: what collective_wait says, sooner (most answers)
+            secs = collective_wait(st, now)[1]
+            if secs > longest:
+                longest = secs
+        self._longest_wait = (now, longest)
+        return longest
 
     def update(self, view: ClusterView, dumps: Mapping[int, dict] | None = None,
                now: float | None = None, full_view: ClusterView | None = None) -> list[Finding]:
@@ -866,7 +892,11 @@ class Detectors:
         else:
             self._stalled_sweeps += 1
 
-    def _hang_threshold(self, view: ClusterView) -> float:
+    def hang_threshold(self, view: ClusterView | None) -> float:
+        """Seconds a rank must be blocked in a collective, with no progress, to be a hang:
+        max(``hang_floor_s``, ``hang_factor`` x the median step time)."""
+        if view is None:
+            return self.cfg.hang_floor_s
         return max(self.cfg.hang_floor_s, self.cfg.hang_factor * (view.median_step_seconds() or 0))
 
     def _stall(self, view: ClusterView, now: float) -> tuple[bool, float, float, dict[int, tuple]]:
@@ -881,7 +911,7 @@ class Detectors:
         if seen is not None and seen[0] is view and seen[1] == now \
                 and seen[2] == self._stalled_sweeps:
             return seen[3]
-        threshold = self._hang_threshold(view)
+        threshold = self.hang_threshold(view)
         waits: dict[int, tuple[str, float]] = {}
         in_quorum = {g.replica_group for g in view.in_quorum()}
         for _, r in self._fresh_ranks(view):  # a wait carried from an older poll is not a wait now

@@ -252,6 +252,53 @@ def test_a_sweep_inside_the_interval_asks_the_next_one_just_before_it(process_mo
     assert view.ranks[rank.url].state["step"] == 101
 
 
+@pytest.mark.parametrize("wait_s, early", [(1.0, True), (10.0, False)])
+def test_a_sweep_that_drills_asks_early_unless_a_hang_look_may_come(tmp_path, monkeypatch,
+                                                                     wait_s, early):
+    """A sweep that drills a group (here a straggler candidate) asks the next sweep's ranks as
+    soon as its view is built, like any other sweep, unless a rank it polled has been blocked
+    in a collective for the hang threshold (3 s here): a hang's Flight Recorder dumps may then
+    be fetched in it, and the next sweep is asked after its detectors instead, so those dumps
+    do not share the poller process with the next sweep's requests."""
+    from monitor import service
+    from monitor.config import MonitorConfig
+
+    monkeypatch.setattr(service, "POLL_PROCESS_MIN_TARGETS", 1)
+    monkeypatch.setattr(service, "ASK_LEAD", 1e6)  # the next sweep always due (see above)
+    sim = SimRanks.start(8, groups=4)  # 4 groups of 2
+    mon = service.Monitor(MonitorConfig(port=0, interval_s=0.3, targets=sim.urls,
+                                        state_path=str(tmp_path / "m.db"), job="unit",
+                                        leader_polling="on", member_interval_s=3600.0))
+    try:
+        mon.sweep_once()  # every rank: nothing known yet
+        if mon._ahead is not None:  # asked before group 2 was suspect: the next sweep plans
+            mon._ahead.result()
+            mon._ahead = None
+        member = next(r for r in sim.group(2) if r.state["group_rank"] != 0)
+        member.update(timing={"recent": [], "waiting": {"scope": "group",
+                                                            "seconds": wait_s}})
+        mon.detectors.last_lags = {2: 5.0}  # group 2 a straggler candidate: drilled
+        asked_before_detectors = []
+        update = mon.detectors.update
+
+        def detecting(*a, **k):
+            asked_before_detectors.append(mon._ahead is not None)
+            return update(*a, **k)
+
+        mon.detectors.update = detecting
+        view = mon.sweep_once()
+        assert 2 in mon.sweep_plan.drilled
+        assert view.ranks[member.url].fresh  # its wait was read in this sweep
+        assert mon.detectors.longest_wait(view, view.at) == wait_s
+        assert asked_before_detectors == [early]
+        assert mon._ahead is not None  # asked either way: early, or after the detectors
+    finally:
+        pid = mon.poller.pid
+        mon.stop()
+        assert gone(pid)
+        sim.stop()
+
+
 def test_the_next_sweep_is_asked_early_and_its_suspects_added(tmp_path, monkeypatch):
     """When the next sweep is due, its ranks are asked as soon as this sweep's view is built (before its detectors run: the polling then overlaps them); a
     group the detectors newly suspect in this sweep is added to that plan and drilled (its
