@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections import OrderedDict, deque
@@ -40,7 +41,10 @@ import msgspec
 
 from http_serving import host_for_url
 
+from .fd_budget import budget, out_of_descriptors, raise_soft_limit
 from .packed_state import pack_state
+
+log = logging.getLogger(__name__)
 
 REASONS = ("timeout", "connection", "http_status", "bad_response")
 STATE_PATH = "/v1/state"  # its answers are kept packed (judge_body, monitor/packed_state.py)
@@ -123,7 +127,7 @@ class _Request:
     and (while it has one) connection."""
 
     __slots__ = ("sweep", "i", "url", "key", "wire", "start", "deadline", "conn",
-                 "connecting", "reused", "done")
+                 "connecting", "reused", "done", "shed")
 
     def __init__(self, sweep: _Sweep, i: int, url: str, key: tuple[str, int], wire: bytes,
                  start: float, deadline: float) -> None:
@@ -138,6 +142,7 @@ class _Request:
         self.connecting: asyncio.Task | None = None
         self.reused = False
         self.done = False
+        self.shed = False  # idle connections were closed to make room for its connect
 
 
 class _Sweep:
@@ -510,7 +515,12 @@ class Poller:
                  event_loop: str = "asyncio") -> None:
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
-        self.max_concurrency = max_concurrency
+        # the file descriptors its connections may take (monitor/fd_budget.py): the soft
+        # limit raised to the hard one, requests in flight and idle connections kept under it
+        self.fd_limit = raise_soft_limit()
+        in_flight, self.idle_cap = budget(self.fd_limit, max_concurrency)
+        self.max_concurrency = in_flight
+        self._max_idle = 0
         self.max_idle = max_idle
         self._idle: OrderedDict[tuple[str, int], list[_Conn]] = OrderedDict()
         self._n_idle = 0
@@ -520,6 +530,16 @@ class Poller:
                                         daemon=True)
         self._thread.start()
         self._closed = False
+
+    @property
+    def max_idle(self) -> int:
+        """Idle connections kept at most, least recently used closed first: as many as asked,
+        up to what the descriptor limit leaves (``idle_cap``)."""
+        return self._max_idle
+
+    @max_idle.setter
+    def max_idle(self, n: int) -> None:
+        self._max_idle = max(0, min(n, self.idle_cap))
 
     # --- public, thread-safe ---------------------------------------------------------
     def sweep(self, urls: Iterable[str], path: str = STATE_PATH,
@@ -652,17 +672,44 @@ class Poller:
         try:
             _, conn = await self._loop.create_connection(lambda: _Conn(self, req.key), host, port)
         except OSError as e:
+            req.connecting = None
+            if out_of_descriptors(e) and not req.done:
+                # the monitor's own limit, not the rank: make room in the idle pool, once
+                if not req.shed and self._shed_idle():
+                    req.shed = True
+                    req.connecting = self._loop.create_task(self._connect(req))
+                    return
+                self._fail(req, "connection", f"{type(e).__name__}: {e} (the monitor's own "
+                           f"file descriptors, limit {self.fd_limit}: raise it, LimitNOFILE= "
+                           "in a systemd unit, ulimit -n in a shell)")
+                return
             self._fail(req, "connection", f"{type(e).__name__}: {e}")
             return
         except Exception as e:  # e.g. a host name that does not encode
+            req.connecting = None
             self._fail(req, "bad_response", f"{type(e).__name__}: {e}")
             return
-        finally:
-            req.connecting = None
+        req.connecting = None
         if req.done:  # timed out meanwhile
             conn.abort()
         else:
             conn.begin(req)
+
+    def _shed_idle(self) -> bool:
+        """A connect found no file descriptor: something else in the process holds more than
+        the budget left it (monitor/fd_budget.py). Keep fewer idle connections from now on (an
+        eighth fewer, at least 16) and close the least recently used past that. False when
+        none was idle (nothing to free)."""
+        if self._n_idle == 0:
+            return False
+        cap = max(0, self._n_idle - max(16, self._n_idle // 8))
+        if cap < self.idle_cap:
+            log.warning("out of file descriptors (limit %d) with %d idle connections: keeping at "
+                        "most %d from now on", self.fd_limit, self._n_idle, cap)
+            self.idle_cap = cap
+        self.max_idle = self._max_idle  # clamped to the new cap
+        self._trim_idle(self._max_idle)
+        return True
 
     def _retry(self, req: _Request) -> None:
         req.conn = None
@@ -765,7 +812,12 @@ class Poller:
             conns.append(conn)
             self._idle.move_to_end(key)
         self._n_idle += 1
-        while self._n_idle > self.max_idle:
+        if self._n_idle > self._max_idle:
+            self._trim_idle(self._max_idle)
+
+    def _trim_idle(self, keep: int) -> None:
+        """Close the least recently used idle connections until ``keep`` are left."""
+        while self._n_idle > keep:
             old_key, old = next(iter(self._idle.items()))
             old.pop(0).abort()
             self._n_idle -= 1

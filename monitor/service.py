@@ -23,6 +23,7 @@ from typing import Any
 
 from http_serving import BackgroundWSGIServer, http_url
 
+from . import fd_budget
 from .actions import Lighthouse, Orphans, RankExits
 from .admission import NotAllowed, Unauthorized, registration_authorized
 from .app import create_app
@@ -195,6 +196,7 @@ class Monitor:
         self._goodput_save_s = 0.0  # how long the last save took (snapshot and write)
         self._goodput_writer = GoodputWriter(self.store)  # writes beside the next sweep
         self._gc_frozen = 0  # sweeps since the last full collection (0: not freezing)
+        self._fd_advised = False  # the file descriptor warning (_fit_poller) said once
         self.sweep_plan = None  # what the last sweep polled (schedule.last may be the next's)
         self._ahead: _Ahead | None = None  # the next sweep's polls, already asked
         self._last_sweep_s = 0.0  # the last sweep's seconds, start to end
@@ -399,8 +401,17 @@ class Monitor:
                                         old.max_bytes)
             old.close()
         # one pooled keep-alive connection per target (+ its Flight Recorder fetch): a smaller
-        # pool reconnects every sweep (docs/scaling.md)
+        # pool reconnects every sweep (docs/scaling.md); at most what the file descriptor
+        # limit leaves (monitor/fd_budget.py: the poller, in this process or its own, keeps
+        # its idle pool under it), said once when the targets do not fit
         self.poller.max_idle = max(self.poller.max_idle, n_targets + 1024)
+        if not self._fd_advised:
+            limit = fd_budget.soft_limit()
+            advice = fd_budget.advice(n_targets, fd_budget.budget(
+                limit, self.cfg.max_concurrency)[1], limit, self.cfg.max_concurrency)
+            if advice:
+                self._fd_advised = True
+                log.warning("%s", advice)
 
     def _ask_ahead_early(self, view: ClusterView) -> None:
         """With the poller in its own process, when the next sweep's ranks are due to be asked
