@@ -82,9 +82,10 @@ def advice(n_targets: int, idle_cap: int, limit: int, max_concurrency: int) -> s
     if n_targets + 1024 <= idle_cap:
         return None
     return (f"{n_targets} targets but the file descriptor limit ({limit}) leaves the poller "
-            f"{idle_cap} idle connections: the ranks past them reconnect every sweep (slower, "
-            f"not wrong); raise the limit to {wanted(n_targets, max_concurrency)} or more "
-            f"(LimitNOFILE= in a systemd unit, ulimit -n in a shell)")
+            f"{idle_cap} idle connections: ranks on addresses of their own past them reconnect "
+            f"every sweep (slower, not wrong); raise the limit to "
+            f"{wanted(n_targets, max_concurrency)} or more (LimitNOFILE= in a systemd unit, "
+            f"ulimit -n in a shell)")
 
 
 def out_of_descriptors(e: OSError) -> bool:

@@ -11,7 +11,8 @@ is *drilled* (every rank polled every sweep) the moment its leader looks wrong, 
 - its leader has waited inside an in-group collective (``timing.waiting`` scope ``group``) for
   ``suspect_s`` or more: a member is late or hung, and the leader is blocked on it. This is how a
   hang of a non-leader rank is seen on the leader alone;
-- its leader's step has not moved for ``suspect_s`` on the monitor's clock while the leaders of
+- its leader's step has not moved for ``suspect_s`` on the monitor's clock (between the
+  answers that showed it: when they came, not when the sweep read them) while the leaders of
   other groups moved past it, and it does not wait in the cross-group collective (stuck phase;
   in a job-wide stall every leader holds one step, and the next rule applies; one waiting there
   behind leaders that moved was polled before the stall ended);
@@ -107,7 +108,9 @@ class LeaderSchedule:
         self.suspect_factor = suspect_factor
         self._sweep = 0
         self._drilled_until: dict[int, tuple[float, str, bool]] = {}  # until, why, blocked
-        self._leader_step: dict[int, tuple[int, float]] = {}  # group -> (step, since, monitor)
+        # group -> (its leader's step, when the first answer showing it came: RankView's
+        # answered_at, the monitor's clock)
+        self._leader_step: dict[int, tuple[int, float]] = {}
         self._targets: list[Target] = []
         self._period = 0
         self._urls: list[str] = []
@@ -322,17 +325,25 @@ class LeaderSchedule:
                     out[g] = f"{BLOCKED_IN_GROUP} {secs:.1f}s"
                     blocked.add(g)
                 continue
+            # how long its step has not moved, between the answers that showed it: a sweep's
+            # answers are asked ahead and come over ~0.5-1 s, so the plan's ``now`` is not
+            # when they were true; measured on it, two answers less than a step apart could
+            # read as a whole (slow) sweep apart, and every group whose two answers fell in
+            # one step was drilled as stuck
+            at = lead.answered_at
+            if at is None:
+                at = now
             prev = last_step.get(g)
             if prev is None or prev[0] != step:
                 if prev is None:
                     kept += 1
-                last_step[g] = (step, now)
+                last_step[g] = (step, at)
                 moving += 1
-            elif scope != "cross" and now - prev[1] >= suspect():
+            elif scope != "cross" and at - prev[1] >= suspect():
                 # (one waiting in the cross-group collective arrived: it waits for another
                 # group. Behind leaders that moved it was polled before the job moved on: the
                 # sweep in which a stall ends, seconds long at 100,000 ranks)
-                others.append((g, step, f"leader at step {step} for {now - prev[1]:.1f}s"))
+                others.append((g, step, f"leader at step {step} for {at - prev[1]:.1f}s"))
             if step > newest:
                 newest = step
             if scope == "cross":

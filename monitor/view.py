@@ -91,6 +91,10 @@ class RankView:
     # is carried from its last poll at ``polled_at``
     fresh: bool = True
     polled_at: float | None = None
+    # when its last good answer came, on the poller's clock (RankPoll.at, the monitor's
+    # time.time): compared only with another answer's, how far apart two answers really are
+    # (a sweep's answers are asked ahead and arrive over ~0.5-1 s; its ``now`` is later)
+    answered_at: float | None = None
     # recent_steps' value, computed once (the state never changes in a RankView)
     _recent: list[float] | None = field(default=None, repr=False, compare=False)
 
@@ -130,6 +134,7 @@ class RankView:
         c.unreachable_since, c.last_ok_at, c.target, c.superseded, c.trust = \
             self.unreachable_since, self.last_ok_at, self.target, self.superseded, self.trust
         c.fresh, c.polled_at, c._recent = self.fresh, self.polled_at, self._recent
+        c.answered_at = self.answered_at
         return c
 
     def recent_steps(self) -> list[float]:
@@ -485,9 +490,10 @@ def _rank_order(r: RankView) -> tuple:
 
 
 def _answered(url: str, prev: RankView | None, state: dict[str, Any], now: float,
-              target: Any = _NOT_SEEN) -> RankView:
-    """The RankView of a valid answer (``target``: the previous one's by default); all of it
-    is known from the answer (ViewBuilder._polled's other cases keep the previous one's)."""
+              target: Any = _NOT_SEEN, at: float | None = None) -> RankView:
+    """The RankView of a valid answer (``target``: the previous one's by default; ``at``: when
+    it came, default ``now``); all of it is known from the answer (ViewBuilder._polled's other
+    cases keep the previous one's)."""
     rv = _new(RankView)
     rv.url, rv.reachable, rv.state, rv.reason, rv.error, rv.failures = \
         url, True, state, None, None, 0
@@ -496,6 +502,7 @@ def _answered(url: str, prev: RankView | None, state: dict[str, Any], now: float
     rv.target = prev.target if target is _NOT_SEEN else target
     rv.trust = prev.trust if prev is not None else None
     rv._recent = None
+    rv.answered_at = now if at is None else at
     return rv
 
 
@@ -648,7 +655,7 @@ class ViewBuilder:
                     break
                 shape = _plain_shape(p.data) if p is not None and p.ok else None
                 if shape is not None:
-                    rv = current[url] = _answered(url, old, p.data, now)
+                    rv = current[url] = _answered(url, old, p.data, now, at=p.at)
                 else:
                     rv = current[url] = polled_rank(url, old, old.target, p, now)
                     if rv.reachable:
@@ -730,12 +737,13 @@ class ViewBuilder:
     def _polled(url: str, prev: RankView | None, target: Target | None, p: RankPoll | None,
                 now: float) -> RankView:
         if p is not None and p.ok and valid_state(p.data) is None:
-            return _answered(url, prev, p.data, now, target)
+            return _answered(url, prev, p.data, now, target, p.at)
         rv = RankView(url, False, prev.state if prev else None, target=target,
                       failures=prev.failures if prev else 0,
                       unreachable_since=prev.unreachable_since if prev else None,
                       last_ok_at=prev.last_ok_at if prev else None,
-                      trust=prev.trust if prev else None, polled_at=now)
+                      trust=prev.trust if prev else None, polled_at=now,
+                      answered_at=prev.answered_at if prev else None)
         if p is None:
             rv.reason, rv.error = "connection", "not polled"
         elif not p.ok:

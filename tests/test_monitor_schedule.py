@@ -37,9 +37,9 @@ class LeaderSweeps:
         job = self.job
         suspects = {f.replica_group for f in self.det.open_findings()}
         plan = self.sched.plan(job.targets, self.view, now, suspects)
-        polls = self.poll(set(plan.urls))
+        polls = self.poll(set(plan.urls), now)
         extra = self.sched.drill_now(polls, self.view, now)  # as the monitor: polled at once
-        polls.update(self.poll(set(extra)))
+        polls.update(self.poll(set(extra), now))
         asked = set(plan.urls)
         view = job.vb.update(job.targets, polls, now=now,
                              polled=None if plan.everything else asked)
@@ -52,11 +52,12 @@ class LeaderSweeps:
         return self.det.update(view, dumps, now)
 
 
-    def poll(self, urls: set[str]) -> dict[str, RankPoll]:
+    def poll(self, urls: set[str], now: float) -> dict[str, RankPoll]:
         job = self.job
         # a deep copy: the job's states change in place, and the previous sweep's view must
         # keep what its poll saw (a shallow copy showed the schedule the next sweep's waits)
-        return {t.url: (RankPoll(t.url, True, data=copy.deepcopy(s)) if r not in job.down
+        return {t.url: (RankPoll(t.url, True, data=copy.deepcopy(s), at=now)
+                        if r not in job.down
                         else RankPoll(t.url, False, reason="connection", error="refused"))
                 for r, (t, s) in enumerate(zip(job.targets, job.states, strict=True))
                 if t.url in urls}
@@ -208,8 +209,31 @@ def _stalled_view(waits: dict[int, tuple[str, float] | None], groups: int = 20,
         s["timing"] = {"waiting": {"scope": w[0], "seconds": w[1]} if w else None}
         if w and w[0] == "cross":
             s["phase"] = "allreduce"
-        polls[t.url] = RankPoll(t.url, True, data=s)
+        polls[t.url] = RankPoll(t.url, True, data=s, at=now)
     return targets, (vb or ViewBuilder()).update(targets, polls, now=now)
+
+
+def test_a_stuck_leader_is_timed_by_when_its_answers_came_not_by_the_plan():
+    """The stuck-leader rule times a step that has not moved between the answers that showed
+    it (``RankPoll.at``), not by the plans that read them: a sweep's answers are asked ahead
+    and come up to a sweep before the next plan is made. Two answers 0.6 s apart inside one
+    step, read by plans 2.5 s apart (a slow sweep), are not stuck (drilled before, timed by
+    the plans); the same step in an answer 2.6 s after the first, while the others moved, is."""
+    sched = LeaderSchedule("on", member_interval_s=100.0, hold_s=0.0, suspect_floor_s=2.0,
+                           suspect_factor=0.0)
+    vb = ViewBuilder()
+    computing = dict.fromkeys(range(4))
+    targets, view = _stalled_view(computing, groups=4, steps=dict.fromkeys(range(4), 10),
+                                  vb=vb, now=T0 - 0.1)
+    assert sched.plan(targets, view, T0).drilled == {}
+    # group 0 still at step 10 in an answer 0.6 s after the last, the others at 11
+    targets, view = _stalled_view(computing, groups=4, steps={0: 10, 1: 11, 2: 11, 3: 11},
+                                  vb=vb, now=T0 + 0.5)
+    assert sched.plan(targets, view, T0 + 2.5).drilled == {}
+    targets, view = _stalled_view(computing, groups=4, steps={0: 10, 1: 12, 2: 12, 3: 12},
+                                  vb=vb, now=T0 + 2.5)
+    plan = sched.plan(targets, view, T0 + 3.0)
+    assert plan.drilled == {0: "leader at step 10 for 2.6s"}
 
 
 def test_a_job_wide_stall_does_not_drill_leaders_polled_early_in_the_sweep():
@@ -383,7 +407,7 @@ def test_drills_match_the_rules_over_random_leader_sweeps():
                                         and g not in expected})
         asked = set(plan.urls)
         polls = {t.url: (RankPoll(t.url, False, reason="connection", error="refused")
-                         if r in down else RankPoll(t.url, True, data=dict(states[r])))
+                         if r in down else RankPoll(t.url, True, data=dict(states[r]), at=now))
                  for r, t in enumerate(targets) if t.url in asked}
         view = vb.update(targets, polls, now=now, polled=None if plan.everything else asked,
                          judge=lambda ranks, changed: {})
