@@ -424,21 +424,24 @@ class Monitor:
         suspected at their last update; :meth:`_ask_ahead` adds those this sweep's detectors
         newly suspect. A rank is asked ``?since=`` its folded rows only where this sweep's
         fold keeps them (Detectors.state_queries' ``kept``). Not while this sweep drills a
-        group and may fetch a hang's dumps (a rank it polled has been blocked in a collective
-        for the hang threshold: Detectors.hang_look_possible): that Flight Recorder fetch,
-        which the hang's confirmation waits for, would then share the poller process and the
-        ranks with the next sweep's ~15,000 requests (measured: the dumps 0.6 s later), and
-        :meth:`_ask_ahead` asks after it, as before. A sweep that drills with no such wait
-        (a group held drilled, a straggler candidate, a leader blocked in its group for less
-        than the threshold) asks early like any other: asked at the old point, its next sweep
-        began by waiting 0.2-0.5 s for its answers (docs/scaling.md, round 16). Never raises:
-        a failure is logged and :meth:`_ask_ahead` or the next sweep asks instead."""
+        group whose leader is blocked inside it (a hang may be building: the next sweep's
+        answers, which may confirm it, are then asked as late as before, so the waits they
+        carry are as long), nor while it drills and may fetch a hang's dumps (a rank it
+        polled has been blocked in a collective for the hang threshold:
+        Detectors.hang_look_possible; that Flight Recorder fetch, which the confirmation waits
+        for, would share the poller process and the ranks with the next sweep's ~15,000
+        requests, measured: the dumps 0.6 s later): :meth:`_ask_ahead` asks after it, as
+        before. A sweep that drills for anything else (a group held drilled, a straggler
+        candidate) asks early like any other: asked at the old point, its next sweep began by
+        waiting 0.3-0.6 s for its answers (docs/scaling.md, round 16). Never raises: a failure
+        is logged and :meth:`_ask_ahead` or the next sweep asks instead."""
         plan = self.sweep_plan
         if not self._may_ask_ahead() or plan is None or not self._due_to_ask():
             return
         try:
             # the view the detectors read (the Flight Recorder trigger's), built with this one
-            if plan.drilled and self.detectors.hang_look_possible(view.evidence(), view.at):
+            if plan.drilled and (plan.blocked or self.detectors.hang_look_possible(
+                    view.evidence(), view.at)):
                 return
         except Exception:  # the rule unreadable: as before, not asked while it drills
             log.exception("could not tell whether this sweep may fetch a hang's dumps")

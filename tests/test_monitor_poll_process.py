@@ -252,14 +252,18 @@ def test_a_sweep_inside_the_interval_asks_the_next_one_just_before_it(process_mo
     assert view.ranks[rank.url].state["step"] == 101
 
 
-@pytest.mark.parametrize("wait_s, early", [(1.0, True), (10.0, False)])
-def test_a_sweep_that_drills_asks_early_unless_a_hang_look_may_come(tmp_path, monkeypatch,
-                                                                     wait_s, early):
+@pytest.mark.parametrize("waiting, wait_s, early", [("member", 1.0, True),
+                                                     ("member", 10.0, False),
+                                                     ("leader", 1.5, False)])
+def test_a_sweep_that_drills_asks_early_unless_a_hang_may_be_building(tmp_path, monkeypatch,
+                                                                      waiting, wait_s, early):
     """A sweep that drills a group (here a straggler candidate) asks the next sweep's ranks as
     soon as its view is built, like any other sweep, unless a rank it polled has been blocked
-    in a collective for the hang threshold (3 s here): a hang's Flight Recorder dumps may then
-    be fetched in it, and the next sweep is asked after its detectors instead, so those dumps
-    do not share the poller process with the next sweep's requests."""
+    in a collective for the hang threshold (3 s here: a hang's Flight Recorder dumps may then
+    be fetched in it, and must not share the poller process with the next sweep's requests),
+    or a drilled group's leader is blocked inside it (a hang may be building: the next
+    sweep's answers, which may confirm it, are asked as late as before). Then the next sweep
+    is asked after the detectors."""
     from monitor import service
     from monitor.config import MonitorConfig
 
@@ -274,10 +278,13 @@ def test_a_sweep_that_drills_asks_early_unless_a_hang_look_may_come(tmp_path, mo
         if mon._ahead is not None:  # asked before group 2 was suspect: the next sweep plans
             mon._ahead.result()
             mon._ahead = None
-        member = next(r for r in sim.group(2) if r.state["group_rank"] != 0)
+        member = next(r for r in sim.group(2)
+                      if (r.state["group_rank"] == 0) == (waiting == "leader"))
         member.update(timing={"recent": [], "waiting": {"scope": "group",
                                                             "seconds": wait_s}})
-        mon.detectors.last_lags = {2: 5.0}  # group 2 a straggler candidate: drilled
+        if waiting == "member":  # group 2 a straggler candidate: drilled
+            mon.detectors.last_lags = {2: 5.0}
+        # (else its leader, blocked in its group for over suspect_s, gets it drilled at once)
         asked_before_detectors = []
         update = mon.detectors.update
 
@@ -288,6 +295,7 @@ def test_a_sweep_that_drills_asks_early_unless_a_hang_look_may_come(tmp_path, mo
         mon.detectors.update = detecting
         view = mon.sweep_once()
         assert 2 in mon.sweep_plan.drilled
+        assert (2 in mon.sweep_plan.blocked) == (waiting == "leader")
         assert view.ranks[member.url].fresh  # its wait was read in this sweep
         assert mon.detectors.longest_wait(view, view.at) == wait_s
         assert asked_before_detectors == [early]
