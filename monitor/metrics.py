@@ -207,7 +207,7 @@ class MonitorMetrics:
         for cause in CAUSES:
             self.badput_seconds.labels(job, cause)
         self.expected_groups.labels(job).set(0)
-        for reason in ("timeout", "connection", "http_status", "bad_response"):
+        for reason in ("timeout", "connection", "http_status", "bad_response", "monitor"):
             self.poll_errors.labels(job, reason)
         for kind in ("straggler", "hang", "mismatch", "dead"):
             self.open_findings.labels(job, kind).set(0)

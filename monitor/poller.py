@@ -7,8 +7,8 @@ stream reader or timeout context per request, since at 100,000 ranks (~21,000 re
 that machinery was most of the poller's CPU (~87 us a request; docs/scaling.md). Every request
 has its own timeout; a rank that is slow, refuses connections, answers garbage or an HTTP error
 becomes a :class:`RankPoll` with ``ok=False`` and a ``reason`` (``timeout``, ``connection``,
-``http_status``, ``bad_response``) and never delays the others beyond its timeout or raises out
-of :meth:`Poller.sweep`.
+``http_status``, ``bad_response``; ``monitor`` when the monitor itself had no file descriptor to
+ask with) and never delays the others beyond its timeout or raises out of :meth:`Poller.sweep`.
 
 Everything a rank sends is bounded: the whole request by its timeout (a rank that dribbles bytes
 is cut off like a silent one), the body by ``max_bytes`` (declared or counted, chunked or not),
@@ -46,7 +46,9 @@ from .packed_state import pack_state
 
 log = logging.getLogger(__name__)
 
-REASONS = ("timeout", "connection", "http_status", "bad_response")
+# "monitor": the monitor could not ask (no file descriptor of its own left, fd_budget.py):
+# nothing is known of the rank, and the view carries its last answer as if it was not asked
+REASONS = ("timeout", "connection", "http_status", "bad_response", "monitor")
 STATE_PATH = "/v1/state"  # its answers are kept packed (judge_body, monitor/packed_state.py)
 _STATE_PATH = STATE_PATH.encode("latin-1")
 MAX_BODY = 1 << 20  # default per answer; /v1/fr_trace gets its own (larger) bound
@@ -679,7 +681,7 @@ class Poller:
                     req.shed = True
                     req.connecting = self._loop.create_task(self._connect(req))
                     return
-                self._fail(req, "connection", f"{type(e).__name__}: {e} (the monitor's own "
+                self._fail(req, "monitor", f"{type(e).__name__}: {e} (the monitor's own "
                            f"file descriptors, limit {self.fd_limit}: raise it, LimitNOFILE= "
                            "in a systemd unit, ulimit -n in a shell)")
                 return

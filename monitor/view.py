@@ -738,6 +738,16 @@ class ViewBuilder:
                 now: float) -> RankView:
         if p is not None and p.ok and valid_state(p.data) is None:
             return _answered(url, prev, p.data, now, target, p.at)
+        if p is not None and p.reason == "monitor" and not p.ok:
+            # the monitor could not ask (its own file descriptors, monitor/fd_budget.py): no
+            # evidence of the rank either way. Carried as a rank not asked this sweep: its
+            # last answer, no failure counted (a rank is dead after failed polls, not these)
+            if prev is not None:
+                rv = prev.clone()
+                rv.fresh, rv.target = False, target
+                return rv
+            return RankView(url, False, None, reason=p.reason, error=p.error, target=target,
+                            polled_at=now)
         rv = RankView(url, False, prev.state if prev else None, target=target,
                       failures=prev.failures if prev else 0,
                       unreachable_since=prev.unreachable_since if prev else None,

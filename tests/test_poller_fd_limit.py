@@ -43,6 +43,7 @@ for step in plan["steps"]:
     polls = p.sweep(plan["urls"][step[0]:step[1]])
     out["sweeps"].append({"ok": sum(q.ok for q in polls.values()),
                           "errors": sorted({q.error for q in polls.values() if not q.ok})[:3],
+                          "reasons": sorted({q.reason for q in polls.values() if not q.ok}),
                           "idle": p._n_idle, "idle_cap": getattr(p, "idle_cap", None)})
 print(json.dumps(out))
 p.close()
@@ -94,12 +95,13 @@ def test_a_connect_without_descriptors_makes_room_in_the_idle_pool(ranks):
 
 
 def test_no_descriptor_and_nothing_idle_is_an_error_that_names_the_limit(ranks):
-    """With no descriptor left and no idle connection to close, the poll fails (reason
-    ``connection``, the rank unreachable this sweep) with an error that says it is the
-    monitor's own limit and how to raise it."""
+    """With no descriptor left and no idle connection to close, the poll fails with reason
+    ``monitor`` (the monitor could not ask: test_a_poll_the_monitor_could_not_make_is_no_
+    evidence) and an error that says it is the monitor's own limit and how to raise it."""
     out = run_child(ranks.urls, ["eat", [0, 3]], limit=256, concurrency=1)
     (sweep,) = out["sweeps"]
     assert sweep["ok"] == 0
+    assert sweep["reasons"] == ["monitor"]
     (error,) = sweep["errors"]
     assert "Too many open files" in error
     assert "the monitor's own file descriptors, limit 256" in error
@@ -155,3 +157,48 @@ def test_the_monitor_says_once_when_its_targets_do_not_fit(tmp_path, monkeypatch
         assert f"raise the limit to {fd_budget.wanted(400, mon.cfg.max_concurrency)}" in said[0]
     finally:
         mon.stop()
+
+
+def test_a_poll_the_monitor_could_not_make_is_no_evidence():
+    """A rank the monitor could not ask (reason ``monitor``: no file descriptor of its own)
+    keeps its last answer, as a rank not asked this sweep: reachable, not fresh, no failure
+    counted, never ``dead`` however many sweeps it lasts; the first real failure counts. Both
+    ways of building the view (from the last one, and afresh) agree."""
+    from monitor.config import DetectorConfig
+    from monitor.detectors import Detectors
+    from monitor.discovery import Target
+    from monitor.poller import REASONS, RankPoll
+    from monitor.view import ViewBuilder
+    from tests.support.monitor_sim import rank_state
+
+    assert "monitor" in REASONS
+    targets = [Target(f"http://127.0.0.1:{9000 + r}", "static") for r in range(4)]
+    states = [rank_state(r, r // 2, now=100.0) for r in range(4)]
+    for r, s in enumerate(states):
+        s.update(group_rank=r % 2, group_world_size=2)
+    urls = {t.url for t in targets}
+    out_of_fds = RankPoll(targets[3].url, False, reason="monitor",
+                          error="OSError: [Errno 24] Too many open files (the monitor's own ...)")
+    for polled in (urls, None):  # leader polling's incremental view; every rank, afresh
+        vb, det = ViewBuilder(), Detectors(DetectorConfig(dead_sweeps=3))
+        view = vb.update(targets, {t.url: RankPoll(t.url, True, data=dict(s), at=100.0)
+                                   for t, s in zip(targets, states, strict=True)},
+                         now=100.0, polled=polled)
+        first = view.ranks[targets[3].url]
+        findings = det.update(view, None, 100.0)
+        for sweep in range(1, 6):
+            now = 100.0 + sweep
+            polls = {t.url: RankPoll(t.url, True, data=dict(s, step=100 + sweep), at=now)
+                     for t, s in zip(targets[:3], states[:3], strict=True)}
+            polls[targets[3].url] = out_of_fds
+            view = vb.update(targets, polls, now=now, polled=polled)
+            rv = view.ranks[targets[3].url]
+            assert rv.reachable and not rv.fresh and rv.failures == 0
+            assert rv.state is first.state and rv.answered_at == 100.0
+            findings += det.update(view, None, now)
+        assert not [f for f in findings if f.kind in ("dead", "dead_rank")]
+        polls[targets[3].url] = RankPoll(targets[3].url, False, reason="connection",
+                                         error="refused")
+        view = vb.update(targets, polls, now=106.0, polled=polled)
+        rv = view.ranks[targets[3].url]
+        assert not rv.reachable and rv.failures == 1 and rv.reason == "connection"
