@@ -320,6 +320,26 @@ ALERTS = [
         [Case("monitor gone", [(f"up{{{M}}}", "1 1 0x20")], "4m",
               [{"job": "train", "lightkeeper_component": "monitor", "instance": "mon:9400"}]),
          Case("monitor up", [(f"up{{{M}}}", "1x20")], "4m")]),
+    Alert(
+        "LightkeeperMonitorOutOfFileDescriptors",
+        'sum by (job) (increase(lightkeeper_monitor_poll_errors_total{reason="monitor"}[5m]))'
+        " > 0", "1m", "warning",
+        "The Lightkeeper monitor of job {{ $labels.job }} cannot ask some ranks: it is out of "
+        "file descriptors",
+        "In the last 5 minutes the monitor could not poll some ranks for want of its own file "
+        "descriptors (poll errors with reason monitor): it knows nothing new of them and "
+        "carries their last answers, so a fault there goes unseen.",
+        "Raise the monitor's file descriptor limit to what its log line 'file descriptor "
+        "limit' names (LimitNOFILE= in its systemd unit, ulimit -n, the container's nofile "
+        "ulimit) and restart it; if the limit is already that high, something else in its "
+        "process holds descriptors: its log has the limit it ran under.",
+        [Case("connects failing with EMFILE",
+              [(f'lightkeeper_monitor_poll_errors_total{{{M}, reason="monitor"}}',
+                "0 0 0 40 80 120x20")], "3m", [{"job": "train"}]),
+         Case("ranks timing out, the monitor fine",
+              [(f'lightkeeper_monitor_poll_errors_total{{{M}, reason="monitor"}}', "0x20"),
+               (f'lightkeeper_monitor_poll_errors_total{{{M}, reason="timeout"}}',
+                "0 5 10 15 20x20")], "3m")]),
 ]
 
 
