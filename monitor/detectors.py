@@ -283,7 +283,11 @@ def collective_wait(state: Mapping[str, Any] | None, now: float) -> tuple[str | 
     """How long the rank has been blocked inside a *collective* (not a quorum): ("group" or
     "cross", seconds), or (None, 0.0). A rank without ``timing`` falls back to its phase
     (``allreduce`` since ``phase_since``: its own clock against the monitor's)."""
-    if not isinstance(state, Mapping):
+    if type(state) is dict:
+        timing = state.get("timing")
+        if type(timing) is dict and timing.get("waiting") is None:
+            return None, 0.0  # not waiting: what the general path says, sooner (most answers)
+    elif not isinstance(state, Mapping):
         return None, 0.0
     if isinstance(state.get("timing"), Mapping):
         scope, secs = current_wait(state)
@@ -653,14 +657,7 @@ class Detectors:
         if states is None:
             states = [r.state for _, r in self._fresh_ranks(view) if r.reachable] \
                 if view is not None else []
-        longest = 0.0
-        for st in states:
-            timing = st.get("timing") if type(st) is dict else None
-            if type(timing) is dict and timing.get("waiting") is None:
-                continue  # not waiting: what collective_wait says, sooner (most answers)
-            secs = collective_wait(st, now)[1]
-            if secs > longest:
-                longest = secs
+        longest = max((collective_wait(st, now)[1] for st in states), default=0.0)
         self._longest_wait = (now, longest)
         return longest
 

@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from .goodput import CAUSES, SweepAccount
 from .lighthouse_settings import SETTINGS
+from .poller import REASONS as POLL_REASONS
 from .view import ClusterView
 
 SWEEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -207,7 +208,7 @@ class MonitorMetrics:
         for cause in CAUSES:
             self.badput_seconds.labels(job, cause)
         self.expected_groups.labels(job).set(0)
-        for reason in ("timeout", "connection", "http_status", "bad_response", "monitor"):
+        for reason in POLL_REASONS:
             self.poll_errors.labels(job, reason)
         for kind in ("straggler", "hang", "mismatch", "dead"):
             self.open_findings.labels(job, kind).set(0)
