@@ -72,7 +72,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import chain
 from operator import itemgetter
 from typing import Any
 
@@ -81,6 +80,7 @@ import numpy as np
 from .analysis import GroupKey, RankTrace, analyze, normalize_dumps
 from .config import DetectorConfig
 from .packed_state import TIMING_KEYS, TIMING_ROW
+from .step_memory import StepMemory
 from .view import STEP_TIMES_READ, ClusterView, GroupView, RankView
 
 log = logging.getLogger(__name__)
@@ -456,7 +456,7 @@ class _Answers:
     """What :meth:`Detectors._collect_steps` read from one view's answers: commit failures
     by URL of the reachable ranks polled, the URLs polled that did not answer, those that
     answered without a quorum, and per group its polled ranks with per-step timings
-    (RankView, {step: row}, replica id), the groups whose ranks do not all report one
+    (RankView, its StepMemory slot, replica id), the groups whose ranks do not all report one
     replica id in ``mixed``."""
 
     __slots__ = ("view", "counts", "silent", "by_group", "mixed", "starting")
@@ -465,7 +465,8 @@ class _Answers:
         self.view = view
         self.counts: dict[str, int] = {}
         self.silent: list[str] = []
-        self.by_group: dict[int, list[tuple[RankView, dict[int, bytes], str | None]]] = {}
+        # (RankView, its slot in the step memory, replica id)
+        self.by_group: dict[int, list[tuple[RankView, int, str | None]]] = {}
         self.mixed: set[int] = set()
         self.starting: list[str] = []  # the URLs answering without a quorum (quorum id < 0)
 
@@ -492,8 +493,9 @@ class Detectors:
         self._fr_reason: str | None = None
         self._periodic_held: tuple[float, bool] | None = None  # (now, held) of that sweep
         self._longest_wait: tuple[float, float] | None = None  # (now, seconds): longest_wait
-        # per rank URL: (replica_id, {step: its row packed, _ROW}) from the ranks' own timing
-        self._steps: dict[str, tuple[str | None, dict[int, bytes]]] = {}
+        # per rank URL: its replica id and its newest steps' timing rows, from the ranks' own
+        # timing (monitor/step_memory.py)
+        self._memory = StepMemory(STEP_MEMORY)
         self._since_queries: dict[int, str] = {}  # step -> "?since=<step>&..." (state_queries)
         # per replica group: (replica id, the newest step folded from any of its ranks)
         self._group_newest: dict[int, tuple[str | None, int]] = {}
@@ -550,13 +552,13 @@ class Detectors:
         it (the rest are asked for every row): a fold keeps only the memory of the ranks its
         view polled, and a rank asked ``since`` its dropped memory would serve too few rows
         for the window."""
-        steps, cache, group_newest = self._steps, self._since_queries, self._group_newest
+        memory, cache, group_newest = self._memory, self._since_queries, self._group_newest
         ranks = view.ranks if view is not None else {}
         back = self.cfg.straggler_steps + WINDOW_SLACK_STEPS
         out = []
         for url in urls:
-            known = steps.get(url)
-            if known is None or not known[1] or (kept is not None and url not in kept):
+            newest = memory.newest(url)
+            if newest is None or (kept is not None and url not in kept):
                 rv = ranks.get(url)
                 st = rv.state if rv is not None else None
                 got = group_newest.get(st.get("replica_group")) if st else None
@@ -564,8 +566,6 @@ class Detectors:
                     out.append(EVERY_ROW_QUERY)
                     continue
                 newest = got[1] - back
-            else:
-                newest = next(reversed(known[1]))  # the last folded (served oldest first)
             q = cache.get(newest)
             if q is None:
                 if len(cache) > 4096:
@@ -1071,16 +1071,28 @@ class Detectors:
     def _collect_steps(self, view: ClusterView) -> _Answers:
         """One pass over the answers of this sweep (once per view: the trigger, the straggler
         and the bookkeeping read it): every reachable rank's served per-step timings folded
-        into the per-rank memory, each group's ranks with timings, and the commit failures.
+        into the per-rank memory (:class:`~monitor.step_memory.StepMemory`), each group's
+        ranks with timings, and the commit failures.
 
         Each answer's state is reached once here (at 100,000 ranks, ~21,000 a sweep, reaching
-        them cost more than reading them: one pass a stage was ~3x this one's misses)."""
+        them cost more than reading them: one pass a stage was ~3x this one's misses); its
+        rows, packed bytes as the poller keeps them, are folded by numpy for all answers at
+        once."""
         got = self._answers
         if got is not None and got.view is view:
             return got
-        steps, group_newest = self._steps, self._group_newest
+        memory, group_newest = self._memory, self._group_newest
+        # only ranks polled this sweep are judged, and a rank serves its last 16 steps when
+        # polled again: with leader polling the others' memory is dropped (100,000 ranks x 32
+        # steps of timings were ~1 GiB as dicts; docs/scaling.md). First: the slots taken
+        # below stay those of the ranks until the next view's pass
+        memory.keep_only(view.ranks.keys() if view.polled is None else set(view.polled))
+        # its URL -> slot map and slots' replica ids, read inline (take() only adds to them)
+        slot_of, rid_of, take = memory.slots().get, memory.replica_ids(), memory.take
         out = self._answers = _Answers(view)
         counts, silent, by_group, mixed = out.counts, out.silent, out.by_group, out.mixed
+        slots, blobs, polled = [], [], []
+        size = TIMING_ROW.size
         for url, r in self._fresh_ranks(view):
             s = r.state
             if not r.reachable or not s:
@@ -1093,42 +1105,36 @@ class Detectors:
             if not r.fresh:  # carried: folded when it was polled
                 continue
             rid = s.get("replica_id")
-            known = steps.get(url)
-            if known is None or known[0] != rid:
-                known = steps[url] = (rid, {})
-            by_step = known[1]
-            new = timing_rows(s, by_step, packed=True)  # only the steps not folded yet
-            if new:
-                by_step.update(new)
-                excess = len(by_step) - STEP_MEMORY
-                if excess == 1:  # a leader polled each sweep: one step more, the oldest goes
-                    del by_step[min(by_step)]
-                elif excess > 0:
-                    for step in sorted(by_step)[:excess]:
-                        del by_step[step]
-            if by_step:
-                g = s["replica_group"]
-                if type(g) is not int:
-                    g = int(g)
-                if new:  # its group's newest folded step (state_queries' members)
-                    last = next(reversed(by_step))
-                    was = group_newest.get(g)
-                    if was is None or was[1] < last or was[0] != rid:
-                        group_newest[g] = (rid, last)
-                rows = by_group.get(g)
-                if rows is None:
-                    by_group[g] = [(r, by_step, rid)]
-                else:
-                    if rid != rows[0][2]:
-                        mixed.add(g)
-                    rows.append((r, by_step, rid))
-        # only ranks polled this sweep are judged, and a rank serves its last 16 steps when
-        # polled again: with leader polling the others' memory is dropped (100,000 ranks x 32
-        # steps of timings were ~1 GiB; docs/scaling.md)
-        keep = view.ranks.keys() if view.polled is None else set(view.polled)
-        if not steps.keys() <= keep:
-            for url in steps.keys() - keep:
-                del steps[url]
+            slot = slot_of(url)
+            if slot is None or rid_of[slot] != rid:
+                slot = take(url, rid)
+            timing = s.get("timing")
+            rows = timing.get("recent") if type(timing) is dict else None
+            if type(rows) is bytes:  # packed by the poller (monitor/packed_state.py)
+                blob = rows if not len(rows) % size else rows[:len(rows) - len(rows) % size]
+            else:  # as served (a test's state, another server): its well-formed rows
+                blob = b"".join([TIMING_ROW.pack(step, *values)
+                                 for step, values in timing_rows(s)])
+            g = s["replica_group"]
+            slots.append(slot)
+            blobs.append(blob)
+            polled.append((r, slot, g if type(g) is int else int(g), rid))
+        added = memory.fold(slots, blobs)
+        for (r, slot, g, rid), n, newest in zip(polled, added, memory.newest_of(slots),
+                                                strict=True):
+            if newest is None:
+                continue  # nothing folded for it (no rows served yet)
+            if n:  # its group's newest folded step (state_queries' members)
+                was = group_newest.get(g)
+                if was is None or was[1] < newest or was[0] != rid:
+                    group_newest[g] = (rid, newest)
+            rows = by_group.get(g)
+            if rows is None:
+                by_group[g] = [(r, slot, rid)]
+            else:
+                if rid != rows[0][2]:
+                    mixed.add(g)
+                rows.append((r, slot, rid))
         if len(group_newest) > 2 * len(view.groups) + 1024:  # groups gone: forgotten
             self._group_newest = {g: v for g, v in group_newest.items() if g in view.groups}
         return out
@@ -1140,38 +1146,28 @@ class Detectors:
         if members is None:
             self.last_lags = {}
             return []
-        # the steps every polled rank has: narrowed in place (no set per rank; 21,000 a sweep)
-        common: set[int] | None = None
-        for rows in members.values():
-            for _, by_step, _ in rows:
-                if common is None:
-                    common = set(by_step)
-                else:
-                    common.intersection_update(by_step)
-        window = sorted(common)[-self.cfg.straggler_steps:]
-        if len(window) < self.cfg.straggler_steps:
-            return []
         # per group (in view order) and step of the window: its most-waiting rank's cross
-        # wait; and every polled rank's step times over the window. Python only picks each
-        # polled rank's window rows (one C-level itemgetter call per rank, ranks of a group
-        # next to each other); numpy makes the ranks x window x 4 array, takes each group's
-        # maximum over its ranks (reduceat at the group's first rank: max of floats is
-        # exact, so equal to the per-step max() it replaces) and the median step time (of
-        # the same values in another order), and compares the groups over the matrix
+        # wait; and every polled rank's step times over the window. Python only lists each
+        # group's polled ranks' slots (ranks of a group next to each other); the step memory
+        # finds the steps all of them have and gives the ranks x window x 4 array in one
+        # indexing (monitor/step_memory.py); numpy takes each group's maximum over its ranks
+        # (reduceat at the group's first rank: max of floats is exact, so equal to the
+        # per-step max() it replaces) and the median step time (of the same values in
+        # another order), and compares the groups over the matrix
         order = list(groups)
-        pick = itemgetter(*window) if len(window) > 1 else (lambda by_step: (by_step[window[0]],))
-        by_steps, starts = [], []
+        slots, starts = [], []
         for g in order:
             rows = members[g]
-            starts.append(len(by_steps))
+            starts.append(len(slots))
             if len(rows) == 1:
-                by_steps.append(rows[0][1])
+                slots.append(rows[0][1])
             else:
-                by_steps.extend([by_step for _, by_step, _ in rows])
-        # polled rank x window step x TIMING_KEYS: the window's packed rows joined, read as
-        # one buffer (no float object reached)
-        timings = np.frombuffer(b"".join(chain.from_iterable(map(pick, by_steps))), "<f8"
-                                ).reshape(len(by_steps), len(window), len(TIMING_KEYS))
+                slots.extend([slot for _, slot, _ in rows])
+        slots = np.asarray(slots, np.int64)
+        window = self._memory.common_steps(slots)[-self.cfg.straggler_steps:]
+        if len(window) < self.cfg.straggler_steps:
+            return []
+        timings = self._memory.seconds(slots, window)  # polled rank x window x TIMING_KEYS
         cross = np.maximum.reduceat(timings[:, :, WAIT_CROSS_S], starts, axis=0)
         med_step = float(np.median(timings[:, :, STEP_S]))
         threshold = max(self.cfg.straggler_min_lag_s, self.cfg.straggler_rel_lag * med_step)
@@ -1242,9 +1238,9 @@ class Detectors:
         return new
 
     def _straggler_members(self, view: ClusterView, groups: dict[int, GroupView]
-                           ) -> dict[int, list[tuple[RankView, dict[int, bytes], Any]]] | None:
+                           ) -> dict[int, list[tuple[RankView, int, Any]]] | None:
         """Each group's ranks polled this sweep with their per-step timings folded under the
-        group's replica id, from the pass over the answers (leader polling carries the others'
+        group's replica id (RankView, its step memory's slot, replica id), from the pass over the answers (leader polling carries the others'
         older timings; a rank that serves no timing at all, e.g. an older WorkerServer, is left
         out). None when a group has none: it cannot be judged, and then no group is."""
         by_group, mixed = self._collect_steps(view).members()
@@ -1272,16 +1268,18 @@ class Detectors:
             judged = sorted(set(judged))
         return judged
 
-    @staticmethod
-    def _late_ranks(rows: list[tuple[RankView, dict[int, bytes], Any]], window: list[int],
+    def _late_ranks(self, rows: list[tuple[RankView, int, Any]], window: list[int],
                     threshold: float) -> tuple[list[int], dict[str, Any]]:
         """The ranks of a late group its peers wait for: in-group wait at least ``threshold``
         below the median of the others'. None standing out: every rank (the group is slow)."""
         keys = (("wait_group_s", WAIT_GROUP_S), ("compute_s", COMPUTE_S),
                 ("wait_cross_s", WAIT_CROSS_S))
-        per_rank = {r.rank: {k: round(_median(_ROW.unpack(by_step[s])[i] for s in window), 4)
+        ranked = [(r, slot) for r, slot, _ in rows if r.rank is not None]
+        seconds = self._memory.seconds([slot for _, slot in ranked], window).tolist() \
+            if ranked else []
+        per_rank = {r.rank: {k: round(_median(row[i] for row in rank_rows), 4)
                              for k, i in keys}
-                    for r, by_step, _ in rows if r.rank is not None}
+                    for (r, _), rank_rows in zip(ranked, seconds, strict=True)}
         late = []
         if len(per_rank) >= 2:
             for rank, m in per_rank.items():

@@ -138,7 +138,7 @@ def test_cut_answers_fold_and_find_what_whole_ones_do(tmp_path, clock):
             for mon in mons:
                 mon.sweep_once()
             a, b = mons
-            assert same_rows(a.detectors._steps, b.detectors._steps), i
+            assert same_rows(a.detectors._memory.snapshot(), b.detectors._memory.snapshot()), i
             assert a.detectors.last_lags == b.detectors.last_lags, i
             assert findings(a) == findings(b), i
             assert a.view.median_step_seconds() == b.view.median_step_seconds(), i

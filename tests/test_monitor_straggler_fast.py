@@ -32,10 +32,9 @@ class EveryGroup(Detectors):
             rid = gv.replica_id
             rows = []
             for r in gv.reachable:
-                if r.fresh:
-                    known_rid, by_step = self._steps.get(r.url, (None, {}))
-                    if by_step and known_rid == rid:
-                        rows.append((r, by_step, rid))
+                if r.fresh and self._memory.newest(r.url) is not None \
+                        and self._memory.replica_id(r.url) == rid:
+                    rows.append((r, self._memory.slot_of(r.url), rid))
             if not rows:
                 return None
             members[g] = rows

@@ -1,0 +1,217 @@
+"""The per-step timings the detectors remember of each rank, kept in columns.
+
+A rank serves its last 16 steps' timing rows (``timing.recent``: the step and four seconds,
+``monitor/packed_state.py``); the straggler detector compares the groups over the newest steps
+every rank polled this sweep has. :class:`StepMemory` keeps, per rank URL, the rows of its
+newest ``depth`` steps (the steps ``newest - depth + 1 .. newest``, ``newest`` the newest step
+folded) in two numpy arrays, a slot per rank: the step in ``depth`` places (a step in place
+``step % depth``) and its four seconds beside it.
+
+Why columns (issue 17): at 100,000 ranks a sweep folds ~15,000-21,000 answers, and the window
+is read from every polled rank. Kept as a dict of packed rows per rank, the fold cost a Python
+call and a dict update per answer and per row, and the window an intersection of ~15,000 step
+sets and a lookup per rank and step; here one pass reads each answer's packed rows (bytes, as
+the poller keeps them) and numpy folds them all at once, and the window is one indexing of the
+arrays (docs/scaling.md, seventeenth round).
+
+What is folded, per answer: the rows newer than the newest step folded for the rank (a rank
+asked ``?since=N`` serves only those; one that serves every row has the older ones skipped),
+whose four seconds are finite and >= 0 (a malformed row is left out, as
+``monitor.detectors.timing_rows`` leaves it out). Rows older than the new newest step less
+``depth`` are dropped. A rank whose replica id changed starts from nothing. Nothing here raises
+on what a rank served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container
+
+import numpy as np
+
+from .packed_state import TIMING_KEYS, TIMING_ROW
+
+# a packed served row (TIMING_ROW): its step, then its four seconds in TIMING_KEYS' order
+ROW_DTYPE = np.dtype([("step", "<i8"), ("seconds", "<f8", (len(TIMING_KEYS),))])
+assert ROW_DTYPE.itemsize == TIMING_ROW.size
+NONE = np.iinfo(np.int64).min  # no step (a free place, a rank with nothing folded)
+
+
+class StepMemory:
+    """Per rank URL (a slot each): its replica id and the rows of its newest ``depth`` steps."""
+
+    def __init__(self, depth: int = 32, capacity: int = 1024) -> None:
+        self.depth = depth
+        self._slot: dict[str, int] = {}
+        self._rid: list = [None] * capacity
+        self._free = list(range(capacity - 1, -1, -1))
+        self._steps = np.full((capacity, depth), NONE, np.int64)
+        self._seconds = np.zeros((capacity, depth, len(TIMING_KEYS)), np.float64)
+        self._newest = np.full(capacity, NONE, np.int64)
+
+    # --- reading ---------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._slot)
+
+    def __contains__(self, url: object) -> bool:
+        return url in self._slot
+
+    def urls(self):
+        return self._slot.keys()
+
+    def slot_of(self, url: str) -> int | None:
+        return self._slot.get(url)
+
+    def slots(self) -> dict[str, int]:
+        """URL -> slot (read-only; :meth:`take` adds to this same dict, :meth:`keep_only` may
+        replace it)."""
+        return self._slot
+
+    def replica_ids(self) -> list:
+        """Slot -> replica id (read-only; :meth:`take` changes this same list in place,
+        :meth:`keep_only` may replace it)."""
+        return self._rid
+
+    def replica_id(self, url: str):
+        slot = self._slot.get(url)
+        return None if slot is None else self._rid[slot]
+
+    def newest(self, url: str) -> int | None:
+        """The newest step folded for ``url`` (None: nothing)."""
+        slot = self._slot.get(url)
+        if slot is None:
+            return None
+        step = int(self._newest[slot])
+        return None if step == NONE else step
+
+    def newest_of(self, slots: list[int]) -> list[int | None]:
+        return [None if s == NONE else s for s in self._newest[slots].tolist()]
+
+    def rows(self, url: str) -> dict[int, tuple[float, ...]]:
+        """``url``'s folded rows: {step: its four seconds}, oldest first."""
+        slot = self._slot.get(url)
+        if slot is None:
+            return {}
+        steps, newest = self._steps[slot], int(self._newest[slot])
+        order = np.argsort(steps, kind="stable")
+        return {int(steps[i]): tuple(self._seconds[slot, i].tolist())
+                for i in order if steps[i] != NONE and steps[i] > newest - self.depth}
+
+    def snapshot(self) -> dict[str, tuple]:
+        """{url: (replica id, :meth:`rows`)} of every rank remembered (tests, debugging)."""
+        return {u: (self._rid[s], self.rows(u)) for u, s in self._slot.items()}
+
+    def common_steps(self, slots: np.ndarray) -> list[int]:
+        """The steps every one of ``slots`` has folded, ascending."""
+        if not len(slots):
+            return []
+        top = int(self._newest[slots].min())
+        if top == NONE:
+            return []
+        cand = np.arange(top - self.depth + 1, top + 1, dtype=np.int64)
+        # a place still holding a step older than its rank's newest ``depth`` is no longer
+        # part of its memory (a rank that skipped steps: the place was not written since)
+        present = (self._steps[slots][:, cand % self.depth] == cand) \
+            & (cand > self._newest[slots][:, None] - self.depth)
+        return cand[present.all(axis=0)].tolist()
+
+    def seconds(self, slots: np.ndarray, steps: list[int]) -> np.ndarray:
+        """slots x steps x TIMING_KEYS: the four seconds of each of ``slots`` at each of
+        ``steps`` (steps every one of them has: :meth:`common_steps`)."""
+        at = np.asarray(steps, np.int64) % self.depth
+        return self._seconds[np.asarray(slots)[:, None], at[None, :]]
+
+    # --- writing ---------------------------------------------------------------------
+    def take(self, url: str, replica_id) -> int:
+        """``url``'s slot for ``replica_id``: its own, emptied first if its replica id changed
+        (a new incarnation's steps are not the last one's), or a new one."""
+        slot = self._slot.get(url)
+        if slot is not None:
+            if self._rid[slot] != replica_id:
+                self._empty([slot])
+                self._rid[slot] = replica_id
+            return slot
+        if not self._free:
+            self._grow()
+        slot = self._slot[url] = self._free.pop()
+        self._rid[slot] = replica_id
+        return slot
+
+    def fold(self, slots: list[int], blobs: list[bytes]) -> list[int]:
+        """Fold answers' packed rows (``blobs[i]``: TIMING_ROW records, served oldest first) into
+        ``slots[i]``; returns how many rows each answer added. Within an answer a step served
+        twice keeps its last row."""
+        counts = np.fromiter(map(len, blobs), np.int64, len(blobs)) // ROW_DTYPE.itemsize
+        rows = np.frombuffer(b"".join(blobs), ROW_DTYPE)
+        if not len(rows):
+            return [0] * len(slots)
+        index = np.repeat(np.arange(len(slots)), counts)
+        owner = np.asarray(slots, np.int64)[index]
+        steps, seconds = rows["step"], rows["seconds"]
+        finite = np.isfinite(seconds).all(axis=1) & (seconds >= 0).all(axis=1)
+        newest = self._newest
+        # a step near int64's least is no step (and would wrap below: steps - depth)
+        keep = finite & (steps > NONE + self.depth) & (steps > newest[owner])
+        if not keep.any():
+            return [0] * len(slots)
+        index, owner, steps, seconds = index[keep], owner[keep], steps[keep], seconds[keep]
+        np.maximum.at(newest, owner, steps)
+        # only the newest ``depth`` steps fit (one served out of order far behind: dropped)
+        fits = steps > newest[owner] - self.depth
+        index, owner, steps, seconds = index[fits], owner[fits], steps[fits], seconds[fits]
+        place = owner * self.depth + steps % self.depth
+        if len(np.unique(place)) != len(place):  # a step served twice: its last row
+            last = len(place) - 1 - np.unique(place[::-1], return_index=True)[1]
+            index, place, steps, seconds = index[last], place[last], steps[last], seconds[last]
+        self._steps.reshape(-1)[place] = steps
+        self._seconds.reshape(-1, len(TIMING_KEYS))[place] = seconds
+        return np.bincount(index, minlength=len(slots)).tolist()
+
+    def keep_only(self, urls: Container[str]) -> None:
+        """Forget every rank not in ``urls``."""
+        gone = [u for u in self._slot if u not in urls]
+        if not gone:
+            return
+        slots = [self._slot.pop(u) for u in gone]
+        self._empty(slots)
+        for s in slots:
+            self._rid[s] = None
+        self._free.extend(slots)
+        if len(self._rid) > 4096 and 4 * len(self._slot) < len(self._rid):
+            self._compact()
+
+    # --- storage ---------------------------------------------------------------------
+    def _empty(self, slots: list[int]) -> None:
+        self._steps[slots] = NONE
+        self._newest[slots] = NONE
+
+    def _grow(self) -> None:
+        old = len(self._rid)
+        self._resize(2 * old)
+        self._free.extend(range(2 * old - 1, old - 1, -1))
+
+    def _resize(self, capacity: int, live: list[int] | None = None) -> None:
+        """Arrays of ``capacity`` slots, holding the current first ones (or ``live``'s rows, in
+        their order, from slot 0)."""
+        steps = np.full((capacity, self.depth), NONE, np.int64)
+        seconds = np.zeros((capacity, self.depth, len(TIMING_KEYS)), np.float64)
+        newest = np.full(capacity, NONE, np.int64)
+        if live is None:
+            n = len(self._rid)
+            steps[:n], seconds[:n], newest[:n] = self._steps, self._seconds, self._newest
+            self._rid.extend([None] * (capacity - n))  # in place: replica_ids() readers
+        else:
+            n = len(live)
+            steps[:n], seconds[:n], newest[:n] = \
+                self._steps[live], self._seconds[live], self._newest[live]
+            self._rid = [self._rid[s] for s in live] + [None] * (capacity - n)
+        self._steps, self._seconds, self._newest = steps, seconds, newest
+
+    def _compact(self) -> None:
+        """Give back the room of ranks forgotten (at 100,000 ranks the first sweep folds every
+        rank, leader polling then keeps ~15,000-21,000): the live slots moved to the front."""
+        urls = list(self._slot)
+        live = [self._slot[u] for u in urls]
+        capacity = max(1024, 2 * len(live))
+        self._resize(capacity, live)
+        self._slot = dict(zip(urls, range(len(live)), strict=True))
+        self._free = list(range(capacity - 1, len(live) - 1, -1))
