@@ -59,10 +59,12 @@ import argparse
 import gc
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from functools import partial
 
@@ -346,13 +348,20 @@ class SweepFacts:
                 "child_cpu_s": round(self.pollers.read()[0] - self._child, 3)}
 
 
-def hang_phase(mon: Monitor, procs: list, g: int, victim: int, args) -> dict:
+def hang_phase(mon: Monitor, procs: list, g: int, victim: int, args,
+               sweep_s: float = 1.0) -> dict:
     """Plant a hang in ``victim`` (a non-leader of group ``g``) and sweep until it is confirmed:
     the timeline, in seconds after the onset (the moment the virtual ranks hear it and stop):
     each sweep's start and end, the wait group g's leader reported in it, whether g was
     drilled (and why), when its Flight Recorder was fetched, and when the hang was confirmed
     (the end of the sweep that confirmed it; and the finding's own confirmed_at, the monitor's
-    clock when that sweep's detectors ran)."""
+    clock when that sweep's detectors ran).
+
+    ``--hang-onset start`` (the default, every earlier round's) plants it right before a sweep
+    starts, so which sweep first reads a wait over the hang threshold is set by the first
+    sweeps' lengths; ``random`` plants it from a timer after a uniformly random part of a leader
+    sweep (``sweep_s``) while the monitor sweeps, as a real hang starts at any point of a sweep:
+    over runs, the average (the timeline's first sweep may then start before the onset)."""
     fetched: list[float] = []
     fetch_fr = mon._fetch_fr
     ranks = set(range(g * args.group_size, (g + 1) * args.group_size))
@@ -376,11 +385,25 @@ def hang_phase(mon: Monitor, procs: list, g: int, victim: int, args) -> dict:
 
     mon.detectors.update = timed_update
     facts = SweepFacts(mon)
-    tell(procs, f"hang {victim}")  # every group stops stepping, as in a real job
-    onset, onset_wall = time.perf_counter(), time.time()
-    timeline, out = [], {"hang_target_s": max(5.0, 5 * args.step_s)}
+    timeline, out = [], {"hang_target_s": max(5.0, 5 * args.step_s),
+                         "hang_onset": args.hang_onset}
+    planted: list[tuple[float, float]] = []  # (perf_counter, time.time) once the ranks heard it
+
+    def plant() -> None:
+        tell(procs, f"hang {victim}")  # every group stops stepping, as in a real job
+        planted.append((time.perf_counter(), time.time()))
+
+    began = time.perf_counter()
+    if args.hang_onset == "random":
+        delay = random.uniform(0.0, sweep_s)
+        timer = threading.Timer(delay, plant)
+        timer.start()
+        out["hang_onset_delay_s"] = round(delay, 3)
+    else:
+        timer = None
+        plant()
     try:
-        while time.perf_counter() - onset < 60:
+        while time.perf_counter() - began < 60:
             t, started = time.perf_counter(), time.monotonic()
             facts.before()
             mon.sweep_once()
@@ -390,13 +413,17 @@ def hang_phase(mon: Monitor, procs: list, g: int, victim: int, args) -> dict:
             scope, secs = current_wait(lead.state) if lead is not None and lead.fresh \
                 else (None, None)
             hangs = [f for f in mon.detectors.open_findings() if f.kind == "hang"]
-            timeline.append({"start": round(t - onset, 3), "end": round(end - onset, 3),
+            # perf_counter times, made seconds after the onset at the end
+            timeline.append({"start": t, "end": end,
                              "leader_wait": None if scope is None else [scope, secs],
                              "drilled": plan.drilled.get(g),
-                             "fr_fetched": round(fetched[-1] - onset, 3)
-                             if fetched and fetched[-1] >= t else None,
+                             "fr_fetched": fetched[-1] if fetched and fetched[-1] >= t else None,
                              "confirmed": bool(hangs), "stages_s": stages.take(),
                              **facts.after()})
+            if not planted:  # a sweep before the onset (--hang-onset random)
+                mon.wait_next(started)
+                continue
+            onset, onset_wall = planted[0]
             if plan.drilled.get(g) and "hang_drilled_after_s" not in out:
                 out.update(hang_drilled_after_s=end - onset, drilled_sweep_s=end - t,
                            drill_reason=plan.drilled[g], drilled_groups=len(plan.drilled))
@@ -410,7 +437,14 @@ def hang_phase(mon: Monitor, procs: list, g: int, victim: int, args) -> dict:
                 break
             mon.wait_next(started)  # the monitor's loop: its interval, the next polls asked
     finally:
+        if timer is not None:
+            timer.join()
         unwrap(mon)
+    onset = planted[0][0] if planted else began
+    for row in timeline:  # seconds after the onset
+        for k in ("start", "end", "fr_fetched"):
+            if row[k] is not None:
+                row[k] = round(row[k] - onset, 3)
     out["hang_timeline"] = timeline
     return out
 
@@ -489,6 +523,9 @@ def main() -> int:
     ap.add_argument("--step-s", type=float, default=0.5)
     ap.add_argument("--member-interval", type=float, default=30.0)
     ap.add_argument("--straggler-lag", type=float, default=0.5)
+    ap.add_argument("--hang-onset", choices=("start", "random"), default="start",
+                    help="start: the hang planted right before a sweep (every earlier round's); "
+                         "random: at a uniformly random point of a leader sweep (the average)")
     ap.add_argument("--straggler-wait", type=float, default=120.0,
                     help="give up on the straggler's confirmation after this many seconds")
     ap.add_argument("--poller", choices=("auto", "thread"), default="auto",
@@ -595,7 +632,8 @@ def main() -> int:
                 # a hang in a non-leader rank of a group in the middle of the job
                 g = args.groups // 2
                 victim = g * args.group_size + 3
-                row.update(hang_phase(mon, procs, g, victim, args))
+                row.update(hang_phase(mon, procs, g, victim, args,
+                                      sweep_s=statistics.median(times)))
                 # a straggler group: every process hears it (the others wait for it)
                 for p, _, _ in procs:
                     p.stdin.write("heal\n")
