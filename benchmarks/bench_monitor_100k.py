@@ -271,7 +271,9 @@ class StageClock:
     Flight Recorder fetch, the detectors, the goodput ledger with its write), by wrapping those
     methods on the instances; :meth:`take` returns and restarts them. With the poller process,
     ``poll`` is the time spent waiting for and parsing answers (``PollHandle.result``), not the
-    time a sweep asked ahead was in flight meanwhile."""
+    time a sweep asked ahead was in flight meanwhile; ``poll_wait``, of it, how long after the
+    sweep asked for them its last answers came (the poll path's round trip the sweep waits on;
+    the answers that came before are read meanwhile)."""
 
     def __init__(self, mon: Monitor) -> None:
         self.seconds: dict[str, float] = {}
@@ -296,7 +298,14 @@ class StageClock:
                 return getattr(self.handle, attr)
 
             def result(self):
-                return clock._timed(name, self.handle.result)()
+                called = time.monotonic()
+                try:
+                    return clock._timed(name, self.handle.result)()
+                finally:
+                    came = getattr(self.handle, "finished_at", None)
+                    if came is not None:
+                        clock.seconds["poll_wait"] = clock.seconds.get("poll_wait", 0.0) \
+                            + max(0.0, came - called)
 
         return lambda *a, **k: Timed(fn(*a, **k))
 
