@@ -30,9 +30,6 @@ import numpy as np
 
 from .packed_state import TIMING_KEYS, TIMING_ROW
 
-# a packed served row (TIMING_ROW): its step, then its four seconds in TIMING_KEYS' order
-ROW_DTYPE = np.dtype([("step", "<i8"), ("seconds", "<f8", (len(TIMING_KEYS),))])
-assert ROW_DTYPE.itemsize == TIMING_ROW.size
 NONE = np.iinfo(np.int64).min  # no step (a free place, a rank with nothing folded)
 
 
@@ -49,12 +46,6 @@ class StepMemory:
         self._newest = np.full(capacity, NONE, np.int64)
 
     # --- reading ---------------------------------------------------------------------
-    def __len__(self) -> int:
-        return len(self._slot)
-
-    def __contains__(self, url: object) -> bool:
-        return url in self._slot
-
     def urls(self):
         return self._slot.keys()
 
@@ -140,14 +131,15 @@ class StepMemory:
         """Fold answers' packed rows (``blobs[i]``: TIMING_ROW records, served oldest first) into
         ``slots[i]``; returns how many rows each answer added. Within an answer a step served
         twice keeps its last row."""
-        counts = np.fromiter(map(len, blobs), np.int64, len(blobs)) // ROW_DTYPE.itemsize
-        # the rows as plain columns (a structured array's fields are ~5x slower to compare):
-        # float64 x 5, the first the step's int64 bits
+        counts = np.fromiter(map(len, blobs), np.int64, len(blobs)) // TIMING_ROW.size
+        # the rows (TIMING_ROW: the step, then four seconds) as plain columns, float64 x 5, the
+        # first the step's int64 bits (a structured array's fields are ~5x slower to compare)
         raw = np.frombuffer(b"".join(blobs), np.float64).reshape(-1, 1 + len(TIMING_KEYS))
         if not len(raw):
             return [0] * len(slots)
         steps = raw[:, 0].view(np.int64)
-        owner = np.repeat(np.asarray(slots, np.int64), counts)
+        answer = np.repeat(np.arange(len(slots)), counts)  # each row's answer
+        owner = np.asarray(slots, np.int64)[answer]
         newest = self._newest
         # new steps only; a step near int64's least is no step (it would wrap: steps - depth)
         at = np.flatnonzero((steps > newest[owner]) & (steps > NONE + self.depth))
@@ -170,8 +162,7 @@ class StepMemory:
             at, owner, place, steps = at[last], owner[last], place[last], steps[last]
         self._steps.reshape(-1)[place] = steps
         self._seconds.reshape(-1, len(TIMING_KEYS))[place] = raw[at, 1:]
-        index = np.repeat(np.arange(len(slots)), counts)[at]
-        return np.bincount(index, minlength=len(slots)).tolist()
+        return np.bincount(answer[at], minlength=len(slots)).tolist()
 
     def keep_only(self, urls: Container[str]) -> None:
         """Forget every rank not in ``urls``."""
