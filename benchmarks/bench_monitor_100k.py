@@ -136,6 +136,48 @@ def start(n: int, procs: int, group_size: int, step_s: float,
     return out, urls
 
 
+def box_reference_s(n: int = 15_000, repeats: int = 5) -> float:
+    """The box's speed now: the least thread CPU seconds, of ``repeats``, that a fixed workload
+    takes: ``json.loads`` of ``n`` documents of a packed ``/v1/state``'s keys and size (written
+    here, once) and a dict of what a view reads of each. Only
+    the standard library and fixed input, so it does not change when this tree's code does:
+    the same sweep on a slower box (this one's per-core speed drifts by half within an hour)
+    takes more CPU, and so does this. The GC is off while it runs, as in a leader sweep."""
+    docs = [json.dumps({
+        "job": "ref", "replica_group": i // 8, "replica_id": f"replica_group_{i // 8}:ref",
+        "group_rank": i % 8, "group_world_size": 8, "rank": i, "host": f"node-{i // 8}",
+        "pid": 1000 + i, "worker_url": None, "step": 1000 + i % 7, "quorum_id": 3,
+        "num_participants": 12, "participating": True, "phase": "forward",
+        "phase_since": 1.7e9 + i / 7, "last_step_seconds": 1.0 + i / 1e6,
+        "last_step_at": 1.7e9 + i / 9, "recent_step_seconds": "zeIjIQAA8D82Z/bPAQDwP5/ryH4D",
+        "commits": 1000, "commit_failures": 0, "heals": 0, "quorum_changes": 0, "loss": 1.0,
+        "lighthouse": None, "torch_version": "ref", "torchft_version": "ref",
+        "started_at": 1.7e9, "faults": [], "node": f"node-{i // 8}",
+        "hostname": f"node-{i // 8}", "local_rank": i % 8,
+        "device": {"type": "cuda", "index": i % 8, "uuid": f"GPU-{i:08d}-0000-4c3a-9d1e"},
+        "faults_struck_at": {}, "timing": {
+            "recent": "AAAAAAAAAADN4iMhAADwP3ARXC49Cu8/u8emkOl6lD/6ep/Z8XqEPwEAAAAAAAAANmf2zw",
+            "waiting": None, "last_step": {"step": 999, "step_s": 1.0 + i / 3e6,
+                                           "compute_s": 0.96 + i / 5e6,
+                                           "wait_cross_s": 0.026, "wait_group_s": 0.013},
+            "window": None}, "packed": 1}).encode() for i in range(n)]
+    best = float("inf")
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            t = time.thread_time()
+            index = {}
+            for d in map(json.loads, docs):
+                index[d["rank"]] = (d["replica_group"], d["step"], d["phase"], d.get("host"))
+            best = min(best, time.thread_time() - t)
+            del index
+    finally:
+        if was:
+            gc.enable()
+    return best
+
+
 def _lower(nice: int, cpus: set[int] | None) -> None:
     """In a virtual-rank process before it runs: its niceness and the CPUs it may use."""
     if nice:
@@ -554,6 +596,7 @@ def main() -> int:
     raise_fd_limit()
     gc_clock = GcClock()
     n = args.groups * args.group_size
+    reference = box_reference_s()  # before the ranks' processes start: nothing else runs
     cpus = {int(c) for c in args.ranks_cpus.split(",")} if args.ranks_cpus else None
     procs, urls = start(n, args.procs, args.group_size, args.step_s, nice=args.ranks_nice,
                         cpus=cpus)
@@ -625,6 +668,7 @@ def main() -> int:
                            leader_stages_median_s={
                                k: round(statistics.median(r.get(k, 0.0) for r in stage_rows), 3)
                                for k in sorted({k for r in stage_rows for k in r})},
+                           leader_stages_s=stage_rows,  # the same, sweep by sweep
                            leader_gc_s=[round(x, 3) for x in gcs],
                            ranks_cpu_median_s=statistics.median(ranks_cpu),
                            # the monitor process's CPU (all its threads) = leader_cpu_*; of it
@@ -656,6 +700,20 @@ def main() -> int:
                 mon.stop()
     finally:
         stop(procs)
+    # the box's speed at the start and the end (box_reference_s), and the leader sweep read
+    # against it: the same code on the same box gives about the same ratio at any hour
+    row["box_reference_s"] = [round(reference, 4), round(box_reference_s(), 4)]
+    if "leader_median_s" in row:
+        # every process's CPU a leader period (the monitor's, its poller process's, the
+        # simulated ranks'), spread over every core: no period on this box can be shorter
+        # (while the sweeps outlast the interval, a period is a sweep)
+        row["leader_cpu_floor_s"] = round(
+            (row["leader_cpu_median_s"] + row["poller_process_cpu_median_s"]
+             + row["ranks_cpu_median_s"]) / (os.cpu_count() or 1), 3)
+        row["leader_median_per_reference"] = round(
+            row["leader_median_s"] / statistics.mean(row["box_reference_s"]), 2)
+        row["leader_main_cpu_per_reference"] = round(
+            row["leader_main_cpu_median_s"] / statistics.mean(row["box_reference_s"]), 2)
     row["rss_mib"], row["peak_rss_mib"] = rss_mib()
     row["load_average"] = os.getloadavg()[0]
     row["cores"] = os.cpu_count()
