@@ -136,6 +136,18 @@ def start(n: int, procs: int, group_size: int, step_s: float,
     return out, urls
 
 
+def anon_huge_mib() -> float | None:
+    """This process's memory on transparent huge pages (smaps_rollup's AnonHugePages), MiB."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 def box_reference_s(n: int = 15_000, repeats: int = 5) -> float:
     """The box's speed now: the least thread CPU seconds, of ``repeats``, that a fixed workload
     takes: ``json.loads`` of ``n`` documents of a packed ``/v1/state``'s keys and size (written
@@ -589,6 +601,8 @@ def main() -> int:
     ap.add_argument("--ranks-cpus", default=None,
                     help="CPUs the virtual ranks' processes may run on, e.g. 1 or 2,3 "
                          "(default: any; the monitor may always use every CPU)")
+    ap.add_argument("--huge-pages", choices=("on", "off"), default="off",
+                    help="the monitor's --huge-pages (monitor/huge_pages.py)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.poller == "thread" and hasattr(service, "POLL_PROCESS_MIN_TARGETS"):
@@ -611,7 +625,7 @@ def main() -> int:
             mon = Monitor(MonitorConfig(port=0, targets=urls, state_path=os.path.join(d, "m.db"),
                                         poll_timeout_s=10.0, leader_polling="on",
                                         member_interval_s=args.member_interval,
-                                        max_targets=n))
+                                        max_targets=n, huge_pages=args.huge_pages))
             try:
                 t = time.perf_counter()
                 view = mon.sweep_once()
@@ -696,6 +710,10 @@ def main() -> int:
                     mon.sweep_once()  # findings of the hang resolve once every group steps
                 row.update(straggler_phase(mon, procs, args.groups // 3, args))
                 row["poller_process_peak_rss_mib"] = child_peak_rss_mib(mon)
+                # pymalloc's arenas on huge pages ("" on, else why not) and how much of the
+                # process's memory the kernel backs with them
+                row["huge_pages"] = mon.huge_pages
+                row["anon_huge_pages_mib"] = anon_huge_mib()
             finally:
                 mon.stop()
     finally:

@@ -129,6 +129,8 @@ def main() -> int:
     ap.add_argument("--groups", type=int, default=12_500)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--sweeps", type=int, default=3)
+    ap.add_argument("--huge-pages", choices=("on", "off"), default="off",
+                    help="the monitor's --huge-pages (monitor/huge_pages.py)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", default=None, help="cProfile stats of the leader sweeps")
     ap.add_argument("--split", action="store_true",
@@ -145,7 +147,8 @@ def main() -> int:
     now: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as d:
         mon = Monitor(MonitorConfig(port=0, targets=urls, state_path=os.path.join(d, "m.db"),
-                                    leader_polling="on", max_targets=n))
+                                    leader_polling="on", max_targets=n,
+                                    huge_pages=args.huge_pages))
         mon.poller.close()
         mon.poller = poller
         try:

@@ -23,7 +23,7 @@ from typing import Any
 
 from http_serving import BackgroundWSGIServer, http_url
 
-from . import fd_budget
+from . import fd_budget, huge_pages
 from .actions import Lighthouse, Orphans, RankExits
 from .admission import NotAllowed, Unauthorized, registration_authorized
 from .app import create_app
@@ -197,6 +197,9 @@ class Monitor:
         self._goodput_writer = GoodputWriter(self.store)  # writes beside the next sweep
         self._gc_frozen = 0  # sweeps since the last full collection (0: not freezing)
         self._fd_advised = False  # the file descriptor warning (_fit_poller) said once
+        # pymalloc's arenas on huge pages (_fit_poller): None until decided, then why not
+        # ("" when on); read by /v1/cluster
+        self.huge_pages: str | None = None
         self.sweep_plan = None  # what the last sweep polled (schedule.last may be the next's)
         self._ahead: _Ahead | None = None  # the next sweep's polls, already asked
         self._last_sweep_s = 0.0  # the last sweep's seconds, start to end
@@ -395,6 +398,8 @@ class Monitor:
     def _fit_poller(self, n_targets: int) -> None:
         """Make the poller ready for a sweep of ``n_targets``: from POLL_PROCESS_MIN_TARGETS
         it runs in its own process (for good), and its pool keeps a connection per target."""
+        if self.huge_pages is None and n_targets >= huge_pages.MIN_TARGETS:
+            self._huge_pages()
         if n_targets >= POLL_PROCESS_MIN_TARGETS and type(self.poller) is Poller:
             old = self.poller  # from here on the polling runs in its own process
             self.poller = ProcessPoller(old.timeout_s, old.max_concurrency, old.max_idle,
@@ -412,6 +417,24 @@ class Monitor:
             if advice:
                 self._fd_advised = True
                 log.warning("%s", advice)
+
+    def _huge_pages(self) -> None:
+        """From huge_pages.MIN_TARGETS targets, before the sweep that first polls them (the
+        heap they make is then on huge pages): pymalloc's arenas on transparent huge pages,
+        with ``huge_pages`` on. Once per monitor; said once in the log either way."""
+        if self.cfg.huge_pages == "off":
+            self.huge_pages = "off (--huge-pages off, the default)"
+            return
+        try:
+            why = huge_pages.enable()
+        except Exception as e:  # never a reason not to sweep
+            why = f"{type(e).__name__}: {e}"
+        self.huge_pages = why or ""
+        if why:
+            log.info("the Python heap stays on 4 KiB pages: %s", why)
+        else:
+            log.info("the Python heap's new arenas are on transparent huge pages "
+                     "(monitor/huge_pages.py)")
 
     def _ask_ahead_early(self, view: ClusterView) -> None:
         """With the poller in its own process, when the next sweep's ranks are due to be asked
@@ -1032,7 +1055,11 @@ class Monitor:
                                "targets_file_error": self.discovery.file_error,
                                "verification": self.verification_json(),
                                "lighthouse_settings": self.lh_settings.to_dict(),
-                               "shard": self.shard.to_json() if self.shard else None}
+                               "shard": self.shard.to_json() if self.shard else None,
+                               # pymalloc's arenas on huge pages (None: not decided yet, under
+                               # huge_pages.MIN_TARGETS targets)
+                               "huge_pages": None if self.huge_pages is None else {
+                                   "on": self.huge_pages == "", "why_not": self.huge_pages or None}}
         if view is None or evidence is None:
             return out
         open_by_group: dict[int, list[str]] = {}
