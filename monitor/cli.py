@@ -17,6 +17,7 @@ import threading
 from .admission import token_warning
 from .config import (
     EVICTABLE_KINDS,
+    HUGE_PAGE_MODES,
     QUARANTINE_AFTER,
     ConfigError,
     DetectorConfig,
@@ -138,7 +139,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(auto: from 2,000 targets; docs/scaling.md)")
     p.add_argument("--member-interval", type=float, default=10.0,
                    help="leader polling: seconds between polls of a non-leader rank (10)")
-    p.add_argument("--huge-pages", choices=("on", "off"), default="off",
+    p.add_argument("--huge-pages", choices=HUGE_PAGE_MODES, default="off",
                    help="on: from 20,000 targets, the monitor's new Python heap on transparent "
                         "huge pages where the kernel offers them (experimental; off)")
     p.add_argument("--rank-exit-token", default=None,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from .admission import AllowList
 from .discovery import normalize_url
+from .huge_pages import MODES as HUGE_PAGE_MODES
 
 EVICTABLE_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting",
                    "quarantined_host")
@@ -233,7 +234,7 @@ class MonitorConfig:
         if self.leader_polling not in ("auto", "on", "off"):
             raise ConfigError(f"leader_polling must be auto, on or off, got "
                               f"{self.leader_polling!r}")
-        if self.huge_pages not in ("on", "off"):
+        if self.huge_pages not in HUGE_PAGE_MODES:
             raise ConfigError(f"huge_pages must be on or off, got {self.huge_pages!r}")
         if self.member_interval_s <= 0 or self.leader_polling_min_ranks < 0:
             raise ConfigError("member_interval_s must be > 0, leader_polling_min_ranks >= 0")
