@@ -1,14 +1,12 @@
 """Only what pyproject.toml cannot say: ship ``lightkeeper-autostart.pth`` at the top of
 site-packages (setuptools' package data cannot place a file there), build the analyzer's C
-reader of dump pickles (``monitor/analysis/_frpickle.c``, docs/stack.md) and the monitor's huge
-page arenas (``monitor/_hugearenas.c``, monitor/huge_pages.py).
+reader of dump pickles (``monitor/analysis/_frpickle.c``, docs/stack.md).
 
 The .pth line is a no-op unless ``LIGHTKEEPER_AUTOSTART=1``; then it installs the import hook of
 :mod:`worker_server.autostart` in every Python process of the environment (docs/run.md,
 "Containers"). An editable install (``pip install -e``) does not get it.
 
-Both are optional. Without the huge page arenas a monitor of many ranks runs on pymalloc's own
-(slower at 100,000 ranks, the same results). The C reader: where it does not compile (no compiler, no Python headers) the install
+The C reader is optional: where it does not compile (no compiler, no Python headers) the install
 goes on without it and ``lightkeeper analyze`` reads every pickle with Python's unpickler, with
 the same results (its JSON says which reader ran). An editable install builds it in place, next
 to its source.
@@ -37,12 +35,4 @@ FRPICKLE = Extension(
     optional=True,  # a failed compile warns and leaves the pure-Python reader
 )
 
-# huge pages under pymalloc's arenas for a monitor of many ranks (monitor/huge_pages.py)
-HUGEARENAS = Extension(
-    "monitor._hugearenas",
-    sources=[os.path.join("monitor", "_hugearenas.c")],
-    extra_compile_args=["-O2"],
-    optional=True,  # a failed compile warns: the monitor runs on pymalloc's own arenas
-)
-
-setup(cmdclass={"build_py": BuildPyWithPth}, ext_modules=[FRPICKLE, HUGEARENAS])
+setup(cmdclass={"build_py": BuildPyWithPth}, ext_modules=[FRPICKLE])

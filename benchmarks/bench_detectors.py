@@ -4,7 +4,7 @@ process, on the very same views.
 Two real Monitors (leader polling on, no Lighthouse) over the same ``--groups`` x
 ``--group-size`` virtual ranks (tests/support/virtual_ranks.py's /v1/state documents,
 answered in process as bench_monitor_stages.py does: no HTTP), one with this tree's
-``monitor/detectors.py``, one with ``--baseline``'s (taken out of git, imported against this
+``monitor/detect/detectors.py``, one with ``--baseline``'s (taken out of git, imported against this
 tree's view), swept in turns on one virtual clock that moves ``--sweep-s`` a sweep (1 s: the
 issue-17 target, where a leader polled each sweep serves one new step's row; the stages
 bench runs on the wall clock, so its sweeps see as many new steps as its sweeps take
@@ -92,7 +92,7 @@ def main() -> int:
     urls = [f"http://127.0.0.1:1/r/{r}" for r in range(n)]
     index = {u: i for i, u in enumerate(urls)}
     # imported as a module of this tree's package (its relative imports: this tree's view)
-    base = baseline_module(args.baseline, "monitor/detectors.py", "monitor.baseline_detectors")
+    base = baseline_module(args.baseline, "monitor/detect/detectors.py", "monitor.baseline_detectors")
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as d:
         monitors, timed = [], []

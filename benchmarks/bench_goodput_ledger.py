@@ -1,4 +1,4 @@
-"""Cost of the goodput ledger (monitor/goodput.py) per monitor sweep, and the size of what it saves.
+"""Cost of the goodput ledger (monitor/goodput/ledger.py) per monitor sweep, and the size of what it saves.
 
 Synthetic sweeps of N replica groups x R ranks (every group committing at a steady pace, one group
 leaving the quorum at sweep 30 so capacity is being lost), one per simulated second, through a
@@ -16,8 +16,8 @@ import json
 import statistics
 import time
 
-from monitor.goodput import GoodputLedger
-from monitor.view import ClusterView, RankView
+from monitor.evidence.view import ClusterView, RankView
+from monitor.goodput.ledger import GoodputLedger
 
 STEP_S = 0.2
 

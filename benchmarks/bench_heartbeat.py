@@ -4,7 +4,7 @@ group is dropped by mistake.
 A job shaped like the demo's (3 replica groups x 1 rank, the demo's ``--step-pause 0.1`` and
 ``pg_timeout`` 20 s; :class:`lightkeeper.cluster.LocalCluster`, real Lighthouse, real gloo
 ranks) runs under each setting. Everything is read from what the parts serve: every rank's
-``/v1/state`` and the Lighthouse's ``/status`` (:mod:`monitor.lighthouse_status`), polled at
+``/v1/state`` and the Lighthouse's ``/status`` (:mod:`monitor.evidence.lighthouse_status`), polled at
 10 Hz by one sampling thread.
 
 ``healthy``: no faults for ``--duration`` seconds per setting. A *false drop* is a quorum in
@@ -61,7 +61,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from lightkeeper.cluster import LocalCluster, wait_until  # noqa: E402
-from monitor.lighthouse_status import LighthouseReader  # noqa: E402
+from monitor.evidence.lighthouse_status import LighthouseReader  # noqa: E402
 
 GROUPS = 3
 VICTIM = 2

@@ -1,7 +1,7 @@
 """The goodput ledger and its metrics at 100,000 ranks: CPU per group per sweep, this tree's
 ledger and a baseline revision's side by side in one process, on the same views.
 
-``--groups`` x ``--group-size`` ranks behind a real :class:`monitor.view.ViewBuilder` with
+``--groups`` x ``--group-size`` ranks behind a real :class:`monitor.evidence.view.ViewBuilder` with
 leader polling's pattern (every group's leader asked each sweep, each member once per
 ``--member-every`` sweeps), every group committing one step per sweep. Each sweep's view goes
 to both ledgers (``GoodputLedger.update`` and ``MonitorMetrics.add_goodput``: the monitor's
@@ -38,23 +38,23 @@ sys.path.insert(0, ROOT)
 from benchmarks.bench_monitor_100k import save  # noqa: E402
 from benchmarks.bench_poller import git_source  # noqa: E402
 from monitor import goodput as this_goodput  # noqa: E402
-from monitor.discovery import Target  # noqa: E402
-from monitor.metrics import MonitorMetrics  # noqa: E402
-from monitor.poller import RankPoll  # noqa: E402
-from monitor.view import ViewBuilder  # noqa: E402
+from monitor.api.metrics import MonitorMetrics  # noqa: E402
+from monitor.evidence.view import ViewBuilder  # noqa: E402
+from monitor.poll.discovery import Target  # noqa: E402
+from monitor.poll.poller import RankPoll  # noqa: E402
 from tests.support.monitor_sim import rank_state  # noqa: E402
 
 T0 = 1_700_000_000.0
 
 
 def ledger_module(rev: str) -> Any:
-    """``monitor/goodput.py`` at ``rev``, imported as a module of the ``monitor`` package
+    """``monitor/goodput/ledger.py`` at ``rev``, imported as a module of the ``monitor`` package
     (its relative imports resolve to this tree's: the view is the same for both sides)."""
     spec = importlib.util.spec_from_loader("monitor.goodput_at_" + rev, loader=None)
     mod = importlib.util.module_from_spec(spec)
     mod.__package__ = "monitor"
     sys.modules[mod.__name__] = mod  # dataclasses look their module up while decorating
-    exec(compile(git_source(rev, "monitor/goodput.py"), f"{rev}:monitor/goodput.py", "exec"),
+    exec(compile(git_source(rev, "monitor/goodput/ledger.py"), f"{rev}:monitor/goodput/ledger.py", "exec"),
          mod.__dict__)
     return mod
 

@@ -24,7 +24,7 @@ this process, with ``--leader-polling on``. It reports:
 - the monitor process's RSS, and its own CPU seconds per sweep and the wait after it (all its
   threads; the virtual ranks' processes excluded), and the seconds its cyclic garbage
   collector took per sweep; of it, the thread that polls (the in-thread poller: HTTP and
-  JSON) or reads the poller process's answers (JSON); the poller process's CPU (monitor/poll_process.py, from 50,000
+  JSON) or reads the poller process's answers (JSON); the poller process's CPU (monitor/poll/poll_process.py, from 50,000
   targets) and the virtual ranks' processes' CPU seconds per leader sweep beside it;
 - ``poll_to_findings``: per leader sweep, the seconds from asking its ranks to its detectors'
   end (with the poller process the next sweep is asked during this one, in time for it: this
@@ -74,7 +74,7 @@ sys.path.insert(0, ROOT)
 from benchmarks.bench_monitor_sweep import rss_mib  # noqa: E402
 from monitor import service  # noqa: E402
 from monitor.config import MonitorConfig  # noqa: E402
-from monitor.detectors import current_wait  # noqa: E402
+from monitor.detect.detectors import current_wait  # noqa: E402
 from monitor.service import Monitor  # noqa: E402
 from tests.support.monitor_sim import raise_fd_limit  # noqa: E402
 
@@ -259,7 +259,7 @@ def unanswered(view) -> dict[str, int]:
 
 class PollerCpu:
     """CPU seconds of the polling, apart from the rest of the monitor: ``child`` the poller
-    process's (monitor/poll_process.py; 0 with the in-thread poller), ``thread`` the monitor
+    process's (monitor/poll/poll_process.py; 0 with the in-thread poller), ``thread`` the monitor
     process's thread that polls (the in-thread poller's event loop) or reads the child's
     answers (parsing their JSON)."""
 
@@ -594,7 +594,7 @@ def main() -> int:
                     help="give up on the straggler's confirmation after this many seconds")
     ap.add_argument("--poller", choices=("auto", "thread"), default="auto",
                     help="thread: keep the in-thread poller at any size (the monitor's before "
-                         "monitor/poll_process.py), for side-by-side runs; auto: the monitor's "
+                         "monitor/poll/poll_process.py), for side-by-side runs; auto: the monitor's "
                          "choice (its own process from POLL_PROCESS_MIN_TARGETS)")
     ap.add_argument("--ranks-nice", type=int, default=0,
                     help="niceness of the virtual ranks' processes (0: as the monitor's; 19: "

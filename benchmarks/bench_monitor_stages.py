@@ -40,7 +40,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.bench_monitor_100k import GcClock, save  # noqa: E402
 from monitor.config import MonitorConfig  # noqa: E402
-from monitor.poller import RankPoll, judge_body  # noqa: E402
+from monitor.poll.poller import RankPoll, judge_body  # noqa: E402
 from monitor.service import Monitor  # noqa: E402
 from tests.support.virtual_ranks import VirtualRanks  # noqa: E402
 

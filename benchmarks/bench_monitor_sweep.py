@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from monitor.config import MonitorConfig  # noqa: E402
-from monitor.poller import Poller  # noqa: E402
+from monitor.poll.poller import Poller  # noqa: E402
 from monitor.service import Monitor  # noqa: E402
 from tests.support.monitor_sim import raise_fd_limit  # noqa: E402
 

@@ -5,7 +5,7 @@ processes (tests/support/virtual_ranks.py, the server of bench_monitor_100k.py),
 servers of this tree (``new``: uvloop where installed; ``new-asyncio``: the stdlib loop) and
 once with the servers of ``--baseline`` (``old``: a git revision; its
 ``tests/support/virtual_ranks.py`` run with ``-m`` from a git archive of it). The pollers: ``new``, the ``Poller`` of
-this tree in this process; ``old``, the one of ``--baseline``'s ``monitor/poller.py`` (imported
+this tree in this process; ``old``, the one of ``--baseline``'s ``monitor/poll/poller.py`` (imported
 from its source under another name); ``process``, this tree's ``ProcessPoller`` (its child on
 uvloop where installed; ``process-asyncio``: on the stdlib loop); ``process-old``, the
 ``ProcessPoller`` of ``--baseline`` (its ``monitor/`` poller files and ``http_serving`` taken
@@ -17,7 +17,7 @@ pair it reports the medians over rounds of:
 - ``poller_us``: this process's CPU seconds (``time.process_time``, every thread: the poller's
   event loop, JSON parsing included) per request; ``poller_sys_us`` the part in the kernel
   (send, recv, epoll);
-- ``child_us``: for ``process`` (this tree's Poller in its own process, monitor/poll_process.py,
+- ``child_us``: for ``process`` (this tree's Poller in its own process, monitor/poll/poll_process.py,
   the answers' JSON parsed in this one: ``poller_us``), the child's CPU seconds per request;
 - ``server_us``: the virtual-rank processes' CPU seconds (user + system, /proc) per request;
 - ``wall_s``: the sweep's wall time (both sides share the machine's cores);
@@ -35,7 +35,7 @@ printed with it.
         --pairs process:new,process-old:old,process-asyncio:new-asyncio,process:old,process-old:new
 
 ``--profile PREFIX``: every ``process`` poller's child writes a cProfile of its event loop's
-thread to ``PREFIX.<pid>`` (monitor/poll_process.py, ``LIGHTKEEPER_POLL_PROFILE``).
+thread to ``PREFIX.<pid>`` (monitor/poll/poll_process.py, ``LIGHTKEEPER_POLL_PROFILE``).
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.bench_monitor_100k import cpu_of, proc_cpu, save, start, stop  # noqa: E402
-from monitor.poll_process import PROFILE_ENV, ProcessPoller  # noqa: E402
-from monitor.poller import Poller  # noqa: E402
+from monitor.poll.poll_process import PROFILE_ENV, ProcessPoller  # noqa: E402
+from monitor.poll.poller import Poller  # noqa: E402
 from tests.support.monitor_sim import raise_fd_limit  # noqa: E402
 from tests.support.virtual_ranks import VirtualRanks  # noqa: E402
 
@@ -81,8 +81,8 @@ def baseline_module(rev: str, path: str, name: str) -> Any:
 
 
 def baseline_poller(rev: str) -> type:
-    """``Poller`` of ``monitor/poller.py`` at ``rev``."""
-    return baseline_module(rev, "monitor/poller.py", "baseline_poller").Poller
+    """``Poller`` of ``monitor/poll/poller.py`` at ``rev``."""
+    return baseline_module(rev, "monitor/poll/poller.py", "baseline_poller").Poller
 
 
 def baseline_tree(rev: str, root: str) -> None:
@@ -106,13 +106,13 @@ def module_source(root: str, args: list[str]) -> str:
 
 
 def baseline_process_poller(rev: str, root: str) -> type:
-    """``ProcessPoller`` of ``monitor/poll_process.py`` at ``rev``: its child runs ``rev``'s
+    """``ProcessPoller`` of ``monitor/poll/poll_process.py`` at ``rev``: its child runs ``rev``'s
     poller files from ``root`` (:func:`baseline_tree`); the monitor's side is imported from its
     source, its ``.poller`` being :func:`baseline_poller`'s module."""
-    source = git_source(rev, "monitor/poll_process.py")
+    source = git_source(rev, "monitor/poll/poll_process.py")
     spawn = "stdout=subprocess.PIPE, env=env)"
     if "from .poller import" not in source or spawn not in source:
-        raise RuntimeError(f"{rev}'s monitor/poll_process.py: not the layout this bench knows")
+        raise RuntimeError(f"{rev}'s monitor/poll/poll_process.py: not the layout this bench knows")
     # the child runs from root: `python -m` looks in its working folder first, which would
     # otherwise be this tree's
     source = source.replace("from .poller import", "from baseline_poller import") \
@@ -123,7 +123,7 @@ def baseline_process_poller(rev: str, root: str) -> type:
     mod = importlib.util.module_from_spec(spec)
     mod.__file__ = os.path.join(root, "monitor", "poll_process.py")  # its _ROOT: root
     sys.modules[mod.__name__] = mod
-    exec(compile(source, f"{rev}:monitor/poll_process.py", "exec"), mod.__dict__)
+    exec(compile(source, f"{rev}:monitor/poll/poll_process.py", "exec"), mod.__dict__)
     return mod.ProcessPoller
 
 

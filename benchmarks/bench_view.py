@@ -36,8 +36,8 @@ sys.path.insert(0, ROOT)
 from benchmarks.bench_monitor_100k import save  # noqa: E402
 from benchmarks.bench_poller import baseline_tree  # noqa: E402
 
-MODULES = ("monitor.discovery", "monitor.poller", "monitor.schedule", "monitor.verification",
-           "monitor.view", "tests.support.virtual_ranks")
+MODULES = ("monitor.poll.discovery", "monitor.poll.poller", "monitor.schedule", "monitor.evidence.verification",
+           "monitor.evidence.view", "tests.support.virtual_ranks")
 STAGES = ("schedule", "view + verification", "last views freed")
 
 
@@ -64,9 +64,9 @@ class Side:
 
     def __init__(self, name: str, mods: dict[str, Any], urls: list[str], interval: float):
         self.name, self.mods = name, mods
-        self.targets = [mods["monitor.discovery"].Target(u, "static") for u in urls]
-        self.views = mods["monitor.view"].ViewBuilder()
-        self.verifier = mods["monitor.verification"].Verifier()
+        self.targets = [mods["monitor.poll.discovery"].Target(u, "static") for u in urls]
+        self.views = mods["monitor.evidence.view"].ViewBuilder()
+        self.verifier = mods["monitor.evidence.verification"].Verifier()
         self.schedule = mods["monitor.schedule"].LeaderSchedule(
             mode="on", member_interval_s=interval)
         self.view = None
@@ -74,7 +74,7 @@ class Side:
         self.asked = 0
 
     def sweep(self, answer, now: float, keep: bool) -> None:
-        judge_body = self.mods["monitor.poller"].judge_body
+        judge_body = self.mods["monitor.poll.poller"].judge_body
         t = time.thread_time()
         plan = self.schedule.plan(self.targets, self.view, now)
         self.schedule.drill_now({}, self.view, now)

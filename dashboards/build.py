@@ -200,7 +200,7 @@ def job_overview() -> dict:
         [TAG], [P.datasource_variable(), _job_var()], L, annotations, LINKS)
 
 
-# Badput causes of the monitor's goodput ledger (monitor.goodput.CAUSES), in stacking order,
+# Badput causes of the monitor's goodput ledger (monitor.goodput.ledger.CAUSES), in stacking order,
 # with their colours; a test keeps the two lists in step.
 BADPUT_COLORS = {"startup": "blue", "capacity_lost": "red", "recovery": "orange",
                  "stall": "dark-red", "straggler_drag": "yellow", "unattributed": "purple"}

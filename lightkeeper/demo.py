@@ -435,7 +435,7 @@ class Demo:
     def poll_lighthouse(self, t: float) -> None:
         """The Lighthouse's own view (``/status``): its newest quorum and which heartbeats it
         counts as stale; one entry in ``lighthouse_log`` per change."""
-        from monitor.lighthouse_status import LighthouseReader
+        from monitor.evidence.lighthouse_status import LighthouseReader
 
         if self.cluster.lighthouse_url is None:
             return

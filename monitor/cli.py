@@ -14,10 +14,8 @@ import signal
 import sys
 import threading
 
-from .admission import token_warning
 from .config import (
     EVICTABLE_KINDS,
-    HUGE_PAGE_MODES,
     QUARANTINE_AFTER,
     ConfigError,
     DetectorConfig,
@@ -26,6 +24,7 @@ from .config import (
     RailsConfig,
     ShardConfig,
 )
+from .poll.admission import token_warning
 
 
 def _csv(value: str) -> list[str]:
@@ -139,9 +138,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(auto: from 2,000 targets; docs/scaling.md)")
     p.add_argument("--member-interval", type=float, default=10.0,
                    help="leader polling: seconds between polls of a non-leader rank (10)")
-    p.add_argument("--huge-pages", choices=HUGE_PAGE_MODES, default="off",
-                   help="on: from 20,000 targets, the monitor's new Python heap on transparent "
-                        "huge pages where the kernel offers them (experimental; off)")
     p.add_argument("--rank-exit-token", default=None,
                    help="bearer token of the ranks' POST /v1/exit (env LIGHTKEEPER_EXIT_TOKEN, as "
                         "the ranks have it): ranks of an evicted group still answering "
@@ -254,7 +250,6 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
         rank_exit_token=args.rank_exit_token or os.environ.get("LIGHTKEEPER_EXIT_TOKEN") or None,
         orphan_grace_s=args.orphan_grace, expected_groups=args.expected_groups,
         leader_polling=args.leader_polling, member_interval_s=args.member_interval,
-        huge_pages=args.huge_pages,
         lighthouse_heartbeat_timeout_ms=args.lighthouse_heartbeat_timeout_ms,
         lighthouse_join_timeout_ms=args.lighthouse_join_timeout_ms,
         rails=RailsConfig(min_replicas=args.min_replicas, cooldown_s=args.cooldown,
@@ -270,7 +265,8 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
             k8s_namespace=args.k8s_namespace, k8s_pod_selector=args.k8s_pod_selector),
         shard=_shard_config(args),
     )
-    cfg.validate()
+    from .service import check_config  # the loop's modules only once a monitor is built
+    check_config(cfg)
     return cfg
 
 

@@ -11,10 +11,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .admission import AllowList
-from .discovery import normalize_url
-from .huge_pages import MODES as HUGE_PAGE_MODES
-
 EVICTABLE_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting",
                    "quarantined_host")
 # --quarantine-after defaults (docs/quarantine.md): one hang, mismatch or dead rank in a live group
@@ -81,7 +77,7 @@ class RailsConfig:
 
 @dataclass
 class QuarantineConfig:
-    """The host ledger's policy (monitor/hosts.py, docs/quarantine.md)."""
+    """The host ledger's policy (monitor/act/hosts.py, docs/quarantine.md)."""
 
     after: dict[str, int] = field(default_factory=lambda: dict(QUARANTINE_AFTER))
     window_s: float = 3600.0  # offences counted within this window
@@ -120,12 +116,7 @@ class QuarantineConfig:
                               f"got {self.max_quarantined!r}")
         if self.max_attempts < 1:
             raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        from .sinks import SinkConfigError, validate_action
-        for a in self.actions:
-            try:
-                validate_action(a)
-            except SinkConfigError as e:
-                raise ConfigError(str(e)) from None
+        for a in self.actions:  # each action's own grammar: monitor.service.check_config
             if a.startswith("webhook:") and not self.webhook_secret:
                 raise ConfigError(f"--action {a}: a signing secret is required "
                                   "(--webhook-secret or LIGHTKEEPER_WEBHOOK_SECRET)")
@@ -190,7 +181,7 @@ class MonitorConfig:
     max_fr_bytes: int = 64 << 20  # largest /v1/fr_trace answer read from a rank
     lighthouse_timeout_s: float = 2.0  # reading the Lighthouse's status page (verification)
     # The Lighthouse's settings as the operator declares them (None: not stated); only for the
-    # slow-recovery warning (monitor/lighthouse_settings.py, docs/lighthouse.md)
+    # slow-recovery warning (monitor/evidence/lighthouse_settings.py, docs/lighthouse.md)
     lighthouse_heartbeat_timeout_ms: int | None = None
     lighthouse_join_timeout_ms: int | None = None
     kill_timeout_s: float = 5.0
@@ -206,9 +197,6 @@ class MonitorConfig:
     leader_polling: str = "auto"
     leader_polling_min_ranks: int = 2000
     member_interval_s: float = 10.0  # non-leader ranks of undrilled groups: polled this often
-    # pymalloc's arenas on transparent huge pages from huge_pages.MIN_TARGETS targets (on), or
-    # never (off, the default: the gain is not shown yet, docs/scaling.md round 18)
-    huge_pages: str = "off"
     detectors: DetectorConfig = field(default_factory=DetectorConfig)
     rails: RailsConfig = field(default_factory=RailsConfig)
     quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
@@ -234,18 +222,10 @@ class MonitorConfig:
         if self.leader_polling not in ("auto", "on", "off"):
             raise ConfigError(f"leader_polling must be auto, on or off, got "
                               f"{self.leader_polling!r}")
-        if self.huge_pages not in HUGE_PAGE_MODES:
-            raise ConfigError(f"huge_pages must be on or off, got {self.huge_pages!r}")
         if self.member_interval_s <= 0 or self.leader_polling_min_ranks < 0:
             raise ConfigError("member_interval_s must be > 0, leader_polling_min_ranks >= 0")
         if self.orphan_grace_s < 0:
             raise ConfigError(f"orphan_grace_s must be >= 0, got {self.orphan_grace_s}")
-        try:
-            self.allow_list()
-            for t in self.targets:
-                normalize_url(t)  # e.g. an IPv6 literal without brackets: said here, not a crash
-        except ValueError as e:  # BadTarget is one
-            raise ConfigError(str(e)) from None
         self.detectors.validate()
         self.rails.validate()
         self.quarantine.validate()
@@ -254,9 +234,3 @@ class MonitorConfig:
             if self.shard.lead and not self.lighthouse:
                 raise ConfigError("--lead needs --lighthouse: the leader verifies the quorum "
                                   "there and sends the kills")
-
-    def allow_list(self) -> AllowList:
-        """Who may register without the token (raises ValueError on a bad entry)."""
-        if self.allow_targets is None:
-            return AllowList.default(self.targets)
-        return AllowList.parse(self.allow_targets)

@@ -46,10 +46,10 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from .detectors import current_wait
-from .discovery import Target
-from .poller import RankPoll
-from .view import ClusterView, GroupView
+from .detect.detectors import current_wait
+from .evidence.view import ClusterView, GroupView
+from .poll.discovery import Target
+from .poll.poller import RankPoll
 
 MODES = ("auto", "on", "off")
 # the drill reason of a group whose leader waits inside its own group (a rank of it hung);

@@ -6,7 +6,7 @@ folds answers into groups x ranks, verification checks each rank's claims agains
 Lighthouse's ``/status`` (read right after the ranks), the detectors turn the *evidence* view
 (verified ranks only) into confirmed findings, the rails decide, the Lighthouse client acts, and
 the store keeps the audit log. The full view, unverified ranks included, is only shown. The HTTP
-API (:mod:`monitor.app`) only reads what the loop published, plus two writes (registration and
+API (:mod:`monitor.api.app`) only reads what the loop published, plus two writes (registration and
 manual eviction) that go through the same objects.
 
 A sweep that fails anywhere is logged and counted; the loop goes on with the next one. The
@@ -23,29 +23,29 @@ from typing import Any
 
 from http_serving import BackgroundWSGIServer, http_url
 
-from . import fd_budget, huge_pages
-from .actions import Lighthouse, Orphans, RankExits
-from .admission import NotAllowed, Unauthorized, registration_authorized
-from .app import create_app
+from .act.actions import Lighthouse, Orphans, RankExits
+from .act.decisions import Situation, decide
+from .act.hosts import HostLedger
+from .act.sinks import SinkConfigError, build_sink, validate_action
+from .api.app import create_app
+from .api.metrics import MonitorMetrics
 from .config import ConfigError, MonitorConfig
-from .decisions import Situation, decide
-from .detectors import KINDS, Analyzer, Detectors, Finding, collective_wait
-from .discovery import BadTarget, Discovery, Target, TooManyTargets
-from .goodput import GoodputConfig, GoodputLedger
-from .goodput_writer import GoodputWriter
-from .hosts import HostLedger
-from .lighthouse_settings import LighthouseSettingsWatch
-from .lighthouse_status import LighthouseReader, LighthouseStatus
-from .metrics import MonitorMetrics
-from .poll_process import PollHandle, ProcessPoller
-from .poller import Poller, RankPoll
+from .detect.detectors import KINDS, Analyzer, Detectors, Finding, collective_wait
+from .evidence.lighthouse_settings import LighthouseSettingsWatch
+from .evidence.lighthouse_status import LighthouseReader, LighthouseStatus
+from .evidence.verification import REASONS as TRUST_REASONS
+from .evidence.verification import VERIFIED, Verifier
+from .evidence.view import ClusterView, GroupView, ViewBuilder
+from .goodput.ledger import GoodputConfig, GoodputLedger
+from .goodput.writer import GoodputWriter
+from .poll import fd_budget
+from .poll.admission import AllowList, NotAllowed, Unauthorized, registration_authorized
+from .poll.discovery import BadTarget, Discovery, Target, TooManyTargets, normalize_url
+from .poll.poll_process import PollHandle, ProcessPoller
+from .poll.poller import Poller, RankPoll
 from .schedule import LeaderSchedule, Plan
 from .shard import Shards
-from .sinks import SinkConfigError, build_sink
 from .store import Store
-from .verification import REASONS as TRUST_REASONS
-from .verification import VERIFIED, Verifier
-from .view import ClusterView, GroupView, ViewBuilder
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ FR_DRILLED_QUERY = f"?last={FR_LAST}"
 # collected then.
 GC_FREEZE_MIN_TARGETS = 20_000
 GC_FULL_EVERY = 100
-# From this many targets the poller runs in its own process (monitor/poll_process.py): its
+# From this many targets the poller runs in its own process (monitor/poll/poll_process.py): its
 # ~0.4 s of CPU a sweep at 100,000 ranks then leaves the monitor's interpreter and overlaps the
 # end of the sweep before (Monitor._ask_ahead). The process costs more CPU per request in all
 # (its IPC: 50 -> 28 + 40 us at 2,000 ranks, load 15.6, bench_poller.py) and gains only where
@@ -147,15 +147,36 @@ REFUSALS = {Unauthorized: "unauthorized", NotAllowed: "not_allowed", BadTarget: 
             TooManyTargets: "too_many_targets"}
 
 
+def allow_list(cfg: MonitorConfig) -> AllowList:
+    """Who may register without the token (raises ValueError on a bad entry)."""
+    if cfg.allow_targets is None:
+        return AllowList.default(cfg.targets)
+    return AllowList.parse(cfg.allow_targets)
+
+
+def check_config(cfg: MonitorConfig) -> None:
+    """``cfg.validate()`` and the checks that need a stage's own grammar (targets, allow list,
+    quarantine actions). Raises ConfigError; nothing starts then."""
+    cfg.validate()
+    try:
+        allow_list(cfg)
+        for t in cfg.targets:
+            normalize_url(t)  # e.g. an IPv6 literal without brackets: said here, not a crash
+        for a in cfg.quarantine.actions:
+            validate_action(a)
+    except (ValueError, SinkConfigError) as e:  # BadTarget is a ValueError
+        raise ConfigError(str(e)) from None
+
+
 class Monitor:
     def __init__(self, cfg: MonitorConfig, analyzer: Analyzer | None = None,
                  clock=time.time) -> None:
-        cfg.validate()
+        check_config(cfg)
         self.cfg = cfg
         self.clock = clock
         self.discovery = Discovery(cfg.targets, cfg.targets_file, cfg.forget_after_s, cfg.job,
                                    max_targets=cfg.max_targets)
-        self.allow_list = cfg.allow_list()
+        self.allow_list = allow_list(cfg)
         if cfg.sd_out:
             self.discovery.restore(cfg.sd_out)  # resume polling what the last run knew
         self.poller = Poller(cfg.poll_timeout_s, cfg.max_concurrency,
@@ -197,9 +218,6 @@ class Monitor:
         self._goodput_writer = GoodputWriter(self.store)  # writes beside the next sweep
         self._gc_frozen = 0  # sweeps since the last full collection (0: not freezing)
         self._fd_advised = False  # the file descriptor warning (_fit_poller) said once
-        # pymalloc's arenas on huge pages (_fit_poller): None until decided, then why not
-        # ("" when on); read by /v1/cluster
-        self.huge_pages: str | None = None
         self.sweep_plan = None  # what the last sweep polled (schedule.last may be the next's)
         self._ahead: _Ahead | None = None  # the next sweep's polls, already asked
         self._last_sweep_s = 0.0  # the last sweep's seconds, start to end
@@ -398,8 +416,6 @@ class Monitor:
     def _fit_poller(self, n_targets: int) -> None:
         """Make the poller ready for a sweep of ``n_targets``: from POLL_PROCESS_MIN_TARGETS
         it runs in its own process (for good), and its pool keeps a connection per target."""
-        if self.huge_pages is None and n_targets >= huge_pages.MIN_TARGETS:
-            self._huge_pages()
         if n_targets >= POLL_PROCESS_MIN_TARGETS and type(self.poller) is Poller:
             old = self.poller  # from here on the polling runs in its own process
             self.poller = ProcessPoller(old.timeout_s, old.max_concurrency, old.max_idle,
@@ -407,7 +423,7 @@ class Monitor:
             old.close()
         # one pooled keep-alive connection per target (+ its Flight Recorder fetch): a smaller
         # pool reconnects every sweep (docs/scaling.md); at most what the file descriptor
-        # limit leaves (monitor/fd_budget.py: the poller, in this process or its own, keeps
+        # limit leaves (monitor/poll/fd_budget.py: the poller, in this process or its own, keeps
         # its idle pool under it), said once when the targets do not fit
         self.poller.max_idle = max(self.poller.max_idle, n_targets + 1024)
         if not self._fd_advised:
@@ -417,24 +433,6 @@ class Monitor:
             if advice:
                 self._fd_advised = True
                 log.warning("%s", advice)
-
-    def _huge_pages(self) -> None:
-        """From huge_pages.MIN_TARGETS targets, before the sweep that first polls them (the
-        heap they make is then on huge pages): pymalloc's arenas on transparent huge pages,
-        with ``huge_pages`` on. Once per monitor; said once in the log either way."""
-        if self.cfg.huge_pages == "off":
-            self.huge_pages = "off (--huge-pages off, the default)"
-            return
-        try:
-            why = huge_pages.enable()
-        except Exception as e:  # never a reason not to sweep
-            why = f"{type(e).__name__}: {e}"
-        self.huge_pages = why or ""
-        if why:
-            log.info("the Python heap stays on 4 KiB pages: %s", why)
-        else:
-            log.info("the Python heap's new arenas are on transparent huge pages "
-                     "(monitor/huge_pages.py)")
 
     def _ask_ahead_early(self, view: ClusterView) -> None:
         """With the poller in its own process, when the next sweep's ranks are due to be asked
@@ -679,7 +677,7 @@ class Monitor:
                                        f.resolution if f else "cleared")
             self._last_decision.pop(key, None)
 
-    # --- host ledger and quarantine (monitor/hosts.py, docs/quarantine.md) -------------
+    # --- host ledger and quarantine (monitor/act/hosts.py, docs/quarantine.md) -------------
     def _build_sinks(self) -> list:
         q = self.cfg.quarantine
         try:
@@ -1055,11 +1053,7 @@ class Monitor:
                                "targets_file_error": self.discovery.file_error,
                                "verification": self.verification_json(),
                                "lighthouse_settings": self.lh_settings.to_dict(),
-                               "shard": self.shard.to_json() if self.shard else None,
-                               # pymalloc's arenas on huge pages (None: not decided yet, under
-                               # huge_pages.MIN_TARGETS targets)
-                               "huge_pages": None if self.huge_pages is None else {
-                                   "on": self.huge_pages == "", "why_not": self.huge_pages or None}}
+                               "shard": self.shard.to_json() if self.shard else None}
         if view is None or evidence is None:
             return out
         open_by_group: dict[int, list[str]] = {}

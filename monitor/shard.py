@@ -45,9 +45,10 @@ import time
 import uuid
 from typing import Any
 
-from .actions import Lighthouse
+from .act.actions import Lighthouse
+from .act.decisions import Situation, decide
 from .config import ShardConfig
-from .decisions import Situation, decide
+from .evidence.lighthouse_status import LighthouseReader, LighthouseStatus
 from .lease import (
     KV,
     Etcd,
@@ -59,7 +60,6 @@ from .lease import (
     modified_at,
     put_op,
 )
-from .lighthouse_status import LighthouseReader, LighthouseStatus
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ manual request, ``evict`` or ``hold`` with the reason; an ``evict`` row then car
 request's outcome (``sent``, ``failed``) and whether the group was seen leaving the quorum
 (``confirmed``, ``unconfirmed``).
 
-The host ledger (:mod:`monitor.hosts`) keeps four more tables: ``hosts`` (each host's state as
+The host ledger (:mod:`monitor.act.hosts`) keeps four more tables: ``hosts`` (each host's state as
 JSON), ``host_offences`` (a confirmed finding against a culprit's host), ``host_decisions`` (every
 quarantine, hold, release and expiry with its evidence) and ``host_actions`` (each sink's attempt
 at carrying one out: pending, retrying, done, failed, dry_run).
@@ -285,7 +285,7 @@ class Store:
                 (replica_id, finding_kind)).fetchone()
         return dict(row) if row else None
 
-    # --- goodput ledger (monitor.goodput) ------------------------------------------------
+    # --- goodput ledger (monitor.goodput.ledger) ------------------------------------------------
     def save_goodput(self, state: dict[str, Any], incidents: list[dict[str, Any]],
                      intervals: list[dict[str, Any]], at: float | None = None) -> None:
         """The ledger's state, its changed incidents and its newly settled intervals, in one
@@ -337,7 +337,7 @@ class Store:
             rows = self._db.execute(q + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
         return [json.loads(r[0]) for r in rows]
 
-    # --- host ledger (monitor.hosts) ------------------------------------------------------
+    # --- host ledger (monitor.act.hosts) ------------------------------------------------------
     def save_host(self, host: str, data: dict[str, Any], at: float) -> None:
         with self._lock:
             self._db.execute("INSERT OR REPLACE INTO hosts (host, data, updated_at) VALUES "

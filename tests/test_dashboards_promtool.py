@@ -109,11 +109,11 @@ def _monitor_series_with_trouble(tmp_path) -> list[tuple[str, str]]:
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
+    from monitor.act.hosts import HostLedger
+    from monitor.act.sinks import build_sink
+    from monitor.api.metrics import MonitorMetrics
     from monitor.config import QuarantineConfig
-    from monitor.hosts import HostLedger
-    from monitor.lighthouse_settings import LighthouseSettingsWatch
-    from monitor.metrics import MonitorMetrics
-    from monitor.sinks import build_sink
+    from monitor.evidence.lighthouse_settings import LighthouseSettingsWatch
     from monitor.store import Store
 
     now = 1000.0

@@ -1,11 +1,11 @@
-"""The goodput ledger (monitor/goodput.py) fed synthetic sweeps: every cause, an incident's whole
+"""The goodput ledger (monitor/goodput/ledger.py) fed synthetic sweeps: every cause, an incident's whole
 life, a monitor restarted from a real SQLite store, skipped and missing sweeps, a group that never
 returns, odd rank data. Each sweep's split is checked against the invariant
 ``goodput + badput + pending == expected groups x wall seconds``.
 
 The job here is a model, not torchft: each group commits at a pace the test sets (steps of
 ``STEP`` seconds at pace 1.0), and the ledger sees it through /v1/state-shaped rank states in a
-real :class:`monitor.view.ClusterView`."""
+real :class:`monitor.evidence.view.ClusterView`."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from dataclasses import asdict
 
 import pytest
 
-from monitor.discovery import Target
-from monitor.goodput import CAUSES, GoodputConfig, GoodputError, GoodputLedger, snapshot_rows
-from monitor.poller import RankPoll
+from monitor.evidence.view import ClusterView, RankView, ViewBuilder
+from monitor.goodput.ledger import CAUSES, GoodputConfig, GoodputError, GoodputLedger, snapshot_rows
+from monitor.poll.discovery import Target
+from monitor.poll.poller import RankPoll
 from monitor.store import Store
-from monitor.view import ClusterView, RankView, ViewBuilder
 from tests.support.monitor_sim import rank_state
 
 STEP = 0.2  # healthy step time of the model job (s)

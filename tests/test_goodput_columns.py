@@ -1,4 +1,4 @@
-"""The goodput ledger's per-group state in numpy columns (monitor/goodput.py) against the ledger
+"""The goodput ledger's per-group state in numpy columns (monitor/goodput/ledger.py) against the ledger
 it replaced (tests/support/goodput_reference.py: the per-group dict-and-deque ledger, verbatim),
 fed the same real views sweep after sweep: the same account of every sweep (SweepAccount, to
 the bit), the same ``to_json()`` (the ``GET /v1/goodput`` document), snapshot and stored rows.
@@ -20,11 +20,11 @@ from collections import deque
 import numpy as np
 import pytest
 
-from monitor import goodput
-from monitor.discovery import Target
-from monitor.goodput import GoodputConfig, GoodputLedger, snapshot_rows
-from monitor.poller import RankPoll
-from monitor.view import ViewBuilder
+from monitor.evidence.view import ViewBuilder
+from monitor.goodput import ledger as goodput
+from monitor.goodput.ledger import GoodputConfig, GoodputLedger, snapshot_rows
+from monitor.poll.discovery import Target
+from monitor.poll.poller import RankPoll
 from tests.support import goodput_reference as reference
 from tests.support.monitor_sim import rank_state
 

@@ -1,4 +1,4 @@
-"""The host ledger and quarantine policy (monitor/hosts.py) on plain inputs: a real SQLite store
+"""The host ledger and quarantine policy (monitor/act/hosts.py) on plain inputs: a real SQLite store
 in tmp_path, a fake clock, findings as the detectors emit them, and a recording sink (a fake:
 the real sinks are tested in test_hosts_sinks.py). Plus the routes through Flask's test client
 on a Monitor that polls nothing."""
@@ -12,9 +12,10 @@ from types import SimpleNamespace as NS
 
 import pytest
 
+from monitor.act.hosts import HostLedger, culprit_hosts
+from monitor.act.sinks import ActionResult
 from monitor.config import ConfigError, MonitorConfig, QuarantineConfig, RailsConfig
-from monitor.hosts import HostLedger, culprit_hosts
-from monitor.sinks import ActionResult
+from monitor.service import check_config
 from monitor.store import Store
 from worker_server.state import RankIdentity, RankState, rank_device
 
@@ -246,7 +247,7 @@ def test_config_validation():
     with pytest.raises(ConfigError, match="max-quarantined"):
         QuarantineConfig(max_quarantined=2.5).validate()
     with pytest.raises(ConfigError, match="expected k8s"):
-        QuarantineConfig(actions=("ftp:x",)).validate()
+        check_config(MonitorConfig(quarantine=QuarantineConfig(actions=("ftp:x",))))
     with pytest.raises(ConfigError, match="secret"):
         QuarantineConfig(actions=("webhook:http://127.0.0.1:1/",)).validate()
     QuarantineConfig(actions=("slurm", "exec:/bin/true --x", "webhook:https://x/"),
@@ -286,7 +287,7 @@ def test_rank_device_cpu_and_cuda_from_a_stand_in_module(monkeypatch):
 
 
 def test_routes_hosts_and_release(tmp_path):
-    from monitor.app import create_app
+    from monitor.api.app import create_app
     from monitor.service import Monitor
     clock = Clock()
     cfg = MonitorConfig(state_path=str(tmp_path / "m.sqlite"), token="tok", port=0,

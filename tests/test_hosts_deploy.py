@@ -1,7 +1,7 @@
 """deploy/kubernetes/quarantine/ (the opt-in component for ``--action k8s``) rendered into both
 example overlays with kustomize: the monitor runs as the component's ServiceAccount with its
 token mounted and ``--action=k8s``, which the monitor's parser accepts; the RBAC grants exactly
-the requests the Kubernetes sink makes (monitor/sinks/kubernetes.py), bound in the job's
+the requests the Kubernetes sink makes (monitor/act/sinks/kubernetes.py), bound in the job's
 namespace. Skipped without kustomize (kustomize, or kubectl >= 1.21) outside CI."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from monitor.act.sinks.kubernetes import RBAC_CLUSTER, RBAC_NAMESPACE
 from monitor.cli import add_arguments, config_from_args
-from monitor.sinks.kubernetes import RBAC_CLUSTER, RBAC_NAMESPACE
 from tests.conftest import IN_CI
 
 KDIR = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"

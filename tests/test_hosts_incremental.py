@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 
+from monitor.act.hosts import HostLedger
 from monitor.config import QuarantineConfig
-from monitor.discovery import Target
-from monitor.hosts import HostLedger
-from monitor.poller import RankPoll
+from monitor.evidence.view import ViewBuilder
+from monitor.poll.discovery import Target
+from monitor.poll.poller import RankPoll
 from monitor.store import Store
-from monitor.view import ViewBuilder
 from tests.support.monitor_sim import rank_state
 
 T0 = 1000.0

@@ -8,7 +8,8 @@ Every import counts: at module level, inside functions and under ``TYPE_CHECKING
 - ``worker_server`` imports neither ``monitor`` nor ``trainer`` (ranks know nothing of their
   readers); ``monitor`` imports neither ``worker_server`` nor ``trainer`` (it reads ranks over
   HTTP only);
-- the modules of ``monitor`` import each other one way: no cycle.
+- the modules of ``monitor`` import each other one way: no cycle;
+- ``monitor``'s stages import only the stages before them, as the data flows (MONITOR_STAGES).
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ def test_the_application_package_uses_the_libraries():
     graph = import_graph()
     assert {"dashboards.promconfig", "trainer.faults"} <= graph["lightkeeper.demo"]
     assert "http_serving" in graph["monitor.service"]
-    assert "monitor.app" in graph["monitor.service"]
+    assert "monitor.api.app" in graph["monitor.service"]
 
 
 @pytest.mark.parametrize("source,module,expected", [
@@ -153,13 +154,73 @@ def test_the_application_package_uses_the_libraries():
      ["monitor.cli imports worker_server"]),
     ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import trainer.loop",
      "monitor.app", ["monitor.app imports trainer.loop"]),
-    ("from monitor import view", "http_serving.wsgi", ["http_serving.wsgi imports monitor.view"]),
+    ("from monitor.evidence import view", "http_serving.wsgi",
+     ["http_serving.wsgi imports monitor.evidence.view"]),
     ("import monitor.view", "lightkeeper.demo", []),
 ])
 def test_the_rules_catch_a_violation(source, module, expected):
     known = set(project_modules())
     graph = {module: imported_modules(source, module, False, known)}
     assert violations(graph) == expected
+
+
+# monitor's stages in the order the data flows: a module may import its own stage and the stages
+# before it, never one after it. The base (config dataclasses, the SQLite store, the Flight
+# Recorder engine that `lightkeeper analyze` also runs alone) is below every stage; the loop
+# (service), what it plans from the last sweep (schedule), sharding and the CLI wire them all.
+MONITOR_STAGES: list[tuple[str, ...]] = [
+    ("monitor.config", "monitor.store", "monitor.analysis"),
+    ("monitor.poll",),
+    ("monitor.evidence",),
+    ("monitor.detect",),
+    ("monitor.act",),
+    ("monitor.goodput",),
+    ("monitor.api",),
+    ("monitor", "monitor.schedule", "monitor.shard", "monitor.service", "monitor.cli"),
+]
+
+
+def stage_of(module: str) -> int | None:
+    best = None
+    for i, prefixes in enumerate(MONITOR_STAGES):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and (best is None or len(p) > best[1]):
+                best = (i, len(p))
+    return best[0] if best else None
+
+
+def stage_violations(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for mod, imports in sorted(graph.items()):
+        here = stage_of(mod) if mod.startswith("monitor") else None
+        if here is None:
+            continue
+        for imp in sorted(imports):
+            there = stage_of(imp) if imp.startswith("monitor") else None
+            if there is not None and there > here:
+                out.append(f"{mod} imports {imp}")
+    return out
+
+
+def test_every_monitor_module_has_a_stage():
+    missing = [m for m in import_graph() if m.startswith("monitor") and stage_of(m) is None]
+    assert missing == []
+    assert all(stage_of(m) != len(MONITOR_STAGES) - 1 or m.count(".") <= 1
+               for m in import_graph() if m.startswith("monitor"))
+
+
+def test_monitor_stages_import_only_earlier_stages():
+    assert stage_violations(import_graph()) == []
+
+
+def test_the_stage_check_catches_a_backward_import():
+    known = set(project_modules())
+    graph = {"monitor.poll.poller": imported_modules("from ..detect import detectors",
+                                                     "monitor.poll.poller", False, known),
+             "monitor.detect.detectors": imported_modules("from ..poll import poller",
+                                                          "monitor.detect.detectors", False,
+                                                          known)}
+    assert stage_violations(graph) == ["monitor.poll.poller imports monitor.detect.detectors"]
 
 
 def test_the_cycle_check_catches_a_cycle():

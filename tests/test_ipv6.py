@@ -13,9 +13,9 @@ import requests
 
 from http_serving import host_for_url, http_url, split_host_port
 from lightkeeper.cluster import free_port, wait_until
-from monitor.admission import AllowList
-from monitor.discovery import BadTarget, normalize_url
-from monitor.poller import _split
+from monitor.poll.admission import AllowList
+from monitor.poll.discovery import BadTarget, normalize_url
+from monitor.poll.poller import _split
 
 
 @pytest.mark.parametrize(("host", "shown"), [
@@ -116,7 +116,8 @@ def test_rank_and_monitor_serve_register_and_poll_on_ipv6_loopback(tmp_path):
 
 def test_an_unbracketed_ipv6_static_target_is_a_config_error_not_a_crash():
     from monitor.config import ConfigError, MonitorConfig
+    from monitor.service import check_config
 
     with pytest.raises(ConfigError, match="needs brackets"):
-        MonitorConfig(targets=["::1:9000"]).validate()
-    MonitorConfig(targets=["[::1]:9000"]).validate()
+        check_config(MonitorConfig(targets=["::1:9000"]))
+    check_config(MonitorConfig(targets=["[::1]:9000"]))

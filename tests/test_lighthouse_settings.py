@@ -1,4 +1,4 @@
-"""The slow-Lighthouse warning (monitor/lighthouse_settings.py): the decision on plain inputs,
+"""The slow-Lighthouse warning (monitor/evidence/lighthouse_settings.py): the decision on plain inputs,
 the evidence read from Lighthouse /status snapshots, and the log line and gauges a Monitor
 publishes. No processes: the Lighthouse's page is given as parsed snapshots (the parser has
 its own tests), the Monitor's Lighthouse is a closed port (status unreadable)."""
@@ -11,14 +11,14 @@ import pytest
 from prometheus_client import generate_latest
 
 from monitor.config import ConfigError, MonitorConfig
-from monitor.lighthouse_settings import (
+from monitor.evidence.lighthouse_settings import (
     RELOG_S,
     SETTINGS,
     Evidence,
     LighthouseSettingsWatch,
     assess,
 )
-from monitor.lighthouse_status import LighthouseStatus
+from monitor.evidence.lighthouse_status import LighthouseStatus
 from monitor.service import Monitor
 
 
@@ -92,7 +92,7 @@ def test_watch_measures_each_kill_until_the_group_leaves_the_quorum():
 
 def test_watch_logs_once_then_again_after_relog_and_when_cleared(caplog):
     w = LighthouseSettingsWatch(declared_heartbeat_ms=5000)
-    caplog.set_level(logging.INFO, logger="monitor.lighthouse_settings")
+    caplog.set_level(logging.INFO, logger="monitor.evidence.lighthouse_settings")
     for t in range(10):
         w.observe(None, now=float(t))
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -113,7 +113,7 @@ def test_bad_declared_value_is_a_config_error(tmp_path):
 
 
 def test_monitor_publishes_the_warning_and_logs_it(tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="monitor.lighthouse_settings")
+    caplog.set_level(logging.WARNING, logger="monitor.evidence.lighthouse_settings")
     # the Lighthouse is a closed port: its status cannot be read, the declared value stands
     cfg = MonitorConfig(port=0, lighthouse="http://127.0.0.1:9", state_path=str(tmp_path / "s.db"),
                         lighthouse_heartbeat_timeout_ms=5000, lighthouse_timeout_s=0.2)

@@ -19,11 +19,16 @@ import pytest
 
 from monitor.analysis import RankTrace, analyze
 from monitor.config import DetectorConfig
-from monitor.detectors import Detectors, departs_from_step_pattern, is_late_window, straggler_lags
-from monitor.discovery import Target
-from monitor.packed_state import pack_state
-from monitor.poller import RankPoll
-from monitor.view import ClusterView, ViewBuilder
+from monitor.detect.detectors import (
+    Detectors,
+    departs_from_step_pattern,
+    is_late_window,
+    straggler_lags,
+)
+from monitor.evidence.view import ClusterView, ViewBuilder
+from monitor.poll.discovery import Target
+from monitor.poll.packed_state import pack_state
+from monitor.poll.poller import RankPoll
 from tests.support.frgen import FRJob
 from tests.support.monitor_sim import rank_state
 
@@ -573,7 +578,7 @@ def test_timing_rows_keep_valid_rows_and_leave_out_the_rest():
     dict. Kept packed, the same rows."""
     from types import MappingProxyType
 
-    from monitor.detectors import _ROW, timing_rows
+    from monitor.detect.detectors import _ROW, timing_rows
     full = {"step_s": 1.0, "compute_s": 0.5, "wait_cross_s": 0.25, "wait_group_s": 0.125}
     values = (1.0, 0.5, 0.25, 0.125)
     rows = [{"step": 1, **full}, {"step": 2, **{k: v for k, v in full.items() if k != "compute_s"}},
@@ -588,7 +593,7 @@ def test_timing_rows_keep_valid_rows_and_leave_out_the_rest():
     # as the detectors keep them: the same seconds packed in one object
     packed = timing_rows({"timing": {"recent": rows}}, packed=True)
     assert [(s, _ROW.unpack(b)) for s, b in packed] == got
-    # as the poller keeps an answer (monitor/packed_state.py): the same rows either way
+    # as the poller keeps an answer (monitor/poll/packed_state.py): the same rows either way
     kept = pack_state({"timing": {"recent": list(rows)}})
     assert type(kept["timing"]["recent"]) is bytes
     assert timing_rows(kept) == got
@@ -605,7 +610,7 @@ def test_timing_rows_read_back_to_the_newest_folded_step():
     order loses its own rows older than a folded one, not more."""
     from types import MappingProxyType
 
-    from monitor.detectors import STEP_MEMORY, timing_rows
+    from monitor.detect.detectors import STEP_MEMORY, timing_rows
     rng = random.Random(3)
 
     def row(step):
@@ -637,7 +642,7 @@ def test_timing_rows_read_back_to_the_newest_folded_step():
                 every, newest = {}, {}  # a new incarnation: memory from scratch
             fold(every, [(s, v) for s, v in timing_rows(state) if s not in every])
             got = timing_rows(state, newest)
-            # the answer as the poller keeps it reads the same (monitor/packed_state.py)
+            # the answer as the poller keeps it reads the same (monitor/poll/packed_state.py)
             kept = pack_state({"timing": {"recent": list(served)}})
             assert timing_rows(kept, newest) == got
             packed_read += type(kept["timing"]["recent"]) is bytes
@@ -881,8 +886,8 @@ def test_a_named_rank_is_placed_in_its_group_from_the_view_else_from_its_dump():
     """Detectors._rank_group: a rank named by a Flight Recorder finding is in the replica group
     its RankView says (a live process's, not its superseded predecessor's), and a rank the view
     has no answer from is in the group its dump claims; anything else is in none."""
-    from monitor.detectors import Detectors
-    from monitor.view import ClusterView, RankView
+    from monitor.detect.detectors import Detectors
+    from monitor.evidence.view import ClusterView, RankView
     from tests.support.monitor_sim import rank_state
 
     def rv(url, rank, group, reachable=True):

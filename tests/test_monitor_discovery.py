@@ -1,4 +1,4 @@
-"""Discovery's target list (monitor/discovery.py) is kept between sweeps and made again only
+"""Discovery's target list (monitor/poll/discovery.py) is kept between sweeps and made again only
 when a source changes: the same Target objects come back, so the view and the schedule, which
 tell unchanged targets by identity, keep their caches (docs/scaling.md)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 
-from monitor.discovery import Discovery
+from monitor.poll.discovery import Discovery
 
 
 def test_targets_are_kept_until_a_source_changes(tmp_path):

@@ -24,8 +24,8 @@ import pytest
 
 import tests.test_monitor_detectors as scenarios
 from monitor.config import MonitorConfig
+from monitor.evidence.view import ViewBuilder
 from monitor.service import FR_LAST, FR_LAST_LEADERS, Monitor
-from monitor.view import ViewBuilder
 from tests.support.monitor_sim import SimRanks, rank_state
 from worker_server.app import filter_fr_dump
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 import operator
 import random
 
-from monitor.discovery import Target
-from monitor.lighthouse_status import LighthouseStatus, QuorumMember
-from monitor.poller import RankPoll
-from monitor.verification import Verifier, verify, verify_ranks
-from monitor.view import ClusterView, RankView, ViewBuilder
+from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
+from monitor.evidence.verification import Verifier, verify, verify_ranks
+from monitor.evidence.view import ClusterView, RankView, ViewBuilder
+from monitor.poll.discovery import Target
+from monitor.poll.poller import RankPoll
 from tests.support.monitor_sim import rank_state
 
 GROUPS, SIZE = 6, 4
@@ -250,8 +250,8 @@ def test_step_times_and_their_median_are_the_general_paths():
     statistics.median give, odd lists included."""
     import statistics
 
-    from monitor.packed_state import pack_state
-    from monitor.view import RankView, _median
+    from monitor.evidence.view import RankView, _median
+    from monitor.poll.packed_state import pack_state
 
     nan, inf = float("nan"), float("inf")
     for vals in ([1.0, 2.0], [1.0, nan, 2.0], [nan, 1.0], [-0.5, 1.0], [1, 2.0], [True, 1.0],
@@ -260,7 +260,7 @@ def test_step_times_and_their_median_are_the_general_paths():
             if isinstance(vals or [], list) else []
         got = RankView("u", True, {"recent_step_seconds": vals}).recent_steps()
         assert repr(got) == repr(general), vals
-        # as the poller keeps an answer (monitor/packed_state.py): packed, the same floats
+        # as the poller keeps an answer (monitor/poll/packed_state.py): packed, the same floats
         kept = pack_state({"recent_step_seconds": vals})
         assert type(kept["recent_step_seconds"]) is (bytes if isinstance(vals, list) else
                                                      type(vals))
@@ -338,7 +338,7 @@ def test_rank_views_are_slotted_and_their_copies_carry_every_field():
     ranks); clone() copies every field, copy() every field but ``superseded``."""
     import dataclasses
 
-    from monitor.view import RankView
+    from monitor.evidence.view import RankView
 
     rv = RankView("u", True, {"recent_step_seconds": [1.0]}, reason="r", error="e",
                   failures=3, unreachable_since=1.0, last_ok_at=2.0, target=object(),

@@ -7,11 +7,11 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.discovery import Target
-from monitor.goodput import SweepAccount
-from monitor.metrics import MonitorMetrics
-from monitor.poller import RankPoll
-from monitor.view import ViewBuilder
+from monitor.api.metrics import MonitorMetrics
+from monitor.evidence.view import ViewBuilder
+from monitor.goodput.ledger import SweepAccount
+from monitor.poll.discovery import Target
+from monitor.poll.poller import RankPoll
 from tests.support.monitor_sim import rank_state
 
 T0 = 1_700_000_000.0

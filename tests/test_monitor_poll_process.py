@@ -1,4 +1,4 @@
-"""The poller in its own process (monitor/poll_process.py): the Poller's bounds hold in the
+"""The poller in its own process (monitor/poll/poll_process.py): the Poller's bounds hold in the
 child, its answers stream back while the sweep goes on, a child that dies fails that sweep's
 polls only, and no child outlives its monitor. Real processes, real HTTP on 127.0.0.1."""
 
@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from monitor.discovery import Target
-from monitor.poll_process import BATCH, ProcessPoller
-from monitor.view import ViewBuilder
+from monitor.evidence.view import ViewBuilder
+from monitor.poll.discovery import Target
+from monitor.poll.poll_process import BATCH, ProcessPoller
 from tests.support.monitor_sim import SimRanks
 from tests.test_monitor_trust import hostile_sim  # noqa: F401 (a fixture)
 from tests.test_monitor_trust import test_poller_bounds_every_answer as bounds_checked
@@ -47,7 +47,7 @@ def test_every_bound_holds_in_the_child(hostile_sim, monkeypatch, event_loop):  
     long headers, deep JSON, garbage) and per-sweep body bound, with the poller in its own
     process: the same reasons and words, within the same timeout; on the child's default loop
     (uvloop where installed) and on the stdlib's."""
-    import monitor.poller
+    import monitor.poll.poller
 
     made = []
 
@@ -58,7 +58,7 @@ def test_every_bound_holds_in_the_child(hostile_sim, monkeypatch, event_loop):  
             # the child up (on a loaded box its start alone can outlast that test's 1.5 s)
             assert self.sweep([hostile_sim.ranks[0].url])[hostile_sim.ranks[0].url].ok
 
-    monkeypatch.setattr(monitor.poller, "Poller", Recorded)  # what that test builds
+    monkeypatch.setattr(monitor.poll.poller, "Poller", Recorded)  # what that test builds
     bounds_checked(hostile_sim)
     assert len(made) == 1 and made[0].restarts == 0
 
@@ -148,7 +148,7 @@ def test_no_child_outlives_a_killed_monitor():
     """The monitor's process killed outright (no close): its child reads the end of its pipe
     and exits."""
     code = ("import sys, time\n"
-            "from monitor.poll_process import ProcessPoller\n"
+            "from monitor.poll.poll_process import ProcessPoller\n"
             "p = ProcessPoller(timeout_s=1.0)\n"
             "print(p.pid, flush=True)\n"
             "time.sleep(60)\n")

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from monitor.discovery import Target
-from monitor.packed_state import TIMING_ROW
-from monitor.poll_process import ProcessPoller
-from monitor.poller import Poller
-from monitor.view import ViewBuilder
+from monitor.evidence.view import ViewBuilder
+from monitor.poll.discovery import Target
+from monitor.poll.packed_state import TIMING_ROW
+from monitor.poll.poll_process import ProcessPoller
+from monitor.poll.poller import Poller
 from tests.support.monitor_sim import SimRanks
 
 
@@ -24,9 +24,9 @@ def sim():
     s.stop()
 
 
-# the Poller on its thread, and in its own process (monitor/poll_process.py): the same
+# the Poller on its thread, and in its own process (monitor/poll/poll_process.py): the same
 # answers, failures and bounds; the child on its default loop (uvloop where installed:
-# monitor/poller.py new_event_loop) and on the stdlib's, as without uvloop
+# monitor/poll/poller.py new_event_loop) and on the stdlib's, as without uvloop
 POLLERS = {"thread": Poller, "process": ProcessPoller,
            "process-asyncio": functools.partial(ProcessPoller, event_loop="asyncio")}
 
@@ -156,7 +156,7 @@ def test_ranks_behind_one_address_are_polled_under_their_path_prefix():
     import asyncio
     import threading
 
-    from monitor.discovery import normalize_url
+    from monitor.poll.discovery import normalize_url
     from tests.support.virtual_ranks import VirtualRanks
 
     loop = asyncio.new_event_loop()
@@ -281,7 +281,7 @@ def test_a_sweep_leaves_no_reference_cycles(sim, poller):
     poller's objects or answers."""
     import gc
 
-    import monitor.poller as poller_module
+    import monitor.poll.poller as poller_module
 
     poller.sweep(sim.urls)  # warm: connections pooled, caches filled
     gc.collect()
@@ -307,7 +307,7 @@ def test_a_sweep_leaves_no_reference_cycles(sim, poller):
 
 
 def test_answers_handed_on_as_they_come_are_not_kept(sim):
-    """The poller process's use (monitor/poll_process.py): each poll goes to on_answer once,
+    """The poller process's use (monitor/poll/poll_process.py): each poll goes to on_answer once,
     raw answers unparsed, and the sweep keeps none of them."""
     p = Poller(timeout_s=0.5)
     try:
@@ -323,7 +323,7 @@ def test_answers_handed_on_as_they_come_are_not_kept(sim):
 
 
 def test_answers_handed_on_as_rows_in_batches(sim):
-    """The poller process's wire format (monitor/poll_process.py): each target once, as a row
+    """The poller process's wire format (monitor/poll/poll_process.py): each target once, as a row
     naming its place in the URLs, in batches of per_batch and a shorter last one; a failure
     row has the reason and error a RankPoll would."""
     p = Poller(timeout_s=0.5)
@@ -351,7 +351,7 @@ def test_event_loop_choice_falls_back_without_uvloop(monkeypatch):
     loop; asking for uvloop where it is missing says so; an unknown loop is refused."""
     import sys
 
-    from monitor.poller import new_event_loop
+    from monitor.poll.poller import new_event_loop
 
     if importlib.util.find_spec("uvloop") is not None:
         loop = new_event_loop("auto")

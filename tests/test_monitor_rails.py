@@ -7,9 +7,9 @@ import os
 
 import pytest
 
+from monitor.act.decisions import Situation, decide
 from monitor.config import ConfigError, MonitorConfig, RailsConfig
-from monitor.decisions import Situation, decide
-from monitor.discovery import BadTarget, Discovery, normalize_url
+from monitor.poll.discovery import BadTarget, Discovery, normalize_url
 from monitor.store import Store
 
 RID = "replica_group_1:abc"

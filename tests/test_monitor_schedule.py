@@ -14,11 +14,11 @@ import statistics
 import pytest
 
 from monitor.config import DetectorConfig
-from monitor.detectors import Detectors
-from monitor.discovery import Target
-from monitor.poller import RankPoll
+from monitor.detect.detectors import Detectors
+from monitor.evidence.view import ViewBuilder
+from monitor.poll.discovery import Target
+from monitor.poll.poller import RankPoll
 from monitor.schedule import LeaderSchedule
-from monitor.view import ViewBuilder
 from tests.support.monitor_sim import rank_state
 from tests.test_monitor_detectors import IN_GROUP_STEP, T0, Job
 

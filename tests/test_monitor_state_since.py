@@ -22,8 +22,8 @@ import types
 import pytest
 
 from monitor.config import DetectorConfig, MonitorConfig
-from monitor.detectors import WINDOW_SLACK_STEPS
-from monitor.poller import judge_body
+from monitor.detect.detectors import WINDOW_SLACK_STEPS
+from monitor.poll.poller import judge_body
 from monitor.service import Monitor
 from tests.support import virtual_ranks
 from tests.support.virtual_ranks import VirtualRanks

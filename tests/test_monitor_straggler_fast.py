@@ -15,9 +15,9 @@ import random
 import pytest
 
 from monitor.config import DetectorConfig
-from monitor.detectors import Detectors
-from monitor.poller import RankPoll
-from monitor.verification import Trust
+from monitor.detect.detectors import Detectors
+from monitor.evidence.verification import Trust
+from monitor.poll.poller import RankPoll
 from tests.test_monitor_detectors import T0, Job
 
 TRUSTED = Trust("verified", "ok", "", True)

@@ -257,7 +257,7 @@ def test_register_token_alone_admits_registrations_and_leaves_eviction_off(tmp_p
 
 
 def test_token_warning_says_when_pods_hold_the_admin_token():
-    from monitor.admission import token_warning
+    from monitor.poll.admission import token_warning
 
     assert "--register-token" in token_warning(None, TOKEN)
     assert "equals" in token_warning(TOKEN, TOKEN)
@@ -330,7 +330,7 @@ def test_worker_registers_with_the_register_token_from_its_environment(tmp_path,
 
 def test_allow_targets_networks_names_and_patterns():
     """The rule itself, with a stand-in resolver (no DNS server to control here)."""
-    from monitor.admission import AllowList, NotAllowed
+    from monitor.poll.admission import AllowList, NotAllowed
 
     dns = {"rank-1.train.example": ["10.0.0.5"], "evil.train.example": ["169.254.169.254"],
            "split.train.example": ["10.0.0.6", "127.0.0.1"], "trainer-a": ["172.16.0.9"],
@@ -431,7 +431,7 @@ def hostile_sim():
 
 
 def test_poller_bounds_every_answer(hostile_sim):
-    from monitor.poller import Poller
+    from monitor.poll.poller import Poller
 
     sim = hostile_sim
     p = Poller(timeout_s=1.0, max_bytes=64 * 1024)
@@ -481,7 +481,7 @@ def test_monitor_keeps_sweeping_past_misbehaving_ranks(tmp_path, hostile_sim):
 # --- verification against a real Lighthouse ---------------------------------------------------
 def test_lighthouse_status_page_is_parsed_and_other_shapes_are_refused():
     """The page of a real torchft Lighthouse that simulated groups joined for real."""
-    from monitor.lighthouse_status import StatusFormatError, parse_status
+    from monitor.evidence.lighthouse_status import StatusFormatError, parse_status
     from tests.support.monitor_sim import SimJob
 
     job = SimJob(2, ranks_per_group=2)

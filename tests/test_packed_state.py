@@ -1,4 +1,4 @@
-"""A ``/v1/state`` answer as the monitor keeps it (monitor/packed_state.py): its timing rows and
+"""A ``/v1/state`` answer as the monitor keeps it (monitor/poll/packed_state.py): its timing rows and
 step times packed into bytes by the poller, read by the detectors and the view exactly as the
 answer served. The in-thread poller and the poller process's reader pack the same. A rank asked
 ``?packed=1`` (worker_server/packed.py) serves them packed, and the monitor keeps the same bytes;
@@ -16,11 +16,11 @@ import time
 import pytest
 
 from monitor.config import DetectorConfig
-from monitor.detectors import Detectors, timing_rows
-from monitor.packed_state import PACKED_FORMAT, TIMING_KEYS, TIMING_ROW, pack_state
-from monitor.poll_process import ProcessPoller
-from monitor.poller import STATE_PATH, Poller, judge_body
-from monitor.view import RankView
+from monitor.detect.detectors import Detectors, timing_rows
+from monitor.evidence.view import RankView
+from monitor.poll.packed_state import PACKED_FORMAT, TIMING_KEYS, TIMING_ROW, pack_state
+from monitor.poll.poll_process import ProcessPoller
+from monitor.poll.poller import STATE_PATH, Poller, judge_body
 from tests.support.monitor_sim import SimRanks
 from tests.support.virtual_ranks import VirtualRanks
 from worker_server import RankIdentity, RankState, WorkerServer

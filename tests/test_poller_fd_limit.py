@@ -1,4 +1,4 @@
-"""The poller under a file descriptor limit (monitor/fd_budget.py): every rank still answers.
+"""The poller under a file descriptor limit (monitor/poll/fd_budget.py): every rank still answers.
 
 Each case runs a real Poller in a child process whose ``RLIMIT_NOFILE`` is set low (soft and
 hard, so it cannot be raised) and polls real ranks (tests/support/monitor_sim.py, each on its
@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from monitor import fd_budget
+from monitor.poll import fd_budget
 from tests.support.monitor_sim import SimRanks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the child: a Poller under the limit its parent set, sweeping as told; prints what it saw
 CHILD = r"""
 import json, os, resource, sys
-from monitor.poller import Poller
+from monitor.poll.poller import Poller
 plan = json.loads(sys.argv[1])
 p = Poller(timeout_s=10.0, max_concurrency=plan["concurrency"], max_idle=plan["max_idle"])
 out = {"limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
@@ -110,7 +110,7 @@ def test_no_descriptor_and_nothing_idle_is_an_error_that_names_the_limit(ranks):
 
 def test_the_soft_limit_is_raised_to_the_hard_one():
     """A Poller raises its process's soft limit to the hard limit (never above, never down)."""
-    script = ("import resource; from monitor.poller import Poller; p = Poller(); "
+    script = ("import resource; from monitor.poll.poller import Poller; p = Poller(); "
               "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], p.fd_limit); p.close()")
     got = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                          text=True, timeout=60,
@@ -165,10 +165,10 @@ def test_a_poll_the_monitor_could_not_make_is_no_evidence():
     counted, never ``dead`` however many sweeps it lasts; the first real failure counts. Both
     ways of building the view (from the last one, and afresh) agree."""
     from monitor.config import DetectorConfig
-    from monitor.detectors import Detectors
-    from monitor.discovery import Target
-    from monitor.poller import REASONS, RankPoll
-    from monitor.view import ViewBuilder
+    from monitor.detect.detectors import Detectors
+    from monitor.evidence.view import ViewBuilder
+    from monitor.poll.discovery import Target
+    from monitor.poll.poller import REASONS, RankPoll
     from tests.support.monitor_sim import rank_state
 
     assert "monitor" in REASONS

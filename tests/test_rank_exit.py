@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from lightkeeper.cluster import stop_process, wait_until
-from monitor.actions import Orphans, RankExits
+from monitor.act.actions import Orphans, RankExits
 from worker_server.app import create_app
 from worker_server.state import RankIdentity, RankState
 

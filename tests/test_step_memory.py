@@ -1,4 +1,4 @@
-"""monitor/step_memory.py: the detectors' per-rank step timings in columns, against a plain dict
+"""monitor/detect/step_memory.py: the detectors' per-rank step timings in columns, against a plain dict
 memory folded row by row from what the ranks served (the way the detectors kept them before)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import struct
 import numpy as np
 import pytest
 
-from monitor.detectors import timing_rows
-from monitor.packed_state import TIMING_ROW, pack_state
-from monitor.step_memory import NONE, StepMemory
+from monitor.detect.detectors import timing_rows
+from monitor.detect.step_memory import NONE, StepMemory
+from monitor.poll.packed_state import TIMING_ROW, pack_state
 
 
 def served_row(rng: random.Random, step: int) -> dict:
@@ -28,7 +28,7 @@ def served_row(rng: random.Random, step: int) -> dict:
 
 
 def packed(rows: list[dict]) -> bytes:
-    """The rows as the poller keeps an answer (monitor/packed_state.py)."""
+    """The rows as the poller keeps an answer (monitor/poll/packed_state.py)."""
     return pack_state({"timing": {"recent": rows}})["timing"]["recent"]
 
 

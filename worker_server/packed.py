@@ -5,7 +5,7 @@ A rank's answer carries two lists of numbers a monitor reads only in bulk: ``tim
 ranks one monitor parses ~15,000 answers a second, and these lists are most of each answer's
 JSON values (docs/scaling.md). Asked ``?packed=1``, the WorkerServer serves each as one base64
 string of fixed-size little-endian records, which a JSON parser reads as one string and the
-monitor turns into bytes in one call (monitor/packed_state.py); the answer then says
+monitor turns into bytes in one call (monitor/poll/packed_state.py); the answer then says
 ``"packed": 1`` (this format). Everything else in the answer is as served without it, and a
 rank that does not know the parameter (an older WorkerServer) ignores it and serves the lists.
 

@@ -1,9 +1,9 @@
 """The goodput ledger as it was before its per-group state became numpy columns: the reference
 tests/test_goodput_columns.py compares the columnar ledger with, sweep after sweep.
-``GoodputLedger``, ``_Group``, ``_rank_counts`` and ``_cum_at`` are monitor/goodput.py's at
+``GoodputLedger``, ``_Group``, ``_rank_counts`` and ``_cum_at`` are monitor/goodput/ledger.py's at
 e1d5fb6, verbatim; the dataclasses, constants and value helpers the change left alone are
-imported from monitor/goodput.py. Not used by the monitor; do not change the ledger here to
-follow monitor/goodput.py (that is what the test checks)."""
+imported from monitor/goodput/ledger.py. Not used by the monitor; do not change the ledger here to
+follow monitor/goodput/ledger.py (that is what the test checks)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from itertools import compress
 from operator import is_not
 from typing import Any
 
-from monitor.goodput import (  # the data and helpers the columns did not change
+from monitor.evidence.view import ClusterView
+from monitor.goodput.ledger import (  # the data and helpers the columns did not change
     CAUSES,
     JOB_RESTART_STEPS,
     PENDING,
@@ -33,7 +34,6 @@ from monitor.goodput import (  # the data and helpers the columns did not change
     _pace,
     _trim,
 )
-from monitor.view import ClusterView
 
 __all__ = ["CAUSES", "GoodputConfig", "GoodputError", "GoodputLedger", "SweepAccount"]
 

@@ -46,7 +46,7 @@ import sys
 import time
 from urllib.parse import parse_qs
 
-from monitor.poller import EVENT_LOOPS, new_event_loop
+from monitor.poll.poller import EVENT_LOOPS, new_event_loop
 from tests.support.frgen import FRJob
 from tests.support.monitor_sim import rank_state
 from worker_server.app import BOOL_WORDS, MAX_RECENT, filter_fr_dump

@@ -24,12 +24,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException
 
 from http_serving import bearer_token_matches
+from monitor.config import MonitorConfig
+from monitor.poll.admission import NotAllowed, Unauthorized
+from monitor.poll.discovery import BadTarget, Discovery, Target, TooManyTargets
+from monitor.store import Store
 
-from .admission import NotAllowed, Unauthorized
-from .config import MonitorConfig
-from .discovery import BadTarget, Discovery, Target, TooManyTargets
 from .metrics import MonitorMetrics
-from .store import Store
 
 MAX_BODY = 64 * 1024  # a registration or an eviction request is a few hundred bytes
 

@@ -1,7 +1,7 @@
 """The per-step timings the detectors remember of each rank, kept in columns.
 
 A rank serves its last 16 steps' timing rows (``timing.recent``: the step and four seconds,
-``monitor/packed_state.py``); the straggler detector compares the groups over the newest steps
+``monitor/poll/packed_state.py``); the straggler detector compares the groups over the newest steps
 every rank polled this sweep has. :class:`StepMemory` keeps, per rank URL, the rows of its
 newest ``depth`` steps (the steps ``newest - depth + 1 .. newest``, ``newest`` the newest step
 folded) in two numpy arrays, a slot per rank: the step in ``depth`` places (a step in place
@@ -17,7 +17,7 @@ arrays (docs/scaling.md, seventeenth round).
 What is folded, per answer: the rows newer than the newest step folded for the rank (a rank
 asked ``?since=N`` serves only those; one that serves every row has the older ones skipped),
 whose four seconds are finite and >= 0 (a malformed row is left out, as
-``monitor.detectors.timing_rows`` leaves it out). Rows older than the new newest step less
+``monitor.detect.detectors.timing_rows`` leaves it out). Rows older than the new newest step less
 ``depth`` are dropped. A rank whose replica id changed starts from nothing. Nothing here raises
 on what a rank served.
 """
@@ -28,7 +28,7 @@ from collections.abc import Container
 
 import numpy as np
 
-from .packed_state import TIMING_KEYS, TIMING_ROW
+from monitor.poll.packed_state import TIMING_KEYS, TIMING_ROW
 
 NONE = np.iinfo(np.int64).min  # no step (a free place, a rank with nothing folded)
 

@@ -22,10 +22,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .goodput import CAUSES, SweepAccount
-from .lighthouse_settings import SETTINGS
-from .poller import REASONS as POLL_REASONS
-from .view import ClusterView
+from monitor.evidence.lighthouse_settings import SETTINGS
+from monitor.evidence.view import ClusterView
+from monitor.goodput.ledger import CAUSES, SweepAccount
+from monitor.poll.poller import REASONS as POLL_REASONS
 
 SWEEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 

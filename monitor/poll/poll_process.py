@@ -2,17 +2,17 @@
 
 At 100,000 ranks the poller's thread spent ~0.43 s of CPU a leader sweep (~28 us a request) in
 the monitor's process, under its GIL, while the sweep waited for it (docs/scaling.md). A
-:class:`ProcessPoller` has the same calls as :class:`monitor.poller.Poller` (``sweep``,
+:class:`ProcessPoller` has the same calls as :class:`monitor.poll.poller.Poller` (``sweep``,
 ``close``, ``max_idle``) and runs that same Poller in a child process (``python -m
-monitor.poll_process``), so every bound the Poller promises (the body by ``max_bytes``, the
+monitor.poll.poll_process``), so every bound the Poller promises (the body by ``max_bytes``, the
 status line and headers by ``MAX_HEAD`` bytes and ``MAX_HEADERS`` lines, each request by its
 timeout, ``max_concurrency`` requests at once, the targets it is given and no others) holds
 there unchanged. What comes back is each answer's raw body, in batches of :data:`BATCH` polls
 as they finish (msgpack over the child's stdout); a thread of the monitor's queues them and
 :meth:`PollHandle.result` parses the JSON with the Poller's own
-:func:`~monitor.poller.judge_body` (msgspec: ~3-7 us an answer, making the document's Python
+:func:`~monitor.poll.poller.judge_body` (msgspec: ~3-7 us an answer, making the document's Python
 objects; the same in msgpack; a ``/v1/state`` answer's number lists packed,
-monitor/packed_state.py) while the child is still asking the rest. Parsed and packed in the
+monitor/poll/packed_state.py) while the child is still asking the rest. Parsed and packed in the
 child instead, the monitor's thread spent up to 27 % less CPU a sweep, but the child's ~0.2 s more
 lengthened the sweep on a 2-core box (docs/scaling.md, round 14).
 
@@ -99,7 +99,7 @@ class PollHandle:
     def __init__(self, urls: list[str], bound_s: float, child: _Child | None,
                  state: bool = False) -> None:
         self.urls = urls
-        self.state = state  # polls of STATE_PATH: kept packed (monitor/packed_state.py)
+        self.state = state  # polls of STATE_PATH: kept packed (monitor/poll/packed_state.py)
         self.results: dict[str, RankPoll] = {}
         self.batches: queue.SimpleQueue[list | None] = queue.SimpleQueue()
         self.received = 0  # polls the reader has queued
@@ -162,7 +162,7 @@ class _Child:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
         # run from the package's own root: `python -m` looks in its working folder first, and
         # the monitor's may hold another `monitor` package
-        self.proc = subprocess.Popen([sys.executable, "-m", "monitor.poll_process", *args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "monitor.poll.poll_process", *args],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                      cwd=_ROOT)
         self.pending: dict[int, PollHandle] = {}
@@ -215,7 +215,7 @@ class _Child:
 
 
 class ProcessPoller:
-    """:class:`~monitor.poller.Poller`'s calls, the polling in a child process; see the module
+    """:class:`~monitor.poll.poller.Poller`'s calls, the polling in a child process; see the module
     docstring."""
 
     def __init__(self, timeout_s: float = 0.8, max_concurrency: int = 1024,

@@ -77,19 +77,20 @@ from typing import Any
 
 import numpy as np
 
-from .analysis import GroupKey, RankTrace, analyze, normalize_dumps
-from .config import DetectorConfig
-from .packed_state import TIMING_KEYS, TIMING_ROW
+from monitor.analysis import GroupKey, RankTrace, analyze, normalize_dumps
+from monitor.config import DetectorConfig
+from monitor.evidence.view import STEP_TIMES_READ, ClusterView, GroupView, RankView
+from monitor.poll.packed_state import TIMING_KEYS, TIMING_ROW
+
 from .step_memory import StepMemory
-from .view import STEP_TIMES_READ, ClusterView, GroupView, RankView
 
 log = logging.getLogger(__name__)
 
 Analyzer = Callable[[Mapping[int, RankTrace]], Any]  # normalized traces -> result with .findings
 KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting",
-         "quarantined_host")  # the last one is opened by monitor.hosts through report()
+         "quarantined_host")  # the last one is opened by monitor.act.hosts through report()
 # what every /v1/state is asked for: the step times the view reads, and the two number lists
-# packed (worker_server/packed.py: ~5 us less per answer to read, monitor/packed_state.py)
+# packed (worker_server/packed.py: ~5 us less per answer to read, monitor/poll/packed_state.py)
 STATE_ASK = f"recent={STEP_TIMES_READ}&packed=1"
 # the query of a rank whose rows the detectors hold none of, nor its group's: every timing row
 # it serves (Detectors.state_queries)
@@ -107,7 +108,7 @@ _TIMING_VALUES = itemgetter(*TIMING_KEYS)  # a served row's four seconds, in TIM
 # straggler reads ~21,000 ranks' window rows a sweep at 100,000 ranks, and four float objects
 # a row, each allocated apart when its answer was parsed, cost a cache miss each to reach
 _ROW = struct.Struct(f"<{len(TIMING_KEYS)}d")
-# a packed served row is its step and then a _ROW (monitor/packed_state.py)
+# a packed served row is its step and then a _ROW (monitor/poll/packed_state.py)
 _PACKED_ROW, _PACKED_STEP = TIMING_ROW, struct.Struct("<q")
 
 
@@ -189,7 +190,7 @@ def timing_rows(state: Mapping[str, Any] | None, skip: Mapping[int, Any] | tuple
     if type(timing) is not dict and not isinstance(timing, Mapping):
         return []
     rows = timing.get("recent")
-    if type(rows) is bytes:  # packed by the poller (monitor/packed_state.py)
+    if type(rows) is bytes:  # packed by the poller (monitor/poll/packed_state.py)
         return _packed_timing_rows(rows, skip, packed)
     if not isinstance(rows, list) or not rows:
         rows = [timing.get("last_step")]
@@ -212,7 +213,7 @@ def timing_rows(state: Mapping[str, Any] | None, skip: Mapping[int, Any] | tuple
         else:
             continue
         # an int step, not true/false (which JSON parses as bools, and bool is an int):
-        # the packer's rule too (monitor/packed_state.py), so both forms read the same rows
+        # the packer's rule too (monitor/poll/packed_state.py), so both forms read the same rows
         if (type(step) is not int and (not isinstance(step, int) or isinstance(step, bool))) \
                 or step in skip:
             continue
@@ -246,7 +247,7 @@ def timing_rows(state: Mapping[str, Any] | None, skip: Mapping[int, Any] | tuple
 
 def _packed_timing_rows(rows: bytes, skip: Mapping[int, Any] | tuple, packed: bool
                         ) -> list[tuple[int, Any]]:
-    """timing_rows of a packed ``timing.recent`` (monitor/packed_state.py): the same rows, read
+    """timing_rows of a packed ``timing.recent`` (monitor/poll/packed_state.py): the same rows, read
     back from the newest to the first folded step; a row whose seconds are not four finite
     numbers >= 0 (NaN: served malformed) is left out."""
     size, step_at, row_at = _PACKED_ROW.size, _PACKED_STEP.unpack_from, _PACKED_ROW.unpack_from
@@ -494,7 +495,7 @@ class Detectors:
         self._periodic_held: tuple[float, bool] | None = None  # (now, held) of that sweep
         self._longest_wait: tuple[float, float] | None = None  # (now, seconds): longest_wait
         # per rank URL: its replica id and its newest steps' timing rows, from the ranks' own
-        # timing (monitor/step_memory.py)
+        # timing (monitor/detect/step_memory.py)
         self._memory = StepMemory(STEP_MEMORY)
         self._since_queries: dict[int, str] = {}  # step -> "?since=<step>&..." (state_queries)
         # per replica group: (replica id, the newest step folded from any of its ranks)
@@ -529,7 +530,7 @@ class Detectors:
                       view: ClusterView | None = None) -> list[str]:
         """Per URL, the query its next ``/v1/state`` is asked with: ``?since=N&recent=16&packed=1``,
         N the newest step whose timing row is folded for it (the WorkerServer then serves only
-        the newer rows, monitor/poller.py's per-URL queries), or ``?recent=16&packed=1`` where
+        the newer rows, monitor/poll/poller.py's per-URL queries), or ``?recent=16&packed=1`` where
         none is (a new rank: it serves every row it has). The rows left out are those
         :func:`timing_rows` would skip anyway (it reads back to the first folded step);
         ``recent=16``: of its 64 ``recent_step_seconds`` the newest 16, all the view reads
@@ -582,7 +583,7 @@ class Detectors:
 
     def report(self, f: Finding) -> bool:
         """Open a finding confirmed outside the detectors (``quarantined_host``, from
-        :mod:`monitor.hosts`): it is then resolved like any other (group replaced, gone, left
+        :mod:`monitor.act.hosts`): it is then resolved like any other (group replaced, gone, left
         the job) or by :meth:`resolve`. False when one with its key is open already."""
         if f.key in self._open:
             return False
@@ -1071,7 +1072,7 @@ class Detectors:
     def _collect_steps(self, view: ClusterView) -> _Answers:
         """One pass over the answers of this sweep (once per view: the trigger, the straggler
         and the bookkeeping read it): every reachable rank's served per-step timings folded
-        into the per-rank memory (:class:`~monitor.step_memory.StepMemory`), each group's
+        into the per-rank memory (:class:`~monitor.detect.step_memory.StepMemory`), each group's
         ranks with timings, and the commit failures.
 
         Each answer's state is reached once here (at 100,000 ranks, ~21,000 a sweep, reaching
@@ -1110,7 +1111,7 @@ class Detectors:
                 slot = take(url, rid)
             timing = s.get("timing")
             rows = timing.get("recent") if type(timing) is dict else None
-            if type(rows) is bytes:  # packed by the poller (monitor/packed_state.py)
+            if type(rows) is bytes:  # packed by the poller (monitor/poll/packed_state.py)
                 blob = rows if not len(rows) % size else rows[:len(rows) - len(rows) % size]
             else:  # as served (a test's state, another server): its well-formed rows
                 blob = b"".join([TIMING_ROW.pack(step, *values)
@@ -1150,7 +1151,7 @@ class Detectors:
         # wait; and every polled rank's step times over the window. Python only lists each
         # group's polled ranks' slots (ranks of a group next to each other); the step memory
         # finds the steps all of them have and gives the ranks x window x 4 array in one
-        # indexing (monitor/step_memory.py); numpy takes each group's maximum over its ranks
+        # indexing (monitor/detect/step_memory.py); numpy takes each group's maximum over its ranks
         # (reduceat at the group's first rank: max of floats is exact, so equal to the
         # per-step max() it replaces) and the median step time (of the same values in
         # another order), and compares the groups over the matrix

@@ -5,7 +5,7 @@ been unreachable, and builds a :class:`ClusterView` after every sweep. A rank th
 something that is not a ``/v1/state`` document (missing keys, wrong types) counts as unreachable
 with reason ``bad_response``: the detectors only ever see well-formed states.
 
-Every rank also carries the verdict on its claims (``trust``, set by :mod:`monitor.verification`
+Every rank also carries the verdict on its claims (``trust``, set by :mod:`monitor.evidence.verification`
 after each sweep and kept while the rank does not answer). The full view is what the monitor
 shows; :meth:`ClusterView.evidence` is the view the detectors and the rails get: only the ranks
 whose answers count as evidence.
@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from .discovery import Target
-from .packed_state import kept_step_seconds, step_seconds
-from .poller import RankPoll
+from monitor.poll.discovery import Target
+from monitor.poll.packed_state import kept_step_seconds, step_seconds
+from monitor.poll.poller import RankPoll
 
 REQUIRED = {"replica_group": int, "rank": int, "group_rank": int, "step": int,
             "quorum_id": int, "phase": str, "phase_since": (int, float)}
@@ -86,7 +86,7 @@ class RankView:
     last_ok_at: float | None = None
     target: Target | None = None
     superseded: bool = False  # unreachable, and a live rank now holds its (group, rank)
-    trust: Any = None  # monitor.verification.Trust: the verdict on its claims (None: none yet)
+    trust: Any = None  # monitor.evidence.verification.Trust: the verdict on its claims (None: none yet)
     # polled this sweep; False: not due (leader polling, monitor/schedule.py), everything above
     # is carried from its last poll at ``polled_at``
     fresh: bool = True
@@ -142,7 +142,7 @@ class RankView:
         if cached is not None:
             return cached
         vals = (self.state.get("recent_step_seconds") or []) if self.state else []
-        if type(vals) is bytes:  # packed by the poller (monitor/packed_state.py)
+        if type(vals) is bytes:  # packed by the poller (monitor/poll/packed_state.py)
             out = step_seconds(vals)
         else:
             out = kept_step_seconds(vals) if isinstance(vals, list) else []
@@ -343,7 +343,7 @@ class ClusterView:
     """One sweep's picture. Built by ViewBuilder, a group that did not change since the
     previous sweep's view is the very same GroupView object, derived values and all (never
     changed once built): a consumer tells what to read again by identity
-    (monitor.detectors._SeenGroups)."""
+    (monitor.detect.detectors._SeenGroups)."""
 
     at: float
     ranks: dict[str, RankView]
@@ -508,7 +508,7 @@ def _answered(url: str, prev: RankView | None, state: dict[str, Any], now: float
 
 def _shape(s: dict[str, Any]) -> tuple:
     """What of an answered state the view's groups and a verdict rest on, besides progress:
-    identity claims (monitor.verification.claims), quorum, participation, host, node and
+    identity claims (monitor.evidence.verification.claims), quorum, participation, host, node and
     device (the host ledger's claim). A rank answering again with the same shape and verdict
     moved on only (ViewBuilder: a moved group; not in ``ViewBuilder.reshaped``); one whose
     shape is the same is not judged again (its verdict's inputs are the same)."""
@@ -611,7 +611,7 @@ class ViewBuilder:
         ``judge(ranks, changed)``: the verdicts (``trust``) that change, by URL, given every
         rank and the URLs whose RankView is new, less those whose reachability and claims
         (all a verdict rests on, see ``_shape``) are the last ones: a rank that only stopped
-        being fresh, or answered again with the same shape (monitor.verification.Verifier). With it the view comes with its evidence view
+        being fresh, or answered again with the same shape (monitor.evidence.verification.Verifier). With it the view comes with its evidence view
         (:meth:`ClusterView.evidence`) built alongside; without it the caller sets ``trust``
         and the evidence view is derived on demand."""
         now = time.time() if now is None else now
@@ -739,7 +739,7 @@ class ViewBuilder:
         if p is not None and p.ok and valid_state(p.data) is None:
             return _answered(url, prev, p.data, now, target, p.at)
         if p is not None and p.reason == "monitor" and not p.ok:
-            # the monitor could not ask (its own file descriptors, monitor/fd_budget.py): no
+            # the monitor could not ask (its own file descriptors, monitor/poll/fd_budget.py): no
             # evidence of the rank either way. Carried as a rank not asked this sweep: its
             # last answer, no failure counted (a rank is dead after failed polls, not these)
             if prev is not None:

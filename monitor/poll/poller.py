@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 # "monitor": the monitor could not ask (no file descriptor of its own left, fd_budget.py):
 # nothing is known of the rank, and the view carries its last answer as if it was not asked
 REASONS = ("timeout", "connection", "http_status", "bad_response", "monitor")
-STATE_PATH = "/v1/state"  # its answers are kept packed (judge_body, monitor/packed_state.py)
+STATE_PATH = "/v1/state"  # its answers are kept packed (judge_body, monitor/poll/packed_state.py)
 _STATE_PATH = STATE_PATH.encode("latin-1")
 MAX_BODY = 1 << 20  # default per answer; /v1/fr_trace gets its own (larger) bound
 MAX_HEADERS = 100
@@ -223,7 +223,7 @@ def judge_body(url: str, body: bytes, latency_s: float, at: float | None = None,
                state: bool = False) -> RankPoll:
     """The poll of a whole ``200`` answer: its JSON object, or why it is not one. ``at``: when
     it came (default now). ``state``: an answer of :data:`STATE_PATH`, kept packed
-    (:func:`monitor.packed_state.pack_state`)."""
+    (:func:`monitor.poll.packed_state.pack_state`)."""
     at = time.time() if at is None else at
     try:
         data = _json(body)
@@ -517,7 +517,7 @@ class Poller:
                  event_loop: str = "asyncio") -> None:
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
-        # the file descriptors its connections may take (monitor/fd_budget.py): the soft
+        # the file descriptors its connections may take (monitor/poll/fd_budget.py): the soft
         # limit raised to the hard one, requests in flight and idle connections kept under it
         self.fd_limit = raise_soft_limit()
         in_flight, self.idle_cap = budget(self.fd_limit, max_concurrency)
@@ -552,14 +552,14 @@ class Poller:
               per_batch: int = 256, queries: Sequence[str] | None = None
               ) -> dict[str, RankPoll]:
         """GET ``path`` from every URL concurrently; returns url -> RankPoll (never raises).
-        An answer of :data:`STATE_PATH` is kept packed (:mod:`monitor.packed_state`).
+        An answer of :data:`STATE_PATH` is kept packed (:mod:`monitor.poll.packed_state`).
 
         A body over ``max_bytes`` (default: the poller's) is a ``bad_response``. ``raw``: a
         ``200`` answer's body is left as bytes in ``data``, not parsed (:func:`judge_body` does
         that where it is read). ``on_answer(url, poll)`` is called on the poller's thread as
         each poll is done; the polls are then not kept, and the sweep returns an empty dict.
         ``on_rows(rows)`` (raw): the same without a RankPoll made per request (the poller
-        process's wire format, monitor/poll_process.py): lists of ``per_batch`` rows ``(place
+        process's wire format, monitor/poll/poll_process.py): lists of ``per_batch`` rows ``(place
         of the URL in the deduplicated urls, ok, body or None, reason, error, status,
         latency_s, at)`` handed on as they fill, the last (shorter, never empty) at the end.
         ``queries``: per URL (in ``urls``' order), a query string appended to ``path`` for that
@@ -699,7 +699,7 @@ class Poller:
 
     def _shed_idle(self) -> bool:
         """A connect found no file descriptor: something else in the process holds more than
-        the budget left it (monitor/fd_budget.py). Keep fewer idle connections from now on (an
+        the budget left it (monitor/poll/fd_budget.py). Keep fewer idle connections from now on (an
         eighth fewer, at least 16) and close the least recently used past that. False when
         none was idle (nothing to free)."""
         if self._n_idle == 0:
@@ -746,7 +746,7 @@ class Poller:
             if status != 200:
                 poll = RankPoll(url, False, reason="http_status", error=f"HTTP {status}: "
                                 f"{body[:200]!r}", status=status, latency_s=now - req.start)
-            elif sw.raw:  # judged by whoever reads it (monitor/poll_process.py: the monitor)
+            elif sw.raw:  # judged by whoever reads it (monitor/poll/poll_process.py: the monitor)
                 poll = RankPoll(url, True, data=body, latency_s=now - req.start)
             else:
                 poll = judge_body(url, body, now - req.start, state=sw.path == _STATE_PATH)

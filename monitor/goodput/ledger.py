@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from .view import ClusterView
+from monitor.evidence.view import ClusterView
 
 CAUSES = ("straggler_drag", "stall", "recovery", "capacity_lost", "startup", "unattributed")
 _CAUSE = {c: i for i, c in enumerate(CAUSES)}  # a cause's column

@@ -3,7 +3,7 @@
 Anyone allowed to register can serve a ``/v1/state`` that claims any replica group, replica id,
 timing or phase, and a rank's Flight Recorder dump says whatever its server wants. Before a
 rank's answers count as evidence (the detectors see them, an eviction may follow), its identity
-claims are checked against what the torchft Lighthouse says (:mod:`monitor.lighthouse_status`,
+claims are checked against what the torchft Lighthouse says (:mod:`monitor.evidence.lighthouse_status`,
 read after the ranks were polled, so a real rank is never ahead of it) and against the other
 ranks. A rank is **verified** when all of these hold:
 
@@ -28,7 +28,7 @@ answering keeps the verdict of its last answer (that is what a ``dead`` finding 
 
 What this cannot catch: a stranger that copies a real group's replica id and fills a
 ``group_rank`` slot that no live rank of that group holds. Registration is therefore limited too
-(token or ``--allow-targets``, :mod:`monitor.admission`).
+(token or ``--allow-targets``, :mod:`monitor.poll.admission`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Sinks: what carries out a host quarantine or release that :mod:`monitor.hosts` decided.
+"""Sinks: what carries out a host quarantine or release that :mod:`monitor.act.hosts` decided.
 
 The policy decides, a sink only carries out. Every sink has the same two calls,
 ``quarantine(event)`` and ``release(event)``, each one attempt that returns an
@@ -11,10 +11,10 @@ The policy decides, a sink only carries out. Every sink has the same two calls,
      "kind": ..., "reason": ..., "finding": {...} | null, "job": ..., "at": <unix>,
      "expires_at": <unix> | null, "action_id": N, "attempt": N}
 
-Sinks, chosen with ``--action`` (repeatable): ``k8s`` (:mod:`monitor.sinks.kubernetes`),
-``slurm`` (:mod:`monitor.sinks.slurm`), ``exec:CMD`` and ``webhook:URL``
-(:mod:`monitor.sinks.hooks`). The Lighthouse kill of a replica group is the eviction's own
-action (:mod:`monitor.actions`): it is decided per group by :mod:`monitor.decisions`, not per
+Sinks, chosen with ``--action`` (repeatable): ``k8s`` (:mod:`monitor.act.sinks.kubernetes`),
+``slurm`` (:mod:`monitor.act.sinks.slurm`), ``exec:CMD`` and ``webhook:URL``
+(:mod:`monitor.act.sinks.hooks`). The Lighthouse kill of a replica group is the eviction's own
+action (:mod:`monitor.act.actions`): it is decided per group by :mod:`monitor.act.decisions`, not per
 host, and keeps its own path.
 """
 

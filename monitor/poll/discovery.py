@@ -9,7 +9,7 @@ Three sources feed one set of :class:`Target` s, keyed by base URL:
 - ``POST /v1/targets`` from WorkerServers started with ``LIGHTKEEPER_MONITOR``; they re-register
   every few seconds, and a registered target that stays unreachable for ``forget_after_s`` is
   forgotten (a live rank comes back with its next registration). Who may register is decided
-  before (:mod:`monitor.admission`, through the ``admit`` hook); a registration that would take
+  before (:mod:`monitor.poll.admission`, through the ``admit`` hook); a registration that would take
   the set past ``max_targets`` is refused with :class:`TooManyTargets`, and a body with fields
   of the wrong type or size with :class:`BadTarget`.
 

@@ -13,7 +13,7 @@ after sweep. So:
   connections, leaving a reserve for everything else the process opens (its HTTP server,
   the store, the poller process's pipes, logs);
 - a connect that still fails with ``EMFILE``/``ENFILE`` (something else took descriptors)
-  closes idle connections and is retried once (monitor/poller.py); its error names the limit.
+  closes idle connections and is retried once (monitor/poll/poller.py); its error names the limit.
 
 Past the budget the poller still polls every rank: the least recently used idle connections
 are closed and those ranks reconnect (slower, not wrong). :func:`advice` says so, with the

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .config import RailsConfig
+from monitor.config import RailsConfig
 
 EVICT, HOLD = "evict", "hold"
 

@@ -5,8 +5,8 @@ A rank's answer carries two lists of numbers the monitor reads only in bulk: ``t
 from JSON they are most of an answer's Python objects (a member's: ~80 of ~120), and at 100,000
 ranks the monitor reads ~15,000 answers a sweep and keeps the last of every rank
 (docs/scaling.md). The poller packs each into one ``bytes`` as it parses the answer
-(:func:`pack_state`, from :func:`monitor.poller.judge_body`; with the poller process, where the
-monitor reads its answers, :meth:`monitor.poll_process.PollHandle.result`). Packing costs
+(:func:`pack_state`, from :func:`monitor.poll.poller.judge_body`; with the poller process, where the
+monitor reads its answers, :meth:`monitor.poll.poll_process.PollHandle.result`). Packing costs
 about what the smaller answers save the view and the detectors downstream; what it buys is
 memory: 27 % less at 100,000 ranks (docs/scaling.md, round 14).
 
@@ -14,10 +14,10 @@ memory: 27 % less at 100,000 ranks (docs/scaling.md, round 14).
   the step (``int64``), then ``step_s``, ``compute_s``, ``wait_cross_s`` and ``wait_group_s``
   (``float64``). A row that is not an object, or whose step is not an integer (``true``/
   ``false`` are not), is left out; a row whose four seconds are not all finite numbers >= 0
-  keeps its step and has NaN for all four (``monitor.detectors.timing_rows`` skips its seconds
+  keeps its step and has NaN for all four (``monitor.detect.detectors.timing_rows`` skips its seconds
   and still knows its step was served, as it does reading the JSON row).
 - ``recent_step_seconds`` (a list): the values that are numbers >= 0, in order, a ``float64``
-  each (what :meth:`monitor.view.RankView.recent_steps` keeps of the list).
+  each (what :meth:`monitor.evidence.view.RankView.recent_steps` keeps of the list).
 
 A list that cannot be packed (a step beyond ``int64``, a number beyond a float) is left as
 served. Every reader takes both forms, so an answer packed and one as served (a test's state, a
@@ -93,7 +93,7 @@ def pack_timing_rows(rows: list) -> bytes | None:
 def kept_step_seconds(values: list) -> list[float]:
     """The step times a served ``recent_step_seconds`` list counts: its numbers >= 0, as floats,
     in order (OverflowError: an integer beyond a float). Packed (:func:`pack_step_seconds`) or
-    read as served (:meth:`monitor.view.RankView.recent_steps`), the same values."""
+    read as served (:meth:`monitor.evidence.view.RankView.recent_steps`), the same values."""
     if values and set(map(type, values)) == _FLOATS and min(values) >= 0 \
             and (total := sum(values)) == total:
         # the usual list: JSON floats, none negative and none NaN (a NaN in the sum fails the

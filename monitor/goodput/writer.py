@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from .store import Store
+from monitor.store import Store
 
 log = logging.getLogger("lightkeeper.monitor")
 

@@ -22,14 +22,14 @@ window (``--quarantine-after kind=N``), unless a rail holds it, checked in this 
 Every decision (quarantine, hold with its rail, release, expiry) goes to ``host_decisions`` with
 its evidence (the offences and their findings); a hold is logged once per host and rail, not
 every sweep. A quarantine or a release queues one action per configured sink
-(:mod:`monitor.sinks`); :meth:`HostLedger.run_actions` carries out the due ones, each attempt
+(:mod:`monitor.act.sinks`); :meth:`HostLedger.run_actions` carries out the due ones, each attempt
 recorded; a failed attempt is retried with backoff (2 s, 4 s, ... up to 5 min) up to
 ``max_attempts`` (or at once given up when retrying cannot help), then ``failed``. A sink that
 raises is a failed attempt: nothing here stops the monitor.
 
 :meth:`HostLedger.group_findings` opens ``quarantined_host`` for a group whose incarnation
 (``replica_id``) was not on a host when it was quarantined but now runs there: the rails of
-:mod:`monitor.decisions` then evict it like any other finding.
+:mod:`monitor.act.decisions` then evict it like any other finding.
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ import logging
 import threading
 from typing import Any
 
-from .config import QuarantineConfig
-from .detectors import Finding
+from monitor.config import QuarantineConfig
+from monitor.detect.detectors import Finding
+from monitor.store import Store
+
 from .sinks import ActionResult, Sink
-from .store import Store
 
 log = logging.getLogger(__name__)
 

@@ -186,7 +186,7 @@ class LighthouseSettingsWatch:
         return warnings
 
     def publish(self, metrics, job: str) -> None:
-        """Set the gauges of :class:`monitor.metrics.MonitorMetrics` from what is known."""
+        """Set the gauges of :class:`monitor.api.metrics.MonitorMetrics` from what is known."""
         ev, nan = self.ev, float("nan")
         metrics.lighthouse_drop.labels(job).set(nan if ev.last_drop_s is None
                                                 else ev.last_drop_s)
