@@ -228,7 +228,7 @@ def test_moved_groups_carry_what_a_from_scratch_view_computes_over_random_sweeps
                     continue  # new, or the very same object (its derived values: above)
                 carry = gv.__dict__.get("_carry")
                 if carry is not None and carry is was.__dict__.get("_carry"):
-                    # a moved group (GroupView._progressed): same ranks in the same slots
+                    # a moved group (GroupView.progressed): same ranks in the same slots
                     moved_seen += 1
                     assert [r.url for r in gv.ranks] == [r.url for r in was.ranks]
                     assert derived(gv) == derived(fresh_groups(v)[g]), f"sweep {sweep}"
@@ -250,7 +250,8 @@ def test_step_times_and_their_median_are_the_general_paths():
     statistics.median give, odd lists included."""
     import statistics
 
-    from monitor.evidence.view import RankView, _median
+    from monitor.evidence.cluster import median
+    from monitor.evidence.view import RankView
     from monitor.poll.packed_state import pack_state
 
     nan, inf = float("nan"), float("inf")
@@ -269,7 +270,7 @@ def test_step_times_and_their_median_are_the_general_paths():
     for n in (0, 1, 2, 63, 64, 65, 1000, 1001):
         for _ in range(10):
             vals = [rng.choice((0.5, 1.0, 3.0, rng.random())) for _ in range(n)]
-            assert _median(iter(vals)) == (statistics.median(vals) if vals else None), n
+            assert median(iter(vals)) == (statistics.median(vals) if vals else None), n
 
 
 def rank_fields(view: ClusterView) -> dict:
