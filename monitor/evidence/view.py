@@ -123,8 +123,7 @@ class ViewBuilder:
         same = (polled is not None and bool(prev) and len(targets) == len(self._targets)
                 and (judge is not None) == self._judged
                 and all(map(operator.is_, targets, self._targets)))
-        # The loops below run over every rank asked at scale (benchmarks/bench_view.py): plain
-        # locals and inline bucketing on purpose.
+        # the loops below run over every rank asked (benchmarks/bench_view.py): locals on purpose
         # group -> (last sweep's, this sweep's) RankView of its ranks answering again with the
         # same shape: moving on, if the verdict stands (only with verdicts)
         moved: dict[int, list[tuple[RankView, RankView]]] = {}
@@ -141,12 +140,7 @@ class ViewBuilder:
                 rv = current[url] = was.clone()
                 rv.fresh = False
                 if bucket and was.reachable and not was.superseded:  # its state: the same
-                    g = group_of[url]
-                    pairs = moved.get(g)
-                    if pairs is None:
-                        moved[g] = [(was, rv)]
-                    else:
-                        pairs.append((was, rv))
+                    moved.setdefault(group_of[url], []).append((was, rv))
                 else:
                     rest.add(url)
             polled_rank, shapes = self._polled, self._shapes
@@ -167,12 +161,7 @@ class ViewBuilder:
                     shapes[url] = shape
                     if old.reachable and not old.superseded and was_shape == shape:
                         if bucket:
-                            g = group_of[url]
-                            pairs = moved.get(g)
-                            if pairs is None:
-                                moved[g] = [(old, rv)]
-                            else:
-                                pairs.append((old, rv))
+                            moved.setdefault(group_of[url], []).append((old, rv))
                         else:
                             rest.add(url)
                         continue
@@ -198,12 +187,7 @@ class ViewBuilder:
         self._judged = judge is not None
         if polled is None:
             self._fresh, polled_list = list(current), None
-        elif same:  # every URL polled is a target
-            # in answer order: every consumer then reads the documents in memory order
-            polled_list = list(polls) if len(polls) == len(polled) and polls.keys() <= polled \
-                else [u for u, _ in _in_answer_order(polls, polled)]
-            self._fresh = polled_list
-        else:
+        else:  # in answer order: every consumer then reads the documents in memory order
             polled_list = [u for u, _ in _in_answer_order(polls, polled) if u in current]
             self._fresh = polled_list
         if judge is not None:
