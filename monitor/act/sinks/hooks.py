@@ -1,18 +1,13 @@
-"""Two generic sinks: an exec hook (the event as JSON on stdin) and a webhook (the event as a
-JSON POST signed with HMAC-SHA256).
+"""Two generic sinks: an exec hook and a signed webhook.
 
-Exec hook: ``exec:CMD`` runs ``CMD`` (split like a shell would, never through one) with the
-event on stdin and ``LIGHTKEEPER_EVENT`` (quarantine/release), ``LIGHTKEEPER_HOST`` and
-``LIGHTKEEPER_NODE`` in its environment. Exit status 0 is success; anything else, a timeout
-(the process is killed) or a command that cannot be started is a failure whose detail carries
-the status and the end of stderr. A command that does not exist is not retried.
+``exec:CMD`` runs CMD (split like a shell would, never through one) with the event's JSON on
+stdin and ``LIGHTKEEPER_EVENT``, ``LIGHTKEEPER_HOST``, ``LIGHTKEEPER_NODE`` in its environment;
+exit 0 is success, a command that cannot be found is not retried.
 
-Webhook: ``webhook:URL`` POSTs the event's JSON bytes with ``Content-Type: application/json``,
-``X-Lightkeeper-Event`` and ``X-Lightkeeper-Signature: sha256=<hex HMAC-SHA256 of the exact
-body with the secret>`` (``--webhook-secret`` / ``LIGHTKEEPER_WEBHOOK_SECRET``; required). The
-receiver recomputes the HMAC over the raw body and compares in constant time; the body's
-``action_id``, ``attempt`` and ``at`` let it drop replays. Any 2xx is success; another status,
-a timeout or a connection error is a failure (4xx other than 408/429 are not retried).
+``webhook:URL`` POSTs the event's JSON with ``X-Lightkeeper-Event`` and
+``X-Lightkeeper-Signature: sha256=<hex HMAC-SHA256 of the body>`` (``--webhook-secret``,
+required); the body's ``action_id``, ``attempt`` and ``at`` let a receiver drop replays. 2xx
+is success; a 4xx other than 408/429 is not retried.
 """
 
 from __future__ import annotations
