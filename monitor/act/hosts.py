@@ -168,12 +168,10 @@ class HostLedger:
         return {h for h in seen if h} | set(self.hosts)
 
     def record(self, findings: list[dict[str, Any]], now: float,
-               group_hosts: dict[int, set[str]] | None = None) -> list[str]:
-        """Record new confirmed findings (dicts with ``id``) against their culprits' hosts;
-        returns the hosts that offended. A finding naming every host of a group spanning
-        several (``group_hosts``: group -> its hosts) singles none out: recorded with
-        ``counts: false``, never counted towards a quarantine."""
-        offended = []
+               group_hosts: dict[int, set[str]] | None = None) -> None:
+        """Record new confirmed findings (dicts with ``id``) against their culprits' hosts. A
+        finding naming every host of a group spanning several (``group_hosts``: group -> its
+        hosts) singles none out: recorded with ``counts: false``, never counted."""
         with self._lock:
             for f in findings:
                 if self.cfg.after.get(f.get("kind"), 0) < 1:
@@ -201,8 +199,6 @@ class HostLedger:
                     if counts and h["state"] in (OK, RELEASED):
                         self._set_state(h, SUSPECT, now)
                     self._save(h, now)
-                    offended.append(host)
-        return offended
 
     def _seen_before_restart(self, host: str, f: dict[str, Any]) -> bool:
         """The same episode confirmed again after a monitor restart (the restart closed the
@@ -393,12 +389,10 @@ class HostLedger:
         if not self._actions_running.acquire(blocking=False):
             return 0
         try:
-            now = self.clock() if now is None else now
-            n = 0
-            for a in self.store.host_actions(due_at=now):
+            due = self.store.host_actions(due_at=self.clock() if now is None else now)
+            for a in due:
                 attempts = a["attempts"] + 1
                 res = self._attempt(a, attempts)
-                n += 1
                 done = self.clock()
                 if res.ok:
                     status, next_at = "done", None
@@ -420,7 +414,7 @@ class HostLedger:
                                             "detail": res.detail, "at": done,
                                             "next_at": next_at}
                         self._save(h, done)
-            return n
+            return len(due)
         finally:
             self._actions_running.release()
 

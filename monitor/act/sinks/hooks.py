@@ -50,13 +50,8 @@ class ExecSink:
         self.name = f"exec:{self.argv[0]}"
         self.timeout_s = timeout_s
 
-    def quarantine(self, event: dict[str, Any]) -> ActionResult:
-        return self._run(event)
-
-    def release(self, event: dict[str, Any]) -> ActionResult:
-        return self._run(event)
-
-    def _run(self, event: dict[str, Any]) -> ActionResult:
+    def run(self, event: dict[str, Any]) -> ActionResult:
+        """One attempt at either event (the hook reads which from the event)."""
         env = {**os.environ, "LIGHTKEEPER_EVENT": str(event.get("event")),
                "LIGHTKEEPER_HOST": str(event.get("host")),
                "LIGHTKEEPER_NODE": str(event.get("node") or event.get("host"))}
@@ -77,6 +72,8 @@ class ExecSink:
         err = p.stderr.decode(errors="replace").strip()[-300:]
         return ActionResult(False, f"{self.argv[0]} exited {p.returncode}: {err}")
 
+    quarantine = release = run
+
 
 class WebhookSink:
     def __init__(self, url: str, secret: str | None, timeout_s: float = 10.0) -> None:
@@ -89,13 +86,8 @@ class WebhookSink:
         self.timeout_s = timeout_s
         self._session = requests.Session()
 
-    def quarantine(self, event: dict[str, Any]) -> ActionResult:
-        return self._post(event)
-
-    def release(self, event: dict[str, Any]) -> ActionResult:
-        return self._post(event)
-
-    def _post(self, event: dict[str, Any]) -> ActionResult:
+    def post(self, event: dict[str, Any]) -> ActionResult:
+        """One attempt at either event (the receiver reads which from the event)."""
         body = event_bytes(event)
         headers = {"Content-Type": "application/json", EVENT_HEADER: str(event.get("event")),
                    SIGNATURE_HEADER: sign(self._secret, body)}
@@ -109,3 +101,5 @@ class WebhookSink:
             return ActionResult(True, f"HTTP {r.status_code}")
         retry = r.status_code >= 500 or r.status_code in (408, 429)
         return ActionResult(False, f"HTTP {r.status_code}: {r.text[:200]}", retry=retry)
+
+    quarantine = release = post
