@@ -1,23 +1,13 @@
-"""The monitor's durable audit log: confirmed findings and every eviction decision, in SQLite.
+"""The monitor's durable audit log, in one SQLite file (``--state``).
 
-One file (``--state``) holds the audit log's two tables and the goodput ledger's
-(``goodput_state``: the ledger's resumable state, one row; ``goodput_incidents``;
-``goodput_intervals``: settled badput intervals, the newest 100,000), written together once per
-sweep (:meth:`Store.save_goodput`). ``findings``: every confirmed finding with its evidence
-and, later, when and how it was resolved. ``decisions``: every decision about a finding or a
-manual request, ``evict`` or ``hold`` with the reason; an ``evict`` row then carries the kill
-request's outcome (``sent``, ``failed``) and whether the group was seen leaving the quorum
-(``confirmed``, ``unconfirmed``).
-
-The host ledger (:mod:`monitor.act.hosts`) keeps four more tables: ``hosts`` (each host's state as
-JSON), ``host_offences`` (a confirmed finding against a culprit's host), ``host_decisions`` (every
-quarantine, hold, release and expiry with its evidence) and ``host_actions`` (each sink's attempt
-at carrying one out: pending, retrying, done, failed, dry_run).
-
-A restarted monitor reads the same file: it still lists past decisions, it does not evict a
-``replica_id`` it already evicted, and its cooldown continues from the last eviction. Writes are
-committed one by one (WAL mode), so a crash loses at most the decision being written; a file
-that is not a database raises :class:`sqlite3.DatabaseError` at start-up.
+``findings`` (every confirmed finding, later its resolution) and ``decisions`` (every
+``evict`` or ``hold``, with the kill's outcome and confirmation); the goodput ledger's
+``goodput_state``, ``goodput_incidents`` and ``goodput_intervals`` (the newest 100,000); the
+host ledger's (:mod:`monitor.act.hosts`) ``hosts``, ``host_offences``, ``host_decisions`` and
+``host_actions``. A restarted monitor reads the same file: it lists past decisions, never
+evicts a ``replica_id`` again and continues the cooldown. Writes are committed one by one
+(WAL), so a crash loses at most the one being written; a file that is not a database raises
+:class:`sqlite3.DatabaseError` at start-up.
 """
 
 from __future__ import annotations
@@ -80,9 +70,6 @@ CREATE TABLE IF NOT EXISTS goodput_intervals (
     incident INTEGER,
     data TEXT NOT NULL
 );
-"""
-
-HOSTS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS hosts (
     host TEXT PRIMARY KEY,
     data TEXT NOT NULL,
@@ -124,15 +111,13 @@ CREATE INDEX IF NOT EXISTS host_actions_due ON host_actions (status, next_at);
 """
 
 GOODPUT_INTERVALS_KEPT = 100_000  # settled badput intervals kept in the file (oldest dropped)
-
 EVICTED_STATUSES = ("sending", "sent", "confirmed", "unconfirmed")  # all but "failed"
 
 
 def goodput_json_text(doc: dict[str, Any]) -> str:
-    """A goodput row's JSON text (state, incident, interval; the columns' rows stay text, as
-    json.dumps wrote them): msgspec's encoder is several times json.dumps' on the ledger's
-    long columns (benchmarks/bench_goodput_snapshot.py). It writes not-a-number as null: the
-    ledger stores none (a time never reached is None)."""
+    """A goodput row's JSON text, by msgspec: several times faster than json.dumps on the
+    ledger's long columns (benchmarks/bench_goodput_snapshot.py). NaN would be written as
+    null: the ledger stores none."""
     return _JSON.encode(doc).decode()
 
 
@@ -150,140 +135,103 @@ class Store:
     """Thread-safe access to the audit log; see the module docstring."""
 
     def __init__(self, path: str) -> None:
-        self.path = path
         if path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(path, check_same_thread=False, timeout=10)
         self._db.row_factory = sqlite3.Row
-        with self._lock:
-            if path != ":memory:":
-                self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.executescript(SCHEMA)
-            self._db.executescript(HOSTS_SCHEMA)
-            self._db.commit()
+        if path != ":memory:":
+            self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(SCHEMA)
+        self._db.commit()
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
+    def _write(self, sql: str, args: tuple = ()) -> int:
+        """Run one statement and commit it; the new row's id."""
+        with self._lock:
+            cur = self._db.execute(sql, args)
+            self._db.commit()
+            return int(cur.lastrowid or 0)
+
+    def _rows(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        """Every row of one query."""
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
     # --- findings --------------------------------------------------------------------
     def add_finding(self, f: dict[str, Any]) -> int:
-        with self._lock:
-            cur = self._db.execute(
-                "INSERT INTO findings (kind, replica_group, replica_id, ranks, evidence, "
-                "first_seen, confirmed_at, resolved_at, resolution) VALUES (?,?,?,?,?,?,?,?,?)",
-                (f["kind"], f["replica_group"], f.get("replica_id"), json.dumps(f["ranks"]),
-                 json.dumps(f.get("evidence") or {}, default=str), f["first_seen"],
-                 f.get("confirmed_at"), f.get("resolved_at"), f.get("resolution")))
-            self._db.commit()
-            return int(cur.lastrowid)
+        return self._write(
+            "INSERT INTO findings (kind, replica_group, replica_id, ranks, evidence, "
+            "first_seen, confirmed_at, resolved_at, resolution) VALUES (?,?,?,?,?,?,?,?,?)",
+            (f["kind"], f["replica_group"], f.get("replica_id"), json.dumps(f["ranks"]),
+             json.dumps(f.get("evidence") or {}, default=str), f["first_seen"],
+             f.get("confirmed_at"), f.get("resolved_at"), f.get("resolution")))
 
     def resolve_finding(self, finding_id: int, at: float, resolution: str) -> None:
-        with self._lock:
-            self._db.execute("UPDATE findings SET resolved_at=?, resolution=? WHERE id=?",
-                             (at, resolution, finding_id))
-            self._db.commit()
+        self._write("UPDATE findings SET resolved_at=?, resolution=? WHERE id=?",
+                    (at, resolution, finding_id))
 
     def finding_resolution(self, finding_id: int | None) -> str | None:
-        if finding_id is None:
-            return None
-        with self._lock:
-            row = self._db.execute("SELECT resolution FROM findings WHERE id=?",
-                                   (finding_id,)).fetchone()
-        return row[0] if row else None
+        rows = self._rows("SELECT resolution FROM findings WHERE id=?", (finding_id,)) \
+            if finding_id is not None else []
+        return rows[0][0] if rows else None
 
     def open_finding_ids(self) -> dict[tuple, int]:
         """(kind, replica_group, replica_id) -> id of findings not resolved yet."""
-        with self._lock:
-            rows = self._db.execute("SELECT id, kind, replica_group, replica_id FROM findings "
-                                    "WHERE resolved_at IS NULL").fetchall()
+        rows = self._rows("SELECT id, kind, replica_group, replica_id FROM findings "
+                          "WHERE resolved_at IS NULL")
         return {(r["kind"], r["replica_group"], r["replica_id"]): r["id"] for r in rows}
 
     def findings(self, limit: int = 500, open_only: bool = False) -> list[dict[str, Any]]:
-        q = "SELECT * FROM findings"
-        if open_only:
-            q += " WHERE resolved_at IS NULL"
-        with self._lock:
-            rows = self._db.execute(q + " ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
-        out = []
-        for r in rows:
-            d = dict(r)
-            d["ranks"] = json.loads(d["ranks"])
-            d["evidence"] = json.loads(d["evidence"])
-            out.append(d)
-        return out
+        where = " WHERE resolved_at IS NULL" if open_only else ""
+        rows = self._rows(f"SELECT * FROM findings{where} ORDER BY id DESC LIMIT ?", (limit,))
+        return [{**dict(r), "ranks": json.loads(r["ranks"]),
+                 "evidence": json.loads(r["evidence"])} for r in rows]
 
     # --- decisions -------------------------------------------------------------------
     def add_decision(self, *, replica_group: int | None, replica_id: str | None, decision: str,
                      reason: str, detail: str = "", finding_id: int | None = None,
                      finding: dict[str, Any] | None = None, status: str | None = None,
                      source: str = "auto", at: float | None = None) -> int:
-        with self._lock:
-            cur = self._db.execute(
-                "INSERT INTO decisions (at, replica_group, replica_id, decision, reason, detail, "
-                "finding_id, finding, status, source) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (time.time() if at is None else at, replica_group, replica_id, decision, reason,
-                 detail, finding_id, json.dumps(finding, default=str) if finding else None,
-                 status, source))
-            self._db.commit()
-            return int(cur.lastrowid)
+        return self._write(
+            "INSERT INTO decisions (at, replica_group, replica_id, decision, reason, detail, "
+            "finding_id, finding, status, source) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (time.time() if at is None else at, replica_group, replica_id, decision, reason,
+             detail, finding_id, json.dumps(finding, default=str) if finding else None,
+             status, source))
 
     def update_decision(self, decision_id: int, **fields: Any) -> None:
-        allowed = {"status", "http_status", "confirmed_at", "detail"}
-        bad = set(fields) - allowed
-        if bad:
+        bad = set(fields) - {"status", "http_status", "confirmed_at", "detail"}
+        if bad:  # column names go into the SQL text: only these
             raise ValueError(f"cannot update {', '.join(sorted(bad))}")
         if not fields:
             return
         cols = ", ".join(f"{k}=?" for k in fields)
-        with self._lock:
-            self._db.execute(f"UPDATE decisions SET {cols} WHERE id=?",
-                             (*fields.values(), decision_id))
-            self._db.commit()
+        self._write(f"UPDATE decisions SET {cols} WHERE id=?", (*fields.values(), decision_id))
 
     def decisions(self, limit: int = 500, evictions_only: bool = False) -> list[dict[str, Any]]:
-        q = "SELECT * FROM decisions"
-        if evictions_only:
-            q += " WHERE decision='evict'"
-        with self._lock:
-            rows = self._db.execute(q + " ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
-        out = []
-        for r in rows:
-            d = dict(r)
-            d["finding"] = json.loads(d["finding"]) if d["finding"] else None
-            out.append(d)
-        return out
+        where = " WHERE decision='evict'" if evictions_only else ""
+        rows = self._rows(f"SELECT * FROM decisions{where} ORDER BY id DESC LIMIT ?", (limit,))
+        return [{**dict(r), "finding": json.loads(r["finding"]) if r["finding"] else None}
+                for r in rows]
 
     def evicted_replica_ids(self) -> set[str]:
         """replica_ids a kill was sent for (whatever its confirmation): never evicted again."""
         marks = ",".join("?" * len(EVICTED_STATUSES))
-        with self._lock:
-            rows = self._db.execute(
-                f"SELECT DISTINCT replica_id FROM decisions WHERE decision='evict' AND "
-                f"status IN ({marks}) AND replica_id IS NOT NULL", EVICTED_STATUSES).fetchall()
-        return {r[0] for r in rows}
+        return {r[0] for r in self._rows(
+            f"SELECT DISTINCT replica_id FROM decisions WHERE decision='evict' AND "
+            f"status IN ({marks}) AND replica_id IS NOT NULL", EVICTED_STATUSES)}
 
     def last_eviction_at(self) -> float | None:
         """When the last kill request was attempted (sent or failed): the cooldown's start."""
-        with self._lock:
-            row = self._db.execute("SELECT MAX(at) FROM decisions WHERE decision='evict'"
-                                   ).fetchone()
-        return row[0]
+        return self._rows("SELECT MAX(at) FROM decisions WHERE decision='evict'")[0][0]
 
     def pending_confirmations(self) -> list[dict[str, Any]]:
-        with self._lock:
-            rows = self._db.execute("SELECT * FROM decisions WHERE decision='evict' AND "
-                                    "status='sent'").fetchall()
-        return [dict(r) for r in rows]
-
-    def last_decision_for(self, replica_id: str | None, finding_kind: str) -> dict | None:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT d.* FROM decisions d LEFT JOIN findings f ON d.finding_id=f.id "
-                "WHERE d.replica_id IS ? AND f.kind=? ORDER BY d.id DESC LIMIT 1",
-                (replica_id, finding_kind)).fetchone()
-        return dict(row) if row else None
+        return [dict(r) for r in self._rows(
+            "SELECT * FROM decisions WHERE decision='evict' AND status='sent'")]
 
     # --- goodput ledger (monitor.goodput.ledger) ------------------------------------------------
     def save_goodput(self, state: dict[str, Any], incidents: list[dict[str, Any]],
@@ -291,24 +239,23 @@ class Store:
         """The ledger's state, its changed incidents and its newly settled intervals, in one
         transaction (a crash keeps the previous sweep's consistent state)."""
         now = time.time() if at is None else at
-        with self._lock:
-            with self._db:
-                self._db.execute("INSERT OR REPLACE INTO goodput_state (id, at, data) "
-                                 "VALUES (1, ?, ?)", (now, goodput_json_text(state)))
+        with self._lock, self._db:
+            self._db.execute("INSERT OR REPLACE INTO goodput_state (id, at, data) "
+                             "VALUES (1, ?, ?)", (now, goodput_json_text(state)))
+            self._db.executemany(
+                "INSERT OR REPLACE INTO goodput_incidents (id, updated_at, closed, data) "
+                "VALUES (?,?,?,?)",
+                [(i["id"], now, 1 if i.get("closed_at") is not None else 0,
+                  goodput_json_text(i)) for i in incidents])
+            if intervals:
                 self._db.executemany(
-                    "INSERT OR REPLACE INTO goodput_incidents (id, updated_at, closed, data) "
-                    "VALUES (?,?,?,?)",
-                    [(i["id"], now, 1 if i.get("closed_at") is not None else 0,
-                      goodput_json_text(i)) for i in incidents])
-                if intervals:
-                    self._db.executemany(
-                        "INSERT INTO goodput_intervals (start, end, replica_group, cause, "
-                        "incident, data) VALUES (?,?,?,?,?,?)",
-                        [(iv["start"], iv["end"], iv.get("replica_group"), iv["cause"],
-                          iv.get("incident"), goodput_json_text(iv)) for iv in intervals])
-                    self._db.execute(
-                        "DELETE FROM goodput_intervals WHERE id <= "
-                        "(SELECT MAX(id) FROM goodput_intervals) - ?", (GOODPUT_INTERVALS_KEPT,))
+                    "INSERT INTO goodput_intervals (start, end, replica_group, cause, "
+                    "incident, data) VALUES (?,?,?,?,?,?)",
+                    [(iv["start"], iv["end"], iv.get("replica_group"), iv["cause"],
+                      iv.get("incident"), goodput_json_text(iv)) for iv in intervals])
+                self._db.execute(
+                    "DELETE FROM goodput_intervals WHERE id <= "
+                    "(SELECT MAX(id) FROM goodput_intervals) - ?", (GOODPUT_INTERVALS_KEPT,))
 
     def load_goodput(self, incidents: int = 200, intervals: int = 2000
                      ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]]]:
@@ -326,111 +273,58 @@ class Store:
                 sorted((json.loads(r[0]) for r in incs), key=lambda i: i["id"]),
                 [json.loads(r[0]) for r in reversed(ivs)])
 
-    def goodput_intervals(self, limit: int = 500, incident: int | None = None
-                          ) -> list[dict[str, Any]]:
-        """Settled intervals, newest first (optionally of one incident)."""
-        q, args = "SELECT data FROM goodput_intervals", []
-        if incident is not None:
-            q += " WHERE incident=?"
-            args.append(incident)
-        with self._lock:
-            rows = self._db.execute(q + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
-        return [json.loads(r[0]) for r in rows]
-
     # --- host ledger (monitor.act.hosts) ------------------------------------------------------
     def save_host(self, host: str, data: dict[str, Any], at: float) -> None:
-        with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO hosts (host, data, updated_at) VALUES "
-                             "(?,?,?)", (host, json.dumps(data, default=str), at))
-            self._db.commit()
+        self._write("INSERT OR REPLACE INTO hosts (host, data, updated_at) VALUES (?,?,?)",
+                    (host, json.dumps(data, default=str), at))
 
     def load_hosts(self) -> dict[str, dict[str, Any]]:
-        with self._lock:
-            rows = self._db.execute("SELECT host, data FROM hosts").fetchall()
-        return {r[0]: json.loads(r[1]) for r in rows}
+        return {r[0]: json.loads(r[1]) for r in self._rows("SELECT host, data FROM hosts")}
 
     def add_host_offence(self, host: str, at: float, kind: str, finding_id: int | None,
                          data: dict[str, Any]) -> int:
-        with self._lock:
-            cur = self._db.execute(
-                "INSERT INTO host_offences (host, at, kind, finding_id, data) VALUES (?,?,?,?,?)",
-                (host, at, kind, finding_id, json.dumps(data, default=str)))
-            self._db.commit()
-            return int(cur.lastrowid)
+        return self._write(
+            "INSERT INTO host_offences (host, at, kind, finding_id, data) VALUES (?,?,?,?,?)",
+            (host, at, kind, finding_id, json.dumps(data, default=str)))
 
-    def host_offences(self, host: str | None = None, since: float | None = None,
+    def host_offences(self, host: str, since: float = float("-inf"),
                       limit: int = 1000) -> list[dict[str, Any]]:
-        """Offences, newest first (of one host, since a time)."""
-        q, args = "SELECT * FROM host_offences WHERE 1=1", []
-        if host is not None:
-            q += " AND host=?"
-            args.append(host)
-        if since is not None:
-            q += " AND at>=?"
-            args.append(since)
-        with self._lock:
-            rows = self._db.execute(q + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
+        """A host's offences since a time, newest first."""
+        rows = self._rows("SELECT * FROM host_offences WHERE host=? AND at>=? "
+                          "ORDER BY id DESC LIMIT ?", (host, since, limit))
         return [{**dict(r), "data": json.loads(r["data"])} for r in rows]
 
     def add_host_decision(self, *, host: str, decision: str, reason: str, detail: str,
                           evidence: Any, at: float, source: str = "auto") -> int:
-        with self._lock:
-            cur = self._db.execute(
-                "INSERT INTO host_decisions (at, host, decision, reason, detail, evidence, "
-                "source) VALUES (?,?,?,?,?,?,?)",
-                (at, host, decision, reason, detail, json.dumps(evidence, default=str), source))
-            self._db.commit()
-            return int(cur.lastrowid)
+        return self._write(
+            "INSERT INTO host_decisions (at, host, decision, reason, detail, evidence, "
+            "source) VALUES (?,?,?,?,?,?,?)",
+            (at, host, decision, reason, detail, json.dumps(evidence, default=str), source))
 
-    def host_decisions(self, host: str | None = None, limit: int = 500) -> list[dict[str, Any]]:
-        q, args = "SELECT * FROM host_decisions", []
-        if host is not None:
-            q += " WHERE host=?"
-            args.append(host)
-        with self._lock:
-            rows = self._db.execute(q + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
+    def host_decisions(self, limit: int = 500) -> list[dict[str, Any]]:
+        rows = self._rows("SELECT * FROM host_decisions ORDER BY id DESC LIMIT ?", (limit,))
         return [{**dict(r), "evidence": json.loads(r["evidence"]) if r["evidence"] else None}
                 for r in rows]
 
     def add_host_action(self, *, host: str, sink: str, op: str, status: str, event: dict,
                         at: float, next_at: float | None, detail: str = "") -> int:
-        with self._lock:
-            cur = self._db.execute(
-                "INSERT INTO host_actions (host, sink, op, status, attempts, next_at, "
-                "created_at, updated_at, detail, event) VALUES (?,?,?,?,0,?,?,?,?,?)",
-                (host, sink, op, status, next_at, at, at, detail, json.dumps(event, default=str)))
-            self._db.commit()
-            return int(cur.lastrowid)
+        return self._write(
+            "INSERT INTO host_actions (host, sink, op, status, attempts, next_at, "
+            "created_at, updated_at, detail, event) VALUES (?,?,?,?,0,?,?,?,?,?)",
+            (host, sink, op, status, next_at, at, at, detail, json.dumps(event, default=str)))
 
     def update_host_action(self, action_id: int, *, status: str, attempts: int,
                            next_at: float | None, detail: str, at: float) -> None:
-        with self._lock:
-            self._db.execute("UPDATE host_actions SET status=?, attempts=?, next_at=?, detail=?, "
-                             "updated_at=? WHERE id=?",
-                             (status, attempts, next_at, detail, at, action_id))
-            self._db.commit()
+        self._write("UPDATE host_actions SET status=?, attempts=?, next_at=?, detail=?, "
+                    "updated_at=? WHERE id=?", (status, attempts, next_at, detail, at, action_id))
 
-    def host_actions(self, host: str | None = None, due_at: float | None = None,
-                     limit: int = 500) -> list[dict[str, Any]]:
+    def host_actions(self, due_at: float | None = None, limit: int = 500
+                     ) -> list[dict[str, Any]]:
         """Actions newest first; with ``due_at``, only pending ones due by then, oldest first."""
-        q, args = "SELECT * FROM host_actions WHERE 1=1", []
-        if host is not None:
-            q += " AND host=?"
-            args.append(host)
-        order = "DESC"
-        if due_at is not None:
-            q += " AND status IN ('pending', 'retrying') AND next_at<=?"
-            args.append(due_at)
-            order = "ASC"
-        with self._lock:
-            rows = self._db.execute(q + f" ORDER BY id {order} LIMIT ?",
-                                    (*args, limit)).fetchall()
+        if due_at is None:
+            rows = self._rows("SELECT * FROM host_actions ORDER BY id DESC LIMIT ?", (limit,))
+        else:
+            rows = self._rows("SELECT * FROM host_actions WHERE status IN ('pending', "
+                              "'retrying') AND next_at<=? ORDER BY id ASC LIMIT ?",
+                              (due_at, limit))
         return [{**dict(r), "event": json.loads(r["event"])} for r in rows]
-
-    def counts(self) -> dict[str, int]:
-        with self._lock:
-            f = self._db.execute("SELECT COUNT(*) FROM findings").fetchone()[0]
-            d = self._db.execute("SELECT COUNT(*) FROM decisions").fetchone()[0]
-            e = self._db.execute("SELECT COUNT(*) FROM decisions WHERE decision='evict'"
-                                 ).fetchone()[0]
-        return {"findings": f, "decisions": d, "evictions": e}

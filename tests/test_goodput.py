@@ -422,7 +422,7 @@ def test_restarted_monitor_resumes_totals_and_incidents_from_the_store(tmp_path)
     assert inc["finding_ids"] == [5, 6]
     # settled intervals went to the store; a restart keeps them too
     save(store, resumed)
-    assert all(iv["cause"] in CAUSES for iv in store.goodput_intervals())
+    assert all(iv["cause"] in CAUSES for iv in store.load_goodput()[2])
     store.close()
 
 
@@ -435,7 +435,7 @@ def test_settled_intervals_are_persisted(tmp_path):
     job.restart(1, "b")
     job.run(led, 10)
     save(store, led)
-    rows = store.goodput_intervals()
+    _, _, rows = store.load_goodput()
     cap = [r for r in rows if r["cause"] == "capacity_lost"]
     assert cap and all(r["eviction_id"] == 1 and r["replica_group"] == 1 for r in cap)
     assert sum(r["replica_seconds"] for r in cap) == pytest.approx(30, abs=1.01)

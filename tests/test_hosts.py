@@ -64,8 +64,7 @@ def test_culprit_hosts_groups_ranks_and_devices():
     got = culprit_hosts(f)
     assert list(got) == ["h1"] and got["h1"]["ranks"] == [2, 3]
     assert got["h1"]["node"] == "node-h1" and len(got["h1"]["devices"]) == 2
-    # older findings: culprit_hosts only
-    assert list(culprit_hosts({"ranks": [4], "evidence": {"culprit_hosts": ["h9"]}})) == ["h9"]
+    assert culprit_hosts({"ranks": [4], "evidence": {"culprits": [{"rank": 4}]}}) == {}
 
 
 def test_one_hang_quarantines_two_stragglers_needed_and_actions_run(tmp_path):

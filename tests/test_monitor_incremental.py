@@ -3,7 +3,7 @@
 ViewBuilder, given the URLs a sweep asked, reuses carried RankViews and regroups only the
 touched groups; Verifier judges again only the ranks whose claims changed (and every rank
 those checks involve). Both are compared here, sweep after sweep, with the from-scratch
-results on the same ranks: a view grouped afresh (ClusterView from the ranks) and verify()
+results on the same ranks: a view grouped afresh (ClusterView from the ranks) and verify_ranks()
 over every rank. Synthetic /v1/state documents (no server needed: what is compared is the
 monitor's own bookkeeping), with the changes that move verdicts and groups: a rank going
 down and a new process taking its slot, a replica id claimed by two groups, a rank moving
@@ -16,7 +16,7 @@ import operator
 import random
 
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
-from monitor.evidence.verification import Verifier, verify, verify_ranks
+from monitor.evidence.verification import Verifier, verify_ranks
 from monitor.evidence.view import ClusterView, RankView, ViewBuilder
 from monitor.poll.discovery import Target
 from monitor.poll.poller import RankPoll
@@ -52,14 +52,14 @@ def group_summary(view: ClusterView) -> dict:
 
 def sweep_verified(vb, verifier, targets, states, asked, down, lh, now, sweep):
     """One incremental sweep over ``asked`` (``down`` refusing); its verdicts must be
-    verify()'s on the same ranks."""
+    verify_ranks()'s on the same ranks."""
     polls = {u: (RankPoll(u, True, data=dict(states[u])) if u not in down
                  else RankPoll(u, False, reason="connection", error="refused"))
              for u in asked}
     view = vb.update(targets, polls, now=now, polled=asked,
                      judge=lambda ranks, changed: verifier.judge(
                          ranks, changed, lh, None, True, now))
-    full = verify(view, lh, None, True, now)
+    full = verify_ranks(view.ranks, lh, None, True, now)
     assert {u: trust_fields(r.trust) for u, r in view.ranks.items()} == \
         {u: trust_fields(t) for u, t in full.items()}, f"sweep {sweep}"
     return view
@@ -228,7 +228,7 @@ def test_moved_groups_carry_what_a_from_scratch_view_computes_over_random_sweeps
                     continue  # new, or the very same object (its derived values: above)
                 carry = gv.__dict__.get("_carry")
                 if carry is not None and carry is was.__dict__.get("_carry"):
-                    # a moved group (GroupView._progressed): same ranks in the same slots
+                    # a moved group (GroupView.progressed): same ranks in the same slots
                     moved_seen += 1
                     assert [r.url for r in gv.ranks] == [r.url for r in was.ranks]
                     assert derived(gv) == derived(fresh_groups(v)[g]), f"sweep {sweep}"
@@ -250,7 +250,8 @@ def test_step_times_and_their_median_are_the_general_paths():
     statistics.median give, odd lists included."""
     import statistics
 
-    from monitor.evidence.view import RankView, _median
+    from monitor.evidence.cluster import median
+    from monitor.evidence.view import RankView
     from monitor.poll.packed_state import pack_state
 
     nan, inf = float("nan"), float("inf")
@@ -269,7 +270,7 @@ def test_step_times_and_their_median_are_the_general_paths():
     for n in (0, 1, 2, 63, 64, 65, 1000, 1001):
         for _ in range(10):
             vals = [rng.choice((0.5, 1.0, 3.0, rng.random())) for _ in range(n)]
-            assert _median(iter(vals)) == (statistics.median(vals) if vals else None), n
+            assert median(iter(vals)) == (statistics.median(vals) if vals else None), n
 
 
 def rank_fields(view: ClusterView) -> dict:
@@ -358,7 +359,7 @@ def test_rank_views_are_slotted_and_their_copies_carry_every_field():
 def test_verifier_judges_everything_again_when_a_judged_rank_is_gone():
     """Verifier.judge tells a rank set that lost a judged URL by counting (the URLs new to
     it are in ``changed``), not a subset test over every rank: a target replaced by another
-    in the same sweep (same count), a target gone, one added, all give verify()'s verdicts
+    in the same sweep (same count), a target gone, one added, all give verify_ranks()'s verdicts
     over random sweeps."""
     rng = random.Random(41)
     lh = lighthouse()

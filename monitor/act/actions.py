@@ -1,11 +1,10 @@
-"""Actions: ask the torchft Lighthouse to kill a replica group, the way its Kill button does,
-and finish the job on the group's ranks that kill does not reach (:class:`Orphans`).
+"""Actions on a replica group: the Lighthouse's kill (:class:`Lighthouse`), and telling the
+group's other ranks, which that kill does not reach, to exit (:class:`Orphans`).
 
-``POST {lighthouse}/replica/{replica_id}/kill`` makes the Lighthouse tell that group's Manager to
-exit. torchft 0.2.0 answers 500 ("transport error") because the Manager exits before it replies,
-so any HTTP answer counts as *sent*; only when the Lighthouse cannot be reached at all (refused,
-DNS, timeout before connecting) is the kill *failed*. Whether it worked is judged afterwards by
-the group leaving the quorum (see :mod:`monitor.service`), never by this answer.
+``POST {lighthouse}/replica/{replica_id}/kill`` makes the Lighthouse tell the group's Manager to
+exit. torchft 0.2.0 answers 500 because the Manager exits before it replies, so any HTTP answer
+counts as *sent*; only a Lighthouse that cannot be reached makes the kill *failed*. Whether it
+worked is judged by the group leaving the quorum (:mod:`monitor.service`), never by the answer.
 """
 
 from __future__ import annotations
@@ -40,9 +39,7 @@ class Lighthouse:
         url = f"{self.url}/replica/{quote(replica_id, safe=':')}/kill"
         try:
             r = self._session.post(url, timeout=self.timeout_s)
-        except requests.ConnectTimeout as e:
-            return KillResult(False, None, f"Lighthouse unreachable: {e}")
-        except requests.ConnectionError as e:
+        except requests.ConnectionError as e:  # ConnectTimeout included: nothing was asked
             return KillResult(False, None, f"Lighthouse unreachable: {e}")
         except requests.Timeout:
             # connected and asked; the answer did not come: the Manager may be gone already
@@ -52,19 +49,8 @@ class Lighthouse:
         if r.status_code == 200:
             return KillResult(True, 200, "killed")
         body = r.text[:300].replace("\n", " ")
-        # 0.2.0: the Manager exits before answering the Lighthouse, which reports 500.
         return KillResult(True, r.status_code, f"HTTP {r.status_code} (expected with torchft "
                                                f"0.2.0: Manager exits before replying): {body}")
-
-    def status_html(self) -> str | None:
-        """The Lighthouse's ``/status`` page, or None when unreachable (for the overview link)."""
-        if not self.url:
-            return None
-        try:
-            r = self._session.get(f"{self.url}/status", timeout=self.timeout_s)
-            return r.text if r.ok else None
-        except requests.RequestException:
-            return None
 
     def close(self) -> None:
         self._session.close()
@@ -78,11 +64,10 @@ class ExitResult:
 
 
 class RankExits:
-    """Tell one rank to exit: ``POST {rank}/v1/exit`` with the ranks' exit token.
-
-    The WorkerServer answers only when its process opted in (``LIGHTKEEPER_EXIT_TOKEN``) and the
-    token matches; it then ends its process at once (``os._exit``): a rank blocked in a collective
-    or hung in Python cannot be asked to finish anything. Never raises."""
+    """Tell one rank to exit: ``POST {rank}/v1/exit`` with the ranks' exit token. The
+    WorkerServer obeys only when its process opted in (``LIGHTKEEPER_EXIT_TOKEN``) and the token
+    matches, and then ends at once (``os._exit``: a hung rank cannot finish anything). Never
+    raises."""
 
     def __init__(self, token: str | None, timeout_s: float = 2.0) -> None:
         self.token = token
@@ -109,18 +94,14 @@ class RankExits:
 class Orphans:
     """Finish an eviction the Lighthouse's kill cannot finish on its own.
 
-    torchft 0.2.0's kill reaches only the process that runs the group's Manager server (group
-    rank 0: ``ManagerServer`` exists there only, and ``Kill`` calls ``std::process::exit``). The
-    group's other ranks are not told. Measured on CPU/gloo (docs/monitor.md, Eviction): under
-    torchrun its agent tears them down within ~1 s; launched bare (as on other hosts, with no local
-    agent), a rank blocked in a collective with rank 0 fails within seconds, but a rank that waits
-    outside a collective (e.g. an in-group hang's culprit) lives on, holding its port (and GPU).
+    torchft 0.2.0's kill reaches only group rank 0 (the Manager server's process). Without a
+    local agent (torchrun) to tear down the others, a rank waiting outside a collective lives
+    on, holding its port and GPU (docs/monitor.md, Eviction).
 
-    :meth:`follow` is called every sweep for each eviction not yet confirmed, with the ranks that
-    still report the evicted replica id. After ``grace_s`` it tells each of them to exit (once; a
-    rank still answering 5 s after being told is told again) when the monitor has the ranks' exit
-    token, and otherwise names them for the operator. It returns a sentence for the eviction's
-    detail whenever that sentence changes, else None."""
+    :meth:`follow` is called every sweep for each unconfirmed eviction with the ranks still
+    reporting the evicted replica id. After ``grace_s`` it tells each to exit (again every
+    RETELL_S while it answers) when the monitor has the exit token, else names them for the
+    operator. It returns a sentence for the eviction's detail when that sentence changes."""
 
     RETELL_S = 5.0
 

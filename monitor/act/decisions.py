@@ -1,24 +1,13 @@
 """Safety rails: whether a confirmed finding may evict its replica group, and why (not).
 
-:func:`decide` is a pure function of the finding, a summary of what the monitor currently sees
-(:class:`Situation`) and the audit history (already-evicted replica ids, the last eviction); it
-returns ``evict`` or ``hold`` with the first rail that stops it, checked in this order:
-
-1. ``kind_not_evicted``: the finding's kind is not in ``--evict-on`` (``dead`` by default: torchft
-   already drops a dead group, and a kill request cannot reach it); the loop does not even ask
-   for such findings, so they appear as findings only, not in the decision log;
-2. ``no_replica_id``: the group's torchft replica id is unknown, so there is nothing to kill;
-3. ``already_evicted``: a kill for this replica id was already sent (also before a restart of the
-   monitor); a restarted group has a new replica id and is judged on its own evidence;
-4. ``dry_run``: ``--dry-run`` detects and reports, never evicts;
-5. ``monitor_blind``: the monitor reaches no more than ``min_reachable_fraction`` of the ranks it
-   knows; then the monitor (or its network) is the likely problem, not the groups; or it cannot
-   verify what ranks claim (``Situation.blind_reason``: the Lighthouse is unreadable);
-6. ``min_replicas``: evicting would leave fewer than ``--min-replicas`` groups in the quorum;
-7. ``cooldown``: another eviction happened less than ``--cooldown`` seconds ago.
-
-Manual evictions (``POST /v1/evict``) pass through rails 2, 3, 4 and 6: the person asking is the
-evidence, and may act within a cooldown or while the monitor is partly blind.
+:func:`decide` is a pure function of the finding, what the monitor sees (:class:`Situation`)
+and the audit history. It returns ``evict``, or ``hold`` with the first rail that stops it:
+``kind_not_evicted`` (not in ``--evict-on``), ``no_replica_id`` (nothing to kill),
+``already_evicted`` (a kill for this replica id was sent, before a restart too), ``dry_run``,
+``monitor_blind`` (the Lighthouse unreadable, or at most ``min_reachable_fraction`` of the
+ranks reached: the monitor is the likely problem), ``min_replicas`` (too few groups would stay
+in the quorum), ``cooldown``. A manual eviction (``POST /v1/evict``) skips ``kind_not_evicted``,
+``monitor_blind`` and ``cooldown``: the person asking is the evidence.
 """
 
 from __future__ import annotations

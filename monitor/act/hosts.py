@@ -1,35 +1,21 @@
 """The host ledger and the quarantine policy: confirmed findings in, host decisions out.
 
-Every confirmed finding whose kind is in ``--quarantine-after`` is recorded as an *offence*
-against each of its culprit ranks' hosts (``evidence.culprits``: host, node, device), in the
-monitor's SQLite file (:mod:`monitor.store`), so a restarted monitor keeps the ledger. A host is
-``ok`` (no offence within ``--quarantine-window``), ``suspect`` (offences below the threshold,
-or a quarantine held by a rail), ``quarantined`` or ``released`` (a quarantine ended, by TTL or
-``POST /v1/hosts/{host}/release``; offences before the release no longer count).
+A confirmed finding whose kind is in ``--quarantine-after`` is an *offence* against each of its
+culprits' hosts (``evidence.culprits``), kept in the monitor's SQLite file (:mod:`monitor.store`)
+so a restarted monitor keeps the ledger. A host is ``ok``, ``suspect`` (offences below the
+threshold, or a quarantine held by a rail), ``quarantined`` or ``released`` (by TTL or
+``POST /v1/hosts/{host}/release``; earlier offences no longer count).
 
-:meth:`HostLedger.decide` quarantines a host once, for some kind, ``N`` offences fall within the
-window (``--quarantine-after kind=N``), unless a rail holds it, checked in this order:
-
-1. ``monitor_blind``: the same rule as evictions (the Lighthouse unreadable, or the monitor
-   reaches no more than ``--min-reachable`` of the ranks it knows);
-2. ``no_other_host``: every other host the monitor knows is quarantined already (or there is
-   none, as on a one-host job): a quarantine would only evict every restart on the same host;
-3. ``cap``: ``--max-quarantined`` hosts (a count, or a fraction of the hosts it knows, at least
-   one) are quarantined already: a monitor bug cannot drain a cluster;
-4. ``dry_run``: ``--quarantine-dry-run`` decides and logs (``would_quarantine`` on the host),
-   and changes nothing else.
-
-Every decision (quarantine, hold with its rail, release, expiry) goes to ``host_decisions`` with
-its evidence (the offences and their findings); a hold is logged once per host and rail, not
-every sweep. A quarantine or a release queues one action per configured sink
-(:mod:`monitor.act.sinks`); :meth:`HostLedger.run_actions` carries out the due ones, each attempt
-recorded; a failed attempt is retried with backoff (2 s, 4 s, ... up to 5 min) up to
-``max_attempts`` (or at once given up when retrying cannot help), then ``failed``. A sink that
-raises is a failed attempt: nothing here stops the monitor.
-
-:meth:`HostLedger.group_findings` opens ``quarantined_host`` for a group whose incarnation
-(``replica_id``) was not on a host when it was quarantined but now runs there: the rails of
-:mod:`monitor.act.decisions` then evict it like any other finding.
+:meth:`HostLedger.decide` quarantines a host once ``N`` offences of one kind fall within
+``--quarantine-window``, unless a rail holds it, in this order: ``monitor_blind`` (as for
+evictions), ``no_other_host`` (no unquarantined host would be left to restart on), ``cap``
+(``--max-quarantined``: a monitor bug cannot drain a cluster), ``dry_run`` (decided and logged,
+nothing done). Every decision goes to ``host_decisions`` with its evidence; a hold is logged
+once per host and rail. A quarantine or release queues one action per sink
+(:mod:`monitor.act.sinks`), retried with backoff up to ``max_attempts``; a sink that raises is
+a failed attempt, never a stopped monitor. :meth:`HostLedger.group_findings` opens
+``quarantined_host`` for a group whose incarnation came to a quarantined host afterwards: the
+rails (:mod:`monitor.act.decisions`) then evict it like any other finding.
 """
 
 from __future__ import annotations
@@ -52,15 +38,10 @@ BACKOFF_S, BACKOFF_MAX_S = 2.0, 300.0
 
 
 def culprit_hosts(finding: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """host -> {node, devices, ranks} from a finding's ``evidence.culprits`` (falls back on
-    ``evidence.culprit_hosts``); ranks without a host are skipped."""
-    ev = finding.get("evidence") or {}
+    """host -> {node, devices, ranks} from a finding's ``evidence.culprits``; ranks without a
+    host are skipped."""
     out: dict[str, dict[str, Any]] = {}
-    culprits = ev.get("culprits")
-    if not culprits:
-        culprits = [{"host": h, "rank": r} for h, r in
-                    zip(ev.get("culprit_hosts") or [], finding.get("ranks") or [], strict=False)]
-    for c in culprits:
+    for c in (finding.get("evidence") or {}).get("culprits") or ():
         host = c.get("host")
         if not host:
             continue
@@ -93,17 +74,13 @@ class HostLedger:
         self.hosts: dict[str, dict[str, Any]] = store.load_hosts()
         self._held: dict[str, str] = {}  # host -> the rail that held it last (logged once)
         self._actions_running = threading.Lock()
-        # what the last observed view's ranks say about hosts, kept per rank so that a sweep
-        # reads only the ranks whose RankView changed (docs/scaling.md): url -> (host, replica
-        # id, node, device label, superseded); host -> replica id -> ranks (not superseded);
-        # host -> its ranks' urls (not superseded); host -> ranks naming it (all)
-        self._claims: dict[str, tuple] = {}
-        # per URL, the state fields its claim was made from: the same fields, the same claim
-        # (~30,000 ranks a sweep at 100,000 are asked or newly carried, their claims unchanged)
-        self._claimed_from: dict[str, tuple] = {}
-        self._rids: dict[str, dict[str, int]] = {}
-        self._urls: dict[str, set[str]] = {}
-        self._named: dict[str, int] = {}
+        # what the observed view's ranks say about hosts, kept per rank so that a sweep reads
+        # only the ranks that changed (docs/scaling.md)
+        self._claims: dict[str, tuple] = {}  # url -> (host, replica id, node, device, superseded)
+        self._claimed_from: dict[str, tuple] = {}  # url -> the state fields of its claim
+        self._rids: dict[str, dict[str, int]] = {}  # host -> replica id -> live ranks
+        self._urls: dict[str, set[str]] = {}  # host -> its live ranks' URLs
+        self._named: dict[str, int] = {}  # host -> ranks naming it (superseded ones too)
         self._observed: Any = None  # the view the index is of
 
     # --- what the monitor sees -------------------------------------------------------------
@@ -115,42 +92,35 @@ class HostLedger:
         return h
 
     def observe(self, view: Any, now: float, changed: Any = None) -> None:
-        """Node, devices and last-seen time of every host a rank reports (nothing is stored
-        for hosts that never offended: the ledger stays the size of the trouble).
-
-        ``changed``: the URLs whose RankView may claim another host, replica id, node, device
-        or ``superseded`` than in the previous call's view (``ViewBuilder.reshaped``: the
-        monitor's; ``ViewBuilder.changed`` holds them too); only those are read, the other
-        ranks' claims are kept from before. None (or every rank) reads every rank afresh."""
+        """Node, devices and last-seen time of the ledger's hosts from the ranks' claims
+        (hosts that never offended are not stored). ``changed``: the URLs whose claims may
+        differ from the last call's view (``ViewBuilder.reshaped``); None reads every rank."""
         with self._lock:
             ranks = view.ranks
             if changed is None or len(changed) >= len(ranks) or self._observed is None:
                 self._claims, self._rids, self._urls, self._named = {}, {}, {}, {}
                 self._claimed_from = {}
                 changed = ranks.keys()
-            claimed_from = self._claimed_from
+            claimed_from, claims = self._claimed_from, self._claims
             for url in changed:
                 r = ranks.get(url)
                 s = r.state if r is not None else None
                 fields = None if not s else (s.get("host"), s.get("replica_id"), s.get("node"),
-                                             s.get("device"), bool(getattr(r, "superseded",
-                                                                           False)))
-                if fields is not None and fields == claimed_from.get(url):
-                    continue
-                if fields is None:
-                    claimed_from.pop(url, None)
-                else:
-                    claimed_from[url] = fields
-                new = self._claim(r) if r is not None else None
-                old = self._claims.get(url)
-                if new == old:
-                    continue
+                                             s.get("device"), r.superseded)
+                if fields == claimed_from.get(url):
+                    continue  # the same fields, the same claim: most ranks, most sweeps
+                old = claims.pop(url, None)
                 if old is not None:
                     self._index(url, old, -1)
-                if new is None:
-                    self._claims.pop(url, None)
-                else:
-                    self._claims[url] = new
+                if fields is None:
+                    claimed_from.pop(url, None)
+                    continue
+                claimed_from[url] = fields
+                host, rid, node, device, superseded = fields
+                if host:
+                    claims[url] = new = (host, str(rid) if rid else None, node,
+                                         device_label(device) if device else None,
+                                         bool(superseded))
                     self._index(url, new, 1)
             self._observed = view
             for host, h in self.hosts.items():  # the ledger's hosts: the few that offended
@@ -164,16 +134,6 @@ class HostLedger:
                         h["node"] = node
                     if d and d not in h["devices"]:
                         h["devices"].append(d)
-
-    @staticmethod
-    def _claim(r: Any) -> tuple | None:
-        s = r.state or {}
-        host = s.get("host")
-        if not host:
-            return None
-        return (host, str(s["replica_id"]) if s.get("replica_id") else None, s.get("node"),
-                device_label(s["device"]) if s.get("device") else None,
-                bool(getattr(r, "superseded", False)))
 
     def _index(self, url: str, claim: tuple, sign: int) -> None:
         host, rid, _, _, superseded = claim
@@ -197,7 +157,7 @@ class HostLedger:
                     del self._rids[host]
 
     def _on_host(self, host: str) -> set[str]:
-        """Replica ids of the last observed view's (not superseded) ranks on ``host``."""
+        """Replica ids of the observed view's live ranks on ``host``."""
         return set(self._rids.get(host, ()))
 
     def known_hosts(self, view: Any) -> set[str]:
@@ -208,15 +168,10 @@ class HostLedger:
         return {h for h in seen if h} | set(self.hosts)
 
     def record(self, findings: list[dict[str, Any]], now: float,
-               group_hosts: dict[int, set[str]] | None = None) -> list[str]:
-        """Record new confirmed findings (dicts with ``id``) against their culprits' hosts;
-        returns the hosts that offended.
-
-        ``group_hosts`` (replica group -> the hosts its ranks run on): a finding that names
-        every host of a group spanning several hosts (e.g. a straggler group where no rank stands
-        out) does not single out a host; its offences are recorded with ``counts: false`` and
-        never count towards a quarantine."""
-        offended = []
+               group_hosts: dict[int, set[str]] | None = None) -> None:
+        """Record new confirmed findings (dicts with ``id``) against their culprits' hosts. A
+        finding naming every host of a group spanning several (``group_hosts``: group -> its
+        hosts) singles none out: recorded with ``counts: false``, never counted."""
         with self._lock:
             for f in findings:
                 if self.cfg.after.get(f.get("kind"), 0) < 1:
@@ -244,8 +199,6 @@ class HostLedger:
                     if counts and h["state"] in (OK, RELEASED):
                         self._set_state(h, SUSPECT, now)
                     self._save(h, now)
-                    offended.append(host)
-        return offended
 
     def _seen_before_restart(self, host: str, f: dict[str, Any]) -> bool:
         """The same episode confirmed again after a monitor restart (the restart closed the
@@ -274,7 +227,7 @@ class HostLedger:
                 if h["state"] == QUARANTINED and h.get("expires_at") is not None \
                         and now >= h["expires_at"]:
                     out.append(self._release(h, now, "ttl", f"quarantine TTL "
-                                             f"({self.cfg.ttl_s:g}s) expired", "auto"))
+                                             f"({self.cfg.ttl_s:g}s) expired"))
             for h in list(self.hosts.values()):
                 if h["state"] != SUSPECT:
                     continue  # an offence makes a host suspect (record): only those are judged
@@ -285,7 +238,7 @@ class HostLedger:
                 due = sorted(k for k, n in counts.items()
                              if self.cfg.after.get(k, 0) >= 1 and n >= self.cfg.after[k])
                 if not due:
-                    if h["state"] == SUSPECT and not offences:
+                    if not offences:
                         self._set_state(h, OK, now)
                         self._save(h, now)
                     self._held.pop(h["host"], None)
@@ -295,22 +248,7 @@ class HostLedger:
                                                         if k in self.cfg.after},
                             "window_s": self.cfg.window_s,
                             "offences": [{"at": o["at"], **o["data"]} for o in offences[:20]]}
-                rail = None
-                n_quarantined = sum(1 for x in self.hosts.values() if x["state"] == QUARANTINED)
-                cap = self.cfg.cap(known)
-                if blind:
-                    rail = ("monitor_blind", blind)
-                elif n_quarantined + 1 >= known:
-                    rail = ("no_other_host", f"quarantining {h['host']} would leave none of the "
-                                             f"{known} host(s) the monitor knows to run on "
-                                             f"({n_quarantined} quarantined already): the "
-                                             "restarted group would come back on it")
-                elif n_quarantined >= cap:
-                    rail = ("cap", f"{n_quarantined} host(s) quarantined already, the cap "
-                                   f"(--max-quarantined {self.cfg.max_quarantined:g} of {known} "
-                                   f"known host(s)) is {cap}")
-                elif self.cfg.dry_run:
-                    rail = ("dry_run", "--quarantine-dry-run: decided, nothing done")
+                rail = self._rail(h["host"], blind, known)
                 summary = f"{counts[kind]} {kind} finding(s) within {self.cfg.window_s:g}s " \
                           f"(--quarantine-after {kind}={self.cfg.after[kind]})"
                 if rail is not None:
@@ -332,6 +270,23 @@ class HostLedger:
                     continue
                 out.append(self._quarantine(h, kind, summary, evidence, now))
         return out
+
+    def _rail(self, host: str, blind: str | None, known: int) -> tuple[str, str] | None:
+        """(rail, detail) of the first rail that holds a quarantine of ``host``, or None."""
+        n = sum(1 for x in self.hosts.values() if x["state"] == QUARANTINED)
+        cap = self.cfg.cap(known)
+        if blind:
+            return "monitor_blind", blind
+        if n + 1 >= known:
+            return "no_other_host", (f"quarantining {host} would leave none of the {known} "
+                                     f"host(s) the monitor knows to run on ({n} quarantined "
+                                     "already): the restarted group would come back on it")
+        if n >= cap:
+            return "cap", (f"{n} host(s) quarantined already, the cap (--max-quarantined "
+                           f"{self.cfg.max_quarantined:g} of {known} known host(s)) is {cap}")
+        if self.cfg.dry_run:
+            return "dry_run", "--quarantine-dry-run: decided, nothing done"
+        return None
 
     def _quarantine(self, h: dict[str, Any], kind: str, summary: str, evidence: dict,
                     now: float) -> dict[str, Any]:
@@ -355,7 +310,7 @@ class HostLedger:
         self._queue(h, "quarantine", kind, summary, finding, now)
         return {"host": h["host"], "decision": "quarantine", "reason": kind, "detail": summary}
 
-    def release(self, host: str, reason: str, source: str = "manual") -> dict[str, Any]:
+    def release(self, host: str, reason: str) -> dict[str, Any]:
         """``POST /v1/hosts/{host}/release``. Raises KeyError for a host the ledger does not
         know and ValueError for one that is not quarantined."""
         now = self.clock()
@@ -365,10 +320,10 @@ class HostLedger:
                 raise KeyError(host)
             if h["state"] != QUARANTINED:
                 raise ValueError(f"host {host} is {h['state']}, not quarantined")
-            return self._release(h, now, "manual", reason, source)
+            return self._release(h, now, "manual", reason)
 
-    def _release(self, h: dict[str, Any], now: float, why: str, detail: str,
-                 source: str) -> dict[str, Any]:
+    def _release(self, h: dict[str, Any], now: float, why: str, detail: str
+                 ) -> dict[str, Any]:
         h.update(released_at=now, release_reason=f"{why}: {detail}")
         self._set_state(h, RELEASED, now)
         self._save(h, now)
@@ -376,7 +331,7 @@ class HostLedger:
                                      detail=detail, evidence={"quarantined_at":
                                                               h.get("quarantined_at"),
                                                               "kind": h.get("kind")},
-                                     at=now, source=source)
+                                     at=now, source="manual" if why == "manual" else "auto")
         log.warning("host %s released (%s): %s", h["host"], why, detail)
         self._queue(h, "release", h.get("kind") or "", f"{why}: {detail}", None, now)
         return {"host": h["host"], "decision": "release", "reason": why, "detail": detail}
@@ -434,23 +389,10 @@ class HostLedger:
         if not self._actions_running.acquire(blocking=False):
             return 0
         try:
-            now = self.clock() if now is None else now
-            by_name = {s.name: s for s in self.sinks}
-            n = 0
-            for a in self.store.host_actions(due_at=now):
-                sink = by_name.get(a["sink"])
+            due = self.store.host_actions(due_at=self.clock() if now is None else now)
+            for a in due:
                 attempts = a["attempts"] + 1
-                event = {**a["event"], "action_id": a["id"], "attempt": attempts}
-                if sink is None:
-                    res = ActionResult(False, f"sink {a['sink']} is no longer configured",
-                                       retry=False)
-                else:
-                    try:
-                        res = getattr(sink, a["op"])(event)
-                    except Exception as e:  # a sink bug is a failed attempt, never a crash
-                        log.exception("sink %s failed", a["sink"])
-                        res = ActionResult(False, f"{type(e).__name__}: {e}")
-                n += 1
+                res = self._attempt(a, attempts)
                 done = self.clock()
                 if res.ok:
                     status, next_at = "done", None
@@ -472,9 +414,20 @@ class HostLedger:
                                             "detail": res.detail, "at": done,
                                             "next_at": next_at}
                         self._save(h, done)
-            return n
+            return len(due)
         finally:
             self._actions_running.release()
+
+    def _attempt(self, a: dict[str, Any], attempts: int) -> ActionResult:
+        sink = next((s for s in self.sinks if s.name == a["sink"]), None)
+        if sink is None:
+            return ActionResult(False, f"sink {a['sink']} is no longer configured", retry=False)
+        try:
+            return getattr(sink, a["op"])({**a["event"], "action_id": a["id"],
+                                           "attempt": attempts})
+        except Exception as e:  # a sink bug is a failed attempt, never a crash
+            log.exception("sink %s failed", a["sink"])
+            return ActionResult(False, f"{type(e).__name__}: {e}")
 
     # --- state and output ------------------------------------------------------------------
     @staticmethod

@@ -1,17 +1,12 @@
 """Flask app factory for the monitor's HTTP API: thin routes over the monitor's loop.
 
-Read-only routes answer from what the loop last published. ``POST /v1/targets`` (self-
-registration) needs ``Authorization: Bearer <token>`` with the registration token
-(``--register-token``) or the admin token (``--token``) when the monitor has either (401
-without), else a target inside ``--allow-targets`` (403 outside; 429 past ``--max-targets``).
-The routes that change state (``POST /v1/evict``, ``POST /v1/hosts/{host}/release``) need the
-admin token alone: 403 when none is configured, 401 for any other token, the registration
-token included (a rank's token never evicts). A
-malformed request answers 400 with a JSON error, a body over 64 KiB 413; a route that fails
-inside answers 500 and the monitor keeps serving and sweeping.
-
-The app knows the monitor only through :class:`MonitorAPI`, what its routes read and call:
-:mod:`monitor.service` wires the app to its loop, and this module never imports it.
+Read-only routes answer from what the loop last published. ``POST /v1/targets`` needs the
+registration or admin token when the monitor has one (401 without), else a target inside
+``--allow-targets`` (403; 429 past ``--max-targets``). ``POST /v1/evict`` and
+``POST /v1/hosts/{host}/release`` need the admin token alone (403 without one configured, 401
+for any other, the registration token included). A malformed request answers 400, a body over
+64 KiB 413, a route that fails inside 500: the monitor keeps serving and sweeping. The app
+knows the monitor only through :class:`MonitorAPI` and never imports :mod:`monitor.service`.
 """
 
 from __future__ import annotations
@@ -65,9 +60,7 @@ class Forbidden(Exception):
 
 
 def _check_admin(cfg: MonitorConfig) -> None:
-    """The admin token, and only it: raises Forbidden, 403 when the monitor has none or the
-    caller shows the registration token (known, but it admits registrations only), 401 for a
-    missing or unknown token."""
+    """Raises Forbidden unless the caller shows the admin token (see the module docstring)."""
     if not cfg.token:
         raise Forbidden("state changes are disabled: start the monitor with --token or "
                         "LIGHTKEEPER_TOKEN (the admin token)")
@@ -157,9 +150,7 @@ def create_app(monitor: MonitorAPI) -> Flask:
 
     @app.post("/v1/hosts/<host>/release")
     def release_host(host: str):
-        """Needs the admin token (403 without one configured or with the registration token,
-        401 wrong); 404 for a host the ledger does not know, 409 for one that is not
-        quarantined."""
+        """404 for a host the ledger does not know, 409 for one that is not quarantined."""
         _check_admin(monitor.cfg)
         body = request.get_json(silent=True)
         reason = str((body or {}).get("reason") or "released by hand") \

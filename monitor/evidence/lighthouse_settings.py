@@ -1,30 +1,19 @@
 """Is the Lighthouse the monitor drives set so that recovery is slow? (docs/lighthouse.md)
 
-When a replica group dies, or the monitor evicts it, torchft 0.2.0's Lighthouse issues the
-survivors' next quorum only once the dead group stops counting: its last heartbeat is older
-than the Lighthouse's ``heartbeat_timeout_ms``, or the survivors have waited
-``join_timeout_ms`` since their first quorum request (``quorum_compute`` in torchft's
-``src/lighthouse.rs``: ``healthy_replicas``, ``all_healthy_joined``). Until then every survivor
-stalls in its quorum: measured (``benchmarks/bench_heartbeat.py``), the survivors commit again
-~``min(heartbeat, join)`` + 0.2-0.5 s after the kill (and never before the dead process is gone).
+After a group dies or is evicted, torchft's Lighthouse issues the survivors' next quorum only
+once the dead group stops counting: its last heartbeat is older than ``heartbeat_timeout_ms``,
+or the survivors have waited ``join_timeout_ms``; and the survivors ask only once their
+collective with the dead group fails. The Lighthouse does not publish its flags, so the watch
+judges from what it reads anyway:
 
-The Lighthouse does not publish its flags (``/status`` has no setting), so the monitor judges
-from evidence it reads anyway:
-
-- **declared**: ``--lighthouse-heartbeat-timeout-ms`` / ``--lighthouse-join-timeout-ms``, when
-  the operator states the values the Lighthouse was started with;
+- **declared**: ``--lighthouse-heartbeat-timeout-ms`` / ``--lighthouse-join-timeout-ms``;
 - **heartbeat bounds** from ``/status``: a heartbeat listed ``old`` is at least the timeout old,
-  one not listed old is younger than it. The Lighthouse never forgets a replica id, so every
-  group that left (killed, crashed, restarted under a new id) brackets the timeout within one
-  sweep interval as its heartbeat ages;
+  one not listed old is younger (every group that left brackets it as its heartbeat ages);
 - **drop time**: for each kill the monitor sends, the time until the Lighthouse's newest quorum
   no longer lists that replica (to within one sweep).
 
-:func:`assess` turns these into warnings with a bounded ``setting`` label (:data:`SETTINGS`);
-:class:`LighthouseSettingsWatch` feeds it every sweep, logs each warning once (again every
-:data:`RELOG_S` while it holds, and once when it clears) and publishes the gauges. Nothing here
-changes what the monitor decides: a slow Lighthouse is reported, never acted on, and an input
-the watch cannot read (no status, a page without heartbeats) only leaves it knowing less.
+Nothing here changes what the monitor decides: a slow setting is reported (log, gauges,
+``/v1/cluster``), never acted on, and what cannot be read only leaves the watch knowing less.
 """
 
 from __future__ import annotations
@@ -37,13 +26,9 @@ from .lighthouse_status import LighthouseStatus
 
 log = logging.getLogger(__name__)
 
-# Above this many seconds a dead group's stall is "slow". Measured on the demo's job
-# (docs/lighthouse.md): at heartbeat_timeout_ms 1000 the survivors commit again 1.25 s after a
-# kill (median) with no false drop in 10 healthy minutes; at 2000, 2.5 s; at 5000 (torchft's
-# default, and the demo's old value) 5.8 s, at every eviction and crash.
+# Above this many seconds a dead group's stall is "slow" (docs/lighthouse.md, Measured).
 SLOW_S = 2.0
-# A kill's drop time also holds the process's exit after the kill and up to one sweep of
-# sampling; above SLOW_S + this it is slow whatever the interval.
+# A kill's drop time also holds the process's exit and up to one sweep of sampling.
 DROP_SLACK_S = 1.0
 RELOG_S = 600.0  # a warning that still holds is logged again after this many seconds
 PENDING_MAX_S = 300.0  # a kill whose replica never leaves the quorum is forgotten after this
@@ -73,39 +58,49 @@ def _fmt(s: float) -> str:
     return f"{s * 1000:.0f} ms"
 
 
-def assess(ev: Evidence, slow_s: float = SLOW_S) -> list[SettingWarning]:
-    """Warnings for what the evidence shows; [] when nothing is known to be slow.
+def assess(ev: Evidence) -> list[SettingWarning]:
+    """The warnings the evidence supports; [] when nothing is known to be slow.
 
     - ``heartbeat_timeout``: the heartbeat timeout is known (declared, else observed) to be
-      above ``slow_s`` and no declared join timeout at or below ``slow_s`` caps the stall;
-    - ``eviction_drop``: the last kill took longer than ``slow_s`` + one sweep + the exit
-      slack to leave the Lighthouse's quorum (whatever the settings, that is what happened);
-    - ``heartbeat_timeout_declared``: the declared heartbeat timeout contradicts what the
-      Lighthouse's page shows (outside the observed bounds by more than one sweep).
+      above SLOW_S, and no declared join timeout at or below it caps the stall;
+    - ``eviction_drop``: the last kill took longer than SLOW_S + one sweep + the exit slack
+      to leave the quorum. With a heartbeat timeout known to be short the Lighthouse did not
+      set that: the survivors asked late, their collective with the evicted group still
+      blocked (a rank the kill did not reach, or the Manager's ``timeout``);
+    - ``heartbeat_timeout_declared``: the declared heartbeat timeout is outside the bounds the
+      Lighthouse's page shows by more than one sweep.
     """
     out: list[SettingWarning] = []
     hb = ev.declared_heartbeat_s
     said = f"{_fmt(hb)} (declared, --lighthouse-heartbeat-timeout-ms)" if hb is not None else ""
-    if hb is None and ev.heartbeat_above_s is not None and ev.heartbeat_above_s > slow_s:
+    if hb is None and ev.heartbeat_above_s is not None and ev.heartbeat_above_s > SLOW_S:
         hb = ev.heartbeat_above_s
         said = (f"longer than {_fmt(hb)} (its /status showed a departed group's heartbeat that "
                 f"old and not yet expired)")
-    join_caps = ev.declared_join_s is not None and ev.declared_join_s <= slow_s
-    if hb is not None and hb > slow_s and not join_caps:
+    join_caps = ev.declared_join_s is not None and ev.declared_join_s <= SLOW_S
+    if hb is not None and hb > SLOW_S and not join_caps:
         out.append(SettingWarning(
             "heartbeat_timeout",
             f"the Lighthouse's heartbeat timeout is {said}: after every eviction "
             f"or crash the surviving groups stall about that long before their next quorum "
-            f"(above {_fmt(slow_s)}); start the Lighthouse with heartbeat_timeout_ms=1000 "
-            f"(measured in docs/lighthouse.md)"))
-    if ev.last_drop_s is not None and ev.last_drop_s > slow_s + ev.interval_s + DROP_SLACK_S:
-        out.append(SettingWarning(
-            "eviction_drop",
-            f"the last evicted group left the Lighthouse's quorum {ev.last_drop_s:.1f}s after "
-            f"the kill (more than {slow_s + ev.interval_s + DROP_SLACK_S:.1f}s: {_fmt(slow_s)}"
-            f" + one sweep + {DROP_SLACK_S:g}s for the process to exit); the survivors "
-            f"stalled that long: check the Lighthouse's heartbeat_timeout_ms and "
-            f"join_timeout_ms (docs/lighthouse.md)"))
+            f"(above {_fmt(SLOW_S)}); start the Lighthouse with heartbeat_timeout_ms=1000 "
+            f"(docs/lighthouse.md)"))
+    limit = SLOW_S + ev.interval_s + DROP_SLACK_S
+    if ev.last_drop_s is not None and ev.last_drop_s > limit:
+        drop = (f"the last evicted group left the Lighthouse's quorum {ev.last_drop_s:.1f}s "
+                f"after the kill (more than {limit:.1f}s: {_fmt(SLOW_S)} + one sweep + "
+                f"{DROP_SLACK_S:g}s for the process to exit); the survivors stalled that long")
+        short = _short_heartbeat(ev)
+        if short is None:
+            why = ("check the Lighthouse's heartbeat_timeout_ms and join_timeout_ms "
+                   "(docs/lighthouse.md)")
+        else:
+            why = (f"not the Lighthouse's doing, its heartbeat timeout is {short}: the "
+                   f"survivors asked for a new quorum late, blocked in a collective with the "
+                   f"evicted group until it failed; check that every rank of an evicted group "
+                   f"exits (the Lighthouse's kill reaches only group rank 0: "
+                   f"--rank-exit-token) and the Manager's timeout (TORCHFT_TIMEOUT_SEC)")
+        out.append(SettingWarning("eviction_drop", f"{drop}: {why}"))
     d = ev.declared_heartbeat_s
     if d is not None:
         lo, hi = ev.heartbeat_above_s, ev.heartbeat_at_most_s
@@ -121,24 +116,30 @@ def assess(ev: Evidence, slow_s: float = SLOW_S) -> list[SettingWarning]:
     return out
 
 
-class LighthouseSettingsWatch:
-    """Collects the evidence sweep by sweep and reports :func:`assess`'s warnings.
+def _short_heartbeat(ev: Evidence) -> str | None:
+    """How the heartbeat timeout is known to be at most SLOW_S (declared, else observed);
+    None when it is not known to be."""
+    d, hi = ev.declared_heartbeat_s, ev.heartbeat_at_most_s
+    if d is not None:
+        return f"{_fmt(d)} (declared)" if d <= SLOW_S else None
+    if hi is not None and hi <= SLOW_S:
+        return f"at most {_fmt(hi)} (observed)"
+    return None
 
-    :meth:`observe` takes each sweep's Lighthouse status (None when it could not be read: then
-    nothing is learnt), :meth:`kill_sent` each kill the monitor sent. Never raises on what the
-    Lighthouse serves."""
+
+class LighthouseSettingsWatch:
+    """Collects the evidence sweep by sweep and reports :func:`assess`'s warnings: each logged
+    once, again every RELOG_S while it holds, and once when it clears. Never raises on what
+    the Lighthouse serves."""
 
     def __init__(self, declared_heartbeat_ms: int | None = None,
-                 declared_join_ms: int | None = None, interval_s: float = 1.0,
-                 slow_s: float = SLOW_S) -> None:
+                 declared_join_ms: int | None = None, interval_s: float = 1.0) -> None:
         self.ev = Evidence(
             declared_heartbeat_s=None if declared_heartbeat_ms is None
             else declared_heartbeat_ms / 1000,
             declared_join_s=None if declared_join_ms is None else declared_join_ms / 1000,
             interval_s=interval_s)
-        self.slow_s = slow_s
         self.pending: dict[str, float] = {}  # replica_id -> when the kill was sent
-        self.drops: list[tuple[str, float]] = []  # (replica_id, seconds), oldest first
         self.active: dict[str, SettingWarning] = {}
         self._logged_at: dict[str, float] = {}
 
@@ -147,7 +148,8 @@ class LighthouseSettingsWatch:
             self.pending[replica_id] = now
 
     def observe(self, status: LighthouseStatus | None, now: float) -> list[SettingWarning]:
-        """Learn from one sweep's status; returns the warnings that hold now (and logs)."""
+        """Learn from one sweep's status (None: unreadable, nothing learnt); returns the
+        warnings that hold now."""
         if status is not None:
             ev = self.ev
             for rid, age in status.heartbeats.items():
@@ -163,16 +165,12 @@ class LighthouseSettingsWatch:
                     if rid not in status.members:
                         del self.pending[rid]
                         ev.last_drop_s = max(0.0, now - at)
-                        self.drops.append((rid, ev.last_drop_s))
-                        del self.drops[:-50]
                         log.info("evicted replica %s left the Lighthouse's quorum %.1fs after "
                                  "the kill", rid, ev.last_drop_s)
         for rid, at in list(self.pending.items()):
             if now - at > PENDING_MAX_S:
                 del self.pending[rid]
-        return self._report(assess(self.ev, self.slow_s), now)
-
-    def _report(self, warnings: list[SettingWarning], now: float) -> list[SettingWarning]:
+        warnings = assess(self.ev)
         current = {w.setting: w for w in warnings}
         for setting, w in current.items():
             last = self._logged_at.get(setting)
@@ -204,6 +202,6 @@ class LighthouseSettingsWatch:
                 "declared_join_timeout_s": ev.declared_join_s,
                 "observed_heartbeat_timeout_above_s": ev.heartbeat_above_s,
                 "observed_heartbeat_timeout_at_most_s": ev.heartbeat_at_most_s,
-                "last_drop_s": ev.last_drop_s, "slow_s": self.slow_s,
+                "last_drop_s": ev.last_drop_s, "slow_s": SLOW_S,
                 "warnings": [{"setting": w.setting, "message": w.message}
                              for w in self.active.values()]}

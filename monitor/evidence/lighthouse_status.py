@@ -1,29 +1,20 @@
 """What the torchft Lighthouse says about the job: its newest quorum and who heartbeats.
 
-torchft 0.2.0's Lighthouse has no JSON API. Its HTTP server answers ``/`` (the dashboard),
-``POST /replica/{replica_id}/kill`` and ``/status``, the HTML fragment the dashboard reloads
-every second, read here. Its shape (askama template; every value HTML-escaped)::
+torchft 0.2.0's Lighthouse has no JSON API; this reads ``/status``, the HTML fragment its
+dashboard reloads (askama template, values HTML-escaped)::
 
     Current quorum_id: 3 <br>
-    Next quorum status: ...
     <h3>Previous Quorum</h3>
     Previous quorum id: 3 <br>            (absent before the first quorum)
     Num participants: 2 <br>
-    <div class="member [recovering]">
-      <b>replica_group_0:2f1c...</b> <br/>
-      Step: 41 <br/>
-      Manager: http://host:port <br/>
-      TCPStore: host:port <br/>
-      World size: 2 <br/>                  (ranks in that replica group)
-      ...
+    <div class="member [recovering]"> <b>replica_id</b> <br/> Step: 41 <br/>
+      Manager: http://host:port <br/> TCPStore: host:port <br/> World size: 2 <br/> ...
     <h2>Heartbeats</h2>
-    <li class="heartbeat [old]"> replica_group_0:2f1c...: seen 0.21s ago </li>
+    <li class="heartbeat [old]"> replica_id: seen 0.21s ago </li>
 
-"Previous quorum" is the quorum the Lighthouse issued last, i.e. the current one; a heartbeat is
-``old`` once it is older than the Lighthouse's heartbeat timeout. A page that does not have this
-shape (another torchft version, something else at that address) is a :class:`StatusFormatError`,
-never an empty quorum: whatever relies on it fails closed. The read is bounded in time
-(``timeout_s`` per socket operation, twice that overall) and size (:data:`MAX_STATUS_BYTES`).
+"Previous quorum" is the one issued last (the current one); a heartbeat is ``old`` past the
+heartbeat timeout. A page of another shape is a :class:`StatusFormatError`, never an empty
+quorum: whatever relies on it fails closed. A read is bounded in time and size.
 """
 
 from __future__ import annotations
@@ -115,13 +106,12 @@ def parse_status(page: str, at: float = 0.0) -> LighthouseStatus:
 
 
 class LighthouseReader:
-    """Reads and parses ``{lighthouse}/status``; :meth:`read` never raises."""
+    """Reads and parses ``{lighthouse}/status`` (``timeout_s`` per socket operation, twice
+    that overall); :meth:`read` never raises."""
 
-    def __init__(self, url: str, timeout_s: float = 2.0,
-                 max_bytes: int = MAX_STATUS_BYTES) -> None:
+    def __init__(self, url: str, timeout_s: float = 2.0) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
-        self.max_bytes = max_bytes
         self._session = requests.Session()
 
     def read(self) -> tuple[LighthouseStatus | None, str | None]:
@@ -135,8 +125,8 @@ class LighthouseReader:
                 body = bytearray()
                 for chunk in r.iter_content(65536):
                     body += chunk
-                    if len(body) > self.max_bytes:
-                        return None, f"{self.url}/status is larger than {self.max_bytes} bytes"
+                    if len(body) > MAX_STATUS_BYTES:
+                        return None, f"{self.url}/status is larger than {MAX_STATUS_BYTES} bytes"
                     if time.monotonic() > deadline:
                         return None, f"{self.url}/status took longer than " \
                                      f"{2 * self.timeout_s:g}s"

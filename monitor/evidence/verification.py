@@ -1,34 +1,26 @@
 """Whether a rank's claims hold, checked against the Lighthouse and the rank's peers.
 
-Anyone allowed to register can serve a ``/v1/state`` that claims any replica group, replica id,
-timing or phase, and a rank's Flight Recorder dump says whatever its server wants. Before a
-rank's answers count as evidence (the detectors see them, an eviction may follow), its identity
-claims are checked against what the torchft Lighthouse says (:mod:`monitor.evidence.lighthouse_status`,
-read after the ranks were polled, so a real rank is never ahead of it) and against the other
-ranks. A rank is **verified** when all of these hold:
+Anyone allowed to register can serve a ``/v1/state`` claiming any identity, so before a rank's
+answers count as evidence (the detectors see them, an eviction may follow) its claims are
+checked against the Lighthouse's ``/status`` (read after the ranks were polled, so a real rank
+is never ahead of it) and against the other ranks. A rank is **verified** when:
 
-1. it reports a ``replica_id`` (torchft's id of its replica group; null before the Manager
-   exists) and the Lighthouse knows it: a participant of its newest quorum, or heartbeating;
-2. its ``quorum_id`` is not newer than the Lighthouse's, and a rank at the Lighthouse's quorum
-   is one of its participants, with no more ``num_participants`` than that quorum has;
-3. its ``group_world_size`` is the world size the Lighthouse lists for its replica id;
-   ``0 <= group_rank < group_world_size``;
-4. no rank of another replica group claims the same ``replica_id``; the ranks of its group agree
-   on ``replica_id`` and ``group_world_size`` (a strict majority; the others are not verified);
-   no other rank that passes these checks claims its ``(replica_group, group_rank)`` or its
-   global ``rank`` (then none of them is verified: there is no telling which one is real).
+1. its ``replica_id`` is known to the Lighthouse (a participant of the newest quorum, or
+   heartbeating);
+2. its ``quorum_id`` is not newer than the Lighthouse's, and at that quorum it is a
+   participant claiming no more ``num_participants`` than the quorum has;
+3. its ``group_world_size`` is the one the Lighthouse lists; ``0 <= group_rank < world size``;
+4. no rank of another group claims its ``replica_id``; its group's ranks agree (a strict
+   majority) on ``replica_id`` and ``group_world_size``; no other rank passing these checks
+   claims its ``(replica_group, group_rank)`` or its ``rank`` (then none of them is verified).
 
-A failed check leaves the rank **unverified**, with the reason: it is shown, never evidence.
-When the Lighthouse cannot be read, nothing can be checked: live ranks are **unverifiable**;
-one that was evidence at the previous sweep, claiming exactly the same identity, stays evidence
-(detection goes on about known ranks), anything new is not, and the monitor is blind for
-eviction (the rails' ``monitor_blind``). Without ``--lighthouse`` at all the monitor cannot evict
-and only reports: every live rank is unverifiable and evidence for findings. A rank that stops
-answering keeps the verdict of its last answer (that is what a ``dead`` finding is about).
-
-What this cannot catch: a stranger that copies a real group's replica id and fills a
-``group_rank`` slot that no live rank of that group holds. Registration is therefore limited too
-(token or ``--allow-targets``, :mod:`monitor.poll.admission`).
+A failed check leaves it **unverified**, with the reason: shown, never evidence. With the
+Lighthouse unreadable live ranks are **unverifiable**: one that was evidence with exactly the
+same identity stays evidence, nothing new is, and evictions are held (``monitor_blind``).
+Without ``--lighthouse`` every live rank is unverifiable and evidence, and nothing is evicted.
+A rank that stops answering keeps its last verdict. Not caught: a stranger copying a real
+replica id into a free ``group_rank`` slot, hence limited registration
+(:mod:`monitor.poll.admission`).
 """
 
 from __future__ import annotations
@@ -39,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .lighthouse_status import LighthouseStatus
-from .view import ClusterView, RankView
+from .rank import RankView
 
 VERIFIED, UNVERIFIED, UNVERIFIABLE = "verified", "unverified", "unverifiable"
 REASONS = ("ok", "no_replica_id", "unknown_replica_id", "quorum_ahead", "not_in_quorum",
@@ -105,15 +97,10 @@ def _check_against_lighthouse(s: dict[str, Any], lh: LighthouseStatus) -> tuple[
     return "ok", f"{rid} is known to the Lighthouse ({how})"
 
 
-def verify(view: ClusterView, lighthouse: LighthouseStatus | None, error: str | None,
-           configured: bool, now: float) -> dict[str, Trust]:
-    """The verdict on every rank of ``view`` (by URL). ``rv.trust`` holds the previous one."""
-    return verify_ranks(view.ranks, lighthouse, error, configured, now)
-
-
 def verify_ranks(ranks: Mapping[str, RankView], lighthouse: LighthouseStatus | None,
                  error: str | None, configured: bool, now: float) -> dict[str, Trust]:
-    """:func:`verify` over some ranks (by URL): every check's scope must be among them."""
+    """The verdict on each of ``ranks`` (by URL; ``rv.trust`` holds the previous one): every
+    check's scope must be among them."""
     out: dict[str, Trust] = {}
     live: list[RankView] = []
     for url, rv in ranks.items():
@@ -199,16 +186,12 @@ def _key(rv: RankView) -> tuple | None:
 
 
 class Verifier:
-    """:func:`verify`, sweep after sweep, judging again only what can have changed.
+    """:func:`verify_ranks` sweep after sweep, judging again only what can have changed.
 
-    A verdict depends on the rank's claims (and its quorum id and participants), on the
-    Lighthouse's status, and on the claims of the ranks that share its replica group, its
-    replica id or its global rank. While the Lighthouse says the same (its quorum, members,
-    world sizes and live heartbeats), only the ranks whose claims changed are judged again,
-    with every rank those checks involve (their groups, and every rank sharing one of their
-    replica ids or ranks, to closure); every other verdict stands, as its ``checked_at``
-    says. When the Lighthouse's answer changes, every rank is judged again. The verdicts are
-    exactly :func:`verify`'s on the same ranks (tests/test_monitor_trust.py).
+    While the Lighthouse says the same (quorum, members, world sizes, live heartbeats), only
+    the ranks whose claims changed are judged again, with every rank their checks involve
+    (sharing a group, replica id or rank, to closure); when it changes, every rank is. The
+    verdicts are exactly :func:`verify_ranks`' over every rank.
     """
 
     def __init__(self) -> None:
@@ -259,11 +242,8 @@ class Verifier:
                     touched.append((url, old, k))
                     if old is _NOT_YET:
                         added += 1
-        # every URL judged before is still a rank: a URL new to ``ranks`` has a new RankView,
-        # so it is in ``changed`` (counted in ``added``), and the ranks are the ones judged
-        # plus those exactly when the counts agree (one pass over ``changed``, not a subset
-        # test over every rank: ~100,000 dict lookups a sweep). A new URL missing from
-        # ``changed`` only makes the counts disagree: everything is judged again
+        # the ranks are those judged before plus the new ones exactly when the counts agree
+        # (a URL new to ``ranks`` is in ``changed``): no subset test over every rank
         if sig != self._sig or len(ranks) - added != len(keys):
             self._sig = sig
             self._keys, self._by = {}, defaultdict(set)

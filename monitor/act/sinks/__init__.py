@@ -1,21 +1,14 @@
 """Sinks: what carries out a host quarantine or release that :mod:`monitor.act.hosts` decided.
 
-The policy decides, a sink only carries out. Every sink has the same two calls,
-``quarantine(event)`` and ``release(event)``, each one attempt that returns an
-:class:`ActionResult` and never raises; the ledger retries a failed attempt with backoff
-(bounded), records every attempt and shows the last one on ``GET /v1/hosts``.
-
-``event`` is the JSON document an exec hook reads on stdin and a webhook receives::
+Every sink has ``quarantine(event)`` and ``release(event)``, each one attempt returning an
+:class:`ActionResult`, never raising (the ledger retries and records every attempt). ``event``
+is the JSON an exec hook reads on stdin and a webhook receives (docs/quarantine.md)::
 
     {"event": "quarantine" | "release", "host": ..., "node": ..., "devices": [...],
      "kind": ..., "reason": ..., "finding": {...} | null, "job": ..., "at": <unix>,
      "expires_at": <unix> | null, "action_id": N, "attempt": N}
 
-Sinks, chosen with ``--action`` (repeatable): ``k8s`` (:mod:`monitor.act.sinks.kubernetes`),
-``slurm`` (:mod:`monitor.act.sinks.slurm`), ``exec:CMD`` and ``webhook:URL``
-(:mod:`monitor.act.sinks.hooks`). The Lighthouse kill of a replica group is the eviction's own
-action (:mod:`monitor.act.actions`): it is decided per group by :mod:`monitor.act.decisions`, not per
-host, and keeps its own path.
+``--action`` (repeatable) picks them: ``k8s``, ``slurm``, ``exec:CMD``, ``webhook:URL``.
 """
 
 from __future__ import annotations

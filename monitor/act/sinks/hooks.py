@@ -1,18 +1,13 @@
-"""Two generic sinks: an exec hook (the event as JSON on stdin) and a webhook (the event as a
-JSON POST signed with HMAC-SHA256).
+"""Two generic sinks: an exec hook and a signed webhook.
 
-Exec hook: ``exec:CMD`` runs ``CMD`` (split like a shell would, never through one) with the
-event on stdin and ``LIGHTKEEPER_EVENT`` (quarantine/release), ``LIGHTKEEPER_HOST`` and
-``LIGHTKEEPER_NODE`` in its environment. Exit status 0 is success; anything else, a timeout
-(the process is killed) or a command that cannot be started is a failure whose detail carries
-the status and the end of stderr. A command that does not exist is not retried.
+``exec:CMD`` runs CMD (split like a shell would, never through one) with the event's JSON on
+stdin and ``LIGHTKEEPER_EVENT``, ``LIGHTKEEPER_HOST``, ``LIGHTKEEPER_NODE`` in its environment;
+exit 0 is success, a command that cannot be found is not retried.
 
-Webhook: ``webhook:URL`` POSTs the event's JSON bytes with ``Content-Type: application/json``,
-``X-Lightkeeper-Event`` and ``X-Lightkeeper-Signature: sha256=<hex HMAC-SHA256 of the exact
-body with the secret>`` (``--webhook-secret`` / ``LIGHTKEEPER_WEBHOOK_SECRET``; required). The
-receiver recomputes the HMAC over the raw body and compares in constant time; the body's
-``action_id``, ``attempt`` and ``at`` let it drop replays. Any 2xx is success; another status,
-a timeout or a connection error is a failure (4xx other than 408/429 are not retried).
+``webhook:URL`` POSTs the event's JSON with ``X-Lightkeeper-Event`` and
+``X-Lightkeeper-Signature: sha256=<hex HMAC-SHA256 of the body>`` (``--webhook-secret``,
+required); the body's ``action_id``, ``attempt`` and ``at`` let a receiver drop replays. 2xx
+is success; a 4xx other than 408/429 is not retried.
 """
 
 from __future__ import annotations
@@ -55,13 +50,8 @@ class ExecSink:
         self.name = f"exec:{self.argv[0]}"
         self.timeout_s = timeout_s
 
-    def quarantine(self, event: dict[str, Any]) -> ActionResult:
-        return self._run(event)
-
-    def release(self, event: dict[str, Any]) -> ActionResult:
-        return self._run(event)
-
-    def _run(self, event: dict[str, Any]) -> ActionResult:
+    def run(self, event: dict[str, Any]) -> ActionResult:
+        """One attempt at either event (the hook reads which from the event)."""
         env = {**os.environ, "LIGHTKEEPER_EVENT": str(event.get("event")),
                "LIGHTKEEPER_HOST": str(event.get("host")),
                "LIGHTKEEPER_NODE": str(event.get("node") or event.get("host"))}
@@ -82,6 +72,8 @@ class ExecSink:
         err = p.stderr.decode(errors="replace").strip()[-300:]
         return ActionResult(False, f"{self.argv[0]} exited {p.returncode}: {err}")
 
+    quarantine = release = run
+
 
 class WebhookSink:
     def __init__(self, url: str, secret: str | None, timeout_s: float = 10.0) -> None:
@@ -94,13 +86,8 @@ class WebhookSink:
         self.timeout_s = timeout_s
         self._session = requests.Session()
 
-    def quarantine(self, event: dict[str, Any]) -> ActionResult:
-        return self._post(event)
-
-    def release(self, event: dict[str, Any]) -> ActionResult:
-        return self._post(event)
-
-    def _post(self, event: dict[str, Any]) -> ActionResult:
+    def post(self, event: dict[str, Any]) -> ActionResult:
+        """One attempt at either event (the receiver reads which from the event)."""
         body = event_bytes(event)
         headers = {"Content-Type": "application/json", EVENT_HEADER: str(event.get("event")),
                    SIGNATURE_HEADER: sign(self._secret, body)}
@@ -114,3 +101,5 @@ class WebhookSink:
             return ActionResult(True, f"HTTP {r.status_code}")
         retry = r.status_code >= 500 or r.status_code in (408, 429)
         return ActionResult(False, f"HTTP {r.status_code}: {r.text[:200]}", retry=retry)
+
+    quarantine = release = post

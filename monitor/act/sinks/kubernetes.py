@@ -1,29 +1,14 @@
 """Kubernetes sink: cordon and taint the quarantined node, say why in a node condition, and
 delete the job's pods on it so their controller reschedules them elsewhere.
 
-Needs ``lightkeeper[kubernetes]`` (lightkube) and a cluster configuration: the pod's service
-account in the cluster, else ``KUBECONFIG`` or ``~/.kube/config``. The RBAC it needs is in
-``deploy/kubernetes/monitor-quarantine-rbac.yaml``: nodes get/patch, nodes/status patch, pods
-list/delete in the job's namespace.
-
-Quarantine, in this order (each step is one request; the first that fails ends the attempt,
-which the ledger retries; every step is idempotent):
-
-1. ``GET /api/v1/nodes/<node>``, then ``PATCH`` it (strategic merge) with
-   ``spec.unschedulable: true`` and ``spec.taints`` = the node's taints without ours plus
-   ``lightkeeper.io/quarantined=<kind>:NoSchedule`` (``spec.taints`` has no merge key: the patch
-   carries the whole list, and the node's ``metadata.resourceVersion`` so a concurrent change
-   answers 409 instead of being overwritten);
-2. ``PATCH /api/v1/nodes/<node>/status`` (strategic merge; conditions merge by ``type``):
-   condition ``LightkeeperQuarantined`` ``True``, reason the finding's kind, message the
-   evidence summary: ``kubectl describe node`` and remediation controllers see it;
-3. ``GET /api/v1/namespaces/<ns>/pods?labelSelector=<selector>&fieldSelector=spec.nodeName=<node>``
-   and ``DELETE`` each: the job's pods on that node (a cordon alone never moves a running pod).
-
-Release: the same node patch with ``unschedulable: false`` (only when our taint was there: a
-node someone else cordoned stays cordoned) and the taint removed, and the condition set
-``False`` with reason ``Released``. 403 (RBAC) and 404 (no such node) are not retried; 409 and
-5xx are.
+Needs ``lightkeeper[kubernetes]`` (lightkube) and a cluster configuration (service account,
+``KUBECONFIG`` or ``~/.kube/config``); RBAC in ``deploy/kubernetes/quarantine/``. Quarantine,
+each step idempotent, the first failure ending the attempt: patch the node (unschedulable, our
+``lightkeeper.io/quarantined=<kind>:NoSchedule`` taint; the whole taint list with the node's
+``resourceVersion``, so a concurrent change answers 409), set condition
+``LightkeeperQuarantined``, delete the job's pods on the node. Release removes the taint,
+uncordons only a node our taint cordoned, and sets the condition ``False``. 401, 403, 404 and
+422 are not retried.
 """
 
 from __future__ import annotations

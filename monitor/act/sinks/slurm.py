@@ -1,12 +1,6 @@
-"""Slurm sink: drain the quarantined node, resume it on release or expiry.
-
-Quarantine runs ``scontrol update NodeName=<node> State=DRAIN Reason="lightkeeper: <kind>
-<finding>"`` (one argv entry per word; the Reason is one entry, so no shell quoting is
-involved); release runs ``scontrol update NodeName=<node> State=RESUME``. A drained node
-finishes its running jobs and takes no new ones, so the requeued job lands elsewhere. The
-monitor needs ``scontrol`` on PATH and a Slurm user allowed to update nodes (SlurmUser or an
-operator/admin account: ``sacctmgr modify user <u> set adminlevel=operator``). Exit status 0 is
-success; anything else, a timeout or a missing ``scontrol`` is a failure with scontrol's stderr.
+"""Slurm sink: ``scontrol update NodeName=<node> State=DRAIN Reason="lightkeeper: ..."`` on
+quarantine (one argv entry per word, no shell), ``State=RESUME`` on release. Needs ``scontrol``
+on PATH and a Slurm user allowed to update nodes (docs/quarantine.md).
 """
 
 from __future__ import annotations
@@ -17,15 +11,6 @@ from typing import Any
 from .base import ActionResult
 
 SCONTROL = "scontrol"
-
-
-def drain_argv(node: str, kind: str, finding: str) -> list[str]:
-    return [SCONTROL, "update", f"NodeName={node}", "State=DRAIN",
-            f"Reason=lightkeeper: {kind} {finding}".strip()]
-
-
-def resume_argv(node: str) -> list[str]:
-    return [SCONTROL, "update", f"NodeName={node}", "State=RESUME"]
 
 
 class SlurmSink:
@@ -39,10 +24,11 @@ class SlurmSink:
         what = f"finding {f['id']}" if f.get("id") is not None else ""
         if f.get("replica_group") is not None:
             what = f"{what} replica_group {f['replica_group']}".strip()
-        return self._run(drain_argv(_node(event), str(event.get("kind")), what))
+        return self._run([SCONTROL, "update", f"NodeName={_node(event)}", "State=DRAIN",
+                          f"Reason=lightkeeper: {event.get('kind')} {what}".strip()])
 
     def release(self, event: dict[str, Any]) -> ActionResult:
-        return self._run(resume_argv(_node(event)))
+        return self._run([SCONTROL, "update", f"NodeName={_node(event)}", "State=RESUME"])
 
     def _run(self, argv: list[str]) -> ActionResult:
         try:

@@ -1,0 +1,145 @@
+"""One sweep's picture of the job (:class:`ClusterView`): replica groups x ranks.
+
+Every rank carries the verdict on its claims (``trust``, :mod:`monitor.evidence.verification`).
+The full view is what the monitor shows; :meth:`ClusterView.evidence` is what the detectors and
+the rails get: only the ranks whose answers count as evidence.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+from itertools import chain
+
+import numpy as np
+
+from .group import GroupView, rank_order
+from .rank import STEP_TIMES_READ, RankView
+
+
+def median(values: Iterable[float]) -> float | None:
+    """statistics.median of ``values`` (None when empty); numpy's partition for many values
+    (a sweep's step times at scale), the same value without sorting."""
+    arr = np.fromiter(values, dtype=float)
+    if not len(arr):
+        return None
+    if len(arr) < 64:
+        return statistics.median(arr.tolist())
+    return float(np.median(arr))
+
+
+@dataclass
+class ClusterView:
+    """One sweep's picture, never changed once built. Built by ViewBuilder, a group that did
+    not change since the previous sweep is the very same GroupView object: a consumer tells
+    what to read again by identity (monitor.detect.detectors._SeenGroups)."""
+
+    at: float
+    ranks: dict[str, RankView]
+    sweep_seconds: float = 0.0
+    groups: dict[int, GroupView] = field(default_factory=dict)
+    # given by ViewBuilder (None: derived from ``ranks`` here): the ranks of no group, the
+    # URLs polled this sweep (in the order they answered), the evidence view of the sweep
+    ungrouped: list[RankView] | None = None
+    polled: list[str] | None = None
+    evidence_view: ClusterView | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.ungrouped is None:
+            live = {(r.replica_group, r.rank) for r in self.ranks.values()
+                    if r.reachable and r.state}
+            for rv in self.ranks.values():
+                g = rv.replica_group
+                if not rv.reachable and g is not None and (g, rv.rank) in live:
+                    rv.superseded = True  # an old process of a restarted group
+                if g is None:
+                    continue
+                gv = self.groups.setdefault(g, GroupView(g))
+                (gv.superseded if rv.superseded else gv.ranks).append(rv)
+            for g in [g for g, gv in self.groups.items() if not gv.ranks]:
+                del self.groups[g]
+            for gv in self.groups.values():
+                gv.ranks.sort(key=rank_order)
+            self.groups = dict(sorted(self.groups.items()))
+            self.ungrouped = [r for r in self.ranks.values()
+                              if r.replica_group is None and not r.superseded]
+
+    @cached_property
+    def counts(self) -> tuple[int, int, dict[tuple[str, str] | None, int]]:
+        """(known ranks (not superseded), reachable ones, (trust state, reason) -> ranks)."""
+        known = len(self.ungrouped or ())
+        up = 0
+        trust: dict[tuple[str, str] | None, int] = {}
+        for r in self.ungrouped or ():
+            k = (r.trust.state, r.trust.reason) if r.trust is not None else None
+            trust[k] = trust.get(k, 0) + 1
+        for g in self.groups.values():
+            known += len(g.ranks)
+            up += len(g.reachable)
+            for k, n in g.trust_counts.items():
+                trust[k] = trust.get(k, 0) + n
+        return known, up, trust
+
+    @cached_property
+    def reachable_fraction(self) -> float:
+        known, up, _ = self.counts
+        return up / known if known else 0.0
+
+    @cached_property
+    def quorum_id(self) -> int | None:
+        q = [g.quorum_id for g in self.groups.values() if g.quorum_id is not None]
+        return max(q) if q else None
+
+    def quorum_participants(self) -> int | None:
+        q = self.quorum_id
+        vals = [g.quorums[q] for g in self.groups.values() if q in g.quorums]
+        return max(vals) if vals else None
+
+    def in_quorum(self) -> list[GroupView]:
+        """Groups with a reachable rank in the newest quorum that take part in it."""
+        return list(self._in_quorum)
+
+    @cached_property
+    def _in_quorum(self) -> list[GroupView]:
+        q = self.quorum_id
+        return [g for g in self.groups.values() if q in g.taking_part]
+
+    def rank_view(self, rank: int) -> RankView | None:
+        """The rank's RankView: a reachable one if any (not superseded), else the first
+        found; None when the view has none."""
+        return self._by_rank.get(rank)
+
+    @cached_property
+    def _by_rank(self) -> dict[int, RankView]:
+        out: dict[int, RankView] = {}
+        for r in self.ranks.values():
+            if r.superseded:
+                continue
+            k = r.rank
+            if k is None:
+                continue
+            have = out.get(k)
+            if have is None or (r.reachable and not have.reachable):
+                out[k] = r
+        return out
+
+    def median_step_seconds(self, last: int = STEP_TIMES_READ) -> float | None:
+        """Median of the recent step times of the reachable ranks polled this sweep."""
+        cache = self.__dict__.setdefault("_median_steps", {})
+        if last not in cache:
+            ranks = self.ranks.values() if self.polled is None else \
+                [r for r in map(self.ranks.get, self.polled) if r is not None]
+            cache[last] = median(chain.from_iterable(
+                r.recent_steps()[-last:] for r in ranks if r.reachable and r.fresh))
+        return cache[last]
+
+    def evidence(self) -> ClusterView:
+        """The same sweep with only the ranks whose answers count as evidence (``trust``)."""
+        if self.evidence_view is not None:
+            return self.evidence_view
+        ranks = {u: r.copy() for u, r in self.ranks.items()
+                 if r.trust is not None and r.trust.evidence}
+        return ClusterView(at=self.at, ranks=ranks, sweep_seconds=self.sweep_seconds,
+                           polled=self.polled)

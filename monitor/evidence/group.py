@@ -1,0 +1,196 @@
+"""One replica group's ranks in one sweep's view (:class:`GroupView`)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .rank import STEP_TIMES_READ, RankView
+
+
+class _cached:
+    """functools.cached_property without its lock (Python 3.11's is shared by every instance;
+    a value computed twice by two threads is the same)."""
+
+    def __init__(self, func: Callable) -> None:
+        self.func, self.__doc__ = func, func.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        v = obj.__dict__[self.name] = self.func(obj)
+        return v
+
+
+def _carry(gv: GroupView) -> dict[str, Any]:
+    """The values a GroupView's next generation inherits (GroupView.progressed)."""
+    d = gv.__dict__
+    c = d.get("_carry")
+    if c is None:
+        c = d["_carry"] = {}
+    return c
+
+
+class _kept(_cached):
+    """A cached value that progress alone leaves as it is: a moved group's next GroupView
+    inherits it (ViewBuilder)."""
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        v = obj.__dict__[self.name] = _carry(obj)[self.name] = self.func(obj)
+        return v
+
+
+def rank_order(r: RankView) -> tuple:
+    return (r.rank if r.rank is not None else 1 << 62, r.url)
+
+
+@dataclass
+class GroupView:
+    """One replica group's ranks. Never changed once its view is built (each sweep builds a
+    new one), so its derived values are computed once, on first use."""
+
+    replica_group: int
+    ranks: list[RankView] = field(default_factory=list)
+    superseded: list[RankView] = field(default_factory=list)  # its ranks' old processes
+
+    @_cached
+    def answered(self) -> list[RankView]:
+        """Ranks that ever answered a valid /v1/state (the others are known by hints only)."""
+        return [r for r in self.ranks if r.state is not None]
+
+    @_kept
+    def fresh_failed(self) -> bool:
+        """A rank that answered before did not answer when polled this sweep."""
+        return any(r.fresh and not r.reachable for r in self.answered)
+
+    @_cached
+    def reachable(self) -> list[RankView]:
+        return [r for r in self.ranks if r.reachable]
+
+    @_kept
+    def replica_id(self) -> str | None:
+        """The replica id most reachable ranks report (the current incarnation of the group)."""
+        ids = [r.replica_id for r in self.reachable if r.replica_id]
+        if not ids:
+            ids = [r.replica_id for r in self.ranks if r.replica_id]
+        return max(set(ids), key=ids.count) if ids else None
+
+    @_cached
+    def step(self) -> int | None:
+        steps = [int(r.state["step"]) for r in self.reachable if r.state]
+        return max(steps) if steps else None
+
+    @_kept
+    def quorum_id(self) -> int | None:
+        q = [int(r.state["quorum_id"]) for r in self.reachable if r.state]
+        return max(q) if q else None
+
+    def median_step_seconds(self, last: int = STEP_TIMES_READ) -> float | None:
+        """Median of the recent step times of its reachable ranks polled this sweep (all
+        reachable ones when none was: a carried rank's times are older)."""
+        cache = self.__dict__.setdefault("_median_steps", {})
+        if last not in cache:
+            ranks = [r for r in self.reachable if r.fresh] or self.reachable
+            vals = [v for r in ranks for v in r.recent_steps()[-last:]]
+            cache[last] = statistics.median(vals) if vals else None
+        return cache[last]
+
+    @_cached
+    def leader(self) -> RankView | None:
+        """Group rank 0 (the process running the group's Manager): a reachable one if any."""
+        out, slot = None, -1
+        for i, r in enumerate(self.ranks):
+            if r.state is not None and r.state.get("group_rank") == 0 \
+                    and (out is None or r.reachable):
+                out, slot = r, i
+        _carry(self)["_leader_slot"] = slot
+        return out
+
+    @_kept
+    def reported_replica_ids(self) -> frozenset[str | None]:
+        """The replica ids its reachable ranks report (None: a rank reporting none)."""
+        return frozenset(r.replica_id for r in self.reachable)
+
+    @_kept
+    def hosts(self) -> set[str]:
+        return {r.state["host"] for r in self.ranks if r.state and r.state.get("host")}
+
+    @_kept
+    def quorums(self) -> dict[int, int]:
+        """quorum_id -> the most participants a reachable rank reports at it."""
+        out: dict[int, int] = {}
+        for r in self.reachable:
+            if r.state:
+                q = r.state["quorum_id"]
+                out[q] = max(out.get(q, 0), int(r.state.get("num_participants", 0)))
+        return out
+
+    @_kept
+    def taking_part(self) -> frozenset[int]:
+        """The quorum ids its reachable ranks take part in (``participating``)."""
+        return frozenset(r.state["quorum_id"] for r in self.reachable
+                         if r.state and r.state.get("participating", True))
+
+    @_kept
+    def trust_counts(self) -> dict[tuple[str, str] | None, int]:
+        """(trust state, reason) -> ranks (None: no verdict yet), over its ranks."""
+        out: dict[tuple[str, str] | None, int] = {}
+        for r in self.ranks:
+            k = (r.trust.state, r.trust.reason) if r.trust is not None else None
+            out[k] = out.get(k, 0) + 1
+        return out
+
+    def progressed(self, ranks: list[RankView],
+                   moved: list[tuple[RankView, RankView]]) -> GroupView:
+        """This group after progress only (a moved group, see ViewBuilder): ``ranks`` in the
+        same slots, ``moved`` the (last sweep's, this sweep's) RankViews swapped in. The
+        ``_kept`` values and the leader are carried over, the step is updated from the moved
+        ranks (recomputed if one went back), the rest is computed again on demand."""
+        old = self.__dict__
+        carry = old.get("_carry")
+        if carry is not None:  # one dict shared by the generations: their values are equal
+            d = carry.copy()
+            d["_carry"] = carry
+            slot = carry.get("_leader_slot")
+            if slot is not None:
+                d["leader"] = ranks[slot] if slot >= 0 else None
+        else:
+            d = {}
+        d["replica_group"], d["ranks"], d["superseded"] = \
+            self.replica_group, ranks, self.superseded
+        new = object.__new__(GroupView)
+        new.__dict__ = d
+        n = len(ranks)
+        for k in ("answered", "reachable"):  # the same ranks: every one of them, usually
+            were = old.get(k)
+            if were is not None and len(were) == n:
+                d[k] = ranks
+        step = old.get("step")
+        if step is not None:
+            for was, rv in moved:
+                a, b = was.state["step"], rv.state["step"]
+                if b < a:
+                    break
+                if b > step:
+                    step = int(b)
+            else:
+                d["step"] = step
+        return new
+
+    @property
+    def status(self) -> str:
+        if not self.ranks:
+            return "unknown"
+        n = len(self.reachable)
+        if n == 0:
+            return "unreachable"
+        if n < len(self.ranks):
+            return "partial"
+        return "up"

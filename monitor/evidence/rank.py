@@ -1,0 +1,158 @@
+"""One rank as the last sweeps saw it (:class:`RankView`), and what counts as a ``/v1/state``.
+
+A rank that answers something that is not a ``/v1/state`` document (missing keys, wrong types)
+counts as unreachable with reason ``bad_response``: the detectors only see well-formed states.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from monitor.poll.discovery import Target
+from monitor.poll.packed_state import kept_step_seconds, step_seconds
+
+_REQUIRED = {"replica_group": int, "rank": int, "group_rank": int, "step": int,
+            "quorum_id": int, "phase": str, "phase_since": (int, float)}
+# the newest step times read of each rank (a WorkerServer keeps 64): the monitor asks
+# ``/v1/state?recent=`` this many (Detectors.state_queries)
+STEP_TIMES_READ = 16
+
+
+def valid_state(data: Any) -> str | None:
+    """None when ``data`` looks like a /v1/state document, else what is wrong with it."""
+    if plain_shape(data) is not None:
+        return None
+    if not isinstance(data, dict):
+        return "not an object"
+    for key, typ in _REQUIRED.items():
+        v = data.get(key)
+        if not isinstance(v, typ) or isinstance(v, bool):
+            return f"{key} is {v!r}"
+    return None
+
+
+def plain_shape(data: Any) -> tuple | None:
+    """``data``'s :func:`state_shape` when it is a valid /v1/state with JSON's own types; None:
+    :func:`valid_state`'s general check decides (the usual answer, checked in one pass)."""
+    if type(data) is not dict:
+        return None
+    try:
+        if type(data["replica_group"]) is int and type(data["rank"]) is int \
+                and type(data["group_rank"]) is int and type(data["step"]) is int \
+                and type(data["quorum_id"]) is int and type(data["phase"]) is str \
+                and type(data["phase_since"]) in (float, int):
+            return state_shape(data)
+    except KeyError:
+        pass
+    return None
+
+
+def state_shape(s: dict[str, Any]) -> tuple:
+    """What of an answered state a group and a verdict rest on, besides progress: identity
+    claims (monitor.evidence.verification.claims), quorum, participation, host, node, device.
+    A rank answering again with the same shape is not judged again (ViewBuilder)."""
+    g = s.get
+    return (s["replica_group"], s["rank"], s["group_rank"], s["quorum_id"], g("replica_id"),
+            g("group_world_size"), g("num_participants"), g("participating", True), g("host"),
+            g("node"), g("device"))
+
+
+_new = object.__new__
+
+
+@dataclass(slots=True)
+class RankView:
+    """One target as the last sweeps saw it. Slotted: tens of thousands are made and freed a
+    sweep at scale (docs/scaling.md)."""
+
+    url: str
+    reachable: bool
+    state: dict[str, Any] | None  # last good /v1/state (possibly stale when unreachable)
+    reason: str | None = None
+    error: str | None = None
+    failures: int = 0  # consecutive failed sweeps
+    unreachable_since: float | None = None
+    last_ok_at: float | None = None
+    target: Target | None = None
+    superseded: bool = False  # unreachable, and a live rank now holds its (group, rank)
+    trust: Any = None  # monitor.evidence.verification.Trust (None: no verdict yet)
+    # polled this sweep; False: not due (leader polling, monitor/schedule.py), the rest is
+    # carried from its last poll at ``polled_at``
+    fresh: bool = True
+    polled_at: float | None = None
+    # when its last good answer came (RankPoll.at): a sweep's answers arrive over a while, so
+    # only this tells how far apart two answers really are
+    answered_at: float | None = None
+    _recent: list[float] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def replica_group(self) -> int | None:
+        s = self.state
+        if s is not None:
+            g = s["replica_group"]
+            return g if type(g) is int else int(g)
+        return self.target.replica_group if self.target else None
+
+    @property
+    def rank(self) -> int | None:
+        s = self.state
+        if s is not None:
+            r = s["rank"]
+            return r if type(r) is int else int(r)
+        return self.target.rank if self.target else None
+
+    @property
+    def replica_id(self) -> str | None:
+        return self.state.get("replica_id") if self.state else None
+
+    def copy(self) -> RankView:
+        """A shallow copy whose ``superseded`` the view it goes into decides afresh."""
+        c = self.clone()
+        c.superseded = False
+        return c
+
+    def clone(self) -> RankView:
+        """A shallow copy, ``superseded`` included: a view changes a RankView it shares with
+        the previous view only on a copy (the previous view may still be read). Field by
+        field: several times cheaper than dataclasses.replace in the view's hot loop."""
+        c = _new(RankView)
+        c.url, c.reachable, c.state, c.reason, c.error, c.failures = \
+            self.url, self.reachable, self.state, self.reason, self.error, self.failures
+        c.unreachable_since, c.last_ok_at, c.target, c.superseded, c.trust = \
+            self.unreachable_since, self.last_ok_at, self.target, self.superseded, self.trust
+        c.fresh, c.polled_at, c._recent = self.fresh, self.polled_at, self._recent
+        c.answered_at = self.answered_at
+        return c
+
+    def recent_steps(self) -> list[float]:
+        """Its recent step times (computed once: the state never changes in a RankView)."""
+        cached = self._recent
+        if cached is not None:
+            return cached
+        vals = (self.state.get("recent_step_seconds") or []) if self.state else []
+        if type(vals) is bytes:  # packed by the poller (monitor/poll/packed_state.py)
+            out = step_seconds(vals)
+        else:
+            out = kept_step_seconds(vals) if isinstance(vals, list) else []
+        self._recent = out
+        return out
+
+
+_PREVIOUS = object()
+
+
+def answered(url: str, prev: RankView | None, state: dict[str, Any], now: float,
+             target: Any = _PREVIOUS, at: float | None = None) -> RankView:
+    """The RankView of a valid answer (``target``: the previous one's by default; ``at``: when
+    it came, default ``now``)."""
+    rv = _new(RankView)
+    rv.url, rv.reachable, rv.state, rv.reason, rv.error, rv.failures = \
+        url, True, state, None, None, 0
+    rv.unreachable_since, rv.last_ok_at, rv.superseded, rv.fresh, rv.polled_at = \
+        None, now, False, True, now
+    rv.target = prev.target if target is _PREVIOUS else target
+    rv.trust = prev.trust if prev is not None else None
+    rv._recent = None
+    rv.answered_at = now if at is None else at
+    return rv
