@@ -1,4 +1,4 @@
-"""The goodput ledger (monitor/goodput/ledger.py) fed synthetic sweeps: every cause, an incident's whole
+"""The goodput ledger (monitor/goodput/) fed synthetic sweeps: every cause, an incident's whole
 life, a monitor restarted from a real SQLite store, skipped and missing sweeps, a group that never
 returns, odd rank data. Each sweep's split is checked against the invariant
 ``goodput + badput + pending == expected groups x wall seconds``.
@@ -16,7 +16,7 @@ from dataclasses import asdict
 import pytest
 
 from monitor.evidence.view import ClusterView, RankView, ViewBuilder
-from monitor.goodput.ledger import CAUSES, GoodputConfig, GoodputError, GoodputLedger, snapshot_rows
+from monitor.goodput import CAUSES, GoodputConfig, GoodputError, GoodputLedger, snapshot_rows
 from monitor.poll.discovery import Target
 from monitor.poll.poller import RankPoll
 from monitor.store import Store
@@ -110,7 +110,7 @@ def check_counted(job: ModelJob, ledger: GoodputLedger) -> None:
     """What the metrics counted, by cause == the settled badput plus the unsettled slices
     already counted (a slice whose cause changed after it was counted would break this)."""
     for c in CAUSES:
-        settled = sum(row.get(c, 0.0) for row in ledger.totals.values())
+        settled = sum(row.get(c, 0.0) for row in snapshot_rows(ledger.snapshot())["totals"].values())
         held = sum(x.seconds for x in ledger.unsettled if x.counted and x.cause == c)
         assert job.counted[c] == pytest.approx(settled + held, abs=1e-6), c
 

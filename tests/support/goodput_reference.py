@@ -1,9 +1,9 @@
 """The goodput ledger as it was before its per-group state became numpy columns: the reference
 tests/test_goodput_columns.py compares the columnar ledger with, sweep after sweep.
-``GoodputLedger``, ``_Group``, ``_rank_counts`` and ``_cum_at`` are monitor/goodput/ledger.py's at
-e1d5fb6, verbatim; the dataclasses, constants and value helpers the change left alone are
-imported from monitor/goodput/ledger.py. Not used by the monitor; do not change the ledger here to
-follow monitor/goodput/ledger.py (that is what the test checks)."""
+``GoodputLedger``, ``_Group``, ``_rank_counts`` and ``_cum_at`` are the ledger's (then
+monitor/goodput.py) at e1d5fb6, verbatim; the dataclasses, constants and value helpers the change
+left alone are imported from monitor/goodput/. Not used by the monitor; do not change the ledger
+here to follow monitor/goodput/ (that is what the test checks)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from operator import is_not
 from typing import Any
 
 from monitor.evidence.view import ClusterView
-from monitor.goodput.ledger import (  # the data and helpers the columns did not change
+from monitor.goodput.model import (  # the data and helpers the columns did not change
     CAUSES,
     JOB_RESTART_STEPS,
     PENDING,
@@ -28,12 +28,12 @@ from monitor.goodput.ledger import (  # the data and helpers the columns did not
     Interval,
     Slice,
     SweepAccount,
-    _int,
-    _ints,
-    _num,
-    _pace,
-    _trim,
 )
+from monitor.goodput.model import as_float as _num
+from monitor.goodput.model import as_int as _int
+from monitor.goodput.model import as_ints as _ints
+from monitor.goodput.pace import pace_of as _pace
+from monitor.goodput.pace import trim as _trim
 
 __all__ = ["CAUSES", "GoodputConfig", "GoodputError", "GoodputLedger", "SweepAccount"]
 
