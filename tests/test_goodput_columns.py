@@ -186,7 +186,7 @@ def run(seed: int, sweeps: int, fixed_dt: float | None = None, **cfg
         covered["startup"] += new.baseline is None
         covered["incidents"] = len(new.incidents)
         covered["gaps"] = new.gaps
-        covered["pending"] += any(s.cause == "pending" for s in new.unsettled)
+        covered["pending"] += any(r["cause"] == "pending" for r in new.snapshot()["unsettled"])
     return new, covered
 
 

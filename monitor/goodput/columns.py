@@ -28,10 +28,10 @@ def with_none(values: np.ndarray, none: np.ndarray) -> list[Any]:
 
 class Slots:
     """Every group ever seen, by slot: a group keeps the slot it got when first seen; slot 0
-    holds the totals of the slots never seen (``UNSEEN``)."""
+    holds the totals of the slots never seen (``UNSEEN``). The totals have a kind axis
+    (0: replica-seconds, 1: GPU-seconds)."""
 
-    FLOATS = ("carry", "last_in_quorum_at", "good", "exp", "ggood", "gexp")
-    INTS = ("commits", "cum", "gpus", "born")
+    FILL = {"commits": -1, "last_in_quorum_at": np.nan}  # (every other column starts at 0)
 
     def __init__(self) -> None:
         self.gids: list[int | None] = [None]  # slot -> replica group
@@ -40,45 +40,34 @@ class Slots:
         # commits: last count of rid (-1: none yet); cum: commits over its incarnations;
         # gpus: its group world size (0: not known); born: the history sample it began at
         self.commits = np.full(1, -1, np.int64)
-        self.cum = np.zeros(1, np.int64)
-        self.gpus = np.zeros(1, np.int64)
-        self.born = np.zeros(1, np.int64)
+        self.cum, self.gpus, self.born = (np.zeros(1, np.int64) for _ in range(3))
         self.carry = np.zeros(1)  # below pace: credit held beyond the sweep (at most b)
         self.last_in_quorum_at = np.full(1, np.nan)  # nan: never
-        # the settled totals, replica-seconds and (g...) GPU-seconds: goodput, expected, badput
-        # by cause and whether the row has that cause at all
-        self.good, self.exp = np.zeros(1), np.zeros(1)
-        self.ggood, self.gexp = np.zeros(1), np.zeros(1)
-        self.bad, self.gbad = np.zeros((1, len(CAUSES))), np.zeros((1, len(CAUSES)))
-        self.bad_has = np.zeros((1, len(CAUSES)), bool)
-        self.gbad_has = np.zeros((1, len(CAUSES)), bool)
-        # the totals rows per kind (replica-seconds, GPU-seconds): key -> slot in the order
-        # made (sums over rows follow it, so figures stay the same to the bit), and which
-        # slots have one
+        # settled totals: goodput, expected, badput by cause and whether a row has that cause
+        self.good, self.exp = np.zeros((2, 1)), np.zeros((2, 1))
+        self.bad = np.zeros((2, len(CAUSES), 1))
+        self.has = np.zeros((2, len(CAUSES), 1), bool)
+        # the totals rows per kind: key -> slot in the order made (sums over rows follow it,
+        # so the figures stay the same to the bit), and which slots have one
         self.rows: tuple[dict[str, int], dict[str, int]] = ({}, {})
         self.row_order: tuple[list[int], list[int]] = ([], [])
-        self.has_row = (np.zeros(1, bool), np.zeros(1, bool))
+        self.has_row = np.zeros((2, 1), bool)
 
     def __len__(self) -> int:
         return len(self.gids)
 
     def add(self, groups: list[int], born: int) -> None:
         """New groups, in this order, from history sample ``born`` on."""
-        n = len(groups)
         for g in groups:
             self.index[g] = len(self.gids)
             self.gids.append(g)
             self.rid.append(None)
-        for name, fill in (("commits", -1), ("cum", 0), ("gpus", 0), ("born", born)):
-            setattr(self, name, np.concatenate([getattr(self, name),
-                                                np.full(n, fill, np.int64)]))
-        for name in self.FLOATS:
-            fill = np.nan if name == "last_in_quorum_at" else 0.0
-            setattr(self, name, np.concatenate([getattr(self, name), np.full(n, fill)]))
-        for name in ("bad", "gbad", "bad_has", "gbad_has"):
+        fill = {**self.FILL, "born": born}
+        for name in ("commits", "cum", "gpus", "born", "carry", "last_in_quorum_at", "good",
+                     "exp", "bad", "has", "has_row"):
             col = getattr(self, name)
-            setattr(self, name, np.concatenate([col, np.zeros((n, len(CAUSES)), col.dtype)]))
-        self.has_row = tuple(np.concatenate([h, np.zeros(n, bool)]) for h in self.has_row)
+            more = np.full((*col.shape[:-1], len(groups)), fill.get(name, 0), col.dtype)
+            setattr(self, name, np.concatenate([col, more], axis=-1))
 
     def gpus_of(self, g: int | None) -> int | None:
         s = self.index.get(g) if g is not None else None
@@ -91,78 +80,74 @@ class Slots:
         return max(set(sizes), key=sizes.count) if sizes else None
 
     # --- the totals ----------------------------------------------------------------------
-    def row(self, slot: int, key: str, gpu: bool = False) -> None:
-        """Make the totals row (GPU-seconds: ``gpu``) of ``slot`` if it has none."""
-        if key not in self.rows[gpu]:
-            self.rows[gpu][key] = slot
-            self.row_order[gpu].append(slot)
-            self.has_row[gpu][slot] = True
+    def row(self, slot: int, key: str, kind: int) -> None:
+        """Make the totals row of ``slot`` if it has none."""
+        if key not in self.rows[kind]:
+            self.rows[kind][key] = slot
+            self.row_order[kind].append(slot)
+            self.has_row[kind, slot] = True
 
-    def rows_for(self, slots: np.ndarray, gpu: bool) -> None:
+    def rows_for(self, slots: np.ndarray, kind: int) -> None:
         """Make the totals rows these slots do not have yet, in their order."""
-        for slot in slots[~self.has_row[gpu][slots]].tolist():
-            self.row(slot, key_of(self.gids[slot]), gpu)
+        for slot in slots[~self.has_row[kind, slots]].tolist():
+            self.row(slot, key_of(self.gids[slot]), kind)
 
     def add_good(self, slots: np.ndarray, good: np.ndarray, dt: float,
                  unseen_gpus: int | None = None) -> None:
         """Each slot's goodput and expected seconds of a sweep (``unseen_gpus``: slot 0's
         world size)."""
-        self.rows_for(slots, gpu=False)
-        self.good[slots] += good
-        self.exp[slots] += dt
+        self.rows_for(slots, 0)
+        self.good[0, slots] += good
+        self.exp[0, slots] += dt
         gpus = self.gpus[slots] if unseen_gpus is None else np.array([unseen_gpus or 0])
-        with_gpus = gpus > 0
-        if with_gpus.any():
-            on, n = slots[with_gpus], gpus[with_gpus]
-            self.rows_for(on, gpu=True)
-            self.ggood[on] += good[with_gpus] * n
-            self.gexp[on] += dt * n
+        on = gpus > 0
+        if on.any():
+            self.rows_for(slots[on], 1)
+            self.good[1, slots[on]] += good[on] * gpus[on]
+            self.exp[1, slots[on]] += dt * gpus[on]
 
     def add_bad(self, slots: np.ndarray, cause: str, seconds: list[float],
                 gpus: list[int | None]) -> None:
         """Settled badput of one cause, per slot."""
         c, sec = CAUSE_COLUMN[cause], np.asarray(seconds)
-        self.rows_for(slots, gpu=False)
-        self.bad[slots, c] += sec
-        self.bad_has[slots, c] = True
+        self.rows_for(slots, 0)
+        self.bad[0, c, slots] += sec
+        self.has[0, c, slots] = True
         n = np.fromiter((x or 0 for x in gpus), np.int64, len(gpus))
         on = n > 0
         if on.any():
-            self.rows_for(slots[on], gpu=True)
-            self.gbad[slots[on], c] += sec[on] * n[on]
-            self.gbad_has[slots[on], c] = True
+            self.rows_for(slots[on], 1)
+            self.bad[1, c, slots[on]] += sec[on] * n[on]
+            self.has[1, c, slots[on]] = True
 
-    def _totals(self, gpu: bool) -> tuple[np.ndarray, ...]:
-        order = self.row_order[gpu]
-        cols = (self.ggood, self.gexp, self.gbad, self.gbad_has) if gpu else \
-            (self.good, self.exp, self.bad, self.bad_has)
-        return tuple(c[order] for c in cols)
-
-    def totals_rows(self, gpu: bool = False) -> dict[str, dict[str, float]]:
+    def totals_rows(self, kind: int = 0) -> dict[str, dict[str, float]]:
         """Key -> goodput, expected and badput by cause (a copy)."""
-        rows = {}
-        good, exp, bad, has = (c.tolist() for c in self._totals(gpu))
-        for key, g, e, b, h in zip(self.rows[gpu], good, exp, bad, has, strict=True):
+        order, rows = self.row_order[kind], {}
+        good, exp = self.good[kind, order].tolist(), self.exp[kind, order].tolist()
+        bad, has = self.bad[kind][:, order].T.tolist(), self.has[kind][:, order].T.tolist()
+        for key, g, e, b, h in zip(self.rows[kind], good, exp, bad, has, strict=True):
             row = dict(compress(zip(CAUSES, b, strict=True), h)) if any(h) else {}
             row["goodput"], row["expected"] = g, e
             rows[key] = row
         return rows
 
-    def totals_columns(self, gpu: bool = False) -> dict[str, Any]:
+    def totals_columns(self, kind: int = 0) -> dict[str, Any]:
         """:meth:`totals_rows` as columns: a cause's list holds None where a row has none (a
         cause no row has is left out)."""
-        good, exp, bad, has = self._totals(gpu)
-        out: dict[str, Any] = {"key": list(self.rows[gpu]), "goodput": good.tolist(),
-                               "expected": exp.tolist()}
+        order = self.row_order[kind]
+        out: dict[str, Any] = {"key": list(self.rows[kind]),
+                               "goodput": self.good[kind, order].tolist(),
+                               "expected": self.exp[kind, order].tolist()}
+        bad, has = self.bad[kind][:, order], self.has[kind][:, order]
         for c, cause in enumerate(CAUSES):
-            if has[:, c].any():
-                out[cause] = with_none(bad[:, c], ~has[:, c])
+            if has[c].any():
+                out[cause] = with_none(bad[c], ~has[c])
         return out
 
     def job_ratio(self) -> float | None:
-        order = self.row_order[False]
-        expected = sum(self.exp[order].tolist(), 0.0)  # the rows' order, one by one
-        good = sum(self.good[order].tolist(), 0.0)
+        order = self.row_order[0]
+        expected = sum(self.exp[0, order].tolist(), 0.0)  # the rows' order, one by one
+        good = sum(self.good[0, order].tolist(), 0.0)
         return good / expected if expected > 0 else None
 
 

@@ -11,6 +11,7 @@ from monitor.evidence.view import ClusterView
 
 from .columns import Slots
 from .model import GoodputConfig, Incident, as_float, as_int, as_ints
+from .pace import JobPace
 
 
 class Incidents(dict[int, Incident]):
@@ -112,6 +113,35 @@ class Incidents(dict[int, Incident]):
         self.dirty.add(inc.id)
         self.on_open(inc)
         return inc
+
+    def follow(self, in_quorum: set[int], now: float, job: JobPace) -> None:
+        """Rejoined, back at pace (or settled at a new pace), closed: once acted on (evicted
+        or cleared), the job back at pace and the group back in the quorum."""
+        hist, b = list(job.history), job.baseline
+        settled = job.track_steady(now, [i for i in self.open() if i.waiting],
+                                   self.open_findings)
+        S = self.slots
+        for inc in self.open():
+            changed = False
+            if inc.evicted_at is not None and inc.rejoined_at is None \
+                    and inc.replica_group in in_quorum \
+                    and S.rid[S.index[inc.replica_group]] != inc.replica_id:
+                inc.rejoined_at, changed = now, True
+            if inc.back_to_pace_at is None and b is not None and len(hist) >= 2:
+                back = job.back_at(hist, inc.search_from, now, b)
+                if back is not None:
+                    inc.back_to_pace_at, changed = back, True
+                elif settled is not None and inc.waiting:
+                    inc.back_to_pace_at = settled[0]
+                    inc.settled_pace = round(b / settled[1], 3)
+                    inc.settled_step_s = round(settled[1], 4)
+                    changed = True
+            acted = inc.evicted_at is not None or inc.resolved_at is not None
+            back_in = inc.replica_group is None or inc.replica_group in in_quorum
+            if inc.back_to_pace_at is not None and acted and back_in:
+                inc.closed_at, changed = now, True
+            if changed:
+                self.dirty.add(inc.id)
 
     # --- which incident explains what ----------------------------------------------------
     def open(self) -> list[Incident]:

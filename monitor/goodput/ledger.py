@@ -3,10 +3,9 @@
 Fed once per sweep with the evidence view, the open confirmed findings and the eviction
 decisions, it splits the wall time since the previous sweep, times the expected replica groups,
 into goodput and badput by cause, so that at every sweep ``goodput + sum(badput) + pending ==
-expected groups x wall seconds``. docs/goodput.md defines each cause, the baseline, pace window
-and horizon, and incidents. No HTTP, threads or I/O: :mod:`monitor.service` feeds it and saves
-:meth:`GoodputLedger.snapshot`. A sweep at or before the previous one is skipped; odd values in
-a rank's state are ignored, never raised.
+expected groups x wall seconds``. docs/goodput.md defines the causes, the baseline, the pace
+window, the horizon and incidents. No HTTP, threads or I/O: :mod:`monitor.service` feeds it and
+saves it. Odd values in a rank's state are ignored, never raised.
 """
 
 from __future__ import annotations
@@ -23,14 +22,14 @@ from monitor.evidence.view import ClusterView
 from .columns import History, Judged, Slots, key_of
 from .commits import CommitReader
 from .incidents import Incidents
-from .model import PENDING, UNSEEN, GoodputConfig, Incident, Interval, Run, Slice, SweepAccount
+from .model import PENDING, UNSEEN, GoodputConfig, Incident, Interval, Run, SweepAccount
 from .pace import JobPace, pace_of
 from .report import GoodputReport
 from .snapshot import GoodputSnapshot
 
 
 class GoodputLedger(GoodputReport, GoodputSnapshot):
-    """Call :meth:`update` once per sweep. Read with :meth:`to_json` (report.py); save
+    """Call :meth:`update` once per sweep. Read it with :meth:`to_json` (report.py); save
     :meth:`snapshot` and :meth:`unsaved`, resume with :meth:`restore` (snapshot.py)."""
 
     def __init__(self, cfg: GoodputConfig | None = None) -> None:
@@ -46,38 +45,31 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.incidents = Incidents(self.cfg, self.slots, self._explain)
         self.last_commit_at: float | None = None  # the last sweep that saw a commit
         self.expected_groups = 0
-        self.unobserved_s = 0.0
-        self.gap_s = 0.0
-        self.gaps = 0
-        self.skipped_sweeps = 0
+        self.unobserved_s = self.gap_s = 0.0
+        self.gaps = self.skipped_sweeps = 0
         # goodput a re-judgement took back after the metrics' counter (which never decreases)
         # counted it: paid back from the next sweeps' goodput
         self.goodput_debt = 0.0
-        self._revised: list[tuple[str, float]] = []  # re-judged (cause, seconds) not yet counted
+        self._revised: list[tuple[str, float]] = []  # re-judged (cause, seconds) not counted
         self.runs: list[Run] = []  # unsettled badput, a group's in time order
         self.intervals: deque[Interval] = deque(maxlen=self.cfg.keep_intervals)
-        self.open_intervals: dict[str, Interval] = {}  # group key -> the interval being extended
+        self.open_intervals: dict[str, Interval] = {}  # group key -> the interval it extends
         self._closed_intervals: list[Interval] = []  # not saved yet
 
     @property
     def baseline(self) -> float | None:
         return self.job.baseline
 
-    @property
-    def unsettled(self) -> list[Slice]:
-        """The badput not settled yet, slice by slice (a group's in time order)."""
-        return [x for r in self.runs for x in r.slices()]
-
-    # --- the sweep -------------------------------------------------------------------------
     def update(self, view: ClusterView, findings: list[dict[str, Any]],
                evictions: list[dict[str, Any]], now: float) -> SweepAccount:
         """Fold one sweep: ``view`` (evidence), open confirmed findings (each with its store
-        ``id``), eviction decisions (``decision == "evict"``, with ``id``), the sweep's time."""
+        ``id``), eviction decisions (``decision == "evict"``, with ``id``), the sweep's time.
+        A sweep at or before the previous one is skipped."""
         acct = SweepAccount()
         if self.last_at is not None and now <= self.last_at:
-            self.skipped_sweeps += 1  # out of order or repeated: nothing to split
+            self.skipped_sweeps += 1
             return acct
-        live = (r for r in view.ranks.values() if r.reachable and r.state)  # lazily: O(1)
+        live = (r for r in view.ranks.values() if r.reachable and r.state)  # lazily
         first = next(live, None)
         if self.since is None and first is None:
             return acct  # no job seen yet: the ledger's clock has not started
@@ -109,22 +101,25 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         pay = min(max(0.0, acct.goodput), self.goodput_debt)
         acct.goodput, self.goodput_debt = max(0.0, acct.goodput) - pay, self.goodput_debt - pay
         self.last_at = now
-        self._follow_incidents(in_quorum, now)
+        self.incidents.follow(in_quorum, now, self.job)
         self.job.sample(now, any(i.open and i.settled_pace is None
                                  for i in self.incidents.values()))
         self._settle(now, acct)
-        self._publish_ratios(acct)
+        S = self.slots
+        groups = np.asarray(S.row_order[0], np.int64)
+        groups = groups[(groups > 0) & (S.exp[0, groups] != 0)]  # not the slots never seen
+        acct.group_goodput_ratio = dict(zip(map(S.gids.__getitem__, groups.tolist()),
+                                            (S.good[0, groups] / S.exp[0, groups]).tolist(),
+                                            strict=True))
+        acct.job_goodput_ratio = S.job_ratio()
         return acct
 
     # --- an incident explains badput -------------------------------------------------------
     def _explain(self, inc: Incident) -> None:
-        self._claim_unsettled(inc)
-        self._rejudge(inc)
-
-    def _claim_unsettled(self, inc: Incident) -> None:
-        """Unsettled badput since the onset becomes the new incident's: a straggler's the
+        """Unsettled badput since the new incident's onset becomes its: a straggler's the
         pending slow time, any other's the pending time without commits (as ``stall``), any
-        incident's a stall nothing explained and its group's capacity lost."""
+        incident's a stall nothing explained and its group's capacity lost; then
+        :meth:`_rejudge`."""
         for r in self.runs:
             if r.t1 <= inc.onset_at:
                 continue
@@ -137,14 +132,14 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
                     r.cause == "stall" or (r.cause == "capacity_lost"
                                            and r.groups[0] == inc.replica_group)):
                 continue
-            self._link(r, inc)
+            _link(r, inc)
+        self._rejudge(inc)
 
     def _rejudge(self, inc: Incident) -> None:
         """Judge again, from the onset, the sweeps since then that a pace window reaching back
-        before it credited whole: commits before a fault say nothing of the pace after it. A
+        before it credited whole (commits before a fault say nothing of the pace after it): a
         sweep whose commits since the onset (over at least 2 b) are below pace keeps ``commits
-        x b``; the rest from the onset becomes the incident's badput (a straggler's drag, any
-        other's stall). Within the horizon only."""
+        x b``, the rest from the onset is the incident's drag (a straggler) or stall."""
         b, J, S = self.baseline, self.judged, self.slots
         if b is None or not J.t1:
             return
@@ -155,8 +150,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         t1 = np.fromiter(J.t1, float, len(J.t1))
         judged = ~np.isnan(credit)
         ar = np.arange(n)
-        # each group's cum at the sweep at or before the onset: after its last sweep ending by
-        # then, else before its first
+        # each group's cum at the onset: after its last sweep ending by then, else before its
+        # first
         by_then = judged & (t1 <= t_on + 1e-9)[:, None]
         first = np.argmax(judged, axis=0)
         last_by_then = len(t1) - 1 - np.argmax(by_then[::-1], axis=0)
@@ -171,40 +166,31 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             return
         seconds = credit[ks, slots_of] * np.minimum(1.0, span[:, 0] / (t1 - t0))[ks]
         self._revised.extend(zip(repeat(cause), seconds.tolist()))
-        S.rows_for(np.unique(slots_of), gpu=False)
-        S.rows_for(np.unique(slots_of[S.gpus[slots_of] > 0]), gpu=True)
+        S.rows_for(np.unique(slots_of), 0)
+        S.rows_for(np.unique(slots_of[S.gpus[slots_of] > 0]), 1)
         for k in np.unique(ks).tolist():  # a run per sweep re-judged
             m = ks == k
             slots, sec = slots_of[m], seconds[m]
             J.credit[k][slots] = credit[k, slots] - sec
             g = S.gpus[slots]
-            S.good[slots] -= sec
-            S.ggood[slots[g > 0]] -= sec[g > 0] * g[g > 0]
+            S.good[0, slots] -= sec
+            S.good[1, slots[g > 0]] -= sec[g > 0] * g[g > 0]
             r = Run(max(float(t0[k]), t_on), float(t1[k]), slots,
                     list(map(S.gids.__getitem__, slots.tolist())), sec.tolist(),
                     [x or None for x in g.tolist()], cause, counted=True)
-            self._link(r, inc)
+            _link(r, inc)
             self.runs.append(r)
-        self.runs.sort(key=attrgetter("t0"))  # a group's slices settle in time order
+        self.runs.sort(key=attrgetter("t0"))  # a group's runs settle in time order
 
     def _provisional(self, r: Run) -> bool:
         """Straggler drag booked while no group committed, with no commit since: it may be the
-        first seconds of a stall another fault caused, so it stays open to that fault's claim
-        until the job commits again (or the horizon)."""
+        first seconds of a stall another fault caused, open to that fault's claim until the
+        job commits again (or the horizon)."""
         if r.cause != "straggler_drag" or not r.idle:
             return False
         inc = self.incidents.get(r.incident) if r.incident is not None else None
         return (inc is None or inc.kind == "straggler") and (
             self.last_commit_at is None or self.last_commit_at < r.t1 - 1e-9)
-
-    @staticmethod
-    def _link(r: Run, inc: Incident | None) -> None:
-        if inc is None:
-            return
-        r.incident = inc.id
-        r.finding_id = inc.finding_ids[0] if inc.finding_ids else None
-        r.eviction_id = inc.eviction_id if inc.evicted_at is not None \
-            and inc.evicted_at < r.t1 else None
 
     # --- splitting a sweep -----------------------------------------------------------------
     def _partition(self, in_quorum: set[int]) -> tuple[np.ndarray, np.ndarray, int]:
@@ -214,8 +200,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         gids = np.asarray(S.gids[1:], np.int64)
         known = np.argsort(gids, kind="stable") + 1
         inq = np.fromiter(map(in_quorum.__contains__, S.gids[1:]), bool, len(gids))
-        inside = known[inq[known - 1]]
-        outside = known[~inq[known - 1]]
+        inside, outside = known[inq[known - 1]], known[~inq[known - 1]]
         if self.cfg.expected_groups is None:
             self.expected_groups = len(gids)
             return inside, outside, 0
@@ -311,11 +296,12 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             if (r.cause == PENDING or self._provisional(r)) and self.last_commit_at is not None \
                     and r.t0 >= self.last_commit_at - 1e-9:
                 r.cause = "stall"
-                self._link(r, inc)
+                _link(r, inc)
 
     def _account_gap(self, in_quorum: set[int], deltas: np.ndarray, dt: float, now: float,
                      acct: SweepAccount) -> None:
-        """A gap: credit the commits made across it, leave the rest unattributed."""
+        """A gap longer than ``max_gap_s`` (the monitor was down or stalled): credit the
+        commits made across it, the rest is ``unattributed``."""
         inside, outside, unseen = self._partition(in_quorum)
         acct.accounted, acct.dt, acct.expected_groups = True, dt, self.expected_groups
         self.gaps += 1
@@ -344,42 +330,13 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
     def _book(self, r: Run, inc: Incident | None, acct: SweepAccount) -> None:
         """Unsettled badput, tied to ``inc``: counted now unless its cause may still change
         (pending, idle straggler drag), which counts once settled under its final cause."""
-        self._link(r, inc)
+        _link(r, inc)
         self.runs.append(r)
         if r.cause != PENDING and not (r.cause == "straggler_drag" and r.idle):
             acct.badput[r.cause] = sum(r.seconds, acct.badput[r.cause])
             r.counted = True
 
-    # --- after the split -------------------------------------------------------------------
-    def _follow_incidents(self, in_quorum: set[int], now: float) -> None:
-        """Rejoined, back at pace (or settled at a new pace), closed: once acted on (evicted or
-        cleared), the job back at pace and the group back in the quorum."""
-        hist, b = list(self.job.history), self.baseline
-        settled = self.job.track_steady(now, [i for i in self.incidents.open() if i.waiting],
-                                        self.incidents.open_findings)
-        S = self.slots
-        for inc in self.incidents.open():
-            changed = False
-            if inc.evicted_at is not None and inc.rejoined_at is None \
-                    and inc.replica_group in in_quorum \
-                    and S.rid[S.index[inc.replica_group]] != inc.replica_id:
-                inc.rejoined_at, changed = now, True
-            if inc.back_to_pace_at is None and b is not None and len(hist) >= 2:
-                back = self.job.back_at(hist, inc.search_from, now, b)
-                if back is not None:
-                    inc.back_to_pace_at, changed = back, True
-                elif settled is not None and inc.waiting:
-                    inc.back_to_pace_at = settled[0]
-                    inc.settled_pace = round(b / settled[1], 3)
-                    inc.settled_step_s = round(settled[1], 4)
-                    changed = True
-            acted = inc.evicted_at is not None or inc.resolved_at is not None
-            back_in = inc.replica_group is None or inc.replica_group in in_quorum
-            if inc.back_to_pace_at is not None and acted and back_in:
-                inc.closed_at, changed = now, True
-            if changed:
-                self.incidents.dirty.add(inc.id)
-
+    # --- settling --------------------------------------------------------------------------
     def _settle(self, now: float, acct: SweepAccount) -> None:
         """Badput nothing can change any more becomes final (totals, incident costs,
         intervals): tied to an incident, of ``startup`` or of a slot never seen at once, the
@@ -415,11 +372,10 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             if at is None:
                 at = continued[round(r.t0, 6)] = np.zeros(len(self.slots), bool)
             at[r.slots] = True
-        index = self.slots.index
         for key, iv in list(self.open_intervals.items()):
             if iv.end < now - 1e-6:
                 at = continued.get(round(iv.end, 6))
-                slot = 0 if key == UNSEEN else index.get(int(key))
+                slot = 0 if key == UNSEEN else self.slots.index.get(int(key))
                 if at is None or slot is None or not at[slot]:
                     self._close_interval(self.open_intervals.pop(key))
 
@@ -437,36 +393,24 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
                     inc.gpu_cost_known = False
             inc.gpu_cost = cost
             self.incidents.dirty.add(inc.id)
-        # each group's slice extends its open interval or starts one (Interval.extend inline:
-        # a run holds every group's while the job is slow; bench_ledger_incident.py)
-        ties = (r.cause, r.incident, r.eviction_id)
-        t0, t1, open_iv = r.t0, r.t1, self.open_intervals
         for g, x, m in zip(r.groups, r.seconds, r.gpus, strict=True):
             key = key_of(g)
-            cur = open_iv.get(key)
-            if cur is not None and (cur.cause, cur.incident, cur.eviction_id) == ties \
-                    and abs(cur.end - t0) <= 1e-6:
-                cur.end = t1
-                cur.replica_seconds += x
-                cur.gpu_seconds = cur.gpu_seconds + x * m \
-                    if cur.gpu_seconds is not None and m else None
-                continue
-            if cur is not None:
-                self._close_interval(cur)
-            open_iv[key] = Interval(t0, t1, g, r.cause, x, x * m if m else None, r.incident,
-                                    r.finding_id, r.eviction_id)
+            cur = self.open_intervals.get(key)
+            if cur is None or not cur.extend(r, x, m):
+                if cur is not None:
+                    self._close_interval(cur)
+                self.open_intervals[key] = Interval.of(r, g, x, m)
 
     def _close_interval(self, iv: Interval) -> None:
         self.intervals.append(iv)
         self._closed_intervals.append(iv)
 
-    def _publish_ratios(self, acct: SweepAccount) -> None:
-        S = self.slots
-        order = np.asarray(S.row_order[False], np.int64)
-        groups = order[order > 0]  # not the slots never seen
-        exp = S.exp[groups]
-        with_time = exp != 0
-        ratios = (S.good[groups][with_time] / exp[with_time]).tolist()
-        acct.group_goodput_ratio = dict(zip(map(S.gids.__getitem__, groups[with_time].tolist()),
-                                            ratios, strict=True))
-        acct.job_goodput_ratio = S.job_ratio()
+
+def _link(r: Run, inc: Incident | None) -> None:
+    """Tie ``r`` to ``inc`` (and its eviction, if before the run ends)."""
+    if inc is None:
+        return
+    r.incident = inc.id
+    r.finding_id = inc.finding_ids[0] if inc.finding_ids else None
+    r.eviction_id = inc.eviction_id if inc.evicted_at is not None \
+        and inc.evicted_at < r.t1 else None

@@ -14,15 +14,14 @@ PENDING = "pending"  # slow time nothing explains yet (settles within the horizo
 UNSEEN = "unseen"  # a slot of an expected group never seen (its key in per-group totals)
 # 3: per-group state and totals as columns, unsettled badput as runs (versions 1 and 2 resume)
 SNAPSHOT_VERSION = 3
-# the job's newest step falling this far means it started over (one group lagging a step behind
-# another that left the quorum is not that)
+# the job's newest step falling this far means it started over (not a group lagging a step)
 JOB_RESTART_STEPS = 100
 # a count from this on is not one (the columns are int64; a float holds any below it exactly)
 HUGE = 1 << 53
 
 
 class GoodputError(ValueError):
-    """A ledger setting it cannot run with."""
+    """A ledger setting it cannot run with (raised by GoodputConfig.validate)."""
 
 
 @dataclass
@@ -40,7 +39,6 @@ class GoodputConfig:
     keep_incidents: int = 200  # closed incidents kept in memory (all go to the store)
 
     def validate(self) -> None:
-        """Raises GoodputError on a setting the ledger cannot run with."""
         if self.expected_groups is not None and self.expected_groups < 1:
             raise GoodputError(f"expected_groups must be >= 1, got {self.expected_groups}")
         if not 0 < self.pace_threshold <= 1:
@@ -54,29 +52,12 @@ class GoodputConfig:
                 raise GoodputError(f"{name} must be >= 1, got {getattr(self, name)!r}")
 
 
-@dataclass
-class Slice:
-    """One group's unsettled badput over one sweep interval."""
-
-    t0: float
-    t1: float
-    replica_group: int | None
-    cause: str
-    seconds: float
-    gpus: int | None
-    incident: int | None = None
-    finding_id: int | None = None
-    eviction_id: int | None = None
-    idle: bool = False  # no group committed in it (pending: a stall not yet a window long)
-    counted: bool = False  # in a SweepAccount's badput already (else counted when it settles)
-
-
 @dataclass(eq=False)
 class Run:
     """Unsettled badput of one sweep interval for groups that share all but their seconds and
     world sizes: the groups below pace in one sweep are one run, claimed and settled as one
-    (benchmarks/bench_ledger_incident.py). Every other booking is a run of one, so a longer
-    run is never of ``capacity_lost`` nor of a slot never seen."""
+    (benchmarks/bench_ledger_incident.py). Any other booking is a run of one, so a longer run
+    is never of ``capacity_lost`` nor of a slot never seen."""
 
     t0: float
     t1: float
@@ -88,11 +69,8 @@ class Run:
     incident: int | None = None
     finding_id: int | None = None
     eviction_id: int | None = None
-    idle: bool = False
-    counted: bool = False
-
-    def __len__(self) -> int:
-        return len(self.groups)
+    idle: bool = False  # no group committed in it (pending: a stall not yet a window long)
+    counted: bool = False  # in a SweepAccount's badput already (else counted when it settles)
 
     def part(self, mask: np.ndarray) -> Run:
         """The groups where ``mask`` is set, in order, as a run of their own."""
@@ -101,13 +79,8 @@ class Run:
         return replace(self, slots=self.slots[idx], groups=[self.groups[i] for i in at],
                        seconds=[self.seconds[i] for i in at], gpus=[self.gpus[i] for i in at])
 
-    def slices(self) -> list[Slice]:
-        return [Slice(self.t0, self.t1, g, self.cause, sec, n, self.incident, self.finding_id,
-                      self.eviction_id, self.idle, self.counted)
-                for g, sec, n in zip(self.groups, self.seconds, self.gpus, strict=True)]
 
-
-# a stored run's lists: Slice's field -> Run's
+# a stored unsettled slice's fields (snapshot version 1) -> a run's lists
 RUN_LISTS = {"replica_group": "groups", "seconds": "seconds", "gpus": "gpus"}
 
 
@@ -127,20 +100,21 @@ class Interval:
     settled: bool = True
 
     @classmethod
-    def of(cls, s: Slice, settled: bool = True) -> Interval:
-        return cls(s.t0, s.t1, s.replica_group, s.cause, s.seconds,
-                   s.seconds * s.gpus if s.gpus else None, s.incident, s.finding_id,
-                   s.eviction_id, settled)
+    def of(cls, r: Run, g: int | None, x: float, m: int | None, settled: bool = True
+           ) -> Interval:
+        """Group ``g``'s ``x`` seconds (world size ``m``) of ``r``."""
+        return cls(r.t0, r.t1, g, r.cause, x, x * m if m else None, r.incident, r.finding_id,
+                   r.eviction_id, settled)
 
-    def extend(self, s: Slice) -> bool:
-        """Append the slice that continues this interval (same cause and ties); False if not."""
-        if (s.cause, s.incident, s.eviction_id) != (self.cause, self.incident, self.eviction_id) \
-                or abs(self.end - s.t0) > 1e-6:
+    def extend(self, r: Run, x: float, m: int | None) -> bool:
+        """Append a group's ``x`` seconds of ``r`` if they continue this interval."""
+        if (r.cause, r.incident, r.eviction_id) != (self.cause, self.incident, self.eviction_id) \
+                or abs(self.end - r.t0) > 1e-6:
             return False
-        self.end = s.t1
-        self.replica_seconds += s.seconds
-        self.gpu_seconds = self.gpu_seconds + s.seconds * s.gpus \
-            if self.gpu_seconds is not None and s.gpus else None
+        self.end = r.t1
+        self.replica_seconds += x
+        self.gpu_seconds = self.gpu_seconds + x * m if self.gpu_seconds is not None and m \
+            else None
         return True
 
     def to_dict(self) -> dict[str, Any]:
@@ -169,8 +143,8 @@ class Incident:
     evicted_at: float | None = None
     resolved_at: float | None = None  # its finding is no longer open
     back_to_pace_at: float | None = None
-    # back "settled" below pace: the job's steady pace then, in units of the old baseline's
-    # (e.g. 0.8), and the step time the baseline moved to (None: back at pace, or not yet)
+    # back "settled" below pace: the job's pace then in units of the old baseline (e.g. 0.8)
+    # and the step time the baseline moved to
     settled_pace: float | None = None
     settled_step_s: float | None = None
     rejoined_at: float | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 from typing import Any
 
 from .columns import key_of
@@ -53,14 +54,15 @@ class GoodputReport:
         }
 
     def _live_totals(self) -> tuple[Rows, Rows]:
-        """Settled totals plus the unsettled slices (pending as its own key)."""
-        rows, gpu = self.slots.totals_rows(), self.slots.totals_rows(gpu=True)
-        for s in self.unsettled:
-            key = key_of(s.replica_group)
-            rows.setdefault(key, {})[s.cause] = rows.get(key, {}).get(s.cause, 0.0) + s.seconds
-            if s.gpus:
-                gpu.setdefault(key, {})[s.cause] = gpu.get(key, {}).get(s.cause, 0.0) \
-                    + s.seconds * s.gpus
+        """Settled totals plus the unsettled badput (pending as its own key)."""
+        rows, gpu = self.slots.totals_rows(0), self.slots.totals_rows(1)
+        for r in self.runs:
+            for g, x, m in zip(r.groups, r.seconds, r.gpus, strict=True):
+                row = rows.setdefault(key_of(g), {})
+                row[r.cause] = row.get(r.cause, 0.0) + x
+                if m:
+                    row = gpu.setdefault(key_of(g), {})
+                    row[r.cause] = row.get(r.cause, 0.0) + x * m
         return rows, gpu
 
     @staticmethod
@@ -134,16 +136,17 @@ class GoodputReport:
         }
 
     def intervals_json(self, limit: int = 200) -> list[dict[str, Any]]:
-        """Newest first: the unsettled slices merged on the fly, then the settled intervals."""
+        """Newest first: the unsettled badput merged on the fly, then the settled intervals."""
         merged: dict[str, Interval] = {}
         out: list[Interval] = []
-        for s in sorted(self.unsettled, key=lambda s: (s.t0, key_of(s.replica_group))):
-            key = key_of(s.replica_group)
+        parts = sorted(((r.t0, key_of(g), r, g, x, m) for r in self.runs
+                        for g, x, m in zip(r.groups, r.seconds, r.gpus, strict=True)),
+                       key=itemgetter(0, 1))
+        for _, key, r, g, x, m in parts:
             cur = merged.get(key)
-            if cur is not None and cur.extend(s):
-                continue
-            merged[key] = Interval.of(s, settled=False)
-            out.append(merged[key])
+            if cur is None or not cur.extend(r, x, m):
+                cur = merged[key] = Interval.of(r, g, x, m, settled=False)
+                out.append(cur)
         rows = list(self.intervals) + list(self.open_intervals.values()) + out
         rows.sort(key=lambda iv: (iv.end, iv.start), reverse=True)
         return [iv.to_dict() for iv in rows[:limit]]

@@ -45,7 +45,7 @@ class GoodputSnapshot:
             "pace": job.ratio, "slow_since": job.slow_since,
             "last_commit_at": self.last_commit_at,
             "steady": list(job.steady) if job.steady else None,
-            "totals": S.totals_columns(), "gpu_totals": S.totals_columns(gpu=True),
+            "totals": S.totals_columns(), "gpu_totals": S.totals_columns(1),
             "expected_groups": self.expected_groups, "unobserved_s": self.unobserved_s,
             "gap_s": self.gap_s, "gaps": self.gaps, "skipped_sweeps": self.skipped_sweeps,
             "goodput_debt": self.goodput_debt,
@@ -127,18 +127,18 @@ class GoodputSnapshot:
         led.last_commit_at = state.get("last_commit_at")
         steady = state.get("steady")
         job.steady = (float(steady[0]), int(steady[1])) if steady else None
-        for gpu, rows in ((False, state.get("totals")), (True, state.get("gpu_totals"))):
+        for kind, rows in enumerate((state.get("totals"), state.get("gpu_totals"))):
             for key, row in (rows or {}).items():
                 if key != UNSEEN and int(key) not in S.index:
                     S.add([int(key)], hist.next)
                 slot = 0 if key == UNSEEN else S.index[int(key)]
-                S.row(slot, key, gpu)
-                good, exp, bad, has = (S.ggood, S.gexp, S.gbad, S.gbad_has) if gpu else \
-                    (S.good, S.exp, S.bad, S.bad_has)
+                S.row(slot, key, kind)
                 for cause, v in row.items():
                     if cause in CAUSE_COLUMN:  # goodput and expected below
-                        bad[slot, CAUSE_COLUMN[cause]], has[slot, CAUSE_COLUMN[cause]] = v, True
-                good[slot], exp[slot] = row.get("goodput", 0.0), row.get("expected", 0.0)
+                        c = CAUSE_COLUMN[cause]
+                        S.bad[kind, c, slot], S.has[kind, c, slot] = v, True
+                S.good[kind, slot] = row.get("goodput", 0.0)
+                S.exp[kind, slot] = row.get("expected", 0.0)
         led.expected_groups = int(state.get("expected_groups") or 0)
         led.unobserved_s = float(state.get("unobserved_s") or 0.0)
         led.gap_s = float(state.get("gap_s") or 0.0)
