@@ -1,5 +1,5 @@
 """The goodput ledger's incidents: one per faulty replica group incarnation, opened by its first
-confirmed finding or an eviction decision (docs/goodput.md, "Incidents")."""
+confirmed finding or an eviction decision (docs/goodput.md, "Definitions")."""
 
 from __future__ import annotations
 
