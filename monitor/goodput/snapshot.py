@@ -118,13 +118,10 @@ class GoodputSnapshot:
                 hist.cum[0][slot] = _count(h[-1][1], 0)
             else:
                 S.born[slot] = hist.next
-        job.step = state.get("job_step")
+        job.step, job.baseline, job.slow_since, job.ratio, led.last_commit_at = map(
+            state.get, ("job_step", "baseline", "slow_since", "pace", "last_commit_at"))
         job.history.extend(tuple(x) for x in state.get("job_history") or [])
         job.samples.extend(state.get("baseline_samples") or [])
-        job.baseline = state.get("baseline")
-        job.slow_since = state.get("slow_since")
-        job.ratio = state.get("pace")
-        led.last_commit_at = state.get("last_commit_at")
         steady = state.get("steady")
         job.steady = (float(steady[0]), int(steady[1])) if steady else None
         for kind, rows in enumerate((state.get("totals"), state.get("gpu_totals"))):
@@ -139,12 +136,9 @@ class GoodputSnapshot:
                         S.bad[kind, c, slot], S.has[kind, c, slot] = v, True
                 S.good[kind, slot] = row.get("goodput", 0.0)
                 S.exp[kind, slot] = row.get("expected", 0.0)
-        led.expected_groups = int(state.get("expected_groups") or 0)
-        led.unobserved_s = float(state.get("unobserved_s") or 0.0)
-        led.gap_s = float(state.get("gap_s") or 0.0)
-        led.gaps = int(state.get("gaps") or 0)
-        led.skipped_sweeps = int(state.get("skipped_sweeps") or 0)
-        led.goodput_debt = float(state.get("goodput_debt") or 0.0)
+        for name, of in (("expected_groups", int), ("unobserved_s", float), ("gap_s", float),
+                         ("gaps", int), ("skipped_sweeps", int), ("goodput_debt", float)):
+            setattr(led, name, of(state.get(name) or 0))
         if runs is None:  # stored slice by slice (version 1 or 2): a run of one each
             runs = [{"counted": d.get("cause") != PENDING,
                      **{k: v for k, v in d.items() if k not in RUN_LISTS},
