@@ -73,7 +73,7 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
 RUNS = ("fault_free", "torchft_defaults", "torchft_tuned", "lightkeeper")
-PACE_THRESHOLD = 0.9  # "at healthy pace", as the ledger (monitor/goodput/ledger.py)
+PACE_THRESHOLD = 0.9  # "at healthy pace", as the ledger (monitor/goodput/)
 PACE_WINDOW_S, PACE_WINDOW_STEPS = 3.0, 20  # the ledger's pace window W = max(3 s, 20 x b)
 BIN_S = 0.5  # ground-truth accounting resolution (the monitor's sweep interval here)
 # Reconciliation tolerances (the ledger against the ground truth, same window, same baseline)
@@ -172,7 +172,7 @@ def goodput_from_commits(commits: dict[int, list[float]], t0: float, t1: float, 
                          baselines: list[tuple[float, float]] | None = None,
                          cuts: list[tuple[float, float]] = ()) -> dict:
     """Goodput of ``expected_groups`` slots over ``[t0, t1]`` from the groups' commit times, by
-    the ledger's definitions (monitor/goodput/ledger.py): per slot and bin, a group whose commits in the
+    the ledger's definitions (monitor/goodput/): per slot and bin, a group whose commits in the
     trailing window ``W`` (not before ``t0``) x ``b`` / its length reach ``threshold`` counts
     the whole bin, else its commits in the bin x ``b``, at most the bin, what they hold beyond
     it carried to the next bin (at most ``b``; reset at pace). A group without commits is all

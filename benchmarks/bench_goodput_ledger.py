@@ -1,4 +1,4 @@
-"""Cost of the goodput ledger (monitor/goodput/ledger.py) per monitor sweep, and the size of what it saves.
+"""Cost of the goodput ledger (monitor/goodput/) per monitor sweep, and the size of what it saves.
 
 Synthetic sweeps of N replica groups x R ranks (every group committing at a steady pace, one group
 leaving the quorum at sweep 30 so capacity is being lost), one per simulated second, through a
@@ -17,7 +17,7 @@ import statistics
 import time
 
 from monitor.evidence.view import ClusterView, RankView
-from monitor.goodput.ledger import GoodputLedger
+from monitor.goodput import GoodputLedger
 
 STEP_S = 0.2
 

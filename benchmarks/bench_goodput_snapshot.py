@@ -30,7 +30,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.bench_ledger_scale import T0, Job, ledger_module, warm  # noqa: E402
 from benchmarks.bench_monitor_100k import save  # noqa: E402
-from monitor.goodput.ledger import GoodputConfig, GoodputLedger  # noqa: E402
+from monitor.goodput import GoodputConfig, GoodputLedger  # noqa: E402
 from monitor.store import Store, goodput_json_text  # noqa: E402
 
 

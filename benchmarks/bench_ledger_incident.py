@@ -115,7 +115,7 @@ def main() -> int:
                 row[k + "_write_s"] = time.thread_time() - c
                 row[k + "_write_wall_s"] = time.perf_counter() - w
                 row[k + "_write_intervals"] = len(intervals)
-            row[k + "_unsettled"] = len(led.unsettled)
+            row[k + "_unsettled"] = sum(len(r["groups"]) for r in led.snapshot()["unsettled"])
         if len(sides) > 1 and ledgers["this"].to_json() != ledgers["baseline"].to_json():
             raise SystemExit(f"sweep {i}: the two ledgers' JSON differ")
         rows.append(row)

@@ -27,7 +27,9 @@ import importlib.util
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
 from typing import Any
@@ -48,15 +50,24 @@ T0 = 1_700_000_000.0
 
 
 def ledger_module(rev: str) -> Any:
-    """``monitor/goodput/ledger.py`` at ``rev``, imported as a module of the ``monitor`` package
-    (its relative imports resolve to this tree's: the view is the same for both sides)."""
-    spec = importlib.util.spec_from_loader("monitor.goodput_at_" + rev, loader=None)
+    """``monitor/goodput/`` at ``rev`` (from 6ca0a53 on), imported as the package
+    ``monitor.goodput_at_<rev>``: its absolute imports resolve to this tree's, so the view is
+    the same for both sides. Its ``GoodputLedger`` and ``GoodputConfig`` are the module's
+    (the package's, or its ``ledger`` module's before the package re-exported them)."""
+    folder = tempfile.mkdtemp(prefix="goodput_at_")
+    files = subprocess.run(["git", "ls-tree", "--name-only", rev, "monitor/goodput/"], cwd=ROOT,
+                           check=True, capture_output=True, text=True).stdout.split()
+    for path in files:
+        if path.endswith(".py"):
+            with open(os.path.join(folder, os.path.basename(path)), "w") as f:
+                f.write(git_source(rev, path))
+    name = "monitor.goodput_at_" + rev
+    spec = importlib.util.spec_from_file_location(name, os.path.join(folder, "__init__.py"),
+                                                  submodule_search_locations=[folder])
     mod = importlib.util.module_from_spec(spec)
-    mod.__package__ = "monitor"
-    sys.modules[mod.__name__] = mod  # dataclasses look their module up while decorating
-    exec(compile(git_source(rev, "monitor/goodput/ledger.py"), f"{rev}:monitor/goodput/ledger.py", "exec"),
-         mod.__dict__)
-    return mod
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod if hasattr(mod, "GoodputLedger") else importlib.import_module(name + ".ledger")
 
 
 class Job:

@@ -36,8 +36,7 @@ from .evidence.lighthouse_status import LighthouseReader, LighthouseStatus
 from .evidence.verification import REASONS as TRUST_REASONS
 from .evidence.verification import VERIFIED, Verifier
 from .evidence.view import ClusterView, GroupView, ViewBuilder
-from .goodput.ledger import GoodputConfig, GoodputLedger
-from .goodput.writer import GoodputWriter
+from .goodput import GoodputConfig, GoodputLedger, GoodputWriter
 from .poll import fd_budget
 from .poll.admission import AllowList, NotAllowed, Unauthorized, registration_authorized
 from .poll.discovery import BadTarget, Discovery, Target, TooManyTargets, normalize_url

@@ -1,4 +1,4 @@
-"""The goodput ledger (monitor/goodput/ledger.py) fed synthetic sweeps: every cause, an incident's whole
+"""The goodput ledger (monitor/goodput/) fed synthetic sweeps: every cause, an incident's whole
 life, a monitor restarted from a real SQLite store, skipped and missing sweeps, a group that never
 returns, odd rank data. Each sweep's split is checked against the invariant
 ``goodput + badput + pending == expected groups x wall seconds``.
@@ -16,7 +16,7 @@ from dataclasses import asdict
 import pytest
 
 from monitor.evidence.view import ClusterView, RankView, ViewBuilder
-from monitor.goodput.ledger import CAUSES, GoodputConfig, GoodputError, GoodputLedger, snapshot_rows
+from monitor.goodput import CAUSES, GoodputConfig, GoodputError, GoodputLedger, snapshot_rows
 from monitor.poll.discovery import Target
 from monitor.poll.poller import RankPoll
 from monitor.store import Store
@@ -109,9 +109,10 @@ def check_invariant(ledger: GoodputLedger) -> None:
 def check_counted(job: ModelJob, ledger: GoodputLedger) -> None:
     """What the metrics counted, by cause == the settled badput plus the unsettled slices
     already counted (a slice whose cause changed after it was counted would break this)."""
+    state = snapshot_rows(ledger.snapshot())
     for c in CAUSES:
-        settled = sum(row.get(c, 0.0) for row in ledger.totals.values())
-        held = sum(x.seconds for x in ledger.unsettled if x.counted and x.cause == c)
+        settled = sum(row.get(c, 0.0) for row in state["totals"].values())
+        held = sum(x["seconds"] for x in state["unsettled"] if x["counted"] and x["cause"] == c)
         assert job.counted[c] == pytest.approx(settled + held, abs=1e-6), c
 
 
@@ -393,8 +394,7 @@ def test_restarted_monitor_resumes_totals_and_incidents_from_the_store(tmp_path)
     job.run(led, 4, pace=0.0)
     job.evict(2, at=job.t, did=9, fid=5)
     job.run(led, 5, pace=1.0)
-    snap = led.snapshot()  # the slices and intervals as dataclasses.asdict has them
-    assert snapshot_rows(snap)["unsettled"] == [asdict(s) for s in led.unsettled]
+    snap = led.snapshot()  # the intervals as dataclasses.asdict has them
     assert snapshot_rows(snap)["open_intervals"] == {k: asdict(v)
                                                      for k, v in led.open_intervals.items()}
     assert snap["open_intervals"]
@@ -541,7 +541,8 @@ def test_idle_sweeps_under_a_lone_straggler_stay_its_drag():
     [inc] = out["incidents"]
     assert set(inc["cost"]["by_cause"]) == {"straggler_drag"}
     assert out["job"]["badput_seconds"]["stall"] == 0 and out["job"]["pending_seconds"] == 0
-    assert not any(s.cause == "straggler_drag" for s in led.unsettled)  # settled
+    assert not any(s["cause"] == "straggler_drag"
+                   for s in led.snapshot()["unsettled"])  # settled
     check_counted(job, led)
 
 

@@ -17,7 +17,7 @@ import requests
 
 from lightkeeper.cluster import wait_until
 from monitor.config import MonitorConfig, RailsConfig
-from monitor.goodput.ledger import CAUSES
+from monitor.goodput import CAUSES
 from monitor.service import Monitor
 from tests.support.monitor_sim import SimJob
 

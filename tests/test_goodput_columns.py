@@ -1,4 +1,4 @@
-"""The goodput ledger's per-group state in numpy columns (monitor/goodput/ledger.py) against the ledger
+"""The goodput ledger's per-group state in numpy columns (monitor/goodput/columns.py) against the ledger
 it replaced (tests/support/goodput_reference.py: the per-group dict-and-deque ledger, verbatim),
 fed the same real views sweep after sweep: the same account of every sweep (SweepAccount, to
 the bit), the same ``to_json()`` (the ``GET /v1/goodput`` document), snapshot and stored rows.
@@ -20,9 +20,10 @@ from collections import deque
 import numpy as np
 import pytest
 
+from monitor import goodput
 from monitor.evidence.view import ViewBuilder
-from monitor.goodput import ledger as goodput
-from monitor.goodput.ledger import GoodputConfig, GoodputLedger, snapshot_rows
+from monitor.goodput import GoodputConfig, GoodputLedger, snapshot_rows
+from monitor.goodput.columns import History
 from monitor.poll.discovery import Target
 from monitor.poll.poller import RankPoll
 from tests.support import goodput_reference as reference
@@ -185,7 +186,7 @@ def run(seed: int, sweeps: int, fixed_dt: float | None = None, **cfg
         covered["startup"] += new.baseline is None
         covered["incidents"] = len(new.incidents)
         covered["gaps"] = new.gaps
-        covered["pending"] += any(s.cause == "pending" for s in new.unsettled)
+        covered["pending"] += any(r["cause"] == "pending" for r in new.snapshot()["unsettled"])
     return new, covered
 
 
@@ -233,10 +234,10 @@ def test_a_new_incarnation_reads_its_ranks_not_asked_again():
 
 
 def test_the_shared_history_paces_each_group_as_its_own_deque_did():
-    """``_History.pace`` against ``_pace`` over each group's own trimmed deque: groups born at
+    """``History.pace`` against ``_pace`` over each group's own trimmed deque: groups born at
     different sweeps, windows that fall exactly on a sample (a 0.5 s grid) and between."""
     rng = random.Random(3)
-    hist = goodput._History()
+    hist = History()
     born, cum, own = [], [], []
     for n in range(60):
         t = T0 + 0.5 * n

@@ -14,7 +14,7 @@ import sqlite3
 
 import pytest
 
-from monitor.goodput.ledger import GoodputConfig, GoodputLedger, snapshot_rows
+from monitor.goodput import GoodputConfig, GoodputLedger, snapshot_rows
 from monitor.store import Store
 from tests.test_goodput_columns import run
 

@@ -9,7 +9,7 @@ import sqlite3
 import threading
 import time
 
-from monitor.goodput.writer import GoodputWriter
+from monitor.goodput import GoodputWriter
 from monitor.store import Store
 
 

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from monitor.api.metrics import MonitorMetrics
 from monitor.evidence.view import ViewBuilder
-from monitor.goodput.ledger import SweepAccount
+from monitor.goodput import SweepAccount
 from monitor.poll.discovery import Target
 from monitor.poll.poller import RankPoll
 from tests.support.monitor_sim import rank_state

@@ -24,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from monitor.evidence.lighthouse_settings import SETTINGS
 from monitor.evidence.view import ClusterView
-from monitor.goodput.ledger import CAUSES, SweepAccount
+from monitor.goodput import CAUSES, SweepAccount
 from monitor.poll.poller import REASONS as POLL_REASONS
 
 SWEEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

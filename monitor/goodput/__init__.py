@@ -1,0 +1,10 @@
+"""The goodput ledger (docs/goodput.md): where the job's replica-seconds went, by cause and by
+incident. :class:`GoodputLedger` accounts each sweep; :class:`GoodputWriter` saves it."""
+
+from .ledger import GoodputLedger
+from .model import CAUSES, GoodputConfig, GoodputError, SweepAccount
+from .snapshot import snapshot_rows
+from .writer import GoodputWriter
+
+__all__ = ["CAUSES", "GoodputConfig", "GoodputError", "GoodputLedger", "GoodputWriter",
+           "SweepAccount", "snapshot_rows"]

@@ -1,19 +1,11 @@
-"""The goodput ledger's saves, written on a thread of their own.
+"""The goodput ledger's saves, written on a thread of their own so that detection never waits
+for SQLite's ``fsync``: the sweep takes the snapshot (each save is one consistent sweep), the
+thread encodes and writes it (benchmarks/bench_goodput_snapshot.py).
 
-The sweep takes the ledger's snapshot and what changed since the last save
-(:meth:`GoodputLedger.snapshot`, :meth:`GoodputLedger.unsaved`) itself, so each save is one
-consistent sweep; encoding it and SQLite's transaction (a ``fsync`` in WAL mode) run here, beside
-the next sweep, instead of in it. At 100,000 ranks on the 2-core development box a save held the
-sweep 0.1-0.2 s of wall time every ~5 s, and 0.4-0.5 s when an incident settled 50,000 intervals
-(docs/scaling.md, eleventh round); on a monitor host with a slow or busy disk, an ``fsync`` is
-worse, and detection must not wait for it.
-
-Saves not yet written are merged: the newest state, each incident's newest row, every interval
-in order, so what is stored is always a state the ledger had, with everything it settled up to
-it. A failed write (a full disk, a locked file) is kept, merged with later saves and tried again
-with the next one and at :meth:`GoodputWriter.close`; :attr:`GoodputWriter.error` says why until
-a write succeeds. A crash loses what was not written yet: as before, at most the time since the
-last save, which a restarted ledger accounts again from its last stored sweep.
+Saves not yet written are merged (the newest state, each incident's newest row, every interval
+in order). A failed write is kept, merged with later saves and tried again with the next and at
+:meth:`GoodputWriter.close`; :attr:`GoodputWriter.error` says why until a write succeeds. A
+crash loses at most the time since the last save, which a restarted ledger accounts again.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The goodput ledger as it was before its per-group state became numpy columns: the reference
 tests/test_goodput_columns.py compares the columnar ledger with, sweep after sweep.
-``GoodputLedger``, ``_Group``, ``_rank_counts`` and ``_cum_at`` are monitor/goodput/ledger.py's at
-e1d5fb6, verbatim; the dataclasses, constants and value helpers the change left alone are
-imported from monitor/goodput/ledger.py. Not used by the monitor; do not change the ledger here to
-follow monitor/goodput/ledger.py (that is what the test checks)."""
+``GoodputLedger``, ``_Group``, ``_rank_counts`` and ``_cum_at`` are the ledger's (then
+monitor/goodput.py) at e1d5fb6, verbatim; the dataclasses, constants and value helpers the change
+left alone are imported from monitor/goodput/. Not used by the monitor; do not change the ledger
+here to follow monitor/goodput/ (that is what the test checks)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from operator import is_not
 from typing import Any
 
 from monitor.evidence.view import ClusterView
-from monitor.goodput.ledger import (  # the data and helpers the columns did not change
+from monitor.goodput.model import (  # the data and helpers the columns did not change
     CAUSES,
     JOB_RESTART_STEPS,
     PENDING,
@@ -25,17 +25,54 @@ from monitor.goodput.ledger import (  # the data and helpers the columns did not
     GoodputConfig,
     GoodputError,
     Incident,
-    Interval,
-    Slice,
     SweepAccount,
-    _int,
-    _ints,
-    _num,
-    _pace,
-    _trim,
 )
+from monitor.goodput.model import Interval as _Interval
+from monitor.goodput.model import as_float as _num
+from monitor.goodput.model import as_int as _int
+from monitor.goodput.model import as_ints as _ints
+from monitor.goodput.pace import pace_of as _pace
+from monitor.goodput.pace import trim as _trim
 
 __all__ = ["CAUSES", "GoodputConfig", "GoodputError", "GoodputLedger", "SweepAccount"]
+
+
+@dataclass
+class Slice:
+    """One slot's badput over one sweep interval (kept until settled, then merged)."""
+
+    t0: float
+    t1: float
+    replica_group: int | None
+    cause: str
+    seconds: float
+    gpus: int | None
+    incident: int | None = None
+    finding_id: int | None = None
+    eviction_id: int | None = None
+    idle: bool = False  # no group committed in it (pending: a stall not yet a window long)
+    counted: bool = False  # in a SweepAccount's badput already (else counted when it settles)
+
+
+class Interval(_Interval):
+    """The ledger's Interval, made and extended slice by slice as it then was."""
+
+    @classmethod
+    def of(cls, s: Slice, settled: bool = True) -> Interval:
+        return cls(s.t0, s.t1, s.replica_group, s.cause, s.seconds,
+                   s.seconds * s.gpus if s.gpus else None, s.incident, s.finding_id,
+                   s.eviction_id, settled)
+
+    def extend(self, s: Slice) -> bool:
+        """Append the slice that continues this interval (same cause and ties); False if not."""
+        if (s.cause, s.incident, s.eviction_id) != (self.cause, self.incident, self.eviction_id) \
+                or abs(self.end - s.t0) > 1e-6:
+            return False
+        self.end = s.t1
+        self.replica_seconds += s.seconds
+        self.gpu_seconds = self.gpu_seconds + s.seconds * s.gpus \
+            if self.gpu_seconds is not None and s.gpus else None
+        return True
 
 @dataclass
 class _Group:

@@ -1,0 +1,238 @@
+"""The goodput ledger's per-group state as numpy columns, one vector operation per sweep over
+every group (a Python pass per group does not keep up at 100,000 ranks:
+benchmarks/bench_ledger_scale.py)."""
+
+from __future__ import annotations
+
+from collections import deque
+from itertools import compress
+from typing import Any
+
+import numpy as np
+
+from .model import CAUSE_COLUMN, CAUSES, UNSEEN
+
+
+def key_of(g: int | None) -> str:
+    """A group's key in the totals (``UNSEEN``: a slot never seen)."""
+    return UNSEEN if g is None else str(g)
+
+
+def with_none(values: np.ndarray, none: np.ndarray) -> list[Any]:
+    """``values`` as a list, None where ``none``."""
+    out = values.tolist()
+    for i in np.flatnonzero(none).tolist():
+        out[i] = None
+    return out
+
+
+class Slots:
+    """Every group ever seen, by slot: a group keeps the slot it got when first seen; slot 0
+    holds the totals of the slots never seen (``UNSEEN``). The totals have a kind axis
+    (0: replica-seconds, 1: GPU-seconds)."""
+
+    FILL = {"commits": -1, "last_in_quorum_at": np.nan}  # (every other column starts at 0)
+
+    def __init__(self) -> None:
+        self.gids: list[int | None] = [None]  # slot -> replica group
+        self.index: dict[int, int] = {}  # replica group -> slot
+        self.rid: list[str | None] = [None]  # the incarnation its commits are of
+        # commits: last count of rid (-1: none yet); cum: commits over its incarnations;
+        # gpus: its group world size (0: not known); born: the history sample it began at
+        self.commits = np.full(1, -1, np.int64)
+        self.cum, self.gpus, self.born = (np.zeros(1, np.int64) for _ in range(3))
+        self.carry = np.zeros(1)  # below pace: credit held beyond the sweep (at most b)
+        self.last_in_quorum_at = np.full(1, np.nan)  # nan: never
+        # settled totals: goodput, expected, badput by cause and whether a row has that cause
+        self.good, self.exp = np.zeros((2, 1)), np.zeros((2, 1))
+        self.bad = np.zeros((2, len(CAUSES), 1))
+        self.has = np.zeros((2, len(CAUSES), 1), bool)
+        # the totals rows per kind: key -> slot in the order made (sums over rows follow it,
+        # so the figures stay the same to the bit), and which slots have one
+        self.rows: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        self.row_order: tuple[list[int], list[int]] = ([], [])
+        self.has_row = np.zeros((2, 1), bool)
+
+    def __len__(self) -> int:
+        return len(self.gids)
+
+    def add(self, groups: list[int], born: int) -> None:
+        """New groups, in this order, from history sample ``born`` on."""
+        for g in groups:
+            self.index[g] = len(self.gids)
+            self.gids.append(g)
+            self.rid.append(None)
+        fill = {**self.FILL, "born": born}
+        for name in ("commits", "cum", "gpus", "born", "carry", "last_in_quorum_at", "good",
+                     "exp", "bad", "has", "has_row"):
+            col = getattr(self, name)
+            more = np.full((*col.shape[:-1], len(groups)), fill.get(name, 0), col.dtype)
+            setattr(self, name, np.concatenate([col, more], axis=-1))
+
+    def gpus_of(self, g: int | None) -> int | None:
+        s = self.index.get(g) if g is not None else None
+        n = int(self.gpus[s]) if s is not None else 0
+        return n or None
+
+    def default_gpus(self) -> int | None:
+        """The most common known group world size (a slot never seen is given it)."""
+        sizes = self.gpus[self.gpus > 0].tolist()
+        return max(set(sizes), key=sizes.count) if sizes else None
+
+    # --- the totals ----------------------------------------------------------------------
+    def row(self, slot: int, key: str, kind: int) -> None:
+        """Make the totals row of ``slot`` if it has none."""
+        if key not in self.rows[kind]:
+            self.rows[kind][key] = slot
+            self.row_order[kind].append(slot)
+            self.has_row[kind, slot] = True
+
+    def rows_for(self, slots: np.ndarray, kind: int) -> None:
+        """Make the totals rows these slots do not have yet, in their order."""
+        for slot in slots[~self.has_row[kind, slots]].tolist():
+            self.row(slot, key_of(self.gids[slot]), kind)
+
+    def add_good(self, slots: np.ndarray, good: np.ndarray, dt: float,
+                 unseen_gpus: int | None = None) -> None:
+        """Each slot's goodput and expected seconds of a sweep (``unseen_gpus``: slot 0's
+        world size)."""
+        self.rows_for(slots, 0)
+        self.good[0, slots] += good
+        self.exp[0, slots] += dt
+        gpus = self.gpus[slots] if unseen_gpus is None else np.array([unseen_gpus or 0])
+        on = gpus > 0
+        if on.any():
+            self.rows_for(slots[on], 1)
+            self.good[1, slots[on]] += good[on] * gpus[on]
+            self.exp[1, slots[on]] += dt * gpus[on]
+
+    def add_bad(self, slots: np.ndarray, cause: str, seconds: list[float],
+                gpus: list[int | None]) -> None:
+        """Settled badput of one cause, per slot."""
+        c, sec = CAUSE_COLUMN[cause], np.asarray(seconds)
+        self.rows_for(slots, 0)
+        self.bad[0, c, slots] += sec
+        self.has[0, c, slots] = True
+        n = np.fromiter((x or 0 for x in gpus), np.int64, len(gpus))
+        on = n > 0
+        if on.any():
+            self.rows_for(slots[on], 1)
+            self.bad[1, c, slots[on]] += sec[on] * n[on]
+            self.has[1, c, slots[on]] = True
+
+    def totals_rows(self, kind: int = 0) -> dict[str, dict[str, float]]:
+        """Key -> goodput, expected and badput by cause (a copy)."""
+        order, rows = self.row_order[kind], {}
+        good, exp = self.good[kind, order].tolist(), self.exp[kind, order].tolist()
+        bad, has = self.bad[kind][:, order].T.tolist(), self.has[kind][:, order].T.tolist()
+        for key, g, e, b, h in zip(self.rows[kind], good, exp, bad, has, strict=True):
+            row = dict(compress(zip(CAUSES, b, strict=True), h)) if any(h) else {}
+            row["goodput"], row["expected"] = g, e
+            rows[key] = row
+        return rows
+
+    def totals_columns(self, kind: int = 0) -> dict[str, Any]:
+        """:meth:`totals_rows` as columns: a cause's list holds None where a row has none (a
+        cause no row has is left out)."""
+        order = self.row_order[kind]
+        out: dict[str, Any] = {"key": list(self.rows[kind]),
+                               "goodput": self.good[kind, order].tolist(),
+                               "expected": self.exp[kind, order].tolist()}
+        bad, has = self.bad[kind][:, order], self.has[kind][:, order]
+        for c, cause in enumerate(CAUSES):
+            if has[c].any():
+                out[cause] = with_none(bad[c], ~has[c])
+        return out
+
+    def job_ratio(self) -> float | None:
+        order = self.row_order[0]
+        expected = sum(self.exp[0, order].tolist(), 0.0)  # the rows' order, one by one
+        good = sum(self.good[0, order].tolist(), 0.0)
+        return good / expected if expected > 0 else None
+
+
+class History:
+    """Every group's cumulative commits at each sweep over the pace window, on one time axis
+    (a group's history is the samples from its ``born`` on); one sample at or before the
+    window's start is kept."""
+
+    def __init__(self) -> None:
+        self.t: deque[float] = deque()
+        self.cum: deque[np.ndarray] = deque()  # the column of every slot's cum, per sample
+        self.first = 0  # the number of the oldest sample kept (numbers count every sample)
+
+    @property
+    def next(self) -> int:
+        return self.first + len(self.t)
+
+    def append(self, now: float, cum: np.ndarray, window: float) -> None:
+        self.t.append(now)
+        self.cum.append(cum.copy())
+        end = now - window
+        while len(self.t) >= 2 and self.t[1] <= end:
+            self.t.popleft()
+            self.cum.popleft()
+            self.first += 1
+
+    def pace(self, slots: np.ndarray, born: np.ndarray, window: float, b: float) -> np.ndarray:
+        """:func:`monitor.goodput.pace.pace_of` each slot's history (nan: None), at once."""
+        out = np.full(len(slots), np.nan)
+        if not self.t or not len(slots):
+            return out
+        ts = np.fromiter(self.t, float, len(self.t))
+        t_end = ts[-1]
+        first = np.maximum(born[slots], self.first) - self.first  # its oldest sample kept
+        last = len(ts) - 1
+        # the last sample at or before the window's start, else its first
+        at = int(np.searchsorted(ts, t_end - window, side="right")) - 1
+        start = np.maximum(first, at)
+        v_end = self.cum[-1][slots]
+        v_start = np.empty(len(slots), np.int64)
+        for u in np.unique(start).tolist():
+            if u > last:
+                continue
+            m = start == u
+            v_start[m] = self.cum[u][slots[m]]
+        span = t_end - ts[np.minimum(start, last)]
+        ok = (first < last) & (span > 0)
+        out[ok] = np.maximum(0, v_end[ok] - v_start[ok]) * b / span[ok]
+        return out
+
+
+class Judged:
+    """The sweeps each group was judged in over the horizon (the ledger re-judges them when an
+    incident's onset falls before): per sweep (t0, t1) and, per slot, cum before and after and
+    the credit given beyond ``commits x b`` (nan: that group was not judged in it)."""
+
+    def __init__(self) -> None:
+        self.t0: deque[float] = deque()
+        self.t1: deque[float] = deque()
+        self.before: deque[np.ndarray] = deque()
+        self.after: deque[np.ndarray] = deque()
+        self.credit: deque[np.ndarray] = deque()
+
+    def drop_before(self, t: float) -> None:
+        while self.t1 and self.t1[0] < t:
+            for q in (self.t0, self.t1, self.before, self.after, self.credit):
+                q.popleft()
+
+    def append(self, t0: float, t1: float, n: int, slots: np.ndarray, before: np.ndarray,
+               after: np.ndarray, credit: np.ndarray) -> None:
+        col = np.full(n, np.nan)
+        col[slots] = credit
+        b, a = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        b[slots], a[slots] = before, after
+        self.t0.append(t0)
+        self.t1.append(t1)
+        self.before.append(b)
+        self.after.append(a)
+        self.credit.append(col)
+
+    def dense(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(before, after, credit) as sweeps x slots (credit nan where not judged)."""
+        k = len(self.t1)
+        before, after = np.zeros((k, n), np.int64), np.zeros((k, n), np.int64)
+        credit = np.full((k, n), np.nan)
+        for i, (b, a, c) in enumerate(zip(self.before, self.after, self.credit, strict=True)):
+            before[i, :len(b)], after[i, :len(a)], credit[i, :len(c)] = b, a, c
+        return before, after, credit

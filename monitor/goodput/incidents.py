@@ -1,0 +1,197 @@
+"""The goodput ledger's incidents: one per faulty replica group incarnation, opened by its first
+confirmed finding or an eviction decision (docs/goodput.md, "Definitions")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import chain
+from typing import Any
+
+from monitor.evidence.view import ClusterView
+
+from .columns import Slots
+from .model import GoodputConfig, Incident, as_float, as_int, as_ints
+from .pace import JobPace
+
+
+class Incidents(dict[int, Incident]):
+    """Incidents by id. ``on_open`` is called with each new one as it opens (the ledger ties
+    unsettled badput since its onset to it)."""
+
+    def __init__(self, cfg: GoodputConfig, slots: Slots,
+                 on_open: Callable[[Incident], None]) -> None:
+        super().__init__()
+        self.cfg, self.slots, self.on_open = cfg, slots, on_open
+        self.next_id = 1
+        self.seen_evictions: set[int] = set()
+        self.open_findings = 0  # open confirmed findings in the last sweep
+        self.dirty: set[int] = set()  # changed since the last save
+
+    def ingest_findings(self, view: ClusterView, findings: list[dict[str, Any]], now: float,
+                        since: float | None) -> None:
+        """Open an incident per new faulty incarnation; a later finding about the same replica
+        id (the ``dead`` that follows a kill, a fault confirmed again after a restart) joins
+        the open one. An incident whose findings all cleared is resolved."""
+        open_ids = set()
+        self.open_findings = sum(1 for f in findings if as_int(f.get("id")) is not None)
+        for f in findings:
+            fid = as_int(f.get("id"))
+            if fid is None:
+                continue
+            open_ids.add(fid)
+            if any(fid in i.finding_ids for i in self.values()):
+                continue
+            same = [i for i in self.values() if i.open
+                    and i.replica_group == f.get("replica_group")
+                    and i.replica_id == f.get("replica_id")
+                    and (i.replica_id is not None or i.kind == f.get("kind"))]
+            if same:
+                same[-1].finding_ids.append(fid)
+                same[-1].resolved_at = None
+                self.dirty.add(same[-1].id)
+                continue
+            self._open(f, fid, view, now, since)
+        for inc in self.values():
+            if inc.finding_ids and inc.resolved_at is None and inc.open \
+                    and not open_ids.intersection(inc.finding_ids):
+                inc.resolved_at = now
+                self.dirty.add(inc.id)
+
+    def ingest_evictions(self, evictions: list[dict[str, Any]], now: float,
+                         since: float | None) -> None:
+        """Mark each new eviction's incident evicted (opening one for a manual eviction or a
+        finding not seen); a failed eviction, or one from before this ledger, is ignored."""
+        for d in sorted(evictions, key=lambda d: as_float(d.get("at")) or 0.0):
+            did = as_int(d.get("id"))
+            if did is None or did in self.seen_evictions or d.get("decision") != "evict" \
+                    or d.get("status") == "failed":
+                continue
+            self.seen_evictions.add(did)
+            at = as_float(d.get("at")) or now
+            if at < (since if since is not None else now) - self.cfg.max_gap_s:
+                continue
+            fid = as_int(d.get("finding_id"))
+            inc = next((i for i in self.values() if fid is not None and fid in i.finding_ids),
+                       None)
+            if inc is None:
+                finding = d.get("finding") if isinstance(d.get("finding"), dict) else {}
+                manual = d.get("source") == "manual" or not finding.get("first_seen")
+                f = {"kind": "manual" if manual else finding.get("kind"),
+                     "replica_group": d.get("replica_group"), "replica_id": d.get("replica_id"),
+                     "ranks": finding.get("ranks") or [],
+                     "first_seen": at if manual else finding.get("first_seen"),
+                     "confirmed_at": at if manual else finding.get("confirmed_at") or at}
+                inc = self._open(f, fid, None, now, since)
+                if manual:
+                    inc.onset_source = "eviction"
+            if inc.evicted_at is None:
+                inc.evicted_at, inc.eviction_id = at, did
+                inc.back_to_pace_at = None  # looked for after the eviction
+                self.dirty.add(inc.id)
+
+    def _open(self, f: dict[str, Any], fid: int | None, view: ClusterView | None, now: float,
+              since: float | None) -> Incident:
+        """Onset: the culprits' latest fault strike before the detection, else the finding's
+        ``first_seen``, never before the ledger began."""
+        first = as_float(f.get("first_seen"))
+        detected = as_float(f.get("confirmed_at")) or first or now
+        first = first if first is not None else detected
+        onset, source = first, "first_seen"
+        strike = strike_time(f, view, detected) if view is not None else None
+        if strike is not None and strike < first:
+            onset, source = strike, "faults_struck_at"
+        if since is not None:
+            onset = max(onset, since)
+        g = as_int(f.get("replica_group"))
+        inc = Incident(id=self.next_id, kind=str(f.get("kind") or "unknown"),
+                       replica_group=g, replica_id=f.get("replica_id"),
+                       ranks=as_ints(f.get("ranks")), onset_at=onset, onset_source=source,
+                       detected_at=detected, finding_ids=[fid] if fid is not None else [],
+                       gpus_per_group=self.slots.gpus_of(g))
+        self.next_id += 1
+        self[inc.id] = inc
+        self.dirty.add(inc.id)
+        self.on_open(inc)
+        return inc
+
+    def follow(self, in_quorum: set[int], now: float, job: JobPace) -> None:
+        """Rejoined, back at pace (or settled at a new pace), closed: once acted on (evicted
+        or cleared), the job back at pace and the group back in the quorum."""
+        hist, b = list(job.history), job.baseline
+        settled = job.track_steady(now, [i for i in self.open() if i.waiting],
+                                   self.open_findings)
+        S = self.slots
+        for inc in self.open():
+            changed = False
+            if inc.evicted_at is not None and inc.rejoined_at is None \
+                    and inc.replica_group in in_quorum \
+                    and S.rid[S.index[inc.replica_group]] != inc.replica_id:
+                inc.rejoined_at, changed = now, True
+            if inc.back_to_pace_at is None and b is not None and len(hist) >= 2:
+                back = job.back_at(hist, inc.search_from, now, b)
+                if back is not None:
+                    inc.back_to_pace_at, changed = back, True
+                elif settled is not None and inc.waiting:
+                    inc.back_to_pace_at = settled[0]
+                    inc.settled_pace = round(b / settled[1], 3)
+                    inc.settled_step_s = round(settled[1], 4)
+                    changed = True
+            acted = inc.evicted_at is not None or inc.resolved_at is not None
+            back_in = inc.replica_group is None or inc.replica_group in in_quorum
+            if inc.back_to_pace_at is not None and acted and back_in:
+                inc.closed_at, changed = now, True
+            if changed:
+                self.dirty.add(inc.id)
+
+    # --- which incident explains what ----------------------------------------------------
+    def open(self) -> list[Incident]:
+        return [i for i in self.values() if i.open]
+
+    def recovering(self, t: float) -> Incident | None:
+        """The latest evicted incident whose job is not back at pace by ``t``."""
+        cands = [i for i in self.open() if i.evicted_at is not None
+                 and i.evicted_at < t and i.back_to_pace_at is None]
+        return max(cands, key=lambda i: i.evicted_at) if cands else None
+
+    def explaining(self, straggler: bool | None = None) -> Incident | None:
+        """The latest open incident (of a straggler, or of anything but one, or either)."""
+        cands = [i for i in self.open()
+                 if straggler is None or (i.kind == "straggler") == straggler]
+        return max(cands, key=lambda i: (i.detected_at, i.id)) if cands else None
+
+    def of_group(self, g: int | None) -> Incident | None:
+        cands = [i for i in self.open() if g is not None and i.replica_group == g]
+        return max(cands, key=lambda i: (i.detected_at, i.id)) if cands else None
+
+    # --- the store -----------------------------------------------------------------------
+    def unsaved(self) -> list[dict[str, Any]]:
+        return [self[i].to_store() for i in sorted(self.dirty) if i in self]
+
+    def forget_old(self, in_use: set[int | None]) -> None:
+        """Drop closed incidents beyond ``keep_incidents`` (the store keeps them) that no
+        unsettled badput is tied to."""
+        closed = sorted((i for i in self.values() if not i.open), key=lambda i: i.id)
+        for inc in closed[:max(0, len(closed) - self.cfg.keep_incidents)]:
+            if inc.id not in in_use:
+                del self[inc.id]
+
+
+def strike_time(f: dict[str, Any], view: ClusterView, detected: float) -> float | None:
+    """The latest fault strike a culprit rank reports before the detection. A finding about one
+    incarnation of a group in the view has its culprits among that group's ranks (its old
+    processes too): only those are read."""
+    ev = f.get("evidence") if isinstance(f.get("evidence"), dict) else {}
+    ranks = set(as_ints(f.get("ranks")) + as_ints(ev.get("culprit_ranks")))
+    strikes = []
+    gv = view.groups.get(as_int(f.get("replica_group"))) \
+        if f.get("replica_id") is not None else None
+    for r in chain(gv.ranks, gv.superseded) if gv is not None else view.ranks.values():
+        if r.state is None or r.rank not in ranks:
+            continue
+        if f.get("replica_id") is not None and r.replica_id != f.get("replica_id"):
+            continue
+        struck = r.state.get("faults_struck_at")
+        if isinstance(struck, dict):
+            strikes += [t for t in map(as_float, struck.values())
+                        if t is not None and t <= detected]
+    return max(strikes) if strikes else None

@@ -1,0 +1,207 @@
+"""The goodput ledger's settings, causes and records (docs/goodput.md defines them)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+CAUSES = ("straggler_drag", "stall", "recovery", "capacity_lost", "startup", "unattributed")
+CAUSE_COLUMN = {c: i for i, c in enumerate(CAUSES)}
+PENDING = "pending"  # slow time nothing explains yet (settles within the horizon)
+UNSEEN = "unseen"  # a slot of an expected group never seen (its key in per-group totals)
+# 3: per-group state and totals as columns, unsettled badput as runs (versions 1 and 2 resume)
+SNAPSHOT_VERSION = 3
+# the job's newest step falling this far means it started over (not a group lagging a step)
+JOB_RESTART_STEPS = 100
+# a count from this on is not one (the columns are int64; a float holds any below it exactly)
+HUGE = 1 << 53
+
+
+class GoodputError(ValueError):
+    """A ledger setting it cannot run with (raised by GoodputConfig.validate)."""
+
+
+@dataclass
+class GoodputConfig:
+    expected_groups: int | None = None  # None: the number of replica groups ever seen
+    pace_threshold: float = 0.9  # "at healthy pace" and "back at pace"
+    pace_window_s: float = 3.0  # W's floor
+    pace_window_steps: int = 20  # W >= this many baseline steps
+    baseline_samples: int = 120  # the rolling median's window (samples, one per healthy sweep)
+    baseline_min_samples: int = 10  # startup ends with this many
+    horizon_s: float = 60.0  # H's floor: how long pending slow time waits for an explanation
+    horizon_steps: int = 30  # H >= this many baseline steps
+    max_gap_s: float = 30.0  # a longer gap between sweeps is accounted as a gap
+    keep_intervals: int = 2000  # settled intervals kept in memory (all go to the store)
+    keep_incidents: int = 200  # closed incidents kept in memory (all go to the store)
+
+    def validate(self) -> None:
+        if self.expected_groups is not None and self.expected_groups < 1:
+            raise GoodputError(f"expected_groups must be >= 1, got {self.expected_groups}")
+        if not 0 < self.pace_threshold <= 1:
+            raise GoodputError(f"pace_threshold must be in (0, 1], got {self.pace_threshold}")
+        for name in ("pace_window_s", "horizon_s", "max_gap_s"):
+            if not getattr(self, name) > 0:
+                raise GoodputError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("pace_window_steps", "baseline_samples", "baseline_min_samples",
+                     "horizon_steps", "keep_intervals", "keep_incidents"):
+            if getattr(self, name) < 1:
+                raise GoodputError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+
+
+@dataclass(eq=False)
+class Run:
+    """Unsettled badput of one sweep interval for groups that share all but their seconds and
+    world sizes: the groups below pace in one sweep are one run, claimed and settled as one
+    (benchmarks/bench_ledger_incident.py). Any other booking is a run of one, so a longer run
+    is never of ``capacity_lost`` nor of a slot never seen."""
+
+    t0: float
+    t1: float
+    slots: np.ndarray  # int64, one per group (0: a slot never seen)
+    groups: list[int | None]
+    seconds: list[float]
+    gpus: list[int | None]
+    cause: str
+    incident: int | None = None
+    finding_id: int | None = None
+    eviction_id: int | None = None
+    idle: bool = False  # no group committed in it (pending: a stall not yet a window long)
+    counted: bool = False  # in a SweepAccount's badput already (else counted when it settles)
+
+    def part(self, mask: np.ndarray) -> Run:
+        """The groups where ``mask`` is set, in order, as a run of their own."""
+        idx = np.flatnonzero(mask)
+        at = idx.tolist()
+        return replace(self, slots=self.slots[idx], groups=[self.groups[i] for i in at],
+                       seconds=[self.seconds[i] for i in at], gpus=[self.gpus[i] for i in at])
+
+
+# a stored unsettled slice's fields (snapshot version 1) -> a run's lists
+RUN_LISTS = {"replica_group": "groups", "seconds": "seconds", "gpus": "gpus"}
+
+
+@dataclass
+class Interval:
+    """Settled badput: consecutive slices of one group with one cause and one incident."""
+
+    start: float
+    end: float
+    replica_group: int | None
+    cause: str
+    replica_seconds: float
+    gpu_seconds: float | None
+    incident: int | None
+    finding_id: int | None
+    eviction_id: int | None
+    settled: bool = True
+
+    @classmethod
+    def of(cls, r: Run, g: int | None, x: float, m: int | None, settled: bool = True
+           ) -> Interval:
+        """Group ``g``'s ``x`` seconds (world size ``m``) of ``r``."""
+        return cls(r.t0, r.t1, g, r.cause, x, x * m if m else None, r.incident, r.finding_id,
+                   r.eviction_id, settled)
+
+    def extend(self, r: Run, x: float, m: int | None) -> bool:
+        """Append a group's ``x`` seconds of ``r`` if they continue this interval."""
+        if (r.cause, r.incident, r.eviction_id) != (self.cause, self.incident, self.eviction_id) \
+                or abs(self.end - r.t0) > 1e-6:
+            return False
+        self.end = r.t1
+        self.replica_seconds += x
+        self.gpu_seconds = self.gpu_seconds + x * m if self.gpu_seconds is not None and m \
+            else None
+        return True
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in ("start", "end", "replica_seconds", "gpu_seconds"):
+            if d[k] is not None:
+                d[k] = round(d[k], 3)
+        return d
+
+
+INTERVAL_FIELDS = tuple(Interval.__dataclass_fields__)
+
+
+@dataclass
+class Incident:
+    id: int
+    kind: str
+    replica_group: int | None
+    replica_id: str | None
+    ranks: list[int]
+    onset_at: float
+    onset_source: str  # faults_struck_at | first_seen | eviction
+    detected_at: float
+    finding_ids: list[int] = field(default_factory=list)
+    eviction_id: int | None = None
+    evicted_at: float | None = None
+    resolved_at: float | None = None  # its finding is no longer open
+    back_to_pace_at: float | None = None
+    # back "settled" below pace: the job's pace then in units of the old baseline (e.g. 0.8)
+    # and the step time the baseline moved to
+    settled_pace: float | None = None
+    settled_step_s: float | None = None
+    rejoined_at: float | None = None
+    closed_at: float | None = None
+    gpus_per_group: int | None = None
+    cost: dict[str, float] = field(default_factory=dict)  # settled replica-seconds by cause
+    gpu_cost: float = 0.0  # settled GPU-seconds
+    gpu_cost_known: bool = True  # every settled slice had a known group world size
+
+    @property
+    def open(self) -> bool:
+        return self.closed_at is None
+
+    @property
+    def search_from(self) -> float:
+        """Back at pace is looked for from here: the eviction, else the detection."""
+        return self.evicted_at if self.evicted_at is not None else self.detected_at
+
+    @property
+    def waiting(self) -> bool:
+        """Acted on (evicted, or its findings cleared) and not yet back at pace."""
+        return self.open and self.back_to_pace_at is None and (
+            self.evicted_at is not None or self.resolved_at is not None)
+
+    def to_store(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_store(cls, d: dict[str, Any]) -> Incident:
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass
+class SweepAccount:
+    """What one update added: the seconds the metrics count (pending time once it settles)."""
+
+    accounted: bool = False
+    dt: float = 0.0
+    expected_groups: int = 0
+    goodput: float = 0.0
+    badput: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0.0))
+    group_goodput_ratio: dict[int, float] = field(default_factory=dict)
+    job_goodput_ratio: float | None = None
+
+
+# --- a rank's state is read without trusting its types: odd values are None, never raised ---
+def as_float(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def as_int(v: Any) -> int | None:
+    if isinstance(v, bool) or not isinstance(v, int):
+        return None
+    return v
+
+
+def as_ints(v: Any) -> list[int]:
+    return [x for x in v if as_int(x) is not None] if isinstance(v, list) else []
