@@ -55,7 +55,7 @@ def measure(mon: Monitor, skip: bool) -> dict:
         mon.detectors.in_group_hangs = lambda *a, **k: set()
     pollers = PollerCpu(mon)
     child, cpu, wall = pollers.read()[0], time.thread_time(), time.perf_counter()
-    dumps = mon._fetch_fr(view, now)
+    dumps = mon.polling.fr_dumps(view, now)
     fetched = {"fetch_wall_s": time.perf_counter() - wall, "fetch_cpu_s": time.thread_time() - cpu,
                "child_cpu_s": pollers.read()[0] - child}
     cpu, wall = time.thread_time(), time.perf_counter()
@@ -63,7 +63,7 @@ def measure(mon: Monitor, skip: bool) -> dict:
     mon.detectors.analyzer(traces)
     fetched.update(analysis_wall_s=time.perf_counter() - wall,
                    analysis_cpu_s=time.thread_time() - cpu, dumps=len(dumps),
-                   leaders_skipped=mon.fr_leaders_skipped)
+                   leaders_skipped=mon.polling.fr_leaders_skipped)
     return fetched
 
 

@@ -267,7 +267,7 @@ class PollerCpu:
         self.mon = mon
 
     def read(self) -> tuple[float, float]:
-        poller = self.mon.poller
+        poller = self.mon.polling.poller
         child = getattr(poller, "_child", None)
         if child is not None:
             return (proc_cpu(f"/proc/{child.proc.pid}/stat"),
@@ -277,7 +277,7 @@ class PollerCpu:
 
 def child_peak_rss_mib(mon: Monitor) -> float | None:
     """The poller process's peak resident memory, MiB (None with the in-thread poller)."""
-    pid = getattr(mon.poller, "pid", None)
+    pid = getattr(mon.polling.poller, "pid", None)
     if pid is None:
         return None
     with open(f"/proc/{pid}/status") as f:
@@ -292,7 +292,7 @@ class PollToFindings:
     def __init__(self, mon: Monitor) -> None:
         self.asked: list[float] = []
         self.decided: list[float] = []
-        poller = mon.poller
+        poller = mon.polling.poller
         name = "start" if hasattr(poller, "start") else "sweep"
         ask = getattr(poller, name)
 
@@ -332,9 +332,9 @@ class StageClock:
 
     def __init__(self, mon: Monitor) -> None:
         self.seconds: dict[str, float] = {}
-        ask = ("start", self._timed_start) if hasattr(mon.poller, "start") \
+        ask = ("start", self._timed_start) if hasattr(mon.polling.poller, "start") \
             else ("sweep", self._timed)
-        for name, obj, attr, wrap in (("poll", mon.poller, *ask),
+        for name, obj, attr, wrap in (("poll", mon.polling.poller, *ask),
                                       ("view", mon.views, "update", self._timed),
                                       ("fr", mon, "_fetch_fr", self._timed),
                                       ("detect", mon.detectors, "update", self._timed),
@@ -380,8 +380,8 @@ class StageClock:
 
 def unwrap(mon: Monitor) -> None:
     """The classes' own methods again where a phase wrapped them on the instances."""
-    for obj, attr in ((mon, "_fetch_fr"), (mon.detectors, "update"), (mon.poller, "sweep"),
-                      (mon.poller, "start"), (mon.views, "update")):
+    for obj, attr in ((mon, "_fetch_fr"), (mon.detectors, "update"), (mon.polling.poller, "sweep"),
+                      (mon.polling.poller, "start"), (mon.views, "update")):
         obj.__dict__.pop(attr, None)
 
 
@@ -427,7 +427,7 @@ def hang_phase(mon: Monitor, procs: list, g: int, victim: int, args,
     sweep (``sweep_s``) while the monitor sweeps, as a real hang starts at any point of a sweep:
     over runs, the average (the timeline's first sweep may then start before the onset)."""
     fetched: list[float] = []
-    fetch_fr = mon._fetch_fr
+    fetch_fr = mon.polling.fr_dumps
     ranks = set(range(g * args.group_size, (g + 1) * args.group_size))
 
     def timed_fetch(view, now):  # when the drilled group's dumps are in
@@ -436,7 +436,7 @@ def hang_phase(mon: Monitor, procs: list, g: int, victim: int, args,
             fetched.append(time.perf_counter())
         return dumps
 
-    mon._fetch_fr = timed_fetch
+    mon.polling.fr_dumps = timed_fetch
     stages = StageClock(mon)  # the FR fetch's stage includes the drilled group's
     confirmed_at: list[float] = []
     update = mon.detectors.update
@@ -691,7 +691,7 @@ def main() -> int:
                            # poller process's own beside it (0 with the in-thread poller)
                            poller_cpu_median_s=statistics.median(thread_cpu),
                            poller_process_cpu_median_s=statistics.median(child_cpu),
-                           poller_process=type(mon.poller).__name__,
+                           poller_process=type(mon.polling.poller).__name__,
                            poll_to_findings_median_s=statistics.median(ages.ages()),
                            poll_to_findings_s=[round(x, 3) for x in ages.ages()],
                            leader_sweeps_s=[round(x, 3) for x in times],

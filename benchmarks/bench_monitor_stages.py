@@ -112,10 +112,10 @@ def drilled_sweep(mon: Monitor, vr: VirtualRanks, sweeps: int) -> list[dict]:
     out = []
     for _ in range(sweeps):
         c = time.thread_time()
-        mon.poller.cpu_seconds = 0.0
+        mon.polling.poller.cpu_seconds = 0.0
         mon.sweep_once()
         cpu = time.thread_time() - c
-        row = {"cpu_s": cpu, "monitor_s": cpu - mon.poller.cpu_seconds,
+        row = {"cpu_s": cpu, "monitor_s": cpu - mon.polling.poller.cpu_seconds,
                "asked": len(mon.schedule.last.urls), "drilled": len(mon.schedule.last.drilled)}
         print("drilled sweep:", json.dumps({k: round(v, 3) if isinstance(v, float) else v
                                             for k, v in row.items()}), flush=True)
@@ -149,8 +149,8 @@ def main() -> int:
         mon = Monitor(MonitorConfig(port=0, targets=urls, state_path=os.path.join(d, "m.db"),
                                     leader_polling="on", max_targets=n,
                                     huge_pages=args.huge_pages))
-        mon.poller.close()
-        mon.poller = poller
+        mon.polling.poller.close()
+        mon.polling.poller = poller
         try:
             c = time.thread_time()
             mon.sweep_once()  # every rank: nothing known yet

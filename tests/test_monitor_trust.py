@@ -694,7 +694,7 @@ def test_a_dump_must_describe_the_rank_that_served_it(tmp_path, job):
         liar.fr = {"rank": honest.state["rank"], "replica_group": 1, "entries": []}
         other.fr = {"rank": other.state["rank"], "replica_group": 0, "entries": []}  # its group is 2
         mon.detectors.fr_wanted = lambda view, now=None: [honest.url, liar.url, other.url]
-        dumps = mon._fetch_fr(mon.evidence, time.time())
+        dumps = mon.polling.fr_dumps(mon.evidence, time.time())
         assert set(dumps) == {honest.state["rank"]}
         assert dumps[honest.state["rank"]]["replica_group"] == 0
     finally:
