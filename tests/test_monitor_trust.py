@@ -300,7 +300,7 @@ def test_lightkeeper_run_hands_the_ranks_the_registration_token(flag):
 
     p = argparse.ArgumentParser()
     add_arguments(p)
-    env = hook_env(p.parse_args(["--monitor", "http://m:9400", flag, "r3g", "--", "true"]), {})
+    env = hook_env(p.parse_args(["--monitor", "http://m:19400", flag, "r3g", "--", "true"]), {})
     assert env["LIGHTKEEPER_REGISTER_TOKEN"] == "r3g" and "LIGHTKEEPER_TOKEN" not in env
 
 
