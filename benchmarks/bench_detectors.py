@@ -100,8 +100,8 @@ def main() -> int:
             mon = Monitor(MonitorConfig(port=0, targets=urls, leader_polling="on",
                                         state_path=os.path.join(d, f"m{i}.db"), max_targets=n),
                           clock=lambda: clock[0])
-            mon.poller.close()
-            mon.poller = InProcessPoller(vr, index)
+            mon.polling.poller.close()
+            mon.polling.poller = InProcessPoller(vr, index)
             mon.detectors = module.Detectors(mon.detectors.cfg, clock=lambda: clock[0])
             monitors.append(mon)
             timed.append(Timed(mon.detectors))

@@ -1,10 +1,10 @@
 """The hang's confirming sweep at 100,000 virtual ranks: its Flight Recorder stage with the
-leaders' fetch skipped (monitor/service.py, ``Monitor._fetch_fr``: the drilled group's hang is
+leaders' fetch skipped (monitor/polling.py, ``Polling.fr_dumps``: the drilled group's hang is
 confirmed inside it from its own dumps) and with it made (as before), side by side.
 
 bench_monitor_100k.py's job (``--procs`` virtual-rank processes, the real monitor, leader
 polling on, members every 30 s) is swept until the hang planted in a non-leader rank is
-confirmed. On that sweep's evidence view and clock, ``_fetch_fr`` and the detectors' analysis
+confirmed. On that sweep's evidence view and clock, ``fr_dumps`` and the detectors' analysis
 of what it returns (``normalize_dumps`` + the engine) are then run ``--pairs`` times each way,
 alternating (skip, full; full, skip; ...): wall seconds, the sweep thread's CPU, the poller
 process's CPU (the requests), the dumps returned. The same view and answers each time, so the
@@ -55,7 +55,7 @@ def measure(mon: Monitor, skip: bool) -> dict:
         mon.detectors.in_group_hangs = lambda *a, **k: set()
     pollers = PollerCpu(mon)
     child, cpu, wall = pollers.read()[0], time.thread_time(), time.perf_counter()
-    dumps = mon._fetch_fr(view, now)
+    dumps = mon.polling.fr_dumps(view, now)
     fetched = {"fetch_wall_s": time.perf_counter() - wall, "fetch_cpu_s": time.thread_time() - cpu,
                "child_cpu_s": pollers.read()[0] - child}
     cpu, wall = time.thread_time(), time.perf_counter()
@@ -63,7 +63,7 @@ def measure(mon: Monitor, skip: bool) -> dict:
     mon.detectors.analyzer(traces)
     fetched.update(analysis_wall_s=time.perf_counter() - wall,
                    analysis_cpu_s=time.thread_time() - cpu, dumps=len(dumps),
-                   leaders_skipped=mon.fr_leaders_skipped)
+                   leaders_skipped=mon.polling.fr_leaders_skipped)
     return fetched
 
 

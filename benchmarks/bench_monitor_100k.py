@@ -72,7 +72,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.bench_monitor_sweep import rss_mib  # noqa: E402
-from monitor import service  # noqa: E402
 from monitor.config import MonitorConfig  # noqa: E402
 from monitor.detect.detectors import current_wait  # noqa: E402
 from monitor.service import Monitor  # noqa: E402
@@ -267,7 +266,7 @@ class PollerCpu:
         self.mon = mon
 
     def read(self) -> tuple[float, float]:
-        poller = self.mon.poller
+        poller = self.mon.polling.poller
         child = getattr(poller, "_child", None)
         if child is not None:
             return (proc_cpu(f"/proc/{child.proc.pid}/stat"),
@@ -277,7 +276,7 @@ class PollerCpu:
 
 def child_peak_rss_mib(mon: Monitor) -> float | None:
     """The poller process's peak resident memory, MiB (None with the in-thread poller)."""
-    pid = getattr(mon.poller, "pid", None)
+    pid = getattr(mon.polling.poller, "pid", None)
     if pid is None:
         return None
     with open(f"/proc/{pid}/status") as f:
@@ -292,7 +291,7 @@ class PollToFindings:
     def __init__(self, mon: Monitor) -> None:
         self.asked: list[float] = []
         self.decided: list[float] = []
-        poller = mon.poller
+        poller = mon.polling.poller
         name = "start" if hasattr(poller, "start") else "sweep"
         ask = getattr(poller, name)
 
@@ -332,14 +331,14 @@ class StageClock:
 
     def __init__(self, mon: Monitor) -> None:
         self.seconds: dict[str, float] = {}
-        ask = ("start", self._timed_start) if hasattr(mon.poller, "start") \
+        ask = ("start", self._timed_start) if hasattr(mon.polling.poller, "start") \
             else ("sweep", self._timed)
-        for name, obj, attr, wrap in (("poll", mon.poller, *ask),
+        for name, obj, attr, wrap in (("poll", mon.polling.poller, *ask),
                                       ("view", mon.views, "update", self._timed),
-                                      ("fr", mon, "_fetch_fr", self._timed),
+                                      ("fr", mon.polling, "fr_dumps", self._timed),
                                       ("detect", mon.detectors, "update", self._timed),
                                       # the goodput ledger and its write, in the sweep's tail
-                                      ("goodput", mon, "_account_goodput", self._timed)):
+                                      ("goodput", mon.goodput, "account", self._timed)):
             setattr(obj, attr, wrap(name, getattr(obj, attr)))
 
     def _timed_start(self, name: str, fn):
@@ -380,16 +379,16 @@ class StageClock:
 
 def unwrap(mon: Monitor) -> None:
     """The classes' own methods again where a phase wrapped them on the instances."""
-    for obj, attr in ((mon, "_fetch_fr"), (mon.detectors, "update"), (mon.poller, "sweep"),
-                      (mon.poller, "start"), (mon.views, "update")):
+    for obj, attr in ((mon.polling, "fr_dumps"), (mon.detectors, "update"),
+                      (mon.polling.poller, "sweep"), (mon.polling.poller, "start"),
+                      (mon.views, "update"), (mon.goodput, "account")):
         obj.__dict__.pop(attr, None)
 
 
 class SweepFacts:
     """Per sweep, what lengthens it besides its polls: the Flight Recorder fetch's reason and
-    whether it skipped the leaders' dumps (monitor/service.py), whether the goodput ledger's
-    snapshot was written, the seconds after its decisions (goodput, metrics, file_sd), and the
-    CPU of the monitor's process and of the poller process."""
+    whether it skipped the leaders' dumps (monitor/polling.py), whether the goodput ledger's
+    snapshot was written, and the CPU of the monitor's process and of the poller process."""
 
     def __init__(self, mon: Monitor) -> None:
         self.mon = mon
@@ -397,7 +396,7 @@ class SweepFacts:
 
     def before(self) -> None:
         self._cpu, self._child = time.process_time(), self.pollers.read()[0]
-        self._saved = getattr(self.mon, "_goodput_saved_at", None)
+        self._saved = getattr(self.mon.goodput, "_saved_at", None)
 
     def after(self) -> dict:
         mon = self.mon
@@ -405,9 +404,8 @@ class SweepFacts:
         return {"polled": len(plan.urls) if plan is not None else None,
                 "drilled": drill_reasons(plan),
                 "fr": getattr(mon.detectors, "_fr_reason", None),
-                "fr_leaders_skipped": getattr(mon, "fr_leaders_skipped", None),
-                "goodput_saved": getattr(mon, "_goodput_saved_at", None) != self._saved,
-                "tail_s": round(getattr(mon, "_tail_s", 0.0), 3),
+                "fr_leaders_skipped": mon.polling.fr_leaders_skipped,
+                "goodput_saved": getattr(mon.goodput, "_saved_at", None) != self._saved,
                 "cpu_s": round(time.process_time() - self._cpu, 3),
                 "child_cpu_s": round(self.pollers.read()[0] - self._child, 3)}
 
@@ -427,7 +425,7 @@ def hang_phase(mon: Monitor, procs: list, g: int, victim: int, args,
     sweep (``sweep_s``) while the monitor sweeps, as a real hang starts at any point of a sweep:
     over runs, the average (the timeline's first sweep may then start before the onset)."""
     fetched: list[float] = []
-    fetch_fr = mon._fetch_fr
+    fetch_fr = mon.polling.fr_dumps
     ranks = set(range(g * args.group_size, (g + 1) * args.group_size))
 
     def timed_fetch(view, now):  # when the drilled group's dumps are in
@@ -436,7 +434,7 @@ def hang_phase(mon: Monitor, procs: list, g: int, victim: int, args,
             fetched.append(time.perf_counter())
         return dumps
 
-    mon._fetch_fr = timed_fetch
+    mon.polling.fr_dumps = timed_fetch
     stages = StageClock(mon)  # the FR fetch's stage includes the drilled group's
     confirmed_at: list[float] = []
     update = mon.detectors.update
@@ -595,19 +593,15 @@ def main() -> int:
     ap.add_argument("--poller", choices=("auto", "thread"), default="auto",
                     help="thread: keep the in-thread poller at any size (the monitor's before "
                          "monitor/poll/poll_process.py), for side-by-side runs; auto: the monitor's "
-                         "choice (its own process from POLL_PROCESS_MIN_TARGETS)")
+                         "choice (its own process from poll_process_min_targets)")
     ap.add_argument("--ranks-nice", type=int, default=0,
                     help="niceness of the virtual ranks' processes (0: as the monitor's; 19: "
                          "the monitor first, nearer ranks on other machines)")
     ap.add_argument("--ranks-cpus", default=None,
                     help="CPUs the virtual ranks' processes may run on, e.g. 1 or 2,3 "
                          "(default: any; the monitor may always use every CPU)")
-    ap.add_argument("--huge-pages", choices=("on", "off"), default="off",
-                    help="the monitor's --huge-pages (monitor/huge_pages.py)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    if args.poller == "thread" and hasattr(service, "POLL_PROCESS_MIN_TARGETS"):
-        service.POLL_PROCESS_MIN_TARGETS = 1 << 62
     raise_fd_limit()
     gc_clock = GcClock()
     n = args.groups * args.group_size
@@ -626,7 +620,9 @@ def main() -> int:
             mon = Monitor(MonitorConfig(port=0, targets=urls, state_path=os.path.join(d, "m.db"),
                                         poll_timeout_s=10.0, leader_polling="on",
                                         member_interval_s=args.member_interval,
-                                        max_targets=n, huge_pages=args.huge_pages))
+                                        max_targets=n, poll_process_min_targets=1 << 62
+                                        if args.poller == "thread"
+                                        else MonitorConfig.poll_process_min_targets))
             try:
                 t = time.perf_counter()
                 view = mon.sweep_once()
@@ -691,7 +687,7 @@ def main() -> int:
                            # poller process's own beside it (0 with the in-thread poller)
                            poller_cpu_median_s=statistics.median(thread_cpu),
                            poller_process_cpu_median_s=statistics.median(child_cpu),
-                           poller_process=type(mon.poller).__name__,
+                           poller_process=type(mon.polling.poller).__name__,
                            poll_to_findings_median_s=statistics.median(ages.ages()),
                            poll_to_findings_s=[round(x, 3) for x in ages.ages()],
                            leader_sweeps_s=[round(x, 3) for x in times],
@@ -711,10 +707,7 @@ def main() -> int:
                     mon.sweep_once()  # findings of the hang resolve once every group steps
                 row.update(straggler_phase(mon, procs, args.groups // 3, args))
                 row["poller_process_peak_rss_mib"] = child_peak_rss_mib(mon)
-                # pymalloc's arenas on huge pages ("" on, else why not) and how much of the
-                # process's memory the kernel backs with them
-                row["huge_pages"] = mon.huge_pages
-                row["anon_huge_pages_mib"] = anon_huge_mib()
+                row["anon_huge_pages_mib"] = anon_huge_mib()  # the kernel's transparent ones
             finally:
                 mon.stop()
     finally:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
+import operator
 import os
 import statistics
 import sys
@@ -39,20 +40,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.bench_monitor_100k import GcClock, save  # noqa: E402
+from monitor import service  # noqa: E402
 from monitor.config import MonitorConfig  # noqa: E402
 from monitor.poll.poller import RankPoll, judge_body  # noqa: E402
 from monitor.service import Monitor  # noqa: E402
 from tests.support.virtual_ranks import VirtualRanks  # noqa: E402
 
-# (object on the Monitor, or "monitor" itself; method; stage) timed by the bench
+# (object on the Monitor, dotted, or "service" the loop's module; method; stage) timed
 STAGES = [("schedule", "plan", "schedule"),
           ("views", "update", "view + verification"),
           ("detectors", "fr_wanted", "Flight Recorder trigger"),
           ("detectors", "update", "detectors"),
-          ("monitor", "_host_findings", "host ledger"),
-          ("monitor", "_judge_hosts", "host ledger"),
-          ("monitor", "_account_goodput", "goodput"),
-          ("monitor", "_publish_metrics", "metrics")]
+          ("enforcer", "host_findings", "host ledger"),
+          ("enforcer", "judge_hosts", "host ledger"),
+          ("goodput", "account", "goodput"),
+          ("service", "publish_sweep", "metrics")]
 # --split: the detectors' and goodput ledger's steps timed on their own (each less the
 # steps it calls: "det: straggler rest" is _straggler without its row folding)
 SPLIT = [("detectors", "_collect_steps", "det: fold rows"),
@@ -61,9 +63,10 @@ SPLIT = [("detectors", "_collect_steps", "det: fold rows"),
          ("detectors", "_stuck_starting", "det: stuck"),
          ("detectors", "_commit_counts", "det: commit counts"),
          ("detectors", "_resolve_gone", "det: resolve gone"),
-         ("goodput", "_ingest_groups", "gp: ingest groups"), ("goodput", "_account", "gp: account"),
-         ("goodput", "_settle", "gp: settle"), ("goodput", "_follow_incidents", "gp: follow"),
-         ("goodput", "_publish_ratios", "gp: publish")]
+         ("goodput.ledger", "_ingest_groups", "gp: ingest groups"),
+         ("goodput.ledger", "_account", "gp: account"), ("goodput.ledger", "_settle", "gp: settle"),
+         ("goodput.ledger", "_follow_incidents", "gp: follow"),
+         ("goodput.ledger", "_publish_ratios", "gp: publish")]
 ORCHESTRATION = "sweep orchestration"
 # the last sweep's views dropped (in the monitor: when sweep_once replaces them): mostly the
 # answers they held, ~21,000 parsed documents, freed
@@ -112,10 +115,10 @@ def drilled_sweep(mon: Monitor, vr: VirtualRanks, sweeps: int) -> list[dict]:
     out = []
     for _ in range(sweeps):
         c = time.thread_time()
-        mon.poller.cpu_seconds = 0.0
+        mon.polling.poller.cpu_seconds = 0.0
         mon.sweep_once()
         cpu = time.thread_time() - c
-        row = {"cpu_s": cpu, "monitor_s": cpu - mon.poller.cpu_seconds,
+        row = {"cpu_s": cpu, "monitor_s": cpu - mon.polling.poller.cpu_seconds,
                "asked": len(mon.schedule.last.urls), "drilled": len(mon.schedule.last.drilled)}
         print("drilled sweep:", json.dumps({k: round(v, 3) if isinstance(v, float) else v
                                             for k, v in row.items()}), flush=True)
@@ -129,8 +132,6 @@ def main() -> int:
     ap.add_argument("--groups", type=int, default=12_500)
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--sweeps", type=int, default=3)
-    ap.add_argument("--huge-pages", choices=("on", "off"), default="off",
-                    help="the monitor's --huge-pages (monitor/huge_pages.py)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", default=None, help="cProfile stats of the leader sweeps")
     ap.add_argument("--split", action="store_true",
@@ -147,10 +148,9 @@ def main() -> int:
     now: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as d:
         mon = Monitor(MonitorConfig(port=0, targets=urls, state_path=os.path.join(d, "m.db"),
-                                    leader_polling="on", max_targets=n,
-                                    huge_pages=args.huge_pages))
-        mon.poller.close()
-        mon.poller = poller
+                                    leader_polling="on", max_targets=n))
+        mon.polling.poller.close()
+        mon.polling.poller = poller
         try:
             c = time.thread_time()
             mon.sweep_once()  # every rank: nothing known yet
@@ -161,7 +161,7 @@ def main() -> int:
 
             def timed(obj, name: str, label: str) -> None:
                 """Add the CPU seconds of ``obj.name`` to ``label``, less the stages it calls
-                (the Flight Recorder trigger runs inside the orchestration's _fetch_fr)."""
+                (the Flight Recorder trigger runs inside the orchestration's Polling.fr_dumps)."""
                 f = getattr(obj, name)
 
                 def w(*a, **k):
@@ -177,7 +177,7 @@ def main() -> int:
                 setattr(obj, name, w)
 
             for obj, name, label in STAGES + (SPLIT if args.split else []):
-                timed(mon if obj == "monitor" else getattr(mon, obj), name, label)
+                timed(service if obj == "service" else operator.attrgetter(obj)(mon), name, label)
             poller.stack = stack
             row = {"ranks": n, "groups": args.groups, "sweeps": [],
                    "first_sweep_cpu_s": first_cpu, "stage_clock": "thread CPU (time.thread_time)"}

@@ -93,7 +93,7 @@ def monitor_sweeps(urls: list[str], sweeps: int, mode: str, d: str,
         profs = None
         if profile:
             profs = cProfile.Profile(), cProfile.Profile()
-            asyncio.run_coroutine_threadsafe(_enable(profs[1]), mon.poller._loop).result()
+            asyncio.run_coroutine_threadsafe(_enable(profs[1]), mon.polling.poller._loop).result()
             profs[0].enable()
         full, cpu = [], []
         for _ in range(sweeps):
@@ -103,7 +103,7 @@ def monitor_sweeps(urls: list[str], sweeps: int, mode: str, d: str,
             cpu.append(time.process_time() - c)
         if profs:
             profs[0].disable()
-            asyncio.run_coroutine_threadsafe(_disable(profs[1]), mon.poller._loop).result()
+            asyncio.run_coroutine_threadsafe(_disable(profs[1]), mon.polling.poller._loop).result()
             profs[0].dump_stats(f"{profile}.{mode}.loop.pstats")
             profs[1].dump_stats(f"{profile}.{mode}.poller.pstats")
         up = sum(r.reachable for r in view.ranks.values())

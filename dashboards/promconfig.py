@@ -13,7 +13,7 @@ from __future__ import annotations
 from .yamlout import dump
 
 DEFAULT_FILE_SD = "/var/lib/lightkeeper/file_sd/*.json"
-DEFAULT_MONITOR = "localhost:9400"
+DEFAULT_MONITOR = "localhost:19400"
 
 
 def prometheus_config(*, file_sd_files: list[str] | None = None,
@@ -62,7 +62,7 @@ from dashboards/promconfig.py.
   writes (`lightkeeper monitor --sd-out /var/lib/lightkeeper/file_sd/lightkeeper.json`; ranks
   started with LIGHTKEEPER_MONITOR=<monitor URL> register themselves and get job, replica_group
   and rank target labels).
-- lightkeeper-monitor: the monitor's own /metrics (`lightkeeper monitor`, port 9400 by
+- lightkeeper-monitor: the monitor's own /metrics (`lightkeeper monitor`, port 19400 by
   default).
 Both keep the exported `job` label (honor_labels: true): it is the training job's name.
 Copy rules.yml beside this file (or fix the rule_files path)."""

@@ -80,7 +80,7 @@ def grown(selector: str, window: str) -> str:
 
 
 W = 'job="train", lightkeeper_component="worker"'
-M = 'job="train", lightkeeper_component="monitor", instance="mon:9400"'
+M = 'job="train", lightkeeper_component="monitor", instance="mon:19400"'
 
 
 def _worker(rg: int, extra: str = "") -> str:
@@ -318,7 +318,7 @@ ALERTS = [
         "Restart lightkeeper monitor (it rebuilds its view from the Lighthouse and the ranks' "
         "self-registration); check its log for the cause.",
         [Case("monitor gone", [(f"up{{{M}}}", "1 1 0x20")], "4m",
-              [{"job": "train", "lightkeeper_component": "monitor", "instance": "mon:9400"}]),
+              [{"job": "train", "lightkeeper_component": "monitor", "instance": "mon:19400"}]),
          Case("monitor up", [(f"up{{{M}}}", "1x20")], "4m")]),
     Alert(
         "LightkeeperMonitorOutOfFileDescriptors",

@@ -1,8 +1,9 @@
 """``lightkeeper monitor``: poll every rank, detect bad replica groups, evict them.
 
 Every flag is documented in docs/monitor.md. The monitor serves its API on ``--bind``/``--port``
-(127.0.0.1:9400 by default; 9090 is Prometheus') and sweeps every ``--interval`` seconds until SIGINT/SIGTERM. A bad
-flag value exits with status 2 and a message naming it.
+(127.0.0.1:19400 by default: outside the exporters' 9100-9999, where 9400 is NVIDIA DCGM's) and
+sweeps every ``--interval`` seconds until SIGINT/SIGTERM. A bad flag value exits with status 2
+and a message naming it.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "without it the monitor only reports")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between sweeps (1)")
     p.add_argument("--bind", default="127.0.0.1", help="address to serve the API on (127.0.0.1)")
-    p.add_argument("--port", type=int, default=9400, help="API port; 0 = ephemeral (9400)")
+    p.add_argument("--port", type=int, default=MonitorConfig.port,
+                   help=f"API port; 0 = ephemeral ({MonitorConfig.port})")
     p.add_argument("--dry-run", action="store_true", help="detect and report, never evict")
     p.add_argument("--min-replicas", type=int, default=r.min_replicas,
                    help=f"never evict below this many replica groups in the quorum "
@@ -135,7 +137,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--leader-polling", choices=("auto", "on", "off"), default="auto",
                    help="poll each replica group's rank 0 every sweep and the other ranks every "
                         "--member-interval, drilling into a group whose leader looks wrong "
-                        "(auto: from 2,000 targets; docs/scaling.md)")
+                        f"(auto: from {MonitorConfig.leader_polling_min_ranks:,} targets; "
+                        "docs/scaling.md)")
     p.add_argument("--member-interval", type=float, default=10.0,
                    help="leader polling: seconds between polls of a non-leader rank (10)")
     p.add_argument("--rank-exit-token", default=None,

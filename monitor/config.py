@@ -160,7 +160,9 @@ class MonitorConfig:
     lighthouse: str | None = None
     interval_s: float = 1.0
     bind: str = "127.0.0.1"
-    port: int = 9400  # not 9090: that is Prometheus' own default
+    # outside 9100-9999 (every port there is some Prometheus exporter's; 9400 is NVIDIA
+    # DCGM's) and clear of Kubernetes', etcd's, torch's and torchft's own ports
+    port: int = 19400
     state_path: str = field(default_factory=lambda: os.path.join(os.getcwd(),
                                                                  "lightkeeper-monitor.sqlite"))
     job: str = "lightkeeper"
@@ -195,8 +197,11 @@ class MonitorConfig:
     expected_groups: int | None = None  # goodput ledger's capacity (None: groups ever seen)
     # leader polling (monitor/schedule.py, docs/scaling.md): auto = on from that many targets
     leader_polling: str = "auto"
-    leader_polling_min_ranks: int = 2000
     member_interval_s: float = 10.0  # non-leader ranks of undrilled groups: polled this often
+    # the sizes at which the large-scale modes start (monitor/polling.py, docs/scaling.md)
+    leader_polling_min_ranks: int = 2000
+    poll_process_min_targets: int = 50_000  # the poller in its own process, asking ahead
+    gc_freeze_min_targets: int = 20_000  # no cyclic GC during a sweep; survivors frozen
     detectors: DetectorConfig = field(default_factory=DetectorConfig)
     rails: RailsConfig = field(default_factory=RailsConfig)
     quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
@@ -222,8 +227,12 @@ class MonitorConfig:
         if self.leader_polling not in ("auto", "on", "off"):
             raise ConfigError(f"leader_polling must be auto, on or off, got "
                               f"{self.leader_polling!r}")
-        if self.member_interval_s <= 0 or self.leader_polling_min_ranks < 0:
-            raise ConfigError("member_interval_s must be > 0, leader_polling_min_ranks >= 0")
+        if self.member_interval_s <= 0:
+            raise ConfigError(f"member_interval_s must be > 0, got {self.member_interval_s}")
+        for name in ("leader_polling_min_ranks", "poll_process_min_targets",
+                     "gc_freeze_min_targets"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if self.orphan_grace_s < 0:
             raise ConfigError(f"orphan_grace_s must be >= 0, got {self.orphan_grace_s}")
         self.detectors.validate()

@@ -1,41 +1,24 @@
 """Leader polling: which ranks a sweep asks, so that one monitor keeps up with 100,000 ranks.
 
-The ranks of one torchft replica group move in lockstep (one quorum, one step), so a sweep
-polls every group's *leader* (group rank 0, the process that runs the group's Manager) and the
-other ranks ("members") only every ``member_interval_s``, spread evenly over the sweeps. A group
-is *drilled* (every rank polled every sweep) the moment its leader looks wrong, and for
-``hold_s`` after the last reason:
+The ranks of a torchft replica group move in lockstep, so a sweep polls every group's *leader*
+(group rank 0, which runs the Manager) and the other ranks ("members") only every
+``member_interval_s``, spread over the sweeps. A group is *drilled* (every rank polled every
+sweep) while its leader looks wrong, and for ``hold_s`` after the last reason:
 
-- its leader is unknown, did not answer, or any of its ranks did not answer at its last poll
-  (``dead_rank`` / ``dead`` need consecutive sweeps of the lost rank);
-- its leader has waited inside an in-group collective (``timing.waiting`` scope ``group``) for
-  ``suspect_s`` or more: a member is late or hung, and the leader is blocked on it. This is how a
-  hang of a non-leader rank is seen on the leader alone;
-- its leader's step has not moved for ``suspect_s`` on the monitor's clock (between the
-  answers that showed it: when they came, not when the sweep read them) while the leaders of
-  other groups moved past it, and it does not wait in the cross-group collective (stuck phase;
-  in a job-wide stall every leader holds one step, and the next rule applies; one waiting there
-  behind leaders that moved was polled before the stall ended);
-- most leaders wait in the cross-group collective for ``suspect_s`` or more and this group's does
-  not wait there at all, nor is it past the step they wait at (the group the others wait for:
-  late arrival; a leader waiting there for less, polled earlier in the sweep, arrived too; one
-  past their step was polled after the stall ended). When every leader waits there and none
-  stands out (none late, none ahead), every group is drilled: the evidence the detectors then
-  need is the whole job's. At 100,000 ranks the sweep in which a stall ends is seconds long:
-  the leaders polled before the job moved on hold the old step, waiting across groups, and
-  those polled after it are one step on; before these two exceptions that one sweep drilled
-  ~12,500 groups for ``hold_s`` (every rank polled: 8-60 s sweeps, bench_monitor_100k.py);
-- the caller names it (``suspects``): an open finding or a straggler candidate (its lag).
+- its leader is unknown or did not answer, or a rank of it did not answer its last poll;
+- its leader has waited inside an in-group collective for ``suspect_s`` or more (a member is
+  late or hung: a non-leader's hang seen on the leader alone). :meth:`LeaderSchedule.drill_now`
+  drills such a group in the sweep that sees it, not the next;
+- its leader's step has not moved for ``suspect_s`` (between the answers that showed it) while
+  other leaders moved past it, and it does not wait in the cross-group collective;
+- most leaders wait in the cross-group collective for ``suspect_s`` and this one neither waits
+  there nor is past their step (the group the others wait for). When every leader waits there
+  and none stands out, every group is drilled; one past their step means the stall just ended;
+- the caller names it (``suspects``: an open finding or a straggler candidate).
 
-A leader blocked in an in-group collective is drilled in the sweep that sees it, not the next:
-:meth:`LeaderSchedule.drill_now` reads this sweep's leader answers right after they come in, and
-the monitor polls those groups' other ranks at once (a small extra batch), so the view, the Flight
-Recorder fetch and the detectors of that same sweep see the whole group. At 100,000 ranks a sweep
-takes seconds; waiting for the next one cost a whole sweep of a hang's confirmation (issue 17).
-
-With ``mode`` ``auto`` (the default) leader polling starts at ``min_ranks`` targets; below, every
-rank is polled every sweep, as before. A target never seen answering is polled every sweep.
-Nothing here raises on a rank's odd state: a rank whose state cannot be read is polled.
+With ``mode`` ``auto`` leader polling starts at ``min_ranks`` targets; below, every rank is
+polled every sweep. A target never seen answering is polled every sweep. Nothing here raises on
+a rank's odd state: a rank whose state cannot be read is polled.
 """
 
 from __future__ import annotations
@@ -46,6 +29,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from .config import MonitorConfig
 from .detect.detectors import current_wait
 from .evidence.view import ClusterView, GroupView
 from .poll.discovery import Target
@@ -90,7 +74,9 @@ class _Once:
 class LeaderSchedule:
     """Decides each sweep's URLs from the previous sweep's view; see the module docstring."""
 
-    def __init__(self, mode: str = "auto", min_ranks: int = 2000, member_interval_s: float = 10.0,
+    def __init__(self, mode: str = "auto",
+                 min_ranks: int = MonitorConfig.leader_polling_min_ranks,
+                 member_interval_s: float = 10.0,
                  interval_s: float = 1.0, hold_s: float = 10.0, suspect_floor_s: float = 1.0,
                  suspect_factor: float = 2.0) -> None:
         if mode not in MODES:
@@ -272,14 +258,12 @@ class LeaderSchedule:
         """(group -> why it is drilled, the groups of those drilled because their leader is
         blocked in an in-group collective, group -> its leader's URL (None: none)), in one
         pass over the groups: the leader's state is read once (its wait, its step)."""
-        # the view's median step time (~21,000 ranks' step times at 100,000 ranks), read only
-        # where a rule needs it: a waiting leader, or one whose step did not move
+        # the view's median step time (over every rank polled), read only where a rule needs it
         suspect = _Once(lambda: self.suspect_s(view))
         out: dict[int, str] = {g: SUSPECT for g in suspects
                                if g in groups}
-        # arrived: the leader waits in the cross-group collective at all. Leaders are polled at
-        # different moments of a sweep (seconds apart at 100,000 ranks), so in a job-wide stall
-        # one polled early reports a shorter wait: it arrived, it is not the late one
+        # arrived: the leader waits in the cross-group collective at all (polled early in a long
+        # sweep, its wait is shorter: it arrived, it is not the late one)
         cross_waiting, arrived, moving, others, newest = [], set(), 0, [], -1
         in_leaders: list[int] = []  # groups whose leader answered this sweep
         step_of: dict[int, int] = {}  # ... and the step each reported
@@ -325,11 +309,8 @@ class LeaderSchedule:
                     out[g] = f"{BLOCKED_IN_GROUP} {secs:.1f}s"
                     blocked.add(g)
                 continue
-            # how long its step has not moved, between the answers that showed it: a sweep's
-            # answers are asked ahead and come over ~0.5-1 s, so the plan's ``now`` is not
-            # when they were true; measured on it, two answers less than a step apart could
-            # read as a whole (slow) sweep apart, and every group whose two answers fell in
-            # one step was drilled as stuck
+            # how long its step has not moved, between the answers that showed it (answers
+            # asked ahead were not true at the plan's ``now``)
             at = lead.answered_at
             if at is None:
                 at = now
@@ -340,9 +321,7 @@ class LeaderSchedule:
                 last_step[g] = (step, at)
                 moving += 1
             elif scope != "cross" and at - prev[1] >= suspect():
-                # (one waiting in the cross-group collective arrived: it waits for another
-                # group. Behind leaders that moved it was polled before the job moved on: the
-                # sweep in which a stall ends, seconds long at 100,000 ranks)
+                # (one waiting in the cross-group collective arrived: it waits for another)
                 others.append((g, step, f"leader at step {step} for {at - prev[1]:.1f}s"))
             if step > newest:
                 newest = step

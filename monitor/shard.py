@@ -210,22 +210,19 @@ class Shards:
         replicas and cooldown are global, the leader's."""
         mon = self.mon
         local = dataclasses.replace(mon.cfg.rails, min_replicas=0, cooldown_s=0.0)
-        s = mon._situation(view, evidence, now)
+        s = mon.enforcer.situation(view, evidence, now)
         wanted: set[str] = set()
         for f in mon.detectors.open_findings():
             if f.kind not in local.evict_kinds:
                 continue
             d = decide(f.kind, f.replica_group, f.replica_id, s, local)
             if not d.evict:
-                if mon._last_decision.get(f.key) != d.reason:  # the same hold: logged once
-                    mon._last_decision[f.key] = d.reason
-                    mon._apply(d, f.replica_group, f.replica_id, mon._finding_ids.get(f.key),
-                               f.to_dict(), "auto")
+                mon.enforcer.hold(f, d)  # recorded once per reason
                 continue
             wanted.add(f.replica_id)
             if f.replica_id not in self._proposed:
                 self.propose(f.replica_group, f.replica_id, _summary(f),
-                             mon._finding_ids.get(f.key), f.to_dict(), "auto")
+                             mon.enforcer.finding_id(f.key), f.to_dict(), "auto")
         self._withdraw(wanted)
 
     def _withdraw(self, wanted: set[str]) -> None:

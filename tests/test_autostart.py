@@ -147,13 +147,13 @@ def test_explicit_start_after_the_hook_returns_the_hooks_server():
 def test_run_environment_and_errors(capsys, monkeypatch):
     parser = __import__("argparse").ArgumentParser()
     lk_run.add_arguments(parser)
-    args = parser.parse_args(["--monitor", "http://m:9400", "--worker-port", "9500", "--print-env"])
+    args = parser.parse_args(["--monitor", "http://m:19400", "--worker-port", "9500", "--print-env"])
     monkeypatch.setenv("PYTHONPATH", "/theirs")
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "100")
     assert lk_run.run(args) == 0
     printed = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
     assert printed == {"LIGHTKEEPER_AUTOSTART": "1", "PYTHONPATH": SITE + os.pathsep + "/theirs",
-                       "LIGHTKEEPER_MONITOR": "http://m:9400", "LIGHTKEEPER_WORKER_PORT": "9500"}
+                       "LIGHTKEEPER_MONITOR": "http://m:19400", "LIGHTKEEPER_WORKER_PORT": "9500"}
     assert lk_run.run(parser.parse_args([])) == 2
     assert "no command" in capsys.readouterr().err
     assert lk_run.run(parser.parse_args(["--", "no-such-command-lk"])) == 127

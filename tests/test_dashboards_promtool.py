@@ -141,7 +141,7 @@ def _monitor_series_with_trouble(tmp_path) -> list[tuple[str, str]]:
         for s in fam.samples:
             if not s.name.startswith(HOST_AND_SETTINGS):
                 continue
-            labels = {**s.labels, "lightkeeper_component": "monitor", "instance": "mon:9400"}
+            labels = {**s.labels, "lightkeeper_component": "monitor", "instance": "mon:19400"}
             sel = ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
             value = "NaN" if s.value != s.value else repr(float(s.value))
             out.append((f"{s.name}{{{sel}}}", " ".join([value] * 20)))

@@ -642,7 +642,7 @@ def test_the_programs_accept_the_manifests_command_lines(overlay, monkeypatch, t
     p = argparse.ArgumentParser()
     monitor_cli.add_arguments(p)
     cfg = monitor_cli.config_from_args(p.parse_args([expand(a, env) for a in m["args"]]))
-    assert (cfg.bind, cfg.port, cfg.token, cfg.register_token) == ("0.0.0.0", 9400, "x", "x")
+    assert (cfg.bind, cfg.port, cfg.token, cfg.register_token) == ("0.0.0.0", 19400, "x", "x")
     assert cfg.rails.min_replicas == int(cm["data"]["min_replicas"])
     assert cfg.expected_groups == int(cm["data"]["replica_groups"])
     assert cfg.lighthouse_heartbeat_timeout_ms == int(cm["data"]["heartbeat_timeout_ms"])

@@ -15,7 +15,7 @@ from http_serving import host_for_url, http_url, split_host_port
 from lightkeeper.cluster import free_port, wait_until
 from monitor.poll.admission import AllowList
 from monitor.poll.discovery import BadTarget, normalize_url
-from monitor.poll.poller import _split
+from monitor.poll.http11 import _split
 
 
 @pytest.mark.parametrize(("host", "shown"), [

@@ -1,5 +1,5 @@
 """The monitor asks ranks for the newest entries of their Flight Recorder only
-(``/v1/fr_trace?last=N``, monitor.service.FR_LAST), so a drill-down fetches kilobytes.
+(``/v1/fr_trace?last=N``, monitor.polling.FR_LAST), so a drill-down fetches kilobytes.
 
 That is only sound if the analysis engine reaches the same verdicts on cut dumps as on whole
 ones: here the detector scenarios of tests/test_monitor_detectors.py (gloo dumps from
@@ -25,7 +25,8 @@ import pytest
 import tests.test_monitor_detectors as scenarios
 from monitor.config import MonitorConfig
 from monitor.evidence.view import ViewBuilder
-from monitor.service import FR_LAST, FR_LAST_LEADERS, Monitor
+from monitor.polling import FR_LAST, FR_LAST_LEADERS
+from monitor.service import Monitor
 from tests.support.monitor_sim import SimRanks, rank_state
 from worker_server.app import filter_fr_dump
 
@@ -113,10 +114,10 @@ def test_a_rank_that_refuses_the_filter_is_asked_for_its_whole_dump():
             mon = Monitor(MonitorConfig(port=0, targets=urls, state_path=os.path.join(d, "m.db")))
             try:
                 targets = mon.discovery.targets()
-                view = ViewBuilder().update(targets, mon.poller.sweep(urls))
+                view = ViewBuilder().update(targets, mon.polling.poller.sweep(urls))
                 for r in view.ranks.values():
                     r.trust = type("T", (), {"evidence": True})()
-                got = mon._fetch_fr(view, 100.0)  # the periodic Flight Recorder look is due
+                got = mon.polling.fr_dumps(view, 100.0)  # the periodic Flight Recorder look is due
             finally:
                 mon.stop()
     finally:
@@ -143,14 +144,14 @@ def test_with_leader_polling_the_first_sweep_asks_leaders_only_for_flight_record
         with tempfile.TemporaryDirectory() as d:
             mon = Monitor(MonitorConfig(port=0, targets=sim.urls, leader_polling="on",
                                         state_path=os.path.join(d, "m.db")))
-            sweep = mon.poller.sweep
+            sweep = mon.polling.poller.sweep
 
             def spy(urls, path="/v1/state", *a, **k):
                 urls = list(urls)
                 asked.extend((u, path) for u in urls)
                 return sweep(urls, path, *a, **k)
 
-            mon.poller.sweep = spy
+            mon.polling.poller.sweep = spy
             try:
                 view = mon.sweep_once()
             finally:

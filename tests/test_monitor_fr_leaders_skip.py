@@ -1,6 +1,6 @@
 """The hang's confirming sweep fetches the drilled groups' Flight Recorder first and skips the
-leaders' cross-group dumps only when they cannot change a finding (monitor/service.py
-``Monitor._fetch_fr``, ``Detectors.in_group_hangs``; docs/scaling.md).
+leaders' cross-group dumps only when they cannot change a finding (monitor/polling.py
+``Polling.fr_dumps``, ``Detectors.in_group_hangs``; docs/scaling.md).
 
 A real monitor (its poller, view, schedule with leader polling on, detectors) sweeps 200 groups
 x 2 ranks of tests/test_monitor_detectors.py's synthetic FT-HSDP job over real HTTP: one asyncio
@@ -24,13 +24,14 @@ planted three ways:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import threading
 from urllib.parse import parse_qs
 
 import pytest
 
-from monitor import service
+from monitor import polling
 from monitor.config import DetectorConfig, MonitorConfig
 from monitor.detect.detectors import Detectors
 from monitor.service import Monitor
@@ -114,7 +115,7 @@ def run_stall(server: JobServer, tmp_path, plant, wait, mutate=None,
     then ``plant(job)`` (the stall's collectives) and sweeps 1 s apart with ``wait(job, t)``
     setting the ranks' waits at t s after onset. What each sweep found and fetched, and
     (``seen``) per sweep the dumps its detectors were given and whether any were asked early
-    (before its view: ``Monitor._ask_fr_early``)."""
+    (before its view: ``Polling.ask_fr_early``)."""
     job = server.job = sparse_job()
     server.fr_changed()
     clock = [T0]
@@ -127,17 +128,17 @@ def run_stall(server: JobServer, tmp_path, plant, wait, mutate=None,
     if mutate is not None:
         mutate(mon)
     seen: list[dict] = []
-    fetch_fr, update = mon._fetch_fr, mon.detectors.update
+    fetch_fr, update = mon.polling.fr_dumps, mon.detectors.update
 
     def fetching(view, now):
-        seen.append({"early": sorted(mon._fr_ahead)})
+        seen.append({"early": sorted(mon.polling._fr_ahead)})
         return fetch_fr(view, now)
 
     def updating(view, dumps=None, *a, **k):
         seen[-1]["dumps"] = {r: json.dumps(d, sort_keys=True) for r, d in (dumps or {}).items()}
         return update(view, dumps, *a, **k)
 
-    mon._fetch_fr, mon.detectors.update = fetching, updating
+    mon.polling.fr_dumps, mon.detectors.update = fetching, updating
     try:
         job.steps(6, now=clock[0])
         mon.sweep_once()  # every rank
@@ -159,7 +160,7 @@ def run_stall(server: JobServer, tmp_path, plant, wait, mutate=None,
             hangs = [(f.kind, f.replica_group, f.ranks, f.evidence["level"])
                      for f in mon.detectors.open_findings() if f.kind == "hang"]
             out["sweeps"].append({
-                "t": t, "hangs": hangs, "skipped": mon.fr_leaders_skipped,
+                "t": t, "hangs": hangs, "skipped": mon.polling.fr_leaders_skipped,
                 "drilled": dict(mon.sweep_plan.drilled),
                 "torchft_fetched": sum(1 for _, what, q in server.asked
                                        if what == "fr_trace" and "pg=torchft" in q),
@@ -266,25 +267,31 @@ def test_the_group_the_others_wait_for_gets_the_leaders_dumps_and_no_later(
     assert not last["skipped"] and last["torchft_fetched"] == GROUPS - 1
     assert last["drilled_fetched"] == [LEADER, MEMBER]
     if plant is plant_group_late:  # the leaders' dumps are the evidence: skipping them misses it
-        monkeypatch.setattr(service, "_blocked_in_group", lambda gv, now: True)
+        monkeypatch.setattr(polling, "_blocked_in_group", lambda gv, now: True)
         mutated = run_stall(job_server, tmp_path, plant, wait, always_skip)
         assert "found" not in mutated and mutated["sweeps"][-1]["skipped"]
+
+
+def poll_from_a_process(monkeypatch) -> None:
+    """run_stall's monitors poll from their own process (from 0 targets), and never ask the
+    next sweep ahead: the job moves between sweeps, and states asked during the sweep before
+    would read it before its move."""
+    monkeypatch.setitem(globals(), "MonitorConfig",
+                        functools.partial(MonitorConfig, poll_process_min_targets=0))
+    monkeypatch.setattr(polling.Polling, "after_view", lambda *a: None)
+    monkeypatch.setattr(polling.Polling, "after_decisions", lambda *a: None)
 
 
 def asked_early_and_late(server: JobServer, tmp_path, monkeypatch,
                          fr_interval_s: float) -> tuple[dict, dict]:
     """The member hang run twice with the poller in its own process (from 0 targets here):
-    dumps asked early (Monitor._ask_fr_early) and not; both give the detectors the same dumps,
+    dumps asked early (Polling.ask_fr_early) and not; both give the detectors the same dumps,
     sweep by sweep, and confirm the same hang in the same sweep. (early, late)."""
-    monkeypatch.setattr(service, "POLL_PROCESS_MIN_TARGETS", 0)
-    # the job moves between sweeps: a sweep's states asked ahead (during the one before, when
-    # that outlasted the interval) would read it before its move
-    monkeypatch.setattr(Monitor, "_ask_ahead", lambda *a: None)
-    monkeypatch.setattr(Monitor, "_ask_ahead_early", lambda *a: None)
+    poll_from_a_process(monkeypatch)
     early = run_stall(server, tmp_path, plant_member_hang, wait_member_hang,
                       fr_interval_s=fr_interval_s)
     late = run_stall(server, tmp_path, plant_member_hang, wait_member_hang,
-                     lambda mon: setattr(mon, "_ask_fr_early", lambda *a: None), fr_interval_s)
+                     lambda mon: setattr(mon.polling, "ask_fr_early", lambda *a: None), fr_interval_s)
     assert (early["found"], early["confirmed_t"]) == (late["found"], late["confirmed_t"])
     assert [s["dumps"] for s in early["seen"]] == [s["dumps"] for s in late["seen"]]
     assert all(not s["early"] for s in late["seen"])
@@ -330,9 +337,7 @@ def test_a_building_stall_holds_the_periodic_look_and_the_hang_comes_no_later(
     dump in that sweep: ~0.9 s of a sweep at 100,000 ranks). With the poller in its own process
     (asked early) and in the monitor's (after the view)."""
     if early:
-        monkeypatch.setattr(service, "POLL_PROCESS_MIN_TARGETS", 0)
-        monkeypatch.setattr(Monitor, "_ask_ahead", lambda *a: None)
-        monkeypatch.setattr(Monitor, "_ask_ahead_early", lambda *a: None)
+        poll_from_a_process(monkeypatch)
     held = run_stall(job_server, tmp_path, plant_member_hang, wait_member_hang,
                      fr_interval_s=2.0)
     looked = run_stall(job_server, tmp_path, plant_member_hang, wait_member_hang, never_held,

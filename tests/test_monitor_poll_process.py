@@ -8,14 +8,18 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
+from monitor import polling
+from monitor.config import MonitorConfig
 from monitor.evidence.view import ViewBuilder
 from monitor.poll.discovery import Target
 from monitor.poll.poll_process import BATCH, ProcessPoller
-from tests.support.monitor_sim import SimRanks
+from monitor.service import Monitor
+from tests.support.monitor_sim import SimRank, SimRanks
 from tests.test_monitor_trust import hostile_sim  # noqa: F401 (a fixture)
 from tests.test_monitor_trust import test_poller_bounds_every_answer as bounds_checked
 
@@ -173,83 +177,108 @@ def test_a_closed_poller_refuses_sweeps():
         p.sweep(["http://127.0.0.1:9/"])
 
 
-@pytest.fixture
-def process_monitor(tmp_path, monkeypatch):
-    """A monitor over 4 real ranks that polls from its own process from the first target on,
-    with a 0.3 s interval. Its sweeps are called by the test."""
-    from monitor import service
-    from monitor.config import MonitorConfig
+def state_asks(monkeypatch) -> list[str]:
+    """The ``/v1/state`` requests the simulated ranks answer, by rank URL, as they come."""
+    asked: list[str] = []
+    respond = SimRank.respond
 
-    monkeypatch.setattr(service, "POLL_PROCESS_MIN_TARGETS", 1)
-    sim = SimRanks.start(4, groups=2)
-    mon = service.Monitor(MonitorConfig(port=0, interval_s=0.3, targets=sim.urls,
-                                        state_path=str(tmp_path / "m.db"), job="unit"))
-    yield mon, sim
-    pid = mon.poller.pid
+    def recording(self, path, mode):
+        if path.endswith("/v1/state"):
+            asked.append(self.url)
+        return respond(self, path, mode)
+
+    monkeypatch.setattr(SimRank, "respond", recording)
+    return asked
+
+
+def asked_within(asked: list[str], n: int, timeout_s: float) -> bool:
+    """Whether more than ``n`` state requests came within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while len(asked) <= n and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return len(asked) > n
+
+
+def process_monitor_of(tmp_path, sim: SimRanks, **kw) -> Monitor:
+    """A monitor that polls from its own process from the first target on (0.3 s interval);
+    its sweeps are called by the test."""
+    return Monitor(MonitorConfig(port=0, interval_s=0.3, targets=sim.urls, job="unit",
+                                 state_path=str(tmp_path / "m.db"), poll_process_min_targets=1,
+                                 **kw))
+
+
+def stop(mon: Monitor, sim: SimRanks) -> None:
+    pid = mon.polling.poller.pid
     mon.stop()
     assert gone(pid)  # the monitor's stop ends its poller process
     sim.stop()
 
 
+@pytest.fixture
+def process_monitor(tmp_path, monkeypatch):
+    """4 real ranks, the /v1/state requests they answer, and a monitor of them
+    (:func:`process_monitor_of`)."""
+    asked = state_asks(monkeypatch)
+    sim = SimRanks.start(4, groups=2)
+    mon = process_monitor_of(tmp_path, sim)
+    yield mon, sim, asked
+    stop(mon, sim)
+
+
 def test_the_next_sweep_is_asked_ahead_when_due(process_monitor, monkeypatch):
     """When the next sweep is due within ASK_LEAD x the polling time (here always: as if the
-    polling took longer than the interval), a sweep asks the next sweep's ranks before its
-    ledger and metrics; the next sweep folds those answers (asked before it began). A next
-    sweep that comes later than the interval asks again: never answers older than that."""
-    from monitor import service
-
-    mon, sim = process_monitor
-    rank = sim.ranks[1]
-    monkeypatch.setattr(service, "ASK_LEAD", 1e6)
+    polling took longer than the interval), a sweep asks the next sweep's ranks before it
+    ends; the next sweep folds those answers. A next sweep that comes later than the interval
+    asks again: never answers older than that."""
+    mon, sim, asked = process_monitor
+    n, rank = len(sim.urls), sim.ranks[1]
+    monkeypatch.setattr(polling, "ASK_LEAD", 1e6)
     mon.sweep_once()
-    assert isinstance(mon.poller, ProcessPoller)
-    plan, handle = mon._ahead.plan, mon._ahead.handles[0]
-    assert set(plan.urls) == set(handle.urls) == set(sim.urls)
-    wait_until(handle.done.is_set, 10, "the answers asked ahead")
+    wait_until(lambda: len(asked) == 2 * n, 10, "the next sweep's ranks asked ahead")
     rank.update(step=101)  # after they were asked: the next sweep cannot see it
     view = mon.sweep_once()
     assert view.ranks[rank.url].state["step"] == 100
-    assert mon.sweep_plan is plan
-    view = mon.sweep_once()  # the answers asked during the last sweep's tail
+    wait_until(lambda: len(asked) == 3 * n, 10, "the next sweep's ranks asked ahead")
+    view = mon.sweep_once()  # the answers asked during the last sweep
     assert view.ranks[rank.url].state["step"] == 101
-    # too late for the answers asked ahead: asked again, the change made meanwhile is seen
-    assert mon._ahead is not None
-    wait_until(mon._ahead.handles[0].done.is_set, 10, "the answers asked ahead")
+    wait_until(lambda: len(asked) == 4 * n, 10, "the next sweep's ranks asked ahead")
     rank.update(step=102)
-    sent = mon._ahead.sent_at
-    wait_until(lambda: time.monotonic() - sent > mon.cfg.interval_s, 5, "the interval to pass")
+    time.sleep(1.5)  # past the interval (and the last sweep's length): too old to use
     view = mon.sweep_once()
     assert view.ranks[rank.url].state["step"] == 102
 
 
 def test_a_sweep_inside_the_interval_asks_the_next_one_just_before_it(process_monitor):
     """A sweep well inside the interval does not ask the next sweep's ranks (their answers
-    would wait, growing old); the loop's wait (Monitor.wait_next) asks them ASK_LEAD x the
-    polling time before the next sweep is due, not sooner: a change made during the wait is
-    in them, and the next sweep starts with its answers asked (it does not poll again)."""
-    from monitor import service
-
-    mon, sim = process_monitor
+    would wait, growing old); the loop's wait asks them just before the next sweep is due: a
+    change made a second into the wait is in them, and the next sweep polls no more."""
+    mon, sim, asked = process_monitor
     rank = sim.ranks[1]
-    # 4 ranks sweep and poll in milliseconds; 3 s keeps a loaded box's inside the interval
-    # (the first sweep also starts the poller process: at load 4, over 0.3 s)
+    # 4 ranks poll in milliseconds; 3 s keeps a loaded box's sweeps inside the interval
     mon.cfg.interval_s = 3.0
     mon.sweep_once()
     started = time.monotonic()
     mon.sweep_once()
-    assert isinstance(mon.poller, ProcessPoller)
-    assert mon._poll_s is not None and mon._poll_s * service.ASK_LEAD < 1.0
-    assert mon._ahead is None
-    rank.update(step=101)  # during the wait, before the next sweep's ranks are asked
+    n = len(asked)
+    assert not asked_within(asked, n, 0.3)  # not asked at the sweep's end
+    change = threading.Timer(1.0, rank.update, kwargs={"step": 101})
+    change.start()
     assert mon.wait_next(started) is False
     assert time.monotonic() >= started + mon.cfg.interval_s
-    ahead = mon._ahead
-    assert ahead is not None  # asked in the wait, not at the sweep's end:
-    assert ahead.sent_at >= started + mon.cfg.interval_s \
-        - service.ASK_LEAD * mon._poll_s - 0.05
+    wait_until(lambda: len(asked) == n + len(sim.urls), 5, "the ranks asked in the wait")
     view = mon.sweep_once()
-    assert mon.sweep_plan is ahead.plan
+    assert len(asked) == n + len(sim.urls)  # the sweep used the answers asked in the wait
     assert view.ranks[rank.url].state["step"] == 101
+
+
+def stale_first_sweep(mon: Monitor, asked: list[str], n: int) -> None:
+    """The first sweep (every rank), then its asks ahead left to grow too old to use: the
+    next sweep plans for itself."""
+    t = time.monotonic()
+    mon.sweep_once()
+    took = time.monotonic() - t
+    wait_until(lambda: len(asked) > n, 10, "the first sweep's asks ahead")
+    time.sleep(max(mon.cfg.interval_s, took) + 0.2)  # (all of them in meanwhile)
 
 
 @pytest.mark.parametrize("waiting, wait_s, early", [("member", 1.0, True),
@@ -257,39 +286,32 @@ def test_a_sweep_inside_the_interval_asks_the_next_one_just_before_it(process_mo
                                                      ("leader", 1.5, False)])
 def test_a_sweep_that_drills_asks_early_unless_a_hang_may_be_building(tmp_path, monkeypatch,
                                                                       waiting, wait_s, early):
-    """A sweep that drills a group (here a straggler candidate) asks the next sweep's ranks as
-    soon as its view is built, like any other sweep, unless a rank it polled has been blocked
-    in a collective for the hang threshold (3 s here: a hang's Flight Recorder dumps may then
-    be fetched in it, and must not share the poller process with the next sweep's requests),
-    or a drilled group's leader is blocked inside it (a hang may be building: the next
-    sweep's answers, which may confirm it, are asked as late as before). Then the next sweep
-    is asked after the detectors."""
-    from monitor import service
-    from monitor.config import MonitorConfig
-
-    monkeypatch.setattr(service, "POLL_PROCESS_MIN_TARGETS", 1)
-    monkeypatch.setattr(service, "ASK_LEAD", 1e6)  # the next sweep always due (see above)
+    """A sweep that drills a group (here a straggler candidate) asks the next sweep's ranks
+    before its detectors run, like any other sweep, unless a rank it polled has been blocked
+    in a collective for the hang threshold (3 s here: a hang's dumps may then be fetched in
+    it, and must not share the poller process with the next sweep's requests), or a drilled
+    group's leader is blocked inside it (a hang may be building). Then the next sweep is asked
+    after the detectors."""
+    asked = state_asks(monkeypatch)
+    monkeypatch.setattr(polling, "ASK_LEAD", 1e6)  # the next sweep always due (see above)
     sim = SimRanks.start(8, groups=4)  # 4 groups of 2
-    mon = service.Monitor(MonitorConfig(port=0, interval_s=0.3, targets=sim.urls,
-                                        state_path=str(tmp_path / "m.db"), job="unit",
-                                        leader_polling="on", member_interval_s=3600.0))
+    mon = process_monitor_of(tmp_path, sim, leader_polling="on", member_interval_s=3600.0)
     try:
-        mon.sweep_once()  # every rank: nothing known yet
-        if mon._ahead is not None:  # asked before group 2 was suspect: the next sweep plans
-            mon._ahead.result()
-            mon._ahead = None
+        stale_first_sweep(mon, asked, len(sim.urls))
         member = next(r for r in sim.group(2)
                       if (r.state["group_rank"] == 0) == (waiting == "leader"))
         member.update(timing={"recent": [], "waiting": {"scope": "group",
-                                                            "seconds": wait_s}})
+                                                        "seconds": wait_s}})
         if waiting == "member":  # group 2 a straggler candidate: drilled
             mon.detectors.last_lags = {2: 5.0}
         # (else its leader, blocked in its group for over suspect_s, gets it drilled at once)
+        n = len(asked)
         asked_before_detectors = []
         update = mon.detectors.update
 
-        def detecting(*a, **k):
-            asked_before_detectors.append(mon._ahead is not None)
+        def detecting(*a, **k):  # the next sweep's asks: more than this sweep's own polls
+            own = len(mon.sweep_plan.urls)
+            asked_before_detectors.append(asked_within(asked, n + own, 1.0))
             return update(*a, **k)
 
         mon.detectors.update = detecting
@@ -299,36 +321,29 @@ def test_a_sweep_that_drills_asks_early_unless_a_hang_may_be_building(tmp_path, 
         assert view.ranks[member.url].fresh  # its wait was read in this sweep
         assert mon.detectors.longest_wait(view, view.at) == wait_s
         assert asked_before_detectors == [early]
-        assert mon._ahead is not None  # asked either way: early, or after the detectors
+        # asked either way: early, or after the detectors
+        assert asked_within(asked, n + len(mon.sweep_plan.urls), 5.0)
     finally:
-        pid = mon.poller.pid
-        mon.stop()
-        assert gone(pid)
-        sim.stop()
+        stop(mon, sim)
 
 
 def test_the_next_sweep_is_asked_early_and_its_suspects_added(tmp_path, monkeypatch):
-    """When the next sweep is due, its ranks are asked as soon as this sweep's view is built (before its detectors run: the polling then overlaps them); a
-    group the detectors newly suspect in this sweep is added to that plan and drilled (its
-    other ranks asked too), and the next sweep polls exactly the plan's URLs."""
-    from monitor import service
-    from monitor.config import MonitorConfig
-
-    monkeypatch.setattr(service, "POLL_PROCESS_MIN_TARGETS", 1)
+    """When the next sweep is due, its ranks are asked as soon as this sweep's view is built;
+    a group the detectors newly suspect in this sweep is added to that plan (its other rank
+    asked then), and the next sweep polls exactly those ranks."""
+    asked = state_asks(monkeypatch)
     sim = SimRanks.start(8, groups=4)  # 4 groups of 2
-    mon = service.Monitor(MonitorConfig(port=0, interval_s=0.3, targets=sim.urls,
-                                        state_path=str(tmp_path / "m.db"), job="unit",
-                                        leader_polling="on", member_interval_s=3600.0))
+    mon = process_monitor_of(tmp_path, sim, leader_polling="on", member_interval_s=3600.0)
     try:
-        first = mon.sweep_once()  # every rank: nothing known yet
+        stale_first_sweep(mon, asked, len(sim.urls))
+        first = mon.view
         leaders = {g: gv.leader.url for g, gv in first.groups.items()}
         other = [r.url for r in first.groups[2].ranks if r.url != leaders[2]]
         assert len(leaders) == 4 and len(other) == 1
-        asked_before_detectors = []
+        n = len(asked)
         update = mon.detectors.update
 
         def detecting(*a, **k):
-            asked_before_detectors.append(mon._ahead is not None)
             out = update(*a, **k)
             mon.detectors.last_lags = {2: 5.0}  # group 2 now a straggler candidate
             return out
@@ -336,23 +351,18 @@ def test_the_next_sweep_is_asked_early_and_its_suspects_added(tmp_path, monkeypa
         mon.detectors.update = detecting
         # the next sweep due within ASK_LEAD x the polling time: as if the polling took longer
         # than the interval
-        monkeypatch.setattr(service, "ASK_LEAD", 1e6)
+        monkeypatch.setattr(polling, "ASK_LEAD", 1e6)
         mon.sweep_once()
-        assert asked_before_detectors == [True]
-        ahead = mon._ahead
-        assert len(ahead.handles) == 2  # the plan's, then group 2's other rank
-        assert ahead.handles[1].urls == other
-        assert 2 in ahead.plan.drilled
-        for h in ahead.handles:
-            wait_until(h.done.is_set, 10, "the answers asked ahead")
+        own = len(mon.sweep_plan.urls)
+        assert set(asked[n:n + own]) == set(leaders.values())  # this sweep's: the leaders
+        wait_until(lambda: len(asked) == n + own + 5, 10, "the next sweep's ranks")
+        ahead = asked[n + own:]
+        assert set(ahead) == set(leaders.values()) | set(other)
+        assert ahead[-1] == other[0]  # added after the detectors suspected group 2
         mon.detectors.update = update
         view = mon.sweep_once()
-        assert mon.sweep_plan is ahead.plan
-        polled = set(ahead.plan.urls)
-        assert set(view.polled) == polled == set(leaders.values()) | set(other)
+        polled = set(ahead)
+        assert set(view.polled) == polled
         assert all(view.ranks[u].reachable and view.ranks[u].fresh for u in polled)
     finally:
-        pid = mon.poller.pid
-        mon.stop()
-        assert gone(pid)
-        sim.stop()
+        stop(mon, sim)

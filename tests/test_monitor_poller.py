@@ -306,22 +306,6 @@ def test_a_sweep_leaves_no_reference_cycles(sim, poller):
         gc.enable()
 
 
-def test_answers_handed_on_as_they_come_are_not_kept(sim):
-    """The poller process's use (monitor/poll/poll_process.py): each poll goes to on_answer once,
-    raw answers unparsed, and the sweep keeps none of them."""
-    p = Poller(timeout_s=0.5)
-    try:
-        sim.ranks[2].set_mode("down")
-        got: dict = {}
-        assert p.sweep(sim.urls, raw=True, on_answer=lambda u, x: got.setdefault(u, []).append(x)
-                       ) == {}
-        assert sorted(got) == sorted(sim.urls) and all(len(v) == 1 for v in got.values())
-        assert got[sim.ranks[2].url][0].reason == "connection"
-        assert json.loads(got[sim.ranks[0].url][0].data)["rank"] == 0  # bytes, as sent
-    finally:
-        p.close()
-
-
 def test_answers_handed_on_as_rows_in_batches(sim):
     """The poller process's wire format (monitor/poll/poll_process.py): each target once, as a row
     naming its place in the URLs, in batches of per_batch and a shorter last one; a failure

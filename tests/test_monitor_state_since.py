@@ -90,8 +90,8 @@ def monitor(tmp_path, name: str, urls: list[str], poller: Answers, clock) -> Mon
                                 leader_polling="on", member_interval_s=5.0,
                                 max_targets=len(urls)),
                   clock=lambda: 1.7e9 + clock.t)
-    mon.poller.close()
-    mon.poller = poller
+    mon.polling.poller.close()
+    mon.polling.poller = poller
     return mon
 
 

@@ -300,7 +300,7 @@ def test_lightkeeper_run_hands_the_ranks_the_registration_token(flag):
 
     p = argparse.ArgumentParser()
     add_arguments(p)
-    env = hook_env(p.parse_args(["--monitor", "http://m:9400", flag, "r3g", "--", "true"]), {})
+    env = hook_env(p.parse_args(["--monitor", "http://m:19400", flag, "r3g", "--", "true"]), {})
     assert env["LIGHTKEEPER_REGISTER_TOKEN"] == "r3g" and "LIGHTKEEPER_TOKEN" not in env
 
 
@@ -694,7 +694,7 @@ def test_a_dump_must_describe_the_rank_that_served_it(tmp_path, job):
         liar.fr = {"rank": honest.state["rank"], "replica_group": 1, "entries": []}
         other.fr = {"rank": other.state["rank"], "replica_group": 0, "entries": []}  # its group is 2
         mon.detectors.fr_wanted = lambda view, now=None: [honest.url, liar.url, other.url]
-        dumps = mon._fetch_fr(mon.evidence, time.time())
+        dumps = mon.polling.fr_dumps(mon.evidence, time.time())
         assert set(dumps) == {honest.state["rank"]}
         assert dumps[honest.state["rank"]]["replica_group"] == 0
     finally:

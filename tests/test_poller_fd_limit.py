@@ -148,9 +148,9 @@ def test_the_monitor_says_once_when_its_targets_do_not_fit(tmp_path, monkeypatch
                                         job="unit"))
     try:
         monkeypatch.setattr(fd_budget, "soft_limit", lambda: 256)
-        with caplog.at_level(logging.WARNING, logger="monitor.service"):
-            mon._fit_poller(400)
-            mon._fit_poller(400)
+        with caplog.at_level(logging.WARNING, logger="monitor.polling"):
+            mon.sweep_once()
+            mon.sweep_once()
         said = [r.getMessage() for r in caplog.records if "file descriptor limit" in r.getMessage()]
         assert len(said) == 1
         assert "400 targets" in said[0] and "(256)" in said[0]

@@ -22,7 +22,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from monitor.evidence.lighthouse_settings import SETTINGS
+from monitor.detect.detectors import KINDS, Detectors
+from monitor.evidence.lighthouse_settings import SETTINGS, LighthouseSettingsWatch
+from monitor.evidence.verification import REASONS as TRUST_REASONS
+from monitor.evidence.verification import VERIFIED
 from monitor.evidence.view import ClusterView
 from monitor.goodput import CAUSES, SweepAccount
 from monitor.poll.poller import REASONS as POLL_REASONS
@@ -252,3 +255,50 @@ class MonitorMetrics:
             self.expected_groups.labels(job).set(acct.expected_groups)
         if acct.group_goodput_ratio:  # the series at the next scrape (GroupSeries)
             self.groups.goodput = acct.group_goodput_ratio
+
+
+def publish_sweep(m: MonitorMetrics, view: ClusterView, evidence: ClusterView,
+                  polls: Mapping[str, Any], detectors: Detectors, lighthouse_up: bool,
+                  lh_settings: LighthouseSettingsWatch) -> None:
+    """One sweep's series: rank counts from every known rank; everything about groups from
+    verified ranks (``evidence``)."""
+    job = m.job
+    m.sweeps.labels(job).inc()
+    m.sweep_duration.labels(job).observe(view.sweep_seconds)
+    known, up, trust = view.counts  # summed per group
+    m.ranks_known.labels(job).set(known)
+    m.ranks_up.labels(job).set(up)
+    m.ranks_unreachable.labels(job).set(known - up)
+    by_reason = dict.fromkeys(TRUST_REASONS[1:], 0)
+    verified = 0
+    for k, n in trust.items():
+        if k is None:
+            continue
+        if k[0] == VERIFIED:
+            verified += n
+        else:
+            by_reason[k[1]] = by_reason.get(k[1], 0) + n
+    m.ranks_verified.labels(job).set(verified)
+    for reason, n in by_reason.items():
+        m.ranks_unverified.labels(job, reason).set(n)
+    m.lighthouse_up.labels(job).set(1 if lighthouse_up else 0)
+    lh_settings.publish(m, job)
+    for url, p in polls.items():
+        if not p.ok:
+            if p.reason:
+                m.poll_errors.labels(job, p.reason).inc()
+            continue
+        r = view.ranks.get(url)
+        if r is not None and r.reachable is False and r.reason == "bad_response":
+            m.poll_errors.labels(job, "bad_response").inc()
+    counts: dict[str, int] = {}
+    for f in detectors.open_findings():
+        counts[f.kind] = counts.get(f.kind, 0) + 1
+    for kind in KINDS:
+        m.open_findings.labels(job, kind).set(counts.get(kind, 0))
+    m.set_groups(evidence, detectors.last_lags)  # per-group series: at scrape time
+    if evidence.quorum_id is not None:
+        m.quorum_id.labels(job).set(evidence.quorum_id)
+    qp = evidence.quorum_participants()
+    if qp is not None:
+        m.quorum_participants.labels(job).set(qp)

@@ -117,9 +117,8 @@ class Discovery:
         self.job = job
         self.max_targets = max_targets
         self._written: str | None = None
-        # targets() is asked every sweep: its sorted list is kept until a source changes (a
-        # sort of 100,000 targets is ~50 ms; the view and the schedule tell unchanged targets
-        # by identity, so the same Target objects also keep their caches)
+        # targets() is asked every sweep: its sorted list is kept until a source changes (the
+        # view and the schedule tell unchanged targets by identity)
         self._sorted: list[Target] | None = None
 
     # --- sources ---------------------------------------------------------------------

@@ -2,10 +2,8 @@
 
 The poller keeps a keep-alive connection per rank it polls (a pool smaller than one sweep
 reconnects every sweep past it, docs/scaling.md), and each connection is a file descriptor.
-Under the usual soft limit (1,024: systemd's default ``LimitNOFILE=1024:524288``, most shells)
-a monitor of ~1,000 ranks on their own addresses ran out: every connect past the limit failed
-with ``EMFILE``, the idle pool never let one go, and healthy ranks read as unreachable, sweep
-after sweep. So:
+Under the usual soft limit (1,024: systemd's default, most shells) a monitor of a thousand
+ranks runs out: connects fail with ``EMFILE`` and healthy ranks read as unreachable. So:
 
 - :func:`raise_soft_limit` raises this process's soft ``RLIMIT_NOFILE`` to its hard limit
   (as the Go runtime does at start, and many servers), when a Poller is made;

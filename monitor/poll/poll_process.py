@@ -1,31 +1,19 @@
 """The poller in its own process: the sockets and the event loop off the monitor's interpreter.
 
-At 100,000 ranks the poller's thread spent ~0.43 s of CPU a leader sweep (~28 us a request) in
-the monitor's process, under its GIL, while the sweep waited for it (docs/scaling.md). A
-:class:`ProcessPoller` has the same calls as :class:`monitor.poll.poller.Poller` (``sweep``,
-``close``, ``max_idle``) and runs that same Poller in a child process (``python -m
-monitor.poll.poll_process``), so every bound the Poller promises (the body by ``max_bytes``, the
-status line and headers by ``MAX_HEAD`` bytes and ``MAX_HEADERS`` lines, each request by its
-timeout, ``max_concurrency`` requests at once, the targets it is given and no others) holds
-there unchanged. What comes back is each answer's raw body, in batches of :data:`BATCH` polls
-as they finish (msgpack over the child's stdout); a thread of the monitor's queues them and
-:meth:`PollHandle.result` parses the JSON with the Poller's own
-:func:`~monitor.poll.poller.judge_body` (msgspec: ~3-7 us an answer, making the document's Python
-objects; the same in msgpack; a ``/v1/state`` answer's number lists packed,
-monitor/poll/packed_state.py) while the child is still asking the rest. Parsed and packed in the
-child instead, the monitor's thread spent up to 27 % less CPU a sweep, but the child's ~0.2 s more
-lengthened the sweep on a 2-core box (docs/scaling.md, round 14).
-
-:meth:`ProcessPoller.start` sends a sweep without waiting for it (the monitor asks the next
-sweep's ranks while it finishes this one's bookkeeping; monitor/service.py says when);
-:meth:`PollHandle.result` waits for it.
+The monitor switches to it from ``poll_process_min_targets`` (monitor/polling.py): the polling's
+CPU then leaves the monitor's GIL and overlaps the end of the sweep before (docs/scaling.md). A
+:class:`ProcessPoller` has :class:`monitor.poll.poller.Poller`'s calls (``sweep``, ``close``,
+``max_idle``) and runs that same Poller in a child (``python -m monitor.poll.poll_process``), so
+every bound the Poller promises holds there unchanged. The child sends each answer's raw body
+back in batches of :data:`BATCH` as they finish (msgpack over its stdout); a reader thread of
+the monitor queues them and :meth:`PollHandle.result` parses them with
+:func:`~monitor.poll.poller.judge_body` while the child asks the rest.
+:meth:`ProcessPoller.start` sends a sweep without waiting for it (the next sweep asked ahead).
 
 A child that dies (or hangs past any bound its sweep could take, and is then killed) fails the
 polls of its sweep that had not come back, reason ``connection``, with an error that names the
-poller process, not the rank: that sweep only; the next sweep starts a new child. The child
-never outlives the monitor by more than one sweep: it reads its requests from a pipe and exits
-when the monitor's end closes (:meth:`ProcessPoller.close`, or the monitor's process dying),
-and a write to a monitor that is gone ends it at once.
+poller process, not the rank; the next sweep starts a new child. The child exits when the
+monitor's end of its pipe closes (:meth:`ProcessPoller.close`, or the monitor dying).
 """
 
 from __future__ import annotations

@@ -1,27 +1,18 @@
 """Concurrent polling of every rank: one sweep = one ``GET /v1/state`` per target, all at once.
 
-The poller runs its own asyncio event loop in a background thread and speaks just enough
-HTTP/1.1 (keep-alive, ``Content-Length`` or chunked bodies) to fetch JSON from WorkerServers.
-Each connection is an :class:`asyncio.Protocol` driven by callbacks: no coroutine, task,
-stream reader or timeout context per request, since at 100,000 ranks (~21,000 requests a sweep)
-that machinery was most of the poller's CPU (~87 us a request; docs/scaling.md). Every request
-has its own timeout; a rank that is slow, refuses connections, answers garbage or an HTTP error
-becomes a :class:`RankPoll` with ``ok=False`` and a ``reason`` (``timeout``, ``connection``,
-``http_status``, ``bad_response``; ``monitor`` when the monitor itself had no file descriptor to
-ask with) and never delays the others beyond its timeout or raises out of :meth:`Poller.sweep`.
+The :class:`Poller` runs its own asyncio event loop in a background thread; each connection is
+a :class:`monitor.poll.http11.Conn`. Every request has its own timeout (a rank that dribbles
+bytes is cut off like a silent one); a rank that is slow, refuses connections, answers garbage
+or an HTTP error becomes a :class:`RankPoll` with ``ok=False`` and a ``reason`` (``timeout``,
+``connection``, ``http_status``, ``bad_response``; ``monitor`` when the monitor itself had no
+file descriptor to ask with) and never delays the others beyond its timeout or raises out of
+:meth:`Poller.sweep`.
 
-Everything a rank sends is bounded: the whole request by its timeout (a rank that dribbles bytes
-is cut off like a silent one), the body by ``max_bytes`` (declared or counted, chunked or not),
-the status line and headers together by :data:`MAX_HEAD` bytes and their lines by
-:data:`MAX_HEADERS`.
-
-Keep-alive connections are pooled per ``host:port`` (several per address when several targets
-share one, e.g. ranks behind one proxy, addressed as ``http://host:port/<prefix>``: the request
-goes to ``/<prefix>/v1/state``), at most ``max_idle`` idle ones overall, least recently used
-closed first; a reused connection the server closed in the meantime is retried once on a fresh
-one. The monitor sizes ``max_idle`` to the targets it polls: a pool smaller than one sweep made
-every sweep past it reconnect (at 10,000 ranks ~6,000 connects per sweep, most of its cost;
-docs/scaling.md).
+Keep-alive connections are pooled per ``host:port`` (several per address when targets share
+one, e.g. ranks behind one proxy addressed as ``http://host:port/<prefix>``), at most
+``max_idle`` idle ones, least recently used closed first; a reused connection the server closed
+meanwhile is retried once on a fresh one. The monitor sizes ``max_idle`` to its targets: a pool
+smaller than a sweep reconnects every sweep (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -35,13 +26,11 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 import msgspec
 
-from http_serving import host_for_url
-
 from .fd_budget import budget, out_of_descriptors, raise_soft_limit
+from .http11 import TARGETS, Conn, PollError, target
 from .packed_state import pack_state
 
 log = logging.getLogger(__name__)
@@ -52,16 +41,6 @@ REASONS = ("timeout", "connection", "http_status", "bad_response", "monitor")
 STATE_PATH = "/v1/state"  # its answers are kept packed (judge_body, monitor/poll/packed_state.py)
 _STATE_PATH = STATE_PATH.encode("latin-1")
 MAX_BODY = 1 << 20  # default per answer; /v1/fr_trace gets its own (larger) bound
-MAX_HEADERS = 100
-MAX_HEAD = 64 * 1024  # status line + headers, bytes
-MAX_CHUNK_LINE = 1024  # a chunk-size line (hex size and extensions)
-
-
-class PollError(Exception):
-    def __init__(self, reason: str, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.status = status
 
 
 @dataclass
@@ -77,51 +56,6 @@ class RankPoll:
     latency_s: float = 0.0
     at: float = field(default_factory=time.time)
 
-
-_SPLIT_CACHE: dict[str, tuple[str, int, str]] = {}
-
-
-def _split(url: str) -> tuple[str, int, str]:
-    """(host, port, path prefix without a trailing slash) of a target URL (cached)."""
-    got = _SPLIT_CACHE.get(url)
-    if got is not None:
-        return got
-    parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname or parts.port is None or parts.query \
-            or parts.fragment:
-        raise PollError("connection", f"unsupported target URL {url!r} "
-                                      "(http://host:port[/prefix] only)")
-    # an IPv6 literal comes unbracketed (as asyncio takes it), a zone as %eth0, not %25eth0
-    got = (unquote(parts.hostname), parts.port, parts.path.rstrip("/"))
-    if len(_SPLIT_CACHE) > 1_000_000:
-        _SPLIT_CACHE.clear()
-    _SPLIT_CACHE[url] = got
-    return got
-
-
-# url -> ((host, port), b"GET <prefix>", b" HTTP/1.1\r\nHost: ...\r\n\r\n"): the request's
-# bytes are the two around the path, so a request costs one concatenation
-_TARGET_CACHE: dict[str, tuple[tuple[str, int], bytes, bytes]] = {}
-_TAILS: dict[tuple[str, int], bytes] = {}  # one header block per address, shared by its targets
-
-
-def _target(url: str) -> tuple[tuple[str, int], bytes, bytes]:
-    got = _TARGET_CACHE.get(url)
-    if got is not None:
-        return got
-    host, port, prefix = _split(url)
-    key = (host, port)
-    tail = _TAILS.get(key)
-    if tail is None:
-        tail = _TAILS[key] = (f" HTTP/1.1\r\nHost: {host_for_url(host)}:{port}\r\n"
-                              "Accept: application/json\r\nUser-Agent: lightkeeper-monitor\r\n\r\n"
-                              ).encode("latin-1")
-    got = (key, b"GET " + prefix.encode("latin-1"), tail)
-    if len(_TARGET_CACHE) > 1_000_000:
-        _TARGET_CACHE.clear()
-        _TAILS.clear()
-    _TARGET_CACHE[url] = got
-    return got
 
 
 class _Request:
@@ -140,7 +74,7 @@ class _Request:
         self.wire = wire
         self.start = start
         self.deadline = deadline
-        self.conn: _Conn | None = None
+        self.conn: Conn | None = None
         self.connecting: asyncio.Task | None = None
         self.reused = False
         self.done = False
@@ -151,16 +85,11 @@ class _Sweep:
     """One call of :meth:`Poller.sweep`: its URLs, results, and requests in deadline order."""
 
     __slots__ = ("urls", "next", "path", "queries", "timeout", "limit", "results", "active",
-                 "waiter", "inflight", "timer", "launching", "raw", "on_answer", "on_rows", "rows",
-                 "per_batch")
+                 "waiter", "inflight", "timer", "launching", "on_rows", "rows", "per_batch")
 
     def __init__(self, urls: list[str], path: bytes, timeout: float, limit: int,
-                 waiter: asyncio.Future, raw: bool = False,
-                 on_answer: Callable[[str, RankPoll], None] | None = None,
-                 on_rows: Callable[[list[tuple]], None] | None = None,
+                 waiter: asyncio.Future, on_rows: Callable[[list[tuple]], None] | None = None,
                  per_batch: int = 256, queries: list[bytes] | None = None) -> None:
-        self.raw = raw or on_rows is not None
-        self.on_answer = on_answer
         self.on_rows = on_rows
         self.rows: list[tuple] = []
         self.per_batch = per_batch
@@ -180,16 +109,12 @@ class _Sweep:
         self.launching = False
 
     def take(self, i: int, url: str, poll: RankPoll) -> None:
-        """A request is done: its poll is kept, or handed on and not kept (``on_answer``,
-        ``on_rows``: the poller process, whose first sweep brings 100,000 bodies)."""
+        """A request is done: its poll is kept, or handed on as a row (``on_rows``)."""
         if self.on_rows is not None:
             self.row((i, poll.ok, poll.data, poll.reason, poll.error, poll.status,
                       poll.latency_s, poll.at))
             return
-        if self.on_answer is None:
-            self.results[url] = poll
-        else:
-            self.on_answer(url, poll)
+        self.results[url] = poll
         self.active -= 1
 
     def row(self, row: tuple) -> None:
@@ -201,8 +126,6 @@ class _Sweep:
             self.rows = []
             self.on_rows(rows)
 
-
-_HEAD, _LENGTH, _CHUNKED, _TO_EOF = range(4)  # what a connection is reading
 
 
 _DECODE = msgspec.json.Decoder().decode  # ~2 us for a /v1/state answer; json.loads ~11 us
@@ -241,229 +164,6 @@ def judge_body(url: str, body: bytes, latency_s: float, at: float | None = None,
         return RankPoll(url, False, reason="bad_response", error=f"{type(e).__name__}: {e}",
                         latency_s=latency_s, at=at)
 
-
-def _header(low: bytes, name: bytes) -> bytes | None:
-    """The stripped value of header ``name`` (b"\\n<name>:", lower case) in a lower-cased head."""
-    at = low.find(name)
-    if at < 0:
-        return None
-    at += len(name)
-    end = low.find(b"\n", at)
-    return low[at:end if end >= 0 else len(low)].strip()
-
-
-class _Conn(asyncio.Protocol):
-    """One keep-alive connection: sends its request's bytes, parses the answer as it comes."""
-
-    def __init__(self, poller: Poller, key: tuple[str, int]) -> None:
-        self.poller = poller
-        self.key = key
-        self.transport: asyncio.Transport | None = None
-        self.req: _Request | None = None
-        self.lost = False
-        self.buf = bytearray()  # only what the current answer's next step still needs
-        self.state = _HEAD
-        self.status = 0
-        self.keep = True
-        self.need = 0  # _LENGTH: body bytes; _CHUNKED: bytes counted so far
-        self.chunks: list[bytes] = []
-        self.got_any = False
-
-    # --- asyncio.Protocol ----------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        req = self.req
-        if req is None:  # nothing was asked: the stream is out of step, never reuse it
-            self.abort()
-            return
-        self.got_any = True
-        try:
-            if self.buf:
-                self.buf += data
-                self._advance(self.buf)
-            elif self.state != _HEAD or not self._whole(data, req):
-                self._advance(data)
-        except PollError as e:
-            self.poller._fail(req, e.reason, str(e), e.status)
-        except Exception as e:  # anything else a broken rank can provoke
-            self.poller._fail(req, "bad_response", f"{type(e).__name__}: {e}")
-
-    def _whole(self, data: bytes, req: _Request) -> bool:
-        """The usual answer, whole in one read (``HTTP/1.1 200``, ``Content-Length``, no
-        ``Transfer-Encoding`` or ``Connection``): finish it here, in a few ``find``s. False
-        for anything else, which :meth:`_advance` then reads step by step."""
-        end = data.find(b"\r\n\r\n")
-        if end < 0 or end > MAX_HEAD or not data.startswith(b"HTTP/1.1 200 "):
-            return False
-        low = data[:end].lower()
-        at = low.find(b"\ncontent-length:")
-        if at < 0 or b"\ntransfer-encoding:" in low or b"\nconnection:" in low \
-                or low.count(b"\n") > MAX_HEADERS:
-            return False
-        eol = low.find(b"\n", at + 16)
-        try:
-            n = int(low[at + 16:eol if eol >= 0 else end])
-        except ValueError:
-            return False
-        end += 4
-        if n < 0 or n > req.sweep.limit or len(data) - end < n:
-            return False
-        self.status = 200
-        if len(data) - end > n:  # bytes past the answer: the stream is out of step
-            self.keep = False
-        self.poller._answer(req, 200, data[end:end + n])
-        return True
-
-    def eof_received(self) -> bool:
-        return False  # close; connection_lost says what that means for the request
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
-        req = self.req
-        if req is None or req.done:
-            return
-        if self.state == _TO_EOF:  # the body ends when the connection does
-            body = b"".join(self.chunks)
-            self.keep = False
-            self.poller._answer(req, self.status, body)
-        elif not self.got_any and req.reused:
-            self.req = None  # the server closed an idle keep-alive connection: retry fresh
-            self.poller._retry(req)
-        else:
-            what = f"{type(exc).__name__}: {exc}" if exc is not None else \
-                "connection closed before the status line" if not self.got_any else \
-                "connection closed inside the answer"
-            self.poller._fail(req, "connection", what)
-
-    # --- requests --------------------------------------------------------------------
-    def begin(self, req: _Request) -> None:
-        self.req = req
-        req.conn = self
-        self.state, self.keep, self.got_any = _HEAD, True, False
-        self.transport.write(req.wire)
-
-    def abort(self) -> None:
-        self.req = None
-        self.lost = True
-        if self.transport is not None:
-            self.transport.abort()
-
-    def _advance(self, buf: bytes | bytearray) -> None:
-        """Consume ``buf`` (the bytes not yet used); finish the request when the answer is
-        whole, else keep what the next step needs in ``self.buf``."""
-        state = self.state
-        if state == _HEAD:
-            end = buf.find(b"\r\n\r\n")
-            if end >= 0:
-                body_at = end + 4
-            else:  # a bare-LF server (or the head not whole yet)
-                end = buf.find(b"\n\n")
-                body_at = end + 2
-            if end < 0 or end > MAX_HEAD:
-                lines = buf.count(b"\n", 0, MAX_HEAD + 2)
-                if lines > MAX_HEADERS + 1:
-                    raise PollError("bad_response", f"more than {MAX_HEADERS} header lines")
-                if len(buf) > MAX_HEAD or end > MAX_HEAD:
-                    raise PollError("bad_response", f"status line and headers over the "
-                                                    f"{MAX_HEAD}-byte limit")
-                if not isinstance(buf, bytearray):
-                    self.buf += buf
-                return
-            self._head(bytes(buf[:end]))
-            rest = buf[body_at:]
-            state = self.state
-            if state == _LENGTH and len(rest) >= self.need:  # the usual answer: all in one
-                self._body(bytes(rest[:self.need]), len(rest) > self.need)
-                return
-            buf = rest
-        if state == _LENGTH:
-            if len(buf) >= self.need:
-                self._body(bytes(buf[:self.need]), len(buf) > self.need)
-            else:
-                self.buf = buf if isinstance(buf, bytearray) else bytearray(buf)
-        elif state == _CHUNKED:
-            self._chunks(buf if isinstance(buf, bytearray) else bytearray(buf))
-        else:  # _TO_EOF
-            self.need += len(buf)
-            if self.need > self.req.sweep.limit:
-                raise PollError("bad_response", f"body larger than {self.req.sweep.limit} bytes")
-            if buf:
-                self.chunks.append(bytes(buf))
-            self.buf = bytearray()
-
-    def _head(self, head: bytes) -> None:
-        if head.count(b"\n") > MAX_HEADERS:
-            raise PollError("bad_response", f"more than {MAX_HEADERS} header lines")
-        eol = head.find(b"\n")
-        first = head[:eol] if eol >= 0 else head
-        parts = first.split(None, 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise PollError("bad_response", f"bad status line {first[:100]!r}")
-        self.status = int(parts[1])
-        # three header lookups by find over the lower-cased head, not a loop over its lines
-        low = head.lower()
-        length = _header(low, b"\ncontent-length:")
-        chunked = b"\ntransfer-encoding:" in low \
-            and _header(low, b"\ntransfer-encoding:") == b"chunked"
-        keep = parts[0] == b"HTTP/1.1" and not (
-            b"\nconnection:" in low and _header(low, b"\nconnection:") == b"close")
-        self.keep = keep
-        limit = self.req.sweep.limit
-        if length is not None:
-            try:
-                n = int(length)
-            except ValueError:
-                raise PollError("bad_response", "bad Content-Length") from None
-            if n < 0 or n > limit:
-                raise PollError("bad_response", f"Content-Length {n} out of range "
-                                                f"(at most {limit} bytes)")
-            self.state, self.need = _LENGTH, n
-        elif chunked:
-            self.state, self.need, self.chunks = _CHUNKED, 0, []
-        else:
-            self.state, self.need, self.chunks, self.keep = _TO_EOF, 0, [], False
-
-    def _chunks(self, buf: bytearray) -> None:
-        limit = self.req.sweep.limit
-        while True:
-            eol = buf.find(b"\n")
-            if eol < 0:
-                if len(buf) > MAX_CHUNK_LINE:
-                    raise PollError("bad_response", "bad chunk size")
-                break
-            try:
-                size = int(bytes(buf[:eol]).split(b";")[0].strip(), 16)
-            except ValueError:
-                raise PollError("bad_response", "bad chunk size") from None
-            if size < 0:
-                raise PollError("bad_response", "bad chunk size")
-            if size == 0:  # then optional trailers, up to an empty line
-                if buf.startswith(b"\r\n", eol + 1) or buf.startswith(b"\n", eol + 1):
-                    body = b"".join(self.chunks)
-                    self._body(body, len(buf) > eol + 1 + (1 if buf[eol + 1] == 10 else 2))
-                    return
-                if buf.find(b"\n\r\n", eol) < 0 and buf.find(b"\n\n", eol) < 0:
-                    if len(buf) > MAX_HEAD:
-                        raise PollError("bad_response", "trailers over the limit")
-                    break
-                self._body(b"".join(self.chunks), True)  # trailers: never reuse after them
-                return
-            if self.need + size > limit:
-                raise PollError("bad_response", f"body larger than {limit} bytes")
-            if len(buf) < eol + 1 + size + 2:  # the chunk and its CRLF are not all here yet
-                break
-            self.need += size
-            self.chunks.append(bytes(buf[eol + 1:eol + 1 + size]))
-            del buf[:eol + 1 + size + 2]
-        self.buf = buf
-
-    def _body(self, body: bytes, extra: bytes | bool) -> None:
-        if extra:  # bytes past the answer: the stream is out of step
-            self.keep = False
-        self.buf = bytearray()
-        self.poller._answer(self.req, self.status, body)
 
 
 EVENT_LOOPS = ("asyncio", "uvloop", "auto")
@@ -524,7 +224,7 @@ class Poller:
         self.max_concurrency = in_flight
         self._max_idle = 0
         self.max_idle = max_idle
-        self._idle: OrderedDict[tuple[str, int], list[_Conn]] = OrderedDict()
+        self._idle: OrderedDict[tuple[str, int], list[Conn]] = OrderedDict()
         self._n_idle = 0
         self._loop = new_event_loop(event_loop)
         self.event_loop = type(self._loop).__module__.split(".")[0]  # what it got: asyncio, uvloop
@@ -546,22 +246,19 @@ class Poller:
     # --- public, thread-safe ---------------------------------------------------------
     def sweep(self, urls: Iterable[str], path: str = STATE_PATH,
               timeout_s: float | None = None,
-              max_bytes: int | None = None, raw: bool = False,
-              on_answer: Callable[[str, RankPoll], None] | None = None,
+              max_bytes: int | None = None,
               on_rows: Callable[[list[tuple]], None] | None = None,
               per_batch: int = 256, queries: Sequence[str] | None = None
               ) -> dict[str, RankPoll]:
         """GET ``path`` from every URL concurrently; returns url -> RankPoll (never raises).
         An answer of :data:`STATE_PATH` is kept packed (:mod:`monitor.poll.packed_state`).
 
-        A body over ``max_bytes`` (default: the poller's) is a ``bad_response``. ``raw``: a
-        ``200`` answer's body is left as bytes in ``data``, not parsed (:func:`judge_body` does
-        that where it is read). ``on_answer(url, poll)`` is called on the poller's thread as
-        each poll is done; the polls are then not kept, and the sweep returns an empty dict.
-        ``on_rows(rows)`` (raw): the same without a RankPoll made per request (the poller
-        process's wire format, monitor/poll/poll_process.py): lists of ``per_batch`` rows ``(place
-        of the URL in the deduplicated urls, ok, body or None, reason, error, status,
-        latency_s, at)`` handed on as they fill, the last (shorter, never empty) at the end.
+        A body over ``max_bytes`` (default: the poller's) is a ``bad_response``. With
+        ``on_rows`` (the poller process's wire format, monitor/poll/poll_process.py) nothing is
+        kept or parsed: lists of ``per_batch`` rows ``(place of the URL in the deduplicated
+        urls, ok, body bytes or None, reason, error, status, latency_s, at)`` are handed on, on
+        the poller's thread, as they fill, the last (shorter, never empty) at the end, and the
+        sweep returns an empty dict.
         ``queries``: per URL (in ``urls``' order), a query string appended to ``path`` for that
         URL alone (``"?since=212"``; ``""``: none), as :func:`dedup_queries` keeps them."""
         urls, queries = dedup_queries(urls, queries)
@@ -570,8 +267,7 @@ class Poller:
         timeout = self.timeout_s if timeout_s is None else timeout_s
         limit = self.max_bytes if max_bytes is None else max_bytes
         fut = asyncio.run_coroutine_threadsafe(
-            self._sweep(urls, path, timeout, limit, raw, on_answer, on_rows, per_batch,
-                        queries), self._loop)
+            self._sweep(urls, path, timeout, limit, on_rows, per_batch, queries), self._loop)
         return fut.result()
 
     def close(self) -> None:
@@ -600,7 +296,6 @@ class Poller:
 
     # --- event loop side -------------------------------------------------------------
     async def _sweep(self, urls: list[str], path: str, timeout: float, limit: int,
-                     raw: bool = False, on_answer: Callable[[str, RankPoll], None] | None = None,
                      on_rows: Callable[[list[tuple]], None] | None = None,
                      per_batch: int = 256, queries: list[str] | None = None
                      ) -> dict[str, RankPoll]:
@@ -609,24 +304,23 @@ class Poller:
             encoded = {q: q.encode("latin-1") for q in set(queries)}
             wire = [encoded[q] for q in queries]
         sw = _Sweep(urls, path.encode("latin-1"), timeout, limit, self._loop.create_future(),
-                    raw, on_answer, on_rows, per_batch, wire)
+                    on_rows, per_batch, wire)
         self._launch(sw)
         try:
             await sw.waiter
         finally:
             if sw.timer is not None:
                 sw.timer.cancel()
-            # the requests point back at the sweep: without this the two make a reference
-            # cycle, which the monitor's frozen GC (monitor/service.py) would keep for good,
-            # every answer of the sweep with it
+            # the requests point back at the sweep: a reference cycle the monitor's frozen GC
+            # (monitor/polling.py) would keep for good, every answer of the sweep with it
             sw.inflight.clear()
-            sw.on_answer = sw.on_rows = None
+            sw.on_rows = None
         if on_rows is not None:
             if sw.rows:
                 on_rows(sw.rows)
             return {}
         results = sw.results
-        return {u: results[u] for u in urls} if on_answer is None else {}
+        return {u: results[u] for u in urls}
 
     def _launch(self, sw: _Sweep) -> None:
         """Start requests until ``max_concurrency`` are in flight or none are left."""
@@ -641,7 +335,7 @@ class Poller:
             sw.next += 1
             sw.active += 1
             try:
-                key, get, tail = _target(url)
+                key, get, tail = target(url)
                 wire = get + sw.path + tail if sw.queries is None else \
                     get + sw.path + sw.queries[i] + tail
                 req = _Request(sw, i, url, key, wire, now, now + sw.timeout)
@@ -672,7 +366,7 @@ class Poller:
     async def _connect(self, req: _Request) -> None:
         host, port = req.key
         try:
-            _, conn = await self._loop.create_connection(lambda: _Conn(self, req.key), host, port)
+            _, conn = await self._loop.create_connection(lambda: Conn(self, req.key), host, port)
         except OSError as e:
             req.connecting = None
             if out_of_descriptors(e) and not req.done:
@@ -746,8 +440,6 @@ class Poller:
             if status != 200:
                 poll = RankPoll(url, False, reason="http_status", error=f"HTTP {status}: "
                                 f"{body[:200]!r}", status=status, latency_s=now - req.start)
-            elif sw.raw:  # judged by whoever reads it (monitor/poll/poll_process.py: the monitor)
-                poll = RankPoll(url, True, data=body, latency_s=now - req.start)
             else:
                 poll = judge_body(url, body, now - req.start, state=sw.path == _STATE_PATH)
             sw.take(req.i, url, poll)
@@ -756,7 +448,7 @@ class Poller:
         elif sw.next < len(sw.urls) and not sw.launching:
             i = sw.next
             nxt = sw.urls[i]
-            target = _TARGET_CACHE.get(nxt)
+            target = TARGETS.get(nxt)
             if target is not None and target[0] == conn.key:
                 sw.next += 1
                 sw.active += 1
@@ -793,7 +485,7 @@ class Poller:
         sw.take(i, url, poll)
         self._launch(sw)
 
-    def _take(self, key: tuple[str, int]) -> _Conn | None:
+    def _take(self, key: tuple[str, int]) -> Conn | None:
         conns = self._idle.get(key)
         while conns:
             conn = conns.pop()
@@ -805,7 +497,7 @@ class Poller:
             conns = self._idle.get(key)  # closed by the server while idle: skip it
         return None
 
-    def _put(self, conn: _Conn) -> None:
+    def _put(self, conn: Conn) -> None:
         key = conn.key
         conns = self._idle.get(key)
         if conns is None:

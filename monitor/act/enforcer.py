@@ -1,0 +1,267 @@
+"""From confirmed findings to decisions and actions: the audit log, the host ledger, the rails.
+
+Each sweep the loop hands the :class:`Enforcer` its new findings: they are recorded (each one
+gets the audit log's id), the host ledger counts their offences and quarantines hosts, every
+open finding of an evictable kind is decided under the rails (:func:`decide`), and an eviction
+sends the Lighthouse's kill. Evictions sent earlier are confirmed once no reachable rank still
+reports the evicted replica id. A shard (monitor/shard.py) decides with the same public calls:
+:meth:`Enforcer.situation`, :meth:`Enforcer.hold`, :meth:`Enforcer.finding_id`.
+
+The host ledger never ends monitoring: its failure is logged and shown (``hosts_error``). A
+decision or a kill that fails raises into the sweep, which logs it and goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..config import MonitorConfig
+from ..detect.detectors import Detectors, Finding
+from ..evidence.lighthouse_settings import LighthouseSettingsWatch
+from ..evidence.view import ClusterView
+from ..store import Store
+from .actions import Lighthouse, Orphans
+from .decisions import Decision, Situation, decide
+from .hosts import HostLedger
+
+log = logging.getLogger(__name__)
+
+
+def in_quorum_by_replica_id(evidence: ClusterView) -> dict[str | None, set[int]]:
+    """The evidence's groups in the newest quorum, by the replica id they report."""
+    out: dict[str | None, set[int]] = {}
+    for gv in evidence.in_quorum():
+        out.setdefault(gv.replica_id, set()).add(gv.replica_group)
+    return out
+
+
+def reporting(view: ClusterView, replica_id: str | None) -> list:
+    """The reachable ranks reporting ``replica_id``, in the targets' order (rank hint, URL),
+    looked for only in the groups whose ranks report it."""
+    found = [r for gv in view.groups.values() if replica_id in gv.reported_replica_ids
+             for r in gv.reachable if r.replica_id == replica_id]
+    return sorted(found, key=lambda r: (r.target.rank if r.target is not None
+                                        and r.target.rank is not None else 1 << 62, r.url))
+
+
+class Enforcer:
+    """Findings -> audit log, host ledger, decisions, kills; see the module docstring.
+
+    ``metrics``: the monitor's MonitorMetrics; ``blind()``: why ranks cannot be verified now
+    (None: they can)."""
+
+    def __init__(self, cfg: MonitorConfig, store: Store, detectors: Detectors, hosts: HostLedger,
+                 lighthouse: Lighthouse, orphans: Orphans, lh_settings: LighthouseSettingsWatch,
+                 metrics: Any, blind: Callable[[], str | None], clock: Callable[[], float]) -> None:
+        self.cfg, self.store, self.detectors, self.hosts = cfg, store, detectors, hosts
+        self.lighthouse, self.orphans, self.lh_settings = lighthouse, orphans, lh_settings
+        self.metrics, self.blind, self.clock = metrics, blind, clock
+        self.hosts_error: str | None = None
+        self._finding_ids: dict[tuple, int] = {}
+        self._last_decision: dict[tuple, str] = {}  # finding key -> the hold last recorded
+        self._lock = threading.Lock()  # one decision at a time (the loop, the API)
+        self._host_actions: threading.Thread | None = None
+
+    # --- findings --------------------------------------------------------------------------
+    def finding_id(self, key: tuple) -> int | None:
+        """The audit log's id of an open finding."""
+        return self._finding_ids.get(key)
+
+    def open_findings(self) -> list[dict[str, Any]]:
+        """The detectors' open findings as the audit log knows them (with ``id``)."""
+        return [{**f.to_dict(), "id": self._finding_ids.get(f.key)}
+                for f in self.detectors.open_findings()]
+
+    def record(self, new: list[Finding], now: float) -> None:
+        """Add the new findings to the audit log; close those the detectors resolved."""
+        for f in new:
+            self._finding_ids[f.key] = self.store.add_finding(f.to_dict())
+            self.metrics.findings.labels(self.cfg.job, f.kind, str(f.replica_group)).inc()
+        open_keys = {f.key for f in self.detectors.open_findings()}
+        resolved = {f.key: f for f in self.detectors.resolved_findings()}
+        for key in [k for k in self._finding_ids if k not in open_keys]:
+            fid = self._finding_ids.pop(key)
+            f = resolved.get(key)
+            self.store.resolve_finding(fid, f.resolved_at if f else now,
+                                       f.resolution if f else "cleared")
+            self._last_decision.pop(key, None)
+
+    # --- hosts (monitor/act/hosts.py, docs/quarantine.md) ----------------------------------
+    def host_findings(self, view: ClusterView, evidence: ClusterView, now: float,
+                      reshaped: Any) -> list[Finding]:
+        """New quarantined_host findings (opened in the detectors, so they resolve like any);
+        those of hosts released are resolved. ``reshaped``: the ranks whose view did more than
+        progress this sweep. Never raises."""
+        try:
+            self.hosts.observe(view, now, reshaped)
+            bad = set(self.hosts.quarantined())
+            for f in self.detectors.open_findings():
+                if f.kind == "quarantined_host" and not bad & set(f.evidence.get("hosts", {})):
+                    self.detectors.resolve(f.key, "host_released", now)
+            return [f for f in self.hosts.group_findings(evidence, now)
+                    if self.detectors.report(f)]
+        except Exception as e:
+            log.exception("host ledger failed")
+            self.hosts_error = f"{type(e).__name__}: {e}"
+            return []
+
+    def judge_hosts(self, view: ClusterView, new: list[Finding], now: float) -> None:
+        """Offences from the new findings, the quarantine policy, then the due sink actions on
+        a background thread (a slow sink never delays a sweep). Never raises."""
+        try:
+            group_hosts = {f.replica_group: view.groups[f.replica_group].hosts for f in new
+                           if f.replica_group in view.groups}
+            self.hosts.record([{**f.to_dict(), "id": self._finding_ids.get(f.key)}
+                               for f in new], now, group_hosts)
+            blind = self.blind()
+            if not blind and view.reachable_fraction <= self.cfg.rails.min_reachable_fraction:
+                blind = (f"the monitor reaches only {view.reachable_fraction:.0%} of the ranks "
+                         "it knows; it may be the problem")
+            self.hosts.decide(now, blind, len(self.hosts.known_hosts(view)))
+            if self.hosts.sinks and self.store.host_actions(due_at=now, limit=1):
+                self._start_host_actions()
+            self.metrics.set_hosts(self.hosts.counts(), self.hosts.to_json(now))
+            self.hosts_error = None
+        except Exception as e:
+            log.exception("host ledger failed")
+            self.hosts_error = f"{type(e).__name__}: {e}"
+
+    def hosts_json(self, view: ClusterView | None) -> dict[str, Any]:
+        """``GET /v1/hosts``."""
+        q = self.cfg.quarantine
+        return {"hosts": self.hosts.to_json(self.clock()), "counts": self.hosts.counts(),
+                "quarantined": self.hosts.quarantined(), "dry_run": q.dry_run,
+                "actions": [s.name for s in self.hosts.sinks],
+                "policy": {"after": q.after, "window_s": q.window_s, "ttl_s": q.ttl_s,
+                           "max_quarantined": q.max_quarantined,
+                           "cap": q.cap(len(self.hosts.known_hosts(view)))},
+                "decisions": self.store.host_decisions(limit=50), "error": self.hosts_error}
+
+    def release_host(self, host: str, reason: str) -> dict[str, Any]:
+        """``POST /v1/hosts/{host}/release``; KeyError / ValueError as HostLedger.release."""
+        out = self.hosts.release(host, reason)
+        if self.hosts.sinks:
+            self._start_host_actions()
+        return out
+
+    def _start_host_actions(self) -> None:
+        t = self._host_actions
+        if t is not None and t.is_alive():
+            return  # one run at a time
+        self._host_actions = threading.Thread(target=self.hosts.run_actions,
+                                              name="lightkeeper-host-actions", daemon=True)
+        self._host_actions.start()
+
+    def close(self) -> None:
+        """Let a sink action under way finish (bounded by its timeout)."""
+        if self._host_actions is not None:
+            self._host_actions.join(timeout=self.cfg.quarantine.action_timeout_s + 5)
+
+    # --- decisions -------------------------------------------------------------------------
+    def situation(self, view: ClusterView, evidence: ClusterView, now: float,
+                  in_quorum: dict[str | None, set[int]] | None = None) -> Situation:
+        """Reachability from every known rank; the quorum from verified ranks, less the groups
+        a kill was already sent to (they look in the quorum until the Lighthouse drops them:
+        counting them would let two findings take the job below --min-replicas).
+        ``in_quorum``: :func:`in_quorum_by_replica_id` when the caller has it."""
+        evicted = self.store.evicted_replica_ids()
+        if in_quorum is None:
+            in_quorum = in_quorum_by_replica_id(evidence)
+        groups = set().union(*in_quorum.values())
+        for rid in evicted:
+            groups -= in_quorum.get(rid, set())
+        return Situation(now=now, reachable_fraction=view.reachable_fraction,
+                         groups_in_quorum=groups, evicted_replica_ids=evicted,
+                         last_eviction_at=self.store.last_eviction_at(),
+                         blind_reason=self.blind())
+
+    def decide(self, view: ClusterView, evidence: ClusterView, now: float) -> None:
+        """Every open finding of an evictable kind, under the rails: evicted, or held."""
+        in_quorum = None  # once per sweep, if asked
+        for f in self.detectors.open_findings():
+            if f.kind not in self.cfg.rails.evict_kinds:
+                continue  # reported only (e.g. dead)
+            with self._lock:
+                if in_quorum is None:
+                    in_quorum = in_quorum_by_replica_id(evidence)
+                s = self.situation(view, evidence, now, in_quorum)
+                d = decide(f.kind, f.replica_group, f.replica_id, s, self.cfg.rails)
+                if d.evict:
+                    self._last_decision[f.key] = d.reason
+                    self.apply(d, f.replica_group, f.replica_id, self._finding_ids.get(f.key),
+                               f.to_dict(), "auto")
+                else:
+                    self.hold(f, d)
+
+    def hold(self, f: Finding, d: Decision) -> None:
+        """Record a hold of ``f``, once per reason (not every sweep it lasts)."""
+        if self._last_decision.get(f.key) == d.reason:
+            return
+        self._last_decision[f.key] = d.reason
+        self.apply(d, f.replica_group, f.replica_id, self._finding_ids.get(f.key), f.to_dict(),
+                   "auto")
+
+    def evict_manual(self, view: ClusterView | None, evidence: ClusterView | None,
+                     replica_group: int, replica_id: str | None, reason: str) -> dict[str, Any]:
+        """``POST /v1/evict``: the same rails minus evidence, cooldown and blindness."""
+        with self._lock:
+            now = self.clock()
+            s = self.situation(view, evidence, now) if view and evidence \
+                else Situation(now, 0.0, set())
+            d = decide("manual", replica_group, replica_id, s, self.cfg.rails, manual=True)
+            return self.apply(d, replica_group, replica_id, None,
+                              {"kind": "manual", "reason": reason}, "manual")
+
+    def apply(self, d: Decision, replica_group: int, replica_id: str | None,
+              finding_id: int | None, finding: dict[str, Any] | None,
+              source: str) -> dict[str, Any]:
+        """Record the decision; for an eviction send the kill and record how it went."""
+        self.metrics.decisions.labels(self.cfg.job, d.decision, d.reason).inc()
+        if not d.evict:
+            log.info("hold replica group %s (%s): %s", replica_group, d.reason, d.detail)
+            did = self.store.add_decision(replica_group=replica_group, replica_id=replica_id,
+                                          decision="hold", reason=d.reason, detail=d.detail,
+                                          finding_id=finding_id, finding=finding, source=source,
+                                          at=self.clock())
+            return {"id": did, "decision": "hold", "reason": d.reason, "detail": d.detail}
+        log.warning("evicting replica group %s (%s): %s", replica_group, replica_id, d.detail)
+        did = self.store.add_decision(replica_group=replica_group, replica_id=replica_id,
+                                      decision="evict", reason=(finding or {}).get("kind", source),
+                                      detail=d.detail, finding_id=finding_id, finding=finding,
+                                      status="sending", source=source, at=self.clock())
+        result = self.lighthouse.kill(replica_id)
+        self.store.update_decision(did, status="sent" if result.sent else "failed",
+                                   http_status=result.http_status,
+                                   detail=f"{d.detail}; kill: {result.detail}")
+        if result.sent:
+            self.metrics.evictions.labels(self.cfg.job, str(replica_group)).inc()
+            self.lh_settings.kill_sent(replica_id, self.clock())
+        self.metrics.last_eviction.labels(self.cfg.job).set(self.clock())
+        return {"id": did, "decision": "evict", "reason": d.reason, "sent": result.sent,
+                "detail": result.detail}
+
+    def confirm_evictions(self, view: ClusterView, now: float) -> None:
+        """An eviction is confirmed once no reachable rank reports the evicted replica id;
+        ranks the kill missed are told to exit (or reported); unconfirmed after
+        ``confirm_timeout_s``."""
+        for d in self.store.pending_confirmations():
+            rid = d["replica_id"]
+            still = reporting(view, rid)
+            note = self.orphans.follow(d["id"], rid, still, now - d["at"])
+            if note:
+                d["detail"] = f"{d['detail']}; {note}"
+                self.store.update_decision(d["id"], detail=d["detail"])
+            if not still:
+                q = view.quorum_id
+                self.store.update_decision(d["id"], status="confirmed", confirmed_at=now,
+                                           detail=f"{d['detail']}; left the quorum "
+                                                  f"(quorum_id now {q}, "
+                                                  f"{view.quorum_participants()} participants)")
+                log.info("eviction of %s confirmed after %.1fs", rid, now - d["at"])
+            elif now - d["at"] > self.cfg.confirm_timeout_s:
+                self.store.update_decision(d["id"], status="unconfirmed",
+                                           detail=f"{d['detail']}; still reporting after "
+                                                  f"{self.cfg.confirm_timeout_s:g}s")

@@ -1,0 +1,92 @@
+"""The JSON the API serves about the cluster, built from what the last sweep published.
+
+``view`` is every rank as seen (unverified ones too, marked), ``evidence`` its verified ranks
+only: the quorum, the groups' membership and replica ids come from the evidence.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monitor.detect.detectors import Detectors
+from monitor.evidence.lighthouse_status import LighthouseStatus
+from monitor.evidence.view import ClusterView
+
+
+def verification_json(view: ClusterView | None, status: LighthouseStatus | None,
+                      error: str | None, blind: str | None) -> dict[str, Any]:
+    """What the Lighthouse said at the last sweep, and how many ranks are verified."""
+    counts: dict[str, int] = {}
+    for r in view.ranks.values() if view else ():
+        if not r.superseded:
+            key = r.trust.state if r.trust is not None else "unchecked"
+            counts[key] = counts.get(key, 0) + 1
+    st = status
+    return {"lighthouse_ok": st is not None and not error, "lighthouse_error": error,
+            "lighthouse_quorum_id": st.quorum_id if st else None,
+            "lighthouse_participants": sorted(st.members) if st else [],
+            "lighthouse_heartbeating": sorted(r for r in st.heartbeats
+                                              if st.heartbeating(r)) if st else [],
+            "read_at": st.at if st else None, "ranks": counts, "blind": blind}
+
+
+def rank_json(r, now: float) -> dict[str, Any]:
+    s = r.state or {}
+    return {
+        "url": r.url, "rank": r.rank, "replica_group": r.replica_group,
+        "group_rank": s.get("group_rank"), "group_world_size": s.get("group_world_size"),
+        "reachable": r.reachable, "reason": r.reason, "error": r.error,
+        "step": s.get("step"), "phase": s.get("phase"),
+        "phase_for_s": (now - s["phase_since"]) if s.get("phase_since") else None,
+        "quorum_id": s.get("quorum_id"), "participating": s.get("participating"),
+        "last_step_seconds": s.get("last_step_seconds"), "host": s.get("host"),
+        "pid": s.get("pid"), "replica_id": s.get("replica_id"),
+        "faults": s.get("faults"), "unreachable_sweeps": r.failures,
+        "verification": r.trust.to_dict() if r.trust is not None else None}
+
+
+def ranks_json(view: ClusterView | None, now: float) -> list[dict[str, Any]]:
+    """``GET /v1/ranks``: every target polled, with the verdict on its claims."""
+    if view is None:
+        return []
+    out = []
+    for r in view.ranks.values():
+        row = rank_json(r, now)
+        t = r.target
+        row.update(source=t.source if t else None,
+                   registered_as=t.registered_as if t else None, superseded=r.superseded)
+        out.append(row)
+    return sorted(out, key=lambda x: (x["rank"] is None, x["rank"] or 0, x["url"]))
+
+
+def cluster_json(head: dict[str, Any], view: ClusterView | None, evidence: ClusterView | None,
+                 detectors: Detectors, now: float) -> dict[str, Any]:
+    """``GET /v1/cluster``: ``head`` (the monitor's own fields) and every group as seen."""
+    out: dict[str, Any] = {**head, "groups": [], "ungrouped": [], "quorum_id": None,
+                           "quorum_participants": None, "reachable_fraction": None,
+                           "sweep_seconds": None, "at": None}
+    if view is None or evidence is None:
+        return out
+    open_by_group: dict[int, list[str]] = {}
+    for f in detectors.open_findings():
+        open_by_group.setdefault(f.replica_group, []).append(f.kind)
+    in_quorum = {g.replica_group for g in evidence.in_quorum()}
+    out.update(quorum_id=evidence.quorum_id, quorum_participants=evidence.quorum_participants(),
+               reachable_fraction=view.reachable_fraction, sweep_seconds=view.sweep_seconds,
+               at=view.at)
+    for g, gv in view.groups.items():
+        verified = evidence.groups.get(g)
+        out["groups"].append({
+            "replica_group": g, "replica_id": verified.replica_id if verified else None,
+            "status": gv.status, "step": gv.step, "in_quorum": g in in_quorum,
+            "median_step_seconds": gv.median_step_seconds(),
+            "arrival_lag_seconds": detectors.last_lags.get(g),
+            "open_findings": sorted(open_by_group.get(g, [])),
+            "evidence_ranks": len(verified.ranks) if verified else 0,
+            "ranks": [rank_json(r, now) for r in gv.ranks]})
+    out["ungrouped"] = [{"url": r.url, "reachable": r.reachable, "reason": r.reason,
+                         "error": r.error, "unreachable_sweeps": r.failures,
+                         "verification": r.trust.to_dict() if r.trust else None}
+                        for r in view.ranks.values()
+                        if r.replica_group is None and not r.superseded]
+    return out

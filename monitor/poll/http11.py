@@ -1,0 +1,304 @@
+"""Just enough HTTP/1.1 to read a rank's answer: a request's bytes and a keep-alive connection.
+
+A :class:`Conn` is an :class:`asyncio.Protocol` driven by callbacks (no coroutine, task or
+stream reader per request: at scale that machinery was most of the poller's CPU,
+docs/scaling.md). It writes its request's bytes and reads the answer as it comes,
+``Content-Length``, chunked or up to the connection's end, then hands the whole body to its
+owner (:class:`monitor.poll.poller.Poller`: ``_answer``, ``_fail``, ``_retry``). Everything a rank
+sends is bounded: the body by the sweep's limit (declared or counted), the status line and headers
+together by :data:`MAX_HEAD` bytes and :data:`MAX_HEADERS` lines, a chunk-size line by
+:data:`MAX_CHUNK_LINE`; past a bound the request fails as ``bad_response``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from http_serving import host_for_url
+
+MAX_HEADERS = 100
+MAX_HEAD = 64 * 1024  # status line + headers, bytes
+MAX_CHUNK_LINE = 1024  # a chunk-size line (hex size and extensions)
+
+
+class PollError(Exception):
+    def __init__(self, reason: str, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.status = status
+
+
+_SPLIT_CACHE: dict[str, tuple[str, int, str]] = {}
+
+
+def _split(url: str) -> tuple[str, int, str]:
+    """(host, port, path prefix without a trailing slash) of a target URL (cached)."""
+    got = _SPLIT_CACHE.get(url)
+    if got is not None:
+        return got
+    parts = urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname or parts.port is None or parts.query \
+            or parts.fragment:
+        raise PollError("connection", f"unsupported target URL {url!r} "
+                                      "(http://host:port[/prefix] only)")
+    # an IPv6 literal comes unbracketed (as asyncio takes it), a zone as %eth0, not %25eth0
+    got = (unquote(parts.hostname), parts.port, parts.path.rstrip("/"))
+    if len(_SPLIT_CACHE) > 1_000_000:
+        _SPLIT_CACHE.clear()
+    _SPLIT_CACHE[url] = got
+    return got
+
+
+# url -> ((host, port), b"GET <prefix>", b" HTTP/1.1\r\nHost: ...\r\n\r\n"): the request's
+# bytes are the two around the path, so a request costs one concatenation
+TARGETS: dict[str, tuple[tuple[str, int], bytes, bytes]] = {}
+_TAILS: dict[tuple[str, int], bytes] = {}  # one header block per address, shared by its targets
+
+
+def target(url: str) -> tuple[tuple[str, int], bytes, bytes]:
+    got = TARGETS.get(url)
+    if got is not None:
+        return got
+    host, port, prefix = _split(url)
+    key = (host, port)
+    tail = _TAILS.get(key)
+    if tail is None:
+        tail = _TAILS[key] = (f" HTTP/1.1\r\nHost: {host_for_url(host)}:{port}\r\n"
+                              "Accept: application/json\r\nUser-Agent: lightkeeper-monitor\r\n\r\n"
+                              ).encode("latin-1")
+    got = (key, b"GET " + prefix.encode("latin-1"), tail)
+    if len(TARGETS) > 1_000_000:
+        TARGETS.clear()
+        _TAILS.clear()
+    TARGETS[url] = got
+    return got
+
+
+_HEAD, _LENGTH, _CHUNKED, _TO_EOF = range(4)  # what a connection is reading
+
+
+def _header(low: bytes, name: bytes) -> bytes | None:
+    """The stripped value of header ``name`` (b"\\n<name>:", lower case) in a lower-cased head."""
+    at = low.find(name)
+    if at < 0:
+        return None
+    at += len(name)
+    end = low.find(b"\n", at)
+    return low[at:end if end >= 0 else len(low)].strip()
+
+
+class Conn(asyncio.Protocol):
+    """One keep-alive connection: sends its request's bytes, parses the answer as it comes."""
+
+    def __init__(self, poller: Any, key: tuple[str, int]) -> None:
+        self.poller = poller
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.req: Any | None = None
+        self.lost = False
+        self.buf = bytearray()  # only what the current answer's next step still needs
+        self.state = _HEAD
+        self.status = 0
+        self.keep = True
+        self.need = 0  # _LENGTH: body bytes; _CHUNKED: bytes counted so far
+        self.chunks: list[bytes] = []
+        self.got_any = False
+
+    # --- asyncio.Protocol ----------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        req = self.req
+        if req is None:  # nothing was asked: the stream is out of step, never reuse it
+            self.abort()
+            return
+        self.got_any = True
+        try:
+            if self.buf:
+                self.buf += data
+                self._advance(self.buf)
+            elif self.state != _HEAD or not self._whole(data, req):
+                self._advance(data)
+        except PollError as e:
+            self.poller._fail(req, e.reason, str(e), e.status)
+        except Exception as e:  # anything else a broken rank can provoke
+            self.poller._fail(req, "bad_response", f"{type(e).__name__}: {e}")
+
+    def _whole(self, data: bytes, req: Any) -> bool:
+        """The usual answer, whole in one read (``HTTP/1.1 200``, ``Content-Length``, no
+        ``Transfer-Encoding`` or ``Connection``): finish it here, in a few ``find``s. False
+        for anything else, which :meth:`_advance` then reads step by step."""
+        end = data.find(b"\r\n\r\n")
+        if end < 0 or end > MAX_HEAD or not data.startswith(b"HTTP/1.1 200 "):
+            return False
+        low = data[:end].lower()
+        at = low.find(b"\ncontent-length:")
+        if at < 0 or b"\ntransfer-encoding:" in low or b"\nconnection:" in low \
+                or low.count(b"\n") > MAX_HEADERS:
+            return False
+        eol = low.find(b"\n", at + 16)
+        try:
+            n = int(low[at + 16:eol if eol >= 0 else end])
+        except ValueError:
+            return False
+        end += 4
+        if n < 0 or n > req.sweep.limit or len(data) - end < n:
+            return False
+        self.status = 200
+        if len(data) - end > n:  # bytes past the answer: the stream is out of step
+            self.keep = False
+        self.poller._answer(req, 200, data[end:end + n])
+        return True
+
+    def eof_received(self) -> bool:
+        return False  # close; connection_lost says what that means for the request
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        req = self.req
+        if req is None or req.done:
+            return
+        if self.state == _TO_EOF:  # the body ends when the connection does
+            body = b"".join(self.chunks)
+            self.keep = False
+            self.poller._answer(req, self.status, body)
+        elif not self.got_any and req.reused:
+            self.req = None  # the server closed an idle keep-alive connection: retry fresh
+            self.poller._retry(req)
+        else:
+            what = f"{type(exc).__name__}: {exc}" if exc is not None else \
+                "connection closed before the status line" if not self.got_any else \
+                "connection closed inside the answer"
+            self.poller._fail(req, "connection", what)
+
+    # --- requests --------------------------------------------------------------------
+    def begin(self, req: Any) -> None:
+        self.req = req
+        req.conn = self
+        self.state, self.keep, self.got_any = _HEAD, True, False
+        self.transport.write(req.wire)
+
+    def abort(self) -> None:
+        self.req = None
+        self.lost = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _advance(self, buf: bytes | bytearray) -> None:
+        """Consume ``buf`` (the bytes not yet used); finish the request when the answer is
+        whole, else keep what the next step needs in ``self.buf``."""
+        state = self.state
+        if state == _HEAD:
+            end = buf.find(b"\r\n\r\n")
+            if end >= 0:
+                body_at = end + 4
+            else:  # a bare-LF server (or the head not whole yet)
+                end = buf.find(b"\n\n")
+                body_at = end + 2
+            if end < 0 or end > MAX_HEAD:
+                lines = buf.count(b"\n", 0, MAX_HEAD + 2)
+                if lines > MAX_HEADERS + 1:
+                    raise PollError("bad_response", f"more than {MAX_HEADERS} header lines")
+                if len(buf) > MAX_HEAD or end > MAX_HEAD:
+                    raise PollError("bad_response", f"status line and headers over the "
+                                                    f"{MAX_HEAD}-byte limit")
+                if not isinstance(buf, bytearray):
+                    self.buf += buf
+                return
+            self._head(bytes(buf[:end]))
+            rest = buf[body_at:]
+            state = self.state
+            if state == _LENGTH and len(rest) >= self.need:  # the usual answer: all in one
+                self._body(bytes(rest[:self.need]), len(rest) > self.need)
+                return
+            buf = rest
+        if state == _LENGTH:
+            if len(buf) >= self.need:
+                self._body(bytes(buf[:self.need]), len(buf) > self.need)
+            else:
+                self.buf = buf if isinstance(buf, bytearray) else bytearray(buf)
+        elif state == _CHUNKED:
+            self._chunks(buf if isinstance(buf, bytearray) else bytearray(buf))
+        else:  # _TO_EOF
+            self.need += len(buf)
+            if self.need > self.req.sweep.limit:
+                raise PollError("bad_response", f"body larger than {self.req.sweep.limit} bytes")
+            if buf:
+                self.chunks.append(bytes(buf))
+            self.buf = bytearray()
+
+    def _head(self, head: bytes) -> None:
+        if head.count(b"\n") > MAX_HEADERS:
+            raise PollError("bad_response", f"more than {MAX_HEADERS} header lines")
+        eol = head.find(b"\n")
+        first = head[:eol] if eol >= 0 else head
+        parts = first.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+            raise PollError("bad_response", f"bad status line {first[:100]!r}")
+        self.status = int(parts[1])
+        # three header lookups by find over the lower-cased head, not a loop over its lines
+        low = head.lower()
+        length = _header(low, b"\ncontent-length:")
+        chunked = b"\ntransfer-encoding:" in low \
+            and _header(low, b"\ntransfer-encoding:") == b"chunked"
+        keep = parts[0] == b"HTTP/1.1" and not (
+            b"\nconnection:" in low and _header(low, b"\nconnection:") == b"close")
+        self.keep = keep
+        limit = self.req.sweep.limit
+        if length is not None:
+            try:
+                n = int(length)
+            except ValueError:
+                raise PollError("bad_response", "bad Content-Length") from None
+            if n < 0 or n > limit:
+                raise PollError("bad_response", f"Content-Length {n} out of range "
+                                                f"(at most {limit} bytes)")
+            self.state, self.need = _LENGTH, n
+        elif chunked:
+            self.state, self.need, self.chunks = _CHUNKED, 0, []
+        else:
+            self.state, self.need, self.chunks, self.keep = _TO_EOF, 0, [], False
+
+    def _chunks(self, buf: bytearray) -> None:
+        limit = self.req.sweep.limit
+        while True:
+            eol = buf.find(b"\n")
+            if eol < 0:
+                if len(buf) > MAX_CHUNK_LINE:
+                    raise PollError("bad_response", "bad chunk size")
+                break
+            try:
+                size = int(bytes(buf[:eol]).split(b";")[0].strip(), 16)
+            except ValueError:
+                raise PollError("bad_response", "bad chunk size") from None
+            if size < 0:
+                raise PollError("bad_response", "bad chunk size")
+            if size == 0:  # then optional trailers, up to an empty line
+                if buf.startswith(b"\r\n", eol + 1) or buf.startswith(b"\n", eol + 1):
+                    body = b"".join(self.chunks)
+                    self._body(body, len(buf) > eol + 1 + (1 if buf[eol + 1] == 10 else 2))
+                    return
+                if buf.find(b"\n\r\n", eol) < 0 and buf.find(b"\n\n", eol) < 0:
+                    if len(buf) > MAX_HEAD:
+                        raise PollError("bad_response", "trailers over the limit")
+                    break
+                self._body(b"".join(self.chunks), True)  # trailers: never reuse after them
+                return
+            if self.need + size > limit:
+                raise PollError("bad_response", f"body larger than {limit} bytes")
+            if len(buf) < eol + 1 + size + 2:  # the chunk and its CRLF are not all here yet
+                break
+            self.need += size
+            self.chunks.append(bytes(buf[eol + 1:eol + 1 + size]))
+            del buf[:eol + 1 + size + 2]
+        self.buf = buf
+
+    def _body(self, body: bytes, extra: bytes | bool) -> None:
+        if extra:  # bytes past the answer: the stream is out of step
+            self.keep = False
+        self.buf = bytearray()
+        self.poller._answer(self.req, self.status, body)
+

@@ -1,0 +1,49 @@
+"""An unreachable Lighthouse is said once, then once a minute while it lasts, and once when it
+answers again: not a warning every sweep (its error names a new connection object each time)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+from monitor.config import MonitorConfig
+from monitor.evidence.lighthouse_status import LighthouseStatus
+from monitor.service import LIGHTHOUSE_WARN_EVERY_S, Monitor
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_lighthouse_is_said_once_a_minute_and_when_it_answers(tmp_path, caplog):
+    clock = [1000.0]
+    mon = Monitor(MonitorConfig(port=0, lighthouse=f"http://127.0.0.1:{closed_port()}",
+                                lighthouse_timeout_s=1.0, state_path=str(tmp_path / "m.db"),
+                                job="unit"), clock=lambda: clock[0])
+
+    def said(words: str) -> int:
+        return sum(words in r.getMessage() for r in caplog.records
+                   if r.levelno == logging.WARNING)
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="monitor.service"):
+            for _ in range(5):  # a sweep a second
+                mon.sweep_once()
+                clock[0] += 1.0
+            assert said("cannot verify ranks") == 1
+            assert mon.cluster_json()["verification"]["lighthouse_ok"] is False
+            clock[0] += LIGHTHOUSE_WARN_EVERY_S
+            mon.sweep_once()
+            mon.sweep_once()
+            assert said("cannot verify ranks") == 2  # still down a minute later: said again
+            assert said("answers again") == 0
+            mon.lighthouse_reader.read = lambda: (LighthouseStatus(1, {}, {}, at=clock[0]), None)
+            for _ in range(3):
+                mon.sweep_once()
+            assert said("answers again") == 1
+            assert said("cannot verify ranks") == 2
+            assert mon.cluster_json()["verification"]["lighthouse_ok"] is True
+    finally:
+        mon.stop()
