@@ -30,7 +30,7 @@ from .act.sinks import SinkConfigError, build_sink, validate_action
 from .api.app import create_app
 from .api.metrics import MonitorMetrics
 from .config import ConfigError, MonitorConfig
-from .detect.detectors import KINDS, Analyzer, Detectors, Finding, collective_wait
+from .detect import KINDS, Analyzer, Detectors, Finding, collective_wait
 from .evidence.lighthouse_settings import LighthouseSettingsWatch
 from .evidence.lighthouse_status import LighthouseReader, LighthouseStatus
 from .evidence.verification import REASONS as TRUST_REASONS

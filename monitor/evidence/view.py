@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from monitor.poll.discovery import Target
-from monitor.poll.packed_state import kept_step_seconds, step_seconds
 from monitor.poll.poller import RankPoll
+from rank_wire import unpack_seconds
 
 REQUIRED = {"replica_group": int, "rank": int, "group_rank": int, "step": int,
             "quorum_id": int, "phase": str, "phase_since": (int, float)}
@@ -141,11 +141,8 @@ class RankView:
         cached = self._recent
         if cached is not None:
             return cached
-        vals = (self.state.get("recent_step_seconds") or []) if self.state else []
-        if type(vals) is bytes:  # packed by the poller (monitor/poll/packed_state.py)
-            out = step_seconds(vals)
-        else:
-            out = kept_step_seconds(vals) if isinstance(vals, list) else []
+        vals = self.state.get("recent_step_seconds") if self.state else None
+        out = unpack_seconds(vals) if type(vals) is bytes else []  # as the poller keeps it
         self._recent = out
         return out
 
@@ -343,7 +340,7 @@ class ClusterView:
     """One sweep's picture. Built by ViewBuilder, a group that did not change since the
     previous sweep's view is the very same GroupView object, derived values and all (never
     changed once built): a consumer tells what to read again by identity
-    (monitor.detect.detectors._SeenGroups)."""
+    (monitor.detect.rank_state.SeenGroups)."""
 
     at: float
     ranks: dict[str, RankView]
