@@ -47,7 +47,7 @@ class EveryGroup(Detectors):
 
     def __init__(self, *a, **k) -> None:
         super().__init__(*a, **k)
-        self.straggler = EveryGroupStraggler(self.cfg, self.findings, self._fresh, self._groups)
+        self.straggler = EveryGroupStraggler(self.cfg, self.findings, self._groups)
 
     def _starting_urls(self, full):
         return None
@@ -156,7 +156,7 @@ def test_a_group_whose_streak_is_not_judged_again_diverges():
 
     def forgets(cfg):
         det = Detectors(cfg, clock=clock)
-        det.straggler = ForgetsStreaks(det.cfg, det.findings, det._fresh, det._groups)
+        det.straggler = ForgetsStreaks(det.cfg, det.findings, det._groups)
         return det
 
     cfg = DetectorConfig(straggler_steps=4, straggler_windows=3, dead_sweeps=2,

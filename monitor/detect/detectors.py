@@ -1,15 +1,10 @@
 """Detectors: from the cluster view (and live Flight Recorder dumps) to findings.
 
-Once per sweep the service calls :meth:`Detectors.fr_wanted` (which dumps this sweep needs),
-then :meth:`Detectors.update`, which runs the detectors in order: liveness (``dead``,
-``dead_rank``), ``hang``, ``straggler``, ``mismatch``, then ``stuck_starting`` on the full view.
-Each is a module of this package; a confirmed finding is opened (:mod:`.findings`), a
-candidate that does not persist is dropped silently.
-
-Every sweep's dumps are normalized once (:func:`monitor.analysis.normalize_dumps`); a dump that
-is not a Flight Recorder dump is left out and logged. A group whose ``replica_id`` changes
-(torchft restarted it) starts from a clean slate. A detector that fails logs, records
-``last_error`` and is skipped for that sweep; it never takes the monitor down.
+Once per sweep the service calls :meth:`Detectors.fr_wanted`, then :meth:`Detectors.update`,
+which runs one module per finding kind in order: liveness (``dead``, ``dead_rank``), ``hang``,
+``straggler``, ``mismatch``, then ``stuck_starting`` on the full view. A detector that fails
+logs, sets ``last_error`` and is skipped for that sweep; it never takes the monitor down. A
+group whose ``replica_id`` changes (torchft restarted it) starts from a clean slate.
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ from monitor.detect import mismatch
 from monitor.detect.findings import Finding, Findings, engine_findings
 from monitor.detect.hang import Hang
 from monitor.detect.liveness import Liveness
-from monitor.detect.rank_state import FreshRanks, SeenGroups
+from monitor.detect.rank_state import SeenGroups, fresh_ranks
 from monitor.detect.straggler import GroupMemory, Straggler
 from monitor.evidence.view import ClusterView
 
@@ -43,12 +38,10 @@ class Detectors:
         self.analyzer = analyzer or analyze
         self.clock = clock
         self.findings = Findings()
-        fresh = FreshRanks()
         self._groups: dict[int, GroupMemory] = {}  # per group: its incarnation's memory
-        self.liveness = Liveness(self.cfg, self.findings, fresh)
-        self.hang = Hang(self.cfg, self.findings, fresh, self.analyzer)
-        self.straggler = Straggler(self.cfg, self.findings, fresh, self._groups)
-        self._fresh = fresh
+        self.liveness = Liveness(self.cfg, self.findings)
+        self.hang = Hang(self.cfg, self.findings, self.analyzer)
+        self.straggler = Straggler(self.cfg, self.findings, self._groups)
         self._remembered: ClusterView | None = None
         self._remembered_seen = SeenGroups()
         self._commit_failures: dict[str, int] = {}
@@ -56,16 +49,17 @@ class Detectors:
         self._periodic_held: tuple[float, bool] | None = None  # (now, held) of that sweep
         self.last_error: str | None = None
 
-    # --- what the service, schedule, hosts and api read -------------------------------
     @property
     def last_lags(self) -> dict[int, float]:
-        """replica_group -> how long the others waited for it (s), of the last evaluation."""
+        """replica_group -> how long the others waited for it (s), at the last evaluation."""
         return self.straggler.last_lags
+
+    @last_lags.setter
+    def last_lags(self, lags: dict[int, float]) -> None:
+        self.straggler.last_lags = lags
 
     def state_queries(self, urls: Iterable[str], kept: Container[str] | None = None,
                       view: ClusterView | None = None) -> list[str]:
-        """Per URL, the query its next ``/v1/state`` is asked with
-        (:meth:`monitor.detect.straggler.Straggler.state_queries`)."""
         return self.straggler.state_queries(urls, kept, view)
 
     def open_findings(self) -> list[Finding]:
@@ -75,17 +69,14 @@ class Detectors:
         return list(self.findings.resolved)
 
     def report(self, f: Finding) -> bool:
-        """Open a finding confirmed outside the detectors (``quarantined_host``, from
-        :mod:`monitor.act.hosts`), resolved like any other; False when one with its key is
-        open already."""
+        """Open a finding confirmed elsewhere (``quarantined_host``, monitor.act.hosts); False
+        when one with its key is open already."""
         return self.findings.report(f)
 
     def resolve(self, key: tuple, how: str, now: float) -> None:
-        """Resolve an open finding by key (a no-op when none is open)."""
         self.findings.resolve(key, how, now)
 
     def hang_threshold(self, view: ClusterView | None) -> float:
-        """max(``hang_floor_s``, ``hang_factor`` x the median step time)."""
         return self.hang.threshold(view)
 
     def longest_wait(self, view: ClusterView | None, now: float,
@@ -94,16 +85,13 @@ class Detectors:
 
     def in_group_hangs(self, view: ClusterView, dumps: Mapping[int, dict],
                        now: float) -> set[int]:
-        """The groups whose hang :meth:`update` confirms in-group from ``dumps`` alone (the
-        service then skips the leaders' cross-group fetch); call between :meth:`fr_wanted`
-        and :meth:`update`."""
         return self.hang.in_group_hangs(view, dumps, now)
 
     # --- the Flight Recorder policy -----------------------------------------------------
     def fr_wanted(self, view: ClusterView, now: float | None = None) -> list[str]:
-        """URLs whose ``/v1/fr_trace`` this sweep needs (empty: no Flight Recorder this time):
-        on a stall (a hang may be confirmed), when a rank's commit failures rose, or every
-        ``fr_interval_s`` unless :meth:`periodic_look_held`."""
+        """URLs whose ``/v1/fr_trace`` this sweep needs (empty: none): on a stall, when a
+        rank's commit failures rose, or every ``fr_interval_s`` unless
+        :meth:`periodic_look_held`. A trigger that fails asks for none."""
         now = self.clock() if now is None else now
         reason = None
         try:
@@ -116,23 +104,22 @@ class Detectors:
             elif now - self._last_fr_at >= self.cfg.fr_interval_s \
                     and not self.periodic_look_held(view, now):
                 reason = "periodic"
-        except Exception as e:  # never let a trigger bug stop the sweep
+        except Exception as e:
             log.exception("Flight Recorder trigger failed")
             self.last_error = f"{type(e).__name__}: {e}"
         if reason is None:
             return []
         self._last_fr_at = now  # asked for, answered or not: the periodic clock restarts
         # reachable ranks polled this sweep (a carried rank's dump would describe the past)
-        return [u for u, r in self._fresh(view) if r.reachable and not r.superseded
+        return [u for u, r in fresh_ranks(view) if r.reachable and not r.superseded
                 and r.replica_group in view.groups]
 
     def periodic_look_held(self, view: ClusterView | None, now: float,
                            states: Iterable[Any] | None = None) -> bool:
-        """Whether the periodic look, due at ``now``, waits: a rank polled this sweep has been
-        blocked in a collective for a third of the hang threshold or more, so a hang look may
-        come a sweep or two later and the periodic one would only delay it. Held at most until
-        2 x ``fr_interval_s`` since the last look; decided once per ``now`` (``states``: this
-        sweep's answers, default the view's), so the service and :meth:`fr_wanted` agree."""
+        """Whether the periodic look due at ``now`` waits: a rank has been blocked in a
+        collective for a third of the hang threshold, so a hang look may follow and the
+        periodic one would only delay it (held at most to 2 x ``fr_interval_s``). Decided once
+        per ``now``, so the service (``states``: its answers) and :meth:`fr_wanted` agree."""
         held = self._periodic_held
         if held is not None and held[0] == now:
             return held[1]
@@ -143,19 +130,18 @@ class Detectors:
         return out
 
     def hang_look_possible(self, view: ClusterView, now: float) -> bool:
-        """Whether :meth:`fr_wanted` may ask for a hang's dumps at ``now`` (a rank blocked for
-        the hang threshold or longer); False means no hang look this sweep."""
+        """False: :meth:`fr_wanted` asks for no hang's dumps at ``now``."""
         return self.longest_wait(view, now) >= self.hang_threshold(view)
 
     # --- one sweep ------------------------------------------------------------------------
     def update(self, view: ClusterView, dumps: Mapping[int, dict] | None = None,
                now: float | None = None, full_view: ClusterView | None = None) -> list[Finding]:
-        """Fold one sweep (and the dumps :meth:`fr_wanted` asked for); returns the newly
-        confirmed findings. ``view``: the ranks whose answers count as evidence;
-        ``full_view`` (default the same): every rank polled, which only stuck_starting reads."""
+        """Fold one sweep and the dumps :meth:`fr_wanted` asked for; returns the findings newly
+        confirmed. ``view``: the ranks that count as evidence; ``full_view`` (default the
+        same): every rank polled, which only stuck_starting reads. Dumps that are not Flight
+        Recorder dumps are logged and left out."""
         now = self.clock() if now is None else now
-        full = full_view or view
-        dumps = dumps or {}
+        full, dumps = full_view or view, dumps or {}
         self._remember_groups(view)
         self.hang.note_progress(view, now)
         traces: dict[int, RankTrace] = {}
@@ -189,11 +175,9 @@ class Detectors:
         self._note_commit_failures(view)
         return new
 
-    # --- bookkeeping ----------------------------------------------------------------------
     def _remember_groups(self, view: ClusterView) -> None:
-        """A group new, or with a new replica id: a fresh memory, and its earlier
-        incarnation's findings resolved (``replaced``; ``dead`` and ``stuck_starting`` are
-        judged on their own)."""
+        """A new group, or a new replica id: a fresh memory, and the earlier incarnation's
+        findings resolved as ``replaced`` (``dead`` and ``stuck_starting`` judge that alone)."""
         if view is self._remembered:
             return  # fr_wanted and update of one sweep: once
         self._remembered = view
@@ -207,7 +191,7 @@ class Detectors:
 
     def _starting_urls(self, full: ClusterView) -> list[str] | None:
         """The ranks without a quorum from the pass over the evidence's answers, when that
-        pass read every rank of ``full`` (RankViews of the two views share their states)."""
+        pass read every rank of ``full`` (the two views' RankViews share their states)."""
         got = self.straggler.last_answers
         if got is not None and (got.view is full or (
                 full.evidence_view is got.view and len(got.view.ranks) == len(full.ranks))):
@@ -216,21 +200,14 @@ class Detectors:
 
     def _commit_failures_rose(self, view: ClusterView) -> bool:
         prev = self._commit_failures
-        for u, n in self.straggler.answers(view).counts.items():
-            was = prev.get(u)
-            if was is not None and n > was:
-                return True
-        return False
+        return any(n > prev.get(u, n) for u, n in self.straggler.answers(view).counts.items())
 
     def _note_commit_failures(self, view: ClusterView) -> None:
-        """Remember each polled rank's commit failures (a rank that did not answer: forgotten)."""
         if view.polled is None:
             self._commit_failures = {}
-        cf = self._commit_failures
-        got = self.straggler.answers(view)
+        cf, got = self._commit_failures, self.straggler.answers(view)
         cf.update(got.counts)
         for u in got.silent:
             cf.pop(u, None)
-        if not cf.keys() <= view.ranks.keys():
-            for u in cf.keys() - view.ranks.keys():
-                del cf[u]
+        for u in cf.keys() - view.ranks.keys():
+            del cf[u]

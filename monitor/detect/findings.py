@@ -1,16 +1,12 @@
-"""Findings and their lifecycle: opened once confirmed, then resolved (and kept a while).
-
-A finding names a replica group and its torchft ``replica_id`` (one incarnation of the group),
-the culprit ranks and where they run (``evidence.culprit_ranks``, ``culprit_hosts`` and
-``culprits``), the evidence, when it was first seen and when it was confirmed. Only confirmed
-findings are opened; one per (kind, group, replica id).
-"""
+"""Findings and their lifecycle: opened once confirmed (one per kind, group and replica id),
+then resolved. A finding names a replica group and its torchft ``replica_id`` (one
+incarnation), the culprit ranks and where they run (``evidence.culprits``), the evidence, and
+when it was first seen and confirmed."""
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,16 +36,8 @@ class Finding:
     def key(self) -> tuple[str, int, str | None]:
         return (self.kind, self.replica_group, self.replica_id)
 
-    @property
-    def open(self) -> bool:
-        return self.resolved_at is None
-
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "replica_group": self.replica_group,
-                "replica_id": self.replica_id, "ranks": list(self.ranks),
-                "evidence": self.evidence, "first_seen": self.first_seen,
-                "confirmed_at": self.confirmed_at, "resolved_at": self.resolved_at,
-                "resolution": self.resolution}
+        return {**vars(self), "ranks": list(self.ranks)}
 
 
 class Findings:
@@ -66,8 +54,7 @@ class Findings:
     def confirm(self, kind: str, gv: GroupView, ranks: list[int], ev: dict[str, Any],
                 first_seen: float, now: float, view: ClusterView,
                 replica_id: Any = ...) -> Finding | None:
-        """Open a confirmed finding (returned), or refresh the evidence of the one open with
-        its key (None)."""
+        """Open a confirmed finding (returned), or refresh the evidence of the open one (None)."""
         rid = gv.replica_id if replica_id is ... else replica_id
         culprits = describe_ranks(view, ranks)
         ev = {**ev, "culprit_ranks": list(ranks),
@@ -96,15 +83,14 @@ class Findings:
 
     def resolve_where(self, how: str, now: float, kinds: tuple[str, ...] | None = None,
                       group: int | None = None, keep: tuple[str, ...] = ()) -> None:
-        """Resolve every open finding of ``kinds`` (default any) in ``group`` (default any)
-        whose kind is not in ``keep``."""
+        """Resolve the open findings of ``kinds`` in ``group`` (None: any) but ``keep``'s."""
         for key in [k for k in self.open if (kinds is None or k[0] in kinds)
                     and (group is None or k[1] == group) and k[0] not in keep]:
             self.resolve(key, how, now)
 
     def resolve_gone(self, view: ClusterView, full: ClusterView, now: float) -> None:
         """Resolve the findings whose group left the view (``gone``) or has no rank reachable
-        (``left_job``; not ``dead`` nor ``stuck_starting``, which are about that)."""
+        (``left_job``; but ``dead`` and ``stuck_starting``, which are about that)."""
         for key in list(self.open):
             kind, g, _rid = key
             gv = (full if kind == "stuck_starting" else view).groups.get(g)
@@ -114,32 +100,13 @@ class Findings:
                 self.resolve(key, "left_job", now)
 
 
-def _get(obj: Any, name: str, default: Any = None) -> Any:
-    if isinstance(obj, Mapping):
-        return obj.get(name, default)
-    return getattr(obj, name, default)
-
-
 def engine_findings(result: Any) -> list[dict[str, Any]]:
-    """An analyzer result's findings as dicts: kind, culprits, quorum id, replica group, whether
-    a majority agreed, the waiting ranks, seq and the engine's own JSON (``raw``). A finding of
-    a shape not known is logged and left out."""
+    """An analysis result's findings as the detectors read them, the engine's JSON in ``raw``."""
     out = []
-    for f in _get(result, "findings", None) or []:
-        try:
-            as_dict = f.to_dict() if hasattr(f, "to_dict") else dict(f) if isinstance(
-                f, Mapping) else dict(vars(f))
-            group = _get(f, "group", None)
-            out.append({
-                "kind": _get(f, "kind"),
-                "culprits": sorted(int(r) for r in _get(f, "culprit_ranks", None) or []),
-                "quorum_id": as_dict.get("quorum_id", _get(group, "quorum_id")),
-                "replica_group": as_dict.get("replica_group", _get(group, "replica_group")),
-                "has_majority": as_dict.get("has_majority", True),
-                "waiting": [int(r) for r in as_dict.get("waiting_ranks") or []],
-                "seq": as_dict.get("seq"),
-                "raw": as_dict,
-            })
-        except Exception as e:
-            log.warning("ignoring analysis finding %r: %s", f, e)
+    for f in result.findings:
+        d = f.to_dict()
+        out.append({"kind": d["kind"], "culprits": sorted(d["culprit_ranks"]),
+                    "quorum_id": d["quorum_id"], "replica_group": d["replica_group"],
+                    "has_majority": d.get("has_majority", True),
+                    "waiting": list(d.get("waiting_ranks") or []), "seq": d["seq"], "raw": d})
     return out

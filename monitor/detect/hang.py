@@ -1,13 +1,11 @@
 """``hang``: the job stopped inside a collective, and who never entered it.
 
-A rank of the newest quorum has been blocked in a collective for at least ``max(hang_floor_s,
-hang_factor x median step time)`` (its own clock: ``timing.waiting``; waiting for a quorum is
-not a collective), no group's step moved since the previous sweep (a *stall*), and the
-analysis engine finds a collective of the current incarnation that some members enqueued and
-the culprits never did. When the engine also finds one inside the culprit group (its in-group
-process group, e.g. FSDP's all-gather), the culprits are the ranks that never entered *that*
-one; otherwise the group's ranks missing from the cross-group collective. A culprit must not
-itself be waiting inside the collective it is blamed for.
+A *stall*: no group's step moved since the last sweep and a rank of the newest quorum has been
+blocked in a collective (its own clock; a quorum is not a collective) for :meth:`Hang.threshold`.
+A hang: the engine also finds a collective of this incarnation some members enqueued and the
+culprits never did; the ranks that never entered the in-group one (e.g. FSDP's all-gather)
+when there is one, else the group's ranks missing from the cross-group one. A culprit is never
+itself waiting in the collective it is blamed for.
 """
 
 from __future__ import annotations
@@ -21,17 +19,25 @@ from monitor.config import DetectorConfig
 from monitor.evidence.view import ClusterView
 
 from .findings import Finding, Findings, engine_findings
-from .rank_state import FreshRanks, RankGroups, SeenGroups, collective_wait, phases
+from .rank_state import RankGroups, SeenGroups, collective_wait, fresh_ranks, phases
 
 log = logging.getLogger(__name__)
 
 _NO_QUORUM = object()  # before the first view
 
 
+def _inner(analysis: list[dict]) -> dict[int, dict]:
+    """Per replica group, the engine's first hang in a process group inside it."""
+    inner: dict[int, dict] = {}
+    for h in analysis:
+        if h["kind"] == "hang" and h["replica_group"] is not None:
+            inner.setdefault(int(h["replica_group"]), h)
+    return inner
+
+
 class Hang:
-    def __init__(self, cfg: DetectorConfig, findings: Findings, fresh: FreshRanks,
-                 analyzer: Callable) -> None:
-        self.cfg, self.findings, self.fresh, self.analyzer = cfg, findings, fresh, analyzer
+    def __init__(self, cfg: DetectorConfig, findings: Findings, analyzer: Callable) -> None:
+        self.cfg, self.findings, self.analyzer = cfg, findings, analyzer
         # each in-quorum group's step (of the newest quorum id), and since when none moved
         self.progress_steps: dict[int, int] = {}
         self._progress_quorum: Any = _NO_QUORUM
@@ -43,7 +49,7 @@ class Hang:
         self._longest: tuple[float, float] | None = None  # (now, seconds)
 
     def threshold(self, view: ClusterView | None) -> float:
-        """Seconds a rank must be blocked in a collective, with no progress, to be a hang."""
+        """max(``hang_floor_s``, ``hang_factor`` x the median step time)."""
         if view is None:
             return self.cfg.hang_floor_s
         return max(self.cfg.hang_floor_s, self.cfg.hang_factor * (view.median_step_seconds() or 0))
@@ -78,8 +84,8 @@ class Hang:
             self.stalled_sweeps += 1
 
     def stall(self, view: ClusterView, now: float) -> tuple[bool, float, float, dict[int, tuple]]:
-        """(stalled, longest collective wait (s), threshold, {rank: (scope, seconds)} of the
-        ranks blocked in a collective at least that long); once per view and sweep."""
+        """(stalled, longest wait (s), threshold, {rank: (scope, seconds)} of the ranks
+        blocked at least that long); once per view and sweep."""
         if self.stalled_sweeps < 1:
             return False, 0.0, 0.0, {}  # a group moved: not stalled whatever the waits
         seen = self._stall_seen
@@ -89,7 +95,7 @@ class Hang:
         threshold = self.threshold(view)
         waits: dict[int, tuple[str, float]] = {}
         in_quorum = {g.replica_group for g in view.in_quorum()}
-        for _, r in self.fresh(view):  # a wait carried from an older poll is not a wait now
+        for _, r in fresh_ranks(view):  # a wait carried from an older poll is not a wait now
             if not r.reachable or not r.fresh or r.replica_group not in in_quorum:
                 continue
             scope, secs = collective_wait(r.state, now)
@@ -102,13 +108,13 @@ class Hang:
 
     def longest_wait(self, view: ClusterView | None, now: float,
                      states: Iterable[Any] | None = None) -> float:
-        """The longest a rank polled this sweep has been blocked in a collective (seconds),
-        once per ``now``: ``states`` are this sweep's answers (default: ``view``'s)."""
+        """The longest a rank polled this sweep has been blocked in a collective (s), once per
+        ``now``; ``states``: this sweep's answers (default ``view``'s)."""
         got = self._longest
         if got is not None and got[0] == now:
             return got[1]
         if states is None:
-            states = [r.state for _, r in self.fresh(view) if r.reachable] \
+            states = [r.state for _, r in fresh_ranks(view) if r.reachable] \
                 if view is not None else []
         longest = max((collective_wait(st, now)[1] for st in states), default=0.0)
         self._longest = (now, longest)
@@ -126,14 +132,10 @@ class Hang:
         newest_q = view.quorum_id
         rank_group = RankGroups(view, dumps)
         in_quorum = {g.replica_group for g in view.in_quorum()}
-        cross: dict[int, list[dict]] = {}
-        inner: dict[int, dict] = {}
+        inner, cross = _inner(analysis), {}
         for h in analysis:
-            if h["kind"] != "hang":
-                continue
-            if h["replica_group"] is not None:  # a process group inside one replica group
-                inner.setdefault(int(h["replica_group"]), h)
-            elif h["quorum_id"] in (None, newest_q):
+            if h["kind"] == "hang" and h["replica_group"] is None \
+                    and h["quorum_id"] in (None, newest_q):
                 for r in h["culprits"]:
                     g = rank_group.get(r)
                     if g is not None and h not in cross.setdefault(g, []):
@@ -155,9 +157,8 @@ class Hang:
                 if not ranks or not waiting or not self._not_waiting(view, ranks, now, "cross"):
                     continue
                 level, found = "cross_group", cross[g]
-                # inside the group the job waits for, the ranks that never entered the
-                # collective its other ranks are blocked in now, however long, stop it (those
-                # may have begun waiting after the other groups did, under the threshold)
+                # in the group the job waits for, the ranks that never entered the collective
+                # its others are blocked in now, however briefly (they began after the others)
                 blocked = self._blocked_in_group_now(view, h_in, now)
                 inner_peers = self._in_group_blocked(view, g, h_in, blocked, rank_group, now)
                 if inner_peers:
@@ -181,17 +182,13 @@ class Hang:
 
     def in_group_hangs(self, view: ClusterView, dumps: Mapping[int, dict],
                        now: float) -> set[int]:
-        """The groups of the newest quorum whose hang :meth:`judge` confirms at the in-group
-        level this sweep from ``dumps`` alone; empty on any error."""
+        """The groups whose hang :meth:`judge` confirms in-group this sweep from ``dumps``
+        alone (the service then skips the other groups' dumps); empty on any error."""
         try:
             stalled, _, _, waits = self.stall(view, now)
             if not stalled or not dumps:
                 return set()
-            traces, _ = normalize_dumps(dumps)
-            inner: dict[int, dict] = {}
-            for h in engine_findings(self.analyzer(traces)):
-                if h["kind"] == "hang" and h["replica_group"] is not None:
-                    inner.setdefault(int(h["replica_group"]), h)
+            inner = _inner(engine_findings(self.analyzer(normalize_dumps(dumps)[0])))
             in_quorum = {gv.replica_group for gv in view.in_quorum()}
             rank_group = RankGroups(view, dumps)
             return {g for g, h in inner.items() if g in in_quorum and g in view.groups
@@ -203,9 +200,8 @@ class Hang:
     def _in_group_blocked(self, view: ClusterView, g: int, h_in: dict | None,
                           waits: dict[int, tuple], rank_group: RankGroups,
                           now: float) -> list[int]:
-        """The peers blocked (``waits``) in ``h_in``, the engine's hang inside group ``g``, when
-        it is that group's in-group hang: its culprits all of ``g`` and none itself blocked in
-        the group; else empty."""
+        """The peers blocked (``waits``) in ``h_in``, the engine's hang inside ``g``, when its
+        culprits are all of ``g`` and none is itself blocked in the group; else empty."""
         if not h_in or not h_in["culprits"]:
             return []
         blocked = [r for r in h_in["waiting"] if r in waits and waits[r][0] == "group"]
@@ -217,23 +213,18 @@ class Hang:
     @staticmethod
     def _blocked_in_group_now(view: ClusterView, h_in: dict | None,
                               now: float) -> dict[int, tuple]:
-        """{rank: ("group", seconds)} of ``h_in``'s waiting ranks blocked in an in-group
-        collective this sweep, however long."""
+        """{rank: ("group", seconds)} of ``h_in``'s waiting ranks blocked in-group now."""
         out: dict[int, tuple] = {}
-        for rank in (h_in["waiting"] if h_in else []):
+        for rank in h_in["waiting"] if h_in else []:
             r = view.rank_view(rank)
-            if r is None or not r.reachable or not r.fresh:
-                continue
-            scope, secs = collective_wait(r.state, now)
-            if scope == "group" and secs > 0:
-                out[rank] = (scope, secs)
+            if r is not None and r.reachable and r.fresh:
+                scope, secs = collective_wait(r.state, now)
+                if scope == "group" and secs > 0:
+                    out[rank] = (scope, secs)
         return out
 
     @staticmethod
     def _not_waiting(view: ClusterView, ranks: list[int], now: float, scope: str) -> bool:
         """No culprit is itself blocked inside a collective of ``scope``."""
-        for rank in ranks:
-            r = view.rank_view(rank)
-            if r is not None and r.reachable and collective_wait(r.state, now)[0] == scope:
-                return False
-        return True
+        return not any((r := view.rank_view(rank)) is not None and r.reachable
+                       and collective_wait(r.state, now)[0] == scope for rank in ranks)

@@ -1,16 +1,12 @@
-"""Ranks that are gone or never start: ``dead_rank``, ``dead`` and ``stuck_starting``.
+"""Ranks that are gone or never start.
 
-- ``dead_rank``: a rank unreachable for ``dead_sweeps`` consecutive sweeps while group rank 0
-  (whose process runs the group's torchft Manager and heartbeats to the Lighthouse) still
-  answers with the same replica id. torchft keeps such a group in the quorum and every group
-  waits for it until its timeouts: this one evicts by default.
-- ``dead``: ranks unreachable for ``dead_sweeps`` sweeps whose group's Manager rank is gone too
-  (the group died whole, or its rank 0 did): torchft drops such a group itself (reported only).
-- ``stuck_starting``: a rank that answers but has had no quorum (``quorum_id`` -1) for
-  ``starting_timeout_s`` on the monitor's clock since it was first seen so (its group's store
-  or rank 0 never came up, or its Lighthouse is unreachable). Judged on every rank polled,
-  verified or not; its replica id is the verified one or none, so it can only be evicted once
-  its group is verified.
+- ``dead_rank``: unreachable for ``dead_sweeps`` sweeps while group rank 0 (the group's torchft
+  Manager, which heartbeats to the Lighthouse) still answers with the same replica id: torchft
+  keeps the group in the quorum and every group waits for it until its timeouts (evicted).
+- ``dead``: unreachable, and the group's Manager rank too: torchft drops the group itself.
+- ``stuck_starting``: answers without a quorum for ``starting_timeout_s`` (monitor's clock)
+  since first seen so. Judged on every rank polled; its replica id is its group's verified one
+  or none, so only a verified group's can be evicted.
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ from monitor.config import DetectorConfig
 from monitor.evidence.view import ClusterView, RankView
 
 from .findings import Finding, Findings
-from .rank_state import FreshRanks, SeenGroups
+from .rank_state import SeenGroups, fresh_ranks
 
 DEAD_KINDS = ("dead", "dead_rank")
 
@@ -34,8 +30,8 @@ def _unreachable(ranks: list[RankView]) -> dict[str, Any]:
 
 
 class Liveness:
-    def __init__(self, cfg: DetectorConfig, findings: Findings, fresh: FreshRanks) -> None:
-        self.cfg, self.findings, self.fresh = cfg, findings, fresh
+    def __init__(self, cfg: DetectorConfig, findings: Findings) -> None:
+        self.cfg, self.findings = cfg, findings
         self._seen = SeenGroups()
         self._down: set[int] = set()  # groups last seen with a rank down
         self._starting: dict[tuple, float] = {}  # (url, pid, started_at) -> first seen so
@@ -45,8 +41,7 @@ class Liveness:
         open_dead = findings.groups(*DEAD_KINDS)
         changed, gone = self._seen.changed(view)
         self._down.difference_update(gone)
-        # a group unchanged since the last sweep, with no rank down and nothing open, has
-        # nothing new to judge (most groups)
+        # a group unchanged, with no rank down and nothing open, has nothing new (most)
         for g in sorted(self._down.union(changed, open_dead)):
             gv = view.groups.get(g)
             if gv is None:
@@ -96,11 +91,10 @@ class Liveness:
 
     def stuck_starting(self, full: ClusterView, now: float, starting_urls: list[str] | None,
                        groups: Mapping[int, Any]) -> list[Finding]:
-        """``starting_urls``: the ranks polled this sweep without a quorum, when the caller's
-        pass over the answers read every rank of ``full`` (else this reads them itself);
-        ``groups``: each verified group's memory (its ``replica_id``)."""
+        """``starting_urls``: the ranks polled without a quorum, when the caller read them
+        (None: read here); ``groups``: each verified group's memory (its ``replica_id``)."""
         starting = {}
-        polled = self.fresh(full) if starting_urls is None else \
+        polled = fresh_ranks(full) if starting_urls is None else \
             [(u, full.ranks[u]) for u in starting_urls]
         for url, r in polled:  # a carried rank keeps what its last poll said
             s = r.state

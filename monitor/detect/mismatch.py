@@ -1,11 +1,7 @@
-"""``mismatch``: members of one group that enqueued different collectives at one sequence id.
-
-The analysis engine over the live Flight Recorder dumps finds them; the culprit is the
-minority. Without a majority (two ranks of a replica group, or two survivors of a crashed
-cross-group all_reduce) it is the rank whose collective breaks its own repeating per-step
-pattern (:func:`departs_from_step_pattern`), or else differs from its own history of that
-collective (the engine's ``departs_from_history``). When neither singles one out, or most
-groups "differ", nothing is reported.
+"""``mismatch``: members of one group that enqueued different collectives at one sequence id
+(the analysis engine over the live dumps). The culprit is the minority; without a majority,
+the rank that breaks its own per-step pattern (:func:`departs_from_step_pattern`), else its
+own history of that collective (``departs_from_history``). Nothing singled out: no finding.
 """
 
 from __future__ import annotations
@@ -22,8 +18,7 @@ from .rank_state import RankGroups
 
 def judge(view: ClusterView, dumps: Mapping[int, dict], traces: Mapping[int, RankTrace],
           analysis: list[dict] | None, now: float, findings: Findings) -> list[Finding]:
-    """The mismatches of this sweep's analysis (:func:`monitor.detect.findings.engine_findings`)
-    confirmed, one finding per culprit group."""
+    """This sweep's mismatches confirmed, one finding per culprit group."""
     if not analysis:
         return []
     rank_group = RankGroups(view, dumps)

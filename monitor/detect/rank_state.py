@@ -1,9 +1,6 @@
-"""What the detectors read of the ranks' answers: collective waits, who a rank is, which
-ranks this sweep polled, which group a Flight Recorder rank belongs to, which groups changed.
-
-No clock of another host is compared: a rank's waits are on its own clock (``timing`` in
-``/v1/state``); only a rank without ``timing`` is timed by its phase against the monitor's.
-"""
+"""What the detectors read of the ranks' answers: collective waits (on each rank's own clock),
+who a rank is, which ranks this sweep polled, which group a rank belongs to, which groups
+changed since a consumer last looked."""
 
 from __future__ import annotations
 
@@ -47,63 +44,42 @@ def collective_wait(state: Mapping[str, Any] | None, now: float) -> tuple[str | 
     return None, 0.0
 
 
-def _waiting(state: Mapping[str, Any]) -> dict[str, Any] | None:
-    scope, secs = current_wait(state)
-    return None if scope is None else {"scope": scope, "seconds": round(secs or 0.0, 3)}
-
-
 def describe_ranks(view: ClusterView, ranks: list[int]) -> list[dict[str, Any]]:
-    """Who the culprit ranks are and where they run, from their last ``/v1/state``."""
+    """Who the ranks are and where they run, from their last ``/v1/state``."""
     out = []
     for rank in ranks:
         rv = view.rank_view(rank)
         s = (rv.state if rv else None) or {}
+        scope, secs = current_wait(s)
         out.append({"rank": rank, "group_rank": s.get("group_rank"), "host": s.get("host"),
                     "node": s.get("node") or s.get("host"), "device": s.get("device"),
                     "local_rank": s.get("local_rank"), "pid": s.get("pid"),
                     "url": rv.url if rv else None, "reachable": bool(rv and rv.reachable),
-                    "phase": s.get("phase"), "step": s.get("step"), "waiting": _waiting(s),
+                    "phase": s.get("phase"), "step": s.get("step"),
+                    "waiting": None if scope is None else {"scope": scope,
+                                                           "seconds": round(secs or 0.0, 3)},
                     "stacks": f"{rv.url}/v1/stacks" if rv else None})
     return out
 
 
 def phases(view: ClusterView, ranks: list[int]) -> dict[str, Any]:
-    """{rank: phase, reachable, step, host, waiting} of the ranks with an answer."""
-    out = {}
-    for rank in ranks:
-        r = view.rank_view(rank)
-        if r is not None and r.state:
-            out[str(rank)] = {"phase": r.state["phase"], "reachable": r.reachable,
-                              "step": r.state["step"], "host": r.state.get("host"),
-                              "waiting": _waiting(r.state)}
-    return out
+    """{rank: its phase, reachable, step, host and wait} of the ranks that answered."""
+    return {str(d["rank"]): {k: d[k] for k in ("phase", "reachable", "step", "host", "waiting")}
+            for d in describe_ranks(view, ranks) if d["phase"] is not None}
 
 
-class FreshRanks:
-    """(url, RankView) of the ranks polled this sweep, listed once per view (the trigger and
-    every detector walk it): with leader polling the others are carried unchanged, and what
-    they said was read when they were polled."""
-
-    def __init__(self) -> None:
-        self._of: dict[int, tuple[ClusterView, list]] = {}  # the last two views' lists
-
-    def __call__(self, view: ClusterView) -> list[tuple[str, RankView]]:
-        got = self._of.get(id(view))
-        if got is not None and got[0] is view:
-            return got[1]
-        if len(self._of) >= 2:
-            self._of.clear()
-        ranks = view.ranks
-        out = list(ranks.items()) if view.polled is None else \
-            [(u, ranks[u]) for u in view.polled if u in ranks]
-        self._of[id(view)] = (view, out)
-        return out
+def fresh_ranks(view: ClusterView) -> list[tuple[str, RankView]]:
+    """(url, RankView) of the ranks polled this sweep (with leader polling the others are
+    carried unchanged: what they said was read when they were polled)."""
+    ranks = view.ranks
+    if view.polled is None:
+        return list(ranks.items())
+    return [(u, ranks[u]) for u in view.polled if u in ranks]
 
 
 class RankGroups:
     """rank -> its replica group, for the ranks a Flight Recorder finding names: the group its
-    RankView says when it answered (a live process's, never a superseded one's), else its
-    dump's own claim. Looked up per rank named, not built for every rank."""
+    RankView says when it answered (never a superseded process's), else its dump's claim."""
 
     __slots__ = ("view", "dumps", "claimed")
 
@@ -122,17 +98,15 @@ class RankGroups:
 
 
 class SeenGroups:
-    """Which groups' ``GroupView`` differs from the one a consumer saw at its last call.
-
-    An incremental view keeps a group's GroupView *object* while nothing in the group changed
-    and never changes a view once built, so identity tells what to read again. Each consumer
-    keeps its own, so one that skipped a sweep still sees everything that changed since."""
+    """Which groups' ``GroupView`` changed since this consumer's last call: a view keeps an
+    unchanged group's GroupView object and never changes a view once built, so identity tells
+    what to read again (most groups, at scale, are not)."""
 
     def __init__(self) -> None:
         self.groups: Mapping[int, GroupView] = {}
 
     def changed(self, view: ClusterView) -> tuple[list[int], set[int]]:
-        """(groups of ``view`` new or changed since the last call, in view order; groups gone)."""
+        """(groups new or changed, in view order; groups gone)."""
         seen, groups = self.groups, view.groups
         changed = [g for g, gv in groups.items() if seen.get(g) is not gv]
         gone = seen.keys() - groups.keys() if len(seen) > len(groups) - len(changed) else set()

@@ -1,13 +1,10 @@
-"""The per-step timings the detectors remember of each rank, kept in columns.
+"""The per-step timings the detectors remember of each rank, in numpy columns.
 
-Per rank URL (a slot each) :class:`StepMemory` keeps the rows of its newest ``depth`` steps in
-numpy arrays: the step in place ``step % depth`` and its four seconds beside it. A sweep's
-answers are folded in one numpy pass and the straggler's window is one indexing: at 100,000
-ranks a per-row Python fold cost most of the detectors' time (benchmarks/bench_detectors.py).
-
-Folded, per answer: the rows newer than the rank's newest folded step that are valid
-(rank_wire.valid_row, vectorized); rows older than the newest step less ``depth`` are dropped.
-A rank whose replica id changed starts from nothing. Nothing here raises on what a rank served.
+Per rank URL (a slot each): the rows of its newest ``depth`` steps, the step in place
+``step % depth`` and its four seconds beside it. A sweep's answers fold in one numpy pass and
+the straggler's window is one indexing, where a per-row Python fold was most of the
+detectors' time at scale (benchmarks/bench_detectors.py). A rank whose replica id changed
+starts from nothing; nothing here raises on what a rank served.
 """
 
 from __future__ import annotations
@@ -35,13 +32,11 @@ class StepMemory:
 
     # --- reading ---------------------------------------------------------------------
     def slots(self) -> dict[str, int]:
-        """URL -> slot (read-only; :meth:`take` adds to this same dict, :meth:`keep_only` may
-        replace it)."""
+        """URL -> slot, read-only (:meth:`take` adds to it, :meth:`keep_only` may replace it)."""
         return self._slot
 
     def replica_ids(self) -> list:
-        """Slot -> replica id (read-only; :meth:`take` changes this same list in place,
-        :meth:`keep_only` may replace it)."""
+        """Slot -> replica id, read-only (:meth:`take` changes it in place)."""
         return self._rid
 
     def newest(self, url: str) -> int | None:
@@ -77,8 +72,8 @@ class StepMemory:
 
     # --- writing ---------------------------------------------------------------------
     def take(self, url: str, replica_id) -> int:
-        """``url``'s slot for ``replica_id``: its own, emptied first if its replica id changed
-        (a new incarnation's steps are not the last one's), or a new one."""
+        """``url``'s slot for ``replica_id``: its own (emptied if its replica id changed), or a
+        new one."""
         slot = self._slot.get(url)
         if slot is not None:
             if self._rid[slot] != replica_id:
@@ -92,9 +87,10 @@ class StepMemory:
         return slot
 
     def fold(self, slots: list[int], blobs: list[bytes]) -> list[int]:
-        """Fold answers' packed rows (``blobs[i]``: TIMING_ROW records, served oldest first) into
-        ``slots[i]``; returns how many rows each answer added. Within an answer a step served
-        twice keeps its last row."""
+        """Fold answers' rows (``blobs[i]``: whole TIMING_ROW records, oldest first) into
+        ``slots[i]``: the valid rows (rank_wire.valid_row) newer than the slot's newest step
+        and within ``depth`` of the new newest; a step served twice keeps its last row.
+        Returns how many rows each answer added."""
         counts = np.fromiter(map(len, blobs), np.int64, len(blobs)) // TIMING_ROW.size
         # the rows as float64 x 5 columns, the first the step's int64 bits (a structured
         # array's fields are slower to compare)
@@ -107,7 +103,7 @@ class StepMemory:
         newest = self._newest
         # new steps only; a step near int64's least is no step (it would wrap: steps - depth)
         at = np.flatnonzero((steps > newest[owner]) & (steps > NONE + self.depth))
-        if len(at):  # of those, the valid rows (rank_wire.valid_row: NaN fails both tests)
+        if len(at):  # of those, the valid rows (NaN fails both tests)
             sec = raw[at, 1:]
             at = at[((sec >= 0) & (sec < np.inf)).all(axis=1)]
         if not len(at):
@@ -152,8 +148,8 @@ class StepMemory:
         self._free.extend(range(2 * old - 1, old - 1, -1))
 
     def _resize(self, capacity: int, live: list[int] | None = None) -> None:
-        """Arrays of ``capacity`` slots, holding the current first ones (or ``live``'s rows, in
-        their order, from slot 0)."""
+        """Arrays of ``capacity`` slots: the current ones kept in place, or ``live``'s moved to
+        the front."""
         steps = np.full((capacity, self.depth), NONE, np.int64)
         seconds = np.zeros((capacity, self.depth, len(TIMING_KEYS)), np.float64)
         newest = np.full(capacity, NONE, np.int64)
@@ -169,8 +165,8 @@ class StepMemory:
         self._steps, self._seconds, self._newest = steps, seconds, newest
 
     def _compact(self) -> None:
-        """Give back the room of ranks forgotten (the first sweep folds every rank, leader
-        polling then keeps a fraction): the live slots moved to the front."""
+        """Give back the room of forgotten ranks (the first sweep folds every rank, leader
+        polling then keeps a fraction)."""
         urls = list(self._slot)
         live = [self._slot[u] for u in urls]
         capacity = max(1024, 2 * len(live))

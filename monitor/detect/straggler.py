@@ -1,18 +1,13 @@
 """``straggler``: the replica group the others wait for at the cross-group step.
 
-Each rank serves its last steps' ``wait_cross_s`` (time blocked in torchft's quorum and
-all_reduce) keyed by step number; the detectors keep them per rank (:class:`StepMemory`). Per
-step, a group's cross wait is its most-waiting rank's; the group that waits least is the late
-one and its *lag* is how long the others waited for it (:func:`straggler_lags`). A group is a
-straggler when, over the newest ``straggler_steps`` steps every group served, the others
-waited for it in 3 of 4 steps and its median lag is at least ``max(straggler_min_lag_s,
-straggler_rel_lag x median step time)``, in ``straggler_windows`` consecutive evaluations that
-each saw newer steps, or its lag reached that threshold in every step of one window.
-
-Inside that group the culprit is the rank everyone waits for: the one whose in-group wait
-(``wait_group_s``: FSDP's collectives, the commit vote) is at least that threshold below the
-median of its peers'; when no rank stands out, the whole group is slow and all are named.
-No clocks of different hosts are compared: each rank's waits are on its own clock.
+Each rank serves its last steps' timings on its own clock (no clocks of two hosts compared),
+kept per rank in a :class:`StepMemory`. Per step a group's cross wait (``wait_cross_s``) is its
+most-waiting rank's and its *lag* how long the others waited for it (:func:`straggler_lags`).
+A group is a straggler when, over the newest ``straggler_steps`` steps every group served, the
+others waited for it in 3 of 4 steps with a median lag of at least ``max(straggler_min_lag_s,
+straggler_rel_lag x median step time)``, in ``straggler_windows`` consecutive evaluations of
+newer steps, or at that lag in every step of one window. The culprits inside it are the ranks
+whose in-group wait is that threshold below their peers' median; none standing out: all.
 """
 
 from __future__ import annotations
@@ -30,7 +25,7 @@ from monitor.evidence.view import STEP_TIMES_READ, ClusterView, GroupView, RankV
 from rank_wire import TIMING_KEYS
 
 from .findings import Finding, Findings
-from .rank_state import FreshRanks, phases
+from .rank_state import fresh_ranks, phases
 from .step_memory import StepMemory
 
 # what every /v1/state is asked for: the step times the view reads, both lists packed
@@ -54,30 +49,21 @@ class GroupMemory:
     straggler_lags: list[float] = field(default_factory=list)
 
 
-def _median(values) -> float:
-    values = list(values)
-    return statistics.median(values) if values else 0.0
-
-
 def is_late_window(lags: np.ndarray, threshold: float, need: int) -> np.ndarray:
-    """Per row of ``lags`` (a group's lag per step of the window): waited for by the others in
-    at least ``need`` steps (lag above 0) and by at least ``threshold`` in the median step.
-    The count asks only that the others waited, the median how long: per-step waits on a
-    loaded box scatter too much to ask each step to reach the threshold."""
+    """Per row of ``lags`` (a group's lag per step): waited for in ``need`` steps and by
+    ``threshold`` in the median one (per-step waits scatter too much to ask it of each)."""
     return ((lags > 0).sum(axis=1) >= need) & (np.median(lags, axis=1) >= threshold)
 
 
 def straggler_lags(cross: np.ndarray, threshold: float, need: int
                    ) -> tuple[np.ndarray, set[int], list[int]]:
-    """Per group (row of ``cross``: its cross-group wait per step of the window), how long the
-    others waited for it; the rows first found late, and the rows not late.
+    """Per group (row of ``cross``: its cross wait per step), how long the others waited for
+    it; the rows first found late; the rows not late.
 
-    First against the median of all other groups; a group late by that measure is measured
-    again against the least-waiting of the groups that are *not* late (each of them waited at
-    least that long), so groups that merely spread apart on a loaded box do not make a
-    middle-slow group look late. When every group is late, the median stays. The median of
-    the others is one sorted column and a binary search per group, equal to
-    ``statistics.median`` of the list without that group: O(G log G)."""
+    First against the median of the other groups; a late one again against the least-waiting
+    group that is not late (groups merely spread apart do not make a middle one late). The
+    median of the others is a sorted column and a binary search per group: O(G log G) for
+    thousands of groups, equal to ``statistics.median`` to the bit."""
     n = cross.shape[0] - 1  # the others
     if n <= 0:
         others = np.zeros_like(cross)
@@ -104,10 +90,9 @@ def straggler_lags(cross: np.ndarray, threshold: float, need: int
 
 
 class Answers:
-    """One pass over a view's answers (:meth:`Straggler.answers`): commit failures by URL of
-    the reachable ranks polled, the URLs polled that did not answer, those answering without a
-    quorum, and per group its polled ranks with folded timings (RankView, StepMemory slot,
-    replica id); ``mixed``: the groups whose ranks report more than one replica id."""
+    """One pass over a view's answers: commit failures by URL, the URLs polled that did not
+    answer, those without a quorum, per group its polled ranks with timings (RankView, slot,
+    replica id), and the groups whose ranks report more than one replica id (``mixed``)."""
 
     __slots__ = ("view", "counts", "silent", "by_group", "mixed", "starting")
 
@@ -121,11 +106,10 @@ class Answers:
 
 
 class Straggler:
-    def __init__(self, cfg: DetectorConfig, findings: Findings, fresh: FreshRanks,
+    def __init__(self, cfg: DetectorConfig, findings: Findings,
                  groups: dict[int, GroupMemory]) -> None:
-        self.cfg, self.findings, self.fresh, self.groups = cfg, findings, fresh, groups
+        self.cfg, self.findings, self.groups = cfg, findings, groups
         self.memory = StepMemory(STEP_MEMORY)
-        self._queries: dict[int, str] = {}  # step -> "?since=<step>&..."
         # per group: (replica id, the newest step folded from any of its ranks)
         self._group_newest: dict[int, tuple[str | None, int]] = {}
         self.last_answers: Answers | None = None
@@ -135,13 +119,11 @@ class Straggler:
 
     def state_queries(self, urls: Iterable[str], kept: Container[str] | None,
                       view: ClusterView | None) -> list[str]:
-        """Per URL, the query of its next ``/v1/state``: ``?since=N&...``, N the newest step
-        folded for it (the WorkerServer serves only newer rows), or every row where none is.
-        A rank with none folded whose group (as it last answered, same replica id) has some is
-        asked since its group's newest less the window and WINDOW_SLACK_STEPS: all the window
-        reads of it. ``kept``: the URLs the next fold keeps, when asked before it (the rest
-        are asked as if nothing was folded)."""
-        memory, cache, group_newest = self.memory, self._queries, self._group_newest
+        """Per URL, the query of its next ``/v1/state``: ``?since=N&...``, N its newest folded
+        step, or for a rank with none folded its group's newest less the window (all the
+        window reads); every row when neither is known. ``kept``: the URLs the next fold
+        keeps, when asked before it (the others count as holding none)."""
+        memory, group_newest = self.memory, self._group_newest
         ranks = view.ranks if view is not None else {}
         back = self.cfg.straggler_steps + WINDOW_SLACK_STEPS
         out = []
@@ -155,30 +137,23 @@ class Straggler:
                     out.append(EVERY_ROW_QUERY)
                     continue
                 newest = got[1] - back
-            q = cache.get(newest)
-            if q is None:
-                if len(cache) > 4096:
-                    cache.clear()
-                q = cache[newest] = f"?since={newest}&{STATE_ASK}"
-            out.append(q)
+            out.append(f"?since={newest}&{STATE_ASK}")
         return out
 
     def answers(self, view: ClusterView) -> Answers:
         """The pass over this sweep's answers (once per view): every fresh rank's timing rows
-        (rank_wire bytes, as the poller keeps them) folded into the step memory in one numpy
-        call, each group's ranks with timings, the commit failures and the ranks starting."""
+        (rank_wire bytes, as the poller keeps them) folded into the memory in one call."""
         got = self.last_answers
         if got is not None and got.view is view:
             return got
         memory, group_newest = self.memory, self._group_newest
-        # only ranks polled this sweep are judged: with leader polling the others' memory is
-        # dropped (it bounds the memory), first, so the slots taken below stay
+        # only ranks polled this sweep are judged: the others' memory is dropped first
         memory.keep_only(view.ranks.keys() if view.polled is None else set(view.polled))
         slot_of, rid_of, take = memory.slots().get, memory.replica_ids(), memory.take
         out = self.last_answers = Answers(view)
         counts, silent, by_group, mixed = out.counts, out.silent, out.by_group, out.mixed
         slots, blobs, polled = [], [], []
-        for url, r in self.fresh(view):
+        for url, r in fresh_ranks(view):
             s = r.state
             if not r.reachable or not s:
                 silent.append(url)
@@ -226,9 +201,8 @@ class Straggler:
         if members is None:
             self.last_lags = {}
             return []
-        # each group's polled ranks' slots, a group's next to each other: the memory gives the
-        # ranks x window x 4 array in one indexing, and numpy takes each group's maximum over
-        # its ranks (reduceat at the group's first rank)
+        # a group's ranks' slots next to each other: one indexing gives ranks x window x 4,
+        # and reduceat at each group's first rank its maximum
         order = list(groups)
         slots, starts = [], []
         for g in order:
@@ -289,7 +263,7 @@ class Straggler:
                   "steps": [window[0], window[-1]], "windows": mem.straggler_windows,
                   "window_lags_s": mem.straggler_lags[-10:],
                   "peer_lags_s": {str(k): v for k, v in self.last_lags.items()},
-                  "cross_wait_s": {str(h): round(_median(row), 4)
+                  "cross_wait_s": {str(h): round(statistics.median(row), 4)
                                    for h, row in zip(order, cross.tolist(), strict=True)},
                   "in_group": in_group, "quorum_id": view.quorum_id,
                   "phases": phases(view, [r.rank for r, _, _ in rows if r.rank is not None]),
@@ -303,9 +277,8 @@ class Straggler:
 
     def members(self, view: ClusterView, groups: dict[int, GroupView]
                 ) -> dict[int, list[tuple[RankView, int, Any]]] | None:
-        """Each group's ranks polled this sweep with timings folded under the group's replica
-        id (RankView, slot, replica id). None when a group has none: it cannot be judged, and
-        then no group is."""
+        """Each group's ranks polled this sweep with timings of its replica id (RankView, slot,
+        replica id); None when a group has none (then no group can be judged)."""
         answers = self.answers(view)
         by_group, mixed = answers.by_group, answers.mixed
         members = {}
@@ -320,9 +293,8 @@ class Straggler:
         return members
 
     def judged(self, order: list[int], is_late: np.ndarray, open_groups: set[int]) -> list[int]:
-        """The positions in ``order`` of the groups the verdict loop must judge, ascending:
-        the late ones, those with a late streak (to reset) and those with an open finding (to
-        resolve). Judging any other group only records the window's newest step."""
+        """The positions in ``order`` the verdict loop must judge: late groups, those with a
+        streak to reset or a finding to resolve (for the others it only notes the window)."""
         judged = np.flatnonzero(is_late).tolist()
         known = self._streaks | open_groups
         if known:
@@ -332,19 +304,18 @@ class Straggler:
 
     def _late_ranks(self, rows: list[tuple[RankView, int, Any]], window: list[int],
                     threshold: float) -> tuple[list[int], dict[str, Any]]:
-        """The ranks of a late group its peers wait for: in-group wait at least ``threshold``
-        below the median of the others'. None standing out: every rank (the group is slow)."""
+        """The ranks of a late group its peers wait for, with the per-rank medians."""
         keys = (("wait_group_s", WAIT_GROUP_S), ("compute_s", COMPUTE_S),
                 ("wait_cross_s", WAIT_CROSS_S))
         ranked = [(r, slot) for r, slot, _ in rows if r.rank is not None]
         seconds = self.memory.seconds([slot for _, slot in ranked], window).tolist() \
             if ranked else []
-        per_rank = {r.rank: {k: round(_median(row[i] for row in rank_rows), 4) for k, i in keys}
+        per_rank = {r.rank: {k: round(statistics.median(row[i] for row in rank_rows), 4) for k, i in keys}
                     for (r, _), rank_rows in zip(ranked, seconds, strict=True)}
         late = []
         if len(per_rank) >= 2:
             for rank, m in per_rank.items():
-                others = _median(v["wait_group_s"] for k, v in per_rank.items() if k != rank)
+                others = statistics.median(v["wait_group_s"] for k, v in per_rank.items() if k != rank)
                 if others - m["wait_group_s"] >= threshold:
                     late.append(rank)
         verdict = ("the rank(s) its peers wait for inside the group" if late else
