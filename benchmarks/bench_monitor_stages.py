@@ -34,6 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
+from operator import attrgetter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -55,12 +56,12 @@ STAGES = [("schedule", "plan", "schedule"),
           ("monitor", "_publish_metrics", "metrics")]
 # --split: the detectors' and goodput ledger's steps timed on their own (each less the
 # steps it calls: "det: straggler rest" is _straggler without its row folding)
-SPLIT = [("detectors", "_collect_steps", "det: fold rows"),
-         ("detectors", "_straggler", "det: straggler rest"),
-         ("detectors", "_dead", "det: dead"), ("detectors", "_hang", "det: hang"),
-         ("detectors", "_stuck_starting", "det: stuck"),
-         ("detectors", "_commit_counts", "det: commit counts"),
-         ("detectors", "_resolve_gone", "det: resolve gone"),
+SPLIT = [("detectors.straggler", "answers", "det: fold rows"),
+         ("detectors.straggler", "judge", "det: straggler rest"),
+         ("detectors.liveness", "dead", "det: dead"), ("detectors.hang", "judge", "det: hang"),
+         ("detectors.liveness", "stuck_starting", "det: stuck"),
+         ("detectors", "_note_commit_failures", "det: commit counts"),
+         ("detectors.findings", "resolve_gone", "det: resolve gone"),
          ("goodput", "_ingest_groups", "gp: ingest groups"), ("goodput", "_account", "gp: account"),
          ("goodput", "_settle", "gp: settle"), ("goodput", "_follow_incidents", "gp: follow"),
          ("goodput", "_publish_ratios", "gp: publish")]
@@ -177,7 +178,7 @@ def main() -> int:
                 setattr(obj, name, w)
 
             for obj, name, label in STAGES + (SPLIT if args.split else []):
-                timed(mon if obj == "monitor" else getattr(mon, obj), name, label)
+                timed(mon if obj == "monitor" else attrgetter(obj)(mon), name, label)
             poller.stack = stack
             row = {"ranks": n, "groups": args.groups, "sweeps": [],
                    "first_sweep_cpu_s": first_cpu, "stage_clock": "thread CPU (time.thread_time)"}
