@@ -100,8 +100,7 @@ class Liveness:
             s = r.state
             if not r.reachable or not s:
                 continue
-            q = s["quorum_id"]  # a quorum first: most ranks have one, the rest is not read
-            if (q if type(q) is int else int(q)) >= 0 or r.replica_group is None:
+            if s["quorum_id"] >= 0 or r.replica_group is None:  # most have a quorum
                 continue
             starting[url] = (url, s.get("pid"), s.get("started_at"))
         if full.polled is not None and self._starting:

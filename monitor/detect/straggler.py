@@ -159,8 +159,7 @@ class Straggler:
                 silent.append(url)
                 continue
             counts[url] = int(s.get("commit_failures") or 0)
-            q = s["quorum_id"]
-            if (q if type(q) is int else int(q)) < 0:
+            if s["quorum_id"] < 0:  # an int: the view checked the answer
                 out.starting.append(url)
             if not r.fresh:  # carried: folded when it was polled
                 continue
@@ -170,10 +169,9 @@ class Straggler:
                 slot = take(url, rid)
             timing = s.get("timing")
             rows = timing.get("recent") if type(timing) is dict else None
-            g = s["replica_group"]
             slots.append(slot)
             blobs.append(rows if type(rows) is bytes else b"")
-            polled.append((r, slot, g if type(g) is int else int(g), rid))
+            polled.append((r, slot, s["replica_group"], rid))
         added = memory.fold(slots, blobs)
         for (r, slot, g, rid), n, newest in zip(polled, added, memory.newest_of(slots),
                                                 strict=True):
@@ -183,13 +181,10 @@ class Straggler:
                 was = group_newest.get(g)
                 if was is None or was[1] < newest or was[0] != rid:
                     group_newest[g] = (rid, newest)
-            rows = by_group.get(g)
-            if rows is None:
-                by_group[g] = [(r, slot, rid)]
-            else:
-                if rid != rows[0][2]:
-                    mixed.add(g)
-                rows.append((r, slot, rid))
+            rows = by_group.setdefault(g, [])
+            if rows and rid != rows[0][2]:
+                mixed.add(g)
+            rows.append((r, slot, rid))
         if len(group_newest) > 2 * len(view.groups) + 1024:  # groups gone: forgotten
             self._group_newest = {g: v for g, v in group_newest.items() if g in view.groups}
         return out
@@ -235,10 +230,7 @@ class Straggler:
                 continue  # no newer steps since the last evaluation
             mem.straggler_newest = newest
             if not is_late[i]:
-                if mem.straggler_windows or mem.straggler_lags \
-                        or mem.straggler_first_seen is not None:
-                    mem.straggler_windows, mem.straggler_first_seen = 0, None
-                    mem.straggler_lags = []
+                mem.straggler_windows, mem.straggler_first_seen, mem.straggler_lags = 0, None, []
                 self._streaks.discard(g)
                 if g in open_groups:
                     findings.resolve(("straggler", g, groups[g].replica_id), "caught_up", now)
@@ -295,12 +287,11 @@ class Straggler:
     def judged(self, order: list[int], is_late: np.ndarray, open_groups: set[int]) -> list[int]:
         """The positions in ``order`` the verdict loop must judge: late groups, those with a
         streak to reset or a finding to resolve (for the others it only notes the window)."""
-        judged = np.flatnonzero(is_late).tolist()
-        known = self._streaks | open_groups
-        if known:
-            judged.extend(i for i, g in enumerate(order) if g in known)
-            judged = sorted(set(judged))
-        return judged
+        late, known = np.flatnonzero(is_late).tolist(), self._streaks | open_groups
+        if not known:
+            return late
+        late = set(late)
+        return [i for i, g in enumerate(order) if i in late or g in known]
 
     def _late_ranks(self, rows: list[tuple[RankView, int, Any]], window: list[int],
                     threshold: float) -> tuple[list[int], dict[str, Any]]:
