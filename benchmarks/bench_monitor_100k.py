@@ -73,7 +73,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.bench_monitor_sweep import rss_mib  # noqa: E402
 from monitor.config import MonitorConfig  # noqa: E402
-from monitor.detect.detectors import current_wait  # noqa: E402
+from monitor.detect import current_wait  # noqa: E402
 from monitor.service import Monitor  # noqa: E402
 from tests.support.monitor_sim import raise_fd_limit  # noqa: E402
 

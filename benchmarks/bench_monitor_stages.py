@@ -57,12 +57,12 @@ STAGES = [("schedule", "plan", "schedule"),
           ("service", "publish_sweep", "metrics")]
 # --split: the detectors' and goodput ledger's steps timed on their own (each less the
 # steps it calls: "det: straggler rest" is _straggler without its row folding)
-SPLIT = [("detectors", "_collect_steps", "det: fold rows"),
-         ("detectors", "_straggler", "det: straggler rest"),
-         ("detectors", "_dead", "det: dead"), ("detectors", "_hang", "det: hang"),
-         ("detectors", "_stuck_starting", "det: stuck"),
-         ("detectors", "_commit_counts", "det: commit counts"),
-         ("detectors", "_resolve_gone", "det: resolve gone"),
+SPLIT = [("detectors.straggler", "answers", "det: fold rows"),
+         ("detectors.straggler", "judge", "det: straggler rest"),
+         ("detectors.liveness", "dead", "det: dead"), ("detectors.hang", "judge", "det: hang"),
+         ("detectors.liveness", "stuck_starting", "det: stuck"),
+         ("detectors", "_note_commit_failures", "det: commit counts"),
+         ("detectors.findings", "resolve_gone", "det: resolve gone"),
          ("goodput.ledger", "_ingest_groups", "gp: ingest groups"),
          ("goodput.ledger", "_account", "gp: account"), ("goodput.ledger", "_settle", "gp: settle"),
          ("goodput.ledger", "_follow_incidents", "gp: follow"),

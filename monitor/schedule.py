@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .config import MonitorConfig
-from .detect.detectors import current_wait
+from .detect import current_wait
 from .evidence.view import ClusterView, GroupView
 from .poll.discovery import Target
 from .poll.poller import RankPoll

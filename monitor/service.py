@@ -31,7 +31,7 @@ from .api import views
 from .api.app import create_app
 from .api.metrics import MonitorMetrics, publish_sweep
 from .config import ConfigError, MonitorConfig
-from .detect.detectors import Analyzer, Detectors
+from .detect import Analyzer, Detectors
 from .evidence.lighthouse_settings import LighthouseSettingsWatch
 from .evidence.lighthouse_status import LighthouseReader, LighthouseStatus
 from .evidence.verification import Verifier

@@ -2,7 +2,8 @@
 
 Every import counts: at module level, inside functions and under ``TYPE_CHECKING``. The rules:
 
-- ``http_serving`` is at the bottom: it imports no Lightkeeper package;
+- ``http_serving`` and ``rank_wire`` (the wire form of a rank's timings, shared by the
+  WorkerServer and the monitor) are at the bottom: they import no Lightkeeper package;
 - the libraries (``worker_server``, ``monitor``, ``dashboards``, ``trainer``) never import the
   application package ``lightkeeper`` (CLI, demo, local cluster);
 - ``worker_server`` imports neither ``monitor`` nor ``trainer`` (ranks know nothing of their
@@ -20,10 +21,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("http_serving", "worker_server", "monitor", "dashboards", "trainer", "lightkeeper")
-LIBRARIES = ("http_serving", "worker_server", "monitor", "dashboards", "trainer")
+PACKAGES = ("http_serving", "rank_wire", "worker_server", "monitor", "dashboards", "trainer",
+            "lightkeeper")
+LIBRARIES = ("http_serving", "rank_wire", "worker_server", "monitor", "dashboards", "trainer")
 FORBIDDEN = {  # package -> top-level packages it must not import
     "http_serving": set(PACKAGES) - {"http_serving"},
+    "rank_wire": set(PACKAGES) - {"rank_wire"},
     "worker_server": {"lightkeeper", "monitor", "trainer", "dashboards"},
     "monitor": {"lightkeeper", "worker_server", "trainer"},
     "dashboards": {"lightkeeper"},

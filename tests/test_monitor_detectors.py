@@ -10,6 +10,7 @@ end to end in tests/test_monitor_e2e_multirank.py.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import statistics
@@ -19,12 +20,10 @@ import pytest
 
 from monitor.analysis import RankTrace, analyze
 from monitor.config import DetectorConfig
-from monitor.detect.detectors import (
-    Detectors,
-    departs_from_step_pattern,
-    is_late_window,
-    straggler_lags,
-)
+from monitor.detect import Detectors
+from monitor.detect.mismatch import departs_from_step_pattern
+from monitor.detect.rank_state import RankGroups
+from monitor.detect.straggler import is_late_window, straggler_lags
 from monitor.evidence.view import ClusterView, ViewBuilder
 from monitor.poll.discovery import Target
 from monitor.poll.packed_state import pack_state
@@ -39,6 +38,11 @@ IN_GROUP_STEP = [("all_gather", [[300]]), ("all_gather", [[1000]]), ("all_gather
                  ("all_gather", [[1000]]), ("all_gather", [[1000]]),
                  ("reduce_scatter", [[1000]]), ("reduce_scatter", [[1000]]),
                  ("reduce_scatter", [[300]])]
+
+
+def kept(state: dict) -> dict:
+    """A rank's state as the poller keeps its answer (monitor/poll/packed_state.py)."""
+    return pack_state(json.loads(json.dumps(state)))
 
 
 class Job:
@@ -109,7 +113,7 @@ class Job:
         return list(range(g * self.ranks, (g + 1) * self.ranks))
 
     def view(self, now: float):
-        polls = {t.url: (RankPoll(t.url, True, data=dict(s)) if r not in self.down
+        polls = {t.url: (RankPoll(t.url, True, data=kept(s)) if r not in self.down
                          else RankPoll(t.url, False, reason="connection", error="refused"))
                  for r, (t, s) in enumerate(zip(self.targets, self.states, strict=True))}
         return self.vb.update(self.targets, polls, now=now)
@@ -443,7 +447,7 @@ def test_stuck_starting_reads_the_full_view_not_only_evidence():
     evidence_targets = job.targets[:5]  # rank 5 is not verified: only the full view has it
     full = job.view(T0 + 2)
     evidence = ViewBuilder().update(evidence_targets, {
-        u: RankPoll(u, True, data=dict(job.states[r]))
+        u: RankPoll(u, True, data=kept(job.states[r]))
         for r, u in enumerate(t.url for t in evidence_targets)}, now=T0 + 2)
     det.update(evidence, None, T0, full_view=job.view(T0))
     found = det.update(evidence, None, T0 + 2, full_view=full)
@@ -569,95 +573,6 @@ def test_malformed_timing_is_left_out_not_fatal():
     job.states[2]["timing"] = "garbage"
     assert sweep(det, job, T0 + 1) == []
     assert det.last_error is None
-
-
-def test_timing_rows_keep_valid_rows_and_leave_out_the_rest():
-    """A served row counts with an int step and four finite non-negative seconds (JSON's
-    floats as they are, ints made floats); a missing, negative, NaN, bool or text value leaves
-    the row out, and so does a true/false or float step; a read-only Mapping row reads like a
-    dict. Kept packed, the same rows."""
-    from types import MappingProxyType
-
-    from monitor.detect.detectors import _ROW, timing_rows
-    full = {"step_s": 1.0, "compute_s": 0.5, "wait_cross_s": 0.25, "wait_group_s": 0.125}
-    values = (1.0, 0.5, 0.25, 0.125)
-    rows = [{"step": 1, **full}, {"step": 2, **{k: v for k, v in full.items() if k != "compute_s"}},
-            {"step": 3, **full, "wait_group_s": -0.1}, {"step": 4, **full, "step_s": math.nan},
-            {"step": 5, **full, "compute_s": True}, {"step": 6, **full, "wait_cross_s": "1"},
-            {"step": 7, "step_s": 2, "compute_s": 1, "wait_cross_s": 0, "wait_group_s": 1},
-            MappingProxyType({"step": 8, **full}), {"step": 9, **full}, {"step": 10.0, **full},
-            {"step": True, **full}, {"step": False, **full}]
-    got = timing_rows({"timing": {"recent": rows}})
-    assert got == [(1, values), (7, (2.0, 1.0, 0.0, 1.0)), (8, values), (9, values)]
-    assert all(type(v) is float for _, row in got for v in row)
-    # as the detectors keep them: the same seconds packed in one object
-    packed = timing_rows({"timing": {"recent": rows}}, packed=True)
-    assert [(s, _ROW.unpack(b)) for s, b in packed] == got
-    # as the poller keeps an answer (monitor/poll/packed_state.py): the same rows either way
-    kept = pack_state({"timing": {"recent": list(rows)}})
-    assert type(kept["timing"]["recent"]) is bytes
-    assert timing_rows(kept) == got
-    assert timing_rows(kept, packed=True) == packed
-
-
-def test_timing_rows_read_back_to_the_newest_folded_step():
-    """With steps already folded (``skip``), only the rows after the newest folded one served
-    are read. Folding poll after poll (kept to the newest STEP_MEMORY steps, as the detectors
-    do) gives the memory that reading every row gives, over many random histories served
-    oldest first: the last 16 steps at each poll, polls some steps apart, steps the rank never
-    recorded, malformed rows (the same at every poll: a completed step's row does not change),
-    read-only Mappings, the memory restarted (a new replica id). A rank serving its rows out of
-    order loses its own rows older than a folded one, not more."""
-    from types import MappingProxyType
-
-    from monitor.detect.detectors import STEP_MEMORY, timing_rows
-    rng = random.Random(3)
-
-    def row(step):
-        r = {"step": step, "step_s": rng.random(), "compute_s": 0.5, "wait_cross_s": 0.25,
-             "wait_group_s": 0.125}
-        kind = rng.random()
-        if kind < 0.05:
-            r["step_s"] = -1.0
-        elif kind < 0.08:
-            r["step"] = str(step)
-        elif kind < 0.12:
-            return MappingProxyType(r)
-        return r
-
-    def fold(memory, rows):
-        memory.update(rows)
-        for s in sorted(memory)[:max(0, len(memory) - STEP_MEMORY)]:
-            del memory[s]
-
-    read_back = packed_read = 0
-    for _ in range(60):
-        history = [row(s) if rng.random() < 0.95 else None for s in range(300)]
-        every, newest = {}, {}
-        step = rng.randrange(0, 20)
-        while step < len(history):
-            served = [r for r in history[max(0, step - 15):step + 1] if r is not None]
-            state = {"timing": {"recent": served}}
-            if rng.random() < 0.03:
-                every, newest = {}, {}  # a new incarnation: memory from scratch
-            fold(every, [(s, v) for s, v in timing_rows(state) if s not in every])
-            got = timing_rows(state, newest)
-            # the answer as the poller keeps it reads the same (monitor/poll/packed_state.py)
-            kept = pack_state({"timing": {"recent": list(served)}})
-            assert timing_rows(kept, newest) == got
-            packed_read += type(kept["timing"]["recent"]) is bytes
-            read_back += len(got) < len(served) - 2
-            fold(newest, got)
-            assert newest == every
-            step += rng.choice([1, 1, 1, 2, 3, 10, 20])
-    assert read_back > 1000
-    assert packed_read > 1000
-    # out of order: step 5 (folded) served last; 6 and 7 before it are not read, 8 after is
-    rows = [{"step": s, "step_s": 1.0, "compute_s": 0.5, "wait_cross_s": 0.25,
-             "wait_group_s": 0.125} for s in (6, 7, 5, 8)]
-    assert [s for s, _ in timing_rows({"timing": {"recent": rows}}, {5: None})] == [8]
-    kept = pack_state({"timing": {"recent": rows}})
-    assert [s for s, _ in timing_rows(kept, {5: None})] == [8]
 
 
 def test_analyzer_failure_does_not_raise():
@@ -858,7 +773,7 @@ def test_incremental_detectors_match_from_scratch_ones_sweep_after_sweep():
         polled = {t.url for r, t in enumerate(job.targets)
                   if job.group_of(r) in drilled or rng.random() < (
                       leaders if r % job.ranks == 0 else 0.1)}
-        polls = {t.url: (RankPoll(t.url, True, data=dict(s)) if r not in job.down
+        polls = {t.url: (RankPoll(t.url, True, data=kept(s)) if r not in job.down
                          else RankPoll(t.url, False, reason="connection", error="refused"))
                  for r, (t, s) in enumerate(zip(job.targets, job.states, strict=True))
                  if t.url in polled}
@@ -874,8 +789,8 @@ def test_incremental_detectors_match_from_scratch_ones_sweep_after_sweep():
         assert _summary(inc.resolved_findings()) == _summary(ref.resolved_findings())
         assert inc.last_lags == ref.last_lags and inc.last_error is None, sweep_no
         # what the skipped groups would have changed: progress and replica-id memory
-        assert (inc._stalled_sweeps, inc._progress_steps) == \
-            (ref._stalled_sweeps, ref._progress_steps), sweep_no
+        assert (inc.hang.stalled_sweeps, inc.hang.progress_steps) == \
+            (ref.hang.stalled_sweeps, ref.hang.progress_steps), sweep_no
         assert {g: m.replica_id for g, m in inc._groups.items()} == \
             {g: m.replica_id for g, m in ref._groups.items()}, sweep_no
         kinds |= {f.kind for f in got}
@@ -883,10 +798,9 @@ def test_incremental_detectors_match_from_scratch_ones_sweep_after_sweep():
 
 
 def test_a_named_rank_is_placed_in_its_group_from_the_view_else_from_its_dump():
-    """Detectors._rank_group: a rank named by a Flight Recorder finding is in the replica group
+    """RankGroups: a rank named by a Flight Recorder finding is in the replica group
     its RankView says (a live process's, not its superseded predecessor's), and a rank the view
     has no answer from is in the group its dump claims; anything else is in none."""
-    from monitor.detect.detectors import Detectors
     from monitor.evidence.view import ClusterView, RankView
     from tests.support.monitor_sim import rank_state
 
@@ -900,5 +814,5 @@ def test_a_named_rank_is_placed_in_its_group_from_the_view_else_from_its_dump():
     assert ranks["old"].superseded
     dumps = {5: {"replica_group": 3}, "6": {"replica_group": 4}, 7: {"replica_group": "x"},
              1: {"replica_group": 9}}  # rank 1's dump claims another group: the view wins
-    got = Detectors._rank_group(view, dumps)
+    got = RankGroups(view, dumps)
     assert [got.get(r) for r in range(9)] == [0, 0, 1, None, None, 3, 4, None, None]

@@ -11,6 +11,7 @@ from monitor.api.metrics import MonitorMetrics
 from monitor.evidence.view import ViewBuilder
 from monitor.goodput import SweepAccount
 from monitor.poll.discovery import Target
+from monitor.poll.packed_state import pack_state
 from monitor.poll.poller import RankPoll
 from tests.support.monitor_sim import rank_state
 
@@ -27,7 +28,7 @@ def _view(vb: ViewBuilder, groups: dict[int, dict], now: float):
                        quorum_id=4, now=now)
         s["participating"] = spec.get("participating", True)
         targets.append(t)
-        polls[t.url] = RankPoll(t.url, True, data=s)
+        polls[t.url] = RankPoll(t.url, True, data=pack_state(s))  # as the poller keeps it
     return vb.update(targets, polls, now=now)
 
 

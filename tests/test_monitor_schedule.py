@@ -19,6 +19,7 @@ from monitor.evidence.view import ViewBuilder
 from monitor.poll.discovery import Target
 from monitor.poll.poller import RankPoll
 from monitor.schedule import LeaderSchedule
+from rank_wire import pack_seconds
 from tests.support.monitor_sim import rank_state
 from tests.test_monitor_detectors import IN_GROUP_STEP, T0, Job
 
@@ -424,7 +425,7 @@ def test_the_suspect_time_is_read_only_where_a_rule_needs_it():
     def plan_for(waits: dict[int, tuple[str, float] | None], step: int):
         targets, view = _stalled_view(waits, groups=6)
         for r in view.ranks.values():
-            r.state["recent_step_seconds"] = [1.0] * 16
+            r.state["recent_step_seconds"] = pack_seconds([1.0] * 16)  # as the poller keeps it
             r.state["step"] = step
         median = view.median_step_seconds
         view.median_step_seconds = lambda *a: calls.append(1) or median(*a)

@@ -22,11 +22,12 @@ import types
 import pytest
 
 from monitor.config import DetectorConfig, MonitorConfig
-from monitor.detect.detectors import WINDOW_SLACK_STEPS
+from monitor.detect.straggler import WINDOW_SLACK_STEPS
 from monitor.poll.poller import judge_body
 from monitor.service import Monitor
 from tests.support import virtual_ranks
 from tests.support.virtual_ranks import VirtualRanks
+from tests.test_step_memory import rows as folded_rows
 
 GROUPS, SIZE, STEP_S = 12, 4, 1.0
 
@@ -95,6 +96,12 @@ def monitor(tmp_path, name: str, urls: list[str], poller: Answers, clock) -> Mon
     return mon
 
 
+def snapshot(mon: Monitor) -> dict:
+    """{url: (replica id, {step: its four seconds})} of every rank the detectors hold rows of."""
+    mem = mon.detectors.straggler.memory
+    return {u: (mem.replica_ids()[s], folded_rows(mem, u)) for u, s in mem.slots().items()}
+
+
 def same_rows(cut: dict, whole: dict) -> bool:
     """The rows folded from cut answers are those folded from whole ones: the same ranks, each
     rank's rows those of the whole fold on its steps, and its newest ones all there (a member
@@ -138,7 +145,7 @@ def test_cut_answers_fold_and_find_what_whole_ones_do(tmp_path, clock):
             for mon in mons:
                 mon.sweep_once()
             a, b = mons
-            assert same_rows(a.detectors._memory.snapshot(), b.detectors._memory.snapshot()), i
+            assert same_rows(snapshot(a), snapshot(b)), i
             assert a.detectors.last_lags == b.detectors.last_lags, i
             assert findings(a) == findings(b), i
             assert a.view.median_step_seconds() == b.view.median_step_seconds(), i

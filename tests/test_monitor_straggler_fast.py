@@ -1,12 +1,11 @@
-"""The detectors' fast paths (issue 17) against the detectors as they were before them, sweep
-after sweep: each group's polled ranks taken from the one pass over the sweep's answers (not
+"""The detectors' fast paths against a plain reference, sweep after sweep: each group's polled ranks taken from the one pass over the sweep's answers (not
 from a scan of every GroupView's ranks), the straggler's verdict loop run only for the groups
 late now, with a late streak or with an open finding (not for every group), and
 stuck_starting reading the ranks without a quorum from that pass when every rank is evidence
 (not from a pass of its own over the full view). The job is
 tests/test_monitor_detectors.py's synthetic FT-HSDP job (real /v1/state documents with
-per-step timings through a real ViewBuilder); the reference is the same class with those three
-methods as they were."""
+per-step timings through a real ViewBuilder); the reference is the same classes with those
+three methods written plainly."""
 
 from __future__ import annotations
 
@@ -15,40 +14,43 @@ import random
 import pytest
 
 from monitor.config import DetectorConfig
-from monitor.detect.detectors import Detectors
+from monitor.detect import Detectors
+from monitor.detect.straggler import Straggler
 from monitor.evidence.verification import Trust
 from monitor.poll.poller import RankPoll
-from tests.test_monitor_detectors import T0, Job
+from tests.test_monitor_detectors import T0, Job, kept
 
 TRUSTED = Trust("verified", "ok", "", True)
 
 
-class EveryGroup(Detectors):
-    """The reference: members from every GroupView's reachable ranks, every group judged."""
+class EveryGroupStraggler(Straggler):
+    """Members from every GroupView's reachable ranks, every group judged."""
 
-    def _straggler_members(self, view, groups):
-        members = {}
+    def members(self, view, groups):
+        slots, rids, members = self.memory.slots(), self.memory.replica_ids(), {}
         for g, gv in groups.items():
             rid = gv.replica_id
-            rows = []
-            for r in gv.reachable:
-                if r.fresh and self._memory.newest(r.url) is not None \
-                        and self._memory.replica_id(r.url) == rid:
-                    rows.append((r, self._memory.slot_of(r.url), rid))
+            rows = [(r, slots[r.url], rid) for r in gv.reachable
+                    if r.fresh and self.memory.newest(r.url) is not None
+                    and rids[slots[r.url]] == rid]
             if not rows:
                 return None
             members[g] = rows
         return members
 
-    def _straggler_judged(self, order, is_late, open_groups):
+    def judged(self, order, is_late, open_groups):
         return list(range(len(order)))
 
-    def _stuck_starting(self, full, *args):
-        answers, self._answers = self._answers, None  # its own pass over the full view
-        try:
-            return super()._stuck_starting(full, *args)
-        finally:
-            self._answers = answers
+
+class EveryGroup(Detectors):
+    """The reference: EveryGroupStraggler, and stuck_starting reading the full view itself."""
+
+    def __init__(self, *a, **k) -> None:
+        super().__init__(*a, **k)
+        self.straggler = EveryGroupStraggler(self.cfg, self.findings, self._groups)
+
+    def _starting_urls(self, full):
+        return None
 
 
 def clock() -> float:  # the one clock read outside update's ``now`` (a group replaced)
@@ -108,7 +110,7 @@ def run(fast: Detectors, ref: Detectors, seed: int, sweeps: int = 120) -> set[st
         polled = {t.url for r, t in enumerate(job.targets)
                   if job.group_of(r) in drilled or rng.random() < (
                       1.0 if r % job.ranks == 0 else 0.15)}
-        polls = {t.url: (RankPoll(t.url, True, data=dict(s)) if r not in job.down
+        polls = {t.url: (RankPoll(t.url, True, data=kept(s)) if r not in job.down
                          else RankPoll(t.url, False, reason="connection", error="refused"))
                  for r, (t, s) in enumerate(zip(job.targets, job.states, strict=True))
                  if t.url in polled}
@@ -147,13 +149,18 @@ def test_a_group_whose_streak_is_not_judged_again_diverges():
     the verdict loop once it is no longer late keeps its streak (never reset), and confirms
     sooner than the reference on its next late window."""
 
-    class ForgetsStreaks(Detectors):
-        def _straggler_judged(self, order, is_late, open_groups):
-            self._straggler_streaks = set()
-            return super()._straggler_judged(order, is_late, open_groups)
+    class ForgetsStreaks(Straggler):
+        def judged(self, order, is_late, open_groups):
+            self._streaks = set()
+            return super().judged(order, is_late, open_groups)
+
+    def forgets(cfg):
+        det = Detectors(cfg, clock=clock)
+        det.straggler = ForgetsStreaks(det.cfg, det.findings, det._groups)
+        return det
 
     cfg = DetectorConfig(straggler_steps=4, straggler_windows=3, dead_sweeps=2,
                          fr_interval_s=1e9)
     with pytest.raises(AssertionError):
         for seed in (1, 2, 3):
-            run(ForgetsStreaks(cfg, clock=clock), EveryGroup(cfg, clock=clock), seed)
+            run(forgets(cfg), EveryGroup(cfg, clock=clock), seed)

@@ -1,30 +1,28 @@
 """A ``/v1/state`` answer as the monitor keeps it (monitor/poll/packed_state.py): its timing rows and
-step times packed into bytes by the poller, read by the detectors and the view exactly as the
-answer served. The in-thread poller and the poller process's reader pack the same. A rank asked
-``?packed=1`` (worker_server/packed.py) serves them packed, and the monitor keeps the same bytes;
-a served string that is not the format stays a string, and bytes appear nowhere else. Real HTTP
-on 127.0.0.1 for the pollers and the WorkerServer."""
+step times as rank_wire bytes, made by the poller where it parses the answer; the valid numbers
+served, in order. The in-thread poller and the poller process's reader keep the same. A rank
+asked ``?packed=1`` (worker_server/packed.py) serves them packed, and the monitor keeps the same
+bytes; bytes appear nowhere else. The vectors of valid and invalid numbers are
+tests/test_rank_wire.py's. Real HTTP on 127.0.0.1 for the pollers and the WorkerServer."""
 
 from __future__ import annotations
 
-import base64
 import json
 import math
-import struct
 import time
 
 import pytest
 
 from monitor.config import DetectorConfig
-from monitor.detect.detectors import Detectors, timing_rows
+from monitor.detect import Detectors
 from monitor.evidence.view import RankView
-from monitor.poll.packed_state import PACKED_FORMAT, TIMING_KEYS, TIMING_ROW, pack_state
+from monitor.poll.packed_state import pack_state
 from monitor.poll.poll_process import ProcessPoller
 from monitor.poll.poller import STATE_PATH, Poller, judge_body
+from rank_wire import TIMING_KEYS, TIMING_ROW, unpack_rows
 from tests.support.monitor_sim import SimRanks
 from tests.support.virtual_ranks import VirtualRanks
 from worker_server import RankIdentity, RankState, WorkerServer
-from worker_server import packed as served_format
 
 
 def answers() -> list[bytes]:
@@ -40,44 +38,27 @@ def answers() -> list[bytes]:
 
 
 def test_a_packed_answer_reads_as_the_answer_served():
-    """Every reader of the two packed lists gets what it got of the served JSON: the rows
-    after any folded step (read back from the newest), the step times; every other key is
-    left as parsed, and the packed answer is smaller to hold (fewer objects)."""
+    """The kept bytes are the served rows and step times, in order; every other key is left
+    as parsed."""
     for body in answers():
         served, kept = json.loads(body), pack_state(json.loads(body))
         rows = served["timing"]["recent"]
-        if rows:
-            assert type(kept["timing"]["recent"]) is bytes
-            assert len(kept["timing"]["recent"]) == len(rows) * TIMING_ROW.size
-        assert type(kept["recent_step_seconds"]) is bytes
-        steps = [r["step"] for r in rows]
-        for skip in ({}, {s: None for s in steps[:1]}, {s: None for s in steps[:-1]},
-                     {s: None for s in steps}, {-5: None}):
-            assert timing_rows(kept, skip) == timing_rows(served, skip)
-            assert timing_rows(kept, skip, packed=True) == timing_rows(served, skip, packed=True)
-        assert RankView("u", True, kept).recent_steps() == \
-            RankView("u", True, served).recent_steps()
+        assert type(kept["timing"]["recent"]) is bytes
+        assert len(kept["timing"]["recent"]) == len(rows) * TIMING_ROW.size
+        assert unpack_rows(kept["timing"]["recent"]) == \
+            [(r["step"], tuple(r[k] for k in TIMING_KEYS)) for r in rows]
+        assert RankView("u", True, kept).recent_steps() == served["recent_step_seconds"]
         assert {k: v for k, v in kept.items() if k not in ("timing", "recent_step_seconds")} == \
             {k: v for k, v in served.items() if k not in ("timing", "recent_step_seconds")}
         assert {k: v for k, v in kept["timing"].items() if k != "recent"} == \
             {k: v for k, v in served["timing"].items() if k != "recent"}
 
 
-def test_what_cannot_be_packed_is_left_as_served():
-    """A step beyond int64 leaves the rows as served (and they read as before); no rows, a
-    list that is not one, or step times beyond a float are left as they are; nothing raises."""
-    row = {"step": 2**70, "step_s": 1.0, "compute_s": 0.5, "wait_cross_s": 0.25,
-           "wait_group_s": 0.125}
-    big = {"timing": {"recent": [row]}, "recent_step_seconds": [1.0, 10**400]}
-    kept = pack_state(json.loads(json.dumps(big)))
-    assert kept == big
-    assert timing_rows(kept) == [(2**70, (1.0, 0.5, 0.25, 0.125))]
-    for odd in ({"timing": {"recent": []}}, {"timing": {"recent": "x"}}, {"timing": None},
-                {"recent_step_seconds": None}, {"recent_step_seconds": {"a": 1}}, {}):
+def test_an_answer_without_the_lists_is_left_as_it_is():
+    for odd in ({"timing": None}, {"timing": "garbage"}, {"step": 3}, {}):
         assert pack_state(json.loads(json.dumps(odd))) == odd
-    # no rows served: the last step's row still reads (timing_rows' fallback)
-    last = {"timing": {"recent": [], "last_step": dict(row, step=4)}}
-    assert timing_rows(pack_state(last)) == [(4, (1.0, 0.5, 0.25, 0.125))]
+    assert pack_state({"timing": {"recent": None}, "recent_step_seconds": {"a": 1}}) == \
+        {"timing": {"recent": b""}, "recent_step_seconds": b""}
 
 
 def test_the_poller_keeps_state_answers_packed_and_nothing_else():
@@ -117,7 +98,7 @@ def test_both_pollers_keep_the_same_packed_answers(sim):
         assert {u: p.data for u, p in a.items()} == {u: p.data for u, p in b.items()}
         for p in a.values():
             assert type(p.data["timing"]["recent"]) is bytes
-            assert [s for s, _ in timing_rows(p.data)] == [98, 100]
+            assert [s for s, _ in unpack_rows(p.data["timing"]["recent"])] == [98, 100]
             assert math.isclose(RankView("u", True, p.data).recent_steps()[0], 0.2)
     finally:
         thread.close()
@@ -140,8 +121,8 @@ def bytes_at(doc, path=()) -> list[tuple]:
 
 def test_an_answer_served_packed_is_kept_as_the_lists_packed_here():
     """A rank asked ``?packed=1`` serves the two lists as base64 records: the monitor keeps
-    the same bytes it makes of the lists (the same numbers, bit for bit), reads the same rows
-    and step times, and has bytes in those two places only."""
+    the same bytes it makes of the lists (the same numbers, bit for bit), and has bytes in
+    those two places only."""
     vr = VirtualRanks(16, 0, 8, 1.0, epoch=time.monotonic() - 40.3)
     step = json.loads(vr.state_asked(0))["step"]
     for rank, query in ((0, f"?since={step - 2}&recent=16"), (1, f"?since={step - 9}&recent=16"),
@@ -155,62 +136,9 @@ def test_an_answer_served_packed_is_kept_as_the_lists_packed_here():
             for k in STAMPS:
                 doc.pop(k)
         assert served == plain, query
-        assert set(bytes_at(served)) == ({("timing", "recent")} if served["timing"]["recent"]
-                                         else set()) | {("recent_step_seconds",)}
-        assert timing_rows(served, {step - 1: None}) == timing_rows(plain, {step - 1: None})
+        assert set(bytes_at(served)) == {("timing", "recent"), ("recent_step_seconds",)}
         assert RankView("u", True, served).recent_steps() == \
             RankView("u", True, plain).recent_steps()
-
-
-def test_the_served_format_is_the_kept_one():
-    """The WorkerServer's writer and the monitor's reader name the same records and format
-    version (each side keeps its own copy: a rank does not import the monitor)."""
-    assert served_format.TIMING_ROW.format == TIMING_ROW.format
-    assert served_format.TIMING_KEYS == TIMING_KEYS
-    assert served_format.PACKED_FORMAT == PACKED_FORMAT
-
-
-def b64(raw: bytes) -> str:
-    return base64.b64encode(raw).decode()
-
-
-ROW = {"step": 4, "step_s": 1.0, "compute_s": 0.5, "wait_cross_s": 0.25, "wait_group_s": 0.125}
-
-
-def test_a_served_string_that_is_not_the_format_stays_a_string_and_reads_as_malformed():
-    """Decoded only where the answer says ``"packed": 1`` (not ``true``, not another format),
-    only in the two places, only strict base64 of whole records: anything else is left as
-    served, a string, which the readers skip as a malformed list (the rows fall back to
-    ``last_step``, no step times). A base64-looking value anywhere else stays a string."""
-    good_rows, good_secs = b64(struct.pack("<q4d", 5, 1.0, 0.5, 0.25, 0.125)), b64(
-        struct.pack("<2d", 0.5, 0.75))
-    for packed, rows, secs in ((1, "not base64!", "AAA"), (1, b64(b"x" * 39), b64(b"x" * 9)),
-                               (1, "é" * 8, "\u2603"), (True, good_rows, good_secs),
-                               (2, good_rows, good_secs), ("1", good_rows, good_secs),
-                               (None, good_rows, good_secs), (1.0, good_rows, good_secs)):
-        doc = {"packed": packed, "host": good_rows, "extra": {"recent": good_rows},
-               "timing": {"recent": rows, "last_step": ROW}, "recent_step_seconds": secs}
-        kept = judge_body("u", json.dumps(doc).encode(), 0.0, 1.0, state=True).data
-        assert kept == doc and bytes_at(kept) == [], (packed, rows)
-        assert timing_rows(kept) == [(4, (1.0, 0.5, 0.25, 0.125))]
-        assert RankView("u", True, kept).recent_steps() == []
-    # the format: decoded, checked as the JSON lists are (a row with a negative second, a
-    # NaN second and a negative step time are left out; an empty list reads last_step)
-    rows = struct.pack("<q4d", 5, 1.0, 0.5, 0.25, 0.125) + struct.pack(
-        "<q4d", 6, -1.0, 0.5, 0.25, 0.125) + struct.pack("<q4d", 7, math.nan, 0, 0, 0)
-    doc = {"packed": 1, "host": good_rows, "timing": {"recent": b64(rows), "last_step": ROW},
-           "recent_step_seconds": b64(struct.pack("<3d", 0.5, -2.0, 0.75))}
-    kept = judge_body("u", json.dumps(doc).encode(), 0.0, 1.0, state=True).data
-    assert set(bytes_at(kept)) == {("timing", "recent"), ("recent_step_seconds",)}
-    assert kept["host"] == good_rows
-    assert timing_rows(kept) == [(5, (1.0, 0.5, 0.25, 0.125))]
-    assert [s for s, _ in timing_rows(kept, {5: None})] == []  # 6 and 7 malformed, not read
-    assert RankView("u", True, kept).recent_steps() == [0.5, 0.75]
-    empty = {"packed": 1, "timing": {"recent": "", "last_step": ROW}, "recent_step_seconds": ""}
-    kept = judge_body("u", json.dumps(empty).encode(), 0.0, 1.0, state=True).data
-    assert kept["timing"]["recent"] == [] and kept["recent_step_seconds"] == b""
-    assert timing_rows(kept) == [(4, (1.0, 0.5, 0.25, 0.125))]
-    assert RankView("u", True, kept).recent_steps() == []
 
 
 def test_a_worker_server_asked_as_the_monitor_asks_is_kept_as_its_lists_packed():
@@ -239,7 +167,7 @@ def test_a_worker_server_asked_as_the_monitor_asks_is_kept_as_its_lists_packed()
         for doc in (got.data, plain.data):
             doc.pop("phase_since")
         assert got.data == plain.data  # both packed: the served bytes and the monitor's own
-        assert [s for s, _ in timing_rows(got.data)] == list(range(9, 25))
+        assert [s for s, _ in unpack_rows(got.data["timing"]["recent"])] == list(range(9, 25))
     finally:
         poller.close()
         srv.stop()

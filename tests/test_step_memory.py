@@ -1,5 +1,5 @@
 """monitor/detect/step_memory.py: the detectors' per-rank step timings in columns, against a plain dict
-memory folded row by row from what the ranks served (the way the detectors kept them before)."""
+memory folded row by row from what the ranks served."""
 
 from __future__ import annotations
 
@@ -9,9 +9,8 @@ import struct
 import numpy as np
 import pytest
 
-from monitor.detect.detectors import timing_rows
 from monitor.detect.step_memory import NONE, StepMemory
-from monitor.poll.packed_state import TIMING_ROW, pack_state
+from rank_wire import TIMING_ROW, pack_rows, unpack_rows
 
 
 def served_row(rng: random.Random, step: int) -> dict:
@@ -19,7 +18,7 @@ def served_row(rng: random.Random, step: int) -> dict:
            "wait_cross_s": rng.random() / 4, "wait_group_s": rng.random() / 8}
     kind = rng.random()
     if kind < 0.04:
-        row["step_s"] = -1.0  # malformed: left out, as timing_rows leaves it out
+        row["step_s"] = -1.0  # not valid: left out
     elif kind < 0.06:
         row["step"] = str(step)  # not an int step: left out when packed
     elif kind < 0.08:
@@ -27,9 +26,14 @@ def served_row(rng: random.Random, step: int) -> dict:
     return row
 
 
-def packed(rows: list[dict]) -> bytes:
-    """The rows as the poller keeps an answer (monitor/poll/packed_state.py)."""
-    return pack_state({"timing": {"recent": rows}})["timing"]["recent"]
+def rows(mem: StepMemory, url: str) -> dict[int, tuple]:
+    """``url``'s folded rows, {step: its four seconds}, oldest first."""
+    slot = mem.slots().get(url)
+    if slot is None:
+        return {}
+    steps = mem.common_steps(np.asarray([slot]))
+    return {s: tuple(v) for s, v in zip(steps, mem.seconds([slot], steps)[0].tolist(),
+                                        strict=True)}
 
 
 def test_folding_answers_keeps_the_newest_depth_steps_a_row_by_row_fold_keeps():
@@ -61,8 +65,8 @@ def test_folding_answers_keeps_the_newest_depth_steps_a_row_by_row_fold_keeps():
                 served = [r for r in served if not isinstance(r["step"], int)
                           or r["step"] > newest]
             slots.append(mem.take(u, rid[u]))
-            blobs.append(packed(served) if served else b"")
-            new = {s: v for s, v in timing_rows({"timing": {"recent": served}})
+            blobs.append(pack_rows(served))
+            new = {s: v for s, v in unpack_rows(pack_rows(served))
                    if newest is None or s > newest}
             ref[u].update(new)
             at[u] += rng.randrange(1, 6)
@@ -72,7 +76,7 @@ def test_folding_answers_keeps_the_newest_depth_steps_a_row_by_row_fold_keeps():
             assert mem.newest(u) == newest
             want = {s: v for s, v in sorted(ref[u].items()) if s > newest - depth} \
                 if newest is not None else {}
-            assert mem.rows(u) == want, u
+            assert rows(mem, u) == want, u
             folded_any += n
     assert folded_any > 500
 
@@ -84,11 +88,11 @@ def test_a_rank_not_kept_is_forgotten_and_the_room_given_back():
     mem.fold(slots, [TIMING_ROW.pack(i, 1.0, 0.5, 0.25, float(i)) for i in range(len(urls))])
     kept = set(urls[::100])
     mem.keep_only(kept)
-    assert set(mem.urls()) == kept
+    assert set(mem.slots()) == kept
     assert len(mem.replica_ids()) < 5000  # compacted: the forgotten ranks' room given back
     for i in range(0, 5000, 100):
-        assert mem.rows(urls[i]) == {i: (1.0, 0.5, 0.25, float(i))}
-    assert mem.newest(urls[1]) is None and mem.rows(urls[1]) == {}
+        assert rows(mem, urls[i]) == {i: (1.0, 0.5, 0.25, float(i))}
+    assert mem.newest(urls[1]) is None and rows(mem, urls[1]) == {}
     # a slot reused after forgetting starts empty
     s = mem.take(urls[1], "x")
     assert mem.fold([s], [b""]) == [0] and mem.newest(urls[1]) is None
@@ -98,12 +102,12 @@ def test_a_new_replica_id_starts_clean_and_a_step_served_twice_keeps_its_last_ro
     mem = StepMemory(8)
     s = mem.take("u", "a")
     mem.fold([s], [TIMING_ROW.pack(5, 1.0, 1.0, 0.0, 0.0)])
-    assert mem.take("u", "a") == s and mem.rows("u") == {5: (1.0, 1.0, 0.0, 0.0)}
+    assert mem.take("u", "a") == s and rows(mem, "u") == {5: (1.0, 1.0, 0.0, 0.0)}
     s = mem.take("u", "b")
-    assert mem.rows("u") == {} and mem.newest("u") is None
+    assert rows(mem, "u") == {} and mem.newest("u") is None
     assert mem.fold([s], [TIMING_ROW.pack(3, 1.0, 0.0, 0.0, 0.0)
                           + TIMING_ROW.pack(3, 2.0, 0.0, 0.0, 0.0)]) == [1]
-    assert mem.rows("u") == {3: (2.0, 0.0, 0.0, 0.0)}
+    assert rows(mem, "u") == {3: (2.0, 0.0, 0.0, 0.0)}
 
 
 def test_rows_far_behind_or_at_int64s_edge_are_dropped_without_an_error():
@@ -114,9 +118,9 @@ def test_rows_far_behind_or_at_int64s_edge_are_dropped_without_an_error():
                     for step in (100, 10, lo, lo + 1, 101, 102))
     blob += struct.pack("<q4d", 103, float("nan"), 0.0, 0.0, 0.0)  # malformed seconds
     assert mem.fold([s], [blob]) == [3]  # 100, 101, 102: 10 is more than 4 steps behind
-    assert sorted(mem.rows("u")) == [100, 101, 102] and mem.newest("u") == 102
+    assert sorted(rows(mem, "u")) == [100, 101, 102] and mem.newest("u") == 102
     assert mem.fold([s], [TIMING_ROW.pack(hi, 0.0, 0.0, 0.0, 0.0)]) == [1]
-    assert mem.rows("u") == {hi: (0.0, 0.0, 0.0, 0.0)}
+    assert rows(mem, "u") == {hi: (0.0, 0.0, 0.0, 0.0)}
     assert NONE == lo
 
 
@@ -138,10 +142,10 @@ def test_common_steps_and_their_seconds_are_those_of_every_ranks_rows(seed):
                                   for s in steps))
         mem.fold(slots, blobs)
         pick = rng.sample(range(len(urls)), rng.randrange(1, len(urls) + 1))
-        rows = [mem.rows(urls[i]) for i in pick]
-        want = sorted(set.intersection(*(set(r) for r in rows)))
+        got_rows = [rows(mem, urls[i]) for i in pick]
+        want = sorted(set.intersection(*(set(r) for r in got_rows)))
         got = mem.common_steps(np.asarray([slots[i] for i in pick]))
         assert got == want
         if got:
             sec = mem.seconds([slots[i] for i in pick], got).tolist()
-            assert sec == [[list(r[s]) for s in got] for r in rows]
+            assert sec == [[list(r[s]) for s in got] for r in got_rows]

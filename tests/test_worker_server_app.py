@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import struct
 import threading
 
@@ -149,19 +148,20 @@ def test_state_packed_serves_the_number_lists_as_base64_records(server):
     assert r.status_code == 400 and "packed must be true or false" in r.json()["error"]
 
 
-def test_state_packed_leaves_a_list_that_does_not_fit_the_format():
-    """A step beyond int64 cannot be a record: that list is served as a list (a monitor reads
-    it as any answer's), the other one packed."""
-    doc = {"timing": {"recent": [{"step": 2**70, "step_s": 1.0}]},
-           "recent_step_seconds": [0.5, None]}
+def test_state_packed_serves_only_the_valid_numbers():
+    """rank_wire's rule (tests/test_rank_wire.py has the vectors): a row whose step is beyond
+    int64 or not an integer, or whose seconds are not four numbers >= 0, and a step time that
+    is not such a number, are left out of what is served packed."""
+    doc = {"timing": {"recent": [{"step": 2**70, "step_s": 1.0}, {"step": True},
+                                 {"step": 3, "step_s": 0.5, "compute_s": 0.25,
+                                  "wait_cross_s": 0, "wait_group_s": 0.0},
+                                 {"step": 4, "step_s": "x", "compute_s": 0.25}, "not a row"]},
+           "recent_step_seconds": [0.5, None, -1.0]}
     got = state_packed(doc)
-    assert got["packed"] == 1 and got["timing"]["recent"] == [{"step": 2**70, "step_s": 1.0}]
-    values = struct.unpack("<2d", base64.b64decode(got["recent_step_seconds"]))
-    assert values[0] == 0.5 and math.isnan(values[1])
-    rows = state_packed({"timing": {"recent": [{"step": 3, "step_s": "x", "compute_s": 0.25},
-                                               {"step": True}, "not a row"]}})
-    (step, *secs), = struct.iter_unpack("<q4d", base64.b64decode(rows["timing"]["recent"]))
-    assert step == 3 and math.isnan(secs[0]) and secs[1] == 0.25
+    assert got["packed"] == 1
+    assert struct.unpack("<d", base64.b64decode(got["recent_step_seconds"])) == (0.5,)
+    assert list(struct.iter_unpack("<q4d", base64.b64decode(got["timing"]["recent"]))) == \
+        [(3, 0.5, 0.25, 0.0, 0.0)]
 
 
 @pytest.mark.parametrize("path", ["/v1/fr_trace?onlyactive=maybe", "/v1/stacks?format=xml"])

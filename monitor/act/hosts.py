@@ -25,7 +25,7 @@ import threading
 from typing import Any
 
 from monitor.config import QuarantineConfig
-from monitor.detect.detectors import Finding
+from monitor.detect import Finding
 from monitor.store import Store
 
 from .sinks import ActionResult, Sink

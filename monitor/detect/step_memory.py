@@ -1,25 +1,10 @@
-"""The per-step timings the detectors remember of each rank, kept in columns.
+"""The per-step timings the detectors remember of each rank, in numpy columns.
 
-A rank serves its last 16 steps' timing rows (``timing.recent``: the step and four seconds,
-``monitor/poll/packed_state.py``); the straggler detector compares the groups over the newest steps
-every rank polled this sweep has. :class:`StepMemory` keeps, per rank URL, the rows of its
-newest ``depth`` steps (the steps ``newest - depth + 1 .. newest``, ``newest`` the newest step
-folded) in two numpy arrays, a slot per rank: the step in ``depth`` places (a step in place
-``step % depth``) and its four seconds beside it.
-
-Why columns (issue 17): at 100,000 ranks a sweep folds ~15,000-21,000 answers, and the window
-is read from every polled rank. Kept as a dict of packed rows per rank, the fold cost a Python
-call and a dict update per answer and per row, and the window an intersection of ~15,000 step
-sets and a lookup per rank and step; here one pass reads each answer's packed rows (bytes, as
-the poller keeps them) and numpy folds them all at once, and the window is one indexing of the
-arrays (docs/scaling.md, seventeenth round).
-
-What is folded, per answer: the rows newer than the newest step folded for the rank (a rank
-asked ``?since=N`` serves only those; one that serves every row has the older ones skipped),
-whose four seconds are finite and >= 0 (a malformed row is left out, as
-``monitor.detect.detectors.timing_rows`` leaves it out). Rows older than the new newest step less
-``depth`` are dropped. A rank whose replica id changed starts from nothing. Nothing here raises
-on what a rank served.
+Per rank URL (a slot each): the rows of its newest ``depth`` steps, the step in place
+``step % depth`` and its four seconds beside it. A sweep's answers fold in one numpy pass and
+the straggler's window is one indexing, where a per-row Python fold was most of the
+detectors' time at scale (benchmarks/bench_detectors.py). A rank whose replica id changed
+starts from nothing; nothing here raises on what a rank served.
 """
 
 from __future__ import annotations
@@ -28,7 +13,7 @@ from collections.abc import Container
 
 import numpy as np
 
-from monitor.poll.packed_state import TIMING_KEYS, TIMING_ROW
+from rank_wire import TIMING_KEYS, TIMING_ROW
 
 NONE = np.iinfo(np.int64).min  # no step (a free place, a rank with nothing folded)
 
@@ -46,25 +31,13 @@ class StepMemory:
         self._newest = np.full(capacity, NONE, np.int64)
 
     # --- reading ---------------------------------------------------------------------
-    def urls(self):
-        return self._slot.keys()
-
-    def slot_of(self, url: str) -> int | None:
-        return self._slot.get(url)
-
     def slots(self) -> dict[str, int]:
-        """URL -> slot (read-only; :meth:`take` adds to this same dict, :meth:`keep_only` may
-        replace it)."""
+        """URL -> slot, read-only (:meth:`take` adds to it, :meth:`keep_only` may replace it)."""
         return self._slot
 
     def replica_ids(self) -> list:
-        """Slot -> replica id (read-only; :meth:`take` changes this same list in place,
-        :meth:`keep_only` may replace it)."""
+        """Slot -> replica id, read-only (:meth:`take` changes it in place)."""
         return self._rid
-
-    def replica_id(self, url: str):
-        slot = self._slot.get(url)
-        return None if slot is None else self._rid[slot]
 
     def newest(self, url: str) -> int | None:
         """The newest step folded for ``url`` (None: nothing)."""
@@ -76,20 +49,6 @@ class StepMemory:
 
     def newest_of(self, slots: list[int]) -> list[int | None]:
         return [None if s == NONE else s for s in self._newest[slots].tolist()]
-
-    def rows(self, url: str) -> dict[int, tuple[float, ...]]:
-        """``url``'s folded rows: {step: its four seconds}, oldest first."""
-        slot = self._slot.get(url)
-        if slot is None:
-            return {}
-        steps, newest = self._steps[slot], int(self._newest[slot])
-        order = np.argsort(steps, kind="stable")
-        return {int(steps[i]): tuple(self._seconds[slot, i].tolist())
-                for i in order if steps[i] != NONE and steps[i] > newest - self.depth}
-
-    def snapshot(self) -> dict[str, tuple]:
-        """{url: (replica id, :meth:`rows`)} of every rank remembered (tests, debugging)."""
-        return {u: (self._rid[s], self.rows(u)) for u, s in self._slot.items()}
 
     def common_steps(self, slots: np.ndarray) -> list[int]:
         """The steps every one of ``slots`` has folded, ascending."""
@@ -113,8 +72,8 @@ class StepMemory:
 
     # --- writing ---------------------------------------------------------------------
     def take(self, url: str, replica_id) -> int:
-        """``url``'s slot for ``replica_id``: its own, emptied first if its replica id changed
-        (a new incarnation's steps are not the last one's), or a new one."""
+        """``url``'s slot for ``replica_id``: its own (emptied if its replica id changed), or a
+        new one."""
         slot = self._slot.get(url)
         if slot is not None:
             if self._rid[slot] != replica_id:
@@ -128,12 +87,13 @@ class StepMemory:
         return slot
 
     def fold(self, slots: list[int], blobs: list[bytes]) -> list[int]:
-        """Fold answers' packed rows (``blobs[i]``: TIMING_ROW records, served oldest first) into
-        ``slots[i]``; returns how many rows each answer added. Within an answer a step served
-        twice keeps its last row."""
+        """Fold answers' rows (``blobs[i]``: whole TIMING_ROW records, oldest first) into
+        ``slots[i]``: the valid rows (rank_wire.valid_row) newer than the slot's newest step
+        and within ``depth`` of the new newest; a step served twice keeps its last row.
+        Returns how many rows each answer added."""
         counts = np.fromiter(map(len, blobs), np.int64, len(blobs)) // TIMING_ROW.size
-        # the rows (TIMING_ROW: the step, then four seconds) as plain columns, float64 x 5, the
-        # first the step's int64 bits (a structured array's fields are ~5x slower to compare)
+        # the rows as float64 x 5 columns, the first the step's int64 bits (a structured
+        # array's fields are slower to compare)
         raw = np.frombuffer(b"".join(blobs), np.float64).reshape(-1, 1 + len(TIMING_KEYS))
         if not len(raw):
             return [0] * len(slots)
@@ -143,7 +103,7 @@ class StepMemory:
         newest = self._newest
         # new steps only; a step near int64's least is no step (it would wrap: steps - depth)
         at = np.flatnonzero((steps > newest[owner]) & (steps > NONE + self.depth))
-        if len(at):  # of those, the rows with four finite seconds >= 0 (NaN fails both)
+        if len(at):  # of those, the valid rows (NaN fails both tests)
             sec = raw[at, 1:]
             at = at[((sec >= 0) & (sec < np.inf)).all(axis=1)]
         if not len(at):
@@ -188,8 +148,8 @@ class StepMemory:
         self._free.extend(range(2 * old - 1, old - 1, -1))
 
     def _resize(self, capacity: int, live: list[int] | None = None) -> None:
-        """Arrays of ``capacity`` slots, holding the current first ones (or ``live``'s rows, in
-        their order, from slot 0)."""
+        """Arrays of ``capacity`` slots: the current ones kept in place, or ``live``'s moved to
+        the front."""
         steps = np.full((capacity, self.depth), NONE, np.int64)
         seconds = np.zeros((capacity, self.depth, len(TIMING_KEYS)), np.float64)
         newest = np.full(capacity, NONE, np.int64)
@@ -205,8 +165,8 @@ class StepMemory:
         self._steps, self._seconds, self._newest = steps, seconds, newest
 
     def _compact(self) -> None:
-        """Give back the room of ranks forgotten (at 100,000 ranks the first sweep folds every
-        rank, leader polling then keeps ~15,000-21,000): the live slots moved to the front."""
+        """Give back the room of forgotten ranks (the first sweep folds every rank, leader
+        polling then keeps a fraction)."""
         urls = list(self._slot)
         live = [self._slot[u] for u in urls]
         capacity = max(1024, 2 * len(live))

@@ -34,7 +34,7 @@ def median(values: Iterable[float]) -> float | None:
 class ClusterView:
     """One sweep's picture, never changed once built. Built by ViewBuilder, a group that did
     not change since the previous sweep is the very same GroupView object: a consumer tells
-    what to read again by identity (monitor.detect.detectors._SeenGroups)."""
+    what to read again by identity (monitor.detect.rank_state.SeenGroups)."""
 
     at: float
     ranks: dict[str, RankView]

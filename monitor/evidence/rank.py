@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monitor.poll.discovery import Target
-from monitor.poll.packed_state import kept_step_seconds, step_seconds
+from rank_wire import unpack_seconds
 
 _REQUIRED = {"replica_group": int, "rank": int, "group_rank": int, "step": int,
             "quorum_id": int, "phase": str, "phase_since": (int, float)}
@@ -130,11 +130,8 @@ class RankView:
         cached = self._recent
         if cached is not None:
             return cached
-        vals = (self.state.get("recent_step_seconds") or []) if self.state else []
-        if type(vals) is bytes:  # packed by the poller (monitor/poll/packed_state.py)
-            out = step_seconds(vals)
-        else:
-            out = kept_step_seconds(vals) if isinstance(vals, list) else []
+        vals = self.state.get("recent_step_seconds") if self.state else None
+        out = unpack_seconds(vals) if type(vals) is bytes else []  # as the poller keeps it
         self._recent = out
         return out
 

@@ -1,0 +1,112 @@
+"""Findings and their lifecycle: opened once confirmed (one per kind, group and replica id),
+then resolved. A finding names a replica group and its torchft ``replica_id`` (one
+incarnation), the culprit ranks and where they run (``evidence.culprits``), the evidence, and
+when it was first seen and confirmed."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from monitor.evidence.view import ClusterView, GroupView
+
+from .rank_state import describe_ranks
+
+log = logging.getLogger(__name__)
+
+KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting",
+         "quarantined_host")  # the last one is opened by monitor.act.hosts through report()
+
+
+@dataclass
+class Finding:
+    kind: str
+    replica_group: int
+    replica_id: str | None
+    ranks: list[int]
+    evidence: dict[str, Any]
+    first_seen: float
+    confirmed_at: float | None = None
+    resolved_at: float | None = None
+    resolution: str | None = None
+
+    @property
+    def key(self) -> tuple[str, int, str | None]:
+        return (self.kind, self.replica_group, self.replica_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**vars(self), "ranks": list(self.ranks)}
+
+
+class Findings:
+    """The open findings by key, and the last 200 resolved."""
+
+    def __init__(self) -> None:
+        self.open: dict[tuple, Finding] = {}
+        self.resolved: deque[Finding] = deque(maxlen=200)
+
+    def groups(self, *kinds: str) -> set[int]:
+        """The groups with an open finding of one of ``kinds``."""
+        return {k[1] for k in self.open if k[0] in kinds}
+
+    def confirm(self, kind: str, gv: GroupView, ranks: list[int], ev: dict[str, Any],
+                first_seen: float, now: float, view: ClusterView,
+                replica_id: Any = ...) -> Finding | None:
+        """Open a confirmed finding (returned), or refresh the evidence of the open one (None)."""
+        rid = gv.replica_id if replica_id is ... else replica_id
+        culprits = describe_ranks(view, ranks)
+        ev = {**ev, "culprit_ranks": list(ranks),
+              "culprit_hosts": [c["host"] for c in culprits], "culprits": culprits}
+        key = (kind, gv.replica_group, rid)
+        if key in self.open:
+            self.open[key].evidence = ev
+            return None
+        f = self.open[key] = Finding(kind, gv.replica_group, rid, ranks, ev, first_seen, now)
+        hosts = sorted({str(c["host"]) for c in culprits})
+        log.warning("confirmed %s in replica group %d: rank(s) %s on %s", kind, gv.replica_group,
+                    ranks, ", ".join(hosts))
+        return f
+
+    def report(self, f: Finding) -> bool:
+        if f.key in self.open:
+            return False
+        self.open[f.key] = f
+        return True
+
+    def resolve(self, key: tuple, how: str, now: float) -> None:
+        f = self.open.pop(key, None)
+        if f is not None:
+            f.resolved_at, f.resolution = now, how
+            self.resolved.append(f)
+
+    def resolve_where(self, how: str, now: float, kinds: tuple[str, ...] | None = None,
+                      group: int | None = None, keep: tuple[str, ...] = ()) -> None:
+        """Resolve the open findings of ``kinds`` in ``group`` (None: any) but ``keep``'s."""
+        for key in [k for k in self.open if (kinds is None or k[0] in kinds)
+                    and (group is None or k[1] == group) and k[0] not in keep]:
+            self.resolve(key, how, now)
+
+    def resolve_gone(self, view: ClusterView, full: ClusterView, now: float) -> None:
+        """Resolve the findings whose group left the view (``gone``) or has no rank reachable
+        (``left_job``; but ``dead`` and ``stuck_starting``, which are about that)."""
+        for key in list(self.open):
+            kind, g, _rid = key
+            gv = (full if kind == "stuck_starting" else view).groups.get(g)
+            if gv is None:
+                self.resolve(key, "gone", now)
+            elif kind not in ("dead", "stuck_starting") and not gv.reachable:
+                self.resolve(key, "left_job", now)
+
+
+def engine_findings(result: Any) -> list[dict[str, Any]]:
+    """An analysis result's findings as the detectors read them, the engine's JSON in ``raw``."""
+    out = []
+    for f in result.findings:
+        d = f.to_dict()
+        out.append({"kind": d["kind"], "culprits": sorted(d["culprit_ranks"]),
+                    "quorum_id": d["quorum_id"], "replica_group": d["replica_group"],
+                    "has_majority": d.get("has_majority", True),
+                    "waiting": list(d.get("waiting_ranks") or []), "seq": d["seq"], "raw": d})
+    return out

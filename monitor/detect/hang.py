@@ -1,0 +1,230 @@
+"""``hang``: the job stopped inside a collective, and who never entered it.
+
+A *stall*: no group's step moved since the last sweep and a rank of the newest quorum has been
+blocked in a collective (its own clock; a quorum is not a collective) for :meth:`Hang.threshold`.
+A hang: the engine also finds a collective of this incarnation some members enqueued and the
+culprits never did; the ranks that never entered the in-group one (e.g. FSDP's all-gather)
+when there is one, else the group's ranks missing from the cross-group one. A culprit is never
+itself waiting in the collective it is blamed for.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from monitor.analysis import normalize_dumps
+from monitor.config import DetectorConfig
+from monitor.evidence.view import ClusterView
+
+from .findings import Finding, Findings, engine_findings
+from .rank_state import RankGroups, SeenGroups, collective_wait, fresh_ranks, phases
+
+log = logging.getLogger(__name__)
+
+_NO_QUORUM = object()  # before the first view
+
+
+def _inner(analysis: list[dict]) -> dict[int, dict]:
+    """Per replica group, the engine's first hang in a process group inside it."""
+    inner: dict[int, dict] = {}
+    for h in analysis:
+        if h["kind"] == "hang" and h["replica_group"] is not None:
+            inner.setdefault(int(h["replica_group"]), h)
+    return inner
+
+
+class Hang:
+    def __init__(self, cfg: DetectorConfig, findings: Findings, analyzer: Callable) -> None:
+        self.cfg, self.findings, self.analyzer = cfg, findings, analyzer
+        # each in-quorum group's step (of the newest quorum id), and since when none moved
+        self.progress_steps: dict[int, int] = {}
+        self._progress_quorum: Any = _NO_QUORUM
+        self._progress_at: float | None = None
+        self._noted_at: float | None = None
+        self._seen = SeenGroups()
+        self.stalled_sweeps = 0
+        self._stall_seen: tuple | None = None  # (view, now, stalled sweeps, stall's answer)
+        self._longest: tuple[float, float] | None = None  # (now, seconds)
+
+    def threshold(self, view: ClusterView | None) -> float:
+        """max(``hang_floor_s``, ``hang_factor`` x the median step time)."""
+        if view is None:
+            return self.cfg.hang_floor_s
+        return max(self.cfg.hang_floor_s, self.cfg.hang_factor * (view.median_step_seconds() or 0))
+
+    def note_progress(self, view: ClusterView, now: float) -> None:
+        """Count the sweeps since the in-quorum groups' steps moved (once per ``now``)."""
+        if self._noted_at == now:
+            return
+        self._noted_at = now
+        changed, gone = self._seen.changed(view)
+        q, groups, steps = view.quorum_id, view.groups, self.progress_steps
+        moved = False
+        if q != self._progress_quorum:  # a new quorum: which groups are in it, afresh
+            self._progress_quorum = q
+            now_steps = {g: gv.step or 0 for g, gv in groups.items() if q in gv.taking_part}
+            moved, self.progress_steps = now_steps != steps, now_steps
+        else:  # the same quorum: only a changed group's step or membership can have moved
+            for g in gone:
+                moved = steps.pop(g, None) is not None or moved
+            for g in changed:
+                gv = groups[g]
+                if q in gv.taking_part:
+                    step = gv.step or 0
+                    if steps.get(g) != step:
+                        steps[g], moved = step, True
+                elif steps.pop(g, None) is not None:
+                    moved = True
+        if self._progress_at is None or moved:
+            self._progress_at = now
+            self.stalled_sweeps = 0
+        else:
+            self.stalled_sweeps += 1
+
+    def stall(self, view: ClusterView, now: float) -> tuple[bool, float, float, dict[int, tuple]]:
+        """(stalled, longest wait (s), threshold, {rank: (scope, seconds)} of the ranks
+        blocked at least that long); once per view and sweep."""
+        if self.stalled_sweeps < 1:
+            return False, 0.0, 0.0, {}  # a group moved: not stalled whatever the waits
+        seen = self._stall_seen
+        if seen is not None and seen[0] is view and seen[1] == now \
+                and seen[2] == self.stalled_sweeps:
+            return seen[3]
+        threshold = self.threshold(view)
+        waits: dict[int, tuple[str, float]] = {}
+        in_quorum = {g.replica_group for g in view.in_quorum()}
+        for _, r in fresh_ranks(view):  # a wait carried from an older poll is not a wait now
+            if not r.reachable or not r.fresh or r.replica_group not in in_quorum:
+                continue
+            scope, secs = collective_wait(r.state, now)
+            if scope is not None and secs >= threshold and r.rank is not None:
+                waits[r.rank] = (scope, secs)
+        longest = max((s for _, s in waits.values()), default=0.0)
+        out = (bool(waits), longest, threshold, waits)
+        self._stall_seen = (view, now, self.stalled_sweeps, out)
+        return out
+
+    def longest_wait(self, view: ClusterView | None, now: float,
+                     states: Iterable[Any] | None = None) -> float:
+        """The longest a rank polled this sweep has been blocked in a collective (s), once per
+        ``now``; ``states``: this sweep's answers (default ``view``'s)."""
+        got = self._longest
+        if got is not None and got[0] == now:
+            return got[1]
+        if states is None:
+            states = [r.state for _, r in fresh_ranks(view) if r.reachable] \
+                if view is not None else []
+        longest = max((collective_wait(st, now)[1] for st in states), default=0.0)
+        self._longest = (now, longest)
+        return longest
+
+    def judge(self, view: ClusterView, dumps: Mapping[int, dict], analysis: list[dict] | None,
+              now: float) -> list[Finding]:
+        stalled, longest, threshold, waits = self.stall(view, now)
+        findings = self.findings
+        if not stalled:
+            findings.resolve_where("progress", now, ("hang",))
+            return []
+        if analysis is None:
+            return []
+        newest_q = view.quorum_id
+        rank_group = RankGroups(view, dumps)
+        in_quorum = {g.replica_group for g in view.in_quorum()}
+        inner, cross = _inner(analysis), {}
+        for h in analysis:
+            if h["kind"] == "hang" and h["replica_group"] is None \
+                    and h["quorum_id"] in (None, newest_q):
+                for r in h["culprits"]:
+                    g = rank_group.get(r)
+                    if g is not None and h not in cross.setdefault(g, []):
+                        cross[g].append(h)
+        new = []
+        for g in sorted(set(cross) | set(inner)):
+            gv = view.groups.get(g)
+            if gv is None or g not in in_quorum:
+                continue
+            h_in = inner.get(g)
+            waiting = self._in_group_blocked(view, g, h_in, waits, rank_group, now)
+            if waiting:
+                level, ranks, found = "in_group", list(h_in["culprits"]), [h_in]
+            else:
+                ranks = sorted({r for h in cross.get(g, []) for r in h["culprits"]
+                                if rank_group.get(r) == g})
+                waiting = sorted({r for h in cross.get(g, []) for r in h["waiting"]
+                                  if r in waits})
+                if not ranks or not waiting or not self._not_waiting(view, ranks, now, "cross"):
+                    continue
+                level, found = "cross_group", cross[g]
+                # in the group the job waits for, the ranks that never entered the collective
+                # its others are blocked in now, however briefly (they began after the others)
+                blocked = self._blocked_in_group_now(view, h_in, now)
+                inner_peers = self._in_group_blocked(view, g, h_in, blocked, rank_group, now)
+                if inner_peers:
+                    level, ranks, found = "in_group", list(h_in["culprits"]), [h_in]
+                    waiting, waits = inner_peers, {**blocked, **waits}
+            pending = found[0]["raw"]
+            ev = {"level": level, "stalled_s": round(longest, 3),
+                  "threshold_s": round(threshold, 3),
+                  "median_step_s": view.median_step_seconds(),
+                  "pending": {k: pending.get(k)
+                              for k in ("pg", "replica_group", "quorum_id", "seq", "op")},
+                  "pending_seq": pending.get("seq"), "quorum_id": newest_q,
+                  "never_arrived": ranks, "waiting_ranks": waiting,
+                  "waits": {str(r): {"scope": waits[r][0], "seconds": round(waits[r][1], 3)}
+                            for r in waiting},
+                  "phases": phases(view, ranks + waiting),
+                  "analysis": [h["raw"] for h in found]
+                  + [h["raw"] for h in cross.get(g, []) if h not in found]}
+            new.append(findings.confirm("hang", gv, ranks, ev, now - longest, now, view))
+        return [f for f in new if f]
+
+    def in_group_hangs(self, view: ClusterView, dumps: Mapping[int, dict],
+                       now: float) -> set[int]:
+        """The groups whose hang :meth:`judge` confirms in-group this sweep from ``dumps``
+        alone (the service then skips the other groups' dumps); empty on any error."""
+        try:
+            stalled, _, _, waits = self.stall(view, now)
+            if not stalled or not dumps:
+                return set()
+            inner = _inner(engine_findings(self.analyzer(normalize_dumps(dumps)[0])))
+            in_quorum = {gv.replica_group for gv in view.in_quorum()}
+            rank_group = RankGroups(view, dumps)
+            return {g for g, h in inner.items() if g in in_quorum and g in view.groups
+                    and self._in_group_blocked(view, g, h, waits, rank_group, now)}
+        except Exception:  # the caller then fetches every dump
+            log.exception("in-group hang check failed")
+            return set()
+
+    def _in_group_blocked(self, view: ClusterView, g: int, h_in: dict | None,
+                          waits: dict[int, tuple], rank_group: RankGroups,
+                          now: float) -> list[int]:
+        """The peers blocked (``waits``) in ``h_in``, the engine's hang inside ``g``, when its
+        culprits are all of ``g`` and none is itself blocked in the group; else empty."""
+        if not h_in or not h_in["culprits"]:
+            return []
+        blocked = [r for r in h_in["waiting"] if r in waits and waits[r][0] == "group"]
+        if blocked and all(rank_group.get(r) == g for r in h_in["culprits"]) and \
+                self._not_waiting(view, h_in["culprits"], now, "group"):
+            return blocked
+        return []
+
+    @staticmethod
+    def _blocked_in_group_now(view: ClusterView, h_in: dict | None,
+                              now: float) -> dict[int, tuple]:
+        """{rank: ("group", seconds)} of ``h_in``'s waiting ranks blocked in-group now."""
+        out: dict[int, tuple] = {}
+        for rank in h_in["waiting"] if h_in else []:
+            r = view.rank_view(rank)
+            if r is not None and r.reachable and r.fresh:
+                scope, secs = collective_wait(r.state, now)
+                if scope == "group" and secs > 0:
+                    out[rank] = (scope, secs)
+        return out
+
+    @staticmethod
+    def _not_waiting(view: ClusterView, ranks: list[int], now: float, scope: str) -> bool:
+        """No culprit is itself blocked inside a collective of ``scope``."""
+        return not any((r := view.rank_view(rank)) is not None and r.reachable
+                       and collective_wait(r.state, now)[0] == scope for rank in ranks)

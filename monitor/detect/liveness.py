@@ -1,0 +1,148 @@
+"""Ranks that are gone or never start.
+
+- ``dead_rank``: unreachable for ``dead_sweeps`` sweeps while group rank 0 (the group's torchft
+  Manager, which heartbeats to the Lighthouse) still answers with the same replica id: torchft
+  keeps the group in the quorum and every group waits for it until its timeouts (evicted).
+- ``dead``: unreachable, and the group's Manager rank too: torchft drops the group itself.
+- ``stuck_starting``: answers without a quorum for ``starting_timeout_s`` (monitor's clock)
+  since first seen so. Judged on every rank polled; its replica id is its group's verified one
+  or none, so only a verified group's can be evicted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from monitor.config import DetectorConfig
+from monitor.evidence.view import ClusterView, RankView
+
+from .findings import Finding, Findings
+from .rank_state import SeenGroups, fresh_ranks
+
+DEAD_KINDS = ("dead", "dead_rank")
+
+
+def _unreachable(ranks: list[RankView]) -> dict[str, Any]:
+    return {str(r.rank): {"url": r.url, "reason": r.reason, "error": r.error,
+                          "sweeps": r.failures, "since": r.unreachable_since}
+            for r in ranks}
+
+
+class Liveness:
+    def __init__(self, cfg: DetectorConfig, findings: Findings) -> None:
+        self.cfg, self.findings = cfg, findings
+        self._seen = SeenGroups()
+        self._down: set[int] = set()  # groups last seen with a rank down
+        self._starting: dict[tuple, float] = {}  # (url, pid, started_at) -> first seen so
+
+    def dead(self, view: ClusterView, now: float) -> list[Finding]:
+        findings, new = self.findings, []
+        open_dead = findings.groups(*DEAD_KINDS)
+        changed, gone = self._seen.changed(view)
+        self._down.difference_update(gone)
+        # a group unchanged, with no rank down and nothing open, has nothing new (most)
+        for g in sorted(self._down.union(changed, open_dead)):
+            gv = view.groups.get(g)
+            if gv is None:
+                continue
+            if len(gv.reachable) == len(gv.ranks):
+                self._down.discard(g)
+                if g not in open_dead:
+                    continue
+            else:
+                self._down.add(g)
+            rid = gv.replica_id
+            if rid is not None:  # what was dead of an earlier incarnation is over
+                for key in [k for k in findings.open if k[0] in DEAD_KINDS and k[1] == g
+                            and k[2] not in (None, rid)]:
+                    findings.resolve(key, "replaced", now)
+            # a rank of an earlier incarnation (its group restarted, the rank not back yet)
+            # is not this incarnation's loss
+            down = [r for r in gv.ranks if not r.reachable and not r.superseded
+                    and r.failures >= self.cfg.dead_sweeps
+                    and (rid is None or r.replica_id in (None, rid))]
+            manager_up = [r for r in gv.reachable if r.state.get("group_rank") == 0
+                          and r.replica_id == rid and rid is not None]
+            lost = [r for r in down if r.replica_id == rid and r.state
+                    and r.state.get("group_rank") != 0]
+            if manager_up and lost:
+                findings.resolve(("dead", g, rid), "rank_dead_in_live_group", now)
+                ev = {"unreachable": _unreachable(lost),
+                      "alive": sorted(r.rank for r in gv.reachable if r.rank is not None),
+                      "manager_rank": manager_up[0].rank,
+                      "why": "the group's Manager (group rank 0) still heartbeats, so torchft "
+                             "keeps the group in the quorum and every group waits for these "
+                             "ranks until its timeouts"}
+                new.append(findings.confirm(
+                    "dead_rank", gv, sorted(r.rank for r in lost if r.rank is not None), ev,
+                    min(r.unreachable_since or now for r in lost), now, view))
+                continue
+            findings.resolve_where("group_dead" if down else "reachable", now, ("dead_rank",), g)
+            if not down:
+                findings.resolve_where("reachable", now, ("dead",), g)
+                continue
+            ev = {"unreachable": _unreachable(down), "group_ranks_unreachable": len(down),
+                  "group_ranks": len(gv.ranks)}
+            new.append(findings.confirm(
+                "dead", gv, sorted({r.rank for r in down if r.rank is not None}), ev,
+                min(r.unreachable_since or now for r in down), now, view))
+        return [f for f in new if f]
+
+    def stuck_starting(self, full: ClusterView, now: float, starting_urls: list[str] | None,
+                       groups: Mapping[int, Any]) -> list[Finding]:
+        """``starting_urls``: the ranks polled without a quorum, when the caller read them
+        (None: read here); ``groups``: each verified group's memory (its ``replica_id``)."""
+        starting = {}
+        polled = fresh_ranks(full) if starting_urls is None else \
+            [(u, full.ranks[u]) for u in starting_urls]
+        for url, r in polled:  # a carried rank keeps what its last poll said
+            s = r.state
+            if not r.reachable or not s:
+                continue
+            if s["quorum_id"] >= 0 or r.replica_group is None:  # most have a quorum
+                continue
+            starting[url] = (url, s.get("pid"), s.get("started_at"))
+        if full.polled is not None and self._starting:
+            fresh = set(full.polled)
+            for ident in self._starting:
+                url = ident[0]
+                if url not in fresh and url in full.ranks:
+                    r = full.ranks[url]
+                    if r.reachable and r.state and r.replica_group is not None:
+                        starting.setdefault(url, ident)
+        seen = set(starting.values())
+        stuck: dict[int, list[RankView]] = {}
+        for ident in seen:
+            if now - self._starting.setdefault(ident, now) >= self.cfg.starting_timeout_s:
+                r = full.ranks[ident[0]]
+                stuck.setdefault(r.replica_group, []).append(r)
+        for ident in [i for i in self._starting if i not in seen]:
+            del self._starting[ident]
+        findings, new = self.findings, []
+        for key in [k for k in findings.open if k[0] == "stuck_starting"
+                    and k[1] in full.groups and k[1] not in stuck]:
+            findings.resolve(key, "started", now)
+        for g, ranks in stuck.items():
+            gv = full.groups.get(g)
+            if gv is None:
+                continue
+            mem = groups.get(g)
+            rid = mem.replica_id if mem is not None else None
+            if rid is not None and any(r.replica_id not in (None, rid) for r in ranks):
+                rid = None
+            first = min(self._starting[(r.url, r.state.get("pid"), r.state.get("started_at"))]
+                        for r in ranks)
+            ev = {"starting_timeout_s": self.cfg.starting_timeout_s,
+                  "for_s": round(now - first, 1),
+                  "ranks": {str(r.rank): {
+                      "phase": r.state.get("phase"), "replica_id": r.replica_id,
+                      "verified": bool(getattr(getattr(r, "trust", None), "evidence", True)),
+                      "why": "no torchft Manager yet (waiting for the group's store or rank 0)"
+                      if not r.replica_id else "the Manager exists but no quorum was formed "
+                      "(Lighthouse unreachable, or the group's other ranks never asked)"}
+                      for r in ranks}}
+            new.append(findings.confirm(
+                "stuck_starting", gv, sorted(r.rank for r in ranks if r.rank is not None), ev,
+                first, now, full, replica_id=rid))
+        return [f for f in new if f]

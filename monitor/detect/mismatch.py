@@ -1,0 +1,117 @@
+"""``mismatch``: members of one group that enqueued different collectives at one sequence id
+(the analysis engine over the live dumps). The culprit is the minority; without a majority,
+the rank that breaks its own per-step pattern (:func:`departs_from_step_pattern`), else its
+own history of that collective (``departs_from_history``). Nothing singled out: no finding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from monitor.analysis import GroupKey, RankTrace
+from monitor.evidence.view import ClusterView
+
+from .findings import Finding, Findings
+from .rank_state import RankGroups
+
+
+def judge(view: ClusterView, dumps: Mapping[int, dict], traces: Mapping[int, RankTrace],
+          analysis: list[dict] | None, now: float, findings: Findings) -> list[Finding]:
+    """This sweep's mismatches confirmed, one finding per culprit group."""
+    if not analysis:
+        return []
+    rank_group = RankGroups(view, dumps)
+    new = []
+    for m in analysis:
+        if m["kind"] != "mismatch":
+            continue
+        culprits, how = list(m["culprits"]), "majority"
+        if not m["has_majority"]:
+            culprits, how = departs_from_step_pattern(traces, m["raw"]), "step_pattern"
+            if not culprits:
+                culprits = [int(r) for r in m["raw"].get("departs_from_history") or []]
+                how = "own_history"
+            participants = [r for v in m["raw"].get("variants") or [] for r in v["ranks"]]
+            if len(culprits) >= len(participants):
+                culprits = []  # everyone "departs": that singles nobody out
+        if not culprits:
+            continue
+        by_group: dict[int, list[int]] = {}
+        for r in culprits:
+            g = rank_group.get(r)
+            if g is not None:
+                by_group.setdefault(g, []).append(r)
+        if len(by_group) * 2 > len({rank_group.get(r) for r in dumps}) and how != "majority":
+            continue  # most groups "differ": the evidence does not single one out
+        for g, ranks in by_group.items():
+            gv = view.groups.get(g)
+            if gv is None:
+                continue
+            ev = {"quorum_id": m["quorum_id"], "seq": m["seq"], "pg": m["raw"].get("pg"),
+                  "level": "in_group" if m["replica_group"] is not None else "cross_group",
+                  "attributed_by": how, "analysis": m["raw"]}
+            new.append(findings.confirm("mismatch", gv, ranks, ev, now, now, view))
+    return [f for f in new if f]
+
+
+def _period(sigs: list[int | None], skip: int, max_period: int = 128) -> int | None:
+    """The shortest period with which a rank's collectives repeat (one training step's pattern),
+    judged on its own history without position ``skip``; None when none holds for 9 in 10."""
+    n = len(sigs)
+    for p in range(1, min(max_period, n // 3) + 1):
+        same = total = 0
+        allowed = 0.1 * (n - p)  # give up on this period once too many positions disagree
+        for i in range(p, n):
+            if i == skip or i - p == skip or sigs[i] is None or sigs[i - p] is None:
+                continue
+            total += 1
+            if sigs[i] == sigs[i - p]:
+                same += 1
+            elif total - same > allowed:
+                break
+        if total >= 2 * p and same >= 0.9 * total:
+            return p
+    return None
+
+
+def _expected(sigs: list[int | None], i: int, p: int) -> int | None:
+    """What the repeating pattern puts at position ``i``: the nearest period-aligned neighbour."""
+    for k in range(1, 4):
+        for j in (i - k * p, i + k * p):
+            if 0 <= j < len(sigs) and sigs[j] is not None:
+                return sigs[j]
+    return None
+
+
+def departs_from_step_pattern(traces: Mapping[int, RankTrace], raw: Mapping[str, Any]) -> list[int]:
+    """Participants of a mismatch whose collective at its sequence id breaks their own repeating
+    per-step pattern, when at least one other participant's follows its pattern.
+
+    Training repeats the same collectives every step (FSDP gathers each unit in turn, a cross-group
+    all_reduce per step), so the op at a sequence id is predictable from the same rank's earlier
+    and later steps. A rank that issued something else there departs; a rank whose pattern
+    predicts exactly what it issued does not. Empty when that does not single anyone out (no
+    period, or every participant departs)."""
+    key = GroupKey(raw.get("pg"), raw.get("replica_group"), raw.get("quorum_id"),
+                   raw.get("group_rank"))
+    seq = raw.get("seq")
+    if not isinstance(seq, int):
+        return []
+    departs, conforms = [], []
+    for v in raw.get("variants") or []:
+        for rank in v.get("ranks") or []:
+            t = traces.get(rank)
+            row = t.groups.get(key) if t is not None else None
+            if row is None or not row.first_seq <= seq <= row.last_seq:
+                continue
+            # the steps around it are enough to see the pattern (and keep this cheap)
+            lo = max(0, seq - row.first_seq - 600)
+            sigs = row.sigs[lo:seq - row.first_seq + 300]
+            i = seq - row.first_seq - lo
+            p = _period(sigs, i)
+            expected = None if p is None else _expected(sigs, i, p)
+            if expected is None:
+                continue
+            (conforms if expected == sigs[i] else departs).append(rank)
+    return sorted(departs) if departs and conforms else []

@@ -1,0 +1,114 @@
+"""What the detectors read of the ranks' answers: collective waits (on each rank's own clock),
+who a rank is, which ranks this sweep polled, which group a rank belongs to, which groups
+changed since a consumer last looked."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from monitor.evidence.view import ClusterView, GroupView, RankView
+
+
+def current_wait(state: Mapping[str, Any] | None) -> tuple[str | None, float | None]:
+    """(scope, seconds) of the collective wait the rank is blocked in now, on its own clock;
+    (None, None) when it is not waiting or does not say."""
+    timing = state.get("timing") if isinstance(state, Mapping) else None
+    w = timing.get("waiting") if isinstance(timing, Mapping) else None
+    if not isinstance(w, Mapping):
+        return None, None
+    scope, secs = w.get("scope"), w.get("seconds")
+    if not isinstance(scope, str) or not isinstance(secs, (int, float)) or not math.isfinite(secs):
+        return None, None
+    return scope, float(secs)
+
+
+def collective_wait(state: Mapping[str, Any] | None, now: float) -> tuple[str | None, float]:
+    """How long the rank has been blocked inside a *collective* (not a quorum): ("group" or
+    "cross", seconds), or (None, 0.0). A rank without ``timing`` falls back to its phase
+    (``allreduce`` since ``phase_since``: its own clock against the monitor's)."""
+    if type(state) is dict:
+        timing = state.get("timing")
+        if type(timing) is dict and timing.get("waiting") is None:
+            return None, 0.0  # not waiting (most answers): said without the general path
+    elif not isinstance(state, Mapping):
+        return None, 0.0
+    if isinstance(state.get("timing"), Mapping):
+        scope, secs = current_wait(state)
+        if scope == "group" or (scope == "cross" and state.get("phase") == "allreduce"):
+            return scope, secs or 0.0
+        return None, 0.0
+    if state.get("phase") == "allreduce" and isinstance(state.get("phase_since"), (int, float)):
+        return "cross", max(0.0, now - float(state["phase_since"]))
+    return None, 0.0
+
+
+def describe_ranks(view: ClusterView, ranks: list[int]) -> list[dict[str, Any]]:
+    """Who the ranks are and where they run, from their last ``/v1/state``."""
+    out = []
+    for rank in ranks:
+        rv = view.rank_view(rank)
+        s = (rv.state if rv else None) or {}
+        scope, secs = current_wait(s)
+        out.append({"rank": rank, "group_rank": s.get("group_rank"), "host": s.get("host"),
+                    "node": s.get("node") or s.get("host"), "device": s.get("device"),
+                    "local_rank": s.get("local_rank"), "pid": s.get("pid"),
+                    "url": rv.url if rv else None, "reachable": bool(rv and rv.reachable),
+                    "phase": s.get("phase"), "step": s.get("step"),
+                    "waiting": None if scope is None else {"scope": scope,
+                                                           "seconds": round(secs or 0.0, 3)},
+                    "stacks": f"{rv.url}/v1/stacks" if rv else None})
+    return out
+
+
+def phases(view: ClusterView, ranks: list[int]) -> dict[str, Any]:
+    """{rank: its phase, reachable, step, host and wait} of the ranks that answered."""
+    return {str(d["rank"]): {k: d[k] for k in ("phase", "reachable", "step", "host", "waiting")}
+            for d in describe_ranks(view, ranks) if d["phase"] is not None}
+
+
+def fresh_ranks(view: ClusterView) -> list[tuple[str, RankView]]:
+    """(url, RankView) of the ranks polled this sweep (with leader polling the others are
+    carried unchanged: what they said was read when they were polled)."""
+    ranks = view.ranks
+    if view.polled is None:
+        return list(ranks.items())
+    return [(u, ranks[u]) for u in view.polled if u in ranks]
+
+
+class RankGroups:
+    """rank -> its replica group, for the ranks a Flight Recorder finding names: the group its
+    RankView says when it answered (never a superseded process's), else its dump's claim."""
+
+    __slots__ = ("view", "dumps", "claimed")
+
+    def __init__(self, view: ClusterView, dumps: Mapping[int, dict]) -> None:
+        self.view, self.dumps = view, dumps
+        self.claimed: dict[int, int] | None = None  # the dumps' claims, made on first need
+
+    def get(self, rank: int) -> int | None:
+        rv = self.view.rank_view(rank)
+        if rv is not None and rv.state is not None:
+            return rv.replica_group
+        if self.claimed is None:
+            self.claimed = {int(r): d["replica_group"] for r, d in self.dumps.items()
+                            if isinstance(d, Mapping) and isinstance(d.get("replica_group"), int)}
+        return self.claimed.get(rank)
+
+
+class SeenGroups:
+    """Which groups' ``GroupView`` changed since this consumer's last call: a view keeps an
+    unchanged group's GroupView object and never changes a view once built, so identity tells
+    what to read again (most groups, at scale, are not)."""
+
+    def __init__(self) -> None:
+        self.groups: Mapping[int, GroupView] = {}
+
+    def changed(self, view: ClusterView) -> tuple[list[int], set[int]]:
+        """(groups new or changed, in view order; groups gone)."""
+        seen, groups = self.groups, view.groups
+        changed = [g for g, gv in groups.items() if seen.get(g) is not gv]
+        gone = seen.keys() - groups.keys() if len(seen) > len(groups) - len(changed) else set()
+        self.groups = groups
+        return changed, gone

@@ -1,0 +1,315 @@
+"""``straggler``: the replica group the others wait for at the cross-group step.
+
+Each rank serves its last steps' timings on its own clock (no clocks of two hosts compared),
+kept per rank in a :class:`StepMemory`. Per step a group's cross wait (``wait_cross_s``) is its
+most-waiting rank's and its *lag* how long the others waited for it (:func:`straggler_lags`).
+A group is a straggler when, over the newest ``straggler_steps`` steps every group served, the
+others waited for it in 3 of 4 steps with a median lag of at least ``max(straggler_min_lag_s,
+straggler_rel_lag x median step time)``, in ``straggler_windows`` consecutive evaluations of
+newer steps, or at that lag in every step of one window. The culprits inside it are the ranks
+whose in-group wait is that threshold below their peers' median; none standing out: all.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Container, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from monitor.config import DetectorConfig
+from monitor.evidence.view import STEP_TIMES_READ, ClusterView, GroupView, RankView
+from rank_wire import TIMING_KEYS
+
+from .findings import Finding, Findings
+from .rank_state import fresh_ranks, phases
+from .step_memory import StepMemory
+
+# what every /v1/state is asked for: the step times the view reads, both lists packed
+STATE_ASK = f"recent={STEP_TIMES_READ}&packed=1"
+EVERY_ROW_QUERY = f"?{STATE_ASK}"  # a rank none of whose rows, nor its group's, are folded
+# a rank with no rows folded whose group's are is asked for the rows after its group's newest
+# folded step less the window and this many steps more (room for groups a step apart)
+WINDOW_SLACK_STEPS = 2
+STEP_MEMORY = 32  # per-step timings kept per rank (ranks serve their last 16)
+STEP_S, COMPUTE_S, WAIT_CROSS_S, WAIT_GROUP_S = range(len(TIMING_KEYS))
+
+
+@dataclass
+class GroupMemory:
+    """What the detectors remember of one incarnation of a group (a new replica id: afresh)."""
+
+    replica_id: str | None
+    straggler_windows: int = 0
+    straggler_newest: int | None = None  # newest step of the last straggler evaluation
+    straggler_first_seen: float | None = None
+    straggler_lags: list[float] = field(default_factory=list)
+
+
+def is_late_window(lags: np.ndarray, threshold: float, need: int) -> np.ndarray:
+    """Per row of ``lags`` (a group's lag per step): waited for in ``need`` steps and by
+    ``threshold`` in the median one (per-step waits scatter too much to ask it of each)."""
+    return ((lags > 0).sum(axis=1) >= need) & (np.median(lags, axis=1) >= threshold)
+
+
+def straggler_lags(cross: np.ndarray, threshold: float, need: int
+                   ) -> tuple[np.ndarray, set[int], list[int]]:
+    """Per group (row of ``cross``: its cross wait per step), how long the others waited for
+    it; the rows first found late; the rows not late.
+
+    First against the median of the other groups; a late one again against the least-waiting
+    group that is not late (groups merely spread apart do not make a middle one late). The
+    median of the others is a sorted column and a binary search per group: O(G log G) for
+    thousands of groups, equal to ``statistics.median`` to the bit."""
+    n = cross.shape[0] - 1  # the others
+    if n <= 0:
+        others = np.zeros_like(cross)
+    else:
+        ordered = np.sort(cross, axis=0)
+        # where each group's own value sits in its step's column: taking it out shifts every
+        # later position by one
+        at_or_after = np.empty(cross.shape, dtype=np.intp)
+        for s in range(cross.shape[1]):
+            at_or_after[:, s] = np.searchsorted(ordered[:, s], cross[:, s], side="left")
+
+        def at(j: int) -> np.ndarray:  # position j of each group's list of the others
+            return np.where(j < at_or_after, ordered[j], ordered[j + 1])
+
+        others = at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
+    lags = others - cross
+    late = is_late_window(lags, threshold, need)
+    candidates = set(np.flatnonzero(late).tolist())
+    healthy = np.flatnonzero(~late).tolist()
+    if candidates and healthy:
+        rows = np.flatnonzero(late)
+        lags[rows] = cross[~late].min(axis=0) - cross[rows]
+    return lags, candidates, healthy
+
+
+class Answers:
+    """One pass over a view's answers: commit failures by URL, the URLs polled that did not
+    answer, those without a quorum, per group its polled ranks with timings (RankView, slot,
+    replica id), and the groups whose ranks report more than one replica id (``mixed``)."""
+
+    __slots__ = ("view", "counts", "silent", "by_group", "mixed", "starting")
+
+    def __init__(self, view: ClusterView) -> None:
+        self.view = view
+        self.counts: dict[str, int] = {}
+        self.silent: list[str] = []
+        self.by_group: dict[int, list[tuple[RankView, int, str | None]]] = {}
+        self.mixed: set[int] = set()
+        self.starting: list[str] = []
+
+
+class Straggler:
+    def __init__(self, cfg: DetectorConfig, findings: Findings,
+                 groups: dict[int, GroupMemory]) -> None:
+        self.cfg, self.findings, self.groups = cfg, findings, groups
+        self.memory = StepMemory(STEP_MEMORY)
+        # per group: (replica id, the newest step folded from any of its ranks)
+        self._group_newest: dict[int, tuple[str | None, int]] = {}
+        self.last_answers: Answers | None = None
+        # groups whose memory may hold a late streak: judged every evaluation until reset
+        self._streaks: set[int] = set()
+        self.last_lags: dict[int, float] = {}  # replica_group -> how long the others waited
+
+    def state_queries(self, urls: Iterable[str], kept: Container[str] | None,
+                      view: ClusterView | None) -> list[str]:
+        """Per URL, the query of its next ``/v1/state``: ``?since=N&...``, N its newest folded
+        step, or for a rank with none folded its group's newest less the window (all the
+        window reads); every row when neither is known. ``kept``: the URLs the next fold
+        keeps, when asked before it (the others count as holding none)."""
+        memory, group_newest = self.memory, self._group_newest
+        ranks = view.ranks if view is not None else {}
+        back = self.cfg.straggler_steps + WINDOW_SLACK_STEPS
+        out = []
+        for url in urls:
+            newest = memory.newest(url)
+            if newest is None or (kept is not None and url not in kept):
+                rv = ranks.get(url)
+                st = rv.state if rv is not None else None
+                got = group_newest.get(st.get("replica_group")) if st else None
+                if got is None or got[0] != st.get("replica_id"):
+                    out.append(EVERY_ROW_QUERY)
+                    continue
+                newest = got[1] - back
+            out.append(f"?since={newest}&{STATE_ASK}")
+        return out
+
+    def answers(self, view: ClusterView) -> Answers:
+        """The pass over this sweep's answers (once per view): every fresh rank's timing rows
+        (rank_wire bytes, as the poller keeps them) folded into the memory in one call."""
+        got = self.last_answers
+        if got is not None and got.view is view:
+            return got
+        memory, group_newest = self.memory, self._group_newest
+        # only ranks polled this sweep are judged: the others' memory is dropped first
+        memory.keep_only(view.ranks.keys() if view.polled is None else set(view.polled))
+        slot_of, rid_of, take = memory.slots().get, memory.replica_ids(), memory.take
+        out = self.last_answers = Answers(view)
+        counts, silent, by_group, mixed = out.counts, out.silent, out.by_group, out.mixed
+        slots, blobs, polled = [], [], []
+        for url, r in fresh_ranks(view):
+            s = r.state
+            if not r.reachable or not s:
+                silent.append(url)
+                continue
+            counts[url] = int(s.get("commit_failures") or 0)
+            if s["quorum_id"] < 0:  # an int: the view checked the answer
+                out.starting.append(url)
+            if not r.fresh:  # carried: folded when it was polled
+                continue
+            rid = s.get("replica_id")
+            slot = slot_of(url)
+            if slot is None or rid_of[slot] != rid:
+                slot = take(url, rid)
+            timing = s.get("timing")
+            rows = timing.get("recent") if type(timing) is dict else None
+            slots.append(slot)
+            blobs.append(rows if type(rows) is bytes else b"")
+            polled.append((r, slot, s["replica_group"], rid))
+        added = memory.fold(slots, blobs)
+        for (r, slot, g, rid), n, newest in zip(polled, added, memory.newest_of(slots),
+                                                strict=True):
+            if newest is None:
+                continue  # nothing folded for it
+            if n:
+                was = group_newest.get(g)
+                if was is None or was[1] < newest or was[0] != rid:
+                    group_newest[g] = (rid, newest)
+            rows = by_group.setdefault(g, [])
+            if rows and rid != rows[0][2]:
+                mixed.add(g)
+            rows.append((r, slot, rid))
+        if len(group_newest) > 2 * len(view.groups) + 1024:  # groups gone: forgotten
+            self._group_newest = {g: v for g, v in group_newest.items() if g in view.groups}
+        return out
+
+    def judge(self, view: ClusterView, now: float) -> list[Finding]:
+        self.answers(view)  # every sweep, judged or not
+        groups = {g.replica_group: g for g in view.in_quorum()}
+        members = self.members(view, groups) if len(groups) >= 2 else None
+        if members is None:
+            self.last_lags = {}
+            return []
+        # a group's ranks' slots next to each other: one indexing gives ranks x window x 4,
+        # and reduceat at each group's first rank its maximum
+        order = list(groups)
+        slots, starts = [], []
+        for g in order:
+            starts.append(len(slots))
+            slots.extend(slot for _, slot, _ in members[g])
+        slots = np.asarray(slots, np.int64)
+        window = self.memory.common_steps(slots)[-self.cfg.straggler_steps:]
+        if len(window) < self.cfg.straggler_steps:
+            return []
+        timings = self.memory.seconds(slots, window)  # polled rank x window x TIMING_KEYS
+        cross = np.maximum.reduceat(timings[:, :, WAIT_CROSS_S], starts, axis=0)
+        med_step = float(np.median(timings[:, :, STEP_S]))
+        threshold = max(self.cfg.straggler_min_lag_s, self.cfg.straggler_rel_lag * med_step)
+        need = math.ceil(0.75 * len(window))
+        lags, candidates, healthy = straggler_lags(cross, threshold, need)
+        med_lags = np.median(lags, axis=1)
+        late_in = (lags >= threshold).sum(axis=1).tolist()  # every step: one window confirms
+        waited_in = (lags > 0).sum(axis=1).tolist()
+        is_late = is_late_window(lags, threshold, need)
+        self.last_lags = dict(zip(order, [round(v, 4) for v in
+                                          np.maximum(med_lags, 0.0).tolist()], strict=True))
+        med_lags = med_lags.tolist()
+        findings, mems = self.findings, self.groups
+        open_groups = findings.groups("straggler")
+        newest, new = window[-1], []
+        for i in self.judged(order, is_late, open_groups):
+            g = order[i]
+            mem = mems.get(g)
+            if mem is None or mem.straggler_newest == newest:
+                continue  # no newer steps since the last evaluation
+            mem.straggler_newest = newest
+            if not is_late[i]:
+                mem.straggler_windows, mem.straggler_first_seen, mem.straggler_lags = 0, None, []
+                self._streaks.discard(g)
+                if g in open_groups:
+                    findings.resolve(("straggler", g, groups[g].replica_id), "caught_up", now)
+                continue
+            mem.straggler_windows += 1
+            self._streaks.add(g)
+            mem.straggler_lags.append(round(med_lags[i], 4))
+            if mem.straggler_first_seen is None:
+                mem.straggler_first_seen = now
+            if mem.straggler_windows < self.cfg.straggler_windows and late_in[i] < len(window):
+                continue
+            # in the group's order of ranks, as its evidence lists them
+            rows = sorted(members[g], key=lambda m: (m[0].rank if m[0].rank is not None
+                                                     else 1 << 62, m[0].url))
+            ranks, in_group = self._late_ranks(rows, window, threshold)
+            against = healthy if i in candidates and healthy else [
+                j for j in range(len(order)) if j != i]
+            ev = {"median_lag_s": round(med_lags[i], 4), "threshold_s": round(threshold, 4),
+                  "median_step_s": round(med_step, 4), "late_in": f"{late_in[i]}/{len(window)}",
+                  "waited_for_in": f"{waited_in[i]}/{len(window)}",
+                  "lag_against": [order[j] for j in against],
+                  "steps": [window[0], window[-1]], "windows": mem.straggler_windows,
+                  "window_lags_s": mem.straggler_lags[-10:],
+                  "peer_lags_s": {str(k): v for k, v in self.last_lags.items()},
+                  "cross_wait_s": {str(h): round(statistics.median(row), 4)
+                                   for h, row in zip(order, cross.tolist(), strict=True)},
+                  "in_group": in_group, "quorum_id": view.quorum_id,
+                  "phases": phases(view, [r.rank for r, _, _ in rows if r.rank is not None]),
+                  "evidence": "each rank's own per-step wait times (no clocks compared)"}
+            new.append(findings.confirm("straggler", groups[g], ranks, ev,
+                                        mem.straggler_first_seen, now, view))
+        for mem in map(mems.get, order):  # the groups not judged: this window was seen
+            if mem is not None:
+                mem.straggler_newest = newest
+        return [f for f in new if f]
+
+    def members(self, view: ClusterView, groups: dict[int, GroupView]
+                ) -> dict[int, list[tuple[RankView, int, Any]]] | None:
+        """Each group's ranks polled this sweep with timings of its replica id (RankView, slot,
+        replica id); None when a group has none (then no group can be judged)."""
+        answers = self.answers(view)
+        by_group, mixed = answers.by_group, answers.mixed
+        members = {}
+        for g, gv in groups.items():
+            rows = by_group.get(g)
+            rid = gv.replica_id
+            if rows is not None and (g in mixed or rows[0][2] != rid):
+                rows = [m for m in rows if m[2] == rid] or None
+            if rows is None:
+                return None
+            members[g] = rows
+        return members
+
+    def judged(self, order: list[int], is_late: np.ndarray, open_groups: set[int]) -> list[int]:
+        """The positions in ``order`` the verdict loop must judge: late groups, those with a
+        streak to reset or a finding to resolve (for the others it only notes the window)."""
+        late, known = np.flatnonzero(is_late).tolist(), self._streaks | open_groups
+        if not known:
+            return late
+        late = set(late)
+        return [i for i, g in enumerate(order) if i in late or g in known]
+
+    def _late_ranks(self, rows: list[tuple[RankView, int, Any]], window: list[int],
+                    threshold: float) -> tuple[list[int], dict[str, Any]]:
+        """The ranks of a late group its peers wait for, with the per-rank medians."""
+        keys = (("wait_group_s", WAIT_GROUP_S), ("compute_s", COMPUTE_S),
+                ("wait_cross_s", WAIT_CROSS_S))
+        ranked = [(r, slot) for r, slot, _ in rows if r.rank is not None]
+        seconds = self.memory.seconds([slot for _, slot in ranked], window).tolist() \
+            if ranked else []
+        per_rank = {r.rank: {k: round(statistics.median(row[i] for row in rank_rows), 4) for k, i in keys}
+                    for (r, _), rank_rows in zip(ranked, seconds, strict=True)}
+        late = []
+        if len(per_rank) >= 2:
+            for rank, m in per_rank.items():
+                others = statistics.median(v["wait_group_s"] for k, v in per_rank.items() if k != rank)
+                if others - m["wait_group_s"] >= threshold:
+                    late.append(rank)
+        verdict = ("the rank(s) its peers wait for inside the group" if late else
+                   "no rank stands out: the whole group is late")
+        info = {"verdict": verdict, "ranks": {str(k): v for k, v in sorted(per_rank.items())}}
+        return sorted(late) if late else sorted(per_rank), info
