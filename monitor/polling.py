@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 
 from .config import MonitorConfig
-from .detect.detectors import Detectors, collective_wait
+from .detect import Detectors, collective_wait
 from .evidence.view import ClusterView, GroupView
 from .poll import fd_budget
 from .poll.discovery import Target

@@ -33,7 +33,7 @@ import pytest
 
 from monitor import polling
 from monitor.config import DetectorConfig, MonitorConfig
-from monitor.detect.detectors import Detectors
+from monitor.detect import Detectors
 from monitor.service import Monitor
 from tests.support.virtual_ranks import _Connection
 from tests.test_monitor_detectors import IN_GROUP_STEP, T0, Job

@@ -14,7 +14,7 @@ import statistics
 import pytest
 
 from monitor.config import DetectorConfig
-from monitor.detect.detectors import Detectors
+from monitor.detect import Detectors
 from monitor.evidence.view import ViewBuilder
 from monitor.poll.discovery import Target
 from monitor.poll.poller import RankPoll

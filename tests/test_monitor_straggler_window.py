@@ -6,7 +6,7 @@ synthetic FT-HSDP job (its /v1/state documents with per-step timings)."""
 from __future__ import annotations
 
 from monitor.config import DetectorConfig
-from monitor.detect.detectors import Detectors
+from monitor.detect import Detectors
 from tests.test_monitor_detectors import T0, Job, sweep
 
 

@@ -165,7 +165,7 @@ def test_a_poll_the_monitor_could_not_make_is_no_evidence():
     counted, never ``dead`` however many sweeps it lasts; the first real failure counts. Both
     ways of building the view (from the last one, and afresh) agree."""
     from monitor.config import DetectorConfig
-    from monitor.detect.detectors import Detectors
+    from monitor.detect import Detectors
     from monitor.evidence.view import ViewBuilder
     from monitor.poll.discovery import Target
     from monitor.poll.poller import REASONS, RankPoll

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..config import MonitorConfig
-from ..detect.detectors import Detectors, Finding
+from ..detect import Detectors, Finding
 from ..evidence.lighthouse_settings import LighthouseSettingsWatch
 from ..evidence.view import ClusterView
 from ..store import Store

@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from monitor.detect.detectors import KINDS, Detectors
+from monitor.detect import KINDS, Detectors
 from monitor.evidence.lighthouse_settings import SETTINGS, LighthouseSettingsWatch
 from monitor.evidence.verification import REASONS as TRUST_REASONS
 from monitor.evidence.verification import VERIFIED

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from monitor.detect.detectors import Detectors
+from monitor.detect import Detectors
 from monitor.evidence.lighthouse_status import LighthouseStatus
 from monitor.evidence.view import ClusterView
 
