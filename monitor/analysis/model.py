@@ -1,20 +1,15 @@
 """One rank's Flight Recorder dump, normalized into what cross-rank analysis needs.
 
-:func:`normalize` turns a dump (a dict as ``_dump_fr_trace_json`` / ``_dump_nccl_trace_json`` /
-``_dump_nccl_trace`` give it, format versions 2.x) into a :class:`RankTrace`: per process group,
-the rank's collectives indexed by ``collective_seq_id`` (never by ``record_id``, which counts every
-group's work on that rank), each reduced to a signature id (op, sizes, dtypes), a state code, the
-enqueue time on the rank's own clock and, on NCCL, ``duration_ms``. Point-to-point entries are
-skipped: they carry ``p2p_seq_id`` and are not matched here.
+:func:`normalize` turns a dump (``_dump_fr_trace_json`` / ``_dump_nccl_trace_json`` /
+``_dump_nccl_trace``, format versions 2.x) into a :class:`RankTrace`: per process group
+(:class:`GroupKey`), the rank's collectives indexed by ``collective_seq_id`` (never by
+``record_id``), each a signature id (op, sizes, dtypes), a state code, the enqueue time on the
+rank's own clock and, on NCCL, ``duration_ms``. Point-to-point entries are skipped.
 
-Process groups are keyed by :class:`GroupKey`. torchft's cross-replica-group process group is
-rebuilt at every quorum with ``collective_seq_id`` restarting at 1; when the dump carries
-``incarnations`` (docs/CONTRACTS.md), its entries are keyed by ``(quorum_id, group_rank)`` so that
-entries of different incarnations are never matched. Groups inside a torchft replica group (dumps
-with ``replica_group`` and ``group_world_size``) are scoped to that replica group and their
-``pg_config`` ranks translated to global ranks. When a group's sequence ids restart without
-incarnation data to tell the runs apart, only the newest run is kept, so that unrelated
-collectives are not compared.
+torchft's cross-replica-group process group restarts its sequence ids at every quorum: with the
+dump's ``incarnations`` (docs/CONTRACTS.md) its entries are keyed by ``(quorum_id,
+group_rank)``. Groups inside a torchft replica group are scoped to it, their ``pg_config`` ranks
+made global. A group whose sequence ids restart without incarnation data keeps its newest run.
 
 A dump that is not a Flight Recorder dump (not a dict, no ``entries`` list, an unknown major
 version, entries without the keys every 2.x version writes) raises :class:`DumpFormatError`.
@@ -39,32 +34,19 @@ __all__ = [
     "Signature",
     "normalize",
     "NAN",
-    "STATE_NAMES",
 ]
 
 NAN = float("nan")
 # state codes, ordered by progress
 SCHEDULED, STARTED, COMPLETED = 0, 1, 2
-STATE_NAMES = ("scheduled", "started", "completed")
 _STATE_CODES = {"scheduled": SCHEDULED, "started": STARTED, "completed": COMPLETED}
 
 # Ops whose sizes legitimately differ between ranks (variable splits, root-only buffers):
 # only op and dtypes are compared for them.
-SIZES_MAY_DIFFER = frozenset(
-    {
-        "all_to_all",
-        "all_to_all_single",
-        "all_to_all_v_single",
-        "alltoall",
-        "alltoall_base",
-        "gather",
-        "scatter",
-        "all_gather_v",
-        "reduce_scatter_v",
-        "split",
-        "new_window",
-    }
-)
+SIZES_MAY_DIFFER = frozenset({
+    "all_to_all", "all_to_all_single", "all_to_all_v_single", "alltoall", "alltoall_base", "gather",
+    "scatter", "all_gather_v", "reduce_scatter_v", "split", "new_window",
+})
 _P2P_OPS = frozenset({"send", "recv"})
 
 
@@ -140,7 +122,6 @@ class GroupTrace:
     states: list[int] = field(default_factory=list)
     created_ns: list[int] = field(default_factory=list)
     duration_ms: list[float] = field(default_factory=list)
-    restarted: bool = False  # sequence ids restarted; older runs were dropped
 
     @property
     def last_seq(self) -> int:
@@ -161,11 +142,8 @@ class RankTrace:
     members: dict[GroupKey, tuple[int, ...]]  # declared membership (pg_config, incarnations)
     incarnations: dict[GroupKey, int]  # torchft incarnation -> its first_record_id on this rank
     last_entry: dict[str, Any] | None  # the newest entry: what the rank was last doing
-    p2p_entries: int = 0
     is_torchft: bool = False
-    # When the dump was taken, on this rank's own clock (the WorkerServer adds it): lets a
-    # collective's age be judged without comparing hosts' clocks.
-    dump_time_ns: int | None = None
+    dump_time_ns: int | None = None  # when the dump was taken, its own clock (the WorkerServer's)
 
     @property
     def wrapped(self) -> bool:
@@ -316,7 +294,6 @@ def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
             ranged.append((first, end, pg_name, key))
 
     builder = _Builder()
-    p2p = 0
     oldest: int | None = None
     last_entry: dict[str, Any] | None = None
     if entries:
@@ -346,7 +323,6 @@ def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
             raise DumpFormatError(f"malformed entry: {exc!r}") from exc
         if any(p2ps) or not _P2P_OPS.isdisjoint(ops):
             keep = [i for i, (flag, op) in enumerate(zip(p2ps, ops, strict=True)) if not (flag or op in _P2P_OPS)]
-            p2p = len(rows) - len(keep)
         else:
             keep = None
         kept_seqs = seqs if keep is None else [seqs[i] for i in keep]
@@ -398,7 +374,6 @@ def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
         members=members,
         incarnations=incarnations,
         last_entry=last_entry,
-        p2p_entries=p2p,
         is_torchft=bool(raw_incarnations),
         dump_time_ns=_int_or_none(dump.get("dump_time_ns")),
     )
@@ -484,7 +459,7 @@ class _Builder:
                 continue
             if pos < n:
                 # sequence ids went back: a new group reused the name; keep the newest run only
-                trace = GroupTrace(first_seq=seq, restarted=True)
+                trace = GroupTrace(first_seq=seq)
             elif pos > n:
                 gap = pos - n
                 trace.sigs.extend([None] * gap)
