@@ -1,10 +1,9 @@
 """Cross-rank Flight Recorder analysis: mismatches, hangs and stragglers.
 
-:func:`analyze` takes every rank's dump and returns an
-:class:`~monitor.analysis.findings.AnalysisResult`. Ranks are matched per process group
-(:class:`~monitor.analysis.model.GroupKey`) and ``collective_seq_id``, never by ``record_id``; a
-rank whose ring buffer no longer holds a sequence id simply does not testify about it, so buffers
-that wrapped at different points do not create findings.
+:func:`analyze` takes every rank's dump and returns an :class:`~.findings.AnalysisResult`. Ranks
+are matched per process group (:class:`~.model.GroupKey`) and ``collective_seq_id``, never by
+``record_id``; a rank whose ring buffer no longer holds a sequence id does not testify about it,
+so buffers that wrapped at different points do not create findings.
 
 - ``mismatch``: at one sequence id the members of a group enqueued different collectives (op,
   sizes or dtypes). The culprits are the ranks that differ from the variant most ranks enqueued;
@@ -38,28 +37,19 @@ from .stragglers import StragglerConfig, StragglerEvidence
 # A gloo collective younger than this when its rank was dumped is in flight, not hung.
 MIN_PENDING_S = 1.0
 
-__all__ = ["analyze", "normalize_dumps", "StragglerConfig"]
+__all__ = ["analyze", "normalize_dumps"]
 
 
-def analyze(
-    dumps: Mapping[int, Mapping[str, Any] | RankTrace],
-    *,
-    blame_missing: bool = False,
-    same_host: bool = False,
-    world_size: int | None = None,
-    straggler: StragglerConfig | None = None,
-    min_pending_s: float = MIN_PENDING_S,
-) -> AnalysisResult:
-    """Analyze every rank's dump (rank -> raw dump dict or normalized :class:`RankTrace`).
+def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing: bool = False,
+            same_host: bool = False, world_size: int | None = None, straggler: StragglerConfig | None = None,
+            min_pending_s: float = MIN_PENDING_S) -> AnalysisResult:
+    """Analyze every rank's dump (global rank -> raw dump dict or :class:`RankTrace`).
 
-    Keys are global ranks. A dump that is not a Flight Recorder dump becomes an ``errors`` entry;
-    the others are still analyzed. ``same_host`` lets enqueue times of ranks without a ``host``
-    key be compared (they share one clock); ``world_size`` names the default group's members when
-    the dumps do not (gloo), so that ranks without a dump show up as unknown. On gloo (no
-    completion state) a collective that the waiting ranks enqueued less than ``min_pending_s``
-    before their own dump was taken is in flight, not hung: dumps of a running job are never
-    taken at the same instant. That age needs the dump's ``dump_time_ns`` (the WorkerServer
-    adds it) and compares only times of one rank's own clock.
+    A dump that is not a Flight Recorder dump becomes an ``errors`` entry; the others are still
+    analyzed. ``same_host``: enqueue times of ranks without a ``host`` key may be compared;
+    ``world_size``: the default group's members when the dumps do not say (gloo). On gloo a
+    collective the waiting ranks enqueued less than ``min_pending_s`` before their own dump
+    (``dump_time_ns``, their own clock) is in flight, not hung.
     """
     config = straggler or StragglerConfig()
     traces, errors = normalize_dumps(dumps)
@@ -82,8 +72,7 @@ def analyze(
         if key in current:
             testimony = {r: _testimony(traces.get(r), key) for r in group_members}
             last_seq[key] = {r: s for r, s in testimony.items() if s is not None}
-            hang = _hang(key, group_members, testimony, rows, traces, signatures, blame_missing,
-                         min_pending_s)
+            hang = _hang(key, group_members, testimony, rows, traces, signatures, blame_missing, min_pending_s)
             if hang is not None:
                 findings.append(hang)
         if len(rows) == len(group_members) >= 2:
@@ -92,26 +81,14 @@ def analyze(
     findings.extend(stragglers)
     findings.sort(key=lambda f: f.sort_key())
     lags.sort(key=lambda f: f.sort_key())
-    return AnalysisResult(
-        ranks=sorted(traces),
-        unknown_ranks=sorted(unknown),
-        findings=findings,
-        errors=errors,
-        last_seq=last_seq,
-        lags=lags,
-    )
+    return AnalysisResult(ranks=sorted(traces), unknown_ranks=sorted(unknown), findings=findings,
+                          errors=errors, last_seq=last_seq, lags=lags)
 
 
-def normalize_dumps(
-    dumps: Mapping[int, Mapping[str, Any] | RankTrace],
-) -> tuple[dict[int, RankTrace], list[dict[str, Any]]]:
-    """Normalize every rank's dump once: ``(traces by rank, errors)``.
-
-    A :class:`RankTrace` is taken as it is. A dump that is not a Flight Recorder dump becomes an
-    ``{"rank": .., "error": ..}`` entry and is left out; the others are still normalized. Callers
-    that query the traces beyond :func:`analyze` (the live monitor) normalize with this and pass
-    the traces to :func:`analyze`, so that no dump is normalized twice.
-    """
+def normalize_dumps(dumps: Mapping[int, Mapping[str, Any] | RankTrace]) -> tuple[dict[int, RankTrace], list[dict[str, Any]]]:
+    """Normalize every rank's dump once: ``(traces by rank, errors)``. A :class:`RankTrace` is
+    taken as it is; a dump that is not a Flight Recorder dump becomes an ``{"rank": ..,
+    "error": ..}`` entry. The monitor passes the traces to :func:`analyze` and reads them too."""
     traces: dict[int, RankTrace] = {}
     errors: list[dict[str, Any]] = []
     for rank, dump in dumps.items():
@@ -158,9 +135,7 @@ def _members(traces: Mapping[int, RankTrace], world_size: int | None) -> dict[Gr
     declared: dict[GroupKey, tuple[int, ...]] = {}  # the last list added per group
     for rank, trace in traces.items():
         for key, ranks in trace.members.items():
-            # every member of a large group declares the same list: comparing it (C speed)
-            # spares adding the same ranks to the set again
-            if declared.get(key) != ranks:
+            if declared.get(key) != ranks:  # every member declares the same list: add it once
                 found[key].update(ranks)
                 declared[key] = ranks
         for key in trace.groups:
@@ -183,26 +158,20 @@ def _current_groups(members: Mapping[GroupKey, list[int]]) -> set[GroupKey]:
         if key.quorum_id is not None:
             slot = (key.pg, key.group_rank)
             latest[slot] = max(latest.get(slot, key.quorum_id), key.quorum_id)
-    return {
-        key
-        for key in members
-        if key.quorum_id is None or key.quorum_id == latest[(key.pg, key.group_rank)]
-    }
+    return {key for key in members if key.quorum_id is None or key.quorum_id == latest[(key.pg, key.group_rank)]}
 
 
 # ---- mismatch ------------------------------------------------------------------------------
 
 
-def _first_mismatch(
-    key: GroupKey, rows: Mapping[int, GroupTrace], traces: Mapping[int, RankTrace], signatures: list[Signature]
-) -> MismatchFinding | None:
+def _first_mismatch(key: GroupKey, rows: Mapping[int, GroupTrace], traces: Mapping[int, RankTrace],
+                    signatures: list[Signature]) -> MismatchFinding | None:
     distinct = _distinct_rows(rows.values())
     lo = min(t.first_seq for t in distinct)
     hi = max(t.last_seq for t in distinct)
     consensus: list[int | None] = [None] * (hi - lo + 1)
-    # fill from the ranks that cover most, then check every rank against it with C-speed
-    # slice comparisons; only disagreeing ranks are walked element by element. A rank whose
-    # row equals one seen before changes neither the consensus nor the disagreeing ids.
+    # fill from the ranks that cover most, then compare each distinct row by slices; only
+    # disagreeing rows are walked element by element
     for t in sorted(distinct, key=lambda t: -len(t.sigs)):
         a = t.first_seq - lo
         b = a + len(t.sigs)
@@ -257,27 +226,16 @@ def _first_mismatch(
         departs = _departs_from_history(key, seq, at, traces, signatures)
         if departs:
             detail += f"; rank(s) {_ranks(departs)} depart from their own history of that collective"
-    return MismatchFinding(
-        kind="mismatch",
-        group=key,
-        seq=seq,
-        op=op,
-        culprit_ranks=culprits,
-        detail=detail,
-        mismatch=kind,
-        has_majority=has_majority,
-        variants=variants,
-        later_mismatches=len(bad) - 1,
-        departs_from_history=departs,
-    )
+    return MismatchFinding(kind="mismatch", group=key, seq=seq, op=op, culprit_ranks=culprits, detail=detail,
+                           mismatch=kind, has_majority=has_majority, variants=variants,
+                           later_mismatches=len(bad) - 1, departs_from_history=departs)
 
 
 _MAX_DISTINCT = 8  # rows compared with each new one; beyond, rows are kept without comparing
 
 
 def _distinct_rows(rows: Any) -> list[GroupTrace]:
-    """The rows, in order, without those equal (first sequence id and signature ids) to an
-    earlier one: in a healthy job every member of a group enqueued the same collectives."""
+    """The rows without those equal to an earlier one (in a healthy job, all of them)."""
     out: list[GroupTrace] = []
     for t in rows:
         for seen in out[:_MAX_DISTINCT]:
@@ -288,16 +246,11 @@ def _distinct_rows(rows: Any) -> list[GroupTrace]:
     return out
 
 
-def _departs_from_history(
-    key: GroupKey, seq: int, at: Mapping[int, int], traces: Mapping[int, RankTrace], signatures: list[Signature]
-) -> list[int]:
-    """Ranks whose collective at ``seq`` differs from the variant of that op they themselves
-    enqueued most often in the group's other collectives (every torchft incarnation of it).
-
-    This breaks ties no majority can: a mismatched gloo all_reduce crashes a neighbour, and the
-    two surviving dumps disagree. A rank with no history of the op, or no single most common
-    variant, is not named (no evidence either way).
-    """
+def _departs_from_history(key: GroupKey, seq: int, at: Mapping[int, int], traces: Mapping[int, RankTrace],
+                          signatures: list[Signature]) -> list[int]:
+    """Ranks whose collective at ``seq`` differs from the variant of that op they enqueued most
+    often in the group's other collectives (every torchft incarnation of it): a tie-breaker
+    where two surviving dumps disagree. No history, or no single usual variant: not named."""
     slot = (key.pg, key.replica_group, key.group_rank)
     out = []
     for rank, sig_id in at.items():
@@ -336,7 +289,7 @@ def _describe(sig: Signature) -> str:
     if sig.parts:
         return "coalesced[" + ", ".join(_describe(p) for p in sig.parts) + "]"
     sizes = "" if sig.input_sizes is None else f" {[list(s) for s in sig.input_sizes]}"
-    # str(): a rank may serve a non-string dtype (bad input); it is described, not a crash.
+    # str(): a bad dump's non-string dtype is described, not a crash
     dtypes = "/".join(sorted({str(d) for d in (*sig.input_dtypes, *sig.output_dtypes)}))
     return f"{sig.op}{sizes}{' ' + dtypes if dtypes else ''}"
 
@@ -368,16 +321,9 @@ def _testimony(trace: RankTrace | None, key: GroupKey) -> int | None:
     return None if trace.wrapped else 0
 
 
-def _hang(
-    key: GroupKey,
-    group_members: list[int],
-    testimony: Mapping[int, int | None],
-    rows: Mapping[int, GroupTrace],
-    traces: Mapping[int, RankTrace],
-    signatures: list[Signature],
-    blame_missing: bool,
-    min_pending_s: float = 0.0,
-) -> HangFinding | None:
+def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int | None],
+          rows: Mapping[int, GroupTrace], traces: Mapping[int, RankTrace], signatures: list[Signature],
+          blame_missing: bool, min_pending_s: float) -> HangFinding | None:
     known = {r: s for r, s in testimony.items() if s is not None}
     if blame_missing and known:
         # a rank without a dump is assumed to have done what is known to have completed (NCCL),
@@ -414,18 +360,9 @@ def _hang(
     )
     if unknown:
         detail += f"; no evidence from rank(s) {_ranks(unknown)}"
-    return HangFinding(
-        kind="hang",
-        group=key,
-        seq=seq,
-        op=op,
-        culprit_ranks=culprits,
-        detail=detail,
-        waiting_ranks=waiting,
-        unknown_ranks=unknown,
-        last_seq_by_rank=dict(known),
-        last_activity=activity,
-    )
+    return HangFinding(kind="hang", group=key, seq=seq, op=op, culprit_ranks=culprits, detail=detail,
+                       waiting_ranks=waiting, unknown_ranks=unknown, last_seq_by_rank=dict(known),
+                       last_activity=activity)
 
 
 def _pending_for(trace: RankTrace | None, row: GroupTrace, seq: int) -> float | None:

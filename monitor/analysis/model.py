@@ -55,12 +55,9 @@ class DumpFormatError(ValueError):
 
 
 class GroupKey(NamedTuple):
-    """Identity of one process group across ranks.
-
-    ``pg`` is the process-group name entries carry (``process_group[0]``); ``replica_group`` is
-    set for groups local to a torchft replica group; ``quorum_id`` and ``group_rank`` are set for
-    one incarnation of torchft's cross-replica-group process group.
-    """
+    """Identity of one process group across ranks: ``pg`` as entries name it; ``replica_group``
+    for groups local to a torchft replica group; ``quorum_id`` and ``group_rank`` for one
+    incarnation of torchft's cross-replica-group process group."""
 
     pg: str
     replica_group: int | None = None
@@ -77,11 +74,9 @@ class GroupKey(NamedTuple):
 
 
 class Signature(NamedTuple):
-    """What a rank enqueued at one sequence id; ranks of a group must agree on it.
-
-    Sizes are ``None`` for ops whose sizes may legitimately differ between ranks. A coalesced
-    collective's signature has op ``"coalesced"`` and its parts in ``parts``.
-    """
+    """What a rank enqueued at one sequence id; ranks of a group must agree on it. Sizes are
+    ``None`` for ops whose sizes may differ between ranks; a coalesced collective has op
+    ``"coalesced"`` and its ``parts``."""
 
     op: str
     input_sizes: tuple | None
@@ -91,13 +86,9 @@ class Signature(NamedTuple):
     parts: tuple = ()
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "op": self.op,
-            "input_sizes": _lists(self.input_sizes),
-            "output_sizes": _lists(self.output_sizes),
-            "input_dtypes": list(self.input_dtypes),
-            "output_dtypes": list(self.output_dtypes),
-        }
+        out: dict[str, Any] = {"op": self.op, "input_sizes": _lists(self.input_sizes),
+                               "output_sizes": _lists(self.output_sizes), "input_dtypes": list(self.input_dtypes),
+                               "output_dtypes": list(self.output_dtypes)}
         if self.parts:
             out["parts"] = [p.to_dict() for p in self.parts]
         return out
@@ -109,12 +100,11 @@ def _lists(sizes: tuple | None) -> list | None:
 
 @dataclass
 class GroupTrace:
-    """One rank's collectives in one group, dense from ``first_seq`` (holes are ``None``).
+    """One rank's collectives in one group, dense from ``first_seq`` (holes: ``None`` sigs).
 
-    ``sigs[i]`` indexes the owning :class:`RankTrace`'s ``signatures`` table (after
-    :func:`~monitor.analysis.engine.analyze` it indexes the shared table), ``states[i]`` is a state
-    code, ``created_ns[i]`` the enqueue time on this rank's clock, ``duration_ms[i]`` NaN when
-    unknown.
+    ``sigs[i]`` indexes the :class:`RankTrace`'s ``signatures`` (after ``analyze``: the shared
+    table); ``created_ns[i]``: the enqueue time, this rank's clock (0: unknown); ``duration_ms[i]``:
+    NaN when unknown.
     """
 
     first_seq: int
@@ -152,39 +142,17 @@ class RankTrace:
 
 
 _CORE_KEYS = ("process_group", "profiling_name", "record_id")
-_FAST_KEYS = (
-    "process_group",
-    "collective_seq_id",
-    "profiling_name",
-    "input_sizes",
-    "output_sizes",
-    "input_dtypes",
-    "output_dtypes",
-    "state",
-    "time_created_ns",
-    "record_id",
-    "pg_id",
-    "is_p2p",
-)
+_FAST_KEYS = ("process_group", "collective_seq_id", "profiling_name", "input_sizes", "output_sizes",
+              "input_dtypes", "output_dtypes", "state", "time_created_ns", "record_id", "pg_id", "is_p2p")
 _fast_get = itemgetter(*_FAST_KEYS)
 
 
 def _slow_get(e: Mapping[str, Any]) -> tuple:
-    seq = e.get("collective_seq_id", e.get("seq_id"))
-    return (
-        e["process_group"],
-        seq,
-        e["profiling_name"],
-        e.get("input_sizes") or [],
-        e.get("output_sizes") or [],
-        e.get("input_dtypes") or [],
-        e.get("output_dtypes") or [],
-        e.get("state", "scheduled"),
-        e.get("time_created_ns") or 0,
-        e["record_id"],
-        e.get("pg_id"),
-        e.get("is_p2p"),
-    )
+    """_fast_get for older versions' entries, which leave optional keys out."""
+    return (e["process_group"], e.get("collective_seq_id", e.get("seq_id")), e["profiling_name"],
+            e.get("input_sizes") or [], e.get("output_sizes") or [], e.get("input_dtypes") or [],
+            e.get("output_dtypes") or [], e.get("state", "scheduled"), e.get("time_created_ns") or 0,
+            e["record_id"], e.get("pg_id"), e.get("is_p2p"))
 
 
 def _version(dump: Mapping[str, Any]) -> str:
@@ -203,15 +171,13 @@ def _parse_ranks(raw: Any) -> tuple[int, ...]:
             raw = json.loads(raw)
         except ValueError:
             return ()
-    # one C-level pass over the types first: a job's default group lists every rank, in every dump
     if isinstance(raw, list | tuple) and (set(map(type, raw)) <= _INT_ONLY or all(isinstance(r, int) for r in raw)):
         return tuple(raw)
     return ()
 
 
 _INT_ONLY = frozenset({int})
-# pg_config's rank lists by (text, offset): every dump of a job repeats its groups' lists (the
-# default group's names every rank), and a loader reads many dumps of one job
+# pg_config's rank lists by (text, offset): every dump of a job repeats them
 _MEMBERS_SEEN: dict[tuple[str, int], tuple[int, ...]] = {}
 _MEMBERS_SEEN_MAX = 4096
 
@@ -266,32 +232,8 @@ def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
                 name = str(cfg.get("name", key))
                 members[GroupKey(name, scope)] = ranks
 
-    # torchft incarnations: pg_id -> key, plus record-id ranges for those without a pg_id
-    by_pg_id: dict[int, GroupKey] = {}
-    ranged: list[tuple[int, float, str, GroupKey]] = []
-    incarnations: dict[GroupKey, int] = {}
     raw_incarnations = dump.get("incarnations") or []
-    if not isinstance(raw_incarnations, list):
-        raise DumpFormatError("'incarnations' is not a list")
-    starts: list[tuple[int, str, GroupKey, Any]] = []
-    for inc in raw_incarnations:
-        try:
-            key = GroupKey(str(inc.get("pg_name", "")), None, int(inc["quorum_id"]), int(inc["group_rank"]))
-            first = int(inc.get("first_record_id") or 0)
-            global_ranks = _parse_ranks(inc.get("global_ranks"))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise DumpFormatError(f"malformed incarnation {inc!r}") from exc
-        incarnations[key] = first
-        if global_ranks:
-            members[key] = global_ranks
-        starts.append((first, key.pg, key, inc.get("pg_id")))
-        if inc.get("pg_id") is not None:
-            by_pg_id[int(inc["pg_id"])] = key
-    starts.sort(key=lambda s: s[0])
-    for i, (first, pg_name, key, pg_id) in enumerate(starts):
-        if pg_id is None:
-            end = starts[i + 1][0] if i + 1 < len(starts) else math.inf
-            ranged.append((first, end, pg_name, key))
+    incarnations, by_pg_id, ranged = _incarnations(raw_incarnations, members)
 
     builder = _Builder()
     oldest: int | None = None
@@ -352,31 +294,48 @@ def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
             by_group.setdefault(key_col[i], []).append(i)
         for key, idx in by_group.items():
             builder.add_group(key, idx, seqs, sig_col, state_col, created, dur_col)
-        last_entry = {
-            "pg": str(names[-1]),
-            "seq": seqs[-1],
-            "op": ops[-1],
-            "state": str(states[-1]),
-        }
+        last_entry = {"pg": str(names[-1]), "seq": seqs[-1], "op": ops[-1], "state": str(states[-1])}
         if key_col[-1].quorum_id is not None:
             last_entry["quorum_id"] = key_col[-1].quorum_id
     signatures, groups = builder.signatures, builder.groups
     flavour = "nccl" if (entries and _looks_nccl(entries)) else "gloo"
     host = dump.get("host")
-    return RankTrace(
-        rank=own_rank,
-        version=version,
-        flavour=flavour,
-        host=str(host) if host else None,
-        oldest_record_id=oldest,
-        signatures=signatures,
-        groups=groups,
-        members=members,
-        incarnations=incarnations,
-        last_entry=last_entry,
-        is_torchft=bool(raw_incarnations),
-        dump_time_ns=_int_or_none(dump.get("dump_time_ns")),
-    )
+    return RankTrace(rank=own_rank, version=version, flavour=flavour, host=str(host) if host else None,
+                     oldest_record_id=oldest, signatures=signatures, groups=groups, members=members,
+                     incarnations=incarnations, last_entry=last_entry, is_torchft=bool(raw_incarnations),
+                     dump_time_ns=_int_or_none(dump.get("dump_time_ns")))
+
+
+Ranged = list[tuple[int, float, str, "GroupKey"]]  # (first record id, end, pg name, incarnation)
+
+
+def _incarnations(raw: Any, members: dict[GroupKey, tuple[int, ...]]) -> tuple[dict[GroupKey, int], dict[int, GroupKey], Ranged]:
+    """torchft incarnations: ``(key -> first record id, pg_id -> key, record-id ranges of those
+    without a pg_id)``; their member lists are added to ``members``."""
+    if not isinstance(raw, list):
+        raise DumpFormatError("'incarnations' is not a list")
+    incarnations: dict[GroupKey, int] = {}
+    by_pg_id: dict[int, GroupKey] = {}
+    starts: list[tuple[int, str, GroupKey, Any]] = []
+    for inc in raw:
+        try:
+            key = GroupKey(str(inc.get("pg_name", "")), None, int(inc["quorum_id"]), int(inc["group_rank"]))
+            first = int(inc.get("first_record_id") or 0)
+            global_ranks = _parse_ranks(inc.get("global_ranks"))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise DumpFormatError(f"malformed incarnation {inc!r}") from exc
+        incarnations[key] = first
+        if global_ranks:
+            members[key] = global_ranks
+        starts.append((first, key.pg, key, inc.get("pg_id")))
+        if inc.get("pg_id") is not None:
+            by_pg_id[int(inc["pg_id"])] = key
+    starts.sort(key=lambda s: s[0])
+    ranged: Ranged = []
+    for i, (first, pg_name, key, pg_id) in enumerate(starts):
+        if pg_id is None:
+            ranged.append((first, starts[i + 1][0] if i + 1 < len(starts) else math.inf, pg_name, key))
+    return incarnations, by_pg_id, ranged
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -389,13 +348,8 @@ def _int_or_none(value: Any) -> int | None:
 _NONE_TO_NAN = {None: NAN}
 
 
-def _incarnation_key(
-    name: str,
-    pg_id: Any,
-    record_id: int,
-    by_pg_id: Mapping[int, GroupKey],
-    ranged: list[tuple[int, float, str, GroupKey]],
-) -> GroupKey | None:
+def _incarnation_key(name: str, pg_id: Any, record_id: int, by_pg_id: Mapping[int, GroupKey],
+                     ranged: Ranged) -> GroupKey | None:
     key = by_pg_id.get(pg_id)
     if key is None:
         for first, end, inc_pg, inc_key in ranged:
@@ -412,28 +366,16 @@ class _Builder:
         self.sig_ids: dict[Any, int] = {}
         self.groups: dict[GroupKey, GroupTrace] = {}
 
-    def add_group(
-        self,
-        key: GroupKey,
-        idx: list[int],
-        seqs: tuple,
-        sigs: list[int],
-        states: list[int],
-        created: tuple,
-        durations: list[float],
-    ) -> None:
+    def add_group(self, key: GroupKey, idx: list[int], seqs: tuple, sigs: list[int], states: list[int],
+                  created: tuple, durations: list[float]) -> None:
+        """The group ``key`` from the entries at ``idx`` of the rank's columns."""
         gather = itemgetter(*idx) if len(idx) > 1 else (lambda col: (col[idx[0]],))
         g_seqs = gather(seqs)
         first = g_seqs[0]
         if g_seqs[-1] - first == len(g_seqs) - 1 and g_seqs == tuple(range(first, first + len(g_seqs))):
             # the common case: one entry per sequence id, no gaps, no restarts
-            self.groups[key] = GroupTrace(
-                first_seq=first,
-                sigs=list(gather(sigs)),
-                states=list(gather(states)),
-                created_ns=list(gather(created)),
-                duration_ms=list(gather(durations)),
-            )
+            self.groups[key] = GroupTrace(first, list(gather(sigs)), list(gather(states)), list(gather(created)),
+                                          list(gather(durations)))
             return
         self._add_irregular(key, g_seqs, gather(sigs), gather(states), gather(created), gather(durations))
 

@@ -186,8 +186,7 @@ class StragglerEvidence:
                         (z, key, {"last": last, "late": late, "observed": observed, "z": z, "wait": wait,
                                   "expected": self.expected[slot], "kind": self.kind[slot]})
                     )
-        out = []
-        lags = []
+        out, lags = [], []
         for rank, hits in self._pair_hits(config).items():
             peers = {h[2]["peer"] for h in hits}
             if rank in flagged or len(peers) >= 2:
@@ -262,23 +261,11 @@ class StragglerEvidence:
                 f"its peers waited a median {best['wait']:.2f} ms for it ({best['kind']})"
             )
         return StragglerFinding(
-            kind="lag" if lag else "straggler",
-            group=key,
-            seq=None,
-            op=None,
-            culprit_ranks=[rank],
-            detail=detail,
-            rank=rank,
-            score=best["last"] / observed,
-            expected=best["expected"] / observed,
-            z=best["z"],
-            collectives=observed,
-            median_wait_ms=best["wait"],
-            evidence=best["kind"],
-            groups=[k.label() for _, k, _ in hits],
-            late_fraction=best["late"] / observed,
-            peers=[best["peer"]] if "peer" in best else [],
-        )
+            kind="lag" if lag else "straggler", group=key, seq=None, op=None, culprit_ranks=[rank], detail=detail,
+            rank=rank, score=best["last"] / observed, expected=best["expected"] / observed, z=best["z"],
+            collectives=observed, median_wait_ms=best["wait"], evidence=best["kind"],
+            groups=[k.label() for _, k, _ in hits], late_fraction=best["late"] / observed,
+            peers=[best["peer"]] if "peer" in best else [])
 
 
 def _floor(scale_ms: float, config: StragglerConfig, least: float) -> float:
