@@ -137,9 +137,7 @@ def _columns(cols: Sequence, scope: int | None, build: Build) -> tuple | None:
     columns, or None when not the common shape."""
     pgs, seqs, pnames, ins, outs, idts, odts, states, created, rids, p2ps = cols[:11]
     n = len(seqs)
-    if any(p2ps):
-        return None
-    if set(map(type, seqs)) != _INT_ONLY:
+    if any(p2ps) or set(map(type, seqs)) != _INT_ONLY:
         return None
     period: int | None
     if pgs.count(pgs[0]) == n:  # one process group (equal lists: the same name throughout)
@@ -203,8 +201,7 @@ def _columns(cols: Sequence, scope: int | None, build: Build) -> tuple | None:
     for key, take, first_seq, keyed in plans:
         g_states = take(states)
         count = len(g_states)
-        same_state = g_states.count(g_states[0]) == count
-        if same_state:
+        if g_states.count(g_states[0]) == count:
             codes = [_STATE_CODES.get(g_states[0], SCHEDULED)] * count
         else:
             codes = list(map(_STATE_CODES.get, g_states, repeat(SCHEDULED)))
@@ -244,7 +241,7 @@ def _split(names: Sequence[str], order: list[str], period: int | None,
     ``names``: the first ``period`` entries' when the groups repeat with that period, else every
     entry's."""
     if len(order) == 1:
-        return [(order[0], _whole, _same)]
+        return [(order[0], lambda col: col, lambda i: i)]
     if period is None:
         buckets: dict[str, list[int]] = {name: [] for name in order}
         for i, name in enumerate(names):
@@ -254,7 +251,8 @@ def _split(names: Sequence[str], order: list[str], period: int | None,
     for name in order:
         at = [j for j in range(period) if names[j] == name]
         if len(at) == 1:  # once per period: every period-th entry from its first
-            out.append((name, itemgetter(slice(at[0], None, period)), _stride(at[0], period)))
+            start = at[0]
+            out.append((name, itemgetter(slice(start, None, period)), lambda i, s=start: s + i * period))
         else:
             idx = sorted(i for j in at for i in range(j, n, period))
             out.append((name, _gather(idx), idx.__getitem__))
@@ -275,16 +273,4 @@ def _gather(idx: list[int]) -> Take:
         only = idx[0]
         return lambda col: (col[only],)
     return itemgetter(*idx)
-
-
-def _whole(col: Sequence[Any]) -> Sequence[Any]:
-    return col
-
-
-def _same(i: int) -> int:
-    return i
-
-
-def _stride(start: int, period: int) -> Callable[[int], int]:
-    return lambda i: start + i * period
 

@@ -166,32 +166,12 @@ def _current_groups(members: Mapping[GroupKey, list[int]]) -> set[GroupKey]:
 
 def _first_mismatch(key: GroupKey, rows: Mapping[int, GroupTrace], traces: Mapping[int, RankTrace],
                     signatures: list[Signature]) -> MismatchFinding | None:
-    distinct = _distinct_rows(rows.values())
-    lo = min(t.first_seq for t in distinct)
-    hi = max(t.last_seq for t in distinct)
-    consensus: list[int | None] = [None] * (hi - lo + 1)
-    # fill from the ranks that cover most, then compare each distinct row by slices; only
-    # disagreeing rows are walked element by element
-    for t in sorted(distinct, key=lambda t: -len(t.sigs)):
-        a = t.first_seq - lo
-        b = a + len(t.sigs)
-        seg = consensus[a:b]
-        if seg.count(None) == len(seg):
-            consensus[a:b] = t.sigs
-        elif None in seg:
-            consensus[a:b] = [c if c is not None else s for c, s in zip(seg, t.sigs, strict=True)]
-    bad: set[int] = set()
-    for t in distinct:
-        a = t.first_seq - lo
-        seg = consensus[a : a + len(t.sigs)]
-        if seg != t.sigs:
-            for i, (c, s) in enumerate(zip(seg, t.sigs, strict=True)):
-                if c != s and s is not None:
-                    bad.add(lo + a + i)
+    """The group's first sequence id whose members disagree, as a finding; None if none does."""
+    bad = _disagreements(rows.values())
     if not bad:
         return None
     seq = min(bad)
-    at: dict[int, int] = {}
+    at: dict[int, int] = {}  # rank -> what it enqueued at seq
     for rank, t in rows.items():
         i = seq - t.first_seq
         if 0 <= i < len(t.sigs) and t.sigs[i] is not None:
@@ -199,10 +179,8 @@ def _first_mismatch(key: GroupKey, rows: Mapping[int, GroupTrace], traces: Mappi
     counts = Counter(at.values())
     ranked = counts.most_common()
     has_majority = len(ranked) == 1 or ranked[0][1] > ranked[1][1]
-    variants = []
-    for sig_id, _count in ranked:
-        ranks = sorted(r for r, s in at.items() if s == sig_id)
-        variants.append({"ranks": ranks, **signatures[sig_id].to_dict()})
+    variants = [{"ranks": sorted(r for r, s in at.items() if s == sig_id), **signatures[sig_id].to_dict()}
+                for sig_id, _ in ranked]
     departs: list[int] = []
     if has_majority:
         majority = ranked[0][0]
@@ -229,6 +207,33 @@ def _first_mismatch(key: GroupKey, rows: Mapping[int, GroupTrace], traces: Mappi
     return MismatchFinding(kind="mismatch", group=key, seq=seq, op=op, culprit_ranks=culprits, detail=detail,
                            mismatch=kind, has_majority=has_majority, variants=variants,
                            later_mismatches=len(bad) - 1, departs_from_history=departs)
+
+
+def _disagreements(rows: Any) -> set[int]:
+    """The sequence ids at which some row differs from the rows' consensus."""
+    distinct = _distinct_rows(rows)
+    lo = min(t.first_seq for t in distinct)
+    hi = max(t.last_seq for t in distinct)
+    consensus: list[int | None] = [None] * (hi - lo + 1)
+    # fill from the ranks that cover most, then compare each distinct row by slices; only
+    # disagreeing rows are walked element by element
+    for t in sorted(distinct, key=lambda t: -len(t.sigs)):
+        a = t.first_seq - lo
+        b = a + len(t.sigs)
+        seg = consensus[a:b]
+        if seg.count(None) == len(seg):
+            consensus[a:b] = t.sigs
+        elif None in seg:
+            consensus[a:b] = [c if c is not None else s for c, s in zip(seg, t.sigs, strict=True)]
+    bad: set[int] = set()
+    for t in distinct:
+        a = t.first_seq - lo
+        seg = consensus[a : a + len(t.sigs)]
+        if seg != t.sigs:
+            for i, (c, s) in enumerate(zip(seg, t.sigs, strict=True)):
+                if c != s and s is not None:
+                    bad.add(lo + a + i)
+    return bad
 
 
 _MAX_DISTINCT = 8  # rows compared with each new one; beyond, rows are kept without comparing

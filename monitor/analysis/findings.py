@@ -6,7 +6,7 @@ add fields, never rename or remove them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .model import GroupKey
@@ -16,8 +16,16 @@ __all__ = ["AnalysisResult", "Finding", "HangFinding", "MismatchFinding", "Strag
 KIND_ORDER = {"hang": 0, "mismatch": 1, "straggler": 2, "lag": 3}
 
 
-def _str_keys(mapping: dict[int, Any]) -> dict[str, Any]:
-    return {str(k): v for k, v in sorted(mapping.items())}
+_DIGITS = {"score": 4, "expected": 4, "late_fraction": 4, "z": 2, "median_wait_ms": 3}
+
+
+def _json(name: str, value: Any) -> Any:
+    """A subclass field as JSON has it: dicts by rank with str keys, floats rounded."""
+    if isinstance(value, dict):
+        return {str(k): v for k, v in sorted(value.items())}
+    if isinstance(value, list):
+        return list(value)
+    return round(value, _DIGITS[name]) if name in _DIGITS else value
 
 
 @dataclass
@@ -48,11 +56,8 @@ class Finding:
             "op": self.op,
             "culprit_ranks": list(self.culprit_ranks),
             "detail": self.detail,
-            **self._extra(),
+            **{f.name: _json(f.name, getattr(self, f.name)) for f in fields(self)[len(_BASE):]},
         }
-
-    def _extra(self) -> dict[str, Any]:
-        return {}
 
     def sort_key(self) -> tuple:
         g = self.group
@@ -65,6 +70,9 @@ class Finding:
             -1 if self.seq is None else self.seq,
             self.culprit_ranks,
         )
+
+
+_BASE = fields(Finding)
 
 
 @dataclass
@@ -84,15 +92,6 @@ class MismatchFinding(Finding):
     later_mismatches: int = 0
     departs_from_history: list[int] = field(default_factory=list)
 
-    def _extra(self) -> dict[str, Any]:
-        return {
-            "mismatch": self.mismatch,
-            "has_majority": self.has_majority,
-            "variants": self.variants,
-            "later_mismatches": self.later_mismatches,
-            "departs_from_history": list(self.departs_from_history),
-        }
-
 
 @dataclass
 class HangFinding(Finding):
@@ -106,14 +105,6 @@ class HangFinding(Finding):
     unknown_ranks: list[int] = field(default_factory=list)
     last_seq_by_rank: dict[int, int] = field(default_factory=dict)
     last_activity: dict[int, dict[str, Any] | None] = field(default_factory=dict)
-
-    def _extra(self) -> dict[str, Any]:
-        return {
-            "waiting_ranks": list(self.waiting_ranks),
-            "unknown_ranks": list(self.unknown_ranks),
-            "last_seq_by_rank": _str_keys(self.last_seq_by_rank),
-            "last_activity": _str_keys(self.last_activity),
-        }
 
 
 @dataclass
@@ -138,20 +129,6 @@ class StragglerFinding(Finding):
     late_fraction: float = 0.0
     peers: list[int] = field(default_factory=list)
 
-    def _extra(self) -> dict[str, Any]:
-        return {
-            "peers": list(self.peers),
-            "rank": self.rank,
-            "score": round(self.score, 4),
-            "expected": round(self.expected, 4),
-            "z": round(self.z, 2),
-            "collectives": self.collectives,
-            "median_wait_ms": round(self.median_wait_ms, 3),
-            "evidence": self.evidence,
-            "groups": list(self.groups),
-            "late_fraction": round(self.late_fraction, 4),
-        }
-
 
 @dataclass
 class AnalysisResult:
@@ -171,10 +148,5 @@ class AnalysisResult:
     lags: list[Finding] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "ranks": list(self.ranks),
-            "unknown_ranks": list(self.unknown_ranks),
-            "errors": list(self.errors),
-            "findings": [f.to_dict() for f in self.findings],
-            "lags": [f.to_dict() for f in self.lags],
-        }
+        return {"ranks": list(self.ranks), "unknown_ranks": list(self.unknown_ranks), "errors": list(self.errors),
+                "findings": [f.to_dict() for f in self.findings], "lags": [f.to_dict() for f in self.lags]}

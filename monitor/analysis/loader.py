@@ -23,8 +23,7 @@ import json
 import os
 import pickle
 import re
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,17 +33,8 @@ from .model import DumpFormatError, RankTrace
 from .pool import Outcome, available_cores, run_pool
 from .wire import Packed, from_bytes, to_bytes
 
-__all__ = [
-    "LOAD_TASK",
-    "POOL_MIN_BYTES",
-    "LoadResult",
-    "load_outcome",
-    "load_packed",
-    "load_paths",
-    "pickle_reader",
-    "read_dump",
-    "rank_from_name",
-]
+__all__ = ["LOAD_TASK", "POOL_MIN_BYTES", "LoadResult", "load_outcome", "load_packed", "load_paths",
+           "pickle_reader", "read_dump", "rank_from_name"]
 
 # Below this many bytes in all, loading here beats starting workers (bench_analyze.py --threshold).
 POOL_MIN_BYTES = 8 << 20
@@ -186,18 +176,24 @@ def load_paths(paths: Iterable[str | Path], jobs: int | None = None) -> LoadResu
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     outcomes: Iterable[Outcome]
-    with _no_cyclic_gc():
+    # dumps and traces are many small containers without cycles: the cyclic GC would rescan
+    # them over and over while they are built
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
         if jobs > 1 and len(files) > 1 and _total_size(files) >= POOL_MIN_BYTES:
             outcomes = _decoded(run_pool(files, jobs, LOAD_TASK))
         else:
             outcomes = list(map(load_outcome, files))
+    finally:
+        if was_enabled:
+            gc.enable()
     for path, (trace, error) in zip(files, outcomes, strict=True):
         if trace is None:
             result.errors.append({"path": str(path), "error": error or "not loaded"})
         elif trace.rank in result.traces:
-            result.errors.append(
-                {"path": str(path), "error": f"duplicate dump of rank {trace.rank} (also {result.paths[trace.rank]})"}
-            )
+            error = f"duplicate dump of rank {trace.rank} (also {result.paths[trace.rank]})"
+            result.errors.append({"path": str(path), "error": error})
         else:
             result.traces[trace.rank] = trace
             result.paths[trace.rank] = str(path)
@@ -212,19 +208,6 @@ def _decoded(sent: list[Outcome]) -> list[Outcome]:
         sent[i] = (None, None)
         out.append((None if blob is None else from_bytes(blob), error))
     return out
-
-
-@contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
-    # dumps and traces are many small containers without cycles: the cyclic GC would rescan
-    # them over and over while they are built
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _total_size(files: list[Path]) -> int:

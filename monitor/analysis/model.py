@@ -26,15 +26,7 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-__all__ = [
-    "DumpFormatError",
-    "GroupKey",
-    "GroupTrace",
-    "RankTrace",
-    "Signature",
-    "normalize",
-    "NAN",
-]
+__all__ = ["DumpFormatError", "GroupKey", "GroupTrace", "RankTrace", "Signature", "normalize", "NAN"]
 
 NAN = float("nan")
 # state codes, ordered by progress
@@ -123,7 +115,6 @@ class RankTrace:
     """Everything the engine needs from one rank's dump, small enough to ship between processes."""
 
     rank: int
-    version: str
     flavour: str  # "nccl" (timing filled in) or "gloo"
     host: str | None
     oldest_record_id: int | None  # None when the buffer holds no entries
@@ -155,14 +146,13 @@ def _slow_get(e: Mapping[str, Any]) -> tuple:
             e["record_id"], e.get("pg_id"), e.get("is_p2p"))
 
 
-def _version(dump: Mapping[str, Any]) -> str:
+def _check_version(dump: Mapping[str, Any]) -> None:
     version = dump.get("version")
     if not isinstance(version, str):
         raise DumpFormatError("no 'version' string: not a Flight Recorder dump")
     major, _, minor = version.partition(".")
     if major != "2" or not minor.isdigit():
         raise DumpFormatError(f"unsupported Flight Recorder format version {version!r} (need 2.x)")
-    return version
 
 
 def _parse_ranks(raw: Any) -> tuple[int, ...]:
@@ -203,10 +193,9 @@ def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
     """
     if not isinstance(dump, Mapping):
         raise DumpFormatError(f"expected a dict, got {type(dump).__name__}")
-    version = _version(dump)
-    entries = dump.get("entries", [])
-    if entries is None:
-        entries = []
+    _check_version(dump)
+    entries = dump.get("entries")
+    entries = [] if entries is None else entries
     if not isinstance(entries, list):
         raise DumpFormatError("'entries' is not a list")
     own_rank = dump.get("rank", rank)
@@ -225,12 +214,8 @@ def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
     pg_config = dump.get("pg_config") or {}
     if isinstance(pg_config, Mapping):
         for key, cfg in pg_config.items():
-            if not isinstance(cfg, Mapping):
-                continue
-            ranks = _members_of(cfg.get("ranks"), offset)
-            if ranks:
-                name = str(cfg.get("name", key))
-                members[GroupKey(name, scope)] = ranks
+            if isinstance(cfg, Mapping) and (ranks := _members_of(cfg.get("ranks"), offset)):
+                members[GroupKey(str(cfg.get("name", key)), scope)] = ranks
 
     raw_incarnations = dump.get("incarnations") or []
     incarnations, by_pg_id, ranged = _incarnations(raw_incarnations, members)
@@ -300,7 +285,7 @@ def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
     signatures, groups = builder.signatures, builder.groups
     flavour = "nccl" if (entries and _looks_nccl(entries)) else "gloo"
     host = dump.get("host")
-    return RankTrace(rank=own_rank, version=version, flavour=flavour, host=str(host) if host else None,
+    return RankTrace(rank=own_rank, flavour=flavour, host=str(host) if host else None,
                      oldest_record_id=oldest, signatures=signatures, groups=groups, members=members,
                      incarnations=incarnations, last_entry=last_entry, is_torchft=bool(raw_incarnations),
                      dump_time_ns=_int_or_none(dump.get("dump_time_ns")))

@@ -34,16 +34,12 @@ from typing import Any, BinaryIO
 
 __all__ = ["Outcome", "available_cores", "run_pool"]
 
-# (trace or None, error message or None) for one file
-Outcome = tuple[Any, str | None]
+Outcome = tuple[Any, str | None]  # (value or None, error message or None) for one file
 
 IN_FLIGHT = 2  # files handed to a worker ahead of its answers
 _HEADER = 8
 _ROOT = str(Path(__file__).resolve().parents[2])  # holds the `monitor` package
-_BOOT = (
-    "import sys; sys.path.insert(0, sys.argv[1]); "
-    "from monitor.analysis.pool import _serve; _serve(sys.argv[2])"
-)
+_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from monitor.analysis.pool import _serve; _serve(sys.argv[2])"
 
 
 def available_cores() -> int:
@@ -75,9 +71,6 @@ def resolve(task: str) -> Callable[[str], Outcome]:
     return function
 
 
-# ---- worker side ---------------------------------------------------------------------------
-
-
 def _serve(task: str) -> None:
     """A worker's life: answer ``(index, path)`` requests on stdin until it closes."""
     gc.disable()  # dumps are trees of fresh containers without cycles
@@ -93,9 +86,6 @@ def _serve(task: str) -> None:
         pass
 
 
-# ---- wire ----------------------------------------------------------------------------------
-
-
 def _send(stream: BinaryIO, obj: Any) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(len(data).to_bytes(_HEADER, "little") + data)
@@ -103,18 +93,13 @@ def _send(stream: BinaryIO, obj: Any) -> None:
 
 
 def _recv(stream: BinaryIO) -> Any:
-    head = _read_exactly(stream, _HEADER)
-    return pickle.loads(_read_exactly(stream, int.from_bytes(head, "little")))
-
-
-def _read_exactly(stream: BinaryIO, size: int) -> bytes:
-    data = stream.read(size)
-    if len(data) != size:
+    head = stream.read(_HEADER)
+    size = int.from_bytes(head, "little")
+    data = stream.read(size) if len(head) == _HEADER else b""
+    if len(data) != size or len(head) != _HEADER:
         raise EOFError("worker stream ended")
-    return data
+    return pickle.loads(data)
 
-
-# ---- parent side ---------------------------------------------------------------------------
 
 _PIPE_BYTES = 1 << 20  # a worker's answers queue up here instead of blocking it
 _F_SETPIPE_SZ = 1031  # Linux fcntl
@@ -122,13 +107,9 @@ _F_SETPIPE_SZ = 1031  # Linux fcntl
 
 class _Worker:
     def __init__(self, task: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-S", "-c", _BOOT, _ROOT, task],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            close_fds=True,
-            start_new_session=True,  # the terminal's Ctrl-C is the parent's to handle
-        )
+        # start_new_session: the terminal's Ctrl-C is the parent's to handle
+        self.proc = subprocess.Popen([sys.executable, "-S", "-c", _BOOT, _ROOT, task], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, close_fds=True, start_new_session=True)
         self.fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
         try:
             fcntl.fcntl(self.fd, _F_SETPIPE_SZ, _PIPE_BYTES)

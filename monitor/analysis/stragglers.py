@@ -1,33 +1,27 @@
 """Stragglers: ranks that keep the other members of a group waiting (docs/analyze.md, Stragglers).
 
-The evidence never compares two hosts' clocks: on NCCL the last rank into a collective has the
-shortest ``duration_ms`` (its peers' kernels were already waiting); otherwise enqueue times are
-compared among ranks that share a host. Each group is judged on its own, so a rank slow in one
-group is not diluted by groups where it waits for others.
+Never comparing two hosts' clocks: on NCCL the last rank into a collective has the shortest
+``duration_ms``; otherwise enqueue times are compared among ranks sharing a host. Each group is
+judged on its own (:class:`StragglerConfig` names the thresholds).
 
-- Three or more ranks compared: a rank is flagged when, over at least ``min_collectives``, it was
-  last at ``min_fraction`` of them, ``min_z`` standard deviations above chance, or it was
-  ``min_wait_ms`` behind the median rank that often, ``min_z`` above the group's typical rate
-  (several equally slow ranks take turns being last). Its peers must also have waited a median
-  of ``max(min_wait_ms, min_period_fraction * pace)`` for it. The pace is the median interval
-  between a rank's consecutive enqueues in any of its groups (the work before a collective), so
-  the floor does not depend on how a job spreads its collectives over groups.
-- Two ranks compared (torchft's group of two replica groups, two ranks of a group on one host):
-  there is no majority to say who is off pace, and a loaded host makes one of two processes
-  enqueue a little later for long stretches. A rank counts when its median lag behind its peer
-  reaches ``max(min_lag_ms, min_period_fraction * period)`` in each of ``pair_windows``
-  consecutive windows (the period: the group's median interval between collectives, one step for
-  torchft's one cross-group all_reduce per step). It is reported as a ``lag``, not a finding,
-  unless other evidence agrees: it is also a straggler in a larger group, or lags behind a second
-  peer.
+- Three or more ranks: last (or ``min_wait_ms`` behind the median rank) at ``min_fraction`` of
+  ``min_collectives`` or more, ``min_z`` above chance (or the group's typical rate), and waited
+  for a median of ``max(min_wait_ms, min_period_fraction * pace)``. The pace, the median interval
+  between a rank's consecutive enqueues in any of its groups, is the work before a collective
+  however the job spreads its collectives over groups.
+- Two ranks: no majority says who is off pace, and a loaded host makes one of two processes late
+  for long stretches. A rank counts when its median lag reaches ``max(min_lag_ms,
+  min_period_fraction * period)`` (the group's median interval between collectives) in each of
+  ``pair_windows`` windows; it is a ``lag``, not a finding, unless it is also a straggler in a
+  larger group or lags behind a second peer.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
@@ -53,23 +47,28 @@ class StragglerConfig:
     pair_windows: int = 3
 
 
+@dataclass
+class _Tally:
+    """One rank's evidence in one group of three or more compared ranks."""
+
+    kind: str  # "duration_ms" or "host_clock"
+    observed: int = 0  # collectives with evidence from every compared rank
+    last: int = 0
+    late: int = 0  # at least min_wait_ms after the median rank
+    expected: float = 0.0  # times last by chance, and its variance
+    variance: float = 0.0
+    waits: list[float] = field(default_factory=list)  # the median rank's wait when it was last
+    late_waits: list[float] = field(default_factory=list)
+
+
 class StragglerEvidence:
-    """Tallies of who arrived last (and late), per (rank, group), added group by group; for pairs,
-    the signed gap per collective."""
+    """Tallies of who arrived last (and late), per group and rank, added group by group; for
+    pairs, the signed gap per collective."""
 
     def __init__(self, traces: Mapping[int, RankTrace]) -> None:
         self.traces = traces
-        self.observed: Counter[tuple[int, GroupKey]] = Counter()
-        self.last: Counter[tuple[int, GroupKey]] = Counter()
-        self.expected: defaultdict[tuple[int, GroupKey], float] = defaultdict(float)
-        self.variance: defaultdict[tuple[int, GroupKey], float] = defaultdict(float)
-        self.waits: defaultdict[tuple[int, GroupKey], list[float]] = defaultdict(list)
-        self.late: Counter[tuple[int, GroupKey]] = Counter()
-        self.late_waits: defaultdict[tuple[int, GroupKey], list[float]] = defaultdict(list)
-        self.kind: dict[tuple[int, GroupKey], str] = {}
-        self.groups: defaultdict[GroupKey, list[int]] = defaultdict(list)
+        self.tallies: dict[GroupKey, dict[int, _Tally]] = {}
         self.period_ms: dict[GroupKey, float] = {}
-        self.paces: dict[int, float] = {}
         # (group, (a, b)) -> how much later b arrived than a, per collective, in order
         self.pairs: dict[tuple[GroupKey, tuple[int, int]], list[float]] = {}
         self.pair_kind: dict[tuple[GroupKey, tuple[int, int]], str] = {}
@@ -142,49 +141,46 @@ class StragglerEvidence:
             waits[i].append(median - first)
         if not used:
             return
+        group = self.tallies.setdefault(key, {})
         for i, r in enumerate(ranks):
-            slot = (r, key)
-            if slot not in self.kind:
-                self.groups[key].append(r)
-            self.observed[slot] += used
-            self.expected[slot] += used * p
-            self.variance[slot] += used * p * (1 - p)
-            self.last[slot] += last[i]
-            self.late[slot] += late[i]
-            self.waits[slot].extend(waits[i])
-            self.late_waits[slot].extend(late_waits[i])
-            self.kind[slot] = kind
+            t = group.setdefault(r, _Tally(kind))
+            t.kind = kind
+            t.observed += used
+            t.expected += used * p
+            t.variance += used * p * (1 - p)
+            t.last += last[i]
+            t.late += late[i]
+            t.waits.extend(waits[i])
+            t.late_waits.extend(late_waits[i])
 
     def findings(self, config: StragglerConfig) -> tuple[list[StragglerFinding], list[StragglerFinding]]:
         """``(stragglers, lags)``: one straggler finding per rank, for the group with the strongest
         evidence; a lag per pair where nothing else agrees."""
         flagged: dict[int, list[Hit]] = defaultdict(list)
-        for key, ranks in self.groups.items():
-            rates = sorted(self.late[(r, key)] / self.observed[(r, key)] for r in ranks)
+        for key, group in self.tallies.items():
+            rates = sorted(t.late / t.observed for t in group.values())
             typical = min(max(rates[(len(rates) - 1) // 2], 0.02), 0.98)
             floor = None
-            for rank in ranks:
-                slot = (rank, key)
-                observed = self.observed[slot]
+            for rank, t in group.items():
+                observed, last, late = t.observed, t.last, t.late
                 if observed < config.min_collectives:
                     continue
-                last, late = self.last[slot], self.late[slot]
-                z_last = (last - self.expected[slot]) / (math.sqrt(self.variance[slot]) or 1.0)
+                z_last = (last - t.expected) / (math.sqrt(t.variance) or 1.0)
                 z_late = (late - observed * typical) / math.sqrt(observed * typical * (1 - typical))
                 by_last = last / observed >= config.min_fraction and z_last >= config.min_z
                 by_late = late / observed >= config.min_fraction and z_late >= config.min_z
                 if not (by_last or by_late):
                     continue
                 if floor is None:  # only for a group with a candidate: it reads every rank's dump
-                    floor = _floor(self._pace_ms(ranks[:3]), config, config.min_wait_ms)
-                wait_last, wait_late = _median(self.waits[slot]), _median(self.late_waits[slot])
+                    floor = _floor(self._pace_ms(list(group)[:3]), config, config.min_wait_ms)
+                wait_last, wait_late = _median(t.waits), _median(t.late_waits)
                 by_last = by_last and wait_last >= floor
                 by_late = by_late and wait_late >= floor
                 if by_last or by_late:
                     z, wait = (z_last, wait_last) if by_last else (z_late, wait_late)
                     flagged[rank].append(
                         (z, key, {"last": last, "late": late, "observed": observed, "z": z, "wait": wait,
-                                  "expected": self.expected[slot], "kind": self.kind[slot]})
+                                  "expected": t.expected, "kind": t.kind})
                     )
         out, lags = [], []
         for rank, hits in self._pair_hits(config).items():
@@ -199,15 +195,9 @@ class StragglerEvidence:
         return out, lags
 
     def _pace_ms(self, ranks: list[int]) -> float:
-        """The ranks' median pace (the median interval between a rank's consecutive enqueues in
-        any of its groups, its own clock), ms; NaN when no rank has two enqueue times."""
-        for rank in ranks:
-            if rank not in self.paces:
-                times = sorted(t for g in self.traces[rank].groups.values() for t in g.created_ns if t)
-                steps = [b - a for a, b in pairwise(times) if b > a]
-                self.paces[rank] = _median(steps) / 1e6 if steps else math.nan
-        paces = [self.paces[r] for r in ranks if self.paces[r] == self.paces[r]]
-        return _median(paces) if paces else math.nan
+        """The ranks' pace: :func:`_period_ms` of each one's enqueues in all its groups."""
+        return _period_ms([sorted(t for g in self.traces[r].groups.values() for t in g.created_ns if t)
+                           for r in ranks])
 
     def _pair_hits(self, config: StragglerConfig) -> dict[int, list[Hit]]:
         """Every pair where one rank's median lag behind the other reaches the floor in each of
@@ -248,11 +238,8 @@ class StragglerEvidence:
                 f"{windows} ms; floor {best['floor']:.2f} ms, the group's period {period:.1f} ms; "
                 f"{best['kind']})"
             )
-            detail += (
-                "; with two ranks there is no majority to say which one is off pace: a lag, not a straggler"
-                if lag
-                else "; other evidence agrees (" + ", ".join(k.label() for _, k, _ in hits[1:] or hits) + ")"
-            )
+            detail += ("; with two ranks there is no majority to say which one is off pace: a lag, not a straggler"
+                       if lag else "; other evidence agrees (" + ", ".join(k.label() for _, k, _ in hits[1:] or hits) + ")")
         else:
             detail = (
                 f"in group {key.label()} rank {rank} arrived last at {best['last']} and "
