@@ -471,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", action="store_true", help="measure where the worker pool pays off, and stop")
     parser.add_argument("--stages", type=int, default=None, metavar="FILES",
                         help="per-dump CPU time of each stage on FILES dumps of each job, in this process, and stop")
-    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here, with the command")
     parser.add_argument("--table", type=Path, default=None, metavar="JSON",
                         help="print the table of an earlier run's --json file, and stop")
     parser.add_argument("--floor", type=Path, default=None, help=argparse.SUPPRESS)  # a floor's own process
@@ -480,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.floor:
         return run_floor(args.floor, args.floor_task)
     if args.table:
-        print(table(json.loads(args.table.read_text())))
+        data = json.loads(args.table.read_text())
+        print(table(data["rows"] if isinstance(data, dict) else data))  # a list: an older --json
         return 0
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lk-bench-"))
@@ -506,7 +507,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     print(f"\n# took {time.perf_counter() - started:.0f} s; load average after: {os.getloadavg()[0]:.2f}")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        command = " ".join([Path(sys.executable).name, *map(str, sys.argv)])
+        args.json.write_text(json.dumps({"command": command, "rows": rows}, indent=2))
     if failed:
         print("a tool failed or lightkeeper reported findings on the healthy job", file=sys.stderr)
     return 1 if failed else 0
