@@ -508,7 +508,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n# took {time.perf_counter() - started:.0f} s; load average after: {os.getloadavg()[0]:.2f}")
     if args.json:
         command = " ".join([Path(sys.executable).name, *map(str, sys.argv)])
-        args.json.write_text(json.dumps({"command": command, "rows": rows}, indent=2))
+        commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True,
+                                text=True).stdout.strip()
+        args.json.write_text(json.dumps({"command": command, "commit": commit, "rows": rows}, indent=2))
     if failed:
         print("a tool failed or lightkeeper reported findings on the healthy job", file=sys.stderr)
     return 1 if failed else 0

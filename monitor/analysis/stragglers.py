@@ -167,13 +167,13 @@ class StragglerEvidence:
                     continue
                 z_last = (last - t.expected) / (math.sqrt(t.variance) or 1.0)
                 z_late = (late - observed * typical) / math.sqrt(observed * typical * (1 - typical))
-                by_last = last / observed >= config.min_fraction and z_last >= config.min_z
-                by_late = late / observed >= config.min_fraction and z_late >= config.min_z
+                wait_last, wait_late = _median(t.waits), _median(t.late_waits)
+                by_last = last / observed >= config.min_fraction and z_last >= config.min_z and wait_last >= config.min_wait_ms
+                by_late = late / observed >= config.min_fraction and z_late >= config.min_z and wait_late >= config.min_wait_ms
                 if not (by_last or by_late):
                     continue
-                if floor is None:  # only for a group with a candidate: it reads every rank's dump
+                if floor is None:  # only for a group with a candidate: it reads every rank's enqueues
                     floor = _floor(self._pace_ms(list(group)[:3]), config, config.min_wait_ms)
-                wait_last, wait_late = _median(t.waits), _median(t.late_waits)
                 by_last = by_last and wait_last >= floor
                 by_late = by_late and wait_late >= floor
                 if by_last or by_late:
