@@ -19,7 +19,7 @@ Every command runs in its own fresh interpreter, as a user would run it. For eac
   unpickler: the C reader's side-by-side comparison; ``c vs python`` in each row);
 - ``serial``: the same with ``--jobs 1`` (no worker processes), once, for reference;
 - ``floor``: the parallel load and nothing else: the same worker pool reading and unpickling
-  every file (``run_pool(files, jobs, loader.READ_TASK)``), no normalizing, no analysis;
+  every file (``run_pool`` of :func:`read_only`), no normalizing, no analysis;
 - ``fields floor``: the floor plus the least any loader must add: reading, in each entry, the
   fields the analysis needs (one ``itemgetter`` of them per entry, :func:`read_fields`), and
   nothing else: no columns, no checks, no answer sent back.
@@ -194,6 +194,18 @@ def torchfrtrace_cmd(path: Path) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(path), "-p", "rank"]
 
 
+def read_only(path: str) -> tuple[None, str | None]:
+    """The floor's task: a file read and decoded as the loader reads it, then dropped. A pool
+    task (``run_pool``): ``(None, None)``, or ``(None, error)`` for a file that is not a dump."""
+    from monitor.analysis.loader import read_dump
+
+    try:
+        read_dump(path)
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {exc}"
+    return None, None
+
+
 def read_fields(path: str) -> tuple[None, str | None]:
     """The fields floor's task: a file read as the loader reads it, then the fields the analysis
     needs taken from every entry (as the loader's first step takes them), then dropped. A pool
@@ -213,9 +225,9 @@ def read_fields(path: str) -> tuple[None, str | None]:
     return None, None
 
 
-# pool tasks by floor (the loader's READ_TASK, and read_fields above, imported by name in each worker)
+# pool tasks by floor (imported by name in each worker)
 FLOOR_TASKS = {
-    "read": "monitor.analysis.loader:read_outcome",
+    "read": f"{Path(__file__).parent.name}.{Path(__file__).stem}:read_only",
     "fields": f"{Path(__file__).parent.name}.{Path(__file__).stem}:read_fields",
 }
 
@@ -379,7 +391,7 @@ def threshold(workdir: Path, repeat: int) -> list[dict]:
 def stages(workdir: Path, shapes: list[str], ranks_list: list[int], entries: int, sample: int) -> list[dict]:
     """Per-dump CPU time (``process_time``, in this process, cyclic GC off as in the loader) of
     each stage, on ``sample`` files of each job, the tasks run one after another on each file in
-    rotating order: the floor's task (read and unpickle, ``loader.read_outcome``); the C
+    rotating order: the floor's task (read and unpickle, :func:`read_only`); the C
     reader's parse and its columns alone; the worker's whole task (``loader.load_packed``: read,
     normalize, pack, pickle) with the C reader and with Python's (``LIGHTKEEPER_ANALYZE_PURE_PYTHON=1``).
     Medians per dump in ms."""
@@ -413,7 +425,7 @@ def stages(workdir: Path, shapes: list[str], ranks_list: list[int], entries: int
                 times["c_columns"].append(time.process_time() - mid)
                 times["c_parse"].append(mid - start)
 
-            steps: list[tuple[str | None, object]] = [("floor", loader.read_outcome), ("python_task", lambda f: task("1", f))]
+            steps: list[tuple[str | None, object]] = [("floor", read_only), ("python_task", lambda f: task("1", f))]
             if reader is not None:
                 steps += [("c_task", lambda f: task("", f)), (None, parts)]
             load_before = os.getloadavg()[0]
@@ -459,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", action="store_true", help="measure where the worker pool pays off, and stop")
     parser.add_argument("--stages", type=int, default=None, metavar="FILES",
                         help="per-dump CPU time of each stage on FILES dumps of each job, in this process, and stop")
-    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here, with the command")
     parser.add_argument("--table", type=Path, default=None, metavar="JSON",
                         help="print the table of an earlier run's --json file, and stop")
     parser.add_argument("--floor", type=Path, default=None, help=argparse.SUPPRESS)  # a floor's own process
@@ -468,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.floor:
         return run_floor(args.floor, args.floor_task)
     if args.table:
-        print(table(json.loads(args.table.read_text())))
+        data = json.loads(args.table.read_text())
+        print(table(data["rows"] if isinstance(data, dict) else data))  # a list: an older --json
         return 0
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lk-bench-"))
@@ -494,7 +507,10 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     print(f"\n# took {time.perf_counter() - started:.0f} s; load average after: {os.getloadavg()[0]:.2f}")
     if args.json:
-        args.json.write_text(json.dumps(rows, indent=2))
+        command = " ".join([Path(sys.executable).name, *map(str, sys.argv)])
+        commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True,
+                                text=True).stdout.strip()
+        args.json.write_text(json.dumps({"command": command, "commit": commit, "rows": rows}, indent=2))
     if failed:
         print("a tool failed or lightkeeper reported findings on the healthy job", file=sys.stderr)
     return 1 if failed else 0

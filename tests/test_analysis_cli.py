@@ -12,7 +12,7 @@ import pytest
 
 from lightkeeper.cli import main
 from monitor.analysis.loader import load_paths, rank_from_name
-from tests.support.frgen import FRJob, loaded_pair_job, write_dumps
+from tests.support.frgen import FRJob, loaded_pair_job, three_group_job, write_dumps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,6 +78,14 @@ def test_a_lag_between_two_groups_is_reported_and_the_exit_status_ignores_it(tmp
     code, report = run_json(capsys, tmp_path)
     assert code == 0 and report["findings"] == []
     assert [(f["kind"], f["rank"], f["peers"]) for f in report["lags"]] == [("lag", 1, [0])]
+
+
+def test_a_late_arriver_into_one_of_three_groups_is_reported(tmp_path, capsys):
+    # pickles as torch writes them, the generated shape of test_analysis_engine's regression test
+    write_dumps(three_group_job(0).dumps(fmt="pickle"), tmp_path, fmt="pickle")
+    code, report = run_json(capsys, tmp_path)
+    assert code == 1
+    assert [(f["kind"], f["pg"], f["culprit_ranks"]) for f in report["findings"]] == [("straggler", "1", [5])]
 
 
 def test_rank_comes_from_the_dump_before_the_file_name(tmp_path, capsys):

@@ -135,7 +135,7 @@ def json_round_trip(dumps: dict[int, dict]) -> dict[int, dict]:
 def resolved(trace) -> dict:
     """What a trace says per group and sequence id, signatures by value instead of by id."""
     return {
-        key: (g.first_seq, [trace.signatures[i] for i in g.sigs], g.states, g.created_ns, g.duration_ms, g.restarted)
+        key: (g.first_seq, [trace.signatures[i] for i in g.sigs], g.states, g.created_ns, g.duration_ms)
         for key, g in trace.groups.items()
     }
 

@@ -22,7 +22,7 @@ import pytest
 
 from lightkeeper.cli import main
 from monitor.analysis import loader, pool, wire
-from monitor.analysis.loader import LOAD_TASK, READ_TASK, load_outcome, load_paths
+from monitor.analysis.loader import LOAD_TASK, load_outcome, load_paths
 from tests.support.frgen import FRJob, plain_dump, write_dumps
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,6 +54,11 @@ def as_lists(trace):
         for key, g in trace.groups.items()
     }
     return dataclasses.replace(trace, groups=groups)
+
+
+def decoded(outcomes):
+    """The pool's answers to LOAD_TASK with each pickled trace decoded."""
+    return [(None if blob is None else wire.from_bytes(blob), error) for blob, error in outcomes]
 
 
 def hang_job() -> FRJob:
@@ -169,7 +174,7 @@ def test_a_killed_worker_costs_only_the_file_it_was_reading(tmp_path, monkeypatc
             os.kill(busy[0].proc.pid, signal.SIGKILL)
 
     monkeypatch.setattr(pool._Pool, "_settle", settle_then_kill)
-    outcomes = in_time(pool.run_pool, files, 2, LOAD_TASK, wire.from_bytes)
+    outcomes = decoded(in_time(pool.run_pool, files, 2, LOAD_TASK))
     assert killed, "no worker was busy to be killed"
     died = [i for i, (trace, error) in enumerate(outcomes) if error and "loader process died" in error]
     assert len(died) == 1
@@ -184,16 +189,8 @@ def test_a_killed_worker_costs_only_the_file_it_was_reading(tmp_path, monkeypatc
 def test_workers_that_cannot_start_leave_the_files_to_this_process(tmp_path, monkeypatch, capfd):
     files = big_dumps(tmp_path, ranks=4, entries=50)
     monkeypatch.setattr(pool, "_BOOT", "import sys; sys.exit(3)")
-    outcomes = in_time(pool.run_pool, files, 2, LOAD_TASK, wire.from_bytes)
+    outcomes = decoded(in_time(pool.run_pool, files, 2, LOAD_TASK))
     assert [(as_lists(t), e) for t, e in outcomes] == [load_outcome(f) for f in files]
-
-
-def test_read_task_reads_and_returns_nothing_but_errors(tmp_path):
-    files = big_dumps(tmp_path, ranks=3, entries=20)
-    (tmp_path / "rank3").write_text("garbage")
-    outcomes = in_time(pool.run_pool, [*files, tmp_path / "rank3"], 2, READ_TASK)
-    assert outcomes[:3] == [(None, None)] * 3
-    assert outcomes[3][0] is None and "neither JSON nor a pickle" in outcomes[3][1]
 
 
 def test_a_task_that_does_not_resolve_is_refused_before_any_worker_starts(tmp_path):

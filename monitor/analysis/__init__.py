@@ -1,45 +1,26 @@
 """Flight Recorder analysis across ranks: which collectives went wrong, which ranks are to blame.
 
-Public API (pure functions, no I/O except the loader, no torch import):
+Pure functions, no torch import, no I/O but the loader's:
 
 - ``analyze(dumps, *, blame_missing=False, same_host=False, world_size=None, straggler=None)
-  -> AnalysisResult``: ``dumps`` maps global rank -> dump dict (as ``/v1/fr_trace``,
-  ``_dump_fr_trace_json``, ``_dump_nccl_trace_json`` or the pickled ``_dump_nccl_trace`` give
-  it) or a pre-normalized ``RankTrace``. Cheap enough to call every second on live dumps.
-- ``AnalysisResult``: ``.findings`` (``MismatchFinding`` / ``HangFinding`` /
-  ``StragglerFinding``, each with ``.to_dict()``), ``.lags`` (kind ``lag``: a rank behind the
-  one peer it was compared with, nothing else agreeing), ``.ranks``, ``.unknown_ranks``,
-  ``.errors``,
-  ``.last_seq`` (``GroupKey -> {rank: last enqueued seq}`` for every current group, i.e. the
-  latest torchft incarnation), ``.to_dict()`` (the JSON of ``lightkeeper analyze --format json``).
-- ``normalize(dump, rank=None) -> RankTrace`` and ``DumpFormatError``: one dump, validated;
-  ``normalize_dumps(dumps) -> (traces, errors)``: every rank's, once (then pass the traces to
-  ``analyze`` and to the queries below).
-- ``load_paths(paths) -> LoadResult``: read per-rank dump files (JSON or pickle) from files and
-  directories; unreadable files become errors instead of exceptions.
+  -> AnalysisResult``: global rank -> dump dict (``/v1/fr_trace``, ``_dump_*_json``, the pickled
+  ``_dump_nccl_trace``) or a ``RankTrace``; ``.findings``, ``.lags``, ``.last_seq``, ``.to_dict()``
+  (the JSON of ``lightkeeper analyze --format json``);
+- ``normalize(dump, rank=None) -> RankTrace`` (raises ``DumpFormatError``) and
+  ``normalize_dumps(dumps) -> (traces, errors)``: every rank's once, to pass to ``analyze``;
+- ``load_paths(paths) -> LoadResult``: per-rank dump files (JSON or pickle), errors not raised.
 
-Finding kinds and the rules behind them are documented in :mod:`monitor.analysis.engine`; the
-JSON interface in docs/analyze.md.
+The rules: :mod:`.engine` and :mod:`.stragglers`; the JSON interface: docs/analyze.md.
 """
 
-from .engine import StragglerConfig, analyze, normalize_dumps
+from .engine import analyze, normalize_dumps
 from .findings import AnalysisResult, Finding, HangFinding, MismatchFinding, StragglerFinding
 from .loader import LoadResult, load_paths
 from .model import DumpFormatError, GroupKey, RankTrace, normalize
+from .stragglers import StragglerConfig
 
 __all__ = [
-    "AnalysisResult",
-    "DumpFormatError",
-    "Finding",
-    "GroupKey",
-    "HangFinding",
-    "LoadResult",
-    "MismatchFinding",
-    "RankTrace",
-    "StragglerConfig",
-    "StragglerFinding",
-    "analyze",
-    "load_paths",
-    "normalize",
-    "normalize_dumps",
+    "AnalysisResult", "DumpFormatError", "Finding", "GroupKey", "HangFinding", "LoadResult",
+    "MismatchFinding", "RankTrace", "StragglerConfig", "StragglerFinding", "analyze", "load_paths",
+    "normalize", "normalize_dumps",
 ]

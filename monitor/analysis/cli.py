@@ -18,25 +18,14 @@ __all__ = ["add_arguments", "run", "format_text"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", metavar="PATH", help="per-rank dump files or directories of them (JSON or pickle)")
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
-    parser.add_argument(
-        "--blame-missing",
-        action="store_true",
-        help="count group members without a dump as never having arrived (default: report them as unknown)",
-    )
-    parser.add_argument(
-        "--same-host",
-        action="store_true",
-        help="dumps without a 'host' key come from one host: their enqueue times may be compared",
-    )
+    parser.add_argument("--blame-missing", action="store_true",
+                        help="count group members without a dump as never having arrived (default: report them as unknown)")
+    parser.add_argument("--same-host", action="store_true",
+                        help="dumps without a 'host' key come from one host: their enqueue times may be compared")
     parser.add_argument("--world-size", type=int, default=None, help="ranks in the job, when the dumps do not say (gloo)")
-    parser.add_argument(
-        "--jobs",
-        type=int,
-        default=None,
-        metavar="N",
-        help="worker processes loading the dumps (default: the cores available; 1: none). "
-        "Small inputs are loaded without workers anyway",
-    )
+    parser.add_argument("--jobs", type=int, default=None, metavar="N",
+                        help="worker processes loading the dumps (default: the cores available; 1: none). "
+                        "Small inputs are loaded without workers anyway")
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
@@ -44,19 +33,15 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     from .loader import load_paths
 
     out = out or sys.stdout
-    if args.world_size is not None and args.world_size < 1:
-        print("lightkeeper analyze: --world-size must be positive", file=sys.stderr)
-        return 2
-    if args.jobs is not None and args.jobs < 1:
-        print("lightkeeper analyze: --jobs must be positive", file=sys.stderr)
-        return 2
+    for flag, value in (("--world-size", args.world_size), ("--jobs", args.jobs)):
+        if value is not None and value < 1:
+            print(f"lightkeeper analyze: {flag} must be positive", file=sys.stderr)
+            return 2
     loaded = load_paths(args.paths, jobs=args.jobs)
     result = analyze(loaded.traces, blame_missing=args.blame_missing, same_host=args.same_host, world_size=args.world_size)
     result.errors = loaded.errors + result.errors
     report = result.to_dict()
-    # which reader read the pickles: the C reader, or Python's unpickler (not built, or turned
-    # off by LIGHTKEEPER_ANALYZE_PURE_PYTHON=1); the same results either way
-    report["pickle_reader"] = loaded.pickle_reader
+    report["pickle_reader"] = loaded.pickle_reader  # "c" or "python": the same results either way
     if args.format == "json":
         json.dump(report, out, indent=2)
         out.write("\n")

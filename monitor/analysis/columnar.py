@@ -1,29 +1,14 @@
 """The loader's fast path: normalizing the common Flight Recorder dump column by column.
 
-:func:`normalize_columnar` returns what :func:`~monitor.analysis.model.normalize` returns (an
-equal :class:`~monitor.analysis.model.RankTrace`), at about half of its cost, for the dumps that
-make up large jobs: entries that are dicts with every key torch writes, no point-to-point
-entries, no torchft ``incarnations``, and in every group one entry per sequence id without gaps
-or restarts. Everything else, malformed dumps included, goes to ``normalize`` itself, so the
-errors are ``normalize``'s too (``tests/test_analysis_columnar.py`` compares the two on every
-shape the generator makes).
-
-Why it is cheaper, per dump of N entries:
-
-- each needed field of every entry is read in one C-level pass (``itemgetter`` over the dump's
-  own key objects, then one transpose) instead of being visited again per derived column;
-- entries are split by group with slices when the job issues its groups in a fixed order (one
-  training step after another: the group names repeat with a period), else in one loop;
-- a group whose op, sizes and dtypes are the same in every entry (the usual case) gets its
-  signature computed once instead of once per entry, and its state codes likewise.
-
-One deliberate difference: within a group whose signature fields are equal (``==``) in every
-entry but not of one type (sizes ``8`` and ``8.0``, or ``1`` and ``True``), ``normalize`` gives
-each variant its own signature id and this gives the group one. The engine's shared signature
-table compares signatures with ``==`` and merges such ids anyway, so no report differs.
-
-The dump's top-level keys (version, rank, ``pg_config`` members, host, ...) are read by
-``normalize`` itself, on the dump without its entries.
+:func:`normalize_columnar` returns what :func:`~monitor.analysis.model.normalize` returns, at
+about half its cost, for dumps whose entries are dicts with every key torch writes, without
+point-to-point entries or torchft ``incarnations``, one entry per sequence id in every group.
+Anything else, malformed dumps included, goes to ``normalize``, so the errors are its errors
+(``tests/test_analysis_columnar.py`` compares the two). Each field of every entry is read in one
+C-level pass; groups issued in a fixed order are split with slices; a group whose signature is
+constant gets it computed once. The one difference: a group whose signature fields are equal
+but not of one type (``8`` and ``8.0``) gets one signature id here, several in ``normalize``;
+the engine's shared table merges equal signatures, so no report differs.
 """
 
 from __future__ import annotations
@@ -68,20 +53,15 @@ def normalize_columnar(dump: Any, rank: int | None = None) -> RankTrace:
 
 
 def normalize_packed(dump: Any, rank: int | None = None) -> Packed:
-    """``wire.pack(normalize(dump, rank))`` (the same columns, the same errors), built straight
-    from the dump's columns: no per-group lists are made only to be packed again. The loader's
-    workers send this."""
+    """``wire.pack(normalize(dump, rank))``, built straight from the dump's columns."""
     trace = _fast(dump, rank, _packed_group)
     return pack(normalize(dump, rank)) if trace is None else _as_packed(trace)
 
 
 def normalize_parsed(doc: Any, rank_of: Callable[[Any], int], packed: bool) -> RankTrace | Packed:
-    """:func:`normalize_columnar` (or, ``packed``, :func:`normalize_packed`) of the dump that
-    ``doc``, a ``_frpickle.Dump`` (the C reader's parsed pickle), holds: same result, same
-    errors. The common shape is normalized from the entries' fields the reader builds as
-    columns (no entry dicts); any other dump is built whole (``doc.load()``, what pickle.load
-    gives) and takes the Python path. ``rank_of``: the rank of a dump given its top-level dict
-    (as the loader reads it: its ``rank`` key, else the file name's digits), or raises.
+    """:func:`normalize_columnar` (``packed``: :func:`normalize_packed`) of the dump in ``doc``,
+    the C reader's parsed pickle: the common shape from the columns the reader builds, any
+    other dump built whole (``doc.load()``). ``rank_of``: the rank given the top-level dict.
 
     Raises ``_frpickle.DumpRefused`` when the reader cannot build something (the caller then
     reads the file with Python's unpickler)."""
@@ -117,9 +97,8 @@ def _fast(dump: Any, rank: int | None, build: Build) -> RankTrace | None:
 
 def _from_parts(top: dict, rank: int | None, build: Build, columns: Callable[[], Sequence | None],
                 ends: tuple[Any, Any]) -> RankTrace | None:
-    """:func:`_fast` on a dump's parts: ``top`` (its top-level dict; its entries are not read),
-    ``columns`` (gives the entries' fields by columns, :func:`_entry_columns`), ``ends`` (the
-    first and last entries)."""
+    """:func:`_fast` on a dump's parts: ``top`` (its top-level dict, entries unread), ``columns``
+    (the entries' fields by columns, :func:`_entry_columns`), ``ends`` (first and last entry)."""
     # top-level checks and fields first: an invalid dump raises here, before any entry is read
     trace = normalize({**top, "entries": []}, rank)
     scope = None  # as normalize scopes groups inside a torchft replica group
@@ -158,25 +137,21 @@ def _columns(cols: Sequence, scope: int | None, build: Build) -> tuple | None:
     columns, or None when not the common shape."""
     pgs, seqs, pnames, ins, outs, idts, odts, states, created, rids, p2ps = cols[:11]
     n = len(seqs)
-    if any(p2ps):
-        return None
-    if set(map(type, seqs)) != _INT_ONLY:
+    if any(p2ps) or set(map(type, seqs)) != _INT_ONLY:
         return None
     period: int | None
     if pgs.count(pgs[0]) == n:  # one process group (equal lists: the same name throughout)
         names: Sequence[Any] = (pgs[0][0],)
         period = 1
     else:
-        # a fixed order of groups (one training step after another) is found on the entries'
-        # process_group lists themselves: then only one period's names are taken out
+        # a fixed order of groups (one step after another): only one period's names are taken
         period = _period(pgs, 2)
         names = [pg[0] for pg in pgs[:period]] if period else list(map(itemgetter(0), pgs))
     order = list(dict.fromkeys(names))
     if set(map(type, order)) != {str}:
         return None  # normalize keys groups by str(name): 0 and "0" would be one group
     oldest = min(rids)
-    # one pass over the types of each column of values (what packing needs to know), instead of
-    # one per group
+    # one pass over each value column's types (what packing needs), not one per group
     durations: Sequence[Any]
     if len(cols) == 11:
         durations, duration_kind = [NAN] * n, float
@@ -189,8 +164,7 @@ def _columns(cols: Sequence, scope: int | None, build: Build) -> tuple | None:
     kinds = (_one_type(created), duration_kind)
     pname_set: set[str] = set()
 
-    # normalize numbers signatures in the order their keys first occur in the dump: keep each
-    # key's first index (the entry whose fields make its Signature)
+    # normalize numbers signatures in the order their keys first occur: keep each key's first index
     firsts: dict[bytes, int] = {}
     plans: list[tuple[GroupKey, Take, int, bytes | list[bytes]]] = []
     for name, take, index_of in _split(names, order, period, n):
@@ -214,8 +188,7 @@ def _columns(cols: Sequence, scope: int | None, build: Build) -> tuple | None:
                 firsts[key] = at
         plans.append((GroupKey(str(name), scope), take, first_seq, keyed))
 
-    # each distinct profiling name, taken from the groups' columns (a group that enqueued one
-    # collective throughout has one), not hashed once per entry
+    # each distinct profiling name from the groups' columns, not hashed once per entry
     op_of = {p: p.rpartition(":")[2].partition(" ")[0] for p in pname_set}
     if not _P2P_OPS.isdisjoint(op_of.values()):
         return None
@@ -228,8 +201,7 @@ def _columns(cols: Sequence, scope: int | None, build: Build) -> tuple | None:
     for key, take, first_seq, keyed in plans:
         g_states = take(states)
         count = len(g_states)
-        same_state = g_states.count(g_states[0]) == count
-        if same_state:
+        if g_states.count(g_states[0]) == count:
             codes = [_STATE_CODES.get(g_states[0], SCHEDULED)] * count
         else:
             codes = list(map(_STATE_CODES.get, g_states, repeat(SCHEDULED)))
@@ -253,7 +225,7 @@ def _group_trace(first_seq: int, sigs: list, states: list, created: Sequence[Any
 def _packed_group(first_seq: int, sigs: list, states: list, created: Sequence[Any], durations: Sequence[Any],
                   kinds: tuple) -> tuple:
     """``wire.pack``'s columns of the group :func:`_group_trace` makes."""
-    return (first_seq, False, pack_codes(sigs), pack_codes(states), pack_column(created, kinds[0]),
+    return (first_seq, pack_codes(sigs), pack_codes(states), pack_column(created, kinds[0]),
             pack_column(durations, kinds[1]))
 
 
@@ -269,7 +241,7 @@ def _split(names: Sequence[str], order: list[str], period: int | None,
     ``names``: the first ``period`` entries' when the groups repeat with that period, else every
     entry's."""
     if len(order) == 1:
-        return [(order[0], _whole, _same)]
+        return [(order[0], lambda col: col, lambda i: i)]
     if period is None:
         buckets: dict[str, list[int]] = {name: [] for name in order}
         for i, name in enumerate(names):
@@ -279,7 +251,8 @@ def _split(names: Sequence[str], order: list[str], period: int | None,
     for name in order:
         at = [j for j in range(period) if names[j] == name]
         if len(at) == 1:  # once per period: every period-th entry from its first
-            out.append((name, itemgetter(slice(at[0], None, period)), _stride(at[0], period)))
+            start = at[0]
+            out.append((name, itemgetter(slice(start, None, period)), lambda i, s=start: s + i * period))
         else:
             idx = sorted(i for j in at for i in range(j, n, period))
             out.append((name, _gather(idx), idx.__getitem__))
@@ -300,16 +273,4 @@ def _gather(idx: list[int]) -> Take:
         only = idx[0]
         return lambda col: (col[only],)
     return itemgetter(*idx)
-
-
-def _whole(col: Sequence[Any]) -> Sequence[Any]:
-    return col
-
-
-def _same(i: int) -> int:
-    return i
-
-
-def _stride(start: int, period: int) -> Callable[[int], int]:
-    return lambda i: start + i * period
 

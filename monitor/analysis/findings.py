@@ -1,38 +1,37 @@
 """What the analyzer concludes: findings and the result that carries them.
 
-Every finding has ``kind``, ``pg`` (process-group name as entries carry it), ``seq`` (collective
-sequence id, ``None`` for stragglers), ``op``, ``culprit_ranks`` and a one-line ``detail``; torchft
-groups add ``quorum_id`` / ``group_rank``, replica-group-local groups ``replica_group``. The
-kind-specific fields are those of the subclasses. ``to_dict()`` gives the JSON form documented in
-docs/analyze.md (JSON interface), which other tools rely on: add fields, never rename or remove them.
+``to_dict()`` gives the JSON form of docs/analyze.md (JSON interface), which other tools rely on:
+add fields, never rename or remove them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .model import GroupKey
 
-__all__ = [
-    "AnalysisResult",
-    "Finding",
-    "HangFinding",
-    "MismatchFinding",
-    "StragglerFinding",
-    "KIND_ORDER",
-]
+__all__ = ["AnalysisResult", "Finding", "HangFinding", "MismatchFinding", "StragglerFinding", "KIND_ORDER"]
 
 KIND_ORDER = {"hang": 0, "mismatch": 1, "straggler": 2, "lag": 3}
 
 
-def _str_keys(mapping: dict[int, Any]) -> dict[str, Any]:
-    return {str(k): v for k, v in sorted(mapping.items())}
+_DIGITS = {"score": 4, "expected": 4, "late_fraction": 4, "z": 2, "median_wait_ms": 3}
+
+
+def _json(name: str, value: Any) -> Any:
+    """A subclass field as JSON has it: dicts by rank with str keys, floats rounded."""
+    if isinstance(value, dict):
+        return {str(k): v for k, v in sorted(value.items())}
+    if isinstance(value, list):
+        return list(value)
+    return round(value, _DIGITS[name]) if name in _DIGITS else value
 
 
 @dataclass
 class Finding:
-    """Something wrong with one collective (or one rank, for stragglers)."""
+    """Something wrong with one collective (or one rank, for stragglers): ``seq`` is None for
+    stragglers; ``detail`` is one line."""
 
     kind: str
     group: GroupKey | None
@@ -57,11 +56,8 @@ class Finding:
             "op": self.op,
             "culprit_ranks": list(self.culprit_ranks),
             "detail": self.detail,
-            **self._extra(),
+            **{f.name: _json(f.name, getattr(self, f.name)) for f in fields(self)[len(_BASE):]},
         }
-
-    def _extra(self) -> dict[str, Any]:
-        return {}
 
     def sort_key(self) -> tuple:
         g = self.group
@@ -76,17 +72,18 @@ class Finding:
         )
 
 
+_BASE = fields(Finding)
+
+
 @dataclass
 class MismatchFinding(Finding):
     """Ranks of a group enqueued different collectives at one sequence id.
 
-    ``mismatch`` is ``"op"``, ``"size"`` or ``"dtype"``; ``has_majority`` is False when no single
-    variant was enqueued by more ranks than every other (then every participant is a culprit);
-    ``variants`` lists what was enqueued, most common first; ``later_mismatches`` counts further
-    sequence ids of the group that disagree too (usually consequences of the first);
-    ``departs_from_history`` (only without a majority) names the participants whose collective
-    differs from the variant of that op they themselves enqueued most often in the group's other
-    collectives: the likely culprit when two ranks disagree.
+    ``mismatch``: ``"op"``, ``"size"`` or ``"dtype"``; ``has_majority`` False: no variant has
+    more ranks than every other (every participant is a culprit); ``variants``: most common
+    first; ``later_mismatches``: further disagreeing sequence ids of the group;
+    ``departs_from_history`` (without a majority): participants whose collective differs from
+    their own usual one for that op.
     """
 
     mismatch: str = "op"
@@ -95,24 +92,13 @@ class MismatchFinding(Finding):
     later_mismatches: int = 0
     departs_from_history: list[int] = field(default_factory=list)
 
-    def _extra(self) -> dict[str, Any]:
-        return {
-            "mismatch": self.mismatch,
-            "has_majority": self.has_majority,
-            "variants": self.variants,
-            "later_mismatches": self.later_mismatches,
-            "departs_from_history": list(self.departs_from_history),
-        }
-
 
 @dataclass
 class HangFinding(Finding):
-    """Some members enqueued collective ``seq`` while others never did.
+    """Some members enqueued collective ``seq`` while others (``culprit_ranks``) never did.
 
-    ``culprit_ranks`` never enqueued it; ``waiting_ranks`` did and (on NCCL) it has not completed;
-    ``unknown_ranks`` are members whose dump is missing or whose ring buffer cannot tell;
-    ``last_seq_by_rank`` is each known member's last sequence id in the group; ``last_activity``
-    is each known member's newest Flight Recorder entry (pg, seq, op, state).
+    ``unknown_ranks``: no dump, or a ring buffer that cannot tell; ``last_activity``: each known
+    member's newest entry (pg, seq, op, state).
     """
 
     waiting_ranks: list[int] = field(default_factory=list)
@@ -120,30 +106,16 @@ class HangFinding(Finding):
     last_seq_by_rank: dict[int, int] = field(default_factory=dict)
     last_activity: dict[int, dict[str, Any] | None] = field(default_factory=dict)
 
-    def _extra(self) -> dict[str, Any]:
-        return {
-            "waiting_ranks": list(self.waiting_ranks),
-            "unknown_ranks": list(self.unknown_ranks),
-            "last_seq_by_rank": _str_keys(self.last_seq_by_rank),
-            "last_activity": _str_keys(self.last_activity),
-        }
-
 
 @dataclass
 class StragglerFinding(Finding):
     """A rank that arrives last (or late) at collectives far more often than chance.
 
-    ``score`` is the fraction of observed collectives at which it arrived last; ``expected`` what
-    that fraction would be by chance; ``late_fraction`` the fraction at which it arrived at least
-    ``min_wait_ms`` after the median rank; ``z`` how many standard deviations above chance the
-    count that flagged it is; ``median_wait_ms`` how long its peers typically waited for it when it was last;
-    ``evidence`` is ``"duration_ms"`` (NCCL: the last to arrive has the shortest kernel) or
-    ``"host_clock"`` (enqueue order among ranks sharing a host's clock).
-
-    Found where only two ranks are compared (``peers`` names the other one), ``score`` is the
-    fraction of collectives at which it was the later of the two and ``median_wait_ms`` its
-    median lag behind the peer; alone, such a finding has kind ``lag`` and sits in
-    ``AnalysisResult.lags``, not in the findings (docs/analyze.md, Stragglers).
+    ``score``: fraction of collectives it was last at (``expected``: by chance);
+    ``late_fraction``: at least ``min_wait_ms`` after the median rank; ``z``: standard deviations
+    above chance; ``median_wait_ms``: how long its peers waited; ``evidence``: ``"duration_ms"``
+    (NCCL) or ``"host_clock"``. Between two ranks (``peers`` names the other) ``score`` is how
+    often it was the later one, ``median_wait_ms`` its median lag; alone, kind ``lag``.
     """
 
     rank: int = -1
@@ -157,32 +129,15 @@ class StragglerFinding(Finding):
     late_fraction: float = 0.0
     peers: list[int] = field(default_factory=list)
 
-    def _extra(self) -> dict[str, Any]:
-        return {
-            "peers": list(self.peers),
-            "rank": self.rank,
-            "score": round(self.score, 4),
-            "expected": round(self.expected, 4),
-            "z": round(self.z, 2),
-            "collectives": self.collectives,
-            "median_wait_ms": round(self.median_wait_ms, 3),
-            "evidence": self.evidence,
-            "groups": list(self.groups),
-            "late_fraction": round(self.late_fraction, 4),
-        }
-
 
 @dataclass
 class AnalysisResult:
     """The outcome of :func:`monitor.analysis.analyze`.
 
-    ``ranks``: ranks whose dumps were analyzed; ``unknown_ranks``: members of some group with no
-    usable dump (never culprits unless ``blame_missing``); ``errors``: dumps that could not be
-    used (``{"rank": .., "error": ..}``, or ``"path"`` from the loader); ``last_seq``: for every
-    current group (the latest torchft incarnation, every other group), each member's last
-    enqueued sequence id where its dump can tell (0 = enqueued nothing); ``lags``: ranks that
-    lag persistently behind the one peer they were compared with, where nothing else agrees
-    that they are stragglers (kind ``lag``; not findings: no majority says who is off pace).
+    ``unknown_ranks``: group members with no usable dump; ``errors``: ``{"rank"|"path": ..,
+    "error": ..}``; ``last_seq``: per current group (torchft: the latest incarnation), each
+    member's last enqueued sequence id where its dump can tell (0: none); ``lags``: ranks
+    behind the one peer they were compared with, nothing else agreeing (not findings).
     """
 
     ranks: list[int]
@@ -193,10 +148,5 @@ class AnalysisResult:
     lags: list[Finding] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "ranks": list(self.ranks),
-            "unknown_ranks": list(self.unknown_ranks),
-            "errors": list(self.errors),
-            "findings": [f.to_dict() for f in self.findings],
-            "lags": [f.to_dict() for f in self.lags],
-        }
+        return {"ranks": list(self.ranks), "unknown_ranks": list(self.unknown_ranks), "errors": list(self.errors),
+                "findings": [f.to_dict() for f in self.findings], "lags": [f.to_dict() for f in self.lags]}

@@ -1,32 +1,19 @@
 """Reading per-rank Flight Recorder dumps from disk.
 
-:func:`load_paths` accepts files and directories (every regular, non-hidden file directly inside
-is a candidate): JSON (as served by the WorkerServer's ``/v1/fr_trace`` or written from torch's
-``_dump_*_json``) and pickle (as ``TORCH_NCCL_DUMP_ON_TIMEOUT`` writes ``<prefix><rank>``). The
-rank is the dump's own ``rank`` key, else the digits that end the file name (before an
-extension). Each dump is normalized as soon as it is read (:mod:`monitor.analysis.columnar`'s
-fast path, same result as ``normalize``) and the raw dict dropped, so a process holds one raw
-dump at a time.
+:func:`load_paths` takes files and directories (every regular, non-hidden file directly inside):
+JSON (``/v1/fr_trace``, torch's ``_dump_*_json``) and pickle (``TORCH_NCCL_DUMP_ON_TIMEOUT``'s
+``<prefix><rank>``). The rank is the dump's ``rank`` key, else the digits ending the file name.
+Each dump is normalized as soon as it is read (:mod:`.columnar`) and the raw dict dropped.
 
-Large inputs are loaded by worker processes (:mod:`monitor.analysis.pool`), one per available
-core unless ``jobs`` says otherwise; inputs under :data:`POOL_MIN_BYTES` in all are loaded in
-this process, where starting workers would cost more than it saves. Both ways give the same
-result: the workers run :func:`load_packed` (the trace :func:`load_outcome` gives, packed for
-the trip back straight from the dump's columns and pickled, :mod:`monitor.analysis.wire`; this
-process decodes the traces once all are in), and files are taken in the same order for ranks
-and duplicates.
+Inputs of at least :data:`POOL_MIN_BYTES` are loaded by worker processes (:mod:`.pool`), which
+send back packed traces (:mod:`.wire`); smaller ones in this process. Both give the same result.
 
-Pickles are read by the C reader (``_frpickle``, built from ``_frpickle.c`` where a compiler
-was there at install time; :func:`pickle_reader` says whether it is used, and
-``LIGHTKEEPER_ANALYZE_PURE_PYTHON=1`` turns it off): it parses the bytes itself and builds only
-the entries' fields the analysis reads (:func:`~monitor.analysis.columnar.normalize_parsed`),
-and refuses anything but data opcodes. A file it refuses, and every pickle where it is not
-used, is read by Python's unpickler with a subclass that refuses every class and function:
-Flight Recorder dumps are plain dicts, lists, strings and numbers, and a dump file must not be
-able to run code. Both readers give the same trace, or the same error. A file
-that is truncated, corrupt, not JSON or pickle, of a foreign schema, without a rank, or a second
-dump of a rank already loaded becomes an ``errors`` entry (``{"path": .., "error": ..}``); the
-others are still loaded.
+Pickles are read by the C reader (``_frpickle.c``, docs/stack.md) where it is built and not
+turned off by ``LIGHTKEEPER_ANALYZE_PURE_PYTHON=1``; a file it refuses, and every pickle where
+it is not used, by Python's unpickler with every class and function refused (a dump file must
+not run code). Both give the same trace or the same error. A file that is truncated, corrupt,
+of a foreign schema, without a rank, or a second dump of a loaded rank becomes an ``errors``
+entry (``{"path": .., "error": ..}``); the others are still loaded.
 """
 
 from __future__ import annotations
@@ -36,8 +23,7 @@ import json
 import os
 import pickle
 import re
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,44 +33,26 @@ from .model import DumpFormatError, RankTrace
 from .pool import Outcome, available_cores, run_pool
 from .wire import Packed, from_bytes, to_bytes
 
-__all__ = [
-    "LOAD_TASK",
-    "POOL_MIN_BYTES",
-    "READ_TASK",
-    "LoadResult",
-    "load_file",
-    "load_outcome",
-    "load_packed",
-    "load_paths",
-    "pickle_reader",
-    "read_dump",
-    "read_outcome",
-    "rank_from_name",
-]
+__all__ = ["LOAD_TASK", "POOL_MIN_BYTES", "LoadResult", "load_outcome", "load_packed", "load_paths",
+           "pickle_reader", "read_dump", "rank_from_name"]
 
-# Below this many bytes of dump files in all, loading in this process beats starting workers
-# (measured: benchmarks/bench_analyze.py --threshold; docs/analyze.md, Performance).
+# Below this many bytes in all, loading here beats starting workers (bench_analyze.py --threshold).
 POOL_MIN_BYTES = 8 << 20
 
-# the worker pool's tasks (run_pool imports them by name in each worker)
-LOAD_TASK = f"{__name__}:load_packed"
-READ_TASK = f"{__name__}:read_outcome"
+LOAD_TASK = f"{__name__}:load_packed"  # the workers' task (run_pool imports it by name)
 
 _TRAILING_DIGITS = re.compile(r"(\d+)(?:\.[A-Za-z]+)?$")
 
-try:  # the C reader (monitor/analysis/_frpickle.c): an optional build, see pickle_reader()
+try:  # the C reader: an optional build (no compiler at install time: Python reads them all)
     from . import _frpickle
-except ImportError:  # not built (no compiler at install time): Python's unpickler reads them all
+except ImportError:
     _frpickle = None  # type: ignore[assignment]
 
-# Refusals of the C reader for bytes no pickler writes, which Python's unpickler must not be given
-# either: a memo index past the file's size makes it grow its memo to that index (a LONG_BINPUT
-# of 2**31: gigabytes, tens of seconds). Such a file is an error, as a truncated one is.
+# C reader refusals Python's unpickler must not be given either: a memo index past the file's
+# size makes it grow its memo to that index (gigabytes). Such a file is an error.
 _NEVER_PICKLED = frozenset({"memo index out of range"})
 
-# set to 1 to read every pickle with Python's unpickler even where the C reader is built (the
-# tests and benchmarks/bench_analyze.py compare the two)
-PURE_PYTHON_ENV = "LIGHTKEEPER_ANALYZE_PURE_PYTHON"
+PURE_PYTHON_ENV = "LIGHTKEEPER_ANALYZE_PURE_PYTHON"  # "1": Python's unpickler reads every pickle
 
 
 @dataclass
@@ -110,9 +78,8 @@ def read_dump(path: str | Path) -> Any:
     """
     with open(path, "rb") as f:
         if f.peek(1)[:1] == b"\x80":
-            # from the buffered file itself, not from bytes in a BytesIO: torch writes protocol 2,
-            # without frames, and without a file that can peek the unpickler reads it opcode by
-            # opcode through Python calls (3 to 4 times slower)
+            # from the buffered file, not a BytesIO: torch's protocol 2 has no frames, and
+            # without peek the unpickler reads opcode by opcode through Python calls
             return _DataOnlyUnpickler(f).load()
         data = f.read()
     if data.lstrip()[:1] in (b"{", b"["):
@@ -140,9 +107,7 @@ def _candidates(paths: Iterable[str | Path], errors: list[dict[str, str]]) -> li
 
 
 def pickle_reader() -> str:
-    """``"c"`` when pickle dumps are read by the C reader (built, and not turned off by
-    ``LIGHTKEEPER_ANALYZE_PURE_PYTHON=1``), else ``"python"``. A file the C reader refuses (an
-    opcode or a shape it does not read) is read by Python's unpickler either way."""
+    """``"c"`` when pickles are read by the C reader, else ``"python"``."""
     return "c" if _c_reader() is not None else "python"
 
 
@@ -152,15 +117,9 @@ def _c_reader() -> Any:
     return _frpickle
 
 
-def load_file(path: str | Path) -> RankTrace:
-    """Read and normalize one dump file; raises what reading or normalizing raises."""
-    return _load(path, packed=False)  # type: ignore[return-value]
-
-
 def _load(path: str | Path, packed: bool) -> RankTrace | Packed:
-    """The file's trace (``packed``: as :func:`~monitor.analysis.columnar.normalize_packed`
-    gives it): by the C reader where it reads the file, else as Python reads it. Both give
-    the same trace and raise the same errors."""
+    """The file's trace (``packed``: :class:`~.wire.Packed`), by the C reader where it reads
+    the file, else by Python; raises what reading or normalizing raises."""
     reader = _c_reader()
     if reader is not None:
         with open(path, "rb") as f:
@@ -174,14 +133,9 @@ def _load(path: str | Path, packed: bool) -> RankTrace | Packed:
                 # otherwise not what it reads: Python's unpickler decides
             except MemoryError:
                 pass  # a dump it cannot build: Python's unpickler decides
-    raw, rank = _read_ranked(path)
-    return normalize_packed(raw, rank) if packed else normalize_columnar(raw, rank)
-
-
-def _read_ranked(path: str | Path) -> tuple[Any, int]:
-    """The decoded dump and its rank (its own ``rank`` key, else the file name's)."""
     raw = read_dump(path)
-    return raw, _rank_of(raw, path)
+    rank = _rank_of(raw, path)
+    return normalize_packed(raw, rank) if packed else normalize_columnar(raw, rank)
 
 
 def _rank_of(raw: Any, path: str | Path) -> int:
@@ -196,31 +150,18 @@ def _rank_of(raw: Any, path: str | Path) -> int:
 def load_outcome(path: str | Path) -> Outcome:
     """``(trace, None)`` for a usable dump file, ``(None, error message)`` for any other."""
     try:
-        return load_file(path), None
+        return _load(path, packed=False), None
     except Exception as exc:  # a foreign pickle can fail in many ways; never crash on it
         return None, _describe(exc)
 
 
 def load_packed(path: str | Path) -> Outcome:
-    """:func:`load_outcome` with the trace packed (:func:`monitor.analysis.wire.pack`; made
-    straight from the dump's columns, :func:`~monitor.analysis.columnar.normalize_packed`) and
-    pickled (:func:`~monitor.analysis.wire.to_bytes`): the workers' task, so that a compact
-    trace crosses the pipe; :func:`~monitor.analysis.wire.from_bytes` gives the trace back."""
+    """The workers' task: :func:`load_outcome` with the trace packed and pickled
+    (:func:`~.wire.to_bytes`), so that a compact trace crosses the pipe."""
     try:
         return to_bytes(_load(path, packed=True)), None  # type: ignore[arg-type]
     except Exception as exc:  # as load_outcome: a foreign pickle can fail in many ways
         return None, _describe(exc)
-
-
-def read_outcome(path: str | Path) -> Outcome:
-    """Read and decode one file as the loader does, then drop it: ``(None, None)``, or ``(None,
-    error message)``. The cost of reading alone, which ``benchmarks/bench_analyze.py`` measures
-    as the load floor (``run_pool(files, jobs, READ_TASK)``)."""
-    try:
-        read_dump(path)
-    except Exception as exc:  # a foreign file can fail in many ways
-        return None, _describe(exc)
-    return None, None
 
 
 def load_paths(paths: Iterable[str | Path], jobs: int | None = None) -> LoadResult:
@@ -235,18 +176,24 @@ def load_paths(paths: Iterable[str | Path], jobs: int | None = None) -> LoadResu
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     outcomes: Iterable[Outcome]
-    with _no_cyclic_gc():
+    # dumps and traces are many small containers without cycles: the cyclic GC would rescan
+    # them over and over while they are built
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
         if jobs > 1 and len(files) > 1 and _total_size(files) >= POOL_MIN_BYTES:
             outcomes = _decoded(run_pool(files, jobs, LOAD_TASK))
         else:
             outcomes = list(map(load_outcome, files))
+    finally:
+        if was_enabled:
+            gc.enable()
     for path, (trace, error) in zip(files, outcomes, strict=True):
         if trace is None:
             result.errors.append({"path": str(path), "error": error or "not loaded"})
         elif trace.rank in result.traces:
-            result.errors.append(
-                {"path": str(path), "error": f"duplicate dump of rank {trace.rank} (also {result.paths[trace.rank]})"}
-            )
+            error = f"duplicate dump of rank {trace.rank} (also {result.paths[trace.rank]})"
+            result.errors.append({"path": str(path), "error": error})
         else:
             result.traces[trace.rank] = trace
             result.paths[trace.rank] = str(path)
@@ -254,27 +201,13 @@ def load_paths(paths: Iterable[str | Path], jobs: int | None = None) -> LoadResu
 
 
 def _decoded(sent: list[Outcome]) -> list[Outcome]:
-    """The workers' pickled traces decoded once all are in, in one loop (``wire.to_bytes`` says
-    why), each pickle dropped as soon as its trace is made."""
+    """The workers' pickled traces decoded once all are in (``wire.to_bytes`` says why), each
+    pickle dropped as soon as its trace is made."""
     out: list[Outcome] = []
     for i, (blob, error) in enumerate(sent):
         sent[i] = (None, None)
         out.append((None if blob is None else from_bytes(blob), error))
     return out
-
-
-@contextmanager
-def _no_cyclic_gc() -> Iterator[None]:
-    # a dump is hundreds of thousands of small containers, and the traces the workers send
-    # back thousands more: the cyclic GC would rescan them over and over while they are built,
-    # for nothing (they hold no cycles)
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _total_size(files: list[Path]) -> int:

@@ -1,20 +1,15 @@
 """One rank's Flight Recorder dump, normalized into what cross-rank analysis needs.
 
-:func:`normalize` turns a dump (a dict as ``_dump_fr_trace_json`` / ``_dump_nccl_trace_json`` /
-``_dump_nccl_trace`` give it, format versions 2.x) into a :class:`RankTrace`: per process group,
-the rank's collectives indexed by ``collective_seq_id`` (never by ``record_id``, which counts every
-group's work on that rank), each reduced to a signature id (op, sizes, dtypes), a state code, the
-enqueue time on the rank's own clock and, on NCCL, ``duration_ms``. Point-to-point entries are
-skipped: they carry ``p2p_seq_id`` and are not matched here.
+:func:`normalize` turns a dump (``_dump_fr_trace_json`` / ``_dump_nccl_trace_json`` /
+``_dump_nccl_trace``, format versions 2.x) into a :class:`RankTrace`: per process group
+(:class:`GroupKey`), the rank's collectives indexed by ``collective_seq_id`` (never by
+``record_id``), each a signature id (op, sizes, dtypes), a state code, the enqueue time on the
+rank's own clock and, on NCCL, ``duration_ms``. Point-to-point entries are skipped.
 
-Process groups are keyed by :class:`GroupKey`. torchft's cross-replica-group process group is
-rebuilt at every quorum with ``collective_seq_id`` restarting at 1; when the dump carries
-``incarnations`` (docs/CONTRACTS.md), its entries are keyed by ``(quorum_id, group_rank)`` so that
-entries of different incarnations are never matched. Groups inside a torchft replica group (dumps
-with ``replica_group`` and ``group_world_size``) are scoped to that replica group and their
-``pg_config`` ranks translated to global ranks. When a group's sequence ids restart without
-incarnation data to tell the runs apart, only the newest run is kept, so that unrelated
-collectives are not compared.
+torchft's cross-replica-group process group restarts its sequence ids at every quorum: with the
+dump's ``incarnations`` (docs/CONTRACTS.md) its entries are keyed by ``(quorum_id,
+group_rank)``. Groups inside a torchft replica group are scoped to it, their ``pg_config`` ranks
+made global. A group whose sequence ids restart without incarnation data keeps its newest run.
 
 A dump that is not a Flight Recorder dump (not a dict, no ``entries`` list, an unknown major
 version, entries without the keys every 2.x version writes) raises :class:`DumpFormatError`.
@@ -31,40 +26,19 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-__all__ = [
-    "DumpFormatError",
-    "GroupKey",
-    "GroupTrace",
-    "RankTrace",
-    "Signature",
-    "normalize",
-    "NAN",
-    "STATE_NAMES",
-]
+__all__ = ["DumpFormatError", "GroupKey", "GroupTrace", "RankTrace", "Signature", "normalize", "NAN"]
 
 NAN = float("nan")
 # state codes, ordered by progress
 SCHEDULED, STARTED, COMPLETED = 0, 1, 2
-STATE_NAMES = ("scheduled", "started", "completed")
 _STATE_CODES = {"scheduled": SCHEDULED, "started": STARTED, "completed": COMPLETED}
 
 # Ops whose sizes legitimately differ between ranks (variable splits, root-only buffers):
 # only op and dtypes are compared for them.
-SIZES_MAY_DIFFER = frozenset(
-    {
-        "all_to_all",
-        "all_to_all_single",
-        "all_to_all_v_single",
-        "alltoall",
-        "alltoall_base",
-        "gather",
-        "scatter",
-        "all_gather_v",
-        "reduce_scatter_v",
-        "split",
-        "new_window",
-    }
-)
+SIZES_MAY_DIFFER = frozenset({
+    "all_to_all", "all_to_all_single", "all_to_all_v_single", "alltoall", "alltoall_base", "gather",
+    "scatter", "all_gather_v", "reduce_scatter_v", "split", "new_window",
+})
 _P2P_OPS = frozenset({"send", "recv"})
 
 
@@ -73,12 +47,9 @@ class DumpFormatError(ValueError):
 
 
 class GroupKey(NamedTuple):
-    """Identity of one process group across ranks.
-
-    ``pg`` is the process-group name entries carry (``process_group[0]``); ``replica_group`` is
-    set for groups local to a torchft replica group; ``quorum_id`` and ``group_rank`` are set for
-    one incarnation of torchft's cross-replica-group process group.
-    """
+    """Identity of one process group across ranks: ``pg`` as entries name it; ``replica_group``
+    for groups local to a torchft replica group; ``quorum_id`` and ``group_rank`` for one
+    incarnation of torchft's cross-replica-group process group."""
 
     pg: str
     replica_group: int | None = None
@@ -95,11 +66,9 @@ class GroupKey(NamedTuple):
 
 
 class Signature(NamedTuple):
-    """What a rank enqueued at one sequence id; ranks of a group must agree on it.
-
-    Sizes are ``None`` for ops whose sizes may legitimately differ between ranks. A coalesced
-    collective's signature has op ``"coalesced"`` and its parts in ``parts``.
-    """
+    """What a rank enqueued at one sequence id; ranks of a group must agree on it. Sizes are
+    ``None`` for ops whose sizes may differ between ranks; a coalesced collective has op
+    ``"coalesced"`` and its ``parts``."""
 
     op: str
     input_sizes: tuple | None
@@ -109,13 +78,9 @@ class Signature(NamedTuple):
     parts: tuple = ()
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "op": self.op,
-            "input_sizes": _lists(self.input_sizes),
-            "output_sizes": _lists(self.output_sizes),
-            "input_dtypes": list(self.input_dtypes),
-            "output_dtypes": list(self.output_dtypes),
-        }
+        out: dict[str, Any] = {"op": self.op, "input_sizes": _lists(self.input_sizes),
+                               "output_sizes": _lists(self.output_sizes), "input_dtypes": list(self.input_dtypes),
+                               "output_dtypes": list(self.output_dtypes)}
         if self.parts:
             out["parts"] = [p.to_dict() for p in self.parts]
         return out
@@ -127,12 +92,11 @@ def _lists(sizes: tuple | None) -> list | None:
 
 @dataclass
 class GroupTrace:
-    """One rank's collectives in one group, dense from ``first_seq`` (holes are ``None``).
+    """One rank's collectives in one group, dense from ``first_seq`` (holes: ``None`` sigs).
 
-    ``sigs[i]`` indexes the owning :class:`RankTrace`'s ``signatures`` table (after
-    :func:`~monitor.analysis.engine.analyze` it indexes the shared table), ``states[i]`` is a state
-    code, ``created_ns[i]`` the enqueue time on this rank's clock, ``duration_ms[i]`` NaN when
-    unknown.
+    ``sigs[i]`` indexes the :class:`RankTrace`'s ``signatures`` (after ``analyze``: the shared
+    table); ``created_ns[i]``: the enqueue time, this rank's clock (0: unknown); ``duration_ms[i]``:
+    NaN when unknown.
     """
 
     first_seq: int
@@ -140,7 +104,6 @@ class GroupTrace:
     states: list[int] = field(default_factory=list)
     created_ns: list[int] = field(default_factory=list)
     duration_ms: list[float] = field(default_factory=list)
-    restarted: bool = False  # sequence ids restarted; older runs were dropped
 
     @property
     def last_seq(self) -> int:
@@ -152,7 +115,6 @@ class RankTrace:
     """Everything the engine needs from one rank's dump, small enough to ship between processes."""
 
     rank: int
-    version: str
     flavour: str  # "nccl" (timing filled in) or "gloo"
     host: str | None
     oldest_record_id: int | None  # None when the buffer holds no entries
@@ -161,11 +123,8 @@ class RankTrace:
     members: dict[GroupKey, tuple[int, ...]]  # declared membership (pg_config, incarnations)
     incarnations: dict[GroupKey, int]  # torchft incarnation -> its first_record_id on this rank
     last_entry: dict[str, Any] | None  # the newest entry: what the rank was last doing
-    p2p_entries: int = 0
     is_torchft: bool = False
-    # When the dump was taken, on this rank's own clock (the WorkerServer adds it): lets a
-    # collective's age be judged without comparing hosts' clocks.
-    dump_time_ns: int | None = None
+    dump_time_ns: int | None = None  # when the dump was taken, its own clock (the WorkerServer's)
 
     @property
     def wrapped(self) -> bool:
@@ -174,49 +133,26 @@ class RankTrace:
 
 
 _CORE_KEYS = ("process_group", "profiling_name", "record_id")
-_FAST_KEYS = (
-    "process_group",
-    "collective_seq_id",
-    "profiling_name",
-    "input_sizes",
-    "output_sizes",
-    "input_dtypes",
-    "output_dtypes",
-    "state",
-    "time_created_ns",
-    "record_id",
-    "pg_id",
-    "is_p2p",
-)
+_FAST_KEYS = ("process_group", "collective_seq_id", "profiling_name", "input_sizes", "output_sizes",
+              "input_dtypes", "output_dtypes", "state", "time_created_ns", "record_id", "pg_id", "is_p2p")
 _fast_get = itemgetter(*_FAST_KEYS)
 
 
 def _slow_get(e: Mapping[str, Any]) -> tuple:
-    seq = e.get("collective_seq_id", e.get("seq_id"))
-    return (
-        e["process_group"],
-        seq,
-        e["profiling_name"],
-        e.get("input_sizes") or [],
-        e.get("output_sizes") or [],
-        e.get("input_dtypes") or [],
-        e.get("output_dtypes") or [],
-        e.get("state", "scheduled"),
-        e.get("time_created_ns") or 0,
-        e["record_id"],
-        e.get("pg_id"),
-        e.get("is_p2p"),
-    )
+    """_fast_get for older versions' entries, which leave optional keys out."""
+    return (e["process_group"], e.get("collective_seq_id", e.get("seq_id")), e["profiling_name"],
+            e.get("input_sizes") or [], e.get("output_sizes") or [], e.get("input_dtypes") or [],
+            e.get("output_dtypes") or [], e.get("state", "scheduled"), e.get("time_created_ns") or 0,
+            e["record_id"], e.get("pg_id"), e.get("is_p2p"))
 
 
-def _version(dump: Mapping[str, Any]) -> str:
+def _check_version(dump: Mapping[str, Any]) -> None:
     version = dump.get("version")
     if not isinstance(version, str):
         raise DumpFormatError("no 'version' string: not a Flight Recorder dump")
     major, _, minor = version.partition(".")
     if major != "2" or not minor.isdigit():
         raise DumpFormatError(f"unsupported Flight Recorder format version {version!r} (need 2.x)")
-    return version
 
 
 def _parse_ranks(raw: Any) -> tuple[int, ...]:
@@ -225,15 +161,13 @@ def _parse_ranks(raw: Any) -> tuple[int, ...]:
             raw = json.loads(raw)
         except ValueError:
             return ()
-    # one C-level pass over the types first: a job's default group lists every rank, in every dump
     if isinstance(raw, list | tuple) and (set(map(type, raw)) <= _INT_ONLY or all(isinstance(r, int) for r in raw)):
         return tuple(raw)
     return ()
 
 
 _INT_ONLY = frozenset({int})
-# pg_config's rank lists by (text, offset): every dump of a job repeats its groups' lists (the
-# default group's names every rank), and a loader reads many dumps of one job
+# pg_config's rank lists by (text, offset): every dump of a job repeats them
 _MEMBERS_SEEN: dict[tuple[str, int], tuple[int, ...]] = {}
 _MEMBERS_SEEN_MAX = 4096
 
@@ -259,10 +193,9 @@ def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
     """
     if not isinstance(dump, Mapping):
         raise DumpFormatError(f"expected a dict, got {type(dump).__name__}")
-    version = _version(dump)
-    entries = dump.get("entries", [])
-    if entries is None:
-        entries = []
+    _check_version(dump)
+    entries = dump.get("entries")
+    entries = [] if entries is None else entries
     if not isinstance(entries, list):
         raise DumpFormatError("'entries' is not a list")
     own_rank = dump.get("rank", rank)
@@ -281,42 +214,13 @@ def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
     pg_config = dump.get("pg_config") or {}
     if isinstance(pg_config, Mapping):
         for key, cfg in pg_config.items():
-            if not isinstance(cfg, Mapping):
-                continue
-            ranks = _members_of(cfg.get("ranks"), offset)
-            if ranks:
-                name = str(cfg.get("name", key))
-                members[GroupKey(name, scope)] = ranks
+            if isinstance(cfg, Mapping) and (ranks := _members_of(cfg.get("ranks"), offset)):
+                members[GroupKey(str(cfg.get("name", key)), scope)] = ranks
 
-    # torchft incarnations: pg_id -> key, plus record-id ranges for those without a pg_id
-    by_pg_id: dict[int, GroupKey] = {}
-    ranged: list[tuple[int, float, str, GroupKey]] = []
-    incarnations: dict[GroupKey, int] = {}
     raw_incarnations = dump.get("incarnations") or []
-    if not isinstance(raw_incarnations, list):
-        raise DumpFormatError("'incarnations' is not a list")
-    starts: list[tuple[int, str, GroupKey, Any]] = []
-    for inc in raw_incarnations:
-        try:
-            key = GroupKey(str(inc.get("pg_name", "")), None, int(inc["quorum_id"]), int(inc["group_rank"]))
-            first = int(inc.get("first_record_id") or 0)
-            global_ranks = _parse_ranks(inc.get("global_ranks"))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise DumpFormatError(f"malformed incarnation {inc!r}") from exc
-        incarnations[key] = first
-        if global_ranks:
-            members[key] = global_ranks
-        starts.append((first, key.pg, key, inc.get("pg_id")))
-        if inc.get("pg_id") is not None:
-            by_pg_id[int(inc["pg_id"])] = key
-    starts.sort(key=lambda s: s[0])
-    for i, (first, pg_name, key, pg_id) in enumerate(starts):
-        if pg_id is None:
-            end = starts[i + 1][0] if i + 1 < len(starts) else math.inf
-            ranged.append((first, end, pg_name, key))
+    incarnations, by_pg_id, ranged = _incarnations(raw_incarnations, members)
 
     builder = _Builder()
-    p2p = 0
     oldest: int | None = None
     last_entry: dict[str, Any] | None = None
     if entries:
@@ -346,7 +250,6 @@ def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
             raise DumpFormatError(f"malformed entry: {exc!r}") from exc
         if any(p2ps) or not _P2P_OPS.isdisjoint(ops):
             keep = [i for i, (flag, op) in enumerate(zip(p2ps, ops, strict=True)) if not (flag or op in _P2P_OPS)]
-            p2p = len(rows) - len(keep)
         else:
             keep = None
         kept_seqs = seqs if keep is None else [seqs[i] for i in keep]
@@ -376,32 +279,48 @@ def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
             by_group.setdefault(key_col[i], []).append(i)
         for key, idx in by_group.items():
             builder.add_group(key, idx, seqs, sig_col, state_col, created, dur_col)
-        last_entry = {
-            "pg": str(names[-1]),
-            "seq": seqs[-1],
-            "op": ops[-1],
-            "state": str(states[-1]),
-        }
+        last_entry = {"pg": str(names[-1]), "seq": seqs[-1], "op": ops[-1], "state": str(states[-1])}
         if key_col[-1].quorum_id is not None:
             last_entry["quorum_id"] = key_col[-1].quorum_id
     signatures, groups = builder.signatures, builder.groups
     flavour = "nccl" if (entries and _looks_nccl(entries)) else "gloo"
     host = dump.get("host")
-    return RankTrace(
-        rank=own_rank,
-        version=version,
-        flavour=flavour,
-        host=str(host) if host else None,
-        oldest_record_id=oldest,
-        signatures=signatures,
-        groups=groups,
-        members=members,
-        incarnations=incarnations,
-        last_entry=last_entry,
-        p2p_entries=p2p,
-        is_torchft=bool(raw_incarnations),
-        dump_time_ns=_int_or_none(dump.get("dump_time_ns")),
-    )
+    return RankTrace(rank=own_rank, flavour=flavour, host=str(host) if host else None,
+                     oldest_record_id=oldest, signatures=signatures, groups=groups, members=members,
+                     incarnations=incarnations, last_entry=last_entry, is_torchft=bool(raw_incarnations),
+                     dump_time_ns=_int_or_none(dump.get("dump_time_ns")))
+
+
+Ranged = list[tuple[int, float, str, "GroupKey"]]  # (first record id, end, pg name, incarnation)
+
+
+def _incarnations(raw: Any, members: dict[GroupKey, tuple[int, ...]]) -> tuple[dict[GroupKey, int], dict[int, GroupKey], Ranged]:
+    """torchft incarnations: ``(key -> first record id, pg_id -> key, record-id ranges of those
+    without a pg_id)``; their member lists are added to ``members``."""
+    if not isinstance(raw, list):
+        raise DumpFormatError("'incarnations' is not a list")
+    incarnations: dict[GroupKey, int] = {}
+    by_pg_id: dict[int, GroupKey] = {}
+    starts: list[tuple[int, str, GroupKey, Any]] = []
+    for inc in raw:
+        try:
+            key = GroupKey(str(inc.get("pg_name", "")), None, int(inc["quorum_id"]), int(inc["group_rank"]))
+            first = int(inc.get("first_record_id") or 0)
+            global_ranks = _parse_ranks(inc.get("global_ranks"))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise DumpFormatError(f"malformed incarnation {inc!r}") from exc
+        incarnations[key] = first
+        if global_ranks:
+            members[key] = global_ranks
+        starts.append((first, key.pg, key, inc.get("pg_id")))
+        if inc.get("pg_id") is not None:
+            by_pg_id[int(inc["pg_id"])] = key
+    starts.sort(key=lambda s: s[0])
+    ranged: Ranged = []
+    for i, (first, pg_name, key, pg_id) in enumerate(starts):
+        if pg_id is None:
+            ranged.append((first, starts[i + 1][0] if i + 1 < len(starts) else math.inf, pg_name, key))
+    return incarnations, by_pg_id, ranged
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -414,13 +333,8 @@ def _int_or_none(value: Any) -> int | None:
 _NONE_TO_NAN = {None: NAN}
 
 
-def _incarnation_key(
-    name: str,
-    pg_id: Any,
-    record_id: int,
-    by_pg_id: Mapping[int, GroupKey],
-    ranged: list[tuple[int, float, str, GroupKey]],
-) -> GroupKey | None:
+def _incarnation_key(name: str, pg_id: Any, record_id: int, by_pg_id: Mapping[int, GroupKey],
+                     ranged: Ranged) -> GroupKey | None:
     key = by_pg_id.get(pg_id)
     if key is None:
         for first, end, inc_pg, inc_key in ranged:
@@ -437,28 +351,16 @@ class _Builder:
         self.sig_ids: dict[Any, int] = {}
         self.groups: dict[GroupKey, GroupTrace] = {}
 
-    def add_group(
-        self,
-        key: GroupKey,
-        idx: list[int],
-        seqs: tuple,
-        sigs: list[int],
-        states: list[int],
-        created: tuple,
-        durations: list[float],
-    ) -> None:
+    def add_group(self, key: GroupKey, idx: list[int], seqs: tuple, sigs: list[int], states: list[int],
+                  created: tuple, durations: list[float]) -> None:
+        """The group ``key`` from the entries at ``idx`` of the rank's columns."""
         gather = itemgetter(*idx) if len(idx) > 1 else (lambda col: (col[idx[0]],))
         g_seqs = gather(seqs)
         first = g_seqs[0]
         if g_seqs[-1] - first == len(g_seqs) - 1 and g_seqs == tuple(range(first, first + len(g_seqs))):
             # the common case: one entry per sequence id, no gaps, no restarts
-            self.groups[key] = GroupTrace(
-                first_seq=first,
-                sigs=list(gather(sigs)),
-                states=list(gather(states)),
-                created_ns=list(gather(created)),
-                duration_ms=list(gather(durations)),
-            )
+            self.groups[key] = GroupTrace(first, list(gather(sigs)), list(gather(states)), list(gather(created)),
+                                          list(gather(durations)))
             return
         self._add_irregular(key, g_seqs, gather(sigs), gather(states), gather(created), gather(durations))
 
@@ -484,7 +386,7 @@ class _Builder:
                 continue
             if pos < n:
                 # sequence ids went back: a new group reused the name; keep the newest run only
-                trace = GroupTrace(first_seq=seq, restarted=True)
+                trace = GroupTrace(first_seq=seq)
             elif pos > n:
                 gap = pos - n
                 trace.sigs.extend([None] * gap)

@@ -1,32 +1,19 @@
-"""Running one task over many files on several cores: worker processes that each take one file
-at a time and hand back only the task's small answer.
+"""One task over many files on several cores: worker processes that each take one file at a
+time and hand back only the task's small answer (unpickling dumps is pure Python-object work
+under one GIL).
 
-Unpickling a Flight Recorder dump is most of ``lightkeeper analyze``'s time and is pure
-Python-object work under one GIL, so it is spread over processes. The pool knows nothing of dumps:
-a task is named ``"package.module:function"``, a function of one path that returns an
-:data:`Outcome` ``(value, error message)`` and never raises; each worker imports it by name, and
-the parent may turn each value back into what its caller wants (``finish``). The loader's task
-(:func:`monitor.analysis.loader.load_packed`) reads and normalizes a dump and answers with its
-packed trace.
+A task is named ``"package.module:function"``: a function of one path that returns an
+:data:`Outcome` ``(value, error message)`` and never raises. Each worker is a fresh interpreter
+(``sys.executable -S``, fork+exec: safe from a process whose other threads hold locks) that
+imports the task's package and nothing else (never torch, never the caller's ``__main__``).
+Workers talk over stdin/stdout in length-prefixed pickles; each keeps two files in flight,
+biggest files first, and one thread reads every worker's answers.
 
-Each worker is a fresh interpreter (``sys.executable -S``, started through ``subprocess``:
-fork+exec, safe from a process whose other threads hold locks, like ``multiprocessing``'s spawn)
-that imports the task's package and nothing else: never torch, never the caller's ``__main__``
-(which spawn imports again in every worker, and forkserver in its server). Parent and worker talk
-over the worker's stdin and stdout in length-prefixed pickles: the parent sends one file at a
-time, keeping two in flight per worker so none waits for work, biggest files first so the last
-ones to finish are small, and reads every worker's answers in one thread as they come. The
-parent unpickles only what its own workers pickled (a task's values are built of plain values
-and the task's own classes).
-
-Failures: a task answers a file it cannot use with an error message. A worker that dies
-(killed, out of memory, a crash in C) costs only the file it was reading, which gets an error
-naming how the process ended; the files it had been handed but not started go back in the
-queue and a replacement worker is started (at most ``jobs`` replacements in all). A worker that
-dies before it is ready (it could not start) costs no file. When no worker is left, the files
-still queued are run in this process, so the caller always gets one answer per file and
-nothing waits on a dead process. A task name that does not resolve raises ``ValueError`` before
-any worker starts.
+Failures: a worker that dies (killed, out of memory, a crash in C) costs only the file it was
+reading, which gets an error naming how it ended; its other files are requeued and a
+replacement started (at most ``jobs`` in all). A worker that dies before it is ready costs no
+file. When no worker is left, the rest is run in this process, so every file gets one answer.
+A task name that does not resolve raises ``ValueError`` before any worker starts.
 """
 
 from __future__ import annotations
@@ -47,16 +34,12 @@ from typing import Any, BinaryIO
 
 __all__ = ["Outcome", "available_cores", "run_pool"]
 
-# (trace or None, error message or None) for one file
-Outcome = tuple[Any, str | None]
+Outcome = tuple[Any, str | None]  # (value or None, error message or None) for one file
 
 IN_FLIGHT = 2  # files handed to a worker ahead of its answers
 _HEADER = 8
 _ROOT = str(Path(__file__).resolve().parents[2])  # holds the `monitor` package
-_BOOT = (
-    "import sys; sys.path.insert(0, sys.argv[1]); "
-    "from monitor.analysis.pool import _serve; _serve(sys.argv[2])"
-)
+_BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from monitor.analysis.pool import _serve; _serve(sys.argv[2])"
 
 
 def available_cores() -> int:
@@ -67,19 +50,13 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def run_pool(
-    paths: Sequence[str | os.PathLike[str]],
-    jobs: int,
-    task: str,
-    finish: Callable[[Any], Any] | None = None,
-) -> list[Outcome]:
-    """One outcome per path, in order: ``task`` (``"package.module:function"``) run on each path
-    by ``jobs`` worker processes, each value passed through ``finish`` in this process.
+def run_pool(paths: Sequence[str | os.PathLike[str]], jobs: int, task: str) -> list[Outcome]:
+    """One outcome per path, in order: ``task`` run on each path by ``jobs`` worker processes.
 
     Raises ``ValueError`` when ``task`` does not name a function this process can import.
     """
     resolve(task)  # a bad name fails here, not as one error per file
-    return _Pool([str(p) for p in paths], max(1, jobs), task, finish).run()
+    return _Pool([str(p) for p in paths], max(1, jobs), task).run()
 
 
 def resolve(task: str) -> Callable[[str], Outcome]:
@@ -92,9 +69,6 @@ def resolve(task: str) -> Callable[[str], Outcome]:
     if not callable(function):
         raise ValueError(f"unknown task {task!r}: want 'package.module:function'")
     return function
-
-
-# ---- worker side ---------------------------------------------------------------------------
 
 
 def _serve(task: str) -> None:
@@ -112,9 +86,6 @@ def _serve(task: str) -> None:
         pass
 
 
-# ---- wire ----------------------------------------------------------------------------------
-
-
 def _send(stream: BinaryIO, obj: Any) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(len(data).to_bytes(_HEADER, "little") + data)
@@ -122,33 +93,23 @@ def _send(stream: BinaryIO, obj: Any) -> None:
 
 
 def _recv(stream: BinaryIO) -> Any:
-    head = _read_exactly(stream, _HEADER)
-    return pickle.loads(_read_exactly(stream, int.from_bytes(head, "little")))
-
-
-def _read_exactly(stream: BinaryIO, size: int) -> bytes:
-    data = stream.read(size)
-    if len(data) != size:
+    head = stream.read(_HEADER)
+    size = int.from_bytes(head, "little")
+    data = stream.read(size) if len(head) == _HEADER else b""
+    if len(data) != size or len(head) != _HEADER:
         raise EOFError("worker stream ended")
-    return data
+    return pickle.loads(data)
 
-
-# ---- parent side ---------------------------------------------------------------------------
 
 _PIPE_BYTES = 1 << 20  # a worker's answers queue up here instead of blocking it
 _F_SETPIPE_SZ = 1031  # Linux fcntl
 
 
 class _Worker:
-    def __init__(self, task: str, finish: Callable[[Any], Any] | None) -> None:
-        self.finish = finish
-        self.proc = subprocess.Popen(
-            [sys.executable, "-S", "-c", _BOOT, _ROOT, task],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            close_fds=True,
-            start_new_session=True,  # the terminal's Ctrl-C is the parent's to handle
-        )
+    def __init__(self, task: str) -> None:
+        # start_new_session: the terminal's Ctrl-C is the parent's to handle
+        self.proc = subprocess.Popen([sys.executable, "-S", "-c", _BOOT, _ROOT, task], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, close_fds=True, start_new_session=True)
         self.fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
         try:
             fcntl.fcntl(self.fd, _F_SETPIPE_SZ, _PIPE_BYTES)
@@ -170,11 +131,8 @@ class _Worker:
             size = int.from_bytes(buf[at : at + _HEADER], "little")
             if len(buf) - at - _HEADER < size:
                 break
-            answer = pickle.loads(memoryview(buf)[at + _HEADER : at + _HEADER + size])
+            out.append(pickle.loads(memoryview(buf)[at + _HEADER : at + _HEADER + size]))
             at += _HEADER + size
-            if self.finish is not None and answer[1] is not None and answer[0] != "ready":
-                answer = (answer[0], self.finish(answer[1]), answer[2])
-            out.append(answer)
         del buf[:at]
         return out
 
@@ -202,11 +160,10 @@ class _Worker:
 
 
 class _Pool:
-    def __init__(self, paths: list[str], jobs: int, task: str, finish: Callable[[Any], Any] | None) -> None:
+    def __init__(self, paths: list[str], jobs: int, task: str) -> None:
         self.paths = paths
         self.jobs = min(jobs, len(paths))
         self.task = task
-        self.finish = finish
         self.outcomes: list[Outcome | None] = [None] * len(paths)
         self.left = len(paths)
         self.queue: deque[int] = deque(sorted(range(len(paths)), key=self._size, reverse=True))
@@ -241,10 +198,7 @@ class _Pool:
                 work = resolve(self.task)
                 while self.queue:
                     index = self.queue.popleft()
-                    value, error = work(self.paths[index])
-                    if value is not None and self.finish is not None:
-                        value = self.finish(value)
-                    self._settle(index, (value, error))
+                    self._settle(index, work(self.paths[index]))
         finally:
             for worker in self.workers:
                 worker.stop()
@@ -262,7 +216,7 @@ class _Pool:
 
     def _start_worker(self) -> None:
         try:
-            worker = _Worker(self.task, self.finish)
+            worker = _Worker(self.task)
         except OSError:  # cannot start a process at all: the caller's loop loads in-process
             return
         self.workers.append(worker)

@@ -1,14 +1,10 @@
 """A :class:`~monitor.analysis.model.RankTrace` as the loader's workers send it: compact columns.
 
-:func:`pack` turns a trace's per-group columns into machine arrays (8 bytes a value instead of a
-Python object each, and a small pickle), or one value and a count for a constant column;
-:func:`unpack` gives the trace back. Signature ids and state codes come back as lists; enqueue
-times and durations stay machine arrays, which the engine reads as the sequences they are (it
-only indexes, slices and iterates them), at no allocation per value in the parent. Values come
-back equal and of the same type as they went: a column that a machine array cannot hold exactly
-(mixed types such as ``3`` and ``3.0``, ``None``, ints beyond 64 bits) travels as the list it is.
-A worker sends the packed trace as one pickle (:func:`to_bytes`), which the parent decodes with
-:func:`from_bytes`; groups' declared member lists travel as machine bytes too.
+:func:`pack` turns each group's columns into machine arrays (or one value and a count for a
+constant column); :func:`unpack` gives the trace back. Enqueue times and durations stay machine
+arrays, which the engine reads as sequences. Values come back equal and of the same type: a
+column an array cannot hold exactly (``3`` and ``3.0``, ``None``, ints beyond 64 bits) travels
+as a list. Declared member lists travel as machine bytes and come back as one shared tuple each.
 """
 
 from __future__ import annotations
@@ -39,7 +35,7 @@ class Packed:
 def pack(trace: RankTrace) -> Packed:
     """The trace, packed (its ``groups`` and ``members`` are taken out of it)."""
     columns = {
-        key: (g.first_seq, g.restarted, pack_codes(g.sigs), pack_codes(g.states),
+        key: (g.first_seq, pack_codes(g.sigs), pack_codes(g.states),
               pack_column(g.created_ns), pack_column(g.duration_ms))
         for key, g in trace.groups.items()
     }
@@ -51,19 +47,17 @@ def unpack(packed: Packed) -> RankTrace:
     """The trace :func:`pack` packed."""
     trace = packed.trace
     trace.groups = {
-        key: GroupTrace(first_seq, _as_list(sigs), _as_list(states), _as_sequence(created),
-                        _as_sequence(durations), restarted)
-        for key, (first_seq, restarted, sigs, states, created, durations) in packed.columns.items()
+        key: GroupTrace(first_seq, _as_list(sigs), _as_list(states), _as_sequence(created), _as_sequence(durations))
+        for key, (first_seq, sigs, states, created, durations) in packed.columns.items()
     }
     trace.members = {key: _as_ranks(ranks) for key, ranks in packed.members.items()}
     return trace
 
 
 def to_bytes(packed: Packed) -> bytes:
-    """The packed trace as one pickle: what a worker sends. The parent keeps it as it is until
-    every worker is done (:func:`from_bytes`), instead of decoding each trace the moment it
-    arrives, between two other processes' turns on the CPU, with its caches cold: measured at
-    1024 ranks, a trace's decoding costs several times more CPU there than in one loop at the end."""
+    """The packed trace as one pickle: what a worker sends. The parent decodes them all in one
+    loop once every worker is done (cheaper than between other processes' turns on the CPU,
+    docs/analyze.md, Performance)."""
     return pickle.dumps(packed, protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -72,10 +66,8 @@ def from_bytes(blob: bytes) -> RankTrace:
     return unpack(pickle.loads(blob))
 
 
-# A group's declared members, as every dump of the group repeats them (the default group's: every
-# rank, in every dump): packed as machine bytes, and turned back into one shared tuple per list
-# in the receiving process, so that 1024 dumps do not make a million int objects there (and the
-# engine compares the lists by identity).
+# Every dump repeats its groups' member lists (the default group's names every rank): one shared
+# tuple per list in the receiving process, not a million int objects.
 _RANKS_SEEN: dict[bytes, tuple[int, ...]] = {}
 _RANKS_SEEN_MAX = 4096
 
@@ -117,11 +109,8 @@ def pack_codes(values: list) -> Any:
 
 
 def pack_column(values: Sequence[Any], one_type: type | None = None) -> Any:
-    """Values as the dump had them: one value and a count, or a machine array when they are all
-    of one type that fits one, else a list (so that 3 and 3.0 come back as they went).
-
-    ``one_type``: the type every value is known to have (the caller checked a larger column at
-    once), which spares a pass over them; None when not known."""
+    """One value and a count, or a machine array when all values are of one type that fits one,
+    else a list. ``one_type``: the type every value is known to have (spares a pass), or None."""
     if not values:
         return _listed(values)
     kind = type(values[0])

@@ -610,3 +610,26 @@ def loaded_pair_job(seed: int, *, bias_ms: float, steps: int = 200) -> FRJob:
                 delay[r] = delay.get(r, 0.0) + rng.expovariate(1 / 30.0)
         job.ft_collective("all_reduce", [[4096]], delay_ms=delay)
     return job
+
+
+THREE_GROUP_STEP = [("0", "all_reduce", [[4096]]), ("1", "all_gather", [[512]]), ("2", "reduce_scatter", [[2048]])]
+"""One training step of :func:`three_group_job`: one collective on each of three 8-rank groups."""
+
+
+def three_group_job(seed: int, *, late_ms: float = 6.0, late_rank: int = 5, steps: int = 120,
+                    flavour: str = "nccl") -> FRJob:
+    """8 ranks on one host, three process groups over all of them (default, "1", "2"), one
+    collective on each per step after ~19 ms of compute plus 0-4 ms of uniform jitter per rank (a
+    step ~72 ms); ``late_rank`` arrives ``late_ms`` later into group "1"'s collective only."""
+    job = FRJob(8, flavour=flavour, hosts={r: "h0" for r in range(8)}, jitter_ms=0.0,
+                compute_ms=19.0, seed=seed)
+    job.group("1", list(range(8)))
+    job.group("2", list(range(8)))
+    rng = random.Random(seed + 100)
+    for _ in range(steps):
+        for pg, op, sizes in THREE_GROUP_STEP:
+            delay = {r: rng.uniform(0.0, 4.0) for r in range(8)}
+            if pg == "1":
+                delay[late_rank] += late_ms
+            job.collective(pg, op, sizes, delay_ms=delay)
+    return job

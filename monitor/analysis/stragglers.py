@@ -1,0 +1,279 @@
+"""Stragglers: ranks that keep the other members of a group waiting (docs/analyze.md, Stragglers).
+
+Never comparing two hosts' clocks: on NCCL the last rank into a collective has the shortest
+``duration_ms``; otherwise enqueue times are compared among ranks sharing a host. Each group is
+judged on its own (:class:`StragglerConfig` names the thresholds).
+
+- Three or more ranks: last (or ``min_wait_ms`` behind the median rank) at ``min_fraction`` of
+  ``min_collectives`` or more, ``min_z`` above chance (or the group's typical rate), and waited
+  for a median of ``max(min_wait_ms, min_period_fraction * pace)``. The pace, the median interval
+  between a rank's consecutive enqueues in any of its groups, is the work before a collective
+  however the job spreads its collectives over groups.
+- Two ranks: no majority says who is off pace, and a loaded host makes one of two processes late
+  for long stretches. A rank counts when its median lag reaches ``max(min_lag_ms,
+  min_period_fraction * period)`` (the group's median interval between collectives) in each of
+  ``pair_windows`` windows; it is a ``lag``, not a finding, unless it is also a straggler in a
+  larger group or lags behind a second peer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import Any
+
+from .findings import StragglerFinding
+from .model import GroupKey, GroupTrace, RankTrace
+
+__all__ = ["StragglerConfig", "StragglerEvidence"]
+
+Hit = tuple[float, GroupKey, dict[str, Any]]  # (z, group, what the finding reports)
+
+
+@dataclass(frozen=True)
+class StragglerConfig:
+    """Thresholds for calling a rank a straggler (the module docstring says how they combine)."""
+
+    min_collectives: int = 10  # collectives with evidence the rank took part in
+    min_fraction: float = 0.5  # fraction of them at which it arrived last (or late)
+    min_z: float = 4.0  # standard deviations above what chance gives
+    min_wait_ms: float = 1.0  # median time its peers waited for it; also what counts as late
+    tie_ms: float = 1e-6  # arrivals closer than this have no "last"
+    min_period_fraction: float = 0.1  # of the pace (larger groups) or the period (pairs)
+    min_lag_ms: float = 2.0  # pairs: the least median lag in each window
+    pair_windows: int = 3
+
+
+@dataclass
+class _Tally:
+    """One rank's evidence in one group of three or more compared ranks."""
+
+    kind: str  # "duration_ms" or "host_clock"
+    observed: int = 0  # collectives with evidence from every compared rank
+    last: int = 0
+    late: int = 0  # at least min_wait_ms after the median rank
+    expected: float = 0.0  # times last by chance, and its variance
+    variance: float = 0.0
+    waits: list[float] = field(default_factory=list)  # the median rank's wait when it was last
+    late_waits: list[float] = field(default_factory=list)
+
+
+class StragglerEvidence:
+    """Tallies of who arrived last (and late), per group and rank, added group by group; for
+    pairs, the signed gap per collective."""
+
+    def __init__(self, traces: Mapping[int, RankTrace]) -> None:
+        self.traces = traces
+        self.tallies: dict[GroupKey, dict[int, _Tally]] = {}
+        self.period_ms: dict[GroupKey, float] = {}
+        # (group, (a, b)) -> how much later b arrived than a, per collective, in order
+        self.pairs: dict[tuple[GroupKey, tuple[int, int]], list[float]] = {}
+        self.pair_kind: dict[tuple[GroupKey, tuple[int, int]], str] = {}
+
+    def add(self, key: GroupKey, members: list[int], rows: Mapping[int, GroupTrace], same_host: bool,
+            config: StragglerConfig) -> None:
+        """Tally one group whose every member has a dump (``rows``: each member's trace of it)."""
+        lo = max(t.first_seq for t in rows.values())
+        hi = min(t.last_seq for t in rows.values())
+        if hi < lo:
+            return
+        if all(self.traces[r].flavour == "nccl" for r in members):
+            subsets, kind = [members], "duration_ms"
+        else:
+            by_host: defaultdict[str, list[int]] = defaultdict(list)
+            for r in members:
+                host = self.traces[r].host or ("" if same_host else None)
+                if host is not None:
+                    by_host[host].append(r)
+            subsets, kind = [ranks for ranks in by_host.values() if len(ranks) >= 2], "host_clock"
+        if any(len(ranks) == 2 for ranks in subsets):
+            self.period_ms[key] = _period_ms([_window(rows[r].created_ns, rows[r].first_seq, lo, hi)
+                                              for r in members[:3]])
+        for ranks in subsets:
+            if kind == "duration_ms":
+                cols = zip(*(_window(rows[r].duration_ms, rows[r].first_seq, lo, hi) for r in ranks), strict=True)
+            else:
+                # later enqueue = later arrival; negated (ms) so that the last is the smallest
+                times = zip(*(_window(rows[r].created_ns, rows[r].first_seq, lo, hi) for r in ranks), strict=True)
+                cols = ([-c / 1e6 if c else math.nan for c in col] for col in times)
+            self._tally(key, ranks, cols, kind, config)
+
+    def _tally(self, key: GroupKey, ranks: list[int], cols: Any, kind: str, config: StragglerConfig) -> None:
+        n = len(ranks)
+        if n == 2:
+            # both values say "smaller = later": b's lag behind a is a - b
+            gaps = [a - b for a, b in cols if a == a and b == b]
+            if gaps:
+                pair = (key, (ranks[0], ranks[1]))
+                self.pairs.setdefault(pair, []).extend(gaps)
+                self.pair_kind[pair] = kind
+            return
+        p = 1.0 / n
+        used = 0
+        half = n // 2
+        last = [0] * n
+        late = [0] * n
+        waits: list[list[float]] = [[] for _ in ranks]
+        late_waits: list[list[float]] = [[] for _ in ranks]
+        # one pass per collective of every group: the analyzer's hot loop (bench_analyze.py)
+        odd, min_wait_ms, tie_ms = n % 2, config.min_wait_ms, config.tie_ms
+        for col in cols:
+            total = sum(col)
+            if total != total:  # NaN: some rank has no evidence for this collective
+                continue
+            ordered = sorted(col)
+            first = ordered[0]
+            used += 1
+            median = ordered[half] if odd else (ordered[half - 1] + ordered[half]) / 2
+            cutoff = median - min_wait_ms
+            if first <= cutoff:
+                for i, value in enumerate(col):
+                    if value <= cutoff:
+                        late[i] += 1
+                        late_waits[i].append(median - value)
+            if ordered[1] - first <= tie_ms:
+                continue
+            i = col.index(first)
+            last[i] += 1
+            waits[i].append(median - first)
+        if not used:
+            return
+        group = self.tallies.setdefault(key, {})
+        for i, r in enumerate(ranks):
+            t = group.setdefault(r, _Tally(kind))
+            t.kind = kind
+            t.observed += used
+            t.expected += used * p
+            t.variance += used * p * (1 - p)
+            t.last += last[i]
+            t.late += late[i]
+            t.waits.extend(waits[i])
+            t.late_waits.extend(late_waits[i])
+
+    def findings(self, config: StragglerConfig) -> tuple[list[StragglerFinding], list[StragglerFinding]]:
+        """``(stragglers, lags)``: one straggler finding per rank, for the group with the strongest
+        evidence; a lag per pair where nothing else agrees."""
+        flagged: dict[int, list[Hit]] = defaultdict(list)
+        for key, group in self.tallies.items():
+            rates = sorted(t.late / t.observed for t in group.values())
+            typical = min(max(rates[(len(rates) - 1) // 2], 0.02), 0.98)
+            floor = None
+            for rank, t in group.items():
+                observed, last, late = t.observed, t.last, t.late
+                if observed < config.min_collectives:
+                    continue
+                z_last = (last - t.expected) / (math.sqrt(t.variance) or 1.0)
+                z_late = (late - observed * typical) / math.sqrt(observed * typical * (1 - typical))
+                wait_last, wait_late = _median(t.waits), _median(t.late_waits)
+                by_last = last / observed >= config.min_fraction and z_last >= config.min_z and wait_last >= config.min_wait_ms
+                by_late = late / observed >= config.min_fraction and z_late >= config.min_z and wait_late >= config.min_wait_ms
+                if not (by_last or by_late):
+                    continue
+                if floor is None:  # only for a group with a candidate: it reads every rank's enqueues
+                    floor = _floor(self._pace_ms(list(group)[:3]), config, config.min_wait_ms)
+                by_last = by_last and wait_last >= floor
+                by_late = by_late and wait_late >= floor
+                if by_last or by_late:
+                    z, wait = (z_last, wait_last) if by_last else (z_late, wait_late)
+                    flagged[rank].append(
+                        (z, key, {"last": last, "late": late, "observed": observed, "z": z, "wait": wait,
+                                  "expected": t.expected, "kind": t.kind})
+                    )
+        out, lags = [], []
+        for rank, hits in self._pair_hits(config).items():
+            peers = {h[2]["peer"] for h in hits}
+            if rank in flagged or len(peers) >= 2:
+                flagged[rank].extend(hits)  # other evidence agrees: an accusation
+            else:
+                lags.extend(self._finding(rank, [h], config, lag=True) for h in hits)
+        for rank, hits in flagged.items():
+            hits.sort(key=lambda h: -h[0])
+            out.append(self._finding(rank, hits, config))
+        return out, lags
+
+    def _pace_ms(self, ranks: list[int]) -> float:
+        """The ranks' pace: :func:`_period_ms` of each one's enqueues in all its groups."""
+        return _period_ms([sorted(t for g in self.traces[r].groups.values() for t in g.created_ns if t)
+                           for r in ranks])
+
+    def _pair_hits(self, config: StragglerConfig) -> dict[int, list[Hit]]:
+        """Every pair where one rank's median lag behind the other reaches the floor in each of
+        ``pair_windows`` consecutive windows: the later rank -> its hits."""
+        hits: dict[int, list[Hit]] = defaultdict(list)
+        windows = max(1, config.pair_windows)
+        for (key, (a, b)), gaps in self.pairs.items():
+            n = len(gaps)
+            if n < max(config.min_collectives, windows):
+                continue
+            floor = _floor(self.period_ms.get(key, math.nan), config, config.min_lag_ms)
+            lag = _median(gaps)
+            late, peer = (b, a) if lag > 0 else (a, b)
+            sign = 1.0 if lag > 0 else -1.0
+            per_window = [sign * _median(gaps[i * n // windows:(i + 1) * n // windows]) for i in range(windows)]
+            if min(per_window) < floor:
+                continue
+            signed = [sign * g for g in gaps]
+            later = sum(1 for g in signed if g > config.tie_ms)
+            # z of being later this often against a coin toss, for ordering and the report
+            z = (later - n / 2) / (math.sqrt(n / 4) or 1.0)
+            hits[late].append(
+                (z, key, {"last": later, "late": sum(1 for g in signed if g >= floor), "observed": n, "z": z,
+                          "wait": sign * lag, "expected": n / 2, "kind": self.pair_kind[(key, (a, b))],
+                          "peer": peer, "windows": per_window, "floor": floor})
+            )
+        return hits
+
+    def _finding(self, rank: int, hits: list[Hit], config: StragglerConfig, lag: bool = False) -> StragglerFinding:
+        _, key, best = hits[0]
+        observed = best["observed"]
+        if "peer" in best:
+            windows = ", ".join(f"{w:.2f}" for w in best["windows"])
+            period = self.period_ms.get(key, math.nan)
+            detail = (
+                f"in group {key.label()} rank {rank} enqueued a median {best['wait']:.2f} ms after its "
+                f"only compared peer, rank {best['peer']}, over {observed} collectives (per window: "
+                f"{windows} ms; floor {best['floor']:.2f} ms, the group's period {period:.1f} ms; "
+                f"{best['kind']})"
+            )
+            detail += ("; with two ranks there is no majority to say which one is off pace: a lag, not a straggler"
+                       if lag else "; other evidence agrees (" + ", ".join(k.label() for _, k, _ in hits[1:] or hits) + ")")
+        else:
+            detail = (
+                f"in group {key.label()} rank {rank} arrived last at {best['last']} and "
+                f">= {config.min_wait_ms:g} ms after the median rank at {best['late']} of "
+                f"{observed} collectives (chance of last {best['expected'] / observed:.0%}); "
+                f"its peers waited a median {best['wait']:.2f} ms for it ({best['kind']})"
+            )
+        return StragglerFinding(
+            kind="lag" if lag else "straggler", group=key, seq=None, op=None, culprit_ranks=[rank], detail=detail,
+            rank=rank, score=best["last"] / observed, expected=best["expected"] / observed, z=best["z"],
+            collectives=observed, median_wait_ms=best["wait"], evidence=best["kind"],
+            groups=[k.label() for _, k, _ in hits], late_fraction=best["late"] / observed,
+            peers=[best["peer"]] if "peer" in best else [])
+
+
+def _floor(scale_ms: float, config: StragglerConfig, least: float) -> float:
+    """What a wait must reach: ``least``, and ``min_period_fraction`` of ``scale_ms`` if known."""
+    return max(least, config.min_period_fraction * scale_ms) if scale_ms == scale_ms else least
+
+
+def _period_ms(created: list[Any]) -> float:
+    """The median interval between consecutive collectives, ms, over the given ranks' own
+    enqueue times (never compared across ranks); NaN when none has two times."""
+    periods = []
+    for times in created:
+        steps = [b - a for a, b in pairwise(times) if a and b and b >= a]
+        if steps:
+            periods.append(_median(steps) / 1e6)
+    return _median(periods) if periods else math.nan
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2] if values else 0.0
+
+
+def _window(values: Any, first_seq: int, lo: int, hi: int) -> Any:
+    return values[lo - first_seq : hi - first_seq + 1]
