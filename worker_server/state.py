@@ -7,6 +7,9 @@ stores, so the training thread never waits on a slow reader for long.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import importlib.util
 import os
 import socket
 import sys
@@ -15,7 +18,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from functools import cache
-from importlib.metadata import PackageNotFoundError, version
+from importlib import metadata
+from pathlib import Path
 
 from .timing import StepTimer
 
@@ -35,14 +39,44 @@ RECENT_STEPS = 64
 
 @cache
 def library_versions() -> tuple[str, str]:
-    """(torch, torchft) versions as installed; "unknown" when a package is missing."""
-    out = []
-    for name in ("torch", "torchft"):
-        try:
-            out.append(version(name))
-        except PackageNotFoundError:
-            out.append("unknown")
-    return out[0], out[1]
+    """(torch, torchft) versions of the packages this process imports (see
+    :func:`module_version`); "unknown" when one is not installed."""
+    return module_version("torch"), module_version("torchft")
+
+
+def module_version(name: str) -> str:
+    """The version of the top-level package ``name`` as imported here: its ``__version__``, else
+    that of the distribution whose files it is, whatever that is called (``torchft-nightly``
+    installs ``torchft``). Two distributions that wrote the same files (both installed in one
+    environment) are told apart by their recorded hashes; "unknown" when none is found."""
+    version = getattr(sys.modules.get(name), "__version__", None)
+    if version:
+        return str(version)
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin or not spec.submodule_search_locations:
+        return "unknown"
+    package = Path(spec.origin).parent
+    owners = [d for d in metadata.distributions(path=[str(package.parent)])
+              if f"\n{name}/" in "\n" + (d.read_text("RECORD") or "")]
+    if len(owners) > 1:
+        owners = [max(owners, key=lambda d: _matching_files(d, name, package))]
+    return owners[0].version if owners else "unknown"
+
+
+def _matching_files(dist: metadata.Distribution, name: str, package: Path) -> int:
+    """How many of the package's top-level files on disk have the hash ``dist`` recorded."""
+    matches = 0
+    for f in dist.files or ():
+        if len(f.parts) == 2 and f.parts[0] == name and f.hash and f.hash.mode == "sha256":
+            try:
+                digest = hashlib.sha256((package / f.parts[1]).read_bytes()).digest()
+            except OSError:
+                continue
+            matches += base64.urlsafe_b64encode(digest).rstrip(b"=").decode() == f.hash.value
+    return matches
 
 
 def node_name() -> str:
