@@ -40,6 +40,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .autostart import say
+
 # torchft's group for group_rank >= 1 (group_rank 0's is ''): torchft_quorum_<q>_rank_<r> in 0.2,
 # torchft_<q>_rank_<r> in nightly (<q> is the communicator id, which the Manager sets to the quorum)
 _TORCHFT_PG_NAME = re.compile(r"torchft_(?:quorum_)?\d+_rank_\d+")
@@ -196,7 +198,7 @@ class IncarnationTracker:
             except Exception as e:  # a shape this code does not know: say so once, train on
                 if not self._said:
                     self._said = True
-                    _say(f"Flight Recorder incarnation not recorded ({type(e).__name__}: {e}); "
+                    say(f"Flight Recorder incarnation not recorded ({type(e).__name__}: {e}); "
                          "training goes on")
             return result
 
@@ -248,12 +250,6 @@ class IncarnationTracker:
     def current(self) -> dict[str, Any] | None:
         with self._lock:
             return dict(self._incarnations[-1]) if self._incarnations else None
-
-
-def _say(message: str) -> None:
-    from .autostart import say
-
-    say(message)
 
 
 def _first_record_id() -> int:

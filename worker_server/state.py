@@ -7,8 +7,6 @@ stores, so the training thread never waits on a slow reader for long.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import importlib.util
 import os
 import socket
@@ -47,8 +45,8 @@ def library_versions() -> tuple[str, str]:
 def module_version(name: str) -> str:
     """The version of the top-level package ``name`` as imported here: its ``__version__``, else
     that of the distribution whose files it is, whatever that is called (``torchft-nightly``
-    installs ``torchft``). Two distributions that wrote the same files (both installed in one
-    environment) are told apart by their recorded hashes; "unknown" when none is found."""
+    installs ``torchft``); ``"0.2.0|2026.10.26"`` when two wrote into the same directory (a mixed
+    install), "unknown" when none is found."""
     version = getattr(sys.modules.get(name), "__version__", None)
     if version:
         return str(version)
@@ -58,25 +56,10 @@ def module_version(name: str) -> str:
         spec = None
     if spec is None or not spec.origin or not spec.submodule_search_locations:
         return "unknown"
-    package = Path(spec.origin).parent
-    owners = [d for d in metadata.distributions(path=[str(package.parent)])
-              if f"\n{name}/" in "\n" + (d.read_text("RECORD") or "")]
-    if len(owners) > 1:
-        owners = [max(owners, key=lambda d: _matching_files(d, name, package))]
-    return owners[0].version if owners else "unknown"
-
-
-def _matching_files(dist: metadata.Distribution, name: str, package: Path) -> int:
-    """How many of the package's top-level files on disk have the hash ``dist`` recorded."""
-    matches = 0
-    for f in dist.files or ():
-        if len(f.parts) == 2 and f.parts[0] == name and f.hash and f.hash.mode == "sha256":
-            try:
-                digest = hashlib.sha256((package / f.parts[1]).read_bytes()).digest()
-            except OSError:
-                continue
-            matches += base64.urlsafe_b64encode(digest).rstrip(b"=").decode() == f.hash.value
-    return matches
+    site = Path(spec.origin).parent.parent
+    owners = {d.version for d in metadata.distributions(path=[str(site)])
+              if f"\n{name}/" in "\n" + (d.read_text("RECORD") or "")}
+    return "|".join(sorted(owners)) or "unknown"
 
 
 def node_name() -> str:
