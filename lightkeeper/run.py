@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 
-from worker_server.autostart import ENV_AUTOSTART, SITE_DIR
+from worker_server.autostart import ENV_AUTOSTART, SITE_DIR, torchft_missing
 
 FR_BUFFER_DEFAULT = "2000"  # Flight Recorder entries kept per process unless the job sets its own
 
@@ -77,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
     if exe is None:
         sys.stderr.write(f"lightkeeper run: {command[0]}: command not found\n")
         return 127
+    missing = torchft_missing()  # the job may run another Python: a warning only
+    if missing:
+        sys.stderr.write(f"lightkeeper run: {missing}; its ranks are not observed\n")
     env = {**os.environ, **added}
     sys.stdout.flush()
     sys.stderr.flush()

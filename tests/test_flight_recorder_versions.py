@@ -4,6 +4,8 @@ monkeypatch to look like an older one (a call removed, an older keyword signatur
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from worker_server import RankIdentity, RankState, create_app
@@ -62,7 +64,7 @@ def test_an_incarnation_is_still_recorded_without_a_dump(torch_2_7_cpu):
             return "configured"
 
     pg = PG()
-    tracker.hook(pg)
+    assert tracker.hook(SimpleNamespace(_pg=pg)) == "configure"
     assert pg.configure("a", "r", 1, 2, quorum_id=7, global_ranks=[0, 1]) == "configured"
     inc = tracker.current()
     assert (inc["quorum_id"], inc["replica_rank"], inc["first_record_id"]) == (7, 1, 0)

@@ -120,9 +120,11 @@ def test_core_installs_without_torch(core_env):
     assert res.returncode == 1 and "No module named 'torch'" in res.stderr
     res = run(core_env, core_env["python"], "-c", "import torchft")
     assert res.returncode == 1 and "No module named 'torchft'" in res.stderr
-    # torch and torchft are in the extras, never in the core requirements
+    # torch and torchft are in the extras, never in the core requirements; [worker] keeps the
+    # job's torchft (0.2.x or nightly: both own torchft/) and so requires none
     extras = [r for r in core_env["requires"] if "extra ==" in r]
     assert any(r.startswith("torch>=2.7") and '"worker"' in r for r in extras), extras
+    assert not [r for r in extras if r.startswith("torchft") and '"worker"' in r], extras
     assert not [r for r in core_env["requires"] if "extra ==" not in r
                 and canonicalize_name(Requirement(r).name) in HEAVY]
 
@@ -143,6 +145,10 @@ def test_core_entry_points_run_without_torch(core_env, tmp_path):
 
     res = run(core_env, lk, "run", "--print-env")
     assert res.returncode == 0 and "LIGHTKEEPER_AUTOSTART=1" in res.stdout, res.stderr
+    res = run(core_env, lk, "run", "--", core_env["python"], "-c", "print('job')")
+    assert res.returncode == 0 and res.stdout == "job\n", res.stderr
+    assert res.stderr.startswith("lightkeeper run: torchft is not installed in ") and \
+        res.stderr.count("\n") == 1, res.stderr
 
     res = run(core_env, lk, "train", "--lighthouse", "http://127.0.0.1:1")
     assert res.returncode == 1

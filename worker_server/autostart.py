@@ -29,8 +29,9 @@ The hook is this module's stable interface (TorchTitan and other integrations re
   ``WorkerServer.start(manager)`` after the hook started one returns the hook's server.
 
 Failures: the job never fails because of Lightkeeper. Anything that goes wrong in the hook
-(port taken, ``worker_server``'s dependencies missing, a torchft whose ``Manager`` looks
-different) writes one ``[lightkeeper] ...`` line to stderr and training goes on unobserved.
+(port taken, ``worker_server``'s dependencies missing) writes one ``[lightkeeper] ...`` line to
+stderr and training goes on unobserved; a torchft whose ``Manager`` looks different gets what can
+be instrumented and one line naming the rest (:mod:`worker_server.instrument`).
 """
 
 from __future__ import annotations
@@ -65,6 +66,16 @@ def say(message: str) -> None:
         sys.stderr.flush()
     except Exception:
         pass
+
+
+def torchft_missing() -> str | None:
+    """One line when this Python cannot import torchft, else None (nothing is imported)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchft") is not None:
+        return None
+    return (f"torchft is not installed in {sys.executable}: install torchft 0.2.x or "
+            "torchft-nightly into the job's environment (lightkeeper[worker] does not)")
 
 
 def install_if_enabled() -> bool:

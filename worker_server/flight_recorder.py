@@ -3,9 +3,10 @@
 torchft rebuilds its cross-replica-group process group at every quorum change: sequence ids
 restart at 1, ``pg_id`` grows per process and, on gloo, the group has an empty name. A raw dump
 therefore cannot tell which entries belong to which quorum. :class:`IncarnationTracker` hooks the
-process group's ``configure`` and records, per incarnation, the quorum id, this rank's position and
-the group's members next to the record id where it began; :func:`fr_dump` adds that list to the
-dump as ``incarnations`` (see docs/CONTRACTS.md).
+call that rebuilds the group (torchft 0.2's ``configure(...)``, nightly's ``reconfigure(opts)``)
+and records, per incarnation, the quorum id, this rank's position and the group's members next to
+the record id where it began; :func:`fr_dump` adds that list to the dump as ``incarnations`` (see
+docs/CONTRACTS.md).
 
 Which torch has which dump (``torch._C._distributed_c10d``), as read in torch's sources:
 
@@ -19,8 +20,9 @@ call                          torch            what it dumps
 ============================  ===============  =============================================
 
 The two JSON calls dump two different recorders: NCCL's entries are only in
-``_dump_nccl_trace_json`` (CUDA builds), gloo's only in ``_dump_fr_trace_json``. So a gloo job on
-torch 2.7 (torchft 0.2's floor) has no dump to serve: :func:`raw_dump_json` raises
+``_dump_nccl_trace_json`` (CUDA builds), gloo's only in ``_dump_fr_trace_json``; on a CUDA build
+the first of them that holds entries is served (a gloo job there has an empty NCCL recorder; the
+record ids of two recorders cannot be merged). So a gloo job on torch 2.7 (torchft 0.2's floor) has no dump to serve: :func:`raw_dump_json` raises
 :class:`FlightRecorderNotAvailable`, which the WorkerServer answers ``501`` with a JSON reason
 naming the torch version; the rank's state, stacks and metrics are served as usual. A dump that
 this torch could produce but did not (Flight Recorder disabled, the call failed) raises
@@ -29,6 +31,8 @@ this torch could produce but did not (Flight Recorder disabled, the call failed)
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import re
 import threading
@@ -36,7 +40,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-TORCHFT_PG_PREFIX = "torchft_quorum_"
+from .autostart import say
+
+# torchft's group for group_rank >= 1 (group_rank 0's is ''): torchft_quorum_<q>_rank_<r> in 0.2,
+# torchft_<q>_rank_<r> in nightly (<q> is the communicator id, which the Manager sets to the quorum)
+_TORCHFT_PG_NAME = re.compile(r"torchft_(?:quorum_)?\d+_rank_\d+")
 
 
 class FlightRecorderUnavailable(RuntimeError):
@@ -64,7 +72,8 @@ def _call(dump: Callable[..., bytes], only_active: bool) -> bytes:
 
 
 def raw_dump_json(only_active: bool = False) -> bytes:
-    """torch's Flight Recorder dump as JSON bytes (NCCL flavour when NCCL is in use, else gloo's).
+    """torch's Flight Recorder dump as JSON bytes: NCCL's recorder on a CUDA build unless it is
+    empty and the generic one (gloo's) is not, else the generic one.
 
     Raises :class:`FlightRecorderNotAvailable` when this torch has no call to make (see the
     module doc), :class:`FlightRecorderUnavailable` when every call failed."""
@@ -89,15 +98,21 @@ def raw_dump_json(only_active: bool = False) -> bytes:
             + "; ".join(f"torch._C._distributed_c10d.{n} is missing (since {SINCE[n]})"
                         for n in wanted), version, wanted)
     errors = []
+    empty: bytes | None = None  # the first valid dump without entries, served if none has any
     for dump in dumpers:
         try:
             raw = bytes(_call(dump, only_active)).strip()
         except Exception as e:  # try the next flavour, report all if none works
             errors.append(f"{type(e).__name__}: {e}")
             continue
-        if raw.startswith(b"{") and raw.endswith(b"}"):
+        if not (raw.startswith(b"{") and raw.endswith(b"}")):
+            errors.append(f"not a JSON object: {raw[:80]!r}")
+        elif b'"record_id"' in raw:
             return raw
-        errors.append(f"not a JSON object: {raw[:80]!r}")
+        elif empty is None:
+            empty = raw
+    if empty is not None:
+        return empty
     raise FlightRecorderUnavailable("; ".join(errors))
 
 
@@ -126,8 +141,7 @@ def entry_index(raw: bytes) -> list[tuple[int, int, str]]:
 
 
 def is_torchft_pg_name(name: str) -> bool:
-    # gloo names torchft's group '' (group_rank 0) or torchft_quorum_<q>_rank_<r>.
-    return name == "" or name.startswith(TORCHFT_PG_PREFIX)
+    return name == "" or _TORCHFT_PG_NAME.fullmatch(name) is not None
 
 
 def _next_record_id(raw: bytes) -> int:
@@ -142,32 +156,54 @@ class IncarnationTracker:
         self._lock = threading.Lock()
         self._incarnations: list[dict[str, Any]] = []
         self._max = max_incarnations
+        self._said = False
 
-    def hook(self, pg: Any) -> None:
-        """Wrap ``pg.configure`` (a torchft ProcessGroup) so each reconfiguration is recorded."""
-        original = pg.configure
+    def hook(self, manager: Any) -> str:
+        """Record every rebuild of ``manager``'s process group; returns the call it wraps.
+
+        torchft 0.2's group has ``configure(...)``; nightly's has ``reconfigure(opts)`` (a plain
+        torch group made with ``enable_reconfigure=True`` takes no Python attributes, so then the
+        Manager's ``_reconfigure_pg`` is wrapped). Raises ``AttributeError`` when there is none of
+        them (the caller says so and serves the rest). A failure to record is said once on stderr
+        and never reaches the training loop."""
+        pg = manager._pg
+        if callable(getattr(pg, "configure", None)):
+            self._wrap(pg, "configure", pg, _configure_fields)
+            return "configure"
+        if callable(getattr(pg, "reconfigure", None)):
+            try:
+                self._wrap(pg, "reconfigure", pg, _reconfigure_fields)
+                return "reconfigure"
+            except (AttributeError, TypeError):
+                pass
+            if callable(getattr(manager, "_reconfigure_pg", None)):
+                self._wrap(manager, "_reconfigure_pg", pg, _reconfigure_pg_fields)
+                return "Manager._reconfigure_pg"
+        raise AttributeError(f"no configure(...) (torchft 0.2) or reconfigure(opts) (nightly) "
+                             f"to wrap on {type(pg).__name__}")
+
+    def _wrap(self, owner: Any, name: str, pg: Any, fields: Callable[..., dict]) -> None:
+        """Replace ``owner.<name>`` by a wrapper that calls it, then records the incarnation that
+        ``fields`` reads from the call (idempotent); raises when ``owner`` takes no attribute."""
+        original = getattr(owner, name)
         if getattr(original, "_lightkeeper_hooked", False):
             return
 
-        def configure(store_addr, replica_id, rank, world_size, quorum_id=None,
-                      group_rank=None, group_world_size=None, global_ranks=None):
+        @functools.wraps(original)
+        def wrapper(*args, **kwargs):
+            first = _first_record_id()
+            result = original(*args, **kwargs)
             try:
-                first = _next_record_id(raw_dump_json())
-            except FlightRecorderUnavailable:
-                first = 0
-            result = original(store_addr, replica_id, rank, world_size, quorum_id,
-                              group_rank, group_world_size, global_ranks)
-            self.record(
-                quorum_id=quorum_id,
-                replica_rank=rank,
-                replica_world_size=world_size,
-                global_ranks=list(global_ranks) if global_ranks is not None else None,
-                first_record_id=first,
-            )
+                self.record(**fields(pg, original, args, kwargs), first_record_id=first)
+            except Exception as e:  # a shape this code does not know: say so once, train on
+                if not self._said:
+                    self._said = True
+                    say(f"Flight Recorder incarnation not recorded ({type(e).__name__}: {e}); "
+                         "training goes on")
             return result
 
-        configure._lightkeeper_hooked = True  # type: ignore[attr-defined]
-        pg.configure = configure
+        wrapper._lightkeeper_hooked = True  # type: ignore[attr-defined]
+        setattr(owner, name, wrapper)
 
     def record(self, *, quorum_id, replica_rank, replica_world_size, global_ranks,
                first_record_id) -> None:
@@ -214,6 +250,53 @@ class IncarnationTracker:
     def current(self) -> dict[str, Any] | None:
         with self._lock:
             return dict(self._incarnations[-1]) if self._incarnations else None
+
+
+def _first_record_id() -> int:
+    """The record id the next Flight Recorder entry will get (0 without a dump)."""
+    try:
+        return _next_record_id(raw_dump_json())
+    except Exception:
+        return 0
+
+
+def _configure_fields(pg, original, args, kwargs) -> dict[str, Any]:
+    """torchft 0.2: ``configure(store_addr, replica_id, rank, world_size, quorum_id,
+    group_rank, group_world_size, global_ranks)``."""
+    a = inspect.signature(original).bind(*args, **kwargs).arguments
+    ranks = a.get("global_ranks")
+    return {"quorum_id": a.get("quorum_id"), "replica_rank": a["rank"],
+            "replica_world_size": a["world_size"],
+            "global_ranks": list(ranks) if ranks is not None else None}
+
+
+def _reconfigure_fields(pg, original, args, kwargs) -> dict[str, Any]:
+    """nightly: ``reconfigure(opts)``, ``opts.uuid`` the quorum id (the Manager's communicator
+    id), ``opts.handles`` the members in rank order; torchft's handles are JSON with ``id`` and
+    ``global_rank``, a plain torch group's are its own (then its ``rank()`` after the call)."""
+    opts = args[0] if args else kwargs["opts"]
+    return _from_handles(pg, opts.uuid, list(opts.handles))
+
+
+def _reconfigure_pg_fields(pg, original, args, kwargs) -> dict[str, Any]:
+    """nightly's ``Manager._reconfigure_pg(communicator_id, handles)``."""
+    a = inspect.signature(original).bind(*args, **kwargs).arguments
+    return _from_handles(pg, a["communicator_id"], list(a["handles"]))
+
+
+def _from_handles(pg, quorum_id, handles: list[str]) -> dict[str, Any]:
+    try:
+        peers = [json.loads(h) for h in handles]
+        ids = [p["id"] for p in peers]
+        ranks = [p.get("global_rank") for p in peers]
+    except (ValueError, TypeError, KeyError):
+        ids, ranks = [], [None]
+    handle_id = getattr(pg, "_handle_id", None)
+    own = handle_id() if callable(handle_id) else None
+    return {"quorum_id": quorum_id,
+            "replica_rank": ids.index(own) if own in ids else pg.rank(),
+            "replica_world_size": len(handles),
+            "global_ranks": None if None in ranks else ranks}
 
 
 def fr_dump(tracker: IncarnationTracker | None, identity: dict[str, Any],

@@ -9,9 +9,12 @@ Wraps, on the Manager *instance*, the calls every torchft loop makes:
 - ``should_commit`` (``OptimizerWrapper.step``): phase ``commit`` (``healing`` first when this
   group recovers from a peer), then the step is finished and phase ``optimizer``.
 
-It also hooks the Manager's process group ``configure`` (one call per quorum change) through
+It also hooks the call that rebuilds the Manager's process group (one per quorum change) through
 :class:`~worker_server.flight_recorder.IncarnationTracker`. A loop that wants finer phases calls
-``state.set_phase("backward")`` itself. The wrappers never swallow exceptions: they only record.
+``state.set_phase("backward")`` itself. The wrappers never swallow the Manager's exceptions, and
+none of their own reaches the loop: a Manager whose internals differ (another torchft) gets what
+can be instrumented, one line on stderr names the rest, and a bookkeeping error inside a wrapper
+is said once and ignored.
 
 The same wrappers time the training thread's waits (:mod:`worker_server.timing`): the quorum and
 ``allreduce`` (through its Work's ``wait()``) as cross-group wait, ``should_commit`` as in-group
@@ -24,8 +27,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from .autostart import say
 from .flight_recorder import IncarnationTracker
-from .state import RankState
+from .state import RankState, library_versions
 
 
 def replica_id_of(manager: Any) -> str | None:
@@ -48,71 +52,112 @@ def _update_quorum(manager: Any, state: RankState) -> None:
 
 
 def instrument_manager(manager: Any, state: RankState, tracker: IncarnationTracker) -> None:
+    """Wrap ``manager``'s calls (see the module doc); never raises."""
     if getattr(manager, "_lightkeeper_instrumented", False):
         return
-    manager._lightkeeper_instrumented = True
+    missing: list[str] = []
+    try:
+        manager._lightkeeper_instrumented = True
+    except Exception:
+        pass  # an object without attributes: its methods cannot be wrapped either (said below)
     state.replica_id = replica_id_of(manager)
-    tracker.hook(manager._pg)
+    try:
+        tracker.hook(manager)
+    except Exception as e:
+        missing.append(f"Flight Recorder incarnations ({type(e).__name__}: {e})")
+    said: list[bool] = []
 
-    start_quorum = manager.start_quorum
-    wait_quorum = manager.wait_quorum
-    allreduce = manager.allreduce
-    should_commit = manager.should_commit
+    def quietly(fn, *args):
+        """Run the wrappers' own bookkeeping: an error is said once, never raised."""
+        try:
+            return fn(*args)
+        except Exception as e:
+            if not said:
+                said.append(True)
+                say(f"WorkerServer: step bookkeeping failed ({type(e).__name__}: {e}); "
+                    "training goes on, this rank's state may be stale")
+            return None
 
     # The step before this step's quorum: a quorum that moves it means this group healed
     # (torchft sets the step to the quorum's max_step after loading a peer's state).
     step_at_start: list[int | None] = [None]
-
     timer = state.timing
 
-    @functools.wraps(start_quorum)
-    def start_quorum_wrapper(*args, **kwargs):
+    def begin() -> None:
         state.step_started()
         timer.begin_step()
         state.set_phase("quorum")
         step_at_start[0] = manager.current_step()
-        with timer.waiting("cross"):  # a synchronous quorum blocks here
-            result = start_quorum(*args, **kwargs)
-        state.set_phase("forward")
-        return result
 
-    @functools.wraps(wait_quorum)
-    def wait_quorum_wrapper(*args, **kwargs):
-        with timer.waiting("cross"):
-            result = wait_quorum(*args, **kwargs)
+    def quorum_known() -> None:
         _update_quorum(manager, state)
         before = step_at_start[0]
         if before is not None:
             step_at_start[0] = None  # once per step: allreduce waits on the quorum again
             if manager.current_step() != before:
                 state.healed(manager.current_step())
-        return result
 
-    @functools.wraps(allreduce)
-    def allreduce_wrapper(*args, **kwargs):
-        state.set_phase("allreduce")
-        with timer.waiting("cross"):  # includes wait_quorum when the quorum is asynchronous
-            work = allreduce(*args, **kwargs)
-        return _time_wait(work, timer, "cross")
-
-    @functools.wraps(should_commit)
-    def should_commit_wrapper(*args, **kwargs):
+    def commit_begins() -> int:
         if getattr(manager, "_healing", False):
             state.set_phase("healing")  # should_commit loads the peer's state first
         state.set_phase("commit")
-        ran_as = manager.current_step()
-        with timer.waiting("group"):  # the group's ranks vote through rank 0's ManagerServer
-            committed = should_commit(*args, **kwargs)
-        _update_quorum(manager, state)
-        timer.end_step(ran_as)
-        state.step_finished(manager.current_step(), committed)
-        state.set_phase("optimizer")
-        return committed
+        return manager.current_step()
 
-    manager.start_quorum = start_quorum_wrapper
-    manager.wait_quorum = wait_quorum_wrapper
-    manager.allreduce = allreduce_wrapper
-    manager.should_commit = should_commit_wrapper
+    def committed(ran_as: int | None, ok: bool) -> None:
+        _update_quorum(manager, state)
+        if ran_as is not None:
+            timer.end_step(ran_as)
+        state.step_finished(manager.current_step(), ok)
+        state.set_phase("optimizer")
+
+    def start_quorum(original, *args, **kwargs):
+        quietly(begin)
+        with timer.waiting("cross"):  # a synchronous quorum blocks here
+            result = original(*args, **kwargs)
+        state.set_phase("forward")
+        return result
+
+    def wait_quorum(original, *args, **kwargs):
+        with timer.waiting("cross"):
+            result = original(*args, **kwargs)
+        quietly(quorum_known)
+        return result
+
+    def allreduce(original, *args, **kwargs):
+        state.set_phase("allreduce")
+        with timer.waiting("cross"):  # includes wait_quorum when the quorum is asynchronous
+            work = original(*args, **kwargs)
+        return _time_wait(work, timer, "cross")
+
+    def should_commit(original, *args, **kwargs):
+        ran_as = quietly(commit_begins)
+        with timer.waiting("group"):  # the group's ranks vote through rank 0's ManagerServer
+            ok = original(*args, **kwargs)
+        quietly(committed, ran_as, ok)
+        return ok
+
+    for wrap in (start_quorum, wait_quorum, allreduce, should_commit):
+        try:
+            _wrap_method(manager, wrap)
+        except Exception as e:
+            missing.append(f"{wrap.__name__} ({type(e).__name__}: {e})")
+    if missing:
+        say(f"WorkerServer: cannot instrument {', '.join(missing)} of this torchft Manager "
+            f"(torchft {library_versions()[1]}; supported: 0.2.x and nightly); the rest is "
+            "served, training goes on")
+
+
+def _wrap_method(manager: Any, wrap) -> None:
+    """``manager.<wrap's name>`` becomes ``wrap(original, *args, **kwargs)``."""
+    original = getattr(manager, wrap.__name__)
+    if not callable(original):
+        raise AttributeError(f"{wrap.__name__} is not callable")
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        return wrap(original, *args, **kwargs)
+
+    setattr(manager, wrap.__name__, wrapper)
 
 
 def _time_wait(work: Any, timer, scope: str) -> Any:

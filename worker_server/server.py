@@ -90,7 +90,8 @@ class WorkerServer:
               host: str | None = None, port: int | None = None,
               faults: list[str] | None = None, monitor_url: str | None = None,
               fault_handler=None) -> WorkerServer:
-        """Start serving; with ``manager``, instrument it (see :mod:`worker_server.instrument`).
+        """Start serving; with ``manager``, instrument what of it can be (a Manager of a torchft
+        this code does not know gets one line on stderr: :mod:`worker_server.instrument`).
 
         Unset arguments come from the environment torchft users already have:
         ``REPLICA_GROUP_ID``, ``RANK``, ``WORLD_SIZE``, ``TORCHFT_LIGHTHOUSE``, ``LIGHTKEEPER_JOB``.
@@ -123,11 +124,7 @@ class WorkerServer:
             exit_token=env.get("LIGHTKEEPER_EXIT_TOKEN") or None,
         )
         if manager is not None:
-            try:
-                server.attach(manager)
-            except BaseException:
-                server.stop()  # the port is bound already: free it
-                raise
+            server.attach(manager)
         server.serve()
         # a comma-separated list: registered with each (sharded monitors, docs/scaling.md)
         for url in (monitor_url or env.get("LIGHTKEEPER_MONITOR") or "").split(","):
@@ -142,7 +139,8 @@ class WorkerServer:
         return self
 
     def attach(self, manager: Any) -> None:
-        """Instrument a torchft Manager created after the server started."""
+        """Instrument a torchft Manager created after the server started; never raises (what
+        cannot be instrumented is said in one line on stderr, the rest is served)."""
         instrument_manager(manager, self.state, self.tracker)
 
     def register_with(self, monitor_url: str, token: str | None = None) -> None:

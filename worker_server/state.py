@@ -7,6 +7,7 @@ stores, so the training thread never waits on a slow reader for long.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import sys
@@ -15,7 +16,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from functools import cache
-from importlib.metadata import PackageNotFoundError, version
+from importlib import metadata
+from pathlib import Path
 
 from .timing import StepTimer
 
@@ -35,14 +37,29 @@ RECENT_STEPS = 64
 
 @cache
 def library_versions() -> tuple[str, str]:
-    """(torch, torchft) versions as installed; "unknown" when a package is missing."""
-    out = []
-    for name in ("torch", "torchft"):
-        try:
-            out.append(version(name))
-        except PackageNotFoundError:
-            out.append("unknown")
-    return out[0], out[1]
+    """(torch, torchft) versions of the packages this process imports (see
+    :func:`module_version`); "unknown" when one is not installed."""
+    return module_version("torch"), module_version("torchft")
+
+
+def module_version(name: str) -> str:
+    """The version of the top-level package ``name`` as imported here: its ``__version__``, else
+    that of the distribution whose files it is, whatever that is called (``torchft-nightly``
+    installs ``torchft``); ``"0.2.0|2026.10.26"`` when two wrote into the same directory (a mixed
+    install), "unknown" when none is found."""
+    version = getattr(sys.modules.get(name), "__version__", None)
+    if version:
+        return str(version)
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin or not spec.submodule_search_locations:
+        return "unknown"
+    site = Path(spec.origin).parent.parent
+    owners = {d.version for d in metadata.distributions(path=[str(site)])
+              if f"\n{name}/" in "\n" + (d.read_text("RECORD") or "")}
+    return "|".join(sorted(owners)) or "unknown"
 
 
 def node_name() -> str:

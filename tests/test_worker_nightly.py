@@ -1,0 +1,292 @@
+"""The WorkerServer on both torchft shapes and on a Manager it does not know, without nightly.
+
+torchft 0.2 rebuilds its process group with ``pg.configure(store_addr, replica_id, rank,
+world_size, quorum_id, ...)``; torchft-nightly with ``pg.reconfigure(opts)`` (torch's reconfigure
+API: ``opts.uuid`` is the communicator id, which the Manager sets to the quorum id, ``opts.handles``
+the members' JSON handles in rank order) or, for a plain torch group made with
+``enable_reconfigure=True`` (which takes no Python attributes), through the Manager's
+``_reconfigure_pg(communicator_id, handles)``. The default suite has torchft 0.2.0 only, so the
+nightly shapes here are fake objects written after nightly's torchft/process_group.py and
+manager.py; the real nightly job is tests/test_worker_nightly_e2e.py (opt-in).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from types import SimpleNamespace
+
+import pytest
+import requests
+
+from worker_server import RankIdentity, RankState, WorkerServer, autostart
+from worker_server import flight_recorder as fr
+from worker_server.flight_recorder import IncarnationTracker, is_torchft_pg_name
+from worker_server.state import module_version
+
+
+def handle(handle_id: str, global_rank: int | None) -> str:
+    """A nightly torchft handle (ProcessGroup.get_reconfigure_handle)."""
+    return json.dumps({"id": handle_id, "store": "h:1", "global_rank": global_rank})
+
+
+class NightlyPG:
+    """torchft-nightly's ProcessGroupWrapper as far as the tracker sees it."""
+
+    def __init__(self, handle_id: str) -> None:
+        self.id, self.calls = handle_id, []
+
+    def _handle_id(self) -> str:
+        return self.id
+
+    def reconfigure(self, opts):
+        self.calls.append(opts.uuid)
+        return "work"
+
+
+class NativePG:
+    """A torch process group made with enable_reconfigure=True: no Python attributes."""
+
+    __slots__ = ("_rank",)
+
+    def __init__(self) -> None:
+        self._rank = 0
+
+    def reconfigure(self, opts):
+        self._rank = 2
+        return "work"
+
+    def rank(self) -> int:
+        return self._rank
+
+
+def test_nightly_reconfigure_is_recorded_from_its_options(monkeypatch):
+    monkeypatch.setattr(fr, "_first_record_id", lambda: 40)
+    pg = NightlyPG("b")
+    tracker = IncarnationTracker(group_rank=1)
+    assert tracker.hook(SimpleNamespace(_pg=pg)) == "reconfigure"
+    tracker.hook(SimpleNamespace(_pg=pg))  # idempotent: one wrapper
+    opts = SimpleNamespace(uuid=7, handles=[handle("a", 1), handle("b", 3), handle("c", 5)])
+    assert pg.reconfigure(opts) == "work" and pg.calls == [7]
+    inc = tracker.current()
+    assert (inc["quorum_id"], inc["replica_rank"], inc["replica_world_size"]) == (7, 1, 3)
+    assert inc["global_ranks"] == [1, 3, 5] and inc["first_record_id"] == 40
+    assert inc["group_rank"] == 1
+
+
+def test_a_native_group_is_recorded_through_the_managers_reconfigure_pg(monkeypatch):
+    monkeypatch.setattr(fr, "_first_record_id", lambda: 0)
+    pg = NativePG()
+
+    class Manager:  # nightly's Manager._reconfigure_pg, as far as the tracker sees it
+        _pg = pg
+
+        def _reconfigure_pg(self, communicator_id, handles):
+            self._pg.reconfigure(SimpleNamespace(uuid=communicator_id, handles=handles))
+
+    manager = Manager()
+    tracker = IncarnationTracker(group_rank=0)
+    assert tracker.hook(manager) == "Manager._reconfigure_pg"
+    manager._reconfigure_pg(9, handles=["opaque-0", "opaque-1", "opaque-2"])
+    inc = tracker.current()
+    assert (inc["quorum_id"], inc["replica_rank"], inc["replica_world_size"]) == (9, 2, 3)
+    assert inc["global_ranks"] is None
+
+
+def test_torchft_0_2_configure_called_with_keywords_is_recorded(monkeypatch):
+    monkeypatch.setattr(fr, "_first_record_id", lambda: 0)
+
+    class PG:
+        def configure(self, store_addr, replica_id, rank, world_size, quorum_id=None,
+                      group_rank=None, group_world_size=None, global_ranks=None):
+            return None
+
+    pg = PG()
+    tracker = IncarnationTracker(group_rank=0)
+    assert tracker.hook(SimpleNamespace(_pg=pg)) == "configure"
+    pg.configure("s", "r", rank=0, world_size=2, quorum_id=3, global_ranks=(0, 2))
+    inc = tracker.current()
+    assert (inc["quorum_id"], inc["replica_rank"], inc["global_ranks"]) == (3, 0, [0, 2])
+
+
+def test_an_incarnation_that_cannot_be_read_is_one_line_and_the_call_goes_through(
+        monkeypatch, capsys):
+    monkeypatch.setattr(fr, "_first_record_id", lambda: 0)
+    pg = NightlyPG("a")
+    tracker = IncarnationTracker(group_rank=0)
+    tracker.hook(SimpleNamespace(_pg=pg))
+    for q in (1, 2):
+        assert pg.reconfigure(SimpleNamespace(uuid=q)) == "work"  # no handles: unknown shape
+    assert pg.calls == [1, 2] and tracker.current() is None
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("[lightkeeper] Flight Recorder incarnation not")
+
+
+def test_torchft_group_names_of_both_versions():
+    for name in ("", "torchft_quorum_4_rank_1", "torchft_4_rank_1"):
+        assert is_torchft_pg_name(name), name
+    for name in ("0", "torchft_quorum_x_rank_1", "torchft_4_rank_1_extra", "default_pg"):
+        assert not is_torchft_pg_name(name), name
+    tracker = IncarnationTracker(group_rank=1)
+    tracker.record(quorum_id=4, replica_rank=0, replica_world_size=2, global_ranks=None,
+                   first_record_id=3)
+    dump = {"entries": [{"pg_id": 0, "process_group": ["0", "0"], "record_id": 3},
+                        {"pg_id": 5, "process_group": ["torchft_4_rank_1", ""], "record_id": 4}]}
+    assert tracker.annotate(json.dumps(dump).encode())[0]["pg_id"] == 5
+
+
+class Manager:
+    """A torchft Manager as the wrappers use it."""
+
+    def __init__(self, pg=None) -> None:
+        self._pg = pg if pg is not None else NightlyPG("a")
+        self._quorum_id, self._step, self.log = 1, 0, []
+
+    def start_quorum(self):
+        self.log.append("start_quorum")
+
+    def wait_quorum(self):
+        self.log.append("wait_quorum")
+
+    def allreduce(self, tensor):
+        self.log.append("allreduce")
+        return SimpleNamespace(wait=lambda: tensor)
+
+    def should_commit(self):
+        self.log.append("should_commit")
+        self._step += 1
+        return True
+
+    def current_step(self):
+        return self._step
+
+    def num_participants(self):
+        return 2
+
+    def is_participating(self):
+        return True
+
+
+def train_step(manager) -> bool:
+    manager.start_quorum()
+    manager.wait_quorum()
+    manager.allreduce(1).wait()
+    return manager.should_commit()
+
+
+@pytest.mark.parametrize("broken", ["no _pg", "pg without configure or reconfigure",
+                                    "no allreduce", "pg refuses attributes"])
+def test_start_with_a_manager_it_does_not_know_serves_the_rest(broken, capsys):
+    """``WorkerServer.start(manager)`` (what ``lightkeeper train`` and a user's script call)
+    instruments what it can, says the rest in one line and never raises."""
+    manager = Manager()
+    if broken == "no _pg":
+        del manager._pg
+    elif broken == "pg without configure or reconfigure":
+        manager._pg = object()
+    elif broken == "no allreduce":  # the same Manager class without that method
+        manager = type("Manager", (), {k: v for k, v in vars(Manager).items()
+                                       if k not in ("allreduce", "__dict__")})()
+        manager._pg, manager._quorum_id, manager._step, manager.log = NightlyPG("a"), 1, 0, []
+    else:
+        manager._pg = NativePG()  # reconfigure, no attributes, no Manager._reconfigure_pg
+    server = WorkerServer.start(manager, replica_group=1, group_rank=0, group_world_size=1)
+    try:
+        err = [line for line in capsys.readouterr().err.splitlines() if line]
+        assert len(err) == 1 and err[0].startswith("[lightkeeper] WorkerServer: cannot instrument")
+        assert "the rest is served, training goes on" in err[0]
+        if broken == "no allreduce":
+            manager.start_quorum()
+            manager.wait_quorum()
+            assert manager.should_commit() is True
+        else:
+            assert train_step(manager) is True
+        state = requests.get(server.url + "/v1/state", timeout=5).json()
+        assert state["replica_group"] == 1
+        assert state["commits"] == 1 and state["phase"] == "optimizer"
+    finally:
+        server.stop()
+
+
+def test_attach_to_an_object_without_attributes_never_raises(capsys):
+    server = WorkerServer(RankState(RankIdentity()))
+    server.attach(object())
+    assert "cannot instrument" in capsys.readouterr().err
+
+
+def test_a_bookkeeping_error_in_a_wrapper_never_reaches_the_loop(capsys):
+    manager = Manager()
+    server = WorkerServer(RankState(RankIdentity()))
+    server.attach(manager)
+    assert capsys.readouterr().err == ""
+
+    def broken():
+        raise RuntimeError("torchft moved the step")
+
+    manager.current_step = broken
+    assert train_step(manager) is True and train_step(manager) is True
+    assert manager.log.count("should_commit") == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "step bookkeeping failed (RuntimeError: torchft moved the step)" in err[0]
+
+
+def test_the_managers_own_errors_still_propagate():
+    manager = Manager()
+
+    def fails():
+        raise TimeoutError("quorum")
+
+    manager.start_quorum = fails
+    WorkerServer(RankState(RankIdentity())).attach(manager)
+    with pytest.raises(TimeoutError, match="quorum"):
+        manager.start_quorum()
+
+
+def test_the_non_empty_recorder_is_served_on_a_cuda_build(monkeypatch):
+    """A gloo job on a CUDA build: NCCL's recorder is empty, gloo's (the generic one) is not."""
+    torch = pytest.importorskip("torch")
+    c10d = pytest.importorskip("torch._C._distributed_c10d")
+    empty, gloo = b'{"version": "2.10", "entries": []}', b'{"entries": [{"record_id": 0}]}'
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    dumps = {fr.NCCL_JSON: empty, fr.GENERIC_JSON: gloo}
+    for name in dumps:
+        monkeypatch.setattr(c10d, name, lambda name=name, **kw: dumps[name], raising=False)
+    assert fr.raw_dump_json() == gloo
+    dumps[fr.NCCL_JSON] = nccl = b'{"entries": [{"record_id": 5}]}'
+    assert fr.raw_dump_json() == nccl  # an NCCL job: NCCL's, as before
+    dumps[fr.NCCL_JSON], dumps[fr.GENERIC_JSON] = empty, b'{"entries": []}'
+    assert fr.raw_dump_json() == empty  # both empty: the first
+
+
+def test_version_is_the_imported_packages_whatever_its_distribution(tmp_path, monkeypatch):
+    site = tmp_path / "site"
+    (site / "fakeft").mkdir(parents=True)
+    (site / "fakeft" / "__init__.py").write_text("")
+
+    def install(dist: str, version: str) -> None:
+        info = site / f"{dist}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        (info / "RECORD").write_text("fakeft/__init__.py,,0\n")
+
+    install("fakeft_nightly", "2026.10.26")
+    install("other", "1.0")
+    (site / "other-1.0.dist-info" / "RECORD").write_text("other/fakeft/x.py,,0\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delitem(sys.modules, "fakeft", raising=False)
+    assert module_version("fakeft") == "2026.10.26"
+    install("fakeft", "0.2.0")  # both wrote fakeft/: a mixed install says so
+    assert module_version("fakeft") == "0.2.0|2026.10.26"
+    monkeypatch.setitem(sys.modules, "fakeft", SimpleNamespace(__version__="9.9"))
+    assert module_version("fakeft") == "9.9"  # __version__ first
+    assert module_version("no_such_package_lk") == "unknown"
+
+
+def test_a_python_without_torchft_is_told_in_one_line(monkeypatch):
+    import importlib.util
+
+    assert autostart.torchft_missing() is None  # the suite's torchft
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    line = autostart.torchft_missing()
+    assert line.startswith(f"torchft is not installed in {sys.executable}") and "\n" not in line
+    assert "lightkeeper[worker] does not" in line
