@@ -33,7 +33,8 @@ from packaging.utils import canonicalize_name
 from lightkeeper.cluster import stop_process, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("lightkeeper", "worker_server", "trainer", "monitor", "dashboards", "http_serving")
+PACKAGES = ("lightkeeper", "worker_server", "trainer", "monitor", "dashboards", "http_serving",
+            "rank_wire")
 HEAVY = {"torch", "torchft", "triton", "nvidia-nccl-cu12"}
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
 
