@@ -198,8 +198,7 @@ def check_recoveries(r: dict, out: str) -> None:
         assert st["kill_sent"] <= st["lighthouse_dropped"], st
         assert st["kill_sent"] <= st["survivors_quorum"], st
         # the survivors' first commit after the kill: usually in that quorum, but a step in
-        # flight when the kill was sent may still commit in the old one first (seen once under
-        # load: committed 0.3 s after the kill, the new quorum 5.4 s after it)
+        # flight when the kill was sent may still commit in the old one first
         assert st["kill_sent"] <= st["survivors_committing"], st
         # the restarted group came from its warm spare, joined, then healed
         assert st["restarted"] <= st["joined"] <= st["healed"] + 1.0, st
@@ -208,8 +207,8 @@ def check_recoveries(r: dict, out: str) -> None:
         c = f["cost"]
         assert c is not None and c["source"].startswith("measured"), f
         assert c["replica_seconds"] > 0 and c["by_cause"], c
-        # (back at pace only once a whole pace window after the kill was: on a busy box the
-        # ledger may not have seen it before the demo's 30 s wait ran out)
+        # (back at pace only once a whole pace window after the kill was: on a busy machine
+        # the ledger may not have seen it before the demo's wait for it ran out)
         if st["back_at_pace_ledger"] is not None:
             assert st["back_at_pace_ledger"] >= st["kill_sent"] - 0.1, st
             assert f["recovery_s"] == pytest.approx(c["recovery_s"]) and f["recovery_s"] > 0

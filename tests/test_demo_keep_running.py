@@ -1,6 +1,6 @@
 """``lightkeeper demo --keep-running``: after the scenario everything stays up until SIGTERM.
 
-Two healthy demos (3 groups x 1 rank, no Prometheus), started at once: the scenario ends by its
+Two healthy demos (no Prometheus), started at once: the scenario ends by its
 ``--duration`` in one and once every group trained its ``--steps`` in the other. Each test polls
 until the report is written and the cluster is announced, checks that every process still
 serves (and keeps working: steps and sweeps advance), sends SIGTERM and checks that every
@@ -23,12 +23,16 @@ from tests.support.demo import RunningDemo, get_json
 
 pytestmark = pytest.mark.e2e
 
-# One rank a group: what these runs check is the demo's, not torchrun's (that is the default
-# scenario's 3 x 2 job), and 3 processes importing torch start far sooner than 9.
-COMMON = ["--no-faults", "--ranks-per-group", "1", "--no-prometheus"]
+# The --duration run has one rank a group: what it checks is the demo's, not torchrun's (that is
+# the default scenario's 3 x 2 job), and 3 processes importing torch start far sooner than 9.
+# The --steps run keeps 2 (torchrun's ranks ending after their steps): one-rank groups trained
+# their 8 steps before the last group committed its first, leaving no healthy phase.
+COMMON = ["--no-faults", "--no-prometheus"]
 MODES = {
-    "duration": ["--duration", "3"],  # the scenario ends by its --duration
-    "steps": ["--steps", "8", "--dry-run"],  # ... or when every group trained its --steps
+    # the scenario ends by its --duration
+    "duration": ["--duration", "3", "--ranks-per-group", "1"],
+    # ... or when every group trained its --steps
+    "steps": ["--steps", "8", "--dry-run"],
 }
 
 

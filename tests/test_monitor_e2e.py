@@ -227,10 +227,9 @@ def test_healthy_run_has_no_findings(env):
     assert bad["startup"] > 0
     assert bad["stall"] == bad["recovery"] == bad["capacity_lost"] == 0, j
     assert bad["straggler_drag"] == 0, j
-    # On this shared 2-core machine other work slows the job below 90% of its measured pace
-    # now and then; the ledger rightly calls that unexplained (pending, then unattributed),
-    # never a fault's. Measured: 1.3 of 33 replica-s after startup at load average 6,
-    # 7.7 of 36 at load average 9. A quiet machine shows ~0.
+    # Other work on a shared machine slows the job below 90% of its measured pace now and
+    # then; the ledger rightly calls that unexplained (pending, then unattributed), never a
+    # fault's. A quiet machine shows ~0.
     after_startup = j["expected_seconds"] - bad["startup"]
     assert after_startup > 0
     noise = bad["unattributed"] + j["pending_seconds"]
