@@ -1,8 +1,9 @@
 """``lightkeeper run -- COMMAND`` on real processes: a real torchft Lighthouse, gloo, the monitor
-(in this process, serving its real HTTP API so ranks register themselves), and jobs that carry
-no Lightkeeper code: the project's trainer with its own WorkerServer switched off, and a torchft
-script written here against torchft's public API only (Manager, ProcessGroupGloo,
-DistributedDataParallel or Manager.allreduce, Optimizer). Also: a Python program that never imports torchft (the hook
+(in this process, serving its real HTTP API so ranks register themselves; one Lighthouse and one
+monitor per job, the jobs started at once), and jobs that carry no Lightkeeper code: the
+project's trainer with its own WorkerServer switched off, and a torchft script written here
+against torchft's public API only (Manager, ProcessGroupGloo, DistributedDataParallel or
+Manager.allreduce, Optimizer). Also: a Python program that never imports torchft (the hook
 starts nothing and imports nothing) and a WorkerServer that cannot bind its port (one line, the
 job finishes with status 0)."""
 
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from lightkeeper.cluster import LocalCluster, stop_process, wait_until
+from lightkeeper.cluster import stop_process, wait_until
 from monitor.config import MonitorConfig
 from monitor.service import Monitor
 from tests.support.workers import try_state
@@ -68,35 +69,73 @@ FT_SCRIPT = textwrap.dedent('''
 ''')
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    """One Lighthouse and one monitor for the module's jobs (which run one after another)."""
-    d = tmp_path_factory.mktemp("autostart")
-    cluster = LocalCluster(d / "cluster", num_groups=1)
-    mon = None
-    try:
-        cluster.start_lighthouse()
-        mon = Monitor(MonitorConfig(port=0, interval_s=0.5, lighthouse=cluster.lighthouse_url,
-                                    state_path=str(d / "monitor.sqlite"))).start()
-        (d / "ft_job.py").write_text(FT_SCRIPT)
-        yield {"dir": d, "lighthouse": cluster.lighthouse_url, "monitor": mon}
-    finally:
-        if mon is not None:
-            mon.stop()
-        cluster.stop()
+class Env:
+    """A real torchft Lighthouse and a monitor (serving its HTTP API, verifying against that
+    Lighthouse) for one job: jobs that share a Lighthouse would meet in one quorum."""
+
+    def __init__(self, d: Path) -> None:
+        from torchft.coordination import LighthouseServer
+
+        self.dir = d
+        self.lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1,
+                                           join_timeout_ms=5000, heartbeat_timeout_ms=5000)
+        self.lighthouse_url = "http://127.0.0.1:" + self.lighthouse.address().rsplit(":", 1)[1]
+        self.monitor = Monitor(MonitorConfig(port=0, interval_s=0.5,
+                                             lighthouse=self.lighthouse_url,
+                                             state_path=str(d / "monitor.sqlite"))).start()
+
+    def stop(self) -> None:
+        self.monitor.stop()
+        self.lighthouse.shutdown()
 
 
-def start(job, name: str, command: list[str], **env: str) -> tuple[subprocess.Popen, Path]:
-    """``lightkeeper run --monitor URL -- command`` with the job's Lighthouse; stdout+stderr
+def start(env: Env, name: str, command: list[str], **extra: str) -> tuple[subprocess.Popen, Path]:
+    """``lightkeeper run --monitor URL -- command`` with the env's Lighthouse; stdout+stderr
     go to a log file."""
-    log = job["dir"] / f"{name}.log"
+    log = env.dir / f"{name}.log"
     full_env = {k: v for k, v in os.environ.items() if k != "REPLICA_GROUP_ID"}
-    full_env.update(TORCHFT_LIGHTHOUSE=job["lighthouse"], PYTHONUNBUFFERED="1", **env)
+    full_env.update(TORCHFT_LIGHTHOUSE=env.lighthouse_url, PYTHONUNBUFFERED="1", **extra)
     with open(log, "wb") as out:
-        proc = subprocess.Popen([*LIGHTKEEPER, "run", "--monitor", job["monitor"].url, "--",
+        proc = subprocess.Popen([*LIGHTKEEPER, "run", "--monitor", env.monitor.url, "--",
                                  *command], stdout=out, stderr=subprocess.STDOUT, env=full_env,
-                                cwd=job["dir"], start_new_session=True)
+                                cwd=env.dir, start_new_session=True)
     return proc, log
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """The module's three torch jobs, started at once (most of each one's time is importing
+    torch and waiting for its quorum and its monitor); each test checks its own."""
+    envs: list[Env] = []
+    procs: dict[str, tuple[subprocess.Popen, Path]] = {}
+    taken = socket.socket()
+    try:
+        for name in ("trainer", "ft_job", "clash"):
+            d = tmp_path_factory.mktemp(name)
+            (d / "ft_job.py").write_text(FT_SCRIPT)
+            envs.append(Env(d))
+        trainer, ft_job, clash = envs
+        procs["trainer"] = start(trainer, "trainer", [
+            *LIGHTKEEPER, "train", "--no-worker-server", "--steps", "100000",
+            "--step-pause", "0.05", "--pg-timeout", "10"],
+            REPLICA_GROUP_ID="1", NUM_REPLICA_GROUPS="2", LIGHTKEEPER_JOB="zero-code")
+        stop = ft_job.dir / "stop_b"
+        procs["ft_job"] = start(ft_job, "ft_job", [sys.executable, "ft_job.py", str(stop),
+                                                   "100000", "2", "ddp"])
+        # the port the clash job's WorkerServer asks for is taken until that job has finished
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        procs["clash"] = start(clash, "clash", [sys.executable, "ft_job.py",
+                                                str(clash.dir / "never"), "3", "5", "allreduce"],
+                               LIGHTKEEPER_WORKER_PORT=str(taken.getsockname()[1]))
+        yield {"trainer": (trainer, *procs["trainer"]), "ft_job": (ft_job, *procs["ft_job"], stop),
+               "clash": (clash, *procs["clash"], taken)}
+    finally:
+        for proc, _ in procs.values():
+            stop_process(proc, grace=3)
+        taken.close()
+        for env in envs:
+            env.stop()
 
 
 def hook_url(proc: subprocess.Popen, log: Path, timeout: float = 90) -> tuple[int, int, str]:
@@ -126,54 +165,45 @@ def seen_by_monitor(mon: Monitor, url: str) -> dict:
         raise AssertionError(f"{e}; the monitor's last row: {last[0]}") from None
 
 
-def test_trainer_without_its_own_server_is_served_by_the_hook(job):
-    proc, log = start(job, "trainer", [*LIGHTKEEPER, "train", "--no-worker-server",
-                                       "--steps", "100000", "--step-pause", "0.05",
-                                       "--pg-timeout", "10"],
-                      REPLICA_GROUP_ID="1", NUM_REPLICA_GROUPS="2", LIGHTKEEPER_JOB="zero-code")
-    try:
-        group, group_rank, url = hook_url(proc, log)
-        assert (group, group_rank) == (1, 0)
-        assert log.read_text().count("worker_server=") == 1  # the trainer started none
-        state = wait_until(lambda: (s := try_state(url)) and s["step"] >= 3 and s, 60,
-                           what="3 steps on the hook's WorkerServer")
-        assert (state["replica_group"], state["group_rank"], state["group_world_size"],
-                state["rank"], state["job"]) == (1, 0, 1, 1, "zero-code")
-        assert state["replica_id"].startswith("replica_group_1:")
-        assert state["quorum_id"] >= 0 and state["num_participants"] == 1
-        rank = seen_by_monitor(job["monitor"], url)
-        assert rank["replica_group"] == 1
-    finally:
-        stop_process(proc, grace=3)
+def test_trainer_without_its_own_server_is_served_by_the_hook(jobs):
+    env, proc, log = jobs["trainer"]
+    group, group_rank, url = hook_url(proc, log)
+    assert (group, group_rank) == (1, 0)
+    assert log.read_text().count("worker_server=") == 1  # the trainer started none
+    state = wait_until(lambda: (s := try_state(url)) and s["step"] >= 3 and s, 60,
+                       what="3 steps on the hook's WorkerServer")
+    assert (state["replica_group"], state["group_rank"], state["group_world_size"],
+            state["rank"], state["job"]) == (1, 0, 1, 1, "zero-code")
+    assert state["replica_id"].startswith("replica_group_1:")
+    assert state["quorum_id"] >= 0 and state["num_participants"] == 1
+    rank = seen_by_monitor(env.monitor, url)
+    assert rank["replica_group"] == 1
+    stop_process(proc, grace=3)  # its cores to the other jobs
 
 
-def test_plain_torchft_script_is_served_and_seen_by_the_monitor(job):
-    stop = job["dir"] / "stop_b"
-    proc, log = start(job, "ft_job", [sys.executable, "ft_job.py", str(stop), "100000", "2",
-                                      "ddp"])
-    try:
-        group, group_rank, url = hook_url(proc, log)
-        # No REPLICA_GROUP_ID: the group comes from the Manager's replica_id, "ddp_job_2".
-        assert (group, group_rank) == (2, 0)
-        rank = seen_by_monitor(job["monitor"], url)
-        assert rank["replica_group"] == 2
-        state = try_state(url)
-        assert state["replica_id"].startswith("ddp_job_2:") and state["commits"] >= 2
-        dump = requests.get(url + "/v1/fr_trace", timeout=10).json()
-        assert dump["incarnations"] and any(e["profiling_name"] == "gloo:all_reduce"
-                                            for e in dump["entries"])
-        stop.touch()
-        assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
-    finally:
-        stop_process(proc, grace=3)
+def test_plain_torchft_script_is_served_and_seen_by_the_monitor(jobs):
+    env, proc, log, stop = jobs["ft_job"]
+    group, group_rank, url = hook_url(proc, log)
+    # No REPLICA_GROUP_ID: the group comes from the Manager's replica_id, "ddp_job_2".
+    assert (group, group_rank) == (2, 0)
+    rank = seen_by_monitor(env.monitor, url)
+    assert rank["replica_group"] == 2
+    state = try_state(url)
+    assert state["replica_id"].startswith("ddp_job_2:") and state["commits"] >= 2
+    dump = requests.get(url + "/v1/fr_trace", timeout=10).json()
+    assert dump["incarnations"] and any(e["profiling_name"] == "gloo:all_reduce"
+                                        for e in dump["entries"])
+    stop.touch()
+    assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
 
 
-def test_a_program_without_torchft_gets_nothing(job):
+def test_a_program_without_torchft_gets_nothing(jobs):
+    env = jobs["trainer"][0]
     code = ("import sys, json; print(json.dumps({m: m in sys.modules for m in "
             "('torch', 'torchft', 'flask', 'worker_server.server', 'worker_server.autostart')}))")
-    res = subprocess.run([*LIGHTKEEPER, "run", "--monitor", job["monitor"].url, "--",
+    res = subprocess.run([*LIGHTKEEPER, "run", "--monitor", env.monitor.url, "--",
                           sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, cwd=job["dir"])
+                         timeout=60, cwd=env.dir)
     assert res.returncode == 0, res.stderr
     assert "[lightkeeper]" not in res.stdout + res.stderr
     # The hook is installed (its module is loaded) but nothing heavy is imported.
@@ -182,18 +212,10 @@ def test_a_program_without_torchft_gets_nothing(job):
                                   '"worker_server.autostart": true}')
 
 
-def test_a_worker_server_that_cannot_start_costs_one_line_and_the_job_finishes(job):
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        proc, log = start(job, "clash", [sys.executable, "ft_job.py",
-                                         str(job["dir"] / "never"), "3", "5", "allreduce"],
-                          LIGHTKEEPER_WORKER_PORT=str(port))
-        try:
-            assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
-        finally:
-            stop_process(proc, grace=0)
+def test_a_worker_server_that_cannot_start_costs_one_line_and_the_job_finishes(jobs):
+    _, proc, log, taken = jobs["clash"]
+    assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+    taken.close()
     text = log.read_text()
     lines = [line for line in text.splitlines() if line.startswith("[lightkeeper]")]
     assert len(lines) == 1, text[-3000:]

@@ -8,12 +8,15 @@ from __future__ import annotations
 import json
 import stat
 
+import pytest
 import requests
 
 from lightkeeper.cluster import wait_until
 from monitor.config import DetectorConfig, MonitorConfig, QuarantineConfig, RailsConfig
 from monitor.service import Monitor
 from tests.support.monitor_sim import SimJob
+
+pytestmark = pytest.mark.e2e
 
 TOKEN = "s3cret"
 

@@ -2,16 +2,20 @@
 
 One cluster serves the whole module, one fault after another (tests run in file order):
 
+0. the trainer itself: the 3 groups train in one quorum with matching Flight Recorder
+   collectives, ``lightkeeper analyze`` finds nothing in their healthy dumps, ``/metrics``
+   passes promtool;
 1. healthy run: no findings, no evictions; the goodput ledger's badput is startup only and its
    goodput after startup is high;
 2. group 2 turns slow (``slow:delay=0.6,from_step=S``, given at start): straggler confirmed
-   within 10 steps, evicted through the Lighthouse, survivors' step time back to normal;
+   within 10 steps, evicted through the Lighthouse, survivors' step time back to normal and
+   committing in a quorum without it;
 3. the goodput ledger ties it together: the straggler's badput to its finding, back to the rank's
    own strike time; the eviction's ``capacity_lost`` and ``recovery`` intervals to the eviction's
    decision id; the job back at pace; group 2, not restarted yet, keeps losing capacity on the
    same incident;
 4. the monitor is restarted (same ``--state``): the audit log is intact, the restarted group 2
-   (new replica id) is not evicted on old evidence;
+   (new replica id, healed from a peer to the quorum's step) is not evicted on old evidence;
 5. the new group 2 hangs (posted live): detected and evicted, survivors commit again well before
    the 20 s process-group timeout;
 6. group 2 restarted once more, a mismatched all_reduce posted live, monitor restarted with
@@ -36,7 +40,8 @@ import pytest
 import requests
 
 from lightkeeper.cluster import LocalCluster, stop_process, wait_until
-from tests.support.workers import try_state
+from tests.conftest import require_binary
+from tests.support.workers import analyze_cli, get_json, save_dumps, torchft_entries, try_state
 
 pytestmark = pytest.mark.e2e
 
@@ -146,6 +151,61 @@ def evictions(mon, decision=None):
     return [d for d in mon.get("/v1/evictions") if decision is None or d["decision"] == decision]
 
 
+def test_groups_train_in_one_quorum_with_matching_collectives(env, tmp_path):
+    """The trainer with real parts, before any fault strikes (group 2 turns slow at step
+    SLOW_FROM): one quorum, the same collectives on every group, healthy dumps and metrics."""
+    urls = [env["cluster"].groups[g].worker_urls[0] for g in range(3)]
+
+    def states():
+        out = [try_state(u) for u in urls]
+        return out if all(out) else None
+
+    first = wait_until(lambda: (s := states()) and all(
+        x["step"] >= 10 and x["num_participants"] == 3 for x in s) and s, 120,
+        what="3 groups at step 10 with 3 participants")
+    later = wait_until(lambda: (s := states()) and min(x["step"] for x in s) > max(
+        x["step"] for x in first) and s, 30, what="steps to keep advancing")
+    # A group that joined late healed to the quorum's step, so count commits, not steps.
+    assert all(x["commits"] > y["commits"] for x, y in zip(later, first, strict=True))
+    assert len({x["quorum_id"] for x in later}) == 1
+    assert all(x["replica_id"].startswith(f"replica_group_{g}:") for g, x in enumerate(later))
+
+    def current_collectives():
+        """Every group's dump, once the current quorum has 10+ all_reduces on each."""
+        dumps = [get_json(u + "/v1/fr_trace", 5) for u in urls]
+        quorum = dumps[0]["incarnations"][-1]["quorum_id"]
+        incs = [next((i for i in d["incarnations"] if i["quorum_id"] == quorum), None)
+                for d in dumps]
+        if None in incs:
+            return None
+        seqs = [{e["collective_seq_id"]: e for e in torchft_entries(d, inc)}
+                for d, inc in zip(dumps, incs, strict=True)]
+        common = set.intersection(*(set(x) for x in seqs))
+        return (incs, seqs, common) if len(common) >= 10 else None
+
+    # A group that joined late makes a new quorum (sequence ids restart): wait for 10 steps in it.
+    incs, seqs, common = wait_until(current_collectives, 60, interval=0.5,
+                                    what="10 collectives of the current quorum on every group")
+    assert sorted(i["replica_rank"] for i in incs) == [0, 1, 2]
+    assert all(i["global_ranks"] == [0, 1, 2] for i in incs)
+    for by_seq in seqs:
+        assert all(e["profiling_name"] == "gloo:all_reduce" for e in by_seq.values())
+    assert all(s[k]["input_sizes"] == seqs[0][k]["input_sizes"] for s in seqs for k in common)
+
+    # The healthy dumps, analysed as a user would: nothing to report.
+    assert max(try_state(u)["step"] for u in urls) < SLOW_FROM - 5, "the fault strikes too soon"
+    status, report = analyze_cli(*save_dumps(urls, tmp_path))
+    assert status == 0, report
+    assert report["ranks"] == [0, 1, 2] and report["findings"] == [] and report["errors"] == []
+
+    promtool = require_binary("promtool")
+    text = requests.get(urls[0] + "/metrics", timeout=2).text
+    assert 'lightkeeper_step{group_rank="0",job="lightkeeper",rank="0",replica_group="0"}' in text
+    res = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                         text=True, timeout=30)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
 def test_healthy_run_has_no_findings(env):
     mon = env["monitor"]
     wait_until(lambda: len([g for g in mon.get("/v1/cluster")["groups"]
@@ -167,10 +227,9 @@ def test_healthy_run_has_no_findings(env):
     assert bad["startup"] > 0
     assert bad["stall"] == bad["recovery"] == bad["capacity_lost"] == 0, j
     assert bad["straggler_drag"] == 0, j
-    # On this shared 2-core machine other work slows the job below 90% of its measured pace
-    # now and then; the ledger rightly calls that unexplained (pending, then unattributed),
-    # never a fault's. Measured: 1.3 of 33 replica-s after startup at load average 6,
-    # 7.7 of 36 at load average 9. A quiet machine shows ~0.
+    # Other work on a shared machine slows the job below 90% of its measured pace now and
+    # then; the ledger rightly calls that unexplained (pending, then unattributed), never a
+    # fault's. A quiet machine shows ~0.
     after_startup = j["expected_seconds"] - bad["startup"]
     assert after_startup > 0
     noise = bad["unattributed"] + j["pending_seconds"]
@@ -195,11 +254,12 @@ def test_straggler_detected_and_evicted(env):
                what="the eviction confirmed")
     assert not env["cluster"].groups[2].alive() or wait_until(
         lambda: not env["cluster"].groups[2].alive(), 20, what="group 2 exits")
-    # survivors back to their healthy pace
+    # survivors back to their healthy pace, committing in a quorum without group 2
     base = env["baseline_step_s"]
     s0 = step_of(env, 0)
-    wait_until(lambda: step_of(env, 0) >= s0 + 8 and median_recent(env, 0) < 1.5 * base, 60,
-               what=f"survivors' step time back near {base:.3f}s")
+    wait_until(lambda: step_of(env, 0) >= s0 + 8 and median_recent(env, 0) < 1.5 * base
+               and all(s["num_participants"] == 2 for g in (0, 1) for s in group_states(env, g)),
+               60, what=f"survivors' step time back near {base:.3f}s, 2 in the quorum")
 
 
 def test_straggler_and_eviction_are_tied_to_their_finding_and_decision(env):
@@ -248,6 +308,9 @@ def test_monitor_restart_keeps_audit_and_judges_new_incarnation_afresh(env):
     before = evictions(env["monitor"])
     env["monitor"].stop()
     restart_group(env, 2)
+    # the restarted group continues at the quorum's step: it healed from a peer
+    [new] = group_states(env, 2)
+    assert new["heals"] >= 1 and new["commits"] < new["step"], new
     env["monitor"] = mon = MonitorProc(env)
     after = evictions(mon)
     assert after == before  # audit log intact across the restart
@@ -256,9 +319,10 @@ def test_monitor_restart_keeps_audit_and_judges_new_incarnation_afresh(env):
     wait_until(lambda: any(g["replica_group"] == 2 and g["replica_id"] == new_rid
                            and g["status"] == "up" for g in mon.get("/v1/cluster")["groups"]),
                30, what="the monitor to see the new group 2")
-    # running healthy on: the new incarnation is not evicted on the old straggler evidence
+    # running healthy on (12 steps: the straggler rule confirms within 10 of an onset): the new
+    # incarnation is not evicted on the old straggler evidence
     healthy_from = step_of(env, 0)
-    wait_until(lambda: step_of(env, 0) >= healthy_from + 20, 120, what="20 healthy steps")
+    wait_until(lambda: step_of(env, 0) >= healthy_from + 12, 120, what="12 healthy steps")
     assert len(evictions(mon, "evict")) == 1
     assert not [f for f in mon.get("/v1/findings?open=1") if f["kind"] != "dead"]
     env["hang_at"] = post_fault(env, 2, "hang")

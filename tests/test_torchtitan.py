@@ -107,6 +107,7 @@ def _hook(proc: subprocess.Popen, log: Path, timeout: float) -> tuple[int, int, 
     return wait_until(found, timeout, what="the hook's WorkerServer line")
 
 
+@pytest.mark.e2e
 def test_hook_attaches_through_torchtitans_torchftmanager(tmp_path):
     if not _has_torchtitan():
         msg = ("torchtitan is not importable in this Python: bin/bootstrap installs torchtitan "

@@ -206,10 +206,8 @@ class VirtualRanks:
         jitter = ((rank * 7 + step * 13) % 10) * 0.001
         fine = (((rank % 10) * 7 + step * 13) % 997 + 1) * 1.2345678901234567e-7  # last digits
         # as a WorkerServer's step timer has them: the step's seconds are its whole period
-        # (step_s), compute the rest after the waits (worker_server/timing.py). Was 0.6 x
-        # step_s of compute: a median step time ~0.64 x the real period, which put the
-        # schedule's stuck-leader time (2 x median) under 1.3 s and drilled the groups whose
-        # answers in two sweeps ~1.3 s apart fell inside one step (docs/scaling.md, round 16)
+        # (step_s), compute the rest after the waits (worker_server/timing.py); a shorter step
+        # time than the real period would make the schedule drill groups that are not stuck
         cross, group = 0.02 + jitter + fine, 0.01 + jitter / 2 + fine
         compute = self.step_s - cross - group + fine
         for h, (first, secs) in self.slow.items():
