@@ -1,9 +1,8 @@
 """The goodput ledger's resumable state: what the store keeps between monitor runs.
 
-Version 3 (written): per-group state and totals as columns, one list per field, and the
-unsettled badput as runs. Versions 1 (a dict per group, per totals row and per unsettled slice)
-and 2 (columns, a dict per slice) still resume: :func:`snapshot_rows` reads 2 and 3 as 1, which
-:func:`restore` reads. Another version starts a fresh ledger.
+Version 3 is written (per-group columns, unsettled badput as runs); versions 1 (a dict per group,
+row and slice) and 2 (a dict per slice) still resume, read through :func:`snapshot_rows`. Another
+version starts a fresh ledger.
 """
 
 from __future__ import annotations
@@ -34,8 +33,8 @@ class GoodputSnapshot:
     """The persistence half of :class:`monitor.goodput.ledger.GoodputLedger` (mixed into it)."""
 
     def snapshot(self) -> dict[str, Any]:
-        """The state a restarted monitor resumes from, version 3 (incidents and settled
-        intervals are stored apart: :meth:`unsaved`)."""
+        """The state a restarted monitor resumes from (incidents and settled intervals are
+        stored apart: :meth:`unsaved`)."""
         job, S = self.job, self.slots
         return {
             "version": SNAPSHOT_VERSION, "since": self.since, "last_at": self.last_at,
@@ -50,7 +49,6 @@ class GoodputSnapshot:
             "gap_s": self.gap_s, "gaps": self.gaps, "skipped_sweeps": self.skipped_sweeps,
             "goodput_debt": self.goodput_debt,
             "unsettled": [{k: v for k, v in vars(r).items() if k != "slots"} for r in self.runs],
-            # one open interval a group: columns by field
             "open_intervals": {"key": list(self.open_intervals), **{
                 f: list(map(attrgetter(f), self.open_intervals.values()))
                 for f in INTERVAL_FIELDS}},
@@ -59,8 +57,8 @@ class GoodputSnapshot:
         }
 
     def _groups_snapshot(self) -> dict[str, Any]:
-        """Every group's slot as columns (``commits`` -1 and ``gpus`` 0: none); ``history_cum``
-        is its count at the one history sample ``history_t`` (None: its history starts after)."""
+        """``history_cum``: each group's count at the history sample ``history_t`` (None: its
+        history starts after)."""
         S, hist = self.slots, self.hist
         n = len(S)
         last_in = S.last_in_quorum_at[1:]
@@ -79,8 +77,7 @@ class GoodputSnapshot:
         return self.incidents.unsaved(), [dict(vars(iv)) for iv in self._closed_intervals]
 
     def saved(self) -> None:
-        """What :meth:`unsaved` returned is stored: forget it (and closed incidents beyond
-        ``keep_incidents``)."""
+        """What :meth:`unsaved` returned is stored: forget it."""
         self.incidents.dirty.clear()
         self._closed_intervals = []
         self.incidents.forget_old({r.incident for r in self.runs})
@@ -89,7 +86,7 @@ class GoodputSnapshot:
     def restore(cls, cfg: GoodputConfig | None, state: dict[str, Any] | None,
                 incidents: list[dict[str, Any]], intervals: list[dict[str, Any]]) -> Any:
         """A ledger resuming from what :meth:`snapshot` and :meth:`unsaved` stored; a fresh one
-        for a snapshot of an unknown version (the old rows stay stored)."""
+        for a snapshot of an unknown version."""
         led = cls(cfg)
         runs = state.get("unsettled") if state and state.get("version") == 3 else None
         state = snapshot_rows(state)
@@ -99,8 +96,7 @@ class GoodputSnapshot:
         groups = state.get("groups") or {}
         S, hist, job = led.slots, led.hist, led.job
         S.add([int(g) for g in groups], 0)
-        # the groups' newest history sample is one sample of the shared axis (a group stored
-        # without it starts its history at the next sweep)
+        # a group stored without the newest history sample starts its history at the next sweep
         newest = {tuple(d["history"][-1]) for d in groups.values() if d.get("history")}
         t = max(x[0] for x in newest) if newest else None
         if t is not None:
@@ -131,7 +127,7 @@ class GoodputSnapshot:
                 slot = 0 if key == UNSEEN else S.index[int(key)]
                 S.row(slot, key, kind)
                 for cause, v in row.items():
-                    if cause in CAUSE_COLUMN:  # goodput and expected below
+                    if cause in CAUSE_COLUMN:
                         c = CAUSE_COLUMN[cause]
                         S.bad[kind, c, slot], S.has[kind, c, slot] = v, True
                 S.good[kind, slot] = row.get("goodput", 0.0)
@@ -146,7 +142,7 @@ class GoodputSnapshot:
                     for d in state.get("unsettled") or []]
         for d in runs:
             new = [g for g in d["groups"] if g is not None and g not in S.index]
-            if new:  # (a group's totals row came without it)
+            if new:
                 S.add(list(dict.fromkeys(new)), hist.next)
             slots = np.fromiter((S.index[g] if g is not None else 0 for g in d["groups"]),
                                 np.int64, len(d["groups"]))
@@ -164,7 +160,7 @@ class GoodputSnapshot:
 
 
 def snapshot_rows(state: dict[str, Any]) -> dict[str, Any]:
-    """A version-2 or -3 snapshot as version 1 had it; any other state as it is."""
+    """A version 2 or 3 snapshot as version 1 had it; any other state as it is."""
     if not state or state.get("version") not in (2, 3):
         return state
     if state["version"] == 3:
@@ -204,6 +200,5 @@ def _totals_rows(cols: dict[str, Any] | None) -> dict[str, dict[str, float]]:
 
 
 def _count(v: Any, missing: int) -> int:
-    """A stored count as the int64 columns hold it (``missing``: none, or not one they can
-    hold: an older ledger stored whatever a rank claimed)."""
+    """A stored count as the int64 columns hold it (an older ledger stored any claim)."""
     return v if type(v) is int and 0 <= v < HUGE else missing
