@@ -12,7 +12,7 @@ CAUSES = ("straggler_drag", "stall", "recovery", "capacity_lost", "startup", "un
 CAUSE_COLUMN = {c: i for i, c in enumerate(CAUSES)}
 PENDING = "pending"  # slow time nothing explains yet (settles within the horizon)
 UNSEEN = "unseen"  # the totals key of an expected group never seen
-SNAPSHOT_VERSION = 3  # versions 1 and 2 still resume (snapshot.py)
+SNAPSHOT_VERSION = 3
 JOB_RESTART_STEPS = 100  # the job's newest step falling this far: it started over
 HUGE = 1 << 53  # a count from this on is not one (a float holds any below it exactly)
 
@@ -73,10 +73,6 @@ class Run:
         at = idx.tolist()
         return replace(self, slots=self.slots[idx], groups=[self.groups[i] for i in at],
                        seconds=[self.seconds[i] for i in at], gpus=[self.gpus[i] for i in at])
-
-
-# a stored unsettled slice's fields (snapshot version 1) -> a run's lists
-RUN_LISTS = {"replica_group": "groups", "seconds": "seconds", "gpus": "gpus"}
 
 
 @dataclass
