@@ -16,7 +16,7 @@ from dataclasses import asdict
 import pytest
 
 from monitor.evidence.view import ClusterView, RankView, ViewBuilder
-from monitor.goodput import CAUSES, GoodputConfig, GoodputError, GoodputLedger, snapshot_rows
+from monitor.goodput import CAUSES, GoodputConfig, GoodputError, GoodputLedger
 from monitor.poll.discovery import Target
 from monitor.poll.poller import RankPoll
 from monitor.store import Store
@@ -109,10 +109,10 @@ def check_invariant(ledger: GoodputLedger) -> None:
 def check_counted(job: ModelJob, ledger: GoodputLedger) -> None:
     """What the metrics counted, by cause == the settled badput plus the unsettled slices
     already counted (a slice whose cause changed after it was counted would break this)."""
-    state = snapshot_rows(ledger.snapshot())
+    state = ledger.snapshot()
     for c in CAUSES:
-        settled = sum(row.get(c, 0.0) for row in state["totals"].values())
-        held = sum(x["seconds"] for x in state["unsettled"] if x["counted"] and x["cause"] == c)
+        settled = sum(v for v in state["totals"].get(c, []) if v is not None)
+        held = sum(sum(r["seconds"]) for r in state["unsettled"] if r["counted"] and r["cause"] == c)
         assert job.counted[c] == pytest.approx(settled + held, abs=1e-6), c
 
 
@@ -394,9 +394,10 @@ def test_restarted_monitor_resumes_totals_and_incidents_from_the_store(tmp_path)
     job.run(led, 4, pace=0.0)
     job.evict(2, at=job.t, did=9, fid=5)
     job.run(led, 5, pace=1.0)
-    snap = led.snapshot()  # the intervals as dataclasses.asdict has them
-    assert snapshot_rows(snap)["open_intervals"] == {k: asdict(v)
-                                                     for k, v in led.open_intervals.items()}
+    snap = led.snapshot()  # the open intervals as columns of dataclasses.asdict's fields
+    cols = snap["open_intervals"]
+    rows = [dict(zip(cols, row, strict=True)) for row in zip(*cols.values(), strict=True)]
+    assert {r.pop("key"): r for r in rows} == {k: asdict(v) for k, v in led.open_intervals.items()}
     assert snap["open_intervals"]
     save(store, led)
     before = led.to_json()

@@ -1,17 +1,15 @@
-"""Flask app factory for the monitor's HTTP API: thin routes over the monitor's loop.
+"""The monitor's HTTP API: thin routes over what the loop last published (docs/monitor.md).
 
-Read-only routes answer from what the loop last published. ``POST /v1/targets`` needs the
-registration or admin token when the monitor has one (401 without), else a target inside
-``--allow-targets`` (403; 429 past ``--max-targets``). ``POST /v1/evict`` and
-``POST /v1/hosts/{host}/release`` need the admin token alone (403 without one configured, 401
-for any other, the registration token included). A malformed request answers 400, a body over
-64 KiB 413, a route that fails inside 500: the monitor keeps serving and sweeping. The app
-knows the monitor only through :class:`MonitorAPI` and never imports :mod:`monitor.service`.
+``POST /v1/targets`` needs the registration or admin token when one is set (401), else a target
+inside ``--allow-targets`` (403; 429 past ``--max-targets``). ``POST /v1/evict`` and
+``POST /v1/hosts/{host}/release`` need the admin token (403 without one configured, 401 for any
+other). A malformed request answers 400, a body over 64 KiB 413, a failing route 500.
 """
 
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any, Protocol
 
 from flask import Flask, Response, jsonify, render_template, request
@@ -26,11 +24,11 @@ from monitor.store import Store
 
 from .metrics import MonitorMetrics
 
-MAX_BODY = 64 * 1024  # a registration or an eviction request is a few hundred bytes
+MAX_BODY = 64 * 1024  # a request is a few hundred bytes
 
 
 class MonitorAPI(Protocol):
-    """What the routes use of the monitor (:class:`monitor.service.Monitor` provides it)."""
+    """What the routes use of the monitor (:class:`monitor.service.Monitor`)."""
 
     cfg: MonitorConfig
     metrics: MonitorMetrics
@@ -39,17 +37,11 @@ class MonitorAPI(Protocol):
     sweeps: int
 
     def cluster_json(self) -> dict[str, Any]: ...
-
     def ranks_json(self) -> list[dict[str, Any]]: ...
-
     def goodput_json(self, incidents: int = 50, intervals: int = 200) -> dict[str, Any]: ...
-
     def evict_manual(self, replica_group: int, reason: str) -> dict[str, Any]: ...
-
     def register_target(self, body: Any, authorization: str | None) -> Target: ...
-
     def hosts_json(self) -> dict[str, Any]: ...
-
     def release_host(self, host: str, reason: str) -> dict[str, Any]: ...
 
 
@@ -60,7 +52,7 @@ class Forbidden(Exception):
 
 
 def _check_admin(cfg: MonitorConfig) -> None:
-    """Raises Forbidden unless the caller shows the admin token (see the module docstring)."""
+    """Raises Forbidden unless the caller shows the admin token."""
     if not cfg.token:
         raise Forbidden("state changes are disabled: start the monitor with --token or "
                         "LIGHTKEEPER_TOKEN (the admin token)")
@@ -83,7 +75,7 @@ def _limit(name: str = "limit", default: int = 500, least: int = 1) -> int:
 
 
 def create_app(monitor: MonitorAPI) -> Flask:
-    app = Flask(__name__)  # templates/ next to this file
+    app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY  # 413 beyond it
 
     @app.get("/healthz")
@@ -175,25 +167,13 @@ def create_app(monitor: MonitorAPI) -> Flask:
                                fmt_time=lambda t: time.strftime("%H:%M:%S", time.localtime(t))
                                if t else "")
 
-    @app.errorhandler(BadTarget)
-    def bad_request(e):
-        return jsonify(error=str(e), status=400), 400
+    def error_json(e: Exception, status: int):
+        return jsonify(error=str(e), status=status), status
 
-    @app.errorhandler(Forbidden)
-    def forbidden(e):
-        return jsonify(error=str(e), status=e.status), e.status
-
-    @app.errorhandler(Unauthorized)
-    def unauthorized(e):
-        return jsonify(error=str(e), status=401), 401
-
-    @app.errorhandler(NotAllowed)
-    def not_allowed(e):
-        return jsonify(error=str(e), status=403), 403
-
-    @app.errorhandler(TooManyTargets)
-    def too_many(e):
-        return jsonify(error=str(e), status=429), 429
+    for error, status in ((BadTarget, 400), (Unauthorized, 401), (NotAllowed, 403),
+                          (TooManyTargets, 429)):
+        app.register_error_handler(error, partial(error_json, status=status))
+    app.register_error_handler(Forbidden, lambda e: error_json(e, e.status))
 
     @app.errorhandler(HTTPException)
     def http_error(e):

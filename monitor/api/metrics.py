@@ -1,14 +1,8 @@
-"""The monitor's own Prometheus metrics (prefix ``lightkeeper_monitor_``, docs/CONTRACTS.md).
+"""The monitor's own Prometheus metrics (prefix ``lightkeeper_monitor_``, docs/CONTRACTS.md),
+on a registry per monitor, every metric labelled with the ``job``.
 
-One :class:`MonitorMetrics` per monitor, on its own registry (several monitors in one process,
-as in the tests, do not collide). Every metric carries the ``job`` label of the training job
-the monitor watches. The series about replica groups (one per group: relative step time,
-arrival lag, step, quorum membership, goodput ratio) are made when ``/metrics`` is scraped,
-from what the last sweep published (:meth:`MonitorMetrics.set_groups`,
-:meth:`MonitorMetrics.add_goodput`), so a group the monitor no longer knows disappears instead
-of keeping its last value, and a sweep does no per-group metrics work: at 12,500 groups setting
-their gauges was ~40 us per group per sweep, where a scrape comes every 15 s or so
-(docs/scaling.md).
+The per-group series are made at scrape time from what the last sweep published, so a group the
+monitor no longer knows disappears and a sweep does no per-group metrics work (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -32,7 +26,6 @@ from monitor.poll.poller import REASONS as POLL_REASONS
 
 SWEEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
-
 GROUP_SERIES = (  # (name, help) of the per-group gauges, labels job and replica_group
     ("relative_step_time", "Group median step time / median over groups"),
     ("arrival_lag_seconds", "How long the other groups wait for this group at the cross-group "
@@ -42,13 +35,14 @@ GROUP_SERIES = (  # (name, help) of the per-group gauges, labels job and replica
     ("in_quorum", "1 when the group takes part in the newest quorum"),
     ("goodput_ratio", "One replica group slot's goodput / its wall seconds since the ledger "
                       "began"))
-GROUP_PREFIX = "lightkeeper_monitor_replica_group_"
+PREFIX = "lightkeeper_monitor_"
+GROUP_PREFIX = PREFIX + "replica_group_"
 
 
 def group_rows(view: ClusterView, lags: Mapping[int, float | None]
                ) -> dict[int, dict[str, float | None]]:
-    """replica_group -> {relative, lag, step, in_quorum} of a view (verified ranks): a group's
-    median step time (its ranks polled that sweep) over the median of the groups'."""
+    """replica_group -> {relative, lag, step, in_quorum}; relative: a group's median step time
+    over the median of the groups'."""
     in_quorum = {g.replica_group for g in view.in_quorum()}
     meds = {g: gv.median_step_seconds() for g, gv in view.groups.items()}
     valid = [v for v in meds.values() if v]
@@ -59,31 +53,23 @@ def group_rows(view: ClusterView, lags: Mapping[int, float | None]
 
 
 class GroupSeries(Collector):
-    """The per-group gauges, made at scrape time from the last sweep's view and lags and the
-    goodput ledger's last ratios (all replaced, never changed, by the sweep: a scrape on the
-    HTTP thread reads a consistent sweep). Names, help and labels as the gauges they were.
-
-    The view is held by a weak reference: the monitor keeps its last view (``Monitor.evidence``)
-    and the series are of that one; holding it here would only keep the one before alive
-    until the next sweep's :meth:`MonitorMetrics.set_groups` (and free it there)."""
+    """The per-group gauges, made at scrape time from the last sweep's view, lags and goodput
+    ratios (replaced, never changed, by the sweep: a scrape reads one sweep). The view is held
+    weakly so that the one before is freed as soon as the monitor lets it go."""
 
     def __init__(self, job: str) -> None:
         self.job = job
         self.view_ref: Callable[[], ClusterView | None] = lambda: None
         self.lags: Mapping[int, float | None] = {}
         self.goodput: Mapping[int, float] = {}
-        self._rows: tuple[Any, Any, dict] | None = None  # (view_ref, lags, group_rows) made
-
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        for name, doc in GROUP_SERIES:
-            yield GaugeMetricFamily(GROUP_PREFIX + name, doc, labels=["job", "replica_group"])
+        self._rows: tuple[Any, Any, dict] | None = None  # (view_ref, lags, group_rows)
 
     def rows(self) -> dict[int, dict[str, float | None]]:
         ref, lags, made = self.view_ref, self.lags, self._rows
         view = ref()
         if view is None:
             return {}
-        if made is None or made[0] is not ref or made[1] is not lags:  # a new sweep's
+        if made is None or made[0] is not ref or made[1] is not lags:
             made = self._rows = (ref, lags, group_rows(view, lags))
         return made[2]
 
@@ -109,96 +95,85 @@ class MonitorMetrics:
     def __init__(self, job: str) -> None:
         self.job = job
         r = self.registry = CollectorRegistry()
-        p = "lightkeeper_monitor_"
-        self.sweep_duration = Histogram(p + "sweep_duration_seconds",
+
+        def gauge(name: str, doc: str, *labels: str) -> Gauge:
+            return Gauge(PREFIX + name, doc, ["job", *labels], registry=r)
+
+        def counter(name: str, doc: str, *labels: str) -> Counter:
+            return Counter(PREFIX + name, doc, ["job", *labels], registry=r)
+
+        self.sweep_duration = Histogram(PREFIX + "sweep_duration_seconds",
                                         "Wall time of one sweep (poll every rank, detect, decide)",
                                         ["job"], registry=r, buckets=SWEEP_BUCKETS)
-        self.sweeps = Counter(p + "sweeps", "Sweeps done", ["job"], registry=r)
-        self.ranks_known = Gauge(p + "ranks_known", "Ranks the monitor polls", ["job"], registry=r)
-        self.ranks_up = Gauge(p + "ranks_up", "Ranks that answered the last sweep", ["job"],
-                              registry=r)
-        self.ranks_unreachable = Gauge(p + "ranks_unreachable",
-                                       "Ranks that did not answer the last sweep", ["job"],
-                                       registry=r)
-        self.poll_errors = Counter(p + "poll_errors", "Failed polls by reason",
-                                   ["job", "reason"], registry=r)
-        self.findings = Counter(p + "findings", "Confirmed findings",
-                                ["job", "kind", "replica_group"], registry=r)
-        self.open_findings = Gauge(p + "open_findings", "Open confirmed findings",
-                                   ["job", "kind"], registry=r)
-        self.evictions = Counter(p + "evictions", "Kill requests sent to the Lighthouse",
-                                 ["job", "replica_group"], registry=r)
-        self.decisions = Counter(p + "eviction_decisions", "Eviction decisions by outcome",
-                                 ["job", "decision", "reason"], registry=r)
-        self.last_eviction = Gauge(p + "last_eviction_timestamp_seconds",
-                                   "Unix time of the last kill request", ["job"], registry=r)
-        # replica_group_{relative_step_time, arrival_lag_seconds, step, in_quorum,
-        # goodput_ratio}: made at scrape time (GroupSeries)
+        self.sweeps = counter("sweeps", "Sweeps done")
+        self.ranks_known = gauge("ranks_known", "Ranks the monitor polls")
+        self.ranks_up = gauge("ranks_up", "Ranks that answered the last sweep")
+        self.ranks_unreachable = gauge("ranks_unreachable",
+                                       "Ranks that did not answer the last sweep")
+        self.poll_errors = counter("poll_errors", "Failed polls by reason", "reason")
+        self.findings = counter("findings", "Confirmed findings", "kind", "replica_group")
+        self.open_findings = gauge("open_findings", "Open confirmed findings", "kind")
+        self.evictions = counter("evictions", "Kill requests sent to the Lighthouse",
+                                 "replica_group")
+        self.decisions = counter("eviction_decisions", "Eviction decisions by outcome",
+                                 "decision", "reason")
+        self.last_eviction = gauge("last_eviction_timestamp_seconds",
+                                   "Unix time of the last kill request")
         self.groups = GroupSeries(job)
         r.register(self.groups)
-        self.quorum_id = Gauge(p + "quorum_id", "Newest quorum id the ranks report", ["job"],
-                               registry=r)
-        self.quorum_participants = Gauge(p + "quorum_participants",
-                                         "Participants of the newest quorum", ["job"], registry=r)
-        self.dry_run = Gauge(p + "dry_run", "1 when the monitor never evicts", ["job"],
-                             registry=r)
-        self.ranks_verified = Gauge(p + "ranks_verified",
+        self.quorum_id = gauge("quorum_id", "Newest quorum id the ranks report")
+        self.quorum_participants = gauge("quorum_participants",
+                                         "Participants of the newest quorum")
+        self.dry_run = gauge("dry_run", "1 when the monitor never evicts")
+        self.ranks_verified = gauge("ranks_verified",
                                     "Ranks whose claims the Lighthouse and their peers confirm "
-                                    "(their answers are evidence)", ["job"], registry=r)
-        self.ranks_unverified = Gauge(p + "ranks_unverified",
+                                    "(their answers are evidence)")
+        self.ranks_unverified = gauge("ranks_unverified",
                                       "Known ranks not verified, by reason (shown, never "
-                                      "evidence for an eviction)", ["job", "reason"], registry=r)
-        self.lighthouse_up = Gauge(p + "lighthouse_up",
+                                      "evidence for an eviction)", "reason")
+        self.lighthouse_up = gauge("lighthouse_up",
                                    "1 when the Lighthouse's status was read and understood at "
-                                   "the last sweep (else ranks cannot be verified: no eviction)",
-                                   ["job"], registry=r)
-        self.registrations = Counter(p + "registrations",
+                                   "the last sweep (else ranks cannot be verified: no eviction)")
+        self.registrations = counter("registrations",
                                      "POST /v1/targets by outcome (accepted, unauthorized, "
-                                     "not_allowed, bad_request, too_many_targets)",
-                                     ["job", "outcome"], registry=r)
-        self.goodput_ratio = Gauge(p + "goodput_ratio",
+                                     "not_allowed, bad_request, too_many_targets)", "outcome")
+        self.goodput_ratio = gauge("goodput_ratio",
                                    "Goodput / (expected replica groups x wall seconds) since the "
-                                   "goodput ledger began (NaN before it has accounted a sweep)",
-                                   ["job"], registry=r)
-        self.goodput_seconds = Counter(p + "goodput_seconds",
+                                   "goodput ledger began (NaN before it has accounted a sweep)")
+        self.goodput_seconds = counter("goodput_seconds",
                                        "Replica-seconds spent in steps committed at healthy "
-                                       "pace (this monitor process's accounting)", ["job"],
-                                       registry=r)
-        self.badput_seconds = Counter(p + "badput_seconds",
+                                       "pace (this monitor process's accounting)")
+        self.badput_seconds = counter("badput_seconds",
                                       "Replica-seconds lost, by cause (straggler_drag, stall, "
                                       "recovery, capacity_lost, startup, unattributed; slow time "
-                                      "counts once its cause is settled)", ["job", "cause"],
-                                      registry=r)
-        self.expected_groups = Gauge(p + "expected_replica_groups",
+                                      "counts once its cause is settled)", "cause")
+        self.expected_groups = gauge("expected_replica_groups",
                                      "Replica groups the goodput ledger expects "
-                                     "(--expected-groups, else the number ever seen)", ["job"],
-                                     registry=r)
-        self.lighthouse_drop = Gauge(p + "lighthouse_drop_seconds",
+                                     "(--expected-groups, else the number ever seen)")
+        self.lighthouse_drop = gauge("lighthouse_drop_seconds",
                                      "The last evicted group: seconds from the kill until the "
                                      "Lighthouse's newest quorum no longer listed it (to within "
-                                     "one sweep; NaN before the first)", ["job"], registry=r)
-        self.lighthouse_heartbeat_timeout = Gauge(
-            p + "lighthouse_heartbeat_timeout_seconds",
+                                     "one sweep; NaN before the first)")
+        self.lighthouse_heartbeat_timeout = gauge(
+            "lighthouse_heartbeat_timeout_seconds",
             "The Lighthouse's heartbeat timeout: declared (--lighthouse-heartbeat-timeout-ms), "
             "and the bounds its /status shows (observed_above < timeout <= observed_at_most); "
-            "NaN when not known", ["job", "source"], registry=r)
-        self.config_warnings = Gauge(p + "config_warnings",
+            "NaN when not known", "source")
+        self.config_warnings = gauge("config_warnings",
                                      "1 while a setting makes recovery slow (docs/lighthouse.md),"
-                                     " by setting", ["job", "setting"], registry=r)
-        self.hosts = Gauge(p + "hosts", "Hosts in the host ledger by state (ok, suspect, "
+                                     " by setting", "setting")
+        self.hosts = gauge("hosts", "Hosts in the host ledger by state (ok, suspect, "
                            "quarantined, released; only hosts that ever offended are in it)",
-                           ["job", "state"], registry=r)
-        self.host_state = Gauge(p + "host_quarantine_state",
+                           "state")
+        self.host_state = gauge("host_quarantine_state",
                                 "1 per host that is not ok, labelled with its state (suspect, "
                                 "quarantined, released): bounded by the hosts in trouble",
-                                ["job", "host", "node", "state"], registry=r)
-        self.host_offences = Gauge(p + "host_offences",
-                                   "Offences counting towards quarantine, per host not ok",
-                                   ["job", "host"], registry=r)
-        self.host_action_failures = Gauge(p + "host_action_failed",
+                                "host", "node", "state")
+        self.host_offences = gauge("host_offences",
+                                   "Offences counting towards quarantine, per host not ok", "host")
+        self.host_action_failures = gauge("host_action_failed",
                                           "1 while a host's last quarantine/release action "
-                                          "failed or is being retried", ["job", "host", "sink"],
-                                          registry=r)
+                                          "failed or is being retried", "host", "sink")
         for state in ("ok", "suspect", "quarantined", "released"):
             self.hosts.labels(job, state).set(0)
         self.lighthouse_drop.labels(job).set(float("nan"))
@@ -217,15 +192,12 @@ class MonitorMetrics:
             self.open_findings.labels(job, kind).set(0)
 
     def set_groups(self, view: ClusterView, lags: Mapping[int, float | None]) -> None:
-        """The per-group series from now on: of ``view`` (verified ranks) and the straggler
-        lags (replica_group -> seconds), read at the next scrape. Neither may change
-        afterwards (the monitor publishes a new view and lags each sweep), and the caller
-        keeps ``view`` (only a weak reference is held: the series go with it)."""
+        """The per-group series from now on; neither argument may change afterwards, and the
+        caller keeps ``view`` (only a weak reference is held)."""
         self.groups.view_ref, self.groups.lags = weakref.ref(view), lags
 
     def set_hosts(self, counts: dict[str, int], hosts: list[dict]) -> None:
-        """Rewrite the host gauges from the ledger: counts by state, and one series per host
-        that is not ``ok`` (a host back to ok disappears)."""
+        """Counts by state, and a series per host that is not ``ok``."""
         for state, n in counts.items():
             self.hosts.labels(self.job, state).set(n)
         for g in (self.host_state, self.host_offences, self.host_action_failures):
@@ -242,7 +214,6 @@ class MonitorMetrics:
                 self.host_action_failures.labels(self.job, h["host"], a.get("sink", "?")).set(1)
 
     def add_goodput(self, acct: SweepAccount) -> None:
-        """Count one ledger update: seconds to the counters, ratios to the gauges."""
         job = self.job
         if acct.goodput > 0:
             self.goodput_seconds.labels(job).inc(acct.goodput)
@@ -253,19 +224,18 @@ class MonitorMetrics:
             self.goodput_ratio.labels(job).set(acct.job_goodput_ratio)
         if acct.accounted:
             self.expected_groups.labels(job).set(acct.expected_groups)
-        if acct.group_goodput_ratio:  # the series at the next scrape (GroupSeries)
+        if acct.group_goodput_ratio:
             self.groups.goodput = acct.group_goodput_ratio
 
 
 def publish_sweep(m: MonitorMetrics, view: ClusterView, evidence: ClusterView,
                   polls: Mapping[str, Any], detectors: Detectors, lighthouse_up: bool,
                   lh_settings: LighthouseSettingsWatch) -> None:
-    """One sweep's series: rank counts from every known rank; everything about groups from
-    verified ranks (``evidence``)."""
+    """One sweep's series: rank counts of every known rank, the rest of verified ranks."""
     job = m.job
     m.sweeps.labels(job).inc()
     m.sweep_duration.labels(job).observe(view.sweep_seconds)
-    known, up, trust = view.counts  # summed per group
+    known, up, trust = view.counts
     m.ranks_known.labels(job).set(known)
     m.ranks_up.labels(job).set(up)
     m.ranks_unreachable.labels(job).set(known - up)
@@ -296,7 +266,7 @@ def publish_sweep(m: MonitorMetrics, view: ClusterView, evidence: ClusterView,
         counts[f.kind] = counts.get(f.kind, 0) + 1
     for kind in KINDS:
         m.open_findings.labels(job, kind).set(counts.get(kind, 0))
-    m.set_groups(evidence, detectors.last_lags)  # per-group series: at scrape time
+    m.set_groups(evidence, detectors.last_lags)
     if evidence.quorum_id is not None:
         m.quorum_id.labels(job).set(evidence.quorum_id)
     qp = evidence.quorum_participants()

@@ -1,8 +1,5 @@
-"""The JSON the API serves about the cluster, built from what the last sweep published.
-
-``view`` is every rank as seen (unverified ones too, marked), ``evidence`` its verified ranks
-only: the quorum, the groups' membership and replica ids come from the evidence.
-"""
+"""The JSON the API serves about the cluster, from what the last sweep published: ``view`` is
+every rank as seen, ``evidence`` the verified ones (the quorum, membership and replica ids)."""
 
 from __future__ import annotations
 

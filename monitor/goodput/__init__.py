@@ -3,8 +3,7 @@ incident. :class:`GoodputLedger` accounts each sweep; :class:`GoodputWriter` sav
 
 from .ledger import GoodputLedger
 from .model import CAUSES, GoodputConfig, GoodputError, SweepAccount
-from .snapshot import snapshot_rows
 from .writer import GoodputWriter
 
 __all__ = ["CAUSES", "GoodputConfig", "GoodputError", "GoodputLedger", "GoodputWriter",
-           "SweepAccount", "snapshot_rows"]
+           "SweepAccount"]

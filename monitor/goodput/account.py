@@ -1,9 +1,6 @@
-"""The monitor's goodput ledger, accounted every sweep and saved beside the next one.
-
-:class:`GoodputAccount` owns the ledger (resumed from ``--state``), splits each sweep's wall
-time (:meth:`GoodputLedger.update`, verified ranks only), and hands what changed to the
-:class:`GoodputWriter`. A failure here is logged once per new error and shown in
-``/v1/goodput``; it never stops the sweep.
+"""The monitor's goodput ledger, resumed from ``--state``, accounted every sweep and saved by a
+:class:`GoodputWriter`. A failure is logged once per new error and shown in ``/v1/goodput``;
+it never stops the sweep.
 """
 
 from __future__ import annotations
@@ -20,11 +17,11 @@ from .writer import GoodputWriter
 
 log = logging.getLogger(__name__)
 
-SAVE_S = 5.0  # the ledger's state is written at least this often (a crash loses at most this)
+SAVE_S = 5.0  # the state is written at least this often (what a crash loses)
 
 
 class GoodputAccount:
-    """``metrics``: the monitor's MonitorMetrics (``add_goodput``)."""
+    """``metrics``: the monitor's MonitorMetrics."""
 
     def __init__(self, store: Store, expected_groups: int | None, interval_s: float,
                  metrics: Any) -> None:
@@ -34,12 +31,11 @@ class GoodputAccount:
         self.ledger = self._restore(GoodputConfig(expected_groups=expected_groups,
                                                   max_gap_s=max(30.0, 10 * interval_s)))
         self._saved_at = float("-inf")
-        self._save_s = 0.0  # how long the last save took (snapshot and write)
+        self._save_s = 0.0  # the last save's seconds (snapshot and write)
         self._writer = GoodputWriter(store)
 
     def _restore(self, gcfg: GoodputConfig) -> GoodputLedger:
-        """The ledger as the last run left it (a fresh one if what is stored cannot be read:
-        logged, the old rows stay in the file)."""
+        """The ledger as the last run left it (a fresh one, logged, if unreadable)."""
         try:
             return GoodputLedger.restore(gcfg, *self.store.load_goodput())
         except (ValueError, TypeError, KeyError) as e:
@@ -64,20 +60,18 @@ class GoodputAccount:
             self.error = error
 
     def _save(self, now: float, force: bool = False) -> None:
-        """State, changed incidents and closed intervals in one transaction, written beside the
-        next sweep: when an incident changed, else every SAVE_S, and at most once per 20 of a
+        """Save when an incident changed, else every SAVE_S but at most once per 20 of a
         save's own durations (the snapshot grows with the groups)."""
         incidents, intervals = self.ledger.unsaved()
         every = max(SAVE_S, 20 * self._save_s)
         if force or incidents or now - self._saved_at >= every:
             t = time.perf_counter()
             self._writer.submit(self.ledger.snapshot(), incidents, intervals, now)
-            self.ledger.saved()  # the writer keeps it until written (a failure: retried)
+            self.ledger.saved()  # the writer keeps it until written
             self._saved_at = now
             self._save_s = time.perf_counter() - t + self._writer.write_s
 
     def to_json(self, incidents: int = 50, intervals: int = 200) -> dict[str, Any]:
-        """``GET /v1/goodput``."""
         with self._lock:
             out = self.ledger.to_json(incidents=incidents, intervals=intervals)
         out["error"] = self.error or self._writer.error

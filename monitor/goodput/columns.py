@@ -1,6 +1,5 @@
-"""The goodput ledger's per-group state as numpy columns, one vector operation per sweep over
-every group (a Python pass per group does not keep up at 100,000 ranks:
-benchmarks/bench_ledger_scale.py)."""
+"""The goodput ledger's per-group state as numpy columns: one vector operation per sweep over
+every group, where a Python pass per group does not keep up (benchmarks/bench_ledger_scale.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +13,10 @@ from .model import CAUSE_COLUMN, CAUSES, UNSEEN
 
 
 def key_of(g: int | None) -> str:
-    """A group's key in the totals (``UNSEEN``: a slot never seen)."""
     return UNSEEN if g is None else str(g)
 
 
 def with_none(values: np.ndarray, none: np.ndarray) -> list[Any]:
-    """``values`` as a list, None where ``none``."""
     out = values.tolist()
     for i in np.flatnonzero(none).tolist():
         out[i] = None
@@ -27,28 +24,27 @@ def with_none(values: np.ndarray, none: np.ndarray) -> list[Any]:
 
 
 class Slots:
-    """Every group ever seen, by slot: a group keeps the slot it got when first seen; slot 0
-    holds the totals of the slots never seen (``UNSEEN``). The totals have a kind axis
-    (0: replica-seconds, 1: GPU-seconds)."""
+    """Every group ever seen, by slot (kept for good); slot 0 holds the totals of the slots
+    never seen. The totals have a kind axis (0: replica-seconds, 1: GPU-seconds)."""
 
-    FILL = {"commits": -1, "last_in_quorum_at": np.nan}  # (every other column starts at 0)
+    FILL = {"commits": -1, "last_in_quorum_at": np.nan}  # every other column starts at 0
 
     def __init__(self) -> None:
         self.gids: list[int | None] = [None]  # slot -> replica group
         self.index: dict[int, int] = {}  # replica group -> slot
         self.rid: list[str | None] = [None]  # the incarnation its commits are of
-        # commits: last count of rid (-1: none yet); cum: commits over its incarnations;
-        # gpus: its group world size (0: not known); born: the history sample it began at
+        # commits: last count of rid (-1: none); cum: over its incarnations; gpus: world size
+        # (0: not known); born: the history sample it began at
         self.commits = np.full(1, -1, np.int64)
         self.cum, self.gpus, self.born = (np.zeros(1, np.int64) for _ in range(3))
         self.carry = np.zeros(1)  # below pace: credit held beyond the sweep (at most b)
-        self.last_in_quorum_at = np.full(1, np.nan)  # nan: never
-        # settled totals: goodput, expected, badput by cause and whether a row has that cause
+        self.last_in_quorum_at = np.full(1, np.nan)
+        # settled totals, and whether a row has that cause
         self.good, self.exp = np.zeros((2, 1)), np.zeros((2, 1))
         self.bad = np.zeros((2, len(CAUSES), 1))
         self.has = np.zeros((2, len(CAUSES), 1), bool)
-        # the totals rows per kind: key -> slot in the order made (sums over rows follow it,
-        # so the figures stay the same to the bit), and which slots have one
+        # the totals rows per kind, key -> slot in the order made (sums follow it, so the
+        # figures stay the same to the bit)
         self.rows: tuple[dict[str, int], dict[str, int]] = ({}, {})
         self.row_order: tuple[list[int], list[int]] = ([], [])
         self.has_row = np.zeros((2, 1), bool)
@@ -57,7 +53,6 @@ class Slots:
         return len(self.gids)
 
     def add(self, groups: list[int], born: int) -> None:
-        """New groups, in this order, from history sample ``born`` on."""
         for g in groups:
             self.index[g] = len(self.gids)
             self.gids.append(g)
@@ -75,27 +70,23 @@ class Slots:
         return n or None
 
     def default_gpus(self) -> int | None:
-        """The most common known group world size (a slot never seen is given it)."""
+        """The most common known world size (a slot never seen is given it)."""
         sizes = self.gpus[self.gpus > 0].tolist()
         return max(set(sizes), key=sizes.count) if sizes else None
 
-    # --- the totals ----------------------------------------------------------------------
     def row(self, slot: int, key: str, kind: int) -> None:
-        """Make the totals row of ``slot`` if it has none."""
         if key not in self.rows[kind]:
             self.rows[kind][key] = slot
             self.row_order[kind].append(slot)
             self.has_row[kind, slot] = True
 
     def rows_for(self, slots: np.ndarray, kind: int) -> None:
-        """Make the totals rows these slots do not have yet, in their order."""
         for slot in slots[~self.has_row[kind, slots]].tolist():
             self.row(slot, key_of(self.gids[slot]), kind)
 
     def add_good(self, slots: np.ndarray, good: np.ndarray, dt: float,
                  unseen_gpus: int | None = None) -> None:
-        """Each slot's goodput and expected seconds of a sweep (``unseen_gpus``: slot 0's
-        world size)."""
+        """``unseen_gpus``: slot 0's world size."""
         self.rows_for(slots, 0)
         self.good[0, slots] += good
         self.exp[0, slots] += dt
@@ -108,7 +99,6 @@ class Slots:
 
     def add_bad(self, slots: np.ndarray, cause: str, seconds: list[float],
                 gpus: list[int | None]) -> None:
-        """Settled badput of one cause, per slot."""
         c, sec = CAUSE_COLUMN[cause], np.asarray(seconds)
         self.rows_for(slots, 0)
         self.bad[0, c, slots] += sec
@@ -121,7 +111,7 @@ class Slots:
             self.has[1, c, slots[on]] = True
 
     def totals_rows(self, kind: int = 0) -> dict[str, dict[str, float]]:
-        """Key -> goodput, expected and badput by cause (a copy)."""
+        """Key -> goodput, expected and badput by cause."""
         order, rows = self.row_order[kind], {}
         good, exp = self.good[kind, order].tolist(), self.exp[kind, order].tolist()
         bad, has = self.bad[kind][:, order].T.tolist(), self.has[kind][:, order].T.tolist()
@@ -132,8 +122,7 @@ class Slots:
         return rows
 
     def totals_columns(self, kind: int = 0) -> dict[str, Any]:
-        """:meth:`totals_rows` as columns: a cause's list holds None where a row has none (a
-        cause no row has is left out)."""
+        """:meth:`totals_rows` as columns (None where a row lacks the cause)."""
         order = self.row_order[kind]
         out: dict[str, Any] = {"key": list(self.rows[kind]),
                                "goodput": self.good[kind, order].tolist(),
@@ -146,20 +135,19 @@ class Slots:
 
     def job_ratio(self) -> float | None:
         order = self.row_order[0]
-        expected = sum(self.exp[0, order].tolist(), 0.0)  # the rows' order, one by one
+        expected = sum(self.exp[0, order].tolist(), 0.0)  # in the rows' order
         good = sum(self.good[0, order].tolist(), 0.0)
         return good / expected if expected > 0 else None
 
 
 class History:
-    """Every group's cumulative commits at each sweep over the pace window, on one time axis
-    (a group's history is the samples from its ``born`` on); one sample at or before the
-    window's start is kept."""
+    """Every slot's cumulative commits at each sweep over the pace window (from its ``born``
+    sample on); one sample at or before the window's start is kept."""
 
     def __init__(self) -> None:
         self.t: deque[float] = deque()
-        self.cum: deque[np.ndarray] = deque()  # the column of every slot's cum, per sample
-        self.first = 0  # the number of the oldest sample kept (numbers count every sample)
+        self.cum: deque[np.ndarray] = deque()
+        self.first = 0  # the number of the oldest sample kept
 
     @property
     def next(self) -> int:
@@ -175,13 +163,13 @@ class History:
             self.first += 1
 
     def pace(self, slots: np.ndarray, born: np.ndarray, window: float, b: float) -> np.ndarray:
-        """:func:`monitor.goodput.pace.pace_of` each slot's history (nan: None), at once."""
+        """:func:`monitor.goodput.pace.pace_of` of each slot's history (nan: None)."""
         out = np.full(len(slots), np.nan)
         if not self.t or not len(slots):
             return out
         ts = np.fromiter(self.t, float, len(self.t))
         t_end = ts[-1]
-        first = np.maximum(born[slots], self.first) - self.first  # its oldest sample kept
+        first = np.maximum(born[slots], self.first) - self.first
         last = len(ts) - 1
         # the last sample at or before the window's start, else its first
         at = int(np.searchsorted(ts, t_end - window, side="right")) - 1
@@ -200,9 +188,8 @@ class History:
 
 
 class Judged:
-    """The sweeps each group was judged in over the horizon (the ledger re-judges them when an
-    incident's onset falls before): per sweep (t0, t1) and, per slot, cum before and after and
-    the credit given beyond ``commits x b`` (nan: that group was not judged in it)."""
+    """The sweeps over the horizon, kept for re-judging: per sweep (t0, t1) and per slot cum
+    before and after and the credit beyond ``commits x b`` (nan: not judged in it)."""
 
     def __init__(self) -> None:
         self.t0: deque[float] = deque()
@@ -229,7 +216,7 @@ class Judged:
         self.credit.append(col)
 
     def dense(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(before, after, credit) as sweeps x slots (credit nan where not judged)."""
+        """(before, after, credit) as sweeps x slots."""
         k = len(self.t1)
         before, after = np.zeros((k, n), np.int64), np.zeros((k, n), np.int64)
         credit = np.full((k, n), np.nan)

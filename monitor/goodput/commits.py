@@ -18,19 +18,18 @@ _READ = attrgetter("replica_id", "reachable", "step")  # what is read of a Group
 
 
 class CommitReader:
-    """Reads a group's commit count (the most any reachable rank of its replica id reports) and
-    world size (the one most report). The ranks are one flat list and a RankView object read
-    last sweep keeps its counts, so a leader-polled sweep reads only the ranks that answered
-    anew (a hot loop: benchmarks/bench_ledger_scale.py). Odd counts are ignored."""
+    """A group's commit count is the most any reachable rank of its replica id reports, its
+    world size the one most report; odd counts are ignored. A hot loop
+    (benchmarks/bench_ledger_scale.py): only the ranks whose state is new are read."""
 
     def __init__(self) -> None:
-        self._last: tuple | None = None  # what the last read saw, to read only what is new
+        self._last: tuple | None = None  # what the last read saw
         self.quorum_steps: list[int] = []  # the last read's in-quorum groups' steps
 
     def read(self, view: ClusterView, in_quorum: set[int], S: Slots, born: int, now: float,
              first: bool) -> np.ndarray:
-        """Update ``S`` (new groups born at history sample ``born``; ``first``: the ledger's
-        first sweep) and return the commits each slot made since the last sweep."""
+        """Update ``S`` (new groups born at history sample ``born``) and return the commits
+        each slot made since the last sweep."""
         groups = view.groups
         keys = list(groups)
         rd = self._last
@@ -60,9 +59,7 @@ class CommitReader:
             states = [None] * len(flat)
             todo = range(len(flat))
         read, counts, of_size = [], [], []
-        # a rank's commits and world size if of the group's incarnation (-1: not, or not a
-        # count); a new RankView with the state read last sweep keeps its counts
-        for i in todo:
+        for i in todo:  # -1: not of the group's incarnation, or not a count
             st = flat[i].state
             if st is states[i]:
                 continue

@@ -15,8 +15,7 @@ from .pace import JobPace
 
 
 class Incidents(dict[int, Incident]):
-    """Incidents by id. ``on_open`` is called with each new one as it opens (the ledger ties
-    unsettled badput since its onset to it)."""
+    """Incidents by id; ``on_open`` is called with each new one."""
 
     def __init__(self, cfg: GoodputConfig, slots: Slots,
                  on_open: Callable[[Incident], None]) -> None:
@@ -24,14 +23,13 @@ class Incidents(dict[int, Incident]):
         self.cfg, self.slots, self.on_open = cfg, slots, on_open
         self.next_id = 1
         self.seen_evictions: set[int] = set()
-        self.open_findings = 0  # open confirmed findings in the last sweep
+        self.open_findings = 0  # in the last sweep
         self.dirty: set[int] = set()  # changed since the last save
 
     def ingest_findings(self, view: ClusterView, findings: list[dict[str, Any]], now: float,
                         since: float | None) -> None:
-        """Open an incident per new faulty incarnation; a later finding about the same replica
-        id (the ``dead`` that follows a kill, a fault confirmed again after a restart) joins
-        the open one. An incident whose findings all cleared is resolved."""
+        """Open an incident per new faulty incarnation (a later finding about the same replica
+        id joins it); one whose findings all cleared is resolved."""
         open_ids = set()
         self.open_findings = sum(1 for f in findings if as_int(f.get("id")) is not None)
         for f in findings:
@@ -59,8 +57,8 @@ class Incidents(dict[int, Incident]):
 
     def ingest_evictions(self, evictions: list[dict[str, Any]], now: float,
                          since: float | None) -> None:
-        """Mark each new eviction's incident evicted (opening one for a manual eviction or a
-        finding not seen); a failed eviction, or one from before this ledger, is ignored."""
+        """Mark each new eviction's incident evicted (opening one if needed); a failed one, or
+        one from before this ledger, is ignored."""
         for d in sorted(evictions, key=lambda d: as_float(d.get("at")) or 0.0):
             did = as_int(d.get("id"))
             if did is None or did in self.seen_evictions or d.get("decision") != "evict" \
@@ -86,7 +84,7 @@ class Incidents(dict[int, Incident]):
                     inc.onset_source = "eviction"
             if inc.evicted_at is None:
                 inc.evicted_at, inc.eviction_id = at, did
-                inc.back_to_pace_at = None  # looked for after the eviction
+                inc.back_to_pace_at = None
                 self.dirty.add(inc.id)
 
     def _open(self, f: dict[str, Any], fid: int | None, view: ClusterView | None, now: float,
@@ -115,8 +113,8 @@ class Incidents(dict[int, Incident]):
         return inc
 
     def follow(self, in_quorum: set[int], now: float, job: JobPace) -> None:
-        """Rejoined, back at pace (or settled at a new pace), closed: once acted on (evicted
-        or cleared), the job back at pace and the group back in the quorum."""
+        """Rejoined, back at pace (or settled), closed: acted on, back at pace and the group
+        back in the quorum."""
         hist, b = list(job.history), job.baseline
         settled = job.track_steady(now, [i for i in self.open() if i.waiting],
                                    self.open_findings)
@@ -143,7 +141,6 @@ class Incidents(dict[int, Incident]):
             if changed:
                 self.dirty.add(inc.id)
 
-    # --- which incident explains what ----------------------------------------------------
     def open(self) -> list[Incident]:
         return [i for i in self.values() if i.open]
 
@@ -153,23 +150,21 @@ class Incidents(dict[int, Incident]):
                  and i.evicted_at < t and i.back_to_pace_at is None]
         return max(cands, key=lambda i: i.evicted_at) if cands else None
 
-    def explaining(self, straggler: bool | None = None) -> Incident | None:
-        """The latest open incident (of a straggler, or of anything but one, or either)."""
-        cands = [i for i in self.open()
-                 if straggler is None or (i.kind == "straggler") == straggler]
+    def explaining(self, straggler: bool) -> Incident | None:
+        """The latest open incident of a straggler (or of anything else)."""
+        cands = [i for i in self.open() if (i.kind == "straggler") == straggler]
         return max(cands, key=lambda i: (i.detected_at, i.id)) if cands else None
 
     def of_group(self, g: int | None) -> Incident | None:
         cands = [i for i in self.open() if g is not None and i.replica_group == g]
         return max(cands, key=lambda i: (i.detected_at, i.id)) if cands else None
 
-    # --- the store -----------------------------------------------------------------------
     def unsaved(self) -> list[dict[str, Any]]:
         return [self[i].to_store() for i in sorted(self.dirty) if i in self]
 
     def forget_old(self, in_use: set[int | None]) -> None:
-        """Drop closed incidents beyond ``keep_incidents`` (the store keeps them) that no
-        unsettled badput is tied to."""
+        """Drop closed incidents beyond ``keep_incidents`` that no unsettled badput is tied
+        to (the store keeps them)."""
         closed = sorted((i for i in self.values() if not i.open), key=lambda i: i.id)
         for inc in closed[:max(0, len(closed) - self.cfg.keep_incidents)]:
             if inc.id not in in_use:
@@ -177,9 +172,8 @@ class Incidents(dict[int, Incident]):
 
 
 def strike_time(f: dict[str, Any], view: ClusterView, detected: float) -> float | None:
-    """The latest fault strike a culprit rank reports before the detection. A finding about one
-    incarnation of a group in the view has its culprits among that group's ranks (its old
-    processes too): only those are read."""
+    """The latest fault strike a culprit rank reports before the detection (of the finding's
+    incarnation's ranks only, when it names one)."""
     ev = f.get("evidence") if isinstance(f.get("evidence"), dict) else {}
     ranks = set(as_ints(f.get("ranks")) + as_ints(ev.get("culprit_ranks")))
     strikes = []

@@ -1,11 +1,8 @@
 """The goodput ledger: where the job's replica-seconds went, and what each incident cost.
 
-Fed once per sweep with the evidence view, the open confirmed findings and the eviction
-decisions, it splits the wall time since the previous sweep, times the expected replica groups,
-into goodput and badput by cause, so that at every sweep ``goodput + sum(badput) + pending ==
-expected groups x wall seconds``. docs/goodput.md defines the causes, the baseline, the pace
-window, the horizon and incidents. No HTTP, threads or I/O: :mod:`monitor.service` feeds it and
-saves it. Odd values in a rank's state are ignored, never raised.
+Each sweep's wall time times the expected replica groups splits into goodput and badput by
+cause, so that ``goodput + sum(badput) + pending == expected groups x wall seconds`` always
+(docs/goodput.md). No threads or I/O; odd values in a rank's state are ignored, never raised.
 """
 
 from __future__ import annotations
@@ -29,17 +26,17 @@ from .snapshot import GoodputSnapshot
 
 
 class GoodputLedger(GoodputReport, GoodputSnapshot):
-    """Call :meth:`update` once per sweep. Read it with :meth:`to_json` (report.py); save
-    :meth:`snapshot` and :meth:`unsaved`, resume with :meth:`restore` (snapshot.py)."""
+    """:meth:`update` once per sweep; read with :meth:`to_json` (report.py), save and resume
+    with :meth:`snapshot`, :meth:`unsaved` and :meth:`restore` (snapshot.py)."""
 
     def __init__(self, cfg: GoodputConfig | None = None) -> None:
         self.cfg = cfg or GoodputConfig()
         self.cfg.validate()
         self.since: float | None = None  # first accounted sweep
         self.last_at: float | None = None
-        self.slots = Slots()  # every group ever seen: its state and totals, by slot
-        self.hist = History()  # their commits over the pace window
-        self.judged = Judged()  # their sweeps over the horizon (see _rejudge)
+        self.slots = Slots()
+        self.hist = History()
+        self.judged = Judged()
         self.reader = CommitReader()
         self.job = JobPace(self.cfg)
         self.incidents = Incidents(self.cfg, self.slots, self._explain)
@@ -47,8 +44,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.expected_groups = 0
         self.unobserved_s = self.gap_s = 0.0
         self.gaps = self.skipped_sweeps = 0
-        # goodput a re-judgement took back after the metrics' counter (which never decreases)
-        # counted it: paid back from the next sweeps' goodput
+        # goodput re-judged as badput after the (monotonic) metrics counted it: paid back
+        # from the next sweeps' goodput
         self.goodput_debt = 0.0
         self._revised: list[tuple[str, float]] = []  # re-judged (cause, seconds) not counted
         self.runs: list[Run] = []  # unsettled badput, a group's in time order
@@ -62,9 +59,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
 
     def update(self, view: ClusterView, findings: list[dict[str, Any]],
                evictions: list[dict[str, Any]], now: float) -> SweepAccount:
-        """Fold one sweep: ``view`` (evidence), open confirmed findings (each with its store
-        ``id``), eviction decisions (``decision == "evict"``, with ``id``), the sweep's time.
-        A sweep at or before the previous one is skipped."""
+        """Account one sweep: the evidence view, open confirmed findings and eviction decisions
+        (each with its store ``id``). A sweep at or before the previous one is skipped."""
         acct = SweepAccount()
         if self.last_at is not None and now <= self.last_at:
             self.skipped_sweeps += 1
@@ -84,7 +80,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             self.since = self.last_at = now
             self._revised.clear()
             return acct
-        for cause, seconds in self._revised:  # goodput a confirmation took back (_rejudge)
+        for cause, seconds in self._revised:
             acct.badput[cause] += seconds
             acct.goodput -= seconds
         self._revised.clear()
@@ -92,7 +88,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         running = first is not None and any(r.state.get("phase") != "stopped"
                                             for r in chain((first,), live))
         if not running and not self.incidents.open():
-            self.unobserved_s += dt  # the job is not there (ended, or not reachable): no split
+            self.unobserved_s += dt  # the job ended or cannot be reached: no split
         elif dt > self.cfg.max_gap_s:
             self._account_gap(in_quorum, deltas, dt, now, acct)
         else:
@@ -107,19 +103,15 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self._settle(now, acct)
         S = self.slots
         groups = np.asarray(S.row_order[0], np.int64)
-        groups = groups[(groups > 0) & (S.exp[0, groups] != 0)]  # not the slots never seen
+        groups = groups[(groups > 0) & (S.exp[0, groups] != 0)]
         acct.group_goodput_ratio = dict(zip(map(S.gids.__getitem__, groups.tolist()),
                                             (S.good[0, groups] / S.exp[0, groups]).tolist(),
                                             strict=True))
         acct.job_goodput_ratio = S.job_ratio()
         return acct
 
-    # --- an incident explains badput -------------------------------------------------------
     def _explain(self, inc: Incident) -> None:
-        """Unsettled badput since the new incident's onset becomes its: a straggler's the
-        pending slow time, any other's the pending time without commits (as ``stall``), any
-        incident's a stall nothing explained and its group's capacity lost; then
-        :meth:`_rejudge`."""
+        """A new incident claims the unsettled badput since its onset that it explains."""
         for r in self.runs:
             if r.t1 <= inc.onset_at:
                 continue
@@ -127,7 +119,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
                 r.cause = "straggler_drag"
             elif (r.cause == PENDING and r.idle) or (inc.kind != "straggler"
                                                       and self._provisional(r)):
-                r.cause = "stall"  # the first seconds of the stall this incident caused
+                r.cause = "stall"
             elif r.incident is not None or not (
                     r.cause == "stall" or (r.cause == "capacity_lost"
                                            and r.groups[0] == inc.replica_group)):
@@ -136,10 +128,9 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self._rejudge(inc)
 
     def _rejudge(self, inc: Incident) -> None:
-        """Judge again, from the onset, the sweeps since then that a pace window reaching back
-        before it credited whole (commits before a fault say nothing of the pace after it): a
-        sweep whose commits since the onset (over at least 2 b) are below pace keeps ``commits
-        x b``, the rest from the onset is the incident's drag (a straggler) or stall."""
+        """Judge again the sweeps since the onset that a pace window reaching back before it
+        credited whole: below pace since the onset, a sweep keeps ``commits x b`` and the rest
+        is the incident's drag or stall."""
         b, J, S = self.baseline, self.judged, self.slots
         if b is None or not J.t1:
             return
@@ -150,8 +141,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         t1 = np.fromiter(J.t1, float, len(J.t1))
         judged = ~np.isnan(credit)
         ar = np.arange(n)
-        # each group's cum at the onset: after its last sweep ending by then, else before its
-        # first
+        # each group's cum at the onset
         by_then = judged & (t1 <= t_on + 1e-9)[:, None]
         first = np.argmax(judged, axis=0)
         last_by_then = len(t1) - 1 - np.argmax(by_then[::-1], axis=0)
@@ -168,7 +158,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self._revised.extend(zip(repeat(cause), seconds.tolist()))
         S.rows_for(np.unique(slots_of), 0)
         S.rows_for(np.unique(slots_of[S.gpus[slots_of] > 0]), 1)
-        for k in np.unique(ks).tolist():  # a run per sweep re-judged
+        for k in np.unique(ks).tolist():  # a run per sweep
             m = ks == k
             slots, sec = slots_of[m], seconds[m]
             J.credit[k][slots] = credit[k, slots] - sec
@@ -183,19 +173,16 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.runs.sort(key=attrgetter("t0"))  # a group's runs settle in time order
 
     def _provisional(self, r: Run) -> bool:
-        """Straggler drag booked while no group committed, with no commit since: it may be the
-        first seconds of a stall another fault caused, open to that fault's claim until the
-        job commits again (or the horizon)."""
+        """Idle straggler drag with no commit since: maybe the start of a stall another fault
+        caused, so open to that fault's claim."""
         if r.cause != "straggler_drag" or not r.idle:
             return False
         inc = self.incidents.get(r.incident) if r.incident is not None else None
         return (inc is None or inc.kind == "straggler") and (
             self.last_commit_at is None or self.last_commit_at < r.t1 - 1e-9)
 
-    # --- splitting a sweep -----------------------------------------------------------------
     def _partition(self, in_quorum: set[int]) -> tuple[np.ndarray, np.ndarray, int]:
-        """(slots of the groups in the quorum, of known groups out of it that fill expected
-        slots, the number of slots never seen), each in replica group order."""
+        """(slots in the quorum, known slots out of it filling expected ones, unseen count)."""
         S = self.slots
         gids = np.asarray(S.gids[1:], np.int64)
         known = np.argsort(gids, kind="stable") + 1
@@ -219,7 +206,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         if job_moved or committed:
             self.last_commit_at = now
         window = self.job.window
-        # a stall: no group committed for a whole pace window (shorter gaps are slow steps)
+        # a stall: no group committed for a whole pace window
         stall = not startup and (self.last_commit_at is None
                                  or now - self.last_commit_at >= window)
         recovering = incs.recovering(now)
@@ -237,7 +224,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         gpus = S.gpus[inside].tolist()
         if startup:
             self._add_good(inside, np.zeros(len(inside)), dt, acct)
-            if len(inside):  # settled in this sweep (startup is final)
+            if len(inside):
                 self._book(Run(t0, now, inside, list(map(S.gids.__getitem__, inside.tolist())),
                                [dt] * len(inside), [n or None for n in gpus], "startup"),
                            None, acct)
@@ -245,9 +232,9 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             pace = self.hist.pace(inside, S.born, window, b) if window >= 2 * b \
                 else np.full(len(inside), np.nan)
             d = deltas[inside]
-            held = d * b + S.carry[inside]  # what its commits take at healthy pace
+            held = d * b + S.carry[inside]
             earned = np.minimum(dt, held)
-            at_pace = pace >= self.cfg.pace_threshold  # over the window: the whole interval
+            at_pace = pace >= self.cfg.pace_threshold
             good = np.where(at_pace, dt, earned)
             S.carry[inside] = np.where(at_pace, 0.0, np.minimum(b, held - earned))
             cum = S.cum[inside]
@@ -255,13 +242,13 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             self._add_good(inside, good, dt, acct)
             rest = dt - good
             below = np.flatnonzero(rest > 1e-9)
-            if len(below):  # one cause for all of them: one run
+            if len(below):
                 if recovering is not None:
                     cause, inc = "recovery", recovering
                 elif stall:
                     cause, inc = "stall", other or straggler
-                elif idle and other is not None:  # a fault that stops commits, before a
-                    cause, inc = "stall", other  # straggler (it slows, never stops)
+                elif idle and other is not None:  # a straggler slows, never stops
+                    cause, inc = "stall", other
                 elif straggler is not None:
                     cause, inc = "straggler_drag", straggler
                 else:
@@ -291,7 +278,6 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.job.slow_since = (self.job.slow_since or t0) if slow else None
 
     def _pending_to_stall(self, inc: Incident | None) -> None:
-        """Pending slow time since the last commit was the stall's beginning."""
         for r in self.runs:
             if (r.cause == PENDING or self._provisional(r)) and self.last_commit_at is not None \
                     and r.t0 >= self.last_commit_at - 1e-9:
@@ -300,8 +286,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
 
     def _account_gap(self, in_quorum: set[int], deltas: np.ndarray, dt: float, now: float,
                      acct: SweepAccount) -> None:
-        """A gap longer than ``max_gap_s`` (the monitor was down or stalled): credit the
-        commits made across it, the rest is ``unattributed``."""
+        """Credit the commits made across a gap over ``max_gap_s``; the rest is unattributed."""
         inside, outside, unseen = self._partition(in_quorum)
         acct.accounted, acct.dt, acct.expected_groups = True, dt, self.expected_groups
         self.gaps += 1
@@ -328,22 +313,19 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
                    inc, acct)
 
     def _book(self, r: Run, inc: Incident | None, acct: SweepAccount) -> None:
-        """Unsettled badput, tied to ``inc``: counted now unless its cause may still change
-        (pending, idle straggler drag), which counts once settled under its final cause."""
+        """Counted now unless its cause may still change (then once settled)."""
         _link(r, inc)
         self.runs.append(r)
         if r.cause != PENDING and not (r.cause == "straggler_drag" and r.idle):
             acct.badput[r.cause] = sum(r.seconds, acct.badput[r.cause])
             r.counted = True
 
-    # --- settling --------------------------------------------------------------------------
     def _settle(self, now: float, acct: SweepAccount) -> None:
-        """Badput nothing can change any more becomes final (totals, incident costs,
-        intervals): tied to an incident, of ``startup`` or of a slot never seen at once, the
-        rest after the horizon, pending then as ``unattributed``. A group's in time order."""
+        """Badput nothing can change any more becomes final: tied to an incident, startup or
+        unseen at once, the rest after the horizon (pending as unattributed), in time order."""
         cutoff = now - self.job.horizon
         keep: list[Run] = []
-        blocked = np.zeros(len(self.slots), bool)  # slots with an earlier run still open
+        blocked = np.zeros(len(self.slots), bool)  # an earlier run of the slot is open
         for r in self.runs:
             final = r.t1 <= cutoff or (r.cause != PENDING and not self._provisional(r) and (
                 r.incident is not None or r.cause == "startup" or r.groups[0] is None))
@@ -366,7 +348,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             self._settle_run(r)
         self.runs = keep
         # an interval that neither this sweep nor an open run continues is over
-        continued: dict[float, np.ndarray] = {}  # a kept run's start -> the slots it is of
+        continued: dict[float, np.ndarray] = {}  # a kept run's start -> its slots
         for r in keep:
             at = continued.get(round(r.t0, 6))
             if at is None:
@@ -380,7 +362,6 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
                     self._close_interval(self.open_intervals.pop(key))
 
     def _settle_run(self, r: Run) -> None:
-        """Book ``r`` as settled: the totals, its incident's cost, its groups' intervals."""
         self.slots.add_bad(r.slots, r.cause, r.seconds, r.gpus)
         inc = self.incidents.get(r.incident) if r.incident is not None else None
         if inc is not None:
@@ -407,7 +388,6 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
 
 
 def _link(r: Run, inc: Incident | None) -> None:
-    """Tie ``r`` to ``inc`` (and its eviction, if before the run ends)."""
     if inc is None:
         return
     r.incident = inc.id

@@ -11,17 +11,14 @@ import numpy as np
 CAUSES = ("straggler_drag", "stall", "recovery", "capacity_lost", "startup", "unattributed")
 CAUSE_COLUMN = {c: i for i, c in enumerate(CAUSES)}
 PENDING = "pending"  # slow time nothing explains yet (settles within the horizon)
-UNSEEN = "unseen"  # a slot of an expected group never seen (its key in per-group totals)
-# 3: per-group state and totals as columns, unsettled badput as runs (versions 1 and 2 resume)
+UNSEEN = "unseen"  # the totals key of an expected group never seen
 SNAPSHOT_VERSION = 3
-# the job's newest step falling this far means it started over (not a group lagging a step)
-JOB_RESTART_STEPS = 100
-# a count from this on is not one (the columns are int64; a float holds any below it exactly)
-HUGE = 1 << 53
+JOB_RESTART_STEPS = 100  # the job's newest step falling this far: it started over
+HUGE = 1 << 53  # a count from this on is not one (a float holds any below it exactly)
 
 
 class GoodputError(ValueError):
-    """A ledger setting it cannot run with (raised by GoodputConfig.validate)."""
+    """A ledger setting it cannot run with."""
 
 
 @dataclass
@@ -54,10 +51,9 @@ class GoodputConfig:
 
 @dataclass(eq=False)
 class Run:
-    """Unsettled badput of one sweep interval for groups that share all but their seconds and
-    world sizes: the groups below pace in one sweep are one run, claimed and settled as one
-    (benchmarks/bench_ledger_incident.py). Any other booking is a run of one, so a longer run
-    is never of ``capacity_lost`` nor of a slot never seen."""
+    """Unsettled badput of one sweep for groups sharing all but their seconds and world sizes,
+    claimed and settled as one (benchmarks/bench_ledger_incident.py). Only the groups below
+    pace in one sweep make a run of several."""
 
     t0: float
     t1: float
@@ -69,19 +65,14 @@ class Run:
     incident: int | None = None
     finding_id: int | None = None
     eviction_id: int | None = None
-    idle: bool = False  # no group committed in it (pending: a stall not yet a window long)
-    counted: bool = False  # in a SweepAccount's badput already (else counted when it settles)
+    idle: bool = False  # no group committed in it
+    counted: bool = False  # in a SweepAccount's badput already (else when it settles)
 
     def part(self, mask: np.ndarray) -> Run:
-        """The groups where ``mask`` is set, in order, as a run of their own."""
         idx = np.flatnonzero(mask)
         at = idx.tolist()
         return replace(self, slots=self.slots[idx], groups=[self.groups[i] for i in at],
                        seconds=[self.seconds[i] for i in at], gpus=[self.gpus[i] for i in at])
-
-
-# a stored unsettled slice's fields (snapshot version 1) -> a run's lists
-RUN_LISTS = {"replica_group": "groups", "seconds": "seconds", "gpus": "gpus"}
 
 
 @dataclass
@@ -102,12 +93,11 @@ class Interval:
     @classmethod
     def of(cls, r: Run, g: int | None, x: float, m: int | None, settled: bool = True
            ) -> Interval:
-        """Group ``g``'s ``x`` seconds (world size ``m``) of ``r``."""
         return cls(r.t0, r.t1, g, r.cause, x, x * m if m else None, r.incident, r.finding_id,
                    r.eviction_id, settled)
 
     def extend(self, r: Run, x: float, m: int | None) -> bool:
-        """Append a group's ``x`` seconds of ``r`` if they continue this interval."""
+        """Append a group's ``x`` seconds of ``r``; False if they do not continue this one."""
         if (r.cause, r.incident, r.eviction_id) != (self.cause, self.incident, self.eviction_id) \
                 or abs(self.end - r.t0) > 1e-6:
             return False
@@ -143,8 +133,7 @@ class Incident:
     evicted_at: float | None = None
     resolved_at: float | None = None  # its finding is no longer open
     back_to_pace_at: float | None = None
-    # back "settled" below pace: the job's pace then in units of the old baseline (e.g. 0.8)
-    # and the step time the baseline moved to
+    # back "settled" below pace: the pace in units of the old baseline, the new step time
     settled_pace: float | None = None
     settled_step_s: float | None = None
     rejoined_at: float | None = None
@@ -152,7 +141,7 @@ class Incident:
     gpus_per_group: int | None = None
     cost: dict[str, float] = field(default_factory=dict)  # settled replica-seconds by cause
     gpu_cost: float = 0.0  # settled GPU-seconds
-    gpu_cost_known: bool = True  # every settled slice had a known group world size
+    gpu_cost_known: bool = True  # every settled slice had a known world size
 
     @property
     def open(self) -> bool:
@@ -165,7 +154,7 @@ class Incident:
 
     @property
     def waiting(self) -> bool:
-        """Acted on (evicted, or its findings cleared) and not yet back at pace."""
+        """Acted on (evicted or cleared) and not yet back at pace."""
         return self.open and self.back_to_pace_at is None and (
             self.evicted_at is not None or self.resolved_at is not None)
 
@@ -190,7 +179,7 @@ class SweepAccount:
     job_goodput_ratio: float | None = None
 
 
-# --- a rank's state is read without trusting its types: odd values are None, never raised ---
+# a rank's state is read without trusting its types: odd values are None, never raised
 def as_float(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         return None

@@ -1,5 +1,5 @@
-"""The job's pace: its newest step over the pace window, the healthy baseline step time ``b``
-and the window ``W`` and horizon ``H`` that follow from it (docs/goodput.md, "Definitions")."""
+"""The job's pace, the healthy baseline step time ``b``, and the pace window ``W`` and horizon
+``H`` that follow from it (docs/goodput.md, "Definitions")."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from .model import JOB_RESTART_STEPS, GoodputConfig, Incident
 
 
 def pace_of(history: deque, window: float, b: float | None) -> float | None:
-    """Steps in the trailing window of ``(t, steps)`` x b / the window's length; None without
-    data."""
+    """Steps in the trailing window of ``(t, steps)`` x b / its length; None without data."""
     if b is None or len(history) < 2:
         return None
     t_end, v_end = history[-1]
@@ -28,15 +27,14 @@ def pace_of(history: deque, window: float, b: float | None) -> float | None:
 
 
 def trim(history: deque, now: float, keep: float) -> None:
-    """Keep one sample at or before ``now - keep`` and everything after."""
     while len(history) >= 2 and history[1][0] <= now - keep:
         history.popleft()
 
 
 class JobPace:
     """The baseline is the rolling median of the job's mean step time over the window, one
-    sample per healthy sweep; it takes none while an incident is open or while unexplained
-    slowness waits for an explanation (a fault must not move the norm it is measured by)."""
+    sample per healthy sweep, none while an incident is open or slowness is unexplained (a
+    fault must not move the norm it is measured by)."""
 
     def __init__(self, cfg: GoodputConfig) -> None:
         self.cfg = cfg
@@ -44,11 +42,9 @@ class JobPace:
         self.history: deque = deque()  # (t, job step) over the window
         self.samples: deque = deque(maxlen=cfg.baseline_samples)
         self.baseline: float | None = None
-        self.slow_since: float | None = None  # pace below threshold, unexplained, since
-        self.ratio: float | None = None  # the job's pace over the last window
-        # (time, job step) where the pace became steady while an incident acted on waits to
-        # be back at pace (see track_steady)
-        self.steady: tuple[float, int] | None = None
+        self.slow_since: float | None = None  # below pace, unexplained, since
+        self.ratio: float | None = None
+        self.steady: tuple[float, int] | None = None  # see track_steady
 
     @property
     def window(self) -> float:
@@ -60,19 +56,18 @@ class JobPace:
 
     @property
     def young(self) -> bool:
-        """Fewer samples than a quarter of the window: the baseline still follows a job that
-        warms up or settles, slow or not."""
+        """The baseline still follows a job that warms up, slow or not."""
         return len(self.samples) < self.cfg.baseline_samples // 4
 
     def ingest(self, steps: list[int], now: float) -> bool:
-        """The in-quorum groups' steps of this sweep; True if the job moved on."""
+        """True if the in-quorum groups' steps moved the job on."""
         moved = False
         if steps:
             s = max(steps)
             if self.step is not None and s > self.step:
                 moved = True
             if self.step is not None and s < self.step - JOB_RESTART_STEPS:
-                self.history.clear()  # the job started over (e.g. from a checkpoint)
+                self.history.clear()  # started over (e.g. from a checkpoint)
             if self.step is None or s > self.step or not self.history:
                 self.step = s
         if self.step is not None:
@@ -81,14 +76,13 @@ class JobPace:
         return moved
 
     def sample(self, now: float, incident_open: bool) -> None:
-        """One baseline sample (the mean step time over the trailing window), if healthy."""
         hist = self.history
         if len(hist) < 2:
             return
         span = hist[-1][0] - hist[0][0]
         steps = hist[-1][1] - hist[0][1]
         if steps < 3 or span < 0.9 * self.window:
-            return  # too few steps, or not a whole window yet
+            return
         if self.baseline is not None and incident_open:
             return
         if not self.young and self.slow_since is not None and now - self.slow_since < self.horizon:
@@ -99,11 +93,9 @@ class JobPace:
 
     def track_steady(self, now: float, waiting: list[Incident], open_findings: int
                      ) -> tuple[float, float] | None:
-        """The "settled" rule: while incidents acted on wait to be back at pace, follow the
-        job's pace; steady for the horizon (every trailing window with at least 3 steps and a
-        pace within 10% of the period's mean, no finding open, the period wholly after every
-        waiting incident's action), the job has settled at a new level: the baseline moves
-        there and (start of the period, its step time) is returned, else None."""
+        """The "settled" rule (docs/goodput.md): a pace steady for the horizon after every
+        waiting incident's action, no finding open, is the new baseline; returns (start of
+        the period, its step time), else None."""
         hist = self.history
         if not waiting or open_findings or self.baseline is None or len(hist) < 2:
             self.steady = None
@@ -111,7 +103,7 @@ class JobPace:
         (t0, s0), (t1, s1) = hist[0], hist[-1]
         after = max(i.search_from for i in waiting)
         if s1 - s0 < 3 or t1 - t0 < 0.9 * self.window or t0 < after - 1e-9:
-            self.steady = None  # a commit gap, or a window not yet wholly after the action
+            self.steady = None
             return None
         if self.steady is None:
             self.steady = (t0, s0)
@@ -119,7 +111,7 @@ class JobPace:
         st, ss = self.steady
         mean = (s1 - ss) / (t1 - st) if t1 > st else 0.0
         if mean <= 0 or abs((s1 - s0) / (t1 - t0) / mean - 1) > 0.1:
-            self.steady = (t0, s0)  # the pace changed: a new steady period may begin here
+            self.steady = (t0, s0)  # the pace changed: a new period may begin here
             return None
         if now - st < self.horizon:
             return None
@@ -133,8 +125,8 @@ class JobPace:
 
     def back_at(self, hist: list[tuple[float, int]], after: float, now: float,
                 b: float) -> float | None:
-        """Start of the trailing window (from ``after`` on) over which the job is at pace, but
-        never before it first committed again; None if it is not."""
+        """Start of the trailing window (from ``after`` on) at pace, never before the job
+        first committed again; None if it is not at pace."""
         start = None
         for t, s in hist:
             if t <= now - self.window:

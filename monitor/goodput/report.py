@@ -1,8 +1,9 @@
-"""``GET /v1/goodput``: the ledger as JSON (settled totals plus what is not settled yet)."""
+"""``GET /v1/goodput``: the ledger as JSON, settled totals plus what is not settled yet."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 from operator import itemgetter
 from typing import Any
 
@@ -16,7 +17,7 @@ class GoodputReport:
     """The reading half of :class:`monitor.goodput.ledger.GoodputLedger` (mixed into it)."""
 
     def to_json(self, incidents: int = 50, intervals: int = 200) -> dict[str, Any]:
-        """``GET /v1/goodput``: the job, each group, incidents and intervals (newest first)."""
+        """The job, each group, incidents and intervals (newest first)."""
         rows, gpu = self._live_totals()
         job = self._summary(list(rows.values()))
         job["gpu_seconds"] = self._summary(list(gpu.values())) if gpu else None
@@ -54,7 +55,6 @@ class GoodputReport:
         }
 
     def _live_totals(self) -> tuple[Rows, Rows]:
-        """Settled totals plus the unsettled badput (pending as its own key)."""
         rows, gpu = self.slots.totals_rows(0), self.slots.totals_rows(1)
         for r in self.runs:
             for g, x, m in zip(r.groups, r.seconds, r.gpus, strict=True):
@@ -95,7 +95,7 @@ class GoodputReport:
         return None
 
     def incident_json(self, inc: Incident) -> dict[str, Any]:
-        """An incident with its cost so far (settled and not)."""
+        """An incident with its cost so far, settled and not."""
         cost = dict(inc.cost)
         gpu, gpu_known = inc.gpu_cost, inc.gpu_cost_known
         for r in self.runs:
@@ -112,31 +112,24 @@ class GoodputReport:
         def since_onset(t: float | None) -> float | None:
             return round(t - inc.onset_at, 3) if t is not None else None
 
+        out = asdict(inc)
+        del out["gpu_cost"], out["gpu_cost_known"]
         return {
-            "id": inc.id, "kind": inc.kind, "replica_group": inc.replica_group,
-            "replica_id": inc.replica_id, "ranks": inc.ranks, "finding_ids": inc.finding_ids,
-            "eviction_id": inc.eviction_id, "open": inc.open,
-            "onset_at": inc.onset_at, "onset_source": inc.onset_source,
-            "detected_at": inc.detected_at, "evicted_at": inc.evicted_at,
-            "resolved_at": inc.resolved_at, "back_to_pace_at": inc.back_to_pace_at,
+            **out, "open": inc.open,
             "back_to_pace": None if inc.back_to_pace_at is None
             else "settled" if inc.settled_pace is not None else "reached",
-            "settled_pace": inc.settled_pace, "settled_step_s": inc.settled_step_s,
-            "rejoined_at": inc.rejoined_at, "closed_at": inc.closed_at,
             "detect_s": since_onset(inc.detected_at), "evict_s": since_onset(inc.evicted_at),
             "recovery_s": since_onset(inc.back_to_pace_at),
             "rejoin_s": since_onset(inc.rejoined_at),
-            "gpus_per_group": inc.gpus_per_group,
             "cost": {"replica_seconds": round(total, 3),
                      "by_cause": {k: round(v, 3) for k, v in sorted(cost.items())},
                      "gpu_seconds": round(gpu, 3) if gpu_known and total > 0 else
                      (0.0 if total == 0 else None),
-                     # the group-steps that time holds at the healthy pace
                      "group_steps": round(total / self.baseline, 1) if self.baseline else None},
         }
 
     def intervals_json(self, limit: int = 200) -> list[dict[str, Any]]:
-        """Newest first: the unsettled badput merged on the fly, then the settled intervals."""
+        """Newest first, the unsettled badput merged on the fly."""
         merged: dict[str, Interval] = {}
         out: list[Interval] = []
         parts = sorted(((r.t0, key_of(g), r, g, x, m) for r in self.runs

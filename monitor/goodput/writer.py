@@ -1,11 +1,8 @@
-"""The goodput ledger's saves, written on a thread of their own so that detection never waits
-for SQLite's ``fsync``: the sweep takes the snapshot (each save is one consistent sweep), the
-thread encodes and writes it (benchmarks/bench_goodput_snapshot.py).
+"""The goodput ledger's saves, written on a thread of their own so that a sweep never waits for
+SQLite's ``fsync`` (benchmarks/bench_goodput_snapshot.py).
 
-Saves not yet written are merged (the newest state, each incident's newest row, every interval
-in order). A failed write is kept, merged with later saves and tried again with the next and at
-:meth:`GoodputWriter.close`; :attr:`GoodputWriter.error` says why until a write succeeds. A
-crash loses at most the time since the last save, which a restarted ledger accounts again.
+Saves not yet written are merged. A failed write is kept and tried again with the next save and
+at :meth:`GoodputWriter.close`; :attr:`GoodputWriter.error` says why until a write succeeds.
 """
 
 from __future__ import annotations
@@ -29,14 +26,12 @@ class _Save:
     at: float
 
     def then(self, later: _Save) -> _Save:
-        """This save followed by ``later``: one save of both."""
         return _Save(later.state, {**self.incidents, **later.incidents},
                      self.intervals + later.intervals, later.at)
 
 
 class GoodputWriter:
-    """Writes :meth:`submit`'s saves to ``store`` in order, on a daemon thread started with the
-    first one. Thread-safe."""
+    """Writes saves to ``store`` in order, on a daemon thread started with the first one."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -46,13 +41,12 @@ class GoodputWriter:
         self._held = False  # the pending save failed: tried again on the next submit or flush
         self._closed = False
         self._thread: threading.Thread | None = None
-        self.error: str | None = None  # why the last write failed (None: it did not)
+        self.error: str | None = None  # why the last write failed
         self.write_s = 0.0  # the last successful write's wall seconds
-        self.writes = 0
 
     def submit(self, state: dict[str, Any], incidents: list[dict[str, Any]],
                intervals: list[dict[str, Any]], at: float) -> None:
-        """Queue one save (returns at once; raises RuntimeError once closed)."""
+        """Queue one save; raises RuntimeError once closed."""
         save = _Save(state, {i["id"]: i for i in incidents}, list(intervals), at)
         with self._cv:
             if self._closed:
@@ -66,8 +60,8 @@ class GoodputWriter:
             self._cv.notify_all()
 
     def flush(self, timeout: float = 30.0) -> bool:
-        """Wait until every save submitted is written, trying a failed one again: True if none
-        is left, False if one failed again or ``timeout`` passed."""
+        """Wait until every save is written, trying a failed one again: False if one failed
+        again or ``timeout`` passed."""
         deadline = time.monotonic() + timeout
         with self._cv:
             self._held = False
@@ -80,7 +74,7 @@ class GoodputWriter:
             return self._pending is None and not self._writing
 
     def close(self, timeout: float = 30.0) -> bool:
-        """Flush, then stop the thread. False (and logged) if a save could not be written."""
+        """Flush, then stop the thread: False (and logged) if a save was not written."""
         done = self.flush(timeout)
         with self._cv:
             self._closed = True
@@ -106,19 +100,18 @@ class GoodputWriter:
             try:
                 self.store.save_goodput(save.state, list(save.incidents.values()),
                                         save.intervals, at=save.at)
-            except Exception as e:  # kept and tried again: the ledger must never stop
+            except Exception as e:  # kept and tried again
                 error = f"{type(e).__name__}: {e}"
             with self._cv:
                 self._writing = False
                 if error is None:
                     self.error, self.write_s = None, time.perf_counter() - t
-                    self.writes += 1
                 else:
-                    if error != self.error:  # once per new error, not per save
+                    if error != self.error:
                         log.warning("goodput ledger save failed (kept, tried again with the "
                                     "next): %s", error)
                     self.error = error
-                    # tried again with the next save: at once if one came meanwhile
+                    # tried again at once if a save came meanwhile
                     self._held = self._pending is None
                     self._pending = save if self._pending is None else save.then(self._pending)
                 self._cv.notify_all()
