@@ -1,10 +1,9 @@
 """Actions on a replica group: the Lighthouse's kill (:class:`Lighthouse`), and telling the
 group's other ranks, which that kill does not reach, to exit (:class:`Orphans`).
 
-``POST {lighthouse}/replica/{replica_id}/kill`` makes the Lighthouse tell the group's Manager to
-exit. torchft 0.2.0 answers 500 because the Manager exits before it replies, so any HTTP answer
-counts as *sent*; only a Lighthouse that cannot be reached makes the kill *failed*. Whether it
-worked is judged by the group leaving the quorum (:mod:`monitor.service`), never by the answer.
+torchft 0.2.0 answers the kill with 500 (the Manager exits before replying), so any HTTP answer
+counts as *sent*; whether it worked is judged by the group leaving the quorum (docs/monitor.md,
+Eviction and safety rails).
 """
 
 from __future__ import annotations
@@ -64,10 +63,8 @@ class ExitResult:
 
 
 class RankExits:
-    """Tell one rank to exit: ``POST {rank}/v1/exit`` with the ranks' exit token. The
-    WorkerServer obeys only when its process opted in (``LIGHTKEEPER_EXIT_TOKEN``) and the token
-    matches, and then ends at once (``os._exit``: a hung rank cannot finish anything). Never
-    raises."""
+    """Tell one rank to exit: ``POST {rank}/v1/exit`` with the exit token (obeyed only by a
+    rank started with a matching ``LIGHTKEEPER_EXIT_TOKEN``). Never raises."""
 
     def __init__(self, token: str | None, timeout_s: float = 2.0) -> None:
         self.token = token
@@ -92,16 +89,8 @@ class RankExits:
 
 
 class Orphans:
-    """Finish an eviction the Lighthouse's kill cannot finish on its own.
-
-    torchft 0.2.0's kill reaches only group rank 0 (the Manager server's process). Without a
-    local agent (torchrun) to tear down the others, a rank waiting outside a collective lives
-    on, holding its port and GPU (docs/monitor.md, Eviction).
-
-    :meth:`follow` is called every sweep for each unconfirmed eviction with the ranks still
-    reporting the evicted replica id. After ``grace_s`` it tells each to exit (again every
-    RETELL_S while it answers) when the monitor has the exit token, else names them for the
-    operator. It returns a sentence for the eviction's detail when that sentence changes."""
+    """Finish an eviction: torchft 0.2.0's kill reaches only group rank 0, and without a local
+    agent the group's other ranks live on (docs/monitor.md, Eviction and safety rails)."""
 
     RETELL_S = 5.0
 
@@ -113,6 +102,8 @@ class Orphans:
 
     def follow(self, decision_id: int, replica_id: str, ranks: list[Any],
                since_kill_s: float) -> str | None:
+        """``grace_s`` after the kill, tell each of ``ranks`` to exit (again every RETELL_S) or,
+        without the token, name them; returns the eviction's new detail note, if it changed."""
         if not ranks or since_kill_s < self.grace_s:
             return None
         names = ", ".join(_rank_name(r) for r in ranks)
