@@ -19,7 +19,9 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class KillResult:
+class Outcome:
+    """How a kill or exit request went; ``sent``: the target was asked."""
+
     sent: bool
     http_status: int | None
     detail: str
@@ -31,35 +33,28 @@ class Lighthouse:
         self.timeout_s = timeout_s
         self._session = requests.Session()
 
-    def kill(self, replica_id: str) -> KillResult:
+    def kill(self, replica_id: str) -> Outcome:
         """Send the kill request; never raises (the outcome is in the result)."""
         if not self.url:
-            return KillResult(False, None, "no --lighthouse configured")
+            return Outcome(False, None, "no --lighthouse configured")
         url = f"{self.url}/replica/{quote(replica_id, safe=':')}/kill"
         try:
             r = self._session.post(url, timeout=self.timeout_s)
         except requests.ConnectionError as e:  # ConnectTimeout included: nothing was asked
-            return KillResult(False, None, f"Lighthouse unreachable: {e}")
+            return Outcome(False, None, f"Lighthouse unreachable: {e}")
         except requests.Timeout:
             # connected and asked; the answer did not come: the Manager may be gone already
-            return KillResult(True, None, f"no answer within {self.timeout_s:g}s (request sent)")
+            return Outcome(True, None, f"no answer within {self.timeout_s:g}s (request sent)")
         except requests.RequestException as e:
-            return KillResult(False, None, f"{type(e).__name__}: {e}")
+            return Outcome(False, None, f"{type(e).__name__}: {e}")
         if r.status_code == 200:
-            return KillResult(True, 200, "killed")
+            return Outcome(True, 200, "killed")
         body = r.text[:300].replace("\n", " ")
-        return KillResult(True, r.status_code, f"HTTP {r.status_code} (expected with torchft "
+        return Outcome(True, r.status_code, f"HTTP {r.status_code} (expected with torchft "
                                                f"0.2.0: Manager exits before replying): {body}")
 
     def close(self) -> None:
         self._session.close()
-
-
-@dataclass
-class ExitResult:
-    told: bool
-    http_status: int | None
-    detail: str
 
 
 class RankExits:
@@ -71,18 +66,18 @@ class RankExits:
         self.timeout_s = timeout_s
         self._session = requests.Session()
 
-    def exit(self, url: str, reason: str) -> ExitResult:
+    def exit(self, url: str, reason: str) -> Outcome:
         if not self.token:
-            return ExitResult(False, None, "no --rank-exit-token")
+            return Outcome(False, None, "no --rank-exit-token")
         try:
             r = self._session.post(f"{url.rstrip('/')}/v1/exit", json={"reason": reason},
                                    headers={"Authorization": f"Bearer {self.token}"},
                                    timeout=self.timeout_s)
         except requests.RequestException as e:
-            return ExitResult(False, None, f"unreachable: {type(e).__name__}")
+            return Outcome(False, None, f"unreachable: {type(e).__name__}")
         if r.status_code in (200, 202):
-            return ExitResult(True, r.status_code, "exiting")
-        return ExitResult(False, r.status_code, f"HTTP {r.status_code}: {r.text[:120]}")
+            return Outcome(True, r.status_code, "exiting")
+        return Outcome(False, r.status_code, f"HTTP {r.status_code}: {r.text[:120]}")
 
     def close(self) -> None:
         self._session.close()

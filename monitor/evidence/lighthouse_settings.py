@@ -81,18 +81,17 @@ def assess(ev: Evidence) -> list[SettingWarning]:
                    f"exits (the Lighthouse's kill reaches only group rank 0: "
                    f"--rank-exit-token) and the Manager's timeout (TORCHFT_TIMEOUT_SEC)")
         out.append(SettingWarning("eviction_drop", f"{drop}: {why}"))
-    d = ev.declared_heartbeat_s
-    if d is not None:
-        lo, hi = ev.heartbeat_above_s, ev.heartbeat_at_most_s
-        if (lo is not None and d < lo - ev.interval_s) or \
-                (hi is not None and d > hi + ev.interval_s):
-            seen = (f"longer than {lo:.1f}s" if lo is not None and d < lo - ev.interval_s
-                    else f"at most {hi:.1f}s")
-            out.append(SettingWarning(
-                "heartbeat_timeout_declared",
-                f"--lighthouse-heartbeat-timeout-ms says {_fmt(d)} but the Lighthouse's /status "
-                f"shows a heartbeat timeout {seen}: the declared value is not what it runs "
-                f"with"))
+    d, lo, hi = ev.declared_heartbeat_s, ev.heartbeat_above_s, ev.heartbeat_at_most_s
+    seen = None
+    if d is not None and lo is not None and d < lo - ev.interval_s:
+        seen = f"longer than {lo:.1f}s"
+    elif d is not None and hi is not None and d > hi + ev.interval_s:
+        seen = f"at most {hi:.1f}s"
+    if seen is not None:
+        out.append(SettingWarning(
+            "heartbeat_timeout_declared",
+            f"--lighthouse-heartbeat-timeout-ms says {_fmt(d)} but the Lighthouse's /status "
+            f"shows a heartbeat timeout {seen}: the declared value is not what it runs with"))
     return out
 
 

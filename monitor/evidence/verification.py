@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .lighthouse_status import LighthouseStatus
@@ -91,8 +91,7 @@ def verify_ranks(ranks: Mapping[str, RankView], lighthouse: LighthouseStatus | N
         if rv.reachable and rv.state is not None:
             live.append(rv)
         elif rv.trust is not None:
-            out[url] = Trust(rv.trust.state, rv.trust.reason, rv.trust.detail,
-                             rv.trust.evidence, rv.trust.claims, rv.trust.checked_at, True)
+            out[url] = replace(rv.trust, stale=True)
         else:
             out[url] = Trust(UNVERIFIED, "never_answered", "has not answered a valid /v1/state",
                              False, None, None, True)
