@@ -77,7 +77,7 @@ def test_a_hung_rank_exits_when_told(hung_rank):
     assert RankExits("wrong").exit(url, "x").http_status == 401
     assert proc.poll() is None
     res = RankExits(TOKEN).exit(url, "replica r was evicted")
-    assert res.told and res.http_status == 202
+    assert res.sent and res.http_status == 202
     wait_until(lambda: proc.poll() is not None, 10, what="the hung rank to exit")
     assert proc.returncode == 1
     assert "exiting (status 1): replica r was evicted" in log.read_text()

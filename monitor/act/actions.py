@@ -1,10 +1,9 @@
 """Actions on a replica group: the Lighthouse's kill (:class:`Lighthouse`), and telling the
 group's other ranks, which that kill does not reach, to exit (:class:`Orphans`).
 
-``POST {lighthouse}/replica/{replica_id}/kill`` makes the Lighthouse tell the group's Manager to
-exit. torchft 0.2.0 answers 500 because the Manager exits before it replies, so any HTTP answer
-counts as *sent*; only a Lighthouse that cannot be reached makes the kill *failed*. Whether it
-worked is judged by the group leaving the quorum (:mod:`monitor.service`), never by the answer.
+torchft 0.2.0 answers the kill with 500 (the Manager exits before replying), so any HTTP answer
+counts as *sent*; whether it worked is judged by the group leaving the quorum (docs/monitor.md,
+Eviction and safety rails).
 """
 
 from __future__ import annotations
@@ -20,7 +19,9 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class KillResult:
+class Outcome:
+    """How a kill or exit request went; ``sent``: the target was asked."""
+
     sent: bool
     http_status: int | None
     detail: str
@@ -32,76 +33,59 @@ class Lighthouse:
         self.timeout_s = timeout_s
         self._session = requests.Session()
 
-    def kill(self, replica_id: str) -> KillResult:
+    def kill(self, replica_id: str) -> Outcome:
         """Send the kill request; never raises (the outcome is in the result)."""
         if not self.url:
-            return KillResult(False, None, "no --lighthouse configured")
+            return Outcome(False, None, "no --lighthouse configured")
         url = f"{self.url}/replica/{quote(replica_id, safe=':')}/kill"
         try:
             r = self._session.post(url, timeout=self.timeout_s)
         except requests.ConnectionError as e:  # ConnectTimeout included: nothing was asked
-            return KillResult(False, None, f"Lighthouse unreachable: {e}")
+            return Outcome(False, None, f"Lighthouse unreachable: {e}")
         except requests.Timeout:
             # connected and asked; the answer did not come: the Manager may be gone already
-            return KillResult(True, None, f"no answer within {self.timeout_s:g}s (request sent)")
+            return Outcome(True, None, f"no answer within {self.timeout_s:g}s (request sent)")
         except requests.RequestException as e:
-            return KillResult(False, None, f"{type(e).__name__}: {e}")
+            return Outcome(False, None, f"{type(e).__name__}: {e}")
         if r.status_code == 200:
-            return KillResult(True, 200, "killed")
+            return Outcome(True, 200, "killed")
         body = r.text[:300].replace("\n", " ")
-        return KillResult(True, r.status_code, f"HTTP {r.status_code} (expected with torchft "
+        return Outcome(True, r.status_code, f"HTTP {r.status_code} (expected with torchft "
                                                f"0.2.0: Manager exits before replying): {body}")
 
     def close(self) -> None:
         self._session.close()
 
 
-@dataclass
-class ExitResult:
-    told: bool
-    http_status: int | None
-    detail: str
-
-
 class RankExits:
-    """Tell one rank to exit: ``POST {rank}/v1/exit`` with the ranks' exit token. The
-    WorkerServer obeys only when its process opted in (``LIGHTKEEPER_EXIT_TOKEN``) and the token
-    matches, and then ends at once (``os._exit``: a hung rank cannot finish anything). Never
-    raises."""
+    """Tell one rank to exit: ``POST {rank}/v1/exit`` with the exit token (obeyed only by a
+    rank started with a matching ``LIGHTKEEPER_EXIT_TOKEN``). Never raises."""
 
     def __init__(self, token: str | None, timeout_s: float = 2.0) -> None:
         self.token = token
         self.timeout_s = timeout_s
         self._session = requests.Session()
 
-    def exit(self, url: str, reason: str) -> ExitResult:
+    def exit(self, url: str, reason: str) -> Outcome:
         if not self.token:
-            return ExitResult(False, None, "no --rank-exit-token")
+            return Outcome(False, None, "no --rank-exit-token")
         try:
             r = self._session.post(f"{url.rstrip('/')}/v1/exit", json={"reason": reason},
                                    headers={"Authorization": f"Bearer {self.token}"},
                                    timeout=self.timeout_s)
         except requests.RequestException as e:
-            return ExitResult(False, None, f"unreachable: {type(e).__name__}")
+            return Outcome(False, None, f"unreachable: {type(e).__name__}")
         if r.status_code in (200, 202):
-            return ExitResult(True, r.status_code, "exiting")
-        return ExitResult(False, r.status_code, f"HTTP {r.status_code}: {r.text[:120]}")
+            return Outcome(True, r.status_code, "exiting")
+        return Outcome(False, r.status_code, f"HTTP {r.status_code}: {r.text[:120]}")
 
     def close(self) -> None:
         self._session.close()
 
 
 class Orphans:
-    """Finish an eviction the Lighthouse's kill cannot finish on its own.
-
-    torchft 0.2.0's kill reaches only group rank 0 (the Manager server's process). Without a
-    local agent (torchrun) to tear down the others, a rank waiting outside a collective lives
-    on, holding its port and GPU (docs/monitor.md, Eviction).
-
-    :meth:`follow` is called every sweep for each unconfirmed eviction with the ranks still
-    reporting the evicted replica id. After ``grace_s`` it tells each to exit (again every
-    RETELL_S while it answers) when the monitor has the exit token, else names them for the
-    operator. It returns a sentence for the eviction's detail when that sentence changes."""
+    """Finish an eviction: torchft 0.2.0's kill reaches only group rank 0, and without a local
+    agent the group's other ranks live on (docs/monitor.md, Eviction and safety rails)."""
 
     RETELL_S = 5.0
 
@@ -113,6 +97,8 @@ class Orphans:
 
     def follow(self, decision_id: int, replica_id: str, ranks: list[Any],
                since_kill_s: float) -> str | None:
+        """``grace_s`` after the kill, tell each of ``ranks`` to exit (again every RETELL_S) or,
+        without the token, name them; returns the eviction's new detail note, if it changed."""
         if not ranks or since_kill_s < self.grace_s:
             return None
         names = ", ".join(_rank_name(r) for r in ranks)

@@ -1,13 +1,8 @@
 """Safety rails: whether a confirmed finding may evict its replica group, and why (not).
 
-:func:`decide` is a pure function of the finding, what the monitor sees (:class:`Situation`)
-and the audit history. It returns ``evict``, or ``hold`` with the first rail that stops it:
-``kind_not_evicted`` (not in ``--evict-on``), ``no_replica_id`` (nothing to kill),
-``already_evicted`` (a kill for this replica id was sent, before a restart too), ``dry_run``,
-``monitor_blind`` (the Lighthouse unreadable, or at most ``min_reachable_fraction`` of the
-ranks reached: the monitor is the likely problem), ``min_replicas`` (too few groups would stay
-in the quorum), ``cooldown``. A manual eviction (``POST /v1/evict``) skips ``kind_not_evicted``,
-``monitor_blind`` and ``cooldown``: the person asking is the evidence.
+:func:`decide` is a pure function returning ``evict``, or ``hold`` with the first rail that
+stops it, in the order of docs/monitor.md (Eviction and safety rails). A manual eviction skips
+``kind_not_evicted``, ``monitor_blind`` and ``cooldown``: the person asking is the evidence.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """From confirmed findings to decisions and actions: the audit log, the host ledger, the rails.
 
-Each sweep the loop hands the :class:`Enforcer` its new findings: they are recorded (each one
-gets the audit log's id), the host ledger counts their offences and quarantines hosts, every
-open finding of an evictable kind is decided under the rails (:func:`decide`), and an eviction
-sends the Lighthouse's kill. Evictions sent earlier are confirmed once no reachable rank still
-reports the evicted replica id. A shard (monitor/shard.py) decides with the same public calls:
-:meth:`Enforcer.situation`, :meth:`Enforcer.hold`, :meth:`Enforcer.finding_id`.
-
-The host ledger never ends monitoring: its failure is logged and shown (``hosts_error``). A
-decision or a kill that fails raises into the sweep, which logs it and goes on.
+Each sweep the loop hands the :class:`Enforcer` its new findings: recorded in the audit log,
+counted by the host ledger, decided under the rails (monitor.act.decisions), kills sent and
+later confirmed. A shard (monitor/shard.py) decides through the same public calls. A host
+ledger failure is logged and shown (``hosts_error``); a failed decision or kill raises into
+the sweep, which logs it and goes on.
 """
 
 from __future__ import annotations
@@ -39,8 +35,7 @@ def in_quorum_by_replica_id(evidence: ClusterView) -> dict[str | None, set[int]]
 
 
 def reporting(view: ClusterView, replica_id: str | None) -> list:
-    """The reachable ranks reporting ``replica_id``, in the targets' order (rank hint, URL),
-    looked for only in the groups whose ranks report it."""
+    """The reachable ranks reporting ``replica_id``, in the targets' order (rank hint, URL)."""
     found = [r for gv in view.groups.values() if replica_id in gv.reported_replica_ids
              for r in gv.reachable if r.replica_id == replica_id]
     return sorted(found, key=lambda r: (r.target.rank if r.target is not None
@@ -48,10 +43,8 @@ def reporting(view: ClusterView, replica_id: str | None) -> list:
 
 
 class Enforcer:
-    """Findings -> audit log, host ledger, decisions, kills; see the module docstring.
-
-    ``metrics``: the monitor's MonitorMetrics; ``blind()``: why ranks cannot be verified now
-    (None: they can)."""
+    """Findings -> audit log, host ledger, decisions, kills. ``blind()``: why ranks cannot be
+    verified now (None: they can)."""
 
     def __init__(self, cfg: MonitorConfig, store: Store, detectors: Detectors, hosts: HostLedger,
                  lighthouse: Lighthouse, orphans: Orphans, lh_settings: LighthouseSettingsWatch,
@@ -65,7 +58,6 @@ class Enforcer:
         self._lock = threading.Lock()  # one decision at a time (the loop, the API)
         self._host_actions: threading.Thread | None = None
 
-    # --- findings --------------------------------------------------------------------------
     def finding_id(self, key: tuple) -> int | None:
         """The audit log's id of an open finding."""
         return self._finding_ids.get(key)
@@ -89,12 +81,9 @@ class Enforcer:
                                        f.resolution if f else "cleared")
             self._last_decision.pop(key, None)
 
-    # --- hosts (monitor/act/hosts.py, docs/quarantine.md) ----------------------------------
     def host_findings(self, view: ClusterView, evidence: ClusterView, now: float,
                       reshaped: Any) -> list[Finding]:
-        """New quarantined_host findings (opened in the detectors, so they resolve like any);
-        those of hosts released are resolved. ``reshaped``: the ranks whose view did more than
-        progress this sweep. Never raises."""
+        """New quarantined_host findings; those of released hosts are resolved. Never raises."""
         try:
             self.hosts.observe(view, now, reshaped)
             bad = set(self.hosts.quarantined())
@@ -109,8 +98,8 @@ class Enforcer:
             return []
 
     def judge_hosts(self, view: ClusterView, new: list[Finding], now: float) -> None:
-        """Offences from the new findings, the quarantine policy, then the due sink actions on
-        a background thread (a slow sink never delays a sweep). Never raises."""
+        """Offences, the quarantine policy, then due sink actions on a background thread (a
+        slow sink never delays a sweep). Never raises."""
         try:
             group_hosts = {f.replica_group: view.groups[f.replica_group].hosts for f in new
                            if f.replica_group in view.groups}
@@ -156,17 +145,14 @@ class Enforcer:
         self._host_actions.start()
 
     def close(self) -> None:
-        """Let a sink action under way finish (bounded by its timeout)."""
+        """Let a sink action under way finish (bounded)."""
         if self._host_actions is not None:
             self._host_actions.join(timeout=self.cfg.quarantine.action_timeout_s + 5)
 
-    # --- decisions -------------------------------------------------------------------------
     def situation(self, view: ClusterView, evidence: ClusterView, now: float,
                   in_quorum: dict[str | None, set[int]] | None = None) -> Situation:
         """Reachability from every known rank; the quorum from verified ranks, less the groups
-        a kill was already sent to (they look in the quorum until the Lighthouse drops them:
-        counting them would let two findings take the job below --min-replicas).
-        ``in_quorum``: :func:`in_quorum_by_replica_id` when the caller has it."""
+        already sent a kill (counting them would let two findings go below --min-replicas)."""
         evicted = self.store.evicted_replica_ids()
         if in_quorum is None:
             in_quorum = in_quorum_by_replica_id(evidence)
@@ -244,9 +230,8 @@ class Enforcer:
                 "detail": result.detail}
 
     def confirm_evictions(self, view: ClusterView, now: float) -> None:
-        """An eviction is confirmed once no reachable rank reports the evicted replica id;
-        ranks the kill missed are told to exit (or reported); unconfirmed after
-        ``confirm_timeout_s``."""
+        """Confirmed once no reachable rank reports the evicted replica id; ranks the kill
+        missed are told to exit (or named); unconfirmed after ``confirm_timeout_s``."""
         for d in self.store.pending_confirmations():
             rid = d["replica_id"]
             still = reporting(view, rid)

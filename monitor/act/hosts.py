@@ -1,21 +1,9 @@
 """The host ledger and the quarantine policy: confirmed findings in, host decisions out.
 
-A confirmed finding whose kind is in ``--quarantine-after`` is an *offence* against each of its
-culprits' hosts (``evidence.culprits``), kept in the monitor's SQLite file (:mod:`monitor.store`)
-so a restarted monitor keeps the ledger. A host is ``ok``, ``suspect`` (offences below the
-threshold, or a quarantine held by a rail), ``quarantined`` or ``released`` (by TTL or
-``POST /v1/hosts/{host}/release``; earlier offences no longer count).
-
-:meth:`HostLedger.decide` quarantines a host once ``N`` offences of one kind fall within
-``--quarantine-window``, unless a rail holds it, in this order: ``monitor_blind`` (as for
-evictions), ``no_other_host`` (no unquarantined host would be left to restart on), ``cap``
-(``--max-quarantined``: a monitor bug cannot drain a cluster), ``dry_run`` (decided and logged,
-nothing done). Every decision goes to ``host_decisions`` with its evidence; a hold is logged
-once per host and rail. A quarantine or release queues one action per sink
-(:mod:`monitor.act.sinks`), retried with backoff up to ``max_attempts``; a sink that raises is
-a failed attempt, never a stopped monitor. :meth:`HostLedger.group_findings` opens
-``quarantined_host`` for a group whose incarnation came to a quarantined host afterwards: the
-rails (:mod:`monitor.act.decisions`) then evict it like any other finding.
+A confirmed finding of a ``--quarantine-after`` kind is an offence against its culprits' hosts,
+kept in the monitor's SQLite file. Enough offences of one kind within the window quarantine a
+host unless a rail holds it; a quarantine or release queues one action per sink, retried with
+backoff. A sink that raises is a failed attempt, never a stopped monitor. See docs/quarantine.md.
 """
 
 from __future__ import annotations
@@ -38,8 +26,7 @@ BACKOFF_S, BACKOFF_MAX_S = 2.0, 300.0
 
 
 def culprit_hosts(finding: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """host -> {node, devices, ranks} from a finding's ``evidence.culprits``; ranks without a
-    host are skipped."""
+    """host -> {node, devices, ranks} from a finding's ``evidence.culprits`` (hostless skipped)."""
     out: dict[str, dict[str, Any]] = {}
     for c in (finding.get("evidence") or {}).get("culprits") or ():
         host = c.get("host")
@@ -74,8 +61,7 @@ class HostLedger:
         self.hosts: dict[str, dict[str, Any]] = store.load_hosts()
         self._held: dict[str, str] = {}  # host -> the rail that held it last (logged once)
         self._actions_running = threading.Lock()
-        # what the observed view's ranks say about hosts, kept per rank so that a sweep reads
-        # only the ranks that changed (docs/scaling.md)
+        # the observed view's claims about hosts, per rank: a sweep reads only the changed ones
         self._claims: dict[str, tuple] = {}  # url -> (host, replica id, node, device, superseded)
         self._claimed_from: dict[str, tuple] = {}  # url -> the state fields of its claim
         self._rids: dict[str, dict[str, int]] = {}  # host -> replica id -> live ranks
@@ -83,7 +69,6 @@ class HostLedger:
         self._named: dict[str, int] = {}  # host -> ranks naming it (superseded ones too)
         self._observed: Any = None  # the view the index is of
 
-    # --- what the monitor sees -------------------------------------------------------------
     def _host(self, host: str, now: float) -> dict[str, Any]:
         h = self.hosts.get(host)
         if h is None:
@@ -92,9 +77,8 @@ class HostLedger:
         return h
 
     def observe(self, view: Any, now: float, changed: Any = None) -> None:
-        """Node, devices and last-seen time of the ledger's hosts from the ranks' claims
-        (hosts that never offended are not stored). ``changed``: the URLs whose claims may
-        differ from the last call's view (``ViewBuilder.reshaped``); None reads every rank."""
+        """Node, devices and last-seen time of the ledger's hosts from the ranks' claims.
+        ``changed``: the URLs whose claims may differ (ViewBuilder.reshaped); None: every rank."""
         with self._lock:
             ranks = view.ranks
             if changed is None or len(changed) >= len(ranks) or self._observed is None:
@@ -169,9 +153,8 @@ class HostLedger:
 
     def record(self, findings: list[dict[str, Any]], now: float,
                group_hosts: dict[int, set[str]] | None = None) -> None:
-        """Record new confirmed findings (dicts with ``id``) against their culprits' hosts. A
-        finding naming every host of a group spanning several (``group_hosts``: group -> its
-        hosts) singles none out: recorded with ``counts: false``, never counted."""
+        """Record new confirmed findings (dicts with ``id``) against their culprits' hosts; one
+        naming every host of a multi-host group (``group_hosts``) is recorded, never counted."""
         with self._lock:
             for f in findings:
                 if self.cfg.after.get(f.get("kind"), 0) < 1:
@@ -201,8 +184,7 @@ class HostLedger:
                     self._save(h, now)
 
     def _seen_before_restart(self, host: str, f: dict[str, Any]) -> bool:
-        """The same episode confirmed again after a monitor restart (the restart closed the
-        finding as ``monitor_restarted``; the detectors confirm it anew): not a new offence."""
+        """The same episode confirmed again after a monitor restart: not a new offence."""
         for o in self.store.host_offences(host, limit=20):
             d = o["data"]
             if o["kind"] == f["kind"] and d.get("replica_id") == f.get("replica_id") \
@@ -211,7 +193,6 @@ class HostLedger:
                 return True
         return False
 
-    # --- the policy --------------------------------------------------------------------------
     def _counting_offences(self, h: dict[str, Any], now: float) -> list[dict[str, Any]]:
         since = max(now - self.cfg.window_s, h.get("released_at") or float("-inf"))
         return [o for o in self.store.host_offences(h["host"], since=since)
@@ -219,8 +200,8 @@ class HostLedger:
                 and o["data"].get("counts", True)]
 
     def decide(self, now: float, blind: str | None, known: int) -> list[dict[str, Any]]:
-        """Expire quarantines past their TTL, then judge every host that offended; returns the
-        decisions made this call (holds only when their rail changed)."""
+        """Expire quarantines past their TTL, then judge every suspect host; returns the
+        decisions made (holds only when their rail changed)."""
         out = []
         with self._lock:
             for h in list(self.hosts.values()):
@@ -230,7 +211,7 @@ class HostLedger:
                                              f"({self.cfg.ttl_s:g}s) expired"))
             for h in list(self.hosts.values()):
                 if h["state"] != SUSPECT:
-                    continue  # an offence makes a host suspect (record): only those are judged
+                    continue
                 offences = self._counting_offences(h, now)
                 counts: dict[str, int] = {}
                 for o in offences:
@@ -272,7 +253,7 @@ class HostLedger:
         return out
 
     def _rail(self, host: str, blind: str | None, known: int) -> tuple[str, str] | None:
-        """(rail, detail) of the first rail that holds a quarantine of ``host``, or None."""
+        """(rail, detail) of the first rail that holds ``host``'s quarantine, or None."""
         n = sum(1 for x in self.hosts.values() if x["state"] == QUARANTINED)
         cap = self.cfg.cap(known)
         if blind:
@@ -311,8 +292,7 @@ class HostLedger:
         return {"host": h["host"], "decision": "quarantine", "reason": kind, "detail": summary}
 
     def release(self, host: str, reason: str) -> dict[str, Any]:
-        """``POST /v1/hosts/{host}/release``. Raises KeyError for a host the ledger does not
-        know and ValueError for one that is not quarantined."""
+        """``POST /v1/hosts/{host}/release``; KeyError: unknown host, ValueError: not quarantined."""
         now = self.clock()
         with self._lock:
             h = self.hosts.get(host)
@@ -336,10 +316,9 @@ class HostLedger:
         self._queue(h, "release", h.get("kind") or "", f"{why}: {detail}", None, now)
         return {"host": h["host"], "decision": "release", "reason": why, "detail": detail}
 
-    # --- groups on a quarantined host -----------------------------------------------------
     def group_findings(self, evidence: Any, now: float) -> list[Finding]:
-        """A ``quarantined_host`` finding for each group (verified ranks) with a rank on a
-        quarantined host whose incarnation was not there when the host was quarantined."""
+        """A ``quarantined_host`` finding for each group with a rank on a quarantined host that
+        came there after the quarantine."""
         out = []
         with self._lock:
             bad = {h["host"]: h for h in self.hosts.values() if h["state"] == QUARANTINED}
@@ -369,7 +348,6 @@ class HostLedger:
                                    now, now))
         return out
 
-    # --- actions ---------------------------------------------------------------------------
     def _queue(self, h: dict[str, Any], op: str, kind: str, reason: str,
                finding: dict | None, now: float) -> None:
         for sink in self.sinks:
@@ -384,8 +362,7 @@ class HostLedger:
         self._save(h, now)
 
     def run_actions(self, now: float | None = None) -> int:
-        """Carry out every due action once (one caller at a time; a second returns 0 at once).
-        Returns the number of attempts made."""
+        """Carry out every due action once; returns the attempts made (0 while another runs)."""
         if not self._actions_running.acquire(blocking=False):
             return 0
         try:
@@ -429,7 +406,6 @@ class HostLedger:
             log.exception("sink %s failed", a["sink"])
             return ActionResult(False, f"{type(e).__name__}: {e}")
 
-    # --- state and output ------------------------------------------------------------------
     @staticmethod
     def _set_state(h: dict[str, Any], state: str, now: float) -> None:
         if h.get("state") != state:

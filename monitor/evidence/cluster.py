@@ -1,8 +1,7 @@
 """One sweep's picture of the job (:class:`ClusterView`): replica groups x ranks.
 
-Every rank carries the verdict on its claims (``trust``, :mod:`monitor.evidence.verification`).
 The full view is what the monitor shows; :meth:`ClusterView.evidence` is what the detectors and
-the rails get: only the ranks whose answers count as evidence.
+the rails get: only the ranks whose answers count as evidence (monitor.evidence.verification).
 """
 
 from __future__ import annotations
@@ -20,8 +19,7 @@ from .rank import STEP_TIMES_READ, RankView
 
 
 def median(values: Iterable[float]) -> float | None:
-    """statistics.median of ``values`` (None when empty); numpy's partition for many values
-    (a sweep's step times at scale), the same value without sorting."""
+    """statistics.median of ``values`` (None when empty); numpy's for many, the same value."""
     arr = np.fromiter(values, dtype=float)
     if not len(arr):
         return None
@@ -30,18 +28,50 @@ def median(values: Iterable[float]) -> float | None:
     return float(np.median(arr))
 
 
+class Sums:
+    """Ranks known and reachable, ranks by verdict and groups by quorum id, summed over groups
+    (ViewBuilder keeps them as groups are replaced)."""
+
+    __slots__ = ("known", "up", "trust", "quorums")
+
+    def __init__(self) -> None:
+        self.known = self.up = 0
+        self.trust: dict[tuple[str, str] | None, int] = {}
+        self.quorums: dict[int, int] = {}
+
+    def add(self, gv: GroupView, sign: int) -> None:
+        self.known += sign * len(gv.ranks)
+        self.up += sign * len(gv.reachable)
+        trust = self.trust
+        for k, n in gv.trust_counts.items():
+            trust[k] = trust.get(k, 0) + sign * n
+        q = gv.quorum_id
+        if q is not None:
+            self.quorums[q] = self.quorums.get(q, 0) + sign
+
+    def fill(self, view: ClusterView) -> None:
+        """Set ``view``'s cached ``counts`` and ``quorum_id`` from the sums."""
+        ungrouped = view.ungrouped or ()
+        trust = {k: n for k, n in self.trust.items() if n}
+        for r in ungrouped:
+            trust[r.verdict] = trust.get(r.verdict, 0) + 1
+        view.__dict__["counts"] = (self.known + len(ungrouped), self.up, trust)
+        qs = [q for q, n in self.quorums.items() if n]
+        view.__dict__["quorum_id"] = max(qs) if qs else None
+
+
 @dataclass
 class ClusterView:
-    """One sweep's picture, never changed once built. Built by ViewBuilder, a group that did
-    not change since the previous sweep is the very same GroupView object: a consumer tells
-    what to read again by identity (monitor.detect.rank_state.SeenGroups)."""
+    """One sweep's picture, never changed once built. A group that did not change since the
+    previous sweep is the very same GroupView object, so consumers tell what to read again by
+    identity (monitor.detect.rank_state.SeenGroups)."""
 
     at: float
     ranks: dict[str, RankView]
     sweep_seconds: float = 0.0
     groups: dict[int, GroupView] = field(default_factory=dict)
-    # given by ViewBuilder (None: derived from ``ranks`` here): the ranks of no group, the
-    # URLs polled this sweep (in the order they answered), the evidence view of the sweep
+    # given by ViewBuilder (None: derived here): the ranks of no group, the URLs polled this
+    # sweep in answer order, the evidence view
     ungrouped: list[RankView] | None = None
     polled: list[str] | None = None
     evidence_view: ClusterView | None = field(default=None, repr=False)
@@ -69,18 +99,11 @@ class ClusterView:
     @cached_property
     def counts(self) -> tuple[int, int, dict[tuple[str, str] | None, int]]:
         """(known ranks (not superseded), reachable ones, (trust state, reason) -> ranks)."""
-        known = len(self.ungrouped or ())
-        up = 0
-        trust: dict[tuple[str, str] | None, int] = {}
-        for r in self.ungrouped or ():
-            k = (r.trust.state, r.trust.reason) if r.trust is not None else None
-            trust[k] = trust.get(k, 0) + 1
+        sums = Sums()
         for g in self.groups.values():
-            known += len(g.ranks)
-            up += len(g.reachable)
-            for k, n in g.trust_counts.items():
-                trust[k] = trust.get(k, 0) + n
-        return known, up, trust
+            sums.add(g, 1)
+        sums.fill(self)
+        return self.__dict__["counts"]
 
     @cached_property
     def reachable_fraction(self) -> float:
@@ -107,8 +130,7 @@ class ClusterView:
         return [g for g in self.groups.values() if q in g.taking_part]
 
     def rank_view(self, rank: int) -> RankView | None:
-        """The rank's RankView: a reachable one if any (not superseded), else the first
-        found; None when the view has none."""
+        """The rank's RankView (not superseded), a reachable one if any; None: none."""
         return self._by_rank.get(rank)
 
     @cached_property

@@ -11,8 +11,8 @@ from .rank import STEP_TIMES_READ, RankView
 
 
 class _cached:
-    """functools.cached_property without its lock (Python 3.11's is shared by every instance;
-    a value computed twice by two threads is the same)."""
+    """functools.cached_property without Python 3.11's lock, shared by every instance (two
+    threads computing a value get the same value)."""
 
     def __init__(self, func: Callable) -> None:
         self.func, self.__doc__ = func, func.__doc__
@@ -29,16 +29,11 @@ class _cached:
 
 def _carry(gv: GroupView) -> dict[str, Any]:
     """The values a GroupView's next generation inherits (GroupView.progressed)."""
-    d = gv.__dict__
-    c = d.get("_carry")
-    if c is None:
-        c = d["_carry"] = {}
-    return c
+    return gv.__dict__.setdefault("_carry", {})
 
 
 class _kept(_cached):
-    """A cached value that progress alone leaves as it is: a moved group's next GroupView
-    inherits it (ViewBuilder)."""
+    """A cached value progress alone leaves as it is: a moved group's next GroupView keeps it."""
 
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
@@ -53,8 +48,8 @@ def rank_order(r: RankView) -> tuple:
 
 @dataclass
 class GroupView:
-    """One replica group's ranks. Never changed once its view is built (each sweep builds a
-    new one), so its derived values are computed once, on first use."""
+    """One replica group's ranks; never changed once built, so each derived value is computed
+    once, on first use."""
 
     replica_group: int
     ranks: list[RankView] = field(default_factory=list)
@@ -62,7 +57,7 @@ class GroupView:
 
     @_cached
     def answered(self) -> list[RankView]:
-        """Ranks that ever answered a valid /v1/state (the others are known by hints only)."""
+        """Ranks that ever answered a valid /v1/state."""
         return [r for r in self.ranks if r.state is not None]
 
     @_kept
@@ -93,8 +88,7 @@ class GroupView:
         return max(q) if q else None
 
     def median_step_seconds(self, last: int = STEP_TIMES_READ) -> float | None:
-        """Median of the recent step times of its reachable ranks polled this sweep (all
-        reachable ones when none was: a carried rank's times are older)."""
+        """Median recent step time of its reachable ranks polled this sweep (else all reachable)."""
         cache = self.__dict__.setdefault("_median_steps", {})
         if last not in cache:
             ranks = [r for r in self.reachable if r.fresh] or self.reachable
@@ -143,16 +137,14 @@ class GroupView:
         """(trust state, reason) -> ranks (None: no verdict yet), over its ranks."""
         out: dict[tuple[str, str] | None, int] = {}
         for r in self.ranks:
-            k = (r.trust.state, r.trust.reason) if r.trust is not None else None
-            out[k] = out.get(k, 0) + 1
+            out[r.verdict] = out.get(r.verdict, 0) + 1
         return out
 
     def progressed(self, ranks: list[RankView],
                    moved: list[tuple[RankView, RankView]]) -> GroupView:
-        """This group after progress only (a moved group, see ViewBuilder): ``ranks`` in the
-        same slots, ``moved`` the (last sweep's, this sweep's) RankViews swapped in. The
-        ``_kept`` values and the leader are carried over, the step is updated from the moved
-        ranks (recomputed if one went back), the rest is computed again on demand."""
+        """This group after progress only: ``ranks`` in the same slots, ``moved`` the (last,
+        new) RankViews swapped in. The ``_kept`` values and the leader carry over, the step
+        follows the moved ranks; the rest is computed again on demand."""
         old = self.__dict__
         carry = old.get("_carry")
         if carry is not None:  # one dict shared by the generations: their values are equal

@@ -1,19 +1,10 @@
 """Is the Lighthouse the monitor drives set so that recovery is slow? (docs/lighthouse.md)
 
-After a group dies or is evicted, torchft's Lighthouse issues the survivors' next quorum only
-once the dead group stops counting: its last heartbeat is older than ``heartbeat_timeout_ms``,
-or the survivors have waited ``join_timeout_ms``; and the survivors ask only once their
-collective with the dead group fails. The Lighthouse does not publish its flags, so the watch
-judges from what it reads anyway:
-
-- **declared**: ``--lighthouse-heartbeat-timeout-ms`` / ``--lighthouse-join-timeout-ms``;
-- **heartbeat bounds** from ``/status``: a heartbeat listed ``old`` is at least the timeout old,
-  one not listed old is younger (every group that left brackets it as its heartbeat ages);
-- **drop time**: for each kill the monitor sends, the time until the Lighthouse's newest quorum
-  no longer lists that replica (to within one sweep).
-
-Nothing here changes what the monitor decides: a slow setting is reported (log, gauges,
-``/v1/cluster``), never acted on, and what cannot be read only leaves the watch knowing less.
+The Lighthouse does not publish its flags, so this judges from the declared flags
+(``--lighthouse-heartbeat-timeout-ms``, ``--lighthouse-join-timeout-ms``), the heartbeat ages
+``/status`` lists (old or not) and, for each kill sent, how long the replica took to leave the
+quorum. A slow setting is reported (log, gauges, ``/v1/cluster``), never acted on; what cannot
+be read only leaves the watch knowing less.
 """
 
 from __future__ import annotations
@@ -26,10 +17,8 @@ from .lighthouse_status import LighthouseStatus
 
 log = logging.getLogger(__name__)
 
-# Above this many seconds a dead group's stall is "slow" (docs/lighthouse.md, Measured).
-SLOW_S = 2.0
-# A kill's drop time also holds the process's exit and up to one sweep of sampling.
-DROP_SLACK_S = 1.0
+SLOW_S = 2.0  # a dead group's stall above this is slow (docs/lighthouse.md)
+DROP_SLACK_S = 1.0  # a drop time also holds the process's exit
 RELOG_S = 600.0  # a warning that still holds is logged again after this many seconds
 PENDING_MAX_S = 300.0  # a kill whose replica never leaves the quorum is forgotten after this
 
@@ -59,17 +48,8 @@ def _fmt(s: float) -> str:
 
 
 def assess(ev: Evidence) -> list[SettingWarning]:
-    """The warnings the evidence supports; [] when nothing is known to be slow.
-
-    - ``heartbeat_timeout``: the heartbeat timeout is known (declared, else observed) to be
-      above SLOW_S, and no declared join timeout at or below it caps the stall;
-    - ``eviction_drop``: the last kill took longer than SLOW_S + one sweep + the exit slack
-      to leave the quorum. With a heartbeat timeout known to be short the Lighthouse did not
-      set that: the survivors asked late, their collective with the evicted group still
-      blocked (a rank the kill did not reach, or the Manager's ``timeout``);
-    - ``heartbeat_timeout_declared``: the declared heartbeat timeout is outside the bounds the
-      Lighthouse's page shows by more than one sweep.
-    """
+    """The warnings the evidence supports (docs/lighthouse.md, The monitor's warning); []
+    when nothing is known to be slow."""
     out: list[SettingWarning] = []
     hb = ev.declared_heartbeat_s
     said = f"{_fmt(hb)} (declared, --lighthouse-heartbeat-timeout-ms)" if hb is not None else ""
@@ -101,24 +81,22 @@ def assess(ev: Evidence) -> list[SettingWarning]:
                    f"exits (the Lighthouse's kill reaches only group rank 0: "
                    f"--rank-exit-token) and the Manager's timeout (TORCHFT_TIMEOUT_SEC)")
         out.append(SettingWarning("eviction_drop", f"{drop}: {why}"))
-    d = ev.declared_heartbeat_s
-    if d is not None:
-        lo, hi = ev.heartbeat_above_s, ev.heartbeat_at_most_s
-        if (lo is not None and d < lo - ev.interval_s) or \
-                (hi is not None and d > hi + ev.interval_s):
-            seen = (f"longer than {lo:.1f}s" if lo is not None and d < lo - ev.interval_s
-                    else f"at most {hi:.1f}s")
-            out.append(SettingWarning(
-                "heartbeat_timeout_declared",
-                f"--lighthouse-heartbeat-timeout-ms says {_fmt(d)} but the Lighthouse's /status "
-                f"shows a heartbeat timeout {seen}: the declared value is not what it runs "
-                f"with"))
+    d, lo, hi = ev.declared_heartbeat_s, ev.heartbeat_above_s, ev.heartbeat_at_most_s
+    seen = None
+    if d is not None and lo is not None and d < lo - ev.interval_s:
+        seen = f"longer than {lo:.1f}s"
+    elif d is not None and hi is not None and d > hi + ev.interval_s:
+        seen = f"at most {hi:.1f}s"
+    if seen is not None:
+        out.append(SettingWarning(
+            "heartbeat_timeout_declared",
+            f"--lighthouse-heartbeat-timeout-ms says {_fmt(d)} but the Lighthouse's /status "
+            f"shows a heartbeat timeout {seen}: the declared value is not what it runs with"))
     return out
 
 
 def _short_heartbeat(ev: Evidence) -> str | None:
-    """How the heartbeat timeout is known to be at most SLOW_S (declared, else observed);
-    None when it is not known to be."""
+    """How the heartbeat timeout is known to be at most SLOW_S; None when it is not."""
     d, hi = ev.declared_heartbeat_s, ev.heartbeat_at_most_s
     if d is not None:
         return f"{_fmt(d)} (declared)" if d <= SLOW_S else None
@@ -128,9 +106,8 @@ def _short_heartbeat(ev: Evidence) -> str | None:
 
 
 class LighthouseSettingsWatch:
-    """Collects the evidence sweep by sweep and reports :func:`assess`'s warnings: each logged
-    once, again every RELOG_S while it holds, and once when it clears. Never raises on what
-    the Lighthouse serves."""
+    """Collects the evidence sweep by sweep; each warning is logged once, again every RELOG_S
+    while it holds, and once when it clears. Never raises on what the Lighthouse serves."""
 
     def __init__(self, declared_heartbeat_ms: int | None = None,
                  declared_join_ms: int | None = None, interval_s: float = 1.0) -> None:
@@ -148,8 +125,7 @@ class LighthouseSettingsWatch:
             self.pending[replica_id] = now
 
     def observe(self, status: LighthouseStatus | None, now: float) -> list[SettingWarning]:
-        """Learn from one sweep's status (None: unreadable, nothing learnt); returns the
-        warnings that hold now."""
+        """Learn from one sweep's status (None: unreadable); returns the warnings that hold."""
         if status is not None:
             ev = self.ev
             for rid, age in status.heartbeats.items():
@@ -184,7 +160,7 @@ class LighthouseSettingsWatch:
         return warnings
 
     def publish(self, metrics, job: str) -> None:
-        """Set the gauges of :class:`monitor.api.metrics.MonitorMetrics` from what is known."""
+        """Set the gauges of monitor.api.metrics.MonitorMetrics."""
         ev, nan = self.ev, float("nan")
         metrics.lighthouse_drop.labels(job).set(nan if ev.last_drop_s is None
                                                 else ev.last_drop_s)

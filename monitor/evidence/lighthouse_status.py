@@ -1,20 +1,9 @@
 """What the torchft Lighthouse says about the job: its newest quorum and who heartbeats.
 
-torchft 0.2.0's Lighthouse has no JSON API; this reads ``/status``, the HTML fragment its
-dashboard reloads (askama template, values HTML-escaped)::
-
-    Current quorum_id: 3 <br>
-    <h3>Previous Quorum</h3>
-    Previous quorum id: 3 <br>            (absent before the first quorum)
-    Num participants: 2 <br>
-    <div class="member [recovering]"> <b>replica_id</b> <br/> Step: 41 <br/>
-      Manager: http://host:port <br/> TCPStore: host:port <br/> World size: 2 <br/> ...
-    <h2>Heartbeats</h2>
-    <li class="heartbeat [old]"> replica_id: seen 0.21s ago </li>
-
-"Previous quorum" is the one issued last (the current one); a heartbeat is ``old`` past the
-heartbeat timeout. A page of another shape is a :class:`StatusFormatError`, never an empty
-quorum: whatever relies on it fails closed. A read is bounded in time and size.
+torchft 0.2.0's Lighthouse has no JSON API; this parses ``/status``, the HTML fragment its
+dashboard reloads ("Previous quorum" is the newest one issued; a heartbeat is ``old`` past the
+heartbeat timeout). A page of another shape is a :class:`StatusFormatError`, never an empty
+quorum, so whatever relies on it fails closed. A read is bounded in time and size.
 """
 
 from __future__ import annotations
@@ -106,8 +95,7 @@ def parse_status(page: str, at: float = 0.0) -> LighthouseStatus:
 
 
 class LighthouseReader:
-    """Reads and parses ``{lighthouse}/status`` (``timeout_s`` per socket operation, twice
-    that overall); :meth:`read` never raises."""
+    """Reads ``{lighthouse}/status``: ``timeout_s`` per socket operation, twice that overall."""
 
     def __init__(self, url: str, timeout_s: float = 2.0) -> None:
         self.url = url.rstrip("/")
@@ -115,7 +103,7 @@ class LighthouseReader:
         self._session = requests.Session()
 
     def read(self) -> tuple[LighthouseStatus | None, str | None]:
-        """(status, None), or (None, why it could not be read or understood)."""
+        """(status, None), or (None, why it could not be read or understood); never raises."""
         deadline = time.monotonic() + 2 * self.timeout_s
         try:
             with self._session.get(self.url + "/status", timeout=self.timeout_s,

@@ -1,7 +1,6 @@
 """One rank as the last sweeps saw it (:class:`RankView`), and what counts as a ``/v1/state``.
 
-A rank that answers something that is not a ``/v1/state`` document (missing keys, wrong types)
-counts as unreachable with reason ``bad_response``: the detectors only see well-formed states.
+An answer that is not a ``/v1/state`` document counts as unreachable (``bad_response``).
 """
 
 from __future__ import annotations
@@ -14,15 +13,11 @@ from rank_wire import unpack_seconds
 
 _REQUIRED = {"replica_group": int, "rank": int, "group_rank": int, "step": int,
             "quorum_id": int, "phase": str, "phase_since": (int, float)}
-# the newest step times read of each rank (a WorkerServer keeps 64): the monitor asks
-# ``/v1/state?recent=`` this many (Detectors.state_queries)
-STEP_TIMES_READ = 16
+STEP_TIMES_READ = 16  # step times asked of each rank (``/v1/state?recent=``)
 
 
 def valid_state(data: Any) -> str | None:
     """None when ``data`` looks like a /v1/state document, else what is wrong with it."""
-    if plain_shape(data) is not None:
-        return None
     if not isinstance(data, dict):
         return "not an object"
     for key, typ in _REQUIRED.items():
@@ -33,8 +28,8 @@ def valid_state(data: Any) -> str | None:
 
 
 def plain_shape(data: Any) -> tuple | None:
-    """``data``'s :func:`state_shape` when it is a valid /v1/state with JSON's own types; None:
-    :func:`valid_state`'s general check decides (the usual answer, checked in one pass)."""
+    """``data``'s :func:`state_shape` when it is a valid /v1/state with JSON's own types (the
+    usual answer, checked in one pass); None: :func:`valid_state` decides."""
     if type(data) is not dict:
         return None
     try:
@@ -49,9 +44,8 @@ def plain_shape(data: Any) -> tuple | None:
 
 
 def state_shape(s: dict[str, Any]) -> tuple:
-    """What of an answered state a group and a verdict rest on, besides progress: identity
-    claims (monitor.evidence.verification.claims), quorum, participation, host, node, device.
-    A rank answering again with the same shape is not judged again (ViewBuilder)."""
+    """What a group and a verdict rest on besides progress: a rank answering again with the
+    same shape is not judged again (ViewBuilder)."""
     g = s.get
     return (s["replica_group"], s["rank"], s["group_rank"], s["quorum_id"], g("replica_id"),
             g("group_world_size"), g("num_participants"), g("participating", True), g("host"),
@@ -63,8 +57,7 @@ _new = object.__new__
 
 @dataclass(slots=True)
 class RankView:
-    """One target as the last sweeps saw it. Slotted: tens of thousands are made and freed a
-    sweep at scale (docs/scaling.md)."""
+    """One target as the last sweeps saw it; slotted, as many are made a sweep (docs/scaling.md)."""
 
     url: str
     reachable: bool
@@ -77,13 +70,9 @@ class RankView:
     target: Target | None = None
     superseded: bool = False  # unreachable, and a live rank now holds its (group, rank)
     trust: Any = None  # monitor.evidence.verification.Trust (None: no verdict yet)
-    # polled this sweep; False: not due (leader polling, monitor/schedule.py), the rest is
-    # carried from its last poll at ``polled_at``
-    fresh: bool = True
+    fresh: bool = True  # polled this sweep; False: not due, carried from ``polled_at``
     polled_at: float | None = None
-    # when its last good answer came (RankPoll.at): a sweep's answers arrive over a while, so
-    # only this tells how far apart two answers really are
-    answered_at: float | None = None
+    answered_at: float | None = None  # when its last good answer came (RankPoll.at)
     _recent: list[float] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -106,6 +95,12 @@ class RankView:
     def replica_id(self) -> str | None:
         return self.state.get("replica_id") if self.state else None
 
+    @property
+    def verdict(self) -> tuple[str, str] | None:
+        """(trust state, reason); None: no verdict yet."""
+        t = self.trust
+        return (t.state, t.reason) if t is not None else None
+
     def copy(self) -> RankView:
         """A shallow copy whose ``superseded`` the view it goes into decides afresh."""
         c = self.clone()
@@ -113,9 +108,8 @@ class RankView:
         return c
 
     def clone(self) -> RankView:
-        """A shallow copy, ``superseded`` included: a view changes a RankView it shares with
-        the previous view only on a copy (the previous view may still be read). Field by
-        field: several times cheaper than dataclasses.replace in the view's hot loop."""
+        """A shallow copy, ``superseded`` included; field by field, several times cheaper than
+        dataclasses.replace in the view's hot loop."""
         c = _new(RankView)
         c.url, c.reachable, c.state, c.reason, c.error, c.failures = \
             self.url, self.reachable, self.state, self.reason, self.error, self.failures
@@ -126,7 +120,7 @@ class RankView:
         return c
 
     def recent_steps(self) -> list[float]:
-        """Its recent step times (computed once: the state never changes in a RankView)."""
+        """Its recent step times (computed once: a RankView's state never changes)."""
         cached = self._recent
         if cached is not None:
             return cached
@@ -136,19 +130,15 @@ class RankView:
         return out
 
 
-_PREVIOUS = object()
-
-
 def answered(url: str, prev: RankView | None, state: dict[str, Any], now: float,
-             target: Any = _PREVIOUS, at: float | None = None) -> RankView:
-    """The RankView of a valid answer (``target``: the previous one's by default; ``at``: when
-    it came, default ``now``)."""
+             target: Target | None, at: float | None = None) -> RankView:
+    """The RankView of a valid answer (``at``: when it came, default ``now``)."""
     rv = _new(RankView)
     rv.url, rv.reachable, rv.state, rv.reason, rv.error, rv.failures = \
         url, True, state, None, None, 0
     rv.unreachable_since, rv.last_ok_at, rv.superseded, rv.fresh, rv.polled_at = \
         None, now, False, True, now
-    rv.target = prev.target if target is _PREVIOUS else target
+    rv.target = target
     rv.trust = prev.trust if prev is not None else None
     rv._recent = None
     rv.answered_at = now if at is None else at

@@ -1,33 +1,17 @@
 """Whether a rank's claims hold, checked against the Lighthouse and the rank's peers.
 
-Anyone allowed to register can serve a ``/v1/state`` claiming any identity, so before a rank's
-answers count as evidence (the detectors see them, an eviction may follow) its claims are
-checked against the Lighthouse's ``/status`` (read after the ranks were polled, so a real rank
-is never ahead of it) and against the other ranks. A rank is **verified** when:
-
-1. its ``replica_id`` is known to the Lighthouse (a participant of the newest quorum, or
-   heartbeating);
-2. its ``quorum_id`` is not newer than the Lighthouse's, and at that quorum it is a
-   participant claiming no more ``num_participants`` than the quorum has;
-3. its ``group_world_size`` is the one the Lighthouse lists; ``0 <= group_rank < world size``;
-4. no rank of another group claims its ``replica_id``; its group's ranks agree (a strict
-   majority) on ``replica_id`` and ``group_world_size``; no other rank passing these checks
-   claims its ``(replica_group, group_rank)`` or its ``rank`` (then none of them is verified).
-
-A failed check leaves it **unverified**, with the reason: shown, never evidence. With the
-Lighthouse unreadable live ranks are **unverifiable**: one that was evidence with exactly the
-same identity stays evidence, nothing new is, and evictions are held (``monitor_blind``).
-Without ``--lighthouse`` every live rank is unverifiable and evidence, and nothing is evicted.
-A rank that stops answering keeps its last verdict. Not caught: a stranger copying a real
-replica id into a free ``group_rank`` slot, hence limited registration
-(:mod:`monitor.poll.admission`).
+Anyone allowed to register can serve a ``/v1/state`` claiming any identity, so a rank's answers
+count as evidence (reach the detectors, may lead to an eviction) only once its claims agree with
+the Lighthouse's ``/status`` (read after the ranks) and with the other ranks; the checks and
+the verdicts are in docs/monitor.md, Verification. A failed check leaves the rank unverified:
+shown, never evidence. With the Lighthouse unreadable nothing new becomes evidence.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .lighthouse_status import LighthouseStatus
@@ -42,7 +26,7 @@ REASONS = ("ok", "no_replica_id", "unknown_replica_id", "quorum_ahead", "not_in_
 
 @dataclass(frozen=True)
 class Trust:
-    """The verdict on one rank; ``evidence`` says whether its answers reach the detectors."""
+    """The verdict on one rank; ``evidence``: whether its answers reach the detectors."""
 
     state: str  # VERIFIED, UNVERIFIED or UNVERIFIABLE
     reason: str  # "ok" or one of REASONS: why not
@@ -99,16 +83,15 @@ def _check_against_lighthouse(s: dict[str, Any], lh: LighthouseStatus) -> tuple[
 
 def verify_ranks(ranks: Mapping[str, RankView], lighthouse: LighthouseStatus | None,
                  error: str | None, configured: bool, now: float) -> dict[str, Trust]:
-    """The verdict on each of ``ranks`` (by URL; ``rv.trust`` holds the previous one): every
-    check's scope must be among them."""
+    """The verdict on each of ``ranks`` by URL (``rv.trust``: the previous one); every rank a
+    check involves must be among them."""
     out: dict[str, Trust] = {}
     live: list[RankView] = []
     for url, rv in ranks.items():
         if rv.reachable and rv.state is not None:
             live.append(rv)
         elif rv.trust is not None:
-            out[url] = Trust(rv.trust.state, rv.trust.reason, rv.trust.detail,
-                             rv.trust.evidence, rv.trust.claims, rv.trust.checked_at, True)
+            out[url] = replace(rv.trust, stale=True)
         else:
             out[url] = Trust(UNVERIFIED, "never_answered", "has not answered a valid /v1/state",
                              False, None, None, True)
@@ -178,7 +161,7 @@ def verify_ranks(ranks: Mapping[str, RankView], lighthouse: LighthouseStatus | N
 
 
 def _key(rv: RankView) -> tuple | None:
-    """What a rank's verdict is reached on, besides the Lighthouse and its peers."""
+    """What a rank's verdict rests on, besides the Lighthouse and its peers."""
     s = rv.state
     if s is None:
         return None
@@ -186,13 +169,9 @@ def _key(rv: RankView) -> tuple | None:
 
 
 class Verifier:
-    """:func:`verify_ranks` sweep after sweep, judging again only what can have changed.
-
-    While the Lighthouse says the same (quorum, members, world sizes, live heartbeats), only
-    the ranks whose claims changed are judged again, with every rank their checks involve
-    (sharing a group, replica id or rank, to closure); when it changes, every rank is. The
-    verdicts are exactly :func:`verify_ranks`' over every rank.
-    """
+    """:func:`verify_ranks` sweep after sweep, with the same verdicts. While the Lighthouse
+    says the same, only the ranks whose claims changed are judged again, with every rank
+    their checks involve (same group, replica id or rank, to closure)."""
 
     def __init__(self) -> None:
         self._sig: Any = _NOT_YET
@@ -226,10 +205,8 @@ class Verifier:
     def judge(self, ranks: Mapping[str, RankView], changed: set[str],
               lighthouse: LighthouseStatus | None, error: str | None, configured: bool,
               now: float) -> dict[str, Trust]:
-        """The verdicts that change this sweep, by URL (for ViewBuilder.update's ``judge``);
-        ``changed``: at least every URL whose reachability or claims (``_key``) may differ
-        from when it was last judged (ViewBuilder passes the new RankViews less those with
-        the last answer's shape); every other one is as last judged."""
+        """The verdicts that change this sweep, by URL (ViewBuilder.update's ``judge``);
+        ``changed`` holds at least every URL whose reachability or claims may have changed."""
         sig = self._signature(lighthouse, error, configured)
         keys = self._keys
         touched = []
@@ -242,8 +219,7 @@ class Verifier:
                     touched.append((url, old, k))
                     if old is _NOT_YET:
                         added += 1
-        # the ranks are those judged before plus the new ones exactly when the counts agree
-        # (a URL new to ``ranks`` is in ``changed``): no subset test over every rank
+        # a URL new to ``ranks`` is in ``changed``: equal counts mean the same ranks
         if sig != self._sig or len(ranks) - added != len(keys):
             self._sig = sig
             self._keys, self._by = {}, defaultdict(set)
@@ -279,8 +255,7 @@ _NOT_YET = object()
 
 
 def _scopes(key: tuple | None) -> list[tuple]:
-    """The checks a rank's claims take part in beyond its own: its group, its replica id
-    (none: no rival), its global rank."""
+    """The checks beyond its own a rank takes part in: its group, replica id and rank."""
     if key is None:
         return []
     rid, g, _gr, _ws, rank = key[1]

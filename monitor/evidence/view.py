@@ -1,9 +1,7 @@
 """Folds the poller's sweeps into :class:`ClusterView` s, keeping per-target memory.
 
-:class:`ViewBuilder` remembers, per target, the last good ``/v1/state`` and how long the target
-has been unreachable, and builds a view after every sweep. The view's parts live in
-:mod:`monitor.evidence.rank`, :mod:`monitor.evidence.group` and :mod:`monitor.evidence.cluster`;
-they are importable from here too.
+:class:`ViewBuilder` remembers each target's last good ``/v1/state`` and how long it has been
+unreachable; a sweep's work grows with the ranks asked, not the ranks known (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from typing import Any
 from monitor.poll.discovery import Target
 from monitor.poll.poller import RankPoll
 
-from .cluster import ClusterView
+from .cluster import ClusterView, Sums
 from .group import GroupView, rank_order
 from .rank import STEP_TIMES_READ, RankView, answered, plain_shape, state_shape, valid_state
 
@@ -28,70 +26,25 @@ _NOT_SEEN = object()
 
 def _in_answer_order(polls: dict[str, RankPoll], polled: set[str]
                      ) -> Iterable[tuple[str, RankPoll | None]]:
-    """(URL, its poll or None) for every URL of ``polled``: those answered in the order the
-    answers came (the order their documents lie in memory: far fewer cache misses than a
-    set's order, docs/scaling.md), then the others."""
+    """(URL, its poll or None) for every URL of ``polled``, answered ones first in the order
+    they came: their documents' order in memory, far fewer cache misses (docs/scaling.md)."""
     if len(polls) == len(polled) and polls.keys() <= polled:
         return polls.items()  # the usual sweep: an answer (or a failed poll) for each
     return chain(((u, p) for u, p in polls.items() if u in polled),
                  ((u, None) for u in polled - polls.keys()))
 
 
-class _Sums:
-    """What ClusterView.counts and quorum_id would sum over every group (ranks known and
-    reachable, ranks by verdict, groups by quorum id), kept as groups are replaced."""
-
-    __slots__ = ("known", "up", "trust", "quorums")
-
-    def __init__(self) -> None:
-        self.known = self.up = 0
-        self.trust: dict[tuple[str, str] | None, int] = {}
-        self.quorums: dict[int, int] = {}
-
-    def add(self, gv: GroupView, sign: int) -> None:
-        self.known += sign * len(gv.ranks)
-        self.up += sign * len(gv.reachable)
-        trust = self.trust
-        for k, n in gv.trust_counts.items():
-            trust[k] = trust.get(k, 0) + sign * n
-        q = gv.quorum_id
-        if q is not None:
-            self.quorums[q] = self.quorums.get(q, 0) + sign
-
-    def fill(self, view: ClusterView) -> None:
-        """Set ``view``'s counts and quorum id (ClusterView's cached values) from the sums."""
-        ungrouped = view.ungrouped or ()
-        trust = {k: n for k, n in self.trust.items() if n}
-        for r in ungrouped:
-            k = (r.trust.state, r.trust.reason) if r.trust is not None else None
-            trust[k] = trust.get(k, 0) + 1
-        view.__dict__["counts"] = (self.known + len(ungrouped), self.up, trust)
-        qs = [q for q, n in self.quorums.items() if n]
-        view.__dict__["quorum_id"] = max(qs) if qs else None
-
-
 class ViewBuilder:
-    """Folds sweeps into ClusterViews; a sweep's work grows with the ranks asked, not the
-    ranks known (docs/scaling.md).
-
-    With leader polling (``polled`` given) and the same targets as the last sweep, a view is
-    built from the last one: a rank not asked keeps its RankView object, and only the groups
-    with a rank that changed are grouped again; the others keep their GroupView (derived
-    values and evidence included). A RankView shared with the last view is copied before
-    anything in it changes.
-
-    With verdicts (``judge``), a *moved* group (its changed ranks are each the same process
-    answering again with the same shape, :func:`monitor.evidence.rank.state_shape`, and the
-    same verdict: the usual sweep, every leader one step further) is not grouped again: its
-    new GroupView keeps the slots and what progress leaves as it was
-    (:meth:`GroupView.progressed`); the view's counts and quorum id are sums kept per group.
-    """
+    """Folds sweeps into ClusterViews. With ``polled`` and the same targets as the last sweep a
+    view is built from the last one: only groups with a changed rank are grouped again, and
+    with verdicts a *moved* group (its changed ranks answered again with the same shape and
+    verdict) only progresses (GroupView.progressed). A RankView shared with the last view is
+    copied before anything in it changes."""
 
     def __init__(self) -> None:
         self._ranks: dict[str, RankView] = {}
         self._targets: list[Target] = []
-        # the URLs the last sweep polled, in its answer order (its RankViews were made in it)
-        self._fresh: list[str] = []
+        self._fresh: list[str] = []  # the URLs the last sweep polled, in answer order
         self._group_of: dict[str, int | None] = {}  # url -> the group it is in (None: none)
         self._members: dict[int | None, dict[str, RankView]] = {}  # superseded ones too
         self._groups: dict[int, GroupView] = {}
@@ -99,10 +52,9 @@ class ViewBuilder:
         self._ev_ranks: dict[str, RankView] = {}
         self._slot: dict[str, int] = {}  # url -> its index in its GroupView's ranks
         self._shapes: dict[str, tuple] = {}  # url -> state_shape of its last answer
-        self._sums, self._ev_sums = _Sums(), _Sums()
+        self._sums, self._ev_sums = Sums(), Sums()
         self.changed: set[str] = set()  # URLs whose RankView the last update made anew
-        # those of them that did more than progress (shape, reachability, verdict, superseded)
-        self.reshaped: set[str] = set()
+        self.reshaped: set[str] = set()  # those of them that did more than progress
         self._unreachable: dict[str, float] = {}
         self._judged = False
 
@@ -111,27 +63,22 @@ class ViewBuilder:
                polled: set[str] | None = None,
                judge: Callable[[dict[str, RankView], set[str]], dict[str, Any]] | None = None
                ) -> ClusterView:
-        """``polled``: the URLs this sweep asked (default: every target); a target outside it
-        keeps its last RankView (``fresh`` False): not being due is not a failure.
-
-        ``judge(ranks, changed)`` (monitor.evidence.verification.Verifier.judge): the verdicts
-        that change, by URL, given every rank and the new RankViews less those with the last
-        reachability and shape. With it the evidence view is built alongside; without it the
-        caller sets ``trust`` and :meth:`ClusterView.evidence` derives it on demand."""
+        """The sweep's view. ``polled``: the URLs asked (default: every target); one not asked
+        keeps its last RankView (``fresh`` False), not being due is not a failure.
+        ``judge(ranks, changed)`` (Verifier.judge) gives the verdicts that change; with it the
+        evidence view is built alongside, without it ClusterView.evidence derives it."""
         now = time.time() if now is None else now
         prev = self._ranks
         same = (polled is not None and bool(prev) and len(targets) == len(self._targets)
                 and (judge is not None) == self._judged
                 and all(map(operator.is_, targets, self._targets)))
-        # the loops below run over every rank asked (benchmarks/bench_view.py): locals on purpose
-        # group -> (last sweep's, this sweep's) RankView of its ranks answering again with the
-        # same shape: moving on, if the verdict stands (only with verdicts)
+        # hot loops over every rank asked (benchmarks/bench_view.py): locals on purpose
+        # group -> (last, new) RankView of its ranks answering again with the same shape
         moved: dict[int, list[tuple[RankView, RankView]]] = {}
         rejudge: set[str] = set()  # new RankViews whose reachability or shape changed
         rest: set[str] = set()  # the changed URLs not moving: their groups are grouped again
         if same:
             current = dict(prev)
-            # asked last sweep, not now: carried from now on
             carried = [u for u in self._fresh if u not in polled]
             changed = polled.union(carried)
             group_of, bucket = self._group_of, judge is not None
@@ -151,7 +98,7 @@ class ViewBuilder:
                     break
                 shape = plain_shape(p.data) if p is not None and p.ok else None
                 if shape is not None:
-                    rv = current[url] = answered(url, old, p.data, now, at=p.at)
+                    rv = current[url] = answered(url, old, p.data, now, old.target, p.at)
                 else:
                     rv = current[url] = polled_rank(url, old, old.target, p, now)
                     if rv.reachable:
@@ -181,13 +128,13 @@ class ViewBuilder:
             self._shapes = {u: state_shape(r.state) for u, r in current.items() if r.reachable}
             self._group_of, self._members, self._slot = {}, {}, {}
             self._groups, self._ev_groups, self._ev_ranks = {}, {}, {}
-            self._sums, self._ev_sums = _Sums(), _Sums()
+            self._sums, self._ev_sums = Sums(), Sums()
             self._unreachable = {}
         self._targets = list(targets)
         self._judged = judge is not None
         if polled is None:
             self._fresh, polled_list = list(current), None
-        else:  # in answer order: every consumer then reads the documents in memory order
+        else:  # in answer order: consumers read the documents in memory order
             polled_list = [u for u, _ in _in_answer_order(polls, polled) if u in current]
             self._fresh = polled_list
         if judge is not None:
@@ -202,7 +149,6 @@ class ViewBuilder:
         self._ranks = current
         self.changed = changed
         self.reshaped = rest
-        # ``current`` is not changed after this: the next update starts from a copy
         view = ClusterView(at=now, ranks=current, sweep_seconds=sweep_seconds,
                            groups=groups, ungrouped=list(self._members.get(None, {}).values()),
                            polled=polled_list)
@@ -224,20 +170,15 @@ class ViewBuilder:
         if p is not None and p.ok and valid_state(p.data) is None:
             return answered(url, prev, p.data, now, target, p.at)
         if p is not None and p.reason == "monitor" and not p.ok:
-            # the monitor could not ask (its own file descriptors, monitor/poll/fd_budget.py):
-            # no evidence either way, so carried as not asked (no failure counted)
+            # the monitor could not ask (monitor/poll/fd_budget.py): carried as not asked
             if prev is not None:
                 rv = prev.clone()
                 rv.fresh, rv.target = False, target
                 return rv
             return RankView(url, False, None, reason=p.reason, error=p.error, target=target,
                             polled_at=now)
-        rv = RankView(url, False, prev.state if prev else None, target=target,
-                      failures=prev.failures if prev else 0,
-                      unreachable_since=prev.unreachable_since if prev else None,
-                      last_ok_at=prev.last_ok_at if prev else None,
-                      trust=prev.trust if prev else None, polled_at=now,
-                      answered_at=prev.answered_at if prev else None)
+        rv = prev.copy() if prev is not None else RankView(url, False, None)
+        rv.reachable, rv.target, rv.fresh, rv.polled_at = False, target, True, now
         if p is None:
             rv.reason, rv.error = "connection", "not polled"
         elif not p.ok:
@@ -252,9 +193,8 @@ class ViewBuilder:
     def _regroup(self, current: dict[str, RankView], changed: set[str],
                  moved: dict[int, list[tuple[RankView, RankView]]], rest: set[str],
                  with_evidence: bool) -> dict[int, GroupView]:
-        """Move the changed ranks into their groups and group again only the groups touched
-        (``rest``: the changed URLs not only moving); a group in ``moved`` none of whose ranks
-        is in ``rest`` is made from its last GroupView (GroupView.progressed)."""
+        """Move the changed ranks into their groups; group again only those touched by ``rest``
+        (the changed URLs not only moving), progress the other ``moved`` ones."""
         dirty: set[int | None] = set()
         members_of, group_of, unreachable = self._members, self._group_of, self._unreachable
         ev_ranks = self._ev_ranks
@@ -285,8 +225,7 @@ class ViewBuilder:
             members = members_of[g]
             for _, rv in pairs:
                 members[rv.url] = rv
-            if g in dirty:
-                # another of its ranks did more than progress: grouped again below
+            if g in dirty:  # another of its ranks did more than progress: grouped again below
                 continue
             last = groups[g]
             ranks = last.ranks.copy()
@@ -308,16 +247,7 @@ class ViewBuilder:
             if g is None:
                 continue
             before = groups.get(g)
-            members = members_of.get(g)
-            if not members:
-                members_of.pop(g, None)
-                groups.pop(g, None)
-                if with_evidence:
-                    if before is not None:
-                        sums.add(before, -1)
-                    ev_before = self._ev_groups.pop(g, None)
-                    self._ev_resum(ev_before, None)
-                continue
+            members = members_of.get(g) or {}
             live = {r.rank for r in members.values() if r.reachable and r.state}
             ranks, old = [], []
             for url, r in members.items():
@@ -330,6 +260,8 @@ class ViewBuilder:
                     rest.add(url)
                 (old if sup else ranks).append(r)
             gv = None
+            if not members:
+                members_of.pop(g, None)
             if not ranks:
                 groups.pop(g, None)
             else:
@@ -354,7 +286,6 @@ class ViewBuilder:
         return groups
 
     def _ev_resum(self, before: GroupView | None, after: GroupView | None) -> None:
-        """The evidence view's sums, one of its groups replaced."""
         if before is after:
             return
         if before is not None:
@@ -364,9 +295,8 @@ class ViewBuilder:
 
     def _evidence_group(self, g: int, members: dict[str, RankView],
                         full: GroupView | None) -> None:
-        """The evidence view's group ``g``: the full view's own GroupView when every rank of
-        the group counts as evidence (the usual case), else one of copies of those that do
-        (their ``superseded`` decided among them alone)."""
+        """Set the evidence view's group ``g``: ``full`` when every rank is evidence (the usual
+        case), else a GroupView of copies of those that are."""
         ev = self._ev_ranks
         for url in members:
             ev.pop(url, None)

@@ -1,13 +1,7 @@
 """Sinks: what carries out a host quarantine or release that :mod:`monitor.act.hosts` decided.
 
-Every sink has ``quarantine(event)`` and ``release(event)``, each one attempt returning an
-:class:`ActionResult`, never raising (the ledger retries and records every attempt). ``event``
-is the JSON an exec hook reads on stdin and a webhook receives (docs/quarantine.md)::
-
-    {"event": "quarantine" | "release", "host": ..., "node": ..., "devices": [...],
-     "kind": ..., "reason": ..., "finding": {...} | null, "job": ..., "at": <unix>,
-     "expires_at": <unix> | null, "action_id": N, "attempt": N}
-
+Every sink has ``quarantine(event)`` and ``release(event)``, one attempt each, returning an
+:class:`ActionResult` and never raising; ``event`` is the JSON of docs/quarantine.md (Actions).
 ``--action`` (repeatable) picks them: ``k8s``, ``slurm``, ``exec:CMD``, ``webhook:URL``.
 """
 
@@ -24,7 +18,7 @@ ACTION_FORMS = "k8s, slurm, exec:CMD or webhook:URL"
 
 
 def validate_action(spec: str) -> None:
-    """Raise SinkConfigError when ``spec`` is not one of :data:`ACTION_FORMS` (nothing built)."""
+    """SinkConfigError when ``spec`` is not one of ACTION_FORMS (nothing built)."""
     kind, _, arg = spec.partition(":")
     if spec in ("k8s", "kubernetes", "slurm"):
         return
@@ -44,9 +38,8 @@ def validate_action(spec: str) -> None:
 def build_sink(spec: str, *, timeout_s: float = 10.0, webhook_secret: str | None = None,
                k8s_namespace: str | None = None, k8s_pod_selector: str | None = None,
                k8s_client: Any = None) -> Sink:
-    """The sink an ``--action`` names. Raises SinkConfigError on a bad spec, and for ``k8s``
-    when lightkube (``lightkeeper[kubernetes]``) is missing or no cluster configuration is found
-    (in-cluster service account, ``KUBECONFIG`` or ``~/.kube/config``)."""
+    """The sink an ``--action`` names. SinkConfigError: a bad spec, or for ``k8s`` no
+    lightkube or no cluster configuration."""
     validate_action(spec)
     kind, _, arg = spec.partition(":")
     if spec in ("k8s", "kubernetes"):

@@ -1,13 +1,5 @@
-"""Two generic sinks: an exec hook and a signed webhook.
-
-``exec:CMD`` runs CMD (split like a shell would, never through one) with the event's JSON on
-stdin and ``LIGHTKEEPER_EVENT``, ``LIGHTKEEPER_HOST``, ``LIGHTKEEPER_NODE`` in its environment;
-exit 0 is success, a command that cannot be found is not retried.
-
-``webhook:URL`` POSTs the event's JSON with ``X-Lightkeeper-Event`` and
-``X-Lightkeeper-Signature: sha256=<hex HMAC-SHA256 of the body>`` (``--webhook-secret``,
-required); the body's ``action_id``, ``attempt`` and ``at`` let a receiver drop replays. 2xx
-is success; a 4xx other than 408/429 is not retried.
+"""Two generic sinks: an exec hook (``exec:CMD``, the event's JSON on stdin) and a signed
+webhook (``webhook:URL``, HMAC-SHA256 of the body). Contract and retries: docs/quarantine.md.
 """
 
 from __future__ import annotations
@@ -38,7 +30,7 @@ def sign(secret: str, body: bytes) -> str:
 
 
 def signature_matches(secret: str, body: bytes, header: str | None) -> bool:
-    """For receivers (and the tests): constant-time check of a signature header."""
+    """For receivers: constant-time check of a signature header."""
     return bool(header) and hmac.compare_digest(sign(secret, body), header)
 
 
@@ -51,16 +43,13 @@ class ExecSink:
         self.timeout_s = timeout_s
 
     def run(self, event: dict[str, Any]) -> ActionResult:
-        """One attempt at either event (the hook reads which from the event)."""
         env = {**os.environ, "LIGHTKEEPER_EVENT": str(event.get("event")),
                "LIGHTKEEPER_HOST": str(event.get("host")),
                "LIGHTKEEPER_NODE": str(event.get("node") or event.get("host"))}
         try:
             p = subprocess.run(self.argv, input=event_bytes(event), capture_output=True,
                                timeout=self.timeout_s, env=env, check=False)
-        except FileNotFoundError as e:
-            return ActionResult(False, f"cannot run {self.argv[0]!r}: {e}", retry=False)
-        except PermissionError as e:
+        except (FileNotFoundError, PermissionError) as e:
             return ActionResult(False, f"cannot run {self.argv[0]!r}: {e}", retry=False)
         except subprocess.TimeoutExpired:
             return ActionResult(False, f"{self.argv[0]} did not finish within "
@@ -87,7 +76,6 @@ class WebhookSink:
         self._session = requests.Session()
 
     def post(self, event: dict[str, Any]) -> ActionResult:
-        """One attempt at either event (the receiver reads which from the event)."""
         body = event_bytes(event)
         headers = {"Content-Type": "application/json", EVENT_HEADER: str(event.get("event")),
                    SIGNATURE_HEADER: sign(self._secret, body)}

@@ -1,14 +1,9 @@
 """Kubernetes sink: cordon and taint the quarantined node, say why in a node condition, and
 delete the job's pods on it so their controller reschedules them elsewhere.
 
-Needs ``lightkeeper[kubernetes]`` (lightkube) and a cluster configuration (service account,
-``KUBECONFIG`` or ``~/.kube/config``); RBAC in ``deploy/kubernetes/quarantine/``. Quarantine,
-each step idempotent, the first failure ending the attempt: patch the node (unschedulable, our
-``lightkeeper.io/quarantined=<kind>:NoSchedule`` taint; the whole taint list with the node's
-``resourceVersion``, so a concurrent change answers 409), set condition
-``LightkeeperQuarantined``, delete the job's pods on the node. Release removes the taint,
-uncordons only a node our taint cordoned, and sets the condition ``False``. 401, 403, 404 and
-422 are not retried.
+Needs ``lightkeeper[kubernetes]`` (lightkube) and a cluster configuration; RBAC in
+``deploy/kubernetes/quarantine/``. Each step is idempotent, the first failure ends the attempt;
+release uncordons only a node our taint cordoned. 401, 403, 404 and 422 are not retried.
 """
 
 from __future__ import annotations
@@ -24,8 +19,7 @@ TAINT_KEY = "lightkeeper.io/quarantined"
 CONDITION = "LightkeeperQuarantined"
 DEFAULT_POD_SELECTOR = "app.kubernetes.io/component=training"
 SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-# Every request this sink makes, as RBAC rules (deploy/kubernetes/quarantine/ grants exactly these;
-# tests/test_hosts_deploy.py checks it): (resource, verbs), core API group.
+# every request this sink makes as RBAC rules, (resource, verbs) (tests/test_hosts_deploy.py)
 RBAC_CLUSTER = {"nodes": ("get", "patch"), "nodes/status": ("patch",)}
 RBAC_NAMESPACE = {"pods": ("list", "delete")}
 
@@ -75,7 +69,6 @@ class KubernetesSink:
                 namespace = os.environ.get("POD_NAMESPACE") or client.namespace
         return cls(client, namespace, pod_selector or DEFAULT_POD_SELECTOR)
 
-    # --- the two calls ----------------------------------------------------------------
     def quarantine(self, event: dict[str, Any]) -> ActionResult:
         node = str(event.get("node") or event["host"])
         kind = str(event.get("kind") or "quarantined")
@@ -104,7 +97,6 @@ class KubernetesSink:
             return self._failure(node, done, e)
         return ActionResult(True, f"node {node}: " + "; ".join(done))
 
-    # --- requests -----------------------------------------------------------------------
     def _patch_node(self, node: str, cordon: bool, taint: str | None) -> None:
         from lightkube.resources.core_v1 import Node
         from lightkube.types import PatchType
