@@ -30,7 +30,7 @@ from .model import (
     _make_signature,
     normalize,
 )
-from .wire import Packed, pack, pack_codes, pack_column
+from .wire import Packed, pack, pack_group
 
 __all__ = ["normalize_columnar", "normalize_packed", "normalize_parsed"]
 
@@ -48,7 +48,7 @@ def normalize_columnar(dump: Any, rank: int | None = None) -> RankTrace:
 
 def normalize_packed(dump: Any, rank: int | None = None) -> Packed:
     """``wire.pack(normalize(dump, rank))``, built from the dump's columns."""
-    trace = _fast(dump, rank, _packed_group)
+    trace = _fast(dump, rank, pack_group)
     return pack(normalize(dump, rank)) if trace is None else _as_packed(trace)
 
 
@@ -56,7 +56,7 @@ def normalize_parsed(doc: Any, rank_of: Callable[[Any], int], packed: bool) -> R
     """:func:`normalize_columnar` (``packed``: :func:`normalize_packed`) of the C reader's
     parsed pickle ``doc``; ``rank_of``: the rank given the top-level dict. Raises
     ``_frpickle.DumpRefused`` when the reader cannot build it."""
-    build = _packed_group if packed else _group_trace
+    build = pack_group if packed else _group_trace
     got = doc.columns(_KEYS, "duration_ms")
     if got is not None:
         top, cols, first, last = got
@@ -206,12 +206,6 @@ def _group_trace(first_seq: int, sigs: list, states: list, created: Sequence[Any
                  kinds: tuple) -> GroupTrace:
     return GroupTrace(first_seq=first_seq, sigs=sigs, states=states, created_ns=list(created),
                       duration_ms=list(durations))
-
-
-def _packed_group(first_seq: int, sigs: list, states: list, created: Sequence[Any], durations: Sequence[Any],
-                  kinds: tuple) -> tuple:
-    return (first_seq, pack_codes(sigs), pack_codes(states), pack_column(created, kinds[0]),
-            pack_column(durations, kinds[1]))
 
 
 def _one_type(values: Sequence[Any]) -> type | None:

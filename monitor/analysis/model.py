@@ -15,6 +15,7 @@ import marshal
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from itertools import repeat
 from operator import itemgetter
 from typing import Any, NamedTuple
@@ -152,22 +153,17 @@ def _parse_ranks(raw: Any) -> tuple[int, ...]:
 
 
 _INT_ONLY = frozenset({int})
-# pg_config's rank lists by (text, offset): every dump of a job repeats them
-_MEMBERS_SEEN: dict[tuple[str, int], tuple[int, ...]] = {}
-_MEMBERS_SEEN_MAX = 4096
 
 
 def _members_of(raw: Any, offset: int) -> tuple[int, ...]:
     if type(raw) is str:
-        known = _MEMBERS_SEEN.get((raw, offset))
-        if known is not None:
-            return known
-    members = tuple(map(offset.__add__, _parse_ranks(raw)))  # r + offset, at C speed
-    if type(raw) is str:
-        if len(_MEMBERS_SEEN) >= _MEMBERS_SEEN_MAX:
-            _MEMBERS_SEEN.clear()
-        _MEMBERS_SEEN[(raw, offset)] = members
-    return members
+        return _members_of_text(raw, offset)
+    return tuple(map(offset.__add__, _parse_ranks(raw)))  # r + offset, at C speed
+
+
+@lru_cache(maxsize=4096)  # every dump of a job repeats pg_config's rank lists
+def _members_of_text(raw: str, offset: int) -> tuple[int, ...]:
+    return tuple(map(offset.__add__, _parse_ranks(raw)))
 
 
 def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pickle
 from array import array
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 from .model import GroupTrace, RankTrace
@@ -30,11 +31,8 @@ class Packed:
 
 def pack(trace: RankTrace) -> Packed:
     """The trace, packed (its ``groups`` and ``members`` are taken out of it)."""
-    columns = {
-        key: (g.first_seq, pack_codes(g.sigs), pack_codes(g.states),
-              pack_column(g.created_ns), pack_column(g.duration_ms))
-        for key, g in trace.groups.items()
-    }
+    columns = {key: pack_group(g.first_seq, g.sigs, g.states, g.created_ns, g.duration_ms)
+               for key, g in trace.groups.items()}
     trace.groups = {}
     return Packed(trace, columns)
 
@@ -60,11 +58,6 @@ def from_bytes(blob: bytes) -> RankTrace:
     return unpack(pickle.loads(blob))
 
 
-# every dump repeats its groups' member lists: one shared tuple each, not a million ints
-_RANKS_SEEN: dict[bytes, tuple[int, ...]] = {}
-_RANKS_SEEN_MAX = 4096
-
-
 def pack_ranks(ranks: tuple[int, ...]) -> Any:
     if ranks and set(map(type, ranks)) == _INT:
         try:
@@ -75,17 +68,22 @@ def pack_ranks(ranks: tuple[int, ...]) -> Any:
 
 
 def _as_ranks(packed: Any) -> tuple[int, ...]:
-    if type(packed) is not bytes:
-        return packed
-    ranks = _RANKS_SEEN.get(packed)
-    if ranks is None:
-        if len(_RANKS_SEEN) >= _RANKS_SEEN_MAX:
-            _RANKS_SEEN.clear()
-        ranks = _RANKS_SEEN[packed] = tuple(array("q", packed))
-    return ranks
+    return _unpack_ranks(packed) if type(packed) is bytes else packed
+
+
+@lru_cache(maxsize=4096)  # every dump repeats its groups' member lists: one shared tuple each
+def _unpack_ranks(packed: bytes) -> tuple[int, ...]:
+    return tuple(array("q", packed))
 
 
 _INT = {int}
+
+
+def pack_group(first_seq: int, sigs: list, states: list, created: Sequence[Any], durations: Sequence[Any],
+               kinds: tuple = (None, None)) -> tuple:
+    """A group's packed columns; ``kinds``: the value columns' one type each, if known."""
+    return (first_seq, pack_codes(sigs), pack_codes(states), pack_column(created, kinds[0]),
+            pack_column(durations, kinds[1]))
 
 
 def pack_codes(values: list) -> Any:

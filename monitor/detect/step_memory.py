@@ -72,7 +72,7 @@ class StepMemory:
                 self._rid[slot] = replica_id
             return slot
         if not self._free:
-            self._grow()
+            self._resize(2 * len(self._rid))
         slot = self._slot[url] = self._free.pop()
         self._rid[slot] = replica_id
         return slot
@@ -121,39 +121,26 @@ class StepMemory:
         for s in slots:
             self._rid[s] = None
         self._free.extend(slots)
+        # the first sweep folds every rank, leader polling then keeps a fraction
         if len(self._rid) > 4096 and 4 * len(self._slot) < len(self._rid):
-            self._compact()
+            self._resize(max(1024, 2 * len(self._slot)))
 
     def _empty(self, slots: list[int]) -> None:
         self._steps[slots] = NONE
         self._newest[slots] = NONE
 
-    def _grow(self) -> None:
-        old = len(self._rid)
-        self._resize(2 * old)
-        self._free.extend(range(2 * old - 1, old - 1, -1))
-
-    def _resize(self, capacity: int, live: list[int] | None = None) -> None:
-        """Arrays of ``capacity`` slots, the current ones in place or ``live``'s at the front."""
+    def _resize(self, capacity: int) -> None:
+        """``capacity`` slots, the live ones moved to the front in slot order (with none free,
+        as when growing, every slot keeps its number)."""
+        urls = sorted(self._slot, key=self._slot.__getitem__)
+        live = [self._slot[u] for u in urls]
+        n = len(live)
         steps = np.full((capacity, self.depth), NONE, np.int64)
         seconds = np.zeros((capacity, self.depth, len(TIMING_KEYS)), np.float64)
         newest = np.full(capacity, NONE, np.int64)
-        if live is None:
-            n = len(self._rid)
-            steps[:n], seconds[:n], newest[:n] = self._steps, self._seconds, self._newest
-            self._rid.extend([None] * (capacity - n))  # in place: replica_ids() readers
-        else:
-            n = len(live)
-            steps[:n], seconds[:n], newest[:n] = \
-                self._steps[live], self._seconds[live], self._newest[live]
-            self._rid = [self._rid[s] for s in live] + [None] * (capacity - n)
+        steps[:n], seconds[:n], newest[:n] = self._steps[live], self._seconds[live], self._newest[live]
         self._steps, self._seconds, self._newest = steps, seconds, newest
-
-    def _compact(self) -> None:
-        # the first sweep folds every rank, leader polling then keeps a fraction
-        urls = list(self._slot)
-        live = [self._slot[u] for u in urls]
-        capacity = max(1024, 2 * len(live))
-        self._resize(capacity, live)
-        self._slot = dict(zip(urls, range(len(live)), strict=True))
-        self._free = list(range(capacity - 1, len(live) - 1, -1))
+        # in place: slots() and replica_ids() readers
+        self._rid[:] = [self._rid[s] for s in live] + [None] * (capacity - n)
+        self._slot.update(zip(urls, range(n), strict=True))
+        self._free = list(range(capacity - 1, n - 1, -1))

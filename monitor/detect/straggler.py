@@ -79,19 +79,17 @@ def straggler_lags(cross: np.ndarray, threshold: float, need: int
     return lags, candidates, healthy
 
 
+@dataclass(slots=True, eq=False)
 class Answers:
     """One pass over a view's answers: commit failures by URL, the silent and starting URLs,
     per group its ranks with timings (RankView, slot, replica id), groups of mixed replica ids."""
 
-    __slots__ = ("view", "counts", "silent", "by_group", "mixed", "starting")
-
-    def __init__(self, view: ClusterView) -> None:
-        self.view = view
-        self.counts: dict[str, int] = {}
-        self.silent: list[str] = []
-        self.by_group: dict[int, list[tuple[RankView, int, str | None]]] = {}
-        self.mixed: set[int] = set()
-        self.starting: list[str] = []
+    view: ClusterView
+    counts: dict[str, int] = field(default_factory=dict)
+    silent: list[str] = field(default_factory=list)
+    by_group: dict[int, list[tuple[RankView, int, str | None]]] = field(default_factory=dict)
+    mixed: set[int] = field(default_factory=set)
+    starting: list[str] = field(default_factory=list)
 
 
 class Straggler:
