@@ -1,16 +1,9 @@
 """Flight Recorder analysis across ranks: which collectives went wrong, which ranks are to blame.
 
-Pure functions, no torch import, no I/O but the loader's:
-
-- ``analyze(dumps, *, blame_missing=False, same_host=False, world_size=None, straggler=None)
-  -> AnalysisResult``: global rank -> dump dict (``/v1/fr_trace``, ``_dump_*_json``, the pickled
-  ``_dump_nccl_trace``) or a ``RankTrace``; ``.findings``, ``.lags``, ``.last_seq``, ``.to_dict()``
-  (the JSON of ``lightkeeper analyze --format json``);
-- ``normalize(dump, rank=None) -> RankTrace`` (raises ``DumpFormatError``) and
-  ``normalize_dumps(dumps) -> (traces, errors)``: every rank's once, to pass to ``analyze``;
-- ``load_paths(paths) -> LoadResult``: per-rank dump files (JSON or pickle), errors not raised.
-
-The rules: :mod:`.engine` and :mod:`.stragglers`; the JSON interface: docs/analyze.md.
+Pure functions, no torch: ``analyze(dumps) -> AnalysisResult`` (global rank -> dump dict or
+``RankTrace``), ``normalize`` (raises ``DumpFormatError``), ``normalize_dumps`` and
+``load_paths`` (per-rank dump files; errors listed, not raised). The rules and the JSON
+interface: docs/analyze.md.
 """
 
 from .engine import analyze, normalize_dumps

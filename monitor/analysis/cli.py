@@ -1,8 +1,7 @@
 """``lightkeeper analyze PATH [PATH ...]``: cross-rank findings from Flight Recorder dumps.
 
-Exit status: 0 no findings, 1 findings, 2 unusable input (nothing loadable; argparse exits 2 on
-bad flags). Files that cannot be used are listed as errors and the rest is still analyzed.
-Does not import torch.
+Exit status: 0 no findings, 1 findings, 2 nothing loadable or a bad flag. Files that cannot be
+used are listed as errors and the rest is still analyzed.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     result = analyze(loaded.traces, blame_missing=args.blame_missing, same_host=args.same_host, world_size=args.world_size)
     result.errors = loaded.errors + result.errors
     report = result.to_dict()
-    report["pickle_reader"] = loaded.pickle_reader  # "c" or "python": the same results either way
+    report["pickle_reader"] = loaded.pickle_reader
     if args.format == "json":
         json.dump(report, out, indent=2)
         out.write("\n")

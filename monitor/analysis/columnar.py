@@ -1,14 +1,10 @@
-"""The loader's fast path: normalizing the common Flight Recorder dump column by column.
+"""The loader's fast path: the common Flight Recorder dump normalized column by column.
 
-:func:`normalize_columnar` returns what :func:`~monitor.analysis.model.normalize` returns, at
-about half its cost, for dumps whose entries are dicts with every key torch writes, without
-point-to-point entries or torchft ``incarnations``, one entry per sequence id in every group.
-Anything else, malformed dumps included, goes to ``normalize``, so the errors are its errors
-(``tests/test_analysis_columnar.py`` compares the two). Each field of every entry is read in one
-C-level pass; groups issued in a fixed order are split with slices; a group whose signature is
-constant gets it computed once. The one difference: a group whose signature fields are equal
-but not of one type (``8`` and ``8.0``) gets one signature id here, several in ``normalize``;
-the engine's shared table merges equal signatures, so no report differs.
+:func:`normalize_columnar` returns what :func:`~monitor.analysis.model.normalize` returns at
+about half its cost (bench_analyze.py), for dumps with every key torch writes, no p2p entries,
+no torchft ``incarnations`` and one entry per sequence id; anything else, malformed dumps
+included, goes to ``normalize``, so the errors are its errors. One difference: equal signature
+fields of different types (``8`` and ``8.0``) get one signature id here; no report differs.
 """
 
 from __future__ import annotations
@@ -34,12 +30,11 @@ from .model import (
     _make_signature,
     normalize,
 )
-from .wire import Packed, pack, pack_codes, pack_column
+from .wire import Packed, pack, pack_group
 
 __all__ = ["normalize_columnar", "normalize_packed", "normalize_parsed"]
 
-# the fields normalize reads from every entry, in its order, but pg_id: normalize reads it only
-# to tell torchft incarnations apart, and dumps with incarnations are left to normalize
+# normalize's fields but pg_id, which only tells torchft incarnations apart (left to normalize)
 _KEYS = tuple(k for k in _FAST_KEYS if k != "pg_id")
 _MAX_PERIOD = 64  # longest repeating pattern of groups looked for (collectives per step)
 
@@ -47,25 +42,21 @@ Take = Callable[[Sequence[Any]], Sequence[Any]]
 
 
 def normalize_columnar(dump: Any, rank: int | None = None) -> RankTrace:
-    """Normalize one rank's dump (same result and errors as ``normalize(dump, rank)``)."""
     trace = _fast(dump, rank, _group_trace)
     return normalize(dump, rank) if trace is None else trace
 
 
 def normalize_packed(dump: Any, rank: int | None = None) -> Packed:
-    """``wire.pack(normalize(dump, rank))``, built straight from the dump's columns."""
-    trace = _fast(dump, rank, _packed_group)
+    """``wire.pack(normalize(dump, rank))``, built from the dump's columns."""
+    trace = _fast(dump, rank, pack_group)
     return pack(normalize(dump, rank)) if trace is None else _as_packed(trace)
 
 
 def normalize_parsed(doc: Any, rank_of: Callable[[Any], int], packed: bool) -> RankTrace | Packed:
-    """:func:`normalize_columnar` (``packed``: :func:`normalize_packed`) of the dump in ``doc``,
-    the C reader's parsed pickle: the common shape from the columns the reader builds, any
-    other dump built whole (``doc.load()``). ``rank_of``: the rank given the top-level dict.
-
-    Raises ``_frpickle.DumpRefused`` when the reader cannot build something (the caller then
-    reads the file with Python's unpickler)."""
-    build = _packed_group if packed else _group_trace
+    """:func:`normalize_columnar` (``packed``: :func:`normalize_packed`) of the C reader's
+    parsed pickle ``doc``; ``rank_of``: the rank given the top-level dict. Raises
+    ``_frpickle.DumpRefused`` when the reader cannot build it."""
+    build = pack_group if packed else _group_trace
     got = doc.columns(_KEYS, "duration_ms")
     if got is not None:
         top, cols, first, last = got
@@ -85,8 +76,7 @@ def _as_packed(trace: RankTrace) -> Packed:
 
 
 def _fast(dump: Any, rank: int | None, build: Build) -> RankTrace | None:
-    """The trace, its groups made by ``build``; None when the dump is not of the common shape
-    (``normalize`` then takes it whole, and raises what it raises)."""
+    """The trace, its groups made by ``build``; None when not the common shape."""
     if type(dump) is not dict:
         return None
     entries = dump.get("entries")
@@ -97,9 +87,8 @@ def _fast(dump: Any, rank: int | None, build: Build) -> RankTrace | None:
 
 def _from_parts(top: dict, rank: int | None, build: Build, columns: Callable[[], Sequence | None],
                 ends: tuple[Any, Any]) -> RankTrace | None:
-    """:func:`_fast` on a dump's parts: ``top`` (its top-level dict, entries unread), ``columns``
-    (the entries' fields by columns, :func:`_entry_columns`), ``ends`` (first and last entry)."""
-    # top-level checks and fields first: an invalid dump raises here, before any entry is read
+    """:func:`_fast` on a dump's top-level dict, its entries' columns and first and last entry."""
+    # an invalid dump raises here, before any entry is read
     trace = normalize({**top, "entries": []}, rank)
     scope = None  # as normalize scopes groups inside a torchft replica group
     if isinstance(top.get("replica_group"), int) and isinstance(top.get("group_world_size"), int):
@@ -117,8 +106,7 @@ def _from_parts(top: dict, rank: int | None, build: Build, columns: Callable[[],
 
 
 def _entry_columns(entries: list) -> list | None:
-    """The fields :func:`_columns` reads, one tuple per field of every entry (``duration_ms``
-    last, when the entries have it), or None when not the common shape."""
+    """One tuple per field :func:`_columns` reads (``duration_ms`` last, when there), or None."""
     first = entries[0]
     if type(first) is not dict:
         return None
@@ -133,8 +121,7 @@ def _entry_columns(entries: list) -> list | None:
 
 
 def _columns(cols: Sequence, scope: int | None, build: Build) -> tuple | None:
-    """``(oldest record id, signatures, groups, last entry)`` from the entries' fields by
-    columns, or None when not the common shape."""
+    """``(oldest record id, signatures, groups, last entry)``, or None when not the common shape."""
     pgs, seqs, pnames, ins, outs, idts, odts, states, created, rids, p2ps = cols[:11]
     n = len(seqs)
     if any(p2ps) or set(map(type, seqs)) != _INT_ONLY:
@@ -151,7 +138,6 @@ def _columns(cols: Sequence, scope: int | None, build: Build) -> tuple | None:
     if set(map(type, order)) != {str}:
         return None  # normalize keys groups by str(name): 0 and "0" would be one group
     oldest = min(rids)
-    # one pass over each value column's types (what packing needs), not one per group
     durations: Sequence[Any]
     if len(cols) == 11:
         durations, duration_kind = [NAN] * n, float
@@ -222,13 +208,6 @@ def _group_trace(first_seq: int, sigs: list, states: list, created: Sequence[Any
                       duration_ms=list(durations))
 
 
-def _packed_group(first_seq: int, sigs: list, states: list, created: Sequence[Any], durations: Sequence[Any],
-                  kinds: tuple) -> tuple:
-    """``wire.pack``'s columns of the group :func:`_group_trace` makes."""
-    return (first_seq, pack_codes(sigs), pack_codes(states), pack_column(created, kinds[0]),
-            pack_column(durations, kinds[1]))
-
-
 def _one_type(values: Sequence[Any]) -> type | None:
     kinds = set(map(type, values))
     return kinds.pop() if len(kinds) == 1 else None
@@ -236,10 +215,8 @@ def _one_type(values: Sequence[Any]) -> type | None:
 
 def _split(names: Sequence[str], order: list[str], period: int | None,
            n: int) -> list[tuple[str, Take, Callable[[int], int]]]:
-    """Per group name, in order of first appearance: a function taking the group's entries out
-    of a column of ``n``, and one mapping a position in the group back to the entry's index.
-    ``names``: the first ``period`` entries' when the groups repeat with that period, else every
-    entry's."""
+    """Per group name, in order: a function taking its entries out of a column of ``n``, and
+    one mapping a position in the group back to the entry's index."""
     if len(order) == 1:
         return [(order[0], lambda col: col, lambda i: i)]
     if period is None:
@@ -260,8 +237,8 @@ def _split(names: Sequence[str], order: list[str], period: int | None,
 
 
 def _period(column: Sequence[Any], shortest: int) -> int | None:
-    """The shortest p >= ``shortest`` with column[i] == column[i + p] everywhere (a fixed order
-    of groups), up to a period of _MAX_PERIOD entries; None if there is none."""
+    """The shortest p >= ``shortest`` with column[i] == column[i + p] everywhere, up to
+    _MAX_PERIOD; None if none."""
     for p in range(shortest, min(_MAX_PERIOD, len(column) // 2) + 1):
         if column[p : 2 * p] == column[:p] and column[p:] == column[:-p]:
             return p

@@ -1,27 +1,12 @@
-"""Cross-rank Flight Recorder analysis: mismatches, hangs and stragglers.
+"""Cross-rank Flight Recorder analysis: mismatches, hangs and stragglers (docs/analyze.md).
 
-:func:`analyze` takes every rank's dump and returns an :class:`~.findings.AnalysisResult`. Ranks
-are matched per process group (:class:`~.model.GroupKey`) and ``collective_seq_id``, never by
-``record_id``; a rank whose ring buffer no longer holds a sequence id does not testify about it,
-so buffers that wrapped at different points do not create findings.
-
-- ``mismatch``: at one sequence id the members of a group enqueued different collectives (op,
-  sizes or dtypes). The culprits are the ranks that differ from the variant most ranks enqueued;
-  when no variant has more ranks than every other, every participant is named,
-  ``has_majority`` is False, and ``departs_from_history`` names the participants whose
-  collective differs from their own usual one for that op. One finding per group (the first
-  sequence id that disagrees).
-- ``hang``: in a current group (every group, but for torchft's only the latest incarnation) some
-  members' last sequence id is below others'. The culprits are the members furthest behind; the
-  finding names the first sequence id they never enqueued. On NCCL a sequence id that completed
-  anywhere cannot be a hang (everyone joined it; the laggard's dump is just older). gloo records
-  no completion, so there the rule is purely "enqueued by some, not by others": a caller polling
-  live dumps should confirm a hang persists before acting.
-- ``straggler`` (and ``lag``, in ``AnalysisResult.lags``): a rank that keeps its group's other
-  members waiting, by evidence that never compares two hosts' clocks (:mod:`.stragglers`).
-
-A member of a group without a dump is reported in ``unknown_ranks``, not as a culprit, unless
-``blame_missing=True``.
+Ranks are matched per process group and ``collective_seq_id``, never by ``record_id``; a rank
+whose ring buffer no longer holds a sequence id does not testify about it. ``mismatch``: the
+first sequence id of a group whose members enqueued different collectives, the minority to
+blame. ``hang``: in a current group (torchft: the latest incarnation) the members furthest
+behind; on NCCL a collective that completed anywhere is no hang, gloo records no completion (a
+caller polling live dumps confirms a hang persists). ``straggler``: :mod:`.stragglers`. A
+member without a dump is ``unknown``, not a culprit, unless ``blame_missing``.
 """
 
 from __future__ import annotations
@@ -41,16 +26,11 @@ __all__ = ["analyze", "normalize_dumps"]
 
 
 def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing: bool = False,
-            same_host: bool = False, world_size: int | None = None, straggler: StragglerConfig | None = None,
-            min_pending_s: float = MIN_PENDING_S) -> AnalysisResult:
-    """Analyze every rank's dump (global rank -> raw dump dict or :class:`RankTrace`).
-
-    A dump that is not a Flight Recorder dump becomes an ``errors`` entry; the others are still
-    analyzed. ``same_host``: enqueue times of ranks without a ``host`` key may be compared;
-    ``world_size``: the default group's members when the dumps do not say (gloo). On gloo a
-    collective the waiting ranks enqueued less than ``min_pending_s`` before their own dump
-    (``dump_time_ns``, their own clock) is in flight, not hung.
-    """
+            same_host: bool = False, world_size: int | None = None,
+            straggler: StragglerConfig | None = None) -> AnalysisResult:
+    """The findings over every rank's dump (global rank -> dump dict or :class:`RankTrace`); a
+    dump that is not a Flight Recorder dump becomes an ``errors`` entry. ``same_host``: ranks
+    without a ``host`` key share one clock; ``world_size``: the default group's size (gloo)."""
     config = straggler or StragglerConfig()
     traces, errors = normalize_dumps(dumps)
     signatures = _share_signatures(traces)
@@ -72,7 +52,7 @@ def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing
         if key in current:
             testimony = {r: _testimony(traces.get(r), key) for r in group_members}
             last_seq[key] = {r: s for r, s in testimony.items() if s is not None}
-            hang = _hang(key, group_members, testimony, rows, traces, signatures, blame_missing, min_pending_s)
+            hang = _hang(key, group_members, testimony, rows, traces, signatures, blame_missing)
             if hang is not None:
                 findings.append(hang)
         if len(rows) == len(group_members) >= 2:
@@ -86,9 +66,8 @@ def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing
 
 
 def normalize_dumps(dumps: Mapping[int, Mapping[str, Any] | RankTrace]) -> tuple[dict[int, RankTrace], list[dict[str, Any]]]:
-    """Normalize every rank's dump once: ``(traces by rank, errors)``. A :class:`RankTrace` is
-    taken as it is; a dump that is not a Flight Recorder dump becomes an ``{"rank": ..,
-    "error": ..}`` entry. The monitor passes the traces to :func:`analyze` and reads them too."""
+    """``(traces by rank, errors)``: a :class:`RankTrace` taken as it is, a dump that is not a
+    Flight Recorder dump an ``{"rank": .., "error": ..}`` entry."""
     traces: dict[int, RankTrace] = {}
     errors: list[dict[str, Any]] = []
     for rank, dump in dumps.items():
@@ -110,7 +89,7 @@ def _key_order(key: GroupKey) -> tuple:
 
 
 def _share_signatures(traces: Mapping[int, RankTrace]) -> list[Signature]:
-    """Re-number every trace's signature ids into one shared table (returned)."""
+    """Every trace's signature ids renumbered into one shared table (returned)."""
     table: list[Signature] = []
     ids: dict[Signature, int] = {}
     for trace in traces.values():
@@ -161,12 +140,8 @@ def _current_groups(members: Mapping[GroupKey, list[int]]) -> set[GroupKey]:
     return {key for key in members if key.quorum_id is None or key.quorum_id == latest[(key.pg, key.group_rank)]}
 
 
-# ---- mismatch ------------------------------------------------------------------------------
-
-
 def _first_mismatch(key: GroupKey, rows: Mapping[int, GroupTrace], traces: Mapping[int, RankTrace],
                     signatures: list[Signature]) -> MismatchFinding | None:
-    """The group's first sequence id whose members disagree, as a finding; None if none does."""
     bad = _disagreements(rows.values())
     if not bad:
         return None
@@ -215,8 +190,7 @@ def _disagreements(rows: Any) -> set[int]:
     lo = min(t.first_seq for t in distinct)
     hi = max(t.last_seq for t in distinct)
     consensus: list[int | None] = [None] * (hi - lo + 1)
-    # fill from the ranks that cover most, then compare each distinct row by slices; only
-    # disagreeing rows are walked element by element
+    # fill from the rows that cover most; only disagreeing rows are walked element by element
     for t in sorted(distinct, key=lambda t: -len(t.sigs)):
         a = t.first_seq - lo
         b = a + len(t.sigs)
@@ -240,7 +214,7 @@ _MAX_DISTINCT = 8  # rows compared with each new one; beyond, rows are kept with
 
 
 def _distinct_rows(rows: Any) -> list[GroupTrace]:
-    """The rows without those equal to an earlier one (in a healthy job, all of them)."""
+    """The rows not equal to an earlier one (in a healthy job, one)."""
     out: list[GroupTrace] = []
     for t in rows:
         for seen in out[:_MAX_DISTINCT]:
@@ -254,8 +228,7 @@ def _distinct_rows(rows: Any) -> list[GroupTrace]:
 def _departs_from_history(key: GroupKey, seq: int, at: Mapping[int, int], traces: Mapping[int, RankTrace],
                           signatures: list[Signature]) -> list[int]:
     """Ranks whose collective at ``seq`` differs from the variant of that op they enqueued most
-    often in the group's other collectives (every torchft incarnation of it): a tie-breaker
-    where two surviving dumps disagree. No history, or no single usual variant: not named."""
+    often in the group's other collectives (every torchft incarnation): a tie-breaker."""
     slot = (key.pg, key.replica_group, key.group_rank)
     out = []
     for rank, sig_id in at.items():
@@ -303,9 +276,6 @@ def _ranks(ranks: list[int]) -> str:
     return ", ".join(map(str, ranks))
 
 
-# ---- hang ----------------------------------------------------------------------------------
-
-
 def _testimony(trace: RankTrace | None, key: GroupKey) -> int | None:
     """The rank's last sequence id in the group, 0 if it provably enqueued none, else None."""
     if trace is None:
@@ -328,7 +298,7 @@ def _testimony(trace: RankTrace | None, key: GroupKey) -> int | None:
 
 def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int | None],
           rows: Mapping[int, GroupTrace], traces: Mapping[int, RankTrace], signatures: list[Signature],
-          blame_missing: bool, min_pending_s: float) -> HangFinding | None:
+          blame_missing: bool) -> HangFinding | None:
     known = {r: s for r, s in testimony.items() if s is not None}
     if blame_missing and known:
         # a rank without a dump is assumed to have done what is known to have completed (NCCL),
@@ -356,7 +326,7 @@ def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int |
             if op is None and t.sigs[i] is not None:
                 op = signatures[t.sigs[i]].op
     ages = [_pending_for(traces.get(r), rows[r], seq) for r in waiting]
-    if ages and all(a is not None for a in ages) and max(ages) < min_pending_s:
+    if ages and all(a is not None for a in ages) and max(ages) < MIN_PENDING_S:
         return None  # enqueued just before the dumps were taken: in flight, not (yet) hung
     activity = {r: (traces[r].last_entry if r in traces else None) for r in known}
     detail = (
@@ -371,7 +341,7 @@ def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int |
 
 
 def _pending_for(trace: RankTrace | None, row: GroupTrace, seq: int) -> float | None:
-    """Seconds between a rank enqueuing ``seq`` and its dump being taken (its own clock)."""
+    # seconds between the rank enqueuing seq and its dump being taken, its own clock
     i = seq - row.first_seq
     if trace is None or trace.dump_time_ns is None or not 0 <= i < len(row.created_ns):
         return None

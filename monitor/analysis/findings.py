@@ -1,8 +1,5 @@
-"""What the analyzer concludes: findings and the result that carries them.
-
-``to_dict()`` gives the JSON form of docs/analyze.md (JSON interface), which other tools rely on:
-add fields, never rename or remove them.
-"""
+"""What the analyzer concludes: findings and the result that carries them. ``to_dict()`` is
+the JSON interface of docs/analyze.md: add fields, never rename or remove them."""
 
 from __future__ import annotations
 
@@ -14,13 +11,10 @@ from .model import GroupKey
 __all__ = ["AnalysisResult", "Finding", "HangFinding", "MismatchFinding", "StragglerFinding", "KIND_ORDER"]
 
 KIND_ORDER = {"hang": 0, "mismatch": 1, "straggler": 2, "lag": 3}
-
-
 _DIGITS = {"score": 4, "expected": 4, "late_fraction": 4, "z": 2, "median_wait_ms": 3}
 
 
 def _json(name: str, value: Any) -> Any:
-    """A subclass field as JSON has it: dicts by rank with str keys, floats rounded."""
     if isinstance(value, dict):
         return {str(k): v for k, v in sorted(value.items())}
     if isinstance(value, list):
@@ -30,8 +24,7 @@ def _json(name: str, value: Any) -> Any:
 
 @dataclass
 class Finding:
-    """Something wrong with one collective (or one rank, for stragglers): ``seq`` is None for
-    stragglers; ``detail`` is one line."""
+    """Something wrong with one collective (``seq``; None for stragglers); ``detail``: one line."""
 
     kind: str
     group: GroupKey | None
@@ -77,14 +70,8 @@ _BASE = fields(Finding)
 
 @dataclass
 class MismatchFinding(Finding):
-    """Ranks of a group enqueued different collectives at one sequence id.
-
-    ``mismatch``: ``"op"``, ``"size"`` or ``"dtype"``; ``has_majority`` False: no variant has
-    more ranks than every other (every participant is a culprit); ``variants``: most common
-    first; ``later_mismatches``: further disagreeing sequence ids of the group;
-    ``departs_from_history`` (without a majority): participants whose collective differs from
-    their own usual one for that op.
-    """
+    """Ranks of a group enqueued different collectives at one sequence id (``variants``: most
+    common first); without a majority every participant is a culprit."""
 
     mismatch: str = "op"
     has_majority: bool = True
@@ -95,11 +82,8 @@ class MismatchFinding(Finding):
 
 @dataclass
 class HangFinding(Finding):
-    """Some members enqueued collective ``seq`` while others (``culprit_ranks``) never did.
-
-    ``unknown_ranks``: no dump, or a ring buffer that cannot tell; ``last_activity``: each known
-    member's newest entry (pg, seq, op, state).
-    """
+    """Some members enqueued collective ``seq`` while others (``culprit_ranks``) never did;
+    ``last_activity``: each known member's newest entry."""
 
     waiting_ranks: list[int] = field(default_factory=list)
     unknown_ranks: list[int] = field(default_factory=list)
@@ -109,14 +93,9 @@ class HangFinding(Finding):
 
 @dataclass
 class StragglerFinding(Finding):
-    """A rank that arrives last (or late) at collectives far more often than chance.
-
-    ``score``: fraction of collectives it was last at (``expected``: by chance);
-    ``late_fraction``: at least ``min_wait_ms`` after the median rank; ``z``: standard deviations
-    above chance; ``median_wait_ms``: how long its peers waited; ``evidence``: ``"duration_ms"``
-    (NCCL) or ``"host_clock"``. Between two ranks (``peers`` names the other) ``score`` is how
-    often it was the later one, ``median_wait_ms`` its median lag; alone, kind ``lag``.
-    """
+    """A rank that arrives last (or late) far more often than chance (``score`` against
+    ``expected``); between two ranks (``peers``) how often it was the later one, kind ``lag``
+    when nothing else agrees. The fields: docs/analyze.md."""
 
     rank: int = -1
     score: float = 0.0
@@ -132,13 +111,8 @@ class StragglerFinding(Finding):
 
 @dataclass
 class AnalysisResult:
-    """The outcome of :func:`monitor.analysis.analyze`.
-
-    ``unknown_ranks``: group members with no usable dump; ``errors``: ``{"rank"|"path": ..,
-    "error": ..}``; ``last_seq``: per current group (torchft: the latest incarnation), each
-    member's last enqueued sequence id where its dump can tell (0: none); ``lags``: ranks
-    behind the one peer they were compared with, nothing else agreeing (not findings).
-    """
+    """What :func:`monitor.analysis.analyze` returns; ``last_seq``: per current group, each
+    member's last enqueued sequence id where its dump can tell; ``lags``: not findings."""
 
     ranks: list[int]
     unknown_ranks: list[int]

@@ -1,19 +1,11 @@
-"""Reading per-rank Flight Recorder dumps from disk.
+"""Reading per-rank Flight Recorder dumps from disk: :func:`load_paths`.
 
-:func:`load_paths` takes files and directories (every regular, non-hidden file directly inside):
-JSON (``/v1/fr_trace``, torch's ``_dump_*_json``) and pickle (``TORCH_NCCL_DUMP_ON_TIMEOUT``'s
-``<prefix><rank>``). The rank is the dump's ``rank`` key, else the digits ending the file name.
-Each dump is normalized as soon as it is read (:mod:`.columnar`) and the raw dict dropped.
-
-Inputs of at least :data:`POOL_MIN_BYTES` are loaded by worker processes (:mod:`.pool`), which
-send back packed traces (:mod:`.wire`); smaller ones in this process. Both give the same result.
-
-Pickles are read by the C reader (``_frpickle.c``, docs/stack.md) where it is built and not
-turned off by ``LIGHTKEEPER_ANALYZE_PURE_PYTHON=1``; a file it refuses, and every pickle where
-it is not used, by Python's unpickler with every class and function refused (a dump file must
-not run code). Both give the same trace or the same error. A file that is truncated, corrupt,
-of a foreign schema, without a rank, or a second dump of a loaded rank becomes an ``errors``
-entry (``{"path": .., "error": ..}``); the others are still loaded.
+Files and directories (every non-hidden file directly inside), JSON or pickle; the rank is the
+dump's ``rank`` key, else the digits ending the file name. Each dump is normalized as it is read
+(:mod:`.columnar`); inputs of :data:`POOL_MIN_BYTES` or more by worker processes (:mod:`.pool`).
+Pickles are read by the C reader (``_frpickle.c``) where built, else by Python's unpickler with
+every class refused (a dump must not run code); both give the same trace or error. A file that
+cannot be used becomes an ``errors`` entry; the others are still loaded.
 """
 
 from __future__ import annotations
@@ -48,8 +40,7 @@ try:  # the C reader: an optional build (no compiler at install time: Python rea
 except ImportError:
     _frpickle = None  # type: ignore[assignment]
 
-# C reader refusals Python's unpickler must not be given either: a memo index past the file's
-# size makes it grow its memo to that index (gigabytes). Such a file is an error.
+# refusals Python's unpickler must not see either: it would grow its memo to that index (GBs)
 _NEVER_PICKLED = frozenset({"memo index out of range"})
 
 PURE_PYTHON_ENV = "LIGHTKEEPER_ANALYZE_PURE_PYTHON"  # "1": Python's unpickler reads every pickle
@@ -57,8 +48,6 @@ PURE_PYTHON_ENV = "LIGHTKEEPER_ANALYZE_PURE_PYTHON"  # "1": Python's unpickler r
 
 @dataclass
 class LoadResult:
-    """Normalized traces by rank, the file each came from, and the files that failed."""
-
     traces: dict[int, RankTrace] = field(default_factory=dict)
     paths: dict[int, str] = field(default_factory=dict)
     errors: list[dict[str, str]] = field(default_factory=list)
@@ -71,15 +60,11 @@ class _DataOnlyUnpickler(pickle.Unpickler):
 
 
 def read_dump(path: str | Path) -> Any:
-    """The decoded content of one dump file (JSON or pickle, told apart by the first byte).
-
-    Raises ``ValueError`` (incl. ``json.JSONDecodeError``), ``pickle.UnpicklingError``,
-    ``EOFError`` or ``OSError`` when it cannot be decoded.
-    """
+    """The decoded dump file (JSON or pickle); raises ``ValueError``, ``pickle.UnpicklingError``,
+    ``EOFError`` or ``OSError`` when it cannot be decoded."""
     with open(path, "rb") as f:
         if f.peek(1)[:1] == b"\x80":
-            # from the buffered file, not a BytesIO: torch's protocol 2 has no frames, and
-            # without peek the unpickler reads opcode by opcode through Python calls
+            # from the buffered file: protocol 2 has no frames, a BytesIO is read opcode by opcode
             return _DataOnlyUnpickler(f).load()
         data = f.read()
     if data.lstrip()[:1] in (b"{", b"["):
@@ -88,7 +73,7 @@ def read_dump(path: str | Path) -> Any:
 
 
 def rank_from_name(path: str | Path) -> int | None:
-    """The digits that end a file name (``rank12``, ``nccl_trace_rank_3.json``), else None."""
+    """The digits ending a file name (``rank12``, ``trace_rank_3.json``), else None."""
     match = _TRAILING_DIGITS.search(Path(path).name)
     return int(match.group(1)) if match else None
 
@@ -118,8 +103,6 @@ def _c_reader() -> Any:
 
 
 def _load(path: str | Path, packed: bool) -> RankTrace | Packed:
-    """The file's trace (``packed``: :class:`~.wire.Packed`), by the C reader where it reads
-    the file, else by Python; raises what reading or normalizing raises."""
     reader = _c_reader()
     if reader is not None:
         with open(path, "rb") as f:
@@ -130,9 +113,8 @@ def _load(path: str | Path, packed: bool) -> RankTrace | Packed:
             except reader.DumpRefused as exc:
                 if str(exc) in _NEVER_PICKLED:
                     raise pickle.UnpicklingError(f"{exc}: not a pickle any pickler writes") from None
-                # otherwise not what it reads: Python's unpickler decides
             except MemoryError:
-                pass  # a dump it cannot build: Python's unpickler decides
+                pass  # either way Python's unpickler decides
     raw = read_dump(path)
     rank = _rank_of(raw, path)
     return normalize_packed(raw, rank) if packed else normalize_columnar(raw, rank)
@@ -147,37 +129,31 @@ def _rank_of(raw: Any, path: str | Path) -> int:
     return rank
 
 
-def load_outcome(path: str | Path) -> Outcome:
-    """``(trace, None)`` for a usable dump file, ``(None, error message)`` for any other."""
+def load_outcome(path: str | Path, packed: bool = False) -> Outcome:
+    """``(trace, None)`` for a usable dump file, ``(None, error message)`` for any other;
+    ``packed``: the trace packed and pickled (:func:`~.wire.to_bytes`)."""
     try:
-        return _load(path, packed=False), None
+        trace = _load(path, packed)
+        return (to_bytes(trace) if packed else trace), None  # type: ignore[arg-type]
     except Exception as exc:  # a foreign pickle can fail in many ways; never crash on it
         return None, _describe(exc)
 
 
 def load_packed(path: str | Path) -> Outcome:
-    """The workers' task: :func:`load_outcome` with the trace packed and pickled
-    (:func:`~.wire.to_bytes`), so that a compact trace crosses the pipe."""
-    try:
-        return to_bytes(_load(path, packed=True)), None  # type: ignore[arg-type]
-    except Exception as exc:  # as load_outcome: a foreign pickle can fail in many ways
-        return None, _describe(exc)
+    """The workers' task: a compact trace crosses the pipe."""
+    return load_outcome(path, packed=True)
 
 
 def load_paths(paths: Iterable[str | Path], jobs: int | None = None) -> LoadResult:
-    """Load and normalize every dump under ``paths``; failures become ``errors`` entries.
-
-    ``jobs``: worker processes (default: the cores this process may use); 1 loads everything
-    in this process. Inputs under :data:`POOL_MIN_BYTES` are loaded in this process anyway.
-    """
+    """Every dump under ``paths``, failures as ``errors``; ``jobs``: worker processes (default:
+    the cores available; 1: none). ``ValueError`` when ``jobs`` < 1."""
     result = LoadResult(pickle_reader=pickle_reader())
     files = _candidates(paths, result.errors)
     jobs = available_cores() if jobs is None else jobs
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     outcomes: Iterable[Outcome]
-    # dumps and traces are many small containers without cycles: the cyclic GC would rescan
-    # them over and over while they are built
+    # many small containers without cycles: the cyclic GC would rescan them while they are built
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -201,8 +177,7 @@ def load_paths(paths: Iterable[str | Path], jobs: int | None = None) -> LoadResu
 
 
 def _decoded(sent: list[Outcome]) -> list[Outcome]:
-    """The workers' pickled traces decoded once all are in (``wire.to_bytes`` says why), each
-    pickle dropped as soon as its trace is made."""
+    # each pickle dropped as soon as its trace is made
     out: list[Outcome] = []
     for i, (blob, error) in enumerate(sent):
         sent[i] = (None, None)
@@ -215,7 +190,7 @@ def _total_size(files: list[Path]) -> int:
     for path in files:
         try:
             total += os.stat(path).st_size
-        except OSError:  # it will fail to load, and say why, like any other
+        except OSError:  # it will fail to load, and say why
             pass
     return total
 

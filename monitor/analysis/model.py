@@ -1,18 +1,11 @@
-"""One rank's Flight Recorder dump, normalized into what cross-rank analysis needs.
+"""One rank's Flight Recorder dump (format 2.x), normalized into what cross-rank analysis needs.
 
-:func:`normalize` turns a dump (``_dump_fr_trace_json`` / ``_dump_nccl_trace_json`` /
-``_dump_nccl_trace``, format versions 2.x) into a :class:`RankTrace`: per process group
-(:class:`GroupKey`), the rank's collectives indexed by ``collective_seq_id`` (never by
-``record_id``), each a signature id (op, sizes, dtypes), a state code, the enqueue time on the
-rank's own clock and, on NCCL, ``duration_ms``. Point-to-point entries are skipped.
-
-torchft's cross-replica-group process group restarts its sequence ids at every quorum: with the
-dump's ``incarnations`` (docs/CONTRACTS.md) its entries are keyed by ``(quorum_id,
-group_rank)``. Groups inside a torchft replica group are scoped to it, their ``pg_config`` ranks
-made global. A group whose sequence ids restart without incarnation data keeps its newest run.
-
-A dump that is not a Flight Recorder dump (not a dict, no ``entries`` list, an unknown major
-version, entries without the keys every 2.x version writes) raises :class:`DumpFormatError`.
+:func:`normalize` gives a :class:`RankTrace`: per process group (:class:`GroupKey`) the rank's
+collectives by ``collective_seq_id`` (never ``record_id``), point-to-point entries skipped.
+torchft's ``incarnations`` (docs/CONTRACTS.md) key the cross-group entries by ``(quorum_id,
+group_rank)``; groups inside a replica group are scoped to it. A group whose sequence ids
+restart without incarnations keeps its newest run. A dump that is not a Flight Recorder dump
+raises :class:`DumpFormatError`.
 """
 
 from __future__ import annotations
@@ -22,14 +15,14 @@ import marshal
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from itertools import repeat
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-__all__ = ["DumpFormatError", "GroupKey", "GroupTrace", "RankTrace", "Signature", "normalize", "NAN"]
+__all__ = ["DumpFormatError", "GroupKey", "GroupTrace", "RankTrace", "Signature", "normalize"]
 
 NAN = float("nan")
-# state codes, ordered by progress
 SCHEDULED, STARTED, COMPLETED = 0, 1, 2
 _STATE_CODES = {"scheduled": SCHEDULED, "started": STARTED, "completed": COMPLETED}
 
@@ -47,9 +40,8 @@ class DumpFormatError(ValueError):
 
 
 class GroupKey(NamedTuple):
-    """Identity of one process group across ranks: ``pg`` as entries name it; ``replica_group``
-    for groups local to a torchft replica group; ``quorum_id`` and ``group_rank`` for one
-    incarnation of torchft's cross-replica-group process group."""
+    """One process group across ranks: ``replica_group`` for a group inside a torchft replica
+    group; ``quorum_id`` and ``group_rank`` for one torchft cross-group incarnation."""
 
     pg: str
     replica_group: int | None = None
@@ -66,9 +58,8 @@ class GroupKey(NamedTuple):
 
 
 class Signature(NamedTuple):
-    """What a rank enqueued at one sequence id; ranks of a group must agree on it. Sizes are
-    ``None`` for ops whose sizes may differ between ranks; a coalesced collective has op
-    ``"coalesced"`` and its ``parts``."""
+    """What a rank enqueued at one sequence id (sizes None where they may differ between ranks;
+    op ``"coalesced"`` with its ``parts``)."""
 
     op: str
     input_sizes: tuple | None
@@ -92,12 +83,8 @@ def _lists(sizes: tuple | None) -> list | None:
 
 @dataclass
 class GroupTrace:
-    """One rank's collectives in one group, dense from ``first_seq`` (holes: ``None`` sigs).
-
-    ``sigs[i]`` indexes the :class:`RankTrace`'s ``signatures`` (after ``analyze``: the shared
-    table); ``created_ns[i]``: the enqueue time, this rank's clock (0: unknown); ``duration_ms[i]``:
-    NaN when unknown.
-    """
+    """One rank's collectives in one group, dense from ``first_seq`` (holes: ``None`` sigs);
+    ``created_ns`` on the rank's own clock (0: unknown), ``duration_ms`` NaN when unknown."""
 
     first_seq: int
     sigs: list[int | None] = field(default_factory=list)
@@ -112,7 +99,7 @@ class GroupTrace:
 
 @dataclass
 class RankTrace:
-    """Everything the engine needs from one rank's dump, small enough to ship between processes."""
+    """Everything the engine needs from one rank's dump."""
 
     rank: int
     flavour: str  # "nccl" (timing filled in) or "gloo"
@@ -128,7 +115,7 @@ class RankTrace:
 
     @property
     def wrapped(self) -> bool:
-        """Whether the ring buffer has dropped entries (record ids start at 0 per process)."""
+        # record ids start at 0 per process
         return bool(self.oldest_record_id)
 
 
@@ -138,8 +125,7 @@ _FAST_KEYS = ("process_group", "collective_seq_id", "profiling_name", "input_siz
 _fast_get = itemgetter(*_FAST_KEYS)
 
 
-def _slow_get(e: Mapping[str, Any]) -> tuple:
-    """_fast_get for older versions' entries, which leave optional keys out."""
+def _slow_get(e: Mapping[str, Any]) -> tuple:  # older versions leave optional keys out
     return (e["process_group"], e.get("collective_seq_id", e.get("seq_id")), e["profiling_name"],
             e.get("input_sizes") or [], e.get("output_sizes") or [], e.get("input_dtypes") or [],
             e.get("output_dtypes") or [], e.get("state", "scheduled"), e.get("time_created_ns") or 0,
@@ -167,30 +153,21 @@ def _parse_ranks(raw: Any) -> tuple[int, ...]:
 
 
 _INT_ONLY = frozenset({int})
-# pg_config's rank lists by (text, offset): every dump of a job repeats them
-_MEMBERS_SEEN: dict[tuple[str, int], tuple[int, ...]] = {}
-_MEMBERS_SEEN_MAX = 4096
 
 
 def _members_of(raw: Any, offset: int) -> tuple[int, ...]:
-    """A group's global ranks from pg_config's ``ranks`` (each plus ``offset``); () if none."""
     if type(raw) is str:
-        known = _MEMBERS_SEEN.get((raw, offset))
-        if known is not None:
-            return known
-    members = tuple(map(offset.__add__, _parse_ranks(raw)))  # r + offset, at C speed
-    if type(raw) is str:
-        if len(_MEMBERS_SEEN) >= _MEMBERS_SEEN_MAX:
-            _MEMBERS_SEEN.clear()
-        _MEMBERS_SEEN[(raw, offset)] = members
-    return members
+        return _members_of_text(raw, offset)
+    return tuple(map(offset.__add__, _parse_ranks(raw)))  # r + offset, at C speed
+
+
+@lru_cache(maxsize=4096)  # every dump of a job repeats pg_config's rank lists
+def _members_of_text(raw: str, offset: int) -> tuple[int, ...]:
+    return tuple(map(offset.__add__, _parse_ranks(raw)))
 
 
 def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
-    """Normalize one rank's dump; ``rank`` is used when the dump has no ``rank`` key.
-
-    Raises :class:`DumpFormatError` when ``dump`` is not a Flight Recorder dump.
-    """
+    """The dump's trace (``rank``: when it has no ``rank`` key); raises :class:`DumpFormatError`."""
     if not isinstance(dump, Mapping):
         raise DumpFormatError(f"expected a dict, got {type(dump).__name__}")
     _check_version(dump)
@@ -255,7 +232,7 @@ def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
         kept_seqs = seqs if keep is None else [seqs[i] for i in keep]
         if not all(type(q) is int for q in kept_seqs):
             raise DumpFormatError("an entry has no integer collective_seq_id")
-        # signature ids: one C-level marshal per entry, Python work per distinct signature only
+        # one C-level marshal per entry, Python work per distinct signature only
         sig_keys = list(map(marshal.dumps, zip(pnames, ins, outs, idts, odts, strict=True), repeat(0)))
         for key, i in dict(zip(sig_keys, range(len(sig_keys)), strict=True)).items():
             if key not in builder.sig_ids:
@@ -264,7 +241,6 @@ def normalize(dump: Mapping[str, Any], rank: int | None = None) -> RankTrace:
         sig_col = list(map(builder.sig_ids.__getitem__, sig_keys))
         state_col = list(map(_STATE_CODES.get, states, repeat(SCHEDULED)))
         dur_col = list(map(_NONE_TO_NAN.get, durations, durations))
-        # which group each entry belongs to
         key_col: list[GroupKey]
         if by_pg_id or ranged:
             key_col = [
@@ -295,8 +271,8 @@ Ranged = list[tuple[int, float, str, "GroupKey"]]  # (first record id, end, pg n
 
 
 def _incarnations(raw: Any, members: dict[GroupKey, tuple[int, ...]]) -> tuple[dict[GroupKey, int], dict[int, GroupKey], Ranged]:
-    """torchft incarnations: ``(key -> first record id, pg_id -> key, record-id ranges of those
-    without a pg_id)``; their member lists are added to ``members``."""
+    """``(key -> first record id, pg_id -> key, record-id ranges of those without a pg_id)``;
+    their member lists are added to ``members``."""
     if not isinstance(raw, list):
         raise DumpFormatError("'incarnations' is not a list")
     incarnations: dict[GroupKey, int] = {}
@@ -344,8 +320,6 @@ def _incarnation_key(name: str, pg_id: Any, record_id: int, by_pg_id: Mapping[in
 
 
 class _Builder:
-    """Accumulates a rank's signature table and per-group traces."""
-
     def __init__(self) -> None:
         self.signatures: list[Signature] = []
         self.sig_ids: dict[Any, int] = {}
@@ -353,26 +327,23 @@ class _Builder:
 
     def add_group(self, key: GroupKey, idx: list[int], seqs: tuple, sigs: list[int], states: list[int],
                   created: tuple, durations: list[float]) -> None:
-        """The group ``key`` from the entries at ``idx`` of the rank's columns."""
         gather = itemgetter(*idx) if len(idx) > 1 else (lambda col: (col[idx[0]],))
         g_seqs = gather(seqs)
         first = g_seqs[0]
         if g_seqs[-1] - first == len(g_seqs) - 1 and g_seqs == tuple(range(first, first + len(g_seqs))):
-            # the common case: one entry per sequence id, no gaps, no restarts
             self.groups[key] = GroupTrace(first, list(gather(sigs)), list(gather(states)), list(gather(created)),
                                           list(gather(durations)))
             return
         self._add_irregular(key, g_seqs, gather(sigs), gather(states), gather(created), gather(durations))
 
     def _add_irregular(self, key: GroupKey, seqs: tuple, sigs: tuple, states: tuple, created: tuple, durations: tuple) -> None:
-        """Coalesced collectives (one seq, several entries), gaps, and restarted sequence ids."""
+        # coalesced collectives (one seq, several entries), gaps, restarted sequence ids
         trace = GroupTrace(first_seq=seqs[0])
         prev_seq = None
         for seq, sig, state, when, dur in zip(seqs, sigs, states, created, durations, strict=True):
             pos = seq - trace.first_seq
             n = len(trace.sigs)
             if seq == prev_seq:
-                # another entry of the same (coalesced) collective
                 before = trace.sigs[pos]
                 combo = ("coalesced", before, sig)
                 cid = self.sig_ids.get(combo)

@@ -1,19 +1,11 @@
-"""One task over many files on several cores: worker processes that each take one file at a
-time and hand back only the task's small answer (unpickling dumps is pure Python-object work
-under one GIL).
+"""One task over many files on several cores: worker processes, each taking one file at a time
+and sending back only the task's small answer. A task is ``"package.module:function"``, a
+function of one path returning an :data:`Outcome` that never raises; each worker is a fresh
+``python -S`` (never torch, never the caller's ``__main__``) talking length-prefixed pickles.
 
-A task is named ``"package.module:function"``: a function of one path that returns an
-:data:`Outcome` ``(value, error message)`` and never raises. Each worker is a fresh interpreter
-(``sys.executable -S``, fork+exec: safe from a process whose other threads hold locks) that
-imports the task's package and nothing else (never torch, never the caller's ``__main__``).
-Workers talk over stdin/stdout in length-prefixed pickles; each keeps two files in flight,
-biggest files first, and one thread reads every worker's answers.
-
-Failures: a worker that dies (killed, out of memory, a crash in C) costs only the file it was
-reading, which gets an error naming how it ended; its other files are requeued and a
-replacement started (at most ``jobs`` in all). A worker that dies before it is ready costs no
-file. When no worker is left, the rest is run in this process, so every file gets one answer.
-A task name that does not resolve raises ``ValueError`` before any worker starts.
+A worker that dies costs only the file it was reading (an error naming how it ended); its other
+files are requeued and a replacement started (at most ``jobs`` in all). With no worker left the
+rest runs in this process, so every file gets one answer (docs/analyze.md, Performance).
 """
 
 from __future__ import annotations
@@ -43,7 +35,7 @@ _BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from monitor.analysis.pool
 
 
 def available_cores() -> int:
-    """Cores this process may run on (its CPU affinity, which containers and taskset narrow)."""
+    """Cores this process may run on (its CPU affinity)."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # not on Linux
@@ -51,16 +43,12 @@ def available_cores() -> int:
 
 
 def run_pool(paths: Sequence[str | os.PathLike[str]], jobs: int, task: str) -> list[Outcome]:
-    """One outcome per path, in order: ``task`` run on each path by ``jobs`` worker processes.
-
-    Raises ``ValueError`` when ``task`` does not name a function this process can import.
-    """
+    """One outcome per path, in order; ``ValueError`` when ``task`` names no importable function."""
     resolve(task)  # a bad name fails here, not as one error per file
     return _Pool([str(p) for p in paths], max(1, jobs), task).run()
 
 
 def resolve(task: str) -> Callable[[str], Outcome]:
-    """The function ``"package.module:function"`` names; ``ValueError`` when there is none."""
     module, _, name = task.partition(":")
     try:
         function = getattr(importlib.import_module(module), name) if module and name else None
@@ -72,7 +60,7 @@ def resolve(task: str) -> Callable[[str], Outcome]:
 
 
 def _serve(task: str) -> None:
-    """A worker's life: answer ``(index, path)`` requests on stdin until it closes."""
+    """Answer ``(index, path)`` requests on stdin until it closes."""
     gc.disable()  # dumps are trees of fresh containers without cycles
     work = resolve(task)
     inp, out = sys.stdin.buffer, sys.stdout.buffer
@@ -120,7 +108,7 @@ class _Worker:
         self._pending = bytearray()
 
     def answers(self) -> list[Any] | None:
-        """The answers that arrived complete (read without blocking); None at end of stream."""
+        """The answers that arrived complete; None at end of stream."""
         chunk = os.read(self.fd, _PIPE_BYTES)
         if not chunk:
             return None
@@ -151,8 +139,7 @@ class _Worker:
                 pass
 
     def stop(self) -> None:
-        # an idle worker only waits for its next request: killing it spares its interpreter's
-        # teardown, and a busy one (the caller gave up) must not outlive the call
+        # spares an idle worker's teardown; a busy one (the caller gave up) must not outlive us
         if self.proc.poll() is None:
             self.proc.kill()
         self.close()
@@ -183,8 +170,7 @@ class _Pool:
         try:
             for _ in range(self.jobs):
                 self._start_worker()
-            # one thread reads every worker's answers as they come: a dead worker's stdout
-            # ends (EOF), which is how its death is noticed without polling or timeouts
+            # a dead worker's stdout ends (EOF): its death is noticed without polling
             while self.left and self.workers:
                 for key, _ in self.selector.select():
                     worker = key.data
@@ -238,7 +224,7 @@ class _Pool:
             self.left -= 1
 
     def _bury(self, worker: _Worker) -> None:
-        """A worker's output ended: blame the file it was reading, requeue the rest."""
+        # its output ended: blame the file it was reading, requeue the rest
         self.selector.unregister(worker.fd)
         worker.close()
         code = worker.proc.wait()

@@ -2,18 +2,10 @@
 
 Never comparing two hosts' clocks: on NCCL the last rank into a collective has the shortest
 ``duration_ms``; otherwise enqueue times are compared among ranks sharing a host. Each group is
-judged on its own (:class:`StragglerConfig` names the thresholds).
-
-- Three or more ranks: last (or ``min_wait_ms`` behind the median rank) at ``min_fraction`` of
-  ``min_collectives`` or more, ``min_z`` above chance (or the group's typical rate), and waited
-  for a median of ``max(min_wait_ms, min_period_fraction * pace)``. The pace, the median interval
-  between a rank's consecutive enqueues in any of its groups, is the work before a collective
-  however the job spreads its collectives over groups.
-- Two ranks: no majority says who is off pace, and a loaded host makes one of two processes late
-  for long stretches. A rank counts when its median lag reaches ``max(min_lag_ms,
-  min_period_fraction * period)`` (the group's median interval between collectives) in each of
-  ``pair_windows`` windows; it is a ``lag``, not a finding, unless it is also a straggler in a
-  larger group or lags behind a second peer.
+judged on its own. In three or more ranks a straggler arrives last (or late) far more often than
+chance, and its peers wait a floor scaled by the pace (a rank's median interval between
+enqueues). Of two ranks one lagging in every window is a ``lag``, not a finding, unless other
+evidence agrees (a loaded host makes one of two processes late for long stretches).
 """
 
 from __future__ import annotations
@@ -35,7 +27,7 @@ Hit = tuple[float, GroupKey, dict[str, Any]]  # (z, group, what the finding repo
 
 @dataclass(frozen=True)
 class StragglerConfig:
-    """Thresholds for calling a rank a straggler (the module docstring says how they combine)."""
+    """Thresholds for calling a rank a straggler."""
 
     min_collectives: int = 10  # collectives with evidence the rank took part in
     min_fraction: float = 0.5  # fraction of them at which it arrived last (or late)
@@ -49,8 +41,6 @@ class StragglerConfig:
 
 @dataclass
 class _Tally:
-    """One rank's evidence in one group of three or more compared ranks."""
-
     kind: str  # "duration_ms" or "host_clock"
     observed: int = 0  # collectives with evidence from every compared rank
     last: int = 0
@@ -62,8 +52,7 @@ class _Tally:
 
 
 class StragglerEvidence:
-    """Tallies of who arrived last (and late), per group and rank, added group by group; for
-    pairs, the signed gap per collective."""
+    """Who arrived last (and late), per group and rank; for pairs, the gap per collective."""
 
     def __init__(self, traces: Mapping[int, RankTrace]) -> None:
         self.traces = traces
@@ -154,8 +143,8 @@ class StragglerEvidence:
             t.late_waits.extend(late_waits[i])
 
     def findings(self, config: StragglerConfig) -> tuple[list[StragglerFinding], list[StragglerFinding]]:
-        """``(stragglers, lags)``: one straggler finding per rank, for the group with the strongest
-        evidence; a lag per pair where nothing else agrees."""
+        """``(stragglers, lags)``: one straggler finding per rank (its strongest group's), a lag
+        per pair where nothing else agrees."""
         flagged: dict[int, list[Hit]] = defaultdict(list)
         for key, group in self.tallies.items():
             rates = sorted(t.late / t.observed for t in group.values())
@@ -195,13 +184,12 @@ class StragglerEvidence:
         return out, lags
 
     def _pace_ms(self, ranks: list[int]) -> float:
-        """The ranks' pace: :func:`_period_ms` of each one's enqueues in all its groups."""
         return _period_ms([sorted(t for g in self.traces[r].groups.values() for t in g.created_ns if t)
                            for r in ranks])
 
     def _pair_hits(self, config: StragglerConfig) -> dict[int, list[Hit]]:
-        """Every pair where one rank's median lag behind the other reaches the floor in each of
-        ``pair_windows`` consecutive windows: the later rank -> its hits."""
+        """The later rank -> its hits: pairs where its median lag reaches the floor in each of
+        ``pair_windows`` windows."""
         hits: dict[int, list[Hit]] = defaultdict(list)
         windows = max(1, config.pair_windows)
         for (key, (a, b)), gaps in self.pairs.items():
@@ -256,13 +244,11 @@ class StragglerEvidence:
 
 
 def _floor(scale_ms: float, config: StragglerConfig, least: float) -> float:
-    """What a wait must reach: ``least``, and ``min_period_fraction`` of ``scale_ms`` if known."""
     return max(least, config.min_period_fraction * scale_ms) if scale_ms == scale_ms else least
 
 
 def _period_ms(created: list[Any]) -> float:
-    """The median interval between consecutive collectives, ms, over the given ranks' own
-    enqueue times (never compared across ranks); NaN when none has two times."""
+    """The median interval between a rank's consecutive enqueues, ms; NaN when none has two."""
     periods = []
     for times in created:
         steps = [b - a for a, b in pairwise(times) if a and b and b >= a]

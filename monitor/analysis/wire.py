@@ -1,10 +1,8 @@
 """A :class:`~monitor.analysis.model.RankTrace` as the loader's workers send it: compact columns.
 
-:func:`pack` turns each group's columns into machine arrays (or one value and a count for a
-constant column); :func:`unpack` gives the trace back. Enqueue times and durations stay machine
-arrays, which the engine reads as sequences. Values come back equal and of the same type: a
-column an array cannot hold exactly (``3`` and ``3.0``, ``None``, ints beyond 64 bits) travels
-as a list. Declared member lists travel as machine bytes and come back as one shared tuple each.
+Each group's columns become machine arrays, or one value and a count; a column an array cannot
+hold exactly (``3`` and ``3.0``, ``None``, ints beyond 64 bits) travels as a list, so values
+come back equal and of the same type.
 """
 
 from __future__ import annotations
@@ -12,6 +10,7 @@ from __future__ import annotations
 import pickle
 from array import array
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 from .model import GroupTrace, RankTrace
@@ -20,13 +19,11 @@ __all__ = ["Packed", "from_bytes", "pack", "to_bytes", "unpack"]
 
 
 class Packed:
-    """A RankTrace without its groups and members, the groups' packed columns, and the
-    members' packed rank lists."""
+    """A RankTrace without its groups and members, and those packed."""
 
     __slots__ = ("trace", "columns", "members")
 
     def __init__(self, trace: RankTrace, columns: dict) -> None:
-        """Takes the trace's members out of it (its groups are the caller's to take)."""
         self.trace, self.columns = trace, columns
         self.members = {key: pack_ranks(ranks) for key, ranks in trace.members.items()}
         trace.members = {}
@@ -34,17 +31,13 @@ class Packed:
 
 def pack(trace: RankTrace) -> Packed:
     """The trace, packed (its ``groups`` and ``members`` are taken out of it)."""
-    columns = {
-        key: (g.first_seq, pack_codes(g.sigs), pack_codes(g.states),
-              pack_column(g.created_ns), pack_column(g.duration_ms))
-        for key, g in trace.groups.items()
-    }
+    columns = {key: pack_group(g.first_seq, g.sigs, g.states, g.created_ns, g.duration_ms)
+               for key, g in trace.groups.items()}
     trace.groups = {}
     return Packed(trace, columns)
 
 
 def unpack(packed: Packed) -> RankTrace:
-    """The trace :func:`pack` packed."""
     trace = packed.trace
     trace.groups = {
         key: GroupTrace(first_seq, _as_list(sigs), _as_list(states), _as_sequence(created), _as_sequence(durations))
@@ -55,9 +48,8 @@ def unpack(packed: Packed) -> RankTrace:
 
 
 def to_bytes(packed: Packed) -> bytes:
-    """The packed trace as one pickle: what a worker sends. The parent decodes them all in one
-    loop once every worker is done (cheaper than between other processes' turns on the CPU,
-    docs/analyze.md, Performance)."""
+    """What a worker sends; the parent decodes them all once every worker is done
+    (docs/analyze.md, Performance)."""
     return pickle.dumps(packed, protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -66,14 +58,7 @@ def from_bytes(blob: bytes) -> RankTrace:
     return unpack(pickle.loads(blob))
 
 
-# Every dump repeats its groups' member lists (the default group's names every rank): one shared
-# tuple per list in the receiving process, not a million int objects.
-_RANKS_SEEN: dict[bytes, tuple[int, ...]] = {}
-_RANKS_SEEN_MAX = 4096
-
-
 def pack_ranks(ranks: tuple[int, ...]) -> Any:
-    """Machine bytes for a tuple of ints that fit 64 bits, else the tuple (bools stay bools)."""
     if ranks and set(map(type, ranks)) == _INT:
         try:
             return array("q", ranks).tobytes()
@@ -83,34 +68,38 @@ def pack_ranks(ranks: tuple[int, ...]) -> Any:
 
 
 def _as_ranks(packed: Any) -> tuple[int, ...]:
-    if type(packed) is not bytes:
-        return packed
-    ranks = _RANKS_SEEN.get(packed)
-    if ranks is None:
-        if len(_RANKS_SEEN) >= _RANKS_SEEN_MAX:
-            _RANKS_SEEN.clear()
-        ranks = _RANKS_SEEN[packed] = tuple(array("q", packed))
-    return ranks
+    return _unpack_ranks(packed) if type(packed) is bytes else packed
+
+
+@lru_cache(maxsize=4096)  # every dump repeats its groups' member lists: one shared tuple each
+def _unpack_ranks(packed: bytes) -> tuple[int, ...]:
+    return tuple(array("q", packed))
 
 
 _INT = {int}
 
 
+def pack_group(first_seq: int, sigs: list, states: list, created: Sequence[Any], durations: Sequence[Any],
+               kinds: tuple = (None, None)) -> tuple:
+    """A group's packed columns; ``kinds``: the value columns' one type each, if known."""
+    return (first_seq, pack_codes(sigs), pack_codes(states), pack_column(created, kinds[0]),
+            pack_column(durations, kinds[1]))
+
+
 def pack_codes(values: list) -> Any:
-    """Signature ids and state codes (ints normalize made, None for a missing sequence id)."""
     if values and values.count(values[0]) == len(values):
         return ("same", values[0], len(values))
     if None in values:
         return values
     try:
         return array("q", values)
-    except OverflowError:  # not from normalize, but never wrong
+    except OverflowError:
         return values
 
 
 def pack_column(values: Sequence[Any], one_type: type | None = None) -> Any:
-    """One value and a count, or a machine array when all values are of one type that fits one,
-    else a list. ``one_type``: the type every value is known to have (spares a pass), or None."""
+    """One value and a count, a machine array, or a list; ``one_type``: every value's type if
+    known (spares a pass)."""
     if not values:
         return _listed(values)
     kind = type(values[0])

@@ -1,10 +1,9 @@
 """Detectors: from the cluster view (and live Flight Recorder dumps) to findings.
 
-Once per sweep the service calls :meth:`Detectors.fr_wanted`, then :meth:`Detectors.update`,
-which runs one module per finding kind in order: liveness (``dead``, ``dead_rank``), ``hang``,
-``straggler``, ``mismatch``, then ``stuck_starting`` on the full view. A detector that fails
-logs, sets ``last_error`` and is skipped for that sweep; it never takes the monitor down. A
-group whose ``replica_id`` changes (torchft restarted it) starts from a clean slate.
+Per sweep the service calls :meth:`Detectors.fr_wanted`, then :meth:`Detectors.update`, which
+runs one module per finding kind. A detector that fails logs, sets ``last_error`` and is skipped
+for that sweep; it never takes the monitor down. A group whose ``replica_id`` changes (torchft
+restarted it) starts from a clean slate.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ Analyzer = Callable[[Mapping[int, RankTrace]], Any]  # normalized traces -> resu
 
 
 class Detectors:
-    """Stateful detectors; call :meth:`fr_wanted` then :meth:`update` once per sweep."""
 
     def __init__(self, cfg: DetectorConfig | None = None, analyzer: Analyzer | None = None,
                  clock: Callable[[], float] = time.time) -> None:
@@ -51,7 +49,7 @@ class Detectors:
 
     @property
     def last_lags(self) -> dict[int, float]:
-        """replica_group -> how long the others waited for it (s), at the last evaluation."""
+        """replica_group -> how long the others waited for it (s) at the last evaluation."""
         return self.straggler.last_lags
 
     @last_lags.setter
@@ -69,15 +67,11 @@ class Detectors:
         return list(self.findings.resolved)
 
     def report(self, f: Finding) -> bool:
-        """Open a finding confirmed elsewhere (``quarantined_host``, monitor.act.hosts); False
-        when one with its key is open already."""
+        """Open a finding confirmed elsewhere (monitor.act.hosts); False when already open."""
         return self.findings.report(f)
 
     def resolve(self, key: tuple, how: str, now: float) -> None:
         self.findings.resolve(key, how, now)
-
-    def hang_threshold(self, view: ClusterView | None) -> float:
-        return self.hang.threshold(view)
 
     def longest_wait(self, view: ClusterView | None, now: float,
                      states: Iterable[Any] | None = None) -> float:
@@ -87,11 +81,9 @@ class Detectors:
                        now: float) -> set[int]:
         return self.hang.in_group_hangs(view, dumps, now)
 
-    # --- the Flight Recorder policy -----------------------------------------------------
     def fr_wanted(self, view: ClusterView, now: float | None = None) -> list[str]:
-        """URLs whose ``/v1/fr_trace`` this sweep needs (empty: none): on a stall, when a
-        rank's commit failures rose, or every ``fr_interval_s`` unless
-        :meth:`periodic_look_held`. A trigger that fails asks for none."""
+        """URLs whose ``/v1/fr_trace`` this sweep needs: on a stall, when commit failures rose,
+        or every ``fr_interval_s`` unless :meth:`periodic_look_held`; none if a trigger fails."""
         now = self.clock() if now is None else now
         reason = None
         try:
@@ -110,36 +102,33 @@ class Detectors:
         if reason is None:
             return []
         self._last_fr_at = now  # asked for, answered or not: the periodic clock restarts
-        # reachable ranks polled this sweep (a carried rank's dump would describe the past)
+        # polled this sweep: a carried rank's dump would describe the past
         return [u for u, r in fresh_ranks(view) if r.reachable and not r.superseded
                 and r.replica_group in view.groups]
 
     def periodic_look_held(self, view: ClusterView | None, now: float,
                            states: Iterable[Any] | None = None) -> bool:
-        """Whether the periodic look due at ``now`` waits: a rank has been blocked in a
-        collective for a third of the hang threshold, so a hang look may follow and the
-        periodic one would only delay it (held at most to 2 x ``fr_interval_s``). Decided once
-        per ``now``, so the service (``states``: its answers) and :meth:`fr_wanted` agree."""
+        """Whether the periodic look due at ``now`` waits for a hang look that may follow (a
+        rank blocked a third of the hang threshold), at most to 2 x ``fr_interval_s``. Decided
+        once per ``now``, so the service (``states``: its answers) and :meth:`fr_wanted` agree."""
         held = self._periodic_held
         if held is not None and held[0] == now:
             return held[1]
         out = False
         if now - self._last_fr_at < 2 * self.cfg.fr_interval_s:
-            out = self.longest_wait(view, now, states) >= self.hang_threshold(view) / 3
+            out = self.longest_wait(view, now, states) >= self.hang.threshold(view) / 3
         self._periodic_held = (now, out)
         return out
 
     def hang_look_possible(self, view: ClusterView, now: float) -> bool:
         """False: :meth:`fr_wanted` asks for no hang's dumps at ``now``."""
-        return self.longest_wait(view, now) >= self.hang_threshold(view)
+        return self.longest_wait(view, now) >= self.hang.threshold(view)
 
-    # --- one sweep ------------------------------------------------------------------------
     def update(self, view: ClusterView, dumps: Mapping[int, dict] | None = None,
                now: float | None = None, full_view: ClusterView | None = None) -> list[Finding]:
-        """Fold one sweep and the dumps :meth:`fr_wanted` asked for; returns the findings newly
-        confirmed. ``view``: the ranks that count as evidence; ``full_view`` (default the
-        same): every rank polled, which only stuck_starting reads. Dumps that are not Flight
-        Recorder dumps are logged and left out."""
+        """The findings newly confirmed by one sweep and its dumps. ``view``: the ranks that
+        count as evidence; ``full_view``: every rank polled (stuck_starting); a dump that is not
+        a Flight Recorder dump is logged and left out."""
         now = self.clock() if now is None else now
         full, dumps = full_view or view, dumps or {}
         self._remember_groups(view)
@@ -176,12 +165,12 @@ class Detectors:
         return new
 
     def _remember_groups(self, view: ClusterView) -> None:
-        """A new group, or a new replica id: a fresh memory, and the earlier incarnation's
-        findings resolved as ``replaced`` (``dead`` and ``stuck_starting`` judge that alone)."""
+        """A new group or replica id: a fresh memory, the earlier incarnation's findings
+        ``replaced`` (but ``dead`` and ``stuck_starting``, which judge that alone)."""
         if view is self._remembered:
-            return  # fr_wanted and update of one sweep: once
+            return
         self._remembered = view
-        for g in self._remembered_seen.changed(view)[0]:  # an unchanged group: nothing new
+        for g in self._remembered_seen.changed(view)[0]:
             rid, mem = view.groups[g].replica_id, self._groups.get(g)
             if mem is None or (rid is not None and mem.replica_id != rid):
                 if mem is not None:
@@ -190,8 +179,8 @@ class Detectors:
                 self._groups[g] = GroupMemory(rid)
 
     def _starting_urls(self, full: ClusterView) -> list[str] | None:
-        """The ranks without a quorum from the pass over the evidence's answers, when that
-        pass read every rank of ``full`` (the two views' RankViews share their states)."""
+        """The ranks without a quorum from the pass over the evidence, when it read every rank
+        of ``full`` (the two views share their states)."""
         got = self.straggler.last_answers
         if got is not None and (got.view is full or (
                 full.evidence_view is got.view and len(got.view.ranks) == len(full.ranks))):

@@ -1,7 +1,5 @@
-"""Findings and their lifecycle: opened once confirmed (one per kind, group and replica id),
-then resolved. A finding names a replica group and its torchft ``replica_id`` (one
-incarnation), the culprit ranks and where they run (``evidence.culprits``), the evidence, and
-when it was first seen and confirmed."""
+"""Findings and their lifecycle: opened once confirmed (one per kind, replica group and torchft
+``replica_id``), then resolved; the evidence names the culprits and where they run."""
 
 from __future__ import annotations
 
@@ -17,7 +15,7 @@ from .rank_state import describe_ranks
 log = logging.getLogger(__name__)
 
 KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting",
-         "quarantined_host")  # the last one is opened by monitor.act.hosts through report()
+         "quarantined_host")  # opened by monitor.act.hosts
 
 
 @dataclass
@@ -48,13 +46,12 @@ class Findings:
         self.resolved: deque[Finding] = deque(maxlen=200)
 
     def groups(self, *kinds: str) -> set[int]:
-        """The groups with an open finding of one of ``kinds``."""
         return {k[1] for k in self.open if k[0] in kinds}
 
     def confirm(self, kind: str, gv: GroupView, ranks: list[int], ev: dict[str, Any],
                 first_seen: float, now: float, view: ClusterView,
                 replica_id: Any = ...) -> Finding | None:
-        """Open a confirmed finding (returned), or refresh the evidence of the open one (None)."""
+        """The finding opened, or None when one was open (its evidence refreshed)."""
         rid = gv.replica_id if replica_id is ... else replica_id
         culprits = describe_ranks(view, ranks)
         ev = {**ev, "culprit_ranks": list(ranks),
@@ -83,14 +80,13 @@ class Findings:
 
     def resolve_where(self, how: str, now: float, kinds: tuple[str, ...] | None = None,
                       group: int | None = None, keep: tuple[str, ...] = ()) -> None:
-        """Resolve the open findings of ``kinds`` in ``group`` (None: any) but ``keep``'s."""
         for key in [k for k in self.open if (kinds is None or k[0] in kinds)
                     and (group is None or k[1] == group) and k[0] not in keep]:
             self.resolve(key, how, now)
 
     def resolve_gone(self, view: ClusterView, full: ClusterView, now: float) -> None:
         """Resolve the findings whose group left the view (``gone``) or has no rank reachable
-        (``left_job``; but ``dead`` and ``stuck_starting``, which are about that)."""
+        (``left_job``; but ``dead`` and ``stuck_starting``)."""
         for key in list(self.open):
             kind, g, _rid = key
             gv = (full if kind == "stuck_starting" else view).groups.get(g)
@@ -101,7 +97,7 @@ class Findings:
 
 
 def engine_findings(result: Any) -> list[dict[str, Any]]:
-    """An analysis result's findings as the detectors read them, the engine's JSON in ``raw``."""
+    """An analysis result's findings as the detectors read them (the engine's JSON: ``raw``)."""
     out = []
     for f in result.findings:
         d = f.to_dict()

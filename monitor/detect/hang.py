@@ -1,11 +1,9 @@
 """``hang``: the job stopped inside a collective, and who never entered it.
 
-A *stall*: no group's step moved since the last sweep and a rank of the newest quorum has been
-blocked in a collective (its own clock; a quorum is not a collective) for :meth:`Hang.threshold`.
-A hang: the engine also finds a collective of this incarnation some members enqueued and the
-culprits never did; the ranks that never entered the in-group one (e.g. FSDP's all-gather)
-when there is one, else the group's ranks missing from the cross-group one. A culprit is never
-itself waiting in the collective it is blamed for.
+A stall: no group's step moved since the last sweep and a rank of the newest quorum has been
+blocked in a collective for :meth:`Hang.threshold`. A hang: the engine also finds a collective
+some members enqueued and the culprits never did, in-group when there is one, else cross-group.
+A culprit is never itself waiting in the collective it is blamed for.
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ _NO_QUORUM = object()  # before the first view
 
 
 def _inner(analysis: list[dict]) -> dict[int, dict]:
-    """Per replica group, the engine's first hang in a process group inside it."""
     inner: dict[int, dict] = {}
     for h in analysis:
         if h["kind"] == "hang" and h["replica_group"] is not None:
@@ -38,7 +35,7 @@ def _inner(analysis: list[dict]) -> dict[int, dict]:
 class Hang:
     def __init__(self, cfg: DetectorConfig, findings: Findings, analyzer: Callable) -> None:
         self.cfg, self.findings, self.analyzer = cfg, findings, analyzer
-        # each in-quorum group's step (of the newest quorum id), and since when none moved
+        # each in-quorum group's step (of the newest quorum id)
         self.progress_steps: dict[int, int] = {}
         self._progress_quorum: Any = _NO_QUORUM
         self._progress_at: float | None = None
@@ -49,24 +46,23 @@ class Hang:
         self._longest: tuple[float, float] | None = None  # (now, seconds)
 
     def threshold(self, view: ClusterView | None) -> float:
-        """max(``hang_floor_s``, ``hang_factor`` x the median step time)."""
         if view is None:
             return self.cfg.hang_floor_s
         return max(self.cfg.hang_floor_s, self.cfg.hang_factor * (view.median_step_seconds() or 0))
 
     def note_progress(self, view: ClusterView, now: float) -> None:
-        """Count the sweeps since the in-quorum groups' steps moved (once per ``now``)."""
+        """Count the sweeps since an in-quorum group's step moved (once per ``now``)."""
         if self._noted_at == now:
             return
         self._noted_at = now
         changed, gone = self._seen.changed(view)
         q, groups, steps = view.quorum_id, view.groups, self.progress_steps
         moved = False
-        if q != self._progress_quorum:  # a new quorum: which groups are in it, afresh
+        if q != self._progress_quorum:
             self._progress_quorum = q
             now_steps = {g: gv.step or 0 for g, gv in groups.items() if q in gv.taking_part}
             moved, self.progress_steps = now_steps != steps, now_steps
-        else:  # the same quorum: only a changed group's step or membership can have moved
+        else:  # only a changed group can have moved
             for g in gone:
                 moved = steps.pop(g, None) is not None or moved
             for g in changed:
@@ -84,8 +80,7 @@ class Hang:
             self.stalled_sweeps += 1
 
     def stall(self, view: ClusterView, now: float) -> tuple[bool, float, float, dict[int, tuple]]:
-        """(stalled, longest wait (s), threshold, {rank: (scope, seconds)} of the ranks
-        blocked at least that long); once per view and sweep."""
+        """(stalled, longest wait (s), threshold, {rank: (scope, seconds)} blocked that long)."""
         if self.stalled_sweeps < 1:
             return False, 0.0, 0.0, {}  # a group moved: not stalled whatever the waits
         seen = self._stall_seen
@@ -109,7 +104,7 @@ class Hang:
     def longest_wait(self, view: ClusterView | None, now: float,
                      states: Iterable[Any] | None = None) -> float:
         """The longest a rank polled this sweep has been blocked in a collective (s), once per
-        ``now``; ``states``: this sweep's answers (default ``view``'s)."""
+        ``now``; ``states``: this sweep's answers."""
         got = self._longest
         if got is not None and got[0] == now:
             return got[1]
@@ -182,8 +177,8 @@ class Hang:
 
     def in_group_hangs(self, view: ClusterView, dumps: Mapping[int, dict],
                        now: float) -> set[int]:
-        """The groups whose hang :meth:`judge` confirms in-group this sweep from ``dumps``
-        alone (the service then skips the other groups' dumps); empty on any error."""
+        """The groups whose in-group hang ``dumps`` alone confirm (the service then skips the
+        other groups' dumps); empty on any error."""
         try:
             stalled, _, _, waits = self.stall(view, now)
             if not stalled or not dumps:
@@ -200,8 +195,8 @@ class Hang:
     def _in_group_blocked(self, view: ClusterView, g: int, h_in: dict | None,
                           waits: dict[int, tuple], rank_group: RankGroups,
                           now: float) -> list[int]:
-        """The peers blocked (``waits``) in ``h_in``, the engine's hang inside ``g``, when its
-        culprits are all of ``g`` and none is itself blocked in the group; else empty."""
+        """The peers blocked in ``h_in`` (the engine's hang inside ``g``) when its culprits are
+        all of ``g`` and none is itself blocked in the group."""
         if not h_in or not h_in["culprits"]:
             return []
         blocked = [r for r in h_in["waiting"] if r in waits and waits[r][0] == "group"]
@@ -213,7 +208,6 @@ class Hang:
     @staticmethod
     def _blocked_in_group_now(view: ClusterView, h_in: dict | None,
                               now: float) -> dict[int, tuple]:
-        """{rank: ("group", seconds)} of ``h_in``'s waiting ranks blocked in-group now."""
         out: dict[int, tuple] = {}
         for rank in h_in["waiting"] if h_in else []:
             r = view.rank_view(rank)
@@ -225,6 +219,5 @@ class Hang:
 
     @staticmethod
     def _not_waiting(view: ClusterView, ranks: list[int], now: float, scope: str) -> bool:
-        """No culprit is itself blocked inside a collective of ``scope``."""
         return not any((r := view.rank_view(rank)) is not None and r.reachable
                        and collective_wait(r.state, now)[0] == scope for rank in ranks)

@@ -1,12 +1,10 @@
 """Ranks that are gone or never start.
 
-- ``dead_rank``: unreachable for ``dead_sweeps`` sweeps while group rank 0 (the group's torchft
-  Manager, which heartbeats to the Lighthouse) still answers with the same replica id: torchft
-  keeps the group in the quorum and every group waits for it until its timeouts (evicted).
-- ``dead``: unreachable, and the group's Manager rank too: torchft drops the group itself.
-- ``stuck_starting``: answers without a quorum for ``starting_timeout_s`` (monitor's clock)
-  since first seen so. Judged on every rank polled; its replica id is its group's verified one
-  or none, so only a verified group's can be evicted.
+- ``dead_rank``: unreachable for ``dead_sweeps`` sweeps while group rank 0 (the torchft Manager)
+  still answers with the same replica id: torchft keeps the group in the quorum, all wait.
+- ``dead``: unreachable, and the group's Manager rank too: torchft drops the group.
+- ``stuck_starting``: answers without a quorum for ``starting_timeout_s``; its replica id is its
+  group's verified one or none, so only a verified group's can be evicted.
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ class Liveness:
         open_dead = findings.groups(*DEAD_KINDS)
         changed, gone = self._seen.changed(view)
         self._down.difference_update(gone)
-        # a group unchanged, with no rank down and nothing open, has nothing new (most)
+        # an unchanged group with no rank down and nothing open has nothing new
         for g in sorted(self._down.union(changed, open_dead)):
             gv = view.groups.get(g)
             if gv is None:
@@ -57,8 +55,7 @@ class Liveness:
                 for key in [k for k in findings.open if k[0] in DEAD_KINDS and k[1] == g
                             and k[2] not in (None, rid)]:
                     findings.resolve(key, "replaced", now)
-            # a rank of an earlier incarnation (its group restarted, the rank not back yet)
-            # is not this incarnation's loss
+            # a rank of an earlier incarnation is not this incarnation's loss
             down = [r for r in gv.ranks if not r.reachable and not r.superseded
                     and r.failures >= self.cfg.dead_sweeps
                     and (rid is None or r.replica_id in (None, rid))]
@@ -91,8 +88,8 @@ class Liveness:
 
     def stuck_starting(self, full: ClusterView, now: float, starting_urls: list[str] | None,
                        groups: Mapping[int, Any]) -> list[Finding]:
-        """``starting_urls``: the ranks polled without a quorum, when the caller read them
-        (None: read here); ``groups``: each verified group's memory (its ``replica_id``)."""
+        """``starting_urls``: the ranks without a quorum (None: read here); ``groups``: each
+        verified group's memory."""
         starting = {}
         polled = fresh_ranks(full) if starting_urls is None else \
             [(u, full.ranks[u]) for u in starting_urls]

@@ -1,7 +1,6 @@
-"""``mismatch``: members of one group that enqueued different collectives at one sequence id
-(the analysis engine over the live dumps). The culprit is the minority; without a majority,
-the rank that breaks its own per-step pattern (:func:`departs_from_step_pattern`), else its
-own history of that collective (``departs_from_history``). Nothing singled out: no finding.
+"""``mismatch``: members of one group that enqueued different collectives at one sequence id.
+The culprit is the minority; without a majority the rank that breaks its own per-step pattern,
+else its own history of that collective. Nothing singled out: no finding.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from .rank_state import RankGroups
 
 def judge(view: ClusterView, dumps: Mapping[int, dict], traces: Mapping[int, RankTrace],
           analysis: list[dict] | None, now: float, findings: Findings) -> list[Finding]:
-    """This sweep's mismatches confirmed, one finding per culprit group."""
     if not analysis:
         return []
     rank_group = RankGroups(view, dumps)
@@ -56,8 +54,8 @@ def judge(view: ClusterView, dumps: Mapping[int, dict], traces: Mapping[int, Ran
 
 
 def _period(sigs: list[int | None], skip: int, max_period: int = 128) -> int | None:
-    """The shortest period with which a rank's collectives repeat (one training step's pattern),
-    judged on its own history without position ``skip``; None when none holds for 9 in 10."""
+    """The shortest period of a rank's collectives (one step's pattern) without position
+    ``skip``; None when none holds for 9 in 10."""
     n = len(sigs)
     for p in range(1, min(max_period, n // 3) + 1):
         same = total = 0
@@ -76,7 +74,6 @@ def _period(sigs: list[int | None], skip: int, max_period: int = 128) -> int | N
 
 
 def _expected(sigs: list[int | None], i: int, p: int) -> int | None:
-    """What the repeating pattern puts at position ``i``: the nearest period-aligned neighbour."""
     for k in range(1, 4):
         for j in (i - k * p, i + k * p):
             if 0 <= j < len(sigs) and sigs[j] is not None:
@@ -85,14 +82,8 @@ def _expected(sigs: list[int | None], i: int, p: int) -> int | None:
 
 
 def departs_from_step_pattern(traces: Mapping[int, RankTrace], raw: Mapping[str, Any]) -> list[int]:
-    """Participants of a mismatch whose collective at its sequence id breaks their own repeating
-    per-step pattern, when at least one other participant's follows its pattern.
-
-    Training repeats the same collectives every step (FSDP gathers each unit in turn, a cross-group
-    all_reduce per step), so the op at a sequence id is predictable from the same rank's earlier
-    and later steps. A rank that issued something else there departs; a rank whose pattern
-    predicts exactly what it issued does not. Empty when that does not single anyone out (no
-    period, or every participant departs)."""
+    """Participants of a mismatch whose collective breaks their own per-step pattern (training
+    repeats its collectives every step), when another participant's follows its pattern."""
     key = GroupKey(raw.get("pg"), raw.get("replica_group"), raw.get("quorum_id"),
                    raw.get("group_rank"))
     seq = raw.get("seq")

@@ -1,6 +1,5 @@
-"""What the detectors read of the ranks' answers: collective waits (on each rank's own clock),
-who a rank is, which ranks this sweep polled, which group a rank belongs to, which groups
-changed since a consumer last looked."""
+"""What the detectors read of the ranks' answers: collective waits (each rank's own clock), who
+a rank is, which ranks this sweep polled, which groups changed since a consumer last looked."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ from monitor.evidence.view import ClusterView, GroupView, RankView
 
 
 def current_wait(state: Mapping[str, Any] | None) -> tuple[str | None, float | None]:
-    """(scope, seconds) of the collective wait the rank is blocked in now, on its own clock;
-    (None, None) when it is not waiting or does not say."""
+    """(scope, seconds) of the wait the rank is blocked in now; (None, None) if none."""
     timing = state.get("timing") if isinstance(state, Mapping) else None
     w = timing.get("waiting") if isinstance(timing, Mapping) else None
     if not isinstance(w, Mapping):
@@ -25,13 +23,12 @@ def current_wait(state: Mapping[str, Any] | None) -> tuple[str | None, float | N
 
 
 def collective_wait(state: Mapping[str, Any] | None, now: float) -> tuple[str | None, float]:
-    """How long the rank has been blocked inside a *collective* (not a quorum): ("group" or
-    "cross", seconds), or (None, 0.0). A rank without ``timing`` falls back to its phase
-    (``allreduce`` since ``phase_since``: its own clock against the monitor's)."""
+    """("group" or "cross", seconds) the rank has been blocked inside a collective (not a
+    quorum), or (None, 0.0); without ``timing``, its phase ``allreduce`` since ``phase_since``."""
     if type(state) is dict:
         timing = state.get("timing")
         if type(timing) is dict and timing.get("waiting") is None:
-            return None, 0.0  # not waiting (most answers): said without the general path
+            return None, 0.0  # most answers
     elif not isinstance(state, Mapping):
         return None, 0.0
     if isinstance(state.get("timing"), Mapping):
@@ -63,14 +60,12 @@ def describe_ranks(view: ClusterView, ranks: list[int]) -> list[dict[str, Any]]:
 
 
 def phases(view: ClusterView, ranks: list[int]) -> dict[str, Any]:
-    """{rank: its phase, reachable, step, host and wait} of the ranks that answered."""
     return {str(d["rank"]): {k: d[k] for k in ("phase", "reachable", "step", "host", "waiting")}
             for d in describe_ranks(view, ranks) if d["phase"] is not None}
 
 
 def fresh_ranks(view: ClusterView) -> list[tuple[str, RankView]]:
-    """(url, RankView) of the ranks polled this sweep (with leader polling the others are
-    carried unchanged: what they said was read when they were polled)."""
+    """(url, RankView) of the ranks polled this sweep (leader polling carries the others)."""
     ranks = view.ranks
     if view.polled is None:
         return list(ranks.items())
@@ -78,14 +73,13 @@ def fresh_ranks(view: ClusterView) -> list[tuple[str, RankView]]:
 
 
 class RankGroups:
-    """rank -> its replica group, for the ranks a Flight Recorder finding names: the group its
-    RankView says when it answered (never a superseded process's), else its dump's claim."""
+    """rank -> its replica group: its RankView's when it answered, else its dump's claim."""
 
     __slots__ = ("view", "dumps", "claimed")
 
     def __init__(self, view: ClusterView, dumps: Mapping[int, dict]) -> None:
         self.view, self.dumps = view, dumps
-        self.claimed: dict[int, int] | None = None  # the dumps' claims, made on first need
+        self.claimed: dict[int, int] | None = None  # made on first need
 
     def get(self, rank: int) -> int | None:
         rv = self.view.rank_view(rank)
@@ -98,9 +92,8 @@ class RankGroups:
 
 
 class SeenGroups:
-    """Which groups' ``GroupView`` changed since this consumer's last call: a view keeps an
-    unchanged group's GroupView object and never changes a view once built, so identity tells
-    what to read again (most groups, at scale, are not)."""
+    """Which groups changed since this consumer's last call: a view keeps an unchanged group's
+    GroupView object, so identity tells."""
 
     def __init__(self) -> None:
         self.groups: Mapping[int, GroupView] = {}

@@ -1,10 +1,9 @@
 """The per-step timings the detectors remember of each rank, in numpy columns.
 
-Per rank URL (a slot each): the rows of its newest ``depth`` steps, the step in place
-``step % depth`` and its four seconds beside it. A sweep's answers fold in one numpy pass and
-the straggler's window is one indexing, where a per-row Python fold was most of the
-detectors' time at scale (benchmarks/bench_detectors.py). A rank whose replica id changed
-starts from nothing; nothing here raises on what a rank served.
+Per rank URL (a slot each): the rows of its newest ``depth`` steps, step ``s`` in place
+``s % depth``. A sweep folds in one numpy pass and the straggler's window is one indexing
+(benchmarks/bench_detectors.py). A rank whose replica id changed starts from nothing; nothing
+here raises on what a rank served.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ NONE = np.iinfo(np.int64).min  # no step (a free place, a rank with nothing fold
 
 
 class StepMemory:
-    """Per rank URL (a slot each): its replica id and the rows of its newest ``depth`` steps."""
 
     def __init__(self, depth: int = 32, capacity: int = 1024) -> None:
         self.depth = depth
@@ -30,17 +28,15 @@ class StepMemory:
         self._seconds = np.zeros((capacity, depth, len(TIMING_KEYS)), np.float64)
         self._newest = np.full(capacity, NONE, np.int64)
 
-    # --- reading ---------------------------------------------------------------------
     def slots(self) -> dict[str, int]:
-        """URL -> slot, read-only (:meth:`take` adds to it, :meth:`keep_only` may replace it)."""
+        """URL -> slot, read-only."""
         return self._slot
 
     def replica_ids(self) -> list:
-        """Slot -> replica id, read-only (:meth:`take` changes it in place)."""
+        """Slot -> replica id, read-only (changed in place)."""
         return self._rid
 
     def newest(self, url: str) -> int | None:
-        """The newest step folded for ``url`` (None: nothing)."""
         slot = self._slot.get(url)
         if slot is None:
             return None
@@ -51,29 +47,24 @@ class StepMemory:
         return [None if s == NONE else s for s in self._newest[slots].tolist()]
 
     def common_steps(self, slots: np.ndarray) -> list[int]:
-        """The steps every one of ``slots`` has folded, ascending."""
         if not len(slots):
             return []
         top = int(self._newest[slots].min())
         if top == NONE:
             return []
         cand = np.arange(top - self.depth + 1, top + 1, dtype=np.int64)
-        # a place still holding a step older than its rank's newest ``depth`` is no longer
-        # part of its memory (a rank that skipped steps: the place was not written since)
+        # a place holding a step older than its rank's newest ``depth`` (skipped steps) is stale
         present = (self._steps[slots][:, cand % self.depth] == cand) \
             & (cand > self._newest[slots][:, None] - self.depth)
         return cand[present.all(axis=0)].tolist()
 
     def seconds(self, slots: np.ndarray, steps: list[int]) -> np.ndarray:
-        """slots x steps x TIMING_KEYS: the four seconds of each of ``slots`` at each of
-        ``steps`` (steps every one of them has: :meth:`common_steps`)."""
+        """slots x steps x TIMING_KEYS (``steps``: from :meth:`common_steps`)."""
         at = np.asarray(steps, np.int64) % self.depth
         return self._seconds[np.asarray(slots)[:, None], at[None, :]]
 
-    # --- writing ---------------------------------------------------------------------
     def take(self, url: str, replica_id) -> int:
-        """``url``'s slot for ``replica_id``: its own (emptied if its replica id changed), or a
-        new one."""
+        """``url``'s slot for ``replica_id`` (emptied if its replica id changed)."""
         slot = self._slot.get(url)
         if slot is not None:
             if self._rid[slot] != replica_id:
@@ -81,19 +72,17 @@ class StepMemory:
                 self._rid[slot] = replica_id
             return slot
         if not self._free:
-            self._grow()
+            self._resize(2 * len(self._rid))
         slot = self._slot[url] = self._free.pop()
         self._rid[slot] = replica_id
         return slot
 
     def fold(self, slots: list[int], blobs: list[bytes]) -> list[int]:
-        """Fold answers' rows (``blobs[i]``: whole TIMING_ROW records, oldest first) into
-        ``slots[i]``: the valid rows (rank_wire.valid_row) newer than the slot's newest step
-        and within ``depth`` of the new newest; a step served twice keeps its last row.
-        Returns how many rows each answer added."""
+        """How many rows each answer added: ``blobs[i]`` (TIMING_ROW records, oldest first)
+        into ``slots[i]``, the valid rows newer than its newest step and within ``depth`` of the
+        new newest; a step served twice keeps its last row."""
         counts = np.fromiter(map(len, blobs), np.int64, len(blobs)) // TIMING_ROW.size
-        # the rows as float64 x 5 columns, the first the step's int64 bits (a structured
-        # array's fields are slower to compare)
+        # float64 columns, the first the step's int64 bits (faster than a structured array)
         raw = np.frombuffer(b"".join(blobs), np.float64).reshape(-1, 1 + len(TIMING_KEYS))
         if not len(raw):
             return [0] * len(slots)
@@ -115,8 +104,7 @@ class StepMemory:
         if not fits.all():
             at, owner, steps = at[fits], owner[fits], steps[fits]
         place = owner * self.depth + steps % self.depth
-        # each answer's steps rising (as served, oldest first) and within ``depth``: each in
-        # a place of its own; else (a step served twice) its last row (a sort: only then)
+        # a step served twice: its last row (a sort, only then)
         if len(at) > 1 and ((steps[1:] <= steps[:-1]) & (owner[1:] == owner[:-1])).any():
             last = len(place) - 1 - np.unique(place[::-1], return_index=True)[1]
             at, owner, place, steps = at[last], owner[last], place[last], steps[last]
@@ -125,7 +113,6 @@ class StepMemory:
         return np.bincount(answer[at], minlength=len(slots)).tolist()
 
     def keep_only(self, urls: Container[str]) -> None:
-        """Forget every rank not in ``urls``."""
         gone = [u for u in self._slot if u not in urls]
         if not gone:
             return
@@ -134,42 +121,26 @@ class StepMemory:
         for s in slots:
             self._rid[s] = None
         self._free.extend(slots)
+        # the first sweep folds every rank, leader polling then keeps a fraction
         if len(self._rid) > 4096 and 4 * len(self._slot) < len(self._rid):
-            self._compact()
+            self._resize(max(1024, 2 * len(self._slot)))
 
-    # --- storage ---------------------------------------------------------------------
     def _empty(self, slots: list[int]) -> None:
         self._steps[slots] = NONE
         self._newest[slots] = NONE
 
-    def _grow(self) -> None:
-        old = len(self._rid)
-        self._resize(2 * old)
-        self._free.extend(range(2 * old - 1, old - 1, -1))
-
-    def _resize(self, capacity: int, live: list[int] | None = None) -> None:
-        """Arrays of ``capacity`` slots: the current ones kept in place, or ``live``'s moved to
-        the front."""
+    def _resize(self, capacity: int) -> None:
+        """``capacity`` slots, the live ones moved to the front in slot order (with none free,
+        as when growing, every slot keeps its number)."""
+        urls = sorted(self._slot, key=self._slot.__getitem__)
+        live = [self._slot[u] for u in urls]
+        n = len(live)
         steps = np.full((capacity, self.depth), NONE, np.int64)
         seconds = np.zeros((capacity, self.depth, len(TIMING_KEYS)), np.float64)
         newest = np.full(capacity, NONE, np.int64)
-        if live is None:
-            n = len(self._rid)
-            steps[:n], seconds[:n], newest[:n] = self._steps, self._seconds, self._newest
-            self._rid.extend([None] * (capacity - n))  # in place: replica_ids() readers
-        else:
-            n = len(live)
-            steps[:n], seconds[:n], newest[:n] = \
-                self._steps[live], self._seconds[live], self._newest[live]
-            self._rid = [self._rid[s] for s in live] + [None] * (capacity - n)
+        steps[:n], seconds[:n], newest[:n] = self._steps[live], self._seconds[live], self._newest[live]
         self._steps, self._seconds, self._newest = steps, seconds, newest
-
-    def _compact(self) -> None:
-        """Give back the room of forgotten ranks (the first sweep folds every rank, leader
-        polling then keeps a fraction)."""
-        urls = list(self._slot)
-        live = [self._slot[u] for u in urls]
-        capacity = max(1024, 2 * len(live))
-        self._resize(capacity, live)
-        self._slot = dict(zip(urls, range(len(live)), strict=True))
-        self._free = list(range(capacity - 1, len(live) - 1, -1))
+        # in place: slots() and replica_ids() readers
+        self._rid[:] = [self._rid[s] for s in live] + [None] * (capacity - n)
+        self._slot.update(zip(urls, range(n), strict=True))
+        self._free = list(range(capacity - 1, n - 1, -1))

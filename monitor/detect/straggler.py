@@ -1,13 +1,11 @@
 """``straggler``: the replica group the others wait for at the cross-group step.
 
-Each rank serves its last steps' timings on its own clock (no clocks of two hosts compared),
-kept per rank in a :class:`StepMemory`. Per step a group's cross wait (``wait_cross_s``) is its
-most-waiting rank's and its *lag* how long the others waited for it (:func:`straggler_lags`).
-A group is a straggler when, over the newest ``straggler_steps`` steps every group served, the
-others waited for it in 3 of 4 steps with a median lag of at least ``max(straggler_min_lag_s,
-straggler_rel_lag x median step time)``, in ``straggler_windows`` consecutive evaluations of
-newer steps, or at that lag in every step of one window. The culprits inside it are the ranks
-whose in-group wait is that threshold below their peers' median; none standing out: all.
+Each rank serves its last steps' timings on its own clock (no two hosts' clocks compared), kept
+in a :class:`StepMemory`. Per step a group's lag is how long the others waited for it
+(:func:`straggler_lags`). A group is a straggler when, over the newest ``straggler_steps``
+steps, it was waited for in 3 of 4 with a median lag of ``max(straggler_min_lag_s,
+straggler_rel_lag x median step)``, in ``straggler_windows`` evaluations or every step of one.
+Its culprits: the ranks whose in-group wait is that much below their peers'; none: all.
 """
 
 from __future__ import annotations
@@ -28,19 +26,16 @@ from .findings import Finding, Findings
 from .rank_state import fresh_ranks, phases
 from .step_memory import StepMemory
 
-# what every /v1/state is asked for: the step times the view reads, both lists packed
 STATE_ASK = f"recent={STEP_TIMES_READ}&packed=1"
-EVERY_ROW_QUERY = f"?{STATE_ASK}"  # a rank none of whose rows, nor its group's, are folded
-# a rank with no rows folded whose group's are is asked for the rows after its group's newest
-# folded step less the window and this many steps more (room for groups a step apart)
-WINDOW_SLACK_STEPS = 2
+EVERY_ROW_QUERY = f"?{STATE_ASK}"
+WINDOW_SLACK_STEPS = 2  # a new rank is asked for its group's window and this (groups a step apart)
 STEP_MEMORY = 32  # per-step timings kept per rank (ranks serve their last 16)
 STEP_S, COMPUTE_S, WAIT_CROSS_S, WAIT_GROUP_S = range(len(TIMING_KEYS))
 
 
 @dataclass
 class GroupMemory:
-    """What the detectors remember of one incarnation of a group (a new replica id: afresh)."""
+    """What the detectors remember of one incarnation of a group."""
 
     replica_id: str | None
     straggler_windows: int = 0
@@ -57,20 +52,15 @@ def is_late_window(lags: np.ndarray, threshold: float, need: int) -> np.ndarray:
 
 def straggler_lags(cross: np.ndarray, threshold: float, need: int
                    ) -> tuple[np.ndarray, set[int], list[int]]:
-    """Per group (row of ``cross``: its cross wait per step), how long the others waited for
-    it; the rows first found late; the rows not late.
-
-    First against the median of the other groups; a late one again against the least-waiting
-    group that is not late (groups merely spread apart do not make a middle one late). The
-    median of the others is a sorted column and a binary search per group: O(G log G) for
-    thousands of groups, equal to ``statistics.median`` to the bit."""
+    """(per group, i.e. row of ``cross``, how long the others waited for it per step; the rows
+    late; the rows not late). Against the median of the others (a sorted column and a binary
+    search: O(G log G)); a late one again against the least-waiting group not late."""
     n = cross.shape[0] - 1  # the others
     if n <= 0:
         others = np.zeros_like(cross)
     else:
         ordered = np.sort(cross, axis=0)
-        # where each group's own value sits in its step's column: taking it out shifts every
-        # later position by one
+        # taking each group's own value out of its column shifts the later positions by one
         at_or_after = np.empty(cross.shape, dtype=np.intp)
         for s in range(cross.shape[1]):
             at_or_after[:, s] = np.searchsorted(ordered[:, s], cross[:, s], side="left")
@@ -89,20 +79,17 @@ def straggler_lags(cross: np.ndarray, threshold: float, need: int
     return lags, candidates, healthy
 
 
+@dataclass(slots=True, eq=False)
 class Answers:
-    """One pass over a view's answers: commit failures by URL, the URLs polled that did not
-    answer, those without a quorum, per group its polled ranks with timings (RankView, slot,
-    replica id), and the groups whose ranks report more than one replica id (``mixed``)."""
+    """One pass over a view's answers: commit failures by URL, the silent and starting URLs,
+    per group its ranks with timings (RankView, slot, replica id), groups of mixed replica ids."""
 
-    __slots__ = ("view", "counts", "silent", "by_group", "mixed", "starting")
-
-    def __init__(self, view: ClusterView) -> None:
-        self.view = view
-        self.counts: dict[str, int] = {}
-        self.silent: list[str] = []
-        self.by_group: dict[int, list[tuple[RankView, int, str | None]]] = {}
-        self.mixed: set[int] = set()
-        self.starting: list[str] = []
+    view: ClusterView
+    counts: dict[str, int] = field(default_factory=dict)
+    silent: list[str] = field(default_factory=list)
+    by_group: dict[int, list[tuple[RankView, int, str | None]]] = field(default_factory=dict)
+    mixed: set[int] = field(default_factory=set)
+    starting: list[str] = field(default_factory=list)
 
 
 class Straggler:
@@ -113,16 +100,15 @@ class Straggler:
         # per group: (replica id, the newest step folded from any of its ranks)
         self._group_newest: dict[int, tuple[str | None, int]] = {}
         self.last_answers: Answers | None = None
-        # groups whose memory may hold a late streak: judged every evaluation until reset
+        # groups whose memory may hold a late streak
         self._streaks: set[int] = set()
         self.last_lags: dict[int, float] = {}  # replica_group -> how long the others waited
 
     def state_queries(self, urls: Iterable[str], kept: Container[str] | None,
                       view: ClusterView | None) -> list[str]:
         """Per URL, the query of its next ``/v1/state``: ``?since=N&...``, N its newest folded
-        step, or for a rank with none folded its group's newest less the window (all the
-        window reads); every row when neither is known. ``kept``: the URLs the next fold
-        keeps, when asked before it (the others count as holding none)."""
+        step (none: its group's newest less the window; neither: every row). ``kept``: the
+        URLs the next fold keeps (the others count as holding none)."""
         memory, group_newest = self.memory, self._group_newest
         ranks = view.ranks if view is not None else {}
         back = self.cfg.straggler_steps + WINDOW_SLACK_STEPS
@@ -141,13 +127,11 @@ class Straggler:
         return out
 
     def answers(self, view: ClusterView) -> Answers:
-        """The pass over this sweep's answers (once per view): every fresh rank's timing rows
-        (rank_wire bytes, as the poller keeps them) folded into the memory in one call."""
+        """The pass over this sweep's answers (once per view), their timing rows folded."""
         got = self.last_answers
         if got is not None and got.view is view:
             return got
         memory, group_newest = self.memory, self._group_newest
-        # only ranks polled this sweep are judged: the others' memory is dropped first
         memory.keep_only(view.ranks.keys() if view.polled is None else set(view.polled))
         slot_of, rid_of, take = memory.slots().get, memory.replica_ids(), memory.take
         out = self.last_answers = Answers(view)
@@ -159,7 +143,7 @@ class Straggler:
                 silent.append(url)
                 continue
             counts[url] = int(s.get("commit_failures") or 0)
-            if s["quorum_id"] < 0:  # an int: the view checked the answer
+            if s["quorum_id"] < 0:
                 out.starting.append(url)
             if not r.fresh:  # carried: folded when it was polled
                 continue
@@ -176,7 +160,7 @@ class Straggler:
         for (r, slot, g, rid), n, newest in zip(polled, added, memory.newest_of(slots),
                                                 strict=True):
             if newest is None:
-                continue  # nothing folded for it
+                continue
             if n:
                 was = group_newest.get(g)
                 if was is None or was[1] < newest or was[0] != rid:
@@ -196,8 +180,7 @@ class Straggler:
         if members is None:
             self.last_lags = {}
             return []
-        # a group's ranks' slots next to each other: one indexing gives ranks x window x 4,
-        # and reduceat at each group's first rank its maximum
+        # a group's slots side by side: reduceat at its first rank gives its maximum
         order = list(groups)
         slots, starts = [], []
         for g in order:
@@ -269,8 +252,7 @@ class Straggler:
 
     def members(self, view: ClusterView, groups: dict[int, GroupView]
                 ) -> dict[int, list[tuple[RankView, int, Any]]] | None:
-        """Each group's ranks polled this sweep with timings of its replica id (RankView, slot,
-        replica id); None when a group has none (then no group can be judged)."""
+        """Each group's ranks with timings of its replica id; None when a group has none."""
         answers = self.answers(view)
         by_group, mixed = answers.by_group, answers.mixed
         members = {}
@@ -285,8 +267,8 @@ class Straggler:
         return members
 
     def judged(self, order: list[int], is_late: np.ndarray, open_groups: set[int]) -> list[int]:
-        """The positions in ``order`` the verdict loop must judge: late groups, those with a
-        streak to reset or a finding to resolve (for the others it only notes the window)."""
+        """The positions in ``order`` to judge: late groups, those with a streak to reset or
+        a finding to resolve."""
         late, known = np.flatnonzero(is_late).tolist(), self._streaks | open_groups
         if not known:
             return late
@@ -295,7 +277,6 @@ class Straggler:
 
     def _late_ranks(self, rows: list[tuple[RankView, int, Any]], window: list[int],
                     threshold: float) -> tuple[list[int], dict[str, Any]]:
-        """The ranks of a late group its peers wait for, with the per-rank medians."""
         keys = (("wait_group_s", WAIT_GROUP_S), ("compute_s", COMPUTE_S),
                 ("wait_cross_s", WAIT_CROSS_S))
         ranked = [(r, slot) for r, slot, _ in rows if r.rank is not None]
