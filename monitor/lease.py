@@ -71,8 +71,7 @@ def _put(key: str, value: Any, lease: int = 0) -> dict:
 
 
 class Etcd:
-    """A small etcd v3 client; one per thread (one requests.Session). Every call raises
-    EtcdError when etcd is unreachable or its answer is an error or not JSON."""
+    """An etcd v3 client, one per thread; every call raises EtcdError without a usable answer."""
 
     def __init__(self, endpoint: str, timeout_s: float = 2.0) -> None:
         self.endpoint = endpoint.rstrip("/")
@@ -158,11 +157,9 @@ class SessionLease:
 
 
 class LeaderLease(SessionLease):
-    """Campaign for ``key`` under a lease; :meth:`campaign`, called every third of the TTL or
-    more often, says whether this candidate leads: the key holds its id under its lease, renewed
-    less than the TTL ago by the local monotonic clock. Whatever acts as leader puts
-    :meth:`guard` into its txn, so a leader paused past its TTL fails in etcd. Errors talking to
-    etcd never raise out of :meth:`campaign`: they end leadership."""
+    """One leader per ``key``: :meth:`campaign` (every third of the TTL) says whether this
+    candidate holds it; acting as leader, put :meth:`guard` into the txn, so that a leader paused
+    past its TTL fails in etcd. An etcd error ends leadership, never raises."""
 
     def __init__(self, etcd: Etcd, key: str, identity: dict[str, Any], ttl_s: int) -> None:
         super().__init__(etcd, ttl_s)
@@ -192,20 +189,18 @@ class LeaderLease(SessionLease):
             kv = self.etcd.get(self.key)
             self.leader = kv.json() if kv is not None else None
             self.leader_revision = kv.create_revision if kv is not None else 0
-            self.leading = kv is not None and kv.lease == self.lease \
+            self.leading = kv is not None and kv.lease == self.lease and self.valid() \
                 and isinstance(self.leader, dict) and self.leader.get("id") == self.id
             self.error = None
         except (EtcdError, ValueError, TypeError) as e:
             self.leading, self.error = False, f"{type(e).__name__}: {e}"
-        if self.leading and not self.valid():  # renewed too late to still count
-            self.leading = False
         if was != self.leading:
             log.warning("%s leadership of %s (%s)", "took" if self.leading else "lost",
                         self.key, self.id if self.leading else self.error or self.leader)
         return self.leading
 
     def valid(self) -> bool:
-        """Still within the TTL of the last renewal (local monotonic clock)."""
+        """Renewed less than the TTL ago (local monotonic clock): a late renewal does not count."""
         return time.monotonic() - self._renewed_at < self.granted_ttl
 
     def guard(self) -> dict:

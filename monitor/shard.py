@@ -1,12 +1,11 @@
 """Several monitors, one job: each shard owns a slice of the replica groups, one leader acts.
 
-A shard (``--shard I/N``) polls only the groups :func:`shard_of` gives it and turns each
-eviction it wants into a proposal in etcd; the leader (``--lead``, elected by
-:class:`monitor.lease.LeaderLease`) applies the global rails and sends the Lighthouse kill,
-recording ``sending`` before it so that no two leaders send one eviction. Keys and guarantees:
-docs/scaling.md, "The etcd protocol". Nothing here raises into the sweep: an unreachable etcd
-leaves the shard without proposals and the leader without decisions (shown in ``/v1/cluster``);
-the leader never evicts on a Lighthouse it could not read or with a shard missing.
+A shard (``--shard I/N``) polls the groups :func:`shard_of` gives it and proposes evictions in
+etcd; the :class:`Leader` (``--lead``) applies the global rails and sends the kills, recording
+``sending`` first so that no two leaders send one (docs/scaling.md, "The etcd protocol"). An
+unreachable etcd leaves the shard without proposals and the leader without decisions (shown in
+``/v1/cluster``); the leader never evicts on a Lighthouse it could not read or with a shard
+missing.
 """
 
 from __future__ import annotations
@@ -29,9 +28,8 @@ log = logging.getLogger(__name__)
 
 
 def shard_of(replica_group: int, shards: int) -> int:
-    """The shard that owns a replica group: Prometheus' ``hashmod`` of its decimal id (the last
-    8 bytes of its MD5, big-endian, modulo the shard count), so Prometheus shard I keeps the
-    same groups as monitor shard I."""
+    """Prometheus' ``hashmod`` of the group's decimal id (the last 8 bytes of its MD5, big-endian,
+    mod N): Prometheus shard I keeps the groups of monitor shard I."""
     digest = hashlib.md5(str(int(replica_group)).encode(), usedforsecurity=False).digest()
     return int.from_bytes(digest[8:], "big") % shards
 
@@ -100,8 +98,7 @@ class Shards:
         if self.cfg.index is None:
             return []
         known = {t.url for t in targets}
-        for url in [u for u in self._groups if u not in known]:
-            del self._groups[url]
+        self._groups = {u: g for u, g in self._groups.items() if u in known}
         mine, probe = [], []
         for t in targets:
             g, at = self._groups.get(t.url, (t.replica_group, now))
@@ -144,8 +141,7 @@ class Shards:
                 "ranks": len(view.ranks), "run": self.run,
                 "groups": {str(g): gv.replica_id for g, gv in evidence.groups.items()}}, lease)
             if self.error:
-                log.warning("etcd answers again: shard %s reports and proposes",
-                            self.cfg.index)
+                log.warning("etcd answers again: shard %s reports and proposes", self.cfg.index)
             self.error = None
         except EtcdError as e:
             if str(e) != self.error:
@@ -172,9 +168,8 @@ class Shards:
         self._withdraw(wanted)
 
     def _withdraw(self, wanted: set[str]) -> None:
-        """Delete this shard's automatic proposals that no open finding of this run stands
-        behind and no leader has acted on: a leader never evicts on evidence the shard no longer
-        holds."""
+        """Delete this shard's automatic proposals that no open finding of this run stands behind
+        and no leader acted on: a leader never evicts on evidence the shard no longer holds."""
         for rid, kv in _by_rid(self.etcd, self.root + "proposals/").items():
             p = kv.json()
             if not _is_proposal(p) or p.get("shard") != self.cfg.index or p.get("manual") \
@@ -240,8 +235,9 @@ class Shards:
                                 None, {"kind": "manual", "reason": reason}, "manual")
         except EtcdError as e:
             return hold("etcd_unreachable", str(e))
-        return {"id": did, "decision": "proposed", "proposal": f"{self.root}proposals/{replica_id}",
-                "created": did is not None, "reason": "proposed" if did else "already_proposed"}
+        return {"id": did, "decision": "proposed", "created": did is not None,
+                "proposal": f"{self.root}proposals/{replica_id}",
+                "reason": "proposed" if did else "already_proposed"}
 
     def to_json(self) -> dict[str, Any]:
         e = self.leader.election if self.leader else None
@@ -255,12 +251,13 @@ class Shards:
                 "leader_blind": self.leader.blind if self.leader else None}
 
 
-class Leader:
-    """A leader candidate on its own thread, etcd and Lighthouse connections. While it holds the
-    lease, each tick resolves kills a dead leader left in flight, then decides the proposals,
+class Leader(threading.Thread):
+    """A leader candidate: a thread with its own etcd and Lighthouse connections. While it holds
+    the lease, each tick resolves kills a dead leader left in flight, then decides the proposals,
     oldest first, with the global rails. A tick that fails is logged and shown, never fatal."""
 
     def __init__(self, cfg: ShardConfig, monitor: Any, root: str) -> None:
+        super().__init__(daemon=True, name="lightkeeper-shard-leader")
         self.cfg, self.mon, self.root = cfg, monitor, root
         self.etcd = Etcd(cfg.etcd, cfg.etcd_timeout_s)
         name = "leader" if cfg.index is None else f"shard{cfg.index}"
@@ -274,22 +271,16 @@ class Leader:
         self._sending_seen: dict[tuple[str, int], float] = {}
         hb_s = (monitor.cfg.lighthouse_heartbeat_timeout_ms or 5000) / 1000.0
         self.resend_after_s = cfg.resend_after_s if cfg.resend_after_s is not None else 3 * hb_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True,
-                                        name="lightkeeper-shard-leader")
-
-    def start(self) -> None:
-        self._thread.start()
+        self._stopping = threading.Event()  # not _stop: threading.Thread has one
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
+        self._stopping.set()
+        self.join(timeout=10)
 
-    def _loop(self) -> None:
+    def run(self) -> None:
         tick = max(0.05, min(self.mon.cfg.interval_s, self.cfg.lease_ttl_s / 3.0))
         try:
-            while not self._stop.is_set():
+            while not self._stopping.is_set():
                 started = time.monotonic()
                 try:
                     if self.election.campaign():
@@ -303,15 +294,12 @@ class Leader:
                 except Exception as e:  # a bug in one tick must not end leadership's loop
                     log.exception("leader tick failed")
                     self.error = f"{type(e).__name__}: {e}"
-                self._stop.wait(max(0.0, tick - (time.monotonic() - started)))
+                self._stopping.wait(max(0.0, tick - (time.monotonic() - started)))
         finally:
             self.election.resign()
             self.lighthouse.close()
             self.reader.close()
             self.etcd.close()
-
-    def _key(self, rid: str) -> str:
-        return f"{self.root}evictions/{rid}"
 
     def _blind(self, reports: dict[int, dict], status: LighthouseStatus | None,
                error: str | None) -> str | None:
@@ -321,10 +309,8 @@ class Leader:
         if missing:
             return (f"shard(s) {', '.join(map(str, missing))} of {self.cfg.shards} have not "
                     f"reported within the lease TTL ({self.cfg.lease_ttl_s}s)")
-        blind = {i: r["blind"] for i, r in reports.items() if r.get("blind")}
-        if blind:
-            return "; ".join(f"shard {i} is blind: {why}" for i, why in sorted(blind.items()))
-        return None
+        return "; ".join(f"shard {i} is blind: {r['blind']}" for i, r in sorted(reports.items())
+                         if r.get("blind")) or None
 
     def _lead_once(self) -> None:
         status, error = self.reader.read()
@@ -365,10 +351,8 @@ class Leader:
             if not d.evict:
                 self._hold(rid, p, d.reason, d.detail)
                 continue
-            guard = modified_at(self._key(rid), records[rid].mod_revision) \
-                if rid in records else created_never(self._key(rid))
-            self._send(rid, p, (rec.get("attempt", 0) if rec else 0) + 1, guard, d.detail,
-                       modified_at(kv.key, kv.mod_revision))  # not withdrawn meanwhile
+            self._send(rid, p, (rec.get("attempt", 0) if rec else 0) + 1, records.get(rid),
+                       d.detail, modified_at(kv.key, kv.mod_revision))  # not withdrawn meanwhile
             records = _by_rid(self.etcd, self.root + "evictions/")  # the cooldown's start
 
     def _hold(self, rid: str, p: dict, reason: str, detail: str) -> None:
@@ -396,11 +380,12 @@ class Leader:
                          groups_in_quorum=in_quorum, evicted_replica_ids=evicted,
                          last_eviction_at=last, blind_reason=blind)
 
-    def _send(self, rid: str, p: dict, attempt: int, guard: dict, detail: str,
+    def _send(self, rid: str, p: dict, attempt: int, prior: KV | None, detail: str,
               *also: dict) -> None:
-        """``sending`` (guarded by the leader lease and the record as read), the kill, then
-        ``sent``/``failed`` (guarded by the record still being ours)."""
-        key = self._key(rid)
+        """``sending`` (guarded by the leader lease and the ``prior`` record as read), the kill,
+        then ``sent``/``failed`` (guarded by the record still being ours)."""
+        key = f"{self.root}evictions/{rid}"
+        guard = modified_at(key, prior.mod_revision) if prior else created_never(key)
         rec = {"state": "sending", "replica_id": rid, "replica_group": p.get("replica_group"),
                "kind": p.get("kind"), "shard": p.get("shard"), "attempt": attempt,
                "leader": self.election.id, "term": self.election.leader_revision,
@@ -435,7 +420,7 @@ class Leader:
         if status is None:  # cannot tell whether the kill landed: wait
             return
         first = self._sending_seen.setdefault((rid, kv.mod_revision), time.monotonic())
-        key, was = self._key(rid), rec.get("leader")
+        key, was = f"{self.root}evictions/{rid}", rec.get("leader")
         if not status.heartbeating(rid):
             detail = (f"in flight when {was} stopped; the replica no longer heartbeats to the "
                       "Lighthouse: recorded sent, not sent again")
@@ -446,6 +431,6 @@ class Leader:
                 _audit(self.mon, rec, rid, "evict", str(rec.get("kind")), f"leader: {detail}",
                        "leader_resolved")
         elif time.monotonic() - first >= self.resend_after_s:
-            self._send(rid, rec, int(rec.get("attempt", 1)) + 1, modified_at(key, kv.mod_revision),
+            self._send(rid, rec, int(rec.get("attempt", 1)) + 1, kv,
                        f"resent: still heartbeating {self.resend_after_s:g}s after {was} "
                        "stopped mid-kill")
