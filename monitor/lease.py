@@ -53,7 +53,6 @@ class KV:
 
 
 def created_never(key: str) -> dict:
-    """Compare: the key does not exist."""
     return {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
 
 
@@ -82,8 +81,7 @@ class Etcd:
         try:
             r = self._session.post(self.endpoint + path, json=body, timeout=self.timeout_s)
         except requests.RequestException as e:
-            raise EtcdError(f"etcd at {self.endpoint} unreachable: {type(e).__name__}: {e}") \
-                from None
+            raise EtcdError(f"etcd at {self.endpoint} unreachable: {e!r}") from None
         try:
             out = r.json()
         except ValueError:
