@@ -1,13 +1,9 @@
-"""The monitor's durable audit log, in one SQLite file (``--state``).
+"""The monitor's durable audit log in one SQLite file (``--state``): findings, decisions, the
+goodput ledger and the host ledger.
 
-``findings`` (every confirmed finding, later its resolution) and ``decisions`` (every
-``evict`` or ``hold``, with the kill's outcome and confirmation); the goodput ledger's
-``goodput_state``, ``goodput_incidents`` and ``goodput_intervals`` (the newest 100,000); the
-host ledger's (:mod:`monitor.act.hosts`) ``hosts``, ``host_offences``, ``host_decisions`` and
-``host_actions``. A restarted monitor reads the same file: it lists past decisions, never
-evicts a ``replica_id`` again and continues the cooldown. Writes are committed one by one
-(WAL), so a crash loses at most the one being written; a file that is not a database raises
-:class:`sqlite3.DatabaseError` at start-up.
+A restarted monitor reads the same file: it never evicts a ``replica_id`` again and continues
+the cooldown. Each write is committed (WAL), so a crash loses at most the one being written; a
+file that is not a database raises :class:`sqlite3.DatabaseError` at start-up.
 """
 
 from __future__ import annotations
@@ -24,88 +20,51 @@ import msgspec
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS findings (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
-    kind TEXT NOT NULL,
-    replica_group INTEGER NOT NULL,
-    replica_id TEXT,
-    ranks TEXT NOT NULL,
-    evidence TEXT NOT NULL,
-    first_seen REAL NOT NULL,
-    confirmed_at REAL,
-    resolved_at REAL,
-    resolution TEXT
+    kind TEXT NOT NULL, replica_group INTEGER NOT NULL, replica_id TEXT,
+    ranks TEXT NOT NULL, evidence TEXT NOT NULL,
+    first_seen REAL NOT NULL, confirmed_at REAL, resolved_at REAL, resolution TEXT
 );
 CREATE TABLE IF NOT EXISTS decisions (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
-    at REAL NOT NULL,
-    replica_group INTEGER,
-    replica_id TEXT,
-    decision TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    detail TEXT,
-    finding_id INTEGER,
-    finding TEXT,
-    status TEXT,
-    http_status INTEGER,
-    confirmed_at REAL,
+    at REAL NOT NULL, replica_group INTEGER, replica_id TEXT,
+    decision TEXT NOT NULL, reason TEXT NOT NULL, detail TEXT,
+    finding_id INTEGER, finding TEXT,
+    status TEXT, http_status INTEGER, confirmed_at REAL,
     source TEXT NOT NULL DEFAULT 'auto'
 );
 CREATE INDEX IF NOT EXISTS decisions_replica ON decisions (replica_id, decision);
 CREATE TABLE IF NOT EXISTS goodput_state (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    at REAL NOT NULL,
-    data TEXT NOT NULL
+    id INTEGER PRIMARY KEY CHECK (id = 1), at REAL NOT NULL, data TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS goodput_incidents (
-    id INTEGER PRIMARY KEY,
-    updated_at REAL NOT NULL,
-    closed INTEGER NOT NULL,
-    data TEXT NOT NULL
+    id INTEGER PRIMARY KEY, updated_at REAL NOT NULL, closed INTEGER NOT NULL, data TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS goodput_intervals (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
-    start REAL NOT NULL,
-    end REAL NOT NULL,
-    replica_group INTEGER,
-    cause TEXT NOT NULL,
-    incident INTEGER,
-    data TEXT NOT NULL
+    start REAL NOT NULL, end REAL NOT NULL, replica_group INTEGER, cause TEXT NOT NULL,
+    incident INTEGER, data TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS hosts (
-    host TEXT PRIMARY KEY,
-    data TEXT NOT NULL,
-    updated_at REAL NOT NULL
+    host TEXT PRIMARY KEY, data TEXT NOT NULL, updated_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS host_offences (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
-    host TEXT NOT NULL,
-    at REAL NOT NULL,
-    kind TEXT NOT NULL,
-    finding_id INTEGER,
+    host TEXT NOT NULL, at REAL NOT NULL, kind TEXT NOT NULL, finding_id INTEGER,
     data TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS host_offences_host ON host_offences (host, at);
 CREATE TABLE IF NOT EXISTS host_decisions (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
-    at REAL NOT NULL,
-    host TEXT NOT NULL,
-    decision TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    detail TEXT,
-    evidence TEXT,
+    at REAL NOT NULL, host TEXT NOT NULL,
+    decision TEXT NOT NULL, reason TEXT NOT NULL, detail TEXT, evidence TEXT,
     source TEXT NOT NULL DEFAULT 'auto'
 );
 CREATE TABLE IF NOT EXISTS host_actions (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
-    host TEXT NOT NULL,
-    sink TEXT NOT NULL,
-    op TEXT NOT NULL,
-    status TEXT NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    next_at REAL,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    detail TEXT,
-    event TEXT NOT NULL
+    host TEXT NOT NULL, sink TEXT NOT NULL, op TEXT NOT NULL,
+    status TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, next_at REAL,
+    created_at REAL NOT NULL, updated_at REAL NOT NULL,
+    detail TEXT, event TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS host_actions_due ON host_actions (status, next_at);
 """
@@ -115,14 +74,12 @@ EVICTED_STATUSES = ("sending", "sent", "confirmed", "unconfirmed")  # all but "f
 
 
 def goodput_json_text(doc: dict[str, Any]) -> str:
-    """A goodput row's JSON text, by msgspec: several times faster than json.dumps on the
-    ledger's long columns (benchmarks/bench_goodput_snapshot.py). NaN would be written as
-    null: the ledger stores none."""
+    """A goodput row's JSON text; msgspec for speed (benchmarks/bench_goodput_snapshot.py)."""
     return _JSON.encode(doc).decode()
 
 
 def _float_of(obj: Any) -> float:
-    """A float subclass (numpy's float64 in an incident's cost) as json.dumps wrote it."""
+    """A float subclass (numpy's float64 in an incident's cost) as a float."""
     if isinstance(obj, float):
         return float(obj)
     raise TypeError(f"not JSON: {type(obj).__name__}")
@@ -132,7 +89,7 @@ _JSON = msgspec.json.Encoder(enc_hook=_float_of)
 
 
 class Store:
-    """Thread-safe access to the audit log; see the module docstring."""
+    """Thread-safe access to the audit log."""
 
     def __init__(self, path: str) -> None:
         if path != ":memory:":
@@ -157,11 +114,9 @@ class Store:
             return int(cur.lastrowid or 0)
 
     def _rows(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
-        """Every row of one query."""
         with self._lock:
             return self._db.execute(sql, args).fetchall()
 
-    # --- findings --------------------------------------------------------------------
     def add_finding(self, f: dict[str, Any]) -> int:
         return self._write(
             "INSERT INTO findings (kind, replica_group, replica_id, ranks, evidence, "
@@ -175,8 +130,7 @@ class Store:
                     (at, resolution, finding_id))
 
     def finding_resolution(self, finding_id: int | None) -> str | None:
-        rows = self._rows("SELECT resolution FROM findings WHERE id=?", (finding_id,)) \
-            if finding_id is not None else []
+        rows = self._rows("SELECT resolution FROM findings WHERE id=?", (finding_id,))
         return rows[0][0] if rows else None
 
     def open_finding_ids(self) -> dict[tuple, int]:
@@ -191,7 +145,6 @@ class Store:
         return [{**dict(r), "ranks": json.loads(r["ranks"]),
                  "evidence": json.loads(r["evidence"])} for r in rows]
 
-    # --- decisions -------------------------------------------------------------------
     def add_decision(self, *, replica_group: int | None, replica_id: str | None, decision: str,
                      reason: str, detail: str = "", finding_id: int | None = None,
                      finding: dict[str, Any] | None = None, status: str | None = None,
@@ -207,8 +160,6 @@ class Store:
         bad = set(fields) - {"status", "http_status", "confirmed_at", "detail"}
         if bad:  # column names go into the SQL text: only these
             raise ValueError(f"cannot update {', '.join(sorted(bad))}")
-        if not fields:
-            return
         cols = ", ".join(f"{k}=?" for k in fields)
         self._write(f"UPDATE decisions SET {cols} WHERE id=?", (*fields.values(), decision_id))
 
@@ -233,7 +184,7 @@ class Store:
         return [dict(r) for r in self._rows(
             "SELECT * FROM decisions WHERE decision='evict' AND status='sent'")]
 
-    # --- goodput ledger (monitor.goodput.ledger) ------------------------------------------------
+    # --- goodput ledger (monitor.goodput) ----------------------------------------------------
     def save_goodput(self, state: dict[str, Any], incidents: list[dict[str, Any]],
                      intervals: list[dict[str, Any]], at: float | None = None) -> None:
         """The ledger's state, its changed incidents and its newly settled intervals, in one

@@ -27,7 +27,7 @@ import requests
 from lightkeeper.cluster import free_port, start_monitor_process, stop_process, wait_until
 from monitor.cli import add_arguments, config_from_args
 from monitor.config import ConfigError
-from monitor.lease import Etcd, LeaderLease, put_op
+from monitor.lease import Etcd, LeaderLease
 from monitor.shard import shard_of
 from tests.conftest import require_binary
 
@@ -138,13 +138,13 @@ def test_one_leader_and_a_lapsed_leader_cannot_write(etcd):
         assert a.campaign() and not b.campaign()
         assert b.leader["id"] == a.id
         out = key + "-x"
-        assert ea.txn([a.guard()], [put_op(out, {"by": "a"})])[0]
-        assert not eb.txn([b.guard()], [put_op(out, {"by": "b"})])[0]
+        assert ea.put_if([a.guard()], out, {"by": "a"})[0]
+        assert not eb.put_if([b.guard()], out, {"by": "b"})[0]
         # a stops renewing; b keeps campaigning
         wait_until(b.campaign, 10, interval=0.2, what="b to take over after a's lease lapsed")
         assert a.leading  # a's own belief, never refreshed ...
         assert not a.valid()  # ... which its own clock already distrusts ...
-        assert not ea.txn([a.guard()], [put_op(out, {"by": "a"})])[0]  # ... and etcd refuses
+        assert not ea.put_if([a.guard()], out, {"by": "a"})[0]  # ... and etcd refuses
         assert ea.get(out).json() == {"by": "a"}  # the first write only
         b.resign()
         assert eb.get(key) is None  # a clean stop frees the key at once
