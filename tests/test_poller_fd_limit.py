@@ -127,8 +127,8 @@ def test_budget_and_advice():
     assert fd_budget.budget(1024, 1024) == (384, 384)
     assert fd_budget.budget(20_000, 1024) == (1024, 20_000 - 256 - 1024)
     assert fd_budget.budget(8, 1024) == (3, 3)
-    assert fd_budget.advice(1000, 20_000, 20_000, 1024) is None
-    text = fd_budget.advice(100_000, 18_720, 20_000, 1024)
+    assert fd_budget.advice(1000, 20_000, 1024) is None
+    text = fd_budget.advice(100_000, 20_000, 1024)
     assert "(20000)" in text
     need = int(re.search(r"raise the limit to (\d+)", text)[1])
     in_flight, idle = fd_budget.budget(need, 1024)

@@ -52,9 +52,10 @@ def budget(limit: int, max_concurrency: int) -> tuple[int, int]:
     return in_flight, max(0, usable - in_flight)
 
 
-def advice(n_targets: int, idle_cap: int, limit: int, max_concurrency: int) -> str | None:
+def advice(n_targets: int, limit: int, max_concurrency: int) -> str | None:
     """A warning when ``n_targets`` ranks (and the 1,024 spare the monitor asks for) do not
     each fit a pooled connection under ``limit``, with the limit that would; None if they fit."""
+    idle_cap = budget(limit, max_concurrency)[1]
     if n_targets + 1024 <= idle_cap:
         return None
     need = n_targets + 1024 + max_concurrency
