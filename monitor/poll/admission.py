@@ -143,9 +143,6 @@ class AllowList:
                 hosts.append(parts.hostname)
         return cls.parse([*DEFAULT_NETWORKS, *hosts], **kw)
 
-    def describe(self) -> str:
-        return ", ".join([*map(str, self.networks), *self.hosts, *self.patterns]) or "nothing"
-
     def _allowed_by_hosts(self) -> set[IPAddress]:
         now = time.monotonic()
         out: set[IPAddress] = set()
@@ -177,8 +174,9 @@ class AllowList:
         refused = [a for a in addrs if a not in ok]
         if refused:
             shown = ", ".join(map(str, refused))
+            allowed = ", ".join([*map(str, self.networks), *self.hosts, *self.patterns])
             raise NotAllowed(f"target {url} resolves to {shown}, outside --allow-targets "
-                             f"({self.describe()}); register with the monitor's token or "
+                             f"({allowed or 'nothing'}); register with the monitor's token or "
                              "widen --allow-targets")
         addr = addrs[0]
         netloc = f"[{addr}]" if addr.version == 6 else str(addr)

@@ -191,12 +191,8 @@ class Conn(asyncio.Protocol):
                     self.buf += buf
                 return
             self._head(bytes(buf[:end]))
-            rest = buf[body_at:]
+            buf = buf[body_at:]
             state = self.state
-            if state == _LENGTH and len(rest) >= self.need:  # the usual answer: all in one
-                self._body(bytes(rest[:self.need]), len(rest) > self.need)
-                return
-            buf = rest
         if state == _LENGTH:
             if len(buf) >= self.need:
                 self._body(bytes(buf[:self.need]), len(buf) > self.need)

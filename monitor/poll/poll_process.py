@@ -58,8 +58,8 @@ class PollHandle:
     """One sweep sent to the child. The reader thread only queues its batches; :meth:`result`
     parses them in the thread that asks, so a sweep asked ahead is parsed when needed."""
 
-    __slots__ = ("urls", "state", "results", "batches", "received", "done", "why", "bound_s",
-                 "child", "sent_at", "finished_at")
+    __slots__ = ("urls", "state", "results", "batches", "received", "why", "bound_s", "child",
+                 "sent_at", "finished_at")
 
     def __init__(self, urls: list[str], bound_s: float, child: _Child | None,
                  state: bool = False) -> None:
@@ -68,7 +68,6 @@ class PollHandle:
         self.results: dict[str, RankPoll] = {}
         self.batches: queue.SimpleQueue[list | None] = queue.SimpleQueue()
         self.received = 0  # polls the reader has queued
-        self.done = threading.Event()  # every poll is queued (or the child is gone)
         self.why: str | None = None  # the child died: the error of the polls that never came
         self.bound_s = bound_s
         self.child = child
@@ -84,7 +83,6 @@ class PollHandle:
     def finish(self, why: str | None) -> None:
         self.finished_at = time.monotonic()
         self.why = why
-        self.done.set()
         self.batches.put(None)
 
     def result(self) -> dict[str, RankPoll]:
