@@ -1,9 +1,8 @@
 """``lightkeeper monitor``: poll every rank, detect bad replica groups, evict them.
 
-Every flag is documented in docs/monitor.md. The monitor serves its API on ``--bind``/``--port``
-(127.0.0.1:19400 by default: outside the exporters' 9100-9999, where 9400 is NVIDIA DCGM's) and
-sweeps every ``--interval`` seconds until SIGINT/SIGTERM. A bad flag value exits with status 2
-and a message naming it.
+Every flag is documented in docs/monitor.md; a flag's ``dest`` is the config field it sets. The
+monitor serves its API on ``--bind``/``--port`` and sweeps every ``--interval`` seconds until
+SIGINT/SIGTERM. A bad flag value exits with status 2 and a message naming it.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import fields
 
 from .config import (
     EVICTABLE_KINDS,
@@ -56,155 +56,6 @@ def _kind_counts(value: str) -> dict[str, int]:
     return out
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    d, r = DetectorConfig(), RailsConfig()
-    p.add_argument("--lighthouse", default=os.environ.get("TORCHFT_LIGHTHOUSE"),
-                   help="torchft Lighthouse URL used for evictions (env TORCHFT_LIGHTHOUSE); "
-                        "without it the monitor only reports")
-    p.add_argument("--interval", type=float, default=1.0, help="seconds between sweeps (1)")
-    p.add_argument("--bind", default="127.0.0.1", help="address to serve the API on (127.0.0.1)")
-    p.add_argument("--port", type=int, default=MonitorConfig.port,
-                   help=f"API port; 0 = ephemeral ({MonitorConfig.port})")
-    p.add_argument("--dry-run", action="store_true", help="detect and report, never evict")
-    p.add_argument("--min-replicas", type=int, default=r.min_replicas,
-                   help=f"never evict below this many replica groups in the quorum "
-                        f"({r.min_replicas})")
-    p.add_argument("--cooldown", type=float, default=r.cooldown_s,
-                   help=f"at most one eviction per this many seconds ({r.cooldown_s:g})")
-    p.add_argument("--min-reachable", type=float, default=r.min_reachable_fraction,
-                   help="hold evictions unless the monitor reaches more than this fraction of "
-                        f"the ranks it knows ({r.min_reachable_fraction:g})")
-    p.add_argument("--evict-on", type=_csv, default=list(r.evict_kinds),
-                   help=f"finding kinds that evict, comma separated, of "
-                        f"{','.join(EVICTABLE_KINDS)} ({','.join(r.evict_kinds)})")
-    p.add_argument("--state", default=os.path.join(os.getcwd(), "lightkeeper-monitor.sqlite"),
-                   help="SQLite audit log (./lightkeeper-monitor.sqlite)")
-    p.add_argument("--job", default=os.environ.get("LIGHTKEEPER_JOB", "lightkeeper"),
-                   help="training job name for metric labels (env LIGHTKEEPER_JOB)")
-    p.add_argument("--targets", type=_csv, default=[],
-                   help="static WorkerServers, host:port[,host:port...]")
-    p.add_argument("--targets-file", default=None,
-                   help="Prometheus file_sd JSON with WorkerServers; re-read when it changes")
-    p.add_argument("--sd-out", default=None,
-                   help="write the targets the monitor knows to this file_sd JSON for "
-                        "Prometheus (default: next to --state)")
-    p.add_argument("--forget-after", type=float, default=30.0,
-                   help="forget a self-registered rank unreachable this many seconds (30)")
-    p.add_argument("--poll-timeout", type=float, default=0.8,
-                   help="timeout of each /v1/state request, seconds (0.8)")
-    p.add_argument("--fr-timeout", type=float, default=5.0,
-                   help="timeout of each /v1/fr_trace request, seconds (5)")
-    p.add_argument("--token", default=None,
-                   help="admin bearer token for POST /v1/evict and host release (env "
-                        "LIGHTKEEPER_TOKEN); without one they are disabled. Also admits "
-                        "registrations: give ranks --register-token instead")
-    p.add_argument("--register-token", default=None,
-                   help="bearer token that admits POST /v1/targets only, the one ranks hold "
-                        "(env LIGHTKEEPER_REGISTER_TOKEN)")
-    p.add_argument("--allow-targets", type=_csv, default=None,
-                   help="without the token, only these may register: CIDRs, IPs, host names or "
-                        "patterns (*.example), judged on resolved addresses (default: loopback "
-                        "and the hosts of --targets)")
-    p.add_argument("--max-targets", type=int, default=10_000,
-                   help="most targets the monitor knows; new registrations beyond are refused "
-                        "(10000)")
-    p.add_argument("--max-state-bytes", type=int, default=1 << 20,
-                   help="largest /v1/state answer read from a rank, bytes (1048576)")
-    p.add_argument("--max-fr-bytes", type=int, default=64 << 20,
-                   help="largest /v1/fr_trace answer read from a rank, bytes (67108864)")
-    g = p.add_argument_group("detector thresholds")
-    g.add_argument("--straggler-min-lag", type=float, default=d.straggler_min_lag_s,
-                   help=f"seconds a group must arrive after its peers ({d.straggler_min_lag_s:g})")
-    g.add_argument("--straggler-rel-lag", type=float, default=d.straggler_rel_lag,
-                   help="... and at least this fraction of the median step time "
-                        f"({d.straggler_rel_lag:g})")
-    g.add_argument("--straggler-steps", type=int, default=d.straggler_steps,
-                   help=f"newest steps per straggler window, waited for in 3 of 4 ({d.straggler_steps})")
-    g.add_argument("--straggler-windows", type=int, default=d.straggler_windows,
-                   help=f"consecutive windows to confirm a straggler ({d.straggler_windows})")
-    g.add_argument("--hang-floor", type=float, default=d.hang_floor_s,
-                   help=f"minimum seconds without progress before a hang ({d.hang_floor_s:g})")
-    g.add_argument("--hang-factor", type=float, default=d.hang_factor,
-                   help=f"... or this many median step times if longer ({d.hang_factor:g})")
-    g.add_argument("--dead-sweeps", type=int, default=d.dead_sweeps,
-                   help=f"unreachable sweeps before a rank is dead ({d.dead_sweeps})")
-    g.add_argument("--starting-timeout", type=float, default=d.starting_timeout_s,
-                   help="seconds a rank may answer without a first quorum before it is "
-                        f"stuck_starting ({d.starting_timeout_s:g})")
-    g.add_argument("--fr-interval", type=float, default=d.fr_interval_s,
-                   help="fetch Flight Recorder from every rank at least this often, seconds "
-                        f"({d.fr_interval_s:g})")
-    p.add_argument("--leader-polling", choices=("auto", "on", "off"), default="auto",
-                   help="poll each replica group's rank 0 every sweep and the other ranks every "
-                        "--member-interval, drilling into a group whose leader looks wrong "
-                        f"(auto: from {MonitorConfig.leader_polling_min_ranks:,} targets; "
-                        "docs/scaling.md)")
-    p.add_argument("--member-interval", type=float, default=10.0,
-                   help="leader polling: seconds between polls of a non-leader rank (10)")
-    p.add_argument("--rank-exit-token", default=None,
-                   help="bearer token of the ranks' POST /v1/exit (env LIGHTKEEPER_EXIT_TOKEN, as "
-                        "the ranks have it): ranks of an evicted group still answering "
-                        "--orphan-grace seconds after the Lighthouse's kill (which reaches only "
-                        "group rank 0) are told to exit; without it they are reported")
-    p.add_argument("--orphan-grace", type=float, default=3.0,
-                   help="seconds after a kill before the group's remaining ranks are told to "
-                        "exit or reported (3)")
-    p.add_argument("--lighthouse-heartbeat-timeout-ms", type=_positive_int, default=None,
-                   help="the heartbeat_timeout_ms the Lighthouse was started with, if known: the "
-                        "monitor warns when it makes recovery slow (docs/lighthouse.md); it "
-                        "also infers it from the Lighthouse's /status")
-    p.add_argument("--lighthouse-join-timeout-ms", type=_positive_int, default=None,
-                   help="the Lighthouse's join_timeout_ms, if known (docs/lighthouse.md)")
-    p.add_argument("--expected-groups", type=_positive_int, default=None,
-                   help="replica groups the job should run with: the goodput ledger's capacity "
-                        "(default: the number of replica groups ever seen)")
-    q = p.add_argument_group("host quarantine (docs/quarantine.md)")
-    qd = QuarantineConfig()
-    q.add_argument("--quarantine-after", type=_kind_counts, default={},
-                   help="quarantine a host after N confirmed findings of a kind within the "
-                        "window, kind=N[,kind=N] (0: never), merged over the defaults "
-                        f"{','.join(f'{k}={n}' for k, n in QUARANTINE_AFTER.items())}")
-    q.add_argument("--quarantine-window", type=float, default=qd.window_s,
-                   help=f"seconds within which offences count ({qd.window_s:g})")
-    q.add_argument("--quarantine-ttl", type=float, default=qd.ttl_s,
-                   help=f"seconds a quarantine lasts before it is released ({qd.ttl_s:g})")
-    q.add_argument("--max-quarantined", type=float, default=qd.max_quarantined,
-                   help="most hosts quarantined at once: a count (>= 1) or a fraction (< 1) of "
-                        f"the hosts the monitor knows, at least one ({qd.max_quarantined:g})")
-    q.add_argument("--quarantine-dry-run", action="store_true",
-                   help="decide and log quarantines, carry none out")
-    q.add_argument("--action", dest="actions", action="append", default=[],
-                   help="carry out quarantines and releases: k8s, slurm, exec:CMD or "
-                        "webhook:URL (repeatable; none: the ledger only)")
-    q.add_argument("--action-timeout", type=float, default=qd.action_timeout_s,
-                   help=f"seconds per action attempt ({qd.action_timeout_s:g})")
-    q.add_argument("--webhook-secret", default=None,
-                   help="HMAC-SHA256 key of webhook signatures (env LIGHTKEEPER_WEBHOOK_SECRET)")
-    q.add_argument("--k8s-namespace", default=None,
-                   help="namespace of the job's pods (default: the monitor pod's own)")
-    q.add_argument("--k8s-pod-selector", default=None,
-                   help="label selector of the job's pods deleted from a quarantined node "
-                        "(app.kubernetes.io/component=training)")
-    sh = p.add_argument_group("several monitors (docs/scaling.md, Beyond one machine)")
-    sh.add_argument("--shard", type=_shard, default=None, metavar="I/N",
-                    help="poll and analyze only the replica groups of slice I of N (Prometheus' "
-                         "hashmod of the group id) and propose their evictions to the leader "
-                         "in etcd")
-    sh.add_argument("--shards", type=_positive_int, default=None, metavar="N",
-                    help="the slice count, for a leader candidate that owns no slice (--lead)")
-    sh.add_argument("--lead", action="store_true",
-                    help="campaign for the one leader (an etcd lease), which applies the global "
-                         "rails and sends the Lighthouse kills")
-    sh.add_argument("--etcd", default=os.environ.get("LIGHTKEEPER_ETCD"),
-                    help="etcd client URL, http://host:2379 (env LIGHTKEEPER_ETCD)")
-    sh.add_argument("--etcd-prefix", default="/lightkeeper",
-                    help="etcd key prefix; the job's keys are under PREFIX/<job>/ (/lightkeeper)")
-    sh.add_argument("--lease-ttl", type=_positive_int, default=10,
-                    help="seconds of the leader's and each shard's etcd lease: how long a dead "
-                         "leader or shard goes unnoticed (10)")
-    p.add_argument("--log-level", default="INFO", help="logging level (INFO)")
-
-
 def _shard(value: str) -> tuple[int, int]:
     """``I/N`` -> (I, N)."""
     i, sep, n = value.partition("/")
@@ -215,6 +66,154 @@ def _shard(value: str) -> tuple[int, int]:
     if not sep or out[1] < 1 or not 0 <= out[0] < out[1]:
         raise argparse.ArgumentTypeError(f"expected I/N with 0 <= I < N, got {value!r}")
     return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    c, d, r, qd = MonitorConfig, DetectorConfig(), RailsConfig(), QuarantineConfig()
+    p.add_argument("--lighthouse", default=os.environ.get("TORCHFT_LIGHTHOUSE"),
+                   help="torchft Lighthouse URL used for evictions (env TORCHFT_LIGHTHOUSE); "
+                        "without it the monitor only reports")
+    p.add_argument("--interval", dest="interval_s", type=float, default=c.interval_s,
+                   help="seconds between sweeps (%(default)s)")
+    p.add_argument("--bind", default=c.bind, help="address to serve the API on (%(default)s)")
+    p.add_argument("--port", type=int, default=c.port, help="API port; 0 = ephemeral (%(default)s)")
+    p.add_argument("--dry-run", action="store_true", help="detect and report, never evict")
+    p.add_argument("--min-replicas", type=int, default=r.min_replicas,
+                   help="never evict below this many replica groups in the quorum (%(default)s)")
+    p.add_argument("--cooldown", type=float, default=r.cooldown_s,
+                   help="at most one eviction per this many seconds (%(default)s)")
+    p.add_argument("--min-reachable", type=float, default=r.min_reachable_fraction,
+                   help="hold evictions unless the monitor reaches more than this fraction of "
+                        "the ranks it knows (%(default)s)")
+    p.add_argument("--evict-on", type=_csv, default=list(r.evict_kinds),
+                   help=f"finding kinds that evict, comma separated, of "
+                        f"{','.join(EVICTABLE_KINDS)} ({','.join(r.evict_kinds)})")
+    p.add_argument("--state", dest="state_path",
+                   default=os.path.join(os.getcwd(), "lightkeeper-monitor.sqlite"),
+                   help="SQLite audit log (./lightkeeper-monitor.sqlite)")
+    p.add_argument("--job", default=os.environ.get("LIGHTKEEPER_JOB", c.job),
+                   help="training job name for metric labels (env LIGHTKEEPER_JOB)")
+    p.add_argument("--targets", type=_csv, default=[],
+                   help="static WorkerServers, host:port[,host:port...]")
+    p.add_argument("--targets-file",
+                   help="Prometheus file_sd JSON with WorkerServers; re-read when it changes")
+    p.add_argument("--sd-out", help="write the targets the monitor knows to this file_sd JSON "
+                                    "for Prometheus (default: next to --state)")
+    p.add_argument("--forget-after", dest="forget_after_s", type=float, default=c.forget_after_s,
+                   help="forget a self-registered rank unreachable this many seconds "
+                        "(%(default)s)")
+    p.add_argument("--poll-timeout", dest="poll_timeout_s", type=float, default=c.poll_timeout_s,
+                   help="timeout of each /v1/state request, seconds (%(default)s)")
+    p.add_argument("--fr-timeout", dest="fr_timeout_s", type=float, default=c.fr_timeout_s,
+                   help="timeout of each /v1/fr_trace request, seconds (%(default)s)")
+    p.add_argument("--token", help="admin bearer token for POST /v1/evict and host release (env "
+                                   "LIGHTKEEPER_TOKEN); without one they are disabled. Also "
+                                   "admits registrations: give ranks --register-token instead")
+    p.add_argument("--register-token", help="bearer token that admits POST /v1/targets only, "
+                                            "the one ranks hold (env LIGHTKEEPER_REGISTER_TOKEN)")
+    p.add_argument("--allow-targets", type=_csv,
+                   help="without the token, only these may register: CIDRs, IPs, host names or "
+                        "patterns (*.example), judged on resolved addresses (default: loopback "
+                        "and the hosts of --targets)")
+    p.add_argument("--max-targets", type=int, default=c.max_targets,
+                   help="most targets the monitor knows; new registrations beyond are refused "
+                        "(%(default)s)")
+    p.add_argument("--max-state-bytes", type=int, default=c.max_state_bytes,
+                   help="largest /v1/state answer read from a rank, bytes (%(default)s)")
+    p.add_argument("--max-fr-bytes", type=int, default=c.max_fr_bytes,
+                   help="largest /v1/fr_trace answer read from a rank, bytes (%(default)s)")
+    g = p.add_argument_group("detector thresholds")  # dest: the DetectorConfig field
+    g.add_argument("--straggler-min-lag", dest="straggler_min_lag_s", type=float,
+                   default=d.straggler_min_lag_s,
+                   help="seconds a group must arrive after its peers (%(default)s)")
+    g.add_argument("--straggler-rel-lag", type=float, default=d.straggler_rel_lag,
+                   help="... and at least this fraction of the median step time (%(default)s)")
+    g.add_argument("--straggler-steps", type=int, default=d.straggler_steps,
+                   help="newest steps per straggler window, waited for in 3 of 4 (%(default)s)")
+    g.add_argument("--straggler-windows", type=int, default=d.straggler_windows,
+                   help="consecutive windows to confirm a straggler (%(default)s)")
+    g.add_argument("--hang-floor", dest="hang_floor_s", type=float, default=d.hang_floor_s,
+                   help="minimum seconds without progress before a hang (%(default)s)")
+    g.add_argument("--hang-factor", type=float, default=d.hang_factor,
+                   help="... or this many median step times if longer (%(default)s)")
+    g.add_argument("--dead-sweeps", type=int, default=d.dead_sweeps,
+                   help="unreachable sweeps before a rank is dead (%(default)s)")
+    g.add_argument("--starting-timeout", dest="starting_timeout_s", type=float,
+                   default=d.starting_timeout_s,
+                   help="seconds a rank may answer without a first quorum before it is "
+                        "stuck_starting (%(default)s)")
+    g.add_argument("--fr-interval", dest="fr_interval_s", type=float, default=d.fr_interval_s,
+                   help="fetch Flight Recorder from every rank at least this often, seconds "
+                        "(%(default)s)")
+    p.add_argument("--leader-polling", choices=("auto", "on", "off"), default=c.leader_polling,
+                   help="poll each replica group's rank 0 every sweep and the other ranks every "
+                        "--member-interval, drilling into a group whose leader looks wrong "
+                        f"(auto: from {c.leader_polling_min_ranks:,} targets; docs/scaling.md)")
+    p.add_argument("--member-interval", dest="member_interval_s", type=float,
+                   default=c.member_interval_s,
+                   help="leader polling: seconds between polls of a non-leader rank "
+                        "(%(default)s)")
+    p.add_argument("--rank-exit-token",
+                   help="bearer token of the ranks' POST /v1/exit (env LIGHTKEEPER_EXIT_TOKEN): "
+                        "ranks of an evicted group still answering --orphan-grace seconds after "
+                        "the kill (which reaches group rank 0 only) are told to exit; without "
+                        "it they are reported")
+    p.add_argument("--orphan-grace", dest="orphan_grace_s", type=float, default=c.orphan_grace_s,
+                   help="seconds after a kill before the group's remaining ranks are told to "
+                        "exit or reported (%(default)s)")
+    p.add_argument("--lighthouse-heartbeat-timeout-ms", type=_positive_int,
+                   help="the heartbeat_timeout_ms the Lighthouse was started with, if known: "
+                        "the monitor warns when it makes recovery slow (docs/lighthouse.md); it "
+                        "also infers it from the Lighthouse's /status")
+    p.add_argument("--lighthouse-join-timeout-ms", type=_positive_int,
+                   help="the Lighthouse's join_timeout_ms, if known (docs/lighthouse.md)")
+    p.add_argument("--expected-groups", type=_positive_int,
+                   help="replica groups the job should run with: the goodput ledger's "
+                        "capacity (default: the number of replica groups ever seen)")
+    q = p.add_argument_group("host quarantine (docs/quarantine.md)")
+    q.add_argument("--quarantine-after", type=_kind_counts, default={},
+                   help="quarantine a host after N confirmed findings of a kind within the "
+                        "window, kind=N[,kind=N] (0: never), merged over the defaults "
+                        f"{','.join(f'{k}={n}' for k, n in QUARANTINE_AFTER.items())}")
+    q.add_argument("--quarantine-window", type=float, default=qd.window_s,
+                   help="seconds within which offences count (%(default)s)")
+    q.add_argument("--quarantine-ttl", type=float, default=qd.ttl_s,
+                   help="seconds a quarantine lasts before it is released (%(default)s)")
+    q.add_argument("--max-quarantined", type=float, default=qd.max_quarantined,
+                   help="most hosts quarantined at once: a count (>= 1) or a fraction (< 1) of "
+                        "the hosts the monitor knows, at least one (%(default)s)")
+    q.add_argument("--quarantine-dry-run", action="store_true",
+                   help="decide and log quarantines, carry none out")
+    q.add_argument("--action", dest="actions", action="append", default=[],
+                   help="carry out quarantines and releases: k8s, slurm, exec:CMD or "
+                        "webhook:URL (repeatable; none: the ledger only)")
+    q.add_argument("--action-timeout", type=float, default=qd.action_timeout_s,
+                   help="seconds per action attempt (%(default)s)")
+    q.add_argument("--webhook-secret",
+                   help="HMAC-SHA256 key of webhook signatures (env LIGHTKEEPER_WEBHOOK_SECRET)")
+    q.add_argument("--k8s-namespace",
+                   help="namespace of the job's pods (default: the monitor pod's own)")
+    q.add_argument("--k8s-pod-selector",
+                   help="label selector of the job's pods deleted from a quarantined node "
+                        "(app.kubernetes.io/component=training)")
+    sh = p.add_argument_group("several monitors (docs/scaling.md, Beyond one machine)")
+    sh.add_argument("--shard", type=_shard, metavar="I/N",
+                    help="poll and analyze only the replica groups of slice I of N (Prometheus' "
+                         "hashmod of the group id) and propose their evictions to the leader "
+                         "in etcd")
+    sh.add_argument("--shards", type=_positive_int, metavar="N",
+                    help="the slice count, for a leader candidate that owns no slice (--lead)")
+    sh.add_argument("--lead", action="store_true",
+                    help="campaign for the one leader (an etcd lease), which applies the global "
+                         "rails and sends the Lighthouse kills")
+    sh.add_argument("--etcd", default=os.environ.get("LIGHTKEEPER_ETCD"),
+                    help="etcd client URL, http://host:2379 (env LIGHTKEEPER_ETCD)")
+    sh.add_argument("--etcd-prefix", default="/lightkeeper",
+                    help="etcd key prefix; the job's keys are under PREFIX/<job>/ (%(default)s)")
+    sh.add_argument("--lease-ttl", type=_positive_int, default=10,
+                    help="seconds of the leader's and each shard's etcd lease: how long a dead "
+                         "leader or shard goes unnoticed (%(default)s)")
+    p.add_argument("--log-level", default="INFO", help="logging level (%(default)s)")
 
 
 def _shard_config(args: argparse.Namespace) -> ShardConfig | None:
@@ -230,31 +229,25 @@ def _shard_config(args: argparse.Namespace) -> ShardConfig | None:
                        etcd_prefix=args.etcd_prefix, lease_ttl_s=args.lease_ttl)
 
 
+def _env(value: str | None, name: str) -> str | None:
+    return value or os.environ.get(name) or None
+
+
 def config_from_args(args: argparse.Namespace) -> MonitorConfig:
-    cfg = MonitorConfig(
-        lighthouse=args.lighthouse, interval_s=args.interval, bind=args.bind, port=args.port,
-        state_path=args.state, job=args.job, targets=list(args.targets),
-        targets_file=args.targets_file,
-        sd_out=args.sd_out or os.path.join(os.path.dirname(os.path.abspath(args.state)),
+    """The config the flags describe (every flag whose ``dest`` is a field, then the rest);
+    raises ConfigError."""
+    given = vars(args)
+    top = {f.name: given[f.name] for f in fields(MonitorConfig) if f.name in given}
+    top.update(
+        targets=list(args.targets), shard=_shard_config(args),
+        sd_out=args.sd_out or os.path.join(os.path.dirname(os.path.abspath(args.state_path)),
                                            "lightkeeper-targets.json"),
-        forget_after_s=args.forget_after, poll_timeout_s=args.poll_timeout,
-        fr_timeout_s=args.fr_timeout,
-        token=args.token or os.environ.get("LIGHTKEEPER_TOKEN") or None,
-        register_token=(args.register_token or os.environ.get("LIGHTKEEPER_REGISTER_TOKEN")
-                        or None),
-        allow_targets=args.allow_targets, max_targets=args.max_targets,
-        max_state_bytes=args.max_state_bytes, max_fr_bytes=args.max_fr_bytes,
-        detectors=DetectorConfig(
-            straggler_min_lag_s=args.straggler_min_lag, straggler_rel_lag=args.straggler_rel_lag,
-            straggler_steps=args.straggler_steps, straggler_windows=args.straggler_windows,
-            hang_floor_s=args.hang_floor, hang_factor=args.hang_factor,
-            dead_sweeps=args.dead_sweeps, fr_interval_s=args.fr_interval,
-            starting_timeout_s=args.starting_timeout),
-        rank_exit_token=args.rank_exit_token or os.environ.get("LIGHTKEEPER_EXIT_TOKEN") or None,
-        orphan_grace_s=args.orphan_grace, expected_groups=args.expected_groups,
-        leader_polling=args.leader_polling, member_interval_s=args.member_interval,
-        lighthouse_heartbeat_timeout_ms=args.lighthouse_heartbeat_timeout_ms,
-        lighthouse_join_timeout_ms=args.lighthouse_join_timeout_ms,
+        token=_env(args.token, "LIGHTKEEPER_TOKEN"),
+        register_token=_env(args.register_token, "LIGHTKEEPER_REGISTER_TOKEN"),
+        rank_exit_token=_env(args.rank_exit_token, "LIGHTKEEPER_EXIT_TOKEN"))
+    cfg = MonitorConfig(
+        **top,
+        detectors=DetectorConfig(**{f.name: given[f.name] for f in fields(DetectorConfig)}),
         rails=RailsConfig(min_replicas=args.min_replicas, cooldown_s=args.cooldown,
                           min_reachable_fraction=args.min_reachable, dry_run=args.dry_run,
                           evict_kinds=tuple(args.evict_on)),
@@ -263,11 +256,8 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
             window_s=args.quarantine_window, ttl_s=args.quarantine_ttl,
             max_quarantined=args.max_quarantined, dry_run=args.quarantine_dry_run,
             actions=tuple(args.actions), action_timeout_s=args.action_timeout,
-            webhook_secret=args.webhook_secret
-            or os.environ.get("LIGHTKEEPER_WEBHOOK_SECRET") or None,
-            k8s_namespace=args.k8s_namespace, k8s_pod_selector=args.k8s_pod_selector),
-        shard=_shard_config(args),
-    )
+            webhook_secret=_env(args.webhook_secret, "LIGHTKEEPER_WEBHOOK_SECRET"),
+            k8s_namespace=args.k8s_namespace, k8s_pod_selector=args.k8s_pod_selector))
     from .service import check_config  # the loop's modules only once a monitor is built
     check_config(cfg)
     return cfg

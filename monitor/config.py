@@ -1,9 +1,7 @@
 """The monitor's configuration: plain dataclasses, filled from ``lightkeeper monitor`` flags.
 
-Every threshold has a default that works for the demo and the tests (CPU, 3 replica groups,
-~0.2 s steps) and for real jobs; docs/monitor.md explains each one. A value that makes no sense
-(a negative interval, a fraction outside (0, 1]) raises :class:`ConfigError` at start-up, never
-in the middle of a run.
+Each default works for the demo and for real jobs; docs/monitor.md explains each one. A value
+that makes no sense raises :class:`ConfigError` at start-up, never in the middle of a run.
 """
 
 from __future__ import annotations
@@ -13,43 +11,42 @@ from dataclasses import dataclass, field
 
 EVICTABLE_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting",
                    "quarantined_host")
-# --quarantine-after defaults (docs/quarantine.md): one hang, mismatch or dead rank in a live group
-# is already confirmed over several sweeps and names its rank; a straggler can be the job's own
-# jitter or a neighbour's load, so it takes two confirmed findings within the window.
+# --quarantine-after defaults: a straggler may be the job's own jitter, so it takes two
 QUARANTINE_AFTER = {"hang": 1, "mismatch": 1, "dead_rank": 1, "straggler": 2}
-QUARANTINE_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting")
+QUARANTINE_KINDS = EVICTABLE_KINDS[:-1]  # not quarantined_host
 
 
 class ConfigError(ValueError):
     """A configuration value the monitor cannot run with."""
 
 
+def _at_least(cfg: object, low: float, *names: str, strict: bool = False) -> None:
+    """Raise ConfigError naming the first of ``names`` below ``low`` (``strict``: not above);
+    None is allowed."""
+    for name in names:
+        value = getattr(cfg, name)
+        if value is not None and (value <= low if strict else value < low):
+            raise ConfigError(f"{name} must be {'>' if strict else '>='} {low}, got {value!r}")
+
+
 @dataclass
 class DetectorConfig:
-    # straggler: how long the other groups wait for a group at the cross-group step, from each
-    # rank's own per-step wait times (no clocks compared)
-    straggler_min_lag_s: float = 0.1  # absolute floor of the lag that counts as "others wait"
+    # straggler: how long the others wait for a group at the cross-group step
+    straggler_min_lag_s: float = 0.1  # absolute floor of the lag that counts
     straggler_rel_lag: float = 0.25  # ... and relative to the median step time
-    straggler_steps: int = 6  # newest steps every group served, judged per window (waited for in 3 of 4)
-    straggler_windows: int = 2  # consecutive windows (each with newer steps) to confirm
+    straggler_steps: int = 6  # newest steps per window (waited for in 3 of 4)
+    straggler_windows: int = 2  # consecutive windows to confirm
     # hang: no step progress for max(hang_floor_s, hang_factor * median step time)
     hang_floor_s: float = 3.0
     hang_factor: float = 3.0
-    # dead / dead_rank: unreachable for this many consecutive sweeps
-    dead_sweeps: int = 3
-    # stuck_starting: answering without a first quorum this long (the monitor's clock)
-    starting_timeout_s: float = 300.0
-    # Flight Recorder is fetched when a detector needs it, and at least this often (mismatch)
-    fr_interval_s: float = 15.0
+    dead_sweeps: int = 3  # dead / dead_rank: unreachable for this many sweeps
+    starting_timeout_s: float = 300.0  # stuck_starting: no first quorum this long
+    fr_interval_s: float = 15.0  # Flight Recorder fetched at least this often (mismatch)
 
     def validate(self) -> None:
-        for name in ("straggler_min_lag_s", "straggler_rel_lag", "hang_floor_s", "hang_factor",
-                     "fr_interval_s", "starting_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("straggler_steps", "straggler_windows", "dead_sweeps"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        _at_least(self, 0, "straggler_min_lag_s", "straggler_rel_lag", "hang_floor_s",
+                  "hang_factor", "fr_interval_s", "starting_timeout_s", strict=True)
+        _at_least(self, 1, "straggler_steps", "straggler_windows", "dead_sweeps")
 
 
 @dataclass
@@ -62,10 +59,8 @@ class RailsConfig:
                                     "quarantined_host")
 
     def validate(self) -> None:
-        if self.min_replicas < 1:
-            raise ConfigError(f"min_replicas must be >= 1, got {self.min_replicas}")
-        if self.cooldown_s < 0:
-            raise ConfigError(f"cooldown must be >= 0, got {self.cooldown_s}")
+        _at_least(self, 1, "min_replicas")
+        _at_least(self, 0, "cooldown_s")
         if not 0 <= self.min_reachable_fraction < 1:
             raise ConfigError("min_reachable_fraction must be in [0, 1), got "
                               f"{self.min_reachable_fraction}")
@@ -82,9 +77,7 @@ class QuarantineConfig:
     after: dict[str, int] = field(default_factory=lambda: dict(QUARANTINE_AFTER))
     window_s: float = 3600.0  # offences counted within this window
     ttl_s: float = 86400.0  # a quarantine expires after this long (then released)
-    # at most this many hosts quarantined at once: a count (>= 1) or a fraction (< 1) of the
-    # hosts the monitor knows, at least one
-    max_quarantined: float = 0.1
+    max_quarantined: float = 0.1  # at once: a count (>= 1) or a fraction (< 1) of known hosts
     dry_run: bool = False  # decide and log, act on nothing
     actions: tuple[str, ...] = ()  # k8s, slurm, exec:CMD, webhook:URL
     action_timeout_s: float = 10.0
@@ -107,16 +100,13 @@ class QuarantineConfig:
             if not isinstance(n, int) or n < 0:
                 raise ConfigError(f"--quarantine-after {k}={n!r}: expected a count >= 0 "
                                   "(0: never)")
-        for name in ("window_s", "ttl_s", "action_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        _at_least(self, 0, "window_s", "ttl_s", "action_timeout_s", strict=True)
+        _at_least(self, 1, "max_attempts")
         if self.max_quarantined <= 0 or (self.max_quarantined >= 1
                                          and self.max_quarantined != int(self.max_quarantined)):
             raise ConfigError("--max-quarantined: a whole count >= 1 or a fraction in (0, 1), "
                               f"got {self.max_quarantined!r}")
-        if self.max_attempts < 1:
-            raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
-        for a in self.actions:  # each action's own grammar: monitor.service.check_config
+        for a in self.actions:  # the grammar: monitor.service.check_config
             if a.startswith("webhook:") and not self.webhook_secret:
                 raise ConfigError(f"--action {a}: a signing secret is required "
                                   "(--webhook-secret or LIGHTKEEPER_WEBHOOK_SECRET)")
@@ -151,8 +141,7 @@ class ShardConfig:
         if self.lease_ttl_s < 2 or self.lease_ttl_s < 2 * interval_s:
             raise ConfigError(f"--lease-ttl must be >= 2 s and >= 2 sweep intervals "
                               f"({2 * interval_s:g} s), got {self.lease_ttl_s}")
-        if self.reprobe_s <= 0 or self.etcd_timeout_s <= 0:
-            raise ConfigError("reprobe_s and etcd_timeout_s must be > 0")
+        _at_least(self, 0, "reprobe_s", "etcd_timeout_s", strict=True)
 
 
 @dataclass
@@ -160,9 +149,7 @@ class MonitorConfig:
     lighthouse: str | None = None
     interval_s: float = 1.0
     bind: str = "127.0.0.1"
-    # outside 9100-9999 (every port there is some Prometheus exporter's; 9400 is NVIDIA
-    # DCGM's) and clear of Kubernetes', etcd's, torch's and torchft's own ports
-    port: int = 19400
+    port: int = 19400  # clear of the exporters' 9100-9999 (9400: NVIDIA DCGM)
     state_path: str = field(default_factory=lambda: os.path.join(os.getcwd(),
                                                                  "lightkeeper-monitor.sqlite"))
     job: str = "lightkeeper"
@@ -173,32 +160,27 @@ class MonitorConfig:
     poll_timeout_s: float = 0.8  # per /v1/state request
     fr_timeout_s: float = 5.0  # per /v1/fr_trace request
     max_concurrency: int = 1024  # requests in flight at once
-    token: str | None = None  # admin: guards POST /v1/evict, host release (and registration)
-    # admits POST /v1/targets only: what every rank holds (docs/monitor.md, Trust model)
-    register_token: str | None = None
-    # registration without the token: hosts/networks allowed (None: loopback + static hosts)
+    token: str | None = None  # admin: POST /v1/evict, host release (and registration)
+    register_token: str | None = None  # POST /v1/targets only: what every rank holds
+    # registration without a token: hosts/networks allowed (None: loopback + static hosts)
     allow_targets: list[str] | None = None
     max_targets: int = 10_000  # known targets; a registration beyond is refused (429)
     max_state_bytes: int = 1 << 20  # largest /v1/state answer read from a rank
     max_fr_bytes: int = 64 << 20  # largest /v1/fr_trace answer read from a rank
-    lighthouse_timeout_s: float = 2.0  # reading the Lighthouse's status page (verification)
-    # The Lighthouse's settings as the operator declares them (None: not stated); only for the
-    # slow-recovery warning (monitor/evidence/lighthouse_settings.py, docs/lighthouse.md)
+    lighthouse_timeout_s: float = 2.0  # reading the Lighthouse's status page
+    # as the operator declares them (None: not stated): the slow-recovery warning only
     lighthouse_heartbeat_timeout_ms: int | None = None
     lighthouse_join_timeout_ms: int | None = None
     kill_timeout_s: float = 5.0
     confirm_timeout_s: float = 60.0  # an eviction not seen leaving the quorum by then: unconfirmed
-    # The Lighthouse's kill reaches only group rank 0 (the Manager's process). Ranks of an evicted
-    # group still answering this long after it are told to exit through their token-guarded
-    # POST /v1/exit when this token is set (ranks started with LIGHTKEEPER_EXIT_TOKEN), else
-    # reported on the eviction for the operator.
+    # the kill reaches group rank 0 only: the rest of the group is told to exit (POST /v1/exit)
+    # ``orphan_grace_s`` later with this token, else reported
     rank_exit_token: str | None = None
     orphan_grace_s: float = 3.0
     expected_groups: int | None = None  # goodput ledger's capacity (None: groups ever seen)
-    # leader polling (monitor/schedule.py, docs/scaling.md): auto = on from that many targets
+    # the large-scale modes and the sizes they start at (docs/scaling.md)
     leader_polling: str = "auto"
     member_interval_s: float = 10.0  # non-leader ranks of undrilled groups: polled this often
-    # the sizes at which the large-scale modes start (monitor/polling.py, docs/scaling.md)
     leader_polling_min_ranks: int = 2000
     poll_process_min_targets: int = 50_000  # the poller in its own process, asking ahead
     gc_freeze_min_targets: int = 20_000  # no cyclic GC during a sweep; survivors frozen
@@ -208,33 +190,17 @@ class MonitorConfig:
     shard: ShardConfig | None = None  # one of several monitors (monitor/shard.py)
 
     def validate(self) -> None:
-        if self.interval_s <= 0:
-            raise ConfigError(f"interval must be > 0, got {self.interval_s}")
-        if self.poll_timeout_s <= 0 or self.fr_timeout_s <= 0:
-            raise ConfigError("poll timeouts must be > 0")
-        if self.max_concurrency < 1:
-            raise ConfigError("max_concurrency must be >= 1")
+        _at_least(self, 0, "interval_s", "poll_timeout_s", "fr_timeout_s", "lighthouse_timeout_s",
+                  "member_interval_s", strict=True)
+        _at_least(self, 1, "max_concurrency", "max_targets", "max_state_bytes", "max_fr_bytes",
+                  "lighthouse_heartbeat_timeout_ms", "lighthouse_join_timeout_ms")
+        _at_least(self, 0, "leader_polling_min_ranks", "poll_process_min_targets",
+                  "gc_freeze_min_targets", "orphan_grace_s")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in [0, 65535], got {self.port}")
-        for name in ("max_targets", "max_state_bytes", "max_fr_bytes"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        if self.lighthouse_timeout_s <= 0:
-            raise ConfigError("lighthouse_timeout_s must be > 0")
-        for name in ("lighthouse_heartbeat_timeout_ms", "lighthouse_join_timeout_ms"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.leader_polling not in ("auto", "on", "off"):
             raise ConfigError(f"leader_polling must be auto, on or off, got "
                               f"{self.leader_polling!r}")
-        if self.member_interval_s <= 0:
-            raise ConfigError(f"member_interval_s must be > 0, got {self.member_interval_s}")
-        for name in ("leader_polling_min_ranks", "poll_process_min_targets",
-                     "gc_freeze_min_targets"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        if self.orphan_grace_s < 0:
-            raise ConfigError(f"orphan_grace_s must be >= 0, got {self.orphan_grace_s}")
         self.detectors.validate()
         self.rails.validate()
         self.quarantine.validate()

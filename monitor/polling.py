@@ -1,24 +1,11 @@
-"""Which ranks a sweep asks and when: the one seam behind which the large-scale modes live.
+"""Which ranks a sweep asks and when: the seam behind which the large-scale modes live.
 
-The loop calls :meth:`Polling.collect` for a sweep's answers, :meth:`Polling.fr_dumps` for its
-Flight Recorder dumps, and tells the seam where the sweep stands (:meth:`Polling.after_view`,
-:meth:`Polling.after_decisions`, :meth:`Polling.end_sweep`, :meth:`Polling.wait`). Below the
-sizes in :class:`~monitor.config.MonitorConfig` every call is the plain path: plan, poll, wait.
-From them on, the seam also:
-
-- polls from its own process (``poll_process_min_targets``, monitor/poll/poll_process.py), and
-  then asks the next sweep's ranks ahead: while this sweep's detectors, ledgers and metrics run
-  when the next sweep is due within ``ASK_LEAD`` x the polling time, else in the loop's wait just
-  before it, so its answers are in when it starts and no older than they must be;
-- asks the Flight Recorder dumps the sweep will want right after the states (a periodic look
-  that is due, or the groups whose leader is blocked inside them), beside the view's build;
-- keeps the cyclic garbage collector off during a sweep and freezes what survives it
-  (``gc_freeze_min_targets``): at 100,000 ranks a full collection walks millions of acyclic
-  objects (docs/scaling.md).
-
-It lives beside the loop, not in ``poll/``, because it plans with the schedule and the detectors.
-Nothing here raises because of a rank; a failure of a mode is logged and the sweep falls back to
-asking for itself.
+The loop calls :meth:`Polling.collect` and :meth:`Polling.fr_dumps`, and tells it where the
+sweep stands (``after_view``, ``after_decisions``, ``end_sweep``, ``wait``). Below the sizes in
+:class:`~monitor.config.MonitorConfig` that is plan, poll, wait. From them on it polls from its
+own process and asks the next sweep (and the Flight Recorder dumps a sweep will want) ahead, and
+keeps the cyclic GC off during a sweep, freezing what survives (docs/scaling.md). Nothing here
+raises because of a rank; a failing mode is logged and the sweep asks for itself.
 """
 
 from __future__ import annotations
@@ -28,6 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .config import MonitorConfig
 from .detect import Detectors, collective_wait
@@ -40,37 +28,22 @@ from .schedule import LeaderSchedule, Plan
 
 log = logging.getLogger(__name__)
 
-# Flight Recorder entries asked of each rank: the analysis' verdicts are the same from dumps cut
-# to 64 entries as from whole ones (tests/test_monitor_fr_filter.py); 4x that
-FR_LAST = 256
-# ... and of torchft's cross-group group only, from the leaders of groups not drilled
-FR_LAST_LEADERS = 64
-FR_LEADERS_QUERY = f"?pg=torchft&last={FR_LAST_LEADERS}"
-FR_DRILLED_QUERY = f"?last={FR_LAST}"
-# between periodic looks, at most this many blocked groups' dumps are asked early: more at once
-# is no single hang
-EARLY_FR_GROUPS = 8
-# the next sweep's ranks are asked this many times the last polling time before it starts
-ASK_LEAD = 1.25
-GC_FULL_EVERY = 100  # sweeps between full collections while frozen (cyclic garbage meanwhile)
+# Flight Recorder entries asked of each rank: 4x the 64 that give the same verdicts as whole
+# dumps (tests/test_monitor_fr_filter.py); the leaders of groups not drilled: torchft's only
+FR_LAST, FR_LAST_LEADERS = 256, 64
+FR_DRILLED_QUERY, FR_LEADERS_QUERY = f"?last={FR_LAST}", f"?pg=torchft&last={FR_LAST_LEADERS}"
+EARLY_FR_GROUPS = 8  # more blocked groups at once is no single hang: not asked early
+ASK_LEAD = 1.25  # the next sweep is asked this many last polling times before it starts
+GC_FULL_EVERY = 100  # sweeps between full collections while frozen
 
 
+@dataclass
 class _Ahead:
-    """The next sweep's polls, asked during this one: its targets, plan and poll handles."""
+    """The next sweep's targets, plan and poll handles, asked during this one."""
 
-    __slots__ = ("targets", "plan", "handles")
-
-    def __init__(self, targets: list[Target], plan: Plan, handle: PollHandle) -> None:
-        self.targets, self.plan, self.handles = targets, plan, [handle]
-
-    @property
-    def sent_at(self) -> float:
-        return self.handles[0].sent_at
-
-    @property
-    def poll_s(self) -> float | None:
-        h = self.handles[0]
-        return None if h.finished_at is None else h.finished_at - h.sent_at
+    targets: list[Target]
+    plan: Plan
+    handles: list[PollHandle]
 
     def result(self) -> dict[str, RankPoll]:
         polls = self.handles[0].result()
@@ -85,17 +58,14 @@ def _leads(view: ClusterView, url: str) -> bool:
 
 
 def _blocked_in_group(gv: GroupView, now: float) -> bool:
-    """The group's leader answered this sweep blocked in an in-group collective."""
     lead = gv.leader
     return lead is not None and lead.fresh and bool(lead.reachable) \
         and collective_wait(lead.state, now)[0] == "group"
 
 
 class Polling:
-    """A sweep's polls and Flight Recorder dumps; see the module docstring.
-
-    ``targets()`` gives a sweep's targets (discovery's, this shard's); ``ask_ahead``: whether the
-    next sweep may be asked before it starts (not on a shard, whose targets follow its lease)."""
+    """A sweep's polls and Flight Recorder dumps. ``ask_ahead``: whether the next sweep may be
+    asked before it starts (not on a shard, whose targets follow its lease)."""
 
     def __init__(self, cfg: MonitorConfig, schedule: LeaderSchedule, detectors: Detectors,
                  targets: Callable[[], list[Target]], clock: Callable[[], float],
@@ -115,23 +85,23 @@ class Polling:
         self._gc_frozen = 0  # sweeps since the last full collection (0: not freezing)
         self._fd_advised = False
 
-    # --- the loop's calls ------------------------------------------------------------------
     def collect(self, view: ClusterView | None) -> tuple[list[Target], Plan, dict[str, RankPoll]]:
-        """This sweep's targets, plan and answers (``view``: the last sweep's): those asked
-        ahead if still fresh, else asked now; then the other ranks of any group whose leader
-        answered blocked inside it (drilled in this sweep, not the next)."""
+        """This sweep's targets, plan and answers (``view``: the last sweep's), asked ahead if
+        still fresh; then the ranks of groups whose leader answered blocked inside them."""
         self._sweep_started = time.monotonic()
         if self._gc_frozen:
             gc.disable()  # on again once what survived the sweep is frozen (end_sweep)
         ahead, self._ahead = self._ahead, None
-        if ahead is not None and time.monotonic() - ahead.sent_at > max(self.cfg.interval_s,
-                                                                         self._last_sweep_s):
+        if ahead is not None and time.monotonic() - ahead.handles[0].sent_at > max(
+                self.cfg.interval_s, self._last_sweep_s):
             ahead.result()  # asked too long ago: asked again
             ahead = None
         if ahead is not None:
             targets, plan = ahead.targets, ahead.plan
             polls = ahead.result()
-            self._poll_s = ahead.poll_s or self._poll_s
+            first = ahead.handles[0]
+            if first.finished_at is not None:
+                self._poll_s = (first.finished_at - first.sent_at) or self._poll_s
         else:
             targets = self.targets()
             self._fit_poller(len(targets))
@@ -149,11 +119,8 @@ class Polling:
         return targets, plan, polls
 
     def after_view(self, view: ClusterView) -> None:
-        """The view is built: ask the next sweep now when it is due, so its polling overlaps
-        this sweep's detectors. Not while a hang may be building (a drilled group's leader is
-        blocked inside it, or a hang's dumps may be fetched in this sweep): the next sweep's
-        answers, which may confirm it, then come as late as before, and the dumps do not share
-        the poller process with its requests. Never raises."""
+        """Ask the next sweep now when due, to overlap this sweep's detectors; not while a hang
+        may be building (its dumps must not share the poller process). Never raises."""
         plan = self.plan
         if not self._may_ask_ahead() or plan is None or not self._due_to_ask():
             return
@@ -168,9 +135,8 @@ class Polling:
             log.exception("could not ask the next sweep's ranks ahead")
 
     def after_decisions(self, view: ClusterView) -> None:
-        """The decisions are made: when the next sweep was asked already, add the groups the
-        detectors newly suspect (drilled, as its plan would have); else ask it now if due.
-        Never raises: the next sweep then asks for itself."""
+        """Add the newly suspect groups to the next sweep asked already, else ask it if due.
+        Never raises."""
         if self._ahead is not None:
             try:
                 extra = self.schedule.drill_suspects(self._ahead.plan, view, self.clock(),
@@ -185,8 +151,8 @@ class Polling:
             self._ask_ahead(view)
 
     def end_sweep(self, n_targets: int, started: float) -> None:
-        """The sweep (begun at ``started``, perf_counter) is over: freeze what survived it from
-        ``gc_freeze_min_targets`` on, with a full collection every GC_FULL_EVERY sweeps."""
+        """From ``gc_freeze_min_targets`` on, freeze what survived the sweep (``started``:
+        perf_counter), with a full collection every GC_FULL_EVERY sweeps."""
         self._last_sweep_s = time.perf_counter() - started
         if n_targets < self.cfg.gc_freeze_min_targets:
             self._thaw_gc()
@@ -200,9 +166,8 @@ class Polling:
         gc.enable()
 
     def wait(self, started: float, view: ClusterView | None, stop: threading.Event) -> bool:
-        """Wait for the next sweep, ``interval_s`` after ``started`` (monotonic); when it may be
-        asked ahead and was not yet, ask it ASK_LEAD x the last polling time before. True when
-        ``stop`` was set meanwhile."""
+        """Wait until ``interval_s`` after ``started`` (monotonic), asking the next sweep ahead
+        on the way when it may be; True when ``stop`` was set."""
         next_start = started + self.cfg.interval_s
         if self._ahead is None and view is not None and self._may_ask_ahead():
             lead = ASK_LEAD * (self._poll_s or 0.0)
@@ -215,13 +180,11 @@ class Polling:
         self._thaw_gc()
         self.poller.close()
 
-    # --- asking ahead ----------------------------------------------------------------------
     def _may_ask_ahead(self) -> bool:
         return self.ask_ahead and isinstance(self.poller, ProcessPoller)
 
     def _due_to_ask(self) -> bool:
-        """The next sweep starts within ASK_LEAD x the last polling time: asked later it would
-        wait for its answers, asked sooner they would be older than they must be."""
+        """The next sweep starts within ASK_LEAD x the last polling time."""
         if self._poll_s is None:
             return True
         next_start = self._sweep_started + self.cfg.interval_s
@@ -234,13 +197,13 @@ class Polling:
             log.exception("could not ask the next sweep's ranks ahead")
 
     def _plan_ahead(self, view: ClusterView, kept: set[str] | None = None) -> _Ahead:
-        """The next sweep's plan, made from ``view`` as that sweep would, and its requests sent
-        (``kept``: the ranks whose folded rows this view keeps, Detectors.state_queries)."""
+        """The next sweep's plan, made from ``view``, and its requests sent (``kept``: as
+        Detectors.state_queries takes it)."""
         targets = self.targets()
         self._fit_poller(len(targets))
         plan = self.schedule.plan(targets, view, self.clock(), self._suspects())
-        return _Ahead(targets, plan, self.poller.start(
-            plan.urls, queries=self.detectors.state_queries(plan.urls, kept, view)))
+        return _Ahead(targets, plan, [self.poller.start(
+            plan.urls, queries=self.detectors.state_queries(plan.urls, kept, view))])
 
     def _suspects(self) -> set[int]:
         """Groups drilled whatever their leader says: open findings, straggler candidates."""
@@ -249,9 +212,8 @@ class Polling:
             g for g, lag in self.detectors.last_lags.items() if lag is not None and lag >= floor}
 
     def _fit_poller(self, n_targets: int) -> None:
-        """From ``poll_process_min_targets`` the poller runs in its own process (for good); its
-        pool keeps a connection per target, within what the descriptor limit leaves (said once
-        when the targets do not fit)."""
+        """From ``poll_process_min_targets`` poll from a child process, for good; keep a
+        connection per target (said once when the descriptor limit does not allow it)."""
         if n_targets >= self.cfg.poll_process_min_targets and type(self.poller) is Poller:
             old = self.poller
             self.poller = ProcessPoller(old.timeout_s, old.max_concurrency, old.max_idle,
@@ -259,9 +221,7 @@ class Polling:
             old.close()
         self.poller.max_idle = max(self.poller.max_idle, n_targets + 1024)
         if not self._fd_advised:
-            limit = fd_budget.soft_limit()
-            advice = fd_budget.advice(n_targets, fd_budget.budget(
-                limit, self.cfg.max_concurrency)[1], limit, self.cfg.max_concurrency)
+            advice = fd_budget.advice(n_targets, fd_budget.soft_limit(), self.cfg.max_concurrency)
             if advice:
                 self._fd_advised = True
                 log.warning("%s", advice)
@@ -272,13 +232,10 @@ class Polling:
             gc.enable()
             self._gc_frozen = 0
 
-    # --- Flight Recorder -------------------------------------------------------------------
     def ask_fr_early(self, plan: Plan, polls: dict[str, RankPoll], now: float,
                      view: ClusterView | None) -> None:
-        """With the poller in its own process, ask the dumps :meth:`fr_dumps` will want right
-        after the states (groups and leaders of the last view): a periodic look that is due
-        and not held by the detectors, else those of up to EARLY_FR_GROUPS groups whose leader
-        is blocked inside them. Never raises."""
+        """With a poller process, ask now the dumps :meth:`fr_dumps` will want: a periodic look
+        that is due, else those of up to EARLY_FR_GROUPS blocked groups. Never raises."""
         if not isinstance(self.poller, ProcessPoller) or view is None or plan.everything:
             return
         try:
@@ -304,12 +261,10 @@ class Polling:
             log.exception("could not ask the Flight Recorder early")
 
     def fr_dumps(self, view: ClusterView, now: float) -> dict[int, dict]:
-        """This sweep's Flight Recorder dumps, by rank, of the ranks the detectors want and
-        this sweep polled: the newest FR_LAST entries of every process group from the drilled
-        groups' ranks, torchft's cross-group group only from the other leaders (never every
-        rank at once: gigabytes at scale). When every drilled group's leader is blocked inside
-        it and its own dumps confirm its hang there, no other dump changes a finding: the
-        leaders' fetch is skipped."""
+        """This sweep's Flight Recorder dumps, by rank, of the ranks the detectors want: whole
+        from drilled groups, torchft's only from other leaders (never every rank: gigabytes).
+        When the drilled groups' own dumps confirm their in-group hangs, the leaders' are
+        skipped: no other dump changes a finding."""
         urls = [u for u in self.detectors.fr_wanted(view, now) if view.ranks[u].fresh]
         self.fr_leaders_skipped = False
         ahead, self._fr_ahead = self._fr_ahead, {}  # what is not read is dropped
@@ -350,8 +305,7 @@ class Polling:
     def _fr_read(self, view: ClusterView, urls: list[str], query: str,
                  got: dict[str, RankPoll] | None = None) -> dict[int, dict]:
         """``/v1/fr_trace`` + ``query`` of ``urls`` (or their answers ``got``), by rank: only
-        dumps that describe the verified rank that served them. A server that refuses the
-        filter (400) is asked for its whole dump."""
+        dumps of the verified rank that served them. A 400 (no filter) asks the whole dump."""
         if not urls:
             return {}
         if got is None:

@@ -1,24 +1,11 @@
 """Leader polling: which ranks a sweep asks, so that one monitor keeps up with 100,000 ranks.
 
-The ranks of a torchft replica group move in lockstep, so a sweep polls every group's *leader*
-(group rank 0, which runs the Manager) and the other ranks ("members") only every
-``member_interval_s``, spread over the sweeps. A group is *drilled* (every rank polled every
-sweep) while its leader looks wrong, and for ``hold_s`` after the last reason:
-
-- its leader is unknown or did not answer, or a rank of it did not answer its last poll;
-- its leader has waited inside an in-group collective for ``suspect_s`` or more (a member is
-  late or hung: a non-leader's hang seen on the leader alone). :meth:`LeaderSchedule.drill_now`
-  drills such a group in the sweep that sees it, not the next;
-- its leader's step has not moved for ``suspect_s`` (between the answers that showed it) while
-  other leaders moved past it, and it does not wait in the cross-group collective;
-- most leaders wait in the cross-group collective for ``suspect_s`` and this one neither waits
-  there nor is past their step (the group the others wait for). When every leader waits there
-  and none stands out, every group is drilled; one past their step means the stall just ended;
-- the caller names it (``suspects``: an open finding or a straggler candidate).
-
-With ``mode`` ``auto`` leader polling starts at ``min_ranks`` targets; below, every rank is
-polled every sweep. A target never seen answering is polled every sweep. Nothing here raises on
-a rank's odd state: a rank whose state cannot be read is polled.
+A replica group's ranks move in lockstep, so a sweep polls every group's *leader* (group rank 0)
+and the other ranks only every ``member_interval_s``, spread over the sweeps. A group is
+*drilled* (every rank polled every sweep) while its leader looks wrong (unknown, unreachable,
+blocked in an in-group collective, stuck behind the others, the one the others wait for) or the
+caller suspects it, and for ``hold_s`` after. Below ``min_ranks`` targets (mode ``auto``) every
+rank is polled. A rank whose state cannot be read is polled, never an error (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -36,8 +23,7 @@ from .poll.discovery import Target
 from .poll.poller import RankPoll
 
 MODES = ("auto", "on", "off")
-# the drill reason of a group whose leader waits inside its own group (a rank of it hung);
-# such groups are also in Plan.blocked (the monitor asks their Flight Recorder early)
+# the drill reason of a group whose leader waits inside its own group (also in Plan.blocked)
 BLOCKED_IN_GROUP = "leader blocked in an in-group collective"
 SUSPECT = "finding or straggler candidate"  # the drill reason of the monitor's suspect groups
 
@@ -48,17 +34,13 @@ class Plan:
 
     urls: list[str]
     drilled: dict[int, str] = field(default_factory=dict)
-    leaders: int = 0
-    members: int = 0  # members of undrilled groups due this sweep
     everything: bool = True  # leader polling off: every target polled
-    # the drilled groups whose leader was found blocked in an in-group collective (a rank of
-    # the group hung; BLOCKED_IN_GROUP), this sweep or within the hold
+    # drilled groups whose leader was found blocked in an in-group collective, within the hold
     blocked: set[int] = field(default_factory=set)
 
 
 class _Once:
-    """A value computed on its first call, then kept (the suspect time: its median step time
-    is read over every rank polled, and a healthy sweep's rules never need it)."""
+    """A value computed on its first call, then kept (a healthy sweep never needs it)."""
 
     __slots__ = ("make", "value")
 
@@ -72,7 +54,7 @@ class _Once:
 
 
 class LeaderSchedule:
-    """Decides each sweep's URLs from the previous sweep's view; see the module docstring."""
+    """Decides each sweep's URLs from the previous sweep's view."""
 
     def __init__(self, mode: str = "auto",
                  min_ranks: int = MonitorConfig.leader_polling_min_ranks,
@@ -94,12 +76,10 @@ class LeaderSchedule:
         self.suspect_factor = suspect_factor
         self._sweep = 0
         self._drilled_until: dict[int, tuple[float, str, bool]] = {}  # until, why, blocked
-        # group -> (its leader's step, when the first answer showing it came: RankView's
-        # answered_at, the monitor's clock)
+        # group -> (its leader's step, when the first answer showing it came: answered_at)
         self._leader_step: dict[int, tuple[int, float]] = {}
         self._targets: list[Target] = []
         self._period = 0
-        self._urls: list[str] = []
         self._url_set: set[str] = set()
         self._buckets: list[list[str]] = []
         self._leader_urls: dict[int, str | None] = {}  # the last plan's, group -> leader URL
@@ -114,11 +94,8 @@ class LeaderSchedule:
 
     def plan(self, targets: list[Target], view: ClusterView | None, now: float,
              suspects: Iterable[int] = ()) -> Plan:
-        """The URLs this sweep polls. ``view``: the previous sweep's full view (None: first).
-
-        Work proportional to the groups and the ranks asked, not the ranks known: groups come
-        from the view, the members due this sweep from buckets of URLs by their slot (made
-        again only when the targets change)."""
+        """The URLs this sweep polls (``view``: the previous sweep's, None: first), in work
+        proportional to the groups and ranks asked, not the ranks known."""
         self._sweep += 1
         if view is None or not self.active(len(targets)):
             self.last = Plan([t.url for t in targets])
@@ -148,19 +125,12 @@ class LeaderSchedule:
         if len(drilled) != len(self._drilled_until):
             self._drilled_until = {g: v for g, v in self._drilled_until.items() if v[0] >= now}
         out = always
-        if drilled:
-            for g, url in leader_urls.items():
-                if g in drilled:
-                    out += [r.url for r in groups[g].answered]
-                elif url is not None:
-                    out.append(url)
-            leaders = {u for g, u in leader_urls.items() if u is not None and g not in drilled}
-        else:  # the usual sweep: every group's leader
-            lead_urls = [u for u in leader_urls.values() if u is not None]
-            out += lead_urls
-            leaders = set(lead_urls)
-        n_leaders = len(leaders)
-        n_members = 0
+        for g, url in leader_urls.items():
+            if g in drilled:
+                out += [r.url for r in groups[g].answered]
+            elif url is not None:
+                out.append(url)
+        leaders = {u for g, u in leader_urls.items() if u is not None and g not in drilled}
         for u in self._buckets[(-self._sweep) % period]:
             rv = known.get(u)
             if rv is None or rv.superseded or u in leaders:
@@ -174,17 +144,14 @@ class LeaderSchedule:
             if g in drilled or g not in groups:
                 continue
             out.append(u)
-            n_members += 1
-        self.last = Plan(out, drilled, n_leaders, n_members, everything=False, blocked=blocked)
+        self.last = Plan(out, drilled, everything=False, blocked=blocked)
         return self.last
 
     def drill_now(self, polls: dict[str, RankPoll], view: ClusterView | None,
                   now: float) -> list[str]:
-        """The URLs to poll at once, in this sweep, after its planned polls (``polls``): the
-        other ranks of each group not drilled yet whose leader answered blocked in an in-group
-        collective for ``suspect_s`` or more (the rule :meth:`plan` applies a sweep later).
-        Those groups join this sweep's plan (``last.drilled``, ``last.urls``) and are held for
-        ``hold_s`` as if planned. ``view``: the previous sweep's (the groups' ranks)."""
+        """The other ranks of each group whose leader answered (``polls``) blocked in an
+        in-group collective for ``suspect_s``: polled in this sweep, not the next; the groups
+        join ``last`` and are held as if planned. ``view``: the previous sweep's."""
         plan = self.last
         if plan is None or plan.everything or view is None:
             return []
@@ -218,11 +185,8 @@ class LeaderSchedule:
 
     def drill_suspects(self, plan: Plan, view: ClusterView | None, now: float,
                        suspects: Iterable[int]) -> list[str]:
-        """The URLs to add to ``plan`` (made before ``suspects`` were known: the monitor asks
-        the next sweep's ranks early, monitor/service.py) so that it drills what :meth:`plan`
-        would have drilled with them: the answered ranks of each suspect group of ``view`` it
-        does not drill yet, held for ``hold_s`` as if planned. ``plan`` is extended in place
-        (``urls``, ``drilled``)."""
+        """The URLs to add to ``plan`` (made before ``suspects`` were known) so that it drills
+        them as :meth:`plan` would have; ``plan`` is extended in place."""
         if plan.everything or view is None:
             return []
         groups = view.groups
@@ -246,31 +210,28 @@ class LeaderSchedule:
                 and all(map(operator.is_, targets, self._targets)):
             return
         self._targets, self._period = list(targets), period
-        self._urls = [t.url for t in targets]
-        self._url_set = set(self._urls)
+        urls = [t.url for t in targets]
+        self._url_set = set(urls)
         self._buckets = [[] for _ in range(period)]
-        for u in self._urls:
+        for u in urls:
             self._buckets[zlib.crc32(u.encode()) % period].append(u)
 
     def _reasons(self, view: ClusterView, groups: dict[int, GroupView], now: float,
                  suspects: set[int]
                  ) -> tuple[dict[int, str], set[int], dict[int, str | None]]:
-        """(group -> why it is drilled, the groups of those drilled because their leader is
-        blocked in an in-group collective, group -> its leader's URL (None: none)), in one
-        pass over the groups: the leader's state is read once (its wait, its step)."""
-        # the view's median step time (over every rank polled), read only where a rule needs it
+        """(group -> why it is drilled, those whose leader is blocked in the group, group ->
+        its leader's URL or None), in one pass over the groups."""
         suspect = _Once(lambda: self.suspect_s(view))
         out: dict[int, str] = {g: SUSPECT for g in suspects
                                if g in groups}
-        # arrived: the leader waits in the cross-group collective at all (polled early in a long
-        # sweep, its wait is shorter: it arrived, it is not the late one)
+        # arrived: the leader waits in the cross-group collective at all (it is not the late one)
         cross_waiting, arrived, moving, others, newest = [], set(), 0, [], -1
         in_leaders: list[int] = []  # groups whose leader answered this sweep
         step_of: dict[int, int] = {}  # ... and the step each reported
         blocked: set[int] = set()
         leader_urls: dict[int, str | None] = {}
         last_step = self._leader_step
-        kept = 0  # groups of ``last_step`` still here (the others are forgotten below)
+        kept = 0  # groups of ``last_step`` still here
         for g, gv in groups.items():
             lead = gv.leader
             if lead is None:
@@ -294,7 +255,7 @@ class LeaderSchedule:
             try:
                 timing = st.get("timing")
                 if type(timing) is dict and timing.get("waiting") is None:
-                    scope = secs = None  # not waiting (what current_wait says, sooner)
+                    scope = secs = None  # not waiting (current_wait's answer, sooner)
                 else:
                     scope, secs = current_wait(st)
                 step = st["step"]
@@ -309,8 +270,7 @@ class LeaderSchedule:
                     out[g] = f"{BLOCKED_IN_GROUP} {secs:.1f}s"
                     blocked.add(g)
                 continue
-            # how long its step has not moved, between the answers that showed it (answers
-            # asked ahead were not true at the plan's ``now``)
+            # how long its step has not moved, between the answers that showed it
             at = lead.answered_at
             if at is None:
                 at = now
@@ -337,9 +297,8 @@ class LeaderSchedule:
                 if step < newest:
                     out.setdefault(g, why)
         if in_leaders and len(cross_waiting) * 2 > len(in_leaders):
-            # a leader that did not arrive but is past the step the waiting ones are at was
-            # polled after the stall ended (it moved on; a sweep spans seconds): it is ahead, not
-            # late, and the job is not stalled
+            # one that did not arrive but is past the waiting ones' step was polled after the
+            # stall ended: ahead, not late, and the job is not stalled
             waiting_at = sorted(step_of[g] for g in cross_waiting)[len(cross_waiting) // 2]
             late, ahead = [], False
             for g in in_leaders:

@@ -1,17 +1,13 @@
 """The monitor's loop. One sweep, top to bottom (:meth:`Monitor.sweep_once`):
 
-1. targets and poll: whom to ask and their ``/v1/state`` answers (:mod:`monitor.polling`);
-2. evidence: the Lighthouse's ``/status`` read right after the ranks, the view of groups x ranks,
-   each rank's claims verified against it (:mod:`monitor.evidence`);
-3. detect: the detectors read the verified ranks only, with Flight Recorder dumps when they ask
-   (:mod:`monitor.detect`);
-4. decide and act: findings recorded, hosts judged, evictions decided under the rails and sent,
-   earlier ones confirmed (:mod:`monitor.act.enforcer`; on a shard, proposals to the leader);
-5. account: the goodput ledger splits the sweep's wall time (:mod:`monitor.goodput.account`);
-6. publish: the view for the API (:mod:`monitor.api.views`), the metrics, the file_sd.
+1. poll: whom to ask and their ``/v1/state`` answers (:mod:`monitor.polling`);
+2. evidence: the Lighthouse's status, the view, each rank verified (:mod:`monitor.evidence`);
+3. detect: on verified ranks only, with Flight Recorder dumps (:mod:`monitor.detect`);
+4. decide and act: findings, hosts, evictions under the rails (:mod:`monitor.act.enforcer`);
+5. account: the goodput ledger (:mod:`monitor.goodput.account`);
+6. publish: the view for the API, the metrics, the file_sd.
 
-A sweep that fails anywhere is logged and shown; the loop goes on with the next one. Nothing a
-rank does makes :meth:`Monitor.sweep_once` raise.
+A sweep that fails is logged and shown, and the loop goes on; nothing a rank does makes it raise.
 """
 
 from __future__ import annotations
@@ -59,8 +55,7 @@ def allow_list(cfg: MonitorConfig) -> AllowList:
 
 
 def check_config(cfg: MonitorConfig) -> None:
-    """``cfg.validate()`` and the checks that need a stage's own grammar (targets, allow list,
-    quarantine actions). Raises ConfigError; nothing starts then."""
+    """``cfg.validate()`` and the checks of each stage's own grammar; raises ConfigError."""
     cfg.validate()
     try:
         allow_list(cfg)
@@ -107,7 +102,6 @@ class Monitor:
         self.lighthouse_status: LighthouseStatus | None = None
         self.lighthouse_error: str | None = None if cfg.lighthouse else "no --lighthouse"
         self._lighthouse_warned_at = float("-inf")
-        # slow-recovery warning from the Lighthouse's settings (docs/lighthouse.md)
         self.lh_settings = LighthouseSettingsWatch(cfg.lighthouse_heartbeat_timeout_ms,
                                                    cfg.lighthouse_join_timeout_ms, cfg.interval_s)
         self.lighthouse = Lighthouse(cfg.lighthouse, cfg.kill_timeout_s)
@@ -120,7 +114,7 @@ class Monitor:
                                       self.metrics)
         self.view: ClusterView | None = None  # every rank: what the monitor shows
         self.evidence: ClusterView | None = None  # ranks whose answers count: what it acts on
-        self.sweep_plan = None  # what the last sweep polled
+        self.sweep_plan = None  # what the last sweep polled (schedule.Plan)
         self.sweeps = 0
         self.last_sweep_error: str | None = None
         self.started_at = clock()
@@ -128,8 +122,7 @@ class Monitor:
         self._loop_thread: threading.Thread | None = None
         self._http: BackgroundWSGIServer | None = None
         self.url: str | None = None
-        # findings a previous run left open are unknown to these detectors: closed (if still
-        # true they are confirmed again on fresh evidence)
+        # findings a previous run left open are closed: if still true, found again
         for fid in self.store.open_finding_ids().values():
             self.store.resolve_finding(fid, clock(), "monitor_restarted")
         last = self.store.last_eviction_at()
@@ -138,7 +131,6 @@ class Monitor:
         # one monitor of several: a slice of the groups, proposals, maybe the leader
         self.shard = Shards(cfg.shard, self) if cfg.shard is not None else None
 
-    # --- lifecycle -------------------------------------------------------------------------
     def start(self, serve: bool = True) -> Monitor:
         if serve:
             self._http = BackgroundWSGIServer(create_app(self), host=self.cfg.bind,
@@ -185,7 +177,6 @@ class Monitor:
         """Wait until ``interval_s`` after ``started`` (time.monotonic); True when stopped."""
         return self.polling.wait(started, self.view, self._stop)
 
-    # --- one sweep -------------------------------------------------------------------------
     def sweep_once(self) -> ClusterView:
         t0 = time.perf_counter()
         # 1. targets and poll
@@ -244,8 +235,7 @@ class Monitor:
         return targets
 
     def _read_lighthouse(self) -> None:
-        """Read the Lighthouse's status. Unreadable, it is said once, then every
-        LIGHTHOUSE_WARN_EVERY_S while it lasts, and once when it answers again."""
+        """Read the Lighthouse's status; unreadable, warn every LIGHTHOUSE_WARN_EVERY_S."""
         if self.lighthouse_reader is None:
             return
         status, error = self.lighthouse_reader.read()
@@ -267,12 +257,10 @@ class Monitor:
             return f"ranks cannot be verified: {self.lighthouse_error}"
         return None
 
-    # --- the API's calls (monitor/api/app.py) ----------------------------------------------
+    # --- the API's calls (monitor/api/app.py)
     def register_target(self, body: Any, authorization: str | None) -> Target:
-        """``POST /v1/targets``. With a registration or admin token configured the registration
-        must carry one of them (any address then); without, the target must resolve into
-        ``--allow-targets``. Raises Unauthorized, NotAllowed, BadTarget or TooManyTargets;
-        nothing is added then."""
+        """``POST /v1/targets``: with a token configured it must carry one, else the target must
+        be in ``--allow-targets``. Raises one of REFUSALS' exceptions; nothing is added then."""
         try:
             if self.cfg.token or self.cfg.register_token:
                 if not registration_authorized(authorization, self.cfg.register_token,
@@ -290,8 +278,8 @@ class Monitor:
         return target
 
     def evict_manual(self, replica_group: int, reason: str) -> dict[str, Any]:
-        """``POST /v1/evict``: the replica id killed is the one the group's verified ranks
-        report; on a shard, a proposal to the leader (EtcdError: 503)."""
+        """``POST /v1/evict`` of the replica id the group's verified ranks report; on a shard,
+        a proposal to the leader."""
         view, evidence = self.view, self.evidence
         gv = evidence.groups.get(replica_group) if evidence else None
         replica_id = gv.replica_id if gv else None

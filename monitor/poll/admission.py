@@ -1,32 +1,10 @@
-"""Who may register: a token (:func:`registration_authorized`), else an allowed address.
+"""Who may register a target: a bearer token (:func:`registration_authorized`), else an address
+in ``--allow-targets`` (:class:`AllowList`), judged on the addresses the host resolves to.
 
-With ``--register-token`` or ``--token`` set, a registration must carry one of them (the
-registration token is the one ranks hold; the admin token is accepted too, so that a monitor
-with ``--token`` alone keeps working, with :func:`token_warning` said once at start-up).
-
-A registration names a URL the monitor will then poll every sweep, so an open ``POST
-/v1/targets`` would let anyone point the monitor at any address. Without a token
-(``--allow-targets``), the target's host must be allowed, judged on the addresses it resolves
-to, not on the string:
-
-- a network (``10.0.0.0/8``, ``192.168.1.7``, ``::1``) allows the addresses inside it;
-- a host name without wildcards (``trainer-3.example``) allows that name and the addresses it
-  resolves to when the registration is checked;
-- a host pattern (``*.train.example``, fnmatch rules, case-insensitive) allows names that match
-  it whose every address is an ordinary unicast one: not unspecified, multicast, link-local
-  (``169.254.0.0/16`` holds cloud metadata services), loopback or reserved, unless a network
-  entry allows it.
-
-A host that matches none of these must resolve only into allowed addresses; one address outside
-is enough to refuse. The default list is loopback (``127.0.0.0/8``, ``::1``) and the hosts of
-the static ``--targets``.
-
-DNS: a name is resolved once, when it registers (within :data:`RESOLVE_TIMEOUT_S`; a name that
-does not resolve in time is refused), and the target is then polled at the address that was
-checked, never by name again: a name that later resolves elsewhere (DNS rebinding) cannot move
-the monitor's polls. A WorkerServer re-registers every few seconds, so a rank whose address
-really changed is re-checked and polled at its new address; the old one is forgotten once
-unreachable.
+A name is resolved once, when it registers (a name that does not resolve in time is refused),
+and the target is then polled at the checked address, never by name again, so DNS rebinding
+cannot move the polls. One resolved address outside the list refuses the target. The rules:
+docs/monitor.md, Discovery and Trust model.
 """
 
 from __future__ import annotations
@@ -58,15 +36,13 @@ class NotAllowed(Exception):
 
 
 class Unauthorized(Exception):
-    """The monitor has a registration or admin token and the registration carried neither
-    (answered 401)."""
+    """The registration carried neither the registration nor the admin token (answered 401)."""
 
 
 def registration_authorized(authorization: str | None, register_token: str | None,
                             admin_token: str | None) -> bool:
-    """The header carries the registration token or the admin token (each compared in constant
-    time). Both are compared whatever the first gives, so the time taken does not say which
-    one matched; an unset token matches nothing."""
+    """The header carries the registration or the admin token (an unset one matches nothing).
+    Both are compared, so the time taken does not say which one matched."""
     by_register = bearer_token_matches(authorization, register_token)
     by_admin = bearer_token_matches(authorization, admin_token)
     return by_register or by_admin
@@ -85,13 +61,14 @@ def token_warning(register_token: str | None, admin_token: str | None) -> str | 
 
 
 def _plain(addr: IPAddress) -> IPAddress:
-    """``::ffff:10.0.0.1`` -> ``10.0.0.1``: judge the IPv4 address an IPv4-mapped one reaches."""
+    """``::ffff:10.0.0.1`` -> ``10.0.0.1``."""
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         return addr.ipv4_mapped
     return addr
 
 
 def ordinary_unicast(addr: IPAddress) -> bool:
+    """What a host pattern may admit: never link-local (cloud metadata), loopback, multicast."""
     addr = _plain(addr)
     return not (addr.is_unspecified or addr.is_multicast or addr.is_link_local
                 or addr.is_loopback or addr.is_reserved)
@@ -101,8 +78,7 @@ _pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lightkeeper-dns")
 
 
 def resolve(host: str, timeout: float = RESOLVE_TIMEOUT_S) -> list[IPAddress]:
-    """Every address ``host`` resolves to (an IP literal resolves to itself); raises NotAllowed
-    when it does not resolve within ``timeout`` seconds."""
+    """Every address ``host`` resolves to; raises NotAllowed when none within ``timeout``."""
     try:
         return [_plain(ipaddress.ip_address(host.strip("[]")))]
     except ValueError:
@@ -140,7 +116,7 @@ class AllowList:
 
     @classmethod
     def parse(cls, entries: Iterable[str], **kw) -> AllowList:
-        """Raises ValueError naming the first entry that is neither a network nor a host."""
+        """Raises ValueError naming an entry that is neither a network nor a host."""
         out = cls(**kw)
         for raw in entries:
             entry = raw.strip().lower()
@@ -167,9 +143,6 @@ class AllowList:
                 hosts.append(parts.hostname)
         return cls.parse([*DEFAULT_NETWORKS, *hosts], **kw)
 
-    def describe(self) -> str:
-        return ", ".join([*map(str, self.networks), *self.hosts, *self.patterns]) or "nothing"
-
     def _allowed_by_hosts(self) -> set[IPAddress]:
         now = time.monotonic()
         out: set[IPAddress] = set()
@@ -185,8 +158,8 @@ class AllowList:
         return out
 
     def admit(self, url: str) -> str:
-        """The URL to poll for a registered ``http://host:port`` (the host replaced by the address
-        that was checked); raises NotAllowed saying why not."""
+        """The URL to poll for a registered ``http://host:port``, at the checked address;
+        raises NotAllowed saying why not."""
         parts = urlsplit(url)
         host = (parts.hostname or "").lower()
         addrs = self.resolver(host)
@@ -201,8 +174,9 @@ class AllowList:
         refused = [a for a in addrs if a not in ok]
         if refused:
             shown = ", ".join(map(str, refused))
+            allowed = ", ".join([*map(str, self.networks), *self.hosts, *self.patterns])
             raise NotAllowed(f"target {url} resolves to {shown}, outside --allow-targets "
-                             f"({self.describe()}); register with the monitor's token or "
+                             f"({allowed or 'nothing'}); register with the monitor's token or "
                              "widen --allow-targets")
         addr = addrs[0]
         netloc = f"[{addr}]" if addr.version == 6 else str(addr)

@@ -1,32 +1,21 @@
-"""Which ranks the monitor polls: static targets, a Prometheus ``file_sd`` file, self-registration.
+"""Which ranks the monitor polls: one set of :class:`Target` s, keyed by base URL, from three sources.
 
-Three sources feed one set of :class:`Target` s, keyed by base URL:
-
-- static ``--targets host:port,...`` (never forgotten);
-- a Prometheus ``file_sd`` JSON file (``--targets-file``), re-read whenever its mtime or size
-  changes; a target that disappears from the file is dropped; a file that cannot be parsed keeps
-  the last good set (and the error is reported by :meth:`Discovery.refresh`);
-- ``POST /v1/targets`` from WorkerServers started with ``LIGHTKEEPER_MONITOR``; they re-register
-  every few seconds, and a registered target that stays unreachable for ``forget_after_s`` is
-  forgotten (a live rank comes back with its next registration). Who may register is decided
-  before (:mod:`monitor.poll.admission`, through the ``admit`` hook); a registration that would take
-  the set past ``max_targets`` is refused with :class:`TooManyTargets`, and a body with fields
-  of the wrong type or size with :class:`BadTarget`.
-
-The monitor writes the set it knows as a ``file_sd`` file (:meth:`Discovery.write_file_sd`), so a
-Prometheus pointed at it scrapes exactly the ranks the monitor sees. Thread-safe: registrations
-arrive on HTTP threads while the loop reads.
+Static ``--targets`` (never forgotten); a Prometheus ``file_sd`` file, re-read when it changes (a
+file that cannot be parsed keeps the last good set); ``POST /v1/targets`` self-registrations,
+forgotten once unreachable for ``forget_after_s``. A registration past ``max_targets`` raises
+:class:`TooManyTargets`, a malformed one :class:`BadTarget`. Thread-safe (docs/monitor.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -38,7 +27,7 @@ class BadTarget(ValueError):
 
 
 class TooManyTargets(Exception):
-    """The monitor already knows ``max_targets`` targets (a new registration is refused)."""
+    """The monitor already knows ``max_targets`` targets."""
 
 
 MAX_URL = 2048
@@ -46,8 +35,8 @@ MAX_LABEL = 256  # a job name in a registration
 
 
 def normalize_url(address: str) -> str:
-    """``host:port`` or ``http://host:port[/prefix][/]`` -> ``http://host:port[/prefix]`` (a
-    prefix: ranks behind one proxy, polled at ``<prefix>/v1/state``); raises BadTarget."""
+    """``host:port`` or ``http://host:port[/prefix][/]`` -> ``http://host:port[/prefix]``;
+    raises BadTarget."""
     address = address.strip()
     if not address:
         raise BadTarget("empty target address")
@@ -86,6 +75,29 @@ def _opt_int(value: Any) -> int | None:
         raise BadTarget(f"expected an integer, got {value!r}") from None
 
 
+def _read_file_sd(path: str) -> dict[str, Target]:
+    """The targets of a ``file_sd`` file; raises OSError, ValueError or BadTarget."""
+    with open(path) as f:
+        groups = json.load(f)
+    if not isinstance(groups, list):
+        raise BadTarget("file_sd content must be a JSON list of target groups")
+    out: dict[str, Target] = {}
+    for g in groups:
+        if not isinstance(g, dict) or not isinstance(g.get("targets"), list):
+            raise BadTarget('each file_sd group needs a "targets" list')
+        labels = g.get("labels") or {}
+        if not isinstance(labels, dict):
+            raise BadTarget('file_sd "labels" must be an object')
+        for address in g["targets"]:
+            if not isinstance(address, str):
+                raise BadTarget(f"target {address!r} is not a string")
+            url = normalize_url(address)
+            out[url] = Target(url, "file_sd", job=labels.get("job"),
+                              replica_group=_opt_int(labels.get("replica_group")),
+                              rank=_opt_int(labels.get("rank")))
+    return out
+
+
 @dataclass
 class Target:
     url: str
@@ -93,7 +105,6 @@ class Target:
     job: str | None = None
     replica_group: int | None = None  # hints; /v1/state is the truth
     rank: int | None = None
-    added_at: float = field(default_factory=time.time)
     last_registered: float | None = None
     registered_as: str | None = None  # the URL as registered, when polled at a checked address
 
@@ -117,19 +128,13 @@ class Discovery:
         self.job = job
         self.max_targets = max_targets
         self._written: str | None = None
-        # targets() is asked every sweep: its sorted list is kept until a source changes (the
-        # view and the schedule tell unchanged targets by identity)
+        # kept until a source changes: the view and the schedule tell unchanged targets by identity
         self._sorted: list[Target] | None = None
 
-    # --- sources ---------------------------------------------------------------------
     def register(self, body: Any, now: float | None = None,
                  admit: Callable[[str], str] | None = None) -> Target:
-        """A WorkerServer's self-registration.
-
-        ``admit(url)`` (when given) decides whether the URL may be polled and returns the URL to
-        poll (its host replaced by the checked address), or raises. Raises BadTarget on a
-        malformed body and TooManyTargets when a new target would exceed ``max_targets``.
-        """
+        """A WorkerServer's self-registration. ``admit(url)`` returns the URL to poll or raises.
+        Raises BadTarget on a malformed body, TooManyTargets past ``max_targets``."""
         if not isinstance(body, dict) or not isinstance(body.get("url"), str):
             raise BadTarget('registration body must be a JSON object with "url"')
         if len(body["url"]) > MAX_URL:
@@ -142,7 +147,7 @@ class Discovery:
         url = admit(registered_as) if admit is not None else registered_as
         now = time.time() if now is None else now
         target = Target(url, "registered", job=job, replica_group=replica_group, rank=rank,
-                        added_at=now, last_registered=now,
+                        last_registered=now,
                         registered_as=registered_as if registered_as != url else None)
         with self._lock:
             old = self._registered.get(url)
@@ -150,9 +155,7 @@ class Discovery:
                     == (job, replica_group, rank, target.registered_as):
                 old.last_registered = now  # the same registration again: the same target
                 return old
-            if old is not None:
-                target.added_at = old.added_at
-            elif url not in self._static and url not in self._file \
+            if old is None and url not in self._static and url not in self._file \
                     and self._count() >= self.max_targets:
                 raise TooManyTargets(f"the monitor already knows {self._count()} targets "
                                      f"(--max-targets {self.max_targets}); {url} not added")
@@ -163,30 +166,23 @@ class Discovery:
     def _count(self) -> int:
         return len(self._registered.keys() | self._file.keys() | self._static.keys())
 
-    def restore(self, path: str, now: float | None = None) -> int:
-        """Re-adopt the targets a previous run wrote with :meth:`write_file_sd` as registered ones.
-
-        A restarted monitor then polls the job at once instead of waiting for re-registrations;
-        targets that are gone are forgotten as usual. A missing or broken file restores nothing.
-        """
+    def restore(self, path: str) -> None:
+        """Re-adopt as registered the targets a previous run wrote (:meth:`write_file_sd`).
+        A missing or broken file restores nothing."""
         try:
-            with open(path) as f:
-                parsed = self._parse_file_sd(json.load(f))
-        except (OSError, ValueError, BadTarget):
-            return 0
-        now = time.time() if now is None else now
-        n = 0
+            parsed = _read_file_sd(path)
+        except (OSError, ValueError):  # BadTarget is a ValueError
+            return
+        now = time.time()
         with self._lock:
             for url, t in parsed.items():
                 if url in self._registered:
                     continue
                 if self._count() >= self.max_targets:
                     break
-                t.source, t.added_at, t.last_registered = "registered", now, now
+                t.source, t.last_registered = "registered", now
                 self._registered[url] = t
                 self._sorted = None
-                n += 1
-        return n
 
     def refresh(self) -> str | None:
         """Re-read the file_sd input if it changed; returns an error message or None."""
@@ -202,10 +198,8 @@ class Discovery:
         if sig == self._file_sig:
             return self.file_error
         try:
-            with open(path) as f:
-                groups = json.load(f)
-            parsed = self._parse_file_sd(groups)
-        except (OSError, ValueError, BadTarget) as e:
+            parsed = _read_file_sd(path)
+        except (OSError, ValueError) as e:
             self.file_error = f"targets file {path}: {e}"
             self._file_sig = sig  # do not re-parse the same broken content every sweep
             return self.file_error
@@ -216,27 +210,6 @@ class Discovery:
         self.file_error = None
         return None
 
-    @staticmethod
-    def _parse_file_sd(groups: Any) -> dict[str, Target]:
-        if not isinstance(groups, list):
-            raise BadTarget("file_sd content must be a JSON list of target groups")
-        out: dict[str, Target] = {}
-        for g in groups:
-            if not isinstance(g, dict) or not isinstance(g.get("targets"), list):
-                raise BadTarget('each file_sd group needs a "targets" list')
-            labels = g.get("labels") or {}
-            if not isinstance(labels, dict):
-                raise BadTarget('file_sd "labels" must be an object')
-            for address in g["targets"]:
-                if not isinstance(address, str):
-                    raise BadTarget(f"target {address!r} is not a string")
-                url = normalize_url(address)
-                out[url] = Target(url, "file_sd", job=labels.get("job"),
-                                  replica_group=_opt_int(labels.get("replica_group")),
-                                  rank=_opt_int(labels.get("rank")))
-        return out
-
-    # --- the set ---------------------------------------------------------------------
     def targets(self) -> list[Target]:
         """All known targets, static first, then file_sd, then registered (one per URL)."""
         with self._lock:
@@ -248,11 +221,8 @@ class Discovery:
 
     def forget_unreachable(self, unreachable_since: dict[str, float],
                            now: float | None = None) -> list[str]:
-        """Drop registered targets unreachable for ``forget_after_s`` and not re-registered since.
-
-        ``unreachable_since`` maps URL -> time the target was first seen unreachable (from the
-        poller). Static and file_sd targets are never dropped here. Returns the forgotten URLs.
-        """
+        """Drop registered targets unreachable (URL -> since when) for ``forget_after_s`` and
+        not re-registered since; returns their URLs. Never drops static or file_sd ones."""
         now = time.time() if now is None else now
         forgotten = []
         with self._lock:
@@ -268,7 +238,7 @@ class Discovery:
         return forgotten
 
     def file_sd(self) -> list[dict[str, Any]]:
-        """The known set as Prometheus ``file_sd`` target groups (one per target, with labels)."""
+        """The known set as Prometheus ``file_sd`` target groups, one per target."""
         out = []
         for t in self.targets():
             labels = {"lightkeeper_source": t.source}
@@ -284,9 +254,7 @@ class Discovery:
 
     def write_file_sd(self, path: str) -> bool:
         """Atomically write :meth:`file_sd` to ``path`` when it changed; True if written.
-
-        A write that fails (read-only directory, full disk) raises OSError; the caller logs it.
-        """
+        Raises OSError when the write fails."""
         text = json.dumps(self.file_sd(), indent=1, sort_keys=True)
         if text == self._written and os.path.exists(path):
             return False
@@ -298,10 +266,8 @@ class Discovery:
                 f.write(text)
             os.replace(tmp, path)
         except BaseException:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            except OSError:
-                pass
             raise
         self._written = text
         return True

@@ -1,13 +1,9 @@
 """Just enough HTTP/1.1 to read a rank's answer: a request's bytes and a keep-alive connection.
 
-A :class:`Conn` is an :class:`asyncio.Protocol` driven by callbacks (no coroutine, task or
-stream reader per request: at scale that machinery was most of the poller's CPU,
-docs/scaling.md). It writes its request's bytes and reads the answer as it comes,
-``Content-Length``, chunked or up to the connection's end, then hands the whole body to its
-owner (:class:`monitor.poll.poller.Poller`: ``_answer``, ``_fail``, ``_retry``). Everything a rank
-sends is bounded: the body by the sweep's limit (declared or counted), the status line and headers
-together by :data:`MAX_HEAD` bytes and :data:`MAX_HEADERS` lines, a chunk-size line by
-:data:`MAX_CHUNK_LINE`; past a bound the request fails as ``bad_response``.
+A :class:`Conn` is an :class:`asyncio.Protocol` driven by callbacks (no coroutine or stream per
+request: that machinery was most of the poller's CPU, docs/scaling.md). It hands the whole body
+to its :class:`monitor.poll.poller.Poller`. Everything a rank sends is bounded (body, head,
+header lines, chunk-size line); past a bound the request fails as ``bad_response``.
 """
 
 from __future__ import annotations
@@ -30,29 +26,18 @@ class PollError(Exception):
         self.status = status
 
 
-_SPLIT_CACHE: dict[str, tuple[str, int, str]] = {}
-
-
 def _split(url: str) -> tuple[str, int, str]:
-    """(host, port, path prefix without a trailing slash) of a target URL (cached)."""
-    got = _SPLIT_CACHE.get(url)
-    if got is not None:
-        return got
+    """(host, port, path prefix without a trailing slash) of a target URL."""
     parts = urlsplit(url)
     if parts.scheme != "http" or not parts.hostname or parts.port is None or parts.query \
             or parts.fragment:
         raise PollError("connection", f"unsupported target URL {url!r} "
                                       "(http://host:port[/prefix] only)")
     # an IPv6 literal comes unbracketed (as asyncio takes it), a zone as %eth0, not %25eth0
-    got = (unquote(parts.hostname), parts.port, parts.path.rstrip("/"))
-    if len(_SPLIT_CACHE) > 1_000_000:
-        _SPLIT_CACHE.clear()
-    _SPLIT_CACHE[url] = got
-    return got
+    return unquote(parts.hostname), parts.port, parts.path.rstrip("/")
 
 
-# url -> ((host, port), b"GET <prefix>", b" HTTP/1.1\r\nHost: ...\r\n\r\n"): the request's
-# bytes are the two around the path, so a request costs one concatenation
+# url -> ((host, port), b"GET <prefix>", b" HTTP/1.1\r\nHost: ...\r\n\r\n"): around the path
 TARGETS: dict[str, tuple[tuple[str, int], bytes, bytes]] = {}
 _TAILS: dict[tuple[str, int], bytes] = {}  # one header block per address, shared by its targets
 
@@ -106,7 +91,6 @@ class Conn(asyncio.Protocol):
         self.chunks: list[bytes] = []
         self.got_any = False
 
-    # --- asyncio.Protocol ----------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
@@ -128,9 +112,8 @@ class Conn(asyncio.Protocol):
             self.poller._fail(req, "bad_response", f"{type(e).__name__}: {e}")
 
     def _whole(self, data: bytes, req: Any) -> bool:
-        """The usual answer, whole in one read (``HTTP/1.1 200``, ``Content-Length``, no
-        ``Transfer-Encoding`` or ``Connection``): finish it here, in a few ``find``s. False
-        for anything else, which :meth:`_advance` then reads step by step."""
+        """Fast path (hot at scale): finish a plain ``200`` with ``Content-Length`` whole in one
+        read; False for anything else, which :meth:`_advance` reads step by step."""
         end = data.find(b"\r\n\r\n")
         if end < 0 or end > MAX_HEAD or not data.startswith(b"HTTP/1.1 200 "):
             return False
@@ -174,7 +157,6 @@ class Conn(asyncio.Protocol):
                 "connection closed inside the answer"
             self.poller._fail(req, "connection", what)
 
-    # --- requests --------------------------------------------------------------------
     def begin(self, req: Any) -> None:
         self.req = req
         req.conn = self
@@ -188,8 +170,8 @@ class Conn(asyncio.Protocol):
             self.transport.abort()
 
     def _advance(self, buf: bytes | bytearray) -> None:
-        """Consume ``buf`` (the bytes not yet used); finish the request when the answer is
-        whole, else keep what the next step needs in ``self.buf``."""
+        """Consume ``buf``; finish the request when the answer is whole, else keep what the
+        next step needs in ``self.buf``."""
         state = self.state
         if state == _HEAD:
             end = buf.find(b"\r\n\r\n")
@@ -209,12 +191,8 @@ class Conn(asyncio.Protocol):
                     self.buf += buf
                 return
             self._head(bytes(buf[:end]))
-            rest = buf[body_at:]
+            buf = buf[body_at:]
             state = self.state
-            if state == _LENGTH and len(rest) >= self.need:  # the usual answer: all in one
-                self._body(bytes(rest[:self.need]), len(rest) > self.need)
-                return
-            buf = rest
         if state == _LENGTH:
             if len(buf) >= self.need:
                 self._body(bytes(buf[:self.need]), len(buf) > self.need)
@@ -239,7 +217,6 @@ class Conn(asyncio.Protocol):
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
             raise PollError("bad_response", f"bad status line {first[:100]!r}")
         self.status = int(parts[1])
-        # three header lookups by find over the lower-cased head, not a loop over its lines
         low = head.lower()
         length = _header(low, b"\ncontent-length:")
         chunked = b"\ntransfer-encoding:" in low \

@@ -1,12 +1,8 @@
 """A ``/v1/state`` answer as the monitor keeps it: its two number lists as rank_wire bytes.
 
-``timing.recent`` and ``recent_step_seconds`` are most of an answer's Python objects, and at
-100,000 ranks the monitor keeps the last answer of every rank (docs/scaling.md). The poller
-converts both once, where it parses the answer (:func:`monitor.poll.poller.judge_body`): a
-list is packed (its valid numbers, rank_wire's rule), a string a rank served packed (the answer
-says ``"packed": 1``) is decoded, anything else becomes empty bytes. Every reader downstream
-(the view's step times, the detectors' step memory) reads that one form; nothing here raises
-on a rank's answer, and nothing else in the answer changes.
+``timing.recent`` and ``recent_step_seconds`` are most of an answer's objects, and the monitor
+keeps every rank's last answer (docs/scaling.md). A list is packed, a string the rank served
+packed (``"packed": 1``) decoded, anything else becomes empty bytes; nothing here raises.
 """
 
 from __future__ import annotations

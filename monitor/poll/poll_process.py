@@ -1,19 +1,11 @@
 """The poller in its own process: the sockets and the event loop off the monitor's interpreter.
 
-The monitor switches to it from ``poll_process_min_targets`` (monitor/polling.py): the polling's
-CPU then leaves the monitor's GIL and overlaps the end of the sweep before (docs/scaling.md). A
-:class:`ProcessPoller` has :class:`monitor.poll.poller.Poller`'s calls (``sweep``, ``close``,
-``max_idle``) and runs that same Poller in a child (``python -m monitor.poll.poll_process``), so
-every bound the Poller promises holds there unchanged. The child sends each answer's raw body
-back in batches of :data:`BATCH` as they finish (msgpack over its stdout); a reader thread of
-the monitor queues them and :meth:`PollHandle.result` parses them with
-:func:`~monitor.poll.poller.judge_body` while the child asks the rest.
-:meth:`ProcessPoller.start` sends a sweep without waiting for it (the next sweep asked ahead).
-
-A child that dies (or hangs past any bound its sweep could take, and is then killed) fails the
-polls of its sweep that had not come back, reason ``connection``, with an error that names the
-poller process, not the rank; the next sweep starts a new child. The child exits when the
-monitor's end of its pipe closes (:meth:`ProcessPoller.close`, or the monitor dying).
+From ``poll_process_min_targets`` (monitor/polling.py) the polling's CPU leaves the monitor's
+GIL (docs/scaling.md). A :class:`ProcessPoller` has the :class:`~monitor.poll.poller.Poller`'s
+calls and runs that same Poller in a child, which sends each answer's raw body back in batches
+of :data:`BATCH` (msgpack over its stdout); the monitor parses them while the child asks the
+rest. A child that dies or hangs (then killed) fails its sweep's missing polls as
+``connection``, naming the poller process; the next sweep starts a new child.
 """
 
 from __future__ import annotations
@@ -33,22 +25,11 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from .poller import (
-    EVENT_LOOPS,
-    MAX_BODY,
-    STATE_PATH,
-    Poller,
-    RankPoll,
-    dedup_queries,
-    judge_body,
-)
+from .poller import EVENT_LOOPS, MAX_BODY, STATE_PATH, Poller, RankPoll, dedup_queries, rank_poll
 
-BATCH = 256  # polls per message back: the monitor parses the first while the rest are asked
-# a sweep's bound is its requests' timeout times the waves of max_concurrency requests; a child
-# that has not answered GUARD_S past that is stuck (stopped, swapped out), and is killed
-GUARD_S = 30.0
-# set in the monitor's environment: each child writes a cProfile of its event loop's thread to
-# <value>.<pid> when it ends (benchmarks/bench_poller.py --profile)
+BATCH = 256  # polls per message back
+GUARD_S = 30.0  # a child silent this long past its sweep's bound is stuck, and is killed
+# each child writes a cProfile of its loop's thread to <value>.<pid> (bench_poller.py --profile)
 PROFILE_ENV = "LIGHTKEEPER_POLL_PROFILE"
 _LEN = struct.Struct("<I")
 _ENCODE = msgspec.msgpack.Encoder().encode
@@ -74,24 +55,19 @@ def _read_frame(f: BinaryIO) -> Any | None:
 
 
 class PollHandle:
-    """One sweep sent to the child: :meth:`result` waits for its polls.
+    """One sweep sent to the child. The reader thread only queues its batches; :meth:`result`
+    parses them in the thread that asks, so a sweep asked ahead is parsed when needed."""
 
-    The reader thread only queues each batch as it comes (bodies still bytes); the JSON is
-    parsed by :meth:`result`, in the thread that asks for it, while it waits for the rest: a
-    sweep asked ahead (monitor/service.py) is then parsed when the monitor needs it, not beside
-    (and under the same GIL as) the end of the sweep before."""
-
-    __slots__ = ("urls", "state", "results", "batches", "received", "done", "why", "bound_s",
-                 "child", "sent_at", "finished_at")
+    __slots__ = ("urls", "state", "results", "batches", "received", "why", "bound_s", "child",
+                 "sent_at", "finished_at")
 
     def __init__(self, urls: list[str], bound_s: float, child: _Child | None,
                  state: bool = False) -> None:
         self.urls = urls
-        self.state = state  # polls of STATE_PATH: kept packed (monitor/poll/packed_state.py)
+        self.state = state  # polls of STATE_PATH: kept packed
         self.results: dict[str, RankPoll] = {}
         self.batches: queue.SimpleQueue[list | None] = queue.SimpleQueue()
         self.received = 0  # polls the reader has queued
-        self.done = threading.Event()  # every poll is queued (or the child is gone)
         self.why: str | None = None  # the child died: the error of the polls that never came
         self.bound_s = bound_s
         self.child = child
@@ -107,7 +83,6 @@ class PollHandle:
     def finish(self, why: str | None) -> None:
         self.finished_at = time.monotonic()
         self.why = why
-        self.done.set()
         self.batches.put(None)
 
     def result(self) -> dict[str, RankPoll]:
@@ -128,11 +103,8 @@ class PollHandle:
             if rows is None:
                 self.batches.put(None)  # a second call returns the same
                 break
-            for i, ok, body, reason, error, status, latency, at in rows:
-                url = urls[i]
-                results[url] = judge_body(url, body, latency, at, state) if ok else \
-                    RankPoll(url, False, reason=reason, error=error, status=status,
-                             latency_s=latency, at=at)
+            for row in rows:
+                results[urls[row[0]]] = rank_poll(urls[row[0]], row, state)
         if self.why is not None and len(results) < len(urls):
             now, latency = time.time(), time.monotonic() - self.sent_at
             for url in urls:
@@ -148,8 +120,7 @@ class _Child:
     def __init__(self, args: list[str]) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
-        # run from the package's own root: `python -m` looks in its working folder first, and
-        # the monitor's may hold another `monitor` package
+        # from the package's own root: the monitor's working folder may hold another `monitor`
         self.proc = subprocess.Popen([sys.executable, "-m", "monitor.poll.poll_process", *args],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                      cwd=_ROOT)
@@ -203,8 +174,7 @@ class _Child:
 
 
 class ProcessPoller:
-    """:class:`~monitor.poll.poller.Poller`'s calls, the polling in a child process; see the module
-    docstring."""
+    """The :class:`~monitor.poll.poller.Poller`'s calls, polling in a child process."""
 
     def __init__(self, timeout_s: float = 0.8, max_concurrency: int = 1024,
                  max_idle: int = 4096, max_bytes: int = MAX_BODY,
@@ -213,8 +183,7 @@ class ProcessPoller:
         self.max_concurrency = max_concurrency
         self.max_idle = max_idle
         self.max_bytes = max_bytes
-        # the child's loop (poller.new_event_loop): uvloop where it is installed
-        self.event_loop = event_loop
+        self.event_loop = event_loop  # the child's (poller.new_event_loop)
         self.restarts = 0  # children started after the first (one died or hung)
         self._lock = threading.Lock()
         self._next = 0
@@ -241,7 +210,7 @@ class ProcessPoller:
               timeout_s: float | None = None, max_bytes: int | None = None,
               queries: Sequence[str] | None = None) -> PollHandle:
         """Send a sweep to the child; :meth:`PollHandle.result` gives what
-        :meth:`Poller.sweep` would have returned (``queries``: as there)."""
+        :meth:`Poller.sweep` would have returned."""
         urls, queries = dedup_queries(urls, queries)
         timeout = self.timeout_s if timeout_s is None else timeout_s
         limit = self.max_bytes if max_bytes is None else max_bytes
@@ -264,8 +233,7 @@ class ProcessPoller:
               timeout_s: float | None = None,
               max_bytes: int | None = None,
               queries: Sequence[str] | None = None) -> dict[str, RankPoll]:
-        """GET ``path`` from every URL concurrently; returns url -> RankPoll (never raises
-        because of a rank; ``queries`` as :meth:`Poller.sweep` takes them)."""
+        """As :meth:`Poller.sweep` (never raises because of a rank)."""
         return self.start(urls, path, timeout_s, max_bytes, queries).result()
 
     def close(self) -> None:
@@ -291,8 +259,7 @@ class ProcessPoller:
 
 # --- the child ------------------------------------------------------------------------------
 def _serve(args: argparse.Namespace) -> None:
-    # the answers go over the original stdout; anything else printed goes to stderr, so a stray
-    # print can never garble the stream
+    # the answers go over the original stdout; a stray print goes to stderr, never into them
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     inp = sys.stdin.buffer
@@ -311,7 +278,7 @@ def _serve(args: argparse.Namespace) -> None:
     writer = threading.Thread(target=write, name="lightkeeper-poll-writer", daemon=True)
     writer.start()
     profile = os.environ.get(PROFILE_ENV)
-    if profile:  # cProfile of the event loop's thread (where the requests' Python runs)
+    if profile:
         import cProfile
 
         profiler = cProfile.Profile()
@@ -324,9 +291,7 @@ def _serve(args: argparse.Namespace) -> None:
             def on_rows(rows: list[tuple], rid=rid) -> None:  # on the poller's thread
                 frames.put(_frame((rid, rows, False)))
 
-            # the rows' place in `urls` is the monitor's: the monitor sends them deduplicated
-            # (ProcessPoller.start), as the Poller numbers them; no GC pass during a sweep (its
-            # rows, requests and bodies come and go; a sweep's cycles are cut at its end)
+            # no GC pass during a sweep: its objects come and go, its cycles are cut at its end
             gc.disable()
             try:
                 poller.sweep(urls, path, timeout, limit, on_rows=on_rows, per_batch=BATCH,

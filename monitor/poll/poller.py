@@ -1,18 +1,11 @@
 """Concurrent polling of every rank: one sweep = one ``GET /v1/state`` per target, all at once.
 
-The :class:`Poller` runs its own asyncio event loop in a background thread; each connection is
-a :class:`monitor.poll.http11.Conn`. Every request has its own timeout (a rank that dribbles
-bytes is cut off like a silent one); a rank that is slow, refuses connections, answers garbage
-or an HTTP error becomes a :class:`RankPoll` with ``ok=False`` and a ``reason`` (``timeout``,
-``connection``, ``http_status``, ``bad_response``; ``monitor`` when the monitor itself had no
-file descriptor to ask with) and never delays the others beyond its timeout or raises out of
-:meth:`Poller.sweep`.
-
-Keep-alive connections are pooled per ``host:port`` (several per address when targets share
-one, e.g. ranks behind one proxy addressed as ``http://host:port/<prefix>``), at most
-``max_idle`` idle ones, least recently used closed first; a reused connection the server closed
-meanwhile is retried once on a fresh one. The monitor sizes ``max_idle`` to its targets: a pool
-smaller than a sweep reconnects every sweep (docs/scaling.md).
+The :class:`Poller` runs an asyncio loop in a background thread, one
+:class:`monitor.poll.http11.Conn` per connection. A rank that is slow, refuses, answers garbage
+or an HTTP error becomes a :class:`RankPoll` with ``ok=False`` and a ``reason`` (:data:`REASONS`);
+it never delays the others beyond its timeout nor raises out of :meth:`Poller.sweep`.
+Keep-alive connections are pooled per ``host:port``, at most ``max_idle`` idle ones, least
+recently used closed first (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -35,12 +28,11 @@ from .packed_state import pack_state
 
 log = logging.getLogger(__name__)
 
-# "monitor": the monitor could not ask (no file descriptor of its own left, fd_budget.py):
-# nothing is known of the rank, and the view carries its last answer as if it was not asked
+# "monitor": the monitor had no file descriptor to ask with; nothing is known of the rank
 REASONS = ("timeout", "connection", "http_status", "bad_response", "monitor")
-STATE_PATH = "/v1/state"  # its answers are kept packed (judge_body, monitor/poll/packed_state.py)
-_STATE_PATH = STATE_PATH.encode("latin-1")
+STATE_PATH = "/v1/state"  # its answers are kept packed (monitor/poll/packed_state.py)
 MAX_BODY = 1 << 20  # default per answer; /v1/fr_trace gets its own (larger) bound
+EVENT_LOOPS = ("asyncio", "uvloop", "auto")
 
 
 @dataclass
@@ -57,10 +49,8 @@ class RankPoll:
     at: float = field(default_factory=time.time)
 
 
-
 class _Request:
-    """One GET in flight: its sweep, target (``i``: its place in the sweep's URLs), deadline
-    and (while it has one) connection."""
+    """One GET in flight (``i``: its place in the sweep's URLs)."""
 
     __slots__ = ("sweep", "i", "url", "key", "wire", "start", "deadline", "conn",
                  "connecting", "reused", "done", "shed")
@@ -82,14 +72,14 @@ class _Request:
 
 
 class _Sweep:
-    """One call of :meth:`Poller.sweep`: its URLs, results, and requests in deadline order."""
+    """One call of :meth:`Poller.sweep`: its URLs, rows done, and requests in deadline order."""
 
-    __slots__ = ("urls", "next", "path", "queries", "timeout", "limit", "results", "active",
+    __slots__ = ("urls", "next", "path", "queries", "timeout", "limit", "active",
                  "waiter", "inflight", "timer", "launching", "on_rows", "rows", "per_batch")
 
     def __init__(self, urls: list[str], path: bytes, timeout: float, limit: int,
-                 waiter: asyncio.Future, on_rows: Callable[[list[tuple]], None] | None = None,
-                 per_batch: int = 256, queries: list[bytes] | None = None) -> None:
+                 waiter: asyncio.Future, on_rows: Callable[[list[tuple]], None] | None,
+                 per_batch: int, queries: list[bytes] | None) -> None:
         self.on_rows = on_rows
         self.rows: list[tuple] = []
         self.per_batch = per_batch
@@ -99,43 +89,28 @@ class _Sweep:
         self.queries = queries  # per URL, appended to ``path`` (None: none)
         self.timeout = timeout
         self.limit = limit
-        self.results: dict[str, RankPoll] = {}
         self.active = 0
         self.waiter = waiter
-        # every request of a sweep has the same timeout, so start order is deadline order:
-        # one timer at the oldest deadline instead of one per request
+        # one timeout for all, so start order is deadline order: one timer, not one per request
         self.inflight: deque[_Request] = deque()
         self.timer: asyncio.TimerHandle | None = None
         self.launching = False
 
-    def take(self, i: int, url: str, poll: RankPoll) -> None:
-        """A request is done: its poll is kept, or handed on as a row (``on_rows``)."""
-        if self.on_rows is not None:
-            self.row((i, poll.ok, poll.data, poll.reason, poll.error, poll.status,
-                      poll.latency_s, poll.at))
-            return
-        self.results[url] = poll
-        self.active -= 1
-
     def row(self, row: tuple) -> None:
-        """A request is done, as an ``on_rows`` row; full batches are handed on at once."""
+        """A request is done; full batches are handed on to ``on_rows`` at once."""
         rows = self.rows
         rows.append(row)
         self.active -= 1
-        if len(rows) >= self.per_batch:
+        if len(rows) >= self.per_batch and self.on_rows is not None:
             self.rows = []
             self.on_rows(rows)
 
 
-
-_DECODE = msgspec.json.Decoder().decode  # ~2 us for a /v1/state answer; json.loads ~11 us
+_DECODE = msgspec.json.Decoder().decode  # hot: ~15,000 answers a sweep at 100,000 ranks
 
 
 def _json(body: bytes) -> Any:
-    """``json.loads(body)``, by msgspec's decoder for the usual answer (strict JSON, UTF-8):
-    at 100,000 ranks the monitor parses ~15,000 answers a sweep (docs/scaling.md). Anything it
-    refuses goes to ``json.loads`` itself, so Python's JSON (``NaN``, which a rank's
-    ``json.dumps`` may write) is still read and a bad answer fails with json's words."""
+    """msgspec's decoder for strict JSON; what it refuses (``NaN``) goes to ``json.loads``."""
     try:
         return _DECODE(body)
     except (msgspec.DecodeError, RecursionError):
@@ -144,9 +119,8 @@ def _json(body: bytes) -> Any:
 
 def judge_body(url: str, body: bytes, latency_s: float, at: float | None = None,
                state: bool = False) -> RankPoll:
-    """The poll of a whole ``200`` answer: its JSON object, or why it is not one. ``at``: when
-    it came (default now). ``state``: an answer of :data:`STATE_PATH`, kept packed
-    (:func:`monitor.poll.packed_state.pack_state`)."""
+    """The poll of a ``200`` answer: its JSON object, or why it is not one (never raises).
+    ``state``: a :data:`STATE_PATH` answer, kept packed."""
     at = time.time() if at is None else at
     try:
         data = _json(body)
@@ -154,7 +128,7 @@ def judge_body(url: str, body: bytes, latency_s: float, at: float | None = None,
             raise PollError("bad_response", f"expected a JSON object, got {type(data).__name__}")
         if state:
             pack_state(data)
-        return RankPoll(url, True, data, None, None, None, latency_s, at)  # ~15,000 a sweep
+        return RankPoll(url, True, data, None, None, None, latency_s, at)
     except PollError as e:
         return RankPoll(url, False, reason=e.reason, error=str(e), latency_s=latency_s, at=at)
     except ValueError as e:
@@ -165,15 +139,19 @@ def judge_body(url: str, body: bytes, latency_s: float, at: float | None = None,
                         latency_s=latency_s, at=at)
 
 
-
-EVENT_LOOPS = ("asyncio", "uvloop", "auto")
+def rank_poll(url: str, row: tuple, state: bool) -> RankPoll:
+    """The poll of a sweep's row ``(index, ok, body, reason, error, status, latency_s, at)``."""
+    _, ok, body, reason, error, status, latency, at = row
+    if ok:
+        return judge_body(url, body, latency, at, state)
+    return RankPoll(url, False, reason=reason, error=error, status=status, latency_s=latency,
+                    at=at)
 
 
 def dedup_queries(urls: Iterable[str], queries: Sequence[str] | None
                   ) -> tuple[list[str], list[str] | None]:
-    """``urls`` without repeats, in order, and their ``queries`` alongside (a URL given twice
-    is asked once, with its last query). Raises ValueError when ``queries`` is not one string
-    per URL, or a query is not ``?``-led printable ASCII (it goes into the request line)."""
+    """``urls`` without repeats and their ``queries`` (a repeated URL keeps its last query).
+    Raises ValueError unless there is one ``''`` or ``?``-led printable ASCII query per URL."""
     if queries is None:
         return list(dict.fromkeys(urls)), None
     urls = list(urls)
@@ -191,10 +169,8 @@ def dedup_queries(urls: Iterable[str], queries: Sequence[str] | None
 
 
 def new_event_loop(kind: str = "asyncio") -> asyncio.AbstractEventLoop:
-    """A new event loop: the stdlib's (``asyncio``), uvloop's (``uvloop``: ImportError where it
-    is not installed), or uvloop's where it is importable, else the stdlib's (``auto``). uvloop
-    (libuv, its transports in C) halves the CPU a request costs the poller process
-    (docs/scaling.md); it is optional, and the stdlib loop gives the same answers."""
+    """The stdlib's loop, uvloop's (ImportError where not installed), or ``auto``: uvloop's
+    where importable. uvloop halves a request's CPU (docs/scaling.md); the answers are the same."""
     if kind not in EVENT_LOOPS:
         raise ValueError(f"event loop {kind!r}: one of {', '.join(EVENT_LOOPS)}")
     if kind != "asyncio":
@@ -209,25 +185,21 @@ def new_event_loop(kind: str = "asyncio") -> asyncio.AbstractEventLoop:
 
 
 class Poller:
-    """Fetch JSON documents from many WorkerServers concurrently; see the module docstring.
-    ``event_loop``: which loop runs the requests (:func:`new_event_loop`)."""
+    """Fetch JSON documents from many WorkerServers concurrently; see the module docstring."""
 
     def __init__(self, timeout_s: float = 0.8, max_concurrency: int = 1024,
                  max_idle: int = 4096, max_bytes: int = MAX_BODY,
                  event_loop: str = "asyncio") -> None:
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
-        # the file descriptors its connections may take (monitor/poll/fd_budget.py): the soft
-        # limit raised to the hard one, requests in flight and idle connections kept under it
+        # requests in flight and idle connections kept under the (raised) descriptor limit
         self.fd_limit = raise_soft_limit()
-        in_flight, self.idle_cap = budget(self.fd_limit, max_concurrency)
-        self.max_concurrency = in_flight
+        self.max_concurrency, self.idle_cap = budget(self.fd_limit, max_concurrency)
         self._max_idle = 0
         self.max_idle = max_idle
         self._idle: OrderedDict[tuple[str, int], list[Conn]] = OrderedDict()
         self._n_idle = 0
         self._loop = new_event_loop(event_loop)
-        self.event_loop = type(self._loop).__module__.split(".")[0]  # what it got: asyncio, uvloop
         self._thread = threading.Thread(target=self._loop.run_forever, name="lightkeeper-poller",
                                         daemon=True)
         self._thread.start()
@@ -235,32 +207,24 @@ class Poller:
 
     @property
     def max_idle(self) -> int:
-        """Idle connections kept at most, least recently used closed first: as many as asked,
-        up to what the descriptor limit leaves (``idle_cap``)."""
+        """Idle connections kept at most: as many as asked, up to ``idle_cap``."""
         return self._max_idle
 
     @max_idle.setter
     def max_idle(self, n: int) -> None:
         self._max_idle = max(0, min(n, self.idle_cap))
 
-    # --- public, thread-safe ---------------------------------------------------------
     def sweep(self, urls: Iterable[str], path: str = STATE_PATH,
               timeout_s: float | None = None,
               max_bytes: int | None = None,
               on_rows: Callable[[list[tuple]], None] | None = None,
               per_batch: int = 256, queries: Sequence[str] | None = None
               ) -> dict[str, RankPoll]:
-        """GET ``path`` from every URL concurrently; returns url -> RankPoll (never raises).
-        An answer of :data:`STATE_PATH` is kept packed (:mod:`monitor.poll.packed_state`).
-
-        A body over ``max_bytes`` (default: the poller's) is a ``bad_response``. With
-        ``on_rows`` (the poller process's wire format, monitor/poll/poll_process.py) nothing is
-        kept or parsed: lists of ``per_batch`` rows ``(place of the URL in the deduplicated
-        urls, ok, body bytes or None, reason, error, status, latency_s, at)`` are handed on, on
-        the poller's thread, as they fill, the last (shorter, never empty) at the end, and the
-        sweep returns an empty dict.
-        ``queries``: per URL (in ``urls``' order), a query string appended to ``path`` for that
-        URL alone (``"?since=212"``; ``""``: none), as :func:`dedup_queries` keeps them."""
+        """GET ``path`` from every URL concurrently; url -> RankPoll (never raises). A body over
+        ``max_bytes`` is a ``bad_response``. ``queries``: as :func:`dedup_queries` keeps them.
+        With ``on_rows`` (the poller process's wire) nothing is parsed: batches of ``per_batch``
+        rows ``(index, ok, body, reason, error, status, latency_s, at)`` are handed on, on the
+        poller's thread, and the sweep returns an empty dict."""
         urls, queries = dedup_queries(urls, queries)
         if not urls:
             return {}
@@ -300,27 +264,38 @@ class Poller:
                      per_batch: int = 256, queries: list[str] | None = None
                      ) -> dict[str, RankPoll]:
         wire = None
-        if queries is not None:  # few distinct values (a leader sweep: one or two): encoded once
+        if queries is not None:  # few distinct values: each encoded once
             encoded = {q: q.encode("latin-1") for q in set(queries)}
             wire = [encoded[q] for q in queries]
         sw = _Sweep(urls, path.encode("latin-1"), timeout, limit, self._loop.create_future(),
-                    on_rows, per_batch, wire)
+                    on_rows, per_batch if on_rows else len(urls), wire)
         self._launch(sw)
         try:
             await sw.waiter
         finally:
             if sw.timer is not None:
                 sw.timer.cancel()
-            # the requests point back at the sweep: a reference cycle the monitor's frozen GC
-            # (monitor/polling.py) would keep for good, every answer of the sweep with it
+            # requests point back at the sweep: a cycle the monitor's frozen GC would keep
             sw.inflight.clear()
             sw.on_rows = None
         if on_rows is not None:
             if sw.rows:
                 on_rows(sw.rows)
             return {}
-        results = sw.results
-        return {u: results[u] for u in urls}
+        state = path == STATE_PATH
+        polls = {urls[row[0]]: rank_poll(urls[row[0]], row, state) for row in sw.rows}
+        return {u: polls[u] for u in urls}
+
+    def _request(self, sw: _Sweep, i: int, url: str,
+                 target: tuple[tuple[str, int], bytes, bytes], now: float) -> _Request:
+        """A request for the sweep's ``i``-th URL, in its deadline queue."""
+        key, get, tail = target
+        query = b"" if sw.queries is None else sw.queries[i]
+        req = _Request(sw, i, url, key, get + sw.path + query + tail, now, now + sw.timeout)
+        sw.inflight.append(req)
+        if sw.timer is None:
+            sw.timer = self._loop.call_at(req.deadline, self._expire, sw)
+        return req
 
     def _launch(self, sw: _Sweep) -> None:
         """Start requests until ``max_concurrency`` are in flight or none are left."""
@@ -335,21 +310,14 @@ class Poller:
             sw.next += 1
             sw.active += 1
             try:
-                key, get, tail = target(url)
-                wire = get + sw.path + tail if sw.queries is None else \
-                    get + sw.path + sw.queries[i] + tail
-                req = _Request(sw, i, url, key, wire, now, now + sw.timeout)
+                got = target(url)
             except PollError as e:
-                self._done(sw, i, url, RankPoll(url, False, reason=e.reason, error=str(e)))
+                self._done(sw, i, e.reason, str(e))
                 continue
             except Exception as e:
-                self._done(sw, i, url, RankPoll(url, False, reason="bad_response",
-                                                error=f"{type(e).__name__}: {e}"))
+                self._done(sw, i, "bad_response", f"{type(e).__name__}: {e}")
                 continue
-            sw.inflight.append(req)
-            if sw.timer is None:
-                sw.timer = self._loop.call_at(req.deadline, self._expire, sw)
-            self._send(req)
+            self._send(self._request(sw, i, url, got, now))
         sw.launching = False
         if sw.active == 0 and sw.next >= n and not sw.waiter.done():
             sw.waiter.set_result(None)
@@ -392,10 +360,8 @@ class Poller:
             conn.begin(req)
 
     def _shed_idle(self) -> bool:
-        """A connect found no file descriptor: something else in the process holds more than
-        the budget left it (monitor/poll/fd_budget.py). Keep fewer idle connections from now on (an
-        eighth fewer, at least 16) and close the least recently used past that. False when
-        none was idle (nothing to free)."""
+        """Out of descriptors: keep an eighth fewer idle connections (at least 16) from now
+        on, closing the least recently used. False when none was idle."""
         if self._n_idle == 0:
             return False
         cap = max(0, self._n_idle - max(16, self._n_idle // 8))
@@ -424,40 +390,29 @@ class Poller:
             sw.timer = self._loop.call_at(q[0].deadline, self._expire, sw)
 
     def _answer(self, req: _Request, status: int, body: bytes) -> None:
-        """The whole answer is here: the body is judged, and the connection goes on to the
-        sweep's next target when that is behind the same address (ranks behind one proxy),
-        else back to the pool."""
+        """The whole answer is here: judge it; the connection goes on to the sweep's next
+        target when that is behind the same address, else back to the pool."""
         conn = req.conn
         req.conn = None
         conn.req = None
         req.done = True
         sw = req.sweep
-        url = req.url
         now = time.monotonic()
-        if status == 200 and sw.on_rows is not None:  # the poller process: no RankPoll
+        if status == 200:  # judged by the caller (rank_poll)
             sw.row((req.i, True, body, None, None, None, now - req.start, time.time()))
         else:
-            if status != 200:
-                poll = RankPoll(url, False, reason="http_status", error=f"HTTP {status}: "
-                                f"{body[:200]!r}", status=status, latency_s=now - req.start)
-            else:
-                poll = judge_body(url, body, now - req.start, state=sw.path == _STATE_PATH)
-            sw.take(req.i, url, poll)
+            sw.row((req.i, False, None, "http_status", f"HTTP {status}: {body[:200]!r}", status,
+                    now - req.start, time.time()))
         if not conn.keep or conn.lost:
             conn.abort()
         elif sw.next < len(sw.urls) and not sw.launching:
             i = sw.next
             nxt = sw.urls[i]
-            target = TARGETS.get(nxt)
-            if target is not None and target[0] == conn.key:
+            got = TARGETS.get(nxt)
+            if got is not None and got[0] == conn.key:
                 sw.next += 1
                 sw.active += 1
-                wire = target[1] + sw.path + target[2] if sw.queries is None else \
-                    target[1] + sw.path + sw.queries[i] + target[2]  # its own query, as _launch
-                nreq = _Request(sw, i, nxt, conn.key, wire, now, now + sw.timeout)
-                sw.inflight.append(nreq)
-                if sw.timer is None:
-                    sw.timer = self._loop.call_at(nreq.deadline, self._expire, sw)
+                nreq = self._request(sw, i, nxt, got, now)
                 nreq.reused = True
                 conn.begin(nreq)
                 return
@@ -477,12 +432,12 @@ class Poller:
         if req.connecting is not None:
             req.connecting.cancel()
             req.connecting = None
-        self._done(req.sweep, req.i, req.url,
-                   RankPoll(req.url, False, reason=reason, error=error, status=status,
-                            latency_s=time.monotonic() - req.start))
+        self._done(req.sweep, req.i, reason, error, status, time.monotonic() - req.start)
 
-    def _done(self, sw: _Sweep, i: int, url: str, poll: RankPoll) -> None:
-        sw.take(i, url, poll)
+    def _done(self, sw: _Sweep, i: int, reason: str, error: str, status: int | None = None,
+              latency_s: float = 0.0) -> None:
+        """The ``i``-th request failed."""
+        sw.row((i, False, None, reason, error, status, latency_s, time.time()))
         self._launch(sw)
 
     def _take(self, key: tuple[str, int]) -> Conn | None:
