@@ -36,10 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lighthouse", default=None,
                    help="Lighthouse URL (env TORCHFT_LIGHTHOUSE)")
     p.add_argument("--steps", type=int, default=100, help="committed steps to train (default 100)")
-    p.add_argument("--worker-port", type=int, default=0,
+    # read when the parser is built, as --job: the environment is the documented fallback
+    p.add_argument("--worker-port", type=int, default=_env_int("LIGHTKEEPER_WORKER_PORT", 0),
                    help="WorkerServer port; 0 = ephemeral; with several local ranks each gets "
-                        "port+group_rank")
-    p.add_argument("--worker-host", default="127.0.0.1", help="WorkerServer bind address")
+                        "port+group_rank (env LIGHTKEEPER_WORKER_PORT)")
+    p.add_argument("--worker-host", default=os.environ.get("LIGHTKEEPER_WORKER_HOST", "127.0.0.1"),
+                   help="WorkerServer bind address (env LIGHTKEEPER_WORKER_HOST; 127.0.0.1)")
     p.add_argument("--job", default=os.environ.get("LIGHTKEEPER_JOB", "lightkeeper"),
                    help="job name used in labels and state (env LIGHTKEEPER_JOB)")
     p.add_argument("--inject", action="append", default=[], type=fault_spec, metavar="SPEC",
