@@ -332,6 +332,9 @@ def test_the_next_sweep_is_asked_early_and_its_suspects_added(tmp_path, monkeypa
     a group the detectors newly suspect in this sweep is added to that plan (its other rank
     asked then), and the next sweep polls exactly those ranks."""
     asked = state_asks(monkeypatch)
+    # every sweep's next one due within ASK_LEAD x the polling time: as if the polling took
+    # longer than the interval (else whether the first sweep asks ahead is the box's timing)
+    monkeypatch.setattr(polling, "ASK_LEAD", 1e6)
     sim = SimRanks.start(8, groups=4)  # 4 groups of 2
     mon = process_monitor_of(tmp_path, sim, leader_polling="on", member_interval_s=3600.0)
     try:
@@ -349,9 +352,6 @@ def test_the_next_sweep_is_asked_early_and_its_suspects_added(tmp_path, monkeypa
             return out
 
         mon.detectors.update = detecting
-        # the next sweep due within ASK_LEAD x the polling time: as if the polling took longer
-        # than the interval
-        monkeypatch.setattr(polling, "ASK_LEAD", 1e6)
         mon.sweep_once()
         own = len(mon.sweep_plan.urls)
         assert set(asked[n:n + own]) == set(leaders.values())  # this sweep's: the leaders
