@@ -6,6 +6,7 @@ torchft Lighthouse."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +25,23 @@ def test_lone_rank_without_master_addr_hosts_its_own_store():
     gs = group_store(0, 1, timeout_s=2, env={})
     assert gs.hosted and gs.addr == "127.0.0.1" and gs.port > 0
     gs.store.set("k", "v")
+
+
+def test_lone_rank_advertises_the_address_it_binds_and_is_reached_there():
+    """Other groups connect to a lone rank's store to build the cross-group process group:
+    on a host of its own it must advertise that host's address, not 127.0.0.1."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from trainer.store import advertised_address
+
+    gs = group_store(0, 1, timeout_s=2, env={}, advertise=advertised_address("127.0.0.7"))
+    assert gs.addr == "127.0.0.7"
+    gs.store.set("k", "v")
+    peer = TCPStore(gs.addr, gs.port, is_master=False, timeout=timedelta(seconds=5))
+    assert peer.get("k") == b"v"
+    assert advertised_address("0.0.0.0") == socket.gethostname()
 
 
 def test_rank0_hosts_at_master_port_and_rank1_connects_to_it():

@@ -57,7 +57,7 @@ def train(cfg: TrainConfig) -> int:
         shard_within_group,
         unflatten_into_grads,
     )
-    from .store import StoreUnavailable, group_store
+    from .store import StoreUnavailable, advertised_address, group_store
 
     group_rank, group_world_size = cfg.group_rank, cfg.group_world_size
     injector = FaultInjector([parse_fault(s) for s in cfg.faults], group_rank, group_world_size)
@@ -70,7 +70,8 @@ def train(cfg: TrainConfig) -> int:
     # The group's TCPStore: torchrun's agent hosts it, else group rank 0 (torch's env://
     # convention), else a lone rank hosts its own. Waiting for it is bounded.
     try:
-        gstore = group_store(group_rank, group_world_size, cfg.connect_timeout_s)
+        gstore = group_store(group_rank, group_world_size, cfg.connect_timeout_s,
+                             advertise=advertised_address(cfg.worker_host))
     except StoreUnavailable as e:
         sys.stderr.write(f"lightkeeper train: error: {e}\n")
         return 1

@@ -8,7 +8,9 @@ build torchft's cross-group process group. Who hosts it:
 - with ``MASTER_ADDR``/``MASTER_PORT`` set and no agent store (a launcher that sets the variables
   and runs bare processes, as Kubernetes operators do): group rank 0 hosts it on ``MASTER_PORT``,
   the other ranks connect;
-- with neither, a group of one rank hosts its own on an ephemeral port of 127.0.0.1.
+- with neither, a group of one rank hosts its own on an ephemeral port and advertises
+  ``advertise`` (the address its WorkerServer binds: other groups' ranks connect to this store to
+  build the cross-group process group, so across hosts 127.0.0.1 would point at their own host).
 
 A rank that connects waits at most ``timeout_s`` for the store to accept connections, then fails
 with :class:`StoreUnavailable` naming the address. (torchft's Manager, given an address where no
@@ -75,8 +77,18 @@ def wait_for_listener(addr: str, port: int, timeout_s: float, interval_s: float 
         time.sleep(interval_s)
 
 
+def advertised_address(bind: str) -> str:
+    """The address other hosts reach this rank at, from the address it binds: that address,
+    or for a wildcard bind this host's name (what torchft's Manager advertises for itself)."""
+    bind = bind.strip().strip("[]")
+    if bind in ("", "0.0.0.0", "::"):
+        return socket.gethostname()
+    return bind
+
+
 def group_store(group_rank: int, group_world_size: int, timeout_s: float,
-                env: Mapping[str, str] | None = None) -> GroupStore:
+                env: Mapping[str, str] | None = None,
+                advertise: str = "127.0.0.1") -> GroupStore:
     """Host or connect to this replica group's store (see the module docstring).
 
     Raises StoreUnavailable: several ranks but no ``MASTER_ADDR``, a bad ``MASTER_PORT``, a port
@@ -92,8 +104,9 @@ def group_store(group_rank: int, group_world_size: int, timeout_s: float,
                 f"a replica group of {group_world_size} ranks needs MASTER_ADDR and MASTER_PORT "
                 "(torchrun sets them; other launchers must set them to group rank 0's address)"
             )
-        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
-        return GroupStore(store, "127.0.0.1", store.port, hosted=True)
+        # (a TCPStore server listens on every address; only what it advertises is chosen)
+        store = TCPStore(advertise, 0, is_master=True, wait_for_workers=False, timeout=timeout)
+        return GroupStore(store, advertise, store.port, hosted=True)
 
     port = _port(env)
     if group_rank == 0 and not uses_agent_store(env):
