@@ -28,6 +28,10 @@ from trainer.faults import Fault, FaultInjector, FaultSpecError, check_fits_grou
          Fault("mismatch", "mismatch:at_step=2,where=group", at_step=2, where="group")),
         ("crash:at_step=9,rank=0", Fault("crash", "crash:at_step=9,rank=0", at_step=9, rank=0)),
         ("slow:delay=1,rank=3", Fault("slow", "slow:delay=1,rank=3", delay=1.0, rank=3)),
+        ("slow_link:mbit=20,from_step=4",
+         Fault("slow_link", "slow_link:mbit=20,from_step=4", mbit=20.0, from_step=4)),
+        ("partition:at_step=6", Fault("partition", "partition:at_step=6", at_step=6)),
+        ("host_offline:at_step=6", Fault("host_offline", "host_offline:at_step=6", at_step=6)),
     ],
 )
 def test_valid_specs_parse(spec, expected):
@@ -59,6 +63,9 @@ def test_valid_specs_parse(spec, expected):
         ("slow_compute:delay=nan", "must be a finite number"),
         ("hang:at_step=1,rank=-1", "rank in 'hang:at_step=1,rank=-1' must be >= 0"),
         ("hang:at_step=1,rank=one", "rank in 'hang:at_step=1,rank=one' must be an integer"),
+        ("slow_link:mbit=0", "a link that carries nothing is host_offline"),
+        ("slow_link:from_step=2", "slow_link needs mbit"),
+        ("partition:at_step=3,rank=1", "partition takes at_step; got unknown parameter 'rank'"),
     ],
 )
 def test_bad_specs_say_what_is_wrong(spec, words):
@@ -85,6 +92,22 @@ def test_what_only_the_group_can_check_is_checked_against_it(spec, size, words):
     with pytest.raises(FaultSpecError, match=words):
         injector.inject(spec)  # POST /v1/faults
     assert injector.faults == []
+
+
+@pytest.mark.parametrize("spec", ["slow_link:mbit=5", "partition:at_step=3",
+                                  "host_offline:at_step=3"])
+def test_network_faults_are_the_hosts_not_the_trainers(spec, capsys):
+    """A process cannot degrade its own host's link: the trainer refuses a network fault at its
+    command line, at start and live, naming who applies it."""
+    from lightkeeper.cli import main
+
+    with pytest.raises(FaultSpecError, match="network fault of the group's host"):
+        FaultInjector([parse_fault(spec)])
+    with pytest.raises(FaultSpecError, match="lightkeeper demo --inject GROUP:"):
+        FaultInjector([]).inject(spec)
+    with pytest.raises(SystemExit):
+        main(["train", "--lighthouse", "http://127.0.0.1:1", "--inject", spec])
+    assert "network fault of the group's host" in capsys.readouterr().err
 
 
 def test_slow_applies_from_step_and_mismatch_only_at_its_step():

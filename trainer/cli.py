@@ -7,7 +7,7 @@ import os
 import traceback
 
 from .config import ModelConfig, TrainConfig
-from .faults import FaultSpecError, check_fits_group, parse_fault
+from .faults import FaultSpecError, check_fits_group, check_process_fault, parse_fault
 
 
 def _env_int(name: str, default: int) -> int:
@@ -22,7 +22,7 @@ def _env_int(name: str, default: int) -> int:
 
 def fault_spec(value: str) -> str:
     try:
-        parse_fault(value)
+        check_process_fault(parse_fault(value))
     except FaultSpecError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return value

@@ -30,6 +30,18 @@ Grammar (one fault per ``--inject``; repeat the flag for several)::
     crash:at_step=N                      exit hard (os._exit(1)) before the cross-group all_reduce
                                          of step N
 
+Network faults strike the group's *host*, not its processes: the job's runner (``lightkeeper
+demo``, on hosts that are network namespaces: lightkeeper/fabric.py) applies them when the group
+reaches the step; the trainer refuses them (a process cannot degrade its own host's link)::
+
+    slow_link:mbit=M[,from_step=N]       the host's link runs at M Mbit/s both ways (a degraded
+                                         link or NIC): every group waits on it in the
+                                         cross-group all_reduce
+    partition:at_step=N                  the host still reaches the control plane (Lighthouse,
+                                         monitor) but not its peers (a bad switch port or route)
+    host_offline:at_step=N               the host drops off the network (kernel panic, power,
+                                         NIC death): its link goes down, its processes live on
+
     Every kind also takes rank=R: the group rank it strikes (default: every rank of the group).
     What torchft 0.2.0 then does (one rank of a group crashed or hung, the others alive) is
     measured in the README's Trainer section.
@@ -60,6 +72,11 @@ KINDS: dict[str, dict[str, tuple[type, bool]]] = {
     "mismatch": {"at_step": (int, True), "where": (str, False), "rank": (int, False)},
     "crash": {"at_step": (int, True), "rank": (int, False)},
 }
+NETWORK_KINDS: dict[str, dict[str, tuple[type, bool]]] = {
+    "slow_link": {"mbit": (float, True), "from_step": (int, False)},
+    "partition": {"at_step": (int, True)},
+    "host_offline": {"at_step": (int, True)},
+}
 
 _EXAMPLES = {
     "slow": "slow:delay=0.5,from_step=10",
@@ -67,6 +84,9 @@ _EXAMPLES = {
     "hang": "hang:at_step=20,where=group,rank=1",
     "mismatch": "mismatch:at_step=20",
     "crash": "crash:at_step=20,rank=1",
+    "slow_link": "slow_link:mbit=20,from_step=10",
+    "partition": "partition:at_step=20",
+    "host_offline": "host_offline:at_step=20",
 }
 
 
@@ -84,9 +104,15 @@ class Fault:
     at_step: int = -1
     where: str = "cross"
     rank: int | None = None  # group rank it strikes; None: every rank of the group
+    mbit: float = 0.0
+
+    @property
+    def network(self) -> bool:
+        """A fault of the group's host's network (applied by the job's runner)."""
+        return self.kind in NETWORK_KINDS
 
     def applies(self, step: int) -> bool:
-        if self.kind in ("slow", "slow_compute"):
+        if self.kind in ("slow", "slow_compute", "slow_link"):
             return step >= self.from_step
         return step == self.at_step
 
@@ -97,13 +123,14 @@ class Fault:
 def parse_fault(spec: str) -> Fault:
     """Parse one spec; raise FaultSpecError naming what is wrong."""
     kind, sep, rest = spec.strip().partition(":")
-    if kind not in KINDS:
+    kinds = {**KINDS, **NETWORK_KINDS}
+    if kind not in kinds:
         raise FaultSpecError(
-            f"unknown fault kind {kind!r} in {spec!r}; expected one of {', '.join(KINDS)}"
+            f"unknown fault kind {kind!r} in {spec!r}; expected one of {', '.join(kinds)}"
         )
     if not sep or not rest:
         raise FaultSpecError(f"fault {spec!r} has no parameters; e.g. {_EXAMPLES[kind]}")
-    allowed = KINDS[kind]
+    allowed = kinds[kind]
     values: dict[str, float | int | str] = {}
     for part in rest.split(","):
         key, eq, raw = part.partition("=")
@@ -132,6 +159,9 @@ def parse_fault(spec: str) -> Fault:
                 f"factor in {spec!r} must be > 1 (how many times slower the rank computes), "
                 f"got {values['factor']:g}"
             )
+    if kind == "slow_link" and values["mbit"] <= 0:
+        raise FaultSpecError(f"mbit in {spec!r} must be > 0 (the link's rate in Mbit/s); a "
+                             f"link that carries nothing is host_offline")
     return Fault(kind=kind, spec=spec.strip(), **values)
 
 
@@ -168,6 +198,15 @@ def check_fits_group(fault: Fault, group_world_size: int) -> None:
         )
 
 
+def check_process_fault(fault: Fault) -> None:
+    """Raise FaultSpecError for a network fault: the job's runner applies it to the host."""
+    if fault.network:
+        raise FaultSpecError(
+            f"{fault.spec!r} is a network fault of the group's host: the job's runner applies "
+            f"it (lightkeeper demo --inject GROUP:{fault.spec}, on namespaced hosts), not the "
+            f"trainer")
+
+
 class FaultInjector:
     """Applies the faults that strike this rank at their places in the step.
 
@@ -180,6 +219,7 @@ class FaultInjector:
         self.group_rank = group_rank
         self.group_world_size = group_world_size
         for fault in faults:
+            check_process_fault(fault)
             check_fits_group(fault, group_world_size)
         self.faults = [f for f in faults if f.targets(group_rank)]
         self._hang_forever = threading.Event()  # never set: a hang lasts until the process dies
@@ -199,6 +239,7 @@ class FaultInjector:
 
         Returns the fault; it acts only when ``fault.targets(group_rank)``."""
         fault = parse_fault(spec)
+        check_process_fault(fault)
         check_fits_group(fault, self.group_world_size)
         if fault.targets(self.group_rank):
             self.faults = [*self.faults, fault]  # one assignment: the training thread never sees half
