@@ -40,11 +40,12 @@ WORKER_URL_RE = re.compile(r"group_rank=(\d+) worker_server=(http://[^\s/]+:\d+)
 LIGHTHOUSE_SCRIPT = r"""
 import os, sys, time
 from torchft.coordination import LighthouseServer
-lh = LighthouseServer(bind="127.0.0.1:0", min_replicas=int(sys.argv[1]),
+addr = sys.argv[5]
+lh = LighthouseServer(bind=f"{addr}:0", min_replicas=int(sys.argv[1]),
                       join_timeout_ms=int(sys.argv[2]), heartbeat_timeout_ms=int(sys.argv[3]))
 port = lh.address().rsplit(":", 1)[1]
 with open(sys.argv[4] + ".tmp", "w") as f:
-    f.write(f"http://127.0.0.1:{port}")
+    f.write(f"http://{addr}:{port}")
 os.replace(sys.argv[4] + ".tmp", sys.argv[4])
 while True:
     time.sleep(3600)
@@ -121,6 +122,7 @@ class Host:
 
     node: str
     addr: str | None = None
+    netns: str | None = None  # a network namespace of its own (lightkeeper/fabric.py)
 
     def __str__(self) -> str:
         return self.node + (f" ({self.addr})" if self.addr else "")
@@ -383,7 +385,7 @@ class LocalCluster:
                  join_timeout_ms: int = 5000, heartbeat_timeout_ms: int = 5000,
                  pg_timeout_s: float = 20.0, quorum_timeout_s: float = 60.0,
                  step_pause_s: float = 0.0, extra_env: dict[str, str] | None = None,
-                 launcher: str = "torchrun") -> None:
+                 launcher: str = "torchrun", fabric=None) -> None:
         if launcher not in ("torchrun", "bare"):
             raise ValueError(f"launcher must be torchrun or bare, got {launcher!r}")
         self.log_dir = Path(log_dir)
@@ -400,6 +402,9 @@ class LocalCluster:
         self.step_pause_s = step_pause_s
         self.extra_env = dict(extra_env or {})
         self.launcher = launcher
+        # Hosts as network namespaces (lightkeeper/fabric.py): the Lighthouse runs in its
+        # control namespace, each group in its host's; None: everything on this machine's own
+        self.fabric = fabric
         self.lighthouse: ManagedProcess | None = None
         self.lighthouse_url: str | None = None
         self.groups: dict[int, ReplicaGroupProcess] = {}
@@ -411,12 +416,12 @@ class LocalCluster:
         log_path = self.log_dir / "lighthouse.log"
         url_path = self.log_dir / "lighthouse.url"
         url_path.unlink(missing_ok=True)
+        cmd = [sys.executable, "-u", "-c", LIGHTHOUSE_SCRIPT, str(self.min_replicas),
+               str(self.join_timeout_ms), str(self.heartbeat_timeout_ms), str(url_path),
+               self.fabric.ctl_addr if self.fabric else "127.0.0.1"]
         with open(log_path, "wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-u", "-c", LIGHTHOUSE_SCRIPT, str(self.min_replicas),
-                 str(self.join_timeout_ms), str(self.heartbeat_timeout_ms), str(url_path)],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            )
+            proc = subprocess.Popen(self.fabric.wrap_ctl(cmd) if self.fabric else cmd,
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self.lighthouse = ManagedProcess("lighthouse", proc, log_path)
 
         def address():
@@ -444,7 +449,9 @@ class LocalCluster:
         if old is not None and old.alive():
             raise ClusterError(f"replica group {replica_group} is still running")
         spare = self.spares.pop(replica_group, None) if use_spare else None
-        if spare is not None and not faults and not extra_args and spare.ready():
+        # a spare waiting in a host's namespace serves only a start on that host
+        fits = spare is not None and (spare.group.host is None or spare.group.host == host)
+        if spare is not None and fits and not faults and not extra_args and spare.ready():
             env, args = self._host_env(host), self._host_args(host)
             if host is not None and host.addr and self.ranks_per_group > 1:
                 env["MASTER_ADDR"] = host.addr  # the store listens on every address
@@ -470,9 +477,10 @@ class LocalCluster:
     def _host_args(host: Host | None) -> list[str]:
         return ["--worker-host", host.addr] if host is not None and host.addr else []
 
-    def start_spare(self, replica_group: int) -> Spare:
+    def start_spare(self, replica_group: int, host: Host | None = None) -> Spare:
         """Start a warm spare for ``replica_group`` (kept until :meth:`start_group` uses it);
-        returns the one already there if it still runs."""
+        returns the one already there if it still runs. ``host``: a host with a namespace of
+        its own, where the spare waits (it can only start the group there)."""
         if self.lighthouse_url is None:
             raise ClusterError("start the Lighthouse first")
         spare = self.spares.get(replica_group)
@@ -485,7 +493,8 @@ class LocalCluster:
         go.unlink(missing_ok=True)
         for old in ready.parent.glob(ready.name + ".*"):
             old.unlink(missing_ok=True)
-        group = self._launch(replica_group, None, None, spare_files=(go, ready))
+        group = self._launch(replica_group, None, None, spare_files=(go, ready),
+                             host=host if host is not None and host.netns else None)
         spare = self.spares[replica_group] = Spare(group, go, ready, self.ranks_per_group)
         return spare
 
@@ -533,7 +542,8 @@ class LocalCluster:
         log_path.write_bytes(b"")
         with open(log_path, "ab") as out:
             if self.ranks_per_group == 1:
-                proc = subprocess.Popen(train_cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                proc = subprocess.Popen(self._on(host, train_cmd), stdout=out,
+                                        stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True)
             elif self.launcher == "torchrun":
                 # --local-addr: the agent gives its ranks MASTER_ADDR=addr (its store itself
@@ -541,20 +551,27 @@ class LocalCluster:
                 cmd = [sys.executable, "-c", TORCHRUN_SCRIPT, "--standalone",
                        f"--local-addr={addr}", f"--nproc-per-node={self.ranks_per_group}",
                        "--no-python", *train_cmd]
-                proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                proc = subprocess.Popen(self._on(host, cmd), stdout=out,
+                                        stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True)
             else:
                 rendezvous = {"MASTER_ADDR": addr, "MASTER_PORT": str(free_port(addr)),
                               "WORLD_SIZE": str(self.ranks_per_group)}
                 for r in range(self.ranks_per_group):
                     rank_procs[r] = subprocess.Popen(
-                        train_cmd, stdout=out, stderr=subprocess.STDOUT,
+                        self._on(host, train_cmd), stdout=out, stderr=subprocess.STDOUT,
                         env={**env, **rendezvous, "RANK": str(r), "LOCAL_RANK": str(r)},
                         start_new_session=True)
                 proc = rank_procs[0]
         return ReplicaGroupProcess(f"replica_group_{replica_group}", proc, log_path,
                                    replica_group=replica_group, faults=list(faults or []),
                                    rank_procs=rank_procs, host=host)
+
+    def _on(self, host: Host | None, cmd: list[str]) -> list[str]:
+        """``cmd`` as run on ``host``: inside its network and UTS namespaces when it has them."""
+        if host is None or not host.netns or self.fabric is None:
+            return cmd
+        return self.fabric.wrap(host.node, cmd)
 
     def wait_for_workers(self, replica_group: int, timeout: float = 60.0) -> dict[int, str]:
         """Wait until every rank of the group printed its WorkerServer URL; returns them."""

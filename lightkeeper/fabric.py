@@ -69,14 +69,6 @@ class FabricError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class NetnsHost(Host):
-    """A :class:`~lightkeeper.cluster.Host` that is a network namespace: ``addr`` is its
-    ``eth0`` address (198.18.0.x), ``netns`` the namespace's name."""
-
-    netns: str = ""
-
-
-@dataclass(frozen=True)
 class Action:
     """What a fault method did: ``ok=False`` with ``error`` when it could not (logged)."""
 
@@ -246,7 +238,7 @@ class Fabric:
         self.ctl_ns = f"{self.prefix}-ctl"
         self.ctl_addr = CTL_ADDR
         self.ctl_name = CTL_NAME
-        self.hosts = [NetnsHost(n, f"{SUBNET}.{FIRST_HOST + i}", f"{self.prefix}-h{i}")
+        self.hosts = [Host(n, f"{SUBNET}.{FIRST_HOST + i}", f"{self.prefix}-h{i}")
                       for i, n in enumerate(nodes)]
         self._by_node = {h.node: (i, h) for i, h in enumerate(self.hosts)}
         self.actions: list[Action] = []
@@ -423,7 +415,7 @@ class Fabric:
         self.close()
 
     # --- reaching into it ------------------------------------------------------------
-    def host(self, node: str) -> NetnsHost:
+    def host(self, node: str) -> Host:
         """The host named ``node`` (ValueError: no such host)."""
         return self._index(node)[1]
 
@@ -541,7 +533,7 @@ class Fabric:
             out += ["partition"] if node in self._partitioned else []
             return out + (["disconnect"] if node in self._disconnected else [])
 
-    def _index(self, node: str) -> tuple[int, NetnsHost]:
+    def _index(self, node: str) -> tuple[int, Host]:
         try:
             return self._by_node[node]
         except KeyError:
