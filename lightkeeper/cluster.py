@@ -107,6 +107,9 @@ while not os.path.exists(go):
 import json
 with open(go) as f:
     placed = json.loads(f.read() or "{}")
+if placed.get("netns"):  # its host is a network namespace: move there first
+    from lightkeeper.fabric import enter_host
+    enter_host(placed["netns"], placed["node"])
 os.environ.update(placed.get("env") or {})
 sys.argv = ["lightkeeper", *sys.argv[3:], *(placed.get("args") or [])]
 sys.exit(lightkeeper.cli.main())
@@ -455,8 +458,16 @@ class LocalCluster:
             env, args = self._host_env(host), self._host_args(host)
             if host is not None and host.addr and self.ranks_per_group > 1:
                 env["MASTER_ADDR"] = host.addr  # the store listens on every address
+            if host is not None and host.netns and self.ranks_per_group > 1:
+                # torchrun's agent hosts its store in the namespace the spare started in, which
+                # its ranks leave: group rank 0 hosts the group's store on its host instead
+                import random
+
+                env.update(MASTER_PORT=str(random.randrange(20000, 30000)),
+                           TORCHELASTIC_USE_AGENT_STORE="False")
             tmp = spare.go_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"at": time.time(), "env": env, "args": args}))
+            place = {"netns": host.netns, "node": host.node} if host and host.netns else {}
+            tmp.write_text(json.dumps({"at": time.time(), "env": env, "args": args, **place}))
             os.replace(tmp, spare.go_file)
             spare.group.warm = True
             spare.group.host = host

@@ -25,6 +25,7 @@ monitor's ``GET /v1/hosts``), or lets it wait when none is free. See docs/demo.m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import os
 import secrets
@@ -73,6 +74,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="hosts beyond one per group, for a group whose host is quarantined "
                         "(default 2: each of the default story's two faulty hosts can be "
                         "replaced; docs/demo.md)")
+    p.add_argument("--hosts", choices=("auto", "netns", "loopback"), default="auto",
+                   help="what a host is: a network namespace of its own on a bridge (netns: "
+                        "needs root and iproute2; network faults need it), a loopback address "
+                        "(loopback), or netns where it can be built (auto, the default)")
     p.add_argument("--one-host", action="store_true",
                    help="run every group on this machine as it is (no NODE_NAME, 127.0.0.1): "
                         "no other host to move to, so host quarantine is off")
@@ -132,7 +137,8 @@ def _sigterm(*_):
 
 # --------------------------------------------------------------------------------------------
 class Demo:
-    def __init__(self, args: argparse.Namespace, scenario: Scenario, report_dir: Path) -> None:
+    def __init__(self, args: argparse.Namespace, scenario: Scenario, report_dir: Path,
+                 fabric=None) -> None:
         from .cluster import LocalCluster
 
         self.args = args
@@ -144,6 +150,7 @@ class Demo:
         self.t0_mono = time.monotonic()
         self.t0_unix = time.time()
         self.tty = sys.stdout.isatty()
+        self.fabric = fabric
         self.cluster = LocalCluster(
             self.logs, num_groups=args.groups, ranks_per_group=args.ranks_per_group,
             steps=args.steps or 1_000_000, step_pause_s=scenario.step_pause_s,
@@ -153,13 +160,17 @@ class Demo:
             extra_env={"LIGHTKEEPER_FAULT_TOKEN": self.token,
                        # the monitor tells an evicted group's other ranks to exit (the kill
                        # reaches only its rank 0): the group is gone, and restarted, sooner
-                       "LIGHTKEEPER_EXIT_TOKEN": self.exit_token})
+                       "LIGHTKEEPER_EXIT_TOKEN": self.exit_token},
+            fabric=fabric)
         from .cluster import HostPool, loopback_hosts
 
         # One host per group plus spares, each with a node name and a loopback address of its
         # own; the supervisor places a restarted group off a quarantined host (None: --one-host)
         self.pool: HostPool | None = None if args.one_host else HostPool(
-            loopback_hosts(args.groups + args.spare_hosts), args.groups)
+            fabric.hosts if fabric else loopback_hosts(args.groups + args.spare_hosts),
+            args.groups)
+        self.net_applied: set[int] = set()      # network faults applied (track index)
+        self._forwards: dict[tuple, int] = {}    # (addr, port) in the fabric -> 127.0.0.1 port
         self.hosts_view: dict | None = None     # the monitor's newest GET /v1/hosts
         self.quarantines: dict[str, float] = {}  # host -> demo seconds it was quarantined
         self.placements: list[dict] = []         # every group start: where, when, why
@@ -318,6 +329,10 @@ class Demo:
                "--lighthouse-join-timeout-ms", str(self.sc.join_timeout_ms),
                "--orphan-grace", "1",  # the exit token: in its environment, not argv
                "--min-replicas", str(max(1, self.args.groups - 1))]
+        if self.fabric:  # on the bridge: the ranks register from their hosts
+            from .fabric import CIDR
+
+            cmd += ["--bind", self.fabric.ctl_addr, "--allow-targets", CIDR]
         cmd += self.quarantine_args()
         if self.args.dry_run:
             cmd.append("--dry-run")
@@ -325,8 +340,8 @@ class Demo:
         self.monitor_proc, self.monitor_url = start_monitor_process(
             cmd, out_path, log_path, env={**os.environ, "LIGHTKEEPER_EXIT_TOKEN": self.exit_token})
         self.procs.append(self.monitor_proc)
-        self.event("monitor", None, self.monitor_url + (" (dry run)" if self.args.dry_run
-                                                        else ""))
+        self.event("monitor", None, self.user_url(self.monitor_url)
+                   + (" (dry run)" if self.args.dry_run else ""))
 
     def quarantine_args(self) -> list[str]:
         """The monitor's host-quarantine flags (docs/demo.md, "Hosts"). Off with --one-host
@@ -370,10 +385,22 @@ class Demo:
             self.event("prometheus", None, self.prom_note)
             return
         self.procs.append(self.prom.proc)
-        self.prom_note = f"{self.prom.url} (config {self.prom.config_path})"
+        self.prom_note = f"{self.user_url(self.prom.url)} (config {self.prom.config_path})"
         self.event("prometheus", None, self.prom_note)
 
     # --- sampling -----------------------------------------------------------------------------
+    def user_url(self, url: str | None) -> str | None:
+        """``url`` as a user on this machine reaches it: on a fabric, through a forward from
+        127.0.0.1 into the job's network (its addresses exist only in its namespaces)."""
+        if not url or self.fabric is None:
+            return url
+        import urllib.parse
+
+        u = urllib.parse.urlsplit(url)
+        if (u.hostname, u.port) not in self._forwards:
+            self._forwards[(u.hostname, u.port)] = self.fabric.forward(u.port, addr=u.hostname)
+        return u._replace(netloc=f"127.0.0.1:{self._forwards[(u.hostname, u.port)]}").geturl()
+
     def state(self, url: str) -> dict | None:
         from .cluster import get_json
 
@@ -419,6 +446,7 @@ class Demo:
         self.poll_lighthouse(t)
         self.poll_monitor()
         self.supervise()
+        self.strike_hosts()
         self.follow_stories()
         self.render()
         if self.keeping:  # --keep-running: neither --duration nor --steps ends it now
@@ -508,6 +536,7 @@ class Demo:
         """Restart any group whose process exited (evicted, crashed), as a scheduler would."""
         if self.stopping:
             return
+        self.drain_quarantined()
         for g, grp in sorted(self.cluster.groups.items()):
             if grp.alive() or (self.args.steps and grp.proc.returncode == 0):
                 continue
@@ -540,6 +569,53 @@ class Demo:
                                        + ("warm spare" if new.warm else "cold start")
                                        + (f", after waiting {self.now() - waited:.1f}s for a "
                                           "free host" if waited is not None else "") + ")")
+
+    def strike_hosts(self) -> None:
+        """Apply each armed network fault to its group's host once the group reaches the
+        fault's step (the fault models the host, so it strikes every rank on it, then)."""
+        from trainer.faults import parse_fault
+
+        for tr in self.tracks:
+            f = parse_fault(tr.record["spec"])
+            g = tr.group
+            if not f.network or tr.index in self.net_applied or tr.done \
+                    or self.restarts.get(g, 0) != tr.incarnation \
+                    or self.group_step(g) < tr.trigger_step or not self.pool:
+                continue
+            self.net_applied.add(tr.index)
+            host = self.pool.host_of(g)
+            if f.kind == "slow_link":
+                act = self.fabric.rate_limit(host.node, f.mbit)
+            elif f.kind == "partition":
+                act = self.fabric.partition(host.node)
+            else:
+                act = self.fabric.disconnect(host.node)
+            if not act.ok:
+                tr.fail("injection failed", f"{f.spec} on {host.node}: {act.error}")
+                self.event("error", g, f"could not apply {f.spec} to {host.node}: {act.error}")
+                continue
+            ranks = {s["group_rank"]: s["rank"] for s in self.latest.get(g) or []}
+            for r in range(self.args.ranks_per_group):
+                self.strikes[(g, tr.incarnation, r, f.spec)] = Strike(
+                    g, tr.incarnation, r, ranks.get(r, g * self.args.ranks_per_group + r),
+                    host.node, f.spec, act.at)
+            self.event("network", g, f"{host.node}: {act.detail}")
+
+    def drain_quarantined(self) -> None:
+        """Stop the processes of a group whose host the monitor quarantined, as a scheduler
+        evicts the pods of a tainted node (NoExecute): a host off the network never hears
+        the Lighthouse's kill, and its group must still move. The supervisor restarts it."""
+        from .cluster import stop_process
+
+        bad = set((self.hosts_view or {}).get("quarantined") or [])
+        for g, grp in sorted(self.cluster.groups.items()):
+            host = self.pool.host_of(g) if self.pool else None
+            if host is None or host.node not in bad or not grp.alive():
+                continue
+            for proc in grp.processes():
+                stop_process(proc, grace=0.0)
+            self.event("drained", g, f"host {host.node} quarantined: its processes stopped, "
+                                     "as a scheduler evicts a tainted node's pods")
 
     def refill_spares(self, wait: bool, timeout: float = 90.0) -> None:
         """Give every group a warm spare (unless --cold-restarts): with the job at its start
@@ -622,7 +698,8 @@ class Demo:
         f = parse_fault(spec)
         tr = FaultTrack(
             len(self.tracks) + 1, replica_group=g, group_rank=f.rank, spec=f.spec, kind=f.kind,
-            trigger_step=f.from_step if f.kind in ("slow", "slow_compute") else f.at_step,
+            trigger_step=f.from_step if f.kind in ("slow", "slow_compute", "slow_link")
+            else f.at_step,
             given=given, armed_at_s=armed_at_s, counting_from_s=self.now(),
             incarnation=self.restarts.get(g, 0), step_at_arming=self.group_step(g),
             ranks_per_group=self.args.ranks_per_group, deadlines=self.deadlines())
@@ -827,9 +904,27 @@ def run(args: argparse.Namespace) -> int:
     except DemoLocked as e:
         print(f"lightkeeper demo: {e}", file=sys.stderr)
         return 1
+    fabric, hosts_note = None, None
+    if not args.one_host and args.hosts != "loopback":
+        fabric, hosts_note = build_fabric(args.groups + args.spare_hosts)
+        if fabric is None and args.hosts == "netns":
+            print(f"lightkeeper demo: --hosts netns: {hosts_note}", file=sys.stderr)
+            os.close(lock)
+            return 2
+    from trainer.faults import NETWORK_KINDS
+
+    network = [p.spec for p in faults if p.kind in NETWORK_KINDS]
+    if network and fabric is None:
+        print(f"lightkeeper demo: {network[0]} is a network fault: it needs hosts that are "
+              f"network namespaces (--hosts netns; {hosts_note or 'not with --one-host'})",
+              file=sys.stderr)
+        os.close(lock)
+        return 2
     report_dir = Path(args.report_dir or tempfile.mkdtemp(prefix="lightkeeper-demo-")).resolve()
     report_dir.mkdir(parents=True, exist_ok=True)
-    demo = Demo(args, sc, report_dir)
+    demo = Demo(args, sc, report_dir, fabric)
+    inside = fabric.entered() if fabric else contextlib.nullcontext()
+    inside.__enter__()  # the demo's own requests reach the job's network
     demo.deadline = args.duration if args.duration is not None else (
         60.0 if not faults and not args.steps else None)
     old_term = signal.signal(signal.SIGTERM, _sigterm)
@@ -837,6 +932,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         print(f"lightkeeper demo: {args.groups} replica groups x {args.ranks_per_group} rank(s); "
               f"report and logs in {report_dir}", flush=True)
+        if hosts_note:
+            print(f"lightkeeper demo: {hosts_note}", flush=True)
+        elif fabric:
+            print(f"lightkeeper demo: hosts are network namespaces "
+                  f"({', '.join(f'{h.node} {h.addr}' for h in fabric.hosts)}; the Lighthouse "
+                  f"and monitor on {fabric.ctl_addr})", flush=True)
         try:
             demo.start()
             demo.run_scenario()
@@ -871,6 +972,9 @@ def run(args: argparse.Namespace) -> int:
                 demo.poll_goodput()  # the ledger's last word, before the monitor stops
             demo.stop()
         finally:
+            inside.__exit__(None, None, None)
+            if fabric:
+                fabric.close()  # after its processes: nothing is left inside
             signal.signal(signal.SIGTERM, old_term)
             os.close(lock)
     summary = write_report(demo, report_dir, final=True)
@@ -884,17 +988,36 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
+def build_fabric(hosts: int):
+    """(a fabric of ``hosts`` namespaced hosts, None) or (None, the one line that says why not
+    and that loopback addresses stand in)."""
+    from .fabric import Fabric, FabricError
+
+    why = Fabric.unavailable()
+    if why is None:
+        Fabric.sweep_stale()  # what a killed earlier run left
+        try:
+            return Fabric.create([f"node-{i}" for i in range(hosts)]), None
+        except FabricError as e:
+            why = str(e).splitlines()[0]
+    return None, f"hosts are loopback addresses, not network namespaces ({why})"
+
+
 def print_keep_running(demo: Demo) -> None:
     lines = ["", f"the cluster keeps running (Ctrl-C or SIGTERM to PID {os.getpid()} stops it); "
                  f"report so far in {demo.dir}. Try:",
-             f"  curl {demo.monitor_url}/v1/cluster",
-             f"  curl {demo.monitor_url}/v1/findings",
-             f"  curl {demo.monitor_url}/v1/evictions",
-             f"  open {demo.monitor_url}/   (monitor overview)",
-             f"  Lighthouse status: {demo.cluster.lighthouse_url}/status"]
+             f"  curl {demo.user_url(demo.monitor_url)}/v1/cluster",
+             f"  curl {demo.user_url(demo.monitor_url)}/v1/findings",
+             f"  curl {demo.user_url(demo.monitor_url)}/v1/evictions",
+             f"  open {demo.user_url(demo.monitor_url)}/   (monitor overview)",
+             f"  Lighthouse status: {demo.user_url(demo.cluster.lighthouse_url)}/status"]
     for g, grp in sorted(demo.cluster.groups.items()):
         for r, u in sorted(grp.worker_urls.items()):
-            lines.append(f"  curl {u}/v1/state      # group {g} rank {r}")
+            lines.append(f"  curl {demo.user_url(u)}/v1/state      # group {g} rank {r}")
+    if demo.fabric:
+        lines.append(f"  (hosts are network namespaces {demo.fabric.ctl_ns} and "
+                     f"{', '.join(h.netns for h in demo.fabric.hosts)}: these URLs are forwards "
+                     "into them; `ip netns exec <ns> ...` reaches the rest)")
     lines.append(f"  Prometheus: {demo.prom_note or 'not started'}")
     lines.append("  Grafana: import the dashboards from dashboards/generated/ with that Prometheus "
                  "as data source (see docs/dashboards.md or `lightkeeper dashboards --help`)")

@@ -48,6 +48,7 @@ from lightkeeper.cluster import Host
 log = logging.getLogger(__name__)
 
 SUBNET = "198.18.0"
+CIDR = f"{SUBNET}.0/24"  # every address of a fabric, inside its own namespaces
 CTL_ADDR = f"{SUBNET}.1"
 CTL_NAME = "lightkeeper-ctl"
 FIRST_HOST = 10
@@ -59,6 +60,7 @@ NAME_RE = re.compile(r"^lkf-(\d+)-(\d+)-(ctl|h\d+|probe)$")
 _LINK_RE = re.compile(r"^\d+: ([^:@]+)(?:@[^:]*)?: <([^>]*)>", re.M)  # ip -o link show
 _NODE_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?$")
 CLONE_NEWNET = 0x40000000
+CLONE_NEWUTS = 0x04000000
 # Sets the hostname in the new UTS namespace, then becomes the command (no extra process).
 _HOSTNAME_SH = 'echo "$0" > /proc/sys/kernel/hostname && exec "$@"'
 _counter = itertools.count()
@@ -104,6 +106,22 @@ def _libc_setns():
     fn = libc.setns
     fn.argtypes = [ctypes.c_int, ctypes.c_int]
     return fn
+
+
+def enter_host(netns: str, node: str) -> None:
+    """Move the calling thread into host ``netns``'s network namespace, in a UTS namespace of
+    its own named ``node``: a warm spare, started before its host was known, taking its place.
+    Threads and processes it starts then are on that host. Raises OSError if it cannot."""
+    fd = os.open(f"/var/run/netns/{netns}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _setns(fd)
+    finally:
+        os.close(fd)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWUTS) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare(CLONE_NEWUTS): {os.strerror(err)}")
+    socket.sethostname(node)
 
 
 def _setns(fd: int) -> None:

@@ -91,6 +91,9 @@ def parse_inject(value: str, groups: int, ranks_per_group: int) -> FaultPlan:
                          f"(0..{ranks_per_group - 1}; --ranks-per-group)")
     try:
         fault = parse_fault(spec)
+        if fault.network and rank is not None:
+            raise FaultSpecError(f"{fault.kind} strikes the group's host, every rank on it: "
+                                 f"give GROUP, not GROUP.RANK")
         if rank is not None and fault.rank is not None and fault.rank != rank:
             raise FaultSpecError(f"the placement says rank {rank}, the spec rank={fault.rank}")
         if rank is not None and fault.rank is None:

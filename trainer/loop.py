@@ -48,6 +48,17 @@ def train(cfg: TrainConfig) -> int:
     from worker_server import RankIdentity, RankState, WorkerServer
     from worker_server.instrument import instrument_fsdp
 
+    class AdvertisedHTTPTransport(HTTPTransport):
+        """torchft's checkpoint transport, fetched from at ``host`` (torchft: the hostname)."""
+
+        def __init__(self, host: str, **kw) -> None:
+            self._advertised = host  # (torchft's __init__ may already ask for the address)
+            super().__init__(**kw)
+
+        def address(self) -> str:
+            port = self._server.socket.getsockname()[1]
+            return f"http://{self._advertised}:{port}/checkpoint/"
+
     from .model import TinyTransformerLM, synthetic_batch
     from .parallel import (
         flat_local_grads,
@@ -67,11 +78,13 @@ def train(cfg: TrainConfig) -> int:
     use_cuda = torch.cuda.is_available()
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if use_cuda else "cpu")
 
+    advertise = advertised_address(cfg.worker_host)
+    url_host = f"[{advertise}]" if ":" in advertise else advertise  # IPv6 literal in a URL
     # The group's TCPStore: torchrun's agent hosts it, else group rank 0 (torch's env://
     # convention), else a lone rank hosts its own. Waiting for it is bounded.
     try:
         gstore = group_store(group_rank, group_world_size, cfg.connect_timeout_s,
-                             advertise=advertised_address(cfg.worker_host))
+                             advertise=advertise)
     except StoreUnavailable as e:
         sys.stderr.write(f"lightkeeper train: error: {e}\n")
         return 1
@@ -136,6 +149,9 @@ def train(cfg: TrainConfig) -> int:
         # middle of that. A synchronous quorum reads it at the step boundary, while sharded.
         use_async_quorum=group_world_size == 1,
         lighthouse_addr=cfg.lighthouse,
+        # every address other hosts use is the one this rank binds, not its hostname, which
+        # another host may not resolve (the Lighthouse's kill, a healing peer's fetch)
+        hostname=url_host,
         store_addr=gstore.addr,
         store_port=gstore.port,
         rank=group_rank,
@@ -143,8 +159,8 @@ def train(cfg: TrainConfig) -> int:
         timeout=timedelta(seconds=cfg.pg_timeout_s),
         quorum_timeout=timedelta(seconds=cfg.quorum_timeout_s),
         connect_timeout=timedelta(seconds=cfg.connect_timeout_s),
-        checkpoint_transport=HTTPTransport(timeout=timedelta(seconds=cfg.pg_timeout_s),
-                                           num_chunks=0),
+        checkpoint_transport=AdvertisedHTTPTransport(
+            url_host, timeout=timedelta(seconds=cfg.pg_timeout_s), num_chunks=0),
     )
     if server is not None:
         server.attach(manager)
