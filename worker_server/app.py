@@ -1,8 +1,9 @@
 """Flask app factory for the WorkerServer: thin, read-only routes over plain functions.
 
-Every debug route is GET-only; the two routes that change state, fault injection and exit (a
-monitor ending a rank of an evicted group), are off unless the process opts in with a handler and
-a token. An unknown path or a bad parameter answers 4xx with a JSON error;
+Every debug route is GET-only; the routes that act, fault injection, exit (a monitor ending a
+rank of an evicted group), abort (failing a collective blocked on a dead peer) and probe (the rank
+opening connections to its peers), are off unless the process opts in with a token (and, for
+the first three, a handler). An unknown path or a bad parameter answers 4xx with a JSON error;
 an endpoint that fails inside answers 500 with the reason, and the server keeps serving.
 """
 
@@ -18,6 +19,7 @@ from werkzeug.exceptions import HTTPException
 
 from http_serving import bearer_token_matches
 
+from .abort import NothingToAbort, abort_request
 from .flight_recorder import (
     FlightRecorderNotAvailable,
     IncarnationTracker,
@@ -26,6 +28,7 @@ from .flight_recorder import (
 )
 from .metrics import WorkerMetrics
 from .packed import state_packed
+from .probe import DEFAULT_BYTES, MAX_BYTES, payload, probe_peers, probe_request
 from .stacks import format_stacks, thread_stacks
 from .state import RankState
 
@@ -164,11 +167,14 @@ def create_app(
     fault_token: str | None = None,
     exit_handler: Callable[[str], Any] | None = None,
     exit_token: str | None = None,
+    abort_handler: Callable[[str, int | None], dict] | None = None,
 ) -> Flask:
     """The WorkerServer's routes. ``fault_handler`` + ``fault_token`` opt in to ``POST
     /v1/faults`` (fault injection for tests and the demo), ``exit_handler`` + ``exit_token`` to
-    ``POST /v1/exit`` (the process ends: a monitor finishing an eviction); without both a route
-    answers 403."""
+    ``POST /v1/exit`` (the process ends: a monitor finishing an eviction), ``abort_handler`` +
+    ``exit_token`` to ``POST /v1/abort`` (the cross-group process group is aborted, the process
+    goes on) and ``exit_token`` alone to ``POST /v1/probe``; without them a route answers 403.
+    ``GET /v1/probe/payload`` is read-only and always served."""
     app = Flask("lightkeeper.worker_server")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY  # 413 beyond it (a fault spec is a short line)
     metrics = metrics or WorkerMetrics(state)
@@ -247,6 +253,53 @@ def create_app(
         reason = body.get("reason") if isinstance(body, dict) else None
         exit_handler(reason if isinstance(reason, str) else "POST /v1/exit")
         return jsonify(exiting=True, pid=state.identity.pid, rank=state.identity.rank), 202
+
+    def token_refusal(what: str, handler_ok: bool = True):
+        """403 while the route is off, 401 without the exit token; None when allowed."""
+        if not handler_ok or not exit_token:
+            return jsonify(error=f"{what} is disabled on this rank (start it with "
+                                 "LIGHTKEEPER_EXIT_TOKEN set to let a monitor use it)",
+                           status=403), 403
+        if not bearer_matches(exit_token):
+            return jsonify(error="missing or wrong bearer token", status=401), 401
+        return None
+
+    @app.post("/v1/abort")
+    def v1_abort():
+        refused = token_refusal("abort", abort_handler is not None)
+        if refused:
+            return refused
+        try:
+            reason, decision = abort_request(request.get_json(silent=True))
+        except ValueError as e:
+            raise BadParameter(str(e)) from None
+        try:
+            return jsonify(abort_handler(reason, decision)), 202
+        except NothingToAbort as e:
+            return jsonify(error=f"nothing to abort: {e}", status=409), 409
+
+    @app.post("/v1/probe")
+    def v1_probe():
+        refused = token_refusal("probing peers")
+        if refused:
+            return refused
+        try:
+            req = probe_request(request.get_json(silent=True))
+        except ValueError as e:
+            raise BadParameter(str(e)) from None
+        ident = state.identity
+        return jsonify({"from": {"worker_url": state.worker_url, "host": ident.host,
+                                 "node": ident.host, "hostname": state.hostname,
+                                 "rank": ident.rank, "replica_group": ident.replica_group},
+                        "bytes": req.nbytes, "timeout_s": req.timeout_s,
+                        "results": probe_peers(req)})
+
+    @app.get("/v1/probe/payload")
+    def v1_probe_payload():
+        n = int_param("bytes", 0, MAX_BYTES)
+        n = DEFAULT_BYTES if n is None else n
+        return Response(payload(n), mimetype="application/octet-stream",
+                        headers={"Content-Length": str(n), "Cache-Control": "no-store"})
 
     @app.errorhandler(BadParameter)
     def bad_parameter(e: BadParameter):

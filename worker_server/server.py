@@ -6,7 +6,9 @@ Two lines in any torchft training script, right after creating the ``Manager``::
     server = WorkerServer.start(manager, replica_group=int(os.environ["REPLICA_GROUP_ID"]))
 
 It binds 127.0.0.1 on an ephemeral port unless told otherwise (``host``/``port`` or
-``LIGHTKEEPER_WORKER_HOST`` / ``LIGHTKEEPER_WORKER_PORT``) and serves read-only endpoints.
+``LIGHTKEEPER_WORKER_HOST`` / ``LIGHTKEEPER_WORKER_PORT``) and serves read-only endpoints;
+``LIGHTKEEPER_EXIT_TOKEN`` enables the monitor's actions on the rank (``POST /v1/exit``,
+``/v1/abort``, ``/v1/probe``).
 With ``LIGHTKEEPER_MONITOR=URL`` set it registers itself with that monitor and keeps
 re-registering, so a restarted monitor finds it again; a monitor that is down only delays that.
 """
@@ -23,6 +25,7 @@ import requests
 
 from http_serving import BackgroundWSGIServer
 
+from .abort import GlooConnections, abort_cross_group, watch_manager
 from .app import create_app
 from .flight_recorder import IncarnationTracker, fr_dump
 from .instrument import instrument_manager
@@ -72,7 +75,8 @@ class WorkerServer:
         self.app = create_app(state, self.tracker, self.metrics, fr_dumper=fr_dumper,
                               fault_handler=fault_handler, fault_token=fault_token,
                               exit_handler=exit_process if exit_token else None,
-                              exit_token=exit_token)
+                              exit_token=exit_token,
+                              abort_handler=self.abort if exit_token else None)
         # waitress: a real WSGI server with a small thread pool; one slow /v1/fr_trace does not
         # block /healthz or /v1/stacks.
         self._http = BackgroundWSGIServer(self.metrics.count_cpu(self.app), host=host, port=port,
@@ -82,6 +86,9 @@ class WorkerServer:
         self._stop = threading.Event()
         self._register_thread: threading.Thread | None = None
         self.autostarted = False  # started by lightkeeper run's hook, not by the job's code
+        # the Manager POST /v1/abort acts on (the last attached) and its gloo group's sockets
+        self._manager: Any = None
+        self._connections: GlooConnections | None = None
 
     @classmethod
     def start(cls, manager: Any = None, *, replica_group: int | None = None,
@@ -140,8 +147,24 @@ class WorkerServer:
 
     def attach(self, manager: Any) -> None:
         """Instrument a torchft Manager created after the server started; never raises (what
-        cannot be instrumented is said in one line on stderr, the rest is served)."""
+        cannot be instrumented is said in one line on stderr, the rest is served). It is also
+        the Manager ``POST /v1/abort`` acts on (:meth:`abort`)."""
         instrument_manager(manager, self.state, self.tracker)
+        connections = watch_manager(manager)
+        try:
+            self._manager = weakref.ref(manager)  # the server must not keep a Manager alive
+        except TypeError:
+            self._manager = lambda m=manager: m
+        self._connections = connections
+
+    def abort(self, reason: str, decision: int | None = None) -> dict[str, Any]:
+        """``POST /v1/abort``: fail a collective blocked in the attached Manager's cross-group
+        process group now (:func:`worker_server.abort.abort_cross_group`); the process goes on.
+        Raises :class:`~worker_server.abort.NothingToAbort` when no Manager is attached."""
+        manager = self._manager() if self._manager is not None else None
+        result = abort_cross_group(manager, reason, decision, self._connections)
+        return {**result.as_dict(), "aborted": True, "reason": reason, "decision": decision,
+                "pid": self.state.identity.pid, "rank": self.state.identity.rank}
 
     def register_with(self, monitor_url: str, token: str | None = None) -> None:
         """Keep this rank registered with a monitor (``POST {monitor}/v1/targets``) with its

@@ -1,0 +1,279 @@
+"""``POST /v1/abort`` and the function behind it, fast: the route's opt-in, token and body
+checks; :func:`abort_cross_group` per torchft process-group type; the gloo connection recorder
+on real sockets. A real job (Lighthouse, 3 groups, a SIGSTOPped peer) is in
+tests/test_rank_abort_e2e.py.
+
+The Manager here is a fake (``FakeManager``): a real one needs a Lighthouse and a store, and the
+function reads only its process group, quorum id and step and calls ``report_error``. The
+process groups are torchft's own classes, unconfigured (no peers); the Baby group's subprocess
+is a real process, killed for real.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import socket
+import time
+from datetime import timedelta
+
+import pytest
+import requests
+
+from lightkeeper.cluster import wait_until
+from worker_server import RankIdentity, RankState, WorkerServer
+from worker_server.abort import (
+    GlooConnections,
+    NothingToAbort,
+    abort_cross_group,
+    abort_request,
+)
+from worker_server.app import create_app
+
+TOKEN = "abort-unit-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class FakeManager:
+    """A stand-in for torchft's Manager (see the module doc)."""
+
+    def __init__(self, pg, step: int = 7, quorum_id: int = 3) -> None:
+        self._pg, self._step, self._quorum_id = pg, step, quorum_id
+        self.reported: list[Exception] = []
+
+    def current_step(self) -> int:
+        return self._step
+
+    def report_error(self, e: Exception) -> None:
+        self.reported.append(e)
+
+
+def client(**kwargs):
+    state = RankState(RankIdentity(replica_group=1, group_rank=0, group_world_size=1))
+    return create_app(state, **kwargs).test_client()
+
+
+# --- the route ---------------------------------------------------------------------------
+
+def test_route_is_off_without_the_exit_token_and_refuses_a_wrong_one():
+    calls = []
+
+    def handler(reason, decision):
+        calls.append((reason, decision))
+        return {"aborted": True}
+
+    body = {"reason": "peer gone", "decision": 5}
+    assert client().post("/v1/abort", json=body).status_code == 403
+    assert client(abort_handler=handler).post("/v1/abort", json=body).status_code == 403
+    c = client(abort_handler=handler, exit_token=TOKEN)
+    assert c.post("/v1/abort", json=body).status_code == 401
+    assert c.post("/v1/abort", json=body,
+                  headers={"Authorization": "Bearer nope"}).status_code == 401
+    assert c.get("/v1/abort").status_code == 405  # never a GET
+    assert calls == []
+    r = c.post("/v1/abort", json=body, headers=AUTH)
+    assert r.status_code == 202 and r.get_json() == {"aborted": True}
+    assert calls == [("peer gone", 5)]
+
+
+@pytest.mark.parametrize("body", [None, [], {}, {"reason": ""}, {"reason": 3},
+                                  {"reason": "x" * 1001}, {"reason": "r", "decision": "7"},
+                                  {"reason": "r", "decision": True},
+                                  {"reason": "r", "decision": 1.5}])
+def test_bad_bodies_are_400_and_abort_nothing(body):
+    calls = []
+    c = client(abort_handler=lambda *a: calls.append(a), exit_token=TOKEN)
+    r = c.post("/v1/abort", json=body, headers=AUTH)
+    assert r.status_code == 400 and r.get_json()["error"], r.get_json()
+    assert calls == []
+
+
+def test_body_contract():
+    assert abort_request({"reason": " peer gone "}) == ("peer gone", None)
+    assert abort_request({"reason": "r", "decision": None}) == ("r", None)
+    assert abort_request({"reason": "r", "decision": 12}) == ("r", 12)
+
+
+def test_a_worker_server_without_a_manager_answers_409_over_http():
+    srv = WorkerServer(RankState(RankIdentity()), exit_token=TOKEN).serve()
+    try:
+        r = requests.post(srv.url + "/v1/abort", json={"reason": "r"}, headers=AUTH, timeout=5)
+        assert r.status_code == 409
+        assert r.json()["error"] == ("nothing to abort: no torchft Manager is attached to this "
+                                     "WorkerServer")
+        # without LIGHTKEEPER_EXIT_TOKEN the route is off, as /v1/exit is
+        off = WorkerServer(RankState(RankIdentity())).serve()
+        try:
+            r = requests.post(off.url + "/v1/abort", json={"reason": "r"}, headers=AUTH, timeout=5)
+            assert r.status_code == 403 and "LIGHTKEEPER_EXIT_TOKEN" in r.json()["error"]
+        finally:
+            off.stop()
+    finally:
+        srv.stop()
+
+
+# --- abort_cross_group per process-group type --------------------------------------------
+
+def test_nothing_to_abort_without_a_manager_or_a_group():
+    with pytest.raises(NothingToAbort, match="no torchft Manager"):
+        abort_cross_group(None, "r")
+    with pytest.raises(NothingToAbort, match="no process group"):
+        abort_cross_group(FakeManager(None), "r")
+
+
+def _sleeper():
+    time.sleep(120)
+
+
+def test_baby_group_its_subprocess_is_killed_through_a_wrapper(caplog):
+    from torchft.process_group import ErrorSwallowingProcessGroupWrapper, ProcessGroupBabyGloo
+
+    baby = ProcessGroupBabyGloo(timeout=timedelta(seconds=60))
+    baby._p = multiprocessing.get_context("fork").Process(target=_sleeper, daemon=True)
+    baby._p.start()
+    try:
+        manager = FakeManager(ErrorSwallowingProcessGroupWrapper(baby))
+        with caplog.at_level(logging.WARNING, logger="worker_server.abort"):
+            res = abort_cross_group(manager, "host of group 2 unreachable", 41)
+        assert res.pg == "ProcessGroupBabyGloo" and res.mechanism == "baby_killed"
+        assert f"pid {baby._p.pid}" in res.detail and "will not commit" in res.detail
+        assert (res.quorum_id, res.step) == (3, 7)
+        wait_until(lambda: not baby._p.is_alive(), 10, what="the baby to die")
+        [err] = manager.reported
+        assert str(err) == "aborted by Lightkeeper: host of group 2 unreachable (decision 41)"
+        [line] = [r.getMessage() for r in caplog.records]
+        assert "decision 41: host of group 2 unreachable: killed the group's subprocess" in line
+        # nothing left to kill: the error is still reported
+        again = abort_cross_group(manager, "again")
+        assert again.mechanism == "report_only" and len(manager.reported) == 2
+    finally:
+        baby._p.kill()
+        baby._p.join(10)
+
+
+def test_gloo_group_whose_connections_are_unknown_reports_only():
+    from torchft.process_group import ProcessGroupGloo
+
+    manager = FakeManager(ProcessGroupGloo(timeout=timedelta(seconds=60)))
+    res = abort_cross_group(manager, "r", connections=GlooConnections())
+    assert res.mechanism == "report_only"
+    assert "ends at the process group's timeout (60 s)" in res.detail
+    assert len(manager.reported) == 1
+
+
+def test_nccl_group_is_aborted_through_torchft(monkeypatch):
+    import torch
+    from torchft.process_group import ProcessGroupNCCL
+
+    # a CPU build of torch has no NCCL: claim one recent enough to take torchft's abort path
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 26))
+    monkeypatch.setenv("TORCH_NCCL_NONBLOCKING_TIMEOUT", "60")
+    pg = ProcessGroupNCCL(timeout=timedelta(seconds=60))
+    res = abort_cross_group(FakeManager(pg), "r")
+    assert res.mechanism == "pg_abort" and res.pg == "ProcessGroupNCCL"
+    assert isinstance(pg.errored(), RuntimeError)  # what torchft's should_commit reads
+
+
+def test_another_group_type_reports_only_and_a_failing_report_is_said():
+    from torchft.process_group import ProcessGroupDummy
+
+    class Refusing(FakeManager):
+        def report_error(self, e):
+            raise RuntimeError("manager shut down")
+
+    res = abort_cross_group(Refusing(ProcessGroupDummy(0, 1)), "r")
+    assert res.mechanism == "report_only" and "ProcessGroupDummy cannot be aborted" in res.detail
+    assert "reporting to the Manager failed (RuntimeError: manager shut down)" in res.detail
+
+
+# --- the gloo connection recorder, on real sockets ---------------------------------------
+
+class FakeGlooGroup:
+    """Stands in for torchft's ProcessGroupGloo, whose ``_create_pg`` opens a listener and the
+    group's connections (the real one is in the e2e test). Meanwhile another server of the
+    process accepts a connection on a listener that was there before."""
+
+    def __init__(self, peer: socket.socket, other_server: socket.socket) -> None:
+        self.peer, self.other_server = peer, other_server
+        self.opened: dict[str, socket.socket] = {}
+
+    def _create_pg(self, *args):
+        o = self.opened
+        o["listener"] = socket.create_server(("127.0.0.1", 0))
+        o["out"] = socket.create_connection(self.peer.getsockname())
+        o["in_client"] = socket.create_connection(o["listener"].getsockname())
+        o["in"], _ = o["listener"].accept()
+        o["other"], _ = self.other_server.accept()  # a WorkerServer poll, say
+        return "the c10d group"
+
+
+def test_connections_opened_by_create_pg_are_shut_down_and_nothing_else():
+    peer = socket.create_server(("127.0.0.1", 0))
+    other_server = socket.create_server(("127.0.0.1", 0))
+    other_client = socket.create_connection(other_server.getsockname())
+    group = FakeGlooGroup(peer, other_server)
+    conns = GlooConnections()
+    assert conns.hook(group) and conns.hook(group)  # hooked once
+    assert not conns.recorded
+    assert group._create_pg("store", 0, 3) == "the c10d group"
+    assert conns.recorded
+    o = group.opened
+    peer_side, _ = peer.accept()
+    o["in_client"].close()  # closed since: its descriptor is not touched again
+
+    assert conns.shutdown() == 2  # "out" and "in"
+    peer_side.settimeout(5)
+    assert peer_side.recv(1) == b""  # the peer sees the connection end
+    o["in"].settimeout(5)
+    assert o["in"].recv(1) == b""
+    other_client.sendall(b"x")  # the other server's connection lives on
+    o["other"].settimeout(5)
+    assert o["other"].recv(1) == b"x"
+    probe = socket.create_connection(o["listener"].getsockname())  # the listener too
+    accepted, _ = o["listener"].accept()
+    for s in (peer, other_server, other_client, peer_side, probe, accepted, *o.values()):
+        s.close()
+
+
+def test_recording_never_fails_the_group(monkeypatch):
+    from worker_server import abort
+
+    class Group:
+        def _create_pg(self):
+            return "pg"
+
+    conns = GlooConnections()
+    conns.hook(g := Group())
+    monkeypatch.setattr(abort, "socket_fds", lambda: 1 / 0)
+    assert g._create_pg() == "pg" and not conns.recorded
+    assert not GlooConnections().hook(object())  # nothing to hook
+
+
+def test_abort_of_a_gloo_group_shuts_its_recorded_connections(caplog):
+    from torchft.process_group import ProcessGroupGloo
+
+    peer = socket.create_server(("127.0.0.1", 0))
+    other = socket.create_server(("127.0.0.1", 0))
+    group = FakeGlooGroup(peer, other)
+    other_client = socket.create_connection(other.getsockname())
+    conns = GlooConnections()
+    conns.hook(group)
+    group._create_pg()
+    res = abort_cross_group(FakeManager(ProcessGroupGloo()), "peer gone", None, conns)
+    assert res.mechanism == "gloo_connections"
+    assert res.detail.startswith("shut down 3 connection(s) of the gloo group")
+    for s in (peer, other, other_client, *group.opened.values()):
+        s.close()
+
+
+def test_watch_manager_hooks_a_gloo_group_once():
+    from torchft.process_group import ProcessGroupDummy, ProcessGroupGloo
+
+    from worker_server.abort import watch_manager
+
+    manager = FakeManager(ProcessGroupGloo())
+    first = watch_manager(manager)
+    assert watch_manager(manager) is first  # attached twice: the recorder already watching
+    assert manager._pg._create_pg._lightkeeper_conns is first
+    other = watch_manager(FakeManager(ProcessGroupDummy(0, 1)))
+    assert not other.recorded and other.shutdown() == 0

@@ -1,0 +1,104 @@
+"""``POST /v1/abort`` on a real torchft job: a peer whose host drops off the network, and the
+survivors let out of the cross-group all_reduce long before the process group's timeout.
+
+A real Lighthouse and 3 one-rank replica groups training over torchft's ``ProcessGroupGloo``
+(60 s timeout). Group 2 is told (``POST /v1/faults``) to hang before its all_reduce of a step a
+few ahead, so groups 0 and 1 block in that all_reduce, then its process is SIGSTOPped: its
+heartbeats stop and its TCP connections stay open, as when a host drops off the network. Without
+the token the abort is refused and the survivors stay blocked; with it they fail the collective,
+do not commit that step, and commit again in a quorum of two, the same processes throughout.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import requests
+
+from lightkeeper.cluster import LocalCluster, stop_process, wait_until
+from tests.support.workers import try_state
+
+pytestmark = pytest.mark.e2e
+
+EXIT_TOKEN = "abort-e2e-exit"
+FAULT_TOKEN = "abort-e2e-faults"
+PG_TIMEOUT_S = 60.0
+
+
+def post(url: str, path: str, body: dict, token: str | None) -> requests.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return requests.post(url + path, json=body, headers=headers, timeout=10)
+
+
+def test_abort_lets_survivors_out_of_a_collective_on_a_stopped_peer(tmp_path):
+    c = LocalCluster(tmp_path, num_groups=3, steps=100_000, pg_timeout_s=PG_TIMEOUT_S,
+                     heartbeat_timeout_ms=2000, join_timeout_ms=3000,
+                     extra_env={"LIGHTKEEPER_EXIT_TOKEN": EXIT_TOKEN,
+                                "LIGHTKEEPER_FAULT_TOKEN": FAULT_TOKEN})
+    victim = None
+    try:
+        c.start(timeout=120)
+        urls = {g: c.groups[g].worker_urls[0] for g in range(3)}
+        survivors = [urls[0], urls[1]]
+
+        def all_three():
+            states = [try_state(u) for u in urls.values()]
+            return states if all(s and s["num_participants"] == 3 and s["commits"] >= 2
+                                 for s in states) else None
+
+        wait_until(all_three, 120, interval=0.3, what="3 groups committing in one quorum")
+        at = max(try_state(u)["step"] for u in urls.values()) + 5
+        r = post(urls[2], "/v1/faults", {"spec": f"hang:at_step={at}"}, FAULT_TOKEN)
+        assert r.status_code == 200, r.text
+
+        def blocked(min_s: float):
+            states = [try_state(u) for u in survivors]
+            return states if all(s and s["step"] == at and s["timing"]["waiting"]
+                                 and s["timing"]["waiting"]["scope"] == "cross"
+                                 and s["timing"]["waiting"]["seconds"] >= min_s
+                                 for s in states) else None
+
+        before = wait_until(lambda: blocked(0.5), 60, interval=0.2,
+                            what=f"groups 0 and 1 blocked in the all_reduce of step {at}")
+        blocked_since = time.monotonic() - max(s["timing"]["waiting"]["seconds"] for s in before)
+        victim = c.groups[2].proc
+        os.kill(victim.pid, signal.SIGSTOP)  # its host is gone: no heartbeat, sockets open
+
+        body = {"reason": "group 2's host is unreachable", "decision": 41}
+        for u in survivors:
+            assert post(u, "/v1/abort", body, None).status_code == 401
+            assert post(u, "/v1/abort", body, "wrong").status_code == 401
+        # refused: still blocked in the same all_reduce, seconds later
+        wait_until(lambda: blocked(3.0), 10, interval=0.2, what="the survivors still blocked")
+
+        for u in survivors:
+            r = post(u, "/v1/abort", body, EXIT_TOKEN)
+            assert r.status_code == 202, r.text
+            done = r.json()
+            assert done["aborted"] is True and done["decision"] == 41, done
+            assert done["pg"] == "ProcessGroupGloo", done
+            assert done["mechanism"] == "gloo_connections", done
+
+        def committing_without_group_2():
+            states = [try_state(u) for u in survivors]
+            return states if all(s and s["step"] > at and s["num_participants"] == 2
+                                 for s in states) else None
+
+        after = wait_until(committing_without_group_2, 25, interval=0.2,
+                           what="the survivors committing again in a quorum of two")
+        # well inside the 60 s the all_reduce would otherwise have waited
+        assert time.monotonic() - blocked_since < PG_TIMEOUT_S - 20
+        for g, (b, a) in enumerate(zip(before, after, strict=True)):
+            proc = c.groups[g].proc
+            assert a["pid"] == b["pid"] == proc.pid and proc.poll() is None  # not restarted
+            assert a["commit_failures"] > b["commit_failures"]  # the aborted step did not commit
+            log = c.groups[g].log()
+            assert log.count("abort of the cross-group process group") == 1, log[-3000:]
+            assert "decision 41: group 2's host is unreachable" in log
+    finally:
+        if victim is not None:
+            stop_process(victim, grace=0)  # SIGKILL ends a stopped process too
+        c.stop()
