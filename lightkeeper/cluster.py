@@ -482,7 +482,11 @@ class LocalCluster:
 
     @staticmethod
     def _host_env(host: Host | None) -> dict[str, str]:
-        return {} if host is None else {"NODE_NAME": host.node}
+        if host is None:
+            return {}
+        # gloo takes its address from the hostname, which a spare that moved into the host's
+        # namespace cannot resolve: name the interface instead
+        return {"NODE_NAME": host.node, **({"GLOO_SOCKET_IFNAME": "eth0"} if host.netns else {})}
 
     @staticmethod
     def _host_args(host: Host | None) -> list[str]:

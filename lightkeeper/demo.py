@@ -42,6 +42,7 @@ from .faulttrack import Deadlines, FaultTrack, Observation, Strike, finding_culp
 from .scenario import FaultPlan, Scenario, default_faults, parse_inject
 
 LOCK_NAME = "lightkeeper-demo.lock"
+DRAIN_GRACE_S = 5.0  # a group on a quarantined host still running this long after: drained
 TICK_S = 0.5
 LEDGER_WAIT_S = Scenario.ledger_wait_s  # the default wait for the ledger's back-at-pace verdicts
 
@@ -611,6 +612,9 @@ class Demo:
         for g, grp in sorted(self.cluster.groups.items()):
             host = self.pool.host_of(g) if self.pool else None
             if host is None or host.node not in bad or not grp.alive():
+                continue
+            # as a NoExecute taint's toleration: an evicted group exits by itself first
+            if self.now() - self.quarantines.get(host.node, self.now()) < DRAIN_GRACE_S:
                 continue
             for proc in grp.processes():
                 stop_process(proc, grace=0.0)
