@@ -203,3 +203,34 @@ def test_one_host_restarts_in_place_with_no_host_given(tmp_path):
     assert demo.cluster.started == [(2, None)] and not demo.waiting
     assert demo.events[-1]["detail"] == ("process exited (1); supervisor restarted it "
                                          "(restart 1, warm spare)")
+
+
+def test_a_group_still_running_on_a_quarantined_host_is_drained_then_restarted(tmp_path):
+    """A host off the network never hears the Lighthouse's kill: once its quarantine is older
+    than the drain grace, the supervisor stops its group's processes (a real process here) as a
+    scheduler evicts a tainted node's pods, and restarts the group on a spare."""
+    import subprocess
+    import sys
+
+    from lightkeeper import demo as demo_mod
+
+    demo = Demo(_args("--spare-hosts", "1"), Scenario(), tmp_path)
+    demo.cluster = _Cluster(3)
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        demo.cluster.groups[0] = demo.cluster.groups[1] = argparse.Namespace(alive=lambda: True)
+        demo.cluster.groups[2] = argparse.Namespace(alive=lambda: proc.poll() is None,
+                                                    processes=lambda: [proc], proc=proc)
+        demo.hosts_view = {"quarantined": ["node-2"]}
+        demo.quarantines["node-2"] = demo.now()  # just now: an evicted group exits by itself
+        demo.supervise()
+        assert proc.poll() is None and demo.cluster.started == []
+        demo.quarantines["node-2"] = demo.now() - demo_mod.DRAIN_GRACE_S
+        demo.supervise()
+        assert proc.poll() is not None  # stopped by PID
+        assert demo.cluster.started == [(2, Host("node-3", "127.0.0.5"))]
+        assert any(e["kind"] == "drained" and "node-2" in e["detail"] for e in demo.events)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()

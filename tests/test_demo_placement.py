@@ -25,6 +25,8 @@ from lightkeeper.scenario import FaultPlan, default_faults, parse_inject
     ("1:mismatch:at_step=5,rank=1", FaultPlan(1, "mismatch", "mismatch:at_step=5,rank=1", 1)),
     ("1.1:crash:at_step=5,rank=1", FaultPlan(1, "crash", "crash:at_step=5,rank=1", 1)),
     (" 1.1 :slow_compute:factor=2", FaultPlan(1, "slow_compute", "slow_compute:factor=2,rank=1", 1)),
+    ("0:partition:at_step=30", FaultPlan(0, "partition", "partition:at_step=30", None)),
+    ("2:slow_link:mbit=20", FaultPlan(2, "slow_link", "slow_link:mbit=20", None)),
 ])
 def test_good_placements(value, plan):
     got = parse_inject(value, groups=3, ranks_per_group=2)
@@ -47,6 +49,7 @@ def test_good_placements(value, plan):
     ("1:hang:at=3", 3, 2, "hang takes at_step, where, rank; got unknown parameter 'at'"),
     ("1:slow_compute:factor=0.5", 3, 2, "factor in 'slow_compute:factor=0.5' must be > 1"),
     ("1:bogus:x=1", 3, 2, "unknown fault kind 'bogus'"),
+    ("1.1:partition:at_step=4", 3, 2, "strikes the group's host, every rank on it: give GROUP"),
 ])
 def test_bad_placements_name_the_problem(value, groups, ranks, message):
     with pytest.raises(ValueError) as e:
@@ -78,3 +81,15 @@ def test_the_demo_rejects_a_bad_placement_before_starting(tmp_path, args, messag
     assert message in proc.stderr and proc.stderr.startswith("lightkeeper demo: --inject ")
     assert "Traceback" not in proc.stderr
     assert not report_dir.exists()  # nothing started, nothing written
+
+
+def test_a_network_fault_without_namespaced_hosts_is_refused_before_starting(tmp_path):
+    report_dir = tmp_path / "report"
+    proc = subprocess.run([sys.executable, "-m", "lightkeeper.cli", "demo", "--report-dir",
+                           str(report_dir), "--hosts", "loopback", "--inject",
+                           "1:host_offline:at_step=9"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "host_offline:at_step=9 is a network fault: it needs hosts that are network " \
+           "namespaces" in proc.stderr
+    assert not report_dir.exists()
