@@ -145,6 +145,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fr-interval", dest="fr_interval_s", type=float, default=d.fr_interval_s,
                    help="fetch Flight Recorder from every rank at least this often, seconds "
                         "(%(default)s)")
+    g.add_argument("--job-slow-factor", type=float, default=d.job_slow_factor,
+                   help="job_slow: the job's median step above this many times its healthy "
+                        "baseline with no group late (%(default)s)")
+    g.add_argument("--job-slow-windows", type=int, default=d.job_slow_windows,
+                   help="... in this many consecutive straggler windows (%(default)s)")
+    g.add_argument("--job-baseline-windows", type=int, default=d.job_baseline_windows,
+                   help="healthy windows seen before job_slow is judged (%(default)s)")
     p.add_argument("--leader-polling", choices=("auto", "on", "off"), default=c.leader_polling,
                    help="poll each replica group's rank 0 every sweep and the other ranks every "
                         "--member-interval, drilling into a group whose leader looks wrong "

@@ -42,11 +42,19 @@ class DetectorConfig:
     dead_sweeps: int = 3  # dead / dead_rank: unreachable for this many sweeps
     starting_timeout_s: float = 300.0  # stuck_starting: no first quorum this long
     fr_interval_s: float = 15.0  # Flight Recorder fetched at least this often (mismatch)
+    # job_slow: the job's median step over a straggler window above this many times its
+    # healthy baseline (the median of its first healthy windows), no group late, in this many
+    # consecutive windows with newer steps
+    job_slow_factor: float = 2.0
+    job_slow_windows: int = 2
+    job_baseline_windows: int = 5  # healthy windows seen before job_slow is judged
 
     def validate(self) -> None:
         _at_least(self, 0, "straggler_min_lag_s", "straggler_rel_lag", "hang_floor_s",
                   "hang_factor", "fr_interval_s", "starting_timeout_s", strict=True)
-        _at_least(self, 1, "straggler_steps", "straggler_windows", "dead_sweeps")
+        _at_least(self, 1, "straggler_steps", "straggler_windows", "dead_sweeps",
+                  "job_slow_windows", "job_baseline_windows")
+        _at_least(self, 1, "job_slow_factor", strict=True)
 
 
 @dataclass

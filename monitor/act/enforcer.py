@@ -71,7 +71,8 @@ class Enforcer:
         """Add the new findings to the audit log; close those the detectors resolved."""
         for f in new:
             self._finding_ids[f.key] = self.store.add_finding(f.to_dict())
-            self.metrics.findings.labels(self.cfg.job, f.kind, str(f.replica_group)).inc()
+            group = "job" if f.replica_group is None else str(f.replica_group)
+            self.metrics.findings.labels(self.cfg.job, f.kind, group).inc()
         open_keys = {f.key for f in self.detectors.open_findings()}
         resolved = {f.key: f for f in self.detectors.resolved_findings()}
         for key in [k for k in self._finding_ids if k not in open_keys]:

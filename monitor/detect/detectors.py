@@ -16,8 +16,9 @@ from typing import Any
 from monitor.analysis import RankTrace, analyze, normalize_dumps
 from monitor.config import DetectorConfig
 from monitor.detect import mismatch
-from monitor.detect.findings import Finding, Findings, engine_findings
+from monitor.detect.findings import JOB_KINDS, Finding, Findings, engine_findings
 from monitor.detect.hang import Hang
+from monitor.detect.jobwide import JobWide
 from monitor.detect.liveness import Liveness
 from monitor.detect.rank_state import SeenGroups, fresh_ranks
 from monitor.detect.straggler import GroupMemory, Straggler
@@ -40,6 +41,7 @@ class Detectors:
         self.liveness = Liveness(self.cfg, self.findings)
         self.hang = Hang(self.cfg, self.findings, self.analyzer)
         self.straggler = Straggler(self.cfg, self.findings, self._groups)
+        self.jobwide = JobWide(self.cfg, self.findings)
         self._remembered: ClusterView | None = None
         self._remembered_seen = SeenGroups()
         self._commit_failures: dict[str, int] = {}
@@ -62,6 +64,10 @@ class Detectors:
 
     def open_findings(self) -> list[Finding]:
         return sorted(self.findings.open.values(), key=lambda f: (f.confirmed_at or 0, f.kind))
+
+    def job_findings(self) -> list[Finding]:
+        """The open job-wide findings (job_stall, job_slow)."""
+        return [f for k, f in self.findings.open.items() if k[0] in JOB_KINDS]
 
     def resolved_findings(self) -> list[Finding]:
         return list(self.findings.resolved)
@@ -152,7 +158,9 @@ class Detectors:
             ("mismatch", lambda: mismatch.judge(view, dumps, traces, analysis, now,
                                                 self.findings)),
             ("stuck_starting", lambda: self.liveness.stuck_starting(
-                full, now, self._starting_urls(full), self._groups)))
+                full, now, self._starting_urls(full), self._groups)),
+            # after the per-group detectors: a group they name explains the job
+            ("job", lambda: self.jobwide.judge(view, now, self.hang, self.straggler)))
         new: list[Finding] = []
         for name, step in steps:
             try:

@@ -1,0 +1,202 @@
+"""A network fault seen by a live monitor: the whole job stalled or slowed with no group to
+blame (``job_stall``, ``job_slow``), then the host whose network is bad, found by asking the
+hosts' ranks to probe each other (``network``), evicted and quarantined; and what must not
+happen (uniform slowness, a blind monitor, ranks without the probe route, healthy jitter).
+
+A real Monitor (real HTTP, real SQLite, its real rails and host ledger) against a real torchft
+Lighthouse that simulated groups join (``SimJob``, tests/support/monitor_sim.py; kills recorded
+by its front). A simulated group has no trainer, so the test writes its ranks' per-step timings
+(``timing.recent``, ``timing.waiting``) as the WorkerServer would serve them. The sweeps are
+driven by the test, one per simulated second on the monitor's injected clock.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from monitor.config import DetectorConfig, MonitorConfig, RailsConfig
+from monitor.service import Monitor
+from tests.support.monitor_sim import SimJob
+
+STEPS_PER_SWEEP = 3
+BASELINE_SWEEPS = 12  # 5 disjoint healthy windows of 6 steps: job_slow's baseline
+HEALTHY = {"compute_s": 0.16, "wait_cross_s": 0.02, "wait_group_s": 0.01}
+# the link of one host (or of every host) throttled: every group waits ~0.4 s more inside the
+# cross-group all_reduce, and arrives on time
+NETWORK_SLOW = {"compute_s": 0.16, "wait_cross_s": 0.42, "wait_group_s": 0.01}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = time.time()
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Training:
+    """What a trainer's WorkerServer would serve, written into the simulated ranks."""
+
+    def __init__(self, job: SimJob, seed: int = 0) -> None:
+        self.job, self.rng, self.step = job, random.Random(seed), 100
+        for r in job.sim.ranks:
+            g = r.state["replica_group"]
+            r.update(host=f"h{g}", node=f"node-{g}", step=self.step,
+                     timing={"recent": [], "waiting": None, "last_step": None, "window": None})
+
+    def steps(self, n: int, now: float, jitter: float = 0.1, **seconds: float) -> None:
+        secs = {**HEALTHY, **seconds}
+        for _ in range(n):
+            self.step += 1
+            for g in self.job.alive:
+                for r in self.job.sim.group(g):
+                    row = {k: v * (1 + self.rng.uniform(-jitter, jitter)) for k, v in secs.items()}
+                    row["step_s"] = sum(row.values())
+                    row["step"] = self.step
+                    t = r.state["timing"]
+                    t = {**t, "recent": (t["recent"] + [row])[-16:], "last_step": row,
+                         "waiting": None}
+                    r.update(timing=t, step=self.step, commits=self.step, phase="forward",
+                             phase_since=now, last_step_at=now,
+                             recent_step_seconds=[x["step_s"] for x in t["recent"]])
+
+    def stall(self, waiting_s: float, now: float) -> None:
+        """Every rank blocked in the cross-group all_reduce for ``waiting_s`` (its own clock)."""
+        for g in self.job.alive:
+            for r in self.job.sim.group(g):
+                r.update(phase="allreduce", phase_since=now - waiting_s,
+                         timing={**r.state["timing"],
+                                 "waiting": {"scope": "cross", "seconds": waiting_s}})
+
+
+@pytest.fixture
+def job():
+    j = SimJob(4, ranks_per_group=2, heartbeat_timeout_ms=1000)
+    yield j
+    j.stop()
+
+
+def monitor(tmp_path, job, clock, **kw) -> Monitor:
+    kw.setdefault("rails", RailsConfig(min_replicas=1, cooldown_s=0))
+    kw.setdefault("detectors", DetectorConfig(hang_floor_s=1.0, dead_sweeps=2))
+    cfg = MonitorConfig(port=0, interval_s=3600, state_path=str(tmp_path / "state.sqlite"),
+                        targets=job.sim.urls, sd_out=str(tmp_path / "targets.json"), job="sim",
+                        lighthouse=job.url, **kw)
+    return Monitor(cfg, clock=clock)  # not started: the test sweeps
+
+
+class Driver:
+    def __init__(self, mon: Monitor, train: Training, clock: Clock) -> None:
+        self.mon, self.train, self.clock = mon, train, clock
+
+    def sweep(self, steps: int = STEPS_PER_SWEEP, **seconds: float) -> None:
+        self.clock.t += 1.0
+        if steps:
+            self.train.steps(steps, self.clock.t, **seconds)
+        self.mon.sweep_once()
+
+    def sweeps(self, n: int, **kw) -> None:
+        for _ in range(n):
+            self.sweep(**kw)
+
+    def open_kinds(self) -> list[str]:
+        return sorted(f.kind for f in self.mon.detectors.open_findings())
+
+    def until(self, predicate, what: str, sweeps: int = 30, **kw):
+        """Sweep (with ``kw``'s training) until ``predicate()``; at most ``sweeps`` sweeps and
+        20 s (a probe round runs on its own thread: real time between sweeps)."""
+        deadline = time.monotonic() + 20
+        for _ in range(sweeps):
+            got = predicate()
+            if got:
+                return got
+            if time.monotonic() > deadline:
+                break
+            self.sweep(**kw)
+            time.sleep(0.02)
+        got = predicate()
+        assert got, f"no {what} after {sweeps} sweeps; open: {self.open_kinds()}"
+        return got
+
+
+@pytest.fixture
+def driver(tmp_path, job):
+    clock = Clock()
+    train = Training(job)
+    mon = monitor(tmp_path, job, clock)
+    yield Driver(mon, train, clock)
+    mon.stop()
+
+
+def test_every_group_waiting_in_the_cross_group_collective_is_a_job_stall(driver):
+    d = driver
+    d.sweeps(4)
+    assert d.open_kinds() == []
+    d.train.stall(0.3, d.clock.t)
+    d.sweeps(2, steps=0)  # blocked, but not for the hang threshold yet
+    assert d.open_kinds() == []
+    d.train.stall(4.0, d.clock.t)
+    d.sweeps(2, steps=0)
+    (f,) = d.mon.detectors.job_findings()
+    assert f.kind == "job_stall" and f.replica_group is None and f.ranks == []
+    ev = f.evidence
+    assert sorted(ev["groups"]) == ["0", "1", "2", "3"] and ev["hosts"] == ["h0", "h1", "h2", "h3"]
+    assert ev["stalled_s"] == pytest.approx(4.0) and ev["culprits"] == []
+    stored = d.mon.store.findings(open_only=True)
+    assert [(s["kind"], s["replica_group"]) for s in stored] == [("job_stall", None)]
+    assert d.mon.cluster_json()["job_findings"] == ["job_stall"]
+    assert d.mon.store.decisions() == []  # reported, never acted on
+    d.sweep()  # a step moved: over
+    assert d.open_kinds() == []
+    assert d.mon.store.findings()[0]["resolution"] == "progress"
+
+
+def test_one_group_not_in_the_collective_is_no_job_stall(driver):
+    d = driver
+    d.sweeps(4)
+    d.train.stall(4.0, d.clock.t)
+    for r in d.train.job.sim.group(2):  # group 2 never arrived: the hang detector's case
+        r.update(phase="forward", timing={**r.state["timing"], "waiting": None})
+    d.sweeps(3, steps=0)
+    assert "job_stall" not in d.open_kinds()
+
+
+def test_the_whole_job_slowed_in_its_collectives_is_job_slow(driver):
+    d = driver
+    d.sweeps(BASELINE_SWEEPS)
+    assert d.mon.detectors.jobwide.baseline_medians() is not None
+    d.sweeps(4, **NETWORK_SLOW)
+    (f,) = d.mon.detectors.job_findings()
+    assert f.kind == "job_slow" and f.ranks == []
+    ev = f.evidence
+    assert ev["ratio"] > 2 and ev["baseline_step_s"] == pytest.approx(0.19, rel=0.1)
+    assert ev["now_s"]["wait_cross_s"] > 0.3 and max(ev["arrival_lags_s"].values()) < 0.1
+    assert "straggler" not in d.open_kinds()
+    d.sweeps(3)  # back at the healthy pace
+    assert d.open_kinds() == []
+    assert d.mon.store.findings()[0]["resolution"] == "back_at_pace"
+    assert d.mon.store.decisions() == []
+
+
+def test_slower_compute_is_not_job_slow(driver):
+    """Every rank computing longer (a bigger batch, a throttled device) is not a network
+    fault: the time did not go into the collectives."""
+    d = driver
+    d.sweeps(BASELINE_SWEEPS)
+    d.sweeps(5, compute_s=0.6)
+    assert d.open_kinds() == []
+
+
+def test_healthy_jitter_finds_nothing(driver):
+    d = driver
+    rng = random.Random(7)
+    for i in range(25):
+        slow = {"wait_cross_s": 0.2} if i % 9 == 8 else {}  # now and then one slow sweep
+        d.train.steps(1, d.clock.t + 0.5, jitter=0.3, compute_s=0.16 * rng.uniform(0.7, 1.4))
+        d.sweep(jitter=0.3, **slow)
+    assert d.mon.detectors.jobwide.baseline_medians() is not None  # job_slow was judged
+    assert d.open_kinds() == []
+    assert d.mon.store.findings() == [] and d.mon.store.decisions() == []
