@@ -79,6 +79,27 @@ class RailsConfig:
 
 
 @dataclass
+class ProbeConfig:
+    """The probe mesh, asked only while a job-wide finding is open (monitor/evidence/probes.py,
+    monitor/detect/network.py; docs/monitor.md, Network faults)."""
+
+    enabled: bool = True  # needs the ranks' token too (rank_exit_token)
+    size_bytes: int = 262144  # each link's transfer
+    timeout_s: float = 2.0  # per link, on the rank
+    interval_s: float = 2.0  # at most one round per this many seconds
+    peers: int = 8  # peers each host's rank probes per round (beyond peers + 1 hosts: a ring)
+    rounds: int = 2  # consecutive rounds naming the same host confirm a network finding
+    slow_ratio: float = 0.25  # a link slower than this fraction of the others' median is bad
+    workers: int = 32  # probe requests in flight at once
+
+    def validate(self) -> None:
+        _at_least(self, 0, "timeout_s", "interval_s", strict=True)
+        _at_least(self, 1, "size_bytes", "peers", "rounds", "workers")
+        if not 0 < self.slow_ratio < 1:
+            raise ConfigError(f"probe slow_ratio must be in (0, 1), got {self.slow_ratio}")
+
+
+@dataclass
 class QuarantineConfig:
     """The host ledger's policy (monitor/act/hosts.py, docs/quarantine.md)."""
 
@@ -194,6 +215,7 @@ class MonitorConfig:
     gc_freeze_min_targets: int = 20_000  # no cyclic GC during a sweep; survivors frozen
     detectors: DetectorConfig = field(default_factory=DetectorConfig)
     rails: RailsConfig = field(default_factory=RailsConfig)
+    probes: ProbeConfig = field(default_factory=ProbeConfig)
     quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
     shard: ShardConfig | None = None  # one of several monitors (monitor/shard.py)
 
@@ -211,6 +233,7 @@ class MonitorConfig:
                               f"{self.leader_polling!r}")
         self.detectors.validate()
         self.rails.validate()
+        self.probes.validate()
         self.quarantine.validate()
         if self.shard is not None:
             self.shard.validate(self.interval_s)

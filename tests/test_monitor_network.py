@@ -12,6 +12,7 @@ driven by the test, one per simulated second on the monitor's injected clock.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 
@@ -200,3 +201,159 @@ def test_healthy_jitter_finds_nothing(driver):
     assert d.mon.detectors.jobwide.baseline_medians() is not None  # job_slow was judged
     assert d.open_kinds() == []
     assert d.mon.store.findings() == [] and d.mon.store.decisions() == []
+
+
+# --- the probe mesh: which host -------------------------------------------------------------
+TOKEN = "exit-token"
+FAST = {"ok": True, "mbit_s": 940.0}
+THROTTLED = {"ok": True, "mbit_s": 19.5, "transfer_s": 0.107}  # tc tbf 20 Mbit/s on its link
+CUT_OFF = {"ok": False, "mbit_s": None, "connect_s": None, "transfer_s": None,
+           "error": "connect: timed out after 2.0s"}
+
+
+def links(job: SimJob, bad_host: str | None = None, bad: dict | None = None,
+          every: dict | None = None, seed: int = 0):
+    """The link matrix the fake probe route answers from: ``every`` link (default FAST, with
+    10% jitter), those of ``bad_host`` (either direction) ``bad``."""
+    host_of = {r.url: r.state["host"] for r in job.sim.ranks}
+    rng = random.Random(seed)
+
+    def link(src: str, dst: str) -> dict:
+        if bad_host in (host_of[src], host_of[dst]):
+            return dict(bad)
+        row = dict(every or FAST)
+        if row.get("mbit_s"):
+            row["mbit_s"] *= rng.uniform(0.9, 1.1)
+        return row
+    return link
+
+
+@pytest.fixture
+def probing(tmp_path, job):
+    """A monitor with the ranks' token, the simulated ranks answering /v1/probe."""
+    clock = Clock()
+    train = Training(job)
+    job.sim.probe_token = TOKEN
+    job.sim.links = links(job)
+    mon = monitor(tmp_path, job, clock, rank_exit_token=TOKEN)
+    yield Driver(mon, train, clock)
+    mon.stop()
+
+
+def probes_asked(job: SimJob) -> int:
+    return sum(r.probes for r in job.sim.ranks)
+
+
+def network_findings(d: Driver) -> list:
+    return [f for f in d.mon.detectors.open_findings() if f.kind == "network"]
+
+
+def test_a_throttled_host_is_named_from_the_probe_matrix(probing):
+    d = probing
+    d.sweeps(BASELINE_SWEEPS)
+    assert probes_asked(d.train.job) == 0  # healthy: nobody probed
+    d.train.job.sim.links = links(d.train.job, "h2", THROTTLED)
+    (f,) = d.until(lambda: network_findings(d), "network finding", **NETWORK_SLOW)
+    assert (f.replica_group, f.ranks) == (2, [2, 6])
+    ev = f.evidence
+    assert ev["host"] == "h2" and ev["culprit_hosts"] == ["h2", "h2"]
+    assert ev["rounds"] == 2 and ev["job_findings"] == ["job_slow"]
+    assert len(ev["links"]) == 6  # h2 -> 3 peers, 3 peers -> h2
+    matrix = ev["probe"]["matrix"]
+    assert sorted(matrix) == ["h0", "h1", "h2", "h3"]
+    assert matrix["h0"]["h2"]["mbit_s"] == pytest.approx(19.5)
+    assert matrix["h0"]["h1"]["mbit_s"] > 800
+    (slow,) = d.mon.detectors.job_findings()
+    assert slow.evidence["probe"]["culprit_hosts"] == ["h2"]
+    stored = [s for s in d.mon.store.findings(open_only=True) if s["kind"] == "network"]
+    assert stored and stored[0]["evidence"]["host"] == "h2"
+
+
+def test_a_host_cut_off_from_its_peers_is_named(probing):
+    d = probing
+    d.sweeps(4)
+    d.train.job.sim.links = links(d.train.job, "h1", CUT_OFF)
+    d.train.stall(4.0, d.clock.t)
+    (f,) = d.until(lambda: network_findings(d), "network finding", steps=0)
+    assert f.replica_group == 1 and f.evidence["host"] == "h1"
+    assert f.evidence["job_findings"] == ["job_stall"]
+    assert all("failed" in line for line in f.evidence["links"])
+
+
+def test_every_link_alike_slow_names_no_host_and_acts_on_nothing(probing):
+    d = probing
+    d.sweeps(BASELINE_SWEEPS)
+    job = d.train.job
+    job.sim.links = links(job, every=THROTTLED)  # every link limited alike
+    d.until(lambda: (f := d.mon.detectors.job_findings()) and f[0].evidence.get("probe"),
+            "a probe round", **NETWORK_SLOW)
+    d.sweeps(6, **NETWORK_SLOW)
+    (f,) = d.mon.detectors.job_findings()
+    assert f.evidence["probe"]["verdict"].startswith("no culprit: every link alike")
+    assert network_findings(d) == []
+    assert d.mon.store.decisions() == [] and d.mon.hosts.quarantined() == []
+    assert job.kills == []
+
+
+def test_ranks_without_the_probe_route_or_token_name_nobody(probing, caplog):
+    d = probing
+    job = d.train.job
+    d.sweeps(BASELINE_SWEEPS)
+    job.sim.links = links(job, "h2", THROTTLED)
+    old = job.sim.group(3)[0]  # host h3's first rank: the one asked, an older WorkerServer
+    old.probe_route = False
+    with caplog.at_level(logging.WARNING, logger="monitor.evidence.probes"):
+        d.until(lambda: probes_asked(job) >= 8, "two probe rounds", **NETWORK_SLOW)
+        d.sweeps(4, **NETWORK_SLOW)
+    assert old.probes >= 2 and network_findings(d) == []
+    (f,) = d.mon.detectors.job_findings()
+    assert f.evidence["probe"]["verdict"].startswith("no culprit: no probe results from h3")
+    lines = [r.getMessage() for r in caplog.records if "network probes" in r.getMessage()]
+    assert len(lines) == 1 and "an older WorkerServer" in lines[0] and "h3" in lines[0]
+    # the token refused everywhere: one more line, still nobody named
+    old.probe_route = True
+    job.sim.probe_token = "another"
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="monitor.evidence.probes"):
+        d.sweeps(8, **NETWORK_SLOW)
+    lines = [r.getMessage() for r in caplog.records if "network probes" in r.getMessage()]
+    assert len(lines) == 1 and "refused the token (HTTP 401)" in lines[0]
+    assert network_findings(d) == [] and d.mon.store.decisions() == []
+    assert d.mon.sweeps > 0 and d.mon.last_sweep_error is None
+
+
+def test_a_monitor_that_cannot_reach_most_ranks_blames_no_one(probing):
+    d = probing
+    job = d.train.job
+    d.sweeps(4)
+    job.sim.links = links(job, "h2", CUT_OFF)
+    d.train.stall(4.0, d.clock.t)
+    d.until(lambda: d.mon.detectors.job_findings(), "job_stall", steps=0)
+    # the monitor is cut off from three hosts of four (the ranks and the Lighthouse are fine)
+    for g in (1, 2, 3):
+        for r in job.sim.group(g):
+            r.set_mode("down")
+    d.mon.probes.wait(10)
+    asked = probes_asked(job)
+    d.sweeps(8, steps=0)
+    assert network_findings(d) == [] and job.kills == []
+    assert d.mon.hosts.quarantined() == []
+    assert probes_asked(job) == asked  # no round asked while blind
+    assert "monitor reaches only" in (d.mon.probes.note or "")
+    assert [dd for dd in d.mon.store.decisions() if dd["decision"] == "evict"] == []
+
+
+def test_no_probe_and_no_culprit_while_ranks_cannot_be_verified(probing):
+    d = probing
+    job = d.train.job
+    d.sweeps(4)
+    job.sim.links = links(job, "h2", CUT_OFF)
+    job.front_down()  # the Lighthouse unreadable: nothing seen can be verified
+    d.train.stall(4.0, d.clock.t)
+    d.sweeps(6, steps=0)
+    assert [f.kind for f in d.mon.detectors.job_findings()] == ["job_stall"]  # reported
+    assert probes_asked(job) == 0 and network_findings(d) == []
+    assert "network probes held: ranks cannot be verified" in d.mon.probes.note
+    job.front_up()  # verified again: the same evidence now names the host
+    (f,) = d.until(lambda: network_findings(d), "network finding", steps=0)
+    assert f.evidence["host"] == "h2"

@@ -106,11 +106,7 @@ class Enforcer:
                            if f.replica_group in view.groups}
             self.hosts.record([{**f.to_dict(), "id": self._finding_ids.get(f.key)}
                                for f in new], now, group_hosts)
-            blind = self.blind()
-            if not blind and view.reachable_fraction <= self.cfg.rails.min_reachable_fraction:
-                blind = (f"the monitor reaches only {view.reachable_fraction:.0%} of the ranks "
-                         "it knows; it may be the problem")
-            self.hosts.decide(now, blind, len(self.hosts.known_hosts(view)))
+            self.hosts.decide(now, self.blindness(view), len(self.hosts.known_hosts(view)))
             if self.hosts.sinks and self.store.host_actions(due_at=now, limit=1):
                 self._start_host_actions()
             self.metrics.set_hosts(self.hosts.counts(), self.hosts.to_json(now))
@@ -118,6 +114,15 @@ class Enforcer:
         except Exception as e:
             log.exception("host ledger failed")
             self.hosts_error = f"{type(e).__name__}: {e}"
+
+    def blindness(self, view: ClusterView) -> str | None:
+        """Why nobody may be blamed now: ranks cannot be verified, or the monitor reaches no
+        more than ``--min-reachable`` of them (it may be the one cut off); None: neither."""
+        blind = self.blind()
+        if not blind and view.reachable_fraction <= self.cfg.rails.min_reachable_fraction:
+            blind = (f"the monitor reaches only {view.reachable_fraction:.0%} of the ranks "
+                     "it knows; it may be the problem")
+        return blind
 
     def hosts_json(self, view: ClusterView | None) -> dict[str, Any]:
         """``GET /v1/hosts``."""

@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 
 KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting",
          "quarantined_host",  # opened by monitor.act.hosts
-         "job_stall", "job_slow")
+         "job_stall", "job_slow", "network")
 JOB_KINDS = ("job_stall", "job_slow")  # the whole job, no group named (monitor.detect.jobwide)
 
 

@@ -9,8 +9,9 @@ While one is open the monitor probes the hosts' network (monitor.detect.network)
 - ``job_stall``: no group's step moved since the last sweep, and every rank of every group of
   the newest quorum answers, blocked inside the cross-group collective (its own
   ``timing.waiting``), at least one rank per group for the hang threshold, all at the same step
-  (one apart at most), while no open finding names a group of that quorum. Resolved when a step
-  moves (``progress``) or a group finding explains it (``explained``).
+  (one apart at most), while no open finding names a group of that quorum. Resolved when a group
+  of the quorum steps past it (``progress``; not when groups leave the monitor's sight) or a group
+  finding explains it (``explained``).
 - ``job_slow``: the job's median step over the last straggler window is more than
   ``job_slow_factor`` times its healthy baseline (the median of the last disjoint windows seen
   while nothing was open), no group is late (every arrival lag below the straggler threshold) and the time
@@ -73,13 +74,15 @@ class JobWide:
     def stall(self, view: ClusterView, groups: list, now: float, hang: Hang,
               blamed: list[int]) -> Finding | None:
         key = ("job_stall", None, None)
-        if hang.stalled_sweeps < 1:
-            self.findings.resolve(key, "progress", now)
+        was = self.findings.open.get(key)
+        top = max((gv.step for gv in groups if gv.step is not None), default=None)
+        if was is not None and top is not None and top > was.evidence["step"]:
+            self.findings.resolve(key, "progress", now)  # a step committed, not a group gone
             return None
         if blamed:
             self.findings.resolve(key, "explained", now)
             return None
-        if len(groups) < 2:
+        if hang.stalled_sweeps < 1 or len(groups) < 2:
             return None
         stalled, longest, threshold, waits = hang.stall(view, now)
         if not stalled:

@@ -1,0 +1,154 @@
+"""``network``: the host whose network is bad, placed from the probe mesh's rounds.
+
+A link is *fine* when it connected and moved its bytes at least ``slow_ratio`` times the median
+rate of the links that do not touch the host judged. A host is the culprit when every one of its
+links (either direction) is not fine while at least three quarters of the links among the other
+hosts are (Pingmesh's reasoning: a bad link is blamed on the host common to all bad links). With
+fewer than three hosts, or a host's row missing (no answer, no route, token refused), nobody is
+named. ``rounds`` consecutive rounds naming the same host confirm a ``network`` finding for each
+group of the newest quorum with ranks there (its culprits: those ranks); every link alike (all
+fine, or all equally slow) is said on the job-wide finding ("no culprit: every link alike") and
+nothing is named. Rounds are judged only while a job-wide finding is open and the monitor is not
+blind; a round finished after the job recovered is dropped, and so are open network findings.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from monitor.config import ProbeConfig
+from monitor.evidence.probes import ProbeRound
+from monitor.evidence.view import ClusterView
+
+from .findings import JOB_KINDS, Finding, Findings
+
+OTHERS_FINE = 0.75  # of the links among the other hosts, at least this many fine
+
+
+@dataclass
+class Link:
+    src: str
+    dst: str
+    ok: bool
+    mbit_s: float | None
+    error: str | None = None
+
+    def fine(self, ref: float, ratio: float) -> bool:
+        return self.ok and self.mbit_s is not None and self.mbit_s >= ratio * ref
+
+
+@dataclass
+class Verdict:
+    hosts: list[str]  # the culprits (usually one; none: no culprit)
+    text: str
+    reference_mbit_s: dict[str, float] = field(default_factory=dict)  # per culprit
+    bad: dict[str, list[str]] = field(default_factory=dict)  # culprit -> its links, described
+    lines: dict[str, str] = field(default_factory=dict)  # culprit -> why
+
+
+def links_of(rnd: ProbeRound) -> list[Link]:
+    return [Link(src, dst, bool(row.get("ok")), row.get("mbit_s"), row.get("error"))
+            for src, row_of in rnd.matrix().items() for dst, row in row_of.items()]
+
+
+def _describe(link: Link) -> str:
+    how = f"{link.mbit_s:.1f} Mbit/s" if link.ok and link.mbit_s is not None else \
+        f"failed: {link.error or 'no transfer'}"
+    return f"{link.src} -> {link.dst}: {how}"
+
+
+def place(rnd: ProbeRound, ratio: float) -> Verdict:
+    """The verdict on one round (module docstring)."""
+    missing = rnd.missing()
+    if missing:
+        return Verdict([], "no culprit: no probe results from " + ", ".join(
+            f"{h} ({why})" for h, why in missing.items()))
+    hosts = rnd.hosts
+    if len(hosts) < 3:
+        return Verdict([], f"no culprit: {len(hosts)} host(s) probed; a bad link between two "
+                           "hosts cannot be placed on either")
+    links = links_of(rnd)
+    out = Verdict([], "")
+    for h in hosts:
+        mine = [x for x in links if h in (x.src, x.dst)]
+        others = [x for x in links if h not in (x.src, x.dst)]
+        rates = [x.mbit_s for x in others if x.ok and x.mbit_s]
+        if not mine or not others or not rates:
+            continue
+        ref = statistics.median(rates)
+        if sum(x.fine(ref, ratio) for x in others) < math.ceil(OTHERS_FINE * len(others)):
+            continue
+        if not any(x.fine(ref, ratio) for x in mine):
+            out.hosts.append(h)
+            out.reference_mbit_s[h] = round(ref, 3)
+            out.bad[h] = [_describe(x) for x in mine]
+    if out.hosts:
+        for h in out.hosts:
+            out.lines[h] = (f"every link of {h} is bad ({len(out.bad[h])}: under {ratio:g} x "
+                            f"{out.reference_mbit_s[h]:.1f} Mbit/s, the median of the other "
+                            f"links, or failed) while the links among the other hosts are good")
+        out.text = "; ".join(out.lines.values())
+        return out
+    rates = [x.mbit_s for x in links if x.ok and x.mbit_s]
+    if not rates:
+        return Verdict([], f"no culprit: every link failed alike ({len(links)} links)")
+    ref = statistics.median(rates)
+    bad = [x for x in links if not x.fine(ref, ratio)]
+    if not bad:
+        return Verdict([], f"no culprit: every link alike ({len(links)} links, median "
+                           f"{ref:.1f} Mbit/s, slowest {min(rates):.1f})")
+    return Verdict([], f"no culprit: {len(bad)} of {len(links)} links bad and no host in all "
+                       f"of them ({'; '.join(_describe(x) for x in bad[:6])})")
+
+
+class Network:
+    def __init__(self, cfg: ProbeConfig, findings: Findings) -> None:
+        self.cfg, self.findings = cfg, findings
+        self._streak: dict[str, tuple[int, float]] = {}  # host -> (rounds in a row, first at)
+
+    def judge(self, view: ClusterView, rnd: ProbeRound | None, now: float,
+              blind: str | None) -> list[Finding]:
+        findings = self.findings
+        jobs = [f for k, f in findings.open.items() if k[0] in JOB_KINDS]
+        if not jobs:
+            self._streak = {}
+            findings.resolve_where("job_recovered", now, ("network",))
+            return []
+        if rnd is None or blind:
+            return []  # a round finished blind is not evidence
+        verdict = place(rnd, self.cfg.slow_ratio)
+        summary = {"at": rnd.finished_at, "verdict": verdict.text, "culprit_hosts": verdict.hosts,
+                   "missing": rnd.missing(), **rnd.to_json()}
+        for f in jobs:
+            f.evidence["probe"] = summary
+        was = self._streak
+        self._streak = {h: (was[h][0] + 1, was[h][1]) if h in was else (1, now)
+                        for h in verdict.hosts}
+        if not rnd.missing():  # a full round that names a host no more: its findings are over
+            for key, f in list(findings.open.items()):
+                if key[0] == "network" and f.evidence.get("host") not in verdict.hosts:
+                    findings.resolve(key, "links_good", now)
+        new = []
+        for h in verdict.hosts:
+            n, first = self._streak[h]
+            if n < self.cfg.rounds:
+                continue
+            for gv in view.in_quorum():
+                ranks = sorted(r.rank for r in gv.reachable if r.rank is not None
+                               and (r.state or {}).get("host") == h)
+                if not ranks:
+                    continue
+                ev = {"host": h,
+                      "summary": f"{verdict.lines[h]}: the network of host {h} is the fault "
+                                 f"({n} probe rounds in a row); replica group "
+                                 f"{gv.replica_group} runs there",
+                      "reference_mbit_s": verdict.reference_mbit_s[h],
+                      "slow_ratio": self.cfg.slow_ratio, "rounds": n, "links": verdict.bad[h],
+                      "job_findings": sorted(f.kind for f in jobs),
+                      "probe": {"bytes": self.cfg.size_bytes, "timeout_s": self.cfg.timeout_s,
+                                **summary}}
+                new.append(findings.confirm("network", gv, ranks, ev, first, now, view))
+        return [f for f in new if f]
+
