@@ -10,9 +10,11 @@ import os
 from dataclasses import dataclass, field
 
 EVICTABLE_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting",
-                   "quarantined_host")
-# --quarantine-after defaults: a straggler may be the job's own jitter, so it takes two
-QUARANTINE_AFTER = {"hang": 1, "mismatch": 1, "dead_rank": 1, "straggler": 2}
+                   "network", "quarantined_host")
+# --quarantine-after defaults: a straggler may be the job's own jitter, so it takes two; a dead
+# group counts once the Lighthouse agrees it is gone (monitor.act.enforcer)
+QUARANTINE_AFTER = {"hang": 1, "mismatch": 1, "dead_rank": 1, "straggler": 2, "network": 1,
+                    "dead": 1}
 QUARANTINE_KINDS = EVICTABLE_KINDS[:-1]  # not quarantined_host
 
 
@@ -63,7 +65,7 @@ class RailsConfig:
     cooldown_s: float = 60.0  # at most one eviction per cooldown window
     min_reachable_fraction: float = 0.5  # hold when the monitor reaches no more than this
     dry_run: bool = False
-    evict_kinds: tuple[str, ...] = ("straggler", "hang", "mismatch", "dead_rank",
+    evict_kinds: tuple[str, ...] = ("straggler", "hang", "mismatch", "dead_rank", "network",
                                     "quarantined_host")
 
     def validate(self) -> None:

@@ -208,7 +208,7 @@ class Monitor:
         # 4. decide and act
         new += self.enforcer.host_findings(view, evidence, now, self.views.reshaped)
         self.enforcer.record(new, now)
-        self.enforcer.judge_hosts(view, new, now)
+        self.enforcer.judge_hosts(view, new, now, self.lighthouse_status)
         if self.shard is not None:  # proposals to the leader, which applies the global rails
             self.shard.after_sweep(view, evidence, now)
         else:

@@ -106,9 +106,10 @@ class Driver:
     def open_kinds(self) -> list[str]:
         return sorted(f.kind for f in self.mon.detectors.open_findings())
 
-    def until(self, predicate, what: str, sweeps: int = 30, **kw):
+    def until(self, predicate, what: str, sweeps: int = 30, pause: float = 0.02, **kw):
         """Sweep (with ``kw``'s training) until ``predicate()``; at most ``sweeps`` sweeps and
-        20 s (a probe round runs on its own thread: real time between sweeps)."""
+        20 s (a probe round runs on its own thread, the Lighthouse keeps real time: ``pause``
+        between sweeps)."""
         deadline = time.monotonic() + 20
         for _ in range(sweeps):
             got = predicate()
@@ -117,7 +118,7 @@ class Driver:
             if time.monotonic() > deadline:
                 break
             self.sweep(**kw)
-            time.sleep(0.02)
+            time.sleep(pause)
         got = predicate()
         assert got, f"no {what} after {sweeps} sweeps; open: {self.open_kinds()}"
         return got
@@ -311,6 +312,7 @@ def test_ranks_without_the_probe_route_or_token_name_nobody(probing, caplog):
     lines = [r.getMessage() for r in caplog.records if "network probes" in r.getMessage()]
     assert len(lines) == 1 and "an older WorkerServer" in lines[0] and "h3" in lines[0]
     # the token refused everywhere: one more line, still nobody named
+    assert d.mon.probes.wait(10)  # no round half asked with the old token
     old.probe_route = True
     job.sim.probe_token = "another"
     caplog.clear()
@@ -357,3 +359,63 @@ def test_no_probe_and_no_culprit_while_ranks_cannot_be_verified(probing):
     job.front_up()  # verified again: the same evidence now names the host
     (f,) = d.until(lambda: network_findings(d), "network finding", steps=0)
     assert f.evidence["host"] == "h2"
+
+
+# --- acting on it: the group evicted, the host quarantined ----------------------------------
+def offences(d: Driver, host: str) -> list[str]:
+    return [o["kind"] for o in d.mon.store.host_offences(host)]
+
+
+def test_a_network_finding_evicts_its_group_and_quarantines_its_host(probing):
+    d = probing
+    job = d.train.job
+    d.sweeps(BASELINE_SWEEPS)
+    job.sim.links = links(job, "h2", THROTTLED)
+    d.until(lambda: job.kills, "an eviction", **NETWORK_SLOW)
+    assert job.kills == [job.replica_ids[2]]
+    (ev,) = [x for x in d.mon.store.decisions() if x["decision"] == "evict"]
+    assert (ev["replica_group"], ev["reason"]) == (2, "network")
+    assert ev["finding"]["evidence"]["host"] == "h2"
+    assert d.mon.hosts.quarantined() == ["h2"]
+    assert d.mon.hosts.hosts["h2"]["kind"] == "network"
+    # the others back at pace without group 2; its end (dead) is the eviction's, not h2's again
+    d.until(lambda: "dead" in d.open_kinds(), "group 2 dead", pause=0.1, sweeps=100)
+    d.sweeps(6)
+    assert "job_slow" not in d.open_kinds() and "network" not in d.open_kinds()
+    assert offences(d, "h2") == ["network"]
+    assert [o for h in ("h0", "h1", "h3") for o in offences(d, h)] == []
+
+
+def test_dead_counts_against_its_host_once_the_lighthouse_agrees(driver):
+    d = driver
+    job = d.train.job
+    d.sweeps(4)
+    for r in job.sim.group(3):  # the monitor loses host h3; the Lighthouse still hears it
+        r.set_mode("down")
+    d.until(lambda: "dead" in d.open_kinds(), "a dead finding")
+    d.sweeps(10)
+    assert offences(d, "h3") == [] and d.mon.hosts.quarantined() == []
+    job.alive.discard(3)  # now its heartbeats stop too: gone from the quorum
+    d.until(lambda: d.mon.hosts.quarantined() == ["h3"], "h3 quarantined", pause=0.1,
+            sweeps=100)
+    assert offences(d, "h3") == ["dead"]
+    (o,) = d.mon.store.host_offences("h3")
+    assert o["data"]["replica_group"] == 3 and o["data"]["ranks"] == [3, 7]
+    assert d.mon.store.decisions() == []  # dead is counted, not evicted (torchft dropped it)
+
+
+def test_a_job_that_ends_counts_against_no_host(driver):
+    d = driver
+    job = d.train.job
+    d.sweeps(4)
+    for g in sorted(job.alive):
+        for r in job.sim.group(g):
+            r.set_mode("down")
+    job.alive.clear()  # every group gone at once, heartbeats too
+    d.until(lambda: d.open_kinds().count("dead") == 4, "four dead findings", steps=0)
+    status = lambda: d.mon.lighthouse_status  # noqa: E731
+    d.until(lambda: status() and not any(map(status().heartbeating, job.replica_ids.values())),
+            "the Lighthouse to hear no group", steps=0, pause=0.1, sweeps=100)
+    d.sweeps(3, steps=0)
+    assert [o for h in ("h0", "h1", "h2", "h3") for o in offences(d, h)] == []
+    assert d.mon.hosts.quarantined() == []

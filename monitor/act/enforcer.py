@@ -17,9 +17,11 @@ from typing import Any
 from ..config import MonitorConfig
 from ..detect import Detectors, Finding
 from ..evidence.lighthouse_settings import LighthouseSettingsWatch
+from ..evidence.lighthouse_status import LighthouseStatus
 from ..evidence.view import ClusterView
 from ..store import Store
 from .actions import Lighthouse, Orphans
+from .dead import DeadGroups
 from .decisions import Decision, Situation, decide
 from .hosts import HostLedger
 
@@ -57,6 +59,7 @@ class Enforcer:
         self._last_decision: dict[tuple, str] = {}  # finding key -> the hold last recorded
         self._lock = threading.Lock()  # one decision at a time (the loop, the API)
         self._host_actions: threading.Thread | None = None
+        self.dead = DeadGroups()  # dead findings waiting for the Lighthouse to agree
 
     def finding_id(self, key: tuple) -> int | None:
         """The audit log's id of an open finding."""
@@ -98,14 +101,19 @@ class Enforcer:
             self.hosts_error = f"{type(e).__name__}: {e}"
             return []
 
-    def judge_hosts(self, view: ClusterView, new: list[Finding], now: float) -> None:
-        """Offences, the quarantine policy, then due sink actions on a background thread (a
-        slow sink never delays a sweep). Never raises."""
+    def judge_hosts(self, view: ClusterView, new: list[Finding], now: float,
+                    lighthouse: LighthouseStatus | None = None) -> None:
+        """Offences (a ``dead`` one once ``lighthouse``, the status just read, agrees:
+        monitor.act.dead), the quarantine policy, then due sink actions on a background thread
+        (a slow sink never delays a sweep). Never raises."""
         try:
-            group_hosts = {f.replica_group: view.groups[f.replica_group].hosts for f in new
+            counted = [f for f in new if f.kind != "dead"] + self.dead.agreed(
+                new, {f.key for f in self.detectors.open_findings()},
+                self.store.evicted_replica_ids, view, lighthouse)
+            group_hosts = {f.replica_group: view.groups[f.replica_group].hosts for f in counted
                            if f.replica_group in view.groups}
             self.hosts.record([{**f.to_dict(), "id": self._finding_ids.get(f.key)}
-                               for f in new], now, group_hosts)
+                               for f in counted], now, group_hosts)
             self.hosts.decide(now, self.blindness(view), len(self.hosts.known_hosts(view)))
             if self.hosts.sinks and self.store.host_actions(due_at=now, limit=1):
                 self._start_host_actions()
