@@ -98,6 +98,10 @@ class Driver:
         if steps:
             self.train.steps(steps, self.clock.t, **seconds)
         self.mon.sweep_once()
+        m = self.mon  # no stage failed quietly
+        errors = (m.last_sweep_error, m.detectors.last_error, m.goodput.error,
+                  m.enforcer.hosts_error)
+        assert errors == (None,) * 4, errors
 
     def sweeps(self, n: int, **kw) -> None:
         for _ in range(n):
@@ -213,14 +217,16 @@ CUT_OFF = {"ok": False, "mbit_s": None, "connect_s": None, "transfer_s": None,
 
 
 def links(job: SimJob, bad_host: str | None = None, bad: dict | None = None,
-          every: dict | None = None, seed: int = 0):
+          every: dict | None = None, seed: int = 0, direction: str = "both"):
     """The link matrix the fake probe route answers from: ``every`` link (default FAST, with
-    10% jitter), those of ``bad_host`` (either direction) ``bad``."""
+    10% jitter), those of ``bad_host`` ``bad`` (``direction``: both, or only those "from" it,
+    as a rate limit on its egress alone)."""
     host_of = {r.url: r.state["host"] for r in job.sim.ranks}
     rng = random.Random(seed)
 
     def link(src: str, dst: str) -> dict:
-        if bad_host in (host_of[src], host_of[dst]):
+        ends = (host_of[src],) if direction == "from" else (host_of[src], host_of[dst])
+        if bad_host in ends:
             return dict(bad)
         row = dict(every or FAST)
         if row.get("mbit_s"):
@@ -249,20 +255,23 @@ def network_findings(d: Driver) -> list:
     return [f for f in d.mon.detectors.open_findings() if f.kind == "network"]
 
 
-def test_a_throttled_host_is_named_from_the_probe_matrix(probing):
+@pytest.mark.parametrize("direction,described", [("both", 6), ("from", 3)])
+def test_a_throttled_host_is_named_from_the_probe_matrix(probing, direction, described):
     d = probing
     d.sweeps(BASELINE_SWEEPS)
     assert probes_asked(d.train.job) == 0  # healthy: nobody probed
-    d.train.job.sim.links = links(d.train.job, "h2", THROTTLED)
+    d.train.job.sim.links = links(d.train.job, "h2", THROTTLED, direction=direction)
     (f,) = d.until(lambda: network_findings(d), "network finding", **NETWORK_SLOW)
     assert (f.replica_group, f.ranks) == (2, [2, 6])
     ev = f.evidence
     assert ev["host"] == "h2" and ev["culprit_hosts"] == ["h2", "h2"]
     assert ev["rounds"] == 2 and ev["job_findings"] == ["job_slow"]
-    assert len(ev["links"]) == 6  # h2 -> 3 peers, 3 peers -> h2
+    assert len(ev["links"]) == described  # h2 -> 3 peers (and 3 peers -> h2)
+    assert ("every link of h2" if direction == "both" else "every link from h2") \
+        in ev["summary"]
     matrix = ev["probe"]["matrix"]
     assert sorted(matrix) == ["h0", "h1", "h2", "h3"]
-    assert matrix["h0"]["h2"]["mbit_s"] == pytest.approx(19.5)
+    assert matrix["h2"]["h0"]["mbit_s"] == pytest.approx(19.5)
     assert matrix["h0"]["h1"]["mbit_s"] > 800
     (slow,) = d.mon.detectors.job_findings()
     assert slow.evidence["probe"]["culprit_hosts"] == ["h2"]
@@ -419,3 +428,46 @@ def test_a_job_that_ends_counts_against_no_host(driver):
     d.sweeps(3, steps=0)
     assert [o for h in ("h0", "h1", "h2", "h3") for o in offences(d, h)] == []
     assert d.mon.hosts.quarantined() == []
+
+
+# --- the verdict alone, on rounds built here ------------------------------------------------
+def a_round(hosts: list[str], link, missing: dict[str, str] | None = None):
+    from monitor.evidence.probes import HostProbe, ProbeRound
+
+    probes = {}
+    for h in hosts:
+        p = HostProbe(h, f"http://{h}:1", 0, {o: f"http://{o}:1" for o in hosts if o != h},
+                      status=200)
+        if missing and h in missing:
+            p.status, p.error = 404, missing[h]
+        else:
+            p.results = {o: {"ok": True, "mbit_s": 900.0, "error": None, **link(h, o)}
+                         for o in hosts if o != h}
+        probes[h] = p
+    return ProbeRound(0.0, 1.0, probes)
+
+
+CUT = {"ok": False, "mbit_s": None, "error": "refused"}
+SLOW = {"mbit_s": 20.0}
+
+
+@pytest.mark.parametrize("hosts,link,missing,culprits,says", [
+    (["a", "b", "c"], lambda s, d: {}, None, [], "every link alike"),
+    (["a", "b", "c"], lambda s, d: SLOW, None, [], "every link alike"),
+    (["a", "b", "c"], lambda s, d: CUT, None, [], "every link failed alike"),
+    (["a", "b"], lambda s, d: CUT if "b" in (s, d) else {}, None, [], "cannot be placed"),
+    (["a", "b", "c"], lambda s, d: CUT if "c" in (s, d) else {}, None, ["c"], "every link of c"),
+    (["a", "b", "c"], lambda s, d: SLOW if d == "c" else {}, None, ["c"], "every link to c"),
+    (["a", "b", "c"], lambda s, d: SLOW if "c" in (s, d) else {}, {"a": "no route"}, [],
+     "no probe results from a (no route)"),
+    # two bad hosts among six: each is in every one of its bad links, the rest are fine
+    (list("abcdef"), lambda s, d: SLOW if {s, d} & {"b", "e"} else {}, None, ["b", "e"], "of b"),
+    # one bad link, no host in all bad links: nobody
+    (list("abcd"), lambda s, d: CUT if (s, d) == ("a", "b") else {}, None, [], "1 of 12 links"),
+])
+def test_the_verdict_names_only_the_host_common_to_every_bad_link(hosts, link, missing,
+                                                                  culprits, says):
+    from monitor.detect.network import place
+
+    v = place(a_round(hosts, link, missing), 0.25)
+    assert v.hosts == culprits and says in v.text, v.text

@@ -1,9 +1,12 @@
 """``network``: the host whose network is bad, placed from the probe mesh's rounds.
 
-A link is *fine* when it connected and moved its bytes at least ``slow_ratio`` times the median
-rate of the links that do not touch the host judged. A host is the culprit when every one of its
-links (either direction) is not fine while at least three quarters of the links among the other
-hosts are (Pingmesh's reasoning: a bad link is blamed on the host common to all bad links). With
+A link is *fine* when it connected and moved its bytes at least ``slow_ratio`` times a reference
+rate. A host is a suspect when none of its links in one direction (every one from it, or every
+one to it: a rate limit often holds one direction only) is fine against the median of the links
+that do not touch it. The suspects are the culprits when they are fewer than half the hosts, at
+least three quarters of the links among the other hosts are fine against those links' median,
+and each suspect's links are still bad against it (Pingmesh's reasoning: a bad link is blamed on
+the host common to all bad links; two bad hosts at once are each named). With
 fewer than three hosts, or a host's row missing (no answer, no route, token refused), nobody is
 named. ``rounds`` consecutive rounds naming the same host confirm a ``network`` finding for each
 group of the newest quorum with ranks there (its culprits: those ranks); every link alike (all
@@ -24,7 +27,7 @@ from monitor.evidence.view import ClusterView
 
 from .findings import JOB_KINDS, Finding, Findings
 
-OTHERS_FINE = 0.75  # of the links among the other hosts, at least this many fine
+OTHERS_FINE = 0.75  # of the links among the hosts above suspicion, at least this many fine
 
 
 @dataclass
@@ -59,6 +62,21 @@ def _describe(link: Link) -> str:
     return f"{link.src} -> {link.dst}: {how}"
 
 
+def _ref(links: list[Link], apart: set[str]) -> float | None:
+    """The median rate of the links that work and touch none of ``apart``."""
+    rates = [x.mbit_s for x in links if x.ok and x.mbit_s and x.src not in apart
+             and x.dst not in apart]
+    return statistics.median(rates) if rates else None
+
+
+def _bad_sides(h: str, links: list[Link], ref: float | None, ratio: float) -> list[str]:
+    """The directions ("from", "to") in which none of ``h``'s links is fine against ``ref``."""
+    if ref is None:
+        return []
+    sides = {"from": [x for x in links if x.src == h], "to": [x for x in links if x.dst == h]}
+    return [side for side, xs in sides.items() if xs and not any(x.fine(ref, ratio) for x in xs)]
+
+
 def place(rnd: ProbeRound, ratio: float) -> Verdict:
     """The verdict on one round (module docstring)."""
     missing = rnd.missing()
@@ -70,25 +88,27 @@ def place(rnd: ProbeRound, ratio: float) -> Verdict:
         return Verdict([], f"no culprit: {len(hosts)} host(s) probed; a bad link between two "
                            "hosts cannot be placed on either")
     links = links_of(rnd)
+    # suspects: a direction of theirs all bad against the links that do not touch them
+    suspects = [h for h in hosts if _bad_sides(h, links, _ref(links, {h}), ratio)]
     out = Verdict([], "")
-    for h in hosts:
-        mine = [x for x in links if h in (x.src, x.dst)]
-        others = [x for x in links if h not in (x.src, x.dst)]
-        rates = [x.mbit_s for x in others if x.ok and x.mbit_s]
-        if not mine or not others or not rates:
-            continue
-        ref = statistics.median(rates)
-        if sum(x.fine(ref, ratio) for x in others) < math.ceil(OTHERS_FINE * len(others)):
-            continue
-        if not any(x.fine(ref, ratio) for x in mine):
+    clean_ref = _ref(links, set(suspects))
+    clean = [x for x in links if x.src not in suspects and x.dst not in suspects]
+    if suspects and 2 * len(suspects) < len(hosts) and clean_ref is not None \
+            and sum(x.fine(clean_ref, ratio) for x in clean) >= math.ceil(OTHERS_FINE * len(clean)):
+        for h in suspects:  # judged again against the links among the hosts above suspicion
+            bad = _bad_sides(h, links, clean_ref, ratio)
+            if not bad:
+                continue
+            shown = [x for x in links if (x.src == h and "from" in bad)
+                     or (x.dst == h and "to" in bad)]
+            which = "of" if len(bad) == 2 else bad[0]
             out.hosts.append(h)
-            out.reference_mbit_s[h] = round(ref, 3)
-            out.bad[h] = [_describe(x) for x in mine]
+            out.reference_mbit_s[h] = round(clean_ref, 3)
+            out.bad[h] = [_describe(x) for x in shown]
+            out.lines[h] = (f"every link {which} {h} is bad ({len(shown)}: under {ratio:g} x "
+                            f"{clean_ref:.1f} Mbit/s, the median of the other hosts' links, or "
+                            f"failed) while the links among the other hosts are good")
     if out.hosts:
-        for h in out.hosts:
-            out.lines[h] = (f"every link of {h} is bad ({len(out.bad[h])}: under {ratio:g} x "
-                            f"{out.reference_mbit_s[h]:.1f} Mbit/s, the median of the other "
-                            f"links, or failed) while the links among the other hosts are good")
         out.text = "; ".join(out.lines.values())
         return out
     rates = [x.mbit_s for x in links if x.ok and x.mbit_s]
