@@ -23,7 +23,7 @@ from monitor.service import Monitor
 from tests.support.monitor_sim import SimJob
 
 STEPS_PER_SWEEP = 3
-BASELINE_SWEEPS = 12  # 5 disjoint healthy windows of 6 steps: job_slow's baseline
+BASELINE_SWEEPS = 14  # 5 disjoint healthy windows of 6 steps after the first: the baseline
 HEALTHY = {"compute_s": 0.16, "wait_cross_s": 0.02, "wait_group_s": 0.01}
 # the link of one host (or of every host) throttled: every group waits ~0.4 s more inside the
 # cross-group all_reduce, and arrives on time
@@ -471,3 +471,30 @@ def test_the_verdict_names_only_the_host_common_to_every_bad_link(hosts, link, m
 
     v = place(a_round(hosts, link, missing), 0.25)
     assert v.hosts == culprits and says in v.text, v.text
+
+
+# --- job_slow on the detectors alone (tests/test_monitor_detectors.py's synthetic job) -------
+@pytest.mark.parametrize("restarted", [False, True])
+def test_a_group_healing_after_a_restart_is_not_a_job_slowdown(restarted):
+    """Six slow steps (every group waiting longer in its collectives) right after a group's new
+    incarnation joined are its healing, not a slowdown; the same steps without the restart
+    are."""
+    from monitor.detect import Detectors
+    from tests.test_monitor_detectors import T0, Job, sweep
+
+    job, det, now = Job(), Detectors(DetectorConfig()), T0
+    job.steps(6, now=now)
+    for _ in range(40):
+        now += 1.0
+        job.steps(1, now=now)
+        assert sweep(det, job, now) == []
+    assert det.jobwide.baseline_medians() is not None
+    if restarted:
+        for r in job.members(1):
+            job.states[r]["replica_id"] = "replica_group_1:restarted"
+    found = []
+    for i in range(12):
+        now += 1.0
+        job.steps(1, noise=0.4 if i < 6 else 0.03, now=now)
+        found += [f.kind for f in sweep(det, job, now)]
+    assert found == ([] if restarted else ["job_slow"])

@@ -16,7 +16,8 @@ While one is open the monitor probes the hosts' network (monitor.detect.network)
   ``job_slow_factor`` times its healthy baseline (the median of the last disjoint windows seen
   while nothing was open), no group is late (every arrival lag below the straggler threshold) and the time
   went into the collectives (waits rose by at least half the step's rise), in
-  ``job_slow_windows`` consecutive windows with newer steps. Resolved back at pace (under half
+  ``job_slow_windows`` consecutive windows with newer steps; the window after a change of the
+  quorum's groups (one left, joined, or was restarted and heals) is not judged. Resolved back at pace (under half
   way between the baseline and the factor) or when a group finding explains it.
 """
 
@@ -53,6 +54,8 @@ class JobWide:
         self._baseline_newest: int | None = None  # ... of the last window in the baseline
         self._slow: list[float] = []  # ratios of the consecutive slow windows
         self._slow_since: float | None = None
+        self._members: frozenset = frozenset()  # (group, replica id) of the newest quorum
+        self._changed_at: int | None = None  # the newest step when they last changed
 
     def judge(self, view: ClusterView, now: float, hang: Hang,
               straggler: Straggler) -> list[Finding]:
@@ -60,6 +63,11 @@ class JobWide:
         in_q = {gv.replica_group for gv in groups}
         blamed = sorted({k[1] for k in self.findings.open if k[0] in GROUP_KINDS
                          and k[1] in in_q})
+        members = frozenset((gv.replica_group, gv.replica_id) for gv in groups)
+        if members != self._members:  # a group left, joined or was restarted
+            self._members = members
+            self._changed_at = max((gv.step for gv in groups if gv.step is not None),
+                                   default=None)
         out = [self.stall(view, groups, now, hang, blamed),
                self.slow(view, groups, now, straggler.last_window, blamed)]
         return [f for f in out if f]
@@ -133,6 +141,9 @@ class JobWide:
             self._slow, self._slow_since = [], None
             self.findings.resolve(key, "explained", now)
             return None
+        if self._changed_at is not None \
+                and w.first <= self._changed_at + self.cfg.straggler_steps:
+            return None  # a quorum change (a group healing) is not a slowdown, nor a baseline
         base = self.baseline_medians()
         ratio = w.step_s / base[0] if base and base[0] > 0 else None
         max_lag = max(w.lags.values(), default=0.0)
