@@ -181,7 +181,8 @@ class ProbeMesh:
         return not self.running()
 
     def close(self) -> None:
-        self.wait(self.cfg.timeout_s * (self.cfg.peers + 1) + 5)
+        """Give a round under way a moment (its thread is a daemon: nothing waits on it)."""
+        self.wait(self.cfg.timeout_s + 1)
 
     def _hold(self, done: ProbeRound | None, topic: str, line: str) -> ProbeRound | None:
         self.note = line
@@ -229,8 +230,11 @@ class ProbeMesh:
         if p.status == 404:
             p.error = "no /v1/probe route (an older WorkerServer)"
             return
-        if p.status in (401, 403):
-            p.error = f"refused the token (HTTP {p.status})"
+        if p.status == 401:
+            p.error = "refused the token (HTTP 401: LIGHTKEEPER_EXIT_TOKEN differs)"
+            return
+        if p.status == 403:
+            p.error = "probes off on the rank (HTTP 403: no LIGHTKEEPER_EXIT_TOKEN)"
             return
         if p.status != 200:
             p.error = f"HTTP {p.status}"
