@@ -80,6 +80,10 @@ class RailsConfig:
                               f"expected some of {', '.join(EVICTABLE_KINDS)}")
 
 
+# a rank's POST /v1/probe bounds (worker_server/probe.py; the monitor does not import it)
+PROBE_MAX_BYTES, PROBE_MAX_TIMEOUT_S, PROBE_MAX_PEERS = 4 * 1024 * 1024, 10.0, 64
+
+
 @dataclass
 class ProbeConfig:
     """The probe mesh, asked only while a job-wide finding is open (monitor/evidence/probes.py,
@@ -97,6 +101,12 @@ class ProbeConfig:
     def validate(self) -> None:
         _at_least(self, 0, "timeout_s", "interval_s", strict=True)
         _at_least(self, 1, "size_bytes", "peers", "rounds", "workers")
+        # what a rank's POST /v1/probe accepts (worker_server/probe.py): beyond it, a 400
+        for name, most in (("size_bytes", PROBE_MAX_BYTES), ("timeout_s", PROBE_MAX_TIMEOUT_S),
+                           ("peers", PROBE_MAX_PEERS)):
+            if getattr(self, name) > most:
+                raise ConfigError(f"probe {name} must be <= {most:g} (what a rank accepts), "
+                                  f"got {getattr(self, name)!r}")
         if not 0 < self.slow_ratio < 1:
             raise ConfigError(f"probe slow_ratio must be in (0, 1), got {self.slow_ratio}")
 

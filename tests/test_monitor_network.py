@@ -267,7 +267,7 @@ def test_a_throttled_host_is_named_from_the_probe_matrix(probing, direction, des
     assert ev["host"] == "h2" and ev["culprit_hosts"] == ["h2", "h2"]
     assert ev["rounds"] == 2 and ev["job_findings"] == ["job_slow"]
     assert len(ev["links"]) == described  # h2 -> 3 peers (and 3 peers -> h2)
-    assert ("every link of h2" if direction == "both" else "every link from h2") \
+    assert ("every link of h2" if direction == "both" else "every transfer h2 fetched") \
         in ev["summary"]
     matrix = ev["probe"]["matrix"]
     assert sorted(matrix) == ["h0", "h1", "h2", "h3"]
@@ -457,7 +457,8 @@ SLOW = {"mbit_s": 20.0}
     (["a", "b", "c"], lambda s, d: CUT, None, [], "every link failed alike"),
     (["a", "b"], lambda s, d: CUT if "b" in (s, d) else {}, None, [], "cannot be placed"),
     (["a", "b", "c"], lambda s, d: CUT if "c" in (s, d) else {}, None, ["c"], "every link of c"),
-    (["a", "b", "c"], lambda s, d: SLOW if d == "c" else {}, None, ["c"], "every link to c"),
+    (["a", "b", "c"], lambda s, d: SLOW if d == "c" else {}, None, ["c"],
+     "every transfer fetched from c"),
     (["a", "b", "c"], lambda s, d: SLOW if "c" in (s, d) else {}, {"a": "no route"}, [],
      "no probe results from a (no route)"),
     # two bad hosts among six: each is in every one of its bad links, the rest are fine

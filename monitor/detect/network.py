@@ -27,6 +27,9 @@ from monitor.evidence.view import ClusterView
 
 from .findings import JOB_KINDS, Finding, Findings
 
+# a link "from" h is one h's rank was asked to measure: it fetched the payload from the peer
+WHICH = {"both": "every link of {h}", "from": "every transfer {h} fetched",
+         "to": "every transfer fetched from {h}"}
 OTHERS_FINE = 0.75  # of the links among the hosts above suspicion, at least this many fine
 
 
@@ -101,11 +104,11 @@ def place(rnd: ProbeRound, ratio: float) -> Verdict:
                 continue
             shown = [x for x in links if (x.src == h and "from" in bad)
                      or (x.dst == h and "to" in bad)]
-            which = "of" if len(bad) == 2 else bad[0]
+            which = WHICH["both" if len(bad) == 2 else bad[0]].format(h=h)
             out.hosts.append(h)
             out.reference_mbit_s[h] = round(clean_ref, 3)
             out.bad[h] = [_describe(x) for x in shown]
-            out.lines[h] = (f"every link {which} {h} is bad ({len(shown)}: under {ratio:g} x "
+            out.lines[h] = (f"{which} is bad ({len(shown)}: under {ratio:g} x "
                             f"{clean_ref:.1f} Mbit/s, the median of the other hosts' links, or "
                             f"failed) while the links among the other hosts are good")
     if out.hosts:
