@@ -350,9 +350,11 @@ class Demo:
         The cap is the number of spare hosts: each quarantine moves a group to a spare, and
         one more would leave a group waiting; the default 10% of 3-5 hosts is 1, which would
         hold the second of two faulty hosts."""
+        from monitor.config import QUARANTINE_AFTER
+
         a = self.args
-        if a.one_host or a.no_quarantine:
-            return ["--quarantine-after", "hang=0,mismatch=0,dead_rank=0,straggler=0"]
+        if a.one_host or a.no_quarantine:  # every kind that counts by default, off
+            return ["--quarantine-after", ",".join(f"{k}=0" for k in QUARANTINE_AFTER)]
         out = ["--max-quarantined", str(max(1, a.spare_hosts))]
         if a.quarantine_dry_run or a.dry_run:  # --dry-run acts on nothing, hosts included
             out.append("--quarantine-dry-run")

@@ -21,6 +21,7 @@ from .config import (
     ConfigError,
     DetectorConfig,
     MonitorConfig,
+    ProbeConfig,
     QuarantineConfig,
     RailsConfig,
     ShardConfig,
@@ -145,6 +146,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fr-interval", dest="fr_interval_s", type=float, default=d.fr_interval_s,
                    help="fetch Flight Recorder from every rank at least this often, seconds "
                         "(%(default)s)")
+    g.add_argument("--job-slow-factor", type=float, default=d.job_slow_factor,
+                   help="job_slow: the job's median step above this many times its healthy "
+                        "baseline with no group late (%(default)s)")
+    g.add_argument("--job-slow-windows", type=int, default=d.job_slow_windows,
+                   help="... in this many consecutive straggler windows (%(default)s)")
+    g.add_argument("--job-baseline-windows", type=int, default=d.job_baseline_windows,
+                   help="healthy windows seen before job_slow is judged (%(default)s)")
     p.add_argument("--leader-polling", choices=("auto", "on", "off"), default=c.leader_polling,
                    help="poll each replica group's rank 0 every sweep and the other ranks every "
                         "--member-interval, drilling into a group whose leader looks wrong "
@@ -170,6 +178,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expected-groups", type=_positive_int,
                    help="replica groups the job should run with: the goodput ledger's "
                         "capacity (default: the number of replica groups ever seen)")
+    pr, pd = p.add_argument_group("network probes (docs/monitor.md, Network faults)"), ProbeConfig()
+    pr.add_argument("--no-probes", dest="probes_enabled", action="store_false",
+                    help="never ask the ranks to probe each other: a network fault's host is "
+                         "not looked for")
+    pr.add_argument("--probe-bytes", type=_positive_int, default=pd.size_bytes,
+                    help="bytes each probed link transfers (%(default)s)")
+    pr.add_argument("--probe-timeout", type=float, default=pd.timeout_s,
+                    help="seconds a rank waits for each peer (%(default)s)")
+    pr.add_argument("--probe-interval", type=float, default=pd.interval_s,
+                    help="at most one probe round per this many seconds, only while job_stall "
+                         "or job_slow is open (%(default)s)")
+    pr.add_argument("--probe-peers", type=_positive_int, default=pd.peers,
+                    help="peers each host's rank probes per round (%(default)s)")
+    pr.add_argument("--probe-rounds", type=_positive_int, default=pd.rounds,
+                    help="consecutive rounds naming the same host to confirm a network finding "
+                         "(%(default)s)")
+    pr.add_argument("--probe-slow-ratio", type=float, default=pd.slow_ratio,
+                    help="a link slower than this fraction of the other links' median is bad "
+                         "(%(default)s)")
     q = p.add_argument_group("host quarantine (docs/quarantine.md)")
     q.add_argument("--quarantine-after", type=_kind_counts, default={},
                    help="quarantine a host after N confirmed findings of a kind within the "
@@ -251,6 +278,10 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
         rails=RailsConfig(min_replicas=args.min_replicas, cooldown_s=args.cooldown,
                           min_reachable_fraction=args.min_reachable, dry_run=args.dry_run,
                           evict_kinds=tuple(args.evict_on)),
+        probes=ProbeConfig(enabled=args.probes_enabled, size_bytes=args.probe_bytes,
+                           timeout_s=args.probe_timeout, interval_s=args.probe_interval,
+                           peers=args.probe_peers, rounds=args.probe_rounds,
+                           slow_ratio=args.probe_slow_ratio),
         quarantine=QuarantineConfig(
             after={**QUARANTINE_AFTER, **args.quarantine_after},
             window_s=args.quarantine_window, ttl_s=args.quarantine_ttl,

@@ -10,9 +10,11 @@ import os
 from dataclasses import dataclass, field
 
 EVICTABLE_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting",
-                   "quarantined_host")
-# --quarantine-after defaults: a straggler may be the job's own jitter, so it takes two
-QUARANTINE_AFTER = {"hang": 1, "mismatch": 1, "dead_rank": 1, "straggler": 2}
+                   "network", "quarantined_host")
+# --quarantine-after defaults: a straggler may be the job's own jitter, so it takes two; a dead
+# group counts once the Lighthouse agrees it is gone (monitor.act.enforcer)
+QUARANTINE_AFTER = {"hang": 1, "mismatch": 1, "dead_rank": 1, "straggler": 2, "network": 1,
+                    "dead": 1}
 QUARANTINE_KINDS = EVICTABLE_KINDS[:-1]  # not quarantined_host
 
 
@@ -42,11 +44,19 @@ class DetectorConfig:
     dead_sweeps: int = 3  # dead / dead_rank: unreachable for this many sweeps
     starting_timeout_s: float = 300.0  # stuck_starting: no first quorum this long
     fr_interval_s: float = 15.0  # Flight Recorder fetched at least this often (mismatch)
+    # job_slow: the job's median step over a straggler window above this many times its
+    # healthy baseline (the median of its first healthy windows), no group late, in this many
+    # consecutive windows with newer steps
+    job_slow_factor: float = 2.0
+    job_slow_windows: int = 2
+    job_baseline_windows: int = 5  # healthy windows seen before job_slow is judged
 
     def validate(self) -> None:
         _at_least(self, 0, "straggler_min_lag_s", "straggler_rel_lag", "hang_floor_s",
                   "hang_factor", "fr_interval_s", "starting_timeout_s", strict=True)
-        _at_least(self, 1, "straggler_steps", "straggler_windows", "dead_sweeps")
+        _at_least(self, 1, "straggler_steps", "straggler_windows", "dead_sweeps",
+                  "job_slow_windows", "job_baseline_windows")
+        _at_least(self, 1, "job_slow_factor", strict=True)
 
 
 @dataclass
@@ -55,7 +65,7 @@ class RailsConfig:
     cooldown_s: float = 60.0  # at most one eviction per cooldown window
     min_reachable_fraction: float = 0.5  # hold when the monitor reaches no more than this
     dry_run: bool = False
-    evict_kinds: tuple[str, ...] = ("straggler", "hang", "mismatch", "dead_rank",
+    evict_kinds: tuple[str, ...] = ("straggler", "hang", "mismatch", "dead_rank", "network",
                                     "quarantined_host")
 
     def validate(self) -> None:
@@ -68,6 +78,37 @@ class RailsConfig:
         if unknown:
             raise ConfigError(f"unknown finding kind(s) to evict on: {', '.join(unknown)}; "
                               f"expected some of {', '.join(EVICTABLE_KINDS)}")
+
+
+# a rank's POST /v1/probe bounds (worker_server/probe.py; the monitor does not import it)
+PROBE_MAX_BYTES, PROBE_MAX_TIMEOUT_S, PROBE_MAX_PEERS = 4 * 1024 * 1024, 10.0, 64
+
+
+@dataclass
+class ProbeConfig:
+    """The probe mesh, asked only while a job-wide finding is open (monitor/evidence/probes.py,
+    monitor/detect/network.py; docs/monitor.md, Network faults)."""
+
+    enabled: bool = True  # needs the ranks' token too (rank_exit_token)
+    size_bytes: int = 262144  # each link's transfer
+    timeout_s: float = 2.0  # per link, on the rank
+    interval_s: float = 2.0  # at most one round per this many seconds
+    peers: int = 8  # peers each host's rank probes per round (beyond peers + 1 hosts: a ring)
+    rounds: int = 2  # consecutive rounds naming the same host confirm a network finding
+    slow_ratio: float = 0.25  # a link slower than this fraction of the others' median is bad
+    workers: int = 32  # probe requests in flight at once
+
+    def validate(self) -> None:
+        _at_least(self, 0, "timeout_s", "interval_s", strict=True)
+        _at_least(self, 1, "size_bytes", "peers", "rounds", "workers")
+        # what a rank's POST /v1/probe accepts (worker_server/probe.py): beyond it, a 400
+        for name, most in (("size_bytes", PROBE_MAX_BYTES), ("timeout_s", PROBE_MAX_TIMEOUT_S),
+                           ("peers", PROBE_MAX_PEERS)):
+            if getattr(self, name) > most:
+                raise ConfigError(f"probe {name} must be <= {most:g} (what a rank accepts), "
+                                  f"got {getattr(self, name)!r}")
+        if not 0 < self.slow_ratio < 1:
+            raise ConfigError(f"probe slow_ratio must be in (0, 1), got {self.slow_ratio}")
 
 
 @dataclass
@@ -186,6 +227,7 @@ class MonitorConfig:
     gc_freeze_min_targets: int = 20_000  # no cyclic GC during a sweep; survivors frozen
     detectors: DetectorConfig = field(default_factory=DetectorConfig)
     rails: RailsConfig = field(default_factory=RailsConfig)
+    probes: ProbeConfig = field(default_factory=ProbeConfig)
     quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
     shard: ShardConfig | None = None  # one of several monitors (monitor/shard.py)
 
@@ -203,6 +245,7 @@ class MonitorConfig:
                               f"{self.leader_polling!r}")
         self.detectors.validate()
         self.rails.validate()
+        self.probes.validate()
         self.quarantine.validate()
         if self.shard is not None:
             self.shard.validate(self.interval_s)

@@ -2,7 +2,8 @@
 
 1. poll: whom to ask and their ``/v1/state`` answers (:mod:`monitor.polling`);
 2. evidence: the Lighthouse's status, the view, each rank verified (:mod:`monitor.evidence`);
-3. detect: on verified ranks only, with Flight Recorder dumps (:mod:`monitor.detect`);
+3. detect: on verified ranks only, with Flight Recorder dumps (:mod:`monitor.detect`); while the
+   whole job is stalled or slow, the hosts' ranks probe each other (:mod:`monitor.evidence.probes`);
 4. decide and act: findings, hosts, evictions under the rails (:mod:`monitor.act.enforcer`);
 5. account: the goodput ledger (:mod:`monitor.goodput.account`);
 6. publish: the view for the API, the metrics, the file_sd.
@@ -30,6 +31,7 @@ from .config import ConfigError, MonitorConfig
 from .detect import Analyzer, Detectors
 from .evidence.lighthouse_settings import LighthouseSettingsWatch
 from .evidence.lighthouse_status import LighthouseReader, LighthouseStatus
+from .evidence.probes import ProbeMesh
 from .evidence.verification import Verifier
 from .evidence.view import ClusterView, ViewBuilder
 from .goodput.account import GoodputAccount
@@ -90,7 +92,8 @@ class Monitor:
         self.store = Store(cfg.state_path)
         self.metrics = MonitorMetrics(cfg.job)
         self.metrics.dry_run.labels(cfg.job).set(1 if cfg.rails.dry_run else 0)
-        self.detectors = Detectors(cfg.detectors, analyzer, clock=clock)
+        self.detectors = Detectors(cfg.detectors, analyzer, clock=clock, probes=cfg.probes)
+        self.probes = ProbeMesh(cfg.probes, cfg.rank_exit_token, clock)
         self.schedule = LeaderSchedule(cfg.leader_polling, cfg.leader_polling_min_ranks,
                                        cfg.member_interval_s, cfg.interval_s)
         self.polling = Polling(cfg, self.schedule, self.detectors, self._targets, clock,
@@ -156,6 +159,7 @@ class Monitor:
         if self._http is not None:
             self._http.stop()
         self.enforcer.close()
+        self.probes.close()
         self.goodput.close(self.clock())
         self.polling.close()
         self.lighthouse.close()
@@ -197,10 +201,14 @@ class Monitor:
         # 3. detect
         dumps = self.polling.fr_dumps(evidence, now)
         new = self.detectors.update(evidence, dumps, now, full_view=view)
+        # the job stalled or slow with no group to blame: the hosts' ranks probe each other
+        blind = self.enforcer.blindness(view)
+        done = self.probes.step(evidence, bool(self.detectors.job_findings()), blind, now)
+        new += self.detectors.network(evidence, done, now, blind)
         # 4. decide and act
         new += self.enforcer.host_findings(view, evidence, now, self.views.reshaped)
         self.enforcer.record(new, now)
-        self.enforcer.judge_hosts(view, new, now)
+        self.enforcer.judge_hosts(view, new, now, self.lighthouse_status)
         if self.shard is not None:  # proposals to the leader, which applies the global rails
             self.shard.after_sweep(view, evidence, now)
         else:
@@ -300,6 +308,7 @@ class Monitor:
                     self.view, self.lighthouse_status, self.lighthouse_error,
                     self.blind_reason()),
                 "lighthouse_settings": self.lh_settings.to_dict(),
+                "network_probes": self.probes.to_json(),
                 "shard": self.shard.to_json() if self.shard else None}
         return views.cluster_json(head, self.view, self.evidence, self.detectors, self.clock())
 

@@ -69,8 +69,15 @@ CREATE TABLE IF NOT EXISTS host_actions (
 CREATE INDEX IF NOT EXISTS host_actions_due ON host_actions (status, next_at);
 """
 
+# a job-wide finding's replica_group (None) in the findings table, whose column is NOT NULL
+JOB_GROUP = -1
 GOODPUT_INTERVALS_KEPT = 100_000  # settled badput intervals kept in the file (oldest dropped)
 EVICTED_STATUSES = ("sending", "sent", "confirmed", "unconfirmed")  # all but "failed"
+
+
+def _group(stored: int | None) -> int | None:
+    """A findings row's replica_group as a finding has it (JOB_GROUP: None, the whole job)."""
+    return None if stored == JOB_GROUP else stored
 
 
 def goodput_json_text(doc: dict[str, Any]) -> str:
@@ -121,7 +128,8 @@ class Store:
         return self._write(
             "INSERT INTO findings (kind, replica_group, replica_id, ranks, evidence, "
             "first_seen, confirmed_at, resolved_at, resolution) VALUES (?,?,?,?,?,?,?,?,?)",
-            (f["kind"], f["replica_group"], f.get("replica_id"), json.dumps(f["ranks"]),
+            (f["kind"], JOB_GROUP if f["replica_group"] is None else f["replica_group"],
+             f.get("replica_id"), json.dumps(f["ranks"]),
              json.dumps(f.get("evidence") or {}, default=str), f["first_seen"],
              f.get("confirmed_at"), f.get("resolved_at"), f.get("resolution")))
 
@@ -137,13 +145,14 @@ class Store:
         """(kind, replica_group, replica_id) -> id of findings not resolved yet."""
         rows = self._rows("SELECT id, kind, replica_group, replica_id FROM findings "
                           "WHERE resolved_at IS NULL")
-        return {(r["kind"], r["replica_group"], r["replica_id"]): r["id"] for r in rows}
+        return {(r["kind"], _group(r["replica_group"]), r["replica_id"]): r["id"] for r in rows}
 
     def findings(self, limit: int = 500, open_only: bool = False) -> list[dict[str, Any]]:
         where = " WHERE resolved_at IS NULL" if open_only else ""
         rows = self._rows(f"SELECT * FROM findings{where} ORDER BY id DESC LIMIT ?", (limit,))
-        return [{**dict(r), "ranks": json.loads(r["ranks"]),
-                 "evidence": json.loads(r["evidence"])} for r in rows]
+        return [{**dict(r), "replica_group": _group(r["replica_group"]),
+                 "ranks": json.loads(r["ranks"]), "evidence": json.loads(r["evidence"])}
+                for r in rows]
 
     def add_decision(self, *, replica_group: int | None, replica_id: str | None, decision: str,
                      reason: str, detail: str = "", finding_id: int | None = None,

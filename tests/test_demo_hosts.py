@@ -70,14 +70,17 @@ def _args(*argv: str) -> argparse.Namespace:
     return p.parse_args(list(argv))
 
 
+NO_QUARANTINE = "hang=0,mismatch=0,dead_rank=0,straggler=0,network=0,dead=0"
+
+
 @pytest.mark.parametrize("argv,flags", [
     ((), ["--max-quarantined", "2"]),
     (("--spare-hosts", "3"), ["--max-quarantined", "3"]),
     (("--spare-hosts", "0"), ["--max-quarantined", "1"]),
     (("--quarantine-dry-run",), ["--max-quarantined", "2", "--quarantine-dry-run"]),
     (("--dry-run",), ["--max-quarantined", "2", "--quarantine-dry-run"]),
-    (("--no-quarantine",), ["--quarantine-after", "hang=0,mismatch=0,dead_rank=0,straggler=0"]),
-    (("--one-host",), ["--quarantine-after", "hang=0,mismatch=0,dead_rank=0,straggler=0"]),
+    (("--no-quarantine",), ["--quarantine-after", NO_QUARANTINE]),
+    (("--one-host",), ["--quarantine-after", NO_QUARANTINE]),
 ])
 def test_the_monitor_quarantines_with_a_cap_of_the_spare_hosts(tmp_path, argv, flags):
     demo = Demo(_args(*argv), Scenario(), tmp_path)

@@ -264,7 +264,8 @@ def test_cli_flags():
         "--quarantine-ttl", "7200", "--max-quarantined", "2", "--quarantine-dry-run",
         "--action", "slurm", "--action", "exec:/usr/local/bin/hook --x"]))
     q = cfg.quarantine
-    assert q.after == {"hang": 1, "mismatch": 1, "dead_rank": 0, "straggler": 3}
+    assert q.after == {"hang": 1, "mismatch": 1, "dead_rank": 0, "straggler": 3, "network": 1,
+                       "dead": 1}
     assert (q.window_s, q.ttl_s, q.max_quarantined, q.dry_run) == (600, 7200, 2, True)
     assert q.actions == ("slurm", "exec:/usr/local/bin/hook --x")
     with pytest.raises(SystemExit):

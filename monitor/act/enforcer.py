@@ -17,9 +17,11 @@ from typing import Any
 from ..config import MonitorConfig
 from ..detect import Detectors, Finding
 from ..evidence.lighthouse_settings import LighthouseSettingsWatch
+from ..evidence.lighthouse_status import LighthouseStatus
 from ..evidence.view import ClusterView
 from ..store import Store
 from .actions import Lighthouse, Orphans
+from .dead import DeadGroups
 from .decisions import Decision, Situation, decide
 from .hosts import HostLedger
 
@@ -57,6 +59,7 @@ class Enforcer:
         self._last_decision: dict[tuple, str] = {}  # finding key -> the hold last recorded
         self._lock = threading.Lock()  # one decision at a time (the loop, the API)
         self._host_actions: threading.Thread | None = None
+        self.dead = DeadGroups()  # dead findings waiting for the Lighthouse to agree
 
     def finding_id(self, key: tuple) -> int | None:
         """The audit log's id of an open finding."""
@@ -71,7 +74,8 @@ class Enforcer:
         """Add the new findings to the audit log; close those the detectors resolved."""
         for f in new:
             self._finding_ids[f.key] = self.store.add_finding(f.to_dict())
-            self.metrics.findings.labels(self.cfg.job, f.kind, str(f.replica_group)).inc()
+            group = "job" if f.replica_group is None else str(f.replica_group)
+            self.metrics.findings.labels(self.cfg.job, f.kind, group).inc()
         open_keys = {f.key for f in self.detectors.open_findings()}
         resolved = {f.key: f for f in self.detectors.resolved_findings()}
         for key in [k for k in self._finding_ids if k not in open_keys]:
@@ -97,19 +101,20 @@ class Enforcer:
             self.hosts_error = f"{type(e).__name__}: {e}"
             return []
 
-    def judge_hosts(self, view: ClusterView, new: list[Finding], now: float) -> None:
-        """Offences, the quarantine policy, then due sink actions on a background thread (a
-        slow sink never delays a sweep). Never raises."""
+    def judge_hosts(self, view: ClusterView, new: list[Finding], now: float,
+                    lighthouse: LighthouseStatus | None = None) -> None:
+        """Offences (a ``dead`` one once ``lighthouse``, the status just read, agrees:
+        monitor.act.dead), the quarantine policy, then due sink actions on a background thread
+        (a slow sink never delays a sweep). Never raises."""
         try:
-            group_hosts = {f.replica_group: view.groups[f.replica_group].hosts for f in new
+            counted = [f for f in new if f.kind != "dead"] + self.dead.agreed(
+                new, {f.key for f in self.detectors.open_findings()},
+                self.store.evicted_replica_ids, view, lighthouse)
+            group_hosts = {f.replica_group: view.groups[f.replica_group].hosts for f in counted
                            if f.replica_group in view.groups}
             self.hosts.record([{**f.to_dict(), "id": self._finding_ids.get(f.key)}
-                               for f in new], now, group_hosts)
-            blind = self.blind()
-            if not blind and view.reachable_fraction <= self.cfg.rails.min_reachable_fraction:
-                blind = (f"the monitor reaches only {view.reachable_fraction:.0%} of the ranks "
-                         "it knows; it may be the problem")
-            self.hosts.decide(now, blind, len(self.hosts.known_hosts(view)))
+                               for f in counted], now, group_hosts)
+            self.hosts.decide(now, self.blindness(view), len(self.hosts.known_hosts(view)))
             if self.hosts.sinks and self.store.host_actions(due_at=now, limit=1):
                 self._start_host_actions()
             self.metrics.set_hosts(self.hosts.counts(), self.hosts.to_json(now))
@@ -117,6 +122,15 @@ class Enforcer:
         except Exception as e:
             log.exception("host ledger failed")
             self.hosts_error = f"{type(e).__name__}: {e}"
+
+    def blindness(self, view: ClusterView) -> str | None:
+        """Why nobody may be blamed now: ranks cannot be verified, or the monitor reaches no
+        more than ``--min-reachable`` of them (it may be the one cut off); None: neither."""
+        blind = self.blind()
+        if not blind and view.reachable_fraction <= self.cfg.rails.min_reachable_fraction:
+            blind = (f"the monitor reaches only {view.reachable_fraction:.0%} of the ranks "
+                     "it knows; it may be the problem")
+        return blind
 
     def hosts_json(self, view: ClusterView | None) -> dict[str, Any]:
         """``GET /v1/hosts``."""

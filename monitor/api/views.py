@@ -59,12 +59,13 @@ def ranks_json(view: ClusterView | None, now: float) -> list[dict[str, Any]]:
 def cluster_json(head: dict[str, Any], view: ClusterView | None, evidence: ClusterView | None,
                  detectors: Detectors, now: float) -> dict[str, Any]:
     """``GET /v1/cluster``: ``head`` (the monitor's own fields) and every group as seen."""
-    out: dict[str, Any] = {**head, "groups": [], "ungrouped": [], "quorum_id": None,
+    out: dict[str, Any] = {**head, "groups": [], "job_findings": [], "ungrouped": [],
+                           "quorum_id": None,
                            "quorum_participants": None, "reachable_fraction": None,
                            "sweep_seconds": None, "at": None}
     if view is None or evidence is None:
         return out
-    open_by_group: dict[int, list[str]] = {}
+    open_by_group: dict[int | None, list[str]] = {}
     for f in detectors.open_findings():
         open_by_group.setdefault(f.replica_group, []).append(f.kind)
     in_quorum = {g.replica_group for g in evidence.in_quorum()}
@@ -81,6 +82,7 @@ def cluster_json(head: dict[str, Any], view: ClusterView | None, evidence: Clust
             "open_findings": sorted(open_by_group.get(g, [])),
             "evidence_ranks": len(verified.ranks) if verified else 0,
             "ranks": [rank_json(r, now) for r in gv.ranks]})
+    out["job_findings"] = sorted(open_by_group.get(None, []))  # job-wide: no group named
     out["ungrouped"] = [{"url": r.url, "reachable": r.reachable, "reason": r.reason,
                          "error": r.error, "unreachable_sweeps": r.failures,
                          "verification": r.trust.to_dict() if r.trust else None}

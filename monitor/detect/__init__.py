@@ -2,7 +2,7 @@
 :class:`Detectors`, one module per finding kind beside it."""
 
 from .detectors import Analyzer, Detectors
-from .findings import KINDS, Finding
+from .findings import JOB_KINDS, KINDS, Finding
 from .rank_state import collective_wait, current_wait
 
-__all__ = ["KINDS", "Analyzer", "Detectors", "Finding", "collective_wait", "current_wait"]
+__all__ = ["JOB_KINDS", "KINDS", "Analyzer", "Detectors", "Finding", "collective_wait", "current_wait"]

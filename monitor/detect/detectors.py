@@ -14,13 +14,16 @@ from collections.abc import Callable, Container, Iterable, Mapping
 from typing import Any
 
 from monitor.analysis import RankTrace, analyze, normalize_dumps
-from monitor.config import DetectorConfig
+from monitor.config import DetectorConfig, ProbeConfig
 from monitor.detect import mismatch
-from monitor.detect.findings import Finding, Findings, engine_findings
+from monitor.detect.findings import JOB_KINDS, Finding, Findings, engine_findings
 from monitor.detect.hang import Hang
+from monitor.detect.jobwide import JobWide
 from monitor.detect.liveness import Liveness
+from monitor.detect.network import Network
 from monitor.detect.rank_state import SeenGroups, fresh_ranks
 from monitor.detect.straggler import GroupMemory, Straggler
+from monitor.evidence.probes import ProbeRound
 from monitor.evidence.view import ClusterView
 
 log = logging.getLogger(__name__)
@@ -31,7 +34,8 @@ Analyzer = Callable[[Mapping[int, RankTrace]], Any]  # normalized traces -> resu
 class Detectors:
 
     def __init__(self, cfg: DetectorConfig | None = None, analyzer: Analyzer | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 probes: ProbeConfig | None = None) -> None:
         self.cfg = cfg or DetectorConfig()
         self.analyzer = analyzer or analyze
         self.clock = clock
@@ -40,6 +44,8 @@ class Detectors:
         self.liveness = Liveness(self.cfg, self.findings)
         self.hang = Hang(self.cfg, self.findings, self.analyzer)
         self.straggler = Straggler(self.cfg, self.findings, self._groups)
+        self.jobwide = JobWide(self.cfg, self.findings)
+        self.net = Network(probes or ProbeConfig(), self.findings)
         self._remembered: ClusterView | None = None
         self._remembered_seen = SeenGroups()
         self._commit_failures: dict[str, int] = {}
@@ -62,6 +68,21 @@ class Detectors:
 
     def open_findings(self) -> list[Finding]:
         return sorted(self.findings.open.values(), key=lambda f: (f.confirmed_at or 0, f.kind))
+
+    def job_findings(self) -> list[Finding]:
+        """The open job-wide findings (job_stall, job_slow)."""
+        return [f for k, f in self.findings.open.items() if k[0] in JOB_KINDS]
+
+    def network(self, view: ClusterView, rnd: ProbeRound | None, now: float,
+                blind: str | None) -> list[Finding]:
+        """The network findings a finished probe round confirms (monitor.detect.network); a
+        failure is logged and shown like a detector's."""
+        try:
+            return self.net.judge(view, rnd, now, blind)
+        except Exception as e:
+            log.exception("detector network failed")
+            self.last_error = f"network: {type(e).__name__}: {e}"
+            return []
 
     def resolved_findings(self) -> list[Finding]:
         return list(self.findings.resolved)
@@ -152,7 +173,9 @@ class Detectors:
             ("mismatch", lambda: mismatch.judge(view, dumps, traces, analysis, now,
                                                 self.findings)),
             ("stuck_starting", lambda: self.liveness.stuck_starting(
-                full, now, self._starting_urls(full), self._groups)))
+                full, now, self._starting_urls(full), self._groups)),
+            # after the per-group detectors: a group they name explains the job
+            ("job", lambda: self.jobwide.judge(view, now, self.hang, self.straggler)))
         new: list[Finding] = []
         for name, step in steps:
             try:

@@ -1,5 +1,6 @@
 """Findings and their lifecycle: opened once confirmed (one per kind, replica group and torchft
-``replica_id``), then resolved; the evidence names the culprits and where they run."""
+``replica_id``), then resolved; the evidence names the culprits and where they run. A job-wide
+finding (:data:`JOB_KINDS`) has no group: its ``replica_group`` and ``replica_id`` are None."""
 
 from __future__ import annotations
 
@@ -15,13 +16,15 @@ from .rank_state import describe_ranks
 log = logging.getLogger(__name__)
 
 KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting",
-         "quarantined_host")  # opened by monitor.act.hosts
+         "quarantined_host",  # opened by monitor.act.hosts
+         "job_stall", "job_slow", "network")
+JOB_KINDS = ("job_stall", "job_slow")  # the whole job, no group named (monitor.detect.jobwide)
 
 
 @dataclass
 class Finding:
     kind: str
-    replica_group: int
+    replica_group: int | None  # None: the whole job (JOB_KINDS)
     replica_id: str | None
     ranks: list[int]
     evidence: dict[str, Any]
@@ -66,6 +69,20 @@ class Findings:
                     ranks, ", ".join(hosts))
         return f
 
+    def confirm_job(self, kind: str, ev: dict[str, Any], first_seen: float, now: float,
+                    keep: tuple[str, ...] = ("probe",)) -> Finding | None:
+        """Open the job-wide finding ``kind`` (no group, no culprit), or None when it was open
+        (its evidence refreshed, but the ``keep`` keys, which others add)."""
+        ev = {**ev, "culprit_ranks": [], "culprit_hosts": [], "culprits": []}
+        key = (kind, None, None)
+        f = self.open.get(key)
+        if f is not None:
+            f.evidence = {**ev, **{k: f.evidence[k] for k in keep if k in f.evidence}}
+            return None
+        f = self.open[key] = Finding(kind, None, None, [], ev, first_seen, now)
+        log.warning("confirmed %s: %s", kind, ev.get("summary", ""))
+        return f
+
     def report(self, f: Finding) -> bool:
         if f.key in self.open:
             return False
@@ -86,9 +103,11 @@ class Findings:
 
     def resolve_gone(self, view: ClusterView, full: ClusterView, now: float) -> None:
         """Resolve the findings whose group left the view (``gone``) or has no rank reachable
-        (``left_job``; but ``dead`` and ``stuck_starting``)."""
+        (``left_job``; but ``dead`` and ``stuck_starting``); a job-wide one is its detector's."""
         for key in list(self.open):
             kind, g, _rid = key
+            if kind in JOB_KINDS:
+                continue
             gv = (full if kind == "stuck_starting" else view).groups.get(g)
             if gv is None:
                 self.resolve(key, "gone", now)

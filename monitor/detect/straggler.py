@@ -79,6 +79,22 @@ def straggler_lags(cross: np.ndarray, threshold: float, need: int
     return lags, candidates, healthy
 
 
+@dataclass(frozen=True)
+class Window:
+    """The last straggler window of the job, as monitor.detect.jobwide reads it: its steps,
+    the median over every polled rank and step of each of TIMING_KEYS' seconds, the lag a
+    straggler needs and each group's lag."""
+
+    first: int
+    newest: int
+    step_s: float
+    compute_s: float
+    wait_cross_s: float
+    wait_group_s: float
+    lag_threshold_s: float
+    lags: dict[int, float]
+
+
 @dataclass(slots=True, eq=False)
 class Answers:
     """One pass over a view's answers: commit failures by URL, the silent and starting URLs,
@@ -103,6 +119,7 @@ class Straggler:
         # groups whose memory may hold a late streak
         self._streaks: set[int] = set()
         self.last_lags: dict[int, float] = {}  # replica_group -> how long the others waited
+        self.last_window: Window | None = None  # the job's last full window
 
     def state_queries(self, urls: Iterable[str], kept: Container[str] | None,
                       view: ClusterView | None) -> list[str]:
@@ -178,7 +195,7 @@ class Straggler:
         groups = {g.replica_group: g for g in view.in_quorum()}
         members = self.members(view, groups) if len(groups) >= 2 else None
         if members is None:
-            self.last_lags = {}
+            self.last_lags, self.last_window = {}, None
             return []
         # a group's slots side by side: reduceat at its first rank gives its maximum
         order = list(groups)
@@ -202,6 +219,10 @@ class Straggler:
         is_late = is_late_window(lags, threshold, need)
         self.last_lags = dict(zip(order, [round(v, 4) for v in
                                           np.maximum(med_lags, 0.0).tolist()], strict=True))
+        meds = np.median(timings, axis=(0, 1)).tolist()
+        self.last_window = Window(window[0], window[-1], meds[STEP_S], meds[COMPUTE_S],
+                                  meds[WAIT_CROSS_S], meds[WAIT_GROUP_S], threshold,
+                                  self.last_lags)
         med_lags = med_lags.tolist()
         findings, mems = self.findings, self.groups
         open_groups = findings.groups("straggler")

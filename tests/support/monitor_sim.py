@@ -11,6 +11,12 @@ end (chunked / until the connection closes), ``"dribble"`` sends one byte every 
 ``"many_headers"`` 10,000 header lines, ``"long_header"`` a 1 MiB header line, ``"deep_json"``
 an array nested 30,000 deep.
 
+``POST /v1/probe`` is a fake of the rank's probe endpoint (the real one is the WorkerServer's):
+it measures nothing and answers from the test's link matrix, ``SimRanks.links(from_url,
+to_url) -> {"ok", "mbit_s", ...}`` (None: the route does not exist, 404, as on an older rank;
+``SimRank.probe_route = False`` for one rank alone), with ``SimRanks.probe_token`` required
+(401 without it), and counts the requests in ``SimRank.probes``.
+
 :class:`SimJob` puts simulated groups into a real torchft Lighthouse's quorum, so that the
 monitor can verify them (and records kill requests). In-process: ``sim = SimRanks.start(n,
 groups=3)`` ... ``sim.stop()``. As a process (benchmarks,
@@ -31,6 +37,7 @@ import threading
 import time
 import urllib.parse
 import uuid
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -68,6 +75,8 @@ class SimRank:
         self.server: asyncio.base_events.Server | None = None
         self.port = 0
         self.requests = 0
+        self.probes = 0  # POST /v1/probe requests
+        self.probe_route = True
         self.writers: set[asyncio.StreamWriter] = set()
 
     @property
@@ -107,9 +116,14 @@ class SimRank:
                 line = await reader.readline()
                 if not line:
                     break
+                method = line.split()[0].decode() if line.split() else "GET"
                 path = line.split()[1].decode() if len(line.split()) > 1 else "/"
-                while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-                    pass
+                headers = {}
+                while (h := await reader.readline()) not in (b"\r\n", b"\n", b""):
+                    k, _, v = h.decode("latin-1").partition(":")
+                    headers[k.strip().lower()] = v.strip()
+                length = int(headers.get("content-length") or 0)
+                body = await reader.readexactly(length) if length else b""
                 self.requests += 1
                 self.last_path = path  # with its query: what the monitor asked
                 mode = self.mode
@@ -120,15 +134,32 @@ class SimRank:
                 if mode in HOSTILE:
                     await HOSTILE[mode](writer)
                     break
-                status, ctype, body = self.respond(path.split("?")[0], mode)
+                if method == "POST" and path.split("?")[0] == "/v1/probe":
+                    status, ctype, out = self.probe(headers, body)
+                else:
+                    status, ctype, out = self.respond(path.split("?")[0], mode)
                 writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
-                             f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+                             f"Content-Length: {len(out)}\r\n\r\n".encode() + out)
                 await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass
         finally:
             self.writers.discard(writer)
             writer.close()
+
+    def probe(self, headers: dict[str, str], body: bytes) -> tuple[str, str, bytes]:
+        """The fake ``POST /v1/probe`` (module docstring): the test's link matrix, no transfer."""
+        self.probes += 1
+        links = self.sim.links
+        if links is None or not self.probe_route:
+            return "404 Not Found", "application/json", b'{"error": "not found"}'
+        if headers.get("authorization") != f"Bearer {self.sim.probe_token}":
+            return "401 Unauthorized", "application/json", b'{"error": "bad token"}'
+        peers = json.loads(body)["peers"]
+        results = [{"peer": p, "ok": True, "connect_s": 0.001, "transfer_s": 0.002,
+                    "mbit_s": 1000.0, "error": None, **links(self.url, p)} for p in peers]
+        return "200 OK", "application/json", json.dumps({"from": self.url,
+                                                         "results": results}).encode()
 
     def respond(self, path: str, mode: str) -> tuple[str, str, bytes]:
         if mode == "http500":
@@ -204,6 +235,9 @@ class SimRanks:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True,
                                        name="sim-ranks")
         self.ranks: list[SimRank] = []
+        # the fake POST /v1/probe's link matrix and token (module docstring)
+        self.links: Callable[[str, str], dict[str, Any]] | None = None
+        self.probe_token: str | None = None
 
     @classmethod
     def start(cls, n: int, groups: int | None = None, **state_kw: Any) -> SimRanks:

@@ -1,0 +1,188 @@
+"""``job_stall`` and ``job_slow``: the whole job stopped or slowed, and no group to blame.
+
+A fault of one host's network makes every group wait alike inside the cross-group collective,
+so the per-group detectors (a group late, hung, absent) find nothing: each group arrives on
+time and nobody is missing from the collective. These two say so, as findings of the whole job
+(``replica_group`` None), report-only: they name no group, so nothing can be evicted on them.
+While one is open the monitor probes the hosts' network (monitor.detect.network).
+
+- ``job_stall``: no group's step moved since the last sweep, and every rank of every group of
+  the newest quorum answers, blocked inside the cross-group collective (its own
+  ``timing.waiting``), at least one rank per group for the hang threshold, all at the same step
+  (one apart at most), while no open finding names a group of that quorum. Resolved when a group
+  of the quorum steps past it (``progress``; not when groups leave the monitor's sight) or a group
+  finding explains it (``explained``).
+- ``job_slow``: the job's median step over the last straggler window is more than
+  ``job_slow_factor`` times its healthy baseline (the median of the last disjoint windows seen
+  while nothing was open), no group is late (every arrival lag below the straggler threshold) and the time
+  went into the collectives (waits rose by at least half the step's rise), in
+  ``job_slow_windows`` consecutive windows with newer steps; the window after a change of the
+  quorum's groups (one left, joined, or was restarted and heals) is not judged. Resolved back at pace (under half
+  way between the baseline and the factor) or when a group finding explains it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from typing import Any
+
+from monitor.config import DetectorConfig
+from monitor.evidence.view import ClusterView
+
+from .findings import Finding, Findings
+from .hang import Hang
+from .rank_state import collective_wait
+from .straggler import Straggler, Window
+
+# findings that name a group: while one is open for a group of the quorum it explains the job
+GROUP_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead")
+BASELINE_KEEP = 30  # healthy windows the baseline is the median of (the newest ones)
+IN_COLLECTIVES = 0.5  # of the step's rise, at least this much is waiting in collectives
+
+
+def _hosts(groups: list) -> list[str]:
+    return sorted({h for gv in groups for h in gv.hosts})
+
+
+class JobWide:
+    def __init__(self, cfg: DetectorConfig, findings: Findings) -> None:
+        self.cfg, self.findings = cfg, findings
+        # healthy windows: (step, compute, wait_cross, wait_group) medians
+        self.baseline: deque[tuple[float, float, float, float]] = deque(maxlen=BASELINE_KEEP)
+        self._newest: int | None = None  # the newest step of the last window judged
+        self._baseline_newest: int | None = None  # ... of the last window in the baseline
+        self._slow: list[float] = []  # ratios of the consecutive slow windows
+        self._slow_since: float | None = None
+        self._members: frozenset = frozenset()  # (group, replica id) of the newest quorum
+        self._changed_at: int | None = None  # the newest step when they last changed
+
+    def judge(self, view: ClusterView, now: float, hang: Hang,
+              straggler: Straggler) -> list[Finding]:
+        groups = view.in_quorum()
+        in_q = {gv.replica_group for gv in groups}
+        blamed = sorted({k[1] for k in self.findings.open if k[0] in GROUP_KINDS
+                         and k[1] in in_q})
+        members = frozenset((gv.replica_group, gv.replica_id) for gv in groups)
+        if members != self._members:  # a group left, joined or was restarted
+            self._members = members
+            self._changed_at = max((gv.step for gv in groups if gv.step is not None),
+                                   default=None)
+        out = [self.stall(view, groups, now, hang, blamed),
+               self.slow(view, groups, now, straggler.last_window, blamed)]
+        return [f for f in out if f]
+
+    def baseline_medians(self) -> tuple[float, float, float, float] | None:
+        if len(self.baseline) < self.cfg.job_baseline_windows:
+            return None
+        return tuple(statistics.median(w[i] for w in self.baseline)  # type: ignore[return-value]
+                     for i in range(4))
+
+    # --- job_stall --------------------------------------------------------------------------
+    def stall(self, view: ClusterView, groups: list, now: float, hang: Hang,
+              blamed: list[int]) -> Finding | None:
+        key = ("job_stall", None, None)
+        was = self.findings.open.get(key)
+        top = max((gv.step for gv in groups if gv.step is not None), default=None)
+        if was is not None and top is not None and top > was.evidence["step"]:
+            self.findings.resolve(key, "progress", now)  # a step committed, not a group gone
+            return None
+        if blamed:
+            self.findings.resolve(key, "explained", now)
+            return None
+        if hang.stalled_sweeps < 1 or len(groups) < 2:
+            return None
+        stalled, longest, threshold, waits = hang.stall(view, now)
+        if not stalled:
+            return None  # e.g. between quorums: an open one stays open until a step moves
+        per_group: dict[str, Any] = {}
+        steps = set()
+        for gv in groups:
+            if len(gv.reachable) != len(gv.ranks):
+                return None  # a rank absent: the per-group detectors' business
+            fresh = [r for r in gv.ranks if r.fresh]
+            if not fresh:
+                return None
+            waited = []
+            for r in fresh:
+                scope, secs = collective_wait(r.state, now)
+                if scope != "cross":
+                    return None  # someone not inside the cross-group collective
+                if r.rank in waits and waits[r.rank][0] == "cross":
+                    waited.append(secs)
+            if not waited:
+                return None
+            steps.add(gv.step)
+            per_group[str(gv.replica_group)] = {
+                "step": gv.step, "waiting_s": round(max(waited), 3),
+                "ranks": sorted(r.rank for r in fresh if r.rank is not None),
+                "hosts": sorted(gv.hosts)}
+        if None in steps or max(steps) - min(steps) > 1:
+            return None
+        hosts = _hosts(groups)
+        ev = {"summary": f"every replica group of quorum {view.quorum_id} ({len(groups)}) is "
+                         f"blocked in the cross-group collective at step {max(steps)}, the "
+                         f"longest for {longest:.1f}s (threshold {threshold:.1f}s), and no "
+                         f"group is late or absent: a job-wide stall (a network fault makes "
+                         f"every group wait alike); hosts {', '.join(hosts)}",
+              "stalled_s": round(longest, 3), "threshold_s": round(threshold, 3),
+              "quorum_id": view.quorum_id, "step": max(steps), "groups": per_group,
+              "hosts": hosts, "probe": None}
+        return self.findings.confirm_job("job_stall", ev, now - longest, now)
+
+    # --- job_slow ---------------------------------------------------------------------------
+    def slow(self, view: ClusterView, groups: list, now: float, w: Window | None,
+             blamed: list[int]) -> Finding | None:
+        key = ("job_slow", None, None)
+        if w is None or w.newest == self._newest:
+            return None  # no newer steps: nothing new to judge
+        self._newest = w.newest
+        if blamed:
+            self._slow, self._slow_since = [], None
+            self.findings.resolve(key, "explained", now)
+            return None
+        if self._changed_at is not None \
+                and w.first <= self._changed_at + self.cfg.straggler_steps:
+            return None  # a quorum change (a group healing) is not a slowdown, nor a baseline
+        base = self.baseline_medians()
+        ratio = w.step_s / base[0] if base and base[0] > 0 else None
+        max_lag = max(w.lags.values(), default=0.0)
+        late = max_lag >= w.lag_threshold_s
+        waits_rose = base is not None and (w.wait_cross_s + w.wait_group_s - base[2]
+                                           - base[3]) >= IN_COLLECTIVES * (w.step_s - base[0])
+        factor = self.cfg.job_slow_factor
+        if ratio is None or ratio <= factor or late or not waits_rose:
+            self._slow, self._slow_since = [], None
+            if key in self.findings.open:
+                if ratio is not None and ratio <= (1 + factor) / 2:
+                    self.findings.resolve(key, "back_at_pace", now)
+            elif (ratio is None or ratio <= factor) and not late \
+                    and ("job_stall", None, None) not in self.findings.open \
+                    and (self._baseline_newest is None or w.first > self._baseline_newest):
+                # disjoint windows only: each a sample of its own steps
+                self.baseline.append((w.step_s, w.compute_s, w.wait_cross_s, w.wait_group_s))
+                self._baseline_newest = w.newest
+            return None
+        self._slow.append(round(ratio, 3))
+        if self._slow_since is None:
+            self._slow_since = now
+        if len(self._slow) < self.cfg.job_slow_windows and key not in self.findings.open:
+            return None
+        hosts = _hosts(groups)
+        ev = {"summary": f"the job's median step is {ratio:.2f}x its healthy baseline "
+                         f"({w.step_s:.3f}s vs {base[0]:.3f}s) and no group is late (largest "
+                         f"arrival lag {max_lag:.3f}s, a straggler needs {w.lag_threshold_s:.3f}s)"
+                         f": every group waits alike inside the collectives (a network fault "
+                         f"slows them all); hosts {', '.join(hosts)}",
+              "median_step_s": round(w.step_s, 4), "baseline_step_s": round(base[0], 4),
+              "ratio": round(ratio, 3), "factor": factor, "steps": [w.first, w.newest],
+              "windows": len(self._slow), "window_ratios": self._slow[-10:],
+              "now_s": {"compute_s": round(w.compute_s, 4),
+                        "wait_cross_s": round(w.wait_cross_s, 4),
+                        "wait_group_s": round(w.wait_group_s, 4)},
+              "baseline_s": {"compute_s": round(base[1], 4), "wait_cross_s": round(base[2], 4),
+                             "wait_group_s": round(base[3], 4)},
+              "arrival_lags_s": {str(g): v for g, v in w.lags.items()},
+              "lag_threshold_s": round(w.lag_threshold_s, 4), "quorum_id": view.quorum_id,
+              "hosts": hosts, "probe": None}
+        return self.findings.confirm_job("job_slow", ev, self._slow_since, now)

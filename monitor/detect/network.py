@@ -1,0 +1,177 @@
+"""``network``: the host whose network is bad, placed from the probe mesh's rounds.
+
+A link is *fine* when it connected and moved its bytes at least ``slow_ratio`` times a reference
+rate. A host is a suspect when none of its links in one direction (every one from it, or every
+one to it: a rate limit often holds one direction only) is fine against the median of the links
+that do not touch it. The suspects are the culprits when they are fewer than half the hosts, at
+least three quarters of the links among the other hosts are fine against those links' median,
+and each suspect's links are still bad against it (Pingmesh's reasoning: a bad link is blamed on
+the host common to all bad links; two bad hosts at once are each named). With
+fewer than three hosts, or a host's row missing (no answer, no route, token refused), nobody is
+named. ``rounds`` consecutive rounds naming the same host confirm a ``network`` finding for each
+group of the newest quorum with ranks there (its culprits: those ranks); every link alike (all
+fine, or all equally slow) is said on the job-wide finding ("no culprit: every link alike") and
+nothing is named. Rounds are judged only while a job-wide finding is open and the monitor is not
+blind; a round finished after the job recovered is dropped, and so are open network findings.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from monitor.config import ProbeConfig
+from monitor.evidence.probes import ProbeRound
+from monitor.evidence.view import ClusterView
+
+from .findings import JOB_KINDS, Finding, Findings
+
+# a link "from" h is one h's rank was asked to measure: it fetched the payload from the peer
+WHICH = {"both": "every link of {h}", "from": "every transfer {h} fetched",
+         "to": "every transfer fetched from {h}"}
+OTHERS_FINE = 0.75  # of the links among the hosts above suspicion, at least this many fine
+
+
+@dataclass
+class Link:
+    src: str
+    dst: str
+    ok: bool
+    mbit_s: float | None
+    error: str | None = None
+
+    def fine(self, ref: float, ratio: float) -> bool:
+        return self.ok and self.mbit_s is not None and self.mbit_s >= ratio * ref
+
+
+@dataclass
+class Verdict:
+    hosts: list[str]  # the culprits (usually one; none: no culprit)
+    text: str
+    reference_mbit_s: dict[str, float] = field(default_factory=dict)  # per culprit
+    bad: dict[str, list[str]] = field(default_factory=dict)  # culprit -> its links, described
+    lines: dict[str, str] = field(default_factory=dict)  # culprit -> why
+
+
+def links_of(rnd: ProbeRound) -> list[Link]:
+    return [Link(src, dst, bool(row.get("ok")), row.get("mbit_s"), row.get("error"))
+            for src, row_of in rnd.matrix().items() for dst, row in row_of.items()]
+
+
+def _describe(link: Link) -> str:
+    how = f"{link.mbit_s:.1f} Mbit/s" if link.ok and link.mbit_s is not None else \
+        f"failed: {link.error or 'no transfer'}"
+    return f"{link.src} -> {link.dst}: {how}"
+
+
+def _ref(links: list[Link], apart: set[str]) -> float | None:
+    """The median rate of the links that work and touch none of ``apart``."""
+    rates = [x.mbit_s for x in links if x.ok and x.mbit_s and x.src not in apart
+             and x.dst not in apart]
+    return statistics.median(rates) if rates else None
+
+
+def _bad_sides(h: str, links: list[Link], ref: float | None, ratio: float) -> list[str]:
+    """The directions ("from", "to") in which none of ``h``'s links is fine against ``ref``."""
+    if ref is None:
+        return []
+    sides = {"from": [x for x in links if x.src == h], "to": [x for x in links if x.dst == h]}
+    return [side for side, xs in sides.items() if xs and not any(x.fine(ref, ratio) for x in xs)]
+
+
+def place(rnd: ProbeRound, ratio: float) -> Verdict:
+    """The verdict on one round (module docstring)."""
+    missing = rnd.missing()
+    if missing:
+        return Verdict([], "no culprit: no probe results from " + ", ".join(
+            f"{h} ({why})" for h, why in missing.items()))
+    hosts = rnd.hosts
+    if len(hosts) < 3:
+        return Verdict([], f"no culprit: {len(hosts)} host(s) probed; a bad link between two "
+                           "hosts cannot be placed on either")
+    links = links_of(rnd)
+    # suspects: a direction of theirs all bad against the links that do not touch them
+    suspects = [h for h in hosts if _bad_sides(h, links, _ref(links, {h}), ratio)]
+    out = Verdict([], "")
+    clean_ref = _ref(links, set(suspects))
+    clean = [x for x in links if x.src not in suspects and x.dst not in suspects]
+    if suspects and 2 * len(suspects) < len(hosts) and clean_ref is not None \
+            and sum(x.fine(clean_ref, ratio) for x in clean) >= math.ceil(OTHERS_FINE * len(clean)):
+        for h in suspects:  # judged again against the links among the hosts above suspicion
+            bad = _bad_sides(h, links, clean_ref, ratio)
+            if not bad:
+                continue
+            shown = [x for x in links if (x.src == h and "from" in bad)
+                     or (x.dst == h and "to" in bad)]
+            which = WHICH["both" if len(bad) == 2 else bad[0]].format(h=h)
+            out.hosts.append(h)
+            out.reference_mbit_s[h] = round(clean_ref, 3)
+            out.bad[h] = [_describe(x) for x in shown]
+            out.lines[h] = (f"{which} is bad ({len(shown)}: under {ratio:g} x "
+                            f"{clean_ref:.1f} Mbit/s, the median of the other hosts' links, or "
+                            f"failed) while the links among the other hosts are good")
+    if out.hosts:
+        out.text = "; ".join(out.lines.values())
+        return out
+    rates = [x.mbit_s for x in links if x.ok and x.mbit_s]
+    if not rates:
+        return Verdict([], f"no culprit: every link failed alike ({len(links)} links)")
+    ref = statistics.median(rates)
+    bad = [x for x in links if not x.fine(ref, ratio)]
+    if not bad:
+        return Verdict([], f"no culprit: every link alike ({len(links)} links, median "
+                           f"{ref:.1f} Mbit/s, slowest {min(rates):.1f})")
+    return Verdict([], f"no culprit: {len(bad)} of {len(links)} links bad and no host in all "
+                       f"of them ({'; '.join(_describe(x) for x in bad[:6])})")
+
+
+class Network:
+    def __init__(self, cfg: ProbeConfig, findings: Findings) -> None:
+        self.cfg, self.findings = cfg, findings
+        self._streak: dict[str, tuple[int, float]] = {}  # host -> (rounds in a row, first at)
+
+    def judge(self, view: ClusterView, rnd: ProbeRound | None, now: float,
+              blind: str | None) -> list[Finding]:
+        findings = self.findings
+        jobs = [f for k, f in findings.open.items() if k[0] in JOB_KINDS]
+        if not jobs:
+            self._streak = {}
+            findings.resolve_where("job_recovered", now, ("network",))
+            return []
+        if rnd is None or blind:
+            return []  # a round finished blind is not evidence
+        verdict = place(rnd, self.cfg.slow_ratio)
+        summary = {"at": rnd.finished_at, "verdict": verdict.text, "culprit_hosts": verdict.hosts,
+                   "missing": rnd.missing(), **rnd.to_json()}
+        for f in jobs:
+            f.evidence["probe"] = summary
+        was = self._streak
+        self._streak = {h: (was[h][0] + 1, was[h][1]) if h in was else (1, now)
+                        for h in verdict.hosts}
+        if not rnd.missing():  # a full round that names a host no more: its findings are over
+            for key, f in list(findings.open.items()):
+                if key[0] == "network" and f.evidence.get("host") not in verdict.hosts:
+                    findings.resolve(key, "links_good", now)
+        new = []
+        for h in verdict.hosts:
+            n, first = self._streak[h]
+            if n < self.cfg.rounds:
+                continue
+            for gv in view.in_quorum():
+                ranks = sorted(r.rank for r in gv.reachable if r.rank is not None
+                               and (r.state or {}).get("host") == h)
+                if not ranks:
+                    continue
+                ev = {"host": h,
+                      "summary": f"{verdict.lines[h]}: the network of host {h} is the fault "
+                                 f"({n} probe rounds in a row); replica group "
+                                 f"{gv.replica_group} runs there",
+                      "reference_mbit_s": verdict.reference_mbit_s[h],
+                      "slow_ratio": self.cfg.slow_ratio, "rounds": n, "links": verdict.bad[h],
+                      "job_findings": sorted(f.kind for f in jobs),
+                      "probe": {"bytes": self.cfg.size_bytes, "timeout_s": self.cfg.timeout_s,
+                                **summary}}
+                new.append(findings.confirm("network", gv, ranks, ev, first, now, view))
+        return [f for f in new if f]
+

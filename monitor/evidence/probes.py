@@ -1,0 +1,275 @@
+"""The probe mesh: the hosts' ranks asked to measure their links to each other, on demand.
+
+While the job is stalled or slow with no group to blame (monitor.detect.jobwide) the monitor
+picks one verified rank per host and asks each, ``POST <rank>/v1/probe`` with the ranks'
+token (``rank_exit_token``), to connect to its peers' ranks and time a short transfer::
+
+    {"peers": [worker_url, ...], "bytes": 262144, "timeout_s": 2.0}
+    -> 200 {"from": url, "results": [{"peer", "ok", "connect_s", "transfer_s", "mbit_s",
+                                      "error"}, ...]}
+
+A round runs on its own thread (a rank probing a partitioned peer waits out its timeout) and at
+most one round runs at a time, at most one per ``interval_s``; each host probes at most
+``peers`` others (beyond ``peers + 1`` hosts the mesh is a ring: every host has ``2 x peers``
+links measured). A rank that does not answer, has no such route (404: an older WorkerServer) or
+refuses the token (401) leaves its row empty and is named in one warning line; nothing here
+raises into the sweep. monitor.detect.network reads the finished rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+from monitor.config import ProbeConfig
+
+from .view import ClusterView, RankView
+
+log = logging.getLogger(__name__)
+
+MAX_ANSWER_BYTES = 1 << 20  # a probe answer: a few hundred bytes per peer
+
+
+@dataclass
+class HostProbe:
+    """One host's row of the mesh: the rank asked and what it measured, by peer host."""
+
+    host: str
+    url: str
+    rank: int | None
+    peers: dict[str, str]  # peer host -> the URL it was asked to reach
+    status: int | None = None  # the HTTP answer; None: none came
+    error: str | None = None  # why there are no results
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)  # peer host -> its link
+
+
+@dataclass
+class ProbeRound:
+    started_at: float  # the monitor's clock
+    finished_at: float
+    probes: dict[str, HostProbe]  # by host
+
+    @property
+    def hosts(self) -> list[str]:
+        return sorted(self.probes)
+
+    def missing(self) -> dict[str, str]:
+        """Hosts whose rank gave no results, and why."""
+        return {h: p.error or f"HTTP {p.status}" for h, p in sorted(self.probes.items())
+                if p.status != 200}
+
+    def matrix(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """from host -> to host -> the link as measured from the first."""
+        return {h: dict(sorted(p.results.items())) for h, p in sorted(self.probes.items())}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"started_at": self.started_at, "finished_at": self.finished_at,
+                "asked": {h: {"rank": p.rank, "url": p.url, "status": p.status,
+                              "error": p.error, "peers": sorted(p.peers)}
+                          for h, p in sorted(self.probes.items())},
+                "matrix": self.matrix()}
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
+        return float(v)
+    return None
+
+
+def link_row(row: dict[str, Any]) -> dict[str, Any]:
+    """One result as the monitor keeps it: typed, the rest dropped."""
+    err = row.get("error")
+    return {"ok": row.get("ok") is True, "connect_s": _number(row.get("connect_s")),
+            "transfer_s": _number(row.get("transfer_s")), "mbit_s": _number(row.get("mbit_s")),
+            "error": str(err)[:200] if err is not None else None}
+
+
+def plan(ranks: dict[str, RankView], peers: int) -> dict[str, list[str]]:
+    """host -> the hosts its rank probes: every other one up to ``peers + 1`` hosts, else the
+    next ``peers`` in a ring of the sorted hosts."""
+    hosts = sorted(ranks)
+    n = len(hosts)
+    k = min(peers, n - 1)
+    return {h: [hosts[(i + j) % n] for j in range(1, k + 1)] for i, h in enumerate(hosts)}
+
+
+def pick(view: ClusterView) -> dict[str, RankView]:
+    """One rank per host: of the groups in the newest quorum, the lowest rank polled this sweep
+    that answered (``view``: the evidence, so verified ranks only)."""
+    out: dict[str, RankView] = {}
+    for gv in view.in_quorum():
+        for r in gv.reachable:
+            host = (r.state or {}).get("host")
+            if not r.fresh or not host or r.rank is None:
+                continue
+            have = out.get(host)
+            if have is None or (r.rank, r.url) < (have.rank, have.url):
+                out[host] = r
+    return out
+
+
+def peer_url(r: RankView) -> str:
+    """The address a peer reaches the rank at: what it advertises, else what the monitor polls."""
+    adv = (r.state or {}).get("worker_url")
+    return adv.rstrip("/") if isinstance(adv, str) and adv.startswith("http") else r.url
+
+
+class ProbeMesh:
+    """Rounds of probes. ``clock``: the monitor's (the rate limit's); ``token``: the ranks'."""
+
+    def __init__(self, cfg: ProbeConfig, token: str | None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.cfg, self.token, self.clock = cfg, token, clock
+        self._thread: threading.Thread | None = None
+        self._finished: ProbeRound | None = None
+        self._lock = threading.Lock()
+        self._started_at = float("-inf")
+        self._said: dict[str, str] = {}  # topic -> the line last logged
+        self.last: ProbeRound | None = None  # the last round finished (for the API)
+        self.rounds = 0
+        self.note: str | None = None  # why the last wanted round was not asked
+
+    def step(self, view: ClusterView, wanted: bool, blind: str | None,
+             now: float) -> ProbeRound | None:
+        """The round finished since the last call (once), then a new one started if ``wanted``
+        and due; none while ``blind`` (why the monitor cannot trust what it sees)."""
+        with self._lock:
+            done, self._finished = self._finished, None
+        if not wanted:
+            self.note = None
+            return done
+        if not self.cfg.enabled:
+            return self._hold(done, "off", "network probes are off (--no-probes): a network "
+                                           "fault's host is not looked for")
+        if not self.token:
+            return self._hold(done, "token", "network probes need the ranks' token "
+                                             "(--rank-exit-token / LIGHTKEEPER_EXIT_TOKEN): a "
+                                             "network fault's host is not looked for")
+        if blind:
+            return self._hold(done, "blind", f"network probes held: {blind}")
+        if self.running() or now - self._started_at < self.cfg.interval_s:
+            return done
+        ranks = pick(view)
+        if len(ranks) < 2:
+            return self._hold(done, "hosts", f"network probes need two hosts or more, the job "
+                                             f"runs on {len(ranks)}")
+        self.note = None
+        self._said.pop("blind", None)
+        self._started_at = now
+        self._thread = threading.Thread(target=self._round, args=(ranks, now), daemon=True,
+                                        name="lightkeeper-probes")
+        self._thread.start()
+        return done
+
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait for the round under way (tests, shutdown); True when none runs."""
+        t = self._thread
+        if t is not None:
+            t.join(timeout)
+        return not self.running()
+
+    def close(self) -> None:
+        """Give a round under way a moment (its thread is a daemon: nothing waits on it)."""
+        self.wait(self.cfg.timeout_s + 1)
+
+    def _hold(self, done: ProbeRound | None, topic: str, line: str) -> ProbeRound | None:
+        self.note = line
+        self._say(topic, line)
+        return done
+
+    def _say(self, topic: str, line: str) -> None:
+        """Log ``line`` once while it stays the same."""
+        if self._said.get(topic) != line:
+            self._said[topic] = line
+            log.warning("%s", line)
+
+    def _round(self, ranks: dict[str, RankView], started: float) -> None:
+        try:
+            mesh = plan(ranks, self.cfg.peers)
+            probes = {h: HostProbe(h, ranks[h].url, ranks[h].rank,
+                                   {p: peer_url(ranks[p]) for p in mesh[h]}) for h in mesh}
+            with ThreadPoolExecutor(max_workers=min(self.cfg.workers, len(probes)),
+                                    thread_name_prefix="lightkeeper-probe") as ex:
+                list(ex.map(self._ask, probes.values()))
+            rnd = ProbeRound(started, self.clock(), probes)
+            self._warn_missing(rnd)
+        except Exception:  # a bug here must not end monitoring: no round
+            log.exception("probe round failed")
+            return
+        with self._lock:
+            self._finished = self.last = rnd
+            self.rounds += 1
+
+    def _ask(self, p: HostProbe) -> None:
+        """Fill ``p`` from its rank's answer; never raises."""
+        body = {"peers": list(p.peers.values()), "bytes": self.cfg.size_bytes,
+                "timeout_s": self.cfg.timeout_s}
+        # the rank may probe its peers one after another, each up to timeout_s
+        read_s = self.cfg.timeout_s * (len(p.peers) + 1) + 1.0
+        try:
+            with requests.post(f"{p.url.rstrip('/')}/v1/probe", json=body, stream=True,
+                               headers={"Authorization": f"Bearer {self.token}"},
+                               timeout=(self.cfg.timeout_s, read_s)) as r:
+                p.status = r.status_code
+                raw = r.raw.read(MAX_ANSWER_BYTES + 1, decode_content=True)
+        except requests.RequestException as e:
+            p.error = f"no answer: {type(e).__name__}"
+            return
+        if p.status == 404:
+            p.error = "no /v1/probe route (an older WorkerServer)"
+            return
+        if p.status == 401:
+            p.error = "refused the token (HTTP 401: LIGHTKEEPER_EXIT_TOKEN differs)"
+            return
+        if p.status == 403:
+            p.error = "probes off on the rank (HTTP 403: no LIGHTKEEPER_EXIT_TOKEN)"
+            return
+        if p.status != 200:
+            p.error = f"HTTP {p.status}"
+            return
+        try:
+            if len(raw) > MAX_ANSWER_BYTES:
+                raise ValueError(f"larger than {MAX_ANSWER_BYTES} bytes")
+            doc = json.loads(raw)
+            rows = doc.get("results") if isinstance(doc, dict) else None
+            if not isinstance(rows, list):
+                raise ValueError("no results list")
+        except ValueError as e:
+            p.status, p.error = None, f"bad answer: {e}"
+            return
+        host_of = {url: h for h, url in p.peers.items()}
+        for row in rows:
+            if isinstance(row, dict) and row.get("peer") in host_of:
+                p.results[host_of[row["peer"]]] = link_row(row)
+        for h in p.peers:  # a peer the rank left out: not measured, so not good
+            p.results.setdefault(h, {"ok": False, "connect_s": None, "transfer_s": None,
+                                     "mbit_s": None, "error": "not in the rank's answer"})
+
+    def _warn_missing(self, rnd: ProbeRound) -> None:
+        missing = rnd.missing()
+        if not missing:
+            self._said.pop("missing", None)
+            return
+        kinds = sorted({e for e in missing.values()})
+        self._say("missing", f"network probes: {len(missing)} of {len(rnd.probes)} host(s) gave "
+                             f"no results ({'; '.join(kinds)}: "
+                             f"{', '.join(sorted(missing))}): no network culprit can be named "
+                             "while a host's row is missing")
+
+    def to_json(self) -> dict[str, Any]:
+        last = self.last
+        return {"enabled": self.cfg.enabled and bool(self.token), "rounds": self.rounds,
+                "running": self.running(), "note": self.note,
+                "last": last.to_json() if last is not None else None}

@@ -1,0 +1,501 @@
+"""A network fault seen by a live monitor: the whole job stalled or slowed with no group to
+blame (``job_stall``, ``job_slow``), then the host whose network is bad, found by asking the
+hosts' ranks to probe each other (``network``), evicted and quarantined; and what must not
+happen (uniform slowness, a blind monitor, ranks without the probe route, healthy jitter).
+
+A real Monitor (real HTTP, real SQLite, its real rails and host ledger) against a real torchft
+Lighthouse that simulated groups join (``SimJob``, tests/support/monitor_sim.py; kills recorded
+by its front). A simulated group has no trainer, so the test writes its ranks' per-step timings
+(``timing.recent``, ``timing.waiting``) as the WorkerServer would serve them. The sweeps are
+driven by the test, one per simulated second on the monitor's injected clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+
+import pytest
+
+from monitor.config import DetectorConfig, MonitorConfig, RailsConfig
+from monitor.service import Monitor
+from tests.support.monitor_sim import SimJob
+
+STEPS_PER_SWEEP = 3
+BASELINE_SWEEPS = 14  # 5 disjoint healthy windows of 6 steps after the first: the baseline
+HEALTHY = {"compute_s": 0.16, "wait_cross_s": 0.02, "wait_group_s": 0.01}
+# the link of one host (or of every host) throttled: every group waits ~0.4 s more inside the
+# cross-group all_reduce, and arrives on time
+NETWORK_SLOW = {"compute_s": 0.16, "wait_cross_s": 0.42, "wait_group_s": 0.01}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = time.time()
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Training:
+    """What a trainer's WorkerServer would serve, written into the simulated ranks."""
+
+    def __init__(self, job: SimJob, seed: int = 0) -> None:
+        self.job, self.rng, self.step = job, random.Random(seed), 100
+        for r in job.sim.ranks:
+            g = r.state["replica_group"]
+            r.update(host=f"h{g}", node=f"node-{g}", step=self.step,
+                     timing={"recent": [], "waiting": None, "last_step": None, "window": None})
+
+    def steps(self, n: int, now: float, jitter: float = 0.1, **seconds: float) -> None:
+        secs = {**HEALTHY, **seconds}
+        for _ in range(n):
+            self.step += 1
+            for g in self.job.alive:
+                for r in self.job.sim.group(g):
+                    row = {k: v * (1 + self.rng.uniform(-jitter, jitter)) for k, v in secs.items()}
+                    row["step_s"] = sum(row.values())
+                    row["step"] = self.step
+                    t = r.state["timing"]
+                    t = {**t, "recent": (t["recent"] + [row])[-16:], "last_step": row,
+                         "waiting": None}
+                    r.update(timing=t, step=self.step, commits=self.step, phase="forward",
+                             phase_since=now, last_step_at=now,
+                             recent_step_seconds=[x["step_s"] for x in t["recent"]])
+
+    def stall(self, waiting_s: float, now: float) -> None:
+        """Every rank blocked in the cross-group all_reduce for ``waiting_s`` (its own clock)."""
+        for g in self.job.alive:
+            for r in self.job.sim.group(g):
+                r.update(phase="allreduce", phase_since=now - waiting_s,
+                         timing={**r.state["timing"],
+                                 "waiting": {"scope": "cross", "seconds": waiting_s}})
+
+
+@pytest.fixture
+def job():
+    j = SimJob(4, ranks_per_group=2, heartbeat_timeout_ms=1000)
+    yield j
+    j.stop()
+
+
+def monitor(tmp_path, job, clock, **kw) -> Monitor:
+    kw.setdefault("rails", RailsConfig(min_replicas=1, cooldown_s=0))
+    kw.setdefault("detectors", DetectorConfig(hang_floor_s=1.0, dead_sweeps=2))
+    cfg = MonitorConfig(port=0, interval_s=3600, state_path=str(tmp_path / "state.sqlite"),
+                        targets=job.sim.urls, sd_out=str(tmp_path / "targets.json"), job="sim",
+                        lighthouse=job.url, **kw)
+    return Monitor(cfg, clock=clock)  # not started: the test sweeps
+
+
+class Driver:
+    def __init__(self, mon: Monitor, train: Training, clock: Clock) -> None:
+        self.mon, self.train, self.clock = mon, train, clock
+
+    def sweep(self, steps: int = STEPS_PER_SWEEP, **seconds: float) -> None:
+        self.clock.t += 1.0
+        if steps:
+            self.train.steps(steps, self.clock.t, **seconds)
+        self.mon.sweep_once()
+        m = self.mon  # no stage failed quietly
+        errors = (m.last_sweep_error, m.detectors.last_error, m.goodput.error,
+                  m.enforcer.hosts_error)
+        assert errors == (None,) * 4, errors
+
+    def sweeps(self, n: int, **kw) -> None:
+        for _ in range(n):
+            self.sweep(**kw)
+
+    def open_kinds(self) -> list[str]:
+        return sorted(f.kind for f in self.mon.detectors.open_findings())
+
+    def until(self, predicate, what: str, sweeps: int = 30, pause: float = 0.02, **kw):
+        """Sweep (with ``kw``'s training) until ``predicate()``; at most ``sweeps`` sweeps and
+        20 s (a probe round runs on its own thread, the Lighthouse keeps real time: ``pause``
+        between sweeps)."""
+        deadline = time.monotonic() + 20
+        for _ in range(sweeps):
+            got = predicate()
+            if got:
+                return got
+            if time.monotonic() > deadline:
+                break
+            self.sweep(**kw)
+            time.sleep(pause)
+        got = predicate()
+        assert got, f"no {what} after {sweeps} sweeps; open: {self.open_kinds()}"
+        return got
+
+
+@pytest.fixture
+def driver(tmp_path, job):
+    clock = Clock()
+    train = Training(job)
+    mon = monitor(tmp_path, job, clock)
+    yield Driver(mon, train, clock)
+    mon.stop()
+
+
+def test_every_group_waiting_in_the_cross_group_collective_is_a_job_stall(driver):
+    d = driver
+    d.sweeps(4)
+    assert d.open_kinds() == []
+    d.train.stall(0.3, d.clock.t)
+    d.sweeps(2, steps=0)  # blocked, but not for the hang threshold yet
+    assert d.open_kinds() == []
+    d.train.stall(4.0, d.clock.t)
+    d.sweeps(2, steps=0)
+    (f,) = d.mon.detectors.job_findings()
+    assert f.kind == "job_stall" and f.replica_group is None and f.ranks == []
+    ev = f.evidence
+    assert sorted(ev["groups"]) == ["0", "1", "2", "3"] and ev["hosts"] == ["h0", "h1", "h2", "h3"]
+    assert ev["stalled_s"] == pytest.approx(4.0) and ev["culprits"] == []
+    stored = d.mon.store.findings(open_only=True)
+    assert [(s["kind"], s["replica_group"]) for s in stored] == [("job_stall", None)]
+    assert d.mon.cluster_json()["job_findings"] == ["job_stall"]
+    assert d.mon.store.decisions() == []  # reported, never acted on
+    d.sweep()  # a step moved: over
+    assert d.open_kinds() == []
+    assert d.mon.store.findings()[0]["resolution"] == "progress"
+
+
+def test_one_group_not_in_the_collective_is_no_job_stall(driver):
+    d = driver
+    d.sweeps(4)
+    d.train.stall(4.0, d.clock.t)
+    for r in d.train.job.sim.group(2):  # group 2 never arrived: the hang detector's case
+        r.update(phase="forward", timing={**r.state["timing"], "waiting": None})
+    d.sweeps(3, steps=0)
+    assert "job_stall" not in d.open_kinds()
+
+
+def test_the_whole_job_slowed_in_its_collectives_is_job_slow(driver):
+    d = driver
+    d.sweeps(BASELINE_SWEEPS)
+    assert d.mon.detectors.jobwide.baseline_medians() is not None
+    d.sweeps(4, **NETWORK_SLOW)
+    (f,) = d.mon.detectors.job_findings()
+    assert f.kind == "job_slow" and f.ranks == []
+    ev = f.evidence
+    assert ev["ratio"] > 2 and ev["baseline_step_s"] == pytest.approx(0.19, rel=0.1)
+    assert ev["now_s"]["wait_cross_s"] > 0.3 and max(ev["arrival_lags_s"].values()) < 0.1
+    assert "straggler" not in d.open_kinds()
+    d.sweeps(3)  # back at the healthy pace
+    assert d.open_kinds() == []
+    assert d.mon.store.findings()[0]["resolution"] == "back_at_pace"
+    assert d.mon.store.decisions() == []
+
+
+def test_slower_compute_is_not_job_slow(driver):
+    """Every rank computing longer (a bigger batch, a throttled device) is not a network
+    fault: the time did not go into the collectives."""
+    d = driver
+    d.sweeps(BASELINE_SWEEPS)
+    d.sweeps(5, compute_s=0.6)
+    assert d.open_kinds() == []
+
+
+def test_healthy_jitter_finds_nothing(driver):
+    d = driver
+    rng = random.Random(7)
+    for i in range(25):
+        slow = {"wait_cross_s": 0.2} if i % 9 == 8 else {}  # now and then one slow sweep
+        d.train.steps(1, d.clock.t + 0.5, jitter=0.3, compute_s=0.16 * rng.uniform(0.7, 1.4))
+        d.sweep(jitter=0.3, **slow)
+    assert d.mon.detectors.jobwide.baseline_medians() is not None  # job_slow was judged
+    assert d.open_kinds() == []
+    assert d.mon.store.findings() == [] and d.mon.store.decisions() == []
+
+
+# --- the probe mesh: which host -------------------------------------------------------------
+TOKEN = "exit-token"
+FAST = {"ok": True, "mbit_s": 940.0}
+THROTTLED = {"ok": True, "mbit_s": 19.5, "transfer_s": 0.107}  # tc tbf 20 Mbit/s on its link
+CUT_OFF = {"ok": False, "mbit_s": None, "connect_s": None, "transfer_s": None,
+           "error": "connect: timed out after 2.0s"}
+
+
+def links(job: SimJob, bad_host: str | None = None, bad: dict | None = None,
+          every: dict | None = None, seed: int = 0, direction: str = "both"):
+    """The link matrix the fake probe route answers from: ``every`` link (default FAST, with
+    10% jitter), those of ``bad_host`` ``bad`` (``direction``: both, or only those "from" it,
+    as a rate limit on its egress alone)."""
+    host_of = {r.url: r.state["host"] for r in job.sim.ranks}
+    rng = random.Random(seed)
+
+    def link(src: str, dst: str) -> dict:
+        ends = (host_of[src],) if direction == "from" else (host_of[src], host_of[dst])
+        if bad_host in ends:
+            return dict(bad)
+        row = dict(every or FAST)
+        if row.get("mbit_s"):
+            row["mbit_s"] *= rng.uniform(0.9, 1.1)
+        return row
+    return link
+
+
+@pytest.fixture
+def probing(tmp_path, job):
+    """A monitor with the ranks' token, the simulated ranks answering /v1/probe."""
+    clock = Clock()
+    train = Training(job)
+    job.sim.probe_token = TOKEN
+    job.sim.links = links(job)
+    mon = monitor(tmp_path, job, clock, rank_exit_token=TOKEN)
+    yield Driver(mon, train, clock)
+    mon.stop()
+
+
+def probes_asked(job: SimJob) -> int:
+    return sum(r.probes for r in job.sim.ranks)
+
+
+def network_findings(d: Driver) -> list:
+    return [f for f in d.mon.detectors.open_findings() if f.kind == "network"]
+
+
+@pytest.mark.parametrize("direction,described", [("both", 6), ("from", 3)])
+def test_a_throttled_host_is_named_from_the_probe_matrix(probing, direction, described):
+    d = probing
+    d.sweeps(BASELINE_SWEEPS)
+    assert probes_asked(d.train.job) == 0  # healthy: nobody probed
+    d.train.job.sim.links = links(d.train.job, "h2", THROTTLED, direction=direction)
+    (f,) = d.until(lambda: network_findings(d), "network finding", **NETWORK_SLOW)
+    assert (f.replica_group, f.ranks) == (2, [2, 6])
+    ev = f.evidence
+    assert ev["host"] == "h2" and ev["culprit_hosts"] == ["h2", "h2"]
+    assert ev["rounds"] == 2 and ev["job_findings"] == ["job_slow"]
+    assert len(ev["links"]) == described  # h2 -> 3 peers (and 3 peers -> h2)
+    assert ("every link of h2" if direction == "both" else "every transfer h2 fetched") \
+        in ev["summary"]
+    matrix = ev["probe"]["matrix"]
+    assert sorted(matrix) == ["h0", "h1", "h2", "h3"]
+    assert matrix["h2"]["h0"]["mbit_s"] == pytest.approx(19.5)
+    assert matrix["h0"]["h1"]["mbit_s"] > 800
+    (slow,) = d.mon.detectors.job_findings()
+    assert slow.evidence["probe"]["culprit_hosts"] == ["h2"]
+    stored = [s for s in d.mon.store.findings(open_only=True) if s["kind"] == "network"]
+    assert stored and stored[0]["evidence"]["host"] == "h2"
+
+
+def test_a_host_cut_off_from_its_peers_is_named(probing):
+    d = probing
+    d.sweeps(4)
+    d.train.job.sim.links = links(d.train.job, "h1", CUT_OFF)
+    d.train.stall(4.0, d.clock.t)
+    (f,) = d.until(lambda: network_findings(d), "network finding", steps=0)
+    assert f.replica_group == 1 and f.evidence["host"] == "h1"
+    assert f.evidence["job_findings"] == ["job_stall"]
+    assert all("failed" in line for line in f.evidence["links"])
+
+
+def test_every_link_alike_slow_names_no_host_and_acts_on_nothing(probing):
+    d = probing
+    d.sweeps(BASELINE_SWEEPS)
+    job = d.train.job
+    job.sim.links = links(job, every=THROTTLED)  # every link limited alike
+    d.until(lambda: (f := d.mon.detectors.job_findings()) and f[0].evidence.get("probe"),
+            "a probe round", **NETWORK_SLOW)
+    d.sweeps(6, **NETWORK_SLOW)
+    (f,) = d.mon.detectors.job_findings()
+    assert f.evidence["probe"]["verdict"].startswith("no culprit: every link alike")
+    assert network_findings(d) == []
+    assert d.mon.store.decisions() == [] and d.mon.hosts.quarantined() == []
+    assert job.kills == []
+
+
+def test_ranks_without_the_probe_route_or_token_name_nobody(probing, caplog):
+    d = probing
+    job = d.train.job
+    d.sweeps(BASELINE_SWEEPS)
+    job.sim.links = links(job, "h2", THROTTLED)
+    old = job.sim.group(3)[0]  # host h3's first rank: the one asked, an older WorkerServer
+    old.probe_route = False
+    with caplog.at_level(logging.WARNING, logger="monitor.evidence.probes"):
+        d.until(lambda: probes_asked(job) >= 8, "two probe rounds", **NETWORK_SLOW)
+        d.sweeps(4, **NETWORK_SLOW)
+    assert old.probes >= 2 and network_findings(d) == []
+    (f,) = d.mon.detectors.job_findings()
+    assert f.evidence["probe"]["verdict"].startswith("no culprit: no probe results from h3")
+    lines = [r.getMessage() for r in caplog.records if "network probes" in r.getMessage()]
+    assert len(lines) == 1 and "an older WorkerServer" in lines[0] and "h3" in lines[0]
+    # the token refused everywhere: one more line, still nobody named
+    assert d.mon.probes.wait(10)  # no round half asked with the old token
+    old.probe_route = True
+    job.sim.probe_token = "another"
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="monitor.evidence.probes"):
+        d.sweeps(8, **NETWORK_SLOW)
+    lines = [r.getMessage() for r in caplog.records if "network probes" in r.getMessage()]
+    assert len(lines) == 1 and "refused the token (HTTP 401" in lines[0]
+    assert network_findings(d) == [] and d.mon.store.decisions() == []
+    assert d.mon.sweeps > 0 and d.mon.last_sweep_error is None
+
+
+def test_a_monitor_that_cannot_reach_most_ranks_blames_no_one(probing):
+    d = probing
+    job = d.train.job
+    d.sweeps(4)
+    job.sim.links = links(job, "h2", CUT_OFF)
+    d.train.stall(4.0, d.clock.t)
+    d.until(lambda: d.mon.detectors.job_findings(), "job_stall", steps=0)
+    # the monitor is cut off from three hosts of four (the ranks and the Lighthouse are fine)
+    for g in (1, 2, 3):
+        for r in job.sim.group(g):
+            r.set_mode("down")
+    d.mon.probes.wait(10)
+    asked = probes_asked(job)
+    d.sweeps(8, steps=0)
+    assert network_findings(d) == [] and job.kills == []
+    assert d.mon.hosts.quarantined() == []
+    assert probes_asked(job) == asked  # no round asked while blind
+    assert "monitor reaches only" in (d.mon.probes.note or "")
+    assert [dd for dd in d.mon.store.decisions() if dd["decision"] == "evict"] == []
+
+
+def test_no_probe_and_no_culprit_while_ranks_cannot_be_verified(probing):
+    d = probing
+    job = d.train.job
+    d.sweeps(4)
+    job.sim.links = links(job, "h2", CUT_OFF)
+    job.front_down()  # the Lighthouse unreadable: nothing seen can be verified
+    d.train.stall(4.0, d.clock.t)
+    d.sweeps(6, steps=0)
+    assert [f.kind for f in d.mon.detectors.job_findings()] == ["job_stall"]  # reported
+    assert probes_asked(job) == 0 and network_findings(d) == []
+    assert "network probes held: ranks cannot be verified" in d.mon.probes.note
+    job.front_up()  # verified again: the same evidence now names the host
+    (f,) = d.until(lambda: network_findings(d), "network finding", steps=0)
+    assert f.evidence["host"] == "h2"
+
+
+# --- acting on it: the group evicted, the host quarantined ----------------------------------
+def offences(d: Driver, host: str) -> list[str]:
+    return [o["kind"] for o in d.mon.store.host_offences(host)]
+
+
+def test_a_network_finding_evicts_its_group_and_quarantines_its_host(probing):
+    d = probing
+    job = d.train.job
+    d.sweeps(BASELINE_SWEEPS)
+    job.sim.links = links(job, "h2", THROTTLED)
+    d.until(lambda: job.kills, "an eviction", **NETWORK_SLOW)
+    assert job.kills == [job.replica_ids[2]]
+    (ev,) = [x for x in d.mon.store.decisions() if x["decision"] == "evict"]
+    assert (ev["replica_group"], ev["reason"]) == (2, "network")
+    assert ev["finding"]["evidence"]["host"] == "h2"
+    assert d.mon.hosts.quarantined() == ["h2"]
+    assert d.mon.hosts.hosts["h2"]["kind"] == "network"
+    # the others back at pace without group 2; its end (dead) is the eviction's, not h2's again
+    d.until(lambda: "dead" in d.open_kinds(), "group 2 dead", pause=0.1, sweeps=100)
+    d.sweeps(6)
+    assert "job_slow" not in d.open_kinds() and "network" not in d.open_kinds()
+    assert offences(d, "h2") == ["network"]
+    assert [o for h in ("h0", "h1", "h3") for o in offences(d, h)] == []
+
+
+def test_dead_counts_against_its_host_once_the_lighthouse_agrees(driver):
+    d = driver
+    job = d.train.job
+    d.sweeps(4)
+    for r in job.sim.group(3):  # the monitor loses host h3; the Lighthouse still hears it
+        r.set_mode("down")
+    d.until(lambda: "dead" in d.open_kinds(), "a dead finding")
+    d.sweeps(10)
+    assert offences(d, "h3") == [] and d.mon.hosts.quarantined() == []
+    job.alive.discard(3)  # now its heartbeats stop too: gone from the quorum
+    d.until(lambda: d.mon.hosts.quarantined() == ["h3"], "h3 quarantined", pause=0.1,
+            sweeps=100)
+    assert offences(d, "h3") == ["dead"]
+    (o,) = d.mon.store.host_offences("h3")
+    assert o["data"]["replica_group"] == 3 and o["data"]["ranks"] == [3, 7]
+    assert d.mon.store.decisions() == []  # dead is counted, not evicted (torchft dropped it)
+
+
+def test_a_job_that_ends_counts_against_no_host(driver):
+    d = driver
+    job = d.train.job
+    d.sweeps(4)
+    for g in sorted(job.alive):
+        for r in job.sim.group(g):
+            r.set_mode("down")
+    job.alive.clear()  # every group gone at once, heartbeats too
+    d.until(lambda: d.open_kinds().count("dead") == 4, "four dead findings", steps=0)
+    status = lambda: d.mon.lighthouse_status  # noqa: E731
+    d.until(lambda: status() and not any(map(status().heartbeating, job.replica_ids.values())),
+            "the Lighthouse to hear no group", steps=0, pause=0.1, sweeps=100)
+    d.sweeps(3, steps=0)
+    assert [o for h in ("h0", "h1", "h2", "h3") for o in offences(d, h)] == []
+    assert d.mon.hosts.quarantined() == []
+
+
+# --- the verdict alone, on rounds built here ------------------------------------------------
+def a_round(hosts: list[str], link, missing: dict[str, str] | None = None):
+    from monitor.evidence.probes import HostProbe, ProbeRound
+
+    probes = {}
+    for h in hosts:
+        p = HostProbe(h, f"http://{h}:1", 0, {o: f"http://{o}:1" for o in hosts if o != h},
+                      status=200)
+        if missing and h in missing:
+            p.status, p.error = 404, missing[h]
+        else:
+            p.results = {o: {"ok": True, "mbit_s": 900.0, "error": None, **link(h, o)}
+                         for o in hosts if o != h}
+        probes[h] = p
+    return ProbeRound(0.0, 1.0, probes)
+
+
+CUT = {"ok": False, "mbit_s": None, "error": "refused"}
+SLOW = {"mbit_s": 20.0}
+
+
+@pytest.mark.parametrize("hosts,link,missing,culprits,says", [
+    (["a", "b", "c"], lambda s, d: {}, None, [], "every link alike"),
+    (["a", "b", "c"], lambda s, d: SLOW, None, [], "every link alike"),
+    (["a", "b", "c"], lambda s, d: CUT, None, [], "every link failed alike"),
+    (["a", "b"], lambda s, d: CUT if "b" in (s, d) else {}, None, [], "cannot be placed"),
+    (["a", "b", "c"], lambda s, d: CUT if "c" in (s, d) else {}, None, ["c"], "every link of c"),
+    (["a", "b", "c"], lambda s, d: SLOW if d == "c" else {}, None, ["c"],
+     "every transfer fetched from c"),
+    (["a", "b", "c"], lambda s, d: SLOW if "c" in (s, d) else {}, {"a": "no route"}, [],
+     "no probe results from a (no route)"),
+    # two bad hosts among six: each is in every one of its bad links, the rest are fine
+    (list("abcdef"), lambda s, d: SLOW if {s, d} & {"b", "e"} else {}, None, ["b", "e"], "of b"),
+    # one bad link, no host in all bad links: nobody
+    (list("abcd"), lambda s, d: CUT if (s, d) == ("a", "b") else {}, None, [], "1 of 12 links"),
+])
+def test_the_verdict_names_only_the_host_common_to_every_bad_link(hosts, link, missing,
+                                                                  culprits, says):
+    from monitor.detect.network import place
+
+    v = place(a_round(hosts, link, missing), 0.25)
+    assert v.hosts == culprits and says in v.text, v.text
+
+
+# --- job_slow on the detectors alone (tests/test_monitor_detectors.py's synthetic job) -------
+@pytest.mark.parametrize("restarted", [False, True])
+def test_a_group_healing_after_a_restart_is_not_a_job_slowdown(restarted):
+    """Six slow steps (every group waiting longer in its collectives) right after a group's new
+    incarnation joined are its healing, not a slowdown; the same steps without the restart
+    are."""
+    from monitor.detect import Detectors
+    from tests.test_monitor_detectors import T0, Job, sweep
+
+    job, det, now = Job(), Detectors(DetectorConfig()), T0
+    job.steps(6, now=now)
+    for _ in range(40):
+        now += 1.0
+        job.steps(1, now=now)
+        assert sweep(det, job, now) == []
+    assert det.jobwide.baseline_medians() is not None
+    if restarted:
+        for r in job.members(1):
+            job.states[r]["replica_id"] = "replica_group_1:restarted"
+    found = []
+    for i in range(12):
+        now += 1.0
+        job.steps(1, noise=0.4 if i < 6 else 0.03, now=now)
+        found += [f.kind for f in sweep(det, job, now)]
+    assert found == ([] if restarted else ["job_slow"])
