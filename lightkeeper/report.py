@@ -206,8 +206,10 @@ def build_report(demo) -> dict[str, Any]:
         "goodput": _goodput_summary(demo.goodput),
         "final_steps": final_steps(demo.samples),
         "events": demo.events,
-        "urls": {"lighthouse": demo.cluster.lighthouse_url, "monitor": demo.monitor_url,
-                 "prometheus": demo.prom.url if demo.prom else None},
+        # as a user on this machine reaches them (on a fabric: forwards from 127.0.0.1)
+        "urls": {"lighthouse": demo.user_url(demo.cluster.lighthouse_url),
+                 "monitor": demo.user_url(demo.monitor_url),
+                 "prometheus": demo.user_url(demo.prom.url) if demo.prom else None},
         "prometheus": demo.prom_note or None,
         "pids": demo.pids(),
     }
