@@ -350,7 +350,10 @@ def test_a_monitor_that_cannot_reach_most_ranks_blames_no_one(probing):
     assert network_findings(d) == [] and job.kills == []
     assert d.mon.hosts.quarantined() == []
     assert probes_asked(job) == asked  # no round asked while blind
-    assert "monitor reaches only" in (d.mon.probes.note or "")
+    # the groups out of its sight are dead to the monitor: their findings, not a job-wide one,
+    # explain the stall (counted against no host: the Lighthouse still hears them)
+    assert d.mon.detectors.job_findings() == []
+    assert sorted(d.open_kinds()) == ["dead", "dead", "dead"]
     assert [dd for dd in d.mon.store.decisions() if dd["decision"] == "evict"] == []
 
 
@@ -428,6 +431,89 @@ def test_a_job_that_ends_counts_against_no_host(driver):
     d.sweeps(3, steps=0)
     assert [o for h in ("h0", "h1", "h2", "h3") for o in offences(d, h)] == []
     assert d.mon.hosts.quarantined() == []
+
+
+# --- the survivors let out of a collective with a group that is gone ----------------------
+def aborts(job: SimJob, groups) -> list[dict]:
+    return [a for g in groups for r in job.sim.group(g) for a in r.aborts]
+
+
+def lose(job: SimJob, g: int, heartbeats: bool = False) -> None:
+    """Group ``g``'s host drops off the network: its ranks stop answering and, unless
+    ``heartbeats``, the Lighthouse stops hearing it."""
+    for r in job.sim.group(g):
+        r.set_mode("down")
+    if not heartbeats:
+        job.alive.discard(g)
+
+
+def test_survivors_blocked_with_a_group_gone_from_the_quorum_are_told_to_abort(probing):
+    d = probing
+    job = d.train.job
+    d.sweeps(4)
+    d.train.stall(0.5, d.clock.t)  # every group in the cross-group all_reduce
+    lose(job, 3)
+    d.until(lambda: len(aborts(job, (0, 1, 2))) == 6, "the six survivors told to abort",
+            steps=0, pause=0.1, sweeps=100)
+    assert aborts(job, (3,)) == []
+    (dec,) = [x for x in d.mon.store.decisions() if x["decision"] == "abort"]
+    assert (dec["replica_group"], dec["replica_id"], dec["reason"], dec["status"]) == \
+        (3, job.replica_ids[3], "peer_gone", "sent")
+    assert "the Lighthouse no longer hears it" in dec["detail"]
+    assert {a["decision"] for a in aborts(job, (0, 1, 2))} == {dec["id"]}
+    d.sweeps(3, steps=0)  # told once
+    assert len(aborts(job, (0, 1, 2))) == 6
+    assert [x["decision"] for x in d.mon.store.decisions()] == ["abort"]  # nobody evicted
+
+
+def test_a_group_the_lighthouse_still_hears_is_not_gone(probing):
+    """The monitor cut off from a healthy host (a partition on its side): the Lighthouse still
+    hears the group, so nobody is aborted."""
+    d = probing
+    job = d.train.job
+    d.sweeps(4)
+    d.train.stall(0.5, d.clock.t)
+    lose(job, 3, heartbeats=True)
+    deadline = time.monotonic() + 2.5  # past the Lighthouse's 1 s heartbeat timeout
+    while time.monotonic() < deadline:
+        d.sweep(steps=0)
+        time.sleep(0.1)
+    assert "dead" in d.open_kinds()
+    assert aborts(job, range(4)) == [] and d.mon.store.decisions() == []
+
+
+def test_no_abort_while_the_lighthouse_cannot_be_read(probing):
+    d = probing
+    job = d.train.job
+    d.sweeps(4)
+    d.train.stall(0.5, d.clock.t)
+    job.front_down()
+    lose(job, 3)
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:
+        d.sweep(steps=0)
+        time.sleep(0.1)
+    assert aborts(job, range(4)) == []
+    job.front_up()  # readable again: the same evidence now holds
+    d.until(lambda: len(aborts(job, (0, 1, 2))) == 6, "the survivors told to abort",
+            steps=0, pause=0.1, sweeps=100)
+
+
+def test_without_the_ranks_token_nobody_is_aborted(tmp_path, job):
+    clock = Clock()
+    d = Driver(monitor(tmp_path, job, clock), Training(job), clock)
+    job.sim.probe_token = TOKEN
+    try:
+        d.sweeps(4)
+        d.train.stall(0.5, d.clock.t)
+        lose(job, 3)
+        d.until(lambda: d.mon.lighthouse_status and not d.mon.lighthouse_status.heartbeating(
+            job.replica_ids[3]), "the Lighthouse to lose group 3", steps=0, pause=0.1,
+            sweeps=100)
+        d.sweeps(2, steps=0)
+        assert aborts(job, range(4)) == [] and d.mon.store.decisions() == []
+    finally:
+        d.mon.stop()
 
 
 # --- the verdict alone, on rounds built here ------------------------------------------------

@@ -61,8 +61,17 @@ class JobWide:
               straggler: Straggler) -> list[Finding]:
         groups = view.in_quorum()
         in_q = {gv.replica_group for gv in groups}
+        q = view.quorum_id
+
+        def of_quorum(g: int) -> bool:
+            # a group of the quorum out of sight (dead, evicted) still holds the others in its
+            # collective: the stall is its finding's, not a job-wide one
+            gv = view.groups.get(g)
+            return g in in_q or (gv is not None and q is not None and any(
+                r.state and r.state.get("quorum_id") == q for r in gv.ranks))
+
         blamed = sorted({k[1] for k in self.findings.open if k[0] in GROUP_KINDS
-                         and k[1] in in_q})
+                         and of_quorum(k[1])})
         members = frozenset((gv.replica_group, gv.replica_id) for gv in groups)
         if members != self._members:  # a group left, joined or was restarted
             self._members = members
