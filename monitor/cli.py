@@ -166,6 +166,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "ranks of an evicted group still answering --orphan-grace seconds after "
                         "the kill (which reaches group rank 0 only) are told to exit; without "
                         "it they are reported")
+    p.add_argument("--no-abort-survivors", dest="abort_survivors", action="store_false",
+                   help="with --rank-exit-token the ranks blocked in a collective with a replica "
+                        "group gone from the quorum (the Lighthouse no longer hears it and no "
+                        "rank reports it) are told to abort it (POST /v1/abort) instead of "
+                        "waiting for their process group's timeout; this turns that off")
     p.add_argument("--orphan-grace", dest="orphan_grace_s", type=float, default=c.orphan_grace_s,
                    help="seconds after a kill before the group's remaining ranks are told to "
                         "exit or reported (%(default)s)")

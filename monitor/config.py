@@ -218,6 +218,9 @@ class MonitorConfig:
     # ``orphan_grace_s`` later with this token, else reported
     rank_exit_token: str | None = None
     orphan_grace_s: float = 3.0
+    # with that token too: ranks blocked in a collective with a group gone from the quorum are
+    # told to abort it (POST /v1/abort, monitor/act/survivors.py)
+    abort_survivors: bool = True
     expected_groups: int | None = None  # goodput ledger's capacity (None: groups ever seen)
     # the large-scale modes and the sizes they start at (docs/scaling.md)
     leader_polling: str = "auto"

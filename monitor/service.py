@@ -214,6 +214,9 @@ class Monitor:
         else:
             self.enforcer.decide(view, evidence, now)
         self.enforcer.confirm_evictions(view, now)
+        # a group gone from the quorum (its host off the network, or evicted while partitioned)
+        # holds the others in their collective until its timeout: they are told to abort it
+        self.enforcer.release_survivors(view, evidence, now, self.lighthouse_status)
         self.polling.after_decisions(view)
         # 5. account
         self.goodput.account(evidence, self.enforcer.open_findings(), now)

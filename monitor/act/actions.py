@@ -101,7 +101,7 @@ class Orphans:
         without the token, name them; returns the eviction's new detail note, if it changed."""
         if not ranks or since_kill_s < self.grace_s:
             return None
-        names = ", ".join(_rank_name(r) for r in ranks)
+        names = ", ".join(rank_name(r) for r in ranks)
         if not self.exits.token:
             note = (f"rank(s) still running {self.grace_s:g}s after the kill: {names}; the "
                     "Lighthouse's kill reaches only group rank 0: stop them before restarting the "
@@ -115,9 +115,9 @@ class Orphans:
                     continue
                 res = self.exits.exit(r.url, f"replica {replica_id} was evicted by the monitor")
                 self._told[r.url] = since_kill_s
-                log.warning("told %s of evicted %s to exit: %s", _rank_name(r), replica_id,
+                log.warning("told %s of evicted %s to exit: %s", rank_name(r), replica_id,
                             res.detail)
-                outcomes.append(f"{_rank_name(r)}: {res.detail}")
+                outcomes.append(f"{rank_name(r)}: {res.detail}")
             if not outcomes:
                 return None
             note = "told rank(s) the Lighthouse's kill does not reach to exit (POST /v1/exit): " \
@@ -128,7 +128,7 @@ class Orphans:
         return note
 
 
-def _rank_name(r: Any) -> str:
+def rank_name(r: Any) -> str:
     s = getattr(r, "state", None) or {}
     return (f"rank {getattr(r, 'rank', '?')} (group rank {s.get('group_rank')}, host "
             f"{s.get('host')}, pid {s.get('pid')}, {getattr(r, 'url', '?')})")

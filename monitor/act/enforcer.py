@@ -24,6 +24,7 @@ from .actions import Lighthouse, Orphans
 from .dead import DeadGroups
 from .decisions import Decision, Situation, decide
 from .hosts import HostLedger
+from .survivors import RankAborts, Survivors
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,9 @@ class Enforcer:
         self._lock = threading.Lock()  # one decision at a time (the loop, the API)
         self._host_actions: threading.Thread | None = None
         self.dead = DeadGroups()  # dead findings waiting for the Lighthouse to agree
+        self.survivors = Survivors(RankAborts(cfg.rank_exit_token if cfg.abort_survivors
+                                              else None, cfg.kill_timeout_s),
+                                   store, metrics, cfg.job, cfg.rails.dry_run)
 
     def finding_id(self, key: tuple) -> int | None:
         """The audit log's id of an open finding."""
@@ -158,8 +162,16 @@ class Enforcer:
                                               name="lightkeeper-host-actions", daemon=True)
         self._host_actions.start()
 
+    def release_survivors(self, view: ClusterView, evidence: ClusterView, now: float,
+                          lighthouse: LighthouseStatus | None) -> list[dict]:
+        """Ranks blocked in a collective with a group that is gone are told to abort it
+        (monitor.act.survivors); nothing while blind."""
+        return self.survivors.release(view, evidence, lighthouse, self.blindness(view),
+                                      self.store.evicted_replica_ids(), now)
+
     def close(self) -> None:
         """Let a sink action under way finish (bounded)."""
+        self.survivors.close()
         if self._host_actions is not None:
             self._host_actions.join(timeout=self.cfg.quarantine.action_timeout_s + 5)
 

@@ -76,6 +76,7 @@ class SimRank:
         self.port = 0
         self.requests = 0
         self.probes = 0  # POST /v1/probe requests
+        self.aborts: list[dict[str, Any]] = []  # POST /v1/abort bodies accepted
         self.probe_route = True
         self.writers: set[asyncio.StreamWriter] = set()
 
@@ -136,6 +137,8 @@ class SimRank:
                     break
                 if method == "POST" and path.split("?")[0] == "/v1/probe":
                     status, ctype, out = self.probe(headers, body)
+                elif method == "POST" and path.split("?")[0] == "/v1/abort":
+                    status, ctype, out = self.abort(headers, body)
                 else:
                     status, ctype, out = self.respond(path.split("?")[0], mode)
                 writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
@@ -160,6 +163,15 @@ class SimRank:
                     "mbit_s": 1000.0, "error": None, **links(self.url, p)} for p in peers]
         return "200 OK", "application/json", json.dumps({"from": self.url,
                                                          "results": results}).encode()
+
+    def abort(self, headers: dict[str, str], body: bytes) -> tuple[str, str, bytes]:
+        """The fake ``POST /v1/abort``: recorded, nothing to abort (the same token as probes)."""
+        if headers.get("authorization") != f"Bearer {self.sim.probe_token}":
+            return "401 Unauthorized", "application/json", b'{"error": "bad token"}'
+        self.aborts.append(json.loads(body))
+        return "202 Accepted", "application/json", json.dumps(
+            {"aborted": True, "pg": "sim", "mechanism": "sim", "detail": "recorded",
+             "quorum_id": self.state.get("quorum_id"), "step": self.state.get("step")}).encode()
 
     def respond(self, path: str, mode: str) -> tuple[str, str, bytes]:
         if mode == "http500":

@@ -1,0 +1,169 @@
+"""Let the survivors out of a collective whose peer group is gone: ``POST /v1/abort``.
+
+When a group's host drops off the network (or a partitioned group is evicted), its TCP
+connections never close on the survivors' side, so they sit in torchft's cross-group all_reduce
+until the process group's timeout (60 s at torchft's default). The monitor knows within a
+second or two, from two vantage points that must agree before it acts:
+
+- the Lighthouse no longer hears the group's heartbeat, although the group is still a
+  participant of the newest quorum (so the survivors' collective includes it), and
+- no rank the monitor reaches reports the group's replica id (unreachable, or gone).
+
+Then every verified rank of the other groups in that quorum that is blocked in the cross-group
+collective is told to abort it (the rank fails the collective, the step does not commit, torchft
+forms the next quorum without the gone group; the process trains on). Nothing is aborted while
+the monitor is blind (the Lighthouse unreadable, or too few ranks reachable): a partition that
+cuts the monitor off from healthy ranks leaves their heartbeats at the Lighthouse, so they are
+never "gone". Each survivor is told once per gone replica id; every abort is in the audit log
+(decision ``abort``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+
+from ..detect import collective_wait
+from ..evidence.lighthouse_status import LighthouseStatus
+from ..evidence.view import ClusterView, RankView
+from .actions import Outcome, rank_name
+
+log = logging.getLogger(__name__)
+
+
+class RankAborts:
+    """``POST {rank}/v1/abort`` with the ranks' exit token (a rank without it answers 403).
+    Never raises."""
+
+    def __init__(self, token: str | None, timeout_s: float = 2.0) -> None:
+        self.token = token
+        self.timeout_s = timeout_s
+        self._session = requests.Session()
+
+    def abort(self, url: str, reason: str, decision: int | None) -> Outcome:
+        if not self.token:
+            return Outcome(False, None, "no --rank-exit-token")
+        try:
+            r = self._session.post(f"{url.rstrip('/')}/v1/abort",
+                                   json={"reason": reason, "decision": decision},
+                                   headers={"Authorization": f"Bearer {self.token}"},
+                                   timeout=self.timeout_s)
+        except requests.RequestException as e:
+            return Outcome(False, None, f"unreachable: {type(e).__name__}")
+        if r.status_code == 202:
+            body = r.json() if r.headers.get("content-type", "").startswith(
+                "application/json") else {}
+            return Outcome(True, 202, body.get("mechanism", "aborted"))
+        return Outcome(False, r.status_code, f"HTTP {r.status_code}: {r.text[:120]}")
+
+    def close(self) -> None:
+        self._session.close()
+
+
+@dataclass(frozen=True)
+class Gone:
+    """A group of the newest quorum that neither the Lighthouse nor the monitor hears."""
+
+    replica_group: int | None
+    replica_id: str
+    quorum_id: int
+    why: str
+
+
+def gone_groups(view: ClusterView, status: LighthouseStatus,
+                evicted: set[str] | frozenset[str] = frozenset()) -> list[Gone]:
+    """Participants of the Lighthouse's newest quorum whose heartbeat it no longer hears and
+    that no reachable rank still reports, or that the monitor evicted itself (``evicted``: the
+    replica ids it sent a kill for; the ranks that kill does not reach answer a while longer)."""
+    if status.quorum_id is None:
+        return []
+    reported = {r.replica_id for gv in view.groups.values() for r in gv.reachable
+                if r.replica_id}
+    by_rid = {gv.replica_id: g for g, gv in view.groups.items() if gv.replica_id}
+    out = []
+    for rid in sorted(status.members):
+        if status.heartbeating(rid) or (rid in reported and rid not in evicted):
+            continue
+        seen = status.heartbeats.get(rid)
+        out.append(Gone(by_rid.get(rid), rid, status.quorum_id,
+                        "the Lighthouse no longer hears it"
+                        + (f" (last heartbeat {seen:.1f}s ago)" if seen is not None else "")
+                        + (" and the monitor evicted it" if rid in evicted
+                           else " and no rank the monitor reaches reports it")))
+    return out
+
+
+def blocked_survivors(evidence: ClusterView, gone: Gone, now: float) -> list[RankView]:
+    """Verified ranks of the other groups, in ``gone``'s quorum, blocked in the cross-group
+    collective now."""
+    out = []
+    for gv in evidence.groups.values():
+        if gv.replica_id == gone.replica_id:
+            continue
+        for r in gv.reachable:
+            s = r.state or {}
+            if r.fresh and s.get("quorum_id") == gone.quorum_id \
+                    and collective_wait(s, now)[0] == "cross":
+                out.append(r)
+    return out
+
+
+class Survivors:
+    """Each sweep: :meth:`release` the survivors of groups that are gone. ``store``: the audit
+    log; ``dry_run``: decide and record, send nothing."""
+
+    def __init__(self, aborts: RankAborts, store: Any, metrics: Any, job: str,
+                 dry_run: bool = False) -> None:
+        self.aborts, self.store, self.metrics, self.job = aborts, store, metrics, job
+        self.dry_run = dry_run
+        self._told: set[tuple[str, str]] = set()  # (gone replica id, survivor url)
+
+    def release(self, view: ClusterView, evidence: ClusterView,
+                status: LighthouseStatus | None, blind: str | None, evicted: set[str],
+                now: float) -> list[dict]:
+        """The abort decisions made this sweep (as recorded)."""
+        if status is None or blind or not self.aborts.token:
+            return []
+        made = []
+        for gone in gone_groups(view, status, evicted):
+            ranks = [r for r in blocked_survivors(evidence, gone, now)
+                     if (gone.replica_id, r.url) not in self._told]
+            if not ranks:
+                continue
+            made.append(self._abort(gone, ranks, now))
+        live = set(status.members)
+        self._told = {k for k in self._told if k[0] in live}
+        return made
+
+    def _abort(self, gone: Gone, ranks: list[RankView], now: float) -> dict:
+        reason = (f"replica group {gone.replica_group} ({gone.replica_id}) is gone from quorum "
+                  f"{gone.quorum_id}: {gone.why}")
+        did = self.store.add_decision(
+            replica_group=gone.replica_group, replica_id=gone.replica_id, decision="abort",
+            reason="peer_gone", detail=reason, status="dry_run" if self.dry_run else "sending",
+            at=now)
+        outcomes = []
+        for r in ranks:
+            self._told.add((gone.replica_id, r.url))
+            if self.dry_run:
+                outcomes.append(f"{rank_name(r)}: would abort (dry run)")
+                continue
+            res = self.aborts.abort(r.url, reason, did)
+            outcomes.append(f"{rank_name(r)}: {res.detail}")
+        sent = not self.dry_run
+        detail = f"{reason}; survivors blocked in the cross-group collective told to abort " \
+                 f"it (POST /v1/abort): " + "; ".join(outcomes)
+        if sent:
+            self.store.update_decision(did, status="sent", detail=detail)
+        else:
+            self.store.update_decision(did, detail=detail)
+        self.metrics.decisions.labels(self.job, "abort", "peer_gone").inc()
+        log.warning("%s", detail)
+        return {"id": did, "replica_group": gone.replica_group, "replica_id": gone.replica_id,
+                "ranks": [r.rank for r in ranks], "detail": detail}
+
+    def close(self) -> None:
+        self.aborts.close()
