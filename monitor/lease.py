@@ -1,9 +1,5 @@
 """etcd v3 through its JSON gateway, and one leader per key through an etcd lease.
-
-The gateway (``POST /v3/kv/...``, ``/v3/lease/...``; keys and values base64, 64-bit integers
-as strings) makes ``requests`` the whole client. :class:`Etcd` raises :class:`EtcdError` for
-anything that is not an answer; callers treat that as "do not know" and act on nothing.
-Protocol: docs/scaling.md, "The etcd protocol".
+:class:`EtcdError` means "do not know": act on nothing (docs/scaling.md, "The etcd protocol").
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Leader polling: which ranks a sweep asks, so that one monitor keeps up with 100,000 ranks.
-
-A replica group's ranks move in lockstep, so a sweep polls every group's *leader* (group rank 0)
-and the other ranks only every ``member_interval_s``, spread over the sweeps. A group is
-*drilled* (every rank polled every sweep) while its leader looks wrong (unknown, unreachable,
-blocked in an in-group collective, stuck behind the others, the one the others wait for) or the
-caller suspects it, and for ``hold_s`` after. Below ``min_ranks`` targets (mode ``auto``) every
-rank is polled. A rank whose state cannot be read is polled, never an error (docs/scaling.md).
+"""Leader polling: a sweep asks each group's leader, the other ranks every ``member_interval_s``;
+a group whose leader looks wrong is *drilled* (all ranks every sweep). docs/scaling.md.
 """
 
 from __future__ import annotations

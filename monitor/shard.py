@@ -1,11 +1,5 @@
-"""Several monitors, one job: each shard owns a slice of the replica groups, one leader acts.
-
-A shard (``--shard I/N``) polls the groups :func:`shard_of` gives it and proposes evictions in
-etcd; the :class:`Leader` (``--lead``) applies the global rails and sends the kills, recording
-``sending`` first so that no two leaders send one (docs/scaling.md, "The etcd protocol"). An
-unreachable etcd leaves the shard without proposals and the leader without decisions (shown in
-``/v1/cluster``); the leader never evicts on a Lighthouse it could not read or with a shard
-missing.
+"""Several monitors, one job: each shard polls its replica groups and proposes evictions in etcd;
+one :class:`Leader` applies the global rails and kills (docs/scaling.md, "The etcd protocol").
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""The loader's fast path: the common Flight Recorder dump normalized column by column.
-
-:func:`normalize_columnar` returns what :func:`~monitor.analysis.model.normalize` returns at
-about half its cost (bench_analyze.py), for dumps with every key torch writes, no p2p entries,
-no torchft ``incarnations`` and one entry per sequence id; anything else, malformed dumps
-included, goes to ``normalize``, so the errors are its errors. One difference: equal signature
-fields of different types (``8`` and ``8.0``) get one signature id here; no report differs.
+"""The loader's fast path: the common dump normalized column by column, as ``normalize`` would.
+Anything uncommon or malformed goes to ``normalize``, so the errors are its errors.
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
 """Cross-rank Flight Recorder analysis: mismatches, hangs and stragglers (docs/analyze.md).
-
-Ranks are matched per process group and ``collective_seq_id``, never by ``record_id``; a rank
-whose ring buffer no longer holds a sequence id does not testify about it. ``mismatch``: the
-first sequence id of a group whose members enqueued different collectives, the minority to
-blame. ``hang``: in a current group (torchft: the latest incarnation) the members furthest
-behind; on NCCL a collective that completed anywhere is no hang, gloo records no completion (a
-caller polling live dumps confirms a hang persists). ``straggler``: :mod:`.stragglers`. A
-member without a dump is ``unknown``, not a culprit, unless ``blame_missing``.
+Ranks are matched per process group and ``collective_seq_id``, never by ``record_id``.
 """
 
 from __future__ import annotations

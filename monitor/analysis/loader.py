@@ -1,11 +1,5 @@
 """Reading per-rank Flight Recorder dumps from disk: :func:`load_paths`.
-
-Files and directories (every non-hidden file directly inside), JSON or pickle; the rank is the
-dump's ``rank`` key, else the digits ending the file name. Each dump is normalized as it is read
-(:mod:`.columnar`); inputs of :data:`POOL_MIN_BYTES` or more by worker processes (:mod:`.pool`).
-Pickles are read by the C reader (``_frpickle.c``) where built, else by Python's unpickler with
-every class refused (a dump must not run code); both give the same trace or error. A file that
-cannot be used becomes an ``errors`` entry; the others are still loaded.
+Pickles go to the C reader where built, else to an unpickler refusing every class (no code runs).
 """
 
 from __future__ import annotations

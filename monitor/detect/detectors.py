@@ -1,9 +1,5 @@
-"""Detectors: from the cluster view (and live Flight Recorder dumps) to findings.
-
-Per sweep the service calls :meth:`Detectors.fr_wanted`, then :meth:`Detectors.update`, which
-runs one module per finding kind. A detector that fails logs, sets ``last_error`` and is skipped
-for that sweep; it never takes the monitor down. A group whose ``replica_id`` changes (torchft
-restarted it) starts from a clean slate.
+"""Detectors: from the cluster view (and live Flight Recorder dumps) to findings, one module per
+kind. A failing detector is logged and skipped for that sweep, never fatal.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""The per-step timings the detectors remember of each rank, in numpy columns.
-
-Per rank URL (a slot each): the rows of its newest ``depth`` steps, step ``s`` in place
-``s % depth``. A sweep folds in one numpy pass and the straggler's window is one indexing
-(benchmarks/bench_detectors.py). A rank whose replica id changed starts from nothing; nothing
-here raises on what a rank served.
+"""The per-step timings the detectors remember of each rank, in numpy columns: a sweep folds in
+one pass, the straggler's window is one indexing. Nothing here raises on what a rank served.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
 """``straggler``: the replica group the others wait for at the cross-group step.
-
-Each rank serves its last steps' timings on its own clock (no two hosts' clocks compared), kept
-in a :class:`StepMemory`. Per step a group's lag is how long the others waited for it
-(:func:`straggler_lags`). A group is a straggler when, over the newest ``straggler_steps``
-steps, it was waited for in 3 of 4 with a median lag of ``max(straggler_min_lag_s,
-straggler_rel_lag x median step)``, in ``straggler_windows`` evaluations or every step of one.
-Its culprits: the ranks whose in-group wait is that much below their peers'; none: all.
+Each rank's own clock only; the rule and its thresholds: docs/monitor.md.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The goodput ledger: where the job's replica-seconds went, and what each incident cost.
-
-Each sweep's wall time times the expected replica groups splits into goodput and badput by
-cause, so that ``goodput + sum(badput) + pending == expected groups x wall seconds`` always
-(docs/goodput.md). No threads or I/O; odd values in a rank's state are ignored, never raised.
+"""The goodput ledger: where the job's replica-seconds went, and what each incident cost, so that
+``goodput + sum(badput) + pending == expected groups x wall seconds`` (docs/goodput.md).
 """
 
 from __future__ import annotations

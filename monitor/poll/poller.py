@@ -1,11 +1,5 @@
-"""Concurrent polling of every rank: one sweep = one ``GET /v1/state`` per target, all at once.
-
-The :class:`Poller` runs an asyncio loop in a background thread, one
-:class:`monitor.poll.http11.Conn` per connection. A rank that is slow, refuses, answers garbage
-or an HTTP error becomes a :class:`RankPoll` with ``ok=False`` and a ``reason`` (:data:`REASONS`);
-it never delays the others beyond its timeout nor raises out of :meth:`Poller.sweep`.
-Keep-alive connections are pooled per ``host:port``, at most ``max_idle`` idle ones, least
-recently used closed first (docs/scaling.md).
+"""Concurrent polling of every rank on an asyncio loop in a thread, connections pooled per address.
+A rank that fails becomes a :class:`RankPoll` with a ``reason``; a sweep never raises.
 """
 
 from __future__ import annotations
