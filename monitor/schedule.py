@@ -7,8 +7,9 @@ from __future__ import annotations
 import math
 import operator
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cache
 
 from .config import MonitorConfig
 from .detect import current_wait
@@ -31,20 +32,6 @@ class Plan:
     everything: bool = True  # leader polling off: every target polled
     # drilled groups whose leader was found blocked in an in-group collective, within the hold
     blocked: set[int] = field(default_factory=set)
-
-
-class _Once:
-    """A value computed on its first call, then kept (a healthy sweep never needs it)."""
-
-    __slots__ = ("make", "value")
-
-    def __init__(self, make: Callable[[], float]) -> None:
-        self.make, self.value = make, None
-
-    def __call__(self) -> float:
-        if self.value is None:
-            self.value = self.make()
-        return self.value
 
 
 class LeaderSchedule:
@@ -149,7 +136,7 @@ class LeaderSchedule:
         plan = self.last
         if plan is None or plan.everything or view is None:
             return []
-        suspect = _Once(lambda: self.suspect_s(view))
+        suspect = cache(lambda: self.suspect_s(view))  # a healthy sweep never needs it
         extra: list[str] = []
         drilled = plan.drilled
         for g, url in self._leader_urls.items():  # the leaders this plan asked (and drilled)
@@ -215,7 +202,7 @@ class LeaderSchedule:
                  ) -> tuple[dict[int, str], set[int], dict[int, str | None]]:
         """(group -> why it is drilled, those whose leader is blocked in the group, group ->
         its leader's URL or None), in one pass over the groups."""
-        suspect = _Once(lambda: self.suspect_s(view))
+        suspect = cache(lambda: self.suspect_s(view))
         out: dict[int, str] = {g: SUSPECT for g in suspects
                                if g in groups}
         # arrived: the leader waits in the cross-group collective at all (it is not the late one)

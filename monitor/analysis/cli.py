@@ -9,8 +9,6 @@ import json
 import sys
 from typing import Any, TextIO
 
-__all__ = ["add_arguments", "run", "format_text"]
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", metavar="PATH", help="per-rank dump files or directories of them (JSON or pickle)")

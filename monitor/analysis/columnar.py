@@ -27,8 +27,6 @@ from .model import (
 )
 from .wire import Packed, pack, pack_group
 
-__all__ = ["normalize_columnar", "normalize_packed", "normalize_parsed"]
-
 # normalize's fields but pg_id, which only tells torchft incarnations apart (left to normalize)
 _KEYS = tuple(k for k in _FAST_KEYS if k != "pg_id")
 _MAX_PERIOD = 64  # longest repeating pattern of groups looked for (collectives per step)

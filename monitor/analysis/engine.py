@@ -15,8 +15,6 @@ from .stragglers import StragglerConfig, StragglerEvidence
 # A gloo collective younger than this when its rank was dumped is in flight, not hung.
 MIN_PENDING_S = 1.0
 
-__all__ = ["analyze", "normalize_dumps"]
-
 
 def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing: bool = False,
             same_host: bool = False, world_size: int | None = None,

@@ -8,8 +8,6 @@ from typing import Any
 
 from .model import GroupKey
 
-__all__ = ["AnalysisResult", "Finding", "HangFinding", "MismatchFinding", "StragglerFinding", "KIND_ORDER"]
-
 KIND_ORDER = {"hang": 0, "mismatch": 1, "straggler": 2, "lag": 3}
 _DIGITS = {"score": 4, "expected": 4, "late_fraction": 4, "z": 2, "median_wait_ms": 3}
 

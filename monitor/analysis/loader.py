@@ -19,9 +19,6 @@ from .model import DumpFormatError, RankTrace
 from .pool import Outcome, available_cores, run_pool
 from .wire import Packed, from_bytes, to_bytes
 
-__all__ = ["LOAD_TASK", "POOL_MIN_BYTES", "LoadResult", "load_outcome", "load_packed", "load_paths",
-           "pickle_reader", "read_dump", "rank_from_name"]
-
 # Below this many bytes in all, loading here beats starting workers (bench_analyze.py --threshold).
 POOL_MIN_BYTES = 8 << 20
 

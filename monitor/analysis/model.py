@@ -14,8 +14,6 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Any, NamedTuple
 
-__all__ = ["DumpFormatError", "GroupKey", "GroupTrace", "RankTrace", "Signature", "normalize"]
-
 NAN = float("nan")
 SCHEDULED, STARTED, COMPLETED = 0, 1, 2
 _STATE_CODES = {"scheduled": SCHEDULED, "started": STARTED, "completed": COMPLETED}

@@ -18,8 +18,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-__all__ = ["Outcome", "available_cores", "run_pool"]
-
 Outcome = tuple[Any, str | None]  # (value or None, error message or None) for one file
 
 IN_FLIGHT = 2  # files handed to a worker ahead of its answers

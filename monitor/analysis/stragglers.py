@@ -14,8 +14,6 @@ from typing import Any
 from .findings import StragglerFinding
 from .model import GroupKey, GroupTrace, RankTrace
 
-__all__ = ["StragglerConfig", "StragglerEvidence"]
-
 Hit = tuple[float, GroupKey, dict[str, Any]]  # (z, group, what the finding reports)
 
 

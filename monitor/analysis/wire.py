@@ -12,8 +12,6 @@ from typing import Any
 
 from .model import GroupTrace, RankTrace
 
-__all__ = ["Packed", "from_bytes", "pack", "to_bytes", "unpack"]
-
 
 class Packed:
     """A RankTrace without its groups and members, and those packed."""
