@@ -151,9 +151,8 @@ class SessionLease:
 
 
 class LeaderLease(SessionLease):
-    """One leader per ``key``: :meth:`campaign` (every third of the TTL) says whether this
-    candidate holds it; acting as leader, put :meth:`guard` into the txn, so that a leader paused
-    past its TTL fails in etcd. An etcd error ends leadership, never raises."""
+    """One leader per ``key``: :meth:`campaign` says whether this candidate holds it; a leader puts
+    :meth:`guard` into its txn, so one paused past its TTL fails in etcd. Never raises."""
 
     def __init__(self, etcd: Etcd, key: str, identity: dict[str, Any], ttl_s: int) -> None:
         super().__init__(etcd, ttl_s)

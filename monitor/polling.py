@@ -255,10 +255,8 @@ class Polling:
             log.exception("could not ask the Flight Recorder early")
 
     def fr_dumps(self, view: ClusterView, now: float) -> dict[int, dict]:
-        """This sweep's Flight Recorder dumps, by rank, of the ranks the detectors want: whole
-        from drilled groups, torchft's only from other leaders (never every rank: gigabytes).
-        When the drilled groups' own dumps confirm their in-group hangs, the leaders' are
-        skipped: no other dump changes a finding."""
+        """This sweep's Flight Recorder dumps by rank: whole from drilled groups, torchft's from
+        other leaders (never every rank: gigabytes), skipped when the drilled ones confirm hangs."""
         urls = [u for u in self.detectors.fr_wanted(view, now) if view.ranks[u].fresh]
         self.fr_leaders_skipped = False
         ahead, self._fr_ahead = self._fr_ahead, {}  # what is not read is dropped

@@ -130,9 +130,8 @@ class LeaderSchedule:
 
     def drill_now(self, polls: dict[str, RankPoll], view: ClusterView | None,
                   now: float) -> list[str]:
-        """The other ranks of each group whose leader answered (``polls``) blocked in an
-        in-group collective for ``suspect_s``: polled in this sweep, not the next; the groups
-        join ``last`` and are held as if planned. ``view``: the previous sweep's."""
+        """The other ranks of each group whose leader answered blocked in an in-group collective for
+        ``suspect_s``: polled in this sweep, not the next, and held as if planned."""
         plan = self.last
         if plan is None or plan.everything or view is None:
             return []

@@ -46,9 +46,8 @@ def normalize_packed(dump: Any, rank: int | None = None) -> Packed:
 
 
 def normalize_parsed(doc: Any, rank_of: Callable[[Any], int], packed: bool) -> RankTrace | Packed:
-    """:func:`normalize_columnar` (``packed``: :func:`normalize_packed`) of the C reader's
-    parsed pickle ``doc``; ``rank_of``: the rank given the top-level dict. Raises
-    ``_frpickle.DumpRefused`` when the reader cannot build it."""
+    """The C reader's parsed pickle ``doc`` normalized (``packed``: as :func:`normalize_packed`);
+    raises ``_frpickle.DumpRefused`` when the reader cannot build it."""
     build = pack_group if packed else _group_trace
     got = doc.columns(_KEYS, "duration_ms")
     if got is not None:

@@ -19,9 +19,8 @@ MIN_PENDING_S = 1.0
 def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing: bool = False,
             same_host: bool = False, world_size: int | None = None,
             straggler: StragglerConfig | None = None) -> AnalysisResult:
-    """The findings over every rank's dump (global rank -> dump dict or :class:`RankTrace`); a
-    dump that is not a Flight Recorder dump becomes an ``errors`` entry. ``same_host``: ranks
-    without a ``host`` key share one clock; ``world_size``: the default group's size (gloo)."""
+    """The findings over every rank's dump (global rank -> dump dict or :class:`RankTrace`); a dump
+    that is not one is an ``errors`` entry. ``same_host``: ranks without ``host`` share a clock."""
     config = straggler or StragglerConfig()
     traces, errors = normalize_dumps(dumps)
     signatures = _share_signatures(traces)

@@ -91,9 +91,8 @@ class HangFinding(Finding):
 
 @dataclass
 class StragglerFinding(Finding):
-    """A rank that arrives last (or late) far more often than chance (``score`` against
-    ``expected``); between two ranks (``peers``) how often it was the later one, kind ``lag``
-    when nothing else agrees. The fields: docs/analyze.md."""
+    """A rank that arrives last (or late) far more often than chance; of two ranks (``peers``) a
+    ``lag`` when nothing else agrees. The fields: docs/analyze.md."""
 
     rank: int = -1
     score: float = 0.0

@@ -74,9 +74,8 @@ class StepMemory:
         return slot
 
     def fold(self, slots: list[int], blobs: list[bytes]) -> list[int]:
-        """How many rows each answer added: ``blobs[i]`` (TIMING_ROW records, oldest first)
-        into ``slots[i]``, the valid rows newer than its newest step and within ``depth`` of the
-        new newest; a step served twice keeps its last row."""
+        """How many rows each answer added: ``blobs[i]`` into ``slots[i]``, rows newer than its last
+        step and within ``depth`` of the new newest; a step served twice keeps its last row."""
         counts = np.fromiter(map(len, blobs), np.int64, len(blobs)) // TIMING_ROW.size
         # float64 columns, the first the step's int64 bits (faster than a structured array)
         raw = np.frombuffer(b"".join(blobs), np.float64).reshape(-1, 1 + len(TIMING_KEYS))

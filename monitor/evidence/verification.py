@@ -164,9 +164,8 @@ def _key(rv: RankView) -> tuple | None:
 
 
 class Verifier:
-    """:func:`verify_ranks` sweep after sweep, with the same verdicts. While the Lighthouse
-    says the same, only the ranks whose claims changed are judged again, with every rank
-    their checks involve (same group, replica id or rank, to closure)."""
+    """:func:`verify_ranks` sweep after sweep, with the same verdicts; while the Lighthouse says the
+    same, only changed claims are judged again, with every rank their checks involve."""
 
     def __init__(self) -> None:
         self._sig: Any = _NOT_YET

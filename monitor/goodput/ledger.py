@@ -125,9 +125,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self._rejudge(inc)
 
     def _rejudge(self, inc: Incident) -> None:
-        """Judge again the sweeps since the onset that a pace window reaching back before it
-        credited whole: below pace since the onset, a sweep keeps ``commits x b`` and the rest
-        is the incident's drag or stall."""
+        """Judge again the sweeps since the onset that a window reaching before it credited whole:
+        below pace, a sweep keeps ``commits x b`` and the rest is the incident's drag or stall."""
         b, J, S = self.baseline, self.judged, self.slots
         if b is None or not J.t1:
             return

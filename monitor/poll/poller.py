@@ -214,11 +214,8 @@ class Poller:
               on_rows: Callable[[list[tuple]], None] | None = None,
               per_batch: int = 256, queries: Sequence[str] | None = None
               ) -> dict[str, RankPoll]:
-        """GET ``path`` from every URL concurrently; url -> RankPoll (never raises). A body over
-        ``max_bytes`` is a ``bad_response``. ``queries``: as :func:`dedup_queries` keeps them.
-        With ``on_rows`` (the poller process's wire) nothing is parsed: batches of ``per_batch``
-        rows ``(index, ok, body, reason, error, status, latency_s, at)`` are handed on, on the
-        poller's thread, and the sweep returns an empty dict."""
+        """GET ``path`` from every URL at once; url -> RankPoll (never raises). With ``on_rows``
+        (the poller process) raw rows are handed on in batches, unparsed, and the dict is empty."""
         urls, queries = dedup_queries(urls, queries)
         if not urls:
             return {}
