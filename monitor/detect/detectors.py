@@ -54,10 +54,6 @@ class Detectors:
         """replica_group -> how long the others waited for it (s) at the last evaluation."""
         return self.straggler.last_lags
 
-    @last_lags.setter
-    def last_lags(self, lags: dict[int, float]) -> None:
-        self.straggler.last_lags = lags
-
     def state_queries(self, urls: Iterable[str], kept: Container[str] | None = None,
                       view: ClusterView | None = None) -> list[str]:
         return self.straggler.state_queries(urls, kept, view)
