@@ -1,9 +1,5 @@
 """etcd v3 through its JSON gateway, and one leader per key through an etcd lease.
-
-The gateway (``POST /v3/kv/...``, ``/v3/lease/...``; keys and values base64, 64-bit integers
-as strings) makes ``requests`` the whole client. :class:`Etcd` raises :class:`EtcdError` for
-anything that is not an answer; callers treat that as "do not know" and act on nothing.
-Protocol: docs/scaling.md, "The etcd protocol".
+:class:`EtcdError` means "do not know": act on nothing (docs/scaling.md, "The etcd protocol").
 """
 
 from __future__ import annotations
@@ -155,9 +151,8 @@ class SessionLease:
 
 
 class LeaderLease(SessionLease):
-    """One leader per ``key``: :meth:`campaign` (every third of the TTL) says whether this
-    candidate holds it; acting as leader, put :meth:`guard` into the txn, so that a leader paused
-    past its TTL fails in etcd. An etcd error ends leadership, never raises."""
+    """One leader per ``key``: :meth:`campaign` says whether this candidate holds it; a leader puts
+    :meth:`guard` into its txn, so one paused past its TTL fails in etcd. Never raises."""
 
     def __init__(self, etcd: Etcd, key: str, identity: dict[str, Any], ttl_s: int) -> None:
         super().__init__(etcd, ttl_s)

@@ -1,11 +1,5 @@
-"""Which ranks a sweep asks and when: the seam behind which the large-scale modes live.
-
-The loop calls :meth:`Polling.collect` and :meth:`Polling.fr_dumps`, and tells it where the
-sweep stands (``after_view``, ``after_decisions``, ``end_sweep``, ``wait``). Below the sizes in
-:class:`~monitor.config.MonitorConfig` that is plan, poll, wait. From them on it polls from its
-own process and asks the next sweep (and the Flight Recorder dumps a sweep will want) ahead, and
-keeps the cyclic GC off during a sweep, freezing what survives (docs/scaling.md). Nothing here
-raises because of a rank; a failing mode is logged and the sweep asks for itself.
+"""Which ranks a sweep asks and when: the seam behind which the large-scale modes live (a poller
+process, asking ahead, GC freezing; docs/scaling.md). Nothing here raises because of a rank.
 """
 
 from __future__ import annotations
@@ -261,10 +255,8 @@ class Polling:
             log.exception("could not ask the Flight Recorder early")
 
     def fr_dumps(self, view: ClusterView, now: float) -> dict[int, dict]:
-        """This sweep's Flight Recorder dumps, by rank, of the ranks the detectors want: whole
-        from drilled groups, torchft's only from other leaders (never every rank: gigabytes).
-        When the drilled groups' own dumps confirm their in-group hangs, the leaders' are
-        skipped: no other dump changes a finding."""
+        """This sweep's Flight Recorder dumps by rank: whole from drilled groups, torchft's from
+        other leaders (never every rank: gigabytes), skipped when the drilled ones confirm hangs."""
         urls = [u for u in self.detectors.fr_wanted(view, now) if view.ranks[u].fresh]
         self.fr_leaders_skipped = False
         ahead, self._fr_ahead = self._fr_ahead, {}  # what is not read is dropped

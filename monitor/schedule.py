@@ -1,11 +1,5 @@
-"""Leader polling: which ranks a sweep asks, so that one monitor keeps up with 100,000 ranks.
-
-A replica group's ranks move in lockstep, so a sweep polls every group's *leader* (group rank 0)
-and the other ranks only every ``member_interval_s``, spread over the sweeps. A group is
-*drilled* (every rank polled every sweep) while its leader looks wrong (unknown, unreachable,
-blocked in an in-group collective, stuck behind the others, the one the others wait for) or the
-caller suspects it, and for ``hold_s`` after. Below ``min_ranks`` targets (mode ``auto``) every
-rank is polled. A rank whose state cannot be read is polled, never an error (docs/scaling.md).
+"""Leader polling: a sweep asks each group's leader, the other ranks every ``member_interval_s``;
+a group whose leader looks wrong is *drilled* (all ranks every sweep). docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -13,8 +7,9 @@ from __future__ import annotations
 import math
 import operator
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import cache
 
 from .config import MonitorConfig
 from .detect import current_wait
@@ -37,20 +32,6 @@ class Plan:
     everything: bool = True  # leader polling off: every target polled
     # drilled groups whose leader was found blocked in an in-group collective, within the hold
     blocked: set[int] = field(default_factory=set)
-
-
-class _Once:
-    """A value computed on its first call, then kept (a healthy sweep never needs it)."""
-
-    __slots__ = ("make", "value")
-
-    def __init__(self, make: Callable[[], float]) -> None:
-        self.make, self.value = make, None
-
-    def __call__(self) -> float:
-        if self.value is None:
-            self.value = self.make()
-        return self.value
 
 
 class LeaderSchedule:
@@ -149,13 +130,12 @@ class LeaderSchedule:
 
     def drill_now(self, polls: dict[str, RankPoll], view: ClusterView | None,
                   now: float) -> list[str]:
-        """The other ranks of each group whose leader answered (``polls``) blocked in an
-        in-group collective for ``suspect_s``: polled in this sweep, not the next; the groups
-        join ``last`` and are held as if planned. ``view``: the previous sweep's."""
+        """The other ranks of each group whose leader answered blocked in an in-group collective for
+        ``suspect_s``: polled in this sweep, not the next, and held as if planned."""
         plan = self.last
         if plan is None or plan.everything or view is None:
             return []
-        suspect = _Once(lambda: self.suspect_s(view))
+        suspect = cache(lambda: self.suspect_s(view))  # a healthy sweep never needs it
         extra: list[str] = []
         drilled = plan.drilled
         for g, url in self._leader_urls.items():  # the leaders this plan asked (and drilled)
@@ -221,7 +201,7 @@ class LeaderSchedule:
                  ) -> tuple[dict[int, str], set[int], dict[int, str | None]]:
         """(group -> why it is drilled, those whose leader is blocked in the group, group ->
         its leader's URL or None), in one pass over the groups."""
-        suspect = _Once(lambda: self.suspect_s(view))
+        suspect = cache(lambda: self.suspect_s(view))
         out: dict[int, str] = {g: SUSPECT for g in suspects
                                if g in groups}
         # arrived: the leader waits in the cross-group collective at all (it is not the late one)

@@ -1,11 +1,5 @@
-"""Several monitors, one job: each shard owns a slice of the replica groups, one leader acts.
-
-A shard (``--shard I/N``) polls the groups :func:`shard_of` gives it and proposes evictions in
-etcd; the :class:`Leader` (``--lead``) applies the global rails and sends the kills, recording
-``sending`` first so that no two leaders send one (docs/scaling.md, "The etcd protocol"). An
-unreachable etcd leaves the shard without proposals and the leader without decisions (shown in
-``/v1/cluster``); the leader never evicts on a Lighthouse it could not read or with a shard
-missing.
+"""Several monitors, one job: each shard polls its replica groups and proposes evictions in etcd;
+one :class:`Leader` applies the global rails and kills (docs/scaling.md, "The etcd protocol").
 """
 
 from __future__ import annotations
@@ -92,9 +86,8 @@ class Shards:
         self.etcd.close()
 
     def own_targets(self, targets: list, poller: Any, now: float) -> list:
-        """The targets of this shard's replica groups (by their last ``/v1/state``, else their
-        registration's hint). One with neither is asked here, and another shard's one again
-        every ``reprobe_s``; one that does not answer is polled by no shard."""
+        """The targets of this shard's groups (by their last state, else their registration's hint);
+        one with neither is asked here, and another shard's one again every ``reprobe_s``."""
         if self.cfg.index is None:
             return []
         known = {t.url for t in targets}
@@ -252,9 +245,8 @@ class Shards:
 
 
 class Leader(threading.Thread):
-    """A leader candidate: a thread with its own etcd and Lighthouse connections. While it holds
-    the lease, each tick resolves kills a dead leader left in flight, then decides the proposals,
-    oldest first, with the global rails. A tick that fails is logged and shown, never fatal."""
+    """A leader candidate, a thread with its own etcd and Lighthouse connections: while it holds the
+    lease each tick resolves kills left in flight, then decides the proposals. Never fatal."""
 
     def __init__(self, cfg: ShardConfig, monitor: Any, root: str) -> None:
         super().__init__(daemon=True, name="lightkeeper-shard-leader")

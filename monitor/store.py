@@ -1,9 +1,5 @@
-"""The monitor's durable audit log in one SQLite file (``--state``): findings, decisions, the
-goodput ledger and the host ledger.
-
-A restarted monitor reads the same file: it never evicts a ``replica_id`` again and continues
-the cooldown. Each write is committed (WAL), so a crash loses at most the one being written; a
-file that is not a database raises :class:`sqlite3.DatabaseError` at start-up.
+"""The monitor's durable audit log in one SQLite file (``--state``): a restarted monitor never
+evicts a ``replica_id`` again and continues the cooldown. Every write is committed (WAL).
 """
 
 from __future__ import annotations

@@ -303,7 +303,7 @@ def test_a_sweep_that_drills_asks_early_unless_a_hang_may_be_building(tmp_path, 
         member.update(timing={"recent": [], "waiting": {"scope": "group",
                                                         "seconds": wait_s}})
         if waiting == "member":  # group 2 a straggler candidate: drilled
-            mon.detectors.last_lags = {2: 5.0}
+            mon.detectors.straggler.last_lags = {2: 5.0}
         # (else its leader, blocked in its group for over suspect_s, gets it drilled at once)
         n = len(asked)
         asked_before_detectors = []
@@ -348,7 +348,7 @@ def test_the_next_sweep_is_asked_early_and_its_suspects_added(tmp_path, monkeypa
 
         def detecting(*a, **k):
             out = update(*a, **k)
-            mon.detectors.last_lags = {2: 5.0}  # group 2 now a straggler candidate
+            mon.detectors.straggler.last_lags = {2: 5.0}  # group 2 now a straggler candidate
             return out
 
         mon.detectors.update = detecting

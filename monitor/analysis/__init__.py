@@ -1,9 +1,5 @@
 """Flight Recorder analysis across ranks: which collectives went wrong, which ranks are to blame.
-
-Pure functions, no torch: ``analyze(dumps) -> AnalysisResult`` (global rank -> dump dict or
-``RankTrace``), ``normalize`` (raises ``DumpFormatError``), ``normalize_dumps`` and
-``load_paths`` (per-rank dump files; errors listed, not raised). The rules and the JSON
-interface: docs/analyze.md.
+Pure functions, no torch; the rules and the JSON interface: docs/analyze.md.
 """
 
 from .engine import analyze, normalize_dumps

@@ -1,7 +1,5 @@
 """``lightkeeper analyze PATH [PATH ...]``: cross-rank findings from Flight Recorder dumps.
-
-Exit status: 0 no findings, 1 findings, 2 nothing loadable or a bad flag. Files that cannot be
-used are listed as errors and the rest is still analyzed.
+Exit status: 0 no findings, 1 findings, 2 nothing loadable or a bad flag.
 """
 
 from __future__ import annotations
@@ -10,8 +8,6 @@ import argparse
 import json
 import sys
 from typing import Any, TextIO
-
-__all__ = ["add_arguments", "run", "format_text"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

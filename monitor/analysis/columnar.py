@@ -1,10 +1,5 @@
-"""The loader's fast path: the common Flight Recorder dump normalized column by column.
-
-:func:`normalize_columnar` returns what :func:`~monitor.analysis.model.normalize` returns at
-about half its cost (bench_analyze.py), for dumps with every key torch writes, no p2p entries,
-no torchft ``incarnations`` and one entry per sequence id; anything else, malformed dumps
-included, goes to ``normalize``, so the errors are its errors. One difference: equal signature
-fields of different types (``8`` and ``8.0``) get one signature id here; no report differs.
+"""The loader's fast path: the common dump normalized column by column, as ``normalize`` would.
+Anything uncommon or malformed goes to ``normalize``, so the errors are its errors.
 """
 
 from __future__ import annotations
@@ -32,8 +27,6 @@ from .model import (
 )
 from .wire import Packed, pack, pack_group
 
-__all__ = ["normalize_columnar", "normalize_packed", "normalize_parsed"]
-
 # normalize's fields but pg_id, which only tells torchft incarnations apart (left to normalize)
 _KEYS = tuple(k for k in _FAST_KEYS if k != "pg_id")
 _MAX_PERIOD = 64  # longest repeating pattern of groups looked for (collectives per step)
@@ -53,9 +46,8 @@ def normalize_packed(dump: Any, rank: int | None = None) -> Packed:
 
 
 def normalize_parsed(doc: Any, rank_of: Callable[[Any], int], packed: bool) -> RankTrace | Packed:
-    """:func:`normalize_columnar` (``packed``: :func:`normalize_packed`) of the C reader's
-    parsed pickle ``doc``; ``rank_of``: the rank given the top-level dict. Raises
-    ``_frpickle.DumpRefused`` when the reader cannot build it."""
+    """The C reader's parsed pickle ``doc`` normalized (``packed``: as :func:`normalize_packed`);
+    raises ``_frpickle.DumpRefused`` when the reader cannot build it."""
     build = pack_group if packed else _group_trace
     got = doc.columns(_KEYS, "duration_ms")
     if got is not None:

@@ -1,12 +1,5 @@
 """Cross-rank Flight Recorder analysis: mismatches, hangs and stragglers (docs/analyze.md).
-
-Ranks are matched per process group and ``collective_seq_id``, never by ``record_id``; a rank
-whose ring buffer no longer holds a sequence id does not testify about it. ``mismatch``: the
-first sequence id of a group whose members enqueued different collectives, the minority to
-blame. ``hang``: in a current group (torchft: the latest incarnation) the members furthest
-behind; on NCCL a collective that completed anywhere is no hang, gloo records no completion (a
-caller polling live dumps confirms a hang persists). ``straggler``: :mod:`.stragglers`. A
-member without a dump is ``unknown``, not a culprit, unless ``blame_missing``.
+Ranks are matched per process group and ``collective_seq_id``, never by ``record_id``.
 """
 
 from __future__ import annotations
@@ -22,15 +15,12 @@ from .stragglers import StragglerConfig, StragglerEvidence
 # A gloo collective younger than this when its rank was dumped is in flight, not hung.
 MIN_PENDING_S = 1.0
 
-__all__ = ["analyze", "normalize_dumps"]
-
 
 def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing: bool = False,
             same_host: bool = False, world_size: int | None = None,
             straggler: StragglerConfig | None = None) -> AnalysisResult:
-    """The findings over every rank's dump (global rank -> dump dict or :class:`RankTrace`); a
-    dump that is not a Flight Recorder dump becomes an ``errors`` entry. ``same_host``: ranks
-    without a ``host`` key share one clock; ``world_size``: the default group's size (gloo)."""
+    """The findings over every rank's dump (global rank -> dump dict or :class:`RankTrace`); a dump
+    that is not one is an ``errors`` entry. ``same_host``: ranks without ``host`` share a clock."""
     config = straggler or StragglerConfig()
     traces, errors = normalize_dumps(dumps)
     signatures = _share_signatures(traces)

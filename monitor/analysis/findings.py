@@ -8,8 +8,6 @@ from typing import Any
 
 from .model import GroupKey
 
-__all__ = ["AnalysisResult", "Finding", "HangFinding", "MismatchFinding", "StragglerFinding", "KIND_ORDER"]
-
 KIND_ORDER = {"hang": 0, "mismatch": 1, "straggler": 2, "lag": 3}
 _DIGITS = {"score": 4, "expected": 4, "late_fraction": 4, "z": 2, "median_wait_ms": 3}
 
@@ -93,9 +91,8 @@ class HangFinding(Finding):
 
 @dataclass
 class StragglerFinding(Finding):
-    """A rank that arrives last (or late) far more often than chance (``score`` against
-    ``expected``); between two ranks (``peers``) how often it was the later one, kind ``lag``
-    when nothing else agrees. The fields: docs/analyze.md."""
+    """A rank that arrives last (or late) far more often than chance; of two ranks (``peers``) a
+    ``lag`` when nothing else agrees. The fields: docs/analyze.md."""
 
     rank: int = -1
     score: float = 0.0

@@ -1,11 +1,5 @@
 """Reading per-rank Flight Recorder dumps from disk: :func:`load_paths`.
-
-Files and directories (every non-hidden file directly inside), JSON or pickle; the rank is the
-dump's ``rank`` key, else the digits ending the file name. Each dump is normalized as it is read
-(:mod:`.columnar`); inputs of :data:`POOL_MIN_BYTES` or more by worker processes (:mod:`.pool`).
-Pickles are read by the C reader (``_frpickle.c``) where built, else by Python's unpickler with
-every class refused (a dump must not run code); both give the same trace or error. A file that
-cannot be used becomes an ``errors`` entry; the others are still loaded.
+Pickles go to the C reader where built, else to an unpickler refusing every class (no code runs).
 """
 
 from __future__ import annotations
@@ -24,9 +18,6 @@ from .columnar import normalize_columnar, normalize_packed, normalize_parsed
 from .model import DumpFormatError, RankTrace
 from .pool import Outcome, available_cores, run_pool
 from .wire import Packed, from_bytes, to_bytes
-
-__all__ = ["LOAD_TASK", "POOL_MIN_BYTES", "LoadResult", "load_outcome", "load_packed", "load_paths",
-           "pickle_reader", "read_dump", "rank_from_name"]
 
 # Below this many bytes in all, loading here beats starting workers (bench_analyze.py --threshold).
 POOL_MIN_BYTES = 8 << 20

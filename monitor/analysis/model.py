@@ -1,11 +1,5 @@
-"""One rank's Flight Recorder dump (format 2.x), normalized into what cross-rank analysis needs.
-
-:func:`normalize` gives a :class:`RankTrace`: per process group (:class:`GroupKey`) the rank's
-collectives by ``collective_seq_id`` (never ``record_id``), point-to-point entries skipped.
-torchft's ``incarnations`` (docs/CONTRACTS.md) key the cross-group entries by ``(quorum_id,
-group_rank)``; groups inside a replica group are scoped to it. A group whose sequence ids
-restart without incarnations keeps its newest run. A dump that is not a Flight Recorder dump
-raises :class:`DumpFormatError`.
+"""One rank's Flight Recorder dump (format 2.x), normalized into what cross-rank analysis needs:
+per process group, collectives by ``collective_seq_id``; torchft incarnations keyed by quorum.
 """
 
 from __future__ import annotations
@@ -19,8 +13,6 @@ from functools import lru_cache
 from itertools import repeat
 from operator import itemgetter
 from typing import Any, NamedTuple
-
-__all__ = ["DumpFormatError", "GroupKey", "GroupTrace", "RankTrace", "Signature", "normalize"]
 
 NAN = float("nan")
 SCHEDULED, STARTED, COMPLETED = 0, 1, 2

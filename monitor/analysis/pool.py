@@ -1,11 +1,5 @@
-"""One task over many files on several cores: worker processes, each taking one file at a time
-and sending back only the task's small answer. A task is ``"package.module:function"``, a
-function of one path returning an :data:`Outcome` that never raises; each worker is a fresh
-``python -S`` (never torch, never the caller's ``__main__``) talking length-prefixed pickles.
-
-A worker that dies costs only the file it was reading (an error naming how it ended); its other
-files are requeued and a replacement started (at most ``jobs`` in all). With no worker left the
-rest runs in this process, so every file gets one answer (docs/analyze.md, Performance).
+"""One task over many files on several cores, in fresh ``python -S`` workers (never torch).
+A worker that dies costs only its file; with none left the rest runs here (docs/analyze.md).
 """
 
 from __future__ import annotations
@@ -23,8 +17,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
-
-__all__ = ["Outcome", "available_cores", "run_pool"]
 
 Outcome = tuple[Any, str | None]  # (value or None, error message or None) for one file
 

@@ -1,11 +1,5 @@
-"""Stragglers: ranks that keep the other members of a group waiting (docs/analyze.md, Stragglers).
-
-Never comparing two hosts' clocks: on NCCL the last rank into a collective has the shortest
-``duration_ms``; otherwise enqueue times are compared among ranks sharing a host. Each group is
-judged on its own. In three or more ranks a straggler arrives last (or late) far more often than
-chance, and its peers wait a floor scaled by the pace (a rank's median interval between
-enqueues). Of two ranks one lagging in every window is a ``lag``, not a finding, unless other
-evidence agrees (a loaded host makes one of two processes late for long stretches).
+"""Stragglers: ranks that keep the other members of a group waiting (docs/analyze.md).
+Never comparing two hosts' clocks: NCCL durations, else enqueue times among one host's ranks.
 """
 
 from __future__ import annotations
@@ -19,8 +13,6 @@ from typing import Any
 
 from .findings import StragglerFinding
 from .model import GroupKey, GroupTrace, RankTrace
-
-__all__ = ["StragglerConfig", "StragglerEvidence"]
 
 Hit = tuple[float, GroupKey, dict[str, Any]]  # (z, group, what the finding reports)
 

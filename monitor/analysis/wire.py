@@ -1,8 +1,5 @@
-"""A :class:`~monitor.analysis.model.RankTrace` as the loader's workers send it: compact columns.
-
-Each group's columns become machine arrays, or one value and a count; a column an array cannot
-hold exactly (``3`` and ``3.0``, ``None``, ints beyond 64 bits) travels as a list, so values
-come back equal and of the same type.
+"""A RankTrace as the loader's workers send it: compact columns that come back equal and of the
+same type (a column an array cannot hold exactly travels as a list).
 """
 
 from __future__ import annotations
@@ -14,8 +11,6 @@ from functools import lru_cache
 from typing import Any
 
 from .model import GroupTrace, RankTrace
-
-__all__ = ["Packed", "from_bytes", "pack", "to_bytes", "unpack"]
 
 
 class Packed:

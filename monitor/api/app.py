@@ -1,9 +1,5 @@
-"""The monitor's HTTP API: thin routes over what the loop last published (docs/monitor.md).
-
-``POST /v1/targets`` needs the registration or admin token when one is set (401), else a target
-inside ``--allow-targets`` (403; 429 past ``--max-targets``). ``POST /v1/evict`` and
-``POST /v1/hosts/{host}/release`` need the admin token (403 without one configured, 401 for any
-other). A malformed request answers 400, a body over 64 KiB 413, a failing route 500.
+"""The monitor's HTTP API: thin routes over what the loop last published.
+Tokens, limits and status codes: docs/monitor.md.
 """
 
 from __future__ import annotations

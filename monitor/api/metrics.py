@@ -1,8 +1,5 @@
-"""The monitor's own Prometheus metrics (prefix ``lightkeeper_monitor_``, docs/CONTRACTS.md),
-on a registry per monitor, every metric labelled with the ``job``.
-
-The per-group series are made at scrape time from what the last sweep published, so a group the
-monitor no longer knows disappears and a sweep does no per-group metrics work (docs/scaling.md).
+"""The monitor's own Prometheus metrics (docs/CONTRACTS.md), labelled with the ``job``.
+Per-group series are made at scrape time, so a sweep does no per-group metrics work.
 """
 
 from __future__ import annotations
@@ -53,9 +50,8 @@ def group_rows(view: ClusterView, lags: Mapping[int, float | None]
 
 
 class GroupSeries(Collector):
-    """The per-group gauges, made at scrape time from the last sweep's view, lags and goodput
-    ratios (replaced, never changed, by the sweep: a scrape reads one sweep). The view is held
-    weakly so that the one before is freed as soon as the monitor lets it go."""
+    """The per-group gauges from the last sweep's view (held weakly: the one before is freed),
+    lags and goodput ratios, each replaced whole by a sweep so a scrape reads one sweep."""
 
     def __init__(self, job: str) -> None:
         self.job = job

@@ -1,9 +1,5 @@
-"""Detectors: from the cluster view (and live Flight Recorder dumps) to findings.
-
-Per sweep the service calls :meth:`Detectors.fr_wanted`, then :meth:`Detectors.update`, which
-runs one module per finding kind. A detector that fails logs, sets ``last_error`` and is skipped
-for that sweep; it never takes the monitor down. A group whose ``replica_id`` changes (torchft
-restarted it) starts from a clean slate.
+"""Detectors: from the cluster view (and live Flight Recorder dumps) to findings, one module per
+kind. A failing detector is logged and skipped for that sweep, never fatal.
 """
 
 from __future__ import annotations
@@ -57,10 +53,6 @@ class Detectors:
     def last_lags(self) -> dict[int, float]:
         """replica_group -> how long the others waited for it (s) at the last evaluation."""
         return self.straggler.last_lags
-
-    @last_lags.setter
-    def last_lags(self, lags: dict[int, float]) -> None:
-        self.straggler.last_lags = lags
 
     def state_queries(self, urls: Iterable[str], kept: Container[str] | None = None,
                       view: ClusterView | None = None) -> list[str]:
@@ -129,9 +121,8 @@ class Detectors:
 
     def periodic_look_held(self, view: ClusterView | None, now: float,
                            states: Iterable[Any] | None = None) -> bool:
-        """Whether the periodic look due at ``now`` waits for a hang look that may follow (a
-        rank blocked a third of the hang threshold), at most to 2 x ``fr_interval_s``. Decided
-        once per ``now``, so the service (``states``: its answers) and :meth:`fr_wanted` agree."""
+        """Whether the periodic look due at ``now`` waits (up to 2 x ``fr_interval_s``) for a hang
+        look that may follow; decided once per ``now``, so the service and fr_wanted agree."""
         held = self._periodic_held
         if held is not None and held[0] == now:
             return held[1]
@@ -147,9 +138,8 @@ class Detectors:
 
     def update(self, view: ClusterView, dumps: Mapping[int, dict] | None = None,
                now: float | None = None, full_view: ClusterView | None = None) -> list[Finding]:
-        """The findings newly confirmed by one sweep and its dumps. ``view``: the ranks that
-        count as evidence; ``full_view``: every rank polled (stuck_starting); a dump that is not
-        a Flight Recorder dump is logged and left out."""
+        """The findings newly confirmed by one sweep and its dumps. ``view``: the evidence ranks;
+        ``full_view``: every rank polled (stuck_starting)."""
         now = self.clock() if now is None else now
         full, dumps = full_view or view, dumps or {}
         self._remember_groups(view)

@@ -1,9 +1,5 @@
-"""``hang``: the job stopped inside a collective, and who never entered it.
-
-A stall: no group's step moved since the last sweep and a rank of the newest quorum has been
-blocked in a collective for :meth:`Hang.threshold`. A hang: the engine also finds a collective
-some members enqueued and the culprits never did, in-group when there is one, else cross-group.
-A culprit is never itself waiting in the collective it is blamed for.
+"""``hang``: the job stopped inside a collective, and who never entered it. A culprit is never
+itself waiting in the collective it is blamed for.
 """
 
 from __future__ import annotations

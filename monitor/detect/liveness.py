@@ -1,10 +1,5 @@
-"""Ranks that are gone or never start.
-
-- ``dead_rank``: unreachable for ``dead_sweeps`` sweeps while group rank 0 (the torchft Manager)
-  still answers with the same replica id: torchft keeps the group in the quorum, all wait.
-- ``dead``: unreachable, and the group's Manager rank too: torchft drops the group.
-- ``stuck_starting``: answers without a quorum for ``starting_timeout_s``; its replica id is its
-  group's verified one or none, so only a verified group's can be evicted.
+"""Ranks that are gone (``dead_rank``: its Manager still answers; ``dead``: the Manager too) or
+never start (``stuck_starting``); only a verified group's replica id can be evicted.
 """
 
 from __future__ import annotations

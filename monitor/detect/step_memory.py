@@ -1,9 +1,5 @@
-"""The per-step timings the detectors remember of each rank, in numpy columns.
-
-Per rank URL (a slot each): the rows of its newest ``depth`` steps, step ``s`` in place
-``s % depth``. A sweep folds in one numpy pass and the straggler's window is one indexing
-(benchmarks/bench_detectors.py). A rank whose replica id changed starts from nothing; nothing
-here raises on what a rank served.
+"""The per-step timings the detectors remember of each rank, in numpy columns: a sweep folds in
+one pass, the straggler's window is one indexing. Nothing here raises on what a rank served.
 """
 
 from __future__ import annotations
@@ -78,9 +74,8 @@ class StepMemory:
         return slot
 
     def fold(self, slots: list[int], blobs: list[bytes]) -> list[int]:
-        """How many rows each answer added: ``blobs[i]`` (TIMING_ROW records, oldest first)
-        into ``slots[i]``, the valid rows newer than its newest step and within ``depth`` of the
-        new newest; a step served twice keeps its last row."""
+        """How many rows each answer added: ``blobs[i]`` into ``slots[i]``, rows newer than its last
+        step and within ``depth`` of the new newest; a step served twice keeps its last row."""
         counts = np.fromiter(map(len, blobs), np.int64, len(blobs)) // TIMING_ROW.size
         # float64 columns, the first the step's int64 bits (faster than a structured array)
         raw = np.frombuffer(b"".join(blobs), np.float64).reshape(-1, 1 + len(TIMING_KEYS))

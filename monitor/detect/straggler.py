@@ -1,11 +1,5 @@
 """``straggler``: the replica group the others wait for at the cross-group step.
-
-Each rank serves its last steps' timings on its own clock (no two hosts' clocks compared), kept
-in a :class:`StepMemory`. Per step a group's lag is how long the others waited for it
-(:func:`straggler_lags`). A group is a straggler when, over the newest ``straggler_steps``
-steps, it was waited for in 3 of 4 with a median lag of ``max(straggler_min_lag_s,
-straggler_rel_lag x median step)``, in ``straggler_windows`` evaluations or every step of one.
-Its culprits: the ranks whose in-group wait is that much below their peers'; none: all.
+Each rank's own clock only; the rule and its thresholds: docs/monitor.md.
 """
 
 from __future__ import annotations
@@ -52,9 +46,8 @@ def is_late_window(lags: np.ndarray, threshold: float, need: int) -> np.ndarray:
 
 def straggler_lags(cross: np.ndarray, threshold: float, need: int
                    ) -> tuple[np.ndarray, set[int], list[int]]:
-    """(per group, i.e. row of ``cross``, how long the others waited for it per step; the rows
-    late; the rows not late). Against the median of the others (a sorted column and a binary
-    search: O(G log G)); a late one again against the least-waiting group not late."""
+    """(per group, how long the others waited for it per step; rows late; rows not late), against
+    the median of the others in O(G log G); a late one again against the least-waiting on time."""
     n = cross.shape[0] - 1  # the others
     if n <= 0:
         others = np.zeros_like(cross)
@@ -81,9 +74,8 @@ def straggler_lags(cross: np.ndarray, threshold: float, need: int
 
 @dataclass(frozen=True)
 class Window:
-    """The last straggler window of the job, as monitor.detect.jobwide reads it: its steps,
-    the median over every polled rank and step of each of TIMING_KEYS' seconds, the lag a
-    straggler needs and each group's lag."""
+    """The job's last straggler window, as monitor.detect.jobwide reads it: its steps, the median
+    TIMING_KEYS seconds over every polled rank and step, the lag needed and each group's lag."""
 
     first: int
     newest: int
@@ -123,9 +115,8 @@ class Straggler:
 
     def state_queries(self, urls: Iterable[str], kept: Container[str] | None,
                       view: ClusterView | None) -> list[str]:
-        """Per URL, the query of its next ``/v1/state``: ``?since=N&...``, N its newest folded
-        step (none: its group's newest less the window; neither: every row). ``kept``: the
-        URLs the next fold keeps (the others count as holding none)."""
+        """Per URL, its next ``/v1/state`` query (``?since=N&...``, N its newest folded step);
+        ``kept``: the URLs the next fold keeps (the others count as holding none)."""
         memory, group_newest = self.memory, self._group_newest
         ranks = view.ranks if view is not None else {}
         back = self.cfg.straggler_steps + WINDOW_SLACK_STEPS

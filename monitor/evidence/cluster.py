@@ -62,9 +62,8 @@ class Sums:
 
 @dataclass
 class ClusterView:
-    """One sweep's picture, never changed once built. A group that did not change since the
-    previous sweep is the very same GroupView object, so consumers tell what to read again by
-    identity (monitor.detect.rank_state.SeenGroups)."""
+    """One sweep's picture, never changed once built. An unchanged group is the very same GroupView
+    object as the sweep before, so consumers tell what to read again by identity."""
 
     at: float
     ranks: dict[str, RankView]

@@ -142,9 +142,8 @@ class GroupView:
 
     def progressed(self, ranks: list[RankView],
                    moved: list[tuple[RankView, RankView]]) -> GroupView:
-        """This group after progress only: ``ranks`` in the same slots, ``moved`` the (last,
-        new) RankViews swapped in. The ``_kept`` values and the leader carry over, the step
-        follows the moved ranks; the rest is computed again on demand."""
+        """This group after progress only: ``moved`` (last, new) RankViews swapped into their slots;
+        the kept values and leader carry over, the rest is computed again on demand."""
         old = self.__dict__
         carry = old.get("_carry")
         if carry is not None:  # one dict shared by the generations: their values are equal

@@ -1,10 +1,5 @@
-"""Is the Lighthouse the monitor drives set so that recovery is slow? (docs/lighthouse.md)
-
-The Lighthouse does not publish its flags, so this judges from the declared flags
-(``--lighthouse-heartbeat-timeout-ms``, ``--lighthouse-join-timeout-ms``), the heartbeat ages
-``/status`` lists (old or not) and, for each kill sent, how long the replica took to leave the
-quorum. A slow setting is reported (log, gauges, ``/v1/cluster``), never acted on; what cannot
-be read only leaves the watch knowing less.
+"""Is the Lighthouse set so that recovery is slow? (docs/lighthouse.md) It does not publish its
+flags: judged from the declared ones, ``/status`` and kills; reported, never acted on.
 """
 
 from __future__ import annotations

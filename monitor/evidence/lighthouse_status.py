@@ -1,9 +1,5 @@
-"""What the torchft Lighthouse says about the job: its newest quorum and who heartbeats.
-
-torchft 0.2.0's Lighthouse has no JSON API; this parses ``/status``, the HTML fragment its
-dashboard reloads ("Previous quorum" is the newest one issued; a heartbeat is ``old`` past the
-heartbeat timeout). A page of another shape is a :class:`StatusFormatError`, never an empty
-quorum, so whatever relies on it fails closed. A read is bounded in time and size.
+"""The torchft Lighthouse's newest quorum and heartbeats, parsed from its ``/status`` HTML.
+A page of another shape is a :class:`StatusFormatError`, never an empty quorum: fail closed.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""Whether a rank's claims hold, checked against the Lighthouse and the rank's peers.
-
-Anyone allowed to register can serve a ``/v1/state`` claiming any identity, so a rank's answers
-count as evidence (reach the detectors, may lead to an eviction) only once its claims agree with
-the Lighthouse's ``/status`` (read after the ranks) and with the other ranks; the checks and
-the verdicts are in docs/monitor.md, Verification. A failed check leaves the rank unverified:
-shown, never evidence. With the Lighthouse unreadable nothing new becomes evidence.
+"""Whether a rank's claims hold against the Lighthouse and its peers: anyone allowed to register
+can claim any identity, so only verified answers are evidence (docs/monitor.md, Verification).
 """
 
 from __future__ import annotations
@@ -169,9 +164,8 @@ def _key(rv: RankView) -> tuple | None:
 
 
 class Verifier:
-    """:func:`verify_ranks` sweep after sweep, with the same verdicts. While the Lighthouse
-    says the same, only the ranks whose claims changed are judged again, with every rank
-    their checks involve (same group, replica id or rank, to closure)."""
+    """:func:`verify_ranks` sweep after sweep, with the same verdicts; while the Lighthouse says the
+    same, only changed claims are judged again, with every rank their checks involve."""
 
     def __init__(self) -> None:
         self._sig: Any = _NOT_YET

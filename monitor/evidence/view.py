@@ -35,11 +35,8 @@ def _in_answer_order(polls: dict[str, RankPoll], polled: set[str]
 
 
 class ViewBuilder:
-    """Folds sweeps into ClusterViews. With ``polled`` and the same targets as the last sweep a
-    view is built from the last one: only groups with a changed rank are grouped again, and
-    with verdicts a *moved* group (its changed ranks answered again with the same shape and
-    verdict) only progresses (GroupView.progressed). A RankView shared with the last view is
-    copied before anything in it changes."""
+    """Folds sweeps into ClusterViews, from the last one when the targets are the same: only groups
+    with a changed rank are grouped again, a group whose ranks only moved only progresses."""
 
     def __init__(self) -> None:
         self._ranks: dict[str, RankView] = {}
@@ -63,10 +60,8 @@ class ViewBuilder:
                polled: set[str] | None = None,
                judge: Callable[[dict[str, RankView], set[str]], dict[str, Any]] | None = None
                ) -> ClusterView:
-        """The sweep's view. ``polled``: the URLs asked (default: every target); one not asked
-        keeps its last RankView (``fresh`` False), not being due is not a failure.
-        ``judge(ranks, changed)`` (Verifier.judge) gives the verdicts that change; with it the
-        evidence view is built alongside, without it ClusterView.evidence derives it."""
+        """The sweep's view. ``polled``: the URLs asked (default: all), the rest keep their last
+        RankView. ``judge`` (Verifier.judge): verdicts that change; evidence view built with it."""
         now = time.time() if now is None else now
         prev = self._ranks
         same = (polled is not None and bool(prev) and len(targets) == len(self._targets)

@@ -18,9 +18,8 @@ _READ = attrgetter("replica_id", "reachable", "step")  # what is read of a Group
 
 
 class CommitReader:
-    """A group's commit count is the most any reachable rank of its replica id reports, its
-    world size the one most report; odd counts are ignored. A hot loop
-    (benchmarks/bench_ledger_scale.py): only the ranks whose state is new are read."""
+    """A group's commit count is the most any reachable rank of its replica id reports, its world
+    size the one most report. A hot loop: only the ranks whose state is new are read."""
 
     def __init__(self) -> None:
         self._last: tuple | None = None  # what the last read saw

@@ -1,8 +1,5 @@
-"""The goodput ledger: where the job's replica-seconds went, and what each incident cost.
-
-Each sweep's wall time times the expected replica groups splits into goodput and badput by
-cause, so that ``goodput + sum(badput) + pending == expected groups x wall seconds`` always
-(docs/goodput.md). No threads or I/O; odd values in a rank's state are ignored, never raised.
+"""The goodput ledger: where the job's replica-seconds went, and what each incident cost, so that
+``goodput + sum(badput) + pending == expected groups x wall seconds`` (docs/goodput.md).
 """
 
 from __future__ import annotations
@@ -128,9 +125,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self._rejudge(inc)
 
     def _rejudge(self, inc: Incident) -> None:
-        """Judge again the sweeps since the onset that a pace window reaching back before it
-        credited whole: below pace since the onset, a sweep keeps ``commits x b`` and the rest
-        is the incident's drag or stall."""
+        """Judge again the sweeps since the onset that a window reaching before it credited whole:
+        below pace, a sweep keeps ``commits x b`` and the rest is the incident's drag or stall."""
         b, J, S = self.baseline, self.judged, self.slots
         if b is None or not J.t1:
             return

@@ -52,8 +52,7 @@ class GoodputConfig:
 @dataclass(eq=False)
 class Run:
     """Unsettled badput of one sweep for groups sharing all but their seconds and world sizes,
-    claimed and settled as one (benchmarks/bench_ledger_incident.py). Only the groups below
-    pace in one sweep make a run of several."""
+    claimed and settled as one (benchmarks/bench_ledger_incident.py)."""
 
     t0: float
     t1: float

@@ -32,9 +32,8 @@ def trim(history: deque, now: float, keep: float) -> None:
 
 
 class JobPace:
-    """The baseline is the rolling median of the job's mean step time over the window, one
-    sample per healthy sweep, none while an incident is open or slowness is unexplained (a
-    fault must not move the norm it is measured by)."""
+    """The baseline: the rolling median of the job's mean step time, sampled only on healthy sweeps
+    (a fault must not move the norm it is measured by)."""
 
     def __init__(self, cfg: GoodputConfig) -> None:
         self.cfg = cfg
@@ -93,9 +92,8 @@ class JobPace:
 
     def track_steady(self, now: float, waiting: list[Incident], open_findings: int
                      ) -> tuple[float, float] | None:
-        """The "settled" rule (docs/goodput.md): a pace steady for the horizon after every
-        waiting incident's action, no finding open, is the new baseline; returns (start of
-        the period, its step time), else None."""
+        """The "settled" rule (docs/goodput.md): (start, step time) of a pace steady
+        for the horizon after every waiting incident's action, no finding open; else None."""
         hist = self.history
         if not waiting or open_findings or self.baseline is None or len(hist) < 2:
             self.steady = None

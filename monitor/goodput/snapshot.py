@@ -78,9 +78,8 @@ class GoodputSnapshot:
     @classmethod
     def restore(cls, cfg: GoodputConfig | None, state: dict[str, Any] | None,
                 incidents: list[dict[str, Any]], intervals: list[dict[str, Any]]) -> Any:
-        """A ledger resuming from what :meth:`snapshot` and :meth:`unsaved` stored; a fresh one
-        for a snapshot of another version. Raises KeyError, TypeError or ValueError on a
-        malformed one."""
+        """A ledger resuming from what :meth:`snapshot` and :meth:`unsaved` stored (fresh for other
+        version); raises KeyError, TypeError or ValueError on a malformed one."""
         led = cls(cfg)
         if not state or state.get("version") != SNAPSHOT_VERSION:
             return led

@@ -1,8 +1,5 @@
-"""The goodput ledger's saves, written on a thread of their own so that a sweep never waits for
-SQLite's ``fsync`` (benchmarks/bench_goodput_snapshot.py).
-
-Saves not yet written are merged. A failed write is kept and tried again with the next save and
-at :meth:`GoodputWriter.close`; :attr:`GoodputWriter.error` says why until a write succeeds.
+"""The goodput ledger's saves on a thread of their own: a sweep never waits for SQLite's fsync.
+A failed write is kept and tried again with the next save.
 """
 
 from __future__ import annotations

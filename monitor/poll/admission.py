@@ -1,10 +1,5 @@
-"""Who may register a target: a bearer token (:func:`registration_authorized`), else an address
-in ``--allow-targets`` (:class:`AllowList`), judged on the addresses the host resolves to.
-
-A name is resolved once, when it registers (a name that does not resolve in time is refused),
-and the target is then polled at the checked address, never by name again, so DNS rebinding
-cannot move the polls. One resolved address outside the list refuses the target. The rules:
-docs/monitor.md, Discovery and Trust model.
+"""Who may register a target: a bearer token, else an address in ``--allow-targets``. A name is
+resolved once and polled at that address: DNS rebinding cannot move the polls.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Which ranks the monitor polls: one set of :class:`Target` s, keyed by base URL, from three sources.
-
-Static ``--targets`` (never forgotten); a Prometheus ``file_sd`` file, re-read when it changes (a
-file that cannot be parsed keeps the last good set); ``POST /v1/targets`` self-registrations,
-forgotten once unreachable for ``forget_after_s``. A registration past ``max_targets`` raises
-:class:`TooManyTargets`, a malformed one :class:`BadTarget`. Thread-safe (docs/monitor.md).
+"""Which ranks the monitor polls: static ``--targets``, a Prometheus ``file_sd`` file and
+``POST /v1/targets`` registrations (docs/monitor.md). Thread-safe.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""File descriptors for the poller's connections: the process's limit raised, then shared out.
-
-Each pooled connection is a descriptor, and under the usual soft limit (1,024) a monitor of a
-thousand ranks would fail its connects with ``EMFILE``. So a Poller raises the soft limit to the
-hard one (:func:`raise_soft_limit`) and keeps requests in flight and idle connections under it
-(:func:`budget`). Past the budget every rank is still polled: the least recently used idle
-connections are closed and reconnect (slower, not wrong; :func:`advice` says so).
+"""File descriptors for the poller's connections: the soft limit raised to the hard one, then
+shared between requests in flight and idle connections (past it: reconnects, slower not wrong).
 """
 
 from __future__ import annotations

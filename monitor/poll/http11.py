@@ -1,9 +1,5 @@
-"""Just enough HTTP/1.1 to read a rank's answer: a request's bytes and a keep-alive connection.
-
-A :class:`Conn` is an :class:`asyncio.Protocol` driven by callbacks (no coroutine or stream per
-request: that machinery was most of the poller's CPU, docs/scaling.md). It hands the whole body
-to its :class:`monitor.poll.poller.Poller`. Everything a rank sends is bounded (body, head,
-header lines, chunk-size line); past a bound the request fails as ``bad_response``.
+"""Just enough HTTP/1.1 to read a rank's answer: a callback-driven keep-alive :class:`Conn`
+(no coroutine per request: docs/scaling.md). Everything a rank sends is bounded.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""A ``/v1/state`` answer as the monitor keeps it: its two number lists as rank_wire bytes.
-
-``timing.recent`` and ``recent_step_seconds`` are most of an answer's objects, and the monitor
-keeps every rank's last answer (docs/scaling.md). A list is packed, a string the rank served
-packed (``"packed": 1``) decoded, anything else becomes empty bytes; nothing here raises.
+"""A ``/v1/state`` answer as the monitor keeps it: its two number lists as rank_wire bytes,
+the bulk of every rank's kept answer (docs/scaling.md). Nothing here raises.
 """
 
 from __future__ import annotations

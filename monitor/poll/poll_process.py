@@ -1,11 +1,5 @@
-"""The poller in its own process: the sockets and the event loop off the monitor's interpreter.
-
-From ``poll_process_min_targets`` (monitor/polling.py) the polling's CPU leaves the monitor's
-GIL (docs/scaling.md). A :class:`ProcessPoller` has the :class:`~monitor.poll.poller.Poller`'s
-calls and runs that same Poller in a child, which sends each answer's raw body back in batches
-of :data:`BATCH` (msgpack over its stdout); the monitor parses them while the child asks the
-rest. A child that dies or hangs (then killed) fails its sweep's missing polls as
-``connection``, naming the poller process; the next sweep starts a new child.
+"""The poller in its own process, off the monitor's GIL (docs/scaling.md): the child sends raw
+bodies back in batches; one that dies or hangs fails its sweep's missing polls as ``connection``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Concurrent polling of every rank: one sweep = one ``GET /v1/state`` per target, all at once.
-
-The :class:`Poller` runs an asyncio loop in a background thread, one
-:class:`monitor.poll.http11.Conn` per connection. A rank that is slow, refuses, answers garbage
-or an HTTP error becomes a :class:`RankPoll` with ``ok=False`` and a ``reason`` (:data:`REASONS`);
-it never delays the others beyond its timeout nor raises out of :meth:`Poller.sweep`.
-Keep-alive connections are pooled per ``host:port``, at most ``max_idle`` idle ones, least
-recently used closed first (docs/scaling.md).
+"""Concurrent polling of every rank on an asyncio loop in a thread, connections pooled per address.
+A rank that fails becomes a :class:`RankPoll` with a ``reason``; a sweep never raises.
 """
 
 from __future__ import annotations
@@ -220,11 +214,8 @@ class Poller:
               on_rows: Callable[[list[tuple]], None] | None = None,
               per_batch: int = 256, queries: Sequence[str] | None = None
               ) -> dict[str, RankPoll]:
-        """GET ``path`` from every URL concurrently; url -> RankPoll (never raises). A body over
-        ``max_bytes`` is a ``bad_response``. ``queries``: as :func:`dedup_queries` keeps them.
-        With ``on_rows`` (the poller process's wire) nothing is parsed: batches of ``per_batch``
-        rows ``(index, ok, body, reason, error, status, latency_s, at)`` are handed on, on the
-        poller's thread, and the sweep returns an empty dict."""
+        """GET ``path`` from every URL at once; url -> RankPoll (never raises). With ``on_rows``
+        (the poller process) raw rows are handed on in batches, unparsed, and the dict is empty."""
         urls, queries = dedup_queries(urls, queries)
         if not urls:
             return {}
