@@ -291,8 +291,10 @@ class Demo:
         self.start_monitor()
         self.cluster.extra_env["LIGHTKEEPER_MONITOR"] = self.monitor_url
         specs: dict[int, list[str]] = {}
-        for plan in self.sc.faults:
-            if plan.at_start:
+        from trainer.faults import NETWORK_KINDS
+
+        for plan in self.sc.faults:  # a network fault is the host's: strike_hosts applies it
+            if plan.at_start and plan.kind not in NETWORK_KINDS:
                 specs.setdefault(plan.replica_group, []).append(plan.spec)
         for g in range(self.args.groups):
             self.launched_at[g] = self.now()
@@ -399,9 +401,15 @@ class Demo:
             return url
         import urllib.parse
 
+        from .fabric import FabricError
+
         u = urllib.parse.urlsplit(url)
         if (u.hostname, u.port) not in self._forwards:
-            self._forwards[(u.hostname, u.port)] = self.fabric.forward(u.port, addr=u.hostname)
+            try:
+                self._forwards[(u.hostname, u.port)] = self.fabric.forward(u.port,
+                                                                           addr=u.hostname)
+            except FabricError:  # the final report, once the fabric is gone
+                return url
         return u._replace(netloc=f"127.0.0.1:{self._forwards[(u.hostname, u.port)]}").geturl()
 
     def state(self, url: str) -> dict | None:
@@ -532,8 +540,9 @@ class Demo:
                 key = (d.get("id"), d["replica_group"], d.get("at"), d["decision"])
                 if key not in self._seen_evictions:
                     self._seen_evictions.add(key)
-                    self.event("evicted" if d["decision"] == "evict" else "held",
-                               d["replica_group"], f"{d['decision']} ({d['reason']})")
+                    kind = {"evict": "evicted", "abort": "survivors_released"}.get(
+                        d["decision"], "held")
+                    self.event(kind, d["replica_group"], f"{d['decision']} ({d['reason']})")
 
     def supervise(self) -> None:
         """Restart any group whose process exited (evicted, crashed), as a scheduler would."""
@@ -789,10 +798,18 @@ class Demo:
         return f"{plan.kind}:at_step={step + self.sc.hang_in_steps}{where}{rank}"
 
     def inject_live(self, plan: FaultPlan) -> None:
-        """Inject a default fault into the running target rank (every rank: group-wide)."""
+        """Inject a default fault into the running target rank (every rank: group-wide); a
+        network fault is armed for a step ahead and applied to the group's host then."""
+        from trainer.faults import NETWORK_KINDS
+
         g = plan.replica_group
         self.wait(lambda: self.group_step(g) >= 1 and len(self.latest.get(g) or [])
                   == self.args.ranks_per_group, self.sc.rejoin_timeout_s)
+        if plan.kind in NETWORK_KINDS:
+            spec = f"{plan.kind}:at_step={self.fresh_step(g) + self.sc.hang_in_steps}"
+            self.arm(spec, g, "live", self.now())
+            self.event("injected", g, f"{spec} (on host {self.pool.host_of(g).node})")
+            return
         urls = self.cluster.groups[g].worker_urls
         targets = [urls[plan.group_rank]] if plan.group_rank in urls else list(urls.values())
         ok, spec, given_at = False, "", self.now()
@@ -894,7 +911,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"lightkeeper demo: needs {' and '.join(missing)} to train; install them with "
               "pip install 'lightkeeper[trainer]' (docs/install.md)", file=sys.stderr)
         return 2
-    faults = [] if args.no_faults else plans or default_faults(args.groups, args.ranks_per_group)
+    fabric, hosts_note = None, None
+    if not args.one_host and args.hosts != "loopback":
+        fabric, hosts_note = build_fabric(args.groups + args.spare_hosts)
+        if fabric is None and args.hosts == "netns":
+            print(f"lightkeeper demo: --hosts netns: {hosts_note}", file=sys.stderr)
+            return 2
+    faults = [] if args.no_faults else plans or default_faults(
+        args.groups, args.ranks_per_group, network=fabric is not None)
     sc = Scenario(faults=faults, healthy_s=args.healthy_s, end_s=args.end_s,
                   ledger_wait_s=args.ledger_wait_s,
                   slow_delay_s=args.slow_delay_s, strike_timeout_s=args.strike_timeout_s,
@@ -909,14 +933,9 @@ def run(args: argparse.Namespace) -> int:
         lock = acquire_lock()
     except DemoLocked as e:
         print(f"lightkeeper demo: {e}", file=sys.stderr)
+        if fabric:
+            fabric.close()
         return 1
-    fabric, hosts_note = None, None
-    if not args.one_host and args.hosts != "loopback":
-        fabric, hosts_note = build_fabric(args.groups + args.spare_hosts)
-        if fabric is None and args.hosts == "netns":
-            print(f"lightkeeper demo: --hosts netns: {hosts_note}", file=sys.stderr)
-            os.close(lock)
-            return 2
     from trainer.faults import NETWORK_KINDS
 
     network = [p.spec for p in faults if p.kind in NETWORK_KINDS]

@@ -95,7 +95,7 @@ def finding_culprits(f: dict) -> tuple[list[int] | None, list[str] | None]:
     ev = f.get("evidence") if isinstance(f.get("evidence"), dict) else {}
     ranks, hosts = ev.get("culprit_ranks"), ev.get("culprit_hosts")
     return (None if ranks is None else [int(r) for r in ranks],
-            None if hosts is None else [str(h) for h in hosts])
+            None if hosts is None else list(dict.fromkeys(str(h) for h in hosts)))
 
 
 class FaultTrack:

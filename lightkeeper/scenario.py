@@ -2,7 +2,8 @@
 
 The default story (faults on single ranks): healthy for ``healthy_s`` -> ``slow_compute`` on
 the last rank of group 1 -> detected -> evicted -> restarted -> rejoined -> an in-group ``hang``
-(``where=group``) on the last rank of group 2 -> ... -> healthy for ``end_s``. The demo injects
+(``where=group``) on the last rank of group 2 -> ... -> on namespaced hosts, a ``partition`` of
+group 0's host -> ... -> healthy for ``end_s``. The demo injects
 these into the running rank. ``--inject GROUP[.RANK]:SPEC`` replaces them with faults given to
 the group when it starts. Every stage has a deadline (:mod:`lightkeeper.faulttrack`): a stage
 that never happens ends that fault's story with what it has.
@@ -53,15 +54,21 @@ class Scenario:
     warm_spares: bool = True       # the supervisor keeps one started, imported spare per group
 
 
-def default_faults(groups: int, ranks_per_group: int) -> list[FaultPlan]:
+def default_faults(groups: int, ranks_per_group: int,
+                   network: bool = False) -> list[FaultPlan]:
     """slow_compute on one rank of group 1, then hang on one rank of group 2 (group 1 again
     with two groups). The last rank of the group: not rank 0, which also runs the group's
-    torchft Manager, so the culprit is not the rank a guess would name."""
+    torchft Manager, so the culprit is not the rank a guess would name. With ``network``
+    (namespaced hosts) and three groups or more, then a ``partition`` of group 0's host: it
+    still reaches the Lighthouse and the monitor, not its peers."""
     if groups < 2:
         return []
     rank = ranks_per_group - 1
-    return [FaultPlan(1, "slow_compute", group_rank=rank),
-            FaultPlan(2 if groups > 2 else 1, "hang", group_rank=rank)]
+    plans = [FaultPlan(1, "slow_compute", group_rank=rank),
+             FaultPlan(2 if groups > 2 else 1, "hang", group_rank=rank)]
+    if network and groups > 2:
+        plans.append(FaultPlan(0, "partition"))
+    return plans
 
 
 def parse_inject(value: str, groups: int, ranks_per_group: int) -> FaultPlan:

@@ -66,6 +66,13 @@ def test_default_faults_strike_single_ranks():
     assert [p.replica_group for p in default_faults(2, 1)] == [1, 1]
 
 
+def test_namespaced_hosts_add_a_partition_of_the_fault_free_group():
+    *_, part = default_faults(3, 2, network=True)
+    assert (part.replica_group, part.kind, part.group_rank, part.at_start) == (
+        0, "partition", None, False)
+    assert [p.kind for p in default_faults(2, 2, network=True)] == ["slow_compute", "hang"]
+
+
 @pytest.mark.parametrize("args,message", [
     (["--inject", "3:hang:at_step=4"], "group 3 is out of range"),
     (["--inject", "1.5:slow_compute:factor=3"], "rank 5 is out of range"),

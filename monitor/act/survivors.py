@@ -82,7 +82,8 @@ def gone_groups(view: ClusterView, status: LighthouseStatus,
         return []
     reported = {r.replica_id for gv in view.groups.values() for r in gv.reachable
                 if r.replica_id}
-    by_rid = {gv.replica_id: g for g, gv in view.groups.items() if gv.replica_id}
+    # the group by any rank that reported the id (its replacement may report a new one)
+    by_rid = {rid: g for g, gv in view.groups.items() for rid in gv.reported_replica_ids}
     out = []
     for rid in sorted(status.members):
         if status.heartbeating(rid) or (rid in reported and rid not in evicted):
