@@ -176,7 +176,8 @@ def build_report(demo) -> dict[str, Any]:
                 f["steps_lost"] = max(0, round(healthy * (stop - start) - (b - a)))
     evictions = [{"replica_group": d["replica_group"], "replica_id": d.get("replica_id"),
                   "decision": d["decision"], "reason": d.get("reason"),
-                  "at_s": round(d["at"] - demo.t0_unix, 2), "status": d.get("status")}
+                  "at_s": round(d["at"] - demo.t0_unix, 2), "status": d.get("status"),
+                  "detail": d.get("detail")}
                  for d in demo.evictions]
     cfg = settings(demo)
     hosts_view = getattr(demo, "hosts_view", None)
