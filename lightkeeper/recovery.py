@@ -236,6 +236,11 @@ def torchft_alone(fault: dict, *, groups: int, horizon_s: float | None,
       on at full pace on the other groups and the hung group's capacity is lost to the end.
     - straggler (``slow``, ``slow_compute``): never removed: the job keeps the pace it had with
       the straggler (``slow_rate``, measured in the fault's phase) to the end of the run.
+    - partition (the host reaches the Lighthouse, not its peers): its group still heartbeats, so
+      every quorum has it again; every group blocks in the same all_reduce until the
+      process-group timeout, and again: the job never commits another step.
+    - host_offline: the survivors block until the process-group timeout (the group's heartbeat
+      stops, so their next quorum goes on without it), then train on the other groups.
 
     Returns None for other kinds (torchft handles a crash itself), without a horizon, or for a
     straggler whose phase was not slower than the healthy one (the machine's pace changed)."""
@@ -267,6 +272,23 @@ def torchft_alone(fault: dict, *, groups: int, horizon_s: float | None,
                            "to the end (the hung group never returns)",
                 "stall_s": round(stall, 1), "recovery_s": round(stall, 1),
                 "replica_seconds": round(lost, 1),
+                "job_steps": None if not healthy_rate else round(cut * healthy_rate),
+                "per_hour_after_replica_s": 3600.0}
+    if kind == "partition":
+        return {"source": "computed from the job's timeouts", "basis": basis,
+                "outcome": f"the job stops for good: every {pg:g} s the process group times "
+                           "out and the quorum re-forms with the same groups",
+                "stall_s": round(horizon_s, 1), "recovery_s": None,
+                "replica_seconds": round(e * horizon_s, 1),
+                "job_steps": None if not healthy_rate else round(horizon_s * healthy_rate),
+                "per_hour_after_replica_s": e * 3600.0}
+    if kind == "host_offline":
+        cut = min(pg, horizon_s)
+        return {"source": "computed from the job's timeouts", "basis": basis,
+                "outcome": f"the job stalls {pg:g} s (the process-group timeout), then trains "
+                           f"on {e - 1} of {e} groups",
+                "stall_s": round(pg, 1), "recovery_s": round(pg, 1),
+                "replica_seconds": round(e * cut + max(0.0, horizon_s - pg), 1),
                 "job_steps": None if not healthy_rate else round(cut * healthy_rate),
                 "per_hour_after_replica_s": 3600.0}
     if kind in ("slow", "slow_compute"):

@@ -258,6 +258,8 @@ def check_recoveries(r: dict, out: str) -> None:
             assert alone["stall_s"] == pytest.approx(
                 cfg["pg_timeout_s"] + cfg["join_timeout_ms"] / 1000), alone
             assert "dies at +120 s" in f["torchft_alone_at_defaults"]["outcome"]
+        elif f["spec"].startswith("partition:"):  # the partitioned group still heartbeats
+            assert alone["recovery_s"] is None and "stops for good" in alone["outcome"], alone
         elif alone is not None:
             assert alone["source"].startswith("computed"), alone
             assert alone["recovery_s"] is None and "drags" in alone["outcome"], alone

@@ -141,3 +141,18 @@ def test_torchft_alone_straggler_drags_to_the_end():
                                   slow_rate=4.9, settings=DEMO) is None
     assert recovery.torchft_alone({"spec": "crash:at_step=3"}, groups=3, horizon_s=60.0,
                                   healthy_rate=5.0, slow_rate=None, settings=DEMO) is None
+
+
+def test_torchft_alone_partition_never_recovers_and_a_host_offline_waits_the_timeout():
+    part = recovery.torchft_alone({"replica_group": 0, "spec": "partition:at_step=40"},
+                                  groups=3, horizon_s=50.0, healthy_rate=4.0, slow_rate=None,
+                                  settings=DEMO)
+    assert part["recovery_s"] is None and part["stall_s"] == 50.0
+    assert part["replica_seconds"] == 150.0 and part["job_steps"] == 200
+    assert "stops for good" in part["outcome"]
+    off = recovery.torchft_alone({"replica_group": 0, "spec": "host_offline:at_step=40"},
+                                 groups=3, horizon_s=50.0, healthy_rate=4.0, slow_rate=None,
+                                 settings=DEMO)
+    # the survivors wait the 20 s process-group timeout, then one group's capacity is lost
+    assert off["stall_s"] == off["recovery_s"] == 20.0
+    assert off["replica_seconds"] == pytest.approx(3 * 20 + 30) and off["job_steps"] == 80
