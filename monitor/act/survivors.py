@@ -82,8 +82,13 @@ def gone_groups(view: ClusterView, status: LighthouseStatus,
         return []
     reported = {r.replica_id for gv in view.groups.values() for r in gv.reachable
                 if r.replica_id}
-    # the group by any rank that reported the id (its replacement may report a new one)
-    by_rid = {rid: g for g, gv in view.groups.items() for rid in gv.reported_replica_ids}
+    # the group by the id its ranks report, or any of them reported (a replacement of the gone
+    # incarnation may report a new one by now)
+    by_rid: dict[str | None, int] = {}
+    for g, gv in view.groups.items():
+        for rid in (gv.replica_id, *gv.reported_replica_ids):
+            if rid:
+                by_rid.setdefault(rid, g)
     out = []
     for rid in sorted(status.members):
         if status.heartbeating(rid) or (rid in reported and rid not in evicted):
