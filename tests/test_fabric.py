@@ -12,13 +12,11 @@ from __future__ import annotations
 import errno
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ import pytest
 from lightkeeper import fabric as fabric_mod
 from lightkeeper.cluster import stop_process
 from lightkeeper.fabric import CTL_ADDR, CTL_NAME, Fabric, FabricError, tbf_burst
+from tests.support.lines import first_line
 
 pytestmark = pytest.mark.skipif(bool(Fabric.unavailable()),
                                 reason=f"no network namespaces: {Fabric.unavailable()}")
@@ -86,16 +85,6 @@ exec(TALK, _talk)
 talk = _talk["talk"]  # the same client in this process, in whatever namespace the thread is
 
 
-def _first_line(proc: subprocess.Popen, timeout: float = 30.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if select.select([proc.stdout], [], [], 0.1)[0]:
-            return proc.stdout.readline().decode().strip()
-        if proc.poll() is not None:
-            break
-    raise AssertionError(f"no line from {proc.args[-3:]} (exit {proc.poll()})")
-
-
 def probe(fab: Fabric, node: str, *jobs) -> tuple[str, list[dict]]:
     """Run CLIENT on ``node`` for jobs (host, port, bytes, timeout): its hostname, results."""
     argv = fab.wrap(node, [sys.executable, "-c", CLIENT, json.dumps(jobs)])
@@ -146,7 +135,7 @@ def fab():
         for node in NODES:
             procs.append(subprocess.Popen(fab.wrap(node, [sys.executable, "-c", SERVER]),
                                           stdout=subprocess.PIPE))
-        fab.ports = {node: int(_first_line(p)) for node, p in zip(NODES, procs, strict=True)}
+        fab.ports = {node: int(first_line(p)) for node, p in zip(NODES, procs, strict=True)}
         fab.ctl_server = CtlServer(fab)
         yield fab
     finally:
@@ -346,7 +335,7 @@ def test_sweep_stale_removes_a_sigkilled_owners_fabric_only(fab):
         root, os.environ.get("PYTHONPATH")]))}
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=env)
     try:
-        prefix = _first_line(owner)
+        prefix = first_line(owner)
     finally:
         owner.send_signal(signal.SIGKILL)
         owner.wait(timeout=10)

@@ -11,7 +11,6 @@ with ``Fabric.unavailable()``'s reason elsewhere.
 
 from __future__ import annotations
 
-import select
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from monitor.evidence.view import ViewBuilder
 from monitor.poll.discovery import Target
 from monitor.poll.packed_state import pack_state
 from monitor.poll.poller import RankPoll
+from tests.support.lines import first_line
 
 pytestmark = pytest.mark.skipif(bool(Fabric.unavailable()),
                                 reason=f"no network namespaces: {Fabric.unavailable()}")
@@ -47,16 +47,6 @@ srv.stop()
 """
 
 
-def first_line(proc: subprocess.Popen, timeout: float = 60.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if select.select([proc.stdout], [], [], 0.1)[0]:
-            return proc.stdout.readline().decode().strip()
-        if proc.poll() is not None:
-            break
-    raise AssertionError(f"no URL from {proc.args[-4:]} (exit {proc.poll()})")
-
-
 @pytest.fixture(scope="module")
 def fab():
     fab = Fabric.create(NODES)
@@ -66,7 +56,7 @@ def fab():
             argv = [sys.executable, "-c", RANK, str(g), fab.host(node).addr, TOKEN]
             procs.append(subprocess.Popen(fab.wrap(node, argv), stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE))
-        fab.urls = [first_line(p) for p in procs]
+        fab.urls = [first_line(p, 60.0) for p in procs]
         yield fab
     finally:
         for p in procs:
