@@ -116,6 +116,8 @@ def run_case(case: str, mode: str, at: int, duration: float, workdir: Path) -> d
                        for d in det]
     named = [d for d in out["findings"] if d["culprit_hosts"] and "node-0" in d["culprit_hosts"]]
     out["host_named_after_s"] = named[0]["after_onset_s"] if named else None
+    out["host_named_after_steps"] = (steps_between(series, onset, onset + named[0]["after_onset_s"])
+                                     if named and onset is not None else None)
     out["evictions"] = [e["replica_group"] for e in report["evictions"]
                         if e["decision"] == "evict"]
     out["aborts"] = sum(1 for e in report["evictions"] if e["decision"] == "abort")
@@ -143,7 +145,7 @@ def main() -> int:
                 rows.append(row)
                 print(json.dumps({k: row.get(k) for k in (
                     "case", "mode", "rc", "healthy_steps_per_s", "back_at_pace_s",
-                    "pace_after_onset_x", "host_named_after_s", "evictions", "aborts",
+                    "pace_after_onset_x", "host_named_after_s", "host_named_after_steps", "evictions", "aborts",
                     "quarantined")}), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({

@@ -39,11 +39,14 @@ from pathlib import Path
 import requests
 
 from .faulttrack import Deadlines, FaultTrack, Observation, Strike, finding_culprits
-from .scenario import FaultPlan, Scenario, default_faults, parse_inject
+from .scenario import FaultPlan, Scenario, default_faults, parse_inject, soak_faults
 
 LOCK_NAME = "lightkeeper-demo.lock"
 DRAIN_GRACE_S = 5.0  # a group on a quarantined host still running this long after: drained
 TICK_S = 0.5
+MAX_RESTARTS, MAX_RESTARTS_SOAK = 5, 1000  # per group: a crash loop ends; a soak's do not
+SLOW_LINK_MBIT = 20.0  # a live slow_link's rate: the issue's degraded link
+SOAK_QUARANTINE_TTL_S = 90.0  # --soak: a quarantined host, repaired, comes back after this
 LEDGER_WAIT_S = Scenario.ledger_wait_s  # the default wait for the ledger's back-at-pace verdicts
 
 
@@ -86,6 +89,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the monitor never quarantines a host (evictions only)")
     p.add_argument("--quarantine-dry-run", action="store_true",
                    help="the monitor decides quarantines and logs them, carries none out")
+    p.add_argument("--soak", type=float, default=None, metavar="SECONDS",
+                   help="a soak: random faults of every kind, one at a time, for SECONDS of "
+                        "training, the monitor restarted half-way; writes soak.json "
+                        "(lightkeeper/soak.py, docs/demo.md)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="the soak's schedule seed (default: a random one, printed)")
     p.add_argument("--cold-restarts", action="store_true",
                    help="restart an evicted group from scratch (default: from a warm spare the "
                         "supervisor started ahead, already imported; docs/demo.md)")
@@ -207,6 +216,8 @@ class Demo:
         self._seen_findings: set = set()
         self._seen_evictions: set = set()
         self._log = None
+        self.soak: dict = {"seed": getattr(args, "seed", None),  # --soak
+                           "soak_s": getattr(args, "soak", None), "rss": []}
 
     @property
     def faults(self) -> list[dict]:
@@ -317,12 +328,12 @@ class Demo:
         self.train_start_s = self.now()
         self.event("training", None, f"all {self.args.groups} groups committing steps")
 
-    def start_monitor(self) -> None:
+    def start_monitor(self, port: int = 0) -> None:
         from .cluster import start_monitor_process
 
         log_path = self.logs / "monitor.log"
         out_path = self.logs / "monitor.out"
-        cmd = [sys.executable, "-u", "-m", "lightkeeper.cli", "monitor", "--port", "0",
+        cmd = [sys.executable, "-u", "-m", "lightkeeper.cli", "monitor", "--port", str(port),
                "--lighthouse", self.cluster.lighthouse_url,
                "--state", str(self.dir / "monitor.sqlite"),
                "--sd-out", str(self.dir / "prometheus" / "file_sd" / "lightkeeper.json"),
@@ -358,6 +369,8 @@ class Demo:
         if a.one_host or a.no_quarantine:  # every kind that counts by default, off
             return ["--quarantine-after", ",".join(f"{k}=0" for k in QUARANTINE_AFTER)]
         out = ["--max-quarantined", str(max(1, a.spare_hosts))]
+        if getattr(a, "soak", None):  # a repaired host returns once its quarantine expires
+            out += ["--quarantine-ttl", f"{SOAK_QUARANTINE_TTL_S:g}"]
         if a.quarantine_dry_run or a.dry_run:  # --dry-run acts on nothing, hosts included
             out.append("--quarantine-dry-run")
         return out
@@ -458,6 +471,10 @@ class Demo:
         self.poll_monitor()
         self.supervise()
         self.strike_hosts()
+        if getattr(self.args, "soak", None):
+            from .soak import repair_hosts
+
+            repair_hosts(self)
         self.follow_stories()
         self.render()
         if self.keeping:  # --keep-running: neither --duration nor --steps ends it now
@@ -553,7 +570,7 @@ class Demo:
             if grp.alive() or (self.args.steps and grp.proc.returncode == 0):
                 continue
             n = self.restarts.get(g, 0)
-            if n >= 5:
+            if n >= (MAX_RESTARTS_SOAK if getattr(self.args, "soak", None) else MAX_RESTARTS):
                 continue
             old = self.pool.host_of(g) if self.pool else None
             # the monitor's quarantine list, as a scheduler reads a node's taint; before the
@@ -757,6 +774,8 @@ class Demo:
             self.wait(self.story_over, float("inf"))
             # and the monitor's ledger saw the job back at pace: each fault measured alone
             self.wait(self.ledger_settled, self.sc.ledger_wait_s)
+            if getattr(self.args, "soak", None) and not self.soak_turn():
+                break
             # No refill of a used spare here: its import would slow the job that is being
             # measured (on this machine a spare shares the cores; a real one waits elsewhere).
             self.inject_live(plan)
@@ -771,6 +790,21 @@ class Demo:
         # --ledger-wait, 30 s).
         self.status = "waiting for the monitor's ledger to see the job back at pace"
         self.wait(self.ledger_settled, self.sc.ledger_wait_s)
+
+    def soak_turn(self) -> bool:
+        """Between two of a soak's faults: False once its time is up; the monitor restarted
+        once, half-way; the spares refilled (a soak restarts groups many times)."""
+        from .soak import restart_monitor, rss_kb
+
+        trained = self.now() - (self.train_start_s or 0.0)
+        if trained >= self.args.soak:
+            return False
+        if "restart" not in self.soak and trained >= self.args.soak / 2:
+            self.soak["rss"].append({"life": 1, "end_kb": rss_kb(self.monitor_proc.pid)})
+            self.soak["restart"] = restart_monitor(self)
+            self.soak["rss"].append({"life": 2, "start_kb": rss_kb(self.monitor_proc.pid)})
+        self.refill_spares(wait=True)
+        return True
 
     # --- live injection -----------------------------------------------------------------------
     def post_fault(self, urls: list[str], spec: str) -> bool:
@@ -792,10 +826,15 @@ class Demo:
     def live_spec(self, plan: FaultPlan, step: int) -> str:
         """The spec of a default fault, from the group's current ``step``."""
         rank = "" if plan.group_rank is None else f",rank={plan.group_rank}"
+        at = step + self.sc.hang_in_steps
         if plan.kind in ("slow", "slow_compute"):
             return f"{plan.kind}:delay={self.sc.slow_delay_s:g},from_step={step}{rank}"
+        if plan.kind == "slow_link":
+            return f"slow_link:mbit={SLOW_LINK_MBIT:g},from_step={at}"
+        if plan.kind in ("partition", "host_offline", "crash"):  # no where= in their grammar
+            return f"{plan.kind}:at_step={at}{rank}"
         where = ",where=group" if self.args.ranks_per_group > 1 else ""
-        return f"{plan.kind}:at_step={step + self.sc.hang_in_steps}{where}{rank}"
+        return f"{plan.kind}:at_step={at}{where}{rank}"
 
     def inject_live(self, plan: FaultPlan) -> None:
         """Inject a default fault into the running target rank (every rank: group-wide); a
@@ -806,7 +845,7 @@ class Demo:
         self.wait(lambda: self.group_step(g) >= 1 and len(self.latest.get(g) or [])
                   == self.args.ranks_per_group, self.sc.rejoin_timeout_s)
         if plan.kind in NETWORK_KINDS:
-            spec = f"{plan.kind}:at_step={self.fresh_step(g) + self.sc.hang_in_steps}"
+            spec = self.live_spec(plan, self.fresh_step(g))
             self.arm(spec, g, "live", self.now())
             self.event("injected", g, f"{spec} (on host {self.pool.host_of(g).node})")
             return
@@ -917,6 +956,17 @@ def run(args: argparse.Namespace) -> int:
         if fabric is None and args.hosts == "netns":
             print(f"lightkeeper demo: --hosts netns: {hosts_note}", file=sys.stderr)
             return 2
+    if args.soak is not None and (args.soak <= 0 or plans or args.no_faults):
+        print("lightkeeper demo: --soak takes seconds > 0 and draws its own faults (no "
+              "--inject, no --no-faults)", file=sys.stderr)
+        return 2
+    if args.soak:
+        if args.seed is None:
+            args.seed = secrets.randbelow(2**31)
+        plans = soak_faults(args.seed, args.groups, args.ranks_per_group,
+                            network=fabric is not None)
+        print(f"lightkeeper demo: soak of {args.soak:g}s, seed {args.seed} (--seed "
+              f"{args.seed} repeats the schedule)", flush=True)
     faults = [] if args.no_faults else plans or default_faults(
         args.groups, args.ranks_per_group, network=fabric is not None)
     sc = Scenario(faults=faults, healthy_s=args.healthy_s, end_s=args.end_s,
@@ -965,6 +1015,10 @@ def run(args: argparse.Namespace) -> int:
                   f"and monitor on {fabric.ctl_addr})", flush=True)
         try:
             demo.start()
+            if args.soak:
+                from .soak import rss_kb
+
+                demo.soak["rss"].append({"life": 1, "start_kb": rss_kb(demo.monitor_proc.pid)})
             demo.run_scenario()
         except Stop as e:
             demo.event("stop", None, str(e))
@@ -995,6 +1049,11 @@ def run(args: argparse.Namespace) -> int:
                 tr.stop(demo.now())
             if demo.monitor_url and demo.monitor_proc and demo.monitor_proc.poll() is None:
                 demo.poll_goodput()  # the ledger's last word, before the monitor stops
+                if args.soak:
+                    from .soak import rss_kb
+
+                    demo.soak["rss"].append({"life": 1 + ("restart" in demo.soak),
+                                             "end_kb": rss_kb(demo.monitor_proc.pid)})
             demo.stop()
         finally:
             inside.__exit__(None, None, None)
@@ -1004,6 +1063,15 @@ def run(args: argparse.Namespace) -> int:
             os.close(lock)
     summary = write_report(demo, report_dir, final=True)
     print(summary, flush=True)
+    if args.soak:
+        import json
+
+        from . import soak
+
+        out = soak.summary(json.loads((report_dir / "report.json").read_text()), demo.soak,
+                           demo.samples)
+        (report_dir / "soak.json").write_text(json.dumps(out, indent=1))
+        print(soak.table(out), flush=True)
     print(f"report: {report_dir / 'report.md'}  json: {report_dir / 'report.json'}  "
           f"timeline: {report_dir / 'timeline.png'}", flush=True)
     if code == 0 and demo.faults and any(f["outcome"] != "recovered" for f in demo.faults) \

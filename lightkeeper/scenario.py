@@ -109,3 +109,27 @@ def parse_inject(value: str, groups: int, ranks_per_group: int) -> FaultPlan:
     except FaultSpecError as e:
         raise ValueError(f"--inject {value!r}: {e}") from None
     return FaultPlan(group, fault.kind, fault.spec, fault.rank)
+
+
+PROCESS_KINDS = ("slow", "slow_compute", "hang", "mismatch", "crash")
+RANK_KINDS = ("slow_compute", "hang", "mismatch", "crash")  # strike one rank of the group
+
+
+def soak_faults(seed: int, groups: int, ranks_per_group: int, network: bool,
+                count: int = 60) -> list[FaultPlan]:
+    """A seeded random schedule for ``--soak``: every kind of the grammar once first (in a
+    random order, so a short soak still sees each), then kinds drawn at random; each on a random
+    group, and a random rank for the kinds that strike one rank. Network kinds need ``network``.
+    The demo injects them one at a time and stops drawing when the soak's time is up."""
+    import random
+
+    from trainer.faults import NETWORK_KINDS
+
+    rng = random.Random(seed)
+    kinds = list(PROCESS_KINDS) + (list(NETWORK_KINDS) if network else [])
+    order = rng.sample(kinds, len(kinds)) + [rng.choice(kinds) for _ in range(count)]
+    plans = []
+    for kind in order[:count]:
+        rank = rng.randrange(ranks_per_group) if kind in RANK_KINDS else None
+        plans.append(FaultPlan(rng.randrange(groups), kind, group_rank=rank))
+    return plans

@@ -1,0 +1,195 @@
+"""``lightkeeper demo --soak SECONDS``: a long run of random faults, and what it shows.
+
+The demo injects a seeded random schedule (:func:`lightkeeper.scenario.soak_faults`) one fault
+at a time, as its default story does, for SECONDS of training. On top of the story the soak:
+
+- restarts the monitor once, half-way (same port, same ``--state``), and checks that its audit
+  log still holds every decision made before the restart;
+- repairs a host whose network fault moved its group away (the fault is lifted once the host is
+  quarantined and empty, as a technician would), and the monitor's quarantine expires after
+  ``SOAK_QUARANTINE_TTL_S`` so the host returns to the pool;
+- records the monitor's resident memory at the start and the end of each of its lives.
+
+:func:`summary` turns the demo's report into ``soak.json``: per fault, found (group, rank,
+host), time to detect, time back at pace, cost; goodput against the same job without faults
+(its healthy pace over the same time) and against torchft alone (each fault's computed cost,
+:func:`lightkeeper.recovery.torchft_alone`); evictions no fault explains; the restart's check.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+def rss_kb(pid: int | None) -> int | None:
+    """Resident memory of ``pid`` in KiB (``/proc/<pid>/status``), None when unreadable."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, TypeError):
+        pass
+    return None
+
+
+def audit_ids(demo) -> set | None:
+    """Every decision id in the monitor's audit log (``GET /v1/evictions``), None if unread."""
+    rows = demo.monitor_get("/v1/evictions?limit=100000")
+    if not isinstance(rows, list):
+        return None
+    return {r.get("id") for r in rows}
+
+
+def restart_monitor(demo) -> dict:
+    """Stop the monitor (SIGTERM) and start it again on the same port and state file; the
+    record says what its audit log held before and after and the memory it had grown to."""
+    from urllib.parse import urlsplit
+
+    from .cluster import stop_process
+
+    before = audit_ids(demo)
+    rec: dict[str, Any] = {"at_s": demo.now(), "rss_kb_before_stop": rss_kb(demo.monitor_proc.pid),
+                           "decisions_before": None if before is None else len(before)}
+    port = urlsplit(demo.monitor_url).port
+    stop_process(demo.monitor_proc, grace=10.0)
+    rec["stopped_exit_code"] = demo.monitor_proc.returncode
+    demo.start_monitor(port=port)
+    rec["rss_kb_after_start"] = rss_kb(demo.monitor_proc.pid)
+    after = audit_ids(demo)
+    rec["missing_after_restart"] = (None if before is None or after is None
+                                    else sorted(before - after, key=str))
+    rec["restarted_in_s"] = round(demo.now() - rec["at_s"], 2)
+    demo.event("monitor", None, f"restarted half-way through the soak in "
+                                f"{rec['restarted_in_s']:.1f}s; audit log "
+                                + ("unreadable" if rec["missing_after_restart"] is None else
+                                   f"{len(after)} decisions, none of the {len(before)} before "
+                                   "lost" if not rec["missing_after_restart"] else
+                                   f"LOST {rec['missing_after_restart']}"))
+    return rec
+
+
+def repair_hosts(demo) -> None:
+    """Lift the network fault of a host the monitor quarantined once no group runs on it."""
+    if not demo.fabric or not demo.pool:
+        return
+    bad = set((demo.hosts_view or {}).get("quarantined") or [])
+    used = {demo.pool.host_of(g).node for g in demo.cluster.groups
+            if demo.pool.host_of(g) is not None}
+    for host in demo.fabric.hosts:
+        if host.node in bad and host.node not in used and demo.fabric.faults(host.node):
+            act = demo.fabric.heal(host.node)
+            demo.event("repaired", None, f"host {host.node}: {act.detail if act.ok else act.error}"
+                                         " (quarantined and empty: its network fault lifted)")
+
+
+def _attributed(ev: dict, faults: list[dict], end: float, slack_s: float = 5.0) -> bool:
+    """An eviction that follows a fault of its group (from its strike to its story's end)."""
+    for f in faults:
+        start = f.get("struck_at_s") or f.get("injected_at_s")
+        stop = f.get("rejoined_at_s") or end
+        if f["replica_group"] == ev["replica_group"] and start is not None \
+                and start - slack_s <= ev["at_s"] <= stop + slack_s:
+            return True
+    return False
+
+
+def summary(rep: dict, soak: dict, samples: list[dict]) -> dict:
+    """The soak's figures from the demo's ``report.json`` (``rep``), its own record and the
+    ranks' samples (``timeline.json``)."""
+    from .recovery import commit_series, step_at
+
+    faults, end = rep["faults"], rep["duration_s"]
+    rows = []
+    for f in faults:
+        onset, det = f.get("struck_at_s"), f.get("detected_at_s")
+        tf = f.get("torchft_alone") or {}
+        rows.append({
+            "kind": (f.get("spec") or "").split(":", 1)[0], "spec": f.get("spec"),
+            "replica_group": f["replica_group"], "group_rank": f.get("group_rank"),
+            "host": f.get("host"), "outcome": f.get("outcome"),
+            "detected_kind": f.get("detected_kind"),
+            "right_rank": (None if f.get("group_rank") is None or f.get("culprit_ranks") is None
+                           else f.get("rank") in f["culprit_ranks"]),
+            "right_host": (None if not f.get("culprit_hosts") else
+                           f.get("host") in f["culprit_hosts"]),
+            "detect_s": None if onset is None or det is None else round(det - onset, 2),
+            "back_at_pace_s": f.get("recovery_s_ranks"),
+            "steps_lost": f.get("steps_lost"),
+            "host_quarantined": f.get("host_quarantined_at_s") is not None,
+            "restarted_on": f.get("restarted_on"),
+            "torchft_alone": tf.get("outcome"),
+            "torchft_alone_steps_lost": tf.get("job_steps"),
+        })
+    healthy = rep.get("healthy_step_rate")
+    start = rep.get("training_started_at_s") or 0.0
+    series = commit_series(samples)
+    a, b = step_at(series, start), step_at(series, end)
+    committed = None if a is None or b is None else b - a
+    fault_free = None if not healthy else round(healthy * (end - start))
+    # torchft alone: each fault costs what recovery.torchft_alone computes; one that stops the
+    # job for good (a partition: no recovery) ends its training there
+    tf_steps, stopped_at, lost = fault_free, None, 0
+    for f in sorted(faults, key=lambda f: f.get("struck_at_s") or float("inf")):
+        tf = f.get("torchft_alone") or {}
+        if f.get("struck_at_s") is None or fault_free is None:
+            continue
+        if tf.get("recovery_s") is None and tf.get("stall_s") and tf.get("stall_s") > 0:
+            stopped_at = f["struck_at_s"]
+            tf_steps = max(0, round(healthy * (stopped_at - start)) - lost)
+            break
+        lost += tf.get("job_steps") or 0
+        tf_steps = max(0, fault_free - lost)
+    evictions = [e for e in rep["evictions"] if e["decision"] == "evict"]
+    false = [e for e in evictions if not _attributed(e, faults, end)]
+    return {
+        "seed": soak["seed"], "soak_s": soak["soak_s"], "training_s": round(end - start, 1),
+        "faults": rows, "fault_count": len(rows),
+        "kinds": sorted({r["kind"] for r in rows}),
+        "recovered": sum(1 for r in rows if r["outcome"] == "recovered"),
+        "goodput": {
+            "healthy_steps_per_s": healthy, "committed_steps": committed,
+            "fault_free_steps": fault_free,
+            "vs_fault_free": None if not committed or not fault_free
+            else round(committed / fault_free, 3),
+            "torchft_alone_steps": tf_steps,
+            "torchft_alone_stopped_for_good_at_s": stopped_at,
+            "vs_torchft_alone": None if not committed or not tf_steps
+            else round(committed / tf_steps, 2),
+        },
+        "evictions": len(evictions), "false_evictions": false,
+        "quarantines": sorted((rep.get("hosts") or {}).get("quarantined_at_s") or {}),
+        "monitor_restart": soak.get("restart"),
+        "monitor_rss_kb": soak.get("rss"),
+        "made_at_unix": round(time.time()),
+    }
+
+
+def table(s: dict) -> str:
+    """The soak in a few lines: one per fault, then the totals."""
+    def fmt(v, unit="s"):
+        return "-" if v is None else f"{v:.1f}{unit}" if isinstance(v, float) else str(v)
+
+    lines = [f"soak: seed {s['seed']}, {s['training_s']:g}s of training, {s['fault_count']} "
+             f"faults ({', '.join(s['kinds'])}), {s['recovered']} recovered",
+             f"{'#':>2} {'fault':<13} {'group':>5} {'rank':>4} {'host':<7} {'found as':<13} "
+             f"{'detect':>7} {'at pace':>8} {'lost':>5}  outcome"]
+    for i, r in enumerate(s["faults"], 1):
+        lines.append(f"{i:>2} {r['kind']:<13} {r['replica_group']:>5} "
+                     f"{fmt(r['group_rank']):>4} {fmt(r['host']):<7} "
+                     f"{fmt(r['detected_kind']):<13} {fmt(r['detect_s']):>7} "
+                     f"{fmt(r['back_at_pace_s']):>8} {fmt(r['steps_lost']):>5}  {r['outcome']}")
+    g = s["goodput"]
+    lines.append(f"goodput: {fmt(g['committed_steps'])} steps committed; "
+                 f"{fmt(g['vs_fault_free'], 'x')} of the same time without faults "
+                 f"({fmt(g['fault_free_steps'])}), {fmt(g['vs_torchft_alone'], 'x')} torchft "
+                 f"alone ({fmt(g['torchft_alone_steps'])})")
+    r = s.get("monitor_restart") or {}
+    lines.append(f"evictions {s['evictions']}, false {len(s['false_evictions'])}; monitor "
+                 f"restarted at {fmt(r.get('at_s'))}, audit decisions lost: "
+                 f"{fmt(r.get('missing_after_restart'))}; monitor RSS (KiB) "
+                 + ", ".join(f"life {x['life']} " + ", ".join(f"{k} {v}" for k, v in x.items()
+                                                               if k != "life")
+                             for x in s.get("monitor_rss_kb") or []))
+    return "\n".join(lines)
