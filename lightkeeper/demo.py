@@ -215,6 +215,7 @@ class Demo:
         self._last_status_print = 0.0
         self._seen_findings: set = set()
         self._seen_evictions: set = set()
+        self._q_seen: set = set()                # (host, quarantined_at) told
         self._log = None
         self.soak: dict = {"seed": getattr(args, "seed", None),  # --soak
                            "soak_s": getattr(args, "soak", None), "rss": []}
@@ -521,8 +522,9 @@ class Demo:
         self.hosts_view = body
         for h in body["hosts"]:
             name = h.get("host")
-            if h.get("state") != "quarantined" or name in self.quarantines:
+            if h.get("state") != "quarantined" or (name, h.get("quarantined_at")) in self._q_seen:
                 continue
+            self._q_seen.add((name, h.get("quarantined_at")))  # again after a release: told
             at = self.rel(h.get("quarantined_at")) if h.get("quarantined_at") else self.now()
             self.quarantines[name] = at
             self.event("quarantined", None, f"host {name} quarantined at {at:.1f}s "
@@ -566,9 +568,13 @@ class Demo:
         if self.stopping:
             return
         self.drain_quarantined()
+        refreshed = False
         for g, grp in sorted(self.cluster.groups.items()):
             if grp.alive() or (self.args.steps and grp.proc.returncode == 0):
                 continue
+            if not refreshed:  # the monitor may have quarantined the host this very sweep
+                self.poll_hosts()
+                refreshed = True
             n = self.restarts.get(g, 0)
             if n >= (MAX_RESTARTS_SOAK if getattr(self.args, "soak", None) else MAX_RESTARTS):
                 continue

@@ -95,12 +95,28 @@ def _attributed(ev: dict, faults: list[dict], end: float, slack_s: float = 5.0) 
     return False
 
 
+def own_pace_back(series: list, onset: float | None, end: float,
+                  before_s: float = 10.0) -> float | None:
+    """Seconds from ``onset`` until the job is back at 90% of its own pace in the ``before_s``
+    seconds before it (the pace varies over a long run: spares importing, groups moved)."""
+    from .recovery import back_at_pace, step_at
+
+    if onset is None:
+        return None
+    a, b = step_at(series, onset - before_s), step_at(series, onset)
+    if a is None or b is None or b <= a:
+        return None
+    t = back_at_pace(series, onset, (b - a) / before_s, end)
+    return None if t is None else round(t - onset, 2)
+
+
 def summary(rep: dict, soak: dict, samples: list[dict]) -> dict:
     """The soak's figures from the demo's ``report.json`` (``rep``), its own record and the
     ranks' samples (``timeline.json``)."""
     from .recovery import commit_series, step_at
 
     faults, end = rep["faults"], rep["duration_s"]
+    series = commit_series(samples)
     rows = []
     for f in faults:
         onset, det = f.get("struck_at_s"), f.get("detected_at_s")
@@ -116,6 +132,7 @@ def summary(rep: dict, soak: dict, samples: list[dict]) -> dict:
                            f.get("host") in f["culprit_hosts"]),
             "detect_s": None if onset is None or det is None else round(det - onset, 2),
             "back_at_pace_s": f.get("recovery_s_ranks"),
+            "back_at_own_pace_s": own_pace_back(series, onset, end),
             "steps_lost": f.get("steps_lost"),
             "host_quarantined": f.get("host_quarantined_at_s") is not None,
             "restarted_on": f.get("restarted_on"),
@@ -124,23 +141,26 @@ def summary(rep: dict, soak: dict, samples: list[dict]) -> dict:
         })
     healthy = rep.get("healthy_step_rate")
     start = rep.get("training_started_at_s") or 0.0
-    series = commit_series(samples)
     a, b = step_at(series, start), step_at(series, end)
     committed = None if a is None or b is None else b - a
     fault_free = None if not healthy else round(healthy * (end - start))
-    # torchft alone: each fault costs what recovery.torchft_alone computes; one that stops the
-    # job for good (a partition: no recovery) ends its training there
-    tf_steps, stopped_at, lost = fault_free, None, 0
-    for f in sorted(faults, key=lambda f: f.get("struck_at_s") or float("inf")):
+    # torchft alone: the first fault it never recovers from (a partition: recovery None, a
+    # stall) stops the job for good; each earlier fault costs what recovery.torchft_alone
+    # computes, a straggler's drag cut at that stop
+    struck = sorted((f for f in faults if f.get("struck_at_s") is not None),
+                    key=lambda f: f["struck_at_s"])
+    stop = next((f["struck_at_s"] for f in struck if (f.get("torchft_alone") or {}).get(
+        "recovery_s") is None and ((f.get("torchft_alone") or {}).get("stall_s") or 0) > 0), end)
+    lost = 0.0
+    for f in struck:
         tf = f.get("torchft_alone") or {}
-        if f.get("struck_at_s") is None or fault_free is None:
+        if f["struck_at_s"] >= stop or not tf.get("job_steps"):
             continue
-        if tf.get("recovery_s") is None and tf.get("stall_s") and tf.get("stall_s") > 0:
-            stopped_at = f["struck_at_s"]
-            tf_steps = max(0, round(healthy * (stopped_at - start)) - lost)
-            break
-        lost += tf.get("job_steps") or 0
-        tf_steps = max(0, fault_free - lost)
+        horizon = end - f["struck_at_s"]
+        share = min(1.0, (stop - f["struck_at_s"]) / horizon) if horizon > 0 else 0.0
+        lost += tf["job_steps"] * (share if tf.get("recovery_s") is None else 1.0)
+    tf_steps = None if not healthy else max(0, round(healthy * (stop - start) - lost))
+    stopped_at = None if stop == end else stop
     evictions = [e for e in rep["evictions"] if e["decision"] == "evict"]
     false = [e for e in evictions if not _attributed(e, faults, end)]
     return {
@@ -173,13 +193,15 @@ def table(s: dict) -> str:
 
     lines = [f"soak: seed {s['seed']}, {s['training_s']:g}s of training, {s['fault_count']} "
              f"faults ({', '.join(s['kinds'])}), {s['recovered']} recovered",
+             "at pace: 90% of the run's first healthy pace; own: of the 10 s before the fault",
              f"{'#':>2} {'fault':<13} {'group':>5} {'rank':>4} {'host':<7} {'found as':<13} "
-             f"{'detect':>7} {'at pace':>8} {'lost':>5}  outcome"]
+             f"{'detect':>7} {'at pace':>8} {'own':>6} {'lost':>5}  outcome"]
     for i, r in enumerate(s["faults"], 1):
         lines.append(f"{i:>2} {r['kind']:<13} {r['replica_group']:>5} "
                      f"{fmt(r['group_rank']):>4} {fmt(r['host']):<7} "
                      f"{fmt(r['detected_kind']):<13} {fmt(r['detect_s']):>7} "
-                     f"{fmt(r['back_at_pace_s']):>8} {fmt(r['steps_lost']):>5}  {r['outcome']}")
+                     f"{fmt(r['back_at_pace_s']):>8} {fmt(r['back_at_own_pace_s']):>6} "
+                     f"{fmt(r['steps_lost']):>5}  {r['outcome']}")
     g = s["goodput"]
     lines.append(f"goodput: {fmt(g['committed_steps'])} steps committed; "
                  f"{fmt(g['vs_fault_free'], 'x')} of the same time without faults "
