@@ -121,10 +121,9 @@ def create_app(monitor: Any) -> Flask:
         """404 for a host the ledger does not know, 409 for one that is not quarantined."""
         _check_admin(monitor.cfg)
         body = request.get_json(silent=True)
-        reason = str((body or {}).get("reason") or "released by hand") \
-            if isinstance(body, dict) or body is None else None
-        if reason is None:
+        if body is not None and not isinstance(body, dict):
             raise BadTarget('body must be {"reason": "..."} or empty')
+        reason = str((body or {}).get("reason") or "released by hand")
         try:
             return jsonify(monitor.release_host(host, reason[:500]))
         except KeyError:

@@ -3,7 +3,7 @@ confirmed finding or an eviction decision (docs/goodput.md, "Definitions")."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from itertools import chain
 from typing import Any
 
@@ -151,14 +151,12 @@ class Incidents(dict[int, Incident]):
 
     def explaining(self, straggler: bool) -> Incident | None:
         """The latest open incident of a straggler (or of anything else)."""
-        return self._latest(i for i in self.open() if (i.kind == "straggler") == straggler)
+        return max((i for i in self.open() if (i.kind == "straggler") == straggler),
+                   key=lambda i: (i.detected_at, i.id), default=None)
 
     def of_group(self, g: int | None) -> Incident | None:
-        return self._latest(i for i in self.open() if g is not None and i.replica_group == g)
-
-    @staticmethod
-    def _latest(incs: Iterable[Incident]) -> Incident | None:
-        return max(incs, key=lambda i: (i.detected_at, i.id), default=None)
+        return max((i for i in self.open() if g is not None and i.replica_group == g),
+                   key=lambda i: (i.detected_at, i.id), default=None)
 
     def unsaved(self) -> list[dict[str, Any]]:
         return [self[i].to_store() for i in sorted(self.dirty) if i in self]
