@@ -21,7 +21,7 @@ SAVE_S = 5.0  # the state is written at least this often (what a crash loses)
 
 
 class GoodputAccount:
-    """``metrics``: the monitor's MonitorMetrics."""
+    """The ledger the monitor keeps; each sweep's account goes to ``metrics`` (MonitorMetrics)."""
 
     def __init__(self, store: Store, expected_groups: int | None, interval_s: float,
                  metrics: Any) -> None:
