@@ -1,4 +1,4 @@
-"""The goodput ledger's saves written beside the sweep (monitor/goodput/writer.py), into the
+"""The goodput ledger's saves written beside the sweep (monitor/goodput/account.py), into the
 monitor's real store (an SQLite file). A slow or failing disk is played by a Store subclass whose
 write waits on an event or raises (SQLite cannot be made slow or full here on demand); what is
 stored is read back by a new Store on the same file, as a restarted monitor reads it."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from flask import Flask, Response, jsonify, render_template, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -15,30 +15,9 @@ from werkzeug.exceptions import HTTPException
 from http_serving import bearer_token_matches
 from monitor.config import MonitorConfig
 from monitor.poll.admission import NotAllowed, Unauthorized
-from monitor.poll.discovery import BadTarget, Discovery, Target, TooManyTargets
-from monitor.store import Store
-
-from .metrics import MonitorMetrics
+from monitor.poll.discovery import BadTarget, TooManyTargets
 
 MAX_BODY = 64 * 1024  # a request is a few hundred bytes
-
-
-class MonitorAPI(Protocol):
-    """What the routes use of the monitor (:class:`monitor.service.Monitor`)."""
-
-    cfg: MonitorConfig
-    metrics: MonitorMetrics
-    store: Store
-    discovery: Discovery
-    sweeps: int
-
-    def cluster_json(self) -> dict[str, Any]: ...
-    def ranks_json(self) -> list[dict[str, Any]]: ...
-    def goodput_json(self, incidents: int = 50, intervals: int = 200) -> dict[str, Any]: ...
-    def evict_manual(self, replica_group: int, reason: str) -> dict[str, Any]: ...
-    def register_target(self, body: Any, authorization: str | None) -> Target: ...
-    def hosts_json(self) -> dict[str, Any]: ...
-    def release_host(self, host: str, reason: str) -> dict[str, Any]: ...
 
 
 class Forbidden(Exception):
@@ -70,7 +49,8 @@ def _limit(name: str = "limit", default: int = 500, least: int = 1) -> int:
     return max(least, min(n, 10_000))
 
 
-def create_app(monitor: MonitorAPI) -> Flask:
+def create_app(monitor: Any) -> Flask:
+    """The routes over ``monitor`` (a :class:`monitor.service.Monitor`)."""
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY  # 413 beyond it
 
@@ -141,10 +121,9 @@ def create_app(monitor: MonitorAPI) -> Flask:
         """404 for a host the ledger does not know, 409 for one that is not quarantined."""
         _check_admin(monitor.cfg)
         body = request.get_json(silent=True)
-        reason = str((body or {}).get("reason") or "released by hand") \
-            if isinstance(body, dict) or body is None else None
-        if reason is None:
+        if body is not None and not isinstance(body, dict):
             raise BadTarget('body must be {"reason": "..."} or empty')
+        reason = str((body or {}).get("reason") or "released by hand")
         try:
             return jsonify(monitor.release_host(host, reason[:500]))
         except KeyError:

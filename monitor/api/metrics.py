@@ -36,54 +36,35 @@ PREFIX = "lightkeeper_monitor_"
 GROUP_PREFIX = PREFIX + "replica_group_"
 
 
-def group_rows(view: ClusterView, lags: Mapping[int, float | None]
-               ) -> dict[int, dict[str, float | None]]:
-    """replica_group -> {relative, lag, step, in_quorum}; relative: a group's median step time
-    over the median of the groups'."""
-    in_quorum = {g.replica_group for g in view.in_quorum()}
-    meds = {g: gv.median_step_seconds() for g, gv in view.groups.items()}
-    valid = [v for v in meds.values() if v]
-    overall = statistics.median(valid) if valid else None
-    return {g: {"relative": (meds[g] / overall) if meds[g] and overall else None,
-                "lag": lags.get(g), "step": gv.step, "in_quorum": g in in_quorum}
-            for g, gv in view.groups.items()}
-
-
 class GroupSeries(Collector):
-    """The per-group gauges from the last sweep's view (held weakly: the one before is freed),
-    lags and goodput ratios, each replaced whole by a sweep so a scrape reads one sweep."""
+    """The per-group gauges of the last sweep's view (held weakly: the one before is freed), its
+    lags and the goodput ratios, each replaced whole by a sweep so a scrape reads one sweep."""
 
     def __init__(self, job: str) -> None:
         self.job = job
         self.view_ref: Callable[[], ClusterView | None] = lambda: None
         self.lags: Mapping[int, float | None] = {}
         self.goodput: Mapping[int, float] = {}
-        self._rows: tuple[Any, Any, dict] | None = None  # (view_ref, lags, group_rows)
-
-    def rows(self) -> dict[int, dict[str, float | None]]:
-        ref, lags, made = self.view_ref, self.lags, self._rows
-        view = ref()
-        if view is None:
-            return {}
-        if made is None or made[0] is not ref or made[1] is not lags:
-            made = self._rows = (ref, lags, group_rows(view, lags))
-        return made[2]
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         families = {name: GaugeMetricFamily(GROUP_PREFIX + name, doc,
                                             labels=["job", "replica_group"])
                     for name, doc in GROUP_SERIES}
-        job, rows = self.job, self.rows()
-        for key, name in (("relative", "relative_step_time"), ("lag", "arrival_lag_seconds"),
-                          ("step", "step"), ("in_quorum", "in_quorum")):
-            family = families[name]
-            for g, row in rows.items():
-                v = row[key]
-                if v is not None:
-                    family.add_metric([job, str(g)], float(v))
-        family = families["goodput_ratio"]
+        view, lags = self.view_ref(), self.lags
+        if view is not None:
+            in_quorum = {g.replica_group for g in view.in_quorum()}
+            meds = {g: gv.median_step_seconds() for g, gv in view.groups.items()}
+            overall = statistics.median([v for v in meds.values() if v] or [0.0])
+            for g, gv in view.groups.items():
+                # relative: the group's median step time over the median of the groups'
+                for name, v in (("relative_step_time", meds[g] / overall
+                                 if meds[g] and overall else None),
+                                ("arrival_lag_seconds", lags.get(g)), ("step", gv.step),
+                                ("in_quorum", g in in_quorum)):
+                    if v is not None:
+                        families[name].add_metric([self.job, str(g)], float(v))
         for g, ratio in self.goodput.items():
-            family.add_metric([job, str(g)], ratio)
+            families["goodput_ratio"].add_metric([self.job, str(g)], ratio)
         yield from families.values()
 
 

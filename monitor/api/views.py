@@ -3,28 +3,27 @@ every rank as seen, ``evidence`` the verified ones (the quorum, membership and r
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from monitor.detect import Detectors
 from monitor.evidence.lighthouse_status import LighthouseStatus
 from monitor.evidence.view import ClusterView
 
+UNGROUPED = ("url", "reachable", "reason", "error", "unreachable_sweeps", "verification")
 
-def verification_json(view: ClusterView | None, status: LighthouseStatus | None,
+
+def verification_json(view: ClusterView | None, st: LighthouseStatus | None,
                       error: str | None, blind: str | None) -> dict[str, Any]:
     """What the Lighthouse said at the last sweep, and how many ranks are verified."""
-    counts: dict[str, int] = {}
-    for r in view.ranks.values() if view else ():
-        if not r.superseded:
-            key = r.trust.state if r.trust is not None else "unchecked"
-            counts[key] = counts.get(key, 0) + 1
-    st = status
+    counts = Counter(r.trust.state if r.trust is not None else "unchecked"
+                     for r in (view.ranks.values() if view else ()) if not r.superseded)
     return {"lighthouse_ok": st is not None and not error, "lighthouse_error": error,
             "lighthouse_quorum_id": st.quorum_id if st else None,
             "lighthouse_participants": sorted(st.members) if st else [],
             "lighthouse_heartbeating": sorted(r for r in st.heartbeats
                                               if st.heartbeating(r)) if st else [],
-            "read_at": st.at if st else None, "ranks": counts, "blind": blind}
+            "read_at": st.at if st else None, "ranks": dict(counts), "blind": blind}
 
 
 def rank_json(r, now: float) -> dict[str, Any]:
@@ -83,9 +82,7 @@ def cluster_json(head: dict[str, Any], view: ClusterView | None, evidence: Clust
             "evidence_ranks": len(verified.ranks) if verified else 0,
             "ranks": [rank_json(r, now) for r in gv.ranks]})
     out["job_findings"] = sorted(open_by_group.get(None, []))  # job-wide: no group named
-    out["ungrouped"] = [{"url": r.url, "reachable": r.reachable, "reason": r.reason,
-                         "error": r.error, "unreachable_sweeps": r.failures,
-                         "verification": r.trust.to_dict() if r.trust else None}
-                        for r in view.ranks.values()
-                        if r.replica_group is None and not r.superseded]
+    out["ungrouped"] = [{k: row[k] for k in UNGROUPED} for row in (
+        rank_json(r, now) for r in view.ranks.values()
+        if r.replica_group is None and not r.superseded)]
     return out

@@ -1,9 +1,9 @@
 """The goodput ledger (docs/goodput.md): where the job's replica-seconds went, by cause and by
 incident. :class:`GoodputLedger` accounts each sweep; :class:`GoodputWriter` saves it."""
 
+from .account import GoodputWriter
 from .ledger import GoodputLedger
 from .model import CAUSES, GoodputConfig, GoodputError, SweepAccount
-from .writer import GoodputWriter
 
 __all__ = ["CAUSES", "GoodputConfig", "GoodputError", "GoodputLedger", "GoodputWriter",
            "SweepAccount"]

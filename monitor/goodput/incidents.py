@@ -146,18 +146,17 @@ class Incidents(dict[int, Incident]):
 
     def recovering(self, t: float) -> Incident | None:
         """The latest evicted incident whose job is not back at pace by ``t``."""
-        cands = [i for i in self.open() if i.evicted_at is not None
-                 and i.evicted_at < t and i.back_to_pace_at is None]
-        return max(cands, key=lambda i: i.evicted_at) if cands else None
+        return max((i for i in self.open() if i.evicted_at is not None and i.evicted_at < t
+                    and i.back_to_pace_at is None), key=lambda i: i.evicted_at, default=None)
 
     def explaining(self, straggler: bool) -> Incident | None:
         """The latest open incident of a straggler (or of anything else)."""
-        cands = [i for i in self.open() if (i.kind == "straggler") == straggler]
-        return max(cands, key=lambda i: (i.detected_at, i.id)) if cands else None
+        return max((i for i in self.open() if (i.kind == "straggler") == straggler),
+                   key=lambda i: (i.detected_at, i.id), default=None)
 
     def of_group(self, g: int | None) -> Incident | None:
-        cands = [i for i in self.open() if g is not None and i.replica_group == g]
-        return max(cands, key=lambda i: (i.detected_at, i.id)) if cands else None
+        return max((i for i in self.open() if g is not None and i.replica_group == g),
+                   key=lambda i: (i.detected_at, i.id), default=None)
 
     def unsaved(self) -> list[dict[str, Any]]:
         return [self[i].to_store() for i in sorted(self.dirty) if i in self]

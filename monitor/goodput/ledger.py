@@ -13,8 +13,7 @@ import numpy as np
 
 from monitor.evidence.view import ClusterView
 
-from .columns import History, Judged, Slots, key_of
-from .commits import CommitReader
+from .columns import CommitReader, History, Judged, Slots, key_of
 from .incidents import Incidents
 from .model import PENDING, UNSEEN, GoodputConfig, Incident, Interval, Run, SweepAccount
 from .pace import JobPace, pace_of
@@ -253,10 +252,10 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
                 self._book(Run(t0, now, slots, list(map(S.gids.__getitem__, slots.tolist())),
                                rest[below].tolist(), [gpus[i] or None for i in below.tolist()],
                                cause, idle=idle), inc, acct)
+        S.carry[outside] = 0.0
+        self._add_good(outside, np.zeros(len(outside)), dt, acct)
         for slot in outside.tolist():
             g = S.gids[slot]
-            S.carry[slot] = 0.0
-            self._add_good(np.array([slot]), np.zeros(1), dt, acct)
             inc = None if startup else incs.of_group(g)
             # a group never yet in the quorum, with nothing wrong found, is still starting
             if startup or (np.isnan(S.last_in_quorum_at[slot]) and inc is None):

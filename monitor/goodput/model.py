@@ -119,6 +119,8 @@ INTERVAL_FIELDS = tuple(Interval.__dataclass_fields__)
 
 @dataclass
 class Incident:
+    """One faulty replica group incarnation (or job-wide fault), from onset to closed."""
+
     id: int
     kind: str
     replica_group: int | None

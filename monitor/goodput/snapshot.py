@@ -21,6 +21,8 @@ from .model import (
     Run,
 )
 
+COUNTS = ("expected_groups", "unobserved_s", "gap_s", "gaps", "skipped_sweeps", "goodput_debt")
+
 
 class GoodputSnapshot:
     """The persistence half of :class:`monitor.goodput.ledger.GoodputLedger` (mixed into it)."""
@@ -38,9 +40,7 @@ class GoodputSnapshot:
             "last_commit_at": self.last_commit_at,
             "steady": list(job.steady) if job.steady else None,
             "totals": S.totals_columns(), "gpu_totals": S.totals_columns(1),
-            "expected_groups": self.expected_groups, "unobserved_s": self.unobserved_s,
-            "gap_s": self.gap_s, "gaps": self.gaps, "skipped_sweeps": self.skipped_sweeps,
-            "goodput_debt": self.goodput_debt,
+            **{name: getattr(self, name) for name in COUNTS},
             "unsettled": [{k: v for k, v in vars(r).items() if k != "slots"} for r in self.runs],
             "open_intervals": {"key": list(self.open_intervals), **{
                 f: list(map(attrgetter(f), self.open_intervals.values()))
@@ -114,8 +114,7 @@ class GoodputSnapshot:
                     at = np.asarray(slots)[has]
                     S.bad[kind, c, at] = [v for v in cols[cause] if v is not None]
                     S.has[kind, c, at] = True
-        for name in ("expected_groups", "unobserved_s", "gap_s", "gaps", "skipped_sweeps",
-                     "goodput_debt"):
+        for name in COUNTS:
             setattr(led, name, state[name])
         for d in state["unsettled"]:
             slots = np.fromiter((0 if g is None else S.index[g] for g in d["groups"]), np.int64,
