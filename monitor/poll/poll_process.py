@@ -4,7 +4,6 @@ bodies back in batches; one that dies or hangs fails its sweep's missing polls a
 
 from __future__ import annotations
 
-import argparse
 import gc
 import math
 import os
@@ -19,7 +18,7 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from .poller import EVENT_LOOPS, MAX_BODY, STATE_PATH, Poller, RankPoll, dedup_queries, rank_poll
+from .poller import MAX_BODY, STATE_PATH, Poller, RankPoll, dedup_queries, rank_poll
 
 BATCH = 256  # polls per message back
 GUARD_S = 30.0  # a child silent this long past its sweep's bound is stuck, and is killed
@@ -111,11 +110,11 @@ class PollHandle:
 class _Child:
     """One poller process, the sweeps sent to it and the thread reading its answers."""
 
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
         # from the package's own root: the monitor's working folder may hold another `monitor`
-        self.proc = subprocess.Popen([sys.executable, "-m", "monitor.poll.poll_process", *args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "monitor.poll.poll_process"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                      cwd=_ROOT)
         self.pending: dict[int, PollHandle] = {}
@@ -192,9 +191,8 @@ class ProcessPoller:
         return self._child.proc.pid if self._child is not None else None
 
     def _spawn(self) -> _Child:
-        child = _Child(["--timeout", repr(self.timeout_s),
-                        "--concurrency", str(self.max_concurrency),
-                        "--max-bytes", str(self.max_bytes), "--event-loop", self.event_loop])
+        child = _Child()
+        child.send((self.timeout_s, self.max_concurrency, self.max_bytes, self.event_loop))
         child.lock = self._lock
         child.reader.start()
         self._child = child
@@ -252,13 +250,17 @@ class ProcessPoller:
 
 
 # --- the child ------------------------------------------------------------------------------
-def _serve(args: argparse.Namespace) -> None:
+def _serve() -> None:
+    """The child: its settings, then one sweep a message, from stdin until it ends."""
     # the answers go over the original stdout; a stray print goes to stderr, never into them
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     inp = sys.stdin.buffer
-    poller = Poller(args.timeout, args.concurrency, max_bytes=args.max_bytes,
-                    event_loop=args.event_loop)
+    settings = _read_frame(inp)
+    if settings is None:  # the monitor went before it said anything
+        return
+    timeout, concurrency, max_bytes, event_loop = settings
+    poller = Poller(timeout, concurrency, max_bytes=max_bytes, event_loop=event_loop)
     frames: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
 
     def write() -> None:  # off the event loop: a slow reader never stalls the requests
@@ -304,15 +306,5 @@ def _serve(args: argparse.Namespace) -> None:
         poller.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="the monitor's poller process (started by it)")
-    ap.add_argument("--timeout", type=float, required=True)
-    ap.add_argument("--concurrency", type=int, required=True)
-    ap.add_argument("--max-bytes", type=int, required=True)
-    ap.add_argument("--event-loop", choices=EVENT_LOOPS, default="auto")
-    _serve(ap.parse_args(argv))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    _serve()
