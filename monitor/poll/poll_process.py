@@ -22,8 +22,6 @@ from .poller import MAX_BODY, STATE_PATH, Poller, RankPoll, dedup_queries, rank_
 
 BATCH = 256  # polls per message back
 GUARD_S = 30.0  # a child silent this long past its sweep's bound is stuck, and is killed
-# each child writes a cProfile of its loop's thread to <value>.<pid> (bench_poller.py --profile)
-PROFILE_ENV = "LIGHTKEEPER_POLL_PROFILE"
 _LEN = struct.Struct("<I")
 _ENCODE = msgspec.msgpack.Encoder().encode
 _DECODE = msgspec.msgpack.Decoder().decode
@@ -110,7 +108,7 @@ class PollHandle:
 class _Child:
     """One poller process, the sweeps sent to it and the thread reading its answers."""
 
-    def __init__(self) -> None:
+    def __init__(self, lock: threading.Lock, settings: tuple) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
         # from the package's own root: the monitor's working folder may hold another `monitor`
@@ -119,10 +117,12 @@ class _Child:
                                      cwd=_ROOT)
         self.pending: dict[int, PollHandle] = {}
         self.dead = False
-        self.lock: threading.Lock | None = None  # the ProcessPoller's, set by it
+        self.lock = lock  # the ProcessPoller's
         self.write_lock = threading.Lock()
         self.reader = threading.Thread(target=self._read, name="lightkeeper-poll-reader",
                                        daemon=True)
+        self.reader.start()
+        self.send(settings)
 
     def send(self, msg: Any) -> None:
         try:
@@ -191,12 +191,9 @@ class ProcessPoller:
         return self._child.proc.pid if self._child is not None else None
 
     def _spawn(self) -> _Child:
-        child = _Child()
-        child.send((self.timeout_s, self.max_concurrency, self.max_bytes, self.event_loop))
-        child.lock = self._lock
-        child.reader.start()
-        self._child = child
-        return child
+        self._child = _Child(self._lock, (self.timeout_s, self.max_concurrency, self.max_bytes,
+                                          self.event_loop))
+        return self._child
 
     def start(self, urls: Iterable[str], path: str = STATE_PATH,
               timeout_s: float | None = None, max_bytes: int | None = None,
@@ -273,12 +270,6 @@ def _serve() -> None:
 
     writer = threading.Thread(target=write, name="lightkeeper-poll-writer", daemon=True)
     writer.start()
-    profile = os.environ.get(PROFILE_ENV)
-    if profile:
-        import cProfile
-
-        profiler = cProfile.Profile()
-        poller._loop.call_soon_threadsafe(profiler.enable)
     try:
         while (msg := _read_frame(inp)) is not None:
             rid, urls, path, timeout, limit, max_idle, queries = msg
@@ -298,11 +289,6 @@ def _serve() -> None:
     finally:
         frames.put(None)
         writer.join(timeout=30)
-        if profile:
-            done = threading.Event()
-            poller._loop.call_soon_threadsafe(lambda: (profiler.disable(), done.set()))
-            done.wait(10)
-            profiler.dump_stats(f"{profile}.{os.getpid()}")
         poller.close()
 
 
