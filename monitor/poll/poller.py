@@ -91,7 +91,7 @@ class _Sweep:
             self.on_rows(rows)
 
 
-_DECODE = msgspec.json.Decoder().decode  # hot: ~15,000 answers a sweep at 100,000 ranks
+_DECODE = msgspec.json.Decoder().decode  # hot: every answer of every sweep
 
 
 def _json(body: bytes) -> Any:
@@ -154,7 +154,7 @@ def dedup_queries(urls: Iterable[str], queries: Sequence[str] | None
 
 def new_event_loop(kind: str = "asyncio") -> asyncio.AbstractEventLoop:
     """The stdlib's loop, uvloop's (ImportError where not installed), or ``auto``: uvloop's
-    where importable. uvloop halves a request's CPU (docs/scaling.md); the answers are the same."""
+    where importable. uvloop costs less CPU a request (docs/scaling.md); the answers are the same."""
     if kind not in EVENT_LOOPS:
         raise ValueError(f"event loop {kind!r}: one of {', '.join(EVENT_LOOPS)}")
     if kind != "asyncio":
