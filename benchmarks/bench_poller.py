@@ -33,9 +33,6 @@ printed with it.
     .venv/bin/python benchmarks/bench_poller.py --ranks 20000 --procs 2 --also-procs 8 --rounds 5
     .venv/bin/python benchmarks/bench_poller.py --baseline e1d5fb6 --rounds 7 \
         --pairs process:new,process-old:old,process-asyncio:new-asyncio,process:old,process-old:new
-
-``--profile PREFIX``: every ``process`` poller's child writes a cProfile of its event loop's
-thread to ``PREFIX.<pid>`` (monitor/poll/poll_process.py, ``LIGHTKEEPER_POLL_PROFILE``).
 """
 
 from __future__ import annotations
@@ -58,7 +55,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.bench_monitor_100k import cpu_of, proc_cpu, save, start, stop  # noqa: E402
-from monitor.poll.poll_process import PROFILE_ENV, ProcessPoller  # noqa: E402
+from monitor.poll.poll_process import ProcessPoller  # noqa: E402
 from monitor.poll.poller import Poller  # noqa: E402
 from tests.support.monitor_sim import raise_fd_limit  # noqa: E402
 from tests.support.virtual_ranks import VirtualRanks  # noqa: E402
@@ -179,8 +176,6 @@ def main() -> int:
                     help="poller:servers,... (pollers: new, old, process, process-asyncio, "
                          "process-old; servers: new, new-asyncio, old, new/K); default: new and "
                          "old on new and old servers, process on new, new on new/K")
-    ap.add_argument("--profile", default=None, metavar="PREFIX",
-                    help="cProfile of every process poller's child event loop: PREFIX.<pid>")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     raise_fd_limit()
@@ -190,8 +185,6 @@ def main() -> int:
         pairs = [(p, s) for p in ("new", "process", "old") for s in ("new", "old")
                  if p != "process" or s == "new"]
         pairs += [("new", f"new/{k}") for k in args.also_procs]
-    if args.profile:
-        os.environ[PROFILE_ENV] = os.path.abspath(args.profile)
     old_root = tempfile.mkdtemp(prefix="bench_poller_baseline_")
     baseline_tree(args.baseline, old_root)
     bound = {"timeout_s": 10.0, "max_concurrency": args.concurrency, "max_idle": 4 * args.ranks}

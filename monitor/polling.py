@@ -97,9 +97,7 @@ class Polling:
             if first.finished_at is not None:
                 self._poll_s = (first.finished_at - first.sent_at) or self._poll_s
         else:
-            targets = self.targets()
-            self._fit_poller(len(targets))
-            plan = self.schedule.plan(targets, view, self.clock(), self._suspects())
+            targets, plan = self._new_plan(view)
             asked = time.monotonic()
             polls = self.poller.sweep(plan.urls, queries=self.detectors.state_queries(
                 plan.urls, view=view))
@@ -122,11 +120,10 @@ class Polling:
             if plan.drilled and (plan.blocked or self.detectors.hang_look_possible(
                     view.evidence(), view.at)):
                 return
-            self._ahead = self._plan_ahead(view, None if view.polled is None
-                                           else set(view.polled))
         except Exception:
-            self._ahead = None
-            log.exception("could not ask the next sweep's ranks ahead")
+            log.exception("could not tell whether a hang may be building")
+            return
+        self._ask_ahead(view, None if view.polled is None else set(view.polled))
 
     def after_decisions(self, view: ClusterView) -> None:
         """Add the newly suspect groups to the next sweep asked already, else ask it if due.
@@ -184,20 +181,21 @@ class Polling:
         next_start = self._sweep_started + self.cfg.interval_s
         return next_start - time.monotonic() <= ASK_LEAD * self._poll_s
 
-    def _ask_ahead(self, view: ClusterView) -> None:
+    def _ask_ahead(self, view: ClusterView, kept: set[str] | None = None) -> None:
+        """Plan the next sweep from ``view`` and send its requests (``kept``: as
+        Detectors.state_queries takes it). Never raises: a failure asks nothing ahead."""
         try:
-            self._ahead = self._plan_ahead(view)
+            targets, plan = self._new_plan(view)
+            self._ahead = _Ahead(targets, plan, [self.poller.start(
+                plan.urls, queries=self.detectors.state_queries(plan.urls, kept, view))])
         except Exception:
+            self._ahead = None
             log.exception("could not ask the next sweep's ranks ahead")
 
-    def _plan_ahead(self, view: ClusterView, kept: set[str] | None = None) -> _Ahead:
-        """The next sweep's plan, made from ``view``, and its requests sent (``kept``: as
-        Detectors.state_queries takes it)."""
+    def _new_plan(self, view: ClusterView | None) -> tuple[list[Target], Plan]:
         targets = self.targets()
         self._fit_poller(len(targets))
-        plan = self.schedule.plan(targets, view, self.clock(), self._suspects())
-        return _Ahead(targets, plan, [self.poller.start(
-            plan.urls, queries=self.detectors.state_queries(plan.urls, kept, view))])
+        return targets, self.schedule.plan(targets, view, self.clock(), self._suspects())
 
     def _suspects(self) -> set[int]:
         """Groups drilled whatever their leader says: open findings, straggler candidates."""
@@ -270,39 +268,32 @@ class Polling:
             drilled = {g for g in plan.drilled if g in view.groups}
             drilled_urls = {r.url for g in drilled for r in view.groups[g].ranks}
             urls = [u for u in urls if u in drilled_urls or _leads(view, u)]
-        dumps = self._fr_part(view, [u for u in urls if u in drilled_urls], FR_DRILLED_QUERY,
-                              ahead)
+        dumps = self._fr_read(view, [u for u in urls if u in drilled_urls], FR_DRILLED_QUERY,
+                              ahead.get(FR_DRILLED_QUERY))
         leaders = [u for u in urls if u not in drilled_urls]
         if leaders and drilled and dumps and all(
                 _blocked_in_group(view.groups[g], now) for g in drilled) \
                 and drilled <= self.detectors.in_group_hangs(view, dumps, now):
             self.fr_leaders_skipped = True
             leaders = []
-        dumps.update(self._fr_part(view, leaders, FR_LEADERS_QUERY, ahead))
-        return dumps
-
-    def _fr_part(self, view: ClusterView, urls: list[str], query: str,
-                 ahead: dict[str, tuple[set[str], PollHandle]]) -> dict[int, dict]:
-        """The dumps of ``urls``: from the answers asked early where there are some."""
-        early = ahead.get(query)
-        if early is None or not urls:
-            return self._fr_read(view, urls, query)
-        asked, handle = early
-        dumps = self._fr_read(view, [u for u in urls if u not in asked], query)
-        got = handle.result()
-        wanted = [u for u in urls if u in asked]
-        dumps.update(self._fr_read(view, wanted, query, {u: got[u] for u in wanted}))
+        dumps.update(self._fr_read(view, leaders, FR_LEADERS_QUERY, ahead.get(FR_LEADERS_QUERY)))
         return dumps
 
     def _fr_read(self, view: ClusterView, urls: list[str], query: str,
-                 got: dict[str, RankPoll] | None = None) -> dict[int, dict]:
-        """``/v1/fr_trace`` + ``query`` of ``urls`` (or their answers ``got``), by rank: only
-        dumps of the verified rank that served them. A 400 (no filter) asks the whole dump."""
+                 early: tuple[set[str], PollHandle] | None) -> dict[int, dict]:
+        """``/v1/fr_trace`` + ``query`` of ``urls`` (those in ``early`` from its answers), by
+        rank: only dumps of the verified rank that served them. A 400 (no filter) asks the
+        whole dump."""
         if not urls:
             return {}
-        if got is None:
-            got = self.poller.sweep(urls, "/v1/fr_trace" + query, self.cfg.fr_timeout_s,
-                                    self.cfg.max_fr_bytes)
+        got: dict[str, RankPoll] = {}
+        if early is not None:
+            answered = early[1].result()
+            got = {u: answered[u] for u in urls if u in early[0]}
+        rest = [u for u in urls if u not in got]
+        if rest:
+            got.update(self.poller.sweep(rest, "/v1/fr_trace" + query, self.cfg.fr_timeout_s,
+                                         self.cfg.max_fr_bytes))
         refused = [u for u, p in got.items() if p.status == 400]
         if refused:
             got.update(self.poller.sweep(refused, "/v1/fr_trace", self.cfg.fr_timeout_s,

@@ -119,9 +119,7 @@ class LeaderSchedule:
             st = rv.state
             if st is None:
                 continue
-            g = st["replica_group"]  # RankView.replica_group, read once
-            if type(g) is not int:
-                g = int(g)
+            g = int(st["replica_group"])  # RankView.replica_group, read once
             if g in drilled or g not in groups:
                 continue
             out.append(u)
@@ -154,8 +152,7 @@ class LeaderSchedule:
             gv = view.groups.get(g)
             if gv is None:
                 continue
-            why = f"{BLOCKED_IN_GROUP} {secs:.1f}s"
-            drilled[g] = why
+            why = drilled[g] = f"{BLOCKED_IN_GROUP} {secs:.1f}s"
             plan.blocked.add(g)
             self._drilled_until[g] = (now + self.hold_s, why, True)
             extra += [r.url for r in gv.ranks if r.url not in polls]
@@ -180,8 +177,7 @@ class LeaderSchedule:
             plan.drilled[g] = SUSPECT
             self._drilled_until[g] = (now + self.hold_s, SUSPECT, False)
             extra += [r.url for r in groups[g].answered if r.url not in asked]
-        if extra:
-            plan.urls = plan.urls + extra
+        plan.urls = plan.urls + extra
         return extra
 
     def _rebucket(self, targets: list[Target], period: int) -> None:
@@ -211,7 +207,6 @@ class LeaderSchedule:
         blocked: set[int] = set()
         leader_urls: dict[int, str | None] = {}
         last_step = self._leader_step
-        kept = 0  # groups of ``last_step`` still here
         for g, gv in groups.items():
             lead = gv.leader
             if lead is None:
@@ -219,8 +214,6 @@ class LeaderSchedule:
                 out.setdefault(g, "no leader (group rank 0) known")
                 continue
             leader_urls[g] = lead.url
-            if g in last_step:
-                kept += 1
             if not lead.reachable:
                 out.setdefault(g, f"leader unreachable ({lead.reason})")
                 continue
@@ -238,9 +231,7 @@ class LeaderSchedule:
                     scope = secs = None  # not waiting (current_wait's answer, sooner)
                 else:
                     scope, secs = current_wait(st)
-                step = st["step"]
-                if type(step) is not int:
-                    step = int(step)
+                step = int(st["step"])
             except (TypeError, ValueError, KeyError, AttributeError):
                 out.setdefault(g, "leader state unreadable")
                 continue
@@ -256,8 +247,6 @@ class LeaderSchedule:
                 at = now
             prev = last_step.get(g)
             if prev is None or prev[0] != step:
-                if prev is None:
-                    kept += 1
                 last_step[g] = (step, at)
                 moving += 1
             elif scope != "cross" and at - prev[1] >= suspect():
@@ -269,9 +258,8 @@ class LeaderSchedule:
                 arrived.add(g)
                 if (secs or 0.0) >= suspect():
                     cross_waiting.append(g)
-        if len(last_step) > kept:  # groups gone (or without an answered rank)
-            for g in [g for g in last_step if g not in groups]:
-                del last_step[g]
+        for g in [g for g in last_step if g not in groups]:  # gone, or no rank answered
+            del last_step[g]
         if moving:  # a stuck leader behind moving ones (a job-wide stall holds every step)
             for g, step, why in others:
                 if step < newest:

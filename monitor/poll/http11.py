@@ -215,11 +215,8 @@ class Conn(asyncio.Protocol):
         self.status = int(parts[1])
         low = head.lower()
         length = _header(low, b"\ncontent-length:")
-        chunked = b"\ntransfer-encoding:" in low \
-            and _header(low, b"\ntransfer-encoding:") == b"chunked"
-        keep = parts[0] == b"HTTP/1.1" and not (
-            b"\nconnection:" in low and _header(low, b"\nconnection:") == b"close")
-        self.keep = keep
+        chunked = _header(low, b"\ntransfer-encoding:") == b"chunked"
+        self.keep = parts[0] == b"HTTP/1.1" and _header(low, b"\nconnection:") != b"close"
         limit = self.req.sweep.limit
         if length is not None:
             try:

@@ -4,7 +4,6 @@ bodies back in batches; one that dies or hangs fails its sweep's missing polls a
 
 from __future__ import annotations
 
-import argparse
 import gc
 import math
 import os
@@ -19,12 +18,10 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from .poller import EVENT_LOOPS, MAX_BODY, STATE_PATH, Poller, RankPoll, dedup_queries, rank_poll
+from .poller import MAX_BODY, STATE_PATH, Poller, RankPoll, dedup_queries, rank_poll
 
 BATCH = 256  # polls per message back
 GUARD_S = 30.0  # a child silent this long past its sweep's bound is stuck, and is killed
-# each child writes a cProfile of its loop's thread to <value>.<pid> (bench_poller.py --profile)
-PROFILE_ENV = "LIGHTKEEPER_POLL_PROFILE"
 _LEN = struct.Struct("<I")
 _ENCODE = msgspec.msgpack.Encoder().encode
 _DECODE = msgspec.msgpack.Decoder().decode
@@ -111,19 +108,21 @@ class PollHandle:
 class _Child:
     """One poller process, the sweeps sent to it and the thread reading its answers."""
 
-    def __init__(self, args: list[str]) -> None:
+    def __init__(self, lock: threading.Lock, settings: tuple) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
         # from the package's own root: the monitor's working folder may hold another `monitor`
-        self.proc = subprocess.Popen([sys.executable, "-m", "monitor.poll.poll_process", *args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "monitor.poll.poll_process"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                      cwd=_ROOT)
         self.pending: dict[int, PollHandle] = {}
         self.dead = False
-        self.lock: threading.Lock | None = None  # the ProcessPoller's, set by it
+        self.lock = lock  # the ProcessPoller's
         self.write_lock = threading.Lock()
         self.reader = threading.Thread(target=self._read, name="lightkeeper-poll-reader",
                                        daemon=True)
+        self.reader.start()
+        self.send(settings)
 
     def send(self, msg: Any) -> None:
         try:
@@ -192,13 +191,9 @@ class ProcessPoller:
         return self._child.proc.pid if self._child is not None else None
 
     def _spawn(self) -> _Child:
-        child = _Child(["--timeout", repr(self.timeout_s),
-                        "--concurrency", str(self.max_concurrency),
-                        "--max-bytes", str(self.max_bytes), "--event-loop", self.event_loop])
-        child.lock = self._lock
-        child.reader.start()
-        self._child = child
-        return child
+        self._child = _Child(self._lock, (self.timeout_s, self.max_concurrency, self.max_bytes,
+                                          self.event_loop))
+        return self._child
 
     def start(self, urls: Iterable[str], path: str = STATE_PATH,
               timeout_s: float | None = None, max_bytes: int | None = None,
@@ -252,13 +247,17 @@ class ProcessPoller:
 
 
 # --- the child ------------------------------------------------------------------------------
-def _serve(args: argparse.Namespace) -> None:
+def _serve() -> None:
+    """The child: its settings, then one sweep a message, from stdin until it ends."""
     # the answers go over the original stdout; a stray print goes to stderr, never into them
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     inp = sys.stdin.buffer
-    poller = Poller(args.timeout, args.concurrency, max_bytes=args.max_bytes,
-                    event_loop=args.event_loop)
+    settings = _read_frame(inp)
+    if settings is None:  # the monitor went before it said anything
+        return
+    timeout, concurrency, max_bytes, event_loop = settings
+    poller = Poller(timeout, concurrency, max_bytes=max_bytes, event_loop=event_loop)
     frames: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
 
     def write() -> None:  # off the event loop: a slow reader never stalls the requests
@@ -271,12 +270,6 @@ def _serve(args: argparse.Namespace) -> None:
 
     writer = threading.Thread(target=write, name="lightkeeper-poll-writer", daemon=True)
     writer.start()
-    profile = os.environ.get(PROFILE_ENV)
-    if profile:
-        import cProfile
-
-        profiler = cProfile.Profile()
-        poller._loop.call_soon_threadsafe(profiler.enable)
     try:
         while (msg := _read_frame(inp)) is not None:
             rid, urls, path, timeout, limit, max_idle, queries = msg
@@ -296,23 +289,8 @@ def _serve(args: argparse.Namespace) -> None:
     finally:
         frames.put(None)
         writer.join(timeout=30)
-        if profile:
-            done = threading.Event()
-            poller._loop.call_soon_threadsafe(lambda: (profiler.disable(), done.set()))
-            done.wait(10)
-            profiler.dump_stats(f"{profile}.{os.getpid()}")
         poller.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="the monitor's poller process (started by it)")
-    ap.add_argument("--timeout", type=float, required=True)
-    ap.add_argument("--concurrency", type=int, required=True)
-    ap.add_argument("--max-bytes", type=int, required=True)
-    ap.add_argument("--event-loop", choices=EVENT_LOOPS, default="auto")
-    _serve(ap.parse_args(argv))
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    _serve()

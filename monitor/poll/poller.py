@@ -43,52 +43,43 @@ class RankPoll:
     at: float = field(default_factory=time.time)
 
 
+@dataclass(slots=True, eq=False)
 class _Request:
     """One GET in flight (``i``: its place in the sweep's URLs)."""
 
-    __slots__ = ("sweep", "i", "url", "key", "wire", "start", "deadline", "conn",
-                 "connecting", "reused", "done", "shed")
-
-    def __init__(self, sweep: _Sweep, i: int, url: str, key: tuple[str, int], wire: bytes,
-                 start: float, deadline: float) -> None:
-        self.sweep = sweep
-        self.i = i
-        self.url = url
-        self.key = key
-        self.wire = wire
-        self.start = start
-        self.deadline = deadline
-        self.conn: Conn | None = None
-        self.connecting: asyncio.Task | None = None
-        self.reused = False
-        self.done = False
-        self.shed = False  # idle connections were closed to make room for its connect
+    sweep: _Sweep
+    i: int
+    url: str
+    key: tuple[str, int]
+    wire: bytes
+    start: float
+    deadline: float
+    conn: Conn | None = None
+    connecting: asyncio.Task | None = None
+    reused: bool = False
+    done: bool = False
+    shed: bool = False  # idle connections were closed to make room for its connect
 
 
+@dataclass(slots=True, eq=False)
 class _Sweep:
     """One call of :meth:`Poller.sweep`: its URLs, rows done, and requests in deadline order."""
 
-    __slots__ = ("urls", "next", "path", "queries", "timeout", "limit", "active",
-                 "waiter", "inflight", "timer", "launching", "on_rows", "rows", "per_batch")
-
-    def __init__(self, urls: list[str], path: bytes, timeout: float, limit: int,
-                 waiter: asyncio.Future, on_rows: Callable[[list[tuple]], None] | None,
-                 per_batch: int, queries: list[bytes] | None) -> None:
-        self.on_rows = on_rows
-        self.rows: list[tuple] = []
-        self.per_batch = per_batch
-        self.urls = urls
-        self.next = 0
-        self.path = path
-        self.queries = queries  # per URL, appended to ``path`` (None: none)
-        self.timeout = timeout
-        self.limit = limit
-        self.active = 0
-        self.waiter = waiter
-        # one timeout for all, so start order is deadline order: one timer, not one per request
-        self.inflight: deque[_Request] = deque()
-        self.timer: asyncio.TimerHandle | None = None
-        self.launching = False
+    urls: list[str]
+    path: bytes
+    timeout: float
+    limit: int
+    waiter: asyncio.Future
+    on_rows: Callable[[list[tuple]], None] | None
+    per_batch: int
+    queries: list[bytes] | None  # per URL, appended to ``path``
+    next: int = 0
+    active: int = 0
+    rows: list[tuple] = field(default_factory=list)
+    # one timeout for all, so start order is deadline order: one timer, not one per request
+    inflight: deque[_Request] = field(default_factory=deque)
+    timer: asyncio.TimerHandle | None = None
+    launching: bool = False
 
     def row(self, row: tuple) -> None:
         """A request is done; full batches are handed on to ``on_rows`` at once."""
@@ -100,7 +91,7 @@ class _Sweep:
             self.on_rows(rows)
 
 
-_DECODE = msgspec.json.Decoder().decode  # hot: ~15,000 answers a sweep at 100,000 ranks
+_DECODE = msgspec.json.Decoder().decode  # hot: every answer of every sweep
 
 
 def _json(body: bytes) -> Any:
@@ -124,13 +115,12 @@ def judge_body(url: str, body: bytes, latency_s: float, at: float | None = None,
             pack_state(data)
         return RankPoll(url, True, data, None, None, None, latency_s, at)
     except PollError as e:
-        return RankPoll(url, False, reason=e.reason, error=str(e), latency_s=latency_s, at=at)
+        reason, error = e.reason, str(e)
     except ValueError as e:
-        return RankPoll(url, False, reason="bad_response", error=f"not JSON: {e}",
-                        latency_s=latency_s, at=at)
+        reason, error = "bad_response", f"not JSON: {e}"
     except Exception as e:  # RecursionError on deep nesting
-        return RankPoll(url, False, reason="bad_response", error=f"{type(e).__name__}: {e}",
-                        latency_s=latency_s, at=at)
+        reason, error = "bad_response", f"{type(e).__name__}: {e}"
+    return RankPoll(url, False, reason=reason, error=error, latency_s=latency_s, at=at)
 
 
 def rank_poll(url: str, row: tuple, state: bool) -> RankPoll:
@@ -164,7 +154,7 @@ def dedup_queries(urls: Iterable[str], queries: Sequence[str] | None
 
 def new_event_loop(kind: str = "asyncio") -> asyncio.AbstractEventLoop:
     """The stdlib's loop, uvloop's (ImportError where not installed), or ``auto``: uvloop's
-    where importable. uvloop halves a request's CPU (docs/scaling.md); the answers are the same."""
+    where importable. uvloop costs less CPU a request (docs/scaling.md); the answers are the same."""
     if kind not in EVENT_LOOPS:
         raise ValueError(f"event loop {kind!r}: one of {', '.join(EVENT_LOOPS)}")
     if kind != "asyncio":
