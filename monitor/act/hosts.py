@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from typing import Any
 
 from monitor.config import QuarantineConfig
@@ -140,10 +141,6 @@ class HostLedger:
                 if not by:
                     del self._rids[host]
 
-    def _on_host(self, host: str) -> set[str]:
-        """Replica ids of the observed view's live ranks on ``host``."""
-        return set(self._rids.get(host, ()))
-
     def known_hosts(self, view: Any) -> set[str]:
         with self._lock:
             if view is not None and view is self._observed:
@@ -213,9 +210,7 @@ class HostLedger:
                 if h["state"] != SUSPECT:
                     continue
                 offences = self._counting_offences(h, now)
-                counts: dict[str, int] = {}
-                for o in offences:
-                    counts[o["kind"]] = counts.get(o["kind"], 0) + 1
+                counts = dict(Counter(o["kind"] for o in offences))
                 due = sorted(k for k, n in counts.items()
                              if self.cfg.after.get(k, 0) >= 1 and n >= self.cfg.after[k])
                 if not due:
@@ -278,7 +273,7 @@ class HostLedger:
                  expires_at=now + self.cfg.ttl_s, finding_id=last.get("finding_id"),
                  present_replica_ids=sorted({str(o.get("replica_id")) for o in
                                              evidence["offences"] if o.get("replica_id")}
-                                            | self._on_host(h["host"])),
+                                            | set(self._rids.get(h["host"], ()))),
                  released_at=None, release_reason=None)
         self._set_state(h, QUARANTINED, now)
         self._save(h, now)
@@ -416,10 +411,7 @@ class HostLedger:
 
     def counts(self) -> dict[str, int]:
         with self._lock:
-            out = dict.fromkeys(STATES, 0)
-            for h in self.hosts.values():
-                out[h["state"]] = out.get(h["state"], 0) + 1
-        return out
+            return {**dict.fromkeys(STATES, 0), **Counter(h["state"] for h in self.hosts.values())}
 
     def quarantined(self) -> list[str]:
         with self._lock:
