@@ -141,6 +141,10 @@ class HostLedger:
                 if not by:
                     del self._rids[host]
 
+    def _on_host(self, host: str) -> set[str]:
+        """Replica ids of the observed view's live ranks on ``host``."""
+        return set(self._rids.get(host, ()))
+
     def known_hosts(self, view: Any) -> set[str]:
         with self._lock:
             if view is not None and view is self._observed:
@@ -273,7 +277,7 @@ class HostLedger:
                  expires_at=now + self.cfg.ttl_s, finding_id=last.get("finding_id"),
                  present_replica_ids=sorted({str(o.get("replica_id")) for o in
                                              evidence["offences"] if o.get("replica_id")}
-                                            | set(self._rids.get(h["host"], ()))),
+                                            | self._on_host(h["host"])),
                  released_at=None, release_reason=None)
         self._set_state(h, QUARANTINED, now)
         self._save(h, now)
