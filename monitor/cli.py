@@ -107,15 +107,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="timeout of each /v1/state request, seconds (%(default)s)")
     p.add_argument("--fr-timeout", dest="fr_timeout_s", type=float, default=c.fr_timeout_s,
                    help="timeout of each /v1/fr_trace request, seconds (%(default)s)")
-    p.add_argument("--token", help="admin bearer token for POST /v1/evict and host release (env "
-                                   "LIGHTKEEPER_TOKEN); without one they are disabled. Also "
-                                   "admits registrations: give ranks --register-token instead")
+    p.add_argument("--token", help="admin bearer token for POST /v1/evict and host release "
+                                   "(env LIGHTKEEPER_TOKEN); without one they are disabled")
     p.add_argument("--register-token", help="bearer token that admits POST /v1/targets only, "
                                             "the one ranks hold (env LIGHTKEEPER_REGISTER_TOKEN)")
     p.add_argument("--allow-targets", type=_csv,
-                   help="without the token, only these may register: CIDRs, IPs, host names or "
-                        "patterns (*.example), judged on resolved addresses (default: loopback "
-                        "and the hosts of --targets)")
+                   help="without a token, who may register: CIDRs, IPs, host names or patterns "
+                        "(default: loopback and the hosts of --targets)")
     p.add_argument("--max-targets", type=int, default=c.max_targets,
                    help="most targets the monitor knows; new registrations beyond are refused "
                         "(%(default)s)")
@@ -154,54 +152,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--job-baseline-windows", type=int, default=d.job_baseline_windows,
                    help="healthy windows seen before job_slow is judged (%(default)s)")
     p.add_argument("--leader-polling", choices=("auto", "on", "off"), default=c.leader_polling,
-                   help="poll each replica group's rank 0 every sweep and the other ranks every "
-                        "--member-interval, drilling into a group whose leader looks wrong "
-                        f"(auto: from {c.leader_polling_min_ranks:,} targets; docs/scaling.md)")
+                   help="poll each group's rank 0 every sweep, the others every --member-interval"
+                        f" (auto: from {c.leader_polling_min_ranks:,} targets; docs/scaling.md)")
     p.add_argument("--member-interval", dest="member_interval_s", type=float,
                    default=c.member_interval_s,
                    help="leader polling: seconds between polls of a non-leader rank "
                         "(%(default)s)")
     p.add_argument("--rank-exit-token",
-                   help="bearer token of the ranks' POST /v1/exit (env LIGHTKEEPER_EXIT_TOKEN): "
-                        "ranks of an evicted group still answering --orphan-grace seconds after "
-                        "the kill (which reaches group rank 0 only) are told to exit; without "
-                        "it they are reported")
+                   help="the ranks' bearer token (env LIGHTKEEPER_EXIT_TOKEN): an evicted group's "
+                        "other ranks are told to exit, survivors to abort; without it, reported")
     p.add_argument("--no-abort-survivors", dest="abort_survivors", action="store_false",
-                   help="with --rank-exit-token the ranks blocked in a collective with a replica "
-                        "group gone from the quorum (the Lighthouse no longer hears it and no "
-                        "rank reports it) are told to abort it (POST /v1/abort) instead of "
-                        "waiting for their process group's timeout; this turns that off")
+                   help="never tell ranks blocked with a group gone from the quorum to abort")
     p.add_argument("--orphan-grace", dest="orphan_grace_s", type=float, default=c.orphan_grace_s,
                    help="seconds after a kill before the group's remaining ranks are told to "
                         "exit or reported (%(default)s)")
     p.add_argument("--lighthouse-heartbeat-timeout-ms", type=_positive_int,
-                   help="the heartbeat_timeout_ms the Lighthouse was started with, if known: "
-                        "the monitor warns when it makes recovery slow (docs/lighthouse.md); it "
-                        "also infers it from the Lighthouse's /status")
+                   help="the Lighthouse's heartbeat_timeout_ms, if known (docs/lighthouse.md)")
     p.add_argument("--lighthouse-join-timeout-ms", type=_positive_int,
                    help="the Lighthouse's join_timeout_ms, if known (docs/lighthouse.md)")
     p.add_argument("--expected-groups", type=_positive_int,
                    help="replica groups the job should run with: the goodput ledger's "
                         "capacity (default: the number of replica groups ever seen)")
     pr, pd = p.add_argument_group("network probes (docs/monitor.md, Network faults)"), ProbeConfig()
-    pr.add_argument("--no-probes", dest="probes_enabled", action="store_false",
-                    help="never ask the ranks to probe each other: a network fault's host is "
-                         "not looked for")
-    pr.add_argument("--probe-bytes", type=_positive_int, default=pd.size_bytes,
+    pr.add_argument("--no-probes", dest="probe_enabled", action="store_false",
+                    help="never ask the ranks to probe each other")
+    pr.add_argument("--probe-bytes", dest="probe_size_bytes", type=_positive_int,
+                    default=pd.size_bytes,
                     help="bytes each probed link transfers (%(default)s)")
-    pr.add_argument("--probe-timeout", type=float, default=pd.timeout_s,
+    pr.add_argument("--probe-timeout", dest="probe_timeout_s", type=float, default=pd.timeout_s,
                     help="seconds a rank waits for each peer (%(default)s)")
-    pr.add_argument("--probe-interval", type=float, default=pd.interval_s,
-                    help="at most one probe round per this many seconds, only while job_stall "
-                         "or job_slow is open (%(default)s)")
+    pr.add_argument("--probe-interval", dest="probe_interval_s", type=float,
+                    default=pd.interval_s,
+                    help="at most one probe round per this many seconds (%(default)s)")
     pr.add_argument("--probe-peers", type=_positive_int, default=pd.peers,
                     help="peers each host's rank probes per round (%(default)s)")
     pr.add_argument("--probe-rounds", type=_positive_int, default=pd.rounds,
-                    help="consecutive rounds naming the same host to confirm a network finding "
-                         "(%(default)s)")
+                    help="rounds naming one host to confirm a network finding (%(default)s)")
     pr.add_argument("--probe-slow-ratio", type=float, default=pd.slow_ratio,
-                    help="a link slower than this fraction of the other links' median is bad "
-                         "(%(default)s)")
+                    help="a link below this fraction of the links' median is bad (%(default)s)")
     q = p.add_argument_group("host quarantine (docs/quarantine.md)")
     q.add_argument("--quarantine-after", type=_kind_counts, default={},
                    help="quarantine a host after N confirmed findings of a kind within the "
@@ -212,8 +200,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     q.add_argument("--quarantine-ttl", type=float, default=qd.ttl_s,
                    help="seconds a quarantine lasts before it is released (%(default)s)")
     q.add_argument("--max-quarantined", type=float, default=qd.max_quarantined,
-                   help="most hosts quarantined at once: a count (>= 1) or a fraction (< 1) of "
-                        "the hosts the monitor knows, at least one (%(default)s)")
+                   help="most hosts quarantined at once: a count or a fraction (%(default)s)")
     q.add_argument("--quarantine-dry-run", action="store_true",
                    help="decide and log quarantines, carry none out")
     q.add_argument("--action", dest="actions", action="append", default=[],
@@ -230,21 +217,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(app.kubernetes.io/component=training)")
     sh = p.add_argument_group("several monitors (docs/scaling.md, Beyond one machine)")
     sh.add_argument("--shard", type=_shard, metavar="I/N",
-                    help="poll and analyze only the replica groups of slice I of N (Prometheus' "
-                         "hashmod of the group id) and propose their evictions to the leader "
-                         "in etcd")
+                    help="poll only slice I of N of the replica groups; propose their evictions "
+                         "to the leader in etcd")
     sh.add_argument("--shards", type=_positive_int, metavar="N",
                     help="the slice count, for a leader candidate that owns no slice (--lead)")
     sh.add_argument("--lead", action="store_true",
-                    help="campaign for the one leader (an etcd lease), which applies the global "
-                         "rails and sends the Lighthouse kills")
+                    help="campaign for the leader, which applies the global rails and kills")
     sh.add_argument("--etcd", default=os.environ.get("LIGHTKEEPER_ETCD"),
                     help="etcd client URL, http://host:2379 (env LIGHTKEEPER_ETCD)")
     sh.add_argument("--etcd-prefix", default="/lightkeeper",
                     help="etcd key prefix; the job's keys are under PREFIX/<job>/ (%(default)s)")
     sh.add_argument("--lease-ttl", type=_positive_int, default=10,
-                    help="seconds of the leader's and each shard's etcd lease: how long a dead "
-                         "leader or shard goes unnoticed (%(default)s)")
+                    help="seconds of the leader's and shards' etcd leases (%(default)s)")
     p.add_argument("--log-level", default="INFO", help="logging level (%(default)s)")
 
 
@@ -283,10 +267,8 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
         rails=RailsConfig(min_replicas=args.min_replicas, cooldown_s=args.cooldown,
                           min_reachable_fraction=args.min_reachable, dry_run=args.dry_run,
                           evict_kinds=tuple(args.evict_on)),
-        probes=ProbeConfig(enabled=args.probes_enabled, size_bytes=args.probe_bytes,
-                           timeout_s=args.probe_timeout, interval_s=args.probe_interval,
-                           peers=args.probe_peers, rounds=args.probe_rounds,
-                           slow_ratio=args.probe_slow_ratio),
+        probes=ProbeConfig(**{f.name: given[f"probe_{f.name}"] for f in fields(ProbeConfig)
+                              if f"probe_{f.name}" in given}),
         quarantine=QuarantineConfig(
             after={**QUARANTINE_AFTER, **args.quarantine_after},
             window_s=args.quarantine_window, ttl_s=args.quarantine_ttl,
@@ -317,7 +299,6 @@ def run(args: argparse.Namespace) -> int:
     from .service import Monitor
 
     warn_about_tokens(cfg)
-
     try:
         monitor = Monitor(cfg).start()
     except ConfigError as e:  # e.g. --action k8s without lightkube or a cluster configuration

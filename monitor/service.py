@@ -20,7 +20,7 @@ from typing import Any
 
 from http_serving import BackgroundWSGIServer, http_url
 
-from .act.actions import Lighthouse, Orphans, RankExits
+from .act.actions import Lighthouse, Orphans, RankCalls
 from .act.enforcer import Enforcer
 from .act.hosts import HostLedger
 from .act.sinks import SinkConfigError, build_sink, validate_action
@@ -111,7 +111,7 @@ class Monitor:
         self.hosts = HostLedger(self.store, cfg.quarantine, _sinks(cfg), cfg.job, clock)
         self.enforcer = Enforcer(
             cfg, self.store, self.detectors, self.hosts, self.lighthouse,
-            Orphans(RankExits(cfg.rank_exit_token, cfg.kill_timeout_s), cfg.orphan_grace_s),
+            Orphans(RankCalls(cfg.rank_exit_token, cfg.kill_timeout_s), cfg.orphan_grace_s),
             self.lh_settings, self.metrics, self.blind_reason, clock)
         self.goodput = GoodputAccount(self.store, cfg.expected_groups, cfg.interval_s,
                                       self.metrics)

@@ -21,8 +21,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from monitor.act.sinks import SinkConfigError, build_sink
-from monitor.act.sinks.hooks import SIGNATURE_HEADER, signature_matches
-from monitor.act.sinks.slurm import SlurmSink
+from monitor.act.sinks.hooks import SIGNATURE_HEADER, SlurmSink, signature_matches
 from tests.conftest import require_binary
 
 EVENT = {"event": "quarantine", "host": "h1", "node": "node-1", "devices": ["cuda:1 GPU-x"],

@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from lightkeeper.cluster import stop_process, wait_until
-from monitor.act.actions import Orphans, RankExits
+from monitor.act.actions import Orphans, RankCalls
 from worker_server.app import create_app
 from worker_server.state import RankIdentity, RankState
 
@@ -74,9 +74,9 @@ def hung_rank(tmp_path):
 
 def test_a_hung_rank_exits_when_told(hung_rank):
     proc, url, log = hung_rank
-    assert RankExits("wrong").exit(url, "x").http_status == 401
+    assert RankCalls("wrong").exit(url, "x").http_status == 401
     assert proc.poll() is None
-    res = RankExits(TOKEN).exit(url, "replica r was evicted")
+    res = RankCalls(TOKEN).exit(url, "replica r was evicted")
     assert res.sent and res.http_status == 202
     wait_until(lambda: proc.poll() is not None, 10, what="the hung rank to exit")
     assert proc.returncode == 1
@@ -92,7 +92,7 @@ class FakeRank:
 
 
 def test_orphans_reported_without_a_token_after_the_grace():
-    o = Orphans(RankExits(None), grace_s=5)
+    o = Orphans(RankCalls(None), grace_s=5)
     ranks = [FakeRank("http://127.0.0.1:1", 3)]
     assert o.follow(1, "rid", ranks, since_kill_s=2) is None  # within the grace
     note = o.follow(1, "rid", ranks, since_kill_s=6)
@@ -103,7 +103,7 @@ def test_orphans_reported_without_a_token_after_the_grace():
 
 def test_orphans_told_once_then_again_if_still_there(hung_rank):
     proc, url, _ = hung_rank
-    o = Orphans(RankExits(TOKEN), grace_s=0)
+    o = Orphans(RankCalls(TOKEN), grace_s=0)
     rank = FakeRank(url, 3)
     note = o.follow(7, "rid", [rank], since_kill_s=0.5)
     assert "told rank(s)" in note and "exiting" in note

@@ -57,26 +57,41 @@ class Lighthouse:
         self._session.close()
 
 
-class RankExits:
-    """Tell one rank to exit: ``POST {rank}/v1/exit`` with the exit token (obeyed only by a
-    rank started with a matching ``LIGHTKEEPER_EXIT_TOKEN``). Never raises."""
+class RankCalls:
+    """The ranks' token-guarded endpoints, ``POST /v1/exit`` and ``/v1/abort`` (a rank started
+    without a matching ``LIGHTKEEPER_EXIT_TOKEN`` refuses them). Never raises."""
 
     def __init__(self, token: str | None, timeout_s: float = 2.0) -> None:
         self.token = token
         self.timeout_s = timeout_s
         self._session = requests.Session()
 
-    def exit(self, url: str, reason: str) -> Outcome:
+    def _post(self, url: str, path: str, body: dict) -> requests.Response | Outcome:
         if not self.token:
             return Outcome(False, None, "no --rank-exit-token")
         try:
-            r = self._session.post(f"{url.rstrip('/')}/v1/exit", json={"reason": reason},
-                                   headers={"Authorization": f"Bearer {self.token}"},
-                                   timeout=self.timeout_s)
+            return self._session.post(f"{url.rstrip('/')}{path}", json=body,
+                                      headers={"Authorization": f"Bearer {self.token}"},
+                                      timeout=self.timeout_s)
         except requests.RequestException as e:
             return Outcome(False, None, f"unreachable: {type(e).__name__}")
+
+    def exit(self, url: str, reason: str) -> Outcome:
+        r = self._post(url, "/v1/exit", {"reason": reason})
+        if isinstance(r, Outcome):
+            return r
         if r.status_code in (200, 202):
             return Outcome(True, r.status_code, "exiting")
+        return Outcome(False, r.status_code, f"HTTP {r.status_code}: {r.text[:120]}")
+
+    def abort(self, url: str, reason: str, decision: int | None) -> Outcome:
+        r = self._post(url, "/v1/abort", {"reason": reason, "decision": decision})
+        if isinstance(r, Outcome):
+            return r
+        if r.status_code == 202:
+            body = r.json() if r.headers.get("content-type", "").startswith(
+                "application/json") else {}
+            return Outcome(True, 202, body.get("mechanism", "aborted"))
         return Outcome(False, r.status_code, f"HTTP {r.status_code}: {r.text[:120]}")
 
     def close(self) -> None:
@@ -89,7 +104,7 @@ class Orphans:
 
     RETELL_S = 5.0
 
-    def __init__(self, exits: RankExits, grace_s: float) -> None:
+    def __init__(self, exits: RankCalls, grace_s: float) -> None:
         self.exits = exits
         self.grace_s = grace_s
         self._told: dict[str, float] = {}  # rank URL -> seconds after the kill it was told

@@ -1,12 +1,8 @@
 """When a ``dead`` finding counts against its host: once the Lighthouse agrees the group is gone.
 
-The monitor calls a group dead when it cannot reach its ranks; so would a monitor cut off from
-that host, and so would a job that ended. A dead finding therefore reaches the host ledger only
-once the Lighthouse no longer hears the group's heartbeat (torchft leaves it out of the next
-quorum), when the monitor did not evict that incarnation itself (its end is the eviction's, not
-the host's), and while at least as many groups live on (reachable and heartbeating) as are dead
-(a job ending, or most of it gone at once, is no one host's fault). With the Lighthouse
-unreadable it waits; a finding resolved first is never counted.
+A monitor cut off from a host, or a job that ended, also sees dead groups: a dead finding counts
+only once the Lighthouse no longer hears the group, the monitor did not evict it, and at least
+as many groups live on as are dead. A finding resolved first is never counted.
 """
 
 from __future__ import annotations
@@ -20,6 +16,8 @@ from monitor.evidence.view import ClusterView
 
 
 class DeadGroups:
+    """Dead findings waiting for the Lighthouse to agree."""
+
     def __init__(self) -> None:
         self.pending: dict[tuple, Finding] = {}  # confirmed, not yet agreed
 

@@ -20,11 +20,11 @@ from ..evidence.lighthouse_settings import LighthouseSettingsWatch
 from ..evidence.lighthouse_status import LighthouseStatus
 from ..evidence.view import ClusterView
 from ..store import Store
-from .actions import Lighthouse, Orphans
+from .actions import Lighthouse, Orphans, RankCalls
 from .dead import DeadGroups
 from .decisions import Decision, Situation, decide
 from .hosts import HostLedger
-from .survivors import RankAborts, Survivors
+from .survivors import Survivors
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ class Enforcer:
         self._last_decision: dict[tuple, str] = {}  # finding key -> the hold last recorded
         self._lock = threading.Lock()  # one decision at a time (the loop, the API)
         self._host_actions: threading.Thread | None = None
-        self.dead = DeadGroups()  # dead findings waiting for the Lighthouse to agree
-        self.survivors = Survivors(RankAborts(cfg.rank_exit_token if cfg.abort_survivors
+        self.dead = DeadGroups()
+        self.survivors = Survivors(RankCalls(cfg.rank_exit_token if cfg.abort_survivors
                                               else None, cfg.kill_timeout_s),
                                    store, metrics, cfg.job, cfg.rails.dry_run)
 

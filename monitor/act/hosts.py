@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 from typing import Any
 
 from monitor.config import QuarantineConfig
@@ -213,9 +214,7 @@ class HostLedger:
                 if h["state"] != SUSPECT:
                     continue
                 offences = self._counting_offences(h, now)
-                counts: dict[str, int] = {}
-                for o in offences:
-                    counts[o["kind"]] = counts.get(o["kind"], 0) + 1
+                counts = dict(Counter(o["kind"] for o in offences))
                 due = sorted(k for k, n in counts.items()
                              if self.cfg.after.get(k, 0) >= 1 and n >= self.cfg.after[k])
                 if not due:
@@ -416,10 +415,7 @@ class HostLedger:
 
     def counts(self) -> dict[str, int]:
         with self._lock:
-            out = dict.fromkeys(STATES, 0)
-            for h in self.hosts.values():
-                out[h["state"]] = out.get(h["state"], 0) + 1
-        return out
+            return {**dict.fromkeys(STATES, 0), **Counter(h["state"] for h in self.hosts.values())}
 
     def quarantined(self) -> list[str]:
         with self._lock:

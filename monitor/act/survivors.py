@@ -1,21 +1,8 @@
 """Let the survivors out of a collective whose peer group is gone: ``POST /v1/abort``.
 
-When a group's host drops off the network (or a partitioned group is evicted), its TCP
-connections never close on the survivors' side, so they sit in torchft's cross-group all_reduce
-until the process group's timeout (60 s at torchft's default). The monitor knows within a
-second or two, from two vantage points that must agree before it acts:
-
-- the Lighthouse no longer hears the group's heartbeat, although the group is still a
-  participant of the newest quorum (so the survivors' collective includes it), and
-- no rank the monitor reaches reports the group's replica id (unreachable, or gone).
-
-Then every verified rank of the other groups in that quorum that is blocked in the cross-group
-collective is told to abort it (the rank fails the collective, the step does not commit, torchft
-forms the next quorum without the gone group; the process trains on). Nothing is aborted while
-the monitor is blind (the Lighthouse unreadable, or too few ranks reachable): a partition that
-cuts the monitor off from healthy ranks leaves their heartbeats at the Lighthouse, so they are
-never "gone". Each survivor is told once per gone replica id; every abort is in the audit log
-(decision ``abort``).
+Gone: in the newest quorum, unheard by the Lighthouse and reported by no reachable rank. Every
+verified rank blocked with it in the cross-group collective is told to abort it, once; nothing
+while the monitor is blind (docs/monitor.md, Cutting the survivors' wait).
 """
 
 from __future__ import annotations
@@ -24,43 +11,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import requests
-
 from ..detect import collective_wait
 from ..evidence.lighthouse_status import LighthouseStatus
 from ..evidence.view import ClusterView, RankView
-from .actions import Outcome, rank_name
+from .actions import RankCalls, rank_name
 
 log = logging.getLogger(__name__)
-
-
-class RankAborts:
-    """``POST {rank}/v1/abort`` with the ranks' exit token (a rank without it answers 403).
-    Never raises."""
-
-    def __init__(self, token: str | None, timeout_s: float = 2.0) -> None:
-        self.token = token
-        self.timeout_s = timeout_s
-        self._session = requests.Session()
-
-    def abort(self, url: str, reason: str, decision: int | None) -> Outcome:
-        if not self.token:
-            return Outcome(False, None, "no --rank-exit-token")
-        try:
-            r = self._session.post(f"{url.rstrip('/')}/v1/abort",
-                                   json={"reason": reason, "decision": decision},
-                                   headers={"Authorization": f"Bearer {self.token}"},
-                                   timeout=self.timeout_s)
-        except requests.RequestException as e:
-            return Outcome(False, None, f"unreachable: {type(e).__name__}")
-        if r.status_code == 202:
-            body = r.json() if r.headers.get("content-type", "").startswith(
-                "application/json") else {}
-            return Outcome(True, 202, body.get("mechanism", "aborted"))
-        return Outcome(False, r.status_code, f"HTTP {r.status_code}: {r.text[:120]}")
-
-    def close(self) -> None:
-        self._session.close()
 
 
 @dataclass(frozen=True)
@@ -121,7 +77,7 @@ class Survivors:
     """Each sweep: :meth:`release` the survivors of groups that are gone. ``store``: the audit
     log; ``dry_run``: decide and record, send nothing."""
 
-    def __init__(self, aborts: RankAborts, store: Any, metrics: Any, job: str,
+    def __init__(self, aborts: RankCalls, store: Any, metrics: Any, job: str,
                  dry_run: bool = False) -> None:
         self.aborts, self.store, self.metrics, self.job = aborts, store, metrics, job
         self.dry_run = dry_run
@@ -159,13 +115,10 @@ class Survivors:
                 continue
             res = self.aborts.abort(r.url, reason, did)
             outcomes.append(f"{rank_name(r)}: {res.detail}")
-        sent = not self.dry_run
         detail = f"{reason}; survivors blocked in the cross-group collective told to abort " \
                  f"it (POST /v1/abort): " + "; ".join(outcomes)
-        if sent:
-            self.store.update_decision(did, status="sent", detail=detail)
-        else:
-            self.store.update_decision(did, detail=detail)
+        self.store.update_decision(did, detail=detail,
+                                   **({} if self.dry_run else {"status": "sent"}))
         self.metrics.decisions.labels(self.job, "abort", "peer_gone").inc()
         log.warning("%s", detail)
         return {"id": did, "replica_group": gone.replica_group, "replica_id": gone.replica_id,

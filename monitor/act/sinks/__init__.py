@@ -7,6 +7,7 @@ Every sink has ``quarantine(event)`` and ``release(event)``, one attempt each, r
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from .base import ActionResult, Sink, SinkConfigError
@@ -23,7 +24,6 @@ def validate_action(spec: str) -> None:
     if spec in ("k8s", "kubernetes", "slurm"):
         return
     if kind == "exec" and arg.strip():
-        import shlex
         try:
             if not shlex.split(arg):
                 raise SinkConfigError(f"--action {spec!r}: empty command")
@@ -46,10 +46,9 @@ def build_sink(spec: str, *, timeout_s: float = 10.0, webhook_secret: str | None
         from .kubernetes import KubernetesSink
         return KubernetesSink.from_env(namespace=k8s_namespace, pod_selector=k8s_pod_selector,
                                        timeout_s=timeout_s, client=k8s_client)
+    from .hooks import ExecSink, SlurmSink, WebhookSink
     if spec == "slurm":
-        from .slurm import SlurmSink
         return SlurmSink(timeout_s=timeout_s)
-    from .hooks import ExecSink, WebhookSink
     if kind == "exec":
         return ExecSink(arg, timeout_s=timeout_s)
     return WebhookSink(arg, secret=webhook_secret, timeout_s=timeout_s)

@@ -1,5 +1,6 @@
-"""Two generic sinks: an exec hook (``exec:CMD``, the event's JSON on stdin) and a signed
-webhook (``webhook:URL``, HMAC-SHA256 of the body). Contract and retries: docs/quarantine.md.
+"""The command and HTTP sinks: an exec hook (``exec:CMD``, the event's JSON on stdin), Slurm
+(``scontrol update``, one argv entry per word, no shell) and a signed webhook (``webhook:URL``,
+HMAC-SHA256 of the body). Contract and retries: docs/quarantine.md.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from .base import ActionResult, SinkConfigError
 
 SIGNATURE_HEADER = "X-Lightkeeper-Signature"
 EVENT_HEADER = "X-Lightkeeper-Event"
+SCONTROL = "scontrol"
 
 
 def event_bytes(event: dict[str, Any]) -> bytes:
@@ -34,6 +36,26 @@ def signature_matches(secret: str, body: bytes, header: str | None) -> bool:
     return bool(header) and hmac.compare_digest(sign(secret, body), header)
 
 
+def run_command(argv: list[str], shown: str, timeout_s: float, stdin: bytes | None = None,
+                env: dict[str, str] | None = None) -> tuple[ActionResult, str]:
+    """One run of ``argv`` (no shell), killed after ``timeout_s``; ``shown``: how the detail
+    names it. Returns the result and the command's stderr tail; never raises."""
+    try:
+        p = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout_s, env=env,
+                           check=False)
+    except FileNotFoundError:
+        return ActionResult(False, f"{argv[0]} not found", retry=False), ""
+    except subprocess.TimeoutExpired:
+        return ActionResult(False, f"{shown} did not finish within {timeout_s:g}s (killed)"), ""
+    except OSError as e:  # a file that is not executable: retrying cannot help
+        return ActionResult(False, f"cannot run {argv[0]!r}: {e}",
+                            retry=not isinstance(e, PermissionError)), ""
+    err = p.stderr.decode(errors="replace").strip()[-300:]
+    if p.returncode == 0:
+        return ActionResult(True, f"{shown} exited 0"), err
+    return ActionResult(False, f"{shown} exited {p.returncode}: {err}"), err
+
+
 class ExecSink:
     def __init__(self, command: str, timeout_s: float = 10.0) -> None:
         self.argv = shlex.split(command)
@@ -46,22 +68,37 @@ class ExecSink:
         env = {**os.environ, "LIGHTKEEPER_EVENT": str(event.get("event")),
                "LIGHTKEEPER_HOST": str(event.get("host")),
                "LIGHTKEEPER_NODE": str(event.get("node") or event.get("host"))}
-        try:
-            p = subprocess.run(self.argv, input=event_bytes(event), capture_output=True,
-                               timeout=self.timeout_s, env=env, check=False)
-        except (FileNotFoundError, PermissionError) as e:
-            return ActionResult(False, f"cannot run {self.argv[0]!r}: {e}", retry=False)
-        except subprocess.TimeoutExpired:
-            return ActionResult(False, f"{self.argv[0]} did not finish within "
-                                       f"{self.timeout_s:g}s (killed)")
-        except OSError as e:
-            return ActionResult(False, f"cannot run {self.argv[0]!r}: {e}")
-        if p.returncode == 0:
-            return ActionResult(True, f"{self.argv[0]} exited 0")
-        err = p.stderr.decode(errors="replace").strip()[-300:]
-        return ActionResult(False, f"{self.argv[0]} exited {p.returncode}: {err}")
+        return run_command(self.argv, self.argv[0], self.timeout_s, event_bytes(event), env)[0]
 
     quarantine = release = run
+
+
+class SlurmSink:
+    """Drain the node on quarantine, resume it on release; needs ``scontrol`` on PATH and a
+    Slurm user allowed to update nodes."""
+
+    name = "slurm"
+
+    def __init__(self, timeout_s: float = 10.0) -> None:
+        self.timeout_s = timeout_s
+
+    def quarantine(self, event: dict[str, Any]) -> ActionResult:
+        f = event.get("finding") or {}
+        what = f"finding {f['id']}" if f.get("id") is not None else ""
+        if f.get("replica_group") is not None:
+            what = f"{what} replica_group {f['replica_group']}".strip()
+        return self._run(event, "State=DRAIN",
+                         f"Reason=lightkeeper: {event.get('kind')} {what}".strip())
+
+    def release(self, event: dict[str, Any]) -> ActionResult:
+        return self._run(event, "State=RESUME")
+
+    def _run(self, event: dict[str, Any], *args: str) -> ActionResult:
+        node = str(event.get("node") or event["host"])
+        argv = [SCONTROL, "update", f"NodeName={node}", *args]
+        res, err = run_command(argv, " ".join(argv), self.timeout_s)
+        res.retry = res.retry and "Invalid node name" not in err  # an unknown node stays so
+        return res
 
 
 class WebhookSink:
