@@ -16,7 +16,7 @@ from monitor.poll.discovery import Target
 from monitor.poll.poller import RankPoll
 
 from .cluster import ClusterView, Sums
-from .group import GroupView, rank_order
+from .group import GroupView, grouped, rank_order
 from .rank import STEP_TIMES_READ, RankView, answered, plain_shape, state_shape, valid_state
 
 __all__ = ["STEP_TIMES_READ", "ClusterView", "GroupView", "RankView", "ViewBuilder"]
@@ -301,15 +301,10 @@ class ViewBuilder:
             self._ev_groups[g] = full
             return
         copies = [r.copy() for r in kept]
-        live = {r.rank for r in copies if r.reachable and r.state}
-        ranks, old = [], []
-        for r in copies:
-            r.superseded = not r.reachable and r.rank in live
-            ev[r.url] = r
-            (old if r.superseded else ranks).append(r)
-        if ranks:
-            ranks.sort(key=rank_order)
-            self._ev_groups[g] = GroupView(g, ranks, old)
+        ev.update((r.url, r) for r in copies)
+        gv = grouped(g, copies)
+        if gv is not None:
+            self._ev_groups[g] = gv
         else:
             self._ev_groups.pop(g, None)
 
