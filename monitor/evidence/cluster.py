@@ -149,6 +149,6 @@ class ClusterView:
 
     def evidence(self) -> ClusterView:
         """The same sweep with only the ranks whose answers count as evidence (``trust``); a
-        view ViewBuilder built without ``judge`` has none (AssertionError)."""
-        assert self.evidence_view is not None, "a view built without verdicts"
+        view not built by ViewBuilder has none (AssertionError)."""
+        assert self.evidence_view is not None, "a view not built by ViewBuilder"
         return self.evidence_view
