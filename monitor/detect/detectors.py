@@ -28,6 +28,8 @@ Analyzer = Callable[[Mapping[int, RankTrace]], Any]  # normalized traces -> resu
 
 
 class Detectors:
+    """Every detector over one memory of findings; a failing one is logged, skipped that sweep
+    and named in ``last_error``."""
 
     def __init__(self, cfg: DetectorConfig | None = None, analyzer: Analyzer | None = None,
                  clock: Callable[[], float] = time.time,
@@ -67,13 +69,15 @@ class Detectors:
 
     def network(self, view: ClusterView, rnd: ProbeRound | None, now: float,
                 blind: str | None) -> list[Finding]:
-        """The network findings a finished probe round confirms (monitor.detect.network); a
-        failure is logged and shown like a detector's."""
+        """The network findings a finished probe round confirms (monitor.detect.network)."""
+        return self._guarded("network", lambda: self.net.judge(view, rnd, now, blind))
+
+    def _guarded(self, name: str, step: Callable[[], list[Finding]]) -> list[Finding]:
         try:
-            return self.net.judge(view, rnd, now, blind)
+            return step()
         except Exception as e:
-            log.exception("detector network failed")
-            self.last_error = f"network: {type(e).__name__}: {e}"
+            log.exception("detector %s failed", name)
+            self.last_error = f"{name}: {type(e).__name__}: {e}"
             return []
 
     def resolved_findings(self) -> list[Finding]:
@@ -166,13 +170,7 @@ class Detectors:
                 full, now, self._starting_urls(full), self._groups)),
             # after the per-group detectors: a group they name explains the job
             ("job", lambda: self.jobwide.judge(view, now, self.hang, self.straggler)))
-        new: list[Finding] = []
-        for name, step in steps:
-            try:
-                new.extend(step())
-            except Exception as e:
-                log.exception("detector %s failed", name)
-                self.last_error = f"{name}: {type(e).__name__}: {e}"
+        new = [f for name, step in steps for f in self._guarded(name, step)]
         self.findings.resolve_gone(view, full, now)
         self._note_commit_failures(view)
         return new

@@ -1,24 +1,6 @@
-"""``job_stall`` and ``job_slow``: the whole job stopped or slowed, and no group to blame.
-
-A fault of one host's network makes every group wait alike inside the cross-group collective,
-so the per-group detectors (a group late, hung, absent) find nothing: each group arrives on
-time and nobody is missing from the collective. These two say so, as findings of the whole job
-(``replica_group`` None), report-only: they name no group, so nothing can be evicted on them.
-While one is open the monitor probes the hosts' network (monitor.detect.network).
-
-- ``job_stall``: no group's step moved since the last sweep, and every rank of every group of
-  the newest quorum answers, blocked inside the cross-group collective (its own
-  ``timing.waiting``), at least one rank per group for the hang threshold, all at the same step
-  (one apart at most), while no open finding names a group of that quorum. Resolved when a group
-  of the quorum steps past it (``progress``; not when groups leave the monitor's sight) or a group
-  finding explains it (``explained``).
-- ``job_slow``: the job's median step over the last straggler window is more than
-  ``job_slow_factor`` times its healthy baseline (the median of the last disjoint windows seen
-  while nothing was open), no group is late (every arrival lag below the straggler threshold) and the time
-  went into the collectives (waits rose by at least half the step's rise), in
-  ``job_slow_windows`` consecutive windows with newer steps; the window after a change of the
-  quorum's groups (one left, joined, or was restarted and heals) is not judged. Resolved back at pace (under half
-  way between the baseline and the factor) or when a group finding explains it.
+"""``job_stall`` and ``job_slow``: the whole job stopped or slowed and no group to blame (one
+host's bad network makes every group wait alike). Report-only: they name no group. The rules:
+docs/monitor.md (Detectors).
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
-"""``network``: the host whose network is bad, placed from the probe mesh's rounds.
-
-A link is *fine* when it connected and moved its bytes at least ``slow_ratio`` times a reference
-rate. A host is a suspect when none of its links in one direction (every one from it, or every
-one to it: a rate limit often holds one direction only) is fine against the median of the links
-that do not touch it. The suspects are the culprits when they are fewer than half the hosts, at
-least three quarters of the links among the other hosts are fine against those links' median,
-and each suspect's links are still bad against it (Pingmesh's reasoning: a bad link is blamed on
-the host common to all bad links; two bad hosts at once are each named). With
-fewer than three hosts, or a host's row missing (no answer, no route, token refused), nobody is
-named. ``rounds`` consecutive rounds naming the same host confirm a ``network`` finding for each
-group of the newest quorum with ranks there (its culprits: those ranks); every link alike (all
-fine, or all equally slow) is said on the job-wide finding ("no culprit: every link alike") and
-nothing is named. Rounds are judged only while a job-wide finding is open and the monitor is not
-blind; a round finished after the job recovered is dropped, and so are open network findings.
+"""``network``: the host whose network is bad, placed from the probe mesh's rounds; the rule:
+docs/monitor.md (Network faults: finding the host). A missing row or fewer than three hosts name
+nobody.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from itertools import chain
 
 import numpy as np
 
-from .group import GroupView, rank_order
+from .group import GroupView, grouped
 from .rank import STEP_TIMES_READ, RankView
 
 
@@ -77,23 +77,14 @@ class ClusterView:
 
     def __post_init__(self) -> None:
         if self.ungrouped is None:
-            live = {(r.replica_group, r.rank) for r in self.ranks.values()
-                    if r.reachable and r.state}
+            members: dict[int | None, list[RankView]] = {}
             for rv in self.ranks.values():
-                g = rv.replica_group
-                if not rv.reachable and g is not None and (g, rv.rank) in live:
-                    rv.superseded = True  # an old process of a restarted group
-                if g is None:
-                    continue
-                gv = self.groups.setdefault(g, GroupView(g))
-                (gv.superseded if rv.superseded else gv.ranks).append(rv)
-            for g in [g for g, gv in self.groups.items() if not gv.ranks]:
-                del self.groups[g]
-            for gv in self.groups.values():
-                gv.ranks.sort(key=rank_order)
-            self.groups = dict(sorted(self.groups.items()))
-            self.ungrouped = [r for r in self.ranks.values()
-                              if r.replica_group is None and not r.superseded]
+                members.setdefault(rv.replica_group, []).append(rv)
+            self.ungrouped = [r for r in members.pop(None, []) if not r.superseded]
+            for g in sorted(members):
+                gv = grouped(g, members[g])
+                if gv is not None:
+                    self.groups[g] = gv
 
     @cached_property
     def counts(self) -> tuple[int, int, dict[tuple[str, str] | None, int]]:
@@ -157,10 +148,7 @@ class ClusterView:
         return cache[last]
 
     def evidence(self) -> ClusterView:
-        """The same sweep with only the ranks whose answers count as evidence (``trust``)."""
-        if self.evidence_view is not None:
-            return self.evidence_view
-        ranks = {u: r.copy() for u, r in self.ranks.items()
-                 if r.trust is not None and r.trust.evidence}
-        return ClusterView(at=self.at, ranks=ranks, sweep_seconds=self.sweep_seconds,
-                           polled=self.polled)
+        """The same sweep with only the ranks whose answers count as evidence (``trust``); a
+        view not built by ViewBuilder has none (AssertionError)."""
+        assert self.evidence_view is not None, "a view not built by ViewBuilder"
+        return self.evidence_view

@@ -46,6 +46,20 @@ def rank_order(r: RankView) -> tuple:
     return (r.rank if r.rank is not None else 1 << 62, r.url)
 
 
+def grouped(g: int, members: list[RankView]) -> GroupView | None:
+    """Group ``g`` of ``members``, setting each one's ``superseded`` (unreachable while a live rank
+    holds its rank: an old process of a restarted group); None when none is current."""
+    live = {r.rank for r in members if r.reachable and r.state}
+    ranks, old = [], []
+    for r in members:
+        r.superseded = not r.reachable and r.rank in live
+        (old if r.superseded else ranks).append(r)
+    if not ranks:
+        return None
+    ranks.sort(key=rank_order)
+    return GroupView(g, ranks, old)
+
+
 @dataclass
 class GroupView:
     """One replica group's ranks; never changed once built, so each derived value is computed

@@ -1,19 +1,6 @@
-"""The probe mesh: the hosts' ranks asked to measure their links to each other, on demand.
-
-While the job is stalled or slow with no group to blame (monitor.detect.jobwide) the monitor
-picks one verified rank per host and asks each, ``POST <rank>/v1/probe`` with the ranks'
-token (``rank_exit_token``), to connect to its peers' ranks and time a short transfer::
-
-    {"peers": [worker_url, ...], "bytes": 262144, "timeout_s": 2.0}
-    -> 200 {"from": url, "results": [{"peer", "ok", "connect_s", "transfer_s", "mbit_s",
-                                      "error"}, ...]}
-
-A round runs on its own thread (a rank probing a partitioned peer waits out its timeout) and at
-most one round runs at a time, at most one per ``interval_s``; each host probes at most
-``peers`` others (beyond ``peers + 1`` hosts the mesh is a ring: every host has ``2 x peers``
-links measured). A rank that does not answer, has no such route (404: an older WorkerServer) or
-refuses the token (401) leaves its row empty and is named in one warning line; nothing here
-raises into the sweep. monitor.detect.network reads the finished rounds.
+"""The probe mesh: one verified rank per host asked (``POST <rank>/v1/probe``, the ranks' token) to
+time a transfer from its peers (docs/monitor.md, The probe mesh). A round runs on its own thread,
+one at a time; a rank that gives no results is named in one warning, nothing raises into the sweep.
 """
 
 from __future__ import annotations
@@ -37,6 +24,9 @@ from .view import ClusterView, RankView
 log = logging.getLogger(__name__)
 
 MAX_ANSWER_BYTES = 1 << 20  # a probe answer: a few hundred bytes per peer
+_REFUSED = {404: "no /v1/probe route (an older WorkerServer)",
+            401: "refused the token (HTTP 401: LIGHTKEEPER_EXIT_TOKEN differs)",
+            403: "probes off on the rank (HTTP 403: no LIGHTKEEPER_EXIT_TOKEN)"}
 
 
 @dataclass
@@ -227,17 +217,8 @@ class ProbeMesh:
         except requests.RequestException as e:
             p.error = f"no answer: {type(e).__name__}"
             return
-        if p.status == 404:
-            p.error = "no /v1/probe route (an older WorkerServer)"
-            return
-        if p.status == 401:
-            p.error = "refused the token (HTTP 401: LIGHTKEEPER_EXIT_TOKEN differs)"
-            return
-        if p.status == 403:
-            p.error = "probes off on the rank (HTTP 403: no LIGHTKEEPER_EXIT_TOKEN)"
-            return
         if p.status != 200:
-            p.error = f"HTTP {p.status}"
+            p.error = _REFUSED.get(p.status, f"HTTP {p.status}")
             return
         try:
             if len(raw) > MAX_ANSWER_BYTES:

@@ -16,7 +16,7 @@ from monitor.poll.discovery import Target
 from monitor.poll.poller import RankPoll
 
 from .cluster import ClusterView, Sums
-from .group import GroupView, rank_order
+from .group import GroupView, grouped, rank_order
 from .rank import STEP_TIMES_READ, RankView, answered, plain_shape, state_shape, valid_state
 
 __all__ = ["STEP_TIMES_READ", "ClusterView", "GroupView", "RankView", "ViewBuilder"]
@@ -53,7 +53,6 @@ class ViewBuilder:
         self.changed: set[str] = set()  # URLs whose RankView the last update made anew
         self.reshaped: set[str] = set()  # those of them that did more than progress
         self._unreachable: dict[str, float] = {}
-        self._judged = False
 
     def update(self, targets: list[Target], polls: dict[str, RankPoll],
                sweep_seconds: float = 0.0, now: float | None = None,
@@ -61,11 +60,10 @@ class ViewBuilder:
                judge: Callable[[dict[str, RankView], set[str]], dict[str, Any]] | None = None
                ) -> ClusterView:
         """The sweep's view. ``polled``: the URLs asked (default: all), the rest keep their last
-        RankView. ``judge`` (Verifier.judge): verdicts that change; evidence view built with it."""
+        RankView. ``judge`` (Verifier.judge): the verdicts that change (None: none)."""
         now = time.time() if now is None else now
         prev = self._ranks
         same = (polled is not None and bool(prev) and len(targets) == len(self._targets)
-                and (judge is not None) == self._judged
                 and all(map(operator.is_, targets, self._targets)))
         # hot loops over every rank asked (benchmarks/bench_view.py): locals on purpose
         # group -> (last, new) RankView of its ranks answering again with the same shape
@@ -76,12 +74,12 @@ class ViewBuilder:
             current = dict(prev)
             carried = [u for u in self._fresh if u not in polled]
             changed = polled.union(carried)
-            group_of, bucket = self._group_of, judge is not None
+            group_of = self._group_of
             for url in carried:
                 was = prev[url]
                 rv = current[url] = was.clone()
                 rv.fresh = False
-                if bucket and was.reachable and not was.superseded:  # its state: the same
+                if was.reachable and not was.superseded:  # its state: the same
                     moved.setdefault(group_of[url], []).append((was, rv))
                 else:
                     rest.add(url)
@@ -102,10 +100,7 @@ class ViewBuilder:
                     was_shape = shapes.get(url)
                     shapes[url] = shape
                     if old.reachable and not old.superseded and was_shape == shape:
-                        if bucket:
-                            moved.setdefault(group_of[url], []).append((old, rv))
-                        else:
-                            rest.add(url)
+                        moved.setdefault(group_of[url], []).append((old, rv))
                         continue
                 rejudge.add(url)
             rest |= rejudge
@@ -126,37 +121,34 @@ class ViewBuilder:
             self._sums, self._ev_sums = Sums(), Sums()
             self._unreachable = {}
         self._targets = list(targets)
-        self._judged = judge is not None
         if polled is None:
             self._fresh, polled_list = list(current), None
         else:  # in answer order: consumers read the documents in memory order
             polled_list = [u for u, _ in _in_answer_order(polls, polled) if u in current]
             self._fresh = polled_list
-        if judge is not None:
-            for url, trust in judge(current, rejudge).items():
-                rv = current[url]
-                if url not in changed:
-                    rv = current[url] = rv.clone()
-                    changed.add(url)
-                rv.trust = trust
-                rest.add(url)
-        groups = self._regroup(current, changed, moved, rest, judge is not None)
+        for url, trust in (judge(current, rejudge) if judge is not None else {}).items():
+            rv = current[url]
+            if url not in changed:
+                rv = current[url] = rv.clone()
+                changed.add(url)
+            rv.trust = trust
+            rest.add(url)
+        groups = self._regroup(current, changed, moved, rest)
         self._ranks = current
         self.changed = changed
         self.reshaped = rest
         view = ClusterView(at=now, ranks=current, sweep_seconds=sweep_seconds,
                            groups=groups, ungrouped=list(self._members.get(None, {}).values()),
                            polled=polled_list)
-        if judge is not None:
-            self._sums.fill(view)
-            view.evidence_view = ev = ClusterView(
-                at=now, ranks=dict(self._ev_ranks), sweep_seconds=sweep_seconds,
-                groups=dict(self._ev_groups), ungrouped=[], polled=polled_list)
-            self._ev_sums.fill(ev)
-            if len(self._ev_groups) == len(groups) and all(
-                    map(operator.is_, self._ev_groups.values(), groups.values())):
-                # every group's ranks are evidence, the same objects: so are the medians
-                ev.__dict__["_median_steps"] = view.__dict__.setdefault("_median_steps", {})
+        self._sums.fill(view)
+        view.evidence_view = ev = ClusterView(
+            at=now, ranks=dict(self._ev_ranks), sweep_seconds=sweep_seconds,
+            groups=dict(self._ev_groups), ungrouped=[], polled=polled_list)
+        self._ev_sums.fill(ev)
+        if len(self._ev_groups) == len(groups) and all(
+                map(operator.is_, self._ev_groups.values(), groups.values())):
+            # every group's ranks are evidence, the same objects: so are the medians
+            ev.__dict__["_median_steps"] = view.__dict__.setdefault("_median_steps", {})
         return view
 
     @staticmethod
@@ -186,8 +178,8 @@ class ViewBuilder:
         return rv
 
     def _regroup(self, current: dict[str, RankView], changed: set[str],
-                 moved: dict[int, list[tuple[RankView, RankView]]], rest: set[str],
-                 with_evidence: bool) -> dict[int, GroupView]:
+                 moved: dict[int, list[tuple[RankView, RankView]]], rest: set[str]
+                 ) -> dict[int, GroupView]:
         """Move the changed ranks into their groups; group again only those touched by ``rest``
         (the changed URLs not only moving), progress the other ``moved`` ones."""
         dirty: set[int | None] = set()
@@ -210,8 +202,7 @@ class ViewBuilder:
                 group_of[url] = g
                 members_of.setdefault(g, {})[url] = rv
             dirty.add(g)
-            if with_evidence:
-                ev_ranks.pop(url, None)
+            ev_ranks.pop(url, None)
         groups = dict(self._groups)
         sums, slot = self._sums, self._slot
         ev_groups = self._ev_groups
@@ -265,17 +256,16 @@ class ViewBuilder:
                     slot[r.url] = i
                 added = added or g not in groups
                 gv = groups[g] = GroupView(g, ranks, old)
-            if with_evidence:
-                if before is not None:
-                    sums.add(before, -1)
-                if gv is not None:
-                    sums.add(gv, 1)
-                ev_before = self._ev_groups.get(g)
-                self._evidence_group(g, members, gv)
-                self._ev_resum(ev_before, self._ev_groups.get(g))
+            if before is not None:
+                sums.add(before, -1)
+            if gv is not None:
+                sums.add(gv, 1)
+            ev_before = self._ev_groups.get(g)
+            self._evidence_group(g, members, gv)
+            self._ev_resum(ev_before, self._ev_groups.get(g))
         if added:
             groups = dict(sorted(groups.items()))
-        if with_evidence and any(g not in self._ev_groups for g in dirty if g is not None):
+        if any(g not in self._ev_groups for g in dirty if g is not None):
             self._ev_groups = dict(sorted(self._ev_groups.items()))
         self._groups = groups
         return groups
@@ -301,15 +291,10 @@ class ViewBuilder:
             self._ev_groups[g] = full
             return
         copies = [r.copy() for r in kept]
-        live = {r.rank for r in copies if r.reachable and r.state}
-        ranks, old = [], []
-        for r in copies:
-            r.superseded = not r.reachable and r.rank in live
-            ev[r.url] = r
-            (old if r.superseded else ranks).append(r)
-        if ranks:
-            ranks.sort(key=rank_order)
-            self._ev_groups[g] = GroupView(g, ranks, old)
+        ev.update((r.url, r) for r in copies)
+        gv = grouped(g, copies)
+        if gv is not None:
+            self._ev_groups[g] = gv
         else:
             self._ev_groups.pop(g, None)
 
