@@ -101,15 +101,16 @@ class Detectors:
         return self.hang.in_group_hangs(view, dumps, now)
 
     def fr_interval(self) -> float:
-        """Seconds between periodic looks: ``fr_interval_s``, or half the time the newest entries
-        a look reads span when that is shorter (at least FR_MIN_INTERVAL_S). A mismatch that
-        stalls nothing is seen only in the Flight Recorder, and a look reads each rank's newest
-        entries only (monitor.polling.FR_LAST): one enqueued longer ago than they span is never
-        read. Half: each entry is read by a look before it leaves them, with room for a late one."""
+        """Seconds between periodic looks: ``fr_interval_s``, or a third of the time the newest
+        entries a look reads span when that is shorter (at least FR_MIN_INTERVAL_S). A mismatch
+        that stalls nothing is seen only in the Flight Recorder, and a look reads each rank's
+        newest entries only (monitor.polling.FR_LAST): one enqueued longer ago than they span is
+        never read. A third: a look held twice as long (periodic_look_held) still reads each
+        entry before it leaves them, and a peer's entry of the same collective with it."""
         w = self.fr_window_s
         if w is None or not self.fr_window_adapts:
             return self.cfg.fr_interval_s
-        return min(self.cfg.fr_interval_s, max(FR_MIN_INTERVAL_S, w / 2))
+        return min(self.cfg.fr_interval_s, max(FR_MIN_INTERVAL_S, w / 3))
 
     def fr_wanted(self, view: ClusterView, now: float | None = None) -> list[str]:
         """URLs whose ``/v1/fr_trace`` this sweep needs: on a stall, when commit failures rose,
