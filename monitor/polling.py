@@ -231,7 +231,7 @@ class Polling:
         if not isinstance(self.poller, ProcessPoller) or view is None or plan.everything:
             return
         try:
-            periodic = now - self._fr_looked_at >= self.cfg.detectors.fr_interval_s \
+            periodic = now - self._fr_looked_at >= self.detectors.fr_interval() \
                 and not self.detectors.periodic_look_held(
                     view, now, [p.data for p in polls.values() if p.ok])
             if periodic:
@@ -262,7 +262,11 @@ class Polling:
             return {}
         self._fr_looked_at = now
         plan = self.plan if self.plan is not None else self.schedule.last
-        if plan is None or not self.schedule.active(len(view.ranks)):
+        every_rank = plan is None or not self.schedule.active(len(view.ranks))
+        # only a look at every rank is hastened by a short window (Detectors.fr_interval): with
+        # leader polling the leaders' dumps are torchft's alone, an in-group entry never read
+        self.detectors.fr_window_adapts = every_rank
+        if every_rank:
             drilled, drilled_urls = set(), set(urls)
         else:  # leaders and drilled groups only, even on a sweep that asked every rank
             drilled = {g for g in plan.drilled if g in view.groups}

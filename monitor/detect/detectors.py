@@ -25,6 +25,7 @@ from monitor.evidence.view import ClusterView
 log = logging.getLogger(__name__)
 
 Analyzer = Callable[[Mapping[int, RankTrace]], Any]  # normalized traces -> result with .findings
+FR_MIN_INTERVAL_S = 1.0  # the periodic look never comes more often, however short the window
 
 
 class Detectors:
@@ -49,6 +50,11 @@ class Detectors:
         self._commit_failures: dict[str, int] = {}
         self._last_fr_at = 0.0
         self._periodic_held: tuple[float, bool] | None = None  # (now, held) of that sweep
+        # seconds the newest entries a look reads span (None: not measured): see fr_interval
+        self.fr_window_s: float | None = None
+        # whether a look reads every rank's dump (not leader polling's leaders and drilled
+        # groups only): set by monitor.polling; only then does the window shorten the interval
+        self.fr_window_adapts = True
         self.last_error: str | None = None
 
     @property
@@ -98,9 +104,21 @@ class Detectors:
                        now: float) -> set[int]:
         return self.hang.in_group_hangs(view, dumps, now)
 
+    def fr_interval(self) -> float:
+        """Seconds between periodic looks: ``fr_interval_s``, or a third of the time the newest
+        entries a look reads span when that is shorter (at least FR_MIN_INTERVAL_S). A mismatch
+        that stalls nothing is seen only in the Flight Recorder, and a look reads each rank's
+        newest entries only (monitor.polling.FR_LAST): one enqueued longer ago than they span is
+        never read. A third: a look held twice as long (periodic_look_held) still reads each
+        entry before it leaves them, and a peer's entry of the same collective with it."""
+        w = self.fr_window_s
+        if w is None or not self.fr_window_adapts:
+            return self.cfg.fr_interval_s
+        return min(self.cfg.fr_interval_s, max(FR_MIN_INTERVAL_S, w / 3))
+
     def fr_wanted(self, view: ClusterView, now: float | None = None) -> list[str]:
         """URLs whose ``/v1/fr_trace`` this sweep needs: on a stall, when commit failures rose,
-        or every ``fr_interval_s`` unless :meth:`periodic_look_held`; none if a trigger fails."""
+        or every :meth:`fr_interval` unless :meth:`periodic_look_held`; none if a trigger fails."""
         now = self.clock() if now is None else now
         reason = None
         try:
@@ -110,7 +128,7 @@ class Detectors:
                 reason = "hang"
             elif self._commit_failures_rose(view):
                 reason = "commit_failures"
-            elif now - self._last_fr_at >= self.cfg.fr_interval_s \
+            elif now - self._last_fr_at >= self.fr_interval() \
                     and not self.periodic_look_held(view, now):
                 reason = "periodic"
         except Exception as e:
@@ -125,13 +143,13 @@ class Detectors:
 
     def periodic_look_held(self, view: ClusterView | None, now: float,
                            states: Iterable[Any] | None = None) -> bool:
-        """Whether the periodic look due at ``now`` waits (up to 2 x ``fr_interval_s``) for a hang
+        """Whether the periodic look due at ``now`` waits (up to 2 x :meth:`fr_interval`) for a hang
         look that may follow; decided once per ``now``, so the service and fr_wanted agree."""
         held = self._periodic_held
         if held is not None and held[0] == now:
             return held[1]
         out = False
-        if now - self._last_fr_at < 2 * self.cfg.fr_interval_s:
+        if now - self._last_fr_at < 2 * self.fr_interval():
             out = self.longest_wait(view, now, states) >= self.hang.threshold(view) / 3
         self._periodic_held = (now, out)
         return out
@@ -151,6 +169,7 @@ class Detectors:
         traces: dict[int, RankTrace] = {}
         analysis = None
         if dumps:
+            self._note_fr_window(dumps)
             try:
                 traces, errors = normalize_dumps(dumps)
                 for err in errors:
@@ -174,6 +193,29 @@ class Detectors:
         self.findings.resolve_gone(view, full, now)
         self._note_commit_failures(view)
         return new
+
+    def _note_fr_window(self, dumps: Mapping[int, dict]) -> None:
+        """:attr:`fr_window_s` from one look's dumps: the shortest time any rank's newest entries
+        (as many as its server was asked for, ``filter.last``, of every process group) span, from
+        the entries' own enqueue times (one rank's clock); a dump with fewer, from the rate of
+        those it has. Dumps of one group (``filter.pg``), whole or without times are left out."""
+        if not self.fr_window_adapts:
+            self.fr_window_s = None
+            return
+        spans = []
+        for d in dumps.values():
+            f = d.get("filter") if isinstance(d, dict) else None
+            if not isinstance(f, dict) or f.get("pg") is not None or type(f.get("last")) is not int:
+                continue
+            entries = d.get("entries")
+            if not isinstance(entries, list) or len(entries) < 16 \
+                    or not isinstance(entries[0], dict) or not isinstance(entries[-1], dict):
+                continue
+            t0, t1 = entries[0].get("time_created_ns"), entries[-1].get("time_created_ns")
+            if type(t0) is int and type(t1) is int and t1 > t0:
+                spans.append((t1 - t0) / 1e9 * max(1.0, f["last"] / len(entries)))
+        if spans:
+            self.fr_window_s = min(spans)
 
     def _remember_groups(self, view: ClusterView) -> None:
         """A new group or replica id: a fresh memory, the earlier incarnation's findings
