@@ -1076,6 +1076,7 @@ def run(args: argparse.Namespace) -> int:
 
         out = soak.summary(json.loads((report_dir / "report.json").read_text()), demo.soak,
                            demo.samples)
+        out["command"] = " ".join(["lightkeeper", *sys.argv[1:]])
         (report_dir / "soak.json").write_text(json.dumps(out, indent=1))
         print(soak.table(out), flush=True)
     print(f"report: {report_dir / 'report.md'}  json: {report_dir / 'report.json'}  "
