@@ -434,7 +434,8 @@ class Demo:
     def monitor_get(self, path: str) -> list | None:
         from .cluster import get_json
 
-        return get_json(self.http, self.monitor_url + path, 2.0)
+        return None if self.monitor_url is None else get_json(self.http, self.monitor_url + path,
+                                                              2.0)
 
     def tick(self) -> None:
         """One sampling round (~TICK_S): ranks, monitor, supervisor, live view, deadline."""
