@@ -133,20 +133,24 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=45.0,
                     help="seconds of training each run (%(default)s)")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--keep", help="keep every run's report and logs under this directory")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each case and mode")
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("bench_network: needs root (network namespaces)", file=sys.stderr)
         return 2
     rows = []
     with tempfile.TemporaryDirectory(prefix="lk-bench-net-") as d:
-        for case in args.cases.split(","):
-            for mode in args.modes.split(","):
-                row = run_case(case, mode, args.at_step, args.duration, Path(d))
-                rows.append(row)
-                print(json.dumps({k: row.get(k) for k in (
-                    "case", "mode", "rc", "healthy_steps_per_s", "back_at_pace_s",
-                    "pace_after_onset_x", "host_named_after_s", "host_named_after_steps", "evictions", "aborts",
-                    "quarantined")}), flush=True)
+        for case, mode, n in ((c, m, n) for c in args.cases.split(",")
+                              for n in range(args.repeat) for m in args.modes.split(",")):
+            work = Path(args.keep or d) / f"run{n}"
+            work.mkdir(parents=True, exist_ok=True)
+            row = run_case(case, mode, args.at_step, args.duration, work)
+            rows.append(row)
+            print(json.dumps({k: row.get(k) for k in (
+                "case", "mode", "rc", "healthy_steps_per_s", "back_at_pace_s",
+                "pace_after_onset_x", "host_named_after_s", "host_named_after_steps",
+                "evictions", "aborts", "quarantined")}), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
