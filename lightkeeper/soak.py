@@ -84,11 +84,19 @@ def repair_hosts(demo) -> None:
                                          " (quarantined and empty: its network fault lifted)")
 
 
-def _attributed(ev: dict, faults: list[dict], end: float, slack_s: float = 5.0) -> bool:
-    """An eviction that follows a fault of its group (from its strike to its story's end)."""
+def _attributed(ev: dict, faults: list[dict], end: float, repaired: dict[str, list[float]],
+                slack_s: float = 5.0) -> bool:
+    """An eviction that follows a fault of its group: from its strike to its story's end, and
+    for a network fault until its host was repaired (the fault stays on the host: a group
+    restarted there, when the quarantine cap holds the host's quarantine, meets it again)."""
+    from trainer.faults import NETWORK_KINDS
+
     for f in faults:
         start = f.get("struck_at_s") or f.get("injected_at_s")
         stop = f.get("rejoined_at_s") or end
+        if (f.get("spec") or "").split(":", 1)[0] in NETWORK_KINDS and start is not None:
+            stop = max(stop, min((t for t in repaired.get(f.get("host"), []) if t >= start),
+                                 default=end))
         if f["replica_group"] == ev["replica_group"] and start is not None \
                 and start - slack_s <= ev["at_s"] <= stop + slack_s:
             return True
@@ -151,18 +159,32 @@ def summary(rep: dict, soak: dict, samples: list[dict]) -> dict:
                     key=lambda f: f["struck_at_s"])
     stop = next((f["struck_at_s"] for f in struck if (f.get("torchft_alone") or {}).get(
         "recovery_s") is None and ((f.get("torchft_alone") or {}).get("stall_s") or 0) > 0), end)
-    lost = 0.0
+    # stragglers overlap (the job runs at the slowest one's pace, never slower); stalls add up
+    stall_lost, drags = 0.0, []  # drags: (onset, steps lost per second)
     for f in struck:
         tf = f.get("torchft_alone") or {}
         if f["struck_at_s"] >= stop or not tf.get("job_steps"):
             continue
-        horizon = end - f["struck_at_s"]
-        share = min(1.0, (stop - f["struck_at_s"]) / horizon) if horizon > 0 else 0.0
-        lost += tf["job_steps"] * (share if tf.get("recovery_s") is None else 1.0)
+        if tf.get("recovery_s") is None:  # a straggler: dragging to the end of the run
+            horizon = end - f["struck_at_s"]
+            if horizon > 0:
+                drags.append((f["struck_at_s"], tf["job_steps"] / horizon))
+        else:
+            stall_lost += tf["job_steps"]
+    lost, worst = stall_lost, 0.0
+    ends = [t for t, _ in drags[1:]] + ([stop] if drags else [])
+    for (t, d), nxt in zip(drags, ends, strict=True):
+        worst = max(worst, d)
+        lost += worst * max(0.0, nxt - t)
     tf_steps = None if not healthy else max(0, round(healthy * (stop - start) - lost))
     stopped_at = None if stop == end else stop
     evictions = [e for e in rep["evictions"] if e["decision"] == "evict"]
-    false = [e for e in evictions if not _attributed(e, faults, end)]
+    repaired: dict[str, list[float]] = {}
+    for e in rep.get("events", []):
+        if e["kind"] == "repaired":
+            repaired.setdefault(e["detail"].split(":", 1)[0].removeprefix("host "), []).append(
+                e["t"])
+    false = [e for e in evictions if not _attributed(e, faults, end, repaired)]
     return {
         "seed": soak["seed"], "soak_s": soak["soak_s"], "training_s": round(end - start, 1),
         "faults": rows, "fault_count": len(rows),

@@ -64,13 +64,21 @@ def test_summary_goodput_against_fault_free_and_torchft_alone():
     part = _fault("partition", 0, 60.0, 70.0, {"recovery_s": None, "stall_s": 50.0,
                                                 "job_steps": 100}, host="node-0",
                   hosts=["node-0"])
+    # two stragglers that overlap: the job runs at the slower one's pace (0.5 then 1 step/s
+    # lost of 2), not at the sum of both drags
+    slow1 = _fault("slow", 2, 20.0, None, {"recovery_s": None, "stall_s": 0.0,
+                                           "job_steps": 45}, host="node-2")  # 0.5/s over 90 s
+    slow2 = _fault("slow", 2, 25.0, None, {"recovery_s": None, "stall_s": 0.0,
+                                           "job_steps": 85}, host="node-2")  # 1/s over 85 s
     rep = {"faults": [hang, part], "duration_s": 110.0, "training_started_at_s": 10.0,
            "healthy_step_rate": 2.0,
            "evictions": [{"replica_group": 1, "decision": "evict", "at_s": 33.0},
                          {"replica_group": 0, "decision": "evict", "at_s": 63.0},
                          {"replica_group": 2, "decision": "evict", "at_s": 90.0},
+                         {"replica_group": 0, "decision": "evict", "at_s": 80.0},
                          {"replica_group": 2, "decision": "hold", "at_s": 91.0}],
-           "hosts": {"quarantined_at_s": {"node-1": 34.0, "node-0": 64.0}}}
+           "hosts": {"quarantined_at_s": {"node-1": 34.0, "node-0": 64.0}},
+           "events": [{"t": 85.0, "kind": "repaired", "detail": "host node-0: partition lifted"}]}
     s = summary(rep, {"seed": 5, "soak_s": 100.0, "rss": [{"life": 1, "start_kb": 1}],
                       "restart": {"at_s": 50.0, "missing_after_restart": []}}, samples)
     g = s["goodput"]
@@ -80,9 +88,13 @@ def test_summary_goodput_against_fault_free_and_torchft_alone():
     assert g["torchft_alone_stopped_for_good_at_s"] == 60.0
     assert g["torchft_alone_steps"] == 2 * (60 - 10) - 50
     assert g["vs_torchft_alone"] == 3.0
-    # the eviction of group 2 follows no fault of group 2: a false one; a hold is no eviction
+    rep["faults"] = [slow1, slow2, part]
+    g = summary(rep, {"seed": 5, "soak_s": 100.0}, samples)["goodput"]
+    assert g["torchft_alone_steps"] == round(2 * 50 - 0.5 * 5 - 1.0 * 35)
+    # the eviction of group 2 follows no fault of group 2: a false one; a hold is no eviction.
+    # Group 0's at 80 s follows its partition (story over at 70 s) before node-0's repair
     assert [e["replica_group"] for e in s["false_evictions"]] == [2]
-    assert s["evictions"] == 3
+    assert s["evictions"] == 4
     assert s["faults"][0]["right_rank"] is True and s["faults"][0]["right_host"] is True
     assert s["faults"][1]["right_rank"] is None and s["faults"][1]["right_host"] is True
     assert s["quarantines"] == ["node-0", "node-1"]
