@@ -217,7 +217,8 @@ class Demo:
         self._seen_evictions: set = set()
         self._q_seen: set = set()                # (host, quarantined_at) told
         self._log = None
-        self.soak: dict = {"seed": getattr(args, "seed", None),  # --soak
+        self.soaking = bool(getattr(args, "soak", None))  # --soak
+        self.soak: dict = {"seed": getattr(args, "seed", None),
                            "soak_s": getattr(args, "soak", None), "rss": []}
 
     @property
@@ -370,7 +371,7 @@ class Demo:
         if a.one_host or a.no_quarantine:  # every kind that counts by default, off
             return ["--quarantine-after", ",".join(f"{k}=0" for k in QUARANTINE_AFTER)]
         out = ["--max-quarantined", str(max(1, a.spare_hosts))]
-        if getattr(a, "soak", None):  # a repaired host returns once its quarantine expires
+        if self.soaking:  # a repaired host returns once its quarantine expires
             out += ["--quarantine-ttl", f"{SOAK_QUARANTINE_TTL_S:g}"]
         if a.quarantine_dry_run or a.dry_run:  # --dry-run acts on nothing, hosts included
             out.append("--quarantine-dry-run")
@@ -473,7 +474,7 @@ class Demo:
         self.poll_monitor()
         self.supervise()
         self.strike_hosts()
-        if getattr(self.args, "soak", None):
+        if self.soaking:
             from .soak import repair_hosts
 
             repair_hosts(self)
@@ -577,7 +578,7 @@ class Demo:
                 self.poll_hosts()
                 refreshed = True
             n = self.restarts.get(g, 0)
-            if n >= (MAX_RESTARTS_SOAK if getattr(self.args, "soak", None) else MAX_RESTARTS):
+            if n >= (MAX_RESTARTS_SOAK if self.soaking else MAX_RESTARTS):
                 continue
             old = self.pool.host_of(g) if self.pool else None
             # the monitor's quarantine list, as a scheduler reads a node's taint; before the
@@ -781,7 +782,7 @@ class Demo:
             self.wait(self.story_over, float("inf"))
             # and the monitor's ledger saw the job back at pace: each fault measured alone
             self.wait(self.ledger_settled, self.sc.ledger_wait_s)
-            if getattr(self.args, "soak", None) and not self.soak_turn():
+            if self.soaking and not self.soak_turn():
                 break
             # No refill of a used spare here: its import would slow the job that is being
             # measured (on this machine a spare shares the cores; a real one waits elsewhere).

@@ -222,14 +222,7 @@ class FaultTrack:
             r["note"] = "the rank never reported the strike; detection counted from arming"
             self._next("detection", obs.t, self.dl.detect_s)
             return
-        exit_at = next((t for g, t in obs.restarts if g == self.group
-                        and t >= r["injected_at_s"]), None)
-        if self.kind == "crash" and exit_at is not None:
-            # a crash exits before the next poll and the supervisor restarts the group at once:
-            # torchft's own recovery, with nothing for the monitor to act on
-            r["struck_at_s"] = r["restarted_at_s"] = exit_at
-            r["note"] = "the rank exited (a crash): torchft's own recovery, group restarted"
-            self._next("rejoin", obs.t, self.dl.rejoin_s)
+        if self._crash_restarted(obs, r["injected_at_s"], strike=True):
             return
         if obs.incarnation.get(self.group, 0) != self.incarnation:
             self._end("never struck", f"group {self.group} was restarted before the fault "
@@ -250,16 +243,28 @@ class FaultTrack:
         found.sort(key=lambda f: (f["kind"] == "dead", f["confirmed_at"]))
         return found[0] if found else None
 
+    def _crash_restarted(self, obs: Observation, since_s: float, strike: bool = False) -> bool:
+        """A crash exits before the next poll and the supervisor restarts the group at once:
+        torchft's own recovery, with nothing for the monitor to act on. On the group's first
+        restart since ``since_s`` the story goes to its rejoin (``strike``: struck at the exit)."""
+        if self.kind != "crash":
+            return False
+        exit_at = next((t for g, t in obs.restarts if g == self.group and t >= since_s), None)
+        if exit_at is None:
+            return False
+        r = self.record
+        if strike:
+            r["struck_at_s"] = exit_at
+        r["restarted_at_s"] = exit_at
+        r["note"] = "the rank exited (a crash): torchft's own recovery, group restarted"
+        self._next("rejoin", obs.t, self.dl.rejoin_s)
+        return True
+
     def _detection(self, obs: Observation, events: list) -> None:
         r = self.record
         f = self._finding(obs, self._since_unix)
         if f is None:
-            exit_at = next((t for g, t in obs.restarts if g == self.group
-                            and t >= r["struck_at_s"]), None)
-            if self.kind == "crash" and exit_at is not None:  # as in _strike: torchft's own
-                r["restarted_at_s"] = exit_at
-                r["note"] = "the rank exited (a crash): torchft's own recovery, group restarted"
-                self._next("rejoin", obs.t, self.dl.rejoin_s)
+            if self._crash_restarted(obs, r["struck_at_s"]):
                 return
             if obs.t >= self.deadline_s:
                 self._end("not detected", f"no confirmed finding for group {self.group} within "

@@ -111,7 +111,6 @@ def parse_inject(value: str, groups: int, ranks_per_group: int) -> FaultPlan:
     return FaultPlan(group, fault.kind, fault.spec, fault.rank)
 
 
-PROCESS_KINDS = ("slow", "slow_compute", "hang", "mismatch", "crash")
 RANK_KINDS = ("slow_compute", "hang", "mismatch", "crash")  # strike one rank of the group
 
 
@@ -123,10 +122,10 @@ def soak_faults(seed: int, groups: int, ranks_per_group: int, network: bool,
     The demo injects them one at a time and stops drawing when the soak's time is up."""
     import random
 
-    from trainer.faults import NETWORK_KINDS
+    from trainer.faults import KINDS, NETWORK_KINDS
 
     rng = random.Random(seed)
-    kinds = list(PROCESS_KINDS) + (list(NETWORK_KINDS) if network else [])
+    kinds = list(KINDS) + (list(NETWORK_KINDS) if network else [])
     order = rng.sample(kinds, len(kinds)) + [rng.choice(kinds) for _ in range(count)]
     plans = []
     for kind in order[:count]:

@@ -7,8 +7,9 @@ repeats with its seed, and the summary's arithmetic on a report whose figures ar
 
 from __future__ import annotations
 
-from lightkeeper.scenario import PROCESS_KINDS, parse_inject, soak_faults
+from lightkeeper.scenario import parse_inject, soak_faults
 from lightkeeper.soak import summary, table
+from trainer.faults import KINDS as PROCESS_KINDS
 from trainer.faults import NETWORK_KINDS
 
 
