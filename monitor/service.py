@@ -203,7 +203,7 @@ class Monitor:
         new = self.detectors.update(evidence, dumps, now, full_view=view)
         # the job stalled or slow with no group to blame: the hosts' ranks probe each other
         blind = self.enforcer.blindness(view)
-        done = self.probes.step(evidence, bool(self.detectors.job_findings()), blind, now)
+        done = self.probes.step(evidence, self.detectors.probes_wanted(), blind, now)
         new += self.detectors.network(evidence, done, now, blind)
         # 4. decide and act
         new += self.enforcer.host_findings(view, evidence, now, self.views.reshaped)

@@ -585,3 +585,22 @@ def test_a_group_healing_after_a_restart_is_not_a_job_slowdown(restarted):
         job.steps(1, noise=0.4 if i < 6 else 0.03, now=now)
         found += [f.kind for f in sweep(det, job, now)]
     assert found == ([] if restarted else ["job_slow"])
+
+
+def test_probing_starts_at_the_first_slow_window(probing):
+    """The mesh is asked while ``job_slow`` is still pending, so its two rounds are in by the
+    time the job-wide finding is: the host is named no later than one round after it."""
+    d = probing
+    d.sweeps(BASELINE_SWEEPS)
+    d.train.job.sim.links = links(d.train.job, "h2", THROTTLED)
+    d.until(lambda: probes_asked(d.train.job), "a probe", **NETWORK_SLOW)
+    assert d.mon.detectors.job_findings() == []  # asked before job_slow is confirmed
+    d.until(lambda: d.mon.detectors.job_findings(), "job_slow", **NETWORK_SLOW)
+    sweeps = 0
+    while not network_findings(d) and sweeps < 10:
+        d.sweep(**NETWORK_SLOW)
+        time.sleep(0.02)
+        sweeps += 1
+    (f,) = network_findings(d)
+    assert f.evidence["host"] == "h2"
+    assert sweeps <= 2, f"named {sweeps} sweeps after job_slow"

@@ -73,10 +73,15 @@ class Detectors:
         """The open job-wide findings (job_stall, job_slow)."""
         return [f for k, f in self.findings.open.items() if k[0] in JOB_KINDS]
 
+    def probes_wanted(self) -> bool:
+        """A job-wide finding open, or one pending (its first slow window seen)."""
+        return bool(self.job_findings()) or self.jobwide.suspected()
+
     def network(self, view: ClusterView, rnd: ProbeRound | None, now: float,
                 blind: str | None) -> list[Finding]:
         """The network findings a finished probe round confirms (monitor.detect.network)."""
-        return self._guarded("network", lambda: self.net.judge(view, rnd, now, blind))
+        return self._guarded("network", lambda: self.net.judge(
+            view, rnd, now, blind, self.jobwide.suspected()))
 
     def _guarded(self, name: str, step: Callable[[], list[Finding]]) -> list[Finding]:
         try:

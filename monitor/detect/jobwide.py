@@ -63,6 +63,11 @@ class JobWide:
                self.slow(view, groups, now, straggler.last_window, blamed)]
         return [f for f in out if f]
 
+    def suspected(self) -> bool:
+        """A slow window seen but ``job_slow`` not yet confirmed: the probe mesh starts then, so
+        its rounds are in when the finding is."""
+        return bool(self._slow)
+
     def baseline_medians(self) -> tuple[float, float, float, float] | None:
         if len(self.baseline) < self.cfg.job_baseline_windows:
             return None

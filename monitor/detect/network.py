@@ -120,13 +120,16 @@ class Network:
         self._streak: dict[str, tuple[int, float]] = {}  # host -> (rounds in a row, first at)
 
     def judge(self, view: ClusterView, rnd: ProbeRound | None, now: float,
-              blind: str | None) -> list[Finding]:
+              blind: str | None, pending: bool = False) -> list[Finding]:
+        """``pending``: a job-wide finding is on its way (its first slow window seen); rounds
+        then count towards a host's streak, but only an open one confirms a host."""
         findings = self.findings
         jobs = [f for k, f in findings.open.items() if k[0] in JOB_KINDS]
         if not jobs:
-            self._streak = {}
             findings.resolve_where("job_recovered", now, ("network",))
-            return []
+            if not pending:
+                self._streak = {}
+                return []
         if rnd is None or blind:
             return []  # a round finished blind is not evidence
         verdict = place(rnd, self.cfg.slow_ratio)
@@ -144,7 +147,7 @@ class Network:
         new = []
         for h in verdict.hosts:
             n, first = self._streak[h]
-            if n < self.cfg.rounds:
+            if n < self.cfg.rounds or not jobs:
                 continue
             for gv in view.in_quorum():
                 ranks = sorted(r.rank for r in gv.reachable if r.rank is not None
