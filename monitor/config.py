@@ -47,7 +47,7 @@ class DetectorConfig:
     # job_slow: the job's median step over a straggler window above this many times its
     # healthy baseline (the median of its first healthy windows), no group late, in this many
     # consecutive windows with newer steps
-    job_slow_factor: float = 2.0
+    job_slow_factor: float = 1.5
     job_slow_windows: int = 2
     job_baseline_windows: int = 5  # healthy windows seen before job_slow is judged
 
