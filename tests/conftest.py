@@ -26,3 +26,17 @@ def require_binary(name: str) -> str:
     if IN_CI:
         pytest.fail(msg)
     pytest.skip(msg)
+
+
+# `lightkeeper demo` holds a machine-wide lock: under pytest-xdist (bin/test -n 2) these modules
+# share one worker; every other module stays whole on one worker (its module-scoped job once).
+# tryfirst: xdist reads the groups in its own collection hook
+DEMO_MODULES = {"test_demo_e2e.py", "test_demo_hosts.py", "test_demo_keep_running.py",
+                "test_demo_placement.py", "test_install_core.py"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("demo" if name in DEMO_MODULES else name))
