@@ -127,8 +127,9 @@ def format_text(report: dict[str, Any]) -> str:
     for b in report.get("bundles", []):
         named = _span(b["culprit_ranks"]) if b["culprit_ranks"] else "none"
         agrees = {True: "the analysis agrees", False: "the analysis does not name them", None: ""}[b["analysis_agrees"]]
+        when = {"evict": "kept before the kill", "confirm": "kept when confirmed"}.get(b["trigger"], b["trigger"])
         lines.append(f"incident bundle {b['id']}: the monitor named rank(s) {named} of replica group {b['replica_group']} "
-                     f"({b['kind']}, {b['trigger']}{', ' + b['decision'] if b['decision'] else ''}){'; ' + agrees if agrees else ''}")
+                     f"({b['kind']}, {when}){'; ' + agrees if agrees else ''}")
         for r in b["not_fetched"]:
             lines.append(f"  not fetched from rank {r.get('rank')} ({r.get('url')}): stacks {r.get('stacks')}, fr_trace {r.get('fr_trace')}")
         for x in b["left_out"]:
