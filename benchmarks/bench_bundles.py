@@ -135,7 +135,7 @@ def main() -> int:
     for shape in args.shapes:
         g, k = (int(x) for x in shape.split("x"))
         rows += run(g, k, args.entries, args.repeat, args.timeout)
-    print(f"\n| ranks | scenario | decision to kill, median / max (s) | ranks complete | bundle |")
+    print("\n| ranks | scenario | decision to kill, median / max (s) | ranks complete | bundle |")
     print("| --- | --- | --- | --- | --- |")
     for r in rows:
         size = f"{r['bundle_bytes'] / 1e6:.2f} MB" if r["bundle_bytes"] else "-"

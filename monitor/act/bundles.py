@@ -24,7 +24,7 @@ import msgspec
 from ..analysis.bundle import FORMAT, FR_DIR, STACKS_DIR, VERSION, rank_file
 from ..config import MonitorConfig
 from ..evidence.view import ClusterView
-from ..poll.poller import Poller, RankPoll
+from ..poll.poller import Poller, judge_body
 from ..store import Store
 from .bundle_store import BundleStore
 
@@ -118,12 +118,10 @@ def choose_ranks(view: ClusterView, evidence: ClusterView | None, replica_group:
     return rows[:most], over
 
 
-def _why(p: RankPoll | None) -> str:
-    if p is None:
-        return "not asked"
-    if p.ok:
-        return "ok"
-    return f"{p.reason}: {p.error}" if p.error else str(p.reason)
+def looks_like_dump(body: bytes) -> bool:
+    """A JSON object naming ``entries``: kept as the rank sent it (``lightkeeper analyze``
+    judges it whole, and says so in its ``errors`` when it is broken after all)."""
+    return bytes(body[:64]).lstrip()[:1] == b"{" and b'"entries"' in body
 
 
 class Bundles:
@@ -196,17 +194,15 @@ class Bundles:
         fetched_s = time.perf_counter() - t0
         rows, stacks, dumps = [], [], []
         for r, role in ranks:
-            st, fr = polls.get((r.url, "stacks")), polls.get((r.url, "fr"))
-            fr_why = _why(fr)
-            if fr is not None and fr.ok and not isinstance(fr.data.get("entries"), list):
-                fr_why = "bad_response: not a Flight Recorder dump (no entries list)"
-            rows.append({**_rank_row(r, role), "stacks": _why(st), "fr_trace": fr_why})
+            st, st_why = polls[(r.url, "stacks")]
+            fr, fr_why = polls[(r.url, "fr")]
+            rows.append({**_rank_row(r, role), "stacks": st_why, "fr_trace": fr_why})
             if r.rank is None:
                 continue
-            if st is not None and st.ok:
-                stacks.append((rank_file(STACKS_DIR, r.rank), _encode(st.data), role))
-            if fr_why == "ok":
-                dumps.append((rank_file(FR_DIR, r.rank), _encode(fr.data), role))
+            if st is not None:
+                stacks.append((rank_file(STACKS_DIR, r.rank), bytes(st), role))
+            if fr is not None:
+                dumps.append((rank_file(FR_DIR, r.rank), bytes(fr), role))
         bundle_id = self.store.new_id(trigger, kind, group)
         head = [("findings.json", _encode({"finding": {**finding, "id": finding_id},
                                            "related": related}), "head"),
@@ -254,20 +250,32 @@ class Bundles:
                  "in %.2fs", bundle_id, len(ranks), summary["ranks_complete"], fetched_s, took)
         return {"id": bundle_id, "seconds": round(took, 4), **summary}
 
-    def _fetch(self, urls: list[str]) -> dict[tuple[str, str], RankPoll]:
-        """Every rank's stacks and dump at once, each request ended at ``--bundle-timeout``."""
+    def _fetch(self, urls: list[str]) -> dict[tuple[str, str], tuple[bytes | None, str]]:
+        """Every rank's stacks and dump at once, each request ended at ``--bundle-timeout``:
+        (url, ``stacks``/``fr``) -> (the answer's bytes as the rank sent them, or None; ``ok``
+        or why not). A dump is not parsed here (a megabyte each: the kill waits for it), only
+        looked at; the stacks are parsed."""
         if not urls:
             return {}
         base = [u.rstrip("/") for u in urls]
         asks = [b + "/v1/stacks" for b in base] + [b + "/v1/fr_trace" for b in base]
         queries = ["?format=json"] * len(base) + [""] * len(base)
-        got = self._get_poller().sweep(asks, "", self.bc.timeout_s, self.cfg.max_fr_bytes,
-                                       queries=queries)
-        out = {}
-        for u, b in zip(urls, base, strict=True):
-            out[(u, "stacks")] = got.get(b + "/v1/stacks")
-            out[(u, "fr")] = got.get(b + "/v1/fr_trace")
-        return out
+        rows: list[tuple] = []
+        self._get_poller().sweep(asks, "", self.bc.timeout_s, self.cfg.max_fr_bytes,
+                                 on_rows=rows.extend, queries=queries)
+        got: dict[int, tuple[bytes | None, str]] = {}
+        for i, ok, body, reason, error, _status, latency, _at in rows:
+            if not ok:
+                got[i] = (None, f"{reason}: {error}" if error else str(reason))
+            elif i < len(base):
+                p = judge_body(asks[i], body, latency)
+                got[i] = (body, "ok") if p.ok else (None, f"{p.reason}: {p.error}")
+            else:
+                got[i] = (body, "ok") if looks_like_dump(body) else (
+                    None, "bad_response: not a Flight Recorder dump (a JSON object with entries)")
+        n = len(base)
+        return {(u, kind): got.get(i + off, (None, "not answered"))
+                for off, kind in ((0, "stacks"), (n, "fr")) for i, u in enumerate(urls)}
 
     def close(self) -> None:
         """Let a bundle under way finish (bounded by the fetch timeout and a write)."""
