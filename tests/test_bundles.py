@@ -162,6 +162,29 @@ def test_retention_and_total_cap_delete_the_oldest(tmp_path):
         store.close()
 
 
+def test_an_older_audit_log_gains_the_bundle_column(tmp_path):
+    """A --state file written before bundles existed opens, its decisions keep their rows."""
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE decisions (id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, "
+               "replica_group INTEGER, replica_id TEXT, decision TEXT NOT NULL, reason TEXT NOT "
+               "NULL, detail TEXT, finding_id INTEGER, finding TEXT, status TEXT, http_status "
+               "INTEGER, confirmed_at REAL, source TEXT NOT NULL DEFAULT 'auto')")
+    db.execute("INSERT INTO decisions (at, decision, reason) VALUES (1, 'evict', 'hang')")
+    db.commit()
+    db.close()
+    store = Store(str(path))
+    try:
+        [d] = store.decisions()
+        assert d["reason"] == "hang" and d["bundle"] is None
+        store.update_decision(d["id"], bundle="b1")
+        assert store.decisions()[0]["bundle"] == "b1"
+    finally:
+        store.close()
+
+
 def test_analyze_reads_a_bundle_and_names_the_monitors_culprit(tmp_path, capsys):
     sim = SimRanks.start(3)
     dumps = hang_dumps(3, absent=1)

@@ -12,6 +12,7 @@ the manifest, and the kill goes out regardless. Nothing here raises into the enf
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -38,9 +39,20 @@ _WORKERS = 64  # requests in flight per bundle: the culprit's group and its peer
 def _encode(doc: Any) -> bytes:
     try:
         return _ENCODE.encode(doc)
-    except (TypeError, msgspec.EncodeError):
-        import json
+    except (TypeError, msgspec.EncodeError):  # a value msgspec does not know: as a string
         return json.dumps(doc, default=str).encode()
+
+
+def _named_ranks(ev: dict[str, Any]) -> list[int]:
+    """The ranks a finding's evidence names beside its culprits: those waiting for them, a
+    mismatch's other variants (the engine's findings under ``analysis``)."""
+    found = list(ev.get("waiting_ranks") or [])
+    analysis = ev.get("analysis")
+    for a in analysis if isinstance(analysis, list) else [analysis]:
+        if isinstance(a, dict):
+            found += list(a.get("waiting_ranks") or [])
+            found += [x for v in a.get("variants") or [] for x in v.get("ranks") or []]
+    return [r for r in found if isinstance(r, int)]
 
 
 def _rank_row(r: Any, role: str) -> dict[str, Any]:
@@ -94,15 +106,8 @@ def choose_ranks(view: ClusterView, evidence: ClusterView | None, replica_group:
         add(r, "culprit" if r.rank in culprits else "culprit_group")
     for r in culprits:
         add(by_rank.get(r), "culprit")
-    ev = finding_evidence or {}
-    named = list(ev.get("waiting_ranks") or [])
-    for a in ev.get("analysis") if isinstance(ev.get("analysis"), list) \
-            else [ev.get("analysis")] if isinstance(ev.get("analysis"), dict) else []:
-        named += list(a.get("waiting_ranks") or [])
-        named += [x for v in a.get("variants") or [] for x in v.get("ranks") or []]
-    for r in named:
-        if isinstance(r, int):
-            add(by_rank.get(r), "peer")
+    for r in _named_ranks(finding_evidence or {}):
+        add(by_rank.get(r), "peer")
     # no culprit named (a manual eviction): the whole group's group ranks
     group_ranks = {(by_rank[r].state or {}).get("group_rank") for r in culprits if r in by_rank} \
         or {(r.state or {}).get("group_rank") for r in (gv.ranks if gv is not None else ())}
@@ -173,9 +178,13 @@ class Bundles:
                       finding: dict[str, Any], finding_id: int | None,
                       related: list[dict[str, Any]]) -> None:
         """The same on the helper thread: a confirmation never delays the sweep."""
-        if self.store is not None:
+        if self.store is None:
+            return
+        try:
             self._helper.submit(self.capture, trigger, view, evidence, finding, finding_id,
                                 None, related)
+        except RuntimeError:  # closed: the monitor is stopping
+            log.info("monitor stopping: no bundle for finding %s", finding_id)
 
     def _capture(self, trigger: str, view: ClusterView, evidence: ClusterView | None,
                  finding: dict[str, Any], finding_id: int | None,
