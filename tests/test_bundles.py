@@ -209,6 +209,12 @@ def test_analyze_reads_a_bundle_and_names_the_monitors_culprit(tmp_path, capsys)
     out = capsys.readouterr().out
     assert f"incident bundle {got['id']}: the monitor named rank(s) 1 of replica group 1" in out
     assert "the analysis agrees" in out
+    # unpacked by hand, the folder is a bundle too
+    with tarfile.open(path) as tar:
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    assert main(["analyze", "--format", "json", str(tmp_path / "unpacked" / got["id"])]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["bundles"][0]["analysis_agrees"] is True and report["ranks"] == [0, 1, 2]
     # a broken archive is an error entry, not a crash
     bad = tmp_path / "broken.tar.gz"
     bad.write_bytes(b"not gzip")
