@@ -335,14 +335,15 @@ class Monitor:
             inc["bundles"] = sorted(set(ids))
         return out
 
-    def incidents_json(self, limit: int = 100) -> dict[str, Any]:
+    def incidents_json(self, limit: int = 100, goodput: bool = True) -> dict[str, Any]:
         """``GET /v1/incidents``: the incident bundles kept, newest first, each with its
-        download path and the goodput incident it belongs to."""
+        download path and (``goodput``) the goodput incident it belongs to."""
         bc = self.cfg.bundles
         store = self.bundles.store
         rows = store.list(limit) if store is not None else []
         owner: dict[tuple[str, int], int] = {}
-        for inc in self.goodput.to_json(incidents=10_000, intervals=0).get("incidents") or []:
+        ledger = self.goodput.to_json(incidents=10_000, intervals=0) if goodput and rows else {}
+        for inc in ledger.get("incidents") or []:
             for fid in inc.get("finding_ids") or []:
                 owner[("finding", fid)] = inc["id"]
             if inc.get("eviction_id") is not None:

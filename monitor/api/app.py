@@ -152,7 +152,7 @@ def create_app(monitor: Any) -> Flask:
                                findings=monitor.store.findings(limit=20),
                                decisions=monitor.store.decisions(limit=20),
                                hosts=monitor.hosts_json(),
-                               bundles=monitor.incidents_json(limit=10)["bundles"],
+                               bundles=monitor.incidents_json(limit=10, goodput=False)["bundles"],
                                interval=monitor.cfg.interval_s, now=time.time(),
                                fmt_time=lambda t: time.strftime("%H:%M:%S", time.localtime(t))
                                if t else "")
