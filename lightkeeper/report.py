@@ -105,10 +105,27 @@ def detections(findings: list[dict], evictions: list[dict], t0_unix: float,
         d = {"kind": f["kind"], "replica_group": f["replica_group"],
              "ranks": f.get("ranks"), "culprit_ranks": culprit_ranks,
              "culprit_hosts": culprit_hosts, "replica_id": f.get("replica_id"),
-             "at_s": round(f["confirmed_at"] - t0_unix, 2), "evicted": bool(ev)}
+             "at_s": round(f["confirmed_at"] - t0_unix, 2), "evicted": bool(ev),
+             "bundle": next((e["bundle"] for e in ev if e.get("bundle")), None)}
         d["fault"] = attributed_fault(d, faults or [], end)
         out.append(d)
     return sorted(out, key=lambda d: d["at_s"])
+
+
+def bundle_file(report_dir: Path, bundle_id: str | None) -> str | None:
+    """An eviction's incident bundle, relative to the report (the demo's monitor keeps its
+    bundles in ``incidents/`` beside its ``--state``, inside the report folder); None: none."""
+    if not bundle_id:
+        return None
+    rel = f"incidents/{bundle_id}.tar.gz"
+    return rel if (Path(report_dir) / rel).is_file() else None
+
+
+def bundle_link(e: dict) -> str:
+    """A markdown link to an eviction's bundle, or the reason there is none."""
+    if e.get("bundle_file"):
+        return f"[{e['bundle']}]({e['bundle_file']})"
+    return f"`{e['bundle']}` (not in the report folder)" if e.get("bundle") else "none kept"
 
 
 def final_steps(samples: list[dict]) -> dict[str, int]:
@@ -177,7 +194,8 @@ def build_report(demo) -> dict[str, Any]:
     evictions = [{"replica_group": d["replica_group"], "replica_id": d.get("replica_id"),
                   "decision": d["decision"], "reason": d.get("reason"),
                   "at_s": round(d["at"] - demo.t0_unix, 2), "status": d.get("status"),
-                  "detail": d.get("detail")}
+                  "detail": d.get("detail"), "bundle": d.get("bundle"),
+                  "bundle_file": bundle_file(demo.dir, d.get("bundle"))}
                  for d in demo.evictions]
     cfg = settings(demo)
     hosts_view = getattr(demo, "hosts_view", None)
@@ -459,6 +477,16 @@ def markdown(rep: dict) -> str:
                     f"| {_culprit(d) if d.get('culprit_ranks') is not None else '—'} "
                     f"| {'yes' if d['evicted'] else 'no'} "
                     f"| {'fault ' + str(d['fault']) if d.get('fault') else 'no fault'} |")
+    kills = [e for e in rep["evictions"] if e["decision"] == "evict"]
+    if kills:
+        head += ["", "## Evictions and their evidence", "",
+                 "Before each kill the monitor kept the group's and its peers' stacks and "
+                 "Flight Recorder dumps in an incident bundle; `lightkeeper analyze "
+                 "<bundle>` reads one (docs/monitor.md, Incident bundles).", "",
+                 "| at | group | reason | status | incident bundle |", "|---|---|---|---|---|"]
+        for e in kills:
+            head.append(f"| {e['at_s']:.1f}s | {e['replica_group']} | {e['reason']} "
+                        f"| {e.get('status') or ''} | {bundle_link(e)} |")
     hs = rep.get("hosts")
     if hs:
         head += ["", "## Hosts", "",

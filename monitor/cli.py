@@ -18,6 +18,7 @@ from dataclasses import fields
 from .config import (
     EVICTABLE_KINDS,
     QUARANTINE_AFTER,
+    BundleConfig,
     ConfigError,
     DetectorConfig,
     MonitorConfig,
@@ -215,6 +216,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     q.add_argument("--k8s-pod-selector",
                    help="label selector of the job's pods deleted from a quarantined node "
                         "(app.kubernetes.io/component=training)")
+    b, bd = p.add_argument_group("incident bundles (docs/monitor.md, Incident bundles)"), \
+        BundleConfig()
+    b.add_argument("--no-bundles", dest="bundle_enabled", action="store_false",
+                   help="keep no incident bundle (the ranks' stacks and dumps before a kill)")
+    b.add_argument("--bundle-dir", dest="bundle_dir",
+                   help="where bundles are kept (default: incidents/ beside --state)")
+    b.add_argument("--bundle-timeout", dest="bundle_timeout_s", type=float,
+                   default=bd.timeout_s,
+                   help="seconds a kill waits at most for the ranks' evidence (%(default)s)")
+    b.add_argument("--bundle-ranks", dest="bundle_max_ranks", type=_positive_int,
+                   default=bd.max_ranks,
+                   help="ranks asked per bundle: the culprit's group, then its peers "
+                        "(%(default)s)")
+    b.add_argument("--bundle-max-bytes", dest="bundle_max_bytes", type=_positive_int,
+                   default=bd.max_bytes,
+                   help="one bundle's content before compression; beyond, files are left out "
+                        "(%(default)s)")
+    b.add_argument("--bundle-total-bytes", dest="bundle_total_bytes", type=_positive_int,
+                   default=bd.total_bytes,
+                   help="all bundles on disk; the oldest are deleted beyond (%(default)s)")
+    b.add_argument("--bundle-keep", dest="bundle_keep_s", type=float, default=bd.keep_s,
+                   help="seconds a bundle is kept (%(default)s: 14 days)")
     sh = p.add_argument_group("several monitors (docs/scaling.md, Beyond one machine)")
     sh.add_argument("--shard", type=_shard, metavar="I/N",
                     help="poll only slice I of N of the replica groups; propose their evictions "
@@ -275,7 +298,9 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
             max_quarantined=args.max_quarantined, dry_run=args.quarantine_dry_run,
             actions=tuple(args.actions), action_timeout_s=args.action_timeout,
             webhook_secret=_env(args.webhook_secret, "LIGHTKEEPER_WEBHOOK_SECRET"),
-            k8s_namespace=args.k8s_namespace, k8s_pod_selector=args.k8s_pod_selector))
+            k8s_namespace=args.k8s_namespace, k8s_pod_selector=args.k8s_pod_selector),
+        bundles=BundleConfig(**{f.name: given[f"bundle_{f.name}"] for f in fields(BundleConfig)
+                                if f"bundle_{f.name}" in given}))
     from .service import check_config  # the loop's modules only once a monitor is built
     check_config(cfg)
     return cfg

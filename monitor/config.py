@@ -154,6 +154,35 @@ class QuarantineConfig:
 
 
 @dataclass
+class BundleConfig:
+    """Incident bundles: the evidence kept for the post-mortem (monitor/act/bundles.py,
+    docs/monitor.md, Incident bundles)."""
+
+    enabled: bool = True
+    dir: str | None = None  # None: ``incidents/`` beside --state
+    timeout_s: float = 2.0  # a kill waits at most this for the ranks' stacks and dumps
+    max_ranks: int = 32  # ranks asked per bundle: the culprit's group first, then its peers
+    max_bytes: int = 64 << 20  # one bundle's content before compression; beyond: left out
+    total_bytes: int = 1 << 30  # every bundle on disk; the oldest go first
+    keep_s: float = 14 * 86400.0  # a bundle older than this is deleted
+
+    def directory(self, state_path: str) -> str | None:
+        """Where bundles go (None: nowhere, an in-memory audit log and no --bundle-dir)."""
+        if self.dir:
+            return self.dir
+        if state_path == ":memory:":
+            return None
+        return os.path.join(os.path.dirname(os.path.abspath(state_path)), "incidents")
+
+    def validate(self) -> None:
+        _at_least(self, 0, "timeout_s", "keep_s", strict=True)
+        _at_least(self, 1, "max_ranks", "max_bytes", "total_bytes")
+        if self.total_bytes < self.max_bytes:
+            raise ConfigError(f"--bundle-total-bytes ({self.total_bytes}) must be >= "
+                              f"--bundle-max-bytes ({self.max_bytes})")
+
+
+@dataclass
 class ShardConfig:
     """One monitor of several (monitor/shard.py, docs/scaling.md "Beyond one machine")."""
 
@@ -232,6 +261,7 @@ class MonitorConfig:
     rails: RailsConfig = field(default_factory=RailsConfig)
     probes: ProbeConfig = field(default_factory=ProbeConfig)
     quarantine: QuarantineConfig = field(default_factory=QuarantineConfig)
+    bundles: BundleConfig = field(default_factory=BundleConfig)
     shard: ShardConfig | None = None  # one of several monitors (monitor/shard.py)
 
     def validate(self) -> None:
@@ -250,6 +280,7 @@ class MonitorConfig:
         self.rails.validate()
         self.probes.validate()
         self.quarantine.validate()
+        self.bundles.validate()
         if self.shard is not None:
             self.shard.validate(self.interval_s)
             if self.shard.lead and not self.lighthouse:

@@ -21,6 +21,7 @@ from typing import Any
 from http_serving import BackgroundWSGIServer, http_url
 
 from .act.actions import Lighthouse, Orphans, RankCalls
+from .act.bundles import Bundles
 from .act.enforcer import Enforcer
 from .act.hosts import HostLedger
 from .act.sinks import SinkConfigError, build_sink, validate_action
@@ -109,10 +110,11 @@ class Monitor:
                                                    cfg.lighthouse_join_timeout_ms, cfg.interval_s)
         self.lighthouse = Lighthouse(cfg.lighthouse, cfg.kill_timeout_s)
         self.hosts = HostLedger(self.store, cfg.quarantine, _sinks(cfg), cfg.job, clock)
+        self.bundles = Bundles(cfg, self.store, clock)
         self.enforcer = Enforcer(
             cfg, self.store, self.detectors, self.hosts, self.lighthouse,
             Orphans(RankCalls(cfg.rank_exit_token, cfg.kill_timeout_s), cfg.orphan_grace_s),
-            self.lh_settings, self.metrics, self.blind_reason, clock)
+            self.lh_settings, self.metrics, self.blind_reason, clock, self.bundles)
         self.goodput = GoodputAccount(self.store, cfg.expected_groups, cfg.interval_s,
                                       self.metrics)
         self.view: ClusterView | None = None  # every rank: what the monitor shows
@@ -213,6 +215,8 @@ class Monitor:
             self.shard.after_sweep(view, evidence, now)
         else:
             self.enforcer.decide(view, evidence, now)
+        # the evidence of a confirmed hang, mismatch or network fault, kept even when held
+        self.enforcer.bundle_confirmed(view, evidence, new)
         self.enforcer.confirm_evictions(view, now)
         # a group gone from the quorum (its host off the network, or evicted while partitioned)
         # holds the others in their collective until its timeout: they are told to abort it
@@ -319,7 +323,45 @@ class Monitor:
         return views.ranks_json(self.view, self.clock())
 
     def goodput_json(self, incidents: int = 50, intervals: int = 200) -> dict[str, Any]:
-        return self.goodput.to_json(incidents, intervals)
+        """The ledger; each incident with ``bundles``: the incident bundles of its findings and
+        eviction (docs/monitor.md, Incident bundles)."""
+        out = self.goodput.to_json(incidents, intervals)
+        links = self.bundles.store.by_link() if self.bundles.store is not None else {}
+        for inc in out.get("incidents") or []:
+            ids = [b for fid in inc.get("finding_ids") or []
+                   for b in links.get(("finding", fid), [])]
+            if inc.get("eviction_id") is not None:
+                ids += links.get(("decision", inc["eviction_id"]), [])
+            inc["bundles"] = sorted(set(ids))
+        return out
+
+    def incidents_json(self, limit: int = 100, goodput: bool = True) -> dict[str, Any]:
+        """``GET /v1/incidents``: the incident bundles kept, newest first, each with its
+        download path and (``goodput``) the goodput incident it belongs to."""
+        bc = self.cfg.bundles
+        store = self.bundles.store
+        rows = store.list(limit) if store is not None else []
+        owner: dict[tuple[str, int], int] = {}
+        ledger = self.goodput.to_json(incidents=10_000, intervals=0) if goodput and rows else {}
+        for inc in ledger.get("incidents") or []:
+            for fid in inc.get("finding_ids") or []:
+                owner[("finding", fid)] = inc["id"]
+            if inc.get("eviction_id") is not None:
+                owner[("decision", inc["eviction_id"])] = inc["id"]
+        for r in rows:
+            r["download"] = f"/v1/incidents/{r['id']}/bundle"
+            r["goodput_incident"] = owner.get(("decision", r["decision_id"])) \
+                or owner.get(("finding", r["finding_id"]))
+        return {"enabled": store is not None, "dir": store.dir if store is not None else None,
+                "error": store.error if store is not None else None,
+                "policy": {"timeout_s": bc.timeout_s, "max_ranks": bc.max_ranks,
+                           "max_bytes": bc.max_bytes, "total_bytes": bc.total_bytes,
+                           "keep_s": bc.keep_s},
+                "bundles": rows}
+
+    def bundle_path(self, bundle_id: str) -> str | None:
+        store = self.bundles.store
+        return store.path(bundle_id) if store is not None else None
 
     def hosts_json(self) -> dict[str, Any]:
         return self.enforcer.hosts_json(self.view)

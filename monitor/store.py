@@ -63,7 +63,15 @@ CREATE TABLE IF NOT EXISTS host_actions (
     detail TEXT, event TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS host_actions_due ON host_actions (status, next_at);
+CREATE TABLE IF NOT EXISTS bundles (
+    id TEXT PRIMARY KEY, at REAL NOT NULL, trigger TEXT NOT NULL, kind TEXT,
+    replica_group INTEGER, replica_id TEXT, finding_id INTEGER, decision_id INTEGER,
+    path TEXT NOT NULL, bytes INTEGER NOT NULL, summary TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS bundles_at ON bundles (at);
 """
+# columns added after a release: (table, column, declaration), added to an older file at start
+ADDED_COLUMNS = (("decisions", "bundle", "TEXT"),)
 
 # a job-wide finding's replica_group (None) in the findings table, whose column is NOT NULL
 JOB_GROUP = -1
@@ -103,6 +111,10 @@ class Store:
         if path != ":memory:":
             self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(SCHEMA)
+        for table, column, decl in ADDED_COLUMNS:
+            have = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
         self._db.commit()
 
     def close(self) -> None:
@@ -162,7 +174,7 @@ class Store:
              status, source))
 
     def update_decision(self, decision_id: int, **fields: Any) -> None:
-        bad = set(fields) - {"status", "http_status", "confirmed_at", "detail"}
+        bad = set(fields) - {"status", "http_status", "confirmed_at", "detail", "bundle"}
         if bad:  # column names go into the SQL text: only these
             raise ValueError(f"cannot update {', '.join(sorted(bad))}")
         cols = ", ".join(f"{k}=?" for k in fields)
@@ -188,6 +200,27 @@ class Store:
     def pending_confirmations(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self._rows(
             "SELECT * FROM decisions WHERE decision='evict' AND status='sent'")]
+
+    # --- incident bundles (monitor.act.bundle_store) -----------------------------------------
+    def add_bundle(self, row: dict[str, Any]) -> None:
+        self._write("INSERT INTO bundles (id, at, trigger, kind, replica_group, replica_id, "
+                    "finding_id, decision_id, path, bytes, summary) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                    (row["id"], row["at"], row["trigger"], row.get("kind"),
+                     row.get("replica_group"), row.get("replica_id"), row.get("finding_id"),
+                     row.get("decision_id"), row["path"], row["bytes"],
+                     json.dumps(row.get("summary") or {}, default=str)))
+
+    def bundles(self, limit: int = 500, bundle_id: str | None = None) -> list[dict[str, Any]]:
+        """Bundles newest first (or the one of ``bundle_id``)."""
+        if bundle_id is not None:
+            rows = self._rows("SELECT * FROM bundles WHERE id=?", (bundle_id,))
+        else:
+            rows = self._rows("SELECT * FROM bundles ORDER BY at DESC, rowid DESC LIMIT ?",
+                              (limit,))
+        return [{**dict(r), "summary": json.loads(r["summary"])} for r in rows]
+
+    def delete_bundle(self, bundle_id: str) -> None:
+        self._write("DELETE FROM bundles WHERE id=?", (bundle_id,))
 
     # --- goodput ledger (monitor.goodput) ----------------------------------------------------
     def save_goodput(self, state: dict[str, Any], incidents: list[dict[str, Any]],

@@ -126,6 +126,11 @@ def test_default_scenario(tmp_path):
             r["detections"]
     evicted = {1, 2} | ({0} if net else set())
     assert {e["replica_group"] for e in r["evictions"] if e["decision"] == "evict"} == evicted
+    # each eviction's incident bundle, kept before its kill, in the report folder and linked
+    md = (report_dir / "report.md").read_text()
+    for e in (e for e in r["evictions"] if e["decision"] == "evict"):
+        assert e["bundle_file"] and (report_dir / e["bundle_file"]).is_file(), e
+        assert f"[{e['bundle']}]({e['bundle_file']})" in md
     assert {x["replica_group"] for x in r["restarts"]} >= evicted
     assert r["phases"][0]["name"] == "healthy" and r["healthy_step_rate"] > 0
     assert "| 1 | `slow_compute:" in out and "group 1 rank 1 (rank 3" in out

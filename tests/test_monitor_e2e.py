@@ -17,9 +17,11 @@ One cluster serves the whole module, one fault after another (tests run in file 
 4. the monitor is restarted (same ``--state``): the audit log is intact, the restarted group 2
    (new replica id, healed from a peer to the quorum's step) is not evicted on old evidence;
 5. the new group 2 hangs (posted live): detected and evicted, survivors commit again well before
-   the 20 s process-group timeout;
+   the 20 s process-group timeout; the incident bundle kept before the kill is listed,
+   downloadable, and ``lightkeeper analyze`` on it names the rank the monitor evicted;
 6. group 2 restarted once more, a mismatched all_reduce posted live, monitor restarted with
-   ``--min-replicas 3``: the mismatch is reported for group 2 and the eviction held back.
+   ``--min-replicas 3``: the mismatch is reported for group 2 and the eviction held back; its
+   evidence is kept all the same (a bundle on confirmation).
 
 Monitors run as ``lightkeeper monitor`` processes; ranks find them through self-registration.
 Faults after the first are posted to the restarted group's rank through its token-guarded
@@ -35,6 +37,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tarfile
 
 import pytest
 import requests
@@ -359,6 +362,40 @@ def test_hang_detected_and_evicted_survivors_recover(env):
     recovery = first_commit - onset
     assert recovery < 20.0, f"survivors took {recovery:.1f}s (pg timeout 20 s)"
     env["hang_recovery_s"] = recovery
+    check_hang_bundle(env, mon, d, f)
+
+
+def check_hang_bundle(env, mon, d, f):
+    """The evidence the kill destroyed, kept before it: the hung rank's and the survivors'
+    stacks and dumps, listed, downloadable, and ``lightkeeper analyze`` on the bundle names
+    the rank the monitor evicted."""
+    # the row as the kill left it (while the bundle is fetched it reads "sending")
+    [d] = [x for x in evictions(mon, "evict") if x["id"] == d["id"]]
+    assert d["status"] in ("sent", "confirmed"), d
+    assert d["bundle"] and f"evidence kept in bundle {d['bundle']}" in d["detail"]
+    rows = {r["id"]: r for r in mon.get("/v1/incidents")["bundles"]}
+    row = rows[d["bundle"]]
+    assert (row["trigger"], row["kind"], row["decision_id"], row["finding_id"]) == (
+        "evict", "hang", d["id"], f["id"])
+    # the straggler's eviction kept one too
+    assert any(r["kind"] == "straggler" and r["trigger"] == "evict" for r in rows.values())
+    r = requests.get(mon.url + row["download"], timeout=10)
+    assert r.status_code == 200
+    path = env["dir"] / f"{row['id']}.tar.gz"
+    path.write_bytes(r.content)
+    status, report = analyze_cli(path)
+    [b] = report["bundles"]
+    assert b["culprit_ranks"] == f["ranks"] == [2] and b["decision"] == "evict"
+    assert b["analysis_agrees"] is True, report
+    assert status == 1 and any(x["kind"] == "hang" and x["culprit_ranks"] == [2]
+                               for x in report["findings"])
+    with tarfile.open(path) as tar:
+        m = json.load(tar.extractfile(f"{row['id']}/manifest.json"))
+    # written while the decision was still being sent: before the kill
+    assert m["written_before_kill"] and m["decision"]["status"] == "sending"
+    assert m["fetch"]["seconds"] <= m["fetch"]["timeout_s"] + 0.5
+    assert {x["rank"]: x["fr_trace"] for x in m["ranks"]} == {0: "ok", 1: "ok", 2: "ok"}
+    assert all(x["stacks"] == "ok" for x in m["ranks"]), m["ranks"]
 
 
 def test_mismatch_reported_and_min_replicas_holds(env):
@@ -379,3 +416,7 @@ def test_mismatch_reported_and_min_replicas_holds(env):
                            and d["replica_group"] == 2 for d in evictions(mon)), 20,
                what="the eviction held back by --min-replicas")
     assert len(evictions(mon, "evict")) == n_evict
+    # held, yet its evidence is kept: a bundle on confirmation (written on a helper thread)
+    wait_until(lambda: [b for b in mon.get("/v1/incidents")["bundles"] if b["trigger"] ==
+                        "confirm" and b["kind"] == "mismatch" and b["finding_id"] == f["id"]],
+               20, what="the mismatch's bundle")

@@ -183,7 +183,7 @@ def state_asks(monkeypatch) -> list[str]:
     respond = SimRank.respond
 
     def recording(self, path, mode):
-        if path.endswith("/v1/state"):
+        if path.split("?")[0].endswith("/v1/state"):
             asked.append(self.url)
         return respond(self, path, mode)
 

@@ -21,6 +21,7 @@ from ..evidence.lighthouse_status import LighthouseStatus
 from ..evidence.view import ClusterView
 from ..store import Store
 from .actions import Lighthouse, Orphans, RankCalls
+from .bundles import CONFIRM_KINDS, Bundles
 from .dead import DeadGroups
 from .decisions import Decision, Situation, decide
 from .hosts import HostLedger
@@ -51,8 +52,11 @@ class Enforcer:
 
     def __init__(self, cfg: MonitorConfig, store: Store, detectors: Detectors, hosts: HostLedger,
                  lighthouse: Lighthouse, orphans: Orphans, lh_settings: LighthouseSettingsWatch,
-                 metrics: Any, blind: Callable[[], str | None], clock: Callable[[], float]) -> None:
+                 metrics: Any, blind: Callable[[], str | None], clock: Callable[[], float],
+                 bundles: Bundles | None = None) -> None:
         self.cfg, self.store, self.detectors, self.hosts = cfg, store, detectors, hosts
+        self.bundles = bundles
+        self._bundled: set[int] = set()  # findings whose kill this sweep took a bundle
         self.lighthouse, self.orphans, self.lh_settings = lighthouse, orphans, lh_settings
         self.metrics, self.blind, self.clock = metrics, blind, clock
         self.hosts_error: str | None = None
@@ -169,8 +173,27 @@ class Enforcer:
         return self.survivors.release(view, evidence, lighthouse, self.blindness(view),
                                       self.store.evicted_replica_ids(), now)
 
+    def bundle_confirmed(self, view: ClusterView, evidence: ClusterView,
+                         new: list[Finding]) -> None:
+        """A bundle for each new hang, mismatch or network finding that no kill bundled this
+        sweep (held by a rail, say), written on the bundles' helper thread."""
+        bundled, self._bundled = self._bundled, set()
+        if self.bundles is None or not self.bundles.enabled:
+            return
+        for f in new:
+            fid = self._finding_ids.get(f.key)
+            if f.kind in CONFIRM_KINDS and fid not in bundled:
+                self.bundles.capture_later("confirm", view, evidence, f.to_dict(), fid,
+                                           self._related(f.replica_group))
+
+    def _related(self, group: int | None) -> list[dict[str, Any]]:
+        """The group's open findings with their evidence (the bundle's ``findings.json``)."""
+        return [f for f in self.open_findings() if f["replica_group"] == group]
+
     def close(self) -> None:
-        """Let a sink action under way finish (bounded)."""
+        """Let a sink action or a bundle under way finish (bounded)."""
+        if self.bundles is not None:
+            self.bundles.close()
         self.survivors.close()
         if self._host_actions is not None:
             self._host_actions.join(timeout=self.cfg.quarantine.action_timeout_s + 5)
@@ -204,7 +227,7 @@ class Enforcer:
                 if d.evict:
                     self._last_decision[f.key] = d.reason
                     self.apply(d, f.replica_group, f.replica_id, self._finding_ids.get(f.key),
-                               f.to_dict(), "auto")
+                               f.to_dict(), "auto", view, evidence)
                 else:
                     self.hold(f, d)
 
@@ -225,12 +248,15 @@ class Enforcer:
                 else Situation(now, 0.0, set())
             d = decide("manual", replica_group, replica_id, s, self.cfg.rails, manual=True)
             return self.apply(d, replica_group, replica_id, None,
-                              {"kind": "manual", "reason": reason}, "manual")
+                              {"kind": "manual", "reason": reason}, "manual", view, evidence)
 
     def apply(self, d: Decision, replica_group: int, replica_id: str | None,
               finding_id: int | None, finding: dict[str, Any] | None,
-              source: str) -> dict[str, Any]:
-        """Record the decision; for an eviction send the kill and record how it went."""
+              source: str, view: ClusterView | None = None,
+              evidence: ClusterView | None = None) -> dict[str, Any]:
+        """Record the decision; for an eviction keep the incident bundle (with ``view``: at
+        most ``--bundle-timeout`` spent asking the ranks), then send the kill and record how it
+        went."""
         self.metrics.decisions.labels(self.cfg.job, d.decision, d.reason).inc()
         if not d.evict:
             log.info("hold replica group %s (%s): %s", replica_group, d.reason, d.detail)
@@ -244,16 +270,40 @@ class Enforcer:
                                       decision="evict", reason=(finding or {}).get("kind", source),
                                       detail=d.detail, finding_id=finding_id, finding=finding,
                                       status="sending", source=source, at=self.clock())
+        bundle = self._bundle_before_kill(did, d, replica_group, replica_id, finding_id,
+                                          finding, source, view, evidence)
         result = self.lighthouse.kill(replica_id)
+        note = f"; evidence kept in bundle {bundle['id']} ({bundle['seconds']:.2f}s)" \
+            if bundle else ""
         self.store.update_decision(did, status="sent" if result.sent else "failed",
                                    http_status=result.http_status,
-                                   detail=f"{d.detail}; kill: {result.detail}")
+                                   detail=f"{d.detail}{note}; kill: {result.detail}")
         if result.sent:
             self.metrics.evictions.labels(self.cfg.job, str(replica_group)).inc()
             self.lh_settings.kill_sent(replica_id, self.clock())
         self.metrics.last_eviction.labels(self.cfg.job).set(self.clock())
         return {"id": did, "decision": "evict", "reason": d.reason, "sent": result.sent,
-                "detail": result.detail}
+                "detail": result.detail, "bundle": bundle["id"] if bundle else None}
+
+    def _bundle_before_kill(self, did: int, d: Decision, replica_group: int,
+                            replica_id: str | None, finding_id: int | None,
+                            finding: dict[str, Any] | None, source: str,
+                            view: ClusterView | None, evidence: ClusterView | None
+                            ) -> dict | None:
+        """The bundle of an eviction about to be sent (None: none kept; never raises)."""
+        if self.bundles is None or not self.bundles.enabled or view is None:
+            return None
+        decision = {"id": did, "decision": "evict", "reason": (finding or {}).get("kind", source),
+                    "detail": d.detail, "source": source, "status": "sending",
+                    "replica_group": replica_group, "replica_id": replica_id,
+                    "at": self.clock()}
+        bundle = self.bundles.capture("evict", view, evidence, finding, finding_id, decision,
+                                      self._related(replica_group))
+        if bundle is not None:
+            self.store.update_decision(did, bundle=bundle["id"])
+            if finding_id is not None:
+                self._bundled.add(finding_id)
+        return bundle
 
     def confirm_evictions(self, view: ClusterView, now: float) -> None:
         """Confirmed once no reachable rank reports the evicted replica id; ranks the kill

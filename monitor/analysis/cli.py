@@ -1,5 +1,8 @@
 """``lightkeeper analyze PATH [PATH ...]``: cross-rank findings from Flight Recorder dumps.
-Exit status: 0 no findings, 1 findings, 2 nothing loadable or a bad flag.
+A PATH may also be a monitor's incident bundle (monitor/analysis/bundle.py: its dumps are read,
+and what the monitor named is said beside the findings) or torchft's per-quorum dump folders
+(monitor/analysis/torchft_dumps.py: one quorum's). Exit status: 0 no findings, 1 findings, 2
+nothing loadable or a bad flag.
 """
 
 from __future__ import annotations
@@ -7,11 +10,20 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TextIO
+
+from .bundle import BundleError, OpenedBundle, agreement, is_bundle, monitor_verdict, open_bundle
+from .torchft_dumps import pick, quorum_folders
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="per-rank dump files or directories of them (JSON or pickle)")
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="per-rank dump files or directories of them (JSON or pickle), a monitor's incident bundle "
+                        "(<id>.tar.gz), or torchft's per-quorum dump folders (TORCH_FR_DUMP_TEMP_FILE's value or their parent)")
+    parser.add_argument("--quorum", type=int, default=None, metavar="ID",
+                        help="of torchft's per-quorum folders, read this quorum's (default: the newest)")
     parser.add_argument("--format", choices=("text", "json"), default="text", help="output format (default: text)")
     parser.add_argument("--blame-missing", action="store_true",
                         help="count group members without a dump as never having arrived (default: report them as unknown)")
@@ -32,11 +44,21 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         if value is not None and value < 1:
             print(f"lightkeeper analyze: {flag} must be positive", file=sys.stderr)
             return 2
-    loaded = load_paths(args.paths, jobs=args.jobs)
+    inputs = expand(args.paths, args.quorum)
+    try:
+        loaded = load_paths(inputs.paths, jobs=args.jobs)
+    finally:
+        for b in inputs.bundles:
+            b.close()  # the traces are in memory: the unpacked dumps can go
     result = analyze(loaded.traces, blame_missing=args.blame_missing, same_host=args.same_host, world_size=args.world_size)
-    result.errors = loaded.errors + result.errors
+    result.errors = inputs.errors + loaded.errors + result.errors
     report = result.to_dict()
     report["pickle_reader"] = loaded.pickle_reader
+    if inputs.quorums:
+        report["torchft_quorums"] = inputs.quorums
+    if inputs.bundles:
+        report["bundles"] = [dict(monitor_verdict(b.manifest), analysis_agrees=agreement(monitor_verdict(b.manifest), report["findings"]))
+                             for b in inputs.bundles]
     if args.format == "json":
         json.dump(report, out, indent=2)
         out.write("\n")
@@ -47,6 +69,44 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             print("lightkeeper analyze: no usable dump", file=sys.stderr)
         return 2
     return 1 if result.findings else 0
+
+
+@dataclass
+class Inputs:
+    """What the PATHs name once bundles are unpacked and torchft's quorum folders chosen."""
+
+    paths: list[str] = field(default_factory=list)
+    bundles: list[OpenedBundle] = field(default_factory=list)
+    quorums: list[dict[str, Any]] = field(default_factory=list)  # torchft folders: read and not
+    errors: list[dict[str, str]] = field(default_factory=list)
+
+
+def expand(paths: list[str], quorum: int | None = None) -> Inputs:
+    """Bundles unpacked (their ``fr/`` folder read), torchft's per-quorum folders narrowed to one
+    quorum; any other PATH as given. A bad bundle or a missing quorum is an ``errors`` entry."""
+    out = Inputs()
+    for raw in paths:
+        if is_bundle(raw):
+            try:
+                b = open_bundle(raw)
+            except BundleError as e:
+                out.errors.append({"path": raw, "error": str(e)})
+                continue
+            out.bundles.append(b)
+            out.paths.append(b.fr_dir)
+            continue
+        folders = quorum_folders(raw) if not Path(raw).is_file() else {}
+        if not folders:
+            out.paths.append(raw)
+            continue
+        got = pick(folders, quorum)
+        if got is None:
+            out.errors.append({"path": raw, "error": f"no torchft folder of quorum {quorum} (found {sorted(folders)})"})
+            continue
+        for q in sorted(folders):
+            out.quorums.append({"quorum_id": q, "path": str(folders[q]), "read": q == got[0]})
+        out.paths.append(str(got[1]))
+    return out
 
 
 def _span(ranks: list[int]) -> str:
@@ -62,6 +122,18 @@ def format_text(report: dict[str, Any]) -> str:
     lines = [f"analyzed {len(report['ranks'])} rank(s): {_span(report['ranks'])}"]
     if "pickle_reader" in report:
         lines[0] += f" (pickle reader: {report['pickle_reader']})"
+    for q in report.get("torchft_quorums", []):
+        lines.append(f"torchft quorum {q['quorum_id']}: {q['path']}{' (read)' if q['read'] else ''}")
+    for b in report.get("bundles", []):
+        named = _span(b["culprit_ranks"]) if b["culprit_ranks"] else "none"
+        agrees = {True: "the analysis agrees", False: "the analysis does not name them", None: ""}[b["analysis_agrees"]]
+        when = {"evict": "kept before the kill", "confirm": "kept when confirmed"}.get(b["trigger"], b["trigger"])
+        lines.append(f"incident bundle {b['id']}: the monitor named rank(s) {named} of replica group {b['replica_group']} "
+                     f"({b['kind']}, {when}){'; ' + agrees if agrees else ''}")
+        for r in b["not_fetched"]:
+            lines.append(f"  not fetched from rank {r.get('rank')} ({r.get('url')}): stacks {r.get('stacks')}, fr_trace {r.get('fr_trace')}")
+        for x in b["left_out"]:
+            lines.append(f"  left out: {x.get('what')}: {x.get('why')}")
     if report["unknown_ranks"]:
         lines.append(f"no dump from rank(s): {_span(report['unknown_ranks'])}")
     for err in report["errors"]:

@@ -8,7 +8,7 @@ import time
 from functools import partial
 from typing import Any
 
-from flask import Flask, Response, jsonify, render_template, request
+from flask import Flask, Response, jsonify, render_template, request, send_file
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException
 
@@ -88,6 +88,20 @@ def create_app(monitor: Any) -> Flask:
         return jsonify(monitor.goodput_json(incidents=_limit("incidents", 50, 0),
                                             intervals=_limit("intervals", 200, 0)))
 
+    @app.get("/v1/incidents")
+    def incidents():
+        return jsonify(monitor.incidents_json(limit=_limit("limit", 100)))
+
+    @app.get("/v1/incidents/<bundle_id>/bundle")
+    def incident_bundle(bundle_id: str):
+        """The bundle's ``.tar.gz``; 404 for an id the audit log does not list (the id is
+        looked up, never joined to a path)."""
+        path = monitor.bundle_path(bundle_id)
+        if path is None:
+            return jsonify(error=f"no incident bundle {bundle_id!r}", status=404), 404
+        return send_file(path, mimetype="application/gzip", as_attachment=True,
+                         download_name=f"{bundle_id}.tar.gz", max_age=0)
+
     @app.get("/v1/targets")
     def targets():
         return jsonify([{"url": t.url, "source": t.source, "job": t.job,
@@ -138,6 +152,7 @@ def create_app(monitor: Any) -> Flask:
                                findings=monitor.store.findings(limit=20),
                                decisions=monitor.store.decisions(limit=20),
                                hosts=monitor.hosts_json(),
+                               bundles=monitor.incidents_json(limit=10, goodput=False)["bundles"],
                                interval=monitor.cfg.interval_s, now=time.time(),
                                fmt_time=lambda t: time.strftime("%H:%M:%S", time.localtime(t))
                                if t else "")

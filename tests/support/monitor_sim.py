@@ -69,7 +69,7 @@ class SimRank:
     def __init__(self, sim: SimRanks, state: dict[str, Any]) -> None:
         self.sim = sim
         self.state = state
-        self.fr: dict[str, Any] | None = None
+        self.fr: dict[str, Any] | bytes | None = None
         self.mode = "ok"
         self.delay = 0.0
         self.server: asyncio.base_events.Server | None = None
@@ -140,7 +140,7 @@ class SimRank:
                 elif method == "POST" and path.split("?")[0] == "/v1/abort":
                     status, ctype, out = self.abort(headers, body)
                 else:
-                    status, ctype, out = self.respond(path.split("?")[0], mode)
+                    status, ctype, out = self.respond(path, mode)
                 writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
                              f"Content-Length: {len(out)}\r\n\r\n".encode() + out)
                 await writer.drain()
@@ -174,6 +174,7 @@ class SimRank:
              "quorum_id": self.state.get("quorum_id"), "step": self.state.get("step")}).encode()
 
     def respond(self, path: str, mode: str) -> tuple[str, str, bytes]:
+        path, _, query = path.partition("?")
         if mode == "http500":
             return "500 Internal Server Error", "application/json", b'{"error": "boom"}'
         if mode == "garbage":
@@ -186,9 +187,16 @@ class SimRank:
                 doc = {**self.state, "step": "100", "quorum_id": None, "phase": 7,
                        "replica_group": [1]}
             return "200 OK", "application/json", json.dumps(doc).encode()
-        if path == "/v1/fr_trace" and self.fr is not None:
-            return "200 OK", "application/json", json.dumps(self.fr).encode()
+        if path == "/v1/fr_trace" and self.fr is not None:  # bytes: served as they are
+            return "200 OK", "application/json", self.fr if isinstance(self.fr, bytes) \
+                else json.dumps(self.fr).encode()
         if path == "/v1/stacks":
+            if "format=json" in query:
+                return "200 OK", "application/json", json.dumps(
+                    {"pid": self.state.get("pid"), "rank": self.state.get("rank"),
+                     "threads": [{"name": "MainThread", "is_main": True, "frames": [
+                         {"file": "sim.py", "line": 1, "function": "sim", "code": ""}]}]}
+                ).encode()
             return "200 OK", "text/plain", b"Thread MainThread\n  sim\n"
         if path == "/healthz":
             return "200 OK", "application/json", b'{"status": "ok"}'

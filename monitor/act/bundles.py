@@ -1,0 +1,295 @@
+"""Incident bundles: the evidence an eviction destroys, kept before the kill.
+
+An evicted group's processes die with their stacks and Flight Recorder. So before the enforcer
+sends a kill (and when a hang, a mismatch or a network fault is confirmed, on a helper thread)
+:class:`Bundles` asks the culprit's group and its peers in the same collective for ``GET
+/v1/stacks?format=json`` and ``GET /v1/fr_trace``, all at once, each answer bounded by
+``--bundle-timeout`` (2 s) on the monitor's own poller, and writes what came with the finding,
+the verified view and the decision (monitor.act.bundle_store). The kill never waits longer:
+a rank that does not answer in time, answers garbage or is over ``--bundle-ranks`` is named in
+the manifest, and the kill goes out regardless. Nothing here raises into the enforcer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import msgspec
+
+from ..analysis.bundle import FORMAT, FR_DIR, STACKS_DIR, VERSION, rank_file
+from ..config import MonitorConfig
+from ..evidence.view import ClusterView
+from ..poll.poller import Poller, judge_body
+from ..store import Store
+from .bundle_store import BundleStore
+
+log = logging.getLogger(__name__)
+
+CONFIRM_KINDS = ("hang", "mismatch", "network")  # bundled when confirmed, evicted or not
+_ENCODE = msgspec.json.Encoder()
+_WORKERS = 64  # requests in flight per bundle: the culprit's group and its peers at once
+
+
+def _encode(doc: Any) -> bytes:
+    try:
+        return _ENCODE.encode(doc)
+    except (TypeError, msgspec.EncodeError):  # a value msgspec does not know: as a string
+        return json.dumps(doc, default=str).encode()
+
+
+def _named_ranks(ev: dict[str, Any]) -> list[int]:
+    """The ranks a finding's evidence names beside its culprits: those waiting for them, a
+    mismatch's other variants (the engine's findings under ``analysis``)."""
+    found = list(ev.get("waiting_ranks") or [])
+    analysis = ev.get("analysis")
+    for a in analysis if isinstance(analysis, list) else [analysis]:
+        if isinstance(a, dict):
+            found += list(a.get("waiting_ranks") or [])
+            found += [x for v in a.get("variants") or [] for x in v.get("ranks") or []]
+    return [r for r in found if isinstance(r, int)]
+
+
+def _rank_row(r: Any, role: str) -> dict[str, Any]:
+    s = r.state or {}
+    return {"rank": r.rank, "url": r.url, "replica_group": r.replica_group,
+            "group_rank": s.get("group_rank"), "host": s.get("host"), "pid": s.get("pid"),
+            "replica_id": s.get("replica_id"), "role": role}
+
+
+def view_json(view: ClusterView, evidence: ClusterView | None) -> dict[str, Any]:
+    """The verified view as the monitor acted on it: every group and rank, each rank's
+    verdict against the Lighthouse, the quorum the verified ranks report."""
+    ev = evidence or view
+    in_quorum = {g.replica_group for g in ev.in_quorum()}
+    groups = []
+    for g, gv in sorted(view.groups.items()):
+        verified = ev.groups.get(g)
+        ranks = []
+        for r in gv.ranks:
+            s = r.state or {}
+            ranks.append({**_rank_row(r, "member"), "reachable": r.reachable,
+                          "reason": r.reason, "error": r.error, "step": s.get("step"),
+                          "phase": s.get("phase"), "phase_since": s.get("phase_since"),
+                          "quorum_id": s.get("quorum_id"),
+                          "verification": r.trust.to_dict() if r.trust is not None else None})
+        groups.append({"replica_group": g, "replica_id": verified.replica_id if verified else None,
+                       "status": gv.status, "step": gv.step, "in_quorum": g in in_quorum,
+                       "evidence_ranks": len(verified.ranks) if verified else 0, "ranks": ranks})
+    return {"at": view.at, "quorum_id": ev.quorum_id,
+            "quorum_participants": ev.quorum_participants(),
+            "reachable_fraction": view.reachable_fraction, "groups": groups}
+
+
+def choose_ranks(view: ClusterView, evidence: ClusterView | None, replica_group: int | None,
+                 culprits: list[int], finding_evidence: dict[str, Any] | None,
+                 most: int) -> tuple[list[tuple[Any, str]], list[dict[str, Any]]]:
+    """(ranks to ask with their role, ranks left out over ``most``). First every rank of the
+    culprit's group, then the ranks the finding names (those waiting for it, a mismatch's
+    other variants), then, in every other group of the quorum, the ranks at the culprits'
+    group rank: torchft's group across replica groups joins those, so they hold the same
+    collective's other side (with no culprit named, a manual eviction: the whole group's)."""
+    by_rank = {r.rank: r for r in view.ranks.values() if r.rank is not None and not r.superseded}
+    chosen: dict[str, tuple[Any, str]] = {}
+
+    def add(r: Any, role: str) -> None:
+        if r is not None and r.url not in chosen:
+            chosen[r.url] = (r, role)
+
+    gv = view.groups.get(replica_group) if replica_group is not None else None
+    for r in gv.ranks if gv is not None else ():
+        add(r, "culprit" if r.rank in culprits else "culprit_group")
+    for r in culprits:
+        add(by_rank.get(r), "culprit")
+    for r in _named_ranks(finding_evidence or {}):
+        add(by_rank.get(r), "peer")
+    # no culprit named (a manual eviction): the whole group's group ranks
+    group_ranks = {(by_rank[r].state or {}).get("group_rank") for r in culprits if r in by_rank} \
+        or {(r.state or {}).get("group_rank") for r in (gv.ranks if gv is not None else ())}
+    for g in sorted(x.replica_group for x in (evidence or view).in_quorum()):
+        if g == replica_group or g not in view.groups:
+            continue
+        for r in view.groups[g].ranks:
+            if (r.state or {}).get("group_rank") in group_ranks:
+                add(r, "peer")
+    rows = list(chosen.values())
+    over = [{**_rank_row(r, role), "why": f"over --bundle-ranks {most}"}
+            for r, role in rows[most:]]
+    return rows[:most], over
+
+
+def looks_like_dump(body: bytes) -> bool:
+    """A JSON object naming ``entries``: kept as the rank sent it (``lightkeeper analyze``
+    judges it whole, and says so in its ``errors`` when it is broken after all)."""
+    return bytes(body[:64]).lstrip()[:1] == b"{" and b'"entries"' in body
+
+
+class Bundles:
+    """Fetch, assemble and keep incident bundles; ``store`` lists and serves them."""
+
+    def __init__(self, cfg: MonitorConfig, store: Store, clock: Callable[[], float] = time.time,
+                 poller_factory: Callable[[], Poller] | None = None) -> None:
+        self.cfg, self.bc, self.clock = cfg, cfg.bundles, clock
+        directory = self.bc.directory(cfg.state_path) if self.bc.enabled else None
+        self.store = BundleStore(self.bc, directory, store, clock) if directory else None
+        self._poller_factory = poller_factory or (lambda: Poller(
+            self.bc.timeout_s, _WORKERS, max_bytes=cfg.max_fr_bytes))
+        self._poller: Poller | None = None
+        self._lock = threading.Lock()
+        self._helper = ThreadPoolExecutor(1, thread_name_prefix="lightkeeper-bundles")
+        if self.store is not None:
+            try:
+                self.store.prune()  # retention holds across restarts too
+            except Exception:
+                log.exception("cannot prune incident bundles")
+
+    @property
+    def enabled(self) -> bool:
+        return self.store is not None
+
+    def _get_poller(self) -> Poller:
+        with self._lock:
+            if self._poller is None:
+                self._poller = self._poller_factory()
+            return self._poller
+
+    def capture(self, trigger: str, view: ClusterView, evidence: ClusterView | None,
+                finding: dict[str, Any] | None, finding_id: int | None,
+                decision: dict[str, Any] | None, related: list[dict[str, Any]]) -> dict | None:
+        """Fetch and write one bundle now (at most ``--bundle-timeout`` waiting for ranks);
+        ``{"id", "seconds", ...}`` or None when disabled or it could not be written. Never
+        raises."""
+        if self.store is None:
+            return None
+        t0 = time.perf_counter()
+        try:
+            return self._capture(trigger, view, evidence, finding or {}, finding_id, decision,
+                                 related, t0)
+        except Exception:
+            log.exception("incident bundle failed (the action goes on)")
+            return None
+
+    def capture_later(self, trigger: str, view: ClusterView, evidence: ClusterView | None,
+                      finding: dict[str, Any], finding_id: int | None,
+                      related: list[dict[str, Any]]) -> None:
+        """The same on the helper thread: a confirmation never delays the sweep."""
+        if self.store is None:
+            return
+        try:
+            self._helper.submit(self.capture, trigger, view, evidence, finding, finding_id,
+                                None, related)
+        except RuntimeError:  # closed: the monitor is stopping
+            log.info("monitor stopping: no bundle for finding %s", finding_id)
+
+    def _capture(self, trigger: str, view: ClusterView, evidence: ClusterView | None,
+                 finding: dict[str, Any], finding_id: int | None,
+                 decision: dict[str, Any] | None, related: list[dict[str, Any]],
+                 t0: float) -> dict | None:
+        assert self.store is not None
+        kind = finding.get("kind") or (decision or {}).get("reason")
+        group = finding.get("replica_group")
+        if group is None and decision is not None:
+            group = decision.get("replica_group")
+        culprits = [int(r) for r in finding.get("ranks") or [] if isinstance(r, int)]
+        ranks, over = choose_ranks(view, evidence, group, culprits, finding.get("evidence"),
+                                   self.bc.max_ranks)
+        started = self.clock()
+        polls = self._fetch([r.url for r, _ in ranks])
+        fetched_s = time.perf_counter() - t0
+        rows, stacks, dumps = [], [], []
+        for r, role in ranks:
+            st, st_why = polls[(r.url, "stacks")]
+            fr, fr_why = polls[(r.url, "fr")]
+            rows.append({**_rank_row(r, role), "stacks": st_why, "fr_trace": fr_why})
+            if r.rank is None:
+                continue
+            if st is not None:
+                stacks.append((rank_file(STACKS_DIR, r.rank), bytes(st), role))
+            if fr is not None:
+                dumps.append((rank_file(FR_DIR, r.rank), bytes(fr), role))
+        bundle_id = self.store.new_id(trigger, kind, group)
+        head = [("findings.json", _encode({"finding": {**finding, "id": finding_id},
+                                           "related": related}), "head"),
+                ("view.json", _encode(view_json(view, evidence)), "head")]
+        # under the size cap the culprit's group comes first, stacks before dumps
+        order = {"head": 0, "culprit": 1, "culprit_group": 1, "peer": 2}
+        candidates = sorted(head + stacks + dumps, key=lambda x: (
+            order[x[2]], x[0].startswith(FR_DIR + "/")))
+        files, left_out, size = [], [], 0
+        for name, data, _ in candidates:
+            if size + len(data) > self.bc.max_bytes:
+                left_out.append({"what": name, "bytes": len(data),
+                                 "why": f"over --bundle-max-bytes {self.bc.max_bytes}"})
+                continue
+            files.append((name, data))
+            size += len(data)
+        manifest = {
+            "format": FORMAT, "version": VERSION, "id": bundle_id, "job": self.cfg.job,
+            "trigger": trigger, "written_before_kill": trigger == "evict",
+            "created_at": started, "kind": kind, "replica_group": group,
+            "replica_id": finding.get("replica_id") or (decision or {}).get("replica_id"),
+            "culprit_ranks": sorted(culprits),
+            "culprit_hosts": (finding.get("evidence") or {}).get("culprit_hosts") or [],
+            "finding_id": finding_id, "decision": decision,
+            "fetch": {"timeout_s": self.bc.timeout_s, "seconds": round(fetched_s, 4),
+                      "ranks_asked": len(ranks)},
+            "ranks": rows, "not_asked": over, "left_out": left_out,
+            "files": [name for name, _ in files]}
+        summary = {"culprit_ranks": manifest["culprit_ranks"],
+                   "ranks_asked": len(ranks),
+                   "ranks_complete": sum(1 for x in rows if x["stacks"] == x["fr_trace"] == "ok"),
+                   "not_fetched": [{"rank": x["rank"], "stacks": x["stacks"],
+                                    "fr_trace": x["fr_trace"]} for x in rows
+                                   if x["stacks"] != "ok" or x["fr_trace"] != "ok"],
+                   "not_asked": len(over), "left_out": len(left_out),
+                   "fetch_seconds": manifest["fetch"]["seconds"]}
+        path = self.store.write(bundle_id, manifest, files, {
+            "at": started, "trigger": trigger, "kind": kind, "replica_group": group,
+            "replica_id": manifest["replica_id"], "finding_id": finding_id,
+            "decision_id": (decision or {}).get("id"), "summary": summary})
+        if path is None:
+            return None
+        took = time.perf_counter() - t0
+        log.info("incident bundle %s: %d rank(s) asked, %d complete, fetched in %.2fs, written "
+                 "in %.2fs", bundle_id, len(ranks), summary["ranks_complete"], fetched_s, took)
+        return {"id": bundle_id, "seconds": round(took, 4), **summary}
+
+    def _fetch(self, urls: list[str]) -> dict[tuple[str, str], tuple[bytes | None, str]]:
+        """Every rank's stacks and dump at once, each request ended at ``--bundle-timeout``:
+        (url, ``stacks``/``fr``) -> (the answer's bytes as the rank sent them, or None; ``ok``
+        or why not). A dump is not parsed here (a megabyte each: the kill waits for it), only
+        looked at; the stacks are parsed."""
+        if not urls:
+            return {}
+        base = [u.rstrip("/") for u in urls]
+        asks = [b + "/v1/stacks" for b in base] + [b + "/v1/fr_trace" for b in base]
+        queries = ["?format=json"] * len(base) + [""] * len(base)
+        rows: list[tuple] = []
+        self._get_poller().sweep(asks, "", self.bc.timeout_s, self.cfg.max_fr_bytes,
+                                 on_rows=rows.extend, queries=queries)
+        got: dict[int, tuple[bytes | None, str]] = {}
+        for i, ok, body, reason, error, _status, latency, _at in rows:
+            if not ok:
+                got[i] = (None, f"{reason}: {error}" if error else str(reason))
+            elif i < len(base):
+                p = judge_body(asks[i], body, latency)
+                got[i] = (body, "ok") if p.ok else (None, f"{p.reason}: {p.error}")
+            else:
+                got[i] = (body, "ok") if looks_like_dump(body) else (
+                    None, "bad_response: not a Flight Recorder dump (a JSON object with entries)")
+        n = len(base)
+        return {(u, kind): got.get(i + off, (None, "not answered"))
+                for off, kind in ((0, "stacks"), (n, "fr")) for i, u in enumerate(urls)}
+
+    def close(self) -> None:
+        """Let a bundle under way finish (bounded by the fetch timeout and a write)."""
+        self._helper.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            if self._poller is not None:
+                self._poller.close()
+                self._poller = None

@@ -1,0 +1,126 @@
+"""An incident bundle's layout, and reading one for ``lightkeeper analyze``.
+
+The monitor writes a bundle (monitor/act/bundles.py) before it kills a replica group and when it
+confirms a hang, a mismatch or a network fault: one ``<id>.tar.gz`` holding a top folder ``<id>/``
+with :data:`MANIFEST` (what was fetched from whom, what could not be, the decision),
+``findings.json``, ``view.json``, ``stacks/rank<N>.json`` and ``fr/rank<N>.json`` (the ranks'
+``/v1/fr_trace`` dumps, which this module hands to the analysis). docs/monitor.md, Incident
+bundles.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FORMAT = "lightkeeper-incident-bundle"
+VERSION = 1
+MANIFEST = "manifest.json"
+FR_DIR, STACKS_DIR = "fr", "stacks"
+SUFFIX = ".tar.gz"
+ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # also a safe file name
+_MEMBER_RE = re.compile(r"^[^/]+/(fr|stacks)/rank(\d+)\.json$")
+MAX_MEMBER_BYTES = 1 << 30  # a member beyond this is refused, not read
+
+
+class BundleError(ValueError):
+    """Not a readable incident bundle."""
+
+
+def rank_file(folder: str, rank: int) -> str:
+    """The name of a rank's file inside the bundle's top folder (``fr/rank3.json``)."""
+    return f"{folder}/rank{int(rank)}.json"
+
+
+@dataclass
+class OpenedBundle:
+    """A bundle's manifest and its Flight Recorder dumps, unpacked into ``fr_dir``."""
+
+    manifest: dict[str, Any]
+    fr_dir: str
+    _tmp: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+def is_bundle(path: str | Path) -> bool:
+    """A ``.tar.gz`` file, or a folder with a manifest of this format (unpacked by hand)."""
+    p = Path(path)
+    if p.is_dir():
+        return (p / MANIFEST).is_file()
+    return p.is_file() and p.name.endswith(SUFFIX)
+
+
+def open_bundle(path: str | Path) -> OpenedBundle:
+    """The manifest and the dumps of a bundle (a ``.tar.gz`` or an unpacked folder); raises
+    :class:`BundleError`. Only ``<top>/manifest.json`` and ``<top>/fr/rank<N>.json`` members are
+    read, each into a fresh temporary folder under its own name: a member's path never becomes
+    a path on this machine."""
+    p = Path(path)
+    if p.is_dir():
+        return OpenedBundle(_manifest(json.loads((p / MANIFEST).read_bytes())), str(p / FR_DIR))
+    tmp = tempfile.TemporaryDirectory(prefix="lightkeeper-bundle-")
+    try:
+        manifest = None
+        with tarfile.open(p, "r:gz") as tar:
+            for m in tar:
+                if not m.isfile() or m.size > MAX_MEMBER_BYTES:
+                    continue
+                parts = m.name.split("/")
+                if len(parts) == 2 and parts[1] == MANIFEST:
+                    manifest = _manifest(json.loads(_read(tar, m)))
+                    continue
+                match = _MEMBER_RE.match(m.name)
+                if match and match.group(1) == FR_DIR:
+                    Path(tmp.name, f"rank{int(match.group(2))}.json").write_bytes(_read(tar, m))
+        if manifest is None:
+            raise BundleError(f"{p}: no {MANIFEST} in the archive")
+        return OpenedBundle(manifest, tmp.name, tmp)
+    except (OSError, tarfile.TarError, EOFError, ValueError) as e:
+        tmp.cleanup()
+        if isinstance(e, BundleError):
+            raise
+        raise BundleError(f"{p}: not an incident bundle: {e}") from None
+
+
+def _read(tar: tarfile.TarFile, m: tarfile.TarInfo) -> bytes:
+    f = tar.extractfile(m)
+    if f is None:
+        raise BundleError(f"cannot read {m.name}")
+    return f.read()
+
+
+def _manifest(doc: Any) -> dict[str, Any]:
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise BundleError(f"{MANIFEST} is not a {FORMAT} manifest")
+    return doc
+
+
+def monitor_verdict(manifest: dict[str, Any]) -> dict[str, Any]:
+    """What the monitor named, as ``lightkeeper analyze`` reports it beside its own findings."""
+    decision = manifest.get("decision") or {}
+    return {"id": manifest.get("id"), "trigger": manifest.get("trigger"),
+            "kind": manifest.get("kind"), "replica_group": manifest.get("replica_group"),
+            "replica_id": manifest.get("replica_id"),
+            "culprit_ranks": sorted(manifest.get("culprit_ranks") or []),
+            "decision": decision.get("decision"), "decision_id": decision.get("id"),
+            "not_fetched": [r for r in manifest.get("ranks") or []
+                            if r.get("fr_trace") != "ok" or r.get("stacks") != "ok"],
+            "left_out": manifest.get("left_out") or []}
+
+
+def agreement(verdict: dict[str, Any], findings: list[dict[str, Any]]) -> bool | None:
+    """Whether the analysis blames the ranks the monitor named: some finding's culprits equal
+    them (None: the monitor named none)."""
+    named = set(verdict.get("culprit_ranks") or [])
+    if not named:
+        return None
+    return any(set(f.get("culprit_ranks") or []) == named for f in findings)

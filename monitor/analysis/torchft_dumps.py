@@ -1,0 +1,43 @@
+"""torchft's own Flight Recorder dumps: one folder per quorum.
+
+torchft 0.2.0's Manager, when ``TORCH_FR_DUMP_TEMP_FILE`` is set, points it at
+``<TORCH_FR_DUMP_TEMP_FILE>_quorum_<quorum_id>/<global_rank>`` at every new quorum
+(``Manager._update_fr_path``), so torch's dump on a timeout, or on an abort with
+``TORCHFT_TRIGGER_FR_ON_ABORT=true`` (``ProcessGroupNCCL.abort``), lands in the folder of the
+quorum it happened in. Dumps of different quorums are different incarnations of torchft's group:
+``lightkeeper analyze`` reads one quorum's folder at a time (the newest unless told).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+_QUORUM = re.compile(r"^(?P<prefix>.*)_quorum_(?P<quorum>-?\d+)$")
+
+
+def quorum_folders(path: str | Path) -> dict[int, Path]:
+    """quorum id -> folder, for ``path`` a folder holding ``*_quorum_<id>`` folders, or the
+    prefix itself (the value of ``TORCH_FR_DUMP_TEMP_FILE``) beside which they lie; {} else."""
+    p = Path(path)
+    if p.is_dir():
+        found = [c for c in p.iterdir() if c.is_dir() and _QUORUM.match(c.name)]
+        if found:
+            return {int(_QUORUM.match(c.name).group("quorum")): c for c in found}
+    parent, stem = p.parent, p.name
+    if not stem or not parent.is_dir():
+        return {}
+    out = {}
+    for c in parent.iterdir():
+        m = _QUORUM.match(c.name)
+        if c.is_dir() and m and m.group("prefix") == stem:
+            out[int(m.group("quorum"))] = c
+    return out
+
+
+def pick(folders: dict[int, Path], quorum: int | None) -> tuple[int, Path] | None:
+    """The folder of ``quorum``, else the newest quorum's; None when ``quorum`` is not there."""
+    if quorum is None:
+        q = max(folders)
+        return q, folders[q]
+    return (quorum, folders[quorum]) if quorum in folders else None

@@ -1,0 +1,324 @@
+"""Incident bundles: what the monitor keeps before a kill (monitor/act/bundles.py,
+bundle_store.py), the API that lists and serves them, and ``lightkeeper analyze <bundle>``.
+
+The ranks are simulated WorkerServers (tests/support/monitor_sim.py) serving Flight Recorder
+dumps made by tests/support/frgen.py; the eviction test runs a live monitor against a real torchft
+Lighthouse (``SimJob``, whose front records the kill instead of ending a process that does not
+exist). The real job's bundle is checked in tests/test_monitor_e2e.py (the hang's eviction).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import time
+
+import pytest
+import requests
+
+from lightkeeper.cli import main
+from lightkeeper.cluster import wait_until
+from monitor.act.bundle_store import BundleStore
+from monitor.act.bundles import Bundles
+from monitor.analysis.bundle import open_bundle
+from monitor.config import BundleConfig, MonitorConfig, RailsConfig
+from monitor.evidence.cluster import ClusterView
+from monitor.evidence.rank import RankView
+from monitor.service import Monitor
+from monitor.store import Store
+from tests.support.frgen import FRJob
+from tests.support.monitor_sim import SimJob, SimRanks
+
+TOKEN = "s3cret"
+
+
+def hang_dumps(world: int, absent: int, steps: int = 6) -> dict[int, dict]:
+    """JSON dumps of ``world`` ranks where ``absent`` never enqueued the last all_reduce."""
+    job = FRJob(world, flavour="gloo")
+    job.repeat(steps, [("0", "all_reduce", [[1024]])])
+    job.collective("0", "all_reduce", [[1024]], absent=[absent])
+    return job.dumps()
+
+
+def view_of(sim: SimRanks) -> ClusterView:
+    ranks = {r.url: RankView(r.url, True, dict(r.state)) for r in sim.ranks}
+    return ClusterView(time.time(), ranks)
+
+
+def finding(group: int, ranks: list[int], **evidence) -> dict:
+    return {"kind": "hang", "replica_group": group, "replica_id": f"replica_group_{group}:sim",
+            "ranks": ranks, "evidence": {"culprit_hosts": ["sim"], **evidence},
+            "first_seen": time.time(), "confirmed_at": time.time()}
+
+
+def bundles_for(tmp_path, **kw) -> tuple[Bundles, Store]:
+    store = Store(str(tmp_path / "state.sqlite"))
+    cfg = MonitorConfig(state_path=str(tmp_path / "state.sqlite"), job="t",
+                        bundles=BundleConfig(**kw))
+    return Bundles(cfg, store), store
+
+
+def members(path: str) -> dict[str, bytes]:
+    with tarfile.open(path, "r:gz") as tar:
+        return {m.name.split("/", 1)[1]: tar.extractfile(m).read() for m in tar if m.isfile()}
+
+
+def test_manifest_names_what_could_not_be_fetched_and_the_wait_is_bounded(tmp_path):
+    """4 single-rank groups: the culprit (group 3) and a healthy peer answer, one peer answers
+    garbage, one does not answer at all; the bundle comes back within the fetch timeout (the
+    silent rank would take 30 s) and its manifest says which answer is missing and why."""
+    sim = SimRanks.start(4)
+    dumps = hang_dumps(4, absent=3)
+    for r in sim.ranks:
+        r.fr = dumps[r.state["rank"]]
+    view = view_of(sim)  # taken while every rank answers
+    sim.ranks[1].fr = b"<html>not json"
+    sim.ranks[2].set_mode("slow", delay=30)
+    bundles, store = bundles_for(tmp_path, timeout_s=1.0)
+    try:
+        t0 = time.monotonic()
+        got = bundles.capture("evict", view, view, finding(3, [3]), 7,
+                              {"id": 1, "decision": "evict", "status": "sending"}, [])
+        took = time.monotonic() - t0
+        assert got is not None and took < 1.0 + 2.0, took  # the timeout, plus writing
+        [row] = bundles.store.list()
+        assert row["id"] == got["id"] and row["decision_id"] == 1 and row["finding_id"] == 7
+        files = members(bundles.store.path(got["id"]))
+        m = json.loads(files["manifest.json"])
+        assert m["written_before_kill"] and m["culprit_ranks"] == [3] and m["replica_group"] == 3
+        by_rank = {r["rank"]: r for r in m["ranks"]}
+        assert by_rank[3]["role"] == "culprit" and by_rank[0]["role"] == "peer"
+        assert by_rank[3]["stacks"] == by_rank[3]["fr_trace"] == "ok"
+        assert by_rank[0]["stacks"] == by_rank[0]["fr_trace"] == "ok"
+        assert by_rank[1]["stacks"] == "ok" and by_rank[1]["fr_trace"].startswith("bad_response")
+        assert by_rank[2]["stacks"].startswith("timeout") \
+            and by_rank[2]["fr_trace"].startswith("timeout")
+        assert {"fr/rank0.json", "fr/rank3.json", "stacks/rank3.json", "findings.json",
+                "view.json"} <= set(files)
+        assert "fr/rank1.json" not in files and "fr/rank2.json" not in files
+        assert json.loads(files["findings.json"])["finding"]["id"] == 7
+        view_doc = json.loads(files["view.json"])
+        assert [g["replica_group"] for g in view_doc["groups"]] == [0, 1, 2, 3]
+        assert row["summary"]["ranks_complete"] == 2 and len(row["summary"]["not_fetched"]) == 2
+    finally:
+        bundles.close()
+        store.close()
+        sim.stop()
+
+
+def test_size_cap_leaves_peers_out_first_and_rank_cap_is_said(tmp_path):
+    sim = SimRanks.start(3)
+    dumps = hang_dumps(3, absent=2, steps=200)
+    for r in sim.ranks:
+        r.fr = dumps[r.state["rank"]]
+    view = view_of(sim)
+    one = len(json.dumps(dumps[2]))  # as the rank serves it, kept as it came
+    assert one > 20_000
+    # room for the head, every stack and one dump: the culprit's
+    bundles, store = bundles_for(tmp_path, max_ranks=2, max_bytes=one + 8_000)
+    try:
+        got = bundles.capture("confirm", view, view, finding(2, [2]), None, None, [])
+        m = json.loads(members(bundles.store.path(got["id"]))["manifest.json"])
+        assert [r["rank"] for r in m["ranks"]] == [2, 0]  # the culprit first
+        assert [r["rank"] for r in m["not_asked"]] == [1]
+        assert "over --bundle-ranks 2" in m["not_asked"][0]["why"]
+        assert "fr/rank2.json" in m["files"] and "fr/rank0.json" not in m["files"]
+        assert [x["what"] for x in m["left_out"]] == ["fr/rank0.json"]
+        assert not m["written_before_kill"]
+    finally:
+        bundles.close()
+        store.close()
+        sim.stop()
+
+
+def test_retention_and_total_cap_delete_the_oldest(tmp_path):
+    now = [1_000_000.0]
+    store = Store(str(tmp_path / "s.sqlite"))
+    bs = BundleStore(BundleConfig(keep_s=100, total_bytes=3000, max_bytes=3000),
+                     str(tmp_path / "incidents"), store, clock=lambda: now[0])
+    try:
+        def write(i: int, size: int) -> str:
+            bid = bs.new_id("evict", "hang", i)
+            blob = os.urandom(size)  # incompressible
+            assert bs.write(bid, {"format": "x"}, [("blob", blob)], {
+                "at": now[0], "trigger": "evict", "summary": {}}) is not None
+            return bid
+
+        a = write(0, 1000)
+        now[0] += 10
+        b = write(1, 1000)
+        now[0] += 10
+        c = write(2, 1000)  # the three together exceed 3000 bytes compressed: a goes
+        ids = [r["id"] for r in bs.list()]
+        assert ids == [c, b] and not os.path.exists(tmp_path / "incidents" / f"{a}.tar.gz")
+        now[0] += 95  # b is now older than keep_s
+        assert bs.prune() == [b]
+        assert [r["id"] for r in bs.list()] == [c]
+        assert sorted(os.listdir(tmp_path / "incidents")) == [f"{c}.tar.gz"]
+        assert bs.path("../s.sqlite") is None and bs.path(a) is None and bs.path(c)
+    finally:
+        store.close()
+
+
+def test_an_older_audit_log_gains_the_bundle_column(tmp_path):
+    """A --state file written before bundles existed opens, its decisions keep their rows."""
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE decisions (id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, "
+               "replica_group INTEGER, replica_id TEXT, decision TEXT NOT NULL, reason TEXT NOT "
+               "NULL, detail TEXT, finding_id INTEGER, finding TEXT, status TEXT, http_status "
+               "INTEGER, confirmed_at REAL, source TEXT NOT NULL DEFAULT 'auto')")
+    db.execute("INSERT INTO decisions (at, decision, reason) VALUES (1, 'evict', 'hang')")
+    db.commit()
+    db.close()
+    store = Store(str(path))
+    try:
+        [d] = store.decisions()
+        assert d["reason"] == "hang" and d["bundle"] is None
+        store.update_decision(d["id"], bundle="b1")
+        assert store.decisions()[0]["bundle"] == "b1"
+    finally:
+        store.close()
+
+
+def test_analyze_reads_a_bundle_and_names_the_monitors_culprit(tmp_path, capsys):
+    sim = SimRanks.start(3)
+    dumps = hang_dumps(3, absent=1)
+    for r in sim.ranks:
+        r.fr = dumps[r.state["rank"]]
+    view = view_of(sim)
+    bundles, store = bundles_for(tmp_path)
+    try:
+        got = bundles.capture("evict", view, view, finding(1, [1]), 3, {"id": 5}, [])
+        path = bundles.store.path(got["id"])
+    finally:
+        bundles.close()
+        store.close()
+        sim.stop()
+    code = main(["analyze", "--format", "json", path])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1 and report["ranks"] == [0, 1, 2]
+    assert [f["culprit_ranks"] for f in report["findings"]] == [[1]]
+    [b] = report["bundles"]
+    assert (b["id"], b["culprit_ranks"], b["analysis_agrees"]) == (got["id"], [1], True)
+    main(["analyze", path])
+    out = capsys.readouterr().out
+    assert f"incident bundle {got['id']}: the monitor named rank(s) 1 of replica group 1" in out
+    assert "the analysis agrees" in out
+    # unpacked by hand, the folder is a bundle too
+    with tarfile.open(path) as tar:
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    assert main(["analyze", "--format", "json", str(tmp_path / "unpacked" / got["id"])]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["bundles"][0]["analysis_agrees"] is True and report["ranks"] == [0, 1, 2]
+    # a broken archive is an error entry, not a crash
+    bad = tmp_path / "broken.tar.gz"
+    bad.write_bytes(b"not gzip")
+    assert main(["analyze", "--format", "json", str(bad)]) == 2
+    assert "not an incident bundle" in json.loads(capsys.readouterr().out)["errors"][0]["error"]
+
+
+def test_archive_members_never_become_paths(tmp_path):
+    """A hand-made archive with ``../`` and absolute names: only manifest and fr/rank<N>.json
+    members are read, each under its own name in a fresh folder."""
+    path = tmp_path / "evil.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in (("x/manifest.json", json.dumps({"format": "lightkeeper-incident-bundle",
+                                                            "id": "x"}).encode()),
+                           ("x/../../escaped.json", b"{}"), ("/tmp/abs.json", b"{}"),
+                           ("x/fr/rank1.json", b"{}")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    b = open_bundle(path)
+    try:
+        assert sorted(os.listdir(b.fr_dir)) == ["rank1.json"]
+        assert not (tmp_path.parent / "escaped.json").exists()
+    finally:
+        b.close()
+
+
+def test_torchft_quorum_folders_newest_by_default(tmp_path, capsys):
+    """torchft's ``<TORCH_FR_DUMP_TEMP_FILE>_quorum_<id>/<global_rank>`` layout: the newest
+    quorum's folder unless ``--quorum``; given the prefix or the parent folder."""
+    for q, absent in ((3, 0), (4, 2)):
+        folder = tmp_path / f"fr_quorum_{q}"
+        folder.mkdir()
+        for rank, dump in hang_dumps(3, absent=absent).items():
+            (folder / str(rank)).write_text(json.dumps(dump))
+    for arg in (tmp_path / "fr", tmp_path):
+        assert main(["analyze", "--format", "json", str(arg)]) == 1
+        report = json.loads(capsys.readouterr().out)
+        assert [f["culprit_ranks"] for f in report["findings"]] == [[2]]
+        assert [(q["quorum_id"], q["read"]) for q in report["torchft_quorums"]] == [
+            (3, False), (4, True)]
+    assert main(["analyze", "--format", "json", "--quorum", "3", str(tmp_path)]) == 1
+    assert [f["culprit_ranks"] for f in json.loads(capsys.readouterr().out)["findings"]] == [[0]]
+    assert main(["analyze", "--format", "json", "--quorum", "9", str(tmp_path)]) == 2
+    assert "no torchft folder of quorum 9" in capsys.readouterr().out
+
+
+@pytest.fixture
+def job():
+    j = SimJob(3)
+    yield j
+    j.stop()
+
+
+def test_manual_eviction_bundle_listed_downloadable_and_linked(tmp_path, job):
+    """A live monitor: the eviction's bundle is written before the kill is sent, named on the
+    decision, listed, downloadable, 404 for an unknown or traversing id, linked from the page."""
+    dumps = hang_dumps(3, absent=1)
+    for r in job.sim.ranks:
+        r.fr = dumps[r.state["rank"]]
+    cfg = MonitorConfig(port=0, interval_s=0.2, state_path=str(tmp_path / "state.sqlite"),
+                        targets=job.sim.urls, sd_out=str(tmp_path / "t.json"), job="sim",
+                        lighthouse=job.url, token=TOKEN,
+                        rails=RailsConfig(min_replicas=1, cooldown_s=0))
+    mon = Monitor(cfg).start()
+    kills_seen = []
+    original = mon.lighthouse.kill
+
+    def kill(rid):  # what was on disk when the kill went out
+        kills_seen.append([r["id"] for r in mon.bundles.store.list()])
+        return original(rid)
+
+    mon.lighthouse.kill = kill
+    try:
+        wait_until(lambda: mon.evidence and 1 in mon.evidence.groups, 10, what="group 1 verified")
+        r = requests.post(mon.url + "/v1/evict", json={"replica_group": 1, "reason": "test"},
+                          headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+        assert r.status_code == 200, r.text
+        bid = r.json()["bundle"]
+        assert kills_seen == [[bid]] and job.kills == [job.replica_ids[1]]
+        [d] = requests.get(mon.url + "/v1/evictions?decision=evict", timeout=5).json()
+        assert d["bundle"] == bid and f"bundle {bid}" in d["detail"]
+        listing = requests.get(mon.url + "/v1/incidents", timeout=5).json()
+        assert listing["enabled"] and listing["dir"] == str(tmp_path / "incidents")
+        [row] = listing["bundles"]
+        assert (row["id"], row["trigger"], row["decision_id"], row["replica_group"]) == (
+            bid, "evict", d["id"], 1)
+        got = requests.get(mon.url + row["download"], timeout=5)
+        assert got.status_code == 200 and got.headers["content-type"] == "application/gzip"
+        saved = tmp_path / "dl.tar.gz"
+        saved.write_bytes(got.content)
+        m = json.loads(members(str(saved))["manifest.json"])
+        assert m["decision"]["id"] == d["id"] and m["decision"]["status"] == "sending"
+        assert sorted(r["rank"] for r in m["ranks"]) == [0, 1, 2]  # the group and its peers
+        for bad in ("nope", "..%2Fstate.sqlite", "..%2F..%2Fetc%2Fpasswd", "%2Fetc%2Fpasswd"):
+            resp = requests.get(f"{mon.url}/v1/incidents/{bad}/bundle", timeout=5)
+            assert resp.status_code == 404, bad
+        assert f'href="/v1/incidents/{bid}/bundle"' in requests.get(mon.url + "/", timeout=5).text
+        # the goodput ledger's incident of this eviction names its bundle, and the other way
+        [inc] = wait_until(lambda: [i for i in requests.get(mon.url + "/v1/goodput", timeout=5)
+                                    .json()["incidents"] if i["eviction_id"] == d["id"]], 10,
+                           what="the eviction's goodput incident")
+        assert inc["bundles"] == [bid]
+        [row] = requests.get(mon.url + "/v1/incidents", timeout=5).json()["bundles"]
+        assert row["goodput_incident"] == inc["id"]
+    finally:
+        mon.stop()
