@@ -13,11 +13,13 @@ from dataclasses import dataclass
 
 from .config import MonitorConfig
 from .detect import Detectors, collective_wait
+from .evidence.torch_rank import TorchRanks
 from .evidence.view import ClusterView, GroupView
 from .poll import fd_budget
 from .poll.discovery import Target
 from .poll.poll_process import PollHandle, ProcessPoller
 from .poll.poller import Poller, RankPoll
+from .poll.torch_server import TorchPoller, is_torch
 from .schedule import LeaderSchedule, Plan
 
 log = logging.getLogger(__name__)
@@ -63,11 +65,15 @@ class Polling:
 
     def __init__(self, cfg: MonitorConfig, schedule: LeaderSchedule, detectors: Detectors,
                  targets: Callable[[], list[Target]], clock: Callable[[], float],
-                 ask_ahead: bool = True) -> None:
+                 ask_ahead: bool = True, torch_ranks: TorchRanks | None = None) -> None:
         self.cfg, self.schedule, self.detectors = cfg, schedule, detectors
         self.targets, self.clock, self.ask_ahead = targets, clock, ask_ahead
         self.poller: Poller | ProcessPoller = Poller(cfg.poll_timeout_s, cfg.max_concurrency,
                                                      max_bytes=cfg.max_state_bytes)
+        # ranks on torch's own debug server (torch+http://): read apart, made states in evidence
+        self.torch = TorchPoller(cfg.poll_timeout_s, cfg.fr_timeout_s, cfg.max_state_bytes,
+                                 cfg.max_fr_bytes)
+        self.torch_ranks = torch_ranks or TorchRanks(cfg.job)
         self.plan: Plan | None = None  # the plan of the sweep collected last
         self.fr_leaders_skipped = False  # the last fetch skipped the leaders' dumps
         self._ahead: _Ahead | None = None
@@ -93,20 +99,19 @@ class Polling:
         if ahead is not None:
             targets, plan = ahead.targets, ahead.plan
             polls = ahead.result()
+            polls.update(self.torch.sweep(u for u in plan.urls if is_torch(u)))
             first = ahead.handles[0]
             if first.finished_at is not None:
                 self._poll_s = (first.finished_at - first.sent_at) or self._poll_s
         else:
             targets, plan = self._new_plan(view)
             asked = time.monotonic()
-            polls = self.poller.sweep(plan.urls, queries=self.detectors.state_queries(
-                plan.urls, view=view))
+            polls = self._states(plan.urls, view)
             self._poll_s = time.monotonic() - asked
         self.plan = plan
         drill = self.schedule.drill_now(polls, view, self.clock())
         if drill:
-            polls.update(self.poller.sweep(drill, queries=self.detectors.state_queries(
-                drill, view=view)))
+            polls.update(self._states(drill, view))
         self.ask_fr_early(plan, polls, self.clock(), view)
         return targets, plan, polls
 
@@ -130,8 +135,8 @@ class Polling:
         Never raises."""
         if self._ahead is not None:
             try:
-                extra = self.schedule.drill_suspects(self._ahead.plan, view, self.clock(),
-                                                     self._suspects())
+                extra = [u for u in self.schedule.drill_suspects(
+                    self._ahead.plan, view, self.clock(), self._suspects()) if not is_torch(u)]
                 if extra:
                     self._ahead.handles.append(self.poller.start(
                         extra, queries=self.detectors.state_queries(extra, view=view)))
@@ -170,6 +175,15 @@ class Polling:
     def close(self) -> None:
         self._thaw_gc()
         self.poller.close()
+        self.torch.close()
+
+    def _states(self, urls: list[str], view: ClusterView | None) -> dict[str, RankPoll]:
+        """The state answers of ``urls``: the poller's, torch-only ranks' from :attr:`torch`."""
+        lk = [u for u in urls if not is_torch(u)]
+        polls = self.poller.sweep(lk, queries=self.detectors.state_queries(lk, view=view))
+        if len(lk) != len(urls):
+            polls.update(self.torch.sweep(u for u in urls if is_torch(u)))
+        return polls
 
     def _may_ask_ahead(self) -> bool:
         return self.ask_ahead and isinstance(self.poller, ProcessPoller)
@@ -186,8 +200,9 @@ class Polling:
         Detectors.state_queries takes it). Never raises: a failure asks nothing ahead."""
         try:
             targets, plan = self._new_plan(view)
+            lk = [u for u in plan.urls if not is_torch(u)]
             self._ahead = _Ahead(targets, plan, [self.poller.start(
-                plan.urls, queries=self.detectors.state_queries(plan.urls, kept, view))])
+                lk, queries=self.detectors.state_queries(lk, kept, view))])
         except Exception:
             self._ahead = None
             log.exception("could not ask the next sweep's ranks ahead")
@@ -244,7 +259,7 @@ class Polling:
             leaders = [gv.leader.url for g, gv in view.groups.items()
                        if gv.leader is not None and g not in plan.drilled] if periodic else []
             for urls, query in ((drilled, FR_DRILLED_QUERY), (leaders, FR_LEADERS_QUERY)):
-                urls = [u for u in urls if u in polls and polls[u].ok]
+                urls = [u for u in urls if u in polls and polls[u].ok and not is_torch(u)]
                 if urls:
                     self._fr_ahead[query] = (set(urls), self.poller.start(
                         urls, "/v1/fr_trace" + query, self.cfg.fr_timeout_s,
@@ -290,6 +305,14 @@ class Polling:
         whole dump."""
         if not urls:
             return {}
+        dumps: dict[int, dict] = {}
+        for url in [u for u in urls if is_torch(u)]:  # read with its state this sweep
+            rv, d = view.ranks.get(url), self.torch_ranks.dumps.get(url)
+            if rv is not None and rv.rank is not None and d is not None and d["rank"] == rv.rank:
+                dumps[rv.rank] = d
+        urls = [u for u in urls if not is_torch(u)]
+        if not urls:
+            return dumps
         got: dict[str, RankPoll] = {}
         if early is not None:
             answered = early[1].result()
@@ -302,7 +325,6 @@ class Polling:
         if refused:
             got.update(self.poller.sweep(refused, "/v1/fr_trace", self.cfg.fr_timeout_s,
                                          self.cfg.max_fr_bytes))
-        dumps: dict[int, dict] = {}
         for url, p in got.items():
             rv = view.ranks.get(url)
             if not p.ok or not isinstance(p.data, dict) or rv is None or rv.rank is None:

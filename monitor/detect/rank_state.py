@@ -55,7 +55,9 @@ def describe_ranks(view: ClusterView, ranks: list[int]) -> list[dict[str, Any]]:
                     "phase": s.get("phase"), "step": s.get("step"),
                     "waiting": None if scope is None else {"scope": scope,
                                                            "seconds": round(secs or 0.0, 3)},
-                    "stacks": f"{rv.url}/v1/stacks" if rv else None})
+                    # a torch-only rank: its server's dump_traceback handler (POST)
+                    "stacks": s.get("stacks_url") if "torch_only" in s else
+                    f"{rv.url}/v1/stacks" if rv else None})
     return out
 
 
