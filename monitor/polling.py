@@ -99,7 +99,8 @@ class Polling:
         if ahead is not None:
             targets, plan = ahead.targets, ahead.plan
             polls = ahead.result()
-            polls.update(self.torch.sweep(u for u in plan.urls if is_torch(u)))
+            torch = [u for u in plan.urls if is_torch(u)]
+            polls.update(self.torch.sweep(torch, self.detectors.state_queries(torch, view=view)))
             first = ahead.handles[0]
             if first.finished_at is not None:
                 self._poll_s = (first.finished_at - first.sent_at) or self._poll_s
@@ -182,7 +183,8 @@ class Polling:
         lk = [u for u in urls if not is_torch(u)]
         polls = self.poller.sweep(lk, queries=self.detectors.state_queries(lk, view=view))
         if len(lk) != len(urls):
-            polls.update(self.torch.sweep(u for u in urls if is_torch(u)))
+            torch = [u for u in urls if is_torch(u)]
+            polls.update(self.torch.sweep(torch, self.detectors.state_queries(torch, view=view)))
         return polls
 
     def _may_ask_ahead(self) -> bool:
@@ -306,22 +308,24 @@ class Polling:
         if not urls:
             return {}
         dumps: dict[int, dict] = {}
-        for url in [u for u in urls if is_torch(u)]:  # read with its state this sweep
-            rv, d = view.ranks.get(url), self.torch_ranks.dumps.get(url)
-            if rv is not None and rv.rank is not None and d is not None and d["rank"] == rv.rank:
-                dumps[rv.rank] = d
-        urls = [u for u in urls if not is_torch(u)]
-        if not urls:
-            return dumps
         got: dict[str, RankPoll] = {}
         if early is not None:
             answered = early[1].result()
             got = {u: answered[u] for u in urls if u in early[0]}
-        rest = [u for u in urls if u not in got]
+        rest = [u for u in urls if u not in got and not is_torch(u)]
         if rest:
             got.update(self.poller.sweep(rest, "/v1/fr_trace" + query, self.cfg.fr_timeout_s,
                                          self.cfg.max_fr_bytes))
-        refused = [u for u, p in got.items() if p.status == 400]
+        if len(rest) + len(got) != len(urls):  # ranks on torch's debug server
+            torch = [u for u in urls if is_torch(u)]
+            for url in torch:  # torch-only: its dump came with its state this sweep
+                rv, d = view.ranks.get(url), self.torch_ranks.dumps.get(url)
+                if rv is not None and rv.rank is not None and d is not None \
+                        and d["rank"] == rv.rank:
+                    dumps[rv.rank] = d
+            got.update(self.torch.fr_sweep(
+                [u for u in torch if u not in self.torch_ranks.dumps], query))
+        refused = [u for u, p in got.items() if p.status == 400 and not is_torch(u)]
         if refused:
             got.update(self.poller.sweep(refused, "/v1/fr_trace", self.cfg.fr_timeout_s,
                                          self.cfg.max_fr_bytes))

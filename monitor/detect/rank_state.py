@@ -55,9 +55,8 @@ def describe_ranks(view: ClusterView, ranks: list[int]) -> list[dict[str, Any]]:
                     "phase": s.get("phase"), "step": s.get("step"),
                     "waiting": None if scope is None else {"scope": scope,
                                                            "seconds": round(secs or 0.0, 3)},
-                    # a torch-only rank: its server's dump_traceback handler (POST)
-                    "stacks": s.get("stacks_url") if "torch_only" in s else
-                    f"{rv.url}/v1/stacks" if rv else None})
+                    # a rank on torch's debug server: the handler that serves them (POST)
+                    "stacks": s.get("stacks_url") or (f"{rv.url}/v1/stacks" if rv else None)})
     return out
 
 

@@ -149,9 +149,6 @@ class Discovery:
             raise BadTarget(f"job must be a string of at most {MAX_LABEL} characters")
         replica_group, rank = _opt_int(body.get("replica_group")), _opt_int(body.get("rank"))
         registered_as = normalize_url(body["url"])
-        if registered_as.startswith(TORCH_PREFIX):
-            raise BadTarget("torch's debug server does not register: name it in --targets or "
-                            "let --torch-stores find it")
         url = admit(registered_as) if admit is not None else registered_as
         now = time.time() if now is None else now
         target = Target(url, "registered", job=job, replica_group=replica_group, rank=rank,

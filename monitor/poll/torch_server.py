@@ -7,11 +7,13 @@ torch serves, per rank, a C++ ``_WorkerServer``: ``GET /handler/`` lists its han
 every quorum member), so the monitor finds these ranks from the Lighthouse alone.
 
 Such a target is spelled ``torch+http://host:port`` (:func:`torch_url`). :class:`TorchPoller`
-reads it each sweep: its ``lightkeeper_state`` handler when it has one (Lightkeeper's own
-``GET /v1/state`` registered on torch's server: the full rank state), else its whole Flight
-Recorder dump, raw, under :data:`RAW_KEY` (monitor.evidence.torch_rank makes that a rank
-state). :class:`StoreReader` finds the ranks and who they are. Nothing here raises because of a
-rank or a store: what cannot be read becomes a failed :class:`RankPoll` or one logged line.
+reads it each sweep: through Lightkeeper's handlers when the rank has them (its WorkerServer
+registered on torch's server: ``lightkeeper_state``, ``lightkeeper_fr_trace``,
+``lightkeeper_stacks`` answer as ``GET /v1/state``, ``/v1/fr_trace``, ``/v1/stacks`` do), the
+full rank state; else torch's whole Flight Recorder dump, raw, under :data:`RAW_KEY`
+(monitor.evidence.torch_rank makes that a rank state). :class:`StoreReader` finds the ranks and
+who they are. Nothing here raises because of a rank or a store: what cannot be read becomes a
+failed :class:`RankPoll` or one logged line.
 """
 
 from __future__ import annotations
@@ -34,9 +36,10 @@ log = logging.getLogger(__name__)
 
 PREFIX = "torch+"  # torch+http://host:port: a rank served by torch's debug server
 RAW_KEY = "torch_server"  # a torch-only answer, before monitor.evidence.torch_rank adapts it
-STATE_HANDLER = "lightkeeper_state"  # Lightkeeper's /v1/state as a handler on torch's server
-FR_HANDLER = "fr_trace_json"
-STACKS_HANDLER = "dump_traceback"
+# Lightkeeper's /v1/state, /v1/fr_trace, /v1/stacks as handlers on torch's server (same bytes)
+STATE_HANDLER, LK_FR_HANDLER, LK_STACKS_HANDLER = \
+    "lightkeeper_state", "lightkeeper_fr_trace", "lightkeeper_stacks"
+FR_HANDLER, STACKS_HANDLER = "fr_trace_json", "dump_traceback"  # torch's own
 STORE_PREFIX = "debug_server/rank"  # torch.distributed.debug._store: one key per RANK
 HANDLERS_TTL_S = 30.0  # a rank's handler list is asked again this often (or after a 404)
 STORE_RETRY_S = 5.0  # a store that could not be read (or lacked ranks) is asked again after
@@ -103,18 +106,45 @@ class TorchPoller:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="lightkeeper-torch-poll")
         self._handlers: dict[str, tuple[tuple[str, ...], float]] = {}
 
-    def sweep(self, urls: Iterable[str]) -> dict[str, RankPoll]:
-        urls = list(dict.fromkeys(urls))
-        return dict(zip(urls, self._pool.map(self.poll, urls), strict=True)) if urls else {}
+    def sweep(self, urls: Iterable[str], queries: Iterable[str] | None = None
+              ) -> dict[str, RankPoll]:
+        """Each target's state answer (:meth:`poll`); ``queries``: per URL, for
+        ``lightkeeper_state`` (as ``/v1/state`` takes them)."""
+        urls = list(urls)
+        qs = list(queries) if queries is not None else [""] * len(urls)
+        if not urls:
+            return {}
+        return dict(zip(urls, self._pool.map(self.poll, urls, qs), strict=True))
 
-    def poll(self, url: str) -> RankPoll:
+    def fr_sweep(self, urls: Iterable[str], query: str = "") -> dict[str, RankPoll]:
+        """``lightkeeper_fr_trace`` + ``query`` of ranks that serve it (a rank without it: a
+        failed poll, reason ``http_status``, status 404)."""
+        urls = list(urls)
+        return dict(zip(urls, self._pool.map(lambda u: self._fr(u, query), urls), strict=True))
+
+    def _fr(self, url: str, query: str) -> RankPoll:
+        t0, at = time.monotonic(), time.time()
+        try:
+            if LK_FR_HANDLER not in self.handlers(url):
+                raise _CallError("http_status", f"{url}: no {LK_FR_HANDLER} handler", 404)
+            body = self.call(url, LK_FR_HANDLER + query, self.fr_timeout_s, self.max_fr_bytes)
+            return judge_body(url, body, time.monotonic() - t0, at)
+        except _CallError as e:
+            return RankPoll(url, False, reason=e.reason, error=str(e), status=e.status,
+                            latency_s=time.monotonic() - t0, at=at)
+
+    def poll(self, url: str, query: str = "") -> RankPoll:
         """One target's answer: ``lightkeeper_state``'s document, else the raw dump."""
         t0, at = time.monotonic(), time.time()
         try:
             handlers = self.handlers(url)
             if STATE_HANDLER in handlers:
-                body = self.call(url, STATE_HANDLER, self.timeout_s, self.max_state_bytes)
-                return judge_body(url, body, time.monotonic() - t0, at, state=True)
+                body = self.call(url, STATE_HANDLER + query, self.timeout_s,
+                                 self.max_state_bytes)
+                p = judge_body(url, body, time.monotonic() - t0, at, state=True)
+                if p.ok and LK_STACKS_HANDLER in handlers:
+                    p.data["stacks_url"] = f"{base_url(url)}/handler/{LK_STACKS_HANDLER}"
+                return p
             raw: dict[str, Any] = {"handlers": list(handlers), "dump": None, "error": None}
             if FR_HANDLER in handlers:
                 try:
@@ -146,7 +176,8 @@ class TorchPoller:
         return out
 
     def call(self, url: str, name: str, timeout_s: float, limit: int) -> bytes:
-        """``POST /handler/<name>``'s body; raises :class:`_CallError`."""
+        """``POST /handler/<name>``'s body (``name`` may end in a ``?query``); raises
+        :class:`_CallError`."""
         try:
             return self._request("POST", f"{base_url(url)}/handler/{name}", timeout_s, limit)
         except _CallError as e:
