@@ -38,7 +38,7 @@ from .evidence.view import ClusterView, ViewBuilder
 from .goodput.account import GoodputAccount
 from .poll.admission import AllowList, NotAllowed, Unauthorized, registration_authorized
 from .poll.discovery import BadTarget, Discovery, Target, TooManyTargets, normalize_url
-from .poll.torch_server import StoreReader
+from .poll.torch_server import StoreReader, is_torch
 from .polling import Polling
 from .schedule import LeaderSchedule
 from .shard import Shards
@@ -212,6 +212,7 @@ class Monitor:
         blind = self.enforcer.blindness(view)
         done = self.probes.step(evidence, bool(self.detectors.job_findings()), blind, now)
         new += self.detectors.network(evidence, done, now, blind)
+        self._torch_stacks(new)
         # 4. decide and act
         new += self.enforcer.host_findings(view, evidence, now, self.views.reshaped)
         self.enforcer.record(new, now)
@@ -262,6 +263,16 @@ class Monitor:
             self.discovery.set_torch({u: (i.replica_group, i.rank) for u, i in found.items()})
         self.torch_ranks.adapt(polls, self.torch_stores.identities()
                                if self.torch_stores is not None else {}, st, now)
+
+    def _torch_stacks(self, new: list) -> None:
+        """A new finding's culprits on torch's debug server: their stacks read now, into its
+        evidence (an eviction ends the process, and its stacks with it)."""
+        culprits = [c for f in new for c in f.evidence.get("culprits") or []
+                    if is_torch(c.get("url") or "") and c.get("stacks")]
+        if culprits:
+            got = self.polling.torch.stacks(c["stacks"] for c in culprits)
+            for c in culprits:
+                c["stacks_text"] = got[c["stacks"]]
 
     def _read_lighthouse(self) -> None:
         """Read the Lighthouse's status; unreadable, warn every LIGHTHOUSE_WARN_EVERY_S."""

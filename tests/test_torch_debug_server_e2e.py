@@ -114,9 +114,9 @@ def test_torch_only_ranks_hang_found_and_group_evicted(tmp_path):
         assert ev["waits"]["0"]["scope"] == "cross"
         culprit = ev["culprits"][0]
         assert culprit["stacks"].endswith("/handler/dump_traceback")
-        # its stacks through torch's handler: the rank stopped where the script hangs
-        stacks = requests.post(culprit["stacks"], timeout=5)
-        assert stacks.status_code == 200 and "torch_debug_server_job.py" in stacks.text
+        # its stacks, read through torch's handler when the hang was confirmed (the eviction
+        # ends the process): the rank stopped where the script hangs
+        assert 'torch_debug_server_job.py", line' in culprit["stacks_text"], culprit
 
         def evicted():
             done = [d for d in _get(mon_url + "/v1/evictions")

@@ -159,6 +159,18 @@ class TorchPoller:
             return RankPoll(url, False, reason=e.reason, error=str(e), status=e.status,
                             latency_s=time.monotonic() - t0, at=at)
 
+    def stacks(self, stacks_urls: Iterable[str], limit: int = 256 << 10) -> dict[str, str]:
+        """Stacks text by ``stacks_url`` (a handler, POSTed); one line saying why where none."""
+        urls = list(dict.fromkeys(stacks_urls))
+
+        def one(u: str) -> str:
+            try:
+                body = self._request("POST", u, max(1.0, self.timeout_s), limit)
+                return body.decode("utf-8", "replace")
+            except _CallError as e:
+                return f"(no stacks: {e})"
+        return dict(zip(urls, self._pool.map(one, urls), strict=True)) if urls else {}
+
     def handlers(self, url: str) -> tuple[str, ...]:
         """The handler names its ``GET /handler/`` lists (cached HANDLERS_TTL_S)."""
         got = self._handlers.get(url)
