@@ -22,6 +22,7 @@ from monitor.detect.findings import engine_findings
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
 from monitor.evidence.rank import plain_shape, valid_state
 from monitor.evidence.torch_rank import TorchRanks, adapted_dump, blocked_in, torch_state
+from monitor.poll.admission import AllowList
 from monitor.poll.discovery import BadTarget, Discovery, normalize_url
 from monitor.poll.torch_server import (
     RAW_KEY,
@@ -317,6 +318,9 @@ def test_target_spelling_and_discovery():
         ("torch+http://h:1", "static"), ("http://h:2", "static"),
         ("torch+http://n:3", "torch_store")}
     assert [g["targets"] for g in d.file_sd()] == [["h:2"]]  # torch's server: no /metrics
+    # a WorkerServer serving on torch's server registers as torch+http, polled as it checked
+    t = d.register({"url": "torch+http://localhost:5"}, admit=AllowList.default([]).admit)
+    assert t.url in ("torch+http://127.0.0.1:5", "torch+http://[::1]:5")
 
 
 def test_no_state_changing_call_to_a_torch_server():
