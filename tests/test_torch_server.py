@@ -166,8 +166,10 @@ def test_real_torch_server_read_and_adapted(torch_worker_server):
 
 class _Answers(BaseHTTPRequestHandler):
     routes: dict = {}
+    asked: list = []
 
     def _answer(self) -> None:
+        self.asked.append((self.command, self.path))
         status, body = self.routes.get((self.command, self.path), (404, b"no handler"))
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
@@ -260,6 +262,36 @@ def test_lightkeeper_handlers_on_torch_server_read_as_the_full_state(garbage_ser
         assert not bad.ok and bad.reason == "bad_response"
     finally:
         poller.close()
+
+
+def test_monitor_sweep_reads_a_rank_through_lightkeeper_handlers(garbage_server, tmp_path):
+    """The monitor's own loop: a static torch+http target whose server has Lightkeeper's
+    handlers is polled through lightkeeper_state and its dump read through
+    lightkeeper_fr_trace (no Lighthouse: nothing is verified, nothing acted on)."""
+    from monitor.config import MonitorConfig
+    from monitor.service import Monitor
+
+    url, table = garbage_server
+    table.clear()
+    _Answers.asked.clear()
+    doc = json.dumps({**STATE, "phase_since": NOW, "quorum_id": 3}).encode()
+    table.update({("GET", "/handler/"): _listing("lightkeeper_state", "lightkeeper_fr_trace"),
+                  ("POST", "/handler/lightkeeper_fr_trace?last=256"): (
+                      200, json.dumps({"version": "2.10", "entries": [], "rank": 4,
+                                       "replica_group": 2}).encode())})
+    for q in ("?recent=16&packed=1", "?recent=16", ""):
+        table[("POST", "/handler/lightkeeper_state" + q)] = (200, doc)
+    mon = Monitor(MonitorConfig(targets=[url], state_path=str(tmp_path / "m.sqlite"),
+                                sd_out=None))
+    try:
+        mon.sweep_once()
+        row = next(r for r in mon.ranks_json() if r["url"] == url)
+        assert row["reachable"] and row["rank"] == 4 and row["phase"] == "forward", row
+        assert row["torch_only"] is None  # the full state: nothing it cannot show
+        assert ("POST", "/handler/lightkeeper_fr_trace?last=256") in _Answers.asked
+        assert mon.cluster_json()["torch_only"]["store_discovery"] is False
+    finally:
+        mon.stop()
 
 
 def test_unreachable_rank_is_a_connection_failure():
