@@ -132,6 +132,63 @@ def test_garbage_dumps_give_a_state_without_waits(dump):
     adapted_dump(dump, s, status(), NOW)  # no exception
 
 
+def _torch_only_view(groups=(0, 1, 2), torch_only=True):
+    """The view of single-rank groups on torch's debug server only, verified against a
+    Lighthouse that lists them in quorum 1."""
+    from monitor.evidence.verification import Verifier
+    from monitor.evidence.view import ViewBuilder
+    from monitor.poll.discovery import Target
+    from monitor.poll.poller import RankPoll
+
+    rid = {g: f"job_{g}:u{g}" for g in groups}
+    lh = LighthouseStatus(1, {rid[g]: QuorumMember(rid[g], 40, "m", f"s{g}:1", 1, False)
+                              for g in groups}, {rid[g]: 0.1 for g in groups})
+    polls, targets = {}, []
+    for g in groups:
+        url = f"torch+http://h:{100 + g}"
+        state = torch_state(url, TorchIdentity(rid[g], g, 0, 1, f"s{g}:1"), {}, lh, NOW, "j")
+        if not torch_only:
+            del state["torch_only"]
+        polls[url] = RankPoll(url, True, state, at=NOW)
+        targets.append(Target(url, "torch_store"))
+    verifier = Verifier()
+    return ViewBuilder().update(targets, polls, now=NOW, judge=lambda ranks, changed: (
+        verifier.judge(ranks, changed, lh, None, True, NOW)))
+
+
+def test_straggler_of_torch_only_groups_from_their_dumps():
+    """No step timing on torch's server: the engine's straggler (here enqueue times of ranks on
+    one host) becomes the finding, only for torch-only groups, and resolves once gone."""
+    from monitor.detect import Detectors
+    from tests.support.frgen import FRJob
+
+    job = FRJob(3, flavour="gloo", hosts={r: "h0" for r in range(3)}, replica_group_size=1,
+                jitter_ms=1.0, compute_ms=20.0, seed=3)
+    job.quorum(1, [0, 1, 2])
+    for _ in range(60):
+        job.ft_collective("all_reduce", [[4096]], delay_ms={2: 40.0})
+    view = _torch_only_view()
+    assert all(r.trust.state == "verified" for r in view.ranks.values())
+    det = Detectors()
+    new = det.update(view.evidence(), job.dumps(), NOW, full_view=view)
+    found = [f for f in new if f.kind == "straggler"]
+    assert [(f.replica_group, f.ranks) for f in found] == [(2, [2])], new
+    ev = found[0].evidence
+    assert ev["source"] == "flight_recorder" and ev["clock"] == "host_clock" and ev["z"] > 4
+    healthy = FRJob(3, flavour="gloo", hosts={r: "h0" for r in range(3)},
+                    replica_group_size=1, seed=3)
+    healthy.quorum(1, [0, 1, 2])
+    for _ in range(60):
+        healthy.ft_collective("all_reduce", [[4096]])
+    det.update(view.evidence(), healthy.dumps(), NOW + 20, full_view=view)
+    assert not [f for f in det.open_findings() if f.kind == "straggler"]
+    assert det.resolved_findings()[-1].resolution == "caught_up"
+    # ranks with their own step timing: the timing detector's, not the Flight Recorder's
+    lk = _torch_only_view(torch_only=False)
+    assert not [f for f in Detectors().update(lk.evidence(), job.dumps(), NOW, full_view=lk)
+                if f.kind == "straggler"]
+
+
 # --- the poll adapter against a real torch _WorkerServer and a server answering garbage --------
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 CANNOT_SHOW = ("step phase (forward, backward, commit: only whether it is blocked in a "
                "collective)", "compute/wait split of a step", "step times (no straggler "
                "finding)", "commit counts", "its own step (the Lighthouse's, per quorum request)")
+# a look reads a torch-only rank's newest entries, as many as a Lightkeeper rank is asked for
+# (monitor.polling.FR_LAST): judged on the recent past, and each look's cost bounded
+FR_LAST = 256
 # torchft's cross-group process group: '' for group rank 0 on gloo, torchft_[quorum_]<q>_rank_<r>
 _TORCHFT_PG = re.compile(r"(?:|torchft_(?:quorum_)?\d+_rank_\d+)")
 
@@ -144,7 +147,7 @@ def adapted_dump(dump: Mapping[str, Any], state: Mapping[str, Any],
     newest = max((_int(e["pg_id"]) for e in ft), default=None)
     out = {k: v for k, v in dump.items() if k not in ("entries", "pg_config")}
     out["entries"] = [e for e in entries if not _torchft(_pg_name(e))
-                      or _int(e.get("pg_id")) == newest]
+                      or _int(e.get("pg_id")) == newest][-FR_LAST:]
     config = dump.get("pg_config")
     out["pg_config"] = {k: v for k, v in config.items() if not _torchft(str(k))} \
         if isinstance(config, Mapping) else {}
