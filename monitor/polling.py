@@ -65,7 +65,8 @@ class Polling:
 
     def __init__(self, cfg: MonitorConfig, schedule: LeaderSchedule, detectors: Detectors,
                  targets: Callable[[], list[Target]], clock: Callable[[], float],
-                 ask_ahead: bool = True, torch_ranks: TorchRanks | None = None) -> None:
+                 ask_ahead: bool = True, torch_ranks: TorchRanks | None = None,
+                 has_torch: Callable[[], bool] = lambda: True) -> None:
         self.cfg, self.schedule, self.detectors = cfg, schedule, detectors
         self.targets, self.clock, self.ask_ahead = targets, clock, ask_ahead
         self.poller: Poller | ProcessPoller = Poller(cfg.poll_timeout_s, cfg.max_concurrency,
@@ -74,6 +75,7 @@ class Polling:
         self.torch = TorchPoller(cfg.poll_timeout_s, cfg.fr_timeout_s, cfg.max_state_bytes,
                                  cfg.max_fr_bytes)
         self.torch_ranks = torch_ranks or TorchRanks(cfg.job)
+        self.has_torch = has_torch  # whether any target is one: else no URL is looked at
         self.plan: Plan | None = None  # the plan of the sweep collected last
         self.fr_leaders_skipped = False  # the last fetch skipped the leaders' dumps
         self._ahead: _Ahead | None = None
@@ -99,8 +101,10 @@ class Polling:
         if ahead is not None:
             targets, plan = ahead.targets, ahead.plan
             polls = ahead.result()
-            torch = [u for u in plan.urls if is_torch(u)]
-            polls.update(self.torch.sweep(torch, self.detectors.state_queries(torch, view=view)))
+            torch = self._split(plan.urls)[1]
+            if torch:
+                polls.update(self.torch.sweep(torch, self.detectors.state_queries(
+                    torch, view=view)))
             first = ahead.handles[0]
             if first.finished_at is not None:
                 self._poll_s = (first.finished_at - first.sent_at) or self._poll_s
@@ -136,8 +140,8 @@ class Polling:
         Never raises."""
         if self._ahead is not None:
             try:
-                extra = [u for u in self.schedule.drill_suspects(
-                    self._ahead.plan, view, self.clock(), self._suspects()) if not is_torch(u)]
+                extra = self._split(self.schedule.drill_suspects(
+                    self._ahead.plan, view, self.clock(), self._suspects()))[0]
                 if extra:
                     self._ahead.handles.append(self.poller.start(
                         extra, queries=self.detectors.state_queries(extra, view=view)))
@@ -178,12 +182,19 @@ class Polling:
         self.poller.close()
         self.torch.close()
 
+    def _split(self, urls: list[str]) -> tuple[list[str], list[str]]:
+        """(the poller's URLs, those on torch's debug server); without any of the latter,
+        ``urls`` as they are (no URL looked at: a sweep of 100k)."""
+        if not self.has_torch():
+            return urls, []
+        return [u for u in urls if not is_torch(u)], [u for u in urls if is_torch(u)]
+
     def _states(self, urls: list[str], view: ClusterView | None) -> dict[str, RankPoll]:
-        """The state answers of ``urls``: the poller's, torch-only ranks' from :attr:`torch`."""
-        lk = [u for u in urls if not is_torch(u)]
+        """The state answers of ``urls``: the poller's, those on torch's debug server from
+        :attr:`torch` (``lightkeeper_state``, or torch's own answers made states later)."""
+        lk, torch = self._split(urls)
         polls = self.poller.sweep(lk, queries=self.detectors.state_queries(lk, view=view))
-        if len(lk) != len(urls):
-            torch = [u for u in urls if is_torch(u)]
+        if torch:
             polls.update(self.torch.sweep(torch, self.detectors.state_queries(torch, view=view)))
         return polls
 
@@ -202,7 +213,7 @@ class Polling:
         Detectors.state_queries takes it). Never raises: a failure asks nothing ahead."""
         try:
             targets, plan = self._new_plan(view)
-            lk = [u for u in plan.urls if not is_torch(u)]
+            lk = self._split(plan.urls)[0]
             self._ahead = _Ahead(targets, plan, [self.poller.start(
                 lk, queries=self.detectors.state_queries(lk, kept, view))])
         except Exception:
@@ -261,7 +272,7 @@ class Polling:
             leaders = [gv.leader.url for g, gv in view.groups.items()
                        if gv.leader is not None and g not in plan.drilled] if periodic else []
             for urls, query in ((drilled, FR_DRILLED_QUERY), (leaders, FR_LEADERS_QUERY)):
-                urls = [u for u in urls if u in polls and polls[u].ok and not is_torch(u)]
+                urls = [u for u in self._split(urls)[0] if u in polls and polls[u].ok]
                 if urls:
                     self._fr_ahead[query] = (set(urls), self.poller.start(
                         urls, "/v1/fr_trace" + query, self.cfg.fr_timeout_s,
@@ -312,20 +323,24 @@ class Polling:
         if early is not None:
             answered = early[1].result()
             got = {u: answered[u] for u in urls if u in early[0]}
-        rest = [u for u in urls if u not in got and not is_torch(u)]
+        rest, torch = self._split([u for u in urls if u not in got])
         if rest:
             got.update(self.poller.sweep(rest, "/v1/fr_trace" + query, self.cfg.fr_timeout_s,
                                          self.cfg.max_fr_bytes))
-        if len(rest) + len(got) != len(urls):  # ranks on torch's debug server
-            torch = [u for u in urls if is_torch(u)]
-            for url in torch:  # torch-only: its dump came with its state this sweep
-                rv, d = view.ranks.get(url), self.torch_ranks.dumps.get(url)
-                if rv is not None and rv.rank is not None and d is not None \
-                        and d["rank"] == rv.rank:
+        if torch:
+            lk_handlers = []  # Lightkeeper's handlers on torch's server: lightkeeper_fr_trace
+            for url in torch:
+                rv = view.ranks.get(url)
+                if rv is None or rv.rank is None or not rv.state:
+                    continue
+                if "torch_only" not in rv.state:
+                    lk_handlers.append(url)
+                    continue
+                d = self.torch_ranks.dumps.get(url)  # came with its state this sweep
+                if d is not None and d["rank"] == rv.rank:
                     dumps[rv.rank] = d
-            got.update(self.torch.fr_sweep(
-                [u for u in torch if u not in self.torch_ranks.dumps], query))
-        refused = [u for u, p in got.items() if p.status == 400 and not is_torch(u)]
+            got.update(self.torch.fr_sweep(lk_handlers, query))
+        refused = self._split([u for u, p in got.items() if p.status == 400])[0]
         if refused:
             got.update(self.poller.sweep(refused, "/v1/fr_trace", self.cfg.fr_timeout_s,
                                          self.cfg.max_fr_bytes))

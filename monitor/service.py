@@ -103,7 +103,8 @@ class Monitor:
             if cfg.torch_stores else None
         self.torch_ranks = TorchRanks(cfg.job)
         self.polling = Polling(cfg, self.schedule, self.detectors, self._targets, clock,
-                               ask_ahead=cfg.shard is None, torch_ranks=self.torch_ranks)
+                               ask_ahead=cfg.shard is None, torch_ranks=self.torch_ranks,
+                               has_torch=lambda: self.discovery.has_torch)
         self.views = ViewBuilder()
         self.verifier = Verifier()
         self.lighthouse_reader = LighthouseReader(cfg.lighthouse, cfg.lighthouse_timeout_s) \
@@ -268,7 +269,7 @@ class Monitor:
         """A new finding's culprits on torch's debug server: their stacks read now, into its
         evidence (an eviction ends the process, and its stacks with it)."""
         culprits = [c for f in new for c in f.evidence.get("culprits") or []
-                    if is_torch(c.get("url") or "") and c.get("stacks")]
+                    if is_torch(c.get("url") or "") and (c.get("stacks") or "").startswith("http")]
         if culprits:
             got = self.polling.torch.stacks(c["stacks"] for c in culprits)
             for c in culprits:

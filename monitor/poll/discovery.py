@@ -135,6 +135,7 @@ class Discovery:
         self._written: str | None = None
         # kept until a source changes: the view and the schedule tell unchanged targets by identity
         self._sorted: list[Target] | None = None
+        self.has_torch = False  # a target on torch's debug server among them (as of targets())
 
     def register(self, body: Any, now: float | None = None,
                  admit: Callable[[str], str] | None = None) -> Target:
@@ -232,6 +233,7 @@ class Discovery:
                 merged = {**self._torch, **self._registered, **self._file, **self._static}
                 self._sorted = sorted(merged.values(), key=lambda t: (
                     t.rank if t.rank is not None else 1 << 62, t.url))
+                self.has_torch = any(t.url.startswith(TORCH_PREFIX) for t in self._sorted)
             return list(self._sorted)
 
     def forget_unreachable(self, unreachable_since: dict[str, float],
