@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import threading
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -393,6 +394,17 @@ def test_store_reader_finds_ranks_the_lighthouse_vouches_for():
     assert f"cannot read store {dead}" in reader.error
     # the Lighthouse stopped listing them: forgotten
     assert reader.read([], NOW + 100) == {}
+
+
+def test_store_reader_without_torch_says_so_once(monkeypatch, caplog):
+    """The monitor's own install has no torch: --torch-stores then finds nothing, said once."""
+    monkeypatch.setitem(sys.modules, "torch.distributed", None)  # as if not installed
+    reader = StoreReader(timeout_s=0.3)
+    with caplog.at_level("WARNING", logger="monitor.poll.torch_server"):
+        assert reader.read([("ft_1:u", "127.0.0.1:1", 1)], NOW) == {}
+        assert reader.read([("ft_2:u", "127.0.0.1:2", 1)], NOW + 10) == {}
+    assert "needs torch in the monitor's Python" in reader.error
+    assert len([r for r in caplog.records if "needs torch" in r.getMessage()]) == 1
 
 
 def test_target_spelling_and_discovery():
