@@ -25,9 +25,11 @@ from monitor.evidence.rank import plain_shape, valid_state
 from monitor.evidence.torch_rank import TorchRanks, adapted_dump, blocked_in, torch_state
 from monitor.poll.admission import AllowList
 from monitor.poll.discovery import BadTarget, Discovery, normalize_url
+from monitor.poll.poller import RankPoll
 from monitor.poll.torch_server import (
     RAW_KEY,
     StoreReader,
+    TorchAnswer,
     TorchIdentity,
     TorchPoller,
     replica_group_of,
@@ -74,9 +76,8 @@ def ident(g: int) -> TorchIdentity:
 
 def test_state_and_dumps_of_torch_only_ranks_drive_the_engine_to_the_hang():
     lh = status()
-    raws = {0: {"handlers": ["fr_trace_json", "dump_traceback"],
-                "dump": torch_dump(11, pending=True)},
-            1: {"handlers": ["fr_trace_json"], "dump": torch_dump(10, pending=False, old_pg=True)}}
+    raws = {0: TorchAnswer(("fr_trace_json", "dump_traceback"), torch_dump(11, pending=True)),
+            1: TorchAnswer(("fr_trace_json",), torch_dump(10, pending=False, old_pg=True))}
     states = {g: torch_state(f"torch+http://h{g}:1", ident(g), raws[g], lh, NOW, "job")
               for g in (0, 1)}
     for s in states.values():  # the one rank-state form: the view reads it as any answer
@@ -90,7 +91,7 @@ def test_state_and_dumps_of_torch_only_ranks_drive_the_engine_to_the_hang():
     assert s1["timing"]["waiting"] is None and s1["phase"] == "unknown"
     assert s1["stacks_url"] is None
 
-    dumps = {s["rank"]: adapted_dump(raws[g]["dump"], s, lh, NOW) for g, s in states.items()}
+    dumps = {s["rank"]: adapted_dump(raws[g].dump, s, lh, NOW) for g, s in states.items()}
     inc = dumps[1]["incarnations"]
     assert inc == [{"pg_id": 1, "pg_name": "", "quorum_id": 4, "group_rank": 0,
                     "replica_rank": 1, "replica_world_size": 2, "global_ranks": [0, 1],
@@ -103,10 +104,11 @@ def test_state_and_dumps_of_torch_only_ranks_drive_the_engine_to_the_hang():
 
 def test_a_group_left_out_of_the_quorum_has_no_incarnation_and_no_step():
     lh = status(groups=(0,))
-    s = torch_state("torch+http://h:1", ident(1), {"dump": torch_dump(3, False)}, lh, NOW, "j")
+    s = torch_state("torch+http://h:1", ident(1), TorchAnswer((), torch_dump(3, False)), lh, NOW,
+                    "j")
     assert (s["quorum_id"], s["step"], s["participating"]) == (-1, -1, False)
     assert adapted_dump(torch_dump(3, False), s, lh, NOW)["incarnations"] == []
-    blind = torch_state("torch+http://h:1", ident(1), {}, None, NOW, "j")  # Lighthouse unread
+    blind = torch_state("torch+http://h:1", ident(1), TorchAnswer(()), None, NOW, "j")  # no LH
     assert valid_state(blind) is None and blind["quorum_id"] == -1
 
 
@@ -127,8 +129,7 @@ def test_in_group_and_stale_pending_collectives():
 ])
 def test_garbage_dumps_give_a_state_without_waits(dump):
     assert blocked_in(dump, NOW) is None
-    s = torch_state("torch+http://h:1", ident(0), {"dump": dump, "handlers": 5}, status(),
-                    NOW, "j")
+    s = torch_state("torch+http://h:1", ident(0), TorchAnswer((), dump), status(), NOW, "j")
     assert valid_state(s) is None and s["timing"]["waiting"] is None
     adapted_dump(dump, s, status(), NOW)  # no exception
 
@@ -139,7 +140,6 @@ def _torch_only_view(groups=(0, 1, 2), torch_only=True):
     from monitor.evidence.verification import Verifier
     from monitor.evidence.view import ViewBuilder
     from monitor.poll.discovery import Target
-    from monitor.poll.poller import RankPoll
 
     rid = {g: f"job_{g}:u{g}" for g in groups}
     lh = LighthouseStatus(1, {rid[g]: QuorumMember(rid[g], 40, "m", f"s{g}:1", 1, False)
@@ -147,7 +147,8 @@ def _torch_only_view(groups=(0, 1, 2), torch_only=True):
     polls, targets = {}, []
     for g in groups:
         url = f"torch+http://h:{100 + g}"
-        state = torch_state(url, TorchIdentity(rid[g], g, 0, 1, f"s{g}:1"), {}, lh, NOW, "j")
+        state = torch_state(url, TorchIdentity(rid[g], g, 0, 1, f"s{g}:1"), TorchAnswer(()), lh,
+                            NOW, "j")
         if not torch_only:
             del state["torch_only"]
         polls[url] = RankPoll(url, True, state, at=NOW)
@@ -206,8 +207,8 @@ def test_real_torch_server_read_and_adapted(torch_worker_server):
         p = poller.poll(torch_worker_server)
         assert p.ok, p.error
         raw = p.data[RAW_KEY]
-        assert {"fr_trace_json", "dump_traceback", "ping"} <= set(raw["handlers"])
-        assert raw["error"] is None and raw["dump"]["version"]
+        assert {"fr_trace_json", "dump_traceback", "ping"} <= set(raw.handlers)
+        assert raw.error is None and raw.dump["version"]
         polls = {torch_worker_server: p}
         ranks = TorchRanks("j")
         ranks.adapt(polls, {torch_worker_server: ident(1)}, status(), NOW)
@@ -288,7 +289,7 @@ def test_a_rank_answering_garbage_is_said_never_raised(garbage_server, routes, o
     if not ok:
         assert said in p.error and p.reason in ("bad_response", "http_status")
         return
-    assert said in p.data[RAW_KEY]["error"]
+    assert said in p.data[RAW_KEY].error
     polls = {url: p}
     TorchRanks("j").adapt(polls, {url: ident(0)}, status(), NOW)
     s = polls[url].data  # the rank answers: a state, its Flight Recorder said unreadable
@@ -313,6 +314,10 @@ def test_lightkeeper_handlers_on_torch_server_read_as_the_full_state(garbage_ser
         polls = {url: p}
         TorchRanks("j").adapt(polls, {}, status(), NOW)  # a full state: left as it is
         assert polls[url] is p
+        # a rank's JSON cannot pass for torch's answer: left for the view to refuse
+        fake = RankPoll(url, True, {RAW_KEY: {"handlers": [], "dump": None}})
+        TorchRanks("j").adapt(polls := {url: fake}, {url: ident(0)}, status(), NOW)
+        assert polls[url] is fake and valid_state(fake.data) is not None
         fr = poller.fr_sweep([url], "?last=5")[url]
         assert fr.ok and fr.data["rank"] == 4
         table[("POST", "/handler/lightkeeper_state?recent=16")] = (200, b"{garbage")

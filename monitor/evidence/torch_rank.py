@@ -27,6 +27,7 @@ from monitor.poll.poller import RankPoll
 from monitor.poll.torch_server import (
     RAW_KEY,
     STACKS_HANDLER,
+    TorchAnswer,
     TorchIdentity,
     base_url,
     is_torch,
@@ -101,11 +102,11 @@ def blocked_in(dump: Mapping[str, Any], now: float) -> tuple[str, float, Mapping
     return oldest[1], max(0.0, secs) if math.isfinite(secs) else 0.0, oldest[2]
 
 
-def torch_state(url: str, who: TorchIdentity, raw: Mapping[str, Any],
+def torch_state(url: str, who: TorchIdentity, raw: TorchAnswer,
                 lighthouse: LighthouseStatus | None, now: float, job: str) -> dict[str, Any]:
-    """The ``/v1/state`` document of a torch-only rank's raw answer."""
+    """The ``/v1/state`` document of a torch-only rank's answer."""
     member = lighthouse.members.get(who.replica_id) if lighthouse is not None else None
-    dump = raw.get("dump") if isinstance(raw.get("dump"), Mapping) else None
+    dump = raw.dump if isinstance(raw.dump, Mapping) else None
     blocked = blocked_in(dump, now) if dump is not None else None
     waiting = None
     phase, since = "unknown", now
@@ -115,7 +116,7 @@ def torch_state(url: str, who: TorchIdentity, raw: Mapping[str, Any],
         since = now - secs
         phase = "allreduce" if scope == "cross" else "collective"
     host = base_url(url).split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-    handlers = raw.get("handlers") if isinstance(raw.get("handlers"), list) else []
+    handlers = raw.handlers
     return {
         "job": job, "replica_group": who.replica_group, "replica_id": who.replica_id,
         "group_rank": who.group_rank, "group_world_size": who.group_world_size,
@@ -129,7 +130,7 @@ def torch_state(url: str, who: TorchIdentity, raw: Mapping[str, Any],
         "timing": {"last_step": None, "window": None, "waiting": waiting, "recent": b""},
         "torch_only": {"store": who.store, "handlers": [h for h in handlers
                                                         if isinstance(h, str)][:64],
-                       "flight_recorder": raw.get("error") or (
+                       "flight_recorder": raw.error or (
                            f"{len(dump.get('entries') or [])} entries" if dump else "none"),
                        "cannot_show": list(CANNOT_SHOW)},
         "stacks_url": f"{base_url(url)}/handler/{STACKS_HANDLER}"
@@ -186,10 +187,9 @@ class TorchRanks:
         saying why it cannot be one)."""
         dumps: dict[str, dict[str, Any]] = {}
         for url, p in list(polls.items()):
-            if not is_torch(url) or not p.ok or not isinstance(p.data, dict) \
-                    or RAW_KEY not in p.data:
+            raw = p.data.get(RAW_KEY) if p.ok and is_torch(url) else None
+            if not isinstance(raw, TorchAnswer):  # a full state (lightkeeper_state), or none
                 continue
-            raw = p.data[RAW_KEY]
             who = identities.get(url)
             if who is None:
                 polls[url] = RankPoll(url, False, reason="bad_response", error=(
@@ -199,9 +199,8 @@ class TorchRanks:
                 continue
             try:
                 state = torch_state(url, who, raw, lighthouse, now, self.job)
-                dump = raw.get("dump")
-                if isinstance(dump, Mapping):
-                    dumps[url] = adapted_dump(dump, state, lighthouse, p.at)
+                if isinstance(raw.dump, Mapping):
+                    dumps[url] = adapted_dump(raw.dump, state, lighthouse, p.at)
             except Exception as e:  # a dump of an unexpected shape: said, the rank kept
                 log.warning("torch-only rank %s: cannot read its answer: %s: %s", url,
                             type(e).__name__, e)

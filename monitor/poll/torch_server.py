@@ -35,7 +35,7 @@ from .poller import RankPoll, judge_body
 log = logging.getLogger(__name__)
 
 PREFIX = "torch+"  # torch+http://host:port: a rank served by torch's debug server
-RAW_KEY = "torch_server"  # a torch-only answer, before monitor.evidence.torch_rank adapts it
+RAW_KEY = "torch_server"  # a torch-only answer (TorchAnswer), before evidence adapts it
 # Lightkeeper's /v1/state, /v1/fr_trace, /v1/stacks as handlers on torch's server (same bytes)
 STATE_HANDLER, LK_FR_HANDLER, LK_STACKS_HANDLER = \
     "lightkeeper_state", "lightkeeper_fr_trace", "lightkeeper_stacks"
@@ -84,6 +84,16 @@ class TorchIdentity:
         return self.replica_group * self.group_world_size + self.group_rank
 
 
+@dataclass(frozen=True)
+class TorchAnswer:
+    """What a torch-only rank answered: its handlers and torch's Flight Recorder dump (or why
+    none). Not a JSON type: no rank's JSON can pass for one."""
+
+    handlers: tuple[str, ...]
+    dump: dict[str, Any] | None = None
+    error: str | None = None
+
+
 def _read_limited(r: requests.Response, limit: int) -> bytes:
     body = bytearray()
     for chunk in r.iter_content(65536):
@@ -114,6 +124,8 @@ class TorchPoller:
         qs = list(queries) if queries is not None else [""] * len(urls)
         if not urls:
             return {}
+        if len(self._handlers) > 2 * len(urls) + 1024:  # restarted ranks' old addresses
+            self._handlers = {u: h for u, h in self._handlers.items() if u in set(urls)}
         return dict(zip(urls, self._pool.map(self.poll, urls, qs), strict=True))
 
     def fr_sweep(self, urls: Iterable[str], query: str = "") -> dict[str, RankPoll]:
@@ -145,16 +157,16 @@ class TorchPoller:
                 if p.ok and LK_STACKS_HANDLER in handlers:
                     p.data["stacks_url"] = f"{base_url(url)}/handler/{LK_STACKS_HANDLER}"
                 return p
-            raw: dict[str, Any] = {"handlers": list(handlers), "dump": None, "error": None}
+            dump, error = None, None
             if FR_HANDLER in handlers:
                 try:
-                    raw["dump"] = self.call_json(url, FR_HANDLER, self.fr_timeout_s,
-                                                 self.max_fr_bytes)
+                    dump = self.call_json(url, FR_HANDLER, self.fr_timeout_s, self.max_fr_bytes)
                 except _CallError as e:  # the rank answers: its state is made without waits
-                    raw["error"] = str(e)
+                    error = str(e)
             else:
-                raw["error"] = f"no {FR_HANDLER} handler (torch < 2.8, or not registered)"
-            return RankPoll(url, True, {RAW_KEY: raw}, latency_s=time.monotonic() - t0, at=at)
+                error = f"no {FR_HANDLER} handler (torch < 2.8, or not registered)"
+            return RankPoll(url, True, {RAW_KEY: TorchAnswer(handlers, dump, error)},
+                            latency_s=time.monotonic() - t0, at=at)
         except _CallError as e:
             return RankPoll(url, False, reason=e.reason, error=str(e), status=e.status,
                             latency_s=time.monotonic() - t0, at=at)
