@@ -296,6 +296,22 @@ def test_a_rank_answering_garbage_is_said_never_raised(garbage_server, routes, o
     assert valid_state(s) is None and said in s["torch_only"]["flight_recorder"]
 
 
+def test_handler_list_asked_again_after_a_404(garbage_server):
+    """A handler that vanished (a restarted rank on the same port): its list is asked again."""
+    url, table = garbage_server
+    table.clear()
+    _Answers.asked.clear()
+    table[("GET", "/handler/")] = _listing("fr_trace_json")
+    poller = TorchPoller(timeout_s=2)
+    try:
+        for _ in range(3):
+            p = poller.poll(url)
+            assert p.ok and "HTTP 404" in p.data[RAW_KEY].error
+    finally:
+        poller.close()
+    assert _Answers.asked.count(("GET", "/handler/")) == 3
+
+
 def test_lightkeeper_handlers_on_torch_server_read_as_the_full_state(garbage_server):
     url, table = garbage_server
     table.clear()
