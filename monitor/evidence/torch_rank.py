@@ -8,11 +8,12 @@ it is blocked in from its dump: the newest incarnation of torchft's process grou
 entry enqueued and not completed (``pg_status``), since that entry's enqueue time.
 
 What torch's server cannot show is said (:data:`CANNOT_SHOW`): no step phase (forward,
-backward, commit), no compute/wait split and no step times, so no straggler finding; its step
-is the Lighthouse's, as of the group's last quorum request. Its dump is kept adapted for the
-Flight Recorder look (:attr:`TorchRanks.dumps`): the rank's identity added, torchft's older
-incarnations left out (their quorum is unknown), the newest one described as ``incarnations``
-(docs/CONTRACTS.md). Nothing here raises because of what a rank answered.
+backward, commit), no compute/wait split and no step times, so its stragglers come from the
+Flight Recorder alone (monitor.detect.straggler.from_flight_recorder); its step is the
+Lighthouse's, as of the group's last quorum request. Its dump is kept adapted for the Flight
+Recorder look (:attr:`TorchRanks.dumps`): its newest entries, the rank's identity added,
+torchft's older incarnations left out (their quorum is unknown), the newest one described as
+``incarnations`` (docs/CONTRACTS.md). Nothing here raises because of what a rank answered.
 """
 
 from __future__ import annotations
@@ -39,8 +40,9 @@ from .lighthouse_status import LighthouseStatus
 log = logging.getLogger(__name__)
 
 CANNOT_SHOW = ("step phase (forward, backward, commit: only whether it is blocked in a "
-               "collective)", "compute/wait split of a step", "step times (no straggler "
-               "finding)", "commit counts", "its own step (the Lighthouse's, per quorum request)")
+               "collective)", "compute/wait split of a step (stragglers from the Flight "
+               "Recorder only)", "step times", "commit counts",
+               "its own step (the Lighthouse's, per quorum request)")
 # a look reads a torch-only rank's newest entries, as many as a Lightkeeper rank is asked for
 # (monitor.polling.FR_LAST): judged on the recent past, and each look's cost bounded
 FR_LAST = 256
