@@ -96,7 +96,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job", default=os.environ.get("LIGHTKEEPER_JOB", c.job),
                    help="training job name for metric labels (env LIGHTKEEPER_JOB)")
     p.add_argument("--targets", type=_csv, default=[],
-                   help="static WorkerServers, host:port[,host:port...]")
+                   help="static WorkerServers, host:port[,host:port...]; torch+http://host:port "
+                        "names a rank served by torch's own debug server")
+    p.add_argument("--torch-stores", action="store_true",
+                   help="also watch ranks that run only torch's debug server "
+                        "(torch.distributed.debug.start_debug_server): found through the "
+                        "TCPStore of every group the Lighthouse lists; needs torch here "
+                        "(docs/torch_debug_server.md)")
     p.add_argument("--targets-file",
                    help="Prometheus file_sd JSON with WorkerServers; re-read when it changes")
     p.add_argument("--sd-out", help="write the targets the monitor knows to this file_sd JSON "

@@ -225,6 +225,8 @@ class MonitorConfig:
     job: str = "lightkeeper"
     targets: list[str] = field(default_factory=list)  # static host:port or URLs
     targets_file: str | None = None  # Prometheus file_sd JSON, re-read on change
+    # ranks on torch's own debug server, found in the TCPStores the Lighthouse lists
+    torch_stores: bool = False
     sd_out: str | None = None  # where the monitor writes the set it knows (file_sd JSON)
     forget_after_s: float = 30.0  # registered targets unreachable this long are forgotten
     poll_timeout_s: float = 0.8  # per /v1/state request

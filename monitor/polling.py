@@ -13,11 +13,13 @@ from dataclasses import dataclass
 
 from .config import MonitorConfig
 from .detect import Detectors, collective_wait
+from .evidence.torch_rank import TorchRanks
 from .evidence.view import ClusterView, GroupView
 from .poll import fd_budget
 from .poll.discovery import Target
 from .poll.poll_process import PollHandle, ProcessPoller
 from .poll.poller import Poller, RankPoll
+from .poll.torch_server import TorchPoller, is_torch
 from .schedule import LeaderSchedule, Plan
 
 log = logging.getLogger(__name__)
@@ -63,11 +65,17 @@ class Polling:
 
     def __init__(self, cfg: MonitorConfig, schedule: LeaderSchedule, detectors: Detectors,
                  targets: Callable[[], list[Target]], clock: Callable[[], float],
-                 ask_ahead: bool = True) -> None:
+                 ask_ahead: bool = True, torch_ranks: TorchRanks | None = None,
+                 has_torch: Callable[[], bool] = lambda: True) -> None:
         self.cfg, self.schedule, self.detectors = cfg, schedule, detectors
         self.targets, self.clock, self.ask_ahead = targets, clock, ask_ahead
         self.poller: Poller | ProcessPoller = Poller(cfg.poll_timeout_s, cfg.max_concurrency,
                                                      max_bytes=cfg.max_state_bytes)
+        # ranks on torch's own debug server (torch+http://): read apart, made states in evidence
+        self.torch = TorchPoller(cfg.poll_timeout_s, cfg.fr_timeout_s, cfg.max_state_bytes,
+                                 cfg.max_fr_bytes)
+        self.torch_ranks = torch_ranks or TorchRanks(cfg.job)
+        self.has_torch = has_torch  # whether any target is one: else no URL is looked at
         self.plan: Plan | None = None  # the plan of the sweep collected last
         self.fr_leaders_skipped = False  # the last fetch skipped the leaders' dumps
         self._ahead: _Ahead | None = None
@@ -93,20 +101,22 @@ class Polling:
         if ahead is not None:
             targets, plan = ahead.targets, ahead.plan
             polls = ahead.result()
+            torch = self._split(plan.urls)[1]
+            if torch:
+                polls.update(self.torch.sweep(torch, self.detectors.state_queries(
+                    torch, view=view)))
             first = ahead.handles[0]
             if first.finished_at is not None:
                 self._poll_s = (first.finished_at - first.sent_at) or self._poll_s
         else:
             targets, plan = self._new_plan(view)
             asked = time.monotonic()
-            polls = self.poller.sweep(plan.urls, queries=self.detectors.state_queries(
-                plan.urls, view=view))
+            polls = self._states(plan.urls, view)
             self._poll_s = time.monotonic() - asked
         self.plan = plan
         drill = self.schedule.drill_now(polls, view, self.clock())
         if drill:
-            polls.update(self.poller.sweep(drill, queries=self.detectors.state_queries(
-                drill, view=view)))
+            polls.update(self._states(drill, view))
         self.ask_fr_early(plan, polls, self.clock(), view)
         return targets, plan, polls
 
@@ -130,8 +140,8 @@ class Polling:
         Never raises."""
         if self._ahead is not None:
             try:
-                extra = self.schedule.drill_suspects(self._ahead.plan, view, self.clock(),
-                                                     self._suspects())
+                extra = self._split(self.schedule.drill_suspects(
+                    self._ahead.plan, view, self.clock(), self._suspects()))[0]
                 if extra:
                     self._ahead.handles.append(self.poller.start(
                         extra, queries=self.detectors.state_queries(extra, view=view)))
@@ -170,6 +180,23 @@ class Polling:
     def close(self) -> None:
         self._thaw_gc()
         self.poller.close()
+        self.torch.close()
+
+    def _split(self, urls: list[str]) -> tuple[list[str], list[str]]:
+        """(the poller's URLs, those on torch's debug server); without any of the latter,
+        ``urls`` as they are (no URL looked at: a sweep of 100k)."""
+        if not self.has_torch():
+            return urls, []
+        return [u for u in urls if not is_torch(u)], [u for u in urls if is_torch(u)]
+
+    def _states(self, urls: list[str], view: ClusterView | None) -> dict[str, RankPoll]:
+        """The state answers of ``urls``: the poller's, those on torch's debug server from
+        :attr:`torch` (``lightkeeper_state``, or torch's own answers made states later)."""
+        lk, torch = self._split(urls)
+        polls = self.poller.sweep(lk, queries=self.detectors.state_queries(lk, view=view))
+        if torch:
+            polls.update(self.torch.sweep(torch, self.detectors.state_queries(torch, view=view)))
+        return polls
 
     def _may_ask_ahead(self) -> bool:
         return self.ask_ahead and isinstance(self.poller, ProcessPoller)
@@ -186,8 +213,9 @@ class Polling:
         Detectors.state_queries takes it). Never raises: a failure asks nothing ahead."""
         try:
             targets, plan = self._new_plan(view)
+            lk = self._split(plan.urls)[0]
             self._ahead = _Ahead(targets, plan, [self.poller.start(
-                plan.urls, queries=self.detectors.state_queries(plan.urls, kept, view))])
+                lk, queries=self.detectors.state_queries(lk, kept, view))])
         except Exception:
             self._ahead = None
             log.exception("could not ask the next sweep's ranks ahead")
@@ -244,7 +272,7 @@ class Polling:
             leaders = [gv.leader.url for g, gv in view.groups.items()
                        if gv.leader is not None and g not in plan.drilled] if periodic else []
             for urls, query in ((drilled, FR_DRILLED_QUERY), (leaders, FR_LEADERS_QUERY)):
-                urls = [u for u in urls if u in polls and polls[u].ok]
+                urls = [u for u in self._split(urls)[0] if u in polls and polls[u].ok]
                 if urls:
                     self._fr_ahead[query] = (set(urls), self.poller.start(
                         urls, "/v1/fr_trace" + query, self.cfg.fr_timeout_s,
@@ -290,19 +318,32 @@ class Polling:
         whole dump."""
         if not urls:
             return {}
+        dumps: dict[int, dict] = {}
         got: dict[str, RankPoll] = {}
         if early is not None:
             answered = early[1].result()
             got = {u: answered[u] for u in urls if u in early[0]}
-        rest = [u for u in urls if u not in got]
+        rest, torch = self._split([u for u in urls if u not in got])
         if rest:
             got.update(self.poller.sweep(rest, "/v1/fr_trace" + query, self.cfg.fr_timeout_s,
                                          self.cfg.max_fr_bytes))
-        refused = [u for u, p in got.items() if p.status == 400]
+        if torch:
+            lk_handlers = []  # Lightkeeper's handlers on torch's server: lightkeeper_fr_trace
+            for url in torch:
+                rv = view.ranks.get(url)
+                if rv is None or rv.rank is None or not rv.state:
+                    continue
+                if "torch_only" not in rv.state:
+                    lk_handlers.append(url)
+                    continue
+                d = self.torch_ranks.dumps.get(url)  # came with its state this sweep
+                if d is not None and d["rank"] == rv.rank:
+                    dumps[rv.rank] = d
+            got.update(self.torch.fr_sweep(lk_handlers, query))
+        refused = self._split([u for u, p in got.items() if p.status == 400])[0]
         if refused:
             got.update(self.poller.sweep(refused, "/v1/fr_trace", self.cfg.fr_timeout_s,
                                          self.cfg.max_fr_bytes))
-        dumps: dict[int, dict] = {}
         for url, p in got.items():
             rv = view.ranks.get(url)
             if not p.ok or not isinstance(p.data, dict) or rv is None or rv.rank is None:

@@ -33,11 +33,13 @@ from .detect import Analyzer, Detectors
 from .evidence.lighthouse_settings import LighthouseSettingsWatch
 from .evidence.lighthouse_status import LighthouseReader, LighthouseStatus
 from .evidence.probes import ProbeMesh
+from .evidence.torch_rank import CANNOT_SHOW, TorchRanks
 from .evidence.verification import Verifier
 from .evidence.view import ClusterView, ViewBuilder
 from .goodput.account import GoodputAccount
 from .poll.admission import AllowList, NotAllowed, Unauthorized, registration_authorized
 from .poll.discovery import BadTarget, Discovery, Target, TooManyTargets, normalize_url
+from .poll.torch_server import StoreReader, is_torch
 from .polling import Polling
 from .schedule import LeaderSchedule
 from .shard import Shards
@@ -97,8 +99,13 @@ class Monitor:
         self.probes = ProbeMesh(cfg.probes, cfg.rank_exit_token, clock)
         self.schedule = LeaderSchedule(cfg.leader_polling, cfg.leader_polling_min_ranks,
                                        cfg.member_interval_s, cfg.interval_s)
+        # ranks on torch's own debug server: found in the groups' stores, read as rank states
+        self.torch_stores = StoreReader(forget_after_s=cfg.forget_after_s) \
+            if cfg.torch_stores else None
+        self.torch_ranks = TorchRanks(cfg.job)
         self.polling = Polling(cfg, self.schedule, self.detectors, self._targets, clock,
-                               ask_ahead=cfg.shard is None)
+                               ask_ahead=cfg.shard is None, torch_ranks=self.torch_ranks,
+                               has_torch=lambda: self.discovery.has_torch)
         self.views = ViewBuilder()
         self.verifier = Verifier()
         self.lighthouse_reader = LighthouseReader(cfg.lighthouse, cfg.lighthouse_timeout_s) \
@@ -191,6 +198,7 @@ class Monitor:
         # 2. evidence: the Lighthouse after the ranks (a real rank is never ahead of it)
         self._read_lighthouse()
         now = self.clock()
+        self._torch_only(polls, now)
         view = self.views.update(  # verdicts judged again only where claims or status changed
             targets, polls, now=now, polled=None if plan.everything else set(plan.urls),
             judge=lambda ranks, changed: self.verifier.judge(
@@ -207,6 +215,7 @@ class Monitor:
         blind = self.enforcer.blindness(view)
         done = self.probes.step(evidence, self.detectors.probes_wanted(), blind, now)
         new += self.detectors.network(evidence, done, now, blind)
+        self._torch_stacks(new)
         # 4. decide and act
         new += self.enforcer.host_findings(view, evidence, now, self.views.reshaped)
         self.enforcer.record(new, now)
@@ -248,6 +257,27 @@ class Monitor:
         if self.shard is not None:
             targets = self.shard.own_targets(targets, self.polling.poller, self.clock())
         return targets
+
+    def _torch_only(self, polls: dict, now: float) -> None:
+        """Ranks on torch's debug server: the groups' stores read for new ones (next sweep's
+        targets), this sweep's answers made rank states."""
+        st = self.lighthouse_status
+        if self.torch_stores is not None and st is not None:
+            found = self.torch_stores.read(
+                [(m.replica_id, m.store, m.world_size) for m in st.members.values()], now)
+            self.discovery.set_torch({u: (i.replica_group, i.rank) for u, i in found.items()})
+        self.torch_ranks.adapt(polls, self.torch_stores.identities()
+                               if self.torch_stores is not None else {}, st, now)
+
+    def _torch_stacks(self, new: list) -> None:
+        """A new finding's culprits on torch's debug server: their stacks read now, into its
+        evidence (an eviction ends the process, and its stacks with it)."""
+        culprits = [c for f in new for c in f.evidence.get("culprits") or []
+                    if is_torch(c.get("url") or "") and (c.get("stacks") or "").startswith("http")]
+        if culprits:
+            got = self.polling.torch.stacks(c["stacks"] for c in culprits)
+            for c in culprits:
+                c["stacks_text"] = got[c["stacks"]]
 
     def _read_lighthouse(self) -> None:
         """Read the Lighthouse's status; unreadable, warn every LIGHTHOUSE_WARN_EVERY_S."""
@@ -316,6 +346,10 @@ class Monitor:
                     self.blind_reason()),
                 "lighthouse_settings": self.lh_settings.to_dict(),
                 "network_probes": self.probes.to_json(),
+                "torch_only": {"store_discovery": self.cfg.torch_stores,
+                               "store_error": self.torch_stores.error
+                               if self.torch_stores is not None else None,
+                               "cannot_show": list(CANNOT_SHOW)},
                 "shard": self.shard.to_json() if self.shard else None}
         return views.cluster_json(head, self.view, self.evidence, self.detectors, self.clock())
 

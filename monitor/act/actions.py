@@ -15,6 +15,8 @@ from urllib.parse import quote
 
 import requests
 
+from monitor.poll.torch_server import is_torch
+
 log = logging.getLogger(__name__)
 
 
@@ -69,6 +71,9 @@ class RankCalls:
     def _post(self, url: str, path: str, body: dict) -> requests.Response | Outcome:
         if not self.token:
             return Outcome(False, None, "no --rank-exit-token")
+        if is_torch(url):
+            return Outcome(False, None, "a rank on torch's debug server: no /v1/exit or "
+                           "/v1/abort there (nothing that changes state is served)")
         try:
             return self._session.post(f"{url.rstrip('/')}{path}", json=body,
                                       headers={"Authorization": f"Bearer {self.token}"},

@@ -38,7 +38,9 @@ def rank_json(r, now: float) -> dict[str, Any]:
         "last_step_seconds": s.get("last_step_seconds"), "host": s.get("host"),
         "pid": s.get("pid"), "replica_id": s.get("replica_id"),
         "faults": s.get("faults"), "unreachable_sweeps": r.failures,
-        "verification": r.trust.to_dict() if r.trust is not None else None}
+        "verification": r.trust.to_dict() if r.trust is not None else None,
+        # on torch's debug server only: what it serves, what it cannot show
+        "torch_only": s.get("torch_only"), "stacks_url": s.get("stacks_url")}
 
 
 def ranks_json(view: ClusterView | None, now: float) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from monitor.detect.jobwide import JobWide
 from monitor.detect.liveness import Liveness
 from monitor.detect.network import Network
 from monitor.detect.rank_state import SeenGroups, fresh_ranks
-from monitor.detect.straggler import GroupMemory, Straggler
+from monitor.detect.straggler import GroupMemory, Straggler, from_flight_recorder
 from monitor.evidence.probes import ProbeRound
 from monitor.evidence.view import ClusterView
 
@@ -188,6 +188,7 @@ class Detectors:
             ("dead", lambda: self.liveness.dead(view, now)),
             ("hang", lambda: self.hang.judge(view, dumps, analysis, now)),
             ("straggler", lambda: self.straggler.judge(view, now)),
+            ("straggler_fr", lambda: from_flight_recorder(view, analysis, now, self.findings)),
             ("mismatch", lambda: mismatch.judge(view, dumps, traces, analysis, now,
                                                 self.findings)),
             ("stuck_starting", lambda: self.liveness.stuck_starting(

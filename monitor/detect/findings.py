@@ -61,6 +61,12 @@ class Findings:
               "culprit_hosts": [c["host"] for c in culprits], "culprits": culprits}
         key = (kind, gv.replica_group, rid)
         if key in self.open:
+            # stacks read when it was confirmed (torch's server only) stay with its culprits
+            read = {c.get("url"): c["stacks_text"] for c in
+                    self.open[key].evidence.get("culprits") or [] if "stacks_text" in c}
+            for c in culprits if read else ():
+                if c["url"] in read:
+                    c["stacks_text"] = read[c["url"]]
             self.open[key].evidence = ev
             return None
         f = self.open[key] = Finding(kind, gv.replica_group, rid, ranks, ev, first_seen, now)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from monitor.evidence.view import ClusterView, GroupView, RankView
+from monitor.poll.torch_server import is_torch
 
 
 def current_wait(state: Mapping[str, Any] | None) -> tuple[str | None, float | None]:
@@ -55,7 +56,9 @@ def describe_ranks(view: ClusterView, ranks: list[int]) -> list[dict[str, Any]]:
                     "phase": s.get("phase"), "step": s.get("step"),
                     "waiting": None if scope is None else {"scope": scope,
                                                            "seconds": round(secs or 0.0, 3)},
-                    "stacks": f"{rv.url}/v1/stacks" if rv else None})
+                    # a rank on torch's debug server: the handler that serves them (POST)
+                    "stacks": s.get("stacks_url") or (f"{rv.url}/v1/stacks" if rv and not
+                                                      is_torch(rv.url) else None)})
     return out
 
 

@@ -183,7 +183,8 @@ class Straggler:
 
     def judge(self, view: ClusterView, now: float) -> list[Finding]:
         self.answers(view)  # every sweep, judged or not
-        groups = {g.replica_group: g for g in view.in_quorum()}
+        # groups on torch's debug server only have no step timing: from_flight_recorder's
+        groups = {g.replica_group: g for g in view.in_quorum() if not _torch_only(g)}
         members = self.members(view, groups) if len(groups) >= 2 else None
         if members is None:
             self.last_lags, self.last_window = {}, None
@@ -306,3 +307,45 @@ class Straggler:
                    "no rank stands out: the whole group is late")
         info = {"verdict": verdict, "ranks": {str(k): v for k, v in sorted(per_rank.items())}}
         return sorted(late) if late else sorted(per_rank), info
+
+
+def _torch_only(gv: GroupView) -> bool:
+    """Its ranks are on torch's debug server only (a group's ranks share its store, so one
+    rank tells: O(1) a group, every sweep)."""
+    s = gv.ranks[0].state if gv.ranks else None
+    return s is not None and "torch_only" in s
+
+
+def from_flight_recorder(view: ClusterView, analysis: list[dict] | None, now: float,
+                         findings: Findings) -> list[Finding]:
+    """Stragglers among ranks on torch's debug server only (no step timing to judge by): the
+    Flight Recorder engine's, from their dumps (NCCL durations, or enqueue times of ranks on one
+    host: monitor/analysis/stragglers.py). Judged at each look (``analysis``: its findings);
+    a torch-only group the look no longer names is resolved ``caught_up``."""
+    if analysis is None:
+        return []
+    in_quorum = {gv.replica_group: gv for gv in view.in_quorum()}
+    named: dict[int, tuple[list[int], dict]] = {}
+    for s in analysis:
+        if s["kind"] != "straggler":
+            continue
+        for rank in s["culprits"]:
+            rv = view.rank_view(rank)
+            if rv is None or not rv.state or "torch_only" not in rv.state \
+                    or rv.replica_group not in in_quorum:
+                continue  # a Lightkeeper rank: its own timing is the straggler detector's
+            ranks, _ = named.setdefault(rv.replica_group, ([], s["raw"]))
+            ranks.append(rank)
+    new = []
+    for g, (ranks, raw) in named.items():
+        ev = {"source": "flight_recorder", "clock": raw.get("evidence"), "z": raw.get("z"),
+              "median_wait_ms": raw.get("median_wait_ms"),
+              "collectives": raw.get("collectives"), "detail": raw.get("detail"),
+              "analysis": raw}
+        new.append(findings.confirm("straggler", in_quorum[g], sorted(ranks), ev, now, now,
+                                    view))
+    for key, f in list(findings.open.items()):
+        if key[0] == "straggler" and f.evidence.get("source") == "flight_recorder" \
+                and key[1] not in named:
+            findings.resolve(key, "caught_up", now)
+    return [f for f in new if f]

@@ -18,6 +18,7 @@ from typing import Any
 import requests
 
 from monitor.config import ProbeConfig
+from monitor.poll.torch_server import is_torch
 
 from .view import ClusterView, RankView
 
@@ -99,8 +100,8 @@ def pick(view: ClusterView) -> dict[str, RankView]:
     for gv in view.in_quorum():
         for r in gv.reachable:
             host = (r.state or {}).get("host")
-            if not r.fresh or not host or r.rank is None:
-                continue
+            if not r.fresh or not host or r.rank is None or is_torch(r.url):
+                continue  # torch's debug server serves no /v1/probe
             have = out.get(host)
             if have is None or (r.rank, r.url) < (have.rank, have.url):
                 out[host] = r

@@ -30,12 +30,20 @@ MAX_URL = 2048
 MAX_LABEL = 256  # a job name in a registration
 
 
+TORCH_PREFIX = "torch+"  # torch+http://host:port: torch's own debug server (poll/torch_server)
+
+
 def normalize_url(address: str) -> str:
-    """``host:port`` or ``http://host:port[/prefix][/]`` -> ``http://host:port[/prefix]``;
-    raises BadTarget."""
+    """``host:port`` or ``http://host:port[/prefix][/]`` -> ``http://host:port[/prefix]``
+    (``torch+http://...`` keeps its ``torch+``); raises BadTarget."""
     address = address.strip()
     if not address:
         raise BadTarget("empty target address")
+    if address.startswith(TORCH_PREFIX):
+        url = normalize_url(address[len(TORCH_PREFIX):])
+        if not url.startswith("http://"):
+            raise BadTarget(f"target {address!r}: torch's debug server speaks http only")
+        return TORCH_PREFIX + url
     if "://" not in address:
         address = "http://" + address
     netloc = address.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1]
@@ -97,7 +105,7 @@ def _read_file_sd(path: str) -> dict[str, Target]:
 @dataclass
 class Target:
     url: str
-    source: str  # "static", "file_sd" or "registered"
+    source: str  # "static", "file_sd", "registered" or "torch_store"
     job: str | None = None
     replica_group: int | None = None  # hints; /v1/state is the truth
     rank: int | None = None
@@ -117,6 +125,7 @@ class Discovery:
         self._static = {u: Target(u, "static", job=job) for u in map(normalize_url, static or [])}
         self._file: dict[str, Target] = {}
         self._registered: dict[str, Target] = {}
+        self._torch: dict[str, Target] = {}  # torch-only ranks found in the groups' stores
         self.targets_file = targets_file
         self._file_sig: tuple[float, int] | None = None
         self.file_error: str | None = None
@@ -126,6 +135,7 @@ class Discovery:
         self._written: str | None = None
         # kept until a source changes: the view and the schedule tell unchanged targets by identity
         self._sorted: list[Target] | None = None
+        self.has_torch = False  # a target on torch's debug server among them (as of targets())
 
     def register(self, body: Any, now: float | None = None,
                  admit: Callable[[str], str] | None = None) -> Target:
@@ -161,6 +171,16 @@ class Discovery:
 
     def _count(self) -> int:
         return len(self._registered.keys() | self._file.keys() | self._static.keys())
+
+    def set_torch(self, found: dict[str, tuple[int, int]]) -> None:
+        """The torch-only ranks found in the groups' TCPStores: URL -> (replica group, rank);
+        replaces the last set (a group gone from the stores is gone from the targets)."""
+        with self._lock:
+            if {u: (t.replica_group, t.rank) for u, t in self._torch.items()} == found:
+                return
+            self._torch = {u: Target(u, "torch_store", job=self.job, replica_group=g, rank=r)
+                           for u, (g, r) in found.items()}
+            self._sorted = None
 
     def restore(self, path: str) -> None:
         """Re-adopt as registered the targets a previous run wrote (:meth:`write_file_sd`).
@@ -210,9 +230,10 @@ class Discovery:
         """All known targets, static first, then file_sd, then registered (one per URL)."""
         with self._lock:
             if self._sorted is None:
-                merged = {**self._registered, **self._file, **self._static}
+                merged = {**self._torch, **self._registered, **self._file, **self._static}
                 self._sorted = sorted(merged.values(), key=lambda t: (
                     t.rank if t.rank is not None else 1 << 62, t.url))
+                self.has_torch = any(t.url.startswith(TORCH_PREFIX) for t in self._sorted)
             return list(self._sorted)
 
     def forget_unreachable(self, unreachable_since: dict[str, float],
@@ -237,6 +258,8 @@ class Discovery:
         """The known set as Prometheus ``file_sd`` target groups, one per target."""
         out = []
         for t in self.targets():
+            if t.url.startswith(TORCH_PREFIX):
+                continue  # torch's server has no /metrics for Prometheus to scrape
             labels = {"lightkeeper_source": t.source}
             job = t.job or self.job
             if job:

@@ -1,0 +1,216 @@
+"""A torch-only rank (torch's debug server, no Lightkeeper code) as the one rank-state form.
+
+Its answer (monitor.poll.torch_server: the handler list and torch's raw Flight Recorder dump)
+becomes a ``/v1/state`` document here, at the poll boundary, so the view, the verification and
+every detector read it like any rank. Who it is comes from its group's TCPStore (whose
+``replica_id`` the Lighthouse lists), its step and quorum from the Lighthouse, the collective
+it is blocked in from its dump: the newest incarnation of torchft's process group that has an
+entry enqueued and not completed (``pg_status``), since that entry's enqueue time.
+
+What torch's server cannot show is said (:data:`CANNOT_SHOW`): no step phase (forward,
+backward, commit), no compute/wait split and no step times, so its stragglers come from the
+Flight Recorder alone (monitor.detect.straggler.from_flight_recorder); its step is the
+Lighthouse's, as of the group's last quorum request. Its dump is kept adapted for the Flight
+Recorder look (:attr:`TorchRanks.dumps`): its newest entries, the rank's identity added,
+torchft's older incarnations left out (their quorum is unknown), the newest one described as
+``incarnations`` (docs/CONTRACTS.md). Nothing here raises because of what a rank answered.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from monitor.poll.poller import RankPoll
+from monitor.poll.torch_server import (
+    RAW_KEY,
+    STACKS_HANDLER,
+    TorchAnswer,
+    TorchIdentity,
+    base_url,
+    is_torch,
+    replica_group_of,
+)
+
+from .lighthouse_status import LighthouseStatus
+
+log = logging.getLogger(__name__)
+
+CANNOT_SHOW = ("step phase (forward, backward, commit: only whether it is blocked in a "
+               "collective)", "compute/wait split of a step (stragglers from the Flight "
+               "Recorder only)", "step times", "commit counts",
+               "its own step (the Lighthouse's, per quorum request)")
+# a look reads a torch-only rank's newest entries, as many as a Lightkeeper rank is asked for
+# (monitor.polling.FR_LAST): judged on the recent past, and each look's cost bounded
+FR_LAST = 256
+# torchft's cross-group process group: '' for group rank 0 on gloo, torchft_[quorum_]<q>_rank_<r>
+_TORCHFT_PG = re.compile(r"(?:|torchft_(?:quorum_)?\d+_rank_\d+)")
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(v) if not isinstance(v, bool) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _pg_name(entry: Mapping[str, Any]) -> str | None:
+    pg = entry.get("process_group")
+    if isinstance(pg, (list, tuple)) and pg and isinstance(pg[0], str):
+        return pg[0]
+    return None
+
+
+def _torchft(name: str | None) -> bool:
+    return name is not None and _TORCHFT_PG.fullmatch(name) is not None
+
+
+def blocked_in(dump: Mapping[str, Any], now: float) -> tuple[str, float, Mapping] | None:
+    """(scope, seconds, entry) of the oldest collective enqueued and not completed, of every
+    group but torchft's older incarnations; None when none (or the dump says too little)."""
+    entries, status = dump.get("entries"), dump.get("pg_status")
+    if not isinstance(entries, list) or not isinstance(status, Mapping):
+        return None
+    newest_ft = max((p for e in entries if isinstance(e, Mapping) and _torchft(_pg_name(e))
+                     and (p := _int(e.get("pg_id"))) is not None), default=None)
+    pending: dict[int, int] = {}  # pg_id -> the first sequence id not completed
+    for pg_id, st in status.items():
+        if not isinstance(st, Mapping):
+            continue
+        done, enq = _int(st.get("last_completed_collective")), \
+            _int(st.get("last_enqueued_collective"))
+        if done is not None and enq is not None and enq > done and _int(pg_id) is not None:
+            pending[_int(pg_id)] = done + 1
+    oldest = None
+    for e in entries:
+        if not isinstance(e, Mapping):
+            continue
+        pg_id, name = _int(e.get("pg_id")), _pg_name(e)
+        if pending.get(pg_id) != _int(e.get("collective_seq_id")) or e.get("is_p2p"):
+            continue
+        if _torchft(name) and pg_id != newest_ft:
+            continue
+        created = e.get("time_created_ns")
+        if not isinstance(created, int) or isinstance(created, bool) or created <= 0:
+            continue
+        if oldest is None or created < oldest[0]:
+            oldest = (created, "cross" if _torchft(name) else "group", e)
+    if oldest is None:
+        return None
+    secs = now - oldest[0] / 1e9
+    return oldest[1], max(0.0, secs) if math.isfinite(secs) else 0.0, oldest[2]
+
+
+def torch_state(url: str, who: TorchIdentity, raw: TorchAnswer,
+                lighthouse: LighthouseStatus | None, now: float, job: str) -> dict[str, Any]:
+    """The ``/v1/state`` document of a torch-only rank's answer."""
+    member = lighthouse.members.get(who.replica_id) if lighthouse is not None else None
+    dump = raw.dump if isinstance(raw.dump, Mapping) else None
+    blocked = blocked_in(dump, now) if dump is not None else None
+    waiting = None
+    phase, since = "unknown", now
+    if blocked is not None:
+        scope, secs, _ = blocked
+        waiting = {"scope": scope, "seconds": round(secs, 3)}
+        since = now - secs
+        phase = "allreduce" if scope == "cross" else "collective"
+    host = base_url(url).split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    handlers = raw.handlers
+    return {
+        "job": job, "replica_group": who.replica_group, "replica_id": who.replica_id,
+        "group_rank": who.group_rank, "group_world_size": who.group_world_size,
+        "rank": who.rank, "host": host, "node": host, "device": {"type": "unknown"},
+        "step": member.step if member is not None else -1,
+        "quorum_id": lighthouse.quorum_id if member is not None and
+        lighthouse.quorum_id is not None else -1,
+        "num_participants": len(lighthouse.members) if member is not None else 0,
+        "participating": member is not None, "phase": phase, "phase_since": since,
+        "last_step_seconds": None, "recent_step_seconds": b"",
+        "timing": {"last_step": None, "window": None, "waiting": waiting, "recent": b""},
+        "torch_only": {"store": who.store, "handlers": [h for h in handlers
+                                                        if isinstance(h, str)][:64],
+                       "flight_recorder": raw.error or (
+                           f"{len(dump.get('entries') or [])} entries" if dump else "none"),
+                       "cannot_show": list(CANNOT_SHOW)},
+        "stacks_url": f"{base_url(url)}/handler/{STACKS_HANDLER}"
+        if STACKS_HANDLER in handlers else None,
+    }
+
+
+def adapted_dump(dump: Mapping[str, Any], state: Mapping[str, Any],
+                 lighthouse: LighthouseStatus | None, at: float) -> dict[str, Any]:
+    """torch's dump as the analysis reads a rank's ``/v1/fr_trace``: its identity added,
+    torchft's older incarnations left out, the newest described when the Lighthouse lists the
+    rank's group in its quorum."""
+    entries = [e for e in dump.get("entries") or [] if isinstance(e, Mapping)]
+    ft = [e for e in entries if _torchft(_pg_name(e)) and _int(e.get("pg_id")) is not None]
+    newest = max((_int(e["pg_id"]) for e in ft), default=None)
+    out = {k: v for k, v in dump.items() if k not in ("entries", "pg_config")}
+    out["entries"] = [e for e in entries if not _torchft(_pg_name(e))
+                      or _int(e.get("pg_id")) == newest][-FR_LAST:]
+    config = dump.get("pg_config")
+    out["pg_config"] = {k: v for k, v in config.items() if not _torchft(str(k))} \
+        if isinstance(config, Mapping) else {}
+    g, gr, ws = state["replica_group"], state["group_rank"], state["group_world_size"]
+    out.update(rank=state["rank"], replica_group=g, replica_id=state.get("replica_id"),
+               group_rank=gr, group_world_size=ws, host=state.get("host"),
+               dump_time_ns=int(at * 1e9), incarnations=[])
+    q = state.get("quorum_id")
+    if newest is None or lighthouse is None or not state.get("participating") \
+            or q != lighthouse.quorum_id:
+        return out
+    order = sorted(lighthouse.members)
+    groups = [replica_group_of(rid) for rid in order]
+    if None in groups or state.get("replica_id") not in order:
+        return out
+    mine = [e for e in ft if _int(e["pg_id"]) == newest]
+    out["incarnations"] = [{
+        "pg_id": newest, "pg_name": _pg_name(mine[0]) or "", "quorum_id": q, "group_rank": gr,
+        "replica_rank": order.index(state["replica_id"]), "replica_world_size": len(order),
+        "global_ranks": [m * lighthouse.members[rid].world_size + gr
+                         for m, rid in zip(groups, order, strict=True)],
+        "first_record_id": min(_int(e.get("record_id")) or 0 for e in mine)}]
+    return out
+
+
+class TorchRanks:
+    """Each sweep's torch-only answers made rank states (:meth:`adapt`), and their dumps."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self.dumps: dict[str, dict[str, Any]] = {}  # URL -> adapted dump of its last answer
+
+    def adapt(self, polls: dict[str, RankPoll], identities: Mapping[str, TorchIdentity],
+              lighthouse: LighthouseStatus | None, now: float) -> None:
+        """Replace, in ``polls``, each torch-only answer by its rank state (or a failed poll
+        saying why it cannot be one)."""
+        dumps: dict[str, dict[str, Any]] = {}
+        for url, p in list(polls.items()):
+            raw = p.data.get(RAW_KEY) if p.ok and is_torch(url) else None
+            if not isinstance(raw, TorchAnswer):  # a full state (lightkeeper_state), or none
+                continue
+            who = identities.get(url)
+            if who is None:
+                polls[url] = RankPoll(url, False, reason="bad_response", error=(
+                    "torch's debug server answers, but whose rank it is is unknown: "
+                    "--torch-stores reads it from its group's TCPStore"),
+                    latency_s=p.latency_s, at=p.at)
+                continue
+            try:
+                state = torch_state(url, who, raw, lighthouse, now, self.job)
+                if isinstance(raw.dump, Mapping):
+                    dumps[url] = adapted_dump(raw.dump, state, lighthouse, p.at)
+            except Exception as e:  # a dump of an unexpected shape: said, the rank kept
+                log.warning("torch-only rank %s: cannot read its answer: %s: %s", url,
+                            type(e).__name__, e)
+                polls[url] = RankPoll(url, False, reason="bad_response",
+                                      error=f"torch's answer: {type(e).__name__}: {e}",
+                                      latency_s=p.latency_s, at=p.at)
+                continue
+            polls[url] = RankPoll(url, True, state, latency_s=p.latency_s, at=p.at)
+        # answers carried from an earlier sweep (leader polling) keep their dump
+        self.dumps = {**{u: d for u, d in self.dumps.items()
+                         if u not in polls and u in identities}, **dumps}

@@ -1,0 +1,148 @@
+"""The monitor against a real torchft job whose ranks run only torch's own debug server.
+
+A real Lighthouse and two replica groups of one rank each (tests/fixtures/
+torch_debug_server_job.py: torchft Manager, ProcessGroupGloo, ``start_debug_server()``, no
+Lightkeeper code). Group 1 stops at a step before its all-reduce; group 0 blocks in it. The
+monitor, given only the Lighthouse and ``--torch-stores``, finds both ranks through the
+TCPStores the Lighthouse lists, verifies them, confirms the hang from their Flight Recorder
+dumps, names group 1's rank, and evicts group 1 through the Lighthouse (the kill ends it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from lightkeeper.cluster import LIGHTHOUSE_SCRIPT, stop_process, wait_until
+from tests.conftest import IN_CI
+
+pytestmark = pytest.mark.e2e
+
+JOB = Path(__file__).parent / "fixtures" / "torch_debug_server_job.py"
+HANG_AT = 8
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _need_tabulate() -> None:
+    """torch's rank-0 frontend (started by start_debug_server) imports tabulate."""
+    try:
+        import tabulate  # noqa: F401
+    except ImportError:
+        msg = "torch's debug server needs tabulate (the test extra: pip install -e '.[test]')"
+        if IN_CI:
+            pytest.fail(msg)
+        pytest.skip(msg)
+
+
+def _start(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    with open(log, "wb") as out:
+        # a session of its own: torch's frontend process outlives a rank the Lighthouse kills
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    stop_process(proc, grace=2)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # its session: what it forked (torch's frontend)
+
+
+def _get(url: str):
+    r = requests.get(url, timeout=5)
+    r.raise_for_status()
+    return r.json() if "json" in r.headers.get("content-type", "") else r.text
+
+
+def test_torch_only_ranks_hang_found_and_group_evicted(tmp_path):
+    _need_tabulate()
+    procs: list[subprocess.Popen] = []
+    try:
+        url_file = tmp_path / "lighthouse.url"
+        procs.append(_start([sys.executable, "-u", "-c", LIGHTHOUSE_SCRIPT, "1", "1000", "3000",
+                             str(url_file), "127.0.0.1"], tmp_path / "lighthouse.log"))
+        lighthouse = wait_until(lambda: url_file.exists() and url_file.read_text().strip(), 30,
+                                what="the Lighthouse")
+        for g in range(2):
+            env = {**os.environ, "REPLICA_GROUP_ID": str(g), "RANK": "0", "WORLD_SIZE": "1",
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+                   "DEBUG_FRONTEND_PORT": str(free_port()), "TORCHFT_LIGHTHOUSE": lighthouse,
+                   "HANG_AT_STEP": str(HANG_AT if g == 1 else -1)}
+            procs.append(_start([sys.executable, "-u", str(JOB)], tmp_path / f"group{g}.log",
+                                env))
+        ranks = procs[1:]
+        port = free_port()
+        mon_url = f"http://127.0.0.1:{port}"
+        procs.append(_start([sys.executable, "-m", "lightkeeper.cli", "monitor", "--port",
+                             str(port), "--lighthouse", lighthouse, "--torch-stores",
+                             "--state", str(tmp_path / "monitor.sqlite"), "--interval", "0.5",
+                             "--hang-floor", "2", "--min-replicas", "1", "--cooldown", "5"],
+                            tmp_path / "monitor.log"))
+
+        def serving():
+            assert procs[-1].poll() is None, "the monitor exited"
+            with contextlib.suppress(requests.RequestException):
+                return requests.get(mon_url + "/healthz", timeout=1).ok
+            return False
+
+        wait_until(serving, 30, interval=0.2, what="the monitor to serve")
+
+        def hang_found():
+            for p in procs:
+                assert p.poll() is None or p in ranks[1:], (p.args, p.returncode)
+            found = [f for f in _get(mon_url + "/v1/findings") if f["kind"] == "hang"]
+            return found[0] if found else None
+
+        finding = wait_until(hang_found, 90, interval=0.5, what="the monitor to find the hang")
+        # the culprit: group 1's rank (global rank 1), never in the all-reduce group 0 waits in
+        assert finding["replica_group"] == 1 and finding["ranks"] == [1], finding
+        assert finding["replica_id"].startswith("torch_only_1:")
+        ev = finding["evidence"]
+        assert ev["level"] == "cross_group" and ev["waiting_ranks"] == [0], ev
+        assert ev["waits"]["0"]["scope"] == "cross"
+        culprit = ev["culprits"][0]
+        assert culprit["stacks"].endswith("/handler/dump_traceback")
+        # its stacks, read through torch's handler when the hang was confirmed (the eviction
+        # ends the process): the rank stopped where the script hangs
+        assert 'torch_debug_server_job.py", line' in culprit["stacks_text"], culprit
+
+        def evicted():
+            done = [d for d in _get(mon_url + "/v1/evictions")
+                    if d["decision"] == "evict" and d["replica_group"] == 1]
+            return done[0] if done else None
+
+        decision = wait_until(evicted, 30, interval=0.5, what="group 1 evicted")
+        assert decision["replica_id"] == finding["replica_id"]
+        # the Lighthouse's kill ends group 1's process; group 0 is left alone
+        wait_until(lambda: ranks[1].poll() is not None, 20, what="group 1 to exit")
+        assert ranks[0].poll() is None
+
+        # both ranks were read through torch's server only, verified like any other rank
+        rows = _get(mon_url + "/v1/ranks")
+        torch_rows = [r for r in rows if r["url"].startswith("torch+http://")]
+        assert sorted(r["rank"] for r in torch_rows) == [0, 1], rows
+        for r in torch_rows:
+            assert r["source"] == "torch_store" and r["torch_only"]["cannot_show"]
+            assert "fr_trace_json" in r["torch_only"]["handlers"]
+        row0 = next(r for r in torch_rows if r["rank"] == 0)
+        assert row0["verification"]["state"] == "verified", row0
+        cluster = _get(mon_url + "/v1/cluster")
+        assert cluster["torch_only"]["store_discovery"] is True
+        assert any("compute/wait" in c for c in cluster["torch_only"]["cannot_show"])
+        assert "torch&#39;s server only" in _get(mon_url + "/") or \
+            "torch's server only" in _get(mon_url + "/")
+    finally:
+        for p in reversed(procs):
+            _stop(p)

@@ -1,0 +1,451 @@
+"""Ranks on torch's own debug server: the poll adapter (monitor/poll/torch_server.py) and the
+rank state made of its answers (monitor/evidence/torch_rank.py).
+
+A real torch ``_WorkerServer`` and a real ``TCPStore`` run in this process. Answers a real
+server never gives (garbage, wrong shapes, a 500) come from a small HTTP server of the test's
+own that answers what each case sets; the real job is in tests/test_torch_debug_server_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from monitor.act.actions import RankCalls
+from monitor.analysis import analyze
+from monitor.detect.findings import engine_findings
+from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
+from monitor.evidence.rank import plain_shape, valid_state
+from monitor.evidence.torch_rank import TorchRanks, adapted_dump, blocked_in, torch_state
+from monitor.poll.admission import AllowList
+from monitor.poll.discovery import BadTarget, Discovery, normalize_url
+from monitor.poll.poller import RankPoll
+from monitor.poll.torch_server import (
+    RAW_KEY,
+    StoreReader,
+    TorchAnswer,
+    TorchIdentity,
+    TorchPoller,
+    replica_group_of,
+    torch_url,
+)
+
+NOW = 1_800_000_000.0
+RID = {0: "job_0:aaaa", 1: "job_1:bbbb"}
+
+
+def status(quorum_id: int = 4, groups=(0, 1), step: int = 17) -> LighthouseStatus:
+    return LighthouseStatus(quorum_id, {RID[g]: QuorumMember(RID[g], step, "m", f"s{g}:1", 1,
+                                                             False) for g in groups},
+                            {RID[g]: 0.1 for g in groups})
+
+
+def entry(rid: int, pg_id: int, seq: int, name: str = "", created_s: float = NOW - 60) -> dict:
+    return {"record_id": rid, "pg_id": pg_id, "process_group": [name, ""],
+            "collective_seq_id": seq, "p2p_seq_id": 0, "op_id": seq,
+            "profiling_name": "gloo:all_reduce", "time_created_ns": int(created_s * 1e9),
+            "input_sizes": [[8]], "output_sizes": [[8]], "input_dtypes": ["Float"],
+            "output_dtypes": ["Float"], "state": "scheduled", "retired": True, "is_p2p": False,
+            "timeout_ms": 60000}
+
+
+def torch_dump(last_seq: int, pending: bool, old_pg: bool = False) -> dict:
+    """A gloo rank's dump in a torchft job: torchft's group ('') in its newest incarnation
+    (pg_id 1), enqueued up to ``last_seq``; ``pending``: the last one not completed."""
+    entries = [entry(i, 0, i + 1) for i in range(5)] if old_pg else []
+    entries += [entry(100 + s, 1, s, created_s=NOW - 30 + s) for s in range(1, last_seq + 1)]
+    done = last_seq - 1 if pending else last_seq
+    return {"version": "2.10", "comm_lib_version": "", "entries": entries,
+            "pg_config": {"": {"name": "", "desc": "", "ranks": "[0, 1]"}},
+            "pg_status": {"1": {"last_enqueued_collective": str(last_seq),
+                                "last_completed_collective": str(done),
+                                "last_started_collective": "-1"}}}
+
+
+def ident(g: int) -> TorchIdentity:
+    return TorchIdentity(RID[g], g, 0, 1, f"s{g}:1")
+
+
+# --- the rank state and the dump -------------------------------------------------------------
+
+def test_state_and_dumps_of_torch_only_ranks_drive_the_engine_to_the_hang():
+    lh = status()
+    raws = {0: TorchAnswer(("fr_trace_json", "dump_traceback"), torch_dump(11, pending=True)),
+            1: TorchAnswer(("fr_trace_json",), torch_dump(10, pending=False, old_pg=True))}
+    states = {g: torch_state(f"torch+http://h{g}:1", ident(g), raws[g], lh, NOW, "job")
+              for g in (0, 1)}
+    for s in states.values():  # the one rank-state form: the view reads it as any answer
+        assert valid_state(s) is None and plain_shape(s) is not None
+        assert s["quorum_id"] == 4 and s["step"] == 17 and s["participating"]
+        assert s["torch_only"]["cannot_show"]
+    s0, s1 = states[0], states[1]
+    assert s0["timing"]["waiting"] == {"scope": "cross", "seconds": pytest.approx(19.0)}
+    assert s0["phase"] == "allreduce" and s0["phase_since"] == pytest.approx(NOW - 19)
+    assert s0["stacks_url"] == "http://h0:1/handler/dump_traceback"
+    assert s1["timing"]["waiting"] is None and s1["phase"] == "unknown"
+    assert s1["stacks_url"] is None
+
+    dumps = {s["rank"]: adapted_dump(raws[g].dump, s, lh, NOW) for g, s in states.items()}
+    inc = dumps[1]["incarnations"]
+    assert inc == [{"pg_id": 1, "pg_name": "", "quorum_id": 4, "group_rank": 0,
+                    "replica_rank": 1, "replica_world_size": 2, "global_ranks": [0, 1],
+                    "first_record_id": 101}]
+    assert {e["pg_id"] for e in dumps[1]["entries"]} == {1}  # the older incarnation left out
+    assert dumps[1]["pg_config"] == {} and dumps[1]["rank"] == 1
+    hangs = [f for f in engine_findings(analyze(dumps)) if f["kind"] == "hang"]
+    assert [(h["culprits"], h["waiting"], h["quorum_id"]) for h in hangs] == [([1], [0], 4)]
+
+
+def test_a_group_left_out_of_the_quorum_has_no_incarnation_and_no_step():
+    lh = status(groups=(0,))
+    s = torch_state("torch+http://h:1", ident(1), TorchAnswer((), torch_dump(3, False)), lh, NOW,
+                    "j")
+    assert (s["quorum_id"], s["step"], s["participating"]) == (-1, -1, False)
+    assert adapted_dump(torch_dump(3, False), s, lh, NOW)["incarnations"] == []
+    blind = torch_state("torch+http://h:1", ident(1), TorchAnswer(()), None, NOW, "j")  # no LH
+    assert valid_state(blind) is None and blind["quorum_id"] == -1
+
+
+def test_in_group_and_stale_pending_collectives():
+    d = torch_dump(4, pending=False, old_pg=True)
+    d["entries"].append(entry(300, 7, 3, name="1", created_s=NOW - 5))  # an in-group group
+    d["pg_status"]["7"] = {"last_enqueued_collective": "3", "last_completed_collective": "2"}
+    d["pg_status"]["0"] = {"last_enqueued_collective": "5", "last_completed_collective": "1"}
+    scope, secs, e = blocked_in(d, NOW)  # pg_id 0: an older torchft incarnation, not a wait
+    assert (scope, e["pg_id"]) == ("group", 7) and secs == pytest.approx(5)
+
+
+@pytest.mark.parametrize("dump", [
+    {}, {"entries": "x", "pg_status": {}}, {"entries": [1, None, "e"], "pg_status": [1]},
+    {"entries": [{"pg_id": "z", "process_group": 3}], "pg_status": {"z": {"x": 1}}},
+    {"entries": [entry(0, 1, 2) | {"time_created_ns": "soon"}],
+     "pg_status": {"1": {"last_enqueued_collective": "2", "last_completed_collective": "1"}}},
+])
+def test_garbage_dumps_give_a_state_without_waits(dump):
+    assert blocked_in(dump, NOW) is None
+    s = torch_state("torch+http://h:1", ident(0), TorchAnswer((), dump), status(), NOW, "j")
+    assert valid_state(s) is None and s["timing"]["waiting"] is None
+    adapted_dump(dump, s, status(), NOW)  # no exception
+
+
+def _torch_only_view(groups=(0, 1, 2), torch_only=True):
+    """The view of single-rank groups on torch's debug server only, verified against a
+    Lighthouse that lists them in quorum 1."""
+    from monitor.evidence.verification import Verifier
+    from monitor.evidence.view import ViewBuilder
+    from monitor.poll.discovery import Target
+
+    rid = {g: f"job_{g}:u{g}" for g in groups}
+    lh = LighthouseStatus(1, {rid[g]: QuorumMember(rid[g], 40, "m", f"s{g}:1", 1, False)
+                              for g in groups}, {rid[g]: 0.1 for g in groups})
+    polls, targets = {}, []
+    for g in groups:
+        url = f"torch+http://h:{100 + g}"
+        state = torch_state(url, TorchIdentity(rid[g], g, 0, 1, f"s{g}:1"), TorchAnswer(()), lh,
+                            NOW, "j")
+        if not torch_only:
+            del state["torch_only"]
+        polls[url] = RankPoll(url, True, state, at=NOW)
+        targets.append(Target(url, "torch_store"))
+    verifier = Verifier()
+    return ViewBuilder().update(targets, polls, now=NOW, judge=lambda ranks, changed: (
+        verifier.judge(ranks, changed, lh, None, True, NOW)))
+
+
+def test_straggler_of_torch_only_groups_from_their_dumps():
+    """No step timing on torch's server: the engine's straggler (here enqueue times of ranks on
+    one host) becomes the finding, only for torch-only groups, and resolves once gone."""
+    from monitor.detect import Detectors
+    from tests.support.frgen import FRJob
+
+    job = FRJob(3, flavour="gloo", hosts={r: "h0" for r in range(3)}, replica_group_size=1,
+                jitter_ms=1.0, compute_ms=20.0, seed=3)
+    job.quorum(1, [0, 1, 2])
+    for _ in range(60):
+        job.ft_collective("all_reduce", [[4096]], delay_ms={2: 40.0})
+    view = _torch_only_view()
+    assert all(r.trust.state == "verified" for r in view.ranks.values())
+    det = Detectors()
+    new = det.update(view.evidence(), job.dumps(), NOW, full_view=view)
+    found = [f for f in new if f.kind == "straggler"]
+    assert [(f.replica_group, f.ranks) for f in found] == [(2, [2])], new
+    ev = found[0].evidence
+    assert ev["source"] == "flight_recorder" and ev["clock"] == "host_clock" and ev["z"] > 4
+    healthy = FRJob(3, flavour="gloo", hosts={r: "h0" for r in range(3)},
+                    replica_group_size=1, seed=3)
+    healthy.quorum(1, [0, 1, 2])
+    for _ in range(60):
+        healthy.ft_collective("all_reduce", [[4096]])
+    det.update(view.evidence(), healthy.dumps(), NOW + 20, full_view=view)
+    assert not [f for f in det.open_findings() if f.kind == "straggler"]
+    assert det.resolved_findings()[-1].resolution == "caught_up"
+    # ranks with their own step timing: the timing detector's, not the Flight Recorder's
+    lk = _torch_only_view(torch_only=False)
+    assert not [f for f in Detectors().update(lk.evidence(), job.dumps(), NOW, full_view=lk)
+                if f.kind == "straggler"]
+
+
+# --- the poll adapter against a real torch _WorkerServer and a server answering garbage --------
+
+@pytest.fixture(scope="module")
+def torch_worker_server():
+    c10d = pytest.importorskip("torch._C._distributed_c10d")
+    server = c10d._WorkerServer("127.0.0.1", 0)
+    yield f"torch+http://127.0.0.1:{server.port}"
+    server.shutdown()
+
+
+def test_real_torch_server_read_and_adapted(torch_worker_server):
+    poller = TorchPoller(timeout_s=5, fr_timeout_s=5)
+    try:
+        p = poller.poll(torch_worker_server)
+        assert p.ok, p.error
+        raw = p.data[RAW_KEY]
+        assert {"fr_trace_json", "dump_traceback", "ping"} <= set(raw.handlers)
+        assert raw.error is None and raw.dump["version"]
+        polls = {torch_worker_server: p}
+        ranks = TorchRanks("j")
+        ranks.adapt(polls, {torch_worker_server: ident(1)}, status(), NOW)
+        s = polls[torch_worker_server].data
+        assert valid_state(s) is None and s["rank"] == 1 and s["replica_id"] == RID[1]
+        assert ranks.dumps[torch_worker_server]["replica_group"] == 1
+        ranks.adapt(polls := {torch_worker_server: poller.poll(torch_worker_server)}, {},
+                    status(), NOW)
+        assert not polls[torch_worker_server].ok  # whose rank it is: unknown
+        assert "--torch-stores" in polls[torch_worker_server].error
+    finally:
+        poller.close()
+
+
+class _Answers(BaseHTTPRequestHandler):
+    routes: dict = {}
+    asked: list = []
+
+    def _answer(self) -> None:
+        self.asked.append((self.command, self.path))
+        status, body = self.routes.get((self.command, self.path), (404, b"no handler"))
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def garbage_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    yield f"torch+http://127.0.0.1:{server.server_address[1]}", _Answers.routes
+    server.shutdown()
+    server.server_close()
+    t.join()
+
+
+def _listing(*names: str) -> tuple[int, bytes]:
+    return 200, json.dumps(list(names)).encode()
+
+
+STATE = {"replica_group": 2, "rank": 4, "group_rank": 0, "group_world_size": 2, "step": 9,
+         "quorum_id": 3, "phase": "forward", "phase_since": NOW, "replica_id": "x_2:c",
+         "recent_step_seconds": [0.1, 0.2]}
+
+
+@pytest.mark.parametrize("routes, ok, said", [
+    ({("GET", "/handler/"): (200, b'{"not": "a list"}')}, False, "list of handler names"),
+    ({("GET", "/handler/"): (200, b"<html>")}, False, "GET /handler/"),
+    ({("GET", "/handler/"): (500, b"boom")}, False, "HTTP 500"),
+    ({("GET", "/handler/"): _listing("ping")}, True, "no fr_trace_json handler"),
+    ({("GET", "/handler/"): _listing("fr_trace_json"),
+      ("POST", "/handler/fr_trace_json"): (200, b"nonsense")}, True, "not JSON"),
+    ({("GET", "/handler/"): _listing("fr_trace_json"),
+      ("POST", "/handler/fr_trace_json"): (200, b"[1, 2]")}, True, "a JSON object"),
+    ({("GET", "/handler/"): _listing("fr_trace_json"),
+      ("POST", "/handler/fr_trace_json"): (500, b"dump failed")}, True, "HTTP 500"),
+    ({("GET", "/handler/"): _listing("fr_trace_json"),
+      ("POST", "/handler/fr_trace_json"): (200, b"{" + b" " * 5000 + b"}")}, True,
+     "larger than 4096 bytes"),
+])
+def test_a_rank_answering_garbage_is_said_never_raised(garbage_server, routes, ok, said):
+    url, table = garbage_server
+    table.clear()
+    table.update(routes)
+    poller = TorchPoller(timeout_s=2, fr_timeout_s=2, max_fr_bytes=4096)
+    try:
+        p = poller.poll(url)
+    finally:
+        poller.close()
+    assert p.ok is ok
+    if not ok:
+        assert said in p.error and p.reason in ("bad_response", "http_status")
+        return
+    assert said in p.data[RAW_KEY].error
+    polls = {url: p}
+    TorchRanks("j").adapt(polls, {url: ident(0)}, status(), NOW)
+    s = polls[url].data  # the rank answers: a state, its Flight Recorder said unreadable
+    assert valid_state(s) is None and said in s["torch_only"]["flight_recorder"]
+
+
+def test_handler_list_asked_again_after_a_404(garbage_server):
+    """A handler that vanished (a restarted rank on the same port): its list is asked again."""
+    url, table = garbage_server
+    table.clear()
+    _Answers.asked.clear()
+    table[("GET", "/handler/")] = _listing("fr_trace_json")
+    poller = TorchPoller(timeout_s=2)
+    try:
+        for _ in range(3):
+            p = poller.poll(url)
+            assert p.ok and "HTTP 404" in p.data[RAW_KEY].error
+    finally:
+        poller.close()
+    assert _Answers.asked.count(("GET", "/handler/")) == 3
+
+
+def test_lightkeeper_handlers_on_torch_server_read_as_the_full_state(garbage_server):
+    url, table = garbage_server
+    table.clear()
+    table.update({("GET", "/handler/"): _listing("fr_trace_json", "lightkeeper_state",
+                                                 "lightkeeper_stacks", "lightkeeper_fr_trace"),
+                  ("POST", "/handler/lightkeeper_state?recent=16"):
+                      (200, json.dumps(STATE).encode()),
+                  ("POST", "/handler/lightkeeper_fr_trace?last=5"):
+                      (200, b'{"version": "2.10", "entries": [], "rank": 4}')})
+    poller = TorchPoller(timeout_s=2)
+    try:
+        p = poller.sweep([url], ["?recent=16"])[url]
+        assert p.ok and p.data["rank"] == 4 and p.data["phase"] == "forward", p.error
+        assert type(p.data["recent_step_seconds"]) is bytes  # kept packed, as /v1/state's
+        assert p.data["stacks_url"].endswith("/handler/lightkeeper_stacks")
+        polls = {url: p}
+        TorchRanks("j").adapt(polls, {}, status(), NOW)  # a full state: left as it is
+        assert polls[url] is p
+        # a rank's JSON cannot pass for torch's answer: left for the view to refuse
+        fake = RankPoll(url, True, {RAW_KEY: {"handlers": [], "dump": None}})
+        TorchRanks("j").adapt(polls := {url: fake}, {url: ident(0)}, status(), NOW)
+        assert polls[url] is fake and valid_state(fake.data) is not None
+        fr = poller.fr_sweep([url], "?last=5")[url]
+        assert fr.ok and fr.data["rank"] == 4
+        table[("POST", "/handler/lightkeeper_state?recent=16")] = (200, b"{garbage")
+        bad = poller.sweep([url], ["?recent=16"])[url]
+        assert not bad.ok and bad.reason == "bad_response"
+    finally:
+        poller.close()
+
+
+def test_monitor_sweep_reads_a_rank_through_lightkeeper_handlers(garbage_server, tmp_path):
+    """The monitor's own loop: a static torch+http target whose server has Lightkeeper's
+    handlers is polled through lightkeeper_state and its dump read through
+    lightkeeper_fr_trace (no Lighthouse: nothing is verified, nothing acted on)."""
+    from monitor.config import MonitorConfig
+    from monitor.service import Monitor
+
+    url, table = garbage_server
+    table.clear()
+    _Answers.asked.clear()
+    doc = json.dumps({**STATE, "phase_since": NOW, "quorum_id": 3}).encode()
+    table.update({("GET", "/handler/"): _listing("lightkeeper_state", "lightkeeper_fr_trace"),
+                  ("POST", "/handler/lightkeeper_fr_trace?last=256"): (
+                      200, json.dumps({"version": "2.10", "entries": [], "rank": 4,
+                                       "replica_group": 2}).encode())})
+    for q in ("?recent=16&packed=1", "?recent=16", ""):
+        table[("POST", "/handler/lightkeeper_state" + q)] = (200, doc)
+    mon = Monitor(MonitorConfig(targets=[url], state_path=str(tmp_path / "m.sqlite"),
+                                sd_out=None))
+    try:
+        mon.sweep_once()
+        row = next(r for r in mon.ranks_json() if r["url"] == url)
+        assert row["reachable"] and row["rank"] == 4 and row["phase"] == "forward", row
+        assert row["torch_only"] is None  # the full state: nothing it cannot show
+        assert ("POST", "/handler/lightkeeper_fr_trace?last=256") in _Answers.asked
+        assert mon.cluster_json()["torch_only"]["store_discovery"] is False
+    finally:
+        mon.stop()
+
+
+def test_unreachable_rank_is_a_connection_failure():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    poller = TorchPoller(timeout_s=1)
+    try:
+        p = poller.poll(f"torch+http://127.0.0.1:{port}")
+    finally:
+        poller.close()
+    assert not p.ok and p.reason == "connection"
+
+
+# --- finding the ranks: the groups' TCPStores, target spelling -------------------------------
+
+def test_store_reader_finds_ranks_the_lighthouse_vouches_for():
+    dist = pytest.importorskip("torch.distributed")
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=5))
+    addr = f"127.0.0.1:{store.port}"
+    store.set("replica_id", "ft_3:uuid")
+    store.set("debug_server/rank0", "http://node7:4100")
+    reader = StoreReader(timeout_s=0.3, forget_after_s=30)
+    found = reader.read([("ft_3:uuid", addr, 2)], NOW)
+    assert found == {"torch+http://node7:4100": TorchIdentity("ft_3:uuid", 3, 0, 2, addr)}
+    assert found["torch+http://node7:4100"].rank == 6
+    store.set("debug_server/rank1", "http://node8:4100")
+    assert len(reader.read([("ft_3:uuid", addr, 2)], NOW + 1)) == 1  # asked again later
+    assert len(reader.read([("ft_3:uuid", addr, 2)], NOW + 10)) == 2
+    # a store that holds another replica id vouches for nobody
+    assert reader.read([("ft_4:other", addr, 2)], NOW + 11) .keys() == found.keys() | {
+        "torch+http://node8:4100"}
+    assert "holds replica_id 'ft_3:uuid', not 'ft_4:other'" in reader.error
+    # no group number in the replica id; a store nobody serves
+    reader.read([("nodigits:uuid", addr, 1)], NOW + 12)
+    assert "names no replica group number" in reader.error
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"
+    reader.read([("ft_5:u", dead, 1)], NOW + 13)
+    assert f"cannot read store {dead}" in reader.error
+    # the Lighthouse stopped listing them: forgotten
+    assert reader.read([], NOW + 100) == {}
+
+
+def test_store_reader_without_torch_says_so_once(monkeypatch, caplog):
+    """The monitor's own install has no torch: --torch-stores then finds nothing, said once."""
+    monkeypatch.setitem(sys.modules, "torch.distributed", None)  # as if not installed
+    reader = StoreReader(timeout_s=0.3)
+    with caplog.at_level("WARNING", logger="monitor.poll.torch_server"):
+        assert reader.read([("ft_1:u", "127.0.0.1:1", 1)], NOW) == {}
+        assert reader.read([("ft_2:u", "127.0.0.1:2", 1)], NOW + 10) == {}
+    assert "needs torch in the monitor's Python" in reader.error
+    assert len([r for r in caplog.records if "needs torch" in r.getMessage()]) == 1
+
+
+def test_target_spelling_and_discovery():
+    assert normalize_url("torch+http://h:1/") == "torch+http://h:1"
+    assert torch_url("h:1") == torch_url("http://h:1") == "torch+http://h:1"
+    with pytest.raises(BadTarget):
+        normalize_url("torch+https://h:1")
+    assert replica_group_of("replica_group_12:abc") == 12 and replica_group_of("x:1") is None
+    d = Discovery(["torch+http://h:1", "h:2"], job="j")
+    d.set_torch({"torch+http://n:3": (1, 1)})
+    assert {(t.url, t.source) for t in d.targets()} == {
+        ("torch+http://h:1", "static"), ("http://h:2", "static"),
+        ("torch+http://n:3", "torch_store")}
+    assert [g["targets"] for g in d.file_sd()] == [["h:2"]]  # torch's server: no /metrics
+    # a WorkerServer serving on torch's server registers as torch+http, polled as it checked
+    t = d.register({"url": "torch+http://localhost:5"}, admit=AllowList.default([]).admit)
+    assert t.url in ("torch+http://127.0.0.1:5", "torch+http://[::1]:5")
+
+
+def test_no_state_changing_call_to_a_torch_server():
+    calls = RankCalls("token", timeout_s=0.5)
+    out = calls.exit("torch+http://127.0.0.1:1", "evicted")
+    assert not out.sent and "torch's debug server" in out.detail
