@@ -17,6 +17,8 @@ from urllib.parse import unquote, urlsplit
 
 from http_serving import host_for_url
 
+from .torch_target import SCHEME as TORCH_SCHEME
+
 
 class BadTarget(ValueError):
     """A target address or registration body the monitor cannot use."""
@@ -32,7 +34,8 @@ MAX_LABEL = 256  # a job name in a registration
 
 def normalize_url(address: str) -> str:
     """``host:port`` or ``http://host:port[/prefix][/]`` -> ``http://host:port[/prefix]``;
-    raises BadTarget."""
+    ``torch+http://`` (a rank on torch's server, monitor/poll/torch_target.py) is kept as it is
+    spelled. Raises BadTarget."""
     address = address.strip()
     if not address:
         raise BadTarget("empty target address")
@@ -46,8 +49,9 @@ def normalize_url(address: str) -> str:
         parts = urlsplit(address)
     except ValueError as e:  # e.g. an unbalanced or invalid bracketed host
         raise BadTarget(f"target {address!r} is not http(s)://host:port: {e}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise BadTarget(f"target {address!r} is not http(s)://host:port")
+    if parts.scheme not in ("http", "https", TORCH_SCHEME) or not parts.hostname:
+        raise BadTarget(f"target {address!r} is not http(s)://host:port or "
+                        f"{TORCH_SCHEME}://host:port (a rank on torch's server)")
     try:
         port = parts.port
     except ValueError:
