@@ -25,12 +25,14 @@ torch's handler registry is process-wide and cannot be undone, so the handlers a
 once per process and answer for the WorkerServer serving now (503 when none is). A job that
 called ``start_debug_server()`` before the WorkerServer starts shares that server's port;
 otherwise Lightkeeper starts a ``_WorkerServer`` of its own on the configured host and port.
+At exit either one is stopped before the interpreter shuts down (:func:`_stop_all` says why).
 A torch without ``_WorkerServer`` or ``_register_handler`` raises :class:`TorchServerUnavailable`
 (the WorkerServer then serves on Flask and says so in one line).
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
 import logging
@@ -121,6 +123,7 @@ class TorchServer:
             self.port = int(self._own.port)
         self.host = host
         self.shared = shared is not None
+        _stop_at_exit(self)
         shown = host if host not in ("0.0.0.0", "::", "") else socket.gethostname()
         self.url = http_url(shown, self.port, scheme=SCHEME)
 
@@ -192,12 +195,42 @@ def _shutdown(server: Any, host: str, port: int, timeout_s: float = 5.0) -> None
                 conn.close()
         except OSError:
             time.sleep(0.02)  # the server's thread has not begun to accept yet
-    done = threading.Thread(target=server.shutdown, name="lightkeeper-torch-server-stop",
-                            daemon=True)
+    def stop() -> None:
+        try:
+            server.shutdown()
+        except RuntimeError as e:  # stopped already: torch raises on a second shutdown
+            log.debug("torch's WorkerServer on port %d: %s", port, e)
+
+    done = threading.Thread(target=stop, name="lightkeeper-torch-server-stop", daemon=True)
     done.start()
     done.join(max(0.1, deadline - time.monotonic()))
     if done.is_alive():
         log.warning("torch's WorkerServer on port %d did not stop within %.0fs", port, timeout_s)
+
+
+_at_exit: list[TorchServer] = []  # servers to stop before the interpreter shuts down
+
+
+def _stop_at_exit(server: TorchServer) -> None:
+    with _lock:
+        if not _at_exit:
+            atexit.register(_stop_all)
+        _at_exit.append(server)
+
+
+def _stop_all() -> None:
+    """At exit, before the interpreter shuts down: stop torch's server, the job's too. A handler
+    thread that asks for the GIL while Python shuts down is ended inside torch's C++ and aborts
+    the process ("FATAL: exception not rethrown", torch 2.13); the monitor polls every second,
+    so without this a job that finished would exit with a signal."""
+    global _serving
+    _serving = None
+    for server in _at_exit:
+        server.stop()
+    shared = job_debug_server()
+    if shared is not None and any(s.shared for s in _at_exit):  # the job has not stopped it
+        _shutdown(shared, "::", int(shared.port))
+    _at_exit.clear()
 
 
 def _handler(name: str, answer: Callable[[TorchServer, _Args], tuple[int, bytes, str]]):
