@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from monitor.act.actions import RankCalls
-from monitor.poll.discovery import normalize_url
+from monitor.poll.discovery import Discovery, normalize_url
 from monitor.poll.poller import Poller
 from monitor.poll.torch_target import handler_path, plain_url
 from worker_server import RankIdentity, RankState, WorkerServer
@@ -93,6 +93,9 @@ def test_bad_arguments_are_400_and_unknown_handlers_404(servers):
 def test_the_monitor_polls_a_torch_target_as_an_http_one(servers):
     flask, torch, _ = servers
     assert normalize_url(torch.url + "/") == torch.url
+    # Prometheus scrapes with GET, torch's handlers answer POST: not in the file_sd it reads
+    sd = Discovery(static=[torch.url, flask.url]).file_sd()
+    assert [g["targets"] for g in sd] == [[flask.url.split("://", 1)[1]]]
     assert handler_path("/v1/fr_trace?last=2") == "/handler/lightkeeper_fr_trace?last=2"
     poller = Poller(timeout_s=5)
     try:

@@ -238,9 +238,13 @@ class Discovery:
         return forgotten
 
     def file_sd(self) -> list[dict[str, Any]]:
-        """The known set as Prometheus ``file_sd`` target groups, one per target."""
+        """The known set as Prometheus ``file_sd`` target groups, one per target; not the ranks
+        on torch's server (``torch+http://``): its handlers answer ``POST`` only, Prometheus
+        scrapes with ``GET``."""
         out = []
         for t in self.targets():
+            if t.url.startswith(TORCH_SCHEME + "://"):
+                continue
             labels = {"lightkeeper_source": t.source}
             job = t.job or self.job
             if job:
