@@ -138,6 +138,9 @@ class TorchServer:
         global _serving
         if _serving is self:
             _serving = None
+        with _lock:
+            if self in _at_exit:
+                _at_exit.remove(self)
         if self._own is not None:
             own, self._own = self._own, None
             _shutdown(own, self.host, self.port)
@@ -209,13 +212,18 @@ def _shutdown(server: Any, host: str, port: int, timeout_s: float = 5.0) -> None
 
 
 _at_exit: list[TorchServer] = []  # servers to stop before the interpreter shuts down
+_exit_hook = False
+_served_shared = False  # handlers were served on the job's start_debug_server()
 
 
 def _stop_at_exit(server: TorchServer) -> None:
+    global _exit_hook, _served_shared
     with _lock:
-        if not _at_exit:
+        if not _exit_hook:
             atexit.register(_stop_all)
+            _exit_hook = True
         _at_exit.append(server)
+        _served_shared = _served_shared or server.shared
 
 
 def _stop_all() -> None:
@@ -225,12 +233,11 @@ def _stop_all() -> None:
     so without this a job that finished would exit with a signal."""
     global _serving
     _serving = None
-    for server in _at_exit:
+    for server in list(_at_exit):
         server.stop()
     shared = job_debug_server()
-    if shared is not None and any(s.shared for s in _at_exit):  # the job has not stopped it
+    if shared is not None and _served_shared:  # the job has not stopped it
         _shutdown(shared, "::", int(shared.port))
-    _at_exit.clear()
 
 
 def _handler(name: str, answer: Callable[[TorchServer, _Args], tuple[int, bytes, str]]):
