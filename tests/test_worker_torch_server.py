@@ -109,8 +109,7 @@ def test_the_monitor_polls_a_torch_target_as_an_http_one(servers):
         assert (missing.ok, missing.reason, missing.status) == (False, "http_status", 404)
     finally:
         poller.close()
-    out = RankCalls("token").exit(torch.url, "test")
-    assert not out.sent and "torch" in out.detail and "/v1/exit" in out.detail
+    assert not RankCalls("token").exit(torch.url, "test").sent  # no /v1/exit there
 
 
 def test_without_register_handler_flask_serves_and_says_so(monkeypatch, capfd):

@@ -34,8 +34,7 @@ MAX_LABEL = 256  # a job name in a registration
 
 def normalize_url(address: str) -> str:
     """``host:port`` or ``http://host:port[/prefix][/]`` -> ``http://host:port[/prefix]``;
-    ``torch+http://`` (a rank on torch's server, monitor/poll/torch_target.py) is kept as it is
-    spelled. Raises BadTarget."""
+    raises BadTarget."""
     address = address.strip()
     if not address:
         raise BadTarget("empty target address")
@@ -49,6 +48,7 @@ def normalize_url(address: str) -> str:
         parts = urlsplit(address)
     except ValueError as e:  # e.g. an unbalanced or invalid bracketed host
         raise BadTarget(f"target {address!r} is not http(s)://host:port: {e}") from None
+    # torch+http:// is a rank on torch's own server (monitor/poll/torch_target.py)
     if parts.scheme not in ("http", "https", TORCH_SCHEME) or not parts.hostname:
         raise BadTarget(f"target {address!r} is not http(s)://host:port or "
                         f"{TORCH_SCHEME}://host:port (a rank on torch's server)")
