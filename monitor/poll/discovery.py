@@ -17,8 +17,6 @@ from urllib.parse import unquote, urlsplit
 
 from http_serving import host_for_url
 
-from .torch_target import SCHEME as TORCH_SCHEME
-
 
 class BadTarget(ValueError):
     """A target address or registration body the monitor cannot use."""
@@ -30,6 +28,9 @@ class TooManyTargets(Exception):
 
 MAX_URL = 2048
 MAX_LABEL = 256  # a job name in a registration
+
+
+TORCH_PREFIX = "torch+"  # torch+http://host:port: torch's own debug server (poll/torch_server)
 
 
 def normalize_url(address: str) -> str:
@@ -49,9 +50,9 @@ def normalize_url(address: str) -> str:
     except ValueError as e:  # e.g. an unbalanced or invalid bracketed host
         raise BadTarget(f"target {address!r} is not http(s)://host:port: {e}") from None
     # torch+http:// is a rank on torch's own server (monitor/poll/torch_target.py)
-    if parts.scheme not in ("http", "https", TORCH_SCHEME) or not parts.hostname:
+    if parts.scheme not in ("http", "https", TORCH_PREFIX + "http") or not parts.hostname:
         raise BadTarget(f"target {address!r} is not http(s)://host:port or "
-                        f"{TORCH_SCHEME}://host:port (a rank on torch's server)")
+                        f"{TORCH_PREFIX}http://host:port (a rank on torch's server)")
     try:
         port = parts.port
     except ValueError:
@@ -243,8 +244,8 @@ class Discovery:
         scrapes with ``GET``."""
         out = []
         for t in self.targets():
-            if t.url.startswith(TORCH_SCHEME + "://"):
-                continue
+            if t.url.startswith(TORCH_PREFIX):
+                continue  # torch's server has no /metrics for Prometheus to scrape
             labels = {"lightkeeper_source": t.source}
             job = t.job or self.job
             if job:
