@@ -34,6 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker-port", type=int, default=None,
                    help="first WorkerServer port, + LOCAL_RANK per rank (env "
                         "LIGHTKEEPER_WORKER_PORT; default 0: ephemeral)")
+    p.add_argument("--worker-server", choices=("flask", "torch"), default=None,
+                   help="flask: Lightkeeper's own server (the default); torch: the read-only "
+                        "endpoints as handlers on torch's own per-rank server, one port per rank "
+                        "(torch 2.10+, else flask with one line; env LIGHTKEEPER_WORKER_SERVER)")
     p.add_argument("--print-env", action="store_true",
                    help="print the variables that turn the hook on (for a container spec) and exit")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="COMMAND",
@@ -49,7 +53,8 @@ def hook_env(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
     for value, name in ((args.monitor, "LIGHTKEEPER_MONITOR"),
                         (args.register_token, "LIGHTKEEPER_REGISTER_TOKEN"),
                         (args.job, "LIGHTKEEPER_JOB"), (args.worker_host, "LIGHTKEEPER_WORKER_HOST"),
-                        (args.worker_port, "LIGHTKEEPER_WORKER_PORT")):
+                        (args.worker_port, "LIGHTKEEPER_WORKER_PORT"),
+                        (getattr(args, "worker_server", None), "LIGHTKEEPER_WORKER_SERVER")):
         if value is not None:
             out[name] = str(value)
     if "TORCH_FR_BUFFER_SIZE" not in base and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in base:

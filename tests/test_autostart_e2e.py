@@ -3,7 +3,8 @@
 monitor per job, the jobs started at once), and jobs that carry no Lightkeeper code: the
 project's trainer with its own WorkerServer switched off, and a torchft script written here
 against torchft's public API only (Manager, ProcessGroupGloo, DistributedDataParallel or
-Manager.allreduce, Optimizer). Also: a Python program that never imports torchft (the hook
+Manager.allreduce, Optimizer), once with torch's debug server started by the script and
+Lightkeeper's endpoints on it (``LIGHTKEEPER_WORKER_SERVER=torch``). Also: a Python program that never imports torchft (the hook
 starts nothing and imports nothing) and a WorkerServer that cannot bind its port (one line, the
 job finishes with status 0)."""
 
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ from lightkeeper.cluster import stop_process, wait_until
 from monitor.config import MonitorConfig
 from monitor.service import Monitor
 from tests.support.workers import try_state
+from worker_server import RankIdentity, RankState
 
 pytestmark = pytest.mark.e2e
 
@@ -33,6 +36,7 @@ HOOK_LINE = re.compile(r"^\[lightkeeper\] replica_group=(\d+) group_rank=(\d+) "
 
 # A torchft job as a user writes it: torch and torchft's public API, nothing of Lightkeeper.
 FT_SCRIPT = textwrap.dedent('''
+    import os
     import sys
     import time
     from datetime import timedelta
@@ -46,6 +50,11 @@ FT_SCRIPT = textwrap.dedent('''
     torch.manual_seed(0)
     torch.set_num_threads(1)
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    if os.environ.get("START_DEBUG_SERVER"):  # torch's own per-rank debug server, started first
+        from torch.distributed.debug import start_debug_server
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port))
+        start_debug_server()
+        print(f"store_port={store.port}", flush=True)
     model = torch.nn.Linear(8, 1)
     manager = Manager(
         pg=ProcessGroupGloo(timeout=timedelta(seconds=10)), min_replica_size=1,
@@ -110,11 +119,11 @@ def jobs(tmp_path_factory):
     procs: dict[str, tuple[subprocess.Popen, Path]] = {}
     taken = socket.socket()
     try:
-        for name in ("trainer", "ft_job", "clash"):
+        for name in ("trainer", "ft_job", "clash", "torch_server"):
             d = tmp_path_factory.mktemp(name)
             (d / "ft_job.py").write_text(FT_SCRIPT)
             envs.append(Env(d))
-        trainer, ft_job, clash = envs
+        trainer, ft_job, clash, torch_server = envs
         procs["trainer"] = start(trainer, "trainer", [
             *LIGHTKEEPER, "train", "--no-worker-server", "--steps", "100000",
             "--step-pause", "0.05", "--pg-timeout", "10"],
@@ -128,8 +137,16 @@ def jobs(tmp_path_factory):
         procs["clash"] = start(clash, "clash", [sys.executable, "ft_job.py",
                                                 str(clash.dir / "never"), "3", "5", "allreduce"],
                                LIGHTKEEPER_WORKER_PORT=str(taken.getsockname()[1]))
+        # on torch's server (start_debug_server first): a rank other than 0, as rank 0's
+        # start_debug_server also starts torch's HTML frontend, which needs aiohttp (not here)
+        (torch_server.dir / "ft_job.py").write_text(FT_SCRIPT)
+        procs["torch_server"] = start(
+            torch_server, "torch_server", [sys.executable, "ft_job.py", str(torch_server.dir / "stop"),
+                                           "100000", "3", "allreduce"],
+            LIGHTKEEPER_WORKER_SERVER="torch", START_DEBUG_SERVER="1", RANK="1", WORLD_SIZE="2")
         yield {"trainer": (trainer, *procs["trainer"]), "ft_job": (ft_job, *procs["ft_job"], stop),
-               "clash": (clash, *procs["clash"], taken)}
+               "clash": (clash, *procs["clash"], taken),
+               "torch_server": (torch_server, *procs["torch_server"])}
     finally:
         for proc, _ in procs.values():
             stop_process(proc, grace=3)
@@ -222,3 +239,41 @@ def test_a_worker_server_that_cannot_start_costs_one_line_and_the_job_finishes(j
     assert lines[0].startswith("[lightkeeper] WorkerServer not started (")
     assert "training goes on without it" in lines[0]
     assert "done at step 3" in text
+
+
+def test_a_rank_on_torchs_server_is_polled_and_verified_through_its_handlers(jobs):
+    """LIGHTKEEPER_WORKER_SERVER=torch in a job that started torch's debug server: one port,
+    torch's, with torch's handlers and Lightkeeper's; the monitor reads the rank through
+    ``lightkeeper_state`` and verifies it against the Lighthouse like any other."""
+    from torch.distributed import TCPStore
+
+    env, proc, log = jobs["torch_server"]
+    line = re.compile(r"^\[lightkeeper\] replica_group=3 group_rank=0 "
+                      r"worker_server=(torch\+http://127\.0\.0\.1:(\d+)) \(lightkeeper run\)$", re.M)
+
+    def found():
+        m = line.search(log.read_text(errors="replace"))
+        if m is None and proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode}: {log.read_text()[-3000:]}")
+        return m and m.groups()
+    url, port = wait_until(found, 90, what="the hook's torch+http line")
+    # the port start_debug_server published in the job's store: one server for both
+    store_port = int(re.search(r"^store_port=(\d+)$", log.read_text(), re.M).group(1))
+    store = TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=10))
+    assert store.get("debug_server/rank1").decode().endswith(f":{port}")
+    base = f"http://127.0.0.1:{port}"
+    assert {"ping", "fr_trace_json", "torch_profile", "lightkeeper_state", "lightkeeper_metrics",
+            "lightkeeper_stacks", "lightkeeper_fr_trace"} <= set(
+        requests.get(base + "/handler/", timeout=10).json())
+    rank = seen_by_monitor(env.monitor, url)  # verified against the Lighthouse
+    assert rank["replica_group"] == 3 and rank["group_rank"] == 0
+    state = requests.post(base + "/handler/lightkeeper_state", timeout=10).json()
+    assert state.keys() == RankState(RankIdentity(job="j", replica_group=0)).snapshot().keys()
+    assert state["worker_url"] == url and state["replica_id"].startswith("ddp_job_3:")
+    dump = requests.post(base + "/handler/lightkeeper_fr_trace", timeout=10).json()
+    assert dump["incarnations"] and any(e["profiling_name"] == "gloo:all_reduce"
+                                        for e in dump["entries"])
+    assert "lightkeeper_step{" in requests.post(base + "/handler/lightkeeper_metrics",
+                                                timeout=10).text
+    (env.dir / "stop").touch()
+    assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]  # exits clean, torch's server too

@@ -8,7 +8,9 @@ Two lines in any torchft training script, right after creating the ``Manager``::
 It binds 127.0.0.1 on an ephemeral port unless told otherwise (``host``/``port`` or
 ``LIGHTKEEPER_WORKER_HOST`` / ``LIGHTKEEPER_WORKER_PORT``) and serves read-only endpoints;
 ``LIGHTKEEPER_EXIT_TOKEN`` enables the monitor's actions on the rank (``POST /v1/exit``,
-``/v1/abort``, ``/v1/probe``).
+``/v1/abort``, ``/v1/probe``). ``server="torch"`` (``LIGHTKEEPER_WORKER_SERVER=torch``) serves
+the read-only endpoints as handlers on torch's own per-rank server instead
+(:mod:`worker_server.torch_server`); where torch has none, Flask serves and one line says so.
 With ``LIGHTKEEPER_MONITOR=URL`` set it registers itself with that monitor and keeps
 re-registering, so a restarted monitor finds it again; a monitor that is down only delays that.
 """
@@ -27,16 +29,20 @@ from http_serving import BackgroundWSGIServer
 
 from .abort import GlooConnections, abort_cross_group, watch_manager
 from .app import create_app
+from .autostart import say
 from .flight_recorder import IncarnationTracker, fr_dump
 from .instrument import instrument_manager
 from .metrics import WorkerMetrics
 from .state import RankIdentity, RankState
+from .torch_server import TorchServer, TorchServerUnavailable
 
 log = logging.getLogger(__name__)
 
 REGISTER_INTERVAL_S = 5.0
 EXIT_STATUS = 1  # as torchft's Manager exits on the Lighthouse's kill
 _SERVING: weakref.WeakSet = weakref.WeakSet()  # servers of this process that are serving
+SERVERS = ("flask", "torch")  # Lightkeeper's own (waitress), torch's _WorkerServer (handlers)
+ENV_SERVER = "LIGHTKEEPER_WORKER_SERVER"
 
 
 def registration_token(env: Any = os.environ) -> str | None:
@@ -68,7 +74,9 @@ class WorkerServer:
     def __init__(self, state: RankState, tracker: IncarnationTracker | None = None,
                  host: str = "127.0.0.1", port: int = 0, threads: int = 4,
                  fr_dumper=fr_dump, fault_handler=None, fault_token: str | None = None,
-                 exit_token: str | None = None) -> None:
+                 exit_token: str | None = None, server: str = "flask") -> None:
+        if server not in SERVERS:
+            raise ValueError(f"server {server!r}: one of {', '.join(SERVERS)}")
         self.state = state
         self.tracker = tracker or IncarnationTracker(state.identity.group_rank)
         self.metrics = WorkerMetrics(state)
@@ -77,10 +85,17 @@ class WorkerServer:
                               exit_handler=exit_process if exit_token else None,
                               exit_token=exit_token,
                               abort_handler=self.abort if exit_token else None)
-        # waitress: a real WSGI server with a small thread pool; one slow /v1/fr_trace does not
-        # block /healthz or /v1/stacks.
-        self._http = BackgroundWSGIServer(self.metrics.count_cpu(self.app), host=host, port=port,
-                                          threads=threads, name="lightkeeper-worker-http")
+        self._http: BackgroundWSGIServer | TorchServer | None = None
+        if server == "torch":
+            self._http = self._torch_server(host, port, fr_dumper,
+                                            acts=bool(exit_token or fault_token))
+        self.server = "torch" if self._http is not None else "flask"
+        if self._http is None:
+            # waitress: a real WSGI server with a small thread pool; one slow /v1/fr_trace does
+            # not block /healthz or /v1/stacks.
+            self._http = BackgroundWSGIServer(self.metrics.count_cpu(self.app), host=host,
+                                              port=port, threads=threads,
+                                              name="lightkeeper-worker-http")
         self.host, self.port, self.url = host, self._http.port, self._http.url
         state.worker_url = self.url
         self._stop = threading.Event()
@@ -90,13 +105,28 @@ class WorkerServer:
         self._manager: Any = None
         self._connections: GlooConnections | None = None
 
+    def _torch_server(self, host: str, port: int, fr_dumper, acts: bool) -> TorchServer | None:
+        """torch's server with Lightkeeper's handlers, or None (said in one line) where this
+        torch has none: the rank is then served by Flask. A port that is taken raises OSError."""
+        try:
+            served = TorchServer(self.state, self.tracker, self.metrics, host=host, port=port,
+                                 fr_dumper=fr_dumper)
+        except TorchServerUnavailable as e:
+            say(f"WorkerServer: torch's server cannot carry Lightkeeper's handlers ({e}); "
+                "serving on Lightkeeper's own server (Flask) instead")
+            return None
+        if acts:
+            say("WorkerServer: on torch's server only the read-only endpoints are served (it "
+                "checks no token): POST /v1/exit, /v1/abort, /v1/probe and /v1/faults are off")
+        return served
+
     @classmethod
     def start(cls, manager: Any = None, *, replica_group: int | None = None,
               group_rank: int | None = None, group_world_size: int | None = None,
               job: str | None = None, lighthouse: str | None = None,
               host: str | None = None, port: int | None = None,
               faults: list[str] | None = None, monitor_url: str | None = None,
-              fault_handler=None) -> WorkerServer:
+              fault_handler=None, server: str | None = None) -> WorkerServer:
         """Start serving; with ``manager``, instrument what of it can be (a Manager of a torchft
         this code does not know gets one line on stderr: :mod:`worker_server.instrument`).
 
@@ -104,7 +134,9 @@ class WorkerServer:
         ``REPLICA_GROUP_ID``, ``RANK``, ``WORLD_SIZE``, ``TORCHFT_LIGHTHOUSE``, ``LIGHTKEEPER_JOB``.
         ``fault_handler(spec)`` with ``LIGHTKEEPER_FAULT_TOKEN`` set enables ``POST /v1/faults``;
         ``LIGHTKEEPER_EXIT_TOKEN`` enables ``POST /v1/exit`` (:func:`exit_process`).
-        Raises ``OSError`` when the port cannot be bound. A ``manager`` that already has a
+        ``server`` (else ``LIGHTKEEPER_WORKER_SERVER``, else ``"flask"``): ``"torch"`` serves the
+        read-only endpoints as handlers on torch's server (:mod:`worker_server.torch_server`),
+        Flask where this torch cannot. Raises ValueError for another value, ``OSError`` when the port cannot be bound. A ``manager`` that already has a
         server (``lightkeeper run``'s hook started one, :mod:`worker_server.autostart`) gets
         that server back, unchanged: one WorkerServer per rank.
         """
@@ -129,6 +161,7 @@ class WorkerServer:
             port=int(port if port is not None else env.get("LIGHTKEEPER_WORKER_PORT", 0)),
             fault_handler=fault_handler, fault_token=env.get("LIGHTKEEPER_FAULT_TOKEN") or None,
             exit_token=env.get("LIGHTKEEPER_EXIT_TOKEN") or None,
+            server=(server or env.get(ENV_SERVER) or "flask").strip().lower(),
         )
         if manager is not None:
             server.attach(manager)

@@ -54,8 +54,10 @@ def normalize_url(address: str) -> str:
         parts = urlsplit(address)
     except ValueError as e:  # e.g. an unbalanced or invalid bracketed host
         raise BadTarget(f"target {address!r} is not http(s)://host:port: {e}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise BadTarget(f"target {address!r} is not http(s)://host:port")
+    # torch+http:// is a rank on torch's own server (monitor/poll/torch_target.py)
+    if parts.scheme not in ("http", "https", TORCH_PREFIX + "http") or not parts.hostname:
+        raise BadTarget(f"target {address!r} is not http(s)://host:port or "
+                        f"{TORCH_PREFIX}http://host:port (a rank on torch's server)")
     try:
         port = parts.port
     except ValueError:
@@ -255,7 +257,9 @@ class Discovery:
         return forgotten
 
     def file_sd(self) -> list[dict[str, Any]]:
-        """The known set as Prometheus ``file_sd`` target groups, one per target."""
+        """The known set as Prometheus ``file_sd`` target groups, one per target; not the ranks
+        on torch's server (``torch+http://``): its handlers answer ``POST`` only, Prometheus
+        scrapes with ``GET``."""
         out = []
         for t in self.targets():
             if t.url.startswith(TORCH_PREFIX):

@@ -10,6 +10,8 @@ from urllib.parse import unquote, urlsplit
 
 from http_serving import host_for_url
 
+from .torch_target import SCHEME, is_torch_target
+
 MAX_HEADERS = 100
 MAX_HEAD = 64 * 1024  # status line + headers, bytes
 MAX_CHUNK_LINE = 1024  # a chunk-size line (hex size and extensions)
@@ -25,31 +27,34 @@ class PollError(Exception):
 def _split(url: str) -> tuple[str, int, str]:
     """(host, port, path prefix without a trailing slash) of a target URL."""
     parts = urlsplit(url)
-    if parts.scheme != "http" or not parts.hostname or parts.port is None or parts.query \
-            or parts.fragment:
+    if parts.scheme not in ("http", SCHEME) or not parts.hostname or parts.port is None \
+            or parts.query or parts.fragment:
         raise PollError("connection", f"unsupported target URL {url!r} "
-                                      "(http://host:port[/prefix] only)")
+                                      f"(http://host:port[/prefix] or {SCHEME}://host:port only)")
     # an IPv6 literal comes unbracketed (as asyncio takes it), a zone as %eth0, not %25eth0
     return unquote(parts.hostname), parts.port, parts.path.rstrip("/")
 
 
-# url -> ((host, port), b"GET <prefix>", b" HTTP/1.1\r\nHost: ...\r\n\r\n"): around the path
-TARGETS: dict[str, tuple[tuple[str, int], bytes, bytes]] = {}
-_TAILS: dict[tuple[str, int], bytes] = {}  # one header block per address, shared by its targets
+# url -> ((host, port), b"GET <prefix>", b" HTTP/1.1\r\nHost: ...\r\n\r\n", on torch's server):
+# around the path; a rank on torch's server is asked POST /handler/<name> (torch_target.py)
+TARGETS: dict[str, tuple[tuple[str, int], bytes, bytes, bool]] = {}
+_TAILS: dict[tuple[str, int, bool], bytes] = {}  # one header block per address and method
 
 
-def target(url: str) -> tuple[tuple[str, int], bytes, bytes]:
+def target(url: str) -> tuple[tuple[str, int], bytes, bytes, bool]:
     got = TARGETS.get(url)
     if got is not None:
         return got
     host, port, prefix = _split(url)
     key = (host, port)
-    tail = _TAILS.get(key)
+    torch = is_torch_target(url)
+    tail = _TAILS.get((host, port, torch))
     if tail is None:
-        tail = _TAILS[key] = (f" HTTP/1.1\r\nHost: {host_for_url(host)}:{port}\r\n"
-                              "Accept: application/json\r\nUser-Agent: lightkeeper-monitor\r\n\r\n"
-                              ).encode("latin-1")
-    got = (key, b"GET " + prefix.encode("latin-1"), tail)
+        tail = _TAILS[host, port, torch] = (
+            f" HTTP/1.1\r\nHost: {host_for_url(host)}:{port}\r\n"
+            "Accept: application/json\r\nUser-Agent: lightkeeper-monitor\r\n"
+            + ("Content-Length: 0\r\n\r\n" if torch else "\r\n")).encode("latin-1")
+    got = (key, (b"POST " if torch else b"GET ") + prefix.encode("latin-1"), tail, torch)
     if len(TARGETS) > 1_000_000:
         TARGETS.clear()
         _TAILS.clear()

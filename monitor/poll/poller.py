@@ -19,6 +19,7 @@ import msgspec
 from .fd_budget import budget, out_of_descriptors, raise_soft_limit
 from .http11 import TARGETS, Conn, PollError, target
 from .packed_state import pack_state
+from .torch_target import handler_path
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ class RankPoll:
 
 @dataclass(slots=True, eq=False)
 class _Request:
-    """One GET in flight (``i``: its place in the sweep's URLs)."""
+    """One request in flight (``i``: its place in the sweep's URLs)."""
 
     sweep: _Sweep
     i: int
@@ -67,6 +68,7 @@ class _Sweep:
 
     urls: list[str]
     path: bytes
+    handler_path: bytes  # ``path`` on torch's server (monitor/poll/torch_target.py)
     timeout: float
     limit: int
     waiter: asyncio.Future
@@ -248,7 +250,7 @@ class Poller:
         if queries is not None:  # few distinct values: each encoded once
             encoded = {q: q.encode("latin-1") for q in set(queries)}
             wire = [encoded[q] for q in queries]
-        sw = _Sweep(urls, path.encode("latin-1"), timeout, limit, self._loop.create_future(),
+        sw = _Sweep(urls, path.encode("latin-1"), handler_path(path).encode("latin-1"), timeout, limit, self._loop.create_future(),
                     on_rows, per_batch if on_rows else len(urls), wire)
         self._launch(sw)
         try:
@@ -268,11 +270,12 @@ class Poller:
         return {u: polls[u] for u in urls}
 
     def _request(self, sw: _Sweep, i: int, url: str,
-                 target: tuple[tuple[str, int], bytes, bytes], now: float) -> _Request:
+                 target: tuple[tuple[str, int], bytes, bytes, bool], now: float) -> _Request:
         """A request for the sweep's ``i``-th URL, in its deadline queue."""
-        key, get, tail = target
+        key, get, tail, torch = target
         query = b"" if sw.queries is None else sw.queries[i]
-        req = _Request(sw, i, url, key, get + sw.path + query + tail, now, now + sw.timeout)
+        path = sw.handler_path if torch else sw.path
+        req = _Request(sw, i, url, key, get + path + query + tail, now, now + sw.timeout)
         sw.inflight.append(req)
         if sw.timer is None:
             sw.timer = self._loop.call_at(req.deadline, self._expire, sw)

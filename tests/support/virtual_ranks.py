@@ -49,7 +49,7 @@ from urllib.parse import parse_qs
 from monitor.poll.poller import EVENT_LOOPS, new_event_loop
 from tests.support.frgen import FRJob
 from tests.support.monitor_sim import rank_state
-from worker_server.app import BOOL_WORDS, MAX_RECENT, filter_fr_dump
+from worker_server.endpoints import BOOL_WORDS, MAX_RECENT, filter_fr_dump
 from worker_server.packed import PACKED_FORMAT, pack_step_seconds, pack_timing_rows
 from worker_server.state import RECENT_STEPS
 from worker_server.timing import TIMING_WINDOW

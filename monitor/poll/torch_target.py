@@ -1,0 +1,40 @@
+"""A rank served on torch's own per-rank server: the target spelled ``torch+http://host:port``.
+
+A WorkerServer started with ``server="torch"`` (``lightkeeper run --worker-server torch``,
+worker_server/torch_server.py) serves its read-only endpoints as handlers on torch's
+``_WorkerServer`` and registers under that spelling. The poller asks such a target
+``POST /handler/lightkeeper_state`` where it would ``GET /v1/state`` (and so on for the paths
+below), query arguments unchanged; the answers are the same bytes, so everything after the poll
+(verification against the Lighthouse, detectors, eviction) treats the rank as any other.
+A path with no handler here is asked as it is and answered 404 by torch's server.
+"""
+
+from __future__ import annotations
+
+SCHEME = "torch+http"
+#: the WorkerServer's path -> its handler on torch's server
+HANDLERS = {
+    "/v1/state": "lightkeeper_state",
+    "/v1/fr_trace": "lightkeeper_fr_trace",
+    "/v1/stacks": "lightkeeper_stacks",
+    "/metrics": "lightkeeper_metrics",
+}
+
+
+def is_torch_target(url: str) -> bool:
+    """``url`` names a rank on torch's server (``torch+http://``)."""
+    return url[:len(SCHEME) + 3].lower() == SCHEME + "://"
+
+
+def handler_path(path: str) -> str:
+    """``/v1/fr_trace?last=5`` -> ``/handler/lightkeeper_fr_trace?last=5``; a path with no
+    handler is returned unchanged."""
+    base, sep, query = path.partition("?")
+    name = HANDLERS.get(base)
+    return f"/handler/{name}{sep}{query}" if name else path
+
+
+def plain_url(url: str) -> str:
+    """The ``http://`` address of torch's server behind a ``torch+http://`` target (a browser
+    or ``curl`` reaches it there: ``POST {plain}/handler/<name>``); other URLs unchanged."""
+    return "http" + url[len(SCHEME):] if is_torch_target(url) else url

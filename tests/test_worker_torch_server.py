@@ -1,0 +1,150 @@
+"""Lightkeeper's read-only endpoints as handlers on torch's own ``_WorkerServer`` (real torch
+server, real waitress, real HTTP; no training job): the same bytes as the Flask server's, torch's
+own handlers beside them, the monitor's poller reading a ``torch+http://`` target as it reads an
+``http://`` one, and the fallback to Flask where torch has no ``_register_handler`` (that torch
+cannot be installed beside this one, so the call is removed from the module for the test)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import requests
+
+from monitor.act.actions import RankCalls
+from monitor.poll.discovery import Discovery, normalize_url
+from monitor.poll.poller import Poller
+from monitor.poll.torch_target import handler_path, plain_url
+from worker_server import RankIdentity, RankState, WorkerServer
+from worker_server.torch_server import unavailable
+
+pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
+
+FR = json.dumps({"version": "2.10", "entries": [
+    {"record_id": i, "pg_id": 0, "process_group": ["0", "default_pg"], "profiling_name":
+     "gloo:all_reduce", "collective_seq_id": i + 1} for i in range(5)]}).encode()
+
+
+def fr_dumper(tracker, identity, only_active=False):
+    return FR
+
+
+@pytest.fixture(scope="module")
+def servers():
+    """One rank's state served by both servers at once."""
+    state = RankState(RankIdentity(job="unit", replica_group=2, group_rank=1, group_world_size=2,
+                                   lighthouse="http://127.0.0.1:1"))
+    for step in range(1, 6):
+        state.step_started()
+        state.set_quorum(5, 3, True)
+        state.step_finished(step, committed=True, loss=2.5)
+    flask = WorkerServer(state, fr_dumper=fr_dumper).serve()
+    torch = WorkerServer(state, fr_dumper=fr_dumper, server="torch").serve()
+    yield flask, torch, plain_url(torch.url)
+    torch.stop()
+    flask.stop()
+
+
+def post(base: str, name: str, query: str = "") -> requests.Response:
+    return requests.post(f"{base}/handler/{name}{query}", timeout=5)
+
+
+def test_lightkeeper_handlers_answer_what_flask_answers(servers):
+    flask, torch, base = servers
+    assert torch.server == "torch" and torch.url.startswith("torch+http://127.0.0.1:")
+    names = requests.get(base + "/handler/", timeout=5).json()
+    assert {"ping", "fr_trace_json", "dump_traceback", "lightkeeper_state", "lightkeeper_metrics",
+            "lightkeeper_stacks", "lightkeeper_fr_trace"} <= set(names)
+    assert post(base, "ping").text == "pong"  # torch's own, beside Lightkeeper's
+    for path, name, query in (("/v1/state", "lightkeeper_state", ""),
+                              ("/v1/state", "lightkeeper_state", "?recent=2&since=3"),
+                              ("/v1/state", "lightkeeper_state", "?packed=true"),
+                              ("/v1/fr_trace", "lightkeeper_fr_trace", "?last=2")):
+        want = requests.get(flask.url + path + query, timeout=5)
+        got = post(base, name, query)
+        assert (got.status_code, got.headers["content-type"]) == (200, "application/json")
+        assert got.content == want.content, (path, query)  # same bytes
+    assert len(post(base, "lightkeeper_state", "?recent=2").json()["recent_step_seconds"]) == 2
+    stacks = post(base, "lightkeeper_stacks", "?format=json").json()
+    assert stacks["rank"] == 5 and any(t["is_main"] for t in stacks["threads"])
+    assert "MainThread" in post(base, "lightkeeper_stacks").text
+    metrics = post(base, "lightkeeper_metrics")
+    assert metrics.headers["content-type"].startswith("text/plain; version=")
+    assert 'lightkeeper_step{group_rank="1",job="unit",rank="5",replica_group="2"} 5.0' \
+        in metrics.text
+    served = [line for line in metrics.text.splitlines()
+              if line.startswith("lightkeeper_worker_server_requests_total")]
+    assert served and float(served[0].split()[-1]) >= 5  # counted as on Flask
+
+
+def test_bad_arguments_are_400_and_unknown_handlers_404(servers):
+    _, _, base = servers
+    bad = post(base, "lightkeeper_state", "?recent=x")
+    assert bad.status_code == 400
+    assert bad.json() == {"error": "recent must be an integer in [0, 1048576], got 'x'",
+                          "status": 400, "path": "/handler/lightkeeper_state"}
+    assert post(base, "lightkeeper_fr_trace", "?last=0").status_code == 400
+    assert post(base, "lightkeeper_exit").status_code == 404  # nothing that acts is registered
+    assert requests.get(base + "/handler/lightkeeper_state", timeout=5).status_code == 404
+
+
+def test_the_monitor_polls_a_torch_target_as_an_http_one(servers):
+    flask, torch, _ = servers
+    assert normalize_url(torch.url + "/") == torch.url
+    # Prometheus scrapes with GET, torch's handlers answer POST: not in the file_sd it reads
+    sd = Discovery(static=[torch.url, flask.url]).file_sd()
+    assert [g["targets"] for g in sd] == [[flask.url.split("://", 1)[1]]]
+    assert handler_path("/v1/fr_trace?last=2") == "/handler/lightkeeper_fr_trace?last=2"
+    poller = Poller(timeout_s=5)
+    try:
+        for _ in range(2):  # the second sweep reuses (or reopens) the kept connection
+            polls = poller.sweep([flask.url, torch.url], queries=["?recent=3", "?recent=3"])
+            assert polls[torch.url].ok, polls[torch.url]
+            assert polls[torch.url].data == polls[flask.url].data
+        fr = poller.sweep([torch.url], "/v1/fr_trace?last=1")[torch.url]
+        assert fr.ok and [e["record_id"] for e in fr.data["entries"]] == [4]
+        missing = poller.sweep([torch.url], "/healthz")[torch.url]
+        assert (missing.ok, missing.reason, missing.status) == (False, "http_status", 404)
+    finally:
+        poller.close()
+    assert not RankCalls("token").exit(torch.url, "test").sent  # no /v1/exit there
+
+
+def test_without_register_handler_flask_serves_and_says_so(monkeypatch, capfd):
+    from torch._C import _distributed_c10d as c10d
+
+    monkeypatch.delattr(c10d, "_register_handler")
+    monkeypatch.setenv("LIGHTKEEPER_WORKER_SERVER", "torch")
+    server = WorkerServer.start(replica_group=0, group_rank=0, group_world_size=1)
+    try:
+        err = capfd.readouterr().err
+        lines = [line for line in err.splitlines() if "torch's server" in line]
+        assert len(lines) == 1 and "_register_handler" in lines[0] and "Flask" in lines[0], err
+        assert server.server == "flask" and server.url.startswith("http://127.0.0.1:")
+        assert requests.get(server.url + "/v1/state", timeout=5).json()["worker_url"] == server.url
+    finally:
+        server.stop()
+    with pytest.raises(ValueError, match="one of flask, torch"):
+        WorkerServer(RankState(RankIdentity(job="j", replica_group=0)), server="nginx")
+
+
+def test_actions_are_not_served_on_torchs_server(monkeypatch, capfd):
+    monkeypatch.setenv("LIGHTKEEPER_EXIT_TOKEN", "secret")
+    server = WorkerServer.start(replica_group=0, group_rank=0, group_world_size=1,
+                                server="torch")
+    try:
+        assert server.server == "torch"
+        err = capfd.readouterr().err
+        assert err.count("[lightkeeper] WorkerServer: on torch's server only the read-only") == 1
+        base = plain_url(server.url)
+        assert post(base, "lightkeeper_state").json()["worker_url"] == server.url
+    finally:
+        server.stop()
+
+
+def test_lightkeeper_run_passes_the_choice_on():
+    out = subprocess.run([sys.executable, "-m", "lightkeeper.cli", "run", "--worker-server",
+                          "torch", "--print-env"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "LIGHTKEEPER_WORKER_SERVER=torch" in out.stdout.splitlines()

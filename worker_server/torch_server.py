@@ -1,0 +1,287 @@
+"""Lightkeeper's read-only endpoints as handlers on torch's own per-rank debug server.
+
+torch (2.10+) serves a C++ ``_WorkerServer`` per rank (``POST /handler/<name>``, ``GET
+/handler/`` lists the names; ``torch.distributed.debug.start_debug_server()`` starts one) and
+lets Python add handlers with ``torch._C._distributed_c10d._register_handler``. With
+``WorkerServer.start(server="torch")`` (``lightkeeper run --worker-server torch``) a rank serves
+one port, torch's, with torch's handlers (``ping``, ``fr_trace_json``, ``dump_traceback``, ...)
+beside Lightkeeper's:
+
+=========================  ==================================================================
+handler                    answers the same bytes as
+=========================  ==================================================================
+``lightkeeper_state``      ``GET /v1/state`` (``?since=``, ``?recent=``, ``?packed=``)
+``lightkeeper_metrics``    ``GET /metrics`` (Prometheus text)
+``lightkeeper_stacks``     ``GET /v1/stacks`` (``?format=text|json``)
+``lightkeeper_fr_trace``   ``GET /v1/fr_trace`` (``?onlyactive=``, ``?pg=``, ``?last=``)
+=========================  ==================================================================
+
+Query arguments go in the URL as with Flask (``POST /handler/lightkeeper_state?recent=16``);
+torch cannot tell an empty argument from a missing one, so ``pg=`` reads as no ``pg``. Nothing
+that changes state is registered: torch's server checks no token. The rank's URL is spelled
+``torch+http://host:port``, which tells the monitor to ask through the handlers.
+
+torch's handler registry is process-wide and cannot be undone, so the handlers are registered
+once per process and answer for the WorkerServer serving now (503 when none is). A job that
+called ``start_debug_server()`` before the WorkerServer starts shares that server's port;
+otherwise Lightkeeper starts a ``_WorkerServer`` of its own on the configured host and port.
+At exit either one is stopped before the interpreter shuts down (:func:`_stop_all` says why).
+A torch without ``_WorkerServer`` or ``_register_handler`` raises :class:`TorchServerUnavailable`
+(the WorkerServer then serves on Flask and says so in one line).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import json
+import logging
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from http_serving import http_url
+
+from .endpoints import BadParameter, fr_trace_body, stacks_body, state_body
+from .flight_recorder import FlightRecorderNotAvailable, IncarnationTracker, fr_dump
+from .metrics import WorkerMetrics
+from .state import RankState
+
+log = logging.getLogger(__name__)
+
+SCHEME = "torch+http"  # a rank's URL on torch's server: the monitor POSTs to its handlers
+PREFIX = "lightkeeper_"
+JSON = "application/json"
+
+
+class TorchServerUnavailable(RuntimeError):
+    """torch's server cannot serve Lightkeeper's handlers in this process (the reason)."""
+
+
+def unavailable() -> str | None:
+    """Why torch's server cannot carry Lightkeeper's handlers here (one line), or None."""
+    try:
+        import torch
+        from torch._C import _distributed_c10d as c10d
+    except Exception as e:  # no torch, or a torch built without distributed
+        return f"torch.distributed is not available ({type(e).__name__}: {e})"
+    missing = [n for n in ("_WorkerServer", "_register_handler") if not hasattr(c10d, n)]
+    if missing:
+        return (f"torch {torch.__version__} has no {' or '.join(missing)} (Python handlers on "
+                "torch's WorkerServer need torch 2.10+)")
+    return None
+
+
+class _Args:
+    """A torch ``_Request``'s query arguments as :class:`worker_server.endpoints.Params`."""
+
+    __slots__ = ("_req",)
+
+    def __init__(self, req: Any) -> None:
+        self._req = req
+
+    def get(self, name: str) -> str | None:
+        return self._req.get_param(name) or None
+
+
+def _error(status: int, message: str, name: str, **extra: Any) -> tuple[int, bytes, str]:
+    doc = {"error": message, "status": status, "path": f"/handler/{name}", **extra}
+    return status, json.dumps(doc).encode(), JSON
+
+
+class TorchServer:
+    """Lightkeeper's handlers on torch's ``_WorkerServer``; what :class:`~worker_server.server.
+    WorkerServer` needs of a server (``port``, ``url``, :meth:`start`, :meth:`stop`).
+
+    Binds now: a port that is taken raises ``OSError``; a torch that cannot raises
+    :class:`TorchServerUnavailable`."""
+
+    def __init__(self, state: RankState, tracker: IncarnationTracker, metrics: WorkerMetrics, *,
+                 host: str = "127.0.0.1", port: int = 0,
+                 fr_dumper: Callable[..., bytes] = fr_dump) -> None:
+        reason = unavailable()
+        if reason:
+            raise TorchServerUnavailable(reason)
+        from torch._C import _distributed_c10d as c10d
+
+        self.state, self.tracker, self.metrics, self.fr_dumper = state, tracker, metrics, fr_dumper
+        _register(c10d)
+        self._own: Any = None
+        shared = job_debug_server()
+        if shared is not None:  # the job's start_debug_server(): one port for both
+            self.port = int(shared.port)
+        else:
+            try:
+                self._own = c10d._WorkerServer(host, port)
+            except RuntimeError as e:  # torch says "Error binding to host:port"
+                raise OSError(f"torch's WorkerServer cannot bind {host}:{port}: {e}") from None
+            self.port = int(self._own.port)
+        self.host = host
+        self.shared = shared is not None
+        _stop_at_exit(self)
+        shown = host if host not in ("0.0.0.0", "::", "") else socket.gethostname()
+        self.url = http_url(shown, self.port, scheme=SCHEME)
+
+    def start(self) -> TorchServer:
+        """Let the handlers answer for this server's rank (the last started wins)."""
+        global _serving
+        _serving = self
+        return self
+
+    def stop(self) -> None:
+        """The handlers answer 503 from now; torch's server stops unless it is the job's."""
+        global _serving
+        if _serving is self:
+            _serving = None
+        with _lock:
+            if self in _at_exit:
+                _at_exit.remove(self)
+        if self._own is not None:
+            own, self._own = self._own, None
+            _shutdown(own, self.host, self.port)
+
+    # --- the handlers' bodies: (status, body, content type) ------------------------------
+    def state_(self, args: _Args) -> tuple[int, bytes, str]:
+        return 200, state_body(self.state, args), JSON
+
+    def metrics_(self, args: _Args) -> tuple[int, bytes, str]:
+        return 200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST
+
+    def stacks_(self, args: _Args) -> tuple[int, bytes, str]:
+        body, content_type = stacks_body(self.state, args)
+        return 200, body, content_type
+
+    def fr_trace_(self, args: _Args) -> tuple[int, bytes, str]:
+        return 200, fr_trace_body(self.state, self.tracker, args, self.fr_dumper), JSON
+
+
+#: handler name -> the TorchServer method that answers it (read-only endpoints only)
+HANDLERS: dict[str, Callable[[TorchServer, _Args], tuple[int, bytes, str]]] = {
+    PREFIX + "state": TorchServer.state_,
+    PREFIX + "metrics": TorchServer.metrics_,
+    PREFIX + "stacks": TorchServer.stacks_,
+    PREFIX + "fr_trace": TorchServer.fr_trace_,
+}
+
+_serving: TorchServer | None = None  # whose rank the handlers answer for
+_registered = False
+_lock = threading.Lock()
+
+
+def job_debug_server() -> Any:
+    """The ``_WorkerServer`` the job's ``torch.distributed.debug.start_debug_server()`` started,
+    or None (the module is not imported here: importing it registers torch's profiler)."""
+    debug = sys.modules.get("torch.distributed.debug")
+    return getattr(debug, "_WORKER_SERVER", None) if debug is not None else None
+
+
+def _shutdown(server: Any, host: str, port: int, timeout_s: float = 5.0) -> None:
+    """``server.shutdown()``, bounded. torch's shutdown waits forever when it comes before the
+    server's thread has begun to accept (torch 2.13), so one request is answered first."""
+    import http.client
+
+    address = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPConnection(address, port, timeout=0.5)
+            try:
+                conn.request("GET", "/")
+                conn.getresponse().read()
+                break
+            finally:
+                conn.close()
+        except OSError:
+            time.sleep(0.02)  # the server's thread has not begun to accept yet
+    def stop() -> None:
+        try:
+            server.shutdown()
+        except RuntimeError as e:  # stopped already: torch raises on a second shutdown
+            log.debug("torch's WorkerServer on port %d: %s", port, e)
+
+    done = threading.Thread(target=stop, name="lightkeeper-torch-server-stop", daemon=True)
+    done.start()
+    done.join(max(0.1, deadline - time.monotonic()))
+    if done.is_alive():
+        log.warning("torch's WorkerServer on port %d did not stop within %.0fs", port, timeout_s)
+
+
+_at_exit: list[TorchServer] = []  # servers to stop before the interpreter shuts down
+_exit_hook = False
+_served_shared = False  # handlers were served on the job's start_debug_server()
+
+
+def _stop_at_exit(server: TorchServer) -> None:
+    global _exit_hook, _served_shared
+    with _lock:
+        if not _exit_hook:
+            atexit.register(_stop_all)
+            _exit_hook = True
+        _at_exit.append(server)
+        _served_shared = _served_shared or server.shared
+
+
+def _stop_all() -> None:
+    """At exit, before the interpreter shuts down: stop torch's server, the job's too. A handler
+    thread that asks for the GIL while Python shuts down is ended inside torch's C++ and aborts
+    the process ("FATAL: exception not rethrown", torch 2.13); the monitor polls every second,
+    so without this a job that finished would exit with a signal."""
+    global _serving
+    _serving = None
+    for server in list(_at_exit):
+        server.stop()
+    shared = job_debug_server()
+    if shared is not None and _served_shared:  # the job has not stopped it
+        _shutdown(shared, "::", int(shared.port))
+
+
+def _handler(name: str, answer: Callable[[TorchServer, _Args], tuple[int, bytes, str]]):
+    def handle(req: Any, resp: Any) -> None:
+        server = _serving
+        started = time.thread_time()
+        try:
+            if server is None:
+                status, body, content_type = _error(
+                    503, "no Lightkeeper WorkerServer is serving in this process", name)
+            else:
+                status, body, content_type = answer(server, _Args(req))
+        except BadParameter as e:
+            status, body, content_type = _error(400, str(e), name)
+        except FlightRecorderNotAvailable as e:  # this torch has no such call: not a failure
+            status, body, content_type = _error(501, str(e), name, torch=e.torch_version,
+                                                missing=e.missing)
+        except Exception as e:
+            log.exception("handler %s failed", name)
+            status, body, content_type = _error(500, f"{type(e).__name__}: {e}", name)
+        resp.set_content(body, content_type)
+        resp.set_status(status)
+        if server is not None:  # what serving costs this process, as on Flask
+            server.metrics.server_cpu_seconds.inc(time.thread_time() - started)
+            server.metrics.server_requests.inc()
+
+    handle.__name__ = name
+    return handle
+
+
+def _register(c10d: Any) -> None:
+    """Register Lightkeeper's handlers with torch, once per process."""
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        for name, answer in HANDLERS.items():
+            handle = _handler(name, answer)
+            # torch's registry lives until the C++ runtime exits, after the interpreter: it must
+            # never free a handler then (no GIL: "Fatal Python error", exit status 134), so the
+            # handler keeps one reference for good
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(handle))
+            try:
+                c10d._register_handler(name, handle)
+            except ValueError as e:  # "already registered": another copy of this module
+                raise TorchServerUnavailable(f"torch's handler {name!r}: {e}") from None
+        _registered = True
