@@ -19,7 +19,8 @@ from .poll import fd_budget
 from .poll.discovery import Target
 from .poll.poll_process import PollHandle, ProcessPoller
 from .poll.poller import Poller, RankPoll
-from .poll.torch_server import TorchPoller, is_torch
+from .poll.torch_server import TorchPoller
+from .poll.torch_target import is_torch
 from .schedule import LeaderSchedule, Plan
 
 log = logging.getLogger(__name__)

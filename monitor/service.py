@@ -39,7 +39,8 @@ from .evidence.view import ClusterView, ViewBuilder
 from .goodput.account import GoodputAccount
 from .poll.admission import AllowList, NotAllowed, Unauthorized, registration_authorized
 from .poll.discovery import BadTarget, Discovery, Target, TooManyTargets, normalize_url
-from .poll.torch_server import StoreReader, is_torch
+from .poll.torch_server import StoreReader
+from .poll.torch_target import is_torch
 from .polling import Polling
 from .schedule import LeaderSchedule
 from .shard import Shards

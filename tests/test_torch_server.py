@@ -33,8 +33,8 @@ from monitor.poll.torch_server import (
     TorchIdentity,
     TorchPoller,
     replica_group_of,
-    torch_url,
 )
+from monitor.poll.torch_target import torch_url
 
 NOW = 1_800_000_000.0
 RID = {0: "job_0:aaaa", 1: "job_1:bbbb"}

@@ -16,7 +16,7 @@ import requests
 from monitor.act.actions import RankCalls
 from monitor.poll.discovery import Discovery, normalize_url
 from monitor.poll.poller import Poller
-from monitor.poll.torch_target import handler_path, plain_url
+from monitor.poll.torch_target import base_url, handler_path
 from worker_server import RankIdentity, RankState, WorkerServer
 from worker_server.torch_server import unavailable
 
@@ -42,7 +42,7 @@ def servers():
         state.step_finished(step, committed=True, loss=2.5)
     flask = WorkerServer(state, fr_dumper=fr_dumper).serve()
     torch = WorkerServer(state, fr_dumper=fr_dumper, server="torch").serve()
-    yield flask, torch, plain_url(torch.url)
+    yield flask, torch, base_url(torch.url)
     torch.stop()
     flask.stop()
 
@@ -138,7 +138,7 @@ def test_actions_are_not_served_on_torchs_server(monkeypatch, capfd):
         assert server.server == "torch"
         err = capfd.readouterr().err
         assert err.count("[lightkeeper] WorkerServer: on torch's server only the read-only") == 1
-        base = plain_url(server.url)
+        base = base_url(server.url)
         assert post(base, "lightkeeper_state").json()["worker_url"] == server.url
     finally:
         server.stop()

@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 import requests
 
-from monitor.poll.torch_server import is_torch
+from monitor.poll.torch_target import is_torch
 
 log = logging.getLogger(__name__)
 

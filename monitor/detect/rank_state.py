@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from monitor.evidence.view import ClusterView, GroupView, RankView
-from monitor.poll.torch_server import is_torch
+from monitor.poll.torch_target import is_torch
 
 
 def current_wait(state: Mapping[str, Any] | None) -> tuple[str | None, float | None]:

@@ -18,7 +18,7 @@ from typing import Any
 import requests
 
 from monitor.config import ProbeConfig
-from monitor.poll.torch_server import is_torch
+from monitor.poll.torch_target import is_torch
 
 from .view import ClusterView, RankView
 

@@ -30,10 +30,9 @@ from monitor.poll.torch_server import (
     STACKS_HANDLER,
     TorchAnswer,
     TorchIdentity,
-    base_url,
-    is_torch,
     replica_group_of,
 )
+from monitor.poll.torch_target import base_url, is_torch
 
 from .lighthouse_status import LighthouseStatus
 

@@ -17,6 +17,8 @@ from urllib.parse import unquote, urlsplit
 
 from http_serving import host_for_url
 
+from .torch_target import PREFIX
+
 
 class BadTarget(ValueError):
     """A target address or registration body the monitor cannot use."""
@@ -30,7 +32,6 @@ MAX_URL = 2048
 MAX_LABEL = 256  # a job name in a registration
 
 
-TORCH_PREFIX = "torch+"  # torch+http://host:port: torch's own debug server (poll/torch_server)
 
 
 def normalize_url(address: str) -> str:
@@ -39,11 +40,11 @@ def normalize_url(address: str) -> str:
     address = address.strip()
     if not address:
         raise BadTarget("empty target address")
-    if address.startswith(TORCH_PREFIX):
-        url = normalize_url(address[len(TORCH_PREFIX):])
+    if address.startswith(PREFIX):
+        url = normalize_url(address[len(PREFIX):])
         if not url.startswith("http://"):
             raise BadTarget(f"target {address!r}: torch's debug server speaks http only")
-        return TORCH_PREFIX + url
+        return PREFIX + url
     if "://" not in address:
         address = "http://" + address
     netloc = address.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1]
@@ -55,9 +56,9 @@ def normalize_url(address: str) -> str:
     except ValueError as e:  # e.g. an unbalanced or invalid bracketed host
         raise BadTarget(f"target {address!r} is not http(s)://host:port: {e}") from None
     # torch+http:// is a rank on torch's own server (monitor/poll/torch_target.py)
-    if parts.scheme not in ("http", "https", TORCH_PREFIX + "http") or not parts.hostname:
+    if parts.scheme not in ("http", "https", PREFIX + "http") or not parts.hostname:
         raise BadTarget(f"target {address!r} is not http(s)://host:port or "
-                        f"{TORCH_PREFIX}http://host:port (a rank on torch's server)")
+                        f"{PREFIX}http://host:port (a rank on torch's server)")
     try:
         port = parts.port
     except ValueError:
@@ -235,7 +236,7 @@ class Discovery:
                 merged = {**self._torch, **self._registered, **self._file, **self._static}
                 self._sorted = sorted(merged.values(), key=lambda t: (
                     t.rank if t.rank is not None else 1 << 62, t.url))
-                self.has_torch = any(t.url.startswith(TORCH_PREFIX) for t in self._sorted)
+                self.has_torch = any(t.url.startswith(PREFIX) for t in self._sorted)
             return list(self._sorted)
 
     def forget_unreachable(self, unreachable_since: dict[str, float],
@@ -262,7 +263,7 @@ class Discovery:
         scrapes with ``GET``."""
         out = []
         for t in self.targets():
-            if t.url.startswith(TORCH_PREFIX):
+            if t.url.startswith(PREFIX):
                 continue  # torch's server has no /metrics for Prometheus to scrape
             labels = {"lightkeeper_source": t.source}
             job = t.job or self.job

@@ -10,7 +10,7 @@ from urllib.parse import unquote, urlsplit
 
 from http_serving import host_for_url
 
-from .torch_target import SCHEME, is_torch_target
+from .torch_target import SCHEME, is_torch
 
 MAX_HEADERS = 100
 MAX_HEAD = 64 * 1024  # status line + headers, bytes
@@ -47,7 +47,7 @@ def target(url: str) -> tuple[tuple[str, int], bytes, bytes, bool]:
         return got
     host, port, prefix = _split(url)
     key = (host, port)
-    torch = is_torch_target(url)
+    torch = is_torch(url)
     tail = _TAILS.get((host, port, torch))
     if tail is None:
         tail = _TAILS[host, port, torch] = (

@@ -31,10 +31,10 @@ from typing import Any
 import requests
 
 from .poller import RankPoll, judge_body
+from .torch_target import base_url, torch_url
 
 log = logging.getLogger(__name__)
 
-PREFIX = "torch+"  # torch+http://host:port: a rank served by torch's debug server
 RAW_KEY = "torch_server"  # a torch-only answer (TorchAnswer), before evidence adapts it
 # Lightkeeper's /v1/state, /v1/fr_trace, /v1/stacks as handlers on torch's server (same bytes)
 STATE_HANDLER, LK_FR_HANDLER, LK_STACKS_HANDLER = \
@@ -44,21 +44,6 @@ STORE_PREFIX = "debug_server/rank"  # torch.distributed.debug._store: one key pe
 HANDLERS_TTL_S = 30.0  # a rank's handler list is asked again this often (or after a 404)
 STORE_RETRY_S = 5.0  # a store that could not be read (or lacked ranks) is asked again after
 _GROUP_NUMBER = re.compile(r"(\d+)$")
-
-
-def is_torch(url: str) -> bool:
-    return url.startswith(PREFIX)
-
-
-def base_url(url: str) -> str:
-    """``torch+http://h:p`` -> ``http://h:p`` (other URLs unchanged)."""
-    return url[len(PREFIX):] if is_torch(url) else url
-
-
-def torch_url(address: str) -> str:
-    """The target spelling of torch's server at ``address`` (``http://h:p`` or ``h:p``)."""
-    address = base_url(address.strip())
-    return PREFIX + (address if "://" in address else "http://" + address)
 
 
 def replica_group_of(replica_id: str) -> int | None:
@@ -151,12 +136,18 @@ class TorchPoller:
         try:
             handlers = self.handlers(url)
             if STATE_HANDLER in handlers:
-                body = self.call(url, STATE_HANDLER + query, self.timeout_s,
-                                 self.max_state_bytes)
-                p = judge_body(url, body, time.monotonic() - t0, at, state=True)
-                if p.ok and LK_STACKS_HANDLER in handlers:
-                    p.data["stacks_url"] = f"{base_url(url)}/handler/{LK_STACKS_HANDLER}"
-                return p
+                try:
+                    body = self.call(url, STATE_HANDLER + query, self.timeout_s,
+                                     self.max_state_bytes)
+                except _CallError as e:
+                    if e.status != 503:
+                        raise
+                    body = None  # registered, but its WorkerServer stopped: torch's answers
+                if body is not None:
+                    p = judge_body(url, body, time.monotonic() - t0, at, state=True)
+                    if p.ok and LK_STACKS_HANDLER in handlers:
+                        p.data["stacks_url"] = f"{base_url(url)}/handler/{LK_STACKS_HANDLER}"
+                    return p
             dump, error = None, None
             if FR_HANDLER in handlers:
                 try:

@@ -11,7 +11,8 @@ A path with no handler here is asked as it is and answered 404 by torch's server
 
 from __future__ import annotations
 
-SCHEME = "torch+http"
+PREFIX = "torch+"
+SCHEME = PREFIX + "http"
 #: the WorkerServer's path -> its handler on torch's server
 HANDLERS = {
     "/v1/state": "lightkeeper_state",
@@ -21,9 +22,21 @@ HANDLERS = {
 }
 
 
-def is_torch_target(url: str) -> bool:
+def is_torch(url: str) -> bool:
     """``url`` names a rank on torch's server (``torch+http://``)."""
     return url[:len(SCHEME) + 3].lower() == SCHEME + "://"
+
+
+def base_url(url: str) -> str:
+    """The ``http://`` address of torch's server behind a ``torch+http://`` target (a browser
+    or ``curl`` reaches it there: ``POST {base}/handler/<name>``); other URLs unchanged."""
+    return url[len(PREFIX):] if is_torch(url) else url
+
+
+def torch_url(address: str) -> str:
+    """The target spelling of torch's server at ``address`` (``http://h:p`` or ``h:p``)."""
+    address = base_url(address.strip())
+    return PREFIX + (address if "://" in address else "http://" + address)
 
 
 def handler_path(path: str) -> str:
@@ -32,9 +45,3 @@ def handler_path(path: str) -> str:
     base, sep, query = path.partition("?")
     name = HANDLERS.get(base)
     return f"/handler/{name}{sep}{query}" if name else path
-
-
-def plain_url(url: str) -> str:
-    """The ``http://`` address of torch's server behind a ``torch+http://`` target (a browser
-    or ``curl`` reaches it there: ``POST {plain}/handler/<name>``); other URLs unchanged."""
-    return "http" + url[len(SCHEME):] if is_torch_target(url) else url
