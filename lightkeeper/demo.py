@@ -46,7 +46,7 @@ DRAIN_GRACE_S = 5.0  # a group on a quarantined host still running this long aft
 TICK_S = 0.5
 MAX_RESTARTS, MAX_RESTARTS_SOAK = 5, 1000  # per group: a crash loop ends; a soak's do not
 SLOW_LINK_MBIT = 20.0  # a live slow_link's rate: the degraded link
-SOAK_QUARANTINE_TTL_S = 90.0  # --soak: a quarantined host, repaired, comes back after this
+SOAK_QUARANTINE_TTL_S = 45.0  # --soak: a quarantined host, repaired, comes back after this
 LEDGER_WAIT_S = Scenario.ledger_wait_s  # the default wait for the ledger's back-at-pace verdicts
 
 
