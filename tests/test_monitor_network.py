@@ -160,6 +160,22 @@ def test_every_group_waiting_in_the_cross_group_collective_is_a_job_stall(driver
     assert d.mon.store.findings()[0]["resolution"] == "progress"
 
 
+def test_a_stall_with_each_groups_other_rank_in_its_commit_is_a_job_stall(driver):
+    """A partition striking between the shards' all_reduces: each group's first rank got through
+    and waits in torchft's commit for the other, stuck in the cross-group collective."""
+    d = driver
+    d.sweeps(4)
+    d.train.stall(4.0, d.clock.t)
+    for g in d.train.job.alive:
+        first = d.train.job.sim.group(g)[0]
+        first.update(phase="commit", phase_since=d.clock.t - 4.0,
+                     timing={**first.state["timing"], "waiting": None})
+    d.sweeps(2, steps=0)
+    (f,) = d.mon.detectors.job_findings()
+    assert f.kind == "job_stall" and sorted(f.evidence["groups"]) == ["0", "1", "2", "3"]
+    assert d.mon.store.decisions() == []
+
+
 def test_one_group_not_in_the_collective_is_no_job_stall(driver):
     d = driver
     d.sweeps(4)

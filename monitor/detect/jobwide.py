@@ -23,6 +23,13 @@ BASELINE_KEEP = 30  # healthy windows the baseline is the median of (the newest 
 IN_COLLECTIVES = 0.5  # of the step's rise, at least this much is waiting in collectives
 
 
+def _waits_on_its_group(state: dict | None, scope: str | None) -> bool:
+    """A rank blocked behind its own group: in an in-group collective, or in torchft's commit
+    (its ``should_commit`` waits for every rank of the group, one of which is stuck in the
+    cross-group collective when a partition strikes between the shards' all_reduces)."""
+    return scope == "group" or (state or {}).get("phase") == "commit"
+
+
 def _hosts(groups: list) -> list[str]:
     return sorted({h for gv in groups for h in gv.hosts})
 
@@ -102,9 +109,9 @@ class JobWide:
             waited = []
             for r in fresh:
                 scope, secs = collective_wait(r.state, now)
-                if scope != "cross":
-                    return None  # someone not inside the cross-group collective
-                if r.rank in waits and waits[r.rank][0] == "cross":
+                if scope != "cross" and not _waits_on_its_group(r.state, scope):
+                    return None  # someone neither in the cross-group collective nor behind it
+                if scope == "cross" and r.rank in waits and waits[r.rank][0] == "cross":
                     waited.append(secs)
             if not waited:
                 return None
