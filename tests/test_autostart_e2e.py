@@ -10,8 +10,10 @@ job finishes with status 0)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -36,7 +38,9 @@ HOOK_LINE = re.compile(r"^\[lightkeeper\] replica_group=(\d+) group_rank=(\d+) "
 
 # A torchft job as a user writes it: torch and torchft's public API, nothing of Lightkeeper.
 FT_SCRIPT = textwrap.dedent('''
+    import faulthandler
     import os
+    import signal
     import sys
     import time
     from datetime import timedelta
@@ -47,6 +51,7 @@ FT_SCRIPT = textwrap.dedent('''
     from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
 
     stop_file, max_steps, replica, mode = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's view of a stuck exit
     torch.manual_seed(0)
     torch.set_num_threads(1)
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -276,4 +281,11 @@ def test_a_rank_on_torchs_server_is_polled_and_verified_through_its_handlers(job
     assert "lightkeeper_step{" in requests.post(base + "/handler/lightkeeper_metrics",
                                                 timeout=10).text
     (env.dir / "stop").touch()
-    assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]  # exits clean, torch's server too
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:  # every thread's stack into its log, then the failure
+        proc.send_signal(signal.SIGUSR1)
+        with contextlib.suppress(TimeoutError):
+            wait_until(lambda: "Thread 0x" in log.read_text(errors="replace"), 5, what="stacks")
+        raise AssertionError(f"did not exit within 60 s: {log.read_text()[-6000:]}") from None
+    assert code == 0, log.read_text()[-3000:]  # exits clean, torch's server too
