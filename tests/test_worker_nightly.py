@@ -7,7 +7,7 @@ the members' JSON handles in rank order) or, for a plain torch group made with
 ``enable_reconfigure=True`` (which takes no Python attributes), through the Manager's
 ``_reconfigure_pg(communicator_id, handles)``. The default suite has torchft 0.2.0 only, so the
 nightly shapes here are fake objects written after nightly's torchft/process_group.py and
-manager.py; the real nightly job is tests/test_worker_nightly_e2e.py (opt-in).
+manager.py; real nightly jobs are in tests/test_torchft_versions_e2e.py.
 """
 
 from __future__ import annotations
