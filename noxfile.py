@@ -11,7 +11,7 @@ verifying every rank.
 
     .venv/bin/nox                    # the default sessions: torch 2.13.0 x {torchft 0.2.0, nightly}
     .venv/bin/nox -l                 # every session
-    .venv/bin/nox -s floor           # opt-in: torch 2.7.1 + torchft 0.2.0 (torchft's floor)
+    .venv/bin/nox -s floor           # opt-in: torch 2.8.0 + torchft 0.2.0 (torchft's floor)
     .venv/bin/nox -s newest          # opt-in: torch 2.14.1 (a CUDA build, ~5 GB) x both torchfts
 
 ``bin/test`` runs neither nox nor the opt-in sessions: its own .venv covers the default pair
@@ -29,7 +29,9 @@ ROOT = Path(__file__).resolve().parent
 NIGHTLY_PIN = ROOT / ".ci" / "torchft-nightly.txt"  # the one place the nightly build is pinned
 TEST = "tests/test_torchft_versions_e2e.py"
 DEFAULT_TORCH = "2.13.0"  # bin/bootstrap's; on a machine whose pip has no CPU wheel: CUDA
-FLOOR_TORCH = "2.7.1"  # torchft 0.2.0 and nightly require torch>=2.7
+# torchft's floor in practice: torchft 0.2.0 declares torch>=2.7, but its ProcessGroupGloo sets
+# the gloo options' global_ranks_in_group, which torch 2.7.1 lacks (every quorum fails there)
+FLOOR_TORCH = "2.8.0"
 NEWEST_TORCH = "2.14.1"  # the newest this machine's pip offers (a CUDA build)
 TORCHFTS = ["0.2.0", "nightly"]
 
@@ -63,7 +65,7 @@ def default(session: nox.Session, torchft: str) -> None:
 
 @nox.session(python="3.11", default=False)
 def floor(session: nox.Session) -> None:
-    """torchft's floor: torch 2.7.1 with torchft 0.2.0 (no Flight Recorder JSON dump: 501)."""
+    """torchft's floor: torch 2.8.0 (the lowest its ProcessGroupGloo works on) with 0.2.0."""
     run_matrix_test(session, FLOOR_TORCH, "0.2.0")
 
 

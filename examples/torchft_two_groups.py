@@ -32,9 +32,13 @@ import os
 import time
 from datetime import timedelta
 
-import torch
-from torch.distributed import TCPStore
-from torchft import Manager, Optimizer, ProcessGroupGloo
+# Flight Recorder on, before torch is imported (torch 2.8 records nothing without it; lightkeeper
+# run sets the same default)
+os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+
+import torch  # noqa: E402
+from torch.distributed import TCPStore  # noqa: E402
+from torchft import Manager, Optimizer, ProcessGroupGloo  # noqa: E402
 
 
 def main() -> None:

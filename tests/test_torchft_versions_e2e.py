@@ -130,11 +130,20 @@ class Job:
             return None
         return wait_until(found, timeout, what=f"{self.flavour} {name}: {pattern.pattern}")
 
+    def wait(self, predicate, timeout: float, what: str):
+        """``wait_until`` whose timeout shows the end of each group's log."""
+        try:
+            return wait_until(predicate, timeout, what=f"{self.flavour}: {what}")
+        except TimeoutError as e:
+            tails = "\n".join(f"--- {n}.log\n{self.log(n)[-1500:]}" for n in ("group0", "group1")
+                              if (self.dir / f"{n}.log").exists())
+            raise AssertionError(f"{e}\n{tails}") from None
+
     def start_group1(self) -> None:
         """Once group 0 has its first quorum (alone): group 1 joins, a new quorum for both."""
         url0 = self.wait_line("group0", HOOK_LINE)[2]
-        wait_until(lambda: (s := try_state(url0)) and s["quorum_id"] >= 0, 120,
-                   what=f"{self.flavour}: group 0's first quorum")
+        self.wait(lambda: (s := try_state(url0)) and s["quorum_id"] >= 0, 120,
+                  "group 0's first quorum")
         self.start("group1", [sys.executable, str(EXAMPLE), "--worker-server"],
                    REPLICA_GROUP_ID="1", LIGHTKEEPER_MONITOR=self.monitor)
 
@@ -185,18 +194,20 @@ def test_two_groups_are_served_and_verified(jobs, flavour):
     if flavour == "nightly":
         assert job.torchft == nightly_pin()
     assert job.torchft not in (None, "unknown")
-    torch_version = metadata.version("torch")
+    import torch  # the ranks run this Python: its torch (a CUDA build says "+cu128")
+
+    torch_version = str(torch.__version__)
 
     group, group_rank, url0 = job.wait_line("group0", HOOK_LINE)
     assert (int(group), int(group_rank)) == (0, 0)
     _, _, url1 = job.wait_line("group1", EXPLICIT_LINE)
     urls = {0: url0, 1: url1}
     # both groups in one quorum, each a few steps into it
-    states = wait_until(lambda: (s := {g: try_state(u) for g, u in urls.items()})
-                        and all(x and x["num_participants"] == 2 and x["commits"] >= 2
-                                for x in s.values())
-                        and s[0]["quorum_id"] == s[1]["quorum_id"] and s, 120,
-                        what=f"{flavour}: both groups training in one quorum")
+    states = job.wait(lambda: (s := {g: try_state(u) for g, u in urls.items()})
+                      and all(x and x["num_participants"] == 2 and x["commits"] >= 2
+                              for x in s.values())
+                      and s[0]["quorum_id"] == s[1]["quorum_id"] and s, 120,
+                      "both groups training in one quorum")
     for g, state in states.items():
         assert (state["replica_group"], state["group_rank"], state["group_world_size"]) == (g, 0, 1)
         assert state["replica_id"].startswith(f"two_groups_{g}:")
