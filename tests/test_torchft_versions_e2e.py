@@ -64,11 +64,12 @@ def nightly_site() -> Path:
                 or Path(sys.prefix) / "torchft-nightly")
 
 
-def installed_torchft(path: list[str] | None = None) -> str | None:
-    """Version of the torchft distribution (either name) in ``path`` (default sys.path)."""
+def installed_torchft(path: list[str] | None = None) -> tuple[str, str] | None:
+    """(name, version) of the torchft distribution, either name, in ``path`` (default
+    sys.path)."""
     for dist in metadata.distributions(**({"path": path} if path else {})):
         if dist.metadata["Name"] in ("torchft", "torchft-nightly"):
-            return dist.version
+            return dist.metadata["Name"], dist.version
     return None
 
 
@@ -82,15 +83,16 @@ class Job:
 
     def __init__(self, flavour: str, d: Path) -> None:
         self.flavour, self.dir, self.procs = flavour, d, {}
+        self.dist: tuple[str, str] | None = None
         base = os.environ.get("PYTHONPATH", "")
         path = [str(ROOT), *[p for p in base.split(os.pathsep) if p]]
         if flavour == "nightly":
             site = nightly_site()
-            self.torchft = installed_torchft([str(site)])
+            self.dist = installed_torchft([str(site)])
             path.insert(0, str(site))
             lighthouse = [str(site / "bin" / "torchft_lighthouse")]
         else:
-            self.torchft = installed_torchft()
+            self.dist = installed_torchft()
             lighthouse = [str(Path(sys.executable).parent / "torchft_lighthouse")]
         self.env = {k: v for k, v in os.environ.items()
                     if k not in ("REPLICA_GROUP_ID", "TORCHFT_LIGHTHOUSE", "LIGHTKEEPER_MONITOR",
@@ -191,9 +193,9 @@ def test_two_groups_are_served_and_verified(jobs, flavour):
             pytest.fail(why)
         pytest.skip(why)
     job = jobs[flavour]
-    if flavour == "nightly":
-        assert job.torchft == nightly_pin()
-    assert job.torchft not in (None, "unknown")
+    dist, torchft = job.dist
+    if flavour == "nightly" or dist == "torchft-nightly":
+        assert (dist, torchft) == ("torchft-nightly", nightly_pin())
     import torch  # the ranks run this Python: its torch (a CUDA build says "+cu128")
 
     torch_version = str(torch.__version__)
@@ -211,14 +213,14 @@ def test_two_groups_are_served_and_verified(jobs, flavour):
     for g, state in states.items():
         assert (state["replica_group"], state["group_rank"], state["group_world_size"]) == (g, 0, 1)
         assert state["replica_id"].startswith(f"two_groups_{g}:")
-        assert (state["torchft_version"], state["torch_version"]) == (job.torchft, torch_version)
+        assert (state["torchft_version"], state["torch_version"]) == (torchft, torch_version)
         assert state["participating"] and state["lighthouse"] == job.lighthouse_url
 
         stacks = requests.get(urls[g] + "/v1/stacks", timeout=10)
         assert stacks.status_code == 200 and "MainThread" in stacks.text
         metrics = requests.get(urls[g] + "/metrics", timeout=10)
         assert metrics.status_code == 200
-        assert f'torchft_version="{job.torchft}"' in metrics.text
+        assert f'torchft_version="{torchft}"' in metrics.text
         assert re.search(r"^lightkeeper_commits_total\{.*\} [1-9]", metrics.text, re.M)
 
         fr = requests.get(urls[g] + "/v1/fr_trace", timeout=30)
