@@ -101,13 +101,17 @@ class Job:
         self.lighthouse_url = f"http://127.0.0.1:{port}"
         self.env.update(PYTHONPATH=os.pathsep.join(path), PYTHONUNBUFFERED="1",
                         PYTHONFAULTHANDLER="1", TORCHFT_LIGHTHOUSE=self.lighthouse_url)
-        self.start("lighthouse", [*lighthouse, "--min_replicas", "1", "--bind",
-                                  f"127.0.0.1:{port}", "--join_timeout_ms", "5000"])
-        monitor_port = free_port()  # known up front: group 0 starts beside the monitor
-        self.monitor = f"http://127.0.0.1:{monitor_port}"
-        self.start("monitor", [*LIGHTKEEPER, "monitor", "--port", str(monitor_port), "--dry-run",
-                               "--interval", "0.5", "--lighthouse", self.lighthouse_url,
-                               "--state", str(d / "monitor.sqlite")])
+        self.lighthouse_cmd = [*lighthouse, "--min_replicas", "1", "--bind", f"127.0.0.1:{port}",
+                               "--join_timeout_ms", "5000"]
+        self.monitor_port = free_port()  # known up front: group 0 starts beside the monitor
+        self.monitor = f"http://127.0.0.1:{self.monitor_port}"
+
+    def launch(self) -> None:
+        """The Lighthouse, the monitor and group 0 (under ``lightkeeper run``), at once."""
+        self.start("lighthouse", self.lighthouse_cmd)
+        self.start("monitor", [*LIGHTKEEPER, "monitor", "--port", str(self.monitor_port),
+                               "--dry-run", "--interval", "0.5", "--lighthouse",
+                               self.lighthouse_url, "--state", str(self.dir / "monitor.sqlite")])
         self.start("group0", [*LIGHTKEEPER, "run", "--monitor", self.monitor, "--",
                               sys.executable, str(EXAMPLE)], REPLICA_GROUP_ID="0")
 
@@ -169,14 +173,15 @@ def available(flavour: str) -> str | None:
 @pytest.fixture(scope="module")
 def jobs(request, tmp_path_factory):
     """Every selected and available flavour's job, started at once: most of a job's time is
-    importing torch, so the jobs overlap; each group 1 starts when its group 0 has a step."""
+    importing torch, so the jobs overlap; each group 1 starts once its group 0 has a quorum."""
     selected = {item.callspec.params["flavour"] for item in request.session.items
                 if item.module is request.module and hasattr(item, "callspec")}
     started: dict[str, Job] = {}
     try:
         for flavour in FLAVOURS:
             if flavour in selected and available(flavour) is None:
-                started[flavour] = Job(flavour, tmp_path_factory.mktemp(flavour))
+                started[flavour] = job = Job(flavour, tmp_path_factory.mktemp(flavour))
+                job.launch()
         for job in started.values():
             job.start_group1()
         yield started
