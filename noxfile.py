@@ -12,7 +12,7 @@ verifying every rank.
     .venv/bin/nox                    # the default sessions: torch 2.13.0 x {torchft 0.2.0, nightly}
     .venv/bin/nox -l                 # every session
     .venv/bin/nox -s floor           # opt-in: torch 2.8.0 + torchft 0.2.0 (torchft's floor)
-    .venv/bin/nox -s newest          # opt-in: torch 2.14.1 (a CUDA build, ~5 GB) x both torchfts
+    .venv/bin/nox -s newest          # opt-in: torch 2.15.0 (a CUDA build, ~5 GB) x both torchfts
 
 ``bin/test`` runs neither nox nor the opt-in sessions: its own .venv covers the default pair
 (nightly unpacked beside 0.2.0). What the opt-in sessions cost and how they did:
@@ -32,7 +32,7 @@ DEFAULT_TORCH = "2.13.0"  # bin/bootstrap's; on a machine whose pip has no CPU w
 # torchft's floor in practice: torchft 0.2.0 declares torch>=2.7, but its ProcessGroupGloo sets
 # the gloo options' global_ranks_in_group, which torch 2.7.1 lacks (every quorum fails there)
 FLOOR_TORCH = "2.8.0"
-NEWEST_TORCH = "2.14.1"  # the newest this machine's pip offers (a CUDA build)
+NEWEST_TORCH = "2.15.0"  # the newest on PyPI: a CUDA build
 TORCHFTS = ["0.2.0", "nightly"]
 
 nox.options.default_venv_backend = "venv"
@@ -72,5 +72,5 @@ def floor(session: nox.Session) -> None:
 @nox.session(python="3.11", default=False)
 @nox.parametrize("torchft", TORCHFTS)
 def newest(session: nox.Session, torchft: str) -> None:
-    """The newest torch this machine's pip has, 2.14.1: a CUDA build (~5 GB), run on CPU/gloo."""
+    """The newest torch on PyPI, 2.15.0: a CUDA build (~5 GB installed), run on CPU/gloo."""
     run_matrix_test(session, NEWEST_TORCH, torchft)
