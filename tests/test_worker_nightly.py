@@ -5,9 +5,9 @@ world_size, quorum_id, ...)``; torchft-nightly with ``pg.reconfigure(opts)`` (to
 API: ``opts.uuid`` is the communicator id, which the Manager sets to the quorum id, ``opts.handles``
 the members' JSON handles in rank order) or, for a plain torch group made with
 ``enable_reconfigure=True`` (which takes no Python attributes), through the Manager's
-``_reconfigure_pg(communicator_id, handles)``. The default suite has torchft 0.2.0 only, so the
+``_reconfigure_pg(communicator_id, handles)``. This process imports torchft 0.2.0, so the
 nightly shapes here are fake objects written after nightly's torchft/process_group.py and
-manager.py; the real nightly job is tests/test_worker_nightly_e2e.py (opt-in).
+manager.py; a real job on torchft-nightly is tests/test_torchft_versions_e2e.py's.
 """
 
 from __future__ import annotations
