@@ -156,8 +156,12 @@ class Shards:
                 continue
             wanted.add(f.replica_id)
             if f.replica_id not in self._proposed:
-                self._propose(f.replica_group, f.replica_id, _summary(f),
-                             mon.enforcer.finding_id(f.key), f.to_dict(), "auto")
+                fid = mon.enforcer.finding_id(f.key)
+                bundle = mon.enforcer.bundle_proposal(view, evidence, f, fid)
+                did = self._propose(f.replica_group, f.replica_id, _summary(f), fid,
+                                    f.to_dict(), "auto")
+                if did is not None and bundle is not None:
+                    mon.store.update_decision(did, bundle=bundle["id"])
         self._withdraw(wanted)
 
     def _withdraw(self, wanted: set[str]) -> None:

@@ -397,6 +397,11 @@ def test_leader_killed_mid_kill_standby_takes_over_nothing_sent_twice_nothing_lo
         assert ex["attempt"] == 1 and ex["leader"] == term1["value"]["id"]
         assert ex["resolved_by"] == term2["value"]["id"] and "not sent again" in ex["detail"]
         assert (ey["state"], ey["attempt"], ey["leader"]) == ("sent", 1, term2["value"]["id"])
+        # each proposing shard kept the group's incident bundle before it proposed
+        for g in (x, y):
+            shard = f"shard{shard_of(g, 2)}"
+            got = requests.get(urls[shard] + "/v1/incidents", timeout=5).json()["bundles"]
+            assert [b["trigger"] for b in got if b["replica_id"] == rid[g]] == ["evict"], got
         # the standby's audit log says the same; a few more leader ticks send nothing more
         ev = requests.get(urls["standby"] + "/v1/evictions", timeout=5).json()
         assert sorted((d["replica_id"], d["status"]) for d in ev

@@ -186,6 +186,22 @@ class Enforcer:
                 self.bundles.capture_later("confirm", view, evidence, f.to_dict(), fid,
                                            self._related(f.replica_group))
 
+    def bundle_proposal(self, view: ClusterView, evidence: ClusterView, finding: Any,
+                        finding_id: int | None) -> dict | None:
+        """A shard's bundle of the group it is about to propose evicting: kept before the
+        proposal, so before any kill the leader sends on it (None: none kept; never raises)."""
+        if self.bundles is None or not self.bundles.enabled:
+            return None
+        f = finding.to_dict()
+        decision = {"decision": "proposed", "reason": f.get("kind"), "source": "auto",
+                    "status": "proposing", "replica_group": finding.replica_group,
+                    "replica_id": finding.replica_id, "at": self.clock()}
+        bundle = self.bundles.capture("evict", view, evidence, f, finding_id, decision,
+                                      self._related(finding.replica_group))
+        if bundle is not None and finding_id is not None:
+            self._bundled.add(finding_id)
+        return bundle
+
     def _related(self, group: int | None) -> list[dict[str, Any]]:
         """The group's open findings with their evidence (the bundle's ``findings.json``)."""
         return [f for f in self.open_findings() if f["replica_group"] == group]
