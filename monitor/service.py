@@ -360,39 +360,17 @@ class Monitor:
     def goodput_json(self, incidents: int = 50, intervals: int = 200) -> dict[str, Any]:
         """The ledger; each incident with ``bundles``: the incident bundles of its findings and
         eviction (docs/monitor.md, Incident bundles)."""
-        out = self.goodput.to_json(incidents, intervals)
-        links = self.bundles.store.by_link() if self.bundles.store is not None else {}
-        for inc in out.get("incidents") or []:
-            ids = [b for fid in inc.get("finding_ids") or []
-                   for b in links.get(("finding", fid), [])]
-            if inc.get("eviction_id") is not None:
-                ids += links.get(("decision", inc["eviction_id"]), [])
-            inc["bundles"] = sorted(set(ids))
-        return out
+        store = self.bundles.store
+        return views.goodput_with_bundles(self.goodput.to_json(incidents, intervals),
+                                          store.by_link() if store is not None else {})
 
     def incidents_json(self, limit: int = 100, goodput: bool = True) -> dict[str, Any]:
         """``GET /v1/incidents``: the incident bundles kept, newest first, each with its
         download path and (``goodput``) the goodput incident it belongs to."""
-        bc = self.cfg.bundles
         store = self.bundles.store
         rows = store.list(limit) if store is not None else []
-        owner: dict[tuple[str, int], int] = {}
         ledger = self.goodput.to_json(incidents=10_000, intervals=0) if goodput and rows else {}
-        for inc in ledger.get("incidents") or []:
-            for fid in inc.get("finding_ids") or []:
-                owner[("finding", fid)] = inc["id"]
-            if inc.get("eviction_id") is not None:
-                owner[("decision", inc["eviction_id"])] = inc["id"]
-        for r in rows:
-            r["download"] = f"/v1/incidents/{r['id']}/bundle"
-            r["goodput_incident"] = owner.get(("decision", r["decision_id"])) \
-                or owner.get(("finding", r["finding_id"]))
-        return {"enabled": store is not None, "dir": store.dir if store is not None else None,
-                "error": store.error if store is not None else None,
-                "policy": {"timeout_s": bc.timeout_s, "max_ranks": bc.max_ranks,
-                           "max_bytes": bc.max_bytes, "total_bytes": bc.total_bytes,
-                           "keep_s": bc.keep_s},
-                "bundles": rows}
+        return views.incidents_json(rows, ledger, store, self.cfg.bundles)
 
     def bundle_path(self, bundle_id: str) -> str | None:
         store = self.bundles.store

@@ -88,3 +88,37 @@ def cluster_json(head: dict[str, Any], view: ClusterView | None, evidence: Clust
         rank_json(r, now) for r in view.ranks.values()
         if r.replica_group is None and not r.superseded)]
     return out
+
+
+def goodput_with_bundles(ledger: dict[str, Any],
+                         links: dict[tuple[str, int], list[str]]) -> dict[str, Any]:
+    """``/v1/goodput``: each incident gains ``bundles``, those of its findings and eviction
+    (``links``: (``finding``/``decision``, id) -> bundle ids)."""
+    for inc in ledger.get("incidents") or []:
+        ids = [b for fid in inc.get("finding_ids") or [] for b in links.get(("finding", fid), [])]
+        if inc.get("eviction_id") is not None:
+            ids += links.get(("decision", inc["eviction_id"]), [])
+        inc["bundles"] = sorted(set(ids))
+    return ledger
+
+
+def incidents_json(rows: list[dict[str, Any]], ledger: dict[str, Any], store: Any,
+                   policy: Any) -> dict[str, Any]:
+    """``GET /v1/incidents``: the bundles' rows, each with its download path and the goodput
+    incident (of ``ledger``) whose eviction or finding it kept."""
+    owner: dict[tuple[str, int], int] = {}
+    for inc in ledger.get("incidents") or []:
+        for fid in inc.get("finding_ids") or []:
+            owner[("finding", fid)] = inc["id"]
+        if inc.get("eviction_id") is not None:
+            owner[("decision", inc["eviction_id"])] = inc["id"]
+    for r in rows:
+        r["download"] = f"/v1/incidents/{r['id']}/bundle"
+        r["goodput_incident"] = owner.get(("decision", r["decision_id"])) \
+            or owner.get(("finding", r["finding_id"]))
+    return {"enabled": store is not None, "dir": store.dir if store is not None else None,
+            "error": store.error if store is not None else None,
+            "policy": {"timeout_s": policy.timeout_s, "max_ranks": policy.max_ranks,
+                       "max_bytes": policy.max_bytes, "total_bytes": policy.total_bytes,
+                       "keep_s": policy.keep_s},
+            "bundles": rows}
