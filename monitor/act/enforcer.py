@@ -196,8 +196,14 @@ class Enforcer:
         decision = {"decision": "proposed", "reason": f.get("kind"), "source": "auto",
                     "status": "proposing", "replica_group": finding.replica_group,
                     "replica_id": finding.replica_id, "at": self.clock()}
-        bundle = self.bundles.capture("evict", view, evidence, f, finding_id, decision,
-                                      self._related(finding.replica_group))
+        return self._keep(view, evidence, f, finding_id, decision)
+
+    def _keep(self, view: ClusterView, evidence: ClusterView | None,
+              finding: dict[str, Any] | None, finding_id: int | None,
+              decision: dict[str, Any]) -> dict | None:
+        """An eviction's bundle, its finding marked so this sweep's confirmation keeps none."""
+        bundle = self.bundles.capture("evict", view, evidence, finding, finding_id, decision,
+                                      self._related(decision["replica_group"]))
         if bundle is not None and finding_id is not None:
             self._bundled.add(finding_id)
         return bundle
@@ -313,12 +319,9 @@ class Enforcer:
                     "detail": d.detail, "source": source, "status": "sending",
                     "replica_group": replica_group, "replica_id": replica_id,
                     "at": self.clock()}
-        bundle = self.bundles.capture("evict", view, evidence, finding, finding_id, decision,
-                                      self._related(replica_group))
+        bundle = self._keep(view, evidence, finding, finding_id, decision)
         if bundle is not None:
             self.store.update_decision(did, bundle=bundle["id"])
-            if finding_id is not None:
-                self._bundled.add(finding_id)
         return bundle
 
     def confirm_evictions(self, view: ClusterView, now: float) -> None:
