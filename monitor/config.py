@@ -92,7 +92,7 @@ class ProbeConfig:
     enabled: bool = True  # needs the ranks' token too (rank_exit_token)
     size_bytes: int = 262144  # each link's transfer
     timeout_s: float = 2.0  # per link, on the rank
-    interval_s: float = 2.0  # at most one round per this many seconds
+    interval_s: float = 1.0  # at most one round per this many seconds
     peers: int = 8  # peers each host's rank probes per round (beyond peers + 1 hosts: a ring)
     rounds: int = 2  # consecutive rounds naming the same host confirm a network finding
     slow_ratio: float = 0.25  # a link slower than this fraction of the others' median is bad
