@@ -8,8 +8,9 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 from typing import Any
 
+from .columnar import normalize
 from .findings import AnalysisResult, Finding, HangFinding, MismatchFinding
-from .model import COMPLETED, DumpFormatError, GroupKey, GroupTrace, RankTrace, Signature, normalize
+from .model import COMPLETED, DumpFormatError, GroupKey, GroupTrace, RankTrace, Signature
 from .stragglers import StragglerConfig, StragglerEvidence
 
 # A gloo collective younger than this when its rank was dumped is in flight, not hung.

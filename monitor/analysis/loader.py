@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .columnar import normalize_columnar, normalize_packed, normalize_parsed
+from .columnar import normalize, normalize_packed, normalize_parsed
 from .model import DumpFormatError, RankTrace
 from .pool import Outcome, available_cores, run_pool
 from .wire import Packed, from_bytes, to_bytes
@@ -108,7 +108,7 @@ def _load(path: str | Path, packed: bool) -> RankTrace | Packed:
                 pass  # either way Python's unpickler decides
     raw = read_dump(path)
     rank = _rank_of(raw, path)
-    return normalize_packed(raw, rank) if packed else normalize_columnar(raw, rank)
+    return normalize_packed(raw, rank) if packed else normalize(raw, rank)
 
 
 def _rank_of(raw: Any, path: str | Path) -> int:

@@ -24,14 +24,6 @@ class Packed:
         trace.members = {}
 
 
-def pack(trace: RankTrace) -> Packed:
-    """The trace, packed (its ``groups`` and ``members`` are taken out of it)."""
-    columns = {key: pack_group(g.first_seq, g.sigs, g.states, g.created_ns, g.duration_ms)
-               for key, g in trace.groups.items()}
-    trace.groups = {}
-    return Packed(trace, columns)
-
-
 def unpack(packed: Packed) -> RankTrace:
     trace = packed.trace
     trace.groups = {
@@ -75,7 +67,7 @@ _INT = {int}
 
 
 def pack_group(first_seq: int, sigs: list, states: list, created: Sequence[Any], durations: Sequence[Any],
-               kinds: tuple = (None, None)) -> tuple:
+               kinds: tuple) -> tuple:
     """A group's packed columns; ``kinds``: the value columns' one type each, if known."""
     return (first_seq, pack_codes(sigs), pack_codes(states), pack_column(created, kinds[0]),
             pack_column(durations, kinds[1]))
