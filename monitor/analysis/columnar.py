@@ -52,7 +52,7 @@ def normalize(dump: Any, rank: int | None = None) -> RankTrace:
 
 def normalize_packed(dump: Any, rank: int | None = None) -> Packed:
     """What the loader's workers send: the trace with each group packed as it is built."""
-    return _as_packed(_normalize(dump, rank, pack_group))
+    return Packed(_normalize(dump, rank, pack_group))
 
 
 def normalize_parsed(doc: Any, rank_of: Callable[[Any], int], packed: bool) -> RankTrace | Packed:
@@ -69,12 +69,7 @@ def normalize_parsed(doc: Any, rank_of: Callable[[Any], int], packed: bool) -> R
         trace, keys = _header(top, rank_of(top))
         _entries(trace, cols[:11], cols[11] if len(cols) > 11 else None, None, keys, build)
         trace.flavour = "nccl" if looks_nccl(first, last) else "gloo"
-    return _as_packed(trace) if packed else trace
-
-
-def _as_packed(trace: RankTrace) -> Packed:
-    columns, trace.groups = trace.groups, {}
-    return Packed(trace, columns)
+    return Packed(trace) if packed else trace
 
 
 def _normalize(dump: Any, rank: int | None, build: Build) -> RankTrace:
