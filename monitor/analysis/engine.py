@@ -32,7 +32,7 @@ def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing
     last_seq: dict[GroupKey, dict[int, int]] = {}
     unknown: set[int] = set()
     evidence = StragglerEvidence(traces)
-    for key in sorted(members, key=_key_order):
+    for key in sorted(members, key=GroupKey.order):
         group_members = members[key]
         rows = {r: traces[r].groups[key] for r in group_members if r in traces and key in traces[r].groups}
         unknown.update(r for r in group_members if r not in traces)
@@ -73,10 +73,6 @@ def normalize_dumps(dumps: Mapping[int, Mapping[str, Any] | RankTrace]) -> tuple
         trace.rank = rank
         traces[rank] = trace
     return traces, errors
-
-
-def _key_order(key: GroupKey) -> tuple:
-    return (key.pg, key.replica_group or -1, key.quorum_id or -1, key.group_rank or -1)
 
 
 def _share_signatures(traces: Mapping[int, RankTrace]) -> list[Signature]:

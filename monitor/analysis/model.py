@@ -40,6 +40,10 @@ class GroupKey(NamedTuple):
             return f"{name} (replica group {self.replica_group})"
         return name
 
+    def order(self) -> tuple:
+        """A sort key: the name, then replica group, quorum and group rank (None first)."""
+        return (self.pg, *(-1 if v is None else v for v in self[1:]))
+
 
 class Signature(NamedTuple):
     """What a rank enqueued at one sequence id (sizes None where they may differ between ranks;
