@@ -16,7 +16,7 @@ from typing import Any
 
 from .columnar import normalize, normalize_packed, normalize_parsed
 from .model import DumpFormatError, RankTrace
-from .pool import Outcome, available_cores, run_pool
+from .pool import Outcome, available_cores, file_size, run_pool
 from .wire import Packed, from_bytes, to_bytes
 
 # Below this many bytes in all, loading here beats starting workers (bench_analyze.py --threshold).
@@ -177,13 +177,7 @@ def _decoded(sent: list[Outcome]) -> list[Outcome]:
 
 
 def _total_size(files: list[Path]) -> int:
-    total = 0
-    for path in files:
-        try:
-            total += os.stat(path).st_size
-        except OSError:  # it will fail to load, and say why
-            pass
-    return total
+    return sum(map(file_size, files))
 
 
 def _describe(exc: BaseException) -> str:
