@@ -107,13 +107,9 @@ def _members(traces: Mapping[int, RankTrace], world_size: int | None) -> dict[Gr
         for key in trace.groups:
             found[key].add(rank)
     # the default group "0" spans the world: gloo does not say so, but rank numbers do
-    if traces:
-        world = range(world_size) if world_size else range(max(traces) + 1)
-        for key in list(found):
-            if key.pg == "0" and key.quorum_id is None and key.replica_group is None:
-                declared = any(key in t.members for t in traces.values())
-                if not declared:
-                    found[key].update(world)
+    default = GroupKey("0")
+    if default in found and default not in declared:
+        found[default].update(range(world_size or max(traces) + 1))
     return {key: sorted(ranks) for key, ranks in found.items()}
 
 
