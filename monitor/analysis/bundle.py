@@ -1,11 +1,7 @@
-"""An incident bundle's layout, and reading one for ``lightkeeper analyze``.
-
-The monitor writes a bundle (monitor/act/bundles.py) before it kills a replica group and when it
-confirms a hang, a mismatch or a network fault: one ``<id>.tar.gz`` holding a top folder ``<id>/``
-with :data:`MANIFEST` (what was fetched from whom, what could not be, the decision),
-``findings.json``, ``view.json``, ``stacks/rank<N>.json`` and ``fr/rank<N>.json`` (the ranks'
-``/v1/fr_trace`` dumps, which this module hands to the analysis). docs/monitor.md, Incident
-bundles.
+"""An incident bundle's layout, and reading one for ``lightkeeper analyze``: one
+``<id>.tar.gz`` (monitor/act/bundles.py writes it) whose ``<id>/`` folder holds :data:`MANIFEST`
+and the ranks' ``fr/rank<N>.json`` dumps this module hands to the analysis, among others
+(docs/monitor.md, Incident bundles).
 """
 
 from __future__ import annotations

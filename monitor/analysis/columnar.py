@@ -164,10 +164,8 @@ def _incarnations(raw: Any, members: dict[GroupKey, tuple[int, ...]]) -> tuple[d
         if inc.get("pg_id") is not None:
             by_pg_id[int(inc["pg_id"])] = key
     starts.sort(key=lambda s: s[0])
-    ranged: Ranged = []
-    for i, (first, pg_name, key, pg_id) in enumerate(starts):
-        if pg_id is None:
-            ranged.append((first, starts[i + 1][0] if i + 1 < len(starts) else math.inf, pg_name, key))
+    ends = [s[0] for s in starts[1:]] + [math.inf]  # each runs until the next one starts
+    ranged = [(first, end, pg, key) for (first, pg, key, pg_id), end in zip(starts, ends, strict=False) if pg_id is None]
     return incarnations, by_pg_id, ranged
 
 
