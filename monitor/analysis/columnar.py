@@ -247,7 +247,7 @@ def _op(profiling_name: str) -> str:
 
 def _fill(trace: RankTrace, cols: Sequence, durations: Sequence | None, pg_ids: Sequence | None,
           keys: _Keys, build: Build) -> None:
-    pgs, seqs, pnames, states, rids, p2ps = (cols[i] for i in (0, 1, 2, 7, 9, 10))
+    pgs, seqs, pnames, _, _, _, _, states, _, rids, p2ps = cols
     n = len(seqs)
     trace.oldest_record_id = min(rids)
     trace.last_entry = {"pg": str(pgs[-1][0]), "seq": seqs[-1], "op": _op(pnames[-1]), "state": str(states[-1])}
