@@ -1,22 +1,22 @@
-"""The loader's fast path (``normalize_columnar``) against ``normalize`` itself.
+"""normalize on every dump shape the generator makes, healthy or faulty, common or not.
 
-Every dump the generator makes, healthy or faulty, common or not, must normalize to an equal
-RankTrace both ways, and a malformed dump must raise the same error; the common shapes must
-actually take the fast path (else the equality would hold vacuously).
+What each uncommon shape means for the trace is asserted here; every shape must come back from
+the workers' packed form (``normalize_packed``, pickled and unpacked) as ``normalize`` gives it,
+and neither may change the dump; a malformed dump raises the same error either way.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import math
 import random
-from array import array
 
 import pytest
 
-from monitor.analysis import analyze, columnar, model, wire
-from monitor.analysis.columnar import normalize_columnar, normalize_packed
-from monitor.analysis.model import DumpFormatError, normalize
+from monitor.analysis import GroupKey, analyze, wire
+from monitor.analysis.columnar import normalize, normalize_packed
+from monitor.analysis.model import DumpFormatError
 from tests.support.frgen import TP_STEP, FRJob, plain_dump, steady_dump, tp_job
 
 STEP = TP_STEP
@@ -132,15 +132,7 @@ def json_round_trip(dumps: dict[int, dict]) -> dict[int, dict]:
     return {r: json.loads(json.dumps(d)) for r, d in dumps.items()}
 
 
-def resolved(trace) -> dict:
-    """What a trace says per group and sequence id, signatures by value instead of by id."""
-    return {
-        key: (g.first_seq, [trace.signatures[i] for i in g.sigs], g.states, g.created_ns, g.duration_ms)
-        for key, g in trace.groups.items()
-    }
-
-
-FAST = {
+COMMON = {
     "steady": lambda: {r: steady_dump(r, 16, 300) for r in range(16)},
     "steady gloo": lambda: {r: steady_dump(r, 16, 301, flavour="gloo") for r in range(16)},
     "plain": lambda: plain(8, 300),
@@ -153,79 +145,63 @@ FAST = {
     "no fixed order": no_fixed_order,
     "scoped to a replica group": scoped_to_a_replica_group,
 }
-EQUAL_BY_VALUE = {"numbers of different types": numbers_of_different_types}
-FALLBACK = {
+UNCOMMON = {
+    "numbers of different types": numbers_of_different_types,
     "torchft incarnations": torchft,
     "coalesced": coalesced,
     "p2p": p2p,
     "gap and restart": with_gap_and_restart,
     "without optional keys": without_optional_keys,
     "names of two types": names_of_two_types,
-    "some without duration": some_without_duration,  # rank 0's None is fast, rank 1's gap is not
+    "some without duration": some_without_duration,
 }
+SHAPES = {**COMMON, **UNCOMMON}
 
 
-@pytest.fixture
-def fallbacks(monkeypatch) -> list[int]:
-    """Ranks whose whole dump went to normalize (the header-only call does not count)."""
-    seen: list[int] = []
-
-    def spy(dump, rank=None):
-        if isinstance(dump, dict) and dump.get("entries"):
-            seen.append(rank)
-        return model.normalize(dump, rank)
-
-    monkeypatch.setattr(columnar, "normalize", spy)
-    return seen
+def form(trace) -> tuple:
+    """A trace, comparable whether its columns are lists or arrays: each group's columns by
+    their values' repr (NaN equals NaN, 3 differs from 3.0), signatures by value."""
+    groups = {key: (g.first_seq, [None if i is None else trace.signatures[i] for i in g.sigs], list(g.states),
+                    repr(list(g.created_ns)), repr(list(g.duration_ms))) for key, g in trace.groups.items()}
+    return (trace.rank, trace.flavour, trace.host, trace.oldest_record_id, trace.members, trace.incarnations,
+            trace.last_entry, trace.is_torchft, trace.dump_time_ns, groups)
 
 
-@pytest.mark.parametrize("name", sorted(FAST) + sorted(FALLBACK))
-def test_same_trace_as_normalize(name, fallbacks):
-    dumps = {**FAST, **FALLBACK}[name]()
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_the_workers_packed_trace_is_normalizes_trace(name):
+    dumps = SHAPES[name]()
     pristine = copy.deepcopy(dumps)
     for rank, dump in dumps.items():
-        assert normalize_columnar(dump, rank) == normalize(dump, rank), (name, rank)
+        sent = wire.from_bytes(wire.to_bytes(normalize_packed(dump, rank)))
+        assert form(sent) == form(normalize(dump, rank)), (name, rank)
     assert dumps == pristine  # neither changes the dump
-    if name in FAST:
-        assert fallbacks == []
-    else:
-        assert fallbacks, "expected normalize to take at least one of these dumps"
 
 
-def packed_form(packed: wire.Packed) -> tuple:
-    """A packed trace, comparable: arrays by type code and values, every value by its repr (so
-    that NaN equals NaN, and 3 differs from 3.0)."""
-    def column(c):
-        return ("array", c.typecode, repr(c.tolist())) if type(c) is array else repr(c)
-
-    return packed.trace, {key: tuple(map(column, cols)) for key, cols in packed.columns.items()}, packed.members
-
-
-@pytest.mark.parametrize("name", sorted(FAST) + sorted(FALLBACK))
-def test_packed_straight_from_the_dump_as_normalize_then_pack(name, fallbacks):
-    # the workers' path (normalize_packed) sends what packing normalize's trace would send
-    dumps = {**FAST, **FALLBACK}[name]()
-    pristine = copy.deepcopy(dumps)
-    for rank, dump in dumps.items():
-        assert packed_form(normalize_packed(dump, rank)) == packed_form(wire.pack(normalize(dump, rank))), (name, rank)
-    assert dumps == pristine
-    if name in FAST:
-        assert fallbacks == []
-    else:
-        assert fallbacks, "expected normalize to take at least one of these dumps"
-
-
-def test_signatures_equal_but_of_other_types_share_an_id_and_reports_agree(fallbacks):
-    dumps = numbers_of_different_types()
-    fast = {r: normalize_columnar(d, r) for r, d in dumps.items()}
-    slow = {r: normalize(d, r) for r, d in dumps.items()}
-    assert fallbacks == []
-    assert len(fast[0].signatures) < len(slow[0].signatures)  # the documented difference
-    for rank in dumps:
-        assert resolved(fast[rank]) == resolved(slow[rank])
-        assert fast[rank].last_entry == slow[rank].last_entry
-    by_fast, by_slow = analyze(fast).to_dict(), analyze(slow).to_dict()
-    assert by_fast == by_slow and [f["kind"] for f in by_fast["findings"]] == ["mismatch"]
+def test_what_the_uncommon_shapes_mean():
+    key = GroupKey("0")
+    trace = normalize(coalesced()[1], 1)  # two entries at the last seq
+    c = trace.groups[key]
+    assert (c.last_seq, len(c.sigs), trace.signatures[c.sigs[-1]].op) == (10, 5, "coalesced")
+    sent = normalize(p2p()[0], 0)
+    assert sent.groups[key].last_seq == 10 and sent.last_entry["op"] == "send"
+    gapped = with_gap_and_restart()
+    assert normalize(gapped[0], 0).groups[key].sigs[5] is None  # a seq missing
+    restarted = normalize(gapped[1], 1).groups[key]
+    assert restarted.duration_ms == [e["duration_ms"] for e in gapped[1]["entries"][6:]]  # the newest run only
+    assert list(normalize(names_of_two_types()[0], 0).groups) == [key]
+    partly = some_without_duration()
+    for rank, missing in ((0, 2), (1, 3)):
+        durations = normalize(partly[rank], rank).groups[key].duration_ms
+        assert [math.isnan(d) for d in durations] == [i == missing for i in range(6)]
+    ft = normalize(torchft()[0], 0)
+    assert ft.is_torchft and all(k.quorum_id == 1 for k in ft.groups)
+    bare, full = without_optional_keys(), faulty("nccl")
+    for rank in bare:
+        assert {k: g.sigs for k, g in normalize(bare[rank], rank).groups.items()} == \
+               {k: g.sigs for k, g in normalize(full[rank], rank).groups.items()}
+    # 8 and 8.0 in one rank's sizes: the analysis still finds the one real mismatch
+    report = analyze({r: normalize(d, r) for r, d in numbers_of_different_types().items()}).to_dict()
+    assert [f["kind"] for f in report["findings"]] == ["mismatch"]
 
 
 def test_signature_ids_follow_first_occurrence_across_groups():
@@ -233,10 +209,9 @@ def test_signature_ids_follow_first_occurrence_across_groups():
     job = tp_job()
     job.collective("1", "all_reduce", [[1024]])
     job.repeat(4, STEP)
-    dump = job.dumps()[0]
-    fast, slow = normalize_columnar(dump, 0), normalize(dump, 0)
-    assert fast.signatures == slow.signatures and len(fast.signatures) == 2
-    assert fast.groups == slow.groups
+    trace = normalize(job.dumps()[0], 0)
+    assert len(trace.signatures) == 2 and trace.signatures[0].op == "all_reduce"
+    assert trace.groups[GroupKey("1")].sigs[0] == trace.groups[GroupKey("0")].sigs[0] == 0
 
 
 BAD = [
@@ -252,21 +227,17 @@ BAD = [
 
 
 @pytest.mark.parametrize("bad", BAD, ids=range(len(BAD)))
-def test_malformed_dump_raises_what_normalize_raises(bad):
+def test_malformed_dump_raises_dump_format_error(bad):
     with pytest.raises(DumpFormatError) as expected:
         normalize(bad, 1)
-    for fast in (normalize_columnar, normalize_packed):
-        with pytest.raises(DumpFormatError) as got:
-            fast(bad, 1)
-        assert str(got.value) == str(expected.value)
+    with pytest.raises(DumpFormatError) as got:
+        normalize_packed(bad, 1)
+    assert str(got.value) == str(expected.value)
 
 
-def test_malformed_entry_in_a_common_dump_raises_what_normalize_raises():
+def test_malformed_entry_in_a_common_dump_is_named():
     dump = plain_dump(0, 2, 20)
     dump["entries"][7]["collective_seq_id"] = "7"
-    with pytest.raises(DumpFormatError) as expected:
-        normalize(dump, 0)
-    for fast in (normalize_columnar, normalize_packed):
-        with pytest.raises(DumpFormatError) as got:
-            fast(dump, 0)
-        assert str(got.value) == str(expected.value)
+    for fn in (normalize, normalize_packed):
+        with pytest.raises(DumpFormatError, match="no integer collective_seq_id"):
+            fn(dump, 0)

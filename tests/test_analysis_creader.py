@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from monitor.analysis import analyze, columnar, loader, wire
-from monitor.analysis.columnar import _KEYS, normalize_columnar, normalize_packed, normalize_parsed
+from monitor.analysis import analyze, loader, wire
+from monitor.analysis.columnar import _KEYS, normalize, normalize_parsed
 from tests.support.frgen import plain_dump, steady_dump
-from tests.test_analysis_columnar import BAD, EQUAL_BY_VALUE, FALLBACK, FAST, packed_form
+from tests.test_analysis_columnar import BAD, SHAPES, form
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -51,42 +51,45 @@ def use_c(monkeypatch):
     monkeypatch.delenv(PURE, raising=False)
 
 
-@pytest.fixture
-def fallbacks(monkeypatch) -> list[int]:
-    """Ranks whose dump the C path built whole (``doc.load()``) for the Python path."""
-    seen: list[int] = []
-    for name in ("normalize_columnar", "normalize_packed"):
-        real = getattr(columnar, name)
+class Watched:
+    """A parsed pickle that notes in ``built_whole`` when the C path builds the whole dump
+    (``load``) instead of taking its columns."""
 
-        def spy(dump, rank=None, real=real):
-            seen.append(rank)
-            return real(dump, rank)
+    def __init__(self, data: bytes, built_whole: list[bytes]) -> None:
+        self.doc, self.data, self.built_whole = frpickle.parse(data), data, built_whole
 
-        monkeypatch.setattr(columnar, name, spy)
-    return seen
+    def columns(self, *args):
+        return self.doc.columns(*args)
+
+    def load(self):
+        self.built_whole.append(self.data)
+        return self.doc.load()
 
 
 def rank_of(rank: int):
     return lambda raw: loader._rank_of(raw, f"rank{rank}")
 
 
-ALL = {**FAST, **FALLBACK, **EQUAL_BY_VALUE}
+ALL = SHAPES
+# incarnations (told apart by pg_id, not a column), optional keys left out of some entries
+WHOLE = {"torchft incarnations", "without optional keys", "some without duration"}
 
 
 @pytest.mark.parametrize("protocol", [2, 5])
 @pytest.mark.parametrize("name", sorted(ALL))
-def test_same_trace_and_packed_trace_as_the_python_path(name, protocol, fallbacks):
+def test_same_trace_and_packed_trace_as_the_python_path(name, protocol):
+    built_whole: list[bytes] = []
     for rank, dump in list(ALL[name]().items())[:4]:  # 4 ranks of each job are enough, and cheap
         data = pickle.dumps(dump, protocol=protocol)
         assert frpickle.parse(data).load() == pickle.loads(data)
-        expected = normalize_columnar(pickle.loads(data), rank)
-        expected_packed = packed_form(normalize_packed(pickle.loads(data), rank))
-        assert normalize_parsed(frpickle.parse(data), rank_of(rank), packed=False) == expected, (name, rank)
-        assert packed_form(normalize_parsed(frpickle.parse(data), rank_of(rank), packed=True)) == expected_packed
-    if name in FALLBACK:
-        assert fallbacks, "expected the Python path to take at least one of these dumps"
+        expected = form(normalize(pickle.loads(data), rank))
+        assert form(normalize_parsed(Watched(data, built_whole), rank_of(rank), packed=False)) == expected, (name, rank)
+        sent = wire.from_bytes(wire.to_bytes(normalize_parsed(Watched(data, built_whole), rank_of(rank), packed=True)))
+        assert form(sent) == expected
+    if name in WHOLE:
+        assert built_whole, "expected at least one of these dumps to be built whole"
     else:
-        assert fallbacks == [], "a common shape must take the column route"
+        assert built_whole == [], "a common shape must take the column route"
 
 
 @pytest.mark.parametrize("protocol", [2, 5])
@@ -106,25 +109,24 @@ def test_columns_are_the_entries_fields(protocol):
 def test_malformed_dump_raises_what_the_python_path_raises(bad):
     data = pickle.dumps(bad, protocol=2)
     with pytest.raises(Exception) as expected:
-        normalize_columnar(pickle.loads(data), 1)
+        normalize(pickle.loads(data), 1)
     for packed in (False, True):
         with pytest.raises(type(expected.value)) as got:
             normalize_parsed(frpickle.parse(data), lambda raw: 1, packed)
         assert str(got.value) == str(expected.value)
 
 
-def test_an_unexpected_type_in_a_kept_field_gets_the_python_paths_answer(tmp_path, fallbacks):
+def test_an_unexpected_type_in_a_kept_field_gets_the_python_paths_answer(tmp_path):
     dump = plain_dump(0, 2, 20)
     dump["entries"][7]["collective_seq_id"] = "7"  # normalize's error
     dump2 = plain_dump(1, 2, 20)
-    dump2["entries"][3]["is_p2p"] = True  # the column route gives up; normalize skips it
+    dump2["entries"][3]["is_p2p"] = True  # left out of its group either way
     for rank, d in ((0, dump), (1, dump2)):
         (tmp_path / f"rank{rank}").write_bytes(pickle.dumps(d, protocol=2))
     assert_loader_agrees(tmp_path)
-    assert 1 in fallbacks
 
 
-def test_a_memo_reference_into_a_part_the_reader_skips_is_resolved(fallbacks):
+def test_a_memo_reference_into_a_part_the_reader_skips_is_resolved():
     # the dtypes list is pickled first inside a stack frame (skipped), then referenced by memo
     dump = plain_dump(0, 2, 30)
     for e in dump["entries"]:
@@ -132,11 +134,12 @@ def test_a_memo_reference_into_a_part_the_reader_skips_is_resolved(fallbacks):
         e["frames"], e["input_dtypes"] = e.pop("frames"), e.pop("input_dtypes")  # frames first
         assert list(e).index("frames") < list(e).index("input_dtypes")
     data = pickle.dumps(dump, protocol=2)
-    assert normalize_parsed(frpickle.parse(data), rank_of(0), packed=False) == normalize_columnar(pickle.loads(data), 0)
-    assert fallbacks == []
+    built_whole: list[bytes] = []
+    assert normalize_parsed(Watched(data, built_whole), rank_of(0), packed=False) == normalize(pickle.loads(data), 0)
+    assert built_whole == []
 
 
-def test_what_the_reader_refuses_still_gets_the_right_answer(tmp_path, fallbacks):
+def test_what_the_reader_refuses_still_gets_the_right_answer(tmp_path):
     job = {r: plain_dump(r, 3, 12) for r in range(3)}
     job[0]["extra"] = {1, 2}  # a set: not read by the C reader, plain data to Python's
     job[1]["entries"][0]["frames"] = {("a", 1): "b"}  # a tuple as a dict key: refused

@@ -278,7 +278,7 @@ def test_columns_come_back_as_the_same_values_of_the_same_types(values):
     assert [type(v) for v in back] == [type(v) for v in values]
     assert [repr(v) for v in back] == [repr(v) for v in values]
     if all(type(v) is int for v in values) and None not in values:
-        codes = list(wire._as_sequence(pickle.loads(pickle.dumps(wire.pack_codes(values)))))
+        codes = list(wire._as_sequence(pickle.loads(pickle.dumps(wire.pack_column(values, int)))))
         assert codes == values
 
 

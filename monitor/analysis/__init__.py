@@ -2,10 +2,11 @@
 Pure functions, no torch; the rules and the JSON interface: docs/analyze.md.
 """
 
+from .columnar import normalize
 from .engine import analyze, normalize_dumps
 from .findings import AnalysisResult, Finding, HangFinding, MismatchFinding, StragglerFinding
 from .loader import LoadResult, load_paths
-from .model import DumpFormatError, GroupKey, RankTrace, normalize
+from .model import DumpFormatError, GroupKey, RankTrace
 from .stragglers import StragglerConfig
 
 __all__ = [

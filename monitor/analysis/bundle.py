@@ -1,11 +1,7 @@
-"""An incident bundle's layout, and reading one for ``lightkeeper analyze``.
-
-The monitor writes a bundle (monitor/act/bundles.py) before it kills a replica group and when it
-confirms a hang, a mismatch or a network fault: one ``<id>.tar.gz`` holding a top folder ``<id>/``
-with :data:`MANIFEST` (what was fetched from whom, what could not be, the decision),
-``findings.json``, ``view.json``, ``stacks/rank<N>.json`` and ``fr/rank<N>.json`` (the ranks'
-``/v1/fr_trace`` dumps, which this module hands to the analysis). docs/monitor.md, Incident
-bundles.
+"""An incident bundle's layout, and reading one for ``lightkeeper analyze``: one
+``<id>.tar.gz`` (monitor/act/bundles.py writes it) whose ``<id>/`` folder holds :data:`MANIFEST`
+and the ranks' ``fr/rank<N>.json`` dumps this module hands to the analysis, among others
+(docs/monitor.md, Incident bundles).
 """
 
 from __future__ import annotations
@@ -104,23 +100,16 @@ def _manifest(doc: Any) -> dict[str, Any]:
     return doc
 
 
-def monitor_verdict(manifest: dict[str, Any]) -> dict[str, Any]:
-    """What the monitor named, as ``lightkeeper analyze`` reports it beside its own findings."""
+def monitor_verdict(manifest: dict[str, Any], findings: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the monitor named, as ``lightkeeper analyze`` reports it beside its own ``findings``;
+    ``analysis_agrees``: some finding's culprits equal the named ranks (None: it named none)."""
     decision = manifest.get("decision") or {}
+    named = sorted(manifest.get("culprit_ranks") or [])
+    agrees = any(set(f.get("culprit_ranks") or []) == set(named) for f in findings) if named else None
     return {"id": manifest.get("id"), "trigger": manifest.get("trigger"),
             "kind": manifest.get("kind"), "replica_group": manifest.get("replica_group"),
-            "replica_id": manifest.get("replica_id"),
-            "culprit_ranks": sorted(manifest.get("culprit_ranks") or []),
+            "replica_id": manifest.get("replica_id"), "culprit_ranks": named,
             "decision": decision.get("decision"), "decision_id": decision.get("id"),
             "not_fetched": [r for r in manifest.get("ranks") or []
                             if r.get("fr_trace") != "ok" or r.get("stacks") != "ok"],
-            "left_out": manifest.get("left_out") or []}
-
-
-def agreement(verdict: dict[str, Any], findings: list[dict[str, Any]]) -> bool | None:
-    """Whether the analysis blames the ranks the monitor named: some finding's culprits equal
-    them (None: the monitor named none)."""
-    named = set(verdict.get("culprit_ranks") or [])
-    if not named:
-        return None
-    return any(set(f.get("culprit_ranks") or []) == named for f in findings)
+            "left_out": manifest.get("left_out") or [], "analysis_agrees": agrees}

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from .bundle import BundleError, OpenedBundle, agreement, is_bundle, monitor_verdict, open_bundle
+from .bundle import BundleError, OpenedBundle, is_bundle, monitor_verdict, open_bundle
 from .torchft_dumps import pick, quorum_folders
 
 
@@ -57,8 +57,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if inputs.quorums:
         report["torchft_quorums"] = inputs.quorums
     if inputs.bundles:
-        report["bundles"] = [dict(monitor_verdict(b.manifest), analysis_agrees=agreement(monitor_verdict(b.manifest), report["findings"]))
-                             for b in inputs.bundles]
+        report["bundles"] = [monitor_verdict(b.manifest, report["findings"]) for b in inputs.bundles]
     if args.format == "json":
         json.dump(report, out, indent=2)
         out.write("\n")

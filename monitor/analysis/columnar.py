@@ -1,48 +1,58 @@
-"""The loader's fast path: the common dump normalized column by column, as ``normalize`` would.
-Anything uncommon or malformed goes to ``normalize``, so the errors are its errors.
+"""One rank's Flight Recorder dump (format 2.x) normalized into a :class:`~.model.RankTrace`,
+column by column: one path for every dump, whether Python or the C reader decoded it.
+A dump that is not one raises :class:`~.model.DumpFormatError`.
 """
 
 from __future__ import annotations
 
+import json
 import marshal
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
 from itertools import repeat
 from operator import itemgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from .model import (
-    _FAST_KEYS,
-    _INT_ONLY,
-    _NONE_TO_NAN,
-    _P2P_OPS,
-    _STATE_CODES,
+    COMPLETED,
     NAN,
     SCHEDULED,
+    STARTED,
+    DumpFormatError,
     GroupKey,
     GroupTrace,
     RankTrace,
-    _looks_nccl,
-    _make_signature,
-    normalize,
+    combine,
+    looks_nccl,
+    make_signature,
 )
-from .wire import Packed, pack, pack_group
+from .wire import Packed, pack_group
 
-# normalize's fields but pg_id, which only tells torchft incarnations apart (left to normalize)
-_KEYS = tuple(k for k in _FAST_KEYS if k != "pg_id")
+_STATE_CODES = {"scheduled": SCHEDULED, "started": STARTED, "completed": COMPLETED}
+_P2P_OPS = frozenset({"send", "recv"})
+_NONE_TO_NAN = {None: NAN}
+_CORE_KEYS = ("process_group", "profiling_name", "record_id")
+# the entries' fields read, in the order of the columns (the C reader is asked for these)
+_KEYS = ("process_group", "collective_seq_id", "profiling_name", "input_sizes", "output_sizes",
+         "input_dtypes", "output_dtypes", "state", "time_created_ns", "record_id", "is_p2p")
 _MAX_PERIOD = 64  # longest repeating pattern of groups looked for (collectives per step)
 
 Take = Callable[[Sequence[Any]], Sequence[Any]]
+Ranged = list[tuple[int, float, str, GroupKey]]  # (first record id, end, pg name, incarnation)
+# a group's columns -> what the trace holds for it: (first seq, signature ids, state codes,
+# enqueue times, durations, the value columns' one type each or None)
+Build = Callable[[int, list, list, Sequence[Any], Sequence[Any], tuple], Any]
 
 
-def normalize_columnar(dump: Any, rank: int | None = None) -> RankTrace:
-    trace = _fast(dump, rank, _group_trace)
-    return normalize(dump, rank) if trace is None else trace
+def normalize(dump: Any, rank: int | None = None) -> RankTrace:
+    """The dump's trace (``rank``: when it has no ``rank`` key); raises :class:`DumpFormatError`."""
+    return _normalize(dump, rank, _group_trace)
 
 
 def normalize_packed(dump: Any, rank: int | None = None) -> Packed:
-    """``wire.pack(normalize(dump, rank))``, built from the dump's columns."""
-    trace = _fast(dump, rank, pack_group)
-    return pack(normalize(dump, rank)) if trace is None else _as_packed(trace)
+    """What the loader's workers send: the trace with each group packed as it is built."""
+    return Packed(_normalize(dump, rank, pack_group))
 
 
 def normalize_parsed(doc: Any, rank_of: Callable[[Any], int], packed: bool) -> RankTrace | Packed:
@@ -50,106 +60,244 @@ def normalize_parsed(doc: Any, rank_of: Callable[[Any], int], packed: bool) -> R
     raises ``_frpickle.DumpRefused`` when the reader cannot build it."""
     build = pack_group if packed else _group_trace
     got = doc.columns(_KEYS, "duration_ms")
-    if got is not None:
+    # incarnations are told apart by pg_id, which is not among the columns: the whole dump
+    if got is None or got[0].get("incarnations"):
+        dump = doc.load()
+        trace = _normalize(dump, rank_of(dump), build)
+    else:
         top, cols, first, last = got
-        rank = rank_of(top)
-        if not top.get("incarnations"):
-            trace = _from_parts(top, rank, build, lambda: cols, (first, last))
-            if trace is not None:
-                return _as_packed(trace) if packed else trace
-    dump = doc.load()
-    rank = rank_of(dump)
-    return normalize_packed(dump, rank) if packed else normalize_columnar(dump, rank)
+        trace, keys = _header(top, rank_of(top))
+        _entries(trace, cols[:11], cols[11] if len(cols) > 11 else None, None, keys, build)
+        trace.flavour = "nccl" if looks_nccl(first, last) else "gloo"
+    return Packed(trace) if packed else trace
 
 
-def _as_packed(trace: RankTrace) -> Packed:
-    columns, trace.groups = trace.groups, {}
-    return Packed(trace, columns)
-
-
-def _fast(dump: Any, rank: int | None, build: Build) -> RankTrace | None:
-    """The trace, its groups made by ``build``; None when not the common shape."""
-    if type(dump) is not dict:
-        return None
+def _normalize(dump: Any, rank: int | None, build: Build) -> RankTrace:
+    trace, keys = _header(dump, rank)
     entries = dump.get("entries")
-    if not entries or type(entries) is not list or dump.get("incarnations"):
-        return None
-    return _from_parts(dump, rank, build, lambda: _entry_columns(entries), (entries[0], entries[-1]))
-
-
-def _from_parts(top: dict, rank: int | None, build: Build, columns: Callable[[], Sequence | None],
-                ends: tuple[Any, Any]) -> RankTrace | None:
-    """:func:`_fast` on a dump's top-level dict, its entries' columns and first and last entry."""
-    # an invalid dump raises here, before any entry is read
-    trace = normalize({**top, "entries": []}, rank)
-    scope = None  # as normalize scopes groups inside a torchft replica group
-    if isinstance(top.get("replica_group"), int) and isinstance(top.get("group_world_size"), int):
-        scope = top["replica_group"]
-    try:
-        cols = columns()
-        body = None if cols is None else _columns(cols, scope, build)
-    except Exception:  # anything unusual: normalize decides, and raises what it raises
-        body = None
-    if body is None:
-        return None
-    trace.oldest_record_id, trace.signatures, trace.groups, trace.last_entry = body
-    trace.flavour = "nccl" if _looks_nccl(ends) else "gloo"
+    if entries:
+        cols, durations, pg_ids = _entry_columns(entries, bool(keys.by_pg_id))
+        _entries(trace, cols, durations, pg_ids, keys, build)
+        trace.flavour = "nccl" if looks_nccl(entries[0], entries[-1]) else "gloo"
     return trace
 
 
-def _entry_columns(entries: list) -> list | None:
-    """One tuple per field :func:`_columns` reads (``duration_ms`` last, when there), or None."""
+def _header(dump: Any, rank: int | None) -> tuple[RankTrace, _Keys]:
+    """The trace of the dump without its entries, and how its entries map to group keys."""
+    if not isinstance(dump, Mapping):
+        raise DumpFormatError(f"expected a dict, got {type(dump).__name__}")
+    version = dump.get("version")
+    if not isinstance(version, str):
+        raise DumpFormatError("no 'version' string: not a Flight Recorder dump")
+    major, _, minor = version.partition(".")
+    if major != "2" or not minor.isdigit():
+        raise DumpFormatError(f"unsupported Flight Recorder format version {version!r} (need 2.x)")
+    if not isinstance(dump.get("entries") or [], list):
+        raise DumpFormatError("'entries' is not a list")
+    own_rank = dump.get("rank", rank)
+    if isinstance(own_rank, str) and own_rank.isdigit():
+        own_rank = int(own_rank)
+    if not isinstance(own_rank, int) or isinstance(own_rank, bool):
+        raise DumpFormatError("no rank: the dump has no 'rank' key and none was given")
+
+    scope: int | None = None
+    offset = 0
+    if isinstance(dump.get("replica_group"), int) and isinstance(dump.get("group_world_size"), int):
+        scope = dump["replica_group"]
+        offset = scope * dump["group_world_size"]
+    members: dict[GroupKey, tuple[int, ...]] = {}
+    pg_config = dump.get("pg_config") or {}
+    if isinstance(pg_config, Mapping):
+        for key, cfg in pg_config.items():
+            if isinstance(cfg, Mapping) and (ranks := _members_of(cfg.get("ranks"), offset)):
+                members[GroupKey(str(cfg.get("name", key)), scope)] = ranks
+    raw_incarnations = dump.get("incarnations") or []
+    incarnations, by_pg_id, ranged = _incarnations(raw_incarnations, members)
+    host = dump.get("host")
+    trace = RankTrace(rank=own_rank, flavour="gloo", host=str(host) if host else None, oldest_record_id=None,
+                      signatures=[], groups={}, members=members, incarnations=incarnations, last_entry=None,
+                      is_torchft=bool(raw_incarnations), dump_time_ns=_int_or_none(dump.get("dump_time_ns")))
+    return trace, _Keys(scope, by_pg_id, ranged)
+
+
+def _parse_ranks(raw: Any) -> tuple[int, ...]:
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except ValueError:
+            return ()
+    if isinstance(raw, list | tuple) and all(isinstance(r, int) for r in raw):
+        return tuple(raw)
+    return ()
+
+
+def _members_of(raw: Any, offset: int) -> tuple[int, ...]:
+    if type(raw) is str:
+        return _members_of_text(raw, offset)
+    return tuple(map(offset.__add__, _parse_ranks(raw)))  # r + offset, at C speed
+
+
+@lru_cache(maxsize=4096)  # every dump of a job repeats pg_config's rank lists
+def _members_of_text(raw: str, offset: int) -> tuple[int, ...]:
+    return tuple(map(offset.__add__, _parse_ranks(raw)))
+
+
+def _incarnations(raw: Any, members: dict[GroupKey, tuple[int, ...]]) -> tuple[dict[GroupKey, int], dict[int, GroupKey], Ranged]:
+    """``(key -> first record id, pg_id -> key, record-id ranges of those without a pg_id)``;
+    their member lists are added to ``members``."""
+    if not isinstance(raw, list):
+        raise DumpFormatError("'incarnations' is not a list")
+    incarnations: dict[GroupKey, int] = {}
+    by_pg_id: dict[int, GroupKey] = {}
+    starts: list[tuple[int, str, GroupKey, Any]] = []
+    for inc in raw:
+        try:
+            key = GroupKey(str(inc.get("pg_name", "")), None, int(inc["quorum_id"]), int(inc["group_rank"]))
+            first = int(inc.get("first_record_id") or 0)
+            global_ranks = _parse_ranks(inc.get("global_ranks"))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise DumpFormatError(f"malformed incarnation {inc!r}") from exc
+        incarnations[key] = first
+        if global_ranks:
+            members[key] = global_ranks
+        starts.append((first, key.pg, key, inc.get("pg_id")))
+        if inc.get("pg_id") is not None:
+            by_pg_id[int(inc["pg_id"])] = key
+    starts.sort(key=lambda s: s[0])
+    ends = [s[0] for s in starts[1:]] + [math.inf]  # each runs until the next one starts
+    ranged = [(first, end, pg, key) for (first, pg, key, pg_id), end in zip(starts, ends, strict=False) if pg_id is None]
+    return incarnations, by_pg_id, ranged
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _entry_columns(entries: list, with_pg_id: bool) -> tuple[list, Sequence | None, Sequence | None]:
+    """``(columns of _KEYS, durations, pg ids)``; durations None when no entry has one, pg ids
+    None unless asked for."""
     first = entries[0]
-    if type(first) is not dict:
-        return None
-    if "duration_ms" in first:
-        keys = _KEYS + ("duration_ms",)  # an entry without it raises KeyError: normalize's path
-    elif any("duration_ms" in e for e in entries):
-        return None  # the oldest entry unfinished, later ones timed: normalize keeps durations
-    else:
-        keys = _KEYS
+    if not isinstance(first, Mapping) or any(k not in first for k in _CORE_KEYS):
+        raise DumpFormatError("entries lack process_group/profiling_name/record_id")
+    timed = "duration_ms" in first
+    keys = _KEYS + (("duration_ms",) if timed else ()) + (("pg_id",) if with_pg_id else ())
     own = {k: k for k in first}  # the dump's own key objects: lookups match by identity
-    return list(zip(*map(itemgetter(*(own.get(k, k) for k in keys)), entries), strict=True))
+    try:
+        cols = list(zip(*map(itemgetter(*(own.get(k, k) for k in keys)), entries), strict=True))
+    except (KeyError, TypeError):
+        cols = None  # older versions leave optional keys out: the slow path below
+    if cols is not None and (timed or not any("duration_ms" in e for e in entries)):
+        return cols[:11], cols[11] if timed else None, cols[-1] if with_pg_id else None
+    # torch leaves duration_ms out of unfinished entries: the oldest kept entry may be a stuck
+    # collective (a wrapped ring buffer) while later ones carry their durations
+    try:
+        cols = list(zip(*map(_slow_row, entries), strict=True))
+        durations = [e.get("duration_ms") for e in entries]
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise DumpFormatError(f"malformed entry: {exc!r}") from exc
+    return cols[:11], durations, cols[11]
 
 
-def _columns(cols: Sequence, scope: int | None, build: Build) -> tuple | None:
-    """``(oldest record id, signatures, groups, last entry)``, or None when not the common shape."""
-    pgs, seqs, pnames, ins, outs, idts, odts, states, created, rids, p2ps = cols[:11]
+def _slow_row(e: Mapping[str, Any]) -> tuple:
+    return (e["process_group"], e.get("collective_seq_id", e.get("seq_id")), e["profiling_name"],
+            e.get("input_sizes") or [], e.get("output_sizes") or [], e.get("input_dtypes") or [],
+            e.get("output_dtypes") or [], e.get("state", "scheduled"), e.get("time_created_ns") or 0,
+            e["record_id"], e.get("is_p2p"), e.get("pg_id"))
+
+
+class _Keys(NamedTuple):
+    """How a dump's entries map to group keys: scoped by a torchft replica group, or to torchft
+    incarnations by pg_id or by record-id range."""
+
+    scope: int | None
+    by_pg_id: dict[int, GroupKey]
+    ranged: Ranged
+
+    @property
+    def by_incarnation(self) -> bool:
+        return bool(self.by_pg_id or self.ranged)
+
+    def of(self, name: Any, pg_id: Any, record_id: int) -> GroupKey:
+        key = self.by_pg_id.get(pg_id)
+        if key is None:
+            for first, end, inc_pg, inc_key in self.ranged:
+                if first <= record_id < end and inc_pg == name:
+                    return inc_key
+            return GroupKey(str(name), self.scope)
+        return key
+
+
+def _entries(trace: RankTrace, cols: Sequence, durations: Sequence | None, pg_ids: Sequence | None,
+             keys: _Keys, build: Build) -> None:
+    """Fills ``trace`` from its entries' columns; any malformed value raises DumpFormatError."""
+    try:
+        _fill(trace, cols, durations, pg_ids, keys, build)
+    except DumpFormatError:
+        raise
+    except (TypeError, ValueError, AttributeError, IndexError, KeyError) as exc:
+        raise DumpFormatError(f"malformed entry: {exc!r}") from exc
+
+
+def _op(profiling_name: str) -> str:
+    return profiling_name.rpartition(":")[2].partition(" ")[0]  # "nccl:all_reduce" -> "all_reduce"
+
+
+def _fill(trace: RankTrace, cols: Sequence, durations: Sequence | None, pg_ids: Sequence | None,
+          keys: _Keys, build: Build) -> None:
+    pgs, seqs, pnames, _, _, _, _, states, _, rids, p2ps = cols
     n = len(seqs)
-    if any(p2ps) or set(map(type, seqs)) != _INT_ONLY:
-        return None
-    period: int | None
-    if pgs.count(pgs[0]) == n:  # one process group (equal lists: the same name throughout)
-        names: Sequence[Any] = (pgs[0][0],)
-        period = 1
+    trace.oldest_record_id = min(rids)
+    trace.last_entry = {"pg": str(pgs[-1][0]), "seq": seqs[-1], "op": _op(pnames[-1]), "state": str(states[-1])}
+    if keys.by_incarnation:
+        last_key = keys.of(pgs[-1][0], pg_ids[-1] if pg_ids else None, rids[-1])
+        if last_key.quorum_id is not None:
+            trace.last_entry["quorum_id"] = last_key.quorum_id
+    if durations is None:
+        durations, duration_kind = [NAN] * n, float
+    else:  # None -> NaN, without hashing every float
+        duration_kind = _one_type(durations)
+        if duration_kind is not float and None in durations:
+            durations = list(map(_NONE_TO_NAN.get, durations, durations))
+            duration_kind = _one_type(durations)
+    if any(p2ps) or not _groups(trace, cols, durations, duration_kind, pg_ids, keys, build):
+        # point-to-point entries are not numbered in their group's collectives: left out
+        op_of = {p: _op(p) for p in set(pnames)}
+        keep = [i for i in range(n) if not (p2ps[i] or op_of[pnames[i]] in _P2P_OPS)]
+        if keep:
+            take = _gather(keep)
+            _groups(trace, [take(c) for c in cols], take(durations), duration_kind, pg_ids and take(pg_ids), keys, build)
+
+
+def _groups(trace: RankTrace, cols: Sequence, durations: Sequence, duration_kind: type | None,
+            pg_ids: Sequence | None, keys: _Keys, build: Build) -> bool:
+    """Fills the trace's signatures and groups; False, leaving them as they were, when some
+    entry is a point-to-point one."""
+    pgs, seqs, pnames, ins, outs, idts, odts, states, created, rids = cols[:10]
+    n = len(seqs)
+    period: int | None = None
+    if keys.by_incarnation:
+        names: Sequence[Any] = list(map(keys.of, map(itemgetter(0), pgs), pg_ids or repeat(None), rids))
+    elif pgs.count(pgs[0]) == n:  # one process group (equal lists: the same name throughout)
+        names, period = (pgs[0][0],), 1
     else:
         # a fixed order of groups (one step after another): only one period's names are taken
         period = _period(pgs, 2)
         names = [pg[0] for pg in pgs[:period]] if period else list(map(itemgetter(0), pgs))
     order = list(dict.fromkeys(names))
-    if set(map(type, order)) != {str}:
-        return None  # normalize keys groups by str(name): 0 and "0" would be one group
-    oldest = min(rids)
-    durations: Sequence[Any]
-    if len(cols) == 11:
-        durations, duration_kind = [NAN] * n, float
-    else:  # what normalize's mapping leaves them (None -> NaN), without hashing every float
-        durations = cols[11]
-        duration_kind = _one_type(durations)
-        if duration_kind is not float and None in durations:  # floats only: no None to look for
-            durations = list(map(_NONE_TO_NAN.get, durations, durations))
-            duration_kind = _one_type(durations)
-    kinds = (_one_type(created), duration_kind)
-    pname_set: set[str] = set()
+    if not keys.by_incarnation and any(type(name) is not str for name in order):
+        names = list(map(str, names))  # groups are keyed by str(name): 0 and "0" are one group
+        order = list(dict.fromkeys(names))
 
-    # normalize numbers signatures in the order their keys first occur: keep each key's first index
+    # signatures are numbered in the order their keys first occur: keep each key's first index
     firsts: dict[bytes, int] = {}
-    plans: list[tuple[GroupKey, Take, int, bytes | list[bytes]]] = []
+    plans: list[tuple[GroupKey, Take, tuple, bytes | list[bytes]]] = []
+    pname_set: set[str] = set()  # from the groups' columns, not hashed once per entry
     for name, take, index_of in _split(names, order, period, n):
         g_seqs = take(seqs)
-        first_seq, count = g_seqs[0], len(g_seqs)
-        if g_seqs[-1] - first_seq != count - 1 or g_seqs != tuple(range(first_seq, first_seq + count)):
-            return None  # coalesced, gaps or restarts: normalize's irregular path
+        count = len(g_seqs)
         sig_cols = [take(pnames), take(ins), take(outs), take(idts), take(odts)]
         keyed: bytes | list[bytes]
         if all(c.count(c[0]) == count for c in sig_cols):
@@ -164,19 +312,20 @@ def _columns(cols: Sequence, scope: int | None, build: Build) -> tuple | None:
             at = index_of(local)
             if firsts.get(key, n) > at:
                 firsts[key] = at
-        plans.append((GroupKey(str(name), scope), take, first_seq, keyed))
-
-    # each distinct profiling name from the groups' columns, not hashed once per entry
-    op_of = {p: p.rpartition(":")[2].partition(" ")[0] for p in pname_set}
+        plans.append((name if keys.by_incarnation else GroupKey(name, keys.scope), take, g_seqs, keyed))
+    op_of = {p: _op(p) for p in pname_set}
     if not _P2P_OPS.isdisjoint(op_of.values()):
-        return None
-    sig_ids: dict[bytes, int] = {}
-    signatures = []
+        return False
+    if set(map(type, seqs)) != {int}:
+        raise DumpFormatError("an entry has no integer collective_seq_id")
+
+    sig_ids: dict[Any, int] = {}
+    signatures = trace.signatures
     for key, i in sorted(firsts.items(), key=itemgetter(1)):
         sig_ids[key] = len(signatures)
-        signatures.append(_make_signature(op_of[pnames[i]], ins[i], outs[i], idts[i], odts[i]))
-    groups = {}
-    for key, take, first_seq, keyed in plans:
+        signatures.append(make_signature(op_of[pnames[i]], ins[i], outs[i], idts[i], odts[i]))
+    kinds = (_one_type(created), duration_kind)
+    for key, take, g_seqs, keyed in plans:
         g_states = take(states)
         count = len(g_states)
         if g_states.count(g_states[0]) == count:
@@ -184,14 +333,51 @@ def _columns(cols: Sequence, scope: int | None, build: Build) -> tuple | None:
         else:
             codes = list(map(_STATE_CODES.get, g_states, repeat(SCHEDULED)))
         sigs = [sig_ids[keyed]] * count if isinstance(keyed, bytes) else list(map(sig_ids.__getitem__, keyed))
-        groups[key] = build(first_seq, sigs, codes, take(created), take(durations), kinds)
-    last_entry = {"pg": str(pgs[-1][0]), "seq": seqs[-1], "op": op_of[pnames[-1]], "state": str(states[-1])}
-    return oldest, signatures, groups, last_entry
+        first_seq = g_seqs[0]
+        if g_seqs[-1] - first_seq == count - 1 and g_seqs == tuple(range(first_seq, first_seq + count)):
+            trace.groups[key] = build(first_seq, sigs, codes, take(created), take(durations), kinds)
+        else:
+            g = _irregular(g_seqs, sigs, codes, take(created), take(durations), signatures, sig_ids)
+            trace.groups[key] = build(g.first_seq, g.sigs, g.states, g.created_ns, g.duration_ms, (None, None))
+    return True
 
 
-# a group's columns -> what the trace holds for it: (first seq, signature ids, state codes,
-# enqueue times, durations, the value columns' one type each or None)
-Build = Callable[[int, list, list, Sequence[Any], Sequence[Any], tuple], Any]
+def _irregular(seqs: Sequence[int], sigs: list, states: list, created: Sequence, durations: Sequence,
+               signatures: list, sig_ids: dict[Any, int]) -> GroupTrace:
+    """A group with coalesced collectives (one seq, several entries), gaps or restarted
+    sequence ids; a coalesced one gets a new signature of its parts."""
+    trace = GroupTrace(first_seq=seqs[0])
+    prev_seq = None
+    for seq, sig, state, when, dur in zip(seqs, sigs, states, created, durations, strict=True):
+        pos = seq - trace.first_seq
+        n = len(trace.sigs)
+        if seq == prev_seq:
+            before = trace.sigs[pos]
+            combo = ("coalesced", before, sig)
+            cid = sig_ids.get(combo)
+            if cid is None:
+                cid = sig_ids[combo] = len(signatures)
+                signatures.append(combine(signatures[before], signatures[sig]))
+            trace.sigs[pos] = cid
+            trace.states[pos] = min(trace.states[pos], state)
+            if dur == dur:
+                trace.duration_ms[pos] = dur
+            continue
+        if pos < n:
+            # sequence ids went back: a new group reused the name; keep the newest run only
+            trace = GroupTrace(first_seq=seq)
+        elif pos > n:
+            gap = pos - n
+            trace.sigs.extend([None] * gap)
+            trace.states.extend([SCHEDULED] * gap)
+            trace.created_ns.extend([0] * gap)
+            trace.duration_ms.extend([NAN] * gap)
+        trace.sigs.append(sig)
+        trace.states.append(state)
+        trace.created_ns.append(when)
+        trace.duration_ms.append(dur)
+        prev_seq = seq
+    return trace
 
 
 def _group_trace(first_seq: int, sigs: list, states: list, created: Sequence[Any], durations: Sequence[Any],
@@ -205,18 +391,18 @@ def _one_type(values: Sequence[Any]) -> type | None:
     return kinds.pop() if len(kinds) == 1 else None
 
 
-def _split(names: Sequence[str], order: list[str], period: int | None,
-           n: int) -> list[tuple[str, Take, Callable[[int], int]]]:
+def _split(names: Sequence[Any], order: list[Any], period: int | None,
+           n: int) -> list[tuple[Any, Take, Callable[[int], int]]]:
     """Per group name, in order: a function taking its entries out of a column of ``n``, and
     one mapping a position in the group back to the entry's index."""
     if len(order) == 1:
         return [(order[0], lambda col: col, lambda i: i)]
     if period is None:
-        buckets: dict[str, list[int]] = {name: [] for name in order}
+        buckets: dict[Any, list[int]] = {name: [] for name in order}
         for i, name in enumerate(names):
             buckets[name].append(i)
         return [(name, _gather(buckets[name]), buckets[name].__getitem__) for name in order]
-    out: list[tuple[str, Take, Callable[[int], int]]] = []
+    out: list[tuple[Any, Take, Callable[[int], int]]] = []
     for name in order:
         at = [j for j in range(period) if names[j] == name]
         if len(at) == 1:  # once per period: every period-th entry from its first
@@ -242,4 +428,3 @@ def _gather(idx: list[int]) -> Take:
         only = idx[0]
         return lambda col: (col[only],)
     return itemgetter(*idx)
-

@@ -8,8 +8,9 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 from typing import Any
 
+from .columnar import normalize
 from .findings import AnalysisResult, Finding, HangFinding, MismatchFinding
-from .model import COMPLETED, DumpFormatError, GroupKey, GroupTrace, RankTrace, Signature, normalize
+from .model import COMPLETED, DumpFormatError, GroupKey, GroupTrace, RankTrace, Signature
 from .stragglers import StragglerConfig, StragglerEvidence
 
 # A gloo collective younger than this when its rank was dumped is in flight, not hung.
@@ -31,7 +32,7 @@ def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing
     last_seq: dict[GroupKey, dict[int, int]] = {}
     unknown: set[int] = set()
     evidence = StragglerEvidence(traces)
-    for key in sorted(members, key=_key_order):
+    for key in sorted(members, key=GroupKey.order):
         group_members = members[key]
         rows = {r: traces[r].groups[key] for r in group_members if r in traces and key in traces[r].groups}
         unknown.update(r for r in group_members if r not in traces)
@@ -74,10 +75,6 @@ def normalize_dumps(dumps: Mapping[int, Mapping[str, Any] | RankTrace]) -> tuple
     return traces, errors
 
 
-def _key_order(key: GroupKey) -> tuple:
-    return (key.pg, key.replica_group or -1, key.quorum_id or -1, key.group_rank or -1)
-
-
 def _share_signatures(traces: Mapping[int, RankTrace]) -> list[Signature]:
     """Every trace's signature ids renumbered into one shared table (returned)."""
     table: list[Signature] = []
@@ -110,13 +107,9 @@ def _members(traces: Mapping[int, RankTrace], world_size: int | None) -> dict[Gr
         for key in trace.groups:
             found[key].add(rank)
     # the default group "0" spans the world: gloo does not say so, but rank numbers do
-    if traces:
-        world = range(world_size) if world_size else range(max(traces) + 1)
-        for key in list(found):
-            if key.pg == "0" and key.quorum_id is None and key.replica_group is None:
-                declared = any(key in t.members for t in traces.values())
-                if not declared:
-                    found[key].update(world)
+    default = GroupKey("0")
+    if default in found and default not in declared:
+        found[default].update(range(world_size or max(traces) + 1))
     return {key: sorted(ranks) for key, ranks in found.items()}
 
 

@@ -51,16 +51,8 @@ class Finding:
         }
 
     def sort_key(self) -> tuple:
-        g = self.group
-        return (
-            KIND_ORDER.get(self.kind, 9),
-            "" if g is None else g.pg,
-            -1 if g is None or g.replica_group is None else g.replica_group,
-            -1 if g is None or g.quorum_id is None else g.quorum_id,
-            -1 if g is None or g.group_rank is None else g.group_rank,
-            -1 if self.seq is None else self.seq,
-            self.culprit_ranks,
-        )
+        where = ("", -1, -1, -1) if self.group is None else self.group.order()
+        return (KIND_ORDER.get(self.kind, 9), *where, -1 if self.seq is None else self.seq, self.culprit_ranks)
 
 
 _BASE = fields(Finding)

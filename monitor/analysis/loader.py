@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .columnar import normalize_columnar, normalize_packed, normalize_parsed
+from .columnar import normalize, normalize_packed, normalize_parsed
 from .model import DumpFormatError, RankTrace
-from .pool import Outcome, available_cores, run_pool
+from .pool import Outcome, available_cores, file_size, run_pool
 from .wire import Packed, from_bytes, to_bytes
 
 # Below this many bytes in all, loading here beats starting workers (bench_analyze.py --threshold).
@@ -108,7 +108,7 @@ def _load(path: str | Path, packed: bool) -> RankTrace | Packed:
                 pass  # either way Python's unpickler decides
     raw = read_dump(path)
     rank = _rank_of(raw, path)
-    return normalize_packed(raw, rank) if packed else normalize_columnar(raw, rank)
+    return normalize_packed(raw, rank) if packed else normalize(raw, rank)
 
 
 def _rank_of(raw: Any, path: str | Path) -> int:
@@ -177,13 +177,7 @@ def _decoded(sent: list[Outcome]) -> list[Outcome]:
 
 
 def _total_size(files: list[Path]) -> int:
-    total = 0
-    for path in files:
-        try:
-            total += os.stat(path).st_size
-        except OSError:  # it will fail to load, and say why
-            pass
-    return total
+    return sum(map(file_size, files))
 
 
 def _describe(exc: BaseException) -> str:

@@ -34,6 +34,14 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def file_size(path: str | os.PathLike[str]) -> int:
+    """Its size in bytes; 0 when it cannot be read (it will fail to load, and say why)."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
 def run_pool(paths: Sequence[str | os.PathLike[str]], jobs: int, task: str) -> list[Outcome]:
     """One outcome per path, in order; ``ValueError`` when ``task`` names no importable function."""
     resolve(task)  # a bad name fails here, not as one error per file
@@ -145,16 +153,10 @@ class _Pool:
         self.task = task
         self.outcomes: list[Outcome | None] = [None] * len(paths)
         self.left = len(paths)
-        self.queue: deque[int] = deque(sorted(range(len(paths)), key=self._size, reverse=True))
+        self.queue: deque[int] = deque(sorted(range(len(paths)), key=lambda i: file_size(paths[i]), reverse=True))
         self.selector = selectors.DefaultSelector()
         self.workers: list[_Worker] = []
         self.replacements = self.jobs
-
-    def _size(self, index: int) -> int:
-        try:
-            return os.stat(self.paths[index]).st_size
-        except OSError:
-            return 0
 
     def run(self) -> list[Outcome]:
         if not self.paths:

@@ -20,17 +20,16 @@ def quorum_folders(path: str | Path) -> dict[int, Path]:
     """quorum id -> folder, for ``path`` a folder holding ``*_quorum_<id>`` folders, or the
     prefix itself (the value of ``TORCH_FR_DUMP_TEMP_FILE``) beside which they lie; {} else."""
     p = Path(path)
-    if p.is_dir():
-        found = [c for c in p.iterdir() if c.is_dir() and _QUORUM.match(c.name)]
-        if found:
-            return {int(_QUORUM.match(c.name).group("quorum")): c for c in found}
-    parent, stem = p.parent, p.name
-    if not stem or not parent.is_dir():
-        return {}
+    inside = _folders(p, None) if p.is_dir() else {}
+    return inside or (_folders(p.parent, p.name) if p.name and p.parent.is_dir() else {})
+
+
+def _folders(parent: Path, prefix: str | None) -> dict[int, Path]:
+    """quorum id -> folder, of ``parent``'s ``<prefix>_quorum_<id>`` folders (any prefix: None)."""
     out = {}
     for c in parent.iterdir():
         m = _QUORUM.match(c.name)
-        if c.is_dir() and m and m.group("prefix") == stem:
+        if c.is_dir() and m and prefix in (None, m.group("prefix")):
             out[int(m.group("quorum"))] = c
     return out
 

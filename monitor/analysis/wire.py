@@ -14,32 +14,15 @@ from .model import GroupTrace, RankTrace
 
 
 class Packed:
-    """A RankTrace without its groups and members, and those packed."""
+    """A RankTrace whose groups are :func:`pack_group`'s columns, its groups and members taken
+    out of it and kept here, the members packed."""
 
     __slots__ = ("trace", "columns", "members")
 
-    def __init__(self, trace: RankTrace, columns: dict) -> None:
-        self.trace, self.columns = trace, columns
+    def __init__(self, trace: RankTrace) -> None:
+        self.trace, self.columns = trace, trace.groups
         self.members = {key: pack_ranks(ranks) for key, ranks in trace.members.items()}
-        trace.members = {}
-
-
-def pack(trace: RankTrace) -> Packed:
-    """The trace, packed (its ``groups`` and ``members`` are taken out of it)."""
-    columns = {key: pack_group(g.first_seq, g.sigs, g.states, g.created_ns, g.duration_ms)
-               for key, g in trace.groups.items()}
-    trace.groups = {}
-    return Packed(trace, columns)
-
-
-def unpack(packed: Packed) -> RankTrace:
-    trace = packed.trace
-    trace.groups = {
-        key: GroupTrace(first_seq, _as_list(sigs), _as_list(states), _as_sequence(created), _as_sequence(durations))
-        for key, (first_seq, sigs, states, created, durations) in packed.columns.items()
-    }
-    trace.members = {key: _as_ranks(ranks) for key, ranks in packed.members.items()}
-    return trace
+        trace.groups, trace.members = {}, {}
 
 
 def to_bytes(packed: Packed) -> bytes:
@@ -50,11 +33,18 @@ def to_bytes(packed: Packed) -> bytes:
 
 def from_bytes(blob: bytes) -> RankTrace:
     """The trace :func:`to_bytes` sent (this process's own workers' pickles only)."""
-    return unpack(pickle.loads(blob))
+    packed = pickle.loads(blob)
+    trace = packed.trace
+    trace.groups = {
+        key: GroupTrace(first_seq, _as_list(sigs), _as_list(states), _as_sequence(created), _as_sequence(durations))
+        for key, (first_seq, sigs, states, created, durations) in packed.columns.items()
+    }
+    trace.members = {key: _as_ranks(ranks) for key, ranks in packed.members.items()}
+    return trace
 
 
 def pack_ranks(ranks: tuple[int, ...]) -> Any:
-    if ranks and set(map(type, ranks)) == _INT:
+    if ranks and _one_type(ranks, int):
         try:
             return array("q", ranks).tobytes()
         except OverflowError:
@@ -71,25 +61,13 @@ def _unpack_ranks(packed: bytes) -> tuple[int, ...]:
     return tuple(array("q", packed))
 
 
-_INT = {int}
-
 
 def pack_group(first_seq: int, sigs: list, states: list, created: Sequence[Any], durations: Sequence[Any],
-               kinds: tuple = (None, None)) -> tuple:
+               kinds: tuple) -> tuple:
     """A group's packed columns; ``kinds``: the value columns' one type each, if known."""
-    return (first_seq, pack_codes(sigs), pack_codes(states), pack_column(created, kinds[0]),
+    # signature ids (None: a hole) and state codes are ints
+    return (first_seq, pack_column(sigs, int), pack_column(states, int), pack_column(created, kinds[0]),
             pack_column(durations, kinds[1]))
-
-
-def pack_codes(values: list) -> Any:
-    if values and values.count(values[0]) == len(values):
-        return ("same", values[0], len(values))
-    if None in values:
-        return values
-    try:
-        return array("q", values)
-    except OverflowError:
-        return values
 
 
 def pack_column(values: Sequence[Any], one_type: type | None = None) -> Any:
