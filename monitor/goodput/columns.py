@@ -14,7 +14,7 @@ import numpy as np
 
 from monitor.evidence.view import ClusterView
 
-from .model import CAUSE_COLUMN, CAUSES, HUGE, UNSEEN, as_int
+from .model import CAUSES, HUGE, UNSEEN, as_int
 
 
 def key_of(g: int | None) -> str:
@@ -104,7 +104,7 @@ class Slots:
 
     def add_bad(self, slots: np.ndarray, cause: str, seconds: list[float],
                 gpus: list[int | None]) -> None:
-        c, sec = CAUSE_COLUMN[cause], np.asarray(seconds)
+        c, sec = CAUSES.index(cause), np.asarray(seconds)
         self.rows_for(slots, 0)
         self.bad[0, c, slots] += sec
         self.has[0, c, slots] = True

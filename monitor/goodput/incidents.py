@@ -115,7 +115,7 @@ class Incidents(dict[int, Incident]):
     def follow(self, in_quorum: set[int], now: float, job: JobPace) -> None:
         """Rejoined, back at pace (or settled), closed: acted on, back at pace and the group
         back in the quorum."""
-        hist, b = list(job.history), job.baseline
+        b = job.baseline  # before a settle moves it
         settled = job.track_steady(now, [i for i in self.open() if i.waiting],
                                    self.open_findings)
         S = self.slots
@@ -125,8 +125,8 @@ class Incidents(dict[int, Incident]):
                     and inc.replica_group in in_quorum \
                     and S.rid[S.index[inc.replica_group]] != inc.replica_id:
                 inc.rejoined_at, changed = now, True
-            if inc.back_to_pace_at is None and b is not None and len(hist) >= 2:
-                back = job.back_at(hist, inc.search_from, now, b)
+            if inc.back_to_pace_at is None:
+                back = job.back_at(inc.search_from, now, b)
                 if back is not None:
                     inc.back_to_pace_at, changed = back, True
                 elif settled is not None and inc.waiting:
@@ -143,6 +143,10 @@ class Incidents(dict[int, Incident]):
 
     def open(self) -> list[Incident]:
         return [i for i in self.values() if i.open]
+
+    def unsettled(self) -> int | None:
+        """The newest open incident not settled (it freezes the baseline)."""
+        return next((i.id for i in reversed(self.open()) if i.settled_pace is None), None)
 
     def recovering(self, t: float) -> Incident | None:
         """The latest evicted incident whose job is not back at pace by ``t``."""

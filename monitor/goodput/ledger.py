@@ -94,8 +94,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         acct.goodput, self.goodput_debt = max(0.0, acct.goodput) - pay, self.goodput_debt - pay
         self.last_at = now
         self.incidents.follow(in_quorum, now, self.job)
-        self.job.sample(now, any(i.open and i.settled_pace is None
-                                 for i in self.incidents.values()))
+        self.job.sample(now, self.incidents.unsettled())
         self._settle(now, acct)
         S = self.slots
         groups = np.asarray(S.row_order[0], np.int64)
@@ -195,7 +194,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
                  dt: float, now: float, acct: SweepAccount) -> None:
         t0, b, S, incs = self.last_at, self.baseline, self.slots, self.incidents
         inside, outside, unseen = self._partition(in_quorum)
-        acct.accounted, acct.dt, acct.expected_groups = True, dt, self.expected_groups
+        acct.accounted, acct.expected_groups = True, self.expected_groups
         startup = b is None
         committed = bool(deltas[inside].any())
         if job_moved or committed:
@@ -283,7 +282,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
                      acct: SweepAccount) -> None:
         """Credit the commits made across a gap over ``max_gap_s``; the rest is unattributed."""
         inside, outside, unseen = self._partition(in_quorum)
-        acct.accounted, acct.dt, acct.expected_groups = True, dt, self.expected_groups
+        acct.accounted, acct.expected_groups = True, self.expected_groups
         self.gaps += 1
         self.gap_s += dt
         b, S = self.baseline, self.slots

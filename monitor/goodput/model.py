@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 CAUSES = ("straggler_drag", "stall", "recovery", "capacity_lost", "startup", "unattributed")
-CAUSE_COLUMN = {c: i for i, c in enumerate(CAUSES)}
 PENDING = "pending"  # slow time nothing explains yet (settles within the horizon)
 UNSEEN = "unseen"  # the totals key of an expected group never seen
 SNAPSHOT_VERSION = 3
@@ -172,7 +171,6 @@ class SweepAccount:
     """What one update added: the seconds the metrics count (pending time once it settles)."""
 
     accounted: bool = False
-    dt: float = 0.0
     expected_groups: int = 0
     goodput: float = 0.0
     badput: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0.0))

@@ -44,7 +44,7 @@ class GoodputReport:
             "baseline": {"step_seconds": round(baseline, 4) if baseline else None,
                          "samples": len(job_pace.samples),
                          "window_samples": self.cfg.baseline_samples,
-                         "frozen": self.baseline_frozen()},
+                         "frozen": job_pace.frozen(self.last_at, self.incidents.unsettled())},
             "pace": {"ratio": round(job_pace.ratio, 3) if job_pace.ratio is not None else None,
                      "threshold": self.cfg.pace_threshold, "window_s": round(job_pace.window, 3)},
             "horizon_s": round(job_pace.horizon, 3),
@@ -82,17 +82,6 @@ class GoodputReport:
         at = float(S.last_in_quorum_at[slot])
         return {"replica_id": S.rid[slot], "gpus": int(S.gpus[slot]) or None,
                 "last_in_quorum_at": None if math.isnan(at) else at}
-
-    def baseline_frozen(self) -> str | None:
-        """Why the baseline takes no samples now (None: it does)."""
-        opened = [i.id for i in self.incidents.open() if i.settled_pace is None]
-        if opened and self.baseline is not None:
-            return f"incident {opened[-1]} open"
-        job = self.job
-        if not job.young and job.slow_since is not None and self.last_at is not None \
-                and self.last_at - job.slow_since < job.horizon:
-            return "unexplained slowness, waiting for an explanation"
-        return None
 
     def incident_json(self, inc: Incident) -> dict[str, Any]:
         """An incident with its cost so far, settled and not."""

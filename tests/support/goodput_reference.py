@@ -519,7 +519,7 @@ class GoodputLedger:
                  dt: float, now: float, acct: SweepAccount) -> None:
         t0, b = self.last_at, self.baseline
         inside, outside, unseen = self._slots(in_quorum)
-        acct.accounted, acct.dt, acct.expected_groups = True, dt, self.expected_groups
+        acct.accounted, acct.expected_groups = True, self.expected_groups
         startup = b is None
         if job_moved or any(deltas.get(g, 0) for g in inside):
             self.last_commit_at = now
@@ -605,7 +605,7 @@ class GoodputLedger:
                      acct: SweepAccount) -> None:
         """A gap: credit the commits made across it, leave the rest unexplained."""
         inside, outside, unseen = self._slots(in_quorum)
-        acct.accounted, acct.dt, acct.expected_groups = True, dt, self.expected_groups
+        acct.accounted, acct.expected_groups = True, self.expected_groups
         self.gaps += 1
         self.gap_s += dt
         b = self.baseline
