@@ -44,14 +44,10 @@ class Slots:
         self.cum, self.gpus, self.born = (np.zeros(1, np.int64) for _ in range(3))
         self.carry = np.zeros(1)  # below pace: credit held beyond the sweep (at most b)
         self.last_in_quorum_at = np.full(1, np.nan)
-        # settled totals, and whether a row has that cause
+        # settled totals, whether a row has that cause, whether the slot has a row at all
         self.good, self.exp = np.zeros((2, 1)), np.zeros((2, 1))
         self.bad = np.zeros((2, len(CAUSES), 1))
         self.has = np.zeros((2, len(CAUSES), 1), bool)
-        # the totals rows per kind, key -> slot in the order made (sums follow it, so the
-        # figures stay the same to the bit)
-        self.rows: tuple[dict[str, int], dict[str, int]] = ({}, {})
-        self.row_order: tuple[list[int], list[int]] = ([], [])
         self.has_row = np.zeros((2, 1), bool)
 
     def __len__(self) -> int:
@@ -79,57 +75,37 @@ class Slots:
         sizes = self.gpus[self.gpus > 0].tolist()
         return max(set(sizes), key=sizes.count) if sizes else None
 
-    def row(self, slot: int, key: str, kind: int) -> None:
-        if key not in self.rows[kind]:
-            self.rows[kind][key] = slot
-            self.row_order[kind].append(slot)
-            self.has_row[kind, slot] = True
-
-    def rows_for(self, slots: np.ndarray, kind: int) -> None:
-        for slot in slots[~self.has_row[kind, slots]].tolist():
-            self.row(slot, key_of(self.gids[slot]), kind)
-
     def add_good(self, slots: np.ndarray, good: np.ndarray, dt: float,
                  unseen_gpus: int | None = None) -> None:
         """``unseen_gpus``: slot 0's world size."""
-        self.rows_for(slots, 0)
+        self.has_row[0, slots] = True
         self.good[0, slots] += good
         self.exp[0, slots] += dt
         gpus = self.gpus[slots] if unseen_gpus is None else np.array([unseen_gpus or 0])
         on = gpus > 0
         if on.any():
-            self.rows_for(slots[on], 1)
+            self.has_row[1, slots[on]] = True
             self.good[1, slots[on]] += good[on] * gpus[on]
             self.exp[1, slots[on]] += dt * gpus[on]
 
     def add_bad(self, slots: np.ndarray, cause: str, seconds: list[float],
                 gpus: list[int | None]) -> None:
         c, sec = CAUSES.index(cause), np.asarray(seconds)
-        self.rows_for(slots, 0)
+        self.has_row[0, slots] = True
         self.bad[0, c, slots] += sec
         self.has[0, c, slots] = True
         n = np.fromiter((x or 0 for x in gpus), np.int64, len(gpus))
         on = n > 0
         if on.any():
-            self.rows_for(slots[on], 1)
+            self.has_row[1, slots[on]] = True
             self.bad[1, c, slots[on]] += sec[on] * n[on]
             self.has[1, c, slots[on]] = True
 
-    def totals_rows(self, kind: int = 0) -> dict[str, dict[str, float]]:
-        """Key -> goodput, expected and badput by cause."""
-        order, rows = self.row_order[kind], {}
-        good, exp = self.good[kind, order].tolist(), self.exp[kind, order].tolist()
-        bad, has = self.bad[kind][:, order].T.tolist(), self.has[kind][:, order].T.tolist()
-        for key, g, e, b, h in zip(self.rows[kind], good, exp, bad, has, strict=True):
-            row = dict(compress(zip(CAUSES, b, strict=True), h)) if any(h) else {}
-            row["goodput"], row["expected"] = g, e
-            rows[key] = row
-        return rows
-
     def totals_columns(self, kind: int = 0) -> dict[str, Any]:
-        """:meth:`totals_rows` as columns (None where a row lacks the cause)."""
-        order = self.row_order[kind]
-        out: dict[str, Any] = {"key": list(self.rows[kind]),
+        """Per row (a slot that has accounted time): its key, goodput, expected and badput by
+        cause (None where the row lacks the cause)."""
+        order = np.flatnonzero(self.has_row[kind])
+        out: dict[str, Any] = {"key": [key_of(self.gids[s]) for s in order.tolist()],
                                "goodput": self.good[kind, order].tolist(),
                                "expected": self.exp[kind, order].tolist()}
         bad, has = self.bad[kind][:, order], self.has[kind][:, order]
@@ -138,11 +114,18 @@ class Slots:
                 out[cause] = with_none(bad[c], ~has[c])
         return out
 
+    def totals_rows(self, kind: int = 0) -> dict[str, dict[str, float]]:
+        """:meth:`totals_columns` as key -> row (a row lacks the causes it never had)."""
+        cols = self.totals_columns(kind)
+        causes = [c for c in CAUSES if c in cols]
+        return {key: {**{c: cols[c][i] for c in causes if cols[c][i] is not None},
+                      "goodput": cols["goodput"][i], "expected": cols["expected"][i]}
+                for i, key in enumerate(cols["key"])}
+
     def job_ratio(self) -> float | None:
-        order = self.row_order[0]
-        expected = sum(self.exp[0, order].tolist(), 0.0)  # in the rows' order
-        good = sum(self.good[0, order].tolist(), 0.0)
-        return good / expected if expected > 0 else None
+        rows = self.has_row[0]
+        expected = sum(self.exp[0, rows].tolist(), 0.0)
+        return sum(self.good[0, rows].tolist(), 0.0) / expected if expected > 0 else None
 
 
 class History:

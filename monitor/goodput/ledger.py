@@ -97,7 +97,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.job.sample(now, self.incidents.unsettled())
         self._settle(now, acct)
         S = self.slots
-        groups = np.asarray(S.row_order[0], np.int64)
+        groups = np.flatnonzero(S.has_row[0])
         groups = groups[(groups > 0) & (S.exp[0, groups] != 0)]
         acct.group_goodput_ratio = dict(zip(map(S.gids.__getitem__, groups.tolist()),
                                             (S.good[0, groups] / S.exp[0, groups]).tolist(),
@@ -150,8 +150,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             return
         seconds = credit[ks, slots_of] * np.minimum(1.0, span[:, 0] / (t1 - t0))[ks]
         self._revised.extend(zip(repeat(cause), seconds.tolist()))
-        S.rows_for(np.unique(slots_of), 0)
-        S.rows_for(np.unique(slots_of[S.gpus[slots_of] > 0]), 1)
+        S.has_row[0, slots_of] = True
+        S.has_row[1, slots_of[S.gpus[slots_of] > 0]] = True
         for k in np.unique(ks).tolist():  # a run per sweep
             m = ks == k
             slots, sec = slots_of[m], seconds[m]
