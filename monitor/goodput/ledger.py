@@ -4,7 +4,8 @@
 
 from __future__ import annotations
 
-from collections import deque
+from collections import defaultdict, deque
+from functools import partial
 from itertools import chain, repeat
 from operator import attrgetter
 from typing import Any
@@ -342,17 +343,13 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             self._settle_run(r)
         self.runs = keep
         # an interval that neither this sweep nor an open run continues is over
-        continued: dict[float, np.ndarray] = {}  # a kept run's start -> its slots
+        continued = defaultdict(partial(np.zeros, len(self.slots), bool))  # start -> slots
         for r in keep:
-            at = continued.get(round(r.t0, 6))
-            if at is None:
-                at = continued[round(r.t0, 6)] = np.zeros(len(self.slots), bool)
-            at[r.slots] = True
+            continued[round(r.t0, 6)][r.slots] = True
         for key, iv in list(self.open_intervals.items()):
             if iv.end < now - 1e-6:
                 at = continued.get(round(iv.end, 6))
-                slot = 0 if key == UNSEEN else self.slots.index.get(int(key))
-                if at is None or slot is None or not at[slot]:
+                if at is None or not at[0 if key == UNSEEN else self.slots.index[int(key)]]:
                     self._close_interval(self.open_intervals.pop(key))
 
     def _settle_run(self, r: Run) -> None:

@@ -23,19 +23,18 @@ class GoodputReport:
         job["gpu_seconds"] = self._summary(list(gpu.values())) if gpu else None
         if job["gpu_seconds"]:
             job["gpu_seconds"].pop("goodput_ratio", None)
-        groups = []
+        groups, S = [], self.slots
         for key in sorted(rows, key=lambda k: (k == UNSEEN, int(k) if k != UNSEEN else 0)):
-            row = self._summary([rows[key]])
-            slot = None if key == UNSEEN else self.slots.index.get(int(key))
-            row.update(replica_group=None if key == UNSEEN else int(key),
-                       **self._group_fields(slot))
-            groups.append(row)
+            slot = 0 if key == UNSEEN else S.index[int(key)]  # slot 0: never seen
+            at = float(S.last_in_quorum_at[slot])
+            groups.append({**self._summary([rows[key]]), "replica_group": S.gids[slot],
+                           "replica_id": S.rid[slot], "gpus": int(S.gpus[slot]) or None,
+                           "last_in_quorum_at": None if math.isnan(at) else at})
         incs = sorted(self.incidents.values(), key=lambda i: i.id, reverse=True)[:incidents]
         job_pace, baseline = self.job, self.baseline
         return {
             "since": self.since, "at": self.last_at,
-            "wall_seconds": round(self.last_at - self.since, 3) if self.since is not None
-            and self.last_at is not None else 0.0,
+            "wall_seconds": round(self.last_at - self.since, 3) if self.since is not None else 0.0,
             "unobserved_seconds": round(self.unobserved_s, 3),
             "gaps": self.gaps, "gap_seconds": round(self.gap_s, 3),
             "skipped_sweeps": self.skipped_sweeps,
@@ -74,14 +73,6 @@ class GoodputReport:
                 "expected_seconds": round(expected, 3),
                 "badput_seconds": {c: round(sum(r.get(c, 0.0) for r in rows), 3) for c in CAUSES},
                 "pending_seconds": round(sum(r.get(PENDING, 0.0) for r in rows), 3)}
-
-    def _group_fields(self, slot: int | None) -> dict[str, Any]:
-        if slot is None:
-            return {"replica_id": None, "gpus": None, "last_in_quorum_at": None}
-        S = self.slots
-        at = float(S.last_in_quorum_at[slot])
-        return {"replica_id": S.rid[slot], "gpus": int(S.gpus[slot]) or None,
-                "last_in_quorum_at": None if math.isnan(at) else at}
 
     def incident_json(self, inc: Incident) -> dict[str, Any]:
         """An incident with its cost so far, settled and not."""
