@@ -28,7 +28,6 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
 
     def __init__(self, cfg: GoodputConfig | None = None) -> None:
         self.cfg = cfg or GoodputConfig()
-        self.cfg.validate()
         self.since: float | None = None  # first accounted sweep
         self.last_at: float | None = None
         self.slots = Slots()

@@ -16,10 +16,6 @@ JOB_RESTART_STEPS = 100  # the job's newest step falling this far: it started ov
 HUGE = 1 << 53  # a count from this on is not one (a float holds any below it exactly)
 
 
-class GoodputError(ValueError):
-    """A ledger setting it cannot run with."""
-
-
 @dataclass
 class GoodputConfig:
     expected_groups: int | None = None  # None: the number of replica groups ever seen
@@ -33,19 +29,6 @@ class GoodputConfig:
     max_gap_s: float = 30.0  # a longer gap between sweeps is accounted as a gap
     keep_intervals: int = 2000  # settled intervals kept in memory (all go to the store)
     keep_incidents: int = 200  # closed incidents kept in memory (all go to the store)
-
-    def validate(self) -> None:
-        if self.expected_groups is not None and self.expected_groups < 1:
-            raise GoodputError(f"expected_groups must be >= 1, got {self.expected_groups}")
-        if not 0 < self.pace_threshold <= 1:
-            raise GoodputError(f"pace_threshold must be in (0, 1], got {self.pace_threshold}")
-        for name in ("pace_window_s", "horizon_s", "max_gap_s"):
-            if not getattr(self, name) > 0:
-                raise GoodputError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("pace_window_steps", "baseline_samples", "baseline_min_samples",
-                     "horizon_steps", "keep_intervals", "keep_incidents"):
-            if getattr(self, name) < 1:
-                raise GoodputError(f"{name} must be >= 1, got {getattr(self, name)!r}")
 
 
 @dataclass(eq=False)

@@ -23,7 +23,6 @@ from monitor.goodput.model import (  # the data and helpers the columns did not 
     SNAPSHOT_VERSION,
     UNSEEN,
     GoodputConfig,
-    GoodputError,
     Incident,
     SweepAccount,
 )
@@ -34,7 +33,7 @@ from monitor.goodput.model import as_ints as _ints
 from monitor.goodput.pace import pace_of as _pace
 from monitor.goodput.pace import trim as _trim
 
-__all__ = ["CAUSES", "GoodputConfig", "GoodputError", "GoodputLedger", "SweepAccount"]
+__all__ = ["CAUSES", "GoodputConfig", "GoodputLedger", "SweepAccount"]
 
 
 @dataclass
@@ -131,7 +130,6 @@ class GoodputLedger:
 
     def __init__(self, cfg: GoodputConfig | None = None) -> None:
         self.cfg = cfg or GoodputConfig()
-        self.cfg.validate()
         self.since: float | None = None  # first accounted sweep
         self.last_at: float | None = None
         self.groups: dict[int, _Group] = {}
