@@ -355,14 +355,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.slots.add_bad(r.slots, r.cause, r.seconds, r.gpus)
         inc = self.incidents.get(r.incident) if r.incident is not None else None
         if inc is not None:
-            inc.cost[r.cause] = sum(r.seconds, inc.cost.get(r.cause, 0.0))
-            cost = inc.gpu_cost
-            for x, m in zip(r.seconds, r.gpus, strict=True):
-                if m:
-                    cost += x * m
-                else:
-                    inc.gpu_cost_known = False
-            inc.gpu_cost = cost
+            inc.charge(r)
             self.incidents.dirty.add(inc.id)
         for g, x, m in zip(r.groups, r.seconds, r.gpus, strict=True):
             key = key_of(g)

@@ -141,6 +141,15 @@ class Incident:
         return self.open and self.back_to_pace_at is None and (
             self.evicted_at is not None or self.resolved_at is not None)
 
+    def charge(self, r: Run) -> None:
+        """Add the badput of ``r`` (tied to this incident) to its cost."""
+        self.cost[r.cause] = sum(r.seconds, self.cost.get(r.cause, 0.0))
+        for x, m in zip(r.seconds, r.gpus, strict=True):
+            if m:
+                self.gpu_cost += x * m
+            else:
+                self.gpu_cost_known = False
+
     def to_store(self) -> dict[str, Any]:
         return asdict(self)
 

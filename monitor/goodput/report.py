@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from operator import itemgetter
 from typing import Any
 
@@ -76,18 +76,12 @@ class GoodputReport:
 
     def incident_json(self, inc: Incident) -> dict[str, Any]:
         """An incident with its cost so far, settled and not."""
-        cost = dict(inc.cost)
-        gpu, gpu_known = inc.gpu_cost, inc.gpu_cost_known
+        live = replace(inc, cost=dict(inc.cost))
         for r in self.runs:
-            if r.incident != inc.id:
-                continue
-            for x, m in zip(r.seconds, r.gpus, strict=True):
-                cost[r.cause] = cost.get(r.cause, 0.0) + x
-                if m:
-                    gpu += x * m
-                else:
-                    gpu_known = False
-        total = sum(cost.values())
+            if r.incident == inc.id:
+                live.charge(r)
+        total = sum(live.cost.values())
+        gpu = None if total and not live.gpu_cost_known else round(live.gpu_cost, 3)
 
         def since_onset(t: float | None) -> float | None:
             return round(t - inc.onset_at, 3) if t is not None else None
@@ -102,9 +96,8 @@ class GoodputReport:
             "recovery_s": since_onset(inc.back_to_pace_at),
             "rejoin_s": since_onset(inc.rejoined_at),
             "cost": {"replica_seconds": round(total, 3),
-                     "by_cause": {k: round(v, 3) for k, v in sorted(cost.items())},
-                     "gpu_seconds": round(gpu, 3) if gpu_known and total > 0 else
-                     (0.0 if total == 0 else None),
+                     "by_cause": {k: round(v, 3) for k, v in sorted(live.cost.items())},
+                     "gpu_seconds": gpu,
                      "group_steps": round(total / self.baseline, 1) if self.baseline else None},
         }
 
