@@ -70,18 +70,16 @@ class Slots:
         n = int(self.gpus[s]) if s is not None else 0
         return n or None
 
-    def default_gpus(self) -> int | None:
-        """The most common known world size (a slot never seen is given it)."""
-        sizes = self.gpus[self.gpus > 0].tolist()
-        return max(set(sizes), key=sizes.count) if sizes else None
+    def size_unseen(self) -> None:
+        """Give slot 0 (groups never seen) the most common known world size."""
+        sizes = self.gpus[1:][self.gpus[1:] > 0].tolist()
+        self.gpus[0] = max(set(sizes), key=sizes.count) if sizes else 0
 
-    def add_good(self, slots: np.ndarray, good: np.ndarray, dt: float,
-                 unseen_gpus: int | None = None) -> None:
-        """``unseen_gpus``: slot 0's world size."""
+    def add_good(self, slots: np.ndarray, good: np.ndarray, dt: float) -> None:
         self.has_row[0, slots] = True
         self.good[0, slots] += good
         self.exp[0, slots] += dt
-        gpus = self.gpus[slots] if unseen_gpus is None else np.array([unseen_gpus or 0])
+        gpus = self.gpus[slots]
         on = gpus > 0
         if on.any():
             self.has_row[1, slots[on]] = True

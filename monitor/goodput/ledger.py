@@ -159,9 +159,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             g = S.gpus[slots]
             S.good[0, slots] -= sec
             S.good[1, slots[g > 0]] -= sec[g > 0] * g[g > 0]
-            r = Run(max(float(t0[k]), t_on), float(t1[k]), slots,
-                    list(map(S.gids.__getitem__, slots.tolist())), sec.tolist(),
-                    [x or None for x in g.tolist()], cause, counted=True)
+            r = self._run(max(float(t0[k]), t_on), float(t1[k]), slots, sec.tolist(), cause,
+                          counted=True)
             _link(r, inc)
             self.runs.append(r)
         self.runs.sort(key=attrgetter("t0"))  # a group's runs settle in time order
@@ -188,6 +187,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         e = self.expected_groups = max(self.cfg.expected_groups, len(inside))
         last_in = np.nan_to_num(S.last_in_quorum_at[outside], nan=0.0)
         outside = outside[np.argsort(-last_in, kind="stable")][:e - len(inside)]
+        if e > len(inside) + len(outside):
+            S.size_unseen()
         return inside, outside, e - len(inside) - len(outside)
 
     def _account(self, in_quorum: set[int], deltas: np.ndarray, job_moved: bool,
@@ -215,13 +216,10 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         slow = False
         if cuts:
             window = min(window, now - max(cuts))
-        gpus = S.gpus[inside].tolist()
         if startup:
             self._add_good(inside, np.zeros(len(inside)), dt, acct)
             if len(inside):
-                self._book(Run(t0, now, inside, list(map(S.gids.__getitem__, inside.tolist())),
-                               [dt] * len(inside), [n or None for n in gpus], "startup"),
-                           None, acct)
+                self._book(self._run(t0, now, inside, [dt] * len(inside), "startup"), None, acct)
         else:
             pace = self.hist.pace(inside, S.born, window, b) if window >= 2 * b \
                 else np.full(len(inside), np.nan)
@@ -247,10 +245,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
                     cause, inc = "straggler_drag", straggler
                 else:
                     cause, inc, slow = PENDING, None, True
-                slots = inside[below]
-                self._book(Run(t0, now, slots, list(map(S.gids.__getitem__, slots.tolist())),
-                               rest[below].tolist(), [gpus[i] or None for i in below.tolist()],
-                               cause, idle=idle), inc, acct)
+                self._book(self._run(t0, now, inside[below], rest[below].tolist(), cause,
+                                     idle=idle), inc, acct)
         S.carry[outside] = 0.0
         self._add_good(outside, np.zeros(len(outside)), dt, acct)
         for slot in outside.tolist():
@@ -263,11 +259,11 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
                 cause, inc = "recovery", recovering  # a survivor between quorums
             else:
                 cause = "capacity_lost"
-            self._book_one(t0, now, g, cause, dt, S.gpus_of(g), inc, acct)
+            self._book(self._run(t0, now, np.array([slot]), [dt], cause), inc, acct)
         for _ in range(unseen):
-            self._add_good(np.zeros(1, np.int64), np.zeros(1), dt, acct, S.default_gpus())
-            self._book_one(t0, now, None, "startup" if startup else "capacity_lost", dt,
-                           S.default_gpus(), None, acct)
+            self._add_good(np.zeros(1, np.int64), np.zeros(1), dt, acct)
+            self._book(self._run(t0, now, np.zeros(1, np.int64), [dt],
+                                 "startup" if startup else "capacity_lost"), None, acct)
         self.job.ratio = pace_of(self.job.history, self.job.window, b)
         self.job.slow_since = (self.job.slow_since or t0) if slow else None
 
@@ -289,22 +285,22 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         for slot in inside.tolist() + outside.tolist() + [0] * unseen:
             g = S.gids[slot]
             good = min(dt, int(deltas[slot]) * b) if b is not None and g in in_quorum else 0.0
-            gpus = S.gpus_of(g) if g is not None else S.default_gpus()
-            self._add_good(np.array([slot]), np.array([good]), dt, acct,
-                           None if g is not None else gpus)
+            self._add_good(np.array([slot]), np.array([good]), dt, acct)
             if dt - good > 1e-9:
-                self._book_one(self.last_at, now, g, "unattributed", dt - good, gpus, None, acct)
+                self._book(self._run(self.last_at, now, np.array([slot]), [dt - good],
+                                     "unattributed"), None, acct)
 
-    def _add_good(self, slots: np.ndarray, good: np.ndarray, dt: float, acct: SweepAccount,
-                  unseen_gpus: int | None = None) -> None:
-        self.slots.add_good(slots, good, dt, unseen_gpus)
+    def _add_good(self, slots: np.ndarray, good: np.ndarray, dt: float,
+                  acct: SweepAccount) -> None:
+        self.slots.add_good(slots, good, dt)
         acct.goodput = sum(good.tolist(), acct.goodput)
 
-    def _book_one(self, t0: float, t1: float, g: int | None, cause: str, seconds: float,
-                  gpus: int | None, inc: Incident | None, acct: SweepAccount) -> None:
-        slot = self.slots.index[g] if g is not None else 0
-        self._book(Run(t0, t1, np.array([slot], np.int64), [g], [seconds], [gpus], cause),
-                   inc, acct)
+    def _run(self, t0: float, t1: float, slots: np.ndarray, seconds: list[float], cause: str,
+             **kw: Any) -> Run:
+        """Badput of ``slots``, with their groups and world sizes."""
+        S = self.slots
+        return Run(t0, t1, slots, list(map(S.gids.__getitem__, slots.tolist())), seconds,
+                   [n or None for n in S.gpus[slots].tolist()], cause, **kw)
 
     def _book(self, r: Run, inc: Incident | None, acct: SweepAccount) -> None:
         """Counted now unless its cause may still change (then once settled)."""

@@ -28,7 +28,7 @@ class GoodputReport:
             slot = 0 if key == UNSEEN else S.index[int(key)]  # slot 0: never seen
             at = float(S.last_in_quorum_at[slot])
             groups.append({**self._summary([rows[key]]), "replica_group": S.gids[slot],
-                           "replica_id": S.rid[slot], "gpus": int(S.gpus[slot]) or None,
+                           "replica_id": S.rid[slot], "gpus": (int(S.gpus[slot]) or None) if slot else None,
                            "last_in_quorum_at": None if math.isnan(at) else at})
         incs = sorted(self.incidents.values(), key=lambda i: i.id, reverse=True)[:incidents]
         job_pace, baseline = self.job, self.baseline
