@@ -65,11 +65,6 @@ class Slots:
             more = np.full((*col.shape[:-1], len(groups)), fill.get(name, 0), col.dtype)
             setattr(self, name, np.concatenate([col, more], axis=-1))
 
-    def gpus_of(self, g: int | None) -> int | None:
-        s = self.index.get(g) if g is not None else None
-        n = int(self.gpus[s]) if s is not None else 0
-        return n or None
-
     def size_unseen(self) -> None:
         """Give slot 0 (groups never seen) the most common known world size."""
         sizes = self.gpus[1:][self.gpus[1:] > 0].tolist()

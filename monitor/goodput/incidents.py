@@ -31,7 +31,6 @@ class Incidents(dict[int, Incident]):
         """Open an incident per new faulty incarnation (a later finding about the same replica
         id joins it); one whose findings all cleared is resolved."""
         open_ids = set()
-        self.open_findings = sum(1 for f in findings if as_int(f.get("id")) is not None)
         for f in findings:
             fid = as_int(f.get("id"))
             if fid is None:
@@ -49,6 +48,7 @@ class Incidents(dict[int, Incident]):
                 self.dirty.add(same[-1].id)
                 continue
             self._open(f, fid, view, now, since)
+        self.open_findings = len(open_ids)
         for inc in self.values():
             if inc.finding_ids and inc.resolved_at is None and inc.open \
                     and not open_ids.intersection(inc.finding_ids):
@@ -100,12 +100,12 @@ class Incidents(dict[int, Incident]):
             onset, source = strike, "faults_struck_at"
         if since is not None:
             onset = max(onset, since)
-        g = as_int(f.get("replica_group"))
+        S, g = self.slots, as_int(f.get("replica_group"))
         inc = Incident(id=self.next_id, kind=str(f.get("kind") or "unknown"),
                        replica_group=g, replica_id=f.get("replica_id"),
                        ranks=as_ints(f.get("ranks")), onset_at=onset, onset_source=source,
                        detected_at=detected, finding_ids=[fid] if fid is not None else [],
-                       gpus_per_group=self.slots.gpus_of(g))
+                       gpus_per_group=(int(S.gpus[S.index[g]]) or None) if g in S.index else None)
         self.next_id += 1
         self[inc.id] = inc
         self.dirty.add(inc.id)

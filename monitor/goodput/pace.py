@@ -53,11 +53,6 @@ class JobPace:
     def horizon(self) -> float:
         return max(self.cfg.horizon_s, self.cfg.horizon_steps * (self.baseline or 0.0))
 
-    @property
-    def young(self) -> bool:
-        """The baseline still follows a job that warms up, slow or not."""
-        return len(self.samples) < self.cfg.baseline_samples // 4
-
     def ingest(self, steps: list[int], now: float) -> bool:
         """True if the in-quorum groups' steps moved the job on."""
         moved = False
@@ -79,7 +74,9 @@ class JobPace:
         one not settled."""
         if incident is not None and self.baseline is not None:
             return f"incident {incident} open"
-        if not self.young and self.slow_since is not None and now - self.slow_since < self.horizon:
+        # a young baseline (a quarter of its samples) follows a job that warms up, slow or not
+        if len(self.samples) >= self.cfg.baseline_samples // 4 and self.slow_since is not None \
+                and now - self.slow_since < self.horizon:
             return "unexplained slowness, waiting for an explanation"
         return None
 
