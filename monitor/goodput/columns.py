@@ -168,42 +168,31 @@ class History:
         return out
 
 
-class Judged:
-    """The sweeps over the horizon, kept for re-judging: per sweep (t0, t1) and per slot cum
-    before and after and the credit beyond ``commits x b`` (nan: not judged in it)."""
-
-    def __init__(self) -> None:
-        self.t0: deque[float] = deque()
-        self.t1: deque[float] = deque()
-        self.before: deque[np.ndarray] = deque()
-        self.after: deque[np.ndarray] = deque()
-        self.credit: deque[np.ndarray] = deque()
+class Judged(deque):
+    """The sweeps over the horizon, kept for re-judging: per sweep ``(t0, t1, before, after,
+    credit)``, the last three per slot: its cum before and after the sweep and the credit beyond
+    ``commits x b`` (nan: not judged in it)."""
 
     def drop_before(self, t: float) -> None:
-        while self.t1 and self.t1[0] < t:
-            for q in (self.t0, self.t1, self.before, self.after, self.credit):
-                q.popleft()
+        while self and self[0][1] < t:
+            self.popleft()
 
-    def append(self, t0: float, t1: float, n: int, slots: np.ndarray, before: np.ndarray,
-               after: np.ndarray, credit: np.ndarray) -> None:
+    def add(self, t0: float, t1: float, n: int, slots: np.ndarray, before: np.ndarray,
+            after: np.ndarray, credit: np.ndarray) -> None:
+        cum = np.zeros((2, n), np.int64)
+        cum[0, slots], cum[1, slots] = before, after
         col = np.full(n, np.nan)
         col[slots] = credit
-        b, a = np.zeros(n, np.int64), np.zeros(n, np.int64)
-        b[slots], a[slots] = before, after
-        self.t0.append(t0)
-        self.t1.append(t1)
-        self.before.append(b)
-        self.after.append(a)
-        self.credit.append(col)
+        self.append((t0, t1, cum[0], cum[1], col))
 
-    def dense(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(before, after, credit) as sweeps x slots."""
-        k = len(self.t1)
-        before, after = np.zeros((k, n), np.int64), np.zeros((k, n), np.int64)
-        credit = np.full((k, n), np.nan)
-        for i, (b, a, c) in enumerate(zip(self.before, self.after, self.credit, strict=True)):
-            before[i, :len(b)], after[i, :len(a)], credit[i, :len(c)] = b, a, c
-        return before, after, credit
+    def dense(self, n: int) -> tuple[np.ndarray, ...]:
+        """(t0, t1) per sweep, (before, after, credit) as sweeps x slots."""
+        k = len(self)
+        cum, credit = np.zeros((2, k, n), np.int64), np.full((k, n), np.nan)
+        for i, (_, _, b, a, c) in enumerate(self):
+            cum[0, i, :len(b)], cum[1, i, :len(a)], credit[i, :len(c)] = b, a, c
+        times = np.array([sweep[:2] for sweep in self], float)
+        return times[:, 0], times[:, 1], cum[0], cum[1], credit
 
 
 _POSITIONS = range(1 << 30)  # flat rank positions for compress()

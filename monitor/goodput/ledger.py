@@ -126,13 +126,11 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         """Judge again the sweeps since the onset that a window reaching before it credited whole:
         below pace, a sweep keeps ``commits x b`` and the rest is the incident's drag or stall."""
         b, J, S = self.baseline, self.judged, self.slots
-        if b is None or not J.t1:
+        if b is None or not J:
             return
         cause = "straggler_drag" if inc.kind == "straggler" else "stall"
         t_on, n = inc.onset_at, len(S)
-        before, after, credit = J.dense(n)
-        t0 = np.fromiter(J.t0, float, len(J.t0))
-        t1 = np.fromiter(J.t1, float, len(J.t1))
+        t0, t1, before, after, credit = J.dense(n)
         judged = ~np.isnan(credit)
         ar = np.arange(n)
         # each group's cum at the onset
@@ -155,7 +153,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         for k in np.unique(ks).tolist():  # a run per sweep
             m = ks == k
             slots, sec = slots_of[m], seconds[m]
-            J.credit[k][slots] = credit[k, slots] - sec
+            J[k][4][slots] = credit[k, slots] - sec  # the sweep's credit column
             g = S.gpus[slots]
             S.good[0, slots] -= sec
             S.good[1, slots[g > 0]] -= sec[g > 0] * g[g > 0]
@@ -230,7 +228,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             good = np.where(at_pace, dt, earned)
             S.carry[inside] = np.where(at_pace, 0.0, np.minimum(b, held - earned))
             cum = S.cum[inside]
-            self.judged.append(t0, now, len(S), inside, cum - d, cum, good - earned)
+            self.judged.add(t0, now, len(S), inside, cum - d, cum, good - earned)
             self._add_good(inside, good, dt, acct)
             rest = dt - good
             below = np.flatnonzero(rest > 1e-9)
