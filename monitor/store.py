@@ -86,17 +86,7 @@ def _group(stored: int | None) -> int | None:
 
 def goodput_json_text(doc: dict[str, Any]) -> str:
     """A goodput row's JSON text; msgspec for speed (benchmarks/bench_goodput_snapshot.py)."""
-    return _JSON.encode(doc).decode()
-
-
-def _float_of(obj: Any) -> float:
-    """A float subclass (numpy's float64 in an incident's cost) as a float."""
-    if isinstance(obj, float):
-        return float(obj)
-    raise TypeError(f"not JSON: {type(obj).__name__}")
-
-
-_JSON = msgspec.json.Encoder(enc_hook=_float_of)
+    return msgspec.json.encode(doc).decode()
 
 
 class Store:
