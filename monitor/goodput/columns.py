@@ -44,11 +44,10 @@ class Slots:
         self.cum, self.gpus, self.born = (np.zeros(1, np.int64) for _ in range(3))
         self.carry = np.zeros(1)  # below pace: credit held beyond the sweep (at most b)
         self.last_in_quorum_at = np.full(1, np.nan)
-        # settled totals, whether a row has that cause, whether the slot has a row at all
+        # settled totals, and whether a row has that cause (a slot with expected time has a row)
         self.good, self.exp = np.zeros((2, 1)), np.zeros((2, 1))
         self.bad = np.zeros((2, len(CAUSES), 1))
         self.has = np.zeros((2, len(CAUSES), 1), bool)
-        self.has_row = np.zeros((2, 1), bool)
 
     def __len__(self) -> int:
         return len(self.gids)
@@ -60,7 +59,7 @@ class Slots:
             self.rid.append(None)
         fill = {**self.FILL, "born": born}
         for name in ("commits", "cum", "gpus", "born", "carry", "last_in_quorum_at", "good",
-                     "exp", "bad", "has", "has_row"):
+                     "exp", "bad", "has"):
             col = getattr(self, name)
             more = np.full((*col.shape[:-1], len(groups)), fill.get(name, 0), col.dtype)
             setattr(self, name, np.concatenate([col, more], axis=-1))
@@ -71,33 +70,29 @@ class Slots:
         self.gpus[0] = max(set(sizes), key=sizes.count) if sizes else 0
 
     def add_good(self, slots: np.ndarray, good: np.ndarray, dt: float) -> None:
-        self.has_row[0, slots] = True
         self.good[0, slots] += good
         self.exp[0, slots] += dt
         gpus = self.gpus[slots]
         on = gpus > 0
         if on.any():
-            self.has_row[1, slots[on]] = True
             self.good[1, slots[on]] += good[on] * gpus[on]
             self.exp[1, slots[on]] += dt * gpus[on]
 
     def add_bad(self, slots: np.ndarray, cause: str, seconds: list[float],
                 gpus: list[int | None]) -> None:
         c, sec = CAUSES.index(cause), np.asarray(seconds)
-        self.has_row[0, slots] = True
         self.bad[0, c, slots] += sec
         self.has[0, c, slots] = True
         n = np.fromiter((x or 0 for x in gpus), np.int64, len(gpus))
         on = n > 0
         if on.any():
-            self.has_row[1, slots[on]] = True
             self.bad[1, c, slots[on]] += sec[on] * n[on]
             self.has[1, c, slots[on]] = True
 
     def totals_columns(self, kind: int = 0) -> dict[str, Any]:
         """Per row (a slot that has accounted time): its key, goodput, expected and badput by
         cause (None where the row lacks the cause)."""
-        order = np.flatnonzero(self.has_row[kind])
+        order = np.flatnonzero(self.exp[kind] > 0)
         out: dict[str, Any] = {"key": [key_of(self.gids[s]) for s in order.tolist()],
                                "goodput": self.good[kind, order].tolist(),
                                "expected": self.exp[kind, order].tolist()}
@@ -116,7 +111,7 @@ class Slots:
                 for i, key in enumerate(cols["key"])}
 
     def job_ratio(self) -> float | None:
-        rows = self.has_row[0]
+        rows = self.exp[0] > 0
         expected = sum(self.exp[0, rows].tolist(), 0.0)
         return sum(self.good[0, rows].tolist(), 0.0) / expected if expected > 0 else None
 

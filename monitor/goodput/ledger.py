@@ -97,8 +97,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.job.sample(now, self.incidents.unsettled())
         self._settle(now, acct)
         S = self.slots
-        groups = np.flatnonzero(S.has_row[0])
-        groups = groups[(groups > 0) & (S.exp[0, groups] != 0)]
+        groups = np.flatnonzero(S.exp[0, 1:] > 0) + 1
         acct.group_goodput_ratio = dict(zip(map(S.gids.__getitem__, groups.tolist()),
                                             (S.good[0, groups] / S.exp[0, groups]).tolist(),
                                             strict=True))
@@ -148,8 +147,6 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             return
         seconds = credit[ks, slots_of] * np.minimum(1.0, span[:, 0] / (t1 - t0))[ks]
         self._revised.extend(zip(repeat(cause), seconds.tolist()))
-        S.has_row[0, slots_of] = True
-        S.has_row[1, slots_of[S.gpus[slots_of] > 0]] = True
         for k in np.unique(ks).tolist():  # a run per sweep
             m = ks == k
             slots, sec = slots_of[m], seconds[m]
