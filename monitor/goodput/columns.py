@@ -110,10 +110,15 @@ class Slots:
                       "goodput": cols["goodput"][i], "expected": cols["expected"][i]}
                 for i, key in enumerate(cols["key"])}
 
-    def job_ratio(self) -> float | None:
-        rows = self.exp[0] > 0
+    def ratios(self) -> tuple[dict[int, float], float | None]:
+        """Each seen group's goodput / expected seconds, and the job's."""
+        rows = np.flatnonzero(self.exp[0] > 0)
+        groups = rows[rows > 0]
+        each = dict(zip(map(self.gids.__getitem__, groups.tolist()),
+                        (self.good[0, groups] / self.exp[0, groups]).tolist(), strict=True))
         expected = sum(self.exp[0, rows].tolist(), 0.0)
-        return sum(self.good[0, rows].tolist(), 0.0) / expected if expected > 0 else None
+        job = sum(self.good[0, rows].tolist(), 0.0) / expected if expected > 0 else None
+        return each, job
 
 
 class History:

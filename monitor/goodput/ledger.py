@@ -96,12 +96,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.incidents.follow(in_quorum, now, self.job)
         self.job.sample(now, self.incidents.unsettled())
         self._settle(now, acct)
-        S = self.slots
-        groups = np.flatnonzero(S.exp[0, 1:] > 0) + 1
-        acct.group_goodput_ratio = dict(zip(map(S.gids.__getitem__, groups.tolist()),
-                                            (S.good[0, groups] / S.exp[0, groups]).tolist(),
-                                            strict=True))
-        acct.job_goodput_ratio = S.job_ratio()
+        acct.group_goodput_ratio, acct.job_goodput_ratio = self.slots.ratios()
         return acct
 
     def _explain(self, inc: Incident) -> None:
