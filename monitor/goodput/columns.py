@@ -8,7 +8,7 @@ from collections import deque
 from functools import partial
 from itertools import chain, compress, repeat
 from operator import attrgetter, eq, is_not, ne
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -168,31 +168,38 @@ class History:
         return out
 
 
-class Judged(deque):
-    """The sweeps over the horizon, kept for re-judging: per sweep ``(t0, t1, before, after,
-    credit)``, the last three per slot: its cum before and after the sweep and the credit beyond
-    ``commits x b`` (nan: not judged in it)."""
+class Sweep(NamedTuple):
+    t0: float
+    t1: float
+    before: np.ndarray  # per slot: its cum before the sweep
+    after: np.ndarray  # and after it
+    credit: np.ndarray  # the credit beyond ``commits x b`` (nan: not judged in it)
+
+
+class Judged(deque[Sweep]):
+    """The sweeps over the horizon, kept for re-judging."""
 
     def drop_before(self, t: float) -> None:
-        while self and self[0][1] < t:
+        while self and self[0].t1 < t:
             self.popleft()
 
     def add(self, t0: float, t1: float, n: int, slots: np.ndarray, before: np.ndarray,
             after: np.ndarray, credit: np.ndarray) -> None:
-        cum = np.zeros((2, n), np.int64)
-        cum[0, slots], cum[1, slots] = before, after
-        col = np.full(n, np.nan)
-        col[slots] = credit
-        self.append((t0, t1, cum[0], cum[1], col))
+        b, a, c = np.zeros(n, np.int64), np.zeros(n, np.int64), np.full(n, np.nan)
+        b[slots], a[slots], c[slots] = before, after, credit
+        self.append(Sweep(t0, t1, b, a, c))
 
     def dense(self, n: int) -> tuple[np.ndarray, ...]:
-        """(t0, t1) per sweep, (before, after, credit) as sweeps x slots."""
+        """(t0, t1) per sweep, (before, after, credit) as sweeps x slots (a slot added since a
+        sweep: not judged in it)."""
         k = len(self)
-        cum, credit = np.zeros((2, k, n), np.int64), np.full((k, n), np.nan)
-        for i, (_, _, b, a, c) in enumerate(self):
-            cum[0, i, :len(b)], cum[1, i, :len(a)], credit[i, :len(c)] = b, a, c
-        times = np.array([sweep[:2] for sweep in self], float)
-        return times[:, 0], times[:, 1], cum[0], cum[1], credit
+        before, after = np.zeros((k, n), np.int64), np.zeros((k, n), np.int64)
+        credit = np.full((k, n), np.nan)
+        for i, sweep in enumerate(self):
+            m = len(sweep.credit)
+            before[i, :m], after[i, :m], credit[i, :m] = sweep.before, sweep.after, sweep.credit
+        times = np.array([(sweep.t0, sweep.t1) for sweep in self], float)
+        return times[:, 0], times[:, 1], before, after, credit
 
 
 _POSITIONS = range(1 << 30)  # flat rank positions for compress()

@@ -145,7 +145,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         for k in np.unique(ks).tolist():  # a run per sweep
             m = ks == k
             slots, sec = slots_of[m], seconds[m]
-            J[k][4][slots] = credit[k, slots] - sec  # the sweep's credit column
+            J[k].credit[slots] = credit[k, slots] - sec
             g = S.gpus[slots]
             S.good[0, slots] -= sec
             S.good[1, slots[g > 0]] -= sec[g > 0] * g[g > 0]
