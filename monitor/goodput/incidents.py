@@ -100,12 +100,13 @@ class Incidents(dict[int, Incident]):
             onset, source = strike, "faults_struck_at"
         if since is not None:
             onset = max(onset, since)
-        S, g = self.slots, as_int(f.get("replica_group"))
+        g = as_int(f.get("replica_group"))
+        slot = self.slots.index.get(g)  # None: a group never seen (or none)
         inc = Incident(id=self.next_id, kind=str(f.get("kind") or "unknown"),
                        replica_group=g, replica_id=f.get("replica_id"),
                        ranks=as_ints(f.get("ranks")), onset_at=onset, onset_source=source,
                        detected_at=detected, finding_ids=[fid] if fid is not None else [],
-                       gpus_per_group=(int(S.gpus[S.index[g]]) or None) if g in S.index else None)
+                       gpus_per_group=(int(self.slots.gpus[slot]) or None) if slot else None)
         self.next_id += 1
         self[inc.id] = inc
         self.dirty.add(inc.id)

@@ -126,9 +126,9 @@ class JobPace:
     def back_at(self, after: float, now: float, b: float | None) -> float | None:
         """Start of the trailing window (from ``after`` on) at pace by baseline ``b``, never
         before the job first committed again; None if it is not at pace."""
-        hist, start = list(self.history), None
         if b is None:
             return None
+        hist, start = list(self.history), None
         for t, s in hist:
             if t <= now - self.window:
                 start = (t, s)
