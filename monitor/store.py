@@ -86,17 +86,7 @@ def _group(stored: int | None) -> int | None:
 
 def goodput_json_text(doc: dict[str, Any]) -> str:
     """A goodput row's JSON text; msgspec for speed (benchmarks/bench_goodput_snapshot.py)."""
-    return _JSON.encode(doc).decode()
-
-
-def _float_of(obj: Any) -> float:
-    """A float subclass (numpy's float64 in an incident's cost) as a float."""
-    if isinstance(obj, float):
-        return float(obj)
-    raise TypeError(f"not JSON: {type(obj).__name__}")
-
-
-_JSON = msgspec.json.Encoder(enc_hook=_float_of)
+    return msgspec.json.encode(doc).decode()
 
 
 class Store:
@@ -132,6 +122,12 @@ class Store:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
 
+    def _dicts(self, sql: str, args: tuple = (), json_cols: tuple[str, ...] = ()
+               ) -> list[dict[str, Any]]:
+        """Rows as dicts, ``json_cols`` decoded (an empty one: None)."""
+        return [{**dict(r), **{c: json.loads(r[c]) if r[c] else None for c in json_cols}}
+                for r in self._rows(sql, args)]
+
     def add_finding(self, f: dict[str, Any]) -> int:
         return self._write(
             "INSERT INTO findings (kind, replica_group, replica_id, ranks, evidence, "
@@ -157,10 +153,9 @@ class Store:
 
     def findings(self, limit: int = 500, open_only: bool = False) -> list[dict[str, Any]]:
         where = " WHERE resolved_at IS NULL" if open_only else ""
-        rows = self._rows(f"SELECT * FROM findings{where} ORDER BY id DESC LIMIT ?", (limit,))
-        return [{**dict(r), "replica_group": _group(r["replica_group"]),
-                 "ranks": json.loads(r["ranks"]), "evidence": json.loads(r["evidence"])}
-                for r in rows]
+        rows = self._dicts(f"SELECT * FROM findings{where} ORDER BY id DESC LIMIT ?", (limit,),
+                           ("ranks", "evidence"))
+        return [{**r, "replica_group": _group(r["replica_group"])} for r in rows]
 
     def add_decision(self, *, replica_group: int | None, replica_id: str | None, decision: str,
                      reason: str, detail: str = "", finding_id: int | None = None,
@@ -182,9 +177,8 @@ class Store:
 
     def decisions(self, limit: int = 500, evictions_only: bool = False) -> list[dict[str, Any]]:
         where = " WHERE decision='evict'" if evictions_only else ""
-        rows = self._rows(f"SELECT * FROM decisions{where} ORDER BY id DESC LIMIT ?", (limit,))
-        return [{**dict(r), "finding": json.loads(r["finding"]) if r["finding"] else None}
-                for r in rows]
+        return self._dicts(f"SELECT * FROM decisions{where} ORDER BY id DESC LIMIT ?", (limit,),
+                           ("finding",))
 
     def evicted_replica_ids(self) -> set[str]:
         """replica_ids a kill was sent for (whatever its confirmation): never evicted again."""
@@ -198,8 +192,7 @@ class Store:
         return self._rows("SELECT MAX(at) FROM decisions WHERE decision='evict'")[0][0]
 
     def pending_confirmations(self) -> list[dict[str, Any]]:
-        return [dict(r) for r in self._rows(
-            "SELECT * FROM decisions WHERE decision='evict' AND status='sent'")]
+        return self._dicts("SELECT * FROM decisions WHERE decision='evict' AND status='sent'")
 
     # --- incident bundles (monitor.act.bundle_store) -----------------------------------------
     def add_bundle(self, row: dict[str, Any]) -> None:
@@ -213,11 +206,9 @@ class Store:
     def bundles(self, limit: int = 500, bundle_id: str | None = None) -> list[dict[str, Any]]:
         """Bundles newest first (or the one of ``bundle_id``)."""
         if bundle_id is not None:
-            rows = self._rows("SELECT * FROM bundles WHERE id=?", (bundle_id,))
-        else:
-            rows = self._rows("SELECT * FROM bundles ORDER BY at DESC, rowid DESC LIMIT ?",
-                              (limit,))
-        return [{**dict(r), "summary": json.loads(r["summary"])} for r in rows]
+            return self._dicts("SELECT * FROM bundles WHERE id=?", (bundle_id,), ("summary",))
+        return self._dicts("SELECT * FROM bundles ORDER BY at DESC, rowid DESC LIMIT ?",
+                           (limit,), ("summary",))
 
     def delete_bundle(self, bundle_id: str) -> None:
         self._write("DELETE FROM bundles WHERE id=?", (bundle_id,))
@@ -279,9 +270,8 @@ class Store:
     def host_offences(self, host: str, since: float = float("-inf"),
                       limit: int = 1000) -> list[dict[str, Any]]:
         """A host's offences since a time, newest first."""
-        rows = self._rows("SELECT * FROM host_offences WHERE host=? AND at>=? "
-                          "ORDER BY id DESC LIMIT ?", (host, since, limit))
-        return [{**dict(r), "data": json.loads(r["data"])} for r in rows]
+        return self._dicts("SELECT * FROM host_offences WHERE host=? AND at>=? "
+                           "ORDER BY id DESC LIMIT ?", (host, since, limit), ("data",))
 
     def add_host_decision(self, *, host: str, decision: str, reason: str, detail: str,
                           evidence: Any, at: float, source: str = "auto") -> int:
@@ -291,9 +281,8 @@ class Store:
             (at, host, decision, reason, detail, json.dumps(evidence, default=str), source))
 
     def host_decisions(self, limit: int = 500) -> list[dict[str, Any]]:
-        rows = self._rows("SELECT * FROM host_decisions ORDER BY id DESC LIMIT ?", (limit,))
-        return [{**dict(r), "evidence": json.loads(r["evidence"]) if r["evidence"] else None}
-                for r in rows]
+        return self._dicts("SELECT * FROM host_decisions ORDER BY id DESC LIMIT ?", (limit,),
+                           ("evidence",))
 
     def add_host_action(self, *, host: str, sink: str, op: str, status: str, event: dict,
                         at: float, next_at: float | None, detail: str = "") -> int:
@@ -311,9 +300,7 @@ class Store:
                      ) -> list[dict[str, Any]]:
         """Actions newest first; with ``due_at``, only pending ones due by then, oldest first."""
         if due_at is None:
-            rows = self._rows("SELECT * FROM host_actions ORDER BY id DESC LIMIT ?", (limit,))
-        else:
-            rows = self._rows("SELECT * FROM host_actions WHERE status IN ('pending', "
-                              "'retrying') AND next_at<=? ORDER BY id ASC LIMIT ?",
-                              (due_at, limit))
-        return [{**dict(r), "event": json.loads(r["event"])} for r in rows]
+            return self._dicts("SELECT * FROM host_actions ORDER BY id DESC LIMIT ?", (limit,),
+                               ("event",))
+        return self._dicts("SELECT * FROM host_actions WHERE status IN ('pending', 'retrying') "
+                           "AND next_at<=? ORDER BY id ASC LIMIT ?", (due_at, limit), ("event",))

@@ -3,7 +3,6 @@ incident. :class:`GoodputLedger` accounts each sweep; :class:`GoodputWriter` sav
 
 from .account import GoodputWriter
 from .ledger import GoodputLedger
-from .model import CAUSES, GoodputConfig, GoodputError, SweepAccount
+from .model import CAUSES, GoodputConfig, SweepAccount
 
-__all__ = ["CAUSES", "GoodputConfig", "GoodputError", "GoodputLedger", "GoodputWriter",
-           "SweepAccount"]
+__all__ = ["CAUSES", "GoodputConfig", "GoodputLedger", "GoodputWriter", "SweepAccount"]

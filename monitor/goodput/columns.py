@@ -8,13 +8,13 @@ from collections import deque
 from functools import partial
 from itertools import chain, compress, repeat
 from operator import attrgetter, eq, is_not, ne
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from monitor.evidence.view import ClusterView
 
-from .model import CAUSE_COLUMN, CAUSES, HUGE, UNSEEN, as_int
+from .model import CAUSES, HUGE, UNSEEN, as_int
 
 
 def key_of(g: int | None) -> str:
@@ -44,15 +44,10 @@ class Slots:
         self.cum, self.gpus, self.born = (np.zeros(1, np.int64) for _ in range(3))
         self.carry = np.zeros(1)  # below pace: credit held beyond the sweep (at most b)
         self.last_in_quorum_at = np.full(1, np.nan)
-        # settled totals, and whether a row has that cause
+        # settled totals, and whether a row has that cause (a slot with expected time has a row)
         self.good, self.exp = np.zeros((2, 1)), np.zeros((2, 1))
         self.bad = np.zeros((2, len(CAUSES), 1))
         self.has = np.zeros((2, len(CAUSES), 1), bool)
-        # the totals rows per kind, key -> slot in the order made (sums follow it, so the
-        # figures stay the same to the bit)
-        self.rows: tuple[dict[str, int], dict[str, int]] = ({}, {})
-        self.row_order: tuple[list[int], list[int]] = ([], [])
-        self.has_row = np.zeros((2, 1), bool)
 
     def __len__(self) -> int:
         return len(self.gids)
@@ -64,72 +59,41 @@ class Slots:
             self.rid.append(None)
         fill = {**self.FILL, "born": born}
         for name in ("commits", "cum", "gpus", "born", "carry", "last_in_quorum_at", "good",
-                     "exp", "bad", "has", "has_row"):
+                     "exp", "bad", "has"):
             col = getattr(self, name)
             more = np.full((*col.shape[:-1], len(groups)), fill.get(name, 0), col.dtype)
             setattr(self, name, np.concatenate([col, more], axis=-1))
 
-    def gpus_of(self, g: int | None) -> int | None:
-        s = self.index.get(g) if g is not None else None
-        n = int(self.gpus[s]) if s is not None else 0
-        return n or None
+    def size_unseen(self) -> None:
+        """Give slot 0 (groups never seen) the most common known world size."""
+        sizes = self.gpus[1:][self.gpus[1:] > 0].tolist()
+        self.gpus[0] = max(set(sizes), key=sizes.count) if sizes else 0
 
-    def default_gpus(self) -> int | None:
-        """The most common known world size (a slot never seen is given it)."""
-        sizes = self.gpus[self.gpus > 0].tolist()
-        return max(set(sizes), key=sizes.count) if sizes else None
-
-    def row(self, slot: int, key: str, kind: int) -> None:
-        if key not in self.rows[kind]:
-            self.rows[kind][key] = slot
-            self.row_order[kind].append(slot)
-            self.has_row[kind, slot] = True
-
-    def rows_for(self, slots: np.ndarray, kind: int) -> None:
-        for slot in slots[~self.has_row[kind, slots]].tolist():
-            self.row(slot, key_of(self.gids[slot]), kind)
-
-    def add_good(self, slots: np.ndarray, good: np.ndarray, dt: float,
-                 unseen_gpus: int | None = None) -> None:
-        """``unseen_gpus``: slot 0's world size."""
-        self.rows_for(slots, 0)
+    def add_good(self, slots: np.ndarray, good: np.ndarray, dt: float) -> None:
         self.good[0, slots] += good
         self.exp[0, slots] += dt
-        gpus = self.gpus[slots] if unseen_gpus is None else np.array([unseen_gpus or 0])
+        gpus = self.gpus[slots]
         on = gpus > 0
         if on.any():
-            self.rows_for(slots[on], 1)
             self.good[1, slots[on]] += good[on] * gpus[on]
             self.exp[1, slots[on]] += dt * gpus[on]
 
     def add_bad(self, slots: np.ndarray, cause: str, seconds: list[float],
                 gpus: list[int | None]) -> None:
-        c, sec = CAUSE_COLUMN[cause], np.asarray(seconds)
-        self.rows_for(slots, 0)
+        c, sec = CAUSES.index(cause), np.asarray(seconds)
         self.bad[0, c, slots] += sec
         self.has[0, c, slots] = True
         n = np.fromiter((x or 0 for x in gpus), np.int64, len(gpus))
         on = n > 0
         if on.any():
-            self.rows_for(slots[on], 1)
             self.bad[1, c, slots[on]] += sec[on] * n[on]
             self.has[1, c, slots[on]] = True
 
-    def totals_rows(self, kind: int = 0) -> dict[str, dict[str, float]]:
-        """Key -> goodput, expected and badput by cause."""
-        order, rows = self.row_order[kind], {}
-        good, exp = self.good[kind, order].tolist(), self.exp[kind, order].tolist()
-        bad, has = self.bad[kind][:, order].T.tolist(), self.has[kind][:, order].T.tolist()
-        for key, g, e, b, h in zip(self.rows[kind], good, exp, bad, has, strict=True):
-            row = dict(compress(zip(CAUSES, b, strict=True), h)) if any(h) else {}
-            row["goodput"], row["expected"] = g, e
-            rows[key] = row
-        return rows
-
     def totals_columns(self, kind: int = 0) -> dict[str, Any]:
-        """:meth:`totals_rows` as columns (None where a row lacks the cause)."""
-        order = self.row_order[kind]
-        out: dict[str, Any] = {"key": list(self.rows[kind]),
+        """Per row (a slot that has accounted time): its key, goodput, expected and badput by
+        cause (None where the row lacks the cause)."""
+        order = np.flatnonzero(self.exp[kind] > 0)
+        out: dict[str, Any] = {"key": [key_of(self.gids[s]) for s in order.tolist()],
                                "goodput": self.good[kind, order].tolist(),
                                "expected": self.exp[kind, order].tolist()}
         bad, has = self.bad[kind][:, order], self.has[kind][:, order]
@@ -138,11 +102,23 @@ class Slots:
                 out[cause] = with_none(bad[c], ~has[c])
         return out
 
-    def job_ratio(self) -> float | None:
-        order = self.row_order[0]
-        expected = sum(self.exp[0, order].tolist(), 0.0)  # in the rows' order
-        good = sum(self.good[0, order].tolist(), 0.0)
-        return good / expected if expected > 0 else None
+    def totals_rows(self, kind: int = 0) -> dict[str, dict[str, float]]:
+        """:meth:`totals_columns` as key -> row (a row lacks the causes it never had)."""
+        cols = self.totals_columns(kind)
+        causes = [c for c in CAUSES if c in cols]
+        return {key: {**{c: cols[c][i] for c in causes if cols[c][i] is not None},
+                      "goodput": cols["goodput"][i], "expected": cols["expected"][i]}
+                for i, key in enumerate(cols["key"])}
+
+    def ratios(self) -> tuple[dict[int, float], float | None]:
+        """Each seen group's goodput / expected seconds, and the job's."""
+        rows = np.flatnonzero(self.exp[0] > 0)
+        groups = rows[rows > 0]
+        each = dict(zip(map(self.gids.__getitem__, groups.tolist()),
+                        (self.good[0, groups] / self.exp[0, groups]).tolist(), strict=True))
+        expected = sum(self.exp[0, rows].tolist(), 0.0)
+        job = sum(self.good[0, rows].tolist(), 0.0) / expected if expected > 0 else None
+        return each, job
 
 
 class History:
@@ -192,42 +168,38 @@ class History:
         return out
 
 
-class Judged:
-    """The sweeps over the horizon, kept for re-judging: per sweep (t0, t1) and per slot cum
-    before and after and the credit beyond ``commits x b`` (nan: not judged in it)."""
+class Sweep(NamedTuple):
+    t0: float
+    t1: float
+    before: np.ndarray  # per slot: its cum before the sweep
+    after: np.ndarray  # and after it
+    credit: np.ndarray  # the credit beyond ``commits x b`` (nan: not judged in it)
 
-    def __init__(self) -> None:
-        self.t0: deque[float] = deque()
-        self.t1: deque[float] = deque()
-        self.before: deque[np.ndarray] = deque()
-        self.after: deque[np.ndarray] = deque()
-        self.credit: deque[np.ndarray] = deque()
+
+class Judged(deque[Sweep]):
+    """The sweeps over the horizon, kept for re-judging."""
 
     def drop_before(self, t: float) -> None:
-        while self.t1 and self.t1[0] < t:
-            for q in (self.t0, self.t1, self.before, self.after, self.credit):
-                q.popleft()
+        while self and self[0].t1 < t:
+            self.popleft()
 
-    def append(self, t0: float, t1: float, n: int, slots: np.ndarray, before: np.ndarray,
-               after: np.ndarray, credit: np.ndarray) -> None:
-        col = np.full(n, np.nan)
-        col[slots] = credit
-        b, a = np.zeros(n, np.int64), np.zeros(n, np.int64)
-        b[slots], a[slots] = before, after
-        self.t0.append(t0)
-        self.t1.append(t1)
-        self.before.append(b)
-        self.after.append(a)
-        self.credit.append(col)
+    def add(self, t0: float, t1: float, n: int, slots: np.ndarray, before: np.ndarray,
+            after: np.ndarray, credit: np.ndarray) -> None:
+        b, a, c = np.zeros(n, np.int64), np.zeros(n, np.int64), np.full(n, np.nan)
+        b[slots], a[slots], c[slots] = before, after, credit
+        self.append(Sweep(t0, t1, b, a, c))
 
-    def dense(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(before, after, credit) as sweeps x slots."""
-        k = len(self.t1)
+    def dense(self, n: int) -> tuple[np.ndarray, ...]:
+        """(t0, t1) per sweep, (before, after, credit) as sweeps x slots (a slot added since a
+        sweep: not judged in it)."""
+        k = len(self)
         before, after = np.zeros((k, n), np.int64), np.zeros((k, n), np.int64)
         credit = np.full((k, n), np.nan)
-        for i, (b, a, c) in enumerate(zip(self.before, self.after, self.credit, strict=True)):
-            before[i, :len(b)], after[i, :len(a)], credit[i, :len(c)] = b, a, c
-        return before, after, credit
+        for i, sweep in enumerate(self):
+            m = len(sweep.credit)
+            before[i, :m], after[i, :m], credit[i, :m] = sweep.before, sweep.after, sweep.credit
+        times = np.array([(sweep.t0, sweep.t1) for sweep in self], float)
+        return times[:, 0], times[:, 1], before, after, credit
 
 
 _POSITIONS = range(1 << 30)  # flat rank positions for compress()

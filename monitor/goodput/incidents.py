@@ -31,7 +31,6 @@ class Incidents(dict[int, Incident]):
         """Open an incident per new faulty incarnation (a later finding about the same replica
         id joins it); one whose findings all cleared is resolved."""
         open_ids = set()
-        self.open_findings = sum(1 for f in findings if as_int(f.get("id")) is not None)
         for f in findings:
             fid = as_int(f.get("id"))
             if fid is None:
@@ -49,6 +48,7 @@ class Incidents(dict[int, Incident]):
                 self.dirty.add(same[-1].id)
                 continue
             self._open(f, fid, view, now, since)
+        self.open_findings = len(open_ids)
         for inc in self.values():
             if inc.finding_ids and inc.resolved_at is None and inc.open \
                     and not open_ids.intersection(inc.finding_ids):
@@ -101,11 +101,12 @@ class Incidents(dict[int, Incident]):
         if since is not None:
             onset = max(onset, since)
         g = as_int(f.get("replica_group"))
+        slot = self.slots.index.get(g)  # None: a group never seen (or none)
         inc = Incident(id=self.next_id, kind=str(f.get("kind") or "unknown"),
                        replica_group=g, replica_id=f.get("replica_id"),
                        ranks=as_ints(f.get("ranks")), onset_at=onset, onset_source=source,
                        detected_at=detected, finding_ids=[fid] if fid is not None else [],
-                       gpus_per_group=self.slots.gpus_of(g))
+                       gpus_per_group=(int(self.slots.gpus[slot]) or None) if slot else None)
         self.next_id += 1
         self[inc.id] = inc
         self.dirty.add(inc.id)
@@ -115,7 +116,7 @@ class Incidents(dict[int, Incident]):
     def follow(self, in_quorum: set[int], now: float, job: JobPace) -> None:
         """Rejoined, back at pace (or settled), closed: acted on, back at pace and the group
         back in the quorum."""
-        hist, b = list(job.history), job.baseline
+        b = job.baseline  # before a settle moves it
         settled = job.track_steady(now, [i for i in self.open() if i.waiting],
                                    self.open_findings)
         S = self.slots
@@ -125,8 +126,8 @@ class Incidents(dict[int, Incident]):
                     and inc.replica_group in in_quorum \
                     and S.rid[S.index[inc.replica_group]] != inc.replica_id:
                 inc.rejoined_at, changed = now, True
-            if inc.back_to_pace_at is None and b is not None and len(hist) >= 2:
-                back = job.back_at(hist, inc.search_from, now, b)
+            if inc.back_to_pace_at is None:
+                back = job.back_at(inc.search_from, now, b)
                 if back is not None:
                     inc.back_to_pace_at, changed = back, True
                 elif settled is not None and inc.waiting:
@@ -143,6 +144,10 @@ class Incidents(dict[int, Incident]):
 
     def open(self) -> list[Incident]:
         return [i for i in self.values() if i.open]
+
+    def unsettled(self) -> int | None:
+        """The newest open incident not settled (it freezes the baseline)."""
+        return next((i.id for i in reversed(self.open()) if i.settled_pace is None), None)
 
     def recovering(self, t: float) -> Incident | None:
         """The latest evicted incident whose job is not back at pace by ``t``."""

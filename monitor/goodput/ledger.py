@@ -4,7 +4,8 @@
 
 from __future__ import annotations
 
-from collections import deque
+from collections import defaultdict, deque
+from functools import partial
 from itertools import chain, repeat
 from operator import attrgetter
 from typing import Any
@@ -27,7 +28,6 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
 
     def __init__(self, cfg: GoodputConfig | None = None) -> None:
         self.cfg = cfg or GoodputConfig()
-        self.cfg.validate()
         self.since: float | None = None  # first accounted sweep
         self.last_at: float | None = None
         self.slots = Slots()
@@ -94,16 +94,9 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         acct.goodput, self.goodput_debt = max(0.0, acct.goodput) - pay, self.goodput_debt - pay
         self.last_at = now
         self.incidents.follow(in_quorum, now, self.job)
-        self.job.sample(now, any(i.open and i.settled_pace is None
-                                 for i in self.incidents.values()))
+        self.job.sample(now, self.incidents.unsettled())
         self._settle(now, acct)
-        S = self.slots
-        groups = np.asarray(S.row_order[0], np.int64)
-        groups = groups[(groups > 0) & (S.exp[0, groups] != 0)]
-        acct.group_goodput_ratio = dict(zip(map(S.gids.__getitem__, groups.tolist()),
-                                            (S.good[0, groups] / S.exp[0, groups]).tolist(),
-                                            strict=True))
-        acct.job_goodput_ratio = S.job_ratio()
+        acct.group_goodput_ratio, acct.job_goodput_ratio = self.slots.ratios()
         return acct
 
     def _explain(self, inc: Incident) -> None:
@@ -127,13 +120,11 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         """Judge again the sweeps since the onset that a window reaching before it credited whole:
         below pace, a sweep keeps ``commits x b`` and the rest is the incident's drag or stall."""
         b, J, S = self.baseline, self.judged, self.slots
-        if b is None or not J.t1:
+        if b is None or not J:
             return
         cause = "straggler_drag" if inc.kind == "straggler" else "stall"
         t_on, n = inc.onset_at, len(S)
-        before, after, credit = J.dense(n)
-        t0 = np.fromiter(J.t0, float, len(J.t0))
-        t1 = np.fromiter(J.t1, float, len(J.t1))
+        t0, t1, before, after, credit = J.dense(n)
         judged = ~np.isnan(credit)
         ar = np.arange(n)
         # each group's cum at the onset
@@ -151,18 +142,15 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             return
         seconds = credit[ks, slots_of] * np.minimum(1.0, span[:, 0] / (t1 - t0))[ks]
         self._revised.extend(zip(repeat(cause), seconds.tolist()))
-        S.rows_for(np.unique(slots_of), 0)
-        S.rows_for(np.unique(slots_of[S.gpus[slots_of] > 0]), 1)
         for k in np.unique(ks).tolist():  # a run per sweep
             m = ks == k
             slots, sec = slots_of[m], seconds[m]
-            J.credit[k][slots] = credit[k, slots] - sec
+            J[k].credit[slots] = credit[k, slots] - sec
             g = S.gpus[slots]
             S.good[0, slots] -= sec
             S.good[1, slots[g > 0]] -= sec[g > 0] * g[g > 0]
-            r = Run(max(float(t0[k]), t_on), float(t1[k]), slots,
-                    list(map(S.gids.__getitem__, slots.tolist())), sec.tolist(),
-                    [x or None for x in g.tolist()], cause, counted=True)
+            r = self._run(max(float(t0[k]), t_on), float(t1[k]), slots, sec.tolist(), cause,
+                          counted=True)
             _link(r, inc)
             self.runs.append(r)
         self.runs.sort(key=attrgetter("t0"))  # a group's runs settle in time order
@@ -189,13 +177,15 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         e = self.expected_groups = max(self.cfg.expected_groups, len(inside))
         last_in = np.nan_to_num(S.last_in_quorum_at[outside], nan=0.0)
         outside = outside[np.argsort(-last_in, kind="stable")][:e - len(inside)]
+        if e > len(inside) + len(outside):
+            S.size_unseen()
         return inside, outside, e - len(inside) - len(outside)
 
     def _account(self, in_quorum: set[int], deltas: np.ndarray, job_moved: bool,
                  dt: float, now: float, acct: SweepAccount) -> None:
         t0, b, S, incs = self.last_at, self.baseline, self.slots, self.incidents
         inside, outside, unseen = self._partition(in_quorum)
-        acct.accounted, acct.dt, acct.expected_groups = True, dt, self.expected_groups
+        acct.accounted, acct.expected_groups = True, self.expected_groups
         startup = b is None
         committed = bool(deltas[inside].any())
         if job_moved or committed:
@@ -216,13 +206,10 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         slow = False
         if cuts:
             window = min(window, now - max(cuts))
-        gpus = S.gpus[inside].tolist()
         if startup:
             self._add_good(inside, np.zeros(len(inside)), dt, acct)
             if len(inside):
-                self._book(Run(t0, now, inside, list(map(S.gids.__getitem__, inside.tolist())),
-                               [dt] * len(inside), [n or None for n in gpus], "startup"),
-                           None, acct)
+                self._book(self._run(t0, now, inside, [dt] * len(inside), "startup"), None, acct)
         else:
             pace = self.hist.pace(inside, S.born, window, b) if window >= 2 * b \
                 else np.full(len(inside), np.nan)
@@ -233,7 +220,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             good = np.where(at_pace, dt, earned)
             S.carry[inside] = np.where(at_pace, 0.0, np.minimum(b, held - earned))
             cum = S.cum[inside]
-            self.judged.append(t0, now, len(S), inside, cum - d, cum, good - earned)
+            self.judged.add(t0, now, len(S), inside, cum - d, cum, good - earned)
             self._add_good(inside, good, dt, acct)
             rest = dt - good
             below = np.flatnonzero(rest > 1e-9)
@@ -248,10 +235,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
                     cause, inc = "straggler_drag", straggler
                 else:
                     cause, inc, slow = PENDING, None, True
-                slots = inside[below]
-                self._book(Run(t0, now, slots, list(map(S.gids.__getitem__, slots.tolist())),
-                               rest[below].tolist(), [gpus[i] or None for i in below.tolist()],
-                               cause, idle=idle), inc, acct)
+                self._book(self._run(t0, now, inside[below], rest[below].tolist(), cause,
+                                     idle=idle), inc, acct)
         S.carry[outside] = 0.0
         self._add_good(outside, np.zeros(len(outside)), dt, acct)
         for slot in outside.tolist():
@@ -264,11 +249,11 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
                 cause, inc = "recovery", recovering  # a survivor between quorums
             else:
                 cause = "capacity_lost"
-            self._book_one(t0, now, g, cause, dt, S.gpus_of(g), inc, acct)
+            self._book(self._run(t0, now, np.array([slot]), [dt], cause), inc, acct)
         for _ in range(unseen):
-            self._add_good(np.zeros(1, np.int64), np.zeros(1), dt, acct, S.default_gpus())
-            self._book_one(t0, now, None, "startup" if startup else "capacity_lost", dt,
-                           S.default_gpus(), None, acct)
+            self._add_good(np.zeros(1, np.int64), np.zeros(1), dt, acct)
+            self._book(self._run(t0, now, np.zeros(1, np.int64), [dt],
+                                 "startup" if startup else "capacity_lost"), None, acct)
         self.job.ratio = pace_of(self.job.history, self.job.window, b)
         self.job.slow_since = (self.job.slow_since or t0) if slow else None
 
@@ -283,29 +268,29 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
                      acct: SweepAccount) -> None:
         """Credit the commits made across a gap over ``max_gap_s``; the rest is unattributed."""
         inside, outside, unseen = self._partition(in_quorum)
-        acct.accounted, acct.dt, acct.expected_groups = True, dt, self.expected_groups
+        acct.accounted, acct.expected_groups = True, self.expected_groups
         self.gaps += 1
         self.gap_s += dt
         b, S = self.baseline, self.slots
         for slot in inside.tolist() + outside.tolist() + [0] * unseen:
             g = S.gids[slot]
             good = min(dt, int(deltas[slot]) * b) if b is not None and g in in_quorum else 0.0
-            gpus = S.gpus_of(g) if g is not None else S.default_gpus()
-            self._add_good(np.array([slot]), np.array([good]), dt, acct,
-                           None if g is not None else gpus)
+            self._add_good(np.array([slot]), np.array([good]), dt, acct)
             if dt - good > 1e-9:
-                self._book_one(self.last_at, now, g, "unattributed", dt - good, gpus, None, acct)
+                self._book(self._run(self.last_at, now, np.array([slot]), [dt - good],
+                                     "unattributed"), None, acct)
 
-    def _add_good(self, slots: np.ndarray, good: np.ndarray, dt: float, acct: SweepAccount,
-                  unseen_gpus: int | None = None) -> None:
-        self.slots.add_good(slots, good, dt, unseen_gpus)
+    def _add_good(self, slots: np.ndarray, good: np.ndarray, dt: float,
+                  acct: SweepAccount) -> None:
+        self.slots.add_good(slots, good, dt)
         acct.goodput = sum(good.tolist(), acct.goodput)
 
-    def _book_one(self, t0: float, t1: float, g: int | None, cause: str, seconds: float,
-                  gpus: int | None, inc: Incident | None, acct: SweepAccount) -> None:
-        slot = self.slots.index[g] if g is not None else 0
-        self._book(Run(t0, t1, np.array([slot], np.int64), [g], [seconds], [gpus], cause),
-                   inc, acct)
+    def _run(self, t0: float, t1: float, slots: np.ndarray, seconds: list[float], cause: str,
+             **kw: Any) -> Run:
+        """Badput of ``slots``, with their groups and world sizes."""
+        S = self.slots
+        return Run(t0, t1, slots, list(map(S.gids.__getitem__, slots.tolist())), seconds,
+                   [n or None for n in S.gpus[slots].tolist()], cause, **kw)
 
     def _book(self, r: Run, inc: Incident | None, acct: SweepAccount) -> None:
         """Counted now unless its cause may still change (then once settled)."""
@@ -343,31 +328,20 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             self._settle_run(r)
         self.runs = keep
         # an interval that neither this sweep nor an open run continues is over
-        continued: dict[float, np.ndarray] = {}  # a kept run's start -> its slots
+        continued = defaultdict(partial(np.zeros, len(self.slots), bool))  # start -> slots
         for r in keep:
-            at = continued.get(round(r.t0, 6))
-            if at is None:
-                at = continued[round(r.t0, 6)] = np.zeros(len(self.slots), bool)
-            at[r.slots] = True
+            continued[round(r.t0, 6)][r.slots] = True
         for key, iv in list(self.open_intervals.items()):
             if iv.end < now - 1e-6:
                 at = continued.get(round(iv.end, 6))
-                slot = 0 if key == UNSEEN else self.slots.index.get(int(key))
-                if at is None or slot is None or not at[slot]:
+                if at is None or not at[0 if key == UNSEEN else self.slots.index[int(key)]]:
                     self._close_interval(self.open_intervals.pop(key))
 
     def _settle_run(self, r: Run) -> None:
         self.slots.add_bad(r.slots, r.cause, r.seconds, r.gpus)
         inc = self.incidents.get(r.incident) if r.incident is not None else None
         if inc is not None:
-            inc.cost[r.cause] = sum(r.seconds, inc.cost.get(r.cause, 0.0))
-            cost = inc.gpu_cost
-            for x, m in zip(r.seconds, r.gpus, strict=True):
-                if m:
-                    cost += x * m
-                else:
-                    inc.gpu_cost_known = False
-            inc.gpu_cost = cost
+            inc.charge(r)
             self.incidents.dirty.add(inc.id)
         for g, x, m in zip(r.groups, r.seconds, r.gpus, strict=True):
             key = key_of(g)

@@ -9,16 +9,11 @@ from typing import Any
 import numpy as np
 
 CAUSES = ("straggler_drag", "stall", "recovery", "capacity_lost", "startup", "unattributed")
-CAUSE_COLUMN = {c: i for i, c in enumerate(CAUSES)}
 PENDING = "pending"  # slow time nothing explains yet (settles within the horizon)
 UNSEEN = "unseen"  # the totals key of an expected group never seen
 SNAPSHOT_VERSION = 3
 JOB_RESTART_STEPS = 100  # the job's newest step falling this far: it started over
 HUGE = 1 << 53  # a count from this on is not one (a float holds any below it exactly)
-
-
-class GoodputError(ValueError):
-    """A ledger setting it cannot run with."""
 
 
 @dataclass
@@ -34,19 +29,6 @@ class GoodputConfig:
     max_gap_s: float = 30.0  # a longer gap between sweeps is accounted as a gap
     keep_intervals: int = 2000  # settled intervals kept in memory (all go to the store)
     keep_incidents: int = 200  # closed incidents kept in memory (all go to the store)
-
-    def validate(self) -> None:
-        if self.expected_groups is not None and self.expected_groups < 1:
-            raise GoodputError(f"expected_groups must be >= 1, got {self.expected_groups}")
-        if not 0 < self.pace_threshold <= 1:
-            raise GoodputError(f"pace_threshold must be in (0, 1], got {self.pace_threshold}")
-        for name in ("pace_window_s", "horizon_s", "max_gap_s"):
-            if not getattr(self, name) > 0:
-                raise GoodputError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("pace_window_steps", "baseline_samples", "baseline_min_samples",
-                     "horizon_steps", "keep_intervals", "keep_incidents"):
-            if getattr(self, name) < 1:
-                raise GoodputError(f"{name} must be >= 1, got {getattr(self, name)!r}")
 
 
 @dataclass(eq=False)
@@ -159,6 +141,15 @@ class Incident:
         return self.open and self.back_to_pace_at is None and (
             self.evicted_at is not None or self.resolved_at is not None)
 
+    def charge(self, r: Run) -> None:
+        """Add the badput of ``r`` (tied to this incident) to its cost."""
+        self.cost[r.cause] = sum(r.seconds, self.cost.get(r.cause, 0.0))
+        for x, m in zip(r.seconds, r.gpus, strict=True):
+            if m:
+                self.gpu_cost += x * m
+            else:
+                self.gpu_cost_known = False
+
     def to_store(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -172,7 +163,6 @@ class SweepAccount:
     """What one update added: the seconds the metrics count (pending time once it settles)."""
 
     accounted: bool = False
-    dt: float = 0.0
     expected_groups: int = 0
     goodput: float = 0.0
     badput: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0.0))

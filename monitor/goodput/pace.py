@@ -53,11 +53,6 @@ class JobPace:
     def horizon(self) -> float:
         return max(self.cfg.horizon_s, self.cfg.horizon_steps * (self.baseline or 0.0))
 
-    @property
-    def young(self) -> bool:
-        """The baseline still follows a job that warms up, slow or not."""
-        return len(self.samples) < self.cfg.baseline_samples // 4
-
     def ingest(self, steps: list[int], now: float) -> bool:
         """True if the in-quorum groups' steps moved the job on."""
         moved = False
@@ -74,17 +69,24 @@ class JobPace:
             trim(self.history, now, self.window)
         return moved
 
-    def sample(self, now: float, incident_open: bool) -> None:
+    def frozen(self, now: float, incident: int | None) -> str | None:
+        """Why the baseline takes no samples now (None: it does); ``incident``: the newest open
+        one not settled."""
+        if incident is not None and self.baseline is not None:
+            return f"incident {incident} open"
+        # a young baseline (a quarter of its samples) follows a job that warms up, slow or not
+        if len(self.samples) >= self.cfg.baseline_samples // 4 and self.slow_since is not None \
+                and now - self.slow_since < self.horizon:
+            return "unexplained slowness, waiting for an explanation"
+        return None
+
+    def sample(self, now: float, incident: int | None) -> None:
         hist = self.history
-        if len(hist) < 2:
+        if len(hist) < 2 or self.frozen(now, incident):
             return
         span = hist[-1][0] - hist[0][0]
         steps = hist[-1][1] - hist[0][1]
         if steps < 3 or span < 0.9 * self.window:
-            return
-        if self.baseline is not None and incident_open:
-            return
-        if not self.young and self.slow_since is not None and now - self.slow_since < self.horizon:
             return
         self.samples.append(span / steps)
         if len(self.samples) >= self.cfg.baseline_min_samples:
@@ -121,11 +123,12 @@ class JobPace:
         self.steady = None
         return st, level
 
-    def back_at(self, hist: list[tuple[float, int]], after: float, now: float,
-                b: float) -> float | None:
-        """Start of the trailing window (from ``after`` on) at pace, never before the job
-        first committed again; None if it is not at pace."""
-        start = None
+    def back_at(self, after: float, now: float, b: float | None) -> float | None:
+        """Start of the trailing window (from ``after`` on) at pace by baseline ``b``, never
+        before the job first committed again; None if it is not at pace."""
+        if b is None:
+            return None
+        hist, start = list(self.history), None
         for t, s in hist:
             if t <= now - self.window:
                 start = (t, s)

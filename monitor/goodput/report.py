@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from operator import itemgetter
 from typing import Any
 
@@ -23,19 +23,18 @@ class GoodputReport:
         job["gpu_seconds"] = self._summary(list(gpu.values())) if gpu else None
         if job["gpu_seconds"]:
             job["gpu_seconds"].pop("goodput_ratio", None)
-        groups = []
+        groups, S = [], self.slots
         for key in sorted(rows, key=lambda k: (k == UNSEEN, int(k) if k != UNSEEN else 0)):
-            row = self._summary([rows[key]])
-            slot = None if key == UNSEEN else self.slots.index.get(int(key))
-            row.update(replica_group=None if key == UNSEEN else int(key),
-                       **self._group_fields(slot))
-            groups.append(row)
+            slot = 0 if key == UNSEEN else S.index[int(key)]  # slot 0: never seen
+            at = float(S.last_in_quorum_at[slot])
+            groups.append({**self._summary([rows[key]]), "replica_group": S.gids[slot],
+                           "replica_id": S.rid[slot], "gpus": (int(S.gpus[slot]) or None) if slot else None,
+                           "last_in_quorum_at": None if math.isnan(at) else at})
         incs = sorted(self.incidents.values(), key=lambda i: i.id, reverse=True)[:incidents]
         job_pace, baseline = self.job, self.baseline
         return {
             "since": self.since, "at": self.last_at,
-            "wall_seconds": round(self.last_at - self.since, 3) if self.since is not None
-            and self.last_at is not None else 0.0,
+            "wall_seconds": round(self.last_at - self.since, 3) if self.since is not None else 0.0,
             "unobserved_seconds": round(self.unobserved_s, 3),
             "gaps": self.gaps, "gap_seconds": round(self.gap_s, 3),
             "skipped_sweeps": self.skipped_sweeps,
@@ -44,7 +43,7 @@ class GoodputReport:
             "baseline": {"step_seconds": round(baseline, 4) if baseline else None,
                          "samples": len(job_pace.samples),
                          "window_samples": self.cfg.baseline_samples,
-                         "frozen": self.baseline_frozen()},
+                         "frozen": job_pace.frozen(self.last_at, self.incidents.unsettled())},
             "pace": {"ratio": round(job_pace.ratio, 3) if job_pace.ratio is not None else None,
                      "threshold": self.cfg.pace_threshold, "window_s": round(job_pace.window, 3)},
             "horizon_s": round(job_pace.horizon, 3),
@@ -75,39 +74,14 @@ class GoodputReport:
                 "badput_seconds": {c: round(sum(r.get(c, 0.0) for r in rows), 3) for c in CAUSES},
                 "pending_seconds": round(sum(r.get(PENDING, 0.0) for r in rows), 3)}
 
-    def _group_fields(self, slot: int | None) -> dict[str, Any]:
-        if slot is None:
-            return {"replica_id": None, "gpus": None, "last_in_quorum_at": None}
-        S = self.slots
-        at = float(S.last_in_quorum_at[slot])
-        return {"replica_id": S.rid[slot], "gpus": int(S.gpus[slot]) or None,
-                "last_in_quorum_at": None if math.isnan(at) else at}
-
-    def baseline_frozen(self) -> str | None:
-        """Why the baseline takes no samples now (None: it does)."""
-        opened = [i.id for i in self.incidents.open() if i.settled_pace is None]
-        if opened and self.baseline is not None:
-            return f"incident {opened[-1]} open"
-        job = self.job
-        if not job.young and job.slow_since is not None and self.last_at is not None \
-                and self.last_at - job.slow_since < job.horizon:
-            return "unexplained slowness, waiting for an explanation"
-        return None
-
     def incident_json(self, inc: Incident) -> dict[str, Any]:
         """An incident with its cost so far, settled and not."""
-        cost = dict(inc.cost)
-        gpu, gpu_known = inc.gpu_cost, inc.gpu_cost_known
+        live = replace(inc, cost=dict(inc.cost))
         for r in self.runs:
-            if r.incident != inc.id:
-                continue
-            for x, m in zip(r.seconds, r.gpus, strict=True):
-                cost[r.cause] = cost.get(r.cause, 0.0) + x
-                if m:
-                    gpu += x * m
-                else:
-                    gpu_known = False
-        total = sum(cost.values())
+            if r.incident == inc.id:
+                live.charge(r)
+        total = sum(live.cost.values())
+        gpu = None if total and not live.gpu_cost_known else round(live.gpu_cost, 3)
 
         def since_onset(t: float | None) -> float | None:
             return round(t - inc.onset_at, 3) if t is not None else None
@@ -122,9 +96,8 @@ class GoodputReport:
             "recovery_s": since_onset(inc.back_to_pace_at),
             "rejoin_s": since_onset(inc.rejoined_at),
             "cost": {"replica_seconds": round(total, 3),
-                     "by_cause": {k: round(v, 3) for k, v in sorted(cost.items())},
-                     "gpu_seconds": round(gpu, 3) if gpu_known and total > 0 else
-                     (0.0 if total == 0 else None),
+                     "by_cause": {k: round(v, 3) for k, v in sorted(live.cost.items())},
+                     "gpu_seconds": gpu,
                      "group_steps": round(total / self.baseline, 1) if self.baseline else None},
         }
 

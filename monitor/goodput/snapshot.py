@@ -105,8 +105,6 @@ class GoodputSnapshot:
         job.steady = (float(steady[0]), int(steady[1])) if steady else None
         for kind, cols in enumerate((state["totals"], state["gpu_totals"])):
             slots = [0 if key == UNSEEN else S.index[int(key)] for key in cols["key"]]
-            for slot, key in zip(slots, cols["key"], strict=True):
-                S.row(slot, key, kind)
             S.good[kind, slots], S.exp[kind, slots] = cols["goodput"], cols["expected"]
             for c, cause in enumerate(CAUSES):
                 has = [v is not None for v in cols.get(cause, ())]

@@ -23,7 +23,6 @@ from monitor.goodput.model import (  # the data and helpers the columns did not 
     SNAPSHOT_VERSION,
     UNSEEN,
     GoodputConfig,
-    GoodputError,
     Incident,
     SweepAccount,
 )
@@ -34,7 +33,7 @@ from monitor.goodput.model import as_ints as _ints
 from monitor.goodput.pace import pace_of as _pace
 from monitor.goodput.pace import trim as _trim
 
-__all__ = ["CAUSES", "GoodputConfig", "GoodputError", "GoodputLedger", "SweepAccount"]
+__all__ = ["CAUSES", "GoodputConfig", "GoodputLedger", "SweepAccount"]
 
 
 @dataclass
@@ -131,7 +130,6 @@ class GoodputLedger:
 
     def __init__(self, cfg: GoodputConfig | None = None) -> None:
         self.cfg = cfg or GoodputConfig()
-        self.cfg.validate()
         self.since: float | None = None  # first accounted sweep
         self.last_at: float | None = None
         self.groups: dict[int, _Group] = {}
@@ -519,7 +517,7 @@ class GoodputLedger:
                  dt: float, now: float, acct: SweepAccount) -> None:
         t0, b = self.last_at, self.baseline
         inside, outside, unseen = self._slots(in_quorum)
-        acct.accounted, acct.dt, acct.expected_groups = True, dt, self.expected_groups
+        acct.accounted, acct.expected_groups = True, self.expected_groups
         startup = b is None
         if job_moved or any(deltas.get(g, 0) for g in inside):
             self.last_commit_at = now
@@ -605,7 +603,7 @@ class GoodputLedger:
                      acct: SweepAccount) -> None:
         """A gap: credit the commits made across it, leave the rest unexplained."""
         inside, outside, unseen = self._slots(in_quorum)
-        acct.accounted, acct.dt, acct.expected_groups = True, dt, self.expected_groups
+        acct.accounted, acct.expected_groups = True, self.expected_groups
         self.gaps += 1
         self.gap_s += dt
         b = self.baseline
