@@ -325,22 +325,19 @@ class Polling:
             answered = early[1].result()
             got = {u: answered[u] for u in urls if u in early[0]}
         rest, torch = self._split([u for u in urls if u not in got])
+        for url in torch:
+            rv = view.ranks.get(url)
+            if rv is None or rv.rank is None or not rv.state:
+                continue
+            if "torch_only" not in rv.state:  # Lightkeeper's handlers: lightkeeper_fr_trace
+                rest.append(url)
+                continue
+            d = self.torch_ranks.dumps.get(url)  # came with its state this sweep
+            if d is not None and d["rank"] == rv.rank:
+                dumps[rv.rank] = d
         if rest:
             got.update(self.poller.sweep(rest, "/v1/fr_trace" + query, self.cfg.fr_timeout_s,
                                          self.cfg.max_fr_bytes))
-        if torch:
-            lk_handlers = []  # Lightkeeper's handlers on torch's server: lightkeeper_fr_trace
-            for url in torch:
-                rv = view.ranks.get(url)
-                if rv is None or rv.rank is None or not rv.state:
-                    continue
-                if "torch_only" not in rv.state:
-                    lk_handlers.append(url)
-                    continue
-                d = self.torch_ranks.dumps.get(url)  # came with its state this sweep
-                if d is not None and d["rank"] == rv.rank:
-                    dumps[rv.rank] = d
-            got.update(self.torch.fr_sweep(lk_handlers, query))
         refused = self._split([u for u, p in got.items() if p.status == 400])[0]
         if refused:
             got.update(self.poller.sweep(refused, "/v1/fr_trace", self.cfg.fr_timeout_s,
