@@ -17,10 +17,17 @@ from .evidence.view import ClusterView, GroupView
 from .poll.discovery import Target
 from .poll.poller import RankPoll
 
-MODES = ("auto", "on", "off")
 # the drill reason of a group whose leader waits inside its own group (also in Plan.blocked)
 BLOCKED_IN_GROUP = "leader blocked in an in-group collective"
 SUSPECT = "finding or straggler candidate"  # the drill reason of the monitor's suspect groups
+
+
+def _wait(state: dict) -> tuple[str | None, float | None]:
+    """current_wait's answer, sooner for the usual leader: not waiting."""
+    timing = state.get("timing")
+    if type(timing) is dict and timing.get("waiting") is None:
+        return None, None
+    return current_wait(state)
 
 
 @dataclass
@@ -35,19 +42,14 @@ class Plan:
 
 
 class LeaderSchedule:
-    """Decides each sweep's URLs from the previous sweep's view."""
+    """Decides each sweep's URLs from the previous sweep's view; its settings are checked by
+    MonitorConfig.validate."""
 
     def __init__(self, mode: str = "auto",
                  min_ranks: int = MonitorConfig.leader_polling_min_ranks,
                  member_interval_s: float = 10.0,
                  interval_s: float = 1.0, hold_s: float = 10.0, suspect_floor_s: float = 1.0,
                  suspect_factor: float = 2.0) -> None:
-        if mode not in MODES:
-            raise ValueError(f"leader polling mode must be one of {', '.join(MODES)}, "
-                             f"got {mode!r}")
-        if member_interval_s <= 0 or interval_s <= 0 or hold_s < 0 or min_ranks < 0:
-            raise ValueError("member_interval_s and interval_s must be > 0, hold_s and "
-                             "min_ranks >= 0")
         self.mode = mode
         self.min_ranks = min_ranks
         self.member_interval_s = member_interval_s
@@ -143,10 +145,7 @@ class LeaderSchedule:
             st = p.data
             if type(st) is not dict:
                 continue
-            timing = st.get("timing")
-            if type(timing) is dict and timing.get("waiting") is None:
-                continue  # not waiting: the usual answer, read no further
-            scope, secs = current_wait(st)
+            scope, secs = _wait(st)
             if scope != "group" or (secs or 0.0) < suspect() or st.get("replica_group") != g:
                 continue
             gv = view.groups.get(g)
@@ -226,11 +225,7 @@ class LeaderSchedule:
                 continue
             st = lead.state
             try:
-                timing = st.get("timing")
-                if type(timing) is dict and timing.get("waiting") is None:
-                    scope = secs = None  # not waiting (current_wait's answer, sooner)
-                else:
-                    scope, secs = current_wait(st)
+                scope, secs = _wait(st)
                 step = int(st["step"])
             except (TypeError, ValueError, KeyError, AttributeError):
                 out.setdefault(g, "leader state unreadable")
