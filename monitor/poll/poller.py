@@ -50,7 +50,6 @@ class _Request:
 
     sweep: _Sweep
     i: int
-    url: str
     key: tuple[str, int]
     wire: bytes
     start: float
@@ -243,15 +242,15 @@ class Poller:
 
     # --- event loop side -------------------------------------------------------------
     async def _sweep(self, urls: list[str], path: str, timeout: float, limit: int,
-                     on_rows: Callable[[list[tuple]], None] | None = None,
-                     per_batch: int = 256, queries: list[str] | None = None
-                     ) -> dict[str, RankPoll]:
+                     on_rows: Callable[[list[tuple]], None] | None, per_batch: int,
+                     queries: list[str] | None) -> dict[str, RankPoll]:
         wire = None
         if queries is not None:  # few distinct values: each encoded once
             encoded = {q: q.encode("latin-1") for q in set(queries)}
             wire = [encoded[q] for q in queries]
-        sw = _Sweep(urls, path.encode("latin-1"), handler_path(path).encode("latin-1"), timeout, limit, self._loop.create_future(),
-                    on_rows, per_batch if on_rows else len(urls), wire)
+        sw = _Sweep(urls, path.encode("latin-1"), handler_path(path).encode("latin-1"), timeout,
+                    limit, self._loop.create_future(), on_rows,
+                    per_batch if on_rows else len(urls), wire)
         self._launch(sw)
         try:
             await sw.waiter
@@ -269,13 +268,13 @@ class Poller:
         polls = {urls[row[0]]: rank_poll(urls[row[0]], row, state) for row in sw.rows}
         return {u: polls[u] for u in urls}
 
-    def _request(self, sw: _Sweep, i: int, url: str,
-                 target: tuple[tuple[str, int], bytes, bytes, bool], now: float) -> _Request:
+    def _request(self, sw: _Sweep, i: int, target: tuple[tuple[str, int], bytes, bytes, bool],
+                 now: float) -> _Request:
         """A request for the sweep's ``i``-th URL, in its deadline queue."""
         key, get, tail, torch = target
         query = b"" if sw.queries is None else sw.queries[i]
         path = sw.handler_path if torch else sw.path
-        req = _Request(sw, i, url, key, get + path + query + tail, now, now + sw.timeout)
+        req = _Request(sw, i, key, get + path + query + tail, now, now + sw.timeout)
         sw.inflight.append(req)
         if sw.timer is None:
             sw.timer = self._loop.call_at(req.deadline, self._expire, sw)
@@ -290,18 +289,17 @@ class Poller:
         now = time.monotonic()
         while sw.active < most and sw.next < n:
             i = sw.next
-            url = urls[i]
             sw.next += 1
             sw.active += 1
             try:
-                got = target(url)
+                got = target(urls[i])
             except PollError as e:
                 self._done(sw, i, e.reason, str(e))
                 continue
             except Exception as e:
                 self._done(sw, i, "bad_response", f"{type(e).__name__}: {e}")
                 continue
-            self._send(self._request(sw, i, url, got, now))
+            self._send(self._request(sw, i, got, now))
         sw.launching = False
         if sw.active == 0 and sw.next >= n and not sw.waiter.done():
             sw.waiter.set_result(None)
@@ -391,12 +389,11 @@ class Poller:
             conn.abort()
         elif sw.next < len(sw.urls) and not sw.launching:
             i = sw.next
-            nxt = sw.urls[i]
-            got = TARGETS.get(nxt)
+            got = TARGETS.get(sw.urls[i])
             if got is not None and got[0] == conn.key:
                 sw.next += 1
                 sw.active += 1
-                nreq = self._request(sw, i, nxt, got, now)
+                nreq = self._request(sw, i, got, now)
                 nreq.reused = True
                 conn.begin(nreq)
                 return
