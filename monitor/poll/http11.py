@@ -18,10 +18,9 @@ MAX_CHUNK_LINE = 1024  # a chunk-size line (hex size and extensions)
 
 
 class PollError(Exception):
-    def __init__(self, reason: str, message: str, status: int | None = None) -> None:
+    def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
-        self.status = status
 
 
 def _split(url: str) -> tuple[str, int, str]:
@@ -106,7 +105,7 @@ class Conn(asyncio.Protocol):
                 self.buf += data
                 self._advance(self.buf)
         except PollError as e:
-            self.poller._fail(req, e.reason, str(e), e.status)
+            self.poller._fail(req, e.reason, str(e))
         except Exception as e:  # anything else a broken rank can provoke
             self.poller._fail(req, "bad_response", f"{type(e).__name__}: {e}")
 

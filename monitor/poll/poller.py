@@ -402,7 +402,7 @@ class Poller:
             self._put(conn)
         self._launch(sw)
 
-    def _fail(self, req: _Request, reason: str, error: str, status: int | None = None) -> None:
+    def _fail(self, req: _Request, reason: str, error: str) -> None:
         if req.done:
             return
         req.done = True
@@ -413,12 +413,11 @@ class Poller:
         if req.connecting is not None:
             req.connecting.cancel()
             req.connecting = None
-        self._done(req.sweep, req.i, reason, error, status, time.monotonic() - req.start)
+        self._done(req.sweep, req.i, reason, error, time.monotonic() - req.start)
 
-    def _done(self, sw: _Sweep, i: int, reason: str, error: str, status: int | None = None,
-              latency_s: float = 0.0) -> None:
-        """The ``i``-th request failed."""
-        sw.row((i, False, None, reason, error, status, latency_s, time.time()))
+    def _done(self, sw: _Sweep, i: int, reason: str, error: str, latency_s: float = 0.0) -> None:
+        """The ``i``-th request failed (an HTTP status is an answer: :meth:`_answer`)."""
+        sw.row((i, False, None, reason, error, None, latency_s, time.time()))
         self._launch(sw)
 
     def _take(self, key: tuple[str, int]) -> Conn | None:
