@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 REASONS = ("timeout", "connection", "http_status", "bad_response", "monitor")
 STATE_PATH = "/v1/state"  # its answers are kept packed (monitor/poll/packed_state.py)
 MAX_BODY = 1 << 20  # default per answer; /v1/fr_trace gets its own (larger) bound
-EVENT_LOOPS = ("asyncio", "uvloop", "auto")
+EVENT_LOOPS = ("asyncio", "auto")
 
 
 @dataclass
@@ -154,16 +154,15 @@ def dedup_queries(urls: Iterable[str], queries: Sequence[str] | None
 
 
 def new_event_loop(kind: str = "asyncio") -> asyncio.AbstractEventLoop:
-    """The stdlib's loop, uvloop's (ImportError where not installed), or ``auto``: uvloop's
-    where importable. uvloop costs less CPU a request (docs/scaling.md); the answers are the same."""
+    """The stdlib's loop, or ``auto``: uvloop's where importable. uvloop costs less CPU a
+    request (docs/scaling.md); the answers are the same."""
     if kind not in EVENT_LOOPS:
         raise ValueError(f"event loop {kind!r}: one of {', '.join(EVENT_LOOPS)}")
-    if kind != "asyncio":
+    if kind == "auto":
         try:
             import uvloop
         except ImportError:
-            if kind == "uvloop":
-                raise
+            pass
         else:
             return uvloop.new_event_loop()
     return asyncio.new_event_loop()
