@@ -339,6 +339,12 @@ def test_lightkeeper_handlers_on_torch_server_read_as_the_full_state(garbage_ser
         table[("POST", "/handler/lightkeeper_state?recent=16")] = (200, b"{garbage")
         bad = poller.sweep([url], ["?recent=16"])[url]
         assert not bad.ok and bad.reason == "bad_response"
+        # a culprit's stacks, read when its finding opens (POSTed; a missing handler said)
+        table[("POST", "/handler/lightkeeper_stacks")] = (200, b"Thread 0x1 (most recent)")
+        gone = p.data["stacks_url"].replace("lightkeeper_stacks", "dump_traceback")
+        got = poller.stacks([p.data["stacks_url"], gone])
+        assert got[p.data["stacks_url"]] == "Thread 0x1 (most recent)"
+        assert got[gone].startswith("(no stacks: HTTP 404")
     finally:
         poller.close()
         lk_poller.close()
