@@ -264,6 +264,7 @@ STATE = {"replica_group": 2, "rank": 4, "group_rank": 0, "group_world_size": 2, 
 @pytest.mark.parametrize("routes, ok, said", [
     ({("GET", "/handler/"): (200, b'{"not": "a list"}')}, False, "list of handler names"),
     ({("GET", "/handler/"): (200, b"<html>")}, False, "GET /handler/"),
+    ({("GET", "/handler/"): (200, b"[" * 50_000)}, False, "recursion"),
     ({("GET", "/handler/"): (500, b"boom")}, False, "HTTP 500"),
     ({("GET", "/handler/"): _listing("ping")}, True, "no fr_trace_json handler"),
     ({("GET", "/handler/"): _listing("fr_trace_json"),

@@ -159,7 +159,7 @@ class TorchPoller:
                     if not isinstance(names, list) or not all(type(n) is str for n in names):
                         raise ValueError(f"expected a list of handler names, got "
                                          f"{str(names)[:80]!r}")
-                except ValueError as e:
+                except (ValueError, RecursionError) as e:  # not JSON, or nested too deep
                     reason, error = "bad_response", f"GET /handler/: {e}"
                 else:
                     out[u] = tuple(names)
