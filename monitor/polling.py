@@ -101,11 +101,7 @@ class Polling:
             ahead = None
         if ahead is not None:
             targets, plan = ahead.targets, ahead.plan
-            polls = ahead.result()
-            torch = self._split(plan.urls)[1]
-            if torch:
-                polls.update(self.torch.sweep(torch, self.detectors.state_queries(
-                    torch, view=view)))
+            polls = self._states(plan.urls, view, ahead.result())
             first = ahead.handles[0]
             if first.finished_at is not None:
                 self._poll_s = (first.finished_at - first.sent_at) or self._poll_s
@@ -190,11 +186,14 @@ class Polling:
             return urls, []
         return [u for u in urls if not is_torch(u)], [u for u in urls if is_torch(u)]
 
-    def _states(self, urls: list[str], view: ClusterView | None) -> dict[str, RankPoll]:
-        """The state answers of ``urls``: the poller's, those on torch's debug server from
-        :attr:`torch` (``lightkeeper_state``, or torch's own answers made states later)."""
+    def _states(self, urls: list[str], view: ClusterView | None,
+                polls: dict[str, RankPoll] | None = None) -> dict[str, RankPoll]:
+        """The state answers of ``urls``: the poller's (``polls`` when asked ahead), those on
+        torch's debug server from :attr:`torch` (``lightkeeper_state``, or torch's own answers
+        made states later)."""
         lk, torch = self._split(urls)
-        polls = self.poller.sweep(lk, queries=self.detectors.state_queries(lk, view=view))
+        if polls is None:
+            polls = self.poller.sweep(lk, queries=self.detectors.state_queries(lk, view=view))
         if torch:
             polls.update(self.torch.sweep(torch, self.detectors.state_queries(torch, view=view)))
         return polls
@@ -325,22 +324,19 @@ class Polling:
             answered = early[1].result()
             got = {u: answered[u] for u in urls if u in early[0]}
         rest, torch = self._split([u for u in urls if u not in got])
+        for url in torch:
+            rv = view.ranks.get(url)
+            if rv is None or rv.rank is None or not rv.state:
+                continue
+            if "torch_only" not in rv.state:  # Lightkeeper's handlers: lightkeeper_fr_trace
+                rest.append(url)
+                continue
+            d = self.torch_ranks.dumps.get(url)  # came with its state this sweep
+            if d is not None and d["rank"] == rv.rank:
+                dumps[rv.rank] = d
         if rest:
             got.update(self.poller.sweep(rest, "/v1/fr_trace" + query, self.cfg.fr_timeout_s,
                                          self.cfg.max_fr_bytes))
-        if torch:
-            lk_handlers = []  # Lightkeeper's handlers on torch's server: lightkeeper_fr_trace
-            for url in torch:
-                rv = view.ranks.get(url)
-                if rv is None or rv.rank is None or not rv.state:
-                    continue
-                if "torch_only" not in rv.state:
-                    lk_handlers.append(url)
-                    continue
-                d = self.torch_ranks.dumps.get(url)  # came with its state this sweep
-                if d is not None and d["rank"] == rv.rank:
-                    dumps[rv.rank] = d
-            got.update(self.torch.fr_sweep(lk_handlers, query))
         refused = self._split([u for u, p in got.items() if p.status == 400])[0]
         if refused:
             got.update(self.poller.sweep(refused, "/v1/fr_trace", self.cfg.fr_timeout_s,

@@ -17,7 +17,6 @@ from .evidence.view import ClusterView, GroupView
 from .poll.discovery import Target
 from .poll.poller import RankPoll
 
-MODES = ("auto", "on", "off")
 # the drill reason of a group whose leader waits inside its own group (also in Plan.blocked)
 BLOCKED_IN_GROUP = "leader blocked in an in-group collective"
 SUSPECT = "finding or straggler candidate"  # the drill reason of the monitor's suspect groups
@@ -35,19 +34,14 @@ class Plan:
 
 
 class LeaderSchedule:
-    """Decides each sweep's URLs from the previous sweep's view."""
+    """Decides each sweep's URLs from the previous sweep's view; its settings are checked by
+    MonitorConfig.validate."""
 
     def __init__(self, mode: str = "auto",
                  min_ranks: int = MonitorConfig.leader_polling_min_ranks,
                  member_interval_s: float = 10.0,
                  interval_s: float = 1.0, hold_s: float = 10.0, suspect_floor_s: float = 1.0,
                  suspect_factor: float = 2.0) -> None:
-        if mode not in MODES:
-            raise ValueError(f"leader polling mode must be one of {', '.join(MODES)}, "
-                             f"got {mode!r}")
-        if member_interval_s <= 0 or interval_s <= 0 or hold_s < 0 or min_ranks < 0:
-            raise ValueError("member_interval_s and interval_s must be > 0, hold_s and "
-                             "min_ranks >= 0")
         self.mode = mode
         self.min_ranks = min_ranks
         self.member_interval_s = member_interval_s

@@ -25,7 +25,7 @@ from monitor.evidence.rank import plain_shape, valid_state
 from monitor.evidence.torch_rank import TorchRanks, adapted_dump, blocked_in, torch_state
 from monitor.poll.admission import AllowList
 from monitor.poll.discovery import BadTarget, Discovery, normalize_url
-from monitor.poll.poller import RankPoll
+from monitor.poll.poller import Poller, RankPoll
 from monitor.poll.torch_server import (
     RAW_KEY,
     StoreReader,
@@ -204,7 +204,7 @@ def torch_worker_server():
 def test_real_torch_server_read_and_adapted(torch_worker_server):
     poller = TorchPoller(timeout_s=5, fr_timeout_s=5)
     try:
-        p = poller.poll(torch_worker_server)
+        p = poller.sweep([torch_worker_server])[torch_worker_server]
         assert p.ok, p.error
         raw = p.data[RAW_KEY]
         assert {"fr_trace_json", "dump_traceback", "ping"} <= set(raw.handlers)
@@ -215,7 +215,7 @@ def test_real_torch_server_read_and_adapted(torch_worker_server):
         s = polls[torch_worker_server].data
         assert valid_state(s) is None and s["rank"] == 1 and s["replica_id"] == RID[1]
         assert ranks.dumps[torch_worker_server]["replica_group"] == 1
-        ranks.adapt(polls := {torch_worker_server: poller.poll(torch_worker_server)}, {},
+        ranks.adapt(polls := {torch_worker_server: poller.sweep([torch_worker_server])[torch_worker_server]}, {},
                     status(), NOW)
         assert not polls[torch_worker_server].ok  # whose rank it is: unknown
         assert "--torch-stores" in polls[torch_worker_server].error
@@ -264,6 +264,7 @@ STATE = {"replica_group": 2, "rank": 4, "group_rank": 0, "group_world_size": 2, 
 @pytest.mark.parametrize("routes, ok, said", [
     ({("GET", "/handler/"): (200, b'{"not": "a list"}')}, False, "list of handler names"),
     ({("GET", "/handler/"): (200, b"<html>")}, False, "GET /handler/"),
+    ({("GET", "/handler/"): (200, b"[" * 50_000)}, False, "recursion"),
     ({("GET", "/handler/"): (500, b"boom")}, False, "HTTP 500"),
     ({("GET", "/handler/"): _listing("ping")}, True, "no fr_trace_json handler"),
     ({("GET", "/handler/"): _listing("fr_trace_json"),
@@ -274,7 +275,7 @@ STATE = {"replica_group": 2, "rank": 4, "group_rank": 0, "group_world_size": 2, 
       ("POST", "/handler/fr_trace_json"): (500, b"dump failed")}, True, "HTTP 500"),
     ({("GET", "/handler/"): _listing("fr_trace_json"),
       ("POST", "/handler/fr_trace_json"): (200, b"{" + b" " * 5000 + b"}")}, True,
-     "larger than 4096 bytes"),
+     "at most 4096 bytes"),
 ])
 def test_a_rank_answering_garbage_is_said_never_raised(garbage_server, routes, ok, said):
     url, table = garbage_server
@@ -282,7 +283,7 @@ def test_a_rank_answering_garbage_is_said_never_raised(garbage_server, routes, o
     table.update(routes)
     poller = TorchPoller(timeout_s=2, fr_timeout_s=2, max_fr_bytes=4096)
     try:
-        p = poller.poll(url)
+        p = poller.sweep([url])[url]
     finally:
         poller.close()
     assert p.ok is ok
@@ -305,7 +306,7 @@ def test_handler_list_asked_again_after_a_404(garbage_server):
     poller = TorchPoller(timeout_s=2)
     try:
         for _ in range(3):
-            p = poller.poll(url)
+            p = poller.sweep([url])[url]
             assert p.ok and "HTTP 404" in p.data[RAW_KEY].error
     finally:
         poller.close()
@@ -321,7 +322,7 @@ def test_lightkeeper_handlers_on_torch_server_read_as_the_full_state(garbage_ser
                       (200, json.dumps(STATE).encode()),
                   ("POST", "/handler/lightkeeper_fr_trace?last=5"):
                       (200, b'{"version": "2.10", "entries": [], "rank": 4}')})
-    poller = TorchPoller(timeout_s=2)
+    poller, lk_poller = TorchPoller(timeout_s=2), Poller(timeout_s=2)
     try:
         p = poller.sweep([url], ["?recent=16"])[url]
         assert p.ok and p.data["rank"] == 4 and p.data["phase"] == "forward", p.error
@@ -334,13 +335,20 @@ def test_lightkeeper_handlers_on_torch_server_read_as_the_full_state(garbage_ser
         fake = RankPoll(url, True, {RAW_KEY: {"handlers": [], "dump": None}})
         TorchRanks("j").adapt(polls := {url: fake}, {url: ident(0)}, status(), NOW)
         assert polls[url] is fake and valid_state(fake.data) is not None
-        fr = poller.fr_sweep([url], "?last=5")[url]
+        fr = lk_poller.sweep([url], "/v1/fr_trace?last=5")[url]  # the monitor's poller
         assert fr.ok and fr.data["rank"] == 4
         table[("POST", "/handler/lightkeeper_state?recent=16")] = (200, b"{garbage")
         bad = poller.sweep([url], ["?recent=16"])[url]
         assert not bad.ok and bad.reason == "bad_response"
+        # a culprit's stacks, read when its finding opens (POSTed; a missing handler said)
+        table[("POST", "/handler/lightkeeper_stacks")] = (200, b"Thread 0x1 (most recent)")
+        gone = p.data["stacks_url"].replace("lightkeeper_stacks", "dump_traceback")
+        got = poller.stacks([p.data["stacks_url"], gone])
+        assert got[p.data["stacks_url"]] == "Thread 0x1 (most recent)"
+        assert got[gone].startswith("(no stacks: HTTP 404")
     finally:
         poller.close()
+        lk_poller.close()
 
 
 def test_monitor_sweep_reads_a_rank_through_lightkeeper_handlers(garbage_server, tmp_path):
@@ -379,7 +387,8 @@ def test_unreachable_rank_is_a_connection_failure():
         port = s.getsockname()[1]
     poller = TorchPoller(timeout_s=1)
     try:
-        p = poller.poll(f"torch+http://127.0.0.1:{port}")
+        url = f"torch+http://127.0.0.1:{port}"
+        p = poller.sweep([url])[url]
     finally:
         poller.close()
     assert not p.ok and p.reason == "connection"

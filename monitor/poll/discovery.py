@@ -32,8 +32,6 @@ MAX_URL = 2048
 MAX_LABEL = 256  # a job name in a registration
 
 
-
-
 def normalize_url(address: str) -> str:
     """``host:port`` or ``http://host:port[/prefix][/]`` -> ``http://host:port[/prefix]``
     (``torch+http://...`` keeps its ``torch+``); raises BadTarget."""

@@ -18,10 +18,9 @@ MAX_CHUNK_LINE = 1024  # a chunk-size line (hex size and extensions)
 
 
 class PollError(Exception):
-    def __init__(self, reason: str, message: str, status: int | None = None) -> None:
+    def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
-        self.status = status
 
 
 def _split(url: str) -> tuple[str, int, str]:
@@ -84,7 +83,7 @@ class Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.req: Any | None = None
         self.lost = False
-        self.buf = bytearray()  # only what the current answer's next step still needs
+        self.buf = bytearray()  # what of the current answer is not consumed yet
         self.state = _HEAD
         self.status = 0
         self.keep = True
@@ -102,13 +101,11 @@ class Conn(asyncio.Protocol):
             return
         self.got_any = True
         try:
-            if self.buf:
+            if self.buf or self.state != _HEAD or not self._whole(data, req):
                 self.buf += data
                 self._advance(self.buf)
-            elif self.state != _HEAD or not self._whole(data, req):
-                self._advance(data)
         except PollError as e:
-            self.poller._fail(req, e.reason, str(e), e.status)
+            self.poller._fail(req, e.reason, str(e))
         except Exception as e:  # anything else a broken rank can provoke
             self.poller._fail(req, "bad_response", f"{type(e).__name__}: {e}")
 
@@ -170,11 +167,10 @@ class Conn(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def _advance(self, buf: bytes | bytearray) -> None:
-        """Consume ``buf``; finish the request when the answer is whole, else keep what the
-        next step needs in ``self.buf``."""
-        state = self.state
-        if state == _HEAD:
+    def _advance(self, buf: bytearray) -> None:
+        """Consume what ``buf`` (``self.buf``) can; finish the request when the answer is
+        whole."""
+        if self.state == _HEAD:
             end = buf.find(b"\r\n\r\n")
             if end >= 0:
                 body_at = end + 4
@@ -188,26 +184,21 @@ class Conn(asyncio.Protocol):
                 if len(buf) > MAX_HEAD or end > MAX_HEAD:
                     raise PollError("bad_response", f"status line and headers over the "
                                                     f"{MAX_HEAD}-byte limit")
-                if not isinstance(buf, bytearray):
-                    self.buf += buf
                 return
             self._head(bytes(buf[:end]))
-            buf = buf[body_at:]
-            state = self.state
-        if state == _LENGTH:
+            del buf[:body_at]
+        if self.state == _LENGTH:
             if len(buf) >= self.need:
                 self._body(bytes(buf[:self.need]), len(buf) > self.need)
-            else:
-                self.buf = buf if isinstance(buf, bytearray) else bytearray(buf)
-        elif state == _CHUNKED:
-            self._chunks(buf if isinstance(buf, bytearray) else bytearray(buf))
+        elif self.state == _CHUNKED:
+            self._chunks(buf)
         else:  # _TO_EOF
             self.need += len(buf)
             if self.need > self.req.sweep.limit:
                 raise PollError("bad_response", f"body larger than {self.req.sweep.limit} bytes")
             if buf:
                 self.chunks.append(bytes(buf))
-            self.buf = bytearray()
+                buf.clear()
 
     def _head(self, head: bytes) -> None:
         if head.count(b"\n") > MAX_HEADERS:
@@ -269,7 +260,6 @@ class Conn(asyncio.Protocol):
             self.need += size
             self.chunks.append(bytes(buf[eol + 1:eol + 1 + size]))
             del buf[:eol + 1 + size + 2]
-        self.buf = buf
 
     def _body(self, body: bytes, extra: bytes | bool) -> None:
         if extra:  # bytes past the answer: the stream is out of step

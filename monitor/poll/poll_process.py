@@ -49,8 +49,8 @@ class PollHandle:
     """One sweep sent to the child. The reader thread only queues its batches; :meth:`result`
     parses them in the thread that asks, so a sweep asked ahead is parsed when needed."""
 
-    __slots__ = ("urls", "state", "results", "batches", "received", "why", "bound_s", "child",
-                 "sent_at", "finished_at")
+    __slots__ = ("urls", "state", "results", "batches", "why", "bound_s", "child", "sent_at",
+                 "finished_at")
 
     def __init__(self, urls: list[str], bound_s: float, child: _Child | None,
                  state: bool = False) -> None:
@@ -58,7 +58,6 @@ class PollHandle:
         self.state = state  # polls of STATE_PATH: kept packed
         self.results: dict[str, RankPoll] = {}
         self.batches: queue.SimpleQueue[list | None] = queue.SimpleQueue()
-        self.received = 0  # polls the reader has queued
         self.why: str | None = None  # the child died: the error of the polls that never came
         self.bound_s = bound_s
         self.child = child
@@ -66,10 +65,6 @@ class PollHandle:
         self.finished_at: float | None = None  # when the last poll came (or the child died)
         if not urls:
             self.finish(None)
-
-    def add(self, rows: list) -> None:
-        self.received += len(rows)
-        self.batches.put(rows)
 
     def finish(self, why: str | None) -> None:
         self.finished_at = time.monotonic()
@@ -144,7 +139,7 @@ class _Child:
                 handle = self.pending.get(rid)
                 if handle is None:
                     continue
-                handle.add(rows)
+                handle.batches.put(rows)
                 if last:
                     with self.lock:
                         self.pending.pop(rid, None)
@@ -177,23 +172,19 @@ class ProcessPoller:
         self.max_idle = max_idle
         self.max_bytes = max_bytes
         self.event_loop = event_loop  # the child's (poller.new_event_loop)
-        self.restarts = 0  # children started after the first (one died or hung)
         self._lock = threading.Lock()
         self._next = 0
         self._closed = False
-        self._child: _Child | None = None
-        with self._lock:
-            self._spawn()
+        self._child = self._spawn()
 
     @property
-    def pid(self) -> int | None:
+    def pid(self) -> int:
         """The current child's process id."""
-        return self._child.proc.pid if self._child is not None else None
+        return self._child.proc.pid
 
     def _spawn(self) -> _Child:
-        self._child = _Child(self._lock, (self.timeout_s, self.max_concurrency, self.max_bytes,
-                                          self.event_loop))
-        return self._child
+        return _Child(self._lock, (self.timeout_s, self.max_concurrency, self.max_bytes,
+                                   self.event_loop))
 
     def start(self, urls: Iterable[str], path: str = STATE_PATH,
               timeout_s: float | None = None, max_bytes: int | None = None,
@@ -209,10 +200,9 @@ class ProcessPoller:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the poller is closed")
+            if self._child.dead:
+                self._child = self._spawn()
             child = self._child
-            if child is None or child.dead:
-                child = self._spawn()
-                self.restarts += 1
             rid = self._next = self._next + 1
             handle = child.pending[rid] = PollHandle(urls, bound, child, path == STATE_PATH)
         child.send((rid, urls, path, timeout, limit, self.max_idle, queries))
@@ -232,8 +222,6 @@ class ProcessPoller:
                 return
             self._closed = True
             child = self._child
-        if child is None:
-            return
         try:
             child.proc.stdin.close()
         except OSError:

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 REASONS = ("timeout", "connection", "http_status", "bad_response", "monitor")
 STATE_PATH = "/v1/state"  # its answers are kept packed (monitor/poll/packed_state.py)
 MAX_BODY = 1 << 20  # default per answer; /v1/fr_trace gets its own (larger) bound
-EVENT_LOOPS = ("asyncio", "uvloop", "auto")
+EVENT_LOOPS = ("asyncio", "auto")
 
 
 @dataclass
@@ -50,7 +50,6 @@ class _Request:
 
     sweep: _Sweep
     i: int
-    url: str
     key: tuple[str, int]
     wire: bytes
     start: float
@@ -155,16 +154,15 @@ def dedup_queries(urls: Iterable[str], queries: Sequence[str] | None
 
 
 def new_event_loop(kind: str = "asyncio") -> asyncio.AbstractEventLoop:
-    """The stdlib's loop, uvloop's (ImportError where not installed), or ``auto``: uvloop's
-    where importable. uvloop costs less CPU a request (docs/scaling.md); the answers are the same."""
+    """The stdlib's loop, or ``auto``: uvloop's where importable. uvloop costs less CPU a
+    request (docs/scaling.md); the answers are the same."""
     if kind not in EVENT_LOOPS:
         raise ValueError(f"event loop {kind!r}: one of {', '.join(EVENT_LOOPS)}")
-    if kind != "asyncio":
+    if kind == "auto":
         try:
             import uvloop
         except ImportError:
-            if kind == "uvloop":
-                raise
+            pass
         else:
             return uvloop.new_event_loop()
     return asyncio.new_event_loop()
@@ -243,15 +241,15 @@ class Poller:
 
     # --- event loop side -------------------------------------------------------------
     async def _sweep(self, urls: list[str], path: str, timeout: float, limit: int,
-                     on_rows: Callable[[list[tuple]], None] | None = None,
-                     per_batch: int = 256, queries: list[str] | None = None
-                     ) -> dict[str, RankPoll]:
+                     on_rows: Callable[[list[tuple]], None] | None, per_batch: int,
+                     queries: list[str] | None) -> dict[str, RankPoll]:
         wire = None
         if queries is not None:  # few distinct values: each encoded once
             encoded = {q: q.encode("latin-1") for q in set(queries)}
             wire = [encoded[q] for q in queries]
-        sw = _Sweep(urls, path.encode("latin-1"), handler_path(path).encode("latin-1"), timeout, limit, self._loop.create_future(),
-                    on_rows, per_batch if on_rows else len(urls), wire)
+        sw = _Sweep(urls, path.encode("latin-1"), handler_path(path).encode("latin-1"), timeout,
+                    limit, self._loop.create_future(), on_rows,
+                    per_batch if on_rows else len(urls), wire)
         self._launch(sw)
         try:
             await sw.waiter
@@ -269,13 +267,13 @@ class Poller:
         polls = {urls[row[0]]: rank_poll(urls[row[0]], row, state) for row in sw.rows}
         return {u: polls[u] for u in urls}
 
-    def _request(self, sw: _Sweep, i: int, url: str,
-                 target: tuple[tuple[str, int], bytes, bytes, bool], now: float) -> _Request:
+    def _request(self, sw: _Sweep, i: int, target: tuple[tuple[str, int], bytes, bytes, bool],
+                 now: float) -> _Request:
         """A request for the sweep's ``i``-th URL, in its deadline queue."""
         key, get, tail, torch = target
         query = b"" if sw.queries is None else sw.queries[i]
         path = sw.handler_path if torch else sw.path
-        req = _Request(sw, i, url, key, get + path + query + tail, now, now + sw.timeout)
+        req = _Request(sw, i, key, get + path + query + tail, now, now + sw.timeout)
         sw.inflight.append(req)
         if sw.timer is None:
             sw.timer = self._loop.call_at(req.deadline, self._expire, sw)
@@ -290,18 +288,17 @@ class Poller:
         now = time.monotonic()
         while sw.active < most and sw.next < n:
             i = sw.next
-            url = urls[i]
             sw.next += 1
             sw.active += 1
             try:
-                got = target(url)
+                got = target(urls[i])
             except PollError as e:
                 self._done(sw, i, e.reason, str(e))
                 continue
             except Exception as e:
                 self._done(sw, i, "bad_response", f"{type(e).__name__}: {e}")
                 continue
-            self._send(self._request(sw, i, url, got, now))
+            self._send(self._request(sw, i, got, now))
         sw.launching = False
         if sw.active == 0 and sw.next >= n and not sw.waiter.done():
             sw.waiter.set_result(None)
@@ -391,12 +388,11 @@ class Poller:
             conn.abort()
         elif sw.next < len(sw.urls) and not sw.launching:
             i = sw.next
-            nxt = sw.urls[i]
-            got = TARGETS.get(nxt)
+            got = TARGETS.get(sw.urls[i])
             if got is not None and got[0] == conn.key:
                 sw.next += 1
                 sw.active += 1
-                nreq = self._request(sw, i, nxt, got, now)
+                nreq = self._request(sw, i, got, now)
                 nreq.reused = True
                 conn.begin(nreq)
                 return
@@ -405,7 +401,7 @@ class Poller:
             self._put(conn)
         self._launch(sw)
 
-    def _fail(self, req: _Request, reason: str, error: str, status: int | None = None) -> None:
+    def _fail(self, req: _Request, reason: str, error: str) -> None:
         if req.done:
             return
         req.done = True
@@ -416,12 +412,11 @@ class Poller:
         if req.connecting is not None:
             req.connecting.cancel()
             req.connecting = None
-        self._done(req.sweep, req.i, reason, error, status, time.monotonic() - req.start)
+        self._done(req.sweep, req.i, reason, error, time.monotonic() - req.start)
 
-    def _done(self, sw: _Sweep, i: int, reason: str, error: str, status: int | None = None,
-              latency_s: float = 0.0) -> None:
-        """The ``i``-th request failed."""
-        sw.row((i, False, None, reason, error, status, latency_s, time.time()))
+    def _done(self, sw: _Sweep, i: int, reason: str, error: str, latency_s: float = 0.0) -> None:
+        """The ``i``-th request failed (an HTTP status is an answer: :meth:`_answer`)."""
+        sw.row((i, False, None, reason, error, None, latency_s, time.time()))
         self._launch(sw)
 
     def _take(self, key: tuple[str, int]) -> Conn | None:

@@ -3,17 +3,15 @@
 torch serves, per rank, a C++ ``_WorkerServer``: ``GET /handler/`` lists its handlers and
 ``POST /handler/<name>`` calls one (``fr_trace_json``, ``dump_traceback``, ``ping``, ...).
 ``start_debug_server()`` publishes every rank's address in its replica group's TCPStore as
-``debug_server/rank<RANK>``; the torchft Lighthouse names each group's TCPStore (``TCPStore:`` of
-every quorum member), so the monitor finds these ranks from the Lighthouse alone.
+``debug_server/rank<RANK>``; the torchft Lighthouse names each group's TCPStore, so the monitor
+finds these ranks from the Lighthouse alone (:class:`StoreReader`).
 
 Such a target is spelled ``torch+http://host:port`` (:func:`torch_url`). :class:`TorchPoller`
 reads it each sweep: through Lightkeeper's handlers when the rank has them (its WorkerServer
-registered on torch's server: ``lightkeeper_state``, ``lightkeeper_fr_trace``,
-``lightkeeper_stacks`` answer as ``GET /v1/state``, ``/v1/fr_trace``, ``/v1/stacks`` do), the
-full rank state; else torch's whole Flight Recorder dump, raw, under :data:`RAW_KEY`
-(monitor.evidence.torch_rank makes that a rank state). :class:`StoreReader` finds the ranks and
-who they are. Nothing here raises because of a rank or a store: what cannot be read becomes a
-failed :class:`RankPoll` or one logged line.
+registered on torch's server), the full rank state; else torch's whole Flight Recorder dump,
+raw, under :data:`RAW_KEY` (monitor.evidence.torch_rank makes that a rank state). Nothing here
+raises because of a rank or a store: what cannot be read becomes a failed :class:`RankPoll` or
+one logged line.
 """
 
 from __future__ import annotations
@@ -23,22 +21,18 @@ import logging
 import re
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import requests
-
-from .poller import RankPoll, judge_body
-from .torch_target import base_url, torch_url
+from .poller import STATE_PATH, Poller, RankPoll
+from .torch_target import HANDLERS, base_url, torch_url
 
 log = logging.getLogger(__name__)
 
 RAW_KEY = "torch_server"  # a torch-only answer (TorchAnswer), before evidence adapts it
-# Lightkeeper's /v1/state, /v1/fr_trace, /v1/stacks as handlers on torch's server (same bytes)
-STATE_HANDLER, LK_FR_HANDLER, LK_STACKS_HANDLER = \
-    "lightkeeper_state", "lightkeeper_fr_trace", "lightkeeper_stacks"
+# Lightkeeper's /v1/state and /v1/stacks as handlers on torch's server (same bytes)
+STATE_HANDLER, LK_STACKS_HANDLER = HANDLERS[STATE_PATH], HANDLERS["/v1/stacks"]
 FR_HANDLER, STACKS_HANDLER = "fr_trace_json", "dump_traceback"  # torch's own
 STORE_PREFIX = "debug_server/rank"  # torch.distributed.debug._store: one key per RANK
 HANDLERS_TTL_S = 30.0  # a rank's handler list is asked again this often (or after a 404)
@@ -79,164 +73,114 @@ class TorchAnswer:
     error: str | None = None
 
 
-def _read_limited(r: requests.Response, limit: int) -> bytes:
-    body = bytearray()
-    for chunk in r.iter_content(65536):
-        body += chunk
-        if len(body) > limit:
-            raise ValueError(f"answer larger than {limit} bytes")
-    return bytes(body)
-
-
 class TorchPoller:
-    """Reads torch-server targets, a few at a time on threads (they are few: an adapter, not
-    the poller's hot path); :meth:`sweep` never raises."""
+    """Reads torch-server targets through a :class:`Poller` of its own, each step of a sweep
+    (handler lists, states, dumps) one request per rank at once; :meth:`sweep` never raises.
+    Ranks with Lightkeeper's handlers have their Flight Recorder read by the monitor's poller
+    (``/v1/fr_trace`` is ``lightkeeper_fr_trace`` there: monitor/poll/torch_target.py)."""
 
     def __init__(self, timeout_s: float = 0.8, fr_timeout_s: float = 5.0,
-                 max_state_bytes: int = 1 << 20, max_fr_bytes: int = 64 << 20,
-                 workers: int = 8) -> None:
-        self.timeout_s, self.fr_timeout_s = timeout_s, fr_timeout_s
-        self.max_state_bytes, self.max_fr_bytes = max_state_bytes, max_fr_bytes
-        self._session = requests.Session()
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="lightkeeper-torch-poll")
+                 max_state_bytes: int = 1 << 20, max_fr_bytes: int = 64 << 20) -> None:
+        self.fr_timeout_s, self.max_fr_bytes = fr_timeout_s, max_fr_bytes
+        self._poller = Poller(timeout_s, max_bytes=max_state_bytes)
         self._handlers: dict[str, tuple[tuple[str, ...], float]] = {}
 
     def sweep(self, urls: Iterable[str], queries: Iterable[str] | None = None
               ) -> dict[str, RankPoll]:
-        """Each target's state answer (:meth:`poll`); ``queries``: per URL, for
-        ``lightkeeper_state`` (as ``/v1/state`` takes them)."""
+        """Each target's answer: ``lightkeeper_state``'s document where the rank serves it
+        (``queries``: per URL, as ``/v1/state`` takes them), else torch's raw dump."""
         urls = list(urls)
-        qs = list(queries) if queries is not None else [""] * len(urls)
         if not urls:
             return {}
-        if len(self._handlers) > 2 * len(urls) + 1024:  # restarted ranks' old addresses
-            self._handlers = {u: h for u, h in self._handlers.items() if u in set(urls)}
-        return dict(zip(urls, self._pool.map(self.poll, urls, qs), strict=True))
-
-    def fr_sweep(self, urls: Iterable[str], query: str = "") -> dict[str, RankPoll]:
-        """``lightkeeper_fr_trace`` + ``query`` of ranks that serve it (a rank without it: a
-        failed poll, reason ``http_status``, status 404)."""
-        urls = list(urls)
-        return dict(zip(urls, self._pool.map(lambda u: self._fr(u, query), urls), strict=True))
-
-    def _fr(self, url: str, query: str) -> RankPoll:
+        query = dict(zip(urls, queries, strict=True)) if queries is not None else {}
         t0, at = time.monotonic(), time.time()
-        try:
-            if LK_FR_HANDLER not in self.handlers(url):
-                raise _CallError("http_status", f"{url}: no {LK_FR_HANDLER} handler", 404)
-            body = self.call(url, LK_FR_HANDLER + query, self.fr_timeout_s, self.max_fr_bytes)
-            return judge_body(url, body, time.monotonic() - t0, at)
-        except _CallError as e:
-            return RankPoll(url, False, reason=e.reason, error=str(e), status=e.status,
-                            latency_s=time.monotonic() - t0, at=at)
-
-    def poll(self, url: str, query: str = "") -> RankPoll:
-        """One target's answer: ``lightkeeper_state``'s document, else the raw dump."""
-        t0, at = time.monotonic(), time.time()
-        try:
-            handlers = self.handlers(url)
-            if STATE_HANDLER in handlers:
-                try:
-                    body = self.call(url, STATE_HANDLER + query, self.timeout_s,
-                                     self.max_state_bytes)
-                except _CallError as e:
-                    if e.status != 503:
-                        raise
-                    body = None  # registered, but its WorkerServer stopped: torch's answers
-                if body is not None:
-                    p = judge_body(url, body, time.monotonic() - t0, at, state=True)
-                    if p.ok and LK_STACKS_HANDLER in handlers:
-                        p.data["stacks_url"] = f"{base_url(url)}/handler/{LK_STACKS_HANDLER}"
-                    return p
-            dump, error = None, None
-            if FR_HANDLER in handlers:
-                try:
-                    dump = self.call_json(url, FR_HANDLER, self.fr_timeout_s, self.max_fr_bytes)
-                except _CallError as e:  # the rank answers: its state is made without waits
-                    error = str(e)
-            else:
+        out: dict[str, RankPoll] = {}
+        handlers = self._list(urls, out)
+        lk = [u for u, names in handlers.items() if STATE_HANDLER in names]
+        if lk:
+            polls = self._poller.sweep(lk, STATE_PATH, queries=[query.get(u, "") for u in lk])
+            for u, p in polls.items():
+                if p.status == 503:
+                    continue  # registered, but its WorkerServer stopped: torch's answers
+                self._forget_on_404(u, p)
+                if p.ok and LK_STACKS_HANDLER in handlers[u]:
+                    p.data["stacks_url"] = f"{base_url(u)}/handler/{LK_STACKS_HANDLER}"
+                out[u] = p
+        raw = [u for u in handlers if u not in out]
+        with_fr = [u for u in raw if FR_HANDLER in handlers[u]]
+        dumps = self._poller.sweep(with_fr, "/handler/" + FR_HANDLER, self.fr_timeout_s,
+                                   self.max_fr_bytes) if with_fr else {}
+        latency = time.monotonic() - t0
+        for u in raw:
+            d, dump = dumps.get(u), None
+            if d is None:
                 error = f"no {FR_HANDLER} handler (torch < 2.8, or not registered)"
-            return RankPoll(url, True, {RAW_KEY: TorchAnswer(handlers, dump, error)},
-                            latency_s=time.monotonic() - t0, at=at)
-        except _CallError as e:
-            return RankPoll(url, False, reason=e.reason, error=str(e), status=e.status,
-                            latency_s=time.monotonic() - t0, at=at)
+            elif d.ok:  # the rank answers: its state is made without waits otherwise
+                dump, error = d.data, None
+            else:
+                error = d.error
+                self._forget_on_404(u, d)
+            out[u] = RankPoll(u, True, {RAW_KEY: TorchAnswer(handlers[u], dump, error)},
+                              latency_s=latency, at=at)
+        return {u: out[u] for u in urls}
 
     def stacks(self, stacks_urls: Iterable[str], limit: int = 256 << 10) -> dict[str, str]:
         """Stacks text by ``stacks_url`` (a handler, POSTed); one line saying why where none."""
         urls = list(dict.fromkeys(stacks_urls))
-
-        def one(u: str) -> str:
-            try:
-                body = self._request("POST", u, max(1.0, self.timeout_s), limit)
-                return body.decode("utf-8", "replace")
-            except _CallError as e:
-                return f"(no stacks: {e})"
-        return dict(zip(urls, self._pool.map(one, urls), strict=True)) if urls else {}
-
-    def handlers(self, url: str) -> tuple[str, ...]:
-        """The handler names its ``GET /handler/`` lists (cached HANDLERS_TTL_S)."""
-        got = self._handlers.get(url)
-        if got is not None and time.monotonic() - got[1] < HANDLERS_TTL_S:
-            return got[0]
-        body = self._request("GET", base_url(url) + "/handler/", self.timeout_s, 64 << 10)
-        try:
-            names = _json(body)
-            if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-                raise ValueError(f"expected a list of handler names, got {str(names)[:80]!r}")
-        except ValueError as e:
-            raise _CallError("bad_response", f"GET /handler/: {e}") from None
-        out = tuple(names)
-        self._handlers[url] = (out, time.monotonic())
-        return out
-
-    def call(self, url: str, name: str, timeout_s: float, limit: int) -> bytes:
-        """``POST /handler/<name>``'s body (``name`` may end in a ``?query``); raises
-        :class:`_CallError`."""
-        try:
-            return self._request("POST", f"{base_url(url)}/handler/{name}", timeout_s, limit)
-        except _CallError as e:
-            if e.status == 404:
-                self._handlers.pop(url, None)  # its handlers changed: listed again next time
-            raise
-
-    def call_json(self, url: str, name: str, timeout_s: float, limit: int) -> dict[str, Any]:
-        body = self.call(url, name, timeout_s, limit)
-        try:
-            data = _json(body)
-        except ValueError as e:
-            raise _CallError("bad_response", f"{name}: not JSON: {e}") from None
-        if not isinstance(data, dict):
-            raise _CallError("bad_response", f"{name}: expected a JSON object")
-        return data
-
-    def _request(self, method: str, url: str, timeout_s: float, limit: int) -> bytes:
-        try:
-            with self._session.request(method, url, timeout=timeout_s, stream=True) as r:
-                if r.status_code != 200:
-                    raise _CallError("http_status", f"{method} {url}: HTTP {r.status_code}: "
-                                     f"{r.raw.read(200, decode_content=True)!r}", r.status_code)
-                return _read_limited(r, limit)
-        except requests.Timeout as e:
-            raise _CallError("timeout", f"{method} {url}: {e}") from None
-        except requests.RequestException as e:
-            raise _CallError("connection", f"{method} {url}: {type(e).__name__}: {e}") from None
-        except ValueError as e:  # larger than the limit
-            raise _CallError("bad_response", f"{method} {url}: {e}") from None
+        rows = self._rows([torch_url(u) for u in urls], "", max(1.0, self._poller.timeout_s),
+                          limit)
+        return {u: body.decode("utf-8", "replace") if ok else f"(no stacks: {error})"
+                for u, (_, ok, body, _, error, *_) in zip(urls, rows, strict=True)}
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self._session.close()
+        self._poller.close()
 
+    def _list(self, urls: list[str], failed: dict[str, RankPoll]) -> dict[str, tuple[str, ...]]:
+        """Each rank's handler names (``GET /handler/``, kept HANDLERS_TTL_S or until a 404);
+        a rank whose list cannot be read gets its failed poll in ``failed`` instead."""
+        now = time.monotonic()
+        if len(self._handlers) > 2 * len(urls) + 1024:  # restarted ranks' old addresses
+            keep = set(urls)
+            self._handlers = {u: h for u, h in self._handlers.items() if u in keep}
+        out: dict[str, tuple[str, ...]] = {}
+        ask = []
+        for u in dict.fromkeys(urls):
+            got = self._handlers.get(u)
+            if got is not None and now - got[1] < HANDLERS_TTL_S:
+                out[u] = got[0]
+            else:
+                ask.append(u)
+        rows = self._rows([base_url(u) for u in ask], "/handler/", self._poller.timeout_s,
+                          64 << 10)
+        for u, (_, ok, body, reason, error, status, latency, at) in zip(ask, rows, strict=True):
+            if ok:
+                try:
+                    names = json.loads(body)
+                    if not isinstance(names, list) or not all(type(n) is str for n in names):
+                        raise ValueError(f"expected a list of handler names, got "
+                                         f"{str(names)[:80]!r}")
+                except (ValueError, RecursionError) as e:  # not JSON, or nested too deep
+                    reason, error = "bad_response", f"GET /handler/: {e}"
+                else:
+                    out[u] = tuple(names)
+                    self._handlers[u] = (out[u], now)
+                    continue
+            failed[u] = RankPoll(u, False, reason=reason, error=error, status=status,
+                                 latency_s=latency, at=at)
+        return out
 
-class _CallError(Exception):
-    def __init__(self, reason: str, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.reason, self.status = reason, status
+    def _rows(self, urls: list[str], path: str, timeout_s: float, limit: int) -> list[tuple]:
+        """The poller's rows (unparsed bodies) of ``urls``, which are distinct, in their order."""
+        if not urls:
+            return []
+        rows: list[tuple] = []
+        self._poller.sweep(urls, path, timeout_s, limit, on_rows=rows.extend)
+        by_index = {row[0]: row for row in rows}
+        return [by_index[i] for i in range(len(urls))]
 
-
-def _json(body: bytes) -> Any:
-    return json.loads(body)
+    def _forget_on_404(self, url: str, p: RankPoll) -> None:
+        if p.status == 404:
+            self._handlers.pop(url, None)  # its handlers changed: listed again next time
 
 
 @dataclass
