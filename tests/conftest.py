@@ -28,8 +28,10 @@ def require_binary(name: str) -> str:
     pytest.skip(msg)
 
 
-# `lightkeeper demo` holds a machine-wide lock: under pytest-xdist (bin/test -n 2) these modules
-# share one worker; every other module stays whole on one worker (its module-scoped job once).
+# Under pytest-xdist (bin/test runs `-n 2 --dist loadgroup`) every end-to-end module shares one
+# worker: their jobs run one at a time, as they would alone, with the whole machine but the
+# other worker's in-process tests; `lightkeeper demo` also holds a machine-wide lock. Every
+# other module stays whole on one worker (its module-scoped fixtures built once).
 # tryfirst: xdist reads the groups in its own collection hook
 DEMO_MODULES = {"test_demo_e2e.py", "test_demo_hosts.py", "test_demo_keep_running.py",
                 "test_demo_placement.py", "test_install_core.py"}
@@ -39,4 +41,5 @@ DEMO_MODULES = {"test_demo_e2e.py", "test_demo_hosts.py", "test_demo_keep_runnin
 def pytest_collection_modifyitems(items):
     for item in items:
         name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("demo" if name in DEMO_MODULES else name))
+        e2e = name in DEMO_MODULES or item.get_closest_marker("e2e") is not None
+        item.add_marker(pytest.mark.xdist_group("e2e" if e2e else name))

@@ -82,8 +82,17 @@ class TorchPoller:
     def __init__(self, timeout_s: float = 0.8, fr_timeout_s: float = 5.0,
                  max_state_bytes: int = 1 << 20, max_fr_bytes: int = 64 << 20) -> None:
         self.fr_timeout_s, self.max_fr_bytes = fr_timeout_s, max_fr_bytes
-        self._poller = Poller(timeout_s, max_bytes=max_state_bytes)
+        self._settings = (timeout_s, max_state_bytes)
+        self._own: Poller | None = None
         self._handlers: dict[str, tuple[tuple[str, ...], float]] = {}
+
+    @property
+    def _poller(self) -> Poller:
+        """Started on first use: a monitor with no torch target runs no second event loop."""
+        if self._own is None:
+            timeout_s, max_bytes = self._settings
+            self._own = Poller(timeout_s, max_bytes=max_bytes)
+        return self._own
 
     def sweep(self, urls: Iterable[str], queries: Iterable[str] | None = None
               ) -> dict[str, RankPoll]:
@@ -127,13 +136,14 @@ class TorchPoller:
     def stacks(self, stacks_urls: Iterable[str], limit: int = 256 << 10) -> dict[str, str]:
         """Stacks text by ``stacks_url`` (a handler, POSTed); one line saying why where none."""
         urls = list(dict.fromkeys(stacks_urls))
-        rows = self._rows([torch_url(u) for u in urls], "", max(1.0, self._poller.timeout_s),
+        rows = self._rows([torch_url(u) for u in urls], "", max(1.0, self._settings[0]),
                           limit)
         return {u: body.decode("utf-8", "replace") if ok else f"(no stacks: {error})"
                 for u, (_, ok, body, _, error, *_) in zip(urls, rows, strict=True)}
 
     def close(self) -> None:
-        self._poller.close()
+        if self._own is not None:
+            self._own.close()
 
     def _list(self, urls: list[str], failed: dict[str, RankPoll]) -> dict[str, tuple[str, ...]]:
         """Each rank's handler names (``GET /handler/``, kept HANDLERS_TTL_S or until a 404);
