@@ -8,7 +8,6 @@ Every sink has ``quarantine(event)`` and ``release(event)``, one attempt each, r
 from __future__ import annotations
 
 import shlex
-from typing import Any
 
 from .base import ActionResult, Sink, SinkConfigError
 
@@ -36,8 +35,7 @@ def validate_action(spec: str) -> None:
 
 
 def build_sink(spec: str, *, timeout_s: float = 10.0, webhook_secret: str | None = None,
-               k8s_namespace: str | None = None, k8s_pod_selector: str | None = None,
-               k8s_client: Any = None) -> Sink:
+               k8s_namespace: str | None = None, k8s_pod_selector: str | None = None) -> Sink:
     """The sink an ``--action`` names. SinkConfigError: a bad spec, or for ``k8s`` no
     lightkube or no cluster configuration."""
     validate_action(spec)
@@ -45,7 +43,7 @@ def build_sink(spec: str, *, timeout_s: float = 10.0, webhook_secret: str | None
     if spec in ("k8s", "kubernetes"):
         from .kubernetes import KubernetesSink
         return KubernetesSink.from_env(namespace=k8s_namespace, pod_selector=k8s_pod_selector,
-                                       timeout_s=timeout_s, client=k8s_client)
+                                       timeout_s=timeout_s)
     from .hooks import ExecSink, SlurmSink, WebhookSink
     if spec == "slurm":
         return SlurmSink(timeout_s=timeout_s)

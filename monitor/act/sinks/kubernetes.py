@@ -46,21 +46,20 @@ class KubernetesSink:
 
     @classmethod
     def from_env(cls, namespace: str | None = None, pod_selector: str | None = None,
-                 timeout_s: float = 10.0, client: Any = None) -> KubernetesSink:
+                 timeout_s: float = 10.0) -> KubernetesSink:
         try:
             import lightkube
             from lightkube.config.kubeconfig import KubeConfig
         except ImportError:
             raise SinkConfigError("--action k8s needs lightkube: pip install "
                                   "'lightkeeper[kubernetes]'") from None
-        if client is None:
-            try:
-                config = KubeConfig.from_env()
-            except Exception as e:  # no service account, no kubeconfig
-                raise SinkConfigError(f"--action k8s: no Kubernetes configuration "
-                                      f"(in-cluster, KUBECONFIG or ~/.kube/config): {e}") from None
-            client = lightkube.Client(config=config, timeout=timeout_s,
-                                      field_manager="lightkeeper-monitor")
+        try:
+            config = KubeConfig.from_env()
+        except Exception as e:  # no service account, no kubeconfig
+            raise SinkConfigError(f"--action k8s: no Kubernetes configuration "
+                                  f"(in-cluster, KUBECONFIG or ~/.kube/config): {e}") from None
+        client = lightkube.Client(config=config, timeout=timeout_s,
+                                  field_manager="lightkeeper-monitor")
         if not namespace:
             try:
                 with open(SA_NAMESPACE) as f:
