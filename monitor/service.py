@@ -20,7 +20,7 @@ from typing import Any
 
 from http_serving import BackgroundWSGIServer, http_url
 
-from .act.actions import Lighthouse, Orphans, RankCalls
+from .act.actions import Lighthouse
 from .act.bundles import Bundles
 from .act.enforcer import Enforcer
 from .act.hosts import HostLedger
@@ -119,10 +119,9 @@ class Monitor:
         self.lighthouse = Lighthouse(cfg.lighthouse, cfg.kill_timeout_s)
         self.hosts = HostLedger(self.store, cfg.quarantine, _sinks(cfg), cfg.job, clock)
         self.bundles = Bundles(cfg, self.store, clock)
-        self.enforcer = Enforcer(
-            cfg, self.store, self.detectors, self.hosts, self.lighthouse,
-            Orphans(RankCalls(cfg.rank_exit_token, cfg.kill_timeout_s), cfg.orphan_grace_s),
-            self.lh_settings, self.metrics, self.blind_reason, clock, self.bundles)
+        self.enforcer = Enforcer(cfg, self.store, self.detectors, self.hosts, self.lighthouse,
+                                 self.lh_settings, self.metrics, self.blind_reason, clock,
+                                 self.bundles)
         self.goodput = GoodputAccount(self.store, cfg.expected_groups, cfg.interval_s,
                                       self.metrics)
         self.view: ClusterView | None = None  # every rank: what the monitor shows

@@ -157,7 +157,11 @@ class Shards:
             wanted.add(f.replica_id)
             if f.replica_id not in self._proposed:
                 fid = mon.enforcer.finding_id(f.key)
-                bundle = mon.enforcer.bundle_proposal(view, evidence, f, fid)
+                # kept before the proposal, so before any kill the leader sends on it
+                bundle = mon.enforcer.keep_bundle(view, evidence, f.to_dict(), fid, {
+                    "decision": "proposed", "reason": f.kind, "source": "auto",
+                    "status": "proposing", "replica_group": f.replica_group,
+                    "replica_id": f.replica_id, "at": mon.clock()})
                 did = self._propose(f.replica_group, f.replica_id, _summary(f), fid,
                                     f.to_dict(), "auto")
                 if did is not None and bundle is not None:
