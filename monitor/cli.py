@@ -13,7 +13,9 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import fields
+from typing import Any
 
 from .config import (
     EVICTABLE_KINDS,
@@ -70,28 +72,35 @@ def _shard(value: str) -> tuple[int, int]:
     return out
 
 
+def _flag(g: Any, flag: str, cls: type, field: str, help: str, dest: str = "",
+          kind: Callable[[str], Any] | None = None) -> None:
+    """``flag`` for ``cls``'s ``field`` (``dest``: where config_from_args finds it), with the
+    field's default, shown in the help."""
+    default = getattr(cls, field)
+    g.add_argument(flag, dest=dest or field, type=kind or type(default), default=default,
+                   metavar=flag[2:].replace("-", "_").upper(), help=f"{help} (%(default)s)")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    c, d, r, qd = MonitorConfig, DetectorConfig(), RailsConfig(), QuarantineConfig()
+    c, d, r, qd = MonitorConfig, DetectorConfig, RailsConfig, QuarantineConfig
     p.add_argument("--lighthouse", default=os.environ.get("TORCHFT_LIGHTHOUSE"),
                    help="torchft Lighthouse URL used for evictions (env TORCHFT_LIGHTHOUSE); "
                         "without it the monitor only reports")
-    p.add_argument("--interval", dest="interval_s", type=float, default=c.interval_s,
-                   help="seconds between sweeps (%(default)s)")
-    p.add_argument("--bind", default=c.bind, help="address to serve the API on (%(default)s)")
-    p.add_argument("--port", type=int, default=c.port, help="API port; 0 = ephemeral (%(default)s)")
-    p.add_argument("--dry-run", action="store_true", help="detect and report, never evict")
-    p.add_argument("--min-replicas", type=int, default=r.min_replicas,
-                   help="never evict below this many replica groups in the quorum (%(default)s)")
-    p.add_argument("--cooldown", type=float, default=r.cooldown_s,
-                   help="at most one eviction per this many seconds (%(default)s)")
-    p.add_argument("--min-reachable", type=float, default=r.min_reachable_fraction,
-                   help="hold evictions unless the monitor reaches more than this fraction of "
-                        "the ranks it knows (%(default)s)")
-    p.add_argument("--evict-on", type=_csv, default=list(r.evict_kinds),
+    _flag(p, "--interval", c, "interval_s", "seconds between sweeps")
+    _flag(p, "--bind", c, "bind", "address to serve the API on")
+    _flag(p, "--port", c, "port", "API port; 0 = ephemeral")
+    p.add_argument("--dry-run", dest="rails_dry_run", action="store_true",
+                   help="detect and report, never evict")
+    _flag(p, "--min-replicas", r, "min_replicas",
+          "never evict below this many replica groups in the quorum", "rails_min_replicas")
+    _flag(p, "--cooldown", r, "cooldown_s", "at most one eviction per this many seconds",
+          "rails_cooldown_s")
+    _flag(p, "--min-reachable", r, "min_reachable_fraction", "hold evictions unless the monitor "
+          "reaches more than this fraction of the ranks it knows", "rails_min_reachable_fraction")
+    p.add_argument("--evict-on", dest="rails_evict_kinds", metavar="KINDS", type=_csv, default=r.evict_kinds,
                    help=f"finding kinds that evict, comma separated, of "
                         f"{','.join(EVICTABLE_KINDS)} ({','.join(r.evict_kinds)})")
-    p.add_argument("--state", dest="state_path",
-                   default=os.path.join(os.getcwd(), "lightkeeper-monitor.sqlite"),
+    p.add_argument("--state", dest="state_path", default=c().state_path,
                    help="SQLite audit log (./lightkeeper-monitor.sqlite)")
     p.add_argument("--job", default=os.environ.get("LIGHTKEEPER_JOB", c.job),
                    help="training job name for metric labels (env LIGHTKEEPER_JOB)")
@@ -107,13 +116,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Prometheus file_sd JSON with WorkerServers; re-read when it changes")
     p.add_argument("--sd-out", help="write the targets the monitor knows to this file_sd JSON "
                                     "for Prometheus (default: next to --state)")
-    p.add_argument("--forget-after", dest="forget_after_s", type=float, default=c.forget_after_s,
-                   help="forget a self-registered rank unreachable this many seconds "
-                        "(%(default)s)")
-    p.add_argument("--poll-timeout", dest="poll_timeout_s", type=float, default=c.poll_timeout_s,
-                   help="timeout of each /v1/state request, seconds (%(default)s)")
-    p.add_argument("--fr-timeout", dest="fr_timeout_s", type=float, default=c.fr_timeout_s,
-                   help="timeout of each /v1/fr_trace request, seconds (%(default)s)")
+    _flag(p, "--forget-after", c, "forget_after_s",
+          "forget a self-registered rank unreachable this many seconds")
+    _flag(p, "--poll-timeout", c, "poll_timeout_s", "timeout of each /v1/state request, seconds")
+    _flag(p, "--fr-timeout", c, "fr_timeout_s", "timeout of each /v1/fr_trace request, seconds")
     p.add_argument("--token", help="admin bearer token for POST /v1/evict and host release "
                                    "(env LIGHTKEEPER_TOKEN); without one they are disabled")
     p.add_argument("--register-token", help="bearer token that admits POST /v1/targets only, "
@@ -121,58 +127,46 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-targets", type=_csv,
                    help="without a token, who may register: CIDRs, IPs, host names or patterns "
                         "(default: loopback and the hosts of --targets)")
-    p.add_argument("--max-targets", type=int, default=c.max_targets,
-                   help="most targets the monitor knows; new registrations beyond are refused "
-                        "(%(default)s)")
-    p.add_argument("--max-state-bytes", type=int, default=c.max_state_bytes,
-                   help="largest /v1/state answer read from a rank, bytes (%(default)s)")
-    p.add_argument("--max-fr-bytes", type=int, default=c.max_fr_bytes,
-                   help="largest /v1/fr_trace answer read from a rank, bytes (%(default)s)")
-    g = p.add_argument_group("detector thresholds")  # dest: the DetectorConfig field
-    g.add_argument("--straggler-min-lag", dest="straggler_min_lag_s", type=float,
-                   default=d.straggler_min_lag_s,
-                   help="seconds a group must arrive after its peers (%(default)s)")
-    g.add_argument("--straggler-rel-lag", type=float, default=d.straggler_rel_lag,
-                   help="... and at least this fraction of the median step time (%(default)s)")
-    g.add_argument("--straggler-steps", type=int, default=d.straggler_steps,
-                   help="newest steps per straggler window, waited for in 3 of 4 (%(default)s)")
-    g.add_argument("--straggler-windows", type=int, default=d.straggler_windows,
-                   help="consecutive windows to confirm a straggler (%(default)s)")
-    g.add_argument("--hang-floor", dest="hang_floor_s", type=float, default=d.hang_floor_s,
-                   help="minimum seconds without progress before a hang (%(default)s)")
-    g.add_argument("--hang-factor", type=float, default=d.hang_factor,
-                   help="... or this many median step times if longer (%(default)s)")
-    g.add_argument("--dead-sweeps", type=int, default=d.dead_sweeps,
-                   help="unreachable sweeps before a rank is dead (%(default)s)")
-    g.add_argument("--starting-timeout", dest="starting_timeout_s", type=float,
-                   default=d.starting_timeout_s,
-                   help="seconds a rank may answer without a first quorum before it is "
-                        "stuck_starting (%(default)s)")
-    g.add_argument("--fr-interval", dest="fr_interval_s", type=float, default=d.fr_interval_s,
-                   help="fetch Flight Recorder from every rank at least this often, seconds "
-                        "(%(default)s)")
-    g.add_argument("--job-slow-factor", type=float, default=d.job_slow_factor,
-                   help="job_slow: the job's median step above this many times its healthy "
-                        "baseline with no group late (%(default)s)")
-    g.add_argument("--job-slow-windows", type=int, default=d.job_slow_windows,
-                   help="... in this many consecutive straggler windows (%(default)s)")
-    g.add_argument("--job-baseline-windows", type=int, default=d.job_baseline_windows,
-                   help="healthy windows seen before job_slow is judged (%(default)s)")
+    _flag(p, "--max-targets", c, "max_targets",
+          "most targets the monitor knows; new registrations beyond are refused")
+    _flag(p, "--max-state-bytes", c, "max_state_bytes",
+          "largest /v1/state answer read from a rank, bytes")
+    _flag(p, "--max-fr-bytes", c, "max_fr_bytes",
+          "largest /v1/fr_trace answer read from a rank, bytes")
+    g = p.add_argument_group("detector thresholds")
+    _flag(g, "--straggler-min-lag", d, "straggler_min_lag_s",
+          "seconds a group must arrive after its peers")
+    _flag(g, "--straggler-rel-lag", d, "straggler_rel_lag",
+          "... and at least this fraction of the median step time")
+    _flag(g, "--straggler-steps", d, "straggler_steps",
+          "newest steps per straggler window, waited for in 3 of 4")
+    _flag(g, "--straggler-windows", d, "straggler_windows",
+          "consecutive windows to confirm a straggler")
+    _flag(g, "--hang-floor", d, "hang_floor_s", "minimum seconds without progress before a hang")
+    _flag(g, "--hang-factor", d, "hang_factor", "... or this many median step times if longer")
+    _flag(g, "--dead-sweeps", d, "dead_sweeps", "unreachable sweeps before a rank is dead")
+    _flag(g, "--starting-timeout", d, "starting_timeout_s", "seconds a rank may answer without "
+          "a first quorum before it is stuck_starting")
+    _flag(g, "--fr-interval", d, "fr_interval_s",
+          "fetch Flight Recorder from every rank at least this often, seconds")
+    _flag(g, "--job-slow-factor", d, "job_slow_factor", "job_slow: the job's median step above "
+          "this many times its healthy baseline with no group late")
+    _flag(g, "--job-slow-windows", d, "job_slow_windows",
+          "... in this many consecutive straggler windows")
+    _flag(g, "--job-baseline-windows", d, "job_baseline_windows",
+          "healthy windows seen before job_slow is judged")
     p.add_argument("--leader-polling", choices=("auto", "on", "off"), default=c.leader_polling,
                    help="poll each group's rank 0 every sweep, the others every --member-interval"
                         f" (auto: from {c.leader_polling_min_ranks:,} targets; docs/scaling.md)")
-    p.add_argument("--member-interval", dest="member_interval_s", type=float,
-                   default=c.member_interval_s,
-                   help="leader polling: seconds between polls of a non-leader rank "
-                        "(%(default)s)")
+    _flag(p, "--member-interval", c, "member_interval_s",
+          "leader polling: seconds between polls of a non-leader rank")
     p.add_argument("--rank-exit-token",
                    help="the ranks' bearer token (env LIGHTKEEPER_EXIT_TOKEN): an evicted group's "
                         "other ranks are told to exit, survivors to abort; without it, reported")
     p.add_argument("--no-abort-survivors", dest="abort_survivors", action="store_false",
                    help="never tell ranks blocked with a group gone from the quorum to abort")
-    p.add_argument("--orphan-grace", dest="orphan_grace_s", type=float, default=c.orphan_grace_s,
-                   help="seconds after a kill before the group's remaining ranks are told to "
-                        "exit or reported (%(default)s)")
+    _flag(p, "--orphan-grace", c, "orphan_grace_s", "seconds after a kill before the group's "
+          "remaining ranks are told to exit or reported")
     p.add_argument("--lighthouse-heartbeat-timeout-ms", type=_positive_int,
                    help="the Lighthouse's heartbeat_timeout_ms, if known (docs/lighthouse.md)")
     p.add_argument("--lighthouse-join-timeout-ms", type=_positive_int,
@@ -180,70 +174,64 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--expected-groups", type=_positive_int,
                    help="replica groups the job should run with: the goodput ledger's "
                         "capacity (default: the number of replica groups ever seen)")
-    pr, pd = p.add_argument_group("network probes (docs/monitor.md, Network faults)"), ProbeConfig()
+    pr, pd = p.add_argument_group("network probes (docs/monitor.md, Network faults)"), ProbeConfig
     pr.add_argument("--no-probes", dest="probe_enabled", action="store_false",
                     help="never ask the ranks to probe each other")
-    pr.add_argument("--probe-bytes", dest="probe_size_bytes", type=_positive_int,
-                    default=pd.size_bytes,
-                    help="bytes each probed link transfers (%(default)s)")
-    pr.add_argument("--probe-timeout", dest="probe_timeout_s", type=float, default=pd.timeout_s,
-                    help="seconds a rank waits for each peer (%(default)s)")
-    pr.add_argument("--probe-interval", dest="probe_interval_s", type=float,
-                    default=pd.interval_s,
-                    help="at most one probe round per this many seconds (%(default)s)")
-    pr.add_argument("--probe-peers", type=_positive_int, default=pd.peers,
-                    help="peers each host's rank probes per round (%(default)s)")
-    pr.add_argument("--probe-rounds", type=_positive_int, default=pd.rounds,
-                    help="rounds naming one host to confirm a network finding (%(default)s)")
-    pr.add_argument("--probe-slow-ratio", type=float, default=pd.slow_ratio,
-                    help="a link below this fraction of the links' median is bad (%(default)s)")
+    _flag(pr, "--probe-bytes", pd, "size_bytes", "bytes each probed link transfers",
+          "probe_size_bytes", _positive_int)
+    _flag(pr, "--probe-timeout", pd, "timeout_s", "seconds a rank waits for each peer",
+          "probe_timeout_s")
+    _flag(pr, "--probe-interval", pd, "interval_s", "at most one probe round per this many "
+          "seconds", "probe_interval_s")
+    _flag(pr, "--probe-peers", pd, "peers", "peers each host's rank probes per round",
+          "probe_peers", _positive_int)
+    _flag(pr, "--probe-rounds", pd, "rounds", "rounds naming one host to confirm a network "
+          "finding", "probe_rounds", _positive_int)
+    _flag(pr, "--probe-slow-ratio", pd, "slow_ratio", "a link below this fraction of the links' "
+          "median is bad", "probe_slow_ratio")
     q = p.add_argument_group("host quarantine (docs/quarantine.md)")
     q.add_argument("--quarantine-after", type=_kind_counts, default={},
                    help="quarantine a host after N confirmed findings of a kind within the "
                         "window, kind=N[,kind=N] (0: never), merged over the defaults "
                         f"{','.join(f'{k}={n}' for k, n in QUARANTINE_AFTER.items())}")
-    q.add_argument("--quarantine-window", type=float, default=qd.window_s,
-                   help="seconds within which offences count (%(default)s)")
-    q.add_argument("--quarantine-ttl", type=float, default=qd.ttl_s,
-                   help="seconds a quarantine lasts before it is released (%(default)s)")
-    q.add_argument("--max-quarantined", type=float, default=qd.max_quarantined,
-                   help="most hosts quarantined at once: a count or a fraction (%(default)s)")
+    _flag(q, "--quarantine-window", qd, "window_s", "seconds within which offences count",
+          "quarantine_window_s")
+    _flag(q, "--quarantine-ttl", qd, "ttl_s", "seconds a quarantine lasts before it is released",
+          "quarantine_ttl_s")
+    _flag(q, "--max-quarantined", qd, "max_quarantined",
+          "most hosts quarantined at once: a count or a fraction", "quarantine_max_quarantined")
     q.add_argument("--quarantine-dry-run", action="store_true",
                    help="decide and log quarantines, carry none out")
-    q.add_argument("--action", dest="actions", action="append", default=[],
+    q.add_argument("--action", dest="quarantine_actions", metavar="ACTION", action="append",
+                   default=[],
                    help="carry out quarantines and releases: k8s, slurm, exec:CMD or "
                         "webhook:URL (repeatable; none: the ledger only)")
-    q.add_argument("--action-timeout", type=float, default=qd.action_timeout_s,
-                   help="seconds per action attempt (%(default)s)")
+    _flag(q, "--action-timeout", qd, "action_timeout_s", "seconds per action attempt",
+          "quarantine_action_timeout_s")
     q.add_argument("--webhook-secret",
                    help="HMAC-SHA256 key of webhook signatures (env LIGHTKEEPER_WEBHOOK_SECRET)")
-    q.add_argument("--k8s-namespace",
+    q.add_argument("--k8s-namespace", dest="quarantine_k8s_namespace", metavar="NAMESPACE",
                    help="namespace of the job's pods (default: the monitor pod's own)")
-    q.add_argument("--k8s-pod-selector",
+    q.add_argument("--k8s-pod-selector", dest="quarantine_k8s_pod_selector", metavar="SELECTOR",
                    help="label selector of the job's pods deleted from a quarantined node "
                         "(app.kubernetes.io/component=training)")
     b, bd = p.add_argument_group("incident bundles (docs/monitor.md, Incident bundles)"), \
-        BundleConfig()
+        BundleConfig
     b.add_argument("--no-bundles", dest="bundle_enabled", action="store_false",
                    help="keep no incident bundle (the ranks' stacks and dumps before a kill)")
     b.add_argument("--bundle-dir", dest="bundle_dir",
                    help="where bundles are kept (default: incidents/ beside --state)")
-    b.add_argument("--bundle-timeout", dest="bundle_timeout_s", type=float,
-                   default=bd.timeout_s,
-                   help="seconds a kill waits at most for the ranks' evidence (%(default)s)")
-    b.add_argument("--bundle-ranks", dest="bundle_max_ranks", type=_positive_int,
-                   default=bd.max_ranks,
-                   help="ranks asked per bundle: the culprit's group, then its peers "
-                        "(%(default)s)")
-    b.add_argument("--bundle-max-bytes", dest="bundle_max_bytes", type=_positive_int,
-                   default=bd.max_bytes,
-                   help="one bundle's content before compression; beyond, files are left out "
-                        "(%(default)s)")
-    b.add_argument("--bundle-total-bytes", dest="bundle_total_bytes", type=_positive_int,
-                   default=bd.total_bytes,
-                   help="all bundles on disk; the oldest are deleted beyond (%(default)s)")
-    b.add_argument("--bundle-keep", dest="bundle_keep_s", type=float, default=bd.keep_s,
-                   help="seconds a bundle is kept (%(default)s: 14 days)")
+    _flag(b, "--bundle-timeout", bd, "timeout_s",
+          "seconds a kill waits at most for the ranks' evidence", "bundle_timeout_s")
+    _flag(b, "--bundle-ranks", bd, "max_ranks", "ranks asked per bundle: the culprit's group, "
+          "then its peers", "bundle_max_ranks", _positive_int)
+    _flag(b, "--bundle-max-bytes", bd, "max_bytes", "one bundle's content before compression; "
+          "beyond, files are left out", "bundle_max_bytes", _positive_int)
+    _flag(b, "--bundle-total-bytes", bd, "total_bytes",
+          "all bundles on disk; the oldest are deleted beyond", "bundle_total_bytes",
+          _positive_int)
+    _flag(b, "--bundle-keep", bd, "keep_s", "seconds a bundle is kept, 14 days:",
+          "bundle_keep_s")
     sh = p.add_argument_group("several monitors (docs/scaling.md, Beyond one machine)")
     sh.add_argument("--shard", type=_shard, metavar="I/N",
                     help="poll only slice I of N of the replica groups; propose their evictions "
@@ -254,10 +242,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="campaign for the leader, which applies the global rails and kills")
     sh.add_argument("--etcd", default=os.environ.get("LIGHTKEEPER_ETCD"),
                     help="etcd client URL, http://host:2379 (env LIGHTKEEPER_ETCD)")
-    sh.add_argument("--etcd-prefix", default="/lightkeeper",
-                    help="etcd key prefix; the job's keys are under PREFIX/<job>/ (%(default)s)")
-    sh.add_argument("--lease-ttl", type=_positive_int, default=10,
-                    help="seconds of the leader's and shards' etcd leases (%(default)s)")
+    _flag(sh, "--etcd-prefix", ShardConfig, "etcd_prefix",
+          "etcd key prefix; the job's keys are under PREFIX/<job>/")
+    _flag(sh, "--lease-ttl", ShardConfig, "lease_ttl_s",
+          "seconds of the leader's and shards' etcd leases", kind=_positive_int)
     p.add_argument("--log-level", default="INFO", help="logging level (%(default)s)")
 
 
@@ -271,42 +259,41 @@ def _shard_config(args: argparse.Namespace) -> ShardConfig | None:
         raise ConfigError("--lead needs --shards N (or --shard I/N): the leader waits for every "
                           "shard's report")
     return ShardConfig(shards=n, index=index, etcd=args.etcd or "", lead=args.lead,
-                       etcd_prefix=args.etcd_prefix, lease_ttl_s=args.lease_ttl)
+                       etcd_prefix=args.etcd_prefix, lease_ttl_s=args.lease_ttl_s)
 
 
 def _env(value: str | None, name: str) -> str | None:
     return value or os.environ.get(name) or None
 
 
+def _section(cls: type, given: dict[str, Any], prefix: str = "", **override: Any) -> Any:
+    """``cls`` from the flags whose dest is ``prefix`` and one of its fields, then
+    ``override``."""
+    return cls(**{**{f.name: given[prefix + f.name] for f in fields(cls)
+                     if prefix + f.name in given}, **override})
+
+
 def config_from_args(args: argparse.Namespace) -> MonitorConfig:
-    """The config the flags describe (every flag whose ``dest`` is a field, then the rest);
-    raises ConfigError."""
+    """The config the flags describe (a flag's ``dest`` names its field); raises
+    ConfigError."""
     given = vars(args)
-    top = {f.name: given[f.name] for f in fields(MonitorConfig) if f.name in given}
-    top.update(
-        targets=list(args.targets), shard=_shard_config(args),
+    cfg = _section(
+        MonitorConfig, given, targets=list(args.targets), shard=_shard_config(args),
         sd_out=args.sd_out or os.path.join(os.path.dirname(os.path.abspath(args.state_path)),
                                            "lightkeeper-targets.json"),
         token=_env(args.token, "LIGHTKEEPER_TOKEN"),
         register_token=_env(args.register_token, "LIGHTKEEPER_REGISTER_TOKEN"),
-        rank_exit_token=_env(args.rank_exit_token, "LIGHTKEEPER_EXIT_TOKEN"))
-    cfg = MonitorConfig(
-        **top,
-        detectors=DetectorConfig(**{f.name: given[f.name] for f in fields(DetectorConfig)}),
-        rails=RailsConfig(min_replicas=args.min_replicas, cooldown_s=args.cooldown,
-                          min_reachable_fraction=args.min_reachable, dry_run=args.dry_run,
-                          evict_kinds=tuple(args.evict_on)),
-        probes=ProbeConfig(**{f.name: given[f"probe_{f.name}"] for f in fields(ProbeConfig)
-                              if f"probe_{f.name}" in given}),
-        quarantine=QuarantineConfig(
+        rank_exit_token=_env(args.rank_exit_token, "LIGHTKEEPER_EXIT_TOKEN"),
+        detectors=_section(DetectorConfig, given),
+        rails=_section(RailsConfig, given, "rails_",
+                       evict_kinds=tuple(args.rails_evict_kinds)),
+        probes=_section(ProbeConfig, given, "probe_"),
+        quarantine=_section(
+            QuarantineConfig, given, "quarantine_",
             after={**QUARANTINE_AFTER, **args.quarantine_after},
-            window_s=args.quarantine_window, ttl_s=args.quarantine_ttl,
-            max_quarantined=args.max_quarantined, dry_run=args.quarantine_dry_run,
-            actions=tuple(args.actions), action_timeout_s=args.action_timeout,
-            webhook_secret=_env(args.webhook_secret, "LIGHTKEEPER_WEBHOOK_SECRET"),
-            k8s_namespace=args.k8s_namespace, k8s_pod_selector=args.k8s_pod_selector),
-        bundles=BundleConfig(**{f.name: given[f"bundle_{f.name}"] for f in fields(BundleConfig)
-                                if f"bundle_{f.name}" in given}))
+            actions=tuple(args.quarantine_actions),
+            webhook_secret=_env(args.webhook_secret, "LIGHTKEEPER_WEBHOOK_SECRET")),
+        bundles=_section(BundleConfig, given, "bundle_"))
     from .service import check_config  # the loop's modules only once a monitor is built
     check_config(cfg)
     return cfg
