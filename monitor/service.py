@@ -376,7 +376,7 @@ class Monitor:
         return store.path(bundle_id) if store is not None else None
 
     def hosts_json(self) -> dict[str, Any]:
-        return self.enforcer.hosts_json(self.view)
+        return self.enforcer.hosts_json()
 
     def release_host(self, host: str, reason: str) -> dict[str, Any]:
         return self.enforcer.release_host(host, reason)

@@ -22,9 +22,8 @@ from ..evidence.view import ClusterView
 from ..store import Store
 from .actions import Lighthouse, Orphans, RankCalls
 from .bundles import CONFIRM_KINDS, Bundles
-from .dead import DeadGroups
 from .decisions import Decision, Situation, decide
-from .hosts import HostLedger
+from .hosts import DeadGroups, HostLedger
 from .survivors import Survivors
 
 log = logging.getLogger(__name__)
@@ -114,7 +113,7 @@ class Enforcer:
     def judge_hosts(self, view: ClusterView, new: list[Finding], now: float,
                     lighthouse: LighthouseStatus | None = None) -> None:
         """Offences (a ``dead`` one once ``lighthouse``, the status just read, agrees:
-        monitor.act.dead), the quarantine policy, then due sink actions on a background thread
+        DeadGroups), the quarantine policy, then due sink actions on a background thread
         (a slow sink never delays a sweep). Never raises."""
         try:
             counted = [f for f in new if f.kind != "dead"] + self.dead.agreed(
@@ -124,7 +123,7 @@ class Enforcer:
                            if f.replica_group in view.groups}
             self.hosts.record([{**f.to_dict(), "id": self._finding_ids.get(f.key)}
                                for f in counted], now, group_hosts)
-            self.hosts.decide(now, self.blindness(view), len(self.hosts.known_hosts(view)))
+            self.hosts.decide(now, self.blindness(view), len(self.hosts.known_hosts()))
             if self.hosts.sinks and self.store.host_actions(due_at=now, limit=1):
                 self._start_host_actions()
             self.metrics.set_hosts(self.hosts.counts(), self.hosts.to_json(now))
@@ -142,7 +141,7 @@ class Enforcer:
                      "it knows; it may be the problem")
         return blind
 
-    def hosts_json(self, view: ClusterView | None) -> dict[str, Any]:
+    def hosts_json(self) -> dict[str, Any]:
         """``GET /v1/hosts``."""
         q = self.cfg.quarantine
         return {"hosts": self.hosts.to_json(self.clock()), "counts": self.hosts.counts(),
@@ -150,7 +149,7 @@ class Enforcer:
                 "actions": [s.name for s in self.hosts.sinks],
                 "policy": {"after": q.after, "window_s": q.window_s, "ttl_s": q.ttl_s,
                            "max_quarantined": q.max_quarantined,
-                           "cap": q.cap(len(self.hosts.known_hosts(view)))},
+                           "cap": q.cap(len(self.hosts.known_hosts()))},
                 "decisions": self.store.host_decisions(limit=50), "error": self.hosts_error}
 
     def release_host(self, host: str, reason: str) -> dict[str, Any]:

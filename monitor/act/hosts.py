@@ -4,6 +4,9 @@ A confirmed finding of a ``--quarantine-after`` kind is an offence against its c
 kept in the monitor's SQLite file. Enough offences of one kind within the window quarantine a
 host unless a rail holds it; a quarantine or release queues one action per sink, retried with
 backoff. A sink that raises is a failed attempt, never a stopped monitor. See docs/quarantine.md.
+
+A ``dead`` finding counts against its host only once the Lighthouse agrees the group is gone
+(:class:`DeadGroups`): a monitor cut off from a host, or a job that ended, sees dead groups too.
 """
 
 from __future__ import annotations
@@ -11,10 +14,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from monitor.config import QuarantineConfig
 from monitor.detect import Finding
+from monitor.evidence.lighthouse_status import LighthouseStatus
+from monitor.evidence.view import ClusterView
 from monitor.store import Store
 
 from .sinks import ActionResult, Sink
@@ -145,12 +151,10 @@ class HostLedger:
         """Replica ids of the observed view's live ranks on ``host``."""
         return set(self._rids.get(host, ()))
 
-    def known_hosts(self, view: Any) -> set[str]:
+    def known_hosts(self) -> set[str]:
+        """The hosts the observed view's ranks name, and the ledger's."""
         with self._lock:
-            if view is not None and view is self._observed:
-                return set(self._named) | set(self.hosts)
-        seen = {(r.state or {}).get("host") for r in view.ranks.values()} if view else set()
-        return {h for h in seen if h} | set(self.hosts)
+            return set(self._named) | set(self.hosts)
 
     def record(self, findings: list[dict[str, Any]], now: float,
                group_hosts: dict[int, set[str]] | None = None) -> None:
@@ -441,4 +445,47 @@ class HostLedger:
             h["expires_in_s"] = (h["expires_at"] - now) if h["state"] == QUARANTINED \
                 and h.get("expires_at") else None
             out.append(h)
+        return out
+
+
+class DeadGroups:
+    """Dead findings waiting for the Lighthouse to agree: one counts once the Lighthouse no
+    longer hears the group, the monitor did not evict it, and at least as many groups live on
+    as are dead; one resolved first never counts."""
+
+    def __init__(self) -> None:
+        self.pending: dict[tuple, Finding] = {}  # confirmed, not yet agreed
+
+    def agreed(self, new: Iterable[Finding], open_keys: Collection[tuple],
+               evicted: Callable[[], Collection[str]], view: ClusterView,
+               lighthouse: LighthouseStatus | None) -> list[Finding]:
+        """The dead findings (of ``new`` and those waiting) that now count, each with the
+        Lighthouse's word added to its evidence (``lighthouse``); ``evicted()``: the replica
+        ids the monitor sent a kill for."""
+        for f in new:
+            if f.kind == "dead":
+                self.pending[f.key] = f
+        if not self.pending:
+            return []
+        gone = evicted()
+        for key in [k for k, f in self.pending.items() if k not in open_keys
+                    or not f.replica_id or f.replica_id in gone]:
+            del self.pending[key]
+        if not self.pending or lighthouse is None:
+            return []
+        live = sorted(g for g, gv in view.groups.items() if gv.reachable and gv.replica_id
+                      and lighthouse.heartbeating(gv.replica_id))
+        dead = {k[1] for k in open_keys if k[0] == "dead"} - set(live)
+        out = []
+        for key, f in list(self.pending.items()):
+            rid: Any = f.replica_id
+            if lighthouse.heartbeating(rid) or len(live) < max(1, len(dead)):
+                continue
+            seen = lighthouse.heartbeats.get(rid)
+            f.evidence["lighthouse"] = (
+                f"the Lighthouse no longer hears {rid}"
+                + (f" (last heartbeat {seen:.1f}s ago)" if seen is not None else "")
+                + f"; {len(live)} group(s) live on, {len(dead)} dead")
+            out.append(f)
+            del self.pending[key]
         return out
