@@ -314,7 +314,7 @@ class Monitor:
                 target = self.discovery.register(body)
             else:
                 target = self.discovery.register(body, admit=self.allow_list.admit)
-        except (Unauthorized, NotAllowed, BadTarget, TooManyTargets) as e:
+        except tuple(REFUSALS) as e:
             outcome = REFUSALS[type(e)]
             self.metrics.registrations.labels(self.cfg.job, outcome).inc()
             log.info("registration refused (%s): %s", outcome, e)
@@ -375,8 +375,3 @@ class Monitor:
         store = self.bundles.store
         return store.path(bundle_id) if store is not None else None
 
-    def hosts_json(self) -> dict[str, Any]:
-        return self.enforcer.hosts_json()
-
-    def release_host(self, host: str, reason: str) -> dict[str, Any]:
-        return self.enforcer.release_host(host, reason)
