@@ -220,21 +220,18 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(stream=sys.stderr, level=getattr(logging, str(args.log_level).upper(),
                                                           logging.INFO),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        cfg = config_from_args(args)
-    except ConfigError as e:
-        print(f"lightkeeper monitor: {e}", file=sys.stderr)
-        return 2
     from .service import Monitor
 
-    warn_about_tokens(cfg)
     try:
+        cfg = config_from_args(args)
+        warn_about_tokens(cfg)
         monitor = Monitor(cfg).start()
-    except ConfigError as e:  # e.g. --action k8s without lightkube or a cluster configuration
+    except ConfigError as e:  # also --action k8s without lightkube or a cluster configuration
         print(f"lightkeeper monitor: {e}", file=sys.stderr)
         return 2
     except OSError as e:
-        print(f"lightkeeper monitor: cannot serve on {cfg.bind}:{cfg.port}: {e}", file=sys.stderr)
+        print(f"lightkeeper monitor: cannot serve on {args.bind}:{args.port}: {e}",
+              file=sys.stderr)
         return 1
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

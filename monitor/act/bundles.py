@@ -308,35 +308,32 @@ class Bundles:
                  decision: dict[str, Any] | None, related: list[dict[str, Any]],
                  t0: float) -> dict | None:
         assert self.store is not None
-        kind = finding.get("kind") or (decision or {}).get("reason")
+        d = decision or {}
+        kind = finding.get("kind") or d.get("reason")
         group = finding.get("replica_group")
-        if group is None and decision is not None:
-            group = decision.get("replica_group")
+        if group is None:
+            group = d.get("replica_group")
         culprits = [int(r) for r in finding.get("ranks") or [] if isinstance(r, int)]
         ranks, over = choose_ranks(view, evidence, group, culprits, finding.get("evidence"),
                                    self.bc.max_ranks)
         started = self.clock()
         polls = self._fetch([r.url for r, _ in ranks])
         fetched_s = time.perf_counter() - t0
-        rows, stacks, dumps = [], [], []
+        rows, candidates = [], []
         for r, role in ranks:
             st, st_why = polls[(r.url, "stacks")]
             fr, fr_why = polls[(r.url, "fr")]
             rows.append({**_rank_row(r, role), "stacks": st_why, "fr_trace": fr_why})
-            if r.rank is None:
-                continue
-            if st is not None:
-                stacks.append((layout.rank_file(layout.STACKS_DIR, r.rank), bytes(st), role))
-            if fr is not None:
-                dumps.append((layout.rank_file(layout.FR_DIR, r.rank), bytes(fr), role))
+            for body, folder in ((st, layout.STACKS_DIR), (fr, layout.FR_DIR)):
+                if body is not None and r.rank is not None:
+                    candidates.append((layout.rank_file(folder, r.rank), bytes(body), role))
         bundle_id = self.store.new_id(trigger, kind, group)
-        head = [("findings.json", _encode({"finding": {**finding, "id": finding_id},
-                                           "related": related}), "head"),
-                ("view.json", _encode(view_json(view, evidence)), "head")]
+        candidates += [("findings.json", _encode({"finding": {**finding, "id": finding_id},
+                                                  "related": related}), "head"),
+                       ("view.json", _encode(view_json(view, evidence)), "head")]
         # under the size cap the culprit's group comes first, stacks before dumps
         order = {"head": 0, "culprit": 1, "culprit_group": 1, "peer": 2}
-        candidates = sorted(head + stacks + dumps, key=lambda x: (
-            order[x[2]], x[0].startswith(layout.FR_DIR + "/")))
+        candidates.sort(key=lambda x: (order[x[2]], x[0].startswith(layout.FR_DIR + "/")))
         files, left_out, size = [], [], 0
         for name, data, _ in candidates:
             if size + len(data) > self.bc.max_bytes:
@@ -350,7 +347,7 @@ class Bundles:
             "job": self.cfg.job,
             "trigger": trigger, "written_before_kill": trigger == "evict",
             "created_at": started, "kind": kind, "replica_group": group,
-            "replica_id": finding.get("replica_id") or (decision or {}).get("replica_id"),
+            "replica_id": finding.get("replica_id") or d.get("replica_id"),
             "culprit_ranks": sorted(culprits),
             "culprit_hosts": (finding.get("evidence") or {}).get("culprit_hosts") or [],
             "finding_id": finding_id, "decision": decision,
@@ -369,7 +366,7 @@ class Bundles:
         path = self.store.write(bundle_id, manifest, files, {
             "at": started, "trigger": trigger, "kind": kind, "replica_group": group,
             "replica_id": manifest["replica_id"], "finding_id": finding_id,
-            "decision_id": (decision or {}).get("id"), "summary": summary})
+            "decision_id": d.get("id"), "summary": summary})
         if path is None:
             return None
         took = time.perf_counter() - t0
