@@ -33,7 +33,8 @@ BACKOFF_S, BACKOFF_MAX_S = 2.0, 300.0
 
 
 def culprit_hosts(finding: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """host -> {node, devices, ranks} from a finding's ``evidence.culprits`` (hostless skipped)."""
+    """host -> {node, devices (labels), ranks} from a finding's ``evidence.culprits`` (hostless
+    skipped)."""
     out: dict[str, dict[str, Any]] = {}
     for c in (finding.get("evidence") or {}).get("culprits") or ():
         host = c.get("host")
@@ -41,8 +42,9 @@ def culprit_hosts(finding: dict[str, Any]) -> dict[str, dict[str, Any]]:
             continue
         row = out.setdefault(str(host), {"node": c.get("node") or host, "devices": [],
                                          "ranks": []})
-        if c.get("device") and c["device"] not in row["devices"]:
-            row["devices"].append(c["device"])
+        label = device_label(c["device"]) if c.get("device") else None
+        if label and label not in row["devices"]:
+            row["devices"].append(label)
         if c.get("rank") is not None:
             row["ranks"].append(c["rank"])
     return out
@@ -171,15 +173,13 @@ class HostLedger:
                     if self._seen_before_restart(host, f):
                         continue
                     h = self._host(host, now)
-                    h["node"] = c["node"] or h["node"]
-                    for d in c["devices"]:
-                        if device_label(d) not in h["devices"]:
-                            h["devices"].append(device_label(d))
+                    h["node"] = c["node"]
+                    h["devices"] += [d for d in c["devices"] if d not in h["devices"]]
                     self.store.add_host_offence(host, now, f["kind"], f.get("id"), {
                         "kind": f["kind"], "finding_id": f.get("id"),
                         "replica_group": f.get("replica_group"),
                         "replica_id": f.get("replica_id"), "ranks": c["ranks"],
-                        "devices": [device_label(d) for d in c["devices"]], "counts": counts})
+                        "devices": c["devices"], "counts": counts})
                     if not counts:
                         log.info("%s in replica group %s names all its hosts (%s): recorded, not "
                                  "counted against %s", f["kind"], f.get("replica_group"),
