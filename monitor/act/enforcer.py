@@ -228,11 +228,13 @@ class Enforcer:
 
     def decide(self, view: ClusterView, evidence: ClusterView, now: float) -> None:
         """Every open finding of an evictable kind, under the rails: evicted, or held."""
-        in_quorum = in_quorum_by_replica_id(evidence)
+        in_quorum = None  # once per sweep, only when a finding asks (most sweeps none does)
         for f in self.detectors.open_findings():
             if f.kind not in self.cfg.rails.evict_kinds:
                 continue  # reported only (e.g. dead)
             with self._lock:
+                if in_quorum is None:
+                    in_quorum = in_quorum_by_replica_id(evidence)
                 s = self.situation(view, evidence, now, in_quorum)
                 d = decide(f.kind, f.replica_group, f.replica_id, s, self.cfg.rails)
                 if d.evict:
