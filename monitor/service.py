@@ -74,11 +74,8 @@ def check_config(cfg: MonitorConfig) -> None:
 
 
 def _sinks(cfg: MonitorConfig) -> list:
-    q = cfg.quarantine
     try:
-        return [build_sink(a, timeout_s=q.action_timeout_s, webhook_secret=q.webhook_secret,
-                           k8s_namespace=q.k8s_namespace, k8s_pod_selector=q.k8s_pod_selector)
-                for a in q.actions]
+        return [build_sink(a, cfg.quarantine) for a in cfg.quarantine.actions]
     except SinkConfigError as e:
         raise ConfigError(str(e)) from None
 
