@@ -202,7 +202,8 @@ class BundleConfig:
                           "compression; beyond, files are left out")
     total_bytes: int = flag(1 << 30, "--bundle-total-bytes",
                             "all bundles on disk; the oldest are deleted beyond")
-    keep_s: float = flag(14 * 86400.0, "--bundle-keep", "seconds a bundle is kept, 14 days by default")
+    keep_s: float = flag(14 * 86400.0, "--bundle-keep",
+                         "seconds a bundle is kept, 14 days by default")
 
     def directory(self, state_path: str) -> str | None:
         """Where bundles go (None: nowhere, an in-memory audit log and no --bundle-dir)."""
