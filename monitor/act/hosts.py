@@ -425,15 +425,15 @@ class HostLedger:
         with self._lock:
             return sorted(h["host"] for h in self.hosts.values() if h["state"] == QUARANTINED)
 
-    def to_json(self, now: float, offences: int = 20) -> list[dict[str, Any]]:
+    def to_json(self, now: float) -> list[dict[str, Any]]:
         """``GET /v1/hosts``: every host with an offence, a quarantine or a release."""
         with self._lock:
             hosts = [dict(h) for h in self.hosts.values()]
         out = []
         order = {QUARANTINED: 0, SUSPECT: 1, RELEASED: 2, OK: 3}
+        since = now - self.cfg.window_s
         for h in sorted(hosts, key=lambda x: (order.get(x["state"], 4), x["host"])):
-            since = now - self.cfg.window_s
-            rows = self.store.host_offences(h["host"], limit=offences)
+            rows = self.store.host_offences(h["host"], limit=20)
             h["offences"] = [{"at": o["at"], "kind": o["kind"], "finding_id": o["finding_id"],
                               "replica_group": o["data"].get("replica_group"),
                               "ranks": o["data"].get("ranks"),
