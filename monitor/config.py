@@ -232,8 +232,6 @@ class ShardConfig:
     etcd_prefix: str = flag("/lightkeeper", "--etcd-prefix",
                             "etcd key prefix; the job's keys are under PREFIX/<job>/")
     lease_ttl_s: int = flag(10, "--lease-ttl", "seconds of the leader's and shards' etcd leases")
-    etcd_timeout_s: float = 2.0
-    reprobe_s: float = 60.0  # a target of another shard is asked its group again this often
     resend_after_s: float | None = None  # None: 3 Lighthouse heartbeat timeouts
 
     def validate(self, interval_s: float) -> None:
@@ -251,7 +249,6 @@ class ShardConfig:
         if self.lease_ttl_s < 2 or self.lease_ttl_s < 2 * interval_s:
             raise ConfigError(f"--lease-ttl must be >= 2 s and >= 2 sweep intervals "
                               f"({2 * interval_s:g} s), got {self.lease_ttl_s}")
-        _at_least(self, 0, "reprobe_s", "etcd_timeout_s", strict=True)
 
 
 @dataclass

@@ -20,6 +20,8 @@ from .lease import KV, Etcd, EtcdError, LeaderLease, SessionLease, created_never
 
 log = logging.getLogger(__name__)
 
+REPROBE_S = 60.0  # a target of another shard is asked its group again this often
+
 
 def shard_of(replica_group: int, shards: int) -> int:
     """Prometheus' ``hashmod`` of the group's decimal id (the last 8 bytes of its MD5, big-endian,
@@ -60,7 +62,7 @@ class Shards:
         self.cfg = cfg
         self.mon = monitor  # monitor.service.Monitor: its store, rails, metrics
         self.root = f"{cfg.etcd_prefix.rstrip('/')}/{monitor.cfg.job}/"
-        self.etcd = Etcd(cfg.etcd, cfg.etcd_timeout_s)  # the sweep loop's connection
+        self.etcd = Etcd(cfg.etcd)  # the sweep loop's connection
         self.session = SessionLease(self.etcd, cfg.lease_ttl_s)
         self._groups: dict[str, tuple[int, float]] = {}  # url -> (replica group, learned at)
         self._proposed: set[str] = set()
@@ -87,7 +89,7 @@ class Shards:
 
     def own_targets(self, targets: list, poller: Any, now: float) -> list:
         """The targets of this shard's groups (by their last state, else their registration's hint);
-        one with neither is asked here, and another shard's one again every ``reprobe_s``."""
+        one with neither is asked here, and another shard's one again every REPROBE_S."""
         if self.cfg.index is None:
             return []
         known = {t.url for t in targets}
@@ -95,7 +97,7 @@ class Shards:
         mine, probe = [], []
         for t in targets:
             g, at = self._groups.get(t.url, (t.replica_group, now))
-            if g is None or (not self.owns(g) and now - at >= self.cfg.reprobe_s):
+            if g is None or (not self.owns(g) and now - at >= REPROBE_S):
                 probe.append(t)
             elif self.owns(g):
                 mine.append(t)
@@ -259,7 +261,7 @@ class Leader(threading.Thread):
     def __init__(self, cfg: ShardConfig, monitor: Any, root: str) -> None:
         super().__init__(daemon=True, name="lightkeeper-shard-leader")
         self.cfg, self.mon, self.root = cfg, monitor, root
-        self.etcd = Etcd(cfg.etcd, cfg.etcd_timeout_s)
+        self.etcd = Etcd(cfg.etcd)
         name = "leader" if cfg.index is None else f"shard{cfg.index}"
         self.election = LeaderLease(self.etcd, root + "leader",
                                     {"name": name, "monitor": monitor.url}, cfg.lease_ttl_s)
