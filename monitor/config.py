@@ -1,5 +1,6 @@
 """The monitor's configuration: plain dataclasses, filled from ``lightkeeper monitor`` flags.
 
+A field made with :func:`flag` is set by that flag (monitor/cli.py builds it from the field).
 Each default works for the demo and for real jobs; docs/monitor.md explains each one. A value
 that makes no sense raises :class:`ConfigError` at start-up, never in the middle of a run.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 EVICTABLE_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting",
                    "network", "quarantined_host")
@@ -22,6 +24,12 @@ class ConfigError(ValueError):
     """A configuration value the monitor cannot run with."""
 
 
+def flag(default: Any, name: str, help: str) -> Any:
+    """A field that the ``lightkeeper monitor`` flag ``name`` sets; ``help`` says what it does
+    (a bool's flag turns the default over)."""
+    return field(default=default, metadata={"flag": name, "help": help})
+
+
 def _at_least(cfg: object, low: float, *names: str, strict: bool = False) -> None:
     """Raise ConfigError naming the first of ``names`` below ``low`` (``strict``: not above);
     None is allowed."""
@@ -34,22 +42,31 @@ def _at_least(cfg: object, low: float, *names: str, strict: bool = False) -> Non
 @dataclass
 class DetectorConfig:
     # straggler: how long the others wait for a group at the cross-group step
-    straggler_min_lag_s: float = 0.1  # absolute floor of the lag that counts
-    straggler_rel_lag: float = 0.25  # ... and relative to the median step time
-    straggler_steps: int = 6  # newest steps per window (waited for in 3 of 4)
-    straggler_windows: int = 2  # consecutive windows to confirm
+    straggler_min_lag_s: float = flag(0.1, "--straggler-min-lag",
+                                      "seconds a group must arrive after its peers")
+    straggler_rel_lag: float = flag(0.25, "--straggler-rel-lag",
+                                    "... and at least this fraction of the median step time")
+    straggler_steps: int = flag(6, "--straggler-steps",
+                                "newest steps per straggler window, waited for in 3 of 4")
+    straggler_windows: int = flag(2, "--straggler-windows",
+                                  "consecutive windows to confirm a straggler")
     # hang: no step progress for max(hang_floor_s, hang_factor * median step time)
-    hang_floor_s: float = 3.0
-    hang_factor: float = 3.0
-    dead_sweeps: int = 3  # dead / dead_rank: unreachable for this many sweeps
-    starting_timeout_s: float = 300.0  # stuck_starting: no first quorum this long
-    fr_interval_s: float = 15.0  # Flight Recorder fetched at least this often (mismatch)
-    # job_slow: the job's median step over a straggler window above this many times its
-    # healthy baseline (the median of its first healthy windows), no group late, in this many
-    # consecutive windows with newer steps
-    job_slow_factor: float = 1.5
-    job_slow_windows: int = 2
-    job_baseline_windows: int = 5  # healthy windows seen before job_slow is judged
+    hang_floor_s: float = flag(3.0, "--hang-floor",
+                               "minimum seconds without progress before a hang")
+    hang_factor: float = flag(3.0, "--hang-factor",
+                              "... or this many median step times if longer")
+    dead_sweeps: int = flag(3, "--dead-sweeps", "unreachable sweeps before a rank is dead")
+    starting_timeout_s: float = flag(300.0, "--starting-timeout", "seconds a rank may answer "
+                                     "without a first quorum before it is stuck_starting")
+    fr_interval_s: float = flag(15.0, "--fr-interval", "fetch Flight Recorder from every rank "
+                                "at least this often, seconds (mismatch)")
+    # job_slow: the healthy baseline is the median of the job's first healthy windows
+    job_slow_factor: float = flag(1.5, "--job-slow-factor", "job_slow: the job's median step "
+                                  "above this many times its healthy baseline, no group late")
+    job_slow_windows: int = flag(2, "--job-slow-windows",
+                                 "... in this many consecutive straggler windows")
+    job_baseline_windows: int = flag(5, "--job-baseline-windows",
+                                     "healthy windows seen before job_slow is judged")
 
     def validate(self) -> None:
         _at_least(self, 0, "straggler_min_lag_s", "straggler_rel_lag", "hang_floor_s",
@@ -61,10 +78,13 @@ class DetectorConfig:
 
 @dataclass
 class RailsConfig:
-    min_replicas: int = 2  # never leave fewer replica groups than this in the job
-    cooldown_s: float = 60.0  # at most one eviction per cooldown window
-    min_reachable_fraction: float = 0.5  # hold when the monitor reaches no more than this
-    dry_run: bool = False
+    min_replicas: int = flag(2, "--min-replicas",
+                             "never evict below this many replica groups in the quorum")
+    cooldown_s: float = flag(60.0, "--cooldown", "at most one eviction per this many seconds")
+    min_reachable_fraction: float = flag(0.5, "--min-reachable", "hold evictions unless the "
+                                         "monitor reaches more than this fraction of the ranks "
+                                         "it knows")
+    dry_run: bool = flag(False, "--dry-run", "detect and report, never evict")
     evict_kinds: tuple[str, ...] = ("straggler", "hang", "mismatch", "dead_rank", "network",
                                     "quarantined_host")
 
@@ -89,13 +109,18 @@ class ProbeConfig:
     """The probe mesh, asked only while a job-wide finding is open (monitor/evidence/probes.py,
     monitor/detect/network.py; docs/monitor.md, Network faults)."""
 
-    enabled: bool = True  # needs the ranks' token too (rank_exit_token)
-    size_bytes: int = 262144  # each link's transfer
-    timeout_s: float = 2.0  # per link, on the rank
-    interval_s: float = 1.0  # at most one round per this many seconds
-    peers: int = 8  # peers each host's rank probes per round (beyond peers + 1 hosts: a ring)
-    rounds: int = 2  # consecutive rounds naming the same host confirm a network finding
-    slow_ratio: float = 0.25  # a link slower than this fraction of the others' median is bad
+    enabled: bool = flag(True, "--no-probes",  # needs the ranks' token too (rank_exit_token)
+                         "never ask the ranks to probe each other")
+    size_bytes: int = flag(262144, "--probe-bytes", "bytes each probed link transfers")
+    timeout_s: float = flag(2.0, "--probe-timeout", "seconds a rank waits for each peer")
+    interval_s: float = flag(1.0, "--probe-interval",
+                             "at most one probe round per this many seconds")
+    # beyond peers + 1 hosts: a ring
+    peers: int = flag(8, "--probe-peers", "peers each host's rank probes per round")
+    rounds: int = flag(2, "--probe-rounds",
+                       "consecutive rounds naming one host to confirm a network finding")
+    slow_ratio: float = flag(0.25, "--probe-slow-ratio",
+                             "a link below this fraction of the links' median is bad")
     workers: int = 32  # probe requests in flight at once
 
     def validate(self) -> None:
@@ -116,16 +141,23 @@ class QuarantineConfig:
     """The host ledger's policy (monitor/act/hosts.py, docs/quarantine.md)."""
 
     after: dict[str, int] = field(default_factory=lambda: dict(QUARANTINE_AFTER))
-    window_s: float = 3600.0  # offences counted within this window
-    ttl_s: float = 86400.0  # a quarantine expires after this long (then released)
-    max_quarantined: float = 0.1  # at once: a count (>= 1) or a fraction (< 1) of known hosts
-    dry_run: bool = False  # decide and log, act on nothing
+    window_s: float = flag(3600.0, "--quarantine-window",
+                           "seconds within which offences count")
+    ttl_s: float = flag(86400.0, "--quarantine-ttl",
+                        "seconds a quarantine lasts before it is released")
+    max_quarantined: float = flag(0.1, "--max-quarantined", "most hosts quarantined at once: a "
+                                  "count (>= 1) or a fraction (< 1) of the known hosts")
+    dry_run: bool = flag(False, "--quarantine-dry-run",
+                         "decide and log quarantines, carry none out")
     actions: tuple[str, ...] = ()  # k8s, slurm, exec:CMD, webhook:URL
-    action_timeout_s: float = 10.0
+    action_timeout_s: float = flag(10.0, "--action-timeout", "seconds per action attempt")
     max_attempts: int = 6  # per action; retried with backoff 2 s, 4 s, ... up to 5 min
     webhook_secret: str | None = None
-    k8s_namespace: str | None = None
-    k8s_pod_selector: str | None = None
+    k8s_namespace: str | None = flag(None, "--k8s-namespace",
+                                     "namespace of the job's pods (default: the monitor pod's)")
+    k8s_pod_selector: str | None = flag(None, "--k8s-pod-selector",
+                                        "label selector of the job's pods deleted from a "
+                                        "quarantined node (app.kubernetes.io/component=training)")
 
     def cap(self, known_hosts: int) -> int:
         if self.max_quarantined >= 1:
@@ -158,13 +190,20 @@ class BundleConfig:
     """Incident bundles: the evidence kept for the post-mortem (monitor/act/bundles.py,
     docs/monitor.md, Incident bundles)."""
 
-    enabled: bool = True
-    dir: str | None = None  # None: ``incidents/`` beside --state
-    timeout_s: float = 2.0  # a kill waits at most this for the ranks' stacks and dumps
-    max_ranks: int = 32  # ranks asked per bundle: the culprit's group first, then its peers
-    max_bytes: int = 64 << 20  # one bundle's content before compression; beyond: left out
-    total_bytes: int = 1 << 30  # every bundle on disk; the oldest go first
-    keep_s: float = 14 * 86400.0  # a bundle older than this is deleted
+    enabled: bool = flag(True, "--no-bundles", "keep no incident bundle (the ranks' stacks "
+                         "and dumps before a kill)")
+    dir: str | None = flag(None, "--bundle-dir",
+                           "where bundles are kept (default: incidents/ beside --state)")
+    timeout_s: float = flag(2.0, "--bundle-timeout",
+                            "seconds a kill waits at most for the ranks' stacks and dumps")
+    max_ranks: int = flag(32, "--bundle-ranks", "ranks asked per bundle: the culprit's group, "
+                          "then its peers")
+    max_bytes: int = flag(64 << 20, "--bundle-max-bytes", "one bundle's content before "
+                          "compression; beyond, files are left out")
+    total_bytes: int = flag(1 << 30, "--bundle-total-bytes",
+                            "all bundles on disk; the oldest are deleted beyond")
+    keep_s: float = flag(14 * 86400.0, "--bundle-keep",
+                         "seconds a bundle is kept, 14 days by default")
 
     def directory(self, state_path: str) -> str | None:
         """Where bundles go (None: nowhere, an in-memory audit log and no --bundle-dir)."""
@@ -190,10 +229,9 @@ class ShardConfig:
     index: int | None  # the slice this monitor polls (None: a leader candidate only)
     etcd: str  # etcd client URL (its v3 JSON gateway)
     lead: bool = False  # campaign for the one leader, which applies the global rails
-    etcd_prefix: str = "/lightkeeper"  # keys under <prefix>/<job>/
-    lease_ttl_s: int = 10  # leader and shard-report leases
-    etcd_timeout_s: float = 2.0
-    reprobe_s: float = 60.0  # a target of another shard is asked its group again this often
+    etcd_prefix: str = flag("/lightkeeper", "--etcd-prefix",
+                            "etcd key prefix; the job's keys are under PREFIX/<job>/")
+    lease_ttl_s: int = flag(10, "--lease-ttl", "seconds of the leader's and shards' etcd leases")
     resend_after_s: float | None = None  # None: 3 Lighthouse heartbeat timeouts
 
     def validate(self, interval_s: float) -> None:
@@ -211,34 +249,43 @@ class ShardConfig:
         if self.lease_ttl_s < 2 or self.lease_ttl_s < 2 * interval_s:
             raise ConfigError(f"--lease-ttl must be >= 2 s and >= 2 sweep intervals "
                               f"({2 * interval_s:g} s), got {self.lease_ttl_s}")
-        _at_least(self, 0, "reprobe_s", "etcd_timeout_s", strict=True)
 
 
 @dataclass
 class MonitorConfig:
     lighthouse: str | None = None
-    interval_s: float = 1.0
-    bind: str = "127.0.0.1"
-    port: int = 19400  # clear of the exporters' 9100-9999 (9400: NVIDIA DCGM)
+    interval_s: float = flag(1.0, "--interval", "seconds between sweeps")
+    bind: str = flag("127.0.0.1", "--bind", "address to serve the API on")
+    # clear of the exporters' 9100-9999 (9400: NVIDIA DCGM)
+    port: int = flag(19400, "--port", "API port; 0 = ephemeral")
     state_path: str = field(default_factory=lambda: os.path.join(os.getcwd(),
                                                                  "lightkeeper-monitor.sqlite"))
     job: str = "lightkeeper"
     targets: list[str] = field(default_factory=list)  # static host:port or URLs
-    targets_file: str | None = None  # Prometheus file_sd JSON, re-read on change
-    # ranks on torch's own debug server, found in the TCPStores the Lighthouse lists
-    torch_stores: bool = False
+    targets_file: str | None = flag(None, "--targets-file", "Prometheus file_sd JSON with "
+                                    "WorkerServers; re-read when it changes")
+    torch_stores: bool = flag(False, "--torch-stores", "also watch ranks that run only torch's "
+                              "debug server (torch.distributed.debug.start_debug_server): found "
+                              "through the TCPStore of every group the Lighthouse lists; needs "
+                              "torch here (docs/torch_debug_server.md)")
     sd_out: str | None = None  # where the monitor writes the set it knows (file_sd JSON)
-    forget_after_s: float = 30.0  # registered targets unreachable this long are forgotten
-    poll_timeout_s: float = 0.8  # per /v1/state request
-    fr_timeout_s: float = 5.0  # per /v1/fr_trace request
+    forget_after_s: float = flag(30.0, "--forget-after", "forget a self-registered rank "
+                                 "unreachable this many seconds")
+    poll_timeout_s: float = flag(0.8, "--poll-timeout",
+                                 "timeout of each /v1/state request, seconds")
+    fr_timeout_s: float = flag(5.0, "--fr-timeout", "timeout of each /v1/fr_trace request, "
+                               "seconds")
     max_concurrency: int = 1024  # requests in flight at once
     token: str | None = None  # admin: POST /v1/evict, host release (and registration)
     register_token: str | None = None  # POST /v1/targets only: what every rank holds
     # registration without a token: hosts/networks allowed (None: loopback + static hosts)
     allow_targets: list[str] | None = None
-    max_targets: int = 10_000  # known targets; a registration beyond is refused (429)
-    max_state_bytes: int = 1 << 20  # largest /v1/state answer read from a rank
-    max_fr_bytes: int = 64 << 20  # largest /v1/fr_trace answer read from a rank
+    max_targets: int = flag(10_000, "--max-targets", "most targets the monitor knows; new "
+                            "registrations beyond are refused (429)")
+    max_state_bytes: int = flag(1 << 20, "--max-state-bytes",
+                                "largest /v1/state answer read from a rank, bytes")
+    max_fr_bytes: int = flag(64 << 20, "--max-fr-bytes",
+                             "largest /v1/fr_trace answer read from a rank, bytes")
     lighthouse_timeout_s: float = 2.0  # reading the Lighthouse's status page
     # as the operator declares them (None: not stated): the slow-recovery warning only
     lighthouse_heartbeat_timeout_ms: int | None = None
@@ -248,14 +295,16 @@ class MonitorConfig:
     # the kill reaches group rank 0 only: the rest of the group is told to exit (POST /v1/exit)
     # ``orphan_grace_s`` later with this token, else reported
     rank_exit_token: str | None = None
-    orphan_grace_s: float = 3.0
-    # with that token too: ranks blocked in a collective with a group gone from the quorum are
-    # told to abort it (POST /v1/abort, monitor/act/survivors.py)
-    abort_survivors: bool = True
+    orphan_grace_s: float = flag(3.0, "--orphan-grace", "seconds after a kill before the "
+                                 "group's remaining ranks are told to exit or reported")
+    # with that token too (monitor/act/survivors.py)
+    abort_survivors: bool = flag(True, "--no-abort-survivors", "never tell ranks blocked with "
+                                 "a group gone from the quorum to abort")
     expected_groups: int | None = None  # goodput ledger's capacity (None: groups ever seen)
     # the large-scale modes and the sizes they start at (docs/scaling.md)
     leader_polling: str = "auto"
-    member_interval_s: float = 10.0  # non-leader ranks of undrilled groups: polled this often
+    member_interval_s: float = flag(10.0, "--member-interval", "leader polling: seconds "
+                                    "between polls of a non-leader rank")
     leader_polling_min_ranks: int = 2000
     poll_process_min_targets: int = 50_000  # the poller in its own process, asking ahead
     gc_freeze_min_targets: int = 20_000  # no cyclic GC during a sweep; survivors frozen

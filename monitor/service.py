@@ -20,7 +20,7 @@ from typing import Any
 
 from http_serving import BackgroundWSGIServer, http_url
 
-from .act.actions import Lighthouse, Orphans, RankCalls
+from .act.actions import Lighthouse
 from .act.bundles import Bundles
 from .act.enforcer import Enforcer
 from .act.hosts import HostLedger
@@ -74,11 +74,8 @@ def check_config(cfg: MonitorConfig) -> None:
 
 
 def _sinks(cfg: MonitorConfig) -> list:
-    q = cfg.quarantine
     try:
-        return [build_sink(a, timeout_s=q.action_timeout_s, webhook_secret=q.webhook_secret,
-                           k8s_namespace=q.k8s_namespace, k8s_pod_selector=q.k8s_pod_selector)
-                for a in q.actions]
+        return [build_sink(a, cfg.quarantine) for a in cfg.quarantine.actions]
     except SinkConfigError as e:
         raise ConfigError(str(e)) from None
 
@@ -119,10 +116,9 @@ class Monitor:
         self.lighthouse = Lighthouse(cfg.lighthouse, cfg.kill_timeout_s)
         self.hosts = HostLedger(self.store, cfg.quarantine, _sinks(cfg), cfg.job, clock)
         self.bundles = Bundles(cfg, self.store, clock)
-        self.enforcer = Enforcer(
-            cfg, self.store, self.detectors, self.hosts, self.lighthouse,
-            Orphans(RankCalls(cfg.rank_exit_token, cfg.kill_timeout_s), cfg.orphan_grace_s),
-            self.lh_settings, self.metrics, self.blind_reason, clock, self.bundles)
+        self.enforcer = Enforcer(cfg, self.store, self.detectors, self.hosts, self.lighthouse,
+                                 self.lh_settings, self.metrics, self.blind_reason, clock,
+                                 self.bundles)
         self.goodput = GoodputAccount(self.store, cfg.expected_groups, cfg.interval_s,
                                       self.metrics)
         self.view: ClusterView | None = None  # every rank: what the monitor shows
@@ -315,7 +311,7 @@ class Monitor:
                 target = self.discovery.register(body)
             else:
                 target = self.discovery.register(body, admit=self.allow_list.admit)
-        except (Unauthorized, NotAllowed, BadTarget, TooManyTargets) as e:
+        except tuple(REFUSALS) as e:
             outcome = REFUSALS[type(e)]
             self.metrics.registrations.labels(self.cfg.job, outcome).inc()
             log.info("registration refused (%s): %s", outcome, e)
@@ -376,8 +372,3 @@ class Monitor:
         store = self.bundles.store
         return store.path(bundle_id) if store is not None else None
 
-    def hosts_json(self) -> dict[str, Any]:
-        return self.enforcer.hosts_json(self.view)
-
-    def release_host(self, host: str, reason: str) -> dict[str, Any]:
-        return self.enforcer.release_host(host, reason)

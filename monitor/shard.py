@@ -20,6 +20,8 @@ from .lease import KV, Etcd, EtcdError, LeaderLease, SessionLease, created_never
 
 log = logging.getLogger(__name__)
 
+REPROBE_S = 60.0  # a target of another shard is asked its group again this often
+
 
 def shard_of(replica_group: int, shards: int) -> int:
     """Prometheus' ``hashmod`` of the group's decimal id (the last 8 bytes of its MD5, big-endian,
@@ -60,7 +62,7 @@ class Shards:
         self.cfg = cfg
         self.mon = monitor  # monitor.service.Monitor: its store, rails, metrics
         self.root = f"{cfg.etcd_prefix.rstrip('/')}/{monitor.cfg.job}/"
-        self.etcd = Etcd(cfg.etcd, cfg.etcd_timeout_s)  # the sweep loop's connection
+        self.etcd = Etcd(cfg.etcd)  # the sweep loop's connection
         self.session = SessionLease(self.etcd, cfg.lease_ttl_s)
         self._groups: dict[str, tuple[int, float]] = {}  # url -> (replica group, learned at)
         self._proposed: set[str] = set()
@@ -87,7 +89,7 @@ class Shards:
 
     def own_targets(self, targets: list, poller: Any, now: float) -> list:
         """The targets of this shard's groups (by their last state, else their registration's hint);
-        one with neither is asked here, and another shard's one again every ``reprobe_s``."""
+        one with neither is asked here, and another shard's one again every REPROBE_S."""
         if self.cfg.index is None:
             return []
         known = {t.url for t in targets}
@@ -95,7 +97,7 @@ class Shards:
         mine, probe = [], []
         for t in targets:
             g, at = self._groups.get(t.url, (t.replica_group, now))
-            if g is None or (not self.owns(g) and now - at >= self.cfg.reprobe_s):
+            if g is None or (not self.owns(g) and now - at >= REPROBE_S):
                 probe.append(t)
             elif self.owns(g):
                 mine.append(t)
@@ -157,7 +159,11 @@ class Shards:
             wanted.add(f.replica_id)
             if f.replica_id not in self._proposed:
                 fid = mon.enforcer.finding_id(f.key)
-                bundle = mon.enforcer.bundle_proposal(view, evidence, f, fid)
+                # kept before the proposal, so before any kill the leader sends on it
+                bundle = mon.enforcer.keep_bundle(view, evidence, f.to_dict(), fid, {
+                    "decision": "proposed", "reason": f.kind, "source": "auto",
+                    "status": "proposing", "replica_group": f.replica_group,
+                    "replica_id": f.replica_id, "at": mon.clock()})
                 did = self._propose(f.replica_group, f.replica_id, _summary(f), fid,
                                     f.to_dict(), "auto")
                 if did is not None and bundle is not None:
@@ -255,7 +261,7 @@ class Leader(threading.Thread):
     def __init__(self, cfg: ShardConfig, monitor: Any, root: str) -> None:
         super().__init__(daemon=True, name="lightkeeper-shard-leader")
         self.cfg, self.mon, self.root = cfg, monitor, root
-        self.etcd = Etcd(cfg.etcd, cfg.etcd_timeout_s)
+        self.etcd = Etcd(cfg.etcd)
         name = "leader" if cfg.index is None else f"shard{cfg.index}"
         self.election = LeaderLease(self.etcd, root + "leader",
                                     {"name": name, "monitor": monitor.url}, cfg.lease_ttl_s)

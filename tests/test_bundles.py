@@ -1,5 +1,5 @@
-"""Incident bundles: what the monitor keeps before a kill (monitor/act/bundles.py,
-bundle_store.py), the API that lists and serves them, and ``lightkeeper analyze <bundle>``.
+"""Incident bundles: what the monitor keeps before a kill (monitor/act/bundles.py),
+the API that lists and serves them, and ``lightkeeper analyze <bundle>``.
 
 The ranks are simulated WorkerServers (tests/support/monitor_sim.py) serving Flight Recorder
 dumps made by tests/support/frgen.py; the eviction test runs a live monitor against a real torchft
@@ -20,8 +20,7 @@ import requests
 
 from lightkeeper.cli import main
 from lightkeeper.cluster import wait_until
-from monitor.act.bundle_store import BundleStore
-from monitor.act.bundles import Bundles
+from monitor.act.bundles import Bundles, BundleStore
 from monitor.analysis.bundle import open_bundle
 from monitor.config import BundleConfig, MonitorConfig, RailsConfig
 from monitor.evidence.cluster import ClusterView

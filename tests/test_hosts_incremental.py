@@ -28,7 +28,7 @@ def _state(r: int, host: str, rid: str, device: int = 0) -> dict:
 
 def _known(led: HostLedger, view) -> tuple:
     return ({h: (d["last_seen"], d["node"], list(d["devices"])) for h, d in led.hosts.items()},
-            {h: led._on_host(h) for h in led.known_hosts(view)}, led.known_hosts(view))
+            {h: led._on_host(h) for h in led.known_hosts()}, led.known_hosts())
 
 
 @pytest.mark.parametrize("told", ["changed", "reshaped"])

@@ -22,6 +22,7 @@ import pytest
 
 from monitor.act.sinks import SinkConfigError, build_sink
 from monitor.act.sinks.hooks import SIGNATURE_HEADER, SlurmSink, signature_matches
+from monitor.config import QuarantineConfig
 from tests.conftest import require_binary
 
 EVENT = {"event": "quarantine", "host": "h1", "node": "node-1", "devices": ["cuda:1 GPU-x"],
@@ -83,7 +84,7 @@ def test_exec_hook_gets_json_on_stdin_and_a_failure_is_reported(tmp_path):
     assert not bad.ok and bad.retry and "exited 3: disk full" in bad.detail
     missing = build_sink(f"exec:{tmp_path}/no-such-hook").quarantine(EVENT)
     assert not missing.ok and not missing.retry
-    slow = build_sink("exec:sleep 5", timeout_s=0.3).quarantine(EVENT)
+    slow = build_sink("exec:sleep 5", QuarantineConfig(action_timeout_s=0.3)).quarantine(EVENT)
     assert not slow.ok and "did not finish within 0.3s" in slow.detail
 
 
@@ -97,7 +98,7 @@ def test_webhook_signature_checked_by_the_receiver_and_errors():
 
     rx = Recorder(respond)
     try:
-        sink = build_sink(f"webhook:{rx.url}/hook", webhook_secret=secret)
+        sink = build_sink(f"webhook:{rx.url}/hook", QuarantineConfig(webhook_secret=secret))
         res = sink.quarantine(EVENT)
         assert res.ok, res.detail
         req = rx.requests[-1]
@@ -105,7 +106,8 @@ def test_webhook_signature_checked_by_the_receiver_and_errors():
         assert req["headers"]["Content-Type"] == "application/json"
         assert req["headers"]["X-Lightkeeper-Event"] == "quarantine"
         assert json.loads(req["body"]) == EVENT
-        wrong = build_sink(f"webhook:{rx.url}/hook", webhook_secret="other").quarantine(EVENT)
+        wrong = build_sink(f"webhook:{rx.url}/hook",
+                           QuarantineConfig(webhook_secret="other")).quarantine(EVENT)
         assert not wrong.ok and not wrong.retry and "HTTP 401" in wrong.detail
         status["code"] = 503
         down = sink.release(EVENT)
@@ -115,7 +117,7 @@ def test_webhook_signature_checked_by_the_receiver_and_errors():
     gone = sink.quarantine(EVENT)
     assert not gone.ok and gone.retry and "unreachable" in gone.detail
     with pytest.raises(SinkConfigError, match="secret"):
-        build_sink("webhook:http://127.0.0.1:1/", webhook_secret=None)
+        build_sink("webhook:http://127.0.0.1:1/", QuarantineConfig())
 
 
 def test_slurm_drain_and_resume_commands(tmp_path, monkeypatch):
@@ -187,7 +189,7 @@ def kube(tmp_path, monkeypatch):
         "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "u",
                                                   "namespace": "train"}}]}))
     monkeypatch.setenv("KUBECONFIG", str(cfg))
-    sink = build_sink("k8s", k8s_namespace="train", timeout_s=5)
+    sink = build_sink("k8s", QuarantineConfig(k8s_namespace="train", action_timeout_s=5))
     yield api, rx, sink
     rx.close()
 

@@ -9,6 +9,7 @@ Eviction and safety rails).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -68,36 +69,35 @@ class RankCalls:
         self.timeout_s = timeout_s
         self._session = requests.Session()
 
-    def _post(self, url: str, path: str, body: dict) -> requests.Response | Outcome:
+    def _post(self, url: str, path: str, body: dict, ok: tuple[int, ...],
+              said: Callable[[requests.Response], str]) -> Outcome:
         if not self.token:
             return Outcome(False, None, "no --rank-exit-token")
         if is_torch(url):
             return Outcome(False, None, "a rank on torch's debug server: no /v1/exit or "
                            "/v1/abort there (nothing that changes state is served)")
         try:
-            return self._session.post(f"{url.rstrip('/')}{path}", json=body,
-                                      headers={"Authorization": f"Bearer {self.token}"},
-                                      timeout=self.timeout_s)
+            r = self._session.post(f"{url.rstrip('/')}{path}", json=body,
+                                   headers={"Authorization": f"Bearer {self.token}"},
+                                   timeout=self.timeout_s)
         except requests.RequestException as e:
             return Outcome(False, None, f"unreachable: {type(e).__name__}")
+        if r.status_code not in ok:
+            return Outcome(False, r.status_code, f"HTTP {r.status_code}: {r.text[:120]}")
+        return Outcome(True, r.status_code, said(r))
 
     def exit(self, url: str, reason: str) -> Outcome:
-        r = self._post(url, "/v1/exit", {"reason": reason})
-        if isinstance(r, Outcome):
-            return r
-        if r.status_code in (200, 202):
-            return Outcome(True, r.status_code, "exiting")
-        return Outcome(False, r.status_code, f"HTTP {r.status_code}: {r.text[:120]}")
+        return self._post(url, "/v1/exit", {"reason": reason}, (200, 202), lambda r: "exiting")
 
     def abort(self, url: str, reason: str, decision: int | None) -> Outcome:
-        r = self._post(url, "/v1/abort", {"reason": reason, "decision": decision})
-        if isinstance(r, Outcome):
-            return r
-        if r.status_code == 202:
-            body = r.json() if r.headers.get("content-type", "").startswith(
-                "application/json") else {}
-            return Outcome(True, 202, body.get("mechanism", "aborted"))
-        return Outcome(False, r.status_code, f"HTTP {r.status_code}: {r.text[:120]}")
+        """Sent: the rank's 202 names how it aborts (its ``mechanism``)."""
+        def mechanism(r: requests.Response) -> str:
+            if not r.headers.get("content-type", "").startswith("application/json"):
+                return "aborted"
+            return r.json().get("mechanism", "aborted")
+
+        return self._post(url, "/v1/abort", {"reason": reason, "decision": decision}, (202,),
+                          mechanism)
 
     def close(self) -> None:
         self._session.close()

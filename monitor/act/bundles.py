@@ -5,15 +5,21 @@ sends a kill (and when a hang, a mismatch or a network fault is confirmed, on a 
 :class:`Bundles` asks the culprit's group and its peers in the same collective for ``GET
 /v1/stacks?format=json`` and ``GET /v1/fr_trace``, all at once, each answer bounded by
 ``--bundle-timeout`` (2 s) on the monitor's own poller, and writes what came with the finding,
-the verified view and the decision (monitor.act.bundle_store). The kill never waits longer:
-a rank that does not answer in time, answers garbage or is over ``--bundle-ranks`` is named in
-the manifest, and the kill goes out regardless. Nothing here raises into the enforcer.
+the verified view and the decision as one ``<id>.tar.gz`` (:class:`BundleStore`), indexed in the
+audit log, capped and aged out. The kill never waits longer: a rank that does not answer in
+time, answers garbage or is over ``--bundle-ranks`` is named in the manifest, and the kill goes
+out regardless; a write that fails (disk full, no permission) is logged. Nothing here raises
+into the enforcer.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import os
+import tarfile
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -22,12 +28,11 @@ from typing import Any
 
 import msgspec
 
-from ..analysis.bundle import FORMAT, FR_DIR, STACKS_DIR, VERSION, rank_file
-from ..config import MonitorConfig
+from ..analysis import bundle as layout  # the bundle format lightkeeper analyze reads
+from ..config import BundleConfig, MonitorConfig
 from ..evidence.view import ClusterView
 from ..poll.poller import Poller, judge_body
 from ..store import Store
-from .bundle_store import BundleStore
 
 log = logging.getLogger(__name__)
 
@@ -129,16 +134,127 @@ def looks_like_dump(body: bytes) -> bool:
     return bytes(body[:64]).lstrip()[:1] == b"{" and b'"entries"' in body
 
 
+class BundleStore:
+    """Where bundles are written, listed and read back from. Compressed at zlib's fastest
+    level: the kill waits for the write, and Flight Recorder JSON shrinks ~8x even so."""
+
+    def __init__(self, cfg: BundleConfig, directory: str, store: Store,
+                 clock=time.time) -> None:
+        self.cfg, self.dir, self.store, self.clock = cfg, directory, store, clock
+        self.error: str | None = None
+        self._lock = threading.Lock()  # one write and prune at a time (the loop, its helper)
+
+    def new_id(self, trigger: str, kind: str | None, replica_group: int | None) -> str:
+        """A fresh id: UTC time, trigger, kind and group (``20261125T150102Z-evict-hang-g2``),
+        suffixed when taken; a safe file name by construction (ID_RE)."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.clock()))
+        base = f"{stamp}-{trigger}-{kind or 'none'}-g{'job' if replica_group is None else replica_group}"
+        base = "".join(c if c.isalnum() or c in "_.-" else "_" for c in base)[:120]
+        out, n = base, 1
+        while self.store.bundles(bundle_id=out):
+            n += 1
+            out = f"{base}-{n}"
+        return out
+
+    def write(self, bundle_id: str, manifest: dict[str, Any], files: list[tuple[str, bytes]],
+              row: dict[str, Any]) -> str | None:
+        """Write ``<id>.tar.gz`` (``manifest.json`` first, then ``files``: (name inside the top
+        folder, bytes)), index it, prune; the path, or None when it could not be written."""
+        if not layout.ID_RE.match(bundle_id):
+            raise ValueError(f"bad bundle id {bundle_id!r}")
+        path = os.path.join(self.dir, bundle_id + layout.SUFFIX)
+        with self._lock:
+            try:
+                os.makedirs(self.dir, exist_ok=True)
+                fd, tmp = tempfile.mkstemp(prefix=f".{bundle_id}.", dir=self.dir)
+                try:
+                    with os.fdopen(fd, "wb") as raw, \
+                            tarfile.open(fileobj=raw, mode="w:gz", compresslevel=1) as tar:
+                        mtime = self.clock()
+                        members = [(layout.MANIFEST, json.dumps(manifest, indent=1,
+                                                         default=str).encode())] + files
+                        for name, data in members:
+                            info = tarfile.TarInfo(f"{bundle_id}/{name}")
+                            info.size, info.mtime, info.mode = len(data), int(mtime), 0o644
+                            tar.addfile(info, io.BytesIO(data))
+                    os.replace(tmp, path)  # whole or not at all
+                except BaseException:
+                    try:
+                        os.unlink(tmp)
+                    except OSError:
+                        pass
+                    raise
+                size = os.path.getsize(path)
+                self.store.add_bundle({**row, "id": bundle_id, "path": path, "bytes": size})
+                self.error = None
+            except (OSError, tarfile.TarError) as e:
+                self.error = f"cannot write bundle {bundle_id}: {e}"
+                log.warning("%s", self.error)
+                return None
+            self._prune()
+        return path
+
+    def prune(self) -> list[str]:
+        with self._lock:
+            return self._prune()
+
+    def _prune(self) -> list[str]:
+        """Delete bundles older than ``keep_s``, then the oldest while all weigh more than
+        ``total_bytes``; the ids deleted."""
+        rows = sorted(self.store.bundles(limit=1_000_000), key=lambda r: r["at"])
+        cutoff = self.clock() - self.cfg.keep_s
+        total = sum(r["bytes"] for r in rows)
+        gone = []
+        for r in rows:
+            if r["at"] >= cutoff and total <= self.cfg.total_bytes:
+                break
+            try:
+                os.unlink(r["path"])
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                log.warning("cannot delete bundle %s: %s", r["id"], e)
+                continue
+            self.store.delete_bundle(r["id"])
+            total -= r["bytes"]
+            gone.append(r["id"])
+        if gone:
+            log.info("deleted %d old incident bundle(s): %s", len(gone), ", ".join(gone))
+        return gone
+
+    def list(self, limit: int = 100) -> list[dict[str, Any]]:
+        """``GET /v1/incidents``: newest first, without the file's path."""
+        return [{k: v for k, v in r.items() if k != "path"} for r in self.store.bundles(limit)]
+
+    def path(self, bundle_id: str) -> str | None:
+        """The file of a listed bundle (None: unknown id, or its file is gone). The id is looked
+        up in the index, never joined to a path."""
+        if not isinstance(bundle_id, str) or not layout.ID_RE.match(bundle_id):
+            return None
+        rows = self.store.bundles(bundle_id=bundle_id)
+        if not rows or not os.path.isfile(rows[0]["path"]):
+            return None
+        return rows[0]["path"]
+
+    def by_link(self) -> dict[tuple[str, int], list[str]]:
+        """(``finding``/``decision``, id) -> bundle ids: what ties a goodput incident to its
+        bundles."""
+        out: dict[tuple[str, int], list[str]] = {}
+        for r in self.store.bundles(limit=10_000):
+            for key in ("finding", "decision"):
+                if r.get(f"{key}_id") is not None:
+                    out.setdefault((key, r[f"{key}_id"]), []).append(r["id"])
+        return out
+
+
 class Bundles:
     """Fetch, assemble and keep incident bundles; ``store`` lists and serves them."""
 
-    def __init__(self, cfg: MonitorConfig, store: Store, clock: Callable[[], float] = time.time,
-                 poller_factory: Callable[[], Poller] | None = None) -> None:
+    def __init__(self, cfg: MonitorConfig, store: Store,
+                 clock: Callable[[], float] = time.time) -> None:
         self.cfg, self.bc, self.clock = cfg, cfg.bundles, clock
         directory = self.bc.directory(cfg.state_path) if self.bc.enabled else None
         self.store = BundleStore(self.bc, directory, store, clock) if directory else None
-        self._poller_factory = poller_factory or (lambda: Poller(
-            self.bc.timeout_s, _WORKERS, max_bytes=cfg.max_fr_bytes))
         self._poller: Poller | None = None
         self._lock = threading.Lock()
         self._helper = ThreadPoolExecutor(1, thread_name_prefix="lightkeeper-bundles")
@@ -155,7 +271,8 @@ class Bundles:
     def _get_poller(self) -> Poller:
         with self._lock:
             if self._poller is None:
-                self._poller = self._poller_factory()
+                self._poller = Poller(self.bc.timeout_s, _WORKERS,
+                                      max_bytes=self.cfg.max_fr_bytes)
             return self._poller
 
     def capture(self, trigger: str, view: ClusterView, evidence: ClusterView | None,
@@ -191,35 +308,32 @@ class Bundles:
                  decision: dict[str, Any] | None, related: list[dict[str, Any]],
                  t0: float) -> dict | None:
         assert self.store is not None
-        kind = finding.get("kind") or (decision or {}).get("reason")
+        d = decision or {}
+        kind = finding.get("kind") or d.get("reason")
         group = finding.get("replica_group")
-        if group is None and decision is not None:
-            group = decision.get("replica_group")
+        if group is None:
+            group = d.get("replica_group")
         culprits = [int(r) for r in finding.get("ranks") or [] if isinstance(r, int)]
         ranks, over = choose_ranks(view, evidence, group, culprits, finding.get("evidence"),
                                    self.bc.max_ranks)
         started = self.clock()
         polls = self._fetch([r.url for r, _ in ranks])
         fetched_s = time.perf_counter() - t0
-        rows, stacks, dumps = [], [], []
+        rows, candidates = [], []
         for r, role in ranks:
             st, st_why = polls[(r.url, "stacks")]
             fr, fr_why = polls[(r.url, "fr")]
             rows.append({**_rank_row(r, role), "stacks": st_why, "fr_trace": fr_why})
-            if r.rank is None:
-                continue
-            if st is not None:
-                stacks.append((rank_file(STACKS_DIR, r.rank), bytes(st), role))
-            if fr is not None:
-                dumps.append((rank_file(FR_DIR, r.rank), bytes(fr), role))
+            for body, folder in ((st, layout.STACKS_DIR), (fr, layout.FR_DIR)):
+                if body is not None and r.rank is not None:
+                    candidates.append((layout.rank_file(folder, r.rank), bytes(body), role))
         bundle_id = self.store.new_id(trigger, kind, group)
-        head = [("findings.json", _encode({"finding": {**finding, "id": finding_id},
-                                           "related": related}), "head"),
-                ("view.json", _encode(view_json(view, evidence)), "head")]
+        candidates += [("findings.json", _encode({"finding": {**finding, "id": finding_id},
+                                                  "related": related}), "head"),
+                       ("view.json", _encode(view_json(view, evidence)), "head")]
         # under the size cap the culprit's group comes first, stacks before dumps
         order = {"head": 0, "culprit": 1, "culprit_group": 1, "peer": 2}
-        candidates = sorted(head + stacks + dumps, key=lambda x: (
-            order[x[2]], x[0].startswith(FR_DIR + "/")))
+        candidates.sort(key=lambda x: (order[x[2]], x[0].startswith(layout.FR_DIR + "/")))
         files, left_out, size = [], [], 0
         for name, data, _ in candidates:
             if size + len(data) > self.bc.max_bytes:
@@ -229,10 +343,11 @@ class Bundles:
             files.append((name, data))
             size += len(data)
         manifest = {
-            "format": FORMAT, "version": VERSION, "id": bundle_id, "job": self.cfg.job,
+            "format": layout.FORMAT, "version": layout.VERSION, "id": bundle_id,
+            "job": self.cfg.job,
             "trigger": trigger, "written_before_kill": trigger == "evict",
             "created_at": started, "kind": kind, "replica_group": group,
-            "replica_id": finding.get("replica_id") or (decision or {}).get("replica_id"),
+            "replica_id": finding.get("replica_id") or d.get("replica_id"),
             "culprit_ranks": sorted(culprits),
             "culprit_hosts": (finding.get("evidence") or {}).get("culprit_hosts") or [],
             "finding_id": finding_id, "decision": decision,
@@ -251,7 +366,7 @@ class Bundles:
         path = self.store.write(bundle_id, manifest, files, {
             "at": started, "trigger": trigger, "kind": kind, "replica_group": group,
             "replica_id": manifest["replica_id"], "finding_id": finding_id,
-            "decision_id": (decision or {}).get("id"), "summary": summary})
+            "decision_id": d.get("id"), "summary": summary})
         if path is None:
             return None
         took = time.perf_counter() - t0

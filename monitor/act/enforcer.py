@@ -22,9 +22,8 @@ from ..evidence.view import ClusterView
 from ..store import Store
 from .actions import Lighthouse, Orphans, RankCalls
 from .bundles import CONFIRM_KINDS, Bundles
-from .dead import DeadGroups
 from .decisions import Decision, Situation, decide
-from .hosts import HostLedger
+from .hosts import DeadGroups, HostLedger
 from .survivors import Survivors
 
 log = logging.getLogger(__name__)
@@ -51,13 +50,15 @@ class Enforcer:
     verified now (None: they can)."""
 
     def __init__(self, cfg: MonitorConfig, store: Store, detectors: Detectors, hosts: HostLedger,
-                 lighthouse: Lighthouse, orphans: Orphans, lh_settings: LighthouseSettingsWatch,
-                 metrics: Any, blind: Callable[[], str | None], clock: Callable[[], float],
-                 bundles: Bundles | None = None) -> None:
+                 lighthouse: Lighthouse, lh_settings: LighthouseSettingsWatch, metrics: Any,
+                 blind: Callable[[], str | None], clock: Callable[[], float],
+                 bundles: Bundles) -> None:
         self.cfg, self.store, self.detectors, self.hosts = cfg, store, detectors, hosts
         self.bundles = bundles
         self._bundled: set[int] = set()  # findings whose kill this sweep took a bundle
-        self.lighthouse, self.orphans, self.lh_settings = lighthouse, orphans, lh_settings
+        self.lighthouse, self.lh_settings = lighthouse, lh_settings
+        self.orphans = Orphans(RankCalls(cfg.rank_exit_token, cfg.kill_timeout_s),
+                               cfg.orphan_grace_s)
         self.metrics, self.blind, self.clock = metrics, blind, clock
         self.hosts_error: str | None = None
         self._finding_ids: dict[tuple, int] = {}
@@ -112,7 +113,7 @@ class Enforcer:
     def judge_hosts(self, view: ClusterView, new: list[Finding], now: float,
                     lighthouse: LighthouseStatus | None = None) -> None:
         """Offences (a ``dead`` one once ``lighthouse``, the status just read, agrees:
-        monitor.act.dead), the quarantine policy, then due sink actions on a background thread
+        DeadGroups), the quarantine policy, then due sink actions on a background thread
         (a slow sink never delays a sweep). Never raises."""
         try:
             counted = [f for f in new if f.kind != "dead"] + self.dead.agreed(
@@ -122,7 +123,7 @@ class Enforcer:
                            if f.replica_group in view.groups}
             self.hosts.record([{**f.to_dict(), "id": self._finding_ids.get(f.key)}
                                for f in counted], now, group_hosts)
-            self.hosts.decide(now, self.blindness(view), len(self.hosts.known_hosts(view)))
+            self.hosts.decide(now, self.blindness(view), len(self.hosts.known_hosts()))
             if self.hosts.sinks and self.store.host_actions(due_at=now, limit=1):
                 self._start_host_actions()
             self.metrics.set_hosts(self.hosts.counts(), self.hosts.to_json(now))
@@ -140,7 +141,7 @@ class Enforcer:
                      "it knows; it may be the problem")
         return blind
 
-    def hosts_json(self, view: ClusterView | None) -> dict[str, Any]:
+    def hosts_json(self) -> dict[str, Any]:
         """``GET /v1/hosts``."""
         q = self.cfg.quarantine
         return {"hosts": self.hosts.to_json(self.clock()), "counts": self.hosts.counts(),
@@ -148,7 +149,7 @@ class Enforcer:
                 "actions": [s.name for s in self.hosts.sinks],
                 "policy": {"after": q.after, "window_s": q.window_s, "ttl_s": q.ttl_s,
                            "max_quarantined": q.max_quarantined,
-                           "cap": q.cap(len(self.hosts.known_hosts(view)))},
+                           "cap": q.cap(len(self.hosts.known_hosts()))},
                 "decisions": self.store.host_decisions(limit=50), "error": self.hosts_error}
 
     def release_host(self, host: str, reason: str) -> dict[str, Any]:
@@ -178,30 +179,20 @@ class Enforcer:
         """A bundle for each new hang, mismatch or network finding that no kill bundled this
         sweep (held by a rail, say), written on the bundles' helper thread."""
         bundled, self._bundled = self._bundled, set()
-        if self.bundles is None or not self.bundles.enabled:
-            return
         for f in new:
-            fid = self._finding_ids.get(f.key)
+            fid = self.finding_id(f.key)
             if f.kind in CONFIRM_KINDS and fid not in bundled:
                 self.bundles.capture_later("confirm", view, evidence, f.to_dict(), fid,
                                            self._related(f.replica_group))
 
-    def bundle_proposal(self, view: ClusterView, evidence: ClusterView, finding: Any,
-                        finding_id: int | None) -> dict | None:
-        """A shard's bundle of the group it is about to propose evicting: kept before the
-        proposal, so before any kill the leader sends on it (None: none kept; never raises)."""
-        if self.bundles is None or not self.bundles.enabled:
+    def keep_bundle(self, view: ClusterView | None, evidence: ClusterView | None,
+                    finding: dict[str, Any] | None, finding_id: int | None,
+                    decision: dict[str, Any]) -> dict | None:
+        """The bundle of an eviction about to be sent (or a shard's, proposed), kept before the
+        kill; its finding is marked so this sweep's confirmation keeps none. None: none kept
+        (bundles off, no view); never raises."""
+        if not self.bundles.enabled or view is None:
             return None
-        f = finding.to_dict()
-        decision = {"decision": "proposed", "reason": f.get("kind"), "source": "auto",
-                    "status": "proposing", "replica_group": finding.replica_group,
-                    "replica_id": finding.replica_id, "at": self.clock()}
-        return self._keep(view, evidence, f, finding_id, decision)
-
-    def _keep(self, view: ClusterView, evidence: ClusterView | None,
-              finding: dict[str, Any] | None, finding_id: int | None,
-              decision: dict[str, Any]) -> dict | None:
-        """An eviction's bundle, its finding marked so this sweep's confirmation keeps none."""
         bundle = self.bundles.capture("evict", view, evidence, finding, finding_id, decision,
                                       self._related(decision["replica_group"]))
         if bundle is not None and finding_id is not None:
@@ -214,9 +205,9 @@ class Enforcer:
 
     def close(self) -> None:
         """Let a sink action or a bundle under way finish (bounded)."""
-        if self.bundles is not None:
-            self.bundles.close()
+        self.bundles.close()
         self.survivors.close()
+        self.orphans.exits.close()
         if self._host_actions is not None:
             self._host_actions.join(timeout=self.cfg.quarantine.action_timeout_s + 5)
 
@@ -237,7 +228,7 @@ class Enforcer:
 
     def decide(self, view: ClusterView, evidence: ClusterView, now: float) -> None:
         """Every open finding of an evictable kind, under the rails: evicted, or held."""
-        in_quorum = None  # once per sweep, if asked
+        in_quorum = None  # once per sweep, only when a finding asks (most sweeps none does)
         for f in self.detectors.open_findings():
             if f.kind not in self.cfg.rails.evict_kinds:
                 continue  # reported only (e.g. dead)
@@ -248,7 +239,7 @@ class Enforcer:
                 d = decide(f.kind, f.replica_group, f.replica_id, s, self.cfg.rails)
                 if d.evict:
                     self._last_decision[f.key] = d.reason
-                    self.apply(d, f.replica_group, f.replica_id, self._finding_ids.get(f.key),
+                    self.apply(d, f.replica_group, f.replica_id, self.finding_id(f.key),
                                f.to_dict(), "auto", view, evidence)
                 else:
                     self.hold(f, d)
@@ -258,8 +249,7 @@ class Enforcer:
         if self._last_decision.get(f.key) == d.reason:
             return
         self._last_decision[f.key] = d.reason
-        self.apply(d, f.replica_group, f.replica_id, self._finding_ids.get(f.key), f.to_dict(),
-                   "auto")
+        self.apply(d, f.replica_group, f.replica_id, self.finding_id(f.key), f.to_dict(), "auto")
 
     def evict_manual(self, view: ClusterView | None, evidence: ClusterView | None,
                      replica_group: int, replica_id: str | None, reason: str) -> dict[str, Any]:
@@ -288,12 +278,17 @@ class Enforcer:
                                           at=self.clock())
             return {"id": did, "decision": "hold", "reason": d.reason, "detail": d.detail}
         log.warning("evicting replica group %s (%s): %s", replica_group, replica_id, d.detail)
+        reason = (finding or {}).get("kind", source)
         did = self.store.add_decision(replica_group=replica_group, replica_id=replica_id,
-                                      decision="evict", reason=(finding or {}).get("kind", source),
-                                      detail=d.detail, finding_id=finding_id, finding=finding,
-                                      status="sending", source=source, at=self.clock())
-        bundle = self._bundle_before_kill(did, d, replica_group, replica_id, finding_id,
-                                          finding, source, view, evidence)
+                                      decision="evict", reason=reason, detail=d.detail,
+                                      finding_id=finding_id, finding=finding, status="sending",
+                                      source=source, at=self.clock())
+        bundle = self.keep_bundle(view, evidence, finding, finding_id, {
+            "id": did, "decision": "evict", "reason": reason, "detail": d.detail,
+            "source": source, "status": "sending", "replica_group": replica_group,
+            "replica_id": replica_id, "at": self.clock()})
+        if bundle is not None:
+            self.store.update_decision(did, bundle=bundle["id"])
         result = self.lighthouse.kill(replica_id)
         note = f"; evidence kept in bundle {bundle['id']} ({bundle['seconds']:.2f}s)" \
             if bundle else ""
@@ -306,23 +301,6 @@ class Enforcer:
         self.metrics.last_eviction.labels(self.cfg.job).set(self.clock())
         return {"id": did, "decision": "evict", "reason": d.reason, "sent": result.sent,
                 "detail": result.detail, "bundle": bundle["id"] if bundle else None}
-
-    def _bundle_before_kill(self, did: int, d: Decision, replica_group: int,
-                            replica_id: str | None, finding_id: int | None,
-                            finding: dict[str, Any] | None, source: str,
-                            view: ClusterView | None, evidence: ClusterView | None
-                            ) -> dict | None:
-        """The bundle of an eviction about to be sent (None: none kept; never raises)."""
-        if self.bundles is None or not self.bundles.enabled or view is None:
-            return None
-        decision = {"id": did, "decision": "evict", "reason": (finding or {}).get("kind", source),
-                    "detail": d.detail, "source": source, "status": "sending",
-                    "replica_group": replica_group, "replica_id": replica_id,
-                    "at": self.clock()}
-        bundle = self._keep(view, evidence, finding, finding_id, decision)
-        if bundle is not None:
-            self.store.update_decision(did, bundle=bundle["id"])
-        return bundle
 
     def confirm_evictions(self, view: ClusterView, now: float) -> None:
         """Confirmed once no reachable rank reports the evicted replica id; ranks the kill

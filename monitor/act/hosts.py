@@ -4,6 +4,9 @@ A confirmed finding of a ``--quarantine-after`` kind is an offence against its c
 kept in the monitor's SQLite file. Enough offences of one kind within the window quarantine a
 host unless a rail holds it; a quarantine or release queues one action per sink, retried with
 backoff. A sink that raises is a failed attempt, never a stopped monitor. See docs/quarantine.md.
+
+A ``dead`` finding counts against its host only once the Lighthouse agrees the group is gone
+(:class:`DeadGroups`): a monitor cut off from a host, or a job that ended, sees dead groups too.
 """
 
 from __future__ import annotations
@@ -11,10 +14,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from monitor.config import QuarantineConfig
 from monitor.detect import Finding
+from monitor.evidence.lighthouse_status import LighthouseStatus
+from monitor.evidence.view import ClusterView
 from monitor.store import Store
 
 from .sinks import ActionResult, Sink
@@ -27,7 +33,8 @@ BACKOFF_S, BACKOFF_MAX_S = 2.0, 300.0
 
 
 def culprit_hosts(finding: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """host -> {node, devices, ranks} from a finding's ``evidence.culprits`` (hostless skipped)."""
+    """host -> {node, devices (labels), ranks} from a finding's ``evidence.culprits`` (hostless
+    skipped)."""
     out: dict[str, dict[str, Any]] = {}
     for c in (finding.get("evidence") or {}).get("culprits") or ():
         host = c.get("host")
@@ -35,8 +42,9 @@ def culprit_hosts(finding: dict[str, Any]) -> dict[str, dict[str, Any]]:
             continue
         row = out.setdefault(str(host), {"node": c.get("node") or host, "devices": [],
                                          "ranks": []})
-        if c.get("device") and c["device"] not in row["devices"]:
-            row["devices"].append(c["device"])
+        label = device_label(c["device"]) if c.get("device") else None
+        if label and label not in row["devices"]:
+            row["devices"].append(label)
         if c.get("rank") is not None:
             row["ranks"].append(c["rank"])
     return out
@@ -145,12 +153,10 @@ class HostLedger:
         """Replica ids of the observed view's live ranks on ``host``."""
         return set(self._rids.get(host, ()))
 
-    def known_hosts(self, view: Any) -> set[str]:
+    def known_hosts(self) -> set[str]:
+        """The hosts the observed view's ranks name, and the ledger's."""
         with self._lock:
-            if view is not None and view is self._observed:
-                return set(self._named) | set(self.hosts)
-        seen = {(r.state or {}).get("host") for r in view.ranks.values()} if view else set()
-        return {h for h in seen if h} | set(self.hosts)
+            return set(self._named) | set(self.hosts)
 
     def record(self, findings: list[dict[str, Any]], now: float,
                group_hosts: dict[int, set[str]] | None = None) -> None:
@@ -167,15 +173,13 @@ class HostLedger:
                     if self._seen_before_restart(host, f):
                         continue
                     h = self._host(host, now)
-                    h["node"] = c["node"] or h["node"]
-                    for d in c["devices"]:
-                        if device_label(d) not in h["devices"]:
-                            h["devices"].append(device_label(d))
+                    h["node"] = c["node"]
+                    h["devices"] += [d for d in c["devices"] if d not in h["devices"]]
                     self.store.add_host_offence(host, now, f["kind"], f.get("id"), {
                         "kind": f["kind"], "finding_id": f.get("id"),
                         "replica_group": f.get("replica_group"),
                         "replica_id": f.get("replica_id"), "ranks": c["ranks"],
-                        "devices": [device_label(d) for d in c["devices"]], "counts": counts})
+                        "devices": c["devices"], "counts": counts})
                     if not counts:
                         log.info("%s in replica group %s names all its hosts (%s): recorded, not "
                                  "counted against %s", f["kind"], f.get("replica_group"),
@@ -421,15 +425,15 @@ class HostLedger:
         with self._lock:
             return sorted(h["host"] for h in self.hosts.values() if h["state"] == QUARANTINED)
 
-    def to_json(self, now: float, offences: int = 20) -> list[dict[str, Any]]:
+    def to_json(self, now: float) -> list[dict[str, Any]]:
         """``GET /v1/hosts``: every host with an offence, a quarantine or a release."""
         with self._lock:
             hosts = [dict(h) for h in self.hosts.values()]
         out = []
         order = {QUARANTINED: 0, SUSPECT: 1, RELEASED: 2, OK: 3}
+        since = now - self.cfg.window_s
         for h in sorted(hosts, key=lambda x: (order.get(x["state"], 4), x["host"])):
-            since = now - self.cfg.window_s
-            rows = self.store.host_offences(h["host"], limit=offences)
+            rows = self.store.host_offences(h["host"], limit=20)
             h["offences"] = [{"at": o["at"], "kind": o["kind"], "finding_id": o["finding_id"],
                               "replica_group": o["data"].get("replica_group"),
                               "ranks": o["data"].get("ranks"),
@@ -441,4 +445,47 @@ class HostLedger:
             h["expires_in_s"] = (h["expires_at"] - now) if h["state"] == QUARANTINED \
                 and h.get("expires_at") else None
             out.append(h)
+        return out
+
+
+class DeadGroups:
+    """Dead findings waiting for the Lighthouse to agree: one counts once the Lighthouse no
+    longer hears the group, the monitor did not evict it, and at least as many groups live on
+    as are dead; one resolved first never counts."""
+
+    def __init__(self) -> None:
+        self.pending: dict[tuple, Finding] = {}  # confirmed, not yet agreed
+
+    def agreed(self, new: Iterable[Finding], open_keys: Collection[tuple],
+               evicted: Callable[[], Collection[str]], view: ClusterView,
+               lighthouse: LighthouseStatus | None) -> list[Finding]:
+        """The dead findings (of ``new`` and those waiting) that now count, each with the
+        Lighthouse's word added to its evidence (``lighthouse``); ``evicted()``: the replica
+        ids the monitor sent a kill for."""
+        for f in new:
+            if f.kind == "dead":
+                self.pending[f.key] = f
+        if not self.pending:
+            return []
+        gone = evicted()
+        for key in [k for k, f in self.pending.items() if k not in open_keys
+                    or not f.replica_id or f.replica_id in gone]:
+            del self.pending[key]
+        if not self.pending or lighthouse is None:
+            return []
+        live = sorted(g for g, gv in view.groups.items() if gv.reachable and gv.replica_id
+                      and lighthouse.heartbeating(gv.replica_id))
+        dead = {k[1] for k in open_keys if k[0] == "dead"} - set(live)
+        out = []
+        for key, f in list(self.pending.items()):
+            rid: Any = f.replica_id
+            if lighthouse.heartbeating(rid) or len(live) < max(1, len(dead)):
+                continue
+            seen = lighthouse.heartbeats.get(rid)
+            f.evidence["lighthouse"] = (
+                f"the Lighthouse no longer hears {rid}"
+                + (f" (last heartbeat {seen:.1f}s ago)" if seen is not None else "")
+                + f"; {len(live)} group(s) live on, {len(dead)} dead")
+            out.append(f)
+            del self.pending[key]
         return out

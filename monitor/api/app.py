@@ -8,7 +8,7 @@ import time
 from functools import partial
 from typing import Any
 
-from flask import Flask, Response, jsonify, render_template, request, send_file
+from flask import Flask, Response, abort, jsonify, render_template, request, send_file
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException
 
@@ -20,24 +20,19 @@ from monitor.poll.discovery import BadTarget, TooManyTargets
 MAX_BODY = 64 * 1024  # a request is a few hundred bytes
 
 
-class Forbidden(Exception):
-    def __init__(self, message: str, status: int = 403) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 def _check_admin(cfg: MonitorConfig) -> None:
-    """Raises Forbidden unless the caller shows the admin token."""
+    """Aborts the request (403, or 401 for a missing or wrong token) unless the caller shows
+    the admin token."""
     if not cfg.token:
-        raise Forbidden("state changes are disabled: start the monitor with --token or "
-                        "LIGHTKEEPER_TOKEN (the admin token)")
+        abort(403, "state changes are disabled: start the monitor with --token or "
+                   "LIGHTKEEPER_TOKEN (the admin token)")
     authorization = request.headers.get("Authorization")
     if bearer_token_matches(authorization, cfg.token):
         return
     if bearer_token_matches(authorization, cfg.register_token):
-        raise Forbidden("the registration token admits POST /v1/targets only; this route needs "
-                        "the admin token (--token)")
-    raise Forbidden("missing or wrong bearer token", 401)
+        abort(403, "the registration token admits POST /v1/targets only; this route needs the "
+                   "admin token (--token)")
+    abort(401, "missing or wrong bearer token")
 
 
 def _limit(name: str = "limit", default: int = 500, least: int = 1) -> int:
@@ -128,7 +123,7 @@ def create_app(monitor: Any) -> Flask:
 
     @app.get("/v1/hosts")
     def hosts():
-        return jsonify(monitor.hosts_json())
+        return jsonify(monitor.enforcer.hosts_json())
 
     @app.post("/v1/hosts/<host>/release")
     def release_host(host: str):
@@ -139,7 +134,7 @@ def create_app(monitor: Any) -> Flask:
             raise BadTarget('body must be {"reason": "..."} or empty')
         reason = str((body or {}).get("reason") or "released by hand")
         try:
-            return jsonify(monitor.release_host(host, reason[:500]))
+            return jsonify(monitor.enforcer.release_host(host, reason[:500]))
         except KeyError:
             return jsonify(error=f"no host {host!r} in the ledger", status=404), 404
         except ValueError as e:
@@ -151,7 +146,7 @@ def create_app(monitor: Any) -> Flask:
                                goodput=monitor.goodput_json(incidents=1, intervals=0),
                                findings=monitor.store.findings(limit=20),
                                decisions=monitor.store.decisions(limit=20),
-                               hosts=monitor.hosts_json(),
+                               hosts=monitor.enforcer.hosts_json(),
                                bundles=monitor.incidents_json(limit=10, goodput=False)["bundles"],
                                interval=monitor.cfg.interval_s, now=time.time(),
                                fmt_time=lambda t: time.strftime("%H:%M:%S", time.localtime(t))
@@ -163,7 +158,6 @@ def create_app(monitor: Any) -> Flask:
     for error, status in ((BadTarget, 400), (Unauthorized, 401), (NotAllowed, 403),
                           (TooManyTargets, 429)):
         app.register_error_handler(error, partial(error_json, status=status))
-    app.register_error_handler(Forbidden, lambda e: error_json(e, e.status))
 
     @app.errorhandler(HTTPException)
     def http_error(e):

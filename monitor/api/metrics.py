@@ -4,6 +4,7 @@ Per-group series are made at scrape time, so a sweep does no per-group metrics w
 
 from __future__ import annotations
 
+import collections
 import statistics
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -238,9 +239,7 @@ def publish_sweep(m: MonitorMetrics, view: ClusterView, evidence: ClusterView,
         r = view.ranks.get(url)
         if r is not None and r.reachable is False and r.reason == "bad_response":
             m.poll_errors.labels(job, "bad_response").inc()
-    counts: dict[str, int] = {}
-    for f in detectors.open_findings():
-        counts[f.kind] = counts.get(f.kind, 0) + 1
+    counts = collections.Counter(f.kind for f in detectors.open_findings())
     for kind in KINDS:
         m.open_findings.labels(job, kind).set(counts.get(kind, 0))
     m.set_groups(evidence, detectors.last_lags)

@@ -4,8 +4,10 @@ every rank as seen, ``evidence`` the verified ones (the quorum, membership and r
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import asdict
 from typing import Any
 
+from monitor.config import BundleConfig
 from monitor.detect import Detectors
 from monitor.evidence.lighthouse_status import LighthouseStatus
 from monitor.evidence.view import ClusterView
@@ -103,7 +105,7 @@ def goodput_with_bundles(ledger: dict[str, Any],
 
 
 def incidents_json(rows: list[dict[str, Any]], ledger: dict[str, Any], store: Any,
-                   policy: Any) -> dict[str, Any]:
+                   policy: BundleConfig) -> dict[str, Any]:
     """``GET /v1/incidents``: the bundles' rows, each with its download path and the goodput
     incident (of ``ledger``) whose eviction or finding it kept."""
     owner: dict[tuple[str, int], int] = {}
@@ -118,7 +120,5 @@ def incidents_json(rows: list[dict[str, Any]], ledger: dict[str, Any], store: An
             or owner.get(("finding", r["finding_id"]))
     return {"enabled": store is not None, "dir": store.dir if store is not None else None,
             "error": store.error if store is not None else None,
-            "policy": {"timeout_s": policy.timeout_s, "max_ranks": policy.max_ranks,
-                       "max_bytes": policy.max_bytes, "total_bytes": policy.total_bytes,
-                       "keep_s": policy.keep_s},
+            "policy": {k: v for k, v in asdict(policy).items() if k not in ("enabled", "dir")},
             "bundles": rows}

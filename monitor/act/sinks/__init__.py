@@ -8,7 +8,8 @@ Every sink has ``quarantine(event)`` and ``release(event)``, one attempt each, r
 from __future__ import annotations
 
 import shlex
-from typing import Any
+
+from monitor.config import QuarantineConfig
 
 from .base import ActionResult, Sink, SinkConfigError
 
@@ -35,20 +36,19 @@ def validate_action(spec: str) -> None:
     raise SinkConfigError(f"--action {spec!r}: expected {ACTION_FORMS}")
 
 
-def build_sink(spec: str, *, timeout_s: float = 10.0, webhook_secret: str | None = None,
-               k8s_namespace: str | None = None, k8s_pod_selector: str | None = None,
-               k8s_client: Any = None) -> Sink:
-    """The sink an ``--action`` names. SinkConfigError: a bad spec, or for ``k8s`` no
-    lightkube or no cluster configuration."""
+def build_sink(spec: str, q: QuarantineConfig | None = None) -> Sink:
+    """The sink an ``--action`` names, with ``q``'s timeout, webhook secret and Kubernetes
+    settings. SinkConfigError: a bad spec, or for ``k8s`` no lightkube or no cluster
+    configuration."""
     validate_action(spec)
+    q = q or QuarantineConfig()
     kind, _, arg = spec.partition(":")
     if spec in ("k8s", "kubernetes"):
         from .kubernetes import KubernetesSink
-        return KubernetesSink.from_env(namespace=k8s_namespace, pod_selector=k8s_pod_selector,
-                                       timeout_s=timeout_s, client=k8s_client)
+        return KubernetesSink.from_env(q.k8s_namespace, q.k8s_pod_selector, q.action_timeout_s)
     from .hooks import ExecSink, SlurmSink, WebhookSink
     if spec == "slurm":
-        return SlurmSink(timeout_s=timeout_s)
+        return SlurmSink(timeout_s=q.action_timeout_s)
     if kind == "exec":
-        return ExecSink(arg, timeout_s=timeout_s)
-    return WebhookSink(arg, secret=webhook_secret, timeout_s=timeout_s)
+        return ExecSink(arg, timeout_s=q.action_timeout_s)
+    return WebhookSink(arg, secret=q.webhook_secret, timeout_s=q.action_timeout_s)

@@ -58,9 +58,7 @@ def run_command(argv: list[str], shown: str, timeout_s: float, stdin: bytes | No
 
 class ExecSink:
     def __init__(self, command: str, timeout_s: float = 10.0) -> None:
-        self.argv = shlex.split(command)
-        if not self.argv:
-            raise SinkConfigError("exec hook: empty command")
+        self.argv = shlex.split(command)  # not empty: validate_action said so
         self.name = f"exec:{self.argv[0]}"
         self.timeout_s = timeout_s
 

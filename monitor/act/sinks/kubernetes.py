@@ -24,10 +24,6 @@ RBAC_CLUSTER = {"nodes": ("get", "patch"), "nodes/status": ("patch",)}
 RBAC_NAMESPACE = {"pods": ("list", "delete")}
 
 
-def _rfc3339(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
-
-
 def taint_value(kind: str) -> str:
     """A label-value-safe form of the finding kind (taint values follow label value rules)."""
     v = re.sub(r"[^A-Za-z0-9_.-]", "_", kind or "quarantined")[:63].strip("_.-")
@@ -46,21 +42,20 @@ class KubernetesSink:
 
     @classmethod
     def from_env(cls, namespace: str | None = None, pod_selector: str | None = None,
-                 timeout_s: float = 10.0, client: Any = None) -> KubernetesSink:
+                 timeout_s: float = 10.0) -> KubernetesSink:
         try:
             import lightkube
             from lightkube.config.kubeconfig import KubeConfig
         except ImportError:
             raise SinkConfigError("--action k8s needs lightkube: pip install "
                                   "'lightkeeper[kubernetes]'") from None
-        if client is None:
-            try:
-                config = KubeConfig.from_env()
-            except Exception as e:  # no service account, no kubeconfig
-                raise SinkConfigError(f"--action k8s: no Kubernetes configuration "
-                                      f"(in-cluster, KUBECONFIG or ~/.kube/config): {e}") from None
-            client = lightkube.Client(config=config, timeout=timeout_s,
-                                      field_manager="lightkeeper-monitor")
+        try:
+            config = KubeConfig.from_env()
+        except Exception as e:  # no service account, no kubeconfig
+            raise SinkConfigError(f"--action k8s: no Kubernetes configuration "
+                                  f"(in-cluster, KUBECONFIG or ~/.kube/config): {e}") from None
+        client = lightkube.Client(config=config, timeout=timeout_s,
+                                  field_manager="lightkeeper-monitor")
         if not namespace:
             try:
                 with open(SA_NAMESPACE) as f:
@@ -120,7 +115,7 @@ class KubernetesSink:
         from lightkube.resources.core_v1 import Node
         from lightkube.types import PatchType
 
-        now = _rfc3339(time.time())
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # RFC 3339
         cond = {"type": CONDITION, "status": "True" if on else "False", "reason": reason,
                 "message": message[:1000], "lastHeartbeatTime": now, "lastTransitionTime": now}
         self.client.patch(Node.Status, node, {"status": {"conditions": [cond]}},
