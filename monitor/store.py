@@ -194,7 +194,7 @@ class Store:
     def pending_confirmations(self) -> list[dict[str, Any]]:
         return self._dicts("SELECT * FROM decisions WHERE decision='evict' AND status='sent'")
 
-    # --- incident bundles (monitor.act.bundle_store) -----------------------------------------
+    # --- incident bundles (monitor.act.bundles) -----------------------------------------------
     def add_bundle(self, row: dict[str, Any]) -> None:
         self._write("INSERT INTO bundles (id, at, trigger, kind, replica_group, replica_id, "
                     "finding_id, decision_id, path, bytes, summary) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
