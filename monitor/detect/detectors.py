@@ -101,21 +101,15 @@ class Detectors:
     def resolve(self, key: tuple, how: str, now: float) -> None:
         self.findings.resolve(key, how, now)
 
-    def longest_wait(self, view: ClusterView | None, now: float,
-                     states: Iterable[Any] | None = None) -> float:
-        return self.hang.longest_wait(view, now, states)
-
     def in_group_hangs(self, view: ClusterView, dumps: Mapping[int, dict],
                        now: float) -> set[int]:
         return self.hang.in_group_hangs(view, dumps, now)
 
     def fr_interval(self) -> float:
         """Seconds between periodic looks: ``fr_interval_s``, or a third of the time the newest
-        entries a look reads span when that is shorter (at least FR_MIN_INTERVAL_S). A mismatch
-        that stalls nothing is seen only in the Flight Recorder, and a look reads each rank's
-        newest entries only (monitor.polling.FR_LAST): one enqueued longer ago than they span is
-        never read. A third: a look held twice as long (periodic_look_held) still reads each
-        entry before it leaves them, and a peer's entry of the same collective with it."""
+        entries a look reads span (monitor.polling.FR_LAST) when shorter, at least
+        FR_MIN_INTERVAL_S: a mismatch that stalls nothing is seen only there, and a look held
+        twice as long (periodic_look_held) still reads each entry before it leaves the window."""
         w = self.fr_window_s
         if w is None or not self.fr_window_adapts:
             return self.cfg.fr_interval_s
@@ -155,13 +149,13 @@ class Detectors:
             return held[1]
         out = False
         if now - self._last_fr_at < 2 * self.fr_interval():
-            out = self.longest_wait(view, now, states) >= self.hang.threshold(view) / 3
+            out = self.hang.longest_wait(view, now, states) >= self.hang.threshold(view) / 3
         self._periodic_held = (now, out)
         return out
 
     def hang_look_possible(self, view: ClusterView, now: float) -> bool:
         """False: :meth:`fr_wanted` asks for no hang's dumps at ``now``."""
-        return self.longest_wait(view, now) >= self.hang.threshold(view)
+        return self.hang.longest_wait(view, now) >= self.hang.threshold(view)
 
     def update(self, view: ClusterView, dumps: Mapping[int, dict] | None = None,
                now: float | None = None, full_view: ClusterView | None = None) -> list[Finding]:
@@ -201,10 +195,9 @@ class Detectors:
         return new
 
     def _note_fr_window(self, dumps: Mapping[int, dict]) -> None:
-        """:attr:`fr_window_s` from one look's dumps: the shortest time any rank's newest entries
-        (as many as its server was asked for, ``filter.last``, of every process group) span, from
-        the entries' own enqueue times (one rank's clock); a dump with fewer, from the rate of
-        those it has. Dumps of one group (``filter.pg``), whole or without times are left out."""
+        """:attr:`fr_window_s`: the shortest time any rank's newest ``filter.last`` entries span,
+        by their enqueue times (a dump with fewer: scaled by their rate); dumps of one process
+        group (``filter.pg``), whole or without times are left out."""
         if not self.fr_window_adapts:
             self.fr_window_s = None
             return

@@ -20,6 +20,15 @@ log = logging.getLogger(__name__)
 _NO_QUORUM = object()  # before the first view
 
 
+def _wait(view: ClusterView, rank: int, now: float, fresh: bool = False
+          ) -> tuple[str | None, float]:
+    """The rank's collective wait; (None, 0.0) when unreachable (``fresh``: or not polled now)."""
+    r = view.rank_view(rank)
+    if r is None or not r.reachable or (fresh and not r.fresh):
+        return None, 0.0
+    return collective_wait(r.state, now)
+
+
 def _inner(analysis: list[dict]) -> dict[int, dict]:
     inner: dict[int, dict] = {}
     for h in analysis:
@@ -150,7 +159,8 @@ class Hang:
                 level, found = "cross_group", cross[g]
                 # in the group the job waits for, the ranks that never entered the collective
                 # its others are blocked in now, however briefly (they began after the others)
-                blocked = self._blocked_in_group_now(view, h_in, now)
+                blocked = {r: w for r in (h_in["waiting"] if h_in else ())
+                           if (w := _wait(view, r, now, fresh=True))[0] == "group" and w[1] > 0}
                 inner_peers = self._in_group_blocked(view, g, h_in, blocked, rank_group, now)
                 if inner_peers:
                     level, ranks, found = "in_group", list(h_in["culprits"]), [h_in]
@@ -202,18 +212,5 @@ class Hang:
         return []
 
     @staticmethod
-    def _blocked_in_group_now(view: ClusterView, h_in: dict | None,
-                              now: float) -> dict[int, tuple]:
-        out: dict[int, tuple] = {}
-        for rank in h_in["waiting"] if h_in else []:
-            r = view.rank_view(rank)
-            if r is not None and r.reachable and r.fresh:
-                scope, secs = collective_wait(r.state, now)
-                if scope == "group" and secs > 0:
-                    out[rank] = (scope, secs)
-        return out
-
-    @staticmethod
     def _not_waiting(view: ClusterView, ranks: list[int], now: float, scope: str) -> bool:
-        return not any((r := view.rank_view(rank)) is not None and r.reachable
-                       and collective_wait(r.state, now)[0] == scope for rank in ranks)
+        return not any(_wait(view, rank, now)[0] == scope for rank in ranks)

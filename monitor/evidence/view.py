@@ -162,10 +162,9 @@ class ViewBuilder:
                 rv = prev.clone()
                 rv.fresh, rv.target = False, target
                 return rv
-            return RankView(url, False, None, reason=p.reason, error=p.error, target=target,
-                            polled_at=now)
+            return RankView(url, False, None, reason=p.reason, error=p.error, target=target)
         rv = prev.copy() if prev is not None else RankView(url, False, None)
-        rv.reachable, rv.target, rv.fresh, rv.polled_at = False, target, True, now
+        rv.reachable, rv.target, rv.fresh = False, target, True
         if p is None:
             rv.reason, rv.error = "connection", "not polled"
         elif not p.ok:
