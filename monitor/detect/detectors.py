@@ -45,8 +45,7 @@ class Detectors:
         self.straggler = Straggler(self.cfg, self.findings, self._groups)
         self.jobwide = JobWide(self.cfg, self.findings)
         self.net = Network(probes or ProbeConfig(), self.findings)
-        self._remembered: ClusterView | None = None
-        self._remembered_seen = SeenGroups()
+        self._seen = SeenGroups()
         self._commit_failures: dict[str, int] = {}
         self._last_fr_at = 0.0
         self._periodic_held: tuple[float, bool] | None = None  # (now, held) of that sweep
@@ -219,10 +218,7 @@ class Detectors:
     def _remember_groups(self, view: ClusterView) -> None:
         """A new group or replica id: a fresh memory, the earlier incarnation's findings
         ``replaced`` (but ``dead`` and ``stuck_starting``, which judge that alone)."""
-        if view is self._remembered:
-            return
-        self._remembered = view
-        for g in self._remembered_seen.changed(view)[0]:
+        for g in self._seen.changed(view)[0]:
             rid, mem = view.groups[g].replica_id, self._groups.get(g)
             if mem is None or (rid is not None and mem.replica_id != rid):
                 if mem is not None:

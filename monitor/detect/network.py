@@ -74,7 +74,7 @@ def place(rnd: ProbeRound, ratio: float) -> Verdict:
     if missing:
         return Verdict([], "no culprit: no probe results from " + ", ".join(
             f"{h} ({why})" for h, why in missing.items()))
-    hosts = rnd.hosts
+    hosts = sorted(rnd.probes)
     if len(hosts) < 3:
         return Verdict([], f"no culprit: {len(hosts)} host(s) probed; a bad link between two "
                            "hosts cannot be placed on either")

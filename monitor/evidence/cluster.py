@@ -102,8 +102,9 @@ class ClusterView:
 
     @cached_property
     def quorum_id(self) -> int | None:
-        q = [g.quorum_id for g in self.groups.values() if g.quorum_id is not None]
-        return max(q) if q else None
+        """The newest quorum id a group reports (Sums.fill sets it with ``counts``)."""
+        _ = self.counts
+        return self.__dict__["quorum_id"]
 
     def quorum_participants(self) -> int | None:
         q = self.quorum_id
@@ -127,10 +128,8 @@ class ClusterView:
     def _by_rank(self) -> dict[int, RankView]:
         out: dict[int, RankView] = {}
         for r in self.ranks.values():
-            if r.superseded:
-                continue
             k = r.rank
-            if k is None:
+            if r.superseded or k is None:
                 continue
             have = out.get(k)
             if have is None or (r.reachable and not have.reachable):

@@ -49,10 +49,6 @@ class ProbeRound:
     finished_at: float
     probes: dict[str, HostProbe]  # by host
 
-    @property
-    def hosts(self) -> list[str]:
-        return sorted(self.probes)
-
     def missing(self) -> dict[str, str]:
         """Hosts whose rank gave no results, and why."""
         return {h: p.error or f"HTTP {p.status}" for h, p in sorted(self.probes.items())
