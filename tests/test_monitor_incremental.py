@@ -33,8 +33,8 @@ def state(rank: int, group: int, step: int, quorum: int = 3, rid: str | None = N
 
 
 def lighthouse(quorum: int = 3) -> LighthouseStatus:
-    members = {f"replica_group_{g}:x": QuorumMember(f"replica_group_{g}:x", 0, "m", "s", SIZE,
-                                                    False) for g in range(GROUPS)}
+    members = {f"replica_group_{g}:x": QuorumMember(f"replica_group_{g}:x", 0, "s", SIZE)
+               for g in range(GROUPS)}
     return LighthouseStatus(quorum, members, {rid: 0.1 for rid in members})
 
 

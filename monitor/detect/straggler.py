@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from monitor.config import DetectorConfig
+from monitor.evidence.group import rank_order
 from monitor.evidence.view import STEP_TIMES_READ, ClusterView, GroupView, RankView
 from rank_wire import TIMING_KEYS
 
@@ -239,8 +240,7 @@ class Straggler:
             if mem.straggler_windows < self.cfg.straggler_windows and late_in[i] < len(window):
                 continue
             # in the group's order of ranks, as its evidence lists them
-            rows = sorted(members[g], key=lambda m: (m[0].rank if m[0].rank is not None
-                                                     else 1 << 62, m[0].url))
+            rows = sorted(members[g], key=lambda m: rank_order(m[0]))
             ranks, in_group = self._late_ranks(rows, window, threshold)
             against = healthy if i in candidates and healthy else [
                 j for j in range(len(order)) if j != i]
