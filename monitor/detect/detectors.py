@@ -139,7 +139,7 @@ class Detectors:
         return [u for u, r in fresh_ranks(view) if r.reachable and not r.superseded
                 and r.replica_group in view.groups]
 
-    def periodic_look_held(self, view: ClusterView | None, now: float,
+    def periodic_look_held(self, view: ClusterView, now: float,
                            states: Iterable[Any] | None = None) -> bool:
         """Whether the periodic look due at ``now`` waits (up to 2 x :meth:`fr_interval`) for a hang
         look that may follow; decided once per ``now``, so the service and fr_wanted agree."""

@@ -50,9 +50,7 @@ class Hang:
         self._stall_seen: tuple | None = None  # (view, now, stalled sweeps, stall's answer)
         self._longest: tuple[float, float] | None = None  # (now, seconds)
 
-    def threshold(self, view: ClusterView | None) -> float:
-        if view is None:
-            return self.cfg.hang_floor_s
+    def threshold(self, view: ClusterView) -> float:
         return max(self.cfg.hang_floor_s, self.cfg.hang_factor * (view.median_step_seconds() or 0))
 
     def note_progress(self, view: ClusterView, now: float) -> None:
@@ -106,7 +104,7 @@ class Hang:
         self._stall_seen = (view, now, self.stalled_sweeps, out)
         return out
 
-    def longest_wait(self, view: ClusterView | None, now: float,
+    def longest_wait(self, view: ClusterView, now: float,
                      states: Iterable[Any] | None = None) -> float:
         """The longest a rank polled this sweep has been blocked in a collective (s), once per
         ``now``; ``states``: this sweep's answers."""
@@ -114,8 +112,7 @@ class Hang:
         if got is not None and got[0] == now:
             return got[1]
         if states is None:
-            states = [r.state for _, r in fresh_ranks(view) if r.reachable] \
-                if view is not None else []
+            states = [r.state for _, r in fresh_ranks(view) if r.reachable]
         longest = max((collective_wait(st, now)[1] for st in states), default=0.0)
         self._longest = (now, longest)
         return longest
