@@ -17,7 +17,7 @@ from monitor.detect.hang import Hang
 from monitor.detect.jobwide import JobWide
 from monitor.detect.liveness import Liveness
 from monitor.detect.network import Network
-from monitor.detect.rank_state import SeenGroups, fresh_ranks
+from monitor.detect.rank_state import SeenGroups
 from monitor.detect.straggler import GroupMemory, Straggler, from_flight_recorder
 from monitor.evidence.probes import ProbeRound
 from monitor.evidence.view import ClusterView
@@ -136,7 +136,7 @@ class Detectors:
             return []
         self._last_fr_at = now  # asked for, answered or not: the periodic clock restarts
         # polled this sweep: a carried rank's dump would describe the past
-        return [u for u, r in fresh_ranks(view) if r.reachable and not r.superseded
+        return [r.url for r in view.polled_ranks if r.reachable and not r.superseded
                 and r.replica_group in view.groups]
 
     def periodic_look_held(self, view: ClusterView, now: float,

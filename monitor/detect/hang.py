@@ -13,7 +13,7 @@ from monitor.config import DetectorConfig
 from monitor.evidence.view import ClusterView
 
 from .findings import Finding, Findings, engine_findings
-from .rank_state import RankGroups, SeenGroups, collective_wait, fresh_ranks, phases
+from .rank_state import RankGroups, SeenGroups, collective_wait, phases
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class Hang:
         threshold = self.threshold(view)
         waits: dict[int, tuple[str, float]] = {}
         in_quorum = {g.replica_group for g in view.in_quorum()}
-        for _, r in fresh_ranks(view):  # a wait carried from an older poll is not a wait now
+        for r in view.polled_ranks:  # a wait carried from an older poll is not a wait now
             if not r.reachable or not r.fresh or r.replica_group not in in_quorum:
                 continue
             scope, secs = collective_wait(r.state, now)
@@ -112,7 +112,7 @@ class Hang:
         if got is not None and got[0] == now:
             return got[1]
         if states is None:
-            states = [r.state for _, r in fresh_ranks(view) if r.reachable]
+            states = [r.state for r in view.polled_ranks if r.reachable]
         longest = max((collective_wait(st, now)[1] for st in states), default=0.0)
         self._longest = (now, longest)
         return longest

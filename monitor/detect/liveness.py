@@ -11,7 +11,7 @@ from monitor.config import DetectorConfig
 from monitor.evidence.view import ClusterView, RankView
 
 from .findings import Finding, Findings
-from .rank_state import SeenGroups, fresh_ranks
+from .rank_state import SeenGroups
 
 DEAD_KINDS = ("dead", "dead_rank")
 
@@ -86,15 +86,15 @@ class Liveness:
         """``starting_urls``: the ranks without a quorum (None: read here); ``groups``: each
         verified group's memory."""
         starting = {}
-        polled = fresh_ranks(full) if starting_urls is None else \
-            [(u, full.ranks[u]) for u in starting_urls]
-        for url, r in polled:  # a carried rank keeps what its last poll said
+        polled = full.polled_ranks if starting_urls is None else \
+            [full.ranks[u] for u in starting_urls]
+        for r in polled:  # a carried rank keeps what its last poll said
             s = r.state
             if not r.reachable or not s:
                 continue
             if s["quorum_id"] >= 0 or r.replica_group is None:  # most have a quorum
                 continue
-            starting[url] = (url, s.get("pid"), s.get("started_at"))
+            starting[r.url] = (r.url, s.get("pid"), s.get("started_at"))
         if full.polled is not None and self._starting:
             fresh = set(full.polled)
             for ident in self._starting:

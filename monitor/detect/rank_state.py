@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from monitor.evidence.view import ClusterView, GroupView, RankView
+from monitor.evidence.view import ClusterView, GroupView
 from monitor.poll.torch_target import is_torch
 
 
@@ -65,14 +65,6 @@ def describe_ranks(view: ClusterView, ranks: list[int]) -> list[dict[str, Any]]:
 def phases(view: ClusterView, ranks: list[int]) -> dict[str, Any]:
     return {str(d["rank"]): {k: d[k] for k in ("phase", "reachable", "step", "host", "waiting")}
             for d in describe_ranks(view, ranks) if d["phase"] is not None}
-
-
-def fresh_ranks(view: ClusterView) -> list[tuple[str, RankView]]:
-    """(url, RankView) of the ranks polled this sweep (leader polling carries the others)."""
-    ranks = view.ranks
-    if view.polled is None:
-        return list(ranks.items())
-    return [(u, ranks[u]) for u in view.polled if u in ranks]
 
 
 class RankGroups:

@@ -18,7 +18,7 @@ from monitor.evidence.view import STEP_TIMES_READ, ClusterView, GroupView, RankV
 from rank_wire import TIMING_KEYS
 
 from .findings import Finding, Findings
-from .rank_state import fresh_ranks, phases
+from .rank_state import phases
 from .step_memory import StepMemory
 
 STATE_ASK = f"recent={STEP_TIMES_READ}&packed=1"
@@ -146,8 +146,8 @@ class Straggler:
         out = self.last_answers = Answers(view)
         counts, silent, by_group, mixed = out.counts, out.silent, out.by_group, out.mixed
         slots, blobs, polled = [], [], []
-        for url, r in fresh_ranks(view):
-            s = r.state
+        for r in view.polled_ranks:
+            url, s = r.url, r.state
             if not r.reachable or not s:
                 silent.append(url)
                 continue

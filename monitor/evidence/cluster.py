@@ -136,14 +136,20 @@ class ClusterView:
                 out[k] = r
         return out
 
+    @cached_property
+    def polled_ranks(self) -> list[RankView]:
+        """The ranks polled this sweep, in answer order (leader polling carries the others)."""
+        if self.polled is None:
+            return list(self.ranks.values())
+        ranks = self.ranks
+        return [ranks[u] for u in self.polled if u in ranks]
+
     def median_step_seconds(self, last: int = STEP_TIMES_READ) -> float | None:
         """Median of the recent step times of the reachable ranks polled this sweep."""
         cache = self.__dict__.setdefault("_median_steps", {})
         if last not in cache:
-            ranks = self.ranks.values() if self.polled is None else \
-                [r for r in map(self.ranks.get, self.polled) if r is not None]
             cache[last] = median(chain.from_iterable(
-                r.recent_steps()[-last:] for r in ranks if r.reachable and r.fresh))
+                r.recent_steps()[-last:] for r in self.polled_ranks if r.reachable and r.fresh))
         return cache[last]
 
     def evidence(self) -> ClusterView:
