@@ -13,7 +13,7 @@ from monitor.config import DetectorConfig
 from monitor.evidence.view import ClusterView
 
 from .findings import Finding, Findings, engine_findings
-from .rank_state import RankGroups, SeenGroups, collective_wait, phases
+from .rank_state import SeenGroups, collective_wait, phases, rank_groups
 
 log = logging.getLogger(__name__)
 
@@ -127,14 +127,14 @@ class Hang:
         if analysis is None:
             return []
         newest_q = view.quorum_id
-        rank_group = RankGroups(view, dumps)
+        rank_group = rank_groups(view, dumps)
         in_quorum = {g.replica_group for g in view.in_quorum()}
         inner, cross = _inner(analysis), {}
         for h in analysis:
             if h["kind"] == "hang" and h["replica_group"] is None \
                     and h["quorum_id"] in (None, newest_q):
                 for r in h["culprits"]:
-                    g = rank_group.get(r)
+                    g = rank_group(r)
                     if g is not None and h not in cross.setdefault(g, []):
                         cross[g].append(h)
         new = []
@@ -148,7 +148,7 @@ class Hang:
                 level, ranks, found = "in_group", list(h_in["culprits"]), [h_in]
             else:
                 ranks = sorted({r for h in cross.get(g, []) for r in h["culprits"]
-                                if rank_group.get(r) == g})
+                                if rank_group(r) == g})
                 waiting = sorted({r for h in cross.get(g, []) for r in h["waiting"]
                                   if r in waits})
                 if not ranks or not waiting or not self._not_waiting(view, ranks, now, "cross"):
@@ -188,7 +188,7 @@ class Hang:
                 return set()
             inner = _inner(engine_findings(self.analyzer(normalize_dumps(dumps)[0])))
             in_quorum = {gv.replica_group for gv in view.in_quorum()}
-            rank_group = RankGroups(view, dumps)
+            rank_group = rank_groups(view, dumps)
             return {g for g, h in inner.items() if g in in_quorum and g in view.groups
                     and self._in_group_blocked(view, g, h, waits, rank_group, now)}
         except Exception:  # the caller then fetches every dump
@@ -196,14 +196,14 @@ class Hang:
             return set()
 
     def _in_group_blocked(self, view: ClusterView, g: int, h_in: dict | None,
-                          waits: dict[int, tuple], rank_group: RankGroups,
+                          waits: dict[int, tuple], rank_group: Callable[[int], int | None],
                           now: float) -> list[int]:
         """The peers blocked in ``h_in`` (the engine's hang inside ``g``) when its culprits are
         all of ``g`` and none is itself blocked in the group."""
         if not h_in or not h_in["culprits"]:
             return []
         blocked = [r for r in h_in["waiting"] if r in waits and waits[r][0] == "group"]
-        if blocked and all(rank_group.get(r) == g for r in h_in["culprits"]) and \
+        if blocked and all(rank_group(r) == g for r in h_in["culprits"]) and \
                 self._not_waiting(view, h_in["culprits"], now, "group"):
             return blocked
         return []

@@ -4,7 +4,7 @@ a rank is, which ranks this sweep polled, which groups changed since a consumer 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from monitor.evidence.view import ClusterView, GroupView
@@ -67,23 +67,15 @@ def phases(view: ClusterView, ranks: list[int]) -> dict[str, Any]:
             for d in describe_ranks(view, ranks) if d["phase"] is not None}
 
 
-class RankGroups:
+def rank_groups(view: ClusterView, dumps: Mapping[int, dict]) -> Callable[[int], int | None]:
     """rank -> its replica group: its RankView's when it answered, else its dump's claim."""
+    claimed = {int(r): d["replica_group"] for r, d in dumps.items()
+               if isinstance(d, Mapping) and isinstance(d.get("replica_group"), int)}
 
-    __slots__ = ("view", "dumps", "claimed")
-
-    def __init__(self, view: ClusterView, dumps: Mapping[int, dict]) -> None:
-        self.view, self.dumps = view, dumps
-        self.claimed: dict[int, int] | None = None  # made on first need
-
-    def get(self, rank: int) -> int | None:
-        rv = self.view.rank_view(rank)
-        if rv is not None and rv.state is not None:
-            return rv.replica_group
-        if self.claimed is None:
-            self.claimed = {int(r): d["replica_group"] for r, d in self.dumps.items()
-                            if isinstance(d, Mapping) and isinstance(d.get("replica_group"), int)}
-        return self.claimed.get(rank)
+    def group_of(rank: int) -> int | None:
+        rv = view.rank_view(rank)
+        return rv.replica_group if rv is not None and rv.state is not None else claimed.get(rank)
+    return group_of
 
 
 class SeenGroups:
