@@ -95,14 +95,10 @@ class Liveness:
             if s["quorum_id"] >= 0 or r.replica_group is None:  # most have a quorum
                 continue
             starting[r.url] = (r.url, s.get("pid"), s.get("started_at"))
-        if full.polled is not None and self._starting:
-            fresh = set(full.polled)
-            for ident in self._starting:
-                url = ident[0]
-                if url not in fresh and url in full.ranks:
-                    r = full.ranks[url]
-                    if r.reachable and r.state and r.replica_group is not None:
-                        starting.setdefault(url, ident)
+        for ident in self._starting:  # a rank not polled now: as its last poll said
+            r = full.ranks.get(ident[0])
+            if r is not None and not r.fresh and r.reachable and r.replica_group is not None:
+                starting.setdefault(r.url, ident)
         seen = set(starting.values())
         stuck: dict[int, list[RankView]] = {}
         for ident in seen:
@@ -129,7 +125,7 @@ class Liveness:
                   "for_s": round(now - first, 1),
                   "ranks": {str(r.rank): {
                       "phase": r.state.get("phase"), "replica_id": r.replica_id,
-                      "verified": bool(getattr(getattr(r, "trust", None), "evidence", True)),
+                      "verified": r.trust is None or r.trust.evidence,
                       "why": "no torchft Manager yet (waiting for the group's store or rank 0)"
                       if not r.replica_id else "the Manager exists but no quorum was formed "
                       "(Lighthouse unreachable, or the group's other ranks never asked)"}
