@@ -25,20 +25,15 @@ def current_wait(state: Mapping[str, Any] | None) -> tuple[str | None, float | N
 
 def collective_wait(state: Mapping[str, Any] | None, now: float) -> tuple[str | None, float]:
     """("group" or "cross", seconds) the rank has been blocked inside a collective (not a
-    quorum), or (None, 0.0); without ``timing``, its phase ``allreduce`` since ``phase_since``."""
+    quorum), from its ``timing.waiting``, or (None, 0.0). ``now`` is not read: every rank
+    state (torch-only ones too, monitor.evidence.torch_rank) carries its own wait."""
     if type(state) is dict:
         timing = state.get("timing")
         if type(timing) is dict and timing.get("waiting") is None:
-            return None, 0.0  # most answers
-    elif not isinstance(state, Mapping):
-        return None, 0.0
-    if isinstance(state.get("timing"), Mapping):
-        scope, secs = current_wait(state)
-        if scope == "group" or (scope == "cross" and state.get("phase") == "allreduce"):
-            return scope, secs or 0.0
-        return None, 0.0
-    if state.get("phase") == "allreduce" and isinstance(state.get("phase_since"), (int, float)):
-        return "cross", max(0.0, now - float(state["phase_since"]))
+            return None, 0.0  # most answers, told without the Mapping checks
+    scope, secs = current_wait(state)
+    if scope == "group" or (scope == "cross" and state.get("phase") == "allreduce"):
+        return scope, secs
     return None, 0.0
 
 
