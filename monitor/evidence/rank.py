@@ -127,14 +127,13 @@ class RankView:
         return out
 
 
-def answered(url: str, prev: RankView | None, state: dict[str, Any], now: float,
-             target: Target | None, at: float | None = None) -> RankView:
-    """The RankView of a valid answer (``at``: when it came, default ``now``)."""
+def answered(url: str, prev: RankView | None, state: dict[str, Any], target: Target | None,
+             at: float) -> RankView:
+    """The RankView of a valid answer that came at ``at`` (RankPoll.at)."""
     rv = _new(RankView)
     rv.url, rv.reachable, rv.state, rv.reason, rv.error, rv.failures = \
         url, True, state, None, None, 0
     rv.unreachable_since, rv.superseded, rv.fresh, rv.target = None, False, True, target
     rv.trust = prev.trust if prev is not None else None
-    rv._recent = None
-    rv.answered_at = now if at is None else at
+    rv._recent, rv.answered_at = None, at
     return rv

@@ -103,7 +103,7 @@ class ViewBuilder:
                     break
                 shape = plain_shape(p.data) if p is not None and p.ok else None
                 if shape is not None:
-                    rv = current[url] = answered(url, old, p.data, now, old.target, p.at)
+                    rv = current[url] = answered(url, old, p.data, old.target, p.at)
                 else:
                     rv = current[url] = polled_rank(url, old, old.target, p, now)
                     if rv.reachable:
@@ -163,7 +163,7 @@ class ViewBuilder:
     def _polled(url: str, prev: RankView | None, target: Target | None, p: RankPoll | None,
                 now: float) -> RankView:
         if p is not None and p.ok and valid_state(p.data) is None:
-            return answered(url, prev, p.data, now, target, p.at)
+            return answered(url, prev, p.data, target, p.at)
         if p is not None and p.reason == "monitor" and not p.ok:
             # the monitor could not ask (monitor/poll/fd_budget.py): carried as not asked
             if prev is not None:
