@@ -168,7 +168,7 @@ class Hang:
                   "median_step_s": view.median_step_seconds(),
                   "pending": {k: pending.get(k)
                               for k in ("pg", "replica_group", "quorum_id", "seq", "op")},
-                  "pending_seq": pending.get("seq"), "quorum_id": newest_q,
+                  "quorum_id": newest_q,
                   "never_arrived": ranks, "waiting_ranks": waiting,
                   "waits": {str(r): {"scope": waits[r][0], "seconds": round(waits[r][1], 3)}
                             for r in waiting},
