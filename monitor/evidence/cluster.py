@@ -50,14 +50,14 @@ class Sums:
             self.quorums[q] = self.quorums.get(q, 0) + sign
 
     def fill(self, view: ClusterView) -> None:
-        """Set ``view``'s cached ``counts`` and ``quorum_id`` from the sums."""
+        """Set ``view``'s ``counts`` and ``quorum_id`` from the sums."""
         ungrouped = view.ungrouped or ()
         trust = {k: n for k, n in self.trust.items() if n}
         for r in ungrouped:
             trust[r.verdict] = trust.get(r.verdict, 0) + 1
-        view.__dict__["counts"] = (self.known + len(ungrouped), self.up, trust)
+        view.counts = (self.known + len(ungrouped), self.up, trust)
         qs = [q for q, n in self.quorums.items() if n]
-        view.__dict__["quorum_id"] = max(qs) if qs else None
+        view.quorum_id = max(qs) if qs else None
 
 
 @dataclass
@@ -74,6 +74,10 @@ class ClusterView:
     ungrouped: list[RankView] | None = None
     polled: list[str] | None = None
     evidence_view: ClusterView | None = field(default=None, repr=False)
+    # set by Sums.fill: (known ranks (not superseded), reachable ones, (trust state, reason) ->
+    # ranks), and the newest quorum id a group reports
+    counts: tuple[int, int, dict[tuple[str, str] | None, int]] = field(init=False, repr=False)
+    quorum_id: int | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.ungrouped is None:
@@ -81,30 +85,18 @@ class ClusterView:
             for rv in self.ranks.values():
                 members.setdefault(rv.replica_group, []).append(rv)
             self.ungrouped = [r for r in members.pop(None, []) if not r.superseded]
+            sums = Sums()
             for g in sorted(members):
                 gv = grouped(g, members[g])
                 if gv is not None:
                     self.groups[g] = gv
-
-    @cached_property
-    def counts(self) -> tuple[int, int, dict[tuple[str, str] | None, int]]:
-        """(known ranks (not superseded), reachable ones, (trust state, reason) -> ranks)."""
-        sums = Sums()
-        for g in self.groups.values():
-            sums.add(g, 1)
-        sums.fill(self)
-        return self.__dict__["counts"]
+                    sums.add(gv, 1)
+            sums.fill(self)
 
     @cached_property
     def reachable_fraction(self) -> float:
         known, up, _ = self.counts
         return up / known if known else 0.0
-
-    @cached_property
-    def quorum_id(self) -> int | None:
-        """The newest quorum id a group reports (Sums.fill sets it with ``counts``)."""
-        _ = self.counts
-        return self.__dict__["quorum_id"]
 
     def quorum_participants(self) -> int | None:
         q = self.quorum_id
