@@ -6,7 +6,6 @@ the rails get: only the ranks whose answers count as evidence (monitor.evidence.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -19,13 +18,9 @@ from .rank import STEP_TIMES_READ, RankView
 
 
 def median(values: Iterable[float]) -> float | None:
-    """statistics.median of ``values`` (None when empty); numpy's for many, the same value."""
+    """The median of ``values`` (statistics.median's value), None when empty."""
     arr = np.fromiter(values, dtype=float)
-    if not len(arr):
-        return None
-    if len(arr) < 64:
-        return statistics.median(arr.tolist())
-    return float(np.median(arr))
+    return float(np.median(arr)) if len(arr) else None
 
 
 class Sums:
