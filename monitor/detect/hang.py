@@ -17,8 +17,6 @@ from .rank_state import SeenGroups, collective_wait, phases, rank_groups
 
 log = logging.getLogger(__name__)
 
-_NO_QUORUM = object()  # before the first view
-
 
 def _wait(view: ClusterView, rank: int, now: float, fresh: bool = False
           ) -> tuple[str | None, float]:
@@ -42,7 +40,8 @@ class Hang:
         self.cfg, self.findings, self.analyzer = cfg, findings, analyzer
         # each in-quorum group's step (of the newest quorum id)
         self.progress_steps: dict[int, int] = {}
-        self._progress_quorum: Any = _NO_QUORUM
+        # progress_steps' quorum id (None at first: every group is new to _seen then)
+        self._progress_quorum: int | None = None
         self._progress_at: float | None = None
         self._noted_at: float | None = None
         self._seen = SeenGroups()
