@@ -22,7 +22,7 @@ from monitor.analysis import RankTrace, analyze
 from monitor.config import DetectorConfig
 from monitor.detect import Detectors
 from monitor.detect.mismatch import departs_from_step_pattern
-from monitor.detect.rank_state import RankGroups
+from monitor.detect.rank_state import rank_groups
 from monitor.detect.straggler import is_late_window, straggler_lags
 from monitor.evidence.view import ClusterView, ViewBuilder
 from monitor.poll.discovery import Target
@@ -798,7 +798,7 @@ def test_incremental_detectors_match_from_scratch_ones_sweep_after_sweep():
 
 
 def test_a_named_rank_is_placed_in_its_group_from_the_view_else_from_its_dump():
-    """RankGroups: a rank named by a Flight Recorder finding is in the replica group
+    """rank_groups: a rank named by a Flight Recorder finding is in the replica group
     its RankView says (a live process's, not its superseded predecessor's), and a rank the view
     has no answer from is in the group its dump claims; anything else is in none."""
     from monitor.evidence.view import ClusterView, RankView
@@ -814,5 +814,5 @@ def test_a_named_rank_is_placed_in_its_group_from_the_view_else_from_its_dump():
     assert ranks["old"].superseded
     dumps = {5: {"replica_group": 3}, "6": {"replica_group": 4}, 7: {"replica_group": "x"},
              1: {"replica_group": 9}}  # rank 1's dump claims another group: the view wins
-    got = RankGroups(view, dumps)
-    assert [got.get(r) for r in range(9)] == [0, 0, 1, None, None, 3, 4, None, None]
+    got = rank_groups(view, dumps)
+    assert [got(r) for r in range(9)] == [0, 0, 1, None, None, 3, 4, None, None]

@@ -33,8 +33,8 @@ def state(rank: int, group: int, step: int, quorum: int = 3, rid: str | None = N
 
 
 def lighthouse(quorum: int = 3) -> LighthouseStatus:
-    members = {f"replica_group_{g}:x": QuorumMember(f"replica_group_{g}:x", 0, "m", "s", SIZE,
-                                                    False) for g in range(GROUPS)}
+    members = {f"replica_group_{g}:x": QuorumMember(f"replica_group_{g}:x", 0, "s", SIZE)
+               for g in range(GROUPS)}
     return LighthouseStatus(quorum, members, {rid: 0.1 for rid in members})
 
 
@@ -271,8 +271,8 @@ def test_step_times_and_their_median_are_the_general_paths():
 
 def rank_fields(view: ClusterView) -> dict:
     """Every field of every RankView (verdicts by their fields: each builder judges its own)."""
-    return {u: (r.reachable, r.reason, r.error, r.failures, r.unreachable_since, r.last_ok_at,
-                r.superseded, r.fresh, r.polled_at, trust_fields(r.trust),
+    return {u: (r.reachable, r.reason, r.error, r.failures, r.unreachable_since,
+                r.superseded, r.fresh, trust_fields(r.trust),
                 r.state["step"] if r.state else None)
             for u, r in view.ranks.items()}
 
@@ -338,8 +338,8 @@ def test_rank_views_are_slotted_and_their_copies_carry_every_field():
     from monitor.evidence.view import RankView
 
     rv = RankView("u", True, {"recent_step_seconds": [1.0]}, reason="r", error="e",
-                  failures=3, unreachable_since=1.0, last_ok_at=2.0, target=object(),
-                  superseded=True, trust=object(), fresh=False, polled_at=3.0)
+                  failures=3, unreachable_since=1.0, target=object(),
+                  superseded=True, trust=object(), fresh=False)
     rv.recent_steps()
     assert not hasattr(rv, "__dict__")
     names = [f.name for f in dataclasses.fields(RankView)]

@@ -320,7 +320,7 @@ def test_a_sweep_that_drills_asks_early_unless_a_hang_may_be_building(tmp_path, 
         assert 2 in mon.sweep_plan.drilled
         assert (2 in mon.sweep_plan.blocked) == (waiting == "leader")
         assert view.ranks[member.url].fresh  # its wait was read in this sweep
-        assert mon.detectors.longest_wait(view, view.at) == wait_s
+        assert mon.detectors.hang.longest_wait(view, view.at) == wait_s
         assert asked_before_detectors == [early]
         # asked either way: early, or after the detectors
         assert asked_within(asked, n + len(mon.sweep_plan.urls), 5.0)

@@ -99,7 +99,7 @@ def monitor(tmp_path, name: str, urls: list[str], poller: Answers, clock) -> Mon
 def snapshot(mon: Monitor) -> dict:
     """{url: (replica id, {step: its four seconds})} of every rank the detectors hold rows of."""
     mem = mon.detectors.straggler.memory
-    return {u: (mem.replica_ids()[s], folded_rows(mem, u)) for u, s in mem.slots().items()}
+    return {u: (mem.rid[s], folded_rows(mem, u)) for u, s in mem.slot.items()}
 
 
 def same_rows(cut: dict, whole: dict) -> bool:

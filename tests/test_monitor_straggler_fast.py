@@ -27,7 +27,7 @@ class EveryGroupStraggler(Straggler):
     """Members from every GroupView's reachable ranks, every group judged."""
 
     def members(self, view, groups):
-        slots, rids, members = self.memory.slots(), self.memory.replica_ids(), {}
+        slots, rids, members = self.memory.slot, self.memory.rid, {}
         for g, gv in groups.items():
             rid = gv.replica_id
             rows = [(r, slots[r.url], rid) for r in gv.reachable

@@ -28,7 +28,7 @@ def served_row(rng: random.Random, step: int) -> dict:
 
 def rows(mem: StepMemory, url: str) -> dict[int, tuple]:
     """``url``'s folded rows, {step: its four seconds}, oldest first."""
-    slot = mem.slots().get(url)
+    slot = mem.slot.get(url)
     if slot is None:
         return {}
     steps = mem.common_steps(np.asarray([slot]))
@@ -88,8 +88,8 @@ def test_a_rank_not_kept_is_forgotten_and_the_room_given_back():
     mem.fold(slots, [TIMING_ROW.pack(i, 1.0, 0.5, 0.25, float(i)) for i in range(len(urls))])
     kept = set(urls[::100])
     mem.keep_only(kept)
-    assert set(mem.slots()) == kept
-    assert len(mem.replica_ids()) < 5000  # compacted: the forgotten ranks' room given back
+    assert set(mem.slot) == kept
+    assert len(mem.rid) < 5000  # compacted: the forgotten ranks' room given back
     for i in range(0, 5000, 100):
         assert rows(mem, urls[i]) == {i: (1.0, 0.5, 0.25, float(i))}
     assert mem.newest(urls[1]) is None and rows(mem, urls[1]) == {}

@@ -41,8 +41,8 @@ RID = {0: "job_0:aaaa", 1: "job_1:bbbb"}
 
 
 def status(quorum_id: int = 4, groups=(0, 1), step: int = 17) -> LighthouseStatus:
-    return LighthouseStatus(quorum_id, {RID[g]: QuorumMember(RID[g], step, "m", f"s{g}:1", 1,
-                                                             False) for g in groups},
+    return LighthouseStatus(quorum_id, {RID[g]: QuorumMember(RID[g], step, f"s{g}:1", 1)
+                                          for g in groups},
                             {RID[g]: 0.1 for g in groups})
 
 
@@ -142,7 +142,7 @@ def _torch_only_view(groups=(0, 1, 2), torch_only=True):
     from monitor.poll.discovery import Target
 
     rid = {g: f"job_{g}:u{g}" for g in groups}
-    lh = LighthouseStatus(1, {rid[g]: QuorumMember(rid[g], 40, "m", f"s{g}:1", 1, False)
+    lh = LighthouseStatus(1, {rid[g]: QuorumMember(rid[g], 40, f"s{g}:1", 1)
                               for g in groups}, {rid[g]: 0.1 for g in groups})
     polls, targets = {}, []
     for g in groups:

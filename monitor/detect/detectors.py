@@ -17,7 +17,7 @@ from monitor.detect.hang import Hang
 from monitor.detect.jobwide import JobWide
 from monitor.detect.liveness import Liveness
 from monitor.detect.network import Network
-from monitor.detect.rank_state import SeenGroups, fresh_ranks
+from monitor.detect.rank_state import SeenGroups
 from monitor.detect.straggler import GroupMemory, Straggler, from_flight_recorder
 from monitor.evidence.probes import ProbeRound
 from monitor.evidence.view import ClusterView
@@ -45,8 +45,7 @@ class Detectors:
         self.straggler = Straggler(self.cfg, self.findings, self._groups)
         self.jobwide = JobWide(self.cfg, self.findings)
         self.net = Network(probes or ProbeConfig(), self.findings)
-        self._remembered: ClusterView | None = None
-        self._remembered_seen = SeenGroups()
+        self._seen = SeenGroups()
         self._commit_failures: dict[str, int] = {}
         self._last_fr_at = 0.0
         self._periodic_held: tuple[float, bool] | None = None  # (now, held) of that sweep
@@ -101,21 +100,15 @@ class Detectors:
     def resolve(self, key: tuple, how: str, now: float) -> None:
         self.findings.resolve(key, how, now)
 
-    def longest_wait(self, view: ClusterView | None, now: float,
-                     states: Iterable[Any] | None = None) -> float:
-        return self.hang.longest_wait(view, now, states)
-
     def in_group_hangs(self, view: ClusterView, dumps: Mapping[int, dict],
                        now: float) -> set[int]:
         return self.hang.in_group_hangs(view, dumps, now)
 
     def fr_interval(self) -> float:
         """Seconds between periodic looks: ``fr_interval_s``, or a third of the time the newest
-        entries a look reads span when that is shorter (at least FR_MIN_INTERVAL_S). A mismatch
-        that stalls nothing is seen only in the Flight Recorder, and a look reads each rank's
-        newest entries only (monitor.polling.FR_LAST): one enqueued longer ago than they span is
-        never read. A third: a look held twice as long (periodic_look_held) still reads each
-        entry before it leaves them, and a peer's entry of the same collective with it."""
+        entries a look reads span (monitor.polling.FR_LAST) when shorter, at least
+        FR_MIN_INTERVAL_S: a mismatch that stalls nothing is seen only there, and a look held
+        twice as long (periodic_look_held) still reads each entry before it leaves the window."""
         w = self.fr_window_s
         if w is None or not self.fr_window_adapts:
             return self.cfg.fr_interval_s
@@ -143,10 +136,10 @@ class Detectors:
             return []
         self._last_fr_at = now  # asked for, answered or not: the periodic clock restarts
         # polled this sweep: a carried rank's dump would describe the past
-        return [u for u, r in fresh_ranks(view) if r.reachable and not r.superseded
+        return [r.url for r in view.polled_ranks if r.reachable and not r.superseded
                 and r.replica_group in view.groups]
 
-    def periodic_look_held(self, view: ClusterView | None, now: float,
+    def periodic_look_held(self, view: ClusterView, now: float,
                            states: Iterable[Any] | None = None) -> bool:
         """Whether the periodic look due at ``now`` waits (up to 2 x :meth:`fr_interval`) for a hang
         look that may follow; decided once per ``now``, so the service and fr_wanted agree."""
@@ -155,13 +148,13 @@ class Detectors:
             return held[1]
         out = False
         if now - self._last_fr_at < 2 * self.fr_interval():
-            out = self.longest_wait(view, now, states) >= self.hang.threshold(view) / 3
+            out = self.hang.longest_wait(view, now, states) >= self.hang.threshold(view) / 3
         self._periodic_held = (now, out)
         return out
 
     def hang_look_possible(self, view: ClusterView, now: float) -> bool:
         """False: :meth:`fr_wanted` asks for no hang's dumps at ``now``."""
-        return self.longest_wait(view, now) >= self.hang.threshold(view)
+        return self.hang.longest_wait(view, now) >= self.hang.threshold(view)
 
     def update(self, view: ClusterView, dumps: Mapping[int, dict] | None = None,
                now: float | None = None, full_view: ClusterView | None = None) -> list[Finding]:
@@ -201,10 +194,9 @@ class Detectors:
         return new
 
     def _note_fr_window(self, dumps: Mapping[int, dict]) -> None:
-        """:attr:`fr_window_s` from one look's dumps: the shortest time any rank's newest entries
-        (as many as its server was asked for, ``filter.last``, of every process group) span, from
-        the entries' own enqueue times (one rank's clock); a dump with fewer, from the rate of
-        those it has. Dumps of one group (``filter.pg``), whole or without times are left out."""
+        """:attr:`fr_window_s`: the shortest time any rank's newest ``filter.last`` entries span,
+        by their enqueue times (a dump with fewer: scaled by their rate); dumps of one process
+        group (``filter.pg``), whole or without times are left out."""
         if not self.fr_window_adapts:
             self.fr_window_s = None
             return
@@ -226,10 +218,7 @@ class Detectors:
     def _remember_groups(self, view: ClusterView) -> None:
         """A new group or replica id: a fresh memory, the earlier incarnation's findings
         ``replaced`` (but ``dead`` and ``stuck_starting``, which judge that alone)."""
-        if view is self._remembered:
-            return
-        self._remembered = view
-        for g in self._remembered_seen.changed(view)[0]:
+        for g in self._seen.changed(view)[0]:
             rid, mem = view.groups[g].replica_id, self._groups.get(g)
             if mem is None or (rid is not None and mem.replica_id != rid):
                 if mem is not None:

@@ -51,42 +51,36 @@ class Findings:
     def groups(self, *kinds: str) -> set[int]:
         return {k[1] for k in self.open if k[0] in kinds}
 
-    def confirm(self, kind: str, gv: GroupView, ranks: list[int], ev: dict[str, Any],
+    def confirm(self, kind: str, gv: GroupView | None, ranks: list[int], ev: dict[str, Any],
                 first_seen: float, now: float, view: ClusterView,
                 replica_id: Any = ...) -> Finding | None:
-        """The finding opened, or None when one was open (its evidence refreshed)."""
-        rid = gv.replica_id if replica_id is ... else replica_id
+        """The finding opened, or None when one was open (its evidence refreshed); ``gv`` None:
+        a job-wide one (no group, no culprit)."""
+        g = gv.replica_group if gv is not None else None
+        rid = (gv.replica_id if gv is not None else None) if replica_id is ... else replica_id
         culprits = describe_ranks(view, ranks)
         ev = {**ev, "culprit_ranks": list(ranks),
               "culprit_hosts": [c["host"] for c in culprits], "culprits": culprits}
-        key = (kind, gv.replica_group, rid)
-        if key in self.open:
-            # stacks read when it was confirmed (torch's server only) stay with its culprits
-            read = {c.get("url"): c["stacks_text"] for c in
-                    self.open[key].evidence.get("culprits") or [] if "stacks_text" in c}
-            for c in culprits if read else ():
-                if c["url"] in read:
-                    c["stacks_text"] = read[c["url"]]
-            self.open[key].evidence = ev
-            return None
-        f = self.open[key] = Finding(kind, gv.replica_group, rid, ranks, ev, first_seen, now)
-        hosts = sorted({str(c["host"]) for c in culprits})
-        log.warning("confirmed %s in replica group %d: rank(s) %s on %s", kind, gv.replica_group,
-                    ranks, ", ".join(hosts))
-        return f
-
-    def confirm_job(self, kind: str, ev: dict[str, Any], first_seen: float, now: float,
-                    keep: tuple[str, ...] = ("probe",)) -> Finding | None:
-        """Open the job-wide finding ``kind`` (no group, no culprit), or None when it was open
-        (its evidence refreshed, but the ``keep`` keys, which others add)."""
-        ev = {**ev, "culprit_ranks": [], "culprit_hosts": [], "culprits": []}
-        key = (kind, None, None)
+        key = (kind, g, rid)
         f = self.open.get(key)
         if f is not None:
-            f.evidence = {**ev, **{k: f.evidence[k] for k in keep if k in f.evidence}}
+            # what was added since stays: the stacks read at confirmation (torch's server only),
+            # a job-wide finding's probe round (monitor.detect.network)
+            read = {c["url"]: c["stacks_text"] for c in f.evidence.get("culprits") or ()
+                    if "stacks_text" in c}
+            for c in culprits:
+                if c["url"] in read:
+                    c["stacks_text"] = read[c["url"]]
+            if kind in JOB_KINDS and "probe" in f.evidence:
+                ev["probe"] = f.evidence["probe"]
+            f.evidence = ev
             return None
-        f = self.open[key] = Finding(kind, None, None, [], ev, first_seen, now)
-        log.warning("confirmed %s: %s", kind, ev.get("summary", ""))
+        f = self.open[key] = Finding(kind, g, rid, ranks, ev, first_seen, now)
+        if gv is None:
+            log.warning("confirmed %s: %s", kind, ev.get("summary", ""))
+        else:
+            log.warning("confirmed %s in replica group %d: rank(s) %s on %s", kind, g, ranks,
+                        ", ".join(sorted({str(c["host"]) for c in culprits})))
         return f
 
     def report(self, f: Finding) -> bool:

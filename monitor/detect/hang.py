@@ -13,11 +13,18 @@ from monitor.config import DetectorConfig
 from monitor.evidence.view import ClusterView
 
 from .findings import Finding, Findings, engine_findings
-from .rank_state import RankGroups, SeenGroups, collective_wait, fresh_ranks, phases
+from .rank_state import SeenGroups, collective_wait, phases, rank_groups
 
 log = logging.getLogger(__name__)
 
-_NO_QUORUM = object()  # before the first view
+
+def _wait(view: ClusterView, rank: int, now: float, fresh: bool = False
+          ) -> tuple[str | None, float]:
+    """The rank's collective wait; (None, 0.0) when unreachable (``fresh``: or not polled now)."""
+    r = view.rank_view(rank)
+    if r is None or not r.reachable or (fresh and not r.fresh):
+        return None, 0.0
+    return collective_wait(r.state, now)
 
 
 def _inner(analysis: list[dict]) -> dict[int, dict]:
@@ -33,7 +40,8 @@ class Hang:
         self.cfg, self.findings, self.analyzer = cfg, findings, analyzer
         # each in-quorum group's step (of the newest quorum id)
         self.progress_steps: dict[int, int] = {}
-        self._progress_quorum: Any = _NO_QUORUM
+        # progress_steps' quorum id (None at first: every group is new to _seen then)
+        self._progress_quorum: int | None = None
         self._progress_at: float | None = None
         self._noted_at: float | None = None
         self._seen = SeenGroups()
@@ -41,9 +49,7 @@ class Hang:
         self._stall_seen: tuple | None = None  # (view, now, stalled sweeps, stall's answer)
         self._longest: tuple[float, float] | None = None  # (now, seconds)
 
-    def threshold(self, view: ClusterView | None) -> float:
-        if view is None:
-            return self.cfg.hang_floor_s
+    def threshold(self, view: ClusterView) -> float:
         return max(self.cfg.hang_floor_s, self.cfg.hang_factor * (view.median_step_seconds() or 0))
 
     def note_progress(self, view: ClusterView, now: float) -> None:
@@ -86,7 +92,7 @@ class Hang:
         threshold = self.threshold(view)
         waits: dict[int, tuple[str, float]] = {}
         in_quorum = {g.replica_group for g in view.in_quorum()}
-        for _, r in fresh_ranks(view):  # a wait carried from an older poll is not a wait now
+        for r in view.polled_ranks:  # a wait carried from an older poll is not a wait now
             if not r.reachable or not r.fresh or r.replica_group not in in_quorum:
                 continue
             scope, secs = collective_wait(r.state, now)
@@ -97,7 +103,7 @@ class Hang:
         self._stall_seen = (view, now, self.stalled_sweeps, out)
         return out
 
-    def longest_wait(self, view: ClusterView | None, now: float,
+    def longest_wait(self, view: ClusterView, now: float,
                      states: Iterable[Any] | None = None) -> float:
         """The longest a rank polled this sweep has been blocked in a collective (s), once per
         ``now``; ``states``: this sweep's answers."""
@@ -105,8 +111,7 @@ class Hang:
         if got is not None and got[0] == now:
             return got[1]
         if states is None:
-            states = [r.state for _, r in fresh_ranks(view) if r.reachable] \
-                if view is not None else []
+            states = [r.state for r in view.polled_ranks if r.reachable]
         longest = max((collective_wait(st, now)[1] for st in states), default=0.0)
         self._longest = (now, longest)
         return longest
@@ -121,14 +126,14 @@ class Hang:
         if analysis is None:
             return []
         newest_q = view.quorum_id
-        rank_group = RankGroups(view, dumps)
+        rank_group = rank_groups(view, dumps)
         in_quorum = {g.replica_group for g in view.in_quorum()}
         inner, cross = _inner(analysis), {}
         for h in analysis:
             if h["kind"] == "hang" and h["replica_group"] is None \
                     and h["quorum_id"] in (None, newest_q):
                 for r in h["culprits"]:
-                    g = rank_group.get(r)
+                    g = rank_group(r)
                     if g is not None and h not in cross.setdefault(g, []):
                         cross[g].append(h)
         new = []
@@ -142,7 +147,7 @@ class Hang:
                 level, ranks, found = "in_group", list(h_in["culprits"]), [h_in]
             else:
                 ranks = sorted({r for h in cross.get(g, []) for r in h["culprits"]
-                                if rank_group.get(r) == g})
+                                if rank_group(r) == g})
                 waiting = sorted({r for h in cross.get(g, []) for r in h["waiting"]
                                   if r in waits})
                 if not ranks or not waiting or not self._not_waiting(view, ranks, now, "cross"):
@@ -150,7 +155,8 @@ class Hang:
                 level, found = "cross_group", cross[g]
                 # in the group the job waits for, the ranks that never entered the collective
                 # its others are blocked in now, however briefly (they began after the others)
-                blocked = self._blocked_in_group_now(view, h_in, now)
+                blocked = {r: w for r in (h_in["waiting"] if h_in else ())
+                           if (w := _wait(view, r, now, fresh=True))[0] == "group" and w[1] > 0}
                 inner_peers = self._in_group_blocked(view, g, h_in, blocked, rank_group, now)
                 if inner_peers:
                     level, ranks, found = "in_group", list(h_in["culprits"]), [h_in]
@@ -161,7 +167,7 @@ class Hang:
                   "median_step_s": view.median_step_seconds(),
                   "pending": {k: pending.get(k)
                               for k in ("pg", "replica_group", "quorum_id", "seq", "op")},
-                  "pending_seq": pending.get("seq"), "quorum_id": newest_q,
+                  "quorum_id": newest_q,
                   "never_arrived": ranks, "waiting_ranks": waiting,
                   "waits": {str(r): {"scope": waits[r][0], "seconds": round(waits[r][1], 3)}
                             for r in waiting},
@@ -181,7 +187,7 @@ class Hang:
                 return set()
             inner = _inner(engine_findings(self.analyzer(normalize_dumps(dumps)[0])))
             in_quorum = {gv.replica_group for gv in view.in_quorum()}
-            rank_group = RankGroups(view, dumps)
+            rank_group = rank_groups(view, dumps)
             return {g for g, h in inner.items() if g in in_quorum and g in view.groups
                     and self._in_group_blocked(view, g, h, waits, rank_group, now)}
         except Exception:  # the caller then fetches every dump
@@ -189,31 +195,18 @@ class Hang:
             return set()
 
     def _in_group_blocked(self, view: ClusterView, g: int, h_in: dict | None,
-                          waits: dict[int, tuple], rank_group: RankGroups,
+                          waits: dict[int, tuple], rank_group: Callable[[int], int | None],
                           now: float) -> list[int]:
         """The peers blocked in ``h_in`` (the engine's hang inside ``g``) when its culprits are
         all of ``g`` and none is itself blocked in the group."""
         if not h_in or not h_in["culprits"]:
             return []
         blocked = [r for r in h_in["waiting"] if r in waits and waits[r][0] == "group"]
-        if blocked and all(rank_group.get(r) == g for r in h_in["culprits"]) and \
+        if blocked and all(rank_group(r) == g for r in h_in["culprits"]) and \
                 self._not_waiting(view, h_in["culprits"], now, "group"):
             return blocked
         return []
 
     @staticmethod
-    def _blocked_in_group_now(view: ClusterView, h_in: dict | None,
-                              now: float) -> dict[int, tuple]:
-        out: dict[int, tuple] = {}
-        for rank in h_in["waiting"] if h_in else []:
-            r = view.rank_view(rank)
-            if r is not None and r.reachable and r.fresh:
-                scope, secs = collective_wait(r.state, now)
-                if scope == "group" and secs > 0:
-                    out[rank] = (scope, secs)
-        return out
-
-    @staticmethod
     def _not_waiting(view: ClusterView, ranks: list[int], now: float, scope: str) -> bool:
-        return not any((r := view.rank_view(rank)) is not None and r.reachable
-                       and collective_wait(r.state, now)[0] == scope for rank in ranks)
+        return not any(_wait(view, rank, now)[0] == scope for rank in ranks)

@@ -23,13 +23,6 @@ BASELINE_KEEP = 30  # healthy windows the baseline is the median of (the newest 
 IN_COLLECTIVES = 0.5  # of the step's rise, at least this much is waiting in collectives
 
 
-def _waits_on_its_group(state: dict | None, scope: str | None) -> bool:
-    """A rank blocked behind its own group: in an in-group collective, or in torchft's commit
-    (its ``should_commit`` waits for every rank of the group, one of which is stuck in the
-    cross-group collective when a partition strikes between the shards' all_reduces)."""
-    return scope == "group" or (state or {}).get("phase") == "commit"
-
-
 def _hosts(groups: list) -> list[str]:
     return sorted({h for gv in groups for h in gv.hosts})
 
@@ -109,7 +102,9 @@ class JobWide:
             waited = []
             for r in fresh:
                 scope, secs = collective_wait(r.state, now)
-                if scope != "cross" and not _waits_on_its_group(r.state, scope):
+                # behind its own group: in an in-group collective, or in torchft's commit (its
+                # should_commit waits for every rank of the group, one maybe in the cross one)
+                if scope not in ("cross", "group") and r.state.get("phase") != "commit":
                     return None  # someone neither in the cross-group collective nor behind it
                 if scope == "cross" and r.rank in waits and waits[r.rank][0] == "cross":
                     waited.append(secs)
@@ -131,7 +126,7 @@ class JobWide:
               "stalled_s": round(longest, 3), "threshold_s": round(threshold, 3),
               "quorum_id": view.quorum_id, "step": max(steps), "groups": per_group,
               "hosts": hosts, "probe": None}
-        return self.findings.confirm_job("job_stall", ev, now - longest, now)
+        return self.findings.confirm("job_stall", None, [], ev, now - longest, now, view)
 
     # --- job_slow ---------------------------------------------------------------------------
     def slow(self, view: ClusterView, groups: list, now: float, w: Window | None,
@@ -188,4 +183,4 @@ class JobWide:
               "arrival_lags_s": {str(g): v for g, v in w.lags.items()},
               "lag_threshold_s": round(w.lag_threshold_s, 4), "quorum_id": view.quorum_id,
               "hosts": hosts, "probe": None}
-        return self.findings.confirm_job("job_slow", ev, self._slow_since, now)
+        return self.findings.confirm("job_slow", None, [], ev, self._slow_since, now, view)

@@ -11,7 +11,7 @@ from monitor.config import DetectorConfig
 from monitor.evidence.view import ClusterView, RankView
 
 from .findings import Finding, Findings
-from .rank_state import SeenGroups, fresh_ranks
+from .rank_state import SeenGroups
 
 DEAD_KINDS = ("dead", "dead_rank")
 
@@ -86,23 +86,19 @@ class Liveness:
         """``starting_urls``: the ranks without a quorum (None: read here); ``groups``: each
         verified group's memory."""
         starting = {}
-        polled = fresh_ranks(full) if starting_urls is None else \
-            [(u, full.ranks[u]) for u in starting_urls]
-        for url, r in polled:  # a carried rank keeps what its last poll said
+        polled = full.polled_ranks if starting_urls is None else \
+            [full.ranks[u] for u in starting_urls]
+        for r in polled:  # a carried rank keeps what its last poll said
             s = r.state
             if not r.reachable or not s:
                 continue
             if s["quorum_id"] >= 0 or r.replica_group is None:  # most have a quorum
                 continue
-            starting[url] = (url, s.get("pid"), s.get("started_at"))
-        if full.polled is not None and self._starting:
-            fresh = set(full.polled)
-            for ident in self._starting:
-                url = ident[0]
-                if url not in fresh and url in full.ranks:
-                    r = full.ranks[url]
-                    if r.reachable and r.state and r.replica_group is not None:
-                        starting.setdefault(url, ident)
+            starting[r.url] = (r.url, s.get("pid"), s.get("started_at"))
+        for ident in self._starting:  # a rank not polled now: as its last poll said
+            r = full.ranks.get(ident[0])
+            if r is not None and not r.fresh and r.reachable and r.replica_group is not None:
+                starting.setdefault(r.url, ident)
         seen = set(starting.values())
         stuck: dict[int, list[RankView]] = {}
         for ident in seen:
@@ -129,7 +125,7 @@ class Liveness:
                   "for_s": round(now - first, 1),
                   "ranks": {str(r.rank): {
                       "phase": r.state.get("phase"), "replica_id": r.replica_id,
-                      "verified": bool(getattr(getattr(r, "trust", None), "evidence", True)),
+                      "verified": r.trust is None or r.trust.evidence,
                       "why": "no torchft Manager yet (waiting for the group's store or rank 0)"
                       if not r.replica_id else "the Manager exists but no quorum was formed "
                       "(Lighthouse unreachable, or the group's other ranks never asked)"}

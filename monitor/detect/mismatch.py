@@ -12,14 +12,14 @@ from monitor.analysis import GroupKey, RankTrace
 from monitor.evidence.view import ClusterView
 
 from .findings import Finding, Findings
-from .rank_state import RankGroups
+from .rank_state import rank_groups
 
 
 def judge(view: ClusterView, dumps: Mapping[int, dict], traces: Mapping[int, RankTrace],
           analysis: list[dict] | None, now: float, findings: Findings) -> list[Finding]:
     if not analysis:
         return []
-    rank_group = RankGroups(view, dumps)
+    rank_group = rank_groups(view, dumps)
     new = []
     for m in analysis:
         if m["kind"] != "mismatch":
@@ -37,10 +37,10 @@ def judge(view: ClusterView, dumps: Mapping[int, dict], traces: Mapping[int, Ran
             continue
         by_group: dict[int, list[int]] = {}
         for r in culprits:
-            g = rank_group.get(r)
+            g = rank_group(r)
             if g is not None:
                 by_group.setdefault(g, []).append(r)
-        if len(by_group) * 2 > len({rank_group.get(r) for r in dumps}) and how != "majority":
+        if len(by_group) * 2 > len({rank_group(r) for r in dumps}) and how != "majority":
             continue  # most groups "differ": the evidence does not single one out
         for g, ranks in by_group.items():
             gv = view.groups.get(g)

@@ -35,16 +35,14 @@ class Link:
 
 @dataclass
 class Verdict:
-    hosts: list[str]  # the culprits (usually one; none: no culprit)
     text: str
-    reference_mbit_s: dict[str, float] = field(default_factory=dict)  # per culprit
+    lines: dict[str, str] = field(default_factory=dict)  # culprit host -> why (usually one)
     bad: dict[str, list[str]] = field(default_factory=dict)  # culprit -> its links, described
-    lines: dict[str, str] = field(default_factory=dict)  # culprit -> why
+    reference_mbit_s: float | None = None  # the other hosts' median link, the culprits judged by
 
-
-def links_of(rnd: ProbeRound) -> list[Link]:
-    return [Link(src, dst, bool(row.get("ok")), row.get("mbit_s"), row.get("error"))
-            for src, row_of in rnd.matrix().items() for dst, row in row_of.items()]
+    @property
+    def hosts(self) -> list[str]:
+        return list(self.lines)
 
 
 def _describe(link: Link) -> str:
@@ -72,16 +70,17 @@ def place(rnd: ProbeRound, ratio: float) -> Verdict:
     """The verdict on one round (module docstring)."""
     missing = rnd.missing()
     if missing:
-        return Verdict([], "no culprit: no probe results from " + ", ".join(
+        return Verdict("no culprit: no probe results from " + ", ".join(
             f"{h} ({why})" for h, why in missing.items()))
-    hosts = rnd.hosts
+    hosts = sorted(rnd.probes)
     if len(hosts) < 3:
-        return Verdict([], f"no culprit: {len(hosts)} host(s) probed; a bad link between two "
-                           "hosts cannot be placed on either")
-    links = links_of(rnd)
+        return Verdict(f"no culprit: {len(hosts)} host(s) probed; a bad link between two "
+                       "hosts cannot be placed on either")
+    links = [Link(src, dst, bool(row.get("ok")), row.get("mbit_s"), row.get("error"))
+             for src, row_of in rnd.matrix().items() for dst, row in row_of.items()]
     # suspects: a direction of theirs all bad against the links that do not touch them
     suspects = [h for h in hosts if _bad_sides(h, links, _ref(links, {h}), ratio)]
-    out = Verdict([], "")
+    out = Verdict("")
     clean_ref = _ref(links, set(suspects))
     clean = [x for x in links if x.src not in suspects and x.dst not in suspects]
     if suspects and 2 * len(suspects) < len(hosts) and clean_ref is not None \
@@ -93,25 +92,24 @@ def place(rnd: ProbeRound, ratio: float) -> Verdict:
             shown = [x for x in links if (x.src == h and "from" in bad)
                      or (x.dst == h and "to" in bad)]
             which = WHICH["both" if len(bad) == 2 else bad[0]].format(h=h)
-            out.hosts.append(h)
-            out.reference_mbit_s[h] = round(clean_ref, 3)
+            out.reference_mbit_s = round(clean_ref, 3)
             out.bad[h] = [_describe(x) for x in shown]
             out.lines[h] = (f"{which} is bad ({len(shown)}: under {ratio:g} x "
                             f"{clean_ref:.1f} Mbit/s, the median of the other hosts' links, or "
                             f"failed) while the links among the other hosts are good")
-    if out.hosts:
+    if out.lines:
         out.text = "; ".join(out.lines.values())
         return out
     rates = [x.mbit_s for x in links if x.ok and x.mbit_s]
     if not rates:
-        return Verdict([], f"no culprit: every link failed alike ({len(links)} links)")
+        return Verdict(f"no culprit: every link failed alike ({len(links)} links)")
     ref = statistics.median(rates)
     bad = [x for x in links if not x.fine(ref, ratio)]
     if not bad:
-        return Verdict([], f"no culprit: every link alike ({len(links)} links, median "
-                           f"{ref:.1f} Mbit/s, slowest {min(rates):.1f})")
-    return Verdict([], f"no culprit: {len(bad)} of {len(links)} links bad and no host in all "
-                       f"of them ({'; '.join(_describe(x) for x in bad[:6])})")
+        return Verdict(f"no culprit: every link alike ({len(links)} links, median "
+                       f"{ref:.1f} Mbit/s, slowest {min(rates):.1f})")
+    return Verdict(f"no culprit: {len(bad)} of {len(links)} links bad and no host in all "
+                   f"of them ({'; '.join(_describe(x) for x in bad[:6])})")
 
 
 class Network:
@@ -158,7 +156,7 @@ class Network:
                       "summary": f"{verdict.lines[h]}: the network of host {h} is the fault "
                                  f"({n} probe rounds in a row); replica group "
                                  f"{gv.replica_group} runs there",
-                      "reference_mbit_s": verdict.reference_mbit_s[h],
+                      "reference_mbit_s": verdict.reference_mbit_s,
                       "slow_ratio": self.cfg.slow_ratio, "rounds": n, "links": verdict.bad[h],
                       "job_findings": sorted(f.kind for f in jobs),
                       "probe": {"bytes": self.cfg.size_bytes, "timeout_s": self.cfg.timeout_s,

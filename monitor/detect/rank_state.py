@@ -4,10 +4,10 @@ a rank is, which ranks this sweep polled, which groups changed since a consumer 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from monitor.evidence.view import ClusterView, GroupView, RankView
+from monitor.evidence.view import ClusterView, GroupView
 from monitor.poll.torch_target import is_torch
 
 
@@ -25,20 +25,15 @@ def current_wait(state: Mapping[str, Any] | None) -> tuple[str | None, float | N
 
 def collective_wait(state: Mapping[str, Any] | None, now: float) -> tuple[str | None, float]:
     """("group" or "cross", seconds) the rank has been blocked inside a collective (not a
-    quorum), or (None, 0.0); without ``timing``, its phase ``allreduce`` since ``phase_since``."""
+    quorum), from its ``timing.waiting``, or (None, 0.0). ``now`` is not read: every rank
+    state (torch-only ones too, monitor.evidence.torch_rank) carries its own wait."""
     if type(state) is dict:
         timing = state.get("timing")
         if type(timing) is dict and timing.get("waiting") is None:
-            return None, 0.0  # most answers
-    elif not isinstance(state, Mapping):
-        return None, 0.0
-    if isinstance(state.get("timing"), Mapping):
-        scope, secs = current_wait(state)
-        if scope == "group" or (scope == "cross" and state.get("phase") == "allreduce"):
-            return scope, secs or 0.0
-        return None, 0.0
-    if state.get("phase") == "allreduce" and isinstance(state.get("phase_since"), (int, float)):
-        return "cross", max(0.0, now - float(state["phase_since"]))
+            return None, 0.0  # most answers, told without the Mapping checks
+    scope, secs = current_wait(state)
+    if scope == "group" or (scope == "cross" and state.get("phase") == "allreduce"):
+        return scope, secs
     return None, 0.0
 
 
@@ -67,31 +62,15 @@ def phases(view: ClusterView, ranks: list[int]) -> dict[str, Any]:
             for d in describe_ranks(view, ranks) if d["phase"] is not None}
 
 
-def fresh_ranks(view: ClusterView) -> list[tuple[str, RankView]]:
-    """(url, RankView) of the ranks polled this sweep (leader polling carries the others)."""
-    ranks = view.ranks
-    if view.polled is None:
-        return list(ranks.items())
-    return [(u, ranks[u]) for u in view.polled if u in ranks]
-
-
-class RankGroups:
+def rank_groups(view: ClusterView, dumps: Mapping[int, dict]) -> Callable[[int], int | None]:
     """rank -> its replica group: its RankView's when it answered, else its dump's claim."""
+    claimed = {int(r): d["replica_group"] for r, d in dumps.items()
+               if isinstance(d, Mapping) and isinstance(d.get("replica_group"), int)}
 
-    __slots__ = ("view", "dumps", "claimed")
-
-    def __init__(self, view: ClusterView, dumps: Mapping[int, dict]) -> None:
-        self.view, self.dumps = view, dumps
-        self.claimed: dict[int, int] | None = None  # made on first need
-
-    def get(self, rank: int) -> int | None:
-        rv = self.view.rank_view(rank)
-        if rv is not None and rv.state is not None:
-            return rv.replica_group
-        if self.claimed is None:
-            self.claimed = {int(r): d["replica_group"] for r, d in self.dumps.items()
-                            if isinstance(d, Mapping) and isinstance(d.get("replica_group"), int)}
-        return self.claimed.get(rank)
+    def group_of(rank: int) -> int | None:
+        rv = view.rank_view(rank)
+        return rv.replica_group if rv is not None and rv.state is not None else claimed.get(rank)
+    return group_of
 
 
 class SeenGroups:

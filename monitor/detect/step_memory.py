@@ -17,23 +17,15 @@ class StepMemory:
 
     def __init__(self, depth: int = 32, capacity: int = 1024) -> None:
         self.depth = depth
-        self._slot: dict[str, int] = {}
-        self._rid: list = [None] * capacity
+        self.slot: dict[str, int] = {}  # URL -> slot; read-only outside
+        self.rid: list = [None] * capacity  # slot -> replica id; read-only, changed in place
         self._free = list(range(capacity - 1, -1, -1))
         self._steps = np.full((capacity, depth), NONE, np.int64)
         self._seconds = np.zeros((capacity, depth, len(TIMING_KEYS)), np.float64)
         self._newest = np.full(capacity, NONE, np.int64)
 
-    def slots(self) -> dict[str, int]:
-        """URL -> slot, read-only."""
-        return self._slot
-
-    def replica_ids(self) -> list:
-        """Slot -> replica id, read-only (changed in place)."""
-        return self._rid
-
     def newest(self, url: str) -> int | None:
-        slot = self._slot.get(url)
+        slot = self.slot.get(url)
         if slot is None:
             return None
         step = int(self._newest[slot])
@@ -61,16 +53,16 @@ class StepMemory:
 
     def take(self, url: str, replica_id) -> int:
         """``url``'s slot for ``replica_id`` (emptied if its replica id changed)."""
-        slot = self._slot.get(url)
+        slot = self.slot.get(url)
         if slot is not None:
-            if self._rid[slot] != replica_id:
+            if self.rid[slot] != replica_id:
                 self._empty([slot])
-                self._rid[slot] = replica_id
+                self.rid[slot] = replica_id
             return slot
         if not self._free:
-            self._resize(2 * len(self._rid))
-        slot = self._slot[url] = self._free.pop()
-        self._rid[slot] = replica_id
+            self._resize(2 * len(self.rid))
+        slot = self.slot[url] = self._free.pop()
+        self.rid[slot] = replica_id
         return slot
 
     def fold(self, slots: list[int], blobs: list[bytes]) -> list[int]:
@@ -108,17 +100,17 @@ class StepMemory:
         return np.bincount(answer[at], minlength=len(slots)).tolist()
 
     def keep_only(self, urls: Container[str]) -> None:
-        gone = [u for u in self._slot if u not in urls]
+        gone = [u for u in self.slot if u not in urls]
         if not gone:
             return
-        slots = [self._slot.pop(u) for u in gone]
+        slots = [self.slot.pop(u) for u in gone]
         self._empty(slots)
         for s in slots:
-            self._rid[s] = None
+            self.rid[s] = None
         self._free.extend(slots)
         # the first sweep folds every rank, leader polling then keeps a fraction
-        if len(self._rid) > 4096 and 4 * len(self._slot) < len(self._rid):
-            self._resize(max(1024, 2 * len(self._slot)))
+        if len(self.rid) > 4096 and 4 * len(self.slot) < len(self.rid):
+            self._resize(max(1024, 2 * len(self.slot)))
 
     def _empty(self, slots: list[int]) -> None:
         self._steps[slots] = NONE
@@ -127,15 +119,15 @@ class StepMemory:
     def _resize(self, capacity: int) -> None:
         """``capacity`` slots, the live ones moved to the front in slot order (with none free,
         as when growing, every slot keeps its number)."""
-        urls = sorted(self._slot, key=self._slot.__getitem__)
-        live = [self._slot[u] for u in urls]
+        urls = sorted(self.slot, key=self.slot.__getitem__)
+        live = [self.slot[u] for u in urls]
         n = len(live)
         steps = np.full((capacity, self.depth), NONE, np.int64)
         seconds = np.zeros((capacity, self.depth, len(TIMING_KEYS)), np.float64)
         newest = np.full(capacity, NONE, np.int64)
         steps[:n], seconds[:n], newest[:n] = self._steps[live], self._seconds[live], self._newest[live]
         self._steps, self._seconds, self._newest = steps, seconds, newest
-        # in place: slots() and replica_ids() readers
-        self._rid[:] = [self._rid[s] for s in live] + [None] * (capacity - n)
-        self._slot.update(zip(urls, range(n), strict=True))
+        # in place: readers hold self.rid
+        self.rid[:] = [self.rid[s] for s in live] + [None] * (capacity - n)
+        self.slot.update(zip(urls, range(n), strict=True))
         self._free = list(range(capacity - 1, n - 1, -1))

@@ -13,11 +13,12 @@ from typing import Any
 import numpy as np
 
 from monitor.config import DetectorConfig
+from monitor.evidence.group import rank_order
 from monitor.evidence.view import STEP_TIMES_READ, ClusterView, GroupView, RankView
 from rank_wire import TIMING_KEYS
 
 from .findings import Finding, Findings
-from .rank_state import fresh_ranks, phases
+from .rank_state import phases
 from .step_memory import StepMemory
 
 STATE_ASK = f"recent={STEP_TIMES_READ}&packed=1"
@@ -141,12 +142,12 @@ class Straggler:
             return got
         memory, group_newest = self.memory, self._group_newest
         memory.keep_only(view.ranks.keys() if view.polled is None else set(view.polled))
-        slot_of, rid_of, take = memory.slots().get, memory.replica_ids(), memory.take
+        slot_of, rid_of, take = memory.slot.get, memory.rid, memory.take
         out = self.last_answers = Answers(view)
         counts, silent, by_group, mixed = out.counts, out.silent, out.by_group, out.mixed
         slots, blobs, polled = [], [], []
-        for url, r in fresh_ranks(view):
-            s = r.state
+        for r in view.polled_ranks:
+            url, s = r.url, r.state
             if not r.reachable or not s:
                 silent.append(url)
                 continue
@@ -239,8 +240,7 @@ class Straggler:
             if mem.straggler_windows < self.cfg.straggler_windows and late_in[i] < len(window):
                 continue
             # in the group's order of ranks, as its evidence lists them
-            rows = sorted(members[g], key=lambda m: (m[0].rank if m[0].rank is not None
-                                                     else 1 << 62, m[0].url))
+            rows = sorted(members[g], key=lambda m: rank_order(m[0]))
             ranks, in_group = self._late_ranks(rows, window, threshold)
             against = healthy if i in candidates and healthy else [
                 j for j in range(len(order)) if j != i]
@@ -292,11 +292,11 @@ class Straggler:
                     threshold: float) -> tuple[list[int], dict[str, Any]]:
         keys = (("wait_group_s", WAIT_GROUP_S), ("compute_s", COMPUTE_S),
                 ("wait_cross_s", WAIT_CROSS_S))
-        ranked = [(r, slot) for r, slot, _ in rows if r.rank is not None]
-        seconds = self.memory.seconds([slot for _, slot in ranked], window).tolist() \
-            if ranked else []
-        per_rank = {r.rank: {k: round(statistics.median(row[i] for row in rank_rows), 4) for k, i in keys}
-                    for (r, _), rank_rows in zip(ranked, seconds, strict=True)}
+        ranked = [(r.rank, slot) for r, slot, _ in rows if r.rank is not None]
+        # rank x TIMING_KEYS: each rank's median over the window
+        meds = np.median(self.memory.seconds([s for _, s in ranked], window), axis=1).tolist()
+        per_rank = {rank: {k: round(med[i], 4) for k, i in keys}
+                    for (rank, _), med in zip(ranked, meds, strict=True)}
         late = []
         if len(per_rank) >= 2:
             for rank, m in per_rank.items():
@@ -310,18 +310,16 @@ class Straggler:
 
 
 def _torch_only(gv: GroupView) -> bool:
-    """Its ranks are on torch's debug server only (a group's ranks share its store, so one
-    rank tells: O(1) a group, every sweep)."""
+    """Its ranks are on torch's debug server only (they share its store: one rank tells)."""
     s = gv.ranks[0].state if gv.ranks else None
     return s is not None and "torch_only" in s
 
 
 def from_flight_recorder(view: ClusterView, analysis: list[dict] | None, now: float,
                          findings: Findings) -> list[Finding]:
-    """Stragglers among ranks on torch's debug server only (no step timing to judge by): the
-    Flight Recorder engine's, from their dumps (NCCL durations, or enqueue times of ranks on one
-    host: monitor/analysis/stragglers.py). Judged at each look (``analysis``: its findings);
-    a torch-only group the look no longer names is resolved ``caught_up``."""
+    """Stragglers among ranks on torch's debug server only (no step timing): the Flight Recorder
+    engine's (monitor/analysis/stragglers.py), at each look; one it no longer names is
+    resolved ``caught_up``."""
     if analysis is None:
         return []
     in_quorum = {gv.replica_group: gv for gv in view.in_quorum()}

@@ -6,7 +6,6 @@ the rails get: only the ranks whose answers count as evidence (monitor.evidence.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -19,13 +18,9 @@ from .rank import STEP_TIMES_READ, RankView
 
 
 def median(values: Iterable[float]) -> float | None:
-    """statistics.median of ``values`` (None when empty); numpy's for many, the same value."""
+    """The median of ``values`` (statistics.median's value), None when empty."""
     arr = np.fromiter(values, dtype=float)
-    if not len(arr):
-        return None
-    if len(arr) < 64:
-        return statistics.median(arr.tolist())
-    return float(np.median(arr))
+    return float(np.median(arr)) if len(arr) else None
 
 
 class Sums:
@@ -50,14 +45,14 @@ class Sums:
             self.quorums[q] = self.quorums.get(q, 0) + sign
 
     def fill(self, view: ClusterView) -> None:
-        """Set ``view``'s cached ``counts`` and ``quorum_id`` from the sums."""
+        """Set ``view``'s ``counts`` and ``quorum_id`` from the sums."""
         ungrouped = view.ungrouped or ()
         trust = {k: n for k, n in self.trust.items() if n}
         for r in ungrouped:
             trust[r.verdict] = trust.get(r.verdict, 0) + 1
-        view.__dict__["counts"] = (self.known + len(ungrouped), self.up, trust)
+        view.counts = (self.known + len(ungrouped), self.up, trust)
         qs = [q for q, n in self.quorums.items() if n]
-        view.__dict__["quorum_id"] = max(qs) if qs else None
+        view.quorum_id = max(qs) if qs else None
 
 
 @dataclass
@@ -74,6 +69,10 @@ class ClusterView:
     ungrouped: list[RankView] | None = None
     polled: list[str] | None = None
     evidence_view: ClusterView | None = field(default=None, repr=False)
+    # set by Sums.fill: (known ranks (not superseded), reachable ones, (trust state, reason) ->
+    # ranks), and the newest quorum id a group reports
+    counts: tuple[int, int, dict[tuple[str, str] | None, int]] = field(init=False, repr=False)
+    quorum_id: int | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.ungrouped is None:
@@ -81,29 +80,18 @@ class ClusterView:
             for rv in self.ranks.values():
                 members.setdefault(rv.replica_group, []).append(rv)
             self.ungrouped = [r for r in members.pop(None, []) if not r.superseded]
+            sums = Sums()
             for g in sorted(members):
                 gv = grouped(g, members[g])
                 if gv is not None:
                     self.groups[g] = gv
-
-    @cached_property
-    def counts(self) -> tuple[int, int, dict[tuple[str, str] | None, int]]:
-        """(known ranks (not superseded), reachable ones, (trust state, reason) -> ranks)."""
-        sums = Sums()
-        for g in self.groups.values():
-            sums.add(g, 1)
-        sums.fill(self)
-        return self.__dict__["counts"]
+                    sums.add(gv, 1)
+            sums.fill(self)
 
     @cached_property
     def reachable_fraction(self) -> float:
         known, up, _ = self.counts
         return up / known if known else 0.0
-
-    @cached_property
-    def quorum_id(self) -> int | None:
-        q = [g.quorum_id for g in self.groups.values() if g.quorum_id is not None]
-        return max(q) if q else None
 
     def quorum_participants(self) -> int | None:
         q = self.quorum_id
@@ -127,24 +115,28 @@ class ClusterView:
     def _by_rank(self) -> dict[int, RankView]:
         out: dict[int, RankView] = {}
         for r in self.ranks.values():
-            if r.superseded:
-                continue
             k = r.rank
-            if k is None:
+            if r.superseded or k is None:
                 continue
             have = out.get(k)
             if have is None or (r.reachable and not have.reachable):
                 out[k] = r
         return out
 
+    @cached_property
+    def polled_ranks(self) -> list[RankView]:
+        """The ranks polled this sweep, in answer order (leader polling carries the others)."""
+        if self.polled is None:
+            return list(self.ranks.values())
+        ranks = self.ranks
+        return [ranks[u] for u in self.polled if u in ranks]
+
     def median_step_seconds(self, last: int = STEP_TIMES_READ) -> float | None:
         """Median of the recent step times of the reachable ranks polled this sweep."""
         cache = self.__dict__.setdefault("_median_steps", {})
         if last not in cache:
-            ranks = self.ranks.values() if self.polled is None else \
-                [r for r in map(self.ranks.get, self.polled) if r is not None]
             cache[last] = median(chain.from_iterable(
-                r.recent_steps()[-last:] for r in ranks if r.reachable and r.fresh))
+                r.recent_steps()[-last:] for r in self.polled_ranks if r.reachable and r.fresh))
         return cache[last]
 
     def evidence(self) -> ClusterView:

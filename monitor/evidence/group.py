@@ -191,8 +191,6 @@ class GroupView:
 
     @property
     def status(self) -> str:
-        if not self.ranks:
-            return "unknown"
         n = len(self.reachable)
         if n == 0:
             return "unreachable"

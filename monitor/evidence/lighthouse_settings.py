@@ -138,9 +138,7 @@ class LighthouseSettingsWatch:
                         ev.last_drop_s = max(0.0, now - at)
                         log.info("evicted replica %s left the Lighthouse's quorum %.1fs after "
                                  "the kill", rid, ev.last_drop_s)
-        for rid, at in list(self.pending.items()):
-            if now - at > PENDING_MAX_S:
-                del self.pending[rid]
+        self.pending = {rid: at for rid, at in self.pending.items() if now - at <= PENDING_MAX_S}
         warnings = assess(self.ev)
         current = {w.setting: w for w in warnings}
         for setting, w in current.items():

@@ -34,10 +34,8 @@ class StatusFormatError(ValueError):
 class QuorumMember:
     replica_id: str
     step: int
-    manager: str
     store: str
     world_size: int  # ranks in the replica group
-    recovering: bool
 
 
 @dataclass(frozen=True)
@@ -70,9 +68,8 @@ def parse_status(page: str, at: float = 0.0) -> LighthouseStatus:
         quorum_id = int(previous.group(1))
         for m in _MEMBER.finditer(quorum_part):
             rid = html.unescape(m.group(2))
-            members[rid] = QuorumMember(rid, int(m.group(3)), html.unescape(m.group(4)),
-                                        html.unescape(m.group(5)), int(m.group(6)),
-                                        m.group(1) is not None)
+            members[rid] = QuorumMember(rid, int(m.group(3)), html.unescape(m.group(5)),
+                                        int(m.group(6)))
         declared = int(previous.group(2))
         found = len(_MEMBER_START.findall(quorum_part))
         if not declared == found == len(members):

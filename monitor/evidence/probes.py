@@ -49,10 +49,6 @@ class ProbeRound:
     finished_at: float
     probes: dict[str, HostProbe]  # by host
 
-    @property
-    def hosts(self) -> list[str]:
-        return sorted(self.probes)
-
     def missing(self) -> dict[str, str]:
         """Hosts whose rank gave no results, and why."""
         return {h: p.error or f"HTTP {p.status}" for h, p in sorted(self.probes.items())
@@ -236,8 +232,7 @@ class ProbeMesh:
             if isinstance(row, dict) and row.get("peer") in host_of:
                 p.results[host_of[row["peer"]]] = link_row(row)
         for h in p.peers:  # a peer the rank left out: not measured, so not good
-            p.results.setdefault(h, {"ok": False, "connect_s": None, "transfer_s": None,
-                                     "mbit_s": None, "error": "not in the rank's answer"})
+            p.results.setdefault(h, link_row({"error": "not in the rank's answer"}))
 
     def _warn_missing(self, rnd: ProbeRound) -> None:
         missing = rnd.missing()

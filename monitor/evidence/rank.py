@@ -66,12 +66,10 @@ class RankView:
     error: str | None = None
     failures: int = 0  # consecutive failed sweeps
     unreachable_since: float | None = None
-    last_ok_at: float | None = None
     target: Target | None = None
     superseded: bool = False  # unreachable, and a live rank now holds its (group, rank)
     trust: Any = None  # monitor.evidence.verification.Trust (None: no verdict yet)
-    fresh: bool = True  # polled this sweep; False: not due, carried from ``polled_at``
-    polled_at: float | None = None
+    fresh: bool = True  # polled this sweep; False: not due, carried from an earlier sweep
     answered_at: float | None = None  # when its last good answer came (RankPoll.at)
     _recent: list[float] | None = field(default=None, repr=False, compare=False)
 
@@ -113,10 +111,9 @@ class RankView:
         c = _new(RankView)
         c.url, c.reachable, c.state, c.reason, c.error, c.failures = \
             self.url, self.reachable, self.state, self.reason, self.error, self.failures
-        c.unreachable_since, c.last_ok_at, c.target, c.superseded, c.trust = \
-            self.unreachable_since, self.last_ok_at, self.target, self.superseded, self.trust
-        c.fresh, c.polled_at, c._recent = self.fresh, self.polled_at, self._recent
-        c.answered_at = self.answered_at
+        c.unreachable_since, c.target, c.superseded, c.trust = \
+            self.unreachable_since, self.target, self.superseded, self.trust
+        c.fresh, c._recent, c.answered_at = self.fresh, self._recent, self.answered_at
         return c
 
     def recent_steps(self) -> list[float]:
@@ -130,16 +127,13 @@ class RankView:
         return out
 
 
-def answered(url: str, prev: RankView | None, state: dict[str, Any], now: float,
-             target: Target | None, at: float | None = None) -> RankView:
-    """The RankView of a valid answer (``at``: when it came, default ``now``)."""
+def answered(url: str, prev: RankView | None, state: dict[str, Any], target: Target | None,
+             at: float) -> RankView:
+    """The RankView of a valid answer that came at ``at`` (RankPoll.at)."""
     rv = _new(RankView)
     rv.url, rv.reachable, rv.state, rv.reason, rv.error, rv.failures = \
         url, True, state, None, None, 0
-    rv.unreachable_since, rv.last_ok_at, rv.superseded, rv.fresh, rv.polled_at = \
-        None, now, False, True, now
-    rv.target = target
+    rv.unreachable_since, rv.superseded, rv.fresh, rv.target = None, False, True, target
     rv.trust = prev.trust if prev is not None else None
-    rv._recent = None
-    rv.answered_at = now if at is None else at
+    rv._recent, rv.answered_at = None, at
     return rv

@@ -1,19 +1,12 @@
-"""A torch-only rank (torch's debug server, no Lightkeeper code) as the one rank-state form.
+"""A torch-only rank (torch's debug server, no Lightkeeper code) made a ``/v1/state`` document
+at the poll boundary, so the view, the verification and every detector read it like any rank.
 
-Its answer (monitor.poll.torch_server: the handler list and torch's raw Flight Recorder dump)
-becomes a ``/v1/state`` document here, at the poll boundary, so the view, the verification and
-every detector read it like any rank. Who it is comes from its group's TCPStore (whose
-``replica_id`` the Lighthouse lists), its step and quorum from the Lighthouse, the collective
-it is blocked in from its dump: the newest incarnation of torchft's process group that has an
-entry enqueued and not completed (``pg_status``), since that entry's enqueue time.
-
-What torch's server cannot show is said (:data:`CANNOT_SHOW`): no step phase (forward,
-backward, commit), no compute/wait split and no step times, so its stragglers come from the
-Flight Recorder alone (monitor.detect.straggler.from_flight_recorder); its step is the
-Lighthouse's, as of the group's last quorum request. Its dump is kept adapted for the Flight
-Recorder look (:attr:`TorchRanks.dumps`): its newest entries, the rank's identity added,
-torchft's older incarnations left out (their quorum is unknown), the newest one described as
-``incarnations`` (docs/CONTRACTS.md). Nothing here raises because of what a rank answered.
+Who it is comes from its group's TCPStore, its step and quorum from the Lighthouse (as of the
+group's last quorum request), the collective it is blocked in from its Flight Recorder dump.
+What torch's server cannot show is said (:data:`CANNOT_SHOW`): its stragglers come from the
+Flight Recorder alone (monitor.detect.straggler.from_flight_recorder). Its dump is kept adapted
+for the Flight Recorder look (:attr:`TorchRanks.dumps`, docs/CONTRACTS.md). Nothing here raises
+because of what a rank answered.
 """
 
 from __future__ import annotations

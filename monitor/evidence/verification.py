@@ -32,8 +32,7 @@ class Trust:
     stale: bool = False  # the rank did not answer this sweep: the verdict of its last answer
 
     def to_dict(self) -> dict[str, Any]:
-        return {"state": self.state, "reason": self.reason, "detail": self.detail,
-                "evidence": self.evidence, "checked_at": self.checked_at, "stale": self.stale}
+        return {k: v for k, v in vars(self).items() if k != "claims"}
 
 
 def claims(state: dict[str, Any]) -> tuple:
@@ -106,9 +105,7 @@ def verify_ranks(ranks: Mapping[str, RankView], lighthouse: LighthouseStatus | N
                                 vouched, c, now)
         return out
 
-    verdict: dict[str, tuple[str, str]] = {}
-    for rv in live:
-        verdict[rv.url] = _check_against_lighthouse(rv.state, lighthouse)
+    verdict = {rv.url: _check_against_lighthouse(rv.state, lighthouse) for rv in live}
     passing = [rv for rv in live if verdict[rv.url][0] == "ok"]
 
     groups_of_rid: dict[str, set[int]] = defaultdict(set)
@@ -184,8 +181,6 @@ class Verifier:
                 frozenset(r for r in lighthouse.heartbeats if lighthouse.heartbeating(r)))
 
     def _index(self, url: str, key: tuple | None, add: bool) -> None:
-        if key is None:
-            return
         for k in _scopes(key):
             if add:
                 self._by[k].add(url)

@@ -24,6 +24,15 @@ __all__ = ["STEP_TIMES_READ", "ClusterView", "GroupView", "RankView", "ViewBuild
 _NOT_SEEN = object()
 
 
+def _resum(sums: Sums, before: GroupView | None, after: GroupView | None) -> None:
+    """``sums`` with group ``before`` replaced by ``after`` (None: none)."""
+    if before is not after:
+        if before is not None:
+            sums.add(before, -1)
+        if after is not None:
+            sums.add(after, 1)
+
+
 def _in_answer_order(polls: dict[str, RankPoll], polled: set[str]
                      ) -> Iterable[tuple[str, RankPoll | None]]:
     """(URL, its poll or None) for every URL of ``polled``, answered ones first in the order
@@ -42,6 +51,12 @@ class ViewBuilder:
         self._ranks: dict[str, RankView] = {}
         self._targets: list[Target] = []
         self._fresh: list[str] = []  # the URLs the last sweep polled, in answer order
+        self.changed: set[str] = set()  # URLs whose RankView the last update made anew
+        self.reshaped: set[str] = set()  # those of them that did more than progress
+        self._forget()
+
+    def _forget(self) -> None:
+        """Drop what is kept of the groups (the next update groups every rank again)."""
         self._group_of: dict[str, int | None] = {}  # url -> the group it is in (None: none)
         self._members: dict[int | None, dict[str, RankView]] = {}  # superseded ones too
         self._groups: dict[int, GroupView] = {}
@@ -50,13 +65,10 @@ class ViewBuilder:
         self._slot: dict[str, int] = {}  # url -> its index in its GroupView's ranks
         self._shapes: dict[str, tuple] = {}  # url -> state_shape of its last answer
         self._sums, self._ev_sums = Sums(), Sums()
-        self.changed: set[str] = set()  # URLs whose RankView the last update made anew
-        self.reshaped: set[str] = set()  # those of them that did more than progress
         self._unreachable: dict[str, float] = {}
 
     def update(self, targets: list[Target], polls: dict[str, RankPoll],
-               sweep_seconds: float = 0.0, now: float | None = None,
-               polled: set[str] | None = None,
+               now: float | None = None, polled: set[str] | None = None,
                judge: Callable[[dict[str, RankView], set[str]], dict[str, Any]] | None = None
                ) -> ClusterView:
         """The sweep's view. ``polled``: the URLs asked (default: all), the rest keep their last
@@ -91,7 +103,7 @@ class ViewBuilder:
                     break
                 shape = plain_shape(p.data) if p is not None and p.ok else None
                 if shape is not None:
-                    rv = current[url] = answered(url, old, p.data, now, old.target, p.at)
+                    rv = current[url] = answered(url, old, p.data, old.target, p.at)
                 else:
                     rv = current[url] = polled_rank(url, old, old.target, p, now)
                     if rv.reachable:
@@ -115,11 +127,8 @@ class ViewBuilder:
                 else:
                     current[t.url] = self._polled(t.url, old, t, polls.get(t.url), now)
             changed, rejudge, moved, rest = set(current), set(current), {}, set(current)
+            self._forget()
             self._shapes = {u: state_shape(r.state) for u, r in current.items() if r.reachable}
-            self._group_of, self._members, self._slot = {}, {}, {}
-            self._groups, self._ev_groups, self._ev_ranks = {}, {}, {}
-            self._sums, self._ev_sums = Sums(), Sums()
-            self._unreachable = {}
         self._targets = list(targets)
         if polled is None:
             self._fresh, polled_list = list(current), None
@@ -137,13 +146,12 @@ class ViewBuilder:
         self._ranks = current
         self.changed = changed
         self.reshaped = rest
-        view = ClusterView(at=now, ranks=current, sweep_seconds=sweep_seconds,
-                           groups=groups, ungrouped=list(self._members.get(None, {}).values()),
-                           polled=polled_list)
+        view = ClusterView(at=now, ranks=current, groups=groups,
+                           ungrouped=list(self._members.get(None, {}).values()), polled=polled_list)
         self._sums.fill(view)
         view.evidence_view = ev = ClusterView(
-            at=now, ranks=dict(self._ev_ranks), sweep_seconds=sweep_seconds,
-            groups=dict(self._ev_groups), ungrouped=[], polled=polled_list)
+            at=now, ranks=dict(self._ev_ranks), groups=dict(self._ev_groups), ungrouped=[],
+            polled=polled_list)
         self._ev_sums.fill(ev)
         if len(self._ev_groups) == len(groups) and all(
                 map(operator.is_, self._ev_groups.values(), groups.values())):
@@ -155,17 +163,16 @@ class ViewBuilder:
     def _polled(url: str, prev: RankView | None, target: Target | None, p: RankPoll | None,
                 now: float) -> RankView:
         if p is not None and p.ok and valid_state(p.data) is None:
-            return answered(url, prev, p.data, now, target, p.at)
+            return answered(url, prev, p.data, target, p.at)
         if p is not None and p.reason == "monitor" and not p.ok:
             # the monitor could not ask (monitor/poll/fd_budget.py): carried as not asked
             if prev is not None:
                 rv = prev.clone()
                 rv.fresh, rv.target = False, target
                 return rv
-            return RankView(url, False, None, reason=p.reason, error=p.error, target=target,
-                            polled_at=now)
+            return RankView(url, False, None, reason=p.reason, error=p.error, target=target)
         rv = prev.copy() if prev is not None else RankView(url, False, None)
-        rv.reachable, rv.target, rv.fresh, rv.polled_at = False, target, True, now
+        rv.reachable, rv.target, rv.fresh = False, target, True
         if p is None:
             rv.reason, rv.error = "connection", "not polled"
         elif not p.ok:
@@ -227,7 +234,7 @@ class ViewBuilder:
         for g in ev_apart:
             before = ev_groups.get(g)
             self._evidence_group(g, members_of[g], groups[g])
-            self._ev_resum(before, ev_groups.get(g))
+            _resum(self._ev_sums, before, ev_groups.get(g))
         added = False
         for g in dirty:
             if g is None:
@@ -256,27 +263,16 @@ class ViewBuilder:
                     slot[r.url] = i
                 added = added or g not in groups
                 gv = groups[g] = GroupView(g, ranks, old)
-            if before is not None:
-                sums.add(before, -1)
-            if gv is not None:
-                sums.add(gv, 1)
+            _resum(sums, before, gv)
             ev_before = self._ev_groups.get(g)
             self._evidence_group(g, members, gv)
-            self._ev_resum(ev_before, self._ev_groups.get(g))
+            _resum(self._ev_sums, ev_before, self._ev_groups.get(g))
         if added:
             groups = dict(sorted(groups.items()))
         if any(g not in self._ev_groups for g in dirty if g is not None):
             self._ev_groups = dict(sorted(self._ev_groups.items()))
         self._groups = groups
         return groups
-
-    def _ev_resum(self, before: GroupView | None, after: GroupView | None) -> None:
-        if before is after:
-            return
-        if before is not None:
-            self._ev_sums.add(before, -1)
-        if after is not None:
-            self._ev_sums.add(after, 1)
 
     def _evidence_group(self, g: int, members: dict[str, RankView],
                         full: GroupView | None) -> None:
