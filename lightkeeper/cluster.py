@@ -360,8 +360,9 @@ def start_monitor_process(cmd: list[str], out_path: Path, log_path: Path,
     """Start ``lightkeeper monitor --port 0 ...`` (``cmd``) in its own session, its stdout to
     ``out_path`` and stderr to ``log_path``; return the process and the URL it printed
     (``monitor=URL``). Raises :class:`ClusterError` with the log's tail if it exits first, and
-    ``TimeoutError`` if it prints no URL within ``timeout`` (the process is the caller's to stop)."""
-    with open(out_path, "wb") as out, open(log_path, "wb") as err:
+    ``TimeoutError`` if it prints no URL within ``timeout`` (the process is the caller's to stop).
+    The log is appended to: a restarted monitor keeps its earlier life's lines."""
+    with open(out_path, "wb") as out, open(log_path, "ab") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True, env=env)
 
     def url():
