@@ -28,10 +28,9 @@ def require_binary(name: str) -> str:
     pytest.skip(msg)
 
 
-# Under pytest-xdist (bin/test runs `-n 2 --dist loadgroup`) every end-to-end module shares one
-# worker: their jobs run one at a time, as they would alone, with the whole machine but the
-# other worker's in-process tests; `lightkeeper demo` also holds a machine-wide lock. Every
-# other module stays whole on one worker (its module-scoped fixtures built once).
+# Under pytest-xdist (bin/test's first pass: `-n 2 --dist loadgroup`) a module stays whole on
+# one worker (its module-scoped fixtures built once). Run over everything, every end-to-end
+# module shares one worker: one job at a time; `lightkeeper demo` holds a machine-wide lock.
 # tryfirst: xdist reads the groups in its own collection hook
 DEMO_MODULES = {"test_demo_e2e.py", "test_demo_hosts.py", "test_demo_keep_running.py",
                 "test_demo_placement.py", "test_install_core.py"}

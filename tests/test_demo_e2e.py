@@ -278,9 +278,10 @@ def rank_fault_run(tmp_path_factory):
     """One demo with a fault given at start to one rank: group 1, group rank 1 (global 3)."""
     d = tmp_path_factory.mktemp("rank-fault")
     # Nothing here asserts on the ledger's verdicts (the default scenario's test does) nor on
-    # Prometheus: no wait for the ledger after the story, a 1 s healthy end, no Prometheus
+    # Prometheus: no wait for the ledger after the story, a 1 s healthy end, no Prometheus; two
+    # groups (the fault's and one to wrongly blame): four ranks start sooner than six
     r, out = run_demo(d, "--inject", "1.1:slow_compute:delay=0.6,from_step=15", "--end-s", "1",
-                      "--ledger-wait", "0", "--no-prometheus")
+                      "--ledger-wait", "0", "--no-prometheus", "--groups", "2")
     return r, out, d
 
 

@@ -120,6 +120,15 @@ def group_states(env, g: int) -> list[dict]:
     return [s for s in (try_state(u) for u in grp.worker_urls.values()) if s]
 
 
+def replica_id_of(env, g: int) -> str:
+    """Group ``g``'s replica id as its rank 0 reports it, once it reports one (between a
+    restart and its first quorum a rank answers with none)."""
+    def rid():
+        states = group_states(env, g)
+        return states[0]["replica_id"] if states else None
+    return wait_until(rid, 30, what=f"group {g}'s replica id")
+
+
 def step_of(env, g: int) -> int:
     states = group_states(env, g)
     return max(s["step"] for s in states) if states else -1
@@ -249,7 +258,7 @@ def test_healthy_run_has_no_findings(env):
 
 def test_straggler_detected_and_evicted(env):
     mon = env["monitor"]
-    slow_rid = group_states(env, 2)[0]["replica_id"]
+    slow_rid = replica_id_of(env, 2)
     wait_until(lambda: evictions(mon, "evict"), 60, what="the straggler's eviction")
     [f] = [f for f in mon.get("/v1/findings") if f["kind"] == "straggler"]
     assert f["replica_group"] == 2 and f["replica_id"] == slow_rid and f["ranks"] == [2]
@@ -323,7 +332,7 @@ def test_monitor_restart_keeps_audit_and_judges_new_incarnation_afresh(env):
     env["monitor"] = mon = MonitorProc(env)
     after = evictions(mon)
     assert after == before  # audit log intact across the restart
-    new_rid = group_states(env, 2)[0]["replica_id"]
+    new_rid = replica_id_of(env, 2)
     assert new_rid != before[0]["replica_id"]
     wait_until(lambda: any(g["replica_group"] == 2 and g["replica_id"] == new_rid
                            and g["status"] == "up" for g in mon.get("/v1/cluster")["groups"]),
@@ -339,7 +348,7 @@ def test_monitor_restart_keeps_audit_and_judges_new_incarnation_afresh(env):
 
 def test_hang_detected_and_evicted_survivors_recover(env):
     mon = env["monitor"]
-    hung_rid = group_states(env, 2)[0]["replica_id"]
+    hung_rid = replica_id_of(env, 2)
     wait_until(lambda: len(evictions(mon, "evict")) == 2, 60, what="the hang's eviction")
     [f] = [f for f in mon.get("/v1/findings") if f["kind"] == "hang"]
     assert (f["replica_group"], f["replica_id"], f["ranks"]) == (2, hung_rid, [2])
