@@ -120,7 +120,8 @@ def run_case(case: str, mode: str, at: int, duration: float, workdir: Path) -> d
                                      if named and onset is not None else None)
     out["evictions"] = [e["replica_group"] for e in report["evictions"]
                         if e["decision"] == "evict"]
-    out["aborts"] = sum(1 for e in report["evictions"] if e["decision"] == "abort")
+    out["aborts"] = sum(1 for e in report["evictions"]  # held under --dry-run: not sent
+                        if e["decision"] == "abort" and e.get("status") != "dry_run")
     out["quarantined"] = report["hosts"].get("quarantined")
     return out
 
