@@ -63,10 +63,9 @@ SPLIT = [("detectors.straggler", "answers", "det: fold rows"),
          ("detectors.liveness", "stuck_starting", "det: stuck"),
          ("detectors", "_note_commit_failures", "det: commit counts"),
          ("detectors.findings", "resolve_gone", "det: resolve gone"),
-         ("goodput.ledger", "_ingest_groups", "gp: ingest groups"),
+         ("goodput.ledger", "_partition", "gp: quorum split"),
          ("goodput.ledger", "_account", "gp: account"), ("goodput.ledger", "_settle", "gp: settle"),
-         ("goodput.ledger", "_follow_incidents", "gp: follow"),
-         ("goodput.ledger", "_publish_ratios", "gp: publish")]
+         ("goodput.ledger", "_explain", "gp: incidents")]
 ORCHESTRATION = "sweep orchestration"
 # the last sweep's views dropped (in the monitor: when sweep_once replaces them): mostly the
 # answers they held, ~21,000 parsed documents, freed
