@@ -797,6 +797,27 @@ def test_incremental_detectors_match_from_scratch_ones_sweep_after_sweep():
     assert {"straggler", "dead_rank", "hang"} <= kinds  # the paths were taken
 
 
+def test_a_restarted_groups_old_processes_are_not_ranks_the_monitor_cannot_reach():
+    """A group restarted on another host whose new processes went off the network too: its old
+    processes (heard from earlier) are superseded by the new ones, so the monitor's reach is
+    judged on the processes that hold the ranks now: 4 of 6, not 4 of 8 (which --min-reachable
+    0.5 would take for the monitor being cut off, holding every action)."""
+    from monitor.evidence.view import ClusterView, RankView
+    from tests.support.monitor_sim import rank_state
+
+    def rv(url, rank, group, reachable=True, at=T0):
+        return RankView(url, reachable, rank_state(rank, group, now=at), answered_at=at)
+
+    ranks = {"a": rv("a", 0, 0), "b": rv("b", 1, 0), "e": rv("e", 4, 2), "f": rv("f", 5, 2),
+             "old2": rv("old2", 2, 1, False, T0 - 20), "old3": rv("old3", 3, 1, False, T0 - 20),
+             "new2": rv("new2", 2, 1, False, T0 - 1), "new3": rv("new3", 3, 1, False, T0 - 1)}
+    view = ClusterView(at=T0, ranks=ranks)
+    assert [r.url for r in view.groups[1].ranks] == ["new2", "new3"]
+    assert ranks["old2"].superseded and ranks["old3"].superseded
+    assert not ranks["new2"].superseded
+    assert view.reachable_fraction == pytest.approx(4 / 6)
+
+
 def test_a_named_rank_is_placed_in_its_group_from_the_view_else_from_its_dump():
     """rank_groups: a rank named by a Flight Recorder finding is in the replica group
     its RankView says (a live process's, not its superseded predecessor's), and a rank the view

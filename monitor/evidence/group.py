@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,12 +48,18 @@ def rank_order(r: RankView) -> tuple:
 
 
 def grouped(g: int, members: list[RankView]) -> GroupView | None:
-    """Group ``g`` of ``members``, setting each one's ``superseded`` (unreachable while a live rank
-    holds its rank: an old process of a restarted group); None when none is current."""
-    live = {r.rank for r in members if r.reachable and r.state}
+    """Group ``g`` of ``members``, setting each one's ``superseded`` (unreachable while another
+    process holds its rank, live or heard from later: an old process of a restarted group, which
+    must not count as a rank the monitor cannot reach); None when none is current."""
+    newest: dict[int | None, float] = {}  # rank -> when its newest process last answered
+    for r in members:
+        at = math.inf if r.reachable and r.state else r.answered_at
+        if at is not None and at > newest.get(r.rank, -math.inf):
+            newest[r.rank] = at
     ranks, old = [], []
     for r in members:
-        r.superseded = not r.reachable and r.rank in live
+        r.superseded = not r.reachable and newest.get(r.rank, -math.inf) > (
+            r.answered_at if r.answered_at is not None else -math.inf)
         (old if r.superseded else ranks).append(r)
     if not ranks:
         return None
