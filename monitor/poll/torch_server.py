@@ -82,7 +82,7 @@ class TorchPoller:
     def __init__(self, timeout_s: float = 0.8, fr_timeout_s: float = 5.0,
                  max_state_bytes: int = 1 << 20, max_fr_bytes: int = 64 << 20) -> None:
         self.fr_timeout_s, self.max_fr_bytes = fr_timeout_s, max_fr_bytes
-        self._settings = (timeout_s, max_state_bytes)
+        self.timeout_s, self.max_state_bytes = timeout_s, max_state_bytes
         self._own: Poller | None = None
         self._handlers: dict[str, tuple[tuple[str, ...], float]] = {}
 
@@ -90,8 +90,7 @@ class TorchPoller:
     def _poller(self) -> Poller:
         """Started on first use: a monitor with no torch target runs no second event loop."""
         if self._own is None:
-            timeout_s, max_bytes = self._settings
-            self._own = Poller(timeout_s, max_bytes=max_bytes)
+            self._own = Poller(self.timeout_s, max_bytes=self.max_state_bytes)
         return self._own
 
     def sweep(self, urls: Iterable[str], queries: Iterable[str] | None = None
@@ -136,7 +135,7 @@ class TorchPoller:
     def stacks(self, stacks_urls: Iterable[str], limit: int = 256 << 10) -> dict[str, str]:
         """Stacks text by ``stacks_url`` (a handler, POSTed); one line saying why where none."""
         urls = list(dict.fromkeys(stacks_urls))
-        rows = self._rows([torch_url(u) for u in urls], "", max(1.0, self._settings[0]),
+        rows = self._rows([torch_url(u) for u in urls], "", max(1.0, self.timeout_s),
                           limit)
         return {u: body.decode("utf-8", "replace") if ok else f"(no stacks: {error})"
                 for u, (_, ok, body, _, error, *_) in zip(urls, rows, strict=True)}
@@ -160,7 +159,7 @@ class TorchPoller:
                 out[u] = got[0]
             else:
                 ask.append(u)
-        rows = self._rows([base_url(u) for u in ask], "/handler/", self._poller.timeout_s,
+        rows = self._rows([base_url(u) for u in ask], "/handler/", self.timeout_s,
                           64 << 10)
         for u, (_, ok, body, reason, error, status, latency, at) in zip(ask, rows, strict=True):
             if ok:
