@@ -94,6 +94,8 @@ def test_incremental_view_and_verdicts_match_the_from_scratch_ones_sweep_after_s
                     s["quorum_id"] = 4
         if sweep == 30:  # rank 13 reports another group (a restarted process elsewhere)
             states[targets[13].url].update(replica_group=5, rank=13)
+        if sweep == 34:  # rank 5's new process stops answering too (its host gone)
+            down.add(spare.url)
         for s in states.values():
             s["step"] = sweep
         asked = set(leaders) | {t.url for t in rng.sample(targets, 5)} | down
@@ -121,9 +123,11 @@ def test_incremental_view_and_verdicts_match_the_from_scratch_ones_sweep_after_s
             assert view.ranks[targets[9].url].trust.reason == "replica_id_conflict"
         if sweep == 9:
             assert view.ranks[targets[5].url].trust.stale
-        if sweep == 13:
+        if sweep == 13 or sweep >= 35:  # the old process stays superseded by the newer one
             assert view.ranks[targets[5].url].superseded
             assert targets[5].url not in [r.url for r in view.groups[1].ranks]
+        if sweep >= 35:
+            assert spare.url in [r.url for r in view.groups[1].ranks]
     # only what changed was judged again: a quiet sweep leaves every verdict as it was
     before, last = {u: r.trust for u, r in view.ranks.items()}, view
     asked = set(leaders)

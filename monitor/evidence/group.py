@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,19 +47,31 @@ def rank_order(r: RankView) -> tuple:
     return (r.rank if r.rank is not None else 1 << 62, r.url)
 
 
-def grouped(g: int, members: list[RankView]) -> GroupView | None:
-    """Group ``g`` of ``members``, setting each one's ``superseded`` (unreachable while another
-    process holds its rank, live or heard from later: an old process of a restarted group, which
-    must not count as a rank the monitor cannot reach); None when none is current."""
-    newest: dict[int | None, float] = {}  # rank -> when its newest process last answered
+def newest_answers(members: Iterable[RankView]) -> dict[int | None, float]:
+    """Rank -> when its newest process last answered (inf: one is live now)."""
+    newest: dict[int | None, float] = {}
     for r in members:
         at = math.inf if r.reachable and r.state else r.answered_at
         if at is not None and at > newest.get(r.rank, -math.inf):
             newest[r.rank] = at
+    return newest
+
+
+def is_superseded(r: RankView, newest: dict[int | None, float]) -> bool:
+    """Unreachable while another process holds its rank, live or heard from later: an old
+    process of a restarted group, not a rank the monitor cannot reach (``newest``:
+    :func:`newest_answers` of its group)."""
+    at = r.answered_at if r.answered_at is not None else -math.inf
+    return not r.reachable and newest.get(r.rank, -math.inf) > at
+
+
+def grouped(g: int, members: list[RankView]) -> GroupView | None:
+    """Group ``g`` of ``members``, setting each one's ``superseded`` (:func:`is_superseded`);
+    None when none is current."""
+    newest = newest_answers(members)
     ranks, old = [], []
     for r in members:
-        r.superseded = not r.reachable and newest.get(r.rank, -math.inf) > (
-            r.answered_at if r.answered_at is not None else -math.inf)
+        r.superseded = is_superseded(r, newest)
         (old if r.superseded else ranks).append(r)
     if not ranks:
         return None

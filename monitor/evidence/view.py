@@ -16,7 +16,7 @@ from monitor.poll.discovery import Target
 from monitor.poll.poller import RankPoll
 
 from .cluster import ClusterView, Sums
-from .group import GroupView, grouped, rank_order
+from .group import GroupView, grouped, is_superseded, newest_answers, rank_order
 from .rank import STEP_TIMES_READ, RankView, answered, plain_shape, state_shape, valid_state
 
 __all__ = ["STEP_TIMES_READ", "ClusterView", "GroupView", "RankView", "ViewBuilder"]
@@ -241,10 +241,10 @@ class ViewBuilder:
                 continue
             before = groups.get(g)
             members = members_of.get(g) or {}
-            live = {r.rank for r in members.values() if r.reachable and r.state}
+            newest = newest_answers(members.values())
             ranks, old = [], []
             for url, r in members.items():
-                sup = not r.reachable and r.rank in live  # an old process of a restarted group
+                sup = is_superseded(r, newest)
                 if sup != r.superseded:
                     if url not in changed:
                         r = current[url] = members[url] = r.clone()
