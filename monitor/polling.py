@@ -54,10 +54,10 @@ def _leads(view: ClusterView, url: str) -> bool:
     return gv is not None and gv.leader is not None and gv.leader.url == url
 
 
-def _blocked_in_group(gv: GroupView, now: float) -> bool:
+def _blocked_in_group(gv: GroupView) -> bool:
     lead = gv.leader
     return lead is not None and lead.fresh and bool(lead.reachable) \
-        and collective_wait(lead.state, now)[0] == "group"
+        and collective_wait(lead.state)[0] == "group"
 
 
 class Polling:
@@ -304,7 +304,7 @@ class Polling:
                               ahead.get(FR_DRILLED_QUERY))
         leaders = [u for u in urls if u not in drilled_urls]
         if leaders and drilled and dumps and all(
-                _blocked_in_group(view.groups[g], now) for g in drilled) \
+                _blocked_in_group(view.groups[g]) for g in drilled) \
                 and drilled <= self.detectors.in_group_hangs(view, dumps, now):
             self.fr_leaders_skipped = True
             leaders = []

@@ -267,7 +267,7 @@ def test_the_group_the_others_wait_for_gets_the_leaders_dumps_and_no_later(
     assert not last["skipped"] and last["torchft_fetched"] == GROUPS - 1
     assert last["drilled_fetched"] == [LEADER, MEMBER]
     if plant is plant_group_late:  # the leaders' dumps are the evidence: skipping them misses it
-        monkeypatch.setattr(polling, "_blocked_in_group", lambda gv, now: True)
+        monkeypatch.setattr(polling, "_blocked_in_group", lambda gv: True)
         mutated = run_stall(job_server, tmp_path, plant, wait, always_skip)
         assert "found" not in mutated and mutated["sweeps"][-1]["skipped"]
 

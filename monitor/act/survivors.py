@@ -58,7 +58,7 @@ def gone_groups(view: ClusterView, status: LighthouseStatus,
     return out
 
 
-def blocked_survivors(evidence: ClusterView, gone: Gone, now: float) -> list[RankView]:
+def blocked_survivors(evidence: ClusterView, gone: Gone) -> list[RankView]:
     """Verified ranks of the other groups, in ``gone``'s quorum, blocked in the cross-group
     collective now."""
     out = []
@@ -68,7 +68,7 @@ def blocked_survivors(evidence: ClusterView, gone: Gone, now: float) -> list[Ran
         for r in gv.reachable:
             s = r.state or {}
             if r.fresh and s.get("quorum_id") == gone.quorum_id \
-                    and collective_wait(s, now)[0] == "cross":
+                    and collective_wait(s)[0] == "cross":
                 out.append(r)
     return out
 
@@ -91,7 +91,7 @@ class Survivors:
             return []
         made = []
         for gone in gone_groups(view, status, evicted):
-            ranks = [r for r in blocked_survivors(evidence, gone, now)
+            ranks = [r for r in blocked_survivors(evidence, gone)
                      if (gone.replica_id, r.url) not in self._told]
             if not ranks:
                 continue

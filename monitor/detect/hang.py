@@ -18,13 +18,12 @@ from .rank_state import SeenGroups, collective_wait, phases, rank_groups
 log = logging.getLogger(__name__)
 
 
-def _wait(view: ClusterView, rank: int, now: float, fresh: bool = False
-          ) -> tuple[str | None, float]:
+def _wait(view: ClusterView, rank: int, fresh: bool = False) -> tuple[str | None, float]:
     """The rank's collective wait; (None, 0.0) when unreachable (``fresh``: or not polled now)."""
     r = view.rank_view(rank)
     if r is None or not r.reachable or (fresh and not r.fresh):
         return None, 0.0
-    return collective_wait(r.state, now)
+    return collective_wait(r.state)
 
 
 def _inner(analysis: list[dict]) -> dict[int, dict]:
@@ -95,7 +94,7 @@ class Hang:
         for r in view.polled_ranks:  # a wait carried from an older poll is not a wait now
             if not r.reachable or not r.fresh or r.replica_group not in in_quorum:
                 continue
-            scope, secs = collective_wait(r.state, now)
+            scope, secs = collective_wait(r.state)
             if scope is not None and secs >= threshold and r.rank is not None:
                 waits[r.rank] = (scope, secs)
         longest = max((s for _, s in waits.values()), default=0.0)
@@ -112,7 +111,7 @@ class Hang:
             return got[1]
         if states is None:
             states = [r.state for r in view.polled_ranks if r.reachable]
-        longest = max((collective_wait(st, now)[1] for st in states), default=0.0)
+        longest = max((collective_wait(st)[1] for st in states), default=0.0)
         self._longest = (now, longest)
         return longest
 
@@ -156,7 +155,7 @@ class Hang:
                 # in the group the job waits for, the ranks that never entered the collective
                 # its others are blocked in now, however briefly (they began after the others)
                 blocked = {r: w for r in (h_in["waiting"] if h_in else ())
-                           if (w := _wait(view, r, now, fresh=True))[0] == "group" and w[1] > 0}
+                           if (w := _wait(view, r, fresh=True))[0] == "group" and w[1] > 0}
                 inner_peers = self._in_group_blocked(view, g, h_in, blocked, rank_group, now)
                 if inner_peers:
                     level, ranks, found = "in_group", list(h_in["culprits"]), [h_in]
@@ -209,4 +208,4 @@ class Hang:
 
     @staticmethod
     def _not_waiting(view: ClusterView, ranks: list[int], now: float, scope: str) -> bool:
-        return not any(_wait(view, rank, now)[0] == scope for rank in ranks)
+        return not any(_wait(view, rank)[0] == scope for rank in ranks)

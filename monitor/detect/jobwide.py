@@ -101,7 +101,7 @@ class JobWide:
                 return None
             waited = []
             for r in fresh:
-                scope, secs = collective_wait(r.state, now)
+                scope, secs = collective_wait(r.state)
                 # behind its own group: in an in-group collective, or in torchft's commit (its
                 # should_commit waits for every rank of the group, one maybe in the cross one)
                 if scope not in ("cross", "group") and r.state.get("phase") != "commit":

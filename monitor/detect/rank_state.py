@@ -23,10 +23,10 @@ def current_wait(state: Mapping[str, Any] | None) -> tuple[str | None, float | N
     return scope, float(secs)
 
 
-def collective_wait(state: Mapping[str, Any] | None, now: float) -> tuple[str | None, float]:
+def collective_wait(state: Mapping[str, Any] | None) -> tuple[str | None, float]:
     """("group" or "cross", seconds) the rank has been blocked inside a collective (not a
-    quorum), from its ``timing.waiting``, or (None, 0.0). ``now`` is not read: every rank
-    state (torch-only ones too, monitor.evidence.torch_rank) carries its own wait."""
+    quorum), from its ``timing.waiting``, or (None, 0.0): every rank state (torch-only ones
+    too, monitor.evidence.torch_rank) carries its own wait."""
     if type(state) is dict:
         timing = state.get("timing")
         if type(timing) is dict and timing.get("waiting") is None:
