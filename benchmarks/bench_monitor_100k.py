@@ -618,6 +618,7 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory() as d:
             mon = Monitor(MonitorConfig(port=0, targets=urls, state_path=os.path.join(d, "m.db"),
+                                        sd_out=os.path.join(d, "sd.json"),  # as the CLI does
                                         poll_timeout_s=10.0, leader_polling="on",
                                         member_interval_s=args.member_interval,
                                         max_targets=n, poll_process_min_targets=1 << 62

@@ -9,7 +9,9 @@ For the same targets it measures, one after the other in this process, the sweep
   and, every sweep, renews its lease, writes its report and its proposals to etcd),
 
 each with ``--leader-polling off`` (every rank of the slice every sweep) unless ``--leader-polling
-on``. Per configuration: median and worst wall time of a sweep, the monitor process's own CPU
+on``. ``--virtual``: the ranks are bench_monitor_100k.py's virtual ones (2 processes, groups of 8,
+1 s steps), for 100,000 ranks (``--ranks 100000 --shards 4,8 --leader-polling on --virtual``);
+a monitor's CPU then includes its poller process's, when it runs one. Per configuration: median and worst wall time of a sweep, the monitor process's own CPU
 seconds per sweep (all its threads), etcd's CPU seconds per sweep (from /proc), the time the
 sweep spent on etcd (report + proposals), and the ratio of the shard's CPU to the single
 monitor's: what sharding buys per process. docs/scaling.md, "Beyond one machine".
@@ -32,6 +34,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from benchmarks import bench_monitor_100k as virtual  # noqa: E402
 from benchmarks.bench_monitor_sweep import start_sims, stop_sims  # noqa: E402
 from lightkeeper.cluster import free_port, stop_process, wait_until  # noqa: E402
 from monitor.config import MonitorConfig, ShardConfig  # noqa: E402
@@ -91,19 +94,22 @@ def sweeps(urls: list[str], n: int, d: str, name: str, polling: str,
                 etcd_s.append(time.perf_counter() - t)
 
         mon.shard.after_sweep = timed
+    def cpu_now() -> float:  # with the poller process's (from 50,000 targets)
+        pid = getattr(mon.polling.poller, "pid", None)
+        return time.process_time() + (cpu_of(pid) if pid else 0.0)
     try:
         mon.sweep_once()  # warm up: connect (and, for a shard, learn every target's group)
         mon.sweep_once()
         etcd_s.clear()
         wall, cpu, ecpu = [], [], []
         for _ in range(n):
-            t, c, e = time.perf_counter(), time.process_time(), cpu_of(etcd_pid)
+            t, c, e = time.perf_counter(), cpu_now(), cpu_of(etcd_pid)
             view = mon.sweep_once()
             wall.append(time.perf_counter() - t)
-            cpu.append(time.process_time() - c)
+            cpu.append(cpu_now() - c)
             ecpu.append(cpu_of(etcd_pid) - e)
         return {"config": name, "ranks_polled": len(view.ranks),
-                "groups": len(view.groups), "error": mon.shard.error if mon.shard else None,
+                "groups": len(view.groups), "poller_process": getattr(mon.polling.poller, "pid", None) is not None, "error": mon.shard.error if mon.shard else None,
                 "wall_median_s": statistics.median(wall), "wall_max_s": max(wall),
                 "cpu_median_s": statistics.median(cpu), "cpu_max_s": max(cpu),
                 "etcd_cpu_median_s": statistics.median(ecpu),
@@ -118,13 +124,18 @@ def main() -> int:
     p.add_argument("--shards", default="2,4", help="shard counts K to measure shard 0/K of")
     p.add_argument("--sweeps", type=int, default=5)
     p.add_argument("--leader-polling", choices=("off", "on"), default="off")
+    p.add_argument("--virtual", action="store_true",
+                   help="virtual ranks (bench_monitor_100k.py's), for 100,000")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
     raise_fd_limit()
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as d:
         etcd, etcd_url = start_etcd(d)
-        procs, urls = start_sims(args.ranks, groups=max(1, args.ranks // 8))
+        if args.virtual:
+            procs, urls = virtual.start(args.ranks, 2, 8, 1.0)
+        else:
+            procs, urls = start_sims(args.ranks, groups=max(1, args.ranks // 8))
         try:
             rows = [sweeps(urls, args.sweeps, d, "one monitor", args.leader_polling, None,
                            etcd.pid)]
@@ -133,7 +144,7 @@ def main() -> int:
                                    ShardConfig(shards=k, index=0, etcd=etcd_url,
                                                etcd_prefix=f"/bench{k}"), etcd.pid))
         finally:
-            stop_sims(procs)
+            (virtual.stop if args.virtual else stop_sims)(procs)
             stop_process(etcd, grace=2.0)
     base = rows[0]["cpu_median_s"]
     for r in rows:
@@ -151,6 +162,7 @@ def main() -> int:
     if args.json:  # the figures with the conditions they were taken under
         with open(args.json, "w") as f:
             json.dump({"ranks": args.ranks, "leader_polling": args.leader_polling,
+                       "virtual": args.virtual, "command": " ".join(sys.argv),
                        "sweeps": args.sweeps, "cores": os.cpu_count(),
                        "load_average": [load_before, os.getloadavg()[0]], "rows": rows},
                       f, indent=1)

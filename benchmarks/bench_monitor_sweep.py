@@ -85,6 +85,7 @@ def monitor_sweeps(urls: list[str], sweeps: int, mode: str, d: str,
     """(sweep seconds, the monitor process's CPU seconds per sweep (all its threads),
     reachable ranks, URLs polled in the last sweep)."""
     mon = Monitor(MonitorConfig(port=0, targets=urls, state_path=os.path.join(d, f"{mode}.db"),
+                                sd_out=os.path.join(d, f"{mode}_sd.json"),  # as the CLI does
                                 poll_timeout_s=5.0, leader_polling=mode,
                                 max_targets=max(10_000, len(urls))))
     try:

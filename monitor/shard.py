@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 import uuid
+from functools import lru_cache
 from typing import Any
 
 from .act.actions import Lighthouse
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 REPROBE_S = 60.0  # a target of another shard is asked its group again this often
 
 
+@lru_cache(maxsize=1 << 16)  # an MD5 per group, not per target and sweep
 def shard_of(replica_group: int, shards: int) -> int:
     """Prometheus' ``hashmod`` of the group's decimal id (the last 8 bytes of its MD5, big-endian,
     mod N): Prometheus shard I keeps the groups of monitor shard I."""

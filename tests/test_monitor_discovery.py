@@ -42,3 +42,25 @@ def test_targets_are_kept_until_a_source_changes(tmp_path):
         ["http://127.0.0.1:9002"]
     assert "http://127.0.0.1:9002" not in {x.url for x in d.targets()}
     assert os.path.exists(path)
+
+
+def test_file_sd_is_written_again_only_when_a_target_or_its_hints_change(tmp_path):
+    d = Discovery(static=["127.0.0.1:1"], job="train")
+    out = tmp_path / "sd.json"
+
+    def groups():
+        return {g["targets"][0]: g["labels"].get("replica_group")
+                for g in json.loads(out.read_text())}
+
+    assert d.write_file_sd(str(out)) is True
+    assert d.write_file_sd(str(out)) is False
+    d.register({"url": "http://127.0.0.1:2", "replica_group": 3, "rank": 0})
+    assert d.write_file_sd(str(out)) is True
+    assert groups() == {"127.0.0.1:1": None, "127.0.0.1:2": "3"}
+    d.register({"url": "http://127.0.0.1:2", "replica_group": 3, "rank": 0})  # the same again
+    assert d.write_file_sd(str(out)) is False
+    d.register({"url": "http://127.0.0.1:2", "replica_group": 4, "rank": 0})  # restarted elsewhere
+    assert d.write_file_sd(str(out)) is True
+    assert groups()["127.0.0.1:2"] == "4"
+    out.unlink()  # removed under the monitor: written again though nothing changed
+    assert d.write_file_sd(str(out)) is True and groups()["127.0.0.1:2"] == "4"

@@ -134,6 +134,7 @@ class Discovery:
         self.job = job
         self.max_targets = max_targets
         self._written: str | None = None
+        self._written_for: list[Target] | None = None  # the known set that text is of
         # kept until a source changes: the view and the schedule tell unchanged targets by identity
         self._sorted: list[Target] | None = None
         self.has_torch = False  # a target on torch's debug server among them (as of targets())
@@ -229,13 +230,17 @@ class Discovery:
 
     def targets(self) -> list[Target]:
         """All known targets, static first, then file_sd, then registered (one per URL)."""
+        return list(self._current())
+
+    def _current(self) -> list[Target]:
+        """The sorted known set, one list object until a source changes (not to be modified)."""
         with self._lock:
             if self._sorted is None:
                 merged = {**self._torch, **self._registered, **self._file, **self._static}
                 self._sorted = sorted(merged.values(), key=lambda t: (
                     t.rank if t.rank is not None else 1 << 62, t.url))
                 self.has_torch = any(t.url.startswith(PREFIX) for t in self._sorted)
-            return list(self._sorted)
+            return self._sorted
 
     def forget_unreachable(self, unreachable_since: dict[str, float],
                            now: float | None = None) -> list[str]:
@@ -259,8 +264,11 @@ class Discovery:
         """The known set as Prometheus ``file_sd`` target groups, one per target; not the ranks
         on torch's server (``torch+http://``): its handlers answer ``POST`` only, Prometheus
         scrapes with ``GET``."""
+        return self._file_sd_of(self._current())
+
+    def _file_sd_of(self, targets: list[Target]) -> list[dict[str, Any]]:
         out = []
-        for t in self.targets():
+        for t in targets:
             if t.url.startswith(PREFIX):
                 continue  # torch's server has no /metrics for Prometheus to scrape
             labels = {"lightkeeper_source": t.source}
@@ -276,9 +284,14 @@ class Discovery:
 
     def write_file_sd(self, path: str) -> bool:
         """Atomically write :meth:`file_sd` to ``path`` when it changed; True if written.
-        Raises OSError when the write fails."""
-        text = json.dumps(self.file_sd(), indent=1, sort_keys=True)
+        Raises OSError when the write fails. Encoded only when the known set changed, not every
+        sweep: the encoding grows with the targets."""
+        current = self._current()
+        if current is self._written_for and os.path.exists(path):
+            return False
+        text = json.dumps(self._file_sd_of(current), sort_keys=True)  # the C encoder: no indent
         if text == self._written and os.path.exists(path):
+            self._written_for = current
             return False
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
@@ -291,5 +304,5 @@ class Discovery:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        self._written = text
+        self._written, self._written_for = text, current
         return True
