@@ -250,9 +250,9 @@ class Monitor:
         err = self.discovery.refresh()
         if err:
             log.warning("%s", err)
-        targets = self.discovery.targets()
+        version, targets = self.discovery.version, self.discovery.targets()
         if self.shard is not None:
-            targets = self.shard.own_targets(targets, self.polling.poller, self.clock())
+            targets = self.shard.own_targets(targets, self.polling.poller, self.clock(), version)
         return targets
 
     def _torch_only(self, polls: dict, now: float) -> None:

@@ -67,6 +67,10 @@ class Shards:
         self.etcd = Etcd(cfg.etcd)  # the sweep loop's connection
         self.session = SessionLease(self.etcd, cfg.lease_ttl_s)
         self._groups: dict[str, tuple[int, float]] = {}  # url -> (replica group, learned at)
+        self._learned = 0  # counts the groups learned that differ from the last known
+        self._slice: list = []  # the last own_targets, for its key until the next reprobe
+        self._slice_key: tuple = (None, -1)
+        self._reprobe_at = float("-inf")
         self._proposed: set[str] = set()
         self._mirrored: set[str] = set()  # leader kills copied into this shard's audit log
         self.run = uuid.uuid4().hex[:12]  # this run of the shard: its proposals name it
@@ -89,20 +93,27 @@ class Shards:
         self.session.revoke()  # the report goes with it: the leader sees this shard gone at once
         self.etcd.close()
 
-    def own_targets(self, targets: list, poller: Any, now: float) -> list:
+    def own_targets(self, targets: list, poller: Any, now: float, version: Any = None) -> list:
         """The targets of this shard's groups (by their last state, else their registration's hint);
-        one with neither is asked here, and another shard's one again every REPROBE_S."""
+        one with neither is asked here, and another shard's one again every REPROBE_S.
+        ``version``: the known set's (Discovery.version); while it, the groups learned and the
+        next reprobe's time stand, the last slice is the answer."""
         if self.cfg.index is None:
             return []
+        key = (version, self._learned)
+        if version is not None and key == self._slice_key and now < self._reprobe_at:
+            return list(self._slice)
         known = {t.url for t in targets}
         self._groups = {u: g for u, g in self._groups.items() if u in known}
-        mine, probe = [], []
+        mine, probe, reprobe_at = [], [], float("inf")
         for t in targets:
             g, at = self._groups.get(t.url, (t.replica_group, now))
             if g is None or (not self.owns(g) and now - at >= REPROBE_S):
                 probe.append(t)
             elif self.owns(g):
                 mine.append(t)
+            else:
+                reprobe_at = min(reprobe_at, at + REPROBE_S)
         if probe:
             for url, p in poller.sweep([t.url for t in probe]).items():
                 g = p.data.get("replica_group") if p.ok and isinstance(p.data, dict) else None
@@ -110,7 +121,12 @@ class Shards:
                     self._groups[url] = (g, now)
             mine += [t for t in probe if t.url in self._groups
                      and self.owns(self._groups[t.url][0])]
-        return mine
+            for t in probe:  # one still without a group is asked again next sweep
+                g, at = self._groups.get(t.url, (None, now))
+                if g is None or not self.owns(g):
+                    reprobe_at = min(reprobe_at, now if g is None else at + REPROBE_S)
+        self._slice, self._slice_key, self._reprobe_at = mine, (version, self._learned), reprobe_at
+        return list(mine)
 
     def after_sweep(self, view: Any, evidence: Any, now: float) -> None:
         """Learn the groups of the ranks polled, report this shard, propose its evictions.
@@ -118,7 +134,10 @@ class Shards:
         for url in self.mon.views.changed:
             r = view.ranks.get(url)
             if r is not None and r.replica_group is not None and r.fresh:
+                old = self._groups.get(url)
                 self._groups[url] = (r.replica_group, now)
+                if old is None or old[0] != r.replica_group:
+                    self._learned += 1  # the slice may differ
         if self.cfg.index is None:
             return
         mon = self.mon

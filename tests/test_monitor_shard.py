@@ -187,6 +187,48 @@ def test_a_rank_registers_with_every_shard_and_only_its_owner_polls_it(tmp_path,
             m.stop()
 
 
+def test_a_rank_restarted_for_another_group_moves_to_that_groups_shard(tmp_path, etcd,
+                                                                      monkeypatch):
+    """The slice follows what a rank answers, not what it first registered: the same address
+    serving another shard's group leaves its old shard and is found by the new one (on its
+    reprobe, made 1 s here instead of 60 s)."""
+    import monitor.shard
+    from monitor.config import MonitorConfig, ShardConfig
+    from monitor.service import Monitor
+    from worker_server.server import WorkerServer
+
+    monkeypatch.setattr(monitor.shard, "REPROBE_S", 1.0)
+    g0 = next(g for g in range(100) if shard_of(g, 2) == 0)
+    g1 = next(g for g in range(100) if shard_of(g, 2) == 1)
+    port = free_port()
+    prefix = f"/lktest-{uuid.uuid4().hex[:8]}"
+    mons = [Monitor(MonitorConfig(
+        port=0, interval_s=0.2, state_path=str(tmp_path / f"m{i}.sqlite"),
+        targets=[f"127.0.0.1:{port}"], sd_out=str(tmp_path / f"m{i}.json"),
+        shard=ShardConfig(shards=2, index=i, etcd=etcd, etcd_prefix=prefix))).start()
+        for i in (0, 1)]
+    srv = None
+
+    def polled_by(i: int) -> list:
+        return [r.get("replica_group") for r in mons[i].ranks_json()
+                if r.get("reachable")]
+
+    try:
+        srv = WorkerServer.start(replica_group=g0, group_rank=0, group_world_size=1, port=port)
+        wait_until(lambda: polled_by(0) == [g0], 20, what="shard 0 polling its group's rank")
+        assert polled_by(1) == []
+        srv.stop()
+        srv = WorkerServer.start(replica_group=g1, group_rank=0, group_world_size=1, port=port)
+        wait_until(lambda: polled_by(1) == [g1], 20, what="shard 1 polling the rank, now its")
+        wait_until(lambda: polled_by(0) == [], 20, what="shard 0 leaving it")
+        assert mons[1].cluster_json()["shard"]["owned_groups"] == [g1]
+    finally:
+        if srv is not None:
+            srv.stop()
+        for m in mons:
+            m.stop()
+
+
 # --- a leader in this process: a kill lost in flight, manual proposals -------------------------
 def test_a_kill_lost_in_flight_is_sent_again_and_manual_evictions_are_proposals(tmp_path, etcd):
     """A ``sending`` left by a leader that died before its request left (the group still

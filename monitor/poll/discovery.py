@@ -137,6 +137,7 @@ class Discovery:
         self._written_for: list[Target] | None = None  # the known set that text is of
         # kept until a source changes: the view and the schedule tell unchanged targets by identity
         self._sorted: list[Target] | None = None
+        self.version = 0  # counts the changes of the known set (or of a target's hints)
         self.has_torch = False  # a target on torch's debug server among them (as of targets())
 
     def register(self, body: Any, now: float | None = None,
@@ -168,8 +169,12 @@ class Discovery:
                 raise TooManyTargets(f"the monitor already knows {self._count()} targets "
                                      f"(--max-targets {self.max_targets}); {url} not added")
             self._registered[url] = target
-            self._sorted = None
+            self._invalidate()
         return target
+
+    def _invalidate(self) -> None:  # under self._lock
+        self._sorted = None
+        self.version += 1
 
     def _count(self) -> int:
         return len(self._registered.keys() | self._file.keys() | self._static.keys())
@@ -182,7 +187,7 @@ class Discovery:
                 return
             self._torch = {u: Target(u, "torch_store", job=self.job, replica_group=g, rank=r)
                            for u, (g, r) in found.items()}
-            self._sorted = None
+            self._invalidate()
 
     def restore(self, path: str) -> None:
         """Re-adopt as registered the targets a previous run wrote (:meth:`write_file_sd`).
@@ -200,7 +205,7 @@ class Discovery:
                     break
                 t.source, t.last_registered = "registered", now
                 self._registered[url] = t
-                self._sorted = None
+                self._invalidate()
 
     def refresh(self) -> str | None:
         """Re-read the file_sd input if it changed; returns an error message or None."""
@@ -223,7 +228,7 @@ class Discovery:
             return self.file_error
         with self._lock:
             self._file = parsed
-            self._sorted = None
+            self._invalidate()
         self._file_sig = sig
         self.file_error = None
         return None
@@ -256,7 +261,7 @@ class Discovery:
                 if t.last_registered is not None and t.last_registered > since:
                     continue  # it registered again after it went dark: keep trying
                 del self._registered[url]
-                self._sorted = None
+                self._invalidate()
                 forgotten.append(url)
         return forgotten
 
