@@ -571,6 +571,15 @@ SLOW = {"mbit_s": 20.0}
      "no probe results from a (no route)"),
     # two bad hosts among six: each is in every one of its bad links, the rest are fine
     (list("abcdef"), lambda s, d: SLOW if {s, d} & {"b", "e"} else {}, None, ["b", "e"], "of b"),
+    # one host cut off while the others' rates vary with load (two links among them slow):
+    # named from the failures alone
+    (list("abcd"), lambda s, d: CUT if "b" in (s, d) else
+     SLOW if (s, d) in (("c", "a"), ("d", "c")) else {}, None, ["b"], "every link of b failed"),
+    # only the transfers fetched from d fail: named for that direction
+    (list("abcd"), lambda s, d: CUT if d == "d" else {}, None, ["d"],
+     "every transfer fetched from d failed"),
+    # half the hosts cut off: no one is placed
+    (list("abcd"), lambda s, d: CUT if {s, d} & {"a", "b"} else {}, None, [], "links bad"),
     # one bad link, no host in all bad links: nobody
     (list("abcd"), lambda s, d: CUT if (s, d) == ("a", "b") else {}, None, [], "1 of 12 links"),
 ])

@@ -29,8 +29,11 @@ from monitor.poll.packed_state import pack_state
 from monitor.poll.poller import RankPoll
 from tests.support.lines import first_line
 
-pytestmark = pytest.mark.skipif(bool(Fabric.unavailable()),
-                                reason=f"no network namespaces: {Fabric.unavailable()}")
+# e2e: it measures real link rates, which need the cores to themselves (the in-process pass
+# shares them between two workers; a tbf-limited link then looks like a CPU-starved one)
+pytestmark = [pytest.mark.e2e,
+              pytest.mark.skipif(bool(Fabric.unavailable()),
+                                 reason=f"no network namespaces: {Fabric.unavailable()}")]
 
 NODES = ["node-0", "node-1", "node-2", "node-3"]
 TOKEN = "fabric-exit-token"

@@ -78,6 +78,9 @@ def place(rnd: ProbeRound, ratio: float) -> Verdict:
                        "hosts cannot be placed on either")
     links = [Link(src, dst, bool(row.get("ok")), row.get("mbit_s"), row.get("error"))
              for src, row_of in rnd.matrix().items() for dst, row in row_of.items()]
+    cut = _cut_off(hosts, links)
+    if cut.lines:
+        return cut
     # suspects: a direction of theirs all bad against the links that do not touch them
     suspects = [h for h in hosts if _bad_sides(h, links, _ref(links, {h}), ratio)]
     out = Verdict("")
@@ -110,6 +113,30 @@ def place(rnd: ProbeRound, ratio: float) -> Verdict:
                        f"{ref:.1f} Mbit/s, slowest {min(rates):.1f})")
     return Verdict(f"no culprit: {len(bad)} of {len(links)} links bad and no host in all "
                    f"of them ({'; '.join(_describe(x) for x in bad[:6])})")
+
+
+def _cut_off(hosts: list[str], links: list[Link]) -> Verdict:
+    """Hosts with every link in one direction failed while the links among the others connect:
+    judged on connecting alone, as the rates of working links vary with load."""
+    def failed(h: str) -> list[str]:
+        sides = {"from": [x for x in links if x.src == h], "to": [x for x in links if x.dst == h]}
+        return [side for side, xs in sides.items() if xs and not any(x.ok for x in xs)]
+
+    cut = {h: sides for h in hosts if (sides := failed(h))}
+    rest = [x for x in links if x.src not in cut and x.dst not in cut]
+    out = Verdict("")
+    if not cut or 2 * len(cut) >= len(hosts) or not rest \
+            or sum(x.ok for x in rest) < math.ceil(OTHERS_FINE * len(rest)):
+        return out
+    for h, bad in cut.items():
+        shown = [x for x in links if (x.src == h and "from" in bad) or (x.dst == h and "to" in bad)]
+        which = WHICH["both" if len(bad) == 2 else bad[0]].format(h=h)
+        out.bad[h] = [_describe(x) for x in shown]
+        out.lines[h] = (f"{which} failed ({len(shown)}) while the links among the other hosts "
+                        "connect")
+    out.reference_mbit_s = _ref(links, set(cut))
+    out.text = "; ".join(out.lines.values())
+    return out
 
 
 class Network:
