@@ -112,7 +112,7 @@ class ProbeConfig:
     enabled: bool = flag(True, "--no-probes",  # needs the ranks' token too (rank_exit_token)
                          "never ask the ranks to probe each other")
     size_bytes: int = flag(262144, "--probe-bytes", "bytes each probed link transfers")
-    timeout_s: float = flag(2.0, "--probe-timeout", "seconds a rank waits for each peer")
+    timeout_s: float = flag(1.0, "--probe-timeout", "seconds a rank waits for each peer")
     interval_s: float = flag(1.0, "--probe-interval",
                              "at most one probe round per this many seconds")
     # beyond peers + 1 hosts: a ring
