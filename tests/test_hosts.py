@@ -364,3 +364,30 @@ def test_never_the_last_host_a_one_host_job_quarantines_nothing(tmp_path):
     out = {d["host"]: d["reason"] for d in led.decide(clock(), None, 2)}
     assert out == {"vm": "hang", "h2": "no_other_host"}  # hosts judged in the ledger's order
     assert led.quarantined() == ["vm"]
+
+
+def test_a_host_whose_groups_the_rails_protect_is_held_then_quarantined(tmp_path):
+    """Quarantining drains the host's groups, so min_replicas holds it as it holds an eviction
+    (said once), until the quorum can spare them."""
+    clock = Clock()
+    led = ledger(tmp_path, clock)
+    led.record([finding("hang", "h1", 1)], clock())
+    why = {"h1": "quarantining h1 would take down group(s) [1] of the quorum, leaving 1"}
+    first = led.decide(clock(), None, 10, why)
+    assert [(d["decision"], d["reason"]) for d in first] == [("hold", "min_replicas")]
+    assert led.decide(clock() + 1, None, 10, why) == [] and led.quarantined() == []
+    assert led.hosts["h1"]["hold"]["reason"] == "min_replicas"
+    assert led.decide(clock() + 2, None, 10, {})[0]["decision"] == "quarantine"
+
+
+def test_protected_hosts_are_those_min_replicas_cannot_spare():
+    from monitor.act.hosts import protected_hosts
+    from tests.test_monitor_detectors import T0, Job
+
+    job = Job(groups=3, ranks=2)  # one host per group, all three in the quorum
+    job.steps(2, now=T0)
+    view = job.view(T0)
+    assert protected_hosts(view, 2) == {}  # one group's host can go: two remain
+    held = protected_hosts(view, 3)
+    assert sorted(held) == ["host-g0", "host-g1", "host-g2"]
+    assert "group(s) [1] of the quorum, leaving 2, fewer than --min-replicas 3" in held["host-g1"]

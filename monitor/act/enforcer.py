@@ -23,7 +23,7 @@ from ..store import Store
 from .actions import Lighthouse, Orphans, RankCalls
 from .bundles import CONFIRM_KINDS, Bundles
 from .decisions import Decision, Situation, decide
-from .hosts import DeadGroups, HostLedger
+from .hosts import DeadGroups, HostLedger, protected_hosts
 from .survivors import Survivors
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,8 @@ class Enforcer:
                            if f.replica_group in view.groups}
             self.hosts.record([{**f.to_dict(), "id": self._finding_ids.get(f.key)}
                                for f in counted], now, group_hosts)
-            self.hosts.decide(now, self.blindness(view), len(self.hosts.known_hosts()))
+            self.hosts.decide(now, self.blindness(view), len(self.hosts.known_hosts()),
+                              protected_hosts(view, self.cfg.rails.min_replicas))
             if self.hosts.sinks and self.store.host_actions(due_at=now, limit=1):
                 self._start_host_actions()
             self.metrics.set_hosts(self.hosts.counts(), self.hosts.to_json(now))

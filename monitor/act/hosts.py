@@ -50,6 +50,20 @@ def culprit_hosts(finding: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def protected_hosts(view: ClusterView, min_replicas: int) -> dict[str, str]:
+    """Hosts whose quarantine would take down so many groups of the newest quorum that fewer
+    than ``min_replicas`` remain (a quarantine drains its host: the rail of an eviction holds
+    it too); host -> why."""
+    quorum = list(view.in_quorum())
+    on: dict[str, set[int]] = {}
+    for gv in quorum:
+        for host in gv.hosts:
+            on.setdefault(host, set()).add(gv.replica_group)
+    return {h: f"quarantining {h} would take down group(s) {sorted(gs)} of the quorum, leaving "
+               f"{len(quorum) - len(gs)}, fewer than --min-replicas {min_replicas}"
+            for h, gs in on.items() if len(quorum) - len(gs) < min_replicas}
+
+
 def device_label(d: Any) -> str:
     if not isinstance(d, dict):
         return str(d)
@@ -204,9 +218,11 @@ class HostLedger:
                 if o["at"] > (h.get("released_at") or float("-inf"))
                 and o["data"].get("counts", True)]
 
-    def decide(self, now: float, blind: str | None, known: int) -> list[dict[str, Any]]:
+    def decide(self, now: float, blind: str | None, known: int,
+               protected: dict[str, str] | None = None) -> list[dict[str, Any]]:
         """Expire quarantines past their TTL, then judge every suspect host; returns the
-        decisions made (holds only when their rail changed)."""
+        decisions made (holds only when their rail changed). ``protected``: host -> why its
+        quarantine, which takes its groups down, would break an eviction rail."""
         out = []
         with self._lock:
             for h in list(self.hosts.values()):
@@ -232,7 +248,7 @@ class HostLedger:
                                                         if k in self.cfg.after},
                             "window_s": self.cfg.window_s,
                             "offences": [{"at": o["at"], **o["data"]} for o in offences[:20]]}
-                rail = self._rail(h["host"], blind, known)
+                rail = self._rail(h["host"], blind, known, protected or {})
                 summary = f"{counts[kind]} {kind} finding(s) within {self.cfg.window_s:g}s " \
                           f"(--quarantine-after {kind}={self.cfg.after[kind]})"
                 if rail is not None:
@@ -255,12 +271,15 @@ class HostLedger:
                 out.append(self._quarantine(h, kind, summary, evidence, now))
         return out
 
-    def _rail(self, host: str, blind: str | None, known: int) -> tuple[str, str] | None:
+    def _rail(self, host: str, blind: str | None, known: int,
+              protected: dict[str, str]) -> tuple[str, str] | None:
         """(rail, detail) of the first rail that holds ``host``'s quarantine, or None."""
         n = sum(1 for x in self.hosts.values() if x["state"] == QUARANTINED)
         cap = self.cfg.cap(known)
         if blind:
             return "monitor_blind", blind
+        if host in protected:
+            return "min_replicas", protected[host]
         if n + 1 >= known:
             return "no_other_host", (f"quarantining {host} would leave none of the {known} "
                                      f"host(s) the monitor knows to run on ({n} quarantined "
