@@ -141,7 +141,7 @@ class Hang:
             if gv is None or g not in in_quorum:
                 continue
             h_in = inner.get(g)
-            waiting = self._in_group_blocked(view, g, h_in, waits, rank_group, now)
+            waiting = self._in_group_blocked(view, g, h_in, waits, rank_group)
             if waiting:
                 level, ranks, found = "in_group", list(h_in["culprits"]), [h_in]
             else:
@@ -149,14 +149,14 @@ class Hang:
                                 if rank_group(r) == g})
                 waiting = sorted({r for h in cross.get(g, []) for r in h["waiting"]
                                   if r in waits})
-                if not ranks or not waiting or not self._not_waiting(view, ranks, now, "cross"):
+                if not ranks or not waiting or not self._not_waiting(view, ranks, "cross"):
                     continue
                 level, found = "cross_group", cross[g]
                 # in the group the job waits for, the ranks that never entered the collective
                 # its others are blocked in now, however briefly (they began after the others)
                 blocked = {r: w for r in (h_in["waiting"] if h_in else ())
                            if (w := _wait(view, r, fresh=True))[0] == "group" and w[1] > 0}
-                inner_peers = self._in_group_blocked(view, g, h_in, blocked, rank_group, now)
+                inner_peers = self._in_group_blocked(view, g, h_in, blocked, rank_group)
                 if inner_peers:
                     level, ranks, found = "in_group", list(h_in["culprits"]), [h_in]
                     waiting, waits = inner_peers, {**blocked, **waits}
@@ -188,24 +188,24 @@ class Hang:
             in_quorum = {gv.replica_group for gv in view.in_quorum()}
             rank_group = rank_groups(view, dumps)
             return {g for g, h in inner.items() if g in in_quorum and g in view.groups
-                    and self._in_group_blocked(view, g, h, waits, rank_group, now)}
+                    and self._in_group_blocked(view, g, h, waits, rank_group)}
         except Exception:  # the caller then fetches every dump
             log.exception("in-group hang check failed")
             return set()
 
     def _in_group_blocked(self, view: ClusterView, g: int, h_in: dict | None,
-                          waits: dict[int, tuple], rank_group: Callable[[int], int | None],
-                          now: float) -> list[int]:
+                          waits: dict[int, tuple], rank_group: Callable[[int], int | None]
+                          ) -> list[int]:
         """The peers blocked in ``h_in`` (the engine's hang inside ``g``) when its culprits are
         all of ``g`` and none is itself blocked in the group."""
         if not h_in or not h_in["culprits"]:
             return []
         blocked = [r for r in h_in["waiting"] if r in waits and waits[r][0] == "group"]
         if blocked and all(rank_group(r) == g for r in h_in["culprits"]) and \
-                self._not_waiting(view, h_in["culprits"], now, "group"):
+                self._not_waiting(view, h_in["culprits"], "group"):
             return blocked
         return []
 
     @staticmethod
-    def _not_waiting(view: ClusterView, ranks: list[int], now: float, scope: str) -> bool:
+    def _not_waiting(view: ClusterView, ranks: list[int], scope: str) -> bool:
         return not any(_wait(view, rank)[0] == scope for rank in ranks)
