@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from monitor.config import ProbeConfig
@@ -58,12 +59,24 @@ def _ref(links: list[Link], apart: set[str]) -> float | None:
     return statistics.median(rates) if rates else None
 
 
-def _bad_sides(h: str, links: list[Link], ref: float | None, ratio: float) -> list[str]:
-    """The directions ("from", "to") in which none of ``h``'s links is fine against ``ref``."""
-    if ref is None:
-        return []
+def _sides(h: str, links: list[Link], good: Callable[[Link], bool]) -> list[str]:
+    """The directions ("from", "to") in which none of ``h``'s links is ``good``."""
     sides = {"from": [x for x in links if x.src == h], "to": [x for x in links if x.dst == h]}
-    return [side for side, xs in sides.items() if xs and not any(x.fine(ref, ratio) for x in xs)]
+    return [side for side, xs in sides.items() if xs and not any(good(x) for x in xs)]
+
+
+def _bad_sides(h: str, links: list[Link], ref: float | None, ratio: float) -> list[str]:
+    """The directions in which none of ``h``'s links is fine against ``ref``."""
+    return [] if ref is None else _sides(h, links, lambda x: x.fine(ref, ratio))
+
+
+def _name(out: Verdict, h: str, sides: list[str], links: list[Link], why: str) -> None:
+    """Name ``h`` in ``out`` for its links in ``sides``; ``why`` is said of them ({n}: how
+    many)."""
+    shown = [x for x in links if (x.src == h and "from" in sides) or (x.dst == h and "to" in sides)]
+    out.bad[h] = [_describe(x) for x in shown]
+    which = WHICH["both" if len(sides) == 2 else sides[0]].format(h=h)
+    out.lines[h] = f"{which} {why.format(n=len(shown))}"
 
 
 def place(rnd: ProbeRound, ratio: float) -> Verdict:
@@ -92,14 +105,10 @@ def place(rnd: ProbeRound, ratio: float) -> Verdict:
             bad = _bad_sides(h, links, clean_ref, ratio)
             if not bad:
                 continue
-            shown = [x for x in links if (x.src == h and "from" in bad)
-                     or (x.dst == h and "to" in bad)]
-            which = WHICH["both" if len(bad) == 2 else bad[0]].format(h=h)
             out.reference_mbit_s = round(clean_ref, 3)
-            out.bad[h] = [_describe(x) for x in shown]
-            out.lines[h] = (f"{which} is bad ({len(shown)}: under {ratio:g} x "
-                            f"{clean_ref:.1f} Mbit/s, the median of the other hosts' links, or "
-                            f"failed) while the links among the other hosts are good")
+            _name(out, h, bad, links, f"is bad ({{n}}: under {ratio:g} x {clean_ref:.1f} Mbit/s, "
+                  "the median of the other hosts' links, or failed) while the links among the "
+                  "other hosts are good")
     if out.lines:
         out.text = "; ".join(out.lines.values())
         return out
@@ -118,22 +127,14 @@ def place(rnd: ProbeRound, ratio: float) -> Verdict:
 def _cut_off(hosts: list[str], links: list[Link]) -> Verdict:
     """Hosts with every link in one direction failed while the links among the others connect:
     judged on connecting alone, as the rates of working links vary with load."""
-    def failed(h: str) -> list[str]:
-        sides = {"from": [x for x in links if x.src == h], "to": [x for x in links if x.dst == h]}
-        return [side for side, xs in sides.items() if xs and not any(x.ok for x in xs)]
-
-    cut = {h: sides for h in hosts if (sides := failed(h))}
+    cut = {h: sides for h in hosts if (sides := _sides(h, links, lambda x: x.ok))}
     rest = [x for x in links if x.src not in cut and x.dst not in cut]
     out = Verdict("")
     if not cut or 2 * len(cut) >= len(hosts) or not rest \
             or sum(x.ok for x in rest) < math.ceil(OTHERS_FINE * len(rest)):
         return out
-    for h, bad in cut.items():
-        shown = [x for x in links if (x.src == h and "from" in bad) or (x.dst == h and "to" in bad)]
-        which = WHICH["both" if len(bad) == 2 else bad[0]].format(h=h)
-        out.bad[h] = [_describe(x) for x in shown]
-        out.lines[h] = (f"{which} failed ({len(shown)}) while the links among the other hosts "
-                        "connect")
+    for h, failed in cut.items():
+        _name(out, h, failed, links, "failed ({n}) while the links among the other hosts connect")
     out.reference_mbit_s = _ref(links, set(cut))
     out.text = "; ".join(out.lines.values())
     return out
