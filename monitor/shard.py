@@ -125,7 +125,7 @@ class Shards:
                 g, at = self._groups.get(t.url, (None, now))
                 if g is None or not self.owns(g):
                     reprobe_at = min(reprobe_at, now if g is None else at + REPROBE_S)
-        self._slice, self._slice_key, self._reprobe_at = mine, (version, self._learned), reprobe_at
+        self._slice, self._slice_key, self._reprobe_at = mine, key, reprobe_at
         return list(mine)
 
     def after_sweep(self, view: Any, evidence: Any, now: float) -> None:

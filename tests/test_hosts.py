@@ -373,11 +373,11 @@ def test_a_host_whose_groups_the_rails_protect_is_held_then_quarantined(tmp_path
     led = ledger(tmp_path, clock)
     led.record([finding("hang", "h1", 1)], clock())
     why = {"h1": "quarantining h1 would take down group(s) [1] of the quorum, leaving 1"}
-    first = led.decide(clock(), None, 10, why)
+    first = led.decide(clock(), None, 10, lambda: why)
     assert [(d["decision"], d["reason"]) for d in first] == [("hold", "min_replicas")]
-    assert led.decide(clock() + 1, None, 10, why) == [] and led.quarantined() == []
+    assert led.decide(clock() + 1, None, 10, lambda: why) == [] and led.quarantined() == []
     assert led.hosts["h1"]["hold"]["reason"] == "min_replicas"
-    assert led.decide(clock() + 2, None, 10, {})[0]["decision"] == "quarantine"
+    assert led.decide(clock() + 2, None, 10, dict)[0]["decision"] == "quarantine"
 
 
 def test_protected_hosts_are_those_min_replicas_cannot_spare():

@@ -124,7 +124,7 @@ class Enforcer:
             self.hosts.record([{**f.to_dict(), "id": self._finding_ids.get(f.key)}
                                for f in counted], now, group_hosts)
             self.hosts.decide(now, self.blindness(view), len(self.hosts.known_hosts()),
-                              protected_hosts(view, self.cfg.rails.min_replicas))
+                              lambda: protected_hosts(view, self.cfg.rails.min_replicas))
             if self.hosts.sinks and self.store.host_actions(due_at=now, limit=1):
                 self._start_host_actions()
             self.metrics.set_hosts(self.hosts.counts(), self.hosts.to_json(now))

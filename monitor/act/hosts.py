@@ -15,6 +15,7 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable
+from functools import cache
 from typing import Any
 
 from monitor.config import QuarantineConfig
@@ -219,10 +220,12 @@ class HostLedger:
                 and o["data"].get("counts", True)]
 
     def decide(self, now: float, blind: str | None, known: int,
-               protected: dict[str, str] | None = None) -> list[dict[str, Any]]:
+               protected: Callable[[], dict[str, str]] | None = None) -> list[dict[str, Any]]:
         """Expire quarantines past their TTL, then judge every suspect host; returns the
-        decisions made (holds only when their rail changed). ``protected``: host -> why its
-        quarantine, which takes its groups down, would break an eviction rail."""
+        decisions made (holds only when their rail changed). ``protected()``: host -> why its
+        quarantine, which takes its groups down, would break an eviction rail (asked only once a
+        host is due, at most once)."""
+        protected = cache(protected or dict)
         out = []
         with self._lock:
             for h in list(self.hosts.values()):
@@ -248,7 +251,7 @@ class HostLedger:
                                                         if k in self.cfg.after},
                             "window_s": self.cfg.window_s,
                             "offences": [{"at": o["at"], **o["data"]} for o in offences[:20]]}
-                rail = self._rail(h["host"], blind, known, protected or {})
+                rail = self._rail(h["host"], blind, known, protected)
                 summary = f"{counts[kind]} {kind} finding(s) within {self.cfg.window_s:g}s " \
                           f"(--quarantine-after {kind}={self.cfg.after[kind]})"
                 if rail is not None:
@@ -272,14 +275,14 @@ class HostLedger:
         return out
 
     def _rail(self, host: str, blind: str | None, known: int,
-              protected: dict[str, str]) -> tuple[str, str] | None:
+              protected: Callable[[], dict[str, str]]) -> tuple[str, str] | None:
         """(rail, detail) of the first rail that holds ``host``'s quarantine, or None."""
         n = sum(1 for x in self.hosts.values() if x["state"] == QUARANTINED)
         cap = self.cfg.cap(known)
         if blind:
             return "monitor_blind", blind
-        if host in protected:
-            return "min_replicas", protected[host]
+        if host in protected():
+            return "min_replicas", protected()[host]
         if n + 1 >= known:
             return "no_other_host", (f"quarantining {host} would leave none of the {known} "
                                      f"host(s) the monitor knows to run on ({n} quarantined "
