@@ -14,6 +14,7 @@ import sys
 import threading
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +23,13 @@ from monitor.analysis import analyze
 from monitor.detect.findings import engine_findings
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
 from monitor.evidence.rank import plain_shape, valid_state
-from monitor.evidence.torch_rank import TorchRanks, adapted_dump, blocked_in, torch_state
+from monitor.evidence.torch_rank import (
+    TorchRanks,
+    adapted_dump,
+    blocked_in,
+    combined,
+    torch_state,
+)
 from monitor.poll.admission import AllowList
 from monitor.poll.discovery import BadTarget, Discovery, normalize_url
 from monitor.poll.poller import Poller, RankPoll
@@ -458,3 +465,76 @@ def test_no_state_changing_call_to_a_torch_server():
     calls = RankCalls("token", timeout_s=0.5)
     out = calls.exit("torch+http://127.0.0.1:1", "evicted")
     assert not out.sent and "torch's debug server" in out.detail
+
+
+# --- a CUDA rank: torch's two Flight Recorders (answers recorded on an H100) ------------------
+
+H100 = Path(__file__).parent / "fixtures" / "torch-debug-server-h100"
+
+
+def _h100_routes(moment: str, nccl: bool = True) -> dict:
+    folder = H100 / moment
+    names = json.loads((folder / "handler_list").read_bytes())
+    if not nccl:  # what a CPU build lists
+        names = [n for n in names if "nccl" not in n]
+    routes = {("GET", "/handler/"): (200, json.dumps(names).encode())}
+    for h in ("fr_trace_json", "dump_nccl_trace_json"):
+        if h in names:
+            routes[("POST", f"/handler/{h}")] = (200, (folder / h).read_bytes())
+    return routes
+
+
+def _stuck_created_s() -> float:
+    doc = json.loads((H100 / "inflight" / "dump_nccl_trace_json").read_bytes())
+    return max(e["time_created_ns"] for e in doc["entries"] if e["state"] != "completed") / 1e9
+
+
+@pytest.mark.parametrize("nccl", [True, False])
+def test_a_cuda_rank_blocked_in_nccl_is_seen_through_torchs_nccl_recorder(garbage_server, nccl):
+    """Recorded on an H100 (tests/fixtures/torch-debug-server-h100), served as torch served it:
+    ``fr_trace_json`` holds gloo's collectives only, the NCCL all_reduce stuck behind a kernel is
+    in ``dump_nccl_trace_json``. Read both, the rank is blocked in it; a build without the NCCL
+    handler shows no wait."""
+    url, table = garbage_server
+    table.clear()
+    table.update(_h100_routes("inflight", nccl))
+    poller = TorchPoller(timeout_s=2, fr_timeout_s=2)
+    try:
+        polls = poller.sweep([url])
+    finally:
+        poller.close()
+    ranks = TorchRanks("j")
+    now = _stuck_created_s() + 30.0
+    ranks.adapt(polls, {url: ident(0)}, status(), now)
+    s = polls[url].data
+    assert valid_state(s) is None
+    if not nccl:
+        assert s["phase"] == "unknown" and s["timing"]["waiting"] is None
+        assert s["torch_only"]["flight_recorder"] == "8 entries"
+        return
+    assert s["phase"] == "collective"
+    assert s["timing"]["waiting"] == {"scope": "group", "seconds": 30.0}
+    assert s["torch_only"]["flight_recorder"] == "17 entries"
+    dump = ranks.dumps[url]
+    groups = {e["process_group"][0] for e in dump["entries"]}
+    assert groups == {"0", "0:cpu", "1", "2"}  # the default group once per recorder
+
+
+def test_two_recorders_default_group_not_read_as_one():
+    """Both recorders number the default group's collectives 1..4: merged as one group they
+    would be the same collective twice; the analysis finds nothing wrong with the rank."""
+    answer = TorchAnswer((), *(json.loads((H100 / "healthy" / h).read_bytes())
+                               for h in ("fr_trace_json",)), None,
+                         json.loads((H100 / "healthy" / "dump_nccl_trace_json").read_bytes()))
+    dump = combined(answer)
+    seqs: dict = {}
+    for e in dump["entries"]:
+        key = (e["process_group"][0], e["pg_id"])
+        seqs.setdefault(key, []).append(e["collective_seq_id"])
+    assert all(len(v) == len(set(v)) for v in seqs.values()), seqs
+    assert {k[0] for k in seqs} == {"0", "0:cpu", "1", "2"}
+    assert len({k[1] for k in seqs}) == 4  # four groups, four pg_ids
+    assert blocked_in(dump, _stuck_created_s()) is None  # healthy: nothing pending
+    state = torch_state("torch+http://h:1", ident(0), answer, status(), NOW, "j")
+    result = analyze({0: adapted_dump(dump, state, status(), NOW)})
+    assert not result.findings

@@ -40,6 +40,8 @@ CANNOT_SHOW = ("step phase (forward, backward, commit: only whether it is blocke
 FR_LAST = 256
 # torchft's cross-group process group: '' for group rank 0 on gloo, torchft_[quorum_]<q>_rank_<r>
 _TORCHFT_PG = re.compile(r"(?:|torchft_(?:quorum_)?\d+_rank_\d+)")
+# NCCL's recorder numbers its groups from 0 as the generic one does: its pg_ids are moved past
+NCCL_PG_SHIFT = 1 << 20
 
 
 def _int(v: Any) -> int | None:
@@ -58,6 +60,52 @@ def _pg_name(entry: Mapping[str, Any]) -> str | None:
 
 def _torchft(name: str | None) -> bool:
     return name is not None and _TORCHFT_PG.fullmatch(name) is not None
+
+
+def combined(raw: TorchAnswer) -> Mapping[str, Any] | None:
+    """One dump of a rank's two Flight Recorders: the generic one (gloo, ...) and NCCL's (CUDA
+    builds). NCCL's pg_ids are moved by :data:`NCCL_PG_SHIFT`, and a generic group named like
+    one of NCCL's (the default group of ``cpu:gloo,cuda:nccl`` records in both, each with its
+    own sequence ids) is renamed ``<name>:cpu``: neither's collectives pass for the other's.
+    Entries are in the order they were enqueued; None when neither recorder answered a dict."""
+    cpu = raw.dump if isinstance(raw.dump, Mapping) else None
+    nccl = raw.nccl if isinstance(raw.nccl, Mapping) else None
+    if nccl is None or not isinstance(nccl.get("entries"), list):
+        return cpu
+    config = nccl.get("pg_config") if isinstance(nccl.get("pg_config"), Mapping) else {}
+    nccl_entries = [{**e, "pg_id": _shift(e.get("pg_id"))} for e in nccl["entries"]
+                    if isinstance(e, Mapping)]
+    taken = set(map(str, config)) | {n for e in nccl_entries if (n := _pg_name(e)) is not None}
+    out = {**(cpu or {}), **{k: v for k, v in nccl.items() if k not in ("entries", "pg_config",
+                                                                           "pg_status")}}
+    cpu_entries = []
+    for e in (cpu or {}).get("entries") or ():
+        name = _pg_name(e) if isinstance(e, Mapping) else None
+        if name is not None and name in taken:
+            e = {**e, "process_group": [f"{name}:cpu", *e["process_group"][1:]]}
+        if isinstance(e, Mapping):
+            cpu_entries.append(e)
+    cpu_config = (cpu or {}).get("pg_config")
+    out["pg_config"] = {**{f"{k}:cpu" if str(k) in taken else k: v
+                           for k, v in (cpu_config.items()
+                                        if isinstance(cpu_config, Mapping) else ())},
+                        **config}
+    status, cpu_status = nccl.get("pg_status"), (cpu or {}).get("pg_status")
+    out["pg_status"] = {**(cpu_status if isinstance(cpu_status, Mapping) else {}),
+                        **{str(_shift(k)): v for k, v in (status.items() if isinstance(
+                            status, Mapping) else ())}}
+    out["entries"] = sorted(cpu_entries + nccl_entries, key=_created)
+    return out
+
+
+def _shift(pg_id: Any) -> Any:
+    i = _int(pg_id)
+    return pg_id if i is None else i + NCCL_PG_SHIFT
+
+
+def _created(entry: Mapping[str, Any]) -> int:
+    t = entry.get("time_created_ns")
+    return t if isinstance(t, int) and not isinstance(t, bool) else 0
 
 
 def blocked_in(dump: Mapping[str, Any], now: float) -> tuple[str, float, Mapping] | None:
@@ -100,7 +148,7 @@ def torch_state(url: str, who: TorchIdentity, raw: TorchAnswer,
                 lighthouse: LighthouseStatus | None, now: float, job: str) -> dict[str, Any]:
     """The ``/v1/state`` document of a torch-only rank's answer."""
     member = lighthouse.members.get(who.replica_id) if lighthouse is not None else None
-    dump = raw.dump if isinstance(raw.dump, Mapping) else None
+    dump = combined(raw)
     blocked = blocked_in(dump, now) if dump is not None else None
     waiting = None
     phase, since = "unknown", now
@@ -124,8 +172,9 @@ def torch_state(url: str, who: TorchIdentity, raw: TorchAnswer,
         "timing": {"last_step": None, "window": None, "waiting": waiting, "recent": b""},
         "torch_only": {"store": who.store, "handlers": [h for h in handlers
                                                         if isinstance(h, str)][:64],
-                       "flight_recorder": raw.error or (
-                           f"{len(dump.get('entries') or [])} entries" if dump else "none"),
+                       "flight_recorder": "; ".join(filter(None, (
+                           f"{len(dump.get('entries') or [])} entries" if dump else None,
+                           raw.error))) or "none",
                        "cannot_show": list(CANNOT_SHOW)},
         "stacks_url": f"{base_url(url)}/handler/{STACKS_HANDLER}"
         if STACKS_HANDLER in handlers else None,
@@ -192,9 +241,11 @@ class TorchRanks:
                     latency_s=p.latency_s, at=p.at)
                 continue
             try:
+                dump = combined(raw)
+                raw = TorchAnswer(raw.handlers, dump, raw.error)  # combined once
                 state = torch_state(url, who, raw, lighthouse, now, self.job)
-                if isinstance(raw.dump, Mapping):
-                    dumps[url] = adapted_dump(raw.dump, state, lighthouse, p.at)
+                if dump is not None:
+                    dumps[url] = adapted_dump(dump, state, lighthouse, p.at)
             except Exception as e:  # a dump of an unexpected shape: said, the rank kept
                 log.warning("torch-only rank %s: cannot read its answer: %s: %s", url,
                             type(e).__name__, e)

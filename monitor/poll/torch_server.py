@@ -8,8 +8,9 @@ finds these ranks from the Lighthouse alone (:class:`StoreReader`).
 
 Such a target is spelled ``torch+http://host:port`` (:func:`torch_url`). :class:`TorchPoller`
 reads it each sweep: through Lightkeeper's handlers when the rank has them (its WorkerServer
-registered on torch's server), the full rank state; else torch's whole Flight Recorder dump,
-raw, under :data:`RAW_KEY` (monitor.evidence.torch_rank makes that a rank state). Nothing here
+registered on torch's server), the full rank state; else torch's whole Flight Recorder dumps
+(the generic recorder's and, on CUDA builds, NCCL's), raw, under :data:`RAW_KEY`
+(monitor.evidence.torch_rank makes that a rank state). Nothing here
 raises because of a rank or a store: what cannot be read becomes a failed :class:`RankPoll` or
 one logged line.
 """
@@ -34,6 +35,9 @@ RAW_KEY = "torch_server"  # a torch-only answer (TorchAnswer), before evidence a
 # Lightkeeper's /v1/state and /v1/stacks as handlers on torch's server (same bytes)
 STATE_HANDLER, LK_STACKS_HANDLER = HANDLERS[STATE_PATH], HANDLERS["/v1/stacks"]
 FR_HANDLER, STACKS_HANDLER = "fr_trace_json", "dump_traceback"  # torch's own
+# ProcessGroupNCCL's own recorder, on CUDA builds only: fr_trace_json serves the generic one
+# (gloo, ...), so without this a GPU job's collectives would not be seen at all
+NCCL_FR_HANDLER = "dump_nccl_trace_json"
 STORE_PREFIX = "debug_server/rank"  # torch.distributed.debug._store: one key per RANK
 HANDLERS_TTL_S = 30.0  # a rank's handler list is asked again this often (or after a 404)
 STORE_RETRY_S = 5.0  # a store that could not be read (or lacked ranks) is asked again after
@@ -65,12 +69,14 @@ class TorchIdentity:
 
 @dataclass(frozen=True)
 class TorchAnswer:
-    """What a torch-only rank answered: its handlers and torch's Flight Recorder dump (or why
-    none). Not a JSON type: no rank's JSON can pass for one."""
+    """What a torch-only rank answered: its handlers and torch's Flight Recorder dumps, the
+    generic recorder's and NCCL's where it has one (or why none). Not a JSON type: no rank's
+    JSON can pass for one."""
 
     handlers: tuple[str, ...]
     dump: dict[str, Any] | None = None
     error: str | None = None
+    nccl: dict[str, Any] | None = None
 
 
 class TorchPoller:
@@ -115,12 +121,11 @@ class TorchPoller:
                     p.data["stacks_url"] = f"{base_url(u)}/handler/{LK_STACKS_HANDLER}"
                 out[u] = p
         raw = [u for u in handlers if u not in out]
-        with_fr = [u for u in raw if FR_HANDLER in handlers[u]]
-        dumps = self._poller.sweep(with_fr, "/handler/" + FR_HANDLER, self.fr_timeout_s,
-                                   self.max_fr_bytes) if with_fr else {}
+        dumps = {h: self._dumps([u for u in raw if h in handlers[u]], h)
+                 for h in (FR_HANDLER, NCCL_FR_HANDLER)}
         latency = time.monotonic() - t0
         for u in raw:
-            d, dump = dumps.get(u), None
+            d, dump = dumps[FR_HANDLER].get(u), None
             if d is None:
                 error = f"no {FR_HANDLER} handler (torch < 2.8, or not registered)"
             elif d.ok:  # the rank answers: its state is made without waits otherwise
@@ -128,9 +133,20 @@ class TorchPoller:
             else:
                 error = d.error
                 self._forget_on_404(u, d)
-            out[u] = RankPoll(u, True, {RAW_KEY: TorchAnswer(handlers[u], dump, error)},
+            n, nccl = dumps[NCCL_FR_HANDLER].get(u), None
+            if n is not None and n.ok:
+                nccl = n.data
+            elif n is not None:  # the generic recorder's answer still counts
+                error = f"{error}; " if error else ""
+                error += f"{NCCL_FR_HANDLER}: {n.error}"
+                self._forget_on_404(u, n)
+            out[u] = RankPoll(u, True, {RAW_KEY: TorchAnswer(handlers[u], dump, error, nccl)},
                               latency_s=latency, at=at)
         return {u: out[u] for u in urls}
+
+    def _dumps(self, urls: list[str], handler: str) -> dict[str, RankPoll]:
+        return self._poller.sweep(urls, "/handler/" + handler, self.fr_timeout_s,
+                                  self.max_fr_bytes) if urls else {}
 
     def stacks(self, stacks_urls: Iterable[str], limit: int = 256 << 10) -> dict[str, str]:
         """Stacks text by ``stacks_url`` (a handler, POSTed); one line saying why where none."""
