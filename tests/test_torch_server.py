@@ -283,6 +283,10 @@ STATE = {"replica_group": 2, "rank": 4, "group_rank": 0, "group_world_size": 2, 
     ({("GET", "/handler/"): _listing("fr_trace_json"),
       ("POST", "/handler/fr_trace_json"): (200, b"{" + b" " * 5000 + b"}")}, True,
      "at most 4096 bytes"),
+    ({("GET", "/handler/"): _listing("fr_trace_json", "dump_nccl_trace_json"),
+      ("POST", "/handler/fr_trace_json"): (200, b'{"version": "2.10", "entries": []}'),
+      ("POST", "/handler/dump_nccl_trace_json"): (500, b"nccl dump failed")}, True,
+     "dump_nccl_trace_json: HTTP 500"),
 ])
 def test_a_rank_answering_garbage_is_said_never_raised(garbage_server, routes, ok, said):
     url, table = garbage_server

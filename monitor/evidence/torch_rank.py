@@ -68,34 +68,34 @@ def combined(raw: TorchAnswer) -> Mapping[str, Any] | None:
     one of NCCL's (the default group of ``cpu:gloo,cuda:nccl`` records in both, each with its
     own sequence ids) is renamed ``<name>:cpu``: neither's collectives pass for the other's.
     Entries are in the order they were enqueued; None when neither recorder answered a dict."""
-    cpu = raw.dump if isinstance(raw.dump, Mapping) else None
     nccl = raw.nccl if isinstance(raw.nccl, Mapping) else None
     if nccl is None or not isinstance(nccl.get("entries"), list):
-        return cpu
-    config = nccl.get("pg_config") if isinstance(nccl.get("pg_config"), Mapping) else {}
+        return raw.dump if isinstance(raw.dump, Mapping) else None
+    cpu = _mapping(raw.dump)
+    config = _mapping(nccl.get("pg_config"))
     nccl_entries = [{**e, "pg_id": _shift(e.get("pg_id"))} for e in nccl["entries"]
                     if isinstance(e, Mapping)]
-    taken = set(map(str, config)) | {n for e in nccl_entries if (n := _pg_name(e)) is not None}
-    out = {**(cpu or {}), **{k: v for k, v in nccl.items() if k not in ("entries", "pg_config",
-                                                                           "pg_status")}}
-    cpu_entries = []
-    for e in (cpu or {}).get("entries") or ():
-        name = _pg_name(e) if isinstance(e, Mapping) else None
-        if name is not None and name in taken:
-            e = {**e, "process_group": [f"{name}:cpu", *e["process_group"][1:]]}
-        if isinstance(e, Mapping):
-            cpu_entries.append(e)
-    cpu_config = (cpu or {}).get("pg_config")
+    taken = set(map(str, config)) | {_pg_name(e) for e in nccl_entries} - {None}
+
+    def own(e: Mapping[str, Any]) -> Mapping[str, Any]:
+        name = _pg_name(e)
+        return e if name not in taken else {**e, "process_group": [f"{name}:cpu",
+                                                                   *e["process_group"][1:]]}
+
+    cpu_entries = [own(e) for e in cpu.get("entries") or () if isinstance(e, Mapping)]
+    out = {**cpu, **{k: v for k, v in nccl.items()
+                     if k not in ("entries", "pg_config", "pg_status")}}
     out["pg_config"] = {**{f"{k}:cpu" if str(k) in taken else k: v
-                           for k, v in (cpu_config.items()
-                                        if isinstance(cpu_config, Mapping) else ())},
-                        **config}
-    status, cpu_status = nccl.get("pg_status"), (cpu or {}).get("pg_status")
-    out["pg_status"] = {**(cpu_status if isinstance(cpu_status, Mapping) else {}),
-                        **{str(_shift(k)): v for k, v in (status.items() if isinstance(
-                            status, Mapping) else ())}}
+                           for k, v in _mapping(cpu.get("pg_config")).items()}, **config}
+    out["pg_status"] = {**_mapping(cpu.get("pg_status")),
+                        **{str(_shift(k)): v
+                           for k, v in _mapping(nccl.get("pg_status")).items()}}
     out["entries"] = sorted(cpu_entries + nccl_entries, key=_created)
     return out
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 def _shift(pg_id: Any) -> Any:
