@@ -9,7 +9,7 @@ an all_reduce on each; then an all_reduce on the NCCL group queued behind a ~6 s
 ``torch.cuda._sleep`` kernel. At each moment (``healthy``, ``inflight``) it saves what the rank's
 ``_WorkerServer`` answers: ``GET /handler/``, ``POST /handler/fr_trace_json`` and
 ``POST /handler/dump_nccl_trace_json``. When the checkout's monitor imports (``--deps``: a folder
-of its pure dependencies, put on ``sys.path``), it also saves the rank state and dump the
+of its dependencies for that Python, put on ``sys.path``), it also saves the rank state and dump the
 monitor's ``TorchPoller`` and ``TorchRanks`` make of that rank, and the same with the NCCL
 handler hidden (what the monitor saw before it read NCCL's recorder).
 
