@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from monitor.act.actions import RankCalls
-from monitor.analysis import analyze
+from monitor.analysis import analyze, normalize_dumps
+from monitor.analysis.model import GroupKey
 from monitor.detect.findings import engine_findings
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
 from monitor.evidence.rank import plain_shape, valid_state
@@ -542,3 +543,22 @@ def test_two_recorders_default_group_not_read_as_one():
     state = torch_state("torch+http://h:1", ident(0), answer, status(), NOW, "j")
     result = analyze({0: adapted_dump(dump, state, status(), NOW)})
     assert not result.findings
+
+
+def test_a_rank_of_both_recorders_is_judged_on_nccls_durations():
+    """Its dump may begin and end with gloo's untimed entries (a CPU collective before and
+    after the NCCL ones): it is still read as NCCL's, so a straggler is judged on durations on
+    every rank alike, not on host clocks where the first and last entries happen to be gloo's."""
+    cpu, nccl = (json.loads((H100 / "healthy" / h).read_bytes())
+                 for h in ("fr_trace_json", "dump_nccl_trace_json"))
+    times = [e["time_created_ns"] for e in nccl["entries"]]
+    gloo = cpu["entries"]
+    gloo[0]["time_created_ns"], gloo[-1]["time_created_ns"] = min(times) - 1, max(times) + 1
+    dump = {**combined(TorchAnswer((), cpu, None, nccl)), "rank": 0}
+    assert [e["time_created_ns"] for e in (dump["entries"][0], dump["entries"][-1])] == \
+        [min(times) - 1, max(times) + 1]
+    assert all(e["profiling_name"].startswith("gloo:")
+               for e in (dump["entries"][0], dump["entries"][-1]))
+    traces, errors = normalize_dumps({0: dump})
+    assert not errors and traces[0].flavour == "nccl"
+    assert traces[0].groups[GroupKey("1")].duration_ms[0] > 0  # NCCL's own durations kept

@@ -67,8 +67,9 @@ def normalize_parsed(doc: Any, rank_of: Callable[[Any], int], packed: bool) -> R
     else:
         top, cols, first, last = got
         trace, keys = _header(top, rank_of(top))
-        _entries(trace, cols[:11], cols[11] if len(cols) > 11 else None, None, keys, build)
-        trace.flavour = "nccl" if looks_nccl(first, last) else "gloo"
+        durations = cols[11] if len(cols) > 11 else None
+        _entries(trace, cols[:11], durations, None, keys, build)
+        trace.flavour = _flavour(first, last, durations)
     return Packed(trace) if packed else trace
 
 
@@ -78,8 +79,18 @@ def _normalize(dump: Any, rank: int | None, build: Build) -> RankTrace:
     if entries:
         cols, durations, pg_ids = _entry_columns(entries, bool(keys.by_pg_id))
         _entries(trace, cols, durations, pg_ids, keys, build)
-        trace.flavour = "nccl" if looks_nccl(entries[0], entries[-1]) else "gloo"
+        trace.flavour = _flavour(entries[0], entries[-1], durations)
     return trace
+
+
+def _flavour(first: Mapping[str, Any], last: Mapping[str, Any], durations: Sequence | None) -> str:
+    """``nccl`` when the first or last entry looks timed, or any entry has a duration: a rank's
+    dump of both its recorders (monitor.evidence.torch_rank.combined) may begin and end with
+    gloo's untimed entries."""
+    if looks_nccl(first, last):
+        return "nccl"
+    timed = durations is not None and any(d is not None and d == d for d in durations)
+    return "nccl" if timed else "gloo"
 
 
 def _header(dump: Any, rank: int | None) -> tuple[RankTrace, _Keys]:
