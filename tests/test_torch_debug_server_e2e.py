@@ -71,7 +71,9 @@ def test_torch_only_ranks_hang_found_and_group_evicted(tmp_path):
     procs: list[subprocess.Popen] = []
     try:
         url_file = tmp_path / "lighthouse.url"
-        procs.append(_start([sys.executable, "-u", "-c", LIGHTHOUSE_SCRIPT, "1", "1000", "3000",
+        # min_replicas 2: the groups start training together; with 1, a group that starts a
+        # few seconds sooner trains alone to HANG_AT and the other never forms a quorum with it
+        procs.append(_start([sys.executable, "-u", "-c", LIGHTHOUSE_SCRIPT, "2", "1000", "3000",
                              str(url_file), "127.0.0.1"], tmp_path / "lighthouse.log"))
         lighthouse = wait_until(lambda: url_file.exists() and url_file.read_text().strip(), 30,
                                 what="the Lighthouse")
