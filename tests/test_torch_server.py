@@ -562,3 +562,6 @@ def test_a_rank_of_both_recorders_is_judged_on_nccls_durations():
     traces, errors = normalize_dumps({0: dump})
     assert not errors and traces[0].flavour == "nccl"
     assert traces[0].groups[GroupKey("1")].duration_ms[0] > 0  # NCCL's own durations kept
+    # the generic recorder's first entry (record id 0) is in it, NCCL's may have wrapped: the
+    # dump is never read as a whole history, where a group's absence would prove a rank idle
+    assert min(e["record_id"] for e in cpu["entries"]) == 0 and traces[0].wrapped

@@ -67,22 +67,24 @@ def combined(raw: TorchAnswer) -> Mapping[str, Any] | None:
     builds). NCCL's pg_ids are moved by :data:`NCCL_PG_SHIFT`, and a generic group named like
     one of NCCL's (the default group of ``cpu:gloo,cuda:nccl`` records in both, each with its
     own sequence ids) is renamed ``<name>:cpu``: neither's collectives pass for the other's.
-    Entries are in the order they were enqueued; None when neither recorder answered a dict."""
+    Every record id is moved up by one: the two recorders reach back differently far, so the
+    analysis must never read the dump as a whole history (record id 0 kept: it would), and
+    never proves a rank enqueued nothing from a group's absence. Entries are in the order they
+    were enqueued; None when neither recorder answered a dict."""
     nccl = raw.nccl if isinstance(raw.nccl, Mapping) else None
     if nccl is None or not isinstance(nccl.get("entries"), list):
         return raw.dump if isinstance(raw.dump, Mapping) else None
     cpu = _mapping(raw.dump)
     config = _mapping(nccl.get("pg_config"))
-    nccl_entries = [{**e, "pg_id": _shift(e.get("pg_id"))} for e in nccl["entries"]
+    nccl_entries = [_moved(e, _pg_name(e), _shift(e.get("pg_id"))) for e in nccl["entries"]
                     if isinstance(e, Mapping)]
     taken = set(map(str, config)) | {_pg_name(e) for e in nccl_entries} - {None}
-
-    def own(e: Mapping[str, Any]) -> Mapping[str, Any]:
-        name = _pg_name(e)
-        return e if name not in taken else {**e, "process_group": [f"{name}:cpu",
-                                                                   *e["process_group"][1:]]}
-
-    cpu_entries = [own(e) for e in cpu.get("entries") or () if isinstance(e, Mapping)]
+    cpu_entries = []
+    for e in cpu.get("entries") or ():
+        if isinstance(e, Mapping):
+            name = _pg_name(e)
+            cpu_entries.append(_moved(e, f"{name}:cpu" if name in taken else name,
+                                      e.get("pg_id")))
     out = {**cpu, **{k: v for k, v in nccl.items()
                      if k not in ("entries", "pg_config", "pg_status")}}
     out["pg_config"] = {**{f"{k}:cpu" if str(k) in taken else k: v
@@ -91,6 +93,16 @@ def combined(raw: TorchAnswer) -> Mapping[str, Any] | None:
                         **{str(_shift(k)): v
                            for k, v in _mapping(nccl.get("pg_status")).items()}}
     out["entries"] = sorted(cpu_entries + nccl_entries, key=_created)
+    return out
+
+
+def _moved(e: Mapping[str, Any], name: str | None, pg_id: Any) -> dict[str, Any]:
+    out = {**e, "pg_id": pg_id}
+    if name is not None and name != _pg_name(e):
+        out["process_group"] = [name, *e["process_group"][1:]]
+    rid = _int(e.get("record_id"))
+    if rid is not None:
+        out["record_id"] = rid + 1
     return out
 
 
