@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import requests
 
+from rank_wire import recorders
 from worker_server import RankIdentity, RankState, WorkerServer, autostart
 from worker_server import flight_recorder as fr
 from worker_server.flight_recorder import IncarnationTracker, is_torchft_pg_name
@@ -61,7 +63,7 @@ class NativePG:
 
 
 def test_nightly_reconfigure_is_recorded_from_its_options(monkeypatch):
-    monkeypatch.setattr(fr, "_first_record_id", lambda: 40)
+    monkeypatch.setattr(fr, "_first_record_id", lambda pg=None: 40)
     pg = NightlyPG("b")
     tracker = IncarnationTracker(group_rank=1)
     assert tracker.hook(SimpleNamespace(_pg=pg)) == "reconfigure"
@@ -75,7 +77,7 @@ def test_nightly_reconfigure_is_recorded_from_its_options(monkeypatch):
 
 
 def test_a_native_group_is_recorded_through_the_managers_reconfigure_pg(monkeypatch):
-    monkeypatch.setattr(fr, "_first_record_id", lambda: 0)
+    monkeypatch.setattr(fr, "_first_record_id", lambda pg=None: 0)
     pg = NativePG()
 
     class Manager:  # nightly's Manager._reconfigure_pg, as far as the tracker sees it
@@ -94,7 +96,7 @@ def test_a_native_group_is_recorded_through_the_managers_reconfigure_pg(monkeypa
 
 
 def test_torchft_0_2_configure_called_with_keywords_is_recorded(monkeypatch):
-    monkeypatch.setattr(fr, "_first_record_id", lambda: 0)
+    monkeypatch.setattr(fr, "_first_record_id", lambda pg=None: 0)
 
     class PG:
         def configure(self, store_addr, replica_id, rank, world_size, quorum_id=None,
@@ -111,7 +113,7 @@ def test_torchft_0_2_configure_called_with_keywords_is_recorded(monkeypatch):
 
 def test_an_incarnation_that_cannot_be_read_is_one_line_and_the_call_goes_through(
         monkeypatch, capsys):
-    monkeypatch.setattr(fr, "_first_record_id", lambda: 0)
+    monkeypatch.setattr(fr, "_first_record_id", lambda pg=None: 0)
     pg = NightlyPG("a")
     tracker = IncarnationTracker(group_rank=0)
     tracker.hook(SimpleNamespace(_pg=pg))
@@ -242,20 +244,77 @@ def test_the_managers_own_errors_still_propagate():
         manager.start_quorum()
 
 
-def test_the_non_empty_recorder_is_served_on_a_cuda_build(monkeypatch):
-    """A gloo job on a CUDA build: NCCL's recorder is empty, gloo's (the generic one) is not."""
+def cuda_build(monkeypatch, dumps: dict) -> None:
+    """This process as a CUDA build with a GPU in use, each recorder's call answering
+    ``dumps[name]`` (bytes, or an exception raised). A fake: no GPU here (docs/gpu.md has what
+    a real CUDA rank's recorders hold)."""
     torch = pytest.importorskip("torch")
     c10d = pytest.importorskip("torch._C._distributed_c10d")
-    empty, gloo = b'{"version": "2.10", "entries": []}', b'{"entries": [{"record_id": 0}]}'
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    dumps = {fr.NCCL_JSON: empty, fr.GENERIC_JSON: gloo}
-    for name in dumps:
-        monkeypatch.setattr(c10d, name, lambda name=name, **kw: dumps[name], raising=False)
-    assert fr.raw_dump_json() == gloo
-    dumps[fr.NCCL_JSON] = nccl = b'{"entries": [{"record_id": 5}]}'
-    assert fr.raw_dump_json() == nccl  # an NCCL job: NCCL's, as before
-    dumps[fr.NCCL_JSON], dumps[fr.GENERIC_JSON] = empty, b'{"entries": []}'
-    assert fr.raw_dump_json() == empty  # both empty: the first
+
+    def answer(name, **kw):
+        if isinstance(dumps[name], Exception):
+            raise dumps[name]
+        return dumps[name]
+
+    for name in (fr.NCCL_JSON, fr.GENERIC_JSON):
+        monkeypatch.setattr(c10d, name, lambda name=name, **kw: answer(name), raising=False)
+
+
+def test_a_cuda_rank_serves_both_recorders_as_one(monkeypatch):
+    """A GPU rank: gloo's collectives (the generic recorder) and NCCL's, one dump; the generic
+    recorder's ids moved past NCCL's, NCCL's record ids up by one (rank_wire.recorders)."""
+    gloo = {"version": "2.10", "entries": [{"pg_id": 0, "process_group": ["", ""],
+                                            "record_id": 0, "time_created_ns": 2}]}
+    nccl = {"version": "2.10", "entries": [{"pg_id": 0, "process_group": ["0", "default_pg"],
+                                            "record_id": 5, "time_created_ns": 1}]}
+    dumps = {fr.GENERIC_JSON: json.dumps(gloo).encode(), fr.NCCL_JSON: json.dumps(nccl).encode()}
+    cuda_build(monkeypatch, dumps)
+    served = json.loads(fr.raw_dump_json())
+    assert [(e["process_group"][0], e["pg_id"], e["record_id"]) for e in served["entries"]] == \
+        [("0", 0, 6), ("", recorders.SHIFT, recorders.SHIFT)]
+    dumps[fr.NCCL_JSON] = RuntimeError("NCCL dump failed")  # gloo's still served, moved
+    assert [e["record_id"] for e in json.loads(fr.raw_dump_json())["entries"]] == \
+        [recorders.SHIFT]
+    dumps[fr.GENERIC_JSON] = b"not json"
+    with pytest.raises(fr.FlightRecorderUnavailable, match="NCCL dump failed"):
+        fr.raw_dump_json()
+
+
+def test_torchfts_gloo_group_on_a_gpu_rank_is_served_with_its_incarnation(monkeypatch):
+    """TorchTitan's default on GPUs: torchft's cross-group group on gloo (the generic recorder,
+    real here: a torchft ProcessGroupGloo in this process), FSDP's collectives in NCCL's (the
+    recorded bytes of an H100 rank, tests/fixtures/torch-debug-server-h100). The incarnation is
+    resolved to torchft's group, and ``?pg=torchft`` serves its entries, not NCCL's."""
+    import torch
+    import torch._C._distributed_c10d as c10d
+    import torch.distributed as dist
+    from torchft.process_group import ProcessGroupGloo
+
+    from worker_server.endpoints import filter_fr_dump
+
+    nccl = (Path(__file__).parent / "fixtures" / "torch-debug-server-h100" / "healthy"
+            / "dump_nccl_trace_json").read_bytes()
+    generic = c10d._dump_fr_trace_json
+    cuda_build(monkeypatch, {})
+    monkeypatch.setattr(c10d, fr.NCCL_JSON, lambda **kw: nccl, raising=False)
+    monkeypatch.setattr(c10d, fr.GENERIC_JSON, generic)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    pg = ProcessGroupGloo()
+    tracker = IncarnationTracker(group_rank=0)
+    assert tracker.hook(SimpleNamespace(_pg=pg)) == "configure"
+    pg.configure(f"127.0.0.1:{store.port}/lk-gpu-1", "r0", 0, 1, quorum_id=4)
+    for _ in range(3):
+        pg.allreduce([torch.ones(4)], dist.AllreduceOptions()).wait()
+    body = fr.fr_dump(tracker, {"rank": 0})
+    doc = json.loads(body)
+    [inc] = doc["incarnations"]
+    assert inc["quorum_id"] == 4 and inc["pg_id"] >= recorders.SHIFT  # the generic recorder's
+    ft = json.loads(filter_fr_dump(body, "torchft", None))["entries"]
+    assert len(ft) == 3 and {e["pg_id"] for e in ft} == {inc["pg_id"]}
+    assert all(e["record_id"] >= inc["first_record_id"] for e in ft)
+    assert any(e["profiling_name"].startswith("nccl:") for e in doc["entries"])
+    pg.shutdown() if hasattr(pg, "shutdown") else None
 
 
 def test_version_is_the_imported_packages_whatever_its_distribution(tmp_path, monkeypatch):

@@ -20,9 +20,11 @@ call                          torch            what it dumps
 ============================  ===============  =============================================
 
 The two JSON calls dump two different recorders: NCCL's entries are only in
-``_dump_nccl_trace_json`` (CUDA builds), gloo's only in ``_dump_fr_trace_json``; on a CUDA build
-the first of them that holds entries is served (a gloo job there has an empty NCCL recorder; the
-record ids of two recorders cannot be merged). So a gloo job on torch 2.7 (torchft 0.2's floor) has no dump to serve: :func:`raw_dump_json` raises
+``_dump_nccl_trace_json`` (CUDA builds), gloo's only in ``_dump_fr_trace_json``. Where a GPU is
+in use and torch has both, both are served as one dump (rank_wire.recorders: the generic
+recorder's ids moved past NCCL's, NCCL's record ids up by one), parsed and written again: a
+TorchTitan job on GPUs runs torchft's cross-group all-reduce on gloo by default, while FSDP's
+collectives go to NCCL. Elsewhere the first of them that holds entries is served. So a gloo job on torch 2.7 (torchft 0.2's floor) has no dump to serve: :func:`raw_dump_json` raises
 :class:`FlightRecorderNotAvailable`, which the WorkerServer answers ``501`` with a JSON reason
 naming the torch version; the rank's state, stacks and metrics are served as usual. A dump that
 this torch could produce but did not (Flight Recorder disabled, the call failed) raises
@@ -39,6 +41,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from rank_wire import recorders
 
 from .autostart import say
 
@@ -71,9 +75,34 @@ def _call(dump: Callable[..., bytes], only_active: bool) -> bytes:
         return dump()
 
 
+def _merging(torch: Any, c10d: Any) -> bool:
+    """Whether this process serves both recorders as one dump (a GPU in use, both calls)."""
+    return torch.cuda.is_available() and hasattr(c10d, NCCL_JSON) and hasattr(c10d, GENERIC_JSON)
+
+
+def _merged(c10d: Any, only_active: bool) -> bytes:
+    """Both recorders' dumps as one (rank_wire.recorders), either alone if the other's call
+    fails; raises :class:`FlightRecorderUnavailable` when both fail."""
+    docs, errors = {}, []
+    for name in (GENERIC_JSON, NCCL_JSON):
+        try:
+            raw = bytes(_call(getattr(c10d, name), only_active)).strip()
+            doc = json.loads(raw)
+            if not isinstance(doc, dict):
+                raise ValueError(f"not a JSON object: {raw[:80]!r}")
+            docs[name] = doc
+        except Exception as e:  # the other recorder's dump still counts
+            errors.append(f"{name}: {type(e).__name__}: {e}")
+    if not docs:
+        raise FlightRecorderUnavailable("; ".join(errors))
+    merged = recorders.merge(docs.get(GENERIC_JSON), docs.get(NCCL_JSON, {}))
+    return json.dumps(merged, separators=(",", ":")).encode()
+
+
 def raw_dump_json(only_active: bool = False) -> bytes:
-    """torch's Flight Recorder dump as JSON bytes: NCCL's recorder on a CUDA build unless it is
-    empty and the generic one (gloo's) is not, else the generic one.
+    """torch's Flight Recorder dump as JSON bytes: both recorders as one where a GPU is in use
+    and torch has both calls (:func:`_merged`); else NCCL's recorder on a CUDA build unless it
+    is empty and the generic one (gloo's) is not, else the generic one.
 
     Raises :class:`FlightRecorderNotAvailable` when this torch has no call to make (see the
     module doc), :class:`FlightRecorderUnavailable` when every call failed."""
@@ -85,6 +114,8 @@ def raw_dump_json(only_active: bool = False) -> bytes:
                                          f"imported ({e})", None, [NCCL_JSON, GENERIC_JSON]
                                          ) from None
     version = str(getattr(torch, "__version__", "?"))
+    if _merging(torch, c10d):
+        return _merged(c10d, only_active)
     dumpers: list[Callable[..., bytes]] = []
     cuda = torch.cuda.is_available()
     if cuda and hasattr(c10d, NCCL_JSON):
@@ -191,7 +222,7 @@ class IncarnationTracker:
 
         @functools.wraps(original)
         def wrapper(*args, **kwargs):
-            first = _first_record_id()
+            first = _first_record_id(pg)
             result = original(*args, **kwargs)
             try:
                 self.record(**fields(pg, original, args, kwargs), first_record_id=first)
@@ -252,12 +283,41 @@ class IncarnationTracker:
             return dict(self._incarnations[-1]) if self._incarnations else None
 
 
-def _first_record_id() -> int:
-    """The record id the next Flight Recorder entry will get (0 without a dump)."""
+def _first_record_id(pg: Any = None) -> int:
+    """The record id, as ``/v1/fr_trace`` serves it, that the next entry of torchft's group
+    ``pg`` will get in its recorder (0 without a dump). Read with a regular expression, not
+    parsed: this runs on the training thread, at every quorum change."""
     try:
+        import torch
+        import torch._C._distributed_c10d as c10d
+
+        if _merging(torch, c10d):
+            nccl = _records_in_nccl(pg)
+            raw = bytes(_call(getattr(c10d, NCCL_JSON if nccl else GENERIC_JSON), False))
+            return recorders.moved_record_id(_next_record_id(raw), nccl)
         return _next_record_id(raw_dump_json())
     except Exception:
         return 0
+
+
+def _records_in_nccl(pg: Any) -> bool:
+    """Whether torchft's group ``pg`` records in NCCL's recorder: its class (through torchft's
+    wrappers, ``_pg``) is a ProcessGroupNCCL, or a torch group's backend is ``nccl``. A Baby
+    group records in its child process, neither here."""
+    for _ in range(4):
+        if pg is None:
+            return False
+        name = type(pg).__name__
+        if "NCCL" in name:
+            return "Baby" not in name
+        backend = getattr(pg, "_get_backend_name", None)
+        if callable(backend):
+            try:
+                return "nccl" in str(backend()).lower()
+            except Exception:
+                return False
+        pg = getattr(pg, "_pg", None)
+    return False
 
 
 def _configure_fields(pg, original, args, kwargs) -> dict[str, Any]:

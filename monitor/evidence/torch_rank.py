@@ -26,6 +26,7 @@ from monitor.poll.torch_server import (
     replica_group_of,
 )
 from monitor.poll.torch_target import base_url, is_torch
+from rank_wire import recorders
 
 from .lighthouse_status import LighthouseStatus
 
@@ -40,8 +41,6 @@ CANNOT_SHOW = ("step phase (forward, backward, commit: only whether it is blocke
 FR_LAST = 256
 # torchft's cross-group process group: '' for group rank 0 on gloo, torchft_[quorum_]<q>_rank_<r>
 _TORCHFT_PG = re.compile(r"(?:|torchft_(?:quorum_)?\d+_rank_\d+)")
-# NCCL's recorder numbers its groups from 0 as the generic one does: its pg_ids are moved past
-NCCL_PG_SHIFT = 1 << 20
 
 
 def _int(v: Any) -> int | None:
@@ -63,61 +62,11 @@ def _torchft(name: str | None) -> bool:
 
 
 def combined(raw: TorchAnswer) -> Mapping[str, Any] | None:
-    """One dump of a rank's two Flight Recorders: the generic one (gloo, ...) and NCCL's (CUDA
-    builds). NCCL's pg_ids are moved by :data:`NCCL_PG_SHIFT`, and a generic group named like
-    one of NCCL's (the default group of ``cpu:gloo,cuda:nccl`` records in both, each with its
-    own sequence ids) is renamed ``<name>:cpu``: neither's collectives pass for the other's.
-    Every record id is moved up by one: the two recorders reach back differently far, so the
-    analysis must never read the dump as a whole history (record id 0 kept: it would), and
-    never proves a rank enqueued nothing from a group's absence. Entries are in the order they
-    were enqueued; None when neither recorder answered a dict."""
-    nccl = raw.nccl if isinstance(raw.nccl, Mapping) else None
-    if nccl is None or not isinstance(nccl.get("entries"), list):
-        return raw.dump if isinstance(raw.dump, Mapping) else None
-    cpu = _mapping(raw.dump)
-    config = _mapping(nccl.get("pg_config"))
-    nccl_entries = [_moved(e, _pg_name(e), _shift(e.get("pg_id"))) for e in nccl["entries"]
-                    if isinstance(e, Mapping)]
-    taken = set(map(str, config)) | {_pg_name(e) for e in nccl_entries} - {None}
-    cpu_entries = []
-    for e in cpu.get("entries") or ():
-        if isinstance(e, Mapping):
-            name = _pg_name(e)
-            cpu_entries.append(_moved(e, f"{name}:cpu" if name in taken else name,
-                                      e.get("pg_id")))
-    out = {**cpu, **{k: v for k, v in nccl.items()
-                     if k not in ("entries", "pg_config", "pg_status")}}
-    out["pg_config"] = {**{f"{k}:cpu" if str(k) in taken else k: v
-                           for k, v in _mapping(cpu.get("pg_config")).items()}, **config}
-    out["pg_status"] = {**_mapping(cpu.get("pg_status")),
-                        **{str(_shift(k)): v
-                           for k, v in _mapping(nccl.get("pg_status")).items()}}
-    out["entries"] = sorted(cpu_entries + nccl_entries, key=_created)
-    return out
-
-
-def _moved(e: Mapping[str, Any], name: str | None, pg_id: Any) -> dict[str, Any]:
-    out = {**e, "pg_id": pg_id}
-    if name is not None and name != _pg_name(e):
-        out["process_group"] = [name, *e["process_group"][1:]]
-    rid = _int(e.get("record_id"))
-    if rid is not None:
-        out["record_id"] = rid + 1
-    return out
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _shift(pg_id: Any) -> Any:
-    i = _int(pg_id)
-    return pg_id if i is None else i + NCCL_PG_SHIFT
-
-
-def _created(entry: Mapping[str, Any]) -> int:
-    t = entry.get("time_created_ns")
-    return t if isinstance(t, int) and not isinstance(t, bool) else 0
+    """One dump of a rank's two Flight Recorders, the generic one and NCCL's (CUDA builds), as
+    rank_wire.recorders merges them; None when neither recorder answered a dict."""
+    if isinstance(raw.nccl, Mapping) and isinstance(raw.nccl.get("entries"), list):
+        return recorders.merge(raw.dump if isinstance(raw.dump, Mapping) else None, raw.nccl)
+    return raw.dump if isinstance(raw.dump, Mapping) else None
 
 
 def blocked_in(dump: Mapping[str, Any], now: float) -> tuple[str, float, Mapping] | None:
