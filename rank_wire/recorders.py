@@ -34,11 +34,11 @@ def merge(generic: Mapping[str, Any] | None, nccl: Mapping[str, Any]) -> dict[st
     same). Entries that are not objects are left out."""
     generic = _mapping(generic)
     config = _mapping(nccl.get("pg_config"))
-    nccl_entries = [_moved(e, _name(e), 0, NCCL_RECORD_SHIFT) for e in _entries(nccl)]
-    taken = set(map(str, config)) | {_name(e) for e in nccl_entries} - {None}
+    nccl_entries = [_moved(e, pg_name(e), 0, NCCL_RECORD_SHIFT) for e in _entries(nccl)]
+    taken = set(map(str, config)) | {pg_name(e) for e in nccl_entries} - {None}
     generic_entries = []
     for e in _entries(generic):
-        name = _name(e)
+        name = pg_name(e)
         generic_entries.append(_moved(e, f"{name}:cpu" if name in taken else name, SHIFT, SHIFT))
     out = {**generic, **{k: v for k, v in nccl.items()
                          if k not in ("entries", "pg_config", "pg_status")}}
@@ -66,14 +66,15 @@ def _moved(e: Mapping[str, Any], name: str | None, pg_shift: int,
     out = dict(e)
     if "pg_id" in e:
         out["pg_id"] = _shifted(e["pg_id"], pg_shift)
-    if name is not None and name != _name(e):
+    if name is not None and name != pg_name(e):
         out["process_group"] = [name, *e["process_group"][1:]]
     if "record_id" in e:
         out["record_id"] = _shifted(e["record_id"], record_shift)
     return out
 
 
-def _name(e: Mapping[str, Any]) -> str | None:
+def pg_name(e: Mapping[str, Any]) -> str | None:
+    """An entry's process group name (``process_group[0]``), None when it has none."""
     pg = e.get("process_group")
     if isinstance(pg, (list, tuple)) and pg and isinstance(pg[0], str):
         return pg[0]

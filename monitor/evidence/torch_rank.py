@@ -50,13 +50,6 @@ def _int(v: Any) -> int | None:
         return None
 
 
-def _pg_name(entry: Mapping[str, Any]) -> str | None:
-    pg = entry.get("process_group")
-    if isinstance(pg, (list, tuple)) and pg and isinstance(pg[0], str):
-        return pg[0]
-    return None
-
-
 def _torchft(name: str | None) -> bool:
     return name is not None and _TORCHFT_PG.fullmatch(name) is not None
 
@@ -75,7 +68,7 @@ def blocked_in(dump: Mapping[str, Any], now: float) -> tuple[str, float, Mapping
     entries, status = dump.get("entries"), dump.get("pg_status")
     if not isinstance(entries, list) or not isinstance(status, Mapping):
         return None
-    newest_ft = max((p for e in entries if isinstance(e, Mapping) and _torchft(_pg_name(e))
+    newest_ft = max((p for e in entries if isinstance(e, Mapping) and _torchft(recorders.pg_name(e))
                      and (p := _int(e.get("pg_id"))) is not None), default=None)
     pending: dict[int, int] = {}  # pg_id -> the first sequence id not completed
     for pg_id, st in status.items():
@@ -89,7 +82,7 @@ def blocked_in(dump: Mapping[str, Any], now: float) -> tuple[str, float, Mapping
     for e in entries:
         if not isinstance(e, Mapping):
             continue
-        pg_id, name = _int(e.get("pg_id")), _pg_name(e)
+        pg_id, name = _int(e.get("pg_id")), recorders.pg_name(e)
         if pending.get(pg_id) != _int(e.get("collective_seq_id")) or e.get("is_p2p"):
             continue
         if _torchft(name) and pg_id != newest_ft:
@@ -148,10 +141,10 @@ def adapted_dump(dump: Mapping[str, Any], state: Mapping[str, Any],
     torchft's older incarnations left out, the newest described when the Lighthouse lists the
     rank's group in its quorum."""
     entries = [e for e in dump.get("entries") or [] if isinstance(e, Mapping)]
-    ft = [e for e in entries if _torchft(_pg_name(e)) and _int(e.get("pg_id")) is not None]
+    ft = [e for e in entries if _torchft(recorders.pg_name(e)) and _int(e.get("pg_id")) is not None]
     newest = max((_int(e["pg_id"]) for e in ft), default=None)
     out = {k: v for k, v in dump.items() if k not in ("entries", "pg_config")}
-    out["entries"] = [e for e in entries if not _torchft(_pg_name(e))
+    out["entries"] = [e for e in entries if not _torchft(recorders.pg_name(e))
                       or _int(e.get("pg_id")) == newest][-FR_LAST:]
     config = dump.get("pg_config")
     out["pg_config"] = {k: v for k, v in config.items() if not _torchft(str(k))} \
@@ -170,7 +163,7 @@ def adapted_dump(dump: Mapping[str, Any], state: Mapping[str, Any],
         return out
     mine = [e for e in ft if _int(e["pg_id"]) == newest]
     out["incarnations"] = [{
-        "pg_id": newest, "pg_name": _pg_name(mine[0]) or "", "quorum_id": q, "group_rank": gr,
+        "pg_id": newest, "pg_name": recorders.pg_name(mine[0]) or "", "quorum_id": q, "group_rank": gr,
         "replica_rank": order.index(state["replica_id"]), "replica_world_size": len(order),
         "global_ranks": [m * lighthouse.members[rid].world_size + gr
                          for m, rid in zip(groups, order, strict=True)],
