@@ -24,7 +24,8 @@ The two JSON calls dump two different recorders: NCCL's entries are only in
 in use and torch has both, both are served as one dump (rank_wire.recorders: the generic
 recorder's ids moved past NCCL's, NCCL's record ids up by one), parsed and written again: a
 TorchTitan job on GPUs runs torchft's cross-group all-reduce on gloo by default, while FSDP's
-collectives go to NCCL. Elsewhere the first of them that holds entries is served. So a gloo job on torch 2.7 (torchft 0.2's floor) has no dump to serve: :func:`raw_dump_json` raises
+collectives go to NCCL. Elsewhere the first of them that holds entries is served. So a gloo job
+on torch 2.7 (torchft 0.2's floor) has no dump to serve: :func:`raw_dump_json` raises
 :class:`FlightRecorderNotAvailable`, which the WorkerServer answers ``501`` with a JSON reason
 naming the torch version; the rank's state, stacks and metrics are served as usual. A dump that
 this torch could produce but did not (Flight Recorder disabled, the call failed) raises

@@ -85,8 +85,8 @@ def _normalize(dump: Any, rank: int | None, build: Build) -> RankTrace:
 
 def _flavour(first: Mapping[str, Any], last: Mapping[str, Any], durations: Sequence | None) -> str:
     """``nccl`` when the first or last entry looks timed, or any entry has a duration: a rank's
-    dump of both its recorders (monitor.evidence.torch_rank.combined) may begin and end with
-    gloo's untimed entries."""
+    dump of both its recorders (rank_wire.recorders) may begin and end with gloo's untimed
+    entries."""
     if looks_nccl(first, last):
         return "nccl"
     timed = durations is not None and any(d is not None and d == d for d in durations)

@@ -163,7 +163,8 @@ def adapted_dump(dump: Mapping[str, Any], state: Mapping[str, Any],
         return out
     mine = [e for e in ft if _int(e["pg_id"]) == newest]
     out["incarnations"] = [{
-        "pg_id": newest, "pg_name": recorders.pg_name(mine[0]) or "", "quorum_id": q, "group_rank": gr,
+        "pg_id": newest, "pg_name": recorders.pg_name(mine[0]) or "", "quorum_id": q,
+        "group_rank": gr,
         "replica_rank": order.index(state["replica_id"]), "replica_world_size": len(order),
         "global_ranks": [m * lighthouse.members[rid].world_size + gr
                          for m, rid in zip(groups, order, strict=True)],
