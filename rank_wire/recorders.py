@@ -84,13 +84,13 @@ def pg_name(e: Mapping[str, Any]) -> str | None:
 def _shifted(value: Any, shift: int) -> Any:
     """``value`` (an int, or its decimal string as JSON keys are) moved by ``shift``; anything
     else as it is."""
-    try:
-        i = int(value)
-    except (TypeError, ValueError):
-        return value
     if isinstance(value, bool):
         return value
-    return i + shift if not isinstance(value, str) else str(i + shift)
+    try:
+        moved = int(value) + shift
+    except (TypeError, ValueError):
+        return value
+    return str(moved) if isinstance(value, str) else moved
 
 
 def _created(e: Mapping[str, Any]) -> int:

@@ -303,18 +303,20 @@ def test_torchfts_gloo_group_on_a_gpu_rank_is_served_with_its_incarnation(monkey
     pg = ProcessGroupGloo()
     tracker = IncarnationTracker(group_rank=0)
     assert tracker.hook(SimpleNamespace(_pg=pg)) == "configure"
-    pg.configure(f"127.0.0.1:{store.port}/lk-gpu-1", "r0", 0, 1, quorum_id=4)
-    for _ in range(3):
-        pg.allreduce([torch.ones(4)], dist.AllreduceOptions()).wait()
-    body = fr.fr_dump(tracker, {"rank": 0})
-    doc = json.loads(body)
-    [inc] = doc["incarnations"]
-    assert inc["quorum_id"] == 4 and inc["pg_id"] >= recorders.SHIFT  # the generic recorder's
-    ft = json.loads(filter_fr_dump(body, "torchft", None))["entries"]
-    assert len(ft) == 3 and {e["pg_id"] for e in ft} == {inc["pg_id"]}
-    assert all(e["record_id"] >= inc["first_record_id"] for e in ft)
-    assert any(e["profiling_name"].startswith("nccl:") for e in doc["entries"])
-    pg.shutdown() if hasattr(pg, "shutdown") else None
+    try:
+        pg.configure(f"127.0.0.1:{store.port}/lk-gpu-1", "r0", 0, 1, quorum_id=4)
+        for _ in range(3):
+            pg.allreduce([torch.ones(4)], dist.AllreduceOptions()).wait()
+        body = fr.fr_dump(tracker, {"rank": 0})
+        doc = json.loads(body)
+        [inc] = doc["incarnations"]
+        assert inc["quorum_id"] == 4 and inc["pg_id"] >= recorders.SHIFT  # the generic recorder's
+        ft = json.loads(filter_fr_dump(body, "torchft", None))["entries"]
+        assert len(ft) == 3 and {e["pg_id"] for e in ft} == {inc["pg_id"]}
+        assert all(e["record_id"] >= inc["first_record_id"] for e in ft)
+        assert any(e["profiling_name"].startswith("nccl:") for e in doc["entries"])
+    finally:
+        pg.shutdown()
 
 
 def test_version_is_the_imported_packages_whatever_its_distribution(tmp_path, monkeypatch):
