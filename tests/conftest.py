@@ -28,9 +28,9 @@ def require_binary(name: str) -> str:
     pytest.skip(msg)
 
 
-# Under pytest-xdist (bin/test's first pass: `-n 2 --dist loadgroup`) a module stays whole on
-# one worker (its module-scoped fixtures built once). Run over everything, every end-to-end
-# module shares one worker: one job at a time; `lightkeeper demo` holds a machine-wide lock.
+# Under pytest-xdist (bin/test: `-n 2 --dist loadgroup`) a module stays whole on one worker
+# (its module-scoped fixtures built once). The modules that start `lightkeeper demo` share one
+# worker: the demo holds a machine-wide lock.
 # tryfirst: xdist reads the groups in its own collection hook
 DEMO_MODULES = {"test_demo_e2e.py", "test_demo_hosts.py", "test_demo_keep_running.py",
                 "test_demo_placement.py", "test_install_core.py"}
@@ -40,5 +40,4 @@ DEMO_MODULES = {"test_demo_e2e.py", "test_demo_hosts.py", "test_demo_keep_runnin
 def pytest_collection_modifyitems(items):
     for item in items:
         name = item.path.name
-        e2e = name in DEMO_MODULES or item.get_closest_marker("e2e") is not None
-        item.add_marker(pytest.mark.xdist_group("e2e" if e2e else name))
+        item.add_marker(pytest.mark.xdist_group("demo" if name in DEMO_MODULES else name))

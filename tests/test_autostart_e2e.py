@@ -30,7 +30,8 @@ from monitor.service import Monitor
 from tests.support.workers import try_state
 from worker_server import RankIdentity, RankState
 
-pytestmark = pytest.mark.e2e
+# solo: its Pythons importing torch at once fill both cores, slowing a job beside it
+pytestmark = [pytest.mark.e2e, pytest.mark.solo]
 
 LIGHTKEEPER = [sys.executable, "-m", "lightkeeper.cli"]
 HOOK_LINE = re.compile(r"^\[lightkeeper\] replica_group=(\d+) group_rank=(\d+) "

@@ -29,7 +29,8 @@ import requests
 from lightkeeper.demo import LEDGER_WAIT_S
 from tests.support.demo import RunningDemo, check_ft_hsdp, gone
 
-pytestmark = pytest.mark.e2e
+# solo: the demos' stories are timed against a healthy baseline
+pytestmark = [pytest.mark.e2e, pytest.mark.solo]
 
 FAULT_KEYS = {"replica_group", "group_rank", "rank", "host", "spec", "given", "injected_at_s",
               "struck_at_s", "detected_at_s", "detected_kind", "finding_ranks", "culprit_ranks",

@@ -21,7 +21,8 @@ import pytest
 
 from tests.support.demo import RunningDemo, get_json
 
-pytestmark = pytest.mark.e2e
+# solo: the demo's lock is machine-wide; 2 demos already fill the cores
+pytestmark = [pytest.mark.e2e, pytest.mark.solo]
 
 # The --duration run has one rank a group: what it checks is the demo's, not torchrun's (that is
 # the default scenario's 3 x 2 job), and 3 processes importing torch start far sooner than 9.

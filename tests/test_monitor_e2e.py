@@ -46,7 +46,8 @@ from lightkeeper.cluster import LocalCluster, stop_process, wait_until
 from tests.conftest import require_binary
 from tests.support.workers import analyze_cli, get_json, save_dumps, torchft_entries, try_state
 
-pytestmark = pytest.mark.e2e
+# solo: the goodput ledger judges the job's pace: another job's load is unattributed badput
+pytestmark = [pytest.mark.e2e, pytest.mark.solo]
 
 SLOW_FROM = 100  # room for the ledger's baseline before the fault, on a busy box too
 STEP_PAUSE = 0.1

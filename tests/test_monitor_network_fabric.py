@@ -29,9 +29,9 @@ from monitor.poll.packed_state import pack_state
 from monitor.poll.poller import RankPoll
 from tests.support.lines import first_line
 
-# e2e: it measures real link rates, which need the cores to themselves (the in-process pass
-# shares them between two workers; a tbf-limited link then looks like a CPU-starved one)
-pytestmark = [pytest.mark.e2e,
+# e2e, solo: it measures real link rates, which need the cores to themselves (shared with
+# another job, a tbf-limited link looks like a CPU-starved one)
+pytestmark = [pytest.mark.e2e, pytest.mark.solo,
               pytest.mark.skipif(bool(Fabric.unavailable()),
                                  reason=f"no network namespaces: {Fabric.unavailable()}")]
 

@@ -39,7 +39,8 @@ from tests.conftest import IN_CI
 from tests.support.workers import get_json, try_state
 from worker_server.flight_recorder import is_torchft_pg_name
 
-pytestmark = pytest.mark.e2e
+# solo: its Pythons importing torch at once fill both cores, slowing a job beside it
+pytestmark = [pytest.mark.e2e, pytest.mark.solo]
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "torchft_two_groups.py"
