@@ -28,16 +28,24 @@ def require_binary(name: str) -> str:
     pytest.skip(msg)
 
 
-# Under pytest-xdist (bin/test: `-n 2 --dist loadgroup`) a module stays whole on one worker
-# (its module-scoped fixtures built once). The modules that start `lightkeeper demo` share one
-# worker: the demo holds a machine-wide lock.
-# tryfirst: xdist reads the groups in its own collection hook
+# Under pytest-xdist (bin/test: `-n 2`) a module stays whole on one worker: its module-scoped
+# fixture (an e2e module's one job) is built once. The modules that start `lightkeeper demo`
+# share one worker: the demo holds a machine-wide lock. Our own scheduler, since `--dist
+# loadgroup` silently stopped grouping on pytest 9.2 (pytest-xdist issue #1386).
 DEMO_MODULES = {"test_demo_e2e.py", "test_demo_hosts.py", "test_demo_keep_running.py",
                 "test_demo_placement.py", "test_install_core.py"}
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items):
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group("demo" if name in DEMO_MODULES else name))
+def module_scope(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
+    return "demo" if Path(module).name in DEMO_MODULES else module
+
+
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return module_scope(nodeid)
+
+    return ModuleScheduling(config, log)
