@@ -34,11 +34,11 @@ sys.path.insert(0, ROOT)
 from monitor.act.actions import Lighthouse  # noqa: E402
 from monitor.act.bundles import Bundles  # noqa: E402
 from monitor.config import BundleConfig, MonitorConfig  # noqa: E402
-from monitor.evidence.cluster import ClusterView  # noqa: E402
 from monitor.evidence.rank import RankView  # noqa: E402
 from monitor.store import Store  # noqa: E402
 from tests.support.frgen import FRJob  # noqa: E402
 from tests.support.monitor_sim import SimRanks  # noqa: E402
+from tests.support.views import scratch_view  # noqa: E402
 
 
 class _Kill(BaseHTTPRequestHandler):
@@ -76,7 +76,7 @@ def run(groups: int, per_group: int, entries: int, repeat: int, timeout_s: float
         fr = dumps(n, entries)
         for r in sim.ranks:
             r.fr = fr[r.state["rank"]]
-        view = ClusterView(time.time(), {r.url: RankView(r.url, True, dict(r.state))
+        view = scratch_view(time.time(), {r.url: RankView(r.url, True, dict(r.state))
                                          for r in sim.ranks})
         culprit_group = groups - 1
         culprits = [r.state["rank"] for r in sim.ranks

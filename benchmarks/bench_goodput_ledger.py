@@ -13,11 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 
-from monitor.evidence.view import ClusterView, RankView
-from monitor.goodput import GoodputLedger
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from monitor.evidence.view import RankView  # noqa: E402
+from monitor.goodput import GoodputLedger  # noqa: E402
+from tests.support.views import scratch_view  # noqa: E402
 
 STEP_S = 0.2
 
@@ -48,7 +53,7 @@ def run(groups: int, per_group: int, sweeps: int = 60) -> dict[str, float]:
                 continue
             r.state["step"] += per_sweep
             r.state["commits"] += per_sweep
-        view = ClusterView(at=t, ranks=ranks)
+        view = scratch_view(t, ranks=ranks)
         t0 = time.perf_counter()
         led.update(view, [], [], t)
         t1 = time.perf_counter()

@@ -80,7 +80,7 @@ class LeaderSchedule:
         known = view.ranks
         # never answered (or not in the view yet) or replaced: asked every sweep
         always = list(self._url_set - known.keys())
-        always += [r.url for r in view.ungrouped or () if r.url in self._url_set]
+        always += [r.url for r in view.ungrouped if r.url in self._url_set]
         groups = {}
         for g, gv in view.groups.items():  # one pass; a group's answered ranks are usually all
             answered = gv.answered

@@ -29,7 +29,7 @@ from .api import views
 from .api.app import create_app
 from .api.metrics import MonitorMetrics, publish_sweep
 from .config import ConfigError, MonitorConfig
-from .detect import Analyzer, Detectors
+from .detect import Detectors
 from .evidence.lighthouse_settings import LighthouseSettingsWatch
 from .evidence.lighthouse_status import LighthouseReader, LighthouseStatus
 from .evidence.probes import ProbeMesh
@@ -81,8 +81,7 @@ def _sinks(cfg: MonitorConfig) -> list:
 
 
 class Monitor:
-    def __init__(self, cfg: MonitorConfig, analyzer: Analyzer | None = None,
-                 clock=time.time) -> None:
+    def __init__(self, cfg: MonitorConfig, clock=time.time) -> None:
         check_config(cfg)
         self.cfg, self.clock = cfg, clock
         self.discovery = Discovery(cfg.targets, cfg.targets_file, cfg.forget_after_s, cfg.job,
@@ -93,7 +92,7 @@ class Monitor:
         self.store = Store(cfg.state_path)
         self.metrics = MonitorMetrics(cfg.job)
         self.metrics.dry_run.labels(cfg.job).set(1 if cfg.rails.dry_run else 0)
-        self.detectors = Detectors(cfg.detectors, analyzer, clock=clock, probes=cfg.probes)
+        self.detectors = Detectors(cfg.detectors, clock=clock, probes=cfg.probes)
         self.probes = ProbeMesh(cfg.probes, cfg.rank_exit_token, clock)
         self.schedule = LeaderSchedule(cfg.leader_polling, cfg.leader_polling_min_ranks,
                                        cfg.member_interval_s, cfg.interval_s)

@@ -23,12 +23,12 @@ from lightkeeper.cluster import wait_until
 from monitor.act.bundles import Bundles, BundleStore
 from monitor.analysis.bundle import open_bundle
 from monitor.config import BundleConfig, MonitorConfig, RailsConfig
-from monitor.evidence.cluster import ClusterView
 from monitor.evidence.rank import RankView
 from monitor.service import Monitor
 from monitor.store import Store
 from tests.support.frgen import FRJob
 from tests.support.monitor_sim import SimJob, SimRanks
+from tests.support.views import scratch_view
 
 TOKEN = "s3cret"
 
@@ -41,9 +41,9 @@ def hang_dumps(world: int, absent: int, steps: int = 6) -> dict[int, dict]:
     return job.dumps()
 
 
-def view_of(sim: SimRanks) -> ClusterView:
+def view_of(sim: SimRanks):
     ranks = {r.url: RankView(r.url, True, dict(r.state)) for r in sim.ranks}
-    return ClusterView(time.time(), ranks)
+    return scratch_view(time.time(), ranks)
 
 
 def finding(group: int, ranks: list[int], **evidence) -> dict:

@@ -15,12 +15,13 @@ from dataclasses import asdict
 
 import pytest
 
-from monitor.evidence.view import ClusterView, RankView, ViewBuilder
+from monitor.evidence.view import RankView, ViewBuilder
 from monitor.goodput import CAUSES, GoodputConfig, GoodputLedger
 from monitor.poll.discovery import Target
 from monitor.poll.poller import RankPoll
 from monitor.store import Store
 from tests.support.monitor_sim import rank_state
+from tests.support.views import scratch_view
 
 STEP = 0.2  # healthy step time of the model job (s)
 T0 = 1_700_000_000.0
@@ -66,7 +67,7 @@ class ModelJob:
             if s["in"]:
                 s["commits"] += n
                 s["joined"] = self.progress
-        acct = ledger.update(ClusterView(at=self.t, ranks=self.ranks()), self.findings,
+        acct = ledger.update(scratch_view(self.t, ranks=self.ranks()), self.findings,
                              self.evictions, self.t)
         check_invariant(ledger)
         for c, v in acct.badput.items():
@@ -334,7 +335,7 @@ def test_expected_groups_flag_counts_a_group_that_never_came():
 def test_out_of_order_and_repeated_sweeps_are_skipped():
     job, led = healthy_ledger(seconds=20)
     before = led.to_json()["job"]
-    view = ClusterView(at=job.t, ranks=job.ranks())
+    view = scratch_view(job.t, ranks=job.ranks())
     assert not led.update(view, [], [], job.t).accounted  # the same time again
     assert not led.update(view, [], [], job.t - 5).accounted  # the clock went back
     assert led.to_json()["job"] == before and led.skipped_sweeps == 2
@@ -375,7 +376,7 @@ def test_odd_rank_values_are_ignored_not_raised():
         r.state.update(commits=["x", -4, None, 1e9, True, "7"][i],
                        group_world_size="two", faults_struck_at={"x": "soon", "y": math.nan})
     job.t += 1
-    led.update(ClusterView(at=job.t, ranks=ranks), [{"id": "nine", "kind": "hang"},
+    led.update(scratch_view(job.t, ranks=ranks), [{"id": "nine", "kind": "hang"},
                                                      {"id": 4, "kind": "hang", "ranks": ["a"],
                                                       "replica_group": 1,
                                                       "first_seen": "then"}],
@@ -703,7 +704,7 @@ def test_a_ledger_over_incremental_views_equals_one_over_views_built_afresh():
                          else RankPoll(t.url, False, reason="connection", error="refused"))
                  for r, t in enumerate(targets) if t.url in polled}
         view = vb.update(targets, polls, now=now, polled=polled)
-        scratch = ClusterView(at=now, ranks={u: r.copy() for u, r in view.ranks.items()},
+        scratch = scratch_view(now, ranks={u: r.copy() for u, r in view.ranks.items()},
                               polled=view.polled)
         ref._read = None  # the reference reads every rank afresh
         assert inc.update(view, [], [], now) == ref.update(scratch, [], [], now), sweep_no

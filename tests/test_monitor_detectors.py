@@ -24,12 +24,13 @@ from monitor.detect import Detectors
 from monitor.detect.mismatch import departs_from_step_pattern
 from monitor.detect.rank_state import rank_groups
 from monitor.detect.straggler import is_late_window, straggler_lags
-from monitor.evidence.view import ClusterView, ViewBuilder
+from monitor.evidence.view import ViewBuilder
 from monitor.poll.discovery import Target
 from monitor.poll.packed_state import pack_state
 from monitor.poll.poller import RankPoll
 from tests.support.frgen import FRJob
 from tests.support.monitor_sim import rank_state
+from tests.support.views import scratch_view
 
 T0 = 1_795_000_000.0
 # FSDP's in-group collectives of one step (3 units: gathered in forward, again in backward, then
@@ -778,7 +779,7 @@ def test_incremental_detectors_match_from_scratch_ones_sweep_after_sweep():
                  for r, (t, s) in enumerate(zip(job.targets, job.states, strict=True))
                  if t.url in polled}
         view = job.vb.update(job.targets, polls, now=now, polled=polled)
-        scratch = ClusterView(at=now, ranks={u: r.copy() for u, r in view.ranks.items()},
+        scratch = scratch_view(now, ranks={u: r.copy() for u, r in view.ranks.items()},
                               polled=view.polled)
         wanted = inc.fr_wanted(view, now)
         assert wanted == ref.fr_wanted(scratch, now), sweep_no
@@ -802,7 +803,7 @@ def test_a_restarted_groups_old_processes_are_not_ranks_the_monitor_cannot_reach
     processes (heard from earlier) are superseded by the new ones, so the monitor's reach is
     judged on the processes that hold the ranks now: 4 of 6, not 4 of 8 (which --min-reachable
     0.5 would take for the monitor being cut off, holding every action)."""
-    from monitor.evidence.view import ClusterView, RankView
+    from monitor.evidence.view import RankView
     from tests.support.monitor_sim import rank_state
 
     def rv(url, rank, group, reachable=True, at=T0):
@@ -811,7 +812,7 @@ def test_a_restarted_groups_old_processes_are_not_ranks_the_monitor_cannot_reach
     ranks = {"a": rv("a", 0, 0), "b": rv("b", 1, 0), "e": rv("e", 4, 2), "f": rv("f", 5, 2),
              "old2": rv("old2", 2, 1, False, T0 - 20), "old3": rv("old3", 3, 1, False, T0 - 20),
              "new2": rv("new2", 2, 1, False, T0 - 1), "new3": rv("new3", 3, 1, False, T0 - 1)}
-    view = ClusterView(at=T0, ranks=ranks)
+    view = scratch_view(T0, ranks=ranks)
     assert [r.url for r in view.groups[1].ranks] == ["new2", "new3"]
     assert ranks["old2"].superseded and ranks["old3"].superseded
     assert not ranks["new2"].superseded
@@ -822,7 +823,7 @@ def test_a_named_rank_is_placed_in_its_group_from_the_view_else_from_its_dump():
     """rank_groups: a rank named by a Flight Recorder finding is in the replica group
     its RankView says (a live process's, not its superseded predecessor's), and a rank the view
     has no answer from is in the group its dump claims; anything else is in none."""
-    from monitor.evidence.view import ClusterView, RankView
+    from monitor.evidence.view import RankView
     from tests.support.monitor_sim import rank_state
 
     def rv(url, rank, group, reachable=True):
@@ -831,7 +832,7 @@ def test_a_named_rank_is_placed_in_its_group_from_the_view_else_from_its_dump():
     ranks = {"a": rv("a", 0, 0), "b": rv("b", 1, 0), "c": rv("c", 2, 1),
              "old": rv("old", 2, 1, reachable=False),  # rank 2's old process: superseded
              "never": RankView("never", False, None)}
-    view = ClusterView(at=T0, ranks=ranks)
+    view = scratch_view(T0, ranks=ranks)
     assert ranks["old"].superseded
     dumps = {5: {"replica_group": 3}, "6": {"replica_group": 4}, 7: {"replica_group": "x"},
              1: {"replica_group": 9}}  # rank 1's dump claims another group: the view wins

@@ -21,6 +21,7 @@ from monitor.evidence.view import ClusterView, RankView, ViewBuilder
 from monitor.poll.discovery import Target
 from monitor.poll.poller import RankPoll
 from tests.support.monitor_sim import rank_state
+from tests.support.views import scratch_view
 
 GROUPS, SIZE = 6, 4
 
@@ -103,7 +104,7 @@ def test_incremental_view_and_verdicts_match_the_from_scratch_ones_sweep_after_s
             asked = {t.url for t in targets}
         view = sweep_verified(vb, verifier, targets, states, asked, down, lh, now, sweep)
         # the view is the one grouped afresh from the same ranks
-        fresh = ClusterView(at=now, ranks={u: r.copy() for u, r in view.ranks.items()})
+        fresh = scratch_view(now, ranks={u: r.copy() for u, r in view.ranks.items()})
         assert group_summary(view) == group_summary(fresh), f"sweep {sweep}"
         assert view.counts == fresh.counts
         assert view.reachable_fraction == fresh.reachable_fraction
@@ -115,7 +116,7 @@ def test_incremental_view_and_verdicts_match_the_from_scratch_ones_sweep_after_s
         ev = view.evidence()
         for r in fresh.ranks.values():
             r.trust = view.ranks[r.url].trust
-        fresh_ev = ClusterView(at=now, ranks={u: r.copy() for u, r in fresh.ranks.items()
+        fresh_ev = scratch_view(now, ranks={u: r.copy() for u, r in fresh.ranks.items()
                                               if r.trust is not None and r.trust.evidence})
         assert sorted(ev.ranks) == sorted(fresh_ev.ranks), f"sweep {sweep}"
         assert group_summary(ev) == group_summary(fresh_ev), f"sweep {sweep}"
@@ -178,7 +179,7 @@ def test_moved_groups_carry_what_a_from_scratch_view_computes_over_random_sweeps
     moved_seen = unchanged_seen = 0
 
     def fresh_groups(v: ClusterView) -> dict:
-        return ClusterView(at=v.at, ranks={u: r.copy() for u, r in v.ranks.items()},
+        return scratch_view(v.at, ranks={u: r.copy() for u, r in v.ranks.items()},
                            polled=v.polled).groups
 
     for sweep in range(150):
@@ -214,11 +215,11 @@ def test_moved_groups_carry_what_a_from_scratch_view_computes_over_random_sweeps
         if sweep % 25 == 0:
             asked = {t.url for t in targets}
         view = sweep_verified(vb, verifier, targets, states, asked, down, lh, now, sweep)
-        fresh = ClusterView(at=now, ranks={u: r.copy() for u, r in view.ranks.items()},
+        fresh = scratch_view(now, ranks={u: r.copy() for u, r in view.ranks.items()},
                             polled=view.polled)
         assert view_summary(view) == view_summary(fresh), f"sweep {sweep}"
         ev = view.evidence()
-        fresh_ev = ClusterView(at=now, ranks={u: r.copy() for u, r in view.ranks.items()
+        fresh_ev = scratch_view(now, ranks={u: r.copy() for u, r in view.ranks.items()
                                               if r.trust is not None and r.trust.evidence},
                                polled=view.polled)
         assert view_summary(ev) == view_summary(fresh_ev), f"sweep {sweep}"

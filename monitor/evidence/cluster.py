@@ -13,7 +13,7 @@ from itertools import chain
 
 import numpy as np
 
-from .group import GroupView, grouped
+from .group import GroupView
 from .rank import STEP_TIMES_READ, RankView
 
 
@@ -46,7 +46,7 @@ class Sums:
 
     def fill(self, view: ClusterView) -> None:
         """Set ``view``'s ``counts`` and ``quorum_id`` from the sums."""
-        ungrouped = view.ungrouped or ()
+        ungrouped = view.ungrouped
         trust = {k: n for k, n in self.trust.items() if n}
         for r in ungrouped:
             trust[r.verdict] = trust.get(r.verdict, 0) + 1
@@ -64,29 +64,15 @@ class ClusterView:
     ranks: dict[str, RankView]
     sweep_seconds: float = 0.0
     groups: dict[int, GroupView] = field(default_factory=dict)
-    # given by ViewBuilder (None: derived here): the ranks of no group, the URLs polled this
-    # sweep in answer order, the evidence view
-    ungrouped: list[RankView] | None = None
+    # given by ViewBuilder: the ranks of no group, the URLs polled this sweep in answer order,
+    # the evidence view
+    ungrouped: list[RankView] = field(default_factory=list)
     polled: list[str] | None = None
     evidence_view: ClusterView | None = field(default=None, repr=False)
     # set by Sums.fill: (known ranks (not superseded), reachable ones, (trust state, reason) ->
     # ranks), and the newest quorum id a group reports
     counts: tuple[int, int, dict[tuple[str, str] | None, int]] = field(init=False, repr=False)
     quorum_id: int | None = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.ungrouped is None:
-            members: dict[int | None, list[RankView]] = {}
-            for rv in self.ranks.values():
-                members.setdefault(rv.replica_group, []).append(rv)
-            self.ungrouped = [r for r in members.pop(None, []) if not r.superseded]
-            sums = Sums()
-            for g in sorted(members):
-                gv = grouped(g, members[g])
-                if gv is not None:
-                    self.groups[g] = gv
-                    sums.add(gv, 1)
-            sums.fill(self)
 
     @cached_property
     def reachable_fraction(self) -> float:

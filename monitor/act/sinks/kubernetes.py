@@ -37,7 +37,6 @@ class KubernetesSink:
                  ) -> None:
         self.client = client
         self.namespace = namespace
-        self.pod_selector = pod_selector
         self._labels = _selector(pod_selector)  # a bad selector fails at start-up
 
     @classmethod
