@@ -14,7 +14,7 @@ from functools import lru_cache
 from typing import Any
 
 from .act.actions import Lighthouse
-from .act.decisions import Situation, decide
+from .act.decisions import Situation, blind_reason, decide
 from .config import ShardConfig
 from .evidence.lighthouse_status import LighthouseReader, LighthouseStatus
 from .lease import KV, Etcd, EtcdError, LeaderLease, SessionLease, created_never, modified_at
@@ -146,11 +146,8 @@ class Shards:
             # before the report: a leader that sees this run's report sees its proposals
             self._propose_findings(view, evidence, now)
             self._mirror_evictions()
-            blind = mon.blind_reason()
-            if not blind and view.ranks and \
-                    view.reachable_fraction <= mon.cfg.rails.min_reachable_fraction:
-                blind = (f"shard {self.cfg.index} reaches only {view.reachable_fraction:.0%} "
-                         "of its ranks")
+            blind = blind_reason(mon.blind_reason(), view.reachable_fraction if view.ranks
+                                 else 1.0, mon.cfg.rails, f"shard {self.cfg.index}")
             self.etcd.put(f"{self.root}shards/{self.cfg.index}", {
                 "shard": self.cfg.index, "shards": self.cfg.shards, "at": now,
                 "monitor": mon.url, "sweeps": mon.sweeps, "blind": blind,
@@ -399,9 +396,8 @@ class Leader(threading.Thread):
         in_quorum = set() if status is None else {
             group_of.get(rid, rid) for rid in status.members
             if status.heartbeating(rid) and rid not in evicted}
-        return Situation(now=self.mon.clock(), reachable_fraction=1.0,
-                         groups_in_quorum=in_quorum, evicted_replica_ids=evicted,
-                         last_eviction_at=last, blind_reason=blind)
+        return Situation(now=self.mon.clock(), groups_in_quorum=in_quorum,
+                         evicted_replica_ids=evicted, last_eviction_at=last, blind_reason=blind)
 
     def _send(self, rid: str, p: dict, attempt: int, prior: KV | None, detail: str,
               *also: dict) -> None:

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from monitor.act.decisions import Situation, decide
+from monitor.act.decisions import Situation, blind_reason, decide
 from monitor.config import ConfigError, MonitorConfig, RailsConfig
 from monitor.poll.discovery import BadTarget, Discovery, normalize_url
 from monitor.store import Store
@@ -16,7 +16,7 @@ RID = "replica_group_1:abc"
 
 
 def situation(**kw):
-    base = dict(now=1000.0, reachable_fraction=1.0, groups_in_quorum={0, 1, 2},
+    base = dict(now=1000.0, groups_in_quorum={0, 1, 2},
                 evicted_replica_ids=set(), last_eviction_at=None)
     return Situation(**{**base, **kw})
 
@@ -30,7 +30,8 @@ def test_evicts_when_every_rail_is_clear():
     ({}, dict(evict_kinds=("hang",)), "kind_not_evicted"),
     (dict(evicted_replica_ids={RID}), {}, "already_evicted"),
     ({}, dict(dry_run=True), "dry_run"),
-    (dict(reachable_fraction=0.5), {}, "monitor_blind"),
+    (dict(blind_reason="the monitor reaches only 50% of the ranks it knows"), {},
+     "monitor_blind"),
     (dict(groups_in_quorum={1, 2}), dict(min_replicas=2), "min_replicas"),
     (dict(last_eviction_at=990.0), dict(cooldown_s=30), "cooldown"),
 ])
@@ -49,6 +50,16 @@ def test_blind_when_ranks_cannot_be_verified():
     # the rails before it still come first; a person asking is not held by it
     assert decide("hang", 1, RID, s, RailsConfig(dry_run=True)).reason == "dry_run"
     assert decide("manual", 1, RID, s, RailsConfig(), manual=True).evict
+
+
+def test_blind_when_it_reaches_no_more_than_min_reachable():
+    rails = RailsConfig(min_reachable_fraction=0.5)
+    assert blind_reason(None, 0.51, rails) is None
+    assert blind_reason(None, 0.5, rails) == (
+        "the monitor reaches only 50% of the ranks it knows; it may be the problem")
+    assert blind_reason(None, 0.0, rails, "shard 2").startswith("shard 2 reaches only 0% ")
+    # unverifiable ranks say why first, whatever the reach
+    assert blind_reason("ranks cannot be verified", 0.1, rails) == "ranks cannot be verified"
 
 
 def test_no_replica_id_holds():
@@ -71,7 +82,7 @@ def test_min_replicas_counts_remaining_groups():
 
 def test_manual_skips_cooldown_and_blindness_not_min_replicas():
     rails = RailsConfig(min_replicas=2, cooldown_s=60)
-    s = situation(last_eviction_at=999.0, reachable_fraction=0.1)
+    s = situation(last_eviction_at=999.0, blind_reason="it reaches only 10% of the ranks")
     assert decide("manual", 1, RID, s, rails, manual=True).evict
     s = situation(groups_in_quorum={0, 1})
     assert decide("manual", 1, RID, s, rails, manual=True).reason == "min_replicas"

@@ -449,7 +449,7 @@ def test_store_reader_without_torch_says_so_once(monkeypatch, caplog):
     assert len([r for r in caplog.records if "needs torch" in r.getMessage()]) == 1
 
 
-def test_target_spelling_and_discovery():
+def test_target_spelling_and_discovery(tmp_path):
     assert normalize_url("torch+http://h:1/") == "torch+http://h:1"
     assert torch_url("h:1") == torch_url("http://h:1") == "torch+http://h:1"
     with pytest.raises(BadTarget):
@@ -460,7 +460,9 @@ def test_target_spelling_and_discovery():
     assert {(t.url, t.source) for t in d.targets()} == {
         ("torch+http://h:1", "static"), ("http://h:2", "static"),
         ("torch+http://n:3", "torch_store")}
-    assert [g["targets"] for g in d.file_sd()] == [["h:2"]]  # torch's server: no /metrics
+    assert d.write_file_sd(str(tmp_path / "sd.json"))
+    sd = json.loads((tmp_path / "sd.json").read_text())
+    assert [g["targets"] for g in sd] == [["h:2"]]  # torch's server: no /metrics
     # a WorkerServer serving on torch's server registers as torch+http, polled as it checked
     t = d.register({"url": "torch+http://localhost:5"}, admit=AllowList.default([]).admit)
     assert t.url in ("torch+http://127.0.0.1:5", "torch+http://[::1]:5")

@@ -90,11 +90,12 @@ def test_bad_arguments_are_400_and_unknown_handlers_404(servers):
     assert requests.get(base + "/handler/lightkeeper_state", timeout=5).status_code == 404
 
 
-def test_the_monitor_polls_a_torch_target_as_an_http_one(servers):
+def test_the_monitor_polls_a_torch_target_as_an_http_one(servers, tmp_path):
     flask, torch, _ = servers
     assert normalize_url(torch.url + "/") == torch.url
     # Prometheus scrapes with GET, torch's handlers answer POST: not in the file_sd it reads
-    sd = Discovery(static=[torch.url, flask.url]).file_sd()
+    Discovery(static=[torch.url, flask.url]).write_file_sd(str(tmp_path / "sd.json"))
+    sd = json.loads((tmp_path / "sd.json").read_text())
     assert [g["targets"] for g in sd] == [[flask.url.split("://", 1)[1]]]
     assert handler_path("/v1/fr_trace?last=2") == "/handler/lightkeeper_fr_trace?last=2"
     poller = Poller(timeout_s=5)

@@ -14,6 +14,7 @@ into the enforcer.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -179,10 +180,8 @@ class BundleStore:
                             tar.addfile(info, io.BytesIO(data))
                     os.replace(tmp, path)  # whole or not at all
                 except BaseException:
-                    try:
+                    with contextlib.suppress(OSError):
                         os.unlink(tmp)
-                    except OSError:
-                        pass
                     raise
                 size = os.path.getsize(path)
                 self.store.add_bundle({**row, "id": bundle_id, "path": path, "bytes": size})

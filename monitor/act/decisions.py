@@ -19,7 +19,6 @@ class Situation:
     """What the monitor sees right now, as far as the rails care."""
 
     now: float
-    reachable_fraction: float
     groups_in_quorum: set[int]  # replica groups taking part in the newest quorum
     evicted_replica_ids: set[str] = field(default_factory=set)
     last_eviction_at: float | None = None
@@ -35,6 +34,16 @@ class Decision:
     @property
     def evict(self) -> bool:
         return self.decision == EVICT
+
+
+def blind_reason(blind: str | None, reachable_fraction: float, rails: RailsConfig,
+                 who: str = "the monitor") -> str | None:
+    """Why nobody may be blamed now: ``blind`` (ranks cannot be verified), or ``who`` reaches no
+    more than ``--min-reachable`` of its ranks (it may be the one cut off); None: neither."""
+    if blind or reachable_fraction > rails.min_reachable_fraction:
+        return blind
+    return (f"{who} reaches only {reachable_fraction:.0%} of the ranks it knows; it may be the "
+            "problem")
 
 
 def decide(kind: str, replica_group: int, replica_id: str | None, s: Situation,
@@ -54,9 +63,6 @@ def decide(kind: str, replica_group: int, replica_id: str | None, s: Situation,
         return hold("dry_run", "--dry-run: detect and report only")
     if not manual and s.blind_reason:
         return hold("monitor_blind", s.blind_reason)
-    if not manual and s.reachable_fraction <= rails.min_reachable_fraction:
-        return hold("monitor_blind", f"the monitor reaches only {s.reachable_fraction:.0%} of "
-                                     "the ranks it knows; it may be the problem")
     remaining = len(s.groups_in_quorum - {replica_group})
     if remaining < rails.min_replicas:
         return hold("min_replicas", f"evicting would leave {remaining} replica group(s) in the "

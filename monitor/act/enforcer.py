@@ -22,7 +22,7 @@ from ..evidence.view import ClusterView
 from ..store import Store
 from .actions import Lighthouse, Orphans, RankCalls
 from .bundles import CONFIRM_KINDS, Bundles
-from .decisions import Decision, Situation, decide
+from .decisions import Decision, Situation, blind_reason, decide
 from .hosts import DeadGroups, HostLedger, protected_hosts
 from .survivors import Survivors
 
@@ -136,11 +136,7 @@ class Enforcer:
     def blindness(self, view: ClusterView) -> str | None:
         """Why nobody may be blamed now: ranks cannot be verified, or the monitor reaches no
         more than ``--min-reachable`` of them (it may be the one cut off); None: neither."""
-        blind = self.blind()
-        if not blind and view.reachable_fraction <= self.cfg.rails.min_reachable_fraction:
-            blind = (f"the monitor reaches only {view.reachable_fraction:.0%} of the ranks "
-                     "it knows; it may be the problem")
-        return blind
+        return blind_reason(self.blind(), view.reachable_fraction, self.cfg.rails)
 
     def hosts_json(self) -> dict[str, Any]:
         """``GET /v1/hosts``."""
@@ -222,10 +218,9 @@ class Enforcer:
         groups = set().union(*in_quorum.values())
         for rid in evicted:
             groups -= in_quorum.get(rid, set())
-        return Situation(now=now, reachable_fraction=view.reachable_fraction,
-                         groups_in_quorum=groups, evicted_replica_ids=evicted,
+        return Situation(now=now, groups_in_quorum=groups, evicted_replica_ids=evicted,
                          last_eviction_at=self.store.last_eviction_at(),
-                         blind_reason=self.blind())
+                         blind_reason=self.blindness(view))
 
     def decide(self, view: ClusterView, evidence: ClusterView, now: float) -> None:
         """Every open finding of an evictable kind, under the rails: evicted, or held."""
@@ -258,7 +253,7 @@ class Enforcer:
         with self._lock:
             now = self.clock()
             s = self.situation(view, evidence, now) if view and evidence \
-                else Situation(now, 0.0, set())
+                else Situation(now=now, groups_in_quorum=set())
             d = decide("manual", replica_group, replica_id, s, self.cfg.rails, manual=True)
             return self.apply(d, replica_group, replica_id, None,
                               {"kind": "manual", "reason": reason}, "manual", view, evidence)

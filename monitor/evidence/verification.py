@@ -40,7 +40,8 @@ def claims(state: dict[str, Any]) -> tuple:
             state.get("group_world_size"), state["rank"])
 
 
-def _int(v: Any) -> int | None:
+def as_int(v: Any) -> int | None:
+    """``v`` if it is an int (not a bool), else None."""
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
@@ -59,11 +60,11 @@ def _check_against_lighthouse(s: dict[str, Any], lh: LighthouseStatus) -> tuple[
     if lq is not None and q == lq:
         if member is None:
             return "not_in_quorum", f"claims quorum {q}, which does not list {rid!r}"
-        n = _int(s.get("num_participants"))
+        n = as_int(s.get("num_participants"))
         if n is not None and n > len(lh.members):
             return "not_in_quorum", (f"claims {n} participants in quorum {q}, which has "
                                      f"{len(lh.members)}")
-    ws = _int(s.get("group_world_size"))
+    ws = as_int(s.get("group_world_size"))
     if ws is None or ws < 1:
         return "world_size_mismatch", f"group_world_size is {s.get('group_world_size')!r}"
     if member is not None and member.world_size != ws:

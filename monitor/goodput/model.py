@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from monitor.evidence.verification import as_int
+
 CAUSES = ("straggler_drag", "stall", "recovery", "capacity_lost", "startup", "unattributed")
 PENDING = "pending"  # slow time nothing explains yet (settles within the horizon)
 UNSEEN = "unseen"  # the totals key of an expected group never seen
@@ -175,12 +177,6 @@ def as_float(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         return None
     return float(v)
-
-
-def as_int(v: Any) -> int | None:
-    if isinstance(v, bool) or not isinstance(v, int):
-        return None
-    return v
 
 
 def as_ints(v: Any) -> list[int]:

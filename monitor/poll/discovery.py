@@ -265,12 +265,6 @@ class Discovery:
                 forgotten.append(url)
         return forgotten
 
-    def file_sd(self) -> list[dict[str, Any]]:
-        """The known set as Prometheus ``file_sd`` target groups, one per target; not the ranks
-        on torch's server (``torch+http://``): its handlers answer ``POST`` only, Prometheus
-        scrapes with ``GET``."""
-        return self._file_sd_of(self._current())
-
     def _file_sd_of(self, targets: list[Target]) -> list[dict[str, Any]]:
         out = []
         for t in targets:
@@ -288,7 +282,9 @@ class Discovery:
         return out
 
     def write_file_sd(self, path: str) -> bool:
-        """Atomically write :meth:`file_sd` to ``path`` when it changed; True if written.
+        """Atomically write the known set to ``path`` as Prometheus ``file_sd`` target groups,
+        one per target, when it changed; True if written. Not the ranks on torch's server
+        (``torch+http://``): its handlers answer ``POST`` only, Prometheus scrapes with ``GET``.
         Raises OSError when the write fails. Encoded only when the known set changed, not every
         sweep: the encoding grows with the targets."""
         current = self._current()
