@@ -22,11 +22,23 @@ Imports no project package.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 SHIFT = 1 << 40  # the generic recorder's ids, moved past any of NCCL's
 NCCL_RECORD_SHIFT = 1
+
+
+# torchft's cross-group process group: '' for group rank 0 on gloo, torchft_quorum_<q>_rank_<r>
+# in 0.2 and torchft_<q>_rank_<r> in nightly (<q>: the communicator id, which the Manager sets to
+# the quorum)
+_TORCHFT_PG = re.compile(r"(?:|torchft_(?:quorum_)?\d+_rank_\d+)")
+
+
+def is_torchft_pg_name(name: str | None) -> bool:
+    """Whether ``name`` is a process group torchft made across replica groups."""
+    return name is not None and _TORCHFT_PG.fullmatch(name) is not None
 
 
 def merge(generic: Mapping[str, Any] | None, nccl: Mapping[str, Any]) -> dict[str, Any]:

@@ -35,9 +35,9 @@ import pytest
 import requests
 
 from lightkeeper.cluster import free_port, stop_process, wait_until
+from rank_wire.recorders import is_torchft_pg_name
 from tests.conftest import IN_CI
 from tests.support.workers import get_json, try_state
-from worker_server.flight_recorder import is_torchft_pg_name
 
 # solo: its Pythons importing torch at once fill both cores, slowing a job beside it
 pytestmark = [pytest.mark.e2e, pytest.mark.solo]

@@ -21,9 +21,10 @@ import pytest
 import requests
 
 from rank_wire import recorders
+from rank_wire.recorders import is_torchft_pg_name
 from worker_server import RankIdentity, RankState, WorkerServer, autostart
 from worker_server import flight_recorder as fr
-from worker_server.flight_recorder import IncarnationTracker, is_torchft_pg_name
+from worker_server.flight_recorder import IncarnationTracker
 from worker_server.state import module_version
 
 
@@ -127,7 +128,7 @@ def test_an_incarnation_that_cannot_be_read_is_one_line_and_the_call_goes_throug
 def test_torchft_group_names_of_both_versions():
     for name in ("", "torchft_quorum_4_rank_1", "torchft_4_rank_1"):
         assert is_torchft_pg_name(name), name
-    for name in ("0", "torchft_quorum_x_rank_1", "torchft_4_rank_1_extra", "default_pg"):
+    for name in (None, "0", "torchft_quorum_x_rank_1", "torchft_4_rank_1_extra", "default_pg"):
         assert not is_torchft_pg_name(name), name
     tracker = IncarnationTracker(group_rank=1)
     tracker.record(quorum_id=4, replica_rank=0, replica_world_size=2, global_ranks=None,

@@ -14,7 +14,9 @@ import json
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from .flight_recorder import IncarnationTracker, fr_dump, is_torchft_pg_name
+from rank_wire.recorders import is_torchft_pg_name
+
+from .flight_recorder import IncarnationTracker, fr_dump
 from .packed import state_packed
 from .stacks import format_stacks, thread_stacks
 from .state import RankState

@@ -47,10 +47,6 @@ from rank_wire import recorders
 
 from .autostart import say
 
-# torchft's group for group_rank >= 1 (group_rank 0's is ''): torchft_quorum_<q>_rank_<r> in 0.2,
-# torchft_<q>_rank_<r> in nightly (<q> is the communicator id, which the Manager sets to the quorum)
-_TORCHFT_PG_NAME = re.compile(r"torchft_(?:quorum_)?\d+_rank_\d+")
-
 
 class FlightRecorderUnavailable(RuntimeError):
     """torch cannot dump its Flight Recorder here."""
@@ -172,10 +168,6 @@ def entry_index(raw: bytes) -> list[tuple[int, int, str]]:
              str((e.get("process_group") or [""])[0])) for e in entries]
 
 
-def is_torchft_pg_name(name: str) -> bool:
-    return name == "" or _TORCHFT_PG_NAME.fullmatch(name) is not None
-
-
 def _next_record_id(raw: bytes) -> int:
     return max((rid for rid, _, _ in entry_index(raw)), default=-1) + 1
 
@@ -270,7 +262,7 @@ class IncarnationTracker:
                 for rid, pg_id, name in index:
                     if rid < inc["first_record_id"] or (end is not None and rid >= end):
                         continue
-                    if is_torchft_pg_name(name):
+                    if recorders.is_torchft_pg_name(name):
                         inc["pg_id"], inc["pg_name"] = pg_id, name
                         break
             return [dict(inc) for inc in incs]

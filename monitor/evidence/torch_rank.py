@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,8 +38,6 @@ CANNOT_SHOW = ("step phase (forward, backward, commit: only whether it is blocke
 # a look reads a torch-only rank's newest entries, as many as a Lightkeeper rank is asked for
 # (monitor.polling.FR_LAST): judged on the recent past, and each look's cost bounded
 FR_LAST = 256
-# torchft's cross-group process group: '' for group rank 0 on gloo, torchft_[quorum_]<q>_rank_<r>
-_TORCHFT_PG = re.compile(r"(?:|torchft_(?:quorum_)?\d+_rank_\d+)")
 
 
 def _int(v: Any) -> int | None:
@@ -48,10 +45,6 @@ def _int(v: Any) -> int | None:
         return int(v) if not isinstance(v, bool) else None
     except (TypeError, ValueError):
         return None
-
-
-def _torchft(name: str | None) -> bool:
-    return name is not None and _TORCHFT_PG.fullmatch(name) is not None
 
 
 def combined(raw: TorchAnswer) -> Mapping[str, Any] | None:
@@ -68,7 +61,7 @@ def blocked_in(dump: Mapping[str, Any], now: float) -> tuple[str, float, Mapping
     entries, status = dump.get("entries"), dump.get("pg_status")
     if not isinstance(entries, list) or not isinstance(status, Mapping):
         return None
-    newest_ft = max((p for e in entries if isinstance(e, Mapping) and _torchft(recorders.pg_name(e))
+    newest_ft = max((p for e in entries if isinstance(e, Mapping) and recorders.is_torchft_pg_name(recorders.pg_name(e))
                      and (p := _int(e.get("pg_id"))) is not None), default=None)
     pending: dict[int, int] = {}  # pg_id -> the first sequence id not completed
     for pg_id, st in status.items():
@@ -85,13 +78,13 @@ def blocked_in(dump: Mapping[str, Any], now: float) -> tuple[str, float, Mapping
         pg_id, name = _int(e.get("pg_id")), recorders.pg_name(e)
         if pending.get(pg_id) != _int(e.get("collective_seq_id")) or e.get("is_p2p"):
             continue
-        if _torchft(name) and pg_id != newest_ft:
+        if recorders.is_torchft_pg_name(name) and pg_id != newest_ft:
             continue
         created = e.get("time_created_ns")
         if not isinstance(created, int) or isinstance(created, bool) or created <= 0:
             continue
         if oldest is None or created < oldest[0]:
-            oldest = (created, "cross" if _torchft(name) else "group", e)
+            oldest = (created, "cross" if recorders.is_torchft_pg_name(name) else "group", e)
     if oldest is None:
         return None
     secs = now - oldest[0] / 1e9
@@ -141,13 +134,13 @@ def adapted_dump(dump: Mapping[str, Any], state: Mapping[str, Any],
     torchft's older incarnations left out, the newest described when the Lighthouse lists the
     rank's group in its quorum."""
     entries = [e for e in dump.get("entries") or [] if isinstance(e, Mapping)]
-    ft = [e for e in entries if _torchft(recorders.pg_name(e)) and _int(e.get("pg_id")) is not None]
+    ft = [e for e in entries if recorders.is_torchft_pg_name(recorders.pg_name(e)) and _int(e.get("pg_id")) is not None]
     newest = max((_int(e["pg_id"]) for e in ft), default=None)
     out = {k: v for k, v in dump.items() if k not in ("entries", "pg_config")}
-    out["entries"] = [e for e in entries if not _torchft(recorders.pg_name(e))
+    out["entries"] = [e for e in entries if not recorders.is_torchft_pg_name(recorders.pg_name(e))
                       or _int(e.get("pg_id")) == newest][-FR_LAST:]
     config = dump.get("pg_config")
-    out["pg_config"] = {k: v for k, v in config.items() if not _torchft(str(k))} \
+    out["pg_config"] = {k: v for k, v in config.items() if not recorders.is_torchft_pg_name(str(k))} \
         if isinstance(config, Mapping) else {}
     g, gr, ws = state["replica_group"], state["group_rank"], state["group_world_size"]
     out.update(rank=state["rank"], replica_group=g, replica_id=state.get("replica_id"),
