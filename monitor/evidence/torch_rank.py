@@ -26,6 +26,7 @@ from monitor.poll.torch_server import (
 )
 from monitor.poll.torch_target import base_url, is_torch
 from rank_wire import recorders
+from rank_wire.recorders import is_torchft_pg_name
 
 from .lighthouse_status import LighthouseStatus
 
@@ -61,7 +62,8 @@ def blocked_in(dump: Mapping[str, Any], now: float) -> tuple[str, float, Mapping
     entries, status = dump.get("entries"), dump.get("pg_status")
     if not isinstance(entries, list) or not isinstance(status, Mapping):
         return None
-    newest_ft = max((p for e in entries if isinstance(e, Mapping) and recorders.is_torchft_pg_name(recorders.pg_name(e))
+    newest_ft = max((p for e in entries if isinstance(e, Mapping)
+                     and is_torchft_pg_name(recorders.pg_name(e))
                      and (p := _int(e.get("pg_id"))) is not None), default=None)
     pending: dict[int, int] = {}  # pg_id -> the first sequence id not completed
     for pg_id, st in status.items():
@@ -78,13 +80,13 @@ def blocked_in(dump: Mapping[str, Any], now: float) -> tuple[str, float, Mapping
         pg_id, name = _int(e.get("pg_id")), recorders.pg_name(e)
         if pending.get(pg_id) != _int(e.get("collective_seq_id")) or e.get("is_p2p"):
             continue
-        if recorders.is_torchft_pg_name(name) and pg_id != newest_ft:
+        if is_torchft_pg_name(name) and pg_id != newest_ft:
             continue
         created = e.get("time_created_ns")
         if not isinstance(created, int) or isinstance(created, bool) or created <= 0:
             continue
         if oldest is None or created < oldest[0]:
-            oldest = (created, "cross" if recorders.is_torchft_pg_name(name) else "group", e)
+            oldest = (created, "cross" if is_torchft_pg_name(name) else "group", e)
     if oldest is None:
         return None
     secs = now - oldest[0] / 1e9
@@ -134,13 +136,14 @@ def adapted_dump(dump: Mapping[str, Any], state: Mapping[str, Any],
     torchft's older incarnations left out, the newest described when the Lighthouse lists the
     rank's group in its quorum."""
     entries = [e for e in dump.get("entries") or [] if isinstance(e, Mapping)]
-    ft = [e for e in entries if recorders.is_torchft_pg_name(recorders.pg_name(e)) and _int(e.get("pg_id")) is not None]
+    ft = [e for e in entries
+          if is_torchft_pg_name(recorders.pg_name(e)) and _int(e.get("pg_id")) is not None]
     newest = max((_int(e["pg_id"]) for e in ft), default=None)
     out = {k: v for k, v in dump.items() if k not in ("entries", "pg_config")}
-    out["entries"] = [e for e in entries if not recorders.is_torchft_pg_name(recorders.pg_name(e))
+    out["entries"] = [e for e in entries if not is_torchft_pg_name(recorders.pg_name(e))
                       or _int(e.get("pg_id")) == newest][-FR_LAST:]
     config = dump.get("pg_config")
-    out["pg_config"] = {k: v for k, v in config.items() if not recorders.is_torchft_pg_name(str(k))} \
+    out["pg_config"] = {k: v for k, v in config.items() if not is_torchft_pg_name(str(k))} \
         if isinstance(config, Mapping) else {}
     g, gr, ws = state["replica_group"], state["group_rank"], state["group_world_size"]
     out.update(rank=state["rank"], replica_group=g, replica_id=state.get("replica_id"),
