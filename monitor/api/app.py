@@ -143,7 +143,8 @@ def create_app(monitor: Any) -> Flask:
     @app.get("/")
     def overview():
         return render_template("overview.html", c=monitor.cluster_json(),
-                               goodput=monitor.goodput_json(incidents=1, intervals=0),
+                               # the last incident's figures, not its bundles (listed below)
+                               goodput=monitor.goodput.to_json(incidents=1, intervals=0),
                                findings=monitor.store.findings(limit=20),
                                decisions=monitor.store.decisions(limit=20),
                                hosts=monitor.enforcer.hosts_json(),
