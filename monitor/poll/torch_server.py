@@ -121,8 +121,7 @@ class TorchPoller:
                     p.data["stacks_url"] = f"{base_url(u)}/handler/{LK_STACKS_HANDLER}"
                 out[u] = p
         raw = [u for u in handlers if u not in out]
-        dumps = {h: self._dumps([u for u in raw if h in handlers[u]], h)
-                 for h in (FR_HANDLER, NCCL_FR_HANDLER)}
+        dumps = self._dumps(raw, handlers)
         latency = time.monotonic() - t0
         for u in raw:
             d, dump = dumps[FR_HANDLER].get(u), None
@@ -144,9 +143,16 @@ class TorchPoller:
                               latency_s=latency, at=at)
         return {u: out[u] for u in urls}
 
-    def _dumps(self, urls: list[str], handler: str) -> dict[str, RankPoll]:
-        return self._poller.sweep(urls, "/handler/" + handler, self.fr_timeout_s,
-                                  self.max_fr_bytes) if urls else {}
+    def _dumps(self, urls: list[str], handlers: dict[str, tuple[str, ...]]
+               ) -> dict[str, dict[str, RankPoll]]:
+        """handler -> url -> its dump, both recorders' asked at once (a CUDA rank serves two)."""
+        asks = {f"{u}/handler/{h}": (u, h) for h in (FR_HANDLER, NCCL_FR_HANDLER)
+                for u in urls if h in handlers[u]}
+        got = self._poller.sweep(asks, "", self.fr_timeout_s, self.max_fr_bytes) if asks else {}
+        out: dict[str, dict[str, RankPoll]] = {FR_HANDLER: {}, NCCL_FR_HANDLER: {}}
+        for key, (u, h) in asks.items():
+            out[h][u] = got[key]
+        return out
 
     def stacks(self, stacks_urls: Iterable[str], limit: int = 256 << 10) -> dict[str, str]:
         """Stacks text by ``stacks_url`` (a handler, POSTed); one line saying why where none."""
