@@ -279,7 +279,8 @@ def story_lines(rep: dict) -> list[str]:
     for i, f in enumerate(rep["faults"], 1):
         steps = []
         if f["struck_at_s"] is not None:
-            steps.append(f"struck group {f['replica_group']} rank {f['rank']}"
+            steps.append(f"struck group {f['replica_group']}"
+                         + (f" rank {f['rank']}" if f.get("rank") is not None else "")
                          + (f" on {f['host']}" if f.get("host") else "")
                          + f" at {f['struck_at_s']:.1f}s")
         if f["detected_at_s"] is not None:

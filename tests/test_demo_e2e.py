@@ -255,6 +255,13 @@ def check_recoveries(r: dict, out: str) -> None:
         if st["back_at_pace_ledger"] is not None:
             assert st["back_at_pace_ledger"] >= st["kill_sent"] - 0.1, st
             assert f["recovery_s"] == pytest.approx(c["recovery_s"]) and f["recovery_s"] > 0
+        if f["spec"].startswith("partition:"):
+            # one incident per fault: the network's, counted from the job-wide stall it caused
+            # (confirmed before the probes could name the host), not from the naming
+            stalls = [d["at_s"] for d in r["detections"] if d["kind"] == "job_stall"
+                      and d["at_s"] >= f["struck_at_s"]]
+            assert stalls and c["onset_s"] <= min(stalls) and c["by_cause"].get("stall"), (
+                c, stalls)
         # torchft alone: nobody evicts; a hang stalls for the process-group timeout plus the
         # join timeout, a straggler drags the job to the end (computed from its phase's pace:
         # none when the busy box made that phase no slower than the healthy one)

@@ -128,6 +128,9 @@ def test_a_story_notes_its_host_quarantined_and_the_spare_it_restarted_on():
                     "naming rank 5 on node-2 at 15.0s -> evicted at 15.5s -> node-2 quarantined "
                     "at 15.6s -> restarted on node-3 (127.0.0.5), a spare host at 17.0s -> "
                     "rejoined at 30.0s; recovered")
+    # a host's fault (a partition) strikes the group, not one rank of it
+    (line,) = story_lines({"faults": [{**r, "rank": None}], "hosts": None})
+    assert line.startswith("fault 1 (hang): struck group 2 on node-2 at 12.0s -> ")
 
 
 def test_a_host_not_quarantined_says_why_and_a_waiting_group_is_told():

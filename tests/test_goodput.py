@@ -524,6 +524,50 @@ def test_stall_during_an_open_straggler_belongs_to_the_hang_from_its_onset():
     check_counted(job, led)  # the metrics count the claimed seconds as stall, once
 
 
+def test_a_group_named_as_the_cause_of_a_job_stall_takes_over_its_incident():
+    """A partition: every group stalls alike, so the monitor first confirms a job-wide stall
+    (no group); seconds later the probes name host 0's network, a ``network`` finding on group 0
+    that lists the job-wide finding it explains. One fault, one incident: group 0's, whose cost
+    and recovery count from the stall's onset, not from when the host was named."""
+    job, led = healthy_ledger(seconds=30)
+    stall_at = job.t
+    job.run(led, 2, pace=0.0)
+    job.findings.append({"id": 1, "kind": "job_stall", "replica_group": None,
+                         "replica_id": None, "ranks": [], "evidence": {},
+                         "first_seen": stall_at + 0.1, "confirmed_at": job.t})
+    job.run(led, 3, pace=0.0)
+    named_at = job.t
+    f = job.finding("network", 0, first_seen=named_at - 1.5, confirmed_at=named_at, fid=2,
+                    ranks=[0, 1])
+    f["evidence"] = {"host": "node-0", "job_findings": ["job_stall"]}
+    job.evict(0, at=named_at + 0.2, did=5, fid=2)
+    job.run(led, 3, pace=0.0)
+    job.restart(0, "b")
+    job.run(led, 10)
+    out = led.to_json()
+    [inc] = out["incidents"]
+    assert (inc["kind"], inc["replica_group"], inc["ranks"]) == ("network", 0, [0, 1])
+    assert inc["onset_source"] == "job_wide" and inc["onset_at"] == stall_at + 0.1
+    assert inc["detected_at"] == named_at and inc["eviction_id"] == 5
+    assert inc["cost"]["by_cause"]["stall"] == pytest.approx(
+        out["job"]["badput_seconds"]["stall"], abs=0.01)
+    assert inc["cost"]["by_cause"]["stall"] >= 3 * 5
+    assert inc["recovery_s"] > named_at - stall_at
+    check_counted(job, led)
+
+
+def test_a_group_finding_that_explains_no_job_stall_opens_its_own_incident():
+    job, led = healthy_ledger(seconds=30)
+    job.findings.append({"id": 1, "kind": "job_slow", "replica_group": None,
+                         "replica_id": None, "ranks": [], "evidence": {},
+                         "first_seen": job.t, "confirmed_at": job.t})
+    job.run(led, 2, pace=0.5)
+    job.finding("hang", 2, first_seen=job.t, confirmed_at=job.t, fid=2)
+    job.sweep(led, pace=0.0)
+    assert sorted((i["kind"], i["replica_group"]) for i in led.to_json()["incidents"]) == [
+        ("hang", 2), ("job_slow", None)]
+
+
 def test_idle_sweeps_under_a_lone_straggler_stay_its_drag():
     """No other fault: the straggler's idle sweeps (its slow steps) settle as its drag once the
     job commits again."""

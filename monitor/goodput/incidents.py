@@ -47,6 +47,10 @@ class Incidents(dict[int, Incident]):
                 same[-1].resolved_at = None
                 self.dirty.add(same[-1].id)
                 continue
+            job = self._explained(f)
+            if job is not None:
+                self._name_group(job, f, fid)
+                continue
             self._open(f, fid, view, now, since)
         self.open_findings = len(open_ids)
         for inc in self.values():
@@ -54,6 +58,30 @@ class Incidents(dict[int, Incident]):
                     and not open_ids.intersection(inc.finding_ids):
                 inc.resolved_at = now
                 self.dirty.add(inc.id)
+
+    def _explained(self, f: dict[str, Any]) -> Incident | None:
+        """The open job-wide incident a group finding names the cause of: its evidence lists
+        the job-wide findings it explains (``job_findings``: a network fault's host found by
+        probing while the whole job stalled)."""
+        ev = f.get("evidence") if isinstance(f.get("evidence"), dict) else {}
+        kinds = ev.get("job_findings")
+        if as_int(f.get("replica_group")) is None or not isinstance(kinds, list):
+            return None
+        return min((i for i in self.open() if i.replica_group is None and i.kind in kinds),
+                   key=lambda i: i.onset_at, default=None)
+
+    def _name_group(self, inc: Incident, f: dict[str, Any], fid: int) -> None:
+        """The job-wide incident becomes the named group's: one fault, one incident, its cost
+        counted from when the whole job first stalled, not from when the probes named a host."""
+        g = as_int(f.get("replica_group"))
+        slot = self.slots.index.get(g)
+        inc.kind, inc.replica_group, inc.replica_id = str(f.get("kind")), g, f.get("replica_id")
+        inc.ranks, inc.onset_source = as_ints(f.get("ranks")), "job_wide"
+        inc.detected_at = as_float(f.get("confirmed_at")) or inc.detected_at
+        inc.gpus_per_group = (int(self.slots.gpus[slot]) or None) if slot else None
+        inc.finding_ids.append(fid)
+        inc.resolved_at = None
+        self.dirty.add(inc.id)
 
     def ingest_evictions(self, evictions: list[dict[str, Any]], now: float,
                          since: float | None) -> None:

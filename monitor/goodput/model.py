@@ -111,7 +111,7 @@ class Incident:
     replica_id: str | None
     ranks: list[int]
     onset_at: float
-    onset_source: str  # faults_struck_at | first_seen | eviction
+    onset_source: str  # faults_struck_at | first_seen | eviction | job_wide
     detected_at: float
     finding_ids: list[int] = field(default_factory=list)
     eviction_id: int | None = None
