@@ -605,7 +605,9 @@ def analyze(name: str, raw: dict, args: argparse.Namespace, samples_per_group_st
                          "reason": d.get("reason")} for d in raw["evictions"]]
     out["findings"] = [{"kind": f.get("kind"), "replica_group": f.get("replica_group"),
                         "confirmed_at_s": round(f["confirmed_at"] - t0, 2)
-                        if f.get("confirmed_at") else None} for f in raw["findings"]]
+                        if f.get("confirmed_at") else None,
+                        "first_seen_s": round(f["first_seen"] - t0, 2)
+                        if f.get("first_seen") else None} for f in raw["findings"]]
     if b is None:
         out["error"] = "too few healthy commits for a baseline"
         return out
@@ -624,8 +626,14 @@ def analyze(name: str, raw: dict, args: argparse.Namespace, samples_per_group_st
         after = min((t for t in evicted.get(s["replica_group"], []) if t >= s["at"]),
                     default=s["at"])
         back = back_at_pace(jt, after, t1, b)
+        # the detector's first evidence: the ledger's onset where no rank reports a strike
+        seen = sorted((f["confirmed_at"], f["first_seen"]) for f in raw["findings"]
+                      if f.get("first_seen") and f.get("replica_group") == s["replica_group"]
+                      and (f.get("confirmed_at") or 0) >= s["at"])
         rec.append({"fault": f"{s['kind']} (group {s['replica_group']})",
                     "onset_s": round(s["at"] - t0, 2),
+                    "first_seen_after_onset_s": round(seen[0][1] - s["at"], 2) if seen
+                    else None,
                     "evicted_s": None if after == s["at"] else round(after - t0, 2),
                     "back_at_pace_s": None if back is None else round(back - t0, 2),
                     "recovery_s": None if back is None else round(back - s["at"], 2)})

@@ -11,6 +11,7 @@ trained, per second; *healthy* is its median over 3 s windows before the onset (
 strike on the ranks, or the step it was given at). *Back at pace*: the first moment after the
 onset from which the next 3 s hold at least 90% of the healthy pace. Detection: the monitor's
 first finding naming the host (``network``, ``dead``) or the job (``job_slow``/``job_stall``).
+Beside them, the monitor's own ledger for the fault (``ledger``: its recovery, cost and onset).
 
     .venv/bin/python benchmarks/bench_network.py --json benchmarks/results/network_faults.json
     .venv/bin/python benchmarks/bench_network.py --cases partition --modes lightkeeper
@@ -123,6 +124,12 @@ def run_case(case: str, mode: str, at: int, duration: float, workdir: Path) -> d
     out["aborts"] = sum(1 for e in report["evictions"]  # held under --dry-run: not sent
                         if e["decision"] == "abort" and e.get("status") != "dry_run")
     out["quarantined"] = report["hosts"].get("quarantined")
+    # the monitor's ledger for the same fault: its recovery beside the ranks' back_at_pace_s
+    cost = next((f["cost"] for f in faults if f.get("cost")), None) or {}
+    out["ledger"] = {k: cost.get(k) for k in ("recovery_s", "replica_seconds", "by_cause",
+                                              "onset_s")}
+    if cost.get("onset_s") is not None and onset is not None:
+        out["ledger"]["onset_after_s"] = round(cost["onset_s"] - onset, 2)
     return out
 
 
@@ -151,7 +158,7 @@ def main() -> int:
             print(json.dumps({k: row.get(k) for k in (
                 "case", "mode", "rc", "healthy_steps_per_s", "back_at_pace_s",
                 "pace_after_onset_x", "host_named_after_s", "host_named_after_steps",
-                "evictions", "aborts", "quarantined")}), flush=True)
+                "evictions", "aborts", "quarantined", "ledger")}), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),

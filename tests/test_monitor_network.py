@@ -203,6 +203,19 @@ def test_the_whole_job_slowed_in_its_collectives_is_job_slow(driver):
     assert d.mon.store.decisions() == []
 
 
+def test_job_slow_is_first_seen_when_its_first_slow_step_began(driver):
+    """Two steps of ~0.5 s a sweep (one a second): the clock and the steps agree. The finding's
+    first evidence (the ledger's onset of a network fault) is the last healthy sweep, not the
+    sweep whose window first looked slow."""
+    d = driver
+    d.sweeps(BASELINE_SWEEPS)
+    healthy_until = d.clock.t
+    d.sweeps(4, steps=2, compute_s=0.16, wait_cross_s=0.32, wait_group_s=0.02)
+    (f,) = d.mon.detectors.job_findings()
+    assert f.kind == "job_slow" and f.confirmed_at - healthy_until >= 2
+    assert f.first_seen == pytest.approx(healthy_until, abs=0.35), f.first_seen - healthy_until
+
+
 def test_slower_compute_is_not_job_slow(driver):
     """Every rank computing longer (a bigger batch, a throttled device) is not a network
     fault: the time did not go into the collectives."""

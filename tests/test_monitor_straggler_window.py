@@ -32,3 +32,20 @@ def test_a_window_with_a_step_on_time_waits_for_the_next_window():
     assert sweep(det, job, T0 + 1) == []
     job.steps(1, late_group={2: 0.5}, now=T0 + 2)  # the next window, with a newer step
     assert stragglers(sweep(det, job, T0 + 2)) == [("straggler", 2)]
+
+
+def test_first_seen_is_when_the_first_late_step_began_not_when_a_window_was_judged():
+    """The ranks' own step durations date the evidence: the cost of a straggler (its ledger
+    onset where no rank reports a fault strike) counts from its first late step. Here one sweep
+    a second, two steps of ~0.5 s in each, so the clock and the steps agree."""
+    job = Job()
+    det = Detectors(DetectorConfig(straggler_steps=6, straggler_windows=2))
+    job.steps(10, now=T0)
+    assert sweep(det, job, T0) == []  # the last sweep before group 2 turns late
+    found = []
+    for t in range(1, 5):
+        job.steps(2, late_group={2: 0.4}, noise=0.0, now=T0 + t)
+        found += sweep(det, job, T0 + t)
+    [f] = [f for f in found if f.kind == "straggler"]
+    assert f.replica_group == 2 and f.confirmed_at >= T0 + 3
+    assert T0 - 0.3 <= f.first_seen <= T0 + 0.3, (f.first_seen - T0, f.confirmed_at - T0)

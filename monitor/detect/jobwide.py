@@ -15,7 +15,7 @@ from monitor.evidence.view import ClusterView
 from .findings import Finding, Findings
 from .hang import Hang
 from .rank_state import collective_wait
-from .straggler import Straggler, Window
+from .straggler import Straggler, Window, late_for
 
 # findings that name a group: while one is open for a group of the quorum it explains the job
 GROUP_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead")
@@ -162,8 +162,8 @@ class JobWide:
                 self._baseline_newest = w.newest
             return None
         self._slow.append(round(ratio, 3))
-        if self._slow_since is None:
-            self._slow_since = now
+        if self._slow_since is None:  # since its first slow step began
+            self._slow_since = now - late_for(w.steps_s, factor * base[0], w.steps_s)
         if len(self._slow) < self.cfg.job_slow_windows and key not in self.findings.open:
             return None
         hosts = _hosts(groups)

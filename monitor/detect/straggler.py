@@ -45,6 +45,16 @@ def is_late_window(lags: np.ndarray, threshold: float, need: int) -> np.ndarray:
     return ((lags > 0).sum(axis=1) >= need) & (np.median(lags, axis=1) >= threshold)
 
 
+def late_for(values: np.ndarray, threshold: float, step_s: np.ndarray) -> float:
+    """How long a window's late run has lasted, by the ranks' own step seconds: from the start
+    of its earliest step at or over ``threshold`` after which the median stays there, through
+    the newest step (0.0 when there is none)."""
+    for j in range(len(values)):
+        if values[j] >= threshold and np.median(values[j:]) >= threshold:
+            return float(step_s[j:].sum())
+    return 0.0
+
+
 def straggler_lags(cross: np.ndarray, threshold: float, need: int
                    ) -> tuple[np.ndarray, set[int], list[int]]:
     """(per group, how long the others waited for it per step; rows late; rows not late), against
@@ -86,6 +96,7 @@ class Window:
     wait_group_s: float
     lag_threshold_s: float
     lags: dict[int, float]
+    steps_s: np.ndarray  # each step's median step seconds
 
 
 @dataclass(slots=True, eq=False)
@@ -213,9 +224,10 @@ class Straggler:
         self.last_lags = dict(zip(order, [round(v, 4) for v in
                                           np.maximum(med_lags, 0.0).tolist()], strict=True))
         meds = np.median(timings, axis=(0, 1)).tolist()
+        steps_s = np.median(timings[:, :, STEP_S], axis=0)
         self.last_window = Window(window[0], window[-1], meds[STEP_S], meds[COMPUTE_S],
                                   meds[WAIT_CROSS_S], meds[WAIT_GROUP_S], threshold,
-                                  self.last_lags)
+                                  self.last_lags, steps_s)
         med_lags = med_lags.tolist()
         findings, mems = self.findings, self.groups
         open_groups = findings.groups("straggler")
@@ -235,8 +247,8 @@ class Straggler:
             mem.straggler_windows += 1
             self._streaks.add(g)
             mem.straggler_lags.append(round(med_lags[i], 4))
-            if mem.straggler_first_seen is None:
-                mem.straggler_first_seen = now
+            if mem.straggler_first_seen is None:  # since its first late step began
+                mem.straggler_first_seen = now - late_for(lags[i], threshold, steps_s)
             if mem.straggler_windows < self.cfg.straggler_windows and late_in[i] < len(window):
                 continue
             # in the group's order of ranks, as its evidence lists them

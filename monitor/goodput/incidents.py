@@ -117,14 +117,13 @@ class Incidents(dict[int, Incident]):
 
     def _open(self, f: dict[str, Any], fid: int | None, view: ClusterView | None, now: float,
               since: float | None) -> Incident:
-        """Onset: the culprits' latest fault strike before the detection, else the finding's
-        ``first_seen``, never before the ledger began."""
+        """Onset: the culprits' latest fault strike before the detection (the ranks' own
+        record of it), else the finding's ``first_seen``, never before the ledger began."""
         first = as_float(f.get("first_seen"))
         detected = as_float(f.get("confirmed_at")) or first or now
-        first = first if first is not None else detected
-        onset, source = first, "first_seen"
+        onset, source = first if first is not None else detected, "first_seen"
         strike = strike_time(f, view, detected) if view is not None else None
-        if strike is not None and strike < first:
+        if strike is not None:
             onset, source = strike, "faults_struck_at"
         if since is not None:
             onset = max(onset, since)
