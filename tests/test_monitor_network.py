@@ -451,6 +451,26 @@ def test_dead_counts_against_its_host_once_the_lighthouse_agrees(driver):
     assert d.mon.store.decisions() == []  # dead is counted, not evicted (torchft dropped it)
 
 
+def test_a_group_found_dead_during_a_job_stall_takes_over_its_incident(driver):
+    """Group 3's host drops off while the job is stalled: its ``dead`` finding explains the
+    stall (named in its evidence), and the ledger counts the one fault from the stall's onset."""
+    d = driver
+    d.sweeps(8)
+    d.train.stall(4.0, d.clock.t)
+    d.until(lambda: d.mon.detectors.job_findings(), "job_stall", steps=0)
+    [stall] = d.mon.detectors.job_findings()
+    for r in d.train.job.sim.group(3):
+        r.set_mode("down")
+    d.until(lambda: "dead" in d.open_kinds(), "a dead finding", steps=0)
+    [dead] = [f for f in d.mon.detectors.open_findings() if f.kind == "dead"]
+    assert dead.evidence["job_findings"] == ["job_stall"] and not d.mon.detectors.job_findings()
+    incs = d.mon.goodput_json()["incidents"]
+    assert [(i["kind"], i["replica_group"], i["onset_source"]) for i in incs] == [
+        ("dead", 3, "job_wide")]
+    assert incs[0]["onset_at"] == pytest.approx(stall.first_seen)
+    assert set(incs[0]["finding_ids"]) == {f["id"] for f in d.mon.store.findings()}
+
+
 def test_a_job_that_ends_counts_against_no_host(driver):
     d = driver
     job = d.train.job

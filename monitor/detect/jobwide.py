@@ -74,6 +74,16 @@ class JobWide:
         return tuple(statistics.median(w[i] for w in self.baseline)  # type: ignore[return-value]
                      for i in range(4))
 
+    def _explained(self, key: tuple, now: float) -> None:
+        """An open job-wide finding explained by group findings confirmed now: each names it
+        (``evidence.job_findings``), so the goodput ledger counts that fault from the job's
+        onset (monitor/goodput/incidents.py)."""
+        if key in self.findings.open:
+            for k, f in self.findings.open.items():
+                if k[0] in GROUP_KINDS and f.confirmed_at == now:
+                    f.evidence.setdefault("job_findings", []).append(key[0])
+        self.findings.resolve(key, "explained", now)
+
     # --- job_stall --------------------------------------------------------------------------
     def stall(self, view: ClusterView, groups: list, now: float, hang: Hang,
               blamed: list[int]) -> Finding | None:
@@ -84,7 +94,7 @@ class JobWide:
             self.findings.resolve(key, "progress", now)  # a step committed, not a group gone
             return None
         if blamed:
-            self.findings.resolve(key, "explained", now)
+            self._explained(key, now)
             return None
         if hang.stalled_sweeps < 1 or len(groups) < 2:
             return None
@@ -137,7 +147,7 @@ class JobWide:
         self._newest = w.newest
         if blamed:
             self._slow, self._slow_since = [], None
-            self.findings.resolve(key, "explained", now)
+            self._explained(key, now)
             return None
         if self._changed_at is not None \
                 and w.first <= self._changed_at + self.cfg.straggler_steps:
