@@ -463,9 +463,12 @@ def test_mismatch_attributed_to_the_minority():
     job.fr.ft_collective("all_reduce", [[1000]], rank_sizes={1: [[1001]]})
     for s in job.states:
         s["commit_failures"] = 1
+    for r in range(job.world):  # every rank blocked in it since 2.5 s ago (its own clock)
+        job.wait(r, "cross", 2.5, phase="allreduce")
     found = sweep(det, job, T0 + 1)
     assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("mismatch", 1, [1])]
     assert found[0].evidence["attributed_by"] == "majority"
+    assert found[0].first_seen == pytest.approx(T0 + 1 - 2.5, abs=1e-6)
 
 
 def test_mismatch_between_two_survivors_uses_own_history():

@@ -467,7 +467,7 @@ def test_a_group_found_dead_during_a_job_stall_takes_over_its_incident(driver):
     incs = d.mon.goodput_json()["incidents"]
     assert [(i["kind"], i["replica_group"], i["onset_source"]) for i in incs] == [
         ("dead", 3, "job_wide")]
-    assert incs[0]["onset_at"] == pytest.approx(stall.first_seen)
+    assert incs[0]["onset_at"] == pytest.approx(stall.first_seen, abs=1e-6)
     assert set(incs[0]["finding_ids"]) == {f["id"] for f in d.mon.store.findings()}
 
 

@@ -12,7 +12,7 @@ from monitor.analysis import GroupKey, RankTrace
 from monitor.evidence.view import ClusterView
 
 from .findings import Finding, Findings
-from .rank_state import rank_groups
+from .rank_state import collective_wait, rank_groups
 
 
 def judge(view: ClusterView, dumps: Mapping[int, dict], traces: Mapping[int, RankTrace],
@@ -42,6 +42,10 @@ def judge(view: ClusterView, dumps: Mapping[int, dict], traces: Mapping[int, Ran
                 by_group.setdefault(g, []).append(r)
         if len(by_group) * 2 > len({rank_group(r) for r in dumps}) and how != "majority":
             continue  # most groups "differ": the evidence does not single one out
+        # first seen when its participants began waiting in it (their own clocks), if they do
+        waited = max((collective_wait(rv.state)[1] for v in m["raw"].get("variants") or []
+                      for r in v.get("ranks") or [] if (rv := view.rank_view(r)) is not None),
+                     default=0.0)
         for g, ranks in by_group.items():
             gv = view.groups.get(g)
             if gv is None:
@@ -49,7 +53,7 @@ def judge(view: ClusterView, dumps: Mapping[int, dict], traces: Mapping[int, Ran
             ev = {"quorum_id": m["quorum_id"], "seq": m["seq"], "pg": m["raw"].get("pg"),
                   "level": "in_group" if m["replica_group"] is not None else "cross_group",
                   "attributed_by": how, "analysis": m["raw"]}
-            new.append(findings.confirm("mismatch", gv, ranks, ev, now, now, view))
+            new.append(findings.confirm("mismatch", gv, ranks, ev, now - waited, now, view))
     return [f for f in new if f]
 
 
