@@ -180,7 +180,7 @@ def test_failing_action_retried_with_backoff_then_failed_never_raises(tmp_path):
     assert led.run_actions(clock()) == 2
     acts = {a["sink"]: a for a in led.store.host_actions()}
     assert acts["flaky"]["status"] == acts["broken"]["status"] == "retrying"
-    assert acts["flaky"]["next_at"] == pytest.approx(clock() + 2)
+    assert acts["flaky"]["next_at"] == pytest.approx(clock() + 2, abs=1e-6)
     assert led.run_actions(clock() + 1) == 0  # not due yet
     clock.t += 2
     led.run_actions(clock())
