@@ -43,7 +43,8 @@ def judge(view: ClusterView, dumps: Mapping[int, dict], traces: Mapping[int, Ran
         if len(by_group) * 2 > len({rank_group(r) for r in dumps}) and how != "majority":
             continue  # most groups "differ": the evidence does not single one out
         # first seen when its participants began waiting in it (their own clocks), if they do
-        waited = max((collective_wait(rv.state)[1] for v in m["raw"].get("variants") or []
+        waited = max((max(0.0, collective_wait(rv.state)[1])
+                      for v in m["raw"].get("variants") or []
                       for r in v.get("ranks") or [] if (rv := view.rank_view(r)) is not None),
                      default=0.0)
         for g, ranks in by_group.items():
