@@ -221,6 +221,36 @@ def test_analyze_reads_a_bundle_and_names_the_monitors_culprit(tmp_path, capsys)
     assert "not an incident bundle" in json.loads(capsys.readouterr().out)["errors"][0]["error"]
 
 
+def test_analyze_says_what_a_dump_cannot_show_and_the_monitors_evidence(tmp_path, capsys):
+    """A network fault leaves every rank's dump alike: analyze does not call that a
+    disagreement, and prints the monitor's own evidence kept in the bundle."""
+    sim = SimRanks.start(3)
+    job = FRJob(3, flavour="gloo")  # every rank in the same collective: alike
+    job.repeat(6, [("0", "all_reduce", [[1024]])])
+    for r in sim.ranks:
+        r.fr = job.dumps()[r.state["rank"]]
+    view = view_of(sim)
+    bundles, store = bundles_for(tmp_path)
+    net = {**finding(1, [1], summary="every link of h1 failed (4): the network of host h1 is "
+                                     "the fault"), "kind": "network"}
+    try:
+        got = bundles.capture("evict", view, view, net, 3, {"id": 5}, [])
+        path = bundles.store.path(got["id"])
+    finally:
+        bundles.close()
+        store.close()
+        sim.stop()
+    main(["analyze", "--format", "json", path])
+    [b] = json.loads(capsys.readouterr().out)["bundles"]
+    assert (b["kind"], b["analysis_agrees"], b["flight_recorder_shows"]) == ("network", None, False)
+    assert b["summary"].startswith("every link of h1 failed")
+    main(["analyze", path])
+    out = capsys.readouterr().out
+    assert "(network, kept before the kill); a network fault does not show in Flight " \
+           "Recorder dumps" in out
+    assert "  the monitor's evidence: every link of h1 failed (4)" in out
+
+
 def test_archive_members_never_become_paths(tmp_path):
     """A hand-made archive with ``../`` and absolute names: only manifest and fr/rank<N>.json
     members are read, each under its own name in a fresh folder."""

@@ -294,6 +294,8 @@ def test_in_group_hang_names_the_rank_that_never_entered_the_collective():
     assert ev["pending"]["op"] == "all_gather" and ev["pending"]["replica_group"] == 1
     assert ev["culprit_hosts"] == ["host-g1"] and ev["culprits"][0]["waiting"] is None
     assert ev["threshold_s"] == pytest.approx(3.0)
+    assert ev["summary"] == ("rank(s) [3] never entered all_gather (seq 161, in-group) that "
+                             "rank(s) [2] have waited in for 4.4s (threshold 3.0s)"), ev["summary"]
     # progress resumes: the hang is resolved
     job.steps(1, now=now + 6)
     sweep(det, job, now + 6.2)
@@ -384,6 +386,8 @@ def test_dead_rank_in_a_live_group_then_the_group_dead():
     assert (f.kind, f.replica_group, f.ranks) == ("dead_rank", 1, [3])
     assert f.evidence["alive"] == [2] and f.evidence["manager_rank"] == 2
     assert f.evidence["culprit_hosts"] == ["host-g1"] and f.first_seen == T0 + 1
+    assert f.evidence["summary"] == ("rank(s) [3] unreachable for 3+ sweeps while the group's "
+                                     "Manager (rank 2) still heartbeats")
     # its Manager rank goes too: the group died whole; torchft drops it (reported only)
     job.down = {2, 3}
     new = [f for t in (4, 5, 6) for f in sweep(det, job, T0 + t)]
@@ -469,6 +473,8 @@ def test_mismatch_attributed_to_the_minority():
     assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("mismatch", 1, [1])]
     assert found[0].evidence["attributed_by"] == "majority"
     assert found[0].first_seen == pytest.approx(T0 + 1 - 2.5, abs=1e-6)
+    assert found[0].evidence["summary"].startswith(
+        "rank(s) [1] enqueued a different collective than their peers at seq ")
 
 
 def test_mismatch_between_two_survivors_uses_own_history():

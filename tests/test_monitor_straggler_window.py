@@ -48,4 +48,6 @@ def test_first_seen_is_when_the_first_late_step_began_not_when_a_window_was_judg
         found += sweep(det, job, T0 + t)
     [f] = [f for f in found if f.kind == "straggler"]
     assert f.replica_group == 2 and f.confirmed_at >= T0 + 3
+    assert f.evidence["summary"].startswith("the other groups wait for replica group 2 at the "
+                                            "cross-group step: 0.4")
     assert T0 - 0.3 <= f.first_seen <= T0 + 0.3, (f.first_seen - T0, f.confirmed_at - T0)

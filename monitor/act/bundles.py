@@ -327,7 +327,7 @@ class Bundles:
                 if body is not None and r.rank is not None:
                     candidates.append((layout.rank_file(folder, r.rank), bytes(body), role))
         bundle_id = self.store.new_id(trigger, kind, group)
-        candidates += [("findings.json", _encode({"finding": {**finding, "id": finding_id},
+        candidates += [(layout.FINDINGS, _encode({"finding": {**finding, "id": finding_id},
                                                   "related": related}), "head"),
                        ("view.json", _encode(view_json(view, evidence)), "head")]
         # under the size cap the culprit's group comes first, stacks before dumps

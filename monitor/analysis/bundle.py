@@ -16,12 +16,15 @@ from typing import Any
 
 FORMAT = "lightkeeper-incident-bundle"
 VERSION = 1
-MANIFEST = "manifest.json"
+MANIFEST, FINDINGS = "manifest.json", "findings.json"
 FR_DIR, STACKS_DIR = "fr", "stacks"
 SUFFIX = ".tar.gz"
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # also a safe file name
 _MEMBER_RE = re.compile(r"^[^/]+/(fr|stacks)/rank(\d+)\.json$")
 MAX_MEMBER_BYTES = 1 << 30  # a member beyond this is refused, not read
+# the finding kinds a Flight Recorder dump can show: the others (a network fault, a group gone)
+# leave every rank's dump alike, so the monitor's evidence in the bundle is all there is
+FR_KINDS = ("hang", "mismatch", "straggler")
 
 
 class BundleError(ValueError):
@@ -35,10 +38,12 @@ def rank_file(folder: str, rank: int) -> str:
 
 @dataclass
 class OpenedBundle:
-    """A bundle's manifest and its Flight Recorder dumps, unpacked into ``fr_dir``."""
+    """A bundle's manifest and its Flight Recorder dumps, unpacked into ``fr_dir``; ``finding``:
+    the monitor's finding it was kept for (None when unreadable)."""
 
     manifest: dict[str, Any]
     fr_dir: str
+    finding: dict[str, Any] | None = None
     _tmp: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
 
     def close(self) -> None:
@@ -62,10 +67,12 @@ def open_bundle(path: str | Path) -> OpenedBundle:
     a path on this machine."""
     p = Path(path)
     if p.is_dir():
-        return OpenedBundle(_manifest(json.loads((p / MANIFEST).read_bytes())), str(p / FR_DIR))
+        finding = _finding((p / FINDINGS).read_bytes()) if (p / FINDINGS).is_file() else None
+        return OpenedBundle(_manifest(json.loads((p / MANIFEST).read_bytes())), str(p / FR_DIR),
+                            finding)
     tmp = tempfile.TemporaryDirectory(prefix="lightkeeper-bundle-")
     try:
-        manifest = None
+        manifest = finding = None
         with tarfile.open(p, "r:gz") as tar:
             for m in tar:
                 if not m.isfile() or m.size > MAX_MEMBER_BYTES:
@@ -74,12 +81,15 @@ def open_bundle(path: str | Path) -> OpenedBundle:
                 if len(parts) == 2 and parts[1] == MANIFEST:
                     manifest = _manifest(json.loads(_read(tar, m)))
                     continue
+                if len(parts) == 2 and parts[1] == FINDINGS:
+                    finding = _finding(_read(tar, m))
+                    continue
                 match = _MEMBER_RE.match(m.name)
                 if match and match.group(1) == FR_DIR:
                     Path(tmp.name, f"rank{int(match.group(2))}.json").write_bytes(_read(tar, m))
         if manifest is None:
             raise BundleError(f"{p}: no {MANIFEST} in the archive")
-        return OpenedBundle(manifest, tmp.name, tmp)
+        return OpenedBundle(manifest, tmp.name, finding, tmp)
     except (OSError, tarfile.TarError, EOFError, ValueError) as e:
         tmp.cleanup()
         if isinstance(e, BundleError):
@@ -100,16 +110,34 @@ def _manifest(doc: Any) -> dict[str, Any]:
     return doc
 
 
-def monitor_verdict(manifest: dict[str, Any], findings: list[dict[str, Any]]) -> dict[str, Any]:
+def _finding(data: bytes) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None
+    f = doc.get("finding") if isinstance(doc, dict) else None
+    return f if isinstance(f, dict) else None
+
+
+def monitor_verdict(manifest: dict[str, Any], findings: list[dict[str, Any]],
+                    finding: dict[str, Any] | None = None) -> dict[str, Any]:
     """What the monitor named, as ``lightkeeper analyze`` reports it beside its own ``findings``;
-    ``analysis_agrees``: some finding's culprits equal the named ranks (None: it named none)."""
+    ``analysis_agrees``: some finding's culprits equal the named ranks (None: it named none, or
+    its kind is not one a dump shows: ``flight_recorder_shows``); ``summary``: the monitor's
+    own evidence, from the bundle's finding."""
     decision = manifest.get("decision") or {}
     named = sorted(manifest.get("culprit_ranks") or [])
-    agrees = any(set(f.get("culprit_ranks") or []) == set(named) for f in findings) if named else None
+    shows = manifest.get("kind") in FR_KINDS
+    agrees = any(set(f.get("culprit_ranks") or []) == set(named)
+                 for f in findings) if named and shows else None
+    ev = (finding or {}).get("evidence")
+    summary = ev.get("summary") if isinstance(ev, dict) else None
     return {"id": manifest.get("id"), "trigger": manifest.get("trigger"),
             "kind": manifest.get("kind"), "replica_group": manifest.get("replica_group"),
             "replica_id": manifest.get("replica_id"), "culprit_ranks": named,
             "decision": decision.get("decision"), "decision_id": decision.get("id"),
             "not_fetched": [r for r in manifest.get("ranks") or []
                             if r.get("fr_trace") != "ok" or r.get("stacks") != "ok"],
-            "left_out": manifest.get("left_out") or [], "analysis_agrees": agrees}
+            "left_out": manifest.get("left_out") or [], "analysis_agrees": agrees,
+            "flight_recorder_shows": shows,
+            "summary": summary[:500] if isinstance(summary, str) else None}

@@ -57,7 +57,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if inputs.quorums:
         report["torchft_quorums"] = inputs.quorums
     if inputs.bundles:
-        report["bundles"] = [monitor_verdict(b.manifest, report["findings"]) for b in inputs.bundles]
+        report["bundles"] = [monitor_verdict(b.manifest, report["findings"], b.finding)
+                             for b in inputs.bundles]
     if args.format == "json":
         json.dump(report, out, indent=2)
         out.write("\n")
@@ -127,8 +128,12 @@ def format_text(report: dict[str, Any]) -> str:
         named = _span(b["culprit_ranks"]) if b["culprit_ranks"] else "none"
         agrees = {True: "the analysis agrees", False: "the analysis does not name them", None: ""}[b["analysis_agrees"]]
         when = {"evict": "kept before the kill", "confirm": "kept when confirmed"}.get(b["trigger"], b["trigger"])
+        if not b.get("flight_recorder_shows", True):
+            agrees = f"a {b['kind']} fault does not show in Flight Recorder dumps"
         lines.append(f"incident bundle {b['id']}: the monitor named rank(s) {named} of replica group {b['replica_group']} "
                      f"({b['kind']}, {when}){'; ' + agrees if agrees else ''}")
+        if b.get("summary"):
+            lines.append(f"  the monitor's evidence: {b['summary']}")
         for r in b["not_fetched"]:
             lines.append(f"  not fetched from rank {r.get('rank')} ({r.get('url')}): stacks {r.get('stacks')}, fr_trace {r.get('fr_trace')}")
         for x in b["left_out"]:

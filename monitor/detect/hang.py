@@ -161,7 +161,11 @@ class Hang:
                     level, ranks, found = "in_group", list(h_in["culprits"]), [h_in]
                     waiting, waits = inner_peers, {**blocked, **waits}
             pending = found[0]["raw"]
-            ev = {"level": level, "stalled_s": round(longest, 3),
+            ev = {"summary": f"rank(s) {ranks} never entered {pending.get('op')} (seq "
+                             f"{pending.get('seq')}, {level.replace('_', '-')}) that rank(s) "
+                             f"{waiting} have waited in for {longest:.1f}s (threshold "
+                             f"{threshold:.1f}s)",
+                  "level": level, "stalled_s": round(longest, 3),
                   "threshold_s": round(threshold, 3),
                   "median_step_s": view.median_step_seconds(),
                   "pending": {k: pending.get(k)

@@ -60,7 +60,11 @@ class Liveness:
                     and r.state.get("group_rank") != 0]
             if manager_up and lost:
                 findings.resolve(("dead", g, rid), "rank_dead_in_live_group", now)
-                ev = {"unreachable": _unreachable(lost),
+                ev = {"summary": f"rank(s) {sorted(r.rank for r in lost if r.rank is not None)} "
+                                 f"unreachable for {self.cfg.dead_sweeps}+ sweeps while the "
+                                 f"group's Manager "
+                                 f"(rank {manager_up[0].rank}) still heartbeats",
+                      "unreachable": _unreachable(lost),
                       "alive": sorted(r.rank for r in gv.reachable if r.rank is not None),
                       "manager_rank": manager_up[0].rank,
                       "why": "the group's Manager (group rank 0) still heartbeats, so torchft "
@@ -74,7 +78,9 @@ class Liveness:
             if not down:
                 findings.resolve_where("reachable", now, ("dead",), g)
                 continue
-            ev = {"unreachable": _unreachable(down), "group_ranks_unreachable": len(down),
+            ev = {"summary": f"{len(down)} of the group's {len(gv.ranks)} rank(s) unreachable "
+                             f"for {self.cfg.dead_sweeps}+ sweeps",
+                  "unreachable": _unreachable(down), "group_ranks_unreachable": len(down),
                   "group_ranks": len(gv.ranks)}
             new.append(findings.confirm(
                 "dead", gv, sorted({r.rank for r in down if r.rank is not None}), ev,
@@ -121,7 +127,10 @@ class Liveness:
                 rid = None
             first = min(self._starting[(r.url, r.state.get("pid"), r.state.get("started_at"))]
                         for r in ranks)
-            ev = {"starting_timeout_s": self.cfg.starting_timeout_s,
+            ev = {"summary": f"rank(s) {sorted(r.rank for r in ranks if r.rank is not None)} "
+                             f"without a quorum for {now - first:.0f}s (timeout "
+                             f"{self.cfg.starting_timeout_s:g}s)",
+                  "starting_timeout_s": self.cfg.starting_timeout_s,
                   "for_s": round(now - first, 1),
                   "ranks": {str(r.rank): {
                       "phase": r.state.get("phase"), "replica_id": r.replica_id,

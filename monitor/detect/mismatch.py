@@ -51,7 +51,10 @@ def judge(view: ClusterView, dumps: Mapping[int, dict], traces: Mapping[int, Ran
             gv = view.groups.get(g)
             if gv is None:
                 continue
-            ev = {"quorum_id": m["quorum_id"], "seq": m["seq"], "pg": m["raw"].get("pg"),
+            ev = {"summary": f"rank(s) {ranks} enqueued a different collective than their "
+                             f"peers at seq {m['seq']} of {m['raw'].get('pg')!r} (attributed by "
+                             f"{how.replace('_', ' ')})",
+                  "quorum_id": m["quorum_id"], "seq": m["seq"], "pg": m["raw"].get("pg"),
                   "level": "in_group" if m["replica_group"] is not None else "cross_group",
                   "attributed_by": how, "analysis": m["raw"]}
             new.append(findings.confirm("mismatch", gv, ranks, ev, now - waited, now, view))

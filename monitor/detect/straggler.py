@@ -256,7 +256,11 @@ class Straggler:
             ranks, in_group = self._late_ranks(rows, window, threshold)
             against = healthy if i in candidates and healthy else [
                 j for j in range(len(order)) if j != i]
-            ev = {"median_lag_s": round(med_lags[i], 4), "threshold_s": round(threshold, 4),
+            ev = {"summary": f"the other groups wait for replica group {g} at the cross-group "
+                             f"step: {med_lags[i]:.3f}s in the median of steps {window[0]}-"
+                             f"{window[-1]} (threshold {threshold:.3f}s, late in "
+                             f"{late_in[i]}/{len(window)}); {in_group['verdict']}",
+                  "median_lag_s": round(med_lags[i], 4), "threshold_s": round(threshold, 4),
                   "median_step_s": round(med_step, 4), "late_in": f"{late_in[i]}/{len(window)}",
                   "waited_for_in": f"{waited_in[i]}/{len(window)}",
                   "lag_against": [order[j] for j in against],
@@ -348,7 +352,9 @@ def from_flight_recorder(view: ClusterView, analysis: list[dict] | None, now: fl
             ranks.append(rank)
     new = []
     for g, (ranks, raw) in named.items():
-        ev = {"source": "flight_recorder", "clock": raw.get("evidence"), "z": raw.get("z"),
+        ev = {"summary": f"rank(s) {sorted(ranks)} of replica group {g} late into the "
+                         f"collectives of their Flight Recorder dumps: {raw.get('detail')}",
+              "source": "flight_recorder", "clock": raw.get("evidence"), "z": raw.get("z"),
               "median_wait_ms": raw.get("median_wait_ms"),
               "collectives": raw.get("collectives"), "detail": raw.get("detail"),
               "analysis": raw}
