@@ -310,6 +310,28 @@ ALERTS = [
                (f'lightkeeper_monitor_config_warnings{{{M}, setting="heartbeat_timeout"}}',
                 "0x20")], "4m")]),
     Alert(
+        "LightkeeperJobSlowedWithoutCulprit",
+        'max by (job) (lightkeeper_monitor_open_findings{kind=~"job_stall|job_slow"}) > 0',
+        "2m", "warning",
+        "Every replica group of job {{ $labels.job }} waits alike, and no host is to blame",
+        "The monitor's job_stall or job_slow finding has been open for 2 minutes: every group "
+        "is slowed or blocked in the same collectives and none is late. A network fault of one "
+        "host is named by the probe mesh and evicted within seconds; one that lasts is the "
+        "fabric's (every link alike), or one the probes cannot see. The monitor evicts nothing "
+        "for it.",
+        "GET /v1/cluster on the monitor: job_findings, and network_probes.last (the probe "
+        "matrix): every link slow alike points at the fabric (a switch, a shared uplink), no "
+        "round at all at ranks without the probe route; check the fabric's counters, then "
+        "restart the job's groups elsewhere if it does not recover.",
+        [Case("job_slow open for 3 minutes",
+              [(f'lightkeeper_monitor_open_findings{{{M}, kind="job_slow"}}', "0 1x20"),
+               (f'lightkeeper_monitor_open_findings{{{M}, kind="network"}}', "0x20")], "3m",
+              [{"job": "train"}]),
+         Case("a job stall that a named host explained within a minute",
+              [(f'lightkeeper_monitor_open_findings{{{M}, kind="job_stall"}}', "0 1x3 0x20"),
+               (f'lightkeeper_monitor_open_findings{{{M}, kind="network"}}', "0x3 1x2 0x20")],
+              "3m")]),
+    Alert(
         "LightkeeperMonitorDown",
         'up{lightkeeper_component="monitor"} == 0', "2m", "warning",
         "The Lightkeeper monitor of job {{ $labels.job }} is down",
