@@ -13,6 +13,10 @@ from .columns import Slots
 from .model import GoodputConfig, Incident, as_float, as_int, as_ints
 from .pace import JobPace
 
+# first_seen dates a straggler from the start of its first late step: a strike inside that step
+# (a later fault of the same rank is not its cause) comes this much after it at most
+STRIKE_SLACK_S = 1.0
+
 
 class Incidents(dict[int, Incident]):
     """Incidents by id; ``on_open`` is called with each new one."""
@@ -117,12 +121,14 @@ class Incidents(dict[int, Incident]):
 
     def _open(self, f: dict[str, Any], fid: int | None, view: ClusterView | None, now: float,
               since: float | None) -> Incident:
-        """Onset: the culprits' latest fault strike before the detection (the ranks' own
-        record of it), else the finding's ``first_seen``, never before the ledger began."""
+        """Onset: the culprits' latest fault strike by the finding's ``first_seen`` (the ranks'
+        own record of the fault its evidence began with), else ``first_seen``, never before the
+        ledger began."""
         first = as_float(f.get("first_seen"))
         detected = as_float(f.get("confirmed_at")) or first or now
         onset, source = first if first is not None else detected, "first_seen"
-        strike = strike_time(f, view, detected) if view is not None else None
+        strike = strike_time(f, view, min(detected, onset + STRIKE_SLACK_S)) \
+            if view is not None else None
         if strike is not None:
             onset, source = strike, "faults_struck_at"
         if since is not None:
@@ -202,9 +208,9 @@ class Incidents(dict[int, Incident]):
                 del self[inc.id]
 
 
-def strike_time(f: dict[str, Any], view: ClusterView, detected: float) -> float | None:
-    """The latest fault strike a culprit rank reports before the detection (of the finding's
-    incarnation's ranks only, when it names one)."""
+def strike_time(f: dict[str, Any], view: ClusterView, by: float) -> float | None:
+    """The latest fault strike a culprit rank reports by ``by`` (of the finding's incarnation's
+    ranks only, when it names one)."""
     ev = f.get("evidence") if isinstance(f.get("evidence"), dict) else {}
     ranks = set(as_ints(f.get("ranks")) + as_ints(ev.get("culprit_ranks")))
     strikes = []
@@ -218,5 +224,5 @@ def strike_time(f: dict[str, Any], view: ClusterView, detected: float) -> float 
         struck = r.state.get("faults_struck_at")
         if isinstance(struck, dict):
             strikes += [t for t in map(as_float, struck.values())
-                        if t is not None and t <= detected]
+                        if t is not None and t <= by]
     return max(strikes) if strikes else None
