@@ -556,6 +556,20 @@ def test_a_group_named_as_the_cause_of_a_job_stall_takes_over_its_incident():
     check_counted(job, led)
 
 
+def test_onset_is_the_strike_the_evidence_began_with_not_a_later_one():
+    """The straggler's first_seen is its first late step's start, which its strike follows by
+    a fraction of a step: that strike is the onset. A second fault of the same rank, struck
+    after the evidence began, is not its cause."""
+    job, led = healthy_ledger(seconds=30)
+    t = job.t
+    job.groups[1]["struck"] = {"slow_compute:delay=0.6": t + 0.3,
+                               "slow_compute:delay=0.9": t + 4.0}
+    job.finding("straggler", 1, first_seen=t, confirmed_at=t + 5, fid=1)
+    job.run(led, 6, pace=0.5)
+    [inc] = led.to_json()["incidents"]
+    assert (inc["onset_source"], inc["onset_at"]) == ("faults_struck_at", t + 0.3)
+
+
 def test_a_group_finding_that_explains_no_job_stall_opens_its_own_incident():
     job, led = healthy_ledger(seconds=30)
     job.findings.append({"id": 1, "kind": "job_slow", "replica_group": None,
