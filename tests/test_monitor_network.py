@@ -176,6 +176,39 @@ def test_a_stall_with_each_groups_other_rank_in_its_commit_is_a_job_stall(driver
     assert d.mon.store.decisions() == []
 
 
+def test_groups_through_the_collective_waiting_for_a_quorum_are_part_of_a_job_stall(driver):
+    """A partition striking mid all_reduce: three groups got their part through, committed and
+    wait for the next quorum; the fourth is blocked in the collective for good. Still every
+    group waits, and none is late: a job stall (the probes then find the host)."""
+    d = driver
+    d.sweeps(4)
+    d.train.stall(4.0, d.clock.t)
+    step = d.train.step
+    for g in (0, 1, 2):
+        for r in d.train.job.sim.group(g):
+            r.update(step=step + 1, phase="quorum", phase_since=d.clock.t - 4.0,
+                     timing={**r.state["timing"], "waiting": None})
+    d.sweeps(2, steps=0)
+    (f,) = d.mon.detectors.job_findings()
+    assert f.kind == "job_stall" and f.evidence["step"] == step + 1
+    assert f.evidence["groups"]["3"]["waiting_s"] == pytest.approx(4.0)
+    assert [f.evidence["groups"][g]["phase"] for g in "012"] == ["quorum"] * 3
+    assert "through it, waits for a quorum (group(s) [0, 1, 2])" in f.evidence["summary"]
+    d.sweeps(2, steps=0)
+    assert d.mon.detectors.job_findings() == [f]  # still stalled: no step moved
+
+
+def test_groups_waiting_for_a_quorum_with_no_group_blocked_is_no_job_stall(driver):
+    d = driver
+    d.sweeps(4)
+    d.train.stall(4.0, d.clock.t)
+    for r in d.train.job.sim.ranks:  # all between quorums: torchft's business
+        r.update(step=d.train.step + 1, phase="quorum", timing={**r.state["timing"],
+                                                                "waiting": None})
+    d.sweeps(3, steps=0)
+    assert d.open_kinds() == []
+
+
 def test_one_group_not_in_the_collective_is_no_job_stall(driver):
     d = driver
     d.sweeps(4)

@@ -102,13 +102,18 @@ class JobWide:
         if not stalled:
             return None  # e.g. between quorums: an open one stays open until a step moves
         per_group: dict[str, Any] = {}
-        steps = set()
+        steps, through = set(), []
         for gv in groups:
             if len(gv.reachable) != len(gv.ranks):
                 return None  # a rank absent: the per-group detectors' business
             fresh = [r for r in gv.ranks if r.fresh]
             if not fresh:
                 return None
+            if all(r.state.get("phase") == "quorum" for r in fresh):
+                # through the collective before the fault cut the others' part of it: waiting
+                # for a quorum the blocked groups never ask for (checked a step ahead below)
+                through.append(gv)
+                continue
             waited = []
             for r in fresh:
                 scope, secs = collective_wait(r.state)
@@ -125,16 +130,25 @@ class JobWide:
                 "step": gv.step, "waiting_s": round(max(waited), 3),
                 "ranks": sorted(r.rank for r in fresh if r.rank is not None),
                 "hosts": sorted(gv.hosts)}
-        if None in steps or max(steps) - min(steps) > 1:
+        if not steps or None in steps or max(steps) - min(steps) > 1 \
+                or any(gv.step != max(steps) + 1 for gv in through):
             return None
+        for gv in through:
+            per_group[str(gv.replica_group)] = {
+                "step": gv.step, "waiting_s": None, "phase": "quorum",
+                "ranks": sorted(r.rank for r in gv.ranks if r.rank is not None),
+                "hosts": sorted(gv.hosts)}
         hosts = _hosts(groups)
+        past = sorted(gv.replica_group for gv in through)
         ev = {"summary": f"every replica group of quorum {view.quorum_id} ({len(groups)}) is "
-                         f"blocked in the cross-group collective at step {max(steps)}, the "
-                         f"longest for {longest:.1f}s (threshold {threshold:.1f}s), and no "
-                         f"group is late or absent: a job-wide stall (a network fault makes "
-                         f"every group wait alike); hosts {', '.join(hosts)}",
+                         f"blocked in the cross-group collective at step {max(steps)}"
+                         + (f" or, through it, waits for a quorum (group(s) {past})"
+                            if past else "")
+                         + f", the longest for {longest:.1f}s (threshold {threshold:.1f}s), "
+                         f"and no group is late or absent: a job-wide stall (a network fault "
+                         f"makes every group wait alike); hosts {', '.join(hosts)}",
               "stalled_s": round(longest, 3), "threshold_s": round(threshold, 3),
-              "quorum_id": view.quorum_id, "step": max(steps), "groups": per_group,
+              "quorum_id": view.quorum_id, "step": top, "groups": per_group,
               "hosts": hosts, "probe": None}
         return self.findings.confirm("job_stall", None, [], ev, now - longest, now, view)
 
