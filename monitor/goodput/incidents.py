@@ -78,14 +78,18 @@ class Incidents(dict[int, Incident]):
         """The job-wide incident becomes the named group's: one fault, one incident, its cost
         counted from when the whole job first stalled, not from when the probes named a host."""
         g = as_int(f.get("replica_group"))
-        slot = self.slots.index.get(g)
         inc.kind, inc.replica_group, inc.replica_id = str(f.get("kind")), g, f.get("replica_id")
         inc.ranks, inc.onset_source = as_ints(f.get("ranks")), "job_wide"
         inc.detected_at = as_float(f.get("confirmed_at")) or inc.detected_at
-        inc.gpus_per_group = (int(self.slots.gpus[slot]) or None) if slot else None
+        inc.gpus_per_group = self._gpus(g)
         inc.finding_ids.append(fid)
         inc.resolved_at = None
         self.dirty.add(inc.id)
+
+    def _gpus(self, g: int | None) -> int | None:
+        """The group's world size as its ranks report it; None for a group never seen."""
+        slot = self.slots.index.get(g)
+        return (int(self.slots.gpus[slot]) or None) if slot else None
 
     def ingest_evictions(self, evictions: list[dict[str, Any]], now: float,
                          since: float | None) -> None:
@@ -134,12 +138,11 @@ class Incidents(dict[int, Incident]):
         if since is not None:
             onset = max(onset, since)
         g = as_int(f.get("replica_group"))
-        slot = self.slots.index.get(g)  # None: a group never seen (or none)
         inc = Incident(id=self.next_id, kind=str(f.get("kind") or "unknown"),
                        replica_group=g, replica_id=f.get("replica_id"),
                        ranks=as_ints(f.get("ranks")), onset_at=onset, onset_source=source,
                        detected_at=detected, finding_ids=[fid] if fid is not None else [],
-                       gpus_per_group=(int(self.slots.gpus[slot]) or None) if slot else None)
+                       gpus_per_group=self._gpus(g))
         self.next_id += 1
         self[inc.id] = inc
         self.dirty.add(inc.id)
