@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -16,7 +17,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     b = sub.add_parser("build", help="generate the dashboards and Prometheus files from code",
                        description="Write dashboards/generated/*.json and "
-                                   "dashboards/prometheus/{prometheus,rules,rules_test}.yml.")
+                                   "dashboards/prometheus/{prometheus,rules,rules_test}.yml; "
+                                   "in a checkout, also the Kubernetes PrometheusRule and "
+                                   "dashboard ConfigMaps that restate them "
+                                   "(deploy/kubernetes/generate.py).")
     b.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 if the committed files are stale")
     b.add_argument("--out", metavar="DIR",
@@ -53,11 +57,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     u.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout, seconds")
 
 
+def _kubernetes_generator():
+    """deploy/kubernetes/generate.py of this checkout, which restates the rules and dashboards
+    as Kubernetes objects; None where the package runs without its repository (a wheel)."""
+    from .build import PACKAGE_DIR
+
+    path = PACKAGE_DIR.parent / "deploy" / "kubernetes" / "generate.py"
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("lightkeeper_k8s_generate", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _build(args: argparse.Namespace) -> int:
     from .build import GENERATED_DIR, stale_files, write_all
 
+    k8s = _kubernetes_generator()
     if args.check:
-        stale = stale_files()
+        stale = stale_files() + (k8s.stale_files() if k8s else [])
         for p in stale:
             print(f"stale: {p}", file=sys.stderr)
         if stale:
@@ -67,6 +86,11 @@ def _build(args: argparse.Namespace) -> int:
         return 0
     for p in write_all():
         print(f"wrote {p}")
+    if k8s is not None:  # after write_all: the manifests restate the files just written
+        for path, text in k8s.expected_files().items():
+            if not path.exists() or path.read_text(encoding="utf-8") != text:
+                path.write_text(text, encoding="utf-8")
+                print(f"wrote {path}")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

@@ -378,6 +378,34 @@ def test_build_writes_copies_for_provisioning(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(DASHBOARDS)
 
 
+def test_build_regenerates_the_kubernetes_manifests_of_its_checkout(tmp_path, monkeypatch,
+                                                                     capsys):
+    """In a checkout, ``build`` also writes the PrometheusRule and ConfigMaps that restate the
+    rules and dashboards, and ``--check`` names them when stale. A copy of the checkout's
+    layout stands in, so the real manifests are never rewritten."""
+    import argparse
+
+    from dashboards import cli as dashboards_cli
+
+    repo = build.PACKAGE_DIR.parent
+    for rel in ("deploy/kubernetes/generate.py", "dashboards/prometheus/rules.yml",
+                *(f"dashboards/generated/{d}" for d in DASHBOARDS)):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(repo / rel, tmp_path / rel)
+    (tmp_path / "deploy/kubernetes/monitoring").mkdir()
+    # the generator found beside the package: the copy's, which reads and writes only the copy
+    monkeypatch.setattr(build, "PACKAGE_DIR", tmp_path / "dashboards")
+    rule = tmp_path / "deploy/kubernetes/monitoring/prometheusrule.yaml"
+    check = argparse.Namespace(dashboards_command="build", check=True, out=None)
+    assert dashboards_cli.run(check) == 1
+    assert f"stale: {rule}" in capsys.readouterr().err
+    assert dashboards_cli.run(argparse.Namespace(**{**vars(check), "check": False})) == 0
+    assert f"wrote {rule}" in capsys.readouterr().out
+    assert rule.read_text() == (repo / "deploy/kubernetes/monitoring/prometheusrule.yaml"
+                                ).read_text()
+    assert dashboards_cli.run(check) == 0
+
+
 def test_every_alert_has_a_runbook_section_in_the_docs():
     """runbook_url points at docs/dashboards.md#<alert name>: that heading must exist."""
     docs = (build.PACKAGE_DIR.parent / "docs" / "dashboards.md").read_text()
