@@ -118,7 +118,9 @@ def test_view_counts_unreachable_sweeps_and_rejects_bad_state(sim, poller):
         view = vb.update(targets, poller.sweep(sim.urls), now=100.0 + i)
     bad, down = view.ranks[sim.ranks[1].url], view.ranks[sim.ranks[4].url]
     assert not bad.reachable and bad.reason == "bad_response" and bad.failures == 3
-    assert not down.reachable and down.reason == "connection" and down.unreachable_since == 100.0
+    assert not down.reachable and down.reason == "connection"
+    # since the first failed request was sent: that sweep's time less the request's latency
+    assert 99.0 < down.unreachable_since <= 100.0
     assert view.reachable_fraction == pytest.approx(4 / 6)
     assert sorted(view.groups) == [0, 1, 2]  # the last good state still places them
     assert view.groups[1].status == "unreachable"
@@ -126,6 +128,19 @@ def test_view_counts_unreachable_sweeps_and_rejects_bad_state(sim, poller):
     view = vb.update(targets, poller.sweep(sim.urls), now=104.0)
     assert view.ranks[sim.ranks[4].url].reachable
     assert view.ranks[sim.ranks[4].url].failures == 0
+
+
+def test_a_rank_that_times_out_is_unreachable_since_it_was_asked(sim, poller):
+    """A host that vanished is found when its request times out; the fault began no later than
+    the request was sent, so the dead finding's onset (and the ledger's) is dated from then."""
+    targets = [Target(u, "static") for u in sim.urls]
+    vb = ViewBuilder()
+    vb.update(targets, poller.sweep(sim.urls), now=99.0)
+    sim.ranks[2].set_mode("slow", delay=30.0)
+    view = vb.update(targets, poller.sweep(sim.urls), now=100.0)
+    gone = view.ranks[sim.ranks[2].url]
+    assert not gone.reachable and gone.reason == "timeout"
+    assert gone.unreachable_since == pytest.approx(100.0 - 0.5, abs=0.2)  # the poll timeout
 
 
 def test_restarted_rank_supersedes_its_old_address(poller):

@@ -180,8 +180,8 @@ class ViewBuilder:
         else:
             rv.reason, rv.error = "bad_response", f"bad /v1/state: {valid_state(p.data)}"
         rv.failures += 1
-        if rv.unreachable_since is None:
-            rv.unreachable_since = now
+        if rv.unreachable_since is None:  # since the failed request was sent, not answered
+            rv.unreachable_since = now if p is None else now - p.latency_s
         return rv
 
     def _regroup(self, current: dict[str, RankView], changed: set[str],
