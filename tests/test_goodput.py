@@ -42,6 +42,8 @@ class ModelJob:
         self.splits: list[float] = []
         self.counted = dict.fromkeys(CAUSES, 0.0)  # badput the metrics counted (SweepAccount)
         self.counted_goodput = 0.0  # goodput the metrics counted (a counter: never negative)
+        self.commit_times = False  # report ``last_step_at``, each newest step's commit time
+        self.step_at: float | None = None
 
     def ranks(self) -> dict[str, RankView]:
         out = {}
@@ -54,6 +56,8 @@ class ModelJob:
                          "phase_since": self.t, "participating": s["in"],
                          "replica_id": s["rid"], "commits": s["commits"],
                          "faults_struck_at": s["struck"] if gr == 1 else {}}
+                if self.commit_times:
+                    state["last_step_at"] = self.step_at
                 out[url] = RankView(url, s["reach"], state)
         return out
 
@@ -63,6 +67,8 @@ class ModelJob:
         self.t += dt
         self.progress += pace * dt / STEP
         n = int(self.progress) - int(before)
+        if n:  # the newest step was crossed this long before the sweep
+            self.step_at = self.t - (self.progress - int(self.progress)) * STEP / pace
         for s in self.groups.values():
             if s["in"]:
                 s["commits"] += n
@@ -652,6 +658,24 @@ def test_settling_needs_a_steady_pace_and_no_open_finding():
     job.run(led, 20, pace=0.8)
     inc = next(i for i in led.to_json()["incidents"] if i["id"] == inc["id"])
     assert inc["back_to_pace"] == "settled"
+
+
+def test_back_at_pace_is_dated_from_the_first_commit_by_the_ranks_clock():
+    """Survivors stalled after an eviction commit again between two sweeps: the job is back
+    at pace from that commit (the ranks' ``last_step_at``), not from either sweep around it."""
+    job, led = healthy_ledger(seconds=30)
+    job.commit_times = True
+    job.finding("hang", 2, first_seen=job.t, confirmed_at=job.t, fid=1)
+    job.run(led, 1, pace=0.0)
+    job.evict(2, at=job.t, did=1, fid=1)
+    job.run(led, 2.3, pace=0.0, dt=0.1)  # the survivors' quorum forms without group 2 ...
+    job.progress = float(int(job.progress)) + 0.5  # ... half a step into the next one
+    job.sweep(led, dt=0.1, pace=0.0)
+    resumed = job.t  # the next step ends 0.5 x STEP (0.1 s) after this sweep, 0.05 s before
+    job.run(led, 10, pace=1.0, dt=0.15)  # the next, which sees it
+    [inc] = led.to_json()["incidents"]
+    assert inc["back_to_pace"] == "reached"
+    assert inc["back_to_pace_at"] == pytest.approx(resumed + 0.5 * STEP, abs=1e-6)
 
 
 def test_job_back_at_pace_is_reached_not_settled():

@@ -115,6 +115,16 @@ class GroupView:
         steps = [int(r.state["step"]) for r in self.reachable if r.state]
         return max(steps) if steps else None
 
+    @_cached
+    def step_at(self) -> float | None:
+        """When its newest step committed, by the clock of a rank that made it (``last_step_at``);
+        None where no rank says (e.g. torch's own server)."""
+        top = self.step
+        times = [t for r in self.reachable if r.state and r.state.get("step") == top
+                 for t in (r.state.get("last_step_at"),)
+                 if type(t) in (int, float) and math.isfinite(t)]
+        return max(times) if times else None
+
     @_kept
     def quorum_id(self) -> int | None:
         q = [int(r.state["quorum_id"]) for r in self.reachable if r.state]

@@ -213,6 +213,7 @@ class CommitReader:
     def __init__(self) -> None:
         self._last: tuple | None = None  # what the last read saw
         self.quorum_steps: list[int] = []  # the last read's in-quorum groups' steps
+        self.step_at: float | None = None  # the newest of them committed at (the rank's clock)
 
     def read(self, view: ClusterView, in_quorum: set[int], S: Slots, born: int, now: float,
              first: bool) -> np.ndarray:
@@ -233,6 +234,12 @@ class CommitReader:
         rids, lens = list(rids), list(map(len, reaches))
         inq = list(map(in_quorum.__contains__, keys))
         self.quorum_steps = list(filter(partial(is_not, None), compress(steps, inq)))
+        self.step_at = None  # when the furthest in-quorum group committed its newest step
+        if self.quorum_steps:
+            top = max(self.quorum_steps)
+            self.step_at = next((gv.step_at for gv, s, q in zip(groups.values(), steps, inq,
+                                                                  strict=True)
+                                 if q and s == top), None)
         flat = list(chain.from_iterable(reaches))
         if rd is not None and rd[0] == keys and rd[3] == lens:
             owner, commits, sizes, states = rd[5], rd[6], rd[7], rd[8]

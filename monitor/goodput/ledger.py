@@ -71,7 +71,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.hist.append(now, self.slots.cum, self.job.window)
         self.incidents.ingest_findings(view, findings, now, self.since)
         self.incidents.ingest_evictions(evictions, now, self.since)
-        job_moved = self.job.ingest(self.reader.quorum_steps, now)
+        job_moved = self.job.ingest(self.reader.quorum_steps, now, self.reader.step_at)
         if self.since is None:
             self.since = self.last_at = now
             self._revised.clear()

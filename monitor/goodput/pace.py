@@ -53,19 +53,23 @@ class JobPace:
     def horizon(self) -> float:
         return max(self.cfg.horizon_s, self.cfg.horizon_steps * (self.baseline or 0.0))
 
-    def ingest(self, steps: list[int], now: float) -> bool:
-        """True if the in-quorum groups' steps moved the job on."""
-        moved = False
+    def ingest(self, steps: list[int], now: float, step_at: float | None = None) -> bool:
+        """True if the in-quorum groups' steps moved the job on. ``step_at``: when the newest
+        step committed by the ranks' clock; the history dates a move from it, not from the
+        sweep that saw it (kept between the last entry and ``now``: clocks differ)."""
+        moved, at = False, now
         if steps:
             s = max(steps)
             if self.step is not None and s > self.step:
                 moved = True
+                if step_at is not None and self.history:
+                    at = min(now, max(self.history[-1][0], step_at))
             if self.step is not None and s < self.step - JOB_RESTART_STEPS:
                 self.history.clear()  # started over (e.g. from a checkpoint)
             if self.step is None or s > self.step or not self.history:
                 self.step = s
         if self.step is not None:
-            self.history.append((now, self.step))
+            self.history.append((at, self.step))
             trim(self.history, now, self.window)
         return moved
 
@@ -125,7 +129,8 @@ class JobPace:
 
     def back_at(self, after: float, now: float, b: float | None) -> float | None:
         """Start of the trailing window (from ``after`` on) at pace by baseline ``b``, never
-        before the job first committed again; None if it is not at pace."""
+        before the job first committed again (by the ranks' clock, or the sweep that saw it);
+        None if it is not at pace."""
         if b is None:
             return None
         hist, start = list(self.history), None
@@ -137,6 +142,6 @@ class JobPace:
         span = now - start[0]
         if span <= 0 or (hist[-1][1] - start[1]) * b / span < self.cfg.pace_threshold:
             return None
-        first_move = next((hist[i - 1][0] for i in range(1, len(hist))
+        first_move = next((hist[i][0] for i in range(1, len(hist))
                            if hist[i][0] > after and hist[i][1] > hist[i - 1][1]), start[0])
         return max(start[0], first_move)

@@ -3,7 +3,9 @@ tests/test_goodput_columns.py compares the columnar ledger with, sweep after swe
 ``GoodputLedger``, ``_Group``, ``_rank_counts`` and ``_cum_at`` are the ledger's (then
 monitor/goodput.py) at e1d5fb6, verbatim; the dataclasses, constants and value helpers the change
 left alone are imported from monitor/goodput/. Not used by the monitor; do not change the ledger
-here to follow monitor/goodput/ (that is what the test checks)."""
+here to follow monitor/goodput/ (that is what the test checks). One later change of behaviour
+was made here too, by intent: the job's step history dated from the ranks' commit time
+(``_ingest_job_step``, ``_back_at``)."""
 
 from __future__ import annotations
 
@@ -283,17 +285,21 @@ class GoodputLedger:
 
     def _ingest_job_step(self, view: ClusterView, in_quorum: set[int], now: float) -> bool:
         steps = [gv.step for g, gv in view.groups.items() if g in in_quorum and gv.step is not None]
-        moved = False
+        moved, at = False, now
         if steps:
             s = max(steps)
             if self.job_step is not None and s > self.job_step:
                 moved = True
+                step_at = next(gv.step_at for g, gv in view.groups.items()
+                               if g in in_quorum and gv.step == s)
+                if step_at is not None and self.job_history:
+                    at = min(now, max(self.job_history[-1][0], step_at))
             if self.job_step is not None and s < self.job_step - JOB_RESTART_STEPS:
                 self.job_history.clear()  # the job started over (e.g. from a checkpoint)
             if self.job_step is None or s > self.job_step or not self.job_history:
                 self.job_step = s
         if self.job_step is not None:
-            self.job_history.append((now, self.job_step))
+            self.job_history.append((at, self.job_step))
             _trim(self.job_history, now, self.window)
         return moved
 
@@ -722,8 +728,8 @@ class GoodputLedger:
         span = now - start[0]
         if span <= 0 or (hist[-1][1] - start[1]) * b / span < self.cfg.pace_threshold:
             return None
-        # never before the sweep after which the job first committed again
-        first_move = next((hist[i - 1][0] for i in range(1, len(hist))
+        # never before the job first committed again
+        first_move = next((hist[i][0] for i in range(1, len(hist))
                            if hist[i][0] > after and hist[i][1] > hist[i - 1][1]), start[0])
         return max(start[0], first_move)
 
