@@ -34,7 +34,7 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
-PACE_WINDOW_S = 3.0   # the ledger's window at this step time: max(3 s, 20 x step time)
+PACE_WINDOW_S = 3.0   # the ledger's W floor; W = max(3 s, 20 steps) is longer past 0.15 s steps
 PACE_RATIO = 0.9
 DIP_WINDOW_S = 2.0
 DIP_AFTER_S = 5.0
