@@ -75,22 +75,25 @@ def _build(args: argparse.Namespace) -> int:
     from .build import GENERATED_DIR, stale_files, write_all
 
     k8s = _kubernetes_generator()
-    if args.check:
-        stale = stale_files() + (k8s.stale_files() if k8s else [])
-        for p in stale:
-            print(f"stale: {p}", file=sys.stderr)
-        if stale:
-            print("run `lightkeeper dashboards build`", file=sys.stderr)
-            return 1
-        print("generated files are up to date")
-        return 0
-    for p in write_all():
+    source_error = k8s.SourceError if k8s else ()  # a rules file the generator cannot read
+    try:
+        if args.check:
+            stale = stale_files() + (k8s.stale_files() if k8s else [])
+            for p in stale:
+                print(f"stale: {p}", file=sys.stderr)
+            if stale:
+                print("run `lightkeeper dashboards build`", file=sys.stderr)
+                return 1
+            print("generated files are up to date")
+            return 0
+        written = write_all()
+        # after write_all: the manifests restate the files just written
+        written += k8s.write_all() if k8s else []
+    except source_error as e:
+        print(f"lightkeeper dashboards build: {e}", file=sys.stderr)
+        return 2
+    for p in written:
         print(f"wrote {p}")
-    if k8s is not None:  # after write_all: the manifests restate the files just written
-        for path, text in k8s.expected_files().items():
-            if not path.exists() or path.read_text(encoding="utf-8") != text:
-                path.write_text(text, encoding="utf-8")
-                print(f"wrote {path}")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)

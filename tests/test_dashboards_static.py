@@ -404,6 +404,11 @@ def test_build_regenerates_the_kubernetes_manifests_of_its_checkout(tmp_path, mo
     assert rule.read_text() == (repo / "deploy/kubernetes/monitoring/prometheusrule.yaml"
                                 ).read_text()
     assert dashboards_cli.run(check) == 0
+    # a source the generator cannot read: a clear error, exit 2, nothing written
+    (tmp_path / "dashboards/prometheus/rules.yml").write_text("not rules\n")
+    rule.unlink()
+    assert dashboards_cli.run(argparse.Namespace(**{**vars(check), "check": False})) == 2
+    assert "rules.yml" in capsys.readouterr().err and not rule.exists()
 
 
 def test_every_alert_has_a_runbook_section_in_the_docs():

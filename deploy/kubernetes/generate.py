@@ -139,6 +139,17 @@ def stale_files() -> list[Path]:
     return stale
 
 
+def write_all() -> list[Path]:
+    """(Re)write the generated files that differ from what the sources give; returns those
+    written. Raises SourceError before writing anything."""
+    written = []
+    for path, text in expected_files().items():
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            written.append(path)
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true",
@@ -151,14 +162,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"stale: {_rel(path)} (run python deploy/kubernetes/generate.py)",
                       file=sys.stderr)
             return 1 if stale else 0
-        files = expected_files()
+        written = write_all()
     except SourceError as e:
         print(f"generate.py: {e}", file=sys.stderr)
         return 2
-    for path, text in files.items():
-        if not path.exists() or path.read_text(encoding="utf-8") != text:
-            path.write_text(text, encoding="utf-8")
-            print(f"wrote {_rel(path)}")
+    for path in written:
+        print(f"wrote {_rel(path)}")
     return 0
 
 
