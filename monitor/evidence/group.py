@@ -119,10 +119,9 @@ class GroupView:
     def step_at(self) -> float | None:
         """When its newest step committed, by the clock of a rank that made it (``last_step_at``);
         None where no rank says (e.g. torch's own server)."""
-        top = self.step
-        times = [t for r in self.reachable if r.state and r.state.get("step") == top
-                 for t in (r.state.get("last_step_at"),)
-                 if type(t) in (int, float) and math.isfinite(t)]
+        times = [r.state.get("last_step_at") for r in self.reachable
+                 if r.state and r.state.get("step") == self.step]
+        times = [t for t in times if type(t) in (int, float) and math.isfinite(t)]
         return max(times) if times else None
 
     @_kept
