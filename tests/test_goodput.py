@@ -678,6 +678,20 @@ def test_back_at_pace_is_dated_from_the_first_commit_by_the_ranks_clock():
     assert inc["back_to_pace_at"] == pytest.approx(resumed + 0.5 * STEP, abs=1e-6)
 
 
+@pytest.mark.parametrize("bad", ["soon", float("nan"), float("inf"), True, None, [1.0]])
+def test_a_step_time_that_is_not_a_finite_number_is_not_read(bad):
+    """A rank's ``last_step_at`` is its claim: one that is no time, or of an older step, is
+    left out; the group's step time is then its other rank's, or none."""
+    job = ModelJob(groups=1)
+    ranks = job.ranks()
+    a, b = ranks.values()
+    a.state.update(step=5, last_step_at=bad)
+    b.state.update(step=5, last_step_at=T0 + 1.5)
+    assert scratch_view(T0 + 2, ranks).groups[0].step_at == T0 + 1.5
+    b.state.update(step=4, last_step_at=T0 + 1.8)  # an older step's time is not the newest's
+    assert scratch_view(T0 + 2, ranks).groups[0].step_at is None
+
+
 def test_job_back_at_pace_is_reached_not_settled():
     job, led = _evicted_straggler()
     job.restart(1, "b")
