@@ -554,6 +554,30 @@ def test_survivors_blocked_with_a_group_gone_from_the_quorum_are_told_to_abort(p
     assert [x["decision"] for x in d.mon.store.decisions()] == ["abort"]  # nobody evicted
 
 
+def test_a_gone_incarnation_is_named_by_its_group_once_replaced():
+    """The gone replica id is reported only by its group's old, superseded processes (the
+    group restarted elsewhere under a new id): the abort still names the group."""
+    from monitor.act.survivors import gone_groups
+    from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
+    from monitor.evidence.rank import RankView
+    from tests.support.views import scratch_view
+
+    def rank(url, g, rid, reachable, answered_at):
+        state = {"replica_group": g, "rank": g, "group_rank": 0, "replica_id": rid,
+                 "quorum_id": 4, "step": 10}
+        return RankView(url, reachable, state, answered_at=answered_at)
+
+    ranks = {"http://a": rank("http://a", 0, "g0:old", False, 10.0),
+             "http://b": rank("http://b", 0, "g0:new", True, 20.0),
+             "http://c": rank("http://c", 1, "g1:x", True, 20.0)}
+    view = scratch_view(20.0, ranks)
+    assert [r.url for r in view.groups[0].superseded] == ["http://a"]
+    status = LighthouseStatus(4, {rid: QuorumMember(rid, 10, "", 1) for rid in ("g0:old", "g1:x")},
+                              {"g1:x": 0.1})
+    [gone] = gone_groups(view, status)
+    assert (gone.replica_group, gone.replica_id) == (0, "g0:old")
+
+
 def test_a_group_the_lighthouse_still_hears_is_not_gone(probing):
     """The monitor cut off from a healthy host (a partition on its side): the Lighthouse still
     hears the group, so nobody is aborted."""

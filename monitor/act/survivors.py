@@ -38,17 +38,20 @@ def gone_groups(view: ClusterView, status: LighthouseStatus,
         return []
     reported = {r.replica_id for gv in view.groups.values() for r in gv.reachable
                 if r.replica_id}
-    # the group by the id its ranks report, or any of them reported (a replacement of the gone
-    # incarnation may report a new one by now)
+    gone = [rid for rid in sorted(status.members) if not status.heartbeating(rid)
+            and (rid not in reported or rid in evicted)]
+    if not gone:
+        return []
+    # the group by the id its ranks report, or any of them last reported: a replacement of the
+    # gone incarnation may report a new one by now, its old processes superseded
     by_rid: dict[str | None, int] = {}
     for g, gv in view.groups.items():
-        for rid in (gv.replica_id, *gv.reported_replica_ids):
+        for rid in (gv.replica_id, *gv.reported_replica_ids,
+                    *(r.replica_id for r in (*gv.ranks, *gv.superseded))):
             if rid:
                 by_rid.setdefault(rid, g)
     out = []
-    for rid in sorted(status.members):
-        if status.heartbeating(rid) or (rid in reported and rid not in evicted):
-            continue
+    for rid in gone:
         seen = status.heartbeats.get(rid)
         out.append(Gone(by_rid.get(rid), rid, status.quorum_id,
                         "the Lighthouse no longer hears it"
