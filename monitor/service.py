@@ -209,8 +209,7 @@ class Monitor:
         new = self.detectors.update(evidence, dumps, now, full_view=view)
         # the job stalled or slow with no group to blame: the hosts' ranks probe each other
         blind = self.enforcer.blindness(view)
-        done = self.probes.step(evidence, self.detectors.probes_wanted(), blind, now)
-        new += self.detectors.network(evidence, done, now, blind)
+        new += self.detectors.network(evidence, self.probes.take(), now, blind)
         self._torch_stacks(new)
         # 4. decide and act
         new += self.enforcer.host_findings(view, evidence, now, self.views.reshaped)
@@ -226,6 +225,10 @@ class Monitor:
         # a group gone from the quorum (its host off the network, or evicted while partitioned)
         # holds the others in their collective until its timeout: they are told to abort it
         self.enforcer.release_survivors(view, evidence, now, self.lighthouse_status)
+        # the next probe round, once this sweep's evictions are known: not of their ranks
+        wanted = self.detectors.probes_wanted()
+        self.probes.ask(evidence, wanted, blind, now,
+                        self.enforcer.leaving() if wanted else frozenset())
         self.polling.after_decisions(view)
         # 5. account
         self.goodput.account(evidence, self.enforcer.open_findings(), now)

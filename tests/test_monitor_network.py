@@ -458,6 +458,15 @@ def test_a_network_finding_evicts_its_group_and_quarantines_its_host(probing):
     assert ev["finding"]["evidence"]["host"] == "h2"
     assert d.mon.hosts.quarantined() == ["h2"]
     assert d.mon.hosts.hosts["h2"]["kind"] == "network"
+    # no round started with the evicted group's ranks (they are ending: a round counting on
+    # them would find a host's row missing and say so); the next one asks the hosts left
+    assert d.mon.probes.wait(10)
+    last = d.mon.probes.to_json()["last"]
+    assert last["started_at"] < ev["at"] or "h2" not in last["asked"], last["asked"]
+    rounds = d.mon.probes.rounds
+    d.until(lambda: d.mon.probes.wait(10) and d.mon.probes.rounds > rounds, "the next round",
+            **NETWORK_SLOW)
+    assert sorted(d.mon.probes.to_json()["last"]["asked"]) == ["h0", "h1", "h3"]
     # the others back at pace without group 2; its end (dead) is the eviction's, not h2's again
     d.until(lambda: "dead" in d.open_kinds(), "group 2 dead", pause=0.1, sweeps=100)
     d.sweeps(6)

@@ -94,9 +94,9 @@ def probe_round(fab: Fabric):
     assert sorted((r.state or {}).get("host") for r in view.ranks.values()) == NODES
     mesh = ProbeMesh(ProbeConfig(), TOKEN)
     with fab.entered():  # the round's threads start here: in the monitor's namespace
-        assert mesh.step(view, True, None, time.time()) is None
+        mesh.ask(view, True, None, time.time())
     assert mesh.wait(60)
-    rnd = mesh.step(view, False, None, time.time())
+    rnd = mesh.take()
     assert rnd is not None and rnd.missing() == {}, rnd and rnd.missing()
     return rnd
 

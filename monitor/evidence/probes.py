@@ -89,12 +89,15 @@ def plan(ranks: dict[str, RankView], peers: int) -> dict[str, list[str]]:
     return {h: [hosts[(i + j) % n] for j in range(1, k + 1)] for i, h in enumerate(hosts)}
 
 
-def pick(view: ClusterView) -> dict[str, RankView]:
+def pick(view: ClusterView, leaving: frozenset[str] = frozenset()) -> dict[str, RankView]:
     """One rank per host: of the groups in the newest quorum, the lowest rank polled this sweep
-    that answered (``view``: the evidence, so verified ranks only)."""
+    that answered (``view``: the evidence, so verified ranks only), none of a replica id in
+    ``leaving`` (evicted, its ranks about to end)."""
     out: dict[str, RankView] = {}
     for gv in view.in_quorum():
         for r in gv.reachable:
+            if r.replica_id in leaving:
+                continue
             host = (r.state or {}).get("host")
             if not r.fresh or not host or r.rank is None or is_torch(r.url):
                 continue  # torch's debug server serves no /v1/probe
@@ -125,37 +128,41 @@ class ProbeMesh:
         self.rounds = 0
         self.note: str | None = None  # why the last wanted round was not asked
 
-    def step(self, view: ClusterView, wanted: bool, blind: str | None,
-             now: float) -> ProbeRound | None:
-        """The round finished since the last call (once), then a new one started if ``wanted``
-        and due; none while ``blind`` (why the monitor cannot trust what it sees)."""
+    def take(self) -> ProbeRound | None:
+        """The round finished since the last call, once."""
         with self._lock:
             done, self._finished = self._finished, None
+        return done
+
+    def ask(self, view: ClusterView, wanted: bool, blind: str | None, now: float,
+            leaving: frozenset[str] = frozenset()) -> None:
+        """Start a round if ``wanted`` and due, of one rank per host (:func:`pick`, none of the
+        replica ids ``leaving``); none while ``blind`` (why the monitor cannot trust what it
+        sees)."""
         if not wanted:
             self.note = None
-            return done
+            return
         if not self.cfg.enabled:
-            return self._hold(done, "off", "network probes are off (--no-probes): a network "
-                                           "fault's host is not looked for")
+            return self._hold("off", "network probes are off (--no-probes): a network fault's "
+                                     "host is not looked for")
         if not self.token:
-            return self._hold(done, "token", "network probes need the ranks' token "
-                                             "(--rank-exit-token / LIGHTKEEPER_EXIT_TOKEN): a "
-                                             "network fault's host is not looked for")
+            return self._hold("token", "network probes need the ranks' token "
+                                       "(--rank-exit-token / LIGHTKEEPER_EXIT_TOKEN): a network "
+                                       "fault's host is not looked for")
         if blind:
-            return self._hold(done, "blind", f"network probes held: {blind}")
+            return self._hold("blind", f"network probes held: {blind}")
         if self.running() or now - self._started_at < self.cfg.interval_s:
-            return done
-        ranks = pick(view)
+            return
+        ranks = pick(view, leaving)
         if len(ranks) < 2:
-            return self._hold(done, "hosts", f"network probes need two hosts or more, the job "
-                                             f"runs on {len(ranks)}")
+            return self._hold("hosts", f"network probes need two hosts or more, the job runs "
+                                       f"on {len(ranks)}")
         self.note = None
         self._said.pop("blind", None)
         self._started_at = now
         self._thread = threading.Thread(target=self._round, args=(ranks, now), daemon=True,
                                         name="lightkeeper-probes")
         self._thread.start()
-        return done
 
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -171,10 +178,9 @@ class ProbeMesh:
         """Give a round under way a moment (its thread is a daemon: nothing waits on it)."""
         self.wait(self.cfg.timeout_s + 1)
 
-    def _hold(self, done: ProbeRound | None, topic: str, line: str) -> ProbeRound | None:
+    def _hold(self, topic: str, line: str) -> None:
         self.note = line
         self._say(topic, line)
-        return done
 
     def _say(self, topic: str, line: str) -> None:
         """Log ``line`` once while it stays the same."""
