@@ -65,7 +65,7 @@ class FakeGrafana:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
 
     def route(self, method: str, path: str, body: dict | None) -> tuple[int, dict]:
         if method == "GET" and path.startswith("/api/folders/"):

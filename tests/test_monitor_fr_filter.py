@@ -104,7 +104,7 @@ def test_a_rank_that_refuses_the_filter_is_asked_for_its_whole_dump():
     _RefusesFilters.dump = dumps[0]
     _RefusesFilters.asked = []
     strict = ThreadingHTTPServer(("127.0.0.1", 0), _RefusesFilters)
-    threading.Thread(target=strict.serve_forever, daemon=True).start()
+    threading.Thread(target=strict.serve_forever, args=(0.05,), daemon=True).start()
     sim = SimRanks.start(1)  # an older server: the query is ignored
     try:
         sim.ranks[0].update(**rank_state(1, 1, participants=2))

@@ -252,7 +252,7 @@ class _Answers(BaseHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def garbage_server():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Answers)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     t.start()
     yield f"torch+http://127.0.0.1:{server.server_address[1]}", _Answers.routes
     server.shutdown()

@@ -452,7 +452,8 @@ class SimJob:
         self._front = ThreadingHTTPServer(("127.0.0.1", self.front_port), Front)
         self._front.daemon_threads = True
         self.front_port = self._front.server_address[1]
-        threading.Thread(target=self._front.serve_forever, daemon=True,
+        # shutdown() (front_down, stop) waits for the loop's next poll: 0.05 s, not 0.5
+        threading.Thread(target=self._front.serve_forever, args=(0.05,), daemon=True,
                          name="sim-lighthouse-front").start()
 
     def front_down(self) -> None:
