@@ -358,6 +358,36 @@ def test_a_host_cut_off_from_its_peers_is_named(probing):
     assert all("failed" in line for line in f.evidence["links"])
 
 
+def test_probing_starts_half_way_to_a_job_stall_and_names_the_host_as_it_confirms(probing):
+    """Every group blocked half the hang threshold (1 s here) starts the mesh; its rounds count
+    but name nobody until ``job_stall`` is confirmed, and then the host is named at once."""
+    d = probing
+    job = d.train.job
+    d.sweeps(4)
+    job.sim.links = links(job, "h1", CUT_OFF)
+    d.train.stall(0.6, d.clock.t)  # over half the threshold, under all of it
+    d.until(lambda: round_started(d), "a probe round", steps=0)
+    assert d.mon.probes.wait(10) and probes_asked(job) > 0
+    d.sweeps(4, steps=0)  # rounds finished and handed over while the stall is on its way
+    assert d.mon.probes.rounds >= 2
+    assert d.mon.detectors.job_findings() == [] and network_findings(d) == []
+    assert job.kills == []
+    d.train.stall(1.2, d.clock.t)  # past the threshold: the same sweep confirms both
+    d.mon.probes.wait(10)
+    d.sweep(steps=0)
+    assert [f.kind for f in d.mon.detectors.job_findings()] == ["job_stall"]
+    (f,) = network_findings(d)
+    assert f.evidence["host"] == "h1" and f.evidence["rounds"] >= 2
+
+
+def test_a_stall_under_half_the_threshold_asks_no_probe(probing):
+    d = probing
+    d.sweeps(4)
+    d.train.stall(0.4, d.clock.t)
+    d.sweeps(4, steps=0)
+    assert probes_asked(d.train.job) == 0 and not round_started(d)
+
+
 def test_every_link_alike_slow_names_no_host_and_acts_on_nothing(probing):
     d = probing
     d.sweeps(BASELINE_SWEEPS)

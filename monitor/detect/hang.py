@@ -80,15 +80,17 @@ class Hang:
         else:
             self.stalled_sweeps += 1
 
-    def stall(self, view: ClusterView, now: float) -> tuple[bool, float, float, dict[int, tuple]]:
-        """(stalled, longest wait (s), threshold, {rank: (scope, seconds)} blocked that long)."""
+    def stall(self, view: ClusterView, now: float,
+              ratio: float = 1.0) -> tuple[bool, float, float, dict[int, tuple]]:
+        """(stalled, longest wait (s), threshold, {rank: (scope, seconds)} blocked that long);
+        ``ratio``: of the hang threshold (below 1: a stall on its way, not cached)."""
         if self.stalled_sweeps < 1:
             return False, 0.0, 0.0, {}  # a group moved: not stalled whatever the waits
         seen = self._stall_seen
-        if seen is not None and seen[0] is view and seen[1] == now \
+        if ratio == 1.0 and seen is not None and seen[0] is view and seen[1] == now \
                 and seen[2] == self.stalled_sweeps:
             return seen[3]
-        threshold = self.threshold(view)
+        threshold = self.threshold(view) * ratio
         waits: dict[int, tuple[str, float]] = {}
         in_quorum = {g.replica_group for g in view.in_quorum()}
         for r in view.polled_ranks:  # a wait carried from an older poll is not a wait now
@@ -99,7 +101,8 @@ class Hang:
                 waits[r.rank] = (scope, secs)
         longest = max((s for _, s in waits.values()), default=0.0)
         out = (bool(waits), longest, threshold, waits)
-        self._stall_seen = (view, now, self.stalled_sweeps, out)
+        if ratio == 1.0:
+            self._stall_seen = (view, now, self.stalled_sweeps, out)
         return out
 
     def longest_wait(self, view: ClusterView, now: float,

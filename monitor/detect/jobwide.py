@@ -21,10 +21,52 @@ from .straggler import Straggler, Window, late_for
 GROUP_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead")
 BASELINE_KEEP = 30  # healthy windows the baseline is the median of (the newest ones)
 IN_COLLECTIVES = 0.5  # of the step's rise, at least this much is waiting in collectives
+# of the hang threshold: a job stall this far on its way starts the probe mesh, so that its
+# rounds are in when the stall confirms
+STALL_SUSPECT = 0.5
 
 
 def _hosts(groups: list) -> list[str]:
     return sorted({h for gv in groups for h in gv.hosts})
+
+
+def _stall_shape(groups: list, waits: dict[int, tuple]) -> tuple[dict, set, list] | None:
+    """Every group blocked in the cross-group collective (a rank of each in ``waits``) or
+    behind it, at most one step apart, or through it and waiting for a quorum a step ahead:
+    (per group, their steps, the groups through); None otherwise."""
+    per_group: dict[str, Any] = {}
+    steps, through = set(), []
+    for gv in groups:
+        if len(gv.reachable) != len(gv.ranks):
+            return None  # a rank absent: the per-group detectors' business
+        fresh = [r for r in gv.ranks if r.fresh]
+        if not fresh:
+            return None
+        if all(r.state.get("phase") == "quorum" for r in fresh):
+            # through the collective before the fault cut the others' part of it: waiting
+            # for a quorum the blocked groups never ask for (checked a step ahead below)
+            through.append(gv)
+            continue
+        waited = []
+        for r in fresh:
+            scope, secs = collective_wait(r.state)
+            # behind its own group: in an in-group collective, or in torchft's commit (its
+            # should_commit waits for every rank of the group, one maybe in the cross one)
+            if scope not in ("cross", "group") and r.state.get("phase") != "commit":
+                return None  # someone neither in the cross-group collective nor behind it
+            if scope == "cross" and r.rank in waits and waits[r.rank][0] == "cross":
+                waited.append(secs)
+        if not waited:
+            return None
+        steps.add(gv.step)
+        per_group[str(gv.replica_group)] = {
+            "step": gv.step, "waiting_s": round(max(waited), 3),
+            "ranks": sorted(r.rank for r in fresh if r.rank is not None),
+            "hosts": sorted(gv.hosts)}
+    if not steps or None in steps or max(steps) - min(steps) > 1 \
+            or any(gv.step != max(steps) + 1 for gv in through):
+        return None
+    return per_group, steps, through
 
 
 class JobWide:
@@ -37,6 +79,7 @@ class JobWide:
         self._slow: list[float] = []  # ratios of the consecutive slow windows
         self._slow_since: float | None = None
         self._members: frozenset = frozenset()  # (group, replica id) of the newest quorum
+        self._stall_suspected = False  # this sweep: a job stall on its way (STALL_SUSPECT)
         self._changed_at: int | None = None  # the newest step when they last changed
 
     def judge(self, view: ClusterView, now: float, hang: Hang,
@@ -64,9 +107,10 @@ class JobWide:
         return [f for f in out if f]
 
     def suspected(self) -> bool:
-        """A slow window seen but ``job_slow`` not yet confirmed: the probe mesh starts then, so
-        its rounds are in when the finding is."""
-        return bool(self._slow)
+        """A slow window seen but ``job_slow`` not yet confirmed, or a job stall past
+        ``STALL_SUSPECT`` of the hang threshold: the probe mesh starts then, so its rounds are in
+        when the finding is."""
+        return bool(self._slow) or self._stall_suspected
 
     def baseline_medians(self) -> tuple[float, float, float, float] | None:
         if len(self.baseline) < self.cfg.job_baseline_windows:
@@ -87,6 +131,7 @@ class JobWide:
     # --- job_stall --------------------------------------------------------------------------
     def stall(self, view: ClusterView, groups: list, now: float, hang: Hang,
               blamed: list[int]) -> Finding | None:
+        self._stall_suspected = False
         key = ("job_stall", None, None)
         was = self.findings.open.get(key)
         top = max((gv.step for gv in groups if gv.step is not None), default=None)
@@ -99,40 +144,13 @@ class JobWide:
         if hang.stalled_sweeps < 1 or len(groups) < 2:
             return None
         stalled, longest, threshold, waits = hang.stall(view, now)
-        if not stalled:
-            return None  # e.g. between quorums: an open one stays open until a step moves
-        per_group: dict[str, Any] = {}
-        steps, through = set(), []
-        for gv in groups:
-            if len(gv.reachable) != len(gv.ranks):
-                return None  # a rank absent: the per-group detectors' business
-            fresh = [r for r in gv.ranks if r.fresh]
-            if not fresh:
-                return None
-            if all(r.state.get("phase") == "quorum" for r in fresh):
-                # through the collective before the fault cut the others' part of it: waiting
-                # for a quorum the blocked groups never ask for (checked a step ahead below)
-                through.append(gv)
-                continue
-            waited = []
-            for r in fresh:
-                scope, secs = collective_wait(r.state)
-                # behind its own group: in an in-group collective, or in torchft's commit (its
-                # should_commit waits for every rank of the group, one maybe in the cross one)
-                if scope not in ("cross", "group") and r.state.get("phase") != "commit":
-                    return None  # someone neither in the cross-group collective nor behind it
-                if scope == "cross" and r.rank in waits and waits[r.rank][0] == "cross":
-                    waited.append(secs)
-            if not waited:
-                return None
-            steps.add(gv.step)
-            per_group[str(gv.replica_group)] = {
-                "step": gv.step, "waiting_s": round(max(waited), 3),
-                "ranks": sorted(r.rank for r in fresh if r.rank is not None),
-                "hosts": sorted(gv.hosts)}
-        if not steps or None in steps or max(steps) - min(steps) > 1 \
-                or any(gv.step != max(steps) + 1 for gv in through):
+        shape = _stall_shape(groups, waits) if stalled else None
+        if shape is None:  # e.g. between quorums: an open one stays open until a step moves
+            if was is None:
+                early, _, _, waits = hang.stall(view, now, STALL_SUSPECT)
+                self._stall_suspected = early and _stall_shape(groups, waits) is not None
             return None
+        per_group, steps, through = shape
         for gv in through:
             per_group[str(gv.replica_group)] = {
                 "step": gv.step, "waiting_s": None, "phase": "quorum",
