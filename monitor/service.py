@@ -2,9 +2,11 @@
 
 1. poll: whom to ask and their ``/v1/state`` answers (:mod:`monitor.polling`);
 2. evidence: the Lighthouse's status, the view, each rank verified (:mod:`monitor.evidence`);
-3. detect: on verified ranks only, with Flight Recorder dumps (:mod:`monitor.detect`); while the
-   whole job is stalled or slow, the hosts' ranks probe each other (:mod:`monitor.evidence.probes`);
+3. detect: on verified ranks only, with Flight Recorder dumps (:mod:`monitor.detect`), and the
+   probe round finished since the last sweep (:mod:`monitor.evidence.probes`);
 4. decide and act: findings, hosts, evictions under the rails (:mod:`monitor.act.enforcer`);
+   then, while the whole job is stalled or slow (or on its way to), the next probe round: the
+   hosts' ranks probe each other, none of a group just evicted;
 5. account: the goodput ledger (:mod:`monitor.goodput.account`);
 6. publish: the view for the API, the metrics, the file_sd.
 
