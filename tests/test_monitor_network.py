@@ -369,7 +369,7 @@ def test_probing_starts_half_way_to_a_job_stall_and_names_the_host_as_it_confirm
     d.until(lambda: round_started(d), "a probe round", steps=0)
     assert d.mon.probes.wait(10) and probes_asked(job) > 0
     d.sweeps(4, steps=0)  # rounds finished and handed over while the stall is on its way
-    assert d.mon.probes.rounds >= 2
+    assert d.mon.probes.wait(10) and d.mon.probes.rounds >= 2  # rounds run on their own thread
     assert d.mon.detectors.job_findings() == [] and network_findings(d) == []
     assert job.kills == []
     d.train.stall(1.2, d.clock.t)  # past the threshold: the same sweep confirms both
