@@ -230,7 +230,7 @@ class Monitor:
         # the next probe round, once this sweep's evictions are known: not of their ranks
         wanted = self.detectors.probes_wanted()
         self.probes.ask(evidence, wanted, blind, now,
-                        self.enforcer.leaving() if wanted else frozenset())
+                        self.store.evicted_replica_ids() if wanted else set())
         self.polling.after_decisions(view)
         # 5. account
         self.goodput.account(evidence, self.enforcer.open_findings(), now)

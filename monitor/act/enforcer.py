@@ -298,11 +298,6 @@ class Enforcer:
         return {"id": did, "decision": "evict", "reason": d.reason, "sent": result.sent,
                 "detail": result.detail, "bundle": bundle["id"] if bundle else None}
 
-    def leaving(self) -> frozenset[str]:
-        """The replica ids evicted and not yet confirmed gone."""
-        return frozenset(d["replica_id"] for d in self.store.pending_confirmations()
-                         if d["replica_id"])
-
     def confirm_evictions(self, view: ClusterView, now: float) -> None:
         """Confirmed once no reachable rank reports the evicted replica id; ranks the kill
         missed are told to exit (or named); unconfirmed after ``confirm_timeout_s``."""

@@ -10,7 +10,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,14 +89,14 @@ def plan(ranks: dict[str, RankView], peers: int) -> dict[str, list[str]]:
     return {h: [hosts[(i + j) % n] for j in range(1, k + 1)] for i, h in enumerate(hosts)}
 
 
-def pick(view: ClusterView, leaving: frozenset[str] = frozenset()) -> dict[str, RankView]:
+def pick(view: ClusterView, evicted: Collection[str] = ()) -> dict[str, RankView]:
     """One rank per host: of the groups in the newest quorum, the lowest rank polled this sweep
     that answered (``view``: the evidence, so verified ranks only), none of a replica id in
-    ``leaving`` (evicted, its ranks about to end)."""
+    ``evicted`` (a kill was sent for it: its ranks are ending)."""
     out: dict[str, RankView] = {}
     for gv in view.in_quorum():
         for r in gv.reachable:
-            if r.replica_id in leaving:
+            if r.replica_id in evicted:
                 continue
             host = (r.state or {}).get("host")
             if not r.fresh or not host or r.rank is None or is_torch(r.url):
@@ -135,9 +135,9 @@ class ProbeMesh:
         return done
 
     def ask(self, view: ClusterView, wanted: bool, blind: str | None, now: float,
-            leaving: frozenset[str] = frozenset()) -> None:
+            evicted: Collection[str] = ()) -> None:
         """Start a round if ``wanted`` and due, of one rank per host (:func:`pick`, none of the
-        replica ids ``leaving``); none while ``blind`` (why the monitor cannot trust what it
+        replica ids ``evicted``); none while ``blind`` (why the monitor cannot trust what it
         sees)."""
         if not wanted:
             self.note = None
@@ -153,7 +153,7 @@ class ProbeMesh:
             return self._hold("blind", f"network probes held: {blind}")
         if self.running() or now - self._started_at < self.cfg.interval_s:
             return
-        ranks = pick(view, leaving)
+        ranks = pick(view, evicted)
         if len(ranks) < 2:
             return self._hold("hosts", f"network probes need two hosts or more, the job runs "
                                        f"on {len(ranks)}")
