@@ -281,6 +281,10 @@ def test_a_kill_lost_in_flight_is_sent_again_and_manual_evictions_are_proposals(
         assert r.status_code == 202 and r.json()["decision"] == "proposed", r.text
         wait_until(lambda: len(job.kills) >= 2, 20, what="the manual eviction and the resend")
         assert sorted(job.kills) == sorted([rid[mine[0]], rid[mine[1]]])
+        # the kill is seen by the Lighthouse before the leader records it as sent
+        wait_until(lambda: all(keys(etcd, root).get(f"evictions/{rid[g]}", {}).get("value", {})
+                               .get("state") == "sent" for g in mine[:2]), 10,
+                   what="both evictions recorded as sent")
         k = keys(etcd, root)
         assert f"proposals/{rid[mine[2]]}" not in k  # withdrawn by shard 0
         assert f"evictions/{rid[mine[2]]}" not in k and f"evictions/{rid[other]}" not in k
