@@ -273,8 +273,9 @@ class MonitorConfig:
                                  "unreachable this many seconds")
     poll_timeout_s: float = flag(0.8, "--poll-timeout",
                                  "timeout of each /v1/state request, seconds")
-    fr_timeout_s: float = flag(5.0, "--fr-timeout", "timeout of each /v1/fr_trace request, "
-                               "seconds")
+    fr_timeout_s: float = flag(5.0, "--fr-timeout", "longest wait for a /v1/fr_trace answer, "
+                               "seconds; a rank that answered before is given 4x its slowest "
+                               "recent answer, at least 1 s")
     max_concurrency: int = 1024  # requests in flight at once
     token: str | None = None  # admin: POST /v1/evict, host release (and registration)
     register_token: str | None = None  # POST /v1/targets only: what every rank holds

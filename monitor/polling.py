@@ -17,6 +17,7 @@ from .evidence.torch_rank import TorchRanks
 from .evidence.view import ClusterView, GroupView
 from .poll import fd_budget
 from .poll.discovery import Target
+from .poll.fr_bound import FrBound
 from .poll.poll_process import PollHandle, ProcessPoller
 from .poll.poller import Poller, RankPoll
 from .poll.torch_server import TorchPoller
@@ -80,7 +81,9 @@ class Polling:
         self.plan: Plan | None = None  # the plan of the sweep collected last
         self.fr_leaders_skipped = False  # the last fetch skipped the leaders' dumps
         self._ahead: _Ahead | None = None
-        self._fr_ahead: dict[str, tuple[set[str], PollHandle]] = {}  # query -> asked early
+        # query -> (asked early, its handle, the wait it was given)
+        self._fr_ahead: dict[str, tuple[set[str], PollHandle, float]] = {}
+        self.fr_bound = FrBound(cfg.fr_timeout_s)
         self._fr_looked_at = float("-inf")
         self._poll_s: float | None = None  # the last sweep's polling, asked -> last answer
         self._sweep_started = 0.0  # time.monotonic()
@@ -274,9 +277,9 @@ class Polling:
             for urls, query in ((drilled, FR_DRILLED_QUERY), (leaders, FR_LEADERS_QUERY)):
                 urls = [u for u in self._split(urls)[0] if u in polls and polls[u].ok]
                 if urls:
+                    wait = self.fr_bound.wait_s(urls)
                     self._fr_ahead[query] = (set(urls), self.poller.start(
-                        urls, "/v1/fr_trace" + query, self.cfg.fr_timeout_s,
-                        self.cfg.max_fr_bytes))
+                        urls, "/v1/fr_trace" + query, wait, self.cfg.max_fr_bytes), wait)
         except Exception:
             log.exception("could not ask the Flight Recorder early")
 
@@ -289,6 +292,7 @@ class Polling:
         if not urls:
             return {}
         self._fr_looked_at = now
+        self.fr_bound.keep(view.ranks)
         plan = self.plan if self.plan is not None else self.schedule.last
         every_rank = plan is None or not self.schedule.active(len(view.ranks))
         # only a look at every rank is hastened by a short window (Detectors.fr_interval): with
@@ -312,17 +316,19 @@ class Polling:
         return dumps
 
     def _fr_read(self, view: ClusterView, urls: list[str], query: str,
-                 early: tuple[set[str], PollHandle] | None) -> dict[int, dict]:
+                 early: tuple[set[str], PollHandle, float] | None) -> dict[int, dict]:
         """``/v1/fr_trace`` + ``query`` of ``urls`` (those in ``early`` from its answers), by
         rank: only dumps of the verified rank that served them. A 400 (no filter) asks the
-        whole dump."""
+        whole dump. Each fetch waits as long as :attr:`fr_bound` allows the ranks it asks."""
         if not urls:
             return {}
         dumps: dict[int, dict] = {}
         got: dict[str, RankPoll] = {}
         if early is not None:
-            answered = early[1].result()
-            got = {u: answered[u] for u in urls if u in early[0]}
+            asked, handle, wait = early
+            answered = handle.result()
+            self.fr_bound.learn(answered, wait)
+            got = {u: answered[u] for u in urls if u in asked}
         rest, torch = self._split([u for u in urls if u not in got])
         for url in torch:
             rv = view.ranks.get(url)
@@ -335,12 +341,10 @@ class Polling:
             if d is not None and d["rank"] == rv.rank:
                 dumps[rv.rank] = d
         if rest:
-            got.update(self.poller.sweep(rest, "/v1/fr_trace" + query, self.cfg.fr_timeout_s,
-                                         self.cfg.max_fr_bytes))
+            got.update(self._fetch(rest, "/v1/fr_trace" + query))
         refused = self._split([u for u, p in got.items() if p.status == 400])[0]
         if refused:
-            got.update(self.poller.sweep(refused, "/v1/fr_trace", self.cfg.fr_timeout_s,
-                                         self.cfg.max_fr_bytes))
+            got.update(self._fetch(refused, "/v1/fr_trace"))
         for url, p in got.items():
             rv = view.ranks.get(url)
             if not p.ok or not isinstance(p.data, dict) or rv is None or rv.rank is None:
@@ -354,3 +358,9 @@ class Polling:
                 continue
             dumps[rv.rank] = p.data
         return dumps
+
+    def _fetch(self, urls: list[str], path: str) -> dict[str, RankPoll]:
+        wait = self.fr_bound.wait_s(urls)
+        got = self.poller.sweep(urls, path, wait, self.cfg.max_fr_bytes)
+        self.fr_bound.learn(got, wait)
+        return got

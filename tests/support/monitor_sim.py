@@ -5,7 +5,9 @@ Each simulated rank listens on its own port and answers ``/v1/state`` (and ``/v1
 ``mode`` ``"slow"`` answers after ``delay`` seconds, ``"http500"`` answers 500, ``"garbage"``
 answers a body that is not JSON, ``"badstate"`` a JSON object that is not a /v1/state,
 ``"wrongtypes"`` a /v1/state whose values have the wrong types, ``"close"`` closes the connection
-without answering, ``"down"`` stops listening (connection refused). Hostile ones, for the bounds:
+without answering, ``"down"`` stops listening (connection refused), ``"silent"`` reads every
+request and answers none (a host whose packets are dropped: no reset, no answer), ``"fr_silent"``
+so for ``/v1/fr_trace`` alone (``fr_held`` counts those requests). Hostile ones, for the bounds:
 ``"huge"`` declares a 10 GiB body, ``"huge_chunked"`` and ``"huge_unframed"`` stream one without
 end (chunked / until the connection closes), ``"dribble"`` sends one byte every 50 ms,
 ``"many_headers"`` 10,000 header lines, ``"long_header"`` a 1 MiB header line, ``"deep_json"``
@@ -75,6 +77,8 @@ class SimRank:
         self.server: asyncio.base_events.Server | None = None
         self.port = 0
         self.requests = 0
+        self.fr_answered = 0  # /v1/fr_trace answers sent
+        self.fr_held = 0  # /v1/fr_trace requests left unanswered ("silent", "fr_silent")
         self.probes = 0  # POST /v1/probe requests
         self.aborts: list[dict[str, Any]] = []  # POST /v1/abort bodies accepted
         self.probe_route = True
@@ -130,6 +134,10 @@ class SimRank:
                 mode = self.mode
                 if mode == "close":
                     break
+                if mode == "silent" or (mode == "fr_silent" and path.startswith("/v1/fr_trace")):
+                    self.fr_held += path.startswith("/v1/fr_trace")
+                    await reader.read()  # until the client gives up and closes
+                    break
                 if mode == "slow":
                     await asyncio.sleep(self.delay)
                 if mode in HOSTILE:
@@ -141,6 +149,7 @@ class SimRank:
                     status, ctype, out = self.abort(headers, body)
                 else:
                     status, ctype, out = self.respond(path, mode)
+                self.fr_answered += path.startswith("/v1/fr_trace") and status.startswith("200")
                 writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
                              f"Content-Length: {len(out)}\r\n\r\n".encode() + out)
                 await writer.drain()
@@ -409,6 +418,13 @@ class SimJob:
                     r.set_mode("down")
                 return True
         return False
+
+    def go_dark(self, g: int) -> None:
+        """Group ``g``'s host drops every packet: its ranks answer nothing (``"silent"``, no
+        reset either) and its heartbeats stop; nothing is killed."""
+        self.alive.discard(g)
+        for r in self.sim.group(g):
+            r.set_mode("silent")
 
     # --- the front -------------------------------------------------------------------
     def front_up(self) -> None:

@@ -1,0 +1,97 @@
+"""How long a sweep waits for Flight Recorder dumps (monitor/poll/fr_bound.py): as long as the
+ranks asked took lately, times a slack, at least a second, at most ``--fr-timeout``. A host that
+goes dark while its dump is being fetched must not hold the sweep, and with it the polls that
+find the host gone, for the whole timeout.
+
+The live test runs a real Monitor against a real torchft Lighthouse that simulated groups join
+(``SimJob``, tests/support/monitor_sim.py): a simulated host "goes dark" by reading requests and
+answering none, with no reset, as a host whose link dropped.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lightkeeper.cluster import wait_until
+from monitor.config import DetectorConfig, MonitorConfig, RailsConfig
+from monitor.poll.fr_bound import FLOOR_S, SLACK, FrBound
+from monitor.poll.poller import RankPoll
+from monitor.service import Monitor
+from tests.support.monitor_sim import SimJob
+
+
+def answer(url: str, took: float) -> RankPoll:
+    return RankPoll(url, True, {"entries": []}, latency_s=took)
+
+
+def test_a_rank_never_heard_is_given_the_whole_timeout():
+    bound = FrBound(5.0)
+    bound.learn({"a": answer("a", 0.03)}, 5.0)
+    assert bound.wait_s(["a", "b"]) == 5.0
+    assert bound.wait_s(["a"]) == FLOOR_S
+
+
+def test_the_wait_follows_the_slowest_rank_asked_within_the_timeout():
+    bound = FrBound(5.0)
+    bound.learn({"a": answer("a", 0.03), "b": answer("b", 0.6), "c": answer("c", 3.0)}, 5.0)
+    assert bound.wait_s(["a", "b"]) == pytest.approx(SLACK * 0.6)
+    assert bound.wait_s(["a", "c"]) == 5.0
+    # a faster answer lowers the rank's time by half at most: one quick dump is no promise
+    bound.learn({"b": answer("b", 0.01)}, 5.0)
+    assert bound.wait_s(["b"]) == pytest.approx(SLACK * 0.3)
+
+
+def test_a_rank_that_ran_out_of_time_is_given_slack_times_as_long_next():
+    bound = FrBound(30.0)
+    bound.learn({"a": answer("a", 0.05)}, 30.0)
+    assert bound.wait_s(["a"]) == FLOOR_S
+    bound.learn({"a": RankPoll("a", False, reason="timeout")}, FLOOR_S)
+    assert bound.wait_s(["a"]) == pytest.approx(SLACK * FLOOR_S)
+    # refused or cut off says nothing about how long its dump takes
+    bound.learn({"a": RankPoll("a", False, reason="connection")}, SLACK * FLOOR_S)
+    assert bound.wait_s(["a"]) == pytest.approx(SLACK * FLOOR_S)
+    # an HTTP error is an answer, with its time
+    bound.learn({"a": RankPoll("a", False, reason="http_status", status=500, latency_s=0.02)},
+                SLACK * FLOOR_S)
+    assert bound.wait_s(["a"]) == pytest.approx(SLACK * FLOOR_S / 2)
+
+
+def test_ranks_no_longer_watched_are_forgotten():
+    bound = FrBound(5.0)
+    bound.learn({u: answer(u, 0.01) for u in "abc"}, 5.0)
+    bound.keep({"a": None, "b": None})
+    assert bound.wait_s(["a", "b"]) == FLOOR_S and bound.wait_s(["c"]) == 5.0
+
+
+@pytest.fixture
+def job():
+    j = SimJob(3, ranks_per_group=2, heartbeat_timeout_ms=1000)
+    for r in j.sim.ranks:
+        r.fr = {"rank": r.state["rank"], "replica_group": r.state["replica_group"],
+                "entries": []}
+    yield j
+    j.stop()
+
+
+def test_a_host_gone_dark_during_a_dump_fetch_is_found_before_the_fetch_timeout(tmp_path, job):
+    """``--fr-timeout`` 30 s: a group whose host drops every packet while the monitor waits for
+    one of its rank's dumps is evicted as ``dead`` within 15 s, the sweep having waited for that
+    dump about a second (the rank answered its earlier dumps at once)."""
+    mon = Monitor(MonitorConfig(
+        port=0, interval_s=0.2, state_path=str(tmp_path / "state.sqlite"),
+        sd_out=str(tmp_path / "targets.json"), job="sim", lighthouse=job.url,
+        targets=job.sim.urls, kill_timeout_s=2.0, fr_timeout_s=30.0,
+        detectors=DetectorConfig(dead_sweeps=2, fr_interval_s=1.0),
+        rails=RailsConfig(min_replicas=1, cooldown_s=0, evict_kinds=("dead",)))).start()
+    try:
+        wait_until(lambda: all(r.fr_answered for r in job.sim.ranks), 15,
+                   what="a Flight Recorder look at every rank")
+        victim = job.sim.group(0)[0]
+        victim.set_mode("fr_silent")
+        wait_until(lambda: victim.fr_held, 10, what="a dump fetch left unanswered")
+        job.go_dark(0)
+        wait_until(lambda: job.replica_ids[0] in job.kills, 15,
+                   what="the dark group evicted while its dump was awaited")
+        assert job.kills == [job.replica_ids[0]]
+    finally:
+        mon.stop()
