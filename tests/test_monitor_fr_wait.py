@@ -58,9 +58,13 @@ def test_a_rank_that_ran_out_of_time_is_given_slack_times_as_long_next():
 
 def test_ranks_no_longer_watched_are_forgotten():
     bound = FrBound(5.0)
-    bound.learn({u: answer(u, 0.01) for u in "abc"}, 5.0)
-    bound.keep({"a": None, "b": None})
-    assert bound.wait_s(["a", "b"]) == FLOOR_S and bound.wait_s(["c"]) == 5.0
+    old = [f"old{i}" for i in range(1026)]
+    bound.learn({u: answer(u, 0.01) for u in ["a", "b", *old]}, 5.0)
+    bound.keep({"a", "b", "c"})  # a sweep leaving a few out forgets nobody
+    assert bound.wait_s(["a", "b", "old0"]) == FLOOR_S
+    bound.keep({"a"})  # more than twice as many (and 1,024) remembered: pruned
+    assert bound.wait_s(["a"]) == FLOOR_S
+    assert bound.wait_s(["b"]) == bound.wait_s(["old0"]) == 5.0
 
 
 @pytest.fixture

@@ -237,7 +237,11 @@ class _Answers(BaseHTTPRequestHandler):
 
     def _answer(self) -> None:
         self.asked.append((self.command, self.path))
-        status, body = self.routes.get((self.command, self.path), (404, b"no handler"))
+        got = self.routes.get((self.command, self.path), (404, b"no handler"))
+        if isinstance(got, threading.Event):  # a rank gone dark: no answer until it is set
+            got.wait(60)
+            return
+        status, body = got
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -323,6 +327,28 @@ def test_handler_list_asked_again_after_a_404(garbage_server):
     finally:
         poller.close()
     assert _Answers.asked.count(("GET", "/handler/")) == 3
+
+
+def test_a_dump_that_stops_coming_holds_the_sweep_about_a_second(garbage_server):
+    """``fr_timeout_s`` 30: a rank whose dump answered at once and then never comes is waited
+    for as its last answer allows (monitor/poll/fr_bound.py), not 30 s; its state still comes,
+    its Flight Recorder said unread."""
+    url, table = garbage_server
+    table.clear()
+    table[("GET", "/handler/")] = _listing("fr_trace_json")
+    table[("POST", "/handler/fr_trace_json")] = (200, b'{"version": "2.10", "entries": []}')
+    poller = TorchPoller(timeout_s=2, fr_timeout_s=30)
+    dark = threading.Event()
+    try:
+        p = poller.sweep([url])[url]
+        assert p.ok and p.data[RAW_KEY].dump == {"version": "2.10", "entries": []}
+        table[("POST", "/handler/fr_trace_json")] = dark
+        p = poller.sweep([url])[url]
+        assert p.ok and p.data[RAW_KEY].dump is None
+        assert "no answer within 1.00s" in p.data[RAW_KEY].error
+    finally:
+        dark.set()
+        poller.close()
 
 
 def test_lightkeeper_handlers_on_torch_server_read_as_the_full_state(garbage_server):

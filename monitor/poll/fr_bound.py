@@ -47,6 +47,7 @@ class FrBound:
                 took[url] = waited_s
 
     def keep(self, watched: Collection[str]) -> None:
-        """Forget the ranks no longer ``watched`` (looked at only once more are remembered)."""
-        if len(self._took) > len(watched):
+        """Forget the ranks not ``watched`` once more than twice as many (and 1,024) are
+        remembered: restarted ranks' old addresses, not those a sweep merely left out."""
+        if len(self._took) > 2 * len(watched) + 1024:
             self._took = {u: t for u, t in self._took.items() if u in watched}

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from .fr_bound import FrBound
 from .poller import STATE_PATH, Poller, RankPoll
 from .torch_target import HANDLERS, base_url, torch_url
 
@@ -88,6 +89,7 @@ class TorchPoller:
     def __init__(self, timeout_s: float = 0.8, fr_timeout_s: float = 5.0,
                  max_state_bytes: int = 1 << 20, max_fr_bytes: int = 64 << 20) -> None:
         self.fr_timeout_s, self.max_fr_bytes = fr_timeout_s, max_fr_bytes
+        self.fr_bound = FrBound(fr_timeout_s)  # by handler URL: a dark rank holds ~1 s
         self.timeout_s, self.max_state_bytes = timeout_s, max_state_bytes
         self._own: Poller | None = None
         self._handlers: dict[str, tuple[tuple[str, ...], float]] = {}
@@ -148,7 +150,12 @@ class TorchPoller:
         """handler -> url -> its dump, both recorders' asked at once (a CUDA rank serves two)."""
         asks = {f"{u}/handler/{h}": (u, h) for h in (FR_HANDLER, NCCL_FR_HANDLER)
                 for u in urls if h in handlers[u]}
-        got = self._poller.sweep(asks, "", self.fr_timeout_s, self.max_fr_bytes) if asks else {}
+        if not asks:
+            return {FR_HANDLER: {}, NCCL_FR_HANDLER: {}}
+        self.fr_bound.keep(asks)
+        wait = self.fr_bound.wait_s(asks)
+        got = self._poller.sweep(asks, "", wait, self.max_fr_bytes)
+        self.fr_bound.learn(got, wait)
         out: dict[str, dict[str, RankPoll]] = {FR_HANDLER: {}, NCCL_FR_HANDLER: {}}
         for key, (u, h) in asks.items():
             out[h][u] = got[key]
