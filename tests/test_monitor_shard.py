@@ -436,8 +436,10 @@ def test_leader_killed_mid_kill_standby_takes_over_nothing_sent_twice_nothing_lo
         # y was proposed after the old leader died and before the standby led
         assert k[f"proposals/{rid[y]}"]["create_revision"] < term2["create_revision"]
         assert k[f"proposals/{rid[y]}"]["value"]["shard"] == shard_of(y, 2)
-        wait_until(lambda: keys(etcd, root)[f"evictions/{rid[x]}"]["value"]["state"] == "sent",
-                   15, what="x's in-flight eviction resolved")
+        # the kill reaches the Lighthouse before the leader records it as sent
+        wait_until(lambda: all(keys(etcd, root)[f"evictions/{rid[g]}"]["value"]["state"]
+                               == "sent" for g in (x, y)), 15,
+                   what="x's in-flight eviction resolved and y's recorded")
         k = keys(etcd, root)
         ex, ey = k[f"evictions/{rid[x]}"]["value"], k[f"evictions/{rid[y]}"]["value"]
         assert ex["attempt"] == 1 and ex["leader"] == term1["value"]["id"]
