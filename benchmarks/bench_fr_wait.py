@@ -41,9 +41,7 @@ def one_run(fixed: bool, tmp: str) -> dict:
     if fixed:
         fr_bound.FLOOR_S = FR_TIMEOUT_S  # every fetch waits the whole timeout
     job = SimJob(3, ranks_per_group=2, heartbeat_timeout_ms=1000)
-    for r in job.sim.ranks:
-        r.fr = {"version": "2.10", "pg_config": {}, "entries": [], "rank": r.state["rank"],
-                "replica_group": r.state["replica_group"]}
+    job.serve_dumps()
     mon = Monitor(MonitorConfig(
         port=0, state_path=os.path.join(tmp, "state.sqlite"),
         sd_out=os.path.join(tmp, "targets.json"), job="bench", lighthouse=job.url,
@@ -51,13 +49,7 @@ def one_run(fixed: bool, tmp: str) -> dict:
         detectors=DetectorConfig(fr_interval_s=1.0),
         rails=RailsConfig(min_replicas=1, cooldown_s=0, evict_kinds=("dead",)))).start()
     try:
-        wait_until(lambda: all(r.fr_answered for r in job.sim.ranks), 30,
-                   what="a look at every rank")
-        victim = job.sim.group(0)[0]
-        victim.set_mode("fr_silent")
-        wait_until(lambda: victim.fr_held, 30, what="a dump fetch in flight")
-        dark = time.monotonic()
-        job.go_dark(0)
+        dark = job.dark_mid_dump(0)
         wait_until(lambda: job.replica_ids[0] in job.kills, 60, what="the eviction")
         return {"evicted_after_s": round(time.monotonic() - dark, 2),
                 "kills": len(job.kills)}

@@ -70,9 +70,7 @@ def test_ranks_no_longer_watched_are_forgotten():
 @pytest.fixture
 def job():
     j = SimJob(3, ranks_per_group=2, heartbeat_timeout_ms=1000)
-    for r in j.sim.ranks:
-        r.fr = {"rank": r.state["rank"], "replica_group": r.state["replica_group"],
-                "entries": []}
+    j.serve_dumps()
     yield j
     j.stop()
 
@@ -88,12 +86,7 @@ def test_a_host_gone_dark_during_a_dump_fetch_is_found_before_the_fetch_timeout(
         detectors=DetectorConfig(dead_sweeps=2, fr_interval_s=1.0),
         rails=RailsConfig(min_replicas=1, cooldown_s=0, evict_kinds=("dead",)))).start()
     try:
-        wait_until(lambda: all(r.fr_answered for r in job.sim.ranks), 15,
-                   what="a Flight Recorder look at every rank")
-        victim = job.sim.group(0)[0]
-        victim.set_mode("fr_silent")
-        wait_until(lambda: victim.fr_held, 10, what="a dump fetch left unanswered")
-        job.go_dark(0)
+        job.dark_mid_dump(0, timeout=15)
         wait_until(lambda: job.replica_ids[0] in job.kills, 15,
                    what="the dark group evicted while its dump was awaited")
         assert job.kills == [job.replica_ids[0]]

@@ -419,6 +419,27 @@ class SimJob:
                 return True
         return False
 
+    def serve_dumps(self) -> None:
+        """Every rank serves an empty Flight Recorder dump of its own rank and group."""
+        for r in self.sim.ranks:
+            r.fr = {"version": "2.10", "pg_config": {}, "entries": [], "rank": r.state["rank"],
+                    "replica_group": r.state["replica_group"]}
+
+    def dark_mid_dump(self, g: int, timeout: float = 30.0) -> float:
+        """Once a monitor has read every rank's dump (:meth:`serve_dumps`), leave the next dump
+        of group ``g``'s first rank unanswered and, that fetch in flight, take ``g``'s host dark
+        (:meth:`go_dark`); returns when, ``time.monotonic()``."""
+        from lightkeeper.cluster import wait_until
+
+        wait_until(lambda: all(r.fr_answered for r in self.sim.ranks), timeout,
+                   what="a Flight Recorder look at every rank")
+        victim = self.sim.group(g)[0]
+        victim.set_mode("fr_silent")
+        wait_until(lambda: victim.fr_held, timeout, what="a dump fetch in flight")
+        dark = time.monotonic()
+        self.go_dark(g)
+        return dark
+
     def go_dark(self, g: int) -> None:
         """Group ``g``'s host drops every packet: its ranks answer nothing (``"silent"``, no
         reset either) and its heartbeats stop; nothing is killed."""
