@@ -18,21 +18,29 @@ from .faulttrack import FINDING_SLACK_S, finding_culprits
 REPORT_VERSION = 1
 
 
-def _job_step_at(ticks: list[tuple[float, int]], t: float) -> int | None:
+def _tick_at(ticks: list[tuple[float, int]], t: float) -> tuple[float, int] | None:
+    """The last tick at or before ``t`` that saw a step: (its time, the job's step)."""
     best = None
     for tt, step in ticks:
         if tt > t:
             break
         if step >= 0:
-            best = step
+            best = (tt, step)
     return best
 
 
+def _job_step_at(ticks: list[tuple[float, int]], t: float) -> int | None:
+    got = _tick_at(ticks, t)
+    return None if got is None else got[1]
+
+
 def _rate(ticks, start: float, end: float) -> float | None:
-    a, b = _job_step_at(ticks, start), _job_step_at(ticks, end)
-    if a is None or b is None or end - start < 1.0:
+    """Steps per second between the ticks that saw ``start`` and ``end``: over the time
+    between those observations, not past the last one (the job stopped, nothing was seen)."""
+    a, b = _tick_at(ticks, start), _tick_at(ticks, end)
+    if a is None or b is None or end - start < 1.0 or b[0] - a[0] < 1.0:
         return None
-    return round((b - a) / (end - start), 3)
+    return round((b[1] - a[1]) / (b[0] - a[0]), 3)
 
 
 def phases(train_start: float | None, end: float, faults: list[dict], groups: int,
@@ -180,7 +188,9 @@ def recoveries(faults: list[dict], ph: list[dict], samples: list[dict], lighthou
 
 
 def build_report(demo) -> dict[str, Any]:
-    end = demo.now()
+    now = demo.now()
+    # what is measured ends with the last look at the ranks, not after stopping them
+    end = demo.ticks[-1][0] if demo.ticks else now
     faults = [dict(f) for f in demo.faults]
     ph = phases(demo.train_start_s, end, faults, demo.args.groups, demo.ticks)
     healthy = ph[0]["step_rate"] if ph else None
@@ -206,7 +216,7 @@ def build_report(demo) -> dict[str, Any]:
     return {
         "version": REPORT_VERSION,
         "started_at_unix": round(demo.t0_unix, 3),
-        "duration_s": end,
+        "duration_s": now,
         "training_started_at_s": demo.train_start_s,
         "config": {"groups": demo.args.groups, "ranks_per_group": demo.args.ranks_per_group,
                    "dry_run": bool(demo.args.dry_run), "no_faults": bool(demo.args.no_faults),
@@ -214,7 +224,7 @@ def build_report(demo) -> dict[str, Any]:
         "outcome": ("interrupted" if demo.interrupted else "error" if demo.error else "completed"),
         "error": demo.error,
         "faults": faults,
-        "detections": detections(demo.findings, demo.evictions, demo.t0_unix, faults, end),
+        "detections": detections(demo.findings, demo.evictions, demo.t0_unix, faults, now),
         "evictions": evictions,
         "restarts": [{"replica_group": e["replica_group"], "at_s": e["t"]}
                      for e in demo.events if e["kind"] == "restarted"],

@@ -1,0 +1,48 @@
+"""The demo report's phases (:func:`lightkeeper.report.phases`) from plain data in the shape the
+demo records: ``ticks``, (seconds since the start, the job's highest step), one every 0.5 s while
+the demo watches the ranks. The real processes run in ``tests/test_demo_e2e.py``."""
+
+from __future__ import annotations
+
+import pytest
+
+from lightkeeper.report import phases
+
+RATE = 4.0  # steps/s, the job's pace throughout
+
+
+def steady(start: float, stop: float) -> list[tuple[float, int]]:
+    n = int(round((stop - start) / 0.5))
+    return [(start + 0.5 * i, int(RATE * 0.5 * i)) for i in range(n + 1)]
+
+
+FAULT = {"replica_group": 1, "spec": "slow_compute:delay=0.6", "group_rank": 1,
+         "struck_at_s": 20.0, "evicted_at_s": None, "rejoined_at_s": 30.2}
+
+
+def test_the_last_phase_is_paced_up_to_the_last_look_not_to_the_stop():
+    """The report is written after the ranks were stopped (3 s here): the job was not seen in
+    that time, so it does not count against the last phase's pace."""
+    ticks = steady(10.0, 60.0)
+    got = phases(10.0, 63.0, [FAULT], groups=3, ticks=ticks)
+    assert [p["name"] for p in got] == ["healthy", "slow_compute in group 1 rank 1",
+                                        "healthy (group 1 rejoined)"]
+    assert got[-1]["end_s"] == 63.0
+    assert [p["step_rate"] for p in got] == [RATE, RATE, RATE]
+    assert [p["vs_healthy"] for p in got] == [1.0, 1.0, 1.0]
+
+
+def test_a_phase_is_paced_between_the_looks_that_saw_its_ends():
+    """A phase from 20.2 s to 30.4 s is read at the looks of 20.0 s and 30.0 s: its steps over
+    those 10 s, not over the phase's own 10.2 s."""
+    ticks = steady(10.0, 40.0)
+    got = phases(10.0, 40.0, [{**FAULT, "struck_at_s": 20.2, "rejoined_at_s": 30.4}], 3, ticks)
+    fault = got[1]
+    assert (fault["start_s"], fault["end_s"], fault["steps"]) == (20.2, 30.4, 40)
+    assert fault["step_rate"] == pytest.approx(RATE)
+
+
+def test_a_phase_seen_in_one_look_only_has_no_pace():
+    ticks = steady(10.0, 20.0)
+    got = phases(10.0, 20.4, [{**FAULT, "struck_at_s": 19.6, "rejoined_at_s": None}], 3, ticks)
+    assert got[-1]["step_rate"] is None and got[-1]["vs_healthy"] is None
