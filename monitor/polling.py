@@ -343,8 +343,8 @@ class Polling:
         if rest:
             got.update(self._fetch(rest, "/v1/fr_trace" + query))
         refused = self._split([u for u, p in got.items() if p.status == 400])[0]
-        if refused:
-            got.update(self._fetch(refused, "/v1/fr_trace"))
+        if refused:  # their whole dumps: no earlier answer says how long those take
+            got.update(self._fetch(refused, "/v1/fr_trace", self.cfg.fr_timeout_s))
         for url, p in got.items():
             rv = view.ranks.get(url)
             if not p.ok or not isinstance(p.data, dict) or rv is None or rv.rank is None:
@@ -359,8 +359,9 @@ class Polling:
             dumps[rv.rank] = p.data
         return dumps
 
-    def _fetch(self, urls: list[str], path: str) -> dict[str, RankPoll]:
-        wait = self.fr_bound.wait_s(urls)
+    def _fetch(self, urls: list[str], path: str, wait: float | None = None
+               ) -> dict[str, RankPoll]:
+        wait = self.fr_bound.wait_s(urls) if wait is None else wait
         got = self.poller.sweep(urls, path, wait, self.cfg.max_fr_bytes)
         self.fr_bound.learn(got, wait)
         return got
