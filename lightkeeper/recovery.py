@@ -19,7 +19,7 @@ seen):
 | ``lighthouse_dropped`` | the first Lighthouse ``/status`` read after the kill in which the killed replica no longer heartbeats (stale or gone), or the Lighthouse issued a quorum without it |
 | ``survivors_quorum`` | the first quorum the Lighthouse issued without the killed replica (its ``/status``; else a survivor rank's ``quorum_id`` moved) |
 | ``survivors_committing`` | the survivors' first commit after the kill (their ``last_step_at``) |
-| ``back_at_pace`` | the start of the first trailing window (``PACE_WINDOW_S``) after the kill over which the job committed >= 90% of the steps its healthy rate makes (the ranks' commit times); ``back_at_pace_ledger`` is the monitor's ledger's ``back_to_pace_at`` for the same incident |
+| ``back_at_pace`` | the first commit after the kill from which the job commits at >= 90% of its healthy rate up to its first commit ``PACE_WINDOW_S`` or more later (the ranks' commit times); ``back_at_pace_ledger`` is the monitor's ledger's ``back_to_pace_at`` for the same incident |
 | ``restarted`` | the supervisor started the group again (warm spare or cold) |
 | ``joined`` | a rank of the new incarnation first takes part in a quorum |
 | ``healed`` | every rank of it in a quorum of all groups, within 3 steps of the job (``rejoined_at_s``) |
@@ -65,18 +65,22 @@ def back_at_pace(series: list[tuple[float, int]], after: float, rate: float | No
                  last_t: float, window: float = PACE_WINDOW_S,
                  ratio: float = PACE_RATIO) -> float | None:
     """The first commit time ``T >= after`` from which the job commits at least ``ratio`` x
-    ``rate`` x ``window`` steps in ``(T, T + window]`` (``T + window <= last_t``, the last time
-    observed); None when it never does (or there is no healthy rate)."""
+    ``rate`` steps a second up to its first commit seen ``window`` or more later (at most
+    ``last_t``, the last time observed); None when it never does (or there is no healthy rate).
+    The pace is taken between two commits seen, not over a fixed window: the ranks are looked
+    at every 0.5 s, a step or two at a time, and a window's count would follow where those
+    looks fall."""
     if not rate:
         return None
-    need = ratio * rate * window
-    for t, step in series:
+    times = [t for t, _ in series]
+    for i, (t, step) in enumerate(series):
         if t < after:
             continue
-        if t + window > last_t:
+        j = bisect.bisect_left(times, t + window, i + 1)
+        if j == len(series) or series[j][0] > last_t:
             return None
-        end = step_at(series, t + window)
-        if end is not None and end - step >= need - 1e-9:
+        t2, step2 = series[j]
+        if step2 - step >= ratio * rate * (t2 - t) - 1e-9:
             return round(t, 2)
     return None
 

@@ -73,6 +73,16 @@ def test_commit_series_and_back_at_pace():
     assert recovery.job_stall(series, 15.0, 21.0) == pytest.approx(1.2, abs=0.21)
 
 
+def test_back_at_pace_does_not_follow_where_the_looks_fall():
+    """Commits seen every 0.52 s, two steps each (3.85 steps/s, the healthy rate): a 3 s
+    window holds 5 looks (10 steps, under 90% of 11.5), yet the job never left its pace."""
+    series = [(10.0 + 0.52 * k, 40 + 2 * k) for k in range(40)]
+    assert recovery.back_at_pace(series, 10.0, 3.85, last_t=40.0) == 10.0
+    # a job at 80% of that pace is not back
+    slow = [(10.0 + 0.65 * k, 40 + 2 * k) for k in range(40)]
+    assert recovery.back_at_pace(slow, 10.0, 3.85, last_t=40.0) is None
+
+
 def test_stages_of_a_hang():
     st = recovery.stages(HANG, hang_run(), LIGHTHOUSE, EVICTIONS, 5.0, end=24.0)
     assert st["evicted_replica_id"] == RID
