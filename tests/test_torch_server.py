@@ -9,6 +9,7 @@ own that answers what each case sets; the real job is in tests/test_torch_debug_
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sys
 import threading
@@ -345,7 +346,9 @@ def test_a_dump_that_stops_coming_holds_the_sweep_about_a_second(garbage_server)
         table[("POST", "/handler/fr_trace_json")] = dark
         p = poller.sweep([url])[url]
         assert p.ok and p.data[RAW_KEY].dump is None
-        assert "no answer within 1.00s" in p.data[RAW_KEY].error
+        # 4x its first answer's time, at least 1 s (a busy machine may slow that answer)
+        waited = re.search(r"no answer within ([0-9.]+)s", p.data[RAW_KEY].error)
+        assert waited and 1.0 <= float(waited.group(1)) < 5.0, p.data[RAW_KEY].error
     finally:
         dark.set()
         poller.close()
