@@ -469,6 +469,12 @@ def cost_markdown(rep: dict) -> str:
     return "\n".join(lines)
 
 
+def _healthy_line(rate: float | None) -> str:
+    if rate is None:  # e.g. a --steps run whose groups ended within 1 s of all stepping
+        return "Healthy step rate: not measured (every group was seen stepping for under 1 s)."
+    return f"Healthy step rate: {rate} committed steps/s."
+
+
 def markdown(rep: dict) -> str:
     c = rep["config"]
     head = ["# Lightkeeper demo report", "",
@@ -477,8 +483,8 @@ def markdown(rep: dict) -> str:
             + (", no faults" if c["no_faults"] else "")
             + f"; {rep['duration_s']:.0f} s; outcome: {rep['outcome']}"
             + (f" ({rep['error']})" if rep["error"] else "") + ".",
-            f"Healthy step rate: {rep['healthy_step_rate']} committed steps/s. "
-            "Times are seconds since the demo started.", "",
+            _healthy_line(rep["healthy_step_rate"])
+            + " Times are seconds since the demo started.", "",
             "## Faults and phases", "", summary_markdown(rep), "",
             "## Detections", "",
             "| at | kind | group | ranks | culprit | evicted | explained by |",
