@@ -275,7 +275,9 @@ class Polling:
             leaders = [gv.leader.url for g, gv in view.groups.items()
                        if gv.leader is not None and g not in plan.drilled] if periodic else []
             for urls, query in ((drilled, FR_DRILLED_QUERY), (leaders, FR_LEADERS_QUERY)):
-                urls = [u for u in self._split(urls)[0] if u in polls and polls[u].ok]
+                resting = self.fr_bound.resting(urls)
+                urls = [u for u in self._split(urls)[0]
+                        if u in polls and polls[u].ok and u not in resting]
                 if urls:
                     wait = self.fr_bound.wait_s(urls)
                     self._fr_ahead[query] = (set(urls), self.poller.start(
@@ -361,7 +363,10 @@ class Polling:
 
     def _fetch(self, urls: list[str], path: str, wait: float | None = None
                ) -> dict[str, RankPoll]:
-        wait = self.fr_bound.wait_s(urls) if wait is None else wait
-        got = self.poller.sweep(urls, path, wait, self.cfg.max_fr_bytes)
-        self.fr_bound.learn(got, wait)
+        got = self.fr_bound.resting(urls)  # a wedged dump would hold the look: not asked
+        urls = [u for u in urls if u not in got]
+        if urls:
+            wait = self.fr_bound.wait_s(urls) if wait is None else wait
+            got.update(self.poller.sweep(urls, path, wait, self.cfg.max_fr_bytes))
+            self.fr_bound.learn(got, wait)
         return got

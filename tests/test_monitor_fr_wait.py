@@ -1,7 +1,8 @@
 """How long a sweep waits for Flight Recorder dumps (monitor/poll/fr_bound.py): as long as the
 ranks asked took lately, times a slack, at least a second, at most ``--fr-timeout``. A host that
 goes dark while its dump is being fetched must not hold the sweep, and with it the polls that
-find the host gone, for the whole timeout.
+find the host gone, for the whole timeout; nor may a rank whose dumps wedge while its state
+still answers hold every look.
 
 The live test runs a real Monitor against a real torchft Lighthouse that simulated groups join
 (``SimJob``, tests/support/monitor_sim.py): a simulated host "goes dark" by reading requests and
@@ -14,7 +15,8 @@ import pytest
 
 from lightkeeper.cluster import wait_until
 from monitor.config import DetectorConfig, MonitorConfig, RailsConfig
-from monitor.poll.fr_bound import FLOOR_S, SLACK, FrBound
+from monitor.poll import fr_bound
+from monitor.poll.fr_bound import FLOOR_S, REST_MOST_S, REST_S, SLACK, FrBound
 from monitor.poll.poller import RankPoll
 from monitor.service import Monitor
 from tests.support.monitor_sim import SimJob
@@ -56,6 +58,38 @@ def test_a_rank_that_ran_out_of_time_is_given_slack_times_as_long_next():
     assert bound.wait_s(["a"]) == pytest.approx(SLACK * FLOOR_S / 2)
 
 
+def test_a_dump_that_ran_out_of_the_whole_timeout_is_not_asked_for_a_while():
+    t = [100.0]
+    bound = FrBound(5.0, clock=lambda: t[0])
+    timeout = {"a": RankPoll("a", False, reason="timeout")}
+    bound.learn({"a": answer("a", 0.05), "b": answer("b", 0.05)}, 5.0)
+    bound.learn(timeout, FLOOR_S)  # out of its bound, not of the whole timeout: asked again
+    assert bound.resting(["a", "b"]) == {}
+    bound.learn(timeout, 5.0)
+    [(url, why)] = bound.resting(["a", "b"]).items()
+    assert url == "a" and not why.ok and why.reason == "timeout"
+    assert why.error == f"its dump did not answer in 5 s; not asked for {REST_S:g} s, " \
+                        f"again in {REST_S:.0f} s"
+    bound.learn(bound.resting(["a"]), 5.0)  # handed back in a fetch's answers: teaches nothing
+    t[0] += REST_S - 0.1
+    assert "a" in bound.resting(["a"])
+    t[0] += 0.2
+    assert bound.resting(["a"]) == {} and bound.wait_s(["a"]) == 5.0
+    # missed again: twice as long, up to REST_MOST_S
+    rests = []
+    for _ in range(8):
+        bound.learn(timeout, 5.0)
+        start = t[0]
+        while "a" in bound.resting(["a"]):
+            t[0] += 1.0
+        rests.append(round(t[0] - start))
+    assert rests == [min(REST_MOST_S, REST_S * 2 ** i) for i in range(1, 9)]
+    # an answer ends it: the next such miss rests REST_S again
+    bound.learn({"a": answer("a", 0.05)}, 5.0)
+    bound.learn(timeout, 5.0)
+    assert bound.resting(["a"])["a"].error.endswith(f"again in {REST_S:.0f} s")
+
+
 def test_ranks_no_longer_watched_are_forgotten():
     bound = FrBound(5.0)
     old = [f"old{i}" for i in range(1026)]
@@ -90,5 +124,32 @@ def test_a_host_gone_dark_during_a_dump_fetch_is_found_before_the_fetch_timeout(
         wait_until(lambda: job.replica_ids[0] in job.kills, 15,
                    what="the dark group evicted while its dump was awaited")
         assert job.kills == [job.replica_ids[0]]
+    finally:
+        mon.stop()
+
+
+def test_a_rank_whose_dumps_wedge_is_left_alone_while_its_peers_looks_go_on(tmp_path, job,
+                                                                             monkeypatch):
+    """One rank's dumps stop answering, its state does not: it is asked at its bound, then
+    for the whole ``--fr-timeout`` (1.5 s), then left alone (2 s here, then 4 s) while the
+    other ranks' dumps are read at each look, 1 s apart; once it answers again, its dumps are
+    read again after its rest. Without the rest, every look would ask it and wait 1.5 s."""
+    monkeypatch.setattr(fr_bound, "REST_S", 2.0)
+    mon = Monitor(MonitorConfig(
+        port=0, interval_s=0.2, state_path=str(tmp_path / "state.sqlite"),
+        sd_out=str(tmp_path / "targets.json"), job="sim", lighthouse=job.url,
+        targets=job.sim.urls, fr_timeout_s=1.5,
+        detectors=DetectorConfig(fr_interval_s=1.0), rails=RailsConfig(dry_run=True))).start()
+    try:
+        ranks = job.sim.ranks
+        wait_until(lambda: all(r.fr_answered for r in ranks), 15, what="every rank's dump")
+        victim, peer = ranks[2], ranks[0]
+        victim.set_mode("fr_silent")
+        looks = peer.fr_answered
+        wait_until(lambda: peer.fr_answered >= looks + 8, 40, what="eight more looks")
+        assert 2 <= victim.fr_held <= 4, (victim.fr_held, peer.fr_answered - looks)
+        answered = victim.fr_answered
+        victim.set_mode("ok")
+        wait_until(lambda: victim.fr_answered > answered, 15, what="its dumps read again")
     finally:
         mon.stop()

@@ -34,6 +34,7 @@ from monitor.evidence.torch_rank import (
 )
 from monitor.poll.admission import AllowList
 from monitor.poll.discovery import BadTarget, Discovery, normalize_url
+from monitor.poll.fr_bound import REST_S
 from monitor.poll.poller import Poller, RankPoll
 from monitor.poll.torch_server import (
     RAW_KEY,
@@ -349,6 +350,26 @@ def test_a_dump_that_stops_coming_holds_the_sweep_about_a_second(garbage_server)
         # 4x its first answer's time, at least 1 s (a busy machine may slow that answer)
         waited = re.search(r"no answer within ([0-9.]+)s", p.data[RAW_KEY].error)
         assert waited and 1.0 <= float(waited.group(1)) < 5.0, p.data[RAW_KEY].error
+    finally:
+        dark.set()
+        poller.close()
+
+
+def test_a_dump_wedged_past_the_whole_timeout_is_not_asked_for_a_while(garbage_server):
+    """Each sweep of a torch rank asks its dump: one that runs out of the whole ``fr_timeout_s``
+    (2 s here) is not asked in the next sweeps (monitor/poll/fr_bound.py), its state saying so."""
+    url, table = garbage_server
+    table.clear()
+    table[("GET", "/handler/")] = _listing("fr_trace_json")
+    table[("POST", "/handler/fr_trace_json")] = (200, b'{"version": "2.10", "entries": []}')
+    poller = TorchPoller(timeout_s=2, fr_timeout_s=2)
+    dark = threading.Event()
+    try:
+        assert poller.sweep([url])[url].data[RAW_KEY].dump is not None
+        table[("POST", "/handler/fr_trace_json")] = dark
+        errors = [poller.sweep([url])[url].data[RAW_KEY].error for _ in range(3)]
+        assert "no answer within" in errors[0] and "no answer within 2.00s" in errors[1], errors
+        assert errors[2].startswith(f"its dump did not answer in 2 s; not asked for {REST_S:g} s")
     finally:
         dark.set()
         poller.close()

@@ -1,18 +1,26 @@
 """How long a sweep waits for Flight Recorder dumps: long enough for the slowest rank asked, as
 its last answers tell, and no longer. A host that goes silent in the middle of a fetch then holds
 the sweep (and with it the polls that would find the host gone) for about a second, not for the
-whole ``--fr-timeout``.
+whole ``--fr-timeout``. A rank whose dumps stop answering while its state still does (a dump
+wedged in the rank) is left alone for a while after it ran out of the whole timeout, so that it
+does not hold every look.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+import logging
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 from .poller import RankPoll
+
+log = logging.getLogger(__name__)
 
 FLOOR_S = 1.0  # never less: a healthy dump takes tens of milliseconds
 SLACK = 4.0  # times the slowest recent answer of the ranks asked
 DECAY = 0.5  # a rank's remembered time falls at most by half per answer
+REST_S = 10.0  # a rank that ran out of the whole timeout is not asked for this long,
+REST_MOST_S = 160.0  # twice as long after each further such miss, up to this
 
 
 class FrBound:
@@ -20,12 +28,24 @@ class FrBound:
 
     A rank never answered before is given the whole ``most_s``. One that runs out of its bound
     is remembered as having taken all of it, so its next fetch waits SLACK times as long (up to
-    ``most_s``): a dump that grew is missed once, never twice in a row.
+    ``most_s``): a dump that grew is missed once, never twice in a row. One that runs out of the
+    whole ``most_s`` is not asked for REST_S (:meth:`resting`), then twice as long after each
+    further miss of it; its dumps are missing meanwhile, as they would be after the wait.
     """
 
-    def __init__(self, most_s: float) -> None:
+    def __init__(self, most_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.most_s = most_s
+        self._clock = clock
         self._took: dict[str, float] = {}
+        self._rest: dict[str, tuple[float, float]] = {}  # url -> (asked again at, rest length)
+
+    def resting(self, urls: Iterable[str]) -> dict[str, RankPoll]:
+        """The ranks of ``urls`` not to ask now, each with a failed poll that says why."""
+        now = self._clock()
+        return {u: RankPoll(u, False, reason="timeout", error=(
+                    f"its dump did not answer in {self.most_s:g} s; not asked for "
+                    f"{rest[1]:g} s, again in {rest[0] - now:.0f} s"))
+                for u in urls if (rest := self._rest.get(u)) is not None and rest[0] > now}
 
     def wait_s(self, urls: Iterable[str]) -> float:
         slowest = 0.0
@@ -39,15 +59,23 @@ class FrBound:
     def learn(self, polls: Mapping[str, RankPoll], waited_s: float) -> None:
         """Remember the answers of one fetch that waited ``waited_s``; an error other than a
         timeout (refused, cut off) says nothing about how long a dump takes."""
-        took = self._took
+        took, now = self._took, self._clock()
         for url, p in polls.items():
+            rest = self._rest.get(url)
             if p.ok or p.status is not None:
                 took[url] = max(p.latency_s, DECAY * took.get(url, 0.0))
-            elif p.reason == "timeout":
+                self._rest.pop(url, None)
+            elif p.reason == "timeout" and (rest is None or rest[0] <= now):  # not resting
                 took[url] = waited_s
+                if waited_s >= self.most_s:
+                    length = REST_S if rest is None else min(REST_MOST_S, 2 * rest[1])
+                    self._rest[url] = (now + length, length)
+                    log.warning("%s: no Flight Recorder dump in the whole %g s; not asked for "
+                                "one for %g s", url, waited_s, length)
 
     def keep(self, watched: Collection[str]) -> None:
         """Forget the ranks not ``watched`` once more than twice as many (and 1,024) are
         remembered: restarted ranks' old addresses, not those a sweep merely left out."""
         if len(self._took) > 2 * len(watched) + 1024:
             self._took = {u: t for u, t in self._took.items() if u in watched}
+            self._rest = {u: r for u, r in self._rest.items() if u in watched}
