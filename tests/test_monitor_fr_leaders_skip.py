@@ -34,6 +34,7 @@ import pytest
 from monitor import polling
 from monitor.config import DetectorConfig, MonitorConfig
 from monitor.detect import Detectors
+from monitor.poll.poll_process import ProcessPoller
 from monitor.service import Monitor
 from tests.support.virtual_ranks import _Connection
 from tests.test_monitor_detectors import IN_GROUP_STEP, T0, Job
@@ -41,6 +42,7 @@ from worker_server.app import filter_fr_dump
 
 GROUPS, RANKS = 200, 2
 HUNG_GROUP = 77
+STARTED: list[str] = []  # dump queries sent to a poller process before the view (ask early)
 
 
 class JobServer:
@@ -131,7 +133,8 @@ def run_stall(server: JobServer, tmp_path, plant, wait, mutate=None,
     fetch_fr, update = mon.polling.fr_dumps, mon.detectors.update
 
     def fetching(view, now):
-        seen.append({"early": sorted(mon.polling._fr_ahead)})
+        seen.append({"early": sorted(STARTED)})
+        STARTED.clear()
         return fetch_fr(view, now)
 
     def updating(view, dumps=None, *a, **k):
@@ -160,7 +163,7 @@ def run_stall(server: JobServer, tmp_path, plant, wait, mutate=None,
             hangs = [(f.kind, f.replica_group, f.ranks, f.evidence["level"])
                      for f in mon.detectors.open_findings() if f.kind == "hang"]
             out["sweeps"].append({
-                "t": t, "hangs": hangs, "skipped": mon.polling.fr_leaders_skipped,
+                "t": t, "hangs": hangs,
                 "drilled": dict(mon.sweep_plan.drilled),
                 "torchft_fetched": sum(1 for _, what, q in server.asked
                                        if what == "fr_trace" and "pg=torchft" in q),
@@ -214,12 +217,12 @@ def test_an_in_group_hang_is_confirmed_without_the_leaders_dumps_and_no_later(jo
     last = got["last"]
     assert set(last["drilled"]) == {HUNG_GROUP}
     assert "in-group collective" in last["drilled"][HUNG_GROUP]
-    assert last["skipped"] and last["torchft_fetched"] == 0
+    assert last["torchft_fetched"] == 0
     assert last["drilled_fetched"] == [LEADER, MEMBER]
     # a monitor that always fetches the leaders' dumps: the same finding, the same sweep
     full = run_stall(job_server, tmp_path, plant_member_hang, wait_member_hang, never_skip)
     assert (full["found"], full["confirmed_t"]) == (got["found"], got["confirmed_t"])
-    assert not full["last"]["skipped"] and full["last"]["torchft_fetched"] == GROUPS - 1
+    assert full["last"]["torchft_fetched"] == GROUPS - 1
 
 
 def plant_leader_hang(job: Job) -> None:
@@ -264,12 +267,12 @@ def test_the_group_the_others_wait_for_gets_the_leaders_dumps_and_no_later(
     last = got["last"]
     assert set(last["drilled"]) == {HUNG_GROUP}
     assert "the others wait for it" in last["drilled"][HUNG_GROUP]
-    assert not last["skipped"] and last["torchft_fetched"] == GROUPS - 1
+    assert last["torchft_fetched"] == GROUPS - 1
     assert last["drilled_fetched"] == [LEADER, MEMBER]
     if plant is plant_group_late:  # the leaders' dumps are the evidence: skipping them misses it
         monkeypatch.setattr(polling, "_blocked_in_group", lambda gv: True)
         mutated = run_stall(job_server, tmp_path, plant, wait, always_skip)
-        assert "found" not in mutated and mutated["sweeps"][-1]["skipped"]
+        assert "found" not in mutated and mutated["sweeps"][-1]["torchft_fetched"] == 0
 
 
 def poll_from_a_process(monkeypatch) -> None:
@@ -280,6 +283,17 @@ def poll_from_a_process(monkeypatch) -> None:
                         functools.partial(MonitorConfig, poll_process_min_targets=0))
     monkeypatch.setattr(polling.Polling, "after_view", lambda *a: None)
     monkeypatch.setattr(polling.Polling, "after_decisions", lambda *a: None)
+    # a dump query started and left to run (asked ahead), not a sweep's start-and-wait
+    start = ProcessPoller.start
+
+    def recording(self, urls, path, *a, **k):
+        if path.startswith("/v1/fr_trace"):
+            STARTED.append(path.removeprefix("/v1/fr_trace"))
+        return start(self, urls, path, *a, **k)
+
+    monkeypatch.setattr(ProcessPoller, "start", recording)
+    monkeypatch.setattr(ProcessPoller, "sweep",
+                        lambda self, *a, **k: start(self, *a, **k).result())
 
 
 def asked_early_and_late(server: JobServer, tmp_path, monkeypatch,
