@@ -8,6 +8,7 @@ own that answers what each case sets; the real job is in tests/test_torch_debug_
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -331,48 +332,44 @@ def test_handler_list_asked_again_after_a_404(garbage_server):
     assert _Answers.asked.count(("GET", "/handler/")) == 3
 
 
-def test_a_dump_that_stops_coming_holds_the_sweep_about_a_second(garbage_server):
-    """``fr_timeout_s`` 30: a rank whose dump answered at once and then never comes is waited
-    for as its last answer allows (monitor/poll/fr_bound.py), not 30 s; its state still comes,
-    its Flight Recorder said unread."""
+@contextlib.contextmanager
+def dump_gone_dark(garbage_server, fr_timeout_s: float):
+    """A torch rank whose dump answered once, at once, and then never comes: (url, poller)."""
     url, table = garbage_server
     table.clear()
     table[("GET", "/handler/")] = _listing("fr_trace_json")
     table[("POST", "/handler/fr_trace_json")] = (200, b'{"version": "2.10", "entries": []}')
-    poller = TorchPoller(timeout_s=2, fr_timeout_s=30)
+    poller = TorchPoller(timeout_s=2, fr_timeout_s=fr_timeout_s)
     dark = threading.Event()
     try:
         p = poller.sweep([url])[url]
         assert p.ok and p.data[RAW_KEY].dump == {"version": "2.10", "entries": []}
         table[("POST", "/handler/fr_trace_json")] = dark
+        yield url, poller
+    finally:
+        dark.set()
+        poller.close()
+
+
+def test_a_dump_that_stops_coming_holds_the_sweep_about_a_second(garbage_server):
+    """``fr_timeout_s`` 30: a rank whose dump answered at once and then never comes is waited
+    for as its last answer allows (monitor/poll/fr_bound.py), not 30 s; its state still comes,
+    its Flight Recorder said unread."""
+    with dump_gone_dark(garbage_server, 30) as (url, poller):
         p = poller.sweep([url])[url]
         assert p.ok and p.data[RAW_KEY].dump is None
         # 4x its first answer's time, at least 1 s (a busy machine may slow that answer)
         waited = re.search(r"no answer within ([0-9.]+)s", p.data[RAW_KEY].error)
         assert waited and 1.0 <= float(waited.group(1)) < 5.0, p.data[RAW_KEY].error
-    finally:
-        dark.set()
-        poller.close()
 
 
 def test_a_dump_wedged_past_the_whole_timeout_is_not_asked_for_a_while(garbage_server):
     """Each sweep of a torch rank asks its dump: one that runs out of the whole ``fr_timeout_s``
     (2 s here) is not asked in the next sweeps (monitor/poll/fr_bound.py), its state saying so."""
-    url, table = garbage_server
-    table.clear()
-    table[("GET", "/handler/")] = _listing("fr_trace_json")
-    table[("POST", "/handler/fr_trace_json")] = (200, b'{"version": "2.10", "entries": []}')
-    poller = TorchPoller(timeout_s=2, fr_timeout_s=2)
-    dark = threading.Event()
-    try:
-        assert poller.sweep([url])[url].data[RAW_KEY].dump is not None
-        table[("POST", "/handler/fr_trace_json")] = dark
+    with dump_gone_dark(garbage_server, 2) as (url, poller):
         errors = [poller.sweep([url])[url].data[RAW_KEY].error for _ in range(3)]
         assert "no answer within" in errors[0] and "no answer within 2.00s" in errors[1], errors
         assert errors[2].startswith(f"its dump did not answer in 2 s; not asked for {REST_S:g} s")
-    finally:
-        dark.set()
-        poller.close()
 
 
 def test_lightkeeper_handlers_on_torch_server_read_as_the_full_state(garbage_server):
