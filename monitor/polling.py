@@ -360,10 +360,5 @@ class Polling:
 
     def _fetch(self, urls: list[str], path: str, wait: float | None = None
                ) -> dict[str, RankPoll]:
-        got = self.fr_bound.resting(urls)  # a wedged dump would hold the look: not asked
-        urls = [u for u in urls if u not in got]
-        if urls:
-            wait = self.fr_bound.wait_s(urls) if wait is None else wait
-            got.update(self.poller.sweep(urls, path, wait, self.cfg.max_fr_bytes))
-            self.fr_bound.learn(got, wait)
-        return got
+        return self.fr_bound.fetch(
+            urls, lambda live, w: self.poller.sweep(live, path, w, self.cfg.max_fr_bytes), wait)

@@ -61,32 +61,48 @@ def test_a_rank_that_ran_out_of_time_is_given_slack_times_as_long_next():
 def test_a_dump_that_ran_out_of_the_whole_timeout_is_not_asked_for_a_while():
     t = [100.0]
     bound = FrBound(5.0, clock=lambda: t[0])
-    timeout = {"a": RankPoll("a", False, reason="timeout")}
-    bound.learn({"a": answer("a", 0.05), "b": answer("b", 0.05)}, 5.0)
-    bound.learn(timeout, FLOOR_S)  # out of its bound, not of the whole timeout: asked again
-    assert bound.resting(["a", "b"]) == {}
-    bound.learn(timeout, 5.0)
+    asked: list[tuple[list[str], float]] = []
+
+    def fetch(answers: dict[str, str]) -> dict[str, RankPoll]:
+        """One fetch of ``answers``' ranks, each answering at once ("ok") or never."""
+        def sweep(urls, wait):
+            asked.append((urls, wait))
+            return {u: answer(u, 0.05) if answers[u] == "ok" else
+                    RankPoll(u, False, reason="timeout") for u in urls}
+        return bound.fetch(list(answers), sweep)
+
+    fetch({"a": "ok", "b": "ok"})
+    for wait in (FLOOR_S, SLACK * FLOOR_S):  # out of its bound, not of the whole timeout
+        fetch({"a": "never"})
+        assert asked[-1] == (["a"], wait) and bound.resting(["a", "b"]) == {}
+    fetch({"a": "never"})
+    assert asked[-1] == (["a"], 5.0)
     [(url, why)] = bound.resting(["a", "b"]).items()
     assert url == "a" and not why.ok and why.reason == "timeout"
     assert why.error == f"its dump did not answer in 5 s; not asked for {REST_S:g} s, " \
                         f"again in {REST_S:.0f} s"
-    bound.learn(bound.resting(["a"]), 5.0)  # handed back in a fetch's answers: teaches nothing
+    # resting: not asked, its failed poll handed back beside the others' answers
+    n = len(asked)
+    got = fetch({"a": "never", "b": "ok"})
+    assert asked[n:] == [(["b"], FLOOR_S)] and got["a"].error == why.error and got["b"].ok
     t[0] += REST_S - 0.1
-    assert "a" in bound.resting(["a"])
+    fetch({"a": "never"})
+    assert len(asked) == n + 1
     t[0] += 0.2
     assert bound.resting(["a"]) == {} and bound.wait_s(["a"]) == 5.0
     # missed again: twice as long, up to REST_MOST_S
     rests = []
     for _ in range(8):
-        bound.learn(timeout, 5.0)
+        fetch({"a": "never"})
         start = t[0]
         while "a" in bound.resting(["a"]):
             t[0] += 1.0
         rests.append(round(t[0] - start))
     assert rests == [min(REST_MOST_S, REST_S * 2 ** i) for i in range(1, 9)]
     # an answer ends it: the next such miss rests REST_S again
-    bound.learn({"a": answer("a", 0.05)}, 5.0)
-    bound.learn(timeout, 5.0)
+    fetch({"a": "ok"})
+    fetch({"a": "never"})
+    assert asked[-1] == (["a"], 5.0)  # 4x half of the 5 s remembered: the whole timeout
     assert bound.resting(["a"])["a"].error.endswith(f"again in {REST_S:.0f} s")
 
 

@@ -39,6 +39,20 @@ class FrBound:
         self._took: dict[str, float] = {}
         self._rest: dict[str, tuple[float, float]] = {}  # url -> (asked again at, rest length)
 
+    def fetch(self, urls: list[str], sweep: Callable[[list[str], float], dict[str, RankPoll]],
+              wait_s: float | None = None) -> dict[str, RankPoll]:
+        """``sweep(ranks, wait)`` of the ``urls`` not :meth:`resting`, waiting as long as
+        :meth:`wait_s` allows them (or ``wait_s``), and learning from it; by URL, the resting
+        ones' failed polls beside its answers."""
+        got = self.resting(urls)
+        live = [u for u in urls if u not in got]
+        if live:
+            wait = self.wait_s(live) if wait_s is None else wait_s
+            answered = sweep(live, wait)
+            self.learn(answered, wait)
+            got.update(answered)
+        return got
+
     def resting(self, urls: Iterable[str]) -> dict[str, RankPoll]:
         """The ranks of ``urls`` not to ask now, each with a failed poll that says why."""
         now = self._clock()
@@ -57,17 +71,18 @@ class FrBound:
         return min(self.most_s, max(FLOOR_S, SLACK * slowest))
 
     def learn(self, polls: Mapping[str, RankPoll], waited_s: float) -> None:
-        """Remember the answers of one fetch that waited ``waited_s``; an error other than a
-        timeout (refused, cut off) says nothing about how long a dump takes."""
+        """Remember the answers of one fetch that asked ``polls``' ranks and waited ``waited_s``;
+        an error other than a timeout (refused, cut off) says nothing about how long a dump
+        takes."""
         took, now = self._took, self._clock()
         for url, p in polls.items():
-            rest = self._rest.get(url)
             if p.ok or p.status is not None:
                 took[url] = max(p.latency_s, DECAY * took.get(url, 0.0))
                 self._rest.pop(url, None)
-            elif p.reason == "timeout" and (rest is None or rest[0] <= now):  # not resting
+            elif p.reason == "timeout":
                 took[url] = waited_s
                 if waited_s >= self.most_s:
+                    rest = self._rest.get(url)  # the last one, over: this miss doubles it
                     length = REST_S if rest is None else min(REST_MOST_S, 2 * rest[1])
                     self._rest[url] = (now + length, length)
                     log.warning("%s: no Flight Recorder dump in the whole %g s; not asked for "

@@ -153,12 +153,8 @@ class TorchPoller:
         if not asks:
             return {FR_HANDLER: {}, NCCL_FR_HANDLER: {}}
         self.fr_bound.keep(asks)
-        got = self.fr_bound.resting(asks)  # a wedged dump would hold every sweep: not asked
-        live = [k for k in asks if k not in got]
-        if live:
-            wait = self.fr_bound.wait_s(live)
-            got.update(self._poller.sweep(live, "", wait, self.max_fr_bytes))
-            self.fr_bound.learn(got, wait)
+        got = self.fr_bound.fetch(
+            list(asks), lambda live, w: self._poller.sweep(live, "", w, self.max_fr_bytes))
         out: dict[str, dict[str, RankPoll]] = {FR_HANDLER: {}, NCCL_FR_HANDLER: {}}
         for key, (u, h) in asks.items():
             out[h][u] = got[key]
