@@ -79,6 +79,7 @@ class Polling:
         self.torch_ranks = torch_ranks or TorchRanks(cfg.job)
         self.has_torch = has_torch  # whether any target is one: else no URL is looked at
         self.plan: Plan | None = None  # the plan of the sweep collected last
+        self.fr_leaders_skipped = False  # the last fetch skipped the leaders' dumps (benchmarks)
         self._ahead: _Ahead | None = None
         # query -> (asked early, its handle, the wait it was given)
         self._fr_ahead: dict[str, tuple[set[str], PollHandle, float]] = {}
@@ -288,6 +289,7 @@ class Polling:
         """This sweep's Flight Recorder dumps by rank: whole from drilled groups, torchft's from
         other leaders (never every rank: gigabytes), skipped when the drilled ones confirm hangs."""
         urls = [u for u in self.detectors.fr_wanted(view, now) if view.ranks[u].fresh]
+        self.fr_leaders_skipped = False
         ahead, self._fr_ahead = self._fr_ahead, {}  # what is not read is dropped
         if not urls:
             return {}
@@ -310,6 +312,7 @@ class Polling:
         if leaders and drilled and dumps and all(
                 _blocked_in_group(view.groups[g]) for g in drilled) \
                 and drilled <= self.detectors.in_group_hangs(view, dumps, now):
+            self.fr_leaders_skipped = True
             leaders = []
         dumps.update(self._fr_read(view, leaders, FR_LEADERS_QUERY, ahead.get(FR_LEADERS_QUERY)))
         return dumps
