@@ -45,7 +45,8 @@ class Hang:
         self._noted_at: float | None = None
         self._seen = SeenGroups()
         self.stalled_sweeps = 0
-        self._stall_seen: tuple | None = None  # (view, now, stalled sweeps, stall's answer)
+        # (view, now, {rank: (scope, seconds)} of every rank blocked in a collective)
+        self._blocked: tuple | None = None
         self._longest: tuple[float, float] | None = None  # (now, seconds)
 
     def threshold(self, view: ClusterView) -> float:
@@ -83,27 +84,26 @@ class Hang:
     def stall(self, view: ClusterView, now: float,
               ratio: float = 1.0) -> tuple[bool, float, float, dict[int, tuple]]:
         """(stalled, longest wait (s), threshold, {rank: (scope, seconds)} blocked that long);
-        ``ratio``: of the hang threshold (below 1: a stall on its way, not cached)."""
+        ``ratio``: of the hang threshold (below 1: a stall on its way). The ranks' waits are
+        read once a sweep, whatever the ratios asked."""
         if self.stalled_sweeps < 1:
             return False, 0.0, 0.0, {}  # a group moved: not stalled whatever the waits
-        seen = self._stall_seen
-        if ratio == 1.0 and seen is not None and seen[0] is view and seen[1] == now \
-                and seen[2] == self.stalled_sweeps:
-            return seen[3]
+        seen = self._blocked
+        if seen is None or seen[0] is not view or seen[1] != now:
+            blocked: dict[int, tuple[str, float]] = {}
+            in_quorum = {g.replica_group for g in view.in_quorum()}
+            for r in view.polled_ranks:  # a wait carried from an older poll is not a wait now
+                if not r.reachable or not r.fresh or r.replica_group not in in_quorum \
+                        or r.rank is None:
+                    continue
+                scope, secs = collective_wait(r.state)
+                if scope is not None:
+                    blocked[r.rank] = (scope, secs)
+            seen = self._blocked = (view, now, blocked)
         threshold = self.threshold(view) * ratio
-        waits: dict[int, tuple[str, float]] = {}
-        in_quorum = {g.replica_group for g in view.in_quorum()}
-        for r in view.polled_ranks:  # a wait carried from an older poll is not a wait now
-            if not r.reachable or not r.fresh or r.replica_group not in in_quorum:
-                continue
-            scope, secs = collective_wait(r.state)
-            if scope is not None and secs >= threshold and r.rank is not None:
-                waits[r.rank] = (scope, secs)
+        waits = {rank: w for rank, w in seen[2].items() if w[1] >= threshold}
         longest = max((s for _, s in waits.values()), default=0.0)
-        out = (bool(waits), longest, threshold, waits)
-        if ratio == 1.0:
-            self._stall_seen = (view, now, self.stalled_sweeps, out)
-        return out
+        return bool(waits), longest, threshold, waits
 
     def longest_wait(self, view: ClusterView, now: float,
                      states: Iterable[Any] | None = None) -> float:

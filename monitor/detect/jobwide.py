@@ -24,6 +24,7 @@ IN_COLLECTIVES = 0.5  # of the step's rise, at least this much is waiting in col
 # of the hang threshold: a job stall this far on its way starts the probe mesh, so that its
 # rounds are in when the stall confirms
 STALL_SUSPECT = 0.5
+_NO_WAIT = (None, 0.0)
 
 
 def _hosts(groups: list) -> list[str]:
@@ -34,6 +35,12 @@ def _stall_shape(groups: list, waits: dict[int, tuple]) -> tuple[dict, set, list
     """Every group blocked in the cross-group collective (a rank of each in ``waits``) or
     behind it, at most one step apart, or through it and waiting for a quorum a step ahead:
     (per group, their steps, the groups through); None otherwise."""
+    # first the cheap test that fails a hang (a group none of whose ranks waits across, and
+    # not through to the quorum either): the full one reads every rank's state
+    for gv in groups:
+        if not any(waits.get(r.rank, _NO_WAIT)[0] == "cross" for r in gv.ranks) and not all(
+                r.state.get("phase") == "quorum" for r in gv.ranks if r.fresh):
+            return None
     per_group: dict[str, Any] = {}
     steps, through = set(), []
     for gv in groups:
