@@ -149,3 +149,39 @@ def test_lightkeeper_run_passes_the_choice_on():
     out = subprocess.run([sys.executable, "-m", "lightkeeper.cli", "run", "--worker-server",
                           "torch", "--print-env"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "LIGHTKEEPER_WORKER_SERVER=torch" in out.stdout.splitlines()
+
+
+STOP_WHILE_ANSWERING = """
+import threading, time
+import requests
+from monitor.poll.torch_target import base_url
+from worker_server import RankIdentity, RankState, WorkerServer, torch_server
+
+answering = threading.Event()
+real = torch_server.state_body
+
+def slow(state, args):  # a poll still being answered when the rank stops its server
+    answering.set()
+    time.sleep(0.5)
+    return real(state, args)
+
+torch_server.state_body = slow
+state = RankState(RankIdentity(job="unit", replica_group=0, group_rank=0, group_world_size=1,
+                               lighthouse="http://127.0.0.1:1"))
+ws = WorkerServer(state, server="torch").serve()
+url = base_url(ws.url) + "/handler/lightkeeper_state"
+poll = threading.Thread(target=lambda: requests.post(url, timeout=10), daemon=True)
+poll.start()
+assert answering.wait(10)
+ws.stop()
+print("stopped", flush=True)
+"""
+
+
+def test_the_server_stops_while_a_handler_is_answering():
+    """torch's shutdown() keeps the GIL while it waits for its server's threads: called while a
+    Lightkeeper handler runs, neither ever ended (a finished job that never exits). The stop
+    waits for the handlers first. In a process of its own: the failure is a hang."""
+    out = subprocess.run([sys.executable, "-c", STOP_WHILE_ANSWERING], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0 and "stopped" in out.stdout, out.stderr[-2000:]

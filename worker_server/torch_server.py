@@ -171,6 +171,8 @@ HANDLERS: dict[str, Callable[[TorchServer, _Args], tuple[int, bytes, str]]] = {
 _serving: TorchServer | None = None  # whose rank the handlers answer for
 _registered = False
 _lock = threading.Lock()
+_in_flight = 0  # Lightkeeper handlers running now (under _lock)
+QUIET_S = 0.05  # no handler running this long before torch's shutdown() is called
 
 
 def job_debug_server() -> Any:
@@ -180,6 +182,22 @@ def job_debug_server() -> Any:
     return getattr(debug, "_WORKER_SERVER", None) if debug is not None else None
 
 
+def _wait_quiet(deadline: float) -> None:
+    """Until no Lightkeeper handler has run for QUIET_S (or ``deadline``). torch's shutdown()
+    keeps the GIL while it waits for its server's threads, so a handler running then (or one
+    accepted and waiting for the GIL to start) never ends, nor does the process."""
+    quiet_since = time.monotonic()
+    while time.monotonic() < deadline:
+        with _lock:
+            busy = _in_flight
+        now = time.monotonic()
+        if busy:
+            quiet_since = now
+        elif now - quiet_since >= QUIET_S:
+            return
+        time.sleep(0.005)  # lets a handler waiting for the GIL run, and be seen
+
+
 def _shutdown(server: Any, host: str, port: int, timeout_s: float = 5.0) -> None:
     """``server.shutdown()``, bounded. torch's shutdown waits forever when it comes before the
     server's thread has begun to accept (torch 2.13), so one request is answered first."""
@@ -187,6 +205,7 @@ def _shutdown(server: Any, host: str, port: int, timeout_s: float = 5.0) -> None
 
     address = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
     deadline = time.monotonic() + timeout_s
+    _wait_quiet(deadline)
     while time.monotonic() < deadline:
         try:
             conn = http.client.HTTPConnection(address, port, timeout=0.5)
@@ -242,6 +261,16 @@ def _stop_all() -> None:
 
 def _handler(name: str, answer: Callable[[TorchServer, _Args], tuple[int, bytes, str]]):
     def handle(req: Any, resp: Any) -> None:
+        global _in_flight
+        with _lock:
+            _in_flight += 1
+        try:
+            _answer(req, resp)
+        finally:
+            with _lock:
+                _in_flight -= 1
+
+    def _answer(req: Any, resp: Any) -> None:
         server = _serving
         started = time.thread_time()
         try:
