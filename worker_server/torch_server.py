@@ -200,12 +200,12 @@ def _wait_quiet(deadline: float) -> None:
 
 def _shutdown(server: Any, host: str, port: int, timeout_s: float = 5.0) -> None:
     """``server.shutdown()``, bounded. torch's shutdown waits forever when it comes before the
-    server's thread has begun to accept (torch 2.13), so one request is answered first."""
+    server's thread has begun to accept (torch 2.13), so one request is answered first, and
+    holds the GIL, so it is called only once no Lightkeeper handler runs (:func:`_wait_quiet`)."""
     import http.client
 
     address = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
     deadline = time.monotonic() + timeout_s
-    _wait_quiet(deadline)
     while time.monotonic() < deadline:
         try:
             conn = http.client.HTTPConnection(address, port, timeout=0.5)
@@ -224,6 +224,7 @@ def _shutdown(server: Any, host: str, port: int, timeout_s: float = 5.0) -> None
             log.debug("torch's WorkerServer on port %d: %s", port, e)
 
     done = threading.Thread(target=stop, name="lightkeeper-torch-server-stop", daemon=True)
+    _wait_quiet(deadline)  # last: a handler may have begun while the first request was answered
     done.start()
     done.join(max(0.1, deadline - time.monotonic()))
     if done.is_alive():
