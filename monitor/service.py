@@ -116,7 +116,7 @@ class Monitor:
                                                    cfg.lighthouse_join_timeout_ms, cfg.interval_s)
         self.lighthouse = Lighthouse(cfg.lighthouse, cfg.kill_timeout_s)
         self.hosts = HostLedger(self.store, cfg.quarantine, _sinks(cfg), cfg.job, clock)
-        self.bundles = Bundles(cfg, self.store, clock)
+        self.bundles = Bundles(cfg, self.store, clock, lambda: self.torch_ranks.dumps)
         self.enforcer = Enforcer(cfg, self.store, self.detectors, self.hosts, self.lighthouse,
                                  self.lh_settings, self.metrics, self.blind_reason, clock,
                                  self.bundles)

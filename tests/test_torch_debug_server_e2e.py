@@ -5,17 +5,21 @@ torch_debug_server_job.py: torchft Manager, ProcessGroupGloo, ``start_debug_serv
 Lightkeeper code). Group 1 stops at a step before its all-reduce; group 0 blocks in it. The
 monitor, given only the Lighthouse and ``--torch-stores``, finds both ranks through the
 TCPStores the Lighthouse lists, verifies them, confirms the hang from their Flight Recorder
-dumps, names group 1's rank, and evicts group 1 through the Lighthouse (the kill ends it).
+dumps, names group 1's rank, keeps both ranks' stacks and dumps in an incident bundle that
+``lightkeeper analyze`` reads to the same culprit, and evicts group 1 through the Lighthouse (the
+kill ends it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -64,6 +68,33 @@ def _get(url: str):
     r = requests.get(url, timeout=5)
     r.raise_for_status()
     return r.json() if "json" in r.headers.get("content-type", "") else r.text
+
+
+def _check_bundle(mon_url: str, decision: dict, tmp_path: Path) -> None:
+    """The eviction's incident bundle holds both ranks' stacks (torch's traceback, text) and
+    Flight Recorder (the monitor's read), and ``lightkeeper analyze`` names the same rank."""
+    bid = decision["bundle"]  # set before the kill is sent
+    assert bid, decision
+    got = requests.get(f"{mon_url}/v1/incidents/{bid}/bundle", timeout=10)
+    assert got.status_code == 200, got.text
+    path = tmp_path / "bundle.tar.gz"
+    path.write_bytes(got.content)
+    with tarfile.open(path) as tar:
+        files = {m.name.split("/", 1)[1]: tar.extractfile(m).read() for m in tar if m.isfile()}
+    manifest = json.loads(files["manifest.json"])
+    rows = {r["rank"]: r for r in manifest["ranks"]}
+    assert sorted(rows) == [0, 1], manifest["ranks"]
+    for rank, row in rows.items():
+        assert row["torch_only"] and (row["stacks"], row["fr_trace"]) == ("ok", "ok"), row
+        assert row["fr_trace_at"] <= manifest["created_at"] + 1, row
+        assert b"torch_debug_server_job.py" in files[f"stacks/rank{rank}.txt"]
+        dump = json.loads(files[f"fr/rank{rank}.json"])
+        assert dump["rank"] == rank and dump["entries"], dump.keys()
+    out = subprocess.run([sys.executable, "-m", "lightkeeper.cli", "analyze", "--format",
+                          "json", str(path)], capture_output=True, text=True, timeout=120)
+    report = json.loads(out.stdout)
+    [b] = report["bundles"]
+    assert (b["culprit_ranks"], b["analysis_agrees"]) == ([1], True), (b, report["findings"])
 
 
 def test_torch_only_ranks_hang_found_and_group_evicted(tmp_path):
@@ -127,6 +158,7 @@ def test_torch_only_ranks_hang_found_and_group_evicted(tmp_path):
 
         decision = wait_until(evicted, 30, interval=0.5, what="group 1 evicted")
         assert decision["replica_id"] == finding["replica_id"]
+        _check_bundle(mon_url, decision, tmp_path)
         # the Lighthouse's kill ends group 1's process; group 0 is left alone
         wait_until(lambda: ranks[1].poll() is not None, 20, what="group 1 to exit")
         assert ranks[0].poll() is None

@@ -413,7 +413,8 @@ def test_lightkeeper_handlers_on_torch_server_read_as_the_full_state(garbage_ser
 def test_monitor_sweep_reads_a_rank_through_lightkeeper_handlers(garbage_server, tmp_path):
     """The monitor's own loop: a static torch+http target whose server has Lightkeeper's
     handlers is polled through lightkeeper_state and its dump read through
-    lightkeeper_fr_trace (no Lighthouse: nothing is verified, nothing acted on)."""
+    lightkeeper_fr_trace (no Lighthouse: nothing is verified, nothing acted on); an incident
+    bundle reads its stacks and dump through those handlers too."""
     from monitor.config import MonitorConfig
     from monitor.service import Monitor
 
@@ -436,6 +437,12 @@ def test_monitor_sweep_reads_a_rank_through_lightkeeper_handlers(garbage_server,
         assert row["torch_only"] is None  # the full state: nothing it cannot show
         assert ("POST", "/handler/lightkeeper_fr_trace?last=256") in _Answers.asked
         assert mon.cluster_json()["torch_only"]["store_discovery"] is False
+        # an incident bundle asks the same handlers for the rank's stacks and whole dump
+        table[("POST", "/handler/lightkeeper_stacks?format=json")] = (200, b'{"threads": []}')
+        table[("POST", "/handler/lightkeeper_fr_trace")] = (200, b'{"entries": [], "rank": 4}')
+        got = mon.bundles.capture("evict", mon.view, mon.view, {"kind": "hang",
+                                  "replica_group": 2, "ranks": [4]}, None, None, [])
+        assert got["ranks_complete"] == 1 and not got["not_fetched"], got
     finally:
         mon.stop()
 

@@ -23,7 +23,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,6 +33,7 @@ from ..analysis import bundle as layout  # the bundle format lightkeeper analyze
 from ..config import BundleConfig, MonitorConfig
 from ..evidence.view import ClusterView
 from ..poll.poller import Poller, judge_body
+from ..poll.torch_target import handler_path, is_torch, torch_url
 from ..store import Store
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,11 @@ def _rank_row(r: Any, role: str) -> dict[str, Any]:
     return {"rank": r.rank, "url": r.url, "replica_group": r.replica_group,
             "group_rank": s.get("group_rank"), "host": s.get("host"), "pid": s.get("pid"),
             "replica_id": s.get("replica_id"), "role": role}
+
+
+def _torch_only(r: Any) -> bool:
+    """A rank read through torch's own debug server alone (no Lightkeeper endpoint)."""
+    return isinstance(r.state, dict) and "torch_only" in r.state
 
 
 def view_json(view: ClusterView, evidence: ClusterView | None) -> dict[str, Any]:
@@ -127,6 +133,37 @@ def choose_ranks(view: ClusterView, evidence: ClusterView | None, replica_group:
     over = [{**_rank_row(r, role), "why": f"over --bundle-ranks {most}"}
             for r, role in rows[most:]]
     return rows[:most], over
+
+
+def _asks(ranks: list[tuple[Any, str]]) -> list[tuple[str, str, str, str, str]]:
+    """(rank URL, ``stacks``/``fr``, URL asked, query, form: ``json``/``dump``/``text``) of each
+    rank's stacks and dump; through its handlers on a ``torch+http`` target. A rank on torch's
+    server alone is asked its ``dump_traceback`` handler (when it lists one), its dump being
+    the monitor's (:func:`_torch_dump`)."""
+    asks = []
+    for r, _ in ranks:
+        if _torch_only(r):
+            if r.state.get("stacks_url"):
+                asks.append((r.url, "stacks", torch_url(r.state["stacks_url"]), "", "text"))
+            continue
+        base = r.url.rstrip("/")
+        path = handler_path if is_torch(base) else str
+        asks += [(r.url, "stacks", base + path("/v1/stacks"), "?format=json", "json"),
+                 (r.url, "fr", base + path("/v1/fr_trace"), "", "dump")]
+    return asks
+
+
+def _torch_dump(r: Any, dump: Mapping[str, Any] | None, row: dict[str, Any]
+                ) -> tuple[bytes | None, str]:
+    """A torch-only rank's dump as the monitor last read it (its ``dump_time_ns`` in ``row``
+    as ``fr_trace_at``), or why there is none."""
+    row["torch_only"] = True
+    if dump is None or dump.get("rank") != r.rank:
+        said = (r.state.get("torch_only") or {}).get("flight_recorder")
+        return None, f"none read from its torch server in the monitor's last sweep ({said})"
+    at = dump.get("dump_time_ns")
+    row["fr_trace_at"] = at / 1e9 if isinstance(at, int) else None
+    return _encode(dump), "ok"
 
 
 def looks_like_dump(body: bytes) -> bool:
@@ -250,8 +287,10 @@ class Bundles:
     """Fetch, assemble and keep incident bundles; ``store`` lists and serves them."""
 
     def __init__(self, cfg: MonitorConfig, store: Store,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.cfg, self.bc, self.clock = cfg, cfg.bundles, clock
+                 clock: Callable[[], float] = time.time,
+                 torch_dumps: Callable[[], Mapping[str, Mapping[str, Any]]] = dict) -> None:
+        """``torch_dumps``: URL -> the dump the monitor last read from each torch-only rank."""
+        self.cfg, self.bc, self.clock, self.torch_dumps = cfg, cfg.bundles, clock, torch_dumps
         directory = self.bc.directory(cfg.state_path) if self.bc.enabled else None
         self.store = BundleStore(self.bc, directory, store, clock) if directory else None
         self._poller: Poller | None = None
@@ -316,16 +355,26 @@ class Bundles:
         ranks, over = choose_ranks(view, evidence, group, culprits, finding.get("evidence"),
                                    self.bc.max_ranks)
         started = self.clock()
-        polls = self._fetch([r.url for r, _ in ranks])
+        polls = self._fetch(_asks(ranks))
         fetched_s = time.perf_counter() - t0
+        torch_dumps = self.torch_dumps() if any(_torch_only(r) for r, _ in ranks) else {}
         rows, candidates = [], []
         for r, role in ranks:
-            st, st_why = polls[(r.url, "stacks")]
-            fr, fr_why = polls[(r.url, "fr")]
-            rows.append({**_rank_row(r, role), "stacks": st_why, "fr_trace": fr_why})
-            for body, folder in ((st, layout.STACKS_DIR), (fr, layout.FR_DIR)):
-                if body is not None and r.rank is not None:
-                    candidates.append((layout.rank_file(folder, r.rank), bytes(body), role))
+            row = _rank_row(r, role)
+            st, st_why = polls.get((r.url, "stacks"), (None, "no dump_traceback handler"))
+            if _torch_only(r):
+                fr, fr_why = _torch_dump(r, torch_dumps.get(r.url), row)
+            else:
+                fr, fr_why = polls[(r.url, "fr")]
+            rows.append({**row, "stacks": st_why, "fr_trace": fr_why})
+            if r.rank is None:
+                continue
+            if st is not None:  # torch's traceback is text
+                ext = "txt" if _torch_only(r) else "json"
+                candidates.append((layout.rank_file(layout.STACKS_DIR, r.rank, ext), bytes(st),
+                                   role))
+            if fr is not None:
+                candidates.append((layout.rank_file(layout.FR_DIR, r.rank), bytes(fr), role))
         bundle_id = self.store.new_id(trigger, kind, group)
         candidates += [(layout.FINDINGS, _encode({"finding": {**finding, "id": finding_id},
                                                   "related": related}), "head"),
@@ -373,32 +422,35 @@ class Bundles:
                  "in %.2fs", bundle_id, len(ranks), summary["ranks_complete"], fetched_s, took)
         return {"id": bundle_id, "seconds": round(took, 4), **summary}
 
-    def _fetch(self, urls: list[str]) -> dict[tuple[str, str], tuple[bytes | None, str]]:
-        """Every rank's stacks and dump at once, each request ended at ``--bundle-timeout``:
-        (url, ``stacks``/``fr``) -> (the answer's bytes as the rank sent them, or None; ``ok``
-        or why not). A dump is not parsed here (a megabyte each: the kill waits for it), only
-        looked at; the stacks are parsed."""
-        if not urls:
+    def _fetch(self, asks: list[tuple[str, str, str, str, str]]
+               ) -> dict[tuple[str, str], tuple[bytes | None, str]]:
+        """Every ask (:func:`_asks`) at once, each ended at ``--bundle-timeout``: (rank URL,
+        ``stacks``/``fr``) -> (the answer's bytes as the rank sent them, or None; ``ok`` or why
+        not). A dump is not parsed here (a megabyte each: the kill waits for it), only looked
+        at; Lightkeeper's stacks are parsed, torch's traceback (text) is kept as it came."""
+        if not asks:
             return {}
-        base = [u.rstrip("/") for u in urls]
-        asks = [b + "/v1/stacks" for b in base] + [b + "/v1/fr_trace" for b in base]
-        queries = ["?format=json"] * len(base) + [""] * len(base)
+        # each (URL, query) asked once: two ranks can name one address
+        index = {k: i for i, k in enumerate(dict.fromkeys((a[2], a[3]) for a in asks))}
+        urls = [u for u, _ in index]
+        form = {index[(a[2], a[3])]: a[4] for a in asks}
         rows: list[tuple] = []
-        self._get_poller().sweep(asks, "", self.bc.timeout_s, self.cfg.max_fr_bytes,
-                                 on_rows=rows.extend, queries=queries)
+        self._get_poller().sweep(urls, "", self.bc.timeout_s, self.cfg.max_fr_bytes,
+                                 on_rows=rows.extend, queries=[q for _, q in index])
         got: dict[int, tuple[bytes | None, str]] = {}
         for i, ok, body, reason, error, _status, latency, _at in rows:
             if not ok:
                 got[i] = (None, f"{reason}: {error}" if error else str(reason))
-            elif i < len(base):
-                p = judge_body(asks[i], body, latency)
+            elif form[i] == "json":
+                p = judge_body(urls[i], body, latency)
                 got[i] = (body, "ok") if p.ok else (None, f"{p.reason}: {p.error}")
+            elif form[i] == "text" or looks_like_dump(body):
+                got[i] = (body, "ok")
             else:
-                got[i] = (body, "ok") if looks_like_dump(body) else (
-                    None, "bad_response: not a Flight Recorder dump (a JSON object with entries)")
-        n = len(base)
-        return {(u, kind): got.get(i + off, (None, "not answered"))
-                for off, kind in ((0, "stacks"), (n, "fr")) for i, u in enumerate(urls)}
+                got[i] = (None, "bad_response: not a Flight Recorder dump (a JSON object with "
+                          "entries)")
+        return {(a[0], a[1]): got.get(index[(a[2], a[3])], (None, "not answered"))
+                for a in asks}
 
     def close(self) -> None:
         """Let a bundle under way finish (bounded by the fetch timeout and a write)."""

@@ -31,9 +31,9 @@ class BundleError(ValueError):
     """Not a readable incident bundle."""
 
 
-def rank_file(folder: str, rank: int) -> str:
+def rank_file(folder: str, rank: int, ext: str = "json") -> str:
     """The name of a rank's file inside the bundle's top folder (``fr/rank3.json``)."""
-    return f"{folder}/rank{int(rank)}.json"
+    return f"{folder}/rank{int(rank)}.{ext}"
 
 
 @dataclass
