@@ -14,6 +14,7 @@ import json
 import os
 import tarfile
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -105,6 +106,96 @@ def test_manifest_names_what_could_not_be_fetched_and_the_wait_is_bounded(tmp_pa
         bundles.close()
         store.close()
         sim.stop()
+
+
+class _TracebackServer:
+    """Answers ``POST`` with a traceback's text, as torch's ``dump_traceback`` handler does."""
+
+    TEXT = b'Thread 0x00007f (most recent call first):\n  File "job.py", line 9 in <module>\n'
+
+    def __enter__(self) -> str:
+        import http.server
+        import threading
+
+        text = self.TEXT
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(text)))
+                self.end_headers()
+                self.wfile.write(text)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.httpd.server_port}/handler/dump_traceback"
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_torch_only_ranks_keep_torchs_traceback_and_the_monitors_dump(tmp_path):
+    """Ranks read through torch's debug server alone have no /v1/stacks nor /v1/fr_trace: their
+    stacks are torch's traceback (text, asked at the bundle's time), their dump the one the
+    monitor last read; a rank with no such dump is said, and the Lightkeeper rank is as ever."""
+    sim = SimRanks.start(3)
+    dumps = hang_dumps(3, absent=1)
+    for r in sim.ranks:
+        r.fr = dumps[r.state["rank"]]
+    with _TracebackServer() as stacks_url:
+        ranks = {}
+        for r in sim.ranks:
+            state = dict(r.state)
+            if state["rank"] in (1, 2):  # as monitor/evidence/torch_rank.py makes it
+                state.update(torch_only={"flight_recorder": "none; dump_nccl_trace_json: "
+                                         "timeout"}, stacks_url=stacks_url)
+            ranks[r.url] = RankView(r.url, True, state)
+        view = scratch_view(time.time(), ranks)
+        monitors = {sim.ranks[1].url: {**dumps[1], "rank": 1, "dump_time_ns": 1_795_000_000 * 10**9}}
+        store = Store(str(tmp_path / "state.sqlite"))
+        cfg = MonitorConfig(state_path=str(tmp_path / "state.sqlite"), job="t")
+        bundles = Bundles(cfg, store, torch_dumps=lambda: monitors)
+        try:
+            got = bundles.capture("evict", view, view, finding(1, [1]), 3, {"id": 5}, [])
+            files = members(bundles.store.path(got["id"]))
+        finally:
+            bundles.close()
+            store.close()
+            sim.stop()
+    by_rank = {r["rank"]: r for r in json.loads(files["manifest.json"])["ranks"]}
+    assert by_rank[1]["torch_only"] and by_rank[1]["fr_trace_at"] == 1_795_000_000
+    assert by_rank[1]["stacks"] == by_rank[1]["fr_trace"] == "ok", by_rank[1]
+    assert files["stacks/rank1.txt"] == _TracebackServer.TEXT
+    assert json.loads(files["fr/rank1.json"]) == monitors[sim.ranks[1].url]
+    assert by_rank[2]["stacks"] == "ok" and "fr/rank2.json" not in files
+    assert by_rank[2]["fr_trace"] == ("none read from its torch server in the monitor's last "
+                                      "sweep (none; dump_nccl_trace_json: timeout)")
+    assert "torch_only" not in by_rank[0] and by_rank[0]["stacks"] == by_rank[0]["fr_trace"] == "ok"
+    assert {"stacks/rank0.json", "fr/rank0.json"} <= set(files)
+    assert got["ranks_complete"] == 2 and [x["rank"] for x in got["not_fetched"]] == [2]
+
+
+H100_BUNDLE = Path(__file__).parent / "fixtures" / "torch-debug-server-h100" / \
+    "bundle-evict-hang.tar.gz"
+
+
+def test_a_cuda_jobs_torch_only_bundle_is_read_to_the_monitors_culprit(capsys):
+    """Kept on an H100 (docs/gpu.md, 4): a torchft job on CUDA read through torch's debug server
+    alone, group 1 stopped before its all-reduce. Each rank's dump holds both recorders, NCCL's
+    in-group all-reduces beside torchft's gloo ones, and analyze names the monitor's culprit."""
+    files = members(str(H100_BUNDLE))
+    for rank in (0, 1):
+        ops = {e["profiling_name"] for e in json.loads(files[f"fr/rank{rank}.json"])["entries"]}
+        assert ops == {"nccl:all_reduce", "gloo:all_reduce"}, ops
+        assert b"torch_debug_server_job.py" in files[f"stacks/rank{rank}.txt"]
+    code = main(["analyze", "--format", "json", str(H100_BUNDLE)])
+    [b] = json.loads(capsys.readouterr().out)["bundles"]
+    assert code == 1 and (b["culprit_ranks"], b["analysis_agrees"]) == ([1], True), b
 
 
 def test_size_cap_leaves_peers_out_first_and_rank_cap_is_said(tmp_path):

@@ -13,7 +13,8 @@ torchft and the monitor's dependencies for that Python (docs/gpu.md), put on ``P
 
 Writes ``OUT/torch_only_e2e.json``: what each rank's server listed and how many entries each
 recorder held while healthy, the monitor's view of both ranks, the hang finding, the eviction,
-and the seconds from the hang to each; the processes' logs beside it.
+the seconds from the hang to each, and the eviction's incident bundle (each rank's stacks and
+dump, read by ``lightkeeper analyze``); the processes' logs beside it.
 """
 
 from __future__ import annotations
@@ -62,6 +63,37 @@ def until(fn, timeout: float, what: str):
             return got
         time.sleep(0.5)
     raise TimeoutError(what)
+
+
+def bundle(mon: str, bid: str | None, out: Path, env: dict) -> dict:
+    """The eviction's incident bundle: what each rank's row says, each dump's entries by
+    recorder (NCCL's are ``nccl:`` ops), and whether ``lightkeeper analyze`` names rank 1."""
+    import tarfile
+
+    if not bid:
+        return {"id": None, "agrees": False}
+    path = out / "bundle.tar.gz"
+    with urllib.request.urlopen(f"{mon}/v1/incidents/{bid}/bundle", timeout=10) as r:
+        path.write_bytes(r.read())
+    with tarfile.open(path) as tar:
+        files = {m.name.split("/", 1)[1]: tar.extractfile(m).read() for m in tar if m.isfile()}
+    manifest = json.loads(files["manifest.json"])
+    dumps = {}
+    for name, data in files.items():
+        if name.startswith("fr/"):
+            ops = [str(e.get("profiling_name")) for e in json.loads(data).get("entries", [])]
+            dumps[name] = {"entries": len(ops), "nccl": sum(o.startswith("nccl:") for o in ops)}
+    analyze = subprocess.run([sys.executable, "-m", "lightkeeper.cli", "analyze", "--format",
+                              "json", str(path)], capture_output=True, text=True, env=env,
+                             cwd=ROOT, timeout=120)
+    try:
+        [b] = json.loads(analyze.stdout)["bundles"]
+    except (ValueError, KeyError, TypeError):
+        b = {"error": (analyze.stdout + analyze.stderr)[-2000:]}
+    return {"id": bid, "ranks": [{k: r.get(k) for k in ("rank", "role", "torch_only", "stacks",
+                                                        "fr_trace")} for r in manifest["ranks"]],
+            "files": sorted(files), "dumps": dumps, "analyze": b,
+            "agrees": b.get("culprit_ranks") == [1] and b.get("analysis_agrees") is True}
 
 
 def main() -> int:
@@ -155,8 +187,9 @@ def main() -> int:
         until(lambda: ranks[1].poll() is not None, 30, "group 1 to exit")
         record["group1_exited_after_s"] = round(time.time() - hung_at, 2)
         record["group0_alive"] = ranks[0].poll() is None
+        record["bundle"] = bundle(mon, decision.get("bundle"), out, env)
         record["ok"] = (finding["replica_group"] == 1 and finding["ranks"] == [1]
-                        and record["group0_alive"])
+                        and record["group0_alive"] and record["bundle"]["agrees"])
     except Exception as e:
         record["error"] = f"{type(e).__name__}: {e}"
         record["ok"] = False
