@@ -177,6 +177,31 @@ def train_step(manager) -> bool:
     return manager.should_commit()
 
 
+class WaitingManager(Manager):
+    """``num_participants`` waits on the quorum first, as torchft's does."""
+
+    def num_participants(self):
+        self.wait_quorum()
+        return 2
+
+
+def test_the_bookkeepings_own_manager_calls_go_straight_to_torchft():
+    """The wrappers read the quorum through the Manager after ``wait_quorum`` and
+    ``should_commit``; those calls wait on the quorum again. Through the wrappers they recursed
+    to Python's limit at every wait (hundreds of timed waits a step, swallowed as a
+    RecursionError); on CUDA the error could strike inside a wait's start and leave every later
+    wait of the rank uncounted. Now each of the loop's steps waits on the quorum three times: its
+    own, and once for each read."""
+    manager = WaitingManager()
+    state = RankState(RankIdentity())
+    WorkerServer(state).attach(manager)
+    for _ in range(3):
+        assert train_step(manager) is True
+    assert manager.log.count("wait_quorum") == 3 * 3, manager.log.count("wait_quorum")
+    snap = state.snapshot()
+    assert (snap["num_participants"], snap["participating"], snap["commits"]) == (2, True, 3)
+
+
 @pytest.mark.parametrize("broken", ["no _pg", "pg without configure or reconfigure",
                                     "no allreduce", "pg refuses attributes"])
 def test_start_with_a_manager_it_does_not_know_serves_the_rest(broken, capsys):

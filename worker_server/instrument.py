@@ -14,7 +14,9 @@ It also hooks the call that rebuilds the Manager's process group (one per quorum
 ``state.set_phase("backward")`` itself. The wrappers never swallow the Manager's exceptions, and
 none of their own reaches the loop: a Manager whose internals differ (another torchft) gets what
 can be instrumented, one line on stderr names the rest, and a bookkeeping error inside a wrapper
-is said once and ignored.
+is said once and ignored. The bookkeeping's own calls into the Manager (``num_participants``
+waits on the quorum) go straight to torchft: they are not the job's waits, and through the
+wrappers they would recurse (``wait_quorum`` -> bookkeeping -> ``wait_quorum`` ...).
 
 The same wrappers time the training thread's waits (:mod:`worker_server.timing`): the quorum and
 ``allreduce`` (through its Work's ``wait()``) as cross-group wait, ``should_commit`` as in-group
@@ -25,6 +27,7 @@ in-group all-gathers and reduce-scatters.
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 from .autostart import say
@@ -66,9 +69,11 @@ def instrument_manager(manager: Any, state: RankState, tracker: IncarnationTrack
     except Exception as e:
         missing.append(f"Flight Recorder incarnations ({type(e).__name__}: {e})")
     said: list[bool] = []
+    own = threading.local()  # .on while the bookkeeping below calls the Manager
 
     def quietly(fn, *args):
         """Run the wrappers' own bookkeeping: an error is said once, never raised."""
+        own.on = True
         try:
             return fn(*args)
         except Exception as e:
@@ -77,6 +82,8 @@ def instrument_manager(manager: Any, state: RankState, tracker: IncarnationTrack
                 say(f"WorkerServer: step bookkeeping failed ({type(e).__name__}: {e}); "
                     "training goes on, this rank's state may be stale")
             return None
+        finally:
+            own.on = False
 
     # The step before this step's quorum: a quorum that moves it means this group healed
     # (torchft sets the step to the quorum's max_step after loading a peer's state).
@@ -138,7 +145,7 @@ def instrument_manager(manager: Any, state: RankState, tracker: IncarnationTrack
 
     for wrap in (start_quorum, wait_quorum, allreduce, should_commit):
         try:
-            _wrap_method(manager, wrap)
+            _wrap_method(manager, wrap, own)
         except Exception as e:
             missing.append(f"{wrap.__name__} ({type(e).__name__}: {e})")
     if missing:
@@ -147,14 +154,17 @@ def instrument_manager(manager: Any, state: RankState, tracker: IncarnationTrack
             "served, training goes on")
 
 
-def _wrap_method(manager: Any, wrap) -> None:
-    """``manager.<wrap's name>`` becomes ``wrap(original, *args, **kwargs)``."""
+def _wrap_method(manager: Any, wrap, own: threading.local) -> None:
+    """``manager.<wrap's name>`` becomes ``wrap(original, *args, **kwargs)``, or the original
+    alone while ``own.on`` (the wrappers' bookkeeping is calling)."""
     original = getattr(manager, wrap.__name__)
     if not callable(original):
         raise AttributeError(f"{wrap.__name__} is not callable")
 
     @functools.wraps(original)
     def wrapper(*args, **kwargs):
+        if getattr(own, "on", False):
+            return original(*args, **kwargs)
         return wrap(original, *args, **kwargs)
 
     setattr(manager, wrap.__name__, wrapper)
