@@ -66,7 +66,8 @@ def test_state_reports_identity_and_steps(server):
     assert body["worker_url"] == server.url
     assert body["local_rank"] == 0 and body["host"]
     # No instrumented Manager drove a step here: timing is there, empty (tests/test_worker_timing.py).
-    assert body["timing"] == {"last_step": None, "window": None, "waiting": None, "recent": []}
+    assert body["timing"] == {"last_step": None, "window": None, "waiting": None, "recent": [],
+                              "clock": "host"}
 
 
 def test_unknown_path_and_method_are_json_errors(server):

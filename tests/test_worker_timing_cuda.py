@@ -69,8 +69,8 @@ def two_ranks(device: bool) -> dict[str, dict]:
         timer = StepTimer(clock=clock, device=stream if device else False)
         start = clock.now
         gloo_step(timer, clock, stream, 0, gpu_s, peer_ready_at=start + 0.001 + max(gpu_s, peer))
-        out[name] = timer.snapshot()["last_step"]
-        out[name]["clock"] = timer.clock
+        snap = timer.snapshot()
+        out[name] = {**snap["last_step"], "clock": snap["clock"]}  # as /v1/state serves it
     return out
 
 
@@ -106,6 +106,29 @@ def test_nested_waits_record_one_span_and_events_are_read_once_per_step():
     assert timer.snapshot()["last_step"]["wait_cross_s"] == pytest.approx(0.2)
 
 
+def test_an_error_escaping_a_waits_start_leaves_the_later_waits_counted():
+    """An error raised while a wait starts (a RecursionError near Python's limit, an interrupt)
+    has no ``__exit__`` after it: the rank's later waits must still be counted, on the GPU's
+    clock. On an H100 one such error left every wait after the first step uncounted."""
+
+    class Interrupted(Stream):
+        def mark(self):
+            raise KeyboardInterrupt
+
+    clock = Clock()
+    stream = Interrupted(clock)
+    timer = StepTimer(clock=clock, device=stream)
+    timer.begin_step()
+    with pytest.raises(KeyboardInterrupt), timer.waiting("cross"):
+        pass
+    stream.__class__ = Stream  # marks work again
+    start = clock.now  # 0.1 s of its own GPU work, then the peer's data at +0.5 s
+    gloo_step(timer, clock, stream, 0, gpu_s=0.1, peer_ready_at=start + 0.5)
+    snap = timer.snapshot()
+    assert snap["clock"] == "device"
+    assert snap["last_step"]["wait_cross_s"] == pytest.approx(0.5 - 0.001 - 0.1)
+
+
 class Broken(Stream):
     def spans_s(self, pairs):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
@@ -117,8 +140,9 @@ def test_a_cuda_error_falls_back_to_host_time_for_good(caplog):
     timer = StepTimer(clock=clock, device=stream)
     with caplog.at_level(logging.WARNING, logger="worker_server.timing"):
         gloo_step(timer, clock, stream, 0, gpu_s=0.3, peer_ready_at=0.0)
-    last = timer.snapshot()["last_step"]
-    assert timer.clock == "host"
+    snap = timer.snapshot()
+    last = snap["last_step"]
+    assert snap["clock"] == "host"
     assert last["wait_cross_s"] == pytest.approx(0.3)  # the host's figure, not an exception
     assert "step timing is on host time from now on" in caplog.text
     marks = stream.marks

@@ -243,12 +243,13 @@ class StepTimer:
         waiting = None if current is None else {
             "scope": current[0], "seconds": max(0.0, now - current[1])}
         if not recent:
-            return {"last_step": None, "window": None, "waiting": waiting, "recent": []}
+            return {"last_step": None, "window": None, "waiting": waiting, "recent": [],
+                    "clock": self.clock}
         window: dict[str, float | int] = {"steps": len(recent)}
         for key in ("step_s", "compute_s", "wait_cross_s", "wait_group_s"):
             window[key] = statistics.median(getattr(t, key) for t in recent)
         return {"last_step": asdict(recent[-1]), "window": window, "waiting": waiting,
-                "recent": [asdict(t) for t in recent]}
+                "recent": [asdict(t) for t in recent], "clock": self.clock}
 
 
 class _Wait:
@@ -267,12 +268,16 @@ class _Wait:
         if getattr(timer._local, "inside", False):
             return  # the enclosing wait already counts this time
         timer._local.inside = True
-        if timer._device is not None:
-            try:
-                self._mark = timer._device.mark()
-            except Exception:
-                timer._device_failed()
-        self._started = started = timer._clock()
+        try:
+            if timer._device is not None:
+                try:
+                    self._mark = timer._device.mark()
+                except Exception:
+                    timer._device_failed()
+            self._started = started = timer._clock()
+        except BaseException:  # no __exit__ follows (a RecursionError, a KeyboardInterrupt)
+            timer._local.inside = False  # else every later wait of this thread goes uncounted
+            raise
         timer._current = (self._scope, started)
 
     def __exit__(self, *exc) -> None:
