@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,39 +28,17 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from jobkit import finish, free_port, get, until  # beside this script
+
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "fixtures" / "torch_debug_server_job.py"
 HANG_AT = 12
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-def get(url: str, post: bool = False):
-    req = urllib.request.Request(url, data=b"" if post else None,
-                                 method="POST" if post else "GET")
-    with urllib.request.urlopen(req, timeout=10) as r:
-        body = r.read()
-    try:
-        return json.loads(body)
-    except ValueError:
-        return body.decode(errors="replace")
 
 
-def until(fn, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            got = fn()
-        except Exception:
-            got = None
-        if got:
-            return got
-        time.sleep(0.5)
-    raise TimeoutError(what)
 
 
 def bundle(mon: str, bid: str | None, out: Path, env: dict) -> dict:
@@ -194,15 +170,8 @@ def main() -> int:
         record["error"] = f"{type(e).__name__}: {e}"
         record["ok"] = False
     finally:
-        for p in reversed(procs):
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            p.wait()
-        (out / "torch_only_e2e.json").write_text(json.dumps(record, indent=1, default=str))
-        print(json.dumps(record, indent=1, default=str)[:6000])
-    return 0 if record.get("ok") else 1
+        code = finish(procs, out / "torch_only_e2e.json", record)
+    return code
 
 
 if __name__ == "__main__":

@@ -16,43 +16,23 @@ GPU durations), the monitor's view of it, and how the job ended; the processes' 
 from __future__ import annotations
 
 import collections
-import json
 import os
 import re
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
+
+from jobkit import finish, free_port, get, until  # beside this script
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 600  # a few seconds of training on an H100 (6-10 ms a step): time to read it
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
-def get(url: str):
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read())
 
 
-def until(fn, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            got = fn()
-        except (OSError, ValueError, KeyError, TypeError):  # not serving (yet), or half a document
-            got = None
-        if got:
-            return got
-        time.sleep(0.5)
-    raise TimeoutError(what)
 
 
 def main() -> int:
@@ -145,15 +125,8 @@ def main() -> int:
         record["error"] = f"{type(e).__name__}: {e}"
         record["ok"] = False
     finally:
-        for p in reversed(procs):
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            p.wait()
-        (out / "trainer_cuda.json").write_text(json.dumps(record, indent=1, default=str))
-        print(json.dumps(record, indent=1, default=str)[:6000])
-    return 0 if record.get("ok") else 1
+        code = finish(procs, out / "trainer_cuda.json", record)
+    return code
 
 
 if __name__ == "__main__":

@@ -1,0 +1,61 @@
+"""What the GPU job scripts share (torch_only_e2e.py, trainer_cuda.py): ports, polling with a
+deadline, and ending every process they started whatever happened. Standard library only: the
+scripts run with the GPU machine's own Python and a ``--deps`` folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, post: bool = False):
+    """The answer's JSON (its text when it is not JSON); ``post``: torch's handlers."""
+    req = urllib.request.Request(url, data=b"" if post else None,
+                                 method="POST" if post else "GET")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        body = r.read()
+    try:
+        return json.loads(body)
+    except ValueError:
+        return body.decode(errors="replace")
+
+
+def until(fn, timeout: float, what: str):
+    """``fn()``'s first truthy value, asked every 0.5 s; an answer not there yet (a server not
+    serving, half a document) is asked again; ``TimeoutError(what)`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            got = fn()
+        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+            got = None
+        if got:
+            return got
+        time.sleep(0.5)
+    raise TimeoutError(what)
+
+
+def finish(procs: list[subprocess.Popen], path: Path, record: dict) -> int:
+    """Kill every started process's session, write ``record`` to ``path`` and print it;
+    the script's exit code (0 when ``record["ok"]``)."""
+    for p in reversed(procs):
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        p.wait()
+    path.write_text(json.dumps(record, indent=1, default=str))
+    print(json.dumps(record, indent=1, default=str)[:6000])
+    return 0 if record.get("ok") else 1
