@@ -4,6 +4,7 @@ scripts run with the GPU machine's own Python and a ``--deps`` folder."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -47,15 +48,21 @@ def until(fn, timeout: float, what: str):
     raise TimeoutError(what)
 
 
-def finish(procs: list[subprocess.Popen], path: Path, record: dict) -> int:
-    """Kill every started process's session, write ``record`` to ``path`` and print it;
-    the script's exit code (0 when ``record["ok"]``)."""
-    for p in reversed(procs):
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        p.wait()
-    path.write_text(json.dumps(record, indent=1, default=str))
-    print(json.dumps(record, indent=1, default=str)[:6000])
-    return 0 if record.get("ok") else 1
+@contextlib.contextmanager
+def recorded(procs: list[subprocess.Popen], path: Path, record: dict):
+    """The script's body: an exception becomes ``record["error"]`` (``ok`` false); then every
+    started process's session is killed and ``record`` written to ``path`` and printed."""
+    try:
+        yield
+    except Exception as e:
+        record["error"] = f"{type(e).__name__}: {e}"
+        record["ok"] = False
+    finally:
+        for p in reversed(procs):
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            p.wait()
+        path.write_text(json.dumps(record, indent=1, default=str))
+        print(json.dumps(record, indent=1, default=str)[:6000])

@@ -28,7 +28,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from jobkit import finish, free_port, get, until  # beside this script
+from jobkit import free_port, get, recorded, until  # beside this script
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "fixtures" / "torch_debug_server_job.py"
@@ -93,7 +93,7 @@ def main() -> int:
         procs.append(p)
         return p
 
-    try:
+    with recorded(procs, out / "torch_only_e2e.json", record):
         url_file = out / "lighthouse.url"
         url_file.unlink(missing_ok=True)  # a run before in the same folder
         # min_replicas 2: the groups start training together (CUDA starts one process seconds
@@ -166,12 +166,7 @@ def main() -> int:
         record["bundle"] = bundle(mon, decision.get("bundle"), out, env)
         record["ok"] = (finding["replica_group"] == 1 and finding["ranks"] == [1]
                         and record["group0_alive"] and record["bundle"]["agrees"])
-    except Exception as e:
-        record["error"] = f"{type(e).__name__}: {e}"
-        record["ok"] = False
-    finally:
-        code = finish(procs, out / "torch_only_e2e.json", record)
-    return code
+    return 0 if record.get("ok") else 1
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from jobkit import finish, free_port, get, until  # beside this script
+from jobkit import free_port, get, recorded, until  # beside this script
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 600  # a few seconds of training on an H100 (6-10 ms a step): time to read it
@@ -59,7 +59,7 @@ def main() -> int:
         procs.append(p)
         return p
 
-    try:
+    with recorded(procs, out / "trainer_cuda.json", record):
         url_file = out / "lighthouse.url"
         url_file.unlink(missing_ok=True)
         start([sys.executable, "-u", "-c", LIGHTHOUSE_SCRIPT, "1", "1000", "3000", str(url_file),
@@ -121,12 +121,7 @@ def main() -> int:
                         and record["rank"]["clock"] == ("host" if host else "device")
                         and window["wait_cross_s"] > 0 and window["wait_group_s"] > 0
                         and (cpu or record["fr_trace"]["nccl_with_duration"] > 0))
-    except Exception as e:
-        record["error"] = f"{type(e).__name__}: {e}"
-        record["ok"] = False
-    finally:
-        code = finish(procs, out / "trainer_cuda.json", record)
-    return code
+    return 0 if record.get("ok") else 1
 
 
 if __name__ == "__main__":
