@@ -46,12 +46,11 @@ def replica_id_of(manager: Any) -> str | None:
 
 
 def _update_quorum(manager: Any, state: RankState) -> None:
-    try:
-        state.set_quorum(
-            int(manager._quorum_id), int(manager.num_participants()), bool(manager.is_participating())
-        )
-    except Exception:
-        pass  # quorum not formed yet (or errored): keep the last known values
+    """Read once the quorum is known (after ``wait_quorum`` and ``should_commit`` returned); an
+    error is the bookkeeping's, said once by the caller (it hid a recursion here before)."""
+    state.set_quorum(
+        int(manager._quorum_id), int(manager.num_participants()), bool(manager.is_participating())
+    )
 
 
 def instrument_manager(manager: Any, state: RankState, tracker: IncarnationTracker) -> None:
