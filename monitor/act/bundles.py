@@ -33,7 +33,7 @@ from ..analysis import bundle as layout  # the bundle format lightkeeper analyze
 from ..config import BundleConfig, MonitorConfig
 from ..evidence.view import ClusterView
 from ..poll.poller import Poller, judge_body
-from ..poll.torch_target import handler_path, is_torch, torch_url
+from ..poll.torch_target import torch_url
 from ..store import Store
 
 log = logging.getLogger(__name__)
@@ -137,9 +137,9 @@ def choose_ranks(view: ClusterView, evidence: ClusterView | None, replica_group:
 
 def _asks(ranks: list[tuple[Any, str]]) -> list[tuple[str, str, str, str, str]]:
     """(rank URL, ``stacks``/``fr``, URL asked, query, form: ``json``/``dump``/``text``) of each
-    rank's stacks and dump; through its handlers on a ``torch+http`` target. A rank on torch's
-    server alone is asked its ``dump_traceback`` handler (when it lists one), its dump being
-    the monitor's (:func:`_torch_dump`)."""
+    rank's stacks and dump (on a ``torch+http`` target the poller asks its handlers). A rank on
+    torch's server alone is asked its ``dump_traceback`` handler (when it lists one), its dump
+    being the monitor's (:func:`_torch_dump`)."""
     asks = []
     for r, _ in ranks:
         if _torch_only(r):
@@ -147,9 +147,8 @@ def _asks(ranks: list[tuple[Any, str]]) -> list[tuple[str, str, str, str, str]]:
                 asks.append((r.url, "stacks", torch_url(r.state["stacks_url"]), "", "text"))
             continue
         base = r.url.rstrip("/")
-        path = handler_path if is_torch(base) else str
-        asks += [(r.url, "stacks", base + path("/v1/stacks"), "?format=json", "json"),
-                 (r.url, "fr", base + path("/v1/fr_trace"), "", "dump")]
+        asks += [(r.url, "stacks", base + "/v1/stacks", "?format=json", "json"),
+                 (r.url, "fr", base + "/v1/fr_trace", "", "dump")]
     return asks
 
 
@@ -360,9 +359,9 @@ class Bundles:
         torch_dumps = self.torch_dumps() if any(_torch_only(r) for r, _ in ranks) else {}
         rows, candidates = [], []
         for r, role in ranks:
-            row = _rank_row(r, role)
+            row, torch_only = _rank_row(r, role), _torch_only(r)
             st, st_why = polls.get((r.url, "stacks"), (None, "no dump_traceback handler"))
-            if _torch_only(r):
+            if torch_only:
                 fr, fr_why = _torch_dump(r, torch_dumps.get(r.url), row)
             else:
                 fr, fr_why = polls[(r.url, "fr")]
@@ -370,7 +369,7 @@ class Bundles:
             if r.rank is None:
                 continue
             if st is not None:  # torch's traceback is text
-                ext = "txt" if _torch_only(r) else "json"
+                ext = "txt" if torch_only else "json"
                 candidates.append((layout.rank_file(layout.STACKS_DIR, r.rank, ext), bytes(st),
                                    role))
             if fr is not None:

@@ -10,7 +10,7 @@ from urllib.parse import unquote, urlsplit
 
 from http_serving import host_for_url
 
-from .torch_target import SCHEME, is_torch
+from .torch_target import SCHEME, handler_path, is_torch
 
 MAX_HEADERS = 100
 MAX_HEAD = 64 * 1024  # status line + headers, bytes
@@ -47,6 +47,8 @@ def target(url: str) -> tuple[tuple[str, int], bytes, bytes, bool]:
     host, port, prefix = _split(url)
     key = (host, port)
     torch = is_torch(url)
+    if torch:  # a WorkerServer path in the URL itself is asked of its handler too
+        prefix = handler_path(prefix)
     tail = _TAILS.get((host, port, torch))
     if tail is None:
         tail = _TAILS[host, port, torch] = (
