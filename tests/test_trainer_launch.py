@@ -161,3 +161,19 @@ def test_rank1_without_a_store_exits_nonzero_within_the_bound():
     assert f"no TCPStore at 127.0.0.1:{port}" in res.stderr, res.stderr[-2000:]
     # 3 s of waiting plus starting Python and importing torch on a shared 2-core machine.
     assert took < 30, took  # measured here: 8 s
+
+
+@pytest.mark.e2e
+def test_cross_group_nccl_without_cuda_is_refused_before_anything_starts():
+    port = free_port()
+    res = subprocess.run(
+        [sys.executable, "-m", "lightkeeper.cli", "train", "--lighthouse", "http://127.0.0.1:1",
+         "--cross-group", "nccl"],
+        env=_train_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, RANK=0, WORLD_SIZE=1,
+                       CUDA_VISIBLE_DEVICES=""),
+        capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "--cross-group nccl needs CUDA" in res.stderr
+    assert "worker_server=" not in res.stdout  # refused before the WorkerServer or the store
+    with socket.socket() as s:  # the store's port was never taken
+        s.bind(("127.0.0.1", port))

@@ -60,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="extra seconds per step standing in for data loading (default 0)")
     p.add_argument("--min-replica-size", type=int, default=1,
                    help="torchft min_replica_size: fewest groups that may commit a step")
+    p.add_argument("--cross-group", choices=("auto", "nccl", "gloo"), default="auto",
+                   help="torchft's process group across replica groups (auto: NCCL on CUDA, "
+                        "else gloo)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-worker-server", dest="worker_server", action="store_false",
                    help="start no WorkerServer of its own (the job is run under `lightkeeper "
@@ -98,6 +101,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         steps=args.steps, worker_host=args.worker_host, worker_port=args.worker_port,
         job=args.job, pg_timeout_s=args.pg_timeout, quorum_timeout_s=args.quorum_timeout,
         step_pause_s=args.step_pause, min_replica_size=args.min_replica_size, seed=args.seed,
+        cross_group=args.cross_group,
         faults=list(args.inject), model=ModelConfig(), worker_server=args.worker_server,
     )
 

@@ -36,6 +36,9 @@ class TrainConfig:
     # torchft's connect timeout, and how long a rank waits for its group's TCPStore (store.py).
     connect_timeout_s: float = 60.0
     min_replica_size: int = 1
+    # torchft's process group across replica groups: "auto" is NCCL on CUDA, else gloo; gloo
+    # on CUDA tensors is what TorchTitan's torchft integration uses across groups.
+    cross_group: str = "auto"
     # A pause per step (seconds) that stands for data loading / a bigger model, so the demo's
     # step time is realistic and steady on a shared 2-core machine.
     step_pause_s: float = 0.0

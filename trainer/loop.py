@@ -77,6 +77,11 @@ def train(cfg: TrainConfig) -> int:
 
     use_cuda = torch.cuda.is_available()
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if use_cuda else "cpu")
+    cross_group = cfg.cross_group if cfg.cross_group != "auto" else "nccl" if use_cuda else "gloo"
+    if cross_group == "nccl" and not use_cuda:
+        sys.stderr.write("lightkeeper train: error: --cross-group nccl needs CUDA, which this "
+                         "process does not have\n")
+        return 1
 
     advertise = advertised_address(cfg.worker_host)
     url_host = f"[{advertise}]" if ":" in advertise else advertise  # IPv6 literal in a URL
@@ -132,7 +137,7 @@ def train(cfg: TrainConfig) -> int:
     def state_dict():
         return local_state_dict(model, inner_optimizer)
 
-    if use_cuda:
+    if cross_group == "nccl":
         from torchft import ProcessGroupNCCL
 
         pg = ProcessGroupNCCL(timeout=timedelta(seconds=cfg.pg_timeout_s))

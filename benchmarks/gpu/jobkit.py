@@ -21,10 +21,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def get(url: str, post: bool = False):
-    """The answer's JSON (its text when it is not JSON); ``post``: torch's handlers."""
-    req = urllib.request.Request(url, data=b"" if post else None,
-                                 method="POST" if post else "GET")
+def get(url: str, post: bool = False, body: dict | None = None, token: str | None = None):
+    """The answer's JSON (its text when it is not JSON); ``post``: torch's handlers; ``body``:
+    POST it as JSON, with ``token`` as the bearer token."""
+    data = json.dumps(body).encode() if body is not None else b"" if post else None
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, headers=headers,
+                                 method="GET" if data is None else "POST")
     with urllib.request.urlopen(req, timeout=10) as r:
         body = r.read()
     try:

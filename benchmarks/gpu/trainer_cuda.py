@@ -29,12 +29,6 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = 600  # a few seconds of training on an H100 (6-10 ms a step): time to read it
 
 
-
-
-
-
-
-
 def main() -> int:
     out = Path(sys.argv[1])
     deps = sys.argv[sys.argv.index("--deps") + 1] if "--deps" in sys.argv else ""
