@@ -6,7 +6,14 @@ import time
 import pytest
 import requests
 
-from trainer.faults import Fault, FaultInjector, FaultSpecError, check_fits_group, parse_fault
+from trainer.faults import (
+    Fault,
+    FaultInjector,
+    FaultSpecError,
+    check_fits_group,
+    gpu_stall,
+    parse_fault,
+)
 
 
 @pytest.mark.parametrize(
@@ -142,6 +149,29 @@ def test_slow_compute_sleeps_its_factor_or_delay_from_its_step():
     assert slept == pytest.approx(0.1) and time.monotonic() - started >= 0.1
     by_delay = FaultInjector([parse_fault("slow_compute:delay=0.05")])
     assert by_delay.throttle(0, 10.0) == pytest.approx(0.05)  # delay does not scale
+
+
+def test_slow_compute_spends_its_time_through_stretch():
+    # on CUDA the loop sets stretch to gpu_stall: the time is the GPU's, not the host's
+    spent: list[float] = []
+    injector = FaultInjector([parse_fault("slow_compute:delay=0.3,from_step=1")])
+    injector.stretch = spent.append
+    assert injector.throttle(0, 1.0) == 0.0 and spent == []
+    assert injector.throttle(1, 1.0) == pytest.approx(0.3) and spent == [pytest.approx(0.3)]
+
+
+def test_gpu_stall_without_a_gpu_sleeps_on_the_host_and_says_so_once(capsys):
+    # no CUDA on this machine (CI's neither): the GPU path itself ran on an H100 (docs/gpu.md, 7)
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this checks the fallback of a process without a GPU")
+    stall = gpu_stall("cuda:0")
+    started = time.monotonic()
+    stall(0.05)
+    stall(0.05)
+    assert time.monotonic() - started >= 0.1
+    err = capsys.readouterr().err
+    assert err.count("slow_compute: no GPU stall") == 1 and "the host sleeps instead" in err
 
 
 def test_cli_rejects_a_bad_spec_before_starting(capsys):

@@ -10,7 +10,9 @@ Grammar (one fault per ``--inject``; repeat the flag for several)::
     slow_compute:factor=F[,from_step=N]  the rank computes F times slower (F > 1): after each
     slow_compute:delay=S[,from_step=N]   forward pass it sleeps (F-1) x its measured compute time
                                          (this forward + the last backward), or S seconds, as a
-                                         throttled GPU would; its group peers wait for it inside
+                                         throttled GPU would (on CUDA the time is spent on the
+                                         GPU, by a kernel that only spins; the host goes on
+                                         launching); its group peers wait for it inside
                                          FSDP's next collective, then the whole group arrives late
                                          at the cross-group all_reduce
     hang:at_step=N[,where=cross|group]   block forever at step N (the process stays alive and its
@@ -56,6 +58,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -227,6 +230,8 @@ class FaultInjector:
         # blocks or a crash exits), so the rank can say when it struck (/v1/state).
         self.on_strike: Callable[[Fault], None] | None = None
         self._struck: set[Fault] = set()
+        # how slow_compute spends its extra seconds: the host sleeps; on CUDA, gpu_stall's
+        self.stretch: Callable[[float], None] = time.sleep
 
     def _strike(self, fault: Fault) -> None:
         if fault not in self._struck:
@@ -271,7 +276,7 @@ class FaultInjector:
         extra = sum(f.delay if f.delay else (f.factor - 1.0) * max(0.0, compute_s)
                     for f in active)
         if extra > 0:
-            time.sleep(extra)
+            self.stretch(extra)
         return extra
 
     def before_allreduce(self, step: int) -> None:
@@ -301,3 +306,36 @@ class FaultInjector:
         for fault in faults:
             self._strike(fault)
         return bool(faults)
+
+
+def gpu_stall(device) -> Callable[[float], None]:
+    """``stall(seconds)``: that much more work on ``device``'s current stream, a kernel that
+    only spins (``torch.cuda._sleep``): the GPU is slower, its host is not, as with a throttled
+    GPU. Its cycles a second are measured on the first call. If the kernel cannot be launched
+    the host sleeps instead from then on, said once: the fault still slows the rank."""
+    import torch
+
+    rate: list[float] = []  # cycles a second, once measured; [0.0]: no GPU stall, host sleeps
+
+    def stall(seconds: float) -> None:
+        if rate == [0.0]:
+            time.sleep(seconds)
+            return
+        try:
+            with torch.cuda.device(device):
+                if not rate:
+                    probe = 20_000_000
+                    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                    start.record()
+                    torch.cuda._sleep(probe)
+                    end.record()
+                    end.synchronize()
+                    rate.append(probe / (start.elapsed_time(end) / 1e3))
+                torch.cuda._sleep(int(seconds * rate[0]))
+        except Exception as e:  # noqa: BLE001 - a fault injector never stops the job
+            print(f"[lightkeeper] slow_compute: no GPU stall ({type(e).__name__}: {e}); the "
+                  "host sleeps instead", file=sys.stderr, flush=True)
+            rate[:] = [0.0]
+            time.sleep(seconds)
+
+    return stall

@@ -26,7 +26,7 @@ from datetime import timedelta
 from typing import NoReturn
 
 from .config import TrainConfig
-from .faults import FaultInjector, parse_fault
+from .faults import FaultInjector, gpu_stall, parse_fault
 
 log = logging.getLogger("lightkeeper.trainer")
 
@@ -118,6 +118,8 @@ def train(cfg: TrainConfig) -> int:
                                        group_rank=group_rank, group_world_size=group_world_size,
                                        lighthouse=cfg.lighthouse), faults=injector.specs)
     injector.on_strike = lambda fault: state.fault_struck(fault.spec)  # /v1/state faults_struck_at
+    if use_cuda:  # slow_compute slows the GPU, not the host (trainer/faults.py)
+        injector.stretch = gpu_stall(device)
     # One write(): several ranks (and torch's logs) share the log file, and print() writes the
     # text and the newline separately, so another process's bytes could land between them.
     if server is not None:
