@@ -229,11 +229,33 @@ def test_the_whole_job_slowed_in_its_collectives_is_job_slow(driver):
     ev = f.evidence
     assert ev["ratio"] > 2 and ev["baseline_step_s"] == pytest.approx(0.19, rel=0.1)
     assert ev["now_s"]["wait_cross_s"] > 0.3 and max(ev["arrival_lags_s"].values()) < 0.1
+    assert ev["host_clock_cuda_ranks"] == [] and "host clock" not in ev["summary"]
     assert "straggler" not in d.open_kinds()
     d.sweeps(3)  # back at the healthy pace
     assert d.open_kinds() == []
     assert d.mon.store.findings()[0]["resolution"] == "back_at_pace"
     assert d.mon.store.decisions() == []
+
+
+def test_job_slow_names_the_cuda_ranks_whose_waits_are_on_the_host_clock(driver):
+    """On the host clock a GPU slow on the GPU waits in the collective like its peers (measured
+    on an H100, docs/gpu.md 7: the monitor saw job_slow only): the finding says which CUDA
+    ranks time their waits there, so the operator knows the culprit may be among them."""
+    d = driver
+    host_clock = []
+    for r in d.train.job.sim.ranks:
+        on_host = r.state["replica_group"] == 1
+        r.update(device={"type": "cuda", "index": 0},
+                 timing={**r.state["timing"], "clock": "host" if on_host else "device"})
+        if on_host:
+            host_clock.append(r.state["rank"])
+    d.sweeps(BASELINE_SWEEPS)
+    d.sweeps(4, **NETWORK_SLOW)
+    (f,) = d.mon.detectors.job_findings()
+    assert f.kind == "job_slow" and len(host_clock) == 2
+    assert f.evidence["host_clock_cuda_ranks"] == sorted(host_clock)
+    assert f"CUDA rank(s) {sorted(host_clock)} time their waits on the host clock" in \
+        f.evidence["summary"]
 
 
 def test_job_slow_is_first_seen_when_its_first_slow_step_began(driver):

@@ -31,6 +31,20 @@ def _hosts(groups: list) -> list[str]:
     return sorted({h for gv in groups for h in gv.hosts})
 
 
+def _host_clock_gpus(groups: list) -> list[int]:
+    """CUDA ranks that time their waits on the host clock, where a GPU slow on the GPU waits
+    like its peers (docs/gpu.md, 7): a job_slow may then be one of them."""
+    out = []
+    for gv in groups:
+        for r in gv.ranks:
+            s = r.state if isinstance(r.state, dict) else {}
+            device, timing = s.get("device"), s.get("timing")
+            if isinstance(device, dict) and device.get("type") == "cuda" \
+                    and isinstance(timing, dict) and timing.get("clock") == "host":
+                out.append(r.rank)
+    return sorted(out)
+
+
 def _stall_shape(groups: list, waits: dict[int, tuple]) -> tuple[dict, set, list] | None:
     """Every group blocked in the cross-group collective (a rank of each in ``waits``) or
     behind it, at most one step apart, or through it and waiting for a quorum a step ahead:
@@ -215,12 +229,16 @@ class JobWide:
             self._slow_since = now - late_for(w.steps_s, factor * base[0], w.steps_s)
         if len(self._slow) < self.cfg.job_slow_windows and key not in self.findings.open:
             return None
-        hosts = _hosts(groups)
+        hosts, host_clock = _hosts(groups), _host_clock_gpus(groups)
+        caveat = (f"; but CUDA rank(s) {host_clock} time their waits on the host clock "
+                  f"(LIGHTKEEPER_CUDA_TIMING=off, or a CUDA error there), on which a GPU slow on "
+                  f"the GPU waits like its peers: it may be one of them" if host_clock else "")
         ev = {"summary": f"the job's median step is {ratio:.2f}x its healthy baseline "
                          f"({w.step_s:.3f}s vs {base[0]:.3f}s) and no group is late (largest "
                          f"arrival lag {max_lag:.3f}s, a straggler needs {w.lag_threshold_s:.3f}s)"
                          f": every group waits alike inside the collectives (a network fault "
-                         f"slows them all); hosts {', '.join(hosts)}",
+                         f"slows them all); hosts {', '.join(hosts)}{caveat}",
+              "host_clock_cuda_ranks": host_clock,
               "median_step_s": round(w.step_s, 4), "baseline_step_s": round(base[0], 4),
               "ratio": round(ratio, 3), "factor": factor, "steps": [w.first, w.newest],
               "windows": len(self._slow), "window_ratios": self._slow[-10:],
