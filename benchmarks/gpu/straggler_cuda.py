@@ -146,6 +146,9 @@ def main() -> int:
             time.sleep(0.1)
         findings = get(mon + "/v1/findings")
         record["findings"] = [(f["kind"], f["replica_group"]) for f in findings]
+        record["job_slow"] = [{k: (f.get("evidence") or {}).get(k) for k in
+                               ("summary", "host_clock_cuda_ranks")}
+                              for f in findings if f["kind"] == "job_slow"]
         [f] = [f for f in findings if f["kind"] == "straggler"][:1] or [None]
         evictions = get(mon + "/v1/evictions?decision=evict")
         [d] = evictions[:1] or [None]
@@ -155,6 +158,9 @@ def main() -> int:
         record["eviction"] = d and {k: d.get(k) for k in ("at", "replica_group", "reason",
                                                           "status", "source", "confirmed_at")}
         record["group1_exit_rc"] = ranks[1].returncode
+        # how the evicted rank ended (on CUDA by a signal, on CPU exit code 1: docs/gpu.md, 7)
+        record["group1_log_tail"] = (out / "rank1.log").read_text(errors="replace") \
+            .splitlines()[-12:]
         record["pace"] = _pace(pace, onset)
         if onset and f:
             record["onset_to_confirmed_s"] = round(f["confirmed_at"] - onset, 2)
