@@ -48,13 +48,16 @@ class Training:
             r.update(host=f"h{g}", node=f"node-{g}", step=self.step,
                      timing={"recent": [], "waiting": None, "last_step": None, "window": None})
 
-    def steps(self, n: int, now: float, jitter: float = 0.1, **seconds: float) -> None:
+    def steps(self, n: int, now: float, jitter: float = 0.1, groups: dict | None = None,
+              **seconds: float) -> None:
+        """``groups``: replica group -> its own seconds, for groups unlike the rest."""
         secs = {**HEALTHY, **seconds}
         for _ in range(n):
             self.step += 1
             for g in self.job.alive:
                 for r in self.job.sim.group(g):
-                    row = {k: v * (1 + self.rng.uniform(-jitter, jitter)) for k, v in secs.items()}
+                    own = {**secs, **(groups or {}).get(g, {})}
+                    row = {k: v * (1 + self.rng.uniform(-jitter, jitter)) for k, v in own.items()}
                     row["step_s"] = sum(row.values())
                     row["step"] = self.step
                     t = r.state["timing"]
@@ -230,6 +233,7 @@ def test_the_whole_job_slowed_in_its_collectives_is_job_slow(driver):
     assert ev["ratio"] > 2 and ev["baseline_step_s"] == pytest.approx(0.19, rel=0.1)
     assert ev["now_s"]["wait_cross_s"] > 0.3 and max(ev["arrival_lags_s"].values()) < 0.1
     assert ev["host_clock_cuda_ranks"] == [] and "host clock" not in ev["summary"]
+    assert ev["late_group"] is None and "arrives" not in ev["summary"]
     assert "straggler" not in d.open_kinds()
     d.sweeps(3)  # back at the healthy pace
     assert d.open_kinds() == []
@@ -256,6 +260,34 @@ def test_job_slow_names_the_cuda_ranks_whose_waits_are_on_the_host_clock(driver)
     assert f.evidence["host_clock_cuda_ranks"] == sorted(host_clock)
     assert f"CUDA rank(s) {sorted(host_clock)} time their waits on the host clock" in \
         f.evidence["summary"]
+
+
+@pytest.mark.parametrize("groups", [4, 2])
+def test_job_slow_names_a_group_late_by_most_of_the_rise_under_the_lag_floor(tmp_path, groups):
+    """A straggler whose lag is under --straggler-min-lag (on an H100 a GPU 96 ms slow a step,
+    with 11 ms steps and the 0.1 s floor, docs/gpu.md 7) slows the whole job: job_slow, but it
+    says which group arrives late rather than blaming the network alone. With two groups only
+    half the ranks wait for it: the median wait rises by half the step's rise, no more."""
+    job = SimJob(groups, ranks_per_group=2, heartbeat_timeout_ms=1000)
+    request_stop = job.stop
+    clock = Clock()
+    mon = monitor(tmp_path, job, clock, detectors=DetectorConfig(
+        hang_floor_s=1.0, dead_sweeps=2, straggler_min_lag_s=0.3))
+    d = Driver(mon, Training(job), clock)
+    try:
+        d.sweeps(BASELINE_SWEEPS)
+        # group 1 computes 0.2 s longer; the others wait that long for it, under the 0.3 s floor
+        late = {1: {"compute_s": 0.36, "wait_cross_s": 0.02}}
+        d.sweeps(4, groups=late, compute_s=0.16, wait_cross_s=0.22)
+        (f,) = d.mon.detectors.job_findings()
+        ev = f.evidence
+        assert f.kind == "job_slow" and "straggler" not in d.open_kinds()
+        assert ev["late_group"] == 1 and 0.15 < ev["arrival_lags_s"]["1"] < 0.3
+        assert "group 1 arrives" in ev["summary"] and "--straggler-min-lag 0.3s" in ev["summary"]
+        assert "no group is late" not in ev["summary"]
+    finally:
+        mon.stop()
+        request_stop()
 
 
 def test_job_slow_is_first_seen_when_its_first_slow_step_began(driver):

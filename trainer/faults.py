@@ -311,7 +311,8 @@ class FaultInjector:
 def gpu_stall(device) -> Callable[[float], None]:
     """``stall(seconds)``: that much more work on ``device``'s current stream, a kernel that
     only spins (``torch.cuda._sleep``): the GPU is slower, its host is not, as with a throttled
-    GPU. Its cycles a second are measured on the first call. If the kernel cannot be launched
+    GPU. Its cycles a second are measured on the first call (a GPU shared with another process
+    measures low, so the stall comes out short). If the kernel cannot be launched
     the host sleeps instead from then on, said once: the fault still slows the rank."""
     import torch
 
@@ -323,14 +324,16 @@ def gpu_stall(device) -> Callable[[float], None]:
             return
         try:
             with torch.cuda.device(device):
-                if not rate:
-                    probe = 20_000_000
-                    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-                    start.record()
-                    torch.cuda._sleep(probe)
-                    end.record()
-                    end.synchronize()
-                    rate.append(probe / (start.elapsed_time(end) / 1e3))
+                if not rate:  # the fastest of 3: another process's kernels may slice in
+                    probe, spans = 10_000_000, []
+                    for _ in range(3):
+                        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                        start.record()
+                        torch.cuda._sleep(probe)
+                        end.record()
+                        end.synchronize()
+                        spans.append(start.elapsed_time(end) / 1e3)
+                    rate.append(probe / min(spans))
                 torch.cuda._sleep(int(seconds * rate[0]))
         except Exception as e:  # noqa: BLE001 - a fault injector never stops the job
             print(f"[lightkeeper] slow_compute: no GPU stall ({type(e).__name__}: {e}); the "

@@ -21,6 +21,7 @@ from .straggler import Straggler, Window, late_for
 GROUP_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead")
 BASELINE_KEEP = 30  # healthy windows the baseline is the median of (the newest ones)
 IN_COLLECTIVES = 0.5  # of the step's rise, at least this much is waiting in collectives
+LATE_SHARE = 0.5  # of the step's rise, one group's arrival lag this much: it, not the network
 # of the hang threshold: a job stall this far on its way starts the probe mesh, so that its
 # rounds are in when the stall confirms
 STALL_SUSPECT = 0.5
@@ -209,8 +210,14 @@ class JobWide:
         ratio = w.step_s / base[0] if base and base[0] > 0 else None
         max_lag = max(w.lags.values(), default=0.0)
         late = max_lag >= w.lag_threshold_s
-        waits_rose = base is not None and (w.wait_cross_s + w.wait_group_s - base[2]
-                                           - base[3]) >= IN_COLLECTIVES * (w.step_s - base[0])
+        rise = w.step_s - base[0] if base else 0.0
+        # a group late by most of the rise under the lag floor: the others' time went into the
+        # collective waiting for it, though the median over ranks (two groups: half of them
+        # waited) may not show it
+        late_group = max(w.lags, key=w.lags.get) if w.lags and rise > 0 \
+            and max_lag >= LATE_SHARE * rise else None
+        waits_rose = base is not None and (late_group is not None or (
+            w.wait_cross_s + w.wait_group_s - base[2] - base[3]) >= IN_COLLECTIVES * rise)
         factor = self.cfg.job_slow_factor
         if ratio is None or ratio <= factor or late or not waits_rose:
             self._slow, self._slow_since = [], None
@@ -230,15 +237,23 @@ class JobWide:
         if len(self._slow) < self.cfg.job_slow_windows and key not in self.findings.open:
             return None
         hosts, host_clock = _hosts(groups), _host_clock_gpus(groups)
-        caveat = (f"; but CUDA rank(s) {host_clock} time their waits on the host clock "
-                  f"(LIGHTKEEPER_CUDA_TIMING=off, or a CUDA error there), on which a GPU slow on "
-                  f"the GPU waits like its peers: it may be one of them" if host_clock else "")
+        if late_group is None:
+            why = (f"no group is late (largest arrival lag {max_lag:.3f}s, a straggler needs "
+                   f"{w.lag_threshold_s:.3f}s): every group waits alike inside the collectives "
+                   f"(a network fault slows them all)")
+        else:  # steps shorter than --straggler-min-lag, as on GPUs
+            why = (f"group {late_group} arrives {max_lag:.3f}s late, {max_lag / rise:.0%} of the "
+                   f"step's rise, under the straggler threshold of {w.lag_threshold_s:.3f}s "
+                   f"(--straggler-min-lag {self.cfg.straggler_min_lag_s}s, which steps this "
+                   f"short may need lowered): it more likely than the network")
+        if host_clock:
+            why += (f"; CUDA rank(s) {host_clock} time their waits on the host clock "
+                    f"(LIGHTKEEPER_CUDA_TIMING=off, or a CUDA error there), on which a GPU slow "
+                    f"on the GPU waits like its peers: it may be one of them")
         ev = {"summary": f"the job's median step is {ratio:.2f}x its healthy baseline "
-                         f"({w.step_s:.3f}s vs {base[0]:.3f}s) and no group is late (largest "
-                         f"arrival lag {max_lag:.3f}s, a straggler needs {w.lag_threshold_s:.3f}s)"
-                         f": every group waits alike inside the collectives (a network fault "
-                         f"slows them all); hosts {', '.join(hosts)}{caveat}",
-              "host_clock_cuda_ranks": host_clock,
+                         f"({w.step_s:.3f}s vs {base[0]:.3f}s) and {why}; hosts "
+                         f"{', '.join(hosts)}",
+              "host_clock_cuda_ranks": host_clock, "late_group": late_group,
               "median_step_s": round(w.step_s, 4), "baseline_step_s": round(base[0], 4),
               "ratio": round(ratio, 3), "factor": factor, "steps": [w.first, w.newest],
               "windows": len(self._slow), "window_ratios": self._slow[-10:],
