@@ -1,5 +1,6 @@
-"""What the GPU job scripts share (torch_only_e2e.py, trainer_cuda.py): ports, polling with a
-deadline, and ending every process they started whatever happened. Standard library only: the
+"""What the GPU job scripts share (torch_only_e2e.py, trainer_cuda.py, straggler_cuda.py): ports,
+polling with a deadline, starting processes and a Lighthouse, and ending every process they
+started whatever happened. Standard library only: the
 scripts run with the GPU machine's own Python and a ``--deps`` folder."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -71,3 +73,27 @@ def recorded(procs: list[subprocess.Popen], path: Path, record: dict):
             p.wait()
         path.write_text(json.dumps(record, indent=1, default=str))
         print(json.dumps(record, indent=1, default=str)[:6000])
+
+
+def starter(procs: list[subprocess.Popen], out: Path, env: dict):
+    """``start(cmd, name, extra=None)``: ``cmd`` in a session of its own with ``env`` (and
+    ``extra``), its output in ``out/<name>.log``, added to ``procs`` for recorded() to end."""
+    def start(cmd: list[str], name: str, extra: dict | None = None) -> subprocess.Popen:
+        with open(out / f"{name}.log", "wb") as log:
+            p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                 env={**env, **(extra or {})}, start_new_session=True)
+        procs.append(p)
+        return p
+    return start
+
+
+def lighthouse(start, out: Path, script: str, min_replicas: int = 1,
+               heartbeat_ms: int = 1000) -> str:
+    """A real torchft Lighthouse (``script``: lightkeeper.cluster.LIGHTHOUSE_SCRIPT, join
+    timeout 1 s) started with ``start``; its URL once it serves."""
+    url_file = out / "lighthouse.url"
+    url_file.unlink(missing_ok=True)  # a run before in the same folder
+    start([sys.executable, "-u", "-c", script, str(min_replicas), "1000", str(heartbeat_ms),
+           str(url_file), "127.0.0.1"], "lighthouse")
+    return until(lambda: url_file.exists() and url_file.read_text().strip(), 30,
+                 "the Lighthouse")

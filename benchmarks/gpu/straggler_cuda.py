@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from jobkit import free_port, get, recorded, until  # beside this script
+from jobkit import free_port, get, lighthouse, recorded, starter, until  # beside this script
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOOR = 0.1  # the monitor's --straggler-min-lag (its default)
@@ -55,28 +55,15 @@ def main() -> int:
     procs = []
     record: dict = {"delay_s": delay, "cpu_smoke": cpu}
 
-    def start(cmd: list[str], name: str):
-        import subprocess
-
-        with open(out / f"{name}.log", "wb") as log:
-            p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                 start_new_session=True)
-        procs.append(p)
-        return p
-
+    start = starter(procs, out, env)
     with recorded(procs, out / "straggler_cuda.json", record):
-        url_file = out / "lighthouse.url"
-        url_file.unlink(missing_ok=True)
         # min_replicas 1: group 0 trains on alone once group 1 is evicted
-        start([sys.executable, "-u", "-c", LIGHTHOUSE_SCRIPT, "1", "1000", "1000", str(url_file),
-               "127.0.0.1"], "lighthouse")
-        lighthouse = until(lambda: url_file.exists() and url_file.read_text().strip(), 30,
-                           "the Lighthouse")
+        lh = lighthouse(start, out, LIGHTHOUSE_SCRIPT)
         ranks, urls = [], []
         for g in (0, 1):
             ranks.append(start([sys.executable, "-u", "-m", "lightkeeper.cli", "train",
                                 "--replica-group", str(g), "--num-replica-groups", "2",
-                                "--cross-group", "gloo", "--lighthouse", lighthouse,
+                                "--cross-group", "gloo", "--lighthouse", lh,
                                 "--steps", "1000000", "--job", "gpu", "--pg-timeout", "10",
                                 "--quorum-timeout", "10"], f"rank{g}"))
         for g in (0, 1):
@@ -87,7 +74,7 @@ def main() -> int:
         port = free_port()
         mon = f"http://127.0.0.1:{port}"
         start([sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", str(port),
-               "--lighthouse", lighthouse, "--targets", ",".join(urls), "--state",
+               "--lighthouse", lh, "--targets", ",".join(urls), "--state",
                str(out / "monitor.sqlite"), "--interval", "0.5", "--min-replicas", "1"],
               "monitor")
         until(lambda: get(mon + "/healthz"), 60, "the monitor to serve")

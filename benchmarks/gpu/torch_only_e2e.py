@@ -28,7 +28,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from jobkit import free_port, get, recorded, until  # beside this script
+from jobkit import free_port, get, lighthouse, recorded, starter, until  # beside this script
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "fixtures" / "torch_debug_server_job.py"
@@ -86,31 +86,20 @@ def main() -> int:
     procs: list[subprocess.Popen] = []
     record: dict = {"hang_at_step": HANG_AT, "device": device}
 
-    def start(cmd: list[str], name: str, extra: dict | None = None) -> subprocess.Popen:
-        with open(out / f"{name}.log", "wb") as log:
-            p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                 env={**env, **(extra or {})}, start_new_session=True)
-        procs.append(p)
-        return p
-
+    start = starter(procs, out, env)
     with recorded(procs, out / "torch_only_e2e.json", record):
-        url_file = out / "lighthouse.url"
-        url_file.unlink(missing_ok=True)  # a run before in the same folder
         # min_replicas 2: the groups start training together (CUDA starts one process seconds
         # before the other, which would reach HANG_AT alone)
-        start([sys.executable, "-u", "-c", LIGHTHOUSE_SCRIPT, "2", "1000", "3000", str(url_file),
-               "127.0.0.1"], "lighthouse")
-        lighthouse = until(lambda: url_file.exists() and url_file.read_text().strip(), 30,
-                           "the Lighthouse")
+        lh = lighthouse(start, out, LIGHTHOUSE_SCRIPT, min_replicas=2, heartbeat_ms=3000)
         ranks = [start([sys.executable, "-u", str(JOB)], f"group{g}", {
             "REPLICA_GROUP_ID": str(g), "RANK": "0", "WORLD_SIZE": "1", "JOB_DEVICE": device,
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-            "DEBUG_FRONTEND_PORT": str(free_port()), "TORCHFT_LIGHTHOUSE": lighthouse,
+            "DEBUG_FRONTEND_PORT": str(free_port()), "TORCHFT_LIGHTHOUSE": lh,
             "HANG_AT_STEP": str(HANG_AT if g == 1 else -1)}) for g in range(2)]
         port = free_port()
         mon = f"http://127.0.0.1:{port}"
         start([sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", str(port),
-               "--lighthouse", lighthouse, "--torch-stores", "--state",
+               "--lighthouse", lh, "--torch-stores", "--state",
                str(out / "monitor.sqlite"), "--interval", "0.5", "--hang-floor", "2",
                "--min-replicas", "1", "--cooldown", "5"], "monitor")
         until(lambda: get(mon + "/healthz"), 60, "the monitor to serve")

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from jobkit import free_port, get, recorded, until  # beside this script
+from jobkit import free_port, get, lighthouse, recorded, starter, until  # beside this script
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 600  # a few seconds of training on an H100 (6-10 ms a step): time to read it
@@ -46,23 +46,12 @@ def main() -> int:
     procs: list[subprocess.Popen] = []
     record: dict = {"steps": STEPS, "cpu_smoke": cpu}
 
-    def start(cmd: list[str], name: str) -> subprocess.Popen:
-        with open(out / f"{name}.log", "wb") as log:
-            p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                 start_new_session=True)
-        procs.append(p)
-        return p
-
+    start = starter(procs, out, env)
     with recorded(procs, out / "trainer_cuda.json", record):
-        url_file = out / "lighthouse.url"
-        url_file.unlink(missing_ok=True)
-        start([sys.executable, "-u", "-c", LIGHTHOUSE_SCRIPT, "1", "1000", "3000", str(url_file),
-               "127.0.0.1"], "lighthouse")
-        lighthouse = until(lambda: url_file.exists() and url_file.read_text().strip(), 30,
-                           "the Lighthouse")
+        lh = lighthouse(start, out, LIGHTHOUSE_SCRIPT, heartbeat_ms=3000)
         t0 = time.time()
         rank = start([sys.executable, "-u", "-m", "lightkeeper.cli", "train", "--replica-group",
-                      "0", "--num-replica-groups", "1", "--lighthouse", lighthouse, "--steps",
+                      "0", "--num-replica-groups", "1", "--lighthouse", lh, "--steps",
                       str(STEPS), "--job", "gpu"], "rank")
         line = re.compile(r"worker_server=(\S+)")
         url = until(lambda: (m := line.search((out / "rank.log").read_text())) and m.group(1),
@@ -70,7 +59,7 @@ def main() -> int:
         port = free_port()
         mon = f"http://127.0.0.1:{port}"
         start([sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", str(port),
-               "--lighthouse", lighthouse, "--targets", url, "--state",
+               "--lighthouse", lh, "--targets", url, "--state",
                str(out / "monitor.sqlite"), "--interval", "0.5"], "monitor")
         until(lambda: get(mon + "/healthz"), 60, "the monitor to serve")
 
