@@ -170,7 +170,10 @@ class Demo:
             extra_env={"LIGHTKEEPER_FAULT_TOKEN": self.token,
                        # the monitor tells an evicted group's other ranks to exit (the kill
                        # reaches only its rank 0): the group is gone, and restarted, sooner
-                       "LIGHTKEEPER_EXIT_TOKEN": self.exit_token},
+                       "LIGHTKEEPER_EXIT_TOKEN": self.exit_token,
+                       # the groups share this machine: on a GPU box their ranks would share
+                       # GPUs, which NCCL refuses (two ranks of one communicator on a device)
+                       "CUDA_VISIBLE_DEVICES": ""},
             fabric=fabric)
         from .cluster import HostPool, loopback_hosts
 

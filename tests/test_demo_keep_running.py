@@ -17,6 +17,8 @@ under --dry-run (tests/test_monitor_api.py) and that the demo's story ends at th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.support.demo import RunningDemo, get_json
@@ -99,6 +101,11 @@ def test_keep_running_stays_up_until_sigterm(demos, name):
         else:
             assert [e["detail"] for e in report["events"] if e["kind"] == "stop"] == [
                 "every group trained 8 steps"], report["events"]
+        if duration:  # its ranks see no GPU, whatever this machine has (docs/demo.md)
+            for url in ranks:
+                pid = get_json(url + "/v1/state")["pid"]
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                assert b"CUDA_VISIBLE_DEVICES=" in environ, (url, pid)
     except BaseException:
         demo.kill()
         raise
