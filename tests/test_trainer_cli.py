@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from trainer.cli import add_arguments, config_from_args
+from trainer.loop import pick_device
 
 
 def parse(argv: list[str]):
@@ -24,3 +27,19 @@ def test_worker_host_and_port_fall_back_to_the_environment(monkeypatch):
     assert (cfg.worker_host, cfg.worker_port) == ("0.0.0.0", 9600)
     cfg = parse(["--worker-host", "127.0.0.2", "--worker-port", "0"])  # a flag wins
     assert (cfg.worker_host, cfg.worker_port) == ("127.0.0.2", 0)
+
+
+@pytest.mark.parametrize("local_rank, gpus, device", [
+    (0, 0, "cpu"), (3, 0, "cpu"),        # no GPU seen: the CPU
+    (5, 1, "cuda:0"),                    # one GPU a rank (srun --gpus-per-task=1)
+    (0, 8, "cuda:0"), (7, 8, "cuda:7"),  # torchrun: one process per GPU
+])
+def test_each_rank_trains_on_the_gpu_its_launcher_gave_it(local_rank, gpus, device):
+    assert pick_device(local_rank, gpus) == device
+
+
+def test_a_local_rank_beyond_the_gpus_it_sees_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    with pytest.raises(ValueError, match=r"LOCAL_RANK=2, but this process sees 2 GPUs "
+                                         r"\(CUDA_VISIBLE_DEVICES='0,1'\)"):
+        pick_device(2, 2)

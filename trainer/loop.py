@@ -36,6 +36,22 @@ def _configure_env() -> None:
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
 
 
+
+def pick_device(local_rank: int, gpus: int) -> str:
+    """The rank's device: ``cpu`` when the process sees no GPU; ``cuda:0`` when it sees one (a
+    launcher that gives each rank its own GPU, as ``srun --gpus-per-task=1``); else
+    ``cuda:LOCAL_RANK`` (torchrun's one process per GPU). ValueError when LOCAL_RANK names a
+    GPU the process does not see."""
+    if gpus == 0:
+        return "cpu"
+    if gpus == 1:
+        return "cuda:0"
+    if not 0 <= local_rank < gpus:
+        raise ValueError(f"LOCAL_RANK={local_rank}, but this process sees {gpus} GPUs "
+                         f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}): "
+                         f"start at most {gpus} ranks on this host, or give each its own GPU")
+    return f"cuda:{local_rank}"
+
 def train(cfg: TrainConfig) -> int:
     """Run one rank until ``cfg.steps`` committed steps; returns a process exit code."""
     _configure_env()
@@ -75,8 +91,13 @@ def train(cfg: TrainConfig) -> int:
     torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)  # identical init in every group
 
-    use_cuda = torch.cuda.is_available()
-    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if use_cuda else "cpu")
+    try:
+        device = torch.device(pick_device(int(os.environ.get("LOCAL_RANK", 0) or 0),
+                                          torch.cuda.device_count()))
+    except ValueError as e:
+        sys.stderr.write(f"lightkeeper train: error: {e}\n")
+        return 1
+    use_cuda = device.type == "cuda"
     cross_group = cfg.cross_group if cfg.cross_group != "auto" else "nccl" if use_cuda else "gloo"
     if cross_group == "nccl" and not use_cuda:
         sys.stderr.write("lightkeeper train: error: --cross-group nccl needs CUDA, which this "
