@@ -63,6 +63,7 @@ def train(cfg: TrainConfig) -> int:
 
     from worker_server import RankIdentity, RankState, WorkerServer
     from worker_server.instrument import instrument_fsdp
+    from worker_server.state import env_local_rank
 
     class AdvertisedHTTPTransport(HTTPTransport):
         """torchft's checkpoint transport, fetched from at ``host`` (torchft: the hostname)."""
@@ -92,8 +93,7 @@ def train(cfg: TrainConfig) -> int:
     torch.manual_seed(cfg.seed)  # identical init in every group
 
     try:
-        device = torch.device(pick_device(int(os.environ.get("LOCAL_RANK", 0) or 0),
-                                          torch.cuda.device_count()))
+        device = torch.device(pick_device(env_local_rank(), torch.cuda.device_count()))
     except ValueError as e:
         sys.stderr.write(f"lightkeeper train: error: {e}\n")
         return 1
