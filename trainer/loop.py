@@ -36,7 +36,6 @@ def _configure_env() -> None:
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
 
 
-
 def pick_device(local_rank: int, gpus: int) -> str:
     """The rank's device: ``cpu`` when the process sees no GPU; ``cuda:0`` when it sees one (a
     launcher that gives each rank its own GPU, as ``srun --gpus-per-task=1``); else
@@ -51,6 +50,7 @@ def pick_device(local_rank: int, gpus: int) -> str:
                          f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}): "
                          f"start at most {gpus} ranks on this host, or give each its own GPU")
     return f"cuda:{local_rank}"
+
 
 def train(cfg: TrainConfig) -> int:
     """Run one rank until ``cfg.steps`` committed steps; returns a process exit code."""
@@ -139,8 +139,9 @@ def train(cfg: TrainConfig) -> int:
                                        group_rank=group_rank, group_world_size=group_world_size,
                                        lighthouse=cfg.lighthouse), faults=injector.specs)
     injector.on_strike = lambda fault: state.fault_struck(fault.spec)  # /v1/state faults_struck_at
-    if use_cuda:  # slow_compute slows the GPU, not the host (trainer/faults.py)
-        injector.stretch = gpu_stall(device)
+    if use_cuda:
+        state.set_device(device.index)  # /v1/state reports the GPU this rank trains on
+        injector.stretch = gpu_stall(device)  # slow_compute slows the GPU, not the host
     # One write(): several ranks (and torch's logs) share the log file, and print() writes the
     # text and the newline separately, so another process's bytes could land between them.
     if server is not None:

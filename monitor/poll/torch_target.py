@@ -4,8 +4,9 @@ A WorkerServer started with ``server="torch"`` (``lightkeeper run --worker-serve
 worker_server/torch_server.py) serves its read-only endpoints as handlers on torch's
 ``_WorkerServer`` and registers under that spelling. The poller asks such a target
 ``POST /handler/lightkeeper_state`` where it would ``GET /v1/state`` (and so on for the paths
-below, given as the sweep's path or in the target URL itself), query arguments unchanged; the answers are the same bytes, so everything after the poll
-(verification against the Lighthouse, detectors, eviction) treats the rank as any other.
+below, given as the sweep's path or in the target URL itself), query arguments unchanged; the
+answers are the same bytes, so everything after the poll (verification against the Lighthouse,
+detectors, eviction) treats the rank as any other.
 A path with no handler here is asked as it is and answered 404 by torch's server.
 """
 
