@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -97,3 +98,10 @@ def lighthouse(start, out: Path, script: str, min_replicas: int = 1,
            str(url_file), "127.0.0.1"], "lighthouse")
     return until(lambda: url_file.exists() and url_file.read_text().strip(), 30,
                  "the Lighthouse")
+
+
+def worker_url(log: Path, timeout: float = 120) -> str:
+    """The WorkerServer URL ``lightkeeper train`` printed to ``log`` (``worker_server=URL``)."""
+    line = re.compile(r"worker_server=(\S+)")
+    return until(lambda: (m := line.search(log.read_text())) and m.group(1), timeout,
+                 f"the WorkerServer in {log.name}")

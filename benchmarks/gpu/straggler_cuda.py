@@ -28,7 +28,15 @@ import sys
 import time
 from pathlib import Path
 
-from jobkit import free_port, get, lighthouse, recorded, starter, until  # beside this script
+from jobkit import (  # beside this script
+    free_port,
+    get,
+    lighthouse,
+    recorded,
+    starter,
+    until,
+    worker_url,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 FLOOR = 0.1  # the monitor's --straggler-min-lag (its default)
@@ -59,18 +67,14 @@ def main() -> int:
     with recorded(procs, out / "straggler_cuda.json", record):
         # min_replicas 1: group 0 trains on alone once group 1 is evicted
         lh = lighthouse(start, out, LIGHTHOUSE_SCRIPT)
-        ranks, urls = [], []
+        ranks = []
         for g in (0, 1):
             ranks.append(start([sys.executable, "-u", "-m", "lightkeeper.cli", "train",
                                 "--replica-group", str(g), "--num-replica-groups", "2",
                                 "--cross-group", "gloo", "--lighthouse", lh,
                                 "--steps", "1000000", "--job", "gpu", "--pg-timeout", "10",
                                 "--quorum-timeout", "10"], f"rank{g}"))
-        for g in (0, 1):
-            log = out / f"rank{g}.log"
-            urls.append(until(lambda log=log: next(
-                (w.split("worker_server=")[1].split()[0] for w in log.read_text().splitlines()
-                 if "worker_server=" in w), None), 120, f"group {g}'s WorkerServer"))
+        urls = [worker_url(out / f"rank{g}.log") for g in (0, 1)]
         port = free_port()
         mon = f"http://127.0.0.1:{port}"
         start([sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", str(port),
@@ -101,10 +105,13 @@ def main() -> int:
             s = get(urls[0] + "/v1/state")
             pace.append((time.time(), int(s.get("step") or 0)))
 
-        t_end = time.time() + 4
-        while time.time() < t_end:
-            sample()
-            time.sleep(0.1)
+        def sample_for(seconds: float) -> None:
+            end = time.time() + seconds
+            while time.time() < end:
+                sample()
+                time.sleep(0.1)
+
+        sample_for(4)  # healthy, both groups
         onset_step = int(get(urls[1] + "/v1/state")["step"]) + 5
         spec = f"slow_compute:delay={delay},from_step={onset_step}"
         r = get(urls[1] + "/v1/faults", body={"spec": spec}, token=TOKEN)
@@ -132,10 +139,7 @@ def main() -> int:
             record["not_evicted_within_s"] = WAIT_EVICTION_S
         # both ranks' split in the steps group 1 was slow, before the eviction
         record["during"] = [_slow_steps(last.get(g, {}), onset_step) for g in (0, 1)]
-        t_stop = time.time() + 10  # group 0 alone, after the eviction
-        while time.time() < t_stop:
-            sample()
-            time.sleep(0.1)
+        sample_for(10)  # group 0 alone, after the eviction
         findings = get(mon + "/v1/findings")
         record["findings"] = [(f["kind"], f["replica_group"]) for f in findings]
         record["job_slow"] = [{k: (f.get("evidence") or {}).get(k) for k in

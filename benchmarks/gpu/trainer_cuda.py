@@ -17,13 +17,20 @@ from __future__ import annotations
 
 import collections
 import os
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from jobkit import free_port, get, lighthouse, recorded, starter, until  # beside this script
+from jobkit import (  # beside this script
+    free_port,
+    get,
+    lighthouse,
+    recorded,
+    starter,
+    until,
+    worker_url,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 600  # a few seconds of training on an H100 (6-10 ms a step): time to read it
@@ -53,9 +60,7 @@ def main() -> int:
         rank = start([sys.executable, "-u", "-m", "lightkeeper.cli", "train", "--replica-group",
                       "0", "--num-replica-groups", "1", "--lighthouse", lh, "--steps",
                       str(STEPS), "--job", "gpu"], "rank")
-        line = re.compile(r"worker_server=(\S+)")
-        url = until(lambda: (m := line.search((out / "rank.log").read_text())) and m.group(1),
-                    120, "the rank's WorkerServer")
+        url = worker_url(out / "rank.log")
         port = free_port()
         mon = f"http://127.0.0.1:{port}"
         start([sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", str(port),
