@@ -269,12 +269,11 @@ def test_job_slow_names_a_group_late_by_most_of_the_rise_under_the_lag_floor(tmp
     says which group arrives late rather than blaming the network alone. With two groups only
     half the ranks wait for it: the median wait rises by half the step's rise, no more."""
     job = SimJob(groups, ranks_per_group=2, heartbeat_timeout_ms=1000)
-    request_stop = job.stop
-    clock = Clock()
-    mon = monitor(tmp_path, job, clock, detectors=DetectorConfig(
-        hang_floor_s=1.0, dead_sweeps=2, straggler_min_lag_s=0.3))
-    d = Driver(mon, Training(job), clock)
+    clock, mon = Clock(), None
     try:
+        mon = monitor(tmp_path, job, clock, detectors=DetectorConfig(
+            hang_floor_s=1.0, dead_sweeps=2, straggler_min_lag_s=0.3))
+        d = Driver(mon, Training(job), clock)
         d.sweeps(BASELINE_SWEEPS)
         # group 1 computes 0.2 s longer; the others wait that long for it, under the 0.3 s floor
         late = {1: {"compute_s": 0.36, "wait_cross_s": 0.02}}
@@ -286,8 +285,9 @@ def test_job_slow_names_a_group_late_by_most_of_the_rise_under_the_lag_floor(tmp
         assert "group 1 arrives" in ev["summary"] and "--straggler-min-lag 0.3s" in ev["summary"]
         assert "no group is late" not in ev["summary"]
     finally:
-        mon.stop()
-        request_stop()
+        if mon is not None:
+            mon.stop()
+        job.stop()
 
 
 def test_job_slow_is_first_seen_when_its_first_slow_step_began(driver):
