@@ -193,7 +193,16 @@ class Straggler:
             self._group_newest = {g: v for g, v in group_newest.items() if g in view.groups}
         return out
 
-    def judge(self, view: ClusterView, now: float) -> list[Finding]:
+    def lag_floor(self, healthy_step_s: float | None) -> float:
+        """The least lag of a straggler: ``--straggler-min-lag``, or the job's healthy step when
+        shorter (a group that late at least halves the job's pace; GPU steps of tens of ms)."""
+        floor = self.cfg.straggler_min_lag_s
+        return min(floor, healthy_step_s) if healthy_step_s else floor
+
+    def judge(self, view: ClusterView, now: float,
+              healthy_step_s: float | None = None) -> list[Finding]:
+        """``healthy_step_s``: the job's healthy median step (monitor.detect.jobwide's baseline),
+        None before it has one."""
         self.answers(view)  # every sweep, judged or not
         # groups on torch's debug server only have no step timing: from_flight_recorder's
         groups = {g.replica_group: g for g in view.in_quorum() if not _torch_only(g)}
@@ -214,7 +223,7 @@ class Straggler:
         timings = self.memory.seconds(slots, window)  # polled rank x window x TIMING_KEYS
         cross = np.maximum.reduceat(timings[:, :, WAIT_CROSS_S], starts, axis=0)
         med_step = float(np.median(timings[:, :, STEP_S]))
-        threshold = max(self.cfg.straggler_min_lag_s, self.cfg.straggler_rel_lag * med_step)
+        threshold = max(self.lag_floor(healthy_step_s), self.cfg.straggler_rel_lag * med_step)
         need = math.ceil(0.75 * len(window))
         lags, candidates, healthy = straggler_lags(cross, threshold, need)
         med_lags = np.median(lags, axis=1)
