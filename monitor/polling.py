@@ -230,7 +230,7 @@ class Polling:
 
     def _suspects(self) -> set[int]:
         """Groups drilled whatever their leader says: open findings, straggler candidates."""
-        floor = self.detectors.lag_floor()
+        floor = self.detectors.lag_floor
         return {f.replica_group for f in self.detectors.open_findings()} | {
             g for g, lag in self.detectors.last_lags.items() if lag is not None and lag >= floor}
 

@@ -9,12 +9,13 @@ A real Lighthouse and two replica groups of one rank each, both on the one GPU, 
 groups, as TorchTitan runs it: two ranks of one NCCL group cannot share a GPU), and
 ``lightkeeper monitor`` given both ranks and the Lighthouse, evicting. Once the monitor has
 verified both ranks and they train together, group 1 is told (``POST /v1/faults``) to compute
-``--delay`` seconds (0.3) slower a step (``slow_compute``: on CUDA its GPU spins that long, its host does
-not wait; a throttled GPU). ``LIGHTKEEPER_CUDA_TIMING=off`` runs it with the ranks' waits on the
-host clock (the monitor is then only checked never to evict the healthy group). The straggler's
-floor is ``FLOOR`` (the monitor's ``--straggler-min-lag``) or the healthy step when shorter: a
-delay of twice that is expected evicted, one under it reported (``job_slow`` naming group 1 as
-the late one), one between either.
+``--delay`` seconds (0.3) slower a step (``slow_compute``: on CUDA its GPU spins that long, its
+host does not wait; a throttled GPU). ``LIGHTKEEPER_CUDA_TIMING=off`` runs it with the ranks'
+waits on the host clock (the monitor is then only checked never to evict the healthy group).
+The straggler's floor is ``FLOOR`` (the monitor's ``--straggler-min-lag``) or the fastest
+group's own work a step (its step outside the cross-group wait) when shorter: a delay of twice
+that is expected evicted, one under it reported (``job_slow`` naming group 1 as the late one),
+one between either.
 
 Writes ``OUT/straggler_cuda.json``: each rank's clock and waits before and during the fault,
 the finding (kind, group, lag), the eviction, group 1's end, and group 0's pace sampled from its
@@ -177,7 +178,8 @@ def main() -> int:
                              and record["pace"].get("recovered_s") is not None)
         slow = [j for j in findings if j["kind"] == "job_slow"]
         reported_right = bool(slow and (slow[0].get("evidence") or {}).get("late_group") == 1)
-        floor = min(FLOOR, max(b["step_s"] or 0.0 for b in record["before"]) or FLOOR)
+        own = min((b["step_s"] or 0.0) - (b["wait_cross_s"] or 0.0) for b in record["before"])
+        floor = own if 0 < own < FLOOR else FLOOR
         record["expected"] = "evict" if delay >= 2 * floor else (
             "report" if delay < floor else "either")
         right = {"evict": evicted_right, "report": reported_right}.get(

@@ -61,9 +61,10 @@ class Detectors:
         """replica_group -> how long the others waited for it (s) at the last evaluation."""
         return self.straggler.last_lags
 
+    @property
     def lag_floor(self) -> float:
-        """The least lag of a straggler now (Straggler.lag_floor)."""
-        return self.straggler.lag_floor(self.jobwide.healthy_step())
+        """The least lag of a straggler at the last evaluation (straggler.lag_floor)."""
+        return self.straggler.lag_floor
 
     def state_queries(self, urls: Iterable[str], kept: Container[str] | None = None,
                       view: ClusterView | None = None) -> list[str]:
@@ -184,7 +185,7 @@ class Detectors:
         steps = (
             ("dead", lambda: self.liveness.dead(view, now)),
             ("hang", lambda: self.hang.judge(view, dumps, analysis, now)),
-            ("straggler", lambda: self.straggler.judge(view, now, self.jobwide.healthy_step())),
+            ("straggler", lambda: self.straggler.judge(view, now)),
             ("straggler_fr", lambda: from_flight_recorder(view, analysis, now, self.findings)),
             ("mismatch", lambda: mismatch.judge(view, dumps, traces, analysis, now,
                                                 self.findings)),

@@ -140,12 +140,6 @@ class JobWide:
         return tuple(statistics.median(w[i] for w in self.baseline)  # type: ignore[return-value]
                      for i in range(4))
 
-    def healthy_step(self) -> float | None:
-        """The baseline's median step seconds; None before it has enough windows."""
-        if len(self.baseline) < self.cfg.job_baseline_windows:
-            return None
-        return statistics.median(w[0] for w in self.baseline)
-
     def _explained(self, key: tuple, now: float) -> None:
         """An open job-wide finding explained by group findings confirmed now: each names it
         (``evidence.job_findings``), so the goodput ledger counts that fault from the job's
@@ -247,12 +241,11 @@ class JobWide:
             why = (f"no group is late (largest arrival lag {max_lag:.3f}s, a straggler needs "
                    f"{w.lag_threshold_s:.3f}s): every group waits alike inside the collectives "
                    f"(a network fault slows them all)")
-        else:  # late by less than a healthy step, or than --straggler-min-lag when shorter
+        else:  # late by less than the fastest group's own work (or --straggler-min-lag)
             why = (f"group {late_group} arrives {max_lag:.3f}s late, {max_lag / rise:.0%} of the "
                    f"step's rise, under the straggler threshold of {w.lag_threshold_s:.3f}s "
-                   f"(--straggler-min-lag {self.cfg.straggler_min_lag_s}s, or one healthy step "
-                   f"when shorter; --straggler-rel-lag of the step): it more likely than the "
-                   f"network")
+                   f"(--straggler-min-lag {self.cfg.straggler_min_lag_s}s, or the fastest "
+                   f"group's own work a step when shorter): it more likely than the network")
         if host_clock:
             why += (f"; CUDA rank(s) {host_clock} time their waits on the host clock "
                     f"(LIGHTKEEPER_CUDA_TIMING=off, or a CUDA error there), on which a GPU slow "

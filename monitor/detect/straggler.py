@@ -45,6 +45,14 @@ def is_late_window(lags: np.ndarray, threshold: float, need: int) -> np.ndarray:
     return ((lags > 0).sum(axis=1) >= need) & (np.median(lags, axis=1) >= threshold)
 
 
+def lag_floor(min_lag: float, own: np.ndarray) -> float:
+    """The least lag of a straggler: ``min_lag``, or the fastest group's own work a step (the
+    median of ``own``'s row, group x step) when shorter. A group late by that much at least
+    halves the job's pace, and a GPU job's steps of tens of ms are under 0.1 s."""
+    fastest = float(np.median(own, axis=1).min())
+    return fastest if 0 < fastest < min_lag else min_lag
+
+
 def late_for(values: np.ndarray, threshold: float, step_s: np.ndarray) -> float:
     """How long a window's late run has lasted, by the ranks' own step seconds: from the start
     of its earliest step at or over ``threshold`` after which the median stays there, through
@@ -124,6 +132,7 @@ class Straggler:
         self._streaks: set[int] = set()
         self.last_lags: dict[int, float] = {}  # replica_group -> how long the others waited
         self.last_window: Window | None = None  # the job's last full window
+        self.lag_floor = cfg.straggler_min_lag_s  # of the last window (lag_floor)
 
     def state_queries(self, urls: Iterable[str], kept: Container[str] | None,
                       view: ClusterView | None) -> list[str]:
@@ -193,16 +202,7 @@ class Straggler:
             self._group_newest = {g: v for g, v in group_newest.items() if g in view.groups}
         return out
 
-    def lag_floor(self, healthy_step_s: float | None) -> float:
-        """The least lag of a straggler: ``--straggler-min-lag``, or the job's healthy step when
-        shorter (a group that late at least halves the job's pace; GPU steps of tens of ms)."""
-        floor = self.cfg.straggler_min_lag_s
-        return min(floor, healthy_step_s) if healthy_step_s else floor
-
-    def judge(self, view: ClusterView, now: float,
-              healthy_step_s: float | None = None) -> list[Finding]:
-        """``healthy_step_s``: the job's healthy median step (monitor.detect.jobwide's baseline),
-        None before it has one."""
+    def judge(self, view: ClusterView, now: float) -> list[Finding]:
         self.answers(view)  # every sweep, judged or not
         # groups on torch's debug server only have no step timing: from_flight_recorder's
         groups = {g.replica_group: g for g in view.in_quorum() if not _torch_only(g)}
@@ -223,7 +223,11 @@ class Straggler:
         timings = self.memory.seconds(slots, window)  # polled rank x window x TIMING_KEYS
         cross = np.maximum.reduceat(timings[:, :, WAIT_CROSS_S], starts, axis=0)
         med_step = float(np.median(timings[:, :, STEP_S]))
-        threshold = max(self.lag_floor(healthy_step_s), self.cfg.straggler_rel_lag * med_step)
+        # a group's own work a step: its step outside the cross-group wait, its busiest rank's
+        own = np.maximum.reduceat(timings[:, :, STEP_S] - timings[:, :, WAIT_CROSS_S], starts,
+                                  axis=0)
+        floor = self.lag_floor = lag_floor(self.cfg.straggler_min_lag_s, own)
+        threshold = max(floor, self.cfg.straggler_rel_lag * med_step)
         need = math.ceil(0.75 * len(window))
         lags, candidates, healthy = straggler_lags(cross, threshold, need)
         med_lags = np.median(lags, axis=1)
@@ -270,6 +274,7 @@ class Straggler:
                              f"{window[-1]} (threshold {threshold:.3f}s, late in "
                              f"{late_in[i]}/{len(window)}); {in_group['verdict']}",
                   "median_lag_s": round(med_lags[i], 4), "threshold_s": round(threshold, 4),
+                  "floor_s": round(floor, 4),
                   "median_step_s": round(med_step, 4), "late_in": f"{late_in[i]}/{len(window)}",
                   "waited_for_in": f"{waited_in[i]}/{len(window)}",
                   "lag_against": [order[j] for j in against],
