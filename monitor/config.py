@@ -44,7 +44,7 @@ class DetectorConfig:
     # straggler: how long the others wait for a group at the cross-group step
     straggler_min_lag_s: float = flag(0.1, "--straggler-min-lag",
                                       "seconds a group must arrive after its peers (or the "
-                                      "fastest group's own work a step, when shorter)")
+                                      "median group's own work a step, when shorter)")
     straggler_rel_lag: float = flag(0.25, "--straggler-rel-lag",
                                     "... and at least this fraction of the median step time")
     straggler_steps: int = flag(6, "--straggler-steps",

@@ -12,7 +12,7 @@ verified both ranks and they train together, group 1 is told (``POST /v1/faults`
 ``--delay`` seconds (0.3) slower a step (``slow_compute``: on CUDA its GPU spins that long, its
 host does not wait; a throttled GPU). ``LIGHTKEEPER_CUDA_TIMING=off`` runs it with the ranks'
 waits on the host clock (the monitor is then only checked never to evict the healthy group).
-The straggler's floor is ``FLOOR`` (the monitor's ``--straggler-min-lag``) or the fastest
+The straggler's floor is ``FLOOR`` (the monitor's ``--straggler-min-lag``) or the median
 group's own work a step (its step outside the cross-group wait) when shorter: a delay of twice
 that is expected evicted, one under it reported (``job_slow`` naming group 1 as the late one),
 one between either.

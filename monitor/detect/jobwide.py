@@ -241,10 +241,10 @@ class JobWide:
             why = (f"no group is late (largest arrival lag {max_lag:.3f}s, a straggler needs "
                    f"{w.lag_threshold_s:.3f}s): every group waits alike inside the collectives "
                    f"(a network fault slows them all)")
-        else:  # late by less than the fastest group's own work (or --straggler-min-lag)
+        else:  # late by less than the median group's own work (or --straggler-min-lag)
             why = (f"group {late_group} arrives {max_lag:.3f}s late, {max_lag / rise:.0%} of the "
                    f"step's rise, under the straggler threshold of {w.lag_threshold_s:.3f}s "
-                   f"(--straggler-min-lag {self.cfg.straggler_min_lag_s}s, or the fastest "
+                   f"(--straggler-min-lag {self.cfg.straggler_min_lag_s}s, or the median "
                    f"group's own work a step when shorter): it more likely than the network")
         if host_clock:
             why += (f"; CUDA rank(s) {host_clock} time their waits on the host clock "

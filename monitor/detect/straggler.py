@@ -46,11 +46,12 @@ def is_late_window(lags: np.ndarray, threshold: float, need: int) -> np.ndarray:
 
 
 def lag_floor(min_lag: float, own: np.ndarray) -> float:
-    """The least lag of a straggler: ``min_lag``, or the fastest group's own work a step (the
-    median of ``own``'s row, group x step) when shorter. A group late by that much at least
-    halves the job's pace, and a GPU job's steps of tens of ms are under 0.1 s."""
-    fastest = float(np.median(own, axis=1).min())
-    return fastest if 0 < fastest < min_lag else min_lag
+    """The least lag of a straggler: ``min_lag``, or the median group's own work a step (``own``:
+    group x step; of two middle groups the lower, so two groups take the healthy one) when
+    shorter. A group late by that much at least halves the job's pace, and a GPU job's steps
+    of tens of ms are under 0.1 s; one group of odd timings does not move it."""
+    typical = float(np.quantile(np.median(own, axis=1), 0.5, method="lower"))
+    return typical if 0 < typical < min_lag else min_lag
 
 
 def late_for(values: np.ndarray, threshold: float, step_s: np.ndarray) -> float:
