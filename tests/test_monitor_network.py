@@ -264,10 +264,10 @@ def test_job_slow_names_the_cuda_ranks_whose_waits_are_on_the_host_clock(driver)
 
 @pytest.mark.parametrize("groups", [4, 2])
 def test_job_slow_names_a_group_late_by_most_of_the_rise_under_the_lag_floor(tmp_path, groups):
-    """A group late by less than the straggler's floor (here the healthy groups' own work a step,
-    0.17 s, under --straggler-min-lag 0.3 s) slows the whole job: job_slow, but it says which group arrives
-    late rather than blaming the network alone. With two groups only half the ranks wait for
-    it: the median wait rises by half the step's rise, no more."""
+    """A group late by less than the straggler's floor (here the healthy groups' own work a
+    step, 0.17 s, under --straggler-min-lag 0.3 s) slows the whole job: job_slow, but it says
+    which group arrives late rather than blaming the network alone. With two groups only half
+    the ranks wait for it: the median wait rises by half the step's rise, no more."""
     job = SimJob(groups, ranks_per_group=2, heartbeat_timeout_ms=1000)
     clock, mon = Clock(), None
     try:
@@ -315,7 +315,7 @@ def test_a_group_late_by_a_groups_own_work_under_the_lag_floor_is_a_straggler(dr
 
 def test_short_steps_whose_slowest_group_changes_find_nothing(driver):
     """Healthy steps of ~37 ms where each step's slowest group is another, by up to 60 % of the
-    compute: every group waits for the slowest, and no group is late a healthy step."""
+    compute: every group waits for the slowest, and none is late by a group's own work."""
     d, rng = driver, random.Random(11)
     for _ in range(BASELINE_SWEEPS + 10):
         for _ in range(STEPS_PER_SWEEP):
@@ -325,7 +325,7 @@ def test_short_steps_whose_slowest_group_changes_find_nothing(driver):
                 g: {"compute_s": c, "wait_cross_s": 0.005 + top - c} for g, c in compute.items()},
                 **SHORT)
         d.sweep(steps=0)
-    assert d.mon.detectors.lag_floor < 0.1  # judged against a healthy step
+    assert d.mon.detectors.lag_floor < 0.1  # judged against a group's own work
     assert d.open_kinds() == []
     assert d.mon.store.findings() == [] and d.mon.store.decisions() == []
 
