@@ -2,7 +2,7 @@
 
     python3 benchmarks/gpu/straggler_cuda.py OUT --deps DIR
     python3 benchmarks/gpu/straggler_cuda.py OUT --cpu      # the script's smoke run, CUDA hidden
-    python3 benchmarks/gpu/straggler_cuda.py OUT --deps DIR --delay 0.06   # under the lag floor
+    python3 benchmarks/gpu/straggler_cuda.py OUT --deps DIR --delay 0.02   # near the floor
 
 A real Lighthouse and two replica groups of one rank each, both on the one GPU, running
 ``lightkeeper train --cross-group gloo`` (torchft's ProcessGroupGloo on CUDA tensors across
@@ -60,7 +60,10 @@ def main() -> int:
     if cpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
     sys.path[:0] = [p for p in (deps, str(ROOT)) if p]
+    import numpy as np
+
     from lightkeeper.cluster import LIGHTHOUSE_SCRIPT
+    from monitor.detect.straggler import lag_floor
 
     procs = []
     record: dict = {"delay_s": delay, "cpu_smoke": cpu}
@@ -171,15 +174,17 @@ def main() -> int:
             dur[0]["steps"] and dur[1]["steps"]
             and dur[0]["wait_cross_s"] > 0.3 * delay > dur[1]["wait_cross_s"])
         # right: group 1 named and evicted, group 0 training on; under the floor, reported as
-        # job_slow naming group 1 late (the spin measures low on a shared GPU: twice the floor). Never: group 0 evicted. The host clock is not asked to
-        # see a GPU-side straggler (docs/gpu.md, 2): recorded only.
+        # job_slow naming group 1 late (the spin measures low on a shared GPU: twice the
+        # floor). Never: group 0 evicted. The host clock is not asked to see a GPU-side
+        # straggler (docs/gpu.md, 2): recorded only.
         evicted_right = bool(f and f["replica_group"] == 1 and d and d["replica_group"] == 1
                              and ranks[0].poll() is None
                              and record["pace"].get("recovered_s") is not None)
         slow = [j for j in findings if j["kind"] == "job_slow"]
         reported_right = bool(slow and (slow[0].get("evidence") or {}).get("late_group") == 1)
-        own = min((b["step_s"] or 0.0) - (b["wait_cross_s"] or 0.0) for b in record["before"])
-        floor = own if 0 < own < FLOOR else FLOOR
+        # the monitor's own rule, on each group's healthy window (one rank a group)
+        floor = lag_floor(FLOOR, np.array([[(b["step_s"] or 0.0) - (b["wait_cross_s"] or 0.0)]
+                                           for b in record["before"]]))
         record["expected"] = "evict" if delay >= 2 * floor else (
             "report" if delay < floor else "either")
         right = {"evict": evicted_right, "report": reported_right}.get(
