@@ -153,6 +153,34 @@ def test_missing_dump_is_unknown_not_a_culprit_unless_asked():
     assert [(f.kind, f.pg, f.seq, f.culprit_ranks) for f in blamed.findings] == [("hang", "0", 7, [3])]
 
 
+def test_blaming_a_missing_rank_reads_only_the_dumps_there_are():
+    """--blame-missing assumes the missing rank 0 completed what rank 1 did (seq 6); rank 2's
+    dump is older (seq 5). Seq 6 completed, so nobody hung: no finding, and no crash over the
+    missing rank's absent rows."""
+    job = FRJob(3, flavour="nccl")
+    job.repeat(5, [("0", "all_reduce", [[8]])])
+    older = job.dumps(ranks=[2])
+    job.collective("0", "all_reduce", [[8]])
+    dumps = {**job.dumps(ranks=[1]), **older}
+    assert analyze(dumps, blame_missing=True).findings == []
+
+
+def test_gloo_default_group_keyed_empty_in_pg_config_is_group_0():
+    """torch 2.13's gloo dumps key the default group ``""`` in ``pg_config``, listing its ranks,
+    while their entries say ``"0"`` (a real dump's shape): those ranks are group 0's members, so
+    a rank without a dump is unknown, blamed only when asked, and no empty group is judged."""
+    job = FRJob(3, flavour="gloo")
+    job.repeat(5, [("0", "all_reduce", [[8]])])
+    dumps = job.dumps(ranks=[0, 1])
+    for d in dumps.values():
+        d["pg_config"] = {"": {"name": "", "desc": "", "ranks": "[0, 1, 2]"}}
+    result = analyze(dumps)
+    assert (result.unknown_ranks, result.findings) == ([2], [])
+    blamed = analyze(dumps, blame_missing=True)
+    assert [(f.kind, f.pg, f.culprit_ranks) for f in blamed.findings] == [("hang", "0", [2])]
+    assert list(blamed.last_seq) == [GroupKey("0")]
+
+
 def test_gloo_world_is_inferred_from_rank_numbers_or_given():
     job = FRJob(4, flavour="gloo")
     job.repeat(5, [("0", "all_reduce", [[8]])])
@@ -271,21 +299,27 @@ def test_a_lag_small_against_the_step_is_no_straggler():
         assert [f.culprit_ranks for f in analyze(job.dumps()).findings] == found, compute_ms
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["own_groups", "one_group"])
 @pytest.mark.parametrize("flavour", ["nccl", "gloo"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_a_rank_late_into_one_of_three_groups_collectives_is_a_straggler(flavour, seed):
-    """6 ms late into one of a step's three collectives (each on its own 8-rank group): ~8 % of
-    the ~72 ms step, ~25 % of the work before that collective. The wait is judged against the
-    work before it, not against the group's own period (one collective per step here)."""
-    (found,) = analyze(three_group_job(seed, flavour=flavour).dumps(), same_host=True).findings
-    assert (found.kind, found.culprit_ranks, found.pg) == ("straggler", [5], "1")
+def test_a_rank_late_into_one_of_three_collectives_is_a_straggler(flavour, seed, shared):
+    """6 ms late into one of a step's three collectives: ~8 % of the ~72 ms step, ~25 % of the
+    work before that collective. The wait is judged against the work before it, not against the
+    group's own period (one collective per step on their own groups). Sharing one group, the
+    rank is last at only ~40 % of its collectives: that collective's are judged on their own."""
+    job = three_group_job(seed, flavour=flavour, shared=shared)
+    (found,) = analyze(job.dumps(), same_host=True).findings
+    assert (found.kind, found.culprit_ranks, found.pg) == ("straggler", [5], "0" if shared else "1")
     assert 4.5 < found.median_wait_ms < 7.5
+    assert ("all_gather collectives" in found.detail) == shared, found.detail
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["own_groups", "one_group"])
 @pytest.mark.parametrize("flavour", ["nccl", "gloo"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_three_groups_with_jitter_only_have_no_straggler(flavour, seed):
-    result = analyze(three_group_job(seed, late_ms=0.0, flavour=flavour).dumps(), same_host=True)
+def test_three_collectives_with_jitter_only_have_no_straggler(flavour, seed, shared):
+    job = three_group_job(seed, late_ms=0.0, flavour=flavour, shared=shared)
+    result = analyze(job.dumps(), same_host=True)
     assert result.findings == [] and result.lags == []
 
 

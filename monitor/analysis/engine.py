@@ -101,6 +101,9 @@ def _members(traces: Mapping[int, RankTrace], world_size: int | None) -> dict[Gr
     declared: dict[GroupKey, tuple[int, ...]] = {}  # the last list added per group
     for rank, trace in traces.items():
         for key, ranks in trace.members.items():
+            if key.pg == "" and not trace.incarnations and key not in trace.groups:
+                # gloo's pg_config names the default group "" where its entries say "0"
+                key = GroupKey("0", key.replica_group)
             if declared.get(key) != ranks:  # every member declares the same list: add it once
                 found[key].update(ranks)
                 declared[key] = ranks
@@ -300,7 +303,8 @@ def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int |
     culprits = sorted(r for r, s in known.items() if s == behind)
     waiting = sorted(r for r, s in known.items() if s >= seq)
     op = None
-    for r in waiting:
+    seen = [r for r in waiting if r in rows]  # --blame-missing: a rank without a dump has none
+    for r in seen:
         t = rows[r]
         i = seq - t.first_seq
         if 0 <= i < len(t.sigs):
@@ -308,7 +312,7 @@ def _hang(key: GroupKey, group_members: list[int], testimony: Mapping[int, int |
                 return None  # it completed, so everyone joined: the laggards' dumps are older
             if op is None and t.sigs[i] is not None:
                 op = signatures[t.sigs[i]].op
-    ages = [_pending_for(traces.get(r), rows[r], seq) for r in waiting]
+    ages = [_pending_for(traces.get(r), rows[r], seq) for r in seen]
     if ages and all(a is not None for a in ages) and max(ages) < MIN_PENDING_S:
         return None  # enqueued just before the dumps were taken: in flight, not (yet) hung
     activity = {r: (traces[r].last_entry if r in traces else None) for r in known}

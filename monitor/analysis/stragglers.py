@@ -15,6 +15,7 @@ from .findings import StragglerFinding
 from .model import GroupKey, GroupTrace, RankTrace
 
 Hit = tuple[float, GroupKey, dict[str, Any]]  # (z, group, what the finding reports)
+Class = tuple[GroupKey, int | None]  # a group's collectives of one signature (None: all of them)
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ class StragglerEvidence:
 
     def __init__(self, traces: Mapping[int, RankTrace]) -> None:
         self.traces = traces
-        self.tallies: dict[GroupKey, dict[int, _Tally]] = {}
+        self.tallies: dict[Class, dict[int, _Tally]] = {}
         self.period_ms: dict[GroupKey, float] = {}
         # (group, (a, b)) -> how much later b arrived than a, per collective, in order
         self.pairs: dict[tuple[GroupKey, tuple[int, int]], list[float]] = {}
@@ -73,6 +74,8 @@ class StragglerEvidence:
         if any(len(ranks) == 2 for ranks in subsets):
             self.period_ms[key] = _period_ms([_window(rows[r].created_ns, rows[r].first_seq, lo, hi)
                                               for r in members[:3]])
+        first = rows[members[0]]
+        sigs = _window(first.sigs, first.first_seq, lo, hi)
         for ranks in subsets:
             if kind == "duration_ms":
                 cols = zip(*(_window(rows[r].duration_ms, rows[r].first_seq, lo, hi) for r in ranks), strict=True)
@@ -80,9 +83,22 @@ class StragglerEvidence:
                 # later enqueue = later arrival; negated (ms) so that the last is the smallest
                 times = zip(*(_window(rows[r].created_ns, rows[r].first_seq, lo, hi) for r in ranks), strict=True)
                 cols = ([-c / 1e6 if c else math.nan for c in col] for col in times)
-            self._tally(key, ranks, cols, kind, config)
+            if len(ranks) == 2 or len(set(sigs)) < 2:
+                self._tally(key, None, ranks, cols, kind, config)
+                continue
+            # a rank late into one of a step's collectives is last at too few of the group's
+            # to stand out: each signature's collectives are judged on their own too
+            cols = list(cols)
+            self._tally(key, None, ranks, cols, kind, config)
+            by_sig: defaultdict[int, list] = defaultdict(list)
+            for sig, col in zip(sigs, cols, strict=True):
+                by_sig[sig].append(col)
+            for sig, part in by_sig.items():
+                if sig is not None and len(part) >= config.min_collectives:
+                    self._tally(key, sig, ranks, part, kind, config)
 
-    def _tally(self, key: GroupKey, ranks: list[int], cols: Any, kind: str, config: StragglerConfig) -> None:
+    def _tally(self, key: GroupKey, sig: int | None, ranks: list[int], cols: Any, kind: str,
+               config: StragglerConfig) -> None:
         n = len(ranks)
         if n == 2:
             # both values say "smaller = later": b's lag behind a is a - b
@@ -122,7 +138,7 @@ class StragglerEvidence:
             waits[i].append(median - first)
         if not used:
             return
-        group = self.tallies.setdefault(key, {})
+        group = self.tallies.setdefault((key, sig), {})
         for i, r in enumerate(ranks):
             t = group.setdefault(r, _Tally(kind))
             t.kind = kind
@@ -138,7 +154,7 @@ class StragglerEvidence:
         """``(stragglers, lags)``: one straggler finding per rank (its strongest group's), a lag
         per pair where nothing else agrees."""
         flagged: dict[int, list[Hit]] = defaultdict(list)
-        for key, group in self.tallies.items():
+        for (key, sig), group in self.tallies.items():
             rates = sorted(t.late / t.observed for t in group.values())
             typical = min(max(rates[(len(rates) - 1) // 2], 0.02), 0.98)
             floor = None
@@ -161,7 +177,7 @@ class StragglerEvidence:
                     z, wait = (z_last, wait_last) if by_last else (z_late, wait_late)
                     flagged[rank].append(
                         (z, key, {"last": last, "late": late, "observed": observed, "z": z, "wait": wait,
-                                  "expected": t.expected, "kind": t.kind})
+                                  "expected": t.expected, "kind": t.kind, "sig": sig})
                     )
         out, lags = [], []
         for rank, hits in self._pair_hits(config).items():
@@ -221,10 +237,12 @@ class StragglerEvidence:
             detail += ("; with two ranks there is no majority to say which one is off pace: a lag, not a straggler"
                        if lag else "; other evidence agrees (" + ", ".join(k.label() for _, k, _ in hits[1:] or hits) + ")")
         else:
+            sig = best.get("sig")
+            which = "" if sig is None else f" {self.traces[rank].signatures[sig].op}"
             detail = (
                 f"in group {key.label()} rank {rank} arrived last at {best['last']} and "
                 f">= {config.min_wait_ms:g} ms after the median rank at {best['late']} of "
-                f"{observed} collectives (chance of last {best['expected'] / observed:.0%}); "
+                f"{observed}{which} collectives (chance of last {best['expected'] / observed:.0%}); "
                 f"its peers waited a median {best['wait']:.2f} ms for it ({best['kind']})"
             )
         return StragglerFinding(

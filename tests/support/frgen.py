@@ -617,19 +617,21 @@ THREE_GROUP_STEP = [("0", "all_reduce", [[4096]]), ("1", "all_gather", [[512]]),
 
 
 def three_group_job(seed: int, *, late_ms: float = 6.0, late_rank: int = 5, steps: int = 120,
-                    flavour: str = "nccl") -> FRJob:
+                    flavour: str = "nccl", shared: bool = False) -> FRJob:
     """8 ranks on one host, three process groups over all of them (default, "1", "2"), one
     collective on each per step after ~19 ms of compute plus 0-4 ms of uniform jitter per rank (a
-    step ~72 ms); ``late_rank`` arrives ``late_ms`` later into group "1"'s collective only."""
+    step ~72 ms); ``late_rank`` arrives ``late_ms`` later into group "1"'s collective only.
+    ``shared``: the three collectives all on the default group."""
     job = FRJob(8, flavour=flavour, hosts={r: "h0" for r in range(8)}, jitter_ms=0.0,
                 compute_ms=19.0, seed=seed)
-    job.group("1", list(range(8)))
-    job.group("2", list(range(8)))
+    if not shared:
+        job.group("1", list(range(8)))
+        job.group("2", list(range(8)))
     rng = random.Random(seed + 100)
     for _ in range(steps):
         for pg, op, sizes in THREE_GROUP_STEP:
             delay = {r: rng.uniform(0.0, 4.0) for r in range(8)}
             if pg == "1":
                 delay[late_rank] += late_ms
-            job.collective(pg, op, sizes, delay_ms=delay)
+            job.collective("0" if shared else pg, op, sizes, delay_ms=delay)
     return job
