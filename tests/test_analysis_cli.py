@@ -132,6 +132,43 @@ def test_duplicate_rank_is_an_error(tmp_path):
     assert len(loaded.errors) == 1 and "duplicate dump of rank 0" in loaded.errors[0]["error"]
 
 
+def test_two_jobs_dumps_in_one_directory_are_refused_until_one_is_picked(tmp_path, capsys):
+    """Two jobs' dumps side by side (each with a rank 0): reading either would be a guess, so the
+    directory is an error naming both until ``--prefix`` picks one."""
+    healthy = FRJob(2)
+    healthy.repeat(3, [("0", "all_reduce", [[8]])])
+    write_dumps(healthy.dumps(), tmp_path, prefix="jobA_rank")
+    write_dumps(hang_job().dumps(), tmp_path, prefix="jobB_rank")
+    code, report = run_json(capsys, tmp_path)
+    assert code == 2 and report["ranks"] == []
+    [error] = report["errors"]
+    assert "'jobA_rank' (2 files), 'jobB_rank' (4 files)" in error["error"], error
+    assert "--prefix" in error["error"]
+    code, report = run_json(capsys, "--prefix", "jobB_", tmp_path)
+    assert (code, report["ranks"], report["errors"]) == (1, [0, 1, 2, 3], [])
+    assert [f["culprit_ranks"] for f in report["findings"]] == [[2]]
+
+
+@pytest.mark.parametrize("manifest", ['{"tool": "collector"}', "{not json"])
+def test_another_tools_manifest_beside_dumps_is_no_bundle(tmp_path, capsys, manifest):
+    """A ``manifest.json`` that is not an incident bundle's, beside dumps: they are read, and the
+    manifest is named as a file that is no dump."""
+    write_dumps(hang_job().dumps(), tmp_path)
+    (tmp_path / "manifest.json").write_text(manifest)
+    code, report = run_json(capsys, tmp_path)
+    assert (code, report["ranks"]) == (1, [0, 1, 2, 3])
+    assert [Path(e["path"]).name for e in report["errors"]] == ["manifest.json"]
+
+
+def test_output_cut_short_by_its_reader_ends_quietly(tmp_path):
+    """``| head``: the reader is gone before the report is written; no traceback."""
+    write_dumps(hang_job().dumps(), tmp_path)
+    proc = subprocess.run(["bash", "-o", "pipefail", "-c", f"'{sys.executable}' -m lightkeeper.cli "
+                           f"analyze --format json '{tmp_path}' | true"],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert (proc.returncode, proc.stderr) == (141, ""), proc.stderr
+
+
 @pytest.mark.parametrize("content", [None, "garbage"])
 def test_nothing_loadable_exits_2(tmp_path, capsys, content):
     if content is not None:

@@ -310,6 +310,12 @@ def test_analyze_reads_a_bundle_and_names_the_monitors_culprit(tmp_path, capsys)
     bad.write_bytes(b"not gzip")
     assert main(["analyze", "--format", "json", str(bad)]) == 2
     assert "not an incident bundle" in json.loads(capsys.readouterr().out)["errors"][0]["error"]
+    # ... and so is a bundle's folder whose manifest is broken
+    unpacked = tmp_path / "unpacked" / got["id"]
+    (unpacked / "manifest.json").write_text("{not json")
+    assert main(["analyze", "--format", "json", str(unpacked)]) == 2
+    [error] = json.loads(capsys.readouterr().out)["errors"]
+    assert error["path"] == str(unpacked) and error["error"].startswith("manifest.json: "), error
 
 
 def test_analyze_says_what_a_dump_cannot_show_and_the_monitors_evidence(tmp_path, capsys):

@@ -53,10 +53,19 @@ class OpenedBundle:
 
 
 def is_bundle(path: str | Path) -> bool:
-    """A ``.tar.gz`` file, or a folder with a manifest of this format (unpacked by hand)."""
+    """A ``.tar.gz`` file, or a folder unpacked from one: its manifest beside an ``fr/`` folder,
+    or a manifest of this format (another tool's ``manifest.json`` beside dumps is no bundle)."""
     p = Path(path)
     if p.is_dir():
-        return (p / MANIFEST).is_file()
+        if not (p / MANIFEST).is_file():
+            return False
+        if (p / FR_DIR).is_dir():
+            return True
+        try:
+            _manifest(json.loads((p / MANIFEST).read_bytes()))
+        except (OSError, ValueError):  # BundleError is a ValueError
+            return False
+        return True
     return p.is_file() and p.name.endswith(SUFFIX)
 
 
@@ -67,9 +76,12 @@ def open_bundle(path: str | Path) -> OpenedBundle:
     a path on this machine."""
     p = Path(path)
     if p.is_dir():
-        finding = _finding((p / FINDINGS).read_bytes()) if (p / FINDINGS).is_file() else None
-        return OpenedBundle(_manifest(json.loads((p / MANIFEST).read_bytes())), str(p / FR_DIR),
-                            finding)
+        try:
+            manifest = _manifest(json.loads((p / MANIFEST).read_bytes()))
+            finding = _finding((p / FINDINGS).read_bytes()) if (p / FINDINGS).is_file() else None
+        except (OSError, ValueError) as e:
+            raise BundleError(f"{MANIFEST}: {e}") from None
+        return OpenedBundle(manifest, str(p / FR_DIR), finding)
     tmp = tempfile.TemporaryDirectory(prefix="lightkeeper-bundle-")
     try:
         manifest = finding = None
@@ -88,13 +100,13 @@ def open_bundle(path: str | Path) -> OpenedBundle:
                 if match and match.group(1) == FR_DIR:
                     Path(tmp.name, f"rank{int(match.group(2))}.json").write_bytes(_read(tar, m))
         if manifest is None:
-            raise BundleError(f"{p}: no {MANIFEST} in the archive")
+            raise BundleError(f"no {MANIFEST} in the archive")
         return OpenedBundle(manifest, tmp.name, finding, tmp)
     except (OSError, tarfile.TarError, EOFError, ValueError) as e:
         tmp.cleanup()
         if isinstance(e, BundleError):
             raise
-        raise BundleError(f"{p}: not an incident bundle: {e}") from None
+        raise BundleError(f"not an incident bundle: {e}") from None
 
 
 def _read(tar: tarfile.TarFile, m: tarfile.TarInfo) -> bytes:

@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--same-host", action="store_true",
                         help="dumps without a 'host' key come from one host: their enqueue times may be compared")
     parser.add_argument("--world-size", type=int, default=None, help="ranks in the job, when the dumps do not say (gloo)")
+    parser.add_argument("--prefix", default=None,
+                        help="of a directory's files, read those whose names start with PREFIX (needed where it holds several jobs' dumps)")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
                         help="worker processes loading the dumps (default: the cores available; 1: none). "
                         "Small inputs are loaded without workers anyway")
@@ -46,7 +48,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             return 2
     inputs = expand(args.paths, args.quorum)
     try:
-        loaded = load_paths(inputs.paths, jobs=args.jobs)
+        loaded = load_paths(inputs.paths, jobs=args.jobs, prefix=args.prefix)
     finally:
         for b in inputs.bundles:
             b.close()  # the traces are in memory: the unpacked dumps can go
@@ -144,7 +146,8 @@ def format_text(report: dict[str, Any]) -> str:
         where = err.get("path", f"rank {err.get('rank')}")
         lines.append(f"error: {where}: {err['error']}")
     findings = report["findings"]
-    lines.append(f"{len(findings)} finding(s)" if findings else "no findings")
+    if report["ranks"]:
+        lines.append(f"{len(findings)} finding(s)" if findings else "no findings")
     for f in findings:
         lines.append("")
         where = f"group {f['pg']!r}"

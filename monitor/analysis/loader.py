@@ -69,17 +69,36 @@ def rank_from_name(path: str | Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _candidates(paths: Iterable[str | Path], errors: list[dict[str, str]]) -> list[Path]:
+def _candidates(paths: Iterable[str | Path], errors: list[dict[str, str]], prefix: str | None) -> list[Path]:
     files: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            files.extend(sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")))
+            found = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+            if prefix is not None:
+                found = [p for p in found if p.name.startswith(prefix)]
+            elif len(jobs := _prefixes(found)) > 1:  # two jobs' rank 0s: neither is "the" rank 0
+                named = ", ".join(f"{name!r} ({n} files)" for name, n in jobs.items())
+                errors.append({"path": str(path), "error": f"dumps of {len(jobs)} jobs by their "
+                               f"file names: {named}; pick one with --prefix"})
+                continue
+            files.extend(found)
         elif path.is_file():
             files.append(path)
         else:
             errors.append({"path": str(path), "error": "no such file or directory"})
     return files
+
+
+def _prefixes(files: list[Path]) -> dict[str, int]:
+    """How many files share each name before their rank digits (``nccl_trace_rank_``: 8), for
+    names two or more files share: torch names a job's dumps ``<TORCH_FR_DUMP_TEMP_FILE><rank>``."""
+    found: dict[str, int] = {}
+    for p in files:
+        match = _TRAILING_DIGITS.search(p.name)
+        if match:
+            found[p.name[:match.start()]] = found.get(p.name[:match.start()], 0) + 1
+    return {name: n for name, n in found.items() if n > 1}
 
 
 def pickle_reader() -> str:
@@ -135,11 +154,13 @@ def load_packed(path: str | Path) -> Outcome:
     return load_outcome(path, packed=True)
 
 
-def load_paths(paths: Iterable[str | Path], jobs: int | None = None) -> LoadResult:
+def load_paths(paths: Iterable[str | Path], jobs: int | None = None, prefix: str | None = None) -> LoadResult:
     """Every dump under ``paths``, failures as ``errors``; ``jobs``: worker processes (default:
-    the cores available; 1: none). ``ValueError`` when ``jobs`` < 1."""
+    the cores available; 1: none). ``ValueError`` when ``jobs`` < 1. A directory's files are
+    those named ``prefix``... when given; without it, a directory whose file names show two
+    jobs' dumps is an error (which job's would be a guess)."""
     result = LoadResult(pickle_reader=pickle_reader())
-    files = _candidates(paths, result.errors)
+    files = _candidates(paths, result.errors, prefix)
     jobs = available_cores() if jobs is None else jobs
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
