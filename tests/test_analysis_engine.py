@@ -166,9 +166,10 @@ def test_blaming_a_missing_rank_reads_only_the_dumps_there_are():
 
 
 def test_gloo_default_group_keyed_empty_in_pg_config_is_group_0():
-    """torch 2.13's gloo dumps key the default group ``""`` in ``pg_config``, listing its ranks,
-    while their entries say ``"0"`` (a real dump's shape): those ranks are group 0's members, so
-    a rank without a dump is unknown, blamed only when asked, and no empty group is judged."""
+    """torch 2.13's gloo dumps keep one ``""`` entry in ``pg_config``: the ranks of the last
+    group built (the world's in a job of the default group only), while their entries say
+    ``"0"`` (a real dump's shape): those ranks are members of group 0, so a rank without a dump
+    is unknown, blamed only when asked, and no empty group is judged."""
     job = FRJob(3, flavour="gloo")
     job.repeat(5, [("0", "all_reduce", [[8]])])
     dumps = job.dumps(ranks=[0, 1])

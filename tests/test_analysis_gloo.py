@@ -2,7 +2,9 @@
 
 Three ranks rendezvous through a FileStore (gloo itself talks over loopback), and go through:
 a healthy phase (default group and a 2-rank group) after which every rank dumps; a straggler
-phase (rank 1 computes longer before every all_reduce); a size mismatch (rank 2 all_reduces a
+phase (steps of a broadcast, an all_reduce and an all_gather in the default group; rank 1
+computes longer before each all_reduce only: last at too few of the group's collectives to stand
+out but at every all_reduce); a size mismatch (rank 2 all_reduces a
 [4, 4] tensor where the others use [16] in group "2"); and a hang (ranks 0 and 1 enqueue an all_reduce in group "3" that
 rank 2 never enqueues). Unfinished collectives are async and never waited on, and every process
 leaves with ``os._exit`` once all have dumped, so nothing can block the test.
@@ -56,10 +58,12 @@ dist.all_reduce(t, group=group_c)
 dist.barrier()
 dump("healthy")
 
-for _ in range(24):  # rank 1 is the straggler: its peers wait for it at every all_reduce
+for _ in range(24):  # rank 1 is the straggler: its peers wait for it at the step's all_reduce
+    dist.broadcast(t, 0)
     if rank == 1:
         time.sleep(0.04)
     dist.all_reduce(t)
+    dist.all_gather([torch.empty(16) for _ in range(world)], t)
 
 # mismatch: rank 2's tensor has another shape but the same byte count, so gloo does not abort
 # the processes (it does on a byte-count mismatch, racing the dump) and the collective completes
@@ -131,6 +135,19 @@ def test_healthy_phase_has_no_findings(gloo_dumps):
     assert result.last_seq[GroupKey("1")] == {0: 6, 1: 6}
 
 
+def test_a_rank_without_a_dump_is_blamed_only_when_asked(gloo_dumps):
+    """pg_config's '' entry lists no ranks here (a job that built groups of its own): rank 2 is
+    unknown given --world-size, and blamed (gloo: it did all but the newest collective) only when
+    asked."""
+    dumps = load(gloo_dumps, "healthy")
+    del dumps[2]
+    result = analyze(dumps, world_size=3)
+    assert (result.unknown_ranks, result.findings) == ([2], [])
+    blamed = analyze(dumps, blame_missing=True, world_size=3)
+    # (groups "2" and "3" list nobody on gloo: rank 2 is a member only by its own dump)
+    assert [(f.kind, f.pg, f.culprit_ranks) for f in blamed.findings] == [("hang", "0", [2])]
+
+
 def test_straggler_mismatch_and_hang_are_found_with_the_right_culprits(gloo_dumps):
     result = analyze(load(gloo_dumps, "final"), same_host=True)
     found = [(f.kind, f.pg, f.seq, f.culprit_ranks) for f in result.findings]
@@ -144,6 +161,7 @@ def test_straggler_mismatch_and_hang_are_found_with_the_right_culprits(gloo_dump
     assert hang.last_activity[2]["pg"] == "2"  # rank 2's newest entry: its mismatched all_reduce
     assert mismatch.mismatch == "size" and mismatch.variants[0]["ranks"] == [0, 1]
     assert straggler.evidence == "host_clock" and straggler.median_wait_ms > 10
+    assert "all_reduce collectives" in straggler.detail, straggler.detail
 
 
 def test_real_gloo_pickles_through_the_loader(gloo_dumps, tmp_path):

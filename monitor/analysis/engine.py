@@ -102,8 +102,10 @@ def _members(traces: Mapping[int, RankTrace], world_size: int | None) -> dict[Gr
     for rank, trace in traces.items():
         for key, ranks in trace.members.items():
             if key.pg == "" and not trace.incarnations and key not in trace.groups:
-                # gloo's pg_config names the default group "" where its entries say "0"
-                key = GroupKey("0", key.replica_group)
+                # gloo's pg_config keeps one "" entry: the ranks of the last group it built
+                # (entries say "0" for the default group), so members of the world, not all
+                found[GroupKey("0", key.replica_group)].update(ranks)
+                continue
             if declared.get(key) != ranks:  # every member declares the same list: add it once
                 found[key].update(ranks)
                 declared[key] = ranks
