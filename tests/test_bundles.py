@@ -386,6 +386,15 @@ def test_torchft_quorum_folders_newest_by_default(tmp_path, capsys):
     assert [f["culprit_ranks"] for f in json.loads(capsys.readouterr().out)["findings"]] == [[0]]
     assert main(["analyze", "--format", "json", "--quorum", "9", str(tmp_path)]) == 2
     assert "no torchft folder of quorum 9" in capsys.readouterr().out
+    # files beside the quorum folders are not read, and the report says so
+    (tmp_path / "rank0").write_text(json.dumps(hang_dumps(3, absent=0)[0]))
+    assert main(["analyze", "--format", "json", str(tmp_path)]) == 1
+    [error] = json.loads(capsys.readouterr().out)["errors"]
+    assert "1 file(s) beside its torchft quorum folders not read" in error["error"], error
+    # --quorum where there are no quorum folders: read as given, and said
+    assert main(["analyze", "--format", "json", "--quorum", "3", str(tmp_path / "fr_quorum_4")]) == 1
+    [error] = json.loads(capsys.readouterr().out)["errors"]
+    assert error["error"] == "--quorum 3: no torchft quorum folders here", error
 
 
 @pytest.fixture

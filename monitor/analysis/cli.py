@@ -99,6 +99,8 @@ def expand(paths: list[str], quorum: int | None = None) -> Inputs:
             continue
         folders = quorum_folders(raw) if not Path(raw).is_file() else {}
         if not folders:
+            if quorum is not None:  # read as given, but --quorum picked nothing here
+                out.errors.append({"path": raw, "error": f"--quorum {quorum}: no torchft quorum folders here"})
             out.paths.append(raw)
             continue
         got = pick(folders, quorum)
@@ -108,6 +110,9 @@ def expand(paths: list[str], quorum: int | None = None) -> Inputs:
         for q in sorted(folders):
             out.quorums.append({"quorum_id": q, "path": str(folders[q]), "read": q == got[0]})
         out.paths.append(str(got[1]))
+        if Path(raw).is_dir() and (beside := [p for p in Path(raw).iterdir() if p.is_file() and not p.name.startswith(".")]):
+            out.errors.append({"path": raw, "error": f"{len(beside)} file(s) beside its torchft quorum folders "
+                               "not read (name them to read them)"})
     return out
 
 
