@@ -11,6 +11,7 @@ import argparse
 import logging
 import os
 import signal
+import sqlite3
 import sys
 import threading
 from dataclasses import fields
@@ -29,6 +30,7 @@ from .config import (
     ShardConfig,
 )
 from .poll.admission import token_warning
+from .store import StateInUse
 
 
 def _csv(value: str) -> list[str]:
@@ -157,7 +159,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     sh.add_argument("--etcd", default=os.environ.get("LIGHTKEEPER_ETCD"),
                     help="etcd client URL, http://host:2379 (env LIGHTKEEPER_ETCD)")
     _flags(sh, ShardConfig)
-    p.add_argument("--log-level", default="INFO", help="logging level (%(default)s)")
+    p.add_argument("--log-level", default="INFO", type=str.upper,
+                   choices=("DEBUG", "INFO", "WARNING", "ERROR"), help="logging level (%(default)s)")
 
 
 def _shard_config(args: argparse.Namespace) -> ShardConfig | None:
@@ -217,19 +220,24 @@ def warn_about_tokens(cfg: MonitorConfig) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(stream=sys.stderr, level=getattr(logging, str(args.log_level).upper(),
-                                                          logging.INFO),
+    logging.basicConfig(stream=sys.stderr, level=getattr(logging, args.log_level),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from .service import Monitor
 
     try:
         cfg = config_from_args(args)
         warn_about_tokens(cfg)
-        monitor = Monitor(cfg).start()
+        monitor = Monitor(cfg)
     except ConfigError as e:  # also --action k8s without lightkube or a cluster configuration
         print(f"lightkeeper monitor: {e}", file=sys.stderr)
         return 2
-    except OSError as e:
+    except (OSError, sqlite3.Error, StateInUse) as e:  # the state file, or its folder
+        print(f"lightkeeper monitor: --state {args.state_path}: {e}", file=sys.stderr)
+        return 1
+    try:
+        monitor.start()
+    except (OSError, ValueError) as e:  # waitress: ValueError for a host it cannot resolve
+        monitor.stop()
         print(f"lightkeeper monitor: cannot serve on {args.bind}:{args.port}: {e}",
               file=sys.stderr)
         return 1

@@ -16,9 +16,11 @@ A sweep that fails is logged and shown, and the loop goes on; nothing a rank doe
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 from http_serving import BackgroundWSGIServer, http_url
 
@@ -46,13 +48,31 @@ from .poll.torch_target import is_torch
 from .polling import Polling
 from .schedule import LeaderSchedule
 from .shard import Shards
-from .store import Store
+from .store import Store, hold_state
 
 log = logging.getLogger(__name__)
 
-LIGHTHOUSE_WARN_EVERY_S = 60.0  # while the Lighthouse stays unreadable, said again this often
+LIGHTHOUSE_WARN_EVERY_S = 60.0  # while a trouble lasts (an unreadable Lighthouse), said this often
 REFUSALS = {Unauthorized: "unauthorized", NotAllowed: "not_allowed", BadTarget: "bad_request",
             TooManyTargets: "too_many_targets"}
+
+
+class Trouble:
+    """A condition that lasts across sweeps: warned when it starts, again every
+    ``LIGHTHOUSE_WARN_EVERY_S`` while it lasts, and said once when it ends (``ended``)."""
+
+    def __init__(self, what: str, ended: str) -> None:
+        self.what, self.ended = what, ended
+        self.error: str | None = None
+        self._said_at = float("-inf")
+
+    def update(self, error: str | None, now: float) -> None:
+        if error and (not self.error or now - self._said_at >= LIGHTHOUSE_WARN_EVERY_S):
+            log.warning("%s: %s", self.what, error)
+            self._said_at = now
+        elif not error and self.error:
+            log.warning("%s", self.ended)
+        self.error = error
 
 
 def allow_list(cfg: MonitorConfig) -> AllowList:
@@ -65,6 +85,9 @@ def allow_list(cfg: MonitorConfig) -> AllowList:
 def check_config(cfg: MonitorConfig) -> None:
     """``cfg.validate()`` and the checks of each stage's own grammar; raises ConfigError."""
     cfg.validate()
+    if cfg.lighthouse and not (urlsplit(cfg.lighthouse).scheme in ("http", "https")
+                               and urlsplit(cfg.lighthouse).hostname):
+        raise ConfigError(f"--lighthouse {cfg.lighthouse!r}: not an http(s)://host:port URL")
     try:
         allow_list(cfg)
         for t in cfg.targets:
@@ -111,7 +134,10 @@ class Monitor:
             if cfg.lighthouse else None
         self.lighthouse_status: LighthouseStatus | None = None
         self.lighthouse_error: str | None = None if cfg.lighthouse else "no --lighthouse"
-        self._lighthouse_warned_at = float("-inf")
+        self._lighthouse = Trouble("cannot verify ranks, evictions held",
+                                   "the Lighthouse answers again: verifying ranks")
+        self._targets_file = Trouble("its last good targets kept", "the targets file is read again")
+        self._sd_out = Trouble(f"cannot write {cfg.sd_out}", f"{cfg.sd_out} written again")
         self.lh_settings = LighthouseSettingsWatch(cfg.lighthouse_heartbeat_timeout_ms,
                                                    cfg.lighthouse_join_timeout_ms, cfg.interval_s)
         self.lighthouse = Lighthouse(cfg.lighthouse, cfg.kill_timeout_s)
@@ -132,7 +158,13 @@ class Monitor:
         self._loop_thread: threading.Thread | None = None
         self._http: BackgroundWSGIServer | None = None
         self.url: str | None = None
-        # findings a previous run left open are closed: if still true, found again
+        # findings a previous run left open are closed: if still true, found again; but never
+        # those of a monitor still running on this state
+        try:
+            self._state_lock = hold_state(cfg.state_path)
+        except BaseException:
+            self.store.close()
+            raise
         for fid in self.store.open_finding_ids().values():
             self.store.resolve_finding(fid, clock(), "monitor_restarted")
         last = self.store.last_eviction_at()
@@ -173,6 +205,12 @@ class Monitor:
         if self.lighthouse_reader is not None:
             self.lighthouse_reader.close()
         self.store.close()
+        self._release_state()
+
+    def _release_state(self) -> None:
+        if self._state_lock is not None:
+            os.close(self._state_lock)
+            self._state_lock = None
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -244,16 +282,15 @@ class Monitor:
         if self.cfg.sd_out:
             try:
                 self.discovery.write_file_sd(self.cfg.sd_out)
+                self._sd_out.update(None, now)
             except OSError as e:
-                log.warning("cannot write %s: %s", self.cfg.sd_out, e)
+                self._sd_out.update(str(e), now)
         self.polling.end_sweep(len(targets), t0)
         return view
 
     def _targets(self) -> list[Target]:
         """A sweep's targets: discovery's, then this shard's slice."""
-        err = self.discovery.refresh()
-        if err:
-            log.warning("%s", err)
+        self._targets_file.update(self.discovery.refresh(), self.clock())
         version, targets = self.discovery.version, self.discovery.targets()
         if self.shard is not None:
             targets = self.shard.own_targets(targets, self.polling.poller, self.clock(), version)
@@ -281,17 +318,12 @@ class Monitor:
                 c["stacks_text"] = got[c["stacks"]]
 
     def _read_lighthouse(self) -> None:
-        """Read the Lighthouse's status; unreadable, warn every LIGHTHOUSE_WARN_EVERY_S."""
+        """Read the Lighthouse's status; unreadable, warned (Trouble)."""
         if self.lighthouse_reader is None:
             return
         status, error = self.lighthouse_reader.read()
         now = self.clock()
-        if error and (not self.lighthouse_error
-                      or now - self._lighthouse_warned_at >= LIGHTHOUSE_WARN_EVERY_S):
-            log.warning("cannot verify ranks, evictions held: %s", error)
-            self._lighthouse_warned_at = now
-        elif not error and self.lighthouse_error:
-            log.warning("the Lighthouse answers again: verifying ranks")
+        self._lighthouse.update(error, now)
         self.lighthouse_status, self.lighthouse_error = status, error
         self.lh_settings.observe(status, now)
 

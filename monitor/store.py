@@ -4,6 +4,7 @@ evicts a ``replica_id`` again and continues the cooldown. Every write is committ
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sqlite3
@@ -87,6 +88,29 @@ def _group(stored: int | None) -> int | None:
 def goodput_json_text(doc: dict[str, Any]) -> str:
     """A goodput row's JSON text; msgspec for speed (benchmarks/bench_goodput_snapshot.py)."""
     return msgspec.json.encode(doc).decode()
+
+
+class StateInUse(RuntimeError):
+    """Another monitor holds the state file."""
+
+
+def hold_state(path: str) -> int | None:
+    """Hold ``path`` for this process: an exclusive lock on ``<path>.lock``, which says our PID
+    (two monitors on one audit log would close each other's findings); the lock's descriptor,
+    to close at the end. Raises StateInUse naming the holder, OSError when it cannot be made."""
+    if path == ":memory:":
+        return None
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise StateInUse(f"{path} is in use by another monitor (PID {holder})") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
 
 
 class Store:

@@ -53,6 +53,7 @@ def test_file_sd_is_written_again_only_when_a_target_or_its_hints_change(tmp_pat
                 for g in json.loads(out.read_text())}
 
     assert d.write_file_sd(str(out)) is True
+    assert out.stat().st_mode & 0o777 == 0o644  # Prometheus may run as another user
     assert d.write_file_sd(str(out)) is False
     d.register({"url": "http://127.0.0.1:2", "replica_group": 3, "rank": 0})
     assert d.write_file_sd(str(out)) is True

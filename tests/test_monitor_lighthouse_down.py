@@ -1,8 +1,10 @@
-"""An unreachable Lighthouse is said once, then once a minute while it lasts, and once when it
-answers again: not a warning every sweep (its error names a new connection object each time)."""
+"""A trouble that lasts is said once, then once a minute while it lasts, and once when it ends:
+not a warning every sweep. An unreachable Lighthouse (its error names a new connection object
+each time), a broken targets file, an --sd-out that cannot be written."""
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 
@@ -45,5 +47,34 @@ def test_an_unreachable_lighthouse_is_said_once_a_minute_and_when_it_answers(tmp
             assert said("answers again") == 1
             assert said("cannot verify ranks") == 2
             assert mon.cluster_json()["verification"]["lighthouse_ok"] is True
+    finally:
+        mon.stop()
+
+
+def test_a_broken_targets_file_and_an_unwritable_sd_out_are_said_once(tmp_path, caplog):
+    clock = [1000.0]
+    targets = tmp_path / "targets.json"
+    targets.write_text("{broken")
+    (tmp_path / "afile").write_text("")
+    mon = Monitor(MonitorConfig(port=0, targets_file=str(targets), state_path=str(tmp_path / "m.db"),
+                                sd_out=str(tmp_path / "afile" / "sd.json"), job="unit"),
+                  clock=lambda: clock[0])
+
+    def said(words: str) -> int:
+        return sum(words in r.getMessage() for r in caplog.records
+                   if r.levelno == logging.WARNING)
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="monitor.service"):
+            for _ in range(4):
+                mon.sweep_once()
+                clock[0] += 1.0
+            assert said("its last good targets kept: targets file") == 1
+            assert said("cannot write") == 1
+            targets.write_text(json.dumps([{"targets": ["127.0.0.1:1"]}]))
+            for _ in range(2):
+                mon.sweep_once()
+            assert said("the targets file is read again") == 1
+            assert said("its last good targets kept") == 1
     finally:
         mon.stop()

@@ -193,3 +193,38 @@ def test_cli_flags_map_to_config_and_bad_values_exit_2(tmp_path, capsys):
     bad = p.parse_args(["--interval", "0", "--state", str(tmp_path / "s.db")])
     assert cli.run(bad) == 2
     assert "interval" in capsys.readouterr().err
+
+
+def test_what_a_monitor_cannot_start_on_is_one_line_and_changes_nothing(tmp_path, capsys):
+    """A state another monitor holds (whose open findings stay open), a state that cannot be
+    opened, an address that cannot be served, a Lighthouse that is no URL, a bundle folder that
+    cannot be written: one line each, exit 1 or 2, no traceback."""
+    import argparse
+
+    from monitor import cli
+    from monitor.service import Monitor
+
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    state = str(tmp_path / "s.db")
+    (tmp_path / "afile").write_text("")
+    first = Monitor(MonitorConfig(port=0, state_path=state, sd_out=str(tmp_path / "sd.json")))
+    try:
+        fid = first.store.add_finding({"kind": "hang", "replica_group": 1, "ranks": [2],
+                                       "first_seen": 1.0})
+        for argv, code, words in (
+                (["--state", state], 1, f"in use by another monitor (PID {os.getpid()})"),
+                (["--state", str(tmp_path / "afile" / "s.db")], 1, "--state"),
+                (["--state", str(tmp_path / "b.db"), "--bind", "999.1.1.1"], 1,
+                 "cannot serve on 999.1.1.1:0"),
+                (["--state", str(tmp_path / "c.db"), "--lighthouse", "notaurl"], 2,
+                 "--lighthouse 'notaurl'"),
+                (["--state", str(tmp_path / "d.db"), "--bundle-dir",
+                  str(tmp_path / "afile" / "b")], 2, "--bundle-dir")):
+            assert cli.run(p.parse_args(["--port", "0", *argv])) == code, argv
+            err = capsys.readouterr().err
+            assert words in err and "Traceback" not in err, err
+            assert len(err.strip().splitlines()) == 1, err
+        assert first.store.open_finding_ids() == {("hang", 1, None): fid}
+    finally:
+        first.stop()

@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 
 from ..analysis import bundle as layout  # the bundle format lightkeeper analyze reads
-from ..config import BundleConfig, MonitorConfig
+from ..config import BundleConfig, ConfigError, MonitorConfig
 from ..evidence.view import ClusterView
 from ..poll.poller import Poller, judge_body
 from ..poll.torch_target import torch_url
@@ -178,6 +178,12 @@ class BundleStore:
     def __init__(self, cfg: BundleConfig, directory: str, store: Store,
                  clock=time.time) -> None:
         self.cfg, self.dir, self.store, self.clock = cfg, directory, store, clock
+        try:  # at start-up, not at the first kill
+            os.makedirs(directory, exist_ok=True)
+            if not os.access(directory, os.W_OK | os.X_OK):
+                raise PermissionError("not writable")
+        except OSError as e:
+            raise ConfigError(f"--bundle-dir {directory}: {e}") from None
         self.error: str | None = None
         self._lock = threading.Lock()  # one write and prune at a time (the loop, its helper)
 

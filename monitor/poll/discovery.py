@@ -298,6 +298,7 @@ class Discovery:
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".lightkeeper-sd-", dir=directory)
         try:
+            os.fchmod(fd, 0o644)  # mkstemp's 0600: Prometheus often runs as another user
             with os.fdopen(fd, "w") as f:
                 f.write(text)
             os.replace(tmp, path)
