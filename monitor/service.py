@@ -37,6 +37,7 @@ from .detect import Detectors
 from .evidence.lighthouse_settings import LighthouseSettingsWatch
 from .evidence.lighthouse_status import LighthouseReader, LighthouseStatus
 from .evidence.probes import ProbeMesh
+from .evidence.rank import last_known
 from .evidence.torch_rank import CANNOT_SHOW, TorchRanks
 from .evidence.verification import Verifier
 from .evidence.view import ClusterView, ViewBuilder
@@ -129,6 +130,9 @@ class Monitor:
                                ask_ahead=cfg.shard is None, torch_ranks=self.torch_ranks,
                                has_torch=lambda: self.discovery.has_torch)
         self.views = ViewBuilder()
+        kept = self.store.unreachable()  # whose an unreachable rank was, across a restart
+        self.views.seed(kept)
+        self._kept_unreachable = set(kept)
         self.verifier = Verifier()
         self.lighthouse_reader = LighthouseReader(cfg.lighthouse, cfg.lighthouse_timeout_s) \
             if cfg.lighthouse else None
@@ -242,6 +246,7 @@ class Monitor:
                 self.lighthouse_reader is not None, now))
         evidence = view.evidence()
         self.polling.after_view(view)
+        self._keep_unreachable(view)
         for url in self.discovery.forget_unreachable(self.views.unreachable_since(), now):
             log.info("forgot %s: unreachable for %.0fs", url, self.cfg.forget_after_s)
         # 3. detect
@@ -287,6 +292,24 @@ class Monitor:
                 self._sd_out.update(str(e), now)
         self.polling.end_sweep(len(targets), t0)
         return view
+
+    def _keep_unreachable(self, view: ClusterView) -> None:
+        """The last state of a rank that stops answering goes into the store, and out once it
+        answers or is no target: a restarted monitor still finds it dead (seed)."""
+        kept = self._kept_unreachable
+        gone = [u for u in kept if u not in view.ranks]  # no target any more
+        for url in self.views.reshaped:
+            rv = view.ranks[url]
+            if rv.reachable:
+                if url in kept:
+                    gone.append(url)
+            elif url not in kept and rv.state is not None and not rv.superseded:
+                self.store.keep_unreachable(url, rv.unreachable_since, last_known(rv.state),
+                                            rv.trust.to_dict() if rv.trust else None)
+                kept.add(url)
+        if gone:
+            self.store.drop_unreachable(gone)
+            kept.difference_update(gone)
 
     def _targets(self) -> list[Target]:
         """A sweep's targets: discovery's, then this shard's slice."""

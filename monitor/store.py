@@ -70,6 +70,9 @@ CREATE TABLE IF NOT EXISTS bundles (
     path TEXT NOT NULL, bytes INTEGER NOT NULL, summary TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS bundles_at ON bundles (at);
+CREATE TABLE IF NOT EXISTS unreachable_ranks (
+    url TEXT PRIMARY KEY, since REAL, state TEXT NOT NULL, trust TEXT
+);
 """
 # columns added after a release: (table, column, declaration), added to an older file at start
 ADDED_COLUMNS = (("decisions", "bundle", "TEXT"),)
@@ -219,6 +222,22 @@ class Store:
         return self._dicts("SELECT * FROM decisions WHERE decision='evict' AND status='sent'")
 
     # --- incident bundles (monitor.act.bundles) -----------------------------------------------
+    def keep_unreachable(self, url: str, since: float | None, state: dict[str, Any],
+                         trust: dict[str, Any] | None) -> None:
+        """A rank that stopped answering: its last state and verdict, for a restarted monitor."""
+        self._write("INSERT OR REPLACE INTO unreachable_ranks (url, since, state, trust) "
+                    "VALUES (?,?,?,?)", (url, since, json.dumps(state), json.dumps(trust)))
+
+    def drop_unreachable(self, urls: list[str]) -> None:
+        with self._lock:
+            self._db.executemany("DELETE FROM unreachable_ranks WHERE url=?", [(u,) for u in urls])
+            self._db.commit()
+
+    def unreachable(self) -> dict[str, tuple[float | None, dict[str, Any], dict | None]]:
+        """url -> (unreachable since, last state, verdict) of the ranks keep_unreachable kept."""
+        return {r["url"]: (r["since"], json.loads(r["state"]), json.loads(r["trust"] or "null"))
+                for r in self._rows("SELECT url, since, state, trust FROM unreachable_ranks")}
+
     def add_bundle(self, row: dict[str, Any]) -> None:
         self._write("INSERT INTO bundles (id, at, trigger, kind, replica_group, replica_id, "
                     "finding_id, decision_id, path, bytes, summary) VALUES (?,?,?,?,?,?,?,?,?,?,?)",

@@ -605,6 +605,40 @@ def decisions(mon: Monitor) -> list[dict]:
     return requests.get(mon.url + "/v1/evictions", timeout=5).json()
 
 
+def test_a_rank_dead_across_a_monitor_restart_is_found_again(tmp_path, job):
+    """A dead rank in a live group is found; the monitor restarts (its findings closed as
+    ``monitor_restarted``) while the rank stays down. The new monitor never hears it, yet knows
+    whose it was (its last state and verdict, kept in the state file) and finds it again; once
+    it answers, nothing of it is kept."""
+    from monitor.config import RailsConfig
+
+    victim = job.sim.group(1)[1]
+    dry = {"rails": RailsConfig(dry_run=True)}
+
+    def dead_rank(mon: Monitor) -> list[dict]:
+        return [f for f in findings(mon) if f["kind"] == "dead_rank" and f["open"]]
+
+    mon = job_monitor(tmp_path, job, **dry)
+    try:
+        wait_until(lambda: mon.sweeps >= 2, 15, what="sweeps")
+        victim.set_mode("down")
+        wait_until(lambda: dead_rank(mon), 15, what="dead_rank")
+    finally:
+        mon.stop()
+    mon = job_monitor(tmp_path, job, **dry)
+    try:
+        wait_until(lambda: dead_rank(mon), 15, what="dead_rank found again")
+        [f] = dead_rank(mon)
+        assert (f["replica_group"], f["ranks"]) == (1, [victim.state["rank"]]), f
+        assert f["replica_id"] == victim.state["replica_id"]
+        assert list(mon.store.unreachable()) == [victim.url]
+        victim.set_mode("ok")
+        wait_until(lambda: not mon.store.unreachable() and not dead_rank(mon), 15,
+                   what="it answers: nothing kept, the finding resolved")
+    finally:
+        mon.stop()
+
+
 def test_an_unverified_rank_is_shown_never_grounds_for_an_eviction(tmp_path, job, strangers):
     """A stranger claiming replica group 1 dies: no finding, no decision, no kill. A real rank
     of group 2 dying (the control) is evicted at once by the same monitor."""

@@ -52,6 +52,14 @@ def state_shape(s: dict[str, Any]) -> tuple:
             g("node"), g("device"))
 
 
+def last_known(s: dict[str, Any]) -> dict[str, Any]:
+    """What of a rank's state is kept once it stops answering (JSON: what a restarted monitor
+    groups and judges it by)."""
+    keep = (*_REQUIRED, "replica_id", "group_world_size", "num_participants", "participating",
+            "host", "node", "device")
+    return {k: s[k] for k in keep if k in s}
+
+
 _new = object.__new__
 
 

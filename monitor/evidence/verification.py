@@ -35,6 +35,14 @@ class Trust:
         return {k: v for k, v in vars(self).items() if k != "claims"}
 
 
+def restored(kept: dict[str, Any] | None, state: dict[str, Any]) -> Trust | None:
+    """The verdict an earlier run gave a rank's last answer (Trust.to_dict), as stale."""
+    try:
+        return Trust(**{**kept, "stale": True}, claims=claims(state)) if kept else None
+    except (TypeError, KeyError):  # a file of another version: judged afresh
+        return None
+
+
 def claims(state: dict[str, Any]) -> tuple:
     return (state.get("replica_id"), state["replica_group"], state["group_rank"],
             state.get("group_world_size"), state["rank"])

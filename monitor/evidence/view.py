@@ -18,6 +18,7 @@ from monitor.poll.poller import RankPoll
 from .cluster import ClusterView, Sums
 from .group import GroupView, grouped, is_superseded, newest_answers, rank_order
 from .rank import STEP_TIMES_READ, RankView, answered, plain_shape, state_shape, valid_state
+from .verification import restored
 
 __all__ = ["STEP_TIMES_READ", "ClusterView", "GroupView", "RankView", "ViewBuilder"]
 
@@ -66,6 +67,15 @@ class ViewBuilder:
         self._shapes: dict[str, tuple] = {}  # url -> state_shape of its last answer
         self._sums, self._ev_sums = Sums(), Sums()
         self._unreachable: dict[str, float] = {}
+
+    def seed(self, unreachable: dict[str, tuple[float | None, dict[str, Any], dict | None]]
+             ) -> None:
+        """Before the first update: ranks an earlier run saw stop answering (url -> since, last
+        state, its verdict then), so that a restarted monitor still knows whose they were."""
+        for url, (since, state, trust) in unreachable.items():
+            if valid_state(state) is None:
+                self._ranks[url] = RankView(url, False, state, unreachable_since=since,
+                                            trust=restored(trust, state))
 
     def update(self, targets: list[Target], polls: dict[str, RankPoll],
                now: float | None = None, polled: set[str] | None = None,
