@@ -8,7 +8,7 @@ that makes no sense raises :class:`ConfigError` at start-up, never in the middle
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 EVICTABLE_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting",
@@ -30,13 +30,20 @@ def flag(default: Any, name: str, help: str) -> Any:
     return field(default=default, metadata={"flag": name, "help": help})
 
 
+def _named(cfg: object, name: str) -> str:
+    """The flag that sets field ``name`` of ``cfg`` (``--interval``), else the field's name."""
+    return next((f.metadata.get("flag") or name for f in fields(cfg)  # type: ignore[arg-type]
+                 if f.name == name), name)
+
+
 def _at_least(cfg: object, low: float, *names: str, strict: bool = False) -> None:
-    """Raise ConfigError naming the first of ``names`` below ``low`` (``strict``: not above);
-    None is allowed."""
+    """Raise ConfigError naming (by its flag) the first of ``names`` below ``low``
+    (``strict``: not above); None is allowed."""
     for name in names:
         value = getattr(cfg, name)
         if value is not None and (value <= low if strict else value < low):
-            raise ConfigError(f"{name} must be {'>' if strict else '>='} {low}, got {value!r}")
+            raise ConfigError(f"{_named(cfg, name)} must be {'>' if strict else '>='} {low}, "
+                              f"got {value!r}")
 
 
 @dataclass
@@ -93,7 +100,7 @@ class RailsConfig:
         _at_least(self, 1, "min_replicas")
         _at_least(self, 0, "cooldown_s")
         if not 0 <= self.min_reachable_fraction < 1:
-            raise ConfigError("min_reachable_fraction must be in [0, 1), got "
+            raise ConfigError("--min-reachable must be in [0, 1), got "
                               f"{self.min_reachable_fraction}")
         unknown = [k for k in self.evict_kinds if k not in EVICTABLE_KINDS]
         if unknown:
@@ -131,7 +138,7 @@ class ProbeConfig:
         for name, most in (("size_bytes", PROBE_MAX_BYTES), ("timeout_s", PROBE_MAX_TIMEOUT_S),
                            ("peers", PROBE_MAX_PEERS)):
             if getattr(self, name) > most:
-                raise ConfigError(f"probe {name} must be <= {most:g} (what a rank accepts), "
+                raise ConfigError(f"{_named(self, name)} must be <= {most:.0f} (what a rank accepts), "
                                   f"got {getattr(self, name)!r}")
         if not 0 < self.slow_ratio < 1:
             raise ConfigError(f"probe slow_ratio must be in (0, 1), got {self.slow_ratio}")

@@ -137,6 +137,7 @@ def test_manual_eviction_confirmed_and_not_repeated_after_restart(tmp_path, job)
         assert lighthouse.kills == [rid]
         wait_until(lambda: get(mon, "/v1/evictions?decision=evict").json()[0]["status"]
                    == "confirmed", 10, what="the eviction confirmed")
+        assert get(mon, "/v1/evictions?decision=hold").json() == []  # filtered: no hold yet
     finally:
         mon.stop()
     # say the kill did not take: the same replica id is back (still in the Lighthouse's quorum)

@@ -192,7 +192,7 @@ def test_cli_flags_map_to_config_and_bad_values_exit_2(tmp_path, capsys):
     assert cfg.sd_out == str(tmp_path / "lightkeeper-targets.json")
     bad = p.parse_args(["--interval", "0", "--state", str(tmp_path / "s.db")])
     assert cli.run(bad) == 2
-    assert "interval" in capsys.readouterr().err
+    assert "--interval must be > 0" in capsys.readouterr().err  # the flag, not the field
 
 
 def test_what_a_monitor_cannot_start_on_is_one_line_and_changes_nothing(tmp_path, capsys):

@@ -75,8 +75,8 @@ def create_app(monitor: Any) -> Flask:
 
     @app.get("/v1/evictions")
     def evictions():
-        only = request.args.get("decision")
-        return jsonify(monitor.store.decisions(limit=_limit(), evictions_only=only == "evict"))
+        return jsonify(monitor.store.decisions(limit=_limit(),
+                                               decision=request.args.get("decision") or None))
 
     @app.get("/v1/goodput")
     def goodput():
