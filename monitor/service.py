@@ -53,6 +53,7 @@ from .store import Store, hold_state
 
 log = logging.getLogger(__name__)
 
+STALLED_AFTER_S = 30.0  # /healthz: no sweep ended this long (or 10 intervals): the loop is stuck
 LIGHTHOUSE_WARN_EVERY_S = 60.0  # while a trouble lasts (an unreadable Lighthouse), said this often
 REFUSALS = {Unauthorized: "unauthorized", NotAllowed: "not_allowed", BadTarget: "bad_request",
             TooManyTargets: "too_many_targets"}
@@ -157,7 +158,7 @@ class Monitor:
         self.sweep_plan = None  # what the last sweep polled (schedule.Plan)
         self.sweeps = 0
         self.last_sweep_error: str | None = None
-        self.started_at = clock()
+        self.started_at = self.loop_at = clock()  # loop_at: when the loop last ended a sweep
         self._stop = threading.Event()
         self._loop_thread: threading.Thread | None = None
         self._http: BackgroundWSGIServer | None = None
@@ -224,7 +225,13 @@ class Monitor:
             except Exception as e:  # a bug in one stage must not end monitoring
                 log.exception("sweep failed")
                 self.last_sweep_error = f"{type(e).__name__}: {e}"
+            self.loop_at = self.clock()
             self.wait_next(started)
+
+    def stalled_for(self) -> float | None:
+        """Seconds since the loop last ended a sweep, when that is too long (/healthz)."""
+        idle = self.clock() - self.loop_at
+        return idle if idle > max(STALLED_AFTER_S, 10 * self.cfg.interval_s) else None
 
     def wait_next(self, started: float) -> bool:
         """Wait until ``interval_s`` after ``started`` (time.monotonic); True when stopped."""

@@ -229,3 +229,28 @@ def test_two_evictions_in_one_sweep_respect_min_replicas(tmp_path):
     finally:
         mon.stop()
         lighthouse.stop()
+
+
+def test_healthz_says_503_while_the_sweeps_are_stuck(tmp_path):
+    """A liveness probe restarts a monitor whose loop hangs: /healthz answers 503 ``stalled``
+    once no sweep ended for 30 s (the monitor's clock, stepped here), and ok again after."""
+    import threading
+
+    clock = [1000.0]
+    mon = Monitor(MonitorConfig(port=0, interval_s=0.2, state_path=str(tmp_path / "m.db")),
+                  clock=lambda: clock[0])
+    gate, real = threading.Event(), mon.sweep_once
+    mon.sweep_once = lambda: (gate.wait(30), real())[1]  # the loop hangs in its sweep
+    mon.start()
+    try:
+        assert get(mon, "/healthz").json()["status"] == "ok"
+        clock[0] += 29.0
+        assert get(mon, "/healthz").status_code == 200
+        clock[0] += 2.0
+        r = get(mon, "/healthz")
+        assert (r.status_code, r.json()["status"], r.json()["since_s"]) == (503, "stalled", 31.0)
+        gate.set()
+        wait_until(lambda: get(mon, "/healthz").status_code == 200, 10, what="sweeping again")
+    finally:
+        gate.set()
+        mon.stop()

@@ -51,6 +51,9 @@ def create_app(monitor: Any) -> Flask:
 
     @app.get("/healthz")
     def healthz():
+        stalled = monitor.stalled_for()
+        if stalled is not None:  # a liveness probe restarts a monitor whose loop is stuck
+            return jsonify(status="stalled", sweeps=monitor.sweeps, since_s=round(stalled, 1)), 503
         return jsonify(status="ok", sweeps=monitor.sweeps)
 
     @app.get("/metrics")
