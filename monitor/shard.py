@@ -425,7 +425,7 @@ class Leader(threading.Thread):
         except EtcdError as e:  # stays "sending": the next leader tick resolves it
             log.warning("could not record the outcome of %s: %s", key, e)
         m, job = self.mon.metrics, self.mon.cfg.job
-        m.decisions.labels(job, "evict", "evict").inc()
+        m.decisions.labels(job, "evict", str(p.get("kind"))).inc()
         if result.sent:
             m.evictions.labels(job, str(p.get("replica_group"))).inc()
         m.last_eviction.labels(job).set(self.mon.clock())

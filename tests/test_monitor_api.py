@@ -138,6 +138,10 @@ def test_manual_eviction_confirmed_and_not_repeated_after_restart(tmp_path, job)
         wait_until(lambda: get(mon, "/v1/evictions?decision=evict").json()[0]["status"]
                    == "confirmed", 10, what="the eviction confirmed")
         assert get(mon, "/v1/evictions?decision=hold").json() == []  # filtered: no hold yet
+        # counted by what it was for, as its audit row says
+        [counted] = [line for line in get(mon, "/metrics").text.splitlines()
+                     if line.startswith("lightkeeper_monitor_eviction_decisions_total{")]
+        assert 'decision="evict"' in counted and 'reason="manual"' in counted, counted
     finally:
         mon.stop()
     # say the kill did not take: the same replica id is back (still in the Lighthouse's quorum)

@@ -265,7 +265,9 @@ class Enforcer:
         """Record the decision; for an eviction keep the incident bundle (with ``view``: at
         most ``--bundle-timeout`` spent asking the ranks), then send the kill and record how it
         went."""
-        self.metrics.decisions.labels(self.cfg.job, d.decision, d.reason).inc()
+        # an eviction counted by what it was for, as its audit row says (straggler, manual, ...)
+        reason = (finding or {}).get("kind", source) if d.evict else d.reason
+        self.metrics.decisions.labels(self.cfg.job, d.decision, reason).inc()
         if not d.evict:
             log.info("hold replica group %s (%s): %s", replica_group, d.reason, d.detail)
             did = self.store.add_decision(replica_group=replica_group, replica_id=replica_id,
@@ -274,7 +276,6 @@ class Enforcer:
                                           at=self.clock())
             return {"id": did, "decision": "hold", "reason": d.reason, "detail": d.detail}
         log.warning("evicting replica group %s (%s): %s", replica_group, replica_id, d.detail)
-        reason = (finding or {}).get("kind", source)
         did = self.store.add_decision(replica_group=replica_group, replica_id=replica_id,
                                       decision="evict", reason=reason, detail=d.detail,
                                       finding_id=finding_id, finding=finding, status="sending",
