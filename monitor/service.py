@@ -54,14 +54,14 @@ from .store import Store, hold_state
 log = logging.getLogger(__name__)
 
 STALLED_AFTER_S = 30.0  # /healthz: no sweep ended this long (or 10 intervals): the loop is stuck
-LIGHTHOUSE_WARN_EVERY_S = 60.0  # while a trouble lasts (an unreadable Lighthouse), said this often
+WARN_EVERY_S = 60.0  # while a trouble lasts (an unreadable Lighthouse), said again this often
 REFUSALS = {Unauthorized: "unauthorized", NotAllowed: "not_allowed", BadTarget: "bad_request",
             TooManyTargets: "too_many_targets"}
 
 
 class Trouble:
     """A condition that lasts across sweeps: warned when it starts, again every
-    ``LIGHTHOUSE_WARN_EVERY_S`` while it lasts, and said once when it ends (``ended``)."""
+    ``WARN_EVERY_S`` while it lasts, and said once when it ends (``ended``)."""
 
     def __init__(self, what: str, ended: str) -> None:
         self.what, self.ended = what, ended
@@ -69,7 +69,7 @@ class Trouble:
         self._said_at = float("-inf")
 
     def update(self, error: str | None, now: float) -> None:
-        if error and (not self.error or now - self._said_at >= LIGHTHOUSE_WARN_EVERY_S):
+        if error and (not self.error or now - self._said_at >= WARN_EVERY_S):
             log.warning("%s: %s", self.what, error)
             self._said_at = now
         elif not error and self.error:

@@ -10,7 +10,7 @@ import socket
 
 from monitor.config import MonitorConfig
 from monitor.evidence.lighthouse_status import LighthouseStatus
-from monitor.service import LIGHTHOUSE_WARN_EVERY_S, Monitor
+from monitor.service import WARN_EVERY_S, Monitor
 
 
 def closed_port() -> int:
@@ -36,7 +36,7 @@ def test_an_unreachable_lighthouse_is_said_once_a_minute_and_when_it_answers(tmp
                 clock[0] += 1.0
             assert said("cannot verify ranks") == 1
             assert mon.cluster_json()["verification"]["lighthouse_ok"] is False
-            clock[0] += LIGHTHOUSE_WARN_EVERY_S
+            clock[0] += WARN_EVERY_S
             mon.sweep_once()
             mon.sweep_once()
             assert said("cannot verify ranks") == 2  # still down a minute later: said again
