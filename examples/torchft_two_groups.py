@@ -72,8 +72,12 @@ def main() -> None:
     if args.worker_server:
         from worker_server import WorkerServer
 
-        server = WorkerServer.start(manager)  # never stops training; 127.0.0.1, ephemeral port
-        print(f"group {group} rank {os.environ['RANK']}: worker_server={server.url}", flush=True)
+        try:  # 127.0.0.1, an ephemeral port unless LIGHTKEEPER_WORKER_PORT says
+            server = WorkerServer.start(manager)
+            print(f"group {group} rank {os.environ['RANK']}: worker_server={server.url}",
+                  flush=True)
+        except (OSError, ValueError) as e:  # a port taken or misspelt: train unobserved
+            print(f"group {group}: no WorkerServer ({e}); training goes on", flush=True)
     optimizer = Optimizer(manager, torch.optim.SGD(model.parameters(), lr=0.01))
 
     while manager.current_step() < args.steps:

@@ -13,10 +13,12 @@ import hmac
 
 def bearer_token_matches(authorization: str | None, expected: str | None) -> bool:
     """True when the ``Authorization`` header value is ``Bearer <expected>``."""
+    expected = (expected or "").strip()
     if not expected:
         return False
     scheme, _, given = (authorization or "").strip().partition(" ")
     if scheme.lower() != "bearer":
         return False
+    # a token read from a secret file often ends in a newline: neither side's spaces count
     return hmac.compare_digest(given.strip().encode("utf-8", "surrogatepass"),
                                expected.encode("utf-8", "surrogatepass"))

@@ -8,6 +8,7 @@ still surfaces.
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 
@@ -18,16 +19,25 @@ from .urls import http_url
 # Both servers take only small JSON bodies (a fault spec, a registration): anything larger is
 # refused by waitress with 413 before it is buffered (waitress' own default is 1 GiB).
 MAX_REQUEST_BODY = 64 * 1024
+# "Task queue depth is N" under a burst of polls is waitress' own matter, not the job's log
+logging.getLogger("waitress.queue").setLevel(logging.ERROR)
 
 
 class BackgroundWSGIServer:
     def __init__(self, app, *, host: str = "127.0.0.1", port: int = 0, threads: int = 4,
                  name: str = "lightkeeper-http",
                  max_request_body_size: int = MAX_REQUEST_BODY) -> None:
-        """Bind now (raises ``OSError`` when the address is taken); serve after :meth:`start`."""
-        self._server = create_server(app, host=host, port=port, threads=threads, ident=name,
-                                     clear_untrusted_proxy_headers=True,
-                                     max_request_body_size=max_request_body_size)
+        """Bind now (raises ``OSError`` when the address is taken, ``ValueError`` when it is no
+        address; both naming it); serve after :meth:`start`."""
+        try:
+            self._server = create_server(app, host=host, port=port, threads=threads, ident=name,
+                                         clear_untrusted_proxy_headers=True,
+                                         max_request_body_size=max_request_body_size)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot bind {http_url(host, port)}: {e.strerror or e}") \
+                from None
+        except ValueError as e:  # waitress: "Invalid host/port specified."
+            raise ValueError(f"cannot bind {host!r} port {port}: {e}") from None
         self.host = host
         self.port = int(self._server.effective_port)
         # every address: the name others reach it by; an IPv6 literal is bracketed

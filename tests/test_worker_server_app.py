@@ -333,3 +333,56 @@ def test_fr_trace_filters_by_process_group_and_newest_entries():
             assert "must" in r.json()["error"]
     finally:
         srv.stop()
+
+
+def test_a_port_that_is_no_port_or_taken_is_said_with_its_name(server):
+    """LIGHTKEEPER_WORKER_PORT outside 0-65535 is refused by name (it bound port % 65536 and
+    advertised the number given); a taken one names the address."""
+    from worker_server.autostart import worker_port
+
+    kw = {"replica_group": 0, "group_rank": 0, "group_world_size": 1}
+    for value in ("70000", "-1", "abc"):
+        with pytest.raises(ValueError, match=f"LIGHTKEEPER_WORKER_PORT='{value}' is not a port"):
+            worker_port({"LIGHTKEEPER_WORKER_PORT": value})
+    assert worker_port({"LIGHTKEEPER_WORKER_PORT": "9500", "LOCAL_RANK": "2"}) == 9502
+    taken = int(server.url.rsplit(":", 1)[1])
+    with pytest.raises(OSError, match=f"cannot bind http://127.0.0.1:{taken}"):
+        WorkerServer.start(**kw, port=taken)
+
+
+def test_a_token_from_a_secret_file_matches_without_its_newline():
+    from http_serving.auth import bearer_token_matches
+
+    assert bearer_token_matches("Bearer s3cret", "s3cret\n")
+    assert not bearer_token_matches("Bearer s3cret", "other\n")
+    assert not bearer_token_matches("Bearer ", " \n")  # a blank token still matches nothing
+
+
+def test_a_monitor_it_cannot_reach_is_said_once(monkeypatch, caplog):
+    """A mistyped LIGHTKEEPER_MONITOR left the rank unmonitored without a word (debug only):
+    said once, however often it is tried, and once more when it registers."""
+    import logging
+    import socket
+
+    from worker_server import server as server_module
+
+    monkeypatch.setattr(server_module, "REGISTER_INTERVAL_S", 0.02)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    with caplog.at_level(logging.WARNING, logger="worker_server"):
+        srv = WorkerServer.start(replica_group=0, group_rank=0, group_world_size=1,
+                                 monitor_url=f"http://127.0.0.1:{closed}")
+        try:
+            from lightkeeper.cluster import wait_until
+
+            tried = []
+            real = requests.post
+            monkeypatch.setattr(server_module.requests, "post",
+                                lambda *a, **k: (tried.append(1), real(*a, **k))[1])
+            wait_until(lambda: len(tried) >= 5, 10, what="five attempts")
+        finally:
+            srv.stop()
+    said = [r.getMessage() for r in caplog.records if "cannot register with monitor" in
+            r.getMessage()]
+    assert len(said) == 1 and f"127.0.0.1:{closed}" in said[0], said

@@ -172,9 +172,11 @@ def replica_group_of(manager: Any, env: dict[str, str] | None = None) -> tuple[i
 
 def worker_port(env: dict[str, str] | None = None) -> int:
     """``LIGHTKEEPER_WORKER_PORT`` + ``LOCAL_RANK`` (0 stays 0: ephemeral)."""
+    from .server import port_number
+
     env = os.environ if env is None else env
-    base = int(env.get("LIGHTKEEPER_WORKER_PORT") or 0)
-    return base + int(env.get("LOCAL_RANK") or 0) if base else 0
+    base = port_number(env.get("LIGHTKEEPER_WORKER_PORT") or 0, "LIGHTKEEPER_WORKER_PORT")
+    return port_number(base + int(env.get("LOCAL_RANK") or 0), "LIGHTKEEPER_WORKER_PORT + LOCAL_RANK") if base else 0
 
 
 def on_manager(manager: Any, kwargs: dict[str, Any] | None = None) -> Any:

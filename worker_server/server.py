@@ -52,6 +52,17 @@ def registration_token(env: Any = os.environ) -> str | None:
     return env.get("LIGHTKEEPER_REGISTER_TOKEN") or env.get("LIGHTKEEPER_TOKEN") or None
 
 
+def port_number(value: Any, name: str) -> int:
+    """``value`` as a TCP port (0: ephemeral); ValueError naming ``name`` otherwise."""
+    try:
+        port = int(str(value).strip())
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{name}={value!r} is not a port (0-65535)")
+    return port
+
+
 def serving() -> list[WorkerServer]:
     """The WorkerServers this process serves now (``worker_server.autostart`` asks)."""
     return list(_SERVING)
@@ -61,7 +72,6 @@ def exit_process(reason: str, delay_s: float = 0.2) -> None:
     """End this process ``delay_s`` from now (the HTTP answer goes out first), whatever its
     training thread is doing: blocked in a collective or hung, it could not be asked to stop.
     ``os._exit`` skips cleanup; the OS frees the process's ports, memory and devices."""
-    log.warning("exiting (status %d): %s", EXIT_STATUS, reason)
     print(f"[lightkeeper] exiting (status {EXIT_STATUS}): {reason}", flush=True)
     timer = threading.Timer(delay_s, os._exit, args=(EXIT_STATUS,))
     timer.daemon = True
@@ -158,7 +168,8 @@ class WorkerServer:
         server = cls(
             state,
             host=host or env.get("LIGHTKEEPER_WORKER_HOST", "127.0.0.1"),
-            port=int(port if port is not None else env.get("LIGHTKEEPER_WORKER_PORT", 0)),
+            port=port_number(port if port is not None else env.get("LIGHTKEEPER_WORKER_PORT", 0),
+                             "port" if port is not None else "LIGHTKEEPER_WORKER_PORT"),
             fault_handler=fault_handler, fault_token=env.get("LIGHTKEEPER_FAULT_TOKEN") or None,
             exit_token=env.get("LIGHTKEEPER_EXIT_TOKEN") or None,
             server=(server or env.get(ENV_SERVER) or "flask").strip().lower(),
@@ -212,19 +223,25 @@ class WorkerServer:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
 
         def loop() -> None:
-            refused: int | None = None  # the last refusal's status, logged once
+            said: int | str | None = None  # the last trouble said (a status, "unreachable")
             while not self._stop.is_set():
                 try:
                     r = requests.post(f"{monitor_url.rstrip('/')}/v1/targets", json=body,
                                       headers=headers, timeout=2)
-                    if r.status_code != 200 and r.status_code != refused:
+                    if r.status_code != 200 and r.status_code != said:
                         # 401 (token), 403 (address not allowed), 429 (monitor full): the
                         # operator has to act, and this rank is not monitored until then
                         log.warning("monitor %s refused this rank's registration: HTTP %d %s",
-                                    monitor_url, r.status_code, r.text[:300])
-                    refused = None if r.status_code == 200 else r.status_code
+                                    monitor_url, r.status_code, " ".join(r.text.split())[:200])
+                    elif r.status_code == 200 and said is not None:
+                        log.warning("registered with monitor %s", monitor_url)
+                    said = None if r.status_code == 200 else r.status_code
                 except requests.RequestException as e:
-                    log.debug("registration with %s failed: %s", monitor_url, e)
+                    if said != "unreachable":  # once: a typo in the URL leaves it unmonitored
+                        log.warning("cannot register with monitor %s (%s: %s); this rank is not "
+                                    "monitored until it can, tried every %.0f s", monitor_url,
+                                    type(e).__name__, e, REGISTER_INTERVAL_S)
+                    said = "unreachable"
                 self._stop.wait(REGISTER_INTERVAL_S)
 
         self._register_thread = threading.Thread(target=loop, name="lightkeeper-register",
