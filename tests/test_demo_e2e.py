@@ -5,8 +5,8 @@ Stage timings are shortened through the demo's hidden flags so the default scena
 tests/test_demo_keep_running.py). It runs with ``--keep-running``: once its story is over, the
 whole job (torchrun, the monitor, the Lighthouse, Prometheus) must stay up and keep working until
 SIGTERM, and FT-HSDP's Flight Recorder evidence is read from its ranks then. A fault given at
-start on one rank (``--inject 1.1:...``) must be reported when it struck, on that rank and host,
-caught there and nowhere else, and the run must end once its story is over.
+start on one rank (``--inject 1.0:...``, groups of one rank) must be reported when it struck, on
+that rank and host, caught there and nowhere else, and the run must end once its story is over.
 
 ``--dry-run`` has no demo of its own: its wiring (monitor and host ledger dry, no eviction, no
 restart) is asserted on tests/test_demo_keep_running.py's ``--steps`` run; a real monitor holding
@@ -286,26 +286,28 @@ def check_recoveries(r: dict, out: str) -> None:
 
 @pytest.fixture(scope="module")
 def rank_fault_run(tmp_path_factory):
-    """One demo with a fault given at start to one rank: group 1, group rank 1 (global 3)."""
+    """One demo with a fault given at start to one rank: group 1, group rank 0 (global 1)."""
     d = tmp_path_factory.mktemp("rank-fault")
     # Nothing here asserts on the ledger's verdicts (the default scenario's test does) nor on
     # Prometheus: no wait for the ledger after the story, a 1 s healthy end, no Prometheus; two
-    # groups (the fault's and one to wrongly blame): four ranks start sooner than six
-    r, out = run_demo(d, "--inject", "1.1:slow_compute:delay=0.6,from_step=15", "--end-s", "1",
-                      "--ledger-wait", "0", "--no-prometheus", "--groups", "2")
+    # groups (the fault's and one to wrongly blame) of one rank: two ranks start sooner than
+    # six (a culprit that is not its group's rank 0: the default scenario)
+    r, out = run_demo(d, "--inject", "1.0:slow_compute:delay=0.6,from_step=15", "--end-s", "1",
+                      "--ledger-wait", "0", "--no-prometheus", "--groups", "2",
+                      "--ranks-per-group", "1")
     return r, out, d
 
 
 def test_a_fault_given_at_start_is_reported_when_and_where_it_struck(rank_fault_run):
     r, out, report_dir = rank_fault_run
     [f] = r["faults"]
-    assert f["spec"] == "slow_compute:delay=0.6,from_step=15,rank=1" and f["given"] == "start"
-    assert (f["replica_group"], f["group_rank"], f["rank"], f["host"]) == (1, 1, 3, "node-1")
+    assert f["spec"] == "slow_compute:delay=0.6,from_step=15,rank=0" and f["given"] == "start"
+    assert (f["replica_group"], f["group_rank"], f["rank"], f["host"]) == (1, 0, 1, "node-1")
     # given when the group started, struck once training reached step 15: the rank's own time
     assert f["injected_at_s"] < r["training_started_at_s"] <= f["struck_at_s"], f
     assert f["struck_at_s"] < f["detected_at_s"] <= f["evicted_at_s"] + 1.0, f
     assert f["detected_kind"] == "straggler" and f["outcome"] == "recovered", f
-    assert f["finding_ranks"] and 3 in f["finding_ranks"], f
+    assert f["finding_ranks"] == [1], f
     # caught in group 1 and nowhere else
     assert r["detections"] and {d["replica_group"] for d in r["detections"]} == {1}, \
         r["detections"]
@@ -322,17 +324,17 @@ def test_a_fault_given_at_start_is_reported_when_and_where_it_struck(rank_fault_
     # the story is over once the group is back: then the healthy end (1 s) and stop (no wait
     # for the ledger here: --ledger-wait 0)
     assert r["duration_s"] <= f["rejoined_at_s"] + 1 + 15, (r["duration_s"], f)
-    assert "| 1 | `slow_compute:delay=0.6,from_step=15,rank=1` | group 1 rank 1 (rank 3" in out
+    assert "| 1 | `slow_compute:delay=0.6,from_step=15,rank=0` | group 1 rank 0 (rank 1" in out
 
 
 def test_the_monitor_names_the_culprit_rank_and_host(rank_fault_run):
-    """The finding that caught it names global rank 3 on its host (the monitor's evidence)."""
+    """The finding that caught it names global rank 1 on its host (the monitor's evidence)."""
     r, out, _ = rank_fault_run
     [f] = r["faults"]
-    assert f["culprit_ranks"] == [3] and f["culprit_hosts"] == ["node-1"], f
+    assert f["culprit_ranks"] == [1] and f["culprit_hosts"] == ["node-1"], f
     caught = [d for d in r["detections"] if d["kind"] == "straggler"]
-    assert caught and all(d["culprit_ranks"] == [3] for d in caught), caught
-    assert "| straggler in group 1 | rank 3 on node-1 |" in out
+    assert caught and all(d["culprit_ranks"] == [1] for d in caught), caught
+    assert "| straggler in group 1 | rank 1 on node-1 |" in out
 
 
 def test_second_demo_fails_clearly(tmp_path):
