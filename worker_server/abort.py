@@ -325,7 +325,8 @@ def abort_cross_group(manager: Any, reason: str, decision: int | None = None,
                                                   else "")
     try:
         manager.report_error(RuntimeError(said))
-        told = "reported to the Manager (this step will not commit)"
+        # torchft clears it at the next quorum: between steps, nothing is lost
+        told = "reported to the Manager (the step in progress, if any, will not commit)"
     except Exception as e:
         told = f"reporting to the Manager failed ({type(e).__name__}: {e})"
     ends = "a blocked collective ends at the process group's timeout" + _timeout_text(pg)
