@@ -315,6 +315,17 @@ def test_a_rank_late_into_one_of_three_collectives_is_a_straggler(flavour, seed,
     assert ("all_gather collectives" in found.detail) == shared, found.detail
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_rank_late_everywhere_and_most_into_one_collective_is_reported_by_that_one(seed):
+    """3 ms late into every collective of its group and 9 ms into the all_gather: its group's
+    whole tally and the all_gather's both flag it; the finding is one hit for the group, the
+    one its peers waited longest in (the whole tally's median wait is ~4 ms)."""
+    job = three_group_job(seed, shared=True, everywhere_ms=3.0)
+    (found,) = analyze(job.dumps(), same_host=True).findings
+    assert (found.culprit_ranks, found.groups) == ([5], ["0"]), found
+    assert found.median_wait_ms > 7.5 and "all_gather collectives" in found.detail, found
+
+
 @pytest.mark.parametrize("shared", [False, True], ids=["own_groups", "one_group"])
 @pytest.mark.parametrize("flavour", ["nccl", "gloo"])
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -187,6 +187,16 @@ class StragglerEvidence:
             else:
                 lags.extend(self._finding(rank, [h], config, lag=True) for h in hits)
         for rank, hits in flagged.items():
+            # a group's whole tally and one signature's: one hit, the one its peers waited
+            # longest in (the late collective's, not the group's diluted median)
+            best: dict[GroupKey, Hit] = {}
+            pairs = []
+            for h in hits:
+                if "peer" in h[2]:
+                    pairs.append(h)
+                elif h[1] not in best or h[2]["wait"] > best[h[1]][2]["wait"]:
+                    best[h[1]] = h
+            hits = pairs + list(best.values())
             hits.sort(key=lambda h: -h[0])
             out.append(self._finding(rank, hits, config))
         return out, lags

@@ -617,11 +617,13 @@ THREE_GROUP_STEP = [("0", "all_reduce", [[4096]]), ("1", "all_gather", [[512]]),
 
 
 def three_group_job(seed: int, *, late_ms: float = 6.0, late_rank: int = 5, steps: int = 120,
-                    flavour: str = "nccl", shared: bool = False) -> FRJob:
+                    flavour: str = "nccl", shared: bool = False, everywhere_ms: float = 0.0
+                    ) -> FRJob:
     """8 ranks on one host, three process groups over all of them (default, "1", "2"), one
     collective on each per step after ~19 ms of compute plus 0-4 ms of uniform jitter per rank (a
     step ~72 ms); ``late_rank`` arrives ``late_ms`` later into group "1"'s collective only.
-    ``shared``: the three collectives all on the default group."""
+    ``shared``: the three collectives all on the default group; ``everywhere_ms``: ``late_rank``
+    that much later into every collective besides."""
     job = FRJob(8, flavour=flavour, hosts={r: "h0" for r in range(8)}, jitter_ms=0.0,
                 compute_ms=19.0, seed=seed)
     if not shared:
@@ -631,6 +633,7 @@ def three_group_job(seed: int, *, late_ms: float = 6.0, late_rank: int = 5, step
     for _ in range(steps):
         for pg, op, sizes in THREE_GROUP_STEP:
             delay = {r: rng.uniform(0.0, 4.0) for r in range(8)}
+            delay[late_rank] += everywhere_ms
             if pg == "1":
                 delay[late_rank] += late_ms
             job.collective("0" if shared else pg, op, sizes, delay_ms=delay)
