@@ -165,7 +165,7 @@ def hang(args, fault: str, timeouts: dict, monitor: bool, wait_s: float) -> dict
             out["onset_to_confirmed_s"] = round(f["confirmed_at"] - onset, 2)
             out.update(culprits(f), level=f["evidence"].get("level"))
         if run.monitor:
-            ev = run.monitor.store.decisions(evictions_only=True)
+            ev = run.monitor.store.decisions(decision="evict")
             out["evicted"] = [(d["replica_group"], d["status"]) for d in ev]
             out["orphans_told"] = any("told rank(s)" in (d["detail"] or "") for d in ev)
             grp = run.cluster.groups[G]
@@ -239,7 +239,7 @@ def healthy(args, shifted: int | None) -> dict:
         return {"seconds": round(time.time() - t0, 1), "steps": run.step(0) - s0,
                 "median_step_s": median_step(run, (0, 1, 2)), "findings": len(findings),
                 "kinds": sorted({f["kind"] for f in findings}),
-                "evictions": len(run.monitor.store.decisions(evictions_only=True)),
+                "evictions": len(run.monitor.store.decisions(decision="evict")),
                 "shifted_group": shifted}
     finally:
         run.stop()

@@ -202,10 +202,8 @@ class Store:
         cols = ", ".join(f"{k}=?" for k in fields)
         self._write(f"UPDATE decisions SET {cols} WHERE id=?", (*fields.values(), decision_id))
 
-    def decisions(self, limit: int = 500, evictions_only: bool = False,
-                  decision: str | None = None) -> list[dict[str, Any]]:
-        """The newest first; ``decision``: of that decision only (``evictions_only``: evict)."""
-        decision = "evict" if evictions_only else decision
+    def decisions(self, limit: int = 500, decision: str | None = None) -> list[dict[str, Any]]:
+        """The newest first; ``decision``: of that decision only (``evict``, ``hold``, ...)."""
         where, args = (" WHERE decision=?", (decision,)) if decision else ("", ())
         return self._dicts(f"SELECT * FROM decisions{where} ORDER BY id DESC LIMIT ?",
                            (*args, limit), ("finding",))

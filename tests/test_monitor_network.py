@@ -309,7 +309,7 @@ def test_a_group_late_by_a_groups_own_work_under_the_lag_floor_is_a_straggler(dr
     ev = f["evidence"]
     assert f["replica_group"] == 1 and 0.05 < ev["median_lag_s"] < 0.1
     assert ev["floor_s"] == pytest.approx(0.032, rel=0.1) == ev["threshold_s"]
-    (e,) = d.mon.store.decisions(evictions_only=True)
+    (e,) = d.mon.store.decisions(decision="evict")
     assert e["replica_group"] == 1 and e["finding_id"] == f["id"]
 
 

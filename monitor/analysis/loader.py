@@ -97,7 +97,8 @@ def _prefixes(files: list[Path]) -> dict[str, int]:
     for p in files:
         match = _TRAILING_DIGITS.search(p.name)
         if match:
-            found[p.name[:match.start()]] = found.get(p.name[:match.start()], 0) + 1
+            name = p.name[:match.start()]
+            found[name] = found.get(name, 0) + 1
     return {name: n for name, n in found.items() if n > 1}
 
 

@@ -44,7 +44,7 @@ class GoodputAccount:
         try:
             with self._lock:
                 acct = self.ledger.update(evidence, findings,
-                                          self.store.decisions(limit=100, evictions_only=True),
+                                          self.store.decisions(limit=100, decision="evict"),
                                           now)
                 self._save(now)
             self.metrics.add_goodput(acct)
