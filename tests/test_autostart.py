@@ -161,3 +161,22 @@ def test_run_environment_and_errors(capsys, monkeypatch):
     assert lk_run.run(parser.parse_args(["--", "no-such-command-lk"])) == 127
     assert "no-such-command-lk: command not found" in capsys.readouterr().err
     assert lk_run.run(parser.parse_args(["--worker-port", "70000", "--", "true"])) == 2
+
+
+def test_a_python_without_worker_server_says_so_only_where_torchft_is_used(tmp_path,
+                                                                          fake_torchft):
+    """Under ``lightkeeper run`` every Python process the job starts loads the hook; one whose
+    Python lacks lightkeeper[worker] says so in one line only once it imports torchft (a
+    system python or a tool the job runs has nothing to serve)."""
+    broken = tmp_path / "broken" / "worker_server"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text("raise ImportError('not installed here')\n")
+    path = [SITE, str(tmp_path / "broken"), fake_torchft]
+    env = {autostart.ENV_AUTOSTART: "1"}
+    res = run_python(tmp_path, "print('tool ran')", env, path)
+    assert (res.returncode, res.stdout.strip(), res.stderr) == (0, "tool ran", "")
+    res = run_python(tmp_path, "import torchft.manager; import torchft.manager; print('job ran')",
+                     env, path)
+    assert res.returncode == 0 and res.stdout.strip() == "job ran"
+    assert res.stderr.count("\n") == 1 and "cannot import worker_server" in res.stderr, \
+        res.stderr

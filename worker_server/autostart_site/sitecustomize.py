@@ -13,10 +13,18 @@ def _lightkeeper_hook() -> None:
     try:
         from worker_server import autostart
     except Exception as e:  # lightkeeper[worker] is not installed in the job's Python
-        sys.stderr.write(f"[lightkeeper] autostart: cannot import worker_server in "
-                         f"{sys.executable} ({type(e).__name__}: {e}); install "
-                         "lightkeeper[worker] into the job's environment. Training goes on "
-                         "without a WorkerServer.\n")
+        line = (f"[lightkeeper] autostart: cannot import worker_server in {sys.executable} "
+                f"({type(e).__name__}: {e}); install lightkeeper[worker] into the job's "
+                "environment. Training goes on without a WorkerServer.\n")
+
+        class SayOnTorchft:  # said where torchft is used: other processes have nothing to serve
+            def find_spec(self, name, path=None, target=None):
+                if name == "torchft.manager" and self in sys.meta_path:
+                    sys.meta_path.remove(self)
+                    sys.stderr.write(line)
+                return None
+
+        sys.meta_path.insert(0, SayOnTorchft())
         return
     try:
         autostart.install_if_enabled()
