@@ -70,7 +70,10 @@ def test_cluster_metrics_and_file_sd(tmp_path, sim):
         assert sorted(t for g in sd for t in g["targets"]) == sorted(
             u.split("//")[1] for u in sim.urls)
         assert get(mon, "/v1/findings").json() == []
-        assert get(mon, "/v1/findings?limit=x").status_code == 400
+        for bad in ("x", "1_0", "+5"):
+            assert get(mon, f"/v1/findings?limit={bad}").status_code == 400, bad
+        r = requests.post(mon.url + "/v1/findings", timeout=5)  # read-only: a JSON 405 that says what is allowed
+        assert r.status_code == 405 and "GET" in r.headers["Allow"] and r.json()["status"] == 405
     finally:
         mon.stop()
 

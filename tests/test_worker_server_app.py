@@ -75,6 +75,8 @@ def test_unknown_path_and_method_are_json_errors(server):
     assert r.status_code == 404 and r.json()["status"] == 404
     r = requests.post(server.url + "/v1/state", timeout=2)  # read-only
     assert r.status_code == 405 and "error" in r.json()
+    assert r.headers["Content-Type"] == "application/json"
+    assert "GET" in r.headers["Allow"] and "POST" not in r.headers["Allow"]  # RFC 9110 15.5.6
 
 
 def test_state_since_serves_only_the_newer_timing_rows(server):
@@ -123,7 +125,7 @@ def test_state_recent_serves_only_the_newest_step_times(server):
     assert both["recent_step_seconds"] == times[-16:]
     assert [r["step"] for r in both["timing"]["recent"]] == [69, 70]
     assert both["timing"]["since"] == 68
-    for bad in ("x", "-1", str((1 << 20) + 1), "1.5", ""):
+    for bad in ("x", "-1", str((1 << 20) + 1), "1.5", "", "1_0", "+1", " 1", "\u0661"):
         r = requests.get(server.url + f"/v1/state?recent={bad}", timeout=2)
         assert r.status_code == 400 and "recent must be an integer" in r.json()["error"], bad
 

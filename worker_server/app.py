@@ -172,7 +172,11 @@ def create_app(
 
     @app.errorhandler(HTTPException)
     def http_error(e: HTTPException):
-        return jsonify(error=e.description, status=e.code, path=request.path), e.code
+        resp = jsonify(error=e.description, status=e.code, path=request.path)
+        resp.status_code = e.code
+        # werkzeug's own headers (a 405's Allow) without its text/html Content-Type
+        resp.headers.extend((k, v) for k, v in e.get_headers() if k.lower() != "content-type")
+        return resp
 
     @app.errorhandler(Exception)
     def internal_error(e: Exception):

@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from http_serving import decimal_int
 from rank_wire.recorders import is_torchft_pg_name
 
 from .flight_recorder import IncarnationTracker, fr_dump
@@ -58,7 +59,7 @@ def int_param(args: Params, name: str, lo: int, hi: int) -> int | None:
     if raw is None:
         return None
     try:
-        value = int(raw)
+        value = decimal_int(raw)
     except ValueError:
         raise BadParameter(f"{name} must be an integer in [{lo}, {hi}], got {raw!r}") from None
     if not lo <= value <= hi:

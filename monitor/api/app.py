@@ -12,7 +12,7 @@ from flask import Flask, Response, abort, jsonify, render_template, request, sen
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException
 
-from http_serving import bearer_token_matches
+from http_serving import bearer_token_matches, decimal_int
 from monitor.config import MonitorConfig
 from monitor.poll.admission import NotAllowed, Unauthorized
 from monitor.poll.discovery import BadTarget, TooManyTargets
@@ -38,7 +38,7 @@ def _check_admin(cfg: MonitorConfig) -> None:
 def _limit(name: str = "limit", default: int = 500, least: int = 1) -> int:
     raw = request.args.get(name, str(default))
     try:
-        n = int(raw)
+        n = decimal_int(raw)
     except ValueError:
         raise BadTarget(f"{name} must be an integer, got {raw!r}") from None
     return max(least, min(n, 10_000))
@@ -164,8 +164,12 @@ def create_app(monitor: Any) -> Flask:
         app.register_error_handler(error, partial(error_json, status=status))
 
     @app.errorhandler(HTTPException)
-    def http_error(e):
-        return jsonify(error=e.description, status=e.code, path=request.path), e.code
+    def http_error(e: HTTPException):
+        resp = jsonify(error=e.description, status=e.code, path=request.path)
+        resp.status_code = e.code
+        # werkzeug's own headers (a 405's Allow) without its text/html Content-Type
+        resp.headers.extend((k, v) for k, v in e.get_headers() if k.lower() != "content-type")
+        return resp
 
     @app.errorhandler(Exception)
     def internal_error(e):
