@@ -48,6 +48,12 @@ def _job_var() -> dict:
     return P.query_variable("job", "Training job", "label_values(lightkeeper_step, job)")
 
 
+# each group's slowest rank's compute a step (as the straggler alert's recording rule)
+GROUP_COMPUTE = (f"max by (job, replica_group) "
+                 f"(rate(lightkeeper_step_compute_seconds_sum{{{J}}}[{RI}]) "
+                 f"/ rate(lightkeeper_step_compute_seconds_count{{{J}}}[{RI}]))")
+
+
 def events(metric: str, sel: str, by: str, window: str = RI) -> str:
     """How much counter ``metric`` grew within ``window``, by ``by``.
 
@@ -156,11 +162,13 @@ def job_overview() -> dict:
                  "group {{replica_group}} quorum changes")),
         draw="bars", fill=80, min_=0), 12, 8)
     L.add(timeseries(
-        "Relative step time (monitor)",
-        "Each group's median step time over the median of all groups, as the monitor computes "
-        "it; above the dashed line the group is a straggler (LightkeeperReplicaGroupStraggling).",
-        [target(f"lightkeeper_monitor_replica_group_relative_step_time{{{J}}}",
-                "group {{replica_group}}")],
+        "Relative compute time",
+        "Each group's compute a step (its slowest rank's step time less its waits in "
+        "collectives) over the median of all groups: the group the others wait for stands out, "
+        "while every group's step time stretches alike. Above the dashed line for 2 minutes the "
+        "group is a straggler (LightkeeperReplicaGroupStraggling).",
+        [target(f"{GROUP_COMPUTE} / on (job) group_left quantile by (job) "
+                f"(0.5, {GROUP_COMPUTE})", "group {{replica_group}}")],
         min_=0, thresholds_=P.thresholds((None, "green"), (1.5, "red")),
         threshold_style="dashed"), 12, 8)
     L.add(timeseries("Loss per replica group", "Training loss of the last step (mean over ranks).",
@@ -496,10 +504,13 @@ def monitor_health() -> dict:
                      [target(f"sum(rate(lightkeeper_monitor_sweeps_total{{{J}}}[{RI}]))",
                              "sweeps/s")], min_=0), 4, 8)
     L.add(timeseries(
-        "Ranks known / up / unreachable", "What the monitor saw in each sweep.",
+        "Ranks known / up / unreachable / lost",
+        "What the monitor saw in each sweep; lost: self-registered ranks it dropped after "
+        "--forget-after while the job went on (LightkeeperRanksLost), per interval.",
         targets((f"sum(lightkeeper_monitor_ranks_known{{{J}}})", "known"),
                 (f"sum(lightkeeper_monitor_ranks_up{{{J}}})", "up"),
-                (f"sum(lightkeeper_monitor_ranks_unreachable{{{J}}})", "unreachable")),
+                (f"sum(lightkeeper_monitor_ranks_unreachable{{{J}}})", "unreachable"),
+                (f"sum(increase(lightkeeper_monitor_ranks_lost_total{{{J}}}[{RI}]))", "lost")),
         interpolation="stepAfter", fill=0, min_=0), 6, 8)
     L.add(timeseries(
         "Poll errors by reason", "Failed polls per second: timeout, connection, http_status, "
@@ -563,12 +574,6 @@ def monitor_health() -> dict:
         [target(f"max by (replica_group) "
                 f"(lightkeeper_monitor_replica_group_in_quorum{{{J}}})", "group {{replica_group}}")],
         mappings=IN_QUORUM, thresholds_=P.thresholds((None, "red"), (1, "green"))), 12, 7)
-    L.add(timeseries(
-        "Relative step time", "Group median step time / median over groups.",
-        [target(f"lightkeeper_monitor_replica_group_relative_step_time{{{J}}}",
-                "group {{replica_group}}")], min_=0,
-        thresholds_=P.thresholds((None, "green"), (1.5, "red")), threshold_style="dashed"),
-        12, 7)
     L.add(timeseries(
         "Arrival lag at the cross-group allreduce",
         "How long the other replica groups wait for each group at the cross-group step (median "

@@ -58,10 +58,16 @@ RECORDS = [
     Record("lightkeeper:replica_group_step_seconds:mean1m",
            "sum by (job, replica_group) (rate(lightkeeper_step_duration_seconds_sum[1m]))\n"
            "  / sum by (job, replica_group) (rate(lightkeeper_step_duration_seconds_count[1m]))"),
-    Record("lightkeeper:replica_group_step_seconds:relative1m",
-           "lightkeeper:replica_group_step_seconds:mean1m\n"
+    # A straggler is the group the others wait for: its compute a step (step time less the
+    # waits) stands out, while every group's step time stretches alike (docs/dashboards.md).
+    Record("lightkeeper:replica_group_compute_seconds:max1m",
+           "max by (job, replica_group) (\n"
+           "  rate(lightkeeper_step_compute_seconds_sum[1m])\n"
+           "  / rate(lightkeeper_step_compute_seconds_count[1m]))"),
+    Record("lightkeeper:replica_group_compute_seconds:relative1m",
+           "lightkeeper:replica_group_compute_seconds:max1m\n"
            "  / on (job) group_left\n"
-           "quantile by (job) (0.5, lightkeeper:replica_group_step_seconds:mean1m)"),
+           "quantile by (job) (0.5, lightkeeper:replica_group_compute_seconds:max1m)"),
     Record("lightkeeper:replica_group_commits:rate1m",
            "max by (job, replica_group) (rate(lightkeeper_commits_total[1m]))"),
     Record("lightkeeper:job_step:max", "max by (job) (lightkeeper_step)"),
@@ -119,38 +125,56 @@ ALERTS = [
          Case("all reachable", [(f"lightkeeper_monitor_ranks_unreachable{{{M}}}", "0x20")],
               "4m")]),
     Alert(
+        "LightkeeperRanksLost",
+        "sum by (job) (increase(lightkeeper_monitor_ranks_lost_total[10m])) > 0", "0m",
+        "warning",
+        "Ranks of job {{ $labels.job }} went away while the job went on",
+        "In the last 10 minutes the monitor dropped self-registered ranks that stopped answering "
+        "without saying they stopped, while other ranks still answered (--forget-after). "
+        "Prometheus stops scraping a dropped rank, so LightkeeperRankDown cannot see it: its "
+        "replica group trains no more until it is restarted.",
+        "The monitor's log ('forgot ... lost while the job goes on') names each rank; its "
+        "/v1/findings and /v1/evictions say whether the group was evicted. Check that the "
+        "scheduler restarts the group (it rejoins and heals from a peer); else restart it.",
+        [Case("a rank lost",
+              [(f"lightkeeper_monitor_ranks_lost_total{{{M}}}", "0 0 0 1x20")], "5m",
+              [{"job": "train"}], interval="1m"),
+         Case("none lost for over 10 minutes",
+              [(f"lightkeeper_monitor_ranks_lost_total{{{M}}}", "1x20")], "15m",
+              interval="1m")]),
+    Alert(
         "LightkeeperReplicaGroupStraggling",
         "max by (job, replica_group) (\n"
-        "  lightkeeper:replica_group_step_seconds:relative1m\n"
-        "  or lightkeeper_monitor_replica_group_relative_step_time\n"
+        "  lightkeeper:replica_group_compute_seconds:relative1m\n"
         ") > 1.5", "2m", "warning",
         "Replica group {{ $labels.replica_group }} of job {{ $labels.job }} is straggling",
-        "Its step time has been more than 1.5x the median over replica groups for 2 minutes "
-        "(Prometheus' own estimate or the monitor's).",
+        "Its slowest rank has computed more than 1.5x the median over replica groups a step for "
+        "2 minutes (step time less the waits in collectives): the other groups wait for it.",
         "Open the drill-down dashboard for replica group {{ $labels.replica_group }}: compare "
-        "phases and step time per rank, follow the Python stacks link of the slowest rank; if "
-        "it does not recover, evict it (the monitor does when not in dry run).",
-        [Case("group 2 steps 3x slower (step-time histogram)",
-              [(f"lightkeeper_step_duration_seconds_count{{{_worker(0)}}}", "0+10x20"),
-               (f"lightkeeper_step_duration_seconds_sum{{{_worker(0)}}}", "0+1x20"),
-               (f"lightkeeper_step_duration_seconds_count{{{_worker(1)}}}", "0+10x20"),
-               (f"lightkeeper_step_duration_seconds_sum{{{_worker(1)}}}", "0+1x20"),
-               (f"lightkeeper_step_duration_seconds_count{{{_worker(2)}}}", "0+10x20"),
-               (f"lightkeeper_step_duration_seconds_sum{{{_worker(2)}}}", "0+3x20")],
-              "4m", [{"job": "train", "replica_group": "2"}]),
-         Case("monitor reports group 1 at 2x",
-              [(f'lightkeeper_monitor_replica_group_relative_step_time{{{M}, replica_group="0"}}',
-                "1x20"),
-               (f'lightkeeper_monitor_replica_group_relative_step_time{{{M}, replica_group="1"}}',
-                "2x20")],
-              "4m", [{"job": "train", "replica_group": "1"}]),
-         Case("all groups equally fast",
-              [(f"lightkeeper_step_duration_seconds_count{{{_worker(g)}}}", "0+10x20")
+        "compute and waits per rank, follow the Python stacks link of the rank that computes "
+        "longest; if it does not recover, evict it (the monitor does when not in dry run).",
+        [Case("group 2 computes 3x longer a step",
+              [(f"lightkeeper_step_compute_seconds_count{{{_worker(g)}}}", "0+10x20")
                for g in range(3)]
-              + [(f"lightkeeper_step_duration_seconds_sum{{{_worker(g)}}}", "0+1x20")
+              + [(f"lightkeeper_step_compute_seconds_sum{{{_worker(g)}}}", "0+1x20")
+                 for g in range(2)]
+              + [(f"lightkeeper_step_compute_seconds_sum{{{_worker(2)}}}", "0+3x20")],
+              "4m", [{"job": "train", "replica_group": "2"}]),
+         Case("group 1 is slow, so the others' step times stretch: only group 1 computes long",
+              [(f"lightkeeper_step_compute_seconds_count{{{_worker(g)}}}", "0+10x20")
+               for g in range(3)]
+              + [(f"lightkeeper_step_compute_seconds_sum{{{_worker(g)}}}", s)
+                 for g, s in ((0, "0+0.5x20"), (1, "0+3x20"), (2, "0+0.5x20"))]
+              + [(f"lightkeeper_step_duration_seconds_count{{{_worker(g)}}}", "0+10x20")
                  for g in range(3)]
-              + [(f'lightkeeper_monitor_replica_group_relative_step_time{{{M}, replica_group="0"}}',
-                  "1x20")],
+              + [(f"lightkeeper_step_duration_seconds_sum{{{_worker(g)}}}", s)
+                 for g, s in ((0, "0+3x20"), (1, "0+0.1x20"), (2, "0+3x20"))],
+              "4m", [{"job": "train", "replica_group": "1"}]),
+         Case("all groups compute alike",
+              [(f"lightkeeper_step_compute_seconds_count{{{_worker(g)}}}", "0+10x20")
+               for g in range(3)]
+              + [(f"lightkeeper_step_compute_seconds_sum{{{_worker(g)}}}", "0+1x20")
+                 for g in range(3)],
               "4m")]),
     Alert(
         "LightkeeperJobNoProgress",
@@ -343,6 +367,24 @@ ALERTS = [
               [{"job": "train", "lightkeeper_component": "monitor", "instance": "mon:19400"}]),
          Case("monitor up", [(f"up{{{M}}}", "1x20")], "4m")]),
     Alert(
+        "LightkeeperMonitorMissing",
+        # a monitor pod Pending (its volume still held by a failed node) or deleted has no
+        # target, so no up == 0 either
+        'absent(up{lightkeeper_component="monitor"})\n'
+        'and on () count(up{lightkeeper_component="worker"}) > 0', "5m", "warning",
+        "Ranks are scraped but no Lightkeeper monitor is",
+        "Prometheus scrapes WorkerServers but has had no monitor target for 5 minutes: nothing "
+        "detects or evicts bad replica groups meanwhile.",
+        "Find the monitor: kubectl get pods -l app.kubernetes.io/component=monitor (a Pending "
+        "pod waits for its volume or a node); else start lightkeeper monitor and check the "
+        "monitor scrape job of prometheus.yml. Delete this rule where ranks run without one.",
+        [Case("the monitor's target gone while ranks are scraped",
+              [(f"up{{{M}}}", "1 1 stale"), (f"up{{{_worker(0)}}}", "1x40")], "8m",
+              [{"lightkeeper_component": "monitor"}]),
+         Case("monitor scraped", [(f"up{{{M}}}", "1x40"), (f"up{{{_worker(0)}}}", "1x40")],
+              "8m"),
+         Case("nothing scraped at all", [(f"up{{{M}}}", "stale")], "8m")]),
+    Alert(
         "LightkeeperMonitorOutOfFileDescriptors",
         'sum by (job) (increase(lightkeeper_monitor_poll_errors_total{reason="monitor"}[5m]))'
         " > 0", "1m", "warning",
@@ -414,22 +456,26 @@ def rules_test_document(alerts: list[Alert] | None = None, with_records: bool = 
             })
     if not with_records:
         return {"rule_files": ["rules.yml"], "evaluation_interval": "15s", "tests": tests}
-    # The recording rule behind straggler detection, checked on its own.
+    # The recording rule behind straggler detection, checked on its own: a group's slowest rank
     tests.append({
-        "name": "relative step time per replica group",
+        "name": "relative compute time per replica group",
         "interval": "15s",
         "input_series": [
-            {"series": f"lightkeeper_step_duration_seconds_count{{{_worker(g)}}}",
+            {"series": f"lightkeeper_step_compute_seconds_count{{{_worker(g)}}}",
              "values": "0+1x20"} for g in range(2)] + [
-            {"series": f"lightkeeper_step_duration_seconds_sum{{{_worker(0)}}}", "values": "0+1x20"},
-            {"series": f"lightkeeper_step_duration_seconds_sum{{{_worker(1)}}}", "values": "0+3x20"}],
+            {"series": f"lightkeeper_step_compute_seconds_sum{{{_worker(0)}}}", "values": "0+1x20"},
+            {"series": f"lightkeeper_step_compute_seconds_sum{{{_worker(1)}}}", "values": "0+3x20"},
+            {"series": f'lightkeeper_step_compute_seconds_count{{{W}, instance="w1b:9000", '
+                       'replica_group="1", rank="5", group_rank="1"}', "values": "0+1x20"},
+            {"series": f'lightkeeper_step_compute_seconds_sum{{{W}, instance="w1b:9000", '
+                       'replica_group="1", rank="5", group_rank="1"}', "values": "0+1x20"}],
         "promql_expr_test": [{
-            "expr": "lightkeeper:replica_group_step_seconds:relative1m",
+            "expr": "lightkeeper:replica_group_compute_seconds:relative1m",
             "eval_time": "4m",
             "exp_samples": [
-                {"labels": 'lightkeeper:replica_group_step_seconds:relative1m{job="train", '
+                {"labels": 'lightkeeper:replica_group_compute_seconds:relative1m{job="train", '
                            'replica_group="0"}', "value": 0.5},
-                {"labels": 'lightkeeper:replica_group_step_seconds:relative1m{job="train", '
+                {"labels": 'lightkeeper:replica_group_compute_seconds:relative1m{job="train", '
                            'replica_group="1"}', "value": 1.5}]}],
     })
     return {"rule_files": ["rules.yml"], "evaluation_interval": "15s", "tests": tests}

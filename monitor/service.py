@@ -254,8 +254,7 @@ class Monitor:
         evidence = view.evidence()
         self.polling.after_view(view)
         self._keep_unreachable(view)
-        for url in self.discovery.forget_unreachable(self.views.unreachable_since(), now):
-            log.info("forgot %s: unreachable for %.0fs", url, self.cfg.forget_after_s)
+        self._forget_unreachable(view, now)
         # 3. detect
         dumps = self.polling.fr_dumps(evidence, now)
         new = self.detectors.update(evidence, dumps, now, full_view=view)
@@ -299,6 +298,21 @@ class Monitor:
                 self._sd_out.update(str(e), now)
         self.polling.end_sweep(len(targets), t0)
         return view
+
+    def _forget_unreachable(self, view: ClusterView, now: float) -> None:
+        """Self-registered ranks gone for --forget-after are dropped. One that left while others
+        still answer, without saying it stopped, is counted lost (an alert: its group trains no
+        more until restarted); a job that ends takes all its ranks at once."""
+        forgotten = self.discovery.forget_unreachable(self.views.unreachable_since(), now)
+        others_up = bool(forgotten) and any(rv.reachable for rv in view.ranks.values())
+        for url in forgotten:
+            rv = view.ranks.get(url)
+            stopped = rv is not None and (rv.state or {}).get("phase") == "stopped"
+            lost = others_up and not stopped
+            log.info("forgot %s: unreachable for %.0fs%s", url, self.cfg.forget_after_s,
+                     " (lost while the job goes on)" if lost else "")
+            if lost:
+                self.metrics.ranks_lost.labels(self.cfg.job).inc()
 
     def _keep_unreachable(self, view: ClusterView) -> None:
         """The last state of a rank that stops answering goes into the store, and out once it

@@ -161,7 +161,7 @@ def live(tmp_path_factory):
         def warmed_up():
             _run_queries(run)
             lag = prom.query("count(lightkeeper_monitor_replica_group_arrival_lag_seconds)")
-            rel = prom.query("count(lightkeeper:replica_group_step_seconds:relative1m)")
+            rel = prom.query("count(lightkeeper:replica_group_compute_seconds:relative1m)")
             return (lag and float(lag[0]["value"][1]) >= 2 and rel
                     and float(rel[0]["value"][1]) >= 2)
 

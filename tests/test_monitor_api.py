@@ -60,7 +60,6 @@ def test_cluster_metrics_and_file_sd(tmp_path, sim):
                      "lightkeeper_monitor_sweeps_total", 'lightkeeper_monitor_ranks_up{job="sim"} 3.0',
                      "lightkeeper_monitor_ranks_known", "lightkeeper_monitor_ranks_unreachable",
                      "lightkeeper_monitor_poll_errors_total", "lightkeeper_monitor_open_findings",
-                     "lightkeeper_monitor_replica_group_relative_step_time",
                      "lightkeeper_monitor_replica_group_step", "lightkeeper_monitor_quorum_id",
                      "lightkeeper_monitor_replica_group_in_quorum",
                      'lightkeeper_monitor_dry_run{job="sim"} 0.0'):
@@ -261,3 +260,42 @@ def test_healthz_says_503_while_the_sweeps_are_stuck(tmp_path):
     finally:
         gate.set()
         mon.stop()
+
+
+def _lost(mon) -> float:
+    for line in get(mon, "/metrics").text.splitlines():
+        if line.startswith('lightkeeper_monitor_ranks_lost_total{job="sim"}'):
+            return float(line.split()[-1])
+    raise AssertionError("no lightkeeper_monitor_ranks_lost_total series")
+
+
+def test_a_rank_forgotten_while_the_job_goes_on_is_counted_lost(tmp_path):
+    """Prometheus stops scraping a self-registered rank once the monitor forgets it, so its
+    ``up == 0`` never lasts long enough to alert: the monitor counts it lost instead. A rank
+    that said it stopped is not lost; nor are ranks that all go at once (the job ended)."""
+    sim = SimRanks.start(4)
+    mon = make_monitor(tmp_path, sim, register=True, forget_after_s=0.6)
+    try:
+        for r in sim.ranks:
+            requests.post(mon.url + "/v1/targets", json={"url": r.url}, timeout=5)
+        wait_until(lambda: sum(r["reachable"] for r in _ranks(mon).values()) == 4, 10,
+                   what="4 registered ranks up")
+        assert _lost(mon) == 0
+        sim.ranks[0].set_mode("down")  # dies while the others train
+        sim.ranks[1].update(phase="stopped")  # says it stopped, then goes
+        wait_until(lambda: _ranks(mon)[sim.ranks[1].url]["phase"] == "stopped", 10,
+                   what="the stop seen")
+        sim.ranks[1].set_mode("down")
+        wait_until(lambda: len(_ranks(mon)) == 2, 10, what="both forgotten")
+        assert _lost(mon) == 1
+        for r in sim.ranks[2:]:  # the job ends: its last ranks go together
+            r.set_mode("down")
+        wait_until(lambda: not _ranks(mon), 10, what="the last ranks forgotten")
+        assert _lost(mon) == 1
+    finally:
+        mon.stop()
+        sim.stop()
+
+
+def _ranks(mon) -> dict[str, dict]:
+    return {r["url"]: r for r in get(mon, "/v1/ranks").json()}

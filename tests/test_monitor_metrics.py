@@ -49,8 +49,6 @@ def test_group_series_are_the_last_sweeps_and_vanish_with_their_group():
     m.set_groups(view, {0: 0.0, 1: None, 2: 0.4})
     m.add_goodput(SweepAccount(accounted=True, group_goodput_ratio={0: 1.0, 1: 0.5}))
     assert _series(m) == {
-        ("relative_step_time", "0"): 1.0, ("relative_step_time", "1"): 1.0,
-        ("relative_step_time", "2"): 2.0,
         ("arrival_lag_seconds", "0"): 0.0, ("arrival_lag_seconds", "2"): 0.4,  # 1: no lag
         ("step", "0"): 7.0, ("step", "1"): 7.0, ("step", "2"): 6.0,
         ("in_quorum", "0"): 1.0, ("in_quorum", "1"): 1.0, ("in_quorum", "2"): 0.0,
@@ -63,7 +61,7 @@ def test_group_series_are_the_last_sweeps_and_vanish_with_their_group():
     m.add_goodput(SweepAccount())
     got = _series(m)
     assert {k for k in got if k[1] == "2"} == set()
-    assert got[("step", "1")] == 9.0 and got[("relative_step_time", "1")] == 1.5
+    assert got[("step", "1")] == 9.0
     assert got[("arrival_lag_seconds", "0")] == 0.1 and got[("goodput_ratio", "1")] == 0.5
     # the series are of the view the monitor keeps: dropped, none is shown
     del view, view2

@@ -5,7 +5,6 @@ Per-group series are made at scrape time, so a sweep does no per-group metrics w
 from __future__ import annotations
 
 import collections
-import statistics
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -25,7 +24,6 @@ from monitor.poll.poller import REASONS as POLL_REASONS
 SWEEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 GROUP_SERIES = (  # (name, help) of the per-group gauges, labels job and replica_group
-    ("relative_step_time", "Group median step time / median over groups"),
     ("arrival_lag_seconds", "How long the other groups wait for this group at the cross-group "
                             "step (median over the straggler window, from the ranks' own "
                             "per-step waits)"),
@@ -54,13 +52,8 @@ class GroupSeries(Collector):
         view, lags = self.view_ref(), self.lags
         if view is not None:
             in_quorum = {g.replica_group for g in view.in_quorum()}
-            meds = {g: gv.median_step_seconds() for g, gv in view.groups.items()}
-            overall = statistics.median([v for v in meds.values() if v] or [0.0])
             for g, gv in view.groups.items():
-                # relative: the group's median step time over the median of the groups'
-                for name, v in (("relative_step_time", meds[g] / overall
-                                 if meds[g] and overall else None),
-                                ("arrival_lag_seconds", lags.get(g)), ("step", gv.step),
+                for name, v in (("arrival_lag_seconds", lags.get(g)), ("step", gv.step),
                                 ("in_quorum", g in in_quorum)):
                     if v is not None:
                         families[name].add_metric([self.job, str(g)], float(v))
@@ -88,6 +81,9 @@ class MonitorMetrics:
         self.ranks_up = gauge("ranks_up", "Ranks that answered the last sweep")
         self.ranks_unreachable = gauge("ranks_unreachable",
                                        "Ranks that did not answer the last sweep")
+        self.ranks_lost = counter("ranks_lost", "Self-registered ranks forgotten (unreachable "
+                                  "for --forget-after) while other ranks still answered, unless "
+                                  "they had said they stopped")
         self.poll_errors = counter("poll_errors", "Failed polls by reason", "reason")
         self.findings = counter("findings", "Confirmed findings", "kind", "replica_group")
         self.open_findings = gauge("open_findings", "Open confirmed findings", "kind")
@@ -166,6 +162,7 @@ class MonitorMetrics:
         self.expected_groups.labels(job).set(0)
         for reason in POLL_REASONS:
             self.poll_errors.labels(job, reason)
+        self.ranks_lost.labels(job)
         for kind in ("straggler", "hang", "mismatch", "dead"):
             self.open_findings.labels(job, kind).set(0)
 
