@@ -358,7 +358,7 @@ ALERTS = [
     Alert(
         "LightkeeperMonitorDown",
         'up{lightkeeper_component="monitor"} == 0', "2m", "warning",
-        "The Lightkeeper monitor of job {{ $labels.job }} is down",
+        "The Lightkeeper monitor at {{ $labels.instance }} is down",
         "Prometheus has not been able to scrape the monitor at {{ $labels.instance }} for 2 "
         "minutes: nothing detects or evicts bad replica groups meanwhile.",
         "Restart lightkeeper monitor (it rebuilds its view from the Lighthouse and the ranks' "
