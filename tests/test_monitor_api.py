@@ -299,3 +299,18 @@ def test_a_rank_forgotten_while_the_job_goes_on_is_counted_lost(tmp_path):
 
 def _ranks(mon) -> dict[str, dict]:
     return {r["url"]: r for r in get(mon, "/v1/ranks").json()}
+
+
+def test_a_rank_of_another_job_is_refused_with_the_reason(tmp_path, sim):
+    mon = make_monitor(tmp_path, sim, register=True)
+    try:
+        r = requests.post(mon.url + "/v1/targets", timeout=5,
+                          json={"url": sim.urls[0], "job": "other", "replica_group": 0})
+        assert r.status_code == 409
+        assert "'sim'" in r.json()["error"] and "'other'" in r.json()["error"]
+        ok = requests.post(mon.url + "/v1/targets", json={"url": sim.urls[1], "job": "sim"},
+                           timeout=5)
+        assert ok.status_code == 200
+        assert [t["url"] for t in get(mon, "/v1/targets").json()] == [sim.urls[1]]
+    finally:
+        mon.stop()

@@ -15,7 +15,7 @@ from werkzeug.exceptions import HTTPException
 from http_serving import bearer_token_matches, decimal_int
 from monitor.config import MonitorConfig
 from monitor.poll.admission import NotAllowed, Unauthorized
-from monitor.poll.discovery import BadTarget, TooManyTargets
+from monitor.poll.discovery import BadTarget, OtherJob, TooManyTargets
 
 MAX_BODY = 64 * 1024  # a request is a few hundred bytes
 
@@ -160,7 +160,7 @@ def create_app(monitor: Any) -> Flask:
         return jsonify(error=str(e), status=status), status
 
     for error, status in ((BadTarget, 400), (Unauthorized, 401), (NotAllowed, 403),
-                          (TooManyTargets, 429)):
+                          (OtherJob, 409), (TooManyTargets, 429)):
         app.register_error_handler(error, partial(error_json, status=status))
 
     @app.errorhandler(HTTPException)

@@ -28,6 +28,10 @@ class TooManyTargets(Exception):
     """The monitor already knows ``max_targets`` targets."""
 
 
+class OtherJob(Exception):
+    """A rank of another training job: its metrics and groups would be labelled as this one's."""
+
+
 MAX_URL = 2048
 MAX_LABEL = 256  # a job name in a registration
 
@@ -151,6 +155,9 @@ class Discovery:
         job = body.get("job")
         if job is not None and (not isinstance(job, str) or len(job) > MAX_LABEL):
             raise BadTarget(f"job must be a string of at most {MAX_LABEL} characters")
+        if job is not None and self.job is not None and job != self.job:
+            raise OtherJob(f"this monitor watches job {self.job!r} (its --job); the rank is of "
+                           f"job {job!r}: start a monitor for it, or give both the same job")
         replica_group, rank = _opt_int(body.get("replica_group")), _opt_int(body.get("rank"))
         registered_as = normalize_url(body["url"])
         url = admit(registered_as) if admit is not None else registered_as
