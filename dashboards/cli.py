@@ -4,11 +4,44 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+
+def _nonempty(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return value
+
+
+def _directory(text: str) -> str:
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a directory" if Path(text).exists()
+                                         else f"{text!r} does not exist")
+    return text
+
+
+def _grafana_url(text: str) -> str:
+    from .upload import check_url
+
+    try:
+        return check_url(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,11 +54,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                    "in a checkout, also the Kubernetes PrometheusRule and "
                                    "dashboard ConfigMaps that restate them "
                                    "(deploy/kubernetes/generate.py).")
-    b.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 if the committed files are stale")
-    b.add_argument("--out", metavar="DIR",
-                   help="also copy the dashboard JSON files to DIR (e.g. the path a Grafana "
-                        "dashboard provider reads)")
+    only = b.add_mutually_exclusive_group()
+    only.add_argument("--check", action="store_true",
+                      help="write nothing; exit 1 if the committed files are stale")
+    only.add_argument("--out", metavar="DIR", type=_nonempty,
+                      help="also copy the dashboard JSON files to DIR (e.g. the path a "
+                           "Grafana dashboard provider reads)")
 
     v = sub.add_parser("validate", help="check the dashboards (schema, PromQL, metric names)",
                        description="Type-check the generated dashboards against Grafana's "
@@ -45,16 +79,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        description="Create or overwrite the dashboards in a Grafana folder. The "
                                    "token is read from the environment ($GRAFANA_TOKEN by "
                                    "default), never from the command line.")
-    u.add_argument("--grafana-url", default=os.environ.get("GRAFANA_URL"),
+    u.add_argument("--grafana-url", default=os.environ.get("GRAFANA_URL"), type=_grafana_url,
                    help="Grafana base URL, e.g. http://grafana:3000 (env GRAFANA_URL)")
-    u.add_argument("--token-env", default="GRAFANA_TOKEN", metavar="NAME",
+    u.add_argument("--token-env", default="GRAFANA_TOKEN", metavar="NAME", type=_nonempty,
                    help="environment variable holding the service account token "
                         "(default GRAFANA_TOKEN)")
-    u.add_argument("--folder", default="Lightkeeper", help="folder title (default Lightkeeper)")
-    u.add_argument("--folder-uid", default="lightkeeper", help="folder uid (default lightkeeper)")
-    u.add_argument("--dir", metavar="DIR", help="upload the dashboards in DIR instead of the "
-                                                "generated ones")
-    u.add_argument("--timeout", type=float, default=10.0, help="HTTP timeout, seconds")
+    u.add_argument("--folder", default="Lightkeeper", type=_nonempty,
+                   help="folder title (default Lightkeeper)")
+    u.add_argument("--folder-uid", default="lightkeeper", type=_nonempty,
+                   help="folder uid (default lightkeeper)")
+    u.add_argument("--dir", metavar="DIR", type=_directory,
+                   help="upload the dashboards in DIR instead of the generated ones")
+    u.add_argument("--timeout", type=_seconds, default=10.0, help="HTTP timeout, seconds")
 
 
 def _kubernetes_generator():
@@ -71,9 +107,47 @@ def _kubernetes_generator():
     return module
 
 
-def _build(args: argparse.Namespace) -> int:
-    from .build import GENERATED_DIR, stale_files, write_all
+def _out_dir(out: Path) -> str | None:
+    """Why ``out`` cannot take the copies (None: it can; created if missing), checked before
+    anything is written."""
+    from .build import GENERATED_DIR
 
+    if out.resolve() == GENERATED_DIR.resolve():
+        return "is where the dashboards are generated; copy them elsewhere"
+    if out.exists() and not out.is_dir():
+        return "not a directory"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+def _copy(out: Path) -> int:
+    """Copy the dashboard JSON files into ``out``, saying which were added or replaced; how
+    many were."""
+    from .build import GENERATED_DIR
+
+    n = 0
+    for f in sorted(GENERATED_DIR.glob("*.json")):
+        dest = out / f.name
+        if dest.is_file() and dest.read_bytes() == f.read_bytes():
+            continue
+        line = f"replaced {dest} (it differed)" if dest.exists() else f"copied {f.name} to {out}"
+        shutil.copyfile(f, dest)
+        print(line)
+        n += 1
+    return n
+
+
+def _build(args: argparse.Namespace) -> int:
+    from .build import stale_files, write_all
+
+    if args.out:
+        why = _out_dir(Path(args.out))
+        if why:
+            print(f"error: --out {args.out}: {why}", file=sys.stderr)
+            return 2
     k8s = _kubernetes_generator()
     source_error = k8s.SourceError if k8s else ()  # a rules file the generator cannot read
     try:
@@ -94,12 +168,17 @@ def _build(args: argparse.Namespace) -> int:
         return 2
     for p in written:
         print(f"wrote {p}")
+    copied = 0
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        for f in sorted(GENERATED_DIR.glob("*.json")):
-            shutil.copyfile(f, out / f.name)
-            print(f"copied {f.name} to {out}")
+        try:
+            copied = _copy(Path(args.out))
+        except OSError as e:
+            print(f"error: --out {args.out}: {e.strerror or e}"
+                  + (f": {e.filename}" if e.filename else ""), file=sys.stderr)
+            return 2
+    if not written and not copied:
+        print("generated files are up to date" + (f", as are the copies in {args.out}"
+                                                   if args.out else ""))
     return 0
 
 
@@ -124,14 +203,10 @@ def _validate(args: argparse.Namespace) -> int:
     from .schema_check import SchemaCheckError, SchemaPackageMissing, schema_project
     from .validate import ParserMissing, names_from_exposition, validate_all
 
-    try:
-        schemas = schema_project(args.schema_dir)
-    except SchemaPackageMissing as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     known = None
     if args.metrics_url:
         import requests
+        from prometheus_client.parser import text_string_to_metric_families
 
         known = set()
         for url in args.metrics_url:
@@ -141,7 +216,20 @@ def _validate(args: argparse.Namespace) -> int:
             except requests.RequestException as e:
                 print(f"error: cannot scrape {url}: {e}", file=sys.stderr)
                 return 2
+            try:  # an HTML or JSON page would count every metric as not exported
+                found = any(True for _ in text_string_to_metric_families(r.text))
+            except ValueError:
+                found = False
+            if not found:
+                print(f"error: --metrics-url {url}: no Prometheus metrics found",
+                      file=sys.stderr)
+                return 2
             known |= names_from_exposition(r.text)
+    try:
+        schemas = schema_project(args.schema_dir)
+    except SchemaPackageMissing as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
         problems = validate_all(schemas=schemas, known_metrics=known)
     except (ParserMissing, SchemaCheckError) as e:
@@ -159,15 +247,21 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _upload(args: argparse.Namespace) -> int:
+    from .build import GENERATED_DIR
     from .upload import UploadError, load_dashboards, upload
 
     if not args.grafana_url:
         print("error: --grafana-url (or GRAFANA_URL) is required", file=sys.stderr)
         return 2
+    try:  # every file checked before the first request
+        dashboards = load_dashboards(Path(args.dir) if args.dir else GENERATED_DIR)
+    except UploadError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     try:
-        dashboards = load_dashboards(Path(args.dir)) if args.dir else None
         done = upload(args.grafana_url, os.environ.get(args.token_env), folder=args.folder,
-                      folder_uid=args.folder_uid, dashboards=dashboards, timeout=args.timeout)
+                      folder_uid=args.folder_uid, dashboards=dashboards, timeout=args.timeout,
+                      token_env=args.token_env)
     except UploadError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -6,6 +6,9 @@ for the pictures in docs/dashboards.md (``docs/img/*.png``)::
 
     python -m dashboards.render --prometheus-url http://127.0.0.1:9090 --out docs/img --since 5m
 
+Nothing is written when no Prometheus answers at --prometheus-url (exit 2); panels that fail
+are drawn as errors and listed on stderr (exit 1).
+
 The dashboards e2e test renders them from its live run when ``LIGHTKEEPER_DOCS_IMG=DIR`` is set.
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -39,6 +43,18 @@ class Prom:
         if body.get("status") != "success":
             raise RuntimeError(body.get("error"))
         return body["data"]
+
+    def reachable(self) -> str | None:
+        """Why no Prometheus query API answers at the URL (None: one does)."""
+        try:
+            self._get("query", query="1")
+        except requests.ConnectionError:
+            return "cannot connect"
+        except requests.Timeout:
+            return "no answer in time"
+        except (requests.RequestException, RuntimeError, ValueError, AttributeError) as e:
+            return f"not a Prometheus query API ({e})"
+        return None
 
     def instant(self, expr: str, at: float) -> list[dict]:
         data = self._get("query", query=expr, time=str(at))
@@ -353,18 +369,30 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dashboards.render", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prometheus-url", required=True)
-    p.add_argument("--out", default="docs/img")
+    # no default: a relative docs/img would overwrite the committed pictures from any checkout
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="where the PNG files go (docs/img for the documentation's)")
     p.add_argument("--since", type=_seconds, default=_seconds("15m"), help="time range (15m)")
     p.add_argument("--job", default=".*", help="value of the $job variable (.*)")
     args = p.parse_args(argv)
+    why = Prom(args.prometheus_url).reachable()
+    if why:  # before writing: pictures of nothing but errors would replace good ones
+        p.error(f"--prometheus-url {args.prometheus_url}: {why}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        p.error(f"--out {args.out}: not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        p.error(f"--out {args.out}: {e.strerror}")
     end = time.time()
     errors: list[str] = []
-    for path in render_all(args.prometheus_url, Path(args.out), start=end - args.since, end=end,
+    for path in render_all(args.prometheus_url, out, start=end - args.since, end=end,
                            variables={"job": args.job}, builtins={"$__rate_interval": "1m"},
                            errors=errors):
         print(f"wrote {path}")
     for e in errors:
-        print(f"panel error: {e}")
+        print(f"panel error: {e}", file=sys.stderr)
     return 1 if errors else 0
 
 

@@ -25,13 +25,17 @@ DASHBOARDS = {d["uid"]: d for d in build_dashboards().values()}
 class FakeGrafana:
     """Grafana's folder and dashboard API, in memory."""
 
-    def __init__(self, *, forbid: bool = False) -> None:
+    def __init__(self, *, forbid: bool = False, prefix: str = "", echo_auth: bool = False
+                 ) -> None:
+        """``prefix``: served under that sub-path (a reverse proxy's); ``echo_auth``: every
+        request fails with a 500 that quotes the Authorization header back."""
         self.folders: dict[str, dict] = {}
         self.dashboards: dict[str, dict] = {}  # uid -> saved body
         self.versions: dict[str, int] = {}
         self.requests: list[tuple[str, str, dict | None]] = []
         self.problems: list[str] = []
         self.forbid = forbid
+        self.prefix, self.echo_auth = prefix, echo_auth
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -50,11 +54,15 @@ class FakeGrafana:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
                 fake.requests.append((method, self.path, body))
+                if fake.echo_auth:
+                    return self._reply(500, {"message": f"bad {self.headers['Authorization']}"})
+                if not self.path.startswith(fake.prefix + "/api/"):
+                    return self._reply(404, {"message": "Not found"})
                 if self.headers.get("Authorization") != f"Bearer {TOKEN}":
                     return self._reply(401, {"message": "invalid API key"})
                 if fake.forbid:
                     return self._reply(403, {"message": "You'll need additional permissions"})
-                status, out = fake.route(method, self.path, body)
+                status, out = fake.route(method, self.path[len(fake.prefix):], body)
                 self._reply(status, out)
 
             def do_GET(self):
@@ -64,7 +72,7 @@ class FakeGrafana:
                 self._handle("POST")
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}{prefix}"
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
 
     def route(self, method: str, path: str, body: dict | None) -> tuple[int, dict]:
@@ -180,7 +188,132 @@ def test_unreachable_grafana_is_a_clear_error(monkeypatch, capsys):
     assert f"cannot reach Grafana at http://127.0.0.1:{port}" in err
 
 
+def usage_error(argv: list[str], capsys) -> str:
+    """The stderr of a command line that argparse refuses (exit 2), which must be one line
+    after the usage and name no secret."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith("lightkeeper dashboards upload: error: "), err
+    return err.splitlines()[-1]
+
+
 def test_not_a_url(monkeypatch, capsys):
     monkeypatch.setenv("GRAFANA_TOKEN", TOKEN)
-    assert main(["dashboards", "upload", "--grafana-url", "grafana:3000"]) == 1
-    assert "must be http(s)://" in capsys.readouterr().err
+    err = usage_error(["dashboards", "upload", "--grafana-url", "grafana:3000"], capsys)
+    assert "argument --grafana-url: must be http(s)://" in err
+
+
+def test_token_with_a_trailing_newline_works(grafana, monkeypatch):
+    """A Kubernetes Secret made with --from-file ends in a newline."""
+    monkeypatch.setenv("GRAFANA_TOKEN", f"  {TOKEN}\n")
+    assert main(["dashboards", "upload", "--grafana-url", grafana.url]) == 0
+    assert set(grafana.dashboards) == set(DASHBOARDS)
+
+
+def test_token_with_a_control_character_is_refused_and_not_shown(grafana, monkeypatch,
+                                                                 capsys):
+    monkeypatch.setenv("MY_TOKEN", "glsa_secret\r\nX-Injected: 1")
+    assert main(["dashboards", "upload", "--grafana-url", grafana.url,
+                 "--token-env", "MY_TOKEN"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: $MY_TOKEN holds a control") and len(err.splitlines()) == 1
+    assert "secret" not in err and not grafana.requests
+
+
+def test_token_never_appears_in_an_error(monkeypatch, capsys):
+    """Whatever an answer quotes back (here a 500 repeating the Authorization header), the
+    token is redacted from the message."""
+    monkeypatch.setenv("GRAFANA_TOKEN", TOKEN)
+    with FakeGrafana(echo_auth=True) as g:
+        assert main(["dashboards", "upload", "--grafana-url", g.url]) == 1
+    err = capsys.readouterr().err
+    assert "answered with an error: Server Error 500: bad Bearer ***" in err
+    assert TOKEN not in err
+
+
+@pytest.mark.parametrize("slash", ["", "/"])
+def test_grafana_under_a_sub_path(monkeypatch, slash):
+    monkeypatch.setenv("GRAFANA_TOKEN", TOKEN)
+    with FakeGrafana(prefix="/grafana") as g:
+        assert main(["dashboards", "upload", "--grafana-url", g.url + slash]) == 0
+    assert {p for _, p, _ in g.requests} == {"/grafana/api/folders/lightkeeper",
+                                            "/grafana/api/folders", "/grafana/api/dashboards/db"}
+    assert set(g.dashboards) == set(DASHBOARDS)
+
+
+def test_messages_name_the_token_env_given(grafana, monkeypatch, capsys):
+    monkeypatch.delenv("MY_TOKEN", raising=False)
+    monkeypatch.setenv("GRAFANA_TOKEN", TOKEN)  # not the one asked for
+    argv = ["dashboards", "upload", "--grafana-url", grafana.url, "--token-env", "MY_TOKEN"]
+    assert main(argv) == 1
+    assert "no Grafana token: set $MY_TOKEN " in capsys.readouterr().err
+    monkeypatch.setenv("MY_TOKEN", "glsa_wrong_token")
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "(401 Unauthorized): check $MY_TOKEN " in err and "GRAFANA_TOKEN" not in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--timeout", "inf"], "argument --timeout: expected a number of seconds > 0, got 'inf'"),
+    (["--timeout", "0"], "argument --timeout: expected a number of seconds > 0, got '0'"),
+    (["--timeout", "-1"], "argument --timeout: expected a number of seconds > 0, got '-1'"),
+    (["--timeout", "nan"], "argument --timeout: expected a number of seconds > 0, got 'nan'"),
+    (["--token-env", ""], "argument --token-env: must not be empty"),
+    (["--folder", ""], "argument --folder: must not be empty"),
+    (["--folder-uid", ""], "argument --folder-uid: must not be empty"),
+    (["--dir", "no/such/dir"], "argument --dir: 'no/such/dir' does not exist"),
+])
+def test_bad_flags_are_usage_errors(grafana, monkeypatch, capsys, args, message):
+    monkeypatch.setenv("GRAFANA_TOKEN", TOKEN)
+    err = usage_error(["dashboards", "upload", "--grafana-url", grafana.url, *args], capsys)
+    assert err.endswith(message) and not grafana.requests
+
+
+@pytest.mark.parametrize("url, message", [
+    ("http://127.0.0.1:99999", "is not a valid URL: Port out of range 0-65535"),
+    ("http://::1:3000", "is not a valid URL: Port could not be cast to integer"),
+    ("http://admin:hunter2@127.0.0.1:99999", "'http://***@127.0.0.1:99999' is not a valid URL"),
+])
+def test_bad_grafana_url_is_a_usage_error(monkeypatch, capsys, url, message):
+    monkeypatch.setenv("GRAFANA_TOKEN", TOKEN)
+    err = usage_error(["dashboards", "upload", "--grafana-url", url], capsys)
+    assert "argument --grafana-url: " in err and message in err and "hunter2" not in err
+
+
+def test_credentials_in_the_url_are_never_shown(grafana, monkeypatch, capsys):
+    monkeypatch.setenv("GRAFANA_TOKEN", "glsa_wrong_token")
+    url = grafana.url.replace("http://", "http://admin:hunter2@")
+    assert main(["dashboards", "upload", "--grafana-url", url]) == 1
+    err = capsys.readouterr().err
+    assert f"Grafana at {grafana.url.replace('http://', 'http://***@')} rejected" in err
+    assert "hunter2" not in err
+    with socket.socket() as s:  # and where nobody answers
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["dashboards", "upload", "--grafana-url",
+                 f"http://admin:hunter2@127.0.0.1:{port}", "--timeout", "2"]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot reach Grafana at http://***@127.0.0.1:{port}" in err and "hunter2" not in err
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"uid": "x", "title": ', "not valid JSON: Expecting value: line 1"),
+    (b"\xff\xfe{}", "not UTF-8 text"),
+    (b'{"title": "no uid"}', 'not a dashboard: a JSON object with a non-empty "uid" and "title"'),
+    (b'{"uid": "x", "title": ""}', "not a dashboard"),
+    (b'{"uid": 7, "title": "t"}', "not a dashboard"),
+    (b'[{"uid": "x", "title": "t"}]', "not a dashboard"),
+])
+def test_dir_with_a_file_that_is_not_a_dashboard(grafana, monkeypatch, capsys, tmp_path,
+                                                  content, message):
+    """Every file is checked before the first request: no folder made, nothing uploaded."""
+    monkeypatch.setenv("GRAFANA_TOKEN", TOKEN)
+    (tmp_path / "a.json").write_text(json.dumps(next(iter(DASHBOARDS.values()))))
+    (tmp_path / "b.json").write_bytes(content)
+    assert main(["dashboards", "upload", "--grafana-url", grafana.url,
+                 "--dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'b.json'}: {message}"), err
+    assert len(err.splitlines()) == 1 and not grafana.requests

@@ -1,0 +1,172 @@
+"""``lightkeeper dashboards build|validate`` and ``python -m dashboards.render`` given bad input:
+a one-line error naming the flag, and nothing written before the input is checked.
+
+``build`` runs with ``write_all`` replaced by a recorder and without the Kubernetes generator, so
+these tests never rewrite the checkout's generated files; the copies come from them.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from dashboards import build, render
+from dashboards import cli as dashboards_cli
+from lightkeeper.cli import main
+
+DASHBOARDS = sorted(p.name for p in build.GENERATED_DIR.glob("*.json"))
+
+
+@pytest.fixture
+def writes(monkeypatch) -> list[str]:
+    """Calls of build.write_all (which writes nothing here and reports nothing changed)."""
+    calls: list[str] = []
+    monkeypatch.setattr(build, "write_all", lambda: calls.append("write_all") or [])
+    monkeypatch.setattr(dashboards_cli, "_kubernetes_generator", lambda: None)
+    return calls
+
+
+@contextmanager
+def serve(answer):
+    """An HTTP server on 127.0.0.1 whose GETs are answered by ``answer(path, query)`` ->
+    (status, content type, body); yields its base URL."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            parts = urlsplit(self.path)
+            status, ctype, body = answer(parts.path, parse_qs(parts.query))
+            data = body.encode()
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def usage_error(argv: list[str], capsys, run=main) -> str:
+    with pytest.raises(SystemExit) as e:
+        run(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err.splitlines()[-1]
+
+
+# --- build ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("out, reason", [
+    ("afile", "not a directory"),
+    ("/proc/nope", "No such file or directory"),
+    (str(build.GENERATED_DIR), "is where the dashboards are generated"),
+])
+def test_build_out_that_cannot_take_the_copies(writes, capsys, tmp_path, monkeypatch, out,
+                                               reason):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("mine\n")
+    assert main(["dashboards", "build", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --out {out}: {reason}") and len(err.splitlines()) == 1, err
+    assert not writes, "files written before --out was checked"
+    assert (tmp_path / "afile").read_text() == "mine\n"
+
+
+def test_build_out_cannot_be_empty_or_combined_with_check(writes, capsys):
+    assert usage_error(["dashboards", "build", "--out", ""], capsys).endswith(
+        "error: argument --out: must not be empty")
+    assert usage_error(["dashboards", "build", "--check", "--out", "x"], capsys).endswith(
+        "error: argument --out: not allowed with argument --check")
+    assert not writes
+
+
+def test_build_says_what_it_copied_replaced_or_that_all_is_up_to_date(writes, capsys,
+                                                                      tmp_path):
+    assert main(["dashboards", "build"]) == 0
+    assert capsys.readouterr().out == "generated files are up to date\n"
+
+    out = tmp_path / "provisioned"
+    assert main(["dashboards", "build", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"copied {n} to {out}" for n in DASHBOARDS]
+
+    (out / DASHBOARDS[0]).write_text("{}\n")  # someone's edit, replaced by the build's
+    assert main(["dashboards", "build", "--out", str(out)]) == 0
+    assert capsys.readouterr().out == f"replaced {out / DASHBOARDS[0]} (it differed)\n"
+    assert sorted(p.name for p in out.iterdir()) == DASHBOARDS
+    for n in DASHBOARDS:
+        assert (out / n).read_bytes() == (build.GENERATED_DIR / n).read_bytes()
+
+    assert main(["dashboards", "build", "--out", str(out)]) == 0
+    assert capsys.readouterr().out == (f"generated files are up to date, as are the copies in "
+                                       f"{out}\n")
+
+
+# --- validate ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("ctype, body", [
+    ("text/html", "<!DOCTYPE html>\n<html><body>Grafana</body></html>\n"),
+    ("application/json", json.dumps({"status": "ok", "metrics": []}, indent=2)),
+    ("text/plain", ""),
+])
+def test_validate_metrics_url_that_is_not_a_metrics_page(capsys, ctype, body):
+    with serve(lambda path, query: (200, ctype, body)) as url:
+        assert main(["dashboards", "validate", "--no-promtool", "--metrics-url", url]) == 2
+    assert capsys.readouterr().err == (f"error: --metrics-url {url}: no Prometheus metrics "
+                                       "found\n")
+
+
+# --- render -----------------------------------------------------------------------------------
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_render_without_prometheus_writes_nothing(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where the old default, docs/img, would have been written
+    url = f"http://127.0.0.1:{_closed_port()}"
+    err = usage_error(["--prometheus-url", url, "--out", "img"], capsys, run=render.main)
+    assert err == f"python -m dashboards.render: error: --prometheus-url {url}: cannot connect"
+    with serve(lambda path, query: (200, "text/html", "<html></html>")) as page:
+        err = usage_error(["--prometheus-url", page, "--out", "img"], capsys, run=render.main)
+    assert f"error: --prometheus-url {page}: not a Prometheus query API" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_render_needs_out(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    err = usage_error(["--prometheus-url", f"http://127.0.0.1:{_closed_port()}"], capsys,
+                      run=render.main)
+    assert err.endswith("error: the following arguments are required: --out")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_render_panel_errors_go_to_stderr(capsys, tmp_path):
+    """A Prometheus that answers the probe but fails every panel's query: pictures with the
+    errors drawn, the errors on stderr, exit 1."""
+    def answer(path, query):
+        if query.get("query") == ["1"]:
+            return 200, "application/json", json.dumps(
+                {"status": "success", "data": {"resultType": "scalar", "result": [0, "1"]}})
+        return 400, "application/json", json.dumps(
+            {"status": "error", "errorType": "bad_data", "error": "no such metric"})
+
+    with serve(answer) as url:
+        assert render.main(["--prometheus-url", url, "--out", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [f"wrote {tmp_path / n.replace('.json', '.png')}"
+                                for n in build.build_dashboards()]
+    assert err and all(line.startswith("panel error: ") for line in err.splitlines())
+    assert "no such metric" in err
