@@ -100,20 +100,58 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "supervisor started ahead, already imported; docs/demo.md)")
     # stage timings (tests and impatient people); see lightkeeper/scenario.py
     s = Scenario()
-    for flag, attr in (("--healthy-s", "healthy_s"), ("--end-s", "end_s"),
-                       ("--ledger-wait", "ledger_wait_s"),
-                       ("--slow-delay", "slow_delay_s"), ("--strike-timeout", "strike_timeout_s"),
-                       ("--detect-timeout", "detect_timeout_s"),
-                       ("--evict-timeout", "evict_timeout_s"),
-                       ("--rejoin-timeout", "rejoin_timeout_s"), ("--step-pause", "step_pause_s"),
-                       ("--hang-floor", "hang_floor_s"), ("--pg-timeout", "pg_timeout_s")):
+    for flag, attr in TIMING_FLAGS:
         p.add_argument(flag, dest=attr, type=float, default=getattr(s, attr),
                        help=argparse.SUPPRESS)
-    # the Lighthouse's timeouts (the recovery study, docs/demo.md and docs/lighthouse.md)
-    for flag, attr in (("--heartbeat-timeout-ms", "heartbeat_timeout_ms"),
-                       ("--join-timeout-ms", "join_timeout_ms")):
+    for flag, attr in LIGHTHOUSE_FLAGS:
         p.add_argument(flag, dest=attr, type=int, default=getattr(s, attr),
                        help=argparse.SUPPRESS)
+
+
+TIMING_FLAGS = (("--healthy-s", "healthy_s"), ("--end-s", "end_s"),
+                ("--ledger-wait", "ledger_wait_s"),
+                ("--slow-delay", "slow_delay_s"), ("--strike-timeout", "strike_timeout_s"),
+                ("--detect-timeout", "detect_timeout_s"), ("--evict-timeout", "evict_timeout_s"),
+                ("--rejoin-timeout", "rejoin_timeout_s"), ("--step-pause", "step_pause_s"),
+                ("--hang-floor", "hang_floor_s"), ("--pg-timeout", "pg_timeout_s"))
+# the Lighthouse's timeouts (the recovery study, docs/demo.md and docs/lighthouse.md)
+LIGHTHOUSE_FLAGS = (("--heartbeat-timeout-ms", "heartbeat_timeout_ms"),
+                    ("--join-timeout-ms", "join_timeout_ms"))
+
+
+def _bad_numbers(args: argparse.Namespace) -> str | None:
+    """The first flag whose number cannot run a demo, said with its bound."""
+    checks = [("--groups", args.groups, 2), ("--ranks-per-group", args.ranks_per_group, 1),
+              ("--steps", args.steps, 1)]
+    for flag, value, least in checks:
+        if value is not None and value < least:
+            return f"{flag} must be >= {least}, got {value}"
+    if args.duration is not None and not 0 < args.duration < float("inf"):
+        return f"--duration must be a number of seconds > 0, got {args.duration:g}"
+    for flag, attr in TIMING_FLAGS + LIGHTHOUSE_FLAGS:
+        value = getattr(args, attr)
+        if not 0 <= value < float("inf"):  # NaN too
+            return f"{flag} must be a number >= 0, got {value:g}"
+    return None
+
+
+def _report_dir(given: str | None) -> Path | None:
+    """``--report-dir`` as a path the demo can create or write, or ValueError saying why not;
+    nothing is created yet. One that holds a run already is refused: its monitor would reopen
+    that run's audit log and quarantines."""
+    if given is None:
+        return None
+    path = Path(given).resolve()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{given}: not a directory")
+    held = [n for n in ("report.json", "monitor.sqlite") if (path / n).exists()]
+    if held:
+        raise ValueError(f"{given}: holds a run already ({', '.join(held)}); give a new or "
+                         "empty directory")
+    base = next(p for p in (path, *path.parents) if p.exists())
+    if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):  # EROFS too
+        raise ValueError(f"{given}: cannot write in {base}")
+    return path
 
 
 # --------------------------------------------------------------------------------------------
@@ -940,9 +978,9 @@ def run(args: argparse.Namespace) -> int:
     from .cluster import ClusterError
     from .report import write_report
 
-    if args.groups < 2 or args.ranks_per_group < 1 or (args.steps is not None and args.steps < 1):
-        print("lightkeeper demo: --groups must be >= 2, --ranks-per-group and --steps >= 1",
-              file=sys.stderr)
+    bad = _bad_numbers(args)
+    if bad:
+        print(f"lightkeeper demo: {bad}", file=sys.stderr)
         return 2
     if not 0 <= args.spare_hosts or args.groups + args.spare_hosts > 250:
         print("lightkeeper demo: --spare-hosts must be >= 0, and --groups plus --spare-hosts "
@@ -955,6 +993,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.no_faults and plans:
         print("lightkeeper demo: --no-faults and --inject exclude each other", file=sys.stderr)
+        return 2
+    for given, flag, other in ((args.seed is not None and args.soak is None, "--seed",
+                                "needs --soak (it seeds the soak's schedule)"),
+                               (args.one_host and args.hosts == "netns", "--one-host",
+                                "and --hosts netns exclude each other")):
+        if given:
+            print(f"lightkeeper demo: {flag} {other}", file=sys.stderr)
+            return 2
+    try:  # before the lock and the hosts: a run never starts without a place for its report
+        report_dir = _report_dir(args.report_dir)
+    except ValueError as e:
+        print(f"lightkeeper demo: --report-dir {e}", file=sys.stderr)
         return 2
     missing = missing_trainer_packages()
     if missing:  # a core install (monitor, analyze, dashboards) has neither
@@ -1006,8 +1056,15 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         os.close(lock)
         return 2
-    report_dir = Path(args.report_dir or tempfile.mkdtemp(prefix="lightkeeper-demo-")).resolve()
-    report_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        report_dir = report_dir or Path(tempfile.mkdtemp(prefix="lightkeeper-demo-")).resolve()
+        report_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"lightkeeper demo: --report-dir {report_dir}: {e.strerror or e}", file=sys.stderr)
+        if fabric:
+            fabric.close()
+        os.close(lock)
+        return 2
     demo = Demo(args, sc, report_dir, fabric)
     inside = fabric.entered() if fabric else contextlib.nullcontext()
     inside.__enter__()  # the demo's own requests reach the job's network
@@ -1055,6 +1112,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"lightkeeper demo: {e}", file=sys.stderr, flush=True)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # a second Ctrl-C would lose the report: everything is being stopped already
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             for tr in demo.tracks:
                 tr.stop(demo.now())
@@ -1086,6 +1145,7 @@ def run(args: argparse.Namespace) -> int:
         print(soak.table(out), flush=True)
     print(f"report: {report_dir / 'report.md'}  json: {report_dir / 'report.json'}  "
           f"timeline: {report_dir / 'timeline.png'}", flush=True)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if code == 0 and demo.faults and any(f["outcome"] != "recovered" for f in demo.faults) \
             and not args.dry_run:
         print("lightkeeper demo: not every fault went the whole way; see the table",

@@ -260,8 +260,9 @@ def host_state(hosts_view: dict | None, host: str | None) -> str | None:
     if counted:
         out += " (" + ", ".join(f"{n} {k} offence{'s' if n > 1 else ''}"
                                 for k, n in counted.items()) + ")"
-    if h.get("hold"):
-        out += f", held: {h['hold']}"
+    hold = h.get("hold")
+    if isinstance(hold, dict):
+        out += f", held ({hold.get('reason')}): {hold.get('detail')}"
     return out
 
 
@@ -587,7 +588,8 @@ def plot(samples: list[dict], ranks_per_group: int, rep: dict, path: Path) -> No
     ax.set_title("lightkeeper demo: step rate per replica group")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8, ncol=2)
+    if ax.get_legend_handles_labels()[0]:  # none when stopped before the first step
+        ax.legend(loc="lower right", fontsize=8, ncol=2)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -82,8 +82,7 @@ def test_namespaced_hosts_add_a_partition_of_the_fault_free_group():
 ])
 def test_the_demo_rejects_a_bad_placement_before_starting(tmp_path, args, message):
     report_dir = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "lightkeeper.cli", "demo", "--report-dir",
-                           str(report_dir), *args], capture_output=True, text=True, timeout=60)
+    proc = _demo("--report-dir", str(report_dir), *args)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert message in proc.stderr and proc.stderr.startswith("lightkeeper demo: --inject ")
     assert "Traceback" not in proc.stderr
@@ -92,11 +91,61 @@ def test_the_demo_rejects_a_bad_placement_before_starting(tmp_path, args, messag
 
 def test_a_network_fault_without_namespaced_hosts_is_refused_before_starting(tmp_path):
     report_dir = tmp_path / "report"
-    proc = subprocess.run([sys.executable, "-m", "lightkeeper.cli", "demo", "--report-dir",
-                           str(report_dir), "--hosts", "loopback", "--inject",
-                           "1:host_offline:at_step=9"], capture_output=True, text=True,
-                          timeout=60)
+    proc = _demo("--report-dir", str(report_dir), "--hosts", "loopback", "--inject",
+                 "1:host_offline:at_step=9")
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "host_offline:at_step=9 is a network fault: it needs hosts that are network " \
            "namespaces" in proc.stderr
     assert not report_dir.exists()
+
+
+def _demo(*args: str) -> subprocess.CompletedProcess:
+    """``lightkeeper demo ARGS``, expected to refuse at once. Should it start a job instead, it
+    is stopped with SIGTERM, which stops every process it started, and the test fails."""
+    cmd = [sys.executable, "-m", "lightkeeper.cli", "demo", *args]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as p:
+        try:
+            out, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.terminate()
+            p.communicate(timeout=120)
+            raise AssertionError(f"lightkeeper demo {' '.join(args)} started a job") from None
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--groups", "1"], "--groups must be >= 2, got 1"),
+    (["--ranks-per-group", "0"], "--ranks-per-group must be >= 1, got 0"),
+    (["--steps", "0"], "--steps must be >= 1, got 0"),
+    (["--duration", "-5"], "--duration must be a number of seconds > 0, got -5"),
+    (["--duration", "0"], "--duration must be a number of seconds > 0, got 0"),
+    (["--step-pause", "-1"], "--step-pause must be a number >= 0, got -1"),
+    (["--pg-timeout", "nan"], "--pg-timeout must be a number >= 0, got nan"),
+    (["--seed", "3"], "--seed needs --soak"),
+    (["--one-host", "--hosts", "netns"], "--one-host and --hosts netns exclude each other"),
+])
+def test_a_bad_option_is_one_line_naming_it_before_starting(tmp_path, args, message):
+    report_dir = tmp_path / "report"
+    proc = _demo("--report-dir", str(report_dir), *args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr == f"lightkeeper demo: {message}\n" or message in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
+    assert not report_dir.exists()
+
+
+def test_a_report_dir_that_cannot_be_one_is_refused_before_starting(tmp_path):
+    """A file, or a directory holding a run: its monitor would reopen that run's audit log
+    and quarantines (and drain the new run's groups off the old run's quarantined hosts)."""
+    a_file = tmp_path / "f"
+    a_file.write_text("mine")
+    proc = _demo("--report-dir", str(a_file))
+    assert proc.returncode == 2 and "--report-dir" in proc.stderr and "not a directory" in \
+        proc.stderr and "Traceback" not in proc.stderr
+    assert a_file.read_text() == "mine"
+    used = tmp_path / "used"
+    used.mkdir()
+    (used / "monitor.sqlite").write_bytes(b"an earlier run")
+    proc = _demo("--report-dir", str(used))
+    assert proc.returncode == 2 and "holds a run already (monitor.sqlite)" in proc.stderr
+    assert (used / "monitor.sqlite").read_bytes() == b"an earlier run"
+    assert sorted(p.name for p in used.iterdir()) == ["monitor.sqlite"]

@@ -46,3 +46,14 @@ def test_a_phase_seen_in_one_look_only_has_no_pace():
     ticks = steady(10.0, 20.0)
     got = phases(10.0, 20.4, [{**FAULT, "struck_at_s": 19.6, "rejoined_at_s": None}], 3, ticks)
     assert got[-1]["step_rate"] is None and got[-1]["vs_healthy"] is None
+
+
+def test_a_held_quarantine_reads_as_its_reason_and_detail():
+    from lightkeeper.report import host_state
+
+    view = {"hosts": [{"host": "node-2", "state": "suspect",
+                       "offences": [{"kind": "hang", "in_window": True}],
+                       "hold": {"at": 1795745781.47, "reason": "dry_run",
+                                "detail": "--quarantine-dry-run: decided, nothing done"}}]}
+    assert host_state(view, "node-2") == ("suspect (1 hang offence), held (dry_run): "
+                                          "--quarantine-dry-run: decided, nothing done")

@@ -71,6 +71,8 @@ def test_valid_specs_parse(spec, expected):
         ("hang:at_step=1,rank=-1", "rank in 'hang:at_step=1,rank=-1' must be >= 0"),
         ("hang:at_step=1,rank=one", "rank in 'hang:at_step=1,rank=one' must be an integer"),
         ("slow_link:mbit=0", "a link that carries nothing is host_offline"),
+        ("slow:delay=0", "delay in 'slow:delay=0' must be > 0 seconds"),
+        ("slow_compute:delay=0", "must be > 0 seconds"),
         ("slow_link:from_step=2", "slow_link needs mbit"),
         ("partition:at_step=3,rank=1", "partition takes at_step; got unknown parameter 'rank'"),
     ],
@@ -118,7 +120,7 @@ def test_network_faults_are_the_hosts_not_the_trainers(spec, capsys):
 
 
 def test_slow_applies_from_step_and_mismatch_only_at_its_step():
-    slow = parse_fault("slow:delay=0,from_step=5")
+    slow = parse_fault("slow:delay=0.1,from_step=5")
     assert not slow.applies(4) and slow.applies(5) and slow.applies(50)
     injector = FaultInjector([parse_fault("mismatch:at_step=3")])
     assert [s for s in range(6) if injector.mismatch_at(s)] == [3]

@@ -43,3 +43,18 @@ def test_a_local_rank_beyond_the_gpus_it_sees_is_a_clear_error(monkeypatch):
     with pytest.raises(ValueError, match=r"LOCAL_RANK=2, but this process sees 2 GPUs "
                                          r"\(CUDA_VISIBLE_DEVICES='0,1'\)"):
         pick_device(2, 2)
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--worker-port", "70000"], "--worker-port 70000 is not a port"),
+    (["--worker-port", "-1"], "--worker-port -1 is not a port"),
+    (["--pg-timeout", "-1"], "--pg-timeout must be"),
+    (["--quorum-timeout", "0"], "--quorum-timeout must be"),
+    (["--connect-timeout", "nan"], "--connect-timeout must be"),
+    (["--step-pause", "-1"], "--step-pause must be"),
+    (["--min-replica-size", "0"], "--min-replica-size must be"),
+])
+def test_a_bad_number_is_one_line_naming_its_flag(argv, said):
+    with pytest.raises(SystemExit) as e:
+        parse(argv)
+    assert said in str(e.value) and "\n" not in str(e.value)

@@ -83,8 +83,18 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                          f"[0, {num_groups})")
     if args.steps < 0:
         raise SystemExit("lightkeeper train: --steps must be >= 0")
-    if args.connect_timeout <= 0:
-        raise SystemExit("lightkeeper train: --connect-timeout must be > 0")
+    for flag, value in (("--connect-timeout", args.connect_timeout),
+                        ("--pg-timeout", args.pg_timeout),
+                        ("--quorum-timeout", args.quorum_timeout)):
+        if not value > 0 or value == float("inf"):  # NaN too
+            raise SystemExit(f"lightkeeper train: {flag} must be a number of seconds > 0")
+    if not args.step_pause >= 0 or args.step_pause == float("inf"):
+        raise SystemExit("lightkeeper train: --step-pause must be a number of seconds >= 0")
+    if args.min_replica_size < 1:
+        raise SystemExit("lightkeeper train: --min-replica-size must be >= 1")
+    if not 0 <= args.worker_port <= 65535:
+        raise SystemExit(f"lightkeeper train: --worker-port {args.worker_port} is not a port "
+                         "(0-65535; 0: ephemeral)")
     group_rank, group_world_size = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     if group_world_size < 1 or not 0 <= group_rank < group_world_size:
         raise SystemExit(f"lightkeeper train: RANK={group_rank} is not in [0, WORLD_SIZE="

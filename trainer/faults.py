@@ -162,6 +162,8 @@ def parse_fault(spec: str) -> Fault:
                 f"factor in {spec!r} must be > 1 (how many times slower the rank computes), "
                 f"got {values['factor']:g}"
             )
+    if "delay" in values and not values["delay"] > 0:  # a fault that does nothing, "struck"
+        raise FaultSpecError(f"delay in {spec!r} must be > 0 seconds, got {values['delay']:g}")
     if kind == "slow_link" and values["mbit"] <= 0:
         raise FaultSpecError(f"mbit in {spec!r} must be > 0 (the link's rate in Mbit/s); a "
                              f"link that carries nothing is host_offline")
