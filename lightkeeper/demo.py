@@ -590,9 +590,11 @@ class Demo:
                     # reports that as `dead` (never acted on); say so, lest it read as a new fault
                     expected = (" - the evicted incarnation exiting, as intended"
                                 if f["kind"] == "dead" and f.get("replica_id") in evicted else "")
+                    named = [f"ranks {f['ranks']}" if f.get("ranks") else None,
+                             f"culprit ranks {culprits}" if culprits else None]
+                    named = ", ".join(n for n in named if n) or "job-wide"  # job_stall names none
                     self.event("detected", f["replica_group"],
-                               f"{f['kind']} (ranks {f.get('ranks')}"
-                               + (f", culprit ranks {culprits}" if culprits is not None else "")
+                               f"{f['kind']} ({named}"
                                + (f" on {', '.join(dict.fromkeys(hosts))}" if hosts else "")
                                + f") at {self.rel(f['confirmed_at']):.1f}s{expected}")
         evictions = self.monitor_get("/v1/evictions")
