@@ -88,14 +88,14 @@ class Env:
     """A real torchft Lighthouse and a monitor (serving its HTTP API, verifying against that
     Lighthouse) for one job: jobs that share a Lighthouse would meet in one quorum."""
 
-    def __init__(self, d: Path) -> None:
+    def __init__(self, d: Path, job: str = "lightkeeper") -> None:
         from torchft.coordination import LighthouseServer
 
         self.dir = d
         self.lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1,
                                            join_timeout_ms=5000, heartbeat_timeout_ms=5000)
         self.lighthouse_url = "http://127.0.0.1:" + self.lighthouse.address().rsplit(":", 1)[1]
-        self.monitor = Monitor(MonitorConfig(port=0, interval_s=0.5,
+        self.monitor = Monitor(MonitorConfig(port=0, interval_s=0.5, job=job,
                                              lighthouse=self.lighthouse_url,
                                              state_path=str(d / "monitor.sqlite"))).start()
 
@@ -128,7 +128,7 @@ def jobs(tmp_path_factory):
         for name in ("trainer", "ft_job", "clash", "torch_server"):
             d = tmp_path_factory.mktemp(name)
             (d / "ft_job.py").write_text(FT_SCRIPT)
-            envs.append(Env(d))
+            envs.append(Env(d, job="zero-code" if name == "trainer" else "lightkeeper"))
         trainer, ft_job, clash, torch_server = envs
         procs["trainer"] = start(trainer, "trainer", [
             *LIGHTKEEPER, "train", "--no-worker-server", "--steps", "100000",

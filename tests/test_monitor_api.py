@@ -301,13 +301,16 @@ def _ranks(mon) -> dict[str, dict]:
     return {r["url"]: r for r in get(mon, "/v1/ranks").json()}
 
 
-def test_a_rank_of_another_job_is_refused_with_the_reason(tmp_path, sim):
+def test_a_rank_of_another_job_is_refused_with_the_reason(tmp_path, sim, caplog):
     mon = make_monitor(tmp_path, sim, register=True)
     try:
-        r = requests.post(mon.url + "/v1/targets", timeout=5,
-                          json={"url": sim.urls[0], "job": "other", "replica_group": 0})
-        assert r.status_code == 409
+        for _ in range(3):  # every 5 s from each rank: said once in the monitor's log
+            r = requests.post(mon.url + "/v1/targets", timeout=5,
+                              json={"url": sim.urls[0], "job": "other", "replica_group": 0})
+            assert r.status_code == 409
         assert "'sim'" in r.json()["error"] and "'other'" in r.json()["error"]
+        said = [m for m in caplog.messages if "refusing ranks of job 'other'" in m]
+        assert len(said) == 1 and "--job is 'sim'" in said[0]
         ok = requests.post(mon.url + "/v1/targets", json={"url": sim.urls[1], "job": "sim"},
                            timeout=5)
         assert ok.status_code == 200

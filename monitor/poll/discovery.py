@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -18,6 +19,8 @@ from urllib.parse import unquote, urlsplit
 from http_serving import host_for_url
 
 from .torch_target import PREFIX
+
+log = logging.getLogger(__name__)
 
 
 class BadTarget(ValueError):
@@ -136,6 +139,7 @@ class Discovery:
         self.file_error: str | None = None
         self.forget_after_s = forget_after_s
         self.job = job
+        self._other_jobs: set[str] = set()
         self.max_targets = max_targets
         self._written: str | None = None
         self._written_for: list[Target] | None = None  # the known set that text is of
@@ -156,6 +160,10 @@ class Discovery:
         if job is not None and (not isinstance(job, str) or len(job) > MAX_LABEL):
             raise BadTarget(f"job must be a string of at most {MAX_LABEL} characters")
         if job is not None and self.job is not None and job != self.job:
+            if job not in self._other_jobs:  # said here too, once: the rank's log is elsewhere
+                self._other_jobs.add(job)
+                log.warning("refusing ranks of job %r (this monitor's --job is %r), e.g. %s",
+                            job, self.job, body["url"])
             raise OtherJob(f"this monitor watches job {self.job!r} (its --job); the rank is of "
                            f"job {job!r}: start a monitor for it, or give both the same job")
         replica_group, rank = _opt_int(body.get("replica_group")), _opt_int(body.get("rank"))
