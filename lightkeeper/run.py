@@ -14,6 +14,7 @@ import argparse
 import os
 import shutil
 import sys
+from urllib.parse import urlsplit
 
 from worker_server.autostart import ENV_AUTOSTART, SITE_DIR, torchft_missing
 
@@ -62,12 +63,33 @@ def hook_env(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def bad_monitor_url(flag: str | None, env: str | None) -> str | None:
+    """Why the monitor URL(s) given (``--monitor`` or ``LIGHTKEEPER_MONITOR``, comma-separated)
+    cannot be registered with, naming where it came from; None when they can."""
+    value, name = (flag, "--monitor") if flag is not None else (env, "LIGHTKEEPER_MONITOR")
+    for url in (value or "").split(","):
+        url = url.strip()
+        try:
+            parts = urlsplit(url)
+            ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+            parts.port  # noqa: B018 (raises ValueError for a bad port)
+        except ValueError:
+            ok = False
+        if value and not ok:
+            return f"{name} {url!r} is not an http(s)://host:port URL"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     command = list(args.cmd)
     if command[:1] == ["--"]:
         command = command[1:]
     if args.worker_port is not None and not 0 <= args.worker_port < 65536:
         sys.stderr.write(f"lightkeeper run: --worker-port {args.worker_port} is not a port\n")
+        return 2
+    bad = bad_monitor_url(args.monitor, os.environ.get("LIGHTKEEPER_MONITOR"))
+    if bad:
+        sys.stderr.write(f"lightkeeper run: {bad}\n")
         return 2
     added = hook_env(args, dict(os.environ))
     if args.print_env:
@@ -78,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write("lightkeeper run: no command: lightkeeper run [options] -- COMMAND "
                          "[ARG ...]\n")
         return 2
-    exe = shutil.which(command[0])
+    # a path is run as it is (bash's way: an existing file that is not executable is 126)
+    exe = command[0] if "/" in command[0] and os.path.exists(command[0]) \
+        else shutil.which(command[0])
     if exe is None:
         sys.stderr.write(f"lightkeeper run: {command[0]}: command not found\n")
         return 127

@@ -163,6 +163,41 @@ def test_run_environment_and_errors(capsys, monkeypatch):
     assert lk_run.run(parser.parse_args(["--worker-port", "70000", "--", "true"])) == 2
 
 
+@pytest.mark.parametrize("argv, env, said", [
+    (["--monitor", "notaurl"], None, "--monitor 'notaurl' is not an http(s)://host:port URL"),
+    (["--monitor", "http://m:1,ftp://m"], None, "--monitor 'ftp://m' is not"),
+    (["--monitor", "http://m:99999"], None, "--monitor 'http://m:99999' is not"),
+    ([], "m:19400", "LIGHTKEEPER_MONITOR 'm:19400' is not"),
+])
+def test_run_refuses_a_monitor_it_could_not_register_with(capsys, monkeypatch, argv, env, said):
+    parser = __import__("argparse").ArgumentParser()
+    lk_run.add_arguments(parser)
+    if env is None:
+        monkeypatch.delenv("LIGHTKEEPER_MONITOR", raising=False)
+    else:
+        monkeypatch.setenv("LIGHTKEEPER_MONITOR", env)
+    assert lk_run.run(parser.parse_args([*argv, "--", "no-such-command-lk"])) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lightkeeper run: {said}") and err.count("\n") == 1, err
+    monkeypatch.setenv("LIGHTKEEPER_MONITOR", "http://m:19400,https://m2")
+    args = parser.parse_args(["--print-env"])
+    assert lk_run.run(args) == 0
+
+
+def test_run_says_126_for_a_path_it_cannot_execute(tmp_path, capsys):
+    """As a shell: an existing file that is not executable, or a directory, is 126 with the
+    reason; only a name found nowhere is 127 'command not found'."""
+    parser = __import__("argparse").ArgumentParser()
+    lk_run.add_arguments(parser)
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/sh\necho hi\n")  # mode 644
+    for path, reason in ((str(script), "Permission denied"), (str(tmp_path), "denied")):
+        assert lk_run.run(parser.parse_args(["--", path])) == 126, path
+        err = capsys.readouterr().err
+        assert f"lightkeeper run: {path}: " in err and reason in err, err
+    assert lk_run.run(parser.parse_args(["--", str(tmp_path / "nope.sh")])) == 127
+
+
 def test_a_python_without_worker_server_says_so_only_where_torchft_is_used(tmp_path,
                                                                           fake_torchft):
     """Under ``lightkeeper run`` every Python process the job starts loads the hook; one whose
