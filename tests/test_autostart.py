@@ -119,11 +119,15 @@ def test_pth_file_installs_the_hook_only_with_the_variable(tmp_path, fake_torchf
         assert (res.returncode, res.stdout.strip(), res.stderr) == (0, hooked, ""), value
 
 
-def test_identity_from_the_environment_and_the_managers_replica_id():
+def test_identity_from_the_environment_and_the_managers_replica_id(capfd):
     m = SimpleNamespace(_replica_id="torchtitan_ft_12")
     assert autostart.replica_group_of(m, {"REPLICA_GROUP_ID": "4"}) == (4, "REPLICA_GROUP_ID")
     assert autostart.replica_group_of(m, {}) == (12, "replica_id")
-    assert autostart.replica_group_of(m, {"REPLICA_GROUP_ID": "x"}) == (12, "replica_id")
+    assert capfd.readouterr().err == ""
+    for bad in ("x", "-3", "1.0"):  # said, not a silent fallback or a negative group
+        assert autostart.replica_group_of(m, {"REPLICA_GROUP_ID": bad}) == (12, "replica_id")
+        assert capfd.readouterr().err == (f"[lightkeeper] REPLICA_GROUP_ID={bad!r} is not a "
+                                          "replica group (an integer >= 0): ignored\n")
     assert autostart.replica_group_of(SimpleNamespace(_replica_id=None), {}) == (0, "default")
     assert autostart.worker_port({"LIGHTKEEPER_WORKER_PORT": "9500", "LOCAL_RANK": "3"}) == 9503
     assert autostart.worker_port({"LOCAL_RANK": "3"}) == 0

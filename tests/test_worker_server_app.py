@@ -360,10 +360,10 @@ def test_a_token_from_a_secret_file_matches_without_its_newline():
     assert not bearer_token_matches("Bearer ", " \n")  # a blank token still matches nothing
 
 
-def test_a_monitor_it_cannot_reach_is_said_once(monkeypatch, caplog):
+def test_a_monitor_it_cannot_reach_is_said_once(monkeypatch, capfd):
     """A mistyped LIGHTKEEPER_MONITOR left the rank unmonitored without a word (debug only):
-    said once, however often it is tried, and once more when it registers."""
-    import logging
+    said once on stderr, whatever the job's logging, in a few words (not urllib3's reprs),
+    however often it is tried."""
     import socket
 
     from worker_server import server as server_module
@@ -372,19 +372,20 @@ def test_a_monitor_it_cannot_reach_is_said_once(monkeypatch, caplog):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
-    with caplog.at_level(logging.WARNING, logger="worker_server"):
-        srv = WorkerServer.start(replica_group=0, group_rank=0, group_world_size=1,
-                                 monitor_url=f"http://127.0.0.1:{closed}")
-        try:
-            from lightkeeper.cluster import wait_until
+    srv = WorkerServer.start(replica_group=0, group_rank=0, group_world_size=1,
+                             monitor_url=f"http://127.0.0.1:{closed}")
+    try:
+        from lightkeeper.cluster import wait_until
 
-            tried = []
-            real = requests.post
-            monkeypatch.setattr(server_module.requests, "post",
-                                lambda *a, **k: (tried.append(1), real(*a, **k))[1])
-            wait_until(lambda: len(tried) >= 5, 10, what="five attempts")
-        finally:
-            srv.stop()
-    said = [r.getMessage() for r in caplog.records if "cannot register with monitor" in
-            r.getMessage()]
-    assert len(said) == 1 and f"127.0.0.1:{closed}" in said[0], said
+        tried = []
+        real = requests.post
+        monkeypatch.setattr(server_module.requests, "post",
+                            lambda *a, **k: (tried.append(1), real(*a, **k))[1])
+        wait_until(lambda: len(tried) >= 5, 10, what="five attempts")
+    finally:
+        srv.stop()
+    said = [line for line in capfd.readouterr().err.splitlines()
+            if "cannot register with monitor" in line]
+    assert said == [f"[lightkeeper] cannot register with monitor http://127.0.0.1:{closed} "
+                    "(Connection refused); this rank is not monitored until it can, tried "
+                    "every 0 s"], said

@@ -129,6 +129,9 @@ def test_without_register_handler_flask_serves_and_says_so(monkeypatch, capfd):
         server.stop()
     with pytest.raises(ValueError, match="one of flask, torch"):
         WorkerServer(RankState(RankIdentity(job="j", replica_group=0)), server="nginx")
+    monkeypatch.setenv("LIGHTKEEPER_WORKER_SERVER", "bogus")  # the variable named
+    with pytest.raises(ValueError, match="LIGHTKEEPER_WORKER_SERVER='bogus': one of flask"):
+        WorkerServer.start(replica_group=0)
 
 
 def test_actions_are_not_served_on_torchs_server(monkeypatch, capfd):

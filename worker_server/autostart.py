@@ -160,10 +160,9 @@ def replica_group_of(manager: Any, env: dict[str, str] | None = None) -> tuple[i
     env = os.environ if env is None else env
     raw = env.get("REPLICA_GROUP_ID", "").strip()
     if raw:
-        try:
+        if raw.isascii() and raw.isdigit():
             return int(raw), "REPLICA_GROUP_ID"
-        except ValueError:
-            pass
+        say(f"REPLICA_GROUP_ID={raw!r} is not a replica group (an integer >= 0): ignored")
     m = re.search(r"(\d+)$", str(getattr(manager, "_replica_id", None) or ""))
     if m:
         return int(m.group(1)), "replica_id"

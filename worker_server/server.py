@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import weakref
 from typing import Any
@@ -76,6 +77,26 @@ def exit_process(reason: str, delay_s: float = 0.2) -> None:
     timer = threading.Timer(delay_s, os._exit, args=(EXIT_STATUS,))
     timer.daemon = True
     timer.start()
+
+
+def server_kind(given: str | None, env) -> str:
+    """``given``, else ``LIGHTKEEPER_WORKER_SERVER``, else flask; ValueError naming its source."""
+    raw, source = (given, "server") if given else (env.get(ENV_SERVER), ENV_SERVER)
+    kind = (raw or "flask").strip().lower()
+    if kind not in SERVERS:
+        raise ValueError(f"{source}={raw!r}: one of {', '.join(SERVERS)}")
+    return kind
+
+
+def _why(e: requests.RequestException) -> str:
+    """A requests failure in a few words: urllib3's text holds object reprs and retry counts."""
+    text = str(e)
+    for pattern in (r"\[Errno -?\d+\] ([^'\")]+)", r"(Name or service not known)",
+                    r"(timed out)", r"(Invalid URL[^:]*)"):
+        m = re.search(pattern, text)
+        if m:
+            return m.group(1).strip()
+    return type(e).__name__
 
 
 class WorkerServer:
@@ -172,7 +193,7 @@ class WorkerServer:
                              "port" if port is not None else "LIGHTKEEPER_WORKER_PORT"),
             fault_handler=fault_handler, fault_token=env.get("LIGHTKEEPER_FAULT_TOKEN") or None,
             exit_token=env.get("LIGHTKEEPER_EXIT_TOKEN") or None,
-            server=(server or env.get(ENV_SERVER) or "flask").strip().lower(),
+            server=server_kind(server, env),
         )
         if manager is not None:
             server.attach(manager)
@@ -229,18 +250,19 @@ class WorkerServer:
                     r = requests.post(f"{monitor_url.rstrip('/')}/v1/targets", json=body,
                                       headers=headers, timeout=2)
                     if r.status_code != 200 and r.status_code != said:
-                        # 401 (token), 403 (address not allowed), 429 (monitor full): the
-                        # operator has to act, and this rank is not monitored until then
-                        log.warning("monitor %s refused this rank's registration: HTTP %d %s",
-                                    monitor_url, r.status_code, " ".join(r.text.split())[:200])
+                        # 401 (token), 403 (address not allowed), 409 (another job), 429
+                        # (monitor full): the operator has to act; not monitored until then.
+                        # Said on stderr: the job's logging may hide or reformat a warning.
+                        say(f"monitor {monitor_url} refused this rank's registration: HTTP "
+                            f"{r.status_code} {' '.join(r.text.split())[:200]}")
                     elif r.status_code == 200 and said is not None:
-                        log.warning("registered with monitor %s", monitor_url)
+                        say(f"registered with monitor {monitor_url}")
                     said = None if r.status_code == 200 else r.status_code
                 except requests.RequestException as e:
                     if said != "unreachable":  # once: a typo in the URL leaves it unmonitored
-                        log.warning("cannot register with monitor %s (%s: %s); this rank is not "
-                                    "monitored until it can, tried every %.0f s", monitor_url,
-                                    type(e).__name__, e, REGISTER_INTERVAL_S)
+                        say(f"cannot register with monitor {monitor_url} ({_why(e)}); this rank "
+                            f"is not monitored until it can, tried every "
+                            f"{REGISTER_INTERVAL_S:.0f} s")
                     said = "unreachable"
                 self._stop.wait(REGISTER_INTERVAL_S)
 
