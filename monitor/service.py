@@ -90,10 +90,13 @@ def check_config(cfg: MonitorConfig) -> None:
     if cfg.lighthouse and not (urlsplit(cfg.lighthouse).scheme in ("http", "https")
                                and urlsplit(cfg.lighthouse).hostname):
         raise ConfigError(f"--lighthouse {cfg.lighthouse!r}: not an http(s)://host:port URL")
+    for t in cfg.targets:  # before the allow-list, which their hosts join
+        try:
+            normalize_url(t)  # e.g. an IPv6 literal without brackets: said here, not a crash
+        except ValueError as e:
+            raise ConfigError(f"--targets entry {t!r}: {e}") from None
     try:
         allow_list(cfg)
-        for t in cfg.targets:
-            normalize_url(t)  # e.g. an IPv6 literal without brackets: said here, not a crash
         for a in cfg.quarantine.actions:
             validate_action(a)
     except (ValueError, SinkConfigError) as e:  # BadTarget is a ValueError

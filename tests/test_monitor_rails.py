@@ -193,6 +193,11 @@ def test_cli_flags_map_to_config_and_bad_values_exit_2(tmp_path, capsys):
     bad = p.parse_args(["--interval", "0", "--state", str(tmp_path / "s.db")])
     assert cli.run(bad) == 2
     assert "--interval must be > 0" in capsys.readouterr().err  # the flag, not the field
+    for target, said in (("foo bar", "has no port"), ("[::1:9500", "Invalid IPv6 URL")):
+        bad = p.parse_args(["--targets", target, "--state", str(tmp_path / "s.db")])
+        assert cli.run(bad) == 2
+        err = capsys.readouterr().err  # the flag the user gave, not --allow-targets
+        assert f"--targets entry {target!r}: " in err and said in err, err
 
 
 def test_what_a_monitor_cannot_start_on_is_one_line_and_changes_nothing(tmp_path, capsys):
@@ -228,3 +233,17 @@ def test_what_a_monitor_cannot_start_on_is_one_line_and_changes_nothing(tmp_path
         assert first.store.open_finding_ids() == {("hang", 1, None): fid}
     finally:
         first.stop()
+
+
+def test_a_restarted_monitor_re_adopts_registrations_not_old_static_targets(tmp_path):
+    """The --sd-out file of the last run holds its --targets too: those are this run's to give
+    again (one removed from --targets is not polled for --forget-after); its registered ranks
+    are re-adopted, as they will register again anyway."""
+    sd = str(tmp_path / "targets.json")
+    before = Discovery(static=["127.0.0.1:1", "127.0.0.1:2"])
+    before.register({"url": "http://127.0.0.1:3", "replica_group": 1, "rank": 1}, now=100.0)
+    before.write_file_sd(sd)
+    after = Discovery(static=["127.0.0.1:4"])
+    after.restore(sd)
+    assert {(t.url, t.source) for t in after.targets()} == {
+        ("http://127.0.0.1:4", "static"), ("http://127.0.0.1:3", "registered")}

@@ -87,8 +87,9 @@ def _opt_int(value: Any) -> int | None:
         raise BadTarget(f"expected an integer, got {value!r}") from None
 
 
-def _read_file_sd(path: str) -> dict[str, Target]:
-    """The targets of a ``file_sd`` file; raises OSError, ValueError or BadTarget."""
+def _read_file_sd(path: str, ours: bool = False) -> dict[str, Target]:
+    """The targets of a ``file_sd`` file; raises OSError, ValueError or BadTarget. ``ours``: a
+    file this monitor wrote, whose ``lightkeeper_source`` label says where each came from."""
     with open(path) as f:
         groups = json.load(f)
     if not isinstance(groups, list):
@@ -104,7 +105,8 @@ def _read_file_sd(path: str) -> dict[str, Target]:
             if not isinstance(address, str):
                 raise BadTarget(f"target {address!r} is not a string")
             url = normalize_url(address)
-            out[url] = Target(url, "file_sd", job=labels.get("job"),
+            source = str(labels.get("lightkeeper_source", "registered")) if ours else "file_sd"
+            out[url] = Target(url, source, job=labels.get("job"),
                               replica_group=_opt_int(labels.get("replica_group")),
                               rank=_opt_int(labels.get("rank")))
     return out
@@ -205,16 +207,17 @@ class Discovery:
             self._invalidate()
 
     def restore(self, path: str) -> None:
-        """Re-adopt as registered the targets a previous run wrote (:meth:`write_file_sd`).
+        """Re-adopt as registered the targets a previous run wrote (:meth:`write_file_sd`) that
+        registered themselves; its --targets and --targets-file are this run's to give again.
         A missing or broken file restores nothing."""
         try:
-            parsed = _read_file_sd(path)
+            parsed = _read_file_sd(path, ours=True)
         except (OSError, ValueError):  # BadTarget is a ValueError
             return
         now = time.time()
         with self._lock:
             for url, t in parsed.items():
-                if url in self._registered:
+                if url in self._registered or t.source in ("static", "file_sd"):
                     continue
                 if self._count() >= self.max_targets:
                     break
