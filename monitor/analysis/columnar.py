@@ -155,7 +155,7 @@ def _members_of_text(raw: str, offset: int) -> tuple[int, ...]:
 
 def _incarnations(raw: Any, members: dict[GroupKey, tuple[int, ...]]) -> tuple[dict[GroupKey, int], dict[int, GroupKey], Ranged]:
     """``(key -> first record id, pg_id -> key, record-id ranges of those without a pg_id)``;
-    their member lists are added to ``members``."""
+    their member lists are added to ``members``, and pg_config's lists of their groups dropped."""
     if not isinstance(raw, list):
         raise DumpFormatError("'incarnations' is not a list")
     incarnations: dict[GroupKey, int] = {}
@@ -174,6 +174,11 @@ def _incarnations(raw: Any, members: dict[GroupKey, tuple[int, ...]]) -> tuple[d
         starts.append((first, key.pg, key, inc.get("pg_id")))
         if inc.get("pg_id") is not None:
             by_pg_id[int(inc["pg_id"])] = key
+    # pg_config lists torchft's group (gloo: '') by replica rank, not global rank, as if a group
+    # inside this replica group: its members are the incarnations' global_ranks
+    names = {key.pg for key in incarnations}
+    for key in [k for k in members if k.quorum_id is None and k.pg in names]:
+        del members[key]
     starts.sort(key=lambda s: s[0])
     ends = [s[0] for s in starts[1:]] + [math.inf]  # each runs until the next one starts
     ranged = [(first, end, pg, key) for (first, pg, key, pg_id), end in zip(starts, ends, strict=False) if pg_id is None]
