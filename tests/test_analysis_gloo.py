@@ -23,6 +23,7 @@ import pytest
 
 from monitor.analysis import GroupKey, analyze
 from monitor.analysis.loader import load_paths
+from tests.support.workers import finish_all
 
 WORLD = 3
 
@@ -94,23 +95,7 @@ def gloo_dumps(tmp_path_factory) -> Path:
         )
         for rank in range(WORLD)
     ]
-    failures = []
-    try:
-        for rank, proc in enumerate(procs):
-            try:
-                _, err = proc.communicate(timeout=120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                _, err = proc.communicate()
-            if proc.returncode != 0:
-                failures.append(f"rank {rank} exited {proc.returncode}: {err.decode()[-2000:]}")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                os.kill(proc.pid, 9)
-                proc.wait()
-    if failures:
-        pytest.fail("\n".join(failures))
+    finish_all(procs, "rank")
     return out
 
 

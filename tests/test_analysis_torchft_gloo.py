@@ -24,6 +24,7 @@ import pytest
 from lightkeeper.cli import main
 from monitor.analysis import GroupKey, analyze
 from tests.support.frgen import FRJob
+from tests.support.workers import finish_all
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,23 +86,7 @@ def ft_dumps(request, tmp_path_factory) -> tuple[tuple[int, int], Path]:
                                str(group_rank), str(size)],
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
              for group in (0, 1)]
-    failures = []
-    try:
-        for group, proc in enumerate(procs):
-            try:
-                _, err = proc.communicate(timeout=120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                _, err = proc.communicate()
-            if proc.returncode != 0:
-                failures.append(f"group {group} exited {proc.returncode}: {err.decode()[-2000:]}")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    if failures:
-        pytest.fail("\n".join(failures))
+    finish_all(procs, "group")
     return (group_rank, size), out
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import requests
 
 
@@ -47,3 +49,27 @@ def analyze_cli(*paths) -> tuple[int, dict]:
     res = subprocess.run([sys.executable, "-m", "lightkeeper.cli", "analyze", "--format", "json",
                           *map(str, paths)], capture_output=True, text=True, timeout=120)
     return res.returncode, json.loads(res.stdout)
+
+
+def finish_all(procs: list, label: str, timeout: float = 120.0) -> None:
+    """Wait for every process; kill what is left (also on failure); fail the test naming each
+    ``label N`` that did not exit 0, with the tail of its stderr."""
+    import pytest
+
+    failures = []
+    try:
+        for i, proc in enumerate(procs):
+            try:
+                _, err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+            if proc.returncode != 0:
+                failures.append(f"{label} {i} exited {proc.returncode}: {err.decode()[-2000:]}")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    if failures:
+        pytest.fail("\n".join(failures))
