@@ -14,6 +14,7 @@ import re
 import socket
 import sys
 import threading
+import time
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -490,6 +491,128 @@ def test_store_reader_finds_ranks_the_lighthouse_vouches_for():
     assert f"cannot read store {dead}" in reader.error
     # the Lighthouse stopped listing them: forgotten
     assert reader.read([], NOW + 100) == {}
+
+
+def closed_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_a_gone_store_costs_no_torch_call_and_is_said_once(capfd, caplog):
+    """A group that ended while the Lighthouse still lists it in its last quorum: its store's
+    port is closed. torch's client would retry it for its whole timeout (~2 s a read) and write
+    some 30 lines of C++ errors and stack frames to stderr a try, every 5 s."""
+    pytest.importorskip("torch.distributed")
+    dead = closed_port()
+    reader = StoreReader()  # the monitor's: 1 s
+    with caplog.at_level("WARNING", logger="monitor.poll.torch_server"):
+        for i in range(4):
+            t0 = time.monotonic()
+            assert reader.read([("ft_5:u", dead, 1)], NOW + 100 * i) == {}
+            took = time.monotonic() - t0
+            assert took < 1.0, took  # docs: a store read blocks the sweep one second at most
+    assert f"cannot read store {dead} of 'ft_5:u': ConnectionRefusedError" in reader.error
+    assert len([r for r in caplog.records if "cannot read store" in r.getMessage()]) == 1
+    err = capfd.readouterr().err
+    assert "c10d" not in err and "socket.cpp" not in err, err[:400]
+
+
+def test_a_store_that_cannot_be_read_is_read_less_and_less_often(monkeypatch):
+    dist = pytest.importorskip("torch.distributed")
+    tries: list[float] = []
+    connect, at = socket.create_connection, [0.0]
+
+    def counted(addr, *args, **kwargs):
+        if addr[1] == port:
+            tries.append(at[0])
+        return connect(addr, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "create_connection", counted)
+    dead = closed_port()
+    port = int(dead.rpartition(":")[2])
+    reader = StoreReader(timeout_s=0.5)
+
+    def sweeps(start: float, end: float, found: int = 0) -> None:
+        for t in range(int(start), int(end) + 1, 5):  # the Lighthouse lists it every sweep
+            at[0] = t
+            assert len(reader.read([("ft_5:u", dead, 2)], NOW + t)) == found, t
+
+    sweeps(0, 5)
+    assert tries == [0, 5]
+    sweeps(10, 240)  # 5 s, then twice as long after each further failure, up to 80 s
+    assert tries == [0, 5, 15, 35, 75, 155, 235]
+    # the store comes up, one rank's address in it: read at its turn, then every 5 s again
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=5))
+    store.set("replica_id", "ft_5:u")
+    store.set("debug_server/rank0", "http://node7:4100")
+    sweeps(240, 310)
+    sweeps(315, 315, found=1)
+    store.set("debug_server/rank1", "http://node8:4100")
+    sweeps(316, 319, found=1)
+    assert tries[-1] == 315
+    sweeps(320, 320, found=2)
+    assert tries[-1] == 320
+
+
+def test_a_store_that_never_answers_holds_the_sweep_its_timeout_only():
+    """torch's client waits for its ping's reply without end on a port that takes connections
+    and never answers (TCPStore's timeout does not cover it): the sweep waits the reader's
+    timeout, the other stores are read meanwhile, and that store is not read again while its
+    read is under way."""
+    dist = pytest.importorskip("torch.distributed")
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=timedelta(seconds=5))
+    store.set("replica_id", "ft_3:uuid")
+    store.set("debug_server/rank0", "http://node7:4100")
+    live = f"127.0.0.1:{store.port}"
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    mute = f"127.0.0.1:{silent.getsockname()[1]}"
+    conns: list[socket.socket] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conns.append(silent.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    reader = StoreReader(timeout_s=0.3)
+    groups = [("ft_3:uuid", live, 1), ("ft_4:u", mute, 1)]
+    got: list = []
+
+    def sweep(now: float) -> float:
+        t0 = time.monotonic()
+        got.clear()
+        th = threading.Thread(target=lambda: got.append(reader.read(groups, now)), daemon=True)
+        th.start()
+        th.join(10)  # torch's client alone would wait forever
+        return time.monotonic() - t0
+
+    try:
+        took = sweep(NOW)
+        assert got and took < 1.0, took
+        assert got[0] == {"torch+http://node7:4100": TorchIdentity("ft_3:uuid", 3, 0, 1, live)}
+        assert f"cannot read store {mute} of 'ft_4:u': no answer in 0.3 s" in reader.error
+        deadline = time.monotonic() + 5
+        while len(conns) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for now in (NOW + 10, NOW + 100):
+            assert sweep(now) < 0.5 and got and len(got[0]) == 1
+        time.sleep(0.1)
+        assert len(conns) == 2  # the plain connect, torch's client; not read again meanwhile
+    finally:
+        silent.close()
+        for c in conns:
+            c.close()
+    # torch's client gives up once the port closes: that read is taken, the store read again
+    deadline = time.monotonic() + 10
+    while "no answer" in reader.error and time.monotonic() < deadline:
+        time.sleep(0.05)
+        sweep(NOW + 200)
+    assert "no answer" not in reader.error and f"cannot read store {mute}" in reader.error
 
 
 def test_store_reader_without_torch_says_so_once(monkeypatch, caplog):

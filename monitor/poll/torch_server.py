@@ -20,8 +20,10 @@ from __future__ import annotations
 import json
 import logging
 import re
+import socket
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -42,6 +44,8 @@ NCCL_FR_HANDLER = "dump_nccl_trace_json"
 STORE_PREFIX = "debug_server/rank"  # torch.distributed.debug._store: one key per RANK
 HANDLERS_TTL_S = 30.0  # a rank's handler list is asked again this often (or after a 404)
 STORE_RETRY_S = 5.0  # a store that could not be read (or lacked ranks) is asked again after
+STORE_RETRY_MAX_S = 80.0  # ... doubled after each further failure to read it, up to this
+MAX_STORE_READS = 64  # store reads under way (torch's client can wait without end) at most
 _GROUP_NUMBER = re.compile(r"(\d+)$")
 
 
@@ -225,17 +229,57 @@ class _StoreRead:
     found: dict[str, TorchIdentity]
     complete: bool
     at: float
+    wait: float = STORE_RETRY_S  # read again this long after ``at`` (doubled by each failure)
+
+
+@dataclass(frozen=True)
+class _Got:
+    """What one store read came to: the ranks found and whether all were; ``failed``: the
+    store could not be read; ``message``: what to say about it, once per ``key``."""
+
+    found: dict[str, TorchIdentity]
+    complete: bool
+    failed: bool = False
+    key: str = ""
+    message: str | None = None
+
+
+class _Reading:
+    """One store read on a thread of its own. torch's client can block without end: on a port
+    that takes connections but never answers, ``TCPStore()`` waits for its ping's reply with no
+    timeout (torch 2.13, whatever ``timeout`` says), so the sweep waits for it only so long."""
+
+    def __init__(self, fetch: Callable[[], _Got]) -> None:
+        self.got: _Got | None = None
+        self.done = threading.Event()
+        threading.Thread(target=self._run, args=(fetch,), name="lightkeeper-store-read",
+                         daemon=True).start()
+
+    def _run(self, fetch: Callable[[], _Got]) -> None:
+        try:
+            self.got = fetch()
+        finally:
+            self.done.set()
 
 
 class StoreReader:
     """torch-only ranks from their groups' TCPStores: for each group the Lighthouse lists
     (replica id, store, world size), the store's ``replica_id`` must be that id, then each
     ``debug_server/rank<i>`` key is a rank's address. Needs torch in the monitor's Python
-    (said once, then nothing is found). Never raises."""
+    (said once, then nothing is found). Never raises.
+
+    The stores due are read at once, each on its own thread, and :meth:`read` waits for them
+    ``timeout_s`` at most; a read that ends later is taken at a later call, and its store is not
+    read again until then. A store is first connected to plainly (one connect, ``timeout_s`` at
+    most): one that is gone costs no torch call, whose client retries for its whole timeout and
+    writes some 30 lines of C++ errors to stderr a try. A store that cannot be read is said once
+    (again only after it was read) and read again STORE_RETRY_S later, then twice as long after
+    each further failure, up to STORE_RETRY_MAX_S."""
 
     def __init__(self, timeout_s: float = 1.0, forget_after_s: float = 30.0) -> None:
         self.timeout_s, self.forget_after_s = timeout_s, forget_after_s
         self._reads: dict[tuple[str, str], _StoreRead] = {}
+        self._reading: dict[tuple[str, str], _Reading] = {}  # reads not taken yet
         self._last_listed: dict[str, float] = {}  # replica id -> when the Lighthouse listed it
         self._said: set[str] = set()
         self.error: str | None = None  # the last store that could not be read, and why
@@ -246,22 +290,42 @@ class StoreReader:
 
     def read(self, groups: Iterable[tuple[str, str, int]], now: float) -> dict[str, TorchIdentity]:
         """Read the stores of ``groups`` (replica id, ``host:port``, world size) not read yet
-        (or incomplete, after STORE_RETRY_S); forget groups the Lighthouse stopped listing
-        ``forget_after_s`` ago. Returns :meth:`identities`."""
+        (or incomplete, or failed, when due again); forget groups the Lighthouse stopped listing
+        ``forget_after_s`` ago. Blocks ``timeout_s`` at most. Returns :meth:`identities`."""
+        started: list[tuple[str, str]] = []
         for rid, store, ws in groups:
             self._last_listed[rid] = now
-            got = self._reads.get((rid, store))
-            if got is not None and (got.complete or now - got.at < STORE_RETRY_S):
+            key = (rid, store)
+            got = self._reads.get(key)
+            if key in self._reading or got is not None and (
+                    got.complete or now - got.at < got.wait):
                 continue
-            found, complete = self._read_one(rid, store, ws)
-            if found or got is None:
-                self._reads[(rid, store)] = _StoreRead(found, complete, now)
+            if len(self._reading) >= MAX_STORE_READS:
+                self._say("reads", f"torch's debug server: {len(self._reading)} store reads "
+                          "have not answered; no other store is read until one does")
+                continue
+            reading = self._start(rid, store, ws)
+            if isinstance(reading, _Got):
+                self._settle(key, reading, now)
             else:
-                got.at = now
-        for key in [k for k in self._reads if now - self._last_listed.get(k[0], now)
-                    >= self.forget_after_s]:
-            del self._reads[key]
-            self._last_listed.pop(key[0], None)
+                self._reading[key] = reading
+                started.append(key)
+        deadline = time.monotonic() + self.timeout_s
+        for key in started:
+            self._reading[key].done.wait(max(0.0, deadline - time.monotonic()))
+        for key, reading in list(self._reading.items()):
+            if reading.done.is_set():
+                del self._reading[key]
+                if key[0] in self._last_listed:  # else forgotten meanwhile
+                    self._settle(key, reading.got or _Got({}, False, True), now)
+            elif key in started:
+                self._say(f"store:{key[1]}", f"torch's debug server: cannot read store "
+                          f"{key[1]} of {key[0]!r}: no answer in {self.timeout_s:g} s (its port "
+                          "takes connections); not read again until that read ends")
+        for rid in [r for r, t in self._last_listed.items() if now - t >= self.forget_after_s]:
+            del self._last_listed[rid]
+            for key in [k for k in self._reads if k[0] == rid]:
+                del self._reads[key]
         return self.identities()
 
     def _say(self, key: str, message: str) -> None:
@@ -270,37 +334,56 @@ class StoreReader:
             self._said.add(key)
             log.warning("%s", message)
 
-    def _read_one(self, rid: str, store: str, ws: int) -> tuple[dict[str, TorchIdentity], bool]:
+    def _settle(self, key: tuple[str, str], got: _Got, now: float) -> None:
+        if got.message is not None:
+            self._say(got.key, got.message)
+        if not got.failed:
+            self._said.discard(f"store:{key[1]}")  # read: a later failure is said again
+        old = self._reads.get(key)
+        wait = min(2 * old.wait, STORE_RETRY_MAX_S) if got.failed and old is not None \
+            else STORE_RETRY_S
+        if got.found or old is None:
+            self._reads[key] = _StoreRead(got.found, got.complete, now, wait)
+        else:
+            old.at, old.wait = now, wait
+
+    def _start(self, rid: str, store: str, ws: int) -> _Reading | _Got:
+        """The read of ``store`` under way, or what it came to where no read is needed."""
         group = replica_group_of(rid)
         if group is None:
-            self._say(f"group:{rid}", f"torch's debug server: replica id {rid!r} names no "
-                      "replica group number (its prefix should end in digits); its ranks "
-                      "are not read")
-            return {}, True
+            return _Got({}, True, key=f"group:{rid}", message=(
+                f"torch's debug server: replica id {rid!r} names no replica group number (its "
+                "prefix should end in digits); its ranks are not read"))
         try:
             from torch.distributed import TCPStore
         except ImportError as e:
-            self._say("torch", f"--torch-stores needs torch in the monitor's Python to read "
-                      f"the groups' TCPStores ({e}); torch-only ranks are not found")
-            return {}, True
+            return _Got({}, True, key="torch", message=(
+                f"--torch-stores needs torch in the monitor's Python to read the groups' "
+                f"TCPStores ({e}); torch-only ranks are not found"))
+        return _Reading(lambda: self._fetch(TCPStore, rid, store, ws, group))
+
+    def _fetch(self, tcp_store: Any, rid: str, store: str, ws: int, group: int) -> _Got:
+        """The read itself, on its own thread; never raises."""
         host, _, port = store.rpartition(":")
+        host = host.strip("[]")
         try:
-            s = TCPStore(host.strip("[]"), int(port), is_master=False, wait_for_workers=False,
-                         timeout=timedelta(seconds=self.timeout_s))
+            # torch's client is handed only a port something listens on
+            socket.create_connection((host, int(port)), timeout=self.timeout_s).close()
+            s = tcp_store(host, int(port), is_master=False, wait_for_workers=False,
+                          timeout=timedelta(seconds=self.timeout_s))
             listed = s.get("replica_id").decode("utf-8", "replace") \
                 if s.check(["replica_id"]) else None
             if listed != rid:
-                self._say(f"rid:{rid}:{store}", f"torch's debug server: store {store} holds "
-                          f"replica_id {listed!r}, not {rid!r}: its ranks are not read")
-                return {}, False
+                return _Got({}, False, key=f"rid:{rid}:{store}", message=(
+                    f"torch's debug server: store {store} holds replica_id {listed!r}, not "
+                    f"{rid!r}: its ranks are not read"))
             found: dict[str, TorchIdentity] = {}
             for i in range(ws):
                 key = f"{STORE_PREFIX}{i}"
                 if s.check([key]):
                     addr = s.get(key).decode("utf-8", "replace")
                     found[torch_url(addr)] = TorchIdentity(rid, group, i, ws, store)
-            return found, len(found) == ws
-        except Exception as e:  # unreachable, timed out, a bad port: asked again later
-            self._say(f"store:{store}", f"torch's debug server: cannot read store {store} of "
-                      f"{rid!r}: {type(e).__name__}: {e}")
-            return {}, False
+            return _Got(found, len(found) == ws)
+        except Exception as e:  # refused, unreachable, timed out, a bad port: read again later
+            return _Got({}, False, True, f"store:{store}", f"torch's debug server: cannot read "
+                        f"store {store} of {rid!r}: {type(e).__name__}: {e}")
