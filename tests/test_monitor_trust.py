@@ -664,7 +664,9 @@ def test_an_unverified_rank_is_shown_never_grounds_for_an_eviction(tmp_path, job
         real.set_mode("down")
         wait_until(lambda: job.kills, 20, what="the control: a verified rank's group evicted")
         assert job.kills == [job.replica_ids[2]]
-        assert [(f["kind"] in DEAD, f["replica_group"]) for f in findings(mon)] == [(True, 2)]
+        # the killed group's process exits, as torchft's does: its own `dead` finding may
+        # follow the eviction's before this reads them; none is of the stranger's group 1
+        assert {(f["kind"] in DEAD, f["replica_group"]) for f in findings(mon)} == {(True, 2)}
         # under load a sweep may see too few ranks answer in time (or the Lighthouse slow) and
         # hold as monitor_blind before the eviction: a rail working, not the stranger counted
         ds = decisions(mon)
