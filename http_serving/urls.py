@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["host_for_url", "http_url", "split_host_port"]
+__all__ = ["host_for_url", "http_url", "is_http_url", "split_host_port"]
 
 
 def _is_ipv6(host: str) -> bool:
@@ -56,3 +56,13 @@ def split_host_port(address: str) -> tuple[str, int]:
         raise ValueError(f"{address!r}: expected host:port")
     host = unquote(parts.hostname) if "%" in parts.hostname else parts.hostname
     return host, port
+
+
+def is_http_url(url: str) -> bool:
+    """``url`` is ``http(s)://host[:port][/path]`` with a host and, if given, a valid port."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 -- raises ValueError for a port out of range or not a number
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)

@@ -14,8 +14,8 @@ import argparse
 import os
 import shutil
 import sys
-from urllib.parse import urlsplit
 
+from http_serving import is_http_url
 from worker_server.autostart import ENV_AUTOSTART, SITE_DIR, torchft_missing
 
 FR_BUFFER_DEFAULT = "2000"  # Flight Recorder entries kept per process unless the job sets its own
@@ -68,15 +68,8 @@ def bad_monitor_url(flag: str | None, env: str | None) -> str | None:
     cannot be registered with, naming where it came from; None when they can."""
     value, name = (flag, "--monitor") if flag is not None else (env, "LIGHTKEEPER_MONITOR")
     for url in (value or "").split(","):
-        url = url.strip()
-        try:
-            parts = urlsplit(url)
-            ok = parts.scheme in ("http", "https") and bool(parts.hostname)
-            parts.port  # noqa: B018 (raises ValueError for a bad port)
-        except ValueError:
-            ok = False
-        if value and not ok:
-            return f"{name} {url!r} is not an http(s)://host:port URL"
+        if value and not is_http_url(url.strip()):
+            return f"{name} {url.strip()!r} is not an http(s)://host:port URL"
     return None
 
 

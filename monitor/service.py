@@ -20,9 +20,8 @@ import os
 import threading
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
-from http_serving import BackgroundWSGIServer, http_url
+from http_serving import BackgroundWSGIServer, http_url, is_http_url
 
 from .act.actions import Lighthouse
 from .act.bundles import Bundles
@@ -87,8 +86,7 @@ def allow_list(cfg: MonitorConfig) -> AllowList:
 def check_config(cfg: MonitorConfig) -> None:
     """``cfg.validate()`` and the checks of each stage's own grammar; raises ConfigError."""
     cfg.validate()
-    if cfg.lighthouse and not (urlsplit(cfg.lighthouse).scheme in ("http", "https")
-                               and urlsplit(cfg.lighthouse).hostname):
+    if cfg.lighthouse and not is_http_url(cfg.lighthouse):
         raise ConfigError(f"--lighthouse {cfg.lighthouse!r}: not an http(s)://host:port URL")
     for t in cfg.targets:  # before the allow-list, which their hosts join
         try:
