@@ -88,6 +88,7 @@ def test_exec_hook_gets_json_on_stdin_and_a_failure_is_reported(tmp_path):
     assert not slow.ok and "did not finish within 0.3s" in slow.detail
 
 
+
 def test_webhook_signature_checked_by_the_receiver_and_errors():
     secret = "s3cret"
     status = {"code": 204}
@@ -260,15 +261,18 @@ def _free_port() -> int:
 
 @pytest.fixture
 def slurm(tmp_path):
-    """A real Slurm controller and one slurmd (node ``n1``) on loopback, with their own munged
-    (Debian's slurmctld, slurmd, slurm-client, munge: bin/bootstrap --system). Root only."""
+    """A real Slurm controller and two slurmd (nodes ``n1``, ``n2``) on loopback, with their own
+    munged (Debian's slurmctld, slurmd, slurm-client, munge: bin/bootstrap --system). Root
+    only."""
     binaries = {n: _sbin(n) for n in ("munged", "mungekey", "slurmctld", "slurmd")}
     require_binary("scontrol")
     if os.geteuid() != 0:
         pytest.skip("the loopback Slurm cluster runs as root (SlurmUser=root)")
     d = tmp_path
     (d / "state").mkdir()
-    (d / "spool").mkdir()
+    nodes = ("n1", "n2")
+    for n in nodes:
+        (d / f"spool-{n}").mkdir()
     key, sock = d / "munge.key", d / "munge.sock"
     subprocess.run([binaries["mungekey"], "-c", "-k", str(key), "-b", "1024", "-f"],
                    check=True, capture_output=True)
@@ -282,11 +286,10 @@ AuthType=auth/munge
 AuthInfo=socket={sock}
 CredType=cred/munge
 SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
 StateSaveLocation={d}/state
-SlurmdSpoolDir={d}/spool
+SlurmdSpoolDir={d}/spool-%n
 SlurmctldPidFile={d}/ctld.pid
-SlurmdPidFile={d}/d.pid
+SlurmdPidFile={d}/d-%n.pid
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/linear
@@ -295,10 +298,10 @@ MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SlurmctldLogFile={d}/ctld.log
-SlurmdLogFile={d}/slurmd.log
-NodeName=n1 NodeAddr=127.0.0.1 NodeHostname=localhost CPUs=1 State=UNKNOWN
-PartitionName=p Nodes=n1 Default=YES State=UP
-""")
+SlurmdLogFile={d}/slurmd-%n.log
+""" + "".join(f"NodeName={n} NodeAddr=127.0.0.1 NodeHostname=localhost Port={_free_port()} "
+              "CPUs=1 State=UNKNOWN\n" for n in nodes)
+                    + "PartitionName=p Nodes=n1,n2 Default=YES State=UP\n")
     env = {**os.environ, "SLURM_CONF": str(conf)}
     procs = [subprocess.Popen([binaries["munged"], "-F", "-f", f"--key-file={key}",
                                f"--socket={sock}", f"--pid-file={d}/munged.pid",
@@ -311,13 +314,14 @@ PartitionName=p Nodes=n1 Default=YES State=UP
         procs.append(subprocess.Popen([binaries["slurmctld"], "-D", "-i", "-f", str(conf)],
                                       env=env, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL))
-        procs.append(subprocess.Popen([binaries["slurmd"], "-D", "-N", "n1", "-f", str(conf)],
-                                      env=env, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL))
-        while True:  # until slurmd has registered n1 (IDLE): a node in UNKNOWN cannot resume
-            r = subprocess.run(["scontrol", "show", "node", "n1"], env=env, capture_output=True,
+        for n in nodes:
+            procs.append(subprocess.Popen([binaries["slurmd"], "-D", "-N", n, "-f", str(conf)],
+                                          env=env, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
+        while True:  # until both slurmd registered (IDLE): a node in UNKNOWN cannot resume
+            r = subprocess.run(["scontrol", "show", "node"], env=env, capture_output=True,
                                text=True)
-            if r.returncode == 0 and "State=IDLE" in r.stdout:
+            if r.returncode == 0 and r.stdout.count("State=IDLE") == len(nodes):
                 break
             if time.monotonic() > deadline:
                 log = d / "ctld.log"
@@ -356,3 +360,28 @@ def test_slurm_sink_against_a_real_controller(slurm, monkeypatch):
     assert "DRAIN" not in node().split("State=")[1].split()[0]
     bad = sink.quarantine({**EVENT, "node": "no-such-node"})
     assert not bad.ok and not bad.retry and "Invalid node name" in bad.detail
+
+
+def test_slurm_sink_drains_one_node_never_a_hostlist_or_all(slurm, monkeypatch):
+    """A node name is a rank's claim: ``ALL``, ``n[1-2]`` or ``n1,n2`` would drain every node
+    past --max-quarantined; refused (not retried), and the real controller shows none drained."""
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+    sink = SlurmSink()
+    for node in ("ALL", "all", "n[1-2]", "n1,n2", "n1 n2", "-h"):
+        res = sink.quarantine({**EVENT, "node": node})
+        assert not res.ok and not res.retry and "not one node name" in res.detail, res.detail
+    shown = subprocess.run(["sinfo", "-N", "-h", "-o", "%N %T"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert shown == ["n1", "idle", "n2", "idle"]
+
+
+def test_k8s_sink_sends_nothing_for_a_node_name_that_is_a_path(kube):
+    """A rank's claimed node ending up in the URL: ``../namespaces/...`` would patch another
+    resource; refused before any request to the (fake) API server."""
+    api, rx, sink = kube
+    for node in ("../namespaces/train/pods/training-1", "node-1/status", "node-1?x=y"):
+        for op in (sink.quarantine, sink.release):
+            res = op({**EVENT, "node": node})
+            assert not res.ok and not res.retry and "not one node name" in res.detail
+    assert rx.requests == []

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+# one node as Slurm and Kubernetes name it: never a hostlist (n[1-64], a,b), a path or an option
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
 
 @dataclass
@@ -23,3 +27,12 @@ class Sink(Protocol):
 
 class SinkConfigError(ValueError):
     """An ``--action`` the monitor cannot build a sink from."""
+
+
+def one_node(event: dict[str, Any]) -> str:
+    """The event's node, which a rank claims; ValueError unless it names exactly one node
+    (Slurm's ``ALL`` names every one)."""
+    node = str(event.get("node") or event["host"])
+    if not NODE_NAME.fullmatch(node) or node.upper() == "ALL":
+        raise ValueError(f"node {node!r} is not one node name: nothing done")
+    return node

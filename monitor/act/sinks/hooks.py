@@ -15,7 +15,7 @@ from typing import Any
 
 import requests
 
-from .base import ActionResult, SinkConfigError
+from .base import ActionResult, SinkConfigError, one_node
 
 SIGNATURE_HEADER = "X-Lightkeeper-Signature"
 EVENT_HEADER = "X-Lightkeeper-Event"
@@ -92,7 +92,10 @@ class SlurmSink:
         return self._run(event, "State=RESUME")
 
     def _run(self, event: dict[str, Any], *args: str) -> ActionResult:
-        node = str(event.get("node") or event["host"])
+        try:
+            node = one_node(event)  # a hostlist or ALL would drain many nodes past the cap
+        except ValueError as e:
+            return ActionResult(False, str(e), retry=False)
         argv = [SCONTROL, "update", f"NodeName={node}", *args]
         res, err = run_command(argv, " ".join(argv), self.timeout_s)
         res.retry = res.retry and "Invalid node name" not in err  # an unknown node stays so

@@ -13,7 +13,7 @@ import re
 import time
 from typing import Any
 
-from .base import ActionResult, SinkConfigError
+from .base import ActionResult, SinkConfigError, one_node
 
 TAINT_KEY = "lightkeeper.io/quarantined"
 CONDITION = "LightkeeperQuarantined"
@@ -64,7 +64,10 @@ class KubernetesSink:
         return cls(client, namespace, pod_selector or DEFAULT_POD_SELECTOR)
 
     def quarantine(self, event: dict[str, Any]) -> ActionResult:
-        node = str(event.get("node") or event["host"])
+        try:
+            node = one_node(event)  # a name with a '/' would patch another path
+        except ValueError as e:
+            return ActionResult(False, str(e), retry=False)
         kind = str(event.get("kind") or "quarantined")
         done: list[str] = []
         try:
@@ -80,7 +83,10 @@ class KubernetesSink:
         return ActionResult(True, f"node {node}: " + "; ".join(done))
 
     def release(self, event: dict[str, Any]) -> ActionResult:
-        node = str(event.get("node") or event["host"])
+        try:
+            node = one_node(event)  # a name with a '/' would patch another path
+        except ValueError as e:
+            return ActionResult(False, str(e), retry=False)
         done: list[str] = []
         try:
             self._patch_node(node, cordon=False, taint=None)
