@@ -89,6 +89,36 @@ def test_exec_hook_gets_json_on_stdin_and_a_failure_is_reported(tmp_path):
 
 
 
+def test_a_hook_that_hangs_is_killed_with_the_children_it_started(tmp_path):
+    """--action-timeout ends the whole hook: a child it started (a curl, a kubectl) does not go
+    on acting after the attempt was reported failed and retried."""
+    pidfile = tmp_path / "child.pid"
+    script = tmp_path / "hook.sh"
+    script.write_text(f"#!/bin/sh\nsleep 60 &\necho $! > {pidfile}\nwait\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    started = time.monotonic()
+    res = build_sink(f"exec:{script}", QuarantineConfig(action_timeout_s=0.5)).quarantine(EVENT)
+    assert not res.ok and res.retry and "did not finish within 0.5s (killed)" in res.detail
+    assert time.monotonic() - started < 5
+    child = int(pidfile.read_text())
+    try:
+        deadline = time.monotonic() + 5
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child), "the hook's child outlived the timeout"
+    finally:
+        if _alive(child):
+            os.kill(child, 9)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie was killed, only not reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
 def test_webhook_signature_checked_by_the_receiver_and_errors():
     secret = "s3cret"
     status = {"code": 204}

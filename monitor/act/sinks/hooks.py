@@ -10,6 +10,7 @@ import hmac
 import json
 import os
 import shlex
+import signal
 import subprocess
 from typing import Any
 
@@ -38,19 +39,26 @@ def signature_matches(secret: str, body: bytes, header: str | None) -> bool:
 
 def run_command(argv: list[str], shown: str, timeout_s: float, stdin: bytes | None = None,
                 env: dict[str, str] | None = None) -> tuple[ActionResult, str]:
-    """One run of ``argv`` (no shell), killed after ``timeout_s``; ``shown``: how the detail
-    names it. Returns the result and the command's stderr tail; never raises."""
+    """One run of ``argv`` (no shell) in a session of its own, killed with all it started after
+    ``timeout_s``; ``shown``: how the detail names it. Returns the result and the command's
+    stderr tail; never raises."""
     try:
-        p = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout_s, env=env,
-                           check=False)
+        p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, env=env, start_new_session=True)
     except FileNotFoundError:
         return ActionResult(False, f"{argv[0]} not found", retry=False), ""
-    except subprocess.TimeoutExpired:
-        return ActionResult(False, f"{shown} did not finish within {timeout_s:g}s (killed)"), ""
     except OSError as e:  # a file that is not executable: retrying cannot help
         return ActionResult(False, f"cannot run {argv[0]!r}: {e}",
                             retry=not isinstance(e, PermissionError)), ""
-    err = p.stderr.decode(errors="replace").strip()[-300:]
+    with p:
+        try:
+            _, raw = p.communicate(stdin, timeout=timeout_s)
+        except subprocess.TimeoutExpired:  # a hook's children too: none acts after its failure
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            return ActionResult(False, f"{shown} did not finish within {timeout_s:g}s "
+                                       "(killed)"), ""
+    err = raw.decode(errors="replace").strip()[-300:]
     if p.returncode == 0:
         return ActionResult(True, f"{shown} exited 0"), err
     return ActionResult(False, f"{shown} exited {p.returncode}: {err}"), err
