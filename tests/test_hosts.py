@@ -391,3 +391,24 @@ def test_protected_hosts_are_those_min_replicas_cannot_spare():
     held = protected_hosts(view, 3)
     assert sorted(held) == ["host-g0", "host-g1", "host-g2"]
     assert "group(s) [1] of the quorum, leaving 2, fewer than --min-replicas 3" in held["host-g1"]
+
+
+def test_a_quarantine_still_retried_is_not_carried_out_after_its_release(tmp_path):
+    """The drain failed once (retried in 2 s); the host is released before the retry: the
+    retry must not drain the released host again, nor a retried release undo a new quarantine."""
+    clock = Clock()
+    sink = RecordingSink(fail=1)
+    led = ledger(tmp_path, clock, [sink])
+    led.record([finding("hang", "h1", 1)], clock())
+    led.decide(clock(), None, 10)
+    led.run_actions(clock())  # the drain fails: retrying
+    clock.t += 1
+    led.release("h1", "DIMM replaced")
+    led.run_actions(clock())
+    for _ in range(3):
+        clock.t += 300
+        led.run_actions(clock())
+    assert [c["event"] for c in sink.calls] == ["quarantine", "release"]
+    acts = {a["op"]: a for a in led.store.host_actions()}
+    assert acts["quarantine"]["status"] == "superseded" and acts["release"]["status"] == "done"
+    assert led.to_json(clock())[0]["last_action"]["op"] == "release"

@@ -392,7 +392,17 @@ class HostLedger:
             return 0
         try:
             due = self.store.host_actions(due_at=self.clock() if now is None else now)
+            newest: dict[tuple, int] = {}
+            for a in self.store.host_actions() if due else ():
+                newest.setdefault((a["host"], a["sink"]), a["id"])
             for a in due:
+                if a["attempts"] and newest.get((a["host"], a["sink"]), 0) > a["id"]:
+                    # a retry older than the host's next action (a drain after its release)
+                    self.store.update_host_action(a["id"], status="superseded",
+                                                  attempts=a["attempts"], next_at=None,
+                                                  detail="a later action for this host "
+                                                         "overtook its retry", at=self.clock())
+                    continue
                 attempts = a["attempts"] + 1
                 res = self._attempt(a, attempts)
                 done = self.clock()
