@@ -412,3 +412,22 @@ def test_a_quarantine_still_retried_is_not_carried_out_after_its_release(tmp_pat
     acts = {a["op"]: a for a in led.store.host_actions()}
     assert acts["quarantine"]["status"] == "superseded" and acts["release"]["status"] == "done"
     assert led.to_json(clock())[0]["last_action"]["op"] == "release"
+
+
+def test_two_hooks_of_one_program_each_run_once(tmp_path):
+    """``--action 'exec:hook a' --action 'exec:hook b'``: each hook gets the event once (the
+    sinks were told apart by the program alone, so ``a`` ran twice and ``b`` never)."""
+    from monitor.act.sinks import build_sink
+
+    out = tmp_path / "ran"
+    hook = tmp_path / "hook.sh"
+    hook.write_text(f'#!/bin/sh\necho "$1" >> {out}\n')
+    hook.chmod(0o755)
+    clock = Clock()
+    led = ledger(tmp_path, clock, [build_sink(f"exec:{hook} a"), build_sink(f"exec:{hook} b")])
+    led.record([finding("hang", "h1", 1)], clock())
+    led.decide(clock(), None, 10)
+    led.run_actions(clock())
+    assert sorted(out.read_text().split()) == ["a", "b"]
+    assert sorted(a["sink"] for a in led.store.host_actions()) == [f"exec:{hook} a",
+                                                                   f"exec:{hook} b"]

@@ -67,7 +67,7 @@ def run_command(argv: list[str], shown: str, timeout_s: float, stdin: bytes | No
 class ExecSink:
     def __init__(self, command: str, timeout_s: float = 10.0) -> None:
         self.argv = shlex.split(command)  # not empty: validate_action said so
-        self.name = f"exec:{self.argv[0]}"
+        self.name = f"exec:{command}"  # as given: two hooks of one program are two sinks
         self.timeout_s = timeout_s
 
     def run(self, event: dict[str, Any]) -> ActionResult:
