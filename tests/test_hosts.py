@@ -431,3 +431,25 @@ def test_two_hooks_of_one_program_each_run_once(tmp_path):
     assert sorted(out.read_text().split()) == ["a", "b"]
     assert sorted(a["sink"] for a in led.store.host_actions()) == [f"exec:{hook} a",
                                                                    f"exec:{hook} b"]
+
+
+def test_one_failing_sink_of_two_shows_on_the_host_and_its_metric(tmp_path):
+    """``--action k8s --action exec:notify``: the drain fails, the notification succeeds after
+    it; /v1/hosts' last_action and lightkeeper_monitor_host_action_failed (the alert
+    LightkeeperQuarantineActionFailing) must still say the drain failed."""
+    from prometheus_client import generate_latest
+
+    from monitor.api.metrics import MonitorMetrics
+
+    clock = Clock()
+    led = ledger(tmp_path, clock, [RecordingSink("k8s", fail=9, retry=False),
+                                   RecordingSink("exec:notify")])
+    led.record([finding("hang", "h1", 1)], clock())
+    led.decide(clock(), None, 10)
+    led.run_actions(clock())
+    (h,) = led.to_json(clock())
+    assert (h["last_action"]["sink"], h["last_action"]["status"]) == ("k8s", "failed")
+    metrics = MonitorMetrics("job")
+    metrics.set_hosts(led.counts(), led.to_json(clock()))
+    text = generate_latest(metrics.registry).decode()
+    assert 'host_action_failed{host="h1",job="job",sink="k8s"} 1.0' in text

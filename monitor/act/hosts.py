@@ -420,7 +420,11 @@ class HostLedger:
                                               next_at=next_at, detail=res.detail, at=done)
                 with self._lock:
                     h = self.hosts.get(a["host"])
-                    if h is not None:
+                    last = (h or {}).get("last_action") or {}
+                    if h is not None and (status != "done" or last.get("sink") == a["sink"]
+                                          or last.get("op") != a["op"]
+                                          or last.get("status") not in ("failed", "retrying")):
+                        # one sink's failure stays shown over another's success of the same op
                         h["last_action"] = {"id": a["id"], "sink": a["sink"], "op": a["op"],
                                             "status": status, "attempts": attempts,
                                             "detail": res.detail, "at": done,
