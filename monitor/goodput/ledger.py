@@ -83,8 +83,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         dt = now - self.last_at
         running = first is not None and any(r.state.get("phase") != "stopped"
                                             for r in chain((first,), live))
-        if not running and not self.incidents.open():
-            self.unobserved_s += dt  # the job ended or cannot be reached: no split
+        if not running:  # the job ended or cannot be reached: no split, even with an
+            self.unobserved_s += dt  # incident open (the monitor outlives the job)
         elif dt > self.cfg.max_gap_s:
             self._account_gap(in_quorum, deltas, dt, now, acct)
         else:

@@ -1,0 +1,79 @@
+"""A job that ends while an incident is still open: the ledger stops accounting, it does not book
+every second after the end as lost capacity (the monitor usually outlives the job).
+
+A live monitor (real HTTP, real SQLite) over a real torchft Lighthouse that simulated groups
+join (``SimJob``, tests/support/monitor_sim.py: a simulated group has no trainer, so the test
+moves its ranks' ``step``/``commits``; a killed group's ranks stop answering, as a finished or
+dead process does). The sweeps are driven by the test on the monitor's injected clock."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+
+from lightkeeper.cluster import wait_until
+from monitor.config import MonitorConfig, RailsConfig
+from monitor.service import Monitor
+from tests.support.monitor_sim import SimJob
+
+TOKEN = "s3cret"
+
+
+@pytest.fixture
+def job():
+    j = SimJob(3)
+    yield j
+    j.stop()
+
+
+def test_an_ended_job_with_an_open_incident_is_not_accounted(tmp_path, job):
+    clock = [time.time()]
+    cfg = MonitorConfig(port=0, interval_s=3600, state_path=str(tmp_path / "state.sqlite"),
+                        targets=job.sim.urls, sd_out=str(tmp_path / "targets.json"), job="sim",
+                        lighthouse=job.url, token=TOKEN, expected_groups=3,
+                        rails=RailsConfig(min_replicas=1, cooldown_s=0))
+    mon = Monitor(cfg, clock=lambda: clock[0]).start()  # sweeps once, then waits an hour
+
+    def drive(seconds: int, steps: int = 5) -> None:
+        for _ in range(seconds):
+            clock[0] += 1.0
+            for g in job.alive:
+                for r in job.sim.group(g):
+                    r.update(step=r.state["step"] + steps, commits=r.state["commits"] + steps,
+                             last_step_at=clock[0])
+            mon.sweep_once()
+
+    def goodput() -> dict:
+        r = requests.get(mon.url + "/v1/goodput?intervals=0", timeout=10)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    try:
+        wait_until(lambda: mon.sweeps >= 1, 20, what="the loop's first sweep")
+        drive(30)
+        r = requests.post(mon.url + "/v1/evict", json={"replica_group": 1, "reason": "test"},
+                          headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+        assert r.status_code == 200 and r.json()["sent"], r.text
+        drive(3, steps=0)
+        drive(20)  # group 1 never returns: its incident stays open, losing capacity on it
+        running = goodput()
+        assert [i["open"] for i in running["incidents"]] == [True]
+        assert running["job"]["badput_seconds"]["capacity_lost"] > 20
+
+        for g in sorted(job.alive):  # the job ends: no rank answers any more
+            job.kill(job.replica_ids[g])
+        drive(30, steps=0)
+        ended = goodput()
+        assert ended["unobserved_seconds"] >= 25
+        assert ended["job"]["expected_seconds"] <= running["job"]["expected_seconds"] + 3 * 5
+        assert ended["job"]["goodput_ratio"] == pytest.approx(
+            running["job"]["goodput_ratio"], abs=0.05)
+        text = requests.get(mon.url + "/metrics", timeout=10).text
+        ratio = next(x for x in text.splitlines()
+                     if x.startswith('lightkeeper_monitor_goodput_ratio{job="sim"}'))
+        assert float(ratio.split()[-1]) == pytest.approx(ended["job"]["goodput_ratio"],
+                                                         abs=1e-3)
+    finally:
+        mon.stop()
