@@ -11,6 +11,8 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from http_serving import is_http_url
+
 EVICTABLE_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting",
                    "network", "quarantined_host")
 # --quarantine-after defaults: a straggler may be the job's own jitter, so it takes two; a dead
@@ -251,7 +253,7 @@ class ShardConfig:
         if self.index is None and not self.lead:
             raise ConfigError("--shards without --shard I/N or --lead: this monitor would do "
                               "nothing")
-        if not self.etcd or not self.etcd.startswith(("http://", "https://")):
+        if not is_http_url(self.etcd):
             raise ConfigError(f"--etcd: an http(s):// client URL is required with --shard/"
                               f"--lead, got {self.etcd!r}")
         if self.lease_ttl_s < 2 or self.lease_ttl_s < 2 * interval_s:

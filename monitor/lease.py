@@ -77,7 +77,8 @@ class Etcd:
         try:
             r = self._session.post(self.endpoint + path, json=body, timeout=self.timeout_s)
         except requests.RequestException as e:
-            raise EtcdError(f"etcd at {self.endpoint} unreachable: {e!r}") from None
+            # the type only: a repr names objects by address, and each new text is logged again
+            raise EtcdError(f"etcd at {self.endpoint} unreachable: {type(e).__name__}") from None
         try:
             out = r.json()
         except ValueError:

@@ -66,7 +66,11 @@ class Shards:
         self.root = f"{cfg.etcd_prefix.rstrip('/')}/{monitor.cfg.job}/"
         self.etcd = Etcd(cfg.etcd)  # the sweep loop's connection
         self.session = SessionLease(self.etcd, cfg.lease_ttl_s)
-        self._groups: dict[str, tuple[int, float]] = {}  # url -> (replica group, learned at)
+        # url -> (replica group, learned at); a rank kept unreachable across a restart (--state)
+        # stays in its group's slice, so its death is found again as a single monitor finds it
+        self._groups: dict[str, tuple[int, float]] = {
+            u: (g, monitor.clock()) for u, (_, s, _) in monitor.store.unreachable().items()
+            if isinstance(g := s.get("replica_group"), int)}
         self._learned = 0  # counts the groups learned that differ from the last known
         self._slice: list = []  # the last own_targets, for its key until the next reprobe
         self._slice_key: tuple = (None, -1)
@@ -144,8 +148,9 @@ class Shards:
         try:
             lease = self.session.refresh()
             # before the report: a leader that sees this run's report sees its proposals
-            self._propose_findings(view, evidence, now)
-            self._mirror_evictions()
+            records = _by_rid(self.etcd, self.root + "evictions/")
+            self._propose_findings(view, evidence, now, records)
+            self._mirror_evictions(records)
             blind = blind_reason(mon.blind_reason(), view.reachable_fraction if view.ranks
                                  else 1.0, mon.cfg.rails, f"shard {self.cfg.index}")
             self.etcd.put(f"{self.root}shards/{self.cfg.index}", {
@@ -161,7 +166,8 @@ class Shards:
                 log.warning("shard %s cannot report or propose: %s", self.cfg.index, e)
             self.error = str(e)
 
-    def _propose_findings(self, view: Any, evidence: Any, now: float) -> None:
+    def _propose_findings(self, view: Any, evidence: Any, now: float,
+                          records: dict[str, KV]) -> None:
         """The shard's own rails, then a proposal; min replicas and cooldown are the leader's."""
         mon = self.mon
         local = dataclasses.replace(mon.cfg.rails, min_replicas=0, cooldown_s=0.0)
@@ -186,28 +192,30 @@ class Shards:
                                     f.to_dict(), "auto")
                 if did is not None and bundle is not None:
                     mon.store.update_decision(did, bundle=bundle["id"])
-        self._withdraw(wanted)
+        self._withdraw(wanted, records)
 
-    def _withdraw(self, wanted: set[str]) -> None:
+    def _withdraw(self, wanted: set[str], records: dict[str, KV]) -> None:
         """Delete this shard's automatic proposals that no open finding of this run stands behind
-        and no leader acted on: a leader never evicts on evidence the shard no longer holds."""
+        and no leader acted on: a leader never evicts on evidence the shard no longer holds.
+        One of an earlier run goes too (the leader holds it): the next sweep proposes anew."""
         for rid, kv in _by_rid(self.etcd, self.root + "proposals/").items():
             p = kv.json()
             if not _is_proposal(p) or p.get("shard") != self.cfg.index or p.get("manual") \
-                    or rid in wanted:
-                continue
-            ok = self.etcd.delete_if([created_never(f"{self.root}evictions/{rid}"),
-                                      modified_at(kv.key, kv.mod_revision)], kv.key)
-            self._proposed.discard(rid)
-            if ok:
-                detail = "no open finding of this shard stands behind the proposal any more"
+                    or (rid in wanted and p.get("run") == self.run) or rid in records:
+                continue  # (a leader acted on it: it stays, and costs no txn every sweep)
+            if self.etcd.delete_if([created_never(f"{self.root}evictions/{rid}"),
+                                    modified_at(kv.key, kv.mod_revision)], kv.key):
+                self._proposed.discard(rid)
+                detail = ("no open finding of this shard stands behind the proposal any more"
+                          if p.get("run") == self.run else "made by an earlier run of this "
+                          "shard: proposed anew while a finding stands behind it")
                 log.warning("withdrew the proposal to evict %s: %s", rid, detail)
                 _audit(self.mon, p, rid, "withdrawn", p["kind"], detail, source="auto")
 
-    def _mirror_evictions(self) -> None:
+    def _mirror_evictions(self, records: dict[str, KV]) -> None:
         """Copy the leader's sent kills of this shard's groups into its audit log (``sent``,
         ``source: leader``): the shard then confirms them as a single monitor does its own."""
-        for rid, kv in _by_rid(self.etcd, self.root + "evictions/").items():
+        for rid, kv in records.items():
             rec = kv.json()
             if rid in self._mirrored or not isinstance(rec, dict) \
                     or rec.get("shard") != self.cfg.index or rec.get("state") != "sent":

@@ -34,13 +34,12 @@ from tests.conftest import require_binary
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory):
+def start_etcd(data: Path, client: int, peer: int) -> subprocess.Popen:
+    """A real etcd on 127.0.0.1, serving once this returns (the caller stops it by PID); the
+    same ``data`` and ports start it again with its keys and leases."""
     exe = require_binary("etcd")
-    data = tmp_path_factory.mktemp("etcd")
-    client, peer = free_port(), free_port()
     url = f"http://127.0.0.1:{client}"
-    with open(data / "etcd.log", "wb") as log:
+    with open(data / "etcd.log", "ab") as log:
         proc = subprocess.Popen(
             [exe, "--name", "lk", "--data-dir", str(data / "data"),
              "--listen-client-urls", url, "--advertise-client-urls", url,
@@ -48,18 +47,29 @@ def etcd(tmp_path_factory):
              "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
              "--initial-cluster", f"lk=http://127.0.0.1:{peer}", "--log-level", "error"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        def up():
-            if proc.poll() is not None:
-                raise RuntimeError(f"etcd exited: {(data / 'etcd.log').read_text()[-2000:]}")
-            try:
-                return requests.post(url + "/v3/kv/range", json={"key": "eA=="},
-                                     timeout=1).ok
-            except requests.RequestException:
-                return False
 
+    def up():
+        if proc.poll() is not None:
+            raise RuntimeError(f"etcd exited: {(data / 'etcd.log').read_text()[-2000:]}")
+        try:
+            return requests.post(url + "/v3/kv/range", json={"key": "eA=="}, timeout=1).ok
+        except requests.RequestException:
+            return False
+
+    try:
         wait_until(up, 30, what="etcd to serve")
-        yield url
+    except BaseException:
+        stop_process(proc, grace=2.0)
+        raise
+    return proc
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory):
+    client = free_port()
+    proc = start_etcd(tmp_path_factory.mktemp("etcd"), client, free_port())
+    try:
+        yield f"http://127.0.0.1:{client}"
     finally:
         stop_process(proc, grace=2.0)
 
@@ -100,6 +110,8 @@ def parse(*argv: str):
     (["--shard", "1/2", "--shards", "3", "--etcd", "http://e:2379"], "disagree"),
     (["--shard", "0/2", "--etcd", "http://e:2379", "--lease-ttl", "1"], "--lease-ttl"),
     (["--shard", "0/2", "--etcd", "e:2379"], "http(s)://"),
+    (["--shard", "0/2", "--etcd", "http://"], "http(s)://"),  # no host: one line, not a loop
+    (["--shard", "0/2", "--etcd", "http://[::1"], "http(s)://"),
     (["--shards", "2", "--lead", "--etcd", "http://e:2379"], "--lead needs --lighthouse"),
 ])
 def test_bad_shard_flags_are_refused_with_a_message(argv, error, monkeypatch):
@@ -227,6 +239,111 @@ def test_a_rank_restarted_for_another_group_moves_to_that_groups_shard(tmp_path,
             srv.stop()
         for m in mons:
             m.stop()
+
+
+# --- a shard restarted with its --state ---------------------------------------------------------
+def _shard0(tmp_path: Path, job, etcd_url: str, prefix: str):
+    from monitor.config import DetectorConfig, MonitorConfig, RailsConfig, ShardConfig
+    from monitor.service import Monitor
+
+    return Monitor(MonitorConfig(  # shard 0 owns 1 group of 4: one rank down is half its slice
+        port=0, interval_s=0.2, state_path=str(tmp_path / "s0.sqlite"),
+        sd_out=str(tmp_path / "s0.json"), job="sim", lighthouse=job.url, targets=job.sim.urls,
+        detectors=DetectorConfig(dead_sweeps=2), rails=RailsConfig(min_reachable_fraction=0.3),
+        shard=ShardConfig(shards=2, index=0, etcd=etcd_url, etcd_prefix=prefix,
+                          lease_ttl_s=2))).start()
+
+
+def _proposer(etcd_url: str, key: str) -> str | None:
+    """The monitor URL the proposal at ``key`` names (None: none)."""
+    e = Etcd(etcd_url)
+    try:
+        kv = e.get(key)
+        return kv.json().get("monitor") if kv is not None else None
+    finally:
+        e.close()
+
+
+def _polled(mon, g: int) -> int:
+    return sum(1 for r in mon.ranks_json() if r.get("reachable") and r["replica_group"] == g)
+
+
+def _dead_rank_open(mon, g: int) -> bool:
+    return any(f["kind"] == "dead_rank" and f["replica_group"] == g and not f.get("resolved_at")
+               for f in requests.get(mon.url + "/v1/findings", timeout=5).json())
+
+
+def test_a_shard_restarted_with_its_state_finds_a_dead_rank_again(tmp_path, etcd):
+    """A rank of a live group stops answering; its shard proposes the eviction, then restarts with
+    the same --state before any leader acted. As a single monitor does, the new run still polls
+    the dead rank (kept with its group in the state file), finds it again and proposes it."""
+    from tests.support.monitor_sim import SimJob
+
+    job = SimJob(4, ranks_per_group=2)
+    x = next(g for g in range(4) if shard_of(g, 2) == 0)
+    prefix = f"/lktest-{uuid.uuid4().hex[:8]}"
+    key = f"{prefix}/sim/proposals/{job.replica_ids[x]}"
+    mon = None
+    try:
+        mon = _shard0(tmp_path, job, etcd, prefix)
+        wait_until(lambda: _polled(mon, x) == 2, 20, what="shard 0 polling the group's ranks")
+        next(r for r in job.sim.group(x) if r.state["group_rank"] == 1).set_mode("down")
+        wait_until(lambda: _proposer(etcd, key) == mon.url, 20, what="the proposal")
+        mon.stop()
+        mon = _shard0(tmp_path, job, etcd, prefix)
+        wait_until(lambda: _dead_rank_open(mon, x), 20, what="the dead rank found again")
+        wait_until(lambda: _proposer(etcd, key) == mon.url, 20,
+                   what="the restarted shard's own proposal")
+    finally:
+        if mon is not None:
+            mon.stop()
+        job.stop()
+
+
+def test_a_shard_restarted_while_etcd_is_away_proposes_anew(tmp_path, caplog):
+    """etcd goes away, the shard restarts (its finding stands again before etcd is back), etcd
+    comes back: the proposal of the shard's earlier run, which the leader would hold forever as
+    ``stale_proposal``, is replaced by this run's. etcd being away is logged once, not every
+    sweep."""
+    import logging
+
+    from tests.support.monitor_sim import SimJob
+
+    caplog.set_level(logging.WARNING, logger="monitor.shard")
+    data, client, peer = tmp_path / "etcd", free_port(), free_port()
+    data.mkdir()
+    url = f"http://127.0.0.1:{client}"
+    etcd_proc = start_etcd(data, client, peer)
+    job = SimJob(4, ranks_per_group=2)
+    x = next(g for g in range(4) if shard_of(g, 2) == 0)
+    prefix = f"/lktest-{uuid.uuid4().hex[:8]}"
+    key = f"{prefix}/sim/proposals/{job.replica_ids[x]}"
+    mon = None
+    try:
+        mon = _shard0(tmp_path, job, url, prefix)
+        wait_until(lambda: _polled(mon, x) == 2, 20, what="shard 0 polling the group's ranks")
+        next(r for r in job.sim.group(x) if r.state["group_rank"] == 1).set_mode("down")
+        wait_until(lambda: _proposer(url, key) == mon.url, 20, what="the proposal")
+        mon.stop()
+        stop_process(etcd_proc, grace=5.0)
+        caplog.clear()
+        mon = _shard0(tmp_path, job, url, prefix)
+        wait_until(lambda: _dead_rank_open(mon, x), 20, what="the dead rank found again")
+        n = mon.sweeps
+        wait_until(lambda: mon.sweeps >= n + 5, 10, what="more sweeps without etcd")
+        away = [r.getMessage() for r in caplog.records if "cannot report" in r.getMessage()]
+        assert len(away) == 1, away
+        assert mon.cluster_json()["shard"]["error"].endswith("unreachable: ConnectionError")
+        etcd_proc = start_etcd(data, client, peer)
+        wait_until(lambda: _proposer(url, key) == mon.url, 20,
+                   what="this run's proposal in place of the earlier run's")
+        assert any(d["decision"] == "withdrawn" and "earlier run" in d["detail"]
+                   for d in requests.get(mon.url + "/v1/evictions", timeout=5).json())
+    finally:
+        if mon is not None:
+            mon.stop()
+        job.stop()
+        stop_process(etcd_proc, grace=2.0)
 
 
 # --- a leader in this process: a kill lost in flight, manual proposals -------------------------
