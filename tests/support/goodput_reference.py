@@ -209,7 +209,7 @@ class GoodputLedger:
         dt = now - self.last_at
         running = first is not None and any(r.state.get("phase") != "stopped"
                                             for r in itertools.chain((first,), live))
-        if not running and not any(i.open for i in self.incidents.values()):
+        if not running:
             self.unobserved_s += dt  # the job is not there (ended, or not reachable): no split
         elif dt > self.cfg.max_gap_s:
             self._account_gap(in_quorum, deltas, dt, now, acct)
