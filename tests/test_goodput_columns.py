@@ -166,6 +166,7 @@ def snapshot_rows(state: dict) -> dict:
     open_intervals = {k: dict(zip(INTERVAL_FIELDS, row, strict=True))
                       for k, *row in zip(iv["key"], *(iv[f] for f in INTERVAL_FIELDS),
                                          strict=True)}
+    state.pop("first_incident")  # where an older ledger's stored incidents end: not the reference's
     return {**state, "version": 1, "groups": groups, "open_intervals": open_intervals,
             "totals": totals_rows(state["totals"]), "gpu_totals": totals_rows(state["gpu_totals"])}
 

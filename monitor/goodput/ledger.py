@@ -38,6 +38,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.incidents = Incidents(self.cfg, self.slots, self._explain)
         self.last_commit_at: float | None = None  # the last sweep that saw a commit
         self.expected_groups = 0
+        self.first_incident = 1  # the store's incidents below are an older ledger's
         self.unobserved_s = self.gap_s = 0.0
         self.gaps = self.skipped_sweeps = 0
         # goodput re-judged as badput after the (monotonic) metrics counted it: paid back

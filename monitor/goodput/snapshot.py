@@ -45,7 +45,7 @@ class GoodputSnapshot:
             "open_intervals": {"key": list(self.open_intervals), **{
                 f: list(map(attrgetter(f), self.open_intervals.values()))
                 for f in INTERVAL_FIELDS}},
-            "next_incident": self.incidents.next_id,
+            "next_incident": self.incidents.next_id, "first_incident": self.first_incident,
             "seen_evictions": sorted(self.incidents.seen_evictions)[-1000:],
         }
 
@@ -82,7 +82,11 @@ class GoodputSnapshot:
         version); raises KeyError, TypeError or ValueError on a malformed one."""
         led = cls(cfg)
         if not state or state.get("version") != SNAPSHOT_VERSION:
+            # the old rows stay: number after them, and never take them in on a later restart
+            led.incidents.next_id = led.first_incident = 1 + max(
+                (d["id"] for d in incidents if isinstance(d.get("id"), int)), default=0)
             return led
+        led.first_incident = state.get("first_incident", 1)
         led.since, led.last_at = state["since"], state["last_at"]
         S, hist, job = led.slots, led.hist, led.job
         g = state["groups"]
@@ -123,7 +127,7 @@ class GoodputSnapshot:
             iv["key"], *(iv[f] for f in INTERVAL_FIELDS), strict=True)}
         led.incidents.next_id = state["next_incident"]
         led.incidents.seen_evictions = set(state["seen_evictions"])
-        for d in incidents:
+        for d in filter(lambda d: d["id"] >= led.first_incident, incidents):
             inc = Incident.from_store(d)
             led.incidents[inc.id] = inc
             led.incidents.next_id = max(led.incidents.next_id, inc.id + 1)
