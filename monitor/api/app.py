@@ -116,10 +116,10 @@ def create_app(monitor: Any) -> Flask:
     def evict():
         _check_admin(monitor.cfg)
         body = request.get_json(silent=True)
-        if not isinstance(body, dict) or not isinstance(body.get("replica_group"), int) \
-                or isinstance(body.get("replica_group"), bool):
-            raise BadTarget('body must be {"replica_group": <int>, "reason": "..."}')
-        result = monitor.evict_manual(body["replica_group"], str(body.get("reason") or "manual"))
+        g = body.get("replica_group") if isinstance(body, dict) else None
+        if type(g) is not int or not 0 <= g < 1 << 63:  # not a bool; fits SQLite's INTEGER
+            raise BadTarget('body must be {"replica_group": <int >= 0>, "reason": "..."}')
+        result = monitor.evict_manual(g, str(body.get("reason") or "manual"))
         # 202: a shard's proposal, which the leader carries out (docs/scaling.md)
         return jsonify(result), (200 if result["decision"] == "evict"
                                  else 202 if result["decision"] == "proposed" else 409)

@@ -1,0 +1,51 @@
+"""Bad input to the monitor's API is a 400 naming what is wrong, never a 500, and leaves nothing
+in the audit log: a manual eviction's replica group out of any index's range, the goodput
+ledger's query arguments.
+
+A live monitor (real HTTP, real SQLite) over a real torchft Lighthouse that simulated groups
+join (``SimJob``, tests/support/monitor_sim.py)."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+from lightkeeper.cluster import wait_until
+from monitor.config import MonitorConfig, RailsConfig
+from monitor.service import Monitor
+from tests.support.monitor_sim import SimJob
+
+TOKEN = "s3cret"
+
+
+@pytest.fixture
+def monitor(tmp_path):
+    job = SimJob(2)
+    try:
+        cfg = MonitorConfig(port=0, interval_s=3600, state_path=str(tmp_path / "state.sqlite"),
+                            targets=job.sim.urls, sd_out=str(tmp_path / "targets.json"),
+                            job="sim", lighthouse=job.url, token=TOKEN,
+                            rails=RailsConfig(min_replicas=1, cooldown_s=0))
+        mon = Monitor(cfg).start()
+        try:
+            wait_until(lambda: mon.sweeps >= 1, 20, what="the loop's first sweep")
+            yield mon
+        finally:
+            mon.stop()
+    finally:
+        job.stop()
+
+
+@pytest.mark.parametrize("group", [10**30, 1 << 63, -1, True, 1.0, "1", None])
+def test_a_manual_eviction_of_no_possible_group_is_a_400(monitor, group):
+    r = requests.post(monitor.url + "/v1/evict", json={"replica_group": group, "reason": "x"},
+                      headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+    assert r.status_code == 400, r.text
+    assert "replica_group" in r.json()["error"]
+    assert requests.get(monitor.url + "/v1/evictions", timeout=10).json() == []
+
+
+@pytest.mark.parametrize("query", ["incidents=x", "intervals=1e3", "incidents=", "intervals=0x1"])
+def test_a_goodput_query_that_is_no_integer_is_a_400(monitor, query):
+    r = requests.get(monitor.url + "/v1/goodput?" + query, timeout=10)
+    assert r.status_code == 400 and query.split("=")[0] in r.json()["error"], r.text
