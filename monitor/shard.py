@@ -368,10 +368,12 @@ class Leader(threading.Thread):
             if status is not None and rid not in status.members and rid not in status.heartbeats:
                 self._hold(rid, p, "gone", "no longer in the Lighthouse's quorum or heartbeats")
                 continue
-            if not p.get("manual") and report is not None and report.get("run") != p.get("run"):
-                # its shard withdraws it or proposes it again
-                self._hold(rid, p, "stale_proposal",
-                           f"proposed by an earlier run of shard {p.get('shard')}")
+            if not p.get("manual") and (report is None or report.get("run") != p.get("run")):
+                # its shard withdraws it or proposes it again; no shard of this --shards has
+                # that index (an earlier N's): nobody holds its evidence
+                self._hold(rid, p, "stale_proposal", f"proposed by an earlier run of shard "
+                           f"{p.get('shard')}" if report else f"shard {p.get('shard')} of the "
+                           "proposal does not report")
                 continue
             d = decide(p["kind"], p["replica_group"], rid,
                        self._situation(status, records, group_of, blind), self.mon.cfg.rails,

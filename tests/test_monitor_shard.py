@@ -467,6 +467,49 @@ def test_min_replicas_holds_across_proposals_decided_in_one_tick(tmp_path, etcd)
         job.stop()
 
 
+def test_a_proposal_of_a_shard_that_does_not_report_is_never_acted_on(tmp_path, etcd):
+    """A proposal left by shard 3 of an earlier 4-shard deployment (the job now runs 2 shards,
+    both reporting, the leader not blind): no shard holds its evidence, so the leader holds it
+    (``stale_proposal``) and kills nothing."""
+    from monitor.config import MonitorConfig, RailsConfig, ShardConfig
+    from monitor.lease import SessionLease
+    from monitor.service import Monitor
+    from tests.support.monitor_sim import SimJob
+
+    job = SimJob(3)
+    prefix = f"/lktest-{uuid.uuid4().hex[:8]}"
+    root = f"{prefix}/sim/"
+    rid = job.replica_ids
+    e = Etcd(etcd)
+    shards = SessionLease(e, 30)
+    for i in (0, 1):
+        e.put(root + f"shards/{i}", {"shard": i, "shards": 2, "blind": None, "run": f"r{i}",
+                                     "groups": {}}, shards.refresh())
+    e.put(root + f"proposals/{rid[1]}", {"replica_group": 1, "replica_id": rid[1],
+                                         "kind": "dead_rank", "shard": 3, "run": "old"})
+    mon = Monitor(MonitorConfig(
+        port=0, interval_s=0.2, state_path=str(tmp_path / "m.sqlite"),
+        sd_out=str(tmp_path / "m.json"), job="sim", lighthouse=job.url,
+        rails=RailsConfig(min_replicas=1, cooldown_s=0),
+        shard=ShardConfig(shards=2, index=None, etcd=etcd, lead=True, etcd_prefix=prefix,
+                          lease_ttl_s=2))).start()
+    try:
+        def decided():
+            return [(d["decision"], d["reason"]) for d in requests.get(
+                mon.url + "/v1/evictions", timeout=5).json() if d["replica_id"] == rid[1]]
+
+        wait_until(decided, 15, what="the leader deciding the proposal")
+        n = mon.sweeps
+        wait_until(lambda: mon.sweeps >= n + 5, 10, what="more leader ticks")
+        assert decided() == [("hold", "stale_proposal")] and job.kills == []
+        assert f"evictions/{rid[1]}" not in keys(etcd, root)
+    finally:
+        mon.stop()
+        shards.revoke()
+        e.close()
+        job.stop()
+
+
 # --- the real thing: shards, a leader, a standby, a SIGKILL mid-kill ---------------------------
 def monitor_cmd(tmp_path: Path, name: str, job, etcd_url: str, prefix: str, *extra: str):
     return [sys.executable, "-u", "-m", "lightkeeper.cli", "monitor", "--port", "0",
