@@ -254,8 +254,10 @@ class Shards:
             return {"id": None, "decision": "hold", "reason": why, "detail": detail}
 
         if not self.owns(replica_group):
+            me = "this leader candidate (it owns none)" if self.cfg.index is None \
+                else self.cfg.index
             return hold("other_shard", f"replica group {replica_group} belongs to shard "
-                        f"{shard_of(replica_group, self.cfg.shards)}, not {self.cfg.index}")
+                        f"{shard_of(replica_group, self.cfg.shards)}, not {me}: ask that shard")
         if replica_id is None:
             return hold("no_replica_id", "no verified rank of the group reports a torchft "
                         "replica id")

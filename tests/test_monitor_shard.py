@@ -470,7 +470,8 @@ def test_min_replicas_holds_across_proposals_decided_in_one_tick(tmp_path, etcd)
 def test_a_proposal_of_a_shard_that_does_not_report_is_never_acted_on(tmp_path, etcd):
     """A proposal left by shard 3 of an earlier 4-shard deployment (the job now runs 2 shards,
     both reporting, the leader not blind): no shard holds its evidence, so the leader holds it
-    (``stale_proposal``) and kills nothing."""
+    (``stale_proposal``) and kills nothing. A manual eviction asked of the leader names the
+    shard to ask."""
     from monitor.config import MonitorConfig, RailsConfig, ShardConfig
     from monitor.lease import SessionLease
     from monitor.service import Monitor
@@ -490,10 +491,16 @@ def test_a_proposal_of_a_shard_that_does_not_report_is_never_acted_on(tmp_path, 
     mon = Monitor(MonitorConfig(
         port=0, interval_s=0.2, state_path=str(tmp_path / "m.sqlite"),
         sd_out=str(tmp_path / "m.json"), job="sim", lighthouse=job.url,
-        rails=RailsConfig(min_replicas=1, cooldown_s=0),
+        rails=RailsConfig(min_replicas=1, cooldown_s=0), token="t0ken",
         shard=ShardConfig(shards=2, index=None, etcd=etcd, lead=True, etcd_prefix=prefix,
                           lease_ttl_s=2))).start()
     try:
+        r = requests.post(mon.url + "/v1/evict", json={"replica_group": 1}, timeout=5,
+                          headers={"Authorization": "Bearer t0ken"})
+        assert r.status_code == 409 and r.json()["reason"] == "other_shard", r.text
+        assert r.json()["detail"] == (f"replica group 1 belongs to shard {shard_of(1, 2)}, not "
+                                      "this leader candidate (it owns none): ask that shard")
+
         def decided():
             return [(d["decision"], d["reason"]) for d in requests.get(
                 mon.url + "/v1/evictions", timeout=5).json() if d["replica_id"] == rid[1]]
