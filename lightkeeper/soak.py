@@ -177,6 +177,9 @@ def summary(rep: dict, soak: dict, samples: list[dict]) -> dict:
         worst = max(worst, d)
         lost += worst * max(0.0, nxt - t)
     tf_steps = None if not healthy else max(0, round(healthy * (stop - start) - lost))
+    # kinds torchft_alone does not compute (a crash is torchft's own) cost that job nothing here
+    free = sorted({r["kind"] for r, f in zip(rows, faults, strict=True) if r["kind"] != "crash"
+                   and f.get("struck_at_s") is not None and not f.get("torchft_alone")})
     stopped_at = None if stop == end else stop
     evictions = [e for e in rep["evictions"] if e["decision"] == "evict"]
     repaired: dict[str, list[float]] = {}
@@ -187,6 +190,7 @@ def summary(rep: dict, soak: dict, samples: list[dict]) -> dict:
     false = [e for e in evictions if not _attributed(e, faults, end, repaired)]
     return {
         "seed": soak["seed"], "soak_s": soak["soak_s"], "training_s": round(end - start, 1),
+        "outcome": rep.get("outcome"),  # "interrupted": cut short by Ctrl-C or SIGTERM
         "faults": rows, "fault_count": len(rows),
         "kinds": sorted({r["kind"] for r in rows}),
         "recovered": sum(1 for r in rows if r["outcome"] == "recovered"),
@@ -199,6 +203,7 @@ def summary(rep: dict, soak: dict, samples: list[dict]) -> dict:
             "torchft_alone_stopped_for_good_at_s": stopped_at,
             "vs_torchft_alone": None if not committed or not tf_steps
             else round(committed / tf_steps, 2),
+            "torchft_alone_not_computed": free,
         },
         "evictions": len(evictions), "false_evictions": false,
         "quarantines": sorted((rep.get("hosts") or {}).get("quarantined_at_s") or {}),
@@ -213,7 +218,8 @@ def table(s: dict) -> str:
     def fmt(v, unit="s"):
         return "-" if v is None else f"{v:.1f}{unit}" if isinstance(v, float) else str(v)
 
-    lines = [f"soak: seed {s['seed']}, {s['training_s']:g}s of training, {s['fault_count']} "
+    cut = "" if s.get("outcome") in (None, "completed") else f" ({s['outcome'].upper()})"
+    lines = [f"soak{cut}: seed {s['seed']}, {s['training_s']:g}s of training, {s['fault_count']} "
              f"faults ({', '.join(s['kinds'])}), {s['recovered']} recovered",
              "at pace: 90% of the run's first healthy pace; own: of the 10 s before the fault",
              f"{'#':>2} {'fault':<13} {'group':>5} {'rank':>4} {'host':<7} {'found as':<13} "
@@ -228,7 +234,9 @@ def table(s: dict) -> str:
     lines.append(f"goodput: {fmt(g['committed_steps'])} steps committed; "
                  f"{fmt(g['vs_fault_free'], 'x')} of the same time without faults "
                  f"({fmt(g['fault_free_steps'])}), {fmt(g['vs_torchft_alone'], 'x')} torchft "
-                 f"alone ({fmt(g['torchft_alone_steps'])})")
+                 f"alone ({fmt(g['torchft_alone_steps'])}"
+                 + (f"; {', '.join(g['torchft_alone_not_computed'])} not computed, counted as "
+                    "costing it nothing" if g.get("torchft_alone_not_computed") else "") + ")")
     r = s.get("monitor_restart") or {}
     lines.append(f"evictions {s['evictions']}, false {len(s['false_evictions'])}; monitor "
                  f"restarted at {fmt(r.get('at_s'))}, audit decisions lost: "

@@ -101,3 +101,23 @@ def test_summary_goodput_against_fault_free_and_torchft_alone():
     assert s["quarantines"] == ["node-0", "node-1"]
     text = table(s)
     assert "seed 5" in text and "false 1" in text and "audit decisions lost: []" in text
+
+
+def test_summary_says_a_soak_was_cut_short_and_what_torchft_alone_leaves_out():
+    """A soak stopped by Ctrl-C/SIGTERM says so on its first line; a fault whose torchft-alone
+    cost is not computed (a slow link; a crash is torchft's own) is named beside that figure,
+    not silently counted as free."""
+    samples = [{"last_step_at_s": 10.0 + t, "step": 2 * t} for t in range(0, 41)]
+    link = _fault("slow_link", 2, 20.0, 30.0, None, host="node-2", hosts=["node-2"])
+    crash = _fault("crash", 1, 25.0, 27.0, None, rank=0, global_rank=1)
+    rep = {"faults": [link, crash], "duration_s": 50.0, "training_started_at_s": 10.0,
+           "healthy_step_rate": 2.0, "outcome": "interrupted", "evictions": [], "hosts": {},
+           "events": []}
+    s = summary(rep, {"seed": 7, "soak_s": 150.0}, samples)
+    assert s["outcome"] == "interrupted"
+    assert s["goodput"]["torchft_alone_not_computed"] == ["slow_link"]
+    text = table(s)
+    assert text.startswith("soak (INTERRUPTED): seed 7, 40s of training")
+    assert "slow_link not computed, counted as costing it nothing" in text
+    rep["outcome"] = "completed"
+    assert table(summary(rep, {"seed": 7, "soak_s": 150.0}, samples)).startswith("soak: seed 7")
