@@ -189,7 +189,8 @@ def summary(rep: dict, soak: dict, samples: list[dict]) -> dict:
                 e["t"])
     false = [e for e in evictions if not _attributed(e, faults, end, repaired)]
     return {
-        "seed": soak["seed"], "soak_s": soak["soak_s"], "training_s": round(end - start, 1),
+        "seed": soak["seed"], "soak_s": soak["soak_s"], "training_s": round(end - start, 1)
+        if rep.get("training_started_at_s") is not None else 0.0,  # stopped before it trained
         "outcome": rep.get("outcome"),  # "interrupted": cut short by Ctrl-C or SIGTERM
         "faults": rows, "fault_count": len(rows),
         "kinds": sorted({r["kind"] for r in rows}),

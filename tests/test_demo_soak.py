@@ -121,3 +121,6 @@ def test_summary_says_a_soak_was_cut_short_and_what_torchft_alone_leaves_out():
     assert "slow_link not computed, counted as costing it nothing" in text
     rep["outcome"] = "completed"
     assert table(summary(rep, {"seed": 7, "soak_s": 150.0}, samples)).startswith("soak: seed 7")
+    # stopped while the job was still starting: no training at all, not its 50 s of run time
+    rep.update(outcome="interrupted", training_started_at_s=None, faults=[])
+    assert summary(rep, {"seed": 7, "soak_s": 150.0}, [])["training_s"] == 0.0
