@@ -220,6 +220,7 @@ class GoodputLedger:
         pay = min(max(0.0, acct.goodput), self.goodput_debt)
         acct.goodput, self.goodput_debt = max(0.0, acct.goodput) - pay, self.goodput_debt - pay
         self.last_at = now
+        acct.expected_groups = self.expected_groups
         self._follow_incidents(in_quorum, now)
         self._sample_baseline(now)
         self._settle(now, acct)
