@@ -77,3 +77,50 @@ def test_an_ended_job_with_an_open_incident_is_not_accounted(tmp_path, job):
                                                          abs=1e-3)
     finally:
         mon.stop()
+
+
+def metric(mon: Monitor, name: str) -> float:
+    text = requests.get(mon.url + "/metrics", timeout=10).text
+    return float(next(x for x in text.splitlines() if x.startswith(name + "{")).split()[-1])
+
+
+def test_a_monitor_restarted_after_the_job_ended_exports_the_ledgers_groups(tmp_path, job):
+    """``expected_replica_groups`` says what ``GET /v1/goodput`` says, also when the restarted
+    monitor finds the job stopped (no sweep accounted since)."""
+    clock = [time.time()]
+    cfg = MonitorConfig(port=0, interval_s=3600, state_path=str(tmp_path / "state.sqlite"),
+                        targets=job.sim.urls, sd_out=str(tmp_path / "targets.json"), job="sim",
+                        lighthouse=job.url, rails=RailsConfig(min_replicas=1, cooldown_s=0))
+
+    def start() -> Monitor:
+        mon = Monitor(cfg, clock=lambda: clock[0]).start()
+        wait_until(lambda: mon.sweeps >= 1, 20, what="the loop's first sweep")
+        return mon
+
+    def drive(mon: Monitor, seconds: int, steps: int = 5) -> None:
+        for _ in range(seconds):
+            clock[0] += 1.0
+            for r in job.sim.ranks:
+                r.update(step=r.state["step"] + steps, commits=r.state["commits"] + steps,
+                         last_step_at=clock[0])
+            mon.sweep_once()
+
+    mon = start()
+    try:
+        drive(mon, 20)
+        assert metric(mon, "lightkeeper_monitor_expected_replica_groups") == 3
+        for r in job.sim.ranks:  # the job finished: its ranks say so
+            r.update(phase="stopped")
+        drive(mon, 3, steps=0)
+    finally:
+        mon.stop()
+    mon = start()
+    try:
+        drive(mon, 3, steps=0)
+        g = requests.get(mon.url + "/v1/goodput", timeout=10).json()
+        assert g["expected_groups"] == 3 and g["unobserved_seconds"] >= 3
+        assert metric(mon, "lightkeeper_monitor_expected_replica_groups") == 3
+        assert metric(mon, "lightkeeper_monitor_goodput_ratio") == pytest.approx(
+            g["job"]["goodput_ratio"], abs=1e-3)
+    finally:
+        mon.stop()

@@ -197,7 +197,7 @@ class MonitorMetrics:
                 self.badput_seconds.labels(job, cause).inc(seconds)
         if acct.job_goodput_ratio is not None:
             self.goodput_ratio.labels(job).set(acct.job_goodput_ratio)
-        if acct.accounted:
+        if acct.expected_groups:
             self.expected_groups.labels(job).set(acct.expected_groups)
         if acct.group_goodput_ratio:
             self.groups.goodput = acct.group_goodput_ratio

@@ -94,6 +94,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         pay = min(max(0.0, acct.goodput), self.goodput_debt)
         acct.goodput, self.goodput_debt = max(0.0, acct.goodput) - pay, self.goodput_debt - pay
         self.last_at = now
+        acct.expected_groups = self.expected_groups  # also where not accounted (metrics)
         self.incidents.follow(in_quorum, now, self.job)
         self.job.sample(now, self.incidents.unsettled())
         self._settle(now, acct)
@@ -186,7 +187,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
                  dt: float, now: float, acct: SweepAccount) -> None:
         t0, b, S, incs = self.last_at, self.baseline, self.slots, self.incidents
         inside, outside, unseen = self._partition(in_quorum)
-        acct.accounted, acct.expected_groups = True, self.expected_groups
+        acct.accounted = True
         startup = b is None
         committed = bool(deltas[inside].any())
         if job_moved or committed:
@@ -269,7 +270,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
                      acct: SweepAccount) -> None:
         """Credit the commits made across a gap over ``max_gap_s``; the rest is unattributed."""
         inside, outside, unseen = self._partition(in_quorum)
-        acct.accounted, acct.expected_groups = True, self.expected_groups
+        acct.accounted = True
         self.gaps += 1
         self.gap_s += dt
         b, S = self.baseline, self.slots
