@@ -1019,7 +1019,7 @@ def run(args: argparse.Namespace) -> int:
         if fabric is None and args.hosts == "netns":
             print(f"lightkeeper demo: --hosts netns: {hosts_note}", file=sys.stderr)
             return 2
-    if args.soak is not None and (args.soak <= 0 or plans or args.no_faults):
+    if args.soak is not None and (not args.soak > 0 or plans or args.no_faults):
         print("lightkeeper demo: --soak takes seconds > 0 and draws its own faults (no "
               "--inject, no --no-faults)", file=sys.stderr)
         return 2
