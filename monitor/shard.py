@@ -339,6 +339,10 @@ class Leader(threading.Thread):
         if missing:
             return (f"shard(s) {', '.join(map(str, missing))} of {self.cfg.shards} have not "
                     f"reported within the lease TTL ({self.cfg.lease_ttl_s}s)")
+        odd = [f"{i} ({r.get('shards')})" for i, r in sorted(reports.items())
+               if r.get("shards") != self.cfg.shards]
+        if odd:  # the slices do not cover the job: some groups nobody watches
+            return f"shard(s) {', '.join(odd)} run another --shards than {self.cfg.shards}"
         return "; ".join(f"shard {i} is blind: {r['blind']}" for i, r in sorted(reports.items())
                          if r.get("blind")) or None
 

@@ -517,6 +517,50 @@ def test_a_proposal_of_a_shard_that_does_not_report_is_never_acted_on(tmp_path, 
         job.stop()
 
 
+def test_a_shard_of_another_shard_count_blinds_the_leader(tmp_path, etcd):
+    """Shard 1 runs --shard 1/3 beside a leader and shard 0 of --shards 2 (a half-done change of
+    N): the slices no longer cover the job, so the leader holds as blind and kills nothing."""
+    from monitor.config import MonitorConfig, RailsConfig, ShardConfig
+    from monitor.lease import SessionLease
+    from monitor.service import Monitor
+    from tests.support.monitor_sim import SimJob
+
+    job = SimJob(3)
+    prefix = f"/lktest-{uuid.uuid4().hex[:8]}"
+    root = f"{prefix}/sim/"
+    rid = job.replica_ids
+    e = Etcd(etcd)
+    shards = SessionLease(e, 30)
+    for i, n in ((0, 2), (1, 3)):
+        e.put(root + f"shards/{i}", {"shard": i, "shards": n, "blind": None, "run": f"r{i}",
+                                     "groups": {}}, shards.refresh())
+    g = next(g for g in range(3) if shard_of(g, 2) == 0)
+    e.put(root + f"proposals/{rid[g]}", {"replica_group": g, "replica_id": rid[g],
+                                         "kind": "dead_rank", "shard": 0, "run": "r0"})
+    mon = Monitor(MonitorConfig(
+        port=0, interval_s=0.2, state_path=str(tmp_path / "m.sqlite"),
+        sd_out=str(tmp_path / "m.json"), job="sim", lighthouse=job.url,
+        rails=RailsConfig(min_replicas=1, cooldown_s=0),
+        shard=ShardConfig(shards=2, index=None, etcd=etcd, lead=True, etcd_prefix=prefix,
+                          lease_ttl_s=2))).start()
+    try:
+        def decided():
+            return [(d["decision"], d["reason"]) for d in requests.get(
+                mon.url + "/v1/evictions", timeout=5).json() if d["replica_id"] == rid[g]]
+
+        wait_until(decided, 15, what="the leader deciding the proposal")
+        n = mon.sweeps
+        wait_until(lambda: mon.sweeps >= n + 5, 10, what="more leader ticks")
+        assert decided() == [("hold", "monitor_blind")] and job.kills == []
+        assert mon.cluster_json()["shard"]["leader_blind"] == \
+            "shard(s) 1 (3) run another --shards than 2"
+    finally:
+        mon.stop()
+        shards.revoke()
+        e.close()
+        job.stop()
+
+
 # --- the real thing: shards, a leader, a standby, a SIGKILL mid-kill ---------------------------
 def monitor_cmd(tmp_path: Path, name: str, job, etcd_url: str, prefix: str, *extra: str):
     return [sys.executable, "-u", "-m", "lightkeeper.cli", "monitor", "--port", "0",
