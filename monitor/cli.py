@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import sqlite3
@@ -45,6 +46,16 @@ def _positive_int(value: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
     return n
+
+
+def _finite(value: str) -> float:
+    """A float flag: nan passes every bound check and inf overflows a count, so neither."""
+    try:
+        if math.isfinite(v := float(value)):
+            return v
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"expected a finite number, got {value!r}")
 
 
 def _kind_counts(value: str) -> dict[str, int]:
@@ -87,7 +98,8 @@ def _flags(g: Any, cls: type, prefix: str = "") -> None:
         elif f.default is None:
             g.add_argument(name, dest=prefix + f.name, metavar=metavar, help=help)
         else:
-            g.add_argument(name, dest=prefix + f.name, default=f.default, type=type(f.default),
+            g.add_argument(name, dest=prefix + f.name, default=f.default,
+                           type=_finite if isinstance(f.default, float) else type(f.default),
                            metavar=metavar, help=f"{help} (%(default)s)")
 
 
