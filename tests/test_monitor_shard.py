@@ -346,6 +346,45 @@ def test_a_shard_restarted_while_etcd_is_away_proposes_anew(tmp_path, caplog):
         stop_process(etcd_proc, grace=2.0)
 
 
+def _etcd_txns(etcd_url: str) -> int:
+    """Transactions etcd has served (its own /metrics)."""
+    text = requests.get(etcd_url + "/metrics", timeout=5).text
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+               if line.startswith("grpc_server_handled_total{") and 'grpc_method="Txn"' in line)
+
+
+def test_evictions_a_leader_sent_cost_a_shard_no_txn_a_sweep(tmp_path, etcd):
+    """Proposals and eviction records stay in etcd for good; a shard does not try to withdraw
+    the proposals a leader acted on every sweep (a failing txn each, growing with every
+    eviction the job ever had)."""
+    from monitor.config import MonitorConfig, ShardConfig
+    from monitor.service import Monitor
+
+    prefix = f"/lktest-{uuid.uuid4().hex[:8]}"
+    root = f"{prefix}/sim/"
+    e = Etcd(etcd)
+    for g in range(20):
+        rid = f"replica_group_{g}:old"
+        e.put(root + f"proposals/{rid}", {"replica_group": g, "replica_id": rid,
+                                          "kind": "hang", "shard": 0, "run": "earlier"})
+        e.put(root + f"evictions/{rid}", {"state": "sent", "replica_id": rid, "shard": 0,
+                                          "replica_group": g, "kind": "hang", "attempt": 1})
+    e.close()
+    mon = Monitor(MonitorConfig(
+        port=0, interval_s=0.2, state_path=str(tmp_path / "m.sqlite"),
+        sd_out=str(tmp_path / "m.json"), job="sim",
+        shard=ShardConfig(shards=1, index=0, etcd=etcd, etcd_prefix=prefix,
+                          lease_ttl_s=2))).start()
+    try:
+        wait_until(lambda: mon.sweeps >= 2, 10, what="the first sweeps")
+        n, txns = mon.sweeps, _etcd_txns(etcd)
+        wait_until(lambda: mon.sweeps >= n + 10, 15, what="ten more sweeps")
+        assert _etcd_txns(etcd) - txns < 10
+        assert len(keys(etcd, root + "proposals/")) == 20
+    finally:
+        mon.stop()
+
+
 # --- a leader in this process: a kill lost in flight, manual proposals -------------------------
 def test_a_kill_lost_in_flight_is_sent_again_and_manual_evictions_are_proposals(tmp_path, etcd):
     """A ``sending`` left by a leader that died before its request left (the group still
