@@ -218,7 +218,9 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
             QuarantineConfig, given, "quarantine_",
             after={**QUARANTINE_AFTER, **args.quarantine_after},
             actions=tuple(args.quarantine_actions),
-            webhook_secret=_env(args.webhook_secret, "LIGHTKEEPER_WEBHOOK_SECRET")),
+            webhook_secret=_env(args.webhook_secret, "LIGHTKEEPER_WEBHOOK_SECRET"),
+            # --dry-run acts on nothing: a drain, a cordon or a pod delete is an eviction too
+            dry_run=args.quarantine_dry_run or args.rails_dry_run),
         bundles=_section(BundleConfig, given, "bundle_"))
     from .service import check_config  # the loop's modules only once a monitor is built
     check_config(cfg)

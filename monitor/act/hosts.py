@@ -291,7 +291,7 @@ class HostLedger:
             return "cap", (f"{n} host(s) quarantined already, the cap (--max-quarantined "
                            f"{self.cfg.max_quarantined:g} of {known} known host(s)) is {cap}")
         if self.cfg.dry_run:
-            return "dry_run", "--quarantine-dry-run: decided, nothing done"
+            return "dry_run", "--quarantine-dry-run or --dry-run: decided, nothing done"
         return None
 
     def _quarantine(self, h: dict[str, Any], kind: str, summary: str, evidence: dict,
