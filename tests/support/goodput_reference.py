@@ -494,7 +494,8 @@ class GoodputLedger:
     def _explaining(self, straggler: bool | None = None) -> Incident | None:
         """The latest open incident (of a straggler, or of anything but one, or either)."""
         cands = [i for i in self._open_incidents()
-                 if straggler is None or (i.kind == "straggler") == straggler]
+                 if (straggler is None or (i.kind == "straggler") == straggler)
+                 and not (straggler and i.evicted_at is not None)]
         return max(cands, key=lambda i: (i.detected_at, i.id)) if cands else None
 
     def _group_incident(self, g: int | None) -> Incident | None:
