@@ -191,8 +191,10 @@ class Incidents(dict[int, Incident]):
                     and i.back_to_pace_at is None), key=lambda i: i.evicted_at, default=None)
 
     def explaining(self, straggler: bool) -> Incident | None:
-        """The latest open incident of a straggler (or of anything else)."""
-        return max((i for i in self.open() if (i.kind == "straggler") == straggler),
+        """The latest open incident of a straggler not evicted (gone, it drags nothing; its
+        group may never return), or of anything else."""
+        return max((i for i in self.open() if (i.kind == "straggler") == straggler
+                    and not (straggler and i.evicted_at is not None)),
                    key=lambda i: (i.detected_at, i.id), default=None)
 
     def of_group(self, g: int | None) -> Incident | None:
