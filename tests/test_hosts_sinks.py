@@ -163,6 +163,7 @@ def test_slurm_drain_and_resume_commands(tmp_path, monkeypatch):
     assert sink.quarantine(EVENT).ok
     assert sink.release(EVENT).ok
     calls = [c.strip().splitlines() for c in log.read_text().split("---") if c.strip()]
+    calls = [c for c in calls if c[0] != "show"]  # each update asks the node's drain first
     assert calls == [["update", "NodeName=node-1", "State=DRAIN",
                       "Reason=lightkeeper: dead_rank finding 7 replica_group 2"],
                      ["update", "NodeName=node-1", "State=RESUME"]]
@@ -415,3 +416,32 @@ def test_k8s_sink_sends_nothing_for_a_node_name_that_is_a_path(kube):
             res = op({**EVENT, "node": node})
             assert not res.ok and not res.retry and "not one node name" in res.detail
     assert rx.requests == []
+
+
+def test_slurm_sink_leaves_an_operators_drain_alone(slurm, monkeypatch):
+    """A node drained by an operator (their own reason) is neither re-labelled by a quarantine
+    nor resumed by its release or TTL expiry; one the operator re-drains after ours stays too."""
+    for k, v in slurm.items():
+        monkeypatch.setenv(k, v)
+
+    def node(name: str) -> tuple[bool, str]:
+        out = subprocess.run(["scontrol", "show", "node", name], capture_output=True,
+                             text=True, check=True).stdout
+        return ("DRAIN" in out.split("State=")[1].split()[0],
+                out.split("Reason=")[1].splitlines()[0].rsplit(" [", 1)[0]
+                if "Reason=" in out else "")
+
+    def drain(name: str, reason: str) -> None:
+        subprocess.run(["scontrol", "update", f"NodeName={name}", "State=DRAIN",
+                        f"Reason={reason}"], check=True)
+
+    sink = SlurmSink()
+    drain("n1", "RMA: bad DIMM")
+    assert sink.quarantine({**EVENT, "node": "n1"}).ok
+    assert node("n1") == (True, "RMA: bad DIMM")
+    res = sink.release({**EVENT, "node": "n1"})
+    assert res.ok and "left drained by someone else: RMA: bad DIMM" in res.detail
+    assert node("n1") == (True, "RMA: bad DIMM")
+    assert sink.quarantine({**EVENT, "node": "n2"}).ok
+    drain("n2", "swap the NIC")  # after ours: the operator's now
+    assert sink.release({**EVENT, "node": "n2"}).ok and node("n2") == (True, "swap the NIC")

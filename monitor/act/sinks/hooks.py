@@ -80,8 +80,8 @@ class ExecSink:
 
 
 class SlurmSink:
-    """Drain the node on quarantine, resume it on release; needs ``scontrol`` on PATH and a
-    Slurm user allowed to update nodes."""
+    """Drain the node on quarantine, resume it on release, but never touch a node drained with
+    another reason; needs ``scontrol`` on PATH and a Slurm user allowed to update nodes."""
 
     name = "slurm"
 
@@ -104,10 +104,25 @@ class SlurmSink:
             node = one_node(event)  # a hostlist or ALL would drain many nodes past the cap
         except ValueError as e:
             return ActionResult(False, str(e), retry=False)
+        theirs = self._drain_reason(node)
+        if theirs is not None and not theirs.startswith("lightkeeper:"):
+            # an operator's drain is theirs to lift: neither overwritten nor resumed
+            return ActionResult(True, f"node {node} left drained by someone else: {theirs}")
         argv = [SCONTROL, "update", f"NodeName={node}", *args]
         res, err = run_command(argv, " ".join(argv), self.timeout_s)
         res.retry = res.retry and "Invalid node name" not in err  # an unknown node stays so
         return res
+
+    def _drain_reason(self, node: str) -> str | None:
+        """The reason of a drained node; None: not drained, or unknown (the update says why)."""
+        try:
+            out = subprocess.run([SCONTROL, "show", "node", node], capture_output=True,
+                                 text=True, timeout=self.timeout_s).stdout
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if "DRAIN" not in out.partition("State=")[2].split(" ")[0]:
+            return None
+        return out.partition("Reason=")[2].split("\n")[0].rsplit(" [", 1)[0].strip()
 
 
 class WebhookSink:
