@@ -191,8 +191,12 @@ class FakeKubeAPI:
             return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
                           "message": f"fake {code}", "reason": "Fake", "code": code}
         if req["path"] == "/api/v1/nodes/node-1":
-            if req["method"] == "PATCH":
-                self.node["spec"].update(json.loads(req["body"])["spec"])
+            if req["method"] == "PATCH":  # strategic merge: null deletes an annotation
+                body = json.loads(req["body"])
+                self.node["spec"].update(body["spec"])
+                notes = self.node["metadata"].setdefault("annotations", {})
+                for k, v in (body["metadata"].get("annotations") or {}).items():
+                    notes.pop(k) if v is None else notes.update({k: v})
             return 200, self.node
         if req["path"] == "/api/v1/nodes/node-1/status":
             return 200, self.node
@@ -240,7 +244,8 @@ def test_k8s_quarantine_exact_requests(kube):
     patch, status, pods = rx.requests[1], rx.requests[2], rx.requests[3]
     assert patch["headers"]["Content-Type"] == "application/strategic-merge-patch+json"
     assert json.loads(patch["body"]) == {
-        "metadata": {"resourceVersion": "41"},
+        "metadata": {"resourceVersion": "41",
+                     "annotations": {"lightkeeper.io/cordoned": "true"}},
         "spec": {"unschedulable": True, "taints": [
             {"key": "other", "value": "x", "effect": "NoExecute"},
             {"key": "lightkeeper.io/quarantined", "value": "dead_rank",
@@ -259,9 +264,22 @@ def test_k8s_quarantine_exact_requests(kube):
     body = json.loads(rx.requests[1]["body"])
     assert body["spec"] == {"unschedulable": False,
                             "taints": [{"key": "other", "value": "x", "effect": "NoExecute"}]}
+    assert body["metadata"]["annotations"] == {"lightkeeper.io/cordoned": None}
     (cond,) = json.loads(rx.requests[2]["body"])["status"]["conditions"]
     assert (cond["status"], cond["reason"]) == ("False", "Released")
 
+
+
+def test_k8s_release_leaves_an_operators_cordon(kube):
+    """A node an operator cordoned before the quarantine stays cordoned after its release: the
+    sink uncordons only what it cordoned (the FAKE API server keeps the node's state)."""
+    api, rx, sink = kube
+    api.node["spec"]["unschedulable"] = True
+    assert sink.quarantine(EVENT).ok
+    assert sink.release({**EVENT, "event": "release"}).ok
+    assert api.node["spec"]["unschedulable"] is True
+    assert api.node["spec"]["taints"] == [{"key": "other", "value": "x", "effect": "NoExecute"}]
+    assert not api.node["metadata"].get("annotations")
 
 @pytest.mark.parametrize("code,retry", [(403, False), (404, False), (409, True)])
 def test_k8s_error_paths(kube, code, retry):

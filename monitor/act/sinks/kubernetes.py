@@ -3,7 +3,7 @@ delete the job's pods on it so their controller reschedules them elsewhere.
 
 Needs ``lightkeeper[kubernetes]`` (lightkube) and a cluster configuration; RBAC in
 ``deploy/kubernetes/quarantine/``. Each step is idempotent, the first failure ends the attempt;
-release uncordons only a node our taint cordoned. 401, 403, 404 and 422 are not retried.
+release uncordons only a node the quarantine cordoned. 401, 403, 404 and 422 are not retried.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 from .base import ActionResult, SinkConfigError, one_node
 
 TAINT_KEY = "lightkeeper.io/quarantined"
+CORDONED = "lightkeeper.io/cordoned"  # annotation: the cordon is ours to undo
 CONDITION = "LightkeeperQuarantined"
 DEFAULT_POD_SELECTOR = "app.kubernetes.io/component=training"
 SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
@@ -104,16 +105,17 @@ class KubernetesSink:
         obj = self.client.get(Node, node)
         current = [t.to_dict() if hasattr(t, "to_dict") else dict(t)
                    for t in (obj.spec.taints or [])] if obj.spec else []
-        ours = [t for t in current if t.get("key") == TAINT_KEY]
         taints = [t for t in current if t.get("key") != TAINT_KEY]
         if taint is not None:
             taints.append({"key": TAINT_KEY, "value": taint, "effect": "NoSchedule"})
         spec: dict[str, Any] = {"taints": taints}
-        if cordon:
-            spec["unschedulable"] = True
-        elif ours:  # only undo a cordon that came with our taint
-            spec["unschedulable"] = False
-        body = {"metadata": {"resourceVersion": obj.metadata.resourceVersion}, "spec": spec}
+        meta: dict[str, Any] = {"resourceVersion": obj.metadata.resourceVersion}
+        # only undo our own cordon: one an operator made before stays
+        if cordon and not (obj.spec and obj.spec.unschedulable):
+            spec["unschedulable"], meta["annotations"] = True, {CORDONED: "true"}
+        elif not cordon and (obj.metadata.annotations or {}).get(CORDONED):
+            spec["unschedulable"], meta["annotations"] = False, {CORDONED: None}
+        body = {"metadata": meta, "spec": spec}
         self.client.patch(Node, node, body, patch_type=PatchType.STRATEGIC)
 
     def _set_condition(self, node: str, on: bool, reason: str, message: str) -> None:
