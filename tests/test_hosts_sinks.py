@@ -73,13 +73,17 @@ def test_exec_hook_gets_json_on_stdin_and_a_failure_is_reported(tmp_path):
     out = tmp_path / "got.json"
     script = tmp_path / "hook.sh"
     script.write_text(f'#!/bin/sh\ncat > {out}\necho "$LIGHTKEEPER_EVENT $LIGHTKEEPER_NODE" '
-                      f'>> {out}.env\n')
+                      f'"[$LIGHTKEEPER_TOKEN$LIGHTKEEPER_WEBHOOK_SECRET]" "$HOOK_VAR" >> {out}.env\n')
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     sink = build_sink(f"exec:{script}")
-    res = sink.quarantine(EVENT)
+    with pytest.MonkeyPatch.context() as mp:  # the monitor's secrets are not the hook's
+        mp.setenv("LIGHTKEEPER_TOKEN", "admin-secret")
+        mp.setenv("LIGHTKEEPER_WEBHOOK_SECRET", "hmac-secret")
+        mp.setenv("HOOK_VAR", "kept")
+        res = sink.quarantine(EVENT)
     assert res.ok, res.detail
     assert json.loads(out.read_text()) == EVENT
-    assert (tmp_path / "got.json.env").read_text().strip() == "quarantine node-1"
+    assert (tmp_path / "got.json.env").read_text().strip() == "quarantine node-1 [] kept"
     bad = build_sink("exec:sh -c 'echo disk full >&2; exit 3'").release(EVENT)
     assert not bad.ok and bad.retry and "exited 3: disk full" in bad.detail
     missing = build_sink(f"exec:{tmp_path}/no-such-hook").quarantine(EVENT)

@@ -19,6 +19,8 @@ import requests
 from .base import ActionResult, SinkConfigError, one_node
 
 SIGNATURE_HEADER = "X-Lightkeeper-Signature"
+MONITOR_SECRETS = ("LIGHTKEEPER_TOKEN", "LIGHTKEEPER_REGISTER_TOKEN", "LIGHTKEEPER_EXIT_TOKEN",
+                   "LIGHTKEEPER_WEBHOOK_SECRET")
 EVENT_HEADER = "X-Lightkeeper-Event"
 SCONTROL = "scontrol"
 
@@ -71,7 +73,9 @@ class ExecSink:
         self.timeout_s = timeout_s
 
     def run(self, event: dict[str, Any]) -> ActionResult:
-        env = {**os.environ, "LIGHTKEEPER_EVENT": str(event.get("event")),
+        # the monitor's own secrets stay with it: a hook acts on a host, not on the monitor
+        env = {**{k: v for k, v in os.environ.items() if k not in MONITOR_SECRETS},
+               "LIGHTKEEPER_EVENT": str(event.get("event")),
                "LIGHTKEEPER_HOST": str(event.get("host")),
                "LIGHTKEEPER_NODE": str(event.get("node") or event.get("host"))}
         return run_command(self.argv, self.argv[0], self.timeout_s, event_bytes(event), env)[0]
