@@ -86,7 +86,11 @@ def test_exec_hook_gets_json_on_stdin_and_a_failure_is_reported(tmp_path):
     assert (tmp_path / "got.json.env").read_text().strip() == "quarantine node-1 [] kept"
     bad = build_sink("exec:sh -c 'echo disk full >&2; exit 3'").release(EVENT)
     assert not bad.ok and bad.retry and "exited 3: disk full" in bad.detail
-    missing = build_sink(f"exec:{tmp_path}/no-such-hook").quarantine(EVENT)
+    for absent in (f"exec:{tmp_path}/no-such-hook", f"exec:{out}"):  # missing, not executable
+        with pytest.raises(SinkConfigError, match="not an executable on PATH"):
+            build_sink(absent)  # said at start-up, not at the first quarantine
+    script.unlink()  # gone after start-up: the attempt fails, and retrying cannot help
+    missing = sink.quarantine(EVENT)
     assert not missing.ok and not missing.retry
     slow = build_sink("exec:sleep 5", QuarantineConfig(action_timeout_s=0.3)).quarantine(EVENT)
     assert not slow.ok and "did not finish within 0.3s" in slow.detail

@@ -8,6 +8,7 @@ Every sink has ``quarantine(event)`` and ``release(event)``, one attempt each, r
 from __future__ import annotations
 
 import shlex
+import shutil
 
 from monitor.config import QuarantineConfig
 
@@ -38,15 +39,19 @@ def validate_action(spec: str) -> None:
 
 def build_sink(spec: str, q: QuarantineConfig | None = None) -> Sink:
     """The sink an ``--action`` names, with ``q``'s timeout, webhook secret and Kubernetes
-    settings. SinkConfigError: a bad spec, or for ``k8s`` no lightkube or no cluster
-    configuration."""
+    settings. SinkConfigError: a bad spec, a program (``scontrol``, an exec hook's) that is not
+    an executable on PATH, or for ``k8s`` no lightkube or no cluster configuration."""
     validate_action(spec)
     q = q or QuarantineConfig()
     kind, _, arg = spec.partition(":")
     if spec in ("k8s", "kubernetes"):
         from .kubernetes import KubernetesSink
         return KubernetesSink.from_env(q.k8s_namespace, q.k8s_pod_selector, q.action_timeout_s)
-    from .hooks import ExecSink, SlurmSink, WebhookSink
+    from .hooks import SCONTROL, ExecSink, SlurmSink, WebhookSink
+    if kind in ("slurm", "exec"):  # said at start-up, not at the first quarantine days later
+        program = SCONTROL if spec == "slurm" else shlex.split(arg)[0]
+        if shutil.which(program) is None:
+            raise SinkConfigError(f"--action {spec!r}: {program!r} is not an executable on PATH")
     if spec == "slurm":
         return SlurmSink(timeout_s=q.action_timeout_s)
     if kind == "exec":
