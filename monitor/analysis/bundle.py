@@ -80,7 +80,7 @@ def open_bundle(path: str | Path) -> OpenedBundle:
             manifest = _manifest(json.loads((p / MANIFEST).read_bytes()))
             finding = _finding((p / FINDINGS).read_bytes()) if (p / FINDINGS).is_file() else None
         except (OSError, ValueError) as e:
-            raise BundleError(f"{MANIFEST}: {e}") from None
+            raise e if isinstance(e, BundleError) else BundleError(f"{MANIFEST}: {e}") from None
         return OpenedBundle(manifest, str(p / FR_DIR), finding)
     tmp = tempfile.TemporaryDirectory(prefix="lightkeeper-bundle-")
     try:
@@ -119,6 +119,15 @@ def _read(tar: tarfile.TarFile, m: tarfile.TarInfo) -> bytes:
 def _manifest(doc: Any) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise BundleError(f"{MANIFEST} is not a {FORMAT} manifest")
+    # the fields the report reads: a hand-edited or foreign manifest is refused, not a traceback
+    shapes = {"culprit_ranks": int, "ranks": dict, "left_out": dict}
+    for key, kind in shapes.items():
+        v = doc.get(key) or []
+        if not isinstance(v, list) or not all(isinstance(x, kind) and not isinstance(x, bool)
+                                               for x in v):
+            raise BundleError(f"{MANIFEST}: {key} is not a list of {kind.__name__}")
+    if not isinstance(doc.get("decision") or {}, dict):
+        raise BundleError(f"{MANIFEST}: decision is not an object")
     return doc
 
 

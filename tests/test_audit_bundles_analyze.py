@@ -1,0 +1,50 @@
+"""``lightkeeper analyze`` on incident bundles that are damaged or hand-edited: one error entry
+and exit status 2, never a traceback (docs/analyze.md, Exit status). The bundle is the one a
+real job's monitor kept (tests/fixtures/torch-debug-server-h100/bundle-evict-hang.tar.gz)."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from lightkeeper.cli import main
+
+FIXTURE = Path(__file__).parent / "fixtures" / "torch-debug-server-h100" / "bundle-evict-hang.tar.gz"
+
+
+def repacked(tmp_path: Path, manifest_patch: dict) -> Path:
+    """The fixture bundle with its manifest's fields replaced."""
+    out = tmp_path / "edited.tar.gz"
+    with tarfile.open(FIXTURE) as src, tarfile.open(out, "w:gz") as dst:
+        for m in src:
+            data = src.extractfile(m).read()
+            if m.name.endswith("/manifest.json"):
+                data = json.dumps({**json.loads(data), **manifest_patch}).encode()
+            info = tarfile.TarInfo(m.name)
+            info.size = len(data)
+            dst.addfile(info, io.BytesIO(data))
+    return out
+
+
+@pytest.mark.parametrize("patch", [{"culprit_ranks": "1"}, {"culprit_ranks": [1.5]},
+                                   {"decision": "evict"}, {"ranks": [1]}, {"left_out": ["x"]}])
+def test_a_manifest_of_the_wrong_shape_is_an_error_entry(tmp_path, capsys, patch):
+    path = repacked(tmp_path, patch)
+    assert main(["analyze", str(path)]) == 2
+    out = capsys.readouterr().out
+    [line] = [x for x in out.splitlines() if x.startswith("error: ")]
+    assert line.startswith(f"error: {path}: manifest.json: {next(iter(patch))} is not "), line
+    assert main(["analyze", "--format", "json", str(path)]) == 2
+    [error] = json.loads(capsys.readouterr().out)["errors"]
+    assert error["path"] == str(path)
+
+
+def test_the_untouched_fixture_still_agrees(tmp_path, capsys):
+    path = repacked(tmp_path, {})
+    assert main(["analyze", "--format", "json", str(path)]) == 1
+    [b] = json.loads(capsys.readouterr().out)["bundles"]
+    assert (b["culprit_ranks"], b["analysis_agrees"]) == ([1], True)
