@@ -48,3 +48,31 @@ def test_the_untouched_fixture_still_agrees(tmp_path, capsys):
     assert main(["analyze", "--format", "json", str(path)]) == 1
     [b] = json.loads(capsys.readouterr().out)["bundles"]
     assert (b["culprit_ranks"], b["analysis_agrees"]) == ([1], True)
+
+
+def test_two_bundles_at_once_are_refused(tmp_path, capsys):
+    """Two incidents' ranks 0..N are not one job: one bundle's verdict must not be judged
+    against the other's dumps."""
+    a, b = tmp_path / "a.tar.gz", tmp_path / "b.tar.gz"
+    a.write_bytes(FIXTURE.read_bytes())
+    b.write_bytes(FIXTURE.read_bytes())
+    assert main(["analyze", "--format", "json", str(a), str(b)]) == 2
+    got = capsys.readouterr()
+    assert got.out == "" and "2 incident bundles given; analyze one at a time" in got.err
+
+
+def test_a_broken_dump_inside_a_bundle_is_named_in_the_bundle(tmp_path, capsys):
+    """Not by the temporary folder it was unpacked into, gone once analyze ends."""
+    out = tmp_path / "cut.tar.gz"
+    with tarfile.open(FIXTURE) as src, tarfile.open(out, "w:gz") as dst:
+        for m in src:
+            data = src.extractfile(m).read()
+            if m.name.endswith("/fr/rank1.json"):
+                data = data[:5000]
+            info = tarfile.TarInfo(m.name)
+            info.size = len(data)
+            dst.addfile(info, io.BytesIO(data))
+    assert main(["analyze", "--format", "json", str(out)]) == 0
+    [error] = json.loads(capsys.readouterr().out)["errors"]
+    assert error["path"] == f"{out}: fr/rank1.json", error
+    assert error["error"].startswith("invalid JSON"), error

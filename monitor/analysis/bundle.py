@@ -44,6 +44,7 @@ class OpenedBundle:
     manifest: dict[str, Any]
     fr_dir: str
     finding: dict[str, Any] | None = None
+    source: str = ""  # the PATH it was read from
     _tmp: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
 
     def close(self) -> None:
@@ -81,7 +82,7 @@ def open_bundle(path: str | Path) -> OpenedBundle:
             finding = _finding((p / FINDINGS).read_bytes()) if (p / FINDINGS).is_file() else None
         except (OSError, ValueError) as e:
             raise e if isinstance(e, BundleError) else BundleError(f"{MANIFEST}: {e}") from None
-        return OpenedBundle(manifest, str(p / FR_DIR), finding)
+        return OpenedBundle(manifest, str(p / FR_DIR), finding, str(p))
     tmp = tempfile.TemporaryDirectory(prefix="lightkeeper-bundle-")
     try:
         manifest = finding = None
@@ -101,7 +102,7 @@ def open_bundle(path: str | Path) -> OpenedBundle:
                     Path(tmp.name, f"rank{int(match.group(2))}.json").write_bytes(_read(tar, m))
         if manifest is None:
             raise BundleError(f"no {MANIFEST} in the archive")
-        return OpenedBundle(manifest, tmp.name, finding, tmp)
+        return OpenedBundle(manifest, tmp.name, finding, str(p), tmp)
     except (OSError, tarfile.TarError, EOFError, ValueError) as e:
         tmp.cleanup()
         if isinstance(e, BundleError):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from .bundle import BundleError, OpenedBundle, is_bundle, monitor_verdict, open_bundle
+from .bundle import FR_DIR, BundleError, OpenedBundle, is_bundle, monitor_verdict, open_bundle
 from .torchft_dumps import pick, quorum_folders
 
 
@@ -48,10 +48,18 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             return 2
     inputs = expand(args.paths, args.quorum)
     try:
+        if len(inputs.bundles) > 1:  # each its own incident: one's dumps would judge another's
+            print(f"lightkeeper analyze: {len(inputs.bundles)} incident bundles given; analyze "
+                  "one at a time", file=sys.stderr)
+            return 2
         loaded = load_paths(inputs.paths, jobs=args.jobs, prefix=args.prefix)
     finally:
         for b in inputs.bundles:
             b.close()  # the traces are in memory: the unpacked dumps can go
+    for b in inputs.bundles:  # a dump's error names it in the bundle, not in a deleted folder
+        for e in loaded.errors:
+            if Path(e.get("path", "")).parent == Path(b.fr_dir):
+                e["path"] = f"{b.source}: {FR_DIR}/{Path(e['path']).name}"
     result = analyze(loaded.traces, blame_missing=args.blame_missing, same_host=args.same_host, world_size=args.world_size)
     result.errors = inputs.errors + loaded.errors + result.errors
     report = result.to_dict()
