@@ -177,6 +177,8 @@ class BundleStore:
 
     def __init__(self, cfg: BundleConfig, directory: str, store: Store,
                  clock=time.time) -> None:
+        # absolute: the index keeps each file's path, read again after a restart from elsewhere
+        directory = os.path.abspath(directory)
         self.cfg, self.dir, self.store, self.clock = cfg, directory, store, clock
         try:  # at start-up, not at the first kill
             os.makedirs(directory, exist_ok=True)
@@ -189,12 +191,14 @@ class BundleStore:
 
     def new_id(self, trigger: str, kind: str | None, replica_group: int | None) -> str:
         """A fresh id: UTC time, trigger, kind and group (``20261125T150102Z-evict-hang-g2``),
-        suffixed when taken; a safe file name by construction (ID_RE)."""
+        suffixed when taken (also by another monitor sharing the folder); a safe file name by
+        construction (ID_RE)."""
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.clock()))
         base = f"{stamp}-{trigger}-{kind or 'none'}-g{'job' if replica_group is None else replica_group}"
         base = "".join(c if c.isalnum() or c in "_.-" else "_" for c in base)[:120]
         out, n = base, 1
-        while self.store.bundles(bundle_id=out):
+        while self.store.bundles(bundle_id=out) or \
+                os.path.exists(os.path.join(self.dir, out + layout.SUFFIX)):
             n += 1
             out = f"{base}-{n}"
         return out
