@@ -61,13 +61,15 @@ def test_quarantine_component_renders_into_the_overlays(tmp_path, overlay):
     args = mon["containers"][0]["args"]
     assert args[-1] == "--action=k8s"
     assert by[("ServiceAccount", "lightkeeper-monitor")]["metadata"]["namespace"] == ns
-    assert _rules(by[("ClusterRole", "lightkeeper-monitor-quarantine")]) == RBAC_CLUSTER
+    cluster_name = f"lightkeeper-monitor-quarantine-{ns}"  # cluster-wide: one per namespace
+    assert _rules(by[("ClusterRole", cluster_name)]) == RBAC_CLUSTER
     assert _rules(by[("Role", "lightkeeper-monitor-quarantine")]) == RBAC_NAMESPACE
-    for kind in ("ClusterRoleBinding", "RoleBinding"):
-        b = by[(kind, "lightkeeper-monitor-quarantine")]
+    for kind, name in (("ClusterRoleBinding", cluster_name),
+                       ("RoleBinding", "lightkeeper-monitor-quarantine")):
+        b = by[(kind, name)]
         assert b["subjects"] == [{"kind": "ServiceAccount", "name": "lightkeeper-monitor",
                                   "namespace": ns}]
-        assert b["roleRef"]["name"] == "lightkeeper-monitor-quarantine"
+        assert b["roleRef"]["name"] == name
     # the monitor's parser takes the component's flag (the env references as Kubernetes
     # would expand them are checked by test_deploy_kubernetes; here only --action matters)
     p = argparse.ArgumentParser()
