@@ -738,3 +738,36 @@ def test_podmonitor_relabeling_keeps_worker_ports_and_names_the_replica_group():
     assert relabel({port: "lk-worker-7", **node}, rules) is not None
     for other in ("store", "lk-workers", "metrics", ""):
         assert relabel({port: other, pod_index: "0"}, rules) is None, other
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_two_jobs_with_quarantine_keep_their_own_cluster_scoped_rbac(overlay, tmp_path):
+    """Two copies of an overlay in two namespaces, the quarantine component on: their
+    ClusterRoles and ClusterRoleBindings (cluster-wide names) differ, so applying or deleting
+    one job never rebinds or removes the other's; the rest stays wired. Rendered by kustomize
+    only (no API server runs here)."""
+    if kustomize_command() is None:
+        pytest.skip("no kustomize >= 4 on PATH (kustomize, or kubectl >= 1.21)")
+    cluster_scoped: dict[str, set[tuple[str, str]]] = {}
+    for ns in ("job-a", "job-b"):
+        copy_dir = tmp_path / ns
+        shutil.copytree(KDIR, copy_dir)
+        k = copy_dir / "overlays" / overlay.name / "kustomization.yaml"
+        text = k.read_text()
+        assert "# components:\n#   - ../../quarantine\n" in text
+        k.write_text(text.replace("# components:\n#   - ../../quarantine\n",
+                                  "components:\n  - ../../quarantine\n")
+                     .replace("namespace: torchft-example\n", f"namespace: {ns}\n"))
+        r = subprocess.run([*kustomize_command(), str(k.parent)], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        docs = [d for d in yaml.load_all(r.stdout, Loader=_Loader) if d]
+        assert check_wiring(docs) == []
+        roles = {d["metadata"]["name"] for d in by_kind(docs, "ClusterRole")}
+        for b in by_kind(docs, "ClusterRoleBinding"):
+            assert b["roleRef"]["name"] in roles, "the binding names its own ClusterRole"
+            assert b["subjects"][0]["namespace"] == ns
+        cluster_scoped[ns] = {(d["kind"], d["metadata"]["name"]) for d in docs
+                              if d["kind"] in {"ClusterRole", "ClusterRoleBinding"}}
+        assert len(cluster_scoped[ns]) == 2
+    assert cluster_scoped["job-a"].isdisjoint(cluster_scoped["job-b"]), cluster_scoped
