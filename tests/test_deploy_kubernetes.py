@@ -771,3 +771,20 @@ def test_two_jobs_with_quarantine_keep_their_own_cluster_scoped_rbac(overlay, tm
                               if d["kind"] in {"ClusterRole", "ClusterRoleBinding"}}
         assert len(cluster_scoped[ns]) == 2
     assert cluster_scoped["job-a"].isdisjoint(cluster_scoped["job-b"]), cluster_scoped
+
+
+def test_every_container_requests_cpu_and_memory_and_gains_no_privilege():
+    """A pod without cpu and memory requests is BestEffort: the first the kubelet evicts and the
+    OOM killer picks under memory pressure, the training pods included (a GPU limit does not
+    count). No container may gain privileges (setuid, privileged)."""
+    checked = []
+    for _, d in all_manifest_docs():
+        for path, tpl in pod_templates(d):
+            for c in tpl["spec"]["containers"]:
+                where = f"{d['kind']}/{d['metadata']['name']} {path} {c['name']}"
+                assert {"cpu", "memory"} <= set(c.get("resources", {}).get("requests", {})), where
+                sc = c.get("securityContext", {})
+                assert sc.get("allowPrivilegeEscalation") is False, where
+                assert not sc.get("privileged"), where
+                checked.append(where)
+    assert len(checked) == 4, checked  # Lighthouse, monitor, StatefulSet and LWS trainers
