@@ -76,3 +76,28 @@ def test_a_broken_dump_inside_a_bundle_is_named_in_the_bundle(tmp_path, capsys):
     [error] = json.loads(capsys.readouterr().out)["errors"]
     assert error["path"] == f"{out}: fr/rank1.json", error
     assert error["error"].startswith("invalid JSON"), error
+
+
+def test_a_bundle_cut_short_keeps_what_came_before_the_cut(tmp_path, capsys):
+    """A download cut short: the manifest and the dumps before the cut are analyzed, and the
+    error says the archive broke (not 'not an incident bundle')."""
+    data = FIXTURE.read_bytes()
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(data[:len(data) - 500])  # the fixture's last member: fr/rank0.json
+    main(["analyze", "--format", "json", str(cut)])
+    report = json.loads(capsys.readouterr().out)
+    assert report["ranks"] == [1] and report["bundles"][0]["culprit_ranks"] == [1]
+    [error] = report["errors"]
+    assert error["path"] == str(cut)
+    assert error["error"].startswith("archive broken after its manifest, the rest not read: ")
+
+
+def test_a_corrupt_deflate_stream_is_an_error_entry_not_a_traceback(tmp_path, capsys):
+    data = bytearray(FIXTURE.read_bytes())
+    for i in range(2000, 2050):
+        data[i] ^= 0x5A
+    bad = tmp_path / "bad.tar.gz"
+    bad.write_bytes(bytes(data))
+    assert main(["analyze", "--format", "json", str(bad)]) == 2
+    [error] = json.loads(capsys.readouterr().out)["errors"]
+    assert error["path"] == str(bad) and "Error -3 while decompressing data" in error["error"]

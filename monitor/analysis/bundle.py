@@ -10,6 +10,7 @@ import json
 import re
 import tarfile
 import tempfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ SUFFIX = ".tar.gz"
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # also a safe file name
 _MEMBER_RE = re.compile(r"^[^/]+/(fr|stacks)/rank(\d+)\.json$")
 MAX_MEMBER_BYTES = 1 << 30  # a member beyond this is refused, not read
+_BROKEN = (OSError, tarfile.TarError, EOFError, zlib.error)  # a cut short or corrupt archive
 # the finding kinds a Flight Recorder dump can show: the others (a network fault, a group gone)
 # leave every rank's dump alike, so the monitor's evidence in the bundle is all there is
 FR_KINDS = ("hang", "mismatch", "straggler")
@@ -45,6 +47,7 @@ class OpenedBundle:
     fr_dir: str
     finding: dict[str, Any] | None = None
     source: str = ""  # the PATH it was read from
+    error: str | None = None  # the archive broke past its manifest: what came before is kept
     _tmp: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
 
     def close(self) -> None:
@@ -84,26 +87,32 @@ def open_bundle(path: str | Path) -> OpenedBundle:
             raise e if isinstance(e, BundleError) else BundleError(f"{MANIFEST}: {e}") from None
         return OpenedBundle(manifest, str(p / FR_DIR), finding, str(p))
     tmp = tempfile.TemporaryDirectory(prefix="lightkeeper-bundle-")
+    manifest = finding = cut = None
     try:
-        manifest = finding = None
         with tarfile.open(p, "r:gz") as tar:
-            for m in tar:
-                if not m.isfile() or m.size > MAX_MEMBER_BYTES:
-                    continue
-                parts = m.name.split("/")
-                if len(parts) == 2 and parts[1] == MANIFEST:
-                    manifest = _manifest(json.loads(_read(tar, m)))
-                    continue
-                if len(parts) == 2 and parts[1] == FINDINGS:
-                    finding = _finding(_read(tar, m))
-                    continue
-                match = _MEMBER_RE.match(m.name)
-                if match and match.group(1) == FR_DIR:
-                    Path(tmp.name, f"rank{int(match.group(2))}.json").write_bytes(_read(tar, m))
+            try:
+                for m in tar:
+                    if not m.isfile() or m.size > MAX_MEMBER_BYTES:
+                        continue
+                    parts = m.name.split("/")
+                    if len(parts) == 2 and parts[1] == MANIFEST:
+                        manifest = _manifest(json.loads(_read(tar, m)))
+                        continue
+                    if len(parts) == 2 and parts[1] == FINDINGS:
+                        finding = _finding(_read(tar, m))
+                        continue
+                    match = _MEMBER_RE.match(m.name)
+                    if match and match.group(1) == FR_DIR:
+                        Path(tmp.name, f"rank{int(match.group(2))}.json").write_bytes(
+                            _read(tar, m))
+            except _BROKEN as e:  # a download cut short: its first dumps are the culprit's
+                if manifest is None:
+                    raise
+                cut = f"archive broken after its manifest, the rest not read: {e}"
         if manifest is None:
             raise BundleError(f"no {MANIFEST} in the archive")
-        return OpenedBundle(manifest, tmp.name, finding, str(p), tmp)
-    except (OSError, tarfile.TarError, EOFError, ValueError) as e:
+        return OpenedBundle(manifest, tmp.name, finding, str(p), cut, tmp)
+    except (*_BROKEN, ValueError) as e:
         tmp.cleanup()
         if isinstance(e, BundleError):
             raise

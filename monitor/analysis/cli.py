@@ -104,6 +104,8 @@ def expand(paths: list[str], quorum: int | None = None) -> Inputs:
                 continue
             out.bundles.append(b)
             out.paths.append(b.fr_dir)
+            if b.error:
+                out.errors.append({"path": raw, "error": b.error})
             continue
         folders = quorum_folders(raw) if not Path(raw).is_file() else {}
         if not folders:
