@@ -101,3 +101,19 @@ def test_a_corrupt_deflate_stream_is_an_error_entry_not_a_traceback(tmp_path, ca
     assert main(["analyze", "--format", "json", str(bad)]) == 2
     [error] = json.loads(capsys.readouterr().out)["errors"]
     assert error["path"] == str(bad) and "Error -3 while decompressing data" in error["error"]
+
+
+def test_a_bundle_without_a_readable_dump_claims_no_disagreement(tmp_path, capsys):
+    """The culprit's group silent while the bundle was taken: no dump, so no verdict on the
+    monitor's culprit either way."""
+    out = tmp_path / "nodumps.tar.gz"
+    with tarfile.open(FIXTURE) as src, tarfile.open(out, "w:gz") as dst:
+        for m in src:
+            if "/fr/" not in m.name:
+                dst.addfile(m, src.extractfile(m))
+    assert main(["analyze", "--format", "json", str(out)]) == 2
+    [b] = json.loads(capsys.readouterr().out)["bundles"]
+    assert b["culprit_ranks"] == [1] and b["analysis_agrees"] is None
+    main(["analyze", str(out)])
+    text = capsys.readouterr().out
+    assert "(hang, kept before the kill)\n" in text and "does not name" not in text

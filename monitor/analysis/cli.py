@@ -67,7 +67,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if inputs.quorums:
         report["torchft_quorums"] = inputs.quorums
     if inputs.bundles:
-        report["bundles"] = [monitor_verdict(b.manifest, report["findings"], b.finding)
+        report["bundles"] = [monitor_verdict(b.manifest, report["findings"], b.finding, bool(result.ranks))
                              for b in inputs.bundles]
     if args.format == "json":
         json.dump(report, out, indent=2)
