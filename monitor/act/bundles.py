@@ -19,6 +19,7 @@ import io
 import json
 import logging
 import os
+import sqlite3
 import tarfile
 import tempfile
 import threading
@@ -229,10 +230,14 @@ class BundleStore:
                     with contextlib.suppress(OSError):
                         os.unlink(tmp)
                     raise
-                size = os.path.getsize(path)
-                self.store.add_bundle({**row, "id": bundle_id, "path": path, "bytes": size})
+                try:
+                    self.store.add_bundle({**row, "id": bundle_id, "path": path,
+                                           "bytes": os.path.getsize(path)})
+                except sqlite3.Error:  # unindexed it would never be listed nor pruned
+                    os.unlink(path)
+                    raise
                 self.error = None
-            except (OSError, tarfile.TarError) as e:
+            except (OSError, tarfile.TarError, sqlite3.Error) as e:
                 self.error = f"cannot write bundle {bundle_id}: {e}"
                 log.warning("%s", self.error)
                 return None
