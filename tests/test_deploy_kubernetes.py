@@ -788,3 +788,26 @@ def test_every_container_requests_cpu_and_memory_and_gains_no_privilege():
                 assert not sc.get("privileged"), where
                 checked.append(where)
     assert len(checked) == 4, checked  # Lighthouse, monitor, StatefulSet and LWS trainers
+
+
+def test_trainer_readiness_probe_asks_local_rank_0s_worker_server():
+    """Without a readiness probe a trainer is Ready when its container starts, so a rolling
+    update replaces group after group before any has rejoined. The probe names local rank 0's
+    port, and a real WorkerServer (127.0.0.1, an ephemeral port) answers its path with 200."""
+    import requests
+
+    from worker_server import RankIdentity, RankState, WorkerServer
+
+    paths = set()
+    for overlay in OVERLAYS:
+        _, c = training_container(unrendered(overlay))
+        probe = c["readinessProbe"]["httpGet"]
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert ports[probe["port"]] == int(env_of(c)["LIGHTKEEPER_WORKER_PORT"]["value"])
+        paths.add(probe["path"])
+    srv = WorkerServer(RankState(RankIdentity(job="probe")), host="127.0.0.1", port=0).serve()
+    try:
+        for path in paths:
+            assert requests.get(srv.url + path, timeout=10).status_code == 200, path
+    finally:
+        srv.stop()
