@@ -85,3 +85,18 @@ def test_a_bundle_the_audit_log_cannot_index_leaves_no_file_behind(tmp_path):
     finally:
         other.close()
         store.close()
+
+
+def test_a_bundle_alone_over_the_total_cap_is_not_deleted_as_it_is_written(tmp_path):
+    """--bundle-total-bytes below one bundle: the older ones go, the one just written (its
+    eviction's decision names it) stays and downloads."""
+    store = Store(str(tmp_path / "state.sqlite"))
+    try:
+        bs = BundleStore(BundleConfig(total_bytes=1000), str(tmp_path / "incidents"), store,
+                         clock=lambda: NOW)
+        first = write(bs, os.urandom(3000))
+        second = write(bs, os.urandom(3000))
+        assert [r["id"] for r in bs.list()] == [second] and bs.path(first) is None
+        assert len(blob(bs.path(second))) == 3000
+    finally:
+        store.close()
