@@ -389,6 +389,7 @@ def check_roles(docs: list[dict]) -> None:
     nproc = int(next(a.split("=")[1] for a in c["command"] if a.startswith("--nproc-per-node=")))
     assert [ports.get("lk-worker" + (f"-{i}" if i else "")) for i in range(nproc)] == \
         [base + i for i in range(nproc)], "one named port per local rank"
+    assert sum(n.startswith("lk-worker") for n in ports) == nproc, "a port no rank serves is down"
     assert all(len(n) <= 15 for n in ports), "port names are at most 15 characters"
     assert workload["spec"]["template" if workload["kind"] == "StatefulSet" else
                             "leaderWorkerTemplate"] is not None
