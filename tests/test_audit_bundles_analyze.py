@@ -117,3 +117,12 @@ def test_a_bundle_without_a_readable_dump_claims_no_disagreement(tmp_path, capsy
     main(["analyze", str(out)])
     text = capsys.readouterr().out
     assert "(hang, kept before the kill)\n" in text and "does not name" not in text
+
+
+def test_a_bundle_saved_under_the_urls_name_is_still_a_bundle(tmp_path, capsys):
+    """``curl -O .../v1/incidents/<id>/bundle`` saves it as ``bundle``."""
+    saved = tmp_path / "bundle"
+    saved.write_bytes(FIXTURE.read_bytes())
+    assert main(["analyze", "--format", "json", str(saved)]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["errors"] == [] and report["bundles"][0]["analysis_agrees"] is True

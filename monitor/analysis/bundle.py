@@ -57,7 +57,7 @@ class OpenedBundle:
 
 
 def is_bundle(path: str | Path) -> bool:
-    """A ``.tar.gz`` file, or a folder unpacked from one: its manifest beside an ``fr/`` folder,
+    """A ``.tar.gz`` or gzip file, or a folder unpacked from one: its manifest beside an ``fr/`` folder,
     or a manifest of this format (another tool's ``manifest.json`` beside dumps is no bundle)."""
     p = Path(path)
     if p.is_dir():
@@ -70,7 +70,13 @@ def is_bundle(path: str | Path) -> bool:
         except (OSError, ValueError):  # BundleError is a ValueError
             return False
         return True
-    return p.is_file() and p.name.endswith(SUFFIX)
+    if p.name.endswith(SUFFIX):
+        return p.is_file()
+    try:  # saved under another name (curl -O names it "bundle"): a dump is never gzip
+        with open(p, "rb") as f:
+            return f.read(2) == b"\x1f\x8b"
+    except OSError:
+        return False
 
 
 def open_bundle(path: str | Path) -> OpenedBundle:
