@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 
 CONFIRM_KINDS = ("hang", "mismatch", "network")  # bundled when confirmed, evicted or not
 _ENCODE = msgspec.json.Encoder()
-_WORKERS = 64  # requests in flight per bundle: the culprit's group and its peers at once
 
 
 def _encode(doc: Any) -> bytes:
@@ -323,7 +322,8 @@ class Bundles:
     def _get_poller(self) -> Poller:
         with self._lock:
             if self._poller is None:
-                self._poller = Poller(self.bc.timeout_s, _WORKERS,
+                # every rank's two asks at once: queued ones would wait past --bundle-timeout
+                self._poller = Poller(self.bc.timeout_s, 2 * self.bc.max_ranks,
                                       max_bytes=self.cfg.max_fr_bytes)
             return self._poller
 
