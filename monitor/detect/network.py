@@ -166,9 +166,10 @@ class Network:
         was = self._streak
         self._streak = {h: (was[h][0] + 1, was[h][1]) if h in was else (1, now)
                         for h in verdict.hosts}
-        if not rnd.missing():  # a full round that names a host no more: its findings are over
+        if not rnd.missing():  # a full round that measured a host and names it no more
             for key, f in list(findings.open.items()):
-                if key[0] == "network" and f.evidence.get("host") not in verdict.hosts:
+                if key[0] == "network" and f.evidence.get("host") in rnd.probes \
+                        and f.evidence.get("host") not in verdict.hosts:
                     findings.resolve(key, "links_good", now)
         new = []
         for h in verdict.hosts:
