@@ -31,9 +31,11 @@ pytestmark = pytest.mark.skipif(bool(Fabric.unavailable()),
 
 NODES = ["node-0", "node-1", "node-2"]
 
-# Serves every connection: says its hostname, counts what it is sent until EOF, says the count.
+# Serves every connection: says its hostname, counts what it is sent until EOF, says the count;
+# exits when its stdin closes (the test's end, or its death: nothing outlives a killed run).
 SERVER = r"""
-import socket, threading
+import os, socket, sys, threading
+threading.Thread(target=lambda: (sys.stdin.read(), os._exit(0)), daemon=True).start()
 s = socket.socket()
 s.bind(("0.0.0.0", 0))
 s.listen(64)
@@ -129,12 +131,13 @@ class CtlServer:
 @pytest.fixture(scope="module")
 def fab():
     """One 3-host fabric, a SERVER on every host and one in the control namespace."""
+    Fabric.sweep_stale()  # what a killed earlier run left
     fab = Fabric.create(NODES)
     procs = []
     try:
         for node in NODES:
             procs.append(subprocess.Popen(fab.wrap(node, [sys.executable, "-c", SERVER]),
-                                          stdout=subprocess.PIPE))
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE))
         fab.ports = {node: int(first_line(p)) for node, p in zip(NODES, procs, strict=True)}
         fab.ctl_server = CtlServer(fab)
         yield fab

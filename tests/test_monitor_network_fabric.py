@@ -52,6 +52,7 @@ srv.stop()
 
 @pytest.fixture(scope="module")
 def fab():
+    Fabric.sweep_stale()  # what a killed earlier run left
     fab = Fabric.create(NODES)
     procs = []
     try:
