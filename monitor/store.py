@@ -141,8 +141,12 @@ class Store:
     def _write(self, sql: str, args: tuple = ()) -> int:
         """Run one statement and commit it; the new row's id."""
         with self._lock:
-            cur = self._db.execute(sql, args)
-            self._db.commit()
+            try:
+                cur = self._db.execute(sql, args)
+                self._db.commit()
+            except sqlite3.Error:  # no transaction left open to hold the file's locks
+                self._db.rollback()
+                raise
             return int(cur.lastrowid or 0)
 
     def _rows(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
