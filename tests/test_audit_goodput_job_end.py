@@ -37,13 +37,7 @@ def test_an_ended_job_with_an_open_incident_is_not_accounted(tmp_path, job):
     mon = Monitor(cfg, clock=lambda: clock[0]).start()  # sweeps once, then waits an hour
 
     def drive(seconds: int, steps: int = 5) -> None:
-        for _ in range(seconds):
-            clock[0] += 1.0
-            for g in job.alive:
-                for r in job.sim.group(g):
-                    r.update(step=r.state["step"] + steps, commits=r.state["commits"] + steps,
-                             last_step_at=clock[0])
-            mon.sweep_once()
+        job.train_and_sweep(mon, clock, seconds, steps)
 
     def goodput() -> dict:
         r = requests.get(mon.url + "/v1/goodput?intervals=0", timeout=10)
@@ -97,26 +91,18 @@ def test_a_monitor_restarted_after_the_job_ended_exports_the_ledgers_groups(tmp_
         wait_until(lambda: mon.sweeps >= 1, 20, what="the loop's first sweep")
         return mon
 
-    def drive(mon: Monitor, seconds: int, steps: int = 5) -> None:
-        for _ in range(seconds):
-            clock[0] += 1.0
-            for r in job.sim.ranks:
-                r.update(step=r.state["step"] + steps, commits=r.state["commits"] + steps,
-                         last_step_at=clock[0])
-            mon.sweep_once()
-
     mon = start()
     try:
-        drive(mon, 20)
+        job.train_and_sweep(mon, clock, 20)
         assert metric(mon, "lightkeeper_monitor_expected_replica_groups") == 3
         for r in job.sim.ranks:  # the job finished: its ranks say so
             r.update(phase="stopped")
-        drive(mon, 3, steps=0)
+        job.train_and_sweep(mon, clock, 3, steps=0)
     finally:
         mon.stop()
     mon = start()
     try:
-        drive(mon, 3, steps=0)
+        job.train_and_sweep(mon, clock, 3, steps=0)
         g = requests.get(mon.url + "/v1/goodput", timeout=10).json()
         assert g["expected_groups"] == 3 and g["unobserved_seconds"] >= 3
         assert metric(mon, "lightkeeper_monitor_expected_replica_groups") == 3

@@ -54,27 +54,18 @@ def test_a_fresh_ledger_leaves_an_older_ledgers_incidents_alone(tmp_path, job):
         wait_until(lambda: mon.sweeps >= 1, 20, what="the loop's first sweep")
         return mon
 
-    def drive(mon: Monitor, seconds: int, steps: int = 5) -> None:
-        for _ in range(seconds):
-            clock[0] += 1.0
-            for g in job.alive:
-                for r in job.sim.group(g):
-                    r.update(step=r.state["step"] + steps, commits=r.state["commits"] + steps,
-                             last_step_at=clock[0])
-            mon.sweep_once()
-
     mon = start()
     try:
-        drive(mon, 30)
+        job.train_and_sweep(mon, clock, 30)
         r = requests.post(mon.url + "/v1/evict", json={"replica_group": 1, "reason": "test"},
                           headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
         assert r.status_code == 200 and r.json()["sent"], r.text
-        drive(mon, 5)
+        job.train_and_sweep(mon, clock, 5)
     finally:
         mon.stop()
     mon = start()  # the state is this ledger's now: resumed, the old rows still not its own
     try:
-        drive(mon, 3)
+        job.train_and_sweep(mon, clock, 3)
         g = requests.get(mon.url + "/v1/goodput", timeout=10).json()
         [inc] = g["incidents"]
         assert inc["kind"] == "manual" and inc["replica_group"] == 1 and inc["id"] > 2

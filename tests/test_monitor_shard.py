@@ -273,6 +273,18 @@ def _dead_rank_open(mon, g: int) -> bool:
                for f in requests.get(mon.url + "/v1/findings", timeout=5).json())
 
 
+def _dead_rank_proposed(tmp_path: Path, job, etcd_url: str, prefix: str):
+    """Shard 0 of 2 polls a group of its slice, one of the group's ranks goes down, and the shard
+    proposes the eviction: (the monitor, the group, the proposal's key)."""
+    x = next(g for g in range(4) if shard_of(g, 2) == 0)
+    key = f"{prefix}/sim/proposals/{job.replica_ids[x]}"
+    mon = _shard0(tmp_path, job, etcd_url, prefix)
+    wait_until(lambda: _polled(mon, x) == 2, 20, what="shard 0 polling the group's ranks")
+    next(r for r in job.sim.group(x) if r.state["group_rank"] == 1).set_mode("down")
+    wait_until(lambda: _proposer(etcd_url, key) == mon.url, 20, what="the proposal")
+    return mon, x, key
+
+
 def test_a_shard_restarted_with_its_state_finds_a_dead_rank_again(tmp_path, etcd):
     """A rank of a live group stops answering; its shard proposes the eviction, then restarts with
     the same --state before any leader acted. As a single monitor does, the new run still polls
@@ -280,15 +292,10 @@ def test_a_shard_restarted_with_its_state_finds_a_dead_rank_again(tmp_path, etcd
     from tests.support.monitor_sim import SimJob
 
     job = SimJob(4, ranks_per_group=2)
-    x = next(g for g in range(4) if shard_of(g, 2) == 0)
     prefix = f"/lktest-{uuid.uuid4().hex[:8]}"
-    key = f"{prefix}/sim/proposals/{job.replica_ids[x]}"
     mon = None
     try:
-        mon = _shard0(tmp_path, job, etcd, prefix)
-        wait_until(lambda: _polled(mon, x) == 2, 20, what="shard 0 polling the group's ranks")
-        next(r for r in job.sim.group(x) if r.state["group_rank"] == 1).set_mode("down")
-        wait_until(lambda: _proposer(etcd, key) == mon.url, 20, what="the proposal")
+        mon, x, key = _dead_rank_proposed(tmp_path, job, etcd, prefix)
         mon.stop()
         mon = _shard0(tmp_path, job, etcd, prefix)
         wait_until(lambda: _dead_rank_open(mon, x), 20, what="the dead rank found again")
@@ -315,15 +322,10 @@ def test_a_shard_restarted_while_etcd_is_away_proposes_anew(tmp_path, caplog):
     url = f"http://127.0.0.1:{client}"
     etcd_proc = start_etcd(data, client, peer)
     job = SimJob(4, ranks_per_group=2)
-    x = next(g for g in range(4) if shard_of(g, 2) == 0)
     prefix = f"/lktest-{uuid.uuid4().hex[:8]}"
-    key = f"{prefix}/sim/proposals/{job.replica_ids[x]}"
     mon = None
     try:
-        mon = _shard0(tmp_path, job, url, prefix)
-        wait_until(lambda: _polled(mon, x) == 2, 20, what="shard 0 polling the group's ranks")
-        next(r for r in job.sim.group(x) if r.state["group_rank"] == 1).set_mode("down")
-        wait_until(lambda: _proposer(url, key) == mon.url, 20, what="the proposal")
+        mon, x, key = _dead_rank_proposed(tmp_path, job, url, prefix)
         mon.stop()
         stop_process(etcd_proc, grace=5.0)
         caplog.clear()

@@ -362,6 +362,17 @@ class SimJob:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.front_port}"
 
+    def train_and_sweep(self, mon, clock: list[float], seconds: int, steps: int = 5) -> None:
+        """``seconds`` sweeps of ``mon`` one second apart on its injected ``clock``, each after
+        every live group's ranks committed ``steps`` more steps."""
+        for _ in range(seconds):
+            clock[0] += 1.0
+            for g in self.alive:
+                for r in self.sim.group(g):
+                    r.update(step=r.state["step"] + steps, commits=r.state["commits"] + steps,
+                             last_step_at=clock[0])
+            mon.sweep_once()
+
     def _heartbeat_loop(self) -> None:
         client = self._client()
         while not self._stop.is_set():
