@@ -29,7 +29,12 @@ from .endpoints import (  # noqa: F401 (filter_fr_dump, state_since, state_recen
     state_recent,
     state_since,
 )
-from .flight_recorder import FlightRecorderNotAvailable, IncarnationTracker, fr_dump
+from .flight_recorder import (
+    FlightRecorderBusy,
+    FlightRecorderNotAvailable,
+    IncarnationTracker,
+    fr_dump,
+)
 from .metrics import WorkerMetrics
 from .probe import DEFAULT_BYTES, MAX_BYTES, payload, probe_peers, probe_request
 from .state import RankState
@@ -169,6 +174,13 @@ def create_app(
         # this torch has no such call (worker_server/flight_recorder.py): not a failure
         return jsonify(error=str(e), status=501, path=request.path, torch=e.torch_version,
                        missing=e.missing), 501
+
+    @app.errorhandler(FlightRecorderBusy)
+    def fr_busy(e: FlightRecorderBusy):
+        resp = jsonify(error=str(e), status=503, path=request.path)
+        resp.status_code = 503
+        resp.headers["Retry-After"] = "1"
+        return resp
 
     @app.errorhandler(HTTPException)
     def http_error(e: HTTPException):

@@ -11,13 +11,14 @@ this torch cannot dump raises :class:`~worker_server.flight_recorder.FlightRecor
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from http_serving import decimal_int
 from rank_wire.recorders import is_torchft_pg_name
 
-from .flight_recorder import IncarnationTracker, fr_dump
+from .flight_recorder import FlightRecorderBusy, IncarnationTracker, fr_dump
 from .packed import state_packed
 from .stacks import format_stacks, thread_stacks
 from .state import RankState
@@ -68,6 +69,8 @@ def int_param(args: Params, name: str, lo: int, hi: int) -> int | None:
 
 
 MAX_LAST = 1_000_000
+FR_WAIT_S = 1.0  # how long a request waits for another's dump (a normal one takes ~30-100 ms)
+_FR_DUMPING = threading.Lock()
 MAX_STEP = 1 << 62  # ``since`` bound: any torchft step fits, a huge value is a bad parameter
 MAX_RECENT = 1 << 20  # ``recent`` bound: more than any rank keeps
 
@@ -182,7 +185,12 @@ def fr_trace_body(state: RankState, tracker: IncarnationTracker | None, args: Pa
     # Bytes straight through: a full dump is ~1 MB of JSON, and parsing and re-serializing it
     # here would hold the GIL the training thread needs. Only a filtered request (a monitor's
     # drill-down) pays one parse, to answer kilobytes instead of that megabyte.
-    body = fr_dumper(tracker, identity_keys(state), only_active=only_active)
+    if not _FR_DUMPING.acquire(timeout=FR_WAIT_S):
+        raise FlightRecorderBusy("another Flight Recorder dump is still running; retry later")
+    try:
+        body = fr_dumper(tracker, identity_keys(state), only_active=only_active)
+    finally:
+        _FR_DUMPING.release()
     if pg is not None or last is not None:
         body = filter_fr_dump(body, pg, last)
     return body

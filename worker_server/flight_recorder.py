@@ -61,6 +61,11 @@ class FlightRecorderNotAvailable(FlightRecorderUnavailable):
         self.missing = missing
 
 
+class FlightRecorderBusy(FlightRecorderUnavailable):
+    """Another request's dump is still running (HTTP 503): one dump at a time, so a wedged
+    one holds one of the server's threads, not all of them."""
+
+
 NCCL_JSON, GENERIC_JSON = "_dump_nccl_trace_json", "_dump_fr_trace_json"
 SINCE = {NCCL_JSON: "torch 2.5, CUDA builds", GENERIC_JSON: "torch 2.8"}
 

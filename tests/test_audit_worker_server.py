@@ -1,0 +1,49 @@
+"""WorkerServer audit: what a curl-ing user sees under a wedged Flight Recorder and bad input."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+
+from worker_server import RankIdentity, RankState, WorkerServer
+
+
+def test_a_wedged_flight_recorder_dump_does_not_starve_healthz():
+    # A dump that never returns is faked: torch offers no way to wedge its own dump on demand.
+    entered, release = threading.Event(), threading.Event()
+
+    def wedged(*_a, **_k) -> bytes:
+        entered.set()
+        release.wait(30)
+        return b"{}"
+
+    state = RankState(RankIdentity(job="audit", replica_group=0, group_rank=0,
+                                   group_world_size=1))
+    srv = WorkerServer(state, fr_dumper=wedged)
+    srv.serve()
+    pool = ThreadPoolExecutor(8)
+    try:
+        first = pool.submit(requests.get, srv.url + "/v1/fr_trace", timeout=40)
+        assert entered.wait(10)
+        # more dumps than the server has threads (4): each waits for the first, then gives up
+        others = [pool.submit(requests.get, srv.url + "/v1/fr_trace", timeout=40)
+                  for _ in range(5)]
+        t0 = time.monotonic()
+        assert requests.get(srv.url + "/healthz", timeout=5).json() == {"status": "ok"}
+        assert requests.get(srv.url + "/v1/state", timeout=5).status_code == 200
+        assert time.monotonic() - t0 < 4
+        for f in others:
+            r = f.result(timeout=10)
+            assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+            assert r.json()["status"] == 503 and "another" in r.json()["error"]
+        release.set()
+        assert first.result(timeout=10).status_code == 200
+        # the lock is free again: the next dump is served
+        assert requests.get(srv.url + "/v1/fr_trace", timeout=5).status_code == 200
+    finally:
+        release.set()
+        pool.shutdown(wait=True)
+        srv.stop()
