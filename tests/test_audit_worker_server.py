@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import requests
 
@@ -47,3 +50,44 @@ def test_a_wedged_flight_recorder_dump_does_not_starve_healthz():
         release.set()
         pool.shutdown(wait=True)
         srv.stop()
+
+
+FAILING_RANK = """
+import sys
+from worker_server import RankIdentity, RankState, WorkerServer
+from worker_server.flight_recorder import FlightRecorderUnavailable
+
+def failing(*_a, **_k):
+    raise FlightRecorderUnavailable("Flight Recorder is disabled here")
+
+state = RankState(RankIdentity(job="audit", replica_group=0, group_rank=0, group_world_size=1))
+srv = WorkerServer(state, fr_dumper=failing)
+srv.serve()
+print(srv.url, flush=True)
+sys.stdin.read()
+srv.stop()
+"""
+
+
+def test_a_failing_endpoint_says_one_line_per_request():
+    # a process of its own: its stderr is what a training job's log would hold
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-c", FAILING_RANK], cwd=repo, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), url
+        for _ in range(2):
+            r = requests.get(url + "/v1/fr_trace", timeout=5)
+            assert r.status_code == 500 and "disabled here" in r.json()["error"]
+        assert requests.get(url + "/healthz", timeout=5).status_code == 200
+        _, err = proc.communicate("", timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 2, err
+    assert all("/v1/fr_trace failed: FlightRecorderUnavailable: Flight Recorder is disabled "
+               "here" in line for line in lines), err
