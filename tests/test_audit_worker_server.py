@@ -91,3 +91,38 @@ def test_a_failing_endpoint_says_one_line_per_request():
     assert len(lines) == 2, err
     assert all("/v1/fr_trace failed: FlightRecorderUnavailable: Flight Recorder is disabled "
                "here" in line for line in lines), err
+
+
+EXITING_RANK = """
+import sys, threading
+from worker_server import RankIdentity, RankState, WorkerServer
+
+state = RankState(RankIdentity(job="audit", replica_group=0, group_rank=0, group_world_size=1))
+srv = WorkerServer(state, exit_token="s3cret")
+srv.serve()
+print(srv.url, flush=True)
+threading.Event().wait(60)
+"""
+
+
+def test_exit_reason_is_one_bounded_line_in_the_log():
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-c", EXITING_RANK], cwd=repo, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        url = proc.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), url
+        reason = "evicted\n[lightkeeper] forged line " + "x" * 5000
+        r = requests.post(url + "/v1/exit", json={"reason": reason}, timeout=5,
+                          headers={"Authorization": "Bearer s3cret"})
+        assert r.status_code == 202 and r.json()["exiting"] is True
+        out, _ = proc.communicate(timeout=20)
+        assert proc.returncode == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("[lightkeeper] exiting (status 1): evicted [lightkeeper] forged")
+    assert len(lines[0]) < 1100

@@ -18,7 +18,7 @@ from werkzeug.exceptions import HTTPException
 
 from http_serving import bearer_token_matches
 
-from .abort import NothingToAbort, abort_request
+from .abort import MAX_REASON, NothingToAbort, abort_request
 from .endpoints import (  # noqa: F401 (filter_fr_dump, state_since, state_recent: re-exported)
     BadParameter,
     filter_fr_dump,
@@ -115,7 +115,9 @@ def create_app(
             return jsonify(error="missing or wrong bearer token", status=401), 401
         body = request.get_json(silent=True)
         reason = body.get("reason") if isinstance(body, dict) else None
-        exit_handler(reason if isinstance(reason, str) else "POST /v1/exit")
+        # the reason goes to the job's log: one line, as long as an abort's at most
+        reason = " ".join(reason.split())[:MAX_REASON] if isinstance(reason, str) else ""
+        exit_handler(reason or "POST /v1/exit")
         return jsonify(exiting=True, pid=state.identity.pid, rank=state.identity.rank), 202
 
     def token_refusal(what: str, handler_ok: bool = True):
