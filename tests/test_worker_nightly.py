@@ -258,6 +258,25 @@ def test_a_bookkeeping_error_in_a_wrapper_never_reaches_the_loop(capsys):
     assert len(err) == 1 and "step bookkeeping failed (RuntimeError: torchft moved the step)" in err[0]
 
 
+def test_a_manager_without_its_private_quorum_id_still_shows_its_steps(capsys):
+    """A torchft that renames the private ``_quorum_id``: the quorum read failed before the step
+    was recorded, so the rank showed step 0, no commits and phase ``commit`` forever (a hang)."""
+    manager = Manager()
+    del manager._quorum_id
+    server = WorkerServer.start(manager, replica_group=1, group_rank=0, group_world_size=1)
+    try:
+        for _ in range(3):
+            assert train_step(manager) is True
+        state = requests.get(server.url + "/v1/state", timeout=5).json()
+        assert (state["step"], state["commits"], state["phase"]) == (3, 3, "optimizer")
+        assert state["last_step_seconds"] is not None
+        assert state["timing"]["last_step"]["step"] == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and "step bookkeeping failed (AttributeError" in err[0]
+    finally:
+        server.stop()
+
+
 def test_the_managers_own_errors_still_propagate():
     manager = Manager()
 

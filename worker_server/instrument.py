@@ -96,12 +96,12 @@ def instrument_manager(manager: Any, state: RankState, tracker: IncarnationTrack
         step_at_start[0] = manager.current_step()
 
     def quorum_known() -> None:
-        _update_quorum(manager, state)
         before = step_at_start[0]
         if before is not None:
             step_at_start[0] = None  # once per step: allreduce waits on the quorum again
             if manager.current_step() != before:
                 state.healed(manager.current_step())
+        _update_quorum(manager, state)  # last, as in committed()
 
     def commit_begins() -> int:
         if getattr(manager, "_healing", False):
@@ -110,11 +110,12 @@ def instrument_manager(manager: Any, state: RankState, tracker: IncarnationTrack
         return manager.current_step()
 
     def committed(ran_as: int | None, ok: bool) -> None:
-        _update_quorum(manager, state)
         if ran_as is not None:
             timer.end_step(ran_as)
         state.step_finished(manager.current_step(), ok)
         state.set_phase("optimizer")
+        # last: a torchft without the private _quorum_id still shows its steps, not a hang
+        _update_quorum(manager, state)
 
     def start_quorum(original, *args, **kwargs):
         quietly(begin)
