@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "install.md").read_text()
@@ -59,6 +62,9 @@ def test_the_docs_table_and_the_pins_agree_with_the_noxfile():
 
 
 def test_the_unpacked_nightly_is_the_pinned_one():
-    site = Path(sys.prefix) / "torchft-nightly"
+    site = Path(os.environ.get("LIGHTKEEPER_TORCHFT_NIGHTLY_SITE")
+                or Path(sys.prefix) / "torchft-nightly")  # where the e2e test looks
     infos = [p.name for p in site.glob("torchft_nightly-*.dist-info")]
+    if not infos:
+        pytest.skip(f"no torchft-nightly in {site}: bin/bootstrap installs it there")
     assert infos == [f"torchft_nightly-{nightly_pin()}.dist-info"], (site, infos)
