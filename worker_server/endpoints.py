@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -71,12 +70,7 @@ def int_param(args: Params, name: str, lo: int, hi: int) -> int | None:
 
 MAX_LAST = 1_000_000
 FR_WAIT_S = 1.0  # how long a request waits for another's dump (a normal one takes ~30-100 ms)
-# A dump holds the GIL the training thread needs: back-to-back dumps (a curl loop) cut a CPU
-# job's steps tenfold. After a dump of d seconds the next starts FR_PAUSE * d (at most
-# FR_MAX_PAUSE_S) later at the soonest.
-FR_PAUSE, FR_MAX_PAUSE_S = 9, 1.0
 _FR_DUMPING = threading.Lock()
-_fr_next = 0.0  # time.monotonic() at which the next dump may start
 MAX_STEP = 1 << 62  # ``since`` bound: any torchft step fits, a huge value is a bad parameter
 MAX_RECENT = 1 << 20  # ``recent`` bound: more than any rank keeps
 
@@ -191,15 +185,10 @@ def fr_trace_body(state: RankState, tracker: IncarnationTracker | None, args: Pa
     # Bytes straight through: a full dump is ~1 MB of JSON, and parsing and re-serializing it
     # here would hold the GIL the training thread needs. Only a filtered request (a monitor's
     # drill-down) pays one parse, to answer kilobytes instead of that megabyte.
-    global _fr_next
     if not _FR_DUMPING.acquire(timeout=FR_WAIT_S):
         raise FlightRecorderBusy("another Flight Recorder dump is still running; retry later")
     try:
-        time.sleep(max(0.0, _fr_next - time.monotonic()))
-        started = time.monotonic()
         body = fr_dumper(tracker, identity_keys(state), only_active=only_active)
-        took = time.monotonic() - started
-        _fr_next = time.monotonic() + min(FR_PAUSE * took, FR_MAX_PAUSE_S)
     finally:
         _FR_DUMPING.release()
     if pg is not None or last is not None:
