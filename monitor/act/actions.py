@@ -53,8 +53,8 @@ class Lighthouse:
         if r.status_code == 200:
             return Outcome(True, 200, "killed")
         body = r.text[:300].replace("\n", " ")
-        return Outcome(True, r.status_code, f"HTTP {r.status_code} (expected with torchft "
-                                               f"0.2.0: Manager exits before replying): {body}")
+        return Outcome(True, r.status_code, f"HTTP {r.status_code} (expected: torchft's Manager "
+                                               f"exits before replying): {body}")
 
     def close(self) -> None:
         self._session.close()
