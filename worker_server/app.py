@@ -14,7 +14,7 @@ from typing import Any
 
 from flask import Flask, Response, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, ServiceUnavailable
 
 from http_serving import bearer_token_matches
 
@@ -179,10 +179,7 @@ def create_app(
 
     @app.errorhandler(FlightRecorderBusy)
     def fr_busy(e: FlightRecorderBusy):
-        resp = jsonify(error=str(e), status=503, path=request.path)
-        resp.status_code = 503
-        resp.headers["Retry-After"] = "1"
-        return resp
+        return http_error(ServiceUnavailable(str(e), retry_after=1))
 
     @app.errorhandler(HTTPException)
     def http_error(e: HTTPException):
