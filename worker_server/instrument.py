@@ -48,9 +48,10 @@ def replica_id_of(manager: Any) -> str | None:
 def _update_quorum(manager: Any, state: RankState) -> None:
     """Read once the quorum is known (after ``wait_quorum`` and ``should_commit`` returned); an
     error is the bookkeeping's, said once by the caller (it hid a recursion here before)."""
-    state.set_quorum(
-        int(manager._quorum_id), int(manager.num_participants()), bool(manager.is_participating())
-    )
+    # torchft's is_participating() asserts an async quorum while healing; a healing group
+    # takes no part in the step either way
+    participating = not getattr(manager, "_healing", False) and bool(manager.is_participating())
+    state.set_quorum(int(manager._quorum_id), int(manager.num_participants()), participating)
 
 
 def instrument_manager(manager: Any, state: RankState, tracker: IncarnationTracker) -> None:
