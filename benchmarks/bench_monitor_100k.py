@@ -160,7 +160,7 @@ def box_reference_s(n: int = 15_000, repeats: int = 5) -> float:
         "group_rank": i % 8, "group_world_size": 8, "rank": i, "host": f"node-{i // 8}",
         "pid": 1000 + i, "worker_url": None, "step": 1000 + i % 7, "quorum_id": 3,
         "num_participants": 12, "participating": True, "phase": "forward",
-        "phase_since": 1.7e9 + i / 7, "last_step_seconds": 1.0 + i / 1e6,
+        "phase_since": 1.7e9 + i / 7, "finished": False, "last_step_seconds": 1.0 + i / 1e6,
         "last_step_at": 1.7e9 + i / 9, "recent_step_seconds": "zeIjIQAA8D82Z/bPAQDwP5/ryH4D",
         "commits": 1000, "commit_failures": 0, "heals": 0, "quorum_changes": 0, "loss": 1.0,
         "lighthouse": None, "torch_version": "ref", "torchft_version": "ref",

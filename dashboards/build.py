@@ -477,7 +477,8 @@ def monitor_health() -> dict:
                [target(f"sum(lightkeeper_monitor_ranks_known{{{J}}})", "known")]), 4, 4)
     L.add(stat("Ranks up", "Ranks that answered the last sweep.",
                [target(f"sum(lightkeeper_monitor_ranks_up{{{J}}})", "up")]), 4, 4)
-    L.add(stat("Ranks unreachable", "Ranks that did not answer the last sweep.",
+    L.add(stat("Ranks unreachable", "Ranks that did not answer the last sweep (not those whose "
+               "training finished).",
                [target(f"sum(lightkeeper_monitor_ranks_unreachable{{{J}}})", "unreachable")],
                thresholds_=P.thresholds((None, "green"), (1, "red"))), 4, 4)
     L.add(stat("Open findings", "Findings the monitor currently holds open.",
@@ -504,12 +505,14 @@ def monitor_health() -> dict:
                      [target(f"sum(rate(lightkeeper_monitor_sweeps_total{{{J}}}[{RI}]))",
                              "sweeps/s")], min_=0), 4, 8)
     L.add(timeseries(
-        "Ranks known / up / unreachable / lost",
-        "What the monitor saw in each sweep; lost: self-registered ranks it dropped after "
-        "--forget-after while the job went on (LightkeeperRanksLost), per interval.",
+        "Ranks known / up / unreachable / finished / lost",
+        "What the monitor saw in each sweep; finished: gone after saying their training "
+        "finished; lost: self-registered ranks it dropped after --forget-after while the job "
+        "went on (LightkeeperRanksLost), per interval.",
         targets((f"sum(lightkeeper_monitor_ranks_known{{{J}}})", "known"),
                 (f"sum(lightkeeper_monitor_ranks_up{{{J}}})", "up"),
                 (f"sum(lightkeeper_monitor_ranks_unreachable{{{J}}})", "unreachable"),
+                (f"sum(lightkeeper_monitor_ranks_finished{{{J}}})", "finished"),
                 (f"sum(increase(lightkeeper_monitor_ranks_lost_total{{{J}}}[{RI}]))", "lost")),
         interpolation="stepAfter", fill=0, min_=0), 6, 8)
     L.add(timeseries(

@@ -72,6 +72,7 @@ def main() -> None:
     if args.worker_server:
         from worker_server import WorkerServer
 
+        server = None
         try:  # 127.0.0.1, an ephemeral port unless LIGHTKEEPER_WORKER_PORT says
             server = WorkerServer.start(manager)
             print(f"group {group} rank {os.environ['RANK']}: worker_server={server.url}",
@@ -91,6 +92,9 @@ def main() -> None:
         time.sleep(args.step_pause)
     print(f"group {group}: done at step {manager.current_step()}", flush=True)
     manager.shutdown(wait=False)
+    if args.worker_server and server is not None:
+        server.finish()  # a monitor counts this rank ended, not dead (not on an error path)
+        server.stop()
     del store
 
 

@@ -255,7 +255,7 @@ class Monitor:
         evidence = view.evidence()
         self.polling.after_view(view)
         self._keep_unreachable(view)
-        self._forget_unreachable(view, now)
+        ended = self._forget_unreachable(view, now)
         # 3. detect
         dumps = self.polling.fr_dumps(evidence, now)
         new = self.detectors.update(evidence, dumps, now, full_view=view)
@@ -290,7 +290,7 @@ class Monitor:
         self.sweeps += 1
         publish_sweep(self.metrics, view, evidence, polls, self.detectors,
                       self.lighthouse_status is not None and not self.lighthouse_error,
-                      self.lh_settings)
+                      self.lh_settings, ended)
         if self.cfg.sd_out:
             try:
                 self.discovery.write_file_sd(self.cfg.sd_out)
@@ -300,20 +300,28 @@ class Monitor:
         self.polling.end_sweep(len(targets), t0)
         return view
 
-    def _forget_unreachable(self, view: ClusterView, now: float) -> None:
-        """Self-registered ranks gone for --forget-after are dropped. One that left while others
-        still answer, without saying it stopped, is counted lost (an alert: its group trains no
-        more until restarted); a job that ends takes all its ranks at once."""
-        forgotten = self.discovery.forget_unreachable(self.views.unreachable_since(), now)
+    def _forget_unreachable(self, view: ClusterView, now: float) -> int:
+        """Self-registered ranks gone for --forget-after are dropped; those that said their
+        training finished (ended) at once, so Prometheus stops scraping them. One that left
+        while others still answer, without saying it stopped, is counted lost (an alert: its
+        group trains no more until restarted); a job that ends takes all its ranks at once.
+        Returns how many unreachable ranks ended."""
+        unreachable = self.views.unreachable_since()
+        ended = [u for u in unreachable if (rv := view.ranks.get(u)) is not None and rv.ended]
+        forgotten = self.discovery.forget_unreachable(unreachable, now, ended)
         others_up = bool(forgotten) and any(rv.reachable for rv in view.ranks.values())
         for url in forgotten:
             rv = view.ranks.get(url)
             stopped = rv is not None and (rv.state or {}).get("phase") == "stopped"
             lost = others_up and not stopped
-            log.info("forgot %s: unreachable for %.0fs%s", url, self.cfg.forget_after_s,
-                     " (lost while the job goes on)" if lost else "")
+            if url in ended:
+                log.info("forgot %s: its training finished", url)
+            else:
+                log.info("forgot %s: unreachable for %.0fs%s", url, self.cfg.forget_after_s,
+                         " (lost while the job goes on)" if lost else "")
             if lost:
                 self.metrics.ranks_lost.labels(self.cfg.job).inc()
+        return sum(1 for u in ended if not view.ranks[u].superseded)  # as view.counts counts
 
     def _keep_unreachable(self, view: ClusterView) -> None:
         """The last state of a rank that stops answering goes into the store, and out once it

@@ -421,6 +421,18 @@ def test_a_dead_manager_rank_is_dead_not_dead_rank():
     assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("dead", 1, [2])]
 
 
+def test_a_group_that_said_its_training_finished_is_not_dead_when_it_goes():
+    job = Job()
+    det = Detectors(DetectorConfig(dead_sweeps=2))
+    job.steps(5, now=T0)
+    for r in job.members(1):  # WorkerServer.finish: its last answers say so
+        job.states[r].update(finished=True, phase="stopped")
+    sweep(det, job, T0)
+    job.down = set(job.members(1)) | {5}  # group 1 ends; group 2's rank 5 dies unannounced
+    found = [f for i in (1, 2, 3) for f in sweep(det, job, T0 + i)]
+    assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("dead_rank", 2, [5])]
+
+
 def test_stuck_starting_from_every_polled_rank_with_its_replica_id_only_when_verified():
     job = Job()
     det = Detectors(DetectorConfig(starting_timeout_s=10))

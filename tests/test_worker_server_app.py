@@ -7,6 +7,7 @@ import base64
 import json
 import struct
 import threading
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -68,6 +69,36 @@ def test_state_reports_identity_and_steps(server):
     # No instrumented Manager drove a step here: timing is there, empty (tests/test_worker_timing.py).
     assert body["timing"] == {"last_step": None, "window": None, "waiting": None, "recent": [],
                               "clock": "host"}
+
+
+def test_finish_says_so_and_waits_for_a_reader_to_get_it(server):
+    assert server.finish(wait_s=5) is False  # never read: nothing to wait for
+    fresh = WorkerServer(RankState(RankIdentity())).serve()
+    got, stop = [], threading.Event()
+
+    def monitor():  # polls as the monitor does, on one keep-alive connection
+        with requests.Session() as s:
+            while not stop.is_set():
+                try:
+                    got.append(s.get(fresh.url + "/v1/state?packed=1", timeout=2).json())
+                except requests.RequestException:
+                    pass
+                stop.wait(0.2)
+
+    reader = threading.Thread(target=monitor)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            stop.wait(0.05)
+        assert got and got[-1]["finished"] is False and got[-1]["phase"] == "starting"
+        assert fresh.finish(wait_s=5) is True
+        fresh.stop()
+    finally:
+        stop.set()
+        reader.join()
+        fresh.stop()
+    assert got[-1]["finished"] is True and got[-1]["phase"] == "stopped", got[-1]
 
 
 def test_unknown_path_and_method_are_json_errors(server):

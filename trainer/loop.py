@@ -199,6 +199,7 @@ def train(cfg: TrainConfig) -> int:
     loss_fn = torch.nn.CrossEntropyLoss()
     backward_s = 0.0  # the last step's backward time, stretched by slow_compute
 
+    completed = False
     try:
         while manager.current_step() < cfg.steps:
             step = manager.current_step()
@@ -241,13 +242,16 @@ def train(cfg: TrainConfig) -> int:
                 manager.current_step(), snap["quorum_id"], snap["num_participants"],
                 snap["last_step_seconds"] or 0.0, committed, loss.item(),
             )
+        completed = True
     finally:
         state.set_phase("stopped")
         manager.shutdown(wait=False)
-        if server is not None:
-            server.stop()
         if dist.is_initialized():
             dist.destroy_process_group()
+        if server is not None:
+            if completed:  # a monitor reads that this rank ended, not died
+                server.finish()
+            server.stop()
         del gstore
     return 0
 

@@ -72,7 +72,10 @@ def create_app(
 
     @app.get("/v1/state")
     def v1_state():
-        return Response(state_body(state, request.args), mimetype="application/json")
+        finished = state.finished  # before the snapshot: the answer says at least this
+        response = Response(state_body(state, request.args), mimetype="application/json")
+        response.call_on_close(lambda: state.state_read(finished))  # once it was written
+        return response
 
     @app.get("/v1/fr_trace")
     def v1_fr_trace():

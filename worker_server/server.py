@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -40,6 +41,9 @@ from .torch_server import TorchServer, TorchServerUnavailable
 log = logging.getLogger(__name__)
 
 REGISTER_INTERVAL_S = 5.0
+FINISH_WAIT_S = 3.0  # finish(): how long a clean end waits for a monitor's read
+POLLED_RECENTLY_S = 10.0  # finish() waits only for a reader seen this recently
+FLUSH_S = 0.1  # the server writes an answer out after its handler returns
 EXIT_STATUS = 1  # as torchft's Manager exits on the Lighthouse's kill
 _SERVING: weakref.WeakSet = weakref.WeakSet()  # servers of this process that are serving
 SERVERS = ("flask", "torch")  # Lightkeeper's own (waitress), torch's _WorkerServer (handlers)
@@ -269,6 +273,26 @@ class WorkerServer:
         self._register_thread = threading.Thread(target=loop, name="lightkeeper-register",
                                                  daemon=True)
         self._register_thread.start()
+
+    def finish(self, wait_s: float = FINISH_WAIT_S) -> bool:
+        """Say training completed (``/v1/state``: ``"finished": true``), so that a monitor counts
+        this rank ended, not dead, once it stops answering; call it after the last step, before
+        :meth:`stop`, and never on an error path (a crashed rank must be found dead).
+
+        While something reads ``/v1/state`` (a read in the last 10 s), waits up to ``wait_s``
+        for one answer saying finished to be sent, so the rank's end delays the process by about
+        one monitor interval at most; returns whether one was. Unread (no monitor, or it polls
+        less often), the monitor finds the rank dead, as without this call."""
+        self.state.finish()
+        read_at = self.state.state_read_at
+        if wait_s <= 0 or read_at is None or time.time() - read_at > POLLED_RECENTLY_S:
+            return False
+        if not self.state.wait_finished_read(wait_s):
+            say(f"training finished, but nothing read /v1/state within {wait_s:g} s to learn it: "
+                "a monitor may count this rank dead")
+            return False
+        self._stop.wait(FLUSH_S)
+        return True
 
     def stop(self) -> None:
         self._stop.set()

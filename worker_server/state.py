@@ -155,6 +155,10 @@ class RankState:
         self._step_started_at: float | None = None
         # Callbacks (e.g. Prometheus metrics) told about every finished step.
         self._step_listeners: list = []
+        self.finished = False  # training completed (finish()); never set on an error
+        self._read = threading.Condition(self._lock)  # wakes finish's wait for a reader
+        self.state_read_at: float | None = None  # the last /v1/state answer sent
+        self.finished_read = False  # a /v1/state answer saying finished was sent
 
     # --- writers (training thread) -------------------------------------------------
     def set_phase(self, phase: str) -> None:
@@ -165,6 +169,29 @@ class RankState:
             if phase != self.phase:
                 self.phase = phase
                 self.phase_since = now
+
+    def finish(self) -> None:
+        """Training completed: ``/v1/state`` says ``"finished": true`` and phase ``stopped``
+        from now on, so a monitor that reads it counts this rank ended, not dead, once it stops
+        answering. Never call it on an error path: a crashed rank must be found dead."""
+        now = time.time()
+        with self._lock:
+            self.finished = True
+            if self.phase != "stopped":
+                self.phase, self.phase_since = "stopped", now
+
+    def state_read(self, finished: bool) -> None:
+        """A ``/v1/state`` answer was sent; ``finished``: it said so (the server calls this)."""
+        with self._read:
+            self.state_read_at = time.time()
+            if finished:
+                self.finished_read = True
+                self._read.notify_all()
+
+    def wait_finished_read(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for a ``/v1/state`` answer saying finished to be sent."""
+        with self._read:
+            return self._read.wait_for(lambda: self.finished_read, timeout_s)
 
     def step_started(self) -> None:
         with self._lock:
@@ -255,6 +282,7 @@ class RankState:
                 "participating": self.participating,
                 "phase": self.phase,
                 "phase_since": self.phase_since,
+                "finished": self.finished,
                 "last_step_seconds": self.last_step_seconds,
                 "last_step_at": self.last_step_at,
                 "recent_step_seconds": list(self.recent_step_seconds),

@@ -147,7 +147,10 @@ class TorchServer:
 
     # --- the handlers' bodies: (status, body, content type) ------------------------------
     def state_(self, args: _Args) -> tuple[int, bytes, str]:
-        return 200, state_body(self.state, args), JSON
+        finished = self.state.finished
+        body = state_body(self.state, args)
+        self.state.state_read(finished)  # torch's server writes it as this returns
+        return 200, body, JSON
 
     def metrics_(self, args: _Args) -> tuple[int, bytes, str]:
         return 200, generate_latest(self.metrics.registry), CONTENT_TYPE_LATEST

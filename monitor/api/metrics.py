@@ -80,7 +80,10 @@ class MonitorMetrics:
         self.ranks_known = gauge("ranks_known", "Ranks the monitor polls")
         self.ranks_up = gauge("ranks_up", "Ranks that answered the last sweep")
         self.ranks_unreachable = gauge("ranks_unreachable",
-                                       "Ranks that did not answer the last sweep")
+                                       "Ranks that did not answer the last sweep, less those "
+                                       "whose training finished")
+        self.ranks_finished = gauge("ranks_finished", "Ranks that said their training finished, "
+                                    "then stopped answering (not unreachable: they ended)")
         self.ranks_lost = counter("ranks_lost", "Self-registered ranks forgotten (unreachable "
                                   "for --forget-after) while other ranks still answered, unless "
                                   "they had said they stopped")
@@ -205,15 +208,17 @@ class MonitorMetrics:
 
 def publish_sweep(m: MonitorMetrics, view: ClusterView, evidence: ClusterView,
                   polls: Mapping[str, Any], detectors: Detectors, lighthouse_up: bool,
-                  lh_settings: LighthouseSettingsWatch) -> None:
-    """One sweep's series: rank counts of every known rank, the rest of verified ranks."""
+                  lh_settings: LighthouseSettingsWatch, ended: int = 0) -> None:
+    """One sweep's series: rank counts of every known rank, the rest of verified ranks;
+    ``ended``: unreachable ranks that said their training finished (not counted unreachable)."""
     job = m.job
     m.sweeps.labels(job).inc()
     m.sweep_duration.labels(job).observe(view.sweep_seconds)
     known, up, trust = view.counts
     m.ranks_known.labels(job).set(known)
     m.ranks_up.labels(job).set(up)
-    m.ranks_unreachable.labels(job).set(known - up)
+    m.ranks_unreachable.labels(job).set(known - up - ended)
+    m.ranks_finished.labels(job).set(ended)
     by_reason = dict.fromkeys(TRUST_REASONS[1:], 0)
     verified = 0
     for k, n in trust.items():

@@ -1,5 +1,6 @@
 """Ranks that are gone (``dead_rank``: its Manager still answers; ``dead``: the Manager too) or
-never start (``stuck_starting``); only a verified group's replica id can be evicted.
+never start (``stuck_starting``); only a verified group's replica id can be evicted. A rank whose
+last answer said its training finished is not gone when it stops answering: it ended.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class Liveness:
                     findings.resolve(key, "replaced", now)
             # a rank of an earlier incarnation is not this incarnation's loss
             down = [r for r in gv.ranks if not r.reachable and not r.superseded
-                    and r.failures >= self.cfg.dead_sweeps
+                    and not r.ended and r.failures >= self.cfg.dead_sweeps
                     and (rid is None or r.replica_id in (None, rid))]
             manager_up = [r for r in gv.reachable if r.state.get("group_rank") == 0
                           and r.replica_id == rid and rid is not None]
@@ -76,7 +77,8 @@ class Liveness:
                 continue
             findings.resolve_where("group_dead" if down else "reachable", now, ("dead_rank",), g)
             if not down:
-                findings.resolve_where("reachable", now, ("dead",), g)
+                findings.resolve_where(
+                    "finished" if any(r.ended for r in gv.ranks) else "reachable", now, ("dead",), g)
                 continue
             ev = {"summary": f"{len(down)} of the group's {len(gv.ranks)} rank(s) unreachable "
                              f"for {self.cfg.dead_sweeps}+ sweeps",

@@ -56,7 +56,7 @@ def last_known(s: dict[str, Any]) -> dict[str, Any]:
     """What of a rank's state is kept once it stops answering (JSON: what a restarted monitor
     groups and judges it by)."""
     keep = (*_REQUIRED, "replica_id", "group_world_size", "num_participants", "participating",
-            "host", "node", "device")
+            "host", "node", "device", "finished")
     return {k: s[k] for k in keep if k in s}
 
 
@@ -100,6 +100,12 @@ class RankView:
     @property
     def replica_id(self) -> str | None:
         return self.state.get("replica_id") if self.state else None
+
+    @property
+    def ended(self) -> bool:
+        """Unreachable after its last answer said training completed (``"finished": true``,
+        WorkerServer.finish): the rank ended, it did not die."""
+        return not self.reachable and self.state is not None and self.state.get("finished") is True
 
     @property
     def verdict(self) -> tuple[str, str] | None:

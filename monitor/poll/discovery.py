@@ -11,7 +11,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -266,15 +266,16 @@ class Discovery:
             return self._sorted
 
     def forget_unreachable(self, unreachable_since: dict[str, float],
-                           now: float | None = None) -> list[str]:
-        """Drop registered targets unreachable (URL -> since when) for ``forget_after_s`` and
-        not re-registered since; returns their URLs. Never drops static or file_sd ones."""
+                           now: float | None = None, ended: Collection[str] = ()) -> list[str]:
+        """Drop registered targets unreachable (URL -> since when) for ``forget_after_s``, or
+        at once when ``ended`` (they said their training finished), and not re-registered
+        since; returns their URLs. Never drops static or file_sd ones."""
         now = time.time() if now is None else now
-        forgotten = []
+        forgotten, ended = [], set(ended)
         with self._lock:
             for url, t in list(self._registered.items()):
                 since = unreachable_since.get(url)
-                if since is None or now - since < self.forget_after_s:
+                if since is None or (now - since < self.forget_after_s and url not in ended):
                     continue
                 if t.last_registered is not None and t.last_registered > since:
                     continue  # it registered again after it went dark: keep trying

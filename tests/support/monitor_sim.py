@@ -60,7 +60,7 @@ def rank_state(rank: int, replica_group: int, *, step: int = 100, phase: str = "
         "group_rank": 0, "group_world_size": 1, "rank": rank, "host": "sim", "pid": 1000 + rank,
         "worker_url": None, "step": step, "quorum_id": quorum_id,
         "num_participants": participants, "participating": True, "phase": phase,
-        "phase_since": now - 0.01, "last_step_seconds": step_seconds, "last_step_at": now - 0.02,
+        "phase_since": now - 0.01, "finished": False, "last_step_seconds": step_seconds, "last_step_at": now - 0.02,
         "recent_step_seconds": [step_seconds] * 16, "commits": step, "commit_failures": 0,
         "heals": 0, "quorum_changes": 0, "loss": 1.0, "lighthouse": None,
         "torch_version": "sim", "torchft_version": "sim", "started_at": now - 60, "faults": [],
