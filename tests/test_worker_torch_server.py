@@ -7,8 +7,11 @@ cannot be installed beside this one, so the call is removed from the module for 
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
@@ -188,3 +191,42 @@ def test_the_server_stops_while_a_handler_is_answering():
     out = subprocess.run([sys.executable, "-c", STOP_WHILE_ANSWERING], capture_output=True,
                          text=True, timeout=30)
     assert out.returncode == 0 and "stopped" in out.stdout, out.stderr[-2000:]
+
+
+def test_a_dump_while_another_runs_is_503_and_a_failure_one_log_line(caplog):
+    # A dump that never returns is faked: torch offers no way to wedge its own dump on demand.
+    entered, release = threading.Event(), threading.Event()
+
+    def wedged(*_a, **_k) -> bytes:
+        entered.set()
+        release.wait(30)
+        return FR
+
+    def failing(*_a, **_k) -> bytes:
+        raise RuntimeError("the dump broke")
+
+    state = RankState(RankIdentity(job="unit"))
+    srv = WorkerServer(state, fr_dumper=wedged, server="torch").serve()
+    base = base_url(srv.url)
+    pool = ThreadPoolExecutor(2)
+    try:
+        first = pool.submit(post, base, "lightkeeper_fr_trace")
+        assert entered.wait(10)
+        busy = post(base, "lightkeeper_fr_trace")  # as on Flask (there with Retry-After: 1)
+        assert busy.status_code == 503 and "another" in busy.json()["error"], busy.text
+        release.set()
+        assert first.result(timeout=10).status_code == 200
+    finally:
+        release.set()
+        pool.shutdown(wait=True)
+        srv.stop()
+    srv = WorkerServer(state, fr_dumper=failing, server="torch").serve()
+    try:
+        with caplog.at_level(logging.ERROR, logger="worker_server.torch_server"):
+            r = post(base_url(srv.url), "lightkeeper_fr_trace")
+        assert r.status_code == 500 and "the dump broke" in r.json()["error"]
+        # one line, no traceback: a monitor polling a failing handler must not fill the log
+        assert [(rec.getMessage(), rec.exc_info) for rec in caplog.records] == [
+            ("handler lightkeeper_fr_trace failed: RuntimeError: the dump broke", None)]
+    finally:
+        srv.stop()

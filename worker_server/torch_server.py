@@ -48,7 +48,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from http_serving import http_url
 
 from .endpoints import BadParameter, fr_trace_body, stacks_body, state_body
-from .flight_recorder import FlightRecorderNotAvailable, IncarnationTracker, fr_dump
+from .flight_recorder import (
+    FlightRecorderBusy,
+    FlightRecorderNotAvailable,
+    IncarnationTracker,
+    fr_dump,
+)
 from .metrics import WorkerMetrics
 from .state import RankState
 
@@ -288,8 +293,11 @@ def _handler(name: str, answer: Callable[[TorchServer, _Args], tuple[int, bytes,
         except FlightRecorderNotAvailable as e:  # this torch has no such call: not a failure
             status, body, content_type = _error(501, str(e), name, torch=e.torch_version,
                                                 missing=e.missing)
+        except FlightRecorderBusy as e:  # as on Flask; torch's response sets no Retry-After
+            status, body, content_type = _error(503, str(e), name)
         except Exception as e:
-            log.exception("handler %s failed", name)
+            # one line: a monitor polling a failing handler must not fill the job's log
+            log.error("handler %s failed: %s: %s", name, type(e).__name__, e)
             status, body, content_type = _error(500, f"{type(e).__name__}: {e}", name)
         resp.set_content(body, content_type)
         resp.set_status(status)
