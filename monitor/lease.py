@@ -52,6 +52,11 @@ def created_never(key: str) -> dict:
     return {"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
 
 
+def leased_by(key: str, lease: int) -> dict:
+    """Compare: the key is held under ``lease`` (an absent key holds none)."""
+    return {"key": _b64(key), "target": "LEASE", "result": "EQUAL", "lease": str(lease)}
+
+
 def modified_at(key: str, mod_revision: int) -> dict:
     """Compare: nobody wrote the key since it was read at mod_revision."""
     return {"key": _b64(key), "target": "MOD", "result": "EQUAL",

@@ -17,7 +17,16 @@ from .act.actions import Lighthouse
 from .act.decisions import Situation, blind_reason, decide
 from .config import ShardConfig
 from .evidence.lighthouse_status import LighthouseReader, LighthouseStatus
-from .lease import KV, Etcd, EtcdError, LeaderLease, SessionLease, created_never, modified_at
+from .lease import (
+    KV,
+    Etcd,
+    EtcdError,
+    LeaderLease,
+    SessionLease,
+    created_never,
+    leased_by,
+    modified_at,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +87,10 @@ class Shards:
         self._proposed: set[str] = set()
         self._mirrored: set[str] = set()  # leader kills copied into this shard's audit log
         self.run = uuid.uuid4().hex[:12]  # this run of the shard: its proposals name it
+        # whether this run holds its index's report key (None: not known yet); another monitor
+        # started with the same --shard holds it, this one stands by: no report, no proposals
+        self.holds: bool | None = None
+        self.held_by: dict[str, Any] | None = None
         self.error: str | None = None
         self.proposals_made = 0
         self.leader: Leader | None = None
@@ -149,15 +162,16 @@ class Shards:
             lease = self.session.refresh()
             # before the report: a leader that sees this run's report sees its proposals
             records = _by_rid(self.etcd, self.root + "evictions/")
-            self._propose_findings(view, evidence, now, records)
+            if self.holds:
+                self._propose_findings(view, evidence, now, records)
             self._mirror_evictions(records)
             blind = blind_reason(mon.blind_reason(), view.reachable_fraction if view.ranks
                                  else 1.0, mon.cfg.rails, f"shard {self.cfg.index}")
-            self.etcd.put(f"{self.root}shards/{self.cfg.index}", {
+            self._report(lease, {
                 "shard": self.cfg.index, "shards": self.cfg.shards, "at": now,
                 "monitor": mon.url, "sweeps": mon.sweeps, "blind": blind,
                 "ranks": len(view.ranks), "run": self.run,
-                "groups": {str(g): gv.replica_id for g, gv in evidence.groups.items()}}, lease)
+                "groups": {str(g): gv.replica_id for g, gv in evidence.groups.items()}})
             if self.error:
                 log.warning("etcd answers again: shard %s reports and proposes", self.cfg.index)
             self.error = None
@@ -165,6 +179,30 @@ class Shards:
             if str(e) != self.error:
                 log.warning("shard %s cannot report or propose: %s", self.cfg.index, e)
             self.error = str(e)
+
+    def _report(self, lease: int, report: dict[str, Any]) -> None:
+        """Write this shard's report where the key is free or already this run's. Held by
+        another run (a second monitor with the same --shard, or a SIGKILLed predecessor until its
+        lease lapses), this one stands by, said once, until that lease ends."""
+        key = f"{self.root}shards/{self.cfg.index}"
+        did = self.etcd.put_if([leased_by(key, lease)], key, report, lease)[0] \
+            or self.etcd.put_if([created_never(key)], key, report, lease)[0]
+        where = f"shard {self.cfg.index}/{self.cfg.shards}"
+        if did:
+            if self.holds is False:
+                log.warning("%s: the other monitor's lease ended: this one reports and "
+                            "proposes", where)
+            self.holds, self.held_by = True, None
+            return
+        kv = self.etcd.get(key)
+        other = kv.json() if kv is not None else None
+        other = other if isinstance(other, dict) else {}
+        if self.holds is not False:
+            log.warning("%s is already run by another monitor (%s, run %s): this one stands by, "
+                        "proposing nothing, until that one's lease ends", where,
+                        other.get("monitor"), other.get("run"))
+        self.holds = False
+        self.held_by = {k: other.get(k) for k in ("monitor", "run", "at")}
 
     def _propose_findings(self, view: Any, evidence: Any, now: float,
                           records: dict[str, KV]) -> None:
@@ -274,6 +312,7 @@ class Shards:
         e = self.leader.election if self.leader else None
         return {"index": self.cfg.index, "shards": self.cfg.shards, "lead": self.cfg.lead,
                 "etcd": self.cfg.etcd, "prefix": self.root, "error": self.error,
+                "standby": self.holds is False, "held_by": self.held_by,
                 "proposals_made": self.proposals_made,
                 "owned_groups": sorted({g for g, _ in self._groups.values() if self.owns(g)}),
                 "leading": bool(e and e.leading), "leader": e.leader if e else None,

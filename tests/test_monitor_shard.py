@@ -273,12 +273,13 @@ def _dead_rank_open(mon, g: int) -> bool:
                for f in requests.get(mon.url + "/v1/findings", timeout=5).json())
 
 
-def _dead_rank_proposed(tmp_path: Path, job, etcd_url: str, prefix: str):
-    """Shard 0 of 2 polls a group of its slice, one of the group's ranks goes down, and the shard
-    proposes the eviction: (the monitor, the group, the proposal's key)."""
+def _dead_rank_proposed(tmp_path: Path, job, etcd_url: str, prefix: str, monitor=None):
+    """Shard 0 of 2 (``monitor``, else one started here) polls a group of its slice, one of the
+    group's ranks goes down, and the shard proposes the eviction: (the monitor, the group, the
+    proposal's key)."""
     x = next(g for g in range(4) if shard_of(g, 2) == 0)
     key = f"{prefix}/sim/proposals/{job.replica_ids[x]}"
-    mon = _shard0(tmp_path, job, etcd_url, prefix)
+    mon = monitor or _shard0(tmp_path, job, etcd_url, prefix)
     wait_until(lambda: _polled(mon, x) == 2, 20, what="shard 0 polling the group's ranks")
     next(r for r in job.sim.group(x) if r.state["group_rank"] == 1).set_mode("down")
     wait_until(lambda: _proposer(etcd_url, key) == mon.url, 20, what="the proposal")
@@ -304,6 +305,46 @@ def test_a_shard_restarted_with_its_state_finds_a_dead_rank_again(tmp_path, etcd
     finally:
         if mon is not None:
             mon.stop()
+        job.stop()
+
+
+def test_a_second_monitor_with_the_same_shard_stands_by_until_the_first_goes(tmp_path, etcd):
+    """Two monitors started with the same --shard 0/2 (a copy-paste, or a rolling update): the
+    second neither overwrites the first's report nor proposes; it stands by, says so in
+    /v1/cluster, and takes the shard over once the first one's lease ends."""
+    from tests.support.monitor_sim import SimJob
+
+    job = SimJob(4, ranks_per_group=2)
+    prefix = f"/lktest-{uuid.uuid4().hex[:8]}"
+    report = "/sim/shards/0"
+    first = second = None
+    for d in "ab":
+        (tmp_path / d).mkdir()
+    try:
+        first = _shard0(tmp_path / "a", job, etcd, prefix)
+        wait_until(lambda: (keys(etcd, prefix).get(report) or {}).get("value", {})
+                   .get("monitor") == first.url, 20, what="the first shard's report")
+        second = _shard0(tmp_path / "b", job, etcd, prefix)
+        wait_until(lambda: second.cluster_json()["shard"]["standby"], 20,
+                   what="the second shard standing by")
+        assert second.cluster_json()["shard"]["held_by"]["monitor"] == first.url
+        _, x, key = _dead_rank_proposed(tmp_path, job, etcd, prefix, monitor=first)
+        n = second.sweeps
+        wait_until(lambda: second.sweeps >= n + 5 and _dead_rank_open(second, x), 20,
+                   what="the standby finding the dead rank too")
+        assert _proposer(etcd, key) == first.url
+        assert second.cluster_json()["shard"]["proposals_made"] == 0
+        assert keys(etcd, prefix)[report]["value"]["monitor"] == first.url
+        first.stop()  # its lease revoked: the standby reports and proposes from now
+        first = None
+        wait_until(lambda: not second.cluster_json()["shard"]["standby"], 20,
+                   what="the standby taking the shard over")
+        wait_until(lambda: keys(etcd, prefix)[report]["value"]["monitor"] == second.url, 20,
+                   what="the second shard's report")
+    finally:
+        for m in (first, second):
+            if m is not None:
+                m.stop()
         job.stop()
 
 
@@ -358,7 +399,8 @@ def _etcd_txns(etcd_url: str) -> int:
 def test_evictions_a_leader_sent_cost_a_shard_no_txn_a_sweep(tmp_path, etcd):
     """Proposals and eviction records stay in etcd for good; a shard does not try to withdraw
     the proposals a leader acted on every sweep (a failing txn each, growing with every
-    eviction the job ever had)."""
+    eviction the job ever had): its one txn a sweep is its report (written only where the key
+    is free or its own)."""
     from monitor.config import MonitorConfig, ShardConfig
     from monitor.service import Monitor
 
@@ -381,7 +423,8 @@ def test_evictions_a_leader_sent_cost_a_shard_no_txn_a_sweep(tmp_path, etcd):
         wait_until(lambda: mon.sweeps >= 2, 10, what="the first sweeps")
         n, txns = mon.sweeps, _etcd_txns(etcd)
         wait_until(lambda: mon.sweeps >= n + 10, 15, what="ten more sweeps")
-        assert _etcd_txns(etcd) - txns < 10
+        spent, swept = _etcd_txns(etcd) - txns, mon.sweeps - n
+        assert spent <= swept + 2, (spent, swept)  # the report's own txn a sweep, no more
         assert len(keys(etcd, root + "proposals/")) == 20
     finally:
         mon.stop()
