@@ -98,8 +98,9 @@ ALERTS = [
     Alert(
         "LightkeeperRankDown",
         'up{lightkeeper_component="worker"} == 0', "1m", "critical",
-        "Rank {{ $labels.rank }} (replica group {{ $labels.replica_group }}) of job "
-        "{{ $labels.job }} is down",
+        # a pod scraped whole (Kubernetes) has no rank or group label: the instance names it
+        "{{ with $labels.rank }}Rank {{ . }} (replica group {{ $labels.replica_group }}){{ else }}"
+        "WorkerServer {{ $labels.instance }}{{ end }} of job {{ $labels.job }} is down",
         "Prometheus has not been able to scrape the WorkerServer at {{ $labels.instance }} for "
         "1 minute: the rank's process is dead, hung hard, or its host is unreachable.",
         "Open the Job overview dashboard; check the rank's process and host; "
@@ -109,6 +110,10 @@ ALERTS = [
               [(f'up{{{_worker(0)}}}', "1x20"), (f'up{{{_worker(1)}}}', "1 1 1 1 0x16")],
               "3m", [{"instance": "w1:9000", "job": "train", "lightkeeper_component": "worker",
                       "replica_group": "1", "rank": "1", "group_rank": "0"}]),
+         Case("a pod scraped whole (no rank label) stops answering",
+              [(f'up{{{W}, instance="10.0.0.5:9000"}}', "1 1 1 1 0x16")],
+              "3m", [{"instance": "10.0.0.5:9000", "job": "train",
+                      "lightkeeper_component": "worker"}]),
          Case("all ranks up", [(f'up{{{_worker(0)}}}', "1x20"), (f'up{{{_worker(1)}}}', "1x20")],
               "3m")]),
     Alert(
@@ -433,8 +438,17 @@ def render_rules() -> str:
 _TEMPLATE_VAR = re.compile(r"\{\{\s*\$labels\.(\w+)\s*\}\}")
 
 
+_TEMPLATE_WITH = re.compile(r"\{\{ with \$labels\.(\w+) \}\}(.*?)\{\{ else \}\}(.*?)\{\{ end \}\}")
+
+
 def render_template(text: str, labels: dict[str, str]) -> str:
-    """Expand ``{{ $labels.x }}`` like Prometheus does (the only template form the rules use)."""
+    """Expand ``{{ $labels.x }}`` and ``{{ with $labels.x }}A{{ else }}B{{ end }}`` (``{{ . }}``
+    in A: the value) like Prometheus does: the only template forms the rules use."""
+    def with_(m: re.Match) -> str:
+        value = labels.get(m.group(1))
+        return m.group(2).replace("{{ . }}", value) if value else m.group(3)
+
+    text = _TEMPLATE_WITH.sub(with_, text)
     return _TEMPLATE_VAR.sub(lambda m: labels.get(m.group(1), "<no value>"), text)
 
 
