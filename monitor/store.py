@@ -122,6 +122,7 @@ class Store:
     def __init__(self, path: str) -> None:
         if path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.path = path
         self._lock = threading.Lock()
         self._db = sqlite3.connect(path, check_same_thread=False, timeout=10)
         self._db.row_factory = sqlite3.Row
@@ -223,6 +224,13 @@ class Store:
         """When the last kill request was attempted (sent or failed): the cooldown's start."""
         return self._rows("SELECT MAX(at) FROM decisions WHERE decision='evict'")[0][0]
 
+    def fail_interrupted(self) -> None:
+        """Kills a stopped monitor left ``sending`` (maybe never sent): ``failed``, so fresh
+        evidence may evict that replica again, and its confirmation is not waited for."""
+        self._write("UPDATE decisions SET status='failed', detail=COALESCE(detail, '') || ? "
+                    "WHERE status='sending'", ("; the monitor stopped before it recorded whether "
+                                               "the request was sent",))
+
     def pending_confirmations(self) -> list[dict[str, Any]]:
         return self._dicts("SELECT * FROM decisions WHERE decision='evict' AND status='sent'")
 
@@ -300,6 +308,9 @@ class Store:
         return (json.loads(row[0]) if row else None,
                 sorted((json.loads(r[0]) for r in incs), key=lambda i: i["id"]),
                 [json.loads(r[0]) for r in reversed(ivs)])
+
+    def last_goodput_incident(self) -> int:
+        return self._rows("SELECT MAX(id) FROM goodput_incidents")[0][0] or 0
 
     # --- host ledger (monitor.act.hosts) ------------------------------------------------------
     def save_host(self, host: str, data: dict[str, Any], at: float) -> None:

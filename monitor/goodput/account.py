@@ -29,13 +29,13 @@ class GoodputAccount:
         self.error: str | None = None
         self._lock = threading.Lock()  # the loop updates the ledger, the API reads it
         gcfg = GoodputConfig(expected_groups=expected_groups, max_gap_s=max(30.0, 10 * interval_s))
-        state, incidents, intervals = store.load_goodput()
         try:
-            self.ledger = GoodputLedger.restore(gcfg, state, incidents, intervals)
-        except (ValueError, TypeError, KeyError) as e:
+            self.ledger = GoodputLedger.restore(gcfg, *store.load_goodput())
+        except Exception as e:  # a malformed saved state must not stop the monitor starting
             log.warning("goodput ledger not resumed from %s (%s: %s): starting afresh",
                         store.path, type(e).__name__, e)
-            self.ledger = GoodputLedger.restore(gcfg, None, incidents, [])
+            # the old rows stay: new incidents are numbered after them
+            self.ledger = GoodputLedger.restore(gcfg, None, [{"id": store.last_goodput_incident()}], [])
         self._saved_at = float("-inf")
         self._save_s = 0.0  # the last save's seconds (snapshot and write)
         self._writer = GoodputWriter(store)

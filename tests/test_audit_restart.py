@@ -1,0 +1,107 @@
+"""A monitor restarted on the ``--state`` a killed or older monitor left (docs/monitor.md,
+Eviction and safety rails; docs/goodput.md, Storage).
+
+A live monitor (real HTTP, real SQLite) over a real torchft Lighthouse that simulated groups
+join (``SimJob``, tests/support/monitor_sim.py: no trainer, the test moves the ranks' steps).
+What a SIGKILLed monitor leaves is written with ``Store`` as the monitor itself writes it: the
+moment (between a decision's ``sending`` row and its outcome) cannot be hit reliably by a signal.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+
+import pytest
+import requests
+
+from lightkeeper.cluster import wait_until
+from monitor.config import MonitorConfig, RailsConfig
+from monitor.service import Monitor
+from monitor.store import Store
+from tests.support.monitor_sim import SimJob
+
+TOKEN = "s3cret"
+
+
+@pytest.fixture
+def job():
+    j = SimJob(3)
+    yield j
+    j.stop()
+
+
+def start(tmp_path, job, clock: list[float]) -> Monitor:
+    cfg = MonitorConfig(port=0, interval_s=3600, state_path=str(tmp_path / "state.sqlite"),
+                        targets=job.sim.urls, sd_out=str(tmp_path / "targets.json"), job="sim",
+                        lighthouse=job.url, token=TOKEN, expected_groups=3,
+                        rails=RailsConfig(min_replicas=1, cooldown_s=0))
+    mon = Monitor(cfg, clock=lambda: clock[0]).start()  # sweeps once, then waits an hour
+    try:
+        wait_until(lambda: mon.sweeps >= 1, 20, what="the loop's first sweep")
+    except BaseException:
+        mon.stop()
+        raise
+    return mon
+
+
+def evict(mon: Monitor, group: int) -> dict:
+    r = requests.post(mon.url + "/v1/evict", json={"replica_group": group, "reason": "test"},
+                      headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_a_kill_a_killed_monitor_left_sending_is_failed_not_evicted(tmp_path, job):
+    """The monitor died after its eviction's ``sending`` row (fetching the bundle, say) and
+    before the kill's outcome: the restart records it failed, so the replica, still there, can
+    be evicted; before, it stayed ``sending`` for ever and held every eviction as
+    ``already_evicted``."""
+    rid = job.replica_ids[1]
+    store = Store(str(tmp_path / "state.sqlite"))
+    store.add_decision(replica_group=1, replica_id=rid, decision="evict", reason="hang",
+                       detail="hang confirmed", status="sending", at=time.time() - 30)
+    store.close()
+    clock = [time.time()]
+    mon = start(tmp_path, job, clock)
+    try:
+        [old] = requests.get(mon.url + "/v1/evictions", timeout=10).json()
+        assert old["status"] == "failed" and "monitor stopped" in old["detail"], old
+        out = evict(mon, 1)
+        assert out["decision"] == "evict" and out["sent"], out
+        assert job.kills == [rid]
+    finally:
+        mon.stop()
+
+
+@pytest.mark.parametrize("saved", ['{"version": 3}', "not json", "[1, 2]"])
+def test_an_unreadable_goodput_state_starts_a_fresh_ledger(tmp_path, job, saved):
+    """A goodput snapshot that cannot be resumed (malformed, not JSON) is warned about and a
+    fresh ledger starts, numbering its incidents after the old rows; before, the monitor did not
+    start (a traceback)."""
+    path = str(tmp_path / "state.sqlite")
+    old = {"id": 4, "kind": "straggler", "replica_group": 0, "replica_id": "replica_group_0:old",
+           "ranks": [0], "closed_at": None}
+    Store(path).close()
+    db = sqlite3.connect(path)
+    db.execute("INSERT INTO goodput_state (id, at, data) VALUES (1, 0, ?)", (saved,))
+    db.execute("INSERT INTO goodput_incidents (id, updated_at, closed, data) VALUES (4, 0, 0, ?)",
+               (json.dumps(old),))
+    db.commit()
+    db.close()
+    clock = [time.time()]
+    mon = start(tmp_path, job, clock)
+    try:
+        job.train_and_sweep(mon, clock, 3)
+        assert evict(mon, 2)["sent"]
+        job.train_and_sweep(mon, clock, 2)
+        g = requests.get(mon.url + "/v1/goodput", timeout=10).json()
+        [inc] = g["incidents"]
+        assert inc["kind"] == "manual" and inc["replica_group"] == 2 and inc["id"] > 4, inc
+    finally:
+        mon.stop()
+    db = sqlite3.connect(path)
+    [(data,)] = db.execute("SELECT data FROM goodput_incidents WHERE id = 4").fetchall()
+    db.close()
+    assert json.loads(data) == old
