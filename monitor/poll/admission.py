@@ -45,7 +45,8 @@ def registration_authorized(authorization: str | None, register_token: str | Non
 
 def token_warning(register_token: str | None, admin_token: str | None) -> str | None:
     """The one-line warning for a monitor whose ranks must hold its admin token, else None."""
-    if admin_token and register_token == admin_token:
+    # compared as the routes compare them: a secret file's final newline makes no other token
+    if admin_token and register_token and register_token.strip() == admin_token.strip():
         return ("--register-token equals --token: every pod holding it can also evict and "
                 "release hosts; give them different values")
     if admin_token and not register_token:
@@ -153,7 +154,7 @@ class AllowList:
         return out
 
     def admit(self, url: str) -> str:
-        """The URL to poll for a registered ``http://host:port``, at the checked address;
+        """The URL to poll for a registered ``http://host:port[/prefix]``, at the checked address;
         raises NotAllowed saying why not."""
         parts = urlsplit(url)
         host = (parts.hostname or "").lower()
@@ -175,4 +176,4 @@ class AllowList:
                              "widen --allow-targets")
         addr = addrs[0]
         netloc = f"[{addr}]" if addr.version == 6 else str(addr)
-        return f"{parts.scheme}://{netloc}:{parts.port}"
+        return f"{parts.scheme}://{netloc}:{parts.port}{parts.path}"  # a proxy's prefix too
