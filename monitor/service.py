@@ -173,7 +173,7 @@ class Monitor:
             raise
         for fid in self.store.open_finding_ids().values():
             self.store.resolve_finding(fid, clock(), "monitor_restarted")
-        self.store.fail_interrupted()
+        self.store.interrupt_sending()
         last = self.store.last_eviction_at()
         if last is not None:
             self.metrics.last_eviction.labels(cfg.job).set(last)

@@ -80,7 +80,6 @@ ADDED_COLUMNS = (("decisions", "bundle", "TEXT"),)
 # a job-wide finding's replica_group (None) in the findings table, whose column is NOT NULL
 JOB_GROUP = -1
 GOODPUT_INTERVALS_KEPT = 100_000  # settled badput intervals kept in the file (oldest dropped)
-EVICTED_STATUSES = ("sending", "sent", "confirmed", "unconfirmed")  # all but "failed"
 
 
 def _group(stored: int | None) -> int | None:
@@ -215,24 +214,23 @@ class Store:
 
     def evicted_replica_ids(self) -> set[str]:
         """replica_ids a kill was sent for (whatever its confirmation): never evicted again."""
-        marks = ",".join("?" * len(EVICTED_STATUSES))
         return {r[0] for r in self._rows(
-            f"SELECT DISTINCT replica_id FROM decisions WHERE decision='evict' AND "
-            f"status IN ({marks}) AND replica_id IS NOT NULL", EVICTED_STATUSES)}
+            "SELECT DISTINCT replica_id FROM decisions WHERE decision='evict' AND "
+            "status != 'failed' AND replica_id IS NOT NULL")}
 
     def last_eviction_at(self) -> float | None:
         """When the last kill request was attempted (sent or failed): the cooldown's start."""
         return self._rows("SELECT MAX(at) FROM decisions WHERE decision='evict'")[0][0]
 
-    def fail_interrupted(self) -> None:
-        """Kills a stopped monitor left ``sending`` (maybe never sent): ``failed``, so fresh
-        evidence may evict that replica again, and its confirmation is not waited for."""
-        self._write("UPDATE decisions SET status='failed', detail=COALESCE(detail, '') || ? "
-                    "WHERE status='sending'", ("; the monitor stopped before it recorded whether "
-                                               "the request was sent",))
+    def interrupt_sending(self) -> None:
+        """Kills a stopped monitor left ``sending``, maybe never sent: ``interrupted`` until a
+        sweep sees whether the replica is gone (Enforcer.confirm_evictions)."""
+        self._write("UPDATE decisions SET status='interrupted' WHERE decision='evict' AND "
+                    "status='sending'")
 
     def pending_confirmations(self) -> list[dict[str, Any]]:
-        return self._dicts("SELECT * FROM decisions WHERE decision='evict' AND status='sent'")
+        return self._dicts("SELECT * FROM decisions WHERE decision='evict' AND "
+                           "status IN ('sent', 'interrupted')")
 
     # --- incident bundles (monitor.act.bundles) -----------------------------------------------
     def keep_unreachable(self, url: str, since: float | None, state: dict[str, Any],

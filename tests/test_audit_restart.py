@@ -53,21 +53,24 @@ def evict(mon: Monitor, group: int) -> dict:
     return r.json()
 
 
-def test_a_kill_a_killed_monitor_left_sending_is_failed_not_evicted(tmp_path, job):
+def test_a_kill_a_killed_monitor_left_sending_is_judged_by_the_replica(tmp_path, job):
     """The monitor died after its eviction's ``sending`` row (fetching the bundle, say) and
-    before the kill's outcome: the restart records it failed, so the replica, still there, can
-    be evicted; before, it stayed ``sending`` for ever and held every eviction as
-    ``already_evicted``."""
+    before the kill's outcome. The restart judges it by the replica: still answering, the kill
+    never landed (``failed``: the replica may be evicted again); gone, it is ``confirmed``.
+    Before, it stayed ``sending`` for ever and held every eviction as ``already_evicted``."""
     rid = job.replica_ids[1]
     store = Store(str(tmp_path / "state.sqlite"))
-    store.add_decision(replica_group=1, replica_id=rid, decision="evict", reason="hang",
-                       detail="hang confirmed", status="sending", at=time.time() - 30)
+    for group, replica in ((1, rid), (2, "replica_group_2:killed-before")):
+        store.add_decision(replica_group=group, replica_id=replica, decision="evict",
+                           reason="hang", detail="hang confirmed", status="sending",
+                           at=time.time() - 30)
     store.close()
     clock = [time.time()]
     mon = start(tmp_path, job, clock)
     try:
-        [old] = requests.get(mon.url + "/v1/evictions", timeout=10).json()
-        assert old["status"] == "failed" and "monitor stopped" in old["detail"], old
+        rows = requests.get(mon.url + "/v1/evictions", timeout=10).json()
+        status = {r["replica_id"]: r["status"] for r in rows}
+        assert status == {rid: "failed", "replica_group_2:killed-before": "confirmed"}, rows
         out = evict(mon, 1)
         assert out["decision"] == "evict" and out["sent"], out
         assert job.kills == [rid]

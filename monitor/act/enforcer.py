@@ -305,6 +305,11 @@ class Enforcer:
         for d in self.store.pending_confirmations():
             rid = d["replica_id"]
             still = reporting(view, rid)
+            if still and d["status"] == "interrupted":  # a killed Manager exits within a second
+                self.store.update_decision(d["id"], status="failed", detail=(
+                    f"{d['detail']}; the monitor stopped while sending and the replica still "
+                    "answers: the kill never landed"))
+                continue
             note = self.orphans.follow(d["id"], rid, still, now - d["at"])
             if note:
                 d["detail"] = f"{d['detail']}; {note}"
