@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from lightkeeper.cluster import wait_until
-from monitor.config import MonitorConfig, RailsConfig
+from monitor.config import MonitorConfig, QuarantineConfig, RailsConfig
 from monitor.service import Monitor
 from monitor.store import Store
 from tests.support.monitor_sim import SimJob
@@ -108,3 +108,42 @@ def test_an_unreadable_goodput_state_starts_a_fresh_ledger(tmp_path, job, saved)
     [(data,)] = db.execute("SELECT data FROM goodput_incidents WHERE id = 4").fetchall()
     db.close()
     assert json.loads(data) == old
+
+
+def test_a_dry_run_restart_carries_out_no_pending_quarantine_action(tmp_path, job):
+    """A drain the previous run queued (or was running when it was killed: still ``pending``)
+    waits while the monitor is restarted with ``--dry-run``, and runs once it acts again;
+    before, the dry run carried it out."""
+    events = tmp_path / "events.jsonl"
+    hook = tmp_path / "hook.sh"
+    hook.write_text(f"#!/bin/sh\ncat >> {events}\necho >> {events}\n")
+    hook.chmod(0o755)
+    sink = f"exec:{hook}"
+    store = Store(str(tmp_path / "state.sqlite"))
+    store.add_host_action(host="h1", sink=sink, op="quarantine", status="pending",
+                          event={"event": "quarantine", "host": "h1", "node": "h1"},
+                          at=time.time() - 60, next_at=time.time() - 60)
+    store.close()
+
+    def run(dry_run: bool) -> None:
+        cfg = MonitorConfig(port=0, interval_s=0.2, state_path=str(tmp_path / "state.sqlite"),
+                            targets=job.sim.urls, sd_out=str(tmp_path / "targets.json"),
+                            job="sim", lighthouse=job.url, token=TOKEN,
+                            rails=RailsConfig(min_replicas=1, dry_run=dry_run),
+                            quarantine=QuarantineConfig(actions=(sink,), dry_run=dry_run))
+        mon = Monitor(cfg).start()
+        try:
+            wait_until(lambda: mon.sweeps >= 5, 20, what="five sweeps")
+            if not dry_run:
+                wait_until(events.exists, 20, what="the hook's event")
+        finally:
+            mon.stop()
+
+    run(dry_run=True)
+    assert not events.exists()
+    run(dry_run=False)
+    [ev] = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+    assert (ev["event"], ev["host"]) == ("quarantine", "h1")
+    db = sqlite3.connect(str(tmp_path / "state.sqlite"))
+    assert db.execute("SELECT status, attempts FROM host_actions").fetchall() == [("done", 1)]
+    db.close()

@@ -387,8 +387,9 @@ class HostLedger:
         self._save(h, now)
 
     def run_actions(self, now: float | None = None) -> int:
-        """Carry out every due action once; returns the attempts made (0 while another runs)."""
-        if not self._actions_running.acquire(blocking=False):
+        """Carry out every due action once; returns the attempts made (0 while another runs,
+        or in a dry run: a previous run's pending ones wait for a run that acts)."""
+        if self.cfg.dry_run or not self._actions_running.acquire(blocking=False):
             return 0
         try:
             due = self.store.host_actions(due_at=self.clock() if now is None else now)
