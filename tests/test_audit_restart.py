@@ -10,16 +10,20 @@ moment (between a decision's ``sending`` row and its outcome) cannot be hit reli
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 import time
 
 import pytest
 import requests
 
-from lightkeeper.cluster import wait_until
+from lightkeeper.cluster import stop_process, wait_until
 from monitor.config import MonitorConfig, QuarantineConfig, RailsConfig
 from monitor.service import Monitor
 from monitor.store import Store
+from tests.support.lines import first_line
 from tests.support.monitor_sim import SimJob
 
 TOKEN = "s3cret"
@@ -147,3 +151,24 @@ def test_a_dry_run_restart_carries_out_no_pending_quarantine_action(tmp_path, jo
     db = sqlite3.connect(str(tmp_path / "state.sqlite"))
     assert db.execute("SELECT status, attempts FROM host_actions").fetchall() == [("done", 1)]
     db.close()
+
+
+def test_a_restart_deletes_the_partial_bundle_a_killed_write_left(tmp_path):
+    """A monitor killed while writing a bundle leaves its temporary file (never listed, never
+    pruned, up to --bundle-max-bytes): the next start deletes it, but not a fresh one, which
+    may be another monitor's write under way in a shared --bundle-dir."""
+    incidents = tmp_path / "incidents"
+    incidents.mkdir()
+    stale = incidents / ".20261127T065240Z-evict-hang-g2.k2j3h4"
+    fresh = incidents / ".20261127T065241Z-evict-hang-g1.a8b7c6"
+    for f in (stale, fresh):
+        f.write_bytes(b"\x1f\x8b" + b"0" * 4096)
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    proc = subprocess.Popen([sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", "0",
+                             "--state", str(tmp_path / "state.sqlite")],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert first_line(proc).startswith("[lightkeeper] monitor=")
+        assert not stale.exists() and fresh.exists()
+    finally:
+        stop_process(proc)

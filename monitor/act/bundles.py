@@ -244,7 +244,14 @@ class BundleStore:
         return path
 
     def prune(self) -> list[str]:
+        """At start-up: also the partial files of writes a killed monitor left (``.<id>.*``,
+        never listed nor pruned); one written to in the last 10 minutes may be another's."""
         with self._lock:
+            for e in os.scandir(self.dir):
+                with contextlib.suppress(OSError):
+                    if e.name.startswith(".") and layout.ID_RE.match(e.name[1:]) and \
+                            e.stat().st_mtime < self.clock() - 600:
+                        os.unlink(e.path)
             return self._prune()
 
     def _prune(self) -> list[str]:
