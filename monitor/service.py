@@ -274,7 +274,7 @@ class Monitor:
             self.enforcer.decide(view, evidence, now)
         # the evidence of a confirmed hang, mismatch or network fault, kept even when held
         self.enforcer.bundle_confirmed(view, evidence, new)
-        self.enforcer.confirm_evictions(view, now)
+        self.enforcer.confirm_evictions(view, evidence, now)
         # a group gone from the quorum (its host off the network, or evicted while partitioned)
         # holds the others in their collective until its timeout: they are told to abort it
         self.enforcer.release_survivors(view, evidence, now, self.lighthouse_status)

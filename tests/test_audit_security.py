@@ -3,13 +3,16 @@ allow-list and the tokens' start-up warning, over a real monitor on 127.0.0.1.""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import requests
 
+from lightkeeper.cluster import wait_until
 from monitor.config import MonitorConfig
 from monitor.service import Monitor
 
@@ -52,3 +55,101 @@ def test_tokens_equal_but_for_a_newline_are_warned_about(tmp_path):
         proc.kill()
         proc.wait(timeout=10)
     assert "--register-token equals --token" in err.read_text(), err.read_text()
+
+
+class Stranger:
+    """A process that registered itself with the registration token and claims the replica id
+    of a group about to be evicted: it serves that /v1/state and records every POST's path and
+    Authorization header (what an attacker would harvest)."""
+
+    def __init__(self, state: dict) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.posts: list[tuple[str, str | None]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                body = json.dumps(outer.state).encode() if self.path.startswith("/v1/state") \
+                    else b"{}"
+                self.send_response(200 if self.path.startswith("/v1/state") else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                outer.posts.append((self.path, self.headers.get("Authorization")))
+                self.send_response(202)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.state = {**state, "worker_url": self.url}
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_exit_token_goes_only_to_ranks_verified_with_the_evicted_replica(tmp_path):
+    """After a kill the monitor tells the evicted group's ranks still answering to exit, with
+    the ranks' exit token. A stranger holding only the registration token (every pod has it)
+    that claims the evicted replica id must not be sent that token: with it, it could end every
+    rank of the job. The group's real rank the kill missed is still told."""
+    from monitor.config import RailsConfig
+    from tests.support.monitor_sim import SimJob
+
+    job = SimJob(2, ranks_per_group=2)
+    stranger = None
+    mon = None
+    try:
+        real = job.sim.group(1)
+        stranger = Stranger({**real[1].state, "rank": 301, "host": "elsewhere", "group_rank": 2,
+                             "group_world_size": 3})  # unverified: no rival of the real ranks
+        cfg = MonitorConfig(
+            port=0, interval_s=0.2, state_path=str(tmp_path / "state.sqlite"),
+            sd_out=str(tmp_path / "targets.json"), job="sim", lighthouse=job.url,
+            targets=job.sim.urls, kill_timeout_s=2.0, token="admin-tok",
+            register_token="reg-tok", rank_exit_token="exit-tok", orphan_grace_s=0.3,
+            rails=RailsConfig(min_replicas=1, cooldown_s=0))
+        mon = Monitor(cfg).start()
+        r = requests.post(mon.url + "/v1/targets", timeout=5,
+                          headers={"Authorization": "Bearer reg-tok"},
+                          json={"url": stranger.url, "job": "sim"})
+        assert r.status_code == 200, r.text
+
+        def group1_verified():
+            c = requests.get(mon.url + "/v1/cluster", timeout=5).json()
+            g = [g for g in c["groups"] if g["replica_group"] == 1]
+            ranks = {x["url"] for x in requests.get(mon.url + "/v1/ranks", timeout=5).json()}
+            return g and g[0]["evidence_ranks"] == 2 and stranger.url in ranks
+        wait_until(group1_verified, 20, what="group 1 verified, the stranger polled")
+
+        r = requests.post(mon.url + "/v1/evict", timeout=10, json={"replica_group": 1},
+                          headers={"Authorization": "Bearer admin-tok"})
+        assert r.status_code == 200 and r.json()["decision"] == "evict", r.text
+        wait_until(lambda: job.kills, 10, what="the kill")
+        real[1].set_mode("ok")  # the kill reached group rank 0 only: group rank 1 lives on
+
+        def told():
+            ds = requests.get(mon.url + "/v1/evictions", timeout=5).json()
+            return [d for d in ds if d["decision"] == "evict"
+                    and "told rank(s)" in (d["detail"] or "")]
+        d = wait_until(told, 20, what="the missed rank told to exit")[0]
+        assert real[1].url in d["detail"], d
+        assert stranger.url not in d["detail"], d
+        assert stranger.posts == [], stranger.posts
+    finally:
+        if mon is not None:
+            mon.stop()
+        if stranger is not None:
+            stranger.stop()
+        job.stop()

@@ -66,6 +66,7 @@ class Enforcer:
         self._lock = threading.Lock()  # one decision at a time (the loop, the API)
         self._host_actions: threading.Thread | None = None
         self.dead = DeadGroups()
+        self._vouched: dict[int, Any] = {}  # replica group -> its GroupView as last verified
         self.survivors = Survivors(RankCalls(cfg.rank_exit_token if cfg.abort_survivors
                                               else None, cfg.kill_timeout_s),
                                    store, metrics, cfg.job, cfg.rails.dry_run)
@@ -299,10 +300,17 @@ class Enforcer:
         return {"id": did, "decision": "evict", "reason": d.reason, "sent": result.sent,
                 "detail": result.detail, "bundle": bundle["id"] if bundle else None}
 
-    def confirm_evictions(self, view: ClusterView, now: float) -> None:
+    def confirm_evictions(self, view: ClusterView, evidence: ClusterView, now: float) -> None:
         """Confirmed once no reachable rank reports the evicted replica id; ranks the kill
         missed are told to exit (or named); unconfirmed after ``confirm_timeout_s``."""
-        for d in self.store.pending_confirmations():
+        pending = self.store.pending_confirmations()
+        # a pending eviction's group as verified before its kill: only those ranks get the exit
+        # token, never a stranger that registered claiming the evicted replica id
+        groups = dict(evidence.groups)
+        groups.update((d["replica_group"], self._vouched[d["replica_group"]]) for d in pending
+                      if d["replica_group"] in self._vouched)
+        self._vouched = groups
+        for d in pending:
             rid = d["replica_id"]
             still = reporting(view, rid)
             if still and d["status"] == "interrupted":  # a killed Manager exits within a second
@@ -310,7 +318,10 @@ class Enforcer:
                     f"{d['detail']}; the monitor stopped while sending and the replica still "
                     "answers: the kill never landed"))
                 continue
-            note = self.orphans.follow(d["id"], rid, still, now - d["at"])
+            gv = groups.get(d["replica_group"])
+            urls = {r.url for r in gv.ranks} if gv is not None and gv.replica_id == rid else ()
+            note = self.orphans.follow(d["id"], rid, [r for r in still if r.url in urls],
+                                       now - d["at"])
             if note:
                 d["detail"] = f"{d['detail']}; {note}"
                 self.store.update_decision(d["id"], detail=d["detail"])
