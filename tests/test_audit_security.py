@@ -153,3 +153,48 @@ def test_exit_token_goes_only_to_ranks_verified_with_the_evicted_replica(tmp_pat
         if stranger is not None:
             stranger.stop()
         job.stop()
+
+
+def test_a_bundle_fetches_no_stacks_url_a_rank_chose(tmp_path):
+    """An incident bundle asks the culprit group's ranks for their stacks, a rank on torch's
+    server at the handler its ``stacks_url`` names. A stranger in that group (registered, not
+    verified) that calls itself torch-only and names another service's URL must not make the
+    monitor POST there (the answer would go into a bundle anyone may download)."""
+    from monitor.config import RailsConfig
+    from tests.support.monitor_sim import SimJob
+
+    job = SimJob(2, ranks_per_group=2)
+    victim = stranger = mon = None
+    try:
+        victim = Stranger({})
+        real = job.sim.group(1)
+        stranger = Stranger({**real[1].state, "rank": 301, "group_rank": 2,
+                             "group_world_size": 3, "torch_only": {},
+                             "stacks_url": victim.url + "/internal/secret"})
+        cfg = MonitorConfig(
+            port=0, interval_s=0.2, state_path=str(tmp_path / "state.sqlite"),
+            sd_out=str(tmp_path / "targets.json"), job="sim", lighthouse=job.url,
+            targets=job.sim.urls, kill_timeout_s=2.0, token="admin-tok",
+            register_token="reg-tok", rails=RailsConfig(min_replicas=1, cooldown_s=0))
+        mon = Monitor(cfg).start()
+        r = requests.post(mon.url + "/v1/targets", timeout=5,
+                          headers={"Authorization": "Bearer reg-tok"},
+                          json={"url": stranger.url, "job": "sim"})
+        assert r.status_code == 200, r.text
+
+        def stranger_in_group1():
+            c = requests.get(mon.url + "/v1/cluster", timeout=5).json()
+            g = [g for g in c["groups"] if g["replica_group"] == 1]
+            return g and g[0]["evidence_ranks"] == 2 and \
+                stranger.url in [x["url"] for x in g[0]["ranks"] if x["reachable"]]
+        wait_until(stranger_in_group1, 20, what="group 1 verified, the stranger shown in it")
+
+        r = requests.post(mon.url + "/v1/evict", timeout=10, json={"replica_group": 1},
+                          headers={"Authorization": "Bearer admin-tok"})
+        assert r.status_code == 200 and r.json()["bundle"], r.text  # kept before the kill
+        assert victim.posts == [], victim.posts
+    finally:
+        for x in (mon, stranger, victim):
+            if x is not None:
+                x.stop()
+        job.stop()

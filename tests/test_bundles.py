@@ -147,16 +147,18 @@ def test_torch_only_ranks_keep_torchs_traceback_and_the_monitors_dump(tmp_path):
     dumps = hang_dumps(3, absent=1)
     for r in sim.ranks:
         r.fr = dumps[r.state["rank"]]
-    with _TracebackServer() as stacks_url:
-        ranks = {}
+    with _TracebackServer() as stacks1, _TracebackServer() as stacks2:
+        ranks, urls = {}, {}
         for r in sim.ranks:
-            state = dict(r.state)
-            if state["rank"] in (1, 2):  # as monitor/evidence/torch_rank.py makes it
+            state, urls[r.state["rank"]] = dict(r.state), r.url
+            if state["rank"] in (1, 2):  # as monitor/evidence/torch_rank.py makes it: a handler
+                stacks_url = stacks1 if state["rank"] == 1 else stacks2  # of its own server
+                urls[state["rank"]] = "torch+" + stacks_url.split("/handler/")[0]
                 state.update(torch_only={"flight_recorder": "none; dump_nccl_trace_json: "
                                          "timeout"}, stacks_url=stacks_url)
-            ranks[r.url] = RankView(r.url, True, state)
+            ranks[urls[state["rank"]]] = RankView(urls[state["rank"]], True, state)
         view = scratch_view(time.time(), ranks)
-        monitors = {sim.ranks[1].url: {**dumps[1], "rank": 1, "dump_time_ns": 1_795_000_000 * 10**9}}
+        monitors = {urls[1]: {**dumps[1], "rank": 1, "dump_time_ns": 1_795_000_000 * 10**9}}
         store = Store(str(tmp_path / "state.sqlite"))
         cfg = MonitorConfig(state_path=str(tmp_path / "state.sqlite"), job="t")
         bundles = Bundles(cfg, store, torch_dumps=lambda: monitors)
@@ -171,7 +173,7 @@ def test_torch_only_ranks_keep_torchs_traceback_and_the_monitors_dump(tmp_path):
     assert by_rank[1]["torch_only"] and by_rank[1]["fr_trace_at"] == 1_795_000_000
     assert by_rank[1]["stacks"] == by_rank[1]["fr_trace"] == "ok", by_rank[1]
     assert files["stacks/rank1.txt"] == _TracebackServer.TEXT
-    assert json.loads(files["fr/rank1.json"]) == monitors[sim.ranks[1].url]
+    assert json.loads(files["fr/rank1.json"]) == monitors[urls[1]]
     assert by_rank[2]["stacks"] == "ok" and "fr/rank2.json" not in files
     assert by_rank[2]["fr_trace"] == ("none read from its torch server in the monitor's last "
                                       "sweep (none; dump_nccl_trace_json: timeout)")

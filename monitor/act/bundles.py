@@ -34,7 +34,7 @@ from ..analysis import bundle as layout  # the bundle format lightkeeper analyze
 from ..config import BundleConfig, ConfigError, MonitorConfig
 from ..evidence.view import ClusterView
 from ..poll.poller import Poller, judge_body
-from ..poll.torch_target import torch_url
+from ..poll.torch_target import base_url, torch_url
 from ..store import Store
 
 log = logging.getLogger(__name__)
@@ -143,8 +143,11 @@ def _asks(ranks: list[tuple[Any, str]]) -> list[tuple[str, str, str, str, str]]:
     asks = []
     for r, _ in ranks:
         if _torch_only(r):
-            if r.state.get("stacks_url"):
-                asks.append((r.url, "stacks", torch_url(r.state["stacks_url"]), "", "text"))
+            url = r.state.get("stacks_url")
+            # a handler of this target's own server, as the poller names it: never an address
+            # the rank's answer chose (fetched into a bundle anyone may download)
+            if isinstance(url, str) and url.startswith(base_url(r.url) + "/handler/"):
+                asks.append((r.url, "stacks", torch_url(url), "", "text"))
             continue
         base = r.url.rstrip("/")
         asks += [(r.url, "stacks", base + "/v1/stacks", "?format=json", "json"),
