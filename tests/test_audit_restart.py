@@ -172,3 +172,40 @@ def test_a_restart_deletes_the_partial_bundle_a_killed_write_left(tmp_path):
         assert not stale.exists() and fresh.exists()
     finally:
         stop_process(proc)
+
+
+def test_a_monitor_restarted_for_another_job_adopts_none_of_the_old_jobs_ranks(tmp_path):
+    """``--sd-out`` holds the ranks that registered with the previous run: a run with another
+    ``--job`` (which refuses those ranks' registrations) does not re-adopt them either; before,
+    it polled them, judged them and could evict them."""
+    rank = "http://127.0.0.1:1"  # never polled successfully: only the target list is read
+
+    def monitor(job: str) -> tuple[subprocess.Popen, str]:
+        proc = subprocess.Popen([sys.executable, "-m", "lightkeeper.cli", "monitor", "--port",
+                                 "0", "--job", job, "--state", str(tmp_path / "state.sqlite")],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            line = first_line(proc)
+        except BaseException:
+            stop_process(proc)
+            raise
+        return proc, line.split("monitor=", 1)[1].split()[0]
+
+    def targets(url: str) -> list[str]:
+        return [t["url"] for t in requests.get(url + "/v1/targets", timeout=10).json()]
+
+    proc, url = monitor("a")
+    try:
+        r = requests.post(url + "/v1/targets", json={"url": rank, "job": "a"}, timeout=10)
+        assert r.status_code in (200, 201), r.text
+        sd = tmp_path / "lightkeeper-targets.json"
+        wait_until(lambda: sd.exists() and "127.0.0.1:1\"" in sd.read_text(), 20,
+                   what="the file_sd")
+    finally:
+        stop_process(proc)
+    for job, adopted in (("a", [rank]), ("b", [])):
+        proc, url = monitor(job)
+        try:
+            assert targets(url) == adopted
+        finally:
+            stop_process(proc)

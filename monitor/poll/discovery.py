@@ -209,7 +209,7 @@ class Discovery:
     def restore(self, path: str) -> None:
         """Re-adopt as registered the targets a previous run wrote (:meth:`write_file_sd`) that
         registered themselves; its --targets and --targets-file are this run's to give again.
-        A missing or broken file restores nothing."""
+        A missing or broken file restores nothing, nor another ``--job``'s ranks."""
         try:
             parsed = _read_file_sd(path, ours=True)
         except (OSError, ValueError):  # BadTarget is a ValueError
@@ -217,7 +217,8 @@ class Discovery:
         now = time.time()
         with self._lock:
             for url, t in parsed.items():
-                if url in self._registered or t.source in ("static", "file_sd"):
+                if url in self._registered or t.source in ("static", "file_sd") \
+                        or t.job not in (None, self.job):
                     continue
                 if self._count() >= self.max_targets:
                     break
