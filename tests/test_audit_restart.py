@@ -209,3 +209,25 @@ def test_a_monitor_restarted_for_another_job_adopts_none_of_the_old_jobs_ranks(t
             assert targets(url) == adopted
         finally:
             stop_process(proc)
+
+
+def test_a_second_monitor_on_the_state_through_a_symlink_is_refused(tmp_path):
+    """Two monitors on one audit log close each other's findings: the second is refused with
+    one line and exit status 1, also when it names the file through a symlink; before, the
+    symlink's own ``.lock`` let it run."""
+    state = tmp_path / "state.sqlite"
+    link = tmp_path / "link.sqlite"
+    link.symlink_to(state.name)
+    first = subprocess.Popen([sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", "0",
+                              "--state", str(state)],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        assert first_line(first).startswith("[lightkeeper] monitor=")
+        second = subprocess.run([sys.executable, "-m", "lightkeeper.cli", "monitor", "--port",
+                                 "0", "--state", str(link)], capture_output=True, text=True,
+                                timeout=30)
+        assert second.returncode == 1, second
+        [line] = second.stderr.splitlines()
+        assert "in use by another monitor" in line and f"PID {first.pid}" in line, line
+    finally:
+        stop_process(first)
