@@ -165,8 +165,9 @@ class Shards:
             if self.holds:
                 self._propose_findings(view, evidence, now, records)
             self._mirror_evictions(records)
-            blind = blind_reason(mon.blind_reason(), view.reachable_fraction if view.ranks
-                                 else 1.0, mon.cfg.rails, f"shard {self.cfg.index}")
+            blind = blind_reason(mon.blind_reason(), evidence.reachable_fraction
+                                 if evidence.ranks else 1.0, mon.cfg.rails,
+                                 f"shard {self.cfg.index}")
             self._report(lease, {
                 "shard": self.cfg.index, "shards": self.cfg.shards, "at": now,
                 "monitor": mon.url, "sweeps": mon.sweeps, "blind": blind,

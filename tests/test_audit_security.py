@@ -198,3 +198,40 @@ def test_a_bundle_fetches_no_stacks_url_a_rank_chose(tmp_path):
             if x is not None:
                 x.stop()
         job.stop()
+
+
+def test_registered_dead_addresses_do_not_blind_the_rails(tmp_path):
+    """--min-reachable holds evictions while the monitor reaches too few ranks (it may be the
+    one cut off). A registration-token holder that registers addresses nobody answers on must
+    not count as ranks the monitor fails to reach: a real group dying is still evicted."""
+    from monitor.config import DetectorConfig, RailsConfig
+    from tests.support.monitor_sim import SimJob
+
+    job = SimJob(3)
+    mon = None
+    try:
+        cfg = MonitorConfig(
+            port=0, interval_s=0.2, state_path=str(tmp_path / "state.sqlite"),
+            sd_out=str(tmp_path / "targets.json"), job="sim", lighthouse=job.url,
+            targets=job.sim.urls, kill_timeout_s=2.0, register_token="reg-tok",
+            detectors=DetectorConfig(dead_sweeps=2),
+            rails=RailsConfig(min_replicas=1, cooldown_s=0, evict_kinds=("dead", "dead_rank")))
+        mon = Monitor(cfg).start()
+        wait_until(lambda: requests.get(mon.url + "/v1/cluster", timeout=5).json()
+                   ["verification"]["ranks"].get("verified") == 3, 20, what="3 ranks verified")
+        for port in range(2, 10):  # nothing listens on these
+            r = requests.post(mon.url + "/v1/targets", timeout=5,
+                              headers={"Authorization": "Bearer reg-tok"},
+                              json={"url": f"http://127.0.0.1:{port}", "job": "sim"})
+            assert r.status_code == 200, r.text
+        wait_until(lambda: requests.get(mon.url + "/v1/cluster", timeout=5).json()
+                   ["reachable_fraction"] < 0.5, 10, what="the dead addresses polled")
+        job.sim.group(2)[0].set_mode("down")
+        wait_until(lambda: job.kills, 20, what="the dead group evicted")
+        assert job.kills == [job.replica_ids[2]]
+        ds = requests.get(mon.url + "/v1/evictions", timeout=5).json()
+        assert not [d for d in ds if d["reason"] == "monitor_blind"], ds
+    finally:
+        if mon is not None:
+            mon.stop()
+        job.stop()

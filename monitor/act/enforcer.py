@@ -137,7 +137,9 @@ class Enforcer:
     def blindness(self, view: ClusterView) -> str | None:
         """Why nobody may be blamed now: ranks cannot be verified, or the monitor reaches no
         more than ``--min-reachable`` of them (it may be the one cut off); None: neither."""
-        return blind_reason(self.blind(), view.reachable_fraction, self.cfg.rails)
+        # of the verified ranks: addresses anyone may register must not hold every eviction
+        ev = view.evidence_view or view
+        return blind_reason(self.blind(), ev.reachable_fraction, self.cfg.rails)
 
     def hosts_json(self) -> dict[str, Any]:
         """``GET /v1/hosts``."""
@@ -268,19 +270,16 @@ class Enforcer:
         went."""
         # an eviction counted by what it was for, as its audit row says (straggler, manual, ...)
         reason = (finding or {}).get("kind", source) if d.evict else d.reason
-        self.metrics.decisions.labels(self.cfg.job, d.decision, reason).inc()
+        did = self.store.add_decision(replica_group=replica_group, replica_id=replica_id,
+                                      decision=d.decision, reason=reason, detail=d.detail,
+                                      finding_id=finding_id, finding=finding,
+                                      status="sending" if d.evict else None, source=source,
+                                      at=self.clock())
+        self.metrics.decisions.labels(self.cfg.job, d.decision, reason).inc()  # once recorded
         if not d.evict:
             log.info("hold replica group %s (%s): %s", replica_group, d.reason, d.detail)
-            did = self.store.add_decision(replica_group=replica_group, replica_id=replica_id,
-                                          decision="hold", reason=d.reason, detail=d.detail,
-                                          finding_id=finding_id, finding=finding, source=source,
-                                          at=self.clock())
             return {"id": did, "decision": "hold", "reason": d.reason, "detail": d.detail}
         log.warning("evicting replica group %s (%s): %s", replica_group, replica_id, d.detail)
-        did = self.store.add_decision(replica_group=replica_group, replica_id=replica_id,
-                                      decision="evict", reason=reason, detail=d.detail,
-                                      finding_id=finding_id, finding=finding, status="sending",
-                                      source=source, at=self.clock())
         bundle = self.keep_bundle(view, evidence, finding, finding_id, {
             "id": did, "decision": "evict", "reason": reason, "detail": d.detail,
             "source": source, "status": "sending", "replica_group": replica_group,
