@@ -229,7 +229,7 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
 
 def warn_about_tokens(cfg: MonitorConfig) -> None:
     """Say once, at start-up, when the ranks must hold the admin token to register."""
-    if warning := token_warning(cfg.register_token, cfg.token):
+    if warning := token_warning(cfg.register_token, cfg.token, cfg.rank_exit_token):
         logging.getLogger(__name__).warning(warning)
 
 

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 
+import pytest
 import requests
 
 from lightkeeper.cluster import wait_until
@@ -34,11 +35,17 @@ def test_allow_listed_registration_keeps_the_path_prefix(tmp_path):
         mon.stop()
 
 
-def test_tokens_equal_but_for_a_newline_are_warned_about(tmp_path):
+@pytest.mark.parametrize("env_name,said", [
+    ("LIGHTKEEPER_REGISTER_TOKEN", "--register-token equals --token"),
+    ("LIGHTKEEPER_EXIT_TOKEN", "--rank-exit-token equals --token")])
+def test_tokens_equal_but_for_a_newline_are_warned_about(tmp_path, env_name, said):
     """The routes strip the tokens (a secret file's final newline), so a registration token
-    that differs from the admin one only by it can evict: the start-up warning says so."""
-    env = {**os.environ, "LIGHTKEEPER_TOKEN": "same-token\n",
-           "LIGHTKEEPER_REGISTER_TOKEN": "same-token"}
+    that differs from the admin one only by it can evict: the start-up warning says so. So
+    for the ranks' exit token, which every rank holds too."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTKEEPER_")}
+    env.update({"LIGHTKEEPER_TOKEN": "same-token\n", env_name: "same-token"})
+    if env_name == "LIGHTKEEPER_EXIT_TOKEN":
+        env["LIGHTKEEPER_REGISTER_TOKEN"] = "another-token"
     out, err = tmp_path / "out", tmp_path / "err"
     with open(out, "w") as o, open(err, "w") as e:
         proc = subprocess.Popen(
@@ -54,7 +61,7 @@ def test_tokens_equal_but_for_a_newline_are_warned_about(tmp_path):
     finally:
         proc.kill()
         proc.wait(timeout=10)
-    assert "--register-token equals --token" in err.read_text(), err.read_text()
+    assert said in err.read_text(), err.read_text()
 
 
 class Stranger:

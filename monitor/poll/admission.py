@@ -43,8 +43,12 @@ def registration_authorized(authorization: str | None, register_token: str | Non
     return by_register or by_admin
 
 
-def token_warning(register_token: str | None, admin_token: str | None) -> str | None:
+def token_warning(register_token: str | None, admin_token: str | None,
+                  exit_token: str | None = None) -> str | None:
     """The one-line warning for a monitor whose ranks must hold its admin token, else None."""
+    if admin_token and exit_token and exit_token.strip() == admin_token.strip():
+        return ("--rank-exit-token equals --token: every rank holds it (LIGHTKEEPER_EXIT_TOKEN), "
+                "so every pod can also evict and release hosts; give them different values")
     # compared as the routes compare them: a secret file's final newline makes no other token
     if admin_token and register_token and register_token.strip() == admin_token.strip():
         return ("--register-token equals --token: every pod holding it can also evict and "
