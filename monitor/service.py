@@ -222,11 +222,16 @@ class Monitor:
     def _loop(self) -> None:
         while not self._stop.is_set():
             started = time.monotonic()
+            error = None
             try:
                 self.sweep_once()
             except Exception as e:  # a bug in one stage must not end monitoring
-                log.exception("sweep failed")
-                self.last_sweep_error = f"{type(e).__name__}: {e}"
+                error = f"{type(e).__name__}: {e}"
+                if error != self.last_sweep_error:  # not every sweep (a full disk)
+                    log.exception("sweep failed")
+            if self.last_sweep_error and not error:
+                log.warning("sweeps succeed again")
+            self.last_sweep_error = error
             self.loop_at = self.clock()
             self.wait_next(started)
 

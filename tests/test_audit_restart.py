@@ -20,7 +20,13 @@ import pytest
 import requests
 
 from lightkeeper.cluster import stop_process, wait_until
-from monitor.config import MonitorConfig, QuarantineConfig, RailsConfig
+from monitor.config import (
+    BundleConfig,
+    DetectorConfig,
+    MonitorConfig,
+    QuarantineConfig,
+    RailsConfig,
+)
 from monitor.service import Monitor
 from monitor.store import Store
 from tests.support.lines import first_line
@@ -231,3 +237,65 @@ def test_a_second_monitor_on_the_state_through_a_symlink_is_refused(tmp_path):
         assert "in use by another monitor" in line and f"PID {first.pid}" in line, line
     finally:
         stop_process(first)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs (a real full disk); skipped where this process may not mount one."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def fill(disk) -> None:
+    with open(disk / "fill", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+
+
+def test_a_full_disk_holds_the_eviction_says_so_once_and_recovers(small_disk, tmp_path, caplog):
+    """The audit log cannot take the eviction: no kill (a restart could not know it was sent),
+    one traceback, no ``evict`` decision counted, and ``/v1/cluster``'s ``last_error`` is
+    cleared once the disk has room and the eviction goes out. Before, every sweep logged a
+    traceback and an ``evicting`` line, counted a decision, and ``last_error`` stayed."""
+    job = SimJob(3, ranks_per_group=2)
+    cfg = MonitorConfig(port=0, interval_s=0.2, state_path=str(small_disk / "state.sqlite"),
+                        targets=job.sim.urls, sd_out=str(tmp_path / "targets.json"), job="sim",
+                        lighthouse=job.url, token=TOKEN,
+                        rails=RailsConfig(min_replicas=1, cooldown_s=0),
+                        detectors=DetectorConfig(dead_sweeps=2),
+                        bundles=BundleConfig(enabled=False))
+    mon = Monitor(cfg).start()
+    try:
+        wait_until(lambda: mon.sweeps >= 2, 10, what="two sweeps")
+        fill(small_disk)
+        bad = job.sim.group(1)[-1]
+        bad.set_mode("down")  # one rank of live group 1 dies: dead_rank, to be evicted
+        wait_until(lambda: "full" in (requests.get(mon.url + "/v1/cluster", timeout=10).json()[
+            "last_error"] or ""), 20, what="a sweep failing on the full disk")
+        loops = set()  # the loop's iterations (failed sweeps do not count in ``sweeps``)
+        wait_until(lambda: len(loops) > 10 or loops.add(mon.loop_at), 30,
+                   what="10 more sweeps on a full disk")
+        cluster = requests.get(mon.url + "/v1/cluster", timeout=10).json()
+        assert "full" in cluster["last_error"], cluster["last_error"]
+        assert job.kills == []
+        failed = [r for r in caplog.records if r.getMessage() == "sweep failed"]
+        assert len(failed) == 1
+        assert not [r for r in caplog.records if r.getMessage().startswith("evicting")]
+        metrics = requests.get(mon.url + "/metrics", timeout=10).text
+        assert 'decision="evict"' not in metrics
+        (small_disk / "fill").unlink()
+        wait_until(lambda: job.kills, 20, what="the eviction once the disk has room")
+        wait_until(lambda: requests.get(mon.url + "/v1/cluster", timeout=10).json()[
+            "last_error"] is None, 10, what="last_error cleared")
+    finally:
+        mon.stop()
+        job.stop()

@@ -247,8 +247,8 @@ class Enforcer:
         """Record a hold of ``f``, once per reason (not every sweep it lasts)."""
         if self._last_decision.get(f.key) == d.reason:
             return
-        self._last_decision[f.key] = d.reason
         self.apply(d, f.replica_group, f.replica_id, self.finding_id(f.key), f.to_dict(), "auto")
+        self._last_decision[f.key] = d.reason  # once written: a failed write is tried again
 
     def evict_manual(self, view: ClusterView | None, evidence: ClusterView | None,
                      replica_group: int, replica_id: str | None, reason: str) -> dict[str, Any]:
