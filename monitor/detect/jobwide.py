@@ -180,13 +180,20 @@ class JobWide:
                 "hosts": sorted(gv.hosts)}
         hosts = _hosts(groups)
         past = sorted(gv.replica_group for gv in through)
+        # torchft's allreduce waits for its quorum first: with the Lighthouse down (restarted)
+        # every rank shows blocked in the collective, and the network is not to blame
+        lh_down = all(r.verdict is not None and r.verdict[1] == "lighthouse_unreadable"
+                      for gv in groups for r in gv.ranks if r.fresh)
+        cause = ("the Lighthouse does not answer the monitor either: the ranks may be waiting "
+                 "for their quorum" if lh_down else "a network fault makes every group wait alike")
         ev = {"summary": f"every replica group of quorum {view.quorum_id} ({len(groups)}) is "
                          f"blocked in the cross-group collective at step {max(steps)}"
                          + (f" or, through it, waits for a quorum (group(s) {past})"
                             if past else "")
                          + f", the longest for {longest:.1f}s (threshold {threshold:.1f}s), "
-                         f"and no group is late or absent: a job-wide stall (a network fault "
-                         f"makes every group wait alike); hosts {', '.join(hosts)}",
+                         f"and no group is late or absent: a job-wide stall ({cause}); "
+                         f"hosts {', '.join(hosts)}",
+              "lighthouse_unreadable": lh_down,
               "stalled_s": round(longest, 3), "threshold_s": round(threshold, 3),
               "quorum_id": view.quorum_id, "step": top, "groups": per_group,
               "hosts": hosts, "probe": None}

@@ -1,0 +1,42 @@
+"""Healthy jobs meeting what production throws at them must not read as faults.
+
+Built like tests/test_monitor_network.py: a real Monitor against a real torchft Lighthouse that
+simulated groups join (tests/support/monitor_sim.py), the ranks' timings written by the test.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.support.monitor_sim import SimJob
+from tests.test_monitor_network import Clock, Driver, Training, monitor
+
+
+@pytest.fixture
+def job():
+    j = SimJob(4, ranks_per_group=2, heartbeat_timeout_ms=1000)
+    yield j
+    j.stop()
+
+
+def test_a_stall_while_the_lighthouse_is_down_names_the_lighthouse_not_the_network(tmp_path, job):
+    """The Lighthouse restarted: torchft's allreduce first waits for its quorum, so every rank
+    shows blocked in the cross-group collective (measured on a real 3-group job); the finding
+    must not send the operator looking for a network fault."""
+    clock = Clock()
+    d = Driver(monitor(tmp_path, job, clock), Training(job), clock)
+    try:
+        d.sweeps(4)
+        job.front_down()  # the monitor cannot read the Lighthouse: the job's ranks neither
+        d.train.stall(4.0, d.clock.t)
+        d.sweeps(2, steps=0)
+        (f,) = d.mon.detectors.job_findings()
+        assert f.kind == "job_stall"
+        assert "network fault" not in f.evidence["summary"]
+        assert "the Lighthouse does not answer" in f.evidence["summary"]
+        assert f.evidence["lighthouse_unreadable"] is True
+        job.front_up()
+        d.sweep()  # a step moved: over
+        assert d.open_kinds() == []
+    finally:
+        d.mon.stop()
