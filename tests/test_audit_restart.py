@@ -299,3 +299,29 @@ def test_a_full_disk_holds_the_eviction_says_so_once_and_recovers(small_disk, tm
     finally:
         mon.stop()
         job.stop()
+
+
+def test_a_kill_left_sending_waits_while_the_restarted_monitor_reaches_no_rank(tmp_path, job):
+    """Restarted where it reaches none of the ranks, the monitor cannot tell a replica gone from
+    one it does not hear: the eviction stays ``interrupted`` (no other is sent for that replica)
+    and is judged once the ranks answer. Before, hearing nothing confirmed it, and the replica
+    the kill never reached was never evicted."""
+    rid = job.replica_ids[1]
+    store = Store(str(tmp_path / "state.sqlite"))
+    store.add_decision(replica_group=1, replica_id=rid, decision="evict", reason="hang",
+                       detail="hang confirmed", status="sending", at=time.time() - 30)
+    store.close()
+    for r in job.sim.ranks:
+        r.set_mode("down")
+    clock = [time.time()]
+    mon = start(tmp_path, job, clock)
+    try:
+        [row] = requests.get(mon.url + "/v1/evictions", timeout=10).json()
+        assert row["status"] == "interrupted", row
+        for r in job.sim.ranks:
+            r.set_mode("ok")
+        job.train_and_sweep(mon, clock, 2)
+        [row] = requests.get(mon.url + "/v1/evictions", timeout=10).json()
+        assert row["status"] == "failed", row
+    finally:
+        mon.stop()

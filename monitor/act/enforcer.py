@@ -312,11 +312,14 @@ class Enforcer:
         for d in pending:
             rid = d["replica_id"]
             still = reporting(view, rid)
-            if still and d["status"] == "interrupted":  # a killed Manager exits within a second
-                self.store.update_decision(d["id"], status="failed", detail=(
-                    f"{d['detail']}; the monitor stopped while sending and the replica still "
-                    "answers: the kill never landed"))
-                continue
+            if d["status"] == "interrupted":  # a previous run stopped while sending it
+                if self.blindness(view):
+                    continue  # judged once the ranks can be seen: unseen is not gone
+                if still:  # a killed Manager exits within a second
+                    self.store.update_decision(d["id"], status="failed", detail=(
+                        f"{d['detail']}; the monitor stopped while sending and the replica "
+                        "still answers: the kill never landed"))
+                    continue
             gv = groups.get(d["replica_group"])
             urls = {r.url for r in gv.ranks} if gv is not None and gv.replica_id == rid else ()
             note = self.orphans.follow(d["id"], rid, [r for r in still if r.url in urls],
