@@ -242,3 +242,57 @@ def test_registered_dead_addresses_do_not_blind_the_rails(tmp_path):
         if mon is not None:
             mon.stop()
         job.stop()
+
+
+def test_a_prefixed_target_is_scraped_and_restored_from_sd_out(tmp_path):
+    """``--sd-out`` is Prometheus ``file_sd``, whose targets are host:port only: a registered
+    ``http://host:port/prefix`` goes there as host:port with ``__metrics_path__`` (it was
+    written whole, and real Prometheus refused it as "not a valid hostname"), and a restarted
+    monitor re-adopts it with its prefix."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from lightkeeper import prometheus
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            ok = self.path == "/rank-0/metrics"
+            body = b"lk_prefixed 1\n" if ok else b""
+            self.send_response(200 if ok else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    rank = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=rank.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{rank.server_address[1]}/rank-0"
+    sd = tmp_path / "targets.json"
+    cfg = dict(port=0, interval_s=0.2, state_path=str(tmp_path / "state.sqlite"),
+               sd_out=str(sd), job="unit")
+    mon = prom = None
+    try:
+        mon = Monitor(MonitorConfig(**cfg)).start()
+        r = requests.post(mon.url + "/v1/targets", json={"url": url, "job": "unit"}, timeout=5)
+        assert r.status_code == 200 and r.json()["url"] == url, r.text
+        wait_until(lambda: sd.exists() and url.split("//")[1].split("/")[0] in sd.read_text(),
+                   10, what="the target in --sd-out")
+        mon.stop()
+        mon = None
+        prom = prometheus.start({"global": {"scrape_interval": "1s"}, "scrape_configs": [{
+            "job_name": "lk", "honor_labels": True,
+            "file_sd_configs": [{"files": [str(sd)], "refresh_interval": "1s"}]}]},
+            tmp_path / "prom")
+        up = prom.wait_for_targets(1, timeout=30)
+        assert [t["scrapeUrl"] for t in up] == [url + "/metrics"]
+        mon = Monitor(MonitorConfig(**cfg)).start()  # the same --sd-out: re-adopted
+        known = [t["url"] for t in requests.get(mon.url + "/v1/targets", timeout=5).json()]
+        assert known == [url]
+    finally:
+        if mon is not None:
+            mon.stop()
+        if prom is not None:
+            prom.stop()
+        rank.shutdown()
+        rank.server_close()

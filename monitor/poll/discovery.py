@@ -101,10 +101,14 @@ def _read_file_sd(path: str, ours: bool = False) -> dict[str, Target]:
         labels = g.get("labels") or {}
         if not isinstance(labels, dict):
             raise BadTarget('file_sd "labels" must be an object')
+        # Prometheus' spelling of a scheme and a path prefix (as write_file_sd writes them)
+        scheme = labels.get("__scheme__", "http")
+        path = str(labels.get("__metrics_path__", ""))
+        prefix = path[:-len("/metrics")] if path.endswith("/metrics") else ""
         for address in g["targets"]:
             if not isinstance(address, str):
                 raise BadTarget(f"target {address!r} is not a string")
-            url = normalize_url(address)
+            url = normalize_url(address if "://" in address else f"{scheme}://{address}{prefix}")
             source = str(labels.get("lightkeeper_source", "registered")) if ours else "file_sd"
             out[url] = Target(url, source, job=labels.get("job"),
                               replica_group=_opt_int(labels.get("replica_group")),
@@ -121,10 +125,6 @@ class Target:
     rank: int | None = None
     last_registered: float | None = None
     registered_as: str | None = None  # the URL as registered, when polled at a checked address
-
-    @property
-    def address(self) -> str:
-        return self.url.split("://", 1)[1]
 
 
 class Discovery:
@@ -298,7 +298,14 @@ class Discovery:
                 labels["replica_group"] = str(t.replica_group)
             if t.rank is not None:
                 labels["rank"] = str(t.rank)
-            out.append({"targets": [t.address], "labels": labels})
+            # Prometheus takes host:port only ("not a valid hostname" else): the rest in labels
+            scheme, _, rest = t.url.partition("://")
+            address, _, path = rest.partition("/")
+            if scheme == "https":
+                labels["__scheme__"] = "https"
+            if path:
+                labels["__metrics_path__"] = f"/{path}/metrics"
+            out.append({"targets": [address], "labels": labels})
         return out
 
     def write_file_sd(self, path: str) -> bool:
