@@ -86,6 +86,8 @@ def allow_list(cfg: MonitorConfig) -> AllowList:
 def check_config(cfg: MonitorConfig) -> None:
     """``cfg.validate()`` and the checks of each stage's own grammar; raises ConfigError."""
     cfg.validate()
+    if not cfg.state_path:  # SQLite's "" is a private temporary file: the audit log lost
+        raise ConfigError("--state: empty; name the audit log's file")
     if cfg.lighthouse and not is_http_url(cfg.lighthouse):
         raise ConfigError(f"--lighthouse {cfg.lighthouse!r}: not an http(s)://host:port URL")
     for t in cfg.targets:  # before the allow-list, which their hosts join

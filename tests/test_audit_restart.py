@@ -325,3 +325,15 @@ def test_a_kill_left_sending_waits_while_the_restarted_monitor_reaches_no_rank(t
         assert row["status"] == "failed", row
     finally:
         mon.stop()
+
+
+def test_an_empty_state_path_is_refused_with_one_line(tmp_path):
+    """``--state ""`` (an unset variable in a unit file, say) made SQLite keep the audit log in
+    a private temporary file, deleted at exit: a restart forgot every eviction. Now it is
+    refused, exit status 2 and one line."""
+    out = subprocess.run([sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", "0",
+                          "--state", ""], capture_output=True, text=True, timeout=60,
+                         cwd=tmp_path)
+    assert out.returncode == 2, out
+    [line] = out.stderr.splitlines()
+    assert line.startswith("lightkeeper monitor: --state"), line
