@@ -114,6 +114,15 @@ class Monitor:
     def __init__(self, cfg: MonitorConfig, clock=time.time) -> None:
         check_config(cfg)
         self.cfg, self.clock = cfg, clock
+        # first: a second monitor on this state touches nothing of it (the bundles' prune)
+        self._state_lock = hold_state(cfg.state_path)
+        try:
+            self._build(cfg, clock)
+        except BaseException:
+            self._release_state()
+            raise
+
+    def _build(self, cfg: MonitorConfig, clock) -> None:
         self.discovery = Discovery(cfg.targets, cfg.targets_file, cfg.forget_after_s, cfg.job,
                                    max_targets=cfg.max_targets)
         self.allow_list = allow_list(cfg)
@@ -166,13 +175,7 @@ class Monitor:
         self._loop_thread: threading.Thread | None = None
         self._http: BackgroundWSGIServer | None = None
         self.url: str | None = None
-        # findings a previous run left open are closed: if still true, found again; but never
-        # those of a monitor still running on this state
-        try:
-            self._state_lock = hold_state(cfg.state_path)
-        except BaseException:
-            self.store.close()
-            raise
+        # findings a previous run left open are closed: if still true, found again
         for fid in self.store.open_finding_ids().values():
             self.store.resolve_finding(fid, clock(), "monitor_restarted")
         self.store.interrupt_sending()

@@ -337,3 +337,31 @@ def test_an_empty_state_path_is_refused_with_one_line(tmp_path):
     assert out.returncode == 2, out
     [line] = out.stderr.splitlines()
     assert line.startswith("lightkeeper monitor: --state"), line
+
+
+def test_a_second_monitor_on_the_state_deletes_none_of_its_bundles(tmp_path):
+    """A second monitor started on a state in use by mistake is refused before it touches
+    anything: before, it first pruned the bundles by its own ``--bundle-keep``."""
+    state = tmp_path / "state.sqlite"
+    bundle = tmp_path / "incidents" / "20261127T060000Z-evict-hang-g2.tar.gz"
+    bundle.parent.mkdir()
+    bundle.write_bytes(b"\x1f\x8b")
+    store = Store(str(state))
+    store.add_bundle({"id": "20261127T060000Z-evict-hang-g2", "at": time.time() - 3600,
+                      "trigger": "evict", "kind": "hang", "replica_group": 2,
+                      "path": str(bundle), "bytes": 2})
+    store.close()
+    first = subprocess.Popen([sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", "0",
+                              "--state", str(state)],
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        url = first_line(first).split("monitor=", 1)[1].split()[0]
+        second = subprocess.run([sys.executable, "-m", "lightkeeper.cli", "monitor", "--port",
+                                 "0", "--state", str(state), "--bundle-keep", "60"],
+                                capture_output=True, text=True, timeout=60)
+        assert second.returncode == 1 and "in use" in second.stderr, second
+        listed = requests.get(url + "/v1/incidents", timeout=10).json()
+        assert [b["id"] for b in listed["bundles"]] == ["20261127T060000Z-evict-hang-g2"]
+        assert bundle.exists()
+    finally:
+        stop_process(first)
