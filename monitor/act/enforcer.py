@@ -66,7 +66,7 @@ class Enforcer:
         self._lock = threading.Lock()  # one decision at a time (the loop, the API)
         self._host_actions: threading.Thread | None = None
         self.dead = DeadGroups()
-        self._vouched: dict[int, Any] = {}  # replica group -> its GroupView as last verified
+        self._vouched: dict[str, Any] = {}  # replica id -> its GroupView as last verified
         self.survivors = Survivors(RankCalls(cfg.rank_exit_token if cfg.abort_survivors
                                               else None, cfg.kill_timeout_s),
                                    store, metrics, cfg.job, cfg.rails.dry_run)
@@ -305,9 +305,9 @@ class Enforcer:
         pending = self.store.pending_confirmations()
         # a pending eviction's group as verified before its kill: only those ranks get the exit
         # token, never a stranger that registered claiming the evicted replica id
-        groups = dict(evidence.groups)
-        groups.update((d["replica_group"], self._vouched[d["replica_group"]]) for d in pending
-                      if d["replica_group"] in self._vouched)
+        groups = {gv.replica_id: gv for gv in evidence.groups.values()}
+        groups.update((d["replica_id"], self._vouched[d["replica_id"]]) for d in pending
+                      if d["replica_id"] in self._vouched)
         self._vouched = groups
         for d in pending:
             rid = d["replica_id"]
@@ -320,8 +320,7 @@ class Enforcer:
                         f"{d['detail']}; the monitor stopped while sending and the replica "
                         "still answers: the kill never landed"))
                     continue
-            gv = groups.get(d["replica_group"])
-            urls = {r.url for r in gv.ranks} if gv is not None and gv.replica_id == rid else ()
+            urls = {r.url for r in groups[rid].ranks} if rid in groups else ()
             note = self.orphans.follow(d["id"], rid, [r for r in still if r.url in urls],
                                        now - d["at"])
             if note:
