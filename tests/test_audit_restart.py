@@ -365,3 +365,34 @@ def test_a_second_monitor_on_the_state_deletes_none_of_its_bundles(tmp_path):
         assert bundle.exists()
     finally:
         stop_process(first)
+
+
+def test_an_interrupted_kill_is_no_goodput_eviction_until_judged(tmp_path, job):
+    """While the restarted monitor cannot verify ranks (the Lighthouse unreachable), a kill a
+    previous run left ``sending`` stays ``interrupted`` and the goodput ledger books no
+    eviction for it; judged ``failed`` once the Lighthouse answers, it never was one. Before,
+    the ledger opened an incident for it, evicted."""
+    rid = job.replica_ids[1]
+    clock = [time.time()]
+    mon = start(tmp_path, job, clock)  # the ledger's first run
+    try:
+        job.train_and_sweep(mon, clock, 3)
+    finally:
+        mon.stop()
+    store = Store(str(tmp_path / "state.sqlite"))
+    store.add_decision(replica_group=1, replica_id=rid, decision="evict", reason="hang",
+                       detail="hang confirmed", status="sending", at=clock[0])
+    store.close()
+    job.front_down()
+    mon = start(tmp_path, job, clock)
+    try:
+        job.train_and_sweep(mon, clock, 3)
+        [row] = requests.get(mon.url + "/v1/evictions", timeout=10).json()
+        assert row["status"] == "interrupted", row
+        job.front_up()
+        job.train_and_sweep(mon, clock, 2)
+        [row] = requests.get(mon.url + "/v1/evictions", timeout=10).json()
+        assert row["status"] == "failed", row
+        assert requests.get(mon.url + "/v1/goodput", timeout=10).json()["incidents"] == []
+    finally:
+        mon.stop()
