@@ -40,3 +40,22 @@ def test_a_stall_while_the_lighthouse_is_down_names_the_lighthouse_not_the_netwo
         assert d.open_kinds() == []
     finally:
         d.mon.stop()
+
+
+def test_a_group_healing_from_a_peer_is_no_job_stall(tmp_path, job):
+    """A restarted group heals: torchft receives the peer's checkpoint in its quorum thread, and
+    its allreduce waits for that (shown blocked in the cross-group collective, its quorum not
+    known yet) while every other group waits for it in the all_reduce. On a real model that
+    takes longer than the hang threshold; it is torchft's recovery, not a network fault."""
+    clock = Clock()
+    d = Driver(monitor(tmp_path, job, clock), Training(job), clock)
+    try:
+        d.sweeps(4)
+        d.train.stall(4.0, d.clock.t)
+        for r in job.sim.group(3):  # its quorum not known yet: its allreduce still waits for it
+            r.update(quorum_id=-1, step=0)
+        d.sweeps(3, steps=0)
+        assert d.open_kinds() == []
+        assert d.mon.store.decisions() == []
+    finally:
+        d.mon.stop()

@@ -91,6 +91,15 @@ def _stall_shape(groups: list, waits: dict[int, tuple]) -> tuple[dict, set, list
     return per_group, steps, through
 
 
+def _joining(view: ClusterView, groups: list) -> bool:
+    """A group outside the newest quorum still in its own (joining, or healing: torchft receives
+    the peer's checkpoint before its allreduce goes on) holds the others: recovery, no stall."""
+    in_q = {gv.replica_group for gv in groups}
+    return any(r.fresh and r.state.get("quorum_id") != view.quorum_id
+               and collective_wait(r.state)[0] == "cross"
+               for gv in view.groups.values() if gv.replica_group not in in_q for r in gv.ranks)
+
+
 class JobWide:
     def __init__(self, cfg: DetectorConfig, findings: Findings) -> None:
         self.cfg, self.findings = cfg, findings
@@ -163,7 +172,7 @@ class JobWide:
         if blamed:
             self._explained(key, now)
             return None
-        if hang.stalled_sweeps < 1 or len(groups) < 2:
+        if hang.stalled_sweeps < 1 or len(groups) < 2 or _joining(view, groups):
             return None
         stalled, longest, threshold, waits = hang.stall(view, now)
         shape = _stall_shape(groups, waits) if stalled else None
