@@ -36,8 +36,8 @@ TOKEN = "s3cret"
 
 
 @pytest.fixture
-def job():
-    j = SimJob(3)
+def job(request):
+    j = SimJob(3, ranks_per_group=getattr(request, "param", 1))
     yield j
     j.stop()
 
@@ -261,12 +261,13 @@ def fill(disk) -> None:
             pass
 
 
-def test_a_full_disk_holds_the_eviction_says_so_once_and_recovers(small_disk, tmp_path, caplog):
+@pytest.mark.parametrize("job", [2], indirect=True)  # two ranks a group: one dies, dead_rank
+def test_a_full_disk_holds_the_eviction_says_so_once_and_recovers(small_disk, tmp_path, caplog,
+                                                                  job):
     """The audit log cannot take the eviction: no kill (a restart could not know it was sent),
     one traceback, no ``evict`` decision counted, and ``/v1/cluster``'s ``last_error`` is
     cleared once the disk has room and the eviction goes out. Before, every sweep logged a
     traceback and an ``evicting`` line, counted a decision, and ``last_error`` stayed."""
-    job = SimJob(3, ranks_per_group=2)
     cfg = MonitorConfig(port=0, interval_s=0.2, state_path=str(small_disk / "state.sqlite"),
                         targets=job.sim.urls, sd_out=str(tmp_path / "targets.json"), job="sim",
                         lighthouse=job.url, token=TOKEN,
@@ -298,7 +299,6 @@ def test_a_full_disk_holds_the_eviction_says_so_once_and_recovers(small_disk, tm
             "last_error"] is None, 10, what="last_error cleared")
     finally:
         mon.stop()
-        job.stop()
 
 
 def test_a_kill_left_sending_waits_while_the_restarted_monitor_reaches_no_rank(tmp_path, job):
