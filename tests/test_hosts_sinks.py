@@ -471,3 +471,19 @@ def test_slurm_sink_leaves_an_operators_drain_alone(slurm, monkeypatch):
     assert sink.quarantine({**EVENT, "node": "n2"}).ok
     drain("n2", "swap the NIC")  # after ours: the operator's now
     assert sink.release({**EVENT, "node": "n2"}).ok and node("n2") == (True, "swap the NIC")
+
+
+def test_a_webhook_or_a_hook_is_named_without_its_secret_part():
+    """The sink's name is shown in /v1/hosts, the metrics' ``sink`` label and the logs: a
+    webhook's path (a Slack-style URL is its own secret) and a hook's arguments are not."""
+    cfg = QuarantineConfig(webhook_secret="k")
+    slack = build_sink("webhook:https://hooks.example.com/services/T0/B0/s3cr3t", cfg)
+    assert slack.name.startswith("webhook:https://hooks.example.com...#"), slack.name
+    assert "s3cr3t" not in slack.name and "services" not in slack.name
+    other = build_sink("webhook:https://hooks.example.com/services/T0/B0/other", cfg)
+    assert other.name != slack.name  # two URLs, two sinks
+    assert build_sink("webhook:http://127.0.0.1:9/", cfg).name.startswith(
+        "webhook:http://127.0.0.1:9...#")
+    hook = build_sink("exec:/bin/echo --token s3cr3t")
+    assert hook.name.startswith("exec:/bin/echo...#") and "s3cr3t" not in hook.name
+    assert build_sink("exec:/bin/true").name == "exec:/bin/true"

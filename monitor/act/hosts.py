@@ -436,7 +436,8 @@ class HostLedger:
             self._actions_running.release()
 
     def _attempt(self, a: dict[str, Any], attempts: int) -> ActionResult:
-        sink = next((s for s in self.sinks if s.name == a["sink"]), None)
+        sink = next((s for s in self.sinks
+                     if a["sink"] in (s.name, getattr(s, "given", None))), None)
         if sink is None:
             return ActionResult(False, f"sink {a['sink']} is no longer configured", retry=False)
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -23,6 +24,16 @@ class Sink(Protocol):
     def quarantine(self, event: dict[str, Any]) -> ActionResult: ...
 
     def release(self, event: dict[str, Any]) -> ActionResult: ...
+
+
+def sink_name(kind: str, given: str, public: str) -> str:
+    """How a sink is named in /v1/hosts, the metrics, the logs and the queued actions' rows:
+    ``kind:public``, and where ``given`` holds more (a webhook URL's path is often its secret, a
+    hook's arguments may be), a digest of it in place of the rest: unique per ``given`` and the
+    same after a restart, which is how a queued action finds its sink again."""
+    if public == given:
+        return f"{kind}:{given}"
+    return f"{kind}:{public}...#{hashlib.sha256(given.encode()).hexdigest()[:8]}"
 
 
 class SinkConfigError(ValueError):

@@ -13,10 +13,11 @@ import shlex
 import signal
 import subprocess
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
-from .base import ActionResult, SinkConfigError, one_node
+from .base import ActionResult, SinkConfigError, one_node, sink_name
 
 SIGNATURE_HEADER = "X-Lightkeeper-Signature"
 MONITOR_SECRETS = ("LIGHTKEEPER_TOKEN", "LIGHTKEEPER_REGISTER_TOKEN", "LIGHTKEEPER_EXIT_TOKEN",
@@ -69,7 +70,9 @@ def run_command(argv: list[str], shown: str, timeout_s: float, stdin: bytes | No
 class ExecSink:
     def __init__(self, command: str, timeout_s: float = 10.0) -> None:
         self.argv = shlex.split(command)  # not empty: validate_action said so
-        self.name = f"exec:{command}"  # as given: two hooks of one program are two sinks
+        # two hooks of one program are two sinks; its arguments may hold a secret: not shown
+        self.name = sink_name("exec", command, self.argv[0] if len(self.argv) > 1 else command)
+        self.given = f"exec:{command}"  # its name in an older version's queued actions
         self.timeout_s = timeout_s
 
     def run(self, event: dict[str, Any]) -> ActionResult:
@@ -135,7 +138,10 @@ class WebhookSink:
             raise SinkConfigError("webhook: a signing secret is required (--webhook-secret or "
                                   "LIGHTKEEPER_WEBHOOK_SECRET)")
         self.url = url
-        self.name = f"webhook:{url}"
+        parts = urlsplit(url)  # scheme and host are shown, a path (often the secret) is not
+        self.name = sink_name("webhook", url, f"{parts.scheme}://{parts.hostname}"
+                              + (f":{parts.port}" if parts.port else ""))
+        self.given = f"webhook:{url}"  # its name in an older version's queued actions
         self._secret = secret
         self.timeout_s = timeout_s
         self._session = requests.Session()
