@@ -59,3 +59,23 @@ def test_a_group_healing_from_a_peer_is_no_job_stall(tmp_path, job):
         assert d.mon.store.decisions() == []
     finally:
         d.mon.stop()
+
+
+def test_a_rank_the_monitor_cannot_reach_while_its_group_commits_is_not_dead():
+    """The monitor loses its route to one rank (or the rank's WorkerServer is starved) while the
+    group trains on: torchft commits a step only with every rank of the group, so the rank
+    lives. dead_rank evicts by default: it must not evict a group that keeps committing."""
+    from monitor.config import DetectorConfig
+    from monitor.detect import Detectors
+    from tests.test_monitor_detectors import T0, Job, sweep
+
+    job = Job()
+    det = Detectors(DetectorConfig(dead_sweeps=3))
+    job.steps(5, now=T0)
+    sweep(det, job, T0)
+    job.down = {3}  # group 1's rank 1 no longer answers the monitor; the job trains on
+    found = []
+    for i in range(1, 7):
+        job.steps(3, now=T0 + i)
+        found += sweep(det, job, T0 + i)
+    assert [(f.kind, f.replica_group) for f in found] == []

@@ -29,11 +29,14 @@ class Liveness:
         self._seen = SeenGroups()
         self._down: set[int] = set()  # groups last seen with a rank down
         self._starting: dict[tuple, float] = {}  # (url, pid, started_at) -> first seen so
+        self._down_at: dict[str, int] = {}  # url of a rank down -> its group's step then
 
     def dead(self, view: ClusterView, now: float) -> list[Finding]:
         findings, new = self.findings, []
         open_dead = findings.groups(*DEAD_KINDS)
         changed, gone = self._seen.changed(view)
+        for url in [u for u in self._down_at if u not in view.ranks]:
+            del self._down_at[url]
         self._down.difference_update(gone)
         # an unchanged group with no rank down and nothing open has nothing new
         for g in sorted(self._down.union(changed, open_dead)):
@@ -57,6 +60,16 @@ class Liveness:
                     and (rid is None or r.replica_id in (None, rid))]
             manager_up = [r for r in gv.reachable if r.state.get("group_rank") == 0
                           and r.replica_id == rid and rid is not None]
+            # torchft commits a step only with every rank of the group: a rank the group has
+            # committed past since it stopped answering lives (the monitor cannot reach it)
+            top = max((m.state.get("step") or 0 for m in manager_up), default=None)
+            if top is not None:
+                for r in gv.ranks:
+                    if r.reachable:
+                        self._down_at.pop(r.url, None)
+                    else:
+                        self._down_at.setdefault(r.url, top)
+                down = [r for r in down if top <= self._down_at.get(r.url, top) + 1]
             lost = [r for r in down if r.replica_id == rid and r.state
                     and r.state.get("group_rank") != 0]
             if manager_up and lost:
