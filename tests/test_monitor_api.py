@@ -311,6 +311,13 @@ def test_a_rank_of_another_job_is_refused_with_the_reason(tmp_path, sim, caplog)
         assert "'sim'" in r.json()["error"] and "'other'" in r.json()["error"]
         said = [m for m in caplog.messages if "refusing ranks of job 'other'" in m]
         assert len(said) == 1 and "--job is 'sim'" in said[0]
+        # a registration may name any job: the log says the first 20, then no more
+        with requests.Session() as http:
+            for i in range(30):
+                assert http.post(mon.url + "/v1/targets", timeout=5, json={
+                    "url": sim.urls[0], "job": f"job-{i}"}).status_code == 409
+        said = [m for m in caplog.messages if "refusing ranks of job" in m]
+        assert len(said) == 20 and "refused unsaid from now" in said[-1], said[-3:]
         ok = requests.post(mon.url + "/v1/targets", json={"url": sim.urls[1], "job": "sim"},
                            timeout=5)
         assert ok.status_code == 200

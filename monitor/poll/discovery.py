@@ -127,6 +127,9 @@ class Target:
     registered_as: str | None = None  # the URL as registered, when polled at a checked address
 
 
+OTHER_JOBS_SAID = 20  # jobs whose refused ranks are logged (once each)
+
+
 class Discovery:
     def __init__(self, static: list[str] | None = None, targets_file: str | None = None,
                  forget_after_s: float = 30.0, job: str | None = None,
@@ -162,10 +165,14 @@ class Discovery:
         if job is not None and (not isinstance(job, str) or len(job) > MAX_LABEL):
             raise BadTarget(f"job must be a string of at most {MAX_LABEL} characters")
         if job is not None and self.job is not None and job != self.job:
-            if job not in self._other_jobs:  # said here too, once: the rank's log is elsewhere
+            # said here too, once a job (the rank's log is elsewhere), for the first few jobs:
+            # each registration may name another, and neither the set nor the log may grow so
+            if job not in self._other_jobs and len(self._other_jobs) < OTHER_JOBS_SAID:
                 self._other_jobs.add(job)
-                log.warning("refusing ranks of job %r (this monitor's --job is %r), e.g. %s",
-                            job, self.job, body["url"])
+                log.warning("refusing ranks of job %r (this monitor's --job is %r), e.g. %s%s",
+                            job, self.job, body["url"],
+                            "; other jobs' ranks are refused unsaid from now"
+                            if len(self._other_jobs) == OTHER_JOBS_SAID else "")
             raise OtherJob(f"this monitor watches job {self.job!r} (its --job); the rank is of "
                            f"job {job!r}: start a monitor for it, or give both the same job")
         replica_group, rank = _opt_int(body.get("replica_group")), _opt_int(body.get("rank"))
