@@ -330,7 +330,9 @@ class Enforcer:
                 q = view.quorum_id
                 self.store.update_decision(d["id"], status="confirmed", confirmed_at=now,
                                            detail=f"{d['detail']}; left the quorum "
-                                                  f"(quorum_id now {q}, "
+                                                  # the ranks' word: they may not be in the
+                                                  # quorum that dropped it yet
+                                                  f"(the survivors last said quorum_id {q}, "
                                                   f"{view.quorum_participants()} participants)")
                 log.info("eviction of %s confirmed after %.1fs", rid, now - d["at"])
             elif now - d["at"] > self.cfg.confirm_timeout_s:
