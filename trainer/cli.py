@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import traceback
 
 from .config import ModelConfig, TrainConfig
@@ -36,10 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lighthouse", default=None,
                    help="Lighthouse URL (env TORCHFT_LIGHTHOUSE)")
     p.add_argument("--steps", type=int, default=100, help="committed steps to train (default 100)")
-    # read when the parser is built, as --job: the environment is the documented fallback
-    p.add_argument("--worker-port", type=int, default=_env_int("LIGHTKEEPER_WORKER_PORT", 0),
+    p.add_argument("--worker-port", type=int, default=None,
                    help="WorkerServer port; 0 = ephemeral; with several local ranks each gets "
-                        "port+group_rank (env LIGHTKEEPER_WORKER_PORT)")
+                        "port+group_rank (env LIGHTKEEPER_WORKER_PORT; default 0)")
     p.add_argument("--worker-host", default=os.environ.get("LIGHTKEEPER_WORKER_HOST", "127.0.0.1"),
                    help="WorkerServer bind address (env LIGHTKEEPER_WORKER_HOST; 127.0.0.1)")
     p.add_argument("--job", default=os.environ.get("LIGHTKEEPER_JOB", "lightkeeper"),
@@ -78,7 +78,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                      else _env_int("REPLICA_GROUP_ID", 0))
     num_groups = (args.num_replica_groups if args.num_replica_groups is not None
                   else _env_int("NUM_REPLICA_GROUPS", 2))
-    if replica_group < 0 or num_groups < 1 or replica_group >= num_groups:
+    if num_groups < 1:
+        raise SystemExit(f"lightkeeper train: --num-replica-groups {num_groups} must be >= 1")
+    if not 0 <= replica_group < num_groups:
         raise SystemExit(f"lightkeeper train: replica group {replica_group} is not in "
                          f"[0, {num_groups})")
     if args.steps < 0:
@@ -92,8 +94,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise SystemExit("lightkeeper train: --step-pause must be a number of seconds >= 0")
     if args.min_replica_size < 1:
         raise SystemExit("lightkeeper train: --min-replica-size must be >= 1")
-    if not 0 <= args.worker_port <= 65535:
-        raise SystemExit(f"lightkeeper train: --worker-port {args.worker_port} is not a port "
+    worker_port = (args.worker_port if args.worker_port is not None
+                   else _env_int("LIGHTKEEPER_WORKER_PORT", 0))
+    if not 0 <= worker_port <= 65535:
+        raise SystemExit(f"lightkeeper train: --worker-port {worker_port} is not a port "
                          "(0-65535; 0: ephemeral)")
     group_rank, group_world_size = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     if group_world_size < 1 or not 0 <= group_rank < group_world_size:
@@ -108,7 +112,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         replica_group=replica_group, num_replica_groups=num_groups, lighthouse=lighthouse,
         group_rank=group_rank, group_world_size=group_world_size,
         connect_timeout_s=args.connect_timeout,
-        steps=args.steps, worker_host=args.worker_host, worker_port=args.worker_port,
+        steps=args.steps, worker_host=args.worker_host, worker_port=worker_port,
         job=args.job, pg_timeout_s=args.pg_timeout, quorum_timeout_s=args.quorum_timeout,
         step_pause_s=args.step_pause, min_replica_size=args.min_replica_size, seed=args.seed,
         cross_group=args.cross_group,
@@ -119,7 +123,13 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 def run(args: argparse.Namespace) -> int:
     from .loop import end_process, setup_logging, train
 
-    cfg = config_from_args(args)
+    try:
+        cfg = config_from_args(args)
+    except SystemExit as e:  # a bad value or setting: a usage error, as argparse's (status 2)
+        if not isinstance(e.code, str):
+            raise
+        sys.stderr.write(f"{e.code}\n")
+        return 2
     try:  # a core install (monitor, analyze) has neither
         import torch  # noqa: F401
         import torchft  # noqa: F401

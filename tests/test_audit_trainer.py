@@ -1,0 +1,55 @@
+"""`lightkeeper train` and `lightkeeper run` used as docs/trainer.md and docs/run.md show them:
+bad values are usage errors (one line, status 2, before torch is imported)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def lightkeeper(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("LIGHTKEEPER_", "REPLICA_GROUP", "NUM_REPLICA", "TORCHFT_"))
+            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    return subprocess.run([sys.executable, "-m", "lightkeeper.cli", *argv], cwd=ROOT,
+                          env={**base, **(env or {})}, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("argv, env, said", [
+    (["--steps", "-1"], {}, "--steps must be >= 0"),
+    (["--pg-timeout", "0"], {}, "--pg-timeout must be"),
+    (["--worker-port", "70000"], {}, "--worker-port 70000 is not a port"),
+    (["--replica-group", "5"], {}, "replica group 5 is not in [0, 2)"),
+    (["--num-replica-groups", "0"], {}, "--num-replica-groups 0 must be >= 1"),
+    (["--min-replica-size", "0"], {}, "--min-replica-size must be >= 1"),
+    (["--inject", "crash:at_step=3,rank=2"], {}, "rank=2 in 'crash:at_step=3,rank=2' is out of "
+                                                 "range"),
+    (["--inject", "hang:at_step=3,where=group"], {}, "where=group in"),
+    ([], {"RANK": "abc"}, "RANK='abc' is not an integer"),
+    ([], {"REPLICA_GROUP_ID": "x"}, "REPLICA_GROUP_ID='x' is not an integer"),
+    ([], {"LIGHTKEEPER_WORKER_PORT": "abc"}, "LIGHTKEEPER_WORKER_PORT='abc' is not an integer"),
+    ([], {"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 is not in [0, WORLD_SIZE=2)"),
+])
+def test_a_bad_value_is_one_line_and_status_2(argv, env, said):
+    res = lightkeeper("train", "--lighthouse", "http://127.0.0.1:1", *argv, env=env)
+    assert res.returncode == 2, (res.returncode, res.stderr)
+    assert said in res.stderr and res.stderr.count("\n") == 1, res.stderr
+    assert "Traceback" not in res.stderr and res.stdout == ""
+
+
+def test_no_lighthouse_is_a_usage_error():
+    res = lightkeeper("train")
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "no Lighthouse: pass --lighthouse URL or set TORCHFT_LIGHTHOUSE" in res.stderr
+
+
+def test_a_bad_worker_port_in_the_environment_does_not_break_help():
+    # read at parse time before, so even --help died with status 1 on it
+    res = lightkeeper("train", "--help", env={"LIGHTKEEPER_WORKER_PORT": "abc"})
+    assert res.returncode == 0 and "--worker-port" in res.stdout, res.stderr
