@@ -49,6 +49,16 @@ def test_no_lighthouse_is_a_usage_error():
     assert "no Lighthouse: pass --lighthouse URL or set TORCHFT_LIGHTHOUSE" in res.stderr
 
 
+@pytest.mark.parametrize("url", ["foo", "127.0.0.1:29510", "http://127.0.0.1:99999"])
+def test_a_lighthouse_that_is_not_a_url_is_a_usage_error(url):
+    # before: torchft's RuntimeError traceback after the whole connect timeout (60 s)
+    res = lightkeeper("train", "--lighthouse", url)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert f"Lighthouse {url!r} is not an http(s)://host:port URL" in res.stderr
+    res = lightkeeper("train", env={"TORCHFT_LIGHTHOUSE": url})
+    assert res.returncode == 2 and "is not an http(s)://host:port URL" in res.stderr
+
+
 def test_a_bad_worker_port_in_the_environment_does_not_break_help():
     # read at parse time before, so even --help died with status 1 on it
     res = lightkeeper("train", "--help", env={"LIGHTKEEPER_WORKER_PORT": "abc"})

@@ -7,6 +7,8 @@ import os
 import sys
 import traceback
 
+from http_serving import is_http_url
+
 from .config import ModelConfig, TrainConfig
 from .faults import FaultSpecError, check_fits_group, check_process_fault, parse_fault
 
@@ -74,6 +76,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if not lighthouse:
         raise SystemExit("lightkeeper train: no Lighthouse: pass --lighthouse URL or set "
                          "TORCHFT_LIGHTHOUSE")
+    if not is_http_url(lighthouse):  # else torchft fails with a traceback after its timeout
+        raise SystemExit(f"lightkeeper train: Lighthouse {lighthouse!r} is not an "
+                         "http(s)://host:port URL")
     replica_group = (args.replica_group if args.replica_group is not None
                      else _env_int("REPLICA_GROUP_ID", 0))
     num_groups = (args.num_replica_groups if args.num_replica_groups is not None
