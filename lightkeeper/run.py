@@ -77,8 +77,16 @@ def run(args: argparse.Namespace) -> int:
     command = list(args.cmd)
     if command[:1] == ["--"]:
         command = command[1:]
-    if args.worker_port is not None and not 0 <= args.worker_port < 65536:
-        sys.stderr.write(f"lightkeeper run: --worker-port {args.worker_port} is not a port\n")
+    # the job's variables too: else every rank says so in a line and trains unobserved
+    port, name = ((args.worker_port, "--worker-port") if args.worker_port is not None
+                  else (os.environ.get("LIGHTKEEPER_WORKER_PORT") or "0", "LIGHTKEEPER_WORKER_PORT"))
+    if not str(port).strip().isdigit() or int(port) > 65535:
+        sys.stderr.write(f"lightkeeper run: {name} {port!r} is not a port (0-65535)\n")
+        return 2
+    kind = args.worker_server or os.environ.get("LIGHTKEEPER_WORKER_SERVER") or "flask"
+    if kind.strip().lower() not in ("flask", "torch"):
+        sys.stderr.write(f"lightkeeper run: LIGHTKEEPER_WORKER_SERVER={kind!r} is not flask or "
+                         "torch\n")
         return 2
     bad = bad_monitor_url(args.monitor, os.environ.get("LIGHTKEEPER_MONITOR"))
     if bad:

@@ -63,3 +63,22 @@ def test_a_bad_worker_port_in_the_environment_does_not_break_help():
     # read at parse time before, so even --help died with status 1 on it
     res = lightkeeper("train", "--help", env={"LIGHTKEEPER_WORKER_PORT": "abc"})
     assert res.returncode == 0 and "--worker-port" in res.stdout, res.stderr
+
+
+@pytest.mark.parametrize("argv, env, said", [
+    (["--worker-port", "-1"], {}, "--worker-port -1 is not a port (0-65535)"),
+    ([], {"LIGHTKEEPER_WORKER_PORT": "abc"}, "LIGHTKEEPER_WORKER_PORT 'abc' is not a port"),
+    ([], {"LIGHTKEEPER_WORKER_PORT": "70000"}, "LIGHTKEEPER_WORKER_PORT '70000' is not a port"),
+    ([], {"LIGHTKEEPER_WORKER_SERVER": "nginx"}, "LIGHTKEEPER_WORKER_SERVER='nginx' is not flask"),
+])
+def test_run_refuses_a_setting_every_rank_would_refuse(argv, env, said):
+    # before: exit 0, and each rank said "WorkerServer not started" and trained unobserved
+    res = lightkeeper("run", *argv, "--", sys.executable, "-c", "print('job')", env=env)
+    assert res.returncode == 2 and res.stdout == "", (res.returncode, res.stdout, res.stderr)
+    assert said in res.stderr and res.stderr.count("\n") == 1, res.stderr
+
+
+def test_run_passes_good_settings_and_the_commands_status():
+    env = {"LIGHTKEEPER_WORKER_PORT": "29600", "LIGHTKEEPER_WORKER_SERVER": "Torch"}
+    res = lightkeeper("run", "--", sys.executable, "-c", "import sys; sys.exit(3)", env=env)
+    assert res.returncode == 3, res.stderr
