@@ -4,6 +4,7 @@ bad values are usage errors (one line, status 2, before torch is imported)."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +83,28 @@ def test_run_passes_good_settings_and_the_commands_status():
     env = {"LIGHTKEEPER_WORKER_PORT": "29600", "LIGHTKEEPER_WORKER_SERVER": "Torch"}
     res = lightkeeper("run", "--", sys.executable, "-c", "import sys; sys.exit(3)", env=env)
     assert res.returncode == 3, res.stderr
+
+
+@pytest.mark.parametrize("host, why", [("999.1.1.1", "Name or service not known"),
+                                       ("192.0.2.1", "Cannot assign requested address")])
+def test_a_worker_host_not_of_this_host_is_a_usage_error(host, why):
+    # before: the one-rank store advertised there, and the rank waited out its connect timeout
+    # (a 999.1.1.1 run was still waiting after 90 s)
+    res = lightkeeper("train", "--lighthouse", "http://127.0.0.1:1", "--num-replica-groups", "1",
+                      "--worker-host", host)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert f"--worker-host {host!r} cannot be bound on this host: {why}" in res.stderr
+
+
+def test_a_taken_worker_port_is_one_line_not_a_traceback():
+    # no Lighthouse needed: the WorkerServer starts before the Manager connects to it
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = lightkeeper("train", "--lighthouse", "http://127.0.0.1:1", "--num-replica-groups",
+                          "1", "--worker-port", str(port), "--connect-timeout", "5")
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert (f"lightkeeper train: error: WorkerServer: [Errno 98] cannot bind "
+            f"http://127.0.0.1:{port}: Address already in use\n") in res.stderr

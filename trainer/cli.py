@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import traceback
 
@@ -104,6 +105,14 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if not 0 <= worker_port <= 65535:
         raise SystemExit(f"lightkeeper train: --worker-port {worker_port} is not a port "
                          "(0-65535; 0: ephemeral)")
+    try:  # else the store it advertises waits out --connect-timeout on an address not here
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(
+            args.worker_host.strip().strip("[]"), 0, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.bind(sockaddr)
+    except OSError as e:
+        raise SystemExit(f"lightkeeper train: --worker-host {args.worker_host!r} cannot be bound "
+                         f"on this host: {e.strerror or e}") from None
     group_rank, group_world_size = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     if group_world_size < 1 or not 0 <= group_rank < group_world_size:
         raise SystemExit(f"lightkeeper train: RANK={group_rank} is not in [0, WORLD_SIZE="

@@ -127,12 +127,16 @@ def train(cfg: TrainConfig) -> int:
     # LIGHTKEEPER_FAULT_TOKEN is set: the demo does that, a real job does not.
     server = None
     if cfg.worker_server:
-        server = WorkerServer.start(
-            replica_group=cfg.replica_group, group_rank=group_rank,
-            group_world_size=group_world_size, job=cfg.job, lighthouse=cfg.lighthouse,
-            host=cfg.worker_host, port=cfg.worker_port + group_rank if cfg.worker_port else 0,
-            faults=injector.specs, fault_handler=inject_live,
-        )
+        try:
+            server = WorkerServer.start(
+                replica_group=cfg.replica_group, group_rank=group_rank,
+                group_world_size=group_world_size, job=cfg.job, lighthouse=cfg.lighthouse,
+                host=cfg.worker_host, port=cfg.worker_port + group_rank if cfg.worker_port else 0,
+                faults=injector.specs, fault_handler=inject_live,
+            )
+        except OSError as e:  # its port taken: one line naming it, not a traceback
+            sys.stderr.write(f"lightkeeper train: error: WorkerServer: {e}\n")
+            return 1
         state = server.state
     else:  # --no-worker-server: the loop's own state, not served
         state = RankState(RankIdentity(job=cfg.job, replica_group=cfg.replica_group,
