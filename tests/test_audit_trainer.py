@@ -4,6 +4,7 @@ bad values are usage errors (one line, status 2, before torch is imported)."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -108,3 +109,44 @@ def test_a_taken_worker_port_is_one_line_not_a_traceback():
     assert "Traceback" not in res.stderr, res.stderr[-2000:]
     assert (f"lightkeeper train: error: WorkerServer: [Errno 98] cannot bind "
             f"http://127.0.0.1:{port}: Address already in use\n") in res.stderr
+
+
+def test_the_trainer_under_lightkeeper_run_says_finished_on_the_hooks_server(tmp_path):
+    # `lightkeeper train --no-worker-server` under `lightkeeper run` knows it completed: before,
+    # only its own server (absent there) was told, so the rank ended as dead to a monitor
+    from torchft.coordination import LighthouseServer
+
+    from lightkeeper.cluster import stop_process, wait_until
+    from tests.support.workers import try_state
+
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=1000,
+                                  heartbeat_timeout_ms=5000)
+    log = tmp_path / "rank.log"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("LIGHTKEEPER_", "REPLICA_GROUP", "TORCHFT_"))}
+    env.update(TORCHFT_LIGHTHOUSE="http://127.0.0.1:" + lighthouse.address().rsplit(":", 1)[1])
+    proc = None
+    try:
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "lightkeeper.cli", "run", "--", sys.executable, "-m",
+                 "lightkeeper.cli", "train", "--no-worker-server", "--num-replica-groups", "1",
+                 "--steps", "30", "--step-pause", "0.05"],
+                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+        def hook_url():
+            m = re.search(r"worker_server=(\S+) \(lightkeeper run\)", log.read_text())
+            return m and m.group(1)
+
+        url = wait_until(hook_url, 90, what="the hook's WorkerServer line")
+        answers = []
+        while proc.poll() is None:  # read as a monitor does, until the rank is gone
+            state = try_state(url)
+            if state is not None:
+                answers.append((state["phase"], state.get("finished")))
+        assert proc.wait(30) == 0, log.read_text()[-3000:]
+        assert ("stopped", True) in answers, answers[-5:]
+    finally:
+        if proc is not None:
+            stop_process(proc)
+        lighthouse.shutdown()

@@ -252,6 +252,10 @@ def train(cfg: TrainConfig) -> int:
         manager.shutdown(wait=False)
         if dist.is_initialized():
             dist.destroy_process_group()
+        if server is None:  # --no-worker-server under `lightkeeper run`: the hook's server says it
+            from worker_server.autostart import started_server
+
+            server = started_server()
         if server is not None:
             if completed:  # a monitor reads that this rank ended, not died
                 server.finish()
