@@ -14,9 +14,27 @@ import pytest
 import requests
 
 from lightkeeper.cluster import wait_until
-from monitor.config import MonitorConfig
+from monitor.config import MonitorConfig, RailsConfig
 from monitor.service import Monitor
 
+
+def monitor_with(tmp_path, job, stranger, **extra):
+    """A monitor of ``job`` (tokens on) with ``stranger`` registered by a registration-token
+    holder; the caller stops it."""
+    mon = Monitor(MonitorConfig(
+        port=0, interval_s=0.2, state_path=str(tmp_path / "state.sqlite"),
+        sd_out=str(tmp_path / "targets.json"), job="sim", lighthouse=job.url,
+        targets=job.sim.urls, kill_timeout_s=2.0, token="admin-tok", register_token="reg-tok",
+        rails=RailsConfig(min_replicas=1, cooldown_s=0), **extra)).start()
+    try:
+        r = requests.post(mon.url + "/v1/targets", timeout=5,
+                          headers={"Authorization": "Bearer reg-tok"},
+                          json={"url": stranger.url, "job": "sim"})
+        assert r.status_code == 200, r.text
+    except BaseException:
+        mon.stop()
+        raise
+    return mon
 
 def test_allow_listed_registration_keeps_the_path_prefix(tmp_path):
     """A rank behind a proxy prefix is polled at that prefix, at the checked address (the
@@ -111,7 +129,6 @@ def test_exit_token_goes_only_to_ranks_verified_with_the_evicted_replica(tmp_pat
     the ranks' exit token. A stranger holding only the registration token (every pod has it)
     that claims the evicted replica id must not be sent that token: with it, it could end every
     rank of the job. The group's real rank the kill missed is still told."""
-    from monitor.config import RailsConfig
     from tests.support.monitor_sim import SimJob
 
     job = SimJob(2, ranks_per_group=2)
@@ -121,17 +138,8 @@ def test_exit_token_goes_only_to_ranks_verified_with_the_evicted_replica(tmp_pat
         real = job.sim.group(1)
         stranger = Stranger({**real[1].state, "rank": 301, "host": "elsewhere", "group_rank": 2,
                              "group_world_size": 3})  # unverified: no rival of the real ranks
-        cfg = MonitorConfig(
-            port=0, interval_s=0.2, state_path=str(tmp_path / "state.sqlite"),
-            sd_out=str(tmp_path / "targets.json"), job="sim", lighthouse=job.url,
-            targets=job.sim.urls, kill_timeout_s=2.0, token="admin-tok",
-            register_token="reg-tok", rank_exit_token="exit-tok", orphan_grace_s=0.3,
-            rails=RailsConfig(min_replicas=1, cooldown_s=0))
-        mon = Monitor(cfg).start()
-        r = requests.post(mon.url + "/v1/targets", timeout=5,
-                          headers={"Authorization": "Bearer reg-tok"},
-                          json={"url": stranger.url, "job": "sim"})
-        assert r.status_code == 200, r.text
+        mon = monitor_with(tmp_path, job, stranger, rank_exit_token="exit-tok",
+                           orphan_grace_s=0.3)
 
         def group1_verified():
             c = requests.get(mon.url + "/v1/cluster", timeout=5).json()
@@ -167,7 +175,6 @@ def test_a_bundle_fetches_no_stacks_url_a_rank_chose(tmp_path):
     server at the handler its ``stacks_url`` names. A stranger in that group (registered, not
     verified) that calls itself torch-only and names another service's URL must not make the
     monitor POST there (the answer would go into a bundle anyone may download)."""
-    from monitor.config import RailsConfig
     from tests.support.monitor_sim import SimJob
 
     job = SimJob(2, ranks_per_group=2)
@@ -178,16 +185,7 @@ def test_a_bundle_fetches_no_stacks_url_a_rank_chose(tmp_path):
         stranger = Stranger({**real[1].state, "rank": 301, "group_rank": 2,
                              "group_world_size": 3, "torch_only": {},
                              "stacks_url": victim.url + "/internal/secret"})
-        cfg = MonitorConfig(
-            port=0, interval_s=0.2, state_path=str(tmp_path / "state.sqlite"),
-            sd_out=str(tmp_path / "targets.json"), job="sim", lighthouse=job.url,
-            targets=job.sim.urls, kill_timeout_s=2.0, token="admin-tok",
-            register_token="reg-tok", rails=RailsConfig(min_replicas=1, cooldown_s=0))
-        mon = Monitor(cfg).start()
-        r = requests.post(mon.url + "/v1/targets", timeout=5,
-                          headers={"Authorization": "Bearer reg-tok"},
-                          json={"url": stranger.url, "job": "sim"})
-        assert r.status_code == 200, r.text
+        mon = monitor_with(tmp_path, job, stranger)
 
         def stranger_in_group1():
             c = requests.get(mon.url + "/v1/cluster", timeout=5).json()
