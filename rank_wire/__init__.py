@@ -29,6 +29,8 @@ from array import array
 from typing import Any
 
 PACKED_FORMAT = 1  # the value of an answer's "packed" key
+# the monitor's poller says it is one (a WorkerServer's finish() waits for a monitor's read)
+MONITOR_AGENT = "lightkeeper-monitor"
 TIMING_KEYS = ("step_s", "compute_s", "wait_cross_s", "wait_group_s")
 TIMING_ROW = struct.Struct("<q4d")  # the step, then TIMING_KEYS' seconds
 SECONDS_SIZE = 8  # one float64 step time

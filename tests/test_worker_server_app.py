@@ -71,13 +71,17 @@ def test_state_reports_identity_and_steps(server):
                               "clock": "host"}
 
 
-def test_finish_says_so_and_waits_for_a_reader_to_get_it(server):
-    assert server.finish(wait_s=5) is False  # never read: nothing to wait for
+def test_finish_says_so_and_waits_for_a_monitor_to_get_it(server):
+    # a user's reads (curl, a dashboard) are not a monitor's: nothing to wait for
+    assert requests.get(server.url + "/v1/state", timeout=2).json()["finished"] is False
+    assert server.finish(wait_s=5) is False
+    assert requests.get(server.url + "/v1/state", timeout=2).json()["finished"] is True
     fresh = WorkerServer(RankState(RankIdentity())).serve()
     got, stop = [], threading.Event()
 
-    def monitor():  # polls as the monitor does, on one keep-alive connection
+    def monitor():  # polls as the monitor's poller does, on one keep-alive connection
         with requests.Session() as s:
+            s.headers["User-Agent"] = "lightkeeper-monitor"
             while not stop.is_set():
                 try:
                     got.append(s.get(fresh.url + "/v1/state?packed=1", timeout=2).json())

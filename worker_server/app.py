@@ -17,6 +17,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException, ServiceUnavailable
 
 from http_serving import bearer_token_matches
+from rank_wire import MONITOR_AGENT
 
 from .abort import MAX_REASON, NothingToAbort, abort_request
 from .endpoints import (  # noqa: F401 (filter_fr_dump, state_since, state_recent: re-exported)
@@ -74,7 +75,8 @@ def create_app(
     def v1_state():
         finished = state.finished  # before the snapshot: the answer says at least this
         response = Response(state_body(state, request.args), mimetype="application/json")
-        response.call_on_close(lambda: state.state_read(finished))  # once it was written
+        if request.headers.get("User-Agent", "").startswith(MONITOR_AGENT):  # finish() waits
+            response.call_on_close(lambda: state.state_read(finished))  # once it was written
         return response
 
     @app.get("/v1/fr_trace")

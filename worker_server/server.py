@@ -279,10 +279,12 @@ class WorkerServer:
         this rank ended, not dead, once it stops answering; call it after the last step, before
         :meth:`stop`, and never on an error path (a crashed rank must be found dead).
 
-        While something reads ``/v1/state`` (a read in the last 10 s), waits up to ``wait_s``
-        for one answer saying finished to be sent, so the rank's end delays the process by about
-        one monitor interval at most; returns whether one was. Unread (no monitor, or it polls
-        less often), the monitor finds the rank dead, as without this call."""
+        While a monitor reads ``/v1/state`` (a read in the last 10 s; on Flask, a read is a
+        monitor's when it says ``User-Agent: lightkeeper-monitor``, as the monitor's poller does,
+        so a user's ``curl`` or a dashboard does not count), waits up to ``wait_s`` for one
+        answer saying finished to be sent to it, so the rank's end is delayed by about one
+        monitor interval at most; returns whether one was. Unread (no monitor, or it polls less
+        often), the monitor finds the rank dead, as without this call."""
         self.state.finish()
         read_at = self.state.state_read_at
         if wait_s <= 0 or read_at is None or time.time() - read_at > POLLED_RECENTLY_S:

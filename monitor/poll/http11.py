@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from http_serving import host_for_url
+from rank_wire import MONITOR_AGENT
 
 from .torch_target import SCHEME, handler_path, is_torch
 
@@ -53,7 +54,7 @@ def target(url: str) -> tuple[tuple[str, int], bytes, bytes, bool]:
     if tail is None:
         tail = _TAILS[host, port, torch] = (
             f" HTTP/1.1\r\nHost: {host_for_url(host)}:{port}\r\n"
-            "Accept: application/json\r\nUser-Agent: lightkeeper-monitor\r\n"
+            f"Accept: application/json\r\nUser-Agent: {MONITOR_AGENT}\r\n"
             + ("Content-Length: 0\r\n\r\n" if torch else "\r\n")).encode("latin-1")
     got = (key, (b"POST " if torch else b"GET ") + prefix.encode("latin-1"), tail, torch)
     if len(TARGETS) > 1_000_000:
