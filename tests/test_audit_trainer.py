@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import requests
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,7 +118,7 @@ def test_the_trainer_under_lightkeeper_run_says_finished_on_the_hooks_server(tmp
     from torchft.coordination import LighthouseServer
 
     from lightkeeper.cluster import stop_process, wait_until
-    from tests.support.workers import try_state
+    from rank_wire import MONITOR_AGENT
 
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=1000,
                                   heartbeat_timeout_ms=5000)
@@ -140,9 +141,13 @@ def test_the_trainer_under_lightkeeper_run_says_finished_on_the_hooks_server(tmp
 
         url = wait_until(hook_url, 90, what="the hook's WorkerServer line")
         answers = []
-        while proc.poll() is None:  # read as a monitor does, until the rank is gone
-            state = try_state(url)
-            if state is not None:
+        with requests.Session() as http:  # read as a monitor does, until the rank is gone:
+            http.headers["User-Agent"] = MONITOR_AGENT  # finish() waits for a monitor's read
+            while proc.poll() is None:
+                try:
+                    state = http.get(url + "/v1/state", timeout=2).json()
+                except (requests.RequestException, ValueError):
+                    continue
                 answers.append((state["phase"], state.get("finished")))
         assert proc.wait(30) == 0, log.read_text()[-3000:]
         assert ("stopped", True) in answers, answers[-5:]
