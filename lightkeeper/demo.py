@@ -521,16 +521,24 @@ class Demo:
             repair_hosts(self)
         self.follow_stories()
         self.render()
-        if self.keeping:  # --keep-running: neither --duration nor --steps ends it now
-            time.sleep(max(0.0, TICK_S - (time.monotonic() - started)))
-            return
+        why = self.run_over(t)
+        if why:
+            raise Stop(why)
+        time.sleep(max(0.0, TICK_S - (time.monotonic() - started)))
+
+    def run_over(self, t: float) -> str | None:
+        """Why the run ends at ``t``: its ``--duration`` of training is up, or every group
+        trained its ``--steps`` and exited 0; None while it goes on (always, once it keeps
+        running: then only Ctrl-C or SIGTERM ends it)."""
+        if self.keeping:
+            return None
         if self.deadline is not None and self.train_start_s is not None \
                 and t >= self.train_start_s + self.deadline:
-            raise Stop(f"--duration {self.deadline:g}s reached")
+            return f"--duration {self.deadline:g}s reached"
         if self.args.steps and self.cluster.groups and all(
                 not g.alive() and g.proc.returncode == 0 for g in self.cluster.groups.values()):
-            raise Stop(f"every group trained {self.args.steps} steps")
-        time.sleep(max(0.0, TICK_S - (time.monotonic() - started)))
+            return f"every group trained {self.args.steps} steps"
+        return None
 
     def poll_lighthouse(self, t: float) -> None:
         """The Lighthouse's own view (``/status``): its newest quorum and which heartbeats it

@@ -4,7 +4,8 @@ Stage timings are shortened through the demo's hidden flags so the default scena
 2 ranks, faults on single ranks) runs in about a minute and a half (a healthy run's report:
 tests/test_demo_keep_running.py). It runs with ``--keep-running``: once its story is over, the
 whole job (torchrun, the monitor, the Lighthouse, Prometheus) must stay up and keep working until
-SIGTERM, and FT-HSDP's Flight Recorder evidence is read from its ranks then. A fault given at
+SIGTERM (every rank listed where its host is, seeing no GPU), and FT-HSDP's Flight Recorder
+evidence is read from its ranks then. A fault given at
 start on one rank (``--inject 1.0:...``, groups of one rank) must be reported when it struck, on
 that rank and host, caught there and nowhere else, and the run must end once its story is over.
 
@@ -27,7 +28,7 @@ import pytest
 import requests
 
 from lightkeeper.demo import LEDGER_WAIT_S
-from tests.support.demo import RunningDemo, check_ft_hsdp, gone
+from tests.support.demo import RunningDemo, check_ft_hsdp, get_json, gone
 
 # solo: the demos' stories are timed against a healthy baseline
 pytestmark = [pytest.mark.e2e, pytest.mark.solo]
@@ -79,13 +80,28 @@ def check_shape(r: dict) -> None:
     assert isinstance(r["pids"], list) and r["pids"]
 
 
+def check_rank_addresses(r: dict, ranks: list[str]) -> None:
+    """Every rank the demo lists for ``curl``, on its host's address, seeing no GPU."""
+    assert len(set(ranks)) == r["config"]["groups"] * r["config"]["ranks_per_group"], ranks
+    if netns(r):  # namespaced hosts (root, as in CI): reached through 127.0.0.1 forwards
+        assert all(u.startswith("http://127.0.0.1:") for u in ranks), ranks
+    else:  # each group's ranks on its host's own loopback address (docs/demo.md)
+        addrs = {u.rsplit(":", 1)[0].removeprefix("http://") for u in ranks}
+        assert len(addrs) == r["config"]["groups"], ranks
+        assert addrs <= {h["addr"] for h in r["hosts"]["hosts"]}, (ranks, r["hosts"])
+    for url in ranks:  # the ranks see no GPU, whatever this machine has (docs/demo.md)
+        pid = get_json(url + "/v1/state")["pid"]
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert b"CUDA_VISIBLE_DEVICES=" in environ, (url, pid)
+
+
 def test_default_scenario(tmp_path):
     demo = RunningDemo.start(tmp_path, "--healthy-s", "6", "--end-s", "3")
     try:
         r = demo.announced(400)  # the report at the story's end, before the cluster kept running
         check_shape(r)
         check_straggler_finding(r)
-        demo.check_keeps_working(r)
+        check_rank_addresses(r, demo.check_keeps_working(r))
         check_ft_hsdp(demo.text())
     except BaseException:
         demo.kill()

@@ -240,3 +240,31 @@ def test_a_group_still_running_on_a_quarantined_host_is_drained_then_restarted(t
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+class _Ended:
+    """A group that trained and exited (``returncode``), or still runs (None)."""
+
+    def __init__(self, returncode):
+        self.proc = argparse.Namespace(returncode=returncode)
+
+    def alive(self) -> bool:
+        return self.proc.returncode is None
+
+
+def test_the_run_ends_by_its_duration_or_once_every_group_trained_its_steps(tmp_path):
+    demo = Demo(_args("--no-faults", "--duration", "3"), Scenario(), tmp_path)
+    demo.deadline, demo.train_start_s = 3.0, None
+    assert demo.run_over(100.0) is None  # --duration counts from training's start
+    demo.train_start_s = 10.0
+    assert demo.run_over(12.9) is None and demo.run_over(13.0) == "--duration 3s reached"
+    demo.keeping = True  # --keep-running: only Ctrl-C or SIGTERM ends it now
+    assert demo.run_over(60.0) is None
+    demo = Demo(_args("--no-faults", "--steps", "8"), Scenario(), tmp_path)
+    demo.deadline = None
+    demo.cluster.groups = {0: _Ended(0), 1: _Ended(None)}
+    assert demo.run_over(60.0) is None
+    demo.cluster.groups[1] = _Ended(1)  # a group that failed did not train its steps
+    assert demo.run_over(60.0) is None
+    demo.cluster.groups[1] = _Ended(0)
+    assert demo.run_over(60.0) == "every group trained 8 steps"
