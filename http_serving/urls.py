@@ -9,9 +9,14 @@ written ``%25`` inside the brackets (RFC 6874). Names and IPv4 addresses are lef
 from __future__ import annotations
 
 import ipaddress
+import re
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["host_for_url", "http_url", "is_http_url", "split_host_port"]
+__all__ = ["host_for_url", "http_url", "is_http_url", "redact_url", "split_host_port"]
+
+# ``scheme://user:password@``, up to the authority's last ``@``: a password with a raw ``/``
+# (base64) is no valid URL, but the message refusing it must not show it either
+_PASSWORD = re.compile(r"(://[^/?#@\s\"]*):[^\s\"]*?@(?=[^@/?#\s\"]*(?:[/?#\s\"]|$))")
 
 
 def _is_ipv6(host: str) -> bool:
@@ -66,3 +71,9 @@ def is_http_url(url: str) -> bool:
     except ValueError:
         return False
     return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def redact_url(text: str | None) -> str | None:
+    """A URL, or a message holding URLs, with each one's password shown as ``***``
+    (``http://user:***@host``): for whatever is shown; requests keep the real URL."""
+    return _PASSWORD.sub(r"\1:***@", text) if text else text

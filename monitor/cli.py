@@ -18,6 +18,8 @@ import threading
 from dataclasses import fields
 from typing import Any
 
+from http_serving import redact_url
+
 from .config import (
     EVICTABLE_KINDS,
     QUARANTINE_AFTER,
@@ -259,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     print(f"[lightkeeper] monitor={monitor.url} state={cfg.state_path} sd_out={cfg.sd_out} "
-          f"lighthouse={cfg.lighthouse} dry_run={cfg.rails.dry_run}", flush=True)
+          f"lighthouse={redact_url(cfg.lighthouse)} dry_run={cfg.rails.dry_run}", flush=True)
     try:
         stop.wait()
     finally:

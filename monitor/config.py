@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from http_serving import is_http_url
+from http_serving import is_http_url, redact_url
 
 EVICTABLE_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting",
                    "network", "quarantined_host")
@@ -255,7 +255,7 @@ class ShardConfig:
                               "nothing")
         if not is_http_url(self.etcd):
             raise ConfigError(f"--etcd: an http(s):// client URL is required with --shard/"
-                              f"--lead, got {self.etcd!r}")
+                              f"--lead, got {redact_url(self.etcd)!r}")
         if self.lease_ttl_s < 2 or self.lease_ttl_s < 2 * interval_s:
             raise ConfigError(f"--lease-ttl must be >= 2 s and >= 2 sweep intervals "
                               f"({2 * interval_s:g} s), got {self.lease_ttl_s}")

@@ -14,6 +14,8 @@ from typing import Any
 
 import requests
 
+from http_serving import redact_url
+
 log = logging.getLogger(__name__)
 
 
@@ -83,7 +85,8 @@ class Etcd:
             r = self._session.post(self.endpoint + path, json=body, timeout=self.timeout_s)
         except requests.RequestException as e:
             # the type only: a repr names objects by address, and each new text is logged again
-            raise EtcdError(f"etcd at {self.endpoint} unreachable: {type(e).__name__}") from None
+            raise EtcdError(f"etcd at {redact_url(self.endpoint)} unreachable: "
+                            f"{type(e).__name__}") from None
         try:
             out = r.json()
         except ValueError:

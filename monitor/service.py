@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from http_serving import BackgroundWSGIServer, http_url, is_http_url
+from http_serving import BackgroundWSGIServer, http_url, is_http_url, redact_url
 
 from .act.actions import Lighthouse
 from .act.bundles import Bundles
@@ -89,7 +89,8 @@ def check_config(cfg: MonitorConfig) -> None:
     if not cfg.state_path:  # SQLite's "" is a private temporary file: the audit log lost
         raise ConfigError("--state: empty; name the audit log's file")
     if cfg.lighthouse and not is_http_url(cfg.lighthouse):
-        raise ConfigError(f"--lighthouse {cfg.lighthouse!r}: not an http(s)://host:port URL")
+        raise ConfigError(f"--lighthouse {redact_url(cfg.lighthouse)!r}: not an "
+                          "http(s)://host:port URL")
     for t in cfg.targets:  # before the allow-list, which their hosts join
         try:
             normalize_url(t)  # e.g. an IPv6 literal without brackets: said here, not a crash
@@ -433,7 +434,7 @@ class Monitor:
         return out
 
     def cluster_json(self) -> dict[str, Any]:
-        head = {"job": self.cfg.job, "lighthouse": self.cfg.lighthouse,
+        head = {"job": self.cfg.job, "lighthouse": redact_url(self.cfg.lighthouse),
                 "dry_run": self.cfg.rails.dry_run, "sweeps": self.sweeps,
                 "monitor_started_at": self.started_at,
                 "last_error": self.last_sweep_error or self.detectors.last_error,

@@ -13,6 +13,8 @@ import uuid
 from functools import lru_cache
 from typing import Any
 
+from http_serving import redact_url
+
 from .act.actions import Lighthouse
 from .act.decisions import Situation, blind_reason, decide
 from .config import ShardConfig
@@ -312,7 +314,7 @@ class Shards:
     def to_json(self) -> dict[str, Any]:
         e = self.leader.election if self.leader else None
         return {"index": self.cfg.index, "shards": self.cfg.shards, "lead": self.cfg.lead,
-                "etcd": self.cfg.etcd, "prefix": self.root, "error": self.error,
+                "etcd": redact_url(self.cfg.etcd), "prefix": self.root, "error": self.error,
                 "standby": self.holds is False, "held_by": self.held_by,
                 "proposals_made": self.proposals_made,
                 "owned_groups": sorted({g for g, _ in self._groups.values() if self.owns(g)}),

@@ -8,7 +8,7 @@ import socket
 import sys
 import traceback
 
-from http_serving import is_http_url
+from http_serving import is_http_url, redact_url
 
 from .config import ModelConfig, TrainConfig
 from .faults import FaultSpecError, check_fits_group, check_process_fault, parse_fault
@@ -78,7 +78,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise SystemExit("lightkeeper train: no Lighthouse: pass --lighthouse URL or set "
                          "TORCHFT_LIGHTHOUSE")
     if not is_http_url(lighthouse):  # else torchft fails with a traceback after its timeout
-        raise SystemExit(f"lightkeeper train: Lighthouse {lighthouse!r} is not an "
+        raise SystemExit(f"lightkeeper train: Lighthouse {redact_url(lighthouse)!r} is not an "
                          "http(s)://host:port URL")
     replica_group = (args.replica_group if args.replica_group is not None
                      else _env_int("REPLICA_GROUP_ID", 0))

@@ -27,7 +27,7 @@ from typing import Any
 
 import requests
 
-from http_serving import BackgroundWSGIServer
+from http_serving import BackgroundWSGIServer, redact_url
 
 from .abort import GlooConnections, abort_cross_group, watch_manager
 from .app import create_app
@@ -246,6 +246,7 @@ class WorkerServer:
             "rank": self.state.identity.rank,
         }
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        shown = redact_url(monitor_url)
 
         def loop() -> None:
             said: int | str | None = None  # the last trouble said (a status, "unreachable")
@@ -257,14 +258,14 @@ class WorkerServer:
                         # 401 (token), 403 (address not allowed), 409 (another job), 429
                         # (monitor full): the operator has to act; not monitored until then.
                         # Said on stderr: the job's logging may hide or reformat a warning.
-                        say(f"monitor {monitor_url} refused this rank's registration: HTTP "
+                        say(f"monitor {shown} refused this rank's registration: HTTP "
                             f"{r.status_code} {' '.join(r.text.split())[:200]}")
                     elif r.status_code == 200 and said is not None:
-                        say(f"registered with monitor {monitor_url}")
+                        say(f"registered with monitor {shown}")
                     said = None if r.status_code == 200 else r.status_code
                 except requests.RequestException as e:
                     if said != "unreachable":  # once: a typo in the URL leaves it unmonitored
-                        say(f"cannot register with monitor {monitor_url} ({_why(e)}); this rank "
+                        say(f"cannot register with monitor {shown} ({_why(e)}); this rank "
                             f"is not monitored until it can, tried every "
                             f"{REGISTER_INTERVAL_S:.0f} s")
                     said = "unreachable"

@@ -19,6 +19,8 @@ from functools import cache
 from importlib import metadata
 from pathlib import Path
 
+from http_serving import redact_url
+
 from .timing import StepTimer
 
 PHASES = (
@@ -291,7 +293,7 @@ class RankState:
                 "heals": self.heals,
                 "quorum_changes": self.quorum_changes,
                 "loss": self.loss,
-                "lighthouse": ident.lighthouse,
+                "lighthouse": redact_url(ident.lighthouse),
                 "torch_version": torch_version,
                 "torchft_version": torchft_version,
                 "started_at": self.started_at,

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import requests
 
+from http_serving import redact_url
+
 MAX_STATUS_BYTES = 16 << 20  # ~600 bytes per replica group: room for ~25,000 of them
 
 _CURRENT = re.compile(r"Current quorum_id:\s*(-?\d+)\s*<br>")
@@ -92,6 +94,7 @@ class LighthouseReader:
 
     def __init__(self, url: str, timeout_s: float = 2.0) -> None:
         self.url = url.rstrip("/")
+        self.shown = redact_url(self.url)  # in the messages, which are shown and logged
         self.timeout_s = timeout_s
         self._session = requests.Session()
 
@@ -102,20 +105,21 @@ class LighthouseReader:
             with self._session.get(self.url + "/status", timeout=self.timeout_s,
                                    stream=True) as r:
                 if r.status_code != 200:
-                    return None, f"{self.url}/status answered HTTP {r.status_code}"
+                    return None, f"{self.shown}/status answered HTTP {r.status_code}"
                 body = bytearray()
                 for chunk in r.iter_content(65536):
                     body += chunk
                     if len(body) > MAX_STATUS_BYTES:
-                        return None, f"{self.url}/status is larger than {MAX_STATUS_BYTES} bytes"
+                        return None, f"{self.shown}/status is larger than {MAX_STATUS_BYTES} bytes"
                     if time.monotonic() > deadline:
-                        return None, f"{self.url}/status took longer than " \
+                        return None, f"{self.shown}/status took longer than " \
                                      f"{2 * self.timeout_s:g}s"
             return parse_status(body.decode("utf-8", "replace"), time.time()), None
         except requests.RequestException as e:
-            return None, f"{self.url}/status unreachable: {type(e).__name__}: {e}"
+            why = redact_url(str(e))  # an invalid URL's text holds it whole
+            return None, f"{self.shown}/status unreachable: {type(e).__name__}: {why}"
         except StatusFormatError as e:
-            return None, f"{self.url}/status: {e}"
+            return None, f"{self.shown}/status: {e}"
 
     def close(self) -> None:
         self._session.close()

@@ -1,0 +1,197 @@
+"""No password of a URL (``user:password@``, as users put behind a reverse proxy) and no token is
+shown: a real Lighthouse, two real ranks (``lightkeeper train``) and two real monitors, every URL
+with a password and every token set; every answer, log line and file they give is searched for
+the secrets, while the Lighthouse is still reached through the URL with its password."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import tarfile
+import threading
+
+import pytest
+import requests
+
+from lightkeeper.cluster import (
+    LocalCluster,
+    free_port,
+    start_monitor_process,
+    stop_process,
+    wait_until,
+)
+
+pytestmark = pytest.mark.e2e
+
+LH_PW, MON_PW, ETCD_PW = "lh-pw-5e1f", "mon-pw-77aa", "etcd-pw-0c3d"
+TOKENS = {"LIGHTKEEPER_TOKEN": "admin-tok-9b2c", "LIGHTKEEPER_REGISTER_TOKEN": "reg-tok-41d0",
+          "LIGHTKEEPER_EXIT_TOKEN": "exit-tok-e6a8", "LIGHTKEEPER_FAULT_TOKEN": "fault-tok-2f17"}
+SECRETS = (LH_PW, MON_PW, ETCD_PW, *TOKENS.values())
+MONITOR_GETS = ("/", "/healthz", "/v1/cluster", "/v1/ranks", "/v1/findings", "/v1/evictions",
+                "/v1/targets", "/v1/hosts", "/v1/goodput", "/v1/incidents", "/metrics")
+RANK_GETS = ("/healthz", "/v1/state", "/v1/stacks", "/v1/fr_trace", "/metrics")
+
+
+def with_password(url: str, user: str, password: str) -> str:
+    return url.replace("://", f"://{user}:{password}@", 1)
+
+
+class BasicAuthProxy:
+    """The reverse proxy in front of the Lighthouse: forwards a request with the right basic
+    credentials, answers 401 to any other. In Python: no such proxy is installed here (nginx,
+    haproxy: none in the test image)."""
+
+    def __init__(self, upstream: str, user: str, password: str) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        self.refused = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def forward(self):
+                if self.headers.get("Authorization") != expected:
+                    outer.refused += 1
+                    status, body = 401, b"unauthorized"
+                else:
+                    r = requests.request(self.command, upstream + self.path, timeout=10)
+                    status, body = r.status_code, r.content
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = forward
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://{user}:{password}@127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def leaks(shown: dict[str, str]) -> list[str]:
+    return [f"{where}: ...{text[max(0, i - 80):i + 40]}..."
+            for where, text in shown.items() for s in SECRETS if (i := text.find(s)) >= 0]
+
+
+def sqlite_text(path) -> str:
+    with sqlite3.connect(path) as db:
+        return "\n".join(db.iterdump())
+
+
+def test_no_password_or_token_is_shown(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTKEEPER_")}
+    closed = free_port()  # nothing listens there: the unreachable Lighthouse and etcd
+    mon_port = free_port()
+    monitor_url = with_password(f"http://127.0.0.1:{mon_port}", "ranks", MON_PW)
+    cluster = LocalCluster(tmp_path / "job", num_groups=2, steps=100000, step_pause_s=0.2,
+                           min_replicas=1, job="lightkeeper",
+                           extra_env={"LIGHTKEEPER_MONITOR": monitor_url, **TOKENS})
+    procs, proxy = [], None
+    try:
+        upstream = cluster.start_lighthouse()
+        # the ranks are given it with a password too (torchft takes it), the monitor the proxy
+        cluster.lighthouse_url = with_password(upstream, "lh", LH_PW)
+        proxy = BasicAuthProxy(upstream, "lh", LH_PW)
+        lighthouse = proxy.url
+        targets_file = tmp_path / "targets.json"
+        targets_file.write_text("[]")
+        common = [sys.executable, "-m", "lightkeeper.cli", "monitor", "--interval", "0.3",
+                  "--min-replicas", "1"]
+        mon, mon_url = start_monitor_process(
+            [*common, "--port", str(mon_port), "--lighthouse", lighthouse,
+             "--state", str(tmp_path / "m" / "state.sqlite"), "--targets-file", str(targets_file)],
+            tmp_path / "mon.out", tmp_path / "mon.err", env={**env, **TOKENS})
+        procs.append(mon)
+        # a shard whose Lighthouse and etcd do not answer: the errors name both URLs
+        shard, shard_url = start_monitor_process(
+            [*common, "--port", "0", "--lighthouse", f"http://lh:{LH_PW}@127.0.0.1:{closed}",
+             "--shard", "0/1", "--lead", "--etcd", f"http://lk:{ETCD_PW}@127.0.0.1:{closed}",
+             "--state", str(tmp_path / "s" / "state.sqlite")],
+            tmp_path / "shard.out", tmp_path / "shard.err", env={**env, **TOKENS})
+        procs.append(shard)
+        for g in range(2):
+            cluster.start_group(g)
+        ranks = [u for g in range(2) for u in cluster.wait_for_workers(g, 120).values()]
+        targets_file.write_text(json.dumps([{"targets": [u.split("://", 1)[1] for u in ranks]}]))
+
+        def groups_verified():
+            groups = requests.get(mon_url + "/v1/cluster", timeout=5).json()["groups"]
+            return len([g for g in groups if g["replica_id"] and g["in_quorum"]]) == 2
+
+        wait_until(groups_verified, 120, interval=0.5, what="both groups verified")
+        wait_until(lambda: requests.get(shard_url + "/v1/cluster", timeout=5).json()["shard"]
+                   ["error"], 30, interval=0.3, what="the shard's etcd error")
+        r = requests.post(mon_url + "/v1/evict", timeout=30, json={"replica_group": 1,
+                          "reason": "secrets test"},
+                          headers={"Authorization": f"Bearer {TOKENS['LIGHTKEEPER_TOKEN']}"})
+        # verified and killed through the proxy: the real URL, password and all, is used
+        assert r.status_code == 200 and r.json()["decision"] == "evict", r.text
+        assert r.json()["detail"].startswith("HTTP 500"), r.text
+        assert proxy.refused == 0
+
+        shown = {}
+        for name, base in (("monitor", mon_url), ("shard", shard_url)):
+            for path in MONITOR_GETS:
+                shown[f"{name} GET {path}"] = requests.get(base + path, timeout=10).text
+        for url in ranks[:1]:  # group 0 runs on; group 1 was evicted
+            for path in RANK_GETS:
+                shown[f"rank GET {path}"] = requests.get(url + path, timeout=10).text
+        for item in requests.get(mon_url + "/v1/incidents", timeout=5).json()["bundles"]:
+            bundle = tmp_path / f"{item['id']}.tar.gz"
+            bundle.write_bytes(requests.get(mon_url + item["download"], timeout=10).content)
+            with tarfile.open(bundle) as tar:
+                for m in tar.getmembers():
+                    if m.isfile():
+                        shown[f"bundle {m.name}"] = tar.extractfile(m).read().decode()
+        assert any(k.endswith("manifest.json") for k in shown), list(shown)
+    finally:
+        for proc in procs:
+            stop_process(proc, grace=3.0)
+        cluster.stop()
+        if proxy is not None:
+            proxy.server.shutdown()
+            proxy.server.server_close()
+    for path in sorted(tmp_path.rglob("*")):
+        if path.suffix == ".sqlite":
+            shown[str(path)] = sqlite_text(path)
+        elif path.is_file() and path.suffix != ".gz":
+            text = path.read_text(errors="replace")
+            # torchft's own log line names the Lighthouse as given: not ours to change
+            shown[str(path)] = "\n".join(line for line in text.splitlines()
+                                         if "[torchft::" not in line)
+    assert not leaks(shown), "\n".join(leaks(shown))
+    # shown with its password hidden, not dropped
+    cluster_json = shown["monitor GET /v1/cluster"]
+    assert f"http://lh:***@{lighthouse.rsplit('@', 1)[1]}" in cluster_json
+    assert f"http://lk:***@127.0.0.1:{closed}" in shown["shard GET /v1/cluster"]
+    assert f"http://lh:***@127.0.0.1:{closed}/status unreachable" in \
+        shown["shard GET /v1/cluster"]
+    assert f"monitor http://ranks:***@127.0.0.1:{mon_port} " in \
+        (tmp_path / "job" / "replica_group_0" / "train.log").read_text()
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["monitor", "--port", "0", "--lighthouse", f"htp://lh:{LH_PW}@h:1"],
+     "--lighthouse 'htp://lh:***@h:1': not an http(s)://host:port URL"),
+    # a base64 password, its / not percent-encoded: no URL, and refused without it
+    (["monitor", "--port", "0", "--lighthouse", f"http://lh:{LH_PW}/a+b==@h:1"],
+     "--lighthouse 'http://lh:***@h:1': not an http(s)://host:port URL"),
+    (["monitor", "--port", "0", "--shard", "0/1", "--etcd", f"htp://lk:{ETCD_PW}@h:1"],
+     "got 'htp://lk:***@h:1'"),
+    (["train", "--lighthouse", f"htp://lh:{LH_PW}@h:1"],
+     "Lighthouse 'htp://lh:***@h:1' is not an http(s)://host:port URL"),
+    (["run", "--monitor", f"htp://ranks:{MON_PW}@h:1", "--", "true"],
+     "--monitor 'htp://ranks:***@h:1' is not an http(s)://host:port URL"),
+])
+def test_a_bad_url_is_refused_without_its_password(tmp_path, argv, said):
+    res = subprocess.run([sys.executable, "-m", "lightkeeper.cli", *argv], capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode != 0 and said in res.stderr, res.stderr
+    assert not leaks({"stdout": res.stdout, "stderr": res.stderr})
