@@ -95,7 +95,7 @@ def check_config(cfg: MonitorConfig) -> None:
         try:
             normalize_url(t)  # e.g. an IPv6 literal without brackets: said here, not a crash
         except ValueError as e:
-            raise ConfigError(f"--targets entry {t!r}: {e}") from None
+            raise ConfigError(f"--targets entry {redact_url(t)!r}: {e}") from None
     try:
         allow_list(cfg)
         for a in cfg.quarantine.actions:

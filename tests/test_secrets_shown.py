@@ -27,10 +27,10 @@ from lightkeeper.cluster import (
 
 pytestmark = pytest.mark.e2e
 
-LH_PW, MON_PW, ETCD_PW = "lh-pw-5e1f", "mon-pw-77aa", "etcd-pw-0c3d"
+LH_PW, MON_PW, ETCD_PW, RANK_PW = "lh-pw-5e1f", "mon-pw-77aa", "etcd-pw-0c3d", "rank-pw-8d90"
 TOKENS = {"LIGHTKEEPER_TOKEN": "admin-tok-9b2c", "LIGHTKEEPER_REGISTER_TOKEN": "reg-tok-41d0",
           "LIGHTKEEPER_EXIT_TOKEN": "exit-tok-e6a8", "LIGHTKEEPER_FAULT_TOKEN": "fault-tok-2f17"}
-SECRETS = (LH_PW, MON_PW, ETCD_PW, *TOKENS.values())
+SECRETS = (LH_PW, MON_PW, ETCD_PW, RANK_PW, *TOKENS.values())
 MONITOR_GETS = ("/", "/healthz", "/v1/cluster", "/v1/ranks", "/v1/findings", "/v1/evictions",
                 "/v1/targets", "/v1/hosts", "/v1/goodput", "/v1/incidents", "/metrics")
 RANK_GETS = ("/healthz", "/v1/state", "/v1/stacks", "/v1/fr_trace", "/metrics")
@@ -94,6 +94,7 @@ def test_no_password_or_token_is_shown(tmp_path):
                            min_replicas=1, job="lightkeeper",
                            extra_env={"LIGHTKEEPER_MONITOR": monitor_url, **TOKENS})
     procs, proxy = [], None
+    given = tmp_path / "given"  # what the test wrote with the secrets: not searched
     try:
         upstream = cluster.start_lighthouse()
         # the ranks are given it with a password too (torchft takes it), the monitor the proxy
@@ -109,11 +110,17 @@ def test_no_password_or_token_is_shown(tmp_path):
              "--state", str(tmp_path / "m" / "state.sqlite"), "--targets-file", str(targets_file)],
             tmp_path / "mon.out", tmp_path / "mon.err", env={**env, **TOKENS})
         procs.append(mon)
-        # a shard whose Lighthouse and etcd do not answer: the errors name both URLs
+        # a shard whose Lighthouse and etcd do not answer, its targets file a bad entry: the
+        # errors name the URLs
+        bad_target = f"http://rk:{RANK_PW}@127.0.0.1:99999"
+        given.mkdir()
+        bad_file = given / "bad-targets.json"
+        bad_file.write_text(json.dumps([{"targets": [bad_target]}]))
         shard, shard_url = start_monitor_process(
             [*common, "--port", "0", "--lighthouse", f"http://lh:{LH_PW}@127.0.0.1:{closed}",
              "--shard", "0/1", "--lead", "--etcd", f"http://lk:{ETCD_PW}@127.0.0.1:{closed}",
-             "--state", str(tmp_path / "s" / "state.sqlite")],
+             "--state", str(tmp_path / "s" / "state.sqlite"),
+             "--targets-file", str(bad_file)],
             tmp_path / "shard.out", tmp_path / "shard.err", env={**env, **TOKENS})
         procs.append(shard)
         for g in range(2):
@@ -136,7 +143,9 @@ def test_no_password_or_token_is_shown(tmp_path):
         assert r.json()["detail"].startswith("HTTP 500"), r.text
         assert proxy.refused == 0
 
-        shown = {}
+        shown = {"bad registration": requests.post(
+            shard_url + "/v1/targets", json={"url": bad_target}, timeout=5,
+            headers={"Authorization": f"Bearer {TOKENS['LIGHTKEEPER_REGISTER_TOKEN']}"}).text}
         for name, base in (("monitor", mon_url), ("shard", shard_url)):
             for path in MONITOR_GETS:
                 shown[f"{name} GET {path}"] = requests.get(base + path, timeout=10).text
@@ -159,6 +168,8 @@ def test_no_password_or_token_is_shown(tmp_path):
             proxy.server.shutdown()
             proxy.server.server_close()
     for path in sorted(tmp_path.rglob("*")):
+        if given in path.parents:
+            continue
         if path.suffix == ".sqlite":
             shown[str(path)] = sqlite_text(path)
         elif path.is_file() and path.suffix != ".gz":
@@ -173,6 +184,8 @@ def test_no_password_or_token_is_shown(tmp_path):
     assert f"http://lk:***@127.0.0.1:{closed}" in shown["shard GET /v1/cluster"]
     assert f"http://lh:***@127.0.0.1:{closed}/status unreachable" in \
         shown["shard GET /v1/cluster"]
+    assert "target 'http://rk:***@127.0.0.1:99999' has a bad port" in \
+        shown["shard GET /v1/cluster"] and "http://rk:***@" in shown["bad registration"]
     assert f"monitor http://ranks:***@127.0.0.1:{mon_port} " in \
         (tmp_path / "job" / "replica_group_0" / "train.log").read_text()
 
@@ -185,6 +198,9 @@ def test_no_password_or_token_is_shown(tmp_path):
      "--lighthouse 'http://lh:***@h:1': not an http(s)://host:port URL"),
     (["monitor", "--port", "0", "--shard", "0/1", "--etcd", f"htp://lk:{ETCD_PW}@h:1"],
      "got 'htp://lk:***@h:1'"),
+    (["monitor", "--port", "0", "--targets", f"http://rk:{RANK_PW}@127.0.0.1:99999"],
+     "--targets entry 'http://rk:***@127.0.0.1:99999': target 'http://rk:***@127.0.0.1:99999' "
+     "has a bad port"),
     (["train", "--lighthouse", f"htp://lh:{LH_PW}@h:1"],
      "Lighthouse 'htp://lh:***@h:1' is not an http(s)://host:port URL"),
     (["run", "--monitor", f"htp://ranks:{MON_PW}@h:1", "--", "true"],

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from http_serving import host_for_url
+from http_serving import host_for_url, redact_url
 
 from .torch_target import PREFIX
 
@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 
 class BadTarget(ValueError):
     """A target address or registration body the monitor cannot use."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(redact_url(message))  # it names the address: never its password
 
 
 class TooManyTargets(Exception):
