@@ -201,6 +201,11 @@ def test_no_password_or_token_is_shown(tmp_path):
     (["monitor", "--port", "0", "--targets", f"http://rk:{RANK_PW}@127.0.0.1:99999"],
      "--targets entry 'http://rk:***@127.0.0.1:99999': target 'http://rk:***@127.0.0.1:99999' "
      "has a bad port"),
+    # was a traceback, the password in its last line
+    (["monitor", "--port", "0", "--action", f"webhook:http://q:{RANK_PW}@127.0.0.1:99999/hook",
+      "--webhook-secret", "whsec"],
+     "--action 'webhook:http://q:***@127.0.0.1:99999/hook': expected k8s, slurm, exec:CMD or "
+     "webhook:URL"),
     (["train", "--lighthouse", f"htp://lh:{LH_PW}@h:1"],
      "Lighthouse 'htp://lh:***@h:1' is not an http(s)://host:port URL"),
     (["run", "--monitor", f"htp://ranks:{MON_PW}@h:1", "--", "true"],
@@ -209,5 +214,5 @@ def test_no_password_or_token_is_shown(tmp_path):
 def test_a_bad_url_is_refused_without_its_password(tmp_path, argv, said):
     res = subprocess.run([sys.executable, "-m", "lightkeeper.cli", *argv], capture_output=True,
                          text=True, timeout=120, cwd=tmp_path)
-    assert res.returncode != 0 and said in res.stderr, res.stderr
+    assert res.returncode == 2 and said in res.stderr, res.stderr
     assert not leaks({"stdout": res.stdout, "stderr": res.stderr})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 import shutil
 
+from http_serving import is_http_url, redact_url
 from monitor.config import QuarantineConfig
 
 from .base import ActionResult, Sink, SinkConfigError
@@ -32,9 +33,9 @@ def validate_action(spec: str) -> None:
         except ValueError as e:
             raise SinkConfigError(f"--action {spec!r}: {e}") from None
         return
-    if kind == "webhook" and arg.startswith(("http://", "https://")):
+    if kind == "webhook" and is_http_url(arg):
         return
-    raise SinkConfigError(f"--action {spec!r}: expected {ACTION_FORMS}")
+    raise SinkConfigError(f"--action {redact_url(spec)!r}: expected {ACTION_FORMS}")
 
 
 def build_sink(spec: str, q: QuarantineConfig | None = None) -> Sink:
