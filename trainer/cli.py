@@ -144,6 +144,13 @@ def run(args: argparse.Namespace) -> int:
             raise
         sys.stderr.write(f"{e.code}\n")
         return 2
+    if cfg.worker_server:  # before torch, whose import starts a thread
+        from worker_server.stop_signal import watch_sigterm
+
+        unarmed = watch_sigterm()
+        if unarmed:
+            sys.stdout.write(f"[lightkeeper] SIGTERM will end this rank unsaid (a monitor counts "
+                             f"it dead): {unarmed}\n")
     try:  # a core install (monitor, analyze) has neither
         import torch  # noqa: F401
         import torchft  # noqa: F401

@@ -297,6 +297,24 @@ class WorkerServer:
         self._stop.wait(FLUSH_S)
         return True
 
+    def stopped(self, by: str = "SIGTERM") -> bool:
+        """Say the rank was asked to stop (a rolling restart, ``kubectl delete pod``,
+        ``scancel``, torchrun ending its workers): ``/v1/state`` says ``"finished": true`` and
+        ``"stopped_by"``, so a monitor counts it ended, not dead, and does not blame its host.
+
+        Waits for a polling monitor's next read, until two of its intervals (the last two reads'
+        gap) have passed since its last one and at most ``FINISH_WAIT_S``: a monitor stopped at
+        the same moment holds the rank's end that long at most. Returns whether one was."""
+        self.state.finish(stopped_by=by)
+        read_at, gap = self.state.state_read_at, self.state.read_gap_s
+        if read_at is None or gap is None:
+            return False
+        wait_s = min(FINISH_WAIT_S, read_at + 2 * gap - time.time())
+        if wait_s <= 0 or not self.state.wait_finished_read(wait_s):
+            return False
+        self._stop.wait(FLUSH_S)
+        return True
+
     def stop(self) -> None:
         self._stop.set()
         _SERVING.discard(self)

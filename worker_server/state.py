@@ -158,8 +158,10 @@ class RankState:
         # Callbacks (e.g. Prometheus metrics) told about every finished step.
         self._step_listeners: list = []
         self.finished = False  # training completed (finish()); never set on an error
+        self.stopped_by: str | None = None  # "SIGTERM": it ended because it was asked to
         self._read = threading.Condition(self._lock)  # wakes finish's wait for a reader
         self.state_read_at: float | None = None  # the last /v1/state answer sent
+        self.read_gap_s: float | None = None  # how far apart the last two were
         self.finished_read = False  # a /v1/state answer saying finished was sent
 
     # --- writers (training thread) -------------------------------------------------
@@ -172,20 +174,25 @@ class RankState:
                 self.phase = phase
                 self.phase_since = now
 
-    def finish(self) -> None:
-        """Training completed: ``/v1/state`` says ``"finished": true`` and phase ``stopped``
-        from now on, so a monitor that reads it counts this rank ended, not dead, once it stops
-        answering. Never call it on an error path: a crashed rank must be found dead."""
+    def finish(self, stopped_by: str | None = None) -> None:
+        """Training completed, or (``stopped_by``, e.g. ``"SIGTERM"``) the rank was asked to
+        stop: ``/v1/state`` says ``"finished": true`` and phase ``stopped`` from now on, so a
+        monitor that reads it counts this rank ended, not dead, once it stops answering. Never
+        call it on an error path: a crashed rank must be found dead."""
         now = time.time()
         with self._lock:
             self.finished = True
+            self.stopped_by = self.stopped_by or stopped_by
             if self.phase != "stopped":
                 self.phase, self.phase_since = "stopped", now
 
     def state_read(self, finished: bool) -> None:
         """A ``/v1/state`` answer was sent; ``finished``: it said so (the server calls this)."""
         with self._read:
-            self.state_read_at = time.time()
+            now = time.time()
+            if self.state_read_at is not None:
+                self.read_gap_s = now - self.state_read_at
+            self.state_read_at = now
             if finished:
                 self.finished_read = True
                 self._read.notify_all()
@@ -285,6 +292,7 @@ class RankState:
                 "phase": self.phase,
                 "phase_since": self.phase_since,
                 "finished": self.finished,
+                "stopped_by": self.stopped_by,
                 "last_step_seconds": self.last_step_seconds,
                 "last_step_at": self.last_step_at,
                 "recent_step_seconds": list(self.recent_step_seconds),

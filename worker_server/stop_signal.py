@@ -1,0 +1,69 @@
+"""A planned stop, said before the rank goes: on SIGTERM (a rolling restart, ``kubectl delete
+pod``, ``scancel``, torchrun ending its workers) every WorkerServer serving in the process says
+the rank stopped (:meth:`WorkerServer.stopped`), then the process ends by SIGTERM as it would
+have. A monitor then counts the rank ended, not dead, and does not hold the stop against its
+host. ``lightkeeper train`` arms it; a script of one's own calls :func:`watch_sigterm` first
+thing (before importing torch, which starts a thread).
+
+Python runs a signal handler only between bytecodes, so with a handler a rank blocked in a
+collective would not stop on SIGTERM until the collective returned. Instead SIGTERM is blocked
+in every thread but one, which waits for it (``sigwait``): the stop is said at once whatever the
+main thread is doing, and the signal is raised again with its default action.
+
+Limits: it must be armed before any other thread starts (threads inherit the blocked signal; one
+started earlier could take SIGTERM and end the process unmarked), and a child process started
+with ``subprocess`` inherits SIGTERM blocked (a Python ``fork`` unblocks it in the child).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+
+from .autostart import say
+
+_SIGNALS = {signal.SIGTERM}
+
+
+def watch_sigterm(on_stop: Callable[[], object] | None = None) -> str | None:
+    """On SIGTERM call ``on_stop`` (default: every serving WorkerServer says it stopped), then
+    end the process by it. Call from the main thread before any other thread starts. Returns
+    None once armed, else why it is not (one line; SIGTERM then ends the process as before)."""
+    if threading.current_thread() is not threading.main_thread():
+        return "not called from the main thread"
+    try:
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:
+        return "needs Linux's /proc to see that no other thread runs yet"
+    if threads > 1:
+        return f"{threads - 1} other thread(s) already run and could take SIGTERM unmarked"
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return "SIGTERM already has a handler"
+    signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    os.register_at_fork(after_in_child=_unblock)
+    threading.Thread(target=_wait, args=(on_stop or _servers_stopped,), name="lightkeeper-sigterm",
+                     daemon=True).start()
+    return None
+
+
+def _servers_stopped() -> None:
+    from .server import serving
+
+    for server in serving():
+        server.stopped()
+
+
+def _unblock() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+
+
+def _wait(on_stop: Callable[[], object]) -> None:
+    signal.sigwait(_SIGNALS)
+    try:
+        on_stop()
+    except Exception as e:  # the stop goes on, unsaid: the monitor finds the rank dead
+        say(f"SIGTERM: could not say the planned stop ({type(e).__name__}: {e})")
+    _unblock()  # in this thread only, so that the signal raised here takes its default action
+    signal.raise_signal(signal.SIGTERM)
