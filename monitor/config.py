@@ -191,7 +191,7 @@ class QuarantineConfig:
                               f"got {self.max_quarantined!r}")
         for a in self.actions:  # the grammar: monitor.service.check_config
             if a.startswith("webhook:") and not self.webhook_secret:
-                raise ConfigError(f"--action {a}: a signing secret is required "
+                raise ConfigError(f"--action {redact_url(a)}: a signing secret is required "
                                   "(--webhook-secret or LIGHTKEEPER_WEBHOOK_SECRET)")
 
 

@@ -201,11 +201,15 @@ def test_no_password_or_token_is_shown(tmp_path):
     (["monitor", "--port", "0", "--targets", f"http://rk:{RANK_PW}@127.0.0.1:99999"],
      "--targets entry 'http://rk:***@127.0.0.1:99999': target 'http://rk:***@127.0.0.1:99999' "
      "has a bad port"),
-    # was a traceback, the password in its last line
+    # was a traceback (Port out of range)
     (["monitor", "--port", "0", "--action", f"webhook:http://q:{RANK_PW}@127.0.0.1:99999/hook",
       "--webhook-secret", "whsec"],
      "--action 'webhook:http://q:***@127.0.0.1:99999/hook': expected k8s, slurm, exec:CMD or "
      "webhook:URL"),
+    (["monitor", "--port", "0", "--action", f"webhook:htp://q:{RANK_PW}@h:1/hook",
+      "--webhook-secret", "whsec"], "--action 'webhook:htp://q:***@h:1/hook': expected"),
+    (["monitor", "--port", "0", "--action", f"webhook:http://q:{RANK_PW}@h:1/hook"],
+     "--action webhook:http://q:***@h:1/hook: a signing secret is required"),
     (["train", "--lighthouse", f"htp://lh:{LH_PW}@h:1"],
      "Lighthouse 'htp://lh:***@h:1' is not an http(s)://host:port URL"),
     (["run", "--monitor", f"htp://ranks:{MON_PW}@h:1", "--", "true"],
