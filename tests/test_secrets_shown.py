@@ -142,6 +142,11 @@ def test_no_password_or_token_is_shown(tmp_path):
         assert r.status_code == 200 and r.json()["decision"] == "evict", r.text
         assert r.json()["detail"].startswith("HTTP 500"), r.text
         assert proxy.refused == 0
+        # the proxy goes down: the monitor is blind and says why (log, answers)
+        proxy.server.shutdown()
+        proxy.server.server_close()
+        wait_until(lambda: requests.get(mon_url + "/v1/cluster", timeout=5).json()
+                   ["verification"]["blind"], 30, interval=0.3, what="the monitor blind")
 
         shown = {"bad registration": requests.post(
             shard_url + "/v1/targets", json={"url": bad_target}, timeout=5,
@@ -165,7 +170,7 @@ def test_no_password_or_token_is_shown(tmp_path):
             stop_process(proc, grace=3.0)
         cluster.stop()
         if proxy is not None:
-            proxy.server.shutdown()
+            proxy.server.shutdown()  # again: harmless
             proxy.server.server_close()
     for path in sorted(tmp_path.rglob("*")):
         if given in path.parents:
@@ -179,8 +184,8 @@ def test_no_password_or_token_is_shown(tmp_path):
                                          if "[torchft::" not in line)
     assert not leaks(shown), "\n".join(leaks(shown))
     # shown with its password hidden, not dropped
-    cluster_json = shown["monitor GET /v1/cluster"]
-    assert f"http://lh:***@{lighthouse.rsplit('@', 1)[1]}" in cluster_json
+    assert f"http://lh:***@{lighthouse.rsplit('@', 1)[1]}/status unreachable" in \
+        shown["monitor GET /v1/cluster"]
     assert f"http://lk:***@127.0.0.1:{closed}" in shown["shard GET /v1/cluster"]
     assert f"http://lh:***@127.0.0.1:{closed}/status unreachable" in \
         shown["shard GET /v1/cluster"]
