@@ -81,8 +81,11 @@ def leaks(shown: dict[str, str]) -> list[str]:
 
 
 def sqlite_text(path) -> str:
-    with sqlite3.connect(path) as db:
+    db = sqlite3.connect(path)
+    try:
         return "\n".join(db.iterdump())
+    finally:
+        db.close()
 
 
 def test_no_password_or_token_is_shown(tmp_path):
