@@ -354,6 +354,9 @@ class Store:
         self._write("UPDATE host_actions SET status=?, attempts=?, next_at=?, detail=?, "
                     "updated_at=? WHERE id=?", (status, attempts, next_at, detail, at, action_id))
 
+    def rename_sink(self, old: str, new: str) -> None:
+        self._write("UPDATE host_actions SET sink=? WHERE sink=?", (new, old))
+
     def host_actions(self, due_at: float | None = None, limit: int = 500
                      ) -> list[dict[str, Any]]:
         """Actions newest first; with ``due_at``, only pending ones due by then, oldest first."""

@@ -432,10 +432,11 @@ def test_two_hooks_of_one_program_each_run_once(tmp_path):
     names = {a["sink"] for a in led.store.host_actions()}  # the program, not its arguments
     assert len(names) == 2 and all(n.startswith(f"exec:{hook}...#") for n in names), names
     # an action queued by an older version, which named the sink by the whole command, still
-    # finds it after an upgrade
+    # finds it after an upgrade (the monitor restarted on that state)
     led.store.add_host_action(host="h1", sink=f"exec:{hook} a", op="quarantine",
                               status="pending", event={"event": "quarantine", "host": "h1"},
                               at=clock(), next_at=clock())
+    led = HostLedger(led.store, led.cfg, led.sinks, "job", clock)
     led.run_actions(clock())
     assert sorted(out.read_text().split()) == ["a", "a", "b"]
 

@@ -83,6 +83,14 @@ class HostLedger:
         self.clock = clock
         self._lock = threading.RLock()
         self.hosts: dict[str, dict[str, Any]] = store.load_hosts()
+        # an older version named a sink by its whole --action (secrets too): its queued actions
+        # take the name shown now, so they are shown, and superseded, as this version's
+        for s in self.sinks:
+            if getattr(s, "given", s.name) != s.name:
+                store.rename_sink(s.given, s.name)
+                for h in self.hosts.values():
+                    if (h.get("last_action") or {}).get("sink") == s.given:
+                        h["last_action"]["sink"] = s.name
         self._held: dict[str, str] = {}  # host -> the rail that held it last (logged once)
         self._actions_running = threading.Lock()
         # the observed view's claims about hosts, per rank: a sweep reads only the changed ones
@@ -436,8 +444,7 @@ class HostLedger:
             self._actions_running.release()
 
     def _attempt(self, a: dict[str, Any], attempts: int) -> ActionResult:
-        sink = next((s for s in self.sinks
-                     if a["sink"] in (s.name, getattr(s, "given", None))), None)
+        sink = next((s for s in self.sinks if s.name == a["sink"]), None)
         if sink is None:
             return ActionResult(False, f"sink {a['sink']} is no longer configured", retry=False)
         try:
