@@ -327,7 +327,9 @@ class Monitor:
             stopped = rv is not None and (rv.state or {}).get("phase") == "stopped"
             lost = others_up and not stopped
             if url in ended:
-                log.info("forgot %s: its training finished", url)
+                by = (rv.state or {}).get("stopped_by")
+                log.info("forgot %s: %s", url, f"stopped by {by}" if by else
+                         "its training finished")
             else:
                 log.info("forgot %s: unreachable for %.0fs%s", url, self.cfg.forget_after_s,
                          " (lost while the job goes on)" if lost else "")

@@ -88,6 +88,8 @@ def test_a_group_stopped_on_purpose_is_not_held_against_its_host(tmp_path):
         # crashed one is still polled, unreachable
         ranks = get("/v1/ranks")
         assert {r["replica_group"] for r in ranks} == {0, 2}, ranks
+        url_1 = cluster.groups[1].worker_urls[0]
+        assert f"forgot {url_1}: stopped by SIGTERM" in (tmp_path / "monitor.log").read_text()
     finally:
         if monitor is not None:
             stop_process(monitor)
