@@ -112,6 +112,17 @@ def test_a_taken_worker_port_is_one_line_not_a_traceback():
             f"http://127.0.0.1:{port}: Address already in use\n") in res.stderr
 
 
+def test_an_unreachable_lighthouse_is_one_line_not_a_traceback():
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    res = lightkeeper("train", "--lighthouse", f"http://127.0.0.1:{port}",
+                      "--num-replica-groups", "1", "--connect-timeout", "2")
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert (f"lightkeeper train: error: torchft's Manager did not start: failed to connect to "
+            f"http://127.0.0.1:{port} within timeout of 2s") in res.stderr, res.stderr[-2000:]
+
+
 def test_the_trainer_under_lightkeeper_run_says_finished_on_the_hooks_server(tmp_path):
     # `lightkeeper train --no-worker-server` under `lightkeeper run` knows it completed: before,
     # only its own server (absent there) was told, so the rank ended as dead to a monitor

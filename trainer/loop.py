@@ -171,30 +171,36 @@ def train(cfg: TrainConfig) -> int:
         pg = ProcessGroupNCCL(timeout=timedelta(seconds=cfg.pg_timeout_s))
     else:
         pg = ProcessGroupGloo(timeout=timedelta(seconds=cfg.pg_timeout_s))
-    manager = Manager(
-        pg=pg,
-        min_replica_size=cfg.min_replica_size,
-        load_state_dict=load_state_dict,
-        state_dict=state_dict,
-        replica_id=f"replica_group_{cfg.replica_group}",
-        # FSDP2 swaps sharded and unsharded parameters during forward/backward; with an async
-        # quorum torchft would read the state for a healing peer from its quorum thread in the
-        # middle of that. A synchronous quorum reads it at the step boundary, while sharded.
-        use_async_quorum=group_world_size == 1,
-        lighthouse_addr=cfg.lighthouse,
-        # every address other hosts use is the one this rank binds, not its hostname, which
-        # another host may not resolve (the Lighthouse's kill, a healing peer's fetch)
-        hostname=url_host,
-        store_addr=gstore.addr,
-        store_port=gstore.port,
-        rank=group_rank,
-        world_size=group_world_size,
-        timeout=timedelta(seconds=cfg.pg_timeout_s),
-        quorum_timeout=timedelta(seconds=cfg.quorum_timeout_s),
-        connect_timeout=timedelta(seconds=cfg.connect_timeout_s),
-        checkpoint_transport=AdvertisedHTTPTransport(
-            url_host, timeout=timedelta(seconds=cfg.pg_timeout_s), num_chunks=0),
-    )
+    try:
+        manager = Manager(
+            pg=pg,
+            min_replica_size=cfg.min_replica_size,
+            load_state_dict=load_state_dict,
+            state_dict=state_dict,
+            replica_id=f"replica_group_{cfg.replica_group}",
+            # FSDP2 swaps sharded and unsharded parameters during forward/backward; with an async
+            # quorum torchft would read the state for a healing peer from its quorum thread in the
+            # middle of that. A synchronous quorum reads it at the step boundary, while sharded.
+            use_async_quorum=group_world_size == 1,
+            lighthouse_addr=cfg.lighthouse,
+            # every address other hosts use is the one this rank binds, not its hostname, which
+            # another host may not resolve (the Lighthouse's kill, a healing peer's fetch)
+            hostname=url_host,
+            store_addr=gstore.addr,
+            store_port=gstore.port,
+            rank=group_rank,
+            world_size=group_world_size,
+            timeout=timedelta(seconds=cfg.pg_timeout_s),
+            quorum_timeout=timedelta(seconds=cfg.quorum_timeout_s),
+            connect_timeout=timedelta(seconds=cfg.connect_timeout_s),
+            checkpoint_transport=AdvertisedHTTPTransport(
+                url_host, timeout=timedelta(seconds=cfg.pg_timeout_s), num_chunks=0),
+        )
+    except RuntimeError as e:  # its Lighthouse or store unreachable: torchft's words say which
+        sys.stderr.write(f"lightkeeper train: error: torchft's Manager did not start: {e}\n")
+        if server is not None:
+            server.stop()
+        return 1
     if server is not None:
         server.attach(manager)
     # zero_grad() starts the step's quorum; step() steps only when should_commit agrees.
