@@ -78,3 +78,12 @@ def test_a_broken_targets_file_and_an_unwritable_sd_out_are_said_once(tmp_path, 
             assert said("its last good targets kept") == 1
     finally:
         mon.stop()
+
+
+def test_a_lighthouse_host_urllib3_cannot_parse_is_unreachable_not_a_crash():
+    from monitor.evidence.lighthouse_status import LighthouseReader
+
+    # a DNS label over 63 characters passes the URL check; urllib3 raises ValueError on it
+    url = "http://" + "a" * 64 + ".example:29510"
+    status, why = LighthouseReader(url, timeout_s=1).read()
+    assert status is None and why.startswith(f"{url}/status unreachable: "), why

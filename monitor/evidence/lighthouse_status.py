@@ -115,11 +115,11 @@ class LighthouseReader:
                         return None, f"{self.shown}/status took longer than " \
                                      f"{2 * self.timeout_s:g}s"
             return parse_status(body.decode("utf-8", "replace"), time.time()), None
-        except requests.RequestException as e:
-            why = redact_url(str(e))  # an invalid URL's text holds it whole
-            return None, f"{self.shown}/status unreachable: {type(e).__name__}: {why}"
         except StatusFormatError as e:
             return None, f"{self.shown}/status: {e}"
+        except (requests.RequestException, ValueError) as e:  # urllib3: a host it cannot parse
+            why = redact_url(str(e))  # an invalid URL's text holds it whole
+            return None, f"{self.shown}/status unreachable: {type(e).__name__}: {why}"
 
     def close(self) -> None:
         self._session.close()
