@@ -88,6 +88,31 @@ def test_a_kill_a_killed_monitor_left_sending_is_judged_by_the_replica(tmp_path,
         mon.stop()
 
 
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_a_dry_run_restart_tells_no_orphan_of_an_earlier_kill_to_exit(tmp_path, job, dry_run):
+    """A kill sent by the run before, its replica still answering: a restart that acts tells
+    its ranks to exit (POST /v1/exit; these simulated ranks answer 404); a ``--dry-run`` one,
+    started to stop acting, leaves them be. Before, the dry run told them too."""
+    rid = job.replica_ids[1]
+    store = Store(str(tmp_path / "state.sqlite"))
+    store.add_decision(replica_group=1, replica_id=rid, decision="evict", reason="hang",
+                       detail="hang confirmed; kill: sent", status="sent", at=time.time() - 10)
+    store.close()
+    cfg = MonitorConfig(port=0, interval_s=0.2, state_path=str(tmp_path / "state.sqlite"),
+                        targets=job.sim.urls, job="sim", lighthouse=job.url, token=TOKEN,
+                        expected_groups=3, rank_exit_token="exit-token", orphan_grace_s=0,
+                        rails=RailsConfig(min_replicas=1, cooldown_s=0, dry_run=dry_run))
+    mon = Monitor(cfg).start()
+    try:
+        wait_until(lambda: mon.sweeps >= 3, 20, what="three sweeps")
+        (row,) = requests.get(mon.url + "/v1/evictions", timeout=10).json()
+        assert row["status"] == "sent", row  # its replica still answers: not confirmed
+        assert ("told rank(s) the Lighthouse's kill does not reach to exit" in row["detail"]) \
+            is not dry_run, row["detail"]
+    finally:
+        mon.stop()
+
+
 @pytest.mark.parametrize("saved", ['{"version": 3}', "not json", "[1, 2]"])
 def test_an_unreadable_goodput_state_starts_a_fresh_ledger(tmp_path, job, saved):
     """A goodput snapshot that cannot be resumed (malformed, not JSON) is warned about and a

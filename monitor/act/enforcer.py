@@ -320,7 +320,9 @@ class Enforcer:
                         f"{d['detail']}; the monitor stopped while sending and the replica "
                         "still answers: the kill never landed"))
                     continue
-            urls = {r.url for r in groups[rid].ranks} if rid in groups else ()
+            # a dry run (perhaps restarted to stop acting) tells no rank to exit
+            urls = {r.url for r in groups[rid].ranks} \
+                if rid in groups and not self.cfg.rails.dry_run else ()
             note = self.orphans.follow(d["id"], rid, [r for r in still if r.url in urls],
                                        now - d["at"])
             if note:
