@@ -1,0 +1,333 @@
+"""The documented contracts and flags against the real thing, both ways.
+
+docs/CONTRACTS.md's tables and metric lists are compared with what a real WorkerServer (Flask,
+and torch's own debug server where this torch has one) and a real monitor (against simulated
+ranks, tests/support/monitor_sim.py) answer; the flag tables of the docs pages with the
+argparse parsers of ``lightkeeper monitor``, ``run``, ``train``, ``demo`` and ``analyze``
+(flags hidden with ``argparse.SUPPRESS`` excepted). A field, metric, route or flag added,
+renamed or gone, or a documented default that is not argparse's, fails here with its name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+CODE = re.compile(r"`([^`]+)`")
+
+
+# --- reading the docs (strict: a heading or table that is not where it is said fails) ---
+
+def section(page: Path, title: str) -> str:
+    """The text under the one heading that starts with ``title``, up to the next heading of
+    the same or a higher level."""
+    lines = page.read_text().splitlines()
+    starts = [i for i, line in enumerate(lines)
+              if re.match(r"#+ ", line) and line.lstrip("#").strip().startswith(title)]
+    assert len(starts) == 1, f"{page.name}: {len(starts)} headings start with {title!r}"
+    level = len(lines[starts[0]]) - len(lines[starts[0]].lstrip("#"))
+    body = []
+    for line in lines[starts[0] + 1:]:
+        m = re.match(r"(#+) ", line)
+        if m and len(m.group(1)) <= level:
+            break
+        body.append(line)
+    return "\n".join(body)
+
+
+def cells(line: str) -> list[str]:
+    """A table row's cells; ``\\|`` is a ``|`` inside a cell."""
+    parts = re.split(r"(?<!\\)\|", line.strip().strip("|"))
+    return [p.strip().replace("\\|", "|") for p in parts]
+
+
+def tables(text: str) -> list[tuple[list[str], list[list[str]]]]:
+    """Every Markdown table in ``text``: (header cells, body rows)."""
+    out, rows = [], []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            rows.append(cells(line))
+            continue
+        if rows:
+            assert len(rows) >= 2 and set("".join(rows[1])) <= set("-: "), rows[:2]
+            out.append((rows[0], rows[2:]))
+            rows = []
+    return out
+
+
+def table(text: str, first: str) -> list[list[str]]:
+    """The body of the one table whose header's first cell is ``first``."""
+    found = [body for head, body in tables(text) if head[0].lower() == first]
+    assert len(found) == 1, f"{len(found)} tables headed {first!r}"
+    return found[0]
+
+
+def key_table(rows: list[list[str]]) -> tuple[set[str], set[str]]:
+    """(every key, the keys present only when asked) of a ``key | type | meaning`` table."""
+    keys, optional = set(), set()
+    for row in rows:
+        names = CODE.findall(row[0])
+        assert names and all(re.fullmatch(r"[\w.]+", n) for n in names), row[0]
+        keys |= set(names)
+        if re.search(r"present only when|absent when", row[-1]):
+            optional |= set(names)
+    return keys, optional
+
+
+def metric_names(text: str, prefix: str) -> set[str]:
+    return {m.group(0) for span in CODE.findall(text)
+            if (m := re.match(prefix + r"\w+", span))}
+
+
+def served_families(text: str) -> set[str]:
+    """Metric family names of a Prometheus text answer, less the ``_created`` companions
+    prometheus_client adds to counters and histograms."""
+    names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    return {n for n in names if not (n.endswith("_created") and (
+        n[:-8] + "_total" in names or n[:-8] in names))}
+
+
+# --- a real WorkerServer, on its own server and on torch's ---
+
+CONTRACTS = DOCS / "CONTRACTS.md"
+
+
+@pytest.fixture(scope="module", params=["flask", "torch"])
+def rank(request):
+    """(GET path -> answer) of one rank's WorkerServer, a few steps into its training."""
+    from worker_server import RankIdentity, RankState, WorkerServer
+
+    if request.param == "torch":
+        from worker_server.torch_server import unavailable
+        if unavailable() is not None:
+            pytest.skip(str(unavailable()))
+    state = RankState(RankIdentity(job="contracts", replica_group=1, group_rank=0,
+                                   group_world_size=1, lighthouse="http://127.0.0.1:1"))
+    for step in range(1, 4):
+        state.step_started()
+        state.set_quorum(3, 2, True)
+        state.step_finished(step, committed=True, loss=1.5)
+    srv = WorkerServer(state, server=request.param).serve()
+    try:
+        if request.param == "flask":
+            def get(path: str) -> requests.Response:
+                return requests.get(srv.url + path, timeout=10)
+        else:  # the same bytes as POST /handler/lightkeeper_<name> (docs/worker_server.md)
+            from monitor.poll.torch_target import base_url
+
+            def get(path: str) -> requests.Response:
+                route, _, query = path.partition("?")
+                name = {"/v1/state": "state", "/v1/fr_trace": "fr_trace",
+                        "/metrics": "metrics"}[route]
+                return requests.post(f"{base_url(srv.url)}/handler/lightkeeper_{name}"
+                                     + (f"?{query}" if query else ""), timeout=10)
+        yield get
+    finally:
+        srv.stop()
+
+
+def test_state_keys_are_the_documented_ones(rank):
+    text = section(CONTRACTS, "WorkerServer `GET /v1/state`")
+    keyed = [body for head, body in tables(text) if head[0] == "key"]
+    assert len(keyed) == 2, "two key tables: /v1/state's, then timing's"
+    documented, optional = key_table(keyed[0])
+    timing_keys, timing_optional = key_table(keyed[1])
+    timing_keys = {k for k in timing_keys if "." not in k}  # dotted: fields of its objects
+
+    plain = rank("/v1/state")
+    asked = rank("/v1/state?since=1&recent=2&packed=1")
+    assert plain.status_code == asked.status_code == 200
+    plain, asked = plain.json(), asked.json()
+    assert sorted((set(plain) | set(asked)) - documented) == [], "served, not documented"
+    assert sorted(documented - optional - set(plain)) == [], "documented, not served"
+    assert sorted(documented - set(plain) - set(asked)) == [], "documented, never served"
+    timing = set(plain["timing"]), set(asked["timing"])
+    assert sorted((timing[0] | timing[1]) - timing_keys) == []
+    assert sorted(timing_keys - timing_optional - timing[0]) == []
+    assert sorted(timing_keys - timing[0] - timing[1]) == []
+
+
+def test_state_phases_are_the_documented_ones():
+    from worker_server import PHASES
+
+    keyed = [body for head, body in tables(section(CONTRACTS, "WorkerServer `GET /v1/state`"))
+             if head[0] == "key"]
+    rows = [r for r in keyed[0] if r[0] == "`phase`"]
+    assert len(rows) == 1
+    assert CODE.findall(rows[0][2]) == list(PHASES)
+
+
+def test_fr_trace_keys_are_torchs_and_the_documented_ones(rank):
+    from worker_server.flight_recorder import raw_dump_json
+
+    text = section(CONTRACTS, "WorkerServer `GET /v1/fr_trace`")
+    m = re.search(r"plus self-describing keys:(.*?)\(", text, re.S)
+    assert m, "the paragraph naming the self-describing keys"
+    documented = set(CODE.findall(m.group(1)))
+    r = rank("/v1/fr_trace")
+    assert r.status_code == 200, r.text
+    added = set(r.json()) - set(json.loads(raw_dump_json()))
+    assert added == documented
+
+
+def test_rank_metrics_are_the_documented_ones(rank):
+    text = section(CONTRACTS, "WorkerServer `/metrics`")
+    served = served_families(rank("/metrics").text)
+    assert served == metric_names(text, "lightkeeper_")
+
+
+# --- a real monitor ---
+
+@pytest.fixture(scope="module")
+def monitor(tmp_path_factory):
+    from lightkeeper.cluster import wait_until
+    from monitor.config import MonitorConfig
+    from monitor.service import Monitor
+    from tests.support.monitor_sim import SimRanks
+
+    d = tmp_path_factory.mktemp("monitor")
+    sim = SimRanks.start(2)
+    try:
+        mon = Monitor(MonitorConfig(port=0, interval_s=0.2, state_path=str(d / "state.sqlite"),
+                                    targets=sim.urls, sd_out=str(d / "targets.json"),
+                                    job="contracts")).start()
+        try:
+            wait_until(lambda: mon.sweeps >= 2, 10, what="two sweeps")
+            yield mon
+        finally:
+            mon.stop()
+    finally:
+        sim.stop()
+
+
+def test_monitor_metrics_are_the_documented_ones(monitor):
+    text = section(CONTRACTS, "Monitor `/metrics`")
+    served = served_families(requests.get(monitor.url + "/metrics", timeout=10).text)
+    assert served == metric_names(text, "lightkeeper_monitor_")
+
+
+def route(spec: str) -> tuple[str, str]:
+    """``GET /v1/goodput[?incidents=N]`` -> ("GET", "/v1/goodput"); parameters as ``<>``."""
+    method, path = spec.split(" ", 1)
+    path = re.sub(r"\[?\?.*", "", path)
+    return method, re.sub(r"<[^>]*>|\{[^}]*\}", "<>", path)
+
+
+def test_monitor_routes_are_the_documented_ones(monitor):
+    from monitor.api.app import create_app
+
+    rows = table(section(CONTRACTS, "Monitor HTTP API"), "route")
+    documented = [route(s) for row in rows for s in CODE.findall(row[0])]
+    assert len(documented) == len(set(documented)), "a route documented twice"
+    served = {route(f"{m} {rule.rule}") for rule in create_app(monitor).url_map.iter_rules()
+              if rule.endpoint != "static" for m in rule.methods - {"HEAD", "OPTIONS"}}
+    assert served == set(documented)
+
+
+# --- the command lines' flags ---
+
+# command -> (its module, the pages whose flag tables document it)
+COMMANDS = {
+    "monitor": ("monitor.cli", ["monitor.md", "quarantine.md", "scaling.md"]),
+    "run": ("lightkeeper.run", ["run.md"]),
+    "train": ("trainer.cli", ["trainer.md"]),
+    "demo": ("lightkeeper.demo", ["demo.md"]),
+    "analyze": ("monitor.analysis.cli", ["analyze.md"]),
+}
+# argparse's defaults that come from the environment (docs: `$VAR`), unset for the parsers
+ENV = ("TORCHFT_LIGHTHOUSE", "LIGHTKEEPER_JOB", "LIGHTKEEPER_WORKER_HOST", "LIGHTKEEPER_ETCD")
+
+
+# flags whose value is merged over the product's own after parsing: that is the default
+MERGED = {"--quarantine-after": importlib.import_module("monitor.config").QUARANTINE_AFTER}
+
+
+def parser(command: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"lightkeeper {command}")
+    importlib.import_module(COMMANDS[command][0]).add_arguments(p)
+    return p
+
+
+def flag_rows(page: Path) -> list[tuple[list[str], str | None]]:
+    """(flags, the default cell or None) of each row of the page's flag tables (header
+    ``flag`` or ``option``), or of its ``**Options.**`` paragraph."""
+    text = page.read_text()
+    out = []
+    for head, body in tables(text):
+        if head[0].lower() not in ("flag", "option"):
+            continue
+        col = head.index("default") if "default" in head else None
+        for row in body:
+            flags = [re.match(r"--[\w-]+", s).group(0) for s in CODE.findall(row[0])
+                     if s.startswith("--")]
+            if flags:
+                out.append((flags, row[col] if col is not None else None))
+    m = re.search(r"^\*\*Options\.\*\*(.*?)\n\n", text, re.S | re.M)
+    if m:
+        out += [([f], None) for f in re.findall(r"`(--[\w-]+)", m.group(1))]
+    return out
+
+
+def stated_default(cell: str) -> str | None:
+    """The literal a default cell states (a number, a word, a path, a list), without its
+    trailing remark in parentheses; None for prose or an environment variable."""
+    value = re.sub(r"\s*\([^)]*\)$", "", cell).strip()
+    value = value[1:-1] if re.fullmatch(r"`[^`]*`", value) else value
+    if value.startswith("$") or not re.fullmatch(r"[\w./,:=\-]+", value):
+        return None
+    return value
+
+
+def same(stated: str, default: object) -> bool:
+    if isinstance(default, bool) or default is None:
+        return stated in ("off", "none") and not default
+    if isinstance(default, (int, float)):
+        return re.fullmatch(r"[\d.]+", stated) is not None and float(stated) == default
+    if isinstance(default, dict):
+        return stated == ",".join(f"{k}={v}" for k, v in default.items())
+    if isinstance(default, (tuple, list)):
+        return stated == ",".join(map(str, default)) or (stated == "none" and not default)
+    if isinstance(default, str) and stated.startswith("./"):
+        return os.path.abspath(stated) == os.path.abspath(default)
+    return stated == str(default)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_flag_is_documented_and_every_documented_flag_exists(command, monkeypatch):
+    for var in ENV:
+        monkeypatch.delenv(var, raising=False)
+    actions = {s: a for a in parser(command)._actions if a.help != argparse.SUPPRESS
+               for s in a.option_strings if s.startswith("--") and s != "--help"}
+    rows = [row for page in COMMANDS[command][1] for row in flag_rows(DOCS / page)]
+    documented = {f for flags, _ in rows for f in flags}
+    assert sorted(set(actions) - documented) == [], "flags no docs page names"
+    assert sorted(documented - set(actions)) == [], "documented flags the command lacks"
+
+    wrong = []
+    for flags, cell in rows:
+        if cell is None:
+            continue
+        values = [v.strip() for v in cell.split(", ")] if len(flags) > 1 else [cell]
+        if len(values) == 1:
+            values *= len(flags)
+        assert len(values) == len(flags), (flags, cell)
+        for flag, value in zip(flags, values, strict=True):
+            action, stated = actions[flag], stated_default(value)
+            default = MERGED.get(flag, action.default)
+            if stated is None or action.nargs == 0 and stated == "off":
+                continue
+            # flags whose None is settled after parsing (e.g. from the environment)
+            if default is None and stated not in ("none", "off"):
+                continue
+            if not same(stated, default):
+                wrong.append(f"{flag}: docs {value!r}, argparse {default!r}")
+    assert wrong == []
