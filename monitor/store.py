@@ -4,12 +4,14 @@ evicts a ``replica_id`` again and continues the cooldown. Every write is committ
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -123,7 +125,8 @@ class Store:
         if path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         self.path = path
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._atomic = 0  # depth of atomic() blocks: their writes commit at the end
         self._db = sqlite3.connect(path, check_same_thread=False, timeout=10)
         self._db.row_factory = sqlite3.Row
         if path != ":memory:":
@@ -139,12 +142,31 @@ class Store:
         with self._lock:
             self._db.close()
 
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        """The writes inside commit together or not at all: a monitor killed between them
+        leaves neither (a host quarantined without its sinks' actions, say)."""
+        with self._lock:
+            self._atomic += 1
+            try:
+                yield
+                if self._atomic == 1:
+                    self._db.commit()
+            except BaseException:
+                if self._atomic == 1:
+                    self._db.rollback()
+                raise
+            finally:
+                self._atomic -= 1
+
     def _write(self, sql: str, args: tuple = ()) -> int:
-        """Run one statement and commit it; the new row's id."""
+        """Run one statement and commit it (at the end of an atomic() block); the new row's
+        id."""
         with self._lock:
             try:
                 cur = self._db.execute(sql, args)
-                self._db.commit()
+                if not self._atomic:
+                    self._db.commit()
             except sqlite3.Error:  # no transaction left open to hold the file's locks
                 self._db.rollback()
                 raise

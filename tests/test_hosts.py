@@ -211,6 +211,38 @@ def test_restart_keeps_the_ledger(tmp_path):
     assert again.decide(clock(), None, 10)[0]["host"] == "h2"
 
 
+def test_a_monitor_killed_while_quarantining_leaves_no_quarantine_without_its_actions(
+        tmp_path, monkeypatch):
+    """The monitor dies (SIGKILL cannot be aimed between two writes: an exception escaping
+    stands in) after the first sink's action was queued, before the second's. Before, the
+    host was saved quarantined with one action and never drained by the other sink; now the
+    restarted monitor finds no quarantine, quarantines again on the same offence and queues
+    both."""
+    class Killed(BaseException):
+        pass
+
+    clock = Clock()
+    sinks = [RecordingSink("a"), RecordingSink("b")]
+    led = ledger(tmp_path, clock, sinks)
+    led.record([finding("hang", "h1", 1)], clock())
+    add = led.store.add_host_action
+    calls = []
+
+    def dies_on_the_second(**kw):
+        calls.append(kw)
+        if len(calls) == 2:
+            raise Killed
+        return add(**kw)
+    monkeypatch.setattr(led.store, "add_host_action", dies_on_the_second)
+    with pytest.raises(Killed):
+        led.decide(clock(), None, 10)
+    again = ledger(tmp_path, clock, sinks)
+    assert again.store.host_actions() == [] and again.store.host_decisions() == []
+    assert again.hosts["h1"]["state"] == "suspect" and again.quarantined() == []
+    assert again.decide(clock(), None, 10)[0]["decision"] == "quarantine"
+    assert sorted(a["sink"] for a in again.store.host_actions()) == ["a", "b"]
+
+
 def _view(groups: dict[int, tuple[str, list[str]]]):
     gs, ranks = {}, {}
     for g, (rid, hosts) in groups.items():

@@ -314,14 +314,14 @@ class HostLedger:
                                             | self._on_host(h["host"])),
                  released_at=None, release_reason=None)
         self._set_state(h, QUARANTINED, now)
-        self._save(h, now)
-        self.store.add_host_decision(host=h["host"], decision="quarantine", reason=kind,
-                                     detail=summary, evidence=evidence, at=now)
-        log.warning("host %s (node %s) quarantined: %s", h["host"], h["node"], summary)
         finding = {"id": last.get("finding_id"), "kind": kind,
                    "replica_group": last.get("replica_group"),
                    "replica_id": last.get("replica_id"), "ranks": last.get("ranks")}
-        self._queue(h, "quarantine", kind, summary, finding, now)
+        with self.store.atomic():  # never quarantined without its sinks' actions
+            self.store.add_host_decision(host=h["host"], decision="quarantine", reason=kind,
+                                         detail=summary, evidence=evidence, at=now)
+            self._queue(h, "quarantine", kind, summary, finding, now)
+        log.warning("host %s (node %s) quarantined: %s", h["host"], h["node"], summary)
         return {"host": h["host"], "decision": "quarantine", "reason": kind, "detail": summary}
 
     def release(self, host: str, reason: str) -> dict[str, Any]:
@@ -339,14 +339,13 @@ class HostLedger:
                  ) -> dict[str, Any]:
         h.update(released_at=now, release_reason=f"{why}: {detail}")
         self._set_state(h, RELEASED, now)
-        self._save(h, now)
-        self.store.add_host_decision(host=h["host"], decision="release", reason=why,
-                                     detail=detail, evidence={"quarantined_at":
-                                                              h.get("quarantined_at"),
-                                                              "kind": h.get("kind")},
-                                     at=now, source="manual" if why == "manual" else "auto")
+        with self.store.atomic():  # never released without its sinks' actions
+            self.store.add_host_decision(
+                host=h["host"], decision="release", reason=why, detail=detail,
+                evidence={"quarantined_at": h.get("quarantined_at"), "kind": h.get("kind")},
+                at=now, source="manual" if why == "manual" else "auto")
+            self._queue(h, "release", h.get("kind") or "", f"{why}: {detail}", None, now)
         log.warning("host %s released (%s): %s", h["host"], why, detail)
-        self._queue(h, "release", h.get("kind") or "", f"{why}: {detail}", None, now)
         return {"host": h["host"], "decision": "release", "reason": why, "detail": detail}
 
     def group_findings(self, evidence: Any, now: float) -> list[Finding]:
