@@ -83,17 +83,41 @@ def key_table(rows: list[list[str]]) -> tuple[set[str], set[str]]:
     return keys, optional
 
 
-def metric_names(text: str, prefix: str) -> set[str]:
-    return {m.group(0) for span in CODE.findall(text)
-            if (m := re.match(prefix + r"\w+", span))}
+def documented_metrics(text: str, prefix: str) -> dict[str, set[str]]:
+    """Metric name -> the label names documented with it (``name{a,b="x"}``: a, b)."""
+    out: dict[str, set[str]] = {}
+    for span in CODE.findall(text):
+        if m := re.fullmatch(prefix + r"(\w+)(?:\{(.*)\})?", span):
+            labels = {part.split("=")[0].strip() for part in (m.group(2) or "").split(",")}
+            out.setdefault(prefix + m.group(1), set()).update(labels - {""})
+    return out
 
 
-def served_families(text: str) -> set[str]:
-    """Metric family names of a Prometheus text answer, less the ``_created`` companions
-    prometheus_client adds to counters and histograms."""
-    names = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
-    return {n for n in names if not (n.endswith("_created") and (
-        n[:-8] + "_total" in names or n[:-8] in names))}
+def served_metrics(text: str) -> dict[str, set[str] | None]:
+    """Metric family name -> its samples' label names (None: no sample) of a Prometheus text
+    answer, less the ``_created`` companions prometheus_client adds to counters and
+    histograms, and less histograms' ``le``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    types = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    bases = {n.removesuffix("_total") for n in types}
+    out: dict[str, set[str] | None] = {}
+    for family in text_string_to_metric_families(text):
+        name = next(n for n in (family.name + "_total", family.name) if n in types)
+        if name.endswith("_created") and name.removesuffix("_created") in bases - {name}:
+            continue
+        labels = [set(s.labels) - {"le"} for s in family.samples]
+        out[name] = set().union(*labels) if labels else None
+    return out
+
+
+def same_metrics(served: dict[str, set[str] | None], documented: dict[str, set[str]],
+                 base: set[str]) -> None:
+    assert sorted(set(served) - set(documented)) == [], "served, not documented"
+    assert sorted(set(documented) - set(served)) == [], "documented, not served"
+    wrong = {name: sorted(labels) for name, labels in served.items()
+             if labels is not None and labels != base | documented[name]}
+    assert wrong == {}, f"labels other than {sorted(base)} and the documented ones"
 
 
 # --- a real WorkerServer, on its own server and on torch's ---
@@ -181,8 +205,8 @@ def test_fr_trace_keys_are_torchs_and_the_documented_ones(rank):
 
 def test_rank_metrics_are_the_documented_ones(rank):
     text = section(CONTRACTS, "WorkerServer `/metrics`")
-    served = served_families(rank("/metrics").text)
-    assert served == metric_names(text, "lightkeeper_")
+    same_metrics(served_metrics(rank("/metrics").text), documented_metrics(text, "lightkeeper_"),
+                 {"job", "replica_group", "rank", "group_rank"})
 
 
 # --- a real monitor ---
@@ -211,8 +235,10 @@ def monitor(tmp_path_factory):
 
 def test_monitor_metrics_are_the_documented_ones(monitor):
     text = section(CONTRACTS, "Monitor `/metrics`")
-    served = served_families(requests.get(monitor.url + "/metrics", timeout=10).text)
-    assert served == metric_names(text, "lightkeeper_monitor_")
+    bad = requests.post(monitor.url + "/v1/targets", json={}, timeout=10)  # a counted outcome
+    assert bad.status_code == 400
+    served = served_metrics(requests.get(monitor.url + "/metrics", timeout=10).text)
+    same_metrics(served, documented_metrics(text, "lightkeeper_monitor_"), {"job"})
 
 
 def route(spec: str) -> tuple[str, str]:
@@ -331,3 +357,15 @@ def test_every_flag_is_documented_and_every_documented_flag_exists(command, monk
             if not same(stated, default):
                 wrong.append(f"{flag}: docs {value!r}, argparse {default!r}")
     assert wrong == []
+
+
+def test_every_variable_a_rank_reads_is_documented():
+    """The ``LIGHTKEEPER_*`` variables named in worker_server/ against docs/worker_server.md's
+    Environment table and docs/run.md's (the hook's own, set by ``lightkeeper run``)."""
+    named = {v for path in (ROOT / "worker_server").rglob("*.py")
+             for v in re.findall(r"[\"'](LIGHTKEEPER_[A-Z_]+)[\"']", path.read_text())}
+    rows = (table(section(DOCS / "worker_server.md", "Environment"), "variable")
+            + table((DOCS / "run.md").read_text(), "option"))
+    documented = {v for row in rows for cell in row for span in CODE.findall(cell)
+                  for v in re.findall(r"LIGHTKEEPER_[A-Z_]+", span)}
+    assert sorted(named - documented) == [], "read by a rank, in no Environment table"
