@@ -248,15 +248,34 @@ def route(spec: str) -> tuple[str, str]:
     return method, re.sub(r"<[^>]*>|\{[^}]*\}", "<>", path)
 
 
+def routes(app) -> set[tuple[str, str]]:
+    return {route(f"{m} {rule.rule}") for rule in app.url_map.iter_rules()
+            if rule.endpoint != "static" for m in rule.methods - {"HEAD", "OPTIONS"}}
+
+
+def documented_routes(rows: list[list[str]]) -> set[tuple[str, str]]:
+    found = [route(s) for row in rows for s in CODE.findall(row[0])
+             if re.match(r"(GET|POST|PUT|PATCH|DELETE) /", s)]
+    assert len(found) == len(set(found)), "a route documented twice"
+    return set(found)
+
+
 def test_monitor_routes_are_the_documented_ones(monitor):
     from monitor.api.app import create_app
 
-    rows = table(section(CONTRACTS, "Monitor HTTP API"), "route")
-    documented = [route(s) for row in rows for s in CODE.findall(row[0])]
-    assert len(documented) == len(set(documented)), "a route documented twice"
-    served = {route(f"{m} {rule.rule}") for rule in create_app(monitor).url_map.iter_rules()
-              if rule.endpoint != "static" for m in rule.methods - {"HEAD", "OPTIONS"}}
-    assert served == set(documented)
+    served = routes(create_app(monitor))
+    assert served == documented_routes(table(section(CONTRACTS, "Monitor HTTP API"), "route"))
+    assert served == documented_routes(table(section(DOCS / "monitor.md", "API"), "endpoint"))
+
+
+def test_rank_routes_are_the_documented_ones():
+    from worker_server import RankIdentity, RankState, create_app
+
+    state = RankState(RankIdentity(job="contracts", replica_group=0, group_rank=0,
+                                   group_world_size=1, lighthouse=None))
+    served = routes(create_app(state))
+    intro = (DOCS / "worker_server.md").read_text().split("\n## ")[0]  # before its sections
+    assert served == documented_routes(table(intro, "endpoint"))
 
 
 # --- the command lines' flags ---
