@@ -39,6 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="flask: Lightkeeper's own server (the default); torch: the read-only "
                         "endpoints as handlers on torch's own per-rank server, one port per rank "
                         "(torch 2.10+, else flask with one line; env LIGHTKEEPER_WORKER_SERVER)")
+    p.add_argument("--planned-stops", action="store_true",
+                   help="a rank sent SIGTERM (a rolling restart) says it stopped before it goes, "
+                        "so a monitor does not count it dead (env LIGHTKEEPER_PLANNED_STOPS=1; "
+                        "docs/run.md)")
     p.add_argument("--print-env", action="store_true",
                    help="print the variables that turn the hook on (for a container spec) and exit")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="COMMAND",
@@ -58,6 +62,8 @@ def hook_env(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
                         (getattr(args, "worker_server", None), "LIGHTKEEPER_WORKER_SERVER")):
         if value is not None:
             out[name] = str(value)
+    if args.planned_stops:
+        out["LIGHTKEEPER_PLANNED_STOPS"] = "1"
     if "TORCH_FR_BUFFER_SIZE" not in base and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in base:
         out["TORCH_FR_BUFFER_SIZE"] = FR_BUFFER_DEFAULT  # Flight Recorder is off at size 0
     return out

@@ -34,10 +34,38 @@ select.select([], [], [])
 """
 
 
+# a job's own script under ``lightkeeper run --planned-stops`` (the hook armed it at start);
+# "handler": the script handles SIGTERM itself
+RUN_SCRIPT = """
+import select, signal, sys, time
+if sys.argv[1] == "handler":
+    signal.signal(signal.SIGTERM, lambda *_: (print("handled", flush=True), sys.exit(0)))
+print("unarmed: -", flush=True)
+from worker_server import WorkerServer
+server = WorkerServer.start(replica_group=0)
+print("url:", server.url, flush=True)
+if sys.argv[1] == "handler":  # a training loop: back in Python between its steps
+    while True:
+        time.sleep(0.05)
+select.select([], [], [])
+"""
+
+
 class Rank:
-    def __init__(self, mode: str = "") -> None:
-        self.proc = subprocess.Popen([sys.executable, "-c", SCRIPT, mode], text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    def __init__(self, mode: str = "", run_env: dict | None = None) -> None:
+        env = None
+        if run_env is not None:  # as `lightkeeper run --planned-stops` starts the command
+            import argparse
+            import os
+
+            from lightkeeper.run import add_arguments, hook_env
+            p = argparse.ArgumentParser()
+            add_arguments(p)
+            env = {**os.environ, **hook_env(p.parse_args(["--planned-stops", "--", "x"]),
+                                            dict(os.environ)), **run_env}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", SCRIPT if run_env is None else RUN_SCRIPT, mode], text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         self.unarmed = self.proc.stdout.readline().strip()
         line = self.proc.stdout.readline().strip()
         assert line.startswith("url: "), (self.unarmed, line, self.proc.stdout.read())
@@ -66,7 +94,7 @@ class Rank:
 @pytest.fixture
 def rank():
     made: list[Rank] = []
-    yield lambda mode="": made.append(Rank(mode)) or made[-1]
+    yield lambda mode="", **kw: made.append(Rank(mode, **kw)) or made[-1]
     for r in made:
         stop_process(r.proc, grace=0)
 
@@ -95,3 +123,25 @@ def test_a_thread_started_first_leaves_sigterm_as_it_was(rank):
     r.poll_as_the_monitor()
     assert r.sigterm() == -signal.SIGTERM
     assert r.answers[-1]["stopped_by"] is None
+
+
+def test_lightkeeper_run_planned_stops_arms_a_rank(rank):
+    r = rank(run_env={"RANK": "0"})
+    r.poll_as_the_monitor()
+    assert r.sigterm() == -signal.SIGTERM
+    assert r.answers[-1]["stopped_by"] == "SIGTERM", r.answers[-1]
+
+
+def test_lightkeeper_run_planned_stops_leaves_a_process_that_is_no_rank_alone(rank):
+    r = rank(run_env={})  # no RANK, no LOCAL_RANK: torchrun's agent, a tool
+    r.poll_as_the_monitor()
+    assert r.sigterm() == -signal.SIGTERM
+    assert r.answers[-1]["stopped_by"] is None
+
+
+def test_the_jobs_own_sigterm_handler_still_runs_after_the_stop_is_said(rank):
+    r = rank("handler", run_env={"LOCAL_RANK": "0"})
+    r.poll_as_the_monitor()
+    assert r.sigterm() == 0  # its handler's sys.exit(0)
+    assert r.answers[-1]["stopped_by"] == "SIGTERM", r.answers[-1]
+    assert "handled" in r.proc.stdout.read()

@@ -83,6 +83,9 @@ def install_if_enabled() -> bool:
     if not enabled():
         return False
     install()
+    from .stop_signal import arm_from_env
+
+    arm_from_env()
     return True
 
 

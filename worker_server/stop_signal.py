@@ -12,7 +12,10 @@ main thread is doing, and the signal is raised again with its default action.
 
 Limits: it must be armed before any other thread starts (threads inherit the blocked signal; one
 started earlier could take SIGTERM and end the process unmarked), and a child process started
-with ``subprocess`` inherits SIGTERM blocked (a Python ``fork`` unblocks it in the child).
+with ``subprocess`` inherits SIGTERM blocked (a Python ``fork`` unblocks it in the child; a
+Python child under ``lightkeeper run --planned-stops`` arms it again). A SIGTERM handler the
+program installs runs after the stop was said, once the main thread runs Python again (a sleep or
+a blocking read there is no longer cut short by SIGTERM).
 """
 
 from __future__ import annotations
@@ -25,6 +28,19 @@ from collections.abc import Callable
 from .autostart import say
 
 _SIGNALS = {signal.SIGTERM}
+ENV_PLANNED_STOPS = "LIGHTKEEPER_PLANNED_STOPS"  # lightkeeper run --planned-stops sets it
+
+
+def arm_from_env(env=os.environ) -> None:
+    """Under ``lightkeeper run --planned-stops``: arm in a training rank (``RANK`` or
+    ``LOCAL_RANK`` set, as launchers set them for ranks and not for torchrun's own agent);
+    called by the hook at interpreter start, before the program runs."""
+    if env.get(ENV_PLANNED_STOPS, "").strip().lower() not in ("1", "true", "yes", "on"):
+        return
+    if "RANK" in env or "LOCAL_RANK" in env:
+        why = watch_sigterm()
+        if why:
+            say(f"--planned-stops: SIGTERM will end this rank unsaid: {why}")
 
 
 def watch_sigterm(on_stop: Callable[[], object] | None = None) -> str | None:
@@ -67,3 +83,6 @@ def _wait(on_stop: Callable[[], object]) -> None:
         say(f"SIGTERM: could not say the planned stop ({type(e).__name__}: {e})")
     _unblock()  # in this thread only, so that the signal raised here takes its default action
     signal.raise_signal(signal.SIGTERM)
+    # still here: the program handles SIGTERM itself (its handler runs in the main thread); this
+    # thread, the only one not blocking SIGTERM, stays to take the next ones for it
+    threading.Event().wait()
