@@ -40,7 +40,11 @@ RUN_SCRIPT = """
 import select, signal, sys, time
 if sys.argv[1] == "handler":
     signal.signal(signal.SIGTERM, lambda *_: (print("handled", flush=True), sys.exit(0)))
-print("unarmed: -", flush=True)
+if sys.argv[1] == "again":  # as lightkeeper train arms it itself: the hook did already
+    from worker_server.stop_signal import watch_sigterm
+    print("unarmed:", watch_sigterm(), flush=True)
+else:
+    print("unarmed: -", flush=True)
 from worker_server import WorkerServer
 server = WorkerServer.start(replica_group=0)
 print("url:", server.url, flush=True)
@@ -126,7 +130,8 @@ def test_a_thread_started_first_leaves_sigterm_as_it_was(rank):
 
 
 def test_lightkeeper_run_planned_stops_arms_a_rank(rank):
-    r = rank(run_env={"RANK": "0"})
+    r = rank("again", run_env={"RANK": "0"})
+    assert r.unarmed == "unarmed: None"  # armed by the hook, not refused for its thread
     r.poll_as_the_monitor()
     assert r.sigterm() == -signal.SIGTERM
     assert r.answers[-1]["stopped_by"] == "SIGTERM", r.answers[-1]

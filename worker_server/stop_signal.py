@@ -28,6 +28,7 @@ from collections.abc import Callable
 from .autostart import say
 
 _SIGNALS = {signal.SIGTERM}
+_armed = False
 ENV_PLANNED_STOPS = "LIGHTKEEPER_PLANNED_STOPS"  # lightkeeper run --planned-stops sets it
 
 
@@ -47,6 +48,9 @@ def watch_sigterm(on_stop: Callable[[], object] | None = None) -> str | None:
     """On SIGTERM call ``on_stop`` (default: every serving WorkerServer says it stopped), then
     end the process by it. Call from the main thread before any other thread starts. Returns
     None once armed, else why it is not (one line; SIGTERM then ends the process as before)."""
+    global _armed
+    if _armed:  # by the hook (lightkeeper run --planned-stops), before the program ran
+        return None
     if threading.current_thread() is not threading.main_thread():
         return "not called from the main thread"
     try:
@@ -58,7 +62,8 @@ def watch_sigterm(on_stop: Callable[[], object] | None = None) -> str | None:
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return "SIGTERM already has a handler"
     signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
-    os.register_at_fork(after_in_child=_unblock)
+    _armed = True
+    os.register_at_fork(after_in_child=_forked)
     threading.Thread(target=_wait, args=(on_stop or _servers_stopped,), name="lightkeeper-sigterm",
                      daemon=True).start()
     return None
@@ -69,6 +74,12 @@ def _servers_stopped() -> None:
 
     for server in serving():
         server.stopped()
+
+
+def _forked() -> None:
+    global _armed
+    _armed = False  # the child has no watcher thread: not armed until it arms itself
+    _unblock()
 
 
 def _unblock() -> None:
