@@ -154,6 +154,7 @@ def rank(request):
                         "/metrics": "metrics"}[route]
                 return requests.post(f"{base_url(srv.url)}/handler/lightkeeper_{name}"
                                      + (f"?{query}" if query else ""), timeout=10)
+            get.handlers = requests.get(f"{base_url(srv.url)}/handler/", timeout=10).json()
         yield get
     finally:
         srv.stop()
@@ -201,6 +202,14 @@ def test_fr_trace_keys_are_torchs_and_the_documented_ones(rank):
     assert r.status_code == 200, r.text
     added = set(r.json()) - set(json.loads(raw_dump_json()))
     assert added == documented
+
+
+def test_torch_handlers_are_the_documented_ones(rank):
+    if not hasattr(rank, "handlers"):
+        pytest.skip("torch's server only")
+    intro = section(CONTRACTS, "WorkerServer `GET /v1/state`").strip().split("\n\n")[0]
+    documented = {h for span in CODE.findall(intro) for h in re.findall(r"\blightkeeper_\w+", span)}
+    assert {h for h in rank.handlers if h.startswith("lightkeeper_")} == documented
 
 
 def test_rank_metrics_are_the_documented_ones(rank):
