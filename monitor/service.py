@@ -42,7 +42,7 @@ from .evidence.verification import Verifier
 from .evidence.view import ClusterView, ViewBuilder
 from .goodput.account import GoodputAccount
 from .poll.admission import AllowList, NotAllowed, Unauthorized, registration_authorized
-from .poll.discovery import BadTarget, Discovery, Target, TooManyTargets, normalize_url
+from .poll.discovery import BadTarget, Discovery, OtherJob, Target, TooManyTargets, normalize_url
 from .poll.torch_server import StoreReader
 from .poll.torch_target import is_torch
 from .polling import Polling
@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 STALLED_AFTER_S = 30.0  # /healthz: no sweep ended this long (or 10 intervals): the loop is stuck
 WARN_EVERY_S = 60.0  # while a trouble lasts (an unreadable Lighthouse), said again this often
 REFUSALS = {Unauthorized: "unauthorized", NotAllowed: "not_allowed", BadTarget: "bad_request",
-            TooManyTargets: "too_many_targets"}
+            TooManyTargets: "too_many_targets", OtherJob: "other_job"}
 
 
 class Trouble:
@@ -417,7 +417,8 @@ class Monitor:
         except tuple(REFUSALS) as e:
             outcome = REFUSALS[type(e)]
             self.metrics.registrations.labels(self.cfg.job, outcome).inc()
-            log.info("registration refused (%s): %s", outcome, e)
+            if not isinstance(e, OtherJob):  # Discovery says those once a job
+                log.info("registration refused (%s): %s", outcome, e)
             raise
         self.metrics.registrations.labels(self.cfg.job, "accepted").inc()
         return target

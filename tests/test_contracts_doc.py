@@ -250,6 +250,25 @@ def test_monitor_metrics_are_the_documented_ones(monitor):
     same_metrics(served, documented_metrics(text, "lightkeeper_monitor_"), {"job"})
 
 
+def test_a_refused_registration_is_counted_with_a_documented_outcome(monitor):
+    """A rank of another job (409) is refused like any other: counted by outcome."""
+    text = section(CONTRACTS, "Monitor `/metrics`")
+    m = re.search(r"registrations_total\{outcome\}` \(outcome: ([^)]*)\)", text)
+    assert m, "the registration outcomes"
+    documented = set(CODE.findall(m.group(1)))
+    other = requests.post(monitor.url + "/v1/targets", timeout=10, json={
+        "url": "http://127.0.0.1:9", "job": "another", "replica_group": 0, "rank": 0})
+    assert other.status_code == 409, other.text
+    assert requests.post(monitor.url + "/v1/targets", json=[], timeout=10).status_code == 400
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = requests.get(monitor.url + "/metrics", timeout=10).text
+    counted = {s.labels["outcome"]: s.value for f in text_string_to_metric_families(text)
+               for s in f.samples if s.name == "lightkeeper_monitor_registrations_total"}
+    assert counted.keys() <= documented
+    assert counted.get("other_job", 0) >= 1 and counted.get("bad_request", 0) >= 1, counted
+
+
 def route(spec: str) -> tuple[str, str]:
     """``GET /v1/goodput[?incidents=N]`` -> ("GET", "/v1/goodput"); parameters as ``<>``."""
     method, path = spec.split(" ", 1)

@@ -113,7 +113,8 @@ class MonitorMetrics:
                                    "the last sweep (else ranks cannot be verified: no eviction)")
         self.registrations = counter("registrations",
                                      "POST /v1/targets by outcome (accepted, unauthorized, "
-                                     "not_allowed, bad_request, too_many_targets)", "outcome")
+                                     "not_allowed, bad_request, too_many_targets, other_job)",
+                                     "outcome")
         self.goodput_ratio = gauge("goodput_ratio",
                                    "Goodput / (expected replica groups x wall seconds) since the "
                                    "goodput ledger began (NaN before it has accounted a sweep)")
