@@ -83,6 +83,41 @@ def key_table(rows: list[list[str]]) -> tuple[set[str], set[str]]:
     return keys, optional
 
 
+def key_types(rows: list[list[str]]) -> dict[str, str]:
+    """Key -> its documented type of a ``key | type | meaning`` table (``a``, ``b`` | ``str,
+    int``: one type each)."""
+    out = {}
+    for row in rows:
+        names = CODE.findall(row[0])
+        types = [t.strip() for t in row[1].split(", ")] if len(names) > 1 else [row[1]]
+        types = types * len(names) if len(types) == 1 else types
+        assert len(types) == len(names), row
+        out.update(zip(names, types, strict=True))
+    return out
+
+
+JSON_TYPES = {"str": str, "string": str, "int": int, "float": (int, float), "bool": bool,
+              "object": dict, "dict": dict, "list": list}
+
+
+def has_type(value: object, spec: str) -> bool:
+    """Whether a JSON value is of a documented type: ``int``, ``float or null``,
+    ``list[float]``, ``dict[str, float]``, ``object``, ..."""
+    if value is None:
+        return spec.endswith(" or null")
+    m = re.fullmatch(r"(\w+)(?:\[(.*)\])?(?: or null)?", spec)
+    assert m and m.group(1) in JSON_TYPES, f"no such type {spec!r}"
+    kind, inner = m.groups()
+    if isinstance(value, bool) and kind != "bool" or not isinstance(value, JSON_TYPES[kind]):
+        return False
+    if kind == "list" and inner:
+        return all(has_type(v, inner) for v in value)
+    if kind == "dict" and inner:
+        key, val = (t.strip() for t in inner.split(","))
+        return all(has_type(k, key) and has_type(v, val) for k, v in value.items())
+    return True
+
+
 def documented_metrics(text: str, prefix: str) -> dict[str, set[str]]:
     """Metric name -> the label names documented with it (``name{a,b="x"}``: a, b)."""
     out: dict[str, set[str]] = {}
@@ -136,9 +171,13 @@ def rank(request):
             pytest.skip(str(unavailable()))
     state = RankState(RankIdentity(job="contracts", replica_group=1, group_rank=0,
                                    group_world_size=1, lighthouse="http://127.0.0.1:1"))
-    for step in range(1, 4):
+    for step in range(1, 4):  # as the instrumented Manager drives them (instrument.py)
         state.step_started()
+        state.timing.begin_step()
         state.set_quorum(3, 2, True)
+        with state.timing.waiting("cross"):
+            pass
+        state.timing.end_step(step)
         state.step_finished(step, committed=True, loss=1.5)
     srv = WorkerServer(state, server=request.param).serve()
     try:
@@ -179,6 +218,24 @@ def test_state_keys_are_the_documented_ones(rank):
     assert sorted((timing[0] | timing[1]) - timing_keys) == []
     assert sorted(timing_keys - timing_optional - timing[0]) == []
     assert sorted(timing_keys - timing[0] - timing[1]) == []
+
+
+def test_state_values_have_the_documented_types(rank):
+    keyed = [body for head, body in tables(section(CONTRACTS, "WorkerServer `GET /v1/state`"))
+             if head[0] == "key"]
+    state = rank("/v1/state?since=1").json()
+    wrong = []
+    for doc, rows in ((state, keyed[0]), (state["timing"], keyed[1])):
+        for key, spec in key_types(rows).items():
+            head, _, field = key.partition(".")
+            if head not in doc:  # a key present only when asked (test above)
+                continue
+            value = doc[head] if not field else (doc[head] or {}).get(field)
+            if field and doc[head] is None:  # a field of an object that is null
+                continue
+            if not has_type(value, spec):
+                wrong.append(f"{key}: {value!r} is not {spec}")
+    assert wrong == []
 
 
 def test_state_phases_are_the_documented_ones():
