@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from monitor.config import QUARANTINE_AFTER
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 CODE = re.compile(r"`([^`]+)`")
@@ -375,10 +377,8 @@ COMMANDS = {
 }
 # argparse's defaults that come from the environment (docs: `$VAR`), unset for the parsers
 ENV = ("TORCHFT_LIGHTHOUSE", "LIGHTKEEPER_JOB", "LIGHTKEEPER_WORKER_HOST", "LIGHTKEEPER_ETCD")
-
-
 # flags whose value is merged over the product's own after parsing: that is the default
-MERGED = {"--quarantine-after": importlib.import_module("monitor.config").QUARANTINE_AFTER}
+MERGED = {"--quarantine-after": QUARANTINE_AFTER}
 
 
 def parser(command: str) -> argparse.ArgumentParser:
