@@ -1011,6 +1011,10 @@ def run(args: argparse.Namespace) -> int:
         if given:
             print(f"lightkeeper demo: {flag} {other}", file=sys.stderr)
             return 2
+    if args.soak is not None and (not args.soak > 0 or plans or args.no_faults):
+        print("lightkeeper demo: --soak takes seconds > 0 and draws its own faults (no "
+              "--inject, no --no-faults)", file=sys.stderr)
+        return 2
     try:  # before the lock and the hosts: a run never starts without a place for its report
         report_dir = _report_dir(args.report_dir)
     except ValueError as e:
@@ -1027,10 +1031,6 @@ def run(args: argparse.Namespace) -> int:
         if fabric is None and args.hosts == "netns":
             print(f"lightkeeper demo: --hosts netns: {hosts_note}", file=sys.stderr)
             return 2
-    if args.soak is not None and (not args.soak > 0 or plans or args.no_faults):
-        print("lightkeeper demo: --soak takes seconds > 0 and draws its own faults (no "
-              "--inject, no --no-faults)", file=sys.stderr)
-        return 2
     if args.soak:
         if args.seed is None:
             args.seed = secrets.randbelow(2**31)

@@ -123,6 +123,9 @@ def _demo(*args: str) -> subprocess.CompletedProcess:
     (["--pg-timeout", "nan"], "--pg-timeout must be a number >= 0, got nan"),
     (["--seed", "3"], "--seed needs --soak"),
     (["--one-host", "--hosts", "netns"], "--one-host and --hosts netns exclude each other"),
+    # refused before the hosts are built (as root, network namespaces)
+    (["--soak", "0"], "--soak takes seconds > 0 and draws its own faults"),
+    (["--soak", "30", "--no-faults"], "--soak takes seconds > 0 and draws its own faults"),
 ])
 def test_a_bad_option_is_one_line_naming_it_before_starting(tmp_path, args, message):
     report_dir = tmp_path / "report"
