@@ -126,3 +126,20 @@ def test_exit_reason_is_one_bounded_line_in_the_log():
     assert len(lines) == 1, lines
     assert lines[0].startswith("[lightkeeper] exiting (status 1): evicted [lightkeeper] forged")
     assert len(lines[0]) < 1100
+
+
+def test_an_empty_worker_host_variable_binds_loopback(monkeypatch):
+    # LIGHTKEEPER_WORKER_HOST= (set, empty: a template left blank) is as unset: 127.0.0.1
+    monkeypatch.setenv("LIGHTKEEPER_WORKER_HOST", "")
+    server = WorkerServer.start(replica_group=0)
+    try:
+        assert server.url.startswith("http://127.0.0.1:"), server.url
+        assert requests.get(server.url + "/healthz", timeout=5).ok
+    finally:
+        server.stop()
+    import argparse
+
+    from trainer.cli import add_arguments  # the trainer's flag takes its default from it
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert p.parse_args([]).worker_host == "127.0.0.1"

@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker-port", type=int, default=None,
                    help="WorkerServer port; 0 = ephemeral; with several local ranks each gets "
                         "port+group_rank (env LIGHTKEEPER_WORKER_PORT; default 0)")
-    p.add_argument("--worker-host", default=os.environ.get("LIGHTKEEPER_WORKER_HOST", "127.0.0.1"),
+    p.add_argument("--worker-host", default=os.environ.get("LIGHTKEEPER_WORKER_HOST") or "127.0.0.1",
                    help="WorkerServer bind address (env LIGHTKEEPER_WORKER_HOST; 127.0.0.1)")
     p.add_argument("--job", default=os.environ.get("LIGHTKEEPER_JOB", "lightkeeper"),
                    help="job name used in labels and state (env LIGHTKEEPER_JOB)")

@@ -192,7 +192,7 @@ class WorkerServer:
         state = RankState(identity, faults=faults)
         server = cls(
             state,
-            host=host or env.get("LIGHTKEEPER_WORKER_HOST", "127.0.0.1"),
+            host=host or env.get("LIGHTKEEPER_WORKER_HOST") or "127.0.0.1",  # set empty: unset
             port=port_number(port if port is not None else env.get("LIGHTKEEPER_WORKER_PORT", 0),
                              "port" if port is not None else "LIGHTKEEPER_WORKER_PORT"),
             fault_handler=fault_handler, fault_token=env.get("LIGHTKEEPER_FAULT_TOKEN") or None,
