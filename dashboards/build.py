@@ -523,7 +523,8 @@ def monitor_health() -> dict:
     L.add(timeseries(
         "Rank registrations by outcome",
         "POST /v1/targets per interval: accepted, or refused (unauthorized, not_allowed, "
-        "bad_request, too_many_targets). Refusals mean ranks the monitor does not poll.",
+        "bad_request, too_many_targets, other_job). Refusals mean ranks the monitor does not "
+        "poll.",
         [target(events("lightkeeper_monitor_registrations_total", J, "outcome"), "{{outcome}}")],
         draw="bars", fill=80, min_=0), 12, 6)
     L.add(timeseries(
