@@ -77,6 +77,8 @@ os._exit(code)
 # ``lightkeeper train`` with the arguments it was given. argv: go file, ready file, train args.
 SPARE_SCRIPT = r"""
 import os, sys, time
+from worker_server.stop_signal import watch_sigterm
+watch_sigterm()  # before torch starts a thread, as `lightkeeper train` does: a planned stop is said
 go, ready = sys.argv[1], sys.argv[2]
 owner = int(os.environ["LIGHTKEEPER_SPARE_OWNER"])
 import torch, torch.distributed, torch.distributed.fsdp
