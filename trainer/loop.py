@@ -265,6 +265,8 @@ def train(cfg: TrainConfig) -> int:
         if server is not None:
             if completed:  # a monitor reads that this rank ended, not died
                 server.finish()
+            elif server.state.stopped_by:  # SIGTERM'd, and a peer that went first failed our step
+                server.stopped()
             server.stop()
         del gstore
     return 0
