@@ -170,7 +170,7 @@ class RankState:
             raise ValueError(f"unknown phase {phase!r}; expected one of {PHASES}")
         now = time.time()
         with self._lock:
-            if phase != self.phase:
+            if phase != self.phase and not self.finished:  # a stopped rank's loop may run on
                 self.phase = phase
                 self.phase_since = now
 

@@ -1,0 +1,161 @@
+"""Planned maintenance on a running job: real ``lightkeeper train`` ranks, a real Lighthouse and,
+where the monitor's view is checked, a real ``lightkeeper monitor``.
+
+A rolling restart (each group in turn SIGTERMed, as Kubernetes or Slurm stop it, and started
+again once gone) and then the whole job stopped at once are no incident: no finding, no host
+offence, no rank counted lost (the counter behind ``LightkeeperRanksLost``) and no goodput
+incident. A crash beside a planned stop is still found and held against its host:
+tests/test_planned_stop_e2e.py.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from lightkeeper.cluster import Host, LocalCluster, stop_process, wait_until
+
+pytestmark = pytest.mark.e2e
+
+HOSTS = [Host("host-a"), Host("host-b"), Host("host-c")]
+
+
+def _start_monitor(d, lighthouse: str) -> tuple[subprocess.Popen, str]:
+    log = d / "monitor.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-u", "-m", "lightkeeper.cli", "monitor", "--lighthouse", lighthouse,
+             "--port", "0", "--interval", "0.5", "--state", str(d / "monitor.sqlite"),
+             "--min-replicas", "1", "--dead-sweeps", "2"],
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def url():
+        if proc.poll() is not None:
+            raise RuntimeError(f"monitor exited with {proc.returncode}: {log.read_text()[-3000:]}")
+        m = re.search(r"monitor=(\S+)", log.read_text())
+        return m.group(1) if m else None
+
+    return proc, wait_until(url, 30, what="the monitor to listen")
+
+
+def _ranks_lost(url: str) -> float:
+    text = requests.get(url + "/metrics", timeout=5).text
+    m = re.search(r"^lightkeeper_monitor_ranks_lost_total\{[^}]*\} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_a_rolling_restart_and_a_whole_job_stop_are_no_incident(tmp_path):
+    cluster = LocalCluster(tmp_path / "job", num_groups=3, steps=100_000, step_pause_s=0.1,
+                           launcher="bare")
+    monitor = None
+    try:
+        monitor, url = _start_monitor(tmp_path, cluster.start_lighthouse())
+        cluster.extra_env["LIGHTKEEPER_MONITOR"] = url
+
+        def get(path):
+            return requests.get(url + path, timeout=5).json()
+
+        def stepping(g, above):
+            return any(r["replica_group"] == g and (r.get("step") or 0) > above
+                       and r.get("phase") != "stopped" for r in get("/v1/ranks"))
+
+        for g, host in enumerate(HOSTS):
+            cluster.start_group(g, host=host)
+        for g in range(3):
+            cluster.wait_for_workers(g, timeout=120)
+        for g, host in enumerate(HOSTS):  # each restart's incarnation, imported meanwhile
+            cluster.start_spare(g, host=host)
+        wait_until(lambda: all(stepping(g, 3) for g in range(3)), 120, interval=0.5,
+                   what="every group stepping, as the monitor sees it")
+        stopped = []
+        for g, host in enumerate(HOSTS):  # the rolling restart
+            old = cluster.groups[g]
+            stopped += old.worker_urls.values()
+            wait_until(lambda: cluster.spares[g].ready(), 120, interval=0.2,  # noqa: B023
+                       what=f"group {g}'s spare")
+            step = max(r.get("step") or 0 for r in get("/v1/ranks"))
+            old.proc.send_signal(signal.SIGTERM)
+            assert old.proc.wait(timeout=20) == -signal.SIGTERM
+            cluster.start_group(g, host=host)
+            cluster.wait_for_workers(g, timeout=60)
+            wait_until(lambda: stepping(g, step), 60, interval=0.5,  # noqa: B023
+                       what=f"group {g} back and stepping")
+        log = tmp_path / "monitor.log"
+        wait_until(lambda: all(f"forgot {u}: stopped by SIGTERM" in log.read_text()
+                               for u in stopped), 30, interval=0.5,
+                   what="every stopped rank forgotten as stopped by SIGTERM")
+        # a planned stop while the job goes on is no lost rank (LightkeeperRanksLost)
+        assert _ranks_lost(url) == 0
+        assert get("/v1/findings") == []
+        assert get("/v1/hosts")["hosts"] == []
+
+        # the whole job stopped on purpose, every group at once
+        stopped = [u for g in cluster.groups.values() for u in g.worker_urls.values()]
+        for g in cluster.groups.values():
+            g.proc.send_signal(signal.SIGTERM)
+        for g in cluster.groups.values():
+            assert g.proc.wait(timeout=20) == -signal.SIGTERM
+        wait_until(lambda: all(f"forgot {u}: stopped by SIGTERM" in log.read_text()
+                               for u in stopped), 30, interval=0.5,
+                   what="every rank of the stopped job forgotten as stopped by SIGTERM")
+        assert _ranks_lost(url) == 0
+        assert get("/v1/findings") == []
+        assert get("/v1/hosts")["hosts"] == []
+        assert get("/v1/goodput")["incidents"] == []
+    finally:
+        if monitor is not None:
+            stop_process(monitor)
+        cluster.stop()
+
+
+def test_a_rank_whose_peer_stopped_first_still_says_it_stopped(tmp_path):
+    """Both ranks of a group get SIGTERM; the one read first exits, which fails its peer's
+    collective: the peer must still say it stopped, not vanish as a crash would.
+
+    The reader here is the test, with the monitor's User-Agent, not a monitor process: the
+    order of the two reads decides it, and the monitor reads a group's ranks at once."""
+    cluster = LocalCluster(tmp_path / "job", num_groups=1, ranks_per_group=2, steps=100_000,
+                           step_pause_s=0.1, launcher="bare")
+    try:
+        cluster.start_lighthouse()
+        # group rank 1 stops before step 3's forward: rank 0 waits for it in FSDP's all-gather
+        group = cluster.start_group(0, faults=["hang:at_step=3,where=group,rank=1"])
+        urls = cluster.wait_for_workers(0, timeout=120)
+        plain, monitor = requests.Session(), requests.Session()
+        monitor.headers["User-Agent"] = "lightkeeper-monitor"
+
+        def state(session, rank):
+            try:
+                return session.get(urls[rank] + "/v1/state", timeout=2).json()
+            except requests.RequestException:
+                return None
+
+        wait_until(lambda: (s := state(plain, 0)) and s["step"] >= 3 and s["phase"] == "forward",
+                   120, interval=0.2, what="rank 0 blocked in step 3's all-gather")
+        # read as a monitor at --interval 1.5 reads (the reader's pace, not a wait for an
+        # event): a rank SIGTERMed now waits up to 3 s for the next read
+        assert all(state(monitor, r) for r in (0, 1))
+        time.sleep(1.5)
+        assert all(state(monitor, r) for r in (0, 1))
+        for p in group.rank_procs.values():
+            p.send_signal(signal.SIGTERM)
+        said = wait_until(lambda: (s := state(monitor, 1)) and s["finished"] and s, 5,
+                          interval=0.05, what="rank 1 saying it stopped")
+        assert said["stopped_by"] == "SIGTERM"
+        assert group.rank_procs[1].wait(timeout=10) == -signal.SIGTERM
+        try:  # its peer gone, rank 0's all-gather fails; the old code then stopped serving
+            wait_until(lambda: state(plain, 0) is None, 1.0, interval=0.05)
+        except TimeoutError:
+            pass
+        said = state(monitor, 0)
+        assert said is not None, "rank 0 stopped serving before saying it stopped"
+        assert (said["finished"], said["stopped_by"], said["phase"]) == (True, "SIGTERM", "stopped")
+        group.rank_procs[0].wait(timeout=10)
+    finally:
+        cluster.stop()
