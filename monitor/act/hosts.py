@@ -73,6 +73,17 @@ def device_label(d: Any) -> str:
     return str(d.get("type", "?"))
 
 
+def rename_old_sinks(store: Store, sinks: list[Sink], hosts: dict[str, dict[str, Any]]) -> None:
+    """An older version named a sink by its whole ``--action`` (secrets too): its queued
+    actions take the name shown now, so they are shown, and superseded, as this version's."""
+    for s in sinks:
+        if getattr(s, "given", s.name) != s.name:
+            store.rename_sink(s.given, s.name)
+            for h in hosts.values():
+                if (h.get("last_action") or {}).get("sink") == s.given:
+                    h["last_action"]["sink"] = s.name
+
+
 class HostLedger:
     def __init__(self, store: Store, cfg: QuarantineConfig, sinks: list[Sink], job: str,
                  clock) -> None:
@@ -83,14 +94,7 @@ class HostLedger:
         self.clock = clock
         self._lock = threading.RLock()
         self.hosts: dict[str, dict[str, Any]] = store.load_hosts()
-        # an older version named a sink by its whole --action (secrets too): its queued actions
-        # take the name shown now, so they are shown, and superseded, as this version's
-        for s in self.sinks:
-            if getattr(s, "given", s.name) != s.name:
-                store.rename_sink(s.given, s.name)
-                for h in self.hosts.values():
-                    if (h.get("last_action") or {}).get("sink") == s.given:
-                        h["last_action"]["sink"] = s.name
+        rename_old_sinks(store, self.sinks, self.hosts)
         self._held: dict[str, str] = {}  # host -> the rail that held it last (logged once)
         self._actions_running = threading.Lock()
         # the observed view's claims about hosts, per rank: a sweep reads only the changed ones
