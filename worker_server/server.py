@@ -302,9 +302,10 @@ class WorkerServer:
         ``scancel``, torchrun ending its workers): ``/v1/state`` says ``"finished": true`` and
         ``"stopped_by"``, so a monitor counts it ended, not dead, and does not blame its host.
 
-        Waits for a polling monitor's next read, until two of its intervals (the last two reads'
-        gap) have passed since its last one and at most ``FINISH_WAIT_S``: a monitor stopped at
-        the same moment holds the rank's end that long at most. Returns whether one was."""
+        Waits for a polling monitor's next read, until two of its intervals (the longer of the
+        last two gaps between its reads) have passed since its last one and at most
+        ``FINISH_WAIT_S``: a monitor stopped at the same moment holds the rank's end that long at
+        most. Returns whether one was."""
         self.state.finish(stopped_by=by)
         read_at, gap = self.state.state_read_at, self.state.read_gap_s
         if read_at is None or gap is None:

@@ -161,7 +161,8 @@ class RankState:
         self.stopped_by: str | None = None  # "SIGTERM": it ended because it was asked to
         self._read = threading.Condition(self._lock)  # wakes finish's wait for a reader
         self.state_read_at: float | None = None  # the last /v1/state answer sent
-        self.read_gap_s: float | None = None  # how far apart the last two were
+        self.read_gap_s: float | None = None  # the longer of the last two gaps between reads
+        self._gap = 0.0  # the last gap
         self.finished_read = False  # a /v1/state answer saying finished was sent
 
     # --- writers (training thread) -------------------------------------------------
@@ -190,8 +191,9 @@ class RankState:
         """A ``/v1/state`` answer was sent; ``finished``: it said so (the server calls this)."""
         with self._read:
             now = time.time()
-            if self.state_read_at is not None:
-                self.read_gap_s = now - self.state_read_at
+            if self.state_read_at is not None:  # a read soon after another (asked ahead, a
+                gap = now - self.state_read_at  # retry) is not the monitor's interval
+                self.read_gap_s, self._gap = max(gap, self._gap), gap
             self.state_read_at = now
             if finished:
                 self.finished_read = True
