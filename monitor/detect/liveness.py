@@ -30,6 +30,8 @@ class Liveness:
         self._down: set[int] = set()  # groups last seen with a rank down
         self._starting: dict[tuple, float] = {}  # (url, pid, started_at) -> first seen so
         self._down_at: dict[str, int] = {}  # url of a rank down -> its group's step then
+        self._ended: dict[int, dict[str, set[str]]] = {}  # group -> replica id of a rank that
+        # ended -> its peers already down then
 
     def dead(self, view: ClusterView, now: float) -> list[Finding]:
         findings, new = self.findings, []
@@ -38,6 +40,8 @@ class Liveness:
         for url in [u for u in self._down_at if u not in view.ranks]:
             del self._down_at[url]
         self._down.difference_update(gone)
+        for g in gone:
+            self._ended.pop(g, None)
         # an unchanged group with no rank down and nothing open has nothing new
         for g in sorted(self._down.union(changed, open_dead)):
             gv = view.groups.get(g)
@@ -54,10 +58,21 @@ class Liveness:
                 for key in [k for k in findings.open if k[0] in DEAD_KINDS and k[1] == g
                             and k[2] not in (None, rid)]:
                     findings.resolve(key, "replaced", now)
+            # a rank that ended (a planned stop) fails its peers' collectives: those of its
+            # incarnation that go down after its stop was read (a pod SIGTERMed later, or
+            # never) end with it; one down before (a crash torchrun then stopped) is dead
+            ended = self._ended.setdefault(g, {})
+            ids = {r.replica_id for r in (*gv.ranks, *gv.superseded)}
+            for k in [k for k in ended if k not in ids]:
+                del ended[k]
+            for e in gv.ranks:
+                if e.ended and e.replica_id is not None and e.replica_id not in ended:
+                    ended[e.replica_id] = {r.url for r in gv.ranks if r.failures > e.failures}
             # a rank of an earlier incarnation is not this incarnation's loss
             down = [r for r in gv.ranks if not r.reachable and not r.superseded
                     and not r.ended and r.failures >= self.cfg.dead_sweeps
-                    and (rid is None or r.replica_id in (None, rid))]
+                    and (rid is None or r.replica_id in (None, rid))
+                    and r.url in ended.get(r.replica_id, (r.url,))]
             manager_up = [r for r in gv.reachable if r.state.get("group_rank") == 0
                           and r.replica_id == rid and rid is not None]
             # torchft commits a step only with every rank of the group: a rank the group has
