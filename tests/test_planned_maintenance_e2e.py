@@ -24,6 +24,7 @@ from lightkeeper.cluster import Host, LocalCluster, stop_process, wait_until
 pytestmark = pytest.mark.e2e
 
 HOSTS = [Host("host-a"), Host("host-b")]
+FAULT_TOKEN = "planned-maintenance"
 
 
 def _start_monitor(d, lighthouse: str) -> tuple[subprocess.Popen, str]:
@@ -56,14 +57,15 @@ def _ranks_lost(url: str) -> float:
 def test_a_rolling_restart_and_a_whole_job_stop_are_no_incident(tmp_path):
     """Two groups of two ranks, one pod per rank (launcher bare, as a LeaderWorkerSet runs
     them). Group 0's pods get SIGTERM together; group 1's one by one, as a node drain evicts
-    them: its rank 0 gets SIGTERM only once rank 1 is gone, whose exit may fail rank 0's step
-    first. Neither is a dead group nor held against its host."""
+    them: rank 1 first, while rank 0 waits for it inside an in-group collective, which rank 1's
+    exit fails, so rank 0 exits unsaid before its own SIGTERM comes. Neither is a dead group
+    nor held against its host."""
     cluster = LocalCluster(tmp_path / "job", num_groups=2, ranks_per_group=2, steps=100_000,
                            step_pause_s=0.1, launcher="bare")
     monitor = None
     try:
         monitor, url = _start_monitor(tmp_path, cluster.start_lighthouse())
-        cluster.extra_env["LIGHTKEEPER_MONITOR"] = url
+        cluster.extra_env.update(LIGHTKEEPER_MONITOR=url, LIGHTKEEPER_FAULT_TOKEN=FAULT_TOKEN)
         log = tmp_path / "monitor.log"
 
         def get(path):
@@ -96,16 +98,30 @@ def test_a_rolling_restart_and_a_whole_job_stop_are_no_incident(tmp_path):
             wait_until(lambda: cluster.spares[g].ready(), 120, interval=0.2,  # noqa: B023
                        what=f"group {g}'s spare")
             step = max(r.get("step") or 0 for r in get("/v1/ranks"))
-            pods = [old.rank_procs[1], old.rank_procs[0]]
-            for p in pods:
-                p.send_signal(signal.SIGTERM)
-                if g == 1:  # one by one
+            if g == 0:
+                for p in old.rank_procs.values():
+                    p.send_signal(signal.SIGTERM)
+                for p in old.rank_procs.values():
                     p.wait(timeout=20)
-            for p in pods:
-                p.wait(timeout=20)
-            # group 1's rank 0 may have failed before its SIGTERM came: then it said nothing
-            forgotten_as_stopped(list(old.worker_urls.values()) if g == 0
-                                 else [old.worker_urls[1]])
+                forgotten_as_stopped(list(old.worker_urls.values()))
+            else:  # rank 0 blocked in FSDP's all-gather for rank 1 (stopped before its forward)
+                at = step + 2
+                for u in old.worker_urls.values():
+                    r = requests.post(u + "/v1/faults", timeout=5,
+                                      json={"spec": f"hang:at_step={at},where=group,rank=1"},
+                                      headers={"Authorization": f"Bearer {FAULT_TOKEN}"})
+                    assert r.status_code == 200, r.text
+
+                def blocked(u=old.worker_urls[0] + "/v1/state", at=at):
+                    s = requests.get(u, timeout=2).json()
+                    return s["step"] >= at and (s["timing"]["waiting"] or {}).get("scope")
+                wait_until(lambda: blocked() == "group", 30, interval=0.05,
+                           what="rank 0 waiting for rank 1 in its group")
+                old.rank_procs[1].send_signal(signal.SIGTERM)  # said, read, gone: well before
+                assert old.rank_procs[1].wait(timeout=20) == -signal.SIGTERM  # a hang is found
+                assert old.rank_procs[0].wait(timeout=20) == 1  # its all-gather failed
+                old.rank_procs[0].send_signal(signal.SIGTERM)  # its SIGTERM, too late
+                forgotten_as_stopped([old.worker_urls[1]])
             cluster.start_group(g, host=HOSTS[g])
             cluster.wait_for_workers(g, timeout=60)
             wait_until(lambda: stepping(g, step), 60, interval=0.5,  # noqa: B023
