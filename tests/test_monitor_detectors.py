@@ -859,3 +859,32 @@ def test_a_named_rank_is_placed_in_its_group_from_the_view_else_from_its_dump():
              1: {"replica_group": 9}}  # rank 1's dump claims another group: the view wins
     got = rank_groups(view, dumps)
     assert [got(r) for r in range(9)] == [0, 0, 1, None, None, 3, 4, None, None]
+
+
+def test_a_rank_that_crashed_before_its_peer_was_stopped_is_still_dead():
+    """torchrun stops a crashed rank's peers with SIGTERM, so they say they stopped: the rank
+    that went first is still a crash (it was down when its peer's stop was read)."""
+    job = Job()
+    det = Detectors(DetectorConfig(dead_sweeps=2))
+    job.steps(5, now=T0)
+    sweep(det, job, T0)
+    job.down = {3}  # group 1's rank 1 crashes
+    job.states[2].update(finished=True, stopped_by="SIGTERM", phase="stopped")
+    found = list(sweep(det, job, T0 + 1))  # its rank 0 said it was stopped: read with 3 down
+    job.down = {2, 3}
+    found += [f for i in (2, 3, 4) for f in sweep(det, job, T0 + i)]
+    assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("dead", 1, [3])]
+
+
+def test_a_peer_that_goes_down_after_its_group_was_stopped_ended_with_it():
+    """A planned stop of one rank (its pod deleted) fails its peers' collectives: a peer still
+    answering when the stop was read, down after it, is no crash of its own."""
+    job = Job()
+    det = Detectors(DetectorConfig(dead_sweeps=2))
+    job.steps(5, now=T0)
+    sweep(det, job, T0)
+    job.states[2].update(finished=True, stopped_by="SIGTERM", phase="stopped")
+    sweep(det, job, T0 + 1)  # read while rank 3 still answers
+    job.down = {2, 3}  # rank 0 goes; rank 1's collective fails and it exits
+    found = [f for i in (2, 3, 4) for f in sweep(det, job, T0 + i)]
+    assert found == [], [(f.kind, f.ranks) for f in found]
