@@ -199,9 +199,11 @@ def test_a_rank_whose_peer_stopped_first_still_says_it_stopped(tmp_path):
         cluster.stop()
 
 
-def test_a_read_just_after_another_does_not_cut_the_wait_for_the_next(tmp_path):
+def test_a_stopped_rank_waits_for_the_next_read_and_takes_no_more_steps(tmp_path):
     """A monitor's reads are not evenly spaced (a sweep asked ahead, a retry): one soon after
     another must not make a SIGTERMed rank think the monitor polls that often and go unsaid.
+    While it waits, the rank takes no further step: a quorum it joined now would hold the other
+    groups in its process group's configuration until its timeout, once it is gone.
 
     The reader is the test, with the monitor's User-Agent: the spacing of the reads decides it."""
     cluster = LocalCluster(tmp_path / "job", num_groups=1, steps=100_000, step_pause_s=0.1,
@@ -217,14 +219,15 @@ def test_a_read_just_after_another_does_not_cut_the_wait_for_the_next(tmp_path):
         monitor.get(url, timeout=2)
         time.sleep(1.0)  # the reader's pace: one read a second ...
         monitor.get(url, timeout=2)
-        monitor.get(url, timeout=2)  # ... and one more at once
+        step = monitor.get(url, timeout=2).json()["step"]  # ... and one more at once
         proc.send_signal(signal.SIGTERM)
         try:  # the old code ended the rank at once, unsaid
-            wait_until(lambda: proc.poll() is not None, 0.5, interval=0.05)
+            wait_until(lambda: proc.poll() is not None, 1.0, interval=0.05)
         except TimeoutError:
             pass
         said = monitor.get(url, timeout=2).json()  # the next read, within its interval
         assert (said["finished"], said["stopped_by"]) == (True, "SIGTERM")
+        assert said["step"] <= step + 1  # the step under way, if any (~0.15 s each)
         assert proc.wait(timeout=10) == -signal.SIGTERM
     finally:
         cluster.stop()

@@ -21,6 +21,7 @@ import atexit
 import logging
 import os
 import sys
+import threading
 import time
 from datetime import timedelta
 from typing import NoReturn
@@ -212,6 +213,8 @@ def train(cfg: TrainConfig) -> int:
     completed = False
     try:
         while manager.current_step() < cfg.steps:
+            if state.stopped_by:  # SIGTERM'd: join no next quorum (a group about to be gone
+                threading.Event().wait()  # stalls it); the stop ends the process by SIGTERM
             step = manager.current_step()
             optimizer.zero_grad(set_to_none=False)  # async quorum forms during the forward pass
             if cfg.step_pause_s:
