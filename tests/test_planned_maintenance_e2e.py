@@ -105,18 +105,20 @@ def test_a_rolling_restart_and_a_whole_job_stop_are_no_incident(tmp_path):
                     p.wait(timeout=20)
                 forgotten_as_stopped(list(old.worker_urls.values()))
             else:  # rank 0 blocked in FSDP's all-gather for rank 1 (stopped before its forward)
-                at = step + 2
+                at = requests.get(old.worker_urls[0] + "/v1/state", timeout=2).json()["step"] + 4
                 for u in old.worker_urls.values():
                     r = requests.post(u + "/v1/faults", timeout=5,
                                       json={"spec": f"hang:at_step={at},where=group,rank=1"},
                                       headers={"Authorization": f"Bearer {FAULT_TOKEN}"})
                     assert r.status_code == 200, r.text
 
-                def blocked(u=old.worker_urls[0] + "/v1/state", at=at):
-                    s = requests.get(u, timeout=2).json()
-                    return s["step"] >= at and (s["timing"]["waiting"] or {}).get("scope")
-                wait_until(lambda: blocked() == "group", 30, interval=0.05,
-                           what="rank 0 waiting for rank 1 in its group")
+                def blocked(urls=old.worker_urls):
+                    s0, s1 = (requests.get(urls[r] + "/v1/state", timeout=2).json()
+                              for r in (0, 1))
+                    return s1["faults_struck_at"] and s0["phase"] == "forward" and (
+                        s0["timing"]["waiting"] or {}).get("scope") == "group"
+                wait_until(blocked, 30, interval=0.05,
+                           what="rank 1 hung, rank 0 waiting for it in its group")
                 old.rank_procs[1].send_signal(signal.SIGTERM)  # said, read, gone: well before
                 assert old.rank_procs[1].wait(timeout=20) == -signal.SIGTERM  # a hang is found
                 assert old.rank_procs[0].wait(timeout=20) == 1  # its all-gather failed
