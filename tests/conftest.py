@@ -41,8 +41,31 @@ def module_scope(nodeid: str) -> str:
     return "demo" if Path(module).name in DEMO_MODULES else module
 
 
+# The longest modules of the two parallel passes, longest first: they are handed out first, so
+# the workers end together (pytest-xdist's own order is by test count, which says little here).
+LONGEST_FIRST = (
+    # end-to-end jobs (bin/test's second pass)
+    "test_trainer_ranks_e2e.py", "test_planned_maintenance_e2e.py", "test_trainer_launch.py",
+    "test_dashboards_live.py", "test_secrets_shown.py", "test_monitor_shard.py",
+    "test_rank_abort_e2e.py", "test_audit_quarantine_slurm.py", "test_torch_debug_server_e2e.py",
+    # in-process (the first pass)
+    "test_monitor_fr_wait.py", "test_monitor_network.py", "test_monitor_fr_leaders_skip.py",
+    "test_monitor_poll_process.py", "test_monitor_trust.py", "test_audit_restart.py",
+    "test_monitor_poller.py", "test_audit_trainer.py", "test_monitor_api.py",
+    "test_audit_security.py")
+_RANK = {name: i for i, name in enumerate(LONGEST_FIRST)}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest modules first (a stable sort: each module's tests keep their file order)."""
+    items.sort(key=lambda item: _RANK.get(Path(item.nodeid.split("::", 1)[0]).name,
+                                          len(LONGEST_FIRST)))
+
+
 def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False  # the order above
 
     class ModuleScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:

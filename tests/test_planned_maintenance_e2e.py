@@ -4,8 +4,7 @@ where the monitor's view is checked, a real ``lightkeeper monitor``.
 A rolling restart (each group in turn SIGTERMed, as Kubernetes or Slurm stop it, and started
 again once gone) and then the whole job stopped at once are no incident: no finding, no host
 offence, no rank counted lost (the counter behind ``LightkeeperRanksLost``) and no goodput
-incident. A crash beside a planned stop is still found and held against its host:
-tests/test_planned_stop_e2e.py.
+incident, while a rank that crashed just before the job's stop is still found dead.
 """
 
 from __future__ import annotations
@@ -133,20 +132,38 @@ def test_a_rolling_restart_and_a_whole_job_stop_are_no_incident(tmp_path):
         assert _ranks_lost(url) == 0
         assert get("/v1/findings") == []
         assert get("/v1/hosts")["hosts"] == []
+        assert get("/v1/goodput")["incidents"] == []
 
-        # the whole job stopped on purpose, every rank at once
+        # the whole job stopped on purpose, every rank at once, but for group 1's rank 1 that
+        # crashed just before (seen down by the monitor first, as torchrun stops the crashed
+        # rank's peers once it saw it go): that one is still a crash
+        crashed = cluster.groups[1].rank_procs[1]
+        crashed.send_signal(signal.SIGKILL)
+        crashed.wait(timeout=20)
+        crashed_url = cluster.groups[1].worker_urls[1]
+        wait_until(lambda: any(r["url"] == crashed_url and not r["reachable"]
+                               for r in get("/v1/ranks")), 30, interval=0.2,
+                   what="the crashed rank seen down")
         for g in cluster.groups.values():
             for p in g.rank_procs.values():
-                p.send_signal(signal.SIGTERM)
+                if p is not crashed:
+                    p.send_signal(signal.SIGTERM)
         for g in cluster.groups.values():
             for p in g.rank_procs.values():
                 p.wait(timeout=20)
-        forgotten_as_stopped([u for g in cluster.groups.values() for u in g.worker_urls.values()])
+        forgotten_as_stopped([u for g in cluster.groups.values() for u in g.worker_urls.values()
+                              if u != crashed_url])
         judged()
         assert _ranks_lost(url) == 0
-        assert get("/v1/findings") == []
-        assert get("/v1/hosts")["hosts"] == []
-        assert get("/v1/goodput")["incidents"] == []
+        # (dead_rank while its group's Manager still answered, then dead: the crash alone)
+        found = {(f["kind"], f["replica_group"], tuple(f["ranks"])) for f in get("/v1/findings")}
+        assert found and found <= {("dead_rank", 1, (3,)), ("dead", 1, (3,))}, found
+        # held against its host alone (a dead_rank counts at once); no planned stop is
+        hosts = get("/v1/hosts")["hosts"]
+        assert [h["host"] for h in hosts] == ["host-b"], hosts
+        assert {o["ranks"] == [3] for o in hosts[0]["offences"]} == {True}, hosts
+        # the only goodput incident is the crash's
+        assert {i["kind"] for i in get("/v1/goodput")["incidents"]} <= {"dead_rank", "dead"}
     finally:
         if monitor is not None:
             stop_process(monitor)

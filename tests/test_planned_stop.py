@@ -4,7 +4,7 @@ rank's ``/v1/state`` stopped, then ends the process by SIGTERM as before.
 Each test runs a real process with a real WorkerServer whose main thread is blocked in C (a
 ``select`` on nothing, as a rank blocked in a collective), and sends it a real SIGTERM; a
 thread polls ``/v1/state`` as the monitor's poller does (its ``User-Agent``). A real monitor
-counting such a rank ended, not dead, on a real job: tests/test_planned_stop_e2e.py.
+counting such a rank ended, not dead, on a real job: tests/test_planned_maintenance_e2e.py.
 """
 
 from __future__ import annotations
