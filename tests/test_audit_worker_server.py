@@ -143,3 +143,16 @@ def test_an_empty_worker_host_variable_binds_loopback(monkeypatch):
     p = argparse.ArgumentParser()
     add_arguments(p)
     assert p.parse_args([]).worker_host == "127.0.0.1"
+
+
+def test_a_monitor_url_with_a_password_beside_a_token_says_the_monitor_will_refuse(
+        capfd, monkeypatch):
+    # requests turns the URL's user:password into the Authorization header, in place of the
+    # bearer token: the monitor would answer 401 for ever, and the rank says why at once
+    monkeypatch.setenv("LIGHTKEEPER_REGISTER_TOKEN", "t0ken")
+    for url in ("http://u:pw@127.0.0.1:1", "http://127.0.0.1:1"):
+        WorkerServer.start(replica_group=0, monitor_url=url).stop()
+    err = capfd.readouterr().err
+    said = "its URL's user:password and the registration token both need the Authorization"
+    assert err.count(said) == 1, err  # the URL without a password: nothing said
+    assert f"monitor http://u:***@127.0.0.1:1: {said}" in err, err

@@ -24,6 +24,7 @@ import threading
 import time
 import weakref
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
@@ -247,6 +248,10 @@ class WorkerServer:
         }
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         shown = redact_url(monitor_url)
+        if token and "@" in urlsplit(monitor_url).netloc:  # requests sends its Basic auth
+            say(f"monitor {shown}: its URL's user:password and the registration token both need "
+                "the Authorization header, and the URL's (Basic) is the one sent: the monitor "
+                "will refuse this rank (401); give the monitor's URL without them")
 
         def loop() -> None:
             said: int | str | None = None  # the last trouble said (a status, "unreachable")
