@@ -53,9 +53,9 @@ _lock = threading.Lock()
 _server: Any = None  # the WorkerServer this hook started in this process
 
 
-def enabled(env: dict[str, str] | None = None) -> bool:
-    """``LIGHTKEEPER_AUTOSTART`` is set to 1/true/yes/on."""
-    value = (os.environ if env is None else env).get(ENV_AUTOSTART, "")
+def enabled(env: dict[str, str] | None = None, name: str = ENV_AUTOSTART) -> bool:
+    """``name`` (``LIGHTKEEPER_AUTOSTART``) is set to 1/true/yes/on."""
+    value = (os.environ if env is None else env).get(name, "")
     return value.strip().lower() in ("1", "true", "yes", "on")
 
 

@@ -295,11 +295,10 @@ class WorkerServer:
         read_at = self.state.state_read_at
         if wait_s <= 0 or read_at is None or time.time() - read_at > POLLED_RECENTLY_S:
             return False
-        if not self.state.wait_finished_read(wait_s):
+        if not self._finished_read(wait_s):
             say(f"training finished, but nothing read /v1/state within {wait_s:g} s to learn it: "
                 "a monitor may count this rank dead")
             return False
-        self._stop.wait(FLUSH_S)
         return True
 
     def stopped(self, by: str = "SIGTERM") -> bool:
@@ -316,7 +315,12 @@ class WorkerServer:
         if read_at is None or gap is None:
             return False
         wait_s = min(FINISH_WAIT_S, read_at + 2 * gap - time.time())
-        if wait_s <= 0 or not self.state.wait_finished_read(wait_s):
+        return wait_s > 0 and self._finished_read(wait_s)
+
+    def _finished_read(self, wait_s: float) -> bool:
+        """Wait up to ``wait_s`` for an answer saying finished to be sent, then for it to go
+        out (the server writes it after the handler returns)."""
+        if not self.state.wait_finished_read(wait_s):
             return False
         self._stop.wait(FLUSH_S)
         return True

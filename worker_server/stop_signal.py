@@ -25,7 +25,7 @@ import signal
 import threading
 from collections.abc import Callable
 
-from .autostart import say
+from .autostart import enabled, say
 
 _SIGNALS = {signal.SIGTERM}
 _armed = False
@@ -36,7 +36,7 @@ def arm_from_env(env=os.environ) -> None:
     """Under ``lightkeeper run --planned-stops``: arm in a training rank (``RANK`` or
     ``LOCAL_RANK`` set, as launchers set them for ranks and not for torchrun's own agent);
     called by the hook at interpreter start, before the program runs."""
-    if env.get(ENV_PLANNED_STOPS, "").strip().lower() not in ("1", "true", "yes", "on"):
+    if not enabled(env, ENV_PLANNED_STOPS):
         return
     if "RANK" in env or "LOCAL_RANK" in env:
         why = watch_sigterm()
