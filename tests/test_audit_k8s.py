@@ -1,0 +1,109 @@
+"""deploy/kubernetes/ read as a cluster would run it: what the pod specs imply for the processes
+they start. No kubelet or container runtime runs here, so a pod's PID namespace is made with
+``unshare`` (util-linux), and the signal the kubelet sends on a delete is sent by the test."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+KDIR = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
+GRACE_S = 30  # the pod's default terminationGracePeriodSeconds
+
+# torchft_lighthouse's Rust main without importing torch (as tests/test_deploy_kubernetes.py)
+LIGHTHOUSE_MAIN = """
+import importlib.util as u, sys
+from pathlib import Path
+so = next(Path(u.find_spec("torchft").submodule_search_locations[0]).glob("_torchft*.so"))
+spec = u.spec_from_file_location("torchft._torchft", so)
+m = u.module_from_spec(spec)
+spec.loader.exec_module(m)
+sys.exit(m.lighthouse_main())
+"""
+
+
+def _docs(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _poll(cond, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (value := cond()):
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"no {what} within {timeout_s} s")
+
+
+def test_the_lighthouse_pod_ends_on_the_kubelets_sigterm(tmp_path):
+    """`kubectl delete`, a rollout restart or a node drain sends SIGTERM to the container's
+    process. torchft_lighthouse sets no handler for it, so as its PID namespace's init (PID 1)
+    it would ignore it, and every restart of the job's Lighthouse would wait out the grace
+    period. Run the manifest's command as the pod spec places it and send that SIGTERM."""
+    if not shutil.which("unshare"):
+        pytest.skip("unshare (util-linux) not on PATH")
+    (dep,) = [d for d in _docs(KDIR / "base" / "lighthouse.yaml") if d["kind"] == "Deployment"]
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["command"] == ["torchft_lighthouse"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # the ConfigMap's values do not matter here; the address is loopback, not [::]
+    args = [f"--bind=127.0.0.1:{port}" if a.startswith("--bind=") else re.sub(r"\$\(\w+\)", "1", a)
+            for a in c["args"]]
+    script = tmp_path / "torchft_lighthouse"
+    script.write_text(LIGHTHOUSE_MAIN)
+    main = [sys.executable, str(script), *args]
+    # with shareProcessNamespace the pause container is PID 1 (a shell stands in for it)
+    init = ["sh", "-c", '"$@" & wait', "pause", *main] if pod.get("shareProcessNamespace") \
+        else main
+    userns = [] if os.geteuid() == 0 else ["--map-root-user"]
+    ns = subprocess.Popen(["unshare", *userns, "--pid", "--kill-child", *init],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        first = _poll(lambda: _children(ns.pid) or ns.poll() is not None, 10, "PID 1")
+        if ns.poll() is not None:
+            pytest.skip(f"unshare --pid refused here: {ns.stderr.read().decode().strip()}")
+        (pid1,) = first
+        lighthouse = pid1 if not pod.get("shareProcessNamespace") else \
+            _poll(lambda: _children(pid1), 10, "Lighthouse under the pause stand-in")[0]
+
+        def answers() -> bool:
+            try:
+                return requests.get(f"http://127.0.0.1:{port}/status", timeout=2).ok
+            except requests.ConnectionError:
+                return False
+        _poll(answers, 60, "Lighthouse answering /status")
+        os.kill(lighthouse, signal.SIGTERM)
+        _poll(lambda: _gone(lighthouse), 10, f"exit on SIGTERM (the kubelet waits {GRACE_S} s, "
+                                             "then kills)")
+    finally:
+        ns.kill()  # --kill-child: the namespace's PID 1, and with it every process in it
+        ns.wait(timeout=10)
+
