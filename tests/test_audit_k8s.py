@@ -37,6 +37,21 @@ def _docs(path: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
 
+def _pod_specs() -> list[tuple[str, dict]]:
+    out = []
+    for f in sorted(KDIR.rglob("*.yaml")):
+        for d in _docs(f):
+            spec = d.get("spec", {})
+            if d["kind"] in {"Deployment", "StatefulSet"}:
+                out.append((f"{d['kind']}/{d['metadata']['name']}", spec["template"]["spec"]))
+            elif d["kind"] == "LeaderWorkerSet":
+                for k in ("leaderTemplate", "workerTemplate"):
+                    if k in spec["leaderWorkerTemplate"]:
+                        out.append((f"LeaderWorkerSet/{d['metadata']['name']} {k}",
+                                    spec["leaderWorkerTemplate"][k]["spec"]))
+    return out
+
+
 def _children(pid: int) -> list[int]:
     try:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -107,3 +122,15 @@ def test_the_lighthouse_pod_ends_on_the_kubelets_sigterm(tmp_path):
         ns.kill()  # --kill-child: the namespace's PID 1, and with it every process in it
         ns.wait(timeout=10)
 
+
+def test_every_container_drops_all_linux_capabilities():
+    """No container keeps the runtime's default capabilities (NET_RAW, CHOWN, SETUID, ...):
+    none of these processes needs one, the trainers included (GPUs are reached through device
+    files, not capabilities)."""
+    checked = []
+    for where, spec in _pod_specs():
+        for c in spec["containers"]:
+            caps = c.get("securityContext", {}).get("capabilities", {})
+            assert caps.get("drop") == ["ALL"], f"{where} {c['name']}: {caps}"
+            checked.append(where)
+    assert len(checked) == 4, checked  # Lighthouse, monitor, StatefulSet and LWS trainers
