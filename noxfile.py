@@ -48,7 +48,8 @@ def torchft_requirement(torchft: str) -> list[str]:
 def run_matrix_test(session: nox.Session, torch: str, torchft: str) -> None:
     session.install(f"torch=={torch}")  # first: nothing after it may pick another torch
     session.install(*torchft_requirement(torchft))
-    session.install(".[worker]", "pytest>=8", "pytest-timeout>=2.3")
+    # pytest-xdist: tests/conftest.py implements one of its hooks, which pytest refuses without it
+    session.install(".[worker]", "pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5")
     session.run("python", "-c", "import torch, torchft; print('torch', torch.__version__, "
                 "'torchft from', torchft.__file__)")
     # this_python: the session's own torch and torchft (no torchft-nightly directory beside it)
