@@ -174,7 +174,7 @@ def test_slurm_drain_and_resume_commands(tmp_path, monkeypatch):
     calls = [c for c in calls if c[0] != "show"]  # each update asks the node's drain first
     assert calls == [["update", "NodeName=node-1", "State=DRAIN",
                       "Reason=lightkeeper: dead_rank finding 7 replica_group 2"],
-                     ["update", "NodeName=node-1", "State=RESUME"]]
+                     ["update", "NodeName=node-1", "State=UNDRAIN"]]
     res = sink.quarantine({**EVENT, "node": "bad-node"})
     assert not res.ok and "Invalid node name" in res.detail
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))

@@ -87,7 +87,7 @@ class ExecSink:
 
 
 class SlurmSink:
-    """Drain the node on quarantine, resume it on release, but never touch a node drained with
+    """Drain the node on quarantine, undrain it on release, but never touch a node drained with
     another reason; needs ``scontrol`` on PATH and a Slurm user allowed to update nodes."""
 
     name = "slurm"
@@ -104,7 +104,8 @@ class SlurmSink:
                          f"Reason=lightkeeper: {event.get('kind')} {what}".strip())
 
     def release(self, event: dict[str, Any]) -> ActionResult:
-        return self._run(event, "State=RESUME")
+        # UNDRAIN lifts only the drain: a node set DOWN stays down, one resumed already is fine
+        return self._run(event, "State=UNDRAIN")
 
     def _run(self, event: dict[str, Any], *args: str) -> ActionResult:
         try:
@@ -117,7 +118,9 @@ class SlurmSink:
             return ActionResult(True, f"node {node} left drained by someone else: {theirs}")
         argv = [SCONTROL, "update", f"NodeName={node}", *args]
         res, err = run_command(argv, " ".join(argv), self.timeout_s)
-        res.retry = res.retry and "Invalid node name" not in err  # an unknown node stays so
+        # an unknown node stays unknown, a Slurm user not allowed to update nodes stays so
+        res.retry = res.retry and not any(
+            e in err for e in ("Invalid node name", "Invalid user id", "permission denied"))
         return res
 
     def _drain_reason(self, node: str) -> str | None:
