@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -134,3 +135,70 @@ def test_every_container_drops_all_linux_capabilities():
             assert caps.get("drop") == ["ALL"], f"{where} {c['name']}: {caps}"
             checked.append(where)
     assert len(checked) == 4, checked  # Lighthouse, monitor, StatefulSet and LWS trainers
+
+
+# a rank: the hook of `lightkeeper run` (armed at interpreter start) and a WorkerServer, its
+# main thread blocked in C as a rank in a collective
+RANK_SCRIPT = """
+import select
+from worker_server import WorkerServer
+server = WorkerServer.start()  # held, as the hook holds it on the rank's Manager
+print("url:", server.url, flush=True)
+select.select([], [], [])
+"""
+
+
+@pytest.mark.parametrize("workload", ["statefulset", "leaderworkerset"])
+def test_a_trainer_rank_sigtermed_by_kubernetes_says_it_stopped(workload):
+    """A rolling update, `kubectl delete pod`, a drain and the quarantine's own pod deletes
+    SIGTERM the ranks. Unsaid, the monitor counts the group dead and quarantines its node
+    (docs/run.md, Planned stops). Run a rank with the environment the manifest gives it
+    (its env, then what its `lightkeeper run` command adds, then torchrun's RANK), poll it as
+    the monitor does and SIGTERM it."""
+    import argparse
+
+    from lightkeeper.cluster import stop_process
+    from lightkeeper.run import add_arguments, hook_env
+    from rank_wire import MONITOR_AGENT
+
+    (doc,) = _docs(KDIR / "training" / workload / "training.yaml")[:1]
+    tpl = doc["spec"]["template"] if workload == "statefulset" else \
+        doc["spec"]["leaderWorkerTemplate"]["workerTemplate"]
+    (c,) = tpl["spec"]["containers"]
+    # literal values as written; no monitor to register with, and an ephemeral port here
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e and "$(" not in e["value"]}
+    env.update(LIGHTKEEPER_WORKER_PORT="0", LIGHTKEEPER_WORKER_HOST="127.0.0.1")
+    env.pop("LIGHTKEEPER_MONITOR")
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(c["command"][2:])
+    assert args.cmd[:2] == ["--", "torchrun"]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTKEEPER_")}
+    env = {**base, **env}
+    env = {**env, **hook_env(args, env), "RANK": "0", "LOCAL_RANK": "0"}
+    proc = subprocess.Popen([sys.executable, "-c", RANK_SCRIPT], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    answers: list[dict] = []
+
+    def poll_as_the_monitor(url: str) -> None:
+        with requests.Session() as s:
+            while proc.poll() is None:
+                try:
+                    answers.append(s.get(url, timeout=5, headers={
+                        "User-Agent": MONITOR_AGENT}).json())
+                except requests.RequestException:
+                    pass
+                time.sleep(0.2)  # the monitor's poll interval, not a synchronization
+
+    try:
+        line = proc.stdout.readline().strip()
+        assert line.startswith("url: "), line + proc.stdout.read()
+        threading.Thread(target=poll_as_the_monitor, args=(line.split()[1] + "/v1/state",),
+                         daemon=True).start()
+        _poll(lambda: len(answers) >= 2, 10, "two reads")
+        assert answers[-1]["stopped_by"] is None
+        proc.send_signal(signal.SIGTERM)  # as torchrun passes the kubelet's on to its ranks
+        assert proc.wait(timeout=20) == -signal.SIGTERM
+        assert answers[-1]["stopped_by"] == "SIGTERM", answers[-1]
+    finally:
+        stop_process(proc, grace=0)
