@@ -338,6 +338,9 @@ class Store:
         self._write("INSERT OR REPLACE INTO hosts (host, data, updated_at) VALUES (?,?,?)",
                     (host, json.dumps(data, default=str), at))
 
+    def delete_host(self, host: str) -> None:
+        self._write("DELETE FROM hosts WHERE host=?", (host,))
+
     def load_hosts(self) -> dict[str, dict[str, Any]]:
         return {r[0]: json.loads(r[1]) for r in self._rows("SELECT host, data FROM hosts")}
 

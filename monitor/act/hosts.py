@@ -143,9 +143,12 @@ class HostLedger:
                                          bool(superseded))
                     self._index(url, new, 1)
             self._observed = view
-            for host, h in self.hosts.items():  # the ledger's hosts: the few that offended
+            for host, h in list(self.hosts.items()):  # the ledger's hosts: the few that offended
                 urls = self._urls.get(host)
                 if not urls:
+                    if h["state"] == OK:  # nothing counts and no rank runs there: forgotten
+                        del self.hosts[host]
+                        self.store.delete_host(host)
                     continue
                 h["last_seen"] = now
                 for u in sorted(urls, key=lambda u: (ranks[u].rank, u)):
@@ -245,6 +248,9 @@ class HostLedger:
                         and now >= h["expires_at"]:
                     out.append(self._release(h, now, "ttl", f"quarantine TTL "
                                              f"({self.cfg.ttl_s:g}s) expired"))
+                elif h["state"] == RELEASED and now - h["state_since"] >= self.cfg.window_s:
+                    self._set_state(h, OK, now)  # offences before a release no longer count
+                    self._save(h, now)
             for h in list(self.hosts.values()):
                 if h["state"] != SUSPECT:
                     continue
