@@ -151,7 +151,7 @@ select.select([], [], [])
 @pytest.mark.parametrize("workload", ["statefulset", "leaderworkerset"])
 def test_a_trainer_rank_sigtermed_by_kubernetes_says_it_stopped(workload):
     """A rolling update, `kubectl delete pod`, a drain and the quarantine's own pod deletes
-    SIGTERM the ranks. Unsaid, the monitor counts the group dead and quarantines its node
+    SIGTERM the ranks. Unsaid, the monitor counts the group dead against its node
     (docs/run.md, Planned stops). Run a rank with the environment the manifest gives it
     (its env, then what its `lightkeeper run` command adds, then torchrun's RANK), poll it as
     the monitor does and SIGTERM it."""
