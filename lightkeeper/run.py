@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         return 127
     missing = torchft_missing()  # the job may run another Python: a warning only
     if missing:
-        sys.stderr.write(f"lightkeeper run: {missing}; its ranks are not observed\n")
+        sys.stderr.write(f"lightkeeper run: {missing}; a job on this Python is not observed\n")
     env = {**os.environ, **added}
     sys.stdout.flush()
     sys.stderr.flush()
