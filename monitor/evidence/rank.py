@@ -13,6 +13,12 @@ from rank_wire import unpack_seconds
 
 _REQUIRED = {"replica_group": int, "rank": int, "group_rank": int, "step": int,
             "quorum_id": int, "phase": str, "phase_since": (int, float)}
+# read when present (grouped, hashed or counted by): a wrong type makes no /v1/state either
+_NULL = type(None)
+_OPTIONAL = {"replica_id": (str, _NULL), "group_world_size": (int, _NULL), "num_participants": int,
+             "commit_failures": (int, _NULL),
+             "participating": bool, "host": (str, _NULL), "node": (str, _NULL),
+             "device": (dict, _NULL)}
 STEP_TIMES_READ = 16  # step times asked of each rank (``/v1/state?recent=``)
 
 
@@ -23,7 +29,16 @@ def valid_state(data: Any) -> str | None:
     for key, typ in _REQUIRED.items():
         v = data.get(key)
         if not isinstance(v, typ) or isinstance(v, bool):
-            return f"{key} is {v!r}"
+            return f"{key} is {v!r}"[:200]
+    return _bad_optional(data)
+
+
+def _bad_optional(data: dict) -> str | None:
+    for key, typ in _OPTIONAL.items():
+        if key in data:
+            v = data[key]
+            if not isinstance(v, typ) or (isinstance(v, bool) and typ is not bool):
+                return f"{key} is {v!r}"[:200]
     return None
 
 
@@ -36,7 +51,7 @@ def plain_shape(data: Any) -> tuple | None:
         if type(data["replica_group"]) is int and type(data["rank"]) is int \
                 and type(data["group_rank"]) is int and type(data["step"]) is int \
                 and type(data["quorum_id"]) is int and type(data["phase"]) is str \
-                and type(data["phase_since"]) in (float, int):
+                and type(data["phase_since"]) in (float, int) and _bad_optional(data) is None:
             return state_shape(data)
     except KeyError:
         pass

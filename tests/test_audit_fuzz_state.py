@@ -1,0 +1,113 @@
+"""A rank's ``/v1/state`` fuzzed: a bad answer is that rank's ``bad_response``, never a failed
+sweep.
+
+The ranks here are fakes (tests/support/monitor_sim.py's SimRanks, real sockets): a real
+WorkerServer cannot be made to answer garbage. The monitor is real, as a process
+(``lightkeeper monitor``) or in-process where each mutant needs a sweep of its own.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import sys
+
+import requests
+
+from lightkeeper.cluster import start_monitor_process, stop_process, wait_until
+from monitor.config import DetectorConfig, MonitorConfig
+from monitor.service import Monitor
+from tests.support.monitor_sim import SimRanks, rank_state
+
+WEIRD = [None, True, False, 0, -1, 2**63, 2**70, 1e308, float("nan"), float("inf"), "", "x",
+         "\u00e9\u2603", "a" * 3000, [], {}, [1, 2], {"a": 1}, [[[[]]]], 0.5, "1"]
+
+
+def sample(rank: int) -> dict:
+    s = rank_state(rank, rank // 2)
+    s.update(group_rank=rank % 2, group_world_size=2, node=f"n{rank // 2}", local_rank=rank % 2,
+             device={"type": "cpu"}, timing={
+                 "last_step": None, "window": None, "waiting": {"scope": "cross", "seconds": 0.1},
+                 "recent": [{"step": i, "step_s": 0.2, "compute_s": 0.1, "wait_cross_s": 0.05,
+                             "wait_group_s": 0.05} for i in range(90, 100)], "clock": "host"})
+    return s
+
+
+def mutant(rng: random.Random, doc: dict) -> dict:
+    """``doc`` with 1 to 3 values (top level or in ``timing``) replaced, deleted or added."""
+    doc = copy.deepcopy(doc)
+    for _ in range(rng.randint(1, 3)):
+        target = doc["timing"] if rng.random() < 0.2 and isinstance(doc.get("timing"), dict) \
+            else doc
+        if not target:
+            continue
+        key, op = rng.choice(sorted(target)), rng.random()
+        if op < 0.15:
+            del target[key]
+        elif op < 0.25:
+            target[f"extra{rng.randint(0, 9)}"] = copy.deepcopy(rng.choice(WEIRD))
+        else:
+            target[key] = copy.deepcopy(rng.choice(WEIRD))
+    return doc
+
+
+def test_a_wrong_typed_key_is_that_ranks_bad_response_and_sweeps_go_on(tmp_path):
+    """``num_participants: ""`` (int() of it) or a dict as ``replica_id`` (a dict key of the
+    view) from one rank failed every sweep of the whole monitor: no sweep ended, nothing was
+    detected for any rank. Now that rank alone is a bad_response naming the key."""
+    sim = SimRanks.start(4, groups=2)
+    proc = None
+    try:
+        sim.ranks[1].update(num_participants="")
+        sim.ranks[2].update(replica_id={"a": 1})
+        proc, url = start_monitor_process(
+            [sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", "0", "--interval",
+             "0.2", "--job", "sim", "--targets", ",".join(sim.urls), "--state",
+             str(tmp_path / "state.sqlite")], tmp_path / "out.log", tmp_path / "err.log")
+        wait_until(lambda: requests.get(url + "/healthz", timeout=5).json()["sweeps"] >= 3, 20,
+                   what="three sweeps")
+        ranks = {r["url"]: r for r in requests.get(url + "/v1/ranks", timeout=5).json()}
+        good, bad = [sim.ranks[0], sim.ranks[3]], {sim.ranks[1]: "num_participants is ''",
+                                                   sim.ranks[2]: "replica_id is {'a': 1}"}
+        assert all(ranks[r.url]["reachable"] for r in good)
+        for r, why in bad.items():
+            assert not ranks[r.url]["reachable"] and why in ranks[r.url]["error"], ranks[r.url]
+        assert "Traceback" not in (tmp_path / "err.log").read_text()
+    finally:
+        if proc is not None:
+            stop_process(proc)
+        sim.stop()
+
+
+def test_fuzzed_states_never_fail_a_sweep_or_an_api_answer(tmp_path):
+    """Seeded mutants of one rank's answer (wrong types, NaN, huge numbers and strings, keys
+    missing or added, packed or not), one sweep each: no sweep raises, no API answer is a
+    500, and a good answer after them is read again."""
+    rng = random.Random(20261127)
+    sim = SimRanks.start(4, groups=2)
+    mon = Monitor(MonitorConfig(port=0, interval_s=3600, state_path=str(tmp_path / "s.sqlite"),
+                                job="sim", targets=sim.urls,
+                                detectors=DetectorConfig(dead_sweeps=2)))
+    try:
+        mon.start()  # its loop sweeps once, then waits an hour: this test sweeps
+        wait_until(lambda: mon.sweeps >= 1, 20, what="the loop's first sweep")
+        for i in range(150):
+            for n, r in enumerate(sim.ranks):
+                r.state = sample(n)
+            victim = sim.ranks[rng.randrange(4)]
+            victim.state = bad = mutant(rng, victim.state)
+            if rng.random() < 0.3:
+                bad["packed"] = 1
+                if isinstance(bad.get("timing"), dict):
+                    bad["timing"]["recent"] = rng.choice(["", "AAAA", "@@", "A" * 53 + "=", 5])
+            mon.sweep_once()
+            for path in ("/v1/cluster", "/v1/ranks", "/metrics", "/v1/findings", "/"):
+                got = requests.get(mon.url + path, timeout=10)
+                assert got.status_code < 500, (i, bad, path, got.text[:500])
+        for n, r in enumerate(sim.ranks):
+            r.state = sample(n)
+        mon.sweep_once()
+        assert all(r["reachable"] for r in requests.get(mon.url + "/v1/ranks", timeout=10).json())
+    finally:
+        mon.stop()
+        sim.stop()
