@@ -87,7 +87,11 @@ def check_url(url: str) -> str:
 
 
 def _api(url: str, token: str, timeout: float):
-    from grafana_client import GrafanaApi
+    try:
+        from grafana_client import GrafanaApi
+    except ImportError as e:  # an extra, kept out of ranks' environments (docs/install.md)
+        raise UploadError(f"dashboards upload needs grafana-client ({e}): "
+                          "pip install 'lightkeeper[grafana]'") from None
 
     # grafana_client puts "api" right after the path: a sub-path must end in "/"
     parts = urlsplit(url)
