@@ -91,7 +91,7 @@ def create_app(
 
     @app.get("/metrics")
     def prometheus_metrics():
-        return Response(generate_latest(metrics.registry), mimetype=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(metrics.registry), content_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/faults")
     def v1_faults():

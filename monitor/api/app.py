@@ -58,7 +58,7 @@ def create_app(monitor: Any) -> Flask:
 
     @app.get("/metrics")
     def metrics():
-        return Response(generate_latest(monitor.metrics.registry), mimetype=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(monitor.metrics.registry), content_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/cluster")
     def cluster():
