@@ -82,6 +82,12 @@ ADDED_COLUMNS = (("decisions", "bundle", "TEXT"),)
 # a job-wide finding's replica_group (None) in the findings table, whose column is NOT NULL
 JOB_GROUP = -1
 GOODPUT_INTERVALS_KEPT = 100_000  # settled badput intervals kept in the file (oldest dropped)
+# rows kept of each audit table (the oldest dropped, never one still needed): a file that grows
+# for good fills its volume, and a kill that cannot be recorded is not sent
+AUDIT_KEPT = 20_000
+STILL_NEEDED = {"findings": "resolved_at IS NULL", "host_offences": "0", "host_decisions": "0",
+                "decisions": "COALESCE(status, '') IN ('sending', 'sent', 'interrupted')",
+                "host_actions": "status IN ('pending', 'retrying')"}
 
 
 def _group(stored: int | None) -> int | None:
@@ -172,6 +178,14 @@ class Store:
                 raise
             return int(cur.lastrowid or 0)
 
+    def _add(self, table: str, sql: str, args: tuple) -> int:
+        """Insert one audit row, dropping the table's rows AUDIT_KEPT older that nothing needs."""
+        with self.atomic():
+            rid = self._write(sql, args)
+            self._write(f"DELETE FROM {table} WHERE id <= ? AND NOT ({STILL_NEEDED[table]})",
+                        (rid - AUDIT_KEPT,))
+        return rid
+
     def _rows(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
@@ -183,7 +197,7 @@ class Store:
                 for r in self._rows(sql, args)]
 
     def add_finding(self, f: dict[str, Any]) -> int:
-        return self._write(
+        return self._add("findings",
             "INSERT INTO findings (kind, replica_group, replica_id, ranks, evidence, "
             "first_seen, confirmed_at, resolved_at, resolution) VALUES (?,?,?,?,?,?,?,?,?)",
             (f["kind"], JOB_GROUP if f["replica_group"] is None else f["replica_group"],
@@ -215,7 +229,7 @@ class Store:
                      reason: str, detail: str = "", finding_id: int | None = None,
                      finding: dict[str, Any] | None = None, status: str | None = None,
                      source: str = "auto", at: float | None = None) -> int:
-        return self._write(
+        return self._add("decisions",
             "INSERT INTO decisions (at, replica_group, replica_id, decision, reason, detail, "
             "finding_id, finding, status, source) VALUES (?,?,?,?,?,?,?,?,?,?)",
             (time.time() if at is None else at, replica_group, replica_id, decision, reason,
@@ -304,6 +318,9 @@ class Store:
                 "VALUES (?,?,?,?)",
                 [(i["id"], now, 1 if i.get("closed_at") is not None else 0,
                   goodput_json_text(i)) for i in incidents])
+            if incidents:
+                self._db.execute("DELETE FROM goodput_incidents WHERE id <= ? AND closed",
+                                 (max(i["id"] for i in incidents) - AUDIT_KEPT,))
             if intervals:
                 self._db.executemany(
                     "INSERT INTO goodput_intervals (start, end, replica_group, cause, "
@@ -346,7 +363,7 @@ class Store:
 
     def add_host_offence(self, host: str, at: float, kind: str, finding_id: int | None,
                          data: dict[str, Any]) -> int:
-        return self._write(
+        return self._add("host_offences",
             "INSERT INTO host_offences (host, at, kind, finding_id, data) VALUES (?,?,?,?,?)",
             (host, at, kind, finding_id, json.dumps(data, default=str)))
 
@@ -358,7 +375,7 @@ class Store:
 
     def add_host_decision(self, *, host: str, decision: str, reason: str, detail: str,
                           evidence: Any, at: float, source: str = "auto") -> int:
-        return self._write(
+        return self._add("host_decisions",
             "INSERT INTO host_decisions (at, host, decision, reason, detail, evidence, "
             "source) VALUES (?,?,?,?,?,?,?)",
             (at, host, decision, reason, detail, json.dumps(evidence, default=str), source))
@@ -369,7 +386,7 @@ class Store:
 
     def add_host_action(self, *, host: str, sink: str, op: str, status: str, event: dict,
                         at: float, next_at: float | None, detail: str = "") -> int:
-        return self._write(
+        return self._add("host_actions",
             "INSERT INTO host_actions (host, sink, op, status, attempts, next_at, "
             "created_at, updated_at, detail, event) VALUES (?,?,?,?,0,?,?,?,?,?)",
             (host, sink, op, status, next_at, at, at, detail, json.dumps(event, default=str)))

@@ -130,3 +130,41 @@ def test_hosts_left_behind_by_restarts_leave_the_ledger_and_its_series(tmp_path,
         assert 'lightkeeper_monitor_hosts{job="sim",state="released"} 0.0' in metrics
     finally:
         mon.stop()
+
+
+def test_the_audit_log_keeps_its_newest_rows_and_every_one_still_needed(tmp_path, job,
+                                                                       monkeypatch):
+    """Every incident adds rows to the state file (a finding, its decisions, host offences and
+    decisions, a goodput incident) and none ever left it: on the Kubernetes volume (1 GiB, half
+    for bundles) a long job's file filled the disk, and a kill that cannot be recorded is not
+    sent. Driven with a bound of 2 rows a table (``AUDIT_KEPT``) instead of 20,000."""
+    import sqlite3
+
+    import monitor.store
+    monkeypatch.setattr(monitor.store, "AUDIT_KEPT", 2, raising=False)
+    skew = [0.0]
+    state = tmp_path / "state.sqlite"
+    cfg = MonitorConfig(port=0, interval_s=3600, state_path=str(state), job="sim",
+                        sd_out=str(tmp_path / "targets.json"), lighthouse=job.url,
+                        register_token=TOKEN, forget_after_s=3,
+                        rails=RailsConfig(min_replicas=1, cooldown_s=0))
+    mon = Monitor(cfg, clock=lambda: time.time() + skew[0]).start()
+    try:
+        wait_until(lambda: mon.sweeps >= 1, 20, what="the loop's first sweep")
+        churn = Churn(job, mon, skew)
+        churn.register(job.sim.ranks)
+        churn.sweep(3)
+        for i, g in enumerate((0, 1, 2, 0)):
+            churn.lose_rank_and_restart(g, f"new-{i}")  # the 4th kill after rows were dropped
+        newest = requests.get(mon.url + "/v1/findings", timeout=10).json()[0]
+        assert (newest["kind"], newest["ranks"]) == ("dead_rank", [3])
+        assert requests.get(mon.url + "/v1/evictions", timeout=10).json()[0]["status"] \
+            == "confirmed"
+    finally:
+        mon.stop()
+    with sqlite3.connect(state) as db:  # an open finding or a kill not judged yet stays
+        rows = {t: db.execute(f"SELECT COUNT(*) FROM {t} WHERE {done}").fetchone()[0]
+                for t, done in (("findings", "resolved_at IS NOT NULL"),
+                                ("decisions", "status = 'confirmed'"),
+                                ("host_offences", "1"), ("host_decisions", "1"))}
+    assert rows == {"findings": 2, "decisions": 2, "host_offences": 2, "host_decisions": 2}
