@@ -1,9 +1,8 @@
 """The ``Content-Type`` of ``/metrics`` on a rank's WorkerServer and on the monitor is the
 exposition format's own, each parameter once: Flask's ``mimetype=`` added a second
-``charset=utf-8`` to prometheus-client's type, which RFC 6838 calls an error and Go's
-``mime.ParseMediaType`` (what Prometheus 3 parses a scrape's type with) refuses, failing the
-scrape unless the job sets ``fallback_scrape_protocol``. Debian's Prometheus (2.42) ignores it,
-so the Prometheus tests never saw it; this reads the header of real servers.
+``charset=utf-8`` to prometheus-client's type, an error by RFC 6838 (section 4.3) that a strict
+parser may refuse (Prometheus' Go parser accepts a repeat of the same value). This reads the
+header of real servers.
 """
 
 from __future__ import annotations
