@@ -168,3 +168,47 @@ def test_the_audit_log_keeps_its_newest_rows_and_every_one_still_needed(tmp_path
                                 ("decisions", "status = 'confirmed'"),
                                 ("host_offences", "1"), ("host_decisions", "1"))}
     assert rows == {"findings": 2, "decisions": 2, "host_offences": 2, "host_decisions": 2}
+
+
+def test_a_rank_back_at_an_earlier_orphans_address_is_told_at_the_grace(tmp_path, job):
+    """A group restarted on the same host reuses its ports (a fixed LIGHTKEEPER_WORKER_PORT), so
+    a later eviction's orphan can have the URL of an earlier eviction's. The monitor remembered
+    when it told a rank by URL alone, for good: the later orphan was not told until 5 s after
+    the earlier one had been (8 s after its kill, not the 3 s grace), and the memory of every
+    orphan ever told only grew."""
+    skew = [0.0]
+    cfg = MonitorConfig(port=0, interval_s=3600, state_path=str(tmp_path / "state.sqlite"),
+                        sd_out=str(tmp_path / "targets.json"), job="sim", lighthouse=job.url,
+                        register_token=TOKEN, token="admin", rank_exit_token="exit",
+                        forget_after_s=30, rails=RailsConfig(min_replicas=1, cooldown_s=0))
+    mon = Monitor(cfg, clock=lambda: time.time() + skew[0]).start()
+    try:
+        wait_until(lambda: mon.sweeps >= 1, 20, what="the loop's first sweep")
+        churn = Churn(job, mon, skew)
+        churn.register(job.sim.ranks)
+        churn.sweep(3)
+        orphan = job.sim.group(0)[1]
+        port = orphan.port
+        for incarnation in range(2):
+            kills = len(job.kills)
+            r = requests.post(mon.url + "/v1/evict", timeout=10, json={"replica_group": 0},
+                              headers={"Authorization": "Bearer admin"})
+            assert r.json()["decision"] == "evict", r.text
+            assert len(job.kills) == kills + 1
+            orphan.set_mode("ok")  # the kill reached group rank 0 only: group rank 1 lives on
+            churn.sweep(4)  # past the 3 s grace
+            told = requests.get(mon.url + "/v1/evictions?decision=evict", timeout=10).json()[0]
+            assert "told rank(s)" in told["detail"] and orphan.url in told["detail"], \
+                (incarnation, told["detail"])
+            orphan.set_mode("down")  # it exits; its group restarts on the same ports
+            churn.sweep(2)
+            job.replica_ids[0] = f"replica_group_0:{uuid.uuid4()}"
+            for rank in job.sim.group(0):
+                rank.update(replica_id=job.replica_ids[0])
+                rank.set_mode("ok")
+            assert orphan.port == port
+            job.alive.add(0)
+            job.requorum()
+            churn.sweep(2)
+    finally:
+        mon.stop()

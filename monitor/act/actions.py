@@ -112,8 +112,15 @@ class Orphans:
     def __init__(self, exits: RankCalls, grace_s: float) -> None:
         self.exits = exits
         self.grace_s = grace_s
-        self._told: dict[str, float] = {}  # rank URL -> seconds after the kill it was told
+        # (decision id, rank URL) -> seconds after the kill it was told: a restarted group's
+        # rank may be back at an earlier orphan's URL
+        self._told: dict[tuple[int, str], float] = {}
         self._said: dict[int, str] = {}  # decision id -> the last sentence returned
+
+    def keep(self, decision_ids: set[int]) -> None:
+        """Forget the evictions no longer followed."""
+        self._told = {k: t for k, t in self._told.items() if k[0] in decision_ids}
+        self._said = {d: n for d, n in self._said.items() if d in decision_ids}
 
     def follow(self, decision_id: int, replica_id: str, ranks: list[Any],
                since_kill_s: float) -> str | None:
@@ -130,11 +137,11 @@ class Orphans:
         else:
             outcomes = []
             for r in ranks:
-                told_at = self._told.get(r.url)
+                told_at = self._told.get((decision_id, r.url))
                 if told_at is not None and since_kill_s - told_at < self.RETELL_S:
                     continue
                 res = self.exits.exit(r.url, f"replica {replica_id} was evicted by the monitor")
-                self._told[r.url] = since_kill_s
+                self._told[decision_id, r.url] = since_kill_s
                 log.warning("told %s of evicted %s to exit: %s", rank_name(r), replica_id,
                             res.detail)
                 outcomes.append(f"{rank_name(r)}: {res.detail}")

@@ -303,6 +303,7 @@ class Enforcer:
         """Confirmed once no reachable rank reports the evicted replica id; ranks the kill
         missed are told to exit (or named); unconfirmed after ``confirm_timeout_s``."""
         pending = self.store.pending_confirmations()
+        self.orphans.keep({d["id"] for d in pending})
         # a pending eviction's group as verified before its kill: only those ranks get the exit
         # token, never a stranger that registered claiming the evicted replica id
         groups = {gv.replica_id: gv for gv in evidence.groups.values()}
