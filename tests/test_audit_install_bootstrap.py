@@ -1,0 +1,69 @@
+"""``bin/bootstrap`` is quick when everything is there, also where the analyzer's C reader cannot
+be built (a C compiler but no Python headers): it tries that build once, says so once, and does
+not reinstall the project on every later run (``bin/lightkeeper`` runs it before each command).
+
+Faked: .venv's ``python`` and ``pip`` are stand-ins that record their arguments (``pip`` builds
+nothing, as where the headers are missing). A real .venv takes minutes to build (torch first);
+what is checked here is bootstrap's own decision, run by bash on a copy of the files it reads.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COPIED = ("bin/bootstrap", "pyproject.toml", "setup.py", "monitor/analysis/_frpickle.c",
+          ".ci/torchft-nightly.txt", "dashboards/schema/package-lock.json")
+
+
+def checkout(tmp_path: Path) -> Path:
+    root = tmp_path / "checkout"
+    for rel in COPIED:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, root / rel)
+    pin = next(line.split("==", 1)[1] for line in
+               (root / ".ci/torchft-nightly.txt").read_text().splitlines()
+               if line.startswith("torchft-nightly=="))
+    (root / f".venv/torchft-nightly/torchft_nightly-{pin}.dist-info").mkdir(parents=True)
+    modules = root / "dashboards/schema/node_modules"
+    modules.mkdir()
+    (modules / ".package-lock.json").write_text("{}")
+    bindir = root / ".venv/bin"
+    bindir.mkdir(parents=True)
+    (bindir / "python").write_text("#!/bin/sh\nexit 0\n")  # torch, torchtitan: "importable"
+    (bindir / "pip").write_text(f'#!/bin/sh\necho "$*" >> "{root}/pip.log"\n')
+    for name in ("python", "pip"):
+        (bindir / name).chmod(0o755)
+    return root
+
+
+def bootstrap(root: Path) -> subprocess.CompletedProcess:
+    # CC names a compiler that exists; the stand-in pip builds nothing with it
+    env = {"PATH": os.environ["PATH"], "CC": "true", "HOME": str(root)}
+    return subprocess.run(["bash", str(root / "bin/bootstrap")], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def installs(root: Path) -> int:
+    log = root / "pip.log"
+    return sum("-e .[dev]" in line for line in log.read_text().splitlines()) \
+        if log.exists() else 0
+
+
+def test_a_c_reader_that_cannot_build_is_not_retried_every_run(tmp_path):
+    root = checkout(tmp_path)
+    first = bootstrap(root)
+    assert first.returncode == 0, first.stderr
+    assert installs(root) == 1 and "C reader was not built" in first.stderr, first.stderr
+    second = bootstrap(root)
+    assert second.returncode == 0, second.stderr
+    assert installs(root) == 1, second.stderr
+    assert "installing lightkeeper" not in second.stderr and "C reader" not in second.stderr
+    # a changed setup.py is installed again (and the build tried again)
+    stamp = root / ".venv/.lightkeeper-installed"
+    os.utime(stamp, (stamp.stat().st_atime - 10, stamp.stat().st_mtime - 10))
+    (root / "setup.py").touch()
+    assert bootstrap(root).returncode == 0 and installs(root) == 2
