@@ -175,6 +175,19 @@ def _first_mismatch(key: GroupKey, rows: Mapping[int, GroupTrace], traces: Mappi
 def _disagreements(rows: Any) -> set[int]:
     """The sequence ids at which some row differs from the rows' consensus."""
     distinct = _distinct_rows(rows)
+    # rows whose ids do not meet are judged apart: ids far apart (a rank restarted, a corrupt
+    # dump) must not cost a list as long as the distance between them
+    spans = sorted((t.first_seq, t.last_seq, i) for i, t in enumerate(distinct))
+    parts: list[list[int]] = []
+    end = None
+    for first, last, i in spans:
+        if end is None or first > end:
+            parts.append([])
+            end = last
+        parts[-1].append(i)
+        end = max(end, last)
+    if len(parts) > 1:
+        return set().union(*(_disagreements([distinct[i] for i in sorted(p)]) for p in parts))
     lo = min(t.first_seq for t in distinct)
     hi = max(t.last_seq for t in distinct)
     consensus: list[int | None] = [None] * (hi - lo + 1)
