@@ -37,6 +37,9 @@ _CORE_KEYS = ("process_group", "profiling_name", "record_id")
 _KEYS = ("process_group", "collective_seq_id", "profiling_name", "input_sizes", "output_sizes",
          "input_dtypes", "output_dtypes", "state", "time_created_ns", "record_id", "is_p2p")
 _MAX_PERIOD = 64  # longest repeating pattern of groups looked for (collectives per step)
+_MAX_GAP = 1 << 16  # a gap in a group's sequence ids filled with empty slots, at most
+_NUMBERS = (int, float)
+_INT64_MAX = (1 << 63) - 1
 
 Take = Callable[[Sequence[Any]], Sequence[Any]]
 Ranged = list[tuple[int, float, str, GroupKey]]  # (first record id, end, pg name, incarnation)
@@ -166,14 +169,15 @@ def _incarnations(raw: Any, members: dict[GroupKey, tuple[int, ...]]) -> tuple[d
             key = GroupKey(str(inc.get("pg_name", "")), None, int(inc["quorum_id"]), int(inc["group_rank"]))
             first = int(inc.get("first_record_id") or 0)
             global_ranks = _parse_ranks(inc.get("global_ranks"))
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise DumpFormatError(f"malformed incarnation {inc!r}") from exc
+            pg_id = None if inc.get("pg_id") is None else int(inc["pg_id"])
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise DumpFormatError(f"malformed incarnation {inc!r}"[:300]) from exc
         incarnations[key] = first
         if global_ranks:
             members[key] = global_ranks
-        starts.append((first, key.pg, key, inc.get("pg_id")))
-        if inc.get("pg_id") is not None:
-            by_pg_id[int(inc["pg_id"])] = key
+        starts.append((first, key.pg, key, pg_id))
+        if pg_id is not None:
+            by_pg_id[pg_id] = key
     # pg_config lists torchft's group (gloo: '') by replica rank, not global rank, as if a group
     # inside this replica group: its members are the incarnations' global_ranks
     names = {key.pg for key in incarnations}
@@ -253,8 +257,8 @@ def _entries(trace: RankTrace, cols: Sequence, durations: Sequence | None, pg_id
         _fill(trace, cols, durations, pg_ids, keys, build)
     except DumpFormatError:
         raise
-    except (TypeError, ValueError, AttributeError, IndexError, KeyError) as exc:
-        raise DumpFormatError(f"malformed entry: {exc!r}") from exc
+    except (TypeError, ValueError, AttributeError, IndexError, KeyError, OverflowError) as exc:
+        raise DumpFormatError(f"malformed entry: {exc!r}"[:300]) from exc
 
 
 def _op(profiling_name: str) -> str:
@@ -332,15 +336,19 @@ def _groups(trace: RankTrace, cols: Sequence, durations: Sequence, duration_kind
     op_of = {p: _op(p) for p in pname_set}
     if not _P2P_OPS.isdisjoint(op_of.values()):
         return False
-    if set(map(type, seqs)) != {int}:
-        raise DumpFormatError("an entry has no integer collective_seq_id")
+    if set(map(type, seqs)) != {int} or min(seqs) < 0 or max(seqs) > _INT64_MAX:
+        raise DumpFormatError("an entry has no integer collective_seq_id in [0, 2**63)")
 
     sig_ids: dict[Any, int] = {}
     signatures = trace.signatures
     for key, i in sorted(firsts.items(), key=itemgetter(1)):
         sig_ids[key] = len(signatures)
         signatures.append(make_signature(op_of[pnames[i]], ins[i], outs[i], idts[i], odts[i]))
+        hash(signatures[-1])  # sizes nested deeper than a list of lists: TypeError
     kinds = (_one_type(created), duration_kind)
+    for kind, col in zip(kinds, (created, durations), strict=True):
+        if kind not in _NUMBERS and not all(type(v) in _NUMBERS for v in col):
+            raise DumpFormatError("an entry's time_created_ns or duration_ms is not a number")
     for key, take, g_seqs, keyed in plans:
         g_states = take(states)
         count = len(g_states)
@@ -381,6 +389,8 @@ def _irregular(seqs: Sequence[int], sigs: list, states: list, created: Sequence,
             continue
         if pos < n:
             # sequence ids went back: a new group reused the name; keep the newest run only
+            trace = GroupTrace(first_seq=seq)
+        elif pos > n + _MAX_GAP:  # ids jumped past any ring buffer: kept as a new run
             trace = GroupTrace(first_seq=seq)
         elif pos > n:
             gap = pos - n
