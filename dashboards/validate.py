@@ -117,7 +117,7 @@ def _promql_parser():
         import promql_parser
     except ImportError as e:  # depends on the environment
         raise ParserMissing("the PromQL parser is not installed: pip install "
-                            "'promql-parser>=0.12'") from e
+                            "'lightkeeper[monitor]'") from e
     return promql_parser
 
 

@@ -23,6 +23,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("monitor.analysis.cli", "analyze Flight Recorder dumps across ranks"),
     "dashboards": ("dashboards.cli", "build, validate and upload Grafana dashboards"),
 }
+# What the `monitor` extra brings: a core install (a rank's `[worker]`) leaves them out
+MONITOR_EXTRA = {"numpy", "msgspec", "promql_parser"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,14 +33,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lightkeeper", description="Lightkeeper: observability and auto-eviction for torchft training.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name, (module_name, help_text) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        if name == chosen:
-            importlib.import_module(module_name).add_arguments(p)
-    args = parser.parse_args(argv)
-    module = importlib.import_module(SUBCOMMANDS[args.command][0])
     try:
+        for name, (module_name, help_text) in SUBCOMMANDS.items():
+            p = sub.add_parser(name, help=help_text, description=help_text)
+            if name == chosen:
+                importlib.import_module(module_name).add_arguments(p)
+        args = parser.parse_args(argv)
+        module = importlib.import_module(SUBCOMMANDS[args.command][0])
         return int(module.run(args) or 0)
+    except ModuleNotFoundError as e:
+        if (e.name or "").partition(".")[0] not in MONITOR_EXTRA:
+            raise
+        print(f"lightkeeper {chosen}: needs {e.name}, which the core install leaves out: "
+              "pip install 'lightkeeper[monitor]'", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `| head` stopped reading: nothing more to say (128 + SIGPIPE)

@@ -1,16 +1,20 @@
-"""Core ``lightkeeper`` (monitor, analyze, dashboards, the CLI, ``lightkeeper run``) installs and
-runs in a fresh virtual environment that has no torch and no torchft (docs/install.md).
+"""Core ``lightkeeper`` (a rank's WorkerServer, ``lightkeeper run``, analyze, dashboards build)
+installs and runs in a fresh virtual environment that has no torch, no torchft and none of the
+monitor's own dependencies (numpy, msgspec, promql-parser) nor matplotlib: ``[worker]`` goes into
+a training job's environment, which may pin them (docs/install.md). The ``[monitor]`` extra then
+runs the monitor.
 
-How the environment is built, offline: the project is built into a wheel from a copy of the
+How the environments are built, offline: the project is built into a wheel from a copy of the
 checkout (with .venv's setuptools, no index); a new venv (``python -m venv``, no system site
-packages) gets that wheel with ``pip --python`` and ``--no-deps``, and the core dependencies are
-the wheel's own ``Requires-Dist`` without extras, resolved transitively against what .venv has
-installed and linked into the new venv's site-packages, distribution by distribution (its
-RECORD). ``pip check`` in the new venv then proves the wheel's requirements are met there, and
-the test asserts torch and torchft are not in that closure and cannot be imported. Then the
-console script runs: ``--help``, ``analyze`` on the shipped format sample, ``dashboards build
---check``, ``monitor`` serving its API, ``run --print-env``, the autostart ``.pth`` with
-``LIGHTKEEPER_AUTOSTART=1``, and ``train``'s one-line answer that it needs the trainer extra.
+packages) gets that wheel with ``pip --python`` and ``--no-deps``, and its dependencies are the
+wheel's own ``Requires-Dist`` (core alone, or with the ``monitor`` extra), resolved transitively
+against what .venv has installed and linked into the new venv's site-packages, distribution by
+distribution (its RECORD). ``pip check`` in the core venv then proves the wheel's requirements
+are met there, and the test asserts torch and torchft are not in that closure and cannot be
+imported. Then the console script runs: ``--help``, ``analyze`` on the shipped format sample,
+``dashboards build --check``, ``run --print-env``, the autostart ``.pth`` with
+``LIGHTKEEPER_AUTOSTART=1``, ``train``'s and ``monitor``'s one-line answers that they need an
+extra; with the ``monitor`` extra, ``monitor`` serving its API.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("lightkeeper", "worker_server", "trainer", "monitor", "dashboards", "http_serving",
             "rank_wire")
 HEAVY = {"torch", "torchft", "triton", "nvidia-nccl-cu12"}
+# what a training job's environment may pin, which a rank's install must not upgrade
+JOB_PINNED = {"numpy", "matplotlib", "msgspec", "promql-parser"}
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
 
 
@@ -67,8 +73,8 @@ def link_distribution(name: str, site: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def core_env(tmp_path_factory):
-    d = tmp_path_factory.mktemp("core")
+def wheel(tmp_path_factory):
+    d = tmp_path_factory.mktemp("wheel")
     src = d / "src"
     src.mkdir()
     for name in ("pyproject.toml", "setup.py", "README.md"):
@@ -79,12 +85,24 @@ def core_env(tmp_path_factory):
     subprocess.run([*PIP, "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
                     "-w", str(d / "dist"), str(src)], check=True, timeout=180,
                    capture_output=True)
-    wheel = next((d / "dist").glob("lightkeeper-*.whl"))
-    with zipfile.ZipFile(wheel) as z:
+    path = next((d / "dist").glob("lightkeeper-*.whl"))
+    with zipfile.ZipFile(path) as z:
         names = z.namelist()
         meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     requires = [line.split(":", 1)[1].strip() for line in meta.splitlines()
                 if line.startswith("Requires-Dist:")]
+    return path, names, requires
+
+
+def make_env(d: Path, wheel, extra: str | None = None) -> dict:
+    """A venv holding the wheel and its requirements (core, or with ``extra``)."""
+    path, names, requires = wheel
+    wanted = []
+    for line in requires:
+        req = Requirement(line)
+        if req.marker is not None and extra and req.marker.evaluate({"extra": extra}):
+            req.marker = None
+        wanted.append(str(req))
     venv = d / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
                    timeout=120)
@@ -92,11 +110,11 @@ def core_env(tmp_path_factory):
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; "
                                 "print(sysconfig.get_paths()['purelib'])"], check=True,
                                capture_output=True, text=True).stdout.strip())
-    deps = closure(requires)
+    deps = closure([r for r in wanted if not r.startswith("lightkeeper")])
     for name in deps:
         link_distribution(name, site)
     subprocess.run([*PIP, "--python", str(python), "install", "-q", "--no-deps", "--no-index",
-                    str(wheel)], check=True, timeout=180, capture_output=True)
+                    str(path)], check=True, timeout=180, capture_output=True)
     check = subprocess.run([*PIP, "--python", str(python), "check"], capture_output=True,
                            text=True, timeout=120)
     env = {k: v for k, v in os.environ.items()
@@ -109,13 +127,23 @@ def core_env(tmp_path_factory):
             "requires": requires}
 
 
-def run(core_env, *args: str, **env: str) -> subprocess.CompletedProcess:
+@pytest.fixture(scope="module")
+def core_env(tmp_path_factory, wheel):
+    return make_env(tmp_path_factory.mktemp("core"), wheel)
+
+
+@pytest.fixture(scope="module")
+def monitor_env(tmp_path_factory, wheel):
+    return make_env(tmp_path_factory.mktemp("monitor"), wheel, extra="monitor")
+
+
+def run(venv, *args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(list(args), capture_output=True, text=True, timeout=120,
-                          cwd=core_env["cwd"], env={**core_env["env"], **env})
+                          cwd=venv["cwd"], env={**venv["env"], **env})
 
 
 def test_core_installs_without_torch(core_env):
-    assert not core_env["deps"] & HEAVY, sorted(core_env["deps"] & HEAVY)
+    assert not core_env["deps"] & (HEAVY | JOB_PINNED), sorted(core_env["deps"])
     assert core_env["pip_check"].returncode == 0, core_env["pip_check"].stdout
     res = run(core_env, core_env["python"], "-c", "import torch")
     assert res.returncode == 1 and "No module named 'torch'" in res.stderr
@@ -168,13 +196,23 @@ def test_core_entry_points_run_without_torch(core_env, tmp_path):
         res = run(core_env, core_env["python"], "-c", probe, LIGHTKEEPER_AUTOSTART=value)
         assert (res.returncode, res.stdout.strip(), res.stderr) == (0, expected, ""), value
 
+    # a rank's install has no monitor: said in one line, with the extra that brings it
+    res = run(core_env, lk, "monitor", "--port", "0")
+    assert res.returncode == 1 and res.stderr.count("\n") == 1, res.stderr
+    assert "pip install 'lightkeeper[monitor]'" in res.stderr, res.stderr
+
+
+def test_the_monitor_extra_runs_the_monitor(monitor_env, tmp_path):
+    assert monitor_env["deps"] >= {"numpy", "msgspec", "promql-parser"}, monitor_env["deps"]
+    assert not monitor_env["deps"] & HEAVY, sorted(monitor_env["deps"] & HEAVY)
+    lk = monitor_env["lightkeeper"]
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = open(tmp_path / "monitor.log", "wb")
     proc = subprocess.Popen([lk, "monitor", "--port", str(port), "--interval", "0.5",
                              "--state", str(tmp_path / "m.sqlite")], stdout=log,
-                            stderr=subprocess.STDOUT, cwd=core_env["cwd"], env=core_env["env"],
+                            stderr=subprocess.STDOUT, cwd=monitor_env["cwd"], env=monitor_env["env"],
                             start_new_session=True)
     log.close()
     try:
@@ -185,7 +223,7 @@ def test_core_entry_points_run_without_torch(core_env, tmp_path):
                 return requests.get(f"http://127.0.0.1:{port}/v1/cluster", timeout=1).json()
             except requests.RequestException:
                 return None
-        cluster = wait_until(serving, 60, what="the core monitor to serve")
+        cluster = wait_until(serving, 60, what="the monitor to serve")
         assert cluster["groups"] == []
         wait_until(lambda: requests.get(f"http://127.0.0.1:{port}/v1/cluster",
                                         timeout=1).json()["sweeps"] >= 2, 30, what="2 sweeps")
