@@ -33,6 +33,7 @@ from .lease import (
 log = logging.getLogger(__name__)
 
 REPROBE_S = 60.0  # a target of another shard is asked its group again this often
+RECORD_KEEP_S = 3600.0  # a kill's record and proposal, once the Lighthouse no longer hears it
 
 
 @lru_cache(maxsize=1 << 16)  # an MD5 per group, not per target and sweep
@@ -432,6 +433,21 @@ class Leader(threading.Thread):
             self._send(rid, p, (rec.get("attempt", 0) if rec else 0) + 1, records.get(rid),
                        d.detail, modified_at(kv.key, kv.mod_revision))  # not withdrawn meanwhile
             records = _by_rid(self.etcd, self.root + "evictions/")  # the cooldown's start
+        # 3. kills sent long ago of groups gone from the Lighthouse: their keys go, else every
+        # shard's sweep and every tick reads every kill the job ever had (proposal first: a
+        # proposal without its record would be sent again)
+        keep_s = max(RECORD_KEEP_S, self.mon.cfg.rails.cooldown_s)  # the cooldown's start stays
+        for rid, kv in records.items():
+            rec = kv.json()
+            if status is None or not isinstance(rec, dict) or rec.get("state") != "sent" \
+                    or not isinstance(rec.get("at"), (int, float)) or rid in status.members \
+                    or status.heartbeating(rid) or self.mon.clock() - rec["at"] < keep_s:
+                continue
+            guard = [self.election.guard(), modified_at(kv.key, kv.mod_revision)]
+            p = proposals.get(rid)
+            if p is None or self.etcd.delete_if([*guard, modified_at(p.key, p.mod_revision)],
+                                                p.key):
+                self.etcd.delete_if(guard, kv.key)
 
     def _hold(self, rid: str, p: dict, reason: str, detail: str) -> None:
         """Log and record a hold once per replica id and reason."""
