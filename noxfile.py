@@ -3,7 +3,8 @@ puts it in .venv).
 
 Every session makes a virtual environment of its own under ``.nox/``, installs torch first and
 pinned (an unpinned or ranged torch pulls a multi-GB CUDA build), then one torchft, Lightkeeper's
-``[worker]`` extra and pytest, and runs ``tests/test_torchft_versions_e2e.py`` on that Python:
+``[worker]`` and ``[monitor]`` extras and pytest, and runs ``tests/test_torchft_versions_e2e.py``
+on that Python:
 examples/torchft_two_groups.py as two replica groups (one under ``lightkeeper run``, one with
 ``WorkerServer.start(manager)``), a real Lighthouse, ``lightkeeper monitor``; it checks the hook,
 the rank endpoints, the Flight Recorder incarnations, the versions reported and the monitor
@@ -49,7 +50,7 @@ def run_matrix_test(session: nox.Session, torch: str, torchft: str) -> None:
     session.install(f"torch=={torch}")  # first: nothing after it may pick another torch
     session.install(*torchft_requirement(torchft))
     # pytest-xdist: tests/conftest.py implements one of its hooks, which pytest refuses without it
-    session.install(".[worker]", "pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5")
+    session.install(".[worker,monitor]", "pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5")
     session.run("python", "-c", "import torch, torchft; print('torch', torch.__version__, "
                 "'torchft from', torchft.__file__)")
     # this_python: the session's own torch and torchft (no torchft-nightly directory beside it)
