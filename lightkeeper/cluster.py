@@ -356,6 +356,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+# `python -m`/`-c` children put the working directory first on sys.path: a user's own trainer/
+# or monitor/ package there would be imported instead of Lightkeeper's
+SAFE_PATH = {"PYTHONSAFEPATH": "1"}
+
+
 def start_monitor_process(cmd: list[str], out_path: Path, log_path: Path,
                           env: dict[str, str] | None = None,
                           timeout: float = 60.0) -> tuple[subprocess.Popen, str]:
@@ -364,6 +369,7 @@ def start_monitor_process(cmd: list[str], out_path: Path, log_path: Path,
     (``monitor=URL``). Raises :class:`ClusterError` with the log's tail if it exits first, and
     ``TimeoutError`` if it prints no URL within ``timeout`` (the process is the caller's to stop).
     The log is appended to: a restarted monitor keeps its earlier life's lines."""
+    env = {**(os.environ if env is None else env), **SAFE_PATH}
     with open(out_path, "wb") as out, open(log_path, "ab") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, start_new_session=True, env=env)
 
@@ -545,7 +551,7 @@ class LocalCluster:
         train_cmd = [sys.executable, "-u", "-m", "lightkeeper.cli", *train_args]
         env = {**os.environ, **self.extra_env, "TORCHFT_LIGHTHOUSE": self.lighthouse_url,
                "REPLICA_GROUP_ID": str(replica_group), "NUM_REPLICA_GROUPS": str(self.num_groups),
-               "PYTHONUNBUFFERED": "1", **self._host_env(host)}
+               "PYTHONUNBUFFERED": "1", **SAFE_PATH, **self._host_env(host)}
         addr = host.addr if host is not None and host.addr else "127.0.0.1"
         if spare_files is not None:
             train_cmd = [sys.executable, "-u", "-c", SPARE_SCRIPT, str(spare_files[0]),

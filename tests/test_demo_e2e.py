@@ -48,10 +48,13 @@ DETECTION_KEYS = {"kind", "replica_group", "ranks", "culprit_ranks", "culprit_ho
 PHASE_KEYS = {"name", "start_s", "end_s", "steps", "step_rate", "vs_healthy"}
 
 
-def run_demo(report_dir: Path, *args: str, timeout: float = 400) -> tuple[dict, str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "lightkeeper.cli", "demo", "--report-dir", str(report_dir), *args],
-        capture_output=True, text=True, timeout=timeout)
+def run_demo(report_dir: Path, *args: str, timeout: float = 400,
+             cwd: Path | None = None) -> tuple[dict, str]:
+    """``lightkeeper demo``; with ``cwd``, the console script run from there."""
+    cmd = [str(Path(sys.executable).with_name("lightkeeper"))] if cwd else \
+        [sys.executable, "-m", "lightkeeper.cli"]
+    proc = subprocess.run([*cmd, "demo", "--report-dir", str(report_dir), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]
     report = json.loads((report_dir / "report.json").read_text())
@@ -308,9 +311,15 @@ def rank_fault_run(tmp_path_factory):
     # Prometheus: no wait for the ledger after the story, a 1 s healthy end, no Prometheus; two
     # groups (the fault's and one to wrongly blame) of one rank: two ranks start sooner than
     # six (a culprit that is not its group's rank 0: the default scenario)
+    # run from a user's project that has packages named as Lightkeeper's: its ranks, spares
+    # and monitor still import Lightkeeper's own
+    project = d / "project"
+    for name in ("trainer", "monitor", "worker_server", "lightkeeper"):
+        (project / name).mkdir(parents=True)
+        (project / name / "__init__.py").write_text(f"raise ImportError('the user\'s {name}')\n")
     r, out = run_demo(d, "--inject", "1.0:slow_compute:delay=0.6,from_step=15", "--end-s", "1",
                       "--ledger-wait", "0", "--no-prometheus", "--groups", "2",
-                      "--ranks-per-group", "1")
+                      "--ranks-per-group", "1", cwd=project)
     return r, out, d
 
 
