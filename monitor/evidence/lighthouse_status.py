@@ -17,12 +17,14 @@ MAX_STATUS_BYTES = 16 << 20  # ~600 bytes per replica group: room for ~25,000 of
 
 _CURRENT = re.compile(r"Current quorum_id:\s*(-?\d+)\s*<br>")
 _PREVIOUS = re.compile(r"Previous quorum id:\s*(\d+)\s*<br>\s*Num participants:\s*(\d+)\s*<br>")
+# a field is [^<]* up to its tag, stripped after: ".*?" and "\s*" around it backtracked
+# (a 5 KB page took a minute)
 _MEMBER = re.compile(
-    r'<div class="member\s*(recovering)?\s*">\s*<b>(.*?)</b>\s*<br/>\s*'
-    r"Step:\s*(-?\d+)\s*<br/>\s*Manager:\s*(.*?)\s*<br/>\s*TCPStore:\s*(.*?)\s*<br/>\s*"
-    r"World size:\s*(\d+)\s*<br/>", re.S)
+    r'<div class="member\s*(?:(recovering)\s*)?">\s*<b>([^<]*)</b>\s*<br/>\s*'
+    r"Step:\s*(-?\d+)\s*<br/>\s*Manager:([^<]*)<br/>\s*TCPStore:([^<]*)<br/>\s*"
+    r"World size:\s*(\d+)\s*<br/>")
 _MEMBER_START = re.compile(r'<div class="member\b')
-_HEARTBEAT = re.compile(r'<li class="heartbeat\s*(old)?\s*">\s*(.+):\s+seen\s+([0-9.]+)'
+_HEARTBEAT = re.compile(r'<li class="heartbeat\s*(?:(old)\s*)?">\s*(.+):\s+seen\s+([0-9.]+)'
                         r"\s*(ns|µs|us|ms|s)\s+ago\s*</li>")
 _HEARTBEAT_START = re.compile(r'<li class="heartbeat\b')
 _UNITS = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
@@ -70,7 +72,7 @@ def parse_status(page: str, at: float = 0.0) -> LighthouseStatus:
         quorum_id = int(previous.group(1))
         for m in _MEMBER.finditer(quorum_part):
             rid = html.unescape(m.group(2))
-            members[rid] = QuorumMember(rid, int(m.group(3)), html.unescape(m.group(5)),
+            members[rid] = QuorumMember(rid, int(m.group(3)), html.unescape(m.group(5).strip()),
                                         int(m.group(6)))
         declared = int(previous.group(2))
         found = len(_MEMBER_START.findall(quorum_part))
