@@ -111,9 +111,17 @@ def _sinks(cfg: MonitorConfig) -> list:
         raise ConfigError(str(e)) from None
 
 
+def steady_clock():
+    """Unix time that never steps: the wall clock at start plus monotonic seconds since, so a
+    clock set back or forward while the monitor runs moves none of its durations."""
+    offset = time.time() - time.monotonic()
+    return lambda: offset + time.monotonic()
+
+
 class Monitor:
-    def __init__(self, cfg: MonitorConfig, clock=time.time) -> None:
+    def __init__(self, cfg: MonitorConfig, clock=None) -> None:
         check_config(cfg)
+        clock = clock or steady_clock()
         self.cfg, self.clock = cfg, clock
         # first: a second monitor on this state touches nothing of it (the bundles' prune)
         self._state_lock = hold_state(cfg.state_path)
@@ -411,9 +419,10 @@ class Monitor:
                 if not registration_authorized(authorization, self.cfg.register_token,
                                                self.cfg.token):
                     raise Unauthorized("missing or wrong bearer token")
-                target = self.discovery.register(body)
+                target = self.discovery.register(body, now=self.clock())
             else:
-                target = self.discovery.register(body, admit=self.allow_list.admit)
+                target = self.discovery.register(body, admit=self.allow_list.admit,
+                                                 now=self.clock())
         except tuple(REFUSALS) as e:
             outcome = REFUSALS[type(e)]
             self.metrics.registrations.labels(self.cfg.job, outcome).inc()

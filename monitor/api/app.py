@@ -152,9 +152,9 @@ def create_app(monitor: Any) -> Flask:
                                decisions=monitor.store.decisions(limit=20),
                                hosts=monitor.enforcer.hosts_json(),
                                bundles=monitor.incidents_json(limit=10, goodput=False)["bundles"],
-                               interval=monitor.cfg.interval_s, now=time.time(),
-                               fmt_time=lambda t: time.strftime("%H:%M:%S", time.localtime(t))
-                               if t else "")
+                               interval=monitor.cfg.interval_s,
+                               fmt_time=lambda t: time.strftime("%Y-%m-%d %H:%M:%S UTC",
+                                                                time.gmtime(t)) if t else "")
 
     def error_json(e: Exception, status: int):
         return jsonify(error=str(e), status=status), status
