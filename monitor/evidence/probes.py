@@ -230,12 +230,13 @@ class ProbeMesh:
             rows = doc.get("results") if isinstance(doc, dict) else None
             if not isinstance(rows, list):
                 raise ValueError("no results list")
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # RecursionError: nested too deep
             p.status, p.error = None, f"bad answer: {e}"
             return
         host_of = {url: h for h, url in p.peers.items()}
         for row in rows:
-            if isinstance(row, dict) and row.get("peer") in host_of:
+            if isinstance(row, dict) and isinstance(row.get("peer"), str) \
+                    and row["peer"] in host_of:
                 p.results[host_of[row["peer"]]] = link_row(row)
         for h in p.peers:  # a peer the rank left out: not measured, so not good
             p.results.setdefault(h, link_row({"error": "not in the rank's answer"}))
