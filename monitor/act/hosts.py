@@ -145,8 +145,9 @@ class HostLedger:
             self._observed = view
             for host, h in list(self.hosts.items()):  # the ledger's hosts: the few that offended
                 urls = self._urls.get(host)
-                if not urls:
-                    if h["state"] == OK:  # nothing counts and no rank runs there: forgotten
+                if not urls:  # nothing counts, no rank runs there, no failed action: forgotten
+                    if h["state"] == OK and (h.get("last_action") or {}).get("status") \
+                            not in ("failed", "retrying"):
                         del self.hosts[host]
                         self.store.delete_host(host)
                     continue
