@@ -295,10 +295,11 @@ class Store:
                      json.dumps(row.get("summary") or {}, default=str)))
 
     def bundles(self, limit: int = 500, bundle_id: str | None = None) -> list[dict[str, Any]]:
-        """Bundles newest first (or the one of ``bundle_id``)."""
+        """Bundles newest written first (not by ``at``: a restart's clock may be behind), or
+        the one of ``bundle_id``."""
         if bundle_id is not None:
             return self._dicts("SELECT * FROM bundles WHERE id=?", (bundle_id,), ("summary",))
-        return self._dicts("SELECT * FROM bundles ORDER BY at DESC, rowid DESC LIMIT ?",
+        return self._dicts("SELECT * FROM bundles ORDER BY rowid DESC LIMIT ?",
                            (limit,), ("summary",))
 
     def delete_bundle(self, bundle_id: str) -> None:

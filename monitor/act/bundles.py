@@ -260,13 +260,13 @@ class BundleStore:
     def _prune(self) -> list[str]:
         """Delete bundles older than ``keep_s``, then the oldest while all weigh more than
         ``total_bytes`` (the newest stays: its decision names it); the ids deleted."""
-        rows = self.store.bundles(limit=1_000_000)[::-1]  # oldest first, ties in write order
+        rows = self.store.bundles(limit=1_000_000)[::-1]  # oldest written first
         cutoff = self.clock() - self.cfg.keep_s
         total = sum(r["bytes"] for r in rows)
         gone = []
         for i, r in enumerate(rows):
             if r["at"] >= cutoff and (total <= self.cfg.total_bytes or i == len(rows) - 1):
-                break
+                continue
             try:
                 os.unlink(r["path"])
             except FileNotFoundError:
