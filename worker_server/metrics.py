@@ -41,7 +41,6 @@ class _StateCollector(Collector):
     def collect(self):
         snap = self.state.snapshot()
         lv = _label_values(self.state)
-        now = time.time()
 
         def gauge(name: str, doc: str, value: float | None, unit: str = ""):
             g = GaugeMetricFamily(name, doc, labels=LABELS, unit=unit)
@@ -61,7 +60,7 @@ class _StateCollector(Collector):
         yield gauge("lightkeeper_last_step_timestamp_seconds",
                     "unix time the last step finished", snap["last_step_at"])
         yield gauge("lightkeeper_phase_duration_seconds", "seconds spent so far in the current phase",
-                    max(0.0, now - snap["phase_since"]))
+                    self.state.phase_seconds())
         yield gauge("lightkeeper_loss", "training loss of the last step", snap["loss"])
         yield gauge("lightkeeper_faults_injected", "number of faults injected into this rank",
                     len(snap["faults"]))

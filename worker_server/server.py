@@ -293,7 +293,7 @@ class WorkerServer:
         often), the monitor finds the rank dead, as without this call."""
         self.state.finish()
         read_at = self.state.state_read_at
-        if wait_s <= 0 or read_at is None or time.time() - read_at > POLLED_RECENTLY_S:
+        if wait_s <= 0 or read_at is None or time.monotonic() - read_at > POLLED_RECENTLY_S:
             return False
         if not self._finished_read(wait_s):
             say(f"training finished, but nothing read /v1/state within {wait_s:g} s to learn it: "
@@ -314,7 +314,7 @@ class WorkerServer:
         read_at, gap = self.state.state_read_at, self.state.read_gap_s
         if read_at is None or gap is None:
             return False
-        wait_s = min(FINISH_WAIT_S, read_at + 2 * gap - time.time())
+        wait_s = min(FINISH_WAIT_S, read_at + 2 * gap - time.monotonic())
         return wait_s > 0 and self._finished_read(wait_s)
 
     def _finished_read(self, wait_s: float) -> bool:

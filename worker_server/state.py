@@ -144,6 +144,7 @@ class RankState:
         self.participating = False
         self.phase = "starting"
         self.phase_since = self.started_at
+        self._phase_began = time.monotonic()  # durations on a clock that a step of NTP leaves
         self.last_step_seconds: float | None = None
         self.last_step_at: float | None = None
         self.recent_step_seconds: deque[float] = deque(maxlen=RECENT_STEPS)
@@ -160,7 +161,7 @@ class RankState:
         self.finished = False  # training completed (finish()); never set on an error
         self.stopped_by: str | None = None  # "SIGTERM": it ended because it was asked to
         self._read = threading.Condition(self._lock)  # wakes finish's wait for a reader
-        self.state_read_at: float | None = None  # the last /v1/state answer sent
+        self.state_read_at: float | None = None  # the last /v1/state answer sent (monotonic)
         self.read_gap_s: float | None = None  # the longer of the last two gaps between reads
         self._gap = 0.0  # the last gap
         self.finished_read = False  # a /v1/state answer saying finished was sent
@@ -173,7 +174,7 @@ class RankState:
         with self._lock:
             if phase != self.phase and not self.finished:  # a stopped rank's loop may run on
                 self.phase = phase
-                self.phase_since = now
+                self.phase_since, self._phase_began = now, time.monotonic()
 
     def finish(self, stopped_by: str | None = None) -> None:
         """Training completed, or (``stopped_by``, e.g. ``"SIGTERM"``) the rank was asked to
@@ -186,11 +187,12 @@ class RankState:
             self.stopped_by = self.stopped_by or stopped_by
             if self.phase != "stopped":
                 self.phase, self.phase_since = "stopped", now
+                self._phase_began = time.monotonic()
 
     def state_read(self, finished: bool) -> None:
         """A ``/v1/state`` answer was sent; ``finished``: it said so (the server calls this)."""
         with self._read:
-            now = time.time()
+            now = time.monotonic()
             if self.state_read_at is not None:  # a read soon after another (asked ahead, a
                 gap = now - self.state_read_at  # retry) is not the monitor's interval
                 self.read_gap_s, self._gap = max(gap, self._gap), gap
@@ -206,7 +208,7 @@ class RankState:
 
     def step_started(self) -> None:
         with self._lock:
-            self._step_started_at = time.time()
+            self._step_started_at = time.monotonic()
 
     def set_quorum(self, quorum_id: int, num_participants: int, participating: bool) -> None:
         with self._lock:
@@ -218,9 +220,9 @@ class RankState:
 
     def step_finished(self, step: int, committed: bool, loss: float | None = None) -> float | None:
         """Record the end of a step; returns its duration (None if its start was not seen)."""
-        now = time.time()
+        now, mono = time.time(), time.monotonic()
         with self._lock:
-            duration = None if self._step_started_at is None else now - self._step_started_at
+            duration = None if self._step_started_at is None else mono - self._step_started_at
             self._step_started_at = None
             self.step = step
             if committed:
@@ -253,6 +255,10 @@ class RankState:
         now = time.time()
         with self._lock:
             self.faults_struck_at.setdefault(spec, now)
+
+    def phase_seconds(self) -> float:
+        """Seconds in the current phase, on this rank's monotonic clock."""
+        return time.monotonic() - self._phase_began
 
     def add_step_listener(self, listener) -> None:
         with self._lock:
