@@ -22,7 +22,8 @@ FR_DIR, STACKS_DIR = "fr", "stacks"
 SUFFIX = ".tar.gz"
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # also a safe file name
 _MEMBER_RE = re.compile(r"^[^/]+/(fr|stacks)/rank(\d+)\.json$")
-MAX_MEMBER_BYTES = 1 << 30  # a member beyond this is refused, not read
+# the members read, in all: a small archive can unpack to a thousand times its size
+MAX_READ_BYTES = 1 << 30
 _BROKEN = (OSError, tarfile.TarError, EOFError, zlib.error)  # a cut short or corrupt archive
 # the finding kinds a Flight Recorder dump can show: the others (a network fault, a group gone)
 # leave every rank's dump alike, so the monitor's evidence in the bundle is all there is
@@ -94,25 +95,29 @@ def open_bundle(path: str | Path) -> OpenedBundle:
         return OpenedBundle(manifest, str(p / FR_DIR), finding, str(p))
     tmp = tempfile.TemporaryDirectory(prefix="lightkeeper-bundle-")
     manifest = finding = cut = None
+    read = 0
     try:
         with tarfile.open(p, "r:gz") as tar:
             try:
                 for m in tar:
-                    if not m.isfile() or m.size > MAX_MEMBER_BYTES:
-                        continue
                     parts = m.name.split("/")
-                    if len(parts) == 2 and parts[1] == MANIFEST:
-                        manifest = _manifest(json.loads(_read(tar, m)))
-                        continue
-                    if len(parts) == 2 and parts[1] == FINDINGS:
-                        finding = _finding(_read(tar, m))
-                        continue
+                    top = parts[1] if len(parts) == 2 else None
                     match = _MEMBER_RE.match(m.name)
-                    if match and match.group(1) == FR_DIR:
+                    if not m.isfile() or not (top in (MANIFEST, FINDINGS) or (
+                            match and match.group(1) == FR_DIR)):
+                        continue
+                    read += m.size
+                    if read > MAX_READ_BYTES:
+                        raise BundleError(f"over {MAX_READ_BYTES} bytes unpacked")
+                    if top == MANIFEST:
+                        manifest = _manifest(json.loads(_read(tar, m)))
+                    elif top == FINDINGS:
+                        finding = _finding(_read(tar, m))
+                    else:
                         Path(tmp.name, f"rank{int(match.group(2))}.json").write_bytes(
                             _read(tar, m))
-            except _BROKEN as e:  # a download cut short: its first dumps are the culprit's
-                if manifest is None:
+            except (*_BROKEN, BundleError) as e:  # a download cut short: its first dumps are
+                if manifest is None:  # the culprit's
                     raise
                 cut = f"archive broken after its manifest, the rest not read: {e}"
         if manifest is None:
@@ -144,6 +149,9 @@ def _manifest(doc: Any) -> dict[str, Any]:
             raise BundleError(f"{MANIFEST}: {key} is not a list of {kind.__name__}")
     if not isinstance(doc.get("decision") or {}, dict):
         raise BundleError(f"{MANIFEST}: decision is not an object")
+    for key in ("id", "trigger", "kind", "replica_id"):
+        if not isinstance(doc.get(key), str | None):
+            raise BundleError(f"{MANIFEST}: {key} is not a string")
     return doc
 
 
