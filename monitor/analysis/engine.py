@@ -348,7 +348,8 @@ def _pending_for(trace: RankTrace | None, row: GroupTrace, seq: int) -> float | 
     if trace is None or trace.dump_time_ns is None or not 0 <= i < len(row.created_ns):
         return None
     created = row.created_ns[i]
-    return (trace.dump_time_ns - created) / 1e9 if created else None
+    # dumped "before" it was enqueued: the rank's wall clock was set back between, no age
+    return (trace.dump_time_ns - created) / 1e9 if 0 < created <= trace.dump_time_ns else None
 
 
 def _last_completed(trace: GroupTrace) -> int | None:
