@@ -88,7 +88,7 @@ def resolve(host: str, timeout: float = RESOLVE_TIMEOUT_S) -> list[IPAddress]:
         infos = fut.result(timeout=timeout)
     except FutureTimeout:
         raise NotAllowed(f"{host} did not resolve within {timeout:g}s") from None
-    except OSError as e:
+    except (OSError, UnicodeError) as e:  # UnicodeError: a name IDNA refuses (a..b, a long label)
         raise NotAllowed(f"{host} does not resolve: {e}") from None
     out: list[IPAddress] = []
     for info in infos:
