@@ -379,8 +379,9 @@ class Monitor:
             found = self.torch_stores.read(
                 [(m.replica_id, m.store, m.world_size) for m in st.members.values()], now)
             self.discovery.set_torch({u: (i.replica_group, i.rank) for u, i in found.items()})
+        # their enqueue times are on their wall clocks: judged by this host's, not self.clock
         self.torch_ranks.adapt(polls, self.torch_stores.identities()
-                               if self.torch_stores is not None else {}, st, now)
+                               if self.torch_stores is not None else {}, st, time.time())
 
     def _torch_stacks(self, new: list) -> None:
         """A new finding's culprits on torch's debug server: their stacks read now, into its
