@@ -111,3 +111,29 @@ def test_fuzzed_states_never_fail_a_sweep_or_an_api_answer(tmp_path):
     finally:
         mon.stop()
         sim.stop()
+
+
+def test_a_rank_number_beyond_int64_is_a_bad_response_not_a_broken_ledger(tmp_path):
+    """``replica_group`` or ``rank`` past int64 from one rank broke the goodput ledger for the
+    rest of the monitor's life (OverflowError every sweep, also once the rank answered well)."""
+    sim = SimRanks.start(3)
+    proc = None
+    try:
+        sim.ranks[1].update(replica_group=2**70)
+        sim.ranks[2].update(rank=-2**64)
+        proc, url = start_monitor_process(
+            [sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", "0", "--interval",
+             "0.2", "--job", "sim", "--targets", ",".join(sim.urls), "--state",
+             str(tmp_path / "state.sqlite")], tmp_path / "out.log", tmp_path / "err.log")
+        wait_until(lambda: requests.get(url + "/healthz", timeout=5).json()["sweeps"] >= 3, 20,
+                   what="three sweeps")
+        ranks = {r["url"]: r for r in requests.get(url + "/v1/ranks", timeout=5).json()}
+        assert ranks[sim.ranks[0].url]["reachable"]
+        for r in sim.ranks[1:]:
+            assert "beyond int64" in ranks[r.url]["error"], ranks[r.url]
+        assert requests.get(url + "/v1/goodput", timeout=5).json()["error"] is None
+        assert "goodput ledger failed" not in (tmp_path / "err.log").read_text()
+    finally:
+        if proc is not None:
+            stop_process(proc)
+        sim.stop()

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from monitor.poll.discovery import Target
-from rank_wire import unpack_seconds
+from rank_wire import INT64_MAX, INT64_MIN, unpack_seconds
 
 _REQUIRED = {"replica_group": int, "rank": int, "group_rank": int, "step": int,
             "quorum_id": int, "phase": str, "phase_since": (int, float)}
@@ -34,6 +34,9 @@ def valid_state(data: Any) -> str | None:
 
 
 def _bad_optional(data: dict) -> str | None:
+    for key in ("replica_group", "rank"):  # past int64 they broke the goodput ledger for good
+        if not INT64_MIN <= data[key] <= INT64_MAX:
+            return f"{key} is {data[key]!r}: beyond int64"[:200]
     for key, typ in _OPTIONAL.items():
         if key in data:
             v = data[key]
