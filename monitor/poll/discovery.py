@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ from urllib.parse import unquote, urlsplit
 
 from http_serving import host_for_url, redact_url
 
+from ..config import ConfigError
 from .torch_target import PREFIX
 
 log = logging.getLogger(__name__)
@@ -219,7 +221,9 @@ class Discovery:
     def restore(self, path: str) -> None:
         """Re-adopt as registered the targets a previous run wrote (:meth:`write_file_sd`) that
         registered themselves; its --targets and --targets-file are this run's to give again.
-        A missing or broken file restores nothing, nor another ``--job``'s ranks."""
+        A missing or broken file restores nothing, nor another ``--job``'s ranks.
+        First it holds ``path``: raises ConfigError when another monitor writes it."""
+        self._hold(path)
         try:
             parsed = _read_file_sd(path, ours=True)
         except (OSError, ValueError):  # BadTarget is a ValueError
@@ -235,6 +239,26 @@ class Discovery:
                 t.source, t.last_registered = "registered", now
                 self._registered[url] = t
                 self._invalidate()
+
+    def _hold(self, path: str) -> None:
+        """Lock ``<path>.lock`` for this process (a POSIX lock: the process's own later monitor
+        may take it): two monitors writing one file would each replace the other's targets."""
+        lock = f"{os.path.realpath(path)}.lock"
+        try:
+            os.makedirs(os.path.dirname(lock), exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return  # writing the file itself fails too, and is warned about then
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise ConfigError(f"--sd-out {path} is written by another monitor (PID {holder}); "
+                              "give each monitor a file of its own") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._sd_lock = fd  # held until the process exits
 
     def refresh(self) -> str | None:
         """Re-read the file_sd input if it changed; returns an error message or None."""

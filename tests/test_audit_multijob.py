@@ -1,0 +1,68 @@
+"""Two training jobs side by side, each with its own monitor (docs/monitor.md, Several jobs on
+the same machines): what one job's monitor must never do to the other's.
+
+The monitors are real `lightkeeper monitor` processes; no Lighthouse or rank is needed for what
+these check (the file_sd output and start-up), so none is started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import requests
+
+from lightkeeper.cluster import SAFE_PATH, start_monitor_process, stop_process, wait_until
+
+
+def _monitor_cmd(state, sd_out, job: str) -> list[str]:
+    return [sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", "0", "--job", job,
+            "--state", str(state), "--sd-out", str(sd_out), "--interval", "0.2"]
+
+
+def test_second_monitor_on_one_sd_out_is_refused_and_the_first_keeps_its_ranks(tmp_path):
+    """Given the same --sd-out (dashboards.md's one path, copied for a second job), a monitor
+    of another job used to start and write its own (empty) set over the first's, which then
+    never wrote it again while its targets stood still: Prometheus lost the first job's ranks."""
+    sd_out = tmp_path / "file_sd" / "lightkeeper.json"
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first, url = start_monitor_process(_monitor_cmd(tmp_path / "a" / "m.sqlite", sd_out, "alpha"),
+                                       tmp_path / "a.out", tmp_path / "a.log")
+    try:
+        rank = "http://127.0.0.1:9"  # nothing answers there: a registered rank, polled and down
+        r = requests.post(url + "/v1/targets", json={"url": rank, "job": "alpha",
+                                                      "replica_group": 0, "rank": 0}, timeout=5)
+        assert r.status_code == 200, r.text
+
+        def written():
+            return sd_out.exists() and "127.0.0.1:9" in sd_out.read_text()
+
+        wait_until(written, 20, what="the first monitor's file_sd output")
+        before = sd_out.read_text()
+
+        second = subprocess.run(_monitor_cmd(tmp_path / "b" / "m.sqlite", sd_out, "beta"),
+                                capture_output=True, text=True, timeout=30,
+                                env={**os.environ, **SAFE_PATH})
+        assert second.returncode == 2, (second.returncode, second.stderr)
+        lines = second.stderr.strip().splitlines()
+        assert len(lines) == 1 and "--sd-out" in lines[0] and str(sd_out) in lines[0] \
+            and f"PID {first.pid}" in lines[0], second.stderr
+        assert sd_out.read_text() == before
+        assert [g["labels"]["job"] for g in json.loads(before)] == ["alpha"]
+    finally:
+        stop_process(first, grace=5)
+
+    # once the first is gone, a monitor may take the file over (a restart, an upgrade)
+    again, _ = start_monitor_process(_monitor_cmd(tmp_path / "b" / "m.sqlite", sd_out, "beta"),
+                                     tmp_path / "b.out", tmp_path / "b.log")
+    try:
+        deadline = time.monotonic() + 20
+        while json.loads(sd_out.read_text()) != [] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert json.loads(sd_out.read_text()) == []  # alpha's rank is not beta's to re-adopt
+    finally:
+        stop_process(again, grace=5)
