@@ -7,7 +7,8 @@ output: ``lightkeeper dashboards build --check`` (and a test) fails when they ar
 
 Every query uses only metrics the WorkerServer (``lightkeeper_*``) or the monitor
 (``lightkeeper_monitor_*``) export (docs/CONTRACTS.md), and Grafana's ``$job``,
-``$replica_group`` and ``$rank`` variables (multi-value, "All" = ``.*``) as regex matchers.
+``$replica_group`` and ``$rank`` variables (multi-value, "All" = ``.*``; ``$job``: one job) as
+regex matchers.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ LINKS = [P.dashboard_link("Lightkeeper dashboards", [TAG])]
 
 
 def _job_var() -> dict:
-    return P.query_variable("job", "Training job", "label_values(lightkeeper_step, job)")
+    # one job at a time: two jobs' replica group 0, quorum ids and monitors would add up
+    return P.query_variable("job", "Training job", "label_values(lightkeeper_step, job)",
+                            multi=False, include_all=False)
 
 
 # each group's slowest rank's compute a step (as the straggler alert's recording rule)

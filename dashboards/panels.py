@@ -289,7 +289,6 @@ def query_variable(name: str, label: str, query: str, *, multi: bool = True,
         "label": label,
         "datasource": DS,
         "query": query,
-        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
         "hide": 0,
         "includeAll": include_all,
         "multi": multi,
@@ -299,8 +298,9 @@ def query_variable(name: str, label: str, query: str, *, multi: bool = True,
         "skipUrlSync": False,
         "sort": sort,
     }
-    if include_all:
+    if include_all:  # else Grafana selects the first value
         v["allValue"] = ".*"
+        v["current"] = {"selected": True, "text": ["All"], "value": ["$__all"]}
     return v
 
 

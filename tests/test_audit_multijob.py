@@ -66,3 +66,16 @@ def test_second_monitor_on_one_sd_out_is_refused_and_the_first_keeps_its_ranks(t
         assert json.loads(sd_out.read_text()) == []  # alpha's rank is not beta's to re-adopt
     finally:
         stop_process(again, grace=5)
+
+
+def test_dashboards_show_one_job_at_a_time():
+    """The dashboards aggregate by replica_group, quorum and monitor without the job (two jobs'
+    group 0 would be one series, their quorum ids one maximum), so the shipped dashboards let
+    Grafana select one job only; they used to default to "All", every job added up."""
+    from dashboards.build import GENERATED_DIR
+
+    for path in sorted(GENERATED_DIR.glob("*.json")):
+        variables = {v["name"]: v for v in json.loads(path.read_text())["templating"]["list"]}
+        job = variables["job"]
+        assert job["multi"] is False and job["includeAll"] is False, path.name
+        assert "allValue" not in job and job.get("current", {}).get("value") != ["$__all"]
