@@ -9,6 +9,7 @@ WorkerServer cannot be made to answer garbage. The monitor is real, as a process
 from __future__ import annotations
 
 import copy
+import json
 import random
 import sys
 
@@ -133,6 +134,40 @@ def test_a_rank_number_beyond_int64_is_a_bad_response_not_a_broken_ledger(tmp_pa
             assert "beyond int64" in ranks[r.url]["error"], ranks[r.url]
         assert requests.get(url + "/v1/goodput", timeout=5).json()["error"] is None
         assert "goodput ledger failed" not in (tmp_path / "err.log").read_text()
+    finally:
+        if proc is not None:
+            stop_process(proc)
+        sim.stop()
+
+
+def strict_json(text: str):
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_nan_and_infinity_from_a_rank_never_reach_the_api(tmp_path):
+    """A rank serving NaN or 1e400 (read as infinity) in fields the API passes on made
+    ``/v1/cluster`` and ``/v1/ranks`` answer ``NaN``/``Infinity``, which no strict JSON reader
+    (jq, a browser's JSON.parse) takes: one rank broke the API for every client."""
+    sim = SimRanks.start(3)
+    proc = None
+    try:
+        sim.ranks[1].update(last_step_seconds=float("inf"), faults=[float("nan")])
+        sim.ranks[2].update(phase_s=float("nan"))
+        proc, url = start_monitor_process(
+            [sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", "0", "--interval",
+             "0.2", "--job", "sim", "--targets", ",".join(sim.urls), "--state",
+             str(tmp_path / "state.sqlite")], tmp_path / "out.log", tmp_path / "err.log")
+        wait_until(lambda: requests.get(url + "/healthz", timeout=5).json()["sweeps"] >= 3, 20,
+                   what="three sweeps")
+        ranks = {r["url"]: r for r in strict_json(requests.get(url + "/v1/ranks",
+                                                                timeout=5).text)}
+        assert ranks[sim.ranks[1].url]["last_step_seconds"] is None
+        assert ranks[sim.ranks[1].url]["faults"] == [None]
+        assert ranks[sim.ranks[2].url]["phase_for_s"] is not None  # from its phase_since
+        assert all(r["reachable"] for r in ranks.values())
+        strict_json(requests.get(url + "/v1/cluster", timeout=5).text)
     finally:
         if proc is not None:
             stop_process(proc)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict, deque
@@ -96,11 +97,21 @@ _DECODE = msgspec.json.Decoder().decode  # hot: every answer of every sweep
 
 
 def _json(body: bytes) -> Any:
-    """msgspec's decoder for strict JSON; what it refuses (``NaN``) goes to ``json.loads``."""
+    """msgspec's decoder for strict JSON; what it refuses (``NaN``) goes to ``json.loads``,
+    which reads NaN and infinities as null: served on in the API, they made it no JSON."""
     try:
         return _DECODE(body)
     except (msgspec.DecodeError, RecursionError):
-        return json.loads(body)
+        return json.loads(body, parse_constant=_null, parse_float=_finite)
+
+
+def _null(_: str) -> None:
+    return None
+
+
+def _finite(text: str) -> float | None:
+    v = float(text)  # 1e400: inf
+    return v if math.isfinite(v) else None
 
 
 def judge_body(url: str, body: bytes, latency_s: float, at: float | None = None,
