@@ -41,3 +41,21 @@ def test_registration_bodies_get_an_answer_never_a_500(tmp_path):
         assert "Traceback" not in (tmp_path / "err.log").read_text()
     finally:
         stop_process(proc)
+
+
+def test_a_registration_cannot_write_a_line_of_its_own_into_the_log(tmp_path):
+    """The refusal of another job's rank logged the body's URL as it came, before any check:
+    anyone who reaches the monitor could add lines (a forged "evicted ...") to its log."""
+    proc, url = start_monitor_process(
+        [sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", "0", "--interval", "60",
+         "--job", "j", "--state", str(tmp_path / "state.sqlite")],
+        tmp_path / "out.log", tmp_path / "err.log")
+    try:
+        r = requests.post(url + "/v1/targets", timeout=10, json={
+            "url": "http://127.0.0.1:1\nFORGED evicted replica group 3", "job": "other"})
+        assert r.status_code == 409
+    finally:
+        stop_process(proc)
+    log = (tmp_path / "err.log").read_text()
+    assert "refusing ranks of job 'other'" in log
+    assert not [line for line in log.splitlines() if line.startswith("FORGED")], log

@@ -174,7 +174,7 @@ class Discovery:
             # each registration may name another, and neither the set nor the log may grow so
             if job not in self._other_jobs and len(self._other_jobs) < OTHER_JOBS_SAID:
                 self._other_jobs.add(job)
-                log.warning("refusing ranks of job %r (this monitor's --job is %r), e.g. %s%s",
+                log.warning("refusing ranks of job %r (this monitor's --job is %r), e.g. %r%s",
                             job, self.job, body["url"],
                             "; other jobs' ranks are refused unsaid from now"
                             if len(self._other_jobs) == OTHER_JOBS_SAID else "")
