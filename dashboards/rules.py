@@ -374,20 +374,27 @@ ALERTS = [
     Alert(
         "LightkeeperMonitorMissing",
         # a monitor pod Pending (its volume still held by a failed node) or deleted has no
-        # target, so no up == 0 either
-        'absent(up{lightkeeper_component="monitor"})\n'
-        'and on () count(up{lightkeeper_component="worker"}) > 0', "5m", "warning",
-        "Ranks are scraped but no Lightkeeper monitor is",
-        "Prometheus scrapes WorkerServers but has had no monitor target for 5 minutes: nothing "
-        "detects or evicts bad replica groups meanwhile.",
+        # target, so no up == 0 either; per job: one job's monitor hides no other's absence
+        "count by (job) (lightkeeper_step)\n"
+        "unless on (job) lightkeeper_monitor_sweeps_total", "5m", "warning",
+        "Ranks of job {{ $labels.job }} are scraped but no Lightkeeper monitor of it is",
+        "Prometheus scrapes WorkerServers of job {{ $labels.job }} but has had no monitor series "
+        "of that job for 5 minutes: nothing detects or evicts its bad replica groups meanwhile.",
         "Find the monitor: kubectl get pods -l app.kubernetes.io/component=monitor (a Pending "
-        "pod waits for its volume or a node); else start lightkeeper monitor and check the "
-        "monitor scrape job of prometheus.yml. Delete this rule where ranks run without one.",
+        "pod waits for its volume or a node); else start lightkeeper monitor --job "
+        "{{ $labels.job }} and check the monitor scrape job of prometheus.yml. Delete this rule "
+        "where ranks run without one.",
         [Case("the monitor's target gone while ranks are scraped",
-              [(f"up{{{M}}}", "1 1 stale"), (f"up{{{_worker(0)}}}", "1x40")], "8m",
-              [{"lightkeeper_component": "monitor"}]),
-         Case("monitor scraped", [(f"up{{{M}}}", "1x40"), (f"up{{{_worker(0)}}}", "1x40")],
-              "8m"),
+              [(f"lightkeeper_monitor_sweeps_total{{{M}}}", "1 2 stale"),
+               (f"lightkeeper_step{{{_worker(0)}}}", "1x40")], "8m", [{"job": "train"}]),
+         Case("another job's monitor scraped, not this job's",
+              [(f"lightkeeper_monitor_sweeps_total{{{M}}}", "0+60x40"),
+               (f"lightkeeper_step{{{_worker(0)}}}", "1x40"),
+               ('lightkeeper_step{job="other", lightkeeper_component="worker", '
+                'instance="o0:9000", replica_group="0", rank="0", group_rank="0"}', "1x40")],
+              "8m", [{"job": "other"}]),
+         Case("monitor scraped", [(f"lightkeeper_monitor_sweeps_total{{{M}}}", "0+60x40"),
+                                  (f"lightkeeper_step{{{_worker(0)}}}", "1x40")], "8m"),
          Case("nothing scraped at all", [(f"up{{{M}}}", "stale")], "8m")]),
     Alert(
         "LightkeeperMonitorOutOfFileDescriptors",

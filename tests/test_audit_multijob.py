@@ -79,3 +79,39 @@ def test_dashboards_show_one_job_at_a_time():
         job = variables["job"]
         assert job["multi"] is False and job["includeAll"] is False, path.name
         assert "allValue" not in job and job.get("current", {}).get("value") != ["$__all"]
+
+
+def test_a_missing_monitor_of_one_job_alerts_beside_another_jobs_monitor(tmp_path):
+    """Jobs alpha and beta scraped, only alpha's monitor: LightkeeperMonitorMissing fires for
+    beta. It used to ask for no monitor target at all, so alpha's monitor hid beta's absence.
+    promtool on the shipped rules.yml (Debian's promtool)."""
+    from dashboards import rules
+    from dashboards.build import PROMETHEUS_DIR
+    from dashboards.yamlout import dump
+    from tests.conftest import require_binary
+
+    alert = next(a for a in rules.ALERTS if a.name == "LightkeeperMonitorMissing")
+
+    def rank(job: str) -> str:
+        return (f'lightkeeper_step{{job="{job}", lightkeeper_component="worker", '
+                f'instance="{job}0:9000", replica_group="0", rank="0", group_rank="0"}}')
+
+    series = [(rank("alpha"), "1x40"), (rank("beta"), "1x40"),
+              ('lightkeeper_monitor_sweeps_total{job="alpha", lightkeeper_component="monitor", '
+               'instance="mon-alpha:19400"}', "0+60x40"),
+              ('up{job="lightkeeper-monitor", lightkeeper_component="monitor", '
+               'instance="mon-alpha:19400"}', "1x40")]
+    fires = {"job": "beta"}
+    doc = {"rule_files": [str(PROMETHEUS_DIR / "rules.yml")], "evaluation_interval": "15s",
+           "tests": [{"interval": "15s",
+                      "input_series": [{"series": s, "values": v} for s, v in series],
+                      "alert_rule_test": [{
+                          "eval_time": "8m", "alertname": alert.name,
+                          "exp_alerts": [{"exp_labels": {**fires, "severity": alert.severity},
+                                          "exp_annotations": {
+                                              k: rules.render_template(v, fires)
+                                              for k, v in alert.annotations().items()}}]}]}]}
+    (tmp_path / "t.yml").write_text(dump(doc, "two jobs, one monitor"))
+    r = subprocess.run([require_binary("promtool"), "test", "rules", "t.yml"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
