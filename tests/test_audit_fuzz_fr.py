@@ -140,3 +140,13 @@ def test_a_pickle_naming_a_function_is_refused_by_both_readers(tmp_path, pickled
         trace, error = loader.load_outcome(path)
         assert trace is None and "refusing to load" in error, (pure, error)
 
+
+
+def test_a_pickle_declaring_a_terabyte_string_is_a_clear_error(tmp_path, monkeypatch):
+    """Before: the error was "MemoryError: " and nothing more."""
+    path = tmp_path / "rank0"
+    path.write_bytes(b"\x80\x04\x8d" + (1 << 40).to_bytes(8, "little") + b"ab.")  # BINUNICODE8
+    for pure in ("", "1"):
+        monkeypatch.setenv(loader.PURE_PYTHON_ENV, pure)
+        trace, error = loader.load_outcome(path)
+        assert trace is None and error.startswith("out of memory reading it"), (pure, error)

@@ -211,4 +211,6 @@ def _describe(exc: BaseException) -> str:
         return f"invalid pickle: {exc}"
     if isinstance(exc, DumpFormatError):
         return str(exc)
+    if isinstance(exc, MemoryError):  # its message is empty
+        return "out of memory reading it (a pickle may declare a string of any size)"
     return f"{type(exc).__name__}: {exc}"
