@@ -165,7 +165,7 @@ def test_torchtitan_debug_model_two_groups_straggler_evicted(tmp_path):
     try:
         cluster.start_lighthouse()
         mon = Monitor(MonitorConfig(
-            port=0, interval_s=0.5, lighthouse=cluster.lighthouse_url,
+            port=0, interval_s=0.5, lighthouse=cluster.lighthouse_url, job="titan",
             state_path=str(tmp_path / "monitor.sqlite"),
             rails=RailsConfig(min_replicas=1, cooldown_s=0))).start()
         for g in (0, 1):
