@@ -15,6 +15,7 @@ import signal
 import sqlite3
 import sys
 import threading
+import time
 from dataclasses import fields
 from typing import Any
 
@@ -236,8 +237,12 @@ def warn_about_tokens(cfg: MonitorConfig) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(stream=sys.stderr, level=getattr(logging, args.log_level),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    utc = logging.Formatter("%(asctime)s.%(msecs)03dZ %(name)s %(levelname)s %(message)s",
+                            "%Y-%m-%dT%H:%M:%S")
+    utc.converter = time.gmtime  # UTC, and said so: not the host's unnamed local time
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(utc)
+    logging.basicConfig(level=getattr(logging, args.log_level), handlers=[handler])
     from .service import Monitor
 
     try:

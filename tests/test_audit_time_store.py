@@ -7,11 +7,15 @@ the second one's behind the first one's, as a restart on a host whose clock was 
 
 from __future__ import annotations
 
+import calendar
 import os
 import re
+import sys
+import time
 
 import requests
 
+from lightkeeper.cluster import start_monitor_process, stop_process, wait_until
 from monitor.act.bundles import BundleStore
 from monitor.config import BundleConfig, MonitorConfig
 from monitor.service import Monitor
@@ -61,3 +65,23 @@ def test_the_overview_says_its_times_are_utc(tmp_path):
         mon.stop()
     row = re.search(r'<tr class="hold"><td>([^<]*)</td>', page)
     assert row and row.group(1) == "2027-01-15 08:00:00 UTC", row and row.group(1)
+
+
+def test_the_monitors_log_lines_are_stamped_in_utc(tmp_path):
+    """On a host whose local time is UTC+5:30, the log's times are UTC and end in ``Z``. Before,
+    ``2026-11-27 17:41:02,113``: the host's local time, its zone unsaid."""
+    env = {**os.environ, "TZ": "Asia/Kolkata"}
+    log = tmp_path / "monitor.log"
+    proc, _ = start_monitor_process(
+        [sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", "0", "--interval", "0.2",
+         "--state", str(tmp_path / "state.sqlite"), "--lighthouse", "http://127.0.0.1:1"],
+        tmp_path / "monitor.out", log, env=env)  # an unreachable Lighthouse: a warning
+    try:
+        line = wait_until(lambda: log.read_text().splitlines()[0] if log.read_text() else None,
+                          30, what="a log line")
+    finally:
+        stop_process(proc, grace=3)
+    stamp = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\.\d{3}Z ", line)
+    assert stamp, line
+    at = calendar.timegm(time.strptime(stamp.group(1), "%Y-%m-%dT%H:%M:%S"))
+    assert abs(at - time.time()) < 120, line
