@@ -172,3 +172,28 @@ def test_nan_and_infinity_from_a_rank_never_reach_the_api(tmp_path):
         if proc is not None:
             stop_process(proc)
         sim.stop()
+
+
+def test_a_rank_cannot_claim_the_keys_only_the_monitor_writes(tmp_path):
+    """``stacks_url`` and ``torch_only`` are the monitor's own, for ranks on torch's debug
+    server: claimed in a rank's /v1/state, the first chose the address the monitor POSTs to
+    for a culprit's stacks (its answer kept in the finding anyone may read), the second made
+    the monitor skip the rank's Flight Recorder."""
+    sim = SimRanks.start(2)
+    proc = None
+    try:
+        sim.ranks[1].update(stacks_url="http://127.0.0.1:9/anything",
+                            torch_only={"cannot_show": ["x"]})
+        proc, url = start_monitor_process(
+            [sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", "0", "--interval",
+             "0.2", "--job", "sim", "--targets", ",".join(sim.urls), "--state",
+             str(tmp_path / "state.sqlite")], tmp_path / "out.log", tmp_path / "err.log")
+        wait_until(lambda: requests.get(url + "/healthz", timeout=5).json()["sweeps"] >= 2, 20,
+                   what="two sweeps")
+        row = {r["url"]: r for r in requests.get(url + "/v1/ranks", timeout=5).json()}[
+            sim.ranks[1].url]
+        assert row["reachable"] and row["stacks_url"] is None and row["torch_only"] is None
+    finally:
+        if proc is not None:
+            stop_process(proc)
+        sim.stop()

@@ -21,6 +21,10 @@ def pack_state(doc: dict[str, Any]) -> dict[str, Any]:
     """``doc`` (a parsed ``/v1/state`` answer) with its two number lists as bytes, in place."""
     served = doc.get("packed")
     served = type(served) is int and served == PACKED_FORMAT  # not True: a bool is no format
+    # the monitor's own keys of a torch-only rank: one claimed by a rank's answer would choose
+    # the URL the monitor POSTs to for its stacks, or skip its Flight Recorder
+    doc.pop("stacks_url", None)
+    doc.pop("torch_only", None)
     timing = doc.get("timing")
     if type(timing) is dict:
         timing["recent"] = _kept(timing.get("recent"), served, TIMING_ROW.size, pack_rows)
