@@ -112,10 +112,12 @@ def _sinks(cfg: MonitorConfig) -> list:
 
 
 def steady_clock():
-    """Unix time that never steps: the wall clock at start plus monotonic seconds since, so a
-    clock set back or forward while the monitor runs moves none of its durations."""
-    offset = time.time() - time.monotonic()
-    return lambda: offset + time.monotonic()
+    """Unix time that never steps: the wall clock at start plus seconds since on a clock that
+    NTP does not step (a suspended host's time counted), so a clock set back or forward while
+    the monitor runs moves none of its durations."""
+    boot = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+    offset = time.time() - time.clock_gettime(boot)
+    return lambda: offset + time.clock_gettime(boot)
 
 
 class Monitor:
