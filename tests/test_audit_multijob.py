@@ -115,3 +115,29 @@ def test_a_missing_monitor_of_one_job_alerts_beside_another_jobs_monitor(tmp_pat
     r = subprocess.run([require_binary("promtool"), "test", "rules", "t.yml"], cwd=tmp_path,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_targets_file_entries_of_another_job_are_left_out(tmp_path):
+    """A --targets-file that lists two jobs' ranks (a shared file_sd, or the other job's
+    monitor's --sd-out): the ranks labelled with another job used to be polled and written to
+    this monitor's --sd-out too, so Prometheus scraped them twice (their series doubled, told
+    apart only by lightkeeper_source). They are left out, as their registrations are (409)."""
+    shared = tmp_path / "all-ranks.json"
+    shared.write_text(json.dumps([
+        {"targets": ["127.0.0.1:9"], "labels": {"job": "alpha", "replica_group": "0"}},
+        {"targets": ["127.0.0.1:10"], "labels": {"job": "beta", "replica_group": "0"}},
+        {"targets": ["127.0.0.1:11"]}]))  # no job label: this monitor's
+    sd_out = tmp_path / "alpha.json"
+    cmd = _monitor_cmd(tmp_path / "m.sqlite", sd_out, "alpha") + ["--targets-file", str(shared)]
+    proc, url = start_monitor_process(cmd, tmp_path / "out", tmp_path / "log")
+    try:
+        wait_until(sd_out.exists, 20, what="the monitor's file_sd output")
+        known = sorted(t["url"] for t in requests.get(url + "/v1/targets", timeout=5).json())
+        assert known == ["http://127.0.0.1:11", "http://127.0.0.1:9"]
+        written = sorted(a for g in json.loads(sd_out.read_text()) for a in g["targets"])
+        assert written == ["127.0.0.1:11", "127.0.0.1:9"]
+        said = [ln for ln in (tmp_path / "log").read_text().splitlines() if "'beta'" in ln
+                or "job(s) beta" in ln]
+        assert len(said) == 1 and "leaving out" in said[0], said
+    finally:
+        stop_process(proc, grace=5)

@@ -279,6 +279,11 @@ class Discovery:
             self.file_error = f"targets file {path}: {e}"
             self._file_sig = sig  # do not re-parse the same broken content every sweep
             return self.file_error
+        other = {str(t.job) for t in parsed.values() if t.job not in (None, self.job)}
+        if other and self.job is not None:  # refused as their registrations are (409)
+            log.warning("targets file %s: leaving out the targets of job(s) %s (this monitor's "
+                        "--job is %r)", path, ", ".join(sorted(other)), self.job)
+            parsed = {u: t for u, t in parsed.items() if t.job in (None, self.job)}
         with self._lock:
             self._file = parsed
             self._invalidate()
