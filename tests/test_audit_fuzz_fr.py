@@ -150,3 +150,19 @@ def test_a_pickle_declaring_a_terabyte_string_is_a_clear_error(tmp_path, monkeyp
         monkeypatch.setenv(loader.PURE_PYTHON_ENV, pure)
         trace, error = loader.load_outcome(path)
         assert trace is None and error.startswith("out of memory reading it"), (pure, error)
+
+
+def test_a_rank_number_past_any_world_costs_no_gigabytes():
+    """gloo's dumps do not list the default group's members, so rank numbers tell the world: a
+    dump claiming rank 10**7 made ten million members (1.4 GB, seconds; 10**9: out of memory).
+    Now at most 2**20 are made up from rank numbers."""
+    job = FRJob(2, flavour="gloo", seed=1)
+    for _ in range(4):
+        job.collective("0", "all_reduce", [[4]])
+    dumps = job.dumps()
+    for d in dumps.values():
+        d.pop("pg_config", None)
+    dumps[1]["rank"] = 10**7
+    traces, errors = normalize_dumps({0: dumps[0], 10**7: dumps[1]})
+    assert errors == [] and sorted(traces) == [0, 10**7]
+    assert len(analyze(traces).unknown_ranks) < 1 << 20

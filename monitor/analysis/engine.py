@@ -95,6 +95,9 @@ def _share_signatures(traces: Mapping[int, RankTrace]) -> list[Signature]:
     return table
 
 
+_MAX_WORLD = 1 << 20  # ranks of the default group told by rank numbers alone, at most
+
+
 def _members(traces: Mapping[int, RankTrace], world_size: int | None) -> dict[GroupKey, list[int]]:
     """Each group's members: declared (pg_config, incarnations) plus ranks seen in it."""
     found: dict[GroupKey, set[int]] = defaultdict(set)
@@ -113,8 +116,9 @@ def _members(traces: Mapping[int, RankTrace], world_size: int | None) -> dict[Gr
             found[key].add(rank)
     # the default group "0" spans the world: gloo does not say so, but rank numbers do
     default = GroupKey("0")
-    if default in found and default not in declared:
-        found[default].update(range(world_size or max(traces) + 1))
+    if default in found and default not in declared:  # a rank number past any world (a
+        # corrupt dump's, 10**9) would make as many members
+        found[default].update(range(min(world_size or max(traces) + 1, _MAX_WORLD)))
     return {key: sorted(ranks) for key, ranks in found.items()}
 
 
