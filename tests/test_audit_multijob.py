@@ -141,3 +141,21 @@ def test_targets_file_entries_of_another_job_are_left_out(tmp_path):
         assert len(said) == 1 and "leaving out" in said[0], said
     finally:
         stop_process(proc, grace=5)
+
+
+def test_two_states_in_one_folder_share_the_default_sd_out_and_the_second_is_refused(tmp_path):
+    """--state alpha.sqlite and --state beta.sqlite in one folder: both default --sd-out to
+    lightkeeper-targets.json there, and the second monitor used to write over the first's."""
+    def cmd(job):
+        return [sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", "0", "--job", job,
+                "--state", str(tmp_path / f"{job}.sqlite")]
+
+    first, _ = start_monitor_process(cmd("alpha"), tmp_path / "a.out", tmp_path / "a.log")
+    try:
+        second = subprocess.run(cmd("beta"), capture_output=True, text=True, timeout=30,
+                                env={**os.environ, **SAFE_PATH})
+        assert second.returncode == 2, second.stderr
+        assert str(tmp_path / "lightkeeper-targets.json") in second.stderr
+        assert "beside --state" in second.stderr and f"PID {first.pid}" in second.stderr
+    finally:
+        stop_process(first, grace=5)

@@ -255,7 +255,7 @@ class Discovery:
             holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
             os.close(fd)
             raise ConfigError(f"--sd-out {path} is written by another monitor (PID {holder}); "
-                              "give each monitor a file of its own") from None
+                              "give each monitor a file of its own (its default: beside --state)") from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._sd_lock = fd  # held until the process exits
