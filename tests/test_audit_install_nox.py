@@ -37,7 +37,7 @@ class RecordingSession:
 
 
 def session_requirements() -> tuple[list[str], tuple[str, ...]]:
-    """What the default session with torchft 0.2.0 installs (``.[worker]`` as requirements) and
+    """What the default session with torchft 0.2.0 installs (``.[worker,monitor]`` as requirements) and
     the pytest command it runs."""
     spec = importlib.util.spec_from_file_location("lk_noxfile_install_audit", ROOT / "noxfile.py")
     noxfile = importlib.util.module_from_spec(spec)
@@ -47,8 +47,11 @@ def session_requirements() -> tuple[list[str], tuple[str, ...]]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     reqs = []
     for item in session.installs:
-        if item == ".[worker]":
-            reqs += project["dependencies"] + project["optional-dependencies"]["worker"]
+        if item.startswith(".["):  # the project with its extras, as their requirements
+            reqs += project["dependencies"]
+            for extra in item[2:-1].split(","):
+                reqs += [r for r in project["optional-dependencies"][extra]
+                         if not r.startswith("lightkeeper")]
         else:
             reqs.append(item.replace("==", ">=", 1))  # .venv's own build of the pinned one
     (pytest_run,) = [r for r in session.runs if r[:3] == ("python", "-m", "pytest")]
