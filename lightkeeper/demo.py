@@ -378,7 +378,7 @@ class Demo:
         out_path = self.logs / "monitor.out"
         cmd = [sys.executable, "-u", "-m", "lightkeeper.cli", "monitor", "--port", str(port),
                "--lighthouse", self.cluster.lighthouse_url,
-               "--state", str(self.dir / "monitor.sqlite"),
+               "--state", str(self.dir / "monitor.sqlite"), "--job", self.cluster.job,
                "--sd-out", str(self.dir / "prometheus" / "file_sd" / "lightkeeper.json"),
                "--interval", "0.5", "--cooldown", "5", "--hang-floor", f"{self.sc.hang_floor_s:g}",
                "--expected-groups", str(self.args.groups),

@@ -48,13 +48,15 @@ DETECTION_KEYS = {"kind", "replica_group", "ranks", "culprit_ranks", "culprit_ho
 PHASE_KEYS = {"name", "start_s", "end_s", "steps", "step_rate", "vs_healthy"}
 
 
-def run_demo(report_dir: Path, *args: str, timeout: float = 400,
-             cwd: Path | None = None) -> tuple[dict, str]:
-    """``lightkeeper demo``; with ``cwd``, the console script run from there."""
+def run_demo(report_dir: Path, *args: str, timeout: float = 400, cwd: Path | None = None,
+             env: dict[str, str] | None = None) -> tuple[dict, str]:
+    """``lightkeeper demo``; with ``cwd``, the console script run from there; ``env`` added to
+    the environment."""
     cmd = [str(Path(sys.executable).with_name("lightkeeper"))] if cwd else \
         [sys.executable, "-m", "lightkeeper.cli"]
     proc = subprocess.run([*cmd, "demo", "--report-dir", str(report_dir), *args],
-                          capture_output=True, text=True, timeout=timeout, cwd=cwd)
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env={**os.environ, **(env or {})})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-5000:]
     report = json.loads((report_dir / "report.json").read_text())
@@ -311,15 +313,17 @@ def rank_fault_run(tmp_path_factory):
     # Prometheus: no wait for the ledger after the story, a 1 s healthy end, no Prometheus; two
     # groups (the fault's and one to wrongly blame) of one rank: two ranks start sooner than
     # six (a culprit that is not its group's rank 0: the default scenario)
-    # run from a user's project that has packages named as Lightkeeper's: its ranks, spares
-    # and monitor still import Lightkeeper's own
+    # run from a user's project that has packages named as Lightkeeper's, in a shell where
+    # another job's name is set: its ranks, spares and monitor still import Lightkeeper's own,
+    # and the monitor takes its own ranks
     project = d / "project"
     for name in ("trainer", "monitor", "worker_server", "lightkeeper"):
         (project / name).mkdir(parents=True)
         (project / name / "__init__.py").write_text(f"raise ImportError('the user\'s {name}')\n")
     r, out = run_demo(d, "--inject", "1.0:slow_compute:delay=0.6,from_step=15", "--end-s", "1",
                       "--ledger-wait", "0", "--no-prometheus", "--groups", "2",
-                      "--ranks-per-group", "1", cwd=project)
+                      "--ranks-per-group", "1", cwd=project,
+                      env={"LIGHTKEEPER_JOB": "someone-elses-job"})
     return r, out, d
 
 
