@@ -16,6 +16,7 @@ Every import counts: at module level, inside functions and under ``TYPE_CHECKING
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,7 @@ def extension_modules() -> set[str]:
             for path in (ROOT / pkg).rglob("*.c")}
 
 
+@functools.cache  # read-only after: the tests only read it, and parsing the tree costs ~1 s
 def import_graph() -> dict[str, set[str]]:
     mods = project_modules()
     known = set(mods) | extension_modules()
