@@ -6,7 +6,6 @@ The bundle is the one a real job's monitor kept (tests/fixtures/torch-debug-serv
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import json
 import random
@@ -17,6 +16,7 @@ import pytest
 
 from lightkeeper.cli import main
 from monitor.analysis import bundle
+from tests.support.fuzz import mutate
 
 FIXTURE = Path(__file__).parent / "fixtures" / "torch-debug-server-h100" / "bundle-evict-hang.tar.gz"
 WEIRD = [None, True, 0, -1, 2**70, 1e308, float("nan"), "", "x", "\u00e9", [], {}, [1],
@@ -62,16 +62,7 @@ def test_fuzzed_manifests_and_findings_never_raise(tmp_path):
         for name, data in base:
             if name.endswith(("/manifest.json", "/findings.json")) and rng.random() < 0.7:
                 doc = json.loads(data)
-                for _ in range(rng.randint(1, 3)):
-                    spots, stack = [], [doc]
-                    while stack:
-                        c = stack.pop()
-                        for k in (list(c) if isinstance(c, dict) else range(len(c))):
-                            spots.append((c, k))
-                            if isinstance(c[k], dict | list):
-                                stack.append(c[k])
-                    c, k = rng.choice(spots)
-                    c[k] = copy.deepcopy(rng.choice(WEIRD))
+                mutate(rng, doc, WEIRD)
                 data = json.dumps(doc).encode()
             files.append((name, data))
         path = write(tmp_path / f"b{i}.tar.gz", files)

@@ -20,6 +20,7 @@ import pytest
 from monitor.analysis import analyze, loader
 from monitor.analysis.engine import normalize_dumps
 from tests.support.frgen import FRJob
+from tests.support.fuzz import mutate
 
 ROOT = Path(__file__).resolve().parents[1]
 WEIRD = [None, True, 0, -1, 2**70, 1e308, float("nan"), float("inf"), "", "x", "\u00e9\u2603",
@@ -42,19 +43,7 @@ def torchft_job(flavour: str) -> FRJob:
 def mutant(rng: random.Random, dump: dict) -> dict:
     """``dump`` with 1 to 3 values anywhere in it replaced or deleted."""
     dump = copy.deepcopy(dump)
-    for _ in range(rng.randint(1, 3)):
-        spots, stack = [], [dump]
-        while stack:
-            c = stack.pop()
-            for k in (list(c) if isinstance(c, dict) else range(len(c))):
-                spots.append((c, k))
-                if isinstance(c[k], dict | list):
-                    stack.append(c[k])
-        c, k = rng.choice(spots)
-        if isinstance(c, dict) and rng.random() < 0.15:
-            del c[k]
-        else:
-            c[k] = copy.deepcopy(rng.choice(WEIRD))
+    mutate(rng, dump, WEIRD, delete_p=0.15)
     return dump
 
 

@@ -52,6 +52,21 @@ def mutant(rng: random.Random, doc: dict) -> dict:
     return doc
 
 
+
+def monitor_over(sim: SimRanks, tmp_path, sweeps: int):
+    """A ``lightkeeper monitor`` process polling ``sim``'s ranks, once it swept ``sweeps`` times."""
+    proc, url = start_monitor_process(
+        [sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", "0", "--interval", "0.2",
+         "--job", "sim", "--targets", ",".join(sim.urls), "--state",
+         str(tmp_path / "state.sqlite")], tmp_path / "out.log", tmp_path / "err.log")
+    try:
+        wait_until(lambda: requests.get(url + "/healthz", timeout=5).json()["sweeps"] >= sweeps,
+                   20, what=f"{sweeps} sweeps")
+    except BaseException:
+        stop_process(proc, grace=3)
+        raise
+    return proc, url
+
 def test_a_wrong_typed_key_is_that_ranks_bad_response_and_sweeps_go_on(tmp_path):
     """``num_participants: ""`` (int() of it) or a dict as ``replica_id`` (a dict key of the
     view) from one rank failed every sweep of the whole monitor: no sweep ended, nothing was
@@ -61,12 +76,7 @@ def test_a_wrong_typed_key_is_that_ranks_bad_response_and_sweeps_go_on(tmp_path)
     try:
         sim.ranks[1].update(num_participants="")
         sim.ranks[2].update(replica_id={"a": 1})
-        proc, url = start_monitor_process(
-            [sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", "0", "--interval",
-             "0.2", "--job", "sim", "--targets", ",".join(sim.urls), "--state",
-             str(tmp_path / "state.sqlite")], tmp_path / "out.log", tmp_path / "err.log")
-        wait_until(lambda: requests.get(url + "/healthz", timeout=5).json()["sweeps"] >= 3, 20,
-                   what="three sweeps")
+        proc, url = monitor_over(sim, tmp_path, sweeps=3)
         ranks = {r["url"]: r for r in requests.get(url + "/v1/ranks", timeout=5).json()}
         good, bad = [sim.ranks[0], sim.ranks[3]], {sim.ranks[1]: "num_participants is ''",
                                                    sim.ranks[2]: "replica_id is {'a': 1}"}
@@ -122,12 +132,7 @@ def test_a_rank_number_beyond_int64_is_a_bad_response_not_a_broken_ledger(tmp_pa
     try:
         sim.ranks[1].update(replica_group=2**70)
         sim.ranks[2].update(rank=-2**64)
-        proc, url = start_monitor_process(
-            [sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", "0", "--interval",
-             "0.2", "--job", "sim", "--targets", ",".join(sim.urls), "--state",
-             str(tmp_path / "state.sqlite")], tmp_path / "out.log", tmp_path / "err.log")
-        wait_until(lambda: requests.get(url + "/healthz", timeout=5).json()["sweeps"] >= 3, 20,
-                   what="three sweeps")
+        proc, url = monitor_over(sim, tmp_path, sweeps=3)
         ranks = {r["url"]: r for r in requests.get(url + "/v1/ranks", timeout=5).json()}
         assert ranks[sim.ranks[0].url]["reachable"]
         for r in sim.ranks[1:]:
@@ -155,12 +160,7 @@ def test_nan_and_infinity_from_a_rank_never_reach_the_api(tmp_path):
     try:
         sim.ranks[1].update(last_step_seconds=float("inf"), faults=[float("nan")])
         sim.ranks[2].update(phase_s=float("nan"))
-        proc, url = start_monitor_process(
-            [sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", "0", "--interval",
-             "0.2", "--job", "sim", "--targets", ",".join(sim.urls), "--state",
-             str(tmp_path / "state.sqlite")], tmp_path / "out.log", tmp_path / "err.log")
-        wait_until(lambda: requests.get(url + "/healthz", timeout=5).json()["sweeps"] >= 3, 20,
-                   what="three sweeps")
+        proc, url = monitor_over(sim, tmp_path, sweeps=3)
         ranks = {r["url"]: r for r in strict_json(requests.get(url + "/v1/ranks",
                                                                 timeout=5).text)}
         assert ranks[sim.ranks[1].url]["last_step_seconds"] is None
@@ -184,12 +184,7 @@ def test_a_rank_cannot_claim_the_keys_only_the_monitor_writes(tmp_path):
     try:
         sim.ranks[1].update(stacks_url="http://127.0.0.1:9/anything",
                             torch_only={"cannot_show": ["x"]})
-        proc, url = start_monitor_process(
-            [sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", "0", "--interval",
-             "0.2", "--job", "sim", "--targets", ",".join(sim.urls), "--state",
-             str(tmp_path / "state.sqlite")], tmp_path / "out.log", tmp_path / "err.log")
-        wait_until(lambda: requests.get(url + "/healthz", timeout=5).json()["sweeps"] >= 2, 20,
-                   what="two sweeps")
+        proc, url = monitor_over(sim, tmp_path, sweeps=2)
         row = {r["url"]: r for r in requests.get(url + "/v1/ranks", timeout=5).json()}[
             sim.ranks[1].url]
         assert row["reachable"] and row["stacks_url"] is None and row["torch_only"] is None

@@ -18,21 +18,14 @@ import sys
 import tomllib
 from pathlib import Path
 
-from tests.test_install_core import closure, link_distribution
+from tests.test_install_core import linked_venv
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_core_install_adds_no_startup_hook(tmp_path):
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
-                   timeout=120)
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; "
-                                "print(sysconfig.get_paths()['purelib'])"], check=True,
-                               capture_output=True, text=True).stdout.strip())
-    for name in closure(deps):
-        link_distribution(name, site)
+    _, site = linked_venv(tmp_path / "venv", deps)
     assert sorted(p.name for p in site.glob("*.pth")) == []
 
 

@@ -13,11 +13,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 
-from tests.test_install_core import closure, link_distribution
+from tests.test_install_core import linked_venv
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,15 +59,7 @@ def session_requirements() -> tuple[list[str], tuple[str, ...]]:
 
 def test_a_nox_session_collects_the_matrix_test(tmp_path):
     reqs, pytest_args = session_requirements()
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
-                   timeout=120)
-    python = venv / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; "
-                                "print(sysconfig.get_paths()['purelib'])"], check=True,
-                               capture_output=True, text=True).stdout.strip())
-    for name in closure(reqs):
-        link_distribution(name, site)
+    python, _ = linked_venv(tmp_path / "venv", reqs)
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "VIRTUAL_ENV", "LIGHTKEEPER_AUTOSTART", "PYTEST_ADDOPTS")}
     res = subprocess.run([str(python), *pytest_args, "--collect-only"], cwd=ROOT, env=env,

@@ -72,6 +72,20 @@ def link_distribution(name: str, site: Path) -> None:
             target.symlink_to(base / top)
 
 
+def linked_venv(venv: Path, requirements: list[str]) -> tuple[Path, Path]:
+    """A new venv (no pip, no system site packages) at ``venv`` holding ``requirements``'
+    distributions linked from .venv; its Python and site-packages."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; "
+                                "print(sysconfig.get_paths()['purelib'])"], check=True,
+                               capture_output=True, text=True).stdout.strip())
+    for name in closure(requirements):
+        link_distribution(name, site)
+    return python, site
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     d = tmp_path_factory.mktemp("wheel")
@@ -104,15 +118,8 @@ def make_env(d: Path, wheel, extra: str | None = None) -> dict:
             req.marker = None
         wanted.append(str(req))
     venv = d / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
-                   timeout=120)
-    python = venv / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; "
-                                "print(sysconfig.get_paths()['purelib'])"], check=True,
-                               capture_output=True, text=True).stdout.strip())
     deps = closure([r for r in wanted if not r.startswith("lightkeeper")])
-    for name in deps:
-        link_distribution(name, site)
+    python, _ = linked_venv(venv, sorted(deps))
     subprocess.run([*PIP, "--python", str(python), "install", "-q", "--no-deps", "--no-index",
                     str(path)], check=True, timeout=180, capture_output=True)
     check = subprocess.run([*PIP, "--python", str(python), "check"], capture_output=True,
