@@ -19,19 +19,11 @@ import pytest
 import requests
 import yaml
 
+# torchft_lighthouse's Rust main without importing torch
+from tests.test_deploy_kubernetes import LIGHTHOUSE_MAIN
+
 KDIR = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
 GRACE_S = 30  # the pod's default terminationGracePeriodSeconds
-
-# torchft_lighthouse's Rust main without importing torch (as tests/test_deploy_kubernetes.py)
-LIGHTHOUSE_MAIN = """
-import importlib.util as u, sys
-from pathlib import Path
-so = next(Path(u.find_spec("torchft").submodule_search_locations[0]).glob("_torchft*.so"))
-spec = u.spec_from_file_location("torchft._torchft", so)
-m = u.module_from_spec(spec)
-spec.loader.exec_module(m)
-sys.exit(m.lighthouse_main())
-"""
 
 
 def _docs(path: Path) -> list[dict]:
