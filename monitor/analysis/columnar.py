@@ -14,6 +14,8 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Any, NamedTuple
 
+from rank_wire import INT64_MAX
+
 from .model import (
     COMPLETED,
     NAN,
@@ -39,7 +41,6 @@ _KEYS = ("process_group", "collective_seq_id", "profiling_name", "input_sizes", 
 _MAX_PERIOD = 64  # longest repeating pattern of groups looked for (collectives per step)
 _MAX_GAP = 1 << 16  # a gap in a group's sequence ids filled with empty slots, at most
 _NUMBERS = (int, float)
-_INT64_MAX = (1 << 63) - 1
 
 Take = Callable[[Sequence[Any]], Sequence[Any]]
 Ranged = list[tuple[int, float, str, GroupKey]]  # (first record id, end, pg name, incarnation)
@@ -336,7 +337,7 @@ def _groups(trace: RankTrace, cols: Sequence, durations: Sequence, duration_kind
     op_of = {p: _op(p) for p in pname_set}
     if not _P2P_OPS.isdisjoint(op_of.values()):
         return False
-    if set(map(type, seqs)) != {int} or min(seqs) < 0 or max(seqs) > _INT64_MAX:
+    if set(map(type, seqs)) != {int} or min(seqs) < 0 or max(seqs) > INT64_MAX:
         raise DumpFormatError("an entry has no integer collective_seq_id in [0, 2**63)")
 
     sig_ids: dict[Any, int] = {}
