@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import os
 import secrets
 import signal
@@ -161,18 +160,14 @@ class DemoLocked(RuntimeError):
 
 def acquire_lock():
     """Hold an exclusive lock for this demo's lifetime; DemoLocked names the running one."""
+    from monitor.store import LockHeld, pid_lock
+
     path = Path(tempfile.gettempdir()) / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise DemoLocked(f"another lightkeeper demo is running (PID {holder}; lock {path}); "
+        return pid_lock(str(path))
+    except LockHeld as e:
+        raise DemoLocked(f"another lightkeeper demo is running (PID {e.holder}; lock {path}); "
                          "stop it first (Ctrl-C in its terminal, or kill that PID)") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
-    return fd
 
 
 class Stop(Exception):

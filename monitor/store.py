@@ -104,24 +104,43 @@ class StateInUse(RuntimeError):
     """Another monitor holds the state file."""
 
 
-def hold_state(path: str) -> int | None:
-    """Hold ``path`` for this process: an exclusive lock on ``<path>.lock``, which says our PID
-    (two monitors on one audit log would close each other's findings); the lock's descriptor,
-    to close at the end. Raises StateInUse naming the holder, OSError when it cannot be made."""
-    if path == ":memory:":
-        return None
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    # the file's own name: a symlink to it must find the same lock
-    fd = os.open(f"{os.path.realpath(path)}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+class LockHeld(RuntimeError):
+    """Another process holds a :func:`pid_lock`; ``holder`` is the PID it wrote there."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(holder)
+        self.holder = holder
+
+
+def pid_lock(lock_path: str, posix: bool = False) -> int:
+    """Hold an exclusive lock on ``lock_path`` and write this process's PID in it; the lock's
+    descriptor (closing it lets go). ``posix``: a record lock, which this process may take
+    again (a flock is refused to a second open in this process too). Raises LockHeld naming
+    the holder, OSError when the file cannot be opened."""
+    lock, busy = (fcntl.lockf, OSError) if posix else (fcntl.flock, BlockingIOError)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        lock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except busy:
         holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
         os.close(fd)
-        raise StateInUse(f"{path} is in use by another monitor (PID {holder})") from None
+        raise LockHeld(holder) from None
     os.ftruncate(fd, 0)
     os.write(fd, str(os.getpid()).encode())
     return fd
+
+
+def hold_state(path: str) -> int | None:
+    """Hold ``path`` for this process: a :func:`pid_lock` on ``<path>.lock`` (two monitors on
+    one audit log would close each other's findings); the lock's descriptor, to close at the
+    end. Raises StateInUse naming the holder, OSError when it cannot be made."""
+    if path == ":memory:":
+        return None
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    try:  # the file's own name: a symlink to it must find the same lock
+        return pid_lock(f"{os.path.realpath(path)}.lock")
+    except LockHeld as e:
+        raise StateInUse(f"{path} is in use by another monitor (PID {e.holder})") from None
 
 
 class Store:

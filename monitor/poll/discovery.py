@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -20,6 +19,7 @@ from urllib.parse import unquote, urlsplit
 from http_serving import host_for_url, redact_url
 
 from ..config import ConfigError
+from ..store import LockHeld, pid_lock
 from .torch_target import PREFIX
 
 log = logging.getLogger(__name__)
@@ -246,19 +246,12 @@ class Discovery:
         lock = f"{os.path.realpath(path)}.lock"
         try:
             os.makedirs(os.path.dirname(lock), exist_ok=True)
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            self._sd_lock = pid_lock(lock, posix=True)  # held until the process exits
+        except LockHeld as e:
+            raise ConfigError(f"--sd-out {path} is written by another monitor (PID {e.holder}); "
+                              "give each monitor a file of its own (its default: beside --state)") from None
         except OSError:
             return  # writing the file itself fails too, and is warned about then
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise ConfigError(f"--sd-out {path} is written by another monitor (PID {holder}); "
-                              "give each monitor a file of its own (its default: beside --state)") from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        self._sd_lock = fd  # held until the process exits
 
     def refresh(self) -> str | None:
         """Re-read the file_sd input if it changed; returns an error message or None."""
