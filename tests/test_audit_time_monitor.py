@@ -21,21 +21,18 @@ import requests
 
 from lightkeeper.cluster import start_monitor_process, stop_process, wait_until
 from tests.conftest import require_binary
-from tests.support.faketime import faketime_env
+from tests.support.faketime import stepping_env
 from tests.support.monitor_sim import SimJob
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).parent.parent
 
 
-def stepping_env(tmp_path: Path) -> tuple[dict[str, str], Path]:
+def monitor_env(tmp_path: Path) -> tuple[dict[str, str], Path]:
     """The environment of a process whose wall clock is what ``offset_file`` says."""
-    env = faketime_env(0, tmp_path / "shim")
     offset_file = tmp_path / "faketime-offset"
-    offset_file.write_text("+0s\n")
-    env.pop("FAKETIME")
-    env.update(FAKETIME_TIMESTAMP_FILE=str(offset_file), FAKETIME_NO_CACHE="1",
-               PYTHONPATH=os.pathsep.join([env["PYTHONPATH"], str(ROOT)]))
+    env = stepping_env(tmp_path / "shim", offset_file)
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT)])
     return {**os.environ, **env}, offset_file
 
 
@@ -43,7 +40,7 @@ def test_a_monitor_whose_wall_clock_steps_accounts_only_the_time_that_passed(tmp
     """Stepped an hour forward, the ledger booked an hour that never passed (a 3600 s gap, E x
     3600 replica-seconds of badput); stepped back, it skipped every sweep for an hour."""
     require_binary("faketime")
-    env, offset_file = stepping_env(tmp_path)
+    env, offset_file = monitor_env(tmp_path)
     job = SimJob(3)
     stop = threading.Event()
 

@@ -18,7 +18,7 @@ import requests
 
 from lightkeeper.cluster import stop_process, wait_until
 from tests.conftest import require_binary
-from tests.support.faketime import faketime_env
+from tests.support.faketime import stepping_env
 from tests.support.lines import first_line
 
 ROOT = Path(__file__).parent.parent
@@ -50,12 +50,9 @@ def test_a_rank_whose_wall_clock_steps_serves_true_durations(tmp_path):
     collective" alert could fire), and a clock stepped forward made ``finish()`` think no
     monitor polled it (it ended at once; the monitor then counts the rank dead)."""
     require_binary("faketime")
-    env = faketime_env(0, tmp_path / "shim")
     offset = tmp_path / "faketime-offset"
-    offset.write_text("+0s\n")
-    env.pop("FAKETIME")
-    env.update(FAKETIME_TIMESTAMP_FILE=str(offset), FAKETIME_NO_CACHE="1",
-               PYTHONPATH=os.pathsep.join([env["PYTHONPATH"], str(ROOT)]))
+    env = stepping_env(tmp_path / "shim", offset)
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(ROOT)])
     proc = subprocess.Popen([sys.executable, "-c", RANK, str(offset)], env={**os.environ, **env},
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
     try:
