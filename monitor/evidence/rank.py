@@ -73,9 +73,29 @@ def state_shape(s: dict[str, Any]) -> tuple:
 def last_known(s: dict[str, Any]) -> dict[str, Any]:
     """What of a rank's state is kept once it stops answering (JSON: what a restarted monitor
     groups and judges it by)."""
-    keep = (*_REQUIRED, "replica_id", "group_world_size", "num_participants", "participating",
+    keep = (*_REQUIRED, "job", "replica_id", "group_world_size", "num_participants", "participating",
             "host", "node", "device", "finished")
     return {k: s[k] for k in keep if k in s}
+
+
+def stranger(last: dict[str, Any] | None, now: dict[str, Any], target: Target | None
+             ) -> str | None:
+    """Why ``now`` is another process's answer than the rank ``last`` was at the same address
+    (its port bound again after it died): a rank of another job, or of the job but not the one
+    that registered the address. None: the same rank, or its own restart."""
+    if last is None:
+        return None
+    job = now.get("job")
+    if job != last.get("job") and None not in (job, last.get("job")):
+        return f"a rank of job {job!r} answers at its address (group {now['replica_group']} " \
+               f"rank {now['rank']}): its port was bound again"
+    who = (now["replica_group"], now["rank"])
+    if who != (last["replica_group"], last["rank"]) and target is not None \
+            and target.source == "registered" and target.rank is not None \
+            and (target.replica_group, target.rank) != who:
+        return f"group {who[0]} rank {who[1]} answers at its address, registered by " \
+               f"group {target.replica_group} rank {target.rank}: its port was bound again"
+    return None
 
 
 _new = object.__new__

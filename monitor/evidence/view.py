@@ -17,7 +17,15 @@ from monitor.poll.poller import RankPoll
 
 from .cluster import ClusterView, Sums
 from .group import GroupView, grouped, is_superseded, newest_answers, rank_order
-from .rank import STEP_TIMES_READ, RankView, answered, plain_shape, state_shape, valid_state
+from .rank import (
+    STEP_TIMES_READ,
+    RankView,
+    answered,
+    plain_shape,
+    state_shape,
+    stranger,
+    valid_state,
+)
 from .verification import restored
 
 __all__ = ["STEP_TIMES_READ", "ClusterView", "GroupView", "RankView", "ViewBuilder"]
@@ -112,14 +120,14 @@ class ViewBuilder:
                     same = False  # not a target: rebuild from the targets below
                     break
                 shape = plain_shape(p.data) if p is not None and p.ok else None
-                if shape is not None:
+                was_shape = shapes.get(url)
+                if shape is not None and (shape == was_shape or stranger(
+                        old.state, p.data, old.target) is None):
                     rv = current[url] = answered(url, old, p.data, old.target, p.at)
                 else:
                     rv = current[url] = polled_rank(url, old, old.target, p, now)
-                    if rv.reachable:
-                        shape = state_shape(rv.state)
+                    shape = state_shape(rv.state) if rv.reachable else None
                 if shape is not None:
-                    was_shape = shapes.get(url)
                     shapes[url] = shape
                     if old.reachable and not old.superseded and was_shape == shape:
                         moved.setdefault(group_of[url], []).append((old, rv))
@@ -172,8 +180,11 @@ class ViewBuilder:
     @staticmethod
     def _polled(url: str, prev: RankView | None, target: Target | None, p: RankPoll | None,
                 now: float) -> RankView:
-        if p is not None and p.ok and valid_state(p.data) is None:
-            return answered(url, prev, p.data, target, p.at)
+        bad = valid_state(p.data) if p is not None and p.ok else None
+        if p is not None and p.ok and bad is None:
+            bad = stranger(prev.state if prev is not None else None, p.data, target)
+            if bad is None:
+                return answered(url, prev, p.data, target, p.at)
         if p is not None and p.reason == "monitor" and not p.ok:
             # the monitor could not ask (monitor/poll/fd_budget.py): carried as not asked
             if prev is not None:
@@ -188,7 +199,7 @@ class ViewBuilder:
         elif not p.ok:
             rv.reason, rv.error = p.reason, p.error
         else:
-            rv.reason, rv.error = "bad_response", f"bad /v1/state: {valid_state(p.data)}"
+            rv.reason, rv.error = "bad_response", f"bad /v1/state: {bad}"
         rv.failures += 1
         if rv.unreachable_since is None:  # since the failed request was sent, not answered
             rv.unreachable_since = now if p is None else now - p.latency_s
