@@ -84,7 +84,7 @@ def test_a_dead_rank_drains_its_node_a_restart_keeps_it_a_release_resumes_it(job
                    what="h1's drain carried out")
         fid = next(f["id"] for f in requests.get(mon.url + "/v1/findings", timeout=5).json()
                    if f["kind"] == "dead_rank")
-        assert node("n2") == (True, f"lightkeeper: dead_rank finding {fid} replica_group 1")
+        assert node("n2") == (True, f"lightkeeper(sim): dead_rank finding {fid} replica_group 1")
         assert node("n1") == (False, "")
         body = hosts(mon)
         assert body["quarantined"] == ["h1"] and body["actions"] == ["slurm"]

@@ -173,7 +173,7 @@ def test_slurm_drain_and_resume_commands(tmp_path, monkeypatch):
     calls = [c.strip().splitlines() for c in log.read_text().split("---") if c.strip()]
     calls = [c for c in calls if c[0] != "show"]  # each update asks the node's drain first
     assert calls == [["update", "NodeName=node-1", "State=DRAIN",
-                      "Reason=lightkeeper: dead_rank finding 7 replica_group 2"],
+                      "Reason=lightkeeper(j): dead_rank finding 7 replica_group 2"],
                      ["update", "NodeName=node-1", "State=UNDRAIN"]]
     res = sink.quarantine({**EVENT, "node": "bad-node"})
     assert not res.ok and "Invalid node name" in res.detail
@@ -411,7 +411,7 @@ def test_slurm_sink_against_a_real_controller(slurm, monkeypatch):
     assert res.ok, res.detail
     shown = node()
     assert "DRAIN" in shown.split("State=")[1].split()[0]
-    assert "Reason=lightkeeper: dead_rank finding 7 replica_group 2" in shown
+    assert "Reason=lightkeeper(j): dead_rank finding 7 replica_group 2" in shown
     rel = sink.release({**EVENT, "node": "n1"})
     assert rel.ok, (rel.detail, shown)
     assert "DRAIN" not in node().split("State=")[1].split()[0]

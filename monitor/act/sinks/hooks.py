@@ -9,6 +9,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -88,7 +89,8 @@ class ExecSink:
 
 class SlurmSink:
     """Drain the node on quarantine, undrain it on release, but never touch a node drained with
-    another reason; needs ``scontrol`` on PATH and a Slurm user allowed to update nodes."""
+    another reason; needs ``scontrol`` on PATH and a Slurm user allowed to update nodes. The
+    reason names the jobs whose monitors drained the node: it is undrained once none is left."""
 
     name = "slurm"
 
@@ -100,22 +102,31 @@ class SlurmSink:
         what = f"finding {f['id']}" if f.get("id") is not None else ""
         if f.get("replica_group") is not None:
             what = f"{what} replica_group {f['replica_group']}".strip()
-        return self._run(event, "State=DRAIN",
-                         f"Reason=lightkeeper: {event.get('kind')} {what}".strip())
+        return self._run(event, f"{event.get('kind')} {what}".strip())
 
     def release(self, event: dict[str, Any]) -> ActionResult:
         # UNDRAIN lifts only the drain: a node set DOWN stays down, one resumed already is fine
-        return self._run(event, "State=UNDRAIN")
+        return self._run(event, None)
 
-    def _run(self, event: dict[str, Any], *args: str) -> ActionResult:
+    def _run(self, event: dict[str, Any], what: str | None) -> ActionResult:
         try:
             node = one_node(event)  # a hostlist or ALL would drain many nodes past the cap
         except ValueError as e:
             return ActionResult(False, str(e), retry=False)
-        theirs = self._drain_reason(node)
-        if theirs is not None and not theirs.startswith("lightkeeper:"):
+        node, theirs = self._find(node)
+        m = DRAINED_BY.fullmatch(theirs or "")
+        if theirs is not None and m is None:
             # an operator's drain is theirs to lift: neither overwritten nor resumed
             return ActionResult(True, f"node {node} left drained by someone else: {theirs}")
+        job = re.sub(r"[^A-Za-z0-9_.-]", "_", str(event.get("job") or ""))
+        jobs = set(filter(None, (m[1] or "").split(","))) if m else set()
+        if what is None:  # another job's quarantine of the node stays
+            jobs.discard(job)
+            what = m[2] if m and jobs else None
+        else:
+            jobs.add(job)
+        args = ["State=UNDRAIN"] if what is None else \
+            ["State=DRAIN", f"Reason=lightkeeper({','.join(sorted(jobs))}): {what}"]
         argv = [SCONTROL, "update", f"NodeName={node}", *args]
         res, err = run_command(argv, " ".join(argv), self.timeout_s)
         # an unknown node stays unknown, a Slurm user not allowed to update nodes stays so
@@ -123,16 +134,25 @@ class SlurmSink:
             e in err for e in ("Invalid node name", "Invalid user id", "permission denied"))
         return res
 
-    def _drain_reason(self, node: str) -> str | None:
-        """The reason of a drained node; None: not drained, or unknown (the update says why)."""
-        try:
-            out = subprocess.run([SCONTROL, "show", "node", node], capture_output=True,
-                                 text=True, timeout=self.timeout_s).stdout
-        except (OSError, subprocess.SubprocessError):
-            return None
-        if "DRAIN" not in out.partition("State=")[2].split(" ")[0]:
-            return None
-        return out.partition("Reason=")[2].split("\n")[0].rsplit(" [", 1)[0].strip()
+    def _find(self, node: str) -> tuple[str, str | None]:
+        """Slurm's name of ``node`` (a host's FQDN's first label when Slurm knows only that) and
+        the reason it is drained with (None: not drained, or unknown: the update says why)."""
+        for name in dict.fromkeys((node, node.split(".")[0])):
+            try:
+                out = subprocess.run([SCONTROL, "show", "node", name], capture_output=True,
+                                     text=True, timeout=self.timeout_s).stdout
+            except (OSError, subprocess.SubprocessError):
+                break
+            if f"NodeName={name} " not in out:
+                continue
+            if "DRAIN" not in out.partition("State=")[2].split(" ")[0]:
+                return name, None
+            return name, out.partition("Reason=")[2].split("\n")[0].rsplit(" [", 1)[0].strip()
+        return node, None
+
+
+# a drain's reason as the slurm sink writes it: the jobs that drained the node, then why
+DRAINED_BY = re.compile(r"lightkeeper(?:\(([^)]*)\))?: ?(.*)", re.S)
 
 
 class WebhookSink:
