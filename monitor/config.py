@@ -167,7 +167,8 @@ class QuarantineConfig:
                                      "namespace of the job's pods (default: the monitor pod's)")
     k8s_pod_selector: str | None = flag(None, "--k8s-pod-selector",
                                         "label selector of the job's pods deleted from a "
-                                        "quarantined node (app.kubernetes.io/component=training)")
+                                        "quarantined node (app.kubernetes.io/component="
+                                        "training,lightkeeper/job=<--job>)")
 
     def cap(self, known_hosts: int) -> int:
         if self.max_quarantined >= 1:

@@ -256,14 +256,15 @@ def test_k8s_quarantine_exact_requests(kube):
                      "annotations": {"lightkeeper.io/cordoned": "true"}},
         "spec": {"unschedulable": True, "taints": [
             {"key": "other", "value": "x", "effect": "NoExecute"},
-            {"key": "lightkeeper.io/quarantined", "value": "dead_rank",
+            {"key": "lightkeeper.io/quarantined-j", "value": "dead_rank",
              "effect": "NoSchedule"}]}}
     assert status["headers"]["Content-Type"] == "application/strategic-merge-patch+json"
     (cond,) = json.loads(status["body"])["status"]["conditions"]
     assert (cond["type"], cond["status"], cond["reason"]) == ("LightkeeperQuarantined", "True",
                                                               "DeadRank")
     assert cond["message"] == EVENT["reason"]
-    assert pods["query"]["labelSelector"] == ["app.kubernetes.io/component=training"]
+    assert pods["query"]["labelSelector"] == ["app.kubernetes.io/component=training,"
+                                              "lightkeeper/job=j"]
     assert pods["query"]["fieldSelector"] == ["spec.nodeName=node-1"]
     assert all(r["headers"].get("Authorization") == "Bearer t" for r in rx.requests)
 

@@ -15,10 +15,11 @@ from typing import Any
 
 from .base import ActionResult, SinkConfigError, one_node
 
-TAINT_KEY = "lightkeeper.io/quarantined"
+TAINT_KEY = "lightkeeper.io/quarantined"  # an older version's: no job's, lifted by any release
 CORDONED = "lightkeeper.io/cordoned"  # annotation: the cordon is ours to undo
 CONDITION = "LightkeeperQuarantined"
 DEFAULT_POD_SELECTOR = "app.kubernetes.io/component=training"
+JOB_LABEL = "lightkeeper/job"  # the job's name on its pods (deploy/kubernetes/overlays)
 SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 # every request this sink makes as RBAC rules, (resource, verbs) (tests/test_hosts_deploy.py)
 RBAC_CLUSTER = {"nodes": ("get", "patch"), "nodes/status": ("patch",)}
@@ -31,14 +32,20 @@ def taint_value(kind: str) -> str:
     return v or "quarantined"
 
 
+def taint_key(job: str) -> str:
+    """The job's own taint key, ``lightkeeper.io/quarantined-<job>`` (a name part of at most 63
+    characters): two jobs' monitors quarantine and release a node each on its own."""
+    return f"{TAINT_KEY}-{taint_value(job)[:51]}".rstrip("_.-")
+
+
 class KubernetesSink:
     name = "k8s"
 
-    def __init__(self, client: Any, namespace: str, pod_selector: str = DEFAULT_POD_SELECTOR,
-                 ) -> None:
+    def __init__(self, client: Any, namespace: str, pod_selector: str | None = None) -> None:
         self.client = client
         self.namespace = namespace
-        self._labels = _selector(pod_selector)  # a bad selector fails at start-up
+        self._labels = _selector(pod_selector or DEFAULT_POD_SELECTOR)  # bad: fails at start-up
+        self._by_job = not pod_selector  # the default selects the event's job's pods only
 
     @classmethod
     def from_env(cls, namespace: str | None = None, pod_selector: str | None = None,
@@ -62,21 +69,21 @@ class KubernetesSink:
                     namespace = f.read().strip()
             except OSError:
                 namespace = os.environ.get("POD_NAMESPACE") or client.namespace
-        return cls(client, namespace, pod_selector or DEFAULT_POD_SELECTOR)
+        return cls(client, namespace, pod_selector)
 
     def quarantine(self, event: dict[str, Any]) -> ActionResult:
         try:
             node = one_node(event)  # a name with a '/' would patch another path
         except ValueError as e:
             return ActionResult(False, str(e), retry=False)
-        kind = str(event.get("kind") or "quarantined")
+        kind, job = str(event.get("kind") or "quarantined"), str(event.get("job") or "")
         done: list[str] = []
         try:
-            self._patch_node(node, cordon=True, taint=taint_value(kind))
+            self._patch_node(node, taint_key(job), taint_value(kind))
             done.append("cordoned and tainted")
             self._set_condition(node, True, _reason(kind), str(event.get("reason") or kind))
             done.append(f"condition {CONDITION}=True")
-            deleted = self._delete_pods(node)
+            deleted = self._delete_pods(node, job)
             done.append(f"deleted {len(deleted)} pod(s) on the node"
                         + (f" ({', '.join(deleted)})" if deleted else ""))
         except Exception as e:
@@ -90,24 +97,32 @@ class KubernetesSink:
             return ActionResult(False, str(e), retry=False)
         done: list[str] = []
         try:
-            self._patch_node(node, cordon=False, taint=None)
+            others = self._patch_node(node, taint_key(str(event.get("job") or "")), None)
             done.append("taint removed")
-            self._set_condition(node, False, "Released", str(event.get("reason") or "released"))
-            done.append(f"condition {CONDITION}=False")
+            if others:  # another job's quarantine of the node stays: cordon and condition too
+                done.append(f"still quarantined by {', '.join(others)}")
+            else:
+                self._set_condition(node, False, "Released",
+                                    str(event.get("reason") or "released"))
+                done.append(f"condition {CONDITION}=False")
         except Exception as e:
             return self._failure(node, done, e)
         return ActionResult(True, f"node {node}: " + "; ".join(done))
 
-    def _patch_node(self, node: str, cordon: bool, taint: str | None) -> None:
+    def _patch_node(self, node: str, key: str, taint: str | None) -> list[str]:
+        """Set (``taint``) or remove (None) the job's taint ``key``, cordon or uncordon; returns
+        the other jobs' quarantine taints left on the node."""
         from lightkube.resources.core_v1 import Node
         from lightkube.types import PatchType
 
         obj = self.client.get(Node, node)
         current = [t.to_dict() if hasattr(t, "to_dict") else dict(t)
                    for t in (obj.spec.taints or [])] if obj.spec else []
-        taints = [t for t in current if t.get("key") != TAINT_KEY]
+        taints = [t for t in current if t.get("key") not in (key, TAINT_KEY)]
+        others = [t["key"] for t in taints if str(t.get("key")).startswith(TAINT_KEY)]
         if taint is not None:
-            taints.append({"key": TAINT_KEY, "value": taint, "effect": "NoSchedule"})
+            taints.append({"key": key, "value": taint, "effect": "NoSchedule"})
+        cordon = taint is not None or bool(others)
         spec: dict[str, Any] = {"taints": taints}
         meta: dict[str, Any] = {"resourceVersion": obj.metadata.resourceVersion}
         # only undo our own cordon: one an operator made before stays
@@ -117,6 +132,7 @@ class KubernetesSink:
             spec["unschedulable"], meta["annotations"] = False, {CORDONED: None}
         body = {"metadata": meta, "spec": spec}
         self.client.patch(Node, node, body, patch_type=PatchType.STRATEGIC)
+        return others
 
     def _set_condition(self, node: str, on: bool, reason: str, message: str) -> None:
         from lightkube.resources.core_v1 import Node
@@ -128,11 +144,12 @@ class KubernetesSink:
         self.client.patch(Node.Status, node, {"status": {"conditions": [cond]}},
                           patch_type=PatchType.STRATEGIC)
 
-    def _delete_pods(self, node: str) -> list[str]:
+    def _delete_pods(self, node: str, job: str) -> list[str]:
         from lightkube.resources.core_v1 import Pod
 
+        labels = {**self._labels, JOB_LABEL: job} if self._by_job else self._labels
         names = [p.metadata.name for p in self.client.list(
-            Pod, namespace=self.namespace, labels=self._labels,
+            Pod, namespace=self.namespace, labels=labels,
             fields={"spec.nodeName": node})]
         deleted = []
         for name in names:

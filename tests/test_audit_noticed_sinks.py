@@ -1,6 +1,7 @@
 """The ``slurm`` quarantine sink against a REAL loopback Slurm controller (tests/test_hosts_sinks.py's
 fixture: Debian's slurmctld, slurmd, munged; root only), as sites run it: ranks that report their
-host's FQDN while Slurm's NodeName is the short name, and two jobs' monitors on one node."""
+host's FQDN while Slurm's NodeName is the short name, and two jobs' monitors on one node; the
+``k8s`` sink's two jobs on one node against a fake API server."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ import pytest
 from monitor.act.sinks.hooks import SlurmSink
 from tests import test_hosts_sinks
 
-slurm = test_hosts_sinks.slurm
+slurm, kube = test_hosts_sinks.slurm, test_hosts_sinks.kube
 EVENT = test_hosts_sinks.EVENT
-pytestmark = pytest.mark.e2e
 
 
 def node(name: str) -> tuple[str, str]:
@@ -24,6 +24,7 @@ def node(name: str) -> tuple[str, str]:
     return state, reason
 
 
+@pytest.mark.e2e
 def test_fqdn_hosts_and_two_jobs_on_one_node(slurm, monkeypatch):
     for k, v in slurm.items():
         monkeypatch.setenv(k, v)
@@ -47,3 +48,31 @@ def test_fqdn_hosts_and_two_jobs_on_one_node(slurm, monkeypatch):
     bad = sink.quarantine({**alpha, "node": "n9.cluster.local"})
     assert not bad.ok and not bad.retry and "Invalid node name" in bad.detail
     assert [node(n)[0] for n in ("n1", "n2")] == ["IDLE", "IDLE"]
+
+
+def test_k8s_two_jobs_on_one_node_release_only_their_own(kube):
+    """The same on Kubernetes, against the FAKE API server of tests/test_hosts_sinks.py (none
+    can run here; it keeps the node's taints and annotations): each job's quarantine is a taint
+    of its own, the default selector deletes only that job's pods, and one job's release leaves
+    the node cordoned, tainted and quarantined while the other's quarantine stands."""
+    api, rx, sink = kube
+    alpha, beta = {**EVENT, "job": "alpha"}, {**EVENT, "job": "beta", "kind": "hang"}
+    assert sink.quarantine(alpha).ok and sink.quarantine(beta).ok
+    lists = [r for r in rx.requests if r["method"] == "GET" and r["path"].endswith("/pods")]
+    assert [r["query"]["labelSelector"] for r in lists] == [
+        [f"app.kubernetes.io/component=training,lightkeeper/job={j}"] for j in ("alpha", "beta")]
+
+    def quarantine_taints():
+        return [(t["key"], t["value"]) for t in api.node["spec"]["taints"]
+                if t["key"].startswith("lightkeeper.io/")]
+    assert quarantine_taints() == [("lightkeeper.io/quarantined-alpha", "dead_rank"),
+                                   ("lightkeeper.io/quarantined-beta", "hang")]
+    rx.requests.clear()
+    res = sink.release({**beta, "event": "release"})
+    assert res.ok and "still quarantined by lightkeeper.io/quarantined-alpha" in res.detail
+    assert quarantine_taints() == [("lightkeeper.io/quarantined-alpha", "dead_rank")]
+    assert api.node["spec"]["unschedulable"] is True
+    assert [r["path"] for r in rx.requests if r["method"] == "PATCH"] == \
+        ["/api/v1/nodes/node-1"]  # the condition stays True
+    assert sink.release({**alpha, "event": "release"}).ok
+    assert quarantine_taints() == [] and api.node["spec"]["unschedulable"] is False
