@@ -17,9 +17,11 @@ re-registering, so a restarted monitor finds it again; a monitor that is down on
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import re
+import socket
 import threading
 import time
 import weakref
@@ -102,6 +104,33 @@ def _why(e: requests.RequestException) -> str:
         if m:
             return m.group(1).strip()
     return type(e).__name__
+
+
+def _on_this_host(host: str) -> bool | None:
+    """Whether every address ``host`` resolves to is one of this host's own (it binds), None
+    when it does not resolve (the registration's own failure says so)."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return None
+    for family, _, _, _, addr in infos:
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.bind((addr[0], 0))
+        except OSError:
+            return False
+    return True
+
+
+def loopback_for_remote(own_url: str, monitor_url: str) -> bool:
+    """``own_url`` is on loopback and ``monitor_url`` on another host: the monitor would poll
+    its own loopback, never this rank."""
+    host = urlsplit(own_url).hostname or ""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+    return loopback and _on_this_host(urlsplit(monitor_url).hostname or "") is False
 
 
 class WorkerServer:
@@ -256,6 +285,15 @@ class WorkerServer:
         def loop() -> None:
             said: int | str | None = None  # the last trouble said (a status, "unreachable")
             while not self._stop.is_set():
+                if loopback_for_remote(self.url, monitor_url):
+                    if said != "loopback":
+                        say(f"not registering {self.url} with monitor {shown}: it runs on another "
+                            "host and cannot reach this host's loopback; bind an address it "
+                            "reaches (LIGHTKEEPER_WORKER_HOST=0.0.0.0 or this host's address, "
+                            "lightkeeper run --worker-host)")
+                    said = "loopback"
+                    self._stop.wait(REGISTER_INTERVAL_S)
+                    continue
                 try:
                     r = requests.post(f"{monitor_url.rstrip('/')}/v1/targets", json=body,
                                       headers=headers, timeout=2)

@@ -1,0 +1,98 @@
+"""A job across hosts as the docs deploy it: every host a network namespace of its own with its
+own host name (lightkeeper/fabric.py), the real monitor on one (``--bind 0.0.0.0``,
+``--register-token``), a real WorkerServer on each of two others registering itself with
+``LIGHTKEEPER_MONITOR=http://mon:19400``: one bound to every address (``LIGHTKEEPER_WORKER_HOST=
+0.0.0.0``), one left at the default 127.0.0.1. No Lighthouse and no trainer: what is checked is
+what each part binds, advertises and registers, and what the monitor reports and hands
+Prometheus (``--sd-out``). Needs root, iproute2 and unshare: skipped with
+``Fabric.unavailable()``'s reason elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+from lightkeeper.cluster import stop_process
+from lightkeeper.fabric import Fabric
+from tests.support.lines import first_line
+
+pytestmark = [pytest.mark.e2e, pytest.mark.solo,
+              pytest.mark.skipif(bool(Fabric.unavailable()),
+                                 reason=f"no network namespaces: {Fabric.unavailable()}")]
+
+TOKEN = "multihost-register-token"
+RANK = r"""
+import sys
+from worker_server import WorkerServer
+srv = WorkerServer.start(replica_group=int(sys.argv[1]))
+print(srv.url, flush=True)
+sys.stdin.read()
+srv.stop()
+"""
+
+
+def poll(fn, timeout: float = 20.0):
+    """``fn()``'s first truthy answer within ``timeout`` s (AssertionError otherwise)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if out := fn():
+            return out
+        time.sleep(0.1)
+    raise AssertionError(f"nothing within {timeout:g}s")
+
+
+def test_ranks_on_other_hosts_register_reachably(tmp_path):
+    Fabric.sweep_stale()  # what a killed earlier run left
+    procs: list[subprocess.Popen] = []
+    with Fabric.create(["trn-a", "trn-b", "mon"]) as fab:
+        try:
+            sd_out = tmp_path / "sd.json"
+            monitor = subprocess.Popen(fab.wrap("mon", [
+                sys.executable, "-m", "lightkeeper.cli", "monitor", "--bind", "0.0.0.0",
+                "--port", "19400", "--register-token", TOKEN, "--interval", "0.5",
+                "--state", str(tmp_path / "m.sqlite"), "--sd-out", str(sd_out),
+                "--no-bundles"]), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            procs.append(monitor)
+            assert "monitor=" in first_line(monitor, 30.0)
+            env = {**os.environ, "LIGHTKEEPER_MONITOR": "http://mon:19400",
+                   "LIGHTKEEPER_REGISTER_TOKEN": TOKEN}
+            wild, loop = (subprocess.Popen(
+                fab.wrap(node, [sys.executable, "-c", RANK, str(g)]), stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=open(tmp_path / f"{node}.err", "w"),
+                env={**env, **extra}) for g, (node, extra) in enumerate(
+                    [("trn-a", {"LIGHTKEEPER_WORKER_HOST": "0.0.0.0"}), ("trn-b", {})]))
+            procs += [wild, loop]
+            wild_url, loop_url = first_line(wild, 30.0), first_line(loop, 30.0)
+            # a wildcard bind advertises the host's name, which the monitor's host resolves
+            assert wild_url.startswith("http://trn-a:"), wild_url
+            assert loop_url.startswith("http://127.0.0.1:"), loop_url
+            base = f"http://{fab.host('mon').addr}:19400"
+
+            def ranks():
+                with fab.entered():  # from another host: the monitor's --bind 0.0.0.0 serves it
+                    c = requests.get(base + "/v1/cluster", timeout=5).json()
+                return [r for g in c["groups"] for r in g["ranks"] if r.get("host")]
+            seen = poll(ranks)
+            # reported under its own host name (its UTS name), polled and answering
+            assert [(r["url"], r["host"], r["reachable"]) for r in seen] == \
+                [(wild_url, "trn-a", True)], seen
+            # the loopback rank says in one line why it is not registered, and is not
+            err = poll(lambda: "loopback" in (t := (tmp_path / "trn-b.err").read_text()) and t)
+            assert err.count("[lightkeeper]") == 1 and "cannot reach this host's loopback" in err \
+                and "LIGHTKEEPER_WORKER_HOST" in err, err
+            with fab.entered():
+                targets = requests.get(base + "/v1/targets", timeout=5).json()
+            assert [t["url"] for t in targets] == [wild_url], targets
+            # Prometheus on another host is handed the name the rank registered
+            sd = poll(lambda: sd_out.exists() and json.loads(sd_out.read_text()))
+            assert [t for e in sd for t in e["targets"]] == [wild_url.removeprefix("http://")]
+        finally:
+            for p in procs:
+                stop_process(p, grace=2.0)
