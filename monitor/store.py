@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -15,6 +16,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import msgspec
+
+log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS findings (
@@ -152,20 +155,71 @@ class Store:
         self.path = path
         self._lock = threading.RLock()
         self._atomic = 0  # depth of atomic() blocks: their writes commit at the end
-        self._db = sqlite3.connect(path, check_same_thread=False, timeout=10)
-        self._db.row_factory = sqlite3.Row
-        if path != ":memory:":
-            self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(SCHEMA)
+        self._relock: int | None = None  # the state's lock, taken again by _kept()
+        self._open()
         for table, column, decl in ADDED_COLUMNS:
             have = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
             if column not in have:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
         self._db.commit()
 
+    def _open(self) -> None:
+        self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=10)
+        self._db.row_factory = sqlite3.Row
+        self._file = None
+        if self.path != ":memory:":
+            self._db.execute("PRAGMA journal_mode=WAL")
+            st = os.stat(self.path)
+            self._file = (st.st_dev, st.st_ino)
+        self._db.executescript(SCHEMA)
+
+    def _kept(self) -> None:
+        """Before a write: the file deleted under the running monitor (its folder cleaned up)
+        is written back from the open database, with its lock, so a restart still knows every
+        kill; another file in its place is not written over (raises sqlite3.Error)."""
+        if self._file is None or self._db.in_transaction:
+            return
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            st = None
+        if st is not None:
+            if (st.st_dev, st.st_ino) != self._file:
+                raise sqlite3.OperationalError(f"{self.path} was replaced by another file: "
+                                               "not written (restart the monitor)")
+            return
+        lock = f"{os.path.realpath(self.path)}.lock"
+        try:
+            os.makedirs(os.path.dirname(lock), exist_ok=True)
+            if not os.path.exists(lock):
+                self._relock = pid_lock(lock)
+        except (OSError, LockHeld) as e:
+            raise sqlite3.OperationalError(f"{self.path} was deleted and cannot be written "
+                                           f"again: {lock}: {e}") from None
+        tmp = f"{self.path}.restoring"
+        copy = sqlite3.connect(tmp)
+        try:
+            self._db.backup(copy)
+        except sqlite3.Error as e:  # a full disk: the open database stays, tried again
+            copy.close()
+            os.unlink(tmp)
+            raise sqlite3.OperationalError(f"{self.path} was deleted and cannot be written "
+                                           f"again: {e}") from None
+        copy.close()
+        self._db.close()  # before the new file: its WAL is deleted by name on close
+        for leftover in (f"{self.path}-wal", f"{self.path}-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(leftover)
+        os.replace(tmp, self.path)
+        self._open()
+        log.warning("%s was deleted while the monitor ran: written again from the open "
+                    "database", self.path)
+
     def close(self) -> None:
         with self._lock:
             self._db.close()
+            if self._relock is not None:
+                os.close(self._relock)
 
     @contextlib.contextmanager
     def atomic(self) -> Iterator[None]:
@@ -188,6 +242,7 @@ class Store:
         """Run one statement and commit it (at the end of an atomic() block); the new row's
         id."""
         with self._lock:
+            self._kept()
             try:
                 cur = self._db.execute(sql, args)
                 if not self._atomic:
@@ -297,6 +352,7 @@ class Store:
 
     def drop_unreachable(self, urls: list[str]) -> None:
         with self._lock:
+            self._kept()
             self._db.executemany("DELETE FROM unreachable_ranks WHERE url=?", [(u,) for u in urls])
             self._db.commit()
 
@@ -330,26 +386,28 @@ class Store:
         """The ledger's state, its changed incidents and its newly settled intervals, in one
         transaction (a crash keeps the previous sweep's consistent state)."""
         now = time.time() if at is None else at
-        with self._lock, self._db:
-            self._db.execute("INSERT OR REPLACE INTO goodput_state (id, at, data) "
-                             "VALUES (1, ?, ?)", (now, goodput_json_text(state)))
-            self._db.executemany(
-                "INSERT OR REPLACE INTO goodput_incidents (id, updated_at, closed, data) "
-                "VALUES (?,?,?,?)",
-                [(i["id"], now, 1 if i.get("closed_at") is not None else 0,
-                  goodput_json_text(i)) for i in incidents])
-            if incidents:
-                self._db.execute("DELETE FROM goodput_incidents WHERE id <= ? AND closed",
-                                 (max(i["id"] for i in incidents) - AUDIT_KEPT,))
-            if intervals:
+        with self._lock:
+            self._kept()
+            with self._db:
+                self._db.execute("INSERT OR REPLACE INTO goodput_state (id, at, data) "
+                                 "VALUES (1, ?, ?)", (now, goodput_json_text(state)))
                 self._db.executemany(
-                    "INSERT INTO goodput_intervals (start, end, replica_group, cause, "
-                    "incident, data) VALUES (?,?,?,?,?,?)",
-                    [(iv["start"], iv["end"], iv.get("replica_group"), iv["cause"],
-                      iv.get("incident"), goodput_json_text(iv)) for iv in intervals])
-                self._db.execute(
-                    "DELETE FROM goodput_intervals WHERE id <= "
-                    "(SELECT MAX(id) FROM goodput_intervals) - ?", (GOODPUT_INTERVALS_KEPT,))
+                    "INSERT OR REPLACE INTO goodput_incidents (id, updated_at, closed, data) "
+                    "VALUES (?,?,?,?)",
+                    [(i["id"], now, 1 if i.get("closed_at") is not None else 0,
+                      goodput_json_text(i)) for i in incidents])
+                if incidents:
+                    self._db.execute("DELETE FROM goodput_incidents WHERE id <= ? AND closed",
+                                     (max(i["id"] for i in incidents) - AUDIT_KEPT,))
+                if intervals:
+                    self._db.executemany(
+                        "INSERT INTO goodput_intervals (start, end, replica_group, cause, "
+                        "incident, data) VALUES (?,?,?,?,?,?)",
+                        [(iv["start"], iv["end"], iv.get("replica_group"), iv["cause"],
+                          iv.get("incident"), goodput_json_text(iv)) for iv in intervals])
+                    self._db.execute(
+                        "DELETE FROM goodput_intervals WHERE id <= "
+                        "(SELECT MAX(id) FROM goodput_intervals) - ?", (GOODPUT_INTERVALS_KEPT,))
 
     def load_goodput(self, incidents: int = 200, intervals: int = 2000
                      ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]]]:
