@@ -68,3 +68,40 @@ def test_a_restarted_rank_on_its_own_port_is_that_rank_again():
     assert [f for t in (1, 2, 3) for f in sweep(det, job, T0 + t)
             if f.kind in ("dead", "dead_rank")] == []
     assert job.view(T0 + 4).ranks[job.targets[3].url].reachable
+
+
+def test_a_dead_ranks_bundle_holds_nothing_of_the_process_on_its_port(tmp_path):
+    """The incident bundle of the dead rank's finding used to fetch /v1/stacks and /v1/fr_trace
+    from its address, so the other job's rank's stacks and dump were filed as the dead rank's."""
+    import json
+    import time
+
+    from monitor.evidence.rank import RankView
+    from tests.support.monitor_sim import SimRanks
+    from tests.support.views import scratch_view
+    from tests.test_bundles import bundles_for, finding, hang_dumps, members
+
+    sim = SimRanks.start(2, groups=1)  # group 0: ranks 0 and 1
+    bundles, store = bundles_for(tmp_path, timeout_s=2.0)
+    try:
+        dumps = hang_dumps(2, absent=1)
+        for r in sim.ranks:
+            r.fr = dumps[r.state["rank"]]
+        dead = dict(sim.ranks[1].state)
+        sim.ranks[1].state = _stranger("beta", 0, 0)  # another job's rank on rank 1's port
+        view = scratch_view(time.time(), {
+            sim.ranks[0].url: RankView(sim.ranks[0].url, True, dict(sim.ranks[0].state)),
+            sim.ranks[1].url: RankView(sim.ranks[1].url, False, dead, reason="bad_response",
+                                       error="bad /v1/state: a rank of job 'beta' answers")})
+        got = bundles.capture("confirm", view, view, {**finding(0, [1]), "kind": "dead_rank"},
+                              3, None, [])
+        files = members(bundles.store.path(got["id"]))
+        by_rank = {r["rank"]: r for r in json.loads(files["manifest.json"])["ranks"]}
+        assert by_rank[1]["stacks"].startswith("not asked: bad_response")
+        assert by_rank[1]["fr_trace"] == by_rank[1]["stacks"]
+        assert "fr/rank1.json" not in files and "stacks/rank1.json" not in files
+        assert "fr/rank0.json" in files and by_rank[0]["stacks"] == "ok"
+    finally:
+        bundles.close()
+        store.close()
+        sim.stop()

@@ -142,6 +142,8 @@ def _asks(ranks: list[tuple[Any, str]]) -> list[tuple[str, str, str, str, str]]:
     being the monitor's (:func:`_torch_dump`)."""
     asks = []
     for r, _ in ranks:
+        if not r.reachable and r.reason == "bad_response":
+            continue  # what answers at its address is not this rank (a port bound again)
         if _torch_only(r):
             url = r.state.get("stacks_url")
             # a handler of this target's own server, as the poller names it: never an address
@@ -385,11 +387,13 @@ class Bundles:
         rows, candidates = [], []
         for r, role in ranks:
             row, torch_only = _rank_row(r, role), _torch_only(r)
-            st, st_why = polls.get((r.url, "stacks"), (None, "no dump_traceback handler"))
+            why = "no dump_traceback handler" if (r.url, "fr") in polls or torch_only \
+                else f"not asked: {r.reason}: {r.error}"
+            st, st_why = polls.get((r.url, "stacks"), (None, why))
             if torch_only:
                 fr, fr_why = _torch_dump(r, torch_dumps.get(r.url), row)
             else:
-                fr, fr_why = polls[(r.url, "fr")]
+                fr, fr_why = polls.get((r.url, "fr"), (None, why))
             rows.append({**row, "stacks": st_why, "fr_trace": fr_why})
             if r.rank is None:
                 continue
