@@ -71,6 +71,9 @@ def int_param(args: Params, name: str, lo: int, hi: int) -> int | None:
 MAX_LAST = 1_000_000
 FR_WAIT_S = 1.0  # how long a request waits for another's dump (a normal one takes ~30-100 ms)
 _FR_DUMPING = threading.Lock()
+# one dump and one waiting for it: a queue of dumps would hold every server thread, and a
+# monitor's /v1/state behind them past its poll timeout (the rank found dead)
+_FR_CALLERS = threading.BoundedSemaphore(2)
 MAX_STEP = 1 << 62  # ``since`` bound: any torchft step fits, a huge value is a bad parameter
 MAX_RECENT = 1 << 20  # ``recent`` bound: more than any rank keeps
 
@@ -185,12 +188,18 @@ def fr_trace_body(state: RankState, tracker: IncarnationTracker | None, args: Pa
     # Bytes straight through: a full dump is ~1 MB of JSON, and parsing and re-serializing it
     # here would hold the GIL the training thread needs. Only a filtered request (a monitor's
     # drill-down) pays one parse, to answer kilobytes instead of that megabyte.
-    if not _FR_DUMPING.acquire(timeout=FR_WAIT_S):
-        raise FlightRecorderBusy("another Flight Recorder dump is still running; retry later")
+    if not _FR_CALLERS.acquire(blocking=False):
+        raise FlightRecorderBusy("another Flight Recorder dump is running and one waits for "
+                                 "it; retry later")
     try:
-        body = fr_dumper(tracker, identity_keys(state), only_active=only_active)
+        if not _FR_DUMPING.acquire(timeout=FR_WAIT_S):
+            raise FlightRecorderBusy("another Flight Recorder dump is still running; retry later")
+        try:
+            body = fr_dumper(tracker, identity_keys(state), only_active=only_active)
+        finally:
+            _FR_DUMPING.release()
     finally:
-        _FR_DUMPING.release()
+        _FR_CALLERS.release()
     if pg is not None or last is not None:
         body = filter_fr_dump(body, pg, last)
     return body

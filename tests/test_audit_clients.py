@@ -1,0 +1,55 @@
+"""Clients audit: many, slow or stalled clients against a rank's WorkerServer and the monitor."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import requests
+
+from worker_server import RankIdentity, RankState, WorkerServer
+
+
+def test_queued_dumps_leave_state_to_the_monitor():
+    # A dump held open is faked: torch offers no way to hold its own dump on demand. A handful
+    # of clients asking /v1/fr_trace at once used to take all 4 server threads (one dumping,
+    # the rest waiting up to 1 s each), so a monitor's /v1/state waited past its poll timeout.
+    entered, release = threading.Event(), threading.Event()
+
+    def held(*_a, **_k) -> bytes:
+        entered.set()
+        release.wait(30)
+        return b'{"entries": []}'
+
+    state = RankState(RankIdentity(job="audit", replica_group=0, group_rank=0,
+                                   group_world_size=1))
+    srv = WorkerServer(state, fr_dumper=held).serve()
+    stop, answers = threading.Event(), []
+
+    def ask_dumps() -> None:
+        with requests.Session() as s:
+            while not stop.is_set():
+                answers.append(s.get(srv.url + "/v1/fr_trace", timeout=30).status_code)
+
+    pool = ThreadPoolExecutor(8)
+    try:
+        first = pool.submit(requests.get, srv.url + "/v1/fr_trace", timeout=30)
+        assert entered.wait(10)
+        for _ in range(6):
+            pool.submit(ask_dumps)
+        with requests.Session() as s:
+            for _ in range(5):
+                t0 = time.monotonic()
+                assert s.get(srv.url + "/v1/state", timeout=5).status_code == 200
+                assert time.monotonic() - t0 < 0.5  # the monitor's poll timeout is 0.8 s
+        assert 503 in answers  # told at once to come back (Retry-After: 1)
+        release.set()
+        assert first.result().status_code == 200
+        stop.set()
+        assert requests.get(srv.url + "/v1/fr_trace", timeout=5).status_code == 200
+    finally:
+        release.set()
+        stop.set()
+        pool.shutdown(wait=True)
+        srv.stop()
