@@ -7,7 +7,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import requests
+from prometheus_client import generate_latest
 
+from monitor.api.metrics import MonitorMetrics
 from worker_server import RankIdentity, RankState, WorkerServer
 
 
@@ -53,3 +55,32 @@ def test_queued_dumps_leave_state_to_the_monitor():
         stop.set()
         pool.shutdown(wait=True)
         srv.stop()
+
+
+def test_a_scrape_during_a_sweep_sees_every_host_in_trouble():
+    # every sweep publishes the host ledger; a scrape in the middle of it used to find the
+    # per-host series cleared (an alert on them restarted its `for`)
+    m = MonitorMetrics("audit")
+    hosts = [{"host": f"h{i}", "node": f"n{i}", "state": "quarantined",
+              "offences": [{"in_window": True}], "last_action": {"status": "failed",
+                                                                 "sink": "k8s"}}
+             for i in range(3)]
+    stop = threading.Event()
+
+    def sweeps() -> None:
+        while not stop.is_set():
+            m.set_hosts({"quarantined": 3}, hosts)
+
+    m.set_hosts({"quarantined": 3}, hosts)
+    sweeper = threading.Thread(target=sweeps)
+    sweeper.start()
+    try:
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:
+            lines = generate_latest(m.registry).decode().splitlines()
+            for name in ("host_quarantine_state", "host_offences", "host_action_failed"):
+                got = [x for x in lines if x.startswith(f"lightkeeper_monitor_{name}{{")]
+                assert len(got) == 3, (name, got)
+    finally:
+        stop.set()
+        sweeper.join()

@@ -62,6 +62,36 @@ class GroupSeries(Collector):
         yield from families.values()
 
 
+class HostSeries(Collector):
+    """A series per host that is not ok, replaced whole by a sweep so a scrape reads one sweep
+    (a scrape between clearing gauges and setting them again saw none: an alert's ``for``
+    restarted)."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self.hosts: list[dict] = []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        state = GaugeMetricFamily(
+            PREFIX + "host_quarantine_state", "1 per host that is not ok, labelled with its "
+            "state (suspect, quarantined, released): bounded by the hosts in trouble",
+            labels=["job", "host", "node", "state"])
+        offences = GaugeMetricFamily(PREFIX + "host_offences", "Offences counting towards "
+                                     "quarantine, per host not ok", labels=["job", "host"])
+        failed = GaugeMetricFamily(PREFIX + "host_action_failed", "1 while a host's last "
+                                   "quarantine/release action failed or is being retried",
+                                   labels=["job", "host", "sink"])
+        for h in self.hosts:
+            state.add_metric([self.job, h["host"], str(h.get("node") or h["host"]),
+                              h["state"]], 1)
+            offences.add_metric([self.job, h["host"]], sum(
+                1 for o in h.get("offences") or [] if o.get("in_window")))
+            a = h.get("last_action") or {}
+            if a.get("status") in ("failed", "retrying"):
+                failed.add_metric([self.job, h["host"], a.get("sink", "?")], 1)
+        yield from (state, offences, failed)
+
+
 class MonitorMetrics:
     def __init__(self, job: str) -> None:
         self.job = job
@@ -143,15 +173,8 @@ class MonitorMetrics:
         self.hosts = gauge("hosts", "Hosts in the host ledger by state (ok, suspect, "
                            "quarantined, released; only hosts that ever offended are in it)",
                            "state")
-        self.host_state = gauge("host_quarantine_state",
-                                "1 per host that is not ok, labelled with its state (suspect, "
-                                "quarantined, released): bounded by the hosts in trouble",
-                                "host", "node", "state")
-        self.host_offences = gauge("host_offences",
-                                   "Offences counting towards quarantine, per host not ok", "host")
-        self.host_action_failures = gauge("host_action_failed",
-                                          "1 while a host's last quarantine/release action "
-                                          "failed or is being retried", "host", "sink")
+        self.host_series = HostSeries(job)
+        r.register(self.host_series)
         for state in ("ok", "suspect", "quarantined", "released"):
             self.hosts.labels(job, state).set(0)
         self.lighthouse_drop.labels(job).set(float("nan"))
@@ -179,18 +202,7 @@ class MonitorMetrics:
         """Counts by state, and a series per host that is not ``ok``."""
         for state, n in counts.items():
             self.hosts.labels(self.job, state).set(n)
-        for g in (self.host_state, self.host_offences, self.host_action_failures):
-            g.clear()
-        for h in hosts:
-            if h.get("state") == "ok":
-                continue
-            self.host_state.labels(self.job, h["host"], str(h.get("node") or h["host"]),
-                                   h["state"]).set(1)
-            self.host_offences.labels(self.job, h["host"]).set(
-                sum(1 for o in h.get("offences") or [] if o.get("in_window")))
-            a = h.get("last_action") or {}
-            if a.get("status") in ("failed", "retrying"):
-                self.host_action_failures.labels(self.job, h["host"], a.get("sink", "?")).set(1)
+        self.host_series.hosts = [h for h in hosts if h.get("state") != "ok"]
 
     def add_goodput(self, acct: SweepAccount) -> None:
         job = self.job
