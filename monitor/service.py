@@ -287,7 +287,7 @@ class Monitor:
         self._torch_stacks(new)
         # 4. decide and act
         new += self.enforcer.host_findings(view, evidence, now, self.views.reshaped)
-        self.enforcer.record(new, now)
+        new = self.enforcer.record(new, now)
         self.enforcer.judge_hosts(view, new, now, self.lighthouse_status)
         if self.shard is not None:  # proposals to the leader, which applies the global rails
             self.shard.after_sweep(view, evidence, now)

@@ -1,15 +1,23 @@
 """Disk and filesystem trouble under a running monitor (docs/monitor.md, ``--state``): the
-audit log's folder deleted, its file replaced. In-process, with the real SQLite ``Store``."""
+audit log's folder deleted, its file replaced, a finding it could not take. In-process, with the
+real SQLite ``Store`` (and a live monitor over simulated groups in a real torchft Lighthouse:
+``SimJob``, tests/support/monitor_sim.py)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import sqlite3
+import time
 
 import pytest
+import requests
 
+from lightkeeper.cluster import wait_until
+from monitor.config import BundleConfig, DetectorConfig, MonitorConfig, RailsConfig
+from monitor.service import Monitor
 from monitor.store import StateInUse, Store, hold_state
+from tests.support.monitor_sim import SimJob
 
 
 def evict(store: Store, replica_id: str) -> int:
@@ -63,3 +71,51 @@ def test_a_state_file_replaced_under_the_monitor_is_not_written_over(tmp_path):
         assert tables == [("mine",)]
     finally:
         store.close()
+
+
+@pytest.fixture
+def job():
+    j = SimJob(3, ranks_per_group=2)
+    yield j
+    j.stop()
+
+
+def test_a_finding_the_audit_log_could_not_take_is_recorded_once_it_can(tmp_path, job):
+    """A confirmed finding whose write fails (a full disk; here its table is moved away by
+    another connection, which fails the findings' writes alone) is written at the next sweep
+    that can: listed in /v1/findings, counted, and its decision names it. Before, the detectors
+    held it as confirmed, so it was never new again: it never reached the audit log and its
+    decisions named no finding."""
+    cfg = MonitorConfig(port=0, interval_s=3600, state_path=str(tmp_path / "state.sqlite"),
+                        targets=job.sim.urls, sd_out=str(tmp_path / "targets.json"), job="sim",
+                        lighthouse=job.url, rails=RailsConfig(min_replicas=1, dry_run=True),
+                        detectors=DetectorConfig(dead_sweeps=2),
+                        bundles=BundleConfig(enabled=False))
+    clock = [time.time()]
+    mon = Monitor(cfg, clock=lambda: clock[0]).start()  # sweeps once, then waits an hour
+    other = sqlite3.connect(cfg.state_path, isolation_level=None)
+    try:
+        wait_until(lambda: mon.sweeps >= 1, 20, what="the loop's first sweep")
+        job.sim.group(1)[-1].set_mode("down")  # dead_rank once 2 sweeps miss it
+        other.execute("ALTER TABLE findings RENAME TO findings_away")
+        failed = 0
+        for _ in range(4):
+            clock[0] += 1
+            try:
+                mon.sweep_once()
+            except sqlite3.OperationalError as e:
+                assert "findings" in str(e), e
+                failed += 1
+        assert failed >= 1
+        other.execute("ALTER TABLE findings_away RENAME TO findings")
+        clock[0] += 1
+        mon.sweep_once()
+        [finding] = requests.get(mon.url + "/v1/findings", timeout=10).json()
+        assert (finding["kind"], finding["replica_group"]) == ("dead_rank", 1), finding
+        holds = requests.get(mon.url + "/v1/evictions", timeout=10).json()
+        assert holds and {d["finding_id"] for d in holds} == {finding["id"]}, holds
+        metrics = requests.get(mon.url + "/metrics", timeout=10).text
+        assert 'findings_total{job="sim",kind="dead_rank",replica_group="1"} 1.0' in metrics
+    finally:
+        other.close()
+        mon.stop()

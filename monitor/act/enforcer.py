@@ -62,6 +62,7 @@ class Enforcer:
         self.metrics, self.blind, self.clock = metrics, blind, clock
         self.hosts_error: str | None = None
         self._finding_ids: dict[tuple, int] = {}
+        self._unrecorded: list[Finding] = []  # confirmed, not in the audit log yet
         self._last_decision: dict[tuple, str] = {}  # finding key -> the hold last recorded
         self._lock = threading.Lock()  # one decision at a time (the loop, the API)
         self._host_actions: threading.Thread | None = None
@@ -80,12 +81,19 @@ class Enforcer:
         return [{**f.to_dict(), "id": self._finding_ids.get(f.key)}
                 for f in self.detectors.open_findings()]
 
-    def record(self, new: list[Finding], now: float) -> None:
-        """Add the new findings to the audit log; close those the detectors resolved."""
-        for f in new:
-            self._finding_ids[f.key] = self.store.add_finding(f.to_dict())
+    def record(self, new: list[Finding], now: float) -> list[Finding]:
+        """Add the new findings to the audit log, with those a failed write (a full disk) left
+        out before; close those the detectors resolved. The findings added."""
+        new = self._unrecorded + new
+        for i, f in enumerate(new):
+            try:
+                self._finding_ids[f.key] = self.store.add_finding(f.to_dict())
+            except Exception:
+                self._unrecorded = new[i:]  # tried again at the next sweep, not lost
+                raise
             group = "job" if f.replica_group is None else str(f.replica_group)
             self.metrics.findings.labels(self.cfg.job, f.kind, group).inc()
+        self._unrecorded = []
         open_keys = {f.key for f in self.detectors.open_findings()}
         resolved = {f.key: f for f in self.detectors.resolved_findings()}
         for key in [k for k in self._finding_ids if k not in open_keys]:
@@ -94,6 +102,7 @@ class Enforcer:
             self.store.resolve_finding(fid, f.resolved_at if f else now,
                                        f.resolution if f else "cleared")
             self._last_decision.pop(key, None)
+        return new
 
     def host_findings(self, view: ClusterView, evidence: ClusterView, now: float,
                       reshaped: Any) -> list[Finding]:
