@@ -85,7 +85,7 @@ def test_a_finding_the_audit_log_could_not_take_is_recorded_once_it_can(tmp_path
     another connection, which fails the findings' writes alone) is written at the next sweep
     that can: listed in /v1/findings, counted, and its decision names it. Before, the detectors
     held it as confirmed, so it was never new again: it never reached the audit log and its
-    decisions named no finding."""
+    decisions named no finding; and a resolution refused so left it open for good."""
     cfg = MonitorConfig(port=0, interval_s=3600, state_path=str(tmp_path / "state.sqlite"),
                         targets=job.sim.urls, sd_out=str(tmp_path / "targets.json"), job="sim",
                         lighthouse=job.url, rails=RailsConfig(min_replicas=1, dry_run=True),
@@ -116,6 +116,17 @@ def test_a_finding_the_audit_log_could_not_take_is_recorded_once_it_can(tmp_path
         assert holds and {d["finding_id"] for d in holds} == {finding["id"]}, holds
         metrics = requests.get(mon.url + "/metrics", timeout=10).text
         assert 'findings_total{job="sim",kind="dead_rank",replica_group="1"} 1.0' in metrics
+        # its resolution, refused the same way, is written too: it does not stay open
+        job.sim.group(1)[-1].set_mode("ok")
+        other.execute("ALTER TABLE findings RENAME TO findings_away")
+        with pytest.raises(sqlite3.OperationalError):
+            clock[0] += 1
+            mon.sweep_once()
+        other.execute("ALTER TABLE findings_away RENAME TO findings")
+        clock[0] += 1
+        mon.sweep_once()
+        [finding] = requests.get(mon.url + "/v1/findings", timeout=10).json()
+        assert finding["resolution"] == "reachable", finding
     finally:
         other.close()
         mon.stop()

@@ -97,10 +97,10 @@ class Enforcer:
         open_keys = {f.key for f in self.detectors.open_findings()}
         resolved = {f.key: f for f in self.detectors.resolved_findings()}
         for key in [k for k in self._finding_ids if k not in open_keys]:
-            fid = self._finding_ids.pop(key)
             f = resolved.get(key)
-            self.store.resolve_finding(fid, f.resolved_at if f else now,
+            self.store.resolve_finding(self._finding_ids[key], f.resolved_at if f else now,
                                        f.resolution if f else "cleared")
+            del self._finding_ids[key]  # once written: a failed write is tried again
             self._last_decision.pop(key, None)
         return new
 
