@@ -73,28 +73,26 @@ def state_shape(s: dict[str, Any]) -> tuple:
 def last_known(s: dict[str, Any]) -> dict[str, Any]:
     """What of a rank's state is kept once it stops answering (JSON: what a restarted monitor
     groups and judges it by)."""
-    keep = (*_REQUIRED, "job", "replica_id", "group_world_size", "num_participants", "participating",
-            "host", "node", "device", "finished")
+    keep = (*_REQUIRED, "job", "replica_id", "group_world_size", "num_participants",
+            "participating", "host", "node", "device", "finished")
     return {k: s[k] for k in keep if k in s}
 
 
-def stranger(last: dict[str, Any] | None, now: dict[str, Any], target: Target | None
-             ) -> str | None:
-    """Why ``now`` is another process's answer than the rank ``last`` was at the same address
-    (its port bound again after it died): a rank of another job, or of the job but not the one
-    that registered the address. None: the same rank, or its own restart."""
-    if last is None:
-        return None
-    job = now.get("job")
+def not_state(data: Any, last: dict[str, Any] | None, target: Target | None) -> str | None:
+    """Why ``data`` is no /v1/state of the rank that ``last`` was at its address (None: it is):
+    not a /v1/state, or another process's (the dead rank's port bound again): a rank of another
+    job, or of this one but not the rank registered there. Its own restart is the rank again."""
+    bad = valid_state(data)
+    if bad is not None or last is None:
+        return bad
+    job, who = data.get("job"), (data["replica_group"], data["rank"])
     if job != last.get("job") and None not in (job, last.get("job")):
-        return f"a rank of job {job!r} answers at its address (group {now['replica_group']} " \
-               f"rank {now['rank']}): its port was bound again"
-    who = (now["replica_group"], now["rank"])
+        return f"a rank of job {job!r} (group {who[0]} rank {who[1]}) answers at its address"
     if who != (last["replica_group"], last["rank"]) and target is not None \
             and target.source == "registered" and target.rank is not None \
             and (target.replica_group, target.rank) != who:
-        return f"group {who[0]} rank {who[1]} answers at its address, registered by " \
-               f"group {target.replica_group} rank {target.rank}: its port was bound again"
+        return f"group {who[0]} rank {who[1]} answers at the address group " \
+               f"{target.replica_group} rank {target.rank} registered"
     return None
 
 

@@ -17,15 +17,7 @@ from monitor.poll.poller import RankPoll
 
 from .cluster import ClusterView, Sums
 from .group import GroupView, grouped, is_superseded, newest_answers, rank_order
-from .rank import (
-    STEP_TIMES_READ,
-    RankView,
-    answered,
-    plain_shape,
-    state_shape,
-    stranger,
-    valid_state,
-)
+from .rank import STEP_TIMES_READ, RankView, answered, not_state, plain_shape, state_shape
 from .verification import restored
 
 __all__ = ["STEP_TIMES_READ", "ClusterView", "GroupView", "RankView", "ViewBuilder"]
@@ -81,7 +73,7 @@ class ViewBuilder:
         """Before the first update: ranks an earlier run saw stop answering (url -> since, last
         state, its verdict then), so that a restarted monitor still knows whose they were."""
         for url, (since, state, trust) in unreachable.items():
-            if valid_state(state) is None:
+            if not_state(state, None, None) is None:
                 self._ranks[url] = RankView(url, False, state, unreachable_since=since,
                                             trust=restored(trust, state))
 
@@ -121,8 +113,8 @@ class ViewBuilder:
                     break
                 shape = plain_shape(p.data) if p is not None and p.ok else None
                 was_shape = shapes.get(url)
-                if shape is not None and (shape == was_shape or stranger(
-                        old.state, p.data, old.target) is None):
+                if shape is not None and (shape == was_shape or not_state(
+                        p.data, old.state, old.target) is None):
                     rv = current[url] = answered(url, old, p.data, old.target, p.at)
                 else:
                     rv = current[url] = polled_rank(url, old, old.target, p, now)
@@ -180,11 +172,9 @@ class ViewBuilder:
     @staticmethod
     def _polled(url: str, prev: RankView | None, target: Target | None, p: RankPoll | None,
                 now: float) -> RankView:
-        bad = valid_state(p.data) if p is not None and p.ok else None
+        bad = not_state(p.data, prev and prev.state, target) if p is not None and p.ok else None
         if p is not None and p.ok and bad is None:
-            bad = stranger(prev.state if prev is not None else None, p.data, target)
-            if bad is None:
-                return answered(url, prev, p.data, target, p.at)
+            return answered(url, prev, p.data, target, p.at)
         if p is not None and p.reason == "monitor" and not p.ok:
             # the monitor could not ask (monitor/poll/fd_budget.py): carried as not asked
             if prev is not None:
