@@ -41,7 +41,7 @@ from .evidence.torch_rank import CANNOT_SHOW, TorchRanks
 from .evidence.verification import Verifier
 from .evidence.view import ClusterView, ViewBuilder
 from .goodput.account import GoodputAccount
-from .poll.admission import AllowList, NotAllowed, Unauthorized, registration_authorized
+from .poll.admission import AllowList, NotAllowed, Unauthorized, registration_authorized, resolvable
 from .poll.discovery import BadTarget, Discovery, OtherJob, Target, TooManyTargets, normalize_url
 from .poll.torch_server import StoreReader
 from .poll.torch_target import is_torch
@@ -422,7 +422,7 @@ class Monitor:
                 if not registration_authorized(authorization, self.cfg.register_token,
                                                self.cfg.token):
                     raise Unauthorized("missing or wrong bearer token")
-                target = self.discovery.register(body, now=self.clock())
+                target = self.discovery.register(body, admit=resolvable, now=self.clock())
             else:
                 target = self.discovery.register(body, admit=self.allow_list.admit,
                                                  now=self.clock())

@@ -5,7 +5,7 @@ own host name (lightkeeper/fabric.py), the real monitor on one (``--bind 0.0.0.0
 0.0.0.0``), one left at the default 127.0.0.1. No Lighthouse and no trainer: what is checked is
 what each part binds, advertises and registers, and what the monitor reports and hands
 Prometheus (``--sd-out``). Needs root, iproute2 and unshare: skipped with
-``Fabric.unavailable()``'s reason elsewhere.
+``Fabric.unavailable()``'s reason elsewhere. The last test runs in-process.
 """
 
 from __future__ import annotations
@@ -22,10 +22,6 @@ import requests
 from lightkeeper.cluster import stop_process
 from lightkeeper.fabric import Fabric
 from tests.support.lines import first_line
-
-pytestmark = [pytest.mark.e2e, pytest.mark.solo,
-              pytest.mark.skipif(bool(Fabric.unavailable()),
-                                 reason=f"no network namespaces: {Fabric.unavailable()}")]
 
 TOKEN = "multihost-register-token"
 RANK = r"""
@@ -48,6 +44,9 @@ def poll(fn, timeout: float = 20.0):
     raise AssertionError(f"nothing within {timeout:g}s")
 
 
+@pytest.mark.e2e
+@pytest.mark.solo
+@pytest.mark.skipif(bool(Fabric.unavailable()), reason=f"no network namespaces: {Fabric.unavailable()}")
 def test_ranks_on_other_hosts_register_reachably(tmp_path):
     Fabric.sweep_stale()  # what a killed earlier run left
     procs: list[subprocess.Popen] = []
@@ -96,3 +95,28 @@ def test_ranks_on_other_hosts_register_reachably(tmp_path):
         finally:
             for p in procs:
                 stop_process(p, grace=2.0)
+
+
+def test_a_name_the_monitor_cannot_resolve_is_refused_with_a_token(tmp_path):
+    """With a token any address registers, but a rank on 0.0.0.0 registers its host name: one
+    the monitor's host cannot resolve (a pod's name) was taken and polled in vain, with no line
+    on either side. It is refused now (403, saying why), so the rank says so once. (In-process:
+    no namespace needed; ``.invalid`` never resolves.)"""
+    from monitor.config import MonitorConfig
+    from monitor.service import Monitor
+
+    mon = Monitor(MonitorConfig(port=0, state_path=str(tmp_path / "m.sqlite"),
+                                sd_out=str(tmp_path / "sd.json"), register_token=TOKEN)).start()
+    try:
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        r = requests.post(mon.url + "/v1/targets", json={"url": "http://gpu-node-17.invalid:9400"},
+                          headers=auth, timeout=10)
+        assert r.status_code == 403 and "gpu-node-17.invalid does not resolve" in r.json()["error"] \
+            and "on the monitor's host" in r.json()["error"], r.text
+        ok = requests.post(mon.url + "/v1/targets", json={"url": "http://10.1.2.3:9400"},
+                           headers=auth, timeout=10)  # an address: as before, any
+        assert ok.status_code == 200, ok.text
+        assert [t["url"] for t in requests.get(mon.url + "/v1/targets", timeout=10).json()] == \
+            ["http://10.1.2.3:9400"]
+    finally:
+        mon.stop()
