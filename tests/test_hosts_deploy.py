@@ -14,7 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from monitor.act.sinks.kubernetes import RBAC_CLUSTER, RBAC_NAMESPACE
+from monitor.act.sinks.kubernetes import (
+    DEFAULT_POD_SELECTOR,
+    JOB_LABEL,
+    RBAC_CLUSTER,
+    RBAC_NAMESPACE,
+)
 from monitor.cli import add_arguments, config_from_args
 from tests.conftest import IN_CI
 
@@ -70,6 +75,14 @@ def test_quarantine_component_renders_into_the_overlays(tmp_path, overlay):
         assert b["subjects"] == [{"kind": "ServiceAccount", "name": "lightkeeper-monitor",
                                   "namespace": ns}]
         assert b["roleRef"]["name"] == name
+    # the sink's default selector (its --job from the monitor pod's label) finds the job's pods
+    job = by[("Deployment", "lightkeeper-monitor")]["spec"]["template"]["metadata"]["labels"][
+        JOB_LABEL]
+    want = {**dict(p.split("=") for p in DEFAULT_POD_SELECTOR.split(",")), JOB_LABEL: job}
+    pods = [t for d in docs if d["kind"] in ("StatefulSet", "LeaderWorkerSet")
+            for t in (d["spec"].get("template"),
+                      d["spec"].get("leaderWorkerTemplate", {}).get("workerTemplate")) if t]
+    assert pods and all(want.items() <= t["metadata"]["labels"].items() for t in pods)
     # the monitor's parser takes the component's flag (the env references as Kubernetes
     # would expand them are checked by test_deploy_kubernetes; here only --action matters)
     p = argparse.ArgumentParser()
