@@ -67,7 +67,7 @@ def state_shape(s: dict[str, Any]) -> tuple:
     g = s.get
     return (s["replica_group"], s["rank"], s["group_rank"], s["quorum_id"], g("replica_id"),
             g("group_world_size"), g("num_participants"), g("participating", True), g("host"),
-            g("node"), g("device"))
+            g("node"), g("device"), g("job"))
 
 
 def last_known(s: dict[str, Any]) -> dict[str, Any]:
