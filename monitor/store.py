@@ -5,6 +5,7 @@ evicts a ``replica_id`` again and continues the cooldown. Every write is committ
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -139,6 +140,8 @@ def hold_state(path: str) -> int | None:
     end. Raises StateInUse naming the holder, OSError when it cannot be made."""
     if path == ":memory:":
         return None
+    if os.path.isdir(path):  # SQLite would say only "unable to open database file"
+        raise IsADirectoryError(errno.EISDIR, "a folder, not a file", path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     try:  # the file's own name: a symlink to it must find the same lock
         return pid_lock(f"{os.path.realpath(path)}.lock")
@@ -156,7 +159,12 @@ class Store:
         self._lock = threading.RLock()
         self._atomic = 0  # depth of atomic() blocks: their writes commit at the end
         self._relock: int | None = None  # the state's lock, taken again by _kept()
-        self._open()
+        try:
+            self._open()
+        except sqlite3.OperationalError as e:  # SQLite says "disk I/O error" for a full disk
+            if path != ":memory:" and not os.statvfs(os.path.dirname(os.path.abspath(path))).f_bavail:
+                raise sqlite3.OperationalError(f"{e}: its filesystem is full") from None
+            raise
         for table, column, decl in ADDED_COLUMNS:
             have = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
             if column not in have:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 import time
 
 import pytest
@@ -130,3 +132,36 @@ def test_a_finding_the_audit_log_could_not_take_is_recorded_once_it_can(tmp_path
     finally:
         other.close()
         mon.stop()
+
+
+def test_a_state_path_that_is_a_folder_is_named_as_one(tmp_path):
+    """``--state`` naming a folder: SQLite said only "unable to open database file"."""
+    with pytest.raises(IsADirectoryError, match="a folder, not a file"):
+        hold_state(str(tmp_path))
+
+
+def test_a_monitor_started_on_a_full_disk_says_so_in_one_line(tmp_path):
+    """A restart on a full volume (the audit log and lock a clean stop left there): SQLite
+    cannot even read a WAL database without room for its write-ahead and shared-memory files,
+    and said "disk I/O error". The monitor exits 1 with one line that says the filesystem is full. A real full
+    disk: a 512 KiB tmpfs in a private mount namespace (gone with the process); skipped where
+    this process may not make one."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = (f"mount -t tmpfs -o size=512k tmpfs {disk} || exit 99; "
+              f"{sys.executable} -c 'import sys; from monitor.store import Store, hold_state; "
+              f"hold_state(sys.argv[1]); Store(sys.argv[1]).close()' {disk}/state.sqlite && "
+              f"dd if=/dev/zero of={disk}/fill bs=1k 2>/dev/null; "
+              f"exec {sys.executable} -m lightkeeper.cli monitor --port 0 "
+              f"--state {disk}/state.sqlite")
+    try:
+        out = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                             capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        pytest.skip("no unshare here")
+    if out.returncode == 99 or "unshare:" in out.stderr:
+        pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip()}")
+    assert out.returncode == 1, out
+    [line] = out.stderr.splitlines()
+    assert line.startswith(f"lightkeeper monitor: --state {disk}/state.sqlite: ") and \
+        line.endswith("its filesystem is full"), line
