@@ -12,7 +12,8 @@ import ipaddress
 import re
 from urllib.parse import unquote, urlsplit
 
-__all__ = ["host_for_url", "http_url", "is_http_url", "redact_url", "split_host_port"]
+__all__ = ["failure_reason", "host_for_url", "http_url", "is_http_url", "redact_url",
+           "split_host_port"]
 
 # ``scheme://user:password@``, up to the authority's last ``@``: a password with a raw ``/``
 # (base64) is no valid URL, but the message refusing it must not show it either
@@ -77,3 +78,13 @@ def redact_url(text: str | None) -> str | None:
     """A URL, or a message holding URLs, with each one's password shown as ``***``
     (``http://user:***@host``): for whatever is shown; requests keep the real URL."""
     return _PASSWORD.sub(r"\1:***@", text) if text else text
+
+
+def failure_reason(e: Exception) -> str | None:
+    """A connection failure in a few words (``Connection refused``), or None: the text of a
+    requests/urllib3 error holds object reprs and retry counts."""
+    for pattern in (r"\[Errno -?\d+\] ([^'\")]+)", r"(Name or service not known)",
+                    r"(timed out)", r"(Invalid URL[^:]*)"):
+        if m := re.search(pattern, str(e)):
+            return m.group(1).strip()
+    return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -120,3 +121,16 @@ def test_a_name_the_monitor_cannot_resolve_is_refused_with_a_token(tmp_path):
             ["http://10.1.2.3:9400"]
     finally:
         mon.stop()
+
+
+def test_an_unreachable_lighthouse_is_said_in_a_few_words():
+    """A Lighthouse on another host that cannot be reached was logged as urllib3's whole text
+    (object reprs, retry counts: 300 characters) in the monitor's line; now as the rank's
+    registration failure is, in a few words."""
+    from monitor.evidence.lighthouse_status import LighthouseReader
+
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    status, why = LighthouseReader(url, timeout_s=1).read()
+    assert status is None and why == f"{url}/status unreachable: Connection refused", why

@@ -20,7 +20,6 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-import re
 import socket
 import threading
 import time
@@ -30,7 +29,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from http_serving import BackgroundWSGIServer, redact_url
+from http_serving import BackgroundWSGIServer, failure_reason, redact_url
 
 from .abort import GlooConnections, abort_cross_group, watch_manager
 from .app import create_app
@@ -93,17 +92,6 @@ def server_kind(given: str | None, env) -> str:
     if kind not in SERVERS:
         raise ValueError(f"{source}={raw!r}: one of {', '.join(SERVERS)}")
     return kind
-
-
-def _why(e: requests.RequestException) -> str:
-    """A requests failure in a few words: urllib3's text holds object reprs and retry counts."""
-    text = str(e)
-    for pattern in (r"\[Errno -?\d+\] ([^'\")]+)", r"(Name or service not known)",
-                    r"(timed out)", r"(Invalid URL[^:]*)"):
-        m = re.search(pattern, text)
-        if m:
-            return m.group(1).strip()
-    return type(e).__name__
 
 
 def _on_this_host(host: str) -> bool | None:
@@ -308,9 +296,9 @@ class WorkerServer:
                     said = None if r.status_code == 200 else r.status_code
                 except requests.RequestException as e:
                     if said != "unreachable":  # once: a typo in the URL leaves it unmonitored
-                        say(f"cannot register with monitor {shown} ({_why(e)}); this rank "
-                            f"is not monitored until it can, tried every "
-                            f"{REGISTER_INTERVAL_S:.0f} s")
+                        why = failure_reason(e) or type(e).__name__
+                        say(f"cannot register with monitor {shown} ({why}); this rank is not "
+                            f"monitored until it can, tried every {REGISTER_INTERVAL_S:.0f} s")
                     said = "unreachable"
                 self._stop.wait(REGISTER_INTERVAL_S)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import requests
 
-from http_serving import redact_url
+from http_serving import failure_reason, redact_url
 
 MAX_STATUS_BYTES = 16 << 20  # ~600 bytes per replica group: room for ~25,000 of them
 
@@ -120,8 +120,9 @@ class LighthouseReader:
         except StatusFormatError as e:
             return None, f"{self.shown}/status: {e}"
         except (requests.RequestException, ValueError) as e:  # urllib3: a host it cannot parse
-            why = redact_url(str(e))  # an invalid URL's text holds it whole
-            return None, f"{self.shown}/status unreachable: {type(e).__name__}: {why}"
+            # an invalid URL's text holds it whole
+            why = failure_reason(e) or f"{type(e).__name__}: {redact_url(str(e))}"
+            return None, f"{self.shown}/status unreachable: {why}"
 
     def close(self) -> None:
         self._session.close()
