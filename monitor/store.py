@@ -129,9 +129,21 @@ def pid_lock(lock_path: str, posix: bool = False) -> int:
         holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
         os.close(fd)
         raise LockHeld(holder) from None
-    os.ftruncate(fd, 0)
-    os.write(fd, str(os.getpid()).encode())
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+    except OSError:  # a full disk: not held by a descriptor nobody closes
+        os.close(fd)
+        raise
     return fd
+
+
+def _file_id(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def hold_state(path: str) -> int | None:
@@ -159,6 +171,8 @@ class Store:
         self._lock = threading.RLock()
         self._atomic = 0  # depth of atomic() blocks: their writes commit at the end
         self._relock: int | None = None  # the state's lock, taken again by _kept()
+        self._lock_file = f"{os.path.realpath(path)}.lock"
+        self._lock_id = _file_id(self._lock_file)  # held by the monitor (hold_state)
         try:
             self._open()
         except sqlite3.OperationalError as e:  # SQLite says "disk I/O error" for a full disk
@@ -174,11 +188,9 @@ class Store:
     def _open(self) -> None:
         self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=10)
         self._db.row_factory = sqlite3.Row
-        self._file = None
         if self.path != ":memory:":
             self._db.execute("PRAGMA journal_mode=WAL")
-            st = os.stat(self.path)
-            self._file = (st.st_dev, st.st_ino)
+        self._file = _file_id(self.path) if self.path != ":memory:" else None
         self._db.executescript(SCHEMA)
 
     def _kept(self) -> None:
@@ -187,23 +199,23 @@ class Store:
         kill; another file in its place is not written over (raises sqlite3.Error)."""
         if self._file is None or self._db.in_transaction:
             return
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            st = None
-        if st is not None:
-            if (st.st_dev, st.st_ino) != self._file:
+        now = _file_id(self.path)
+        if now is not None:
+            if now != self._file:
                 raise sqlite3.OperationalError(f"{self.path} was replaced by another file: "
                                                "not written (restart the monitor)")
             return
-        lock = f"{os.path.realpath(self.path)}.lock"
         try:
-            os.makedirs(os.path.dirname(lock), exist_ok=True)
-            if not os.path.exists(lock):
-                self._relock = pid_lock(lock)
+            os.makedirs(os.path.dirname(self._lock_file), exist_ok=True)
+            if self._lock_id is not None and _file_id(self._lock_file) != self._lock_id:
+                fd = pid_lock(self._lock_file)  # deleted with the folder: held again
+                if self._relock is not None:
+                    os.close(self._relock)
+                self._relock, self._lock_id = fd, _file_id(self._lock_file)
         except (OSError, LockHeld) as e:
+            why = f"in use by another monitor (PID {e.holder})" if isinstance(e, LockHeld) else e
             raise sqlite3.OperationalError(f"{self.path} was deleted and cannot be written "
-                                           f"again: {lock}: {e}") from None
+                                           f"again: {self._lock_file}: {why}") from None
         tmp = f"{self.path}.restoring"
         copy = sqlite3.connect(tmp)
         try:

@@ -5,6 +5,7 @@ real SQLite ``Store`` (and a live monitor over simulated groups in a real torchf
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
@@ -165,3 +166,56 @@ def test_a_monitor_started_on_a_full_disk_says_so_in_one_line(tmp_path):
     [line] = out.stderr.splitlines()
     assert line.startswith(f"lightkeeper monitor: --state {disk}/state.sqlite: ") and \
         line.endswith("its filesystem is full"), line
+
+
+RESTORE_ON_A_FULL_DISK = """
+import json, os, shutil, sys
+from monitor.store import Store, hold_state
+disk = sys.argv[1]
+path = os.path.join(disk, "state", "monitor.sqlite")
+lock = hold_state(path)
+store = Store(path)
+store.add_decision(replica_group=1, replica_id="r1", decision="evict", reason="hang",
+                   status="sent")
+with open(os.path.join(disk, "fill"), "wb", buffering=0) as f:
+    try:
+        while True:
+            f.write(bytes(4096))
+    except OSError:
+        pass
+shutil.rmtree(os.path.join(disk, "state"))  # its space stays taken: the files are open
+out = {}
+try:
+    store.add_decision(replica_group=2, replica_id="r2", decision="evict", reason="hang",
+                       status="sent")
+except Exception as e:
+    out["full"] = str(e)
+os.unlink(os.path.join(disk, "fill"))
+store.add_decision(replica_group=2, replica_id="r2", decision="evict", reason="hang",
+                   status="sent")
+out["lock"] = open(path + ".lock").read()
+store.close()
+out["kept"] = sorted(Store(path).evicted_replica_ids())
+print(json.dumps(out))
+"""
+
+
+def test_a_state_deleted_on_a_full_disk_is_written_back_once_there_is_room(tmp_path):
+    """The state's folder deleted while its volume is full: the write fails and says why (no
+    lock file left empty and unheld), and once there is room the audit log and its lock (with
+    the PID) are back. A real full disk: a tmpfs in a private mount namespace."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = (f"mount -t tmpfs -o size=512k tmpfs {disk} || exit 99; "
+              f"exec {sys.executable} -c '{RESTORE_ON_A_FULL_DISK}' {disk}")
+    try:
+        out = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                             capture_output=True, text=True, timeout=30, cwd=os.getcwd())
+    except FileNotFoundError:
+        pytest.skip("no unshare here")
+    if out.returncode == 99 or "unshare:" in out.stderr:
+        pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip()}")
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert "was deleted and cannot be written again" in got["full"], got
+    assert got["lock"].isdigit() and got["kept"] == ["r1", "r2"], got
