@@ -11,7 +11,9 @@ command directly and its exit status is the command's own. A command that is not
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
+import re
 import shutil
 import sys
 
@@ -19,6 +21,7 @@ from http_serving import is_http_url, redact_url
 from worker_server.autostart import ENV_AUTOSTART, SITE_DIR, torchft_missing
 
 FR_BUFFER_DEFAULT = "2000"  # Flight Recorder entries kept per process unless the job sets its own
+_HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,6 +72,20 @@ def hook_env(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def bad_worker_host(flag: str | None, env: str | None) -> str | None:
+    """Why every rank would refuse to bind the worker host given (``--worker-host`` or
+    ``LIGHTKEEPER_WORKER_HOST``; ``host:port``, as the Lighthouse's ``--bind`` takes, is one),
+    naming where it came from; None when it is an address or a host name."""
+    value, name = (flag, "--worker-host") if flag is not None else (env, "LIGHTKEEPER_WORKER_HOST")
+    if not value or _HOST_NAME.match(value):
+        return None
+    try:
+        ipaddress.ip_address(value.removeprefix("[").removesuffix("]"))
+        return None
+    except ValueError:
+        return f"{name} {value!r} is not an address or host name (the port is --worker-port)"
+
+
 def bad_monitor_url(flag: str | None, env: str | None) -> str | None:
     """Why the monitor URL(s) given (``--monitor`` or ``LIGHTKEEPER_MONITOR``, comma-separated)
     cannot be registered with, naming where it came from; None when they can."""
@@ -94,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"lightkeeper run: LIGHTKEEPER_WORKER_SERVER={kind!r} is not flask or "
                          "torch\n")
         return 2
-    bad = bad_monitor_url(args.monitor, os.environ.get("LIGHTKEEPER_MONITOR"))
+    bad = bad_worker_host(args.worker_host, os.environ.get("LIGHTKEEPER_WORKER_HOST")) or \
+        bad_monitor_url(args.monitor, os.environ.get("LIGHTKEEPER_MONITOR"))
     if bad:
         sys.stderr.write(f"lightkeeper run: {bad}\n")
         return 2

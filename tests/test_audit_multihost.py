@@ -134,3 +134,30 @@ def test_an_unreachable_lighthouse_is_said_in_a_few_words():
         url = f"http://127.0.0.1:{s.getsockname()[1]}"
     status, why = LighthouseReader(url, timeout_s=1).read()
     assert status is None and why == f"{url}/status unreachable: Connection refused", why
+
+
+@pytest.mark.parametrize("argv, env, said", [
+    (["--worker-host", "0.0.0.0:9500"], None, "--worker-host '0.0.0.0:9500' is not an address"),
+    (["--worker-host", "http://10.0.0.7"], None, "--worker-host 'http://10.0.0.7' is not"),
+    ([], "10.0.0.7:9500", "LIGHTKEEPER_WORKER_HOST '10.0.0.7:9500' is not"),
+])
+def test_run_refuses_a_worker_host_every_rank_would_refuse(capsys, monkeypatch, argv, env, said):
+    """``host:port``, as the Lighthouse's own ``--bind`` takes it, made every rank say in a line
+    that it cannot bind, and the job ran unobserved; a port or server kind every rank would
+    refuse was already exit 2 before the job started."""
+    import argparse
+
+    from lightkeeper import run as lk_run
+
+    parser = argparse.ArgumentParser()
+    lk_run.add_arguments(parser)
+    monkeypatch.delenv("LIGHTKEEPER_WORKER_HOST", raising=False)
+    if env is not None:
+        monkeypatch.setenv("LIGHTKEEPER_WORKER_HOST", env)
+    assert lk_run.run(parser.parse_args([*argv, "--", "no-such-command-lk"])) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"lightkeeper run: {said}") and err.count("\n") == 1, err
+    for good in ("0.0.0.0", "::", "[::1]", "10.0.0.7", "trn-a", "node-3.train.example"):
+        args = parser.parse_args(["--worker-host", good, "--print-env"])
+        assert lk_run.run(args) == 0, good
+    capsys.readouterr()
