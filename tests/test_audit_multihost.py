@@ -63,12 +63,14 @@ def test_ranks_on_other_hosts_register_reachably(tmp_path):
             assert "monitor=" in first_line(monitor, 30.0)
             env = {**os.environ, "LIGHTKEEPER_MONITOR": "http://mon:19400",
                    "LIGHTKEEPER_REGISTER_TOKEN": TOKEN}
-            wild, loop = (subprocess.Popen(
-                fab.wrap(node, [sys.executable, "-c", RANK, str(g)]), stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=open(tmp_path / f"{node}.err", "w"),
-                env={**env, **extra}) for g, (node, extra) in enumerate(
-                    [("trn-a", {"LIGHTKEEPER_WORKER_HOST": "0.0.0.0"}), ("trn-b", {})]))
-            procs += [wild, loop]
+            for g, (node, extra) in enumerate([("trn-a", {"LIGHTKEEPER_WORKER_HOST": "0.0.0.0"}),
+                                               ("trn-b", {})]):
+                with (tmp_path / f"{node}.err").open("w") as err:  # the child keeps its own
+                    procs.append(subprocess.Popen(
+                        fab.wrap(node, [sys.executable, "-c", RANK, str(g)]),
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                        env={**env, **extra}))
+            wild, loop = procs[1:]
             wild_url, loop_url = first_line(wild, 30.0), first_line(loop, 30.0)
             # a wildcard bind advertises the host's name, which the monitor's host resolves
             assert wild_url.startswith("http://trn-a:"), wild_url
