@@ -32,6 +32,9 @@ class BackgroundWSGIServer:
         try:
             self._server = create_server(app, host=host, port=port, threads=threads, ident=name,
                                          clear_untrusted_proxy_headers=True,
+                                         # select() fails on a descriptor past 1023 and ends
+                                         # the server: a rank's job or a monitor's pool has more
+                                         asyncore_use_poll=True,
                                          max_request_body_size=max_request_body_size)
         except OSError as e:
             raise OSError(e.errno, f"cannot bind {http_url(host, port)}: {e.strerror or e}") \

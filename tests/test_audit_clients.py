@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import resource
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 import requests
 from prometheus_client import generate_latest
 
 from monitor.api.metrics import MonitorMetrics
+from monitor.config import MonitorConfig
+from monitor.service import Monitor
 from worker_server import RankIdentity, RankState, WorkerServer
 
 
@@ -84,3 +89,43 @@ def test_a_scrape_during_a_sweep_sees_every_host_in_trouble():
     finally:
         stop.set()
         sweeper.join()
+
+
+@pytest.fixture
+def many_descriptors():
+    """Opens descriptors until the next one is past 1023, as in a training process (data
+    loaders, NCCL's sockets) or a monitor polling a thousand ranks on kept-alive connections."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the descriptor limit ({hard}) stays below 1024")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    fds: list[int] = []
+
+    def open_past_1023() -> None:
+        while not fds or fds[-1] < 1100:
+            fds.append(os.open(os.devnull, os.O_RDONLY))
+
+    try:
+        yield open_past_1023
+    finally:
+        for fd in fds:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_servers_answer_with_descriptors_past_1023(tmp_path, many_descriptors):
+    # waitress' select() loop raised on a client socket past FD_SETSIZE and its thread ended:
+    # the rank never answered again (found dead, evicted), nor did the monitor's API
+    state = RankState(RankIdentity(job="audit", replica_group=0, group_rank=0,
+                                   group_world_size=1))
+    srv = WorkerServer(state).serve()
+    mon = Monitor(MonitorConfig(port=0, state_path=str(tmp_path / "s.sqlite"),
+                                sd_out=str(tmp_path / "t.json"), job="audit")).start()
+    try:
+        many_descriptors()
+        for _ in range(2):
+            assert requests.get(srv.url + "/v1/state", timeout=5).status_code == 200
+            assert requests.get(mon.url + "/healthz", timeout=5).status_code == 200
+    finally:
+        mon.stop()
+        srv.stop()
