@@ -176,7 +176,8 @@ class Store:
         try:
             self._open()
         except sqlite3.OperationalError as e:  # SQLite says "disk I/O error" for a full disk
-            if path != ":memory:" and not os.statvfs(os.path.dirname(os.path.abspath(path))).f_bavail:
+            folder = os.path.dirname(os.path.abspath(path))
+            if path != ":memory:" and not os.statvfs(folder).f_bavail:
                 raise sqlite3.OperationalError(f"{e}: its filesystem is full") from None
             raise
         for table, column, decl in ADDED_COLUMNS:
@@ -217,15 +218,14 @@ class Store:
             raise sqlite3.OperationalError(f"{self.path} was deleted and cannot be written "
                                            f"again: {self._lock_file}: {why}") from None
         tmp = f"{self.path}.restoring"
-        copy = sqlite3.connect(tmp)
         try:
-            self._db.backup(copy)
+            with contextlib.closing(sqlite3.connect(tmp)) as copy:
+                self._db.backup(copy)
         except sqlite3.Error as e:  # a full disk: the open database stays, tried again
-            copy.close()
-            os.unlink(tmp)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
             raise sqlite3.OperationalError(f"{self.path} was deleted and cannot be written "
                                            f"again: {e}") from None
-        copy.close()
         self._db.close()  # before the new file: its WAL is deleted by name on close
         for leftover in (f"{self.path}-wal", f"{self.path}-shm"):
             with contextlib.suppress(FileNotFoundError):

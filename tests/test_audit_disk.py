@@ -56,6 +56,30 @@ def test_a_state_folder_deleted_while_in_use_is_written_back_with_its_lock(tmp_p
         again.close()
 
 
+def test_a_state_that_cannot_be_written_back_says_why_and_is_tried_again(tmp_path):
+    """Deleted, and its copy cannot be made (here a folder is where the copy goes): the
+    write fails with SQLite's reason, the open database is kept, and the next write that can
+    puts it back. Before, the error was SQLite's "unable to open database file" alone, not
+    saying the state was deleted (or an OSError cleaning up the copy took its place)."""
+    path = tmp_path / "monitor.sqlite"
+    store = Store(str(path))
+    try:
+        evict(store, "replica_group_1:a")
+        path.unlink()
+        (tmp_path / "monitor.sqlite.restoring").mkdir()
+        with pytest.raises(sqlite3.OperationalError, match="deleted and cannot be written again"):
+            evict(store, "replica_group_2:b")
+        (tmp_path / "monitor.sqlite.restoring").rmdir()
+        evict(store, "replica_group_2:b")
+    finally:
+        store.close()
+    again = Store(str(path))
+    try:
+        assert again.evicted_replica_ids() == {"replica_group_1:a", "replica_group_2:b"}
+    finally:
+        again.close()
+
+
 def test_a_state_file_replaced_under_the_monitor_is_not_written_over(tmp_path):
     """Another file put in the state's place (a backup restored by hand) is not overwritten
     by the running monitor: its writes fail and say why, and that file stays as it was."""
