@@ -243,3 +243,35 @@ def test_a_state_deleted_on_a_full_disk_is_written_back_once_there_is_room(tmp_p
     got = json.loads(out.stdout)
     assert "was deleted and cannot be written again" in got["full"], got
     assert got["lock"].isdigit() and got["kept"] == ["r1", "r2"], got
+
+
+def test_a_kill_goes_out_when_its_bundle_cannot_be_named_in_its_decision(tmp_path, job):
+    """The bundle written and indexed, then the audit log refuses the decision's ``bundle``
+    column (the bundle took the volume's last room; here a trigger of another connection
+    fails that one write as SQLite does on a full disk): the kill is still sent and judged,
+    and the bundle still names its decision. Before, the kill was never sent and its decision
+    stayed ``sending``, so every later one held as ``already_evicted``: the group was never
+    evicted."""
+    cfg = MonitorConfig(port=0, interval_s=3600, state_path=str(tmp_path / "state.sqlite"),
+                        targets=job.sim.urls, sd_out=str(tmp_path / "targets.json"), job="sim",
+                        lighthouse=job.url, rails=RailsConfig(min_replicas=1, cooldown_s=0),
+                        detectors=DetectorConfig(dead_sweeps=2))
+    clock = [time.time()]
+    mon = Monitor(cfg, clock=lambda: clock[0]).start()
+    other = sqlite3.connect(cfg.state_path, isolation_level=None)
+    try:
+        wait_until(lambda: mon.sweeps >= 1, 20, what="the loop's first sweep")
+        other.execute("CREATE TRIGGER full BEFORE UPDATE OF bundle ON decisions "
+                      "BEGIN SELECT RAISE(FAIL, 'database or disk is full'); END")
+        job.sim.group(1)[-1].set_mode("down")
+        for _ in range(4):
+            clock[0] += 1
+            mon.sweep_once()
+        assert job.kills == [job.replica_ids[1]]
+        [row] = requests.get(mon.url + "/v1/evictions", timeout=10).json()
+        assert (row["decision"], row["status"]) == ("evict", "confirmed"), row
+        [bundle] = requests.get(mon.url + "/v1/incidents", timeout=10).json()["bundles"]
+        assert bundle["decision_id"] == row["id"], bundle
+    finally:
+        other.close()
+        mon.stop()

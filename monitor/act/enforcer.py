@@ -10,6 +10,7 @@ the sweep, which logs it and goes on.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -294,7 +295,10 @@ class Enforcer:
             "source": source, "status": "sending", "replica_group": replica_group,
             "replica_id": replica_id, "at": self.clock()})
         if bundle is not None:
-            self.store.update_decision(did, bundle=bundle["id"])
+            try:  # the bundle's own row names the decision: the kill must not wait for this
+                self.store.update_decision(did, bundle=bundle["id"])
+            except sqlite3.Error as e:
+                log.warning("decision %s not linked to bundle %s: %s", did, bundle["id"], e)
         result = self.lighthouse.kill(replica_id)
         note = f"; evidence kept in bundle {bundle['id']} ({bundle['seconds']:.2f}s)" \
             if bundle else ""
