@@ -111,8 +111,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"lightkeeper run: LIGHTKEEPER_WORKER_SERVER={kind!r} is not flask or "
                          "torch\n")
         return 2
-    bad = bad_worker_host(args.worker_host, os.environ.get("LIGHTKEEPER_WORKER_HOST")) or \
-        bad_monitor_url(args.monitor, os.environ.get("LIGHTKEEPER_MONITOR"))
+    bad = bad_monitor_url(args.monitor, os.environ.get("LIGHTKEEPER_MONITOR"))
+    if not args.print_env:  # a container spec may say --worker-host '$(POD_IP)'
+        bad = bad or bad_worker_host(args.worker_host, os.environ.get("LIGHTKEEPER_WORKER_HOST"))
     if bad:
         sys.stderr.write(f"lightkeeper run: {bad}\n")
         return 2
