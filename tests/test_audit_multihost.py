@@ -114,8 +114,8 @@ def test_a_name_the_monitor_cannot_resolve_is_refused_with_a_token(tmp_path):
         auth = {"Authorization": f"Bearer {TOKEN}"}
         r = requests.post(mon.url + "/v1/targets", json={"url": "http://gpu-node-17.invalid:9400"},
                           headers=auth, timeout=10)
-        assert r.status_code == 403 and "gpu-node-17.invalid does not resolve" in r.json()["error"] \
-            and "on the monitor's host" in r.json()["error"], r.text
+        assert r.status_code == 403 and "gpu-node-17.invalid does not resolve" in r.json()["error"], \
+            r.text
         ok = requests.post(mon.url + "/v1/targets", json={"url": "http://10.1.2.3:9400"},
                            headers=auth, timeout=10)  # an address: as before, any
         assert ok.status_code == 200, ok.text
