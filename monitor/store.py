@@ -129,12 +129,9 @@ def pid_lock(lock_path: str, posix: bool = False) -> int:
         holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
         os.close(fd)
         raise LockHeld(holder) from None
-    try:
+    with contextlib.suppress(OSError):  # a full disk: held all the same, the PID unsaid
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
-    except OSError:  # a full disk: not held by a descriptor nobody closes
-        os.close(fd)
-        raise
     return fd
 
 

@@ -194,7 +194,7 @@ def test_a_monitor_started_on_a_full_disk_says_so_in_one_line(tmp_path):
 
 RESTORE_ON_A_FULL_DISK = """
 import json, os, shutil, sys
-from monitor.store import Store, hold_state
+from monitor.store import StateInUse, Store, hold_state
 disk = sys.argv[1]
 path = os.path.join(disk, "state", "monitor.sqlite")
 lock = hold_state(path)
@@ -214,10 +214,17 @@ try:
                        status="sent")
 except Exception as e:
     out["full"] = str(e)
+try:
+    hold_state(path)
+except StateInUse as e:
+    out["second_while_full"] = str(e)
 os.unlink(os.path.join(disk, "fill"))
 store.add_decision(replica_group=2, replica_id="r2", decision="evict", reason="hang",
                    status="sent")
-out["lock"] = open(path + ".lock").read()
+try:
+    hold_state(path)
+except StateInUse as e:
+    out["second"] = str(e)
 store.close()
 out["kept"] = sorted(Store(path).evicted_replica_ids())
 print(json.dumps(out))
@@ -225,9 +232,10 @@ print(json.dumps(out))
 
 
 def test_a_state_deleted_on_a_full_disk_is_written_back_once_there_is_room(tmp_path):
-    """The state's folder deleted while its volume is full: the write fails and says why (no
-    lock file left empty and unheld), and once there is room the audit log and its lock (with
-    the PID) are back. A real full disk: a tmpfs in a private mount namespace."""
+    """The state's folder deleted while its volume is full: the write fails and says why, its
+    lock is held again all the same (before, left unheld: a second monitor could take the
+    state), and once there is room the audit log is back. A real full disk: a tmpfs in a
+    private mount namespace."""
     disk = tmp_path / "disk"
     disk.mkdir()
     script = (f"mount -t tmpfs -o size=512k tmpfs {disk} || exit 99; "
@@ -242,7 +250,8 @@ def test_a_state_deleted_on_a_full_disk_is_written_back_once_there_is_room(tmp_p
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     assert "was deleted and cannot be written again" in got["full"], got
-    assert got["lock"].isdigit() and got["kept"] == ["r1", "r2"], got
+    assert "in use by another monitor" in got["second_while_full"], got
+    assert "in use by another monitor" in got["second"] and got["kept"] == ["r1", "r2"], got
 
 
 def test_a_kill_goes_out_when_its_bundle_cannot_be_named_in_its_decision(tmp_path, job):
