@@ -64,8 +64,7 @@ class GroupSeries(Collector):
 
 class HostSeries(Collector):
     """A series per host that is not ok, replaced whole by a sweep so a scrape reads one sweep
-    (a scrape between clearing gauges and setting them again saw none: an alert's ``for``
-    restarted)."""
+    (gauges cleared and set again showed a scrape none in between)."""
 
     def __init__(self, job: str) -> None:
         self.job = job
