@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 import threading
 import time
 from typing import Any
@@ -244,7 +245,9 @@ class Monitor:
             except Exception as e:  # a bug in one stage must not end monitoring
                 error = f"{type(e).__name__}: {e}"
                 if error != self.last_sweep_error:  # not every sweep (a full disk)
-                    log.exception("sweep failed")
+                    # the audit log unwritable (full, locked) is no bug: one line, no traceback
+                    log.error("sweep failed: %s", error,
+                              exc_info=not isinstance(e, sqlite3.OperationalError))
             if self.last_sweep_error and not error:
                 log.warning("sweeps succeed again")
             self.last_sweep_error = error

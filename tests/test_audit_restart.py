@@ -313,8 +313,9 @@ def test_a_full_disk_holds_the_eviction_says_so_once_and_recovers(small_disk, tm
         cluster = requests.get(mon.url + "/v1/cluster", timeout=10).json()
         assert "full" in cluster["last_error"], cluster["last_error"]
         assert job.kills == []
-        failed = [r for r in caplog.records if r.getMessage() == "sweep failed"]
-        assert len(failed) == 1
+        failed = [r for r in caplog.records if r.getMessage().startswith("sweep failed")]
+        assert len(failed) == 1 and not failed[0].exc_info, failed  # one line, no traceback
+        assert failed[0].getMessage() == "sweep failed: OperationalError: database or disk is full"
         assert not [r for r in caplog.records if r.getMessage().startswith("evicting")]
         metrics = requests.get(mon.url + "/metrics", timeout=10).text
         assert 'decision="evict"' not in metrics
