@@ -98,7 +98,9 @@ def many_descriptors():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 1200:
         pytest.skip(f"the descriptor limit ({hard}) stays below 1024")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    want = max(soft, 2048) if soft != resource.RLIM_INFINITY else soft
+    resource.setrlimit(resource.RLIMIT_NOFILE,
+                       (want if hard == resource.RLIM_INFINITY else min(want, hard), hard))
     fds: list[int] = []
 
     def open_past_1023() -> None:
