@@ -397,6 +397,33 @@ ALERTS = [
                                   (f"lightkeeper_step{{{_worker(0)}}}", "1x40")], "8m"),
          Case("nothing scraped at all", [(f"up{{{M}}}", "stale")], "8m")]),
     Alert(
+        "LightkeeperMonitorNotSweeping",
+        # every good sweep counts, idle or a shard follower alike; a failed one does not, and
+        # its /metrics keep the last good sweep's values, so no other alert can fire
+        'up{lightkeeper_component="monitor"} == 1\n'
+        "unless on (instance) increase(lightkeeper_monitor_sweeps_total[5m]) > 0", "2m",
+        "critical",
+        "The Lightkeeper monitor at {{ $labels.instance }} answers but does not sweep",
+        "The monitor at {{ $labels.instance }} is scraped, but no sweep of it succeeded in the "
+        "last 5 minutes: its view and metrics are frozen at the last good sweep, so it detects "
+        "and evicts nothing and alerts on its metrics cannot fire.",
+        "curl http://{{ $labels.instance }}/healthz (its last_error) and read the monitor's log "
+        "('sweep failed: ...'): free space on the --state filesystem, or restart it with that "
+        "line in a bug report.",
+        [Case("sweeps stop while the monitor answers",
+              [(f"up{{{M}}}", "1x40"),
+               (f"lightkeeper_monitor_sweeps_total{{{M}}}", "0+12x10 120x30")], "10m",
+              [{"job": "train", "lightkeeper_component": "monitor", "instance": "mon:19400"}]),
+         Case("no sweep ever succeeded",
+              [(f"up{{{M}}}", "1x40")], "4m",
+              [{"job": "train", "lightkeeper_component": "monitor", "instance": "mon:19400"}]),
+         Case("sweeping, restarted once",
+              [(f"up{{{M}}}", "1x40"),
+               (f"lightkeeper_monitor_sweeps_total{{{M}}}", "0+12x10 0+12x30")], "10m"),
+         Case("the monitor down (LightkeeperMonitorDown's)",
+              [(f"up{{{M}}}", "1x10 0x30"),
+               (f"lightkeeper_monitor_sweeps_total{{{M}}}", "0+12x10 stale")], "10m")]),
+    Alert(
         "LightkeeperMonitorOutOfFileDescriptors",
         'sum by (job) (increase(lightkeeper_monitor_poll_errors_total{reason="monitor"}[5m]))'
         " > 0", "1m", "warning",

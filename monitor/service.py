@@ -182,7 +182,8 @@ class Monitor:
         self.sweep_plan = None  # what the last sweep polled (schedule.Plan)
         self.sweeps = 0
         self.last_sweep_error: str | None = None
-        self.started_at = self.loop_at = clock()  # loop_at: when the loop last ended a sweep
+        # loop_at: when the loop last ended a sweep; swept_at: a good one (/healthz)
+        self.started_at = self.loop_at = self.swept_at = clock()
         self._stop = threading.Event()
         self._loop_thread: threading.Thread | None = None
         self._http: BackgroundWSGIServer | None = None
@@ -252,6 +253,8 @@ class Monitor:
                 log.warning("sweeps succeed again")
             self.last_sweep_error = error
             self.loop_at = self.clock()
+            if not error:
+                self.swept_at = self.loop_at
             self.wait_next(started)
 
     def stalled_for(self) -> float | None:

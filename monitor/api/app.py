@@ -54,6 +54,10 @@ def create_app(monitor: Any) -> Flask:
         stalled = monitor.stalled_for()
         if stalled is not None:  # a liveness probe restarts a monitor whose loop is stuck
             return jsonify(status="stalled", sweeps=monitor.sweeps, since_s=round(stalled, 1)), 503
+        if monitor.last_sweep_error:  # still 200: a restart mends no full disk (docs/monitor.md)
+            return jsonify(status="failing", sweeps=monitor.sweeps,
+                           last_error=monitor.last_sweep_error,
+                           since_s=round(monitor.clock() - monitor.swept_at, 1))
         return jsonify(status="ok", sweeps=monitor.sweeps)
 
     @app.get("/metrics")

@@ -1,0 +1,51 @@
+"""The monitor's own health and log (docs/monitor.md, ``/healthz``; docs/dashboards.md,
+LightkeeperMonitorNotSweeping). In-process monitors on ephemeral ports, no ranks unless said."""
+
+from __future__ import annotations
+
+import re
+
+import requests
+
+from lightkeeper.cluster import wait_until
+from monitor.config import MonitorConfig
+from monitor.service import Monitor
+
+
+def _sweeps(url: str) -> float:
+    text = requests.get(f"{url}/metrics", timeout=5).text
+    m = re.search(r"^lightkeeper_monitor_sweeps_total\{[^}]*\} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_failing_sweeps_are_said_by_healthz_and_stop_the_sweep_counter(tmp_path):
+    """A monitor whose sweeps fail (a bug here; a full --state filesystem alike) kept
+    answering {"status": "ok"}, its metrics frozen, nothing saying it was blind. Now /healthz
+    says "failing" with the error (still 200: a restart mends no full disk), the sweep counter
+    the alert watches stops, and both recover with the sweeps. An idle monitor (no ranks)
+    counts its sweeps, so the alert cannot fire on it."""
+    mon = Monitor(MonitorConfig(port=0, interval_s=0.05,
+                                state_path=str(tmp_path / "state.sqlite"))).start()
+    try:
+        wait_until(lambda: _sweeps(mon.url) >= 3, 10, what="an idle monitor's sweeps counted")
+        collect = mon.polling.collect
+
+        def broken(*a, **k):
+            raise RuntimeError("a bug in a stage")
+
+        mon.polling.collect = broken
+        wait_until(lambda: requests.get(f"{mon.url}/healthz", timeout=5).json()["status"]
+                   == "failing", 10, what="healthz says failing")
+        r = requests.get(f"{mon.url}/healthz", timeout=5)
+        assert r.status_code == 200
+        assert r.json()["last_error"] == "RuntimeError: a bug in a stage"
+        frozen = _sweeps(mon.url)
+        wait_until(lambda: requests.get(f"{mon.url}/healthz", timeout=5).json()["since_s"]
+                   >= 0.3, 10, what="failing for a few intervals")
+        assert _sweeps(mon.url) == frozen
+        mon.polling.collect = collect
+        wait_until(lambda: requests.get(f"{mon.url}/healthz", timeout=5).json()["status"]
+                   == "ok", 10, what="healthz ok again")
+        assert _sweeps(mon.url) > frozen
+    finally:
+        mon.stop()
