@@ -49,3 +49,25 @@ def test_failing_sweeps_are_said_by_healthz_and_stop_the_sweep_counter(tmp_path)
         assert _sweeps(mon.url) > frozen
     finally:
         mon.stop()
+
+
+def test_goodput_saves_that_succeed_again_are_said(tmp_path, caplog):
+    """The writer warned when a save failed and never when saves worked again: an operator
+    reading the log could not tell whether the ledger was still unsaved."""
+    from monitor.goodput import GoodputWriter
+    from tests.test_goodput_writer import GatedStore, failed_first, interval, state
+
+    store = GatedStore(str(tmp_path / "m.sqlite"))
+    writer = GoodputWriter(store)
+    try:
+        store.fail_next = 1
+        writer.submit(state(1), [], [interval(1)], at=1.0)
+        failed_first(writer)
+        writer.submit(state(2), [], [interval(2)], at=2.0)
+        assert writer.flush(10)
+        said = [r.getMessage() for r in caplog.records if "goodput ledger" in r.getMessage()]
+        assert said[0].startswith("goodput ledger save failed") and "disk is full" in said[0]
+        assert said[1:] == ["goodput ledger saved again"]
+    finally:
+        writer.close(10)
+        store.close()

@@ -171,6 +171,8 @@ class GoodputWriter:
             with self._cv:
                 self._writing = False
                 if error is None:
+                    if self.error:
+                        log.warning("goodput ledger saved again")
                     self.error, self.write_s = None, time.perf_counter() - t
                 else:
                     if error != self.error:
