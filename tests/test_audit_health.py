@@ -71,3 +71,31 @@ def test_goodput_saves_that_succeed_again_are_said(tmp_path, caplog):
     finally:
         writer.close(10)
         store.close()
+
+
+def test_sd_out_lock_is_taken_again_when_its_folder_is_deleted(tmp_path):
+    """--sd-out's folder deleted under the monitor (a cleanup job): the file was written back
+    but its lock not, so a second monitor could take the same file and each replace the
+    other's targets. Now the lock is taken again with the file, as the state's is."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from monitor.poll.discovery import Discovery
+
+    folder = tmp_path / "sd"
+    path = str(folder / "lightkeeper.json")
+    d = Discovery(["http://127.0.0.1:9"], job="train")
+    d.restore(path)
+    assert d.write_file_sd(path)
+    shutil.rmtree(folder)
+    assert d.write_file_sd(path)
+    lock = folder / "lightkeeper.json.lock"
+    # another process (a second monitor) is refused the lock: a POSIX lock, so not this one
+    # (which lets go of it on closing any descriptor of the file: its PID is read last)
+    probe = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR)\n"
+             "try: fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+             "except OSError: sys.exit(3)")
+    assert subprocess.run([sys.executable, "-c", probe, str(lock)], timeout=30).returncode == 3
+    assert lock.read_text() == str(os.getpid())

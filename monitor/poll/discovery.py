@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlsplit
 from http_serving import host_for_url, redact_url
 
 from ..config import ConfigError
-from ..store import LockHeld, pid_lock
+from ..store import LockHeld, _file_id, pid_lock
 from .torch_target import PREFIX
 
 log = logging.getLogger(__name__)
@@ -152,6 +152,7 @@ class Discovery:
         self._other_jobs: set[str] = set()
         self.max_targets = max_targets
         self._written: str | None = None
+        self._sd_lock: tuple[int, tuple | None] | None = None  # --sd-out's lock: (fd, file id)
         self._written_for: list[Target] | None = None  # the known set that text is of
         # kept until a source changes: the view and the schedule tell unchanged targets by identity
         self._sorted: list[Target] | None = None
@@ -246,12 +247,15 @@ class Discovery:
         lock = f"{os.path.realpath(path)}.lock"
         try:
             os.makedirs(os.path.dirname(lock), exist_ok=True)
-            self._sd_lock = pid_lock(lock, posix=True)  # held until the process exits
+            fd = pid_lock(lock, posix=True)  # held until the process exits
         except LockHeld as e:
             raise ConfigError(f"--sd-out {path} is written by another monitor (PID {e.holder}); "
                               "give each monitor a file of its own (its default: beside --state)") from None
         except OSError:
             return  # writing the file itself fails too, and is warned about then
+        if self._sd_lock is not None:
+            os.close(self._sd_lock[0])
+        self._sd_lock = fd, _file_id(lock)
 
     def refresh(self) -> str | None:
         """Re-read the file_sd input if it changed; returns an error message or None."""
@@ -353,6 +357,12 @@ class Discovery:
         if text == self._written and os.path.exists(path):
             self._written_for = current
             return False
+        if self._sd_lock is not None and \
+                _file_id(f"{os.path.realpath(path)}.lock") != self._sd_lock[1]:
+            try:  # deleted with its folder: held again, as the state's (monitor.store)
+                self._hold(path)
+            except ConfigError as e:
+                raise OSError(str(e)) from None
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".lightkeeper-sd-", dir=directory)
