@@ -99,3 +99,37 @@ def test_sd_out_lock_is_taken_again_when_its_folder_is_deleted(tmp_path):
              "except OSError: sys.exit(3)")
     assert subprocess.run([sys.executable, "-c", probe, str(lock)], timeout=30).returncode == 3
     assert lock.read_text() == str(os.getpid())
+
+
+def test_a_refused_registration_is_said_once_per_address_and_reason(tmp_path, caplog):
+    """Every refused registration was logged at INFO, and a refused rank asks again every
+    5 s: a flood at scale. Now once per address and reason, again only every 10 minutes."""
+    import logging
+
+    import pytest
+
+    from monitor.poll.discovery import BadTarget
+
+    now = [1000.0]
+    mon = Monitor(MonitorConfig(port=0, state_path=str(tmp_path / "state.sqlite")),
+                  clock=lambda: now[0])
+    caplog.set_level(logging.INFO, logger="monitor.service")
+
+    def refused(url: str) -> list[str]:
+        with pytest.raises(BadTarget):
+            mon.register_target({"url": url}, None)
+        return [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+
+    try:
+        for _ in range(5):
+            said = refused("no-port")
+            now[0] += 5
+        assert len(said) == 1 and "no-port" in said[0] and "bad_request" in said[0]
+        assert len(refused("http://h:bad")) == 2  # another address: said
+        now[0] += 600
+        assert len(refused("no-port")) == 3  # still refused 10 minutes on: said again
+        from prometheus_client import generate_latest  # (what /metrics serves)
+        text = generate_latest(mon.metrics.registry).decode()
+        assert re.search(r'registrations_total\{.*outcome="bad_request"\} 7\.0', text), text
+    finally:
+        mon.stop()
