@@ -12,14 +12,16 @@ import logging
 import math
 import os
 import signal
+import socket
 import sqlite3
 import sys
 import threading
 import time
 from dataclasses import fields
 from typing import Any
+from urllib.parse import urlsplit
 
-from http_serving import redact_url
+from http_serving import host_for_url, http_url, redact_url
 
 from .config import (
     EVICTABLE_KINDS,
@@ -236,6 +238,17 @@ def warn_about_tokens(cfg: MonitorConfig) -> None:
         logging.getLogger(__name__).warning(warning)
 
 
+def start_line(url: str, cfg: MonitorConfig) -> str:
+    """``monitor=`` a URL for this host; ``bind=`` what it serves on and, on every address,
+    ``remote=`` the URL by this host's name, for ranks elsewhere."""
+    port = urlsplit(url).port
+    line = f"[lightkeeper] monitor={url} bind={host_for_url(cfg.bind or '0.0.0.0')}:{port}"
+    if cfg.bind in ("0.0.0.0", "", "::"):
+        line += f" remote={http_url(socket.gethostname(), port)}"
+    return (f"{line} state={cfg.state_path} sd_out={cfg.sd_out} "
+            f"lighthouse={redact_url(cfg.lighthouse)} dry_run={cfg.rails.dry_run}")
+
+
 def run(args: argparse.Namespace) -> int:
     utc = logging.Formatter("%(asctime)s.%(msecs)03dZ %(name)s %(levelname)s %(message)s",
                             "%Y-%m-%dT%H:%M:%S")
@@ -265,8 +278,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    print(f"[lightkeeper] monitor={monitor.url} state={cfg.state_path} sd_out={cfg.sd_out} "
-          f"lighthouse={redact_url(cfg.lighthouse)} dry_run={cfg.rails.dry_run}", flush=True)
+    print(start_line(monitor.url, cfg), flush=True)
     try:
         stop.wait()
     finally:

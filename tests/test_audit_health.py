@@ -133,3 +133,20 @@ def test_a_refused_registration_is_said_once_per_address_and_reason(tmp_path, ca
         assert re.search(r'registrations_total\{.*outcome="bad_request"\} 7\.0', text), text
     finally:
         mon.stop()
+
+
+def test_the_start_line_says_what_the_monitor_binds_and_how_to_reach_it():
+    """With --bind 0.0.0.0 the start line said only monitor=http://127.0.0.1:PORT, as if
+    served on loopback. Now it says the bind address and, for every address, the URL by this
+    host's name (no socket bound here: tests stay on 127.0.0.0/8)."""
+    import socket
+
+    from monitor.cli import start_line
+
+    line = start_line("http://127.0.0.1:19400", MonitorConfig(bind="0.0.0.0"))
+    assert "monitor=http://127.0.0.1:19400 bind=0.0.0.0:19400 " in line
+    assert f" remote=http://{socket.gethostname()}:19400 " in line
+    line = start_line("http://[::1]:19400", MonitorConfig(bind="::"))
+    assert "monitor=http://[::1]:19400 bind=[::]:19400 remote=" in line
+    line = start_line("http://127.0.0.2:19400", MonitorConfig(bind="127.0.0.2"))
+    assert "monitor=http://127.0.0.2:19400 bind=127.0.0.2:19400 state=" in line
