@@ -150,3 +150,38 @@ def test_the_start_line_says_what_the_monitor_binds_and_how_to_reach_it():
     assert "monitor=http://[::1]:19400 bind=[::]:19400 remote=" in line
     line = start_line("http://127.0.0.2:19400", MonitorConfig(bind="127.0.0.2"))
     assert "monitor=http://127.0.0.2:19400 bind=127.0.0.2:19400 state=" in line
+
+
+def test_a_host_offence_the_audit_log_refused_is_kept_and_said_in_one_line(tmp_path, caplog):
+    """A host offence whose write failed (a full disk: played by the store's write raising
+    SQLite's own error, as SQLite cannot be filled on demand here) was lost, and the host ledger
+    logged a traceback every sweep. Now it is said in one line and written at the next sweep."""
+    import sqlite3
+
+    from monitor.detect.findings import Finding
+
+    mon = Monitor(MonitorConfig(port=0, state_path=str(tmp_path / "state.sqlite")))
+    try:
+        view = mon.sweep_once()  # no ranks: an empty view
+        add = mon.store.add_host_offence
+
+        def full(*a, **k):
+            raise sqlite3.OperationalError("database or disk is full")
+
+        mon.store.add_host_offence = full
+        culprits = {"culprits": [{"rank": 2, "host": "h1", "node": "n1",
+                                  "device": {"type": "cpu"}}]}
+        for g in (1, 2, 3):  # the next sweeps fail alike: said once
+            mon.enforcer.judge_hosts(view, [Finding("hang", g, f"g{g}:a", [2], culprits,
+                                                    10.0, 10.0)], mon.clock())
+        said = [r for r in caplog.records if "host ledger" in r.getMessage()]
+        assert len(said) == 1 and not said[0].exc_info, said  # no traceback
+        assert "disk is full" in said[0].getMessage()
+        assert "disk is full" in mon.enforcer.hosts_json()["error"]
+        mon.store.add_host_offence = add
+        mon.enforcer.judge_hosts(view, [], mon.clock())
+        assert mon.enforcer.hosts_json()["error"] is None
+        kept = mon.store.host_offences("h1")
+        assert sorted(o["data"]["replica_group"] for o in kept) == [1, 2, 3]
+    finally:
+        mon.stop()

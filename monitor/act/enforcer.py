@@ -141,8 +141,11 @@ class Enforcer:
             self.metrics.set_hosts(self.hosts.counts(), self.hosts.to_json(now))
             self.hosts_error = None
         except Exception as e:
-            log.exception("host ledger failed")
-            self.hosts_error = f"{type(e).__name__}: {e}"
+            error = f"{type(e).__name__}: {e}"
+            if error != self.hosts_error:  # the audit log full: one line, not every sweep
+                log.error("host ledger failed (its offences kept, tried again next sweep): %s",
+                          error, exc_info=not isinstance(e, sqlite3.OperationalError))
+            self.hosts_error = error
 
     def blindness(self, view: ClusterView) -> str | None:
         """Why nobody may be blamed now: ranks cannot be verified, or the monitor reaches no

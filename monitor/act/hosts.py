@@ -96,6 +96,7 @@ class HostLedger:
         self.hosts: dict[str, dict[str, Any]] = store.load_hosts()
         rename_old_sinks(store, self.sinks, self.hosts)
         self._held: dict[str, str] = {}  # host -> the rail that held it last (logged once)
+        self._unwritten: list[tuple] = []  # offences a failed write left, tried again first
         self._actions_running = threading.Lock()
         # the observed view's claims about hosts, per rank: a sweep reads only the changed ones
         self._claims: dict[str, tuple] = {}  # url -> (host, replica id, node, device, superseded)
@@ -192,32 +193,37 @@ class HostLedger:
     def record(self, findings: list[dict[str, Any]], now: float,
                group_hosts: dict[int, set[str]] | None = None) -> None:
         """Record new confirmed findings (dicts with ``id``) against their culprits' hosts; one
-        naming every host of a multi-host group (``group_hosts``) is recorded, never counted."""
+        naming every host of a multi-host group (``group_hosts``) is recorded, never counted.
+        Offences the audit log refused (a full disk) are kept, written first at the next call."""
         with self._lock:
-            for f in findings:
-                if self.cfg.after.get(f.get("kind"), 0) < 1:
-                    continue  # not a kind that counts against a host
-                named = culprit_hosts(f)
-                spans = (group_hosts or {}).get(f.get("replica_group")) or set()
-                counts = not (len(spans) > 1 and set(named) >= spans)
-                for host, c in named.items():
-                    if self._seen_before_restart(host, f):
-                        continue
-                    h = self._host(host, now)
-                    h["node"] = c["node"]
-                    h["devices"] += [d for d in c["devices"] if d not in h["devices"]]
-                    self.store.add_host_offence(host, now, f["kind"], f.get("id"), {
+            todo = self._unwritten + [
+                (host, c, f, spans, now) for f in findings
+                if self.cfg.after.get(f.get("kind"), 0) >= 1  # a kind that counts against a host
+                for spans in [(group_hosts or {}).get(f.get("replica_group")) or set()]
+                for host, c in culprit_hosts(f).items()
+                if not self._seen_before_restart(host, f)]
+            for i, (host, c, f, spans, at) in enumerate(todo):
+                counts = not (len(spans) > 1 and set(culprit_hosts(f)) >= spans)
+                h = self._host(host, at)
+                h["node"] = c["node"]
+                h["devices"] += [d for d in c["devices"] if d not in h["devices"]]
+                try:
+                    self.store.add_host_offence(host, at, f["kind"], f.get("id"), {
                         "kind": f["kind"], "finding_id": f.get("id"),
                         "replica_group": f.get("replica_group"),
                         "replica_id": f.get("replica_id"), "ranks": c["ranks"],
                         "devices": c["devices"], "counts": counts})
-                    if not counts:
-                        log.info("%s in replica group %s names all its hosts (%s): recorded, not "
-                                 "counted against %s", f["kind"], f.get("replica_group"),
-                                 ", ".join(sorted(spans)), host)
-                    if counts and h["state"] in (OK, RELEASED):
-                        self._set_state(h, SUSPECT, now)
-                    self._save(h, now)
+                except Exception:
+                    self._unwritten = todo[i:]
+                    raise
+                self._unwritten = todo[i + 1:]
+                if not counts:
+                    log.info("%s in replica group %s names all its hosts (%s): recorded, not "
+                             "counted against %s", f["kind"], f.get("replica_group"),
+                             ", ".join(sorted(spans)), host)
+                if counts and h["state"] in (OK, RELEASED):
+                    self._set_state(h, SUSPECT, now)
+                self._save(h, now)
 
     def _seen_before_restart(self, host: str, f: dict[str, Any]) -> bool:
         """The same episode confirmed again after a monitor restart: not a new offence."""
