@@ -197,8 +197,9 @@ class Monitor:
                                  self.bundles)
         self.goodput = GoodputAccount(self.store, cfg.expected_groups, cfg.interval_s,
                                       self.metrics)
-        self.view: ClusterView | None = None  # every rank: what the monitor shows
-        self.evidence: ClusterView | None = None  # ranks whose answers count: what it acts on
+        # every rank: what the monitor shows; its evidence_view (the ranks whose answers count:
+        # what it acts on) published with it, so no reader pairs one sweep's with another's
+        self.view: ClusterView | None = None
         self.sweep_plan = None  # what the last sweep polled (schedule.Plan)
         self.sweeps = 0
         self.last_sweep_error: str | None = None
@@ -334,7 +335,7 @@ class Monitor:
         self.goodput.account(evidence, self.enforcer.open_findings(), now)
         # 6. publish
         view.sweep_seconds = evidence.sweep_seconds = time.perf_counter() - t0
-        self.view, self.evidence = view, evidence
+        self.view = view
         self.sweeps += 1
         publish_sweep(self.metrics, view, evidence, polls, self.detectors,
                       self.lighthouse_status is not None and not self.lighthouse_error,
@@ -467,7 +468,8 @@ class Monitor:
     def evict_manual(self, replica_group: int, reason: str) -> dict[str, Any]:
         """``POST /v1/evict`` of the replica id the group's verified ranks report; on a shard,
         a proposal to the leader."""
-        view, evidence = self.view, self.evidence
+        view = self.view
+        evidence = view.evidence() if view else None
         gv = evidence.groups.get(replica_group) if evidence else None
         replica_id = gv.replica_id if gv else None
         if self.shard is not None:
@@ -477,14 +479,19 @@ class Monitor:
         out.update(replica_group=replica_group, replica_id=replica_id)
         return out
 
+    @property
+    def evidence(self) -> ClusterView | None:
+        return self.view.evidence() if self.view else None
+
     def cluster_json(self) -> dict[str, Any]:
+        view = self.view
         head = {"job": self.cfg.job, "lighthouse": redact_url(self.cfg.lighthouse),
                 "dry_run": self.cfg.rails.dry_run, "sweeps": self.sweeps,
                 "monitor_started_at": self.started_at,
                 "last_error": self.last_sweep_error or self.detectors.last_error,
                 "targets_file_error": self.discovery.file_error,
                 "verification": views.verification_json(
-                    self.view, self.lighthouse_status, self.lighthouse_error,
+                    view, self.lighthouse_status, self.lighthouse_error,
                     self.blind_reason()),
                 "lighthouse_settings": self.lh_settings.to_dict(),
                 "network_probes": self.probes.to_json(),
@@ -493,7 +500,8 @@ class Monitor:
                                if self.torch_stores is not None else None,
                                "cannot_show": list(CANNOT_SHOW)},
                 "shard": self.shard.to_json() if self.shard else None}
-        return views.cluster_json(head, self.view, self.evidence, self.detectors, self.clock())
+        return views.cluster_json(head, view, view.evidence() if view else None,
+                                  self.detectors, self.clock())
 
     def ranks_json(self) -> list[dict[str, Any]]:
         return views.ranks_json(self.view, self.clock())
