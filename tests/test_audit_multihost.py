@@ -1,11 +1,12 @@
-"""A job across hosts as the docs deploy it: every host a network namespace of its own with its
-own host name (lightkeeper/fabric.py), the real monitor on one (``--bind 0.0.0.0``,
-``--register-token``), a real WorkerServer on each of two others registering itself with
-``LIGHTKEEPER_MONITOR=http://mon:19400``: one bound to every address (``LIGHTKEEPER_WORKER_HOST=
-0.0.0.0``), one left at the default 127.0.0.1. No Lighthouse and no trainer: what is checked is
-what each part binds, advertises and registers, and what the monitor reports and hands
-Prometheus (``--sd-out``). Needs root, iproute2 and unshare: skipped with
-``Fabric.unavailable()``'s reason elsewhere. The last test runs in-process.
+"""A job across hosts as the docs deploy it (docs/run.md, Across hosts): every host a network
+namespace of its own with its own host name (lightkeeper/fabric.py), a real Lighthouse and the
+real monitor on one (``--bind 0.0.0.0``, ``--register-token``), replica groups of the real
+trainer on two others under ``lightkeeper run --monitor http://mon:19400 --worker-host 0.0.0.0``,
+and a bare WorkerServer left at the default 127.0.0.1 on a third. Checked: what each part binds,
+advertises and registers, that the groups train in one quorum and a group restarted on another
+host heals from its peer, and what the monitor reports and hands Prometheus (``--sd-out``).
+Needs root, iproute2 and unshare: skipped with ``Fabric.unavailable()``'s reason elsewhere. The
+other tests run in-process.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -45,56 +47,106 @@ def poll(fn, timeout: float = 20.0):
     raise AssertionError(f"nothing within {timeout:g}s")
 
 
+def group_on(fab: Fabric, node: str, group: int, log: Path) -> subprocess.Popen:
+    """Replica group ``group`` of the trainer on ``node``, as docs/run.md's Across hosts runs a
+    training host's ranks (its output in ``log``)."""
+    env = {**os.environ, "TORCHFT_LIGHTHOUSE": "http://mon:29510", "REPLICA_GROUP_ID": str(group)}
+    lk = [sys.executable, "-m", "lightkeeper.cli"]
+    with log.open("w") as out:  # the child keeps its own
+        return subprocess.Popen(fab.wrap(node, [
+            *lk, "run", "--monitor", "http://mon:19400", "--register-token", TOKEN,
+            "--worker-host", "0.0.0.0", "--", *lk, "train", "--no-worker-server",
+            "--steps", "100000", "--step-pause", "0.1", "--pg-timeout", "5",
+            "--quorum-timeout", "20", "--connect-timeout", "10"]),
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def served_url(proc: subprocess.Popen, log: Path) -> str:
+    """The URL the hook's line in ``log`` says ``proc``'s rank is served at (polled)."""
+    def line():
+        assert proc.poll() is None, log.read_text()[-3000:]
+        return next((ln for ln in log.read_text().splitlines() if "worker_server=" in ln), None)
+    return poll(line, 60.0).split("worker_server=")[1].split()[0]
+
+
 @pytest.mark.e2e
 @pytest.mark.solo
 @pytest.mark.skipif(bool(Fabric.unavailable()), reason=f"no network namespaces: {Fabric.unavailable()}")
-def test_ranks_on_other_hosts_register_reachably(tmp_path):
+def test_ranks_on_other_hosts_register_reachably_and_train(tmp_path):
     Fabric.sweep_stale()  # what a killed earlier run left
     procs: list[subprocess.Popen] = []
-    with Fabric.create(["trn-a", "trn-b", "mon"]) as fab:
+    with Fabric.create(["trn-a", "trn-b", "mon", "trn-c"]) as fab:
         try:
             sd_out = tmp_path / "sd.json"
+            lighthouse = [str(Path(sys.executable).with_name("torchft_lighthouse")),
+                          "--min_replicas", "1", "--bind", "[::]:29510",
+                          "--join_timeout_ms", "500", "--heartbeat_timeout_ms", "1500"]
+            procs.append(subprocess.Popen(fab.wrap("mon", lighthouse), stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
             monitor = subprocess.Popen(fab.wrap("mon", [
                 sys.executable, "-m", "lightkeeper.cli", "monitor", "--bind", "0.0.0.0",
                 "--port", "19400", "--register-token", TOKEN, "--interval", "0.5",
+                "--lighthouse", "http://mon:29510",
                 "--state", str(tmp_path / "m.sqlite"), "--sd-out", str(sd_out),
                 "--no-bundles"]), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
             procs.append(monitor)
-            assert "monitor=" in first_line(monitor, 30.0)
+            # replica groups 0 and 1 on two hosts, bound to every address
+            zero, first = (group_on(fab, "trn-a", 0, tmp_path / "g0.log"),
+                           group_on(fab, "trn-c", 1, tmp_path / "g1.log"))
+            procs += [zero, first]
             env = {**os.environ, "LIGHTKEEPER_MONITOR": "http://mon:19400",
                    "LIGHTKEEPER_REGISTER_TOKEN": TOKEN}
-            for g, (node, extra) in enumerate([("trn-a", {"LIGHTKEEPER_WORKER_HOST": "0.0.0.0"}),
-                                               ("trn-b", {})]):
-                with (tmp_path / f"{node}.err").open("w") as err:  # the child keeps its own
-                    procs.append(subprocess.Popen(
-                        fab.wrap(node, [sys.executable, "-c", RANK, str(g)]),
-                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                        env={**env, **extra}))
-            wild, loop = procs[1:]
-            wild_url, loop_url = first_line(wild, 30.0), first_line(loop, 30.0)
-            # a wildcard bind advertises the host's name, which the monitor's host resolves
-            assert wild_url.startswith("http://trn-a:"), wild_url
+            with (tmp_path / "trn-b.err").open("w") as err:  # the child keeps its own
+                loop = subprocess.Popen(fab.wrap("trn-b", [sys.executable, "-c", RANK, "9"]),
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=err, env=env)
+            procs.append(loop)
+            assert "monitor=" in first_line(monitor, 30.0)
+            loop_url = first_line(loop, 30.0)
             assert loop_url.startswith("http://127.0.0.1:"), loop_url
+            # a wildcard bind advertises the host's name, which the monitor's host resolves
+            wild_url, other_url = (served_url(zero, tmp_path / "g0.log"),
+                                  served_url(first, tmp_path / "g1.log"))
+            assert wild_url.startswith("http://trn-a:") and other_url.startswith("http://trn-c:")
             base = f"http://{fab.host('mon').addr}:19400"
 
-            def ranks():
+            def cluster():
                 with fab.entered():  # from another host: the monitor's --bind 0.0.0.0 serves it
-                    c = requests.get(base + "/v1/cluster", timeout=5).json()
-                return [r for g in c["groups"] for r in g["ranks"] if r.get("host")]
-            seen = poll(ranks)
-            # reported under its own host name (its UTS name), polled and answering
-            assert [(r["url"], r["host"], r["reachable"]) for r in seen] == \
-                [(wild_url, "trn-a", True)], seen
+                    return requests.get(base + "/v1/cluster", timeout=5).json()
+
+            def groups(want: dict[int, str], min_step: int = 1):
+                """Each group of ``want`` stepping at ``min_step`` or beyond, served at that URL,
+                in one quorum: {group: step}."""
+                gs = {g["replica_group"]: g for g in cluster()["groups"]}
+                ok = all(g in gs and gs[g]["in_quorum"] and (gs[g]["step"] or 0) >= min_step
+                         and [r["url"] for r in gs[g]["ranks"]] == [url]
+                         for g, url in want.items())
+                return ok and {g: gs[g]["step"] for g in want}
+            # two groups on two hosts commit steps in one quorum, each reported by the monitor
+            # under its own host name, polled, answering and verified against the Lighthouse
+            poll(lambda: groups({0: wild_url, 1: other_url}), 60.0)
+            ranks = {r["url"]: r for g in cluster()["groups"] for r in g["ranks"]}
+            assert [(ranks[u]["host"], ranks[u]["reachable"]) for u in (wild_url, other_url)] \
+                == [("trn-a", True), ("trn-c", True)], ranks
+            # group 1 restarted on another host heals from group 0 (on trn-a): its step catches up
+            stop_process(first, grace=0)
+            at = groups({0: wild_url})[0]
+            procs.append(moved_proc := group_on(fab, "trn-b", 1, tmp_path / "g1b.log"))
+            moved = served_url(moved_proc, tmp_path / "g1b.log")
+            assert moved.startswith("http://trn-b:"), moved
+            poll(lambda: groups({0: wild_url, 1: moved}, min_step=at), 60.0)
             # the loopback rank says in one line why it is not registered, and is not
             err = poll(lambda: "loopback" in (t := (tmp_path / "trn-b.err").read_text()) and t)
             assert err.count("[lightkeeper]") == 1 and "cannot reach this host's loopback" in err \
                 and "LIGHTKEEPER_WORKER_HOST" in err, err
             with fab.entered():
                 targets = requests.get(base + "/v1/targets", timeout=5).json()
-            assert [t["url"] for t in targets] == [wild_url], targets
-            # Prometheus on another host is handed the name the rank registered
+            assert {t["url"] for t in targets} >= {wild_url, moved}, targets
+            assert not [t for t in targets if "127.0.0.1" in t["url"]], targets
+            # Prometheus on another host is handed the names the ranks registered
             sd = poll(lambda: sd_out.exists() and json.loads(sd_out.read_text()))
-            assert [t for e in sd for t in e["targets"]] == [wild_url.removeprefix("http://")]
+            assert {wild_url.removeprefix("http://"), moved.removeprefix("http://")} <= \
+                {t for e in sd for t in e["targets"]}, sd
         finally:
             for p in procs:
                 stop_process(p, grace=2.0)

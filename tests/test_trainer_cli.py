@@ -58,3 +58,25 @@ def test_a_bad_number_is_one_line_naming_its_flag(argv, said):
     with pytest.raises(SystemExit) as e:
         parse(argv)
     assert said in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("argv, env, said", [
+    (["--lighthouse", "http://10.1.2.3:29510"], {}, "the Lighthouse http://10.1.2.3:29510"),
+    ([], {"MASTER_ADDR": "10.0.0.5"}, "MASTER_ADDR 10.0.0.5"),
+    (["--lighthouse", "http://10.1.2.3:29510", "--worker-host", "0.0.0.0"], {}, None),
+    ([], {"MASTER_ADDR": "10.0.0.5", "TORCHELASTIC_USE_AGENT_STORE": "True"}, None),  # torchrun's
+    ([], {"MASTER_ADDR": "localhost"}, None),
+])
+def test_a_job_across_hosts_at_a_loopback_worker_host_is_said(monkeypatch, argv, env, said):
+    """At the default --worker-host a rank advertises 127.0.0.1 to torchft, so a Lighthouse or
+    group store on another host left the other groups waiting, unsaid, to reach or heal from it;
+    now one line says so (and which flag)."""
+    from trainer.cli import unreachable
+
+    monkeypatch.delenv("LIGHTKEEPER_WORKER_HOST", raising=False)
+    why = unreachable(parse(argv), env)
+    if said is None:
+        assert why is None, why
+    else:
+        assert why.startswith(f"{said} is not on loopback, but this rank advertises 127.0.0.1 "
+                              "to torchft") and "--worker-host 0.0.0.0" in why, why

@@ -5,11 +5,14 @@ torchft Lighthouse."""
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import os
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -36,7 +39,7 @@ def test_lone_rank_advertises_the_address_it_binds_and_is_reached_there():
 
     from trainer.store import advertised_address
 
-    gs = group_store(0, 1, timeout_s=2, env={}, advertise=advertised_address("127.0.0.7"))
+    gs = group_store(0, 1, timeout_s=2, env={}, bind="127.0.0.7")
     assert gs.addr == "127.0.0.7"
     gs.store.set("k", "v")
     peer = TCPStore(gs.addr, gs.port, is_master=False, timeout=timedelta(seconds=5))
@@ -95,6 +98,24 @@ def _train_env(**extra) -> dict[str, str]:
     return {**base, "PYTHONUNBUFFERED": "1", **env(**extra)}
 
 
+def listening(pid: int) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """The address of each TCP socket process ``pid`` listens on, from /proc."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):  # closed meanwhile
+            inodes.add(os.readlink(f"/proc/{pid}/fd/{fd}").removeprefix("socket:[")[:-1])
+    out = []
+    for table in ("tcp", "tcp6"):
+        for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            local, state, inode = (f := row.split())[1], f[3], f[9]
+            if state == "0A" and inode in inodes:  # LISTEN
+                raw = bytes.fromhex(local.split(":")[0])  # 32-bit words in host (little) order
+                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                addr = ipaddress.ip_address(raw)
+                out.append(getattr(addr, "ipv4_mapped", None) or addr)
+    return out
+
+
 # From its last step logged to its exit a rank of a 2-group job measured 3.1-5.4 s under load
 # (the interpreter tearing down torch's modules and the cross-group process group, the
 # WorkerServer's stop waiting out waitress' 1 s select), and 0.08-0.10 s once it ends after its
@@ -121,9 +142,17 @@ def test_bare_rank0_with_master_variables_trains_and_ranks_exit_promptly(tmp_pat
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "lightkeeper.cli", "train", "--lighthouse", lighthouse,
                      "--num-replica-groups", "2", "--replica-group", str(group),
-                     "--steps", str(steps), "--connect-timeout", "10"],
+                     "--steps", str(steps), "--connect-timeout", "10", "--step-pause", "0.4"],
                     env=_train_env(**extra), stdout=out, stderr=err, start_new_session=True))
         try:
+            # once training, every server of a rank (WorkerServer, store, torchft's Manager and
+            # checkpoint servers, gloo) listens on loopback only, as nobody asked for more
+            for out_path, _ in logs:
+                wait_until(lambda out_path=out_path: "step=1 " in out_path.read_text(), 180,
+                           interval=0.05, what="a rank's first step")
+            for proc in procs:
+                addrs = listening(proc.pid)
+                assert len(addrs) >= 4 and all(a.is_loopback for a in addrs), addrs
             for proc, (out_path, _) in zip(procs, logs, strict=True):
                 def last_step_logged(proc=proc, out_path=out_path):
                     if proc.poll() is not None:

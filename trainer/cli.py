@@ -7,11 +7,14 @@ import os
 import socket
 import sys
 import traceback
+from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 from http_serving import is_http_url, redact_url
 
 from .config import ModelConfig, TrainConfig
 from .faults import FaultSpecError, check_fits_group, check_process_fault, parse_fault
+from .store import is_loopback, is_wildcard, uses_agent_store
 
 
 def _env_int(name: str, default: int) -> int:
@@ -134,6 +137,21 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     )
 
 
+def unreachable(cfg: TrainConfig, env: Mapping[str, str] = os.environ) -> str | None:
+    """Why ranks on other hosts, which the Lighthouse or ``MASTER_ADDR`` says there are, cannot
+    reach this rank through torchft: it advertises loopback (the default --worker-host)."""
+    if is_wildcard(cfg.worker_host) or not is_loopback(cfg.worker_host):
+        return None
+    for what, where in (("the Lighthouse", cfg.lighthouse), ("MASTER_ADDR", env.get("MASTER_ADDR"))):
+        if what == "MASTER_ADDR" and uses_agent_store(env):
+            continue  # torchrun's own: the agent's host name, also on one host
+        if where and not is_loopback(urlsplit(where).hostname or where):
+            return (f"{what} {redact_url(where)} is not on loopback, but this rank advertises "
+                    f"{cfg.worker_host} to torchft: ranks on other hosts cannot reach it or heal "
+                    "from it (--worker-host 0.0.0.0 or this host's address; docs/run.md)")
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from .loop import end_process, setup_logging, train
 
@@ -144,6 +162,8 @@ def run(args: argparse.Namespace) -> int:
             raise
         sys.stderr.write(f"{e.code}\n")
         return 2
+    if why := unreachable(cfg):  # else a group elsewhere waits, unsaid, for 127.0.0.1
+        sys.stderr.write(f"[lightkeeper] {why}\n")
     if cfg.worker_server:  # before torch, whose import starts a thread
         from worker_server.stop_signal import watch_sigterm
 

@@ -20,16 +20,30 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from .config import TrainConfig
 from .faults import FaultInjector, gpu_stall, parse_fault
 
 log = logging.getLogger("lightkeeper.trainer")
+
+
+@contextmanager
+def patched(module: Any, name: str, value: Any) -> Iterator[None]:
+    """``module.name`` is ``value`` inside (torchft's servers bind a wildcard of their own)."""
+    old = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, old)
 
 
 def _configure_env() -> None:
@@ -59,6 +73,8 @@ def train(cfg: TrainConfig) -> int:
     import torch
     import torch.distributed as dist
     from torchft import Manager, ProcessGroupGloo
+    from torchft import manager as tf_manager
+    from torchft.checkpointing import http_transport
     from torchft.checkpointing.http_transport import HTTPTransport
     from torchft.optim import OptimizerWrapper
 
@@ -67,11 +83,22 @@ def train(cfg: TrainConfig) -> int:
     from worker_server.state import env_local_rank
 
     class AdvertisedHTTPTransport(HTTPTransport):
-        """torchft's checkpoint transport, fetched from at ``host`` (torchft: the hostname)."""
+        """torchft's checkpoint transport, fetched from at ``host`` (torchft: the hostname) and
+        listening on ``bind`` only (torchft: every address)."""
 
-        def __init__(self, host: str, **kw) -> None:
+        def __init__(self, host: str, bind: str, **kw) -> None:
             self._advertised = host  # (torchft's __init__ may already ask for the address)
-            super().__init__(**kw)
+
+            class Server(http_transport._IPv6HTTPServer):
+                def __init__(self, _address, handler) -> None:
+                    family, _, _, _, sockaddr = socket.getaddrinfo(
+                        bind, 0, type=socket.SOCK_STREAM)[0]
+                    self.address_family = family
+                    super().__init__(sockaddr, handler)
+
+            with patched(http_transport, "_IPv6HTTPServer",
+                         Server if bind else http_transport._IPv6HTTPServer):
+                super().__init__(**kw)
 
         def address(self) -> str:
             port = self._server.socket.getsockname()[1]
@@ -86,7 +113,13 @@ def train(cfg: TrainConfig) -> int:
         shard_within_group,
         unflatten_into_grads,
     )
-    from .store import StoreUnavailable, advertised_address, group_store
+    from .store import (
+        StoreUnavailable,
+        advertised_address,
+        group_store,
+        is_loopback,
+        is_wildcard,
+    )
 
     group_rank, group_world_size = cfg.group_rank, cfg.group_world_size
     injector = FaultInjector([parse_fault(s) for s in cfg.faults], group_rank, group_world_size)
@@ -105,13 +138,17 @@ def train(cfg: TrainConfig) -> int:
                          "process does not have\n")
         return 1
 
+    # torchft's servers (the group's store, the ManagerServer, the checkpoint server) bind
+    # --worker-host too, where torchft binds every address (bind "": as torchft does)
     advertise = advertised_address(cfg.worker_host)
     url_host = f"[{advertise}]" if ":" in advertise else advertise  # IPv6 literal in a URL
+    bind = "" if is_wildcard(cfg.worker_host) else advertise
+    if bind and is_loopback(bind):  # gloo's device: else its host name's address, maybe not loopback
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     # The group's TCPStore: torchrun's agent hosts it, else group rank 0 (torch's env://
     # convention), else a lone rank hosts its own. Waiting for it is bounded.
     try:
-        gstore = group_store(group_rank, group_world_size, cfg.connect_timeout_s,
-                             advertise=advertise)
+        gstore = group_store(group_rank, group_world_size, cfg.connect_timeout_s, bind=bind)
     except StoreUnavailable as e:
         sys.stderr.write(f"lightkeeper train: error: {e}\n")
         return 1
@@ -172,31 +209,38 @@ def train(cfg: TrainConfig) -> int:
         pg = ProcessGroupNCCL(timeout=timedelta(seconds=cfg.pg_timeout_s))
     else:
         pg = ProcessGroupGloo(timeout=timedelta(seconds=cfg.pg_timeout_s))
+    real_server = tf_manager.ManagerServer
+
+    def bound_server(**kw):  # torchft binds "[::]:{port}"
+        kw["bind"] = f"{url_host}:{kw['bind'].rpartition(':')[2]}"
+        return real_server(**kw)
+
     try:
-        manager = Manager(
-            pg=pg,
-            min_replica_size=cfg.min_replica_size,
-            load_state_dict=load_state_dict,
-            state_dict=state_dict,
-            replica_id=f"replica_group_{cfg.replica_group}",
-            # FSDP2 swaps sharded and unsharded parameters during forward/backward; with an async
-            # quorum torchft would read the state for a healing peer from its quorum thread in the
-            # middle of that. A synchronous quorum reads it at the step boundary, while sharded.
-            use_async_quorum=group_world_size == 1,
-            lighthouse_addr=cfg.lighthouse,
-            # every address other hosts use is the one this rank binds, not its hostname, which
-            # another host may not resolve (the Lighthouse's kill, a healing peer's fetch)
-            hostname=url_host,
-            store_addr=gstore.addr,
-            store_port=gstore.port,
-            rank=group_rank,
-            world_size=group_world_size,
-            timeout=timedelta(seconds=cfg.pg_timeout_s),
-            quorum_timeout=timedelta(seconds=cfg.quorum_timeout_s),
-            connect_timeout=timedelta(seconds=cfg.connect_timeout_s),
-            checkpoint_transport=AdvertisedHTTPTransport(
-                url_host, timeout=timedelta(seconds=cfg.pg_timeout_s), num_chunks=0),
-        )
+        with patched(tf_manager, "ManagerServer", bound_server if bind else real_server):
+            manager = Manager(
+                pg=pg,
+                min_replica_size=cfg.min_replica_size,
+                load_state_dict=load_state_dict,
+                state_dict=state_dict,
+                replica_id=f"replica_group_{cfg.replica_group}",
+                # FSDP2 swaps sharded and unsharded parameters during forward/backward; with an async
+                # quorum torchft would read the state for a healing peer from its quorum thread in the
+                # middle of that. A synchronous quorum reads it at the step boundary, while sharded.
+                use_async_quorum=group_world_size == 1,
+                lighthouse_addr=cfg.lighthouse,
+                # every address other hosts use is the one this rank binds, not its hostname, which
+                # another host may not resolve (the Lighthouse's kill, a healing peer's fetch)
+                hostname=url_host,
+                store_addr=gstore.addr,
+                store_port=gstore.port,
+                rank=group_rank,
+                world_size=group_world_size,
+                timeout=timedelta(seconds=cfg.pg_timeout_s),
+                quorum_timeout=timedelta(seconds=cfg.quorum_timeout_s),
+                connect_timeout=timedelta(seconds=cfg.connect_timeout_s),
+                checkpoint_transport=AdvertisedHTTPTransport(
+                    url_host, bind, timeout=timedelta(seconds=cfg.pg_timeout_s), num_chunks=0),
+            )
     except RuntimeError as e:  # its Lighthouse or store unreachable: torchft's words say which
         sys.stderr.write(f"lightkeeper train: error: torchft's Manager did not start: {e}\n")
         if server is not None:

@@ -8,9 +8,12 @@ build torchft's cross-group process group. Who hosts it:
 - with ``MASTER_ADDR``/``MASTER_PORT`` set and no agent store (a launcher that sets the variables
   and runs bare processes, as Kubernetes operators do): group rank 0 hosts it on ``MASTER_PORT``,
   the other ranks connect;
-- with neither, a group of one rank hosts its own on an ephemeral port and advertises
-  ``advertise`` (the address its WorkerServer binds: other groups' ranks connect to this store to
-  build the cross-group process group, so across hosts 127.0.0.1 would point at their own host).
+- with neither, a group of one rank hosts its own on an ephemeral port of ``bind`` (the address
+  its WorkerServer binds; 127.0.0.1 by default) and advertises that address, or its host name for
+  a wildcard: other groups' ranks connect to this store to build the cross-group process group.
+
+A store this process hosts listens on ``bind`` only (a wildcard: every address), or on a
+loopback ``MASTER_ADDR`` only; on any other ``MASTER_ADDR`` on every address, as torch's does.
 
 A rank that connects waits at most ``timeout_s`` for the store to accept connections, then fails
 with :class:`StoreUnavailable` naming the address. (torchft's Manager, given an address where no
@@ -20,6 +23,7 @@ cause.)
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import time
@@ -80,15 +84,41 @@ def wait_for_listener(addr: str, port: int, timeout_s: float, interval_s: float 
 def advertised_address(bind: str) -> str:
     """The address other hosts reach this rank at, from the address it binds: that address,
     or for a wildcard bind this host's name (what torchft's Manager advertises for itself)."""
-    bind = bind.strip().strip("[]")
-    if bind in ("", "0.0.0.0", "::"):
-        return socket.gethostname()
-    return bind
+    return socket.gethostname() if is_wildcard(bind) else bind.strip().strip("[]")
+
+
+def is_wildcard(bind: str) -> bool:
+    return bind.strip().strip("[]") in ("", "0.0.0.0", "::")
+
+
+def listener(bind: str, port: int = 0) -> socket.socket:
+    """A listening TCP socket on ``bind:port`` only (a wildcard: every address), for servers
+    that would otherwise listen on every address."""
+    family, kind, proto, _, sockaddr = socket.getaddrinfo(bind.strip().strip("[]"), port,
+                                                          type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore's own
+        sock.bind(sockaddr)
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or a name) resolves to loopback addresses only."""
+    try:
+        infos = socket.getaddrinfo(host.strip().strip("[]"), None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    return all(ipaddress.ip_address(i[4][0].split("%")[0]).is_loopback for i in infos)
 
 
 def group_store(group_rank: int, group_world_size: int, timeout_s: float,
                 env: Mapping[str, str] | None = None,
-                advertise: str = "127.0.0.1") -> GroupStore:
+                bind: str = "127.0.0.1") -> GroupStore:
     """Host or connect to this replica group's store (see the module docstring).
 
     Raises StoreUnavailable: several ranks but no ``MASTER_ADDR``, a bad ``MASTER_PORT``, a port
@@ -104,15 +134,20 @@ def group_store(group_rank: int, group_world_size: int, timeout_s: float,
                 f"a replica group of {group_world_size} ranks needs MASTER_ADDR and MASTER_PORT "
                 "(torchrun sets them; other launchers must set them to group rank 0's address)"
             )
-        # (a TCPStore server listens on every address; only what it advertises is chosen)
-        store = TCPStore(advertise, 0, is_master=True, wait_for_workers=False, timeout=timeout)
+        advertise, sock = advertised_address(bind), None
+        if not is_wildcard(bind):  # else every address, as torch's own
+            sock = listener(bind)
+        store = TCPStore(advertise, sock.getsockname()[1] if sock else 0, is_master=True,
+                         wait_for_workers=False, timeout=timeout,
+                         master_listen_fd=sock.detach() if sock else None)
         return GroupStore(store, advertise, store.port, hosted=True)
 
     port = _port(env)
     if group_rank == 0 and not uses_agent_store(env):
         try:
+            fd = listener(addr, port).detach() if is_loopback(addr) else None
             store = TCPStore(addr, port, is_master=True, wait_for_workers=False, timeout=timeout,
-                             multi_tenant=True)
+                             multi_tenant=True, master_listen_fd=fd)
         except Exception as e:  # DistNetworkError and friends: say which address failed
             raise StoreUnavailable(
                 f"group rank 0 hosts the replica group's TCPStore (torch's env:// convention) "
