@@ -23,6 +23,19 @@ Then ``curl 127.0.0.1:9400/v1/cluster`` shows both groups, every rank verified a
 Lighthouse; each rank's own ``/v1/state``, ``/v1/fr_trace``, ``/v1/stacks`` and ``/metrics`` are
 at the URL it printed. ``tests/test_torchft_versions_e2e.py`` runs exactly this on every torchft
 the suite knows (docs/install.md).
+
+Across hosts (docs/run.md, Across hosts: the monitor with ``--bind 0.0.0.0 --register-token``),
+give each group its host's name or address as ``MASTER_ADDR``, where the other groups reach its
+store; torchft advertises its own servers under the host's name (``socket.gethostname()``),
+which the other hosts must resolve::
+
+    MASTER_ADDR=$(hostname) TORCHFT_LIGHTHOUSE=http://lh:29510 REPLICA_GROUP_ID=0 \\
+        lightkeeper run --monitor http://mon:9400 --register-token "$REG_TOKEN" \\
+        --worker-host 0.0.0.0 -- python examples/torchft_two_groups.py
+
+The store and torchft 0.2's own servers (its ManagerServer, the checkpoint a healing group
+fetches) listen on every address, whatever address is given: keep the job inside the cluster's
+network.
 """
 
 from __future__ import annotations
@@ -52,10 +65,11 @@ def main() -> None:
     group = int(os.environ.get("REPLICA_GROUP_ID", 0))
 
     store = None
-    if "MASTER_ADDR" not in os.environ:  # not under torchrun: a group of one rank, its own store
-        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
-                          RANK="0", WORLD_SIZE="1")
+    if "MASTER_PORT" not in os.environ:  # not under torchrun: a group of one rank, its own store
+        # the other groups connect to it at MASTER_ADDR: across hosts this host's name or address
+        addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        store = TCPStore(addr, 0, is_master=True, wait_for_workers=False)
+        os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(store.port), RANK="0", WORLD_SIZE="1")
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
