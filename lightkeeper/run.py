@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--job", default=None, help="job name in labels and state (env LIGHTKEEPER_JOB)")
     p.add_argument("--worker-host", default=None,
                    help="address the WorkerServers bind (env LIGHTKEEPER_WORKER_HOST; "
-                        "default 127.0.0.1)")
+                        "default 127.0.0.1); lightkeeper train binds torchft's servers there too")
     p.add_argument("--worker-port", type=int, default=None,
                    help="first WorkerServer port, + LOCAL_RANK per rank (env "
                         "LIGHTKEEPER_WORKER_PORT; default 0: ephemeral)")

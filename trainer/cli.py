@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="WorkerServer port; 0 = ephemeral; with several local ranks each gets "
                         "port+group_rank (env LIGHTKEEPER_WORKER_PORT; default 0)")
     p.add_argument("--worker-host", default=os.environ.get("LIGHTKEEPER_WORKER_HOST") or "127.0.0.1",
-                   help="WorkerServer bind address (env LIGHTKEEPER_WORKER_HOST; 127.0.0.1)")
+                   help="WorkerServer bind address, and torchft's for this rank (env "
+                        "LIGHTKEEPER_WORKER_HOST; 127.0.0.1: this host only)")
     p.add_argument("--job", default=os.environ.get("LIGHTKEEPER_JOB", "lightkeeper"),
                    help="job name used in labels and state (env LIGHTKEEPER_JOB)")
     p.add_argument("--inject", action="append", default=[], type=fault_spec, metavar="SPEC",
