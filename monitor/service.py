@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 
 STALLED_AFTER_S = 30.0  # /healthz: no sweep ended this long (or 10 intervals): the loop is stuck
 WARN_EVERY_S = 60.0  # while a trouble lasts (an unreadable Lighthouse), said again this often
-REFUSAL_EVERY_S = 600.0  # a refused rank asks again every 5 s: said again this often
+REFUSAL_EVERY_S = 600.0  # a refused rank asks again every 5 s: said once a window this long
 REFUSALS = {Unauthorized: "unauthorized", NotAllowed: "not_allowed", BadTarget: "bad_request",
             TooManyTargets: "too_many_targets", OtherJob: "other_job"}
 
@@ -76,24 +76,6 @@ class Trouble:
         elif not error and self.error:
             log.warning("%s", self.ended)
         self.error = error
-
-
-class Said:
-    """A line said once per key, then again every ``every_s`` while it recurs; keys kept
-    oldest first, dropped once older than that (bounded by what recurs)."""
-
-    def __init__(self, every_s: float) -> None:
-        self.every_s, self._at, self._lock = every_s, {}, threading.Lock()
-
-    def due(self, key: Any, now: float) -> bool:
-        with self._lock:
-            at = self._at
-            while at and now - next(iter(at.values())) >= self.every_s:
-                del at[next(iter(at))]
-            if key in at:
-                return False
-            at[key] = now
-            return True
 
 
 def allow_list(cfg: MonitorConfig) -> AllowList:
@@ -186,7 +168,8 @@ class Monitor:
                                    "the Lighthouse answers again: verifying ranks")
         self._targets_file = Trouble("its last good targets kept", "the targets file is read again")
         self._sd_out = Trouble(f"cannot write {cfg.sd_out}", f"{cfg.sd_out} written again")
-        self._refusals = Said(REFUSAL_EVERY_S)
+        self._refused: set[tuple] = set()  # refusals said in this REFUSAL_EVERY_S window
+        self._refused_in = 0
         self.lh_settings = LighthouseSettingsWatch(cfg.lighthouse_heartbeat_timeout_ms,
                                                    cfg.lighthouse_join_timeout_ms, cfg.interval_s)
         self.lighthouse = Lighthouse(cfg.lighthouse, cfg.kill_timeout_s)
@@ -457,9 +440,12 @@ class Monitor:
             outcome = REFUSALS[type(e)]
             self.metrics.registrations.labels(self.cfg.job, outcome).inc()
             url = str(body.get("url"))[:200] if isinstance(body, dict) else None
-            # OtherJob: Discovery says those once a job
-            if not isinstance(e, OtherJob) and self._refusals.due((url, outcome, str(e)),
-                                                                  self.clock()):
+            window = int(self.clock() // REFUSAL_EVERY_S)
+            if window != self._refused_in:  # a new window: each refusal said again
+                self._refused, self._refused_in = set(), window
+            key = (url, outcome, str(e))
+            if key not in self._refused and not isinstance(e, OtherJob):  # (said by Discovery)
+                self._refused.add(key)
                 log.info("registration of %s refused (%s): %s", url, outcome, e)
             raise
         self.metrics.registrations.labels(self.cfg.job, "accepted").inc()
