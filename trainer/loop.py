@@ -37,8 +37,13 @@ log = logging.getLogger("lightkeeper.trainer")
 
 @contextmanager
 def patched(module: Any, name: str, value: Any) -> Iterator[None]:
-    """``module.name`` is ``value`` inside (torchft's servers bind a wildcard of their own)."""
-    old = getattr(module, name)
+    """``module.name`` is ``value`` inside (torchft's servers bind a wildcard of their own);
+    a torchft without ``name`` is left as it is, and said in one line."""
+    old = getattr(module, name, None)
+    if old is None:
+        log.warning("%s has no %s: its server binds what torchft binds", module.__name__, name)
+        yield
+        return
     setattr(module, name, value)
     try:
         yield
