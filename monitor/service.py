@@ -469,7 +469,7 @@ class Monitor:
     def evidence(self) -> ClusterView | None:
         return self.view.evidence() if self.view else None
 
-    def cluster_json(self) -> dict[str, Any]:
+    def cluster_json(self, ranks: bool = True) -> dict[str, Any]:
         view = self.view
         head = {"job": self.cfg.job, "lighthouse": redact_url(self.cfg.lighthouse),
                 "dry_run": self.cfg.rails.dry_run, "sweeps": self.sweeps,
@@ -487,7 +487,7 @@ class Monitor:
                                "cannot_show": list(CANNOT_SHOW)},
                 "shard": self.shard.to_json() if self.shard else None}
         return views.cluster_json(head, view, view.evidence() if view else None,
-                                  self.detectors, self.clock())
+                                  self.detectors, self.clock(), ranks)
 
     def ranks_json(self) -> list[dict[str, Any]]:
         return views.ranks_json(self.view, self.clock())

@@ -4,11 +4,13 @@ Tokens, limits and status codes: docs/monitor.md.
 
 from __future__ import annotations
 
+import threading
 import time
 from functools import partial
 from typing import Any
 
 from flask import Flask, Response, abort, jsonify, render_template, request, send_file
+from markupsafe import Markup
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException
 
@@ -147,11 +149,22 @@ def create_app(monitor: Any) -> Flask:
         except ValueError as e:
             return jsonify(error=str(e), status=409), 409
 
+    render_lock = threading.Lock()
+
     @app.get("/")
     def overview():
-        return render_template("overview.html", c=monitor.cluster_json(),
-                               # the last incident's figures, not its bundles (listed below)
-                               goodput=monitor.goodput.to_json(incidents=1, intervals=0),
+        view = monitor.view
+        with render_lock:  # what grows with the job, once per sweep: not once per open tab
+            cached = getattr(view, "overview", None)
+            if cached is None:
+                cached = (Markup(render_template("groups.html", c=monitor.cluster_json())),
+                          # the last incident's figures, not its bundles (listed below)
+                          monitor.goodput.to_json(incidents=1, intervals=0))
+                if view is not None:
+                    view.overview = cached
+        groups_table, goodput = cached
+        return render_template("overview.html", c=monitor.cluster_json(ranks=False),
+                               groups_table=groups_table, goodput=goodput,
                                findings=monitor.store.findings(limit=20),
                                decisions=monitor.store.decisions(limit=20),
                                hosts=monitor.enforcer.hosts_json(),

@@ -60,8 +60,9 @@ def ranks_json(view: ClusterView | None, now: float) -> list[dict[str, Any]]:
 
 
 def cluster_json(head: dict[str, Any], view: ClusterView | None, evidence: ClusterView | None,
-                 detectors: Detectors, now: float) -> dict[str, Any]:
-    """``GET /v1/cluster``: ``head`` (the monitor's own fields) and every group as seen."""
+                 detectors: Detectors, now: float, ranks: bool = True) -> dict[str, Any]:
+    """``GET /v1/cluster``: ``head`` (the monitor's own fields) and every group as seen (without
+    ``ranks``: no rank's row, in groups or ungrouped)."""
     out: dict[str, Any] = {**head, "groups": [], "job_findings": [], "ungrouped": [],
                            "quorum_id": None,
                            "quorum_participants": None, "reachable_fraction": None,
@@ -84,11 +85,11 @@ def cluster_json(head: dict[str, Any], view: ClusterView | None, evidence: Clust
             "arrival_lag_seconds": detectors.last_lags.get(g),
             "open_findings": sorted(open_by_group.get(g, [])),
             "evidence_ranks": len(verified.ranks) if verified else 0,
-            "ranks": [rank_json(r, now) for r in gv.ranks]})
+            "ranks": [rank_json(r, now) for r in gv.ranks] if ranks else []})
     out["job_findings"] = sorted(open_by_group.get(None, []))  # job-wide: no group named
     out["ungrouped"] = [{k: row[k] for k in UNGROUPED} for row in (
         rank_json(r, now) for r in view.ranks.values()
-        if r.replica_group is None and not r.superseded)]
+        if ranks and r.replica_group is None and not r.superseded)]
     return out
 
 

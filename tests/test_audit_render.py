@@ -1,0 +1,53 @@
+"""What reading the overview costs the sweeps: its groups x ranks table (what grows with the
+job) is rendered once per sweep, however many tabs reload it (benchmarks/bench_monitor_readers.py
+measures the cost at 10,000 ranks)."""
+
+from __future__ import annotations
+
+import pytest
+from flask import template_rendered
+
+from monitor.api.app import create_app
+from monitor.config import MonitorConfig
+from monitor.service import Monitor
+from tests.support.clock import ManualClock
+from tests.support.monitor_sim import SimRanks
+
+
+def test_overview_groups_render_once_per_sweep(tmp_path):
+    sim = SimRanks.start(4, groups=2)
+    clock = ManualClock(1000.0)
+    mon = Monitor(MonitorConfig(port=0, targets=[r.url for r in sim.ranks],
+                                state_path=str(tmp_path / "m.db")), clock=clock)
+    app = create_app(mon)
+    rendered: list[str] = []
+
+    def count(sender, template, context, **kw):
+        rendered.append(template.name)
+
+    template_rendered.connect(count, app)
+    try:
+        mon.sweep_once()
+        client = app.test_client()
+        pages = []
+        for _ in range(3):  # three tabs, the monitor's clock moving between their reloads
+            pages.append(client.get("/").get_data(as_text=True))
+            clock.advance(2.0)
+        assert rendered.count("overview.html") == 3
+        assert rendered.count("groups.html") == 1
+        table = pages[0][pages[0].index('<table id="groups">'):pages[0].index("<h2>Findings")]
+        assert 'data-replica-group="1"' in table and table.count('class="rank"') == 4
+        assert all(table in p for p in pages)  # the same sweep's table, its times included
+        before = client.get("/v1/cluster").get_json()["groups"][0]["ranks"][0]["phase_for_s"]
+        clock.advance(2.0)  # /v1/cluster is still as of the request
+        after = client.get("/v1/cluster").get_json()["groups"][0]["ranks"][0]["phase_for_s"]
+        assert after - before == pytest.approx(2.0)
+
+        mon.sweep_once()
+        page = client.get("/").get_data(as_text=True)
+        assert rendered.count("groups.html") == 2  # a new sweep, a new table
+        assert f"sweeps {mon.sweeps}" in page and 'class="rank"' in page
+    finally:
+        template_rendered.disconnect(count, app)
+        mon.stop()
+        sim.stop()
