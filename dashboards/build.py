@@ -31,10 +31,10 @@ UID_MONITOR = "lightkeeper-monitor-health"
 # The WorkerServer's phases (worker_server.state.PHASES), in order; the phase timeline encodes
 # the current phase as its 1-based position here. A test keeps the two lists in step.
 PHASES = ("starting", "quorum", "forward", "backward", "allreduce", "commit", "optimizer",
-          "healing", "stopped")
+          "healing", "stopped", "checkpoint")
 PHASE_COLORS = {"starting": "blue", "quorum": "purple", "forward": "green", "backward": "green",
                 "allreduce": "orange", "commit": "yellow", "optimizer": "green",
-                "healing": "red", "stopped": "text"}
+                "healing": "red", "stopped": "text", "checkpoint": "blue"}
 
 J = 'job=~"$job"'
 G = f'{J}, replica_group=~"$replica_group"'

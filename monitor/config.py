@@ -65,6 +65,8 @@ class DetectorConfig:
                                "minimum seconds without progress before a hang")
     hang_factor: float = flag(3.0, "--hang-factor",
                               "... or this many median step times if longer")
+    checkpoint_timeout_s: float = flag(1800.0, "--checkpoint-timeout", "seconds a group whose "
+                                       "ranks say phase checkpoint is not hung (0: never)")
     dead_sweeps: int = flag(3, "--dead-sweeps", "unreachable sweeps before a rank is dead")
     starting_timeout_s: float = flag(300.0, "--starting-timeout", "seconds a rank may answer "
                                      "without a first quorum before it is stuck_starting")
@@ -83,6 +85,7 @@ class DetectorConfig:
                   "hang_factor", "fr_interval_s", "starting_timeout_s", strict=True)
         _at_least(self, 1, "straggler_steps", "straggler_windows", "dead_sweeps",
                   "job_slow_windows", "job_baseline_windows")
+        _at_least(self, 0, "checkpoint_timeout_s")
         _at_least(self, 1, "job_slow_factor", strict=True)
 
 

@@ -95,16 +95,24 @@ def install() -> None:
     if module is not None:
         patch_module(module)
         return
-    if not any(isinstance(f, ManagerFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, ManagerFinder())
+    hook_import(TARGET_MODULE, patch_module, ManagerFinder)
 
 
-class ManagerFinder:  # a sys.meta_path finder (importlib.abc costs 10 ms to import)
-    """Finds nothing itself: when ``torchft.manager`` is imported it asks the other finders for
-    it and wraps the loader so the module is patched right after it runs."""
+def hook_import(name: str, patch, finder: type | None = None) -> None:
+    """Call ``patch(module)`` right after module ``name`` is first imported (once hooked)."""
+    if not any(isinstance(f, ImportPatcher) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, (finder or ImportPatcher)(name, patch))
+
+
+class ImportPatcher:  # a sys.meta_path finder (importlib.abc costs 10 ms to import)
+    """Finds nothing itself: when module ``name`` is imported it asks the other finders for it
+    and wraps the loader so the module is patched right after it runs."""
+
+    def __init__(self, name: str, patch) -> None:
+        self.name, self.patch = name, patch
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != TARGET_MODULE:
+        if fullname != self.name:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -112,23 +120,27 @@ class ManagerFinder:  # a sys.meta_path finder (importlib.abc costs 10 ms to imp
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = PatchingLoader(spec.loader)
+                    spec.loader = PatchingLoader(spec.loader, self.patch)
                 return spec
         return None
 
 
-class PatchingLoader:
-    """Delegates to torchft's own loader, then patches the module it executed."""
+class ManagerFinder(ImportPatcher):
+    """The hook on ``torchft.manager`` (:func:`install`)."""
 
-    def __init__(self, loader) -> None:
-        self._loader = loader
+
+class PatchingLoader:
+    """Delegates to the module's own loader, then patches the module it executed."""
+
+    def __init__(self, loader, patch) -> None:
+        self._loader, self._patch = loader, patch
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module) -> None:
         self._loader.exec_module(module)
-        patch_module(module)
+        self._patch(module)
 
     def __getattr__(self, name):  # get_source, get_filename, ... for tracebacks and tools
         return getattr(self._loader, name)

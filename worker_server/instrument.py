@@ -58,6 +58,9 @@ def instrument_manager(manager: Any, state: RankState, tracker: IncarnationTrack
     """Wrap ``manager``'s calls (see the module doc); never raises."""
     if getattr(manager, "_lightkeeper_instrumented", False):
         return
+    from .checkpoint import install
+
+    install()  # phase checkpoint while torch.distributed.checkpoint saves
     missing: list[str] = []
     try:
         manager._lightkeeper_instrumented = True

@@ -33,6 +33,7 @@ PHASES = (
     "optimizer",
     "healing",
     "stopped",
+    "checkpoint",  # writing a checkpoint (worker_server.checkpoint); last: dashboards count on order
 )
 RECENT_STEPS = 64
 

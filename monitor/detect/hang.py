@@ -48,6 +48,7 @@ class Hang:
         # (view, now, {rank: (scope, seconds)} of every rank blocked in a collective)
         self._blocked: tuple | None = None
         self._longest: tuple[float, float] | None = None  # (now, seconds)
+        self._saving: dict[int, float] = {}  # group -> phase_since of the save last said held
 
     def threshold(self, view: ClusterView) -> float:
         return max(self.cfg.hang_floor_s, self.cfg.hang_factor * (view.median_step_seconds() or 0))
@@ -163,6 +164,8 @@ class Hang:
                 if inner_peers:
                     level, ranks, found = "in_group", list(h_in["culprits"]), [h_in]
                     waiting, waits = inner_peers, {**blocked, **waits}
+            if self._checkpointing(view, g, ranks, now):
+                continue
             pending = found[0]["raw"]
             ev = {"summary": f"rank(s) {ranks} never entered {pending.get('op')} (seq "
                              f"{pending.get('seq')}, {level.replace('_', '-')}) that rank(s) "
@@ -212,6 +215,23 @@ class Hang:
                 self._not_waiting(view, h_in["culprits"], "group"):
             return blocked
         return []
+
+    def _checkpointing(self, view: ClusterView, g: int, ranks: list[int], now: float) -> bool:
+        """Every culprit answers now in phase ``checkpoint``, begun under --checkpoint-timeout
+        ago: a group writing a checkpoint while the others wait is not hung (said once a save)."""
+        rvs = [view.rank_view(r) for r in ranks]
+        states = [rv.state for rv in rvs if rv is not None and rv.reachable and rv.fresh]
+        if len(states) < len(ranks) or any(s.get("phase") != "checkpoint" for s in states):
+            return False
+        since = min(s["phase_since"] for s in states)
+        if now - since >= self.cfg.checkpoint_timeout_s:
+            return False
+        if self._saving.get(g) != since:
+            self._saving[g] = since
+            log.warning("hang held: replica group %d rank(s) %s write a checkpoint (%.0fs of "
+                        "--checkpoint-timeout %.0fs), the others wait for it", g, ranks,
+                        now - since, self.cfg.checkpoint_timeout_s)
+        return True
 
     @staticmethod
     def _not_waiting(view: ClusterView, ranks: list[int], scope: str) -> bool:
