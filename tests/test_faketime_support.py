@@ -1,14 +1,13 @@
-"""tests/support/faketime.py: a faked process that is killed leaves nothing in ``/dev/shm``.
+"""tests/support/faketime.py: libfaketime's leftovers of killed processes are removed.
 
-libfaketime names its semaphore and shared page after the PID of the process that made them and
-creates them exclusively: one left behind by a killed process made a later faked process (or
-the ``faketime`` wrapper) that got the same PID exit 1, which failed CI once.
+libfaketime names a faked process's semaphore and shared page after its PID and creates them
+exclusively: a pair left behind by a killed process made a later faked process (or the
+``faketime`` wrapper) that got the same PID exit 1, which failed CI once.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,26 +16,23 @@ from pathlib import Path
 from tests.conftest import require_binary
 from tests.support.faketime import faketime_env
 
-PRINT_AND_WAIT = "import os, sys, time; print(os.getpid(), time.time(), flush=True); sys.stdin.read()"
 
-
-def pid_named(pid: int) -> list[str]:
-    return [n for n in os.listdir("/dev/shm") if n.endswith(f"_{pid}")]
-
-
-def test_a_killed_faked_process_leaves_no_shared_objects_and_sees_the_offset(tmp_path: Path):
+def test_pairs_of_dead_processes_are_removed_and_a_faked_process_runs(tmp_path: Path):
     require_binary("faketime")
-    env = faketime_env(-3600.5, tmp_path / "shim")
-    proc = subprocess.Popen([sys.executable, "-c", PRINT_AND_WAIT], env={**os.environ, **env},
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead, alive = gone.pid, os.getpid()
+    made = [Path(f"/dev/shm/{name}") for pid in (dead, alive)
+            for name in (f"faketime_shm_{pid}", f"sem.faketime_sem_{pid}")]
+    for p in made:
+        p.write_bytes(b"")
     try:
-        pid, faked = proc.stdout.readline().split()
-        assert -3605 < float(faked) - time.time() < -3595
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
+        env = faketime_env(-3600.5, tmp_path / "shim")
+        assert [p.exists() for p in made] == [False, False, True, True]
+        out = subprocess.run([sys.executable, "-c", "import time; print(time.time())"],
+                             env={**os.environ, **env}, capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+        assert -3605 < float(out) - time.time() < -3595
     finally:
-        proc.kill()
-        proc.wait()
-    assert pid_named(int(pid)) == []
-    shared = env["FAKETIME_SHARED"].split()
-    assert Path("/dev/shm" + shared[1]).exists()  # ours, removed when this test process exits
+        for p in made:
+            p.unlink(missing_ok=True)
