@@ -1,6 +1,10 @@
 """A replica group that saves a checkpoint while the others wait in the next step's
 cross-group all_reduce is not hung (docs/monitor.md, hang), and the save shows as phase
-``checkpoint`` in its ranks' ``/v1/state`` (docs/worker_server.md)."""
+``checkpoint`` in its ranks' ``/v1/state`` (docs/worker_server.md).
+
+On a real 3-group torchft job whose group 0 saved 9 s after ``zero_grad`` (its quorum joined,
+so the others issued the all_reduce), the monitor evicted group 0 mid-save; the detectors here
+get the view that job gave."""
 
 from __future__ import annotations
 
