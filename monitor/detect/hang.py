@@ -219,12 +219,10 @@ class Hang:
     def _checkpointing(self, view: ClusterView, g: int, ranks: list[int], now: float) -> bool:
         """Every culprit answers now in phase ``checkpoint``, begun under --checkpoint-timeout
         ago: a group writing a checkpoint while the others wait is not hung (said once a save)."""
-        rvs = [view.rank_view(r) for r in ranks]
-        states = [rv.state for rv in rvs if rv is not None and rv.reachable and rv.fresh]
-        if len(states) < len(ranks) or any(s.get("phase") != "checkpoint" for s in states):
-            return False
-        since = min(s["phase_since"] for s in states)
-        if now - since >= self.cfg.checkpoint_timeout_s:
+        states = [rv.state for r in ranks if (rv := view.rank_view(r)) and rv.reachable
+                  and rv.fresh and rv.state.get("phase") == "checkpoint"]
+        since = min((s["phase_since"] for s in states), default=now)
+        if len(states) < len(ranks) or now - since >= self.cfg.checkpoint_timeout_s:
             return False
         if self._saving.get(g) != since:
             self._saving[g] = since
