@@ -469,8 +469,8 @@ class Monitor:
     def evidence(self) -> ClusterView | None:
         return self.view.evidence() if self.view else None
 
-    def cluster_json(self, ranks: bool = True) -> dict[str, Any]:
-        view = self.view
+    def cluster_json(self, ranks: bool = True, view: ClusterView | None = None) -> dict[str, Any]:
+        view = view or self.view
         head = {"job": self.cfg.job, "lighthouse": redact_url(self.cfg.lighthouse),
                 "dry_run": self.cfg.rails.dry_run, "sweeps": self.sweeps,
                 "monitor_started_at": self.started_at,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from flask import template_rendered
 
+from monitor.api import app as app_module
 from monitor.api.app import create_app
 from monitor.config import MonitorConfig
 from monitor.service import Monitor
@@ -49,5 +50,29 @@ def test_overview_groups_render_once_per_sweep(tmp_path):
         assert f"sweeps {mon.sweeps}" in page and 'class="rank"' in page
     finally:
         template_rendered.disconnect(count, app)
+        mon.stop()
+        sim.stop()
+
+
+def test_overview_past_its_bound_lists_the_groups_to_look_at_first(tmp_path, monkeypatch):
+    """Past OVERVIEW_RANKS rank rows (1,000; 2 here) the overview lists the groups not all up
+    first and counts the rest; /v1/cluster still lists every rank."""
+    monkeypatch.setattr(app_module, "OVERVIEW_RANKS", 2)
+    sim = SimRanks.start(4, groups=2)
+    mon = Monitor(MonitorConfig(port=0, targets=sim.urls, state_path=str(tmp_path / "m.db")))
+    try:
+        mon.sweep_once()
+        sim.group(1)[0].set_mode("down")
+        mon.sweep_once()
+        client = create_app(mon).test_client()
+        page = client.get("/").get_data(as_text=True)
+        table = page[page.index('<table id="groups">'):page.index("<h2>Findings")]
+        assert 'data-replica-group="1"' in table and 'data-replica-group="0"' not in table
+        assert table.count('class="rank"') == 2
+        assert "2 of 4 ranks not shown (1 whole groups)" in table
+        assert "2 replica groups" in page  # the summary counts every group
+        cluster = client.get("/v1/cluster").get_json()
+        assert sum(len(g["ranks"]) for g in cluster["groups"]) == 4
+    finally:
         mon.stop()
         sim.stop()

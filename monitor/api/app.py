@@ -15,11 +15,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException
 
 from http_serving import bearer_token_matches, decimal_int
+from monitor.api import views
 from monitor.config import MonitorConfig
 from monitor.poll.admission import NotAllowed, Unauthorized
 from monitor.poll.discovery import BadTarget, OtherJob, TooManyTargets
 
 MAX_BODY = 64 * 1024  # a request is a few hundred bytes
+OVERVIEW_RANKS = 1000  # the overview's rank rows: more are unreadable and cost the sweeps' GIL
 
 
 def _check_admin(cfg: MonitorConfig) -> None:
@@ -44,6 +46,26 @@ def _limit(name: str = "limit", default: int = 500, least: int = 1) -> int:
     except ValueError:
         raise BadTarget(f"{name} must be an integer, got {raw!r}") from None
     return max(least, min(n, 10_000))
+
+
+def overview_groups(monitor: Any, view: Any) -> dict[str, Any]:
+    """The overview's groups with their ranks' rows, at most OVERVIEW_RANKS of them: past that,
+    the groups not all up or with an open finding first; the rest counted."""
+    groups = monitor.cluster_json(ranks=False, view=view)["groups"]
+    total = sum(len(gv.ranks) for gv in view.groups.values()) if view is not None else 0
+    if total > OVERVIEW_RANKS:
+        groups.sort(key=lambda g: g["status"] == "up" and not g["open_findings"])
+    left, now = OVERVIEW_RANKS, monitor.clock()
+    for i, g in enumerate(groups):
+        if left <= 0:
+            del groups[i:]
+            break
+        ranks = view.groups[g["replica_group"]].ranks
+        g["ranks"] = [views.rank_json(r, now) for r in ranks[:left]]
+        g["more_ranks"], left = len(ranks) - len(g["ranks"]), left - len(g["ranks"])
+    return {"groups": groups, "hidden_ranks": total - (OVERVIEW_RANKS - left),
+            "total_ranks": total, "limit": OVERVIEW_RANKS,
+            "hidden_groups": len(view.groups) - len(groups) if view is not None else 0}
 
 
 def create_app(monitor: Any) -> Flask:
@@ -157,7 +179,7 @@ def create_app(monitor: Any) -> Flask:
         with render_lock:  # what grows with the job, once per sweep: not once per open tab
             cached = getattr(view, "overview", None)
             if cached is None:
-                cached = (Markup(render_template("groups.html", c=monitor.cluster_json())),
+                cached = (Markup(render_template("groups.html", c=overview_groups(monitor, view))),
                           # the last incident's figures, not its bundles (listed below)
                           monitor.goodput.to_json(incidents=1, intervals=0))
                 if view is not None:
