@@ -223,6 +223,7 @@ def on_manager(manager: Any, kwargs: dict[str, Any] | None = None) -> Any:
             server.autostarted = True
             manager._lightkeeper_server = server
             _server = server
+            finish_at_clean_exit(server)
         ident = server.state.identity
         say(f"replica_group={ident.replica_group} group_rank={ident.group_rank} "
             f"worker_server={server.url} (lightkeeper run)")
@@ -233,6 +234,43 @@ def on_manager(manager: Any, kwargs: dict[str, Any] | None = None) -> Any:
         say(f"WorkerServer not started ({type(e).__name__}: {e}); training goes on "
             "without it")
         return None
+
+
+def finish_at_clean_exit(server: Any) -> None:
+    """At a normal interpreter exit, say the rank finished (``server.finish()``, so a monitor
+    counts it ended, not dead), unless the process ends by an error: an uncaught exception
+    (Python sets ``sys.last_type`` before exit handlers run), one in a thread
+    (``threading.excepthook``), or a non-zero ``sys.exit()``. A ``raise SystemExit(1)`` written
+    as such is not seen (Python 3.11 keeps no exit status); a kill or ``os._exit`` runs nothing."""
+    import atexit
+
+    pid, seen = os.getpid(), {"status": None, "thread_error": False}
+    original_exit, original_hook = sys.exit, threading.excepthook
+
+    def exit(*args):
+        seen["status"] = args[0] if args else None
+        original_exit(*args)
+
+    def excepthook(args):
+        if not issubclass(args.exc_type, SystemExit):
+            seen["thread_error"] = True
+        original_hook(args)
+
+    def at_exit() -> None:
+        from .server import serving
+
+        if (os.getpid() != pid or server not in serving() or server.state.finished
+                or getattr(sys, "last_type", None) is not None or seen["thread_error"]
+                or seen["status"] not in (None, 0)):
+            return  # a fork's child, stopped, said already, or an error: found dead
+        try:
+            server.finish()
+        except Exception as e:
+            say(f"could not say this rank finished ({type(e).__name__}: {e})")
+
+    exit.__doc__ = original_exit.__doc__
+    sys.exit, threading.excepthook = exit, excepthook
+    atexit.register(at_exit)
 
 
 def started_server() -> Any:
