@@ -218,6 +218,13 @@ def test_plain_torchft_script_is_served_and_seen_by_the_monitor(jobs):
                                         for e in dump["entries"])
     stop.touch()
     assert proc.wait(timeout=60) == 0, log.read_text()[-3000:]
+    # a clean end without finish() in the script: the hook says it finished, so the monitor
+    # forgets the rank as ended instead of finding its group dead
+    wait_until(lambda: all(r.get("url") != url for r in
+                           requests.get(env.monitor.url + "/v1/ranks", timeout=5).json()),
+               30, interval=0.3, what="the monitor forgetting the finished rank")
+    findings = requests.get(env.monitor.url + "/v1/findings", timeout=5).json()
+    assert not [f for f in findings if f["kind"] == "dead"], findings
 
 
 def test_a_program_without_torchft_gets_nothing(jobs):
