@@ -168,14 +168,16 @@ def monitor_verdict(manifest: dict[str, Any], findings: list[dict[str, Any]],
                     finding: dict[str, Any] | None = None, analyzed: bool = True
                     ) -> dict[str, Any]:
     """What the monitor named, as ``lightkeeper analyze`` reports it beside its own ``findings``;
-    ``analysis_agrees``: some finding's culprits equal the named ranks (None: it named none, or
+    ``analysis_agrees``: some finding's culprits, or all findings' together (a cross-group hang of
+    a whole group is one finding per torchft group), equal the named ranks (None: it named none, or
     its kind is not one a dump shows: ``flight_recorder_shows``, or no dump was ``analyzed``);
     ``summary``: the monitor's own evidence, from the bundle's finding."""
     decision = manifest.get("decision") or {}
     named = sorted(manifest.get("culprit_ranks") or [])
     shows = manifest.get("kind") in FR_KINDS
-    agrees = any(set(f.get("culprit_ranks") or []) == set(named)
-                 for f in findings) if named and shows and analyzed else None
+    culprits = [set(f.get("culprit_ranks") or []) for f in findings]
+    agrees = set(named) in [*culprits, set().union(*culprits)] if named and shows and analyzed \
+        else None
     ev = (finding or {}).get("evidence")
     summary = ev.get("summary") if isinstance(ev, dict) else None
     return {"id": manifest.get("id"), "trigger": manifest.get("trigger"),
