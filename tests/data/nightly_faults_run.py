@@ -145,7 +145,8 @@ def main() -> None:
                            lighthouse_http=d["http_status"])
             except TimeoutError:
                 row["evicted"] = False
-                cl.kill_group(G)  # end the faulted incarnation by hand
+                if any(s["replica_id"] == rid for s in states(G).values()):
+                    cl.kill_group(G)  # end the faulted incarnation by hand, not its successor
             try:
                 wait_until(lambda: any(r["at"] >= t0 for r in restarts), 90, interval=0.3,
                            what="restart")
