@@ -170,9 +170,6 @@ def main() -> int:
     sys.path.insert(0, ROOT)
     from tests.support.monitor_sim import raise_fd_limit
     raise_fd_limit()
-    vr = subprocess.Popen([sys.executable, "-m", "tests.support.virtual_ranks", "--ranks",
-                           str(args.ranks), "--group-size", "8", "--step-s", "1.0"],
-                          cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     out = {"what": "monitor endpoints' cost and sweeps under N overview tabs, base vs this tree",
            "command": " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
            "ranks": args.ranks, "cores": os.cpu_count(), "runs": []}
@@ -186,11 +183,14 @@ def main() -> int:
             trees[name] = tempfile.mkdtemp(prefix=f"lk-{name}-")
             subprocess.run(f"git -C {ROOT} archive {rev} | tar -x -C {trees[name]}", shell=True,
                            check=True)
+    vr = subprocess.Popen([sys.executable, "-m", "tests.support.virtual_ranks", "--ranks",
+                           str(args.ranks), "--group-size", "8", "--step-s", "1.0"],
+                          cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    urls_file = os.path.join(tempfile.mkdtemp(prefix="lk-urls-"), "urls.txt")
     try:
         port = int(vr.stdout.readline().split()[1])
-        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        with open(urls_file, "w") as f:
             f.write("\n".join(f"http://127.0.0.1:{port}/r/{r}" for r in range(args.ranks)))
-            urls_file = f.name
         readers = [int(n) for n in args.readers.split(",")]
         for _ in range(args.pairs):
             for name, tree in trees.items():
@@ -198,13 +198,12 @@ def main() -> int:
                        **measure(tree, urls_file, args.repeats, readers, args.seconds)}
                 out["runs"].append(row)
                 print(json.dumps(row), flush=True)
-        os.unlink(urls_file)
     finally:
         vr.stdin.close()
         vr.wait(timeout=30)
-        for tree in trees.values():
-            if tree != ROOT:
-                subprocess.run(["rm", "-rf", tree], check=False)
+        for d in [os.path.dirname(urls_file), *trees.values()]:
+            if d != ROOT:
+                subprocess.run(["rm", "-rf", d], check=False)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
