@@ -26,6 +26,9 @@ from tests.test_monitor_detectors import T0, Job, sweep
 from worker_server import RankIdentity, RankState, WorkerServer, autostart
 from worker_server.checkpoint import checkpointing, patch
 
+# torch's dcp warns that a no_dist save is a single process's: it is, on purpose
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
 
 def saving_group_0(timeout_s: float) -> tuple[Job, Detectors, list]:
     """A 3 x 2 job after 20 steps (3 s hang threshold) whose group 0 writes a checkpoint from
