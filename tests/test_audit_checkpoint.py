@@ -9,7 +9,6 @@ get the view that job gave."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -22,8 +21,9 @@ import torch
 
 from monitor.config import DetectorConfig
 from monitor.detect import Detectors
+from tests.support.hook import hooked_env
 from tests.test_monitor_detectors import T0, Job, sweep
-from worker_server import RankIdentity, RankState, WorkerServer, autostart
+from worker_server import RankIdentity, RankState, WorkerServer
 from worker_server.checkpoint import checkpointing, patch
 
 # torch's dcp warns that a no_dist save is a single process's: it is, on purpose
@@ -177,16 +177,7 @@ ZERO_CODE = textwrap.dedent('''
 
 
 def test_lightkeeper_runs_hook_marks_a_dcp_save_imported_after_the_manager(tmp_path):
-    fakes = tmp_path / "fakes" / "torchft"
-    fakes.mkdir(parents=True)
-    (fakes / "__init__.py").write_text("")
-    (fakes / "manager.py").write_text(
-        "class Manager:\n    def __init__(self, *, replica_id=None):\n"
-        "        self._replica_id = replica_id\n")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "LIGHTKEEPER_MONITOR")}
-    env.update({autostart.ENV_AUTOSTART: "1", "PYTHONPATH": os.pathsep.join(
-        [str(autostart.SITE_DIR), str(fakes.parent)])})
+    env = hooked_env(tmp_path)
     res = subprocess.run([sys.executable, "-c", ZERO_CODE, str(tmp_path / "ckpt")],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert res.returncode == 0, res.stderr

@@ -9,7 +9,6 @@ keep it cheap: the hook only needs a Manager to be constructed); the test polls 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -17,7 +16,7 @@ import time
 import urllib.request
 
 from lightkeeper.cluster import wait_until
-from worker_server import autostart
+from tests.support.hook import hooked_env
 
 JOB = """
 import sys, threading
@@ -56,16 +55,7 @@ def poll_until_gone(url: str, seen: list) -> None:
 
 
 def test_a_clean_exit_says_finished_and_an_error_exit_does_not(tmp_path):
-    fakes = tmp_path / "fakes" / "torchft"
-    fakes.mkdir(parents=True)
-    (fakes / "__init__.py").write_text("")
-    (fakes / "manager.py").write_text(
-        "class Manager:\n    def __init__(self, *, replica_id=None):\n"
-        "        self._replica_id = replica_id\n")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "LIGHTKEEPER_MONITOR", "REPLICA_GROUP_ID")}
-    env.update({autostart.ENV_AUTOSTART: "1", "PYTHONPATH": os.pathsep.join(
-        [str(autostart.SITE_DIR), str(fakes.parent)])})
+    env = hooked_env(tmp_path)
     procs = {how: subprocess.Popen([sys.executable, "-c", JOB, how], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                    env=env, cwd=tmp_path) for how in ENDS}
