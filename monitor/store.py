@@ -135,7 +135,9 @@ def pid_lock(lock_path: str, posix: bool = False) -> int:
     return fd
 
 
-def _file_id(path: str) -> tuple[int, int] | None:
+def file_id(path: str) -> tuple[int, int] | None:
+    """(device, inode) of ``path``, None when it is gone: a lock or a file deleted and made
+    again under a running monitor is another file."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -169,7 +171,7 @@ class Store:
         self._atomic = 0  # depth of atomic() blocks: their writes commit at the end
         self._relock: int | None = None  # the state's lock, taken again by _kept()
         self._lock_file = f"{os.path.realpath(path)}.lock"
-        self._lock_id = _file_id(self._lock_file)  # held by the monitor (hold_state)
+        self._lock_id = file_id(self._lock_file)  # held by the monitor (hold_state)
         try:
             self._open()
         except sqlite3.OperationalError as e:  # SQLite says "disk I/O error" for a full disk
@@ -188,7 +190,7 @@ class Store:
         self._db.row_factory = sqlite3.Row
         if self.path != ":memory:":
             self._db.execute("PRAGMA journal_mode=WAL")
-        self._file = _file_id(self.path) if self.path != ":memory:" else None
+        self._file = file_id(self.path) if self.path != ":memory:" else None
         self._db.executescript(SCHEMA)
 
     def _kept(self) -> None:
@@ -197,7 +199,7 @@ class Store:
         kill; another file in its place is not written over (raises sqlite3.Error)."""
         if self._file is None or self._db.in_transaction:
             return
-        now = _file_id(self.path)
+        now = file_id(self.path)
         if now is not None:
             if now != self._file:
                 raise sqlite3.OperationalError(f"{self.path} was replaced by another file: "
@@ -205,11 +207,11 @@ class Store:
             return
         try:
             os.makedirs(os.path.dirname(self._lock_file), exist_ok=True)
-            if self._lock_id is not None and _file_id(self._lock_file) != self._lock_id:
+            if self._lock_id is not None and file_id(self._lock_file) != self._lock_id:
                 fd = pid_lock(self._lock_file)  # deleted with the folder: held again
                 if self._relock is not None:
                     os.close(self._relock)
-                self._relock, self._lock_id = fd, _file_id(self._lock_file)
+                self._relock, self._lock_id = fd, file_id(self._lock_file)
         except (OSError, LockHeld) as e:
             why = f"in use by another monitor (PID {e.holder})" if isinstance(e, LockHeld) else e
             raise sqlite3.OperationalError(f"{self.path} was deleted and cannot be written "

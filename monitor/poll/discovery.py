@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlsplit
 from http_serving import host_for_url, redact_url
 
 from ..config import ConfigError
-from ..store import LockHeld, _file_id, pid_lock
+from ..store import LockHeld, file_id, pid_lock
 from .torch_target import PREFIX
 
 log = logging.getLogger(__name__)
@@ -255,7 +255,7 @@ class Discovery:
             return  # writing the file itself fails too, and is warned about then
         if self._sd_lock is not None:
             os.close(self._sd_lock[0])
-        self._sd_lock = fd, _file_id(lock)
+        self._sd_lock = fd, file_id(lock)
 
     def refresh(self) -> str | None:
         """Re-read the file_sd input if it changed; returns an error message or None."""
@@ -358,7 +358,7 @@ class Discovery:
             self._written_for = current
             return False
         if self._sd_lock is not None and \
-                _file_id(f"{os.path.realpath(path)}.lock") != self._sd_lock[1]:
+                file_id(f"{os.path.realpath(path)}.lock") != self._sd_lock[1]:
             try:  # deleted with its folder: held again, as the state's (monitor.store)
                 self._hold(path)
             except ConfigError as e:
