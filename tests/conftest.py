@@ -72,3 +72,12 @@ def pytest_xdist_make_scheduler(config, log):
             return module_scope(nodeid)
 
     return ModuleScheduling(config, log)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # the faked processes the tests killed leave libfaketime's pairs in /dev/shm: not ours to keep
+    try:  # (tests/test_xdist_scheduling.py runs this file in a suite of its own, without support/)
+        from tests.support.faketime import remove_stale_objects
+    except ImportError:
+        return
+    remove_stale_objects()
