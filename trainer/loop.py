@@ -24,7 +24,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, NoReturn
@@ -36,15 +36,18 @@ log = logging.getLogger("lightkeeper.trainer")
 
 
 @contextmanager
-def patched(module: Any, name: str, value: Any) -> Iterator[None]:
-    """``module.name`` is ``value`` inside (torchft's servers bind a wildcard of their own);
-    a torchft without ``name`` is left as it is, and said in one line."""
+def patched(module: Any, name: str, wrap: Callable[[Any], Any] | None) -> Iterator[None]:
+    """``module.name`` is ``wrap(module.name)`` inside (torchft's servers bind a wildcard of
+    their own); ``wrap`` None changes nothing, and a torchft without ``name`` is left as it is,
+    said in one line."""
     old = getattr(module, name, None)
-    if old is None:
-        log.warning("%s has no %s: its server binds what torchft binds", module.__name__, name)
+    if wrap is None or old is None:
+        if wrap is not None:
+            log.warning("%s has no %s: its server binds what torchft binds", module.__name__,
+                        name)
         yield
         return
-    setattr(module, name, value)
+    setattr(module, name, wrap(old))
     try:
         yield
     finally:
@@ -94,15 +97,16 @@ def train(cfg: TrainConfig) -> int:
         def __init__(self, host: str, bind: str, **kw) -> None:
             self._advertised = host  # (torchft's __init__ may already ask for the address)
 
-            class Server(http_transport._IPv6HTTPServer):
-                def __init__(self, _address, handler) -> None:
-                    family, _, _, _, sockaddr = socket.getaddrinfo(
-                        bind, 0, type=socket.SOCK_STREAM)[0]
-                    self.address_family = family
-                    super().__init__(sockaddr, handler)
+            def bound(base):
+                class Server(base):
+                    def __init__(self, _address, handler) -> None:
+                        family, _, _, _, sockaddr = socket.getaddrinfo(
+                            bind, 0, type=socket.SOCK_STREAM)[0]
+                        self.address_family = family
+                        super().__init__(sockaddr, handler)
+                return Server
 
-            with patched(http_transport, "_IPv6HTTPServer",
-                         Server if bind else http_transport._IPv6HTTPServer):
+            with patched(http_transport, "_IPv6HTTPServer", bound if bind else None):
                 super().__init__(**kw)
 
         def address(self) -> str:
@@ -214,14 +218,14 @@ def train(cfg: TrainConfig) -> int:
         pg = ProcessGroupNCCL(timeout=timedelta(seconds=cfg.pg_timeout_s))
     else:
         pg = ProcessGroupGloo(timeout=timedelta(seconds=cfg.pg_timeout_s))
-    real_server = tf_manager.ManagerServer
-
-    def bound_server(**kw):  # torchft binds "[::]:{port}"
-        kw["bind"] = f"{url_host}:{kw['bind'].rpartition(':')[2]}"
-        return real_server(**kw)
+    def bound(real_server):
+        def bound_server(**kw):  # torchft binds "[::]:{port}"
+            kw["bind"] = f"{url_host}:{kw['bind'].rpartition(':')[2]}"
+            return real_server(**kw)
+        return bound_server
 
     try:
-        with patched(tf_manager, "ManagerServer", bound_server if bind else real_server):
+        with patched(tf_manager, "ManagerServer", bound if bind else None):
             manager = Manager(
                 pg=pg,
                 min_replica_size=cfg.min_replica_size,

@@ -196,14 +196,16 @@ class HostLedger:
         naming every host of a multi-host group (``group_hosts``) is recorded, never counted.
         Offences the audit log refused (a full disk) are kept, written first at the next call."""
         with self._lock:
-            todo = self._unwritten + [
-                (host, c, f, spans, now) for f in findings
-                if self.cfg.after.get(f.get("kind"), 0) >= 1  # a kind that counts against a host
-                for spans in [(group_hosts or {}).get(f.get("replica_group")) or set()]
-                for host, c in culprit_hosts(f).items()
-                if not self._seen_before_restart(host, f)]
-            for i, (host, c, f, spans, at) in enumerate(todo):
-                counts = not (len(spans) > 1 and set(culprit_hosts(f)) >= spans)
+            todo = list(self._unwritten)
+            for f in findings:
+                if self.cfg.after.get(f.get("kind"), 0) < 1:
+                    continue  # not a kind that counts against a host
+                named = culprit_hosts(f)
+                spans = (group_hosts or {}).get(f.get("replica_group")) or set()
+                counts = not (len(spans) > 1 and set(named) >= spans)
+                todo += [(host, c, f, spans, counts, now) for host, c in named.items()
+                         if not self._seen_before_restart(host, f)]
+            for i, (host, c, f, spans, counts, at) in enumerate(todo):
                 h = self._host(host, at)
                 h["node"] = c["node"]
                 h["devices"] += [d for d in c["devices"] if d not in h["devices"]]
