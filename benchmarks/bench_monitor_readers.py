@@ -13,7 +13,7 @@ from 2,000 targets). Per tree it reports:
   ``/``, loading it, then again after the page's own ``<meta http-equiv="refresh">``; the
   sweeps' median and worst wall time while they read, and the tabs' load times.
 
-    .venv/bin/python benchmarks/bench_monitor_readers.py --base 62bb183^ --this 290ac22 \\
+    .venv/bin/python benchmarks/bench_monitor_readers.py --base e16db3b^ --this 19d744c \\
         --pairs 2 --json benchmarks/results/monitor_readers_10k_ab.json
 """
 
