@@ -28,7 +28,7 @@ def require_binary(name: str) -> str:
     pytest.skip(msg)
 
 
-# Under pytest-xdist (bin/test: `-n 2`) a module stays whole on one worker: its module-scoped
+# Under pytest-xdist (bin/test's passes) a module stays whole on one worker: its module-scoped
 # fixture (an e2e module's one job) is built once. The modules that start `lightkeeper demo`
 # share one worker: the demo holds a machine-wide lock. Our own scheduler, since `--dist
 # loadgroup` silently stopped grouping on pytest 9.2 (pytest-xdist issue #1386).
