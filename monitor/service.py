@@ -290,7 +290,8 @@ class Monitor:
         ended = self._forget_unreachable(view, now)
         # 3. detect
         dumps = self.polling.fr_dumps(evidence, now)
-        new = self.detectors.update(evidence, dumps, now, full_view=view)
+        new = self.detectors.update(evidence, dumps, now, full_view=view,
+                                    evicted=self.store.evicted_replica_ids())
         # the job stalled or slow with no group to blame: the hosts' ranks probe each other
         blind = self.enforcer.blindness(view)
         new += self.detectors.network(evidence, self.probes.take(), now, blind)

@@ -144,6 +144,10 @@ def test_manual_eviction_confirmed_and_not_repeated_after_restart(tmp_path, job)
         [counted] = [line for line in get(mon, "/metrics").text.splitlines()
                      if line.startswith("lightkeeper_monitor_eviction_decisions_total{")]
         assert 'decision="evict"' in counted and 'reason="manual"' in counted, counted
+        # its rank gone for dead_sweeps and more: asked for, no finding
+        n = mon.sweeps
+        wait_until(lambda: mon.sweeps >= n + 3, 10, what="sweeps after the kill")
+        assert get(mon, "/v1/findings").json() == []
     finally:
         mon.stop()
     # say the kill did not take: the same replica id is back (still in the Lighthouse's quorum)

@@ -162,9 +162,10 @@ class Detectors:
         return self.hang.longest_wait(view, now) >= self.hang.threshold(view)
 
     def update(self, view: ClusterView, dumps: Mapping[int, dict] | None = None,
-               now: float | None = None, full_view: ClusterView | None = None) -> list[Finding]:
+               now: float | None = None, full_view: ClusterView | None = None,
+               evicted: Container[str] = ()) -> list[Finding]:
         """The findings newly confirmed by one sweep and its dumps. ``view``: the evidence ranks;
-        ``full_view``: every rank polled (stuck_starting)."""
+        ``full_view``: every rank polled (stuck_starting); ``evicted``: replica ids killed."""
         now = self.clock() if now is None else now
         full, dumps = full_view or view, dumps or {}
         self._remember_groups(view)
@@ -183,7 +184,7 @@ class Detectors:
                 log.exception("Flight Recorder analysis failed")
                 self.last_error = f"analysis: {type(e).__name__}: {e}"
         steps = (
-            ("dead", lambda: self.liveness.dead(view, now)),
+            ("dead", lambda: self.liveness.dead(view, now, evicted)),
             ("hang", lambda: self.hang.judge(view, dumps, analysis, now)),
             ("straggler", lambda: self.straggler.judge(view, now)),
             ("straggler_fr", lambda: from_flight_recorder(view, analysis, now, self.findings)),

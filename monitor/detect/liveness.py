@@ -1,11 +1,12 @@
 """Ranks that are gone (``dead_rank``: its Manager still answers; ``dead``: the Manager too) or
 never start (``stuck_starting``); only a verified group's replica id can be evicted. A rank whose
-last answer said its training finished is not gone when it stops answering: it ended.
+last answer said its training finished is not gone when it stops answering: it ended; nor is one
+of an incarnation the monitor evicted: it was told to go.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from typing import Any
 
 from monitor.config import DetectorConfig
@@ -33,7 +34,7 @@ class Liveness:
         self._ended: dict[int, dict[str, set[str]]] = {}  # group -> replica id of a rank that
         # ended -> its peers already down then
 
-    def dead(self, view: ClusterView, now: float) -> list[Finding]:
+    def dead(self, view: ClusterView, now: float, evicted: Container[str] = ()) -> list[Finding]:
         findings, new = self.findings, []
         open_dead = findings.groups(*DEAD_KINDS)
         changed, gone = self._seen.changed(view)
@@ -54,6 +55,8 @@ class Liveness:
             else:
                 self._down.add(g)
             rid = gv.replica_id
+            if rid in evicted:  # its ranks go because the monitor killed them
+                continue
             if rid is not None:  # what was dead of an earlier incarnation is over
                 for key in [k for k in findings.open if k[0] in DEAD_KINDS and k[1] == g
                             and k[2] not in (None, rid)]:
