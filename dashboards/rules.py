@@ -94,6 +94,11 @@ def _worker(rg: int, extra: str = "") -> str:
             + (f", {extra}" if extra else ""))
 
 
+# a monitor up beside its ranks whose sweeps all fail: what it exports from its start, no sweep
+NEVER_SWEPT = [(f"up{{{M}}}", "1x40"), (f"lightkeeper_monitor_dry_run{{{M}}}", "0x40"),
+               (f"lightkeeper_step{{{_worker(0)}}}", "1x40")]
+
+
 ALERTS = [
     Alert(
         "LightkeeperRankDown",
@@ -374,9 +379,10 @@ ALERTS = [
     Alert(
         "LightkeeperMonitorMissing",
         # a monitor pod Pending (its volume still held by a failed node) or deleted has no
-        # target, so no up == 0 either; per job: one job's monitor hides no other's absence
+        # target, so no up == 0 either; per job: one job's monitor hides no other's absence;
+        # dry_run is exported from its start: one that never swept is NotSweeping's
         "count by (job) (lightkeeper_step)\n"
-        "unless on (job) lightkeeper_monitor_sweeps_total", "5m", "warning",
+        "unless on (job) lightkeeper_monitor_dry_run", "5m", "warning",
         "Ranks of job {{ $labels.job }} are scraped but no Lightkeeper monitor of it is",
         "Prometheus scrapes WorkerServers of job {{ $labels.job }} but has had no monitor series "
         "of that job for 5 minutes: nothing detects or evicts its bad replica groups meanwhile.",
@@ -385,16 +391,18 @@ ALERTS = [
         "{{ $labels.job }} and check the monitor scrape job of prometheus.yml. Delete this rule "
         "where ranks run without one.",
         [Case("the monitor's target gone while ranks are scraped",
-              [(f"lightkeeper_monitor_sweeps_total{{{M}}}", "1 2 stale"),
+              [(f"lightkeeper_monitor_dry_run{{{M}}}", "0 0 stale"),
                (f"lightkeeper_step{{{_worker(0)}}}", "1x40")], "8m", [{"job": "train"}]),
          Case("another job's monitor scraped, not this job's",
-              [(f"lightkeeper_monitor_sweeps_total{{{M}}}", "0+60x40"),
+              [(f"lightkeeper_monitor_dry_run{{{M}}}", "0x40"),
                (f"lightkeeper_step{{{_worker(0)}}}", "1x40"),
                ('lightkeeper_step{job="other", lightkeeper_component="worker", '
                 'instance="o0:9000", replica_group="0", rank="0", group_rank="0"}', "1x40")],
               "8m", [{"job": "other"}]),
-         Case("monitor scraped", [(f"lightkeeper_monitor_sweeps_total{{{M}}}", "0+60x40"),
+         Case("monitor scraped", [(f"lightkeeper_monitor_dry_run{{{M}}}", "0x40"),
                                   (f"lightkeeper_step{{{_worker(0)}}}", "1x40")], "8m"),
+         Case("a monitor scraped that never swept (LightkeeperMonitorNotSweeping's)",
+              NEVER_SWEPT, "8m"),
          Case("nothing scraped at all", [(f"up{{{M}}}", "stale")], "8m")]),
     Alert(
         "LightkeeperMonitorNotSweeping",
@@ -414,8 +422,7 @@ ALERTS = [
               [(f"up{{{M}}}", "1x40"),
                (f"lightkeeper_monitor_sweeps_total{{{M}}}", "0+12x10 120x30")], "10m",
               [{"job": "train", "lightkeeper_component": "monitor", "instance": "mon:19400"}]),
-         Case("no sweep ever succeeded",
-              [(f"up{{{M}}}", "1x40")], "4m",
+         Case("no sweep ever succeeded", NEVER_SWEPT, "8m",
               [{"job": "train", "lightkeeper_component": "monitor", "instance": "mon:19400"}]),
          Case("sweeping, restarted once",
               [(f"up{{{M}}}", "1x40"),

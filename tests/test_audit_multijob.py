@@ -99,6 +99,8 @@ def test_a_missing_monitor_of_one_job_alerts_beside_another_jobs_monitor(tmp_pat
     series = [(rank("alpha"), "1x40"), (rank("beta"), "1x40"),
               ('lightkeeper_monitor_sweeps_total{job="alpha", lightkeeper_component="monitor", '
                'instance="mon-alpha:19400"}', "0+60x40"),
+              ('lightkeeper_monitor_dry_run{job="alpha", lightkeeper_component="monitor", '
+               'instance="mon-alpha:19400"}', "0x40"),
               ('up{job="lightkeeper-monitor", lightkeeper_component="monitor", '
                'instance="mon-alpha:19400"}', "1x40")]
     fires = {"job": "beta"}

@@ -24,3 +24,35 @@ def test_an_evicted_incarnation_going_is_no_dead_finding_a_crash_beside_it_is():
     job.down = {2, 3, 4}  # then its rank 1 told to exit; group 2's Manager crashes on its own
     found += [f for t in (4, 5, 6) for f in sweep(T0 + t)]
     assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("dead", 2, [4])]
+
+
+def test_a_monitor_that_never_swept_exports_what_monitor_missing_looks_for(tmp_path):
+    """LightkeeperMonitorMissing asked for lightkeeper_monitor_sweeps_total, which a monitor
+    exports only after its first good sweep: one up but never sweeping fired it beside
+    LightkeeperMonitorNotSweeping. It now asks for lightkeeper_monitor_dry_run, exported from
+    the start (promtool cases: dashboards/rules.py, NEVER_SWEPT)."""
+    import requests
+
+    from dashboards import rules
+    from lightkeeper.cluster import wait_until
+    from monitor.config import MonitorConfig
+    from monitor.service import Monitor
+
+    mon = Monitor(MonitorConfig(port=0, interval_s=0.05, job="train",
+                                state_path=str(tmp_path / "state.sqlite")))
+
+    def broken(*a, **k):
+        raise RuntimeError("every sweep fails")
+
+    mon.polling.collect = broken
+    mon.start()
+    try:
+        wait_until(lambda: requests.get(f"{mon.url}/healthz", timeout=5).json()["status"]
+                   == "failing", 10, what="the first sweep failed")
+        text = requests.get(f"{mon.url}/metrics", timeout=5).text
+        assert 'lightkeeper_monitor_dry_run{job="train"} 0.0' in text
+        assert "lightkeeper_monitor_sweeps_total{" not in text
+        [missing] = [a for a in rules.ALERTS if a.name == "LightkeeperMonitorMissing"]
+        assert "lightkeeper_monitor_dry_run" in missing.expr
+    finally:
+        mon.stop()
