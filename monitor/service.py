@@ -170,6 +170,7 @@ class Monitor:
         self._sd_out = Trouble(f"cannot write {cfg.sd_out}", f"{cfg.sd_out} written again")
         self._refused: set[tuple] = set()  # refusals said in this REFUSAL_EVERY_S window
         self._refused_in = 0
+        self._torchft_said: frozenset[str] | None = None  # the mixed torchft versions logged
         self.lh_settings = LighthouseSettingsWatch(cfg.lighthouse_heartbeat_timeout_ms,
                                                    cfg.lighthouse_join_timeout_ms, cfg.interval_s)
         self.lighthouse = Lighthouse(cfg.lighthouse, cfg.kill_timeout_s)
@@ -288,6 +289,8 @@ class Monitor:
         self.polling.after_view(view)
         self._keep_unreachable(view)
         ended = self._forget_unreachable(view, now)
+        if self.views.reshaped:  # a new process, replica id or quorum: its torchft may differ
+            self._say_torchft(view)
         # 3. detect
         dumps = self.polling.fr_dumps(evidence, now)
         new = self.detectors.update(evidence, dumps, now, full_view=view,
@@ -357,6 +360,17 @@ class Monitor:
             if lost:
                 self.metrics.ranks_lost.labels(self.cfg.job).inc()
         return sum(1 for u in ended if not view.ranks[u].superseded)  # as view.counts counts
+
+    def _say_torchft(self, view: ClusterView) -> None:
+        """Once per set of versions: the job's groups run different torchfts."""
+        versions = views.torchft_versions(view)
+        said = frozenset(versions) if len(versions) > 1 else None
+        if said and said != self._torchft_said:
+            log.warning("replica groups of job %s run different torchft versions (%s): every "
+                        "group must run the same, or torchft-nightly's reconfigure fails at "
+                        "each quorum", self.cfg.job,
+                        "; ".join(f"{v}: groups {gs}" for v, gs in versions.items()))
+        self._torchft_said = said
 
     def _keep_unreachable(self, view: ClusterView) -> None:
         """The last state of a rank that stops answering goes into the store, and out once it

@@ -56,3 +56,45 @@ def test_a_monitor_that_never_swept_exports_what_monitor_missing_looks_for(tmp_p
         assert "lightkeeper_monitor_dry_run" in missing.expr
     finally:
         mon.stop()
+
+
+def test_groups_on_different_torchft_versions_are_said_once_and_in_cluster(tmp_path, caplog):
+    """Every group of a job must run the same torchft (a 0.2.0 group fails every nightly rank's
+    reconfigure): documented, never warned. The monitor now says it once in its log, naming
+    the versions and groups, and /v1/cluster shows torchft_versions. Simulated ranks: the
+    version is only what their /v1/state says."""
+    import logging
+
+    import requests
+
+    from lightkeeper.cluster import wait_until
+    from monitor.config import MonitorConfig
+    from monitor.service import Monitor
+    from tests.support.monitor_sim import SimRanks
+
+    sim = SimRanks.start(4, groups=3)
+    mon = None
+    try:
+        for r in sim.ranks:
+            r.update(torchft_version="2026.10.26" if r.state["replica_group"] == 2 else "0.2.0")
+        caplog.set_level(logging.WARNING, logger="monitor.service")
+        mon = Monitor(MonitorConfig(port=0, interval_s=0.05, job="sim", targets=sim.urls,
+                                    state_path=str(tmp_path / "state.sqlite"))).start()
+
+        def cluster():
+            return requests.get(f"{mon.url}/v1/cluster", timeout=5).json()
+
+        wait_until(lambda: cluster()["torchft_versions"], 10, what="the versions in /v1/cluster")
+        assert cluster()["torchft_versions"] == {"0.2.0": [0, 1], "2026.10.26": [2]}
+        for r in sim.ranks:  # a quorum change: every rank reshaped, the same versions
+            r.update(quorum_id=2)
+        n = mon.sweeps
+        wait_until(lambda: mon.sweeps >= n + 3, 10, what="sweeps after a quorum change")
+        said = [r.getMessage() for r in caplog.records if "torchft versions" in r.getMessage()]
+        assert said == ["replica groups of job sim run different torchft versions (0.2.0: "
+                        "groups [0, 1]; 2026.10.26: groups [2]): every group must run the "
+                        "same, or torchft-nightly's reconfigure fails at each quorum"], said
+    finally:
+        if mon is not None:
+            mon.stop()
+        sim.stop()

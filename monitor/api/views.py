@@ -59,6 +59,17 @@ def ranks_json(view: ClusterView | None, now: float) -> list[dict[str, Any]]:
     return sorted(out, key=lambda x: (x["rank"] is None, x["rank"] or 0, x["url"]))
 
 
+def torchft_versions(view: ClusterView) -> dict[str, list[int]]:
+    """torchft version -> the replica groups whose first reachable rank says it runs it (every
+    group of a job must run the same: docs/install.md)."""
+    out: dict[str, list[int]] = {}
+    for g, gv in view.groups.items():
+        v = next((r.state.get("torchft_version") for r in gv.reachable if r.state), None)
+        if isinstance(v, str) and v != "unknown":
+            out.setdefault(v, []).append(g)
+    return {v: sorted(gs) for v, gs in sorted(out.items())}
+
+
 def cluster_json(head: dict[str, Any], view: ClusterView | None, evidence: ClusterView | None,
                  detectors: Detectors, now: float, ranks: bool = True) -> dict[str, Any]:
     """``GET /v1/cluster``: ``head`` (the monitor's own fields) and every group as seen (without
@@ -66,7 +77,7 @@ def cluster_json(head: dict[str, Any], view: ClusterView | None, evidence: Clust
     out: dict[str, Any] = {**head, "groups": [], "job_findings": [], "ungrouped": [],
                            "quorum_id": None,
                            "quorum_participants": None, "reachable_fraction": None,
-                           "sweep_seconds": None, "at": None}
+                           "sweep_seconds": None, "at": None, "torchft_versions": {}}
     if view is None or evidence is None:
         return out
     open_by_group: dict[int | None, list[str]] = {}
@@ -75,7 +86,7 @@ def cluster_json(head: dict[str, Any], view: ClusterView | None, evidence: Clust
     in_quorum = {g.replica_group for g in evidence.in_quorum()}
     out.update(quorum_id=evidence.quorum_id, quorum_participants=evidence.quorum_participants(),
                reachable_fraction=view.reachable_fraction, sweep_seconds=view.sweep_seconds,
-               at=view.at)
+               at=view.at, torchft_versions=torchft_versions(view))
     for g, gv in view.groups.items():
         verified = evidence.groups.get(g)
         out["groups"].append({
