@@ -9,6 +9,9 @@ from tests.test_monitor_detectors import T0, Job
 
 
 def test_an_evicted_incarnation_going_is_no_dead_finding_a_crash_beside_it_is():
+    """After an eviction the kill's own effect (the group's Manager gone, then its peers)
+    opened a ``dead`` finding: noise. A crash beside it is still found, and a dead finding
+    evicted (--evict-on dead) is resolved ``evicted``."""
     job = Job()
     det = Detectors(DetectorConfig(dead_sweeps=2))
     job.steps(5, now=T0)
@@ -24,6 +27,11 @@ def test_an_evicted_incarnation_going_is_no_dead_finding_a_crash_beside_it_is():
     job.down = {2, 3, 4}  # then its rank 1 told to exit; group 2's Manager crashes on its own
     found += [f for t in (4, 5, 6) for f in sweep(T0 + t)]
     assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("dead", 2, [4])]
+    evicted.add(job.states[4]["replica_id"])  # --evict-on dead: group 2 killed for it
+    assert sweep(T0 + 7) == []
+    assert [(f.kind, f.replica_group, f.resolution) for f in det.resolved_findings()] == [
+        ("dead", 2, "evicted")]
+    assert det.open_findings() == []
 
 
 def test_a_monitor_that_never_swept_exports_what_monitor_missing_looks_for(tmp_path):

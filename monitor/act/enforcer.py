@@ -128,8 +128,7 @@ class Enforcer:
         (a slow sink never delays a sweep). Never raises."""
         try:
             counted = [f for f in new if f.kind != "dead"] + self.dead.agreed(
-                new, {f.key for f in self.detectors.open_findings()},
-                self.store.evicted_replica_ids, view, lighthouse)
+                new, {f.key for f in self.detectors.open_findings()}, view, lighthouse)
             group_hosts = {f.replica_group: view.groups[f.replica_group].hosts for f in counted
                            if f.replica_group in view.groups}
             self.hosts.record([{**f.to_dict(), "id": self._finding_ids.get(f.key)}

@@ -513,26 +513,22 @@ class HostLedger:
 
 class DeadGroups:
     """Dead findings waiting for the Lighthouse to agree: one counts once the Lighthouse no
-    longer hears the group, the monitor did not evict it, and at least as many groups live on
-    as are dead; one resolved first never counts."""
+    longer hears the group and at least as many groups live on as are dead; one resolved first
+    (its group evicted: monitor.detect.liveness) never counts."""
 
     def __init__(self) -> None:
         self.pending: dict[tuple, Finding] = {}  # confirmed, not yet agreed
 
-    def agreed(self, new: Iterable[Finding], open_keys: Collection[tuple],
-               evicted: Callable[[], Collection[str]], view: ClusterView,
+    def agreed(self, new: Iterable[Finding], open_keys: Collection[tuple], view: ClusterView,
                lighthouse: LighthouseStatus | None) -> list[Finding]:
         """The dead findings (of ``new`` and those waiting) that now count, each with the
-        Lighthouse's word added to its evidence (``lighthouse``); ``evicted()``: the replica
-        ids the monitor sent a kill for."""
+        Lighthouse's word added to its evidence (``lighthouse``)."""
         for f in new:
             if f.kind == "dead":
                 self.pending[f.key] = f
         if not self.pending:
             return []
-        gone = evicted()
-        for key in [k for k, f in self.pending.items() if k not in open_keys
-                    or not f.replica_id or f.replica_id in gone]:
+        for key in [k for k, f in self.pending.items() if k not in open_keys or not f.replica_id]:
             del self.pending[key]
         if not self.pending or lighthouse is None:
             return []

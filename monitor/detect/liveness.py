@@ -56,6 +56,8 @@ class Liveness:
                 self._down.add(g)
             rid = gv.replica_id
             if rid in evicted:  # its ranks go because the monitor killed them
+                for kind in DEAD_KINDS:
+                    findings.resolve((kind, g, rid), "evicted", now)
                 continue
             if rid is not None:  # what was dead of an earlier incarnation is over
                 for key in [k for k in findings.open if k[0] in DEAD_KINDS and k[1] == g
