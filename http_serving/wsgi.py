@@ -9,8 +9,10 @@ still surfaces.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
+import weakref
 
 from waitress.server import create_server
 
@@ -21,6 +23,20 @@ from .urls import http_url
 MAX_REQUEST_BODY = 64 * 1024
 # "Task queue depth is N" under a burst of polls is waitress' own matter, not the job's log
 logging.getLogger("waitress.queue").setLevel(logging.ERROR)
+_BOUND: weakref.WeakSet = weakref.WeakSet()  # this process's servers
+
+
+def _forked() -> None:
+    """A fork's child (a DataLoader worker) serves none of its parent's servers: it closes its
+    copies of their sockets, else the port stays bound, answering nothing, while it lives."""
+    for server in list(_BOUND):
+        for dispatcher in list(server._server._map.values()):
+            if isinstance(dispatcher.socket, socket.socket):
+                dispatcher.socket.close()
+    _BOUND.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 class BackgroundWSGIServer:
@@ -48,6 +64,7 @@ class BackgroundWSGIServer:
         self.url = http_url(shown, self.port)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        _BOUND.add(self)
 
     def _run(self) -> None:
         try:
