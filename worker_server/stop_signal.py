@@ -10,10 +10,15 @@ collective would not stop on SIGTERM until the collective returned. Instead SIGT
 in every thread but one, which waits for it (``sigwait``): the stop is said at once whatever the
 main thread is doing, and the signal is raised again with its default action.
 
+Children get SIGTERM as without the watcher: a ``fork``'s child unblocks it, and a child started
+by ``subprocess`` or multiprocessing's spawn or forkserver starts with it unblocked (unblocked in
+the starting thread for that call: a SIGTERM in that instant ends this process unsaid); a Python
+child under ``lightkeeper run --planned-stops`` arms it again. multiprocessing's resource tracker
+is kept from unblocking it in the thread that starts the tracker.
+
 Limits: it must be armed before any other thread starts (threads inherit the blocked signal; one
-started earlier could take SIGTERM and end the process unmarked), and a child process started
-with ``subprocess`` inherits SIGTERM blocked (a Python ``fork`` unblocks it in the child; a
-Python child under ``lightkeeper run --planned-stops`` arms it again). A SIGTERM handler the
+started earlier could take SIGTERM and end the process unmarked); a child started otherwise
+(``os.system``, ``os.posix_spawn``, a C library) inherits SIGTERM blocked. A SIGTERM handler the
 program installs runs after the stop was said, once the main thread runs Python again (a sleep or
 a blocking read there is no longer cut short by SIGTERM).
 """
@@ -22,10 +27,11 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 
-from .autostart import enabled, say
+from .autostart import enabled, hook_import, say
 
 _SIGNALS = {signal.SIGTERM}
 _armed = False
@@ -64,16 +70,48 @@ def watch_sigterm(on_stop: Callable[[], object] | None = None) -> str | None:
     signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
     _armed = True
     os.register_at_fork(after_in_child=_forked)
+    _start_children_unblocked()
     threading.Thread(target=_wait, args=(on_stop or _servers_stopped,), name="lightkeeper-sigterm",
                      daemon=True).start()
     return None
 
 
 def _servers_stopped() -> None:
-    from .server import serving
+    server = sys.modules.get("worker_server.server")  # not imported (a child): nothing serves
+    for s in server.serving() if server else ():
+        s.stopped()
 
-    for server in serving():
-        server.stopped()
+
+def _start_children_unblocked() -> None:
+    """subprocess and multiprocessing's spawn start a child with the starting thread's signal
+    mask (``_posixsubprocess.fork_exec``): unblock SIGTERM in that thread for the call."""
+    import _posixsubprocess
+
+    original = _posixsubprocess.fork_exec
+    if getattr(original, "_lightkeeper", False):
+        return
+
+    def fork_exec(*args, **kwargs):
+        mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    fork_exec._lightkeeper = True  # type: ignore[attr-defined]
+    _posixsubprocess.fork_exec = fork_exec
+    if getattr(sys.modules.get("subprocess"), "_fork_exec", None) is original:
+        sys.modules["subprocess"]._fork_exec = fork_exec  # bound at its import
+    tracker = sys.modules.get("multiprocessing.resource_tracker")
+    if tracker is None:
+        hook_import("multiprocessing.resource_tracker", _tracker_keeps_sigterm_blocked)
+    else:
+        _tracker_keeps_sigterm_blocked(tracker)
+
+
+def _tracker_keeps_sigterm_blocked(module) -> None:
+    # it blocks, then unblocks, these in the thread that starts it (the main thread, mostly)
+    module._IGNORED_SIGNALS = tuple(s for s in module._IGNORED_SIGNALS if s not in _SIGNALS)
 
 
 def _forked() -> None:
