@@ -11,12 +11,16 @@ Every series carries ``job``, ``replica_group`` and ``rank`` (global rank) label
 
 from __future__ import annotations
 
+import threading
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
+from rank_wire import MONITOR_AGENT
+
+from .probe import PAYLOAD_PATH
 from .state import PHASES, RankState, library_versions
 from .timing import StepTiming
 
@@ -27,6 +31,11 @@ STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60
 # Waits of a healthy step are milliseconds; a straggler's peers wait about its extra time.
 WAIT_BUCKETS = (0.001, 0.0025, 0.005, *STEP_BUCKETS)
 LABELS = ("job", "replica_group", "rank", "group_rank")
+# Readers take at most about this share of the training process: after a read, the next one
+# waits (sleeping, without the GIL) until its CPU time / READ_SHARE has passed...
+READ_SHARE = 0.02
+# ...and never longer than this: the monitor's poll times out at 0.8 s (its --poll-timeout)
+MAX_PACE_S = 0.25
 
 
 def _label_values(state: RankState) -> list[str]:
@@ -132,18 +141,43 @@ class WorkerMetrics:
         )
         self.wait_seconds = {scope: wait.labels(*lv, scope) for scope in ("cross", "group")}
         self.registry.register(_StateCollector(state))
+        self._pace_lock = threading.Lock()
+        self._free_at = 0.0  # monotonic time the reads answered so far are paid for
         state.add_step_listener(self._on_step)
         state.timing.add_listener(self._on_timing)
 
+    def pace(self) -> None:
+        """Before a read: wait until the reads answered before it are paid for (at most
+        MAX_PACE_S), so that a client reading back to back costs training ~READ_SHARE at most."""
+        with self._pace_lock:
+            wait = self._free_at - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+
+    def served(self, cpu_s: float, read: bool = True) -> None:
+        """A request was answered with ``cpu_s`` of its thread's CPU; a read charges the pace."""
+        self.server_cpu_seconds.inc(cpu_s)
+        self.server_requests.inc()
+        if read:
+            with self._pace_lock:
+                now = time.monotonic()
+                self._free_at = min(max(self._free_at, now) + cpu_s / READ_SHARE,
+                                    now + MAX_PACE_S)
+
     def count_cpu(self, app):
-        """Wrap a WSGI app so each request's CPU time (its thread's) is counted."""
+        """Wrap a WSGI app so each request's CPU time (its thread's) is counted and reads (GET)
+        are paced (:meth:`pace`); the monitor's polls (its User-Agent) never wait, nor does a
+        peer's probe payload, whose time is the network's measure."""
         def wsgi(environ, start_response):
+            read = environ.get("REQUEST_METHOD") in ("GET", "HEAD")
+            if read and environ.get("PATH_INFO") != PAYLOAD_PATH \
+                    and not environ.get("HTTP_USER_AGENT", "").startswith(MONITOR_AGENT):
+                self.pace()
             started = time.thread_time()
             try:
                 return app(environ, start_response)
             finally:
-                self.server_cpu_seconds.inc(time.thread_time() - started)
-                self.server_requests.inc()
+                self.served(time.thread_time() - started, read)
 
         return wsgi
 

@@ -281,6 +281,8 @@ def _handler(name: str, answer: Callable[[TorchServer, _Args], tuple[int, bytes,
 
     def _answer(req: Any, resp: Any) -> None:
         server = _serving
+        if server is not None:  # torch's request has no headers: the monitor's polls wait too
+            server.metrics.pace()
         started = time.thread_time()
         try:
             if server is None:
@@ -302,8 +304,7 @@ def _handler(name: str, answer: Callable[[TorchServer, _Args], tuple[int, bytes,
         resp.set_content(body, content_type)
         resp.set_status(status)
         if server is not None:  # what serving costs this process, as on Flask
-            server.metrics.server_cpu_seconds.inc(time.thread_time() - started)
-            server.metrics.server_requests.inc()
+            server.metrics.served(time.thread_time() - started)
 
     handle.__name__ = name
     return handle

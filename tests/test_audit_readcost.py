@@ -1,0 +1,123 @@
+"""A client reading a rank's WorkerServer back to back is paced: the CPU the server spends
+answering it (``lightkeeper_worker_server_cpu_seconds_total``, what it takes from the training
+thread) stays within READ_SHARE of the time, on Flask and on torch's server, and the monitor's
+own polls (its User-Agent) and a peer's probe payload never wait behind it (real waitress, real
+torch server, real HTTP). The Flight Recorder is a stand-in that burns CPU: a real dump needs a
+job's collectives."""
+
+from __future__ import annotations
+
+import http.client
+import re
+import time
+from urllib.parse import urlsplit
+
+import pytest
+import requests
+
+from rank_wire import MONITOR_AGENT
+from worker_server import RankIdentity, RankState, WorkerServer
+from worker_server import metrics as worker_metrics
+from worker_server.torch_server import unavailable
+
+HAMMER_S = 0.4
+
+
+def burning(cpu_s: float):
+    """A Flight Recorder dumper whose dump costs its thread ``cpu_s`` of CPU (a real one of
+    ~1 MB takes ~26 ms)."""
+    def dump(tracker, identity, only_active=False):
+        until = time.thread_time() + cpu_s
+        while time.thread_time() < until:
+            pass
+        return b'{"entries": []}'
+
+    return dump
+
+
+@pytest.fixture
+def state():
+    state = RankState(RankIdentity(job="unit", replica_group=0, group_rank=0, group_world_size=1))
+    for step in range(1, 4):
+        state.step_started()
+        state.step_finished(step, committed=True, loss=1.0)
+    return state
+
+
+def served_cpu(text: str) -> float:
+    m = re.search(r"^lightkeeper_worker_server_cpu_seconds_total\{[^}]*\} (\S+)$", text, re.M)
+    assert m, text
+    return float(m.group(1))
+
+
+def hammer(url: str, method: str, paths: list[str]) -> tuple[float, int]:
+    """Ask ``paths`` in turn, back to back, for HAMMER_S: (seconds it took, answers)."""
+    u = urlsplit(url)
+    conn, answers, started = None, 0, time.monotonic()
+    while time.monotonic() - started < HAMMER_S:
+        for path in paths:
+            conn = conn or http.client.HTTPConnection(u.hostname, u.port, timeout=5)
+            conn.request(method, path)
+            r = conn.getresponse()
+            r.read()
+            assert r.status == 200, (path, r.status)
+            answers += 1
+            if (r.getheader("Connection") or "").lower() == "close":
+                conn.close()
+                conn = None
+    if conn is not None:
+        conn.close()
+    return time.monotonic() - started, answers
+
+
+def test_a_client_reading_back_to_back_is_paced_on_flask(state):
+    server = WorkerServer(state, fr_dumper=burning(0.004)).serve()
+    try:
+        before = served_cpu(requests.get(server.url + "/metrics", timeout=5).text)
+        took, answers = hammer(server.url, "GET", ["/metrics", "/v1/state", "/v1/stacks",
+                                                   "/v1/fr_trace", "/healthz"])
+        spent = served_cpu(requests.get(server.url + "/metrics", timeout=5).text) - before
+        # unpaced, the server's threads answered all the time (share ~0.3-0.9); a read
+        # overdraws its own CPU at most (a read costing over MAX_PACE_S * READ_SHARE, 5 ms,
+        # would pay less: the test's dumps cost 4 ms)
+        assert spent <= worker_metrics.READ_SHARE * took + 0.01, (spent, took, answers)
+    finally:
+        server.stop()
+
+
+def test_a_read_after_an_expensive_one_waits_the_monitors_poll_does_not(state, monkeypatch):
+    monkeypatch.setattr(worker_metrics, "MAX_PACE_S", 0.6)  # room between the two bounds
+    server = WorkerServer(state, fr_dumper=burning(0.02)).serve()
+    try:
+        assert requests.get(server.url + "/v1/fr_trace", timeout=5).status_code == 200
+        t0 = time.monotonic()
+        polled = requests.get(server.url + "/v1/state?recent=16",
+                              headers={"User-Agent": MONITOR_AGENT + "/1"}, timeout=5)
+        monitor_s = time.monotonic() - t0
+        assert polled.status_code == 200 and polled.json()["step"] == 3
+        t0 = time.monotonic()  # a peer's probe times this fetch: it must not wait either
+        assert requests.get(server.url + "/v1/probe/payload?bytes=1", timeout=5).content == b"\0"
+        probe_s = time.monotonic() - t0
+        t0 = time.monotonic()
+        assert requests.get(server.url + "/v1/state", timeout=5).status_code == 200
+        curl_s = time.monotonic() - t0
+        # the dump charged 20 ms / READ_SHARE (1 s), capped at 0.6 s from its end
+        assert curl_s >= 0.3 > max(monitor_s, probe_s), (curl_s, monitor_s, probe_s)
+    finally:
+        server.stop()
+
+
+@pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
+def test_a_client_reading_back_to_back_is_paced_on_torchs_server(state):
+    server = WorkerServer(state, fr_dumper=burning(0.004), server="torch").serve()
+    base = server.url.replace("torch+http", "http")
+    try:
+        assert server.server == "torch"
+        ask = lambda: requests.post(base + "/handler/lightkeeper_metrics", timeout=5).text  # noqa: E731
+        before = served_cpu(ask())
+        took, answers = hammer(base, "POST", [f"/handler/lightkeeper_{n}" for n in
+                                              ("metrics", "state", "stacks", "fr_trace")])
+        spent = served_cpu(ask()) - before
+        assert spent <= worker_metrics.READ_SHARE * took + 0.01, (spent, took, answers)
+    finally:
+        server.stop()
