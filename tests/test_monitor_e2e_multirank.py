@@ -337,6 +337,8 @@ def evicted_and_back(job: Job, g: int, kind: str, rid: str, since: float) -> dic
     assert all(s["heals"] >= 1 for s in new.values()), new  # it loaded its shards from a peer
     new_rids = {s["replica_id"] for s in new.values()}
     assert [f for f in job.findings() if f["replica_id"] in new_rids] == []  # starts clean
+    # the evicted incarnation's ranks exit because of the kill: no dead finding of it
+    assert [f for f in job.findings() if f["replica_id"] == rid and f["kind"] == "dead"] == []
     assert job.error is None, job.error
     job.evicted.add(rid)
     return d
