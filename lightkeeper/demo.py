@@ -587,19 +587,13 @@ class Demo:
                 if key not in self._seen_findings and f.get("confirmed_at"):
                     self._seen_findings.add(key)
                     culprits, hosts = finding_culprits(f)
-                    evicted = {d.get("replica_id") for d in self.evictions or []
-                               if d.get("decision") == "evict"}
-                    # the evicted incarnation's ranks exit, as the kill intends: the monitor
-                    # reports that as `dead` (never acted on); say so, lest it read as a new fault
-                    expected = (" - the evicted incarnation exiting, as intended"
-                                if f["kind"] == "dead" and f.get("replica_id") in evicted else "")
                     named = [f"ranks {f['ranks']}" if f.get("ranks") else None,
                              f"culprit ranks {culprits}" if culprits else None]
                     named = ", ".join(n for n in named if n) or "job-wide"  # job_stall names none
                     self.event("detected", f["replica_group"],
                                f"{f['kind']} ({named}"
                                + (f" on {', '.join(dict.fromkeys(hosts))}" if hosts else "")
-                               + f") at {self.rel(f['confirmed_at']):.1f}s{expected}")
+                               + f") at {self.rel(f['confirmed_at']):.1f}s")
         evictions = self.monitor_get("/v1/evictions")
         if evictions is not None:
             self.evictions = evictions
