@@ -9,7 +9,7 @@ build a torchft Manager.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+TYPE_CHECKING = False  # typing costs every interpreter start under lightkeeper run
 
 __all__ = ["PHASES", "RankIdentity", "RankState", "WorkerServer", "create_app"]
 
