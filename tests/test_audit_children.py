@@ -122,3 +122,23 @@ def test_a_forked_child_does_not_keep_the_ranks_port():
             os.waitpid(pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
+
+
+@pytest.mark.parametrize("planned_stops", ["", "1"])
+def test_the_hook_costs_a_python_child_no_heavy_import(planned_stops):
+    # every Python process of the job loads the hook: a spawn DataLoader worker, a compile
+    # worker, a tool run with subprocess; typing, re, pathlib and importlib.util cost it 15 ms
+    from worker_server.autostart import SITE_DIR
+
+    root = str(SITE_DIR.parents[1])
+    script = (f"import sys; before = set(sys.modules); sys.path[:0] = [{str(SITE_DIR)!r}, {root!r}]"
+              "; import sitecustomize; print(' '.join(sorted(set(sys.modules) - before)))")
+    env = {**os.environ, "LIGHTKEEPER_AUTOSTART": "1", "LIGHTKEEPER_PLANNED_STOPS": planned_stops,
+           "LOCAL_RANK": "0"}
+    out = subprocess.run([sys.executable, "-S", "-c", script], env=env, capture_output=True,
+                         text=True, timeout=30)
+    loaded = set(out.stdout.split())
+    assert "worker_server.autostart" in loaded, out
+    assert ("worker_server.stop_signal" in loaded) == bool(planned_stops), out
+    assert not loaded & {"typing", "re", "pathlib", "importlib.util"}, out
+    assert out.stderr == ""

@@ -36,21 +36,30 @@ be instrumented and one line naming the rest (:mod:`worker_server.instrument`).
 
 from __future__ import annotations
 
+import _thread
 import os
-import re
 import sys
-import threading
-from pathlib import Path
-from typing import Any
+
+# loaded at every interpreter start (every DataLoader worker, every tool): stdlib's typing,
+# re and pathlib cost a fresh interpreter about 12 ms, so they are imported only where used
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 ENV_AUTOSTART = "LIGHTKEEPER_AUTOSTART"
-#: The directory ``lightkeeper run`` puts first on ``PYTHONPATH`` (holds ``sitecustomize.py``).
-SITE_DIR = Path(__file__).resolve().parent / "autostart_site"
 TARGET_MODULE = "torchft.manager"
 _MARK = "_lightkeeper_autostart_wrapped"
 
-_lock = threading.Lock()
+_lock = _thread.allocate_lock()
 _server: Any = None  # the WorkerServer this hook started in this process
+
+
+def __getattr__(name: str):
+    if name == "SITE_DIR":  # the directory lightkeeper run puts first on PYTHONPATH
+        from pathlib import Path
+
+        return Path(__file__).resolve().parent / "autostart_site"
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def enabled(env: dict[str, str] | None = None, name: str = ENV_AUTOSTART) -> bool:
@@ -83,9 +92,10 @@ def install_if_enabled() -> bool:
     if not enabled():
         return False
     install()
-    from .stop_signal import arm_from_env
+    if enabled(name="LIGHTKEEPER_PLANNED_STOPS"):  # else not even signal's import (5 ms)
+        from .stop_signal import arm_from_env
 
-    arm_from_env()
+        arm_from_env()
     return True
 
 
@@ -178,6 +188,8 @@ def replica_group_of(manager: Any, env: dict[str, str] | None = None) -> tuple[i
         if raw.isascii() and raw.isdigit():
             return int(raw), "REPLICA_GROUP_ID"
         say(f"REPLICA_GROUP_ID={raw!r} is not a replica group (an integer >= 0): ignored")
+    import re
+
     m = re.search(r"(\d+)$", str(getattr(manager, "_replica_id", None) or ""))
     if m:
         return int(m.group(1)), "replica_id"
@@ -243,6 +255,7 @@ def finish_at_clean_exit(server: Any) -> None:
     (``threading.excepthook``), or a non-zero ``sys.exit()``. A ``raise SystemExit(1)`` written
     as such is not seen (Python 3.11 keeps no exit status); a kill or ``os._exit`` runs nothing."""
     import atexit
+    import threading
 
     pid, seen = os.getpid(), {"status": None, "thread_error": False}
     original_exit, original_hook = sys.exit, threading.excepthook
@@ -279,4 +292,4 @@ def started_server() -> Any:
 
 
 if __name__ == "__main__":  # python -m worker_server.autostart: where the hook lives
-    print(SITE_DIR)
+    print(__getattr__("SITE_DIR"))

@@ -29,9 +29,12 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
 
 from .autostart import enabled, hook_import, say
+
+TYPE_CHECKING = False  # typing's imports cost every interpreter start (autostart)
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 _SIGNALS = {signal.SIGTERM}
 _armed = False

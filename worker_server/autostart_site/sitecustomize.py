@@ -35,7 +35,6 @@ def _lightkeeper_hook() -> None:
 def _chain() -> None:
     """Run the sitecustomize this one shadows (the next on sys.path), as Python would have."""
     import importlib.machinery
-    import importlib.util
     import os
     import sys
 
@@ -44,6 +43,8 @@ def _chain() -> None:
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
     if spec is None or spec.loader is None:
         return
+    import importlib.util  # only now: 4 ms at every interpreter start
+
     module = importlib.util.module_from_spec(spec)
     sys.modules["_lightkeeper_chained_sitecustomize"] = module
     try:
