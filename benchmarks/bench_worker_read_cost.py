@@ -12,7 +12,7 @@ Figures: median steps/s of each condition, their ratio, and requests/s the clien
 ``--server torch`` serves on torch's ``_WorkerServer`` (``POST /handler/lightkeeper_*``).
 
     .venv/bin/python benchmarks/bench_worker_read_cost.py [--windows 6] [--seconds 3]
-        [--server flask|torch] [--json FILE]
+        [--server flask|torch] [--endpoints metrics,state,...] [--clients 1] [--json FILE]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ LIGHTHOUSE = textwrap.dedent('''
     sys.stdin.read()
 ''')
 
-# argv: base URL, "flask" or "torch", endpoints; counts answers on stdout when its stdin closes
+# argv: base URL, "flask" or "torch", endpoints, connections; counts answers on stdout when its stdin closes
 CLIENT = textwrap.dedent('''
     import http.client, sys, threading
     from urllib.parse import urlsplit
@@ -51,7 +51,7 @@ CLIENT = textwrap.dedent('''
              "fr_trace": "/v1/fr_trace", "healthz": "/healthz"}
     paths = [("GET", flask[n]) if kind == "flask" else ("POST", "/handler/lightkeeper_" + n)
              for n in names]
-    answered = [0, 0]  # 200s, others
+    answered = [0, 0]  # 200s, others (counted without a lock: a few may be lost)
     def loop():
         conn = None
         while True:
@@ -66,7 +66,8 @@ CLIENT = textwrap.dedent('''
                         conn.close(); conn = None
                 except OSError:
                     conn = None
-    threading.Thread(target=loop, daemon=True).start()
+    for _ in range(int(sys.argv[4])):
+        threading.Thread(target=loop, daemon=True).start()
     sys.stdin.read()
     print(answered[0], answered[1], flush=True)
 ''')
@@ -89,6 +90,8 @@ def main() -> int:
     ap.add_argument("--server", choices=("flask", "torch"), default="flask")
     ap.add_argument("--endpoints", default="metrics,state,stacks,fr_trace",
                     help="what the client asks, in turn (%(default)s)")
+    ap.add_argument("--clients", type=int, default=1,
+                    help="connections the client reads on at once (%(default)s)")
     ap.add_argument("--json", help="write the figures to this file")
     args = ap.parse_args()
 
@@ -130,9 +133,10 @@ def main() -> int:
 
         for _ in range(50):  # warm up; fills the Flight Recorder and the step history
             step()
-        client = subprocess.Popen([sys.executable, "-c", CLIENT, server.url.replace(
-            "torch+http", "http"), server.server, args.endpoints], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True)
+        base = server.url.replace("torch+http", "http")
+        client = subprocess.Popen([sys.executable, "-c", CLIENT, base, server.server,
+                                   args.endpoints, str(args.clients)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         os.sched_setaffinity(client.pid, other_cores)
         os.kill(client.pid, signal.SIGSTOP)
         rates: dict[str, list[float]] = {"quiet": [], "read": []}
@@ -151,7 +155,7 @@ def main() -> int:
             "server": server.server, "torch": torch.__version__,
             "steps_per_s_quiet": round(quiet, 1), "steps_per_s_read": round(read, 1),
             "read_over_quiet": round(read / quiet, 3),
-            "endpoints": args.endpoints,
+            "endpoints": args.endpoints, "clients": args.clients,
             "client_answers_per_s": round(ok / (args.windows * args.seconds), 1),
             "client_non_200": refused,
             "windows": {k: [round(r, 1) for r in v] for k, v in rates.items()},
