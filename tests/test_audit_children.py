@@ -142,3 +142,22 @@ def test_the_hook_costs_a_python_child_no_heavy_import(planned_stops):
     assert ("worker_server.stop_signal" in loaded) == bool(planned_stops), out
     assert not loaded & {"typing", "re", "pathlib", "importlib.util"}, out
     assert out.stderr == ""
+
+
+@pytest.mark.parametrize("rank_env", [{}, {"RANK": "0"}])
+def test_planned_stops_say_when_a_rank_could_not_be_armed(tmp_path, rank_env):
+    # a script that sets RANK itself (examples/torchft_two_groups.py) was left unarmed, unsaid
+    from tests.support.hook import hooked_env
+
+    env = {k: v for k, v in hooked_env(tmp_path).items() if k not in ("RANK", "LOCAL_RANK")}
+    env.update(LIGHTKEEPER_PLANNED_STOPS="1", **rank_env)
+    script = ("import os; os.environ['RANK'] = '0'\n"
+              "from torchft.manager import Manager\nManager(replica_id='train_1')\n")
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    said = [line for line in out.stderr.splitlines() if "planned-stops" in line]
+    assert "worker_server=http://127.0.0.1:" in out.stderr
+    assert said == ([] if rank_env else [
+        "[lightkeeper] --planned-stops: not armed in this rank, which had neither RANK nor "
+        "LOCAL_RANK set when it started: SIGTERM ends it unsaid (start it with RANK set)"]), said

@@ -239,6 +239,10 @@ def on_manager(manager: Any, kwargs: dict[str, Any] | None = None) -> Any:
         ident = server.state.identity
         say(f"replica_group={ident.replica_group} group_rank={ident.group_rank} "
             f"worker_server={server.url} (lightkeeper run)")
+        stops = sys.modules.get(f"{__package__}.stop_signal")
+        if getattr(stops, "unarmed_no_rank", False) and not stops._armed:
+            say("--planned-stops: not armed in this rank, which had neither RANK nor LOCAL_RANK "
+                "set when it started: SIGTERM ends it unsaid (start it with RANK set)")
         return server
     except BaseException as e:  # the job must never fail because of the hook
         if isinstance(e, KeyboardInterrupt | SystemExit):

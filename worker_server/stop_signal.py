@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 _SIGNALS = {signal.SIGTERM}
 _armed = False
+unarmed_no_rank = False
 ENV_PLANNED_STOPS = "LIGHTKEEPER_PLANNED_STOPS"  # lightkeeper run --planned-stops sets it
 
 
@@ -45,12 +46,15 @@ def arm_from_env(env=os.environ) -> None:
     """Under ``lightkeeper run --planned-stops``: arm in a training rank (``RANK`` or
     ``LOCAL_RANK`` set, as launchers set them for ranks and not for torchrun's own agent);
     called by the hook at interpreter start, before the program runs."""
+    global unarmed_no_rank
     if not enabled(env, ENV_PLANNED_STOPS):
         return
     if "RANK" in env or "LOCAL_RANK" in env:
         why = watch_sigterm()
         if why:
             say(f"--planned-stops: SIGTERM will end this rank unsaid: {why}")
+    else:
+        unarmed_no_rank = True  # said if this process turns out a rank (autostart.on_manager)
 
 
 def watch_sigterm(on_stop: Callable[[], object] | None = None) -> str | None:
