@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from monitor.config import DetectorConfig
 from monitor.detect import Detectors
+from tests.support.monitor_sim import SimJob
 from tests.test_monitor_detectors import T0, Job
 
 
@@ -106,3 +107,29 @@ def test_groups_on_different_torchft_versions_are_said_once_and_in_cluster(tmp_p
         if mon is not None:
             mon.stop()
         sim.stop()
+
+
+def test_survivors_held_by_a_group_just_evicted_are_no_job_stall(tmp_path):
+    """The dead finding the kill used to open also stood for the evicted group in the job-wide
+    detector (a group of the quorum out of sight holds the others in their collective): without
+    it the survivors' wait until torchft drops the group read as a job_stall. The eviction
+    itself now explains it. A live monitor swept by hand, simulated ranks, a real Lighthouse
+    (tests/test_monitor_network.py's driver)."""
+    from tests.test_monitor_network import Clock, Driver, Training, monitor
+
+    job = SimJob(4, ranks_per_group=2, heartbeat_timeout_ms=1000)
+    mon = None
+    try:
+        clock = Clock()
+        mon = monitor(tmp_path, job, clock)
+        d = Driver(mon, Training(job), clock)
+        d.sweeps(4)
+        assert mon.evict_manual(3, "test")["decision"] == "evict"
+        assert job.kills == [job.replica_ids[3]]  # its ranks stop answering
+        d.train.stall(4.0, d.clock.t)  # the others wait for it in the cross-group all_reduce
+        d.sweeps(8, steps=0)
+        assert d.open_kinds() == []
+    finally:
+        if mon is not None:
+            mon.stop()
+        job.stop()

@@ -193,7 +193,7 @@ class Detectors:
             ("stuck_starting", lambda: self.liveness.stuck_starting(
                 full, now, self._starting_urls(full), self._groups)),
             # after the per-group detectors: a group they name explains the job
-            ("job", lambda: self.jobwide.judge(view, now, self.hang, self.straggler)))
+            ("job", lambda: self.jobwide.judge(view, now, self.hang, self.straggler, evicted)))
         new = [f for name, step in steps for f in self._guarded(name, step)]
         self.findings.resolve_gone(view, full, now)
         self._note_commit_failures(view)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Container
 from typing import Any
 
 from monitor.config import DetectorConfig
@@ -113,8 +114,8 @@ class JobWide:
         self._stall_suspected = False  # this sweep: a job stall on its way (STALL_SUSPECT)
         self._changed_at: int | None = None  # the newest step when they last changed
 
-    def judge(self, view: ClusterView, now: float, hang: Hang,
-              straggler: Straggler) -> list[Finding]:
+    def judge(self, view: ClusterView, now: float, hang: Hang, straggler: Straggler,
+              evicted: Container[str] = ()) -> list[Finding]:
         groups = view.in_quorum()
         in_q = {gv.replica_group for gv in groups}
         q = view.quorum_id
@@ -128,12 +129,15 @@ class JobWide:
 
         blamed = sorted({k[1] for k in self.findings.open if k[0] in GROUP_KINDS
                          and of_quorum(k[1])})
+        # a group evicted, still of the quorum, holds the others until torchft drops it
+        killed = [g for g, gv in view.groups.items() if gv.replica_id in evicted
+                  and of_quorum(g)] if evicted and not blamed else []
         members = frozenset((gv.replica_group, gv.replica_id) for gv in groups)
         if members != self._members:  # a group left, joined or was restarted
             self._members = members
             self._changed_at = max((gv.step for gv in groups if gv.step is not None),
                                    default=None)
-        out = [self.stall(view, groups, now, hang, blamed),
+        out = [self.stall(view, groups, now, hang, blamed or killed),
                self.slow(view, groups, now, straggler.last_window, blamed)]
         return [f for f in out if f]
 
