@@ -129,6 +129,8 @@ def test_survivors_held_by_a_group_just_evicted_are_no_job_stall(tmp_path):
         d.train.stall(4.0, d.clock.t)  # the others wait for it in the cross-group all_reduce
         d.sweeps(8, steps=0)
         assert d.open_kinds() == []
+        # the goodput ledger: the eviction's one incident, no job-wide one beside it
+        assert [i["kind"] for i in mon.goodput_json()["incidents"]] == ["manual"]
     finally:
         if mon is not None:
             mon.stop()
