@@ -20,13 +20,16 @@ wrappers they would recurse (``wait_quorum`` -> bookkeeping -> ``wait_quorum`` .
 
 The same wrappers time the training thread's waits (:mod:`worker_server.timing`): the quorum and
 ``allreduce`` (through its Work's ``wait()``) as cross-group wait, ``should_commit`` as in-group
-wait, and the end of ``should_commit`` closes the step. :func:`instrument_fsdp` adds FSDP2's
-in-group all-gathers and reduce-scatters.
+wait, and the end of ``should_commit`` closes the step and begins the next: a step's time
+(``last_step_seconds``, like the timer's ``step_s``) runs commit to commit, so with LocalSGD or
+DiLoCo, whose ``should_commit`` comes once a sync, a step is a sync and its time the inner
+steps'. :func:`instrument_fsdp` adds FSDP2's in-group all-gathers and reduce-scatters.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from typing import Any
 
@@ -37,10 +40,9 @@ from .state import RankState, library_versions
 
 def replica_id_of(manager: Any) -> str | None:
     """torchft's full replica id (``<prefix>:<uuid>``) as the Lighthouse knows it."""
-    try:
-        from torchft.manager import REPLICA_ID_KEY
-
-        return manager._store.get(REPLICA_ID_KEY).decode("utf-8") or None
+    try:  # a torchft Manager's module is imported: a stand-in's import no torch for it
+        key = sys.modules["torchft.manager"].REPLICA_ID_KEY
+        return manager._store.get(key).decode("utf-8") or None
     except Exception:
         return None
 
@@ -92,9 +94,12 @@ def instrument_manager(manager: Any, state: RankState, tracker: IncarnationTrack
     # (torchft sets the step to the quorum's max_step after loading a peer's state).
     step_at_start: list[int | None] = [None]
     timer = state.timing
+    first = [True]
 
     def begin() -> None:
-        state.step_started()
+        if first[0]:  # later steps begin where the last ended, as the timer's (commit to commit)
+            first[0] = False
+            state.step_started()
         timer.begin_step()
         state.set_phase("quorum")
         step_at_start[0] = manager.current_step()
@@ -117,6 +122,7 @@ def instrument_manager(manager: Any, state: RankState, tracker: IncarnationTrack
         if ran_as is not None:
             timer.end_step(ran_as)
         state.step_finished(manager.current_step(), ok)
+        state.step_started()
         state.set_phase("optimizer")
         # last: a torchft without the private _quorum_id still shows its steps, not a hang
         _update_quorum(manager, state)
