@@ -13,7 +13,7 @@ from monitor.config import DetectorConfig
 from monitor.evidence.view import ClusterView
 
 from .findings import Finding, Findings, engine_findings
-from .rank_state import SeenGroups, collective_wait, phases, rank_groups
+from .rank_state import SeenGroups, collective_wait, current_wait, phases, rank_groups
 
 log = logging.getLogger(__name__)
 
@@ -124,10 +124,13 @@ class Hang:
         stalled, longest, threshold, waits = self.stall(view, now)
         findings = self.findings
         if not stalled:
-            findings.resolve_where("progress", now, ("hang",))
-            return []
+            new = self._unasked(view, now)
+            if not new:
+                findings.resolve_where("progress", now, ("hang",))
+            return [f for f in new if f]
         if analysis is None:
             return []
+        new = []
         newest_q = view.quorum_id
         rank_group = rank_groups(view, dumps)
         in_quorum = {g.replica_group for g in view.in_quorum()}
@@ -139,7 +142,6 @@ class Hang:
                     g = rank_group(r)
                     if g is not None and h not in cross.setdefault(g, []):
                         cross[g].append(h)
-        new = []
         for g in sorted(set(cross) | set(inner)):
             gv = view.groups.get(g)
             if gv is None or g not in in_quorum:
@@ -184,7 +186,51 @@ class Hang:
                   "analysis": [h["raw"] for h in found]
                   + [h["raw"] for h in cross.get(g, []) if h not in found]}
             new.append(findings.confirm("hang", gv, ranks, ev, now - longest, now, view))
+        new += self._unasked(view, now, findings.groups("hang"))  # the engine's named first
         return [f for f in new if f]
+
+    def _unasked(self, view: ClusterView, now: float, named: set[int] = frozenset()) -> list:
+        """Hangs of the groups of the newest quorum that never asked for the next one while the
+        others, at the same step, wait across groups for it (the longest past the threshold):
+        LocalSGD and DiLoCo meet at a quorum before their all_reduce, so the Flight Recorder
+        holds nothing the hung group never entered."""
+        if self.stalled_sweeps < 1:
+            return []
+        idle, waited, steps = [], {}, set()
+        for gv in view.in_quorum():
+            fresh = [r for r in gv.ranks if r.fresh]
+            if not fresh or len(gv.reachable) != len(gv.ranks):
+                return []
+            steps.add(gv.step)
+            w = [current_wait(r.state) for r in fresh]
+            if all(scope is None for scope, _ in w):
+                idle.append(gv)
+            elif cross := [(secs, r.rank) for (scope, secs), r in zip(w, fresh, strict=True)
+                           if scope == "cross"]:
+                waited[gv.replica_group] = max(cross)
+            else:
+                return []
+        threshold = self.threshold(view)
+        longest = max((s for s, _ in waited.values()), default=0.0)
+        if not idle or longest < threshold or len(steps) != 1:
+            return []
+        waiting = sorted(r for _, r in waited.values() if r is not None)
+        out = []
+        for gv in idle:
+            ranks = sorted(r.rank for r in gv.ranks if r.rank is not None)
+            if gv.replica_group in named or self._checkpointing(view, gv.replica_group, ranks,
+                                                                now):
+                continue
+            ev = {"summary": f"rank(s) {ranks} never asked for the quorum of step "
+                             f"{gv.step + 1 if gv.step is not None else '?'} that replica "
+                             f"group(s) {sorted(waited)} have waited for, across groups, for "
+                             f"{longest:.1f}s (threshold {threshold:.1f}s)",
+                  "level": "quorum", "stalled_s": round(longest, 3),
+                  "threshold_s": round(threshold, 3), "median_step_s": view.median_step_seconds(),
+                  "quorum_id": view.quorum_id, "never_arrived": ranks, "waiting_ranks": waiting,
+                  "phases": phases(view, ranks + waiting)}
+            out.append(self.findings.confirm("hang", gv, ranks, ev, now - longest, now, view))
+        return out
 
     def in_group_hangs(self, view: ClusterView, dumps: Mapping[int, dict],
                        now: float) -> set[int]:
