@@ -118,7 +118,9 @@ def _start_children_unblocked() -> None:
 
 def _tracker_keeps_sigterm_blocked(module) -> None:
     # it blocks, then unblocks, these in the thread that starts it (the main thread, mostly)
-    module._IGNORED_SIGNALS = tuple(s for s in module._IGNORED_SIGNALS if s not in _SIGNALS)
+    ignored = getattr(module, "_IGNORED_SIGNALS", None)
+    if isinstance(ignored, tuple):  # a Python without it: nothing to do, never an import error
+        module._IGNORED_SIGNALS = tuple(s for s in ignored if s not in _SIGNALS)
 
 
 def _forked() -> None:
