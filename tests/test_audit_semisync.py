@@ -116,3 +116,20 @@ def test_a_step_is_a_sync_and_its_time_runs_commit_to_commit():
     assert len(steps) == 3 and min(steps[1:]) >= inner_s, steps
     for own, row in zip(steps, rows, strict=True):
         assert own == pytest.approx(row["step_s"], abs=2e-3)
+
+
+def test_a_job_whose_steps_take_seconds_leaves_goodput_startup(monkeypatch):
+    """The goodput baseline needs 3 steps in its pace window, 3 s until a baseline exists: a job
+    whose steps (LocalSGD's syncs) took over about a second stayed in ``startup`` for good,
+    goodput 0. The window now stretches to 3 steps until then."""
+    from monitor.goodput import GoodputLedger
+    from tests import test_goodput
+
+    monkeypatch.setattr(test_goodput, "STEP", 2.0)  # a sync every 2 s (the real job's)
+    job, led = test_goodput.ModelJob(3, 1), GoodputLedger()
+    job.run(led, 60)
+    out = led.to_json()
+    assert out["baseline"]["step_seconds"] == pytest.approx(2.0, rel=0.2)
+    j = out["job"]
+    assert {c for c, v in j["badput_seconds"].items() if v} == {"startup"}
+    assert j["badput_seconds"]["startup"] < 3 * 25 and j["goodput_seconds"] > 3 * 30, j

@@ -26,8 +26,10 @@ def pace_of(history: deque, window: float, b: float | None) -> float | None:
     return max(0, v_end - start[1]) * b / span
 
 
-def trim(history: deque, now: float, keep: float) -> None:
-    while len(history) >= 2 and history[1][0] <= now - keep:
+def trim(history: deque, now: float, keep: float, steps: int = 0) -> None:
+    """Drop what is older than ``keep`` seconds, but not below ``steps`` steps held."""
+    while len(history) >= 2 and history[1][0] <= now - keep and (
+            history[-1][1] - history[1][1] >= steps or history[1][1] == history[0][1]):
         history.popleft()
 
 
@@ -70,7 +72,9 @@ class JobPace:
                 self.step = s
         if self.step is not None:
             self.history.append((at, self.step))
-            trim(self.history, now, self.window)
+            # no baseline yet: W's 3 s floor holds no 3 steps of over a second (a LocalSGD
+            # sync), so the window stretches to 3 steps and startup ends
+            trim(self.history, now, self.window, 3 if self.baseline is None else 0)
         return moved
 
     def frozen(self, now: float, incident: int | None) -> str | None:

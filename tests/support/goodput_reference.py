@@ -5,7 +5,7 @@ monitor/goodput.py) at e1d5fb6, verbatim; the dataclasses, constants and value h
 left alone are imported from monitor/goodput/. Not used by the monitor; do not change the ledger
 here to follow monitor/goodput/ (that is what the test checks). One later change of behaviour
 was made here too, by intent: the job's step history dated from the ranks' commit time
-(``_ingest_job_step``, ``_back_at``)."""
+(``_ingest_job_step``, ``_back_at``), and its window held to 3 steps before a baseline."""
 
 from __future__ import annotations
 
@@ -301,7 +301,7 @@ class GoodputLedger:
                 self.job_step = s
         if self.job_step is not None:
             self.job_history.append((at, self.job_step))
-            _trim(self.job_history, now, self.window)
+            _trim(self.job_history, now, self.window, 3 if self.baseline is None else 0)
         return moved
 
     # --- incidents -------------------------------------------------------------------
