@@ -128,8 +128,8 @@ class Hang:
             if not new:
                 findings.resolve_where("progress", now, ("hang",))
             return [f for f in new if f]
-        if analysis is None:
-            return []
+        if analysis is None:  # no dumps (a torch without the Flight Recorder): the states alone
+            return [f for f in self._unasked(view, now, findings.groups("hang")) if f]
         new = []
         newest_q = view.quorum_id
         rank_group = rank_groups(view, dumps)
@@ -207,7 +207,7 @@ class Hang:
                 idle.append(gv)
             elif cross := [(secs, r.rank) for (scope, secs), r in zip(w, fresh, strict=True)
                            if scope == "cross"]:
-                waited[gv.replica_group] = max(cross)
+                waited[gv.replica_group] = max(cross, key=lambda c: c[0])
             else:
                 return []
         threshold = self.threshold(view)
