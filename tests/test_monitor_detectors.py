@@ -876,6 +876,43 @@ def test_a_rank_that_crashed_before_its_peer_was_stopped_is_still_dead():
     assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("dead", 1, [3])]
 
 
+def restarted(job: Job, g: int, rid: str) -> None:
+    """Group ``g`` started again at once (a warm spare): a new incarnation on new addresses."""
+    for r in [r for r in range(job.world) if job.group_of(r) == g]:
+        s = json.loads(json.dumps(job.states[r]))
+        s.update(replica_id=rid, finished=False, stopped_by=None, phase="forward",
+                 host="host-spare")
+        job.states.append(s)
+        job.targets.append(Target(f"http://127.0.0.1:{9500 + r}", "static"))
+
+
+@pytest.mark.parametrize("stop", ["crash", "planned"])
+def test_a_crash_restarted_before_dead_sweeps_is_still_dead_a_planned_stop_is_not(stop):
+    """torchrun stops a crashed rank's peer and the group is back from a warm spare before
+    --dead-sweeps sweeps passed: the new incarnation shows the crashed rank is gone, so it is
+    dead; a planned stop (every rank said it stopped) restarted as fast is not."""
+    job = Job()
+    det = Detectors(DetectorConfig(dead_sweeps=3))
+    job.steps(5, now=T0)
+    sweep(det, job, T0)
+    old = job.states[3]["replica_id"]
+    stopping = [2] if stop == "crash" else [2, 3]
+    for r in stopping:
+        job.states[r].update(finished=True, stopped_by="SIGTERM", phase="stopped")
+    job.down = {3} if stop == "crash" else set()  # rank 3 crashed before rank 2 was stopped
+    found = list(sweep(det, job, T0 + 1))
+    job.down = {2, 3}
+    restarted(job, 1, "replica_group_1:new")
+    found += [f for i in (2, 3, 4, 5) for f in sweep(det, job, T0 + i)]
+    got = [(f.kind, f.replica_group, f.replica_id, f.ranks) for f in found]
+    assert got == ([("dead", 1, old, [3])] if stop == "crash" else []), got
+    if found:  # where the crashed rank ran, not where its replacement runs
+        [c] = found[0].evidence["culprits"]
+        assert (c["url"], c["host"], c["reachable"]) == ("http://127.0.0.1:9003", "host-g1", False)
+        # open for a sweep (the goodput ledger counts its cost), then over: replaced
+        assert found[0].resolution == "replaced" and found[0].resolved_at > found[0].confirmed_at
+
+
 def test_a_peer_that_goes_down_after_its_group_was_stopped_ended_with_it():
     """A planned stop of one rank (its pod deleted) fails its peers' collectives: a peer still
     answering when the stop was read, down after it, is no crash of its own."""

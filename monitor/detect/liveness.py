@@ -10,7 +10,7 @@ from collections.abc import Container, Mapping
 from typing import Any
 
 from monitor.config import DetectorConfig
-from monitor.evidence.view import ClusterView, RankView
+from monitor.evidence.view import ClusterView, GroupView, RankView
 
 from .findings import Finding, Findings
 from .rank_state import SeenGroups
@@ -24,6 +24,17 @@ def _unreachable(ranks: list[RankView]) -> dict[str, Any]:
             for r in ranks}
 
 
+class _AsLastSeen:
+    """The lost ranks as their last answers said (host, pid, ...), for the finding's culprits:
+    the view's ranks of those numbers are now their replacements."""
+
+    def __init__(self, ranks: list[RankView]) -> None:
+        self._by_rank = {r.rank: r for r in ranks}
+
+    def rank_view(self, rank: int) -> RankView | None:
+        return self._by_rank.get(rank)
+
+
 class Liveness:
     def __init__(self, cfg: DetectorConfig, findings: Findings) -> None:
         self.cfg, self.findings = cfg, findings
@@ -32,7 +43,8 @@ class Liveness:
         self._starting: dict[tuple, float] = {}  # (url, pid, started_at) -> first seen so
         self._down_at: dict[str, int] = {}  # url of a rank down -> its group's step then
         self._ended: dict[int, dict[str, set[str]]] = {}  # group -> replica id of a rank that
-        # ended -> its peers already down then
+        # said it ended -> its peers already down then
+        self._replaced: dict[int, set[str]] = {}  # group -> earlier incarnations judged
 
     def dead(self, view: ClusterView, now: float, evicted: Container[str] = ()) -> list[Finding]:
         findings, new = self.findings, []
@@ -43,6 +55,7 @@ class Liveness:
         self._down.difference_update(gone)
         for g in gone:
             self._ended.pop(g, None)
+            self._replaced.pop(g, None)
         # an unchanged group with no rank down and nothing open has nothing new
         for g in sorted(self._down.union(changed, open_dead)):
             gv = view.groups.get(g)
@@ -50,7 +63,7 @@ class Liveness:
                 continue
             if len(gv.reachable) == len(gv.ranks):
                 self._down.discard(g)
-                if g not in open_dead:
+                if g not in open_dead and not gv.superseded:
                     continue
             else:
                 self._down.add(g)
@@ -59,10 +72,6 @@ class Liveness:
                 for kind in DEAD_KINDS:
                     findings.resolve((kind, g, rid), "evicted", now)
                 continue
-            if rid is not None:  # what was dead of an earlier incarnation is over
-                for key in [k for k in findings.open if k[0] in DEAD_KINDS and k[1] == g
-                            and k[2] not in (None, rid)]:
-                    findings.resolve(key, "replaced", now)
             # a rank that ended (a planned stop) fails its peers' collectives: those of its
             # incarnation that go down after its stop was read (a pod SIGTERMed later, or
             # never) end with it; one down before (a crash torchrun then stopped) is dead
@@ -71,8 +80,19 @@ class Liveness:
             for k in [k for k in ended if k not in ids]:
                 del ended[k]
             for e in gv.ranks:
-                if e.ended and e.replica_id is not None and e.replica_id not in ended:
+                if e.state and e.state.get("finished") is True and e.replica_id is not None \
+                        and e.replica_id not in ended:
                     ended[e.replica_id] = {r.url for r in gv.ranks if r.failures > e.failures}
+            if rid is not None:
+                # what was dead of an earlier incarnation is over (one found now, next sweep:
+                # open for one sweep, the goodput ledger counts its cost)
+                found = self._replaced_early(gv, rid, ended, ids, evicted, now)
+                if found:  # the new incarnation is judged from the next sweep on
+                    new += found
+                    continue
+                for key in [k for k in findings.open if k[0] in DEAD_KINDS and k[1] == g
+                            and k[2] not in (None, rid)]:
+                    findings.resolve(key, "replaced", now)
             # a rank of an earlier incarnation is not this incarnation's loss
             down = [r for r in gv.ranks if not r.reachable and not r.superseded
                     and not r.ended and r.failures >= self.cfg.dead_sweeps
@@ -121,6 +141,35 @@ class Liveness:
                 "dead", gv, sorted({r.rank for r in down if r.rank is not None}), ev,
                 min(r.unreachable_since or now for r in down), now, view))
         return [f for f in new if f]
+
+    def _replaced_early(self, gv: GroupView, rid: str, ended: Mapping[str, set[str]],
+                        ids: set[Any], evicted: Container[str], now: float) -> list[Finding]:
+        """An earlier incarnation replaced before its lost ranks were down ``--dead-sweeps``
+        sweeps (restarted at once: torchrun stopping a crashed rank's peers, a warm spare): the
+        new incarnation shows they are gone, so a rank of it that went down unsaid is dead."""
+        judged = self._replaced.setdefault(gv.replica_group, set())
+        judged.intersection_update(ids)
+        lost: dict[str, list[RankView]] = {}
+        for r in (*gv.ranks, *gv.superseded):
+            old = r.replica_id
+            if old not in (None, rid) and old not in judged and old not in evicted \
+                    and not r.reachable and not r.ended and r.failures >= 1 \
+                    and r.url in ended.get(old, (r.url,)):
+                lost.setdefault(old, []).append(r)
+        out = []
+        for old, ranks in lost.items():
+            judged.add(old)
+            if any(k[0] in DEAD_KINDS and k[1] == gv.replica_group and k[2] == old
+                   for k in self.findings.open):
+                continue
+            ev = {"summary": f"{len(ranks)} rank(s) of the earlier incarnation {old} went down "
+                             f"unsaid before {rid} replaced it",
+                  "unreachable": _unreachable(ranks), "replaced_by": rid}
+            out.append(self.findings.confirm(
+                "dead", gv, sorted({r.rank for r in ranks if r.rank is not None}), ev,
+                min(r.unreachable_since or now for r in ranks), now, _AsLastSeen(ranks),
+                replica_id=old))
+        return out
 
     def stuck_starting(self, full: ClusterView, now: float, starting_urls: list[str] | None,
                        groups: Mapping[int, Any]) -> list[Finding]:
