@@ -8,9 +8,11 @@ only make the test wait). The Debian ``prometheus`` binary is started on 127.0.0
 temporary storage directory and stopped by PID, like the Lighthouse, the trainers and the monitor.
 
 Scenario: a Lighthouse and 2 replica groups train; once Prometheus has the monitor's Flight
-Recorder analysis and the recording rules, replica group 1 is evicted through the monitor's
-``POST /v1/evict`` (the monitor asks the Lighthouse to kill it). That gives the event panels
-(findings, evictions, decisions, poll errors, quorum changes) real events. Each query is run as
+Recorder analysis and the recording rules, replica group 1 is slowed (a fault posted to its
+rank) until the monitor confirms it a straggler (report-only here: ``--evict-on hang``), then
+evicted through the monitor's ``POST /v1/evict`` (the monitor asks the Lighthouse to kill it).
+That gives the event panels (findings, evictions, decisions, poll errors, quorum changes) real
+events. Each query is run as
 Grafana would run it (instant for tables/stats, and annotations as range queries over the run);
 a query passes once it has returned data.
 
@@ -43,6 +45,7 @@ from tests.support import prometheus
 pytestmark = pytest.mark.e2e
 
 TOKEN = "dashboards-live-test"
+FAULT_TOKEN = "dashboards-live-faults"
 JOB = "lightkeeper"
 # What Grafana would send with every variable on "All" values of this job, 1 s scrapes.
 VARIABLES = {"job": JOB, "replica_group": "(0|1)", "rank": "(0|1)"}
@@ -100,7 +103,8 @@ def _start_monitor(workdir: Path, lighthouse: str) -> tuple[subprocess.Popen, st
             [sys.executable, "-u", "-m", "lightkeeper.cli", "monitor", "--lighthouse", lighthouse,
              "--port", "0", "--interval", "0.5", "--state", str(workdir / "monitor.sqlite"),
              "--sd-out", str(sd_dir / "lightkeeper.json"), "--token", TOKEN, "--job", JOB,
-             "--min-replicas", "1", "--dead-sweeps", "2", "--fr-interval", "1"],
+             "--min-replicas", "1", "--dead-sweeps", "2", "--fr-interval", "1",
+             "--evict-on", "hang"],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def url():
@@ -135,7 +139,8 @@ def live(tmp_path_factory):
         lighthouse = cluster.start_lighthouse()
         monitor, monitor_url, sd_dir = _start_monitor(workdir, lighthouse)
         # the ranks register with the monitor, which lists them in its file_sd file
-        cluster.extra_env.update(LIGHTKEEPER_MONITOR=monitor_url, LIGHTKEEPER_TOKEN=TOKEN)
+        cluster.extra_env.update(LIGHTKEEPER_MONITOR=monitor_url, LIGHTKEEPER_TOKEN=TOKEN,
+                                 LIGHTKEEPER_FAULT_TOKEN=FAULT_TOKEN)
         for g in range(2):
             cluster.start_group(g)
         # Prometheus starts while the ranks import torch: it finds them through the file_sd
@@ -170,7 +175,15 @@ def live(tmp_path_factory):
         if os.environ.get("LIGHTKEEPER_DOCS_IMG"):  # longer healthy stretch for the pictures
             time.sleep(float(os.environ.get("LIGHTKEEPER_DOCS_BEFORE_S", "40")))
 
-        # Phase 2: evict replica group 1 through the monitor.
+        # Phase 2: slow replica group 1 until the monitor finds it a straggler (a finding for
+        # the event panels), then evict it through the monitor.
+        for url in cluster.groups[1].worker_urls.values():
+            requests.post(url + "/v1/faults", json={"spec": "slow:delay=0.5"}, timeout=5,
+                          headers={"Authorization": f"Bearer {FAULT_TOKEN}"}).raise_for_status()
+        wait_until(lambda: any(f["kind"] == "straggler" for f in requests.get(
+            monitor_url + "/v1/findings", timeout=5).json()), 60, interval=0.5,
+            what="group 1 found a straggler")
+        run.timeline.append(f"{time.monotonic() - t0:.1f}s straggler found")
         r = requests.post(monitor_url + "/v1/evict", json={"replica_group": 1,
                                                             "reason": "dashboards live test"},
                           headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
