@@ -925,3 +925,67 @@ def test_a_peer_that_goes_down_after_its_group_was_stopped_ended_with_it():
     job.down = {2, 3}  # rank 0 goes; rank 1's collective fails and it exits
     found = [f for i in (2, 3, 4) for f in sweep(det, job, T0 + i)]
     assert found == [], [(f.kind, f.ranks) for f in found]
+
+
+def restarted_here(job: Job, g: int, rid: str) -> None:
+    """Group ``g`` started again at its own addresses (fixed worker ports, the same hosts)."""
+    for r in job.members(g):
+        job.states[r].update(replica_id=rid, finished=False, stopped_by=None, phase="forward",
+                             pid=job.states[r]["pid"] + 100, started_at=T0 + 2)
+
+
+@pytest.mark.parametrize("stop", ["crash", "planned", "evicted"])
+@pytest.mark.parametrize("seen_down", [True, False])
+def test_a_crash_restarted_at_its_own_address_is_still_dead(stop, seen_down):
+    """The same at the crashed rank's own address: its new incarnation answering there shows
+    the old one is gone. A restart between two polls (never seen down) whose old incarnation
+    did not say it finished is a crash too; a planned stop or an eviction is none."""
+    job = Job()
+    det = Detectors(DetectorConfig(dead_sweeps=3))
+    job.steps(5, now=T0)
+    sweep(det, job, T0)
+    old = job.states[3]["replica_id"]
+    found = []
+    if stop == "planned" or seen_down:  # a crash between polls: nothing said, nothing seen
+        for r in (2, 3) if stop == "planned" else (2,):
+            job.states[r].update(finished=True, stopped_by="SIGTERM", phase="stopped")
+        job.down = {3} if stop != "planned" else set()  # rank 3 crashed before 2 was stopped
+        found += sweep(det, job, T0 + 1)
+    if seen_down:
+        job.down = {2, 3}
+        found += sweep(det, job, T0 + 2)
+        job.down = set()
+    restarted_here(job, 1, "replica_group_1:new")
+    evicted = {old} if stop == "evicted" else set()
+    for i in (3, 4, 5):
+        view = job.view(T0 + i)
+        found += det.update(view, None, T0 + i, evicted=evicted)
+    got = [(f.kind, f.replica_group, f.replica_id, f.ranks) for f in found]
+    want = [3] if seen_down else [2, 3]
+    assert got == ([("dead", 1, old, want)] if stop == "crash" else []), got
+    if found:  # where the crashed rank ran: its last answer, now no process's
+        assert [(c["url"], c["host"]) for c in found[0].evidence["culprits"]] == \
+            [(f"http://127.0.0.1:{9000 + r}", "host-g1") for r in want]
+        assert found[0].resolution == "replaced" and found[0].resolved_at > found[0].confirmed_at
+
+
+def test_a_group_back_at_its_addresses_one_rank_at_a_time_is_found_once():
+    """Its rank 0 answers first with no Manager yet (no replica id), its crashed rank later:
+    the crash is found once the new incarnation has an id, once, where it ran."""
+    job = Job()
+    det = Detectors(DetectorConfig(dead_sweeps=5))
+    job.steps(5, now=T0)
+    sweep(det, job, T0)
+    old = job.states[3]["replica_id"]
+    job.states[2].update(finished=True, stopped_by="SIGTERM", phase="stopped")
+    job.down = {3}
+    found = list(sweep(det, job, T0 + 1))
+    job.down = {2, 3}
+    found += sweep(det, job, T0 + 2)
+    restarted_here(job, 1, "replica_group_1:new")
+    job.states[2]["replica_id"], job.down = None, {3}
+    found += [f for i in (3, 4) for f in sweep(det, job, T0 + i)]
+    assert found == []
+    job.states[2]["replica_id"], job.down = "replica_group_1:new", set()
+    found += [f for i in (5, 6, 7) for f in sweep(det, job, T0 + i)]
+    assert [(f.kind, f.replica_id, f.ranks) for f in found] == [("dead", old, [3])]

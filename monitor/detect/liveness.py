@@ -24,6 +24,10 @@ def _unreachable(ranks: list[RankView]) -> dict[str, Any]:
             for r in ranks}
 
 
+def _process(r: RankView) -> tuple:
+    return r.state.get("pid"), r.state.get("started_at")
+
+
 class _AsLastSeen:
     """The lost ranks as their last answers said (host, pid, ...), for the finding's culprits:
     the view's ranks of those numbers are now their replacements."""
@@ -45,10 +49,14 @@ class Liveness:
         self._ended: dict[int, dict[str, set[str]]] = {}  # group -> replica id of a rank that
         # said it ended -> its peers already down then
         self._replaced: dict[int, set[str]] = {}  # group -> earlier incarnations judged
+        self._was: dict[int, dict[str, RankView]] = {}  # group -> url of a rank down -> it
+        self._switched: dict[int, list[RankView]] = {}  # group -> an earlier incarnation's
+        # last views at addresses a later one answers at, until judged
 
     def dead(self, view: ClusterView, now: float, evicted: Container[str] = ()) -> list[Finding]:
         findings, new = self.findings, []
         open_dead = findings.groups(*DEAD_KINDS)
+        before = self._seen.groups
         changed, gone = self._seen.changed(view)
         for url in [u for u in self._down_at if u not in view.ranks]:
             del self._down_at[url]
@@ -56,14 +64,17 @@ class Liveness:
         for g in gone:
             self._ended.pop(g, None)
             self._replaced.pop(g, None)
+            self._was.pop(g, None)
+            self._switched.pop(g, None)
         # an unchanged group with no rank down and nothing open has nothing new
-        for g in sorted(self._down.union(changed, open_dead)):
+        for g in sorted(self._down.union(changed, open_dead, self._switched)):
             gv = view.groups.get(g)
             if gv is None:
                 continue
+            switched = self._switch(gv, before.get(g))
             if len(gv.reachable) == len(gv.ranks):
                 self._down.discard(g)
-                if g not in open_dead and not gv.superseded:
+                if g not in open_dead and not gv.superseded and not switched:
                     continue
             else:
                 self._down.add(g)
@@ -76,7 +87,7 @@ class Liveness:
             # incarnation that go down after its stop was read (a pod SIGTERMed later, or
             # never) end with it; one down before (a crash torchrun then stopped) is dead
             ended = self._ended.setdefault(g, {})
-            ids = {r.replica_id for r in (*gv.ranks, *gv.superseded)}
+            ids = {r.replica_id for r in (*gv.ranks, *gv.superseded, *switched)}
             for k in [k for k in ended if k not in ids]:
                 del ended[k]
             for e in gv.ranks:
@@ -86,7 +97,7 @@ class Liveness:
             if rid is not None:
                 # what was dead of an earlier incarnation is over (one found now, next sweep:
                 # open for one sweep, the goodput ledger counts its cost)
-                found = self._replaced_early(gv, rid, ended, ids, evicted, now)
+                found = self._replaced_early(gv, rid, ended, ids, evicted, now, switched)
                 if found:  # the new incarnation is judged from the next sweep on
                     new += found
                     continue
@@ -142,18 +153,52 @@ class Liveness:
                 min(r.unreachable_since or now for r in down), now, view))
         return [f for f in new if f]
 
+    def _switch(self, gv: GroupView, last: GroupView | None) -> list[RankView]:
+        """The earlier incarnation's last views at addresses another process of a later one
+        answers at now (restarted at its own address: a fixed worker port): as a rank down was
+        last seen, or as the last sweep saw it when the group's replica id changed between two
+        polls; kept until an incarnation other than theirs is the group's."""
+        g = gv.replica_group
+        was, between = self._was.setdefault(g, {}), {}
+        if last is not None and last is not gv and last.replica_id != gv.replica_id:
+            between = {p.url: p for p in last.reachable if p.replica_id}
+        elif not was and len(gv.reachable) == len(gv.ranks):
+            return self._switched.get(g, [])
+        out = self._switched.pop(g, [])
+        for r in gv.superseded:  # judged where its rank now runs
+            was.pop(r.url, None)
+        for r in gv.ranks:
+            if not r.reachable:
+                if r.replica_id:
+                    was[r.url] = r
+                continue
+            p = was.pop(r.url, None) or between.get(r.url)
+            if p is not None and p.replica_id != r.replica_id and _process(p) != _process(r):
+                out.append(p)
+        if out:
+            self._switched[g] = out
+        return out
+
     def _replaced_early(self, gv: GroupView, rid: str, ended: Mapping[str, set[str]],
-                        ids: set[Any], evicted: Container[str], now: float) -> list[Finding]:
+                        ids: set[Any], evicted: Container[str], now: float,
+                        switched: list[RankView]) -> list[Finding]:
         """An earlier incarnation replaced before its lost ranks were down ``--dead-sweeps``
         sweeps (restarted at once: torchrun stopping a crashed rank's peers, a warm spare): the
         new incarnation shows they are gone, so a rank of it that went down unsaid is dead."""
-        judged = self._replaced.setdefault(gv.replica_group, set())
+        g = gv.replica_group
+        judged = self._replaced.setdefault(g, set())
         judged.intersection_update(ids)
         lost: dict[str, list[RankView]] = {}
-        for r in (*gv.ranks, *gv.superseded):
+        # a process restarted at its address waits until its incarnation answers nowhere
+        live = {rid, *gv.reported_replica_ids}
+        wait = self._switched[g] = [r for r in switched if r.replica_id in live]
+        if not wait:
+            del self._switched[g]
+        gone = [r for r in (*gv.ranks, *gv.superseded) if not r.reachable and r.failures >= 1]
+        for r in (*gone, *[r for r in switched if r.replica_id not in live]):
             old = r.replica_id
             if old not in (None, rid) and old not in judged and old not in evicted \
-                    and not r.reachable and not r.ended and r.failures >= 1 \
+                    and r.state.get("finished") is not True \
                     and r.url in ended.get(old, (r.url,)):
                 lost.setdefault(old, []).append(r)
         out = []
