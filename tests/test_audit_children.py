@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from lightkeeper.cluster import stop_process
+from lightkeeper.cluster import stop_process, wait_until
 
 # after arming, as the hook arms a rank at interpreter start: its children end on SIGTERM
 SUBPROCESS_CHILDREN = """
@@ -107,9 +107,19 @@ def test_a_forked_child_does_not_keep_the_ranks_port():
     os.close(read)
     try:
         server.stop()  # as the rank's end: the port must be free though the child lives
-        with socket.socket() as s:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(("127.0.0.1", server.port))  # EADDRINUSE while the child held it
+
+        def bindable() -> bool:  # EADDRINUSE for as long as the child held it
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", server.port))
+                except OSError:
+                    return False
+                return True
+
+        # polled: another thread of this test process may fork (then exec) at any moment,
+        # holding the port for that instant
+        wait_until(bindable, 5, interval=0.05, what="the rank's port free")
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", server.port), timeout=2).close()
     finally:
