@@ -17,7 +17,8 @@ closes; torch's closes after 30 requests or 1 s idle) and on a new connection pe
 keep-alive ends after 1 s). Figures: latency p50/p99 per request (all rounds), and the rank
 process's CPU seconds per 1,000 requests (``/proc/<pid>/stat``, median of the rounds, the idle
 process's own CPU over the same time subtracted). The rank is pinned to one core, the client to
-the other, as a remote monitor would be.
+the other, as a remote monitor would be. Reads are not paced here (the rank's pacing wait is
+set to 0): the figures are each request's own cost.
 
     .venv/bin/python benchmarks/bench_worker_servers.py [--rounds 3] [--requests 500]
         [--fr-requests 20] [--steps 2000] [--json FILE]
@@ -45,7 +46,11 @@ RANK = textwrap.dedent('''
     import torch.distributed as dist
     sys.path.insert(0, sys.argv[1])
     from worker_server import RankIdentity, RankState, WorkerServer
+    from worker_server import metrics as paced
 
+    # a request's own cost, without the wait that paces back-to-back reads (what that wait
+    # buys: bench_worker_read_cost.py)
+    paced.MAX_PACE_S = 0.0
     steps = int(sys.argv[2])
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
