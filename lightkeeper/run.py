@@ -21,6 +21,7 @@ from http_serving import is_http_url, redact_url
 from worker_server.autostart import ENV_AUTOSTART, SITE_DIR, torchft_missing
 
 FR_BUFFER_DEFAULT = "2000"  # Flight Recorder entries kept per process unless the job sets its own
+TOKEN_ENV = "LIGHTKEEPER_REGISTER_TOKEN"
 _HOST_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?$")
 
 
@@ -29,8 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--monitor", metavar="URL", default=None,
                    help="register every rank with this monitor (env LIGHTKEEPER_MONITOR)")
     p.add_argument("--register-token", "--token", dest="register_token", default=None,
-                   help="the monitor's registration token (env LIGHTKEEPER_REGISTER_TOKEN); "
-                        "--token is its old name")
+                   help="the monitor's registration token; better in env "
+                        "LIGHTKEEPER_REGISTER_TOKEN: a flag is shown to every user of this host "
+                        "(ps); --token is its old name")
     p.add_argument("--job", default=None, help="job name in labels and state (env LIGHTKEEPER_JOB)")
     p.add_argument("--worker-host", default=None,
                    help="address the WorkerServers bind (env LIGHTKEEPER_WORKER_HOST; "
@@ -47,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "so a monitor does not count it dead (env LIGHTKEEPER_PLANNED_STOPS=1; "
                         "docs/run.md)")
     p.add_argument("--print-env", action="store_true",
-                   help="print the variables that turn the hook on (for a container spec) and exit")
+                   help="print the variables that turn the hook on (for a container spec; "
+                        "never the token) and exit")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="COMMAND",
                    help="the command to run, after --")
 
@@ -59,7 +62,7 @@ def hook_env(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
     parts = [p for p in path.split(os.pathsep) if p and p != str(SITE_DIR)]
     out["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), *parts])
     for value, name in ((args.monitor, "LIGHTKEEPER_MONITOR"),
-                        (args.register_token, "LIGHTKEEPER_REGISTER_TOKEN"),
+                        (args.register_token, TOKEN_ENV),
                         (args.job, "LIGHTKEEPER_JOB"), (args.worker_host, "LIGHTKEEPER_WORKER_HOST"),
                         (args.worker_port, "LIGHTKEEPER_WORKER_PORT"),
                         (getattr(args, "worker_server", None), "LIGHTKEEPER_WORKER_SERVER")):
@@ -118,9 +121,13 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"lightkeeper run: {bad}\n")
         return 2
     added = hook_env(args, dict(os.environ))
-    if args.print_env:
+    if args.print_env:  # a container spec is shared and kept: the token comes from a secret
         for name, value in added.items():
-            print(f"{name}={value}")
+            if name != TOKEN_ENV:
+                print(f"{name}={value}")
+        if TOKEN_ENV in added:
+            sys.stderr.write(f"lightkeeper run: {TOKEN_ENV} not printed: set it from a secret "
+                             "(Kubernetes: valueFrom.secretKeyRef, docs/kubernetes.md)\n")
         return 0
     if not command:
         sys.stderr.write("lightkeeper run: no command: lightkeeper run [options] -- COMMAND "
@@ -132,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
     if exe is None:
         sys.stderr.write(f"lightkeeper run: {command[0]}: command not found\n")
         return 127
+    if args.register_token is not None:
+        sys.stderr.write(f"lightkeeper run: --register-token on the command line is shown to every "
+                         f"user of this host (ps); set {TOKEN_ENV} instead\n")
     missing = torchft_missing()  # the job may run another Python: a warning only
     if missing:
         sys.stderr.write(f"lightkeeper run: {missing}; a job on this Python is not observed\n")

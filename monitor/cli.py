@@ -194,6 +194,10 @@ def _shard_config(args: argparse.Namespace) -> ShardConfig | None:
 
 
 def _env(value: str | None, name: str) -> str | None:
+    """A secret: its flag's ``value`` (every user of the host reads it, in ps: said) or ``name``."""
+    if value:
+        logging.getLogger(__name__).warning("a secret flag is on the command line, which every "
+                                            "user of this host can read (ps): set %s instead", name)
     return value or os.environ.get(name) or None
 
 

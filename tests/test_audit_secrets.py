@@ -1,0 +1,83 @@
+"""Secrets off the command line and out of what the CLI prints, and no raw terminal control
+characters from a dump in ``lightkeeper analyze``'s text.
+
+A flag's value is on the process's command line, which every user of the host reads (``ps``,
+``/proc/PID/cmdline``): each secret is also read from its variable, the flag still works and
+says so in one line. ``lightkeeper run --print-env`` writes a container spec, which is shared
+and kept: it never holds the registration token."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lightkeeper import run as lk_run
+
+REPO = Path(__file__).resolve().parents[1]
+SECRET = "s3cr3t-4e9a"
+
+
+def run_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    lk_run.add_arguments(p)
+    return p
+
+
+def test_print_env_never_prints_the_registration_token(capsys):
+    args = run_parser().parse_args(["--monitor", "http://m:19400", "--register-token", SECRET,
+                                    "--print-env"])
+    assert lk_run.run(args) == 0
+    out, err = capsys.readouterr()
+    assert SECRET not in out + err and "LIGHTKEEPER_REGISTER_TOKEN=" not in out
+    assert "LIGHTKEEPER_MONITOR=http://m:19400" in out.splitlines()
+    assert err.count("\n") == 1 and "LIGHTKEEPER_REGISTER_TOKEN not printed" in err
+    assert "secretKeyRef" in err
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_run_hands_the_token_on_from_a_flag_with_one_line_or_from_its_variable(how):
+    """The command gets the token either way; only the flag, on the command line, is said."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTKEEPER_")}
+    flag = ["--register-token", SECRET] if how == "flag" else []
+    if how == "env":
+        env["LIGHTKEEPER_REGISTER_TOKEN"] = SECRET
+    res = subprocess.run([sys.executable, "-m", "lightkeeper.cli", "run", *flag, "--", "/bin/sh",
+                          "-c", 'printf %s "$LIGHTKEEPER_REGISTER_TOKEN"'], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert (res.returncode, res.stdout) == (0, SECRET), res.stderr
+    said = [ln for ln in res.stderr.splitlines() if "--register-token" in ln]
+    if how == "flag":
+        assert len(said) == 1 and "set LIGHTKEEPER_REGISTER_TOKEN instead" in said[0], res.stderr
+    else:
+        assert said == [], res.stderr
+    assert SECRET not in res.stderr
+
+
+def test_monitor_secret_flags_work_and_each_says_its_variable(monkeypatch, caplog):
+    from monitor.cli import add_arguments, config_from_args
+
+    for name in ("LIGHTKEEPER_TOKEN", "LIGHTKEEPER_REGISTER_TOKEN", "LIGHTKEEPER_EXIT_TOKEN",
+                 "LIGHTKEEPER_WEBHOOK_SECRET"):
+        monkeypatch.delenv(name, raising=False)
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    with caplog.at_level("WARNING", logger="monitor.cli"):
+        cfg = config_from_args(p.parse_args(["--port", "0", "--token", "adm-" + SECRET,
+                                             "--rank-exit-token", "exit-" + SECRET]))
+    assert (cfg.token, cfg.rank_exit_token) == ("adm-" + SECRET, "exit-" + SECRET)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and all("command line" in m and "(ps)" in m for m in said), said
+    assert "set LIGHTKEEPER_TOKEN instead" in said[0]
+    assert "set LIGHTKEEPER_EXIT_TOKEN instead" in said[1]
+    assert not any(SECRET in m for m in said)
+    caplog.clear()
+    monkeypatch.setenv("LIGHTKEEPER_TOKEN", "adm-" + SECRET)
+    with caplog.at_level("WARNING", logger="monitor.cli"):
+        assert config_from_args(p.parse_args(["--port", "0"])).token == "adm-" + SECRET
+    assert caplog.records == []
+
