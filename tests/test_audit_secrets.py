@@ -9,6 +9,7 @@ and kept: it never holds the registration token."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from lightkeeper import run as lk_run
+from lightkeeper.cli import main
+from tests.support.frgen import FRJob, write_dumps
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = "s3cr3t-4e9a"
@@ -81,3 +84,21 @@ def test_monitor_secret_flags_work_and_each_says_its_variable(monkeypatch, caplo
         assert config_from_args(p.parse_args(["--port", "0"])).token == "adm-" + SECRET
     assert caplog.records == []
 
+
+def test_analyze_text_shows_a_dumps_control_characters_escaped(tmp_path, capsys):
+    """A process group or collective name with a terminal escape (retitle the window, clear the
+    screen) or a newline (a forged line) is printed as its escape; JSON is json's own."""
+    pg, op = "0\x1b]0;pwned\x07\x1b[2J\n[hang] forged", "all_reduce\x1b[31m\u202e"
+    job = FRJob(4)
+    job.group(pg, [0, 1, 2, 3])
+    job.repeat(4, [(pg, op, [[8]])])
+    job.collective(pg, op, [[8]], absent=[2])
+    write_dumps(job.dumps(), tmp_path, fmt="json")
+    assert main(["analyze", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert all(line.isprintable() for line in out.splitlines()), out
+    assert "\\x1b]0;pwned\\x07\\x1b[2J\\n[hang] forged" in out and "all_reduce\\x1b[31m\\u202e" in out
+    assert not any(line.startswith("[hang] forged") for line in out.splitlines())
+    assert main(["analyze", "--format", "json", str(tmp_path)]) == 1
+    (finding,) = json.loads(capsys.readouterr().out)["findings"]
+    assert (finding["pg"], finding["op"]) == (pg, op)

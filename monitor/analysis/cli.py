@@ -196,4 +196,10 @@ def format_text(report: dict[str, Any]) -> str:
         lines.append("")
         lines.append(f"[lag] rank {f['rank']} behind rank {_span(f['peers'])} (not a finding)")
         lines.append(f"  {f['detail']}")
-    return "\n".join(lines) + "\n"
+    return "\n".join(map(printable, lines)) + "\n"
+
+
+def printable(line: str) -> str:
+    """A line with each character a terminal would act on (an escape sequence, a newline, a
+    bidi override) from a dump shown as its escape (``\\x1b``), never sent raw."""
+    return line if line.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
