@@ -24,14 +24,15 @@ Lighthouse; each rank's own ``/v1/state``, ``/v1/fr_trace``, ``/v1/stacks`` and 
 at the URL it printed. ``tests/test_torchft_versions_e2e.py`` runs exactly this on every torchft
 the suite knows (docs/install.md).
 
-Across hosts (docs/run.md, Across hosts: the monitor with ``--bind 0.0.0.0 --register-token``),
+Across hosts (docs/run.md, Across hosts: the monitor with ``--bind 0.0.0.0`` and the
+registration token in ``LIGHTKEEPER_REGISTER_TOKEN`` on every host),
 give each group its host's name or address as ``MASTER_ADDR``, where the other groups reach its
 store; torchft advertises its own servers under the host's name (``socket.gethostname()``),
 which the other hosts must resolve::
 
     MASTER_ADDR=$(hostname) TORCHFT_LIGHTHOUSE=http://lh:29510 REPLICA_GROUP_ID=0 \\
-        lightkeeper run --monitor http://mon:9400 --register-token "$REG_TOKEN" \\
-        --worker-host 0.0.0.0 -- python examples/torchft_two_groups.py
+        lightkeeper run --monitor http://mon:9400 --worker-host 0.0.0.0 \\
+        -- python examples/torchft_two_groups.py
 
 The store and torchft 0.2's own servers (its ManagerServer, the checkpoint a healing group
 fetches) listen on every address, whatever address is given: keep the job inside the cluster's

@@ -1,7 +1,9 @@
 """docs/torchtitan.md's GPU-cluster commands as a user copies them: the monitor started from the
 page's own ``lightkeeper monitor`` flags (addresses and secrets swapped for the test's) takes the
 registration a rank started by the page's ``lightkeeper run`` line sends (its ``--job`` and
-registration token), as a real WorkerServer sends it (``worker_server/server.py``)."""
+registration token, from the variable the page sets, as every secret: a flag would put it on the
+command line, where ``ps`` shows it), as a real WorkerServer sends it
+(``worker_server/server.py``)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import requests
 
 from monitor.cli import add_arguments, config_from_args
 from monitor.service import Monitor
+from worker_server.server import registration_token
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "torchtitan.md"
 SECRETS = {"$LIGHTKEEPER_TOKEN": "admin-t", "$LIGHTKEEPER_REGISTER_TOKEN": "reg-t"}
@@ -36,8 +39,11 @@ def flag(argv: list[str], name: str) -> str | None:
     return argv[argv.index(name) + 1] if name in argv else None
 
 
-def test_the_pages_monitor_takes_the_pages_ranks(tmp_path):
+def test_the_pages_monitor_takes_the_pages_ranks(tmp_path, monkeypatch):
     cmds = commands("## On a GPU cluster")
+    assert not any(a.startswith(("--token", "--register-token")) for c in cmds for a in c), cmds
+    for name, value in SECRETS.items():  # what the page's shell holds
+        monkeypatch.setenv(name[1:], value)
     mon_argv = next(c for c in cmds if c[:2] == ["lightkeeper", "monitor"])[2:]
     run_argv = next(c for c in cmds if c[:2] == ["lightkeeper", "run"])
     run_argv = run_argv[:run_argv.index("--")]
@@ -51,9 +57,10 @@ def test_the_pages_monitor_takes_the_pages_ranks(tmp_path):
     try:
         body = {"url": "http://127.0.0.1:9", "job": flag(run_argv, "--job") or "lightkeeper",
                 "replica_group": 0, "rank": 0}
-        token = flag(run_argv, "--register-token")
+        assert requests.post(mon.url + "/v1/targets", json=body, timeout=5).status_code == 401
+        token = registration_token()  # the rank's, from its environment
         r = requests.post(mon.url + "/v1/targets", json=body, timeout=5,
-                          headers={"Authorization": f"Bearer {token}"} if token else {})
+                          headers={"Authorization": f"Bearer {token}"})
         assert r.status_code == 200, r.text
     finally:
         mon.stop()

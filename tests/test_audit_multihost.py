@@ -1,6 +1,6 @@
 """A job across hosts as the docs deploy it (docs/run.md, Across hosts): every host a network
 namespace of its own with its own host name (lightkeeper/fabric.py), a real Lighthouse and the
-real monitor on one (``--bind 0.0.0.0``, ``--register-token``), replica groups of the real
+real monitor on one (``--bind 0.0.0.0``, ``LIGHTKEEPER_REGISTER_TOKEN``), replica groups of the real
 trainer on two others under ``lightkeeper run --monitor http://mon:19400 --worker-host 0.0.0.0``,
 and a bare WorkerServer left at the default 127.0.0.1 on a third. Checked: what each part binds,
 advertises and registers, that the groups train in one quorum and a group restarted on another
@@ -51,12 +51,13 @@ def poll(fn, timeout: float = 20.0):
 def group_on(fab: Fabric, node: str, group: int, log: Path) -> subprocess.Popen:
     """Replica group ``group`` of the trainer on ``node``, as docs/run.md's Across hosts runs a
     training host's ranks (its output in ``log``)."""
-    env = {**os.environ, "TORCHFT_LIGHTHOUSE": "http://mon:29510", "REPLICA_GROUP_ID": str(group)}
+    env = {**os.environ, "TORCHFT_LIGHTHOUSE": "http://mon:29510", "REPLICA_GROUP_ID": str(group),
+           "LIGHTKEEPER_REGISTER_TOKEN": TOKEN}
     lk = [sys.executable, "-m", "lightkeeper.cli"]
     with log.open("w") as out:  # the child keeps its own
         return subprocess.Popen(fab.wrap(node, [
-            *lk, "run", "--monitor", "http://mon:19400", "--register-token", TOKEN,
-            "--worker-host", "0.0.0.0", "--", *lk, "train", "--no-worker-server",
+            *lk, "run", "--monitor", "http://mon:19400", "--worker-host", "0.0.0.0",
+            "--", *lk, "train", "--no-worker-server",
             "--steps", "100000", "--step-pause", "0.1", "--pg-timeout", "5",
             "--quorum-timeout", "20", "--connect-timeout", "10"]),
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -86,10 +87,11 @@ def test_ranks_on_other_hosts_register_reachably_and_train(tmp_path):
                                           stderr=subprocess.DEVNULL))
             monitor = subprocess.Popen(fab.wrap("mon", [
                 sys.executable, "-m", "lightkeeper.cli", "monitor", "--bind", "0.0.0.0",
-                "--port", "19400", "--register-token", TOKEN, "--interval", "0.5",
+                "--port", "19400", "--interval", "0.5",
                 "--lighthouse", "http://mon:29510",
                 "--state", str(tmp_path / "m.sqlite"), "--sd-out", str(sd_out),
-                "--no-bundles"]), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                "--no-bundles"]), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                env={**os.environ, "LIGHTKEEPER_REGISTER_TOKEN": TOKEN})
             procs.append(monitor)
             # replica groups 0 and 1 on two hosts, bound to every address
             zero, first = (group_on(fab, "trn-a", 0, tmp_path / "g0.log"),
