@@ -110,6 +110,7 @@ def _flags(g: Any, cls: type, prefix: str = "") -> None:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     c, r = MonitorConfig, RailsConfig
+    p.fromfile_prefix_chars = "@"  # @FILE: flags that hold a secret (a webhook URL) off the argv
     p.add_argument("--lighthouse", default=os.environ.get("TORCHFT_LIGHTHOUSE"),
                    help="torchft Lighthouse URL used for evictions (env TORCHFT_LIGHTHOUSE); "
                         "without it the monitor only reports")

@@ -102,3 +102,19 @@ def test_analyze_text_shows_a_dumps_control_characters_escaped(tmp_path, capsys)
     assert main(["analyze", "--format", "json", str(tmp_path)]) == 1
     (finding,) = json.loads(capsys.readouterr().out)["findings"]
     assert (finding["pg"], finding["op"]) == (pg, op)
+
+
+def test_monitor_reads_flags_holding_a_secret_from_an_at_file(tmp_path, monkeypatch):
+    """A webhook URL (its path is the secret), a hook's arguments or a URL's password have no
+    variable of their own: ``lightkeeper monitor @FILE`` reads flags from a file, one a line."""
+    from monitor.cli import add_arguments, config_from_args
+
+    url = f"https://hooks.example.com/services/T0/{SECRET}"
+    args = tmp_path / "monitor.args"
+    args.write_text(f"--action=webhook:{url}\n--lighthouse\nhttp://lh:{SECRET}@lh:29510\n")
+    monkeypatch.setenv("LIGHTKEEPER_WEBHOOK_SECRET", "whsec")
+    top = argparse.ArgumentParser(prog="lightkeeper")  # as lightkeeper.cli builds it
+    add_arguments(top.add_subparsers(dest="command").add_parser("monitor"))
+    cfg = config_from_args(top.parse_args(["monitor", f"@{args}", "--port", "0"]))
+    assert cfg.quarantine.actions == (f"webhook:{url}",)
+    assert cfg.lighthouse == f"http://lh:{SECRET}@lh:29510" and cfg.port == 0
