@@ -75,6 +75,14 @@ def hook_env(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def secret_flags(args: argparse.Namespace) -> dict[str, str]:
+    """The flags given that hold a secret, each with the variable to give it in instead."""
+    out = {"--register-token": TOKEN_ENV} if args.register_token is not None else {}
+    if args.monitor and redact_url(args.monitor) != args.monitor:
+        out["--monitor's password"] = "LIGHTKEEPER_MONITOR"
+    return out
+
+
 def bad_worker_host(flag: str | None, env: str | None) -> str | None:
     """Why every rank would refuse to bind the worker host given (``--worker-host`` or
     ``LIGHTKEEPER_WORKER_HOST``; ``host:port``, as the Lighthouse's ``--bind`` takes, is one),
@@ -121,12 +129,13 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"lightkeeper run: {bad}\n")
         return 2
     added = hook_env(args, dict(os.environ))
-    if args.print_env:  # a container spec is shared and kept: the token comes from a secret
+    secret = secret_flags(args)
+    if args.print_env:  # a container spec is shared and kept: a secret comes from a secret
         for name, value in added.items():
-            if name != TOKEN_ENV:
+            if name not in secret.values():
                 print(f"{name}={value}")
-        if TOKEN_ENV in added:
-            sys.stderr.write(f"lightkeeper run: {TOKEN_ENV} not printed: set it from a secret "
+        for name in secret.values():
+            sys.stderr.write(f"lightkeeper run: {name} not printed: set it from a secret "
                              "(Kubernetes: valueFrom.secretKeyRef, docs/kubernetes.md)\n")
         return 0
     if not command:
@@ -139,9 +148,10 @@ def run(args: argparse.Namespace) -> int:
     if exe is None:
         sys.stderr.write(f"lightkeeper run: {command[0]}: command not found\n")
         return 127
-    if args.register_token is not None:
-        sys.stderr.write(f"lightkeeper run: --register-token on the command line is shown to every "
-                         f"user of this host (ps); set {TOKEN_ENV} instead\n")
+    if secret:
+        sys.stderr.write(f"lightkeeper run: {' and '.join(secret)} on the command line: every user "
+                         f"of this host can read it (ps); set {' and '.join(secret.values())} "
+                         "instead\n")
     missing = torchft_missing()  # the job may run another Python: a warning only
     if missing:
         sys.stderr.write(f"lightkeeper run: {missing}; a job on this Python is not observed\n")

@@ -40,6 +40,12 @@ def test_print_env_never_prints_the_registration_token(capsys):
     assert "LIGHTKEEPER_MONITOR=http://m:19400" in out.splitlines()
     assert err.count("\n") == 1 and "LIGHTKEEPER_REGISTER_TOKEN not printed" in err
     assert "secretKeyRef" in err
+    # a monitor URL's password is a secret too
+    args = run_parser().parse_args(["--monitor", f"http://lk:{SECRET}@m:19400", "--print-env"])
+    assert lk_run.run(args) == 0
+    out, err = capsys.readouterr()
+    assert SECRET not in out + err and "LIGHTKEEPER_MONITOR=" not in out
+    assert err.count("\n") == 1 and "LIGHTKEEPER_MONITOR not printed" in err
 
 
 @pytest.mark.parametrize("how", ["flag", "env"])
@@ -55,7 +61,8 @@ def test_run_hands_the_token_on_from_a_flag_with_one_line_or_from_its_variable(h
     assert (res.returncode, res.stdout) == (0, SECRET), res.stderr
     said = [ln for ln in res.stderr.splitlines() if "--register-token" in ln]
     if how == "flag":
-        assert len(said) == 1 and "set LIGHTKEEPER_REGISTER_TOKEN instead" in said[0], res.stderr
+        assert len(said) == 1 and "every user of this host can read it (ps)" in said[0], said
+        assert "set LIGHTKEEPER_REGISTER_TOKEN instead" in said[0], res.stderr
     else:
         assert said == [], res.stderr
     assert SECRET not in res.stderr
