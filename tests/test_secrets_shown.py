@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+from pathlib import Path
 
 import pytest
 import requests
@@ -34,6 +35,16 @@ SECRETS = (LH_PW, MON_PW, ETCD_PW, RANK_PW, *TOKENS.values())
 MONITOR_GETS = ("/", "/healthz", "/v1/cluster", "/v1/ranks", "/v1/findings", "/v1/evictions",
                 "/v1/targets", "/v1/hosts", "/v1/goodput", "/v1/incidents", "/metrics")
 RANK_GETS = ("/healthz", "/v1/state", "/v1/stacks", "/v1/fr_trace", "/metrics")
+
+
+def command_lines(pid: int) -> list[str]:
+    """The command lines of ``pid`` and every process below it (one gone meanwhile: none)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+    return [argv, *(a for c in children for a in command_lines(int(c)))]
 
 
 def with_password(url: str, user: str, password: str) -> str:
@@ -129,6 +140,12 @@ def test_no_password_or_token_is_shown(tmp_path):
         for g in range(2):
             cluster.start_group(g)
         ranks = [u for g in range(2) for u in cluster.wait_for_workers(g, 120).values()]
+        # the tokens reach the ranks (the demo's launcher) and monitors in the environment: no
+        # command line, which every user of the host reads (ps), holds one
+        started = [mon, shard, *(p for g in range(2) for p in cluster.groups[g].processes())]
+        argvs = [a for p in started for a in command_lines(p.pid)]
+        assert len(argvs) >= len(started), argvs
+        assert not [a for a in argvs if any(t in a for t in TOKENS.values())], argvs
         targets_file.write_text(json.dumps([{"targets": [u.split("://", 1)[1] for u in ranks]}]))
 
         def groups_verified():
