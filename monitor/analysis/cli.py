@@ -200,6 +200,5 @@ def format_text(report: dict[str, Any]) -> str:
 
 
 def printable(line: str) -> str:
-    """A line with each character a terminal would act on (an escape sequence, a newline, a
-    bidi override) from a dump shown as its escape (``\\x1b``), never sent raw."""
+    """``line`` with each character a terminal acts on (escapes, newlines, bidi) shown escaped."""
     return line if line.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
