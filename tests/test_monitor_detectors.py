@@ -113,11 +113,11 @@ class Job:
     def members(self, g: int) -> list[int]:
         return list(range(g * self.ranks, (g + 1) * self.ranks))
 
-    def view(self, now: float):
+    def view(self, now: float, judge=None):
         polls = {t.url: (RankPoll(t.url, True, data=kept(s)) if r not in self.down
                          else RankPoll(t.url, False, reason="connection", error="refused"))
                  for r, (t, s) in enumerate(zip(self.targets, self.states, strict=True))}
-        return self.vb.update(self.targets, polls, now=now)
+        return self.vb.update(self.targets, polls, now=now, judge=judge)
 
     def dumps(self):
         return {r: d for r, d in self.fr.dumps().items() if r not in self.down}
@@ -989,3 +989,48 @@ def test_a_group_back_at_its_addresses_one_rank_at_a_time_is_found_once():
     job.states[2]["replica_id"], job.down = "replica_group_1:new", set()
     found += [f for i in (5, 6, 7) for f in sweep(det, job, T0 + i)]
     assert [(f.kind, f.replica_id, f.ranks) for f in found] == [("dead", old, [3])]
+
+
+@pytest.mark.parametrize("found_before", [False, True])
+def test_a_restart_at_its_own_address_verified_a_sweep_late_is_found_once(found_before):
+    """The new incarnation answers before the Lighthouse lists it: for a sweep none of the
+    group's ranks is evidence, so the group is away from the view the detectors read. Once the
+    Lighthouse lists it, a crash between two polls is still found, where it ran; a crash already
+    found dead before the restart is not found again. The verdicts are the real Verifier's,
+    against a Lighthouse status built here (the detectors read no Lighthouse)."""
+    from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
+    from monitor.evidence.verification import Verifier
+
+    job, verifier = Job(), Verifier()
+    det = Detectors(DetectorConfig(dead_sweeps=2))
+
+    def listing():  # the replica ids the Lighthouse lists: those the ranks report now
+        ids = {s["replica_id"] for s in job.states}
+        return LighthouseStatus(3, {i: QuorumMember(i, 5, "", 2) for i in ids},
+                                {i: 0.1 for i in ids})
+
+    def sweep_verified(now, lh):
+        view = job.view(now, lambda ranks, changed: verifier.judge(ranks, changed, lh, None,
+                                                                   True, now))
+        seen.append(view.evidence())
+        return det.update(view.evidence(), None, now, full_view=view)
+
+    seen = []
+
+    job.steps(5, now=T0)
+    lh = listing()
+    old = job.states[3]["replica_id"]
+    found = sweep_verified(T0, lh)
+    if found_before:  # the whole group crashed, found dead
+        job.down = {2, 3}
+        found += [f for i in (1, 2, 3) for f in sweep_verified(T0 + i, lh)]
+        job.down = set()
+    restarted_here(job, 1, "replica_group_1:new")
+    found += sweep_verified(T0 + 4, lh)
+    assert sorted(seen[-1].groups) == [0, 2]  # group 1 is away, its newcomers unverified
+    lh = listing()
+    found += [f for i in (5, 6, 7) for f in sweep_verified(T0 + i, lh)]
+    assert [(f.kind, f.replica_id, f.ranks) for f in found] == [("dead", old, [2, 3])]
+    [f] = found
+    assert [(c["url"], c["host"]) for c in f.evidence["culprits"]] == \
+        [(f"http://127.0.0.1:{9000 + r}", "host-g1") for r in (2, 3)]

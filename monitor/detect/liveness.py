@@ -7,13 +7,13 @@ of an incarnation the monitor evicted: it was told to go.
 from __future__ import annotations
 
 from collections.abc import Container, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 from monitor.config import DetectorConfig
 from monitor.evidence.view import ClusterView, GroupView, RankView
 
 from .findings import Finding, Findings
-from .rank_state import SeenGroups
 
 DEAD_KINDS = ("dead", "dead_rank")
 
@@ -28,53 +28,39 @@ def _process(r: RankView) -> tuple:
     return r.state.get("pid"), r.state.get("started_at")
 
 
-class _AsLastSeen:
-    """The lost ranks as their last answers said (host, pid, ...), for the finding's culprits:
-    the view's ranks of those numbers are now their replacements."""
-
-    def __init__(self, ranks: list[RankView]) -> None:
-        self._by_rank = {r.rank: r for r in ranks}
-
-    def rank_view(self, rank: int) -> RankView | None:
-        return self._by_rank.get(rank)
-
-
 class Liveness:
     def __init__(self, cfg: DetectorConfig, findings: Findings) -> None:
         self.cfg, self.findings = cfg, findings
-        self._seen = SeenGroups()
+        self._last: dict[int, GroupView] = {}  # group -> its last view, kept while it is away
         self._down: set[int] = set()  # groups last seen with a rank down
         self._starting: dict[tuple, float] = {}  # (url, pid, started_at) -> first seen so
         self._down_at: dict[str, int] = {}  # url of a rank down -> its group's step then
         self._ended: dict[int, dict[str, set[str]]] = {}  # group -> replica id of a rank that
         # said it ended -> its peers already down then
         self._replaced: dict[int, set[str]] = {}  # group -> earlier incarnations judged
-        self._was: dict[int, dict[str, RankView]] = {}  # group -> url of a rank down -> it
-        self._switched: dict[int, list[RankView]] = {}  # group -> an earlier incarnation's
-        # last views at addresses a later one answers at, until judged
+        self._left: dict[int, dict[str, RankView]] = {}  # group -> url -> an earlier
+        # incarnation's last view there, until the process answering there now is judged
 
     def dead(self, view: ClusterView, now: float, evicted: Container[str] = ()) -> list[Finding]:
         findings, new = self.findings, []
         open_dead = findings.groups(*DEAD_KINDS)
-        before = self._seen.groups
-        changed, gone = self._seen.changed(view)
+        last = self._last
+        changed = [g for g, gv in view.groups.items() if last.get(g) is not gv]
         for url in [u for u in self._down_at if u not in view.ranks]:
             del self._down_at[url]
-        self._down.difference_update(gone)
-        for g in gone:
-            self._ended.pop(g, None)
-            self._replaced.pop(g, None)
-            self._was.pop(g, None)
-            self._switched.pop(g, None)
-        # an unchanged group with no rank down and nothing open has nothing new
-        for g in sorted(self._down.union(changed, open_dead, self._switched)):
+        # an unchanged group with no rank down and nothing open has nothing new; one away from
+        # the view (its newcomers not verified yet) keeps what was seen of it
+        for g in sorted(self._down.union(changed, open_dead, self._left)):
             gv = view.groups.get(g)
-            if gv is None:
+            if gv is None:  # away (its newcomers not verified yet): what was found stays found
+                self._replaced.setdefault(g, set()).update(
+                    k[2] for k in findings.open if k[0] in DEAD_KINDS and k[1] == g)
                 continue
-            switched = self._switch(gv, before.get(g))
+            left = self._left_behind(gv, last.get(g))
+            last[g] = gv
             if len(gv.reachable) == len(gv.ranks):
                 self._down.discard(g)
-                if g not in open_dead and not gv.superseded and not switched:
+                if g not in open_dead and not gv.superseded and not left:
                     continue
             else:
                 self._down.add(g)
@@ -87,7 +73,7 @@ class Liveness:
             # incarnation that go down after its stop was read (a pod SIGTERMed later, or
             # never) end with it; one down before (a crash torchrun then stopped) is dead
             ended = self._ended.setdefault(g, {})
-            ids = {r.replica_id for r in (*gv.ranks, *gv.superseded, *switched)}
+            ids = {r.replica_id for r in (*gv.ranks, *gv.superseded, *left)}
             for k in [k for k in ended if k not in ids]:
                 del ended[k]
             for e in gv.ranks:
@@ -97,7 +83,7 @@ class Liveness:
             if rid is not None:
                 # what was dead of an earlier incarnation is over (one found now, next sweep:
                 # open for one sweep, the goodput ledger counts its cost)
-                found = self._replaced_early(gv, rid, ended, ids, evicted, now, switched)
+                found = self._replaced_early(gv, rid, ended, ids, evicted, now, left)
                 if found:  # the new incarnation is judged from the next sweep on
                     new += found
                     continue
@@ -153,35 +139,37 @@ class Liveness:
                 min(r.unreachable_since or now for r in down), now, view))
         return [f for f in new if f]
 
-    def _switch(self, gv: GroupView, last: GroupView | None) -> list[RankView]:
-        """The earlier incarnation's last views at addresses another process of a later one
-        answers at now (restarted at its own address: a fixed worker port): as a rank down was
-        last seen, or as the last sweep saw it when the group's replica id changed between two
-        polls; kept until an incarnation other than theirs is the group's."""
+    def _left_behind(self, gv: GroupView, last: GroupView | None) -> list[RankView]:
+        """The earlier incarnations' last views at addresses another process answers at now
+        (restarted there: a fixed worker port). Each is kept from the last sweep that showed it
+        (down, or answering before a restart between two polls) while its address shows no
+        other process of this group, then until judged."""
         g = gv.replica_group
-        was, between = self._was.setdefault(g, {}), {}
-        if last is not None and last is not gv and last.replica_id != gv.replica_id:
-            between = {p.url: p for p in last.reachable if p.replica_id}
-        elif not was and len(gv.reachable) == len(gv.ranks):
-            return self._switched.get(g, [])
-        out = self._switched.pop(g, [])
-        for r in gv.superseded:  # judged where its rank now runs
-            was.pop(r.url, None)
-        for r in gv.ranks:
-            if not r.reachable:
-                if r.replica_id:
-                    was[r.url] = r
-                continue
-            p = was.pop(r.url, None) or between.get(r.url)
-            if p is not None and p.replica_id != r.replica_id and _process(p) != _process(r):
+        left = self._left.pop(g, {})
+        scan = last is not None and last is not gv and (
+            last.replica_id != gv.replica_id or len(last.reachable) < len(last.ranks)
+            or len(gv.ranks) < len(last.ranks))
+        if not scan and not left:
+            return []
+        at = {r.url: r for r in (*gv.ranks, *gv.superseded)}
+        for p in last.ranks if scan else ():  # not in this view: its newcomer is not verified yet
+            r = at.get(p.url)
+            if p.replica_id and (r is None or r.reachable and r.replica_id != p.replica_id):
+                left.setdefault(p.url, p)
+        out = []
+        for url, p in list(left.items()):
+            r = at.get(url)
+            if r is not None and (r.superseded or r.reachable and _process(r) == _process(p)):
+                del left[url]  # judged where its rank runs now, or answering again
+            elif r is not None and r.reachable:
                 out.append(p)
-        if out:
-            self._switched[g] = out
+        if left:
+            self._left[g] = left
         return out
 
     def _replaced_early(self, gv: GroupView, rid: str, ended: Mapping[str, set[str]],
                         ids: set[Any], evicted: Container[str], now: float,
-                        switched: list[RankView]) -> list[Finding]:
+                        left: list[RankView]) -> list[Finding]:
         """An earlier incarnation replaced before its lost ranks were down ``--dead-sweeps``
         sweeps (restarted at once: torchrun stopping a crashed rank's peers, a warm spare): the
         new incarnation shows they are gone, so a rank of it that went down unsaid is dead."""
@@ -191,11 +179,10 @@ class Liveness:
         lost: dict[str, list[RankView]] = {}
         # a process restarted at its address waits until its incarnation answers nowhere
         live = {rid, *gv.reported_replica_ids}
-        wait = self._switched[g] = [r for r in switched if r.replica_id in live]
-        if not wait:
-            del self._switched[g]
+        kept = self._left.get(g, {})
+        behind = [kept.pop(p.url) for p in left if p.replica_id not in live]
         gone = [r for r in (*gv.ranks, *gv.superseded) if not r.reachable and r.failures >= 1]
-        for r in (*gone, *[r for r in switched if r.replica_id not in live]):
+        for r in (*gone, *behind):
             old = r.replica_id
             if old not in (None, rid) and old not in judged and old not in evicted \
                     and r.state.get("finished") is not True \
@@ -212,8 +199,9 @@ class Liveness:
                   "unreachable": _unreachable(ranks), "replaced_by": rid}
             out.append(self.findings.confirm(
                 "dead", gv, sorted({r.rank for r in ranks if r.rank is not None}), ev,
-                min(r.unreachable_since or now for r in ranks), now, _AsLastSeen(ranks),
-                replica_id=old))
+                min(r.unreachable_since or now for r in ranks), now,
+                # the culprits as last seen: the view's ranks of their numbers replaced them
+                SimpleNamespace(rank_view={r.rank: r for r in ranks}.get), replica_id=old))
         return out
 
     def stuck_starting(self, full: ClusterView, now: float, starting_urls: list[str] | None,
