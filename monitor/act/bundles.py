@@ -107,16 +107,15 @@ def choose_ranks(view: ClusterView, evidence: ClusterView | None, replica_group:
     other variants), then, in every other group of the quorum, the ranks at the culprits'
     group rank: torchft's group across replica groups joins those, so they hold the same
     collective's other side (with no culprit named, a manual eviction: the whole group's).
-    A rank of the group that another incarnation than ``replica_id`` holds now is its
-    ``replacement``: named, never asked (its stacks are not the culprit's)."""
+    Never a rank of the group that another incarnation than ``replica_id`` holds now: its
+    stacks are not the culprit's."""
     by_rank = {r.rank: r for r in view.ranks.values() if r.rank is not None and not r.superseded}
     chosen: dict[str, tuple[Any, str]] = {}
 
     def add(r: Any, role: str) -> None:
-        if r is not None and r.url not in chosen:
-            if replica_id and r.replica_group == replica_group \
-                    and r.replica_id not in (None, replica_id):
-                role = "replacement"
+        if r is not None and r.url not in chosen and not (
+                replica_id and r.replica_group == replica_group
+                and r.replica_id not in (None, replica_id)):
             chosen[r.url] = (r, role)
 
     gv = view.groups.get(replica_group) if replica_group is not None else None
@@ -147,10 +146,9 @@ def _asks(ranks: list[tuple[Any, str]]) -> list[tuple[str, str, str, str, str]]:
     torch's server alone is asked its ``dump_traceback`` handler (when it lists one), its dump
     being the monitor's (:func:`_torch_dump`)."""
     asks = []
-    for r, role in ranks:
-        if role == "replacement" or not r.reachable and r.reason == "bad_response":
-            continue  # what answers at its address is not this rank (another incarnation, a
-            # port bound again)
+    for r, _ in ranks:
+        if not r.reachable and r.reason == "bad_response":
+            continue  # what answers at its address is not this rank (a port bound again)
         if _torch_only(r):
             url = r.state.get("stacks_url")
             # a handler of this target's own server, as the poller names it: never an address
@@ -395,10 +393,6 @@ class Bundles:
         rows, candidates = [], []
         for r, role in ranks:
             row, torch_only = _rank_row(r, role), _torch_only(r)
-            if role == "replacement":  # another incarnation's stacks are not the culprit's
-                why = f"not asked: replica id {r.replica_id} holds the rank now, not {rid}"
-                rows.append({**row, "stacks": why, "fr_trace": why})
-                continue
             why = "no dump_traceback handler" if (r.url, "fr") in polls or torch_only \
                 else f"not asked: {r.reason}: {r.error}"
             st, st_why = polls.get((r.url, "stacks"), (None, why))
@@ -415,12 +409,12 @@ class Bundles:
                                    role))
             if fr is not None:
                 candidates.append((layout.rank_file(layout.FR_DIR, r.rank), bytes(fr), role))
-        # a culprit its replacement holds now: gone, as it was last seen
-        replaced = {r.rank for r, role in ranks if role == "replacement"}
-        asked = len(ranks) - sum(role == "replacement" for _, role in ranks)
+        # a culprit no process of its incarnation holds now (replaced, its target gone): as the
+        # finding last saw it
+        held = {x["rank"] for x in (*rows, *over)}
         for c in (finding.get("evidence") or {}).get("culprits") or ():
-            if isinstance(c, dict) and c.get("rank") in replaced and c.get("rank") in culprits:
-                gone = f"gone: replica id {rid} holds the rank no more (last seen on " \
+            if isinstance(c, dict) and c.get("rank") in culprits and c.get("rank") not in held:
+                gone = f"gone: no process of {rid} holds rank {c.get('rank')} now (last seen on " \
                        f"{c.get('host')}, pid {c.get('pid')})"
                 rows.append({**{k: c.get(k) for k in ("rank", "url", "group_rank", "host", "pid")},
                              "replica_group": group, "replica_id": rid, "role": "culprit",
@@ -450,11 +444,11 @@ class Bundles:
             "culprit_hosts": (finding.get("evidence") or {}).get("culprit_hosts") or [],
             "finding_id": finding_id, "decision": decision,
             "fetch": {"timeout_s": self.bc.timeout_s, "seconds": round(fetched_s, 4),
-                      "ranks_asked": asked},
+                      "ranks_asked": len(ranks)},
             "ranks": rows, "not_asked": over, "left_out": left_out,
             "files": [name for name, _ in files]}
         summary = {"culprit_ranks": manifest["culprit_ranks"],
-                   "ranks_asked": asked,
+                   "ranks_asked": len(ranks),
                    "ranks_complete": sum(1 for x in rows if x["stacks"] == x["fr_trace"] == "ok"),
                    "not_fetched": [{"rank": x["rank"], "stacks": x["stacks"],
                                     "fr_trace": x["fr_trace"]} for x in rows
@@ -469,7 +463,7 @@ class Bundles:
             return None
         took = time.perf_counter() - t0
         log.info("incident bundle %s: %d rank(s) asked, %d complete, fetched in %.2fs, written "
-                 "in %.2fs", bundle_id, asked, summary["ranks_complete"], fetched_s, took)
+                 "in %.2fs", bundle_id, len(ranks), summary["ranks_complete"], fetched_s, took)
         return {"id": bundle_id, "seconds": round(took, 4), **summary}
 
     def _fetch(self, asks: list[tuple[str, str, str, str, str]]
