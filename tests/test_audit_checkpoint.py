@@ -153,10 +153,11 @@ def test_a_saver_that_cannot_be_wrapped_is_one_line_and_nothing_else(capfd):
 
 
 # lightkeeper run's hook in a fresh interpreter: a stand-in torchft (its Manager needs a
-# Lighthouse; the hook only wraps its __init__), the real torch.distributed.checkpoint, imported
-# after the Manager as a job imports it
+# Lighthouse; the hook only wraps its __init__), the real torch.distributed.checkpoint: its
+# save bound by name before the Manager exists, and the module used after it
 ZERO_CODE = textwrap.dedent('''
     import json, sys, urllib.request
+    from torch.distributed.checkpoint import save as bound_early
     import torchft.manager
     from worker_server import autostart
     manager = torchft.manager.Manager(replica_id="job_0")
@@ -172,14 +173,15 @@ ZERO_CODE = textwrap.dedent('''
         def load_state_dict(self, sd):
             pass
     dcp.save({"m": Probe()}, checkpoint_id=sys.argv[1], no_dist=True)
+    bound_early({"m": Probe()}, checkpoint_id=sys.argv[1] + "-early", no_dist=True)
     print(json.dumps({"before": before, "during": seen, "after": phase()}))
 ''')
 
 
-def test_lightkeeper_runs_hook_marks_a_dcp_save_imported_after_the_manager(tmp_path):
+def test_lightkeeper_runs_hook_marks_dcp_saves_bound_before_or_after_the_manager(tmp_path):
     env = hooked_env(tmp_path)
     res = subprocess.run([sys.executable, "-c", ZERO_CODE, str(tmp_path / "ckpt")],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout.splitlines()[-1])
-    assert out == {"before": "starting", "during": ["checkpoint"], "after": "starting"}, out
+    assert out == {"before": "starting", "during": ["checkpoint"] * 2, "after": "starting"}, out

@@ -11,7 +11,8 @@ The hook is this module's stable interface (TorchTitan and other integrations re
 
 - :func:`install` adds an import hook (a ``sys.meta_path`` finder) that does nothing until the
   module ``torchft.manager`` is loaded, then wraps ``torchft.manager.Manager.__init__``. Nothing
-  here imports torch or torchft: a process that never imports torchft is left alone.
+  here imports torch or torchft: a process that never imports torchft serves nothing (DCP's
+  saves, wrapped when imported, only pass the call on there).
 - After a ``Manager`` is constructed, :func:`on_manager` starts one WorkerServer for the process
   (identity below) and instruments that Manager, as ``WorkerServer.start(manager)`` would. A
   second Manager in the same process is attached to the same server.
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 
 ENV_AUTOSTART = "LIGHTKEEPER_AUTOSTART"
 TARGET_MODULE = "torchft.manager"
+SAVER = "torch.distributed.checkpoint.state_dict_saver"
 _MARK = "_lightkeeper_autostart_wrapped"
 
 _lock = _thread.allocate_lock()
@@ -100,12 +102,23 @@ def install_if_enabled() -> bool:
 
 
 def install() -> None:
-    """Wrap ``torchft.manager.Manager.__init__`` now if torchft is imported, else when it is."""
+    """Wrap ``torchft.manager.Manager.__init__`` now if torchft is imported, else when it is;
+    and DCP's saves when they are imported (a pass-through until a Manager is served), so a
+    name bound before the Manager exists (``from torch.distributed.checkpoint import save``)
+    marks its saves too."""
+    if SAVER not in sys.modules:
+        hook_import(SAVER, _patch_saver)
     module = sys.modules.get(TARGET_MODULE)
     if module is not None:
         patch_module(module)
         return
     hook_import(TARGET_MODULE, patch_module, ManagerFinder)
+
+
+def _patch_saver(module: Any) -> bool:
+    from .checkpoint import patch
+
+    return patch(module)
 
 
 def hook_import(name: str, patch, finder: type | None = None) -> None:

@@ -20,9 +20,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from .autostart import hook_import, say
+from .autostart import SAVER, hook_import, say
 
-SAVER = "torch.distributed.checkpoint.state_dict_saver"
 _MARK = "_lightkeeper_checkpoint_phase"
 
 
