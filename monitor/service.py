@@ -486,7 +486,13 @@ class Monitor:
 
     def cluster_json(self, ranks: bool = True, view: ClusterView | None = None) -> dict[str, Any]:
         view = view or self.view
-        head = {"job": self.cfg.job, "lighthouse": redact_url(self.cfg.lighthouse),
+        return views.cluster_json(self.cluster_head(view), view,
+                                  view.evidence() if view else None, self.detectors,
+                                  self.clock(), ranks)
+
+    def cluster_head(self, view: ClusterView | None) -> dict[str, Any]:
+        """``/v1/cluster``'s own fields: what may change between sweeps."""
+        return {"job": self.cfg.job, "lighthouse": redact_url(self.cfg.lighthouse),
                 "dry_run": self.cfg.rails.dry_run, "sweeps": self.sweeps,
                 "monitor_started_at": self.started_at,
                 "last_error": self.last_sweep_error or self.detectors.last_error,
@@ -501,8 +507,6 @@ class Monitor:
                                if self.torch_stores is not None else None,
                                "cannot_show": list(CANNOT_SHOW)},
                 "shard": self.shard.to_json() if self.shard else None}
-        return views.cluster_json(head, view, view.evidence() if view else None,
-                                  self.detectors, self.clock(), ranks)
 
     def ranks_json(self) -> list[dict[str, Any]]:
         return views.ranks_json(self.view, self.clock())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+import zlib
 from functools import partial
 from typing import Any
 
@@ -88,9 +89,26 @@ def create_app(monitor: Any) -> Flask:
     def metrics():
         return Response(generate_latest(monitor.metrics.registry), content_type=CONTENT_TYPE_LATEST)
 
+    render_lock = threading.Lock()
+
     @app.get("/v1/cluster")
     def cluster():
-        return jsonify(monitor.cluster_json())
+        """The groups' rows (what grows with the job) encoded once per sweep, as the overview's
+        table; the monitor's own fields as of the request."""
+        view = monitor.view
+        head = app.json.dumps(monitor.cluster_head(view), separators=(",", ":")).encode()
+        with render_lock:
+            body = getattr(view, "cluster_body", None)
+            if body is None:
+                rows = views.cluster_json({}, view, view.evidence() if view else None,
+                                          monitor.detectors, monitor.clock())
+                body = app.json.dumps(rows, separators=(",", ":")).encode()
+                body = (body, zlib.crc32(body))
+                if view is not None:
+                    view.cluster_body = body
+        resp = Response(head[:-1] + b"," + body[0][1:], mimetype="application/json")
+        resp.set_etag(f"{zlib.crc32(head):08x}{body[1]:08x}")
+        return resp.make_conditional(request)  # 304 to an If-None-Match of the same answer
 
     @app.get("/v1/ranks")
     def ranks():
@@ -170,8 +188,6 @@ def create_app(monitor: Any) -> Flask:
             return jsonify(error=f"no host {host!r} in the ledger", status=404), 404
         except ValueError as e:
             return jsonify(error=str(e), status=409), 409
-
-    render_lock = threading.Lock()
 
     @app.get("/")
     def overview():
