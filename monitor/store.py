@@ -99,6 +99,12 @@ def _group(stored: int | None) -> int | None:
     return None if stored == JOB_GROUP else stored
 
 
+def _setting(decision_id: int, fields: dict[str, Any]) -> tuple[str, tuple]:
+    """The UPDATE of a decision's ``fields`` (column names Store.update_decision checked)."""
+    return (f"UPDATE decisions SET {', '.join(f'{k}=?' for k in fields)} WHERE id=?",
+            (*fields.values(), decision_id))
+
+
 def goodput_json_text(doc: dict[str, Any]) -> str:
     """A goodput row's JSON text; msgspec for speed (benchmarks/bench_goodput_snapshot.py)."""
     return msgspec.json.encode(doc).decode()
@@ -170,6 +176,9 @@ class Store:
         self._lock = threading.RLock()
         self._atomic = 0  # depth of atomic() blocks: their writes commit at the end
         self._relock: int | None = None  # the state's lock, taken again by _kept()
+        # decision id -> fields a failed write left unwritten (a kill's outcome): read as if
+        # written, and written first by the next write
+        self._owed: dict[int, dict[str, Any]] = {}
         self._lock_file = f"{os.path.realpath(path)}.lock"
         self._lock_id = file_id(self._lock_file)  # held by the monitor (hold_state)
         try:
@@ -250,6 +259,7 @@ class Store:
                 yield
                 if self._atomic == 1:
                     self._db.commit()
+                    self._owed = {}  # written by the block's writes
             except BaseException:
                 if self._atomic == 1:
                     self._db.rollback()
@@ -263,9 +273,12 @@ class Store:
         with self._lock:
             self._kept()
             try:
+                for did, fields in self._owed.items():
+                    self._db.execute(*_setting(did, fields))
                 cur = self._db.execute(sql, args)
                 if not self._atomic:
                     self._db.commit()
+                    self._owed = {}
             except sqlite3.Error:  # no transaction left open to hold the file's locks
                 self._db.rollback()
                 raise
@@ -333,20 +346,33 @@ class Store:
         bad = set(fields) - {"status", "http_status", "confirmed_at", "detail", "bundle"}
         if bad:  # column names go into the SQL text: only these
             raise ValueError(f"cannot update {', '.join(sorted(bad))}")
-        cols = ", ".join(f"{k}=?" for k in fields)
-        self._write(f"UPDATE decisions SET {cols} WHERE id=?", (*fields.values(), decision_id))
+        with self._lock:
+            try:
+                self._write(*_setting(decision_id, fields))
+            except sqlite3.Error:  # a kill's outcome is not lost (a bundle's link may be)
+                if "bundle" not in fields:
+                    self._owed[decision_id] = {**self._owed.get(decision_id, {}), **fields}
+                raise
 
     def decisions(self, limit: int = 500, decision: str | None = None) -> list[dict[str, Any]]:
         """The newest first; ``decision``: of that decision only (``evict``, ``hold``, ...)."""
         where, args = (" WHERE decision=?", (decision,)) if decision else ("", ())
-        return self._dicts(f"SELECT * FROM decisions{where} ORDER BY id DESC LIMIT ?",
-                           (*args, limit), ("finding",))
+        return self._owing(self._dicts(f"SELECT * FROM decisions{where} ORDER BY id DESC "
+                                       "LIMIT ?", (*args, limit), ("finding",)))
+
+    def _owing(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``rows`` of decisions with the fields owed them."""
+        with self._lock:
+            return [{**r, **self._owed.get(r["id"], {})} for r in rows]
 
     def evicted_replica_ids(self) -> set[str]:
         """replica_ids a kill was sent for (whatever its confirmation): never evicted again."""
-        return {r[0] for r in self._rows(
-            "SELECT DISTINCT replica_id FROM decisions WHERE decision='evict' AND "
-            "status != 'failed' AND replica_id IS NOT NULL")}
+        with self._lock:
+            failed = [i for i, f in self._owed.items() if f.get("status") == "failed"]
+            return {r[0] for r in self._rows(
+                "SELECT DISTINCT replica_id FROM decisions WHERE decision='evict' AND "
+                f"status != 'failed' AND replica_id IS NOT NULL AND id NOT IN "
+                f"({','.join('?' * len(failed))})", tuple(failed))}
 
     def last_eviction_at(self) -> float | None:
         """When the last kill request was attempted (sent or failed): the cooldown's start."""
@@ -359,8 +385,12 @@ class Store:
                     "status='sending'")
 
     def pending_confirmations(self) -> list[dict[str, Any]]:
-        return self._dicts("SELECT * FROM decisions WHERE decision='evict' AND "
-                           "status IN ('sent', 'interrupted')")
+        with self._lock:
+            owed = tuple(self._owed)
+            rows = self._owing(self._dicts(
+                "SELECT * FROM decisions WHERE decision='evict' AND (status IN ('sent', "
+                f"'interrupted') OR id IN ({','.join('?' * len(owed))}))", owed))
+        return [r for r in rows if r["status"] in ("sent", "interrupted")]
 
     # --- incident bundles (monitor.act.bundles) -----------------------------------------------
     def keep_unreachable(self, url: str, since: float | None, state: dict[str, Any],

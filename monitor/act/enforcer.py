@@ -304,9 +304,13 @@ class Enforcer:
         result = self.lighthouse.kill(replica_id)
         note = f"; evidence kept in bundle {bundle['id']} ({bundle['seconds']:.2f}s)" \
             if bundle else ""
-        self.store.update_decision(did, status="sent" if result.sent else "failed",
-                                   http_status=result.http_status,
-                                   detail=f"{d.detail}{note}; kill: {result.detail}")
+        try:  # unwritten (a full disk), the store keeps the outcome and writes it later
+            self.store.update_decision(did, status="sent" if result.sent else "failed",
+                                       http_status=result.http_status,
+                                       detail=f"{d.detail}{note}; kill: {result.detail}")
+        except sqlite3.Error as e:
+            log.error("eviction %s %s, not recorded yet (%s)", did,
+                      "sent" if result.sent else "failed", e)
         if result.sent:
             self.metrics.evictions.labels(self.cfg.job, str(replica_group)).inc()
             self.lh_settings.kill_sent(replica_id, self.clock())

@@ -1,0 +1,78 @@
+"""An eviction's outcome that the audit log cannot take when the kill has been sent (a full
+disk, a locked file) is kept and written by the next write: its row never stays ``sending``.
+
+A real monitor over a real torchft Lighthouse (tests/support/monitor_sim.SimJob) and a real
+SQLite state file. The write fails through a trigger another connection puts on the file
+between the eviction's two writes: a full disk would fail the first one too.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from monitor.api.app import create_app
+from monitor.config import BundleConfig, MonitorConfig, RailsConfig
+from monitor.service import Monitor
+from tests.support.monitor_sim import SimJob
+
+TOKEN = "s3cret"
+FAIL = ("CREATE TRIGGER no_updates BEFORE UPDATE ON decisions "
+        "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END")
+
+
+@pytest.fixture
+def job():
+    j = SimJob(3)
+    yield j
+    j.stop()
+
+
+def test_a_kill_whose_outcome_cannot_be_written_is_not_left_sending(tmp_path, job):
+    """A failed kill whose ``failed`` could not be written reads ``failed`` and may be sent
+    again; a sent one reads ``sent`` and is confirmed; both are written by the next write.
+    Before: the request answered 500, the row stayed ``sending``, the replica was held as
+    ``already_evicted`` and the sent kill was never confirmed."""
+    state = str(tmp_path / "state.sqlite")
+    mon = Monitor(MonitorConfig(port=0, state_path=state, targets=job.sim.urls, job="sim",
+                                lighthouse=job.url, token=TOKEN,
+                                rails=RailsConfig(min_replicas=1, cooldown_s=0),
+                                bundles=BundleConfig(enabled=False)))
+    other = sqlite3.connect(state)
+    try:
+        client = create_app(mon).test_client()
+        mon.sweep_once()
+        other.execute(FAIL)
+
+        def evict(group: int) -> dict:
+            r = client.post("/v1/evict", json={"replica_group": group, "reason": "test"},
+                            headers={"Authorization": f"Bearer {TOKEN}"})
+            assert r.status_code == 200, r.get_data(as_text=True)
+            return r.get_json()
+
+        def statuses() -> list[str]:
+            return [r["status"] for r in client.get("/v1/evictions").get_json()]
+
+        job.front_down()  # the Lighthouse unreachable: the kill fails
+        assert evict(1)["sent"] is False
+        assert statuses() == ["failed"]
+        mon.sweep_once()
+        assert client.get("/v1/goodput").get_json()["incidents"] == []  # no eviction booked
+        other.execute("DROP TRIGGER no_updates")
+        job.front_up()
+        assert evict(1)["sent"] is True  # not held as already_evicted
+        assert other.execute("SELECT status FROM decisions").fetchall() == [("failed",),
+                                                                          ("sent",)]
+        other.execute(FAIL)
+        assert evict(2)["sent"] is True
+        assert job.kills == [job.replica_ids[1], job.replica_ids[2]]
+        assert statuses() == ["sent", "sent", "failed"]
+
+        other.execute("DROP TRIGGER no_updates")
+        mon.sweep_once()  # the groups are gone: confirmed, and every outcome written
+        written = other.execute("SELECT status FROM decisions ORDER BY id").fetchall()
+        assert written == [("failed",), ("confirmed",), ("confirmed",)]
+    finally:
+        other.close()
+        mon.stop()
