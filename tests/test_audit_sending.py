@@ -76,3 +76,33 @@ def test_a_kill_whose_outcome_cannot_be_written_is_not_left_sending(tmp_path, jo
     finally:
         other.close()
         mon.stop()
+
+
+def test_a_kill_in_flight_is_no_goodput_eviction_until_it_is_sent(tmp_path, job):
+    """A sweep that accounts goodput while a manual kill is still ``sending`` (its bundle
+    being kept, up to --bundle-timeout) books no eviction: the kill may fail. Before, it was
+    booked for good. The sweep is run from inside the kill call (the real Lighthouse's,
+    called right after) to land in that window every time."""
+    mon = Monitor(MonitorConfig(port=0, state_path=str(tmp_path / "state.sqlite"),
+                                targets=job.sim.urls, job="sim", lighthouse=job.url,
+                                token=TOKEN, rails=RailsConfig(min_replicas=1, cooldown_s=0),
+                                bundles=BundleConfig(enabled=False)))
+    try:
+        client = create_app(mon).test_client()
+        mon.sweep_once()
+        kill = mon.enforcer.lighthouse.kill
+
+        def swept_then_killed(replica_id):
+            mon.sweep_once()
+            job.front_down()  # the Lighthouse unreachable: the kill fails
+            return kill(replica_id)
+
+        mon.enforcer.lighthouse.kill = swept_then_killed
+        r = client.post("/v1/evict", json={"replica_group": 1, "reason": "test"},
+                        headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 200 and r.get_json()["sent"] is False, r.get_data(as_text=True)
+        job.front_up()
+        mon.sweep_once()
+        assert client.get("/v1/goodput").get_json()["incidents"] == []
+    finally:
+        mon.stop()

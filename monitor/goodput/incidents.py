@@ -94,11 +94,11 @@ class Incidents(dict[int, Incident]):
     def ingest_evictions(self, evictions: list[dict[str, Any]], now: float,
                          since: float | None) -> None:
         """Mark each new eviction's incident evicted (opening one if needed); a failed one, or
-        one from before this ledger, is ignored, and an interrupted one until it is judged."""
+        one from before this ledger, is ignored, and one sending or interrupted until judged."""
         for d in sorted(evictions, key=lambda d: as_float(d.get("at")) or 0.0):
             did = as_int(d.get("id"))
             if did is None or did in self.seen_evictions or d.get("decision") != "evict" \
-                    or d.get("status") in ("failed", "interrupted"):
+                    or d.get("status") in ("failed", "sending", "interrupted"):
                 continue
             self.seen_evictions.add(did)
             at = as_float(d.get("at")) or now
