@@ -357,22 +357,21 @@ class Store:
     def decisions(self, limit: int = 500, decision: str | None = None) -> list[dict[str, Any]]:
         """The newest first; ``decision``: of that decision only (``evict``, ``hold``, ...)."""
         where, args = (" WHERE decision=?", (decision,)) if decision else ("", ())
-        return self._owing(self._dicts(f"SELECT * FROM decisions{where} ORDER BY id DESC "
-                                       "LIMIT ?", (*args, limit), ("finding",)))
+        return self._decisions(f"SELECT * FROM decisions{where} ORDER BY id DESC LIMIT ?",
+                               (*args, limit), ("finding",))
 
-    def _owing(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """``rows`` of decisions with the fields owed them."""
+    def _decisions(self, sql: str, args: tuple = (), json_cols: tuple[str, ...] = ()
+                   ) -> list[dict[str, Any]]:
+        """Rows of decisions with the fields owed them."""
         with self._lock:
-            return [{**r, **self._owed.get(r["id"], {})} for r in rows]
+            return [{**r, **self._owed.get(r["id"], {})} for r in self._dicts(sql, args,
+                                                                               json_cols)]
 
     def evicted_replica_ids(self) -> set[str]:
         """replica_ids a kill was sent for (whatever its confirmation): never evicted again."""
-        with self._lock:
-            failed = [i for i, f in self._owed.items() if f.get("status") == "failed"]
-            return {r[0] for r in self._rows(
-                "SELECT DISTINCT replica_id FROM decisions WHERE decision='evict' AND "
-                f"status != 'failed' AND replica_id IS NOT NULL AND id NOT IN "
-                f"({','.join('?' * len(failed))})", tuple(failed))}
+        return {r["replica_id"] for r in self._decisions(
+            "SELECT id, replica_id, status FROM decisions WHERE decision='evict' AND "
+            "status != 'failed' AND replica_id IS NOT NULL") if r["status"] != "failed"}
 
     def last_eviction_at(self) -> float | None:
         """When the last kill request was attempted (sent or failed): the cooldown's start."""
@@ -385,12 +384,10 @@ class Store:
                     "status='sending'")
 
     def pending_confirmations(self) -> list[dict[str, Any]]:
-        with self._lock:
-            owed = tuple(self._owed)
-            rows = self._owing(self._dicts(
-                "SELECT * FROM decisions WHERE decision='evict' AND (status IN ('sent', "
-                f"'interrupted') OR id IN ({','.join('?' * len(owed))}))", owed))
-        return [r for r in rows if r["status"] in ("sent", "interrupted")]
+        # a row still sending in the file may have been sent (its outcome unwritten)
+        return [r for r in self._decisions(
+            "SELECT * FROM decisions WHERE decision='evict' AND status IN ('sending', 'sent', "
+            "'interrupted')") if r["status"] in ("sent", "interrupted")]
 
     # --- incident bundles (monitor.act.bundles) -----------------------------------------------
     def keep_unreachable(self, url: str, since: float | None, state: dict[str, Any],
