@@ -8,6 +8,7 @@ that makes no sense raises :class:`ConfigError` at start-up, never in the middle
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -20,6 +21,7 @@ EVICTABLE_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_
 QUARANTINE_AFTER = {"hang": 1, "mismatch": 1, "dead_rank": 1, "straggler": 2, "network": 1,
                     "dead": 1}
 QUARANTINE_KINDS = EVICTABLE_KINDS[:-1]  # not quarantined_host
+LABEL_VALUE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?")  # Kubernetes'
 
 
 class ConfigError(ValueError):
@@ -347,6 +349,14 @@ class MonitorConfig:
         self.probes.validate()
         self.quarantine.validate()
         self.bundles.validate()
+        # the k8s sink selects the job's pods by the label lightkeeper/job=<job>
+        if ({"k8s", "kubernetes"} & set(self.quarantine.actions)
+                and not self.quarantine.k8s_pod_selector
+                and not LABEL_VALUE.fullmatch(self.job)):
+            raise ConfigError(f"--job {self.job!r}: --action k8s needs a Kubernetes label value "
+                              "(at most 63 of A-Z a-z 0-9 - _ ., first and last a letter or "
+                              "digit), the job's pods' lightkeeper/job; or give "
+                              "--k8s-pod-selector")
         if self.shard is not None:
             self.shard.validate(self.interval_s)
             if self.shard.lead and not self.lighthouse:
