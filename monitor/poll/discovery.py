@@ -154,6 +154,7 @@ class Discovery:
         self._written: str | None = None
         self._sd_lock: tuple[int, tuple | None] | None = None  # --sd-out's lock: (fd, file id)
         self._written_for: list[Target] | None = None  # the known set that text is of
+        self._ended: set[str] = set()  # static and file_sd ranks that said they stopped: not in sd
         # kept until a source changes: the view and the schedule tell unchanged targets by identity
         self._sorted: list[Target] | None = None
         self.version = 0  # counts the changes of the known set (or of a target's hints)
@@ -306,9 +307,12 @@ class Discovery:
                            now: float | None = None, ended: Collection[str] = ()) -> list[str]:
         """Drop registered targets unreachable (URL -> since when) for ``forget_after_s``, or
         at once when ``ended`` (they said their training finished), and not re-registered
-        since; returns their URLs. Never drops static or file_sd ones."""
+        since; returns their URLs. Never drops static or file_sd ones; those ``ended`` are left
+        out of :meth:`write_file_sd` (Prometheus' ``up == 0`` of a rank that ended is no alert)."""
         now = time.time() if now is None else now
         forgotten, ended = [], set(ended)
+        if ended != self._ended:
+            self._ended, self._written_for = ended, None
         with self._lock:
             for url, t in list(self._registered.items()):
                 since = unreachable_since.get(url)
@@ -324,8 +328,8 @@ class Discovery:
     def _file_sd_of(self, targets: list[Target]) -> list[dict[str, Any]]:
         out = []
         for t in targets:
-            if t.url.startswith(PREFIX):
-                continue  # torch's server has no /metrics for Prometheus to scrape
+            if t.url.startswith(PREFIX) or t.url in self._ended:
+                continue  # torch's server has no /metrics for Prometheus; an ended rank is down
             labels = {"lightkeeper_source": t.source}
             job = t.job or self.job
             if job:
