@@ -89,9 +89,10 @@ GOODPUT_INTERVALS_KEPT = 100_000  # settled badput intervals kept in the file (o
 # rows kept of each audit table (the oldest dropped, never one still needed): a file that grows
 # for good fills its volume, and a kill that cannot be recorded is not sent
 AUDIT_KEPT = 20_000
+# a kill not judged yet: sent or maybe sent, no answer yet whether the replica left
+UNJUDGED = "decision='evict' AND status IN ('sending', 'sent', 'interrupted')"
 STILL_NEEDED = {"findings": "resolved_at IS NULL", "host_offences": "0", "host_decisions": "0",
-                "decisions": "COALESCE(status, '') IN ('sending', 'sent', 'interrupted')",
-                "host_actions": "status IN ('pending', 'retrying')"}
+                "decisions": UNJUDGED, "host_actions": "status IN ('pending', 'retrying')"}
 
 
 def _group(stored: int | None) -> int | None:
@@ -378,16 +379,14 @@ class Store:
         return self._rows("SELECT MAX(at) FROM decisions WHERE decision='evict'")[0][0]
 
     def interrupt_sending(self) -> None:
-        """Kills a stopped monitor left ``sending``, maybe never sent: ``interrupted`` until a
-        sweep sees whether the replica is gone (Enforcer.confirm_evictions)."""
-        self._write("UPDATE decisions SET status='interrupted' WHERE decision='evict' AND "
-                    "status='sending'")
+        """Decisions a stopped monitor left ``sending``, maybe never sent: ``interrupted``; a
+        kill until a sweep sees whether the replica is gone (Enforcer.confirm_evictions)."""
+        self._write("UPDATE decisions SET status='interrupted' WHERE status='sending'")
 
     def pending_confirmations(self) -> list[dict[str, Any]]:
         # a row still sending in the file may have been sent (its outcome unwritten)
-        return [r for r in self._decisions(
-            "SELECT * FROM decisions WHERE decision='evict' AND status IN ('sending', 'sent', "
-            "'interrupted')") if r["status"] in ("sent", "interrupted")]
+        return [r for r in self._decisions(f"SELECT * FROM decisions WHERE {UNJUDGED}")
+                if r["status"] in ("sent", "interrupted")]
 
     # --- incident bundles (monitor.act.bundles) -----------------------------------------------
     def keep_unreachable(self, url: str, since: float | None, state: dict[str, Any],
