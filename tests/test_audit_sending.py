@@ -9,6 +9,7 @@ between the eviction's two writes: a full disk would fail the first one too.
 from __future__ import annotations
 
 import sqlite3
+import time
 
 import pytest
 
@@ -104,5 +105,37 @@ def test_a_kill_in_flight_is_no_goodput_eviction_until_it_is_sent(tmp_path, job)
         job.front_up()
         mon.sweep_once()
         assert client.get("/v1/goodput").get_json()["incidents"] == []
+    finally:
+        mon.stop()
+
+
+def test_an_unconfirmed_kill_is_no_goodput_eviction(tmp_path, job):
+    """A kill the Lighthouse took (sent) that never landed (the group still answers after the
+    confirmation window: the Lighthouse could not reach its Manager) is taken back from the
+    goodput ledger once ``unconfirmed``: the report claims no eviction. Before, the incident
+    kept ``evicted_at`` and ``eviction_id`` for good. The front's kill is made a no-op: the
+    simulated group has no Manager for a kill to miss."""
+    skew = [0.0]
+    mon = Monitor(MonitorConfig(port=0, state_path=str(tmp_path / "state.sqlite"),
+                                targets=job.sim.urls, job="sim", lighthouse=job.url,
+                                token=TOKEN, confirm_timeout_s=1.0,
+                                rails=RailsConfig(min_replicas=1, cooldown_s=0),
+                                bundles=BundleConfig(enabled=False)),
+                  clock=lambda: time.time() + skew[0])
+    job.kill = lambda replica_id: False
+    try:
+        client = create_app(mon).test_client()
+        mon.sweep_once()
+        r = client.post("/v1/evict", json={"replica_group": 1, "reason": "test"},
+                        headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.get_json()["sent"] is True, r.get_data(as_text=True)
+        mon.sweep_once()
+        [inc] = client.get("/v1/goodput").get_json()["incidents"]
+        assert inc["eviction_id"] == r.get_json()["id"]  # booked while not judged yet
+        skew[0] += 2.0  # past confirm_timeout_s, the group still answering
+        mon.sweep_once()
+        assert client.get("/v1/evictions").get_json()[0]["status"] == "unconfirmed"
+        [inc] = client.get("/v1/goodput").get_json()["incidents"]
+        assert (inc["eviction_id"], inc["evicted_at"], inc["evict_s"]) == (None, None, None)
     finally:
         mon.stop()

@@ -94,11 +94,23 @@ class Incidents(dict[int, Incident]):
     def ingest_evictions(self, evictions: list[dict[str, Any]], now: float,
                          since: float | None) -> None:
         """Mark each new eviction's incident evicted (opening one if needed); a failed one, or
-        one from before this ledger, is ignored, and one sending or interrupted until judged."""
+        one from before this ledger, is ignored, and one sending or interrupted until judged.
+        One turned unconfirmed (the group still answered) is no eviction: taken back, its
+        incident is open until acted on (one it opened alone: resolved)."""
         for d in sorted(evictions, key=lambda d: as_float(d.get("at")) or 0.0):
             did = as_int(d.get("id"))
+            if d.get("status") == "unconfirmed" and did in self.seen_evictions:
+                self.seen_evictions.discard(did)
+                for inc in self.values():
+                    if inc.eviction_id == did:
+                        inc.eviction_id = inc.evicted_at = inc.rejoined_at = None
+                        if not inc.finding_ids:  # opened by this kill: nothing else to act on
+                            inc.resolved_at = inc.resolved_at or now
+                        elif inc.resolved_at is None:
+                            inc.closed_at = None
+                        self.dirty.add(inc.id)
             if did is None or did in self.seen_evictions or d.get("decision") != "evict" \
-                    or d.get("status") in ("failed", "sending", "interrupted"):
+                    or d.get("status") in ("failed", "sending", "interrupted", "unconfirmed"):
                 continue
             self.seen_evictions.add(did)
             at = as_float(d.get("at")) or now
