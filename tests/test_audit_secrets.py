@@ -125,3 +125,14 @@ def test_monitor_reads_flags_holding_a_secret_from_an_at_file(tmp_path, monkeypa
     cfg = config_from_args(top.parse_args(["monitor", f"@{args}", "--port", "0"]))
     assert cfg.quarantine.actions == (f"webhook:{url}",)
     assert cfg.lighthouse == f"http://lh:{SECRET}@lh:29510" and cfg.port == 0
+
+
+def test_a_kill_refused_for_its_url_shows_the_lighthouse_url_without_its_password():
+    """requests' InvalidURL says the whole URL; the kill's outcome goes to the audit rows."""
+    from monitor.act.actions import Lighthouse
+
+    lh = Lighthouse(f"http://lk:{SECRET}@lh host:29510")  # is_http_url takes it; requests not
+    out = lh.kill("replica_group_0:x")
+    lh.close()
+    assert not out.sent and SECRET not in out.detail, out
+    assert "InvalidURL" in out.detail and "http://lk:***@lh host:29510" in out.detail, out

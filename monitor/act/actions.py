@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import requests
 
+from http_serving import redact_url
 from monitor.poll.torch_target import is_torch
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,8 @@ class Lighthouse:
         except requests.Timeout:
             # connected and asked; the answer did not come: the Manager may be gone already
             return Outcome(True, None, f"no answer within {self.timeout_s:g}s (request sent)")
-        except requests.RequestException as e:
-            return Outcome(False, None, f"{type(e).__name__}: {e}")
+        except requests.RequestException as e:  # InvalidURL's text is the URL, password and all
+            return Outcome(False, None, f"{type(e).__name__}: {redact_url(str(e))}")
         if r.status_code == 200:
             return Outcome(True, 200, "killed")
         body = r.text[:300].replace("\n", " ")
