@@ -91,28 +91,38 @@ def create_app(monitor: Any) -> Flask:
 
     render_lock = threading.Lock()
 
-    @app.get("/v1/cluster")
-    def cluster():
-        """The groups' rows (what grows with the job) encoded once per sweep, as the overview's
-        table; the monitor's own fields as of the request."""
-        view = monitor.view
-        head = app.json.dumps(monitor.cluster_head(view), separators=(",", ":")).encode()
+    def per_sweep(view: Any, name: str, build: Any) -> tuple[bytes, int]:
+        """``build()`` as JSON and its CRC, encoded once per published view (what grows with
+        the job), kept on it as ``name``."""
         with render_lock:
-            body = getattr(view, "cluster_body", None)
+            body = getattr(view, name, None)
             if body is None:
-                rows = views.cluster_json({}, view, view.evidence() if view else None,
-                                          monitor.detectors, monitor.clock())
-                body = app.json.dumps(rows, separators=(",", ":")).encode()
+                body = app.json.dumps(build(), separators=(",", ":")).encode()
                 body = (body, zlib.crc32(body))
                 if view is not None:
-                    view.cluster_body = body
-        resp = Response(head[:-1] + b"," + body[0][1:], mimetype="application/json")
-        resp.set_etag(f"{zlib.crc32(head):08x}{body[1]:08x}")
+                    setattr(view, name, body)
+        return body
+
+    def answer(body: bytes, etag: str) -> Response:
+        resp = Response(body, mimetype="application/json")
+        resp.set_etag(etag)
         return resp.make_conditional(request)  # 304 to an If-None-Match of the same answer
+
+    @app.get("/v1/cluster")
+    def cluster():
+        """The groups' rows encoded once per sweep, as the overview's table; the monitor's own
+        fields as of the request."""
+        view = monitor.view
+        head = app.json.dumps(monitor.cluster_head(view), separators=(",", ":")).encode()
+        body, crc = per_sweep(view, "cluster_body", lambda: views.cluster_json(
+            {}, view, view.evidence() if view else None, monitor.detectors, monitor.clock()))
+        return answer(head[:-1] + b"," + body[1:], f"{zlib.crc32(head):08x}{crc:08x}")
 
     @app.get("/v1/ranks")
     def ranks():
-        return jsonify(monitor.ranks_json())
+        view = monitor.view
+        body, crc = per_sweep(view, "ranks_body", lambda: views.ranks_json(view, monitor.clock()))
+        return answer(body, f"{crc:08x}")
 
     @app.get("/v1/findings")
     def findings():
