@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 
 def _nonempty(text: str) -> str:
@@ -253,6 +254,10 @@ def _upload(args: argparse.Namespace) -> int:
     if not args.grafana_url:
         print("error: --grafana-url (or GRAFANA_URL) is required", file=sys.stderr)
         return 2
+    url = args.grafana_url  # on the command line every user of this host reads it (ps)
+    if urlsplit(url).password and any(a in (url, "--grafana-url=" + url) for a in sys.argv):
+        print("warning: --grafana-url's password on the command line: every user of this host "
+              "can read it (ps); set GRAFANA_URL instead", file=sys.stderr)
     try:  # every file checked before the first request
         dashboards = load_dashboards(Path(args.dir) if args.dir else GENERATED_DIR)
     except UploadError as e:

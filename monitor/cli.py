@@ -194,11 +194,17 @@ def _shard_config(args: argparse.Namespace) -> ShardConfig | None:
                        etcd_prefix=args.etcd_prefix, lease_ttl_s=args.lease_ttl_s)
 
 
+def _said(value: str | None, name: str, what: str = "a secret flag") -> None:
+    """Say so when the secret ``value`` is on the command line, which every user of the host
+    reads (ps); one from an @FILE or a variable is not."""
+    if value and any(a == value or a.endswith("=" + value) for a in sys.argv[1:]):
+        logging.getLogger(__name__).warning("%s on the command line: every user of this host can "
+                                            "read it (ps); set %s instead", what, name)
+
+
 def _env(value: str | None, name: str) -> str | None:
-    """A secret: its flag's ``value`` (every user of the host reads it, in ps: said) or ``name``."""
-    if value:
-        logging.getLogger(__name__).warning("a secret flag is on the command line, which every "
-                                            "user of this host can read (ps): set %s instead", name)
+    """A secret: its flag's ``value`` (said) or the variable ``name``'s."""
+    _said(value, name)
     return value or os.environ.get(name) or None
 
 
@@ -213,6 +219,10 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
     """The config the flags describe (a flag's ``dest`` names its field); raises
     ConfigError."""
     given = vars(args)
+    for flag, url, name in (("--lighthouse", args.lighthouse, "TORCHFT_LIGHTHOUSE"),
+                            ("--etcd", args.etcd, "LIGHTKEEPER_ETCD")):
+        if url and redact_url(url) != url:
+            _said(url, name, f"{flag}'s password")
     cfg = _section(
         MonitorConfig, given, targets=list(args.targets), shard=_shard_config(args),
         sd_out=args.sd_out or os.path.join(os.path.dirname(os.path.abspath(args.state_path)),

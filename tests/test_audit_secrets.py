@@ -76,9 +76,10 @@ def test_monitor_secret_flags_work_and_each_says_its_variable(monkeypatch, caplo
         monkeypatch.delenv(name, raising=False)
     p = argparse.ArgumentParser()
     add_arguments(p)
+    argv = ["--port", "0", "--token", "adm-" + SECRET, "--rank-exit-token=exit-" + SECRET]
+    monkeypatch.setattr(sys, "argv", ["lightkeeper", "monitor", *argv])  # what ps shows
     with caplog.at_level("WARNING", logger="monitor.cli"):
-        cfg = config_from_args(p.parse_args(["--port", "0", "--token", "adm-" + SECRET,
-                                             "--rank-exit-token", "exit-" + SECRET]))
+        cfg = config_from_args(p.parse_args(argv))
     assert (cfg.token, cfg.rank_exit_token) == ("adm-" + SECRET, "exit-" + SECRET)
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 2 and all("command line" in m and "(ps)" in m for m in said), said
@@ -136,3 +137,56 @@ def test_a_kill_refused_for_its_url_shows_the_lighthouse_url_without_its_passwor
     lh.close()
     assert not out.sent and SECRET not in out.detail, out
     assert "InvalidURL" in out.detail and "http://lk:***@lh host:29510" in out.detail, out
+
+
+def test_a_url_password_on_the_monitors_command_line_is_said_not_one_from_an_at_file(
+        tmp_path, monkeypatch, caplog):
+    """--lighthouse and --etcd take a URL whose password is a secret: on the command line it is
+    said, with the variable to use; from an @FILE (docs/monitor.md) or a variable it is not, nor
+    is a token from an @FILE."""
+    from monitor.cli import add_arguments, config_from_args
+
+    top = argparse.ArgumentParser(prog="lightkeeper")
+    add_arguments(top.add_subparsers(dest="command").add_parser("monitor"))
+    lh, etcd = f"http://lk:{SECRET}@lh:29510", f"http://lk:{SECRET}@etcd:2379"
+    (tmp_path / "args").write_text(f"--lighthouse={lh}\n--etcd\n{etcd}\n--token={SECRET}\n")
+    said = {}
+    for case, argv in (("flags", [f"--lighthouse={lh}", "--etcd", etcd]),
+                       ("@FILE", [f"@{tmp_path / 'args'}"]),
+                       ("no password", ["--lighthouse", "http://lh:29510", "--etcd", "http://e:1"])):
+        argv = ["monitor", "--port", "0", "--shard", "0/1", *argv]
+        monkeypatch.setattr(sys, "argv", ["lightkeeper", *argv])  # what ps shows
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="monitor.cli"):
+            assert config_from_args(top.parse_args(argv)).lighthouse
+        said[case] = [r.getMessage() for r in caplog.records]
+    assert said["flags"] == [
+        "--lighthouse's password on the command line: every user of this host can read it (ps); "
+        "set TORCHFT_LIGHTHOUSE instead",
+        "--etcd's password on the command line: every user of this host can read it (ps); "
+        "set LIGHTKEEPER_ETCD instead"], said
+    assert said["@FILE"] == said["no password"] == [], said
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_grafana_url_password_on_the_command_line_is_said_and_never_shown(how, monkeypatch,
+                                                                          capsys):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on: the upload fails at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://admin:{SECRET}@127.0.0.1:{port}"
+    argv = ["dashboards", "upload", "--timeout", "2"] + (["--grafana-url", url] if how == "flag"
+                                                         else [])
+    monkeypatch.setenv("GRAFANA_TOKEN", "glsa_" + SECRET)
+    monkeypatch.delenv("GRAFANA_URL", raising=False)
+    if how == "env":
+        monkeypatch.setenv("GRAFANA_URL", url)
+    monkeypatch.setattr(sys, "argv", ["lightkeeper", *argv])  # what ps shows
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert SECRET not in out + err and f"http://***@127.0.0.1:{port}" in err, err
+    said = [ln for ln in err.splitlines() if ln.startswith("warning:")]
+    assert said == (["warning: --grafana-url's password on the command line: every user of this "
+                     "host can read it (ps); set GRAFANA_URL instead"] if how == "flag" else [])
