@@ -1034,3 +1034,41 @@ def test_a_restart_at_its_own_address_verified_a_sweep_late_is_found_once(found_
     [f] = found
     assert [(c["url"], c["host"]) for c in f.evidence["culprits"]] == \
         [(f"http://127.0.0.1:{9000 + r}", "host-g1") for r in (2, 3)]
+
+
+@pytest.mark.parametrize("seen_down", [True, False])
+def test_a_planned_stop_said_while_unverified_is_no_crash(seen_down):
+    """A group stopped on purpose (--planned-stops: each rank says ``stopped_by: SIGTERM``)
+    whose stop answers the monitor cannot verify (its Manager gone, the Lighthouse lists its
+    replica id no more) and that is restarted at its own addresses ended: no ``dead``, neither
+    when its ranks were seen down nor when the restart came between two polls. The real
+    Verifier judges, against a Lighthouse status built here."""
+    from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
+    from monitor.evidence.verification import Verifier
+
+    job, verifier = Job(), Verifier()
+    det = Detectors(DetectorConfig(dead_sweeps=2))
+
+    def listing(*gone):  # the replica ids the ranks report now, less those the Lighthouse dropped
+        ids = {s["replica_id"] for s in job.states} - set(gone)
+        return LighthouseStatus(3, {i: QuorumMember(i, 5, "", 2) for i in ids},
+                                {i: 0.1 for i in ids})
+
+    def sweep_verified(now, lh):
+        view = job.view(now, lambda ranks, changed: verifier.judge(ranks, changed, lh, None,
+                                                                   True, now))
+        return det.update(view.evidence(), None, now, full_view=view)
+
+    job.steps(5, now=T0)
+    old = job.states[3]["replica_id"]
+    found = sweep_verified(T0, listing())
+    for r in (2, 3):
+        job.states[r].update(finished=True, stopped_by="SIGTERM", phase="stopped")
+    found += sweep_verified(T0 + 1, listing(old))
+    if seen_down:
+        job.down = {2, 3}
+        found += [f for i in (2, 3) for f in sweep_verified(T0 + i, listing(old))]
+        job.down = set()
+    restarted_here(job, 1, "replica_group_1:new")
+    found += [f for i in (4, 5, 6) for f in sweep_verified(T0 + i, listing(old))]
+    assert [(f.kind, f.replica_id, f.ranks) for f in found] == []

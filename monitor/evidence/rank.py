@@ -74,7 +74,7 @@ def last_known(s: dict[str, Any]) -> dict[str, Any]:
     """What of a rank's state is kept once it stops answering (JSON: what a restarted monitor
     groups and judges it by)."""
     keep = (*_REQUIRED, "job", "replica_id", "group_world_size", "num_participants",
-            "participating", "host", "node", "device", "finished")
+            "participating", "host", "node", "device", "finished", "pid", "started_at")
     return {k: s[k] for k in keep if k in s}
 
 

@@ -27,7 +27,8 @@ class Trust:
     reason: str  # "ok" or one of REASONS: why not
     detail: str
     evidence: bool
-    claims: tuple | None = None  # (replica_id, replica_group, group_rank, world size, rank)
+    claims: tuple | None = None  # (replica_id, replica_group, group_rank, world size, rank,
+    # pid, started_at): who the rank said it was, the process included
     checked_at: float | None = None
     stale: bool = False  # the rank did not answer this sweep: the verdict of its last answer
 
@@ -45,7 +46,14 @@ def restored(kept: dict[str, Any] | None, state: dict[str, Any]) -> Trust | None
 
 def claims(state: dict[str, Any]) -> tuple:
     return (state.get("replica_id"), state["replica_group"], state["group_rank"],
-            state.get("group_world_size"), state["rank"])
+            state.get("group_world_size"), state["rank"], state.get("pid"),
+            state.get("started_at"))
+
+
+def _vouched(rv: RankView, c: tuple) -> bool:
+    """Whether the same process, with the same claims, was evidence at its last verdict."""
+    prev = rv.trust
+    return prev is not None and prev.evidence and prev.claims == c
 
 
 def as_int(v: Any) -> int | None:
@@ -106,8 +114,8 @@ def verify_ranks(ranks: Mapping[str, RankView], lighthouse: LighthouseStatus | N
         return out
     if lighthouse is None:
         for rv in live:
-            c, prev = claims(rv.state), rv.trust
-            vouched = prev is not None and prev.evidence and prev.claims == c
+            c = claims(rv.state)
+            vouched = _vouched(rv, c)
             out[rv.url] = Trust(UNVERIFIABLE, "lighthouse_unreadable",
                                 f"{error}; " + ("verified before with the same identity"
                                                 if vouched else "not verified before"),
@@ -155,9 +163,13 @@ def verify_ranks(ranks: Mapping[str, RankView], lighthouse: LighthouseStatus | N
                                                f"claim {k}: {sorted(r.url for r in rvs)}")
     for rv in live:
         reason, detail = verdict[rv.url]
-        ok = reason == "ok"
-        out[rv.url] = Trust(VERIFIED if ok else UNVERIFIED, reason, detail, ok,
-                            claims(rv.state), now)
+        ok, c = reason == "ok", claims(rv.state)
+        # a stop said by a process verified before stays evidence (its Manager gone, the
+        # Lighthouse lists it no more): unheard, it would read as a crash
+        stop = not ok and rv.state.get("finished") is True and _vouched(rv, c)
+        out[rv.url] = Trust(VERIFIED if ok else UNVERIFIED, reason,
+                            detail + "; it said it stopped, verified before" if stop else detail,
+                            ok or stop, c, now)
     return out
 
 
@@ -256,7 +268,7 @@ def _scopes(key: tuple | None) -> list[tuple]:
     """The checks beyond its own a rank takes part in: its group, replica id and rank."""
     if key is None:
         return []
-    rid, g, _gr, _ws, rank = key[1]
+    rid, g, _gr, _ws, rank, *_ = key[1]
     out = [("g", g), ("rank", rank)]
     if rid is not None:
         out.append(("rid", rid))
