@@ -37,6 +37,8 @@ from pathlib import Path
 
 import requests
 
+from monitor.analysis.cli import printable
+
 from .faulttrack import Deadlines, FaultTrack, Observation, Strike, finding_culprits
 from .scenario import FaultPlan, Scenario, default_faults, parse_inject, soak_faults
 
@@ -273,8 +275,8 @@ class Demo:
     def event(self, kind: str, group: int | None, detail: str) -> None:
         e = {"t": self.now(), "kind": kind, "replica_group": group, "detail": detail}
         self.events.append(e)
-        line = f"[{e['t']:7.1f}s] {kind:<12} " + (f"group {group}: " if group is not None
-                                                   else "") + detail
+        line = printable(f"[{e['t']:7.1f}s] {kind:<12} " + (f"group {group}: " if group is not None
+                                                             else "") + detail)
         if self._log:
             self._log.write(line + "\n")
             self._log.flush()
@@ -318,15 +320,16 @@ class Demo:
                 out.append(f"  [{e['t']:6.1f}s] {e['kind']:<11} "
                            + (f"group {e['replica_group']}: " if e["replica_group"] is not None
                               else "") + e["detail"])
-            sys.stdout.write("\n".join(out) + "\n")
+            # the first line clears the screen; the rest hold the ranks' and monitor's text
+            sys.stdout.write("\n".join([out[0], *map(printable, out[1:])]) + "\n")
             sys.stdout.flush()
         elif time.monotonic() - self._last_status_print >= 5.0:
             self._last_status_print = time.monotonic()
             parts = [f"g{g} step {'-' if step is None else step}"
                      + (f" {sec:.2f}s" if sec is not None else "") + f" {status}"
                      for g, step, sec, status in rows]
-            print(f"[{self.now():7.1f}s] status       {self.status} | " + " | ".join(parts),
-                  flush=True)
+            print(printable(f"[{self.now():7.1f}s] status       {self.status} | "
+                            + " | ".join(parts)), flush=True)
 
     # --- start --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -493,7 +496,8 @@ class Demo:
                     key = (g, incarnation, s["group_rank"], spec)
                     if key not in self.strikes:
                         self.strikes[key] = Strike(g, incarnation, s["group_rank"], s["rank"],
-                                                   s.get("host") or "?", spec, float(at))
+                                                   printable(str(s.get("host") or "?")), spec,
+                                                   float(at))
                 self.rank_pids.add(int(s["pid"]))
                 job_step = max(job_step, s["step"])
                 self.samples.append({

@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from monitor.analysis.cli import printable
+
 STAGES = ("strike", "detection", "eviction", "rejoin", "done")
 FINDING_SLACK_S = 1.0  # a finding confirmed this long before the strike still counts (clocks)
 
@@ -91,11 +93,12 @@ class Observation:
 
 def finding_culprits(f: dict) -> tuple[list[int] | None, list[str] | None]:
     """(culprit ranks, their hosts) as the monitor serves them on a finding (its
-    ``evidence.culprit_ranks`` and ``evidence.culprit_hosts``); None where it names none."""
+    ``evidence.culprit_ranks`` and ``evidence.culprit_hosts``, which ranks named: printed
+    escaped); None where it names none."""
     ev = f.get("evidence") if isinstance(f.get("evidence"), dict) else {}
     ranks, hosts = ev.get("culprit_ranks"), ev.get("culprit_hosts")
     return (None if ranks is None else [int(r) for r in ranks],
-            None if hosts is None else list(dict.fromkeys(str(h) for h in hosts)))
+            None if hosts is None else list(dict.fromkeys(printable(str(h)) for h in hosts)))
 
 
 class FaultTrack:

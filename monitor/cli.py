@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from http_serving import host_for_url, http_url, redact_url
 
+from .analysis.cli import printable
 from .config import (
     EVICTABLE_KINDS,
     QUARANTINE_AFTER,
@@ -264,8 +265,16 @@ def start_line(url: str, cfg: MonitorConfig) -> str:
             f"lighthouse={redact_url(cfg.lighthouse)} dry_run={cfg.rails.dry_run}")
 
 
+class _Escaped(logging.Formatter):
+    """A line's control characters escaped: a rank's text (a host name, an error) may hold a
+    terminal escape, or a newline that forges a line."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+
 def run(args: argparse.Namespace) -> int:
-    utc = logging.Formatter("%(asctime)s.%(msecs)03dZ %(name)s %(levelname)s %(message)s",
+    utc = _Escaped("%(asctime)s.%(msecs)03dZ %(name)s %(levelname)s %(message)s",
                             "%Y-%m-%dT%H:%M:%S")
     utc.converter = time.gmtime  # UTC, and said so: not the host's unnamed local time
     handler = logging.StreamHandler(sys.stderr)
