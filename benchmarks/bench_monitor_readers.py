@@ -33,7 +33,7 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PATHS = ["/", "/v1/cluster", "/v1/findings", "/v1/hosts", "/metrics"]
+PATHS = ["/", "/v1/cluster", "/v1/ranks", "/v1/findings", "/v1/hosts", "/metrics"]
 
 CHILD = """
 import os, sys, time
