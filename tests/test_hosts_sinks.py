@@ -290,7 +290,7 @@ def test_k8s_release_leaves_an_operators_cordon(kube):
     assert api.node["spec"]["taints"] == [{"key": "other", "value": "x", "effect": "NoExecute"}]
     assert not api.node["metadata"].get("annotations")
 
-@pytest.mark.parametrize("code,retry", [(403, False), (404, False), (409, True)])
+@pytest.mark.parametrize("code,retry", [(400, False), (403, False), (404, False), (409, True)])
 def test_k8s_error_paths(kube, code, retry):
     api, rx, sink = kube
     api.fail[("PATCH", "/api/v1/nodes/node-1")] = code

@@ -3,7 +3,7 @@ delete the job's pods on it so their controller reschedules them elsewhere.
 
 Needs ``lightkeeper[kubernetes]`` (lightkube) and a cluster configuration; RBAC in
 ``deploy/kubernetes/quarantine/``. Each step is idempotent, the first failure ends the attempt;
-release uncordons only a node the quarantine cordoned. 401, 403, 404 and 422 are not retried.
+release uncordons only a node the quarantine cordoned. 400, 401, 403, 404 and 422 are not retried.
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ class KubernetesSink:
         code = _status(e)
         what = f"HTTP {code}: {e}" if code else f"{type(e).__name__}: {e}"
         prefix = f"node {node}: " + ("; ".join(done) + "; then " if done else "")
-        return ActionResult(False, prefix + what, retry=code not in (403, 404, 401, 422))
+        return ActionResult(False, prefix + what, retry=code not in (400, 401, 403, 404, 422))
 
 
 def _reason(kind: str) -> str:
