@@ -164,9 +164,10 @@ def verify_ranks(ranks: Mapping[str, RankView], lighthouse: LighthouseStatus | N
     for rv in live:
         reason, detail = verdict[rv.url]
         ok, c = reason == "ok", claims(rv.state)
-        # a stop said by a process verified before stays evidence (its Manager gone, the
-        # Lighthouse lists it no more): unheard, it would read as a crash
-        stop = not ok and rv.state.get("finished") is True and _vouched(rv, c)
+        # a stop said by a process verified before stays evidence when the Lighthouse lists
+        # it no more (its Manager gone): unheard, it would read as a crash
+        stop = reason in ("unknown_replica_id", "not_in_quorum") \
+            and rv.state.get("finished") is True and _vouched(rv, c)
         out[rv.url] = Trust(VERIFIED if ok else UNVERIFIED, reason,
                             detail + "; it said it stopped, verified before" if stop else detail,
                             ok or stop, c, now)
