@@ -6,7 +6,7 @@ LWS group's worker pod drained, or local ranks 1-7 of a pod. The rank now waits 
 its reader's intervals (at most ``STOP_WAIT_S``, 20 s, under the kill grace of 30 s).
 
 A real WorkerServer and a reader polling as the monitor does (its User-Agent); the intervals
-are scaled down (the reader every 0.4 s, the clean end's cap set to 0.2 s) so the test takes
+are scaled down (the reader every 0.25 s, the clean end's cap set to 0.1 s) so the test takes
 about a second; no kubelet runs here, the SIGTERM path's call (``stopped()``) is made directly."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from worker_server import server as server_module
 
 
 def test_a_stop_waits_for_a_reader_slower_than_the_clean_ends_cap(monkeypatch):
-    monkeypatch.setattr(server_module, "FINISH_WAIT_S", 0.2)
+    monkeypatch.setattr(server_module, "FINISH_WAIT_S", 0.1)
     ws = WorkerServer.start(replica_group=1, group_rank=1, group_world_size=2, job="j")
     answers: list[dict] = []
     done = threading.Event()
@@ -36,7 +36,7 @@ def test_a_stop_waits_for_a_reader_slower_than_the_clean_ends_cap(monkeypatch):
                                          headers={"User-Agent": MONITOR_AGENT}).json())
                 except requests.RequestException:
                     pass
-                done.wait(0.4)  # the member interval, scaled down: not a synchronization
+                done.wait(0.25)  # the member interval, scaled down: not a synchronization
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
