@@ -508,9 +508,6 @@ class Monitor:
                                "cannot_show": list(CANNOT_SHOW)},
                 "shard": self.shard.to_json() if self.shard else None}
 
-    def ranks_json(self) -> list[dict[str, Any]]:
-        return views.ranks_json(self.view, self.clock())
-
     def goodput_json(self, incidents: int = 50, intervals: int = 200) -> dict[str, Any]:
         """The ledger; each incident with ``bundles``: the incident bundles of its findings and
         eviction (docs/monitor.md, Incident bundles)."""

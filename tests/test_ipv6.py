@@ -13,6 +13,7 @@ import requests
 
 from http_serving import host_for_url, http_url, split_host_port
 from lightkeeper.cluster import free_port, wait_until
+from monitor.api.views import ranks_json
 from monitor.poll.admission import AllowList
 from monitor.poll.discovery import BadTarget, normalize_url
 from monitor.poll.http11 import _split
@@ -101,7 +102,7 @@ def test_rank_and_monitor_serve_register_and_poll_on_ipv6_loopback(tmp_path):
         assert mon.url.startswith("http://[::1]:")
         srv.register_with(mon.url)  # ::1 is loopback: allowed without a token
         wait_until(lambda: any(r["url"] == srv.url and r["reachable"]
-                               for r in mon.ranks_json()),
+                               for r in ranks_json(mon.view, mon.clock())),
                    20, what="the monitor polling the rank at its bracketed IPv6 URL")
         # Prometheus' file_sd names the target as host:port, brackets kept (the file is
         # written at the end of the sweep that polled it, after the view the wait above read)

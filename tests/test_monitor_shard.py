@@ -25,6 +25,7 @@ import pytest
 import requests
 
 from lightkeeper.cluster import free_port, start_monitor_process, stop_process, wait_until
+from monitor.api.views import ranks_json
 from monitor.cli import add_arguments, config_from_args
 from monitor.config import ConfigError
 from monitor.lease import Etcd, LeaderLease
@@ -186,11 +187,12 @@ def test_a_rank_registers_with_every_shard_and_only_its_owner_polls_it(tmp_path,
         wait_until(lambda: all(srv.url in [t["url"] for t in requests.get(
             m.url + "/v1/targets", timeout=5).json()] for m in mons), 20,
             what="the rank registered with both shards")
-        wait_until(lambda: srv.url in [r["url"] for r in mons[owner].ranks_json()], 20,
+        owned = mons[owner]
+        wait_until(lambda: srv.url in [r["url"] for r in ranks_json(owned.view, owned.clock())], 20,
                    what="the owner polling it")
         n = mons[1 - owner].sweeps
         wait_until(lambda: mons[1 - owner].sweeps >= n + 3, 10, what="the other shard sweeping")
-        assert mons[1 - owner].ranks_json() == []
+        assert ranks_json(mons[1 - owner].view, mons[1 - owner].clock()) == []
         assert mons[owner].cluster_json()["shard"]["owned_groups"] == [5]
     finally:
         if srv is not None:
@@ -222,7 +224,7 @@ def test_a_rank_restarted_for_another_group_moves_to_that_groups_shard(tmp_path,
     srv = None
 
     def polled_by(i: int) -> list:
-        return [r.get("replica_group") for r in mons[i].ranks_json()
+        return [r.get("replica_group") for r in ranks_json(mons[i].view, mons[i].clock())
                 if r.get("reachable")]
 
     try:
@@ -265,7 +267,8 @@ def _proposer(etcd_url: str, key: str) -> str | None:
 
 
 def _polled(mon, g: int) -> int:
-    return sum(1 for r in mon.ranks_json() if r.get("reachable") and r["replica_group"] == g)
+    return sum(1 for r in ranks_json(mon.view, mon.clock())
+               if r.get("reachable") and r["replica_group"] == g)
 
 
 def _dead_rank_open(mon, g: int) -> bool:

@@ -24,6 +24,7 @@ import pytest
 from monitor.act.actions import RankCalls
 from monitor.analysis import analyze, normalize_dumps
 from monitor.analysis.model import GroupKey
+from monitor.api.views import ranks_json
 from monitor.detect.findings import engine_findings
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
 from monitor.evidence.rank import plain_shape, valid_state
@@ -433,7 +434,7 @@ def test_monitor_sweep_reads_a_rank_through_lightkeeper_handlers(garbage_server,
                                 sd_out=None))
     try:
         mon.sweep_once()
-        row = next(r for r in mon.ranks_json() if r["url"] == url)
+        row = next(r for r in ranks_json(mon.view, mon.clock()) if r["url"] == url)
         assert row["reachable"] and row["rank"] == 4 and row["phase"] == "forward", row
         assert row["torch_only"] is None  # the full state: nothing it cannot show
         assert ("POST", "/handler/lightkeeper_fr_trace?last=256") in _Answers.asked
