@@ -6,8 +6,8 @@ LWS group's worker pod drained, or local ranks 1-7 of a pod. The rank now waits 
 its reader's intervals (at most ``STOP_WAIT_S``, 20 s, under the kill grace of 30 s).
 
 A real WorkerServer and a reader polling as the monitor does (its User-Agent); the intervals
-are scaled down (the reader every 0.25 s, the clean end's cap set to 0.1 s) so the test takes
-about a second; no kubelet runs here, the SIGTERM path's call (``stopped()``) is made directly."""
+are scaled down (the reader every 0.5 s, the clean end's cap set to 0.1 s) so the test takes
+about two seconds; no kubelet runs here, the SIGTERM path's call (``stopped()``) is made directly."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_a_stop_waits_for_a_reader_slower_than_the_clean_ends_cap(monkeypatch):
                                          headers={"User-Agent": MONITOR_AGENT}).json())
                 except requests.RequestException:
                     pass
-                done.wait(0.25)  # the member interval, scaled down: not a synchronization
+                done.wait(0.5)  # the member interval, scaled down: not a synchronization
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
