@@ -18,6 +18,8 @@ __all__ = ["failure_reason", "host_for_url", "http_url", "is_http_url", "redact_
 # ``scheme://user:password@``, up to the authority's last ``@``: a password with a raw ``/``
 # (base64) is no valid URL, but the message refusing it must not show it either
 _PASSWORD = re.compile(r"(://[^/?#@\s\"]*):[^\s\"]*?@(?=[^@/?#\s\"]*(?:[/?#\s\"]|$))")
+# ``scheme://TOKEN@``: a user name alone is how some services take a token
+_USER_ONLY = re.compile(r"(://)[^/?#@\s\":]+@(?=[^@/?#\s\"]*(?:[/?#\s\"]|$))")
 
 
 def _is_ipv6(host: str) -> bool:
@@ -76,8 +78,9 @@ def is_http_url(url: str) -> bool:
 
 def redact_url(text: str | None) -> str | None:
     """A URL, or a message holding URLs, with each one's password shown as ``***``
-    (``http://user:***@host``): for whatever is shown; requests keep the real URL."""
-    return _PASSWORD.sub(r"\1:***@", text) if text else text
+    (``http://user:***@host``; a user name alone, which may be a token: ``http://***@host``):
+    for whatever is shown; requests keep the real URL."""
+    return _USER_ONLY.sub(r"\1***@", _PASSWORD.sub(r"\1:***@", text)) if text else text
 
 
 def failure_reason(e: Exception) -> str | None:

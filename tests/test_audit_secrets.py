@@ -190,3 +190,11 @@ def test_grafana_url_password_on_the_command_line_is_said_and_never_shown(how, m
     said = [ln for ln in err.splitlines() if ln.startswith("warning:")]
     assert said == (["warning: --grafana-url's password on the command line: every user of this "
                      "host can read it (ps); set GRAFANA_URL instead"] if how == "flag" else [])
+
+
+def test_a_token_given_as_a_urls_user_name_is_not_shown():
+    from http_serving.urls import redact_url
+
+    assert redact_url("GET https://ghp_SECRET@lh:29510/status: refused") == \
+        "GET https://***@lh:29510/status: refused"
+    assert redact_url("http://u:SECRET@h:1 and http://h:2/x") == "http://u:***@h:1 and http://h:2/x"
