@@ -1072,3 +1072,35 @@ def test_a_planned_stop_said_while_unverified_is_no_crash(seen_down):
     restarted_here(job, 1, "replica_group_1:new")
     found += [f for i in (4, 5, 6) for f in sweep_verified(T0 + i, listing(old))]
     assert [(f.kind, f.replica_id, f.ranks) for f in found] == []
+
+
+def test_a_stopped_incarnation_still_answering_beside_its_successor_is_not_the_group():
+    """The ranks of a group stopped on purpose still answer (their stop kept as evidence, the
+    Lighthouse lists them no more) while the next incarnation runs at new addresses: the group
+    is the new one, so a rank of it that crashes meanwhile is ``dead_rank`` of its replica id."""
+    from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
+    from monitor.evidence.verification import Verifier
+
+    job, verifier = Job(), Verifier()
+    det = Detectors(DetectorConfig(dead_sweeps=2))
+
+    def sweep_verified(now, *dropped):
+        ids = {s["replica_id"] for s in job.states} - set(dropped)
+        lh = LighthouseStatus(3, {i: QuorumMember(i, 5, "", 2) for i in ids},
+                              {i: 0.1 for i in ids})
+        view = job.view(now, lambda ranks, changed: verifier.judge(ranks, changed, lh, None,
+                                                                   True, now))
+        return det.update(view.evidence(), None, now, full_view=view)
+
+    job.steps(5, now=T0)
+    old = job.states[2]["replica_id"]
+    found = sweep_verified(T0)
+    for r in (2, 3):
+        job.states[r].update(finished=True, stopped_by="SIGTERM", phase="stopped")
+    found += sweep_verified(T0 + 1)
+    restarted(job, 1, "replica_group_1:new")  # job.states 6, 7 at ports 9502, 9503
+    found += sweep_verified(T0 + 2, old)
+    job.down = {7}  # its rank 1 crashes
+    found += [f for i in (3, 4, 5) for f in sweep_verified(T0 + i, old)]
+    assert [(f.kind, f.replica_id, f.ranks) for f in found] == \
+        [("dead_rank", "replica_group_1:new", [3])]
