@@ -161,19 +161,14 @@ def verify_ranks(ranks: Mapping[str, RankView], lighthouse: LighthouseStatus | N
                 for rv in rvs:
                     verdict[rv.url] = (reason, f"{len(rvs)} ranks that pass every other check "
                                                f"claim {k}: {sorted(r.url for r in rvs)}")
-    current: dict[int, set[str]] = defaultdict(set)  # group -> replica ids verified in it
-    for rv in live:
-        if verdict[rv.url][0] == "ok":
-            current[rv.state["replica_group"]].add(rv.state["replica_id"])
     for rv in live:
         reason, detail = verdict[rv.url]
         ok, c = reason == "ok", claims(rv.state)
         # a stop said by a process verified before stays evidence when the Lighthouse lists
-        # it no more (its Manager gone) and no successor runs beside it: unheard, it would
+        # it no more (its Manager gone) and no successor is in its group: unheard, it would
         # read as a crash
         stop = reason in ("unknown_replica_id", "not_in_quorum") \
-            and rv.state.get("finished") is True and _vouched(rv, c) \
-            and current[c[1]] <= {c[0]}
+            and rv.state.get("finished") is True and _vouched(rv, c) and not by_group.get(c[1])
         out[rv.url] = Trust(VERIFIED if ok else UNVERIFIED, reason,
                             detail + "; it said it stopped, verified before" if stop else detail,
                             ok or stop, c, now)
