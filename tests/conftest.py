@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -56,10 +57,24 @@ LONGEST_FIRST = (
 _RANK = {name: i for i, name in enumerate(LONGEST_FIRST)}
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: every marked test is seen
 def pytest_collection_modifyitems(config, items):
-    """Longest modules first (a stable sort: each module's tests keep their file order)."""
+    """Longest modules first (a stable sort: each module's tests keep their file order).
+
+    bin/test's end-to-end passes collect only the files that name their marker
+    (``mark.e2e``, ``mark.solo``); a test marked another way would silently run in no pass."""
+    for item in items:
+        for mark in ("e2e", "solo"):
+            if item.get_closest_marker(mark) and f"mark.{mark}" not in _text(item.path):
+                raise pytest.UsageError(f"{item.nodeid} is marked {mark}, but its file does "
+                                        f"not say mark.{mark}: bin/test would not run it")
     items.sort(key=lambda item: _RANK.get(Path(item.nodeid.split("::", 1)[0]).name,
                                           len(LONGEST_FIRST)))
+
+
+@functools.cache
+def _text(path: Path) -> str:
+    return path.read_text()
 
 
 def pytest_xdist_make_scheduler(config, log):
