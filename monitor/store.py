@@ -259,8 +259,9 @@ class Store:
             try:
                 yield
                 if self._atomic == 1:
+                    self._pay()  # a block without a write of its own commits them too
                     self._db.commit()
-                    self._owed = {}  # written by the block's writes
+                    self._owed = {}
             except BaseException:
                 if self._atomic == 1:
                     self._db.rollback()
@@ -274,8 +275,7 @@ class Store:
         with self._lock:
             self._kept()
             try:
-                for did, fields in self._owed.items():
-                    self._db.execute(*_setting(did, fields))
+                self._pay()
                 cur = self._db.execute(sql, args)
                 if not self._atomic:
                     self._db.commit()
@@ -284,6 +284,11 @@ class Store:
                 self._db.rollback()
                 raise
             return int(cur.lastrowid or 0)
+
+    def _pay(self) -> None:
+        """Write the fields owed (update_decision) into the transaction going on."""
+        for did, fields in self._owed.items():
+            self._db.execute(*_setting(did, fields))
 
     def _add(self, table: str, sql: str, args: tuple) -> int:
         """Insert one audit row, dropping the table's rows AUDIT_KEPT older that nothing needs."""

@@ -139,3 +139,26 @@ def test_an_unconfirmed_kill_is_no_goodput_eviction(tmp_path, job):
         assert (inc["eviction_id"], inc["evicted_at"], inc["evict_s"]) == (None, None, None)
     finally:
         mon.stop()
+
+
+def test_an_outcome_owed_is_written_by_an_atomic_block_with_no_write_of_its_own(tmp_path):
+    """The real store: a kill's ``failed`` a locked table refused is written by the next commit,
+    even one of an atomic block that wrote nothing itself."""
+    from monitor.store import Store
+
+    path = str(tmp_path / "state.sqlite")
+    store, other = Store(path), sqlite3.connect(path)
+    try:
+        did = store.add_decision(replica_group=1, replica_id="r1", decision="evict",
+                                 reason="hang", detail="", status="sending")
+        other.execute(FAIL)
+        with pytest.raises(sqlite3.Error):
+            store.update_decision(did, status="failed")
+        assert [d["status"] for d in store.decisions()] == ["failed"]  # read as written
+        other.execute("DROP TRIGGER no_updates")
+        with store.atomic():
+            pass
+        assert other.execute("SELECT status FROM decisions").fetchall() == [("failed",)]
+    finally:
+        other.close()
+        store.close()
