@@ -137,6 +137,11 @@ def test_a_kill_refused_for_its_url_shows_the_lighthouse_url_without_its_passwor
     lh.close()
     assert not out.sent and SECRET not in out.detail, out
     assert "InvalidURL" in out.detail and "http://lk:***@lh host:29510" in out.detail, out
+    # a host label over 63 characters: urllib3 raises a ValueError, not requests' own error
+    lh = Lighthouse(f"http://lk:{SECRET}@{'a' * 64}.example:29510")
+    out = lh.kill("replica_group_0:x")
+    lh.close()
+    assert not out.sent and SECRET not in out.detail and "LocationParseError" in out.detail, out
 
 
 def test_a_url_password_on_the_monitors_command_line_is_said_not_one_from_an_at_file(

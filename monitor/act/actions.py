@@ -49,7 +49,9 @@ class Lighthouse:
         except requests.Timeout:
             # connected and asked; the answer did not come: the Manager may be gone already
             return Outcome(True, None, f"no answer within {self.timeout_s:g}s (request sent)")
-        except requests.RequestException as e:  # InvalidURL's text is the URL, password and all
+        # InvalidURL's text is the URL, password and all; urllib3 refuses some hosts with a
+        # ValueError of its own (a label over 63 characters)
+        except (requests.RequestException, ValueError) as e:
             return Outcome(False, None, f"{type(e).__name__}: {redact_url(str(e))}")
         if r.status_code == 200:
             return Outcome(True, 200, "killed")
@@ -81,7 +83,7 @@ class RankCalls:
             r = self._session.post(f"{url.rstrip('/')}{path}", json=body,
                                    headers={"Authorization": f"Bearer {self.token}"},
                                    timeout=self.timeout_s)
-        except requests.RequestException as e:
+        except (requests.RequestException, ValueError) as e:  # ValueError: as in kill()
             return Outcome(False, None, f"unreachable: {type(e).__name__}")
         if r.status_code not in ok:
             return Outcome(False, r.status_code, f"HTTP {r.status_code}: {r.text[:120]}")
