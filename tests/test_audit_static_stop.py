@@ -42,6 +42,10 @@ def test_a_static_rank_that_said_it_stopped_leaves_the_file_sd(tmp_path):
         dead.set_mode("down")
         wait_until(lambda: listed() == {dead.url, sim.ranks[2].url}, 10, what="the stop unlisted")
         assert (gauge("ranks_unreachable"), gauge("ranks_finished")) == (1, 1)
+        # a group whose ranks all said they stopped ended; one whose rank died is unreachable
+        status = {r["url"]: g["status"] for g in requests.get(mon.url + "/v1/cluster", timeout=5)
+                  .json()["groups"] for r in g["ranks"]}
+        assert (status[stopped.url], status[dead.url]) == ("ended", "unreachable"), status
         stopped.update(finished=False, stopped_by=None, phase="training")
         stopped.set_mode("ok")  # started again: scraped again
         wait_until(lambda: listed() == set(sim.urls), 10, what="the restarted rank listed")

@@ -220,8 +220,8 @@ class GroupView:
     @property
     def status(self) -> str:
         n = len(self.reachable)
-        if n == 0:
-            return "unreachable"
+        if n == 0:  # every rank said its training finished before it went: not lost, over
+            return "ended" if self.ranks and all(r.ended for r in self.ranks) else "unreachable"
         if n < len(self.ranks):
             return "partial"
         return "up"
