@@ -91,17 +91,20 @@ def create_app(monitor: Any) -> Flask:
 
     render_lock = threading.Lock()
 
-    def per_sweep(view: Any, name: str, build: Any) -> tuple[bytes, int]:
-        """``build()`` as JSON and its CRC, encoded once per published view (what grows with
-        the job), kept on it as ``name``."""
+    def per_sweep(view: Any, name: str, build: Any) -> Any:
+        """``build()`` made once per published view (what grows with the job: not once per
+        request or open tab), kept on it as ``name``."""
         with render_lock:
-            body = getattr(view, name, None)
-            if body is None:
-                body = app.json.dumps(build(), separators=(",", ":")).encode()
-                body = (body, zlib.crc32(body))
+            value = getattr(view, name, None)
+            if value is None:
+                value = build()
                 if view is not None:
-                    setattr(view, name, body)
-        return body
+                    setattr(view, name, value)
+        return value
+
+    def encoded(doc: Any) -> tuple[bytes, int]:
+        body = app.json.dumps(doc, separators=(",", ":")).encode()
+        return body, zlib.crc32(body)
 
     def answer(body: bytes, etag: str) -> Response:
         resp = Response(body, mimetype="application/json")
@@ -114,14 +117,15 @@ def create_app(monitor: Any) -> Flask:
         fields as of the request."""
         view = monitor.view
         head = app.json.dumps(monitor.cluster_head(view), separators=(",", ":")).encode()
-        body, crc = per_sweep(view, "cluster_body", lambda: views.cluster_json(
-            {}, view, view.evidence() if view else None, monitor.detectors, monitor.clock()))
+        body, crc = per_sweep(view, "cluster_body", lambda: encoded(views.cluster_json(
+            {}, view, view.evidence() if view else None, monitor.detectors, monitor.clock())))
         return answer(head[:-1] + b"," + body[1:], f"{zlib.crc32(head):08x}{crc:08x}")
 
     @app.get("/v1/ranks")
     def ranks():
         view = monitor.view
-        body, crc = per_sweep(view, "ranks_body", lambda: views.ranks_json(view, monitor.clock()))
+        body, crc = per_sweep(view, "ranks_body",
+                              lambda: encoded(views.ranks_json(view, monitor.clock())))
         return answer(body, f"{crc:08x}")
 
     @app.get("/v1/findings")
@@ -202,15 +206,10 @@ def create_app(monitor: Any) -> Flask:
     @app.get("/")
     def overview():
         view = monitor.view
-        with render_lock:  # what grows with the job, once per sweep: not once per open tab
-            cached = getattr(view, "overview", None)
-            if cached is None:
-                cached = (Markup(render_template("groups.html", c=overview_groups(monitor, view))),
-                          # the last incident's figures, not its bundles (listed below)
-                          monitor.goodput.to_json(incidents=1, intervals=0))
-                if view is not None:
-                    view.overview = cached
-        groups_table, goodput = cached
+        groups_table, goodput = per_sweep(view, "overview", lambda: (
+            Markup(render_template("groups.html", c=overview_groups(monitor, view))),
+            # the last incident's figures, not its bundles (listed below)
+            monitor.goodput.to_json(incidents=1, intervals=0)))
         return render_template("overview.html", c=monitor.cluster_json(ranks=False),
                                groups_table=groups_table, goodput=goodput,
                                findings=monitor.store.findings(limit=20),
