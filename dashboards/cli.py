@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from http_serving import on_command_line
+
 
 def _nonempty(text: str) -> str:
     if not text.strip():
@@ -254,8 +256,7 @@ def _upload(args: argparse.Namespace) -> int:
     if not args.grafana_url:
         print("error: --grafana-url (or GRAFANA_URL) is required", file=sys.stderr)
         return 2
-    url = args.grafana_url  # on the command line every user of this host reads it (ps)
-    if urlsplit(url).password and any(a in (url, "--grafana-url=" + url) for a in sys.argv):
+    if urlsplit(args.grafana_url).password and on_command_line(args.grafana_url):
         print("warning: --grafana-url's password on the command line: every user of this host "
               "can read it (ps); set GRAFANA_URL instead", file=sys.stderr)
     try:  # every file checked before the first request

@@ -20,6 +20,9 @@ __all__ = ["failure_reason", "host_for_url", "http_url", "is_http_url", "redact_
 _PASSWORD = re.compile(r"(://[^/?#@\s\"]*):[^\s\"]*?@(?=[^@/?#\s\"]*(?:[/?#\s\"]|$))")
 # ``scheme://TOKEN@``: a user name alone is how some services take a token
 _USER_ONLY = re.compile(r"(://)[^/?#@\s\":]+@(?=[^@/?#\s\"]*(?:[/?#\s\"]|$))")
+# ``?token=...``, ``&api_key=...``: a query parameter whose name says it holds a secret
+_QUERY_SECRET = re.compile(r"([?&;][^=&#\s\"]*(?:token|secret|passw|pwd|key|sig|auth|credential)"
+                           r"[^=&#\s\"]*=)[^&#\s\"]+", re.IGNORECASE)
 
 
 def _is_ipv6(host: str) -> bool:
@@ -78,9 +81,12 @@ def is_http_url(url: str) -> bool:
 
 def redact_url(text: str | None) -> str | None:
     """A URL, or a message holding URLs, with each one's password shown as ``***``
-    (``http://user:***@host``; a user name alone, which may be a token: ``http://***@host``):
-    for whatever is shown; requests keep the real URL."""
-    return _USER_ONLY.sub(r"\1***@", _PASSWORD.sub(r"\1:***@", text)) if text else text
+    (``http://user:***@host``; a user name alone, which may be a token: ``http://***@host``;
+    a query parameter named for a secret: ``?token=***``): for whatever is shown; requests keep
+    the real URL."""
+    if not text:
+        return text
+    return _QUERY_SECRET.sub(r"\1***", _USER_ONLY.sub(r"\1***@", _PASSWORD.sub(r"\1:***@", text)))
 
 
 def failure_reason(e: Exception) -> str | None:

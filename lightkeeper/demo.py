@@ -37,7 +37,7 @@ from pathlib import Path
 
 import requests
 
-from monitor.analysis.cli import printable
+from http_serving import printable
 
 from .faulttrack import Deadlines, FaultTrack, Observation, Strike, finding_culprits
 from .scenario import FaultPlan, Scenario, default_faults, parse_inject, soak_faults

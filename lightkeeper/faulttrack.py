@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from monitor.analysis.cli import printable
+from http_serving import printable
 
 STAGES = ("strike", "detection", "eviction", "rejoin", "done")
 FINDING_SLACK_S = 1.0  # a finding confirmed this long before the strike still counts (clocks)

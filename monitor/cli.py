@@ -21,9 +21,8 @@ from dataclasses import fields
 from typing import Any
 from urllib.parse import urlsplit
 
-from http_serving import host_for_url, http_url, redact_url
+from http_serving import host_for_url, http_url, on_command_line, printable, redact_url
 
-from .analysis.cli import printable
 from .config import (
     EVICTABLE_KINDS,
     QUARANTINE_AFTER,
@@ -198,7 +197,7 @@ def _shard_config(args: argparse.Namespace) -> ShardConfig | None:
 def _said(value: str | None, name: str, what: str = "a secret flag") -> None:
     """Say so when the secret ``value`` is on the command line, which every user of the host
     reads (ps); one from an @FILE or a variable is not."""
-    if value and any(a == value or a.endswith("=" + value) for a in sys.argv[1:]):
+    if on_command_line(value):
         logging.getLogger(__name__).warning("%s on the command line: every user of this host can "
                                             "read it (ps); set %s instead", what, name)
 
@@ -267,18 +266,31 @@ def start_line(url: str, cfg: MonitorConfig) -> str:
 
 class _Escaped(logging.Formatter):
     """A line's control characters escaped: a rank's text (a host name, an error) may hold a
-    terminal escape, or a newline that forges a line."""
+    terminal escape, or a newline that forges a line. A traceback's lines are escaped and
+    indented: none reads as a line of the log."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         return printable(super().formatMessage(record))
 
+    def formatException(self, ei: Any) -> str:
+        return "\n".join("    " + printable(line)
+                         for line in super().formatException(ei).split("\n"))
+
+    def formatStack(self, stack_info: str) -> str:
+        return "\n".join("    " + printable(line) for line in stack_info.split("\n"))
+
+
+def log_formatter() -> logging.Formatter:
+    """The monitor log's lines: UTC time, logger, level, the message escaped."""
+    utc = _Escaped("%(asctime)s.%(msecs)03dZ %(name)s %(levelname)s %(message)s",
+                   "%Y-%m-%dT%H:%M:%S")
+    utc.converter = time.gmtime  # UTC, and said so: not the host's unnamed local time
+    return utc
+
 
 def run(args: argparse.Namespace) -> int:
-    utc = _Escaped("%(asctime)s.%(msecs)03dZ %(name)s %(levelname)s %(message)s",
-                            "%Y-%m-%dT%H:%M:%S")
-    utc.converter = time.gmtime  # UTC, and said so: not the host's unnamed local time
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(utc)
+    handler.setFormatter(log_formatter())
     logging.basicConfig(level=getattr(logging, args.log_level), handlers=[handler])
     from .service import Monitor
 

@@ -203,3 +203,54 @@ def test_a_token_given_as_a_urls_user_name_is_not_shown():
     assert redact_url("GET https://ghp_SECRET@lh:29510/status: refused") == \
         "GET https://***@lh:29510/status: refused"
     assert redact_url("http://u:SECRET@h:1 and http://h:2/x") == "http://u:***@h:1 and http://h:2/x"
+
+
+def test_a_query_parameter_named_for_a_secret_is_not_shown():
+    from http_serving.urls import redact_url
+
+    assert redact_url("http://h:1/?token=SECRET&page=2") == "http://h:1/?token=***&page=2"
+    assert redact_url("cannot reach https://lh/x?a=1&API_Key=SECRET#f") == \
+        "cannot reach https://lh/x?a=1&API_Key=***#f"
+    assert redact_url("http://h:9/?page=2&replica=1") == "http://h:9/?page=2&replica=1"
+
+
+def test_a_registration_refused_for_its_query_does_not_repeat_the_token_in_it(tmp_path):
+    """A rank registering ``http://host:port/?token=...`` is refused (a target has no query);
+    the refusal, which the monitor logs and answers, does not hold the token."""
+    from monitor.poll.discovery import BadTarget, normalize_url
+
+    with pytest.raises(BadTarget) as e:
+        normalize_url(f"http://10.0.0.1:9500/?token={SECRET}")
+    assert SECRET not in str(e.value) and "token=***" in str(e.value), e.value
+    with pytest.raises(BadTarget) as e:
+        normalize_url(f"torch+https://u:{SECRET}@h:1")
+    assert SECRET not in str(e.value), e.value
+
+
+def test_the_monitors_log_escapes_and_indents_a_tracebacks_lines():
+    """An exception whose text a rank supplied (a newline that forges a log line, a terminal
+    escape): every line of the logged traceback is printable and indented, so none reads as a
+    line of the monitor's log."""
+    import io
+    import logging
+
+    from monitor.cli import log_formatter
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(log_formatter())
+    log = logging.getLogger("test.escapes")
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        try:
+            raise ValueError("bad\x1b[2J\n2026-01-01T00:00:00.000Z monitor ERROR forged")
+        except ValueError:
+            log.exception("a rank's answer failed", stack_info=True)
+    finally:
+        log.removeHandler(handler)
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith("ERROR a rank's answer failed") and len(lines) > 3, lines
+    assert all(ln.isprintable() for ln in lines), lines
+    assert all(ln.startswith("    ") for ln in lines[1:]), lines
+    assert any("bad\\x1b[2J" in ln for ln in lines), lines

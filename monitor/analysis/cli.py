@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from http_serving import printable
+
 from .bundle import FR_DIR, BundleError, OpenedBundle, is_bundle, monitor_verdict, open_bundle
 from .torchft_dumps import pick, quorum_folders
 
@@ -197,8 +199,3 @@ def format_text(report: dict[str, Any]) -> str:
         lines.append(f"[lag] rank {f['rank']} behind rank {_span(f['peers'])} (not a finding)")
         lines.append(f"  {f['detail']}")
     return "\n".join(map(printable, lines)) + "\n"
-
-
-def printable(line: str) -> str:
-    """``line`` with each character a terminal acts on (escapes, newlines, bidi) shown escaped."""
-    return line if line.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)

@@ -53,31 +53,33 @@ def normalize_url(address: str) -> str:
     if address.startswith(PREFIX):
         url = normalize_url(address[len(PREFIX):])
         if not url.startswith("http://"):
-            raise BadTarget(f"target {address!r}: torch's debug server speaks http only")
+            raise BadTarget(f"target {redact_url(address)!r}: torch's debug server speaks "
+                            "http only")
         return PREFIX + url
     if "://" not in address:
         address = "http://" + address
+    shown = redact_url(address)  # each refusal quotes it: a secret in it is not repeated
     netloc = address.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1]
     if not netloc.startswith("[") and netloc.count(":") > 1:
-        raise BadTarget(f"target {address!r}: an IPv6 address needs brackets, "
+        raise BadTarget(f"target {shown!r}: an IPv6 address needs brackets, "
                         "e.g. http://[::1]:9500")
     try:
         parts = urlsplit(address)
     except ValueError as e:  # e.g. an unbalanced or invalid bracketed host
-        raise BadTarget(f"target {address!r} is not http(s)://host:port: {e}") from None
+        raise BadTarget(f"target {shown!r} is not http(s)://host:port: {e}") from None
     # torch+http:// is a rank on torch's own server (monitor/poll/torch_target.py)
     if parts.scheme not in ("http", "https", PREFIX + "http") or not parts.hostname:
-        raise BadTarget(f"target {address!r} is not http(s)://host:port or "
+        raise BadTarget(f"target {shown!r} is not http(s)://host:port or "
                         f"{PREFIX}http://host:port (a rank on torch's server)")
     try:
         port = parts.port
     except ValueError:
-        raise BadTarget(f"target {address!r} has a bad port") from None
+        raise BadTarget(f"target {shown!r} has a bad port") from None
     if port is None:
-        raise BadTarget(f"target {address!r} has no port")
+        raise BadTarget(f"target {shown!r} has no port")
     host = host_for_url(unquote(parts.hostname))  # an IPv6 literal back in its brackets
     if parts.query or parts.fragment:
-        raise BadTarget(f"target {address!r} has a query or fragment")
+        raise BadTarget(f"target {shown!r} has a query or fragment")
     return f"{parts.scheme}://{host}:{port}{parts.path.rstrip('/')}"
 
 
