@@ -46,4 +46,16 @@ def test_the_same_name_is_fine_without_k8s_or_with_a_pod_selector(kube):
     (lst,) = [r for r in rx.requests if r["method"] == "GET" and r["path"].endswith("/pods")]
     assert lst["query"]["labelSelector"] == ["app=train"]
     keys = [t["key"] for t in api.node["spec"]["taints"] if t["key"].startswith("lightkeeper")]
-    assert keys == ["lightkeeper.io/quarantined-team_llm-70b_run_2"]
+    assert len(keys) == 1 and keys[0].startswith("lightkeeper.io/quarantined-team_llm-70b_run_2-")
+
+
+def test_job_names_that_read_the_same_as_a_taint_key_get_keys_of_their_own():
+    """``a/b`` and ``a_b`` (a custom pod selector admits both), or two long names that differ
+    past the 51st character: each job's quarantine has its own taint, so one job's release does
+    not take the other's quarantine off the node. A name that fits is its key as it is."""
+    from monitor.act.sinks.kubernetes import taint_key
+
+    keys = [taint_key(j) for j in ("a/b", "a_b", "x" * 60 + "1", "x" * 60 + "2", "alpha")]
+    assert len(set(keys)) == 5, keys
+    assert keys[1] == "lightkeeper.io/quarantined-a_b" and keys[4].endswith("-alpha"), keys
+    assert all(len(k.split("/", 1)[1]) <= 63 for k in keys), keys

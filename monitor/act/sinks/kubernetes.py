@@ -8,6 +8,7 @@ release uncordons only a node the quarantine cordoned. 400, 401, 403, 404 and 42
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import time
@@ -34,8 +35,13 @@ def taint_value(kind: str) -> str:
 
 def taint_key(job: str) -> str:
     """The job's own taint key, ``lightkeeper.io/quarantined-<job>`` (a name part of at most 63
-    characters): two jobs' monitors quarantine and release a node each on its own."""
-    return f"{TAINT_KEY}-{taint_value(job)[:51]}".rstrip("_.-")
+    characters): two jobs' monitors quarantine and release a node each on its own. A job name
+    that had to change to fit (``a/b``, or past 51 characters) ends in a hash of the whole name,
+    so that it shares no key with another (``a_b``)."""
+    part = taint_value(job)[:51].rstrip("_.-")
+    if job and part != job:
+        part = f"{part[:42]}-{hashlib.sha256(job.encode()).hexdigest()[:8]}"
+    return f"{TAINT_KEY}-{part}"
 
 
 class KubernetesSink:
