@@ -73,6 +73,12 @@ def test_cluster_metrics_and_file_sd(tmp_path, sim):
             assert get(mon, f"/v1/findings?limit={bad}").status_code == 400, bad
         r = requests.post(mon.url + "/v1/findings", timeout=5)  # read-only: a JSON 405 that says what is allowed
         assert r.status_code == 405 and "GET" in r.headers["Allow"] and r.json()["status"] == 405
+        # no rank answers: the quorum's series go, rather than show the last quorum for ever
+        for rank in sim.ranks:
+            rank.set_mode("garbage")
+        wait_until(lambda: "lightkeeper_monitor_quorum_id{" not in get(mon, "/metrics").text, 10,
+                   what="the quorum id's series gone")
+        assert "lightkeeper_monitor_quorum_participants{" not in get(mon, "/metrics").text
     finally:
         mon.stop()
 

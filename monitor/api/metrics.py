@@ -257,8 +257,10 @@ def publish_sweep(m: MonitorMetrics, view: ClusterView, evidence: ClusterView,
     for kind in KINDS:
         m.open_findings.labels(job, kind).set(counts.get(kind, 0))
     m.set_groups(evidence, detectors.last_lags)
-    if evidence.quorum_id is not None:
-        m.quorum_id.labels(job).set(evidence.quorum_id)
-    qp = evidence.quorum_participants()
-    if qp is not None:
-        m.quorum_participants.labels(job).set(qp)
+    # no verified rank says a quorum: no series, not the last one seen (a panel shows the gap)
+    for gauge, value in ((m.quorum_id, evidence.quorum_id),
+                         (m.quorum_participants, evidence.quorum_participants())):
+        if value is None:
+            gauge.remove(job)
+        else:
+            gauge.labels(job).set(value)
