@@ -119,6 +119,24 @@ def test_pth_file_installs_the_hook_only_with_the_variable(tmp_path, fake_torchf
         assert (res.returncode, res.stdout.strip(), res.stderr) == (0, hooked, ""), value
 
 
+def test_pth_file_arms_planned_stops_as_lightkeeper_run_does(tmp_path):
+    """With LIGHTKEEPER_PLANNED_STOPS=1 (the Kubernetes templates set it) the .pth route arms
+    the SIGTERM watcher in a rank, as sitecustomize does: SIGTERM is blocked in the main thread
+    and watch_sigterm() says it is armed (None), though another thread now runs."""
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    (site_dir / "lightkeeper-autostart.pth").write_text(
+        (autostart.SITE_DIR / "lightkeeper-autostart.pth").read_text())
+    code = (f"import site, signal; site.addsitedir({str(site_dir)!r}); "
+            "from worker_server.stop_signal import watch_sigterm; "
+            "print(signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, []), "
+            "watch_sigterm())")
+    root = str(autostart.SITE_DIR.parents[1])
+    env = {autostart.ENV_AUTOSTART: "1", "LIGHTKEEPER_PLANNED_STOPS": "1", "RANK": "0"}
+    res = run_python(tmp_path, code, env, [root])
+    assert (res.returncode, res.stdout.strip(), res.stderr) == (0, "True None", "")
+
+
 def test_identity_from_the_environment_and_the_managers_replica_id(capfd):
     m = SimpleNamespace(_replica_id="torchtitan_ft_12")
     assert autostart.replica_group_of(m, {"REPLICA_GROUP_ID": "4"}) == (4, "REPLICA_GROUP_ID")

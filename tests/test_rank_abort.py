@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import socket
+import struct
+import threading
 import time
 from datetime import timedelta
 
@@ -188,18 +190,47 @@ def test_another_group_type_reports_only_and_a_failing_report_is_said():
 
 # --- the gloo connection recorder, on real sockets ---------------------------------------
 
+def gloo_record(listener: socket.socket) -> bytes:
+    """One rank's record in a gloo group's store, as gloo's tcp transport writes it: hostname,
+    the device's listening sockaddr_storage and a sequence number, then pair ids."""
+    ip, port = listener.getsockname()[:2]
+    head = struct.pack("=H", listener.family) + struct.pack("!H", port)
+    if listener.family == socket.AF_INET:
+        sockaddr = head + socket.inet_pton(socket.AF_INET, ip)
+    else:
+        sockaddr = head + bytes(4) + socket.inet_pton(socket.AF_INET6, ip) + bytes(4)
+    address = sockaddr.ljust(128, b"\0") + struct.pack("=q", 1)
+    return (struct.pack("@N", 2) + b"vm" + struct.pack("@N", len(address)) + address
+            + struct.pack("=2q", 0, 1))
+
+
+class FakeStore:
+    """The c10d store calls the recorder makes (it never waits on a key)."""
+
+    def __init__(self, **records: bytes) -> None:
+        self.records = {k.lstrip("_").replace("_", "/"): v for k, v in records.items()}
+
+    def check(self, keys):
+        return all(k in self.records for k in keys)
+
+    def get(self, key):
+        return self.records[key]
+
+
 class FakeGlooGroup:
-    """Stands in for torchft's ProcessGroupGloo, whose ``_create_pg`` opens a listener and the
-    group's connections (the real one is in the e2e test). Meanwhile another server of the
-    process accepts a connection on a listener that was there before."""
+    """Stands in for torchft's ProcessGroupGloo, whose ``_create_pg`` opens a listener,
+    publishes it in the group's store and connects the group (a real gloo group is below).
+    Meanwhile another server of the process accepts a connection on a listener that was there
+    before."""
 
     def __init__(self, peer: socket.socket, other_server: socket.socket) -> None:
         self.peer, self.other_server = peer, other_server
         self.opened: dict[str, socket.socket] = {}
 
-    def _create_pg(self, *args):
+    def _create_pg(self, store, rank, world_size):
         o = self.opened
         o["listener"] = socket.create_server(("127.0.0.1", 0))
+        store.records[f"0/{rank}"] = gloo_record(o["listener"])
         o["out"] = socket.create_connection(self.peer.getsockname())
         o["in_client"] = socket.create_connection(o["listener"].getsockname())
         o["in"], _ = o["listener"].accept()
@@ -215,7 +246,7 @@ def test_connections_opened_by_create_pg_are_shut_down_and_nothing_else():
     conns = GlooConnections()
     assert conns.hook(group) and conns.hook(group)  # hooked once
     assert not conns.recorded
-    assert group._create_pg("store", 0, 3) == "the c10d group"
+    assert group._create_pg(FakeStore(_0_1=gloo_record(peer)), 0, 2) == "the c10d group"
     assert conns.recorded
     o = group.opened
     peer_side, _ = peer.accept()
@@ -233,6 +264,92 @@ def test_connections_opened_by_create_pg_are_shut_down_and_nothing_else():
     accepted, _ = o["listener"].accept()
     for s in (peer, other_server, other_client, peer_side, probe, accepted, *o.values()):
         s.close()
+
+
+def test_a_store_without_every_ranks_address_records_nothing():
+    """Unsure which connections are the group's (a rank's record is missing or unreadable):
+    nothing is cut, and the abort says so."""
+    from torchft.process_group import ProcessGroupGloo
+
+    for records in ({}, {"_0_1": b"not a gloo record"}):
+        peer = socket.create_server(("127.0.0.1", 0))
+        other = socket.create_server(("127.0.0.1", 0))
+        other_client = socket.create_connection(other.getsockname())
+        group = FakeGlooGroup(peer, other)
+        conns = GlooConnections()
+        conns.hook(group)
+        group._create_pg(FakeStore(**records), 0, 2)
+        assert not conns.recorded and conns.shutdown() == 0
+        res = abort_cross_group(FakeManager(ProcessGroupGloo()), "r", None, conns)
+        assert res.mechanism == "report_only" and "could not be read" in res.detail
+        peer_side, _ = peer.accept()
+        group.opened["out"].sendall(b"x")  # untouched
+        peer_side.settimeout(5)
+        assert peer_side.recv(1) == b"x"
+        for s in (peer, other, other_client, peer_side, *group.opened.values()):
+            s.close()
+
+
+def test_a_real_gloo_group_loses_its_mesh_and_another_threads_connection_lives_on():
+    """Two ranks of torchft's ProcessGroupGloo in this process. While rank 0's ``_create_pg``
+    runs, another thread connects to a server that was there before (an object store, NCCL's
+    bootstrap): the abort fails the group's collectives at once and leaves that connection."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import AllreduceOptions
+    from torchft.process_group import ProcessGroupGloo
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    server = socket.create_server(("127.0.0.1", 0))
+    pgs = [ProcessGroupGloo(timeout=timedelta(seconds=10)) for _ in range(2)]
+    theirs: dict[str, socket.socket] = {}
+    real = pgs[0]._create_pg
+
+    def create_pg_while_another_thread_connects(*args):
+        t = threading.Thread(target=lambda: theirs.setdefault(
+            "client", socket.create_connection(server.getsockname())))
+        t.start()
+        try:
+            return real(*args)
+        finally:
+            t.join()
+
+    pgs[0]._create_pg = create_pg_while_another_thread_connects
+    conns = GlooConnections()
+    assert conns.hook(pgs[0])
+    ranks = [threading.Thread(target=pgs[i].configure,
+                              args=(f"127.0.0.1:{store.port}/q1", f"r{i}", i, 2))
+             for i in range(2)]
+    for t in ranks:
+        t.start()
+    for t in ranks:
+        t.join(30)
+    accepted, _ = server.accept()
+    try:
+        sums = [torch.ones(2) for _ in range(2)]
+        for work in [pgs[i].allreduce([sums[i]], AllreduceOptions()) for i in range(2)]:
+            work.wait()
+        assert sums[0].tolist() == [2.0, 2.0]  # the group works
+
+        res = abort_cross_group(FakeManager(pgs[0]), "peer gone", None, conns)
+        assert res.mechanism == "gloo_connections", res.detail
+        assert not res.detail.startswith("shut down 0 ")
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="Connection closed by peer"):
+            pgs[0].allreduce([torch.ones(2)], AllreduceOptions()).wait()
+        assert time.monotonic() - started < 5  # at once, not at the group's 10 s timeout
+
+        theirs["client"].sendall(b"x")  # the other thread's connection lives on
+        accepted.settimeout(5)
+        assert accepted.recv(1) == b"x"
+        accepted.sendall(b"y")
+        theirs["client"].settimeout(5)
+        assert theirs["client"].recv(1) == b"y"
+    finally:
+        for pg in pgs:
+            pg.abort(errored=False)
+        for s in (server, accepted, *theirs.values()):
+            s.close()
 
 
 def test_recording_never_fails_the_group(monkeypatch):
@@ -258,7 +375,7 @@ def test_abort_of_a_gloo_group_shuts_its_recorded_connections(caplog):
     other_client = socket.create_connection(other.getsockname())
     conns = GlooConnections()
     conns.hook(group)
-    group._create_pg()
+    group._create_pg(FakeStore(_0_1=gloo_record(peer)), 0, 2)
     res = abort_cross_group(FakeManager(ProcessGroupGloo()), "peer gone", None, conns)
     assert res.mechanism == "gloo_connections"
     assert res.detail.startswith("shut down 3 connection(s) of the gloo group")

@@ -16,9 +16,11 @@ What really unblocks a waiting collective, measured with torch 2.13 and torchft 
   joins gloo's worker threads, so the caller blocks until that timeout too. What does work is
   ``shutdown(SHUT_RDWR)`` on the group's own TCP connections: gloo fails every pending op on
   them at once ("Connection closed by peer") and the next ``configure`` replaces the group in
-  milliseconds. :class:`GlooConnections` learns which sockets those are by watching what the
-  group's ``_create_pg`` opens (gloo connects its full mesh there). Its listening socket is never
-  touched: gloo aborts the whole process when ``accept`` fails.
+  milliseconds. :class:`GlooConnections` learns which sockets those are from what the group's
+  ``_create_pg`` opens (gloo connects its full mesh there) and the listening addresses the ranks
+  published in the group's store: other threads open sockets in that window too (NCCL's
+  bootstrap, a data loader), and those are never touched. Nor is gloo's listening socket: gloo
+  aborts the whole process when ``accept`` fails.
 - ``ProcessGroupBaby*`` (the group runs in a subprocess): its ``abort()`` is a no-op and its
   ``shutdown()`` can wait 10 s for a helper thread; killing the subprocess makes a pending
   ``wait`` raise ``EOFError`` at once and the next ``configure`` starts a new one.
@@ -33,9 +35,11 @@ does not commit either.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import socket
+import struct
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -119,43 +123,116 @@ def _open_socket(fd: int, inode: int) -> socket.socket | None:
         return None
 
 
-def _describe(inodes: dict[int, int]) -> tuple[set[int], set[int], dict[int, int]]:
-    """(listening inodes, their ports, {connected inode: local port}) of TCP sockets."""
-    listening, ports, connected = set(), set(), {}
+def _endpoint(address: Any) -> tuple[str, int] | None:
+    """``(ip, port)`` of a ``getsockname``/``getpeername`` answer, an IPv4-mapped IPv6 address
+    written as IPv4 and without a scope, so both ends of a connection compare equal."""
+    if not isinstance(address, tuple) or len(address) < 2:
+        return None
+    try:
+        ip = ipaddress.ip_address(str(address[0]).split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ip), int(address[1])
+
+
+def _connections(inodes: dict[int, int]) -> dict[int, tuple[Any, Any]]:
+    """{inode: (local endpoint, peer endpoint)} of the connected TCP sockets among ``inodes``."""
+    out = {}
     for inode, fd in inodes.items():
         s = _open_socket(fd, inode)
         if s is None:
             continue
         with s:
             try:
-                if s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM:
+                if (s.family not in (socket.AF_INET, socket.AF_INET6)
+                        or s.type != socket.SOCK_STREAM
+                        or s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
                     continue
-                port = s.getsockname()[1]
-                if s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-                    listening.add(inode)
-                    ports.add(port)
-                else:
-                    connected[inode] = port
-            except OSError:
+                out[inode] = (_endpoint(s.getsockname()), _endpoint(s.getpeername()))
+            except OSError:  # not connected (yet, or any more)
                 continue
-    return listening, ports, connected
+    return out
+
+
+# gloo's tcp transport publishes each rank under "<device>/<rank>" (torch's ProcessGroupGloo
+# prefixes its device index): size_t hostname length, hostname, size_t address length, the
+# device's listening address (a sockaddr_storage, then a sequence number), then pair ids
+_SIZE_T = struct.Struct("@N")
+MAX_DEVICES = 8
+
+
+def gloo_address(info: bytes) -> tuple[str, int] | None:
+    """The listening ``(ip, port)`` in one rank's gloo rendezvous record; None when it is not
+    one this code can read."""
+    try:
+        (host_len,) = _SIZE_T.unpack_from(info, 0)
+        at = _SIZE_T.size + host_len
+        (addr_len,) = _SIZE_T.unpack_from(info, at)
+        addr = info[at + _SIZE_T.size:at + _SIZE_T.size + addr_len]
+        if len(addr) != addr_len or addr_len < 8:
+            return None
+        (family,) = struct.unpack_from("=H", addr, 0)
+        (port,) = struct.unpack_from("!H", addr, 2)
+        if family == socket.AF_INET:
+            ip = socket.inet_ntop(socket.AF_INET, addr[4:8])
+        elif family == socket.AF_INET6 and addr_len >= 24:
+            ip = socket.inet_ntop(socket.AF_INET6, addr[8:24])
+        else:
+            return None
+    except (struct.error, ValueError, OSError, OverflowError):
+        return None
+    return _endpoint((ip, port)) if port else None
+
+
+def gloo_endpoints(store: Any, rank: int, world_size: int) -> set[tuple[str, int]] | None:
+    """The listening addresses every rank of a gloo group published in ``store`` (the one its
+    ``_create_pg`` was given); None when this rank's record is missing or any record cannot
+    be read: then nothing is known to be the group's."""
+    if not isinstance(rank, int) or not isinstance(world_size, int) or not 0 <= rank < world_size:
+        return None
+    out: set[tuple[str, int]] = set()
+    for device in range(MAX_DEVICES):
+        if not store.check([f"{device}/{rank}"]):  # never wait on a key: it may never come
+            break
+        keys = [f"{device}/{r}" for r in range(world_size)]
+        if not store.check(keys):
+            return None
+        multi_get = getattr(store, "multi_get", None)
+        values = multi_get(keys) if callable(multi_get) else [store.get(k) for k in keys]
+        for value in values:
+            address = gloo_address(bytes(value))
+            if address is None:
+                return None
+            out.add(address)
+    return out or None
+
+
+def _create_pg_call(args: tuple, kwargs: dict) -> tuple[Any, Any, Any]:
+    """``(store, rank, world_size)`` of a ``_create_pg(store, rank, world_size)`` call."""
+    store, rank, world_size = (*args[:3], None, None, None)[:3]
+    return (kwargs.get("store", store), kwargs.get("rank", rank),
+            kwargs.get("world_size", world_size))
 
 
 class GlooConnections:
     """The TCP connections of the current incarnation of a torchft ``ProcessGroupGloo``.
 
     :meth:`hook` wraps the group's ``_create_pg`` (called by ``configure`` at every quorum
-    change): the sockets it opened that are connections (not listeners) are the new group's
-    full mesh. A connection another thread accepted meanwhile on a listener that existed before
-    (a WorkerServer poll) is left out; one gloo accepted on its own new listener is kept.
-    Recording never raises into torchft: a failure leaves nothing recorded, and an abort then
-    says so. Without /proc (not Linux) nothing is ever recorded.
+    change): a connection it opened is the new group's when one of its ends is a listening
+    address a rank of the group published in the group's store (gloo's full mesh). Other threads
+    open sockets in that window (it waits seconds for every peer): NCCL's bootstrap and proxy, a
+    data loader, a WorkerServer poll; gloo opens some on its own threads, so which thread opened
+    a socket tells nothing. Recording never raises into torchft: a failure, or a store whose
+    records cannot be read, leaves nothing recorded, and an abort then says so. Without /proc
+    (not Linux) nothing is ever recorded.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._inodes: frozenset[int] = frozenset()
-        self.recorded = False  # a _create_pg was seen since the hook
+        self.recorded = False  # connections of the current group are known
 
     def hook(self, pg: Any) -> bool:
         """Wrap ``pg._create_pg``; False when it has none (nothing to hook). A group hooked
@@ -165,9 +242,13 @@ class GlooConnections:
             return callable(original)
 
         def create_pg(*args, **kwargs):
+            with self._lock:  # the previous group's are gone (configure aborted it first)
+                self._inodes, self.recorded = frozenset(), False
             before = self._safe(socket_fds)
             result = original(*args, **kwargs)
-            self._safe(self._record, before)
+            keep = self._safe(self._record, before, _create_pg_call(args, kwargs))
+            with self._lock:
+                self._inodes, self.recorded = keep or frozenset(), bool(keep)
             return result
 
         create_pg._lightkeeper_conns = self  # type: ignore[attr-defined]
@@ -181,14 +262,18 @@ class GlooConnections:
         except Exception:  # bookkeeping only: the group is created either way
             return None
 
-    def _record(self, before: dict[int, int] | None) -> None:
-        before = before or {}
-        now = socket_fds()
-        _, old_ports, _ = _describe({i: fd for i, fd in now.items() if i in before})
-        _, _, new_conns = _describe({i: fd for i, fd in now.items() if i not in before})
-        keep = frozenset(i for i, port in new_conns.items() if port not in old_ports)
-        with self._lock:
-            self._inodes, self.recorded = keep, True
+    @staticmethod
+    def _record(before: dict[int, int] | None, call: tuple[Any, Any, Any]) -> frozenset[int]:
+        """The connections opened since ``before`` that end at a listening address of the
+        group's ranks; empty when unsure."""
+        if before is None:
+            return frozenset()
+        endpoints = gloo_endpoints(*call)
+        if not endpoints:
+            return frozenset()
+        new = {i: fd for i, fd in socket_fds().items() if i not in before}
+        return frozenset(i for i, (local, peer) in _connections(new).items()
+                         if local in endpoints or peer in endpoints)
 
     def shutdown(self) -> int:
         """``shutdown(SHUT_RDWR)`` every recorded connection still open; returns how many.
@@ -284,8 +369,9 @@ def _unblock(pg: Any, connections: GlooConnections | None, ends: str) -> tuple[s
     if kind == "gloo":
         if connections is None or not connections.recorded:
             return "report_only", ("no connections of this gloo group are known (it was built "
-                                   "before the WorkerServer attached, lazily, or without /proc): "
-                                   + ends)
+                                   "before the WorkerServer attached, connects lazily, its "
+                                   "ranks' addresses could not be read from its store, or "
+                                   "there is no /proc): " + ends)
         n = connections.shutdown()
         return "gloo_connections", (f"shut down {n} connection(s) of the gloo group: a "
                                     "collective in it fails now")

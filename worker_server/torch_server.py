@@ -206,25 +206,46 @@ def _wait_quiet(deadline: float) -> None:
         time.sleep(0.005)  # lets a handler waiting for the GIL run, and be seen
 
 
-def _shutdown(server: Any, host: str, port: int, timeout_s: float = 5.0) -> None:
-    """``server.shutdown()``, bounded. torch's shutdown waits forever when it comes before the
-    server's thread has begun to accept (torch 2.13), so one request is answered first, and
-    holds the GIL, so it is called only once no Lightkeeper handler runs (:func:`_wait_quiet`)."""
+def _local_addresses(host: str) -> tuple[str, ...]:
+    """Where this process reaches a server bound to ``host``. A wildcard bind is dialled on
+    127.0.0.1 first: torch's ``::`` bind takes IPv4 too (unless V6ONLY), and ``::1`` is not
+    configured on every host."""
+    if host in ("0.0.0.0", ""):
+        return ("127.0.0.1",)
+    if host == "::":
+        return ("127.0.0.1", "::1")
+    return (host,)
+
+
+def _answered(addresses: tuple[str, ...], port: int) -> bool:
+    """One request answered on one of ``addresses``."""
     import http.client
 
-    address = "127.0.0.1" if host in ("0.0.0.0", "") else "::1" if host == "::" else host
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    for address in addresses:
         try:
             conn = http.client.HTTPConnection(address, port, timeout=0.5)
             try:
                 conn.request("GET", "/")
                 conn.getresponse().read()
-                break
+                return True
             finally:
                 conn.close()
         except OSError:
-            time.sleep(0.02)  # the server's thread has not begun to accept yet
+            continue
+    return False
+
+
+def _shutdown(server: Any, host: str, port: int, timeout_s: float = 5.0) -> None:
+    """``server.shutdown()``, bounded. torch's shutdown waits forever when it comes before the
+    server's thread has begun to accept (torch 2.13), so one request is answered first, and
+    holds the GIL, so it is called only once no Lightkeeper handler runs (:func:`_wait_quiet`).
+    The request, the quiet wait and the shutdown each get ``timeout_s``: a request that never
+    gets through must not leave the quiet wait no time."""
+    addresses = _local_addresses(host)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not _answered(addresses, port):
+        time.sleep(0.02)  # the server's thread has not begun to accept yet
+
     def stop() -> None:
         try:
             server.shutdown()
@@ -232,9 +253,10 @@ def _shutdown(server: Any, host: str, port: int, timeout_s: float = 5.0) -> None
             log.debug("torch's WorkerServer on port %d: %s", port, e)
 
     done = threading.Thread(target=stop, name="lightkeeper-torch-server-stop", daemon=True)
-    _wait_quiet(deadline)  # last: a handler may have begun while the first request was answered
+    # last: a handler may have begun while the first request was answered
+    _wait_quiet(time.monotonic() + timeout_s)
     done.start()
-    done.join(max(0.1, deadline - time.monotonic()))
+    done.join(timeout_s)
     if done.is_alive():
         log.warning("torch's WorkerServer on port %d did not stop within %.0fs", port, timeout_s)
 
