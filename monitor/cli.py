@@ -203,9 +203,10 @@ def _said(value: str | None, name: str, what: str = "a secret flag") -> None:
 
 
 def _env(value: str | None, name: str) -> str | None:
-    """A secret: its flag's ``value`` (said) or the variable ``name``'s."""
+    """A secret: its flag's ``value`` (said) or the variable ``name``'s, stripped (a secret
+    file's final newline is no header value nor a token anyone sends); blank: unset."""
     _said(value, name)
-    return value or os.environ.get(name) or None
+    return (value or "").strip() or (os.environ.get(name) or "").strip() or None
 
 
 def _section(cls: type, given: dict[str, Any], prefix: str = "", **override: Any) -> Any:

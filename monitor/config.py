@@ -332,9 +332,21 @@ class MonitorConfig:
     bundles: BundleConfig = field(default_factory=BundleConfig)
     shard: ShardConfig | None = None  # one of several monitors (monitor/shard.py)
 
+    def forget_after_warning(self) -> str | None:
+        """Why ``forget_after_s`` forgets a dead self-registered rank before it can be found dead,
+        else None. A warning, not an error: tests that sweep by hand set a short one. A rank
+        that stops answering is asked every sweep (leader polling drills its group), so
+        ``interval_s`` applies under leader polling too."""
+        takes = self.detectors.dead_sweeps * self.interval_s
+        if self.forget_after_s > takes:
+            return None
+        return (f"--forget-after {self.forget_after_s:g}s is not above --dead-sweeps "
+                f"{self.detectors.dead_sweeps} x --interval {self.interval_s:g}s: a "
+                "self-registered rank that dies is forgotten before it can be found dead")
+
     def validate(self) -> None:
         _at_least(self, 0, "interval_s", "poll_timeout_s", "fr_timeout_s", "lighthouse_timeout_s",
-                  "member_interval_s", strict=True)
+                  "member_interval_s", "forget_after_s", strict=True)
         _at_least(self, 1, "max_concurrency", "max_targets", "max_state_bytes", "max_fr_bytes",
                   "lighthouse_heartbeat_timeout_ms", "lighthouse_join_timeout_ms")
         _at_least(self, 0, "leader_polling_min_ranks", "poll_process_min_targets",

@@ -156,3 +156,17 @@ def test_a_monitor_url_with_a_password_beside_a_token_says_the_monitor_will_refu
     said = "its URL's user:password and the registration token both need the Authorization"
     assert err.count(said) == 1, err  # the URL without a password: nothing said
     assert f"monitor http://u:***@127.0.0.1:1: {said}" in err, err
+
+
+def test_a_ranks_action_and_fault_tokens_are_stripped_and_a_blank_one_is_off(monkeypatch):
+    # read from a secret file, a token ends in a newline: the route takes the token without it;
+    # a blank one leaves the route off (403), not on behind a token no request can carry
+    for exit_token, want in (("tok\n", 400), ("  \n", 403)):
+        monkeypatch.setenv("LIGHTKEEPER_EXIT_TOKEN", exit_token)
+        server = WorkerServer.start(replica_group=0)
+        try:
+            r = requests.post(server.url + "/v1/probe", data="not json", timeout=5,
+                              headers={"Authorization": "Bearer tok"})
+            assert r.status_code == want, (exit_token, r.status_code, r.text)
+        finally:
+            server.stop()

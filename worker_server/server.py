@@ -58,8 +58,11 @@ ENV_SERVER = "LIGHTKEEPER_WORKER_SERVER"
 def registration_token(env: Any = os.environ) -> str | None:
     """The bearer token a rank registers with: ``LIGHTKEEPER_REGISTER_TOKEN`` (it admits a
     registration and nothing else), else ``LIGHTKEEPER_TOKEN`` for a deployment made before the
-    split (then the rank holds the monitor's admin token: docs/monitor.md, Trust model)."""
-    return env.get("LIGHTKEEPER_REGISTER_TOKEN") or env.get("LIGHTKEEPER_TOKEN") or None
+    split (then the rank holds the monitor's admin token: docs/monitor.md, Trust model).
+    Stripped: a secret file's final newline is no header value (requests refuses it); blank:
+    unset."""
+    return (env.get("LIGHTKEEPER_REGISTER_TOKEN") or "").strip() \
+        or (env.get("LIGHTKEEPER_TOKEN") or "").strip() or None
 
 
 def port_number(value: Any, name: str) -> int:
@@ -216,8 +219,10 @@ class WorkerServer:
             host=host or env.get("LIGHTKEEPER_WORKER_HOST") or "127.0.0.1",  # set empty: unset
             port=port_number(port if port is not None else env.get("LIGHTKEEPER_WORKER_PORT", 0),
                              "port" if port is not None else "LIGHTKEEPER_WORKER_PORT"),
-            fault_handler=fault_handler, fault_token=env.get("LIGHTKEEPER_FAULT_TOKEN") or None,
-            exit_token=env.get("LIGHTKEEPER_EXIT_TOKEN") or None,
+            # stripped, blank unset: a blank token would open a route no request can pass
+            fault_handler=fault_handler,
+            fault_token=(env.get("LIGHTKEEPER_FAULT_TOKEN") or "").strip() or None,
+            exit_token=(env.get("LIGHTKEEPER_EXIT_TOKEN") or "").strip() or None,
             server=server_kind(server, env),
         )
         if manager is not None:

@@ -68,7 +68,7 @@ class RankCalls:
     without a matching ``LIGHTKEEPER_EXIT_TOKEN`` refuses them). Never raises."""
 
     def __init__(self, token: str | None, timeout_s: float = 2.0) -> None:
-        self.token = token
+        self.token = (token or "").strip() or None  # a final newline: no header value
         self.timeout_s = timeout_s
         self._session = requests.Session()
 

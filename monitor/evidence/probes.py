@@ -118,7 +118,8 @@ class ProbeMesh:
 
     def __init__(self, cfg: ProbeConfig, token: str | None,
                  clock: Callable[[], float] = time.time) -> None:
-        self.cfg, self.token, self.clock = cfg, token, clock
+        # a secret file's final newline is no header value (requests refuses it)
+        self.cfg, self.token, self.clock = cfg, (token or "").strip() or None, clock
         self._thread: threading.Thread | None = None
         self._finished: ProbeRound | None = None
         self._lock = threading.Lock()

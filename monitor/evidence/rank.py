@@ -5,6 +5,7 @@ An answer that is not a ``/v1/state`` document counts as unreachable (``bad_resp
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,14 @@ _NULL = type(None)
 _OPTIONAL = {"replica_id": (str, _NULL), "group_world_size": (int, _NULL), "num_participants": int,
              "commit_failures": (int, _NULL),
              "participating": bool, "host": (str, _NULL), "node": (str, _NULL),
-             "device": (dict, _NULL)}
+             "device": (dict, _NULL), "pid": (int, _NULL), "started_at": (int, float, _NULL)}
+# numbers the monitor computes with: an int past int64 raised in the goodput ledger and the
+# metrics, a time past a float's range in ``now - phase_since`` (the comparisons refuse NaN)
+_I64, _FLOAT = (INT64_MIN, INT64_MAX), (-sys.float_info.max, sys.float_info.max)
+_BOUNDS = tuple((key, *bounds) for key, bounds in {
+    "replica_group": _I64, "rank": _I64, "group_rank": _I64, "step": _I64, "quorum_id": _I64,
+    "phase_since": _FLOAT, "group_world_size": _I64, "num_participants": _I64,
+    "commit_failures": _I64, "pid": _I64, "started_at": _FLOAT}.items())
 STEP_TIMES_READ = 16  # step times asked of each rank (``/v1/state?recent=``)
 
 
@@ -34,14 +42,17 @@ def valid_state(data: Any) -> str | None:
 
 
 def _bad_optional(data: dict) -> str | None:
-    for key in ("replica_group", "rank"):  # past int64 they broke the goodput ledger for good
-        if not INT64_MIN <= data[key] <= INT64_MAX:
-            return f"{key} is {data[key]!r}: beyond int64"[:200]
     for key, typ in _OPTIONAL.items():
         if key in data:
             v = data[key]
             if not isinstance(v, typ) or (isinstance(v, bool) and typ is not bool):
                 return f"{key} is {v!r}"[:200]
+    get = data.get
+    for key, low, high in _BOUNDS:  # every one a number or None by now
+        v = get(key)
+        if v is not None and not low <= v <= high:
+            what = "beyond int64" if high == INT64_MAX else "not a finite number"
+            return f"{key} is {v!r}"[:180] + f": {what}"
     return None
 
 

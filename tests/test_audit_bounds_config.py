@@ -1,0 +1,125 @@
+"""The monitor's and the rank's settings at their edges: ``--forget-after`` and secrets with
+surrounding whitespace (a secret file's final newline)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import requests
+
+from monitor.act.actions import RankCalls
+from monitor.cli import add_arguments, config_from_args, warn_about_tokens
+from monitor.config import ConfigError, DetectorConfig, MonitorConfig, ProbeConfig
+from monitor.evidence.probes import ProbeMesh
+from worker_server.server import registration_token
+
+SECRETS = ("LIGHTKEEPER_TOKEN", "LIGHTKEEPER_REGISTER_TOKEN", "LIGHTKEEPER_EXIT_TOKEN",
+           "LIGHTKEEPER_WEBHOOK_SECRET")
+
+
+@pytest.fixture(autouse=True)
+def no_secrets(monkeypatch):
+    for name in (*SECRETS, "TORCHFT_LIGHTHOUSE", "LIGHTKEEPER_ETCD"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(["--state", "/tmp/lk-bounds-config.sqlite", *argv])
+
+
+@pytest.mark.parametrize("value", ["-5", "0"])
+def test_a_forget_after_not_above_zero_is_refused(value):
+    with pytest.raises(ConfigError, match="--forget-after must be > 0"):
+        config_from_args(parse("--forget-after", value))
+    with pytest.raises(ConfigError, match="--forget-after must be > 0"):
+        MonitorConfig(forget_after_s=float(value)).validate()
+
+
+def test_a_forget_after_shorter_than_finding_a_rank_dead_is_warned_of():
+    """Forgotten first, a dead self-registered rank is never found ``dead``."""
+    short = config_from_args(parse("--forget-after", "2", "--interval", "1", "--dead-sweeps", "3"))
+    why = short.forget_after_warning()
+    assert why is not None and "--forget-after 2s" in why and "--dead-sweeps 3" in why
+    assert MonitorConfig(forget_after_s=3.5, interval_s=1,
+                         detectors=DetectorConfig(dead_sweeps=3)).forget_after_warning() is None
+    assert MonitorConfig().forget_after_warning() is None  # the defaults: 30 s, 3 x 1 s
+
+
+def test_the_rank_registers_with_its_token_stripped():
+    """A token read from a secret file ends in a newline, which requests refuses as a header
+    value (InvalidHeader): no rank ever registered."""
+    token = registration_token({"LIGHTKEEPER_REGISTER_TOKEN": "s3cret\n"})
+    assert token == "s3cret"
+    requests.Request("POST", "http://m:19400/v1/targets",
+                     headers={"Authorization": f"Bearer {token}"}).prepare()
+    assert registration_token({"LIGHTKEEPER_TOKEN": " adm1n\n"}) == "adm1n"
+    assert registration_token({"LIGHTKEEPER_REGISTER_TOKEN": " \n",
+                               "LIGHTKEEPER_TOKEN": "adm1n"}) == "adm1n"
+    assert registration_token({"LIGHTKEEPER_REGISTER_TOKEN": " \n"}) is None
+
+
+def test_a_blank_monitor_secret_is_unset(monkeypatch, caplog):
+    """A whitespace-only admin token required one nothing can match (the routes strip it):
+    registration refused every rank, the admin routes said 401 for 403, and the start-up
+    warning said the ranks must hold it."""
+    for name in SECRETS:
+        monkeypatch.setenv(name, "  \n")
+    cfg = config_from_args(parse())
+    assert (cfg.token, cfg.register_token, cfg.rank_exit_token,
+            cfg.quarantine.webhook_secret) == (None, None, None, None)
+    with caplog.at_level(logging.WARNING):
+        warn_about_tokens(cfg)
+    assert "--token" not in caplog.text
+    assert config_from_args(parse("--token", " ")).token is None
+
+
+def test_each_monitor_secret_is_stripped(monkeypatch):
+    monkeypatch.setenv("LIGHTKEEPER_EXIT_TOKEN", "tok\n")
+    monkeypatch.setenv("LIGHTKEEPER_WEBHOOK_SECRET", "hm4c\n")
+    cfg = config_from_args(parse("--register-token", " reg\n", "--token", "adm\n"))
+    assert (cfg.token, cfg.register_token, cfg.rank_exit_token,
+            cfg.quarantine.webhook_secret) == ("adm", "reg", "tok", "hm4c")
+
+
+class _Rank(BaseHTTPRequestHandler):
+    seen: list[str | None] = []
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        self.seen.append(self.headers.get("Authorization"))
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = json.dumps({"mechanism": "abort"}).encode()
+        self.send_response(202)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_the_exit_token_the_monitor_sends_is_stripped():
+    """With a final newline every exit, abort and probe call failed with InvalidHeader."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Rank)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    calls = RankCalls("tok\n", timeout_s=5)
+    try:
+        _Rank.seen = []
+        assert calls.exit(url, "evicted").sent
+        assert calls.abort(url, "evicted", 1).sent
+        assert _Rank.seen == ["Bearer tok", "Bearer tok"]
+    finally:
+        calls.close()
+        server.shutdown()
+        server.server_close()
+    assert RankCalls(" \n").exit(url, "x").detail == "no --rank-exit-token"
+    assert ProbeMesh(ProbeConfig(), " \n").to_json()["enabled"] is False
+    assert ProbeMesh(ProbeConfig(), "tok\n").to_json()["enabled"] is True
