@@ -42,7 +42,14 @@ from .evidence.torch_rank import CANNOT_SHOW, TorchRanks
 from .evidence.verification import Verifier
 from .evidence.view import ClusterView, ViewBuilder
 from .goodput.account import GoodputAccount
-from .poll.admission import AllowList, NotAllowed, Unauthorized, registration_authorized, resolvable
+from .poll.admission import (
+    AllowList,
+    NotAllowed,
+    ResolverBusy,
+    Unauthorized,
+    registration_authorized,
+    resolvable,
+)
 from .poll.discovery import BadTarget, Discovery, OtherJob, Target, TooManyTargets, normalize_url
 from .poll.torch_server import StoreReader
 from .poll.torch_target import is_torch
@@ -57,7 +64,8 @@ STALLED_AFTER_S = 30.0  # /healthz: no sweep ended this long (or 10 intervals): 
 WARN_EVERY_S = 60.0  # while a trouble lasts (an unreadable Lighthouse), said again this often
 REFUSAL_EVERY_S = 600.0  # a refused rank asks again every 5 s: said once a window this long
 REFUSALS = {Unauthorized: "unauthorized", NotAllowed: "not_allowed", BadTarget: "bad_request",
-            TooManyTargets: "too_many_targets", OtherJob: "other_job"}
+            TooManyTargets: "too_many_targets", OtherJob: "other_job",
+            ResolverBusy: "resolver_busy"}
 
 
 class Trouble:
@@ -125,6 +133,8 @@ def steady_clock():
 class Monitor:
     def __init__(self, cfg: MonitorConfig, clock=None) -> None:
         check_config(cfg)
+        if warning := cfg.forget_after_warning():
+            log.warning("%s", warning)
         clock = clock or steady_clock()
         self.cfg, self.clock = cfg, clock
         # first: a second monitor on this state touches nothing of it (the bundles' prune)
@@ -294,7 +304,7 @@ class Monitor:
         # 3. detect
         dumps = self.polling.fr_dumps(evidence, now)
         new = self.detectors.update(evidence, dumps, now, full_view=view,
-                                    evicted=self.store.evicted_replica_ids())
+                                    evicted=self.store.told_to_go_replica_ids())
         # the job stalled or slow with no group to blame: the hosts' ranks probe each other
         blind = self.enforcer.blindness(view)
         new += self.detectors.network(evidence, self.probes.take(), now, blind)
@@ -309,14 +319,14 @@ class Monitor:
             self.enforcer.decide(view, evidence, now)
         # the evidence of a confirmed hang, mismatch or network fault, kept even when held
         self.enforcer.bundle_confirmed(view, evidence, new)
-        self.enforcer.confirm_evictions(view, evidence, now)
+        self.enforcer.confirm_evictions(view, evidence, now, self.lighthouse_status)
         # a group gone from the quorum (its host off the network, or evicted while partitioned)
         # holds the others in their collective until its timeout: they are told to abort it
         self.enforcer.release_survivors(view, evidence, now, self.lighthouse_status)
         # the next probe round, once this sweep's evictions are known: not of their ranks
         wanted = self.detectors.probes_wanted()
         self.probes.ask(evidence, wanted, blind, now,
-                        self.store.evicted_replica_ids() if wanted else set())
+                        self.store.told_to_go_replica_ids() if wanted else set())
         self.polling.after_decisions(view)
         # 5. account
         self.goodput.account(evidence, self.enforcer.open_findings(), now)

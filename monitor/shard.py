@@ -53,10 +53,21 @@ def _is_proposal(p: Any) -> bool:
         and isinstance(p.get("replica_group"), int) and not isinstance(p["replica_group"], bool)
 
 
+def _acted_on(record: KV | None) -> bool:
+    """Whether a leader sent, or is sending, a kill on the record: a ``failed`` one is retried
+    only while its proposal stands."""
+    if record is None:
+        return False
+    rec = record.json()
+    return not isinstance(rec, dict) or rec.get("state") != "failed"
+
+
 def _audit(mon: Any, rec: dict, rid: str, decision: str, reason: str, detail: str,
-           status: str | None = None, source: str = "leader") -> None:
+           status: str | None = None, source: str = "leader", finding_id: int | None = None,
+           finding: dict | None = None) -> None:
     mon.store.add_decision(replica_group=rec.get("replica_group"), replica_id=rid,
-                           decision=decision, reason=reason, detail=detail, finding=rec,
+                           decision=decision, reason=reason, detail=detail,
+                           finding_id=finding_id, finding=rec if finding is None else finding,
                            status=status, source=source, at=mon.clock())
 
 
@@ -238,14 +249,19 @@ class Shards:
 
     def _withdraw(self, wanted: set[str], records: dict[str, KV]) -> None:
         """Delete this shard's automatic proposals that no open finding of this run stands behind
-        and no leader acted on: a leader never evicts on evidence the shard no longer holds.
+        and no leader acted on (none sent or sending; a failed kill is retried only while its
+        proposal stands): a leader never evicts on evidence the shard no longer holds.
         One of an earlier run goes too (the leader holds it): the next sweep proposes anew."""
         for rid, kv in _by_rid(self.etcd, self.root + "proposals/").items():
             p = kv.json()
+            rec = records.get(rid)
             if not _is_proposal(p) or p.get("shard") != self.cfg.index or p.get("manual") \
-                    or (rid in wanted and p.get("run") == self.run) or rid in records:
+                    or (rid in wanted and p.get("run") == self.run) or _acted_on(rec):
                 continue  # (a leader acted on it: it stays, and costs no txn every sweep)
-            if self.etcd.delete_if([created_never(f"{self.root}evictions/{rid}"),
+            # the record as read: a leader retrying the failed kill meanwhile changed it
+            record = f"{self.root}evictions/{rid}"
+            if self.etcd.delete_if([created_never(record) if rec is None
+                                    else modified_at(record, rec.mod_revision),
                                     modified_at(kv.key, kv.mod_revision)], kv.key):
                 self._proposed.discard(rid)
                 detail = ("no open finding of this shard stands behind the proposal any more"
@@ -256,17 +272,34 @@ class Shards:
 
     def _mirror_evictions(self, records: dict[str, KV]) -> None:
         """Copy the leader's sent kills of this shard's groups into its audit log (``sent``,
-        ``source: leader``): the shard then confirms them as a single monitor does its own."""
+        ``source: leader``, with the finding proposed): the shard then confirms them as a single
+        monitor does its own, and its goodput charges the kill to that finding's incident."""
+        mirrored: set[str] | None = None
         for rid, kv in records.items():
             rec = kv.json()
             if rid in self._mirrored or not isinstance(rec, dict) \
                     or rec.get("shard") != self.cfg.index or rec.get("state") != "sent":
                 continue
             self._mirrored.add(rid)
-            if rid not in self.mon.store.evicted_replica_ids():  # else mirrored by an earlier run
-                _audit(self.mon, rec, rid, "evict", str(rec.get("kind")),
-                       f"sent by the leader {rec.get('leader')} (attempt {rec.get('attempt')}): "
-                       f"{rec.get('detail', '')}", "sent")
+            if mirrored is None:  # this shard's copies, not the rows of its own --lead thread
+                mirrored = self.mon.store.mirrored_replica_ids()
+            if rid in mirrored:  # by an earlier run
+                continue
+            fid, finding = self._finding_of(rid)
+            _audit(self.mon, rec, rid, "evict", str(rec.get("kind")),
+                   f"sent by the leader {rec.get('leader')} (attempt {rec.get('attempt')}): "
+                   f"{rec.get('detail', '')}", "sent", finding_id=fid, finding=finding)
+
+    def _finding_of(self, replica_id: str) -> tuple[int | None, dict | None]:
+        """The finding this shard proposed ``replica_id``'s eviction on (its ``proposed`` row),
+        else its open finding of that replica id; (None, None): neither is known."""
+        row = self.mon.store.proposal_of(replica_id)
+        if row is not None and isinstance(row.get("finding"), dict):
+            return row.get("finding_id"), row["finding"]
+        for f in self.mon.detectors.open_findings():
+            if f.replica_id == replica_id:
+                return self.mon.enforcer.finding_id(f.key), f.to_dict()
+        return None, None
 
     def _propose(self, replica_group: int, replica_id: str, summary: dict[str, Any],
                  finding_id: int | None, finding: dict[str, Any], source: str) -> int | None:
@@ -402,7 +435,8 @@ class Leader(threading.Thread):
             rec = kv.json()
             if isinstance(rec, dict) and rec.get("state") == "sending":
                 self._resolve(rid, kv, rec, status)
-        # 2. proposals without a record, or whose kill failed, oldest first
+        # 2. proposals without a record, or whose kill failed (its shard withdraws it once no
+        # finding stands behind it), oldest first
         group_of = {rid: int(g) for r in reports.values()
                     for g, rid in (r.get("groups") or {}).items()
                     if isinstance(rid, str) and str(g).isdigit()}
@@ -433,13 +467,14 @@ class Leader(threading.Thread):
             self._send(rid, p, (rec.get("attempt", 0) if rec else 0) + 1, records.get(rid),
                        d.detail, modified_at(kv.key, kv.mod_revision))  # not withdrawn meanwhile
             records = _by_rid(self.etcd, self.root + "evictions/")  # the cooldown's start
-        # 3. kills sent long ago of groups gone from the Lighthouse: their keys go, else every
-        # shard's sweep and every tick reads every kill the job ever had (proposal first: a
-        # proposal without its record would be sent again)
+        # 3. kills sent (or failed) long ago of groups gone from the Lighthouse: their keys go,
+        # else every shard's sweep and every tick reads every kill the job ever had (proposal
+        # first: a proposal without its record would be sent again)
         keep_s = max(RECORD_KEEP_S, self.mon.cfg.rails.cooldown_s)  # the cooldown's start stays
         for rid, kv in records.items():
             rec = kv.json()
-            if status is None or not isinstance(rec, dict) or rec.get("state") != "sent" \
+            if status is None or not isinstance(rec, dict) \
+                    or rec.get("state") not in ("sent", "failed") \
                     or not isinstance(rec.get("at"), (int, float)) or rid in status.members \
                     or status.heartbeating(rid) or self.mon.clock() - rec["at"] < keep_s:
                 continue

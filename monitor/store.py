@@ -377,7 +377,31 @@ class Store:
         """replica_ids a kill was sent for (whatever its confirmation): never evicted again."""
         return {r["replica_id"] for r in self._decisions(
             "SELECT id, replica_id, status FROM decisions WHERE decision='evict' AND "
-            "status != 'failed' AND replica_id IS NOT NULL") if r["status"] != "failed"}
+            "status NOT IN ('failed', 'leader_failed') AND replica_id IS NOT NULL")
+            if r["status"] not in ("failed", "leader_failed")}
+
+    def mirrored_replica_ids(self) -> set[str]:
+        """replica_ids of a leader's kills a shard copied into its log (``source: leader``),
+        not the leader's own rows (``leader_sent`` ...) of a shard that also leads."""
+        return {r["replica_id"] for r in self._decisions(
+            "SELECT id, replica_id, status FROM decisions WHERE decision='evict' AND "
+            "source='leader' AND status IN ('sent', 'confirmed', 'unconfirmed') AND "
+            "replica_id IS NOT NULL")}
+
+    def proposal_of(self, replica_id: str) -> dict[str, Any] | None:
+        """The newest ``proposed`` row of ``replica_id`` (a shard's), with its finding."""
+        rows = self._decisions("SELECT * FROM decisions WHERE decision='proposed' AND "
+                               "replica_id=? ORDER BY id DESC LIMIT 1", (replica_id,),
+                               ("finding",))
+        return rows[0] if rows else None
+
+    def told_to_go_replica_ids(self) -> set[str]:
+        """The evicted set less the kills that turned ``unconfirmed`` (the replica still answered
+        after the confirmation window: alive, not told to go): what the detectors leave alone."""
+        unconfirmed = {r["replica_id"] for r in self._decisions(
+            "SELECT id, replica_id, status FROM decisions WHERE decision='evict' AND "
+            "status != 'failed' AND replica_id IS NOT NULL") if r["status"] == "unconfirmed"}
+        return self.evicted_replica_ids() - unconfirmed
 
     def last_eviction_at(self) -> float | None:
         """When the last kill request was attempted (sent or failed): the cooldown's start."""

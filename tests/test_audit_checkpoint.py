@@ -55,7 +55,8 @@ def test_a_group_saving_a_checkpoint_is_not_hung_nor_anything_else(caplog):
     job, det, found = saving_group_0(timeout_s=1800.0)
     assert found == [] and det.open_findings() == []
     held = [r.getMessage() for r in caplog.records if "hang held" in r.getMessage()]
-    assert held == ["hang held: replica group 0 rank(s) [0, 1] write a checkpoint (3s of "
+    # aged from T0 + 1, when the monitor first saw the save (its own clock), not the rank's
+    assert held == ["hang held: replica group 0 rank(s) [0, 1] write a checkpoint (2s of "
                     "--checkpoint-timeout 1800s), the others wait for it"], held
     # the save ends (one slow step for group 0): still nothing, straggler included
     job.steps(1, late_group={0: 11.5}, now=T0 + 13)

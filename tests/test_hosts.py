@@ -359,11 +359,36 @@ def test_an_episode_confirmed_again_after_a_monitor_restart_is_not_a_second_offe
     again = finding("straggler", "h1", None)
     again["id"] = led.store.add_finding({**again, "first_seen": clock()})
     led.record([again], clock())
-    assert len(led.store.host_offences("h1")) == 1 and led.decide(clock(), None, 40) == []
+    assert [(o["counts"], o["note"]) for o in led.to_json(clock())[0]["offences"]] == [
+        (False, "re-confirmed after a monitor restart"), (True, None)]
+    assert led.decide(clock(), None, 40) == []
     other = finding("straggler", "h1", None, rid="g1:b")  # a new incarnation straggles too
     other["id"] = led.store.add_finding({**other, "first_seen": clock()})
     led.record([other], clock())
     assert led.decide(clock(), None, 40)[0]["decision"] == "quarantine"
+
+
+def test_after_a_restart_only_the_first_reconfirmation_of_an_incarnation_is_skipped(tmp_path):
+    """The episode a restart closed is not counted twice, but the same incarnation's later
+    episodes are offences again. Before, every later finding of that replica matched the
+    offence whose finding the restart closed and was skipped: the host was never quarantined."""
+    clock = Clock()
+    led = ledger(tmp_path, clock, after={"straggler": 2})
+
+    def episode() -> int:
+        f = finding("straggler", "h1", None)
+        f["id"] = led.store.add_finding({**f, "first_seen": clock()})
+        led.record([f], clock())
+        clock.t += 10
+        return f["id"]
+
+    led.store.resolve_finding(episode(), clock(), "monitor_restarted")
+    led = HostLedger(led.store, led.cfg, [], "job", clock)  # the restarted monitor's
+    episode()  # the same episode, confirmed again: not counted
+    assert led.decide(clock(), None, 40) == []
+    episode()  # a new episode of the same incarnation: the second offence
+    assert [d["decision"] for d in led.decide(clock(), None, 40)] == ["quarantine"]
+    assert led.quarantined() == ["h1"]
 
 
 def test_a_finding_naming_every_host_of_a_multi_host_group_singles_out_none(tmp_path):

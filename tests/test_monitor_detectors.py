@@ -788,6 +788,10 @@ def test_incremental_detectors_match_from_scratch_ones_sweep_after_sweep():
                     job.wait(r, "group" if r != 4 else None, 4.0 + stall)
         else:
             job.steps(rng.choice([1, 1, 2]), late_group=late, now=now)
+            for r in job.down:  # a dead rank's peers block in the commit vote
+                for p in job.members(job.group_of(r)):
+                    if p not in job.down:
+                        job.wait(p, "group", 2.0, phase="commit")
         # every leader (the straggler detector needs every group), or some of them; members
         # now and then; drilled groups whole. A group none of whose ranks is asked keeps its
         # GroupView (what the incremental paths skip)

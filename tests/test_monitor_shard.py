@@ -648,6 +648,234 @@ def test_a_shard_of_another_shard_count_blinds_the_leader(tmp_path, etcd):
         job.stop()
 
 
+# --- a failed kill, goodput of a leader's kill, a shard that also leads (in this process) -------
+class _Lighthouse:
+    """The leader's Lighthouse: every heartbeating replica id; kills recorded, failing (no
+    connection) while ``down``."""
+
+    def __init__(self, rids) -> None:
+        from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
+
+        self.status = LighthouseStatus(
+            quorum_id=1, members={r: QuorumMember(r, 100, "store", 1) for r in rids},
+            heartbeats=dict.fromkeys(rids, 0.1))
+        self.down, self.kills = False, []
+
+    def read(self):
+        return self.status, None
+
+    def kill(self, rid):
+        from monitor.act.actions import Outcome
+
+        self.kills.append(rid)
+        return Outcome(False, None, "Lighthouse unreachable: refused") if self.down \
+            else Outcome(True, 200, "killed")
+
+
+class _Monitor:
+    """What Shards and Leader use of a monitor: a real store and metrics; the test's clock and
+    open findings, the shard's own rails always passing (the leader applies the real ones)."""
+
+    def __init__(self, etcd_url: str, prefix: str, index: int | None) -> None:
+        from types import SimpleNamespace
+
+        from monitor.act.decisions import Situation
+        from monitor.api.metrics import MonitorMetrics
+        from monitor.config import MonitorConfig, RailsConfig, ShardConfig
+        from monitor.store import Store
+
+        self.shard_cfg = ShardConfig(shards=1, index=index, etcd=etcd_url, etcd_prefix=prefix,
+                                     lease_ttl_s=5, lead=index is None)
+        self.cfg = MonitorConfig(job="sim", lighthouse="http://127.0.0.1:1", interval_s=0.2,
+                                 rails=RailsConfig(min_replicas=1, cooldown_s=60),
+                                 shard=self.shard_cfg)
+        self.store, self.metrics = Store(":memory:"), MonitorMetrics("sim")
+        self.now, self.url, self.sweeps = 1000.0, f"http://monitor-{index}", 0
+        self.open: dict = {}  # the open findings' keys -> (finding, its store id)
+        self.views = SimpleNamespace(changed=[])
+        self.detectors = SimpleNamespace(open_findings=lambda: [f for f, _ in
+                                                                self.open.values()])
+        self.enforcer = SimpleNamespace(
+            situation=lambda view, ev, now: Situation(
+                now=now, groups_in_quorum={0, 1, 2},
+                evicted_replica_ids=self.store.evicted_replica_ids()),
+            hold=lambda f, d: None, keep_bundle=lambda *a: None,
+            finding_id=lambda key: self.open[key][1])
+
+    def clock(self) -> float:
+        return self.now
+
+    def blind_reason(self):
+        return None
+
+    def find(self, rid: str):
+        from monitor.detect.findings import Finding
+
+        f = Finding("hang", 1, rid, [1], {"culprit_ranks": [1]}, self.now - 5, self.now)
+        self.open[f.key] = (f, self.store.add_finding(f.to_dict()))
+        return f
+
+    def fid(self, f) -> int:
+        return self.open[f.key][1]
+
+
+@pytest.fixture
+def sharded(etcd):
+    """Shard 0 of 1 (its monitor ``.mon``) and a leader (``.leader_mon``) on the real etcd, the
+    leader's Lighthouse faked; ``sweep()`` is one shard sweep, ``tick()`` one leader tick."""
+    from types import SimpleNamespace
+
+    from monitor.shard import Leader, Shards
+
+    prefix = f"/lktest-{uuid.uuid4().hex[:8]}"
+    rid = f"replica_group_1:{uuid.uuid4()}"
+    h = SimpleNamespace(rid=rid, root=f"{prefix}/sim/", lighthouse=_Lighthouse([rid, "a", "b"]),
+                        mon=_Monitor(etcd, prefix, 0), leader_mon=_Monitor(etcd, prefix, None))
+    h.shard = Shards(h.mon.shard_cfg, h.mon)
+
+    def leader_for(mon):  # the leader's own monitor, or the shard's (--shard 0/1 --lead)
+        if getattr(h, "leader", None) is not None:
+            h.leader.etcd.close()
+        h.leader = Leader(h.leader_mon.shard_cfg, mon, h.root)
+        h.leader.lighthouse = h.leader.reader = h.lighthouse
+
+    def sweep():
+        h.mon.sweeps += 1
+        h.shard.after_sweep(SimpleNamespace(ranks={}), SimpleNamespace(
+            ranks={}, reachable_fraction=1.0, groups={}), h.mon.now)
+        assert h.shard.error is None
+
+    def tick():  # one tick of Leader.run, on this thread: the test orders it with the sweeps
+        h.leader_mon.now = h.mon.now
+        assert h.leader.election.campaign()
+        h.leader._lead_once()
+
+    def etcd_value(kind):
+        return keys(etcd, h.root).get(f"{kind}/{rid}", {}).get("value")
+
+    h.leader_for, h.sweep, h.tick, h.etcd_value = leader_for, sweep, tick, etcd_value
+    leader_for(h.leader_mon)
+    try:
+        yield h
+    finally:
+        h.leader.election.resign()
+        h.leader.etcd.close()
+        h.shard.stop()
+        h.mon.store.close()
+        h.leader_mon.store.close()
+
+
+def _proposed_then_failed(h) -> None:
+    h.mon.find(h.rid)
+    h.sweep()  # the report first, then the proposal
+    h.sweep()
+    assert h.etcd_value("proposals")["kind"] == "hang"
+    h.lighthouse.down = True
+    h.tick()
+    assert h.etcd_value("evictions")["state"] == "failed" and h.lighthouse.kills == [h.rid]
+
+
+def test_a_failed_kill_whose_finding_resolved_is_withdrawn_and_never_sent(sharded):
+    """The leader's kill fails (the Lighthouse unreachable); within the cooldown the group
+    recovers and its finding resolves: the shard withdraws the proposal, so the leader, past the
+    cooldown with the Lighthouse back, kills nothing."""
+    h = sharded
+    _proposed_then_failed(h)
+    h.mon.open.clear()
+    h.mon.now += 10
+    h.sweep()
+    assert h.etcd_value("proposals") is None
+    assert [d["decision"] for d in h.mon.store.decisions() if d["replica_id"] == h.rid] == \
+        ["withdrawn", "proposed"]
+    h.lighthouse.down = False
+    h.mon.now += 120
+    h.tick()
+    h.tick()
+    assert h.lighthouse.kills == [h.rid] and h.etcd_value("evictions")["state"] == "failed"
+
+
+def test_a_shard_restarted_after_a_failed_kill_proposes_anew_and_the_leader_sends(sharded):
+    """A kill fails, then the shard restarts (a new run) and finds the fault again: the earlier
+    run's proposal (held by the leader as ``stale_proposal``) is replaced by this run's, and the
+    leader sends the kill once the cooldown is over."""
+    from monitor.shard import Shards
+
+    h = sharded
+    _proposed_then_failed(h)
+    first = h.etcd_value("proposals")["run"]
+    h.shard.stop()
+    h.shard = Shards(h.mon.shard_cfg, h.mon)  # its --state kept: the finding stands again
+    h.mon.now += 10
+    for _ in range(5):  # its report, the earlier run's proposal withdrawn, its own proposal
+        h.sweep()
+        if (h.etcd_value("proposals") or {}).get("run") not in (None, first):
+            break
+    assert h.etcd_value("proposals")["run"] != first
+    h.lighthouse.down = False
+    h.mon.now += 120
+    h.tick()
+    assert h.lighthouse.kills == [h.rid, h.rid]
+    rec = h.etcd_value("evictions")
+    assert (rec["state"], rec["attempt"]) == ("sent", 2)
+
+
+def _incidents(mon, finding, since: float):
+    """The goodput incidents of ``mon``'s open ``finding`` and its eviction decisions."""
+    from monitor.goodput.columns import Slots
+    from monitor.goodput.incidents import Incidents
+    from monitor.goodput.model import GoodputConfig
+
+    incs = Incidents(GoodputConfig(), Slots(), lambda i: None)
+    incs.ingest_findings(None, [{**finding.to_dict(), "id": mon.fid(finding)}], mon.now, since)
+    incs.ingest_evictions(mon.store.decisions(decision="evict"), mon.now, since)
+    return [(i.kind, i.finding_ids, i.evicted_at) for i in incs.values()]
+
+
+def test_a_leader_kill_copied_by_its_shard_evicts_the_findings_incident(sharded):
+    """A hang proposed and killed by the leader: the shard's copy of the kill names the finding,
+    so its goodput ledger has one incident, the hang's, evicted (not a second, manual one)."""
+    h = sharded
+    f = h.mon.find(h.rid)
+    h.sweep()
+    h.sweep()
+    h.tick()
+    assert h.etcd_value("evictions")["state"] == "sent"
+    h.mon.now += 1
+    h.sweep()
+    ev = h.mon.store.decisions(decision="evict")
+    assert [(d["status"], d["source"], d["finding_id"]) for d in ev] == \
+        [("sent", "leader", h.mon.fid(f))]
+    assert _incidents(h.mon, f, 900.0) == [("hang", [h.mon.fid(f)], ev[0]["at"])]
+
+
+def test_a_shard_that_leads_retries_its_failed_kill_and_confirms_its_own_kills(sharded):
+    """``--shard 0/1 --lead``: the leader's rows share the shard's store. A failed kill is no
+    eviction (the finding still stands, so the proposal stays and is sent after the cooldown);
+    the sent one is copied as the shard's ``sent``, to be confirmed, and is one incident."""
+    h = sharded
+    h.leader_for(h.mon)
+    f = h.mon.find(h.rid)
+    h.sweep()
+    h.sweep()
+    h.lighthouse.down = True
+    h.tick()
+    assert [d["status"] for d in h.mon.store.decisions(decision="evict")] == ["leader_failed"]
+    assert h.rid not in h.mon.store.evicted_replica_ids()
+    h.mon.now += 120
+    h.sweep()
+    assert h.etcd_value("proposals") is not None
+    h.lighthouse.down = False
+    h.tick()
+    assert h.lighthouse.kills == [h.rid, h.rid]
+    h.mon.now += 1
+    h.sweep()
+    assert [(d["status"], d["source"]) for d in h.mon.store.pending_confirmations()] == \
+        [("sent", "leader")]
+    assert h.rid in h.mon.store.evicted_replica_ids()
+    sent = next(d for d in h.mon.store.decisions(decision="evict") if d["status"] == "sent")
+    assert _incidents(h.mon, f, 900.0) == [("hang", [h.mon.fid(f)], sent["at"])]
+
+
 # --- the real thing: shards, a leader, a standby, a SIGKILL mid-kill ---------------------------
 def monitor_cmd(tmp_path: Path, name: str, job, etcd_url: str, prefix: str, *extra: str):
     return [sys.executable, "-u", "-m", "lightkeeper.cli", "monitor", "--port", "0",

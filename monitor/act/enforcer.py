@@ -127,8 +127,13 @@ class Enforcer:
         DeadGroups), the quarantine policy, then due sink actions on a background thread
         (a slow sink never delays a sweep). Never raises."""
         try:
+            # a group the monitor sent a kill for ends by that kill (even one left unconfirmed,
+            # its Manager gone and a bare rank still up): no host's fault
+            killed = self.store.evicted_replica_ids()
+            new = [f for f in new if f.kind not in ("dead", "dead_rank")
+                   or f.replica_id not in killed]
             counted = [f for f in new if f.kind != "dead"] + self.dead.agreed(
-                new, {f.key for f in self.detectors.open_findings()}, view, lighthouse)
+                new, {f.key for f in self.detectors.open_findings()}, view, lighthouse, killed)
             group_hosts = {f.replica_group: view.groups[f.replica_group].hosts for f in counted
                            if f.replica_group in view.groups}
             self.hosts.record([{**f.to_dict(), "id": self._finding_ids.get(f.key)}
@@ -318,9 +323,11 @@ class Enforcer:
         return {"id": did, "decision": "evict", "reason": d.reason, "sent": result.sent,
                 "detail": result.detail, "bundle": bundle["id"] if bundle else None}
 
-    def confirm_evictions(self, view: ClusterView, evidence: ClusterView, now: float) -> None:
+    def confirm_evictions(self, view: ClusterView, evidence: ClusterView, now: float,
+                          lighthouse: LighthouseStatus | None = None) -> None:
         """Confirmed once no reachable rank reports the evicted replica id; ranks the kill
-        missed are told to exit (or named); unconfirmed after ``confirm_timeout_s``."""
+        missed are told to exit (or named); unconfirmed after ``confirm_timeout_s``.
+        ``lighthouse``: the status read this sweep, which judges a kill left interrupted."""
         pending = self.store.pending_confirmations()
         self.orphans.keep({d["id"] for d in pending})
         # a pending eviction's group as verified before its kill: only those ranks get the exit
@@ -332,10 +339,15 @@ class Enforcer:
         for d in pending:
             rid = d["replica_id"]
             still = reporting(view, rid)
+            landed = None
             if d["status"] == "interrupted":  # a previous run stopped while sending it
                 if self.blindness(view):
                     continue  # judged once the ranks can be seen: unseen is not gone
-                if still:  # a killed Manager exits within a second
+                landed = _landed(rid, still, lighthouse) if still else None
+                if landed:  # the ranks still reporting are orphans, followed as a sent kill's
+                    d["detail"] = f"{d['detail']}; the monitor stopped while sending: {landed}"
+                    self.store.update_decision(d["id"], status="sent", detail=d["detail"])
+                elif still:  # a killed Manager exits within a second
                     self.store.update_decision(d["id"], status="failed", detail=(
                         f"{d['detail']}; the monitor stopped while sending and the replica "
                         "still answers: the kill never landed"))
@@ -357,7 +369,23 @@ class Enforcer:
                                                   f"(the survivors last said quorum_id {q}, "
                                                   f"{view.quorum_participants()} participants)")
                 log.info("eviction of %s confirmed after %.1fs", rid, now - d["at"])
-            elif now - d["at"] > self.cfg.confirm_timeout_s:
+            elif now - d["at"] > self.cfg.confirm_timeout_s and not landed:
+                # not one judged landed this sweep: its orphans were told only now
                 self.store.update_decision(d["id"], status="unconfirmed",
                                            detail=f"{d['detail']}; still reporting after "
                                                   f"{self.cfg.confirm_timeout_s:g}s")
+
+
+def _landed(replica_id: str, still: list, lighthouse: LighthouseStatus | None) -> str | None:
+    """Why a kill a stopped monitor left unrecorded landed although ``still`` report its replica
+    id, or None. The kill reaches only the group's Manager (group rank 0): the other ranks may
+    live on. It landed once that rank is gone, and the Lighthouse (when read) no longer hears
+    the replica."""
+    if any((r.state or {}).get("group_rank") == 0 for r in still):
+        return None  # the Manager's process answers: the kill never reached it
+    if lighthouse is None:
+        return "the group's rank 0 (its Manager) no longer answers: the kill landed"
+    if lighthouse.heartbeating(replica_id):
+        return None
+    return "the group's rank 0 (its Manager) no longer answers and the Lighthouse no longer " \
+           "hears the replica: the kill landed"

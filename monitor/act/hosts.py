@@ -203,23 +203,29 @@ class HostLedger:
                 named = culprit_hosts(f)
                 spans = (group_hosts or {}).get(f.get("replica_group")) or set()
                 counts = not (len(spans) > 1 and set(named) >= spans)
-                todo += [(host, c, f, spans, counts, now) for host, c in named.items()
-                         if not self._seen_before_restart(host, f)]
-            for i, (host, c, f, spans, counts, at) in enumerate(todo):
+                todo += [(host, c, f, spans, counts, now, self._seen_before_restart(host, f))
+                         for host, c in named.items()]
+            for i, (host, c, f, spans, counts, at, again) in enumerate(todo):
                 h = self._host(host, at)
                 h["node"] = c["node"]
                 h["devices"] += [d for d in c["devices"] if d not in h["devices"]]
-                try:
-                    self.store.add_host_offence(host, at, f["kind"], f.get("id"), {
-                        "kind": f["kind"], "finding_id": f.get("id"),
+                counts = counts and not again
+                data = {"kind": f["kind"], "finding_id": f.get("id"),
                         "replica_group": f.get("replica_group"),
                         "replica_id": f.get("replica_id"), "ranks": c["ranks"],
-                        "devices": c["devices"], "counts": counts})
+                        "devices": c["devices"], "counts": counts}
+                if again:  # recorded, so the same incarnation's next episode counts again
+                    data["note"] = "re-confirmed after a monitor restart"
+                try:
+                    self.store.add_host_offence(host, at, f["kind"], f.get("id"), data)
                 except Exception:
                     self._unwritten = todo[i:]
                     raise
                 self._unwritten = todo[i + 1:]
-                if not counts:
+                if again:
+                    log.info("%s of %s re-confirmed after a monitor restart: recorded, not "
+                             "counted against %s again", f["kind"], f.get("replica_id"), host)
+                elif not counts:
                     log.info("%s in replica group %s names all its hosts (%s): recorded, not "
                              "counted against %s", f["kind"], f.get("replica_group"),
                              ", ".join(sorted(spans)), host)
@@ -228,13 +234,14 @@ class HostLedger:
                 self._save(h, now)
 
     def _seen_before_restart(self, host: str, f: dict[str, Any]) -> bool:
-        """The same episode confirmed again after a monitor restart: not a new offence."""
+        """The same episode confirmed again after a monitor restart: not a new offence. Only
+        the newest offence of that kind and incarnation is asked: one re-confirmation, not
+        every later episode, is the one the restart closed."""
         for o in self.store.host_offences(host, limit=20):
             d = o["data"]
             if o["kind"] == f["kind"] and d.get("replica_id") == f.get("replica_id") \
-                    and d.get("replica_group") == f.get("replica_group") \
-                    and self.store.finding_resolution(o["finding_id"]) == "monitor_restarted":
-                return True
+                    and d.get("replica_group") == f.get("replica_group"):
+                return self.store.finding_resolution(o["finding_id"]) == "monitor_restarted"
         return False
 
     def _counting_offences(self, h: dict[str, Any], now: float) -> list[dict[str, Any]]:
@@ -501,6 +508,7 @@ class HostLedger:
                               "replica_group": o["data"].get("replica_group"),
                               "ranks": o["data"].get("ranks"),
                               "counts": o["data"].get("counts", True),
+                              "note": o["data"].get("note"),
                               "in_window": o["data"].get("counts", True) and o["at"] >= since
                               and o["at"] > (h.get("released_at") or float("-inf"))}
                              for o in rows]
@@ -520,15 +528,18 @@ class DeadGroups:
         self.pending: dict[tuple, Finding] = {}  # confirmed, not yet agreed
 
     def agreed(self, new: Iterable[Finding], open_keys: Collection[tuple], view: ClusterView,
-               lighthouse: LighthouseStatus | None) -> list[Finding]:
+               lighthouse: LighthouseStatus | None,
+               killed: Collection[str] = ()) -> list[Finding]:
         """The dead findings (of ``new`` and those waiting) that now count, each with the
-        Lighthouse's word added to its evidence (``lighthouse``)."""
+        Lighthouse's word added to its evidence (``lighthouse``); none of a replica the monitor
+        sent a kill for (``killed``)."""
         for f in new:
             if f.kind == "dead":
                 self.pending[f.key] = f
         if not self.pending:
             return []
-        for key in [k for k, f in self.pending.items() if k not in open_keys or not f.replica_id]:
+        for key in [k for k, f in self.pending.items()
+                    if k not in open_keys or not f.replica_id or f.replica_id in killed]:
             del self.pending[key]
         if not self.pending or lighthouse is None:
             return []

@@ -18,7 +18,7 @@ from werkzeug.exceptions import HTTPException
 from http_serving import bearer_token_matches, decimal_int
 from monitor.api import views
 from monitor.config import MonitorConfig
-from monitor.poll.admission import NotAllowed, Unauthorized
+from monitor.poll.admission import NotAllowed, ResolverBusy, Unauthorized
 from monitor.poll.discovery import BadTarget, OtherJob, TooManyTargets
 
 MAX_BODY = 64 * 1024  # a request is a few hundred bytes
@@ -226,6 +226,12 @@ def create_app(monitor: Any) -> Flask:
     for error, status in ((BadTarget, 400), (Unauthorized, 401), (NotAllowed, 403),
                           (OtherJob, 409), (TooManyTargets, 429)):
         app.register_error_handler(error, partial(error_json, status=status))
+
+    @app.errorhandler(ResolverBusy)
+    def resolver_busy(e: ResolverBusy):
+        resp, status = error_json(e, 503)
+        resp.headers["Retry-After"] = "1"  # a lookup is free again within RESOLVE_TIMEOUT_S
+        return resp, status
 
     @app.errorhandler(HTTPException)
     def http_error(e: HTTPException):

@@ -48,7 +48,10 @@ class Hang:
         # (view, now, {rank: (scope, seconds)} of every rank blocked in a collective)
         self._blocked: tuple | None = None
         self._longest: tuple[float, float] | None = None  # (now, seconds)
-        self._saving: dict[int, float] = {}  # group -> phase_since of the save last said held
+        self._saving: dict[int, float] = {}  # group -> start of the save last said held
+        # group -> {rank: (its phase_since, the monitor's time it first saw that save)}: a save
+        # is aged on the monitor's clock, never against a rank's wall clock
+        self._saves: dict[int, dict[int, tuple[float, float]]] = {}
 
     def threshold(self, view: ClusterView) -> float:
         return max(self.cfg.hang_floor_s, self.cfg.hang_factor * (view.median_step_seconds() or 0))
@@ -59,6 +62,7 @@ class Hang:
             return
         self._noted_at = now
         changed, gone = self._seen.changed(view)
+        self._note_saves(view, changed, gone, now)
         q, groups, steps = view.quorum_id, view.groups, self.progress_steps
         moved = False
         if q != self._progress_quorum:
@@ -81,6 +85,26 @@ class Hang:
             self.stalled_sweeps = 0
         else:
             self.stalled_sweeps += 1
+
+    def _note_saves(self, view: ClusterView, changed: list[int], gone: set[int],
+                    now: float) -> None:
+        """When the monitor first saw each rank of the changed groups in phase ``checkpoint``
+        (a new ``phase_since``: a new save)."""
+        for g in gone:
+            self._saves.pop(g, None)
+        for g in changed:
+            was, now_saving = self._saves.get(g, {}), {}
+            for r in view.groups[g].ranks:
+                st = r.state
+                if r.rank is None or not st or st.get("phase") != "checkpoint":
+                    continue
+                since = st.get("phase_since")
+                seen = was.get(r.rank)
+                now_saving[r.rank] = seen if seen and seen[0] == since else (since, now)
+            if now_saving:
+                self._saves[g] = now_saving
+            else:
+                self._saves.pop(g, None)
 
     def stall(self, view: ClusterView, now: float,
               ratio: float = 1.0) -> tuple[bool, float, float, dict[int, tuple]]:
@@ -263,12 +287,17 @@ class Hang:
         return []
 
     def _checkpointing(self, view: ClusterView, g: int, ranks: list[int], now: float) -> bool:
-        """Every culprit answers now in phase ``checkpoint``, begun under --checkpoint-timeout
-        ago: a group writing a checkpoint while the others wait is not hung (said once a save)."""
-        states = [rv.state for r in ranks if (rv := view.rank_view(r)) and rv.reachable
-                  and rv.fresh and rv.state.get("phase") == "checkpoint"]
-        since = min((s["phase_since"] for s in states), default=now)
-        if len(states) < len(ranks) or now - since >= self.cfg.checkpoint_timeout_s:
+        """Every culprit answers now in phase ``checkpoint``, first seen so by the monitor under
+        --checkpoint-timeout ago (its own clock: a rank's may be off by any amount): a group
+        writing a checkpoint while the others wait is not hung (said once a save)."""
+        saves, seen = self._saves.get(g, {}), []
+        for r in ranks:
+            rv = view.rank_view(r)
+            if rv and rv.reachable and rv.fresh and rv.state.get("phase") == "checkpoint":
+                got = saves.get(r)
+                seen.append(got[1] if got and got[0] == rv.state.get("phase_since") else now)
+        since = min(seen, default=now)
+        if len(seen) < len(ranks) or now - since >= self.cfg.checkpoint_timeout_s:
             return False
         if self._saving.get(g) != since:
             self._saving[g] = since

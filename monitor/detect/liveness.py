@@ -1,7 +1,7 @@
-"""Ranks that are gone (``dead_rank``: its Manager still answers; ``dead``: the Manager too) or
-never start (``stuck_starting``); only a verified group's replica id can be evicted. A rank whose
-last answer said its training finished is not gone when it stops answering: it ended; nor is one
-of an incarnation the monitor evicted: it was told to go.
+"""Ranks that are gone (``dead_rank``: its Manager still answers and its group is seen waiting
+for it; ``dead``: the Manager too) or never start (``stuck_starting``); only a verified group's
+replica id can be evicted. A rank whose last answer said its training finished is not gone when
+it stops answering: it ended; nor is one of an incarnation the monitor evicted: it was told to go.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from monitor.config import DetectorConfig
 from monitor.evidence.view import ClusterView, GroupView, RankView
 
 from .findings import Finding, Findings
+from .rank_state import collective_wait
 
 DEAD_KINDS = ("dead", "dead_rank")
 
@@ -40,6 +41,8 @@ class Liveness:
         self._replaced: dict[int, set[str]] = {}  # group -> earlier incarnations judged
         self._left: dict[int, dict[str, RankView]] = {}  # group -> url -> an earlier
         # incarnation's last view there, until the process answering there now is judged
+        self._stepped: dict[int, tuple[int, float]] = {}  # group -> its Manager's step and
+        # when first seen at it: how long a group with a rank down has committed nothing
 
     def dead(self, view: ClusterView, now: float, evicted: Container[str] = ()) -> list[Finding]:
         findings, new = self.findings, []
@@ -60,6 +63,7 @@ class Liveness:
             last[g] = gv
             if len(gv.reachable) == len(gv.ranks):
                 self._down.discard(g)
+                self._stepped.pop(g, None)
                 if g not in open_dead and not gv.superseded and not left:
                     continue
             else:
@@ -100,7 +104,11 @@ class Liveness:
             # torchft commits a step only with every rank of the group: a rank the group has
             # committed past since it stopped answering lives (the monitor cannot reach it)
             top = max((m.state.get("step") or 0 for m in manager_up), default=None)
-            if top is not None:
+            if top is None:
+                self._stepped.pop(g, None)
+            else:
+                if self._stepped.get(g, (None,))[0] != top:
+                    self._stepped[g] = (top, now)
                 for r in gv.ranks:
                     if r.reachable:
                         self._down_at.pop(r.url, None)
@@ -110,6 +118,12 @@ class Liveness:
             lost = [r for r in down if r.replica_id == rid and r.state
                     and r.state.get("group_rank") != 0]
             if manager_up and lost:
+                held = self._held(gv, view, lost, now)
+                if held is None:
+                    f = findings.open.get(("dead_rank", g, rid))
+                    if f is None:  # pending: nothing shows the group waits for them yet
+                        continue
+                    held = f.evidence.get("held")
                 findings.resolve(("dead", g, rid), "rank_dead_in_live_group", now)
                 ev = {"summary": f"rank(s) {sorted(r.rank for r in lost if r.rank is not None)} "
                                  f"unreachable for {self.cfg.dead_sweeps}+ sweeps while the "
@@ -117,7 +131,7 @@ class Liveness:
                                  f"(rank {manager_up[0].rank}) still heartbeats",
                       "unreachable": _unreachable(lost),
                       "alive": sorted(r.rank for r in gv.reachable if r.rank is not None),
-                      "manager_rank": manager_up[0].rank,
+                      "manager_rank": manager_up[0].rank, "held": held,
                       "why": "the group's Manager (group rank 0) still heartbeats, so torchft "
                              "keeps the group in the quorum and every group waits for these "
                              "ranks until its timeouts"}
@@ -138,6 +152,31 @@ class Liveness:
                 "dead", gv, sorted({r.rank for r in down if r.rank is not None}), ev,
                 min(r.unreachable_since or now for r in down), now, view))
         return [f for f in new if f]
+
+    def _held(self, gv: GroupView, view: ClusterView, lost: list[RankView],
+              now: float) -> dict[str, Any] | None:
+        """What shows the group waits for its ``lost`` ranks, or None: a live rank of it blocked
+        in a collective or the commit vote for a median step, or its Manager's step unchanged
+        for ``--hang-factor`` median steps since they went down. A rank the monitor merely
+        cannot reach holds nothing: its group trains on."""
+        med = gv.median_step_seconds() or view.median_step_seconds()
+        rid = gv.replica_id
+        blocked = {}
+        for r in gv.reachable:  # a wait carried from an older poll is not a wait now
+            if r.fresh and r.replica_id == rid and r.rank is not None:
+                scope, secs = collective_wait(r.state)
+                if scope is not None and secs >= (med or self.cfg.hang_floor_s):
+                    blocked[str(r.rank)] = {"scope": scope, "seconds": round(secs, 3),
+                                            "phase": r.state.get("phase")}
+        if blocked:
+            return {"blocked": blocked, "median_step_s": med}
+        step, at = self._stepped[gv.replica_group]
+        since = max(at, min(r.unreachable_since or now for r in lost))
+        threshold = self.cfg.hang_factor * med if med else self.cfg.hang_floor_s
+        if now - since >= threshold:
+            return {"step": step, "stalled_s": round(now - since, 3),
+                    "threshold_s": round(threshold, 3), "median_step_s": med}
+        return None
 
     def _left_behind(self, gv: GroupView, last: GroupView | None) -> list[RankView]:
         """The earlier incarnations' last views at addresses another process answers at now

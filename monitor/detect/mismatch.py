@@ -1,6 +1,7 @@
 """``mismatch``: members of one group that enqueued different collectives at one sequence id.
 The culprit is the minority; without a majority the rank that breaks its own per-step pattern,
-else its own history of that collective. Nothing singled out: no finding.
+else its own history of that collective. Nothing singled out: no finding. Resolved
+``no_longer_seen`` at a look that read its group's dumps and no longer finds it.
 """
 
 from __future__ import annotations
@@ -17,13 +18,16 @@ from .rank_state import collective_wait, rank_groups
 
 def judge(view: ClusterView, dumps: Mapping[int, dict], traces: Mapping[int, RankTrace],
           analysis: list[dict] | None, now: float, findings: Findings) -> list[Finding]:
-    if not analysis:
+    if analysis is None:  # no look this sweep, or its analysis failed: nothing said
         return []
     rank_group = rank_groups(view, dumps)
     new = []
+    seen: set[int] = set()  # the groups of every rank in a mismatch of this look
     for m in analysis:
         if m["kind"] != "mismatch":
             continue
+        seen.update(g for r in _participants(m["raw"]) | set(m["culprits"])
+                    if (g := rank_group(r)) is not None)
         culprits, how = list(m["culprits"]), "majority"
         if not m["has_majority"]:
             culprits, how = departs_from_step_pattern(traces, m["raw"]), "step_pattern"
@@ -58,7 +62,44 @@ def judge(view: ClusterView, dumps: Mapping[int, dict], traces: Mapping[int, Ran
                   "level": "in_group" if m["replica_group"] is not None else "cross_group",
                   "attributed_by": how, "analysis": m["raw"]}
             new.append(findings.confirm("mismatch", gv, ranks, ev, now - waited, now, view))
+    _no_longer_seen(view, dumps, traces, seen, now, findings)
     return [f for f in new if f]
+
+
+def _participants(raw: Mapping[str, Any]) -> set[int]:
+    return {int(r) for v in raw.get("variants") or [] for r in v.get("ranks") or []}
+
+
+def _no_longer_seen(view: ClusterView, dumps: Mapping[int, dict],
+                    traces: Mapping[int, RankTrace], seen: set[int], now: float,
+                    findings: Findings) -> None:
+    """Resolve the open mismatches this look could have seen and did not: it read whole dumps
+    of every reachable rank of the group and its culprits, and one of another rank that took
+    part and still answers (the disagreement needs both sides), no mismatch names a rank of the
+    group, and the group committed a step since it was last seen (peers that crashed on it and
+    came back empty would show nothing). A look without them says nothing, so a mismatch that
+    goes on is not closed between looks."""
+    def read(r: int, whole: bool) -> bool:
+        d = dumps.get(r)
+        f = d.get("filter") if isinstance(d, dict) else None
+        return r in traces and (not whole or not isinstance(f, dict) or f.get("pg") is None)
+
+    for key, f in list(findings.open.items()):
+        if key[0] != "mismatch" or key[1] in seen or (gv := view.groups.get(key[1])) is None:
+            continue
+        last = [c["step"] for c in f.evidence.get("culprits") or () if type(c.get("step")) is int]
+        if last and (gv.step is None or gv.step <= max(last)):
+            continue
+        own = {r.rank for r in gv.reachable if r.rank is not None} | set(f.ranks)
+        if not all(read(r, True) for r in own):
+            continue
+        # a leader's dump holds torchft's process group only: enough for a cross-group one
+        whole = f.evidence.get("level") != "cross_group"
+        others = {r for r in _participants(f.evidence.get("analysis") or {}) - own
+                  if (rv := view.rank_view(r)) is not None and rv.reachable}
+        if others and not any(read(r, whole) for r in others):
+            continue
+        findings.resolve(key, "no_longer_seen", now)
 
 
 def _period(sigs: list[int | None], skip: int, max_period: int = 128) -> int | None:

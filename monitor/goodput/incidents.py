@@ -96,7 +96,8 @@ class Incidents(dict[int, Incident]):
         """Mark each new eviction's incident evicted (opening one if needed); a failed one, or
         one from before this ledger, is ignored, and one sending or interrupted until judged.
         One turned unconfirmed (the group still answered) is no eviction: taken back, its
-        incident is open until acted on (one it opened alone: resolved)."""
+        incident is open until acted on (one it opened alone: resolved). A sharded leader's own
+        rows (``leader_sent`` ...) are none either: its shard's copy (``sent``) is the kill."""
         for d in sorted(evictions, key=lambda d: as_float(d.get("at")) or 0.0):
             did = as_int(d.get("id"))
             if d.get("status") == "unconfirmed" and did in self.seen_evictions:
@@ -110,7 +111,8 @@ class Incidents(dict[int, Incident]):
                             inc.closed_at = None
                         self.dirty.add(inc.id)
             if did is None or did in self.seen_evictions or d.get("decision") != "evict" \
-                    or d.get("status") in ("failed", "sending", "interrupted", "unconfirmed"):
+                    or d.get("status") in ("failed", "sending", "interrupted", "unconfirmed") \
+                    or str(d.get("status")).startswith("leader_"):
                 continue
             self.seen_evictions.add(did)
             at = as_float(d.get("at")) or now

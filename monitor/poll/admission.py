@@ -8,6 +8,7 @@ import fnmatch
 import ipaddress
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +22,8 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 RESOLVE_TIMEOUT_S = 2.0
+MAX_LOOKUPS = 4  # names resolved at once; one more is refused (ResolverBusy), never queued
+FAILED_LOOKUP_CACHE_S = 5.0  # an allow-list name that did not resolve (a slow resolver, perhaps)
 DEFAULT_NETWORKS = ("127.0.0.0/8", "::1/128")
 _HOST_RE = re.compile(r"^[A-Za-z0-9*?\[\]_.-]+$")
 _WILDCARDS = set("*?[")
@@ -28,6 +31,11 @@ _WILDCARDS = set("*?[")
 
 class NotAllowed(Exception):
     """A target the monitor may not poll on an unauthenticated registration (answered 403)."""
+
+
+class ResolverBusy(Exception):
+    """Every DNS worker is still on a lookup (answered 503 with Retry-After): a registration is
+    refused at once rather than queued behind names the resolver is slow to answer."""
 
 
 class Unauthorized(Exception):
@@ -74,17 +82,38 @@ def ordinary_unicast(addr: IPAddress) -> bool:
                 or addr.is_loopback or addr.is_reserved)
 
 
-_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lightkeeper-dns")
+_pool = ThreadPoolExecutor(max_workers=MAX_LOOKUPS, thread_name_prefix="lightkeeper-dns")
+# getaddrinfo cannot be cancelled: a lookup holds its worker until the resolver answers, timed
+# out or not, so a lookup is started only on a free worker
+_free = threading.BoundedSemaphore(MAX_LOOKUPS)
+
+
+def _lookup(host: str, started: threading.Event) -> list:
+    started.set()
+    try:
+        return socket.getaddrinfo(host, None, 0, socket.SOCK_STREAM)
+    finally:
+        _free.release()
 
 
 def resolve(host: str, timeout: float = RESOLVE_TIMEOUT_S) -> list[IPAddress]:
-    """Every address ``host`` resolves to; raises NotAllowed when none within ``timeout``."""
+    """Every address ``host`` resolves to; raises NotAllowed when none within ``timeout`` (from
+    when the lookup starts), ResolverBusy when ``MAX_LOOKUPS`` lookups are under way."""
     try:
         return [_plain(ipaddress.ip_address(host.strip("[]")))]
     except ValueError:
         pass
-    fut = _pool.submit(socket.getaddrinfo, host, None, 0, socket.SOCK_STREAM)
+    if not _free.acquire(blocking=False):
+        raise ResolverBusy(f"the monitor is resolving {MAX_LOOKUPS} names already (a slow DNS "
+                           f"resolver?); {host} was not looked up: try again")
+    started = threading.Event()
     try:
+        fut = _pool.submit(_lookup, host, started)
+    except BaseException:
+        _free.release()
+        raise
+    try:
+        started.wait(timeout)  # at once: a worker was free
         infos = fut.result(timeout=timeout)
     except FutureTimeout:
         raise NotAllowed(f"{host} did not resolve within {timeout:g}s") from None
@@ -119,6 +148,7 @@ class AllowList:
     patterns: list[str] = field(default_factory=list)  # fnmatch patterns, lower case
     resolver: Callable[[str], list[IPAddress]] = resolve
     host_cache_s: float = 30.0
+    # an exact name -> (until when, its addresses)
     _host_addrs: dict[str, tuple[float, list[IPAddress]]] = field(default_factory=dict)
 
     @classmethod
@@ -155,12 +185,14 @@ class AllowList:
         out: set[IPAddress] = set()
         for h in self.hosts:
             cached = self._host_addrs.get(h)
-            if cached is None or now - cached[0] > self.host_cache_s:
-                try:
-                    addrs = self.resolver(h)
+            if cached is None or now >= cached[0]:
+                try:  # ResolverBusy is raised on: nothing learned, nothing cached
+                    addrs, keep = self.resolver(h), self.host_cache_s
                 except NotAllowed:
-                    addrs = []  # an allowed name that does not resolve allows no address
-                cached = self._host_addrs[h] = (now, addrs)
+                    # an allowed name that does not resolve allows no address, for a few seconds
+                    # only: the failure may be a timeout of a resolver slow for a while
+                    addrs, keep = [], min(self.host_cache_s, FAILED_LOOKUP_CACHE_S)
+                cached = self._host_addrs[h] = (now + keep, addrs)
             out.update(cached[1])
         return out
 

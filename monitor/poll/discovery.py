@@ -146,6 +146,7 @@ class Discovery:
         self._file: dict[str, Target] = {}
         self._registered: dict[str, Target] = {}
         self._torch: dict[str, Target] = {}  # torch-only ranks found in the groups' stores
+        self._claimed: dict[str, Target] = {}  # static and file_sd targets that registered too
         self.targets_file = targets_file
         self._file_sig: tuple[float, int] | None = None
         self.file_error: str | None = None
@@ -186,8 +187,16 @@ class Discovery:
                            f"job {job!r}: start a monitor for it, or give both the same job")
         replica_group, rank = _opt_int(body.get("replica_group")), _opt_int(body.get("rank"))
         registered_as = normalize_url(body["url"])
-        url = admit(registered_as) if admit is not None else registered_as
         now = time.time() if now is None else now
+        # a rank already listed (--targets, file_sd) that registers too stays one target, polled
+        # as listed: two URLs of one process claim its rank twice, and neither is then verified.
+        # Matched as registered first: the monitor polls it anyway, no DNS is asked
+        hints = (job, replica_group, rank)
+        if self._listed(registered_as):
+            return self._annotate(registered_as, registered_as, hints, now)
+        url = admit(registered_as) if admit is not None else registered_as
+        if self._listed(url):
+            return self._annotate(url, registered_as, hints, now)
         target = Target(url, "registered", job=job, replica_group=replica_group, rank=rank,
                         last_registered=now,
                         registered_as=registered_as if registered_as != url else None)
@@ -204,6 +213,38 @@ class Discovery:
             self._registered[url] = target
             self._invalidate()
         return target
+
+    def _listed(self, url: str) -> bool:
+        with self._lock:
+            return url in self._static or url in self._file
+
+    def _annotate(self, url: str, registered_as: str, hints: tuple, now: float) -> Target:
+        """The registration of the listed target ``url``: its hints (where the listing gives
+        none) and registration, on that target."""
+        job, replica_group, rank = hints
+        with self._lock:
+            base = self._static.get(url) or self._file.get(url)
+            if base is None:  # gone with a new file_sd content meanwhile: registered instead
+                self._registered[url] = Target(url, "registered", job, replica_group, rank, now,
+                                               registered_as if registered_as != url else None)
+                self._invalidate()
+                return self._registered[url]
+            t = Target(url, base.source, job=base.job if base.job is not None else job,
+                       replica_group=base.replica_group if base.replica_group is not None
+                       else replica_group,
+                       rank=base.rank if base.rank is not None else rank, last_registered=now,
+                       registered_as=registered_as if registered_as != url else None)
+            old = self._claimed.get(url)
+            if old is not None and (old.job, old.replica_group, old.rank, old.registered_as) \
+                    == (t.job, t.replica_group, t.rank, t.registered_as):
+                old.last_registered = now
+                return old
+            self._claimed[url] = t
+            # a copy registered (or restored from --sd-out) under the other spelling goes
+            self._registered.pop(url, None)
+            self._registered.pop(registered_as, None)
+            self._invalidate()
+            return t
 
     def _invalidate(self) -> None:  # under self._lock
         self._sorted = None
@@ -286,6 +327,8 @@ class Discovery:
             parsed = {u: t for u, t in parsed.items() if t.job in (None, self.job)}
         with self._lock:
             self._file = parsed
+            # their hints may have changed: annotated again at their next registration
+            self._claimed = {u: t for u, t in self._claimed.items() if u in self._static}
             self._invalidate()
         self._file_sig = sig
         self.file_error = None
@@ -299,7 +342,8 @@ class Discovery:
         """The sorted known set, one list object until a source changes (not to be modified)."""
         with self._lock:
             if self._sorted is None:
-                merged = {**self._torch, **self._registered, **self._file, **self._static}
+                merged = {**self._torch, **self._registered, **self._file, **self._static,
+                          **self._claimed}
                 self._sorted = sorted(merged.values(), key=lambda t: (
                     t.rank if t.rank is not None else 1 << 62, t.url))
                 self.has_torch = any(t.url.startswith(PREFIX) for t in self._sorted)

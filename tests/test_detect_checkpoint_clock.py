@@ -1,0 +1,50 @@
+"""A group's checkpoint save is aged on the monitor's clock, from when the monitor first saw it
+(docs/monitor.md, hang): the rank's ``phase_since`` is its own wall clock, which may be off from
+the monitor's by any amount."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from monitor.config import DetectorConfig
+from monitor.detect import Detectors
+from tests.test_monitor_detectors import T0, Job, sweep
+
+
+def saving_group_0(phase_since: float, timeout_s: float, until: float = 12.0) -> list:
+    """A 3 x 2 job (3 s hang threshold) whose group 0 writes a checkpoint from T0 + 1 on (as the
+    monitor sees it) while groups 1 and 2 wait for it in the cross-group all_reduce; group 0's
+    ranks say the save began at ``phase_since`` by their own clock. The findings up to ``until``."""
+    job = Job()
+    det = Detectors(DetectorConfig(hang_floor_s=3.0, hang_factor=3.0,
+                                   checkpoint_timeout_s=timeout_s))
+    job.steps(20, now=T0)
+    sweep(det, job, T0)
+    job.fr.ft_collective("all_reduce", [[1000]], absent=[0, 1])
+    found, t = [], 1.0
+    while t <= until:
+        for r in (2, 3, 4, 5):
+            job.wait(r, "cross", t - 0.2, phase="allreduce")
+        for r in (0, 1):
+            job.wait(r, None)
+            job.states[r].update(phase="checkpoint", phase_since=phase_since)
+        found += sweep(det, job, T0 + t)
+        t += 1.0
+    return found
+
+
+def test_a_save_just_begun_on_a_host_an_hour_behind_is_held(caplog):
+    caplog.set_level(logging.WARNING)
+    found = saving_group_0(phase_since=T0 - 3600, timeout_s=1800.0)
+    assert found == []
+    held = [r.getMessage() for r in caplog.records if "hang held" in r.getMessage()]
+    assert len(held) == 1 and "write a checkpoint (" in held[0], held
+
+
+def test_a_save_past_the_timeout_on_the_monitors_clock_is_judged_though_the_host_is_ahead():
+    found = saving_group_0(phase_since=T0 + 3600, timeout_s=5.0)
+    assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("hang", 0, [0, 1])]
+    # first seen at T0 + 1: held while younger than the timeout by the monitor's clock
+    assert found[0].confirmed_at == pytest.approx(T0 + 6.0)

@@ -1,0 +1,128 @@
+"""``dead_rank`` is confirmed only on evidence that its group waits for the rank: a live rank of
+the group blocked in a collective or the commit vote, or the group's step unchanged for
+``--hang-factor`` median steps since the rank went down. A rank the monitor merely cannot reach
+for ``--dead-sweeps`` polls (a network blip, a starved WorkerServer) while its group steps slowly
+is no finding: its group trains on.
+
+3 replica groups x 2 ranks stepping every 4 sweeps (its ranks' step times say ~1.3 s), one sweep
+a second.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from monitor.config import DetectorConfig
+from monitor.detect import Detectors
+from tests.test_monitor_detectors import T0, Job, sweep
+
+
+def slow_job() -> tuple[Job, Detectors, float]:
+    job = Job(groups=3, ranks=2, step_s=4.0)
+    det = Detectors(DetectorConfig())  # --dead-sweeps 3, --hang-factor 3
+    now = T0
+    for i in range(12):
+        now += 1.0
+        if i % 4 == 0:
+            job.steps(1, now=now)
+        assert sweep(det, job, now) == []
+    return job, det, now
+
+
+def kinds(found) -> list[tuple]:
+    return [(f.kind, f.replica_group, f.ranks) for f in found]
+
+
+def test_a_rank_unreachable_for_three_sweeps_between_slow_steps_is_no_dead_rank():
+    """Rank 1 misses 3 polls while rank 0 computes (``forward``, no wait), then answers and its
+    group commits: nothing was found, nothing is open or resolved."""
+    job, det, now = slow_job()
+    job.down = {1}
+    for _ in range(3):
+        now += 1.0
+        assert sweep(det, job, now) == []
+    job.down = set()
+    now += 1.0
+    job.steps(1, now=now)
+    assert sweep(det, job, now) == []
+    assert det.open_findings() == [] and det.resolved_findings() == []
+
+
+@pytest.mark.parametrize("scope,phase", [("group", "commit"), ("group", "backward"),
+                                         ("cross", "allreduce")])
+def test_a_rank_whose_peer_blocks_waiting_for_it_is_dead_rank(scope, phase):
+    """Rank 1 died: rank 0 blocks in the commit vote, an in-group collective or the cross-group
+    all_reduce (each a wait longer than a median step), and the rank is ``dead_rank`` at
+    ``--dead-sweeps``, the wait in its evidence."""
+    job, det, now = slow_job()
+    job.down = {1}
+    found = []
+    for i in range(3):
+        now += 1.0
+        job.wait(0, scope, 1.5 + i, phase=phase)
+        found.append(sweep(det, job, now))
+    assert found[:2] == [[], []]
+    [f] = found[2]
+    assert kinds([f]) == [("dead_rank", 0, [1])]
+    assert f.first_seen == now - 2.0
+    assert f.evidence["held"]["blocked"] == {"0": {"scope": scope, "seconds": 3.5,
+                                                   "phase": phase}}
+
+
+def test_a_momentary_wait_of_the_peer_is_not_held():
+    """Rank 0 caught a few milliseconds into a collective, as any poll of a training rank can
+    be: no evidence that its group waits for the unreachable rank."""
+    job, det, now = slow_job()
+    job.down = {1}
+    for _ in range(3):
+        now += 1.0
+        job.wait(0, "group", 0.05, phase="commit")
+        assert sweep(det, job, now) == []
+    assert det.open_findings() == []
+
+
+def test_a_group_that_stops_stepping_holds_the_rank_without_a_wait_shown():
+    """No wait shown (none served), but the group commits nothing for 3 x its median step
+    (~1.3 s) after rank 1 went down: ``dead_rank`` then, not before; it stays open while the
+    rank is down and resolves when it answers."""
+    job, det, now = slow_job()
+    job.down = {1}
+    went_down = now + 1.0
+    found = []
+    while not found and now - went_down < 10:
+        now += 1.0
+        found = sweep(det, job, now)
+    [f] = found
+    assert kinds([f]) == [("dead_rank", 0, [1])]
+    held = f.evidence["held"]
+    assert held["stalled_s"] == now - went_down >= held["threshold_s"] > now - went_down - 1
+    assert held["threshold_s"] == pytest.approx(3 * held["median_step_s"], abs=1e-3)
+    assert 3.0 < held["threshold_s"] < 5.0
+    now += 1.0
+    assert sweep(det, job, now) == [] and kinds(det.open_findings()) == [("dead_rank", 0, [1])]
+    job.down = set()
+    now += 1.0
+    sweep(det, job, now)
+    assert det.open_findings() == []
+    assert [(f.kind, f.resolution) for f in det.resolved_findings()] == [("dead_rank", "reachable")]
+
+
+def test_a_group_committing_again_restarts_the_stall():
+    """The group commits one step while rank 1 is unreachable (torchft commits only with every
+    rank, so it lived then): the stall is counted from that commit."""
+    job, det, now = slow_job()
+    job.down = {1}
+    went_down = now + 1.0
+    found = []
+    for i in range(6):
+        now += 1.0
+        if i == 2:
+            job.steps(1, now=now)
+            stepped = now
+        found += sweep(det, job, now)
+    assert found == []  # 3 s since the commit: under the ~3.9 s threshold
+    while not found:
+        now += 1.0
+        found = sweep(det, job, now)
+    assert kinds(found) == [("dead_rank", 0, [1])] and found[0].first_seen == went_down
+    assert found[0].evidence["held"]["stalled_s"] == now - stepped
