@@ -144,6 +144,10 @@ def test_a_rolling_restart_and_a_whole_job_stop_are_no_incident(tmp_path):
         wait_until(lambda: any(r["url"] == crashed_url and not r["reachable"]
                                for r in get("/v1/ranks")), 30, interval=0.2,
                    what="the crashed rank seen down")
+        # found a crash once its group is seen held by it or gone (a rank merely unreachable
+        # from the monitor is none), and held against its host, before the job is stopped
+        wait_until(lambda: [h["host"] for h in get("/v1/hosts")["hosts"]] == ["host-b"], 30,
+                   interval=0.2, what="the crash held against its host")
         for g in cluster.groups.values():
             for p in g.rank_procs.values():
                 if p is not crashed:
@@ -158,7 +162,7 @@ def test_a_rolling_restart_and_a_whole_job_stop_are_no_incident(tmp_path):
         # (dead_rank while its group's Manager still answered, then dead: the crash alone)
         found = {(f["kind"], f["replica_group"], tuple(f["ranks"])) for f in get("/v1/findings")}
         assert found and found <= {("dead_rank", 1, (3,)), ("dead", 1, (3,))}, found
-        # held against its host alone (a dead_rank counts at once); no planned stop is
+        # held against its host alone; no planned stop is
         hosts = get("/v1/hosts")["hosts"]
         assert [h["host"] for h in hosts] == ["host-b"], hosts
         assert {o["ranks"] == [3] for o in hosts[0]["offences"]} == {True}, hosts
