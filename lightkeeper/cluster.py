@@ -236,8 +236,28 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def _signal_all(pids: list[int], sig: int) -> None:
-    for pid in pids:
+def start_time(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot, /proc/<pid>/stat), or None: no such
+    process. A PID with the start time recorded earlier is still that process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def stamped(pids: list[int]) -> list[tuple[int, int]]:
+    """``(pid, start time)`` of each of ``pids`` that runs now, for :func:`signal_same`."""
+    return [(pid, t) for pid in pids if (t := start_time(pid)) is not None]
+
+
+def signal_same(procs: list[tuple[int, int]], sig: int) -> None:
+    """Send ``sig`` to each ``(pid, start time)`` still running as that same process: a PID
+    freed since (its process exited and was reaped) may be another process's by now."""
+    for pid, started in procs:
+        if start_time(pid) != started:
+            continue
         try:
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
@@ -249,16 +269,23 @@ def stop_process(proc: subprocess.Popen, grace: float = 5.0) -> None:
     ``grace`` seconds (at once when ``grace`` is 0).
 
     Descendants are found through /proc rather than the process group: torchrun puts its
-    workers in sessions of their own, so a group signal would leave them running.
+    workers in sessions of their own, so a group signal would leave them running. A process
+    that already exited is signalled nothing: once reaped its PID is free for another process,
+    and its children, reparented when it exited, are no longer found through it.
     """
-    tree = [proc.pid, *descendants(proc.pid)]
-    if proc.poll() is None and grace > 0:
-        _signal_all(tree, signal.SIGTERM)
+    if proc.poll() is not None:
+        return
+    # not reaped yet, so proc.pid is still ours (a zombie at worst) until proc.wait()
+    tree = stamped([proc.pid, *descendants(proc.pid)])
+    if grace > 0:
+        signal_same(tree, signal.SIGTERM)
         try:
             proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             pass
-    _signal_all([proc.pid, *descendants(proc.pid), *tree[1:]], signal.SIGKILL)
+        if proc.poll() is None:  # still running: its tree as it is now, too
+            tree += stamped([proc.pid, *descendants(proc.pid)])
+    signal_same(tree, signal.SIGKILL)
     proc.wait(timeout=30)
 
 
@@ -442,7 +469,11 @@ class LocalCluster:
                                    f"{_read_text(log_path)[-2000:]}")
             return _read_text(url_path).strip() or None
 
-        self.lighthouse_url = wait_until(address, timeout, what="the Lighthouse to listen")
+        try:
+            self.lighthouse_url = wait_until(address, timeout, what="the Lighthouse to listen")
+        except BaseException:  # a Ctrl-C or timeout while it starts: none is left running
+            stop_process(proc, grace=1.0)
+            raise
         return self.lighthouse_url
 
     def start_group(self, replica_group: int, faults: list[str] | None = None,

@@ -337,8 +337,11 @@ class Demo:
 
         self.logs.mkdir(parents=True, exist_ok=True)
         self._log = open(self.dir / "demo.log", "a")
-        self.cluster.start_lighthouse()
-        self.procs.append(self.cluster.lighthouse.proc)
+        try:
+            self.cluster.start_lighthouse()  # stops its process itself if it fails to start
+        finally:  # a Ctrl-C as it returns: the Lighthouse is stopped with the rest
+            if self.cluster.lighthouse is not None:
+                self.procs.append(self.cluster.lighthouse.proc)
         self.event("lighthouse", None, self.cluster.lighthouse_url)
         self.start_monitor()
         self.cluster.extra_env["LIGHTKEEPER_MONITOR"] = self.monitor_url
@@ -928,14 +931,15 @@ class Demo:
     def stop(self, grace: float = 3.0) -> None:
         """Stop every process the demo started and their descendants, by PID: SIGTERM to all at
         once, ``grace`` seconds for all of them together, then SIGKILL whatever is left."""
-        from .cluster import descendants, stop_process
+        from .cluster import descendants, signal_same, stamped, stop_process
 
         self.stopping = True
         self.status = "stopping"
         running = [p for p in reversed(self.procs) if p.poll() is None]
-        # the trees as they are now: a child whose parent exits is no longer its descendant
-        trees = {p.pid: [p.pid, *descendants(p.pid)] for p in running}
-        self._kill([pid for tree in trees.values() for pid in tree], signal.SIGTERM)
+        # the trees as they are now: a child whose parent exits is no longer its descendant.
+        # With start times: a PID that exits during the grace may be another process's after
+        trees = {p: stamped([p.pid, *descendants(p.pid)]) for p in running}
+        signal_same([pp for tree in trees.values() for pp in tree], signal.SIGTERM)
         end = time.monotonic() + grace
         for p in running:
             try:
@@ -945,20 +949,12 @@ class Demo:
         for p in reversed(self.procs):
             try:
                 stop_process(p, grace=0.0)  # SIGKILL the rest of its tree and reap it
-                self._kill(trees.get(p.pid, [])[1:], signal.SIGKILL)
+                signal_same(trees.get(p, [])[1:], signal.SIGKILL)
             except Exception as e:  # keep stopping the others
                 self.say(f"lightkeeper demo: could not stop PID {p.pid}: {e}")
         if self._log:
             self._log.close()
             self._log = None
-
-    @staticmethod
-    def _kill(pids: list[int], sig: int) -> None:
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
 
     def pids(self) -> list[int]:
         return sorted({p.pid for p in self.procs} | self.rank_pids)
@@ -978,9 +974,6 @@ def missing_trainer_packages() -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .cluster import ClusterError
-    from .report import write_report
-
     bad = _bad_numbers(args)
     if bad:
         print(f"lightkeeper demo: {bad}", file=sys.stderr)
@@ -1018,9 +1011,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"lightkeeper demo: needs {' and '.join(missing)} to train; install them with "
               "pip install 'lightkeeper[trainer]' (docs/install.md)", file=sys.stderr)
         return 2
+    # From here a SIGTERM is a Ctrl-C: the default action would leave the namespaces being
+    # built, and every process started, behind
+    old_term = signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        return _run(args, plans, report_dir, old_term)
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+
+
+def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old_term) -> int:
+    from .cluster import ClusterError
+    from .report import write_report
+
     fabric, hosts_note = None, None
     if not args.one_host and args.hosts != "loopback":
-        fabric, hosts_note = build_fabric(args.groups + args.spare_hosts)
+        try:
+            fabric, hosts_note = build_fabric(args.groups + args.spare_hosts)
+        except KeyboardInterrupt:  # what was made of the hosts is removed already
+            print("\nlightkeeper demo: interrupted while building the hosts; nothing started",
+                  file=sys.stderr)
+            return 130
         if fabric is None and args.hosts == "netns":
             print(f"lightkeeper demo: --hosts netns: {hosts_note}", file=sys.stderr)
             return 2
@@ -1073,7 +1084,6 @@ def run(args: argparse.Namespace) -> int:
     inside.__enter__()  # the demo's own requests reach the job's network
     demo.deadline = args.duration if args.duration is not None else (
         60.0 if not faults and not args.steps else None)
-    old_term = signal.signal(signal.SIGTERM, _sigterm)
     code = 0
     try:
         print(f"lightkeeper demo: {args.groups} replica groups x {args.ranks_per_group} rank(s); "

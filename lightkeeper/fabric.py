@@ -316,7 +316,8 @@ class Fabric:
 
     def up(self) -> Fabric:
         """Build the namespaces, bridge, veths and hosts files; wait until every link is up.
-        On failure remove everything made so far and raise :class:`FabricError`."""
+        On failure remove everything made so far and raise :class:`FabricError`; on Ctrl-C
+        (KeyboardInterrupt) or SystemExit, remove it and re-raise that unchanged."""
         if self._closed or self._made_ns:
             raise FabricError("a fabric is built once")
         atexit.register(self.close)
@@ -324,7 +325,9 @@ class Fabric:
             self._build()
         except BaseException as e:
             self.close()
-            if isinstance(e, FabricError):
+            # an interrupt stays one: a FabricError means "cannot be built here", and the
+            # demo would go on with loopback hosts
+            if isinstance(e, FabricError) or not isinstance(e, Exception):
                 raise
             raise FabricError(f"building the fabric failed: {e}") from e
         return self

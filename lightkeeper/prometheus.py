@@ -161,7 +161,8 @@ def start(config: str | os.PathLike | dict | list[str], workdir: str | os.PathLi
 
     ``config``: a YAML file path, a config dict, or a list of scrape targets (then
     ``scrape_interval`` and ``rule_files`` shape the generated config). Waits until the server
-    is ready; raises PrometheusError if it does not become ready.
+    is ready; raises PrometheusError if it does not become ready. Interrupted while it waits
+    (Ctrl-C), it stops the process first.
     """
     exe = binary()
     if exe is None:
@@ -192,18 +193,29 @@ def start(config: str | os.PathLike | dict | list[str], workdir: str | os.PathLi
                                     cwd=config_path.parent)
         server = PrometheusServer(f"http://127.0.0.1:{port}", proc.pid, proc, workdir, log_path,
                                   config_path)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                break
-            try:
-                if requests.get(f"{server.url}/-/ready", timeout=1).status_code == 200:
-                    return server
-            except requests.RequestException:
-                pass
-            time.sleep(0.1)
+        try:
+            if _wait_ready(server, timeout):
+                return server
+        except BaseException:  # a Ctrl-C or SIGTERM while it starts: none is left running
+            server.stop(grace=1.0)
+            raise
         last_error = server.log()
         server.stop()
         if "address already in use" not in last_error:
             break
     raise PrometheusError(f"Prometheus did not become ready:\n{last_error}")
+
+
+def _wait_ready(server: PrometheusServer, timeout: float) -> bool:
+    """Whether ``server`` answers /-/ready within ``timeout`` s (False: it exited, or not yet)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            return False
+        try:
+            if requests.get(f"{server.url}/-/ready", timeout=1).status_code == 200:
+                return True
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    return False

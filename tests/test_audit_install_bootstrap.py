@@ -67,3 +67,30 @@ def test_a_c_reader_that_cannot_build_is_not_retried_every_run(tmp_path):
     os.utime(stamp, (stamp.stat().st_atime - 10, stamp.stat().st_mtime - 10))
     (root / "setup.py").touch()
     assert bootstrap(root).returncode == 0 and installs(root) == 2
+
+
+def test_installing_prometheus_stops_only_the_service_the_install_started(tmp_path):
+    """``--prometheus`` as root where none is installed: apt-get installs it (no Recommends, so
+    no node exporter), bootstrap stops the system Prometheus the package started, and kills
+    nothing else (a node exporter running there is the operator's). Faked: apt-get, systemctl
+    and every process killer record their calls; PATH holds only them and what bash needs."""
+    root = checkout(tmp_path)
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    calls = tmp_path / "calls.log"
+    for tool in ("dirname", "cat", "grep", "env"):
+        (shims / tool).symlink_to(shutil.which(tool))
+    fakes = {"id": "echo 0", "python3": "exit 0",
+             **{n: f'echo "{n} $*" >> "{calls}"'
+                for n in ("apt-get", "systemctl", "pkill", "killall", "pgrep")}}
+    for name, body in fakes.items():
+        (shims / name).write_text(f"#!/bin/sh\n{body}\n")
+        (shims / name).chmod(0o755)
+    env = {"PATH": str(shims), "CC": "true", "HOME": str(root)}
+    done = subprocess.run([shutil.which("bash"), str(root / "bin/bootstrap"), "--prometheus"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = calls.read_text().splitlines()
+    assert "apt-get install -y -qq --no-install-recommends prometheus" in lines, lines
+    assert "systemctl stop prometheus" in lines, lines
+    assert not [line for line in lines if line.split()[0] in ("pkill", "killall", "pgrep")]

@@ -1,0 +1,206 @@
+"""What the demo started is stopped, and only that: a reaped process is signalled nothing (its PID
+may be another process's by now), a Lighthouse or Prometheus interrupted while it starts is
+stopped, and a Ctrl-C or SIGTERM while the namespaced hosts are built ends the demo after
+removing them instead of falling back to loopback hosts.
+
+In-process; the "servers" are ``sleep`` scripts, no namespace is made (``Fabric._build`` is
+replaced)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lightkeeper import cluster as cluster_mod
+from lightkeeper import demo as demo_mod
+from lightkeeper import prometheus
+from lightkeeper.cluster import LocalCluster, stop_process
+from lightkeeper.fabric import Fabric, FabricError
+
+
+def _sleeper(tmp_path: Path) -> tuple[Path, Path]:
+    """A stand-in server: writes its PID to a file, then sleeps (whatever its arguments)."""
+    pid_file = tmp_path / "server.pid"
+    exe = tmp_path / "server"
+    exe.write_text(f'#!/bin/sh\necho $$ > "{pid_file}.tmp"\nmv "{pid_file}.tmp" "{pid_file}"\n'
+                   "exec sleep 30\n")
+    exe.chmod(0o755)
+    return exe, pid_file
+
+
+def _started_pid(pid_file: Path) -> int:
+    deadline = time.monotonic() + 10
+    while not pid_file.exists():
+        assert time.monotonic() < deadline, "the stand-in server never started"
+        time.sleep(0.005)
+    return int(pid_file.read_text())
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _kill_left(pid: int | None) -> None:
+    if pid is not None and _running(pid):  # only where the code under test left it
+        os.kill(pid, signal.SIGKILL)
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    demo_mod.add_arguments(p)
+    return p.parse_args(list(argv))
+
+
+# --- a reaped process ------------------------------------------------------------------------
+def test_a_reaped_process_is_signalled_nothing(monkeypatch):
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    sent = []
+    monkeypatch.setattr(cluster_mod.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    stop_process(proc, grace=0)
+    stop_process(proc, grace=1.0)
+    assert sent == []
+
+
+def test_a_demo_stops_none_of_its_processes_that_already_exited(tmp_path, monkeypatch):
+    from lightkeeper.scenario import Scenario
+
+    demo = demo_mod.Demo(_args(), Scenario(), tmp_path)
+    done = subprocess.Popen(["true"])
+    done.wait()  # an evicted group's process, long gone: its PID may be reused
+    demo.procs.append(done)
+    sent = []
+    monkeypatch.setattr(cluster_mod.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    demo.stop(grace=0)
+    assert sent == []
+
+
+def test_a_remembered_pid_that_is_another_process_now_is_not_signalled(monkeypatch):
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        remembered = cluster_mod.stamped([proc.pid])
+        assert [pid for pid, _ in remembered] == [proc.pid]
+        sent = []
+        with monkeypatch.context() as m:
+            m.setattr(cluster_mod.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+            cluster_mod.signal_same(remembered, signal.SIGTERM)
+            # the same PID with another start time: a process that came after it
+            cluster_mod.signal_same([(proc.pid, remembered[0][1] + 1)], signal.SIGKILL)
+        assert sent == [(proc.pid, signal.SIGTERM)]
+    finally:
+        stop_process(proc, grace=0)
+    assert proc.returncode == -signal.SIGKILL
+
+
+# --- interrupted while starting --------------------------------------------------------------
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, TimeoutError])
+def test_a_lighthouse_interrupted_while_it_starts_is_stopped(tmp_path, monkeypatch, interrupt):
+    exe, pid_file = _sleeper(tmp_path)
+    monkeypatch.setattr(sys, "executable", str(exe))
+
+    def wait_until(predicate, timeout, **_):
+        _started_pid(pid_file)
+        raise interrupt()  # a Ctrl-C, or the 30 s running out, as it waits for the URL
+
+    monkeypatch.setattr(cluster_mod, "wait_until", wait_until)
+    cluster = LocalCluster(tmp_path / "logs")
+    pid = None
+    try:
+        with pytest.raises(interrupt):
+            cluster.start_lighthouse()
+        pid = _started_pid(pid_file)
+        assert not _running(pid)
+    finally:
+        _kill_left(pid)
+
+
+def test_a_prometheus_interrupted_while_it_starts_is_stopped(tmp_path, monkeypatch):
+    exe, pid_file = _sleeper(tmp_path)
+    monkeypatch.setenv("PROMETHEUS_BIN", str(exe))
+
+    def ready(*_a, **_k):
+        _started_pid(pid_file)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prometheus.requests, "get", ready)
+    pid = None
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            prometheus.start(["127.0.0.1:9"], tmp_path / "prom")
+        pid = _started_pid(pid_file)
+        assert not _running(pid)
+    finally:
+        _kill_left(pid)
+
+
+# --- interrupted while the hosts are built ---------------------------------------------------
+@pytest.fixture
+def fabric_build(monkeypatch):
+    """``Fabric`` with its checks passing and ``_build`` replaced (set ``.build``); records
+    ``close`` calls. Going on after the hosts is a test failure, not a demo."""
+    state = argparse.Namespace(build=None, closed=0)
+    monkeypatch.setattr(Fabric, "unavailable", staticmethod(lambda: None))
+    monkeypatch.setattr(Fabric, "sweep_stale", staticmethod(lambda: []))
+    monkeypatch.setattr(Fabric, "_build", lambda self: state.build())
+    close = Fabric.close
+
+    def closing(self):
+        state.closed += 1
+        close(self)
+
+    monkeypatch.setattr(Fabric, "close", closing)
+
+    def went_on():
+        raise AssertionError("the demo went on after the hosts were interrupted")
+
+    monkeypatch.setattr(demo_mod, "acquire_lock", went_on)
+    monkeypatch.setattr(demo_mod, "missing_trainer_packages", lambda: [])
+    return state
+
+
+def test_ctrl_c_while_the_hosts_are_built_removes_them_and_ends_the_demo(fabric_build, capsys):
+    def interrupted():
+        raise KeyboardInterrupt
+
+    fabric_build.build = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        demo_mod.build_fabric(3)
+    assert fabric_build.closed == 1
+    before = signal.getsignal(signal.SIGTERM)
+    assert demo_mod.run(_args("--no-faults")) == 130
+    assert fabric_build.closed == 2
+    assert "interrupted" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_sigterm_while_the_hosts_are_built_removes_them_and_ends_the_demo(fabric_build):
+    def terminated():
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, signal.SIG_IGN, None):
+            # its default action would end this process with the namespaces left behind
+            raise AssertionError("no SIGTERM handler while the hosts are built")
+        signal.raise_signal(signal.SIGTERM)
+
+    fabric_build.build = terminated
+    assert demo_mod.run(_args("--no-faults", "--hosts", "netns")) == 130
+    assert fabric_build.closed == 1
+
+
+def test_a_build_that_fails_is_still_a_fabric_error(fabric_build):
+    def fails():
+        raise OSError("no bridge here")
+
+    fabric_build.build = fails
+    with pytest.raises(FabricError, match="building the fabric failed: no bridge here"):
+        Fabric.create(["node-0"])
+    assert fabric_build.closed == 1
