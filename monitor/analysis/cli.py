@@ -95,37 +95,49 @@ class Inputs:
 
 def expand(paths: list[str], quorum: int | None = None) -> Inputs:
     """Bundles unpacked (their ``fr/`` folder read), torchft's per-quorum folders narrowed to one
-    quorum; any other PATH as given. A bad bundle or a missing quorum is an ``errors`` entry."""
+    quorum; any other PATH as given. A bad bundle, a missing quorum or a PATH that cannot be
+    listed is an ``errors`` entry."""
     out = Inputs()
     for raw in paths:
-        if is_bundle(raw):
-            try:
-                b = open_bundle(raw)
-            except BundleError as e:
-                out.errors.append({"path": raw, "error": str(e)})
-                continue
-            out.bundles.append(b)
-            out.paths.append(b.fr_dir)
-            if b.error:
-                out.errors.append({"path": raw, "error": b.error})
-            continue
-        folders = quorum_folders(raw) if not Path(raw).is_file() else {}
-        if not folders:
-            if quorum is not None:  # read as given, but --quorum picked nothing here
-                out.errors.append({"path": raw, "error": f"--quorum {quorum}: no torchft quorum folders here"})
-            out.paths.append(raw)
-            continue
-        got = pick(folders, quorum)
-        if got is None:
-            out.errors.append({"path": raw, "error": f"no torchft folder of quorum {quorum} (found {sorted(folders)})"})
-            continue
-        for q in sorted(folders):
-            out.quorums.append({"quorum_id": q, "path": str(folders[q]), "read": q == got[0]})
-        out.paths.append(str(got[1]))
-        if Path(raw).is_dir() and (beside := [p for p in Path(raw).iterdir() if p.is_file() and not p.name.startswith(".")]):
-            out.errors.append({"path": raw, "error": f"{len(beside)} file(s) beside its torchft quorum folders "
-                               "not read (name them to read them)"})
+        try:
+            _expand(raw, quorum, out)
+        except OSError as exc:  # a folder this user may not list (or look into): said, not a traceback
+            from .loader import unreadable
+
+            out.errors.append(unreadable(raw, exc))
     return out
+
+
+def _expand(raw: str, quorum: int | None, out: Inputs) -> None:
+    """``raw`` added to ``out``: as in :func:`expand`; ``OSError`` when it cannot be looked at."""
+    if is_bundle(raw):
+        try:
+            b = open_bundle(raw)
+        except BundleError as e:
+            out.errors.append({"path": raw, "error": str(e)})
+            return
+        out.bundles.append(b)
+        out.paths.append(b.fr_dir)
+        if b.error:
+            out.errors.append({"path": raw, "error": b.error})
+        return
+    folders = quorum_folders(raw) if not Path(raw).is_file() else {}
+    if not folders:
+        if quorum is not None:  # read as given, but --quorum picked nothing here
+            out.errors.append({"path": raw, "error": f"--quorum {quorum}: no torchft quorum folders here"})
+        out.paths.append(raw)
+        return
+    got = pick(folders, quorum)
+    if got is None:
+        out.errors.append({"path": raw, "error": f"no torchft folder of quorum {quorum} (found {sorted(folders)})"})
+        return
+    beside = [p for p in Path(raw).iterdir() if p.is_file() and not p.name.startswith(".")] if Path(raw).is_dir() else []
+    for q in sorted(folders):
+        out.quorums.append({"quorum_id": q, "path": str(folders[q]), "read": q == got[0]})
+    out.paths.append(str(got[1]))
+    if beside:
+        out.errors.append({"path": raw, "error": f"{len(beside)} file(s) beside its torchft quorum folders "
+                           "not read (name them to read them)"})
 
 
 def _span(ranks: list[int]) -> str:

@@ -360,10 +360,17 @@ def _groups(trace: RankTrace, cols: Sequence, durations: Sequence, duration_kind
         sigs = [sig_ids[keyed]] * count if isinstance(keyed, bytes) else list(map(sig_ids.__getitem__, keyed))
         first_seq = g_seqs[0]
         if g_seqs[-1] - first_seq == count - 1 and g_seqs == tuple(range(first_seq, first_seq + count)):
-            trace.groups[key] = build(first_seq, sigs, codes, take(created), take(durations), kinds)
+            g_created, g_durations, g_kinds = take(created), take(durations), kinds
         else:
             g = _irregular(g_seqs, sigs, codes, take(created), take(durations), signatures, sig_ids)
-            trace.groups[key] = build(g.first_seq, g.sigs, g.states, g.created_ns, g.duration_ms, (None, None))
+            first_seq, sigs, codes = g.first_seq, g.sigs, g.states
+            g_created, g_durations, g_kinds = g.created_ns, g.duration_ms, (None, None)
+        if trace.wrapped and sigs[0] is not None and signatures[sigs[0]].op == "coalesced":
+            # the ring buffer may have overwritten this coalesced collective's first parts (its
+            # parts and closing entry share one seq): what is left of it does not testify
+            sigs[0] = None
+            g_created, g_durations, g_kinds = [0, *g_created[1:]], [NAN, *g_durations[1:]], (None, None)
+        trace.groups[key] = build(first_seq, sigs, codes, g_created, g_durations, g_kinds)
     return True
 
 

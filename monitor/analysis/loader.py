@@ -73,8 +73,13 @@ def _candidates(paths: Iterable[str | Path], errors: list[dict[str, str]], prefi
     files: list[Path] = []
     for raw in paths:
         path = Path(raw)
-        if path.is_dir():
-            found = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+        try:
+            is_dir = path.is_dir()
+            found = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")) if is_dir else []
+        except OSError as exc:  # a folder this user may not list: said, and the others read
+            errors.append(unreadable(path, exc))
+            continue
+        if is_dir:
             if prefix is not None:
                 found = [p for p in found if p.name.startswith(prefix)]
             elif len(jobs := _prefixes(found)) > 1:  # two jobs' rank 0s: neither is "the" rank 0
@@ -88,6 +93,12 @@ def _candidates(paths: Iterable[str | Path], errors: list[dict[str, str]], prefi
         else:
             errors.append({"path": str(path), "error": "no such file or directory"})
     return files
+
+
+def unreadable(path: str | Path, exc: OSError) -> dict[str, str]:
+    """The ``errors`` entry of a PATH that could not be listed or looked at (``exc``)."""
+    what = f"cannot read {exc.filename}" if exc.filename and str(exc.filename) != str(path) else "cannot read it"
+    return {"path": str(path), "error": f"{what}: {exc.strerror or type(exc).__name__}"}
 
 
 def _prefixes(files: list[Path]) -> dict[str, int]:

@@ -62,7 +62,10 @@ class StragglerEvidence:
         hi = min(t.last_seq for t in rows.values())
         if hi < lo:
             return
-        if all(self.traces[r].flavour == "nccl" for r in members):
+        # torch records durations only with TORCH_NCCL_ENABLE_TIMING: without them, NCCL's
+        # dumps are compared by enqueue times like gloo's
+        if all(self.traces[r].flavour == "nccl" and _timed(_window(rows[r].duration_ms, rows[r].first_seq, lo, hi))
+               for r in members):
             subsets, kind = [members], "duration_ms"
         else:
             by_host: defaultdict[str, list[int]] = defaultdict(list)
@@ -279,6 +282,10 @@ def _period_ms(created: list[Any]) -> float:
 
 def _median(values: list[float]) -> float:
     return sorted(values)[len(values) // 2] if values else 0.0
+
+
+def _timed(durations: Any) -> bool:
+    return any(d == d for d in durations)  # NaN: no duration
 
 
 def _window(values: Any, first_seq: int, lo: int, hi: int) -> Any:

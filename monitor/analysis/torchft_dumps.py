@@ -18,10 +18,16 @@ _QUORUM = re.compile(r"^(?P<prefix>.*)_quorum_(?P<quorum>-?\d+)$")
 
 def quorum_folders(path: str | Path) -> dict[int, Path]:
     """quorum id -> folder, for ``path`` a folder holding ``*_quorum_<id>`` folders, or the
-    prefix itself (the value of ``TORCH_FR_DUMP_TEMP_FILE``) beside which they lie; {} else."""
+    prefix itself (the value of ``TORCH_FR_DUMP_TEMP_FILE``) beside which they lie; {} else.
+    ``OSError`` when the folder to look in cannot be listed."""
     p = Path(path)
-    inside = _folders(p, None) if p.is_dir() else {}
-    return inside or (_folders(p.parent, p.name) if p.name and p.parent.is_dir() else {})
+    if not p.is_dir():
+        return _folders(p.parent, p.name) if p.name and p.parent.is_dir() else {}
+    inside = _folders(p, None)
+    try:
+        return inside or (_folders(p.parent, p.name) if p.name else {})
+    except OSError:  # a folder of dumps inside one this user may not list: read as given
+        return {}
 
 
 def _folders(parent: Path, prefix: str | None) -> dict[int, Path]:
