@@ -40,6 +40,7 @@ import requests
 from http_serving import printable
 
 from .faulttrack import Deadlines, FaultTrack, Observation, Strike, finding_culprits
+from .recovery import GOODPUT_INCIDENTS, merge_goodput
 from .scenario import FaultPlan, Scenario, default_faults, parse_inject, soak_faults
 
 LOCK_NAME = "lightkeeper-demo.lock"
@@ -236,7 +237,7 @@ class Demo:
         self.latest: dict[int, list[dict]] = {}  # group -> latest rank states
         self.findings: list[dict] = []
         self.evictions: list[dict] = []
-        self.goodput: dict | None = None        # the monitor's newest /v1/goodput
+        self.goodput: dict | None = None  # the newest /v1/goodput, with every incident seen
         self.lighthouse_log: list[dict] = []    # the Lighthouse's /status, each change
         self._lh_reader = None
         self.tracks: list[FaultTrack] = []      # one story per fault, in arming order
@@ -562,9 +563,9 @@ class Demo:
             self.lighthouse_log.append({"t": t, **entry})
 
     def poll_goodput(self) -> None:
-        g = self.monitor_get("/v1/goodput?incidents=50&intervals=0")
+        g = self.monitor_get(f"/v1/goodput?incidents={GOODPUT_INCIDENTS}&intervals=0")
         if isinstance(g, dict):
-            self.goodput = g
+            self.goodput = merge_goodput(self.goodput, g)
 
     def poll_hosts(self) -> None:
         """The monitor's host ledger (``GET /v1/hosts``): one event per host quarantined,

@@ -181,6 +181,31 @@ def stages(fault: dict, samples: list[dict], lighthouse: list[dict], evictions: 
 
 
 # --- the monitor's ledger ---------------------------------------------------------------------
+# incidents asked of GET /v1/goodput each poll (its default): far more than one poll ever opens
+GOODPUT_INCIDENTS = 50
+
+
+def merge_goodput(old: dict | None, new: dict | None) -> dict | None:
+    """The newest ``/v1/goodput`` document (``old`` when the poll got none), its ``incidents``
+    completed with those an earlier poll saw that it no longer lists: the API lists the newest
+    ``GOODPUT_INCIDENTS`` only, and a long run's (a soak's) later incidents push an early fault's
+    out, its cost and recovery then lost to the report and its wait for the ledger never over.
+    Each incident in its newest version seen, newest first."""
+    if not isinstance(new, dict):
+        return old
+    if not isinstance(old, dict):
+        return new
+    listed = [i for i in new.get("incidents") or [] if isinstance(i, dict)]
+    ids = {i.get("id") for i in listed}
+    kept = [i for i in old.get("incidents") or [] if isinstance(i, dict)
+            and i.get("id") not in ids]
+    if not kept:
+        return new
+    merged = sorted(listed + kept, key=lambda i: i["id"] if isinstance(i.get("id"), int)
+                    else -1, reverse=True)
+    return {**new, "incidents": merged}
+
+
 def ledger_incident(fault: dict, goodput: dict | None, t0_unix: float) -> dict | None:
     """The monitor's incident for ``fault``: same replica group, detected within 1.5 s of the
     fault's detection (else the first whose onset lies between the strike and the rejoin)."""

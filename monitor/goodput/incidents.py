@@ -16,6 +16,8 @@ from .pace import JobPace
 # first_seen dates a straggler from the start of its first late step: a strike inside that step
 # (a later fault of the same rank is not its cause) comes this much after it at most
 STRIKE_SLACK_S = 1.0
+# faults that slow the job's commits, not only stop them: their slow commits are their drag
+DRAG_KINDS = frozenset({"straggler", "network", "job_slow"})
 
 
 class Incidents(dict[int, Incident]):
@@ -29,17 +31,30 @@ class Incidents(dict[int, Incident]):
         self.seen_evictions: set[int] = set()
         self.open_findings = 0  # in the last sweep
         self.dirty: set[int] = set()  # changed since the last save
+        self.swept = False  # a sweep's findings ingested (a restored ledger: not yet)
+        # incidents whose findings a monitor restart closed, and until when they wait for the
+        # restarted monitor to confirm the same fault again
+        self.held: set[int] = set()
+        self.held_until = 0.0
 
     def ingest_findings(self, view: ClusterView, findings: list[dict[str, Any]], now: float,
-                        since: float | None) -> None:
+                        since: float | None, horizon: float) -> None:
         """Open an incident per new faulty incarnation (a later finding about the same replica
-        id joins it); one whose findings all cleared is resolved."""
-        open_ids = set()
+        id joins it); one whose findings all cleared is resolved. On a restored ledger's first
+        sweep, the open incidents none of whose findings is open lost them to the restart
+        (``monitor_restarted``): they are resolved only ``horizon`` later, unless the restarted
+        monitor confirms the same fault again meanwhile (it joins them)."""
+        open_ids = {fid for fid in map(as_int, (f.get("id") for f in findings))
+                    if fid is not None}
+        if not self.swept:
+            self.swept = True
+            self.held = {i.id for i in self.open() if i.finding_ids and i.resolved_at is None
+                         and not open_ids.intersection(i.finding_ids)}
+            self.held_until = now + horizon
         for f in findings:
             fid = as_int(f.get("id"))
             if fid is None:
                 continue
-            open_ids.add(fid)
             if any(fid in i.finding_ids for i in self.values()):
                 continue
             same = [i for i in self.values() if i.open
@@ -49,6 +64,7 @@ class Incidents(dict[int, Incident]):
             if same:
                 same[-1].finding_ids.append(fid)
                 same[-1].resolved_at = None
+                self.held.discard(same[-1].id)
                 self.dirty.add(same[-1].id)
                 continue
             job = self._explained(f)
@@ -57,9 +73,11 @@ class Incidents(dict[int, Incident]):
                 continue
             self._open(f, fid, view, now, since)
         self.open_findings = len(open_ids)
+        if now >= self.held_until:
+            self.held.clear()
         for inc in self.values():
             if inc.finding_ids and inc.resolved_at is None and inc.open \
-                    and not open_ids.intersection(inc.finding_ids):
+                    and inc.id not in self.held and not open_ids.intersection(inc.finding_ids):
                 inc.resolved_at = now
                 self.dirty.add(inc.id)
 
@@ -204,11 +222,13 @@ class Incidents(dict[int, Incident]):
         return max((i for i in self.open() if i.evicted_at is not None and i.evicted_at < t
                     and i.back_to_pace_at is None), key=lambda i: i.evicted_at, default=None)
 
-    def explaining(self, straggler: bool) -> Incident | None:
-        """The latest open incident of a straggler not evicted (gone, it drags nothing; its
-        group may never return), or of anything else."""
-        return max((i for i in self.open() if (i.kind == "straggler") == straggler
-                    and not (straggler and i.evicted_at is not None)),
+    def explaining(self, drag: bool) -> Incident | None:
+        """The latest open incident not yet acted on, of a fault that slows commits (``drag``)
+        or of one that may stop them (anything but a straggler). Evicted or its findings
+        cleared, it explains no later slowness or stall (its group may never return; an
+        eviction the job is still recovering from is :meth:`recovering`'s)."""
+        return max((i for i in self.open() if i.evicted_at is None and i.resolved_at is None
+                    and (i.kind in DRAG_KINDS if drag else i.kind != "straggler")),
                    key=lambda i: (i.detected_at, i.id), default=None)
 
     def of_group(self, g: int | None) -> Incident | None:

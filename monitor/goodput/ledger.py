@@ -15,7 +15,7 @@ import numpy as np
 from monitor.evidence.view import ClusterView
 
 from .columns import CommitReader, History, Judged, Slots, key_of
-from .incidents import Incidents
+from .incidents import DRAG_KINDS, Incidents
 from .model import PENDING, UNSEEN, GoodputConfig, Incident, Interval, Run, SweepAccount
 from .pace import JobPace, pace_of
 from .report import GoodputReport
@@ -70,7 +70,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         deltas = self.reader.read(view, in_quorum, self.slots, self.hist.next, now,
                                   self.last_at is None)
         self.hist.append(now, self.slots.cum, self.job.window)
-        self.incidents.ingest_findings(view, findings, now, self.since)
+        self.incidents.ingest_findings(view, findings, now, self.since, self.job.horizon)
         self.incidents.ingest_evictions(evictions, now, self.since)
         job_moved = self.job.ingest(self.reader.quorum_steps, now, self.reader.step_at)
         if self.since is None:
@@ -102,7 +102,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         return acct
 
     def _explain(self, inc: Incident) -> None:
-        """A new incident claims the unsettled badput since its onset that it explains."""
+        """A new incident claims the unsettled badput since its onset that it explains: a
+        fault that slows commits (DRAG_KINDS) the slow time with commits as its drag."""
         for r in self.runs:
             if r.t1 <= inc.onset_at:
                 continue
@@ -111,6 +112,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             elif (r.cause == PENDING and r.idle) or (inc.kind != "straggler"
                                                       and self._provisional(r)):
                 r.cause = "stall"
+            elif r.cause == PENDING and inc.kind in DRAG_KINDS:
+                r.cause = "straggler_drag"
             elif r.incident is not None or not (
                     r.cause == "stall" or (r.cause == "capacity_lost"
                                            and r.groups[0] == inc.replica_group)):
@@ -124,7 +127,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         b, J, S = self.baseline, self.judged, self.slots
         if b is None or not J:
             return
-        cause = "straggler_drag" if inc.kind == "straggler" else "stall"
+        cause = "straggler_drag" if inc.kind in DRAG_KINDS else "stall"
         t_on, n = inc.onset_at, len(S)
         t0, t1, before, after, credit = J.dense(n)
         judged = ~np.isnan(credit)
@@ -197,14 +200,14 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         stall = not startup and (self.last_commit_at is None
                                  or now - self.last_commit_at >= window)
         recovering = incs.recovering(now)
-        straggler, other = incs.explaining(straggler=True), incs.explaining(straggler=False)
+        drag, other = incs.explaining(drag=True), incs.explaining(drag=False)
         idle = not job_moved and not committed
         # the pace window never reaches back across the onset of an incident not acted on
         cuts = [i.onset_at for i in incs.open() if i.evicted_at is None
                 and i.resolved_at is None and now - window < i.onset_at < now]
         self.judged.drop_before(now - self.job.horizon)
         if stall and recovering is None:
-            self._pending_to_stall(other or straggler)
+            self._pending_to_stall(other or drag)
         slow = False
         if cuts:
             window = min(window, now - max(cuts))
@@ -230,11 +233,11 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
                 if recovering is not None:
                     cause, inc = "recovery", recovering
                 elif stall:
-                    cause, inc = "stall", other or straggler
+                    cause, inc = "stall", other or drag
                 elif idle and other is not None:  # a straggler slows, never stops
                     cause, inc = "stall", other
-                elif straggler is not None:
-                    cause, inc = "straggler_drag", straggler
+                elif drag is not None:  # slow, still committing
+                    cause, inc = "straggler_drag", drag
                 else:
                     cause, inc, slow = PENDING, None, True
                 self._book(self._run(t0, now, inside[below], rest[below].tolist(), cause,

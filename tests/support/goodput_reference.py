@@ -5,7 +5,11 @@ monitor/goodput.py) at e1d5fb6, verbatim; the dataclasses, constants and value h
 left alone are imported from monitor/goodput/. Not used by the monitor; do not change the ledger
 here to follow monitor/goodput/ (that is what the test checks). One later change of behaviour
 was made here too, by intent: the job's step history dated from the ranks' commit time
-(``_ingest_job_step``, ``_back_at``), and its window held to 3 steps before a baseline."""
+(``_ingest_job_step``, ``_back_at``), and its window held to 3 steps before a baseline. And
+later ones: an incident acted on (evicted or cleared) explains no later stall or drag, a
+network or job-wide slowdown's slow commits are its drag (``_explaining``, ``_claim_unsettled``,
+``_rejudge``), and the incidents whose findings a monitor restart closed wait a horizon for the
+same fault confirmed again (``_ingest_findings``)."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from operator import is_not
 from typing import Any
 
 from monitor.evidence.view import ClusterView
+from monitor.goodput.incidents import DRAG_KINDS
 from monitor.goodput.model import (  # the data and helpers the columns did not change
     CAUSES,
     JOB_RESTART_STEPS,
@@ -167,6 +172,9 @@ class GoodputLedger:
         # for the store: what changed since the last save
         self._dirty_incidents: set[int] = set()
         self._closed_intervals: list[Interval] = []
+        self._swept = False  # findings ingested (a restored ledger: not yet)
+        self._held: set[int] = set()  # findings closed by a restart: wait for them again
+        self._held_until = 0.0
 
     # --- derived settings ------------------------------------------------------------
     @property
@@ -309,6 +317,12 @@ class GoodputLedger:
                          now: float) -> None:
         open_ids = set()
         self.open_findings = sum(1 for f in findings if _int(f.get("id")) is not None)
+        if not self._swept:
+            self._swept = True
+            now_open = {_int(f.get("id")) for f in findings}
+            self._held = {i.id for i in self._open_incidents() if i.finding_ids
+                          and i.resolved_at is None and not now_open.intersection(i.finding_ids)}
+            self._held_until = now + self.horizon
         for f in findings:
             fid = _int(f.get("id"))
             if fid is None:
@@ -326,12 +340,15 @@ class GoodputLedger:
             if same:
                 same[-1].finding_ids.append(fid)
                 same[-1].resolved_at = None
+                self._held.discard(same[-1].id)
                 self._dirty_incidents.add(same[-1].id)
                 continue
             self._open_incident(f, fid, view, now)
+        if now >= self._held_until:
+            self._held.clear()
         for inc in self.incidents.values():
             if inc.finding_ids and inc.resolved_at is None and inc.open \
-                    and not open_ids.intersection(inc.finding_ids):
+                    and inc.id not in self._held and not open_ids.intersection(inc.finding_ids):
                 inc.resolved_at = now
                 self._dirty_incidents.add(inc.id)
 
@@ -372,7 +389,7 @@ class GoodputLedger:
         b = self.baseline
         if b is None:
             return
-        cause = "straggler_drag" if inc.kind == "straggler" else "stall"
+        cause = "straggler_drag" if inc.kind in DRAG_KINDS else "stall"
         t_on = inc.onset_at
         for g, grp in self.groups.items():
             cum0 = _cum_at(grp.judged, t_on)
@@ -458,6 +475,8 @@ class GoodputLedger:
             elif (s.cause == PENDING and s.idle) or (inc.kind != "straggler"
                                                       and self._provisional(s)):
                 s.cause = "stall"  # the first seconds of the stall this incident caused
+            elif s.cause == PENDING and inc.kind in DRAG_KINDS:
+                s.cause = "straggler_drag"
             elif s.incident is not None or not (
                     s.cause == "stall" or (s.cause == "capacity_lost"
                                            and s.replica_group == inc.replica_group)):
@@ -492,10 +511,12 @@ class GoodputLedger:
         return max(cands, key=lambda i: i.evicted_at) if cands else None
 
     def _explaining(self, straggler: bool | None = None) -> Incident | None:
-        """The latest open incident (of a straggler, or of anything but one, or either)."""
+        """The latest open incident not acted on (of a fault that slows commits, or of
+        anything but a straggler, or either)."""
         cands = [i for i in self._open_incidents()
-                 if (straggler is None or (i.kind == "straggler") == straggler)
-                 and not (straggler and i.evicted_at is not None)]
+                 if (straggler is None or (i.kind in DRAG_KINDS if straggler
+                                           else i.kind != "straggler"))
+                 and i.evicted_at is None and i.resolved_at is None]
         return max(cands, key=lambda i: (i.detected_at, i.id)) if cands else None
 
     def _group_incident(self, g: int | None) -> Incident | None:
