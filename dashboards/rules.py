@@ -435,14 +435,16 @@ ALERTS = [
         'sum by (job) (increase(lightkeeper_monitor_poll_errors_total{reason="monitor"}[5m]))'
         " > 0", "1m", "warning",
         "The Lightkeeper monitor of job {{ $labels.job }} cannot ask some ranks: it is out of "
-        "file descriptors",
+        "file descriptors, or its poller process died",
         "In the last 5 minutes the monitor could not poll some ranks for want of its own file "
-        "descriptors (poll errors with reason monitor): it knows nothing new of them and "
-        "carries their last answers, so a fault there goes unseen.",
+        "descriptors, or lost a sweep's polls when its poller process died (poll errors with "
+        "reason monitor): it knows nothing new of them and carries their last answers, so a "
+        "fault there goes unseen.",
         "Raise the monitor's file descriptor limit to what its log line 'file descriptor "
         "limit' names (LimitNOFILE= in its systemd unit, ulimit -n, the container's nofile "
         "ulimit) and restart it; if the limit is already that high, something else in its "
-        "process holds descriptors: its log has the limit it ran under.",
+        "process holds descriptors: its log has the limit it ran under. If its log says its "
+        "poller process died instead, the next sweep starts a new one: look for why (memory).",
         [Case("connects failing with EMFILE",
               [(f'lightkeeper_monitor_poll_errors_total{{{M}, reason="monitor"}}',
                 "0 0 0 40 80 120x20")], "3m", [{"job": "train"}]),

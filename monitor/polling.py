@@ -166,6 +166,12 @@ class Polling:
         gc.freeze()
         gc.enable()
 
+    def abort_sweep(self) -> None:
+        """A sweep that raised after :meth:`collect` (a full ``--state`` fails every one): the
+        collector on again, as end_sweep would have, what was frozen left so."""
+        if self._gc_frozen:
+            gc.enable()
+
     def wait(self, started: float, view: ClusterView | None, stop: threading.Event) -> bool:
         """Wait until ``interval_s`` after ``started`` (monotonic), asking the next sweep ahead
         on the way when it may be; True when ``stop`` was set."""

@@ -169,6 +169,7 @@ class Monitor:
         kept = self.store.unreachable()  # whose an unreachable rank was, across a restart
         self.views.seed(kept)
         self._kept_unreachable = set(kept)
+        self._unkept: set[str] = set()  # unreachable, not kept yet (a failed write)
         self.verifier = Verifier()
         self.lighthouse_reader = LighthouseReader(cfg.lighthouse, cfg.lighthouse_timeout_s) \
             if cfg.lighthouse else None
@@ -282,6 +283,13 @@ class Monitor:
         return self.polling.wait(started, self.view, self._stop)
 
     def sweep_once(self) -> ClusterView:
+        try:
+            return self._sweep()
+        except BaseException:
+            self.polling.abort_sweep()  # the collector collect() turned off, on again
+            raise
+
+    def _sweep(self) -> ClusterView:
         t0 = time.perf_counter()
         # 1. targets and poll
         targets, plan, polls = self.polling.collect(self.view)
@@ -384,21 +392,23 @@ class Monitor:
 
     def _keep_unreachable(self, view: ClusterView) -> None:
         """The last state of a rank that stops answering goes into the store, and out once it
-        answers or is no target: a restarted monitor still finds it dead (seed)."""
-        kept = self._kept_unreachable
-        gone = [u for u in kept if u not in view.ranks]  # no target any more
-        for url in self.views.reshaped:
-            rv = view.ranks[url]
-            if rv.reachable:
-                if url in kept:
-                    gone.append(url)
-            elif url not in kept and rv.state is not None and not rv.superseded:
-                self.store.keep_unreachable(url, rv.unreachable_since, last_known(rv.state),
-                                            rv.trust.to_dict() if rv.trust else None)
-                kept.add(url)
+        answers or is no target: a restarted monitor still finds it dead (seed). Those of one
+        sweep in one transaction; a failed one (a full disk) is tried again next sweep."""
+        kept, keep = self._kept_unreachable, self._unkept
+        # no target any more, or answering again
+        gone = [u for u in kept if (rv := view.ranks.get(u)) is None or rv.reachable]
+        keep.update(u for u in self.views.reshaped if not view.ranks[u].reachable)
         if gone:
             self.store.drop_unreachable(gone)
             kept.difference_update(gone)
+        rows = [(url, rv.unreachable_since, last_known(rv.state),
+                 rv.trust.to_dict() if rv.trust else None) for url in keep
+                if (rv := view.ranks.get(url)) is not None and not rv.reachable
+                and rv.state is not None and not rv.superseded and url not in kept]
+        if rows:
+            self.store.keep_unreachable(rows)
+            kept.update(row[0] for row in rows)
+        keep.clear()
 
     def _targets(self) -> list[Target]:
         """A sweep's targets: discovery's, then this shard's slice."""

@@ -285,6 +285,21 @@ class Store:
                 raise
             return int(cur.lastrowid or 0)
 
+    def _write_many(self, sql: str, rows: list[tuple]) -> None:
+        """:meth:`_write` of one statement over ``rows``: one transaction, however many (a
+        commit is a disk flush: one a row, thousands of ranks lost at once outlast /healthz)."""
+        with self._lock:
+            self._kept()
+            try:
+                self._pay()
+                self._db.executemany(sql, rows)
+                if not self._atomic:
+                    self._db.commit()
+                    self._owed = {}
+            except sqlite3.Error:
+                self._db.rollback()
+                raise
+
     def _pay(self) -> None:
         """Write the fields owed (update_decision) into the transaction going on."""
         for did, fields in self._owed.items():
@@ -418,17 +433,16 @@ class Store:
                 if r["status"] in ("sent", "interrupted")]
 
     # --- incident bundles (monitor.act.bundles) -----------------------------------------------
-    def keep_unreachable(self, url: str, since: float | None, state: dict[str, Any],
-                         trust: dict[str, Any] | None) -> None:
-        """A rank that stopped answering: its last state and verdict, for a restarted monitor."""
-        self._write("INSERT OR REPLACE INTO unreachable_ranks (url, since, state, trust) "
-                    "VALUES (?,?,?,?)", (url, since, json.dumps(state), json.dumps(trust)))
+    def keep_unreachable(self, rows: list[tuple[str, float | None, dict[str, Any],
+                                                dict[str, Any] | None]]) -> None:
+        """Ranks that stopped answering, each ``(url, since, last state, verdict)``, for a
+        restarted monitor: all or none (raises sqlite3.Error)."""
+        self._write_many("INSERT OR REPLACE INTO unreachable_ranks (url, since, state, trust) "
+                         "VALUES (?,?,?,?)", [(url, since, json.dumps(state), json.dumps(trust))
+                                              for url, since, state, trust in rows])
 
     def drop_unreachable(self, urls: list[str]) -> None:
-        with self._lock:
-            self._kept()
-            self._db.executemany("DELETE FROM unreachable_ranks WHERE url=?", [(u,) for u in urls])
-            self._db.commit()
+        self._write_many("DELETE FROM unreachable_ranks WHERE url=?", [(u,) for u in urls])
 
     def unreachable(self) -> dict[str, tuple[float | None, dict[str, Any], dict | None]]:
         """url -> (unreachable since, last state, verdict) of the ranks keep_unreachable kept."""

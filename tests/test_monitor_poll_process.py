@@ -109,7 +109,9 @@ def test_answers_come_back_in_batches_while_the_sweep_goes_on():
         stop()
 
 
-def test_a_child_killed_mid_sweep_fails_that_sweep_only():
+def test_a_child_killed_mid_sweep_fails_that_sweep_only(caplog):
+    """The polls it never answered are the monitor's failure (reason ``monitor``): the view
+    carries each rank as not asked, no failure counted; the death is logged once."""
     sim = SimRanks.start(4, groups=2)
     targets = [Target(u, "static") for u in sim.urls]
     p = ProcessPoller(timeout_s=20.0)
@@ -127,10 +129,13 @@ def test_a_child_killed_mid_sweep_fails_that_sweep_only():
         start = time.monotonic()
         polls = handle.result()
         assert time.monotonic() - start < 5.0  # not the requests' 20 s timeout
-        assert all(x.reason == "connection" and "poller process" in x.error
+        assert all(x.reason == "monitor" and "poller process" in x.error
                    and f"pid {first}" in x.error for x in polls.values()), polls
+        said = [r for r in caplog.records if f"poller process (pid {first})" in r.getMessage()]
+        assert len(said) == 1 and said[0].levelname == "WARNING"
         view = vb.update(targets, polls, now=101.0)
-        assert all(r.failures == 1 for r in view.ranks.values())
+        assert all(r.failures == 0 and r.reachable and r.unreachable_since is None
+                   and not r.fresh for r in view.ranks.values()), view.ranks
         for r in sim.ranks:
             r.set_mode("ok")
         view = vb.update(targets, p.sweep(sim.urls), now=102.0)  # a new child, all answer

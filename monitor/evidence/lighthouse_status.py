@@ -92,7 +92,9 @@ def parse_status(page: str, at: float = 0.0) -> LighthouseStatus:
 
 
 class LighthouseReader:
-    """Reads ``{lighthouse}/status``: ``timeout_s`` per socket operation, twice that overall."""
+    """Reads ``{lighthouse}/status``: ``timeout_s`` per socket operation, the body given up
+    past twice that overall. A host name's lookup is not covered: the system resolver's own
+    timeouts bound it (an IP address in ``--lighthouse`` needs none)."""
 
     def __init__(self, url: str, timeout_s: float = 2.0) -> None:
         self.url = url.rstrip("/")

@@ -2,7 +2,8 @@
 at the poll boundary, so the view, the verification and every detector read it like any rank.
 
 Who it is comes from its group's TCPStore, its step and quorum from the Lighthouse (as of the
-group's last quorum request), the collective it is blocked in from its Flight Recorder dump.
+group's last quorum request; while the Lighthouse cannot be read, as of its last read), the
+collective it is blocked in from its Flight Recorder dump.
 What torch's server cannot show is said (:data:`CANNOT_SHOW`): its stragglers come from the
 Flight Recorder alone (monitor.detect.straggler.from_flight_recorder). Its dump is kept adapted
 for the Flight Recorder look (:attr:`TorchRanks.dumps`, docs/CONTRACTS.md). Nothing here raises
@@ -174,12 +175,18 @@ class TorchRanks:
     def __init__(self, job: str) -> None:
         self.job = job
         self.dumps: dict[str, dict[str, Any]] = {}  # URL -> adapted dump of its last answer
+        # the last status read: while the Lighthouse cannot be read, a rank's step and quorum
+        # are as of then, not "no quorum" (stuck_starting would find every group after its
+        # timeout, and the job-wide detectors lose the groups the ranks still train in)
+        self._known: LighthouseStatus | None = None
 
     def adapt(self, polls: dict[str, RankPoll], identities: Mapping[str, TorchIdentity],
               lighthouse: LighthouseStatus | None, now: float) -> None:
         """Replace, in ``polls``, each torch-only answer by its rank state (or a failed poll
-        saying why it cannot be one)."""
+        saying why it cannot be one). ``lighthouse`` None: unreadable this sweep."""
         dumps: dict[str, dict[str, Any]] = {}
+        if lighthouse is not None:
+            self._known = lighthouse
         for url, p in list(polls.items()):
             raw = p.data.get(RAW_KEY) if p.ok and is_torch(url) else None
             if not isinstance(raw, TorchAnswer):  # a full state (lightkeeper_state), or none
@@ -194,8 +201,8 @@ class TorchRanks:
             try:
                 dump = combined(raw)
                 raw = TorchAnswer(raw.handlers, dump, raw.error)  # combined once
-                state = torch_state(url, who, raw, lighthouse, now, self.job)
-                if dump is not None:
+                state = torch_state(url, who, raw, self._known, now, self.job)
+                if dump is not None:  # incarnations only of a quorum read now
                     dumps[url] = adapted_dump(dump, state, lighthouse, p.at)
             except Exception as e:  # a dump of an unexpected shape: said, the rank kept
                 log.warning("torch-only rank %s: cannot read its answer: %s: %s", url,

@@ -1,10 +1,13 @@
 """The poller in its own process, off the monitor's GIL (docs/scaling.md): the child sends raw
-bodies back in batches; one that dies or hangs fails its sweep's missing polls as ``connection``.
+bodies back in batches; one that dies or hangs fails its sweep's missing polls as ``monitor``:
+the monitor's fault, no evidence of the ranks: carried as not asked, as a poll without a
+descriptor is.
 """
 
 from __future__ import annotations
 
 import gc
+import logging
 import math
 import os
 import queue
@@ -26,6 +29,8 @@ _LEN = struct.Struct("<I")
 _ENCODE = msgspec.msgpack.Encoder().encode
 _DECODE = msgspec.msgpack.Decoder().decode
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+log = logging.getLogger(__name__)
 
 
 def _frame(msg: Any) -> bytes:
@@ -83,6 +88,8 @@ class PollHandle:
                 if killed:  # not even its reader answered: give up on it
                     self.why = self.why or "no answer: the monitor's poller process is stuck"
                     break
+                log.warning("the monitor's poller process (pid %d) sent nothing for %.0fs past "
+                            "its sweep's bound: killed", self.child.proc.pid, GUARD_S)
                 self.child.kill()  # stuck: its reader then finishes this sweep
                 killed, deadline = True, time.monotonic() + GUARD_S
                 continue
@@ -95,7 +102,8 @@ class PollHandle:
             now, latency = time.time(), time.monotonic() - self.sent_at
             for url in urls:
                 if url not in results:
-                    results[url] = RankPoll(url, False, reason="connection", error=self.why,
+                    # the monitor's own failure: no evidence against the rank (ViewBuilder)
+                    results[url] = RankPoll(url, False, reason="monitor", error=self.why,
                                             latency_s=latency, at=now)
         return {u: results[u] for u in urls}
 
@@ -157,6 +165,9 @@ class _Child:
         why = (f"no answer: the monitor's poller process (pid {self.proc.pid}) exited with code "
                f"{code} during this sweep (the monitor's fault, not the rank's); a new one "
                "polls the next sweep")
+        if left:  # once a death: each of its polls is counted as reason "monitor"
+            log.warning("%s; %d sweep(s) in flight, their missing polls carried as not asked",
+                        why.removeprefix("no answer: "), len(left))
         for handle in left:
             handle.finish(why)
 

@@ -24,7 +24,8 @@ from .torch_target import handler_path
 
 log = logging.getLogger(__name__)
 
-# "monitor": the monitor had no file descriptor to ask with; nothing is known of the rank
+# "monitor": the monitor could not ask (no file descriptor, its poller process died); nothing is
+# known of the rank
 REASONS = ("timeout", "connection", "http_status", "bad_response", "monitor")
 STATE_PATH = "/v1/state"  # its answers are kept packed (monitor/poll/packed_state.py)
 MAX_BODY = 1 << 20  # default per answer; /v1/fr_trace gets its own (larger) bound
