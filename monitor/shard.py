@@ -447,6 +447,15 @@ class Leader(threading.Thread):
             p = kv.json()
             if not _is_proposal(p):  # written by something else: never acted on
                 continue
+            if rec is not None and p.get("manual") is True \
+                    and isinstance(done := rec.get("done_at"), (int, float)):
+                # a manual kill skips the cooldown, but its retry is no new request: not every
+                # tick while the Lighthouse is away
+                wait = self.mon.cfg.rails.cooldown_s - (self.mon.clock() - done)
+                if wait > 0:
+                    self._hold(rid, p, "cooldown", f"its kill failed; tried again in "
+                               f"{wait:.1f}s (--cooldown {self.mon.cfg.rails.cooldown_s:g})")
+                    continue
             report = reports.get(p.get("shard"))
             if status is not None and rid not in status.members and rid not in status.heartbeats:
                 self._hold(rid, p, "gone", "no longer in the Lighthouse's quorum or heartbeats")

@@ -794,6 +794,25 @@ def test_a_failed_kill_whose_finding_resolved_is_withdrawn_and_never_sent(sharde
     assert h.lighthouse.kills == [h.rid] and h.etcd_value("evictions")["state"] == "failed"
 
 
+def test_a_failed_manual_kill_is_tried_again_after_the_cooldown_not_every_tick(sharded):
+    """A manual eviction skips the cooldown, but the retry of its failed kill is no new request:
+    the leader does not send it every tick while the Lighthouse is unreachable."""
+    h = sharded
+    h.sweep()  # the shard's report
+    assert h.shard.propose_manual(1, h.rid, "drain")["decision"] == "proposed"
+    h.lighthouse.down = True
+    h.tick()
+    assert h.lighthouse.kills == [h.rid] and h.etcd_value("evictions")["state"] == "failed"
+    for _ in range(3):
+        h.mon.now += 5
+        h.tick()
+    assert h.lighthouse.kills == [h.rid]
+    h.lighthouse.down = False
+    h.mon.now += 60
+    h.tick()
+    assert h.lighthouse.kills == [h.rid, h.rid] and h.etcd_value("evictions")["state"] == "sent"
+
+
 def test_a_shard_restarted_after_a_failed_kill_proposes_anew_and_the_leader_sends(sharded):
     """A kill fails, then the shard restarts (a new run) and finds the fault again: the earlier
     run's proposal (held by the leader as ``stale_proposal``) is replaced by this run's, and the
