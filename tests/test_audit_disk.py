@@ -284,3 +284,46 @@ def test_a_kill_goes_out_when_its_bundle_cannot_be_named_in_its_decision(tmp_pat
     finally:
         other.close()
         mon.stop()
+
+
+def test_findings_written_before_a_failed_write_still_count_against_their_hosts(tmp_path, job):
+    """Two groups lose a rank in one sweep; the audit log takes the first finding and refuses the
+    second (a full disk, once). Both hosts get their offence: the second once it is written, the
+    first although the sweep that wrote it failed. Before, the first was in the audit log but
+    never handed on to the host ledger."""
+    for r in job.sim.ranks:
+        r.update(host=f"host-{r.state['replica_group']}")
+    cfg = MonitorConfig(port=0, interval_s=3600, state_path=str(tmp_path / "state.sqlite"),
+                        targets=job.sim.urls, sd_out=str(tmp_path / "targets.json"), job="sim",
+                        lighthouse=job.url, rails=RailsConfig(min_replicas=1, dry_run=True),
+                        detectors=DetectorConfig(dead_sweeps=2),
+                        bundles=BundleConfig(enabled=False))
+    clock = [time.time()]
+    mon = Monitor(cfg, clock=lambda: clock[0]).start()  # sweeps once, then waits an hour
+    add, calls = mon.store.add_finding, []
+
+    def second_refused(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise sqlite3.OperationalError("database or disk is full")
+        return add(*a, **kw)
+
+    mon.store.add_finding = second_refused
+    try:
+        wait_until(lambda: mon.sweeps >= 1, 20, what="the loop's first sweep")
+        for g in (1, 2):
+            job.sim.group(g)[-1].set_mode("down")
+        failed = 0
+        for _ in range(8):
+            clock[0] += 1
+            try:
+                mon.sweep_once()
+            except sqlite3.OperationalError:
+                failed += 1
+            hosts = requests.get(mon.url + "/v1/hosts", timeout=10).json()["hosts"]
+            if len(hosts) == 2:
+                break
+        assert failed == 1 and len(calls) >= 3, (failed, calls)
+        assert sorted(h["host"] for h in hosts) == ["host-1", "host-2"], hosts
+    finally:
+        mon.stop()

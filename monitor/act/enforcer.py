@@ -64,6 +64,7 @@ class Enforcer:
         self.hosts_error: str | None = None
         self._finding_ids: dict[tuple, int] = {}
         self._unrecorded: list[Finding] = []  # confirmed, not in the audit log yet
+        self._recorded: list[Finding] = []  # in the audit log, not yet handed on by record()
         self._last_decision: dict[tuple, str] = {}  # finding key -> the hold last recorded
         self._lock = threading.Lock()  # one decision at a time (the loop, the API)
         self._host_actions: threading.Thread | None = None
@@ -91,10 +92,12 @@ class Enforcer:
                 self._finding_ids[f.key] = self.store.add_finding(f.to_dict())
             except Exception:
                 self._unrecorded = new[i:]  # tried again at the next sweep, not lost
+                self._recorded += new[:i]  # written: handed on (offences, bundles) then
                 raise
             group = "job" if f.replica_group is None else str(f.replica_group)
             self.metrics.findings.labels(self.cfg.job, f.kind, group).inc()
         self._unrecorded = []
+        self._recorded += new  # a failed resolution below must not lose them either
         open_keys = {f.key for f in self.detectors.open_findings()}
         resolved = {f.key: f for f in self.detectors.resolved_findings()}
         for key in [k for k in self._finding_ids if k not in open_keys]:
@@ -103,6 +106,7 @@ class Enforcer:
                                        f.resolution if f else "cleared")
             del self._finding_ids[key]  # once written: a failed write is tried again
             self._last_decision.pop(key, None)
+        new, self._recorded = self._recorded, []
         return new
 
     def host_findings(self, view: ClusterView, evidence: ClusterView, now: float,
