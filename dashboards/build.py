@@ -40,6 +40,7 @@ J = 'job=~"$job"'
 G = f'{J}, replica_group=~"$replica_group"'
 R = f'{G}, rank=~"$rank"'
 RI = "$__rate_interval"
+STEP = "$__interval"
 
 STEPS_PER_S = "suffix: steps/s"
 LINKS = [P.dashboard_link("Lightkeeper dashboards", [TAG])]
@@ -64,6 +65,33 @@ def events(metric: str, sel: str, by: str, window: str = RI) -> str:
     already at 1), so a series that is new within the window counts with its whole value."""
     m = f"{metric}{{{sel}}}"
     return f"sum by ({by}) (({m} unless {m} offset {window}) or increase({m}[{window}]))"
+
+
+def step_growth(m: str) -> str:
+    """How much each series of counter selector ``m`` grew since the previous step.
+
+    Grafana steps ``$__interval`` apart: each step compares two instant values one step apart,
+    so every increment counts at exactly one step (``increase`` over a longer window would count
+    it at several, and over one step sees a single sample). A counter reset counts 0."""
+    return f"clamp_min({m} - {m} offset {STEP}, 0)"
+
+
+def step_events(metric: str, sel: str, by: str) -> str:
+    """How much labelled counter ``metric`` grew since the previous step, by ``by``; a series
+    new since then counts with its whole value (it appears already at 1)."""
+    m = f"{metric}{{{sel}}}"
+    return f"sum by ({by}) (({m} unless {m} offset {STEP}) or {step_growth(m)})"
+
+
+def _group_steps(metric: str) -> str:
+    """A worker counter's growth since the previous step per replica group (its ranks count
+    the same events: the most of any rank)."""
+    return f"max by (replica_group) ({step_growth(f'{metric}{{{J}}}')})"
+
+
+# one marker at the first step that sees a new quorum id (changes() over one step sees one sample)
+QUORUM_CHANGED = (f"max by (job) (lightkeeper_quorum_id{{{J}}} "
+                  f"!= lightkeeper_quorum_id{{{J}}} offset {STEP})")
 
 
 def _step_quantile(q: float, by: str, sel: str) -> str:
@@ -155,13 +183,10 @@ def job_overview() -> dict:
         "Commit failures, heals and quorum changes",
         "Per replica group and interval: steps whose should_commit returned False, recoveries "
         "from a peer, and process-group rebuilds.",
-        targets((f"max by (replica_group) "
-                 f"(increase(lightkeeper_commit_failures_total{{{J}}}[{RI}]))",
+        targets((_group_steps("lightkeeper_commit_failures_total"),
                  "group {{replica_group}} commit failures"),
-                (f"max by (replica_group) (increase(lightkeeper_heals_total{{{J}}}[{RI}]))",
-                 "group {{replica_group}} heals"),
-                (f"max by (replica_group) "
-                 f"(increase(lightkeeper_quorum_changes_total{{{J}}}[{RI}]))",
+                (_group_steps("lightkeeper_heals_total"), "group {{replica_group}} heals"),
+                (_group_steps("lightkeeper_quorum_changes_total"),
                  "group {{replica_group}} quorum changes")),
         draw="bars", fill=80, min_=0), 12, 8)
     L.add(timeseries(
@@ -180,28 +205,28 @@ def job_overview() -> dict:
     L.add(timeseries(
         "Findings and evictions",
         "Confirmed findings by kind and eviction requests by replica group (monitor).",
-        targets((events("lightkeeper_monitor_findings_total", J, "kind"), "finding: {{kind}}"),
-                (events("lightkeeper_monitor_evictions_total", J, "replica_group"),
+        targets((step_events("lightkeeper_monitor_findings_total", J, "kind"),
+                 "finding: {{kind}}"),
+                (step_events("lightkeeper_monitor_evictions_total", J, "replica_group"),
                  "eviction: group {{replica_group}}")),
         draw="bars", fill=80, min_=0), 12, 7)
 
     annotations = [
         P.prometheus_annotation(
             "Evictions",
-            events("lightkeeper_monitor_evictions_total", J, "job, replica_group",
-                   "$__interval") + " > 0",
+            step_events("lightkeeper_monitor_evictions_total", J, "job, replica_group") + " > 0",
             title="Eviction of replica group {{replica_group}}",
             text="The monitor asked to evict replica group {{replica_group}}",
             color="red", tags="replica_group"),
         P.prometheus_annotation(
             "Findings",
-            events("lightkeeper_monitor_findings_total", J, "job, kind, replica_group",
-                   "$__interval") + " > 0",
+            step_events("lightkeeper_monitor_findings_total", J, "job, kind, replica_group")
+            + " > 0",
             title="Finding: {{kind}} in replica group {{replica_group}}",
             text="The monitor confirmed a {{kind}} finding",
             color="orange", tags="kind,replica_group"),
         P.prometheus_annotation(
-            "Quorum changes", f"max by (job) (changes(lightkeeper_quorum_id{{{J}}}[$__interval])) > 0",
+            "Quorum changes", QUORUM_CHANGED,
             title="Quorum changed", text="torchft formed a new quorum", color="purple"),
     ]
     return P.dashboard(
@@ -516,7 +541,8 @@ def monitor_health() -> dict:
                 (f"sum(lightkeeper_monitor_ranks_up{{{J}}})", "up"),
                 (f"sum(lightkeeper_monitor_ranks_unreachable{{{J}}})", "unreachable"),
                 (f"sum(lightkeeper_monitor_ranks_finished{{{J}}})", "finished"),
-                (f"sum(increase(lightkeeper_monitor_ranks_lost_total{{{J}}}[{RI}]))", "lost")),
+                ("sum(" + step_growth(f"lightkeeper_monitor_ranks_lost_total{{{J}}}") + ")",
+                 "lost")),
         interpolation="stepAfter", fill=0, min_=0), 6, 8)
     L.add(timeseries(
         "Poll errors by reason", "Failed polls per second: timeout, connection, http_status, "
@@ -528,7 +554,8 @@ def monitor_health() -> dict:
         "POST /v1/targets per interval: accepted, or refused (unauthorized, not_allowed, "
         "bad_request, too_many_targets, other_job). Refusals mean ranks the monitor does not "
         "poll.",
-        [target(events("lightkeeper_monitor_registrations_total", J, "outcome"), "{{outcome}}")],
+        [target(step_events("lightkeeper_monitor_registrations_total", J, "outcome"),
+                "{{outcome}}")],
         draw="bars", fill=80, min_=0), 12, 6)
     L.add(timeseries(
         "Ranks verified / unverified by reason",
@@ -551,7 +578,7 @@ def monitor_health() -> dict:
     L.row("Findings, evictions and held-back decisions")
     L.add(timeseries(
         "Findings by kind", "Confirmed findings per interval, by kind.",
-        [target(events("lightkeeper_monitor_findings_total", J, "kind"), "{{kind}}")],
+        [target(step_events("lightkeeper_monitor_findings_total", J, "kind"), "{{kind}}")],
         draw="bars", fill=80, min_=0), 8, 8)
     L.add(timeseries(
         "Open findings by kind", "Findings currently open, by kind.",
@@ -559,14 +586,15 @@ def monitor_health() -> dict:
         interpolation="stepAfter", min_=0), 8, 8)
     L.add(timeseries(
         "Evictions by replica group", "Kill requests the monitor sent, per interval.",
-        [target(events("lightkeeper_monitor_evictions_total", J, "replica_group"),
+        [target(step_events("lightkeeper_monitor_evictions_total", J, "replica_group"),
                 "group {{replica_group}}")], draw="bars", fill=80, min_=0), 8, 8)
     L.add(timeseries(
         "Eviction decisions (evict / hold)",
         "What the monitor decided for each confirmed finding: evict, or hold back (dry run, "
         "eviction budget, quorum too small, ...), per interval.",
-        [target(events("lightkeeper_monitor_eviction_decisions_total", J, "decision, reason"),
-                "{{decision}}: {{reason}}")], draw="bars", fill=80, min_=0), 14, 8)
+        [target(step_events("lightkeeper_monitor_eviction_decisions_total", J,
+                            "decision, reason"), "{{decision}}: {{reason}}")],
+        draw="bars", fill=80, min_=0), 14, 8)
     L.add(table(
         "Decisions in the time range", "Eviction decisions over the dashboard's time range.",
         [target(events("lightkeeper_monitor_eviction_decisions_total", J, "decision, reason",
@@ -600,8 +628,7 @@ def monitor_health() -> dict:
 
     annotations = [P.prometheus_annotation(
         "Evictions",
-        events("lightkeeper_monitor_evictions_total", J, "job, replica_group", "$__interval")
-        + " > 0",
+        step_events("lightkeeper_monitor_evictions_total", J, "job, replica_group") + " > 0",
         title="Eviction of replica group {{replica_group}}",
         text="The monitor asked to evict replica group {{replica_group}}", color="red",
         tags="replica_group")]

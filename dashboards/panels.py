@@ -317,7 +317,8 @@ def prometheus_annotation(name: str, expr: str, *, title: str, text: str, color:
 
     The query is the annotation's ``target`` (Grafana 13's model; older dashboards had ``expr``
     and ``step`` beside it); title, text and tags stay on the annotation, where the Prometheus
-    data source reads them."""
+    data source reads them. The query steps ``$__interval`` apart, so an expression comparing
+    values ``offset $__interval`` apart marks each change once."""
     return {"name": name, "datasource": DS, "enable": True, "hide": False, "iconColor": color,
             "target": {"datasource": DS, "expr": expr, "interval": "$__interval",
                        "refId": "Anno"},

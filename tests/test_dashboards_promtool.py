@@ -5,6 +5,7 @@ unit tests themselves are checked: an alert that never fires, or always fires, m
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 
 import pytest
@@ -213,3 +214,101 @@ def test_host_and_lighthouse_panels_and_alerts_on_the_monitors_own_series(tmp_pa
     (tmp_path / "t.yml").write_text(dump(doc))
     r = promtool("test", "rules", "t.yml", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# --- event markers and per-interval bars at Grafana's step ---------------------------------
+# Scrapes every 15 s (the shipped interval, Grafana's $__interval for these dashboards); Grafana's
+# steps fall 7 s after each scrape. A monitor counter appears at 30 s already at 1, grows at 75 s,
+# is reset at 105 s (a monitor restart) and grows at 135 s; a worker counter exists from 0 s at
+# 0 with the same increments; the quorum id changes at 30 s and 75 s.
+STEPS = range(7, 160, 15)
+EVENT_STEPS = {37, 82, 142}
+MONITOR_COUNTER = "_ _ 1 1 1 2 2 0 0 1 1"
+WORKER_COUNTER = "0 0 1 1 1 2 2 0 0 1 1"
+QUORUM_ID = "1 1 2 2 2 3 3 3 3 3 3"
+MONITOR_LABELS = ('job="train", instance="mon:19400", replica_group="1", kind="hang", '
+                  'outcome="accepted", decision="evict", reason="confirmed"')
+EVENT_QUERIES = [  # (dashboard, where, counter, worker counter?)
+    ("OVERVIEW", "panel 'Commit failures, heals and quorum changes' A",
+     "lightkeeper_commit_failures_total", True),
+    ("OVERVIEW", "panel 'Commit failures, heals and quorum changes' B",
+     "lightkeeper_heals_total", True),
+    ("OVERVIEW", "panel 'Commit failures, heals and quorum changes' C",
+     "lightkeeper_quorum_changes_total", True),
+    ("OVERVIEW", "panel 'Findings and evictions' A", "lightkeeper_monitor_findings_total", False),
+    ("OVERVIEW", "panel 'Findings and evictions' B", "lightkeeper_monitor_evictions_total", False),
+    ("OVERVIEW", "annotation 'Evictions'", "lightkeeper_monitor_evictions_total", False),
+    ("OVERVIEW", "annotation 'Findings'", "lightkeeper_monitor_findings_total", False),
+    ("MONITOR", "panel 'Ranks known / up / unreachable / finished / lost' E",
+     "lightkeeper_monitor_ranks_lost_total", True),
+    ("MONITOR", "panel 'Rank registrations by outcome' A",
+     "lightkeeper_monitor_registrations_total", False),
+    ("MONITOR", "panel 'Findings by kind' A", "lightkeeper_monitor_findings_total", False),
+    ("MONITOR", "panel 'Evictions by replica group' A",
+     "lightkeeper_monitor_evictions_total", False),
+    ("MONITOR", "panel 'Eviction decisions (evict / hold)' A",
+     "lightkeeper_monitor_eviction_decisions_total", False),
+    ("MONITOR", "annotation 'Evictions'", "lightkeeper_monitor_evictions_total", False),
+]
+
+
+def _dashboard_query(dashboard: str, where: str) -> str:
+    from dashboards import build
+    from dashboards.validate import all_queries, substitute
+
+    uid = getattr(build, f"UID_{dashboard}")
+    (q,) = [q for q in all_queries(build.build_dashboards())
+            if q.dashboard == uid and q.where == where]
+    return substitute(q.expr, {"job": "train"}, {"$__rate_interval": "1m", "$__interval": "15s"})
+
+
+def _by_labels(expr: str, series_labels: dict[str, str]) -> str:
+    """The labels an aggregation ``sum by (a, b) (...)`` keeps of the one input series."""
+    m = re.match(r"\w+ by \(([^)]*)\)", expr)
+    keep = [k.strip() for k in m.group(1).split(",")] if m else []
+    return "{" + ", ".join(f'{k}="{series_labels[k]}"' for k in sorted(keep)) + "}"
+
+
+def _event_series() -> list[dict]:
+    worker = [f'{{job="train", replica_group="1", rank="{r}"}}' for r in (0, 1)]
+    out = [{"series": f"lightkeeper_quorum_id{w}", "values": QUORUM_ID} for w in worker]
+    for _, _, counter, is_worker in EVENT_QUERIES:
+        if counter.startswith("lightkeeper_monitor_ranks_lost"):
+            out.append({"series": f'{counter}{{job="train"}}', "values": WORKER_COUNTER})
+        elif is_worker:
+            out += [{"series": f"{counter}{w}", "values": WORKER_COUNTER} for w in worker]
+        else:
+            out.append({"series": f"{counter}{{{MONITOR_LABELS}}}", "values": MONITOR_COUNTER})
+    return [dict(t) for t in {tuple(s.items()) for s in out}]
+
+
+def test_event_markers_and_bars_count_each_event_once_at_grafanas_step(tmp_path):
+    """Each increment is one annotation marker and bars adding up to 1, at the first step that
+    sees it, with 15 s scrapes and steps not aligned to them; a new labelled series counts its
+    first increment, a counter reset counts nothing; a quorum change is one marker."""
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', MONITOR_LABELS))
+    tests = []
+    for dashboard, where, counter, is_worker in EVENT_QUERIES:
+        expr = _dashboard_query(dashboard, where)
+        assert counter in expr, (where, expr)
+        out = _by_labels(expr, {**labels, "job": "train"})
+        # a difference needs a sample a step before; a new monitor series counts at once
+        first = 22 if is_worker else 37
+        for t in STEPS:
+            value = 1 if t in EVENT_STEPS else 0
+            if where.startswith("annotation"):
+                rows = [{"labels": out, "value": 1}] if value else []
+            else:
+                rows = [{"labels": out, "value": value}] if t >= first else []
+            tests.append({"expr": expr, "eval_time": f"{t}s", "exp_samples": rows})
+    quorum = _dashboard_query("OVERVIEW", "annotation 'Quorum changes'")
+    for t in STEPS:
+        new_id = {37: 2, 82: 3}.get(t)
+        tests.append({"expr": quorum, "eval_time": f"{t}s", "exp_samples": [
+            {"labels": '{job="train"}', "value": new_id}] if new_id else []})
+    doc = {"rule_files": [str(PROMETHEUS_DIR / "rules.yml")], "evaluation_interval": "15s",
+           "tests": [{"name": "events at Grafana's step", "interval": "15s",
+                      "input_series": _event_series(), "promql_expr_test": tests}]}
+    (tmp_path / "t.yml").write_text(dump(doc))
+    r = promtool("test", "rules", "t.yml", cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
