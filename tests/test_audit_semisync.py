@@ -133,3 +133,29 @@ def test_a_job_whose_steps_take_seconds_leaves_goodput_startup(monkeypatch):
     j = out["job"]
     assert {c for c, v in j["badput_seconds"].items() if v} == {"startup"}
     assert j["badput_seconds"]["startup"] < 3 * 25 and j["goodput_seconds"] > 3 * 30, j
+
+
+def test_a_step_that_did_not_commit_is_one_row_with_its_retry():
+    """torchft runs a step whose ``should_commit`` said False again under the same number. Its
+    attempt and the retry are one ``timing.recent`` row: before, each wrote a row for that
+    step, and a monitor that had read the first (``?since=N``) never saw the retry."""
+    manager, state = StandInManager(), RankState(RankIdentity())
+    votes = iter([True, False, True, True])
+
+    def should_commit():
+        ok = next(votes)
+        manager._step += ok
+        return ok
+
+    manager.should_commit = should_commit
+    WorkerServer(state).attach(manager)
+    for _ in range(4):
+        manager.start_quorum()
+        manager.allreduce(1).wait()
+        manager.should_commit()
+        time.sleep(0.01)
+    snap = state.snapshot()
+    rows = snap["timing"]["recent"]
+    assert [r["step"] for r in rows] == [0, 1, 2], rows
+    assert rows[1]["step_s"] >= 0.02 - 1e-3, rows  # both attempts of step 1
+    assert (snap["commits"], snap["commit_failures"]) == (3, 1), snap

@@ -268,8 +268,10 @@ def train(cfg: TrainConfig) -> int:
         while manager.current_step() < cfg.steps:
             if state.stopped_by:  # SIGTERM'd: join no next quorum (a group about to be gone
                 threading.Event().wait()  # stalls it); the stop ends the process by SIGTERM
-            step = manager.current_step()
             optimizer.zero_grad(set_to_none=False)  # async quorum forms during the forward pass
+            # read after the quorum starts: a synchronous one (groups of several ranks) heals
+            # inside it, and a fault at the healed step must strike at it
+            step = manager.current_step()
             if cfg.step_pause_s:
                 time.sleep(cfg.step_pause_s)
             tokens, targets = synthetic_batch(step, cfg.replica_group * group_world_size

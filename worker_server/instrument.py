@@ -119,7 +119,9 @@ def instrument_manager(manager: Any, state: RankState, tracker: IncarnationTrack
         return manager.current_step()
 
     def committed(ran_as: int | None, ok: bool) -> None:
-        if ran_as is not None:
+        # torchft runs an uncommitted step again under the same number: its time stays in that
+        # step's one row (commit to commit), and a reader asking ?since=N misses no retry
+        if ran_as is not None and ok:
             timer.end_step(ran_as)
         state.step_finished(manager.current_step(), ok)
         state.step_started()
