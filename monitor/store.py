@@ -413,10 +413,10 @@ class Store:
     def told_to_go_replica_ids(self) -> set[str]:
         """The evicted set less the kills that turned ``unconfirmed`` (the replica still answered
         after the confirmation window: alive, not told to go): what the detectors leave alone."""
-        unconfirmed = {r["replica_id"] for r in self._decisions(
-            "SELECT id, replica_id, status FROM decisions WHERE decision='evict' AND "
-            "status != 'failed' AND replica_id IS NOT NULL") if r["status"] == "unconfirmed"}
-        return self.evicted_replica_ids() - unconfirmed
+        rows = self._decisions("SELECT id, replica_id, status FROM decisions WHERE "
+                               "decision='evict' AND replica_id IS NOT NULL")
+        return {r["replica_id"] for r in rows if r["status"] not in ("failed", "leader_failed")} \
+            - {r["replica_id"] for r in rows if r["status"] == "unconfirmed"}
 
     def last_eviction_at(self) -> float | None:
         """When the last kill request was attempted (sent or failed): the cooldown's start."""

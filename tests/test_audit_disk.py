@@ -107,18 +107,22 @@ def job():
     j.stop()
 
 
+def _dry_run_config(tmp_path, job) -> MonitorConfig:
+    """A monitor of ``job`` that acts on nothing and finds a rank dead after 2 sweeps."""
+    return MonitorConfig(port=0, interval_s=3600, state_path=str(tmp_path / "state.sqlite"),
+                         targets=job.sim.urls, sd_out=str(tmp_path / "targets.json"), job="sim",
+                         lighthouse=job.url, rails=RailsConfig(min_replicas=1, dry_run=True),
+                         detectors=DetectorConfig(dead_sweeps=2),
+                         bundles=BundleConfig(enabled=False))
+
+
 def test_a_finding_the_audit_log_could_not_take_is_recorded_once_it_can(tmp_path, job):
     """A confirmed finding whose write fails (a full disk; here its table is moved away by
     another connection, which fails the findings' writes alone) is written at the next sweep
     that can: listed in /v1/findings, counted, and its decision names it. Before, the detectors
     held it as confirmed, so it was never new again: it never reached the audit log and its
     decisions named no finding; and a resolution refused so left it open for good."""
-    cfg = MonitorConfig(port=0, interval_s=3600, state_path=str(tmp_path / "state.sqlite"),
-                        targets=job.sim.urls, sd_out=str(tmp_path / "targets.json"), job="sim",
-                        lighthouse=job.url, rails=RailsConfig(min_replicas=1, dry_run=True),
-                        detectors=DetectorConfig(dead_sweeps=2),
-                        bundles=BundleConfig(enabled=False))
-    clock = [time.time()]
+    cfg, clock = _dry_run_config(tmp_path, job), [time.time()]
     mon = Monitor(cfg, clock=lambda: clock[0]).start()  # sweeps once, then waits an hour
     other = sqlite3.connect(cfg.state_path, isolation_level=None)
     try:
@@ -293,12 +297,7 @@ def test_findings_written_before_a_failed_write_still_count_against_their_hosts(
     never handed on to the host ledger."""
     for r in job.sim.ranks:
         r.update(host=f"host-{r.state['replica_group']}")
-    cfg = MonitorConfig(port=0, interval_s=3600, state_path=str(tmp_path / "state.sqlite"),
-                        targets=job.sim.urls, sd_out=str(tmp_path / "targets.json"), job="sim",
-                        lighthouse=job.url, rails=RailsConfig(min_replicas=1, dry_run=True),
-                        detectors=DetectorConfig(dead_sweeps=2),
-                        bundles=BundleConfig(enabled=False))
-    clock = [time.time()]
+    cfg, clock = _dry_run_config(tmp_path, job), [time.time()]
     mon = Monitor(cfg, clock=lambda: clock[0]).start()  # sweeps once, then waits an hour
     add, calls = mon.store.add_finding, []
 
