@@ -103,7 +103,8 @@ TORCHFT_DEFAULTS = Timeouts(60.0, 60.0, 60000, 5000)
 
 
 def demo_monitor_args(groups: int) -> str:
-    """The monitor flags the demo runs with (lightkeeper/demo.py), less its ports and files."""
+    """The monitor flags the demo runs with (lightkeeper/demo_processes.py), less its ports and
+    files."""
     from lightkeeper.scenario import Scenario
 
     floor = getattr(Scenario(), "hang_floor_s", None)

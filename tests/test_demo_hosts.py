@@ -218,7 +218,7 @@ def test_a_group_still_running_on_a_quarantined_host_is_drained_then_restarted(t
     import subprocess
     import sys
 
-    from lightkeeper import demo as demo_mod
+    from lightkeeper.demo_supervisor import DRAIN_GRACE_S
 
     demo = Demo(_args("--spare-hosts", "1"), Scenario(), tmp_path)
     demo.cluster = _Cluster(3)
@@ -231,7 +231,7 @@ def test_a_group_still_running_on_a_quarantined_host_is_drained_then_restarted(t
         demo.quarantines["node-2"] = demo.now()  # just now: an evicted group exits by itself
         demo.supervise()
         assert proc.poll() is None and demo.cluster.started == []
-        demo.quarantines["node-2"] = demo.now() - demo_mod.DRAIN_GRACE_S
+        demo.quarantines["node-2"] = demo.now() - DRAIN_GRACE_S
         demo.supervise()
         assert proc.poll() is not None  # stopped by PID
         assert demo.cluster.started == [(2, Host("node-3", "127.0.0.5"))]
