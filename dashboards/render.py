@@ -6,8 +6,9 @@ for the pictures in docs/dashboards.md (``docs/img/*.png``)::
 
     python -m dashboards.render --prometheus-url http://127.0.0.1:9090 --out docs/img --since 5m
 
-Nothing is written when no Prometheus answers at --prometheus-url (exit 2); panels that fail
-are drawn as errors and listed on stderr (exit 1).
+Nothing is written when no Prometheus answers at --prometheus-url, or when --job is not given
+and it has no job with ``lightkeeper_step`` series (exit 2); panels that fail are drawn as errors
+and listed on stderr (exit 1).
 
 The dashboards e2e test renders them from its live run when ``LIGHTKEEPER_DOCS_IMG=DIR`` is set.
 """
@@ -65,6 +66,15 @@ class Prom:
     def range(self, expr: str, start: float, end: float, step: float) -> list[dict]:
         return self._get("query_range", query=expr, start=str(start), end=str(end),
                          step=str(step))["result"]
+
+    def first_job(self) -> str | None:
+        """The ``$job`` Grafana selects by default: the first job with ``lightkeeper_step``
+        series (None: none, or no answer)."""
+        try:
+            jobs = self._get("label/job/values", **{"match[]": "lightkeeper_step"})
+        except (requests.RequestException, RuntimeError, ValueError, AttributeError):
+            return None
+        return min(jobs) if jobs else None
 
 
 def legend(fmt: str, metric: dict) -> str:
@@ -373,11 +383,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, metavar="DIR",
                    help="where the PNG files go (docs/img for the documentation's)")
     p.add_argument("--since", type=_seconds, default=_seconds("15m"), help="time range (15m)")
-    p.add_argument("--job", default=".*", help="value of the $job variable (.*)")
+    p.add_argument("--job", help="value of the $job variable, one job (default: the first "
+                                 "job Prometheus has lightkeeper_step series of)")
     args = p.parse_args(argv)
-    why = Prom(args.prometheus_url).reachable()
+    prom = Prom(args.prometheus_url)
+    why = prom.reachable()
     if why:  # before writing: pictures of nothing but errors would replace good ones
         p.error(f"--prometheus-url {args.prometheus_url}: {why}")
+    # the dashboards match $job exactly: a regex such as .* would select nothing
+    job = args.job or prom.first_job()
+    if job is None:
+        p.error(f"--job: no job has lightkeeper_step series at {args.prometheus_url}; "
+                "name the job")
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         p.error(f"--out {args.out}: not a directory")
@@ -388,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     end = time.time()
     errors: list[str] = []
     for path in render_all(args.prometheus_url, out, start=end - args.since, end=end,
-                           variables={"job": args.job}, builtins={"$__rate_interval": "1m"},
+                           variables={"job": job}, builtins={"$__rate_interval": "1m"},
                            errors=errors):
         print(f"wrote {path}")
     for e in errors:

@@ -31,8 +31,9 @@ BUILTINS = {
     "$__range_ms": "1800000",
     "$__range": "30m",
 }
-# Dashboard variables are multi-value regex matchers; "All" is ".*".
-DEFAULT_VARIABLES = {"job": ".*", "replica_group": ".*", "rank": ".*"}
+# $replica_group and $rank are multi-value regex matchers, "All" is ".*"; $job is one job,
+# matched exactly (any name parses).
+DEFAULT_VARIABLES = {"job": "job", "replica_group": ".*", "rank": ".*"}
 
 
 # --- walking a dashboard ------------------------------------------------------------------------

@@ -164,9 +164,44 @@ def test_render_panel_errors_go_to_stderr(capsys, tmp_path):
             {"status": "error", "errorType": "bad_data", "error": "no such metric"})
 
     with serve(answer) as url:
-        assert render.main(["--prometheus-url", url, "--out", str(tmp_path)]) == 1
+        assert render.main(["--prometheus-url", url, "--out", str(tmp_path),
+                            "--job", "train"]) == 1
     out, err = capsys.readouterr()
     assert out.splitlines() == [f"wrote {tmp_path / n.replace('.json', '.png')}"
                                 for n in build.build_dashboards()]
     assert err and all(line.startswith("panel error: ") for line in err.splitlines())
     assert "no such metric" in err
+
+
+def _prometheus_with_jobs(jobs: list[str], seen: list[str]):
+    """A Prometheus stand-in: the probe answers, ``job`` label values of lightkeeper_step are
+    ``jobs``, and every other query fails (recorded in ``seen``)."""
+    def answer(path, query):
+        if query.get("query") == ["1"]:
+            return 200, "application/json", json.dumps(
+                {"status": "success", "data": {"resultType": "scalar", "result": [0, "1"]}})
+        if path == "/api/v1/label/job/values" and query.get("match[]") == ["lightkeeper_step"]:
+            return 200, "application/json", json.dumps({"status": "success", "data": jobs})
+        seen.extend(query.get("query", []))
+        return 400, "application/json", json.dumps(
+            {"status": "error", "errorType": "bad_data", "error": "no such metric"})
+    return answer
+
+
+def test_render_without_job_and_none_in_prometheus_writes_nothing(capsys, tmp_path):
+    """The dashboards match $job exactly, so there is no "every job" to fall back on."""
+    seen: list[str] = []
+    with serve(_prometheus_with_jobs([], seen)) as url:
+        err = usage_error(["--prometheus-url", url, "--out", str(tmp_path / "img")], capsys,
+                          run=render.main)
+    assert err == (f"python -m dashboards.render: error: --job: no job has lightkeeper_step "
+                   f"series at {url}; name the job")
+    assert seen == [] and list(tmp_path.iterdir()) == []
+
+
+def test_render_defaults_to_the_first_job_prometheus_has():
+    seen: list[str] = []
+    with serve(_prometheus_with_jobs(["train-b", "a.b"], seen)) as url:
+        assert render.Prom(url).first_job() == "a.b"
+    with serve(_prometheus_with_jobs([], seen)) as url:
+        assert render.Prom(url).first_job() is None

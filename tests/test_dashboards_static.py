@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 import subprocess
 
@@ -248,7 +249,7 @@ def _selectors(ast) -> list:
 
 
 def test_every_query_uses_the_datasource_variable_and_filters_by_job():
-    """Every selector carries job=~"$job" (and, on the drill-down, the group/rank variables):
+    """Every selector carries $job (and, on the drill-down, the group/rank variables):
     checked on the parsed query, with the variables replaced by sentinels."""
     sentinels = {"job": "JOBVAR", "replica_group": "GROUPVAR", "rank": "RANKVAR"}
     for d in DASHBOARDS.values():
@@ -265,6 +266,33 @@ def test_every_query_uses_the_datasource_variable_and_filters_by_job():
                 matchers = {m.name: m.value for m in sel.matchers.matchers}
                 for label in want:
                     assert matchers.get(label) == sentinels[label], (d["uid"], q.where, q.expr)
+
+
+def _selects(matcher, value: str) -> bool:
+    """Whether a parsed label matcher selects ``value`` (Prometheus anchors its regexes)."""
+    import promql_parser
+
+    op = matcher.op
+    if op in (promql_parser.MatchOp.Equal, promql_parser.MatchOp.NotEqual):
+        hit = matcher.value == value
+    else:
+        hit = re.fullmatch(matcher.value, value) is not None
+    return hit if op in (promql_parser.MatchOp.Equal, promql_parser.MatchOp.Re) else not hit
+
+
+def test_job_is_matched_exactly():
+    """$job is one job without "All", so Grafana sends its name as it is, not regex-escaped:
+    every selector (panels, annotations, the drill-down's variables) must match it with =, or
+    a job named a.b would also show job axb's series."""
+    for d in DASHBOARDS.values():
+        (job_var,) = [v for v in d["templating"]["list"] if v["name"] == "job"]
+        assert not job_var["multi"] and not job_var["includeAll"], d["uid"]
+        for q in iter_queries(d):
+            if q.where == "variable job":  # label_values(lightkeeper_step, job): lists the jobs
+                continue
+            for sel in _selectors(parse_promql(substitute(q.expr, {"job": "a.b"}))):
+                (job,) = [m for m in sel.matchers.matchers if m.name == "job"]
+                assert _selects(job, "a.b") and not _selects(job, "axb"), (q.where, q.expr)
 
 
 @pytest.mark.parametrize("query", QUERIES, ids=[f"{q.dashboard}:{q.where}" for q in QUERIES])

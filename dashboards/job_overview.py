@@ -1,0 +1,249 @@
+"""The Job overview dashboard: the job at a glance (quorum, goodput, hosts, progress, step
+time per replica group, the monitor's findings and evictions)."""
+
+from __future__ import annotations
+
+from . import panels as P
+from .common import IN_QUORUM, LINKS, STEPS_PER_S, TAG, UID_OVERVIEW, job_variable
+from .panels import Layout, stat, table, target, targets, timeseries
+from .promql import (
+    GROUP_COMPUTE,
+    QUORUM_CHANGED,
+    RI,
+    J,
+    group_steps,
+    step_events,
+    step_mean,
+    step_quantile,
+)
+
+
+def job_overview() -> dict:
+    L = Layout()
+    L.row("Quorum")
+    L.add(stat("Replica groups in quorum",
+               "Replica groups whose ranks take part in the current step (lightkeeper_participating).",
+               [target(f"count(max by (replica_group) (lightkeeper_participating{{{J}}}) == 1) "
+                       "or vector(0)", "in quorum")],
+               thresholds_=P.thresholds((None, "red"), (1, "green"))), 4, 4)
+    L.add(stat("Replica groups out of quorum",
+               "Replica groups that report not participating, or that the monitor knows but that "
+               "are not in the Lighthouse's quorum (e.g. a group whose ranks are dead).",
+               [target(f"count(max by (replica_group) (lightkeeper_participating{{{J}}} == 0 or "
+                       f"lightkeeper_monitor_replica_group_in_quorum{{{J}}} == 0)) or vector(0)",
+                       "out of quorum")],
+               thresholds_=P.thresholds((None, "green"), (1, "orange"))), 4, 4)
+    L.add(stat("Quorum id", "The current torchft quorum id (highest over ranks).",
+               [target(f"max(lightkeeper_quorum_id{{{J}}})", "quorum id")]), 4, 4)
+    L.add(stat("Quorum participants", "Replica groups in the current quorum.",
+               [target(f"max(lightkeeper_quorum_participants{{{J}}})", "participants")]), 4, 4)
+    L.add(stat("Committed step", "Highest committed step over all ranks.",
+               [target(f"max(lightkeeper_step{{{J}}})", "step")], graph="area"), 4, 4)
+    L.add(stat("Step rate", "Committed steps per second of the job (fastest replica group).",
+               [target(f"max(rate(lightkeeper_commits_total{{{J}}}[{RI}]))", "steps/s")],
+               unit=STEPS_PER_S, decimals=2, graph="area"), 4, 4)
+    L.add(P.state_timeline(
+        "Replica groups in and out of the quorum",
+        "Per replica group: green while its ranks take part in the step, red while they sit out.",
+        [target(f"max by (replica_group) (lightkeeper_participating{{{J}}})",
+                "group {{replica_group}}")],
+        mappings=IN_QUORUM, thresholds_=P.thresholds((None, "red"), (1, "green"))), 12, 7)
+    L.add(timeseries(
+        "Quorum id and participants over time",
+        "Each quorum change (new quorum id) rebuilds torchft's process group; participants is "
+        "the number of replica groups in it.",
+        targets((f"max(lightkeeper_quorum_id{{{J}}})", "quorum id"),
+                (f"max(lightkeeper_quorum_participants{{{J}}})", "participants")),
+        interpolation="stepAfter", fill=0), 12, 7)
+
+    L.row("Goodput (monitor)")
+    _goodput_panels(L)
+
+    L.row("Hosts (monitor)")
+    _host_panels(L)
+
+    L.row("Progress")
+    L.add(timeseries(
+        "Step rate per replica group",
+        "Committed steps per second (should_commit True) and attempted steps per second.",
+        targets((f"max by (replica_group) (rate(lightkeeper_commits_total{{{J}}}[{RI}]))",
+                 "group {{replica_group}} committed"),
+                (f"max by (replica_group) "
+                 f"(rate(lightkeeper_step_duration_seconds_count{{{J}}}[{RI}]))",
+                 "group {{replica_group}} attempted")),
+        unit=STEPS_PER_S, min_=0), 12, 8)
+    L.add(timeseries(
+        "Step time per replica group",
+        "Mean step wall time (exact, from the histogram's sum/count) and p95 (from its buckets).",
+        targets((step_mean("replica_group", J), "group {{replica_group}} mean"),
+                (step_quantile(0.95, "replica_group", J), "group {{replica_group}} p95")),
+        unit="s", min_=0, legend_calcs=["mean", "max"]), 12, 8)
+    L.add(timeseries(
+        "Commit failures, heals and quorum changes",
+        "Per replica group and interval: steps whose should_commit returned False, recoveries "
+        "from a peer, and process-group rebuilds.",
+        targets((group_steps("lightkeeper_commit_failures_total"),
+                 "group {{replica_group}} commit failures"),
+                (group_steps("lightkeeper_heals_total"), "group {{replica_group}} heals"),
+                (group_steps("lightkeeper_quorum_changes_total"),
+                 "group {{replica_group}} quorum changes")),
+        draw="bars", fill=80, min_=0), 12, 8)
+    L.add(timeseries(
+        "Relative compute time",
+        "Each group's compute a step (its slowest rank's step time less its waits in "
+        "collectives) over the median of all groups: the group the others wait for stands out, "
+        "while every group's step time stretches alike. Above the dashed line for 2 minutes the "
+        "group is a straggler (LightkeeperReplicaGroupStraggling).",
+        [target(f"{GROUP_COMPUTE} / on (job) group_left quantile by (job) "
+                f"(0.5, {GROUP_COMPUTE})", "group {{replica_group}}")],
+        min_=0, thresholds_=P.thresholds((None, "green"), (1.5, "red")),
+        threshold_style="dashed"), 12, 8)
+    L.add(timeseries("Loss per replica group", "Training loss of the last step (mean over ranks).",
+                     [target(f"avg by (replica_group) (lightkeeper_loss{{{J}}})",
+                             "group {{replica_group}}")]), 12, 7)
+    L.add(timeseries(
+        "Findings and evictions",
+        "Confirmed findings by kind and eviction requests by replica group (monitor).",
+        targets((step_events("lightkeeper_monitor_findings_total", J, "kind"),
+                 "finding: {{kind}}"),
+                (step_events("lightkeeper_monitor_evictions_total", J, "replica_group"),
+                 "eviction: group {{replica_group}}")),
+        draw="bars", fill=80, min_=0), 12, 7)
+
+    annotations = [
+        P.prometheus_annotation(
+            "Evictions",
+            step_events("lightkeeper_monitor_evictions_total", J, "job, replica_group") + " > 0",
+            title="Eviction of replica group {{replica_group}}",
+            text="The monitor asked to evict replica group {{replica_group}}",
+            color="red", tags="replica_group"),
+        P.prometheus_annotation(
+            "Findings",
+            step_events("lightkeeper_monitor_findings_total", J, "job, kind, replica_group")
+            + " > 0",
+            title="Finding: {{kind}} in replica group {{replica_group}}",
+            text="The monitor confirmed a {{kind}} finding",
+            color="orange", tags="kind,replica_group"),
+        P.prometheus_annotation(
+            "Quorum changes", QUORUM_CHANGED,
+            title="Quorum changed", text="torchft formed a new quorum", color="purple"),
+    ]
+    return P.dashboard(
+        UID_OVERVIEW, "Lightkeeper / Job overview",
+        "A fault-tolerant torchft job at a glance: quorum, progress, step time per replica "
+        "group, commit failures, and the monitor's findings and evictions.",
+        [TAG], [P.datasource_variable(), job_variable()], L, annotations, LINKS)
+
+
+# Badput causes of the monitor's goodput ledger (monitor.goodput.ledger.CAUSES), in stacking order,
+# with their colours; a test keeps the two lists in step.
+BADPUT_COLORS = {"startup": "blue", "capacity_lost": "red", "recovery": "orange",
+                 "stall": "dark-red", "straggler_drag": "yellow", "unattributed": "purple"}
+
+
+def _fixed_color(name: str, color: str) -> dict:
+    return P.override_by_name(name, color={"mode": "fixed", "fixedColor": color})
+
+
+def _goodput_panels(L: Layout) -> None:
+    """The ledger's job-level view: its ratio, its capacity, and where each interval's
+    replica-seconds went (docs/goodput.md)."""
+    good = f"sum(rate(lightkeeper_monitor_goodput_seconds_total{{{J}}}[{RI}]))"
+    bad = f"rate(lightkeeper_monitor_badput_seconds_total{{{J}}}[{RI}])"
+    total = f"({good} + sum({bad}))"
+    L.add(stat("Goodput since the ledger began",
+               "Replica-seconds spent in steps committed at healthy pace / (expected replica "
+               "groups x wall seconds), since the monitor's goodput ledger began (it survives "
+               "monitor restarts). GET /v1/goodput on the monitor has the incidents.",
+               [target(f"max(lightkeeper_monitor_goodput_ratio{{{J}}})", "goodput")],
+               unit="percentunit", decimals=1,
+               thresholds_=P.thresholds((None, "red"), (0.8, "orange"), (0.9, "green"))), 4, 8)
+    L.add(stat("Expected replica groups",
+               "The ledger's capacity: the monitor's --expected-groups, else the number of "
+               "replica groups it has seen.",
+               [target(f"max(lightkeeper_monitor_expected_replica_groups{{{J}}})",
+                       "expected")]), 4, 8)
+    L.add(timeseries(
+        "Goodput and badput by cause",
+        "Per interval, the share of the job's replica-seconds that went to goodput (steps "
+        "committed at healthy pace) and to each badput cause, stacked to 100%: startup, "
+        "capacity_lost (a group out of the quorum), recovery (after an eviction until back at "
+        "pace), stall (no commit anywhere), straggler_drag, unattributed. Slow time is counted "
+        "once its cause is settled (up to the attribution horizon later).",
+        targets((f"{good} / {total}", "goodput"),
+                (f"sum by (cause) ({bad}) / scalar{total}", "{{cause}}")),
+        unit="percentunit", stack=True, fill=70, min_=0, max_=1,
+        overrides=[_fixed_color("goodput", "green")]
+        + [_fixed_color(c, color) for c, color in BADPUT_COLORS.items()]), 8, 8)
+    L.add(timeseries(
+        "Goodput per replica group",
+        "Each replica group slot's goodput / its wall seconds since the ledger began.",
+        [target(f"lightkeeper_monitor_replica_group_goodput_ratio{{{J}}}",
+                "group {{replica_group}}")],
+        unit="percentunit", min_=0, max_=1), 8, 8)
+
+
+HOST_STATE = P.value_mappings({"suspect": ("suspect", "orange"),
+                                "quarantined": ("quarantined", "red"),
+                                "released": ("released", "blue")})
+
+
+def _host_panels(L: Layout) -> None:
+    """The monitor's host ledger (docs/quarantine.md): how many hosts are quarantined, which
+    hosts are not ok and why, and quarantine/release actions that fail. The per-host series
+    exist only for hosts that are not ok, so a healthy job shows "0" and an empty table."""
+    hosts = f"lightkeeper_monitor_hosts{{{J}}}"
+    failed = f"lightkeeper_monitor_host_action_failed{{{J}}}"
+    L.add(stat("Quarantined hosts",
+               "Hosts the monitor's host ledger holds quarantined: their groups are evicted "
+               "when they come back there (quarantined_host findings), and the sinks "
+               "(--action) cordon or drain them. GET /v1/hosts on the monitor has the evidence; "
+               "POST /v1/hosts/{host}/release lifts it.",
+               [target(f'sum(lightkeeper_monitor_hosts{{{J}, state="quarantined"}})',
+                       "quarantined")],
+               thresholds_=P.thresholds((None, "green"), (1, "orange"))), 4, 8)
+    L.add(stat("Hosts with a failing action",
+               "Hosts whose last quarantine or release action (k8s, slurm, exec, webhook) "
+               "failed or is being retried: a quarantine decided but not carried out.",
+               [target(f"count({failed} == 1) or vector(0)", "failing")],
+               thresholds_=P.thresholds((None, "green"), (1, "red"))), 4, 8)
+    L.add(timeseries(
+        "Hosts by state",
+        "Hosts in the monitor's ledger by state: suspect (offences counting, not yet "
+        "quarantined, or held back by a rail), quarantined, released, ok (offended once, "
+        "nothing counting now). Only hosts that ever offended are in the ledger.",
+        [target(f"sum by (state) ({hosts})", "{{state}}")],
+        interpolation="stepAfter", fill=0, min_=0,
+        overrides=[_fixed_color("quarantined", "red"), _fixed_color("suspect", "orange"),
+                   _fixed_color("released", "blue"), _fixed_color("ok", "green")]), 8, 8)
+    L.add(timeseries(
+        "Failing host actions by sink",
+        "Hosts whose last action failed or is being retried (retries back off 2 s, 4 s, ... "
+        "up to 6 attempts), by sink.",
+        [target(f"sum by (sink) ({failed})", "{{sink}}")],
+        interpolation="stepAfter", fill=0, min_=0), 8, 8)
+    key = "job, host"
+    L.add(table(
+        "Hosts not ok",
+        "One row per host that is not ok: its node, state, the offences that count now, and "
+        "the sink whose last action failed (empty when none). A healthy job has no row.",
+        targets((f"max by ({key}, node, state) "
+                 f"(lightkeeper_monitor_host_quarantine_state{{{J}}})", ""),
+                (f"max by ({key}) (lightkeeper_monitor_host_offences{{{J}}})", ""),
+                (f"max by ({key}, sink) ({failed})", ""),
+                instant=True, fmt="table"),
+        sort_by="host",
+        overrides=[P.override_by_name("state", mappings=HOST_STATE,
+                                      **{"custom.cellOptions": {"type": "color-text"}}),
+                   P.override_by_name("action failing", mappings=P.value_mappings(
+                       {"1": ("failed / retrying", "red")}),
+                       **{"custom.cellOptions": {"type": "color-text"}})],
+        transformations=[
+            {"id": "merge", "options": {}},
+            {"id": "organize", "options": {
+                "excludeByName": {"Time": True, "job": True, "Value #A": True},
+                "indexByName": {"host": 0, "node": 1, "state": 2, "Value #B": 3, "sink": 4,
+                                "Value #C": 5},
+                "renameByName": {"Value #B": "offences counting", "sink": "action sink",
+                                 "Value #C": "action failing"}}},
+        ]), 24, 7)

@@ -1,0 +1,195 @@
+"""The Monitor health dashboard: the Lightkeeper monitor itself (sweeps, reachability of ranks,
+poll errors, findings, evictions and held-back decisions, the Lighthouse's settings)."""
+
+from __future__ import annotations
+
+from . import panels as P
+from .common import IN_QUORUM, LINKS, TAG, UID_MONITOR, job_variable
+from .panels import Layout, stat, table, target, targets, timeseries
+from .promql import RI, J, events, step_events, step_growth
+
+
+def monitor_health() -> dict:
+    L = Layout()
+    L.row("Monitor")
+    L.add(stat("Ranks known", "Ranks the monitor polls.",
+               [target(f"sum(lightkeeper_monitor_ranks_known{{{J}}})", "known")]), 4, 4)
+    L.add(stat("Ranks up", "Ranks that answered the last sweep.",
+               [target(f"sum(lightkeeper_monitor_ranks_up{{{J}}})", "up")]), 4, 4)
+    L.add(stat("Ranks unreachable", "Ranks that did not answer the last sweep (not those whose "
+               "training finished).",
+               [target(f"sum(lightkeeper_monitor_ranks_unreachable{{{J}}})", "unreachable")],
+               thresholds_=P.thresholds((None, "green"), (1, "red"))), 4, 4)
+    L.add(stat("Open findings", "Findings the monitor currently holds open.",
+               [target(f"sum(lightkeeper_monitor_open_findings{{{J}}})", "open")],
+               thresholds_=P.thresholds((None, "green"), (1, "orange"))), 4, 4)
+    L.add(stat("Mode", "Dry run: the monitor reports but never evicts.",
+               [target(f"max(lightkeeper_monitor_dry_run{{{J}}})", "dry run")],
+               mappings=P.value_mappings({"1": ("dry run", "orange"),
+                                          "0": ("evicting", "green")})), 4, 4)
+    L.add(stat("Since last eviction", "Time since the monitor last requested an eviction.",
+               [target(f"time() - max(lightkeeper_monitor_last_eviction_timestamp_seconds{{{J}}} > 0)",
+                       "since last eviction")], unit="s"), 4, 4)
+    L.add(timeseries(
+        "Sweep duration", "Time one poll of every rank (plus analysis) takes; and sweeps per second.",
+        targets((f"histogram_quantile(0.5, sum by (le) "
+                 f"(rate(lightkeeper_monitor_sweep_duration_seconds_bucket{{{J}}}[{RI}])))", "p50"),
+                (f"histogram_quantile(0.95, sum by (le) "
+                 f"(rate(lightkeeper_monitor_sweep_duration_seconds_bucket{{{J}}}[{RI}])))", "p95"),
+                (f"sum(rate(lightkeeper_monitor_sweep_duration_seconds_sum{{{J}}}[{RI}])) / "
+                 f"sum(rate(lightkeeper_monitor_sweep_duration_seconds_count{{{J}}}[{RI}]))",
+                 "mean")),
+        unit="s", min_=0), 8, 8)
+    L.add(timeseries("Sweeps per second", "Completed sweeps per second.",
+                     [target(f"sum(rate(lightkeeper_monitor_sweeps_total{{{J}}}[{RI}]))",
+                             "sweeps/s")], min_=0), 4, 8)
+    L.add(timeseries(
+        "Ranks known / up / unreachable / finished / lost",
+        "What the monitor saw in each sweep; finished: gone after saying their training "
+        "finished; lost: self-registered ranks it dropped after --forget-after while the job "
+        "went on (LightkeeperRanksLost), per interval.",
+        targets((f"sum(lightkeeper_monitor_ranks_known{{{J}}})", "known"),
+                (f"sum(lightkeeper_monitor_ranks_up{{{J}}})", "up"),
+                (f"sum(lightkeeper_monitor_ranks_unreachable{{{J}}})", "unreachable"),
+                (f"sum(lightkeeper_monitor_ranks_finished{{{J}}})", "finished"),
+                ("sum(" + step_growth(f"lightkeeper_monitor_ranks_lost_total{{{J}}}") + ")",
+                 "lost")),
+        interpolation="stepAfter", fill=0, min_=0), 6, 8)
+    L.add(timeseries(
+        "Poll errors by reason", "Failed polls per second: timeout, connection, http_status, "
+        "bad_response.",
+        [target(f"sum by (reason) (rate(lightkeeper_monitor_poll_errors_total{{{J}}}[{RI}]))",
+                "{{reason}}")], min_=0), 6, 8)
+    L.add(timeseries(
+        "Rank registrations by outcome",
+        "POST /v1/targets per interval: accepted, or refused (unauthorized, not_allowed, "
+        "bad_request, too_many_targets, other_job). Refusals mean ranks the monitor does not "
+        "poll.",
+        [target(step_events("lightkeeper_monitor_registrations_total", J, "outcome"),
+                "{{outcome}}")],
+        draw="bars", fill=80, min_=0), 12, 6)
+    L.add(timeseries(
+        "Ranks verified / unverified by reason",
+        "Ranks whose claims the Lighthouse and their peers confirm (only their answers are "
+        "evidence for a finding), and the others by reason (shown, never evidence).",
+        targets((f"sum(lightkeeper_monitor_ranks_verified{{{J}}})", "verified"),
+                (f"sum by (reason) (lightkeeper_monitor_ranks_unverified{{{J}}})",
+                 "unverified: {{reason}}")),
+        interpolation="stepAfter", fill=0, min_=0), 8, 6)
+    L.add(stat("Lighthouse readable",
+               "Whether the monitor read and understood the Lighthouse's status at its last "
+               "sweep; without it no rank is verified and nothing is evicted.",
+               [target(f"min(lightkeeper_monitor_lighthouse_up{{{J}}})", "lighthouse")],
+               mappings=P.value_mappings({"1": ("read", "green"),
+                                          "0": ("unreadable: no eviction", "red")})), 4, 6)
+
+    L.row("Lighthouse settings")
+    _lighthouse_settings_panels(L)
+
+    L.row("Findings, evictions and held-back decisions")
+    L.add(timeseries(
+        "Findings by kind", "Confirmed findings per interval, by kind.",
+        [target(step_events("lightkeeper_monitor_findings_total", J, "kind"), "{{kind}}")],
+        draw="bars", fill=80, min_=0), 8, 8)
+    L.add(timeseries(
+        "Open findings by kind", "Findings currently open, by kind.",
+        [target(f"sum by (kind) (lightkeeper_monitor_open_findings{{{J}}})", "{{kind}}")],
+        interpolation="stepAfter", min_=0), 8, 8)
+    L.add(timeseries(
+        "Evictions by replica group", "Kill requests the monitor sent, per interval.",
+        [target(step_events("lightkeeper_monitor_evictions_total", J, "replica_group"),
+                "group {{replica_group}}")], draw="bars", fill=80, min_=0), 8, 8)
+    L.add(timeseries(
+        "Eviction decisions (evict / hold)",
+        "What the monitor decided for each confirmed finding: evict, or hold back (dry run, "
+        "eviction budget, quorum too small, ...), per interval.",
+        [target(step_events("lightkeeper_monitor_eviction_decisions_total", J,
+                            "decision, reason"), "{{decision}}: {{reason}}")],
+        draw="bars", fill=80, min_=0), 14, 8)
+    L.add(table(
+        "Decisions in the time range", "Eviction decisions over the dashboard's time range.",
+        [target(events("lightkeeper_monitor_eviction_decisions_total", J, "decision, reason",
+                       "$__range"), "", instant=True, fmt="table")],
+        transformations=[{"id": "organize", "options": {
+            "excludeByName": {"Time": True}, "renameByName": {"Value": "decisions"}}}]), 10, 8)
+
+    L.row("Replica groups as the monitor sees them")
+    L.add(P.state_timeline(
+        "Replica groups in the quorum (monitor)",
+        "From the Lighthouse's view, including groups whose ranks are gone.",
+        [target(f"max by (replica_group) "
+                f"(lightkeeper_monitor_replica_group_in_quorum{{{J}}})", "group {{replica_group}}")],
+        mappings=IN_QUORUM, thresholds_=P.thresholds((None, "red"), (1, "green"))), 12, 7)
+    L.add(timeseries(
+        "Arrival lag at the cross-group allreduce",
+        "How long the other replica groups wait for each group at the cross-group step (median "
+        "over the straggler window, from every rank's own per-step wait times; no clocks "
+        "compared): the straggler detector's evidence.",
+        [target(f"lightkeeper_monitor_replica_group_arrival_lag_seconds{{{J}}}",
+                "group {{replica_group}}")], unit="s", min_=0), 12, 7)
+    L.add(timeseries(
+        "Step per replica group (monitor)", "Committed step of each group as the monitor polled it.",
+        [target(f"lightkeeper_monitor_replica_group_step{{{J}}}", "group {{replica_group}}")]),
+        12, 7)
+    L.add(timeseries(
+        "Quorum (monitor)", "Quorum id and participants as the monitor sees them.",
+        targets((f"max(lightkeeper_monitor_quorum_id{{{J}}})", "quorum id"),
+                (f"max(lightkeeper_monitor_quorum_participants{{{J}}})", "participants")),
+        interpolation="stepAfter", fill=0), 12, 7)
+
+    annotations = [P.prometheus_annotation(
+        "Evictions",
+        step_events("lightkeeper_monitor_evictions_total", J, "job, replica_group") + " > 0",
+        title="Eviction of replica group {{replica_group}}",
+        text="The monitor asked to evict replica group {{replica_group}}", color="red",
+        tags="replica_group")]
+    return P.dashboard(
+        UID_MONITOR, "Lightkeeper / Monitor health",
+        "Is the Lightkeeper monitor itself healthy: sweep duration, reachability of ranks, "
+        "poll errors, findings, evictions and decisions it held back.",
+        [TAG], [P.datasource_variable(), job_variable()], L, annotations, LINKS)
+
+
+SETTING_WARNING = P.value_mappings({"0": ("ok", "green"), "1": ("slow recovery", "orange")})
+UNKNOWN = P.special_mapping("nan", "unknown")
+
+
+def _lighthouse_settings_panels(L: Layout) -> None:
+    """What the monitor knows of the Lighthouse's timeouts and whether they make recovery slow
+    (docs/lighthouse.md, "The monitor's warning"). NaN (not known yet) shows as "unknown"."""
+    warnings = f"lightkeeper_monitor_config_warnings{{{J}}}"
+    L.add(stat("Slow Lighthouse settings",
+               "Settings that make recovery after a fault slow (a dead group would stall the "
+               "survivors more than 2 s): heartbeat_timeout, eviction_drop, "
+               "heartbeat_timeout_declared (LightkeeperLighthouseSlowRecovery).",
+               [target(f"sum({warnings})", "warnings")],
+               thresholds_=P.thresholds((None, "green"), (1, "orange"))), 4, 6)
+    L.add(table(
+        "Lighthouse settings warnings",
+        "One row per setting the monitor judges: ok, or slow recovery while the evidence "
+        "holds (declared timeouts, the heartbeat ages /status shows, the last kill's drop "
+        "time). The monitor's log says why.",
+        [target(f"max by (setting) ({warnings})", "", instant=True, fmt="table")],
+        sort_by="setting",
+        overrides=[P.override_by_name("warning", mappings=SETTING_WARNING,
+                                      **{"custom.cellOptions": {"type": "color-text"}})],
+        transformations=[{"id": "organize", "options": {
+            "excludeByName": {"Time": True}, "indexByName": {"setting": 0, "Value": 1},
+            "renameByName": {"Value": "warning"}}}]), 8, 6)
+    L.add(stat("Lighthouse heartbeat timeout",
+               "declared: what the monitor was told (--lighthouse-heartbeat-timeout-ms); "
+               "observed_above / observed_at_most: the bounds the Lighthouse's /status shows "
+               "(a left group's heartbeat ageing past it). unknown until there is evidence.",
+               [target(f"max by (source) "
+                       f"(lightkeeper_monitor_lighthouse_heartbeat_timeout_seconds{{{J}}})",
+                       "{{source}}")],
+               unit="s", decimals=2, mappings=[UNKNOWN],
+               thresholds_=P.thresholds((None, "green"), (2, "orange"))), 8, 6)
+    L.add(stat("Last eviction: out of the quorum after",
+               "Seconds from the monitor's last kill until the Lighthouse's newest quorum no "
+               "longer listed the group (to within one sweep); the survivors stall about this "
+               "long. Orange above 3 s (2 s plus the process's exit); unknown before the first "
+               "eviction.",
+               [target(f"max(lightkeeper_monitor_lighthouse_drop_seconds{{{J}}})", "drop")],
+               unit="s", decimals=2, mappings=[UNKNOWN],
+               thresholds_=P.thresholds((None, "green"), (3, "orange"))), 4, 6)

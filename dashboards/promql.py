@@ -1,0 +1,83 @@
+"""The PromQL the dashboards share: the variable selectors and the query shapes.
+
+Every selector filters by Grafana's ``$job`` (one job, matched exactly: a single-value variable
+is interpolated as it is, never regex-escaped, so ``=~`` would read a job name ``a.b`` as a
+regex that also matches ``axb``), and on the drill-down by ``$replica_group`` and ``$rank``
+(multi-value, "All" = ``.*``, which Grafana regex-escapes and joins) as regex matchers.
+"""
+
+from __future__ import annotations
+
+# The WorkerServer's phases (worker_server.state.PHASES), in order; the phase timeline encodes
+# the current phase as its 1-based position here. A test keeps the two lists in step.
+PHASES = ("starting", "quorum", "forward", "backward", "allreduce", "commit", "optimizer",
+          "healing", "stopped", "checkpoint")
+PHASE_COLORS = {"starting": "blue", "quorum": "purple", "forward": "green", "backward": "green",
+                "allreduce": "orange", "commit": "yellow", "optimizer": "green",
+                "healing": "red", "stopped": "text", "checkpoint": "blue"}
+
+J = 'job="$job"'
+G = f'{J}, replica_group=~"$replica_group"'
+R = f'{G}, rank=~"$rank"'
+RI = "$__rate_interval"
+STEP = "$__interval"
+
+
+# each group's slowest rank's compute a step (as the straggler alert's recording rule)
+GROUP_COMPUTE = (f"max by (job, replica_group) "
+                 f"(rate(lightkeeper_step_compute_seconds_sum{{{J}}}[{RI}]) "
+                 f"/ rate(lightkeeper_step_compute_seconds_count{{{J}}}[{RI}]))")
+
+
+def events(metric: str, sel: str, by: str, window: str = RI) -> str:
+    """How much counter ``metric`` grew within ``window``, by ``by``.
+
+    ``increase`` cannot see the first increment of a labelled counter (its series appears
+    already at 1), so a series that is new within the window counts with its whole value."""
+    m = f"{metric}{{{sel}}}"
+    return f"sum by ({by}) (({m} unless {m} offset {window}) or increase({m}[{window}]))"
+
+
+def step_growth(m: str) -> str:
+    """How much each series of counter selector ``m`` grew since the previous step.
+
+    Grafana steps ``$__interval`` apart: each step compares two instant values one step apart,
+    so every increment counts at exactly one step (``increase`` over a longer window would count
+    it at several, and over one step sees a single sample). A counter reset counts 0."""
+    return f"clamp_min({m} - {m} offset {STEP}, 0)"
+
+
+def step_events(metric: str, sel: str, by: str) -> str:
+    """How much labelled counter ``metric`` grew since the previous step, by ``by``; a series
+    new since then counts with its whole value (it appears already at 1)."""
+    m = f"{metric}{{{sel}}}"
+    return f"sum by ({by}) (({m} unless {m} offset {STEP}) or {step_growth(m)})"
+
+
+def group_steps(metric: str) -> str:
+    """A worker counter's growth since the previous step per replica group (its ranks count
+    the same events: the most of any rank)."""
+    return f"max by (replica_group) ({step_growth(f'{metric}{{{J}}}')})"
+
+
+# one marker at the first step that sees a new quorum id (changes() over one step sees one sample)
+QUORUM_CHANGED = (f"max by (job) (lightkeeper_quorum_id{{{J}}} "
+                  f"!= lightkeeper_quorum_id{{{J}}} offset {STEP})")
+
+
+def step_quantile(q: float, by: str, sel: str) -> str:
+    return (f"histogram_quantile({q}, sum by ({by}, le) "
+            f"(rate(lightkeeper_step_duration_seconds_bucket{{{sel}}}[{RI}])))")
+
+
+def step_mean(by: str, sel: str) -> str:
+    return (f"sum by ({by}) (rate(lightkeeper_step_duration_seconds_sum{{{sel}}}[{RI}])) / "
+            f"sum by ({by}) (rate(lightkeeper_step_duration_seconds_count{{{sel}}}[{RI}]))")
+
+
+def phase_code_expr(sel: str) -> str:
+    """One series per rank whose value is the 1-based index of its current phase in PHASES."""
+    terms = " or ".join(f'lightkeeper_phase{{{sel}, phase="{p}"}} * {i}'
+                        for i, p in enumerate(PHASES, start=1))
+    return f"sum by (job, replica_group, rank) ({terms})"
+
