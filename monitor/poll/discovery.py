@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -20,6 +21,7 @@ from http_serving import host_for_url, redact_url
 
 from ..config import ConfigError
 from ..store import LockHeld, file_id, pid_lock
+from .admission import FAILED_LOOKUP_CACHE_S, IPAddress, NotAllowed, resolve
 from .torch_target import PREFIX
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,7 @@ class OtherJob(Exception):
 
 MAX_URL = 2048
 MAX_LABEL = 256  # a job name in a registration
+NAME_CACHE_S = 30.0  # a listed name's addresses, as --allow-targets keeps its names'
 
 
 def normalize_url(address: str) -> str:
@@ -81,6 +84,20 @@ def normalize_url(address: str) -> str:
     if parts.query or parts.fragment:
         raise BadTarget(f"target {shown!r} has a query or fragment")
     return f"{parts.scheme}://{host}:{port}{parts.path.rstrip('/')}"
+
+
+def _endpoint(url: str) -> tuple[tuple[str, int | None, str], str]:
+    """A normalized URL's (scheme, port, path) and its host, unbracketed and lower case."""
+    parts = urlsplit(url)
+    return (parts.scheme, parts.port, parts.path), parts.hostname or ""
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _opt_int(value: Any) -> int | None:
@@ -140,13 +157,20 @@ OTHER_JOBS_SAID = 20  # jobs whose refused ranks are logged (once each)
 class Discovery:
     def __init__(self, static: list[str] | None = None, targets_file: str | None = None,
                  forget_after_s: float = 30.0, job: str | None = None,
-                 max_targets: int = 10_000) -> None:
+                 max_targets: int = 10_000,
+                 resolver: Callable[[str], list[IPAddress]] | None = resolve) -> None:
         self._lock = threading.Lock()
         self._static = {u: Target(u, "static", job=job) for u in map(normalize_url, static or [])}
         self._file: dict[str, Target] = {}
         self._registered: dict[str, Target] = {}
         self._torch: dict[str, Target] = {}  # torch-only ranks found in the groups' stores
         self._claimed: dict[str, Target] = {}  # static and file_sd targets that registered too
+        # the listed targets by (scheme, port, path), for a registration at another spelling of
+        # their host; built again when the file_sd content changes (a new dict)
+        self._by_endpoint: dict[tuple, tuple[list, list]] = {}  # (names, addresses)
+        self._indexed_file: dict[str, Target] | None = None
+        self._resolver = resolver  # None: listed names are matched as spelled only
+        self._addrs: dict[str, tuple[float, list[IPAddress]]] = {}  # a listed name's, until when
         self.targets_file = targets_file
         self._file_sig: tuple[float, int] | None = None
         self.file_error: str | None = None
@@ -197,6 +221,11 @@ class Discovery:
         url = admit(registered_as) if admit is not None else registered_as
         if self._listed(url):
             return self._annotate(url, registered_as, hints, now)
+        # else by address: a rank is the socket it is polled at, whichever name reaches it,
+        # as the names resolve now (the rank registers again every few seconds)
+        listed = self._listed_by_address(url, registered_as, now)
+        if listed is not None:
+            return self._annotate(listed, registered_as, hints, now, polled=url)
         target = Target(url, "registered", job=job, replica_group=replica_group, rank=rank,
                         last_registered=now,
                         registered_as=registered_as if registered_as != url else None)
@@ -218,13 +247,83 @@ class Discovery:
         with self._lock:
             return url in self._static or url in self._file
 
-    def _annotate(self, url: str, registered_as: str, hints: tuple, now: float) -> Target:
+    def _listed_by_address(self, url: str, registered_as: str, now: float) -> str | None:
+        """The listed target that the rank polled at ``url`` is, told by address: same scheme,
+        port and path, and a host resolving (now) to an address of ``url``'s host; else None.
+        Raises ResolverBusy (the rank registers again).
+
+        One socket, one rank: a listed name is the rank at any of its addresses (``localhost``:
+        127.0.0.1 and ::1), the first to register there keeps it (a second address's rank
+        stays a target of its own); a name that resolves elsewhere later loses its claim."""
+        if self._resolver is None:
+            return None
+        endpoint, host = _endpoint(url)
+        with self._lock:
+            if self._indexed_file is not self._file:
+                self._index_listed()
+            names, addresses = self._by_endpoint.get(endpoint, ((), ()))
+            # an address resolves to itself only: two of them matched as spelled, or not at all
+            candidates = [*names] if _is_ip(host) else [*names, *addresses]
+            held = [(u, h) for u, h in candidates if (c := self._claimed.get(u)) is not None
+                    and (c.registered_as or u) == registered_as]
+        if not candidates:
+            return None
+        try:
+            mine = set(self._resolver(host))  # an address: no lookup; a name: never cached
+        except NotAllowed:
+            return None
+        for u, h in held:  # the one this rank holds already, if any
+            if mine & set(self._addresses(h)):
+                return u
+            with self._lock:  # its name resolves elsewhere now: its hints are another rank's
+                self._claimed.pop(u, None)
+                self._invalidate()
+        for u, h in candidates:
+            if (u, h) in held or not mine & set(self._addresses(h)):
+                continue
+            with self._lock:
+                claim = self._claimed.get(u)
+            if claim is None or claim.last_registered is None \
+                    or now - claim.last_registered >= self.forget_after_s:
+                return u
+        return None
+
+    def _index_listed(self) -> None:  # under self._lock
+        self._by_endpoint = {}
+        for u in (*self._static, *self._file):
+            e, h = _endpoint(u)
+            self._by_endpoint.setdefault(e, ([], []))[_is_ip(h)].append((u, h))
+        names = {h for listed, _ in self._by_endpoint.values() for _, h in listed}
+        self._addrs = {h: a for h, a in self._addrs.items() if h in names}
+        self._indexed_file = self._file
+
+    def _addresses(self, host: str) -> list[IPAddress]:
+        """A listed host's addresses, a name's looked up again after NAME_CACHE_S."""
+        if _is_ip(host):
+            return self._resolver(host)
+        t = time.monotonic()
+        with self._lock:
+            cached = self._addrs.get(host)
+        if cached is not None and t < cached[0]:
+            return cached[1]
+        try:
+            addrs, keep = self._resolver(host), NAME_CACHE_S
+        except NotAllowed:  # matches nothing, asked again soon: the resolver may be slow a while
+            addrs, keep = [], FAILED_LOOKUP_CACHE_S
+        with self._lock:
+            self._addrs[host] = (t + keep, addrs)
+        return addrs
+
+    def _annotate(self, url: str, registered_as: str, hints: tuple, now: float,
+                  polled: str | None = None) -> Target:
         """The registration of the listed target ``url``: its hints (where the listing gives
-        none) and registration, on that target."""
+        none) and registration, on that target. ``polled``: the address the registration was
+        admitted at, when it names the listed target otherwise."""
         job, replica_group, rank = hints
         with self._lock:
             base = self._static.get(url) or self._file.get(url)
             if base is None:  # gone with a new file_sd content meanwhile: registered instead
+                url = polled or url
                 self._registered[url] = Target(url, "registered", job, replica_group, rank, now,
                                                registered_as if registered_as != url else None)
                 self._invalidate()
@@ -243,6 +342,8 @@ class Discovery:
             # a copy registered (or restored from --sd-out) under the other spelling goes
             self._registered.pop(url, None)
             self._registered.pop(registered_as, None)
+            if polled is not None:
+                self._registered.pop(polled, None)
             self._invalidate()
             return t
 
