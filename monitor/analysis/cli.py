@@ -17,7 +17,7 @@ from typing import Any, TextIO
 from http_serving import printable
 
 from .bundle import FR_DIR, BundleError, OpenedBundle, is_bundle, monitor_verdict, open_bundle
-from .torchft_dumps import pick, quorum_folders, settle
+from .torchft_dumps import pick, quorum_folders
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,12 +62,6 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         for e in loaded.errors:
             if Path(e.get("path", "")).parent == Path(b.fr_dir):
                 e["path"] = f"{b.source}: {FR_DIR}/{Path(e['path']).name}"
-    for q in inputs.quorums:  # torch named these files, not Lightkeeper: ranks and groups checked
-        if q["read"]:
-            notes, errors = settle(loaded.traces, loaded.paths, q["path"])
-            loaded.errors += errors
-            if notes:
-                q["notes"] = notes
     result = analyze(loaded.traces, blame_missing=args.blame_missing, same_host=args.same_host, world_size=args.world_size)
     result.errors = inputs.errors + loaded.errors + result.errors
     report = result.to_dict()
@@ -161,7 +155,6 @@ def format_text(report: dict[str, Any]) -> str:
         lines[0] += f" (pickle reader: {report['pickle_reader']})"
     for q in report.get("torchft_quorums", []):
         lines.append(f"torchft quorum {q['quorum_id']}: {q['path']}{' (read)' if q['read'] else ''}")
-        lines.extend(f"  note: {n}" for n in q.get("notes", []))
     for b in report.get("bundles", []):
         named = _span(b["culprit_ranks"]) if b["culprit_ranks"] else "none"
         agrees = {True: "the analysis agrees", False: "the analysis does not name them", None: ""}[b["analysis_agrees"]]
