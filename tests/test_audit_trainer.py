@@ -8,6 +8,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -157,9 +158,10 @@ def test_the_trainer_under_lightkeeper_run_says_finished_on_the_hooks_server(tmp
             while proc.poll() is None:
                 try:
                     state = http.get(url + "/v1/state", timeout=2).json()
+                    answers.append((state["phase"], state.get("finished")))
                 except (requests.RequestException, ValueError):
-                    continue
-                answers.append((state["phase"], state.get("finished")))
+                    pass
+                time.sleep(0.05)  # the poll interval, not a synchronization: finish() waits 3 s
         assert proc.wait(30) == 0, log.read_text()[-3000:]
         assert ("stopped", True) in answers, answers[-5:]
     finally:

@@ -122,8 +122,9 @@ def make_env(d: Path, wheel, extra: str | None = None) -> dict:
     python, _ = linked_venv(venv, sorted(deps))
     subprocess.run([*PIP, "--python", str(python), "install", "-q", "--no-deps", "--no-index",
                     str(path)], check=True, timeout=180, capture_output=True)
+    # only the core venv's is asserted (test_core_installs_without_torch): pip is slow to start
     check = subprocess.run([*PIP, "--python", str(python), "check"], capture_output=True,
-                           text=True, timeout=120)
+                           text=True, timeout=120) if extra is None else None
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "VIRTUAL_ENV", "LIGHTKEEPER_AUTOSTART")}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
