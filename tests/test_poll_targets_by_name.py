@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import ipaddress
-import types
+import threading
+import time
 
-import pytest
 import requests
 
 from lightkeeper.cluster import wait_until
-from monitor.poll import discovery
 from monitor.poll.admission import AllowList, NotAllowed, ResolverBusy
 from monitor.poll.discovery import Discovery
 from tests.test_monitor_trust import bare_monitor
@@ -33,6 +32,7 @@ def test_a_rank_listed_by_name_that_registers_by_address_is_one_target(tmp_path)
     assert srv.url == f"http://127.0.0.1:{port}"
     mon = bare_monitor(tmp_path, targets=[f"localhost:{port}"])  # /etc/hosts: 127.0.0.1
     try:
+        mon.discovery.refresh_names()  # else merged at the rank's next registration, 5 s on
         srv.register_with(mon.url)  # as every WorkerServer given the monitor's URL does
 
         def polled_since_registered() -> list:  # a sweep after the registration published
@@ -52,6 +52,10 @@ def test_a_rank_listed_by_name_that_registers_by_address_is_one_target(tmp_path)
     finally:
         srv.stop()
         mon.stop()
+    # the names' lookups stop with the monitor
+    wait_until(lambda: not [t for t in threading.enumerate()
+                            if t.name.startswith("lightkeeper-names")], 5, interval=0.02,
+               what="the name refresher's threads ending")
 
 
 HOSTS = {"trainer-a": ["10.0.0.7"], "trainer-b": ["10.0.0.8"],
@@ -71,9 +75,10 @@ def listed(d: Discovery) -> list[tuple]:
     return [(t.url, t.source, t.rank, t.registered_as) for t in d.targets()]
 
 
-def test_the_address_a_listed_name_resolves_to_at_registration_is_its_identity():
+def test_the_address_a_listed_name_resolves_to_is_its_identity():
     allow = AllowList.parse(["10.0.0.0/24"], resolver=resolver)
     d = Discovery(["trainer-a:9500"], resolver=resolver)
+    d.refresh_names()  # as the monitor's refresher does in the background
     # registered by address, before and after a copy of it was registered on its own
     d.register({"url": "http://10.0.0.7:9500", "rank": 3}, admit=allow.admit, now=1.0)
     assert listed(d) == [("http://trainer-a:9500", "static", 3, "http://10.0.0.7:9500")]
@@ -81,13 +86,19 @@ def test_the_address_a_listed_name_resolves_to_at_registration_is_its_identity()
     d.register({"url": "http://10.0.0.7:9501", "rank": 4}, admit=allow.admit, now=1.0)
     assert [t.url for t in d.targets()] == ["http://trainer-a:9500", "http://10.0.0.7:9501"]
 
-    # listed by address, registered by name with the token (polled as registered)
+    # listed by address, registered by name with the token (polled as registered): the name
+    # is looked up off the registration path, then matched at its next registration
     d = Discovery(["10.0.0.8:9500"], resolver=resolver)
     d.register({"url": "http://trainer-b:9500", "rank": 1}, admit=lambda url: url, now=1.0)
+    assert sorted(listed(d)) == [("http://10.0.0.8:9500", "static", None, None),
+                                 ("http://trainer-b:9500", "registered", 1, None)]
+    d.refresh_names()
+    d.register({"url": "http://trainer-b:9500", "rank": 1}, admit=lambda url: url, now=6.0)
     assert listed(d) == [("http://10.0.0.8:9500", "static", 1, "http://trainer-b:9500")]
 
     # a name that does not resolve matches nothing; the rank is still polled, on its own
     d = Discovery(["gone:9500"], resolver=resolver)
+    d.refresh_names()
     d.register({"url": "http://10.0.0.7:9500", "rank": 2}, admit=allow.admit, now=1.0)
     assert sorted(t.url for t in d.targets()) == ["http://10.0.0.7:9500", "http://gone:9500"]
 
@@ -95,6 +106,7 @@ def test_the_address_a_listed_name_resolves_to_at_registration_is_its_identity()
 def test_a_name_of_several_addresses_is_one_rank_the_first_to_register():
     allow = AllowList.parse(["10.0.0.0/24"], resolver=resolver)
     d = Discovery(["both:9500"], resolver=resolver, forget_after_s=30)
+    d.refresh_names()
     d.register({"url": "http://10.0.0.8:9500", "rank": 1}, admit=allow.admit, now=1.0)
     d.register({"url": "http://10.0.0.7:9500", "rank": 2}, admit=allow.admit, now=2.0)
     d.register({"url": "http://10.0.0.8:9500", "rank": 1}, admit=allow.admit, now=6.0)
@@ -105,30 +117,85 @@ def test_a_name_of_several_addresses_is_one_rank_the_first_to_register():
     assert listed(d) == [("http://both:9500", "static", 2, "http://10.0.0.7:9500")]
 
 
-def test_a_name_that_moves_keeps_its_target_and_loses_the_old_ranks_hints(monkeypatch):
-    clock = types.SimpleNamespace(monotonic=lambda: now, time=lambda: now)
-    monkeypatch.setattr(discovery, "time", clock)
+def test_a_name_that_moves_hands_its_target_to_the_new_address_at_once(monkeypatch):
     monkeypatch.setitem(HOSTS, "mover", ["10.0.0.7"])
     allow = AllowList.parse(["10.0.0.0/24"], resolver=resolver)
-    d = Discovery(["mover:9500"], resolver=resolver)
-    now = 100.0
-    d.register({"url": "http://10.0.0.7:9500", "rank": 5}, admit=allow.admit, now=now)
+    d = Discovery(["mover:9500"], resolver=resolver, forget_after_s=30)
+    d.refresh_names()
+    d.register({"url": "http://10.0.0.7:9500", "rank": 5}, admit=allow.admit, now=100.0)
     assert listed(d) == [("http://mover:9500", "static", 5, "http://10.0.0.7:9500")]
-    HOSTS["mover"] = ["10.0.0.9"]
-    now += discovery.NAME_CACHE_S  # looked up again
-    d.register({"url": "http://10.0.0.7:9500", "rank": 5}, admit=allow.admit, now=now)
+    HOSTS["mover"] = ["10.0.0.9"]  # rescheduled: the old pod's rank still registers a while
+    d.refresh_names()
+    assert listed(d) == [("http://mover:9500", "static", None, None)]  # not its hints now
+    # the new pod's rank takes the name at its first registration, not --forget-after later
+    d.register({"url": "http://10.0.0.9:9500", "rank": 6}, admit=allow.admit, now=101.0)
+    d.register({"url": "http://10.0.0.7:9500", "rank": 5}, admit=allow.admit, now=102.0)
     assert sorted(listed(d)) == [("http://10.0.0.7:9500", "registered", 5, None),
-                                 ("http://mover:9500", "static", None, None)]
+                                 ("http://mover:9500", "static", 6, "http://10.0.0.9:9500")]
 
 
-def test_a_busy_resolver_refuses_the_registration_rather_than_doubling_the_rank():
-    def busy(host):
-        if host == "trainer-a":
-            raise ResolverBusy("busy")
+def test_a_failed_lookup_keeps_the_names_addresses():
+    answers = {"trainer-a": [NotAllowed("trainer-a did not resolve within 2s"),
+                             ResolverBusy("busy"), []]}
+
+    def blipping(host):
+        if answers.get(host):
+            got = answers[host].pop(0)
+            if isinstance(got, Exception):
+                raise got
+            return got
         return resolver(host)
 
-    d = Discovery(["trainer-a:9500"], resolver=busy)
-    with pytest.raises(ResolverBusy):  # 503 with Retry-After: the rank registers again
-        d.register({"url": "http://10.0.0.7:9500"}, admit=AllowList.parse(
-            ["10.0.0.0/24"], resolver=resolver).admit)
-    assert [t.url for t in d.targets()] == ["http://trainer-a:9500"]
+    allow = AllowList.parse(["10.0.0.0/24"], resolver=resolver)
+    d = Discovery(["trainer-a:9500"], resolver=blipping)
+    d.refresh_names()  # the first answer a timeout: nothing known, nothing matched yet
+    d.register({"url": "http://10.0.0.7:9500", "rank": 3}, admit=allow.admit, now=1.0)
+    assert sorted(t.url for t in d.targets()) == ["http://10.0.0.7:9500",
+                                                  "http://trainer-a:9500"]
+    d.refresh_names()  # busy, still nothing; then an empty answer: nothing either
+    d.refresh_names()
+    d.refresh_names()  # resolved: merged at the rank's next registration
+    d.register({"url": "http://10.0.0.7:9500", "rank": 3}, admit=allow.admit, now=6.0)
+    assert listed(d) == [("http://trainer-a:9500", "static", 3, "http://10.0.0.7:9500")]
+    answers["trainer-a"] = [NotAllowed("trainer-a did not resolve within 2s"), []]
+    d.refresh_names()
+    d.refresh_names()
+    for now in (11.0, 16.0):  # a blip moves no claim: the rank stays one target
+        d.register({"url": "http://10.0.0.7:9500", "rank": 3}, admit=allow.admit, now=now)
+        assert listed(d) == [("http://trainer-a:9500", "static", 3, "http://10.0.0.7:9500")]
+
+
+def test_a_hanging_resolver_holds_no_registration_up():
+    release, asked = threading.Event(), []
+
+    def hanging(host):
+        asked.append((host, threading.current_thread() is threading.main_thread()))
+        if not release.wait(5):
+            raise NotAllowed(f"{host} did not resolve")
+        return resolver(host)
+
+    allow = AllowList.parse(["10.0.0.0/24"], resolver=resolver)
+    d = Discovery([f"node-{i}:9500" for i in range(10)] + ["trainer-a:9500"],
+                  resolver=hanging).start()
+    try:
+        started = time.monotonic()
+        for now in (1.0, 2.0):
+            t = d.register({"url": "http://10.0.0.7:9500", "rank": 3}, admit=allow.admit,
+                           now=now)
+            assert (t.url, t.source) == ("http://10.0.0.7:9500", "registered")
+        assert time.monotonic() - started < 0.5
+        wait_until(lambda: asked, 5, interval=0.01, what="the refresher asking")
+        release.set()
+
+        def merged():
+            t = d.register({"url": "http://10.0.0.7:9500", "rank": 3}, admit=allow.admit,
+                           now=time.monotonic())
+            return t.source == "static"
+
+        wait_until(merged, 5, interval=0.01, what="the registration matching trainer-a")
+        assert listed(d) == [("http://trainer-a:9500", "static", 3, "http://10.0.0.7:9500")] \
+            + [(f"http://node-{i}:9500", "static", None, None) for i in range(10)]
+        assert not [h for h, on_main in asked if on_main]  # never on a registration's thread
+    finally:
+        release.set()
+        d.close()

@@ -5,14 +5,13 @@
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import logging
 import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -21,7 +20,8 @@ from http_serving import host_for_url, redact_url
 
 from ..config import ConfigError
 from ..store import LockHeld, file_id, pid_lock
-from .admission import FAILED_LOOKUP_CACHE_S, IPAddress, NotAllowed, resolve
+from .admission import IPAddress
+from .names import Addresses, NameRefresher, ip_of, lookup
 from .torch_target import PREFIX
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,6 @@ class OtherJob(Exception):
 
 MAX_URL = 2048
 MAX_LABEL = 256  # a job name in a registration
-NAME_CACHE_S = 30.0  # a listed name's addresses, as --allow-targets keeps its names'
 
 
 def normalize_url(address: str) -> str:
@@ -86,18 +85,10 @@ def normalize_url(address: str) -> str:
     return f"{parts.scheme}://{host}:{port}{parts.path.rstrip('/')}"
 
 
-def _endpoint(url: str) -> tuple[tuple[str, int | None, str], str]:
-    """A normalized URL's (scheme, port, path) and its host, unbracketed and lower case."""
+def _split(url: str) -> tuple[str, str, int | None, str]:
+    """A normalized URL's scheme, host (unbracketed, lower case), port and path."""
     parts = urlsplit(url)
-    return (parts.scheme, parts.port, parts.path), parts.hostname or ""
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
+    return parts.scheme, parts.hostname or "", parts.port, parts.path
 
 
 def _opt_int(value: Any) -> int | None:
@@ -158,19 +149,24 @@ class Discovery:
     def __init__(self, static: list[str] | None = None, targets_file: str | None = None,
                  forget_after_s: float = 30.0, job: str | None = None,
                  max_targets: int = 10_000,
-                 resolver: Callable[[str], list[IPAddress]] | None = resolve) -> None:
+                 resolver: Callable[[str], list[IPAddress]] | None = lookup) -> None:
         self._lock = threading.Lock()
         self._static = {u: Target(u, "static", job=job) for u in map(normalize_url, static or [])}
         self._file: dict[str, Target] = {}
         self._registered: dict[str, Target] = {}
         self._torch: dict[str, Target] = {}  # torch-only ranks found in the groups' stores
         self._claimed: dict[str, Target] = {}  # static and file_sd targets that registered too
-        # the listed targets by (scheme, port, path), for a registration at another spelling of
-        # their host; built again when the file_sd content changes (a new dict)
-        self._by_endpoint: dict[tuple, tuple[list, list]] = {}  # (names, addresses)
-        self._indexed_file: dict[str, Target] | None = None
-        self._resolver = resolver  # None: listed names are matched as spelled only
-        self._addrs: dict[str, tuple[float, list[IPAddress]]] = {}  # a listed name's, until when
+        # a listed target's socket, for a registration at another spelling of its host: the
+        # listed URLs by (scheme, address, port, path), their names' addresses as last resolved
+        # off the registration path (None: listed names are matched as spelled only)
+        self._names = NameRefresher(resolver, self._moved) if resolver is not None else None
+        self._by_addr: dict[tuple, list[str]] = {}
+        self._by_host: dict[str, list[str]] = {}  # a listed host -> the listed URLs on it
+        self._endpoints: set[tuple] = set()  # the listed (scheme, port, path)
+        # a claim made by address: listed URL -> (the URL registered, its addresses then), and
+        # which listed URL each such registration holds
+        self._via: dict[str, tuple[str, Addresses]] = {}
+        self._held: dict[str, str] = {}
         self.targets_file = targets_file
         self._file_sig: tuple[float, int] | None = None
         self.file_error: str | None = None
@@ -186,6 +182,24 @@ class Discovery:
         self._sorted: list[Target] | None = None
         self.version = 0  # counts the changes of the known set (or of a target's hints)
         self.has_torch = False  # a target on torch's debug server among them (as of targets())
+        self._index_listed()
+
+    def start(self) -> Discovery:
+        """Resolve the listed names in the background from now (until :meth:`close`); before,
+        or without it, :meth:`refresh_names` does it once."""
+        if self._names is not None:
+            self._names.start()
+        return self
+
+    def close(self) -> None:
+        if self._names is not None:
+            self._names.close()
+
+    def refresh_names(self) -> None:
+        """Resolve every listed name (and registration's name asked for) now; returns when
+        answered."""
+        if self._names is not None:
+            self._names.refresh()
 
     def register(self, body: Any, now: float | None = None,
                  admit: Callable[[str], str] | None = None) -> Target:
@@ -221,11 +235,12 @@ class Discovery:
         url = admit(registered_as) if admit is not None else registered_as
         if self._listed(url):
             return self._annotate(url, registered_as, hints, now)
-        # else by address: a rank is the socket it is polled at, whichever name reaches it,
-        # as the names resolve now (the rank registers again every few seconds)
+        # else by address: a rank is the socket it is polled at, whichever name reaches it, as
+        # the names last resolved (in the background: a slow resolver holds no registration up)
         listed = self._listed_by_address(url, registered_as, now)
         if listed is not None:
-            return self._annotate(listed, registered_as, hints, now, polled=url)
+            return self._annotate(listed[0], registered_as, hints, now, polled=url,
+                                  mine=listed[1])
         target = Target(url, "registered", job=job, replica_group=replica_group, rank=rank,
                         last_registered=now,
                         registered_as=registered_as if registered_as != url else None)
@@ -247,78 +262,98 @@ class Discovery:
         with self._lock:
             return url in self._static or url in self._file
 
-    def _listed_by_address(self, url: str, registered_as: str, now: float) -> str | None:
-        """The listed target that the rank polled at ``url`` is, told by address: same scheme,
-        port and path, and a host resolving (now) to an address of ``url``'s host; else None.
-        Raises ResolverBusy (the rank registers again).
+    def _listed_by_address(self, url: str, registered_as: str,
+                           now: float) -> tuple[str, Addresses] | None:
+        """The listed target that the rank polled at ``url`` is, told by address (same scheme,
+        port and path, and a host whose addresses as last resolved, never looked up here,
+        include one of ``url``'s host), and the addresses it was told by; else None.
 
         One socket, one rank: a listed name is the rank at any of its addresses (``localhost``:
         127.0.0.1 and ::1), the first to register there keeps it (a second address's rank
-        stays a target of its own); a name that resolves elsewhere later loses its claim."""
-        if self._resolver is None:
+        stays a target of its own)."""
+        if self._names is None:
             return None
-        endpoint, host = _endpoint(url)
+        scheme, host, port, path = _split(url)
         with self._lock:
-            if self._indexed_file is not self._file:
-                self._index_listed()
-            names, addresses = self._by_endpoint.get(endpoint, ((), ()))
-            # an address resolves to itself only: two of them matched as spelled, or not at all
-            candidates = [*names] if _is_ip(host) else [*names, *addresses]
-            held = [(u, h) for u, h in candidates if (c := self._claimed.get(u)) is not None
-                    and (c.registered_as or u) == registered_as]
-        if not candidates:
+            if (scheme, port, path) not in self._endpoints:
+                return None
+        ip = ip_of(host)
+        # a name (admitted with the token) kept resolved while it registers; matched once it is
+        mine = frozenset((ip,)) if ip is not None else self._names.want(host)
+        if mine is None:
             return None
-        try:
-            mine = set(self._resolver(host))  # an address: no lookup; a name: never cached
-        except NotAllowed:
-            return None
-        for u, h in held:  # the one this rank holds already, if any
-            if mine & set(self._addresses(h)):
-                return u
-            with self._lock:  # its name resolves elsewhere now: its hints are another rank's
-                self._claimed.pop(u, None)
+        with self._lock:
+            candidates = list(dict.fromkeys(
+                u for a in mine for u in self._by_addr.get((scheme, a, port, path), ())))
+            held = self._held.get(registered_as)
+            if held in candidates:
+                return held, mine
+            if held is not None:  # its name resolves elsewhere now: its hints are another rank's
+                self._unclaim(held)
                 self._invalidate()
-        for u, h in candidates:
-            if (u, h) in held or not mine & set(self._addresses(h)):
-                continue
-            with self._lock:
+            for u in candidates:
                 claim = self._claimed.get(u)
-            if claim is None or claim.last_registered is None \
-                    or now - claim.last_registered >= self.forget_after_s:
-                return u
+                if claim is None or claim.last_registered is None \
+                        or now - claim.last_registered >= self.forget_after_s:
+                    return u, mine
         return None
 
-    def _index_listed(self) -> None:  # under self._lock
-        self._by_endpoint = {}
-        for u in (*self._static, *self._file):
-            e, h = _endpoint(u)
-            self._by_endpoint.setdefault(e, ([], []))[_is_ip(h)].append((u, h))
-        names = {h for listed, _ in self._by_endpoint.values() for _, h in listed}
-        self._addrs = {h: a for h, a in self._addrs.items() if h in names}
-        self._indexed_file = self._file
+    def _index_listed(self) -> None:
+        """Index the listed targets by host and socket (a new listing); the names are then
+        resolved again off the registration path."""
+        with self._lock:
+            self._by_addr, self._by_host, self._endpoints = {}, {}, set()
+            for u in (*self._static, *self._file):
+                scheme, host, port, path = _split(u)
+                self._by_host.setdefault(host, []).append(u)
+                self._endpoints.add((scheme, port, path))
+            names = [h for h in self._by_host if ip_of(h) is None]
+            for host in self._by_host:
+                ip = ip_of(host)
+                addrs = (ip,) if ip is not None else \
+                    self._names.addresses(host) if self._names is not None else None
+                self._place(host, None, addrs or ())
+        if self._names is not None:
+            self._names.set_listed(names)
 
-    def _addresses(self, host: str) -> list[IPAddress]:
-        """A listed host's addresses, a name's looked up again after NAME_CACHE_S."""
-        if _is_ip(host):
-            return self._resolver(host)
-        t = time.monotonic()
+    def _place(self, host: str, old: Addresses | None, new: Iterable[IPAddress]) -> None:
+        """The listed URLs on ``host`` at its ``new`` addresses, no longer at ``old`` ones
+        (under self._lock)."""
+        for u in self._by_host.get(host, ()):
+            scheme, _, port, path = _split(u)
+            for a in old or ():
+                at = self._by_addr.get((scheme, a, port, path))
+                if at is not None and u in at:
+                    at.remove(u)
+                    if not at:
+                        del self._by_addr[(scheme, a, port, path)]
+            for a in new:
+                at = self._by_addr.setdefault((scheme, a, port, path), [])
+                if u not in at:
+                    at.append(u)
+
+    def _moved(self, name: str, old: Addresses | None, new: Addresses) -> None:
+        """A listed name resolved to other addresses (the refresher's worker): the claims of the
+        ranks registered at its old ones go at once, for the new address's rank to take."""
         with self._lock:
-            cached = self._addrs.get(host)
-        if cached is not None and t < cached[0]:
-            return cached[1]
-        try:
-            addrs, keep = self._resolver(host), NAME_CACHE_S
-        except NotAllowed:  # matches nothing, asked again soon: the resolver may be slow a while
-            addrs, keep = [], FAILED_LOOKUP_CACHE_S
-        with self._lock:
-            self._addrs[host] = (t + keep, addrs)
-        return addrs
+            self._place(name, old, new)
+            for u in self._by_host.get(name, ()):
+                via = self._via.get(u)
+                if via is not None and self._claimed.get(u) is not None and not via[1] & new:
+                    self._unclaim(u)
+                    self._invalidate()
+
+    def _unclaim(self, url: str) -> None:  # under self._lock
+        self._claimed.pop(url, None)
+        via = self._via.pop(url, None)
+        if via is not None and self._held.get(via[0]) == url:
+            del self._held[via[0]]
 
     def _annotate(self, url: str, registered_as: str, hints: tuple, now: float,
-                  polled: str | None = None) -> Target:
+                  polled: str | None = None, mine: Addresses | None = None) -> Target:
         """The registration of the listed target ``url``: its hints (where the listing gives
         none) and registration, on that target. ``polled``: the address the registration was
-        admitted at, when it names the listed target otherwise."""
+        admitted at, when it names the listed target otherwise (by ``mine``, its addresses)."""
         job, replica_group, rank = hints
         with self._lock:
             base = self._static.get(url) or self._file.get(url)
@@ -333,12 +368,18 @@ class Discovery:
                        else replica_group,
                        rank=base.rank if base.rank is not None else rank, last_registered=now,
                        registered_as=registered_as if registered_as != url else None)
+            via = (registered_as, mine) if mine is not None else None
             old = self._claimed.get(url)
             if old is not None and (old.job, old.replica_group, old.rank, old.registered_as) \
                     == (t.job, t.replica_group, t.rank, t.registered_as):
                 old.last_registered = now
+                if via is not None:
+                    self._via[url] = via
                 return old
+            self._unclaim(url)
             self._claimed[url] = t
+            if via is not None:
+                self._via[url], self._held[registered_as] = via, url
             # a copy registered (or restored from --sd-out) under the other spelling goes
             self._registered.pop(url, None)
             self._registered.pop(registered_as, None)
@@ -429,8 +470,10 @@ class Discovery:
         with self._lock:
             self._file = parsed
             # their hints may have changed: annotated again at their next registration
-            self._claimed = {u: t for u, t in self._claimed.items() if u in self._static}
+            for u in [u for u in self._claimed if u not in self._static]:
+                self._unclaim(u)
             self._invalidate()
+        self._index_listed()
         self._file_sig = sig
         self.file_error = None
         return None
