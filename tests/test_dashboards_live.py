@@ -132,8 +132,10 @@ def live(tmp_path_factory):
     require_binary("prometheus")
     workdir = tmp_path_factory.mktemp("dashboards_live")
     t0 = time.monotonic()
+    # heartbeat 1000 ms (docs/lighthouse.md): the survivor's quorum change (an annotation
+    # waited for) comes once the evicted group's heartbeat expires; the default 5 s is waited out
     cluster = LocalCluster(workdir / "cluster", num_groups=2, steps=100000, step_pause_s=0.1,
-                           job=JOB)
+                           job=JOB, heartbeat_timeout_ms=1000)
     monitor = prom = None
     try:
         lighthouse = cluster.start_lighthouse()

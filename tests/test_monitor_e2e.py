@@ -96,8 +96,10 @@ def env(tmp_path_factory):
     d = tmp_path_factory.mktemp("monitor_e2e")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
+    # heartbeat 1000 ms (docs/lighthouse.md): each eviction stalls the survivors' next quorum
+    # until the evicted group's heartbeat expires, waited out twice here
     cluster = LocalCluster(d / "cluster", num_groups=3, steps=100_000, step_pause_s=STEP_PAUSE,
-                           pg_timeout_s=20, join_timeout_ms=5000, heartbeat_timeout_ms=5000,
+                           pg_timeout_s=20, join_timeout_ms=5000, heartbeat_timeout_ms=1000,
                            extra_env={"LIGHTKEEPER_MONITOR": url,
                                       "LIGHTKEEPER_FAULT_TOKEN": FAULT_TOKEN})
     e = {"dir": d, "port": port, "monitor_url": url, "state": d / "monitor.sqlite",

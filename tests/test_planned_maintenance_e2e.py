@@ -76,12 +76,12 @@ def test_a_rolling_restart_and_a_whole_job_stop_are_no_incident(tmp_path):
 
         def forgotten_as_stopped(urls):
             wait_until(lambda: all(f"forgot {u}: stopped by SIGTERM" in log.read_text()
-                                   for u in urls), 30, interval=0.5,
+                                   for u in urls), 30, interval=0.1,
                        what=f"{urls} forgotten as stopped by SIGTERM")
 
         def judged():  # a rank gone unsaid is dead after --dead-sweeps 2
             after = get("/v1/cluster")["sweeps"] + 4
-            wait_until(lambda: get("/v1/cluster")["sweeps"] >= after, 30, interval=0.5,
+            wait_until(lambda: get("/v1/cluster")["sweeps"] >= after, 30, interval=0.2,
                        what="4 more sweeps")
 
         for g in range(2):
@@ -90,7 +90,7 @@ def test_a_rolling_restart_and_a_whole_job_stop_are_no_incident(tmp_path):
             cluster.wait_for_workers(g, timeout=120)
         for g in range(2):  # each restart's incarnation, imported meanwhile
             cluster.start_spare(g, host=HOSTS[g])
-        wait_until(lambda: all(stepping(g, 3) for g in range(2)), 120, interval=0.5,
+        wait_until(lambda: all(stepping(g, 3) for g in range(2)), 120, interval=0.2,
                    what="every group stepping, as the monitor sees it")
         for g in range(2):  # the rolling restart
             old = cluster.groups[g]
@@ -125,7 +125,7 @@ def test_a_rolling_restart_and_a_whole_job_stop_are_no_incident(tmp_path):
                 forgotten_as_stopped([old.worker_urls[1]])
             cluster.start_group(g, host=HOSTS[g])
             cluster.wait_for_workers(g, timeout=60)
-            wait_until(lambda: stepping(g, step), 60, interval=0.5,  # noqa: B023
+            wait_until(lambda: stepping(g, step), 60, interval=0.2,  # noqa: B023
                        what=f"group {g} back and stepping")
         judged()
         # a planned stop while the job goes on is no lost rank (LightkeeperRanksLost)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tarfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -119,24 +120,27 @@ def test_no_password_or_token_is_shown(tmp_path):
         targets_file.write_text("[]")
         common = [sys.executable, "-m", "lightkeeper.cli", "monitor", "--interval", "0.3",
                   "--min-replicas", "1"]
-        mon, mon_url = start_monitor_process(
-            [*common, "--port", str(mon_port), "--lighthouse", lighthouse,
-             "--state", str(tmp_path / "m" / "state.sqlite"), "--targets-file", str(targets_file)],
-            tmp_path / "mon.out", tmp_path / "mon.err", env={**env, **TOKENS})
-        procs.append(mon)
         # a shard whose Lighthouse and etcd do not answer, its targets file a bad entry: the
         # errors name the URLs
         bad_target = f"http://rk:{RANK_PW}@127.0.0.1:99999"
         given.mkdir()
         bad_file = given / "bad-targets.json"
         bad_file.write_text(json.dumps([{"targets": [bad_target]}]))
-        shard, shard_url = start_monitor_process(
-            [*common, "--port", "0", "--lighthouse", f"http://lh:{LH_PW}@127.0.0.1:{closed}",
-             "--shard", "0/1", "--lead", "--etcd", f"http://lk:{ETCD_PW}@127.0.0.1:{closed}",
-             "--state", str(tmp_path / "s" / "state.sqlite"),
-             "--targets-file", str(bad_file)],
-            tmp_path / "shard.out", tmp_path / "shard.err", env={**env, **TOKENS})
-        procs.append(shard)
+        with ThreadPoolExecutor(2) as pool:  # both at once: each start is a monitor's imports
+            starts = [pool.submit(
+                start_monitor_process,
+                [*common, "--port", str(mon_port), "--lighthouse", lighthouse,
+                 "--state", str(tmp_path / "m" / "state.sqlite"),
+                 "--targets-file", str(targets_file)],
+                tmp_path / "mon.out", tmp_path / "mon.err", env={**env, **TOKENS}), pool.submit(
+                start_monitor_process,
+                [*common, "--port", "0", "--lighthouse", f"http://lh:{LH_PW}@127.0.0.1:{closed}",
+                 "--shard", "0/1", "--lead", "--etcd", f"http://lk:{ETCD_PW}@127.0.0.1:{closed}",
+                 "--state", str(tmp_path / "s" / "state.sqlite"),
+                 "--targets-file", str(bad_file)],
+                tmp_path / "shard.out", tmp_path / "shard.err", env={**env, **TOKENS})]
+        procs += [f.result()[0] for f in starts if f.exception() is None]  # stopped below
+        (mon, mon_url), (shard, shard_url) = (f.result() for f in starts)
         for g in range(2):
             cluster.start_group(g)
         ranks = [u for g in range(2) for u in cluster.wait_for_workers(g, 120).values()]
@@ -152,7 +156,7 @@ def test_no_password_or_token_is_shown(tmp_path):
             groups = requests.get(mon_url + "/v1/cluster", timeout=5).json()["groups"]
             return len([g for g in groups if g["replica_id"] and g["in_quorum"]]) == 2
 
-        wait_until(groups_verified, 120, interval=0.5, what="both groups verified")
+        wait_until(groups_verified, 120, interval=0.2, what="both groups verified")
         wait_until(lambda: requests.get(shard_url + "/v1/cluster", timeout=5).json()["shard"]
                    ["error"], 30, interval=0.3, what="the shard's etcd error")
         r = requests.post(mon_url + "/v1/evict", timeout=30, json={"replica_group": 1,

@@ -138,7 +138,7 @@ def test_torch_only_ranks_hang_found_and_group_evicted(tmp_path):
             found = [f for f in _get(mon_url + "/v1/findings") if f["kind"] == "hang"]
             return found[0] if found else None
 
-        finding = wait_until(hang_found, 90, interval=0.5, what="the monitor to find the hang")
+        finding = wait_until(hang_found, 90, interval=0.2, what="the monitor to find the hang")
         # the culprit: group 1's rank (global rank 1), never in the all-reduce group 0 waits in
         assert finding["replica_group"] == 1 and finding["ranks"] == [1], finding
         assert finding["replica_id"].startswith("torch_only_1:")
@@ -156,7 +156,7 @@ def test_torch_only_ranks_hang_found_and_group_evicted(tmp_path):
                     if d["decision"] == "evict" and d["replica_group"] == 1]
             return done[0] if done else None
 
-        decision = wait_until(evicted, 30, interval=0.5, what="group 1 evicted")
+        decision = wait_until(evicted, 30, interval=0.2, what="group 1 evicted")
         assert decision["replica_id"] == finding["replica_id"]
         _check_bundle(mon_url, decision, tmp_path)
         # the Lighthouse's kill ends group 1's process; group 0 is left alone

@@ -37,8 +37,11 @@ def group_states(c: LocalCluster) -> dict[tuple[int, int], dict] | None:
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
+    # heartbeat 1000 ms (docs/lighthouse.md): a group gone (the crash below) stalls the last
+    # one's quorum until its heartbeat expires; the default 5 s is only waited out
     c = LocalCluster(tmp_path_factory.mktemp("ranks3x2"), num_groups=3, ranks_per_group=2,
                      steps=100_000, pg_timeout_s=8, join_timeout_ms=3000, launcher="bare",
+                     heartbeat_timeout_ms=1000,
                      extra_env={"NODE_NAME": "node-under-test", "LIGHTKEEPER_FAULT_TOKEN": TOKEN})
     try:
         c.start(faults={1: [f"slow_compute:delay={DELAY},rank=1"]}, timeout=180)
@@ -116,7 +119,7 @@ def test_hang_in_group_posted_live_blocks_peer_inside_its_collective(job, tmp_pa
         return (peer, hung) if (hung["step"] == at and waiting and waiting["scope"] == "group"
                                 and waiting["seconds"] > 2.0) else None
 
-    peer, hung = wait_until(peer_blocked, 60, interval=0.5,
+    peer, hung = wait_until(peer_blocked, 60, interval=0.2,
                             what="group 2's rank 0 to be blocked in an in-group collective")
     assert hung["faults"] == [f"hang:at_step={at},where=group,rank=1"] and peer["faults"] == []
     assert hung["timing"]["waiting"] is None  # the culprit waits for nobody
@@ -151,7 +154,7 @@ def test_hang_in_group_posted_live_blocks_peer_inside_its_collective(job, tmp_pa
     wait_until(lambda: all((s := try_state(u)) and s["num_participants"] == 2
                            and s["quorum_id"] > quorum
                            and s["commits"] >= before[u] + 3 for u in survivors),
-               90, interval=0.5, what="groups 0 and 1 to commit without group 2")
+               90, interval=0.2, what="groups 0 and 1 to commit without group 2")
     assert job.groups[0].alive() and job.groups[1].alive()
     assert try_state(peer_url)["timing"]["waiting"]["scope"] == "group"
     assert job.groups[2].alive_ranks() == [0, 1]
@@ -197,4 +200,4 @@ def test_crash_of_one_rank_leaves_its_group_rank0_stuck_until_the_timeout(job):
     before = {u: try_state(u)["commits"] for u in survivors}
     wait_until(lambda: all((s := try_state(u)) and s["num_participants"] == 1
                            and s["commits"] >= before[u] + 3 for u in survivors),
-               60, interval=0.5, what="group 1 to commit without groups 0 and 2")
+               60, interval=0.2, what="group 1 to commit without groups 0 and 2")
