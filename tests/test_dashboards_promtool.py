@@ -28,50 +28,97 @@ def test_check_config():
     assert "SUCCESS" in r.stdout + r.stderr
 
 
-def test_check_rules():
-    r = promtool("check", "rules", "rules.yml")
+@pytest.fixture(scope="module")
+def cli_validate() -> tuple[int, dict[tuple[str, ...], subprocess.CompletedProcess]]:
+    """``lightkeeper dashboards validate``'s exit status and the promtool runs it made on the
+    shipped files, by arguments: the checks below read those runs rather than repeat them."""
+    exe = require_binary("promtool")
+    from lightkeeper.cli import main
+
+    real_run, runs = subprocess.run, {}
+
+    def run(cmd, *a, **kw):
+        r = real_run(cmd, *a, **kw)
+        if cmd[0] == exe and kw.get("cwd") == PROMETHEUS_DIR:
+            runs[tuple(cmd[1:])] = r
+        return r
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(subprocess, "run", run)
+        status = main(["dashboards", "validate"])
+    return status, runs
+
+
+def test_check_rules(cli_validate):
+    r = cli_validate[1][("check", "rules", "rules.yml")]
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"{len(rules.RECORDS) + len(rules.ALERTS)} rules found" in r.stdout
 
 
-def test_rules_unit_tests_pass():
-    r = promtool("test", "rules", "rules_test.yml")
+def test_rules_unit_tests_pass(cli_validate):
+    r = cli_validate[1][("test", "rules", "rules_test.yml")]
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SUCCESS" in r.stdout
 
 
-def _run_mutant(tmp_path, alert: rules.Alert, expr: str) -> subprocess.CompletedProcess:
-    mutant = dataclasses.replace(alert, expr=expr)
-    alerts = [mutant if a.name == alert.name else a for a in rules.ALERTS]
-    (tmp_path / "rules.yml").write_text(dump(rules.rules_document(alerts)))
-    (tmp_path / "rules_test.yml").write_text(
-        dump(rules.rules_test_document([mutant], with_records=False)))
-    return promtool("test", "rules", "rules_test.yml", cwd=tmp_path)
+MUTANTS = {"never": "vector(1) == 2", "always": "vector(1)"}
+
+
+@pytest.fixture(scope="module")
+def mutant_reports(tmp_path_factory) -> dict[tuple[str, str], str]:
+    """promtool's report on each alert's unit tests against that alert made never to fire and
+    made always to fire, all in one promtool run (one file each). A mutant's rules.yml holds only
+    the mutant: its expression reads no series and the tests name it alone, so the other rules
+    cannot change what they see; evaluating them at every step would only cost time."""
+    exe = require_binary("promtool")
+    top = tmp_path_factory.mktemp("mutants")
+    files = []
+    for alert in rules.ALERTS:
+        for how, expr in MUTANTS.items():
+            mutant = dataclasses.replace(alert, expr=expr)
+            d = top / f"{alert.name}-{how}"
+            d.mkdir()
+            doc = rules.rules_document([mutant])
+            doc["groups"] = [g for g in doc["groups"] if g["name"] == "lightkeeper.alerts"]
+            (d / "rules.yml").write_text(dump(doc))
+            (d / "rules_test.yml").write_text(
+                dump(rules.rules_test_document([mutant], with_records=False)))
+            files.append(f"{d.name}/rules_test.yml")
+    # one pipe for both streams: promtool writes each file's header and its verdict in order
+    r = subprocess.run([exe, "test", "rules", *files], cwd=top, stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120)
+    parts = re.split(r"^Unit Testing: +(\S+)/rules_test\.yml$", r.stdout, flags=re.M)
+    reports = dict(zip(parts[1::2], parts[2::2], strict=True))
+    assert sorted(reports) == sorted(f[: -len("/rules_test.yml")] for f in files), r.stdout
+    assert r.returncode != 0, r.stdout
+    return {tuple(name.rsplit("-", 1)): text for name, text in reports.items()}
 
 
 @pytest.mark.parametrize("alert", rules.ALERTS, ids=rules.alert_names())
-def test_unit_tests_catch_an_alert_that_never_fires(tmp_path, alert):
-    r = _run_mutant(tmp_path, alert, "vector(1) == 2")
-    assert r.returncode != 0, f"{alert.name}: its tests pass although it can never fire"
+def test_unit_tests_catch_an_alert_that_never_fires(mutant_reports, alert):
+    r = mutant_reports[alert.name, "never"]
+    assert "FAILED" in r and "SUCCESS" not in r, \
+        f"{alert.name}: its tests pass although it can never fire"
     for case in alert.cases:
         if case.fires:
-            assert case.name in r.stdout + r.stderr, (case.name, r.stdout)
+            assert case.name in r, (case.name, r)
 
 
 @pytest.mark.parametrize("alert", rules.ALERTS, ids=rules.alert_names())
-def test_unit_tests_catch_an_alert_that_always_fires(tmp_path, alert):
-    r = _run_mutant(tmp_path, alert, "vector(1)")
-    assert r.returncode != 0, f"{alert.name}: its tests pass although it fires on anything"
+def test_unit_tests_catch_an_alert_that_always_fires(mutant_reports, alert):
+    r = mutant_reports[alert.name, "always"]
+    assert "FAILED" in r and "SUCCESS" not in r, \
+        f"{alert.name}: its tests pass although it fires on anything"
     for case in alert.cases:
         if not case.fires:
-            assert case.name in r.stdout + r.stderr, (case.name, r.stdout)
+            assert case.name in r, (case.name, r)
 
 
-def test_cli_validate_runs_promtool(capsys):
-    require_binary("promtool")
-    from lightkeeper.cli import main
-
-    assert main(["dashboards", "validate"]) == 0
+def test_cli_validate_runs_promtool(cli_validate):
+    status, runs = cli_validate
+    assert status == 0
+    assert set(runs) == {("check", "config", "--syntax-only", "prometheus.yml"),
+                         ("check", "rules", "rules.yml"), ("test", "rules", "rules_test.yml")}
 
 
 def test_yaml_writer_round_trips_through_prometheus(tmp_path):
