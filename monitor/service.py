@@ -215,7 +215,6 @@ class Monitor:
         self.shard = Shards(cfg.shard, self) if cfg.shard is not None else None
 
     def start(self, serve: bool = True) -> Monitor:
-        self.discovery.start()  # the listed names resolved off the registration path
         if serve:
             self._http = BackgroundWSGIServer(create_app(self), host=self.cfg.bind,
                                               port=self.cfg.port, threads=8,
@@ -239,7 +238,6 @@ class Monitor:
             self.shard.stop()
         if self._http is not None:
             self._http.stop()
-        self.discovery.close()
         self.enforcer.close()
         self.probes.close()
         self.goodput.close(self.clock())

@@ -11,7 +11,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -20,8 +20,6 @@ from http_serving import host_for_url, redact_url
 
 from ..config import ConfigError
 from ..store import LockHeld, file_id, pid_lock
-from .admission import IPAddress
-from .names import Addresses, NameRefresher, ip_of, lookup
 from .torch_target import PREFIX
 
 log = logging.getLogger(__name__)
@@ -85,12 +83,6 @@ def normalize_url(address: str) -> str:
     return f"{parts.scheme}://{host}:{port}{parts.path.rstrip('/')}"
 
 
-def _split(url: str) -> tuple[str, str, int | None, str]:
-    """A normalized URL's scheme, host (unbracketed, lower case), port and path."""
-    parts = urlsplit(url)
-    return parts.scheme, parts.hostname or "", parts.port, parts.path
-
-
 def _opt_int(value: Any) -> int | None:
     if value is None or value == "":
         return None
@@ -148,25 +140,13 @@ OTHER_JOBS_SAID = 20  # jobs whose refused ranks are logged (once each)
 class Discovery:
     def __init__(self, static: list[str] | None = None, targets_file: str | None = None,
                  forget_after_s: float = 30.0, job: str | None = None,
-                 max_targets: int = 10_000,
-                 resolver: Callable[[str], list[IPAddress]] | None = lookup) -> None:
+                 max_targets: int = 10_000) -> None:
         self._lock = threading.Lock()
         self._static = {u: Target(u, "static", job=job) for u in map(normalize_url, static or [])}
         self._file: dict[str, Target] = {}
         self._registered: dict[str, Target] = {}
         self._torch: dict[str, Target] = {}  # torch-only ranks found in the groups' stores
         self._claimed: dict[str, Target] = {}  # static and file_sd targets that registered too
-        # a listed target's socket, for a registration at another spelling of its host: the
-        # listed URLs by (scheme, address, port, path), their names' addresses as last resolved
-        # off the registration path (None: listed names are matched as spelled only)
-        self._names = NameRefresher(resolver, self._moved) if resolver is not None else None
-        self._by_addr: dict[tuple, list[str]] = {}
-        self._by_host: dict[str, list[str]] = {}  # a listed host -> the listed URLs on it
-        self._endpoints: set[tuple] = set()  # the listed (scheme, port, path)
-        # a claim made by address: listed URL -> (the URL registered, its addresses then), and
-        # which listed URL each such registration holds
-        self._via: dict[str, tuple[str, Addresses]] = {}
-        self._held: dict[str, str] = {}
         self.targets_file = targets_file
         self._file_sig: tuple[float, int] | None = None
         self.file_error: str | None = None
@@ -182,24 +162,6 @@ class Discovery:
         self._sorted: list[Target] | None = None
         self.version = 0  # counts the changes of the known set (or of a target's hints)
         self.has_torch = False  # a target on torch's debug server among them (as of targets())
-        self._index_listed()
-
-    def start(self) -> Discovery:
-        """Resolve the listed names in the background from now (until :meth:`close`); before,
-        or without it, :meth:`refresh_names` does it once."""
-        if self._names is not None:
-            self._names.start()
-        return self
-
-    def close(self) -> None:
-        if self._names is not None:
-            self._names.close()
-
-    def refresh_names(self) -> None:
-        """Resolve every listed name (and registration's name asked for) now; returns when
-        answered."""
-        if self._names is not None:
-            self._names.refresh()
 
     def register(self, body: Any, now: float | None = None,
                  admit: Callable[[str], str] | None = None) -> Target:
@@ -235,12 +197,6 @@ class Discovery:
         url = admit(registered_as) if admit is not None else registered_as
         if self._listed(url):
             return self._annotate(url, registered_as, hints, now)
-        # else by address: a rank is the socket it is polled at, whichever name reaches it, as
-        # the names last resolved (in the background: a slow resolver holds no registration up)
-        listed = self._listed_by_address(url, registered_as, now)
-        if listed is not None:
-            return self._annotate(listed[0], registered_as, hints, now, polled=url,
-                                  mine=listed[1])
         target = Target(url, "registered", job=job, replica_group=replica_group, rank=rank,
                         last_registered=now,
                         registered_as=registered_as if registered_as != url else None)
@@ -262,103 +218,13 @@ class Discovery:
         with self._lock:
             return url in self._static or url in self._file
 
-    def _listed_by_address(self, url: str, registered_as: str,
-                           now: float) -> tuple[str, Addresses] | None:
-        """The listed target that the rank polled at ``url`` is, told by address (same scheme,
-        port and path, and a host whose addresses as last resolved, never looked up here,
-        include one of ``url``'s host), and the addresses it was told by; else None.
-
-        One socket, one rank: a listed name is the rank at any of its addresses (``localhost``:
-        127.0.0.1 and ::1), the first to register there keeps it (a second address's rank
-        stays a target of its own)."""
-        if self._names is None:
-            return None
-        scheme, host, port, path = _split(url)
-        with self._lock:
-            if (scheme, port, path) not in self._endpoints:
-                return None
-        ip = ip_of(host)
-        # a name (admitted with the token) kept resolved while it registers; matched once it is
-        mine = frozenset((ip,)) if ip is not None else self._names.want(host)
-        if mine is None:
-            return None
-        with self._lock:
-            candidates = list(dict.fromkeys(
-                u for a in mine for u in self._by_addr.get((scheme, a, port, path), ())))
-            held = self._held.get(registered_as)
-            if held in candidates:
-                return held, mine
-            if held is not None:  # its name resolves elsewhere now: its hints are another rank's
-                self._unclaim(held)
-                self._invalidate()
-            for u in candidates:
-                claim = self._claimed.get(u)
-                if claim is None or claim.last_registered is None \
-                        or now - claim.last_registered >= self.forget_after_s:
-                    return u, mine
-        return None
-
-    def _index_listed(self) -> None:
-        """Index the listed targets by host and socket (a new listing); the names are then
-        resolved again off the registration path."""
-        with self._lock:
-            self._by_addr, self._by_host, self._endpoints = {}, {}, set()
-            for u in (*self._static, *self._file):
-                scheme, host, port, path = _split(u)
-                self._by_host.setdefault(host, []).append(u)
-                self._endpoints.add((scheme, port, path))
-            names = [h for h in self._by_host if ip_of(h) is None]
-            for host in self._by_host:
-                ip = ip_of(host)
-                addrs = (ip,) if ip is not None else \
-                    self._names.addresses(host) if self._names is not None else None
-                self._place(host, None, addrs or ())
-        if self._names is not None:
-            self._names.set_listed(names)
-
-    def _place(self, host: str, old: Addresses | None, new: Iterable[IPAddress]) -> None:
-        """The listed URLs on ``host`` at its ``new`` addresses, no longer at ``old`` ones
-        (under self._lock)."""
-        for u in self._by_host.get(host, ()):
-            scheme, _, port, path = _split(u)
-            for a in old or ():
-                at = self._by_addr.get((scheme, a, port, path))
-                if at is not None and u in at:
-                    at.remove(u)
-                    if not at:
-                        del self._by_addr[(scheme, a, port, path)]
-            for a in new:
-                at = self._by_addr.setdefault((scheme, a, port, path), [])
-                if u not in at:
-                    at.append(u)
-
-    def _moved(self, name: str, old: Addresses | None, new: Addresses) -> None:
-        """A listed name resolved to other addresses (the refresher's worker): the claims of the
-        ranks registered at its old ones go at once, for the new address's rank to take."""
-        with self._lock:
-            self._place(name, old, new)
-            for u in self._by_host.get(name, ()):
-                via = self._via.get(u)
-                if via is not None and self._claimed.get(u) is not None and not via[1] & new:
-                    self._unclaim(u)
-                    self._invalidate()
-
-    def _unclaim(self, url: str) -> None:  # under self._lock
-        self._claimed.pop(url, None)
-        via = self._via.pop(url, None)
-        if via is not None and self._held.get(via[0]) == url:
-            del self._held[via[0]]
-
-    def _annotate(self, url: str, registered_as: str, hints: tuple, now: float,
-                  polled: str | None = None, mine: Addresses | None = None) -> Target:
+    def _annotate(self, url: str, registered_as: str, hints: tuple, now: float) -> Target:
         """The registration of the listed target ``url``: its hints (where the listing gives
-        none) and registration, on that target. ``polled``: the address the registration was
-        admitted at, when it names the listed target otherwise (by ``mine``, its addresses)."""
+        none) and registration, on that target."""
         job, replica_group, rank = hints
         with self._lock:
             base = self._static.get(url) or self._file.get(url)
             if base is None:  # gone with a new file_sd content meanwhile: registered instead
-                url = polled or url
                 self._registered[url] = Target(url, "registered", job, replica_group, rank, now,
                                                registered_as if registered_as != url else None)
                 self._invalidate()
@@ -368,23 +234,15 @@ class Discovery:
                        else replica_group,
                        rank=base.rank if base.rank is not None else rank, last_registered=now,
                        registered_as=registered_as if registered_as != url else None)
-            via = (registered_as, mine) if mine is not None else None
             old = self._claimed.get(url)
             if old is not None and (old.job, old.replica_group, old.rank, old.registered_as) \
                     == (t.job, t.replica_group, t.rank, t.registered_as):
                 old.last_registered = now
-                if via is not None:
-                    self._via[url] = via
                 return old
-            self._unclaim(url)
             self._claimed[url] = t
-            if via is not None:
-                self._via[url], self._held[registered_as] = via, url
             # a copy registered (or restored from --sd-out) under the other spelling goes
             self._registered.pop(url, None)
             self._registered.pop(registered_as, None)
-            if polled is not None:
-                self._registered.pop(polled, None)
             self._invalidate()
             return t
 
@@ -470,10 +328,8 @@ class Discovery:
         with self._lock:
             self._file = parsed
             # their hints may have changed: annotated again at their next registration
-            for u in [u for u in self._claimed if u not in self._static]:
-                self._unclaim(u)
+            self._claimed = {u: t for u, t in self._claimed.items() if u in self._static}
             self._invalidate()
-        self._index_listed()
         self._file_sig = sig
         self.file_error = None
         return None
