@@ -33,6 +33,9 @@ def _start_monitor(d, lighthouse: str) -> tuple[subprocess.Popen, str]:
             [sys.executable, "-u", "-m", "lightkeeper.cli", "monitor", "--lighthouse", lighthouse,
              "--port", "0", "--interval", "0.5", "--state", str(d / "monitor.sqlite"),
              "--min-replicas", "1", "--dead-sweeps", "2",
+             # a crash is found and held against its host, its group not evicted: the job's
+             # stop ends its peers (an eviction's kill would race that stop)
+             "--evict-on", "straggler,hang,mismatch,network,quarantined_host",
              # a rank that failed before its own SIGTERM stays in view, unreachable: forgotten
              # (30 s by default) it would be counted lost (a limit: docs/worker_server.md)
              "--forget-after", "600"],
@@ -59,8 +62,9 @@ def test_a_rolling_restart_and_a_whole_job_stop_are_no_incident(tmp_path):
     them: rank 1 first, while rank 0 waits for it inside an in-group collective, which rank 1's
     exit fails, so rank 0 exits unsaid before its own SIGTERM comes. Neither is a dead group
     nor held against its host."""
+    # a group gone leaves the quorum once its heartbeat expires (docs/lighthouse.md: 1000 ms)
     cluster = LocalCluster(tmp_path / "job", num_groups=2, ranks_per_group=2, steps=100_000,
-                           step_pause_s=0.1, launcher="bare")
+                           step_pause_s=0.1, launcher="bare", heartbeat_timeout_ms=1000)
     monitor = None
     try:
         monitor, url = _start_monitor(tmp_path, cluster.start_lighthouse())
@@ -69,6 +73,15 @@ def test_a_rolling_restart_and_a_whole_job_stop_are_no_incident(tmp_path):
 
         def get(path):
             return requests.get(url + path, timeout=5).json()
+
+        def inject(urls, spec):
+            for u in urls:
+                r = requests.post(u + "/v1/faults", timeout=5, json={"spec": spec},
+                                  headers={"Authorization": f"Bearer {FAULT_TOKEN}"})
+                assert r.status_code == 200, r.text
+
+        def rank_state(u):
+            return requests.get(u + "/v1/state", timeout=2).json()
 
         def stepping(g, above):
             return any(r["replica_group"] == g and (r.get("step") or 0) > above
@@ -104,16 +117,11 @@ def test_a_rolling_restart_and_a_whole_job_stop_are_no_incident(tmp_path):
                     p.wait(timeout=20)
                 forgotten_as_stopped(list(old.worker_urls.values()))
             else:  # rank 0 blocked in FSDP's all-gather for rank 1 (stopped before its forward)
-                at = requests.get(old.worker_urls[0] + "/v1/state", timeout=2).json()["step"] + 4
-                for u in old.worker_urls.values():
-                    r = requests.post(u + "/v1/faults", timeout=5,
-                                      json={"spec": f"hang:at_step={at},where=group,rank=1"},
-                                      headers={"Authorization": f"Bearer {FAULT_TOKEN}"})
-                    assert r.status_code == 200, r.text
+                at = rank_state(old.worker_urls[0])["step"] + 4
+                inject(old.worker_urls.values(), f"hang:at_step={at},where=group,rank=1")
 
                 def blocked(urls=old.worker_urls):
-                    s0, s1 = (requests.get(urls[r] + "/v1/state", timeout=2).json()
-                              for r in (0, 1))
+                    s0, s1 = (rank_state(urls[r]) for r in (0, 1))
                     return s1["faults_struck_at"] and s0["phase"] == "forward" and (
                         s0["timing"]["waiting"] or {}).get("scope") == "group"
                 wait_until(blocked, 30, interval=0.05,
@@ -136,11 +144,23 @@ def test_a_rolling_restart_and_a_whole_job_stop_are_no_incident(tmp_path):
 
         # the whole job stopped on purpose, every rank at once, but for group 1's rank 1 that
         # crashed just before (seen down by the monitor first, as torchrun stops the crashed
-        # rank's peers once it saw it go): that one is still a crash
-        crashed = cluster.groups[1].rank_procs[1]
+        # rank's peers once it saw it go): that one is still a crash. It crashes where its
+        # peer waits for it in the commit vote, which its end does not fail (an in-group
+        # collective would: its peer would go down unsaid too, a second crash)
+        crashed_group = cluster.groups[1]
+        at = rank_state(crashed_group.worker_urls[0])["step"] + 4
+        inject(crashed_group.worker_urls.values(), f"hang:at_step={at},where=cross,rank=1")
+
+        def voting(urls=crashed_group.worker_urls):
+            s0, s1 = (rank_state(urls[r]) for r in (0, 1))
+            return s1["faults_struck_at"] and s0["phase"] == "commit" and (
+                s0["timing"]["waiting"] or {}).get("scope") == "group"
+        wait_until(voting, 30, interval=0.05,
+                   what="rank 3 hung before its all_reduce, rank 2 waiting for its vote")
+        crashed = crashed_group.rank_procs[1]
         crashed.send_signal(signal.SIGKILL)
         crashed.wait(timeout=20)
-        crashed_url = cluster.groups[1].worker_urls[1]
+        crashed_url = crashed_group.worker_urls[1]
         wait_until(lambda: any(r["url"] == crashed_url and not r["reachable"]
                                for r in get("/v1/ranks")), 30, interval=0.2,
                    what="the crashed rank seen down")
@@ -148,6 +168,8 @@ def test_a_rolling_restart_and_a_whole_job_stop_are_no_incident(tmp_path):
         # from the monitor is none), and held against its host, before the job is stopped
         wait_until(lambda: [h["host"] for h in get("/v1/hosts")["hosts"]] == ["host-b"], 30,
                    interval=0.2, what="the crash held against its host")
+        # its peer waits in the vote until the process group's timeout (pg_timeout_s, 20 s)
+        assert crashed_group.rank_procs[0].poll() is None, "rank 2 went down before its SIGTERM"
         for g in cluster.groups.values():
             for p in g.rank_procs.values():
                 if p is not crashed:
@@ -196,19 +218,25 @@ def test_a_rank_whose_peer_stopped_first_still_says_it_stopped(tmp_path):
             except requests.RequestException:
                 return None
 
+        # read as a monitor at --interval 5 reads (the reader's pace, not a wait for an event;
+        # the first read before the start, the next once rank 0 is blocked): a rank SIGTERMed
+        # then answers, saying it stopped, until two intervals have passed since its last read
+        # (server.stopped()), then ends. Every read below is due by then, on a machine busy
+        # with other jobs too; past it the rank is gone, and waiting longer cannot see it.
+        pace = 5.0
+        assert all(state(monitor, r) for r in (0, 1))
+        first = time.monotonic()
         wait_until(lambda: (s := state(plain, 0)) and s["step"] >= 3 and s["phase"] == "forward",
                    120, interval=0.2, what="rank 0 blocked in step 3's all-gather")
-        # read as a monitor at --interval 1.5 reads (the reader's pace, not a wait for an
-        # event): a rank SIGTERMed now waits up to 3 s for the next read
-        assert all(state(monitor, r) for r in (0, 1))
-        time.sleep(1.5)
+        time.sleep(max(0.0, first + pace - time.monotonic()))
+        said_until = time.monotonic() + 2 * pace
         assert all(state(monitor, r) for r in (0, 1))
         for p in group.rank_procs.values():
             p.send_signal(signal.SIGTERM)
         # (a plain read is not a monitor's: it does not end the rank's wait for one)
-        # (said at once; the deadline is for a machine busy with other jobs)
-        wait_until(lambda: (s := state(plain, 1)) and s["finished"], 10, interval=0.05,
-                   what="rank 1 saying it stopped")
+        wait_until(lambda: (s := state(plain, 1)) and s["finished"],
+                   said_until - time.monotonic(), interval=0.05,
+                   what="rank 1 saying it stopped (it waits for a read this long at most)")
         assert state(monitor, 1)["stopped_by"] == "SIGTERM"
         assert group.rank_procs[1].wait(timeout=10) == -signal.SIGTERM
         try:  # its peer gone, rank 0's all-gather fails; the old code then stopped serving
