@@ -11,7 +11,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -134,6 +134,18 @@ class Target:
     registered_as: str | None = None  # the URL as registered, when polled at a checked address
 
 
+def _identity(rank: Any) -> tuple | None:
+    """The process a reachable rank's /v1/state says it is, with the rank it claims (one
+    process serves one: a copy claiming another rank stays apart, shown); None without host,
+    pid or started_at (no telling two processes apart)."""
+    if rank is None or not rank.reachable or not rank.state:
+        return None
+    s = rank.state
+    key = (s.get("host"), s.get("pid"), s.get("started_at"), s.get("replica_group"),
+           s.get("rank"))
+    return key if None not in key else None
+
+
 OTHER_JOBS_SAID = 20  # jobs whose refused ranks are logged (once each)
 
 
@@ -147,6 +159,9 @@ class Discovery:
         self._registered: dict[str, Target] = {}
         self._torch: dict[str, Target] = {}  # torch-only ranks found in the groups' stores
         self._claimed: dict[str, Target] = {}  # static and file_sd targets that registered too
+        # a registered URL whose process answered as a listed target's: registered URL ->
+        # [listed URL, the process's identity, last registered, registered as] (fold_same_process)
+        self._aliases: dict[str, list] = {}
         self.targets_file = targets_file
         self._file_sig: tuple[float, int] | None = None
         self.file_error: str | None = None
@@ -197,6 +212,9 @@ class Discovery:
         url = admit(registered_as) if admit is not None else registered_as
         if self._listed(url):
             return self._annotate(url, registered_as, hints, now)
+        listed = self._alias_of(url, now)
+        if listed is not None:
+            return self._annotate(listed, registered_as, hints, now)
         target = Target(url, "registered", job=job, replica_group=replica_group, rank=rank,
                         last_registered=now,
                         registered_as=registered_as if registered_as != url else None)
@@ -245,6 +263,54 @@ class Discovery:
             self._registered.pop(registered_as, None)
             self._invalidate()
             return t
+
+    def _alias_of(self, url: str, now: float) -> str | None:
+        """The listed URL the registered ``url`` was found to be (fold_same_process), while
+        still listed; the registration's time kept (an alias unregistered is forgotten)."""
+        with self._lock:
+            alias = self._aliases.get(url)
+            if alias is None:
+                return None
+            if alias[0] not in self._static and alias[0] not in self._file:
+                del self._aliases[url]  # gone from --targets-file: polled as registered
+                return None
+            alias[2] = now
+            return alias[0]
+
+    def fold_same_process(self, ranks: Mapping[str, Any], now: float) -> None:
+        """Fold each registered target that answered as the same process (host, pid,
+        started_at, claiming the same rank) as a listed one into it, as a registration spelled as listed is: two URLs
+        of one process claim its rank twice, and neither is then verified. ``ranks``: URL ->
+        the sweep's RankView (its ``reachable`` and ``state``). An alias ends when the listed
+        target answers as another process (or not at all), goes, or stops registering."""
+        if not self._aliases and not (self._registered and (self._static or self._file)):
+            return  # the usual jobs: all listed or all registered
+        found: list[tuple[str, Target]] = []
+        with self._lock:
+            listed: dict[tuple, str] = {}  # identity -> the first listed target of it
+            for url in (*self._static, *self._file):
+                key = _identity(ranks.get(url))
+                if key is not None:
+                    listed.setdefault(key, url)
+            for reg, (url, key, seen, spelled) in list(self._aliases.items()):
+                if listed.get(key) != url or now - seen > self.forget_after_s:
+                    del self._aliases[reg]
+                    claim = self._claimed.get(url)
+                    if claim is not None and claim.registered_as == spelled:
+                        del self._claimed[url]  # the hints were the old process's
+                        self._invalidate()
+            for reg, t in list(self._registered.items()):
+                key = _identity(ranks.get(reg))
+                url = listed.get(key) if key is not None else None
+                if url is not None:
+                    del self._registered[reg]  # polled as listed from now
+                    self._aliases[reg] = [url, key, t.last_registered or now,
+                                          t.registered_as or t.url]
+                    self._invalidate()
+                    found.append((url, t))
+        for url, t in found:
+            self._annotate(url, t.registered_as or t.url, (t.job, t.replica_group, t.rank),
+                           t.last_registered or now)
 
     def _invalidate(self) -> None:  # under self._lock
         self._sorted = None
