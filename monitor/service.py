@@ -307,7 +307,8 @@ class Monitor:
         self.polling.after_view(view)
         self._keep_unreachable(view)
         ended = self._forget_unreachable(view, now)
-        self.discovery.fold_same_process(view.ranks, now)  # a listed rank registered elsewhere
+        if self.shard is None:  # a shard sees its own slice: another one may list the other URL
+            self.discovery.fold_same_process(view.ranks, now)  # a listed rank registered too
         if self.views.reshaped:  # a new process, replica id or quorum: its torchft may differ
             self._say_torchft(view)
         # 3. detect

@@ -124,6 +124,22 @@ def test_the_alias_ends_when_the_listed_target_restarts_goes_or_stops_registerin
     assert (ADDR, "registered", 3, None) in known(d)
 
 
+def test_a_listed_url_that_misses_a_poll_has_the_registered_one_polled_again_at_once():
+    """The listed spelling (a Service, a forwarder) fails while the rank's own address works:
+    the registered URL is back in the targets in the same sweep, not at the rank's next
+    registration, so the rank is read at the next sweep and never judged dead meanwhile."""
+    d = Discovery(["trainer-a:9500"], forget_after_s=30)
+    d.register({"url": ADDR, "rank": 3}, now=1.0)
+    d.fold_same_process(answering(**{NAME: ident(), ADDR: ident()}), now=2.0)
+    assert known(d) == [(NAME, "static", 3, ADDR)]
+    d.fold_same_process(answering(**{NAME: None}), now=3.0)
+    assert known(d) == [(ADDR, "registered", 3, None), (NAME, "static", None, None)]
+    # restarted, not unreachable: nothing put back (the new process registers anew)
+    d.fold_same_process(answering(**{NAME: ident(), ADDR: ident()}), now=4.0)
+    d.fold_same_process(answering(**{NAME: ident(started_at=200.0)}), now=5.0)
+    assert known(d) == [(NAME, "static", None, None)]
+
+
 def test_an_alias_to_a_listed_target_gone_from_the_file_registers_as_itself(tmp_path):
     sd = tmp_path / "sd.json"
     sd.write_text('[{"targets": ["trainer-a:9500"]}]')

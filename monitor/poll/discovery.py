@@ -160,7 +160,7 @@ class Discovery:
         self._torch: dict[str, Target] = {}  # torch-only ranks found in the groups' stores
         self._claimed: dict[str, Target] = {}  # static and file_sd targets that registered too
         # a registered URL whose process answered as a listed target's: registered URL ->
-        # [listed URL, the process's identity, last registered, registered as] (fold_same_process)
+        # [listed URL, the process's identity, its newest registration] (fold_same_process)
         self._aliases: dict[str, list] = {}
         self.targets_file = targets_file
         self._file_sig: tuple[float, int] | None = None
@@ -212,25 +212,28 @@ class Discovery:
         url = admit(registered_as) if admit is not None else registered_as
         if self._listed(url):
             return self._annotate(url, registered_as, hints, now)
-        listed = self._alias_of(url, now)
-        if listed is not None:
-            return self._annotate(listed, registered_as, hints, now)
         target = Target(url, "registered", job=job, replica_group=replica_group, rank=rank,
                         last_registered=now,
                         registered_as=registered_as if registered_as != url else None)
+        # the alias read under the lock the target is added under: a sweep folding it
+        # meanwhile is seen here, not undone
         with self._lock:
-            old = self._registered.get(url)
-            if old is not None and (old.job, old.replica_group, old.rank, old.registered_as) \
-                    == (job, replica_group, rank, target.registered_as):
-                old.last_registered = now  # the same registration again: the same target
-                return old
-            if old is None and url not in self._static and url not in self._file \
-                    and self._count() >= self.max_targets:
-                raise TooManyTargets(f"the monitor already knows {self._count()} targets "
-                                     f"(--max-targets {self.max_targets}); {url} not added")
-            self._registered[url] = target
-            self._invalidate()
-        return target
+            listed = self._alias_of(url, target)
+            if listed is None:
+                old = self._registered.get(url)
+                if old is not None and (old.job, old.replica_group, old.rank,
+                                        old.registered_as) \
+                        == (job, replica_group, rank, target.registered_as):
+                    old.last_registered = now  # the same registration again: the same target
+                    return old
+                if old is None and url not in self._static and url not in self._file \
+                        and self._count() >= self.max_targets:
+                    raise TooManyTargets(f"the monitor already knows {self._count()} targets "
+                                         f"(--max-targets {self.max_targets}); {url} not added")
+                self._registered[url] = target
+                self._invalidate()
+                return target
+        return self._annotate(listed, registered_as, hints, now)
 
     def _listed(self, url: str) -> bool:
         with self._lock:
@@ -264,25 +267,26 @@ class Discovery:
             self._invalidate()
             return t
 
-    def _alias_of(self, url: str, now: float) -> str | None:
+    def _alias_of(self, url: str, target: Target) -> str | None:  # under self._lock
         """The listed URL the registered ``url`` was found to be (fold_same_process), while
-        still listed; the registration's time kept (an alias unregistered is forgotten)."""
-        with self._lock:
-            alias = self._aliases.get(url)
-            if alias is None:
-                return None
-            if alias[0] not in self._static and alias[0] not in self._file:
-                del self._aliases[url]  # gone from --targets-file: polled as registered
-                return None
-            alias[2] = now
-            return alias[0]
+        still listed; ``target`` (this registration) kept, to poll again if the alias ends."""
+        alias = self._aliases.get(url)
+        if alias is None:
+            return None
+        if alias[0] not in self._static and alias[0] not in self._file:
+            del self._aliases[url]  # gone from --targets-file: polled as registered
+            return None
+        alias[2] = target
+        return alias[0]
 
     def fold_same_process(self, ranks: Mapping[str, Any], now: float) -> None:
         """Fold each registered target that answered as the same process (host, pid,
-        started_at, claiming the same rank) as a listed one into it, as a registration spelled as listed is: two URLs
-        of one process claim its rank twice, and neither is then verified. ``ranks``: URL ->
-        the sweep's RankView (its ``reachable`` and ``state``). An alias ends when the listed
-        target answers as another process (or not at all), goes, or stops registering."""
+        started_at, claiming the same rank) as a listed one into it, as a registration spelled
+        as listed is: two URLs of one process claim its rank twice, and neither is then
+        verified. ``ranks``: URL -> the sweep's RankView (its ``reachable`` and ``state``). An
+        alias ends when the listed target answers as another process or not at all, goes, or
+        stops registering; the registered URL is polled again at once when the listed one
+        missed a poll (else a live rank seen at neither would be judged dead)."""
         if not self._aliases and not (self._registered and (self._static or self._file)):
             return  # the usual jobs: all listed or all registered
         found: list[tuple[str, Target]] = []
@@ -292,20 +296,26 @@ class Discovery:
                 key = _identity(ranks.get(url))
                 if key is not None:
                     listed.setdefault(key, url)
-            for reg, (url, key, seen, spelled) in list(self._aliases.items()):
-                if listed.get(key) != url or now - seen > self.forget_after_s:
-                    del self._aliases[reg]
-                    claim = self._claimed.get(url)
-                    if claim is not None and claim.registered_as == spelled:
-                        del self._claimed[url]  # the hints were the old process's
-                        self._invalidate()
+            if not listed and not self._aliases:
+                return
+            for reg, (url, key, t) in list(self._aliases.items()):
+                fresh = now - (t.last_registered or now) <= self.forget_after_s
+                if listed.get(key) == url and fresh:
+                    continue
+                del self._aliases[reg]
+                claim = self._claimed.get(url)
+                if claim is not None and claim.registered_as == (t.registered_as or t.url):
+                    del self._claimed[url]  # the hints were this process's
+                view = ranks.get(url)
+                if fresh and (view is None or not view.reachable) and reg not in self._registered:
+                    self._registered[reg] = t
+                self._invalidate()
             for reg, t in list(self._registered.items()):
                 key = _identity(ranks.get(reg))
                 url = listed.get(key) if key is not None else None
                 if url is not None:
                     del self._registered[reg]  # polled as listed from now
-                    self._aliases[reg] = [url, key, t.last_registered or now,
-                                          t.registered_as or t.url]
+                    self._aliases[reg] = [url, key, t]
                     self._invalidate()
                     found.append((url, t))
         for url, t in found:
