@@ -67,14 +67,21 @@ class Prom:
         return self._get("query_range", query=expr, start=str(start), end=str(end),
                          step=str(step))["result"]
 
-    def first_job(self) -> str | None:
-        """The ``$job`` Grafana selects by default: the first job with ``lightkeeper_step``
-        series (None: none, or no answer)."""
+    def first_job(self, start: float, end: float) -> str | None:
+        """The first job, in Grafana's natural order (the ``$job`` variable's sort), with
+        ``lightkeeper_step`` series between ``start`` and ``end`` (None: none, or no answer)."""
         try:
-            jobs = self._get("label/job/values", **{"match[]": "lightkeeper_step"})
+            jobs = self._get("label/job/values", start=str(start), end=str(end),
+                             **{"match[]": "lightkeeper_step"})
         except (requests.RequestException, RuntimeError, ValueError, AttributeError):
             return None
-        return min(jobs) if jobs else None
+        return min(jobs, key=natural_key) if jobs else None
+
+
+def natural_key(text: str) -> list:
+    """``train-9`` before ``train-10``, case aside, as Grafana's natural sort orders them."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part.lower())
+            for part in re.split(r"(\d+)", text) if part]
 
 
 def legend(fmt: str, metric: dict) -> str:
@@ -391,10 +398,14 @@ def main(argv: list[str] | None = None) -> int:
     if why:  # before writing: pictures of nothing but errors would replace good ones
         p.error(f"--prometheus-url {args.prometheus_url}: {why}")
     # the dashboards match $job exactly: a regex such as .* would select nothing
-    job = args.job or prom.first_job()
+    end = time.time()
+    job = args.job or prom.first_job(end - args.since, end)
     if job is None:
-        p.error(f"--job: no job has lightkeeper_step series at {args.prometheus_url}; "
-                "name the job")
+        p.error(f"--job: no job has lightkeeper_step series at {args.prometheus_url} in the "
+                "time range; name the job")
+    if not args.job:
+        print(f"job: {job} (the first with lightkeeper_step series; --job for another)",
+              file=sys.stderr)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         p.error(f"--out {args.out}: not a directory")
@@ -402,7 +413,6 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         p.error(f"--out {args.out}: {e.strerror}")
-    end = time.time()
     errors: list[str] = []
     for path in render_all(args.prometheus_url, out, start=end - args.since, end=end,
                            variables={"job": job}, builtins={"$__rate_interval": "1m"},

@@ -173,14 +173,17 @@ def test_render_panel_errors_go_to_stderr(capsys, tmp_path):
     assert "no such metric" in err
 
 
-def _prometheus_with_jobs(jobs: list[str], seen: list[str]):
+def _prometheus_with_jobs(jobs: list[str], seen: list[str], asked: list | None = None):
     """A Prometheus stand-in: the probe answers, ``job`` label values of lightkeeper_step are
-    ``jobs``, and every other query fails (recorded in ``seen``)."""
+    ``jobs`` (each such query kept in ``asked``), and every other query fails (recorded in
+    ``seen``)."""
     def answer(path, query):
         if query.get("query") == ["1"]:
             return 200, "application/json", json.dumps(
                 {"status": "success", "data": {"resultType": "scalar", "result": [0, "1"]}})
         if path == "/api/v1/label/job/values" and query.get("match[]") == ["lightkeeper_step"]:
+            if asked is not None:
+                asked.append(query)
             return 200, "application/json", json.dumps({"status": "success", "data": jobs})
         seen.extend(query.get("query", []))
         return 400, "application/json", json.dumps(
@@ -195,13 +198,19 @@ def test_render_without_job_and_none_in_prometheus_writes_nothing(capsys, tmp_pa
         err = usage_error(["--prometheus-url", url, "--out", str(tmp_path / "img")], capsys,
                           run=render.main)
     assert err == (f"python -m dashboards.render: error: --job: no job has lightkeeper_step "
-                   f"series at {url}; name the job")
+                   f"series at {url} in the time range; name the job")
     assert seen == [] and list(tmp_path.iterdir()) == []
 
 
-def test_render_defaults_to_the_first_job_prometheus_has():
+def test_render_defaults_to_the_first_job_prometheus_has_in_the_range():
+    """In Grafana's natural order (train-9 before train-10), of the jobs with series between
+    start and end: a job of last month has none in a 15-minute picture."""
     seen: list[str] = []
     with serve(_prometheus_with_jobs(["train-b", "a.b"], seen)) as url:
-        assert render.Prom(url).first_job() == "a.b"
+        assert render.Prom(url).first_job(100.0, 200.0) == "a.b"
+    asked: list[dict] = []
+    with serve(_prometheus_with_jobs(["train-10", "Zeta", "train-9"], seen, asked)) as url:
+        assert render.Prom(url).first_job(100.0, 200.0) == "train-9"
+    assert asked and asked[-1]["start"] == ["100.0"] and asked[-1]["end"] == ["200.0"]
     with serve(_prometheus_with_jobs([], seen)) as url:
-        assert render.Prom(url).first_job() is None
+        assert render.Prom(url).first_job(100.0, 200.0) is None
