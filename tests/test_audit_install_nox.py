@@ -10,12 +10,12 @@ what the session's would and nothing else (no pytest-xdist unless the session in
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import tomllib
 from pathlib import Path
 
+from tests.support.noxfile import load_noxfile
 from tests.test_install_core import linked_venv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,9 +38,7 @@ class RecordingSession:
 def session_requirements() -> tuple[list[str], tuple[str, ...]]:
     """What the default session with torchft 0.2.0 installs (``.[worker,monitor]`` as requirements) and
     the pytest command it runs."""
-    spec = importlib.util.spec_from_file_location("lk_noxfile_install_audit", ROOT / "noxfile.py")
-    noxfile = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(noxfile)
+    noxfile = load_noxfile()
     session = RecordingSession()
     noxfile.run_matrix_test(session, noxfile.DEFAULT_TORCH, "0.2.0")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]

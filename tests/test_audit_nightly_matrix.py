@@ -3,7 +3,6 @@ bin/bootstrap name the same sessions and pins (nox is run with -l only: nothing 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -14,15 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.noxfile import load_noxfile
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = (ROOT / "docs" / "install.md").read_text()
 
 
 def noxfile():
-    spec = importlib.util.spec_from_file_location("lk_noxfile_audit", ROOT / "noxfile.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_noxfile()
 
 
 def nightly_pin() -> str:
