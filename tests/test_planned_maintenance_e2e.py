@@ -86,6 +86,19 @@ def test_a_rolling_restart_and_a_whole_job_stop_are_no_incident(tmp_path):
         def rank_state(u):
             return requests.get(u + "/v1/state", timeout=2).json()
 
+        def hang_rank1(group, where, phase, what):
+            """Group rank 1 hung 4 steps ahead (``where``), until rank 0 is seen waiting for
+            it inside its group in ``phase``."""
+            urls = group.worker_urls
+            at = rank_state(urls[0])["step"] + 4
+            inject(urls.values(), f"hang:at_step={at},where={where},rank=1")
+
+            def held():
+                s0, s1 = (rank_state(urls[r]) for r in (0, 1))
+                return s1["faults_struck_at"] and s0["phase"] == phase and (
+                    s0["timing"]["waiting"] or {}).get("scope") == "group"
+            wait_until(held, 30, interval=0.05, what=what)
+
         def stepping(g, above):
             return any(r["replica_group"] == g and (r.get("step") or 0) > above
                        and r.get("phase") != "stopped" for r in get("/v1/ranks"))
@@ -120,15 +133,8 @@ def test_a_rolling_restart_and_a_whole_job_stop_are_no_incident(tmp_path):
                     p.wait(timeout=20)
                 forgotten_as_stopped(list(old.worker_urls.values()))
             else:  # rank 0 blocked in FSDP's all-gather for rank 1 (stopped before its forward)
-                at = rank_state(old.worker_urls[0])["step"] + 4
-                inject(old.worker_urls.values(), f"hang:at_step={at},where=group,rank=1")
-
-                def blocked(urls=old.worker_urls):
-                    s0, s1 = (rank_state(urls[r]) for r in (0, 1))
-                    return s1["faults_struck_at"] and s0["phase"] == "forward" and (
-                        s0["timing"]["waiting"] or {}).get("scope") == "group"
-                wait_until(blocked, 30, interval=0.05,
-                           what="rank 1 hung, rank 0 waiting for it in its group")
+                hang_rank1(old, "group", "forward",
+                           "rank 1 hung, rank 0 waiting for it in its group")
                 old.rank_procs[1].send_signal(signal.SIGTERM)  # said, read, gone: well before
                 assert old.rank_procs[1].wait(timeout=20) == -signal.SIGTERM  # a hang is found
                 assert old.rank_procs[0].wait(timeout=20) == 1  # its all-gather failed
@@ -151,15 +157,8 @@ def test_a_rolling_restart_and_a_whole_job_stop_are_no_incident(tmp_path):
         # peer waits for it in the commit vote, which its end does not fail (an in-group
         # collective would: its peer would go down unsaid too, a second crash)
         crashed_group = cluster.groups[1]
-        at = rank_state(crashed_group.worker_urls[0])["step"] + 4
-        inject(crashed_group.worker_urls.values(), f"hang:at_step={at},where=cross,rank=1")
-
-        def voting(urls=crashed_group.worker_urls):
-            s0, s1 = (rank_state(urls[r]) for r in (0, 1))
-            return s1["faults_struck_at"] and s0["phase"] == "commit" and (
-                s0["timing"]["waiting"] or {}).get("scope") == "group"
-        wait_until(voting, 30, interval=0.05,
-                   what="rank 3 hung before its all_reduce, rank 2 waiting for its vote")
+        hang_rank1(crashed_group, "cross", "commit",
+                   "rank 3 hung before its all_reduce, rank 2 waiting for its vote")
         crashed = crashed_group.rank_procs[1]
         crashed.send_signal(signal.SIGKILL)
         crashed.wait(timeout=20)
