@@ -35,7 +35,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from lightkeeper.cluster import wait_until  # noqa: E402
+from lightkeeper.processes import wait_until  # noqa: E402
 from monitor.config import DetectorConfig, MonitorConfig, RailsConfig  # noqa: E402
 from monitor.poll import fr_bound  # noqa: E402
 from monitor.service import Monitor  # noqa: E402

@@ -404,7 +404,7 @@ class Run:
 
     # --- processes ----------------------------------------------------------------------------
     def start(self) -> None:
-        from lightkeeper.cluster import wait_until
+        from lightkeeper.processes import wait_until
 
         self.dir.mkdir(parents=True, exist_ok=True)
         self.cluster.start_lighthouse()
@@ -429,7 +429,7 @@ class Run:
                 self.spares_ready = False
 
     def start_monitor(self) -> None:
-        from lightkeeper.cluster import start_monitor_process
+        from lightkeeper.processes import start_monitor_process
 
         out_path, log_path = self.dir / "monitor.out", self.dir / "monitor.log"
         cmd = [sys.executable, "-u", "-m", "lightkeeper.cli", "monitor", "--port", "0",
@@ -442,7 +442,7 @@ class Run:
         self.procs.append(self.monitor_proc)
 
     def stop(self) -> None:
-        from lightkeeper.cluster import stop_process
+        from lightkeeper.processes import stop_process
 
         for p in reversed(self.procs):
             try:
@@ -452,7 +452,7 @@ class Run:
 
     # --- sampling -----------------------------------------------------------------------------
     def state(self, url: str) -> dict | None:
-        from lightkeeper.cluster import get_json
+        from lightkeeper.processes import get_json
 
         return get_json(self.http, url + "/v1/state", 1.0)
 
@@ -492,7 +492,7 @@ class Run:
                                                  else "cold start")})
 
     def monitor_get(self, path: str):
-        from lightkeeper.cluster import get_json
+        from lightkeeper.processes import get_json
 
         return get_json(self.http, self.monitor_url + path, 5.0) if self.monitor_url else None
 

@@ -60,7 +60,8 @@ import requests
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from lightkeeper.cluster import LocalCluster, wait_until  # noqa: E402
+from lightkeeper.cluster import LocalCluster  # noqa: E402
+from lightkeeper.processes import wait_until  # noqa: E402
 from monitor.evidence.lighthouse_status import LighthouseReader  # noqa: E402
 
 GROUPS = 3

@@ -29,7 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lightkeeper.cluster import LIGHTHOUSE_SCRIPT, free_port, wait_until  # noqa: E402
+from lightkeeper.cluster import LIGHTHOUSE_SCRIPT  # noqa: E402
+from lightkeeper.processes import free_port, wait_until  # noqa: E402
 
 STEP_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .* step=(\d+) ")
 

@@ -45,7 +45,8 @@ import requests
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from lightkeeper.cluster import LocalCluster, wait_until  # noqa: E402
+from lightkeeper.cluster import LocalCluster  # noqa: E402
+from lightkeeper.processes import wait_until  # noqa: E402
 from monitor.config import MonitorConfig  # noqa: E402
 from monitor.service import Monitor  # noqa: E402
 from tests.support.faketime import faketime_env  # noqa: E402

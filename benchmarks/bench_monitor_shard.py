@@ -36,7 +36,7 @@ sys.path.insert(0, ROOT)
 
 from benchmarks import bench_monitor_100k as virtual  # noqa: E402
 from benchmarks.bench_monitor_sweep import start_sims, stop_sims  # noqa: E402
-from lightkeeper.cluster import free_port, stop_process, wait_until  # noqa: E402
+from lightkeeper.processes import free_port, stop_process, wait_until  # noqa: E402
 from monitor.config import MonitorConfig, ShardConfig  # noqa: E402
 from monitor.service import Monitor  # noqa: E402
 from tests.support.monitor_sim import raise_fd_limit  # noqa: E402

@@ -36,7 +36,8 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lightkeeper.cluster import LocalCluster, wait_until  # noqa: E402
+from lightkeeper.cluster import LocalCluster  # noqa: E402
+from lightkeeper.processes import wait_until  # noqa: E402
 
 # condition -> (endpoints, requests per second to each)
 CONDITIONS: dict[str, tuple[tuple[str, ...], float]] = {

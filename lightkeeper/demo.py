@@ -227,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old_term) -> int:
-    from .cluster import ClusterError
+    from .processes import ClusterError
     from .report import write_report
 
     fabric, hosts_note = None, None

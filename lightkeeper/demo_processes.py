@@ -20,7 +20,7 @@ class Processes:
     def start(self) -> None:
         from trainer.faults import NETWORK_KINDS
 
-        from .cluster import ClusterError, wait_until
+        from .processes import ClusterError, wait_until
 
         self.logs.mkdir(parents=True, exist_ok=True)
         self._log = open(self.dir / "demo.log", "a")
@@ -58,7 +58,7 @@ class Processes:
         self.event("training", None, f"all {self.args.groups} groups committing steps")
 
     def start_monitor(self, port: int = 0) -> None:
-        from .cluster import start_monitor_process
+        from .processes import start_monitor_process
 
         log_path = self.logs / "monitor.log"
         out_path = self.logs / "monitor.out"
@@ -157,7 +157,7 @@ class Processes:
     def stop(self, grace: float = 3.0) -> None:
         """Stop every process the demo started and their descendants, by PID: SIGTERM to all at
         once, ``grace`` seconds for all of them together, then SIGKILL whatever is left."""
-        from .cluster import descendants, signal_same, stamped, stop_process
+        from .processes import descendants, signal_same, stamped, stop_process
 
         self.stopping = True
         self.status = "stopping"

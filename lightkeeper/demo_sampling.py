@@ -15,12 +15,12 @@ class Sampling:
     """Part of :class:`~lightkeeper.demo_loop.Demo` (its state is set up there)."""
 
     def state(self, url: str) -> dict | None:
-        from .cluster import get_json
+        from .processes import get_json
 
         return get_json(self.http, url + "/v1/state", 1.0)
 
     def monitor_get(self, path: str) -> list | None:
-        from .cluster import get_json
+        from .processes import get_json
 
         return None if self.monitor_url is None else get_json(self.http, self.monitor_url + path,
                                                               2.0)

@@ -58,7 +58,7 @@ class Supervisor:
         """Stop the processes of a group whose host the monitor quarantined, as a scheduler
         evicts the pods of a tainted node (NoExecute): a host off the network never hears
         the Lighthouse's kill, and its group must still move. The supervisor restarts it."""
-        from .cluster import stop_process
+        from .processes import stop_process
 
         bad = set((self.hosts_view or {}).get("quarantined") or [])
         for g, grp in sorted(self.cluster.groups.items()):

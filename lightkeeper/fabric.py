@@ -29,14 +29,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import functools
 import itertools
 import logging
 import os
 import re
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -44,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lightkeeper.cluster import Host
+from lightkeeper.netns import Forwarder, in_netns, libc_setns, setns
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +58,6 @@ NETNS_ETC = Path("/etc/netns")
 NAME_RE = re.compile(r"^lkf-(\d+)-(\d+)-(ctl|h\d+|probe)$")
 _LINK_RE = re.compile(r"^\d+: ([^:@]+)(?:@[^:]*)?: <([^>]*)>", re.M)  # ip -o link show
 _NODE_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,61}[A-Za-z0-9])?$")
-CLONE_NEWNET = 0x40000000
-CLONE_NEWUTS = 0x04000000
 # Sets the hostname in the new UTS namespace, then becomes the command (no extra process).
 _HOSTNAME_SH = 'echo "$0" > /proc/sys/kernel/hostname && exec "$@"'
 _counter = itertools.count()
@@ -100,57 +97,6 @@ def _run(argv: list[str], stdin: str | None = None, timeout: float = 20.0) -> st
     return p.stdout
 
 
-@functools.cache
-def _libc_setns():
-    libc = ctypes.CDLL(None, use_errno=True)
-    fn = libc.setns
-    fn.argtypes = [ctypes.c_int, ctypes.c_int]
-    return fn
-
-
-def enter_host(netns: str, node: str) -> None:
-    """Move the calling thread into host ``netns``'s network namespace, in a UTS namespace of
-    its own named ``node``: a warm spare, started before its host was known, taking its place.
-    Threads and processes it starts then are on that host. Raises OSError if it cannot."""
-    fd = os.open(f"/var/run/netns/{netns}", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        _setns(fd)
-    finally:
-        os.close(fd)
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWUTS) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"unshare(CLONE_NEWUTS): {os.strerror(err)}")
-    socket.sethostname(node)
-
-
-def _setns(fd: int) -> None:
-    if _libc_setns()(fd, CLONE_NEWNET) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"setns: {os.strerror(err)}")
-
-
-def _in_netns(fd: int, fn):
-    """``fn()`` run in a fresh thread moved into the network namespace ``fd`` (that thread
-    only): a socket it creates belongs to that namespace for good; /proc/sys/net it opens is
-    that namespace's."""
-    out: dict = {}
-
-    def target():
-        try:
-            _setns(fd)
-            out["value"] = fn()
-        except BaseException as e:  # handed to the caller's thread
-            out["error"] = e
-
-    t = threading.Thread(target=target, name="lightkeeper-fabric-netns", daemon=True)
-    t.start()
-    t.join()
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -159,79 +105,6 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:  # someone else's: alive
         pass
     return True
-
-
-class _Forwarder:
-    """127.0.0.1:<ephemeral> in one namespace -> ``addr:port`` in another, a daemon thread
-    accepting and two per connection pumping; :meth:`close` ends them all."""
-
-    def __init__(self, listen_fd: int, target_fd: int, addr: str, port: int) -> None:
-        self.target_fd, self.target = target_fd, (addr, port)
-        self.listener = _in_netns(listen_fd, lambda: socket.socket(socket.AF_INET))
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(64)
-        self.port = self.listener.getsockname()[1]
-        self.conns: set[socket.socket] = set()
-        self.lock = threading.Lock()
-        self.closed = False
-        threading.Thread(target=self._accept, name=f"lightkeeper-forward-{self.port}",
-                         daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return  # closed
-            threading.Thread(target=self._connect, args=(conn,), daemon=True).start()
-
-    def _connect(self, conn: socket.socket) -> None:
-        try:
-            up = _in_netns(self.target_fd, lambda: socket.socket(socket.AF_INET))
-            up.settimeout(10)
-            up.connect(self.target)
-            up.settimeout(None)
-        except OSError as e:
-            log.warning("fabric: forward 127.0.0.1:%d -> %s:%d: %s", self.port, *self.target, e)
-            conn.close()
-            return
-        with self.lock:
-            if self.closed:
-                conn.close()
-                up.close()
-                return
-            self.conns |= {conn, up}
-        done = threading.Barrier(2, action=lambda: self._drop(conn, up))
-        for a, b in ((conn, up), (up, conn)):
-            threading.Thread(target=self._pump, args=(a, b, done), daemon=True).start()
-
-    def _drop(self, *socks: socket.socket) -> None:
-        with self.lock:
-            for s in socks:
-                self.conns.discard(s)
-                s.close()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket, done: threading.Barrier) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)  # pass the half-close on
-        with contextlib.suppress(threading.BrokenBarrierError):
-            done.wait()
-
-    def close(self) -> None:
-        with self.lock:
-            self.closed = True
-            socks = [self.listener, *self.conns]
-            self.conns.clear()
-        for s in socks:
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-            s.close()
 
 
 class Fabric:
@@ -265,7 +138,7 @@ class Fabric:
         self._made_etc: list[Path] = []   # /etc/netns/<ns> directories it wrote
         self._ctl_fd: int | None = None
         self._outside_fd: int | None = None
-        self._forwarders: list[_Forwarder] = []
+        self._forwarders: list[Forwarder] = []
         self._rate: dict[str, float] = {}
         self._partitioned: set[str] = set()
         self._disconnected: set[str] = set()
@@ -291,7 +164,7 @@ class Fabric:
         if not os.path.exists("/proc/thread-self/ns/net"):
             return "/proc/thread-self/ns/net is missing"
         try:
-            _libc_setns()
+            libc_setns()
         except (OSError, AttributeError) as e:
             return f"setns(2) not available from libc: {e}"
         probe = f"lkf-{os.getpid()}-{next(_counter)}-probe"
@@ -363,7 +236,7 @@ class Fabric:
             # carrier (dead0) must be used, not skipped, or a partition would not cut anything.
             fd = os.open(NETNS_RUN / h.netns, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                _in_netns(fd, _use_linkdown_routes)
+                in_netns(fd, _use_linkdown_routes)
             finally:
                 os.close(fd)
         self._wait_links_up([(self.ctl_ns, f"p{i}") for i in range(len(self.hosts))])
@@ -464,11 +337,11 @@ class Fabric:
             raise FabricError("the fabric is not up")
         back = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            _setns(self._ctl_fd)
+            setns(self._ctl_fd)
             try:
                 yield self
             finally:
-                _setns(back)
+                setns(back)
         finally:
             os.close(back)
 
@@ -479,7 +352,7 @@ class Fabric:
         with self._lock:
             if self._ctl_fd is None or self._outside_fd is None:
                 raise FabricError("the fabric is not up")
-            fw = _Forwarder(self._outside_fd, self._ctl_fd, addr or CTL_ADDR, port)
+            fw = Forwarder(self._outside_fd, self._ctl_fd, addr or CTL_ADDR, port)
             self._forwarders.append(fw)
             return fw.port
 

@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from .cluster import stop_process
+from .processes import stop_process
 
 INSTALL_HINT = ("no prometheus binary: as root, `bin/bootstrap --prometheus` installs Debian's "
                 "prometheus (bin/lightkeeper demo and bin/test do it), or set PROMETHEUS_BIN")

@@ -47,7 +47,7 @@ def restart_monitor(demo) -> dict:
     record says what its audit log held before and after and the memory it had grown to."""
     from urllib.parse import urlsplit
 
-    from .cluster import stop_process
+    from .processes import stop_process
 
     before = audit_ids(demo)
     rec: dict[str, Any] = {"at_s": demo.now(), "rss_kb_before_stop": rss_kb(demo.monitor_proc.pid),

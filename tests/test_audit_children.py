@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from lightkeeper.cluster import stop_process, wait_until
+from lightkeeper.processes import stop_process, wait_until
 
 # after arming, as the hook arms a rank at interpreter start: its children end on SIGTERM
 SUBPROCESS_CHILDREN = """

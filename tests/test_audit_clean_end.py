@@ -15,7 +15,7 @@ import threading
 import time
 import urllib.request
 
-from lightkeeper.cluster import wait_until
+from lightkeeper.processes import wait_until
 from tests.support.hook import hooked_env
 
 JOB = """

@@ -16,7 +16,7 @@ import time
 import pytest
 import requests
 
-from lightkeeper.cluster import wait_until
+from lightkeeper.processes import wait_until
 from monitor.config import BundleConfig, DetectorConfig, MonitorConfig, RailsConfig
 from monitor.service import Monitor
 from monitor.store import StateInUse, Store, hold_state

@@ -13,8 +13,8 @@ import time
 
 import requests
 
-from lightkeeper.cluster import start_monitor_process, stop_process
 from lightkeeper.demo import Demo, add_arguments
+from lightkeeper.processes import start_monitor_process, stop_process
 from lightkeeper.scenario import Scenario
 
 BAD = "evil\x1b[2J\n[monitor] fake line"

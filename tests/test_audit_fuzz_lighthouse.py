@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
-from lightkeeper.cluster import start_monitor_process, stop_process, wait_until
+from lightkeeper.processes import start_monitor_process, stop_process, wait_until
 from monitor.evidence.lighthouse_status import StatusFormatError, parse_status
 from tests.support.monitor_sim import SimRanks
 

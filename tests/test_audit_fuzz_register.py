@@ -9,7 +9,7 @@ import sys
 
 import requests
 
-from lightkeeper.cluster import start_monitor_process, stop_process
+from lightkeeper.processes import start_monitor_process, stop_process
 
 WEIRD = [None, True, 0, -1, 2**70, 1e308, "", "x", "\u00e9\u2603", "a" * 3000, [], {}, [1],
          {"a": 1}, 0.5, "1", "127.0.0.1:1", "http://[::1]:80/x", "http://h:99999",

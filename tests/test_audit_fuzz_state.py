@@ -15,7 +15,7 @@ import sys
 
 import requests
 
-from lightkeeper.cluster import start_monitor_process, stop_process, wait_until
+from lightkeeper.processes import start_monitor_process, stop_process, wait_until
 from monitor.config import DetectorConfig, MonitorConfig
 from monitor.service import Monitor
 from tests.support.monitor_sim import SimRanks, rank_state

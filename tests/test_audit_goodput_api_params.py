@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from lightkeeper.cluster import wait_until
+from lightkeeper.processes import wait_until
 from monitor.config import MonitorConfig, RailsConfig
 from monitor.service import Monitor
 from tests.support.monitor_sim import SimJob

@@ -13,7 +13,7 @@ import time
 import pytest
 import requests
 
-from lightkeeper.cluster import wait_until
+from lightkeeper.processes import wait_until
 from monitor.config import MonitorConfig, RailsConfig
 from monitor.service import Monitor
 from tests.support.monitor_sim import SimJob

@@ -7,7 +7,7 @@ import re
 
 import requests
 
-from lightkeeper.cluster import wait_until
+from lightkeeper.processes import wait_until
 from monitor.config import MonitorConfig
 from monitor.service import Monitor
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import requests
 
-from lightkeeper.cluster import free_port, stop_process, wait_until
+from lightkeeper.processes import free_port, stop_process, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "torchft_two_groups.py"

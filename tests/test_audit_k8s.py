@@ -149,7 +149,7 @@ def test_a_trainer_rank_sigtermed_by_kubernetes_says_it_stopped(workload):
     the monitor does and SIGTERM it."""
     import argparse
 
-    from lightkeeper.cluster import stop_process
+    from lightkeeper.processes import stop_process
     from lightkeeper.run import add_arguments, hook_env
     from rank_wire import MONITOR_AGENT
 

@@ -16,7 +16,7 @@ import time
 
 import requests
 
-from lightkeeper.cluster import wait_until
+from lightkeeper.processes import wait_until
 from rank_wire import MONITOR_AGENT
 from worker_server import WorkerServer
 from worker_server import server as server_module

@@ -16,7 +16,7 @@ import uuid
 import pytest
 import requests
 
-from lightkeeper.cluster import wait_until
+from lightkeeper.processes import wait_until
 from monitor.config import MonitorConfig, QuarantineConfig, RailsConfig
 from monitor.service import Monitor
 from tests.support.monitor_sim import SimJob, SimRank, rank_state

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from lightkeeper.cluster import free_port, stop_process, wait_until
+from lightkeeper.processes import free_port, stop_process, wait_until
 from monitor.config import MonitorConfig, RailsConfig, ShardConfig
 from monitor.lease import Etcd
 from monitor.service import Monitor

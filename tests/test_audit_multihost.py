@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from lightkeeper.cluster import stop_process
 from lightkeeper.fabric import Fabric
+from lightkeeper.processes import stop_process
 from tests.support.lines import first_line
 
 TOKEN = "multihost-register-token"

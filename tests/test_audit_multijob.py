@@ -15,7 +15,7 @@ import time
 
 import requests
 
-from lightkeeper.cluster import SAFE_PATH, start_monitor_process, stop_process, wait_until
+from lightkeeper.processes import SAFE_PATH, start_monitor_process, stop_process, wait_until
 
 
 def _monitor_cmd(state, sd_out, job: str) -> list[str]:

@@ -43,7 +43,7 @@ def test_a_monitor_that_never_swept_exports_what_monitor_missing_looks_for(tmp_p
     import requests
 
     from dashboards import rules
-    from lightkeeper.cluster import wait_until
+    from lightkeeper.processes import wait_until
     from monitor.config import MonitorConfig
     from monitor.service import Monitor
 
@@ -76,7 +76,7 @@ def test_groups_on_different_torchft_versions_are_said_once_and_in_cluster(tmp_p
 
     import requests
 
-    from lightkeeper.cluster import wait_until
+    from lightkeeper.processes import wait_until
     from monitor.config import MonitorConfig
     from monitor.service import Monitor
     from tests.support.monitor_sim import SimRanks

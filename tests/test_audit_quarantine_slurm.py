@@ -14,7 +14,7 @@ import subprocess
 import pytest
 import requests
 
-from lightkeeper.cluster import wait_until
+from lightkeeper.processes import wait_until
 from monitor.cli import add_arguments, config_from_args
 from monitor.service import Monitor
 from tests import test_hosts_sinks

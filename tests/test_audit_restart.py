@@ -19,7 +19,7 @@ import time
 import pytest
 import requests
 
-from lightkeeper.cluster import stop_process, wait_until
+from lightkeeper.processes import stop_process, wait_until
 from monitor.config import (
     BundleConfig,
     DetectorConfig,

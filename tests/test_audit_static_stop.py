@@ -10,7 +10,7 @@ import json
 
 import requests
 
-from lightkeeper.cluster import wait_until
+from lightkeeper.processes import wait_until
 from monitor.config import MonitorConfig
 from monitor.service import Monitor
 from tests.support.monitor_sim import SimRanks

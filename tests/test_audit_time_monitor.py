@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from lightkeeper.cluster import start_monitor_process, stop_process, wait_until
+from lightkeeper.processes import start_monitor_process, stop_process, wait_until
 from tests.conftest import require_binary
 from tests.support.faketime import stepping_env
 from tests.support.monitor_sim import SimJob

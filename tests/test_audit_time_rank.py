@@ -16,7 +16,7 @@ from pathlib import Path
 
 import requests
 
-from lightkeeper.cluster import stop_process, wait_until
+from lightkeeper.processes import stop_process, wait_until
 from tests.conftest import require_binary
 from tests.support.faketime import stepping_env
 from tests.support.lines import first_line

@@ -15,7 +15,7 @@ import time
 
 import requests
 
-from lightkeeper.cluster import start_monitor_process, stop_process, wait_until
+from lightkeeper.processes import start_monitor_process, stop_process, wait_until
 from monitor.act.bundles import BundleStore
 from monitor.config import BundleConfig, MonitorConfig
 from monitor.service import Monitor

@@ -129,7 +129,7 @@ def test_the_trainer_under_lightkeeper_run_says_finished_on_the_hooks_server(tmp
     # only its own server (absent there) was told, so the rank ended as dead to a monitor
     from torchft.coordination import LighthouseServer
 
-    from lightkeeper.cluster import stop_process, wait_until
+    from lightkeeper.processes import stop_process, wait_until
     from rank_wire import MONITOR_AGENT
 
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=1000,

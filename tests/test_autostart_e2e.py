@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from lightkeeper.cluster import stop_process, wait_until
+from lightkeeper.processes import stop_process, wait_until
 from monitor.config import MonitorConfig
 from monitor.service import Monitor
 from tests.support.workers import try_state

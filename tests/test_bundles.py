@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from lightkeeper.cli import main
-from lightkeeper.cluster import wait_until
+from lightkeeper.processes import wait_until
 from monitor.act.bundles import Bundles, BundleStore
 from monitor.analysis.bundle import open_bundle
 from monitor.config import BundleConfig, MonitorConfig, RailsConfig

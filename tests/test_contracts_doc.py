@@ -281,7 +281,7 @@ def test_rank_metrics_are_the_documented_ones(rank):
 
 @pytest.fixture(scope="module")
 def monitor(tmp_path_factory):
-    from lightkeeper.cluster import wait_until
+    from lightkeeper.processes import wait_until
     from monitor.config import MonitorConfig
     from monitor.service import Monitor
     from tests.support.monitor_sim import SimRanks

@@ -38,7 +38,8 @@ from dashboards.build import PROMETHEUS_DIR, build_dashboards
 from dashboards.promconfig import render_prometheus_yml
 from dashboards.rules import RECORDS
 from dashboards.validate import Query, all_queries, metric_names, substitute
-from lightkeeper.cluster import LocalCluster, stop_process, wait_until
+from lightkeeper.cluster import LocalCluster
+from lightkeeper.processes import stop_process, wait_until
 from tests.conftest import require_binary
 from tests.support import prometheus
 

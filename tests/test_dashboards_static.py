@@ -32,7 +32,7 @@ from dashboards.validate import (
     substitute,
 )
 from lightkeeper.cli import main as lightkeeper_main
-from lightkeeper.cluster import wait_until
+from lightkeeper.processes import wait_until
 from tests.conftest import require_binary
 from worker_server import RankIdentity, RankState, WorkerServer
 

@@ -20,9 +20,10 @@ import pytest
 
 from lightkeeper import cluster as cluster_mod
 from lightkeeper import demo as demo_mod
-from lightkeeper import prometheus
-from lightkeeper.cluster import LocalCluster, stop_process
+from lightkeeper import processes, prometheus
+from lightkeeper.cluster import LocalCluster
 from lightkeeper.fabric import Fabric, FabricError
+from lightkeeper.processes import stop_process
 
 
 def _sleeper(tmp_path: Path) -> tuple[Path, Path]:
@@ -67,7 +68,7 @@ def test_a_reaped_process_is_signalled_nothing(monkeypatch):
     proc = subprocess.Popen(["true"])
     proc.wait()
     sent = []
-    monkeypatch.setattr(cluster_mod.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    monkeypatch.setattr(processes.os, "kill", lambda pid, sig: sent.append((pid, sig)))
     stop_process(proc, grace=0)
     stop_process(proc, grace=1.0)
     assert sent == []
@@ -81,7 +82,7 @@ def test_a_demo_stops_none_of_its_processes_that_already_exited(tmp_path, monkey
     done.wait()  # an evicted group's process, long gone: its PID may be reused
     demo.procs.append(done)
     sent = []
-    monkeypatch.setattr(cluster_mod.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    monkeypatch.setattr(processes.os, "kill", lambda pid, sig: sent.append((pid, sig)))
     demo.stop(grace=0)
     assert sent == []
 
@@ -89,14 +90,14 @@ def test_a_demo_stops_none_of_its_processes_that_already_exited(tmp_path, monkey
 def test_a_remembered_pid_that_is_another_process_now_is_not_signalled(monkeypatch):
     proc = subprocess.Popen(["sleep", "30"])
     try:
-        remembered = cluster_mod.stamped([proc.pid])
+        remembered = processes.stamped([proc.pid])
         assert [pid for pid, _ in remembered] == [proc.pid]
         sent = []
         with monkeypatch.context() as m:
-            m.setattr(cluster_mod.os, "kill", lambda pid, sig: sent.append((pid, sig)))
-            cluster_mod.signal_same(remembered, signal.SIGTERM)
+            m.setattr(processes.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+            processes.signal_same(remembered, signal.SIGTERM)
             # the same PID with another start time: a process that came after it
-            cluster_mod.signal_same([(proc.pid, remembered[0][1] + 1)], signal.SIGKILL)
+            processes.signal_same([(proc.pid, remembered[0][1] + 1)], signal.SIGKILL)
         assert sent == [(proc.pid, signal.SIGTERM)]
     finally:
         stop_process(proc, grace=0)
@@ -113,7 +114,7 @@ def test_a_lighthouse_interrupted_while_it_starts_is_stopped(tmp_path, monkeypat
         _started_pid(pid_file)
         raise interrupt()  # a Ctrl-C, or the 30 s running out, as it waits for the URL
 
-    monkeypatch.setattr(cluster_mod, "wait_until", wait_until)
+    monkeypatch.setattr(cluster_mod, "wait_until", wait_until)  # as cluster.py calls it
     cluster = LocalCluster(tmp_path / "logs")
     pid = None
     try:

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from lightkeeper import fabric as fabric_mod
-from lightkeeper.cluster import stop_process
 from lightkeeper.fabric import CTL_ADDR, CTL_NAME, Fabric, FabricError, tbf_burst
+from lightkeeper.processes import stop_process
 from tests.support.lines import first_line
 
 pytestmark = pytest.mark.skipif(bool(Fabric.unavailable()),

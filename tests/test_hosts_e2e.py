@@ -11,7 +11,7 @@ import stat
 import pytest
 import requests
 
-from lightkeeper.cluster import wait_until
+from lightkeeper.processes import wait_until
 from monitor.config import DetectorConfig, MonitorConfig, QuarantineConfig, RailsConfig
 from monitor.service import Monitor
 from tests.support.monitor_sim import SimJob

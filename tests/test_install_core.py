@@ -34,7 +34,7 @@ import requests
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from lightkeeper.cluster import stop_process, wait_until
+from lightkeeper.processes import stop_process, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("lightkeeper", "worker_server", "trainer", "monitor", "dashboards", "http_serving",

@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from http_serving import host_for_url, http_url, split_host_port
-from lightkeeper.cluster import free_port, wait_until
+from lightkeeper.processes import free_port, wait_until
 from monitor.api.views import ranks_json
 from monitor.poll.admission import AllowList
 from monitor.poll.discovery import BadTarget, normalize_url

@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from lightkeeper.cluster import wait_until
+from lightkeeper.processes import wait_until
 from monitor.config import DetectorConfig, MonitorConfig, RailsConfig
 from monitor.service import Monitor
 from tests.conftest import require_binary

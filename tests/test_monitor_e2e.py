@@ -42,7 +42,8 @@ import tarfile
 import pytest
 import requests
 
-from lightkeeper.cluster import LocalCluster, stop_process, wait_until
+from lightkeeper.cluster import LocalCluster
+from lightkeeper.processes import stop_process, wait_until
 from tests.conftest import require_binary
 from tests.support.workers import analyze_cli, get_json, save_dumps, torchft_entries, try_state
 

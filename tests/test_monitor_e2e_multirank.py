@@ -62,7 +62,8 @@ from contextlib import contextmanager
 import pytest
 import requests
 
-from lightkeeper.cluster import Host, HostPool, LocalCluster, free_port, stop_process, wait_until
+from lightkeeper.cluster import Host, HostPool, LocalCluster
+from lightkeeper.processes import free_port, stop_process, wait_until
 from tests.conftest import require_binary
 from tests.support.faketime import faketime_env
 from tests.support.workers import get_json, try_state

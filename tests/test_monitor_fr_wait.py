@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from lightkeeper.cluster import wait_until
+from lightkeeper.processes import wait_until
 from monitor.config import DetectorConfig, MonitorConfig, RailsConfig
 from monitor.poll import fr_bound
 from monitor.poll.fr_bound import FLOOR_S, REST_MOST_S, REST_S, SLACK, FrBound

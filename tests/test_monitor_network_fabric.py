@@ -18,8 +18,8 @@ import time
 import pytest
 import requests
 
-from lightkeeper.cluster import stop_process
 from lightkeeper.fabric import Fabric
+from lightkeeper.processes import stop_process
 from monitor.config import ProbeConfig
 from monitor.detect.network import place
 from monitor.evidence.probes import ProbeMesh

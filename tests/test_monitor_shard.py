@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from lightkeeper.cluster import free_port, start_monitor_process, stop_process, wait_until
+from lightkeeper.processes import free_port, start_monitor_process, stop_process, wait_until
 from monitor.api.views import ranks_json
 from monitor.cli import add_arguments, config_from_args
 from monitor.config import ConfigError

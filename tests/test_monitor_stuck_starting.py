@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from lightkeeper.cluster import LocalCluster, stop_process, wait_until
+from lightkeeper.cluster import LocalCluster
+from lightkeeper.processes import stop_process, wait_until
 from monitor.config import DetectorConfig, MonitorConfig
 from monitor.service import Monitor
 from worker_server.state import node_name

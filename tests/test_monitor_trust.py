@@ -14,7 +14,7 @@ import time
 import pytest
 import requests
 
-from lightkeeper.cluster import wait_until
+from lightkeeper.processes import wait_until
 from monitor.config import MonitorConfig
 from monitor.service import Monitor
 from worker_server import RankIdentity, RankState, WorkerServer

@@ -18,7 +18,8 @@ import time
 import pytest
 import requests
 
-from lightkeeper.cluster import Host, LocalCluster, stop_process, wait_until
+from lightkeeper.cluster import Host, LocalCluster
+from lightkeeper.processes import stop_process, wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -18,7 +18,7 @@ import time
 import pytest
 import requests
 
-from lightkeeper.cluster import stop_process, wait_until
+from lightkeeper.processes import stop_process, wait_until
 from rank_wire import MONITOR_AGENT
 
 SCRIPT = """

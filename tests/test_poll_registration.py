@@ -14,7 +14,7 @@ import types
 import pytest
 import requests
 
-from lightkeeper.cluster import wait_until
+from lightkeeper.processes import wait_until
 from monitor.poll import admission
 from monitor.poll.admission import AllowList, NotAllowed
 from monitor.poll.discovery import Discovery

@@ -9,7 +9,7 @@ import types
 
 import requests
 
-from lightkeeper.cluster import wait_until
+from lightkeeper.processes import wait_until
 from monitor.poll.discovery import Discovery
 from tests.test_monitor_trust import bare_monitor
 from worker_server import RankIdentity, RankState, WorkerServer

@@ -22,7 +22,7 @@ from datetime import timedelta
 import pytest
 import requests
 
-from lightkeeper.cluster import wait_until
+from lightkeeper.processes import wait_until
 from worker_server import RankIdentity, RankState, WorkerServer
 from worker_server.abort import (
     GlooConnections,

@@ -18,7 +18,8 @@ import time
 import pytest
 import requests
 
-from lightkeeper.cluster import LocalCluster, stop_process, wait_until
+from lightkeeper.cluster import LocalCluster
+from lightkeeper.processes import stop_process, wait_until
 from tests.support.workers import try_state
 
 pytestmark = pytest.mark.e2e

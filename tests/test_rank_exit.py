@@ -18,7 +18,7 @@ import textwrap
 import pytest
 import requests
 
-from lightkeeper.cluster import stop_process, wait_until
+from lightkeeper.processes import stop_process, wait_until
 from monitor.act.actions import Orphans, RankCalls
 from worker_server.app import create_app
 from worker_server.state import RankIdentity, RankState

@@ -19,13 +19,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from lightkeeper.cluster import (
-    LocalCluster,
-    free_port,
-    start_monitor_process,
-    stop_process,
-    wait_until,
-)
+from lightkeeper.cluster import LocalCluster
+from lightkeeper.processes import free_port, start_monitor_process, stop_process, wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from lightkeeper.cluster import LIGHTHOUSE_SCRIPT, stop_process, wait_until
+from lightkeeper.cluster import LIGHTHOUSE_SCRIPT
+from lightkeeper.processes import stop_process, wait_until
 from tests.conftest import IN_CI
 
 pytestmark = pytest.mark.e2e

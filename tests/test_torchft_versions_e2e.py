@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from lightkeeper.cluster import free_port, stop_process, wait_until
+from lightkeeper.processes import free_port, stop_process, wait_until
 from rank_wire.recorders import is_torchft_pg_name
 from tests.conftest import IN_CI
 from tests.support.workers import get_json, try_state

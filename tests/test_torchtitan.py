@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from lightkeeper.cluster import LocalCluster, stop_process, wait_until
+from lightkeeper.cluster import LocalCluster
+from lightkeeper.processes import stop_process, wait_until
 from tests.support.workers import try_state
 
 REPO = Path(__file__).resolve().parents[1]

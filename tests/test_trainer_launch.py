@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from lightkeeper.cluster import LocalCluster, free_port, stop_process, wait_until
+from lightkeeper.cluster import LocalCluster
+from lightkeeper.processes import free_port, stop_process, wait_until
 from trainer.store import StoreUnavailable, group_store
 
 

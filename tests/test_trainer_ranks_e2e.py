@@ -14,7 +14,8 @@ import time
 import pytest
 import requests
 
-from lightkeeper.cluster import LocalCluster, wait_until
+from lightkeeper.cluster import LocalCluster
+from lightkeeper.processes import wait_until
 from tests.support.workers import analyze_cli, save_dumps, try_state
 
 pytestmark = pytest.mark.e2e

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import requests
 
-from lightkeeper.cluster import start_monitor_process, stop_process, wait_until
+from lightkeeper.processes import start_monitor_process, stop_process, wait_until
 from monitor.act.hosts import HostLedger
 from monitor.act.sinks.hooks import ExecSink
 from monitor.config import QuarantineConfig

@@ -410,7 +410,7 @@ def test_a_monitor_it_cannot_reach_is_said_once(monkeypatch, capfd):
     srv = WorkerServer.start(replica_group=0, group_rank=0, group_world_size=1,
                              monitor_url=f"http://127.0.0.1:{closed}")
     try:
-        from lightkeeper.cluster import wait_until
+        from lightkeeper.processes import wait_until
 
         tried = []
         real = requests.post

@@ -10,7 +10,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from lightkeeper.cluster import wait_until
+from lightkeeper.processes import wait_until
 from worker_server import torch_server
 
 

@@ -26,7 +26,8 @@ import requests
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from lightkeeper.cluster import Host, LocalCluster, free_port, stop_process, wait_until  # noqa: E402
+from lightkeeper.cluster import Host, LocalCluster  # noqa: E402
+from lightkeeper.processes import free_port, stop_process, wait_until  # noqa: E402
 
 FAULT_TOKEN, EXIT_TOKEN, G = "nf-faults", "nf-exit", 1
 FAULTS = {

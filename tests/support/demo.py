@@ -16,7 +16,7 @@ from pathlib import Path
 
 import requests
 
-from lightkeeper.cluster import stop_process
+from lightkeeper.processes import stop_process
 
 
 def poll(predicate, timeout: float, what: str, interval: float = 0.5):

@@ -441,7 +441,7 @@ class SimJob:
         """Once a monitor has read every rank's dump (:meth:`serve_dumps`), leave the next dump
         of group ``g``'s first rank unanswered and, that fetch in flight, take ``g``'s host dark
         (:meth:`go_dark`); returns when, ``time.monotonic()``."""
-        from lightkeeper.cluster import wait_until
+        from lightkeeper.processes import wait_until
 
         wait_until(lambda: all(r.fr_answered for r in self.sim.ranks), timeout,
                    what="a Flight Recorder look at every rank")
