@@ -202,6 +202,30 @@ def test_the_bookkeepings_own_manager_calls_go_straight_to_torchft():
     assert (snap["num_participants"], snap["participating"], snap["commits"]) == (2, True, 3)
 
 
+def test_a_healing_steps_commit_is_shown_as_healing():
+    """torchft loads the peer's state inside a healing step's should_commit: the rank says
+    ``healing`` while it runs, ``commit`` in the steps after."""
+    seen = []
+
+    class Healing(Manager):
+        def should_commit(self):
+            seen.append(state.snapshot()["phase"])
+            if self._healing:
+                self._step, self._healing = 10, False  # the peer's step, as torchft sets it
+            return super().should_commit()
+
+    manager = Healing()
+    manager._healing = False
+    state = RankState(RankIdentity())
+    WorkerServer(state).attach(manager)
+    assert train_step(manager) is True
+    manager._healing = True  # the next quorum made this group heal from a peer
+    assert train_step(manager) is True
+    assert train_step(manager) is True
+    assert seen == ["commit", "healing", "commit"]
+    assert state.snapshot()["phase"] == "optimizer"
+
+
 @pytest.mark.parametrize("broken", ["no _pg", "pg without configure or reconfigure",
                                     "no allreduce", "pg refuses attributes"])
 def test_start_with_a_manager_it_does_not_know_serves_the_rest(broken, capsys):

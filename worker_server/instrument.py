@@ -6,8 +6,9 @@ Wraps, on the Manager *instance*, the calls every torchft loop makes:
   ``forward`` (the quorum runs asynchronously during the forward pass);
 - ``wait_quorum``: quorum id, participants and participation become known;
 - ``allreduce``: phase ``allreduce``;
-- ``should_commit`` (``OptimizerWrapper.step``): phase ``commit`` (``healing`` first when this
-  group recovers from a peer), then the step is finished and phase ``optimizer``.
+- ``should_commit`` (``OptimizerWrapper.step``): phase ``commit`` (``healing`` instead when this
+  group recovers from a peer: torchft loads the peer's state there), then the step is finished
+  and phase ``optimizer``.
 
 It also hooks the call that rebuilds the Manager's process group (one per quorum change) through
 :class:`~worker_server.flight_recorder.IncarnationTracker`. A loop that wants finer phases calls
@@ -113,9 +114,9 @@ def instrument_manager(manager: Any, state: RankState, tracker: IncarnationTrack
         _update_quorum(manager, state)  # last, as in committed()
 
     def commit_begins() -> int:
-        if getattr(manager, "_healing", False):
-            state.set_phase("healing")  # should_commit loads the peer's state first
-        state.set_phase("commit")
+        # a healing step's should_commit loads the peer's state first (seconds on a large
+        # model), then votes: shown as healing until it returns
+        state.set_phase("healing" if getattr(manager, "_healing", False) else "commit")
         return manager.current_step()
 
     def committed(ran_as: int | None, ok: bool) -> None:

@@ -74,8 +74,10 @@ def _stall_shape(groups: list, waits: dict[int, tuple]) -> tuple[dict, set, list
         for r in fresh:
             scope, secs = collective_wait(r.state)
             # behind its own group: in an in-group collective, or in torchft's commit (its
-            # should_commit waits for every rank of the group, one maybe in the cross one)
-            if scope not in ("cross", "group") and r.state.get("phase") != "commit":
+            # should_commit waits for every rank of the group, one maybe in the cross one;
+            # a healing step's commit says healing)
+            if scope not in ("cross", "group") and r.state.get("phase") not in ("commit",
+                                                                                "healing"):
                 return None  # someone neither in the cross-group collective nor behind it
             if scope == "cross" and r.rank in waits and waits[r.rank][0] == "cross":
                 waited.append(secs)
