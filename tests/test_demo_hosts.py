@@ -15,7 +15,8 @@ import pytest
 from lightkeeper.cluster import Host, HostPool, loopback_hosts
 from lightkeeper.demo import Demo, add_arguments
 from lightkeeper.faulttrack import FaultTrack, Observation
-from lightkeeper.report import host_state, story_lines
+from lightkeeper.report import host_state
+from lightkeeper.report_text import story_lines
 from lightkeeper.scenario import Scenario
 
 
