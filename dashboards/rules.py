@@ -140,7 +140,8 @@ ALERTS = [
         "warning",
         "Ranks of job {{ $labels.job }} went away while the job went on",
         "In the last 10 minutes the monitor dropped self-registered ranks that stopped answering "
-        "without saying they stopped, while other ranks still answered (--forget-after). "
+        "without saying they stopped (--forget-after): while other ranks still answered, or "
+        "all at once with no rank saying the job ended (a job-wide crash). "
         "Prometheus stops scraping a dropped rank, so LightkeeperRankDown cannot see it: its "
         "replica group trains no more until it is restarted.",
         "The monitor's log ('forgot ... lost while the job goes on') names each rank; its "

@@ -63,6 +63,9 @@ log = logging.getLogger(__name__)
 STALLED_AFTER_S = 30.0  # /healthz: no sweep ended this long (or 10 intervals): the loop is stuck
 WARN_EVERY_S = 60.0  # while a trouble lasts (an unreadable Lighthouse), said again this often
 REFUSAL_EVERY_S = 600.0  # a refused rank asks again every 5 s: said once a window this long
+# a job's end said (a rank finished or stopped) this long before its last ranks went quiet
+# explains them: a rank not read within its finish() wait vanishes unsaid beside its peers
+END_SAID_SLACK_S = 60.0
 REFUSALS = {Unauthorized: "unauthorized", NotAllowed: "not_allowed", BadTarget: "bad_request",
             TooManyTargets: "too_many_targets", OtherJob: "other_job",
             ResolverBusy: "resolver_busy"}
@@ -181,6 +184,7 @@ class Monitor:
         self._sd_out = Trouble(f"cannot write {cfg.sd_out}", f"{cfg.sd_out} written again")
         self._refused: set[tuple] = set()  # refusals said in this REFUSAL_EVERY_S window
         self._refused_in = 0
+        self._end_said_at: float | None = None  # a forgotten rank last said it ended/stopped
         self._torchft_said: frozenset[str] | None = None  # the mixed torchft versions logged
         self.lh_settings = LighthouseSettingsWatch(cfg.lighthouse_heartbeat_timeout_ms,
                                                    cfg.lighthouse_join_timeout_ms, cfg.interval_s)
@@ -358,25 +362,34 @@ class Monitor:
 
     def _forget_unreachable(self, view: ClusterView, now: float) -> int:
         """Self-registered ranks gone for --forget-after are dropped; those that said their
-        training finished (ended) at once, so Prometheus stops scraping them. One that left
-        while others still answer, without saying it stopped, is counted lost (an alert: its
-        group trains no more until restarted); a job that ends takes all its ranks at once.
-        Returns how many unreachable ranks ended."""
+        training finished (ended) at once, so Prometheus stops scraping them. One that went
+        without saying it stopped is counted lost (an alert: its group trains no more until
+        restarted): while others still answer, or with the whole job when no rank said the
+        job ended about when they went quiet (a job-wide crash: nothing else alerts, as
+        Prometheus stops scraping them). Returns how many unreachable ranks ended."""
         unreachable = self.views.unreachable_since()
         ended = [u for u in unreachable if (rv := view.ranks.get(u)) is not None and rv.ended]
         forgotten = self.discovery.forget_unreachable(unreachable, now, ended)
         others_up = bool(forgotten) and any(rv.reachable for rv in view.ranks.values())
+        if any(url in ended or (view.ranks[url].state or {}).get("phase") == "stopped"
+               for url in forgotten if url in view.ranks):
+            self._end_said_at = now
         for url in forgotten:
             rv = view.ranks.get(url)
             stopped = rv is not None and (rv.state or {}).get("phase") == "stopped"
-            lost = others_up and not stopped
+            # read in this monitor's life: a restored rank of a job that ended meanwhile is not
+            read = rv is not None and rv.state is not None
+            job_end_said = self._end_said_at is not None and self._end_said_at \
+                >= unreachable.get(url, now) - END_SAID_SLACK_S
+            lost = not stopped and (others_up or (read and not job_end_said))
             if url in ended:
                 by = (rv.state or {}).get("stopped_by")
                 log.info("forgot %s: %s", url, f"stopped by {by}" if by else
                          "its training finished")
             else:
                 log.info("forgot %s: unreachable for %.0fs%s", url, self.cfg.forget_after_s,
-                         " (lost while the job goes on)" if lost else "")
+                         "" if not lost else " (lost while the job goes on)" if others_up
+                         else " (lost: no rank answers, none said the job ended)")
             if lost:
                 self.metrics.ranks_lost.labels(self.cfg.job).inc()
         return sum(1 for u in ended if not view.ranks[u].superseded)  # as view.counts counts

@@ -282,7 +282,8 @@ def _lost(mon) -> float:
 def test_a_rank_forgotten_while_the_job_goes_on_is_counted_lost(tmp_path):
     """Prometheus stops scraping a self-registered rank once the monitor forgets it, so its
     ``up == 0`` never lasts long enough to alert: the monitor counts it lost instead. A rank
-    that said it stopped is not lost; nor are ranks that all go at once (the job ended)."""
+    that said it stopped is not lost; nor are the last ranks of a job that said it ended, one
+    of them gone before the monitor read it say so."""
     sim = SimRanks.start(4)
     mon = make_monitor(tmp_path, sim, register=True, forget_after_s=0.6)
     try:
@@ -298,10 +299,33 @@ def test_a_rank_forgotten_while_the_job_goes_on_is_counted_lost(tmp_path):
         sim.ranks[1].set_mode("down")
         wait_until(lambda: len(_ranks(mon)) == 2, 10, what="both forgotten")
         assert _lost(mon) == 1
-        for r in sim.ranks[2:]:  # the job ends: its last ranks go together
+        sim.ranks[2].update(finished=True, phase="stopped")  # the job ends: one says so
+        wait_until(lambda: _ranks(mon)[sim.ranks[2].url]["phase"] == "stopped", 10,
+                   what="the end seen")
+        for r in sim.ranks[2:]:  # rank 3 goes before the monitor read its end
             r.set_mode("down")
         wait_until(lambda: not _ranks(mon), 10, what="the last ranks forgotten")
         assert _lost(mon) == 1
+    finally:
+        mon.stop()
+        sim.stop()
+
+
+def test_a_whole_job_gone_without_a_word_is_counted_lost(tmp_path):
+    """Every rank of the job goes at once and none said the job ended (host loss, an OOM kill,
+    a SIGKILL): Prometheus stops scraping them once they are forgotten, so only the monitor's
+    count can alert (LightkeeperRanksLost)."""
+    sim = SimRanks.start(2)
+    mon = make_monitor(tmp_path, sim, register=True, forget_after_s=0.6)
+    try:
+        for r in sim.ranks:
+            requests.post(mon.url + "/v1/targets", json={"url": r.url}, timeout=5)
+        wait_until(lambda: sum(r["reachable"] for r in _ranks(mon).values()) == 2, 10,
+                   what="2 registered ranks up")
+        for r in sim.ranks:
+            r.set_mode("down")
+        wait_until(lambda: not _ranks(mon), 10, what="both forgotten")
+        assert _lost(mon) == 2
     finally:
         mon.stop()
         sim.stop()
