@@ -137,7 +137,13 @@ def metric_names(expr: str) -> set[str]:
             if node.name:
                 names.add(node.name)
             for m in node.matchers.matchers:
-                if m.name == "__name__":
+                if m.name != "__name__":
+                    continue
+                alternatives = m.value.split("|")
+                if m.op == promql_parser.MatchOp.Re \
+                        and all(re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", a) for a in alternatives):
+                    names.update(alternatives)  # {__name__=~"a|b"}: names a and b
+                else:
                     names.add(m.value)
         return True
 

@@ -239,6 +239,22 @@ def test_variables_where_they_apply():
         "datasource", "job", "replica_group", "rank"]
 
 
+def test_the_job_variable_lists_a_job_that_only_its_monitor_exports(monitor_names):
+    """Ranks on torch's own debug server export no /metrics, and a job's ranks may not have
+    registered yet: the $job list takes jobs from the monitor's series too (exported from its
+    start), so Monitor health is never an empty dropdown."""
+    for d in DASHBOARDS.values():
+        (job_var,) = [v for v in d["templating"]["list"] if v["name"] == "job"]
+        selector = re.fullmatch(r"label_values\((.*), job\)", job_var["query"]).group(1)
+        assert metric_names(selector) == {"lightkeeper_step", "lightkeeper_monitor_dry_run"}
+    assert "lightkeeper_monitor_dry_run" in monitor_names
+
+
+def test_a_name_alternation_is_each_of_its_names():
+    assert metric_names('{__name__=~"a_b|c:d"}') == {"a_b", "c:d"}
+    assert metric_names('{__name__=~"a_.*"}') == {"a_.*"}  # a pattern: no name, reported so
+
+
 def _selectors(ast) -> list:
     import promql_parser
 
@@ -288,7 +304,7 @@ def test_job_is_matched_exactly():
         (job_var,) = [v for v in d["templating"]["list"] if v["name"] == "job"]
         assert not job_var["multi"] and not job_var["includeAll"], d["uid"]
         for q in iter_queries(d):
-            if q.where == "variable job":  # label_values(lightkeeper_step, job): lists the jobs
+            if q.where == "variable job":  # label_values(..., job): lists the jobs
                 continue
             for sel in _selectors(parse_promql(substitute(q.expr, {"job": "a.b"}))):
                 (job,) = [m for m in sel.matchers.matchers if m.name == "job"]

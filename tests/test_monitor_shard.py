@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -1052,6 +1053,8 @@ def write_doc_config(tmp_path: Path, groups: int) -> Path:
     assert set(blocks) == {"shard-prometheus.yml", "shard-rules.yml"}
     for name, text in blocks.items():
         (tmp_path / name).write_text(text)
+    # loaded beside shard-rules.yml: together they must not record a series twice
+    shutil.copy(ROOT / "dashboards" / "prometheus" / "rules.yml", tmp_path / "rules.yml")
     (tmp_path / "file_sd").mkdir()
     (tmp_path / "file_sd" / "ranks.json").write_text(json.dumps([
         {"targets": [f"127.0.0.1:{20000 + g}"],
@@ -1066,7 +1069,11 @@ def test_documented_shard_config_passes_promtool(tmp_path):
     r = subprocess.run([exe, "check", "config", str(config)], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "shard-rules.yml" in r.stdout and "4 rules found" in r.stdout
+    assert "shard-rules.yml" in r.stdout and "2 rules found" in r.stdout
+    assert "rules.yml" in r.stdout
+    recorded = re.findall(r"record: '?([a-z_:0-9]+)", (tmp_path / "rules.yml").read_text()
+                          + (tmp_path / "shard-rules.yml").read_text())
+    assert len(recorded) == len(set(recorded)), recorded
 
 
 def test_documented_prometheus_shard_keeps_the_monitor_shards_groups(tmp_path):
@@ -1080,7 +1087,8 @@ def test_documented_prometheus_shard_keeps_the_monitor_shards_groups(tmp_path):
     assert 0 < len(want) < 12
     with start(config, tmp_path / "prom") as prom:
         def kept():
-            active = prom.api("targets", state="active")["activeTargets"]
+            active = [t for t in prom.api("targets", state="active")["activeTargets"]
+                      if t["scrapePool"] == "lightkeeper-workers"]
             return len(active) + len(prom.api("targets", state="dropped")["droppedTargets"]) \
                 == 12 and {int(t["labels"]["replica_group"]) for t in active}
 
