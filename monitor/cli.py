@@ -53,14 +53,25 @@ def _positive_int(value: str) -> int:
     return n
 
 
+MAX_FLOAT = 1e8  # ~3 years: a longer wait overflows the sweep loop's timed waits
+
+
 def _finite(value: str) -> float:
-    """A float flag: nan passes every bound check and inf overflows a count, so neither."""
+    """A float flag: nan passes every bound check and inf overflows a count, so neither; nor
+    a value past MAX_FLOAT, whose timed waits overflow and end the sweep loop."""
     try:
-        if math.isfinite(v := float(value)):
+        if math.isfinite(v := float(value)) and abs(v) <= MAX_FLOAT:
             return v
     except ValueError:
         pass
-    raise argparse.ArgumentTypeError(f"expected a finite number, got {value!r}")
+    raise argparse.ArgumentTypeError(f"expected a finite number of at most {MAX_FLOAT:g}, got "
+                                     f"{value!r}")
+
+
+def _arg_line(line: str) -> list[str]:
+    """One line of an @FILE: without its surrounding blanks (a trailing space would end up in
+    a webhook URL); a blank line is no argument."""
+    return [line.strip()] if line.strip() else []
 
 
 def _kind_counts(value: str) -> dict[str, int]:
@@ -111,6 +122,7 @@ def _flags(g: Any, cls: type, prefix: str = "") -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     c, r = MonitorConfig, RailsConfig
     p.fromfile_prefix_chars = "@"  # @FILE: flags that hold a secret (a webhook URL) off the argv
+    p.convert_arg_line_to_args = _arg_line
     p.add_argument("--lighthouse", default=os.environ.get("TORCHFT_LIGHTHOUSE"),
                    help="torchft Lighthouse URL used for evictions (env TORCHFT_LIGHTHOUSE); "
                         "without it the monitor only reports")

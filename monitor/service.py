@@ -101,6 +101,18 @@ def check_config(cfg: MonitorConfig) -> None:
     cfg.validate()
     if not cfg.state_path:  # SQLite's "" is a private temporary file: the audit log lost
         raise ConfigError("--state: empty; name the audit log's file")
+    if cfg.job is not None and not cfg.job.strip():  # every rank's job refused, no job label
+        raise ConfigError("--job: empty (or LIGHTKEEPER_JOB set empty); name the training job")
+    if cfg.sd_out:  # its atomic replace would destroy the file it names
+        sd_out = os.path.realpath(cfg.sd_out)
+        state = os.path.realpath(cfg.state_path)
+        taken = {state: "--state", **{state + x: f"--state's {x}" for x in
+                                      ("-wal", "-shm", "-journal", ".lock")}}
+        if cfg.targets_file:  # its own output read back as listed targets, never forgotten
+            taken[os.path.realpath(cfg.targets_file)] = "--targets-file"
+        if sd_out in taken:
+            raise ConfigError(f"--sd-out {cfg.sd_out} is this monitor's {taken[sd_out]}: "
+                              "name a file of its own")
     if cfg.lighthouse and not is_http_url(cfg.lighthouse):
         raise ConfigError(f"--lighthouse {redact_url(cfg.lighthouse)!r}: not an "
                           "http(s)://host:port URL")

@@ -123,3 +123,83 @@ def test_the_exit_token_the_monitor_sends_is_stripped():
     assert RankCalls(" \n").exit(url, "x").detail == "no --rank-exit-token"
     assert ProbeMesh(ProbeConfig(), " \n").to_json()["enabled"] is False
     assert ProbeMesh(ProbeConfig(), "tok\n").to_json()["enabled"] is True
+
+
+@pytest.mark.parametrize("names", ["state", "wal", "targets_file"])
+def test_an_sd_out_naming_a_file_of_the_monitors_own_is_refused(tmp_path, names):
+    """--sd-out's atomic replace would put a JSON list over the audit log (or its WAL), or
+    feed the monitor its own output as listed targets, never forgotten."""
+    state = tmp_path / "m.sqlite"
+    sd_out = {"state": state, "wal": f"{state}-wal", "targets_file": tmp_path / "t.json"}[names]
+    argv = ["--state", str(state), "--sd-out", str(sd_out)]
+    if names == "targets_file":
+        argv += ["--targets-file", str(tmp_path / "." / "t.json")]  # another spelling
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    with pytest.raises(ConfigError, match="--sd-out .* is this monitor's"):
+        config_from_args(p.parse_args(argv))
+
+
+def test_an_sd_out_that_is_not_json_is_never_replaced(tmp_path):
+    """--sd-out naming another monitor's audit log (a SQLite file): the monitor refuses to
+    start and the file is left as it was."""
+    import sqlite3
+
+    from monitor.service import Monitor
+
+    other = tmp_path / "other.sqlite"
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE decisions (id INTEGER)")
+    before = other.read_bytes()
+    cfg = MonitorConfig(port=0, state_path=str(tmp_path / "m.sqlite"), sd_out=str(other))
+    with pytest.raises(ConfigError, match="not a file_sd JSON file"):
+        Monitor(cfg)
+    assert other.read_bytes() == before
+    (tmp_path / "empty.json").write_text("")  # an empty file is none of that: restores nothing
+    mon = Monitor(MonitorConfig(port=0, state_path=str(tmp_path / "m2.sqlite"),
+                                sd_out=str(tmp_path / "empty.json")))
+    mon.stop()
+
+
+@pytest.mark.parametrize("value", ["", " "])
+def test_a_blank_job_is_refused(value):
+    """Every rank (of the default job) would be refused, and no series would have a job."""
+    with pytest.raises(ConfigError, match="--job: empty"):
+        config_from_args(parse("--job", value))
+
+
+def test_a_float_flag_too_large_to_wait_on_is_refused(capsys):
+    """--interval 1e10 passed, then the sweep loop's first timed wait overflowed and ended it
+    while /healthz said ok (a stall is said after 10 intervals)."""
+    with pytest.raises(SystemExit) as e:
+        parse("--interval", "1e10")
+    assert e.value.code == 2
+    assert "expected a finite number of at most 1e+08, got '1e10'" in capsys.readouterr().err
+
+
+def test_an_at_file_line_is_taken_without_its_blanks(tmp_path, monkeypatch):
+    """A trailing space stayed in the value (a webhook URL posting to /abc%20 at the first
+    quarantine, days later), and a last blank line was an unnamed unrecognized argument."""
+    monkeypatch.setenv("LIGHTKEEPER_WEBHOOK_SECRET", "whsec")
+    args = tmp_path / "monitor.args"
+    args.write_text("--action=webhook:https://hooks.example.com/abc \n  --job\n train \n\n\n")
+    cfg = config_from_args(parse(f"@{args}"))
+    assert cfg.quarantine.actions == ("webhook:https://hooks.example.com/abc",)
+    assert cfg.job == "train"
+
+
+def test_a_targets_file_moved_away_and_back_unchanged_is_read_again(tmp_path):
+    """mv keeps its mtime and size: the signature matched the last good read, so the file was
+    said missing for good."""
+    import os
+
+    from monitor.poll.discovery import Discovery
+
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps([{"targets": ["127.0.0.1:9001"]}]))
+    d = Discovery(targets_file=str(path))
+    assert d.refresh() is None
+    os.rename(path, f"{path}.bak")
+    assert "does not exist" in d.refresh()
+    os.rename(f"{path}.bak", path)
+    assert d.refresh() is None and [t.url for t in d.targets()] == ["http://127.0.0.1:9001"]

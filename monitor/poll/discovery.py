@@ -342,9 +342,19 @@ class Discovery:
     def restore(self, path: str) -> None:
         """Re-adopt as registered the targets a previous run wrote (:meth:`write_file_sd`) that
         registered themselves; its --targets and --targets-file are this run's to give again.
-        A missing or broken file restores nothing, nor another ``--job``'s ranks.
-        First it holds ``path``: raises ConfigError when another monitor writes it."""
+        A missing, empty or broken file restores nothing, nor another ``--job``'s ranks.
+        First it holds ``path``: raises ConfigError when another monitor writes it, or when the
+        file is not JSON (another program's file, such as a monitor's --state: never replaced)."""
         self._hold(path)
+        try:
+            with open(path, "rb") as f:
+                json.loads(f.read() or b"[]")
+        except OSError:
+            return
+        except ValueError:  # UnicodeDecodeError is one
+            raise ConfigError(f"--sd-out {path} exists and is not a file_sd JSON file (another "
+                              "program's, or a monitor's --state?): not replaced; name another "
+                              "path, or remove it") from None
         try:
             parsed = _read_file_sd(path, ours=True)
         except (OSError, ValueError):  # BadTarget is a ValueError
@@ -386,6 +396,7 @@ class Discovery:
             st = os.stat(path)
         except FileNotFoundError:
             self.file_error = f"targets file {path} does not exist"
+            self._file_sig = None  # moved back unchanged (same mtime and size): read again
             return self.file_error
         sig = (st.st_mtime, st.st_size)
         if sig == self._file_sig:
