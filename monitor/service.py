@@ -192,7 +192,8 @@ class Monitor:
         self.lighthouse_error: str | None = None if cfg.lighthouse else "no --lighthouse"
         self._lighthouse = Trouble("cannot verify ranks, evictions held",
                                    "the Lighthouse answers again: verifying ranks")
-        self._targets_file = Trouble("its last good targets kept", "the targets file is read again")
+        self._targets_file = Trouble("last good targets kept (none before a good read)",
+                                     "the targets file is read again")
         self._sd_out = Trouble(f"cannot write {cfg.sd_out}", f"{cfg.sd_out} written again")
         self._refused: set[tuple] = set()  # refusals said in this REFUSAL_EVERY_S window
         self._refused_in = 0
