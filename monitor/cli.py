@@ -134,7 +134,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{','.join(EVICTABLE_KINDS)} ({','.join(r.evict_kinds)})")
     p.add_argument("--state", dest="state_path", default=c().state_path,
                    help="SQLite audit log (./lightkeeper-monitor.sqlite)")
-    p.add_argument("--job", default=os.environ.get("LIGHTKEEPER_JOB", c.job),
+    p.add_argument("--job", default=os.environ.get("LIGHTKEEPER_JOB") or c.job,
                    help="training job name for metric labels (env LIGHTKEEPER_JOB)")
     p.add_argument("--targets", type=_csv, default=[],
                    help="static WorkerServers, host:port[,host:port...]; torch+http://host:port "

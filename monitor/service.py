@@ -102,7 +102,7 @@ def check_config(cfg: MonitorConfig) -> None:
     if not cfg.state_path:  # SQLite's "" is a private temporary file: the audit log lost
         raise ConfigError("--state: empty; name the audit log's file")
     if cfg.job is not None and not cfg.job.strip():  # every rank's job refused, no job label
-        raise ConfigError("--job: empty (or LIGHTKEEPER_JOB set empty); name the training job")
+        raise ConfigError("--job: empty; name the training job")
     if cfg.sd_out:  # its atomic replace would destroy the file it names
         sd_out = os.path.realpath(cfg.sd_out)
         state = os.path.realpath(cfg.state_path)

@@ -149,6 +149,8 @@ def test_identity_from_the_environment_and_the_managers_replica_id(capfd):
     assert autostart.replica_group_of(SimpleNamespace(_replica_id=None), {}) == (0, "default")
     assert autostart.worker_port({"LIGHTKEEPER_WORKER_PORT": "9500", "LOCAL_RANK": "3"}) == 9503
     assert autostart.worker_port({"LOCAL_RANK": "3"}) == 0
+    with pytest.raises(ValueError, match="LOCAL_RANK='x' is not an integer"):
+        autostart.worker_port({"LIGHTKEEPER_WORKER_PORT": "9500", "LOCAL_RANK": "x"})
 
 
 def test_an_explicit_worker_server_keeps_the_manager(monkeypatch):

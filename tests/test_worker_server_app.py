@@ -304,8 +304,16 @@ def test_fr_trace_splices_identity_into_the_dump_bytes():
 
 
 def test_fault_injection_is_off_by_default(server):
+    """Without a fault handler (``lightkeeper run``, a plain script) the 403 says so, not to
+    set the token; with one but no token, to set the token."""
     r = requests.post(server.url + "/v1/faults", json={"spec": "hang:at_step=1"}, timeout=2)
-    assert r.status_code == 403 and "disabled" in r.json()["error"]
+    assert r.status_code == 403 and "no fault handler" in r.json()["error"]
+    srv = WorkerServer(RankState(RankIdentity()), fault_handler=lambda spec: None).serve()
+    try:
+        r = requests.post(srv.url + "/v1/faults", json={"spec": "hang:at_step=1"}, timeout=2)
+        assert r.status_code == 403 and "LIGHTKEEPER_FAULT_TOKEN" in r.json()["error"]
+    finally:
+        srv.stop()
 
 
 def test_fault_injection_needs_the_token_and_a_valid_spec():

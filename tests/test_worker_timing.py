@@ -161,6 +161,24 @@ def test_identity_names_the_node_and_local_rank(monkeypatch):
         srv.stop()
 
 
+def test_a_job_set_empty_is_the_default_job(monkeypatch):
+    """LIGHTKEEPER_JOB= (set empty) served job "": an empty label is none to Prometheus, and
+    a monitor of the default job refused the rank. Set empty is unset, as for the host."""
+    import argparse
+
+    from trainer.cli import add_arguments
+
+    monkeypatch.setenv("LIGHTKEEPER_JOB", "")
+    srv = WorkerServer.start(port=0)
+    try:
+        assert requests.get(srv.url + "/v1/state", timeout=5).json()["job"] == "lightkeeper"
+    finally:
+        srv.stop()
+    p = argparse.ArgumentParser()
+    add_arguments(p)  # the default is read as the parser is built
+    assert p.parse_args([]).job == "lightkeeper"
+
+
 def test_a_bad_local_rank_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "zero")
     with pytest.raises(ValueError, match="LOCAL_RANK='zero' is not an integer"):

@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker-host", default=os.environ.get("LIGHTKEEPER_WORKER_HOST") or "127.0.0.1",
                    help="WorkerServer bind address, and torchft's for this rank (env "
                         "LIGHTKEEPER_WORKER_HOST; 127.0.0.1: this host only)")
-    p.add_argument("--job", default=os.environ.get("LIGHTKEEPER_JOB", "lightkeeper"),
+    p.add_argument("--job", default=os.environ.get("LIGHTKEEPER_JOB") or "lightkeeper",
                    help="job name used in labels and state (env LIGHTKEEPER_JOB)")
     p.add_argument("--inject", action="append", default=[], type=fault_spec, metavar="SPEC",
                    help="inject a fault (repeatable): slow:delay=S[,from_step=N] | "

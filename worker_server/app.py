@@ -95,7 +95,10 @@ def create_app(
 
     @app.post("/v1/faults")
     def v1_faults():
-        if fault_handler is None or not fault_token:
+        if fault_handler is None:  # `lightkeeper run` and plain scripts: nothing to inject
+            return jsonify(error="this rank serves no fault injection: its program has no fault "
+                                 "handler (`lightkeeper train` has one)", status=403), 403
+        if not fault_token:
             return jsonify(error="fault injection is disabled on this rank (start the trainer "
                                  "with LIGHTKEEPER_FAULT_TOKEN set to enable it)", status=403), 403
         if not bearer_matches(fault_token):
@@ -174,7 +177,7 @@ def create_app(
 
     @app.errorhandler(BadParameter)
     def bad_parameter(e: BadParameter):
-        return jsonify(error=str(e), status=400), 400
+        return jsonify(error=str(e), status=400, path=request.path), 400  # as every error
 
     @app.errorhandler(FlightRecorderNotAvailable)
     def fr_not_available(e: FlightRecorderNotAvailable):

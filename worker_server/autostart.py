@@ -215,7 +215,14 @@ def worker_port(env: dict[str, str] | None = None) -> int:
 
     env = os.environ if env is None else env
     base = port_number(env.get("LIGHTKEEPER_WORKER_PORT") or 0, "LIGHTKEEPER_WORKER_PORT")
-    return port_number(base + int(env.get("LOCAL_RANK") or 0), "LIGHTKEEPER_WORKER_PORT + LOCAL_RANK") if base else 0
+    if not base:
+        return 0
+    raw = (env.get("LOCAL_RANK") or "").strip()
+    try:
+        local = int(raw or 0)
+    except ValueError:
+        raise ValueError(f"LOCAL_RANK={raw!r} is not an integer") from None
+    return port_number(base + local, "LIGHTKEEPER_WORKER_PORT + LOCAL_RANK")
 
 
 def on_manager(manager: Any, kwargs: dict[str, Any] | None = None) -> Any:

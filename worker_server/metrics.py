@@ -175,9 +175,13 @@ class WorkerMetrics:
                 self.pace()
             started = time.thread_time()
             try:
-                return app(environ, start_response)
-            finally:
+                body = app(environ, start_response)
+            except BaseException:
                 self.served(time.thread_time() - started, read)
+                raise
+            # counted once the body was sent: a streamed one (a probe payload) is made as
+            # waitress iterates it, on this thread, after the app returned
+            return _Counted(body, lambda: self.served(time.thread_time() - started, read))
 
         return wsgi
 
@@ -189,3 +193,21 @@ class WorkerMetrics:
         self.compute_seconds.observe(timing.compute_s)
         self.wait_seconds["cross"].observe(timing.wait_cross_s)
         self.wait_seconds["group"].observe(timing.wait_group_s)
+
+
+class _Counted:
+    """A WSGI body that calls ``done`` when the server closes it (after the last byte)."""
+
+    def __init__(self, body, done) -> None:
+        self.body, self.done = body, done
+
+    def __iter__(self):
+        return iter(self.body)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self.body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self.done()

@@ -205,7 +205,7 @@ class WorkerServer:
             return existing
         env = os.environ
         identity = RankIdentity(
-            job=job or env.get("LIGHTKEEPER_JOB", "lightkeeper"),
+            job=job or env.get("LIGHTKEEPER_JOB") or "lightkeeper",  # set empty: unset
             replica_group=int(replica_group if replica_group is not None
                               else env.get("REPLICA_GROUP_ID", 0)),
             group_rank=int(group_rank if group_rank is not None else env.get("RANK", 0)),
