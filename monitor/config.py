@@ -352,7 +352,7 @@ class MonitorConfig:
         _at_least(self, 0, "leader_polling_min_ranks", "poll_process_min_targets",
                   "gc_freeze_min_targets", "orphan_grace_s")
         if not 0 <= self.port <= 65535:
-            raise ConfigError(f"port must be in [0, 65535], got {self.port}")
+            raise ConfigError(f"--port must be in [0, 65535], got {self.port}")
         if self.leader_polling not in ("auto", "on", "off"):
             raise ConfigError(f"leader_polling must be auto, on or off, got "
                               f"{self.leader_polling!r}")

@@ -401,6 +401,11 @@ def test_bad_allow_targets_flag_exits_2(tmp_path, capsys):
                          str(tmp_path / "s.db")])
     assert cli.run(args) == 2
     assert "bad host" in capsys.readouterr().err
+    # a mistyped address or a range is no host name (they allowed nothing, silently)
+    for typo in ("127.0.0.300", "10.0.0.0-10.0.0.255"):
+        args = p.parse_args(["--allow-targets", typo, "--state", str(tmp_path / "s.db")])
+        assert cli.run(args) == 2
+        assert f"{typo!r} is neither a network" in capsys.readouterr().err
     args = p.parse_args(["--allow-targets", "10.0.0.0/8,*.example", "--max-targets", "5",
                          "--state", str(tmp_path / "s.db")])
     cfg = cli.config_from_args(args)

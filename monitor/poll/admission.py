@@ -164,7 +164,9 @@ class AllowList:
                 continue
             except ValueError:
                 pass
-            if not _HOST_RE.match(entry) or entry.strip("*?.") == "":
+            # a last label of digits is no host name (RFC 3696): a mistyped address or range
+            if not _HOST_RE.match(entry) or entry.strip("*?.") == "" \
+                    or entry.rstrip(".").rsplit(".", 1)[-1].isdigit():
                 raise ValueError(f"--allow-targets entry {raw!r} is neither a network "
                                  "(CIDR or IP) nor a host name or pattern")
             (out.patterns if _WILDCARDS & set(entry) else out.hosts).append(entry)
