@@ -18,14 +18,15 @@ DEFAULT_MONITOR = "localhost:19400"
 
 def prometheus_config(*, file_sd_files: list[str] | None = None,
                       worker_targets: list[str] | None = None,
-                      monitor_targets: list[str] | None = None,
+                      monitor_targets: list[str] | None = None, monitor_job: str = "lightkeeper",
                       rule_files: list[str] | None = None, scrape_interval: str = "15s",
                       evaluation_interval: str | None = None,
                       scrape_timeout: str | None = None) -> dict:
     """A Prometheus configuration as a dict.
 
     Workers come from ``file_sd_files`` (the monitor's file_sd output) and/or a static list
-    ``worker_targets`` (``host:port``); the monitor from ``monitor_targets``.
+    ``worker_targets`` (``host:port``); the monitor from ``monitor_targets``, whose ``up`` is
+    labelled ``job=monitor_job`` (its ``--job``): the monitor alerts then name the training job.
     """
     if file_sd_files is None and worker_targets is None:
         file_sd_files = [DEFAULT_FILE_SD]
@@ -44,7 +45,8 @@ def prometheus_config(*, file_sd_files: list[str] | None = None,
     workers["relabel_configs"] = [{"target_label": "lightkeeper_component",
                                    "replacement": "worker"}]
     monitor = {"job_name": "lightkeeper-monitor", "honor_labels": True, "metrics_path": "/metrics",
-               "static_configs": [{"targets": list(monitor_targets)}],
+               "static_configs": [{"targets": list(monitor_targets),
+                                   "labels": {"job": monitor_job}}],
                "relabel_configs": [{"target_label": "lightkeeper_component",
                                     "replacement": "monitor"}]}
     return {
@@ -63,7 +65,8 @@ from dashboards/promconfig.py.
   started with LIGHTKEEPER_MONITOR=<monitor URL> register themselves and get job, replica_group
   and rank target labels).
 - lightkeeper-monitor: the monitor's own /metrics (`lightkeeper monitor`, port 19400 by
-  default).
+  default), its target labelled with its --job (the training job, `lightkeeper` by default):
+  LightkeeperMonitorDown and NotSweeping then name the job. One target group per monitor.
 Both keep the exported `job` label (honor_labels: true): it is the training job's name.
 Copy rules.yml beside this file (or fix the rule_files path)."""
 

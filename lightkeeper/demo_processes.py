@@ -123,7 +123,7 @@ class Processes:
         rules = Path(__file__).resolve().parent.parent / "dashboards" / "prometheus" / "rules.yml"
         cfg = prometheus_config(
             file_sd_files=[str(self.dir / "prometheus" / "file_sd" / "*.json")],
-            monitor_targets=[self.monitor_url.split("://", 1)[1]],
+            monitor_targets=[self.monitor_url.split("://", 1)[1]], monitor_job=self.cluster.job,
             rule_files=[str(rules)] if rules.exists() else [], scrape_interval="2s")
         try:
             self.prom = prometheus.start(cfg, self.dir / "prometheus")

@@ -151,7 +151,7 @@ def live(tmp_path_factory):
         config = workdir / "prometheus.yml"
         config.write_text(render_prometheus_yml(
             file_sd_files=[str(sd_dir / "*.json")],
-            monitor_targets=[monitor_url.split("://", 1)[1]],
+            monitor_targets=[monitor_url.split("://", 1)[1]], monitor_job=JOB,
             rule_files=[str(_rules_every_second(workdir))], scrape_interval="1s"))
         prom = prometheus.start(config, workdir / "prometheus")
         run = LiveRun(prom, monitor_url, time.time(),
