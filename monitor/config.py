@@ -11,6 +11,7 @@ import os
 import re
 from dataclasses import dataclass, field, fields
 from typing import Any
+from urllib.parse import urlsplit
 
 from http_serving import is_http_url, redact_url
 
@@ -166,7 +167,9 @@ class QuarantineConfig:
                          "decide and log quarantines, carry none out")
     actions: tuple[str, ...] = ()  # k8s, slurm, exec:CMD, webhook:URL
     action_timeout_s: float = flag(10.0, "--action-timeout", "seconds per action attempt")
-    max_attempts: int = 6  # per action; retried with backoff 2 s, 4 s, ... up to 5 min
+    # per action; retried with backoff 2 s, 4 s, ... then every 5 min (None: until it is done
+    # or a later action for its host overtakes it: an outage must not lose a cordon or drain)
+    max_attempts: int | None = None
     webhook_secret: str | None = None
     k8s_namespace: str | None = flag(None, "--k8s-namespace",
                                      "namespace of the job's pods (default: the monitor pod's)")
@@ -197,9 +200,26 @@ class QuarantineConfig:
                               f"got {self.max_quarantined!r}")
         for a in self.actions:  # the grammar: monitor.service.check_config
             if a.startswith("webhook:") and not self.webhook_secret:
-                raise ConfigError(f"--action {redact_url(a)}: a signing secret is required "
+                raise ConfigError(f"--action {shown_action(a)}: a signing secret is required "
                                   "(--webhook-secret or LIGHTKEEPER_WEBHOOK_SECRET)")
 
+
+
+def shown_action(spec: str) -> str:
+    """An ``--action`` as errors and logs show it: a webhook URL without its path (often its
+    secret, as a Slack-style URL's is), an exec hook without its arguments (they may hold one)."""
+    kind, _, arg = spec.partition(":")
+    if kind == "webhook":
+        p = urlsplit(arg.strip())
+        try:
+            port = f":{p.port}" if p.port else ""
+        except ValueError:  # a port that is no number, or out of range
+            port = ""
+        return f"webhook:{p.scheme}://{p.hostname or ''}{port}..."
+    if kind == "exec" and arg.split():
+        words = arg.split()
+        return f"exec:{words[0]}" + (" ..." if len(words) > 1 else "")
+    return redact_url(spec) or spec
 
 @dataclass
 class BundleConfig:

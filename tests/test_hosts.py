@@ -142,6 +142,66 @@ def test_dry_run_decides_logs_and_acts_on_nothing(tmp_path):
     assert led.store.host_decisions()[0]["reason"] == "dry_run"
 
 
+def test_a_dry_run_holds_what_a_real_run_would(tmp_path):
+    """With no host ever quarantined in a dry run, its cap and no_other_host rails held
+    nothing: a trial showed every due host as a would-be drain, the last one too."""
+    decided = {}
+    for dry in (False, True):
+        clock = Clock()
+        led = ledger(tmp_path / str(dry), clock, max_quarantined=1, dry_run=dry)
+        led.record([finding("hang", h, i) for i, h in enumerate(("h1", "h2", "h3"))], clock())
+        decided[dry] = sorted((d["host"], d["reason"]) for d in led.decide(clock(), None, 3))
+    assert decided[False] == [("h1", "hang"), ("h2", "cap"), ("h3", "cap")]
+    assert decided[True] == [("h1", "dry_run"), ("h2", "cap"), ("h3", "cap")]
+
+
+def test_a_failing_action_is_retried_until_it_is_done(tmp_path):
+    """An outage longer than the first backoffs (the API server, slurmctld, the receiver)
+    must not lose the cordon or drain for good: retried every 5 min at most, until done."""
+    clock = Clock()
+    sink = RecordingSink(fail=20)
+    led = ledger(tmp_path, clock, [sink])
+    led.record([finding("hang", "h1", 1)], clock())
+    led.decide(clock(), None, 10)
+    for _ in range(3600):  # an hour of a sink that fails
+        led.run_actions(clock())
+        clock.t += 1
+    last = led.hosts["h1"]["last_action"]
+    assert last["status"] == "retrying" and last["attempts"] > 6, last
+    assert last["next_at"] - last["at"] <= 300
+    for _ in range(20 * 300):
+        led.run_actions(clock())
+        clock.t += 1
+    assert led.hosts["h1"]["last_action"]["status"] == "done"
+
+
+def test_a_failed_release_stays_exported_once_its_host_is_ok(tmp_path):
+    """A released host turns ok after --quarantine-window; its failed release (the node still
+    cordoned) kept the host in the ledger but dropped its series, and the alert resolved."""
+    from prometheus_client import generate_latest
+
+    from monitor.api.metrics import MonitorMetrics
+
+    clock = Clock()
+    sink = RecordingSink(fail=0)
+    led = ledger(tmp_path, clock, [sink], window_s=100, max_attempts=1)
+    led.record([finding("hang", "h1", 1)], clock())
+    led.decide(clock(), None, 10)
+    led.run_actions(clock())
+    sink.fail = len(sink.calls) + 1  # the release fails
+    led.release("h1", "fixed")
+    led.run_actions(clock())
+    clock.t += 101
+    led.decide(clock(), None, 10)
+    assert led.hosts["h1"]["state"] == "ok"
+    assert led.hosts["h1"]["last_action"]["status"] == "failed"
+    metrics = MonitorMetrics("job")
+    metrics.set_hosts(led.counts(), led.to_json(clock()))
+    text = generate_latest(metrics.registry).decode()
+    assert 'lightkeeper_monitor_host_action_failed{host="h1",job="job",sink="rec"} 1.0' in text
+    assert 'host_quarantine_state{' not in text  # an ok host has no state series
+
+
 def test_ttl_expiry_and_manual_release_queue_releases(tmp_path):
     clock = Clock()
     sink = RecordingSink()

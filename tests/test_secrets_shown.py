@@ -228,12 +228,16 @@ def test_no_password_or_token_is_shown(tmp_path):
     # was a traceback (Port out of range)
     (["monitor", "--port", "0", "--action", f"webhook:http://q:{RANK_PW}@127.0.0.1:99999/hook",
       "--webhook-secret", "whsec"],
-     "--action 'webhook:http://q:***@127.0.0.1:99999/hook': expected k8s, slurm, exec:CMD or "
-     "webhook:URL"),
+     "--action 'webhook:http://127.0.0.1...': expected k8s, slurm, exec:CMD or webhook:URL"),
     (["monitor", "--port", "0", "--action", f"webhook:htp://q:{RANK_PW}@h:1/hook",
-      "--webhook-secret", "whsec"], "--action 'webhook:htp://q:***@h:1/hook': expected"),
+      "--webhook-secret", "whsec"], "--action 'webhook:htp://h:1...': expected"),
     (["monitor", "--port", "0", "--action", f"webhook:http://q:{RANK_PW}@h:1/hook"],
-     "--action webhook:http://q:***@h:1/hook: a signing secret is required"),
+     "--action webhook:http://h:1...: a signing secret is required"),
+    # a webhook URL's path is its secret (Slack-style), an exec hook's arguments may hold one
+    (["monitor", "--port", "0", "--action", f"webhook:http://h:1/{RANK_PW}"],
+     "--action webhook:http://h:1...: a signing secret is required"),
+    (["monitor", "--port", "0", "--action", f"exec:/no/such/hook --token {RANK_PW}"],
+     "--action 'exec:/no/such/hook ...': '/no/such/hook' is not an executable on PATH"),
     (["train", "--lighthouse", f"htp://lh:{LH_PW}@h:1"],
      "Lighthouse 'htp://lh:***@h:1' is not an http(s)://host:port URL"),
     (["run", "--monitor", f"htp://ranks:{MON_PW}@h:1", "--", "true"],

@@ -285,7 +285,7 @@ class HostLedger:
                                                         if k in self.cfg.after},
                             "window_s": self.cfg.window_s,
                             "offences": [{"at": o["at"], **o["data"]} for o in offences[:20]]}
-                rail = self._rail(h["host"], blind, known, protected)
+                rail = self._rail(h["host"], blind, known, protected, now)
                 summary = f"{counts[kind]} {kind} finding(s) within {self.cfg.window_s:g}s " \
                           f"(--quarantine-after {kind}={self.cfg.after[kind]})"
                 if rail is not None:
@@ -309,9 +309,17 @@ class HostLedger:
         return out
 
     def _rail(self, host: str, blind: str | None, known: int,
-              protected: Callable[[], dict[str, str]]) -> tuple[str, str] | None:
-        """(rail, detail) of the first rail that holds ``host``'s quarantine, or None."""
-        n = sum(1 for x in self.hosts.values() if x["state"] == QUARANTINED)
+              protected: Callable[[], dict[str, str]], now: float) -> tuple[str, str] | None:
+        """(rail, detail) of the first rail that holds ``host``'s quarantine, or None. A dry
+        run counts the hosts it would have quarantined (within the TTL) as quarantined, so it
+        holds what a real run would."""
+        def out_of_service(x: dict[str, Any]) -> bool:
+            would = x.get("would_quarantine")
+            return x["state"] == QUARANTINED or (
+                self.cfg.dry_run and x["host"] != host and x["state"] == SUSPECT
+                and would is not None and now - would["at"] < self.cfg.ttl_s)
+
+        n = sum(1 for x in self.hosts.values() if out_of_service(x))
         cap = self.cfg.cap(known)
         if blind:
             return "monitor_blind", blind
@@ -442,7 +450,8 @@ class HostLedger:
                 done = self.clock()
                 if res.ok:
                     status, next_at = "done", None
-                elif res.retry and attempts < self.cfg.max_attempts:
+                elif res.retry and (self.cfg.max_attempts is None
+                                    or attempts < self.cfg.max_attempts):
                     status = "retrying"
                     next_at = done + min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (attempts - 1))
                 else:

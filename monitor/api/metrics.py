@@ -81,10 +81,11 @@ class HostSeries(Collector):
                                    "quarantine/release action failed or is being retried",
                                    labels=["job", "host", "sink"])
         for h in self.hosts:
-            state.add_metric([self.job, h["host"], str(h.get("node") or h["host"]),
-                              h["state"]], 1)
-            offences.add_metric([self.job, h["host"]], sum(
-                1 for o in h.get("offences") or [] if o.get("in_window")))
+            if h["state"] != "ok":
+                state.add_metric([self.job, h["host"], str(h.get("node") or h["host"]),
+                                  h["state"]], 1)
+                offences.add_metric([self.job, h["host"]], sum(
+                    1 for o in h.get("offences") or [] if o.get("in_window")))
             a = h.get("last_action") or {}
             if a.get("status") in ("failed", "retrying"):
                 failed.add_metric([self.job, h["host"], a.get("sink", "?")], 1)
@@ -198,10 +199,13 @@ class MonitorMetrics:
         self.groups.view_ref, self.groups.lags = weakref.ref(view), lags
 
     def set_hosts(self, counts: dict[str, int], hosts: list[dict]) -> None:
-        """Counts by state, and a series per host that is not ``ok``."""
+        """Counts by state, and a series per host that is not ``ok`` or whose last action
+        failed."""
         for state, n in counts.items():
             self.hosts.labels(self.job, state).set(n)
-        self.host_series.hosts = [h for h in hosts if h.get("state") != "ok"]
+        # an ok host whose last action failed (a release that left its node cordoned) too
+        self.host_series.hosts = [h for h in hosts if h.get("state") != "ok" or (
+            h.get("last_action") or {}).get("status") in ("failed", "retrying")]
 
     def add_goodput(self, acct: SweepAccount) -> None:
         job = self.job

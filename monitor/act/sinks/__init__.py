@@ -10,8 +10,8 @@ from __future__ import annotations
 import shlex
 import shutil
 
-from http_serving import is_http_url, redact_url
-from monitor.config import QuarantineConfig
+from http_serving import is_http_url
+from monitor.config import QuarantineConfig, shown_action
 
 from .base import ActionResult, Sink, SinkConfigError
 
@@ -29,13 +29,13 @@ def validate_action(spec: str) -> None:
     if kind == "exec" and arg.strip():
         try:
             if not shlex.split(arg):
-                raise SinkConfigError(f"--action {spec!r}: empty command")
+                raise SinkConfigError(f"--action {shown_action(spec)!r}: empty command")
         except ValueError as e:
-            raise SinkConfigError(f"--action {spec!r}: {e}") from None
+            raise SinkConfigError(f"--action {shown_action(spec)!r}: {e}") from None
         return
     if kind == "webhook" and is_http_url(arg):
         return
-    raise SinkConfigError(f"--action {redact_url(spec)!r}: expected {ACTION_FORMS}")
+    raise SinkConfigError(f"--action {shown_action(spec)!r}: expected {ACTION_FORMS}")
 
 
 def build_sink(spec: str, q: QuarantineConfig | None = None) -> Sink:
@@ -52,7 +52,8 @@ def build_sink(spec: str, q: QuarantineConfig | None = None) -> Sink:
     if kind in ("slurm", "exec"):  # said at start-up, not at the first quarantine days later
         program = SCONTROL if spec == "slurm" else shlex.split(arg)[0]
         if shutil.which(program) is None:
-            raise SinkConfigError(f"--action {spec!r}: {program!r} is not an executable on PATH")
+            raise SinkConfigError(f"--action {shown_action(spec)!r}: {program!r} is not an "
+                                  "executable on PATH")
     if spec == "slurm":
         return SlurmSink(timeout_s=q.action_timeout_s)
     if kind == "exec":
