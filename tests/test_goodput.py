@@ -434,6 +434,32 @@ def test_restarted_monitor_resumes_totals_and_incidents_from_the_store(tmp_path)
     store.close()
 
 
+@pytest.mark.parametrize("restart_after", [None, 1, 2, 3])
+def test_a_restart_just_after_the_job_resumed_dates_its_pace_as_without_it(tmp_path,
+                                                                           restart_after):
+    """The snapshot kept only the newest sample of the job's step history, so a monitor
+    restarted within a pace window of the job's return dated it later: recovery_s grew by up
+    to that window (20 s at 1 s steps), the headline figure of a fault."""
+    job, led = ModelJob(3), GoodputLedger()
+    job.run(led, 30)
+    job.finding("hang", 2, first_seen=job.t + 0.1, confirmed_at=job.t + 2, fid=1)
+    job.run(led, 2, pace=0.0)
+    job.evict(2, at=job.t, did=1, fid=1)
+    job.run(led, 3, pace=0.0)
+    for i in range(30):  # the survivors at full pace from here
+        if i == restart_after:  # the same --state, a sweep later
+            store = Store(str(tmp_path / "m.sqlite"))
+            save(store, led)
+            store.close()
+            store = Store(str(tmp_path / "m.sqlite"))
+            led = GoodputLedger.restore(GoodputConfig(), *store.load_goodput())
+            store.close()
+            job.findings = []  # closed as monitor_restarted
+        job.sweep(led)
+    [inc] = led.to_json()["incidents"]
+    assert inc["recovery_s"] == pytest.approx(5.9, abs=0.05)  # onset -> back at pace
+
+
 def test_settled_intervals_are_persisted(tmp_path):
     store = Store(str(tmp_path / "m.sqlite"))
     job, led = healthy_ledger(seconds=20, horizon_s=5)

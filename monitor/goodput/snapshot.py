@@ -34,7 +34,9 @@ class GoodputSnapshot:
         return {
             "version": SNAPSHOT_VERSION, "since": self.since, "last_at": self.last_at,
             "groups": self._groups_snapshot(),
-            "job_step": job.step, "job_history": list(job.history)[-1:],
+            # the whole trailing window (trimmed to it): a restart just after the job resumed
+            # still dates its return to pace from the commits before it
+            "job_step": job.step, "job_history": list(job.history),
             "baseline_samples": list(job.samples), "baseline": job.baseline,
             "pace": job.ratio, "slow_since": job.slow_since,
             "last_commit_at": self.last_commit_at,
