@@ -980,7 +980,7 @@ class GoodputLedger:
                                 "last_in_quorum_at": grp.last_in_quorum_at,
                                 "history": list(grp.history)[-1:]}
                        for g, grp in self.groups.items()},
-            "job_step": self.job_step, "job_history": list(self.job_history)[-1:],
+            "job_step": self.job_step, "job_history": list(self.job_history),  # the window, as monitor/goodput saves it
             "baseline_samples": list(self.baseline_samples), "baseline": self.baseline,
             "pace": self.pace, "slow_since": self.slow_since, "last_commit_at": self.last_commit_at,
             "steady": list(self.steady) if self.steady else None,
