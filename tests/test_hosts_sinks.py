@@ -159,6 +159,42 @@ def test_webhook_signature_checked_by_the_receiver_and_errors():
         build_sink("webhook:http://127.0.0.1:1/", QuarantineConfig())
 
 
+def test_a_webhook_answer_dribbled_out_is_cut_at_the_timeout():
+    """A receiver that answers 500 and then sends its body a byte a second: each read kept
+    within --action-timeout, so the attempt held the one action thread (every sink's) for the
+    whole body. The body is read until the timeout; the attempt fails, retried."""
+    class Dribble(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(500)
+            self.send_header("Content-Length", "30")
+            self.end_headers()
+            try:
+                for _ in range(30):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    time.sleep(0.5)  # the receiver's pace: what is measured is the sink's
+            except OSError:
+                pass  # the sink hung up
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Dribble)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        sink = build_sink(f"webhook:http://127.0.0.1:{server.server_address[1]}/hook",
+                          QuarantineConfig(webhook_secret="s", action_timeout_s=1.0))
+        t0 = time.monotonic()
+        res = sink.quarantine(EVENT)
+        took = time.monotonic() - t0
+        assert not res.ok and res.retry and res.detail.startswith("HTTP 500: x"), res.detail
+        assert took < 5.0, took  # the whole body: 15 s
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_slurm_drain_and_resume_commands(tmp_path, monkeypatch):
     log = tmp_path / "argv"
     fake = tmp_path / "scontrol"  # a stand-in: records its argv, one line per argument

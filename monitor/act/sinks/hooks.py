@@ -13,6 +13,7 @@ import re
 import shlex
 import signal
 import subprocess
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -173,15 +174,25 @@ class WebhookSink:
         body = event_bytes(event)
         headers = {"Content-Type": "application/json", EVENT_HEADER: str(event.get("event")),
                    SIGNATURE_HEADER: sign(self._secret, body)}
+        deadline = time.monotonic() + self.timeout_s
         try:
-            r = self._session.post(self.url, data=body, headers=headers, timeout=self.timeout_s)
+            # streamed: the answer's body is read for at most what is left of the timeout (a
+            # receiver dribbling it would hold the one action thread, every sink's)
+            with self._session.post(self.url, data=body, headers=headers,
+                                    timeout=self.timeout_s, stream=True) as r:
+                if 200 <= r.status_code < 300:
+                    return ActionResult(True, f"HTTP {r.status_code}")
+                text = b""
+                for chunk in r.iter_content(64):
+                    text += chunk
+                    if len(text) >= 200 or time.monotonic() >= deadline:
+                        break
         except requests.Timeout:
             return ActionResult(False, f"no answer within {self.timeout_s:g}s")
         except requests.RequestException as e:
             return ActionResult(False, f"unreachable: {type(e).__name__}")
-        if 200 <= r.status_code < 300:
-            return ActionResult(True, f"HTTP {r.status_code}")
         retry = r.status_code >= 500 or r.status_code in (408, 429)
-        return ActionResult(False, f"HTTP {r.status_code}: {r.text[:200]}", retry=retry)
+        shown = text[:200].decode("utf-8", "replace")
+        return ActionResult(False, f"HTTP {r.status_code}: {shown}", retry=retry)
 
     quarantine = release = post
