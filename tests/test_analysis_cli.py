@@ -176,7 +176,22 @@ def test_nothing_loadable_exits_2(tmp_path, capsys, content):
     code, report = run_json(capsys, tmp_path)
     assert code == 2
     assert report["ranks"] == [] and report["findings"] == []
-    assert len(report["errors"]) == (1 if content else 0)
+    (error,) = report["errors"]  # why, in the JSON a script reads too
+    assert error["error"] == ("no dump file here" if content is None
+                              else "ValueError: neither JSON nor a pickle")
+
+
+def test_a_path_that_is_no_regular_file_is_said_not_waited_on(tmp_path, capsys):
+    """A FIFO with no writer hung analyze for ever (its first bytes were read to tell a
+    bundle); a process substitution was called missing. Both are said, the rest analyzed."""
+    import os
+
+    write_dumps(hang_job().dumps(), tmp_path / "dumps")
+    fifo = tmp_path / "trace9"
+    os.mkfifo(fifo)
+    code, report = run_json(capsys, fifo, *sorted((tmp_path / "dumps").iterdir()))
+    assert code == 1 and report["findings"]  # the hang, from the regular files
+    assert {"path": str(fifo), "error": "not a regular file: not read"} in report["errors"]
 
 
 def test_bad_flags_exit_2(tmp_path):

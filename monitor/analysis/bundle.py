@@ -71,8 +71,10 @@ def is_bundle(path: str | Path) -> bool:
         except (OSError, ValueError):  # BundleError is a ValueError
             return False
         return True
+    if not p.is_file():  # a FIFO or a device: opening it may block for ever
+        return False
     if p.name.endswith(SUFFIX):
-        return p.is_file()
+        return True
     try:  # saved under another name (curl -O names it "bundle"): a dump is never gzip
         with open(p, "rb") as f:
             return f.read(2) == b"\x1f\x8b"

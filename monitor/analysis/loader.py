@@ -60,7 +60,7 @@ def read_dump(path: str | Path) -> Any:
         data = f.read()
     if data.lstrip()[:1] in (b"{", b"["):
         return json.loads(data)
-    raise ValueError("neither JSON nor a pickle")
+    raise ValueError("neither JSON nor a pickle" if data else "an empty file")
 
 
 def rank_from_name(path: str | Path) -> int | None:
@@ -82,6 +82,10 @@ def _candidates(paths: Iterable[str | Path], errors: list[dict[str, str]], prefi
         if is_dir:
             if prefix is not None:
                 found = [p for p in found if p.name.startswith(prefix)]
+            if not found:  # said in the report, JSON too: a script sees why it exits 2
+                errors.append({"path": str(path), "error": "no dump file here" + (
+                    f" named {prefix}*" if prefix is not None else "")})
+                continue
             elif len(jobs := _prefixes(found)) > 1:  # two jobs' rank 0s: neither is "the" rank 0
                 named = ", ".join(f"{name!r} ({n} files)" for name, n in jobs.items())
                 errors.append({"path": str(path), "error": f"dumps of {len(jobs)} jobs by their "
@@ -90,6 +94,8 @@ def _candidates(paths: Iterable[str | Path], errors: list[dict[str, str]], prefi
             files.extend(found)
         elif path.is_file():
             files.append(path)
+        elif path.exists():  # a FIFO, a device, a process substitution: not read
+            errors.append({"path": str(path), "error": "not a regular file: not read"})
         else:
             errors.append({"path": str(path), "error": "no such file or directory"})
     return files
