@@ -6,6 +6,7 @@ import argparse
 import importlib.util
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,9 +27,26 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    if not (math.isfinite(value) and 0 < value <= 3600):  # a socket timeout overflows past ~1e10
+        raise argparse.ArgumentTypeError(f"expected a number of seconds in (0, 3600], got "
+                                         f"{text!r}")
     return value
+
+
+def _folder_uid(text: str) -> str:
+    """Grafana's uid rule: it goes into the URL's path as it is."""
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,40}", text):
+        raise argparse.ArgumentTypeError("expected a Grafana uid (1 to 40 of A-Z a-z 0-9 _ -), "
+                                         f"got {text!r}")
+    return text
+
+
+def _variable_name(text: str) -> str:
+    """An environment variable's name; a pasted token is refused without being shown."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", text) or text.startswith(("glsa_", "glc_")):
+        raise argparse.ArgumentTypeError("expected the name of an environment variable that "
+                                         "holds the token (not the token itself)")
+    return text
 
 
 def _directory(text: str) -> str:
@@ -84,12 +102,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                    "default), never from the command line.")
     u.add_argument("--grafana-url", default=os.environ.get("GRAFANA_URL"), type=_grafana_url,
                    help="Grafana base URL, e.g. http://grafana:3000 (env GRAFANA_URL)")
-    u.add_argument("--token-env", default="GRAFANA_TOKEN", metavar="NAME", type=_nonempty,
+    u.add_argument("--token-env", default="GRAFANA_TOKEN", metavar="NAME", type=_variable_name,
                    help="environment variable holding the service account token "
                         "(default GRAFANA_TOKEN)")
     u.add_argument("--folder", default="Lightkeeper", type=_nonempty,
                    help="folder title (default Lightkeeper)")
-    u.add_argument("--folder-uid", default="lightkeeper", type=_nonempty,
+    u.add_argument("--folder-uid", default="lightkeeper", type=_folder_uid,
                    help="folder uid (default lightkeeper)")
     u.add_argument("--dir", metavar="DIR", type=_directory,
                    help="upload the dashboards in DIR instead of the generated ones")

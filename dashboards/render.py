@@ -67,15 +67,19 @@ class Prom:
         return self._get("query_range", query=expr, start=str(start), end=str(end),
                          step=str(step))["result"]
 
-    def first_job(self, start: float, end: float) -> str | None:
-        """The first job, in Grafana's natural order (the ``$job`` variable's sort), with
-        ``lightkeeper_step`` series between ``start`` and ``end`` (None: none, or no answer)."""
+    def jobs(self, start: float, end: float) -> list[str] | None:
+        """The jobs with ``lightkeeper_step`` series between ``start`` and ``end``, in
+        Grafana's natural order (the ``$job`` variable's sort); None: no answer."""
         try:
             jobs = self._get("label/job/values", start=str(start), end=str(end),
                              **{"match[]": "lightkeeper_step"})
         except (requests.RequestException, RuntimeError, ValueError, AttributeError):
             return None
-        return min(jobs, key=natural_key) if jobs else None
+        return sorted(jobs, key=natural_key)
+
+    def first_job(self, start: float, end: float) -> str | None:
+        """The first of :meth:`jobs` (None: none, or no answer)."""
+        return (self.jobs(start, end) or [None])[0]
 
 
 def natural_key(text: str) -> list:
@@ -377,7 +381,7 @@ def render_all(prometheus_url: str, out_dir: Path, *, start: float, end: float,
 
 def _seconds(text: str) -> float:
     m = re.fullmatch(r"(\d+(?:\.\d+)?)([smh])", text)
-    if not m:
+    if not m or float(m.group(1)) == 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 90s, 5m, 1h")
     return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2)]
 
@@ -400,6 +404,10 @@ def main(argv: list[str] | None = None) -> int:
     # the dashboards match $job exactly: a regex such as .* would select nothing
     end = time.time()
     job = args.job or prom.first_job(end - args.since, end)
+    known = prom.jobs(end - args.since, end) if args.job else None
+    if known is not None and args.job not in known:  # a typo would draw empty pictures
+        p.error(f"--job {args.job}: no lightkeeper_step series of it at {args.prometheus_url} "
+                f"in the time range (jobs: {', '.join(known) or 'none'})")
     if job is None:
         p.error(f"--job: no job has lightkeeper_step series at {args.prometheus_url} in the "
                 "time range; name the job")

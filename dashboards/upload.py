@@ -42,7 +42,7 @@ def load_dashboards(directory: Path = GENERATED_DIR) -> list[dict]:
     files = sorted(directory.glob("*.json"))
     if not files:
         raise UploadError(f"no dashboards in {directory}: run `lightkeeper dashboards build`")
-    dashboards = []
+    dashboards, seen = [], {}
     for f in files:
         try:
             d = json.loads(f.read_text(encoding="utf-8"))
@@ -57,6 +57,10 @@ def load_dashboards(directory: Path = GENERATED_DIR) -> list[dict]:
                                             for k in ("uid", "title"))):
             raise UploadError(f'{f}: not a dashboard: a JSON object with a non-empty "uid" '
                               'and "title" is needed')
+        if d["uid"] in seen:  # the second would replace the first in Grafana, unsaid
+            raise UploadError(f"{f}: uid {d['uid']!r} is also {seen[d['uid']]}'s: each "
+                              "dashboard needs a uid of its own")
+        seen[d["uid"]] = f
         dashboards.append(d)
     return dashboards
 
@@ -168,6 +172,7 @@ def upload(url: str, token: str | None, *, folder: str = DEFAULT_FOLDER,
     dashboards = dashboards if dashboards is not None else load_dashboards()
     api = _api(url, token, timeout)
     done: list[Uploaded] = []
+    d = None
     try:
         fuid = _ensure_folder(api, folder, folder_uid)
         for d in dashboards:
@@ -177,5 +182,9 @@ def upload(url: str, token: str | None, *, folder: str = DEFAULT_FOLDER,
             done.append(Uploaded(d["uid"], d.get("title", ""), str(r.get("url", "")),
                                  r.get("version")))
     except _errors() as e:
-        raise UploadError(redact(_describe(e, url, token_env), url, token)) from e
+        said = redact(_describe(e, url, token_env), url, token)
+        if d is not None:  # which one, and what Grafana holds already
+            said = (f"dashboard {d['uid']!r} ({d.get('title', '')}): {said}"
+                    + (f" (uploaded before it: {', '.join(u.uid for u in done)})" if done else ""))
+        raise UploadError(said) from e
     return done

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import secrets
 import signal
@@ -203,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         if given:
             print(f"lightkeeper demo: {flag} {other}", file=sys.stderr)
             return 2
-    if args.soak is not None and (not args.soak > 0 or plans or args.no_faults):
+    if args.soak is not None and (not 0 < args.soak < math.inf or plans or args.no_faults):
         print("lightkeeper demo: --soak takes seconds > 0 and draws its own faults (no "
               "--inject, no --no-faults)", file=sys.stderr)
         return 2
@@ -227,19 +228,36 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old_term) -> int:
+    from trainer.faults import NETWORK_KINDS
+
     from .processes import ClusterError
     from .report import write_report
 
+    namespaced = not args.one_host and args.hosts != "loopback"
+    if not namespaced and not args.no_faults:  # said before anything is made
+        network = [p.spec for p in plans if p.kind in NETWORK_KINDS]
+        if network:
+            why = "not with --one-host" if args.one_host else "not with --hosts loopback"
+            print(f"lightkeeper demo: {network[0]} is a network fault: it needs hosts that are "
+                  f"network namespaces (--hosts netns; {why})", file=sys.stderr)
+            return 2
+    try:  # before the hosts: a second demo exits before building any
+        lock = acquire_lock()
+    except DemoLocked as e:
+        print(f"lightkeeper demo: {e}", file=sys.stderr)
+        return 1
     fabric, hosts_note = None, None
-    if not args.one_host and args.hosts != "loopback":
+    if namespaced:
         try:
             fabric, hosts_note = build_fabric(args.groups + args.spare_hosts)
         except KeyboardInterrupt:  # what was made of the hosts is removed already
             print("\nlightkeeper demo: interrupted while building the hosts; nothing started",
                   file=sys.stderr)
+            os.close(lock)
             return 130
         if fabric is None and args.hosts == "netns":
             print(f"lightkeeper demo: --hosts netns: {hosts_note}", file=sys.stderr)
+            os.close(lock)
             return 2
     if args.soak:
         if args.seed is None:
@@ -250,30 +268,10 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old_ter
               f"{args.seed} repeats the schedule)", flush=True)
     faults = [] if args.no_faults else plans or default_faults(
         args.groups, args.ranks_per_group, network=fabric is not None)
-    sc = Scenario(faults=faults, healthy_s=args.healthy_s, end_s=args.end_s,
-                  ledger_wait_s=args.ledger_wait_s,
-                  slow_delay_s=args.slow_delay_s, strike_timeout_s=args.strike_timeout_s,
-                  detect_timeout_s=args.detect_timeout_s,
-                  evict_timeout_s=args.evict_timeout_s, rejoin_timeout_s=args.rejoin_timeout_s,
-                  step_pause_s=args.step_pause_s, hang_floor_s=args.hang_floor_s,
-                  pg_timeout_s=args.pg_timeout_s, heartbeat_timeout_ms=args.heartbeat_timeout_ms,
-                  join_timeout_ms=args.join_timeout_ms,
-                  # nothing is evicted with --no-faults or --dry-run: no restart to be ready for
-                  warm_spares=not (args.cold_restarts or args.no_faults or args.dry_run))
-    try:
-        lock = acquire_lock()
-    except DemoLocked as e:
-        print(f"lightkeeper demo: {e}", file=sys.stderr)
-        if fabric:
-            fabric.close()
-        return 1
-    from trainer.faults import NETWORK_KINDS
-
     network = [p.spec for p in faults if p.kind in NETWORK_KINDS]
-    if network and fabric is None:
+    if network and fabric is None:  # --hosts auto where namespaces cannot be made
         print(f"lightkeeper demo: {network[0]} is a network fault: it needs hosts that are "
-              f"network namespaces (--hosts netns; {hosts_note or 'not with --one-host'})",
-              file=sys.stderr)
+              f"network namespaces (--hosts netns; {hosts_note})", file=sys.stderr)
         os.close(lock)
         return 2
     try:
@@ -285,6 +283,16 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old_ter
             fabric.close()
         os.close(lock)
         return 2
+    sc = Scenario(faults=faults, healthy_s=args.healthy_s, end_s=args.end_s,
+                  ledger_wait_s=args.ledger_wait_s,
+                  slow_delay_s=args.slow_delay_s, strike_timeout_s=args.strike_timeout_s,
+                  detect_timeout_s=args.detect_timeout_s,
+                  evict_timeout_s=args.evict_timeout_s, rejoin_timeout_s=args.rejoin_timeout_s,
+                  step_pause_s=args.step_pause_s, hang_floor_s=args.hang_floor_s,
+                  pg_timeout_s=args.pg_timeout_s, heartbeat_timeout_ms=args.heartbeat_timeout_ms,
+                  join_timeout_ms=args.join_timeout_ms,
+                  # nothing is evicted with --no-faults or --dry-run: no restart to be ready for
+                  warm_spares=not (args.cold_restarts or args.no_faults or args.dry_run))
     demo = Demo(args, sc, report_dir, fabric)
     inside = fabric.entered() if fabric else contextlib.nullcontext()
     inside.__enter__()  # the demo's own requests reach the job's network

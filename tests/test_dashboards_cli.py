@@ -202,6 +202,17 @@ def test_render_without_job_and_none_in_prometheus_writes_nothing(capsys, tmp_pa
     assert seen == [] and list(tmp_path.iterdir()) == []
 
 
+def test_render_of_a_job_prometheus_does_not_have_writes_nothing(capsys, tmp_path):
+    """A mistyped --job drew empty panels over the pictures and exited 0 (--out docs/img)."""
+    seen: list[str] = []
+    with serve(_prometheus_with_jobs(["a.b", "train-1"], seen)) as url:
+        err = usage_error(["--prometheus-url", url, "--out", str(tmp_path / "img"), "--job",
+                           "trian-1"], capsys, run=render.main)
+    assert err == (f"python -m dashboards.render: error: --job trian-1: no lightkeeper_step "
+                   f"series of it at {url} in the time range (jobs: a.b, train-1)")
+    assert seen == [] and list(tmp_path.iterdir()) == []
+
+
 def test_render_defaults_to_the_first_job_prometheus_has_in_the_range():
     """In Grafana's natural order (train-9 before train-10), of the jobs with series between
     start and end: a job of last month has none in a 15-minute picture."""

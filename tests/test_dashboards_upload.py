@@ -256,13 +256,22 @@ def test_messages_name_the_token_env_given(grafana, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--timeout", "inf"], "argument --timeout: expected a number of seconds > 0, got 'inf'"),
-    (["--timeout", "0"], "argument --timeout: expected a number of seconds > 0, got '0'"),
-    (["--timeout", "-1"], "argument --timeout: expected a number of seconds > 0, got '-1'"),
-    (["--timeout", "nan"], "argument --timeout: expected a number of seconds > 0, got 'nan'"),
-    (["--token-env", ""], "argument --token-env: must not be empty"),
+    (["--timeout", "inf"], "argument --timeout: expected a number of seconds in (0, 3600], got 'inf'"),
+    (["--timeout", "0"], "argument --timeout: expected a number of seconds in (0, 3600], got '0'"),
+    (["--timeout", "-1"], "argument --timeout: expected a number of seconds in (0, 3600], got '-1'"),
+    (["--timeout", "nan"], "argument --timeout: expected a number of seconds in (0, 3600], got 'nan'"),
+    (["--token-env", ""], "argument --token-env: expected the name of an environment variable "
+                          "that holds the token (not the token itself)"),
+    # a token pasted where its variable's name goes: refused, never shown
+    (["--token-env", "glsa_pasted_token_0123"], "argument --token-env: expected the name of an "
+     "environment variable that holds the token (not the token itself)"),
+    (["--timeout", "1e10"], "argument --timeout: expected a number of seconds in (0, 3600], "
+                            "got '1e10'"),
     (["--folder", ""], "argument --folder: must not be empty"),
-    (["--folder-uid", ""], "argument --folder-uid: must not be empty"),
+    (["--folder-uid", ""], "argument --folder-uid: expected a Grafana uid (1 to 40 of A-Z a-z "
+                           "0-9 _ -), got ''"),
+    (["--folder-uid", "a/b"], "argument --folder-uid: expected a Grafana uid (1 to 40 of A-Z "
+                              "a-z 0-9 _ -), got 'a/b'"),
     (["--dir", "no/such/dir"], "argument --dir: 'no/such/dir' does not exist"),
 ])
 def test_bad_flags_are_usage_errors(grafana, monkeypatch, capsys, args, message):
@@ -317,3 +326,38 @@ def test_dir_with_a_file_that_is_not_a_dashboard(grafana, monkeypatch, capsys, t
     err = capsys.readouterr().err
     assert err.startswith(f"error: {tmp_path / 'b.json'}: {message}"), err
     assert len(err.splitlines()) == 1 and not grafana.requests
+
+
+def test_two_files_with_one_uid_are_refused_before_any_request(grafana, monkeypatch, capsys,
+                                                                tmp_path):
+    """The second replaced the first in Grafana and both said 'uploaded'."""
+    monkeypatch.setenv("GRAFANA_TOKEN", TOKEN)
+    (tmp_path / "a.json").write_text(json.dumps({"uid": "same", "title": "A"}))
+    (tmp_path / "b.json").write_text(json.dumps({"uid": "same", "title": "B"}))
+    assert main(["dashboards", "upload", "--grafana-url", grafana.url,
+                 "--dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'b.json'}: uid 'same' is also "
+                          f"{tmp_path / 'a.json'}'s"), err
+    assert not grafana.requests
+
+
+def test_a_dashboard_grafana_refuses_is_named_with_those_saved_before_it(grafana, monkeypatch,
+                                                                         capsys, tmp_path):
+    monkeypatch.setenv("GRAFANA_TOKEN", TOKEN)
+    (tmp_path / "a.json").write_text(json.dumps({"uid": "first", "title": "A"}))
+    (tmp_path / "b.json").write_text(json.dumps({"uid": "second", "title": "B"}))
+    route = grafana.route
+
+    def refusing(method, path, body):
+        if path == "/api/dashboards/db" and body["dashboard"]["uid"] == "second":
+            return 400, {"message": "Dashboard uid too long"}
+        return route(method, path, body)
+
+    grafana.route = refusing
+    assert main(["dashboards", "upload", "--grafana-url", grafana.url,
+                 "--dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "dashboard 'second' (B): " in err and "Dashboard uid too long" in err, err
+    assert "(uploaded before it: first)" in err
+    assert set(grafana.dashboards) == {"first"}

@@ -126,6 +126,11 @@ def _demo(*args: str) -> subprocess.CompletedProcess:
     # refused before the hosts are built (as root, network namespaces)
     (["--soak", "0"], "--soak takes seconds > 0 and draws its own faults"),
     (["--soak", "30", "--no-faults"], "--soak takes seconds > 0 and draws its own faults"),
+    # inf: its monitor restart at half-time never came, and soak.json held Infinity
+    (["--soak", "inf"], "--soak takes seconds > 0 and draws its own faults"),
+    (["--hosts", "loopback", "--inject", "1:partition:at_step=20"],
+     "partition:at_step=20 is a network fault: it needs hosts that are network namespaces "
+     "(--hosts netns; not with --hosts loopback)"),
 ])
 def test_a_bad_option_is_one_line_naming_it_before_starting(tmp_path, args, message):
     report_dir = tmp_path / "report"

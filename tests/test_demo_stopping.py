@@ -162,10 +162,12 @@ def fabric_build(monkeypatch):
 
     monkeypatch.setattr(Fabric, "close", closing)
 
-    def went_on():
+    def went_on(*_):
         raise AssertionError("the demo went on after the hosts were interrupted")
 
-    monkeypatch.setattr(demo_mod, "acquire_lock", went_on)
+    # the lock is taken before the hosts are built: a file of no consequence stands for it
+    monkeypatch.setattr(demo_mod, "acquire_lock", lambda: os.open(os.devnull, os.O_RDONLY))
+    monkeypatch.setattr(demo_mod, "Demo", went_on)
     monkeypatch.setattr(demo_mod, "missing_trainer_packages", lambda: [])
     return state
 
@@ -195,6 +197,22 @@ def test_sigterm_while_the_hosts_are_built_removes_them_and_ends_the_demo(fabric
     fabric_build.build = terminated
     assert demo_mod.run(_args("--no-faults", "--hosts", "netns")) == 130
     assert fabric_build.closed == 1
+
+
+def test_a_second_demo_exits_before_building_any_host(fabric_build, monkeypatch, capsys):
+    """The lock used to be taken after the hosts: a second demo built (as root) and removed
+    five namespaces before saying another one runs."""
+    def built():
+        raise AssertionError("hosts built for a demo that cannot run")
+
+    def locked():
+        raise demo_mod.DemoLocked("another demo is running (PID 1)")
+
+    fabric_build.build = built
+    monkeypatch.setattr(demo_mod, "acquire_lock", locked)
+    assert demo_mod.run(_args("--no-faults", "--hosts", "netns")) == 1
+    assert "another demo is running" in capsys.readouterr().err
+    assert fabric_build.closed == 0
 
 
 def test_a_build_that_fails_is_still_a_fabric_error(fabric_build):
