@@ -138,13 +138,15 @@ ALERTS = [
         "LightkeeperRanksLost",
         "sum by (job) (increase(lightkeeper_monitor_ranks_lost_total[10m])) > 0", "0m",
         "warning",
-        "Ranks of job {{ $labels.job }} went away while the job went on",
+        "Ranks of job {{ $labels.job }} went away without saying they stopped",
         "In the last 10 minutes the monitor dropped self-registered ranks that stopped answering "
         "without saying they stopped (--forget-after): while other ranks still answered, or "
-        "all at once with no rank saying the job ended (a job-wide crash). "
+        "all at once with no rank saying the job ended and the Lighthouse no longer hearing "
+        "them (a job-wide crash). "
         "Prometheus stops scraping a dropped rank, so LightkeeperRankDown cannot see it: its "
         "replica group trains no more until it is restarted.",
-        "The monitor's log ('forgot ... lost while the job goes on') names each rank; its "
+        "The monitor's log ('forgot ... lost while the job goes on', or 'lost: no rank "
+        "answers') names each rank; its "
         "/v1/findings and /v1/evictions say whether the group was evicted. Check that the "
         "scheduler restarts the group (it rejoins and heals from a peer); else restart it.",
         [Case("a rank lost",

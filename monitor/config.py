@@ -209,13 +209,14 @@ def shown_action(spec: str) -> str:
     """An ``--action`` as errors and logs show it: a webhook URL without its path (often its
     secret, as a Slack-style URL's is), an exec hook without its arguments (they may hold one)."""
     kind, _, arg = spec.partition(":")
-    if kind == "webhook":
-        p = urlsplit(arg.strip())
+    if "://" in spec and kind != "exec":  # a webhook, or a typo of one (webhooks:, Webhook:)
+        before, _, rest = spec.partition("://")
+        p = urlsplit("x://" + rest.strip())
         try:
             port = f":{p.port}" if p.port else ""
         except ValueError:  # a port that is no number, or out of range
             port = ""
-        return f"webhook:{p.scheme}://{p.hostname or ''}{port}..."
+        return f"{before}://{p.hostname or ''}{port}..."
     if kind == "exec" and arg.split():
         words = arg.split()
         return f"exec:{words[0]}" + (" ..." if len(words) > 1 else "")

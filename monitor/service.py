@@ -378,8 +378,9 @@ class Monitor:
         training finished (ended) at once, so Prometheus stops scraping them. One that went
         without saying it stopped is counted lost (an alert: its group trains no more until
         restarted): while others still answer, or with the whole job when no rank said the
-        job ended about when they went quiet (a job-wide crash: nothing else alerts, as
-        Prometheus stops scraping them). Returns how many unreachable ranks ended."""
+        job ended about when they went quiet and the Lighthouse no longer hears them (a
+        job-wide crash: nothing else alerts, as Prometheus stops scraping them). Returns how
+        many unreachable ranks ended."""
         unreachable = self.views.unreachable_since()
         ended = [u for u in unreachable if (rv := view.ranks.get(u)) is not None and rv.ended]
         forgotten = self.discovery.forget_unreachable(unreachable, now, ended)
@@ -394,7 +395,8 @@ class Monitor:
             read = rv is not None and rv.state is not None
             job_end_said = self._end_said_at is not None and self._end_said_at \
                 >= unreachable.get(url, now) - END_SAID_SLACK_S
-            lost = not stopped and (others_up or (read and not job_end_said))
+            lost = not stopped and (others_up or (read and not job_end_said
+                                                  and self._lighthouse_lost(rv)))
             if url in ended:
                 by = (rv.state or {}).get("stopped_by")
                 log.info("forgot %s: %s", url, f"stopped by {by}" if by else
@@ -406,6 +408,14 @@ class Monitor:
             if lost:
                 self.metrics.ranks_lost.labels(self.cfg.job).inc()
         return sum(1 for u in ended if not view.ranks[u].superseded)  # as view.counts counts
+
+    def _lighthouse_lost(self, rv) -> bool:
+        """The Lighthouse, read now, no longer hears this rank's replica: with no rank left to
+        answer, the monitor may be the one cut off (its registrations lost too), else the job
+        is gone. Without a Lighthouse nobody can tell: not lost."""
+        status = self.lighthouse_status
+        return status is not None and not self.lighthouse_error and bool(rv.replica_id) \
+            and not status.heartbeating(rv.replica_id)
 
     def _say_torchft(self, view: ClusterView) -> None:
         """Once per set of versions: the job's groups run different torchfts."""

@@ -155,10 +155,12 @@ def test_an_sd_out_that_is_not_json_is_never_replaced(tmp_path):
     with pytest.raises(ConfigError, match="not a file_sd JSON file"):
         Monitor(cfg)
     assert other.read_bytes() == before
-    (tmp_path / "empty.json").write_text("")  # an empty file is none of that: restores nothing
-    mon = Monitor(MonitorConfig(port=0, state_path=str(tmp_path / "m2.sqlite"),
-                                sd_out=str(tmp_path / "empty.json")))
-    mon.stop()
+    # an empty file, or one of zeros (a power loss before an unsynced write): restores nothing
+    for name, content in (("empty.json", b""), ("zeros.json", b"\0" * 4096)):
+        (tmp_path / name).write_bytes(content)
+        mon = Monitor(MonitorConfig(port=0, state_path=str(tmp_path / f"{name}.sqlite"),
+                                    sd_out=str(tmp_path / name)))
+        mon.stop()
 
 
 @pytest.mark.parametrize("value", ["", " "])

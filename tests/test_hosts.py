@@ -153,6 +153,17 @@ def test_a_dry_run_holds_what_a_real_run_would(tmp_path):
         decided[dry] = sorted((d["host"], d["reason"]) for d in led.decide(clock(), None, 3))
     assert decided[False] == [("h1", "hang"), ("h2", "cap"), ("h3", "cap")]
     assert decided[True] == [("h1", "dry_run"), ("h2", "cap"), ("h3", "cap")]
+    # past --quarantine-window a would-be quarantine still counts, as a real one lasts its TTL
+    for dry in (False, True):
+        clock = Clock()
+        led = ledger(tmp_path / f"later{dry}", clock, max_quarantined=1, dry_run=dry)
+        led.record([finding("hang", "h1", 1)], clock())
+        led.decide(clock(), None, 3)
+        clock.t += 3601
+        led.decide(clock(), None, 3)
+        led.record([finding("hang", "h2", 2)], clock())
+        decided[dry] = [(d["host"], d["reason"]) for d in led.decide(clock(), None, 3)]
+    assert decided[False] == decided[True] == [("h2", "cap")]
 
 
 def test_a_failing_action_is_retried_until_it_is_done(tmp_path):
@@ -200,6 +211,31 @@ def test_a_failed_release_stays_exported_once_its_host_is_ok(tmp_path):
     text = generate_latest(metrics.registry).decode()
     assert 'lightkeeper_monitor_host_action_failed{host="h1",job="job",sink="rec"} 1.0' in text
     assert 'host_quarantine_state{' not in text  # an ok host has no state series
+    # the way out once the sink is fixed: released again by hand
+    sink.fail = 0
+    assert led.release("h1", "sink fixed")["decision"] == "release"
+    led.run_actions(clock())
+    assert led.hosts["h1"]["last_action"]["status"] == "done"
+    with pytest.raises(ValueError, match="not quarantined"):  # and only then
+        led.release("h1", "again")
+
+
+def test_a_retry_years_on_still_has_a_next_time(tmp_path):
+    """2.0 * 2**1024 overflows: after ~3.5 days of retries the action thread raised before
+    saving the attempt, called the sink every sweep and never ran the actions behind it."""
+    clock = Clock()
+    sink = RecordingSink(fail=10**9)
+    led = ledger(tmp_path, clock, [sink])
+    led.record([finding("hang", "h1", 1), finding("hang", "h2", 2)], clock())
+    led.decide(clock(), None, 40)
+    first = min(led.store.host_actions(), key=lambda a: a["id"])  # run first of the two
+    led.store.update_host_action(first["id"], status="retrying", attempts=2000,
+                                 next_at=clock(), detail="boom", at=clock())
+    led.run_actions(clock())
+    acts = {a["host"]: a for a in led.store.host_actions()}
+    assert acts[first["host"]]["attempts"] == 2001
+    assert acts[first["host"]]["next_at"] == pytest.approx(clock() + 300, abs=1)
+    assert {a["attempts"] for a in acts.values()} == {1, 2001}  # the one behind it ran too
 
 
 def test_ttl_expiry_and_manual_release_queue_releases(tmp_path):

@@ -326,6 +326,16 @@ def test_k8s_release_leaves_an_operators_cordon(kube):
     assert api.node["spec"]["taints"] == [{"key": "other", "value": "x", "effect": "NoExecute"}]
     assert not api.node["metadata"].get("annotations")
 
+def test_k8s_release_of_a_node_that_is_gone_is_done(kube):
+    """The node was replaced (an autoscaler) while quarantined: nothing is left to uncordon,
+    and a failed release would keep its alert firing for good."""
+    api, rx, sink = kube
+    api.fail[("GET", "/api/v1/nodes/node-1")] = 404
+    res = sink.release({**EVENT, "event": "release"})
+    assert res.ok and "gone, nothing to release" in res.detail, res.detail
+    assert [(r["method"], r["path"]) for r in rx.requests] == [("GET", "/api/v1/nodes/node-1")]
+
+
 @pytest.mark.parametrize("code,retry", [(400, False), (403, False), (404, False), (409, True)])
 def test_k8s_error_paths(kube, code, retry):
     api, rx, sink = kube

@@ -315,9 +315,9 @@ class HostLedger:
         holds what a real run would."""
         def out_of_service(x: dict[str, Any]) -> bool:
             would = x.get("would_quarantine")
-            return x["state"] == QUARANTINED or (
-                self.cfg.dry_run and x["host"] != host and x["state"] == SUSPECT
-                and would is not None and now - would["at"] < self.cfg.ttl_s)
+            return x["state"] == QUARANTINED or (  # as long as a real one would last
+                self.cfg.dry_run and x["host"] != host and would is not None
+                and now - would["at"] < self.cfg.ttl_s)
 
         n = sum(1 for x in self.hosts.values() if out_of_service(x))
         cap = self.cfg.cap(known)
@@ -359,13 +359,17 @@ class HostLedger:
         return {"host": h["host"], "decision": "quarantine", "reason": kind, "detail": summary}
 
     def release(self, host: str, reason: str) -> dict[str, Any]:
-        """``POST /v1/hosts/{host}/release``; KeyError: unknown host, ValueError: not quarantined."""
+        """``POST /v1/hosts/{host}/release``; KeyError: unknown host, ValueError: not quarantined.
+        A host whose release failed (its node still cordoned or drained) is released again:
+        the operator's way out once the sink is fixed."""
         now = self.clock()
         with self._lock:
             h = self.hosts.get(host)
             if h is None:
                 raise KeyError(host)
-            if h["state"] != QUARANTINED:
+            last = h.get("last_action") or {}
+            if h["state"] != QUARANTINED and not (
+                    last.get("op") == "release" and last.get("status") == "failed"):
                 raise ValueError(f"host {host} is {h['state']}, not quarantined")
             return self._release(h, now, "manual", reason)
 
@@ -453,7 +457,8 @@ class HostLedger:
                 elif res.retry and (self.cfg.max_attempts is None
                                     or attempts < self.cfg.max_attempts):
                     status = "retrying"
-                    next_at = done + min(BACKOFF_MAX_S, BACKOFF_S * 2 ** (attempts - 1))
+                    # the exponent capped: 2.0 * 2**1024 overflows (3.5 days of retries)
+                    next_at = done + min(BACKOFF_MAX_S, BACKOFF_S * 2 ** min(attempts - 1, 16))
                 else:
                     status, next_at = "failed", None
                 (log.info if res.ok else log.warning)(

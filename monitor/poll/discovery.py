@@ -348,7 +348,8 @@ class Discovery:
         self._hold(path)
         try:
             with open(path, "rb") as f:
-                json.loads(f.read() or b"[]")
+                # empty, or zeros (a power loss before an older version's unsynced write)
+                json.loads(f.read().strip(b"\0 \t\r\n") or b"[]")
         except OSError:
             return
         except ValueError:  # UnicodeDecodeError is one
@@ -507,6 +508,8 @@ class Discovery:
             os.fchmod(fd, 0o644)  # mkstemp's 0600: Prometheus often runs as another user
             with os.fdopen(fd, "w") as f:
                 f.write(text)
+                f.flush()
+                os.fsync(f.fileno())  # else a power loss may leave the new name full of NULs
             os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(OSError):

@@ -103,7 +103,12 @@ class KubernetesSink:
             return ActionResult(False, str(e), retry=False)
         done: list[str] = []
         try:
-            others = self._patch_node(node, taint_key(str(event.get("job") or "")), None)
+            try:
+                others = self._patch_node(node, taint_key(str(event.get("job") or "")), None)
+            except Exception as e:
+                if _status(e) == 404:  # the node is gone (replaced): nothing left to release
+                    return ActionResult(True, f"node {node}: gone, nothing to release")
+                raise
             done.append("taint removed")
             if others:  # another job's quarantine of the node stays: cordon and condition too
                 done.append(f"still quarantined by {', '.join(others)}")
