@@ -152,9 +152,10 @@ def test_torch_only_ranks_hang_found_and_group_evicted(tmp_path):
         # ends the process): the rank stopped where the script hangs
         assert 'torch_debug_server_job.py", line' in culprit["stacks_text"], culprit
 
-        def evicted():
+        def evicted():  # past "sending": its bundle is linked before the kill goes out
             done = [d for d in _get(mon_url + "/v1/evictions")
-                    if d["decision"] == "evict" and d["replica_group"] == 1]
+                    if d["decision"] == "evict" and d["replica_group"] == 1
+                    and d.get("status") != "sending"]
             return done[0] if done else None
 
         decision = wait_until(evicted, 30, interval=0.2, what="group 1 evicted")

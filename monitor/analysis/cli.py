@@ -58,8 +58,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     finally:
         for b in inputs.bundles:
             b.close()  # the traces are in memory: the unpacked dumps can go
-    for b in inputs.bundles:  # a dump's error names it in the bundle, not in a deleted folder
-        for e in loaded.errors:
+    for b in inputs.bundles:
+        # a bundle without dumps is its own entry (broken, or none kept), not its temp folder's
+        loaded.errors = [e for e in loaded.errors if Path(e.get("path", "")) != Path(b.fr_dir)]
+        for e in loaded.errors:  # a dump's error names it in the bundle, not a deleted folder
             if Path(e.get("path", "")).parent == Path(b.fr_dir):
                 e["path"] = f"{b.source}: {FR_DIR}/{Path(e['path']).name}"
     result = analyze(loaded.traces, blame_missing=args.blame_missing, same_host=args.same_host, world_size=args.world_size)
