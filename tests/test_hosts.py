@@ -430,6 +430,11 @@ def test_routes_hosts_and_release(tmp_path):
         assert c.post("/v1/hosts/h1/release").status_code == 401
         assert c.post("/v1/hosts/zz/release", headers={"Authorization": "Bearer tok"}
                       ).status_code == 404
+        # curl -d without -H: the reason was dropped unsaid; now refused, saying why
+        r = c.post("/v1/hosts/h1/release", headers={"Authorization": "Bearer tok"},
+                   data='{"reason": "DIMM replaced"}')
+        assert r.status_code == 400 and "Content-Type: application/json" in r.get_json()["error"]
+        assert m.hosts.hosts["h1"]["state"] == "quarantined"
         r = c.post("/v1/hosts/h1/release", headers={"Authorization": "Bearer tok"},
                    json={"reason": "DIMM replaced"})
         assert r.status_code == 200 and r.get_json()["decision"] == "release"

@@ -25,6 +25,16 @@ MAX_BODY = 64 * 1024  # a request is a few hundred bytes
 OVERVIEW_RANKS = 1000  # the overview's rank rows: more are unreadable and cost the sweeps' GIL
 
 
+def _json_body():
+    """The request's JSON body (None: none); a body sent without ``Content-Type:
+    application/json`` is refused saying so (a browser's cross-site form cannot send that
+    type: it is kept required), not read as no body."""
+    body = request.get_json(silent=True)
+    if body is None and request.get_data(cache=True) and not request.is_json:
+        raise BadTarget("the body must be JSON sent with Content-Type: application/json")
+    return body
+
+
 def _check_admin(cfg: MonitorConfig) -> None:
     """Aborts the request (403, or 401 for a missing or wrong token) unless the caller shows
     the admin token."""
@@ -168,14 +178,14 @@ def create_app(monitor: Any) -> Flask:
 
     @app.post("/v1/targets")
     def register():
-        t = monitor.register_target(request.get_json(silent=True),
+        t = monitor.register_target(request.get_json(silent=True),  # refusals counted there
                                     request.headers.get("Authorization"))
         return jsonify(url=t.url, registered=True, registered_as=t.registered_as or t.url)
 
     @app.post("/v1/evict")
     def evict():
         _check_admin(monitor.cfg)
-        body = request.get_json(silent=True)
+        body = _json_body()
         g = body.get("replica_group") if isinstance(body, dict) else None
         if type(g) is not int or not 0 <= g < 1 << 63:  # not a bool; fits SQLite's INTEGER
             raise BadTarget('body must be {"replica_group": <int >= 0>, "reason": "..."}')
@@ -192,7 +202,7 @@ def create_app(monitor: Any) -> Flask:
     def release_host(host: str):
         """404 for a host the ledger does not know, 409 for one that is not quarantined."""
         _check_admin(monitor.cfg)
-        body = request.get_json(silent=True)
+        body = _json_body()
         if body is not None and not isinstance(body, dict):
             raise BadTarget('body must be {"reason": "..."} or empty')
         reason = str((body or {}).get("reason") or "released by hand")

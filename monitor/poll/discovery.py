@@ -183,7 +183,8 @@ class Discovery:
         """A WorkerServer's self-registration. ``admit(url)`` returns the URL to poll or raises.
         Raises BadTarget on a malformed body, TooManyTargets past ``max_targets``."""
         if not isinstance(body, dict) or not isinstance(body.get("url"), str):
-            raise BadTarget('registration body must be a JSON object with "url"')
+            raise BadTarget('registration body must be a JSON object with "url" (sent with '
+                            'Content-Type: application/json)')
         if len(body["url"]) > MAX_URL:
             raise BadTarget(f"url longer than {MAX_URL} characters")
         job = body.get("job")
