@@ -205,18 +205,24 @@ class QuarantineConfig:
 
 
 
+def url_host_port(url: str) -> str:
+    """``host[:port]`` of ``url``: what a webhook's name and errors show of it after its
+    scheme (its path is often its secret)."""
+    p = urlsplit(url)
+    try:
+        port = f":{p.port}" if p.port else ""
+    except ValueError:  # a port that is no number, or out of range
+        port = ""
+    return f"{p.hostname or ''}{port}"
+
+
 def shown_action(spec: str) -> str:
     """An ``--action`` as errors and logs show it: a webhook URL without its path (often its
     secret, as a Slack-style URL's is), an exec hook without its arguments (they may hold one)."""
     kind, _, arg = spec.partition(":")
     if "://" in spec and kind != "exec":  # a webhook, or a typo of one (webhooks:, Webhook:)
         before, _, rest = spec.partition("://")
-        p = urlsplit("x://" + rest.strip())
-        try:
-            port = f":{p.port}" if p.port else ""
-        except ValueError:  # a port that is no number, or out of range
-            port = ""
-        return f"{before}://{p.hostname or ''}{port}..."
+        return f"{before}://{url_host_port('x://' + rest.strip())}..."
     if kind == "exec" and arg.split():
         words = arg.split()
         return f"exec:{words[0]}" + (" ..." if len(words) > 1 else "")

@@ -217,12 +217,9 @@ def worker_port(env: dict[str, str] | None = None) -> int:
     base = port_number(env.get("LIGHTKEEPER_WORKER_PORT") or 0, "LIGHTKEEPER_WORKER_PORT")
     if not base:
         return 0
-    raw = (env.get("LOCAL_RANK") or "").strip()
-    try:
-        local = int(raw or 0)
-    except ValueError:
-        raise ValueError(f"LOCAL_RANK={raw!r} is not an integer") from None
-    return port_number(base + local, "LIGHTKEEPER_WORKER_PORT + LOCAL_RANK")
+    from .state import env_local_rank
+
+    return port_number(base + env_local_rank(env), "LIGHTKEEPER_WORKER_PORT + LOCAL_RANK")
 
 
 def on_manager(manager: Any, kwargs: dict[str, Any] | None = None) -> Any:

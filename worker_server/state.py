@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import metadata
@@ -95,11 +96,12 @@ def rank_device(local_rank: int) -> dict:
         return {"type": "cuda", "index": idx, "uuid": None, "error": f"{type(e).__name__}: {e}"}
 
 
-def env_local_rank() -> int:
-    """``LOCAL_RANK`` (torchrun and most launchers set it), 0 when unset.
+def env_local_rank(env: Mapping[str, str] | None = None) -> int:
+    """``LOCAL_RANK`` of ``env`` (this process's environment by default; torchrun and most
+    launchers set it), 0 when unset.
 
     Raises ValueError naming the variable when it is not an integer."""
-    raw = os.environ.get("LOCAL_RANK", "").strip()
+    raw = (os.environ if env is None else env).get("LOCAL_RANK", "").strip()
     if not raw:
         return 0
     try:

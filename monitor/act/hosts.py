@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 OK, SUSPECT, QUARANTINED, RELEASED = "ok", "suspect", "quarantined", "released"
 STATES = (OK, SUSPECT, QUARANTINED, RELEASED)
 BACKOFF_S, BACKOFF_MAX_S = 2.0, 300.0
+FAILING = ("failed", "retrying")  # a last action not carried out (alerted, kept in the ledger)
 
 
 def culprit_hosts(finding: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -148,7 +149,7 @@ class HostLedger:
                 urls = self._urls.get(host)
                 if not urls:  # nothing counts, no rank runs there, no failed action: forgotten
                     if h["state"] == OK and (h.get("last_action") or {}).get("status") \
-                            not in ("failed", "retrying"):
+                            not in FAILING:
                         del self.hosts[host]
                         self.store.delete_host(host)
                     continue
@@ -471,7 +472,7 @@ class HostLedger:
                     last = (h or {}).get("last_action") or {}
                     if h is not None and (status != "done" or last.get("sink") == a["sink"]
                                           or last.get("op") != a["op"]
-                                          or last.get("status") not in ("failed", "retrying")):
+                                          or last.get("status") not in FAILING):
                         # one sink's failure stays shown over another's success of the same op
                         h["last_action"] = {"id": a["id"], "sink": a["sink"], "op": a["op"],
                                             "status": status, "attempts": attempts,

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from monitor.act.hosts import FAILING
 from monitor.detect import KINDS, Detectors
 from monitor.evidence.lighthouse_settings import SETTINGS, LighthouseSettingsWatch
 from monitor.evidence.verification import REASONS as TRUST_REASONS
@@ -87,7 +88,7 @@ class HostSeries(Collector):
                 offences.add_metric([self.job, h["host"]], sum(
                     1 for o in h.get("offences") or [] if o.get("in_window")))
             a = h.get("last_action") or {}
-            if a.get("status") in ("failed", "retrying"):
+            if a.get("status") in FAILING:
                 failed.add_metric([self.job, h["host"], a.get("sink", "?")], 1)
         yield from (state, offences, failed)
 
@@ -205,7 +206,7 @@ class MonitorMetrics:
             self.hosts.labels(self.job, state).set(n)
         # an ok host whose last action failed (a release that left its node cordoned) too
         self.host_series.hosts = [h for h in hosts if h.get("state") != "ok" or (
-            h.get("last_action") or {}).get("status") in ("failed", "retrying")]
+            h.get("last_action") or {}).get("status") in FAILING]
 
     def add_goodput(self, acct: SweepAccount) -> None:
         job = self.job

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import requests
 
+from ...config import url_host_port
 from .base import ActionResult, SinkConfigError, one_node, sink_name
 
 SIGNATURE_HEADER = "X-Lightkeeper-Signature"
@@ -162,9 +163,8 @@ class WebhookSink:
             raise SinkConfigError("webhook: a signing secret is required (--webhook-secret or "
                                   "LIGHTKEEPER_WEBHOOK_SECRET)")
         self.url = url
-        parts = urlsplit(url)  # scheme and host are shown, a path (often the secret) is not
-        self.name = sink_name("webhook", url, f"{parts.scheme}://{parts.hostname}"
-                              + (f":{parts.port}" if parts.port else ""))
+        # scheme and host are shown, a path (often the secret) is not
+        self.name = sink_name("webhook", url, f"{urlsplit(url).scheme}://{url_host_port(url)}")
         self.given = f"webhook:{url}"  # its name in an older version's queued actions
         self._secret = secret
         self.timeout_s = timeout_s
