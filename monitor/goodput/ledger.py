@@ -46,6 +46,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.goodput_debt = 0.0
         self._revised: list[tuple[str, float]] = []  # re-judged (cause, seconds) not counted
         self.runs: list[Run] = []  # unsettled badput, a group's in time order
+        # kills sent and not yet seen land: the recovery booked after them is held uncounted
+        self.unsure_kills: set[int] = set()
         self.intervals: deque[Interval] = deque(maxlen=self.cfg.keep_intervals)
         self.open_intervals: dict[str, Interval] = {}  # group key -> the interval it extends
         self._closed_intervals: list[Interval] = []  # not saved yet
@@ -72,6 +74,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.hist.append(now, self.slots.cum, self.job.window)
         self.incidents.ingest_findings(view, findings, now, self.since, self.job.horizon)
         self.incidents.ingest_evictions(evictions, now, self.since)
+        self._judge_kills(evictions)
         job_moved = self.job.ingest(self.reader.quorum_steps, now, self.reader.step_at)
         if self.since is None:
             self.since = self.last_at = now
@@ -160,6 +163,21 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
             self.runs.append(r)
         self.runs.sort(key=attrgetter("t0"))  # a group's runs settle in time order
 
+    def _judge_kills(self, evictions: list[dict[str, Any]]) -> None:
+        """Recovery after a kill is counted once the kill is confirmed; after one turned
+        unconfirmed (the group never left) that time was the fault's own, not a recovery."""
+        self.unsure_kills = {d.get("id") for d in evictions if d.get("status") == "sent"}
+        missed = {d.get("id") for d in evictions if d.get("status") == "unconfirmed"}
+        for r in self.runs:
+            if r.cause == "recovery" and not r.counted and r.eviction_id in missed:
+                inc = self.incidents.get(r.incident) if r.incident is not None else None
+                r.eviction_id = None
+                if inc is None or not inc.finding_ids:  # a kill nothing found: unexplained
+                    r.cause, r.incident, r.finding_id = PENDING, None, None
+                else:
+                    r.cause = "straggler_drag" if inc.kind in DRAG_KINDS and not r.idle \
+                        else "stall"
+
     def _provisional(self, r: Run) -> bool:
         """Idle straggler drag with no commit since: maybe the start of a stall another fault
         caused, so open to that fault's claim."""
@@ -168,6 +186,9 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         inc = self.incidents.get(r.incident) if r.incident is not None else None
         return (inc is None or inc.kind == "straggler") and (
             self.last_commit_at is None or self.last_commit_at < r.t1 - 1e-9)
+
+    def _unsure(self, r: Run) -> bool:
+        return r.cause == "recovery" and r.eviction_id in self.unsure_kills
 
     def _partition(self, in_quorum: set[int]) -> tuple[np.ndarray, np.ndarray, int]:
         """(slots in the quorum, known slots out of it filling expected ones, unseen count)."""
@@ -301,7 +322,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         """Counted now unless its cause may still change (then once settled)."""
         _link(r, inc)
         self.runs.append(r)
-        if r.cause != PENDING and not (r.cause == "straggler_drag" and r.idle):
+        if r.cause != PENDING and not (r.cause == "straggler_drag" and r.idle) \
+                and not self._unsure(r):
             acct.badput[r.cause] = sum(r.seconds, acct.badput[r.cause])
             r.counted = True
 
@@ -312,7 +334,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         keep: list[Run] = []
         blocked = np.zeros(len(self.slots), bool)  # an earlier run of the slot is open
         for r in self.runs:
-            final = r.t1 <= cutoff or (r.cause != PENDING and not self._provisional(r) and (
+            final = r.t1 <= cutoff or (r.cause != PENDING and not self._provisional(r)
+                                       and not self._unsure(r) and (
                 r.incident is not None or r.cause == "startup" or r.groups[0] is None))
             if not final:
                 blocked[r.slots] = True
