@@ -33,7 +33,8 @@ def test_pickle_directory_with_findings_exits_1_and_reports_json(tmp_path, capsy
     write_dumps(hang_job().dumps(fmt="pickle"), tmp_path, fmt="pickle", prefix="nccl_trace_rank_")
     code, report = run_json(capsys, tmp_path)
     assert code == 1
-    assert set(report) == {"ranks", "unknown_ranks", "errors", "findings", "lags", "pickle_reader"}
+    assert set(report) == {"ranks", "unknown_ranks", "errors", "findings", "lags", "notes",
+                           "pickle_reader"}
     assert report["ranks"] == [0, 1, 2, 3] and report["errors"] == []
     (finding,) = report["findings"]
     assert {k: finding[k] for k in ("kind", "pg", "seq", "op", "culprit_ranks")} == {
@@ -53,6 +54,18 @@ def test_healthy_json_files_exit_0_and_text_says_no_findings(tmp_path, capsys):
     assert main(["analyze", *map(str, paths)]) == 0
     out = capsys.readouterr().out
     assert "analyzed 3 rank(s)" in out and "no findings" in out
+
+
+def test_text_says_when_no_two_ranks_clocks_could_be_compared(tmp_path, capsys):
+    """gloo dumps without a host: the straggler check cannot run, and the report says so."""
+    job = FRJob(3, flavour="gloo")
+    job.repeat(5, [("0", "all_reduce", [[8]])])
+    paths = write_dumps(job.dumps(), tmp_path, fmt="json")
+    assert main(["analyze", *map(str, paths)]) == 0
+    out = capsys.readouterr().out
+    assert "note: no straggler check in 1 group(s) (0)" in out and "--same-host" in out
+    assert main(["analyze", "--same-host", *map(str, paths)]) == 0
+    assert "note:" not in capsys.readouterr().out
 
 
 def test_text_format_has_one_block_per_finding(tmp_path, capsys):

@@ -224,12 +224,20 @@ def test_straggler_on_gloo_uses_arrival_order_within_a_host():
     dumps = job.dumps()
     for rank, dump in dumps.items():
         dump["host"] = hosts[rank]
-    (found,) = analyze(dumps).findings
+    result = analyze(dumps)
+    (found,) = result.findings
     assert (found.kind, found.culprit_ranks, found.evidence) == ("straggler", [6], "host_clock")
-    # without host information gloo clocks are never compared
+    assert result.notes == []
+    # without host information gloo clocks are never compared, and the report says so
     for dump in dumps.values():
         del dump["host"]
-    assert analyze(dumps).findings == []
+    result = analyze(dumps)
+    assert result.findings == []
+    assert result.notes == ["no straggler check in 1 group(s) (0): their dumps name no host and "
+                            "carry no NCCL durations, so no two ranks' clocks can be compared "
+                            "(--same-host if they come from one host)"]
+    assert result.to_dict()["notes"] == result.notes
+    assert analyze(dumps, same_host=True).notes == []
 
 
 @pytest.mark.parametrize("flavour", ["nccl", "gloo"])

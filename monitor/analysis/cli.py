@@ -176,6 +176,8 @@ def format_text(report: dict[str, Any]) -> str:
     for err in report["errors"]:
         where = err.get("path", f"rank {err.get('rank')}")
         lines.append(f"error: {where}: {err['error']}")
+    for note in report.get("notes", []):
+        lines.append(f"note: {note}")
     findings = report["findings"]
     if report["ranks"]:
         lines.append(f"{len(findings)} finding(s)" if findings else "no findings")

@@ -52,8 +52,14 @@ def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing
     findings.extend(stragglers)
     findings.sort(key=lambda f: f.sort_key())
     lags.sort(key=lambda f: f.sort_key())
+    notes = []
+    if evidence.unchecked:
+        groups = sorted(evidence.unchecked, key=GroupKey.order)
+        notes.append(f"no straggler check in {len(groups)} group(s) ({', '.join(g.label() for g in groups[:5])}"
+                     f"{', ...' if len(groups) > 5 else ''}): their dumps name no host and carry no NCCL durations, "
+                     "so no two ranks' clocks can be compared (--same-host if they come from one host)")
     return AnalysisResult(ranks=sorted(traces), unknown_ranks=sorted(unknown), findings=findings,
-                          errors=errors, last_seq=last_seq, lags=lags)
+                          errors=errors, last_seq=last_seq, lags=lags, notes=notes)
 
 
 def normalize_dumps(dumps: Mapping[int, Mapping[str, Any] | RankTrace]) -> tuple[dict[int, RankTrace], list[dict[str, Any]]]:

@@ -109,7 +109,9 @@ class AnalysisResult:
     errors: list[dict[str, Any]] = field(default_factory=list)
     last_seq: dict[GroupKey, dict[int, int]] = field(default_factory=dict)
     lags: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what could not be checked, and why
 
     def to_dict(self) -> dict[str, Any]:
         return {"ranks": list(self.ranks), "unknown_ranks": list(self.unknown_ranks), "errors": list(self.errors),
-                "findings": [f.to_dict() for f in self.findings], "lags": [f.to_dict() for f in self.lags]}
+                "findings": [f.to_dict() for f in self.findings], "lags": [f.to_dict() for f in self.lags],
+                "notes": list(self.notes)}

@@ -54,6 +54,7 @@ class StragglerEvidence:
         # (group, (a, b)) -> how much later b arrived than a, per collective, in order
         self.pairs: dict[tuple[GroupKey, tuple[int, int]], list[float]] = {}
         self.pair_kind: dict[tuple[GroupKey, tuple[int, int]], str] = {}
+        self.unchecked: list[GroupKey] = []  # no two ranks' arrivals comparable: no clock shared
 
     def add(self, key: GroupKey, members: list[int], rows: Mapping[int, GroupTrace], same_host: bool,
             config: StragglerConfig) -> None:
@@ -74,6 +75,8 @@ class StragglerEvidence:
                 if host is not None:
                     by_host[host].append(r)
             subsets, kind = [ranks for ranks in by_host.values() if len(ranks) >= 2], "host_clock"
+            if not subsets:
+                self.unchecked.append(key)
         if any(len(ranks) == 2 for ranks in subsets):
             self.period_ms[key] = _period_ms([_window(rows[r].created_ns, rows[r].first_seq, lo, hi)
                                               for r in members[:3]])
