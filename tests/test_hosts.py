@@ -619,3 +619,33 @@ def test_one_failing_sink_of_two_shows_on_the_host_and_its_metric(tmp_path):
     metrics.set_hosts(led.counts(), led.to_json(clock()))
     text = generate_latest(metrics.registry).decode()
     assert 'host_action_failed{host="h1",job="job",sink="k8s"} 1.0' in text
+
+
+def test_a_new_quarantine_goes_before_a_round_of_slow_retries(tmp_path):
+    """Actions run one at a time: with a receiver timing out (10 s) on three hosts' retries, a
+    fourth host's new quarantine waited for the whole round. It now goes next."""
+    clock = Clock()
+    order = []
+
+    class SlowForSome(RecordingSink):
+        def _do(self, event):
+            order.append(event["host"])
+            if event["host"] == "h4":
+                return ActionResult(True, "ok")
+            clock.t += 10  # the receiver's timeout
+            if order.count("h1") == 2:  # during the first retry, a new fault on h4
+                led.record([finding("hang", "h4", 4, group=4, rid="g4:a")], clock())
+                led.decide(clock(), None, 10)
+            return ActionResult(False, "timed out", retry=True)
+
+    led = ledger(tmp_path, clock, [SlowForSome()], max_quarantined=10)
+    led.record([finding("hang", f"h{i}", i, group=i, rid=f"g{i}:a") for i in (1, 2, 3)],
+               clock())
+    led.decide(clock(), None, 10)
+    led.run_actions(clock())
+    assert order == ["h1", "h2", "h3"]
+    clock.t += 600  # every retry due
+    led.run_actions(clock())
+    led.run_actions(clock())
+    assert order[3:] == ["h1", "h4", "h2", "h3"]
+    assert led.hosts["h4"]["last_action"]["status"] == "done"

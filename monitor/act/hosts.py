@@ -442,7 +442,12 @@ class HostLedger:
             newest: dict[tuple, int] = {}
             for a in self.store.host_actions() if due else ():
                 newest.setdefault((a["host"], a["sink"]), a["id"])
-            for a in due:
+            # first attempts before retries: a sink timing out on every retry must not hold
+            # a new quarantine back for a whole round of them
+            due.sort(key=lambda a: a["attempts"] > 0)
+            for n, a in enumerate(due):
+                if a["attempts"] and self._new_action_waits():
+                    return n  # the next run takes it first; these retries stay due
                 if a["attempts"] and newest.get((a["host"], a["sink"]), 0) > a["id"]:
                     # a retry older than the host's next action (a drain after its release)
                     self.store.update_host_action(a["id"], status="superseded",
@@ -482,6 +487,9 @@ class HostLedger:
             return len(due)
         finally:
             self._actions_running.release()
+
+    def _new_action_waits(self) -> bool:
+        return any(not a["attempts"] for a in self.store.host_actions(due_at=self.clock()))
 
     def _attempt(self, a: dict[str, Any], attempts: int) -> ActionResult:
         sink = next((s for s in self.sinks if s.name == a["sink"]), None)
