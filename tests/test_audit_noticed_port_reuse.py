@@ -105,3 +105,28 @@ def test_a_dead_ranks_bundle_holds_nothing_of_the_process_on_its_port(tmp_path):
         bundles.close()
         store.close()
         sim.stop()
+
+
+def test_a_bundle_says_a_torch_only_rank_out_of_reach_was_not_asked(tmp_path):
+    """A torch-only rank the sweep could not reach was filed as having no dump_traceback
+    handler, which sends its reader looking for a torch version problem."""
+    import json
+    import time
+
+    from monitor.evidence.rank import RankView
+    from tests.support.views import scratch_view
+    from tests.test_bundles import bundles_for, finding, members
+
+    bundles, store = bundles_for(tmp_path, timeout_s=2.0)
+    try:
+        url = "torch+http://127.0.0.1:9"
+        state = {"torch_only": {"flight_recorder": "ok"}, "rank": 1, "replica_group": 0, "group_rank": 1,
+                 "replica_id": "replica_group_0:sim"}
+        view = scratch_view(time.time(), {url: RankView(
+            url, False, state, reason="timeout", error="no answer within 0.80s")})
+        got = bundles.capture("confirm", view, view, finding(0, [1]), 3, None, [])
+        [row] = json.loads(members(bundles.store.path(got["id"]))["manifest.json"])["ranks"]
+        assert row["stacks"] == "not asked: timeout: no answer within 0.80s", row
+    finally:
+        bundles.close()
+        store.close()

@@ -236,6 +236,22 @@ def test_real_torch_server_read_and_adapted(torch_worker_server):
         poller.close()
 
 
+def test_a_rank_whose_server_went_away_is_unreachable_at_once():
+    """The handler list is kept 30 s: a dead rank's next poll asks only its dump, and a dump
+    refused was still an answered poll (its death, its kill's confirmation 30 s late)."""
+    c10d = pytest.importorskip("torch._C._distributed_c10d")
+    server = c10d._WorkerServer("127.0.0.1", 0)
+    url = f"torch+http://127.0.0.1:{server.port}"
+    poller = TorchPoller(timeout_s=5, fr_timeout_s=5)
+    try:
+        assert poller.sweep([url])[url].ok
+        server.shutdown()
+        p = poller.sweep([url])[url]
+        assert not p.ok and p.reason == "connection" and "fr_trace_json" in p.error, p
+    finally:
+        poller.close()
+
+
 class _Answers(BaseHTTPRequestHandler):
     routes: dict = {}
     asked: list = []

@@ -393,7 +393,8 @@ class Bundles:
         rows, candidates = [], []
         for r, role in ranks:
             row, torch_only = _rank_row(r, role), _torch_only(r)
-            why = "no dump_traceback handler" if (r.url, "fr") in polls or torch_only \
+            # what a rank was not asked for (a reachable one is asked all it serves)
+            why = "no dump_traceback handler" if r.reachable \
                 else f"not asked: {r.reason}: {r.error}"
             st, st_why = polls.get((r.url, "stacks"), (None, why))
             if torch_only:

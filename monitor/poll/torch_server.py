@@ -138,6 +138,12 @@ class TorchPoller:
             else:
                 error = d.error
                 self._forget_on_404(u, d)
+                if d.reason in ("connection", "timeout"):  # perhaps gone: listed afresh
+                    self._handlers.pop(u, None)
+                if d.reason == "connection":  # nothing listens (the handler list was cached)
+                    out[u] = RankPoll(u, False, reason=d.reason, status=d.status,
+                                      error=f"{FR_HANDLER}: {d.error}", latency_s=latency, at=at)
+                    continue
             n, nccl = dumps[NCCL_FR_HANDLER].get(u), None
             if n is not None and n.ok:
                 nccl = n.data
