@@ -153,3 +153,23 @@ def test_an_alias_to_a_listed_target_gone_from_the_file_registers_as_itself(tmp_
     d.refresh()
     d.register({"url": ADDR, "rank": 3}, now=3.0)
     assert known(d) == [(ADDR, "registered", 3, None)]
+
+
+def test_a_store_found_rank_that_registers_too_is_polled_once():
+    """Lightkeeper's handlers on the job's own torch server: torch's store names the host,
+    the WorkerServer registers its address; two targets of one process claimed its rank twice,
+    so neither was verified (and its group's hang went unseen)."""
+    store_url, reg_url = "torch+http://trainer-a:9500", "torch+http://127.0.0.1:9500"
+    d = Discovery()
+    d.set_torch({store_url: (0, 3)})
+    d.register({"url": reg_url, "rank": 3}, now=1.0)
+    assert sorted(t.url for t in d.targets()) == [reg_url, store_url]
+    d.fold_same_process(answering(**{store_url: ident(), reg_url: ident()}), now=2.0)
+    assert [(t.url, t.source) for t in d.targets()] == [(reg_url, "registered")]
+    d.fold_same_process(answering(**{reg_url: ident()}), now=3.0)  # the store's not polled
+    assert [t.url for t in d.targets()] == [reg_url]
+    # the registered one out of reach (or another process): the store's is polled again
+    d.fold_same_process(answering(**{reg_url: None}), now=4.0)
+    assert sorted(t.url for t in d.targets()) == [reg_url, store_url]
+    d.fold_same_process(answering(**{store_url: ident(), reg_url: ident(pid=8)}), now=5.0)
+    assert sorted(t.url for t in d.targets()) == [reg_url, store_url]

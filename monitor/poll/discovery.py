@@ -158,6 +158,9 @@ class Discovery:
         self._file: dict[str, Target] = {}
         self._registered: dict[str, Target] = {}
         self._torch: dict[str, Target] = {}  # torch-only ranks found in the groups' stores
+        # store-found URL -> its process's identity, while that process also answers registered
+        # (Lightkeeper's handlers on the job's own torch server): polled as registered only
+        self._shadowed: dict[str, tuple] = {}
         self._claimed: dict[str, Target] = {}  # static and file_sd targets that registered too
         # a registered URL whose process answered as a listed target's: registered URL ->
         # [listed URL, the process's identity, its newest registration] (fold_same_process)
@@ -288,6 +291,8 @@ class Discovery:
         alias ends when the listed target answers as another process or not at all, goes, or
         stops registering; the registered URL is polled again at once when the listed one
         missed a poll (else a live rank seen at neither would be judged dead)."""
+        if self._torch or self._shadowed:
+            self._shadow_torch(ranks)
         if not self._aliases and not (self._registered and (self._static or self._file)):
             return  # the usual jobs: all listed or all registered
         found: list[tuple[str, Target]] = []
@@ -322,6 +327,23 @@ class Discovery:
         for url, t in found:
             self._annotate(url, t.registered_as or t.url, (t.job, t.replica_group, t.rank),
                            t.last_registered or now)
+
+    def _shadow_torch(self, ranks: Mapping[str, Any]) -> None:
+        """A rank found in its group's store that registered too (torch's server shared with
+        Lightkeeper's handlers, the store naming the host, the registration an address) is
+        one process under two URLs: the store's is left out while the registered one answers
+        as that process, else it is polled again."""
+        with self._lock:
+            answering = {k for u in self._registered
+                         if (k := _identity(ranks.get(u))) is not None}
+            shadowed = {}
+            for url in self._torch:
+                key = _identity(ranks.get(url)) or self._shadowed.get(url)
+                if key is not None and key in answering:
+                    shadowed[url] = key
+            if shadowed != self._shadowed:
+                self._shadowed = shadowed
+                self._invalidate()
 
     def _invalidate(self) -> None:  # under self._lock
         self._sorted = None
@@ -431,7 +453,8 @@ class Discovery:
         """The sorted known set, one list object until a source changes (not to be modified)."""
         with self._lock:
             if self._sorted is None:
-                merged = {**self._torch, **self._registered, **self._file, **self._static,
+                torch = {u: t for u, t in self._torch.items() if u not in self._shadowed}
+                merged = {**torch, **self._registered, **self._file, **self._static,
                           **self._claimed}
                 self._sorted = sorted(merged.values(), key=lambda t: (
                     t.rank if t.rank is not None else 1 << 62, t.url))
