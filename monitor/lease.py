@@ -201,6 +201,15 @@ class LeaderLease(SessionLease):
                         self.key, self.id if self.leading else self.error or self.leader)
         return self.leading
 
+    def keep(self) -> bool:
+        """Between a leader's kills (each may take the kill's timeout): renewed once a third of
+        the TTL passed; False when the lease lapsed meanwhile (leadership lost: stop acting).
+        Raises EtcdError."""
+        if time.monotonic() - self._renewed_at < self.granted_ttl / 3:
+            return True
+        old = self.lease
+        return self.refresh() == old and self.valid()
+
     def valid(self) -> bool:
         """Renewed less than the TTL ago (local monotonic clock): a late renewal does not count."""
         return time.monotonic() - self._renewed_at < self.granted_ttl

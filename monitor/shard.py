@@ -106,6 +106,7 @@ class Shards:
         self.holds: bool | None = None
         self.held_by: dict[str, Any] | None = None
         self.error: str | None = None
+        self._retry_at = float("-inf")  # etcd failed: asked again from then (monotonic)
         self.proposals_made = 0
         self.leader: Leader | None = None
 
@@ -169,7 +170,7 @@ class Shards:
                 self._groups[url] = (r.replica_group, now)
                 if old is None or old[0] != r.replica_group:
                     self._learned += 1  # the slice may differ
-        if self.cfg.index is None:
+        if self.cfg.index is None or time.monotonic() < self._retry_at:
             return
         mon = self.mon
         try:
@@ -194,6 +195,8 @@ class Shards:
             if str(e) != self.error:
                 log.warning("shard %s cannot report or propose: %s", self.cfg.index, e)
             self.error = str(e)
+            # an etcd that hangs costs each call its timeout: not every sweep, a third of the TTL
+            self._retry_at = time.monotonic() + self.cfg.lease_ttl_s / 3.0
 
     def _report(self, lease: int, report: dict[str, Any]) -> None:
         """Write this shard's report where the key is free or already this run's. Held by
@@ -473,6 +476,11 @@ class Leader(threading.Thread):
             if not d.evict:
                 self._hold(rid, p, d.reason, d.detail)
                 continue
+            if not self.election.keep():  # slow kills outlasted the lease: campaign again
+                log.warning("leadership lapsed while sending kills: the rest wait for the "
+                            "next term")
+                self.election.leading = False
+                return
             self._send(rid, p, (rec.get("attempt", 0) if rec else 0) + 1, records.get(rid),
                        d.detail, modified_at(kv.key, kv.mod_revision))  # not withdrawn meanwhile
             records = _by_rid(self.etcd, self.root + "evictions/")  # the cooldown's start

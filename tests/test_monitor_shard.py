@@ -123,11 +123,15 @@ def test_bad_shard_flags_are_refused_with_a_message(argv, error, monkeypatch):
         config_from_args(parse(*argv))
 
 
-@pytest.mark.parametrize("bad", ["2/2", "x/2", "1", "-1/2", "0/0"])
+@pytest.mark.parametrize("bad", ["2/2", "x/2", "1", "=-1/2", "0/0"])
 def test_bad_shard_value_exits_2(bad, capsys):
+    """The error line names I/N (not only the usage line above it). argparse reads a bare
+    ``--shard -1/2`` as a flag: ``--shard=-1/2`` reaches the check."""
+    argv = ("--shard" + bad,) if bad.startswith("=") else ("--shard", bad)
     with pytest.raises(SystemExit) as e:
-        parse("--shard", bad)
-    assert e.value.code == 2 and "I/N" in capsys.readouterr().err
+        parse(*argv)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and "expected I/N" in last, last
 
 
 def test_shard_flags_fill_the_config():
@@ -731,8 +735,8 @@ def sharded(etcd):
 
     prefix = f"/lktest-{uuid.uuid4().hex[:8]}"
     rid = f"replica_group_1:{uuid.uuid4()}"
-    h = SimpleNamespace(rid=rid, root=f"{prefix}/sim/", lighthouse=_Lighthouse([rid, "a", "b"]),
-                        mon=_Monitor(etcd, prefix, 0), leader_mon=_Monitor(etcd, prefix, None))
+    h = SimpleNamespace(rid=rid, etcd_url=etcd, root=f"{prefix}/sim/",
+                        lighthouse=_Lighthouse([rid, "a", "b"]), mon=_Monitor(etcd, prefix, 0), leader_mon=_Monitor(etcd, prefix, None))
     h.shard = Shards(h.mon.shard_cfg, h.mon)
 
     def leader_for(mon):  # the leader's own monitor, or the shard's (--shard 0/1 --lead)
@@ -1093,3 +1097,76 @@ def test_documented_prometheus_shard_keeps_the_monitor_shards_groups(tmp_path):
                 == 12 and {int(t["labels"]["replica_group"]) for t in active}
 
         assert wait_until(kept, 30, what="Prometheus to load the file_sd targets") == want
+
+
+def test_a_leader_renews_its_lease_between_slow_kills(sharded):
+    """Kills that each take most of the kill timeout, several in one tick: the leader renewed
+    only at the tick's start, its lease lapsed mid-tick and the later kills waited (refused by
+    etcd's guard) while a standby could take over. It now renews between kills."""
+    import dataclasses
+    import time as _time
+
+    h = sharded
+    rids = [h.rid, "a", "b"]
+    h.leader_mon.shard_cfg = dataclasses.replace(h.leader_mon.shard_cfg, lease_ttl_s=2)
+    h.leader_mon.cfg = dataclasses.replace(h.leader_mon.cfg, rails=dataclasses.replace(
+        h.leader_mon.cfg.rails, min_replicas=0, cooldown_s=0))
+    h.leader_for(h.leader_mon)
+    kill = h.lighthouse.kill
+
+    def slow_kill(rid):  # 0.9 s each: three outlast the 2 s lease
+        _time.sleep(0.9)
+        return kill(rid)
+
+    h.lighthouse.kill = slow_kill
+    for rid in rids:
+        h.mon.find(rid)
+    h.sweep()
+    h.sweep()
+    h.tick()
+    assert sorted(h.lighthouse.kills) == sorted(rids)
+    states = {k: v["value"]["state"] for k, v in keys(h.etcd_url, h.root).items()
+              if k.startswith("evictions/")}
+    assert sorted(states.values()) == ["sent"] * 3, states
+    assert h.leader.election.valid() and h.leader.election.campaign()
+
+
+def test_a_shard_waits_a_third_of_the_lease_before_asking_a_hung_etcd_again(tmp_path):
+    """An etcd that accepts and never answers cost every sweep its 2 s timeout (sweeps 3 s
+    apart): after a failure the shard asks again only after a third of the lease TTL."""
+    import socket
+    import threading
+    from types import SimpleNamespace
+
+    from monitor.shard import Shards
+
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(16)
+    accepted, conns = [], []
+
+    def accept():
+        while True:
+            try:
+                conns.append(hole.accept()[0])
+            except OSError:
+                return
+            accepted.append(1)
+
+    threading.Thread(target=accept, daemon=True).start()
+    mon = _Monitor(f"http://127.0.0.1:{hole.getsockname()[1]}", "/lk", 0)
+    shard = Shards(mon.shard_cfg, mon)  # lease TTL 5 s
+    view = SimpleNamespace(ranks={})
+    evidence = SimpleNamespace(ranks={}, reachable_fraction=1.0, groups={})
+    try:
+        shard.after_sweep(view, evidence, mon.now)
+        assert shard.error and len(accepted) == 1
+        for _ in range(3):  # the next sweeps
+            shard.after_sweep(view, evidence, mon.now)
+        assert len(accepted) == 1 and shard.error
+    finally:
+        hole.close()
+        for c in conns:
+            c.close()
+        shard.etcd.close()
+        mon.store.close()
