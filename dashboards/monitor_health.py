@@ -86,6 +86,24 @@ def monitor_health() -> dict:
     L.row("Lighthouse settings")
     _lighthouse_settings_panels(L)
 
+    L.row("Shards (sharded monitors only: --shard, --lead)")
+    L.add(P.state_timeline(
+        "etcd reachable, by monitor and role",
+        "Whether each sharded monitor's last exchange with etcd succeeded: a shard that cannot "
+        "reach it proposes no eviction, a leader sends no kill (LightkeeperShardCannotAct).",
+        [target(f"max by (instance, role) (lightkeeper_monitor_shard_etcd_up{{{J}}})",
+                "{{instance}} {{role}}")],
+        mappings=P.value_mappings({"1": ("up", "green"), "0": ("unreachable", "red")})), 12, 6)
+    L.add(P.state_timeline(
+        "Leader candidates and standby shards",
+        "leading: the --lead monitor that sends the kills (none: LightkeeperShardNoLeader); "
+        "standby: a monitor whose --shard index another one holds (it reports nothing).",
+        targets((f"max by (instance) (lightkeeper_monitor_shard_leading{{{J}}})",
+                 "{{instance}} leading"),
+                (f"max by (instance) (lightkeeper_monitor_shard_standby{{{J}}})",
+                 "{{instance}} standby")),
+        mappings=P.value_mappings({"1": ("yes", "blue"), "0": ("no", "text")})), 12, 6)
+
     L.row("Findings, evictions and held-back decisions")
     L.add(timeseries(
         "Findings by kind", "Confirmed findings per interval, by kind.",

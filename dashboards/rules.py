@@ -325,6 +325,40 @@ ALERTS = [
               [(f'lightkeeper_monitor_host_action_failed{{{M}, host="h1", sink="webhook"}}',
                 "_x2 1x4 stale")], "4m")]),
     Alert(
+        "LightkeeperShardCannotAct",
+        "max by (job, instance, role) (lightkeeper_monitor_shard_etcd_up) == 0", "1m",
+        "warning",
+        "A sharded monitor of job {{ $labels.job }} cannot reach etcd ({{ $labels.role }})",
+        "The {{ $labels.role }} at {{ $labels.instance }} has had no answer from etcd for a "
+        "minute: a shard proposes no eviction, a leader sends no kill. Findings are still "
+        "confirmed and shown, but none is acted on.",
+        "GET /v1/cluster on that monitor (shard.error, shard.leader_error) and its log say "
+        "what etcd answered; check etcd's health and the --etcd URL.",
+        [Case("a shard's etcd gone",
+              [(f'lightkeeper_monitor_shard_etcd_up{{{M}, role="shard"}}', "1x2 0x10")], "3m",
+              [{"job": "train", "instance": "mon:19400", "role": "shard"}]),
+         Case("etcd back within a minute",
+              [(f'lightkeeper_monitor_shard_etcd_up{{{M}, role="leader"}}', "1x2 0x2 1x10")],
+              "3m")]),
+    Alert(
+        "LightkeeperShardNoLeader",
+        "max by (job) (lightkeeper_monitor_shard_leading) == 0", "1m", "warning",
+        "No leader candidate of job {{ $labels.job }} leads: no kill is sent",
+        "Every --lead monitor of job {{ $labels.job }} has stood by for a minute: the shards' "
+        "proposals wait, and no eviction is sent.",
+        "GET /v1/cluster on the candidates (shard.leader, shard.leader_error): etcd "
+        "unreachable, or the leader key held by a monitor that is gone (its lease ends after "
+        "--lease-ttl).",
+        [Case("both candidates standing by",
+              [(f'lightkeeper_monitor_shard_leading{{{M}}}', "0x10"),
+               ('lightkeeper_monitor_shard_leading{job="train", '
+                'lightkeeper_component="monitor", instance="mon2:19400"}', "0x10")], "3m",
+              [{"job": "train"}]),
+         Case("one leads",
+              [(f'lightkeeper_monitor_shard_leading{{{M}}}', "0x10"),
+               ('lightkeeper_monitor_shard_leading{job="train", '
+                'lightkeeper_component="monitor", instance="mon2:19400"}', "1x10")], "3m")]),
+    Alert(
         "LightkeeperLighthouseSlowRecovery",
         "max by (job, setting) (lightkeeper_monitor_config_warnings) == 1", "1m", "info",
         "The Lighthouse of job {{ $labels.job }} makes recovery slow ({{ $labels.setting }})",

@@ -197,6 +197,9 @@ class Shards:
             self.error = str(e)
             # an etcd that hangs costs each call its timeout: not every sweep, a third of the TTL
             self._retry_at = time.monotonic() + self.cfg.lease_ttl_s / 3.0
+        m = mon.metrics
+        m.shard_etcd_up.labels(m.job, "shard").set(0 if self.error else 1)
+        m.shard_standby.labels(m.job).set(1 if self.holds is False else 0)
 
     def _report(self, lease: int, report: dict[str, Any]) -> None:
         """Write this shard's report where the key is free or already this run's. Held by
@@ -390,7 +393,7 @@ class Leader(threading.Thread):
         tick = max(0.05, min(self.mon.cfg.interval_s, self.cfg.lease_ttl_s / 3.0))
         try:
             while not self._stopping.is_set():
-                started = time.monotonic()
+                started, etcd_up = time.monotonic(), False
                 try:
                     if self.election.campaign():
                         self._lead_once()
@@ -398,11 +401,15 @@ class Leader(threading.Thread):
                         self._sending_seen.clear()
                         self._held.clear()
                     self.error = self.election.error
+                    etcd_up = self.error is None
                 except EtcdError as e:
                     self.error = str(e)
                 except Exception as e:  # a bug in one tick must not end leadership's loop
                     log.exception("leader tick failed")
                     self.error = f"{type(e).__name__}: {e}"
+                m = self.mon.metrics
+                m.shard_etcd_up.labels(m.job, "leader").set(1 if etcd_up else 0)
+                m.shard_leading.labels(m.job).set(1 if self.election.leading else 0)
                 self._stopping.wait(max(0.0, tick - (time.monotonic() - started)))
         finally:
             self.election.resign()

@@ -246,7 +246,11 @@ def _needs_monitor(q: Query) -> bool:
 # series from the real host ledger in test_dashboards_promtool.py
 # (test_host_and_lighthouse_panels_and_alerts_on_the_monitors_own_series).
 HOST_NOT_OK_ONLY = {"lightkeeper_monitor_host_quarantine_state",
-                    "lightkeeper_monitor_host_offences", "lightkeeper_monitor_host_action_failed"}
+                    "lightkeeper_monitor_host_offences", "lightkeeper_monitor_host_action_failed",
+                    # and only sharded monitors (--shard, --lead) export these: read in
+                    # test_shard_panels_and_alerts_on_the_series_of_a_shard_and_a_leader_without_etcd
+                    "lightkeeper_monitor_shard_etcd_up", "lightkeeper_monitor_shard_leading",
+                    "lightkeeper_monitor_shard_standby"}
 
 
 def _host_not_ok_only(q: Query) -> bool:

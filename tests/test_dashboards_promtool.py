@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 
@@ -359,3 +360,71 @@ def test_event_markers_and_bars_count_each_event_once_at_grafanas_step(tmp_path)
     (tmp_path / "t.yml").write_text(dump(doc))
     r = promtool("test", "rules", "t.yml", cwd=tmp_path)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+
+
+def test_shard_panels_and_alerts_on_the_series_of_a_shard_and_a_leader_without_etcd(tmp_path):
+    """The shard series exist on sharded monitors only (the live job runs one monitor): a real
+    shard and leader candidate whose etcd refuses connections, their MonitorMetrics read by
+    promtool through the Monitor health panels and both shard alerts."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from lightkeeper.processes import free_port, wait_until
+    from monitor.shard import Leader, Shards
+    from tests.test_monitor_shard import _Monitor
+
+    mon = _Monitor(f"http://127.0.0.1:{free_port()}", "/lk", 0)  # nothing listens there
+    shard = Shards(mon.shard_cfg, mon)
+    shard.after_sweep(SimpleNamespace(ranks={}), SimpleNamespace(
+        ranks={}, reachable_fraction=1.0, groups={}), mon.now)
+    leader = Leader(mon.shard_cfg, mon, "/lk/sim/")
+    leader.start()
+    try:
+        wait_until(lambda: 'role="leader"' in generate_latest(mon.metrics.registry).decode(),
+                   10, what="the leader's first tick")
+    finally:
+        leader.stop()
+        shard.etcd.close()
+        mon.store.close()
+    series = []
+    for fam in text_string_to_metric_families(generate_latest(mon.metrics.registry).decode()):
+        for s in fam.samples:
+            if s.name.startswith("lightkeeper_monitor_shard_"):
+                labels = {**s.labels, "job": "train", "lightkeeper_component": "monitor",
+                          "instance": "mon:19400"}
+                sel = ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                series.append((f"{s.name}{{{sel}}}", " ".join([repr(float(s.value))] * 20)))
+    assert len(series) == 4, series  # etcd_up of both roles, leading, standby
+    inst = {"instance": "mon:19400"}
+    expr_tests = [
+        (_query("etcd reachable, by monitor and role"),
+         [{"labels": f'{{instance="mon:19400", role="{r}"}}', "value": 0}
+          for r in ("leader", "shard")]),
+        (_query("Leader candidates and standby shards", "A"),
+         [{"labels": '{instance="mon:19400"}', "value": 0}]),
+        (_query("Leader candidates and standby shards", "B"),
+         [{"labels": '{instance="mon:19400"}', "value": 0}]),
+    ]
+    base = {"job": "train"}
+    alerts = [("LightkeeperShardCannotAct", [{**base, **inst, "role": "leader"},
+                                             {**base, **inst, "role": "shard"}]),
+              ("LightkeeperShardNoLeader", [base])]
+    by_name = {a.name: a for a in rules.ALERTS}
+    doc = {"rule_files": [str(PROMETHEUS_DIR / "rules.yml")], "evaluation_interval": "15s",
+           "tests": [{
+               "name": "shard series of a real shard and leader candidate",
+               "interval": "15s",
+               "input_series": [{"series": s, "values": v} for s, v in series],
+               "promql_expr_test": [{"expr": e, "eval_time": "3m", "exp_samples": exp}
+                                    for e, exp in expr_tests],
+               "alert_rule_test": [{
+                   "eval_time": "3m", "alertname": name,
+                   "exp_alerts": [{"exp_labels": {**lab, "severity": by_name[name].severity},
+                                   "exp_annotations": {
+                                       k: rules.render_template(v, lab)
+                                       for k, v in by_name[name].annotations().items()}}
+                                  for lab in labels]} for name, labels in alerts],
+           }]}
+    (tmp_path / "t.yml").write_text(dump(doc))
+    r = promtool("test", "rules", "t.yml", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr

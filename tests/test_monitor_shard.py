@@ -478,6 +478,17 @@ def test_a_kill_lost_in_flight_is_sent_again_and_manual_evictions_are_proposals(
     try:
         wait_until(lambda: mon.cluster_json()["shard"]["leading"], 15, what="leadership")
         led_at = time.time()
+        # what an alert reads: etcd answers both roles, this one leads and does not stand by
+        def shard_metrics():
+            text = requests.get(mon.url + "/metrics", timeout=5).text
+            return text if 'role="shard"' in text and "shard_leading{" in text else None
+
+        metrics = wait_until(shard_metrics, 10, what="the shard metrics")
+        for line in ('lightkeeper_monitor_shard_etcd_up{job="sim",role="shard"} 1.0',
+                     'lightkeeper_monitor_shard_etcd_up{job="sim",role="leader"} 1.0',
+                     'lightkeeper_monitor_shard_leading{job="sim"} 1.0',
+                     'lightkeeper_monitor_shard_standby{job="sim"} 0.0'):
+            assert line in metrics, line
         auth = {"Authorization": "Bearer t0ken"}
         r = requests.post(mon.url + "/v1/evict", json={"replica_group": other}, headers=auth,
                           timeout=5)
@@ -1164,6 +1175,10 @@ def test_a_shard_waits_a_third_of_the_lease_before_asking_a_hung_etcd_again(tmp_
         for _ in range(3):  # the next sweeps
             shard.after_sweep(view, evidence, mon.now)
         assert len(accepted) == 1 and shard.error
+        from prometheus_client import generate_latest
+
+        assert 'lightkeeper_monitor_shard_etcd_up{job="sim",role="shard"} 0.0' in \
+            generate_latest(mon.metrics.registry).decode()
     finally:
         hole.close()
         for c in conns:

@@ -171,6 +171,16 @@ class MonitorMetrics:
         self.config_warnings = gauge("config_warnings",
                                      "1 while a setting makes recovery slow (docs/lighthouse.md),"
                                      " by setting", "setting")
+        # sharded monitors only (--shard, --lead): whether they can act at all
+        self.shard_etcd_up = gauge("shard_etcd_up",
+                                   "1 when the last exchange with etcd succeeded (role shard: "
+                                   "its report and proposals; leader: its campaign and kills); "
+                                   "0: this monitor proposes or sends no eviction", "role")
+        self.shard_leading = gauge("shard_leading", "A leader candidate (--lead): 1 while it "
+                                   "leads (sends the job's kills)")
+        self.shard_standby = gauge("shard_standby", "1 while another monitor holds this "
+                                   "--shard index: this one polls, and reports or proposes "
+                                   "nothing")
         self.hosts = gauge("hosts", "Hosts in the host ledger by state (ok, suspect, "
                            "quarantined, released; only hosts that ever offended are in it)",
                            "state")
