@@ -1,6 +1,7 @@
 """The --inject grammar: good specs parse, bad ones fail with a message that names the problem;
 rank-level faults strike only their rank, and what depends on the group is checked against it."""
 
+import re
 import time
 
 import pytest
@@ -125,6 +126,42 @@ def test_slow_applies_from_step_and_mismatch_only_at_its_step():
     injector = FaultInjector([parse_fault("mismatch:at_step=3")])
     assert [s for s in range(6) if injector.mismatch_at(s)] == [3]
     assert not any(injector.group_mismatch_at(s) for s in range(6))
+
+
+def test_a_one_off_fault_a_rank_never_runs_exactly_acts_at_the_first_step_past_it():
+    """A group healing from step 0 to step 5 never runs step 3, and a fault posted at step 13
+    for step 2 was accepted: both were silently never struck."""
+    struck = []
+    injector = FaultInjector([parse_fault("mismatch:at_step=3")])
+    injector.on_strike = struck.append
+    assert not injector.mismatch_at(0)
+    assert injector.mismatch_at(5) and injector.mismatch_at(5)  # step 5 tried again: again
+    assert not injector.mismatch_at(6) and len(struck) == 1
+    live = FaultInjector([])
+    live.inject("mismatch:at_step=2")
+    assert live.mismatch_at(13) and not live.mismatch_at(14)
+
+
+@pytest.mark.parametrize("env, argv, words", [
+    ({}, ["--steps", "10", "--inject", "crash:at_step=10"],
+     "at_step 10 is never reached: the job trains steps 0 to 9"),
+    ({"LOCAL_RANK": "abc"}, [], "LOCAL_RANK='abc' is not an integer"),
+    ({"RANK": "1", "WORLD_SIZE": "2"}, ["--worker-port", "65535"],
+     "--worker-port 65535 + group rank 1 is past 65535"),
+])
+def test_cli_refuses_before_torch_what_would_fail_later(monkeypatch, env, argv, words):
+    import argparse
+
+    from trainer.cli import add_arguments, config_from_args
+
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    with pytest.raises(SystemExit, match=re.escape(words)):
+        config_from_args(p.parse_args(["--lighthouse", "http://127.0.0.1:1", *argv]))
 
 
 def test_a_rank_acts_only_on_faults_for_it():

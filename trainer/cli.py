@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 from http_serving import is_http_url, redact_url
+from worker_server.state import env_local_rank
 
 from .config import ModelConfig, TrainConfig
 from .faults import FaultSpecError, check_fits_group, check_process_fault, parse_fault
@@ -121,11 +122,23 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if group_world_size < 1 or not 0 <= group_rank < group_world_size:
         raise SystemExit(f"lightkeeper train: RANK={group_rank} is not in [0, WORLD_SIZE="
                          f"{group_world_size})")
+    if worker_port and worker_port + group_rank > 65535:
+        raise SystemExit(f"lightkeeper train: --worker-port {worker_port} + group rank "
+                         f"{group_rank} is past 65535 (each local rank takes port+group_rank)")
+    try:  # torch's device pick reads it, after the import this check saves
+        env_local_rank()
+    except ValueError as e:
+        raise SystemExit(f"lightkeeper train: {e}") from None
     for spec in args.inject:  # what the grammar alone cannot check: does it fit this group?
         try:
-            check_fits_group(parse_fault(spec), group_world_size)
+            fault = parse_fault(spec)
+            check_fits_group(fault, group_world_size)
         except FaultSpecError as e:
             raise SystemExit(f"lightkeeper train: --inject: {e}") from None
+        if fault.at_step >= args.steps:  # a rank stops once step --steps - 1 commits
+            raise SystemExit(f"lightkeeper train: --inject {spec!r}: at_step {fault.at_step} is "
+                             f"never reached: the job trains steps 0 to {args.steps - 1} "
+                             f"(--steps {args.steps})")
     return TrainConfig(
         replica_group=replica_group, num_replica_groups=num_groups, lighthouse=lighthouse,
         group_rank=group_rank, group_world_size=group_world_size,

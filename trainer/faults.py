@@ -45,6 +45,8 @@ reaches the step; the trainer refuses them (a process cannot degrade its own hos
                                          NIC death): its link goes down, its processes live on
 
     Every kind also takes rank=R: the group rank it strikes (default: every rank of the group).
+    A process fault at step N that a rank never runs (it heals past N, or the fault is posted
+    after N) acts at the first step past N the rank runs.
     What torchft 0.2.0 then does (one rank of a group crashed or hung, the others alive) is
     measured in the README's Trainer section.
 
@@ -115,6 +117,8 @@ class Fault:
         return self.kind in NETWORK_KINDS
 
     def applies(self, step: int) -> bool:
+        """Whether it acts at ``step``; a one-off (``at_step``) only there, which a rank that
+        heals past it, or is given it late, never sees: FaultInjector moves it on."""
         if self.kind in ("slow", "slow_compute", "slow_link"):
             return step >= self.from_step
         return step == self.at_step
@@ -232,6 +236,9 @@ class FaultInjector:
         # blocks or a crash exits), so the rank can say when it struck (/v1/state).
         self.on_strike: Callable[[Fault], None] | None = None
         self._struck: set[Fault] = set()
+        # a one-off fault's step: its at_step, or the first step past it this rank reached (a
+        # rank healing past at_step, a fault posted for a step already done)
+        self._due: dict[Fault, int] = {}
         # how slow_compute spends its extra seconds: the host sleeps; on CUDA, gpu_stall's
         self.stretch: Callable[[float], None] = time.sleep
 
@@ -257,8 +264,13 @@ class FaultInjector:
         """Specs of the faults that strike this rank."""
         return [f.spec for f in self.faults]
 
+    def _applies(self, fault: Fault, step: int) -> bool:
+        if fault.at_step < 0 or step < fault.at_step:
+            return fault.applies(step)
+        return self._due.setdefault(fault, step) == step
+
     def _active(self, step: int, kind: str, where: str | None = None):
-        return [f for f in self.faults if f.kind == kind and f.applies(step)
+        return [f for f in self.faults if f.kind == kind and self._applies(f, step)
                 and (where is None or f.where == where)]
 
     def before_forward(self, step: int) -> None:
@@ -286,7 +298,7 @@ class FaultInjector:
         for fault in self.faults:
             acts_here = fault.kind in ("slow", "crash") or (fault.kind, fault.where) == (
                 "hang", "cross")
-            if not (acts_here and fault.applies(step)):
+            if not (acts_here and self._applies(fault, step)):
                 continue
             self._strike(fault)
             if fault.kind == "slow":
