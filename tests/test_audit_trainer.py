@@ -164,6 +164,10 @@ def test_the_trainer_under_lightkeeper_run_says_finished_on_the_hooks_server(tmp
                 time.sleep(0.05)  # the poll interval, not a synchronization: finish() waits 3 s
         assert proc.wait(30) == 0, log.read_text()[-3000:]
         assert ("stopped", True) in answers, answers[-5:]
+        # the loop reads the hook's instrumented state: its log says the quorum it trains in
+        # (it read a private state nothing updated: quorum_id=-1 participants=0 every step)
+        steps = re.findall(r"step=\d+ quorum_id=(-?\d+) participants=(\d+) ", log.read_text())
+        assert steps and all(q != "-1" and n == "1" for q, n in steps), steps[-3:]
     finally:
         if proc is not None:
             stop_process(proc)

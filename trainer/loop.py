@@ -203,7 +203,6 @@ def train(cfg: TrainConfig) -> int:
     m = cfg.model
     model = TinyTransformerLM(m.vocab_size, m.d_model, m.n_heads, m.n_layers, m.seq_len).to(device)
     model, group_all_gather = shard_within_group(model, group_world_size, device.type)
-    instrument_fsdp(model, state)  # FSDP's in-group collectives count as this rank's group wait
     inner_optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr)
 
     def load_state_dict(sd):
@@ -257,6 +256,15 @@ def train(cfg: TrainConfig) -> int:
         return 1
     if server is not None:
         server.attach(manager)
+    else:  # --no-worker-server under `lightkeeper run`: the hook's server serves this Manager
+        from worker_server.autostart import started_server
+
+        if (hooked := started_server()) is not None:  # its state is the one instrumented
+            hooked.state.faults = list(state.faults)
+            state = hooked.state  # read by the log line, the SIGTERM check, on_strike
+            if use_cuda:
+                state.set_device(device.index)
+    instrument_fsdp(model, state)  # FSDP's in-group collectives count as this rank's group wait
     # zero_grad() starts the step's quorum; step() steps only when should_commit agrees.
     optimizer = OptimizerWrapper(manager, inner_optimizer)
     params = [p for p in model.parameters() if p.requires_grad]
