@@ -422,3 +422,25 @@ def test_a_python_without_torchft_is_told_in_one_line(monkeypatch):
     line = autostart.torchft_missing()
     assert line.startswith(f"torchft is not installed in {sys.executable}") and "\n" not in line
     assert "lightkeeper[worker] does not" in line
+
+
+def test_an_empty_reconfigure_handle_is_explained_once(monkeypatch, capsys):
+    """Nightly ranks under a torchft 0.2.x Lighthouse get empty handles: torchft's rendezvous
+    fails with a JSONDecodeError at every quorum and nothing says why."""
+    monkeypatch.setattr(fr, "_first_record_id", lambda pg=None: 0)
+
+    class Failing(NightlyPG):
+        def reconfigure(self, opts):
+            [json.loads(h) for h in opts.handles]  # nightly's _rendezvous, as far as it goes
+            return "work"
+
+    pg = Failing("b")
+    IncarnationTracker(group_rank=0).hook(SimpleNamespace(_pg=pg))
+    for _ in range(3):
+        with pytest.raises(json.JSONDecodeError):  # torchft's own error still reaches torchft
+            pg.reconfigure(SimpleNamespace(uuid=7, handles=["", handle("b", 1)]))
+    err = capsys.readouterr().err
+    assert err.count("empty reconfigure handle") == 1 and "torchft_lighthouse" in err, err
+    with pytest.raises(ValueError):  # another failure is not explained so
+        pg.reconfigure(SimpleNamespace(uuid=8, handles=["not json"]))
+    assert "empty reconfigure handle" not in capsys.readouterr().err

@@ -186,6 +186,7 @@ class IncarnationTracker:
         self._incarnations: list[dict[str, Any]] = []
         self._max = max_incarnations
         self._said = False
+        self._said_handles = False  # an empty reconfigure handle explained (once)
 
     def hook(self, manager: Any) -> str:
         """Record every rebuild of ``manager``'s process group; returns the call it wraps.
@@ -221,7 +222,16 @@ class IncarnationTracker:
         @functools.wraps(original)
         def wrapper(*args, **kwargs):
             first = _first_record_id(pg)
-            result = original(*args, **kwargs)
+            try:
+                result = original(*args, **kwargs)
+            except Exception:
+                if not self._said_handles and "" in _handles(args, kwargs):
+                    self._said_handles = True  # else only torchft's JSONDecodeError, each step
+                    say("the Lighthouse gave this group an empty reconfigure handle: a torchft "
+                        "0.2.x Lighthouse (or group) with torchft-nightly ranks; run nightly's "
+                        "torchft_lighthouse, nightly on its path too, and one torchft in every "
+                        "group (docs/install.md)")
+                raise
             try:
                 self.record(**fields(pg, original, args, kwargs), first_record_id=first)
             except Exception as e:  # a shape this code does not know: say so once, train on
@@ -326,6 +336,15 @@ def _configure_fields(pg, original, args, kwargs) -> dict[str, Any]:
     return {"quorum_id": a.get("quorum_id"), "replica_rank": a["rank"],
             "replica_world_size": a["world_size"],
             "global_ranks": list(ranks) if ranks is not None else None}
+
+
+def _handles(args: tuple, kwargs: dict) -> list:
+    """The handles of a nightly ``reconfigure(opts)`` or ``_reconfigure_pg(id, handles)`` call."""
+    opts = args[0] if args else kwargs.get("opts")
+    found = getattr(opts, "handles", None)
+    if found is None:
+        found = kwargs.get("handles", args[1] if len(args) > 1 else None)
+    return list(found) if isinstance(found, (list, tuple)) else []
 
 
 def _reconfigure_fields(pg, original, args, kwargs) -> dict[str, Any]:
