@@ -349,7 +349,10 @@ class Monitor:
         self.enforcer.confirm_evictions(view, evidence, now, self.lighthouse_status)
         # a group gone from the quorum (its host off the network, or evicted while partitioned)
         # holds the others in their collective until its timeout: they are told to abort it
-        self.enforcer.release_survivors(view, evidence, now, self.lighthouse_status)
+        self.enforcer.release_survivors(
+            view, evidence, now, self.lighthouse_status,
+            # a shard vouches only for the groups it polls, and for the job's sent kills
+            None if self.shard is None else self.shard.sent_kills)
         # the next probe round, once this sweep's evictions are known: not of their ranks
         wanted = self.detectors.probes_wanted()
         self.probes.ask(evidence, wanted, blind, now,

@@ -107,6 +107,7 @@ class Shards:
         self.held_by: dict[str, Any] | None = None
         self.error: str | None = None
         self._retry_at = float("-inf")  # etcd failed: asked again from then (monotonic)
+        self.sent_kills: set[str] = set()  # the job's kills the leader sent, any slice's
         self.proposals_made = 0
         self.leader: Leader | None = None
 
@@ -177,6 +178,8 @@ class Shards:
             lease = self.session.refresh()
             # before the report: a leader that sees this run's report sees its proposals
             records = _by_rid(self.etcd, self.root + "evictions/")
+            self.sent_kills = {rid for rid, kv in records.items()
+                               if isinstance(rec := kv.json(), dict) and rec.get("state") == "sent"}
             if self.holds:
                 self._propose_findings(view, evidence, now, records)
             self._mirror_evictions(records)

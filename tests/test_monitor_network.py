@@ -441,6 +441,30 @@ def test_a_throttled_host_is_named_from_the_probe_matrix(probing, direction, des
     assert stored and stored[0]["evidence"]["host"] == "h2"
 
 
+def test_probe_rounds_during_a_heal_name_no_host_until_it_is_over(probing):
+    """A heal's checkpoint transfer fills its sender's and receiver's links (and keeps their
+    processes busy): rounds measured meanwhile are no evidence. Once it is over, they are."""
+    d = probing
+    d.sweeps(BASELINE_SWEEPS)
+    d.train.job.sim.links = links(d.train.job, "h2", THROTTLED)
+    steps = d.train.steps
+
+    def healing(*a, **kw):  # rank 3 (host h3) loads a peer's state the whole time
+        steps(*a, **kw)
+        d.train.job.sim.ranks[3].update(phase="healing")
+
+    d.train.steps = healing
+    asked = probes_asked(d.train.job)
+    for _ in range(12):
+        d.sweep(**NETWORK_SLOW)
+        time.sleep(0.02)  # a round runs on its own thread
+    assert probes_asked(d.train.job) > asked
+    assert [f for f in d.mon.store.findings() if f["kind"] == "network"] == []
+    d.train.steps = steps
+    (f,) = d.until(lambda: network_findings(d), "network finding", **NETWORK_SLOW)
+    assert f.evidence["host"] == "h2"
+
+
 def test_a_host_cut_off_from_its_peers_is_named(probing):
     d = probing
     d.sweeps(4)
@@ -683,9 +707,30 @@ def test_survivors_blocked_with_a_group_gone_from_the_quorum_are_told_to_abort(p
         (3, job.replica_ids[3], "peer_gone", "sent")
     assert "the Lighthouse no longer hears it" in dec["detail"]
     assert {a["decision"] for a in aborts(job, (0, 1, 2))} == {dec["id"]}
+    # for the quorum they are blocked in: a rank in the next one by now keeps its step
+    assert {a["quorum_id"] for a in aborts(job, (0, 1, 2))} == {job.quorum_id}
     d.sweeps(3, steps=0)  # told once
     assert len(aborts(job, (0, 1, 2))) == 6
     assert [x["decision"] for x in d.mon.store.decisions()] == ["abort"]  # nobody evicted
+
+
+def test_a_survivor_whose_abort_failed_is_asked_again(probing):
+    """A failed request (the rank's server busy) was never repeated, and the decision said
+    sent: that survivor waited out the process group's timeout after all."""
+    d = probing
+    job = d.train.job
+    d.sweeps(4)
+    d.train.stall(0.5, d.clock.t)
+    busy = job.sim.group(0)[0]
+    busy.abort_failures = 1
+    lose(job, 3)
+    d.until(lambda: len(aborts(job, (0, 1, 2))) == 6, "every survivor told, one on its second try",
+            steps=0, pause=0.1, sweeps=100)
+    decisions = [x for x in d.mon.store.decisions() if x["decision"] == "abort"]
+    assert len(decisions) == 2 and {x["status"] for x in decisions} == {"sent"}
+    first = min(decisions, key=lambda x: x["id"])
+    assert "HTTP 503" in first["detail"] and "asked again next sweep, try 1 of 3" in first["detail"]
+    assert len(busy.aborts) == 1
 
 
 def test_a_gone_incarnation_is_named_by_its_group_once_replaced():
@@ -865,3 +910,24 @@ def test_probing_starts_at_the_first_slow_window(probing):
     (f,) = network_findings(d)
     assert f.evidence["host"] == "h2"
     assert sweeps <= 2, f"named {sweeps} sweeps after job_slow"
+
+
+def test_a_shard_calls_gone_only_a_group_it_polls_or_the_leader_killed():
+    """A shard polls its slice: a group of another slice that the Lighthouse stops hearing was
+    gone to it at once (no rank it reaches reports it), so one vantage point, the Lighthouse,
+    aborted its survivors' healthy step. The Lighthouse's members and views are as a shard's."""
+    from monitor.act.survivors import gone_groups
+    from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
+    from monitor.evidence.rank import RankView
+    from tests.support.monitor_sim import rank_state
+    from tests.support.views import scratch_view
+
+    mine, other = "replica_group_0:a", "replica_group_1:b"
+    status = LighthouseStatus(quorum_id=5, members={r: QuorumMember(r, 100, "store", 1)
+                                                    for r in (mine, other)},
+                              heartbeats={mine: 0.1, other: 30.0}, stale=frozenset({other}))
+    url = "http://127.0.0.1:9000"
+    view = scratch_view(1000.0, {url: RankView(url, True, {**rank_state(0, 0), "replica_id": mine})})
+    assert [g.replica_id for g in gone_groups(view, status)] == [other]  # one monitor's view
+    assert gone_groups(view, status, seen_only=True) == []  # a shard's: not its to say
+    assert [g.replica_id for g in gone_groups(view, status, {other}, seen_only=True)] == [other]

@@ -60,8 +60,8 @@ def client(**kwargs):
 def test_route_is_off_without_the_exit_token_and_refuses_a_wrong_one():
     calls = []
 
-    def handler(reason, decision):
-        calls.append((reason, decision))
+    def handler(reason, decision, quorum_id):
+        calls.append((reason, decision, quorum_id))
         return {"aborted": True}
 
     body = {"reason": "peer gone", "decision": 5}
@@ -75,13 +75,15 @@ def test_route_is_off_without_the_exit_token_and_refuses_a_wrong_one():
     assert calls == []
     r = c.post("/v1/abort", json=body, headers=AUTH)
     assert r.status_code == 202 and r.get_json() == {"aborted": True}
-    assert calls == [("peer gone", 5)]
+    assert calls == [("peer gone", 5, None)]
 
 
 @pytest.mark.parametrize("body", [None, [], {}, {"reason": ""}, {"reason": 3},
                                   {"reason": "x" * 1001}, {"reason": "r", "decision": "7"},
                                   {"reason": "r", "decision": True},
-                                  {"reason": "r", "decision": 1.5}])
+                                  {"reason": "r", "decision": 1.5},
+                                  {"reason": "r", "quorum_id": "3"},
+                                  {"reason": "r", "quorum_id": False}])
 def test_bad_bodies_are_400_and_abort_nothing(body):
     calls = []
     c = client(abort_handler=lambda *a: calls.append(a), exit_token=TOKEN)
@@ -91,9 +93,22 @@ def test_bad_bodies_are_400_and_abort_nothing(body):
 
 
 def test_body_contract():
-    assert abort_request({"reason": " peer gone "}) == ("peer gone", None)
-    assert abort_request({"reason": "r", "decision": None}) == ("r", None)
-    assert abort_request({"reason": "r", "decision": 12}) == ("r", 12)
+    assert abort_request({"reason": " peer gone "}) == ("peer gone", None, None)
+    assert abort_request({"reason": "r", "decision": None}) == ("r", None, None)
+    assert abort_request({"reason": "r", "decision": 12, "quorum_id": 4}) == ("r", 12, 4)
+
+
+def test_an_abort_for_a_quorum_the_rank_has_left_aborts_nothing():
+    """A survivor told late (torchft's timeout, or another survivor's abort, formed the next
+    quorum first) kept its next, healthy group: it was failed too, and a good step lost."""
+    class PG:
+        pass
+
+    manager = FakeManager(PG(), quorum_id=4)
+    with pytest.raises(NothingToAbort, match="moved on: this rank is in quorum 4, the abort was "
+                                             "for quorum 3"):
+        abort_cross_group(manager, "peer gone", 1, for_quorum=3)
+    assert manager.reported == []  # the Manager was not told: its step goes on
 
 
 def test_a_worker_server_without_a_manager_answers_409_over_http():

@@ -71,11 +71,13 @@ MAX_REASON = 1000
 MAX_DECISION = 1 << 62
 
 
-def abort_request(body: Any) -> tuple[str, int | None]:
-    """``(reason, decision)`` from a ``POST /v1/abort`` body ``{"reason": str, "decision":
-    int|null}``; ValueError saying what is wrong (answered 400)."""
+def abort_request(body: Any) -> tuple[str, int | None, int | None]:
+    """``(reason, decision, quorum_id)`` from a ``POST /v1/abort`` body ``{"reason": str,
+    "decision": int|null, "quorum_id": int|null}``; ValueError saying what is wrong (answered
+    400). ``quorum_id``: the quorum whose collective is to fail (absent: whichever is now)."""
     if not isinstance(body, dict):
-        raise ValueError('body must be JSON {"reason": "...", "decision": <int or null>}')
+        raise ValueError('body must be JSON {"reason": "...", "decision": <int or null>, '
+                         '"quorum_id": <int or null>}')
     reason = body.get("reason")
     if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON:
         raise ValueError(f"reason must be a non-empty string of at most {MAX_REASON} characters")
@@ -83,7 +85,11 @@ def abort_request(body: Any) -> tuple[str, int | None]:
     if decision is not None and (isinstance(decision, bool) or not isinstance(decision, int)
                                  or abs(decision) > MAX_DECISION):
         raise ValueError(f"decision must be an integer or null, got {decision!r}")
-    return reason.strip(), decision
+    quorum_id = body.get("quorum_id")
+    if quorum_id is not None and (isinstance(quorum_id, bool) or not isinstance(quorum_id, int)
+                                  or abs(quorum_id) > MAX_DECISION):
+        raise ValueError(f"quorum_id must be an integer or null, got {quorum_id!r}")
+    return reason.strip(), decision, quorum_id
 
 
 # --- sockets of this process ------------------------------------------------------------
@@ -390,12 +396,15 @@ def _unblock(pg: Any, connections: GlooConnections | None, ends: str) -> tuple[s
 
 
 def abort_cross_group(manager: Any, reason: str, decision: int | None = None,
-                      connections: GlooConnections | None = None) -> AbortResult:
+                      connections: GlooConnections | None = None,
+                      for_quorum: int | None = None) -> AbortResult:
     """Make a collective blocked in ``manager``'s cross-group process group fail now (see the
     module doc for how, per group type) and tell the Manager, so the step does not commit.
 
-    Raises :class:`NothingToAbort` when there is no Manager or it has no process group. Never
-    stops the process; what it could not do is said in ``detail`` and the one log line."""
+    Raises :class:`NothingToAbort` when there is no Manager or it has no process group, or when
+    ``for_quorum`` is given and the Manager is in another quorum by now (its rebuilt group, or
+    the one being built, is healthy: failing it would cost a good step). Never stops the
+    process; what it could not do is said in ``detail`` and the one log line."""
     if manager is None:
         raise NothingToAbort("no torchft Manager is attached to this WorkerServer")
     outer = getattr(manager, "_pg", None)
@@ -406,6 +415,9 @@ def abort_cross_group(manager: Any, reason: str, decision: int | None = None,
     except Exception:  # a torchft this code does not know: abort what the Manager holds
         pg = outer
     quorum_id = _int_or_none(lambda: getattr(manager, "_quorum_id", None))
+    if for_quorum is not None and quorum_id is not None and quorum_id != for_quorum:
+        raise NothingToAbort(f"moved on: this rank is in quorum {quorum_id}, the abort was for "
+                             f"quorum {for_quorum}")
     step = _int_or_none(manager.current_step)
     said = f"aborted by Lightkeeper: {reason}" + (f" (decision {decision})" if decision is not None
                                                   else "")

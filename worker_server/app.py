@@ -55,7 +55,7 @@ def create_app(
     fault_token: str | None = None,
     exit_handler: Callable[[str], Any] | None = None,
     exit_token: str | None = None,
-    abort_handler: Callable[[str, int | None], dict] | None = None,
+    abort_handler: Callable[[str, int | None, int | None], dict] | None = None,
 ) -> Flask:
     """The WorkerServer's routes. ``fault_handler`` + ``fault_token`` opt in to ``POST
     /v1/faults`` (fault injection for tests and the demo), ``exit_handler`` + ``exit_token`` to
@@ -144,11 +144,11 @@ def create_app(
         if refused:
             return refused
         try:
-            reason, decision = abort_request(request.get_json(silent=True))
+            reason, decision, quorum_id = abort_request(request.get_json(silent=True))
         except ValueError as e:
             raise BadParameter(str(e)) from None
         try:
-            return jsonify(abort_handler(reason, decision)), 202
+            return jsonify(abort_handler(reason, decision, quorum_id)), 202
         except NothingToAbort as e:
             return jsonify(error=f"nothing to abort: {e}", status=409), 409
 

@@ -252,12 +252,13 @@ class WorkerServer:
             self._manager = lambda m=manager: m
         self._connections = connections
 
-    def abort(self, reason: str, decision: int | None = None) -> dict[str, Any]:
+    def abort(self, reason: str, decision: int | None = None,
+              quorum_id: int | None = None) -> dict[str, Any]:
         """``POST /v1/abort``: fail a collective blocked in the attached Manager's cross-group
         process group now (:func:`worker_server.abort.abort_cross_group`); the process goes on.
         Raises :class:`~worker_server.abort.NothingToAbort` when no Manager is attached."""
         manager = self._manager() if self._manager is not None else None
-        result = abort_cross_group(manager, reason, decision, self._connections)
+        result = abort_cross_group(manager, reason, decision, self._connections, quorum_id)
         return {**result.as_dict(), "aborted": True, "reason": reason, "decision": decision,
                 "pid": self.state.identity.pid, "rank": self.state.identity.rank}
 

@@ -92,15 +92,17 @@ class RankCalls:
     def exit(self, url: str, reason: str) -> Outcome:
         return self._post(url, "/v1/exit", {"reason": reason}, (200, 202), lambda r: "exiting")
 
-    def abort(self, url: str, reason: str, decision: int | None) -> Outcome:
-        """Sent: the rank's 202 names how it aborts (its ``mechanism``)."""
+    def abort(self, url: str, reason: str, decision: int | None,
+              quorum_id: int | None = None) -> Outcome:
+        """Sent: the rank's 202 names how it aborts (its ``mechanism``); ``quorum_id``: the
+        quorum whose collective is to fail (a rank that moved on answers 409)."""
         def mechanism(r: requests.Response) -> str:
             if not r.headers.get("content-type", "").startswith("application/json"):
                 return "aborted"
             return r.json().get("mechanism", "aborted")
 
-        return self._post(url, "/v1/abort", {"reason": reason, "decision": decision}, (202,),
-                          mechanism)
+        return self._post(url, "/v1/abort", {"reason": reason, "decision": decision,
+                                             "quorum_id": quorum_id}, (202,), mechanism)
 
     def close(self) -> None:
         self._session.close()

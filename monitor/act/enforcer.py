@@ -189,11 +189,15 @@ class Enforcer:
         self._host_actions.start()
 
     def release_survivors(self, view: ClusterView, evidence: ClusterView, now: float,
-                          lighthouse: LighthouseStatus | None) -> list[dict]:
+                          lighthouse: LighthouseStatus | None,
+                          shard_kills: set[str] | None = None) -> list[dict]:
         """Ranks blocked in a collective with a group that is gone are told to abort it
-        (monitor.act.survivors); nothing while blind."""
+        (monitor.act.survivors); nothing while blind. ``shard_kills``: on a shard, the kills
+        the job's leader sent (any slice's); then a group never polled here is gone only so."""
+        evicted = self.store.evicted_replica_ids()
         return self.survivors.release(view, evidence, lighthouse, self.blindness(view),
-                                      self.store.evicted_replica_ids(), now)
+                                      evicted | (shard_kills or set()), now,
+                                      seen_only=shard_kills is not None)
 
     def bundle_confirmed(self, view: ClusterView, evidence: ClusterView,
                          new: list[Finding]) -> None:

@@ -1,8 +1,9 @@
 """Let the survivors out of a collective whose peer group is gone: ``POST /v1/abort``.
 
 Gone: in the newest quorum, unheard by the Lighthouse and reported by no reachable rank. Every
-verified rank blocked with it in the cross-group collective is told to abort it, once; nothing
-while the monitor is blind (docs/monitor.md, Cutting the survivors' wait).
+verified rank blocked with it in the cross-group collective is told to abort it, once (a request
+that failed, up to ABORT_TRIES times); nothing while the monitor is blind (docs/monitor.md,
+Cutting the survivors' wait).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from .actions import RankCalls, rank_name
 
 log = logging.getLogger(__name__)
 
+ABORT_TRIES = 3  # a survivor whose abort request failed (busy, no Manager yet) is asked again
+
 
 @dataclass(frozen=True)
 class Gone:
@@ -30,10 +33,13 @@ class Gone:
 
 
 def gone_groups(view: ClusterView, status: LighthouseStatus,
-                evicted: set[str] | frozenset[str] = frozenset()) -> list[Gone]:
+                evicted: set[str] | frozenset[str] = frozenset(),
+                seen_only: bool = False) -> list[Gone]:
     """Participants of the Lighthouse's newest quorum whose heartbeat it no longer hears and
     that no reachable rank still reports, or that the monitor evicted itself (``evicted``: the
-    replica ids it sent a kill for; the ranks that kill does not reach answer a while longer)."""
+    replica ids it sent a kill for; the ranks that kill does not reach answer a while longer).
+    ``seen_only`` (a shard, which polls its slice): not reported counts only for a group this
+    view has held; another slice's is gone only when evicted."""
     if status.quorum_id is None:
         return []
     reported = {r.replica_id for gv in view.groups.values() for r in gv.reachable
@@ -50,6 +56,8 @@ def gone_groups(view: ClusterView, status: LighthouseStatus,
                     *(r.replica_id for r in (*gv.ranks, *gv.superseded))):
             if rid:
                 by_rid.setdefault(rid, g)
+    if seen_only:
+        gone = [rid for rid in gone if rid in by_rid or rid in evicted]
     out = []
     for rid in gone:
         seen = status.heartbeats.get(rid)
@@ -85,15 +93,17 @@ class Survivors:
         self.aborts, self.store, self.metrics, self.job = aborts, store, metrics, job
         self.dry_run = dry_run
         self._told: set[tuple[str, str]] = set()  # (gone replica id, survivor url)
+        self._failed: dict[tuple[str, str], int] = {}  # the failed requests of one not told
 
     def release(self, view: ClusterView, evidence: ClusterView,
                 status: LighthouseStatus | None, blind: str | None, evicted: set[str],
-                now: float) -> list[dict]:
-        """The abort decisions made this sweep (as recorded)."""
+                now: float, seen_only: bool = False) -> list[dict]:
+        """The abort decisions made this sweep (as recorded); ``seen_only``: as
+        :func:`gone_groups`."""
         if status is None or blind or not self.aborts.token:
             return []
         made = []
-        for gone in gone_groups(view, status, evicted):
+        for gone in gone_groups(view, status, evicted, seen_only):
             ranks = [r for r in blocked_survivors(evidence, gone)
                      if (gone.replica_id, r.url) not in self._told]
             if not ranks:
@@ -101,6 +111,7 @@ class Survivors:
             made.append(self._abort(gone, ranks, now))
         live = set(status.members)
         self._told = {k for k in self._told if k[0] in live}
+        self._failed = {k: n for k, n in self._failed.items() if k[0] in live}
         return made
 
     def _abort(self, gone: Gone, ranks: list[RankView], now: float) -> dict:
@@ -110,18 +121,30 @@ class Survivors:
             replica_group=gone.replica_group, replica_id=gone.replica_id, decision="abort",
             reason="peer_gone", detail=reason, status="dry_run" if self.dry_run else "sending",
             at=now)
-        outcomes = []
+        outcomes, sent = [], 0
         for r in ranks:
-            self._told.add((gone.replica_id, r.url))
+            key = (gone.replica_id, r.url)
             if self.dry_run:
+                self._told.add(key)
                 outcomes.append(f"{rank_name(r)}: would abort (dry run)")
                 continue
-            res = self.aborts.abort(r.url, reason, did)
-            outcomes.append(f"{rank_name(r)}: {res.detail}")
+            # the quorum: a rank that moved on to the next one (its group rebuilt, or being
+            # built) answers 409 and keeps its healthy step
+            res = self.aborts.abort(r.url, reason, did, gone.quorum_id)
+            failed = 0 if res.sent else self._failed.get(key, 0) + 1
+            if res.sent or failed >= ABORT_TRIES or res.http_status == 409:
+                self._told.add(key)
+                self._failed.pop(key, None)
+            else:
+                self._failed[key] = failed
+            sent += res.sent
+            outcomes.append(f"{rank_name(r)}: {res.detail}" + (
+                f" (asked again next sweep, try {failed} of {ABORT_TRIES})"
+                if key not in self._told else ""))
         detail = f"{reason}; survivors blocked in the cross-group collective told to abort " \
                  f"it (POST /v1/abort): " + "; ".join(outcomes)
-        self.store.update_decision(did, detail=detail,
-                                   **({} if self.dry_run else {"status": "sent"}))
+        status = {} if self.dry_run else {"status": "sent" if sent else "failed"}
+        self.store.update_decision(did, detail=detail, **status)
         self.metrics.decisions.labels(self.job, "abort", "peer_gone").inc()
         log.warning("%s", detail)
         return {"id": did, "replica_group": gone.replica_group, "replica_id": gone.replica_id,

@@ -158,6 +158,11 @@ class Network:
                 return []
         if rnd is None or blind:
             return []  # a round finished blind is not evidence
+        if any((r.state or {}).get("phase") == "healing" for gv in view.groups.values()
+               for r in gv.reachable):
+            # a heal's checkpoint transfer fills its sender's and receiver's links (and their
+            # processes' time): the round is not evidence, the streaks wait for the next one
+            return []
         verdict = place(rnd, self.cfg.slow_ratio)
         summary = {"at": rnd.finished_at, "verdict": verdict.text, "culprit_hosts": verdict.hosts,
                    "missing": rnd.missing(), **rnd.to_json()}

@@ -82,6 +82,7 @@ class SimRank:
         self.fr_held = 0  # /v1/fr_trace requests left unanswered ("silent", "fr_silent")
         self.probes = 0  # POST /v1/probe requests
         self.aborts: list[dict[str, Any]] = []  # POST /v1/abort bodies accepted
+        self.abort_failures = 0  # the next POST /v1/abort answers 503 this many times
         self.probe_route = True
         self.writers: set[asyncio.StreamWriter] = set()
 
@@ -178,6 +179,9 @@ class SimRank:
         """The fake ``POST /v1/abort``: recorded, nothing to abort (the same token as probes)."""
         if headers.get("authorization") != f"Bearer {self.sim.probe_token}":
             return "401 Unauthorized", "application/json", b'{"error": "bad token"}'
+        if self.abort_failures > 0:  # its server busy, say
+            self.abort_failures -= 1
+            return "503 Service Unavailable", "application/json", b'{"error": "busy"}'
         self.aborts.append(json.loads(body))
         return "202 Accepted", "application/json", json.dumps(
             {"aborted": True, "pg": "sim", "mechanism": "sim", "detail": "recorded",
