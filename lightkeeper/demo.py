@@ -197,6 +197,14 @@ def run(args: argparse.Namespace) -> int:
     if args.no_faults and plans:
         print("lightkeeper demo: --no-faults and --inject exclude each other", file=sys.stderr)
         return 2
+    from trainer.faults import parse_fault
+
+    late = [p.spec for p in plans if args.steps and p.spec
+            and parse_fault(p.spec).at_step >= args.steps]
+    if late:  # each group's trainer would refuse it (and exit) at its start
+        print(f"lightkeeper demo: --inject {late[0]!r}: at_step is never reached with --steps "
+              f"{args.steps} (steps 0 to {args.steps - 1})", file=sys.stderr)
+        return 2
     for given, flag, other in ((args.seed is not None and args.soak is None, "--seed",
                                 "needs --soak (it seeds the soak's schedule)"),
                                (args.one_host and args.hosts == "netns", "--one-host",

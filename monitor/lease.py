@@ -20,7 +20,12 @@ log = logging.getLogger(__name__)
 
 
 class EtcdError(RuntimeError):
-    """etcd could not be asked or gave no usable answer."""
+    """etcd could not be asked or gave no usable answer; ``timed_out``: it did not answer in
+    time (a hung etcd: asking again at once costs the timeout again)."""
+
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 def _b64(s: str) -> str:
@@ -86,7 +91,8 @@ class Etcd:
         except requests.RequestException as e:
             # the type only: a repr names objects by address, and each new text is logged again
             raise EtcdError(f"etcd at {redact_url(self.endpoint)} unreachable: "
-                            f"{type(e).__name__}") from None
+                            f"{type(e).__name__}",
+                            isinstance(e, requests.Timeout)) from None
         try:
             out = r.json()
         except ValueError:

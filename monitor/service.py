@@ -326,6 +326,8 @@ class Monitor:
         ended = self._forget_unreachable(view, now)
         if self.shard is None:  # a shard sees its own slice: another one may list the other URL
             self.discovery.fold_same_process(view.ranks, now)  # a listed rank registered too
+        else:  # a store's URL and a registered one: one group, so one slice
+            self.discovery.shadow_torch(view.ranks)
         if self.views.reshaped:  # a new process, replica id or quorum: its torchft may differ
             self._say_torchft(view)
         # 3. detect
@@ -349,10 +351,7 @@ class Monitor:
         self.enforcer.confirm_evictions(view, evidence, now, self.lighthouse_status)
         # a group gone from the quorum (its host off the network, or evicted while partitioned)
         # holds the others in their collective until its timeout: they are told to abort it
-        self.enforcer.release_survivors(
-            view, evidence, now, self.lighthouse_status,
-            # a shard vouches only for the groups it polls, and for the job's sent kills
-            None if self.shard is None else self.shard.sent_kills)
+        self.enforcer.release_survivors(view, evidence, now, self.lighthouse_status, self.shard)
         # the next probe round, once this sweep's evictions are known: not of their ranks
         wanted = self.detectors.probes_wanted()
         self.probes.ask(evidence, wanted, blind, now,

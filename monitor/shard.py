@@ -190,7 +190,10 @@ class Shards:
                 "shard": self.cfg.index, "shards": self.cfg.shards, "at": now,
                 "monitor": mon.url, "sweeps": mon.sweeps, "blind": blind,
                 "ranks": len(view.ranks), "run": self.run,
-                "groups": {str(g): gv.replica_id for g, gv in evidence.groups.items()}})
+                "groups": {str(g): gv.replica_id for g, gv in evidence.groups.items()},
+                # what its ranks answer as: another shard tells a group gone by it
+                "reporting": sorted({r.replica_id for gv in view.groups.values()
+                                     for r in gv.reachable if r.replica_id})})
             if self.error:
                 log.warning("etcd answers again: shard %s reports and proposes", self.cfg.index)
             self.error = None
@@ -198,11 +201,30 @@ class Shards:
             if str(e) != self.error:
                 log.warning("shard %s cannot report or propose: %s", self.cfg.index, e)
             self.error = str(e)
-            # an etcd that hangs costs each call its timeout: not every sweep, a third of the TTL
-            self._retry_at = time.monotonic() + self.cfg.lease_ttl_s / 3.0
+            if e.timed_out:  # a hung etcd costs each call its timeout: asked a third of the
+                # TTL later, not every sweep (an error answered at once is asked next sweep)
+                self._retry_at = time.monotonic() + self.cfg.lease_ttl_s / 3.0
         m = mon.metrics
         m.shard_etcd_up.labels(m.job, "shard").set(0 if self.error else 1)
         m.shard_standby.labels(m.job).set(1 if self.holds is False else 0)
+
+    def reported_elsewhere(self) -> tuple[set[str], bool]:
+        """The replica ids the other shards' reachable ranks report (their leased reports), and
+        whether every other shard of this --shards reported; etcd unreachable: nothing, no."""
+        try:
+            kvs = self.etcd.range_prefix(self.root + "shards/")
+        except EtcdError:
+            return set(), False
+        ids: set[str] = set()
+        seen: set[int] = set()
+        for kv in kvs:
+            r = kv.json()
+            if not isinstance(r, dict) or r.get("shards") != self.cfg.shards \
+                    or not isinstance(r.get("reporting"), list) or r.get("shard") == self.cfg.index:
+                continue
+            seen.add(r["shard"])
+            ids.update(x for x in r["reporting"] if isinstance(x, str))
+        return ids, set(range(self.cfg.shards)) - {self.cfg.index} <= seen
 
     def _report(self, lease: int, report: dict[str, Any]) -> None:
         """Write this shard's report where the key is free or already this run's. Held by

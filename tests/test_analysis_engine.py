@@ -238,6 +238,11 @@ def test_straggler_on_gloo_uses_arrival_order_within_a_host():
                             "(--same-host if they come from one host)"]
     assert result.to_dict()["notes"] == result.notes
     assert analyze(dumps, same_host=True).notes == []
+    # every rank on a host of its own (a cross-node group): --same-host would not help
+    for rank, dump in dumps.items():
+        dump["host"] = f"node{rank}"
+    (note,) = analyze(dumps).notes
+    assert "every rank is on a host of its own" in note and "--same-host" not in note
 
 
 @pytest.mark.parametrize("flavour", ["nccl", "gloo"])

@@ -182,6 +182,32 @@ def test_torch_only_ranks_keep_torchs_traceback_and_the_monitors_dump(tmp_path):
     assert got["ranks_complete"] == 2 and [x["rank"] for x in got["not_fetched"]] == [2]
 
 
+def test_a_huge_stacks_answer_is_not_parsed_before_the_kill(tmp_path):
+    """A rank answering /v1/stacks with 6 MB of garbage JSON: decoded (twice: strict, then
+    lenient) on the kill's path, 64 MiB each from up to 32 ranks was seconds and gigabytes."""
+    sim = SimRanks.start(2)
+    dumps = hang_dumps(2, absent=1)
+    for r in sim.ranks:
+        r.fr = dumps[r.state["rank"]]
+    huge = b'{"threads":[' + b",".join([b"{}"] * 2_000_000) + b'],"x":tru}'
+    real = sim.ranks[1].respond
+    sim.ranks[1].respond = lambda path, mode: ("200 OK", "application/json", huge) \
+        if path.startswith("/v1/stacks") else real(path, mode)
+    view = view_of(sim)
+    bundles, store = bundles_for(tmp_path, timeout_s=5.0)
+    try:
+        got = bundles.capture("evict", view, view, finding(1, [1]), 3, {"id": 5}, [])
+        by_rank = {r["rank"]: r for r in json.loads(
+            members(bundles.store.path(got["id"]))["manifest.json"])["ranks"]}
+    finally:
+        bundles.close()
+        store.close()
+        sim.stop()
+    assert by_rank[1]["stacks"] == f"bad_response: {len(huge)} bytes of stacks, over 4 MiB: " \
+        "not read", by_rank[1]
+    assert by_rank[1]["fr_trace"] == "ok" and by_rank[0]["stacks"] == "ok"
+
+
 H100_BUNDLE = Path(__file__).parent / "fixtures" / "torch-debug-server-h100" / \
     "bundle-evict-hang.tar.gz"
 

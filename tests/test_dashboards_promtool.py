@@ -375,7 +375,7 @@ def test_shard_panels_and_alerts_on_the_series_of_a_shard_and_a_leader_without_e
 
     mon = _Monitor(f"http://127.0.0.1:{free_port()}", "/lk", 0)  # nothing listens there
     shard = Shards(mon.shard_cfg, mon)
-    shard.after_sweep(SimpleNamespace(ranks={}), SimpleNamespace(
+    shard.after_sweep(SimpleNamespace(ranks={}, groups={}), SimpleNamespace(
         ranks={}, reachable_fraction=1.0, groups={}), mon.now)
     leader = Leader(mon.shard_cfg, mon, "/lk/sim/")
     leader.start()

@@ -79,6 +79,8 @@ def test_namespaced_hosts_add_a_partition_of_the_fault_free_group():
     (["--ranks-per-group", "1", "--inject", "1:hang:at_step=4,where=group"], "needs a replica"),
     (["--inject", "1:hang:at_step=4", "--inject", "one:hang:at_step=4"],
      "expected GROUP[.RANK]:SPEC"),
+    (["--steps", "30", "--inject", "0:hang:at_step=40"],
+     "at_step is never reached with --steps 30 (steps 0 to 29)"),
 ])
 def test_the_demo_rejects_a_bad_placement_before_starting(tmp_path, args, message):
     report_dir = tmp_path / "report"

@@ -138,8 +138,13 @@ def test_a_one_off_fault_a_rank_never_runs_exactly_acts_at_the_first_step_past_i
     assert injector.mismatch_at(5) and injector.mismatch_at(5)  # step 5 tried again: again
     assert not injector.mismatch_at(6) and len(struck) == 1
     live = FaultInjector([])
+    assert not live.mismatch_at(12)
     live.inject("mismatch:at_step=2")
     assert live.mismatch_at(13) and not live.mismatch_at(14)
+    # a process restarted past it (torchrun, a pod's restart: the same --inject) heals to step
+    # 57 first: acting then would crash or hang every incarnation of the group again
+    restarted = FaultInjector([parse_fault("mismatch:at_step=3")])
+    assert not any(restarted.mismatch_at(s) for s in (57, 57, 58))
 
 
 @pytest.mark.parametrize("env, argv, words", [

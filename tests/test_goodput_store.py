@@ -67,3 +67,23 @@ def test_an_empty_ledger_round_trips(tmp_path):
     state, incidents, intervals = stored(str(tmp_path / "m.sqlite"), led)
     resumed = GoodputLedger.restore(GoodputConfig(**CFG), state, incidents, intervals)
     assert resumed.snapshot() == led.snapshot() and resumed.to_json() == led.to_json()
+
+
+@pytest.mark.parametrize("version", [2, 999])
+def test_a_snapshot_of_another_version_is_said_not_dropped_in_silence(tmp_path, caplog, version):
+    """An older monitor's snapshot (an upgrade) or a newer one's (a rollback) is not read: the
+    totals and ratio start afresh, which was documented as a warning but said nothing."""
+    import logging
+
+    from monitor.api.metrics import MonitorMetrics
+    from monitor.goodput.account import GoodputAccount
+
+    store = Store(str(tmp_path / "state.sqlite"))
+    try:
+        store.save_goodput({"version": version, "since": 1.0}, [], [], at=2.0)
+        with caplog.at_level(logging.WARNING, logger="monitor.goodput.account"):
+            GoodputAccount(store, None, 1.0, MonitorMetrics("j"))
+    finally:
+        store.close()
+    said = [r.getMessage() for r in caplog.records]
+    assert any(f"its snapshot is version {version}, this monitor's 3" in m for m in said), said

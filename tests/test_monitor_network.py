@@ -441,9 +441,9 @@ def test_a_throttled_host_is_named_from_the_probe_matrix(probing, direction, des
     assert stored and stored[0]["evidence"]["host"] == "h2"
 
 
-def test_probe_rounds_during_a_heal_name_no_host_until_it_is_over(probing):
+def test_probe_rounds_during_a_heal_name_no_slow_host_until_it_is_over(probing):
     """A heal's checkpoint transfer fills its sender's and receiver's links (and keeps their
-    processes busy): rounds measured meanwhile are no evidence. Once it is over, they are."""
+    processes busy): slow links measured meanwhile name nobody. Once it is over, they do."""
     d = probing
     d.sweeps(BASELINE_SWEEPS)
     d.train.job.sim.links = links(d.train.job, "h2", THROTTLED)
@@ -455,7 +455,7 @@ def test_probe_rounds_during_a_heal_name_no_host_until_it_is_over(probing):
 
     d.train.steps = healing
     asked = probes_asked(d.train.job)
-    for _ in range(12):
+    for _ in range(8):  # fewer rounds than HEAL_ROUNDS
         d.sweep(**NETWORK_SLOW)
         time.sleep(0.02)  # a round runs on its own thread
     assert probes_asked(d.train.job) > asked
@@ -465,11 +465,16 @@ def test_probe_rounds_during_a_heal_name_no_host_until_it_is_over(probing):
     assert f.evidence["host"] == "h2"
 
 
-def test_a_host_cut_off_from_its_peers_is_named(probing):
+@pytest.mark.parametrize("heal", [False, True], ids=["", "during_a_heal"])
+def test_a_host_cut_off_from_its_peers_is_named(probing, heal):
+    """Judged on connecting alone: a heal that fills links does not hide it (a group restarted
+    there may be the one healing, stuck)."""
     d = probing
     d.sweeps(4)
     d.train.job.sim.links = links(d.train.job, "h1", CUT_OFF)
     d.train.stall(4.0, d.clock.t)
+    if heal:  # group 1's other rank loads a peer's state
+        d.train.job.sim.ranks[5].update(phase="healing")
     (f,) = d.until(lambda: network_findings(d), "network finding", steps=0)
     assert f.replica_group == 1 and f.evidence["host"] == "h1"
     assert f.evidence["job_findings"] == ["job_stall"]
@@ -912,10 +917,10 @@ def test_probing_starts_at_the_first_slow_window(probing):
     assert sweeps <= 2, f"named {sweeps} sweeps after job_slow"
 
 
-def test_a_shard_calls_gone_only_a_group_it_polls_or_the_leader_killed():
+def test_a_shard_calls_a_group_of_another_slice_gone_on_the_other_shards_word():
     """A shard polls its slice: a group of another slice that the Lighthouse stops hearing was
     gone to it at once (no rank it reaches reports it), so one vantage point, the Lighthouse,
-    aborted its survivors' healthy step. The Lighthouse's members and views are as a shard's."""
+    aborted its survivors' healthy step. The other shards' reports are the second."""
     from monitor.act.survivors import gone_groups
     from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
     from monitor.evidence.rank import RankView
@@ -929,5 +934,11 @@ def test_a_shard_calls_gone_only_a_group_it_polls_or_the_leader_killed():
     url = "http://127.0.0.1:9000"
     view = scratch_view(1000.0, {url: RankView(url, True, {**rank_state(0, 0), "replica_id": mine})})
     assert [g.replica_id for g in gone_groups(view, status)] == [other]  # one monitor's view
-    assert gone_groups(view, status, seen_only=True) == []  # a shard's: not its to say
-    assert [g.replica_id for g in gone_groups(view, status, {other}, seen_only=True)] == [other]
+
+    def gone(elsewhere, evicted=frozenset()):  # a shard's: the other shards' word counts too
+        return [g.replica_id for g in gone_groups(view, status, evicted, lambda: elsewhere)]
+
+    assert gone(({other}, True)) == []  # its own shard's ranks still answer as it
+    assert gone((set(), True)) == [other]  # every other shard said: none reports it
+    assert gone((set(), False)) == []  # a shard did not say (etcd away, an older monitor)
+    assert gone((set(), False), {other}) == [other]  # ... but the leader killed it

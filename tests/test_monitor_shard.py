@@ -10,6 +10,7 @@ that takes the group down as an exiting Manager would; tests/support/monitor_sim
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -758,7 +759,7 @@ def sharded(etcd):
 
     def sweep():
         h.mon.sweeps += 1
-        h.shard.after_sweep(SimpleNamespace(ranks={}), SimpleNamespace(
+        h.shard.after_sweep(SimpleNamespace(ranks={}, groups={}), SimpleNamespace(
             ranks={}, reachable_fraction=1.0, groups={}), h.mon.now)
         assert h.shard.error is None
 
@@ -1167,7 +1168,7 @@ def test_a_shard_waits_a_third_of_the_lease_before_asking_a_hung_etcd_again(tmp_
     threading.Thread(target=accept, daemon=True).start()
     mon = _Monitor(f"http://127.0.0.1:{hole.getsockname()[1]}", "/lk", 0)
     shard = Shards(mon.shard_cfg, mon)  # lease TTL 5 s
-    view = SimpleNamespace(ranks={})
+    view = SimpleNamespace(ranks={}, groups={})
     evidence = SimpleNamespace(ranks={}, reachable_fraction=1.0, groups={})
     try:
         shard.after_sweep(view, evidence, mon.now)
@@ -1183,5 +1184,83 @@ def test_a_shard_waits_a_third_of_the_lease_before_asking_a_hung_etcd_again(tmp_
         hole.close()
         for c in conns:
             c.close()
+        shard.etcd.close()
+        mon.store.close()
+
+
+def test_a_shard_reads_what_the_other_shards_ranks_answer_as(etcd):
+    """The second vantage point for a group of another slice the Lighthouse no longer hears
+    (monitor.act.survivors): the other shards' reports, on the real etcd."""
+    from types import SimpleNamespace
+
+    from monitor.shard import Shards
+
+    prefix = f"/lktest-{uuid.uuid4().hex[:8]}"
+    mons = [_Monitor(etcd, prefix, i) for i in (0, 1)]
+    shards = []
+    for m in mons:
+        m.shard_cfg = dataclasses.replace(m.shard_cfg, shards=2)
+        shards.append(Shards(m.shard_cfg, m))
+    ranks = {1: [SimpleNamespace(replica_id="replica_group_1:x"),
+                 SimpleNamespace(replica_id=None)]}
+
+    def sweep(i: int) -> None:
+        groups = {g: SimpleNamespace(reachable=rs) for g, rs in ranks.items()} if i == 1 else {}
+        shards[i].after_sweep(SimpleNamespace(ranks={}, groups=groups), SimpleNamespace(
+            ranks={}, reachable_fraction=1.0, groups={}), mons[i].now)
+        assert shards[i].error is None
+
+    try:
+        sweep(0)
+        assert shards[0].reported_elsewhere() == (set(), False)  # shard 1 has not said yet
+        sweep(1)
+        assert shards[0].reported_elsewhere() == ({"replica_group_1:x"}, True)
+        assert shards[1].reported_elsewhere() == (set(), True)
+        ranks[1] = []  # its ranks no longer answer
+        sweep(1)
+        assert shards[0].reported_elsewhere() == (set(), True)
+    finally:
+        for s, m in zip(shards, mons, strict=True):
+            s.stop()
+            m.store.close()
+
+
+def test_an_etcd_that_answers_an_error_at_once_is_asked_again_next_sweep():
+    """Only a hang is waited out: an error answered at once (etcd's own leader election, a 5xx)
+    is asked again the next sweep, else a shard with --interval near a third of --lease-ttl
+    could let its lease lapse waiting."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from types import SimpleNamespace
+
+    from monitor.shard import Shards
+
+    asked = []
+
+    class Failing(BaseHTTPRequestHandler):
+        def do_POST(self):
+            asked.append(self.path)
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.send_response(503)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    mon = _Monitor(f"http://127.0.0.1:{server.server_address[1]}", "/lk", 0)
+    shard = Shards(mon.shard_cfg, mon)
+    try:
+        for _ in range(2):
+            shard.after_sweep(SimpleNamespace(ranks={}, groups={}), SimpleNamespace(
+                ranks={}, reachable_fraction=1.0, groups={}), mon.now)
+            assert shard.error and "HTTP 503" in shard.error
+        assert len(asked) == 2, asked
+    finally:
+        server.shutdown()
+        server.server_close()
         shard.etcd.close()
         mon.store.close()

@@ -46,7 +46,8 @@ reaches the step; the trainer refuses them (a process cannot degrade its own hos
 
     Every kind also takes rank=R: the group rank it strikes (default: every rank of the group).
     A process fault at step N that a rank never runs (it heals past N, or the fault is posted
-    after N) acts at the first step past N the rank runs.
+    after N) acts at the first step past N the rank runs; a process that starts past N (a
+    restart) does not act on it.
     What torchft 0.2.0 then does (one rank of a group crashed or hung, the others alive) is
     measured in the README's Trainer section.
 
@@ -236,9 +237,12 @@ class FaultInjector:
         # blocks or a crash exits), so the rank can say when it struck (/v1/state).
         self.on_strike: Callable[[Fault], None] | None = None
         self._struck: set[Fault] = set()
-        # a one-off fault's step: its at_step, or the first step past it this rank reached (a
-        # rank healing past at_step, a fault posted for a step already done)
+        # a one-off fault's step: its at_step, or the first step past it this process ran when
+        # it ran one before it (healed past it) or was given it live (posted after it); a
+        # process restarted past it (torchrun, a pod) never strikes again
         self._due: dict[Fault, int] = {}
+        self._first_step: int | None = None
+        self._live: set[Fault] = set()
         # how slow_compute spends its extra seconds: the host sleeps; on CUDA, gpu_stall's
         self.stretch: Callable[[float], None] = time.sleep
 
@@ -256,6 +260,7 @@ class FaultInjector:
         check_process_fault(fault)
         check_fits_group(fault, self.group_world_size)
         if fault.targets(self.group_rank):
+            self._live.add(fault)
             self.faults = [*self.faults, fault]  # one assignment: the training thread never sees half
         return fault
 
@@ -265,9 +270,16 @@ class FaultInjector:
         return [f.spec for f in self.faults]
 
     def _applies(self, fault: Fault, step: int) -> bool:
+        if self._first_step is None:
+            self._first_step = step
         if fault.at_step < 0 or step < fault.at_step:
             return fault.applies(step)
-        return self._due.setdefault(fault, step) == step
+        if fault not in self._due:
+            if step > fault.at_step and self._first_step > fault.at_step \
+                    and fault not in self._live:
+                return False  # restarted past it: it struck (or was passed) in another life
+            self._due[fault] = step
+        return self._due[fault] == step
 
     def _active(self, step: int, kind: str, where: str | None = None):
         return [f for f in self.faults if f.kind == kind and self._applies(f, step)

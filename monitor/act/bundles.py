@@ -39,6 +39,8 @@ from ..store import Store
 
 log = logging.getLogger(__name__)
 
+MAX_STACKS_BYTES = 4 << 20  # a rank's stacks are KB; past this, not parsed before the kill
+
 CONFIRM_KINDS = ("hang", "mismatch", "network")  # bundled when confirmed, evicted or not
 _ENCODE = msgspec.json.Encoder()
 
@@ -486,6 +488,10 @@ class Bundles:
         for i, ok, body, reason, error, _status, latency, _at in rows:
             if not ok:
                 got[i] = (None, f"{reason}: {error}" if error else str(reason))
+            elif form[i] == "json" and len(body) > MAX_STACKS_BYTES:
+                # parsed on the kill's path: a rank's few KB, never a garbage body's seconds
+                got[i] = (None, f"bad_response: {len(body)} bytes of stacks, over "
+                                f"{MAX_STACKS_BYTES >> 20} MiB: not read")
             elif form[i] == "json":
                 p = judge_body(urls[i], body, latency)
                 got[i] = (body, "ok") if p.ok else (None, f"{p.reason}: {p.error}")

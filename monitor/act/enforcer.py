@@ -190,14 +190,16 @@ class Enforcer:
 
     def release_survivors(self, view: ClusterView, evidence: ClusterView, now: float,
                           lighthouse: LighthouseStatus | None,
-                          shard_kills: set[str] | None = None) -> list[dict]:
+                          shard: Any = None) -> list[dict]:
         """Ranks blocked in a collective with a group that is gone are told to abort it
-        (monitor.act.survivors); nothing while blind. ``shard_kills``: on a shard, the kills
-        the job's leader sent (any slice's); then a group never polled here is gone only so."""
+        (monitor.act.survivors); nothing while blind. ``shard``: on a shard (monitor.shard),
+        the job's kills the leader sent and what the other shards' ranks report."""
         evicted = self.store.evicted_replica_ids()
+        if shard is not None:
+            evicted = evicted | shard.sent_kills
         return self.survivors.release(view, evidence, lighthouse, self.blindness(view),
-                                      evicted | (shard_kills or set()), now,
-                                      seen_only=shard_kills is not None)
+                                      evicted, now,
+                                      None if shard is None else shard.reported_elsewhere)
 
     def bundle_confirmed(self, view: ClusterView, evidence: ClusterView,
                          new: list[Finding]) -> None:

@@ -9,6 +9,7 @@ Cutting the survivors' wait).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ from .actions import RankCalls, rank_name
 
 log = logging.getLogger(__name__)
 
-ABORT_TRIES = 3  # a survivor whose abort request failed (busy, no Manager yet) is asked again
+ABORT_TRIES = 3  # a survivor whose abort request failed (busy, unreachable) is asked again
 
 
 @dataclass(frozen=True)
@@ -32,20 +33,30 @@ class Gone:
     why: str
 
 
+Elsewhere = Callable[[], tuple[set[str], bool]]
+
+
 def gone_groups(view: ClusterView, status: LighthouseStatus,
                 evicted: set[str] | frozenset[str] = frozenset(),
-                seen_only: bool = False) -> list[Gone]:
+                elsewhere: Elsewhere | None = None) -> list[Gone]:
     """Participants of the Lighthouse's newest quorum whose heartbeat it no longer hears and
     that no reachable rank still reports, or that the monitor evicted itself (``evicted``: the
     replica ids it sent a kill for; the ranks that kill does not reach answer a while longer).
-    ``seen_only`` (a shard, which polls its slice): not reported counts only for a group this
-    view has held; another slice's is gone only when evicted."""
+    ``elsewhere`` (a shard, which polls its slice): the replica ids the other shards' ranks
+    report, and whether every other shard said; asked only when the Lighthouse misses one.
+    Without every shard's word, a group is gone only when this view held it, or evicted."""
     if status.quorum_id is None:
+        return []
+    unheard = [rid for rid in sorted(status.members) if not status.heartbeating(rid)]
+    if not unheard:
         return []
     reported = {r.replica_id for gv in view.groups.values() for r in gv.reachable
                 if r.replica_id}
-    gone = [rid for rid in sorted(status.members) if not status.heartbeating(rid)
-            and (rid not in reported or rid in evicted)]
+    complete = True
+    if elsewhere is not None:
+        more, complete = elsewhere()
+        reported |= more
+    gone = [rid for rid in unheard if rid not in reported or rid in evicted]
     if not gone:
         return []
     # the group by the id its ranks report, or any of them last reported: a replacement of the
@@ -56,7 +67,7 @@ def gone_groups(view: ClusterView, status: LighthouseStatus,
                     *(r.replica_id for r in (*gv.ranks, *gv.superseded))):
             if rid:
                 by_rid.setdefault(rid, g)
-    if seen_only:
+    if not complete:
         gone = [rid for rid in gone if rid in by_rid or rid in evicted]
     out = []
     for rid in gone:
@@ -97,13 +108,13 @@ class Survivors:
 
     def release(self, view: ClusterView, evidence: ClusterView,
                 status: LighthouseStatus | None, blind: str | None, evicted: set[str],
-                now: float, seen_only: bool = False) -> list[dict]:
-        """The abort decisions made this sweep (as recorded); ``seen_only``: as
+                now: float, elsewhere: Elsewhere | None = None) -> list[dict]:
+        """The abort decisions made this sweep (as recorded); ``elsewhere``: as
         :func:`gone_groups`."""
         if status is None or blind or not self.aborts.token:
             return []
         made = []
-        for gone in gone_groups(view, status, evicted, seen_only):
+        for gone in gone_groups(view, status, evicted, elsewhere):
             ranks = [r for r in blocked_survivors(evidence, gone)
                      if (gone.replica_id, r.url) not in self._told]
             if not ranks:
@@ -121,7 +132,7 @@ class Survivors:
             replica_group=gone.replica_group, replica_id=gone.replica_id, decision="abort",
             reason="peer_gone", detail=reason, status="dry_run" if self.dry_run else "sending",
             at=now)
-        outcomes, sent = [], 0
+        outcomes, sent, moved = [], 0, 0
         for r in ranks:
             key = (gone.replica_id, r.url)
             if self.dry_run:
@@ -138,12 +149,15 @@ class Survivors:
             else:
                 self._failed[key] = failed
             sent += res.sent
+            moved += res.http_status == 409
             outcomes.append(f"{rank_name(r)}: {res.detail}" + (
                 f" (asked again next sweep, try {failed} of {ABORT_TRIES})"
                 if key not in self._told else ""))
         detail = f"{reason}; survivors blocked in the cross-group collective told to abort " \
                  f"it (POST /v1/abort): " + "; ".join(outcomes)
-        status = {} if self.dry_run else {"status": "sent" if sent else "failed"}
+        # 409: in another quorum by now (or no Manager): nothing left to abort there
+        status = {} if self.dry_run else {
+            "status": "sent" if sent else "moved_on" if moved == len(ranks) else "failed"}
         self.store.update_decision(did, detail=detail, **status)
         self.metrics.decisions.labels(self.job, "abort", "peer_gone").inc()
         log.warning("%s", detail)

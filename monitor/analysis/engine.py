@@ -13,6 +13,13 @@ from .findings import AnalysisResult, Finding, HangFinding, MismatchFinding
 from .model import COMPLETED, DumpFormatError, GroupKey, GroupTrace, RankTrace, Signature
 from .stragglers import StragglerConfig, StragglerEvidence
 
+# Why a group got no straggler check: no two of its ranks' clocks can be compared.
+UNCHECKED = {
+    "no_host": "their dumps name no host and carry no NCCL durations, so no two ranks' clocks "
+               "can be compared (--same-host if they come from one host)",
+    "own_hosts": "every rank is on a host of its own and the dumps carry no NCCL durations "
+                 "(TORCH_NCCL_ENABLE_TIMING), so no two ranks' clocks can be compared",
+}
 # A gloo collective younger than this when its rank was dumped is in flight, not hung.
 MIN_PENDING_S = 1.0
 
@@ -53,11 +60,11 @@ def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing
     findings.sort(key=lambda f: f.sort_key())
     lags.sort(key=lambda f: f.sort_key())
     notes = []
-    if evidence.unchecked:
-        groups = sorted(evidence.unchecked, key=GroupKey.order)
-        notes.append(f"no straggler check in {len(groups)} group(s) ({', '.join(g.label() for g in groups[:5])}"
-                     f"{', ...' if len(groups) > 5 else ''}): their dumps name no host and carry no NCCL durations, "
-                     "so no two ranks' clocks can be compared (--same-host if they come from one host)")
+    for why, groups in evidence.unchecked.items():
+        if groups:
+            groups = sorted(groups, key=GroupKey.order)
+            notes.append(f"no straggler check in {len(groups)} group(s) ({', '.join(g.label() for g in groups[:5])}"
+                         f"{', ...' if len(groups) > 5 else ''}): " + UNCHECKED[why])
     return AnalysisResult(ranks=sorted(traces), unknown_ranks=sorted(unknown), findings=findings,
                           errors=errors, last_seq=last_seq, lags=lags, notes=notes)
 

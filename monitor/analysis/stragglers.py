@@ -54,7 +54,9 @@ class StragglerEvidence:
         # (group, (a, b)) -> how much later b arrived than a, per collective, in order
         self.pairs: dict[tuple[GroupKey, tuple[int, int]], list[float]] = {}
         self.pair_kind: dict[tuple[GroupKey, tuple[int, int]], str] = {}
-        self.unchecked: list[GroupKey] = []  # no two ranks' arrivals comparable: no clock shared
+        # no two ranks' arrivals comparable, no clock shared: groups whose dumps name no host,
+        # and groups whose every rank is on a host of its own
+        self.unchecked: dict[str, list[GroupKey]] = {"no_host": [], "own_hosts": []}
 
     def add(self, key: GroupKey, members: list[int], rows: Mapping[int, GroupTrace], same_host: bool,
             config: StragglerConfig) -> None:
@@ -76,7 +78,8 @@ class StragglerEvidence:
                     by_host[host].append(r)
             subsets, kind = [ranks for ranks in by_host.values() if len(ranks) >= 2], "host_clock"
             if not subsets:
-                self.unchecked.append(key)
+                named = any(self.traces[r].host for r in members)
+                self.unchecked["own_hosts" if named else "no_host"].append(key)
         if any(len(ranks) == 2 for ranks in subsets):
             self.period_ms[key] = _period_ms([_window(rows[r].created_ns, rows[r].first_seq, lo, hi)
                                               for r in members[:3]])

@@ -20,6 +20,9 @@ from .findings import JOB_KINDS, Finding, Findings
 WHICH = {"both": "every link of {h}", "from": "every transfer {h} fetched",
          "to": "every transfer fetched from {h}"}
 OTHERS_FINE = 0.75  # of the links among the hosts above suspicion, at least this many fine
+# rounds in a row whose slow links are not judged while a rank heals (its checkpoint transfer
+# fills links); past them a heal that long is judged like any traffic
+HEAL_ROUNDS = 10
 
 
 @dataclass
@@ -79,8 +82,8 @@ def _name(out: Verdict, h: str, sides: list[str], links: list[Link], why: str) -
     out.lines[h] = f"{which} {why.format(n=len(shown))}"
 
 
-def place(rnd: ProbeRound, ratio: float) -> Verdict:
-    """The verdict on one round (module docstring)."""
+def place(rnd: ProbeRound, ratio: float, rates: bool = True) -> Verdict:
+    """The verdict on one round (module docstring); without ``rates``, hosts cut off only."""
     missing = rnd.missing()
     if missing:
         return Verdict("no culprit: no probe results from " + ", ".join(
@@ -94,6 +97,9 @@ def place(rnd: ProbeRound, ratio: float) -> Verdict:
     cut = _cut_off(hosts, links)
     if cut.lines:
         return cut
+    if not rates:
+        return Verdict("no culprit: a rank heals, its transfer fills links: only hosts cut off "
+                       "are judged")
     # suspects: a direction of theirs all bad against the links that do not touch them
     suspects = [h for h in hosts if _bad_sides(h, links, _ref(links, {h}), ratio)]
     out = Verdict("")
@@ -144,6 +150,7 @@ class Network:
     def __init__(self, cfg: ProbeConfig, findings: Findings) -> None:
         self.cfg, self.findings = cfg, findings
         self._streak: dict[str, tuple[int, float]] = {}  # host -> (rounds in a row, first at)
+        self._heal_rounds = 0  # rounds in a row judged while a rank heals
 
     def judge(self, view: ClusterView, rnd: ProbeRound | None, now: float,
               blind: str | None, pending: bool = False) -> list[Finding]:
@@ -158,12 +165,13 @@ class Network:
                 return []
         if rnd is None or blind:
             return []  # a round finished blind is not evidence
-        if any((r.state or {}).get("phase") == "healing" for gv in view.groups.values()
-               for r in gv.reachable):
-            # a heal's checkpoint transfer fills its sender's and receiver's links (and their
-            # processes' time): the round is not evidence, the streaks wait for the next one
-            return []
-        verdict = place(rnd, self.cfg.slow_ratio)
+        healing = any((r.state or {}).get("phase") == "healing" for gv in view.groups.values()
+                      for r in gv.reachable)
+        self._heal_rounds = self._heal_rounds + 1 if healing else 0
+        # a heal's checkpoint transfer fills its sender's and receiver's links (and their
+        # processes' time): meanwhile slow links name nobody, a host cut off still does
+        rates = self._heal_rounds == 0 or self._heal_rounds > HEAL_ROUNDS
+        verdict = place(rnd, self.cfg.slow_ratio, rates)
         summary = {"at": rnd.finished_at, "verdict": verdict.text, "culprit_hosts": verdict.hosts,
                    "missing": rnd.missing(), **rnd.to_json()}
         for f in jobs:
@@ -171,7 +179,7 @@ class Network:
         was = self._streak
         self._streak = {h: (was[h][0] + 1, was[h][1]) if h in was else (1, now)
                         for h in verdict.hosts}
-        if not rnd.missing():  # a full round that measured a host and names it no more
+        if not rnd.missing() and rates:  # a full round that measured a host, naming it no more
             for key, f in list(findings.open.items()):
                 if key[0] == "network" and f.evidence.get("host") in rnd.probes \
                         and f.evidence.get("host") not in verdict.hosts:

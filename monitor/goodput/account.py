@@ -14,6 +14,7 @@ from typing import Any
 from ..evidence.view import ClusterView
 from ..store import Store
 from .ledger import GoodputConfig, GoodputLedger
+from .model import SNAPSHOT_VERSION
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,14 @@ class GoodputAccount:
         self._lock = threading.Lock()  # the loop updates the ledger, the API reads it
         gcfg = GoodputConfig(expected_groups=expected_groups, max_gap_s=max(30.0, 10 * interval_s))
         try:
-            self.ledger = GoodputLedger.restore(gcfg, *store.load_goodput())
+            saved = store.load_goodput()
+            version = (saved[0] or {}).get("version", SNAPSHOT_VERSION)
+            if version != SNAPSHOT_VERSION:  # an older or newer monitor's: not read, replaced
+                log.warning("goodput ledger not resumed from %s: its snapshot is version %s, "
+                            "this monitor's %d; totals and ratios start afresh (its incidents "
+                            "and intervals stay), and the next save replaces it", store.path,
+                            version, SNAPSHOT_VERSION)
+            self.ledger = GoodputLedger.restore(gcfg, *saved)
         except Exception as e:  # a malformed saved state must not stop the monitor starting
             log.warning("goodput ledger not resumed from %s (%s: %s): starting afresh",
                         store.path, type(e).__name__, e)

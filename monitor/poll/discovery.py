@@ -291,8 +291,7 @@ class Discovery:
         alias ends when the listed target answers as another process or not at all, goes, or
         stops registering; the registered URL is polled again at once when the listed one
         missed a poll (else a live rank seen at neither would be judged dead)."""
-        if self._torch or self._shadowed:
-            self._shadow_torch(ranks)
+        self.shadow_torch(ranks)
         if not self._aliases and not (self._registered and (self._static or self._file)):
             return  # the usual jobs: all listed or all registered
         found: list[tuple[str, Target]] = []
@@ -328,11 +327,13 @@ class Discovery:
             self._annotate(url, t.registered_as or t.url, (t.job, t.replica_group, t.rank),
                            t.last_registered or now)
 
-    def _shadow_torch(self, ranks: Mapping[str, Any]) -> None:
+    def shadow_torch(self, ranks: Mapping[str, Any]) -> None:
         """A rank found in its group's store that registered too (torch's server shared with
         Lightkeeper's handlers, the store naming the host, the registration an address) is
         one process under two URLs: the store's is left out while the registered one answers
         as that process, else it is polled again."""
+        if not (self._torch or self._shadowed):
+            return
         with self._lock:
             answering = {k for u in self._registered
                          if (k := _identity(ranks.get(u))) is not None}
