@@ -481,7 +481,11 @@ def main(argv: list[str] | None = None) -> int:
         return run_floor(args.floor, args.floor_task)
     if args.table:
         data = json.loads(args.table.read_text())
-        print(table(data["rows"] if isinstance(data, dict) else data))  # a list: an older --json
+        rows = data["rows"] if isinstance(data, dict) else data  # a list: an older --json
+        if not all(isinstance(r, dict) and "lightkeeper" in r for r in rows):
+            raise SystemExit(f"--table {args.table}: not rows of a comparison run (a --stages or "
+                             "--threshold run prints its own table)")
+        print(table(rows))
         return 0
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="lk-bench-"))

@@ -81,8 +81,10 @@ def run(groups: int, per_group: int, entries: int, repeat: int, timeout_s: float
         culprit_group = groups - 1
         culprits = [r.state["rank"] for r in sim.ranks
                     if r.state["replica_group"] == culprit_group]
+        # the culprit group's own incarnation: ranks of another one are never asked
         finding = {"kind": "hang", "replica_group": culprit_group, "ranks": culprits,
-                   "replica_id": "x", "evidence": {}}
+                   "replica_id": sim.group(culprit_group)[0].state["replica_id"],
+                   "evidence": {}}
         silent = {"no bundle": [], "healthy": [], "culprit silent": sim.group(culprit_group),
                   "all silent": sim.ranks}
         bundles.capture("evict", view, view, finding, None, None, [])  # warm the poller

@@ -6,7 +6,8 @@ real ``ClusterView``. Timed: ``GoodputLedger.update`` (the view built beforehand
 builds it anyway), ``snapshot`` + ``json.dumps`` (what the store writes), and ``to_json``
 (``GET /v1/goodput``). Medians over the last sweeps.
 
-    .venv/bin/python benchmarks/bench_goodput_ledger.py [--groups 100,1000] [--ranks 8]
+    .venv/bin/python benchmarks/bench_goodput_ledger.py [--groups 100,1000] [--ranks 8] \
+        [--json FILE]
 """
 
 from __future__ import annotations
@@ -73,18 +74,27 @@ def run(groups: int, per_group: int, sweeps: int = 60) -> dict[str, float]:
             "api_ms": (t4 - t3) * 1e3, "api_kib": len(api) / 1024}
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--groups", default="100,1000", help="comma-separated group counts")
     p.add_argument("--ranks", type=int, default=8, help="ranks per group (8)")
+    p.add_argument("--json", default=None, help="write the rows here")
     args = p.parse_args()
+    out = {"what": "goodput ledger cost per sweep and saved sizes (synthetic sweeps)",
+           "command": " ".join(["benchmarks/bench_goodput_ledger.py", *sys.argv[1:]]),
+           "load_average": os.getloadavg(), "rows": []}
     print("| groups x ranks | update / sweep | snapshot + json | saved state | GET /v1/goodput |")
     print("| ---: | ---: | ---: | ---: | ---: |")
     for n in (int(x) for x in args.groups.split(",")):
         r = run(n, args.ranks)
+        out["rows"].append({"groups": n, "ranks": args.ranks, **r})
         print(f"| {n} x {args.ranks} | {r['update_ms']:.1f} ms | {r['save_ms']:.1f} ms | "
               f"{r['state_kib']:.0f} KiB | {r['api_ms']:.1f} ms, {r['api_kib']:.0f} KiB |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -9,7 +9,7 @@ ranks, leader polling's pattern, every group committing a step each sweep), then
 ``--baseline REV`` that revision's ledger is driven by the same views and its ``snapshot()``
 and ``json.dumps`` of it (the write's work before this tree's) timed alongside.
 
-    .venv/bin/python benchmarks/bench_goodput_snapshot.py --groups 12500 --baseline 117dbc4 \\
+    .venv/bin/python benchmarks/bench_goodput_snapshot.py --groups 12500 --baseline REV \\
         --json benchmarks/results/goodput_snapshot_100k.json
 """
 

@@ -476,7 +476,11 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     signal.signal(signal.SIGTERM, _sigterm)  # stop the job's processes on SIGTERM too
     if a.cmd == "table":
-        rows = [r for f in a.files for r in json.loads(Path(f).read_text()) if "error" not in r]
+        try:
+            rows = [r for f in a.files for r in json.loads(Path(f).read_text())
+                    if "error" not in r]
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"bench_heartbeat table: {e}") from None
         print(table(rows))
         return 0
     log_root = Path(a.log_dir or tempfile.mkdtemp(prefix="bench_heartbeat_"))

@@ -126,8 +126,13 @@ def main() -> int:
 
     gc.disable()  # as the monitor from 20,000 targets: no collection inside a timed update
     try:
-        while ledgers["this"].baseline is None:
+        for _ in range(200):
+            if ledgers["this"].baseline is not None:
+                break
             sweep(True)
+        else:
+            raise SystemExit("no pace baseline after 200 healthy sweeps: the fake job's "
+                             "commits are not read as progress")
         for _ in range(args.healthy):
             sweep(True)
         # slow: a step on the sweeps where the pace's running count passes a whole step

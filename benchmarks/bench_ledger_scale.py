@@ -13,7 +13,7 @@ paced sweeps are reported apart. ``snapshot()`` (what the monitor writes every f
 is timed once at the end, both sides.
 
     .venv/bin/python benchmarks/bench_ledger_scale.py --groups 12500 --sweeps 30 \\
-        --baseline e1d5fb6 --json benchmarks/results/ledger_scale_100k.json
+        --baseline REV --json benchmarks/results/ledger_scale_100k.json
 
 The view building is not timed (bench_monitor_stages.py has it); the ledger sees the whole view
 (no Lighthouse here: every rank is evidence).
@@ -22,10 +22,12 @@ The view building is not timed (bench_monitor_stages.py has it); the ledger sees
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import importlib.util
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -38,7 +40,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.bench_monitor_100k import save  # noqa: E402
-from benchmarks.bench_poller import git_source  # noqa: E402
+from benchmarks.bench_poller import baseline_error, git_source  # noqa: E402
 from monitor import goodput as this_goodput  # noqa: E402
 from monitor.api.metrics import MonitorMetrics  # noqa: E402
 from monitor.evidence.view import ViewBuilder  # noqa: E402
@@ -54,9 +56,12 @@ def ledger_module(rev: str) -> Any:
     ``monitor.goodput_at_<rev>``: its absolute imports resolve to this tree's, so the view is
     the same for both sides. Its ``GoodputLedger`` and ``GoodputConfig`` are the module's
     (the package's, or its ``ledger`` module's before the package re-exported them)."""
-    folder = tempfile.mkdtemp(prefix="goodput_at_")
     files = subprocess.run(["git", "ls-tree", "--name-only", rev, "monitor/goodput/"], cwd=ROOT,
-                           check=True, capture_output=True, text=True).stdout.split()
+                           capture_output=True, text=True).stdout.split()
+    if not files:
+        raise SystemExit(baseline_error(rev, "it has no monitor/goodput/ (before 6ca0a53)"))
+    folder = tempfile.mkdtemp(prefix="goodput_at_")
+    atexit.register(shutil.rmtree, folder, True)  # its modules are loaded by then
     for path in files:
         if path.endswith(".py"):
             with open(os.path.join(folder, os.path.basename(path)), "w") as f:
@@ -92,6 +97,7 @@ class Job:
         polls = {}
         for r, (t, s) in enumerate(zip(self.targets, self.states, strict=True)):
             s["step"] = s["commits"] = n
+            s["last_step_at"] = now - 0.02  # the job's pace is dated from the ranks' commits
             if n == 0 or r % self.size == 0 or (r // self.size + n) % self.member_every == 0:
                 polled.add(t.url)
                 polls[t.url] = RankPoll(t.url, True, data=dict(s))

@@ -167,6 +167,8 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=20.0, help="per reader count")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    if args.seconds <= 2.0:
+        p.error("--seconds must be over 2 (the first 2 s of each reader count are not counted)")
     sys.path.insert(0, ROOT)
     from tests.support.monitor_sim import raise_fd_limit
     raise_fd_limit()

@@ -31,7 +31,7 @@ CPU, not wall time, is the figure that matters on a loaded 2-core box; the load 
 printed with it.
 
     .venv/bin/python benchmarks/bench_poller.py --ranks 20000 --procs 2 --also-procs 8 --rounds 5
-    .venv/bin/python benchmarks/bench_poller.py --baseline e1d5fb6 --rounds 7 \
+    .venv/bin/python benchmarks/bench_poller.py --baseline REV --rounds 7 \
         --pairs process:new,process-old:old,process-asyncio:new-asyncio,process:old,process-old:new
 """
 
@@ -60,12 +60,22 @@ from monitor.poll.poller import Poller  # noqa: E402
 from tests.support.monitor_sim import raise_fd_limit  # noqa: E402
 from tests.support.virtual_ranks import VirtualRanks  # noqa: E402
 
-BASELINE = "e04bd93"  # the asyncio-streams poller and the streams virtual ranks
+BASELINE = "HEAD"  # the work tree against its last commit
 
 
 def git_source(rev: str, path: str) -> str:
-    return subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True,
-                          capture_output=True, text=True).stdout
+    got = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True,
+                         text=True)
+    if got.returncode:
+        raise SystemExit(baseline_error(rev, f"it has no {path}"))
+    return got.stdout
+
+
+def baseline_error(rev: str, why: str) -> str:
+    """One line for a --baseline this script cannot compare against."""
+    return (f"--baseline {rev}: {why}; compare against a revision whose tree this script "
+            "loads (e.g. HEAD: the work tree against its last commit). The figures measured "
+            "against older revisions are in benchmarks/results/, each with its command")
 
 
 def baseline_module(rev: str, path: str, name: str) -> Any:
@@ -185,6 +195,7 @@ def main() -> int:
         pairs = [(p, s) for p in ("new", "process", "old") for s in ("new", "old")
                  if p != "process" or s == "new"]
         pairs += [("new", f"new/{k}") for k in args.also_procs]
+    git_source(args.baseline, "monitor/poll/poller.py")  # a revision it can load, or one line
     old_root = tempfile.mkdtemp(prefix="bench_poller_baseline_")
     baseline_tree(args.baseline, old_root)
     bound = {"timeout_s": 10.0, "max_concurrency": args.concurrency, "max_idle": 4 * args.ranks}

@@ -11,7 +11,7 @@ its own ``judge_body``, so neither frees the other's. That makes the ratio a sid
 one on a shared, loaded box. Thread CPU (``time.thread_time``). GC is off during sweeps and
 what survives is frozen, as in the monitor from 20,000 targets.
 
-    .venv/bin/python benchmarks/bench_view.py --groups 12500 --sweeps 6 --baseline e1d5fb6
+    .venv/bin/python benchmarks/bench_view.py --groups 12500 --sweeps 6 --baseline REV
 
 This bench leaves out the detectors, ledgers and metrics that run between two sweeps in the
 monitor. They push the view's objects out of the cache, so ratios here can be better than
@@ -34,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from benchmarks.bench_monitor_100k import save  # noqa: E402
-from benchmarks.bench_poller import baseline_tree  # noqa: E402
+from benchmarks.bench_poller import baseline_error, baseline_tree  # noqa: E402
 
 MODULES = ("monitor.poll.discovery", "monitor.poll.poller", "monitor.schedule", "monitor.evidence.verification",
            "monitor.evidence.view", "tests.support.virtual_ranks")
@@ -118,7 +118,8 @@ def main() -> int:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--sweeps", type=int, default=6, help="measured sweeps (after 2 to warm)")
     ap.add_argument("--member-interval-s", type=float, default=10.0)
-    ap.add_argument("--baseline", default="e1d5fb6")
+    ap.add_argument("--baseline", default="HEAD",
+                    help="the revision compared with the work tree (default HEAD)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     n = args.groups * args.group_size
@@ -126,7 +127,12 @@ def main() -> int:
     index = {u: i for i, u in enumerate(urls)}
     with tempfile.TemporaryDirectory() as root:
         baseline_tree(args.baseline, root)
-        sides = [Side(args.baseline, load(root), urls, args.member_interval_s),
+        try:
+            old = load(root)
+        except ImportError as e:  # its modules import names this tree no longer has
+            raise SystemExit(baseline_error(args.baseline, f"its tree does not load ({e})")) \
+                from None
+        sides = [Side(args.baseline, old, urls, args.member_interval_s),
                  Side("this tree", load(ROOT), urls, args.member_interval_s)]
         vr = sides[1].mods["tests.support.virtual_ranks"].VirtualRanks(
             n, 0, args.group_size, 1.0)

@@ -85,6 +85,8 @@ def main() -> int:
     ap.add_argument("--windows", type=int, default=20, help="windows per condition")
     ap.add_argument("--window-seconds", type=float, default=5.0)
     args = ap.parse_args()
+    if args.windows < 2:
+        ap.error("--windows must be at least 2 (a spread needs two)")
     # SIGTERM unwinds like Ctrl-C so the job's processes are stopped by the context manager.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
