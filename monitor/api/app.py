@@ -165,9 +165,13 @@ def create_app(monitor: Any) -> Flask:
         """The bundle's ``.tar.gz``; 404 for an id the audit log does not list (the id is
         looked up, never joined to a path)."""
         path = monitor.bundle_path(bundle_id)
-        if path is None:
+        try:  # opened here: a bundle pruned from now on is still read whole
+            f = open(path, "rb") if path is not None else None
+        except FileNotFoundError:  # pruned since it was looked up
+            f = None
+        if f is None:
             return jsonify(error=f"no incident bundle {bundle_id!r}", status=404), 404
-        return send_file(path, mimetype="application/gzip", as_attachment=True,
+        return send_file(f, mimetype="application/gzip", as_attachment=True,
                          download_name=f"{bundle_id}.tar.gz", max_age=0)
 
     @app.get("/v1/targets")
