@@ -136,9 +136,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="SQLite audit log (./lightkeeper-monitor.sqlite)")
     p.add_argument("--job", default=os.environ.get("LIGHTKEEPER_JOB") or c.job,
                    help="training job name for metric labels (env LIGHTKEEPER_JOB)")
-    p.add_argument("--targets", type=_csv, default=[],
-                   help="static WorkerServers, host:port[,host:port...]; torch+http://host:port "
-                        "names a rank served by torch's own debug server")
+    p.add_argument("--targets", type=_csv, action="append", default=[],
+                   help="static WorkerServers, host:port[,host:port...] (repeatable); "
+                        "torch+http://host:port names a rank served by torch's own debug server")
     p.add_argument("--sd-out", help="write the targets the monitor knows to this file_sd JSON "
                                     "for Prometheus (default: next to --state)")
     p.add_argument("--token", help="admin bearer token for POST /v1/evict and host release "
@@ -237,7 +237,7 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
         if url and redact_url(url) != url:
             _said(url, name, f"{flag}'s password")
     cfg = _section(
-        MonitorConfig, given, targets=list(args.targets), shard=_shard_config(args),
+        MonitorConfig, given, targets=[t for ts in args.targets for t in ts], shard=_shard_config(args),
         sd_out=args.sd_out or os.path.join(os.path.dirname(os.path.abspath(args.state_path)),
                                            "lightkeeper-targets.json"),
         token=_env(args.token, "LIGHTKEEPER_TOKEN"),

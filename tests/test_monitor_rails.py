@@ -183,9 +183,10 @@ def test_cli_flags_map_to_config_and_bad_values_exit_2(tmp_path, capsys):
     cli.add_arguments(p)
     args = p.parse_args(["--targets", "127.0.0.1:1,127.0.0.1:2", "--min-replicas", "3",
                          "--dry-run", "--evict-on", "hang", "--state", str(tmp_path / "s.db"),
-                         "--hang-floor", "4"])
+                         "--hang-floor", "4", "--targets", "127.0.0.1:3"])
     cfg = cli.config_from_args(args)
-    assert cfg.targets == ["127.0.0.1:1", "127.0.0.1:2"]
+    # repeated, as --action is: the last one no longer replaces the others
+    assert cfg.targets == ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]
     assert (cfg.rails.min_replicas, cfg.rails.dry_run, cfg.rails.evict_kinds) == (3, True,
                                                                                    ("hang",))
     assert cfg.detectors.hang_floor_s == 4
@@ -247,3 +248,28 @@ def test_a_restarted_monitor_re_adopts_registrations_not_old_static_targets(tmp_
     after.restore(sd)
     assert {(t.url, t.source) for t in after.targets()} == {
         ("http://127.0.0.1:4", "static"), ("http://127.0.0.1:3", "registered")}
+
+
+def test_a_rank_dark_since_before_a_restart_is_forgotten_after_it(tmp_path, monkeypatch):
+    """Re-adopted from --sd-out, a rank whose death the last run recorded (--state keeps when
+    it went dark) counted as registered at the restart, after it went dark: it was never
+    forgotten, its group's dead finding stayed open and it held a --max-targets slot."""
+    import time as _time
+
+    sd = str(tmp_path / "targets.json")
+    url = "http://127.0.0.1:3"
+    before = Discovery(static=[])
+    before.register({"url": url, "replica_group": 1, "rank": 1}, now=100.0)
+    before.write_file_sd(sd)
+    monkeypatch.setattr(_time, "time", lambda: 1000.0)  # the restart
+    after = Discovery(forget_after_s=30.0)
+    after.restore(sd)
+    dark = {url: 400.0}  # went dark 600 s before the restart (the seeded view says)
+    assert after.forget_unreachable(dark, now=1010.0) == []  # given --forget-after from now
+    assert after.forget_unreachable(dark, now=1031.0) == [url]
+    assert after.targets() == []
+    # one that registers again after the restart is kept while it keeps registering
+    again = Discovery(forget_after_s=30.0)
+    again.restore(sd)
+    again.register({"url": url, "replica_group": 1, "rank": 1}, now=1020.0)
+    assert again.forget_unreachable({url: 1010.0}, now=1045.0) == []

@@ -204,3 +204,19 @@ def test_a_poll_the_monitor_could_not_make_is_no_evidence():
         view = vb.update(targets, polls, now=106.0, polled=polled)
         rv = view.ranks[targets[3].url]
         assert not rv.reachable and rv.failures == 1 and rv.reason == "connection"
+
+
+def test_the_url_cache_is_bounded_by_the_sweeps_not_by_a_million(monkeypatch):
+    """Ranks that come and go under new addresses (pods rescheduled) left every URL ever polled
+    in the request cache until a million (~470 MiB, more than a 10,000-rank monitor): it now
+    keeps twice the largest sweep, at least MIN_KEPT."""
+    from monitor.poll import http11
+
+    monkeypatch.setattr(http11, "_kept", [http11.MIN_KEPT])  # no larger sweep of other tests
+    http11.TARGETS.clear()
+    for i in range(http11.MIN_KEPT + 5_000):  # churned addresses, sweeps of 100 at a time
+        if i % 100 == 0:
+            http11.note_sweep(100)
+        http11.target(f"http://10.{i >> 16}.{(i >> 8) & 255}.{i & 255}:9400")
+    assert len(http11.TARGETS) <= http11.MIN_KEPT + 1
+    http11.TARGETS.clear()

@@ -158,6 +158,7 @@ class Discovery:
         self._file: dict[str, Target] = {}
         self._registered: dict[str, Target] = {}
         self._torch: dict[str, Target] = {}  # torch-only ranks found in the groups' stores
+        self._restored: dict[str, float] = {}  # registered targets adopted from --sd-out: when
         # store-found URL -> its process's identity, while that process also answers registered
         # (Lightkeeper's handlers on the job's own torch server): polled as registered only
         self._shadowed: dict[str, tuple] = {}
@@ -394,6 +395,7 @@ class Discovery:
                     break
                 t.source, t.last_registered = "registered", now
                 self._registered[url] = t
+                self._restored[url] = now
                 self._invalidate()
 
     def _hold(self, path: str) -> None:
@@ -475,11 +477,19 @@ class Discovery:
         with self._lock:
             for url, t in list(self._registered.items()):
                 since = unreachable_since.get(url)
-                if since is None or (now - since < self.forget_after_s and url not in ended):
+                if since is None:
                     continue
-                if t.last_registered is not None and t.last_registered > since:
+                restored = self._restored.get(url)
+                if restored is not None and t.last_registered == restored:
+                    # adopted from --sd-out and silent since: dark (at the latest) from this
+                    # run's start, which is no registration of its own
+                    since = max(since, restored)
+                elif t.last_registered is not None and t.last_registered > since:
                     continue  # it registered again after it went dark: keep trying
+                if now - since < self.forget_after_s and url not in ended:
+                    continue
                 del self._registered[url]
+                self._restored.pop(url, None)
                 self._invalidate()
                 forgotten.append(url)
         return forgotten

@@ -39,6 +39,16 @@ def _split(url: str) -> tuple[str, int, str]:
 # around the path; a rank on torch's server is asked POST /handler/<name> (torch_target.py)
 TARGETS: dict[str, tuple[tuple[str, int], bytes, bytes, bool]] = {}
 _TAILS: dict[tuple[str, int, bool], bytes] = {}  # one header block per address and method
+# URLs kept at most: twice the largest sweep (ranks that come and go with new addresses leave
+# theirs behind; ~0.5 KB each), and no fewer than this
+MIN_KEPT = 50_000
+_kept = [MIN_KEPT]
+
+
+def note_sweep(n: int) -> None:
+    """A sweep of ``n`` targets is under way: the cache keeps up to twice the largest."""
+    if 2 * n > _kept[0]:
+        _kept[0] = 2 * n
 
 
 def target(url: str) -> tuple[tuple[str, int], bytes, bytes, bool]:
@@ -57,7 +67,7 @@ def target(url: str) -> tuple[tuple[str, int], bytes, bytes, bool]:
             f"Accept: application/json\r\nUser-Agent: {MONITOR_AGENT}\r\n"
             + ("Content-Length: 0\r\n\r\n" if torch else "\r\n")).encode("latin-1")
     got = (key, (b"POST " if torch else b"GET ") + prefix.encode("latin-1"), tail, torch)
-    if len(TARGETS) > 1_000_000:
+    if len(TARGETS) > _kept[0]:
         TARGETS.clear()
         _TAILS.clear()
     TARGETS[url] = got

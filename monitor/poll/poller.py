@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from .fd_budget import budget, out_of_descriptors, raise_soft_limit
-from .http11 import TARGETS, Conn, PollError, target
+from .http11 import TARGETS, Conn, PollError, note_sweep, target
 from .packed_state import pack_state
 from .torch_target import handler_path
 
@@ -221,6 +221,7 @@ class Poller:
         urls, queries = dedup_queries(urls, queries)
         if not urls:
             return {}
+        note_sweep(len(urls))
         timeout = self.timeout_s if timeout_s is None else timeout_s
         limit = self.max_bytes if max_bytes is None else max_bytes
         fut = asyncio.run_coroutine_threadsafe(
