@@ -55,7 +55,10 @@ def run(groups: int, per_group: int, sweeps: int = 60) -> dict[str, float]:
             r.state["step"] += per_sweep
             r.state["commits"] += per_sweep
             r.state["last_step_at"] = t - 0.02  # the job's pace is dated from the commits
-        view = scratch_view(t, ranks=ranks)
+        # each sweep's answers are new objects, as polls are: the ledger reads a rank whose
+        # RankView is the last sweep's as not asked this sweep (leader polling)
+        fresh = {u: RankView(u, True, dict(r.state)) for u, r in ranks.items()}
+        view = scratch_view(t, ranks=fresh)
         t0 = time.perf_counter()
         led.update(view, [], [], t)
         t1 = time.perf_counter()
@@ -73,7 +76,9 @@ def run(groups: int, per_group: int, sweeps: int = 60) -> dict[str, float]:
     return {"update_ms": statistics.median(updates) * 1e3,
             "save_ms": statistics.median(saves) * 1e3, "state_kib": sizes[-1] / 1024,
             "api_ms": (t4 - t3) * 1e3, "api_kib": len(api) / 1024,
-            "paced": led.baseline is not None}  # else every sweep was startup or pending
+            "paced": led.baseline is not None,  # else every sweep was startup or pending
+            # a steady job: none (its commits read as progress), else the figures are of that
+            "pending_s": led.to_json()["job"]["pending_seconds"]}
 
 
 def main() -> int:
