@@ -206,6 +206,32 @@ def _query(title: str, ref: str = "A") -> str:
     return substitute(q.expr, {"job": "train"}, {"$__rate_interval": "1m"})
 
 
+def promtool_test(tmp_path, name: str, series: list[tuple[str, str]],
+                  expr_tests: list[tuple[str, list[dict]]],
+                  alerts: list[tuple[str, list[dict]]]) -> None:
+    """``promtool test rules`` of rules.yml on ``series``: each query's samples and each alert's
+    labels (its annotations rendered from the rule's templates) at 3m."""
+    by_name = {a.name: a for a in rules.ALERTS}
+    doc = {"rule_files": [str(PROMETHEUS_DIR / "rules.yml")], "evaluation_interval": "15s",
+           "tests": [{
+               "name": name,
+               "interval": "15s",
+               "input_series": [{"series": s, "values": v} for s, v in series],
+               "promql_expr_test": [{"expr": e, "eval_time": "3m", "exp_samples": exp}
+                                    for e, exp in expr_tests],
+               "alert_rule_test": [{
+                   "eval_time": "3m", "alertname": alert,
+                   "exp_alerts": [{"exp_labels": {**lab, "severity": by_name[alert].severity},
+                                   "exp_annotations": {
+                                       k: rules.render_template(v, lab)
+                                       for k, v in by_name[alert].annotations().items()}}
+                                  for lab in labels]} for alert, labels in alerts],
+           }]}
+    (tmp_path / "t.yml").write_text(dump(doc))
+    r = promtool("test", "rules", "t.yml", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_host_and_lighthouse_panels_and_alerts_on_the_monitors_own_series(tmp_path):
     series = _monitor_series_with_trouble(tmp_path)
     names = {s.split("{")[0] for s, _ in series}
@@ -243,25 +269,8 @@ def test_host_and_lighthouse_panels_and_alerts_on_the_monitors_own_series(tmp_pa
         ("LightkeeperQuarantineActionFailing", [{**base, "host": "h1", "sink": "exec:false"}]),
         ("LightkeeperLighthouseSlowRecovery", [{**base, "setting": "heartbeat_timeout"}]),
     ]
-    by_name = {a.name: a for a in rules.ALERTS}
-    doc = {"rule_files": [str(PROMETHEUS_DIR / "rules.yml")], "evaluation_interval": "15s",
-           "tests": [{
-               "name": "host and Lighthouse-settings series of a real MonitorMetrics",
-               "interval": "15s",
-               "input_series": [{"series": s, "values": v} for s, v in series],
-               "promql_expr_test": [{"expr": e, "eval_time": "3m", "exp_samples": exp}
-                                    for e, exp in expr_tests],
-               "alert_rule_test": [{
-                   "eval_time": "3m", "alertname": name,
-                   "exp_alerts": [{"exp_labels": {**lab, "severity": by_name[name].severity},
-                                   "exp_annotations": {
-                                       k: rules.render_template(v, lab)
-                                       for k, v in by_name[name].annotations().items()}}
-                                  for lab in labels]} for name, labels in alerts],
-           }]}
-    (tmp_path / "t.yml").write_text(dump(doc))
-    r = promtool("test", "rules", "t.yml", cwd=tmp_path)
-    assert r.returncode == 0, r.stdout + r.stderr
+    promtool_test(tmp_path, "host and Lighthouse-settings series of a real MonitorMetrics",
+                  series, expr_tests, alerts)
 
 
 # --- event markers and per-interval bars at Grafana's step ---------------------------------
@@ -409,22 +418,5 @@ def test_shard_panels_and_alerts_on_the_series_of_a_shard_and_a_leader_without_e
     alerts = [("LightkeeperShardCannotAct", [{**base, **inst, "role": "leader"},
                                              {**base, **inst, "role": "shard"}]),
               ("LightkeeperShardNoLeader", [base])]
-    by_name = {a.name: a for a in rules.ALERTS}
-    doc = {"rule_files": [str(PROMETHEUS_DIR / "rules.yml")], "evaluation_interval": "15s",
-           "tests": [{
-               "name": "shard series of a real shard and leader candidate",
-               "interval": "15s",
-               "input_series": [{"series": s, "values": v} for s, v in series],
-               "promql_expr_test": [{"expr": e, "eval_time": "3m", "exp_samples": exp}
-                                    for e, exp in expr_tests],
-               "alert_rule_test": [{
-                   "eval_time": "3m", "alertname": name,
-                   "exp_alerts": [{"exp_labels": {**lab, "severity": by_name[name].severity},
-                                   "exp_annotations": {
-                                       k: rules.render_template(v, lab)
-                                       for k, v in by_name[name].annotations().items()}}
-                                  for lab in labels]} for name, labels in alerts],
-           }]}
-    (tmp_path / "t.yml").write_text(dump(doc))
-    r = promtool("test", "rules", "t.yml", cwd=tmp_path)
-    assert r.returncode == 0, r.stdout + r.stderr
+    promtool_test(tmp_path, "shard series of a real shard and leader candidate", series,
+                  expr_tests, alerts)
