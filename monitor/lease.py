@@ -90,9 +90,10 @@ class Etcd:
             r = self._session.post(self.endpoint + path, json=body, timeout=self.timeout_s)
         except requests.RequestException as e:
             # the type only: a repr names objects by address, and each new text is logged again
+            # requests says ConnectionError for a read timeout while the body comes
             raise EtcdError(f"etcd at {redact_url(self.endpoint)} unreachable: "
-                            f"{type(e).__name__}",
-                            isinstance(e, requests.Timeout)) from None
+                            f"{type(e).__name__}", isinstance(e, requests.Timeout)
+                            or "timed out" in str(e).lower()) from None
         try:
             out = r.json()
         except ValueError:

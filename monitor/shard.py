@@ -210,17 +210,23 @@ class Shards:
 
     def reported_elsewhere(self) -> tuple[set[str], bool]:
         """The replica ids the other shards' reachable ranks report (their leased reports), and
-        whether every other shard of this --shards reported; etcd unreachable: nothing, no."""
+        whether every other shard of this --shards reported and could see its slice (a blind
+        shard's report vouches for nothing); etcd unreachable: nothing, no."""
+        if time.monotonic() < self._retry_at:  # a hung etcd: not asked again this sweep
+            return set(), False
         try:
             kvs = self.etcd.range_prefix(self.root + "shards/")
-        except EtcdError:
+        except EtcdError as e:
+            if e.timed_out:
+                self._retry_at = time.monotonic() + self.cfg.lease_ttl_s / 3.0
             return set(), False
         ids: set[str] = set()
         seen: set[int] = set()
         for kv in kvs:
             r = kv.json()
             if not isinstance(r, dict) or r.get("shards") != self.cfg.shards \
-                    or not isinstance(r.get("reporting"), list) or r.get("shard") == self.cfg.index:
+                    or not isinstance(r.get("reporting"), list) or r.get("shard") == self.cfg.index \
+                    or r.get("blind") or not r.get("ranks"):
                 continue
             seen.add(r["shard"])
             ids.update(x for x in r["reporting"] if isinstance(x, str))

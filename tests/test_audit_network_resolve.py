@@ -46,3 +46,23 @@ def test_a_round_without_the_host_does_not_resolve_its_network_finding():
     net.judge(view, a_round(HOSTS, lambda s, d: {}), now, None)
     assert [k for k in findings.open if k[0] == "network"] == []
     assert [f.resolution for f in findings.resolved if f.kind == "network"] == ["links_good"]
+
+
+def test_heal_rounds_between_two_rounds_naming_a_host_do_not_restart_its_count():
+    """A heal's rounds judge no rate: a slow host's run of rounds waits through them, so the
+    round after the heal confirms it (the count restarted; a host whose groups healed in turn
+    was never confirmed). A host cut off is named during the heal all the same."""
+    findings = Findings()
+    net = Network(ProbeConfig(), findings)  # --probe-rounds 2
+    now = 100.0
+    view = view_at(now)
+    findings.confirm("job_slow", None, [], {"summary": "slow", "probe": None}, now, now, view)
+    b_slow = a_round(HOSTS, lambda s, d: SLOW if "b" in (s, d) else {})
+    net.judge(view, b_slow, now + 1, None)
+    healing = view_at(now)
+    healing.ranks["http://d:1"].state["phase"] = "healing"
+    for i in range(3):
+        net.judge(healing, b_slow, now + 2 + i, None)
+    assert [k for k in findings.open if k[0] == "network"] == []  # no rate judged meanwhile
+    net.judge(view, b_slow, now + 6, None)
+    assert [f.evidence["host"] for k, f in findings.open.items() if k[0] == "network"] == ["b"]

@@ -135,16 +135,30 @@ def test_a_one_off_fault_a_rank_never_runs_exactly_acts_at_the_first_step_past_i
     injector = FaultInjector([parse_fault("mismatch:at_step=3")])
     injector.on_strike = struck.append
     assert not injector.mismatch_at(0)
+    injector.joined(0)  # it committed step 0, then fell behind and healed past step 3
     assert injector.mismatch_at(5) and injector.mismatch_at(5)  # step 5 tried again: again
     assert not injector.mismatch_at(6) and len(struck) == 1
     live = FaultInjector([])
     assert not live.mismatch_at(12)
+    live.joined(12)
     live.inject("mismatch:at_step=2")
     assert live.mismatch_at(13) and not live.mismatch_at(14)
-    # a process restarted past it (torchrun, a pod's restart: the same --inject) heals to step
-    # 57 first: acting then would crash or hang every incarnation of the group again
+
+
+@pytest.mark.parametrize("first_read", [None, 0], ids=["sync_quorum", "async_quorum"])
+def test_a_process_that_joins_past_a_one_off_fault_says_so_and_never_strikes(capsys, first_read):
+    """A late group, or a process restarted by torchrun or a pod's restart policy with the same
+    --inject, heals to step 57 on joining: striking then would crash or hang every incarnation
+    of the group again. With an async quorum (one-rank groups) its first step reads 0, its
+    first commit is 57."""
     restarted = FaultInjector([parse_fault("mismatch:at_step=3")])
+    if first_read is not None:
+        assert not restarted.mismatch_at(first_read)
+        restarted.joined(57)
     assert not any(restarted.mismatch_at(s) for s in (57, 57, 58))
+    err = capsys.readouterr().err
+    assert err.count("[lightkeeper] fault 'mismatch:at_step=3': this process joined the job at "
+                     "step 57, past step 3: not struck") == 1, err
 
 
 @pytest.mark.parametrize("env, argv, words", [

@@ -460,6 +460,8 @@ def test_probe_rounds_during_a_heal_name_no_slow_host_until_it_is_over(probing):
         time.sleep(0.02)  # a round runs on its own thread
     assert probes_asked(d.train.job) > asked
     assert [f for f in d.mon.store.findings() if f["kind"] == "network"] == []
+    (slow,) = d.mon.detectors.job_findings()
+    assert slow.evidence["probe"]["verdict"].startswith("no culprit: a rank heals")
     d.train.steps = steps
     (f,) = d.until(lambda: network_findings(d), "network finding", **NETWORK_SLOW)
     assert f.evidence["host"] == "h2"

@@ -1175,6 +1175,8 @@ def test_a_shard_waits_a_third_of_the_lease_before_asking_a_hung_etcd_again(tmp_
         assert shard.error and len(accepted) == 1
         for _ in range(3):  # the next sweeps
             shard.after_sweep(view, evidence, mon.now)
+        # ... and the survivors' second vantage point in those sweeps does not ask it either
+        assert shard.reported_elsewhere() == (set(), False)
         assert len(accepted) == 1 and shard.error
         from prometheus_client import generate_latest
 
@@ -1204,10 +1206,11 @@ def test_a_shard_reads_what_the_other_shards_ranks_answer_as(etcd):
     ranks = {1: [SimpleNamespace(replica_id="replica_group_1:x"),
                  SimpleNamespace(replica_id=None)]}
 
-    def sweep(i: int) -> None:
+    def sweep(i: int, reachable: float = 1.0) -> None:
         groups = {g: SimpleNamespace(reachable=rs) for g, rs in ranks.items()} if i == 1 else {}
-        shards[i].after_sweep(SimpleNamespace(ranks={}, groups=groups), SimpleNamespace(
-            ranks={}, reachable_fraction=1.0, groups={}), mons[i].now)
+        polled = {"http://127.0.0.1:1": None}  # its slice has ranks
+        shards[i].after_sweep(SimpleNamespace(ranks=polled, groups=groups), SimpleNamespace(
+            ranks=polled, reachable_fraction=reachable, groups={}), mons[i].now)
         assert shards[i].error is None
 
     try:
@@ -1219,6 +1222,8 @@ def test_a_shard_reads_what_the_other_shards_ranks_answer_as(etcd):
         ranks[1] = []  # its ranks no longer answer
         sweep(1)
         assert shards[0].reported_elsewhere() == (set(), True)
+        sweep(1, reachable=0.0)  # blind: cut off from its slice, it vouches for nothing
+        assert shards[0].reported_elsewhere() == (set(), False)
     finally:
         for s, m in zip(shards, mons, strict=True):
             s.stop()

@@ -45,9 +45,10 @@ reaches the step; the trainer refuses them (a process cannot degrade its own hos
                                          NIC death): its link goes down, its processes live on
 
     Every kind also takes rank=R: the group rank it strikes (default: every rank of the group).
-    A process fault at step N that a rank never runs (it heals past N, or the fault is posted
-    after N) acts at the first step past N the rank runs; a process that starts past N (a
-    restart) does not act on it.
+    A process fault at step N that a rank never runs acts at the first step past N it runs when
+    the rank joined the job before N (then healed past it) or was given the fault live (posted
+    after N); a process that joined past N (a late group, a restart with the same --inject)
+    says so once and never acts on it.
     What torchft 0.2.0 then does (one rank of a group crashed or hung, the others alive) is
     measured in the README's Trainer section.
 
@@ -238,11 +239,13 @@ class FaultInjector:
         self.on_strike: Callable[[Fault], None] | None = None
         self._struck: set[Fault] = set()
         # a one-off fault's step: its at_step, or the first step past it this process ran when
-        # it ran one before it (healed past it) or was given it live (posted after it); a
-        # process restarted past it (torchrun, a pod) never strikes again
+        # it joined the job before it (then healed past it) or was given it live (posted after
+        # it); a process that joined past it (a late group, a restart by torchrun or a pod's
+        # restart policy, given the same --inject) says so once and never strikes
         self._due: dict[Fault, int] = {}
-        self._first_step: int | None = None
+        self._joined: int | None = None  # the first step this process committed
         self._live: set[Fault] = set()
+        self._passed: set[Fault] = set()
         # how slow_compute spends its extra seconds: the host sleeps; on CUDA, gpu_stall's
         self.stretch: Callable[[float], None] = time.sleep
 
@@ -269,15 +272,25 @@ class FaultInjector:
         """Specs of the faults that strike this rank."""
         return [f.spec for f in self.faults]
 
+    def joined(self, step: int) -> None:
+        """Told after each commit: ``step``, the step committed (the first one counts)."""
+        if self._joined is None:
+            self._joined = step
+
     def _applies(self, fault: Fault, step: int) -> bool:
-        if self._first_step is None:
-            self._first_step = step
         if fault.at_step < 0 or step < fault.at_step:
             return fault.applies(step)
         if fault not in self._due:
-            if step > fault.at_step and self._first_step > fault.at_step \
-                    and fault not in self._live:
-                return False  # restarted past it: it struck (or was passed) in another life
+            passed = step > fault.at_step and fault not in self._live \
+                and (self._joined is None or self._joined > fault.at_step)
+            if passed:  # joined past it: struck (or passed) before this process
+                if fault not in self._passed:
+                    self._passed.add(fault)
+                    at = self._joined if self._joined is not None else step
+                    print(f"[lightkeeper] fault {fault.spec!r}: this process joined the job at "
+                          f"step {at}, past step {fault.at_step}: not struck", file=sys.stderr,
+                          flush=True)
+                return False
             self._due[fault] = step
         return self._due[fault] == step
 

@@ -311,6 +311,8 @@ def train(cfg: TrainConfig) -> int:
 
             optimizer.step()
             committed = manager.current_step() > step
+            if committed:  # the step it joined the job at: a one-off fault before it is passed
+                injector.joined(manager.current_step() - 1)
             state.set_loss(loss.item())
             snap = state.snapshot()
             log.info(

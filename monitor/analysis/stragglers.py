@@ -78,7 +78,7 @@ class StragglerEvidence:
                     by_host[host].append(r)
             subsets, kind = [ranks for ranks in by_host.values() if len(ranks) >= 2], "host_clock"
             if not subsets:
-                named = any(self.traces[r].host for r in members)
+                named = all(self.traces[r].host for r in members)  # else --same-host may help
                 self.unchecked["own_hosts" if named else "no_host"].append(key)
         if any(len(ranks) == 2 for ranks in subsets):
             self.period_ms[key] = _period_ms([_window(rows[r].created_ns, rows[r].first_seq, lo, hi)

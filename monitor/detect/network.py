@@ -161,7 +161,7 @@ class Network:
         if not jobs:
             findings.resolve_where("job_recovered", now, ("network",))
             if not pending:
-                self._streak = {}
+                self._streak, self._heal_rounds = {}, 0
                 return []
         if rnd is None or blind:
             return []  # a round finished blind is not evidence
@@ -179,6 +179,8 @@ class Network:
         was = self._streak
         self._streak = {h: (was[h][0] + 1, was[h][1]) if h in was else (1, now)
                         for h in verdict.hosts}
+        if not rates:  # a heal's round judged no rate: a slow host's streak waits, not ends
+            self._streak = {**was, **self._streak}
         if not rnd.missing() and rates:  # a full round that measured a host, naming it no more
             for key, f in list(findings.open.items()):
                 if key[0] == "network" and f.evidence.get("host") in rnd.probes \
