@@ -148,6 +148,11 @@ def _report_dir(given: str | None) -> Path | None:
     base = next(p for p in (path, *path.parents) if p.exists())
     if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):  # EROFS too
         raise ValueError(f"{given}: cannot write in {base}")
+    if os.geteuid() == 0 and path.exists():
+        st = path.stat()  # root's spare hosts read what to run from files in it
+        if st.st_uid != 0 or st.st_mode & 0o022:
+            raise ValueError(f"{given}: a directory another user owns or may write in; as root "
+                             "the demo runs what it reads there: give one of root's")
     return path
 
 
@@ -166,6 +171,8 @@ def acquire_lock():
     except LockHeld as e:
         raise DemoLocked(f"another lightkeeper demo is running (PID {e.holder}; lock {path}); "
                          "stop it first (Ctrl-C in its terminal, or kill that PID)") from None
+    except OSError as e:  # a link or another user's file where the lock goes
+        raise DemoLocked(f"cannot hold the demo's lock {path}: {e.strerror or e}") from None
 
 
 def _sigterm(*_):

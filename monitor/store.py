@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -129,7 +130,14 @@ def pid_lock(lock_path: str, posix: bool = False) -> int:
     again (a flock is refused to a second open in this process too). Raises LockHeld naming
     the holder, OSError when the file cannot be opened."""
     lock, busy = (fcntl.lockf, OSError) if posix else (fcntl.flock, BlockingIOError)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    # never through a link, never another user's file: a lock in a shared folder (/tmp) is
+    # truncated and written, and its PID offered to be killed
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise OSError(errno.EPERM, "not a regular file of this user: not used as a lock",
+                      lock_path)
     try:
         lock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except busy:

@@ -270,6 +270,8 @@ def test_a_rank_on_torchs_server_is_polled_and_verified_through_its_handlers(job
             raise AssertionError(f"exited {proc.returncode}: {log.read_text()[-3000:]}")
         return m and m.groups()
     url, port = wait_until(found, 90, what="the hook's torch+http line")
+    # the job's server listens on every address, whatever the WorkerServer's host: said
+    assert "which torch binds to every address, not 127.0.0.1" in log.read_text()
     # the port start_debug_server published in the job's store: one server for both
     store_port = int(re.search(r"^store_port=(\d+)$", log.read_text(), re.M).group(1))
     store = TCPStore("127.0.0.1", store_port, is_master=False, timeout=timedelta(seconds=10))

@@ -159,3 +159,45 @@ def test_a_report_dir_that_cannot_be_one_is_refused_before_starting(tmp_path):
     assert proc.returncode == 2 and "holds a run already (monitor.sqlite)" in proc.stderr
     assert (used / "monitor.sqlite").read_bytes() == b"an earlier run"
     assert sorted(p.name for p in used.iterdir()) == ["monitor.sqlite"]
+
+
+def test_the_demos_lock_is_never_taken_through_a_link_or_from_another_user(tmp_path,
+                                                                            monkeypatch):
+    """The lock lives in /tmp under a fixed name: root's demo truncated and wrote its PID into
+    whatever a local user had linked there (/etc/...), and offered to kill a PID read from a
+    file anyone could plant."""
+    import os
+    import tempfile
+
+    from lightkeeper.demo import LOCK_NAME, DemoLocked, acquire_lock
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    (tmp_path / LOCK_NAME).symlink_to(victim)
+    with pytest.raises(DemoLocked, match="cannot hold the demo's lock"):
+        acquire_lock()
+    assert victim.read_text() == "precious\n"
+    (tmp_path / LOCK_NAME).unlink()
+    if os.geteuid() == 0:  # a planted file of another user
+        (tmp_path / LOCK_NAME).write_text("1\n")
+        os.chown(tmp_path / LOCK_NAME, 65534, 65534)
+        with pytest.raises(DemoLocked, match="not a regular file of this user"):
+            acquire_lock()
+        (tmp_path / LOCK_NAME).unlink()
+    fd = acquire_lock()  # its own: held
+    os.close(fd)
+
+
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="the check is root's")
+def test_as_root_a_report_dir_others_may_write_in_is_refused(tmp_path):
+    """Root's spare hosts read what to run (environment, arguments) from files there."""
+    from lightkeeper.demo import _report_dir
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(ValueError, match="another user owns or may write in"):
+        _report_dir(str(shared))
+    shared.chmod(0o755)
+    assert _report_dir(str(shared)) == shared

@@ -248,3 +248,21 @@ def test_a_bad_url_is_refused_without_its_password(tmp_path, argv, said):
                          text=True, timeout=120, cwd=tmp_path)
     assert res.returncode == 2 and said in res.stderr, res.stderr
     assert not leaks({"stdout": res.stdout, "stderr": res.stderr})
+
+
+def test_an_exec_hook_gets_no_url_password_and_its_error_shows_none(tmp_path, monkeypatch):
+    """The Lighthouse's and etcd's URLs hold their passwords in the monitor's environment (the
+    Trust model): a hook got them verbatim, and a failing hook's stderr (curl -v, set -x, an
+    env dump) went to GET /v1/hosts and the audit log as it was."""
+    from monitor.act.sinks.hooks import ExecSink
+
+    hook = tmp_path / "hook.sh"
+    hook.write_text("#!/bin/sh\necho \"LH=$TORCHFT_LIGHTHOUSE ETCD=$LIGHTKEEPER_ETCD "
+                    "CALLED=http://ops:hookpw@cmdb:80/\" >&2\nexit 1\n")
+    hook.chmod(0o755)
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://u:lhpass@lh:29510")
+    monkeypatch.setenv("LIGHTKEEPER_ETCD", "http://root:etcdpw@etcd:2379")
+    res = ExecSink(str(hook)).run({"event": "quarantine", "host": "h1"})
+    assert not res.ok and "lh:29510" in res.detail and "etcd:2379" in res.detail, res.detail
+    for secret in ("lhpass", "etcdpw", "hookpw"):
+        assert secret not in res.detail, res.detail

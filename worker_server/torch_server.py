@@ -120,6 +120,12 @@ class TorchServer:
         shared = job_debug_server()
         if shared is not None:  # the job's start_debug_server(): one port for both
             self.port = int(shared.port)
+            if host in ("localhost", "::1") or host.startswith("127."):
+                from .autostart import say
+
+                say(f"Lightkeeper's handlers are served on the job's torch debug server (port "
+                    f"{self.port}), which torch binds to every address, not {host}; its "
+                    "handlers, like torch's, answer reads only")
         else:
             try:
                 self._own = c10d._WorkerServer(host, port)

@@ -19,12 +19,16 @@ from urllib.parse import urlsplit
 
 import requests
 
+from http_serving import redact_url
+
 from ...config import url_host_port
 from .base import ActionResult, SinkConfigError, one_node, sink_name
 
 SIGNATURE_HEADER = "X-Lightkeeper-Signature"
 MONITOR_SECRETS = ("LIGHTKEEPER_TOKEN", "LIGHTKEEPER_REGISTER_TOKEN", "LIGHTKEEPER_EXIT_TOKEN",
                    "LIGHTKEEPER_WEBHOOK_SECRET")
+# the URLs whose password a deployment keeps in the environment (docs/monitor.md, Trust model)
+MONITOR_URLS = ("TORCHFT_LIGHTHOUSE", "LIGHTKEEPER_ETCD")
 EVENT_HEADER = "X-Lightkeeper-Event"
 SCONTROL = "scontrol"
 
@@ -64,7 +68,8 @@ def run_command(argv: list[str], shown: str, timeout_s: float, stdin: bytes | No
             p.wait()
             return ActionResult(False, f"{shown} did not finish within {timeout_s:g}s "
                                        "(killed)"), ""
-    err = raw.decode(errors="replace").strip()[-300:]
+    # shown on /v1/hosts and in the log: a URL's password in a hook's error is not
+    err = redact_url(raw.decode(errors="replace").strip()[-300:]) or ""
     if p.returncode == 0:
         return ActionResult(True, f"{shown} exited 0"), err
     return ActionResult(False, f"{shown} exited {p.returncode}: {err}"), err
@@ -80,7 +85,8 @@ class ExecSink:
 
     def run(self, event: dict[str, Any]) -> ActionResult:
         # the monitor's own secrets stay with it: a hook acts on a host, not on the monitor
-        env = {**{k: v for k, v in os.environ.items() if k not in MONITOR_SECRETS},
+        env = {**{k: redact_url(v) if k in MONITOR_URLS else v for k, v in os.environ.items()
+                  if k not in MONITOR_SECRETS},
                "LIGHTKEEPER_EVENT": str(event.get("event")),
                "LIGHTKEEPER_HOST": str(event.get("host")),
                "LIGHTKEEPER_NODE": str(event.get("node") or event.get("host"))}
@@ -192,7 +198,7 @@ class WebhookSink:
         except requests.RequestException as e:
             return ActionResult(False, f"unreachable: {type(e).__name__}")
         retry = r.status_code >= 500 or r.status_code in (408, 429)
-        shown = text[:200].decode("utf-8", "replace")
+        shown = redact_url(text[:200].decode("utf-8", "replace"))
         return ActionResult(False, f"HTTP {r.status_code}: {shown}", retry=retry)
 
     quarantine = release = post
