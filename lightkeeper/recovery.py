@@ -224,11 +224,44 @@ def ledger_incident(fault: dict, goodput: dict | None, t0_unix: float) -> dict |
     return min(inside, key=lambda i: i["onset_at"]) if inside else None
 
 
-def measured_cost(inc: dict | None, t0_unix: float, groups: int) -> dict | None:
-    """A fault's cost as the monitor's ledger measured it."""
+def job_wide_owners(faults: list[dict], goodput: dict | None, t0_unix: float,
+                    end: float) -> dict[int, list[dict]]:
+    """Fault index -> the job-wide incidents (no replica group: the survivors' stall while the
+    fault's group goes) whose onset lies between its strike and its group's rejoin; one that
+    two faults' windows hold is the later-struck fault's."""
+    out: dict[int, list[dict]] = {}
+    for inc in (goodput or {}).get("incidents") or []:
+        onset = inc.get("onset_at")
+        if inc.get("replica_group") is not None or inc.get("kind") == "manual" or onset is None:
+            continue
+        owner = None
+        for k, f in enumerate(faults):
+            start = f.get("struck_at_s")
+            stop = f.get("rejoined_at_s") if f.get("rejoined_at_s") is not None else end
+            if start is not None and t0_unix + start - 2.0 <= onset <= t0_unix + stop \
+                    and (owner is None or start > faults[owner]["struck_at_s"]):
+                owner = k
+        if owner is not None:
+            out.setdefault(owner, []).append(inc)
+    return out
+
+
+def measured_cost(inc: dict | None, t0_unix: float, groups: int,
+                  job_wide: list[dict] = ()) -> dict | None:
+    """A fault's cost as the monitor's ledger measured it: its incident's, and the job-wide
+    incidents it caused (:func:`job_wide_owners`)."""
     if inc is None:
         return None
-    cost = inc.get("cost") or {}
+    cost = dict(inc.get("cost") or {})
+    for extra in job_wide:
+        more = extra.get("cost") or {}
+        for key in ("replica_seconds", "group_steps"):
+            if more.get(key) is not None:
+                cost[key] = round((cost.get(key) or 0.0) + more[key], 3)
+        by = dict(cost.get("by_cause") or {})
+        for cause, v in (more.get("by_cause") or {}).items():
+            by[cause] = round(by.get(cause, 0.0) + v, 3)
+        cost["by_cause"] = by
 
     def rel(v):
         return None if v is None else round(v - t0_unix, 2)
@@ -237,6 +270,7 @@ def measured_cost(inc: dict | None, t0_unix: float, groups: int) -> dict | None:
     gs = cost.get("group_steps")
     return {"source": "measured: the monitor's ledger (GET /v1/goodput)",
             "incident": inc.get("id"), "open": inc.get("open"),
+            "job_wide_incidents": [i.get("id") for i in job_wide],
             "replica_seconds": rs, "group_steps": gs,
             "job_steps": None if gs is None else round(gs / groups, 1),
             "by_cause": cost.get("by_cause"),
@@ -253,7 +287,7 @@ TORCHFT_DEFAULTS = {"pg_timeout_s": 60.0, "quorum_timeout_s": 60.0, "join_timeou
 
 def torchft_alone(fault: dict, *, groups: int, horizon_s: float | None,
                   healthy_rate: float | None, slow_rate: float | None,
-                  settings: dict[str, float]) -> dict | None:
+                  settings: dict[str, float], blocked: bool = True) -> dict | None:
     """What the same fault would have cost with torchft alone (nobody evicts), COMPUTED from
     the job's timeouts (``settings``: ``pg_timeout_s``, ``quorum_timeout_s``,
     ``join_timeout_ms``) over ``horizon_s`` (the fault's onset to the end of the run).
@@ -269,7 +303,9 @@ def torchft_alone(fault: dict, *, groups: int, horizon_s: float | None,
       every quorum has it again; every group blocks in the same all_reduce until the
       process-group timeout, and again: the job never commits another step.
     - host_offline: the survivors block until the process-group timeout (the group's heartbeat
-      stops, so their next quorum goes on without it), then train on the other groups.
+      stops, so their next quorum goes on without it), then train on the other groups; a host
+      gone between two collectives (``blocked`` false: no survivor was seen held, so none was
+      told to abort) leaves them waiting only for the Lighthouse to stop hearing it.
 
     Returns None for other kinds (torchft handles a crash itself), without a horizon, or for a
     straggler whose phase was not slower than the healthy one (the machine's pace changed)."""
@@ -312,12 +348,16 @@ def torchft_alone(fault: dict, *, groups: int, horizon_s: float | None,
                 "job_steps": None if not healthy_rate else round(horizon_s * healthy_rate),
                 "per_hour_after_replica_s": e * 3600.0}
     if kind == "host_offline":
-        cut = min(pg, horizon_s)
+        hb = float(settings.get("heartbeat_timeout_ms", 5000)) / 1000.0
+        wait = pg if blocked else hb
+        cut = min(wait, horizon_s)
+        why = "the process-group timeout" if blocked else \
+            "the Lighthouse's heartbeat timeout: it went between two collectives"
         return {"source": "computed from the job's timeouts", "basis": basis,
-                "outcome": f"the job stalls {pg:g} s (the process-group timeout), then trains "
-                           f"on {e - 1} of {e} groups",
-                "stall_s": round(pg, 1), "recovery_s": round(pg, 1),
-                "replica_seconds": round(e * cut + max(0.0, horizon_s - pg), 1),
+                "outcome": f"the job stalls {wait:g} s ({why}), then trains on {e - 1} of {e} "
+                           "groups",
+                "stall_s": round(wait, 1), "recovery_s": round(wait, 1),
+                "replica_seconds": round(e * cut + max(0.0, horizon_s - wait), 1),
                 "job_steps": None if not healthy_rate else round(cut * healthy_rate),
                 "per_hour_after_replica_s": 3600.0}
     if kind in ("slow", "slow_compute"):

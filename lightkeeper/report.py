@@ -81,7 +81,8 @@ def attributed_fault(d: dict, faults: list[dict], end: float) -> int | None:
     for i, f in enumerate(faults, 1):
         start = f["struck_at_s"] if f["struck_at_s"] is not None else (
             f["injected_at_s"] if f["detected_at_s"] is not None else None)
-        if f["replica_group"] != d["replica_group"] or start is None:
+        # a job-wide finding (the survivors' stall) is the fault's whose window holds it
+        if start is None or d["replica_group"] not in (None, f["replica_group"]):
             continue
         stop = f["rejoined_at_s"] if f["rejoined_at_s"] is not None else end
         if start - FINDING_SLACK_S <= d["at_s"] <= stop + FINDING_SLACK_S:
@@ -149,10 +150,11 @@ def recoveries(faults: list[dict], ph: list[dict], samples: list[dict], lighthou
     """Add each fault's ``stages``, ``recovery_s``, measured ``cost`` and computed
     ``torchft_alone`` (:mod:`lightkeeper.recovery`) in place."""
     healthy = ph[0]["step_rate"] if ph else None
-    for f in faults:
+    job_wide = recovery.job_wide_owners(faults, goodput, t0_unix, end)
+    for k, f in enumerate(faults):
         st = recovery.stages(f, samples, lighthouse, evictions, healthy, end)
         inc = recovery.ledger_incident(f, goodput, t0_unix)
-        cost = recovery.measured_cost(inc, t0_unix, groups)
+        cost = recovery.measured_cost(inc, t0_unix, groups, job_wide.get(k, []))
         st["back_at_pace_ledger"] = cost["back_to_pace_s"] if cost else None
         f["stages"] = st
         f["cost"] = cost
@@ -164,12 +166,15 @@ def recoveries(faults: list[dict], ph: list[dict], samples: list[dict], lighthou
                                  else None)
         slow = next((p["step_rate"] for p in ph if p["name"] == f"{fault_kind(f)} in {where(f)}"
                      and onset is not None and abs(p["start_s"] - onset) < 0.5), None)
-        f["torchft_alone"] = recovery.torchft_alone(
-            f, groups=groups, horizon_s=None if onset is None else round(end - onset, 2),
-            healthy_rate=healthy, slow_rate=slow, settings=cfg)
-        f["torchft_alone_at_defaults"] = recovery.torchft_alone(
-            f, groups=groups, horizon_s=None if onset is None else round(end - onset, 2),
-            healthy_rate=healthy, slow_rate=slow, settings=recovery.TORCHFT_DEFAULTS)
+        # survivors held in the collective the gone host left: the monitor told them to abort
+        blocked = any(d["decision"] == "abort" and d["replica_group"] == f["replica_group"]
+                      and onset is not None and d["at_s"] >= onset - 1.0
+                      for d in evictions)
+        for key, settings in (("torchft_alone", cfg),
+                              ("torchft_alone_at_defaults", recovery.TORCHFT_DEFAULTS)):
+            f[key] = recovery.torchft_alone(
+                f, groups=groups, horizon_s=None if onset is None else round(end - onset, 2),
+                healthy_rate=healthy, slow_rate=slow, settings=settings, blocked=blocked)
 
 
 def _goodput_summary(g: dict | None) -> dict | None:

@@ -219,8 +219,9 @@ def markdown(rep: dict) -> str:
             "| at | kind | group | ranks | culprit | evicted | explained by |",
             "|---|---|---|---|---|---|---|"]
     for d in rep["detections"]:
-        head.append(f"| {d['at_s']:.1f}s | {d['kind']} | {d['replica_group']} | {d['ranks']} "
-                    f"| {_culprit(d) if d.get('culprit_ranks') is not None else '—'} "
+        group = "job-wide" if d["replica_group"] is None else d["replica_group"]
+        head.append(f"| {d['at_s']:.1f}s | {d['kind']} | {group} | {d['ranks'] or '—'} "
+                    f"| {_culprit(d) if d.get('culprit_ranks') else '—'} "
                     f"| {'yes' if d['evicted'] else 'no'} "
                     f"| {'fault ' + str(d['fault']) if d.get('fault') else 'no fault'} |")
     kills = [e for e in rep["evictions"] if e["decision"] == "evict"]
@@ -236,8 +237,11 @@ def markdown(rep: dict) -> str:
     hs = rep.get("hosts")
     if hs:
         head += ["", "## Hosts", "",
-                 "Each group on a host of its own (node name as NODE_NAME, a loopback address "
-                 "for its ranks' servers), plus spares; the monitor's quarantine list at the "
+                 "Each group on a host of its own (node name as NODE_NAME, "
+                 + ("a network namespace of its own, its address below"
+                    if any(not str(h["addr"]).startswith("127.") for h in hs["hosts"])
+                    else "a loopback address for its ranks' servers")
+                 + "), plus spares; the monitor's quarantine list at the "
                  f"end: {', '.join(hs.get('quarantined') or []) or 'none'}.", "",
                  "| host | address | group at the end | monitor's state |", "|---|---|---|---|"]
         on = {node: g for g, node in (hs.get("groups") or {}).items()}

@@ -153,6 +153,11 @@ def test_default_scenario(tmp_path):
     for e in (e for e in r["evictions"] if e["decision"] == "evict"):
         assert e["bundle_file"] and (report_dir / e["bundle_file"]).is_file(), e
         assert f"[{e['bundle']}]({e['bundle_file']})" in md
+    # the hosts as they were: namespaced (with the network fault) or loopback addresses
+    assert ("a network namespace of its own" if net else "a loopback address") in md
+    # a job-wide stall the partition caused is its, not a false alarm
+    assert not [d for d in r["detections"] if d["replica_group"] is None and not d["fault"]], \
+        r["detections"]
     assert {x["replica_group"] for x in r["restarts"]} >= evicted
     assert r["phases"][0]["name"] == "healthy" and r["healthy_step_rate"] > 0
     assert "| 1 | `slow_compute:" in out and "group 1 rank 1 (rank 3" in out

@@ -166,3 +166,41 @@ def test_torchft_alone_partition_never_recovers_and_a_host_offline_waits_the_tim
     # the survivors wait the 20 s process-group timeout, then one group's capacity is lost
     assert off["stall_s"] == off["recovery_s"] == 20.0
     assert off["replica_seconds"] == pytest.approx(3 * 20 + 30) and off["job_steps"] == 80
+    # gone between two collectives (no survivor held, none told to abort): torchft's own
+    # quorum goes on once the Lighthouse stops hearing it, not after the 20 s timeout
+    between = recovery.torchft_alone({"replica_group": 0, "spec": "host_offline:at_step=40"},
+                                     groups=3, horizon_s=50.0, healthy_rate=4.0,
+                                     slow_rate=None, settings={**DEMO,
+                                                               "heartbeat_timeout_ms": 1000},
+                                     blocked=False)
+    assert between["stall_s"] == 1.0 and "heartbeat timeout" in between["outcome"]
+    assert between["replica_seconds"] == pytest.approx(3 * 1 + 49)
+
+
+def test_a_job_wide_stall_a_fault_caused_is_its_cost_and_its_detection():
+    """After a partition's group is evicted the survivors wait in their collective: the ledger
+    opens a job-wide incident (no replica group) and the monitor a job_stall. Both were "no
+    fault" in the report, and that stall was left out of the partition's cost."""
+    from lightkeeper.report import attributed_fault
+
+    part = {"replica_group": 0, "spec": "partition:at_step=40", "struck_at_s": 10.0,
+            "injected_at_s": 9.0, "detected_at_s": 13.0, "rejoined_at_s": 20.0}
+    later = {"replica_group": 2, "spec": "hang:at_step=90", "struck_at_s": 30.0,
+             "injected_at_s": 29.0, "detected_at_s": 31.0, "rejoined_at_s": 36.0}
+    stall = {"id": 7, "kind": "job_stall", "replica_group": None, "onset_at": T0 + 14.0,
+             "cost": {"replica_seconds": 1.5, "group_steps": 6.0, "by_cause": {"stall": 1.5}}}
+    elsewhere = {"id": 8, "kind": "job_stall", "replica_group": None, "onset_at": T0 + 25.0,
+                 "cost": {"replica_seconds": 2.0}}
+    owners = recovery.job_wide_owners([part, later], {"incidents": [stall, elsewhere]}, T0,
+                                      end=50.0)
+    assert owners == {0: [stall]}  # 25 s lies in no fault's strike-to-rejoin window
+    own = {"id": 3, "kind": "network", "replica_group": 0, "detected_at": T0 + 13.0,
+           "cost": {"replica_seconds": 10.0, "group_steps": 40.0,
+                    "by_cause": {"stall": 6.0, "capacity_lost": 4.0}}}
+    cost = recovery.measured_cost(own, T0, groups=3, job_wide=owners[0])
+    assert cost["replica_seconds"] == 11.5 and cost["job_steps"] == round(46.0 / 3, 1)
+    assert cost["by_cause"] == {"stall": 7.5, "capacity_lost": 4.0}
+    assert cost["job_wide_incidents"] == [7]
+    detection = {"replica_group": None, "at_s": 14.5}
+    assert attributed_fault(detection, [part, later], end=50.0) == 1
+    assert attributed_fault({"replica_group": None, "at_s": 25.0}, [part, later], 50.0) is None
