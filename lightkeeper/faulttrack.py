@@ -317,6 +317,12 @@ class FaultTrack:
         r["restarted_at_s"] = r["restarted_at_s"] or next(
             (t for g, t in obs.restarts if g == self.group and t >= r["detected_at_s"]), None)
         gone_at = r["evicted_at_s"] if r["evicted_at_s"] is not None else r["restarted_at_s"]
+        if r["survivors_committing_at_s"] is None and r["evicted_at_s"] is None \
+                and r["struck_at_s"] is not None:
+            # no kill (a host gone, a crash): the survivors go on once a quorum leaves it out,
+            # which may be long before its restart
+            r["survivors_committing_at_s"] = self._survivors_commit(obs, r["struck_at_s"],
+                                                                    without=True)
         if r["survivors_committing_at_s"] is None and gone_at is not None:
             r["survivors_committing_at_s"] = self._survivors_commit(obs, gone_at)
         if gone_at is not None and r["survivors_committing_at_s"] is not None \
@@ -333,10 +339,11 @@ class FaultTrack:
                       f"group {self.group} not back in a quorum of {obs.groups} within "
                       f"{self.dl.rejoin_s:g}s (deadline {self.deadline_s:.1f}s)", events)
 
-    def _survivors_commit(self, obs: Observation, gone_at: float) -> float | None:
+    def _survivors_commit(self, obs: Observation, gone_at: float,
+                          without: bool = False) -> float | None:
         """First step the other groups committed after ``gone_at``: a committed step moves
         torchft's step; a failed one (the survivors' collective breaking) only moves
-        last_step_at."""
+        last_step_at. ``without``: only in a quorum without this group (fewer participants)."""
         survivors = {g for g in obs.states if g != self.group}
         step_then: dict[int, int] = {}
         for s in obs.samples:
@@ -344,7 +351,8 @@ class FaultTrack:
                 step_then[s["rank"]] = max(step_then.get(s["rank"], 0), s["step"])
         late = [s["last_step_at_s"] for s in obs.samples if s["replica_group"] in survivors
                 and s["last_step_at_s"] is not None and s["step"] > step_then.get(s["rank"], 0)
-                and s["last_step_at_s"] > gone_at]
+                and s["last_step_at_s"] > gone_at
+                and (not without or s.get("num_participants", obs.groups) < obs.groups)]
         return min(late) if late else None
 
     def _rejoined(self, obs: Observation, since_unix: float) -> bool:

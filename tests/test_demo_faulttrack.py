@@ -185,3 +185,29 @@ def test_stop_says_where_the_story_stood():
     tr.stop(30.0)
     assert tr.done and tr.record["outcome"] == "pending"
     assert "while waiting for detection" in tr.record["note"]
+
+
+def test_without_a_kill_the_survivors_are_timed_from_a_quorum_that_left_the_group_out():
+    """A crash (or a host gone): no eviction, so the survivors' first commit was looked for
+    after the group's restart, seconds after they had gone on without it."""
+    crash = "crash:at_step=20,rank=1"
+    tr = track(spec=crash, kind="crash")
+    dead = dict(FINDING, kind="dead", confirmed_at=T0 + 27.0)
+    strike = Strike(1, 0, 1, 3, "node-a", crash, T0 + 25.0)
+    samples = []
+    for g in (0, 2):
+        samples += [
+            {"t": 24.5, "replica_group": g, "rank": 2 * g, "step": 30, "last_step_at_s": 24.4,
+             "num_participants": 3},
+            # a step in flight at the crash commits with the old quorum: not yet going on
+            {"t": 25.5, "replica_group": g, "rank": 2 * g, "step": 31, "last_step_at_s": 25.2,
+             "num_participants": 3},
+            {"t": 26.5, "replica_group": g, "rank": 2 * g, "step": 32, "last_step_at_s": 26.3,
+             "num_participants": 2}]
+    tr.update(obs(26.0, strikes=[strike], samples=samples[:2]))
+    tr.update(obs(28.0, strikes=[strike], findings=[dead], samples=samples,
+                  alive={0: True, 1: False, 2: True}))
+    tr.update(obs(31.0, strikes=[strike], findings=[dead], samples=samples,
+                  incarnation={0: 0, 1: 1, 2: 0}, restarts=[(1, 30.0)]))
+    assert tr.stage == "rejoin"
+    assert tr.record["survivors_committing_at_s"] == 26.3  # not after the restart at 30 s
