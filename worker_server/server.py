@@ -258,6 +258,11 @@ class WorkerServer:
         process group now (:func:`worker_server.abort.abort_cross_group`); the process goes on.
         Raises :class:`~worker_server.abort.NothingToAbort` when no Manager is attached."""
         manager = self._manager() if self._manager is not None else None
+        # the quorum this rank last published is the one the monitor saw it blocked in: its
+        # Manager may be a quorum further inside that same step (the state catches up at the
+        # step's end), so only a newer published quorum says it moved on
+        if quorum_id is not None and quorum_id == self.state.quorum_id:
+            quorum_id = None
         result = abort_cross_group(manager, reason, decision, self._connections, quorum_id)
         return {**result.as_dict(), "aborted": True, "reason": reason, "decision": decision,
                 "pid": self.state.identity.pid, "rank": self.state.identity.rank}
