@@ -297,8 +297,9 @@ def torchft_alone(fault: dict, *, groups: int, horizon_s: float | None,
       Lighthouse's join timeout, and if that is not shorter than the Manager's quorum timeout,
       the quorum times out and the job dies (torchft's defaults: +120 s). Otherwise the job goes
       on at full pace on the other groups and the hung group's capacity is lost to the end.
-    - straggler (``slow``, ``slow_compute``): never removed: the job keeps the pace it had with
-      the straggler (``slow_rate``, measured in the fault's phase) to the end of the run.
+    - straggler (``slow``, ``slow_compute``) and slow link (``slow_link``): never removed: the
+      job keeps the pace it had with it (``slow_rate``, measured in the fault's phase) to the
+      end of the run.
     - partition (the host reaches the Lighthouse, not its peers): its group still heartbeats, so
       every quorum has it again; every group blocks in the same all_reduce until the
       process-group timeout, and again: the job never commits another step.
@@ -360,12 +361,13 @@ def torchft_alone(fault: dict, *, groups: int, horizon_s: float | None,
                 "replica_seconds": round(e * cut + max(0.0, horizon_s - wait), 1),
                 "job_steps": None if not healthy_rate else round(cut * healthy_rate),
                 "per_hour_after_replica_s": 3600.0}
-    if kind in ("slow", "slow_compute"):
+    if kind in ("slow", "slow_compute", "slow_link"):
         if not healthy_rate or slow_rate is None or slow_rate >= 0.95 * healthy_rate:
             return None  # no slower than the healthy phase: the box's own pace changed
         frac = 1.0 - slow_rate / healthy_rate
-        return {"source": "computed from the straggler's measured pace", "basis":
-                f"the job at {slow_rate:.2f} steps/s with the straggler vs {healthy_rate:.2f} "
+        what = "slow link" if kind == "slow_link" else "straggler"
+        return {"source": f"computed from the {what}'s measured pace", "basis":
+                f"the job at {slow_rate:.2f} steps/s with the {what} vs {healthy_rate:.2f} "
                 "healthy; torchft never removes a slow group",
                 "outcome": "drags the job to the end of the run", "stall_s": 0.0,
                 "recovery_s": None, "replica_seconds": round(e * horizon_s * frac, 1),

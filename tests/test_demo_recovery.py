@@ -141,6 +141,12 @@ def test_torchft_alone_straggler_drags_to_the_end():
                                settings=DEMO)
     assert a["recovery_s"] is None and a["replica_seconds"] == pytest.approx(3 * 60 * 0.75)
     assert a["job_steps"] == 225 and a["per_hour_after_replica_s"] == pytest.approx(8100.0)
+    # a slow link drags the job alike (its torchft-alone cell was empty, so a soak counted it
+    # as costing torchft nothing)
+    link = recovery.torchft_alone({"replica_group": 1, "spec": "slow_link:mbit=20"}, groups=3,
+                                  horizon_s=60.0, healthy_rate=5.0, slow_rate=1.25,
+                                  settings=DEMO)
+    assert link["replica_seconds"] == a["replica_seconds"] and "slow link" in link["basis"]
     # nothing to compute from: no horizon, no measured slow pace, a kind torchft handles itself
     assert recovery.torchft_alone(f, groups=3, horizon_s=None, healthy_rate=5.0,
                                   slow_rate=1.25, settings=DEMO) is None
