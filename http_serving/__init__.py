@@ -7,9 +7,18 @@ it, the application package ``lightkeeper`` (CLI, demo) depends on them, never t
 from .auth import bearer_token_matches
 from .params import decimal_int
 from .text import on_command_line, printable
-from .urls import failure_reason, host_for_url, http_url, is_http_url, redact_url, split_host_port
+from .urls import (
+    failure_reason,
+    host_for_url,
+    http_url,
+    is_http_url,
+    is_loopback_host,
+    redact_url,
+    split_host_port,
+)
 from .wsgi import BackgroundWSGIServer
 
 __all__ = ["BackgroundWSGIServer", "bearer_token_matches", "decimal_int", "failure_reason",
-           "host_for_url", "http_url", "is_http_url", "on_command_line", "printable",
+           "host_for_url", "http_url", "is_http_url", "is_loopback_host", "on_command_line",
+           "printable",
            "redact_url", "split_host_port"]

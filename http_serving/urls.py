@@ -41,6 +41,14 @@ def host_for_url(host: str) -> str:
     return f"[{addr}%25{zone}]" if sep else f"[{addr}]"
 
 
+def is_loopback_host(host: str) -> bool:
+    """``localhost`` or a loopback address (no name is resolved)."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def http_url(host: str, port: int, scheme: str = "http") -> str:
     """``scheme://host:port`` with the host bracketed when it is an IPv6 literal."""
     return f"{scheme}://{host_for_url(host)}:{int(port)}"

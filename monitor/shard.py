@@ -192,8 +192,8 @@ class Shards:
                 "ranks": len(view.ranks), "run": self.run,
                 "groups": {str(g): gv.replica_id for g, gv in evidence.groups.items()},
                 # what its ranks answer as: another shard tells a group gone by it
-                "reporting": sorted({r.replica_id for gv in view.groups.values()
-                                     for r in gv.reachable if r.replica_id})})
+                "reporting": sorted({rid for gv in view.groups.values()
+                                     for rid in gv.reported_replica_ids if rid})})
             if self.error:
                 log.warning("etcd answers again: shard %s reports and proposes", self.cfg.index)
             self.error = None
@@ -201,12 +201,16 @@ class Shards:
             if str(e) != self.error:
                 log.warning("shard %s cannot report or propose: %s", self.cfg.index, e)
             self.error = str(e)
-            if e.timed_out:  # a hung etcd costs each call its timeout: asked a third of the
-                # TTL later, not every sweep (an error answered at once is asked next sweep)
-                self._retry_at = time.monotonic() + self.cfg.lease_ttl_s / 3.0
+            self._back_off(e)
         m = mon.metrics
         m.shard_etcd_up.labels(m.job, "shard").set(0 if self.error else 1)
         m.shard_standby.labels(m.job).set(1 if self.holds is False else 0)
+
+    def _back_off(self, e: EtcdError) -> None:
+        """A hung etcd costs each call its timeout: asked a third of the TTL later, not every
+        sweep (an error answered at once is asked again next sweep)."""
+        if e.timed_out:
+            self._retry_at = time.monotonic() + self.cfg.lease_ttl_s / 3.0
 
     def reported_elsewhere(self) -> tuple[set[str], bool]:
         """The replica ids the other shards' reachable ranks report (their leased reports), and
@@ -217,8 +221,7 @@ class Shards:
         try:
             kvs = self.etcd.range_prefix(self.root + "shards/")
         except EtcdError as e:
-            if e.timed_out:
-                self._retry_at = time.monotonic() + self.cfg.lease_ttl_s / 3.0
+            self._back_off(e)
             return set(), False
         ids: set[str] = set()
         seen: set[int] = set()

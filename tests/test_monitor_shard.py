@@ -1207,7 +1207,8 @@ def test_a_shard_reads_what_the_other_shards_ranks_answer_as(etcd):
                  SimpleNamespace(replica_id=None)]}
 
     def sweep(i: int, reachable: float = 1.0) -> None:
-        groups = {g: SimpleNamespace(reachable=rs) for g, rs in ranks.items()} if i == 1 else {}
+        groups = {g: SimpleNamespace(reported_replica_ids=frozenset(r.replica_id for r in rs))
+                  for g, rs in ranks.items()} if i == 1 else {}
         polled = {"http://127.0.0.1:1": None}  # its slice has ranks
         shards[i].after_sweep(SimpleNamespace(ranks=polled, groups=groups), SimpleNamespace(
             ranks=polled, reachable_fraction=reachable, groups={}), mons[i].now)

@@ -17,7 +17,6 @@ re-registering, so a restarted monitor finds it again; a monitor that is down on
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import socket
@@ -29,7 +28,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from http_serving import BackgroundWSGIServer, failure_reason, redact_url
+from http_serving import BackgroundWSGIServer, failure_reason, is_loopback_host, redact_url
 
 from .abort import GlooConnections, abort_cross_group, watch_manager
 from .app import create_app
@@ -120,11 +119,7 @@ def loopback_for_remote(own_url: str, monitor_url: str) -> bool:
     """``own_url`` is on loopback and ``monitor_url`` on another host: the monitor would poll
     its own loopback, never this rank."""
     host = urlsplit(own_url).hostname or ""
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-    return loopback and _on_this_host(urlsplit(monitor_url).hostname or "") is False
+    return is_loopback_host(host) and _on_this_host(urlsplit(monitor_url).hostname or "") is False
 
 
 class WorkerServer:

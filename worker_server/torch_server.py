@@ -45,7 +45,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from http_serving import http_url
+from http_serving import http_url, is_loopback_host
 
 from .endpoints import BadParameter, fr_trace_body, stacks_body, state_body
 from .flight_recorder import (
@@ -120,7 +120,7 @@ class TorchServer:
         shared = job_debug_server()
         if shared is not None:  # the job's start_debug_server(): one port for both
             self.port = int(shared.port)
-            if host in ("localhost", "::1") or host.startswith("127."):
+            if is_loopback_host(host):
                 from .autostart import say
 
                 say(f"Lightkeeper's handlers are served on the job's torch debug server (port "

@@ -50,8 +50,7 @@ def gone_groups(view: ClusterView, status: LighthouseStatus,
     unheard = [rid for rid in sorted(status.members) if not status.heartbeating(rid)]
     if not unheard:
         return []
-    reported = {r.replica_id for gv in view.groups.values() for r in gv.reachable
-                if r.replica_id}
+    reported = {rid for gv in view.groups.values() for rid in gv.reported_replica_ids if rid}
     complete = True
     if elsewhere is not None:
         more, complete = elsewhere()
