@@ -815,7 +815,8 @@ def test_without_the_ranks_token_nobody_is_aborted(tmp_path, job):
 
 
 # --- the verdict alone, on rounds built here ------------------------------------------------
-def a_round(hosts: list[str], link, missing: dict[str, str] | None = None):
+def a_round(hosts: list[str], link, missing: dict[str, str] | None = None, control=None):
+    """``control(host)``: the rank's transfer from itself, over the fine one; None: none sent."""
     from monitor.evidence.probes import HostProbe, ProbeRound
 
     probes = {}
@@ -827,6 +828,8 @@ def a_round(hosts: list[str], link, missing: dict[str, str] | None = None):
         else:
             p.results = {o: {"ok": True, "mbit_s": 900.0, "error": None, **link(h, o)}
                          for o in hosts if o != h}
+            if control is not None:
+                p.control = {"ok": True, "mbit_s": 2000.0, "error": None, **control(h)}
         probes[h] = p
     return ProbeRound(0.0, 1.0, probes)
 
@@ -865,6 +868,50 @@ def test_the_verdict_names_only_the_host_common_to_every_bad_link(hosts, link, m
 
     v = place(a_round(hosts, link, missing), 0.25)
     assert v.hosts == culprits and says in v.text, v.text
+
+
+@pytest.mark.parametrize("link,control,culprits,says", [
+    # its process as slow serving itself (no network in the way) as across its links: busy
+    (lambda s, d: SLOW if "c" in (s, d) else {}, {"c": {"mbit_s": 15.0}}, [],
+     "no culprit: not c: its rank serves itself at 15.0 Mbit/s"),
+    # stuck: it cannot serve itself either
+    (lambda s, d: CUT if "c" in (s, d) else {}, {"c": CUT}, [], "cannot serve itself either"),
+    # serving itself slower than its peers but far faster than its links: the network
+    (lambda s, d: SLOW if "c" in (s, d) else {}, {"c": {"mbit_s": 300.0}}, ["c"],
+     "every link of c"),
+    (lambda s, d: CUT if "c" in (s, d) else {}, {}, ["c"], "every link of c failed"),
+    # one busy host spared, another's network named
+    (lambda s, d: SLOW if {s, d} & {"b", "e"} else {}, {"e": {"mbit_s": 9.0}}, ["b"],
+     "not e: its rank serves itself"),
+])
+def test_a_host_whose_rank_is_as_slow_serving_itself_is_not_named(link, control, culprits,
+                                                                   says):
+    """A rank busy in Python (its WorkerServer shares the training process's GIL) serves and
+    fetches slowly on every link: its transfer from itself, with no network in it, says so."""
+    from monitor.detect.network import place
+
+    v = place(a_round(list("abcdef"), link, control=lambda h: control.get(h, {})), 0.25)
+    assert v.hosts == culprits and says in v.text, v.text
+
+
+def test_a_busy_ranks_host_is_never_named_over_rounds(probing):
+    """The same through the monitor: the ranks' answers carry ``control``; h2's links and its
+    transfer from itself are slow alike, so the job's slowdown names no host and acts on
+    nothing."""
+    d = probing
+    d.sweeps(BASELINE_SWEEPS)
+    job = d.train.job
+    job.sim.links = links(job, "h2", THROTTLED)
+    host_of = {r.url: r.state["host"] for r in job.sim.ranks}
+    job.sim.control = lambda url: THROTTLED if host_of[url] == "h2" else {}
+    for _ in range(6):
+        d.sweep(**NETWORK_SLOW)
+        d.mon.probes.wait(10)
+    assert d.mon.probes.rounds >= 3
+    assert network_findings(d) == [] and job.kills == []
+    (slow,) = d.mon.detectors.job_findings()
+    assert "not h2: its rank serves itself" in slow.evidence["probe"]["verdict"]
+    assert slow.evidence["probe"]["asked"]["h2"]["control"]["ok"] is True
 
 
 # --- job_slow on the detectors alone (tests/test_monitor_detectors.py's synthetic job) -------

@@ -52,6 +52,9 @@ def test_probe_measures_a_live_peer_and_names_a_down_one(ranks):
     assert dead == {"peer": down, "ok": False, "connect_s": None, "transfer_s": None,
                     "mbit_s": None, "error": dead["error"]}
     assert dead["error"].startswith("connect: ConnectionRefusedError")
+    # and its transfer from itself, with no network in it: the control the monitor reads
+    control = doc["control"]
+    assert control["peer"] == a.url and control["ok"] is True and control["mbit_s"] > 0
 
 
 def test_a_down_peer_fails_fast_and_a_silent_one_within_the_timeout(ranks):

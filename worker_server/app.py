@@ -162,11 +162,12 @@ def create_app(
         except ValueError as e:
             raise BadParameter(str(e)) from None
         ident = state.identity
+        results, control = probe_peers(req, state.worker_url)
         return jsonify({"from": {"worker_url": state.worker_url, "host": ident.host,
                                  "node": ident.host, "hostname": state.hostname,
                                  "rank": ident.rank, "replica_group": ident.replica_group},
                         "bytes": req.nbytes, "timeout_s": req.timeout_s,
-                        "results": probe_peers(req)})
+                        "results": results, "control": control})
 
     @app.get("/v1/probe/payload")
     def v1_probe_payload():

@@ -157,9 +157,14 @@ def probe_peer(url: str, nbytes: int, timeout_s: float) -> dict[str, Any]:
         conn.close()
 
 
-def probe_peers(req: ProbeRequest) -> list[dict[str, Any]]:
-    """:func:`probe_peer` for every peer, :data:`PARALLEL` at a time; results in the order
-    the peers were given."""
-    workers = min(PARALLEL, len(req.peers))
+def probe_peers(req: ProbeRequest, control: str | None = None
+                ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """:func:`probe_peer` for every peer, :data:`PARALLEL` at a time (results in the order the
+    peers were given), and for ``control`` (this rank's own URL) alongside: a transfer with no
+    network in it, so a process too busy to serve or read (its GIL held by training) shows
+    there as on every link, where a bad network does not."""
+    urls = [*req.peers, *([control] if control else [])]
+    workers = min(PARALLEL, len(urls))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lightkeeper-probe") as pool:
-        return list(pool.map(lambda url: probe_peer(url, req.nbytes, req.timeout_s), req.peers))
+        rows = list(pool.map(lambda url: probe_peer(url, req.nbytes, req.timeout_s), urls))
+    return rows[:len(req.peers)], (rows[-1] if control else None)

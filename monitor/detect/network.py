@@ -20,6 +20,9 @@ from .findings import JOB_KINDS, Finding, Findings
 WHICH = {"both": "every link of {h}", "from": "every transfer {h} fetched",
          "to": "every transfer fetched from {h}"}
 OTHERS_FINE = 0.75  # of the links among the hosts above suspicion, at least this many fine
+# a rank's transfer from itself under this many times its bad links' best rate explains them:
+# its process is as slow with no network in the way
+EXPLAINS = 2.0
 # rounds in a row whose slow links are not judged while a rank heals (its checkpoint transfer
 # fills links); past them a heal that long is judged like any traffic
 HEAL_ROUNDS = 10
@@ -42,6 +45,7 @@ class Verdict:
     text: str
     lines: dict[str, str] = field(default_factory=dict)  # culprit host -> why (usually one)
     bad: dict[str, list[str]] = field(default_factory=dict)  # culprit -> its links, described
+    links: dict[str, list[Link]] = field(default_factory=dict)  # culprit -> its bad links
     reference_mbit_s: float | None = None  # the other hosts' median link, the culprits judged by
 
     @property
@@ -78,12 +82,49 @@ def _name(out: Verdict, h: str, sides: list[str], links: list[Link], why: str) -
     many)."""
     shown = [x for x in links if (x.src == h and "from" in sides) or (x.dst == h and "to" in sides)]
     out.bad[h] = [_describe(x) for x in shown]
+    out.links[h] = shown
     which = WHICH["both" if len(sides) == 2 else sides[0]].format(h=h)
     out.lines[h] = f"{which} {why.format(n=len(shown))}"
 
 
 def place(rnd: ProbeRound, ratio: float, rates: bool = True) -> Verdict:
-    """The verdict on one round (module docstring); without ``rates``, hosts cut off only."""
+    """The verdict on one round (module docstring); without ``rates``, hosts cut off only. A
+    culprit whose rank is as slow serving itself (:func:`_busy`) is not named: its process,
+    busy or stuck, not its network, slowed its links."""
+    out = _place(rnd, ratio, rates)
+    busy = {h: why for h in out.hosts if (why := _busy(h, rnd, out.links[h], ratio))}
+    if not busy:
+        return out
+    for h in busy:
+        for d in (out.lines, out.bad, out.links):
+            d.pop(h)
+    spared = "; ".join(f"not {h}: {why}" for h, why in busy.items())
+    out.text = "; ".join([*out.lines.values(), spared]) if out.lines else f"no culprit: {spared}"
+    return out
+
+
+def _busy(h: str, rnd: ProbeRound, bad: list[Link], ratio: float) -> str | None:
+    """Why ``h``'s bad links measure its rank's process, not its network: its transfer from
+    itself (no network in it) failed, or is under ``ratio`` x the other ranks' median and under
+    :data:`EXPLAINS` x its bad links' best; None when it cannot be told (no control sent)."""
+    controls = rnd.controls()
+    mine = controls.get(h)
+    others = [c["mbit_s"] for o, c in controls.items() if o != h and c["ok"] and c["mbit_s"]]
+    if mine is None or not others:
+        return None
+    ref = statistics.median(others)
+    if not mine["ok"]:
+        return (f"its rank cannot serve itself either ({mine['error'] or 'failed'}) while the "
+                f"others do at a median {ref:.1f} Mbit/s: its process is stuck or busy")
+    rate = mine["mbit_s"]
+    best = max((x.mbit_s for x in bad if x.ok and x.mbit_s), default=None)
+    if rate is None or best is None or rate >= ratio * ref or rate >= EXPLAINS * best:
+        return None
+    return (f"its rank serves itself at {rate:.1f} Mbit/s (the others at a median "
+            f"{ref:.1f}), as slow as its links: its process is busy")
+
+
+def _place(rnd: ProbeRound, ratio: float, rates: bool) -> Verdict:
     missing = rnd.missing()
     if missing:
         return Verdict("no culprit: no probe results from " + ", ".join(

@@ -41,6 +41,7 @@ class HostProbe:
     status: int | None = None  # the HTTP answer; None: none came
     error: str | None = None  # why there are no results
     results: dict[str, dict[str, Any]] = field(default_factory=dict)  # peer host -> its link
+    control: dict[str, Any] | None = None  # the rank's transfer from itself; None: not sent
 
 
 @dataclass
@@ -54,6 +55,11 @@ class ProbeRound:
         return {h: p.error or f"HTTP {p.status}" for h, p in sorted(self.probes.items())
                 if p.status != 200}
 
+    def controls(self) -> dict[str, dict[str, Any]]:
+        """host -> its rank's transfer from itself (no network in it), where it sent one."""
+        return {h: p.control for h, p in sorted(self.probes.items())
+                if p.status == 200 and p.control is not None}
+
     def matrix(self) -> dict[str, dict[str, dict[str, Any]]]:
         """from host -> to host -> the link as measured from the first."""
         return {h: dict(sorted(p.results.items())) for h, p in sorted(self.probes.items())}
@@ -61,7 +67,8 @@ class ProbeRound:
     def to_json(self) -> dict[str, Any]:
         return {"started_at": self.started_at, "finished_at": self.finished_at,
                 "asked": {h: {"rank": p.rank, "url": p.url, "status": p.status,
-                              "error": p.error, "peers": sorted(p.peers)}
+                              "error": p.error, "peers": sorted(p.peers),
+                              "control": p.control}
                           for h, p in sorted(self.probes.items())},
                 "matrix": self.matrix()}
 
@@ -241,6 +248,8 @@ class ProbeMesh:
                 p.results[host_of[row["peer"]]] = link_row(row)
         for h in p.peers:  # a peer the rank left out: not measured, so not good
             p.results.setdefault(h, link_row({"error": "not in the rank's answer"}))
+        if isinstance(doc.get("control"), dict):  # an older WorkerServer sends none
+            p.control = link_row(doc["control"])
 
     def _warn_missing(self, rnd: ProbeRound) -> None:
         missing = rnd.missing()

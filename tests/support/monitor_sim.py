@@ -17,7 +17,8 @@ an array nested 30,000 deep.
 it measures nothing and answers from the test's link matrix, ``SimRanks.links(from_url,
 to_url) -> {"ok", "mbit_s", ...}`` (None: the route does not exist, 404, as on an older rank;
 ``SimRank.probe_route = False`` for one rank alone), with ``SimRanks.probe_token`` required
-(401 without it), and counts the requests in ``SimRank.probes``.
+(401 without it), and counts the requests in ``SimRank.probes``. Its ``control`` (the rank's
+transfer from itself) is fast unless ``SimRanks.control(url) -> {...}`` says otherwise.
 
 :class:`SimJob` puts simulated groups into a real torchft Lighthouse's quorum, so that the
 monitor can verify them (and records kill requests). In-process: ``sim = SimRanks.start(n,
@@ -170,10 +171,13 @@ class SimRank:
         if headers.get("authorization") != f"Bearer {self.sim.probe_token}":
             return "401 Unauthorized", "application/json", b'{"error": "bad token"}'
         peers = json.loads(body)["peers"]
-        results = [{"peer": p, "ok": True, "connect_s": 0.001, "transfer_s": 0.002,
-                    "mbit_s": 1000.0, "error": None, **links(self.url, p)} for p in peers]
-        return "200 OK", "application/json", json.dumps({"from": self.url,
-                                                         "results": results}).encode()
+        fine = {"ok": True, "connect_s": 0.001, "transfer_s": 0.002, "mbit_s": 1000.0,
+                "error": None}
+        results = [{"peer": p, **fine, **links(self.url, p)} for p in peers]
+        own = self.sim.control(self.url) if self.sim.control else {}
+        control = {"peer": self.url, **fine, **own}
+        return "200 OK", "application/json", json.dumps(
+            {"from": self.url, "results": results, "control": control}).encode()
 
     def abort(self, headers: dict[str, str], body: bytes) -> tuple[str, str, bytes]:
         """The fake ``POST /v1/abort``: recorded, nothing to abort (the same token as probes)."""
@@ -272,6 +276,7 @@ class SimRanks:
         # the fake POST /v1/probe's link matrix and token (module docstring)
         self.links: Callable[[str, str], dict[str, Any]] | None = None
         self.probe_token: str | None = None
+        self.control: Callable[[str], dict[str, Any]] | None = None
 
     @classmethod
     def start(cls, n: int, groups: int | None = None, **state_kw: Any) -> SimRanks:
