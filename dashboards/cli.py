@@ -89,7 +89,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                    "stale and (with promtool on PATH) the Prometheus files.")
     v.add_argument("--schema-dir", metavar="DIR",
                    help="the installed schema project: dashboards/schema with its node_modules "
-                        "(default; bin/bootstrap installs it), or $LIGHTKEEPER_GRAFANA_SCHEMA_DIR")
+                        "(default; bin/bootstrap installs it in a checkout), or "
+                        "$LIGHTKEEPER_GRAFANA_SCHEMA_DIR (from a pip install: a copy of "
+                        "dashboards/schema where `npm ci` ran)")
     v.add_argument("--metrics-url", metavar="URL", action="append", default=[],
                    help="a live /metrics page (WorkerServer or monitor; repeatable): every "
                         "metric a query names must be exported by one of them")

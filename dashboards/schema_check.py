@@ -45,8 +45,13 @@ class SchemaCheckError(RuntimeError):
 
 
 def install_hint(project: Path) -> str:
-    return (f"run bin/bootstrap (it runs `npm ci` in {project}; Node.js and npm come from "
-            f"Debian's nodejs and npm packages, which `bin/bootstrap --system` installs as root)")
+    if (Path(__file__).resolve().parent.parent / "bin" / "bootstrap").is_file():  # a checkout
+        return (f"run bin/bootstrap (it runs `npm ci` in {project}; Node.js and npm come from "
+                f"Debian's nodejs and npm packages, which `bin/bootstrap --system` installs as "
+                f"root)")
+    # a pip install: node_modules inside site-packages would outlive `pip uninstall`
+    return (f"copy {project} to a directory of your own, run `npm ci` there (Node.js and npm "
+            f"needed) and pass it as --schema-dir DIR")
 
 
 def _pinned(project: Path) -> dict[str, str]:

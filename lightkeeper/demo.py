@@ -385,8 +385,10 @@ def _run(args: argparse.Namespace, plans: list, report_dir: Path | None, old_ter
         out["command"] = " ".join(["lightkeeper", *sys.argv[1:]])
         (report_dir / "soak.json").write_text(json.dumps(out, indent=1))
         print(soak.table(out), flush=True)
-    print(f"report: {report_dir / 'report.md'}  json: {report_dir / 'report.json'}  "
-          f"timeline: {report_dir / 'timeline.png'}", flush=True)
+    picture = report_dir / "timeline.png"
+    print(f"report: {report_dir / 'report.md'}  json: {report_dir / 'report.json'}  timeline: "
+          + (str(picture) if picture.exists() else
+             f"not drawn ({report_dir / 'timeline.error.txt'})"), flush=True)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     if code == 0 and demo.faults and any(f["outcome"] != "recovered" for f in demo.faults) \
             and not args.dry_run:

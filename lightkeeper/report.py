@@ -290,13 +290,17 @@ def write_report(demo, report_dir: Path, final: bool = True) -> str:
     """Write report.json, report.md, timeline.png and timeline.json; return the summary table."""
     report_dir = Path(report_dir)
     rep = build_report(demo)
+    picture, error = report_dir / "timeline.png", report_dir / "timeline.error.txt"
+    try:
+        plot(demo.samples, demo.args.ranks_per_group, rep, picture)
+        error.unlink(missing_ok=True)
+    except Exception as e:  # a report without its picture beats no report
+        picture.unlink(missing_ok=True)  # an older run's would pass for this one's
+        rep["timeline_error"] = f"{type(e).__name__}: {e}"
+        error.write_text(repr(e))
     (report_dir / "report.json").write_text(json.dumps(rep, indent=1))
     (report_dir / "timeline.json").write_text(json.dumps(
         {"samples": demo.samples, "ticks": demo.ticks, "lighthouse": demo.lighthouse_log,
          "goodput": demo.goodput, "t0_unix": demo.t0_unix}))
     (report_dir / "report.md").write_text(markdown(rep))
-    try:
-        plot(demo.samples, demo.args.ranks_per_group, rep, report_dir / "timeline.png")
-    except Exception as e:  # a report without its picture beats no report
-        (report_dir / "timeline.error.txt").write_text(repr(e))
     return summary_markdown(rep)

@@ -248,7 +248,9 @@ def markdown(rep: dict) -> str:
         for h in hs["hosts"]:
             head.append(f"| {h['node']} | {h['addr']} | {on.get(h['node'], 'none')} "
                         f"| {(hs.get('states') or {}).get(h['node'], 'ok')} |")
-    head += ["", "![timeline](timeline.png)", "", "## Events", ""]
+    picture = "![timeline](timeline.png)" if not rep.get("timeline_error") else \
+        f"No timeline picture: {rep['timeline_error']}"
+    head += ["", picture, "", "## Events", ""]
     for e in rep["events"]:
         g = f"group {e['replica_group']}: " if e["replica_group"] is not None else ""
         head.append(f"- `{e['t']:7.1f}s` **{e['kind']}** {g}{e['detail']}")

@@ -57,3 +57,33 @@ def test_a_held_quarantine_reads_as_its_reason_and_detail():
                                 "detail": "--quarantine-dry-run: decided, nothing done"}}]}
     assert host_state(view, "node-2") == ("suspect (1 hang offence), held (dry_run): "
                                           "--quarantine-dry-run: decided, nothing done")
+
+
+def test_a_report_without_its_picture_says_why_and_names_no_png(tmp_path, monkeypatch):
+    """matplotlib missing (a job's environment without ``[trainer]``): the report is written,
+    says the picture is not drawn and why, and no older run's timeline.png passes for it."""
+    import argparse
+    from types import SimpleNamespace as NS
+
+    from lightkeeper import demo as demo_cli
+    from lightkeeper import report
+    from lightkeeper.scenario import Scenario
+
+    def no_matplotlib(*a, **kw):
+        raise ImportError("No module named 'matplotlib'")
+
+    monkeypatch.setattr(report, "plot", no_matplotlib)
+    p = argparse.ArgumentParser()
+    demo_cli.add_arguments(p)
+    demo = NS(args=p.parse_args([]), sc=Scenario(), dir=tmp_path, evictions=[], faults=[],
+              goodput=None, lighthouse_log=[], now=lambda: 10.0, samples=[], t=lambda: 10.0,
+              ticks=[], train_start_s=None, t0_unix=0.0, hosts=None, waiting={}, soak=None,
+              interrupted=False, error=None, monitor_url=None, report_dir=None, pids=dict,
+              prom_note=None, prom=None, events=[], findings=[], user_url=lambda u: u,
+              cluster=NS(lighthouse_url="http://lh", monitor_url="http://m"))
+    (tmp_path / "timeline.png").write_bytes(b"an older run's")
+    report.write_report(demo, tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    assert "No timeline picture: ImportError: No module named 'matplotlib'" in md
+    assert "timeline.png" not in md and not (tmp_path / "timeline.png").exists()
+    assert "matplotlib" in (tmp_path / "timeline.error.txt").read_text()

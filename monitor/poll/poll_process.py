@@ -28,7 +28,7 @@ GUARD_S = 30.0  # a child silent this long past its sweep's bound is stuck, and 
 _LEN = struct.Struct("<I")
 _ENCODE = msgspec.msgpack.Encoder().encode
 _DECODE = msgspec.msgpack.Decoder().decode
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds monitor/
 
 log = logging.getLogger(__name__)
 
