@@ -70,20 +70,20 @@ def test_release_after_the_operator_resumed_the_node_is_done_not_retried(env):
 
 
 def test_release_leaves_a_node_the_operator_set_down_down(env):
-    """A node an operator set DOWN (hardware work) when its host is quarantined: the release
-    (or TTL expiry) lifts the drain only, and the node stays DOWN. It was resumed back into
-    service. ReturnToService=1 (Slurm's usual): the fixture's 2 returns any DOWN node to
-    service when it registers, whoever set it DOWN."""
+    """A node an operator set DOWN (hardware work) when its host is quarantined is theirs: the
+    quarantine neither drains it nor replaces their reason, and the release (or TTL expiry)
+    leaves it DOWN. It was resumed back into service, then drained over with the note lost.
+    ReturnToService=1 (Slurm's usual): the fixture's 2 returns any DOWN node to service when it
+    registers, whoever set it DOWN."""
     conf = Path(env["SLURM_CONF"])
     conf.write_text(conf.read_text().replace("ReturnToService=2", "ReturnToService=1"))
     scontrol("reconfigure")
     scontrol("update", "NodeName=n2", "State=DOWN", "Reason=RMA: reseat GPU")
     sink = SlurmSink()
-    assert sink.quarantine({**EVENT, "node": "n2"}).ok
-    assert node("n2")[0] == "DOWN+DRAIN"
-    res = sink.release({**EVENT, "node": "n2"})
-    assert res.ok, res.detail
-    assert node("n2")[0] == "DOWN"
+    for op in (sink.quarantine, sink.release):  # the operator's note not replaced by ours
+        res = op({**EVENT, "node": "n2"})
+        assert res.ok and res.detail == "node n2 left down by someone else: RMA: reseat GPU", res
+        assert node("n2") == ("DOWN", "RMA: reseat GPU")
     assert node("n1") == ("IDLE", "")
 
 

@@ -119,6 +119,49 @@ def test_a_hook_that_hangs_is_killed_with_the_children_it_started(tmp_path):
             os.kill(child, 9)
 
 
+def test_a_hook_that_leaves_a_child_running_is_judged_by_its_own_exit(tmp_path):
+    """A hook that starts a background child (``sleep 30 &``) and exits 0 is done at once: the
+    child held its stderr open, and the attempt waited for that EOF, was reported "did not
+    finish (killed)" and retried for ever."""
+    pidfile = tmp_path / "child.pid"
+    script = tmp_path / "hook.sh"
+    script.write_text(f"#!/bin/sh\nsleep 30 &\necho $! > {pidfile}\necho queued >&2\nexit 0\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    started = time.monotonic()
+    try:
+        res = build_sink(f"exec:{script}", QuarantineConfig(action_timeout_s=3)).quarantine(EVENT)
+        took = time.monotonic() - started
+        assert res.ok, res.detail
+        assert took < 1.5, took
+        assert _alive(int(pidfile.read_text()))  # the hook's to manage: not killed
+    finally:
+        if pidfile.exists() and _alive(child := int(pidfile.read_text())):
+            os.kill(child, 9)
+
+
+def test_a_hooks_error_and_a_webhooks_answer_show_no_token(tmp_path):
+    """What a hook prints (curl -v, set -x) and what a receiver answers is the attempt's detail,
+    on GET /v1/hosts and in the log: only URL passwords were hidden."""
+    said = ('> Authorization: Bearer tok-b1 token=tok-q2&x=1 {"secret": "tok-j3", '
+            '"password":"tok-j4"} api_key: tok-k5 http://u:tok-u6@h/')
+    script = tmp_path / "hook.sh"
+    script.write_text(f"#!/bin/sh\ncat <<'EOF' >&2\n{said}\nEOF\nexit 2\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    hook = build_sink(f"exec:{script}").quarantine(EVENT)
+    rx = Recorder(lambda req: (403, {"error": said[:150]}))
+    try:
+        answer = build_sink(f"webhook:{rx.url}/h", QuarantineConfig(webhook_secret="k")
+                            ).quarantine(EVENT)
+    finally:
+        rx.close()
+    assert not hook.ok and "exited 2: > Authorization: Bearer *** token=***&x=1" in hook.detail
+    assert not answer.ok and answer.detail.startswith("HTTP 403: "), answer.detail
+    for secret in ("tok-b1", "tok-q2", "tok-j3", "tok-j4", "tok-k5", "tok-u6"):
+        assert secret not in hook.detail, hook.detail
+        assert secret not in answer.detail, answer.detail
+    assert '"secret\\": \\"***\\"' in answer.detail, answer.detail  # quoted: still JSON-ish
+
+
 def _alive(pid: int) -> bool:
     """Running (a zombie was killed, only not reaped yet)."""
     try:
@@ -157,6 +200,43 @@ def test_webhook_signature_checked_by_the_receiver_and_errors():
     assert not gone.ok and gone.retry and "unreachable" in gone.detail
     with pytest.raises(SinkConfigError, match="secret"):
         build_sink("webhook:http://127.0.0.1:1/", QuarantineConfig())
+
+
+@pytest.mark.parametrize("code", [302, 307])
+def test_a_webhook_redirect_is_a_failure_never_followed(code):
+    """A 302 was followed as an empty GET whose 200 made the action done; a 307 re-sent the
+    signed body to wherever it pointed. Neither is followed; retrying cannot help."""
+    got = []
+
+    class Redirect(BaseHTTPRequestHandler):
+        def _any(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            got.append((self.command, self.path))
+            self.send_response(200 if self.path.startswith("/final") else code)
+            port = self.server.server_address[1]  # here again: a followed one is seen
+            self.send_header("Location", f"http://u:pw@127.0.0.1:{port}/final/s3cr3t?k=v")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_POST = _any
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        res = build_sink(f"webhook:{url}/hook", QuarantineConfig(webhook_secret="s")
+                         ).quarantine(EVENT)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not res.ok and not res.retry, res
+    # the path (maybe the secret, as the sink's name has it), query and credentials not shown
+    assert res.detail == (f"HTTP {code}: redirected to {url}/..., not followed; give the final "
+                          "URL"), res.detail
+    assert got == [("POST", "/hook")]
 
 
 def test_a_webhook_answer_dribbled_out_is_cut_at_the_timeout():
@@ -216,6 +296,31 @@ def test_slurm_drain_and_resume_commands(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     res = sink.quarantine(EVENT)
     assert not res.ok and not res.retry and "not found" in res.detail
+
+
+@pytest.mark.parametrize("state,reason,drained", [
+    ("DOWN+NOT_RESPONDING", "Not responding [slurm@2026-11-28T09:00:00]", True),
+    ("DOWN", "bad PSU [root@2026-11-28T09:00:00]", False),
+    ("IDLE+FAIL", "RMA 1234 [root@2026-11-28T09:00:00]", False),
+    ("IDLE+POWERED_DOWN", "", True),
+])
+def test_slurm_drains_a_node_slurm_marked_down_but_not_an_operators(tmp_path, monkeypatch,
+                                                                    state, reason, drained):
+    """A stand-in scontrol answering ``show node`` as Slurm does: a node DOWN because slurmd
+    stopped answering is drained (it stays out when it answers again); one an operator set
+    DOWN or FAIL is left, its reason kept; a cloud node asleep (POWERED_DOWN) is no DOWN."""
+    log = tmp_path / "argv"
+    fake = tmp_path / "scontrol"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\n'
+                    'if [ "$1" = show ]; then printf "NodeName=node-1 Arch=x86_64\\n'
+                    f'   State={state} ThreadsPerCore=1\\n   Reason={reason}\\n"; fi\n')
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    res = SlurmSink().quarantine(EVENT)
+    updates = [c for c in log.read_text().splitlines() if c.startswith("update")]
+    assert res.ok and bool(updates) == drained, (res.detail, updates)
+    if not drained:
+        assert "by someone else" in res.detail and reason.split(" [")[0] in res.detail
 
 
 class FakeKubeAPI:
@@ -493,7 +598,8 @@ def test_k8s_sink_sends_nothing_for_a_node_name_that_is_a_path(kube):
 
 def test_slurm_sink_leaves_an_operators_drain_alone(slurm, monkeypatch):
     """A node drained by an operator (their own reason) is neither re-labelled by a quarantine
-    nor resumed by its release or TTL expiry; one the operator re-drains after ours stays too."""
+    nor resumed by its release or TTL expiry; one the operator re-drains after ours stays too,
+    and so does one the operator set FAIL."""
     for k, v in slurm.items():
         monkeypatch.setenv(k, v)
 
@@ -503,6 +609,11 @@ def test_slurm_sink_leaves_an_operators_drain_alone(slurm, monkeypatch):
         return ("DRAIN" in out.split("State=")[1].split()[0],
                 out.split("Reason=")[1].splitlines()[0].rsplit(" [", 1)[0]
                 if "Reason=" in out else "")
+
+    def state(name: str) -> str:
+        out = subprocess.run(["scontrol", "show", "node", name], capture_output=True,
+                             text=True, check=True).stdout
+        return out.split("State=")[1].split()[0].replace("+NOT_RESPONDING", "")
 
     def drain(name: str, reason: str) -> None:
         subprocess.run(["scontrol", "update", f"NodeName={name}", "State=DRAIN",
@@ -518,6 +629,18 @@ def test_slurm_sink_leaves_an_operators_drain_alone(slurm, monkeypatch):
     assert sink.quarantine({**EVENT, "node": "n2"}).ok
     drain("n2", "swap the NIC")  # after ours: the operator's now
     assert sink.release({**EVENT, "node": "n2"}).ok and node("n2") == (True, "swap the NIC")
+    # FAIL (no DRAIN in its state) is the operator's too: it was drained over, its note
+    # replaced, and the release UNDRAINed it back into service
+    failed = "operator: failing PSU, RMA 1234"
+    subprocess.run(["scontrol", "update", "NodeName=n1", "State=RESUME"], check=True)
+    subprocess.run(["scontrol", "update", "NodeName=n1", "State=FAIL", f"Reason={failed}"],
+                   check=True)
+    before = state("n1")
+    assert "FAIL" in before and "DRAIN" not in before, before
+    for op in (sink.quarantine, sink.release):
+        res = op({**EVENT, "node": "n1"})
+        assert res.ok and f"node n1 left failed by someone else: {failed}" == res.detail, res
+        assert (state("n1"), node("n1")[1]) == (before, failed)
 
 
 def test_a_webhook_or_a_hook_is_named_without_its_secret_part():

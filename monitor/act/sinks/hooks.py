@@ -13,9 +13,10 @@ import re
 import shlex
 import signal
 import subprocess
+import tempfile
 import time
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import requests
 
@@ -47,29 +48,59 @@ def signature_matches(secret: str, body: bytes, header: str | None) -> bool:
     return bool(header) and hmac.compare_digest(sign(secret, body), header)
 
 
+# what a hook's stderr (curl -v, set -x) or a receiver's answer may echo: an Authorization
+# header's credential, ``token=...``, ``"password": "..."``
+_BEARER = re.compile(r"\b(Bearer)(\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
+# (a JSON answer's own text may quote one again: ``{"error": "{\\"token\\": \\"...\\"}"}``)
+_SECRET_FIELD = re.compile(
+    r"""((?:\\?["'])?[\w.-]*(?:token|secret|passw(?:or)?d|api[_-]?key|authorization)[\w.-]*"""
+    r"""(?:\\?["'])?\s*[:=]\s*)((?:Bearer|Basic|Token)\s+)?"""
+    r"""(\\"(?:(?!\\").)*(?:\\"|$)|"[^"]*(?:"|$)|'[^']*(?:'|$)|[^\s"',;&}\\]+)""",
+    re.IGNORECASE)  # a value cut short (an answer's first 200 bytes) ends at the end
+
+
+def _field(m: re.Match) -> str:
+    quote = re.match(r"""\\?["']|""", m[3])[0]  # kept: a quoted value stays quoted
+    return f"{m[1]}{m[2] or ''}{quote}***{quote if m[3].endswith(quote) else ''}"
+
+
+def redact_shown(text: str) -> str:
+    """``text`` from outside (a hook's stderr, a webhook's answer) as /v1/hosts and the log
+    show it: URL passwords, ``Bearer <token>`` and the values of fields named for a secret
+    (``token=``, ``"password": ...``) as ``***``."""
+    text = redact_url(text) or ""
+    return _SECRET_FIELD.sub(_field, _BEARER.sub(r"\1\2***", text))
+
+
 def run_command(argv: list[str], shown: str, timeout_s: float, stdin: bytes | None = None,
                 env: dict[str, str] | None = None) -> tuple[ActionResult, str]:
     """One run of ``argv`` (no shell) in a session of its own, killed with all it started after
     ``timeout_s``; ``shown``: how the detail names it. Returns the result and the command's
     stderr tail; never raises."""
-    try:
-        p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, env=env, start_new_session=True)
-    except FileNotFoundError:
-        return ActionResult(False, f"{argv[0]} not found", retry=False), ""
-    except OSError as e:  # a file that is not executable: retrying cannot help
-        return ActionResult(False, f"cannot run {argv[0]!r}: {e}",
-                            retry=not isinstance(e, PermissionError)), ""
-    with p:
+    # files, not pipes: a child the command leaves running (``sleep 30 &``) keeps a pipe open,
+    # and waiting for its EOF would judge a hook that exited 0 by a process it did not wait for
+    with tempfile.TemporaryFile() as fin, tempfile.TemporaryFile() as ferr:
+        fin.write(stdin or b"")
+        fin.seek(0)
         try:
-            _, raw = p.communicate(stdin, timeout=timeout_s)
+            p = subprocess.Popen(argv, stdin=fin, stdout=subprocess.DEVNULL, stderr=ferr,
+                                 env=env, start_new_session=True)
+        except FileNotFoundError:
+            return ActionResult(False, f"{argv[0]} not found", retry=False), ""
+        except OSError as e:  # a file that is not executable: retrying cannot help
+            return ActionResult(False, f"cannot run {argv[0]!r}: {e}",
+                                retry=not isinstance(e, PermissionError)), ""
+        try:
+            p.wait(timeout_s)
         except subprocess.TimeoutExpired:  # a hook's children too: none acts after its failure
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
             return ActionResult(False, f"{shown} did not finish within {timeout_s:g}s "
                                        "(killed)"), ""
-    # shown on /v1/hosts and in the log: a URL's password in a hook's error is not
-    err = redact_url(raw.decode(errors="replace").strip()[-300:]) or ""
+        ferr.seek(max(0, ferr.seek(0, os.SEEK_END) - 4096))
+        raw = ferr.read()
+    # shown on /v1/hosts and in the log: a password or token in a hook's error is not
+    err = redact_shown(raw.decode(errors="replace")).strip()[-300:]
     if p.returncode == 0:
         return ActionResult(True, f"{shown} exited 0"), err
     return ActionResult(False, f"{shown} exited {p.returncode}: {err}"), err
@@ -121,11 +152,13 @@ class SlurmSink:
             node = one_node(event)  # a hostlist or ALL would drain many nodes past the cap
         except ValueError as e:
             return ActionResult(False, str(e), retry=False)
-        node, theirs = self._find(node)
-        m = DRAINED_BY.fullmatch(theirs or "")
-        if theirs is not None and m is None:
-            # an operator's drain is theirs to lift: neither overwritten nor resumed
-            return ActionResult(True, f"node {node} left drained by someone else: {theirs}")
+        node, held, reason = self._find(node)
+        m = DRAINED_BY.fullmatch(reason or "")
+        if held is not None and (held == "failed" or m is None):
+            # an operator's drain, DOWN or FAIL is theirs to lift: neither overwritten (their
+            # reason is their note) nor resumed
+            return ActionResult(True, f"node {node} left {held} by someone else: "
+                                      f"{reason or '(no reason given)'}")
         job = re.sub(r"[^A-Za-z0-9_.-]", "_", str(event.get("job") or ""))
         jobs = set(filter(None, (m[1] or "").split(","))) if m else set()
         if what is None:  # another job's quarantine of the node stays
@@ -142,9 +175,10 @@ class SlurmSink:
             e in err for e in ("Invalid node name", "Invalid user id", "permission denied"))
         return res
 
-    def _find(self, node: str) -> tuple[str, str | None]:
-        """Slurm's name of ``node`` (a host's FQDN's first label when Slurm knows only that) and
-        the reason it is drained with (None: not drained, or unknown: the update says why)."""
+    def _find(self, node: str) -> tuple[str, str | None, str | None]:
+        """Slurm's name of ``node`` (a host's FQDN's first label when Slurm knows only that),
+        how it is held (``failed``, ``drained``, ``down``; None: in service, or unknown: the
+        update says why) and the reason it is held with."""
         for name in dict.fromkeys((node, node.split(".")[0])):
             try:
                 out = subprocess.run([SCONTROL, "show", "node", name], capture_output=True,
@@ -153,10 +187,17 @@ class SlurmSink:
                 break
             if f"NodeName={name} " not in out:
                 continue
-            if "DRAIN" not in out.partition("State=")[2].split(" ")[0]:
-                return name, None
-            return name, out.partition("Reason=")[2].split("\n")[0].rsplit(" [", 1)[0].strip()
-        return node, None
+            # IDLE+DRAIN, DOWN+DRAIN+NOT_RESPONDING, FAIL, MIXED+FAIL, DRAINING: word by word,
+            # as POWERED_DOWN (a cloud node asleep) is no DOWN
+            flags = "".join(out.partition("State=")[2].split(maxsplit=1)[:1]).split("+")
+            # a node DOWN because slurmd stopped answering is Slurm's doing, not an operator's:
+            # drained, it stays out when it answers again (ReturnToService would take it back)
+            held = ("failed" if any(f.startswith("FAIL") for f in flags) else
+                    "drained" if any(f.startswith("DRAIN") for f in flags) else
+                    "down" if "DOWN" in flags and "NOT_RESPONDING" not in flags else None)
+            reason = out.partition("Reason=")[2].split("\n")[0].rsplit(" [", 1)[0].strip()
+            return name, held, reason if held else None
+        return node, None, None
 
 
 # a drain's reason as the slurm sink writes it: the jobs that drained the node, then why
@@ -184,10 +225,16 @@ class WebhookSink:
         try:
             # streamed: the answer's body is read for at most what is left of the timeout (a
             # receiver dribbling it would hold the one action thread, every sink's)
-            with self._session.post(self.url, data=body, headers=headers,
-                                    timeout=self.timeout_s, stream=True) as r:
+            # no redirect followed: requests turns a 302 into an empty GET (then "done"), and
+            # re-sends the signed body to wherever a 307 points
+            with self._session.post(self.url, data=body, headers=headers, stream=True,
+                                    timeout=self.timeout_s, allow_redirects=False) as r:
                 if 200 <= r.status_code < 300:
                     return ActionResult(True, f"HTTP {r.status_code}")
+                if 300 <= r.status_code < 400:
+                    return ActionResult(False, f"HTTP {r.status_code}: "
+                                               f"{self._redirect(r.headers.get('Location'))}",
+                                        retry=False)
                 text = b""
                 for chunk in r.iter_content(64):
                     text += chunk
@@ -198,7 +245,20 @@ class WebhookSink:
         except requests.RequestException as e:
             return ActionResult(False, f"unreachable: {type(e).__name__}")
         retry = r.status_code >= 500 or r.status_code in (408, 429)
-        shown = redact_url(text[:200].decode("utf-8", "replace"))
+        shown = redact_shown(text[:200].decode("utf-8", "replace"))
         return ActionResult(False, f"HTTP {r.status_code}: {shown}", retry=retry)
+
+    def _redirect(self, location: str | None) -> str:
+        try:
+            to = urlsplit(urljoin(self.url, location or ""))
+        except ValueError:  # a Location that is no URL (``http://[x``)
+            location = None
+        if not location:
+            return "a redirect, not followed; give the final URL"
+        # shown like the sink's name: a path (an http -> https redirect keeps a Slack-style
+        # URL's secret path) and credentials are not
+        path = "/..." if to.path not in ("", "/") else ""
+        return (f"redirected to {to.scheme}://{url_host_port(to.geturl())}{path}, not "
+                "followed; give the final URL")
 
     quarantine = release = post
