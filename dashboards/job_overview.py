@@ -38,7 +38,8 @@ def job_overview() -> dict:
     L.add(stat("Quorum participants", "Replica groups in the current quorum.",
                [target(f"max(lightkeeper_quorum_participants{{{J}}})", "participants")]), 4, 4)
     L.add(stat("Committed step", "Highest committed step over all ranks.",
-               [target(f"max(lightkeeper_step{{{J}}})", "step")], graph="area"), 4, 4)
+               [target(f"max(lightkeeper_step{{{J}}})", "step")], unit="none", decimals=0,
+               graph="area"), 4, 4)
     L.add(stat("Step rate", "Committed steps per second of the job (fastest replica group).",
                [target(f"max(rate(lightkeeper_commits_total{{{J}}}[{RI}]))", "steps/s")],
                unit=STEPS_PER_S, decimals=2, graph="area"), 4, 4)

@@ -59,7 +59,7 @@ def monitor_health() -> dict:
         "Poll errors by reason", "Failed polls per second: timeout, connection, http_status, "
         "bad_response.",
         [target(f"sum by (reason) (rate(lightkeeper_monitor_poll_errors_total{{{J}}}[{RI}]))",
-                "{{reason}}")], min_=0), 6, 8)
+                "{{reason}}")], unit="suffix: errors/s", min_=0), 6, 8)
     L.add(timeseries(
         "Rank registrations by outcome",
         "POST /v1/targets per interval: accepted, or refused (unauthorized, not_allowed, "
@@ -126,8 +126,8 @@ def monitor_health() -> dict:
         draw="bars", fill=80, min_=0), 14, 8)
     L.add(table(
         "Decisions in the time range", "Eviction decisions over the dashboard's time range.",
-        [target(events("lightkeeper_monitor_eviction_decisions_total", J, "decision, reason",
-                       "$__range"), "", instant=True, fmt="table")],
+        [target(events("lightkeeper_monitor_eviction_decisions_total", J, "decision, reason"),
+                "", instant=True, fmt="table")],
         transformations=[{"id": "organize", "options": {
             "excludeByName": {"Time": True}, "renameByName": {"Value": "decisions"}}}]), 10, 8)
 

@@ -193,7 +193,7 @@ def state_timeline(title: str, description: str, tgts: list[Json], *,
 
 def table(title: str, description: str, tgts: list[Json], *, links: list[Json] | None = None,
           transformations: list[Json] | None = None, overrides: list[Json] | None = None,
-          sort_by: str | None = None) -> Json:
+          sort_by: str | None = None, unit: str = "short") -> Json:
     options: Json = {
         "frameIndex": 0,
         "showHeader": True,
@@ -204,7 +204,7 @@ def table(title: str, description: str, tgts: list[Json], *, links: list[Json] |
     custom = {"align": "auto", "cellOptions": {"type": "auto"}, "inspect": False,
               "filterable": False}
     return _panel("table", title, description, tgts, options,
-                  field_defaults(custom=custom, links=links, color="thresholds"),
+                  field_defaults(unit=unit, custom=custom, links=links, color="thresholds"),
                   overrides, transformations=transformations or [])
 
 

@@ -29,13 +29,24 @@ GROUP_COMPUTE = (f"max by (job, replica_group) "
                  f"/ rate(lightkeeper_step_compute_seconds_count{{{J}}}[{RI}]))")
 
 
-def events(metric: str, sel: str, by: str, window: str = RI) -> str:
-    """How much counter ``metric`` grew within ``window``, by ``by``.
+def new_series(m: str, window: str, seconds: str) -> str:
+    """The series of monitor counter selector ``m`` that are new within ``window`` (``seconds``
+    long): they appear already at 1, so ``increase`` cannot see their first increment.
 
-    ``increase`` cannot see the first increment of a labelled counter (its series appears
-    already at 1), so a series that is new within the window counts with its whole value."""
+    A series also looks new after a gap (a failed scrape's staleness marker, a network blip, a
+    Prometheus restart): only one whose monitor was scraped ``window`` ago, or started within
+    it, is new, so a gap shows no fake events (an increment across the gap is not counted)."""
+    return (f"(({m} unless {m} offset {window}) and on (job, instance) "
+            f"(lightkeeper_monitor_dry_run{{{J}}} offset {window} "
+            f"or lightkeeper_monitor_start_time_seconds{{{J}}} > time() - {seconds}))")
+
+
+def events(metric: str, sel: str, by: str) -> str:
+    """How much monitor counter ``metric`` grew within the dashboard's time range, by ``by``;
+    a series new within it counts with its whole value (:func:`new_series`)."""
     m = f"{metric}{{{sel}}}"
-    return f"sum by ({by}) (({m} unless {m} offset {window}) or increase({m}[{window}]))"
+    return (f"sum by ({by}) ({new_series(m, '$__range', '$__range_s')} "
+            f"or increase({m}[$__range]))")
 
 
 def step_growth(m: str) -> str:
@@ -48,10 +59,11 @@ def step_growth(m: str) -> str:
 
 
 def step_events(metric: str, sel: str, by: str) -> str:
-    """How much labelled counter ``metric`` grew since the previous step, by ``by``; a series
-    new since then counts with its whole value (it appears already at 1)."""
+    """How much monitor counter ``metric`` grew since the previous step, by ``by``; a series
+    new since then counts with its whole value (:func:`new_series`)."""
     m = f"{metric}{{{sel}}}"
-    return f"sum by ({by}) (({m} unless {m} offset {STEP}) or {step_growth(m)})"
+    return (f"sum by ({by}) ({new_series(m, STEP, '$__interval_ms / 1000')} "
+            f"or {step_growth(m)})")
 
 
 def group_steps(metric: str) -> str:

@@ -32,7 +32,7 @@ def rank_drilldown() -> dict:
                 (f"max by ({key}, phase) (lightkeeper_phase{{{R}}} == 1)", ""),
                 (f"max by ({key}) (lightkeeper_phase_duration_seconds{{{R}}})", ""),
                 instant=True, fmt="table"),
-        links=links, sort_by="rank",
+        links=links, sort_by="rank", unit="none",  # a step of 123456 is not "123 K"
         transformations=[
             {"id": "merge", "options": {}},
             {"id": "organize", "options": {
@@ -124,7 +124,7 @@ def rank_drilldown() -> dict:
                 (f"rate(lightkeeper_commit_failures_total{{{R}}}[{RI}])",
                  "rank {{rank}} commit failures"),
                 (f"rate(lightkeeper_heals_total{{{R}}}[{RI}])", "rank {{rank}} heals")),
-        min_=0), 8, 7)
+        unit="suffix:/s", min_=0), 8, 7)
     L.add(timeseries(
         "Quorum per rank", "Quorum id each rank is in, and whether it participates (0/1).",
         targets((f"lightkeeper_quorum_id{{{R}}}", "rank {{rank}} quorum id"),

@@ -146,6 +146,8 @@ def _fmt(value: float, unit: str) -> str:
         return f"{value:.3g} s"
     if unit.startswith("suffix:"):
         return f"{value:.3g}{unit[len('suffix:'):]}"
+    if unit in ("none", "") and value.is_integer():  # a step: 123456, not 1.235e+05
+        return f"{value:.0f}"
     return f"{value:.4g}"
 
 

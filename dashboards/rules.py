@@ -73,20 +73,26 @@ RECORDS = [
     Record("lightkeeper:job_step:max", "max by (job) (lightkeeper_step)"),
 ]
 
+_SECONDS = {"m": 60, "h": 3600}
+
+
 def grown(selector: str, window: str) -> str:
-    """How much a monitor counter grew within ``window``, per series.
+    """How much a monitor counter grew within ``window`` (``15m``, ``1h``), per series.
 
     ``increase`` misses the first increment of a labelled counter (its series appears already
     at 1), so a series that is new within the window counts with its whole value, but only if
-    the monitor was already being scraped a window ago (after a Prometheus restart every series
-    looks new)."""
+    its monitor was already being scraped a window ago or started within it (after a Prometheus
+    restart every series looks new; a young monitor's every series is new)."""
+    seconds = int(window[:-1]) * _SECONDS[window[-1]]
     return (f"(({selector} unless {selector} offset {window})\n"
-            f"    and on (job) lightkeeper_monitor_sweeps_total offset {window})\n"
+            f"    and on (job, instance) (lightkeeper_monitor_sweeps_total offset {window}\n"
+            f"      or lightkeeper_monitor_start_time_seconds > time() - {seconds}))\n"
             f"  or increase({selector}[{window}])")
 
 
 W = 'job="train", lightkeeper_component="worker"'
 M = 'job="train", lightkeeper_component="monitor", instance="mon:19400"'
+M2 = 'job="train", lightkeeper_component="monitor", instance="mon2:19400"'
 
 
 def _worker(rg: int, extra: str = "") -> str:
@@ -191,12 +197,17 @@ ALERTS = [
               "4m")]),
     Alert(
         "LightkeeperJobNoProgress",
+        # every rank stopped: the job ended; every rank starting (before its first quorum,
+        # loading a model): the monitor's stuck_starting reports a long start, no page
         "(max by (job) (increase(lightkeeper_commits_total[5m])) == 0)\n"
         "unless on (job)\n"
-        '(min by (job) (lightkeeper_phase{phase="stopped"}) == 1)', "2m", "critical",
+        '(min by (job) (lightkeeper_phase{phase="stopped"}) == 1)\n'
+        "unless on (job)\n"
+        '(min by (job) (lightkeeper_phase{phase="starting"}) == 1)', "2m", "critical",
         "Job {{ $labels.job }} has committed no step for 7 minutes",
         "No rank of the job committed a step in the last 5 minutes (for 2 minutes), and the job "
-        "has not stopped: it is hung, cannot form a quorum, or every step fails to commit.",
+        "has neither stopped nor is every rank still starting: it is hung, cannot form a "
+        "quorum, or every step fails to commit.",
         "Open the Job overview (quorum, commit failures) and the drill-down's phase per rank: "
         "ranks stuck in allreduce point at a hang (follow the Flight Recorder links), ranks in "
         "quorum at the Lighthouse; evict or restart the replica group at fault.",
@@ -211,7 +222,18 @@ ALERTS = [
          Case("job finished (all ranks stopped)",
               [(f"lightkeeper_commits_total{{{_worker(0)}}}", "0+10x10 100x30"),
                (f'lightkeeper_phase{{{_worker(0)}, phase="stopped"}}', "0x10 1x30")],
-              "10m")]),
+              "10m"),
+         Case("every rank still starting (loading its model)",
+              [s for g in range(2) for s in (
+                  (f"lightkeeper_commits_total{{{_worker(g)}}}", "0x40"),
+                  (f'lightkeeper_phase{{{_worker(g)}, phase="starting"}}', "1x40"))],
+              "9m"),
+         Case("one rank in its first quorum, which never completes",
+              [(f"lightkeeper_commits_total{{{_worker(g)}}}", "0x40") for g in range(2)]
+              + [(f'lightkeeper_phase{{{_worker(0)}, phase="starting"}}', "1x40"),
+                 (f'lightkeeper_phase{{{_worker(1)}, phase="starting"}}', "0x40"),
+                 (f'lightkeeper_phase{{{_worker(1)}, phase="quorum"}}', "1x40")],
+              "9m", [{"job": "train"}])]),
     Alert(
         "LightkeeperEvictionsTooFrequent",
         f"sum by (job) (\n  {grown('lightkeeper_monitor_evictions_total', '1h')}\n) > 3",
@@ -232,9 +254,24 @@ ALERTS = [
          Case("one eviction",
               [(f'lightkeeper_monitor_evictions_total{{{M}, replica_group="1"}}',
                 "0 0 0 1 1 1 1 1 1 1 1 1")], "11m", interval="1m"),
+         Case("4 evictions of a monitor started 25 minutes ago",
+              [(f"lightkeeper_monitor_sweeps_total{{{M}}}", "0+60x60"),
+               (f"lightkeeper_monitor_start_time_seconds{{{M}}}", "0x60"),
+               (f'lightkeeper_monitor_evictions_total{{{M}, replica_group="1"}}', "_x10 1x10 2x40"),
+               (f'lightkeeper_monitor_evictions_total{{{M}, replica_group="2"}}',
+                "_x15 1x10 2x35")], "30m", [{"job": "train"}], interval="1m"),
          Case("evictions long ago, Prometheus just restarted",
               [(f"lightkeeper_monitor_sweeps_total{{{M}}}", "1000+60x10"),
+               (f"lightkeeper_monitor_start_time_seconds{{{M}}}", "-7200x10"),
                (f'lightkeeper_monitor_evictions_total{{{M}, replica_group="1"}}', "9x10")],
+              "5m", interval="1m"),
+         Case("Prometheus just restarted: a shard started 5 minutes ago, another long ago",
+              [(f"lightkeeper_monitor_sweeps_total{{{M}}}", "1000+60x10"),
+               (f"lightkeeper_monitor_start_time_seconds{{{M}}}", "-7200x10"),
+               (f'lightkeeper_monitor_evictions_total{{{M}, replica_group="1"}}', "9x10"),
+               (f"lightkeeper_monitor_sweeps_total{{{M2}}}", "0+60x10"),
+               (f"lightkeeper_monitor_start_time_seconds{{{M2}}}", "0x10"),
+               (f'lightkeeper_monitor_evictions_total{{{M2}, replica_group="2"}}', "1x10")],
               "5m", interval="1m")]),
     Alert(
         "LightkeeperEvictionsHeldBack",
@@ -255,8 +292,15 @@ ALERTS = [
                (f'lightkeeper_monitor_eviction_decisions_total{{{M}, decision="hold", '
                 f'reason="min_replicas"}}', "_x20 1x10")], "25m",
               [{"job": "train", "reason": "min_replicas"}], interval="1m"),
+         Case("first hold of a monitor started 10 minutes ago",
+              [(f"lightkeeper_monitor_sweeps_total{{{M}}}", "0+60x20"),
+               (f"lightkeeper_monitor_start_time_seconds{{{M}}}", "0x20"),
+               (f'lightkeeper_monitor_eviction_decisions_total{{{M}, decision="hold", '
+                f'reason="dry_run"}}', "_x5 1x15")], "10m",
+              [{"job": "train", "reason": "dry_run"}], interval="1m"),
          Case("an old hold, Prometheus just restarted",
               [(f"lightkeeper_monitor_sweeps_total{{{M}}}", "1000+60x10"),
+               (f"lightkeeper_monitor_start_time_seconds{{{M}}}", "-7200x10"),
                (f'lightkeeper_monitor_eviction_decisions_total{{{M}, decision="hold", '
                 f'reason="dry_run"}}', "1x10")], "5m", interval="1m"),
          Case("evictions carried out",
@@ -417,9 +461,11 @@ ALERTS = [
         "LightkeeperMonitorMissing",
         # a monitor pod Pending (its volume still held by a failed node) or deleted has no
         # target, so no up == 0 either; per job: one job's monitor hides no other's absence;
-        # dry_run is exported from its start: one that never swept is NotSweeping's
+        # dry_run is exported from its start: one that never swept is NotSweeping's; a target
+        # still scraped (up 0 or 1) is MonitorDown's or NotSweeping's
         "count by (job) (lightkeeper_step)\n"
-        "unless on (job) lightkeeper_monitor_dry_run", "5m", "warning",
+        "unless on (job) lightkeeper_monitor_dry_run\n"
+        'unless on (job) up{lightkeeper_component="monitor"}', "5m", "warning",
         "Ranks of job {{ $labels.job }} are scraped but no Lightkeeper monitor of it is",
         "Prometheus scrapes WorkerServers of job {{ $labels.job }} but has had no monitor series "
         "of that job for 5 minutes: nothing detects or evicts its bad replica groups meanwhile.",
@@ -440,6 +486,9 @@ ALERTS = [
                                   (f"lightkeeper_step{{{_worker(0)}}}", "1x40")], "8m"),
          Case("a monitor scraped that never swept (LightkeeperMonitorNotSweeping's)",
               NEVER_SWEPT, "8m"),
+         Case("the monitor's target down (LightkeeperMonitorDown's)",
+              [(f"up{{{M}}}", "1x4 0x40"), (f"lightkeeper_monitor_dry_run{{{M}}}", "0x4 stale"),
+               (f"lightkeeper_step{{{_worker(0)}}}", "1x40")], "8m"),
          Case("nothing scraped at all", [(f"up{{{M}}}", "stale")], "8m")]),
     Alert(
         "LightkeeperMonitorNotSweeping",

@@ -169,6 +169,7 @@ class Monitor:
         self.store = Store(cfg.state_path)
         self.metrics = MonitorMetrics(cfg.job)
         self.metrics.dry_run.labels(cfg.job).set(1 if cfg.rails.dry_run else 0)
+        self.metrics.start_time.labels(cfg.job).set(clock())
         self.detectors = Detectors(cfg.detectors, clock=clock, probes=cfg.probes)
         self.probes = ProbeMesh(cfg.probes, cfg.rank_exit_token, clock)
         self.schedule = LeaderSchedule(cfg.leader_polling, cfg.leader_polling_min_ranks,

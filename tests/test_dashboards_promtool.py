@@ -277,7 +277,8 @@ def test_host_and_lighthouse_panels_and_alerts_on_the_monitors_own_series(tmp_pa
 # Scrapes every 15 s (the shipped interval, Grafana's $__interval for these dashboards); Grafana's
 # steps fall 7 s after each scrape. A monitor counter appears at 30 s already at 1, grows at 75 s,
 # is reset at 105 s (a monitor restart) and grows at 135 s; a worker counter exists from 0 s at
-# 0 with the same increments; the quorum id changes at 30 s and 75 s.
+# 0 with the same increments; the quorum id changes at 30 s and 75 s. The monitor is scraped
+# throughout (its lightkeeper_monitor_dry_run), so its new series are new, not back from a gap.
 STEPS = range(7, 160, 15)
 EVENT_STEPS = {37, 82, 142}
 MONITOR_COUNTER = "_ _ 1 1 1 2 2 0 0 1 1"
@@ -329,6 +330,8 @@ def _by_labels(expr: str, series_labels: dict[str, str]) -> str:
 def _event_series() -> list[dict]:
     worker = [f'{{job="train", replica_group="1", rank="{r}"}}' for r in (0, 1)]
     out = [{"series": f"lightkeeper_quorum_id{w}", "values": QUORUM_ID} for w in worker]
+    out.append({"series": 'lightkeeper_monitor_dry_run{job="train", instance="mon:19400"}',
+                "values": "0x10"})
     for _, _, counter, is_worker in EVENT_QUERIES:
         if counter.startswith("lightkeeper_monitor_ranks_lost"):
             out.append({"series": f'{counter}{{job="train"}}', "values": WORKER_COUNTER})
@@ -420,3 +423,56 @@ def test_shard_panels_and_alerts_on_the_series_of_a_shard_and_a_leader_without_e
               ("LightkeeperShardNoLeader", [base])]
     promtool_test(tmp_path, "shard series of a real shard and leader candidate", series,
                   expr_tests, alerts)
+
+
+def test_event_markers_and_bars_skip_a_scrape_gap_but_count_new_series(tmp_path):
+    """A labelled monitor counter back after a scrape gap (staleness markers on the monitor's
+    series) is no event; one new while its monitor is scraped, or in the first scrape of a
+    monitor that started within the step, counts its whole value; alike over the time range."""
+    a = 'job="train", instance="mon:19400"'
+    b = 'job="train", instance="mon2:19400"'
+    series = [  # 15 s scrapes; monitor a (started long ago) misses its scrape at 120 s
+        (f"lightkeeper_monitor_dry_run{{{a}}}", "0x7 stale 0x8"),
+        (f"lightkeeper_monitor_start_time_seconds{{{a}}}", "-1000x7 stale -1000x8"),
+        (f'lightkeeper_monitor_evictions_total{{{a}, replica_group="1"}}', "5x7 stale 5x8"),
+        (f'lightkeeper_monitor_evictions_total{{{a}, replica_group="2"}}', "_x10 1x5"),
+        (f'lightkeeper_monitor_eviction_decisions_total{{{a}, decision="evict", '
+         f'reason="confirmed"}}', "3x7 stale 3x8"),
+        # monitor b started at 55 s, first scraped at 60 s with its first eviction
+        (f"lightkeeper_monitor_dry_run{{{b}}}", "_x4 0x10"),
+        (f"lightkeeper_monitor_start_time_seconds{{{b}}}", "_x4 55x10"),
+        (f'lightkeeper_monitor_evictions_total{{{b}, replica_group="3"}}', "_x4 1x10"),
+        (f'lightkeeper_monitor_eviction_decisions_total{{{b}, decision="hold", '
+         f'reason="dry_run"}}', "_x4 1x10"),
+    ]
+    bars = _dashboard_query("MONITOR", "panel 'Evictions by replica group' A")
+    marks = _dashboard_query("OVERVIEW", "annotation 'Evictions'")
+
+    def rows(*groups: tuple[str, int]) -> list[dict]:
+        return [{"labels": f'{{replica_group="{g}"}}', "value": v} for g, v in groups]
+
+    tests = []
+    for t, groups in ((67, [("1", 0), ("3", 1)]), (82, [("1", 0), ("3", 0)]),
+                      (127, [("3", 0)]), (142, [("3", 0)]),
+                      (157, [("1", 0), ("2", 1), ("3", 0)])):
+        tests.append({"expr": bars, "eval_time": f"{t}s", "exp_samples": rows(*groups)})
+        tests.append({"expr": marks, "eval_time": f"{t}s", "exp_samples": [
+            {"labels": f'{{job="train", replica_group="{g}"}}', "value": v}
+            for g, v in groups if v]})
+    from dashboards import build
+    from dashboards.validate import all_queries, substitute
+
+    (q,) = [q for q in all_queries(build.build_dashboards())
+            if q.where == "panel 'Decisions in the time range' A"]
+    in_range = substitute(q.expr, {"job": "train"}, {"$__range": "1m", "$__range_s": "60"})
+    for t, hold in ((100, 1), (180, 0)):
+        tests.append({"expr": in_range, "eval_time": f"{t}s", "exp_samples": [
+            {"labels": '{decision="evict", reason="confirmed"}', "value": 0},
+            {"labels": '{decision="hold", reason="dry_run"}', "value": hold}]})
+    doc = {"rule_files": [str(PROMETHEUS_DIR / "rules.yml")], "evaluation_interval": "15s",
+           "tests": [{"name": "events across a scrape gap", "interval": "15s",
+                      "input_series": [{"series": s, "values": v} for s, v in series],
+                      "promql_expr_test": tests}]}
+    (tmp_path / "t.yml").write_text(dump(doc))
+    r = promtool("test", "rules", "t.yml", cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]

@@ -133,6 +133,9 @@ class MonitorMetrics:
         self.quorum_participants = gauge("quorum_participants",
                                          "Participants of the newest quorum")
         self.dry_run = gauge("dry_run", "1 when the monitor never evicts")
+        self.start_time = gauge("start_time_seconds", "Unix time the monitor started: a "
+                                "labelled counter first seen soon after is new, not back "
+                                "from a scrape gap")
         self.ranks_verified = gauge("ranks_verified",
                                     "Ranks whose claims the Lighthouse and their peers confirm "
                                     "(their answers are evidence)")
