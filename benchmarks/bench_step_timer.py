@@ -4,14 +4,17 @@ Every timed collective costs one ``StepTimer.waiting()`` (two ``time.monotonic()
 thread-local flag and a float addition); every step one ``end_step()`` (a record appended under a
 lock and the histogram listeners). Measured here against an empty ``with`` of the same shape.
 
-    .venv/bin/python benchmarks/bench_step_timer.py [--calls 200000]
+    .venv/bin/python benchmarks/bench_step_timer.py [--calls 200000] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
 import statistics
+import sys
 import time
 
 from worker_server import RankIdentity, RankState
@@ -32,6 +35,7 @@ def per_call(fn, calls: int, repeats: int = 5) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=200_000)
+    p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
     state = RankState(RankIdentity())
     WorkerMetrics(state)  # the histograms listen to every step, as in a served rank
@@ -62,6 +66,12 @@ def main() -> None:
     for name, seconds in rows:
         print(f"{name:36} {seconds * 1e6:11.2f} us")
     print(f"\n(an empty `with` costs {base * 1e6:.2f} us here; median of 5 runs)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": " ".join(["bench_step_timer.py", *sys.argv[1:]]),
+                       "load_avg": os.getloadavg(), "empty_with_us": round(base * 1e6, 3),
+                       "us_per_call": {name: round(s * 1e6, 3) for name, s in rows}}, f,
+                      indent=1)
 
 
 if __name__ == "__main__":
