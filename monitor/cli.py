@@ -36,7 +36,7 @@ from .config import (
     ShardConfig,
 )
 from .poll.admission import token_warning
-from .store import StateInUse
+from .store import StateInUse, StateTooNew
 
 
 def _csv(value: str) -> list[str]:
@@ -314,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:  # also --action k8s without lightkube or a cluster configuration
         print(f"lightkeeper monitor: {e}", file=sys.stderr)
         return 2
-    except (OSError, sqlite3.Error, StateInUse) as e:  # the state file, or its folder
+    except (OSError, sqlite3.Error, StateInUse, StateTooNew) as e:  # the state file, its folder
         print(f"lightkeeper monitor: --state {args.state_path}: {e}", file=sys.stderr)
         return 1
     try:

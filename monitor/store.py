@@ -81,6 +81,9 @@ CREATE TABLE IF NOT EXISTS unreachable_ranks (
     url TEXT PRIMARY KEY, since REAL, state TEXT NOT NULL, trust TEXT
 );
 """
+# the file's format (SQLite's user_version; 0: from before it was kept): raised only by a change
+# an older monitor would misread, which then refuses the file instead
+FORMAT = 1
 # columns added after a release: (table, column, declaration), added to an older file at start
 ADDED_COLUMNS = (("decisions", "bundle", "TEXT"),)
 
@@ -114,6 +117,10 @@ def goodput_json_text(doc: dict[str, Any]) -> str:
 
 class StateInUse(RuntimeError):
     """Another monitor holds the state file."""
+
+
+class StateTooNew(RuntimeError):
+    """The state file is of a newer format than this monitor reads."""
 
 
 class LockHeld(RuntimeError):
@@ -197,10 +204,17 @@ class Store:
             if path != ":memory:" and not os.statvfs(folder).f_bavail:
                 raise sqlite3.OperationalError(f"{e}: its filesystem is full") from None
             raise
+        found = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if found > FORMAT:
+            self._db.close()
+            raise StateTooNew(f"written by a newer Lightkeeper (state format {found}; this one "
+                              f"reads up to {FORMAT}): run that version, or give another --state")
         for table, column, decl in ADDED_COLUMNS:
             have = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
             if column not in have:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {decl}")
+        if found < FORMAT:
+            self._db.execute(f"PRAGMA user_version = {FORMAT}")
         self._db.commit()
 
     def _open(self) -> None:

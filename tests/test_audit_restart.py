@@ -422,3 +422,31 @@ def test_an_interrupted_kill_is_no_goodput_eviction_until_judged(tmp_path, job):
         assert requests.get(mon.url + "/v1/goodput", timeout=10).json()["incidents"] == []
     finally:
         mon.stop()
+
+
+def test_a_state_file_of_a_newer_format_is_refused_and_left_as_it_is(tmp_path):
+    """A monitor rolled back over a file a newer version changed incompatibly (its format,
+    SQLite's user_version, raised) refuses it in one line, exit status 1, and keeps its
+    format and rows; a file from before the format was kept is taken and marked."""
+    import sqlite3
+
+    from monitor.store import FORMAT, Store
+
+    old = tmp_path / "old.sqlite"
+    Store(str(old)).close()
+    with sqlite3.connect(old) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT
+        db.execute("PRAGMA user_version = 0")  # as a file from before the format was kept
+    Store(str(old)).close()
+    with sqlite3.connect(old) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT
+        db.execute(f"PRAGMA user_version = {FORMAT + 1}")
+        db.execute("INSERT INTO hosts (host, data, updated_at) VALUES ('h', '{}', 1)")
+    run = subprocess.run([sys.executable, "-m", "lightkeeper.cli", "monitor", "--port", "0",
+                          "--state", str(old)], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 1, run
+    [line] = run.stderr.splitlines()
+    assert f"newer Lightkeeper (state format {FORMAT + 1}" in line and "--state" in line, line
+    with sqlite3.connect(old) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == FORMAT + 1
+        assert db.execute("SELECT host FROM hosts").fetchall() == [("h",)]
