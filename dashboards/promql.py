@@ -34,11 +34,14 @@ def new_series(m: str, window: str, seconds: str) -> str:
     long): they appear already at 1, so ``increase`` cannot see their first increment.
 
     A series also looks new after a gap (a failed scrape's staleness marker, a network blip, a
-    Prometheus restart): only one whose monitor was scraped ``window`` ago, or started within
-    it, is new, so a gap shows no fake events (an increment across the gap is not counted)."""
+    Prometheus restart): only one whose monitor was scraped ``window`` ago, or is itself new
+    within it and started at most 5 minutes before (its first scrape can come well after its
+    start, and its clock may be off), is new, so a gap shows no fake events (an increment
+    across the gap is not counted)."""
+    start = f"lightkeeper_monitor_start_time_seconds{{{J}}}"
     return (f"(({m} unless {m} offset {window}) and on (job, instance) "
             f"(lightkeeper_monitor_dry_run{{{J}}} offset {window} "
-            f"or lightkeeper_monitor_start_time_seconds{{{J}}} > time() - {seconds}))")
+            f"or ({start} unless {start} offset {window}) > time() - {seconds} - 300))")
 
 
 def events(metric: str, sel: str, by: str) -> str:

@@ -198,16 +198,19 @@ ALERTS = [
     Alert(
         "LightkeeperJobNoProgress",
         # every rank stopped: the job ended; every rank starting (before its first quorum,
-        # loading a model): the monitor's stuck_starting reports a long start, no page
+        # loading a model) the last 2 minutes and for under 30: no page; a crash loop (every
+        # group starting again and again) or a start hung that long pages
         "(max by (job) (increase(lightkeeper_commits_total[5m])) == 0)\n"
         "unless on (job)\n"
         '(min by (job) (lightkeeper_phase{phase="stopped"}) == 1)\n'
         "unless on (job)\n"
-        '(min by (job) (lightkeeper_phase{phase="starting"}) == 1)', "2m", "critical",
+        '((min_over_time((min by (job) (lightkeeper_phase{phase="starting"}))[2m:15s]) == 1)\n'
+        "  and on (job) (max by (job) (lightkeeper_phase_duration_seconds) < 1800))",
+        "2m", "critical",
         "Job {{ $labels.job }} has committed no step for 7 minutes",
         "No rank of the job committed a step in the last 5 minutes (for 2 minutes), and the job "
-        "has neither stopped nor is every rank still starting: it is hung, cannot form a "
-        "quorum, or every step fails to commit.",
+        "has neither stopped nor has every rank been starting for the last 2 minutes (under "
+        "30): it is hung, crash-looping, cannot form a quorum, or every step fails to commit.",
         "Open the Job overview (quorum, commit failures) and the drill-down's phase per rank: "
         "ranks stuck in allreduce point at a hang (follow the Flight Recorder links), ranks in "
         "quorum at the Lighthouse; evict or restart the replica group at fault.",
@@ -226,8 +229,22 @@ ALERTS = [
          Case("every rank still starting (loading its model)",
               [s for g in range(2) for s in (
                   (f"lightkeeper_commits_total{{{_worker(g)}}}", "0x40"),
-                  (f'lightkeeper_phase{{{_worker(g)}, phase="starting"}}', "1x40"))],
+                  (f'lightkeeper_phase{{{_worker(g)}, phase="starting"}}', "1x40"),
+                  (f"lightkeeper_phase_duration_seconds{{{_worker(g)}}}", "0+15x40"))],
               "9m"),
+         Case("every rank starting for over 30 minutes (hung before its first quorum)",
+              [s for g in range(2) for s in (
+                  (f"lightkeeper_commits_total{{{_worker(g)}}}", "0x40"),
+                  (f'lightkeeper_phase{{{_worker(g)}, phase="starting"}}', "1x40"),
+                  (f"lightkeeper_phase_duration_seconds{{{_worker(g)}}}", "0+60x40"))],
+              "34m", [{"job": "train"}], interval="1m"),
+         Case("every group crash-looping (starting 40 s of each 140 s, never committing)",
+              [(f"lightkeeper_commits_total{{{_worker(0)}}}", "0x98"),
+               (f'lightkeeper_phase{{{_worker(0)}, phase="starting"}}',
+                " ".join(["1 1 0 0 0 0 0"] * 14)),
+               (f"lightkeeper_phase_duration_seconds{{{_worker(0)}}}",
+                " ".join(["0 20 0 20 40 60 80"] * 14))],
+              "20m", [{"job": "train"}], interval="20s"),
          Case("one rank in its first quorum, which never completes",
               [(f"lightkeeper_commits_total{{{_worker(g)}}}", "0x40") for g in range(2)]
               + [(f'lightkeeper_phase{{{_worker(0)}, phase="starting"}}', "1x40"),
@@ -462,14 +479,14 @@ ALERTS = [
         # a monitor pod Pending (its volume still held by a failed node) or deleted has no
         # target, so no up == 0 either; per job: one job's monitor hides no other's absence;
         # dry_run is exported from its start: one that never swept is NotSweeping's; a target
-        # still scraped (up 0 or 1) is MonitorDown's or NotSweeping's
+        # down is MonitorDown's; one up with no series of this job runs with another --job
         "count by (job) (lightkeeper_step)\n"
         "unless on (job) lightkeeper_monitor_dry_run\n"
-        'unless on (job) up{lightkeeper_component="monitor"}', "5m", "warning",
+        'unless on (job) (up{lightkeeper_component="monitor"} == 0)', "5m", "warning",
         "Ranks of job {{ $labels.job }} are scraped but no Lightkeeper monitor of it is",
         "Prometheus scrapes WorkerServers of job {{ $labels.job }} but has had no monitor series "
         "of that job for 5 minutes: nothing detects or evicts its bad replica groups meanwhile.",
-        "Find the monitor: kubectl get pods -l app.kubernetes.io/component=monitor (a Pending "
+        "Find the monitor: kubectl get pods -A -l app.kubernetes.io/component=monitor (a Pending "
         "pod waits for its volume or a node); else start lightkeeper monitor --job "
         "{{ $labels.job }} and check the monitor scrape job of prometheus.yml. Delete this rule "
         "where ranks run without one.",
@@ -482,6 +499,11 @@ ALERTS = [
                ('lightkeeper_step{job="other", lightkeeper_component="worker", '
                 'instance="o0:9000", replica_group="0", rank="0", group_rank="0"}', "1x40")],
               "8m", [{"job": "other"}]),
+         Case("a monitor target up that exports another --job's series",
+              [(f"up{{{M}}}", "1x40"),
+               ('lightkeeper_monitor_dry_run{job="lightkeeper", lightkeeper_component="monitor", '
+                'instance="mon:19400"}', "0x40"),
+               (f"lightkeeper_step{{{_worker(0)}}}", "1x40")], "8m", [{"job": "train"}]),
          Case("monitor scraped", [(f"lightkeeper_monitor_dry_run{{{M}}}", "0x40"),
                                   (f"lightkeeper_step{{{_worker(0)}}}", "1x40")], "8m"),
          Case("a monitor scraped that never swept (LightkeeperMonitorNotSweeping's)",

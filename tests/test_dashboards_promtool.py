@@ -428,9 +428,11 @@ def test_shard_panels_and_alerts_on_the_series_of_a_shard_and_a_leader_without_e
 def test_event_markers_and_bars_skip_a_scrape_gap_but_count_new_series(tmp_path):
     """A labelled monitor counter back after a scrape gap (staleness markers on the monitor's
     series) is no event; one new while its monitor is scraped, or in the first scrape of a
-    monitor that started within the step, counts its whole value; alike over the time range."""
+    monitor that started shortly before (even a minute before, by its own clock), counts its
+    whole value; alike over the time range."""
     a = 'job="train", instance="mon:19400"'
     b = 'job="train", instance="mon2:19400"'
+    c = 'job="train", instance="mon3:19400"'
     series = [  # 15 s scrapes; monitor a (started long ago) misses its scrape at 120 s
         (f"lightkeeper_monitor_dry_run{{{a}}}", "0x7 stale 0x8"),
         (f"lightkeeper_monitor_start_time_seconds{{{a}}}", "-1000x7 stale -1000x8"),
@@ -444,6 +446,11 @@ def test_event_markers_and_bars_skip_a_scrape_gap_but_count_new_series(tmp_path)
         (f'lightkeeper_monitor_evictions_total{{{b}, replica_group="3"}}', "_x4 1x10"),
         (f'lightkeeper_monitor_eviction_decisions_total{{{b}, decision="hold", '
          f'reason="dry_run"}}', "_x4 1x10"),
+        # monitor c first scraped at 75 s, its clock saying it started 65 s before: a first
+        # scrape can come well after a start, and a clock be off
+        (f"lightkeeper_monitor_dry_run{{{c}}}", "_x5 0x10"),
+        (f"lightkeeper_monitor_start_time_seconds{{{c}}}", "_x5 10x10"),
+        (f'lightkeeper_monitor_evictions_total{{{c}, replica_group="4"}}', "_x5 2x10"),
     ]
     bars = _dashboard_query("MONITOR", "panel 'Evictions by replica group' A")
     marks = _dashboard_query("OVERVIEW", "annotation 'Evictions'")
@@ -452,9 +459,9 @@ def test_event_markers_and_bars_skip_a_scrape_gap_but_count_new_series(tmp_path)
         return [{"labels": f'{{replica_group="{g}"}}', "value": v} for g, v in groups]
 
     tests = []
-    for t, groups in ((67, [("1", 0), ("3", 1)]), (82, [("1", 0), ("3", 0)]),
-                      (127, [("3", 0)]), (142, [("3", 0)]),
-                      (157, [("1", 0), ("2", 1), ("3", 0)])):
+    for t, groups in ((67, [("1", 0), ("3", 1)]), (82, [("1", 0), ("3", 0), ("4", 2)]),
+                      (127, [("3", 0), ("4", 0)]), (142, [("3", 0), ("4", 0)]),
+                      (157, [("1", 0), ("2", 1), ("3", 0), ("4", 0)])):
         tests.append({"expr": bars, "eval_time": f"{t}s", "exp_samples": rows(*groups)})
         tests.append({"expr": marks, "eval_time": f"{t}s", "exp_samples": [
             {"labels": f'{{job="train", replica_group="{g}"}}', "value": v}

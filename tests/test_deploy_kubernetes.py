@@ -482,6 +482,13 @@ def test_generate_refuses_a_rules_file_it_cannot_read():
         generate.dashboard_configmap(generate.DASHBOARDS_DIR / "x.json", '{"title": "t"}\n')
 
 
+def test_generate_names_a_source_that_is_not_utf8(tmp_path):
+    bad = tmp_path / "zz.json"
+    bad.write_bytes(b'\xff\xfe{"uid": 1}\n')
+    with pytest.raises(generate.SourceError, match="zz.json: not UTF-8"):
+        generate._read(bad)
+
+
 def test_promtool_checks_the_prometheus_rule_spec(tmp_path):
     exe = require_binary("promtool")
     (rule,) = load_docs(generate.PROMETHEUS_RULE)

@@ -11,7 +11,7 @@
   labelled ``grafana_dashboard: "1"`` for Grafana's dashboard sidecar, each holding the JSON file
   byte for byte.
 
-Only the standard library: it runs from a checkout with any Python 3. A source file that is
+Only the standard library: it runs from a checkout with Python 3.9 or later. A source file that is
 missing or not what this expects (no ``groups:`` in rules.yml, a dashboard that is not JSON or
 has no ``uid``) stops it with a message naming the file, and nothing is written.
 """
@@ -46,6 +46,8 @@ def _read(p: Path) -> str:
         return p.read_text(encoding="utf-8")
     except OSError as e:
         raise SourceError(f"{_rel(p)}: cannot read: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise SourceError(f"{_rel(p)}: not UTF-8 (byte {e.start})") from None
 
 
 def prometheus_rule(rules_text: str) -> str:
