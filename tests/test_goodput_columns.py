@@ -156,14 +156,15 @@ def snapshot_rows(state: dict) -> dict:
         for r in state["unsettled"]
         for one in zip(*(r[f] for f in RUN_LISTS.values()), strict=True)]}
     g = state["groups"]
-    t = g["history_t"]
+    window = g["window"]
     groups = {
         str(gid): {"replica_id": rid, "commits": c if c != -1 else None, "cum": cum,
                    "gpus": gpus or None, "last_in_quorum_at": at,
-                   "history": [] if h is None else [(t, h)]}
-        for gid, rid, c, cum, gpus, at, h in zip(
+                   "history": [(t, row[j]) for t, row in list(zip(
+                       window["t"], window["cum"], strict=True))[born:]], "carry": carry}
+        for j, (gid, rid, c, cum, gpus, at, born, carry) in enumerate(zip(
             g["gid"], g["replica_id"], g["commits"], g["cum"], g["gpus"],
-            g["last_in_quorum_at"], g["history_cum"], strict=True)}
+            g["last_in_quorum_at"], window["born"], g["carry"], strict=True))}
     iv = state["open_intervals"]
     open_intervals = {k: dict(zip(INTERVAL_FIELDS, row, strict=True))
                       for k, *row in zip(iv["key"], *(iv[f] for f in INTERVAL_FIELDS),

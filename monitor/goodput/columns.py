@@ -144,7 +144,9 @@ class History:
             self.first += 1
 
     def pace(self, slots: np.ndarray, born: np.ndarray, window: float, b: float) -> np.ndarray:
-        """:func:`monitor.goodput.pace.pace_of` of each slot's history (nan: None)."""
+        """:func:`monitor.goodput.pace.pace_of` of each slot's history (nan: None, as over
+        less than ``2 x b``: a group just seen, or a monitor just restarted from an older
+        snapshot)."""
         out = np.full(len(slots), np.nan)
         if not self.t or not len(slots):
             return out
@@ -163,7 +165,7 @@ class History:
             m = start == u
             v_start[m] = self.cum[u][slots[m]]
         span = t_end - ts[np.minimum(start, last)]
-        ok = (first < last) & (span > 0)
+        ok = (first < last) & (span > 0) & (span >= 2 * b)  # as pace_of: shorter says nothing
         out[ok] = np.maximum(0, v_end[ok] - v_start[ok]) * b / span[ok]
         return out
 
@@ -203,17 +205,25 @@ class Judged(deque[Sweep]):
 
 
 _POSITIONS = range(1 << 30)  # flat rank positions for compress()
+_NO_COUNT = object()  # a state without "commits"
+_COUNTED = -2  # a rank's "step" read as a count: none, it reports "commits"
 _READ = attrgetter("replica_id", "reachable", "step")  # what is read of a GroupView
 
 
 class CommitReader:
     """A group's commit count is the most any reachable rank of its replica id reports, its world
-    size the one most report. A hot loop: only the ranks whose state is new are read."""
+    size the one most report. A group none of whose ranks reports a count (one watched through
+    torch's debug server only: ``--torch-stores``) counts the rise of its step within its
+    incarnation (torchft's step moves by one per committed step), never more in a sweep than
+    the quorum's newest step rose (a group healing jumps to it). A hot loop: only the ranks
+    whose state is new are read."""
 
     def __init__(self) -> None:
         self._last: tuple | None = None  # what the last read saw
         self.quorum_steps: list[int] = []  # the last read's in-quorum groups' steps
         self.step_at: float | None = None  # the newest of them committed at (the rank's clock)
+        self._top: int | None = None  # the newest of quorum_steps
+        self.quorum_rids: list[str | None] = []
 
     def read(self, view: ClusterView, in_quorum: set[int], S: Slots, born: int, now: float,
              first: bool) -> np.ndarray:
@@ -234,15 +244,18 @@ class CommitReader:
         rids, lens = list(rids), list(map(len, reaches))
         inq = list(map(in_quorum.__contains__, keys))
         self.quorum_steps = list(filter(partial(is_not, None), compress(steps, inq)))
+        self.quorum_rids = list(compress(rids, inq))  # their incarnations (and stepless ones')
         self.step_at = None  # when the furthest in-quorum group committed its newest step
-        if self.quorum_steps:
-            top = max(self.quorum_steps)
+        top = max(self.quorum_steps) if self.quorum_steps else None
+        rise = None if top is None or self._top is None else max(0, top - self._top)
+        self._top = top if top is not None else self._top
+        if top is not None:
             self.step_at = next((gv.step_at for gv, s, q in zip(groups.values(), steps, inq,
                                                                   strict=True)
                                  if q and s == top), None)
         flat = list(chain.from_iterable(reaches))
         if rd is not None and rd[0] == keys and rd[3] == lens:
-            owner, commits, sizes, states = rd[5], rd[6], rd[7], rd[8]
+            owner, commits, sizes, states, stepc = rd[5], rd[6], rd[7], rd[8], rd[9]
             todo = compress(_POSITIONS, map(is_not, flat, rd[4]))
             if rd[2] != rids:  # a new incarnation: every rank of that group again
                 again = set(compress(_POSITIONS, map(ne, rids, rd[2])))
@@ -251,9 +264,10 @@ class CommitReader:
         else:
             owner = list(chain.from_iterable(map(repeat, range(len(lens)), lens)))
             commits, sizes = np.full(len(flat), -1, np.int64), np.full(len(flat), -1, np.int64)
+            stepc = np.full(len(flat), -1, np.int64)
             states = [None] * len(flat)
             todo = range(len(flat))
-        read, counts, of_size = [], [], []
+        read, counts, of_size, by_step = [], [], [], []
         for i in todo:  # -1: not of the group's incarnation, or not a count
             st = flat[i].state
             if st is states[i]:
@@ -263,10 +277,18 @@ class CommitReader:
             if not st or st.get("replica_id") != rids[owner[i]]:
                 counts.append(-1)
                 of_size.append(-1)
+                by_step.append(-1)
                 continue
-            c = st.get("commits")
-            if type(c) is not int:  # JSON's ints pass as they are
-                c = as_int(c)
+            c = st.get("commits", _NO_COUNT)
+            if c is _NO_COUNT:  # no count reported (torch's debug server): its step, if one
+                s = st.get("step")
+                s = s if type(s) is int else as_int(s)
+                by_step.append(s if s is not None and 0 <= s < HUGE else -1)
+                c = None
+            else:
+                by_step.append(_COUNTED)
+                if type(c) is not int:  # JSON's ints pass as they are
+                    c = as_int(c)
             n = st.get("group_world_size")
             if type(n) is not int:
                 n = as_int(n)
@@ -274,13 +296,22 @@ class CommitReader:
             of_size.append(n if n is not None and 1 <= n < HUGE else -1)
         commits[read] = counts
         sizes[read] = of_size
-        self._last = (keys, vslots, rids, lens, flat, owner, commits, sizes, states)
+        stepc[read] = by_step
+        self._last = (keys, vslots, rids, lens, flat, owner, commits, sizes, states, stepc)
         # per group with a reachable rank: the most commits, the world sizes
         has = np.asarray(lens) > 0
         offsets = np.cumsum(lens) - lens
         starts = offsets[has]
         c = np.full(len(keys), -1, np.int64)
         c[has] = np.maximum.reduceat(commits, starts) if len(starts) else []
+        # no rank of the group's incarnation reports a count (a rank that does: _COUNTED, the
+        # least), one reports a step: the group's count is its step
+        stepped = np.full(len(keys), -1, np.int64)
+        if len(starts):
+            low = np.minimum.reduceat(np.where(stepc == -1, HUGE, stepc), starts)
+            stepped[has] = np.where(low == _COUNTED, -1, np.maximum.reduceat(stepc, starts))
+        stepped[c >= 0] = -1
+        c = np.where(stepped >= 0, stepped, c)
         most = np.full(len(keys), -1, np.int64)
         least = np.full(len(keys), -1, np.int64)
         if len(starts):
@@ -302,6 +333,10 @@ class CommitReader:
         same = np.fromiter(map(eq, rid_got, old_rids), bool, len(vs))
         d = np.where(was < 0, np.where(same | first, 0, c),
                      np.where(same, np.maximum(0, c - was), c))
+        by = stepped[got] >= 0
+        if by.any():  # a step reached before this incarnation was seen is no commit of it
+            rose = np.where(same & (was >= 0), np.maximum(0, c - was), 0)
+            d = np.where(by, rose if rise is None else np.minimum(rose, rise), d)
         for i in np.flatnonzero(~same).tolist():
             S.rid[vs[i]] = rid_got[i]
         S.commits[vs] = c

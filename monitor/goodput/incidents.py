@@ -32,10 +32,9 @@ class Incidents(dict[int, Incident]):
         self.open_findings = 0  # in the last sweep
         self.dirty: set[int] = set()  # changed since the last save
         self.swept = False  # a sweep's findings ingested (a restored ledger: not yet)
-        # incidents whose findings a monitor restart closed, and until when they wait for the
-        # restarted monitor to confirm the same fault again
-        self.held: set[int] = set()
-        self.held_until = 0.0
+        # incidents whose findings a monitor restart closed -> until when they wait for the
+        # restarted monitor to confirm the same fault again (saved: a later restart keeps it)
+        self.held: dict[int, float] = {}
 
     def ingest_findings(self, view: ClusterView, findings: list[dict[str, Any]], now: float,
                         since: float | None, horizon: float) -> None:
@@ -43,14 +42,17 @@ class Incidents(dict[int, Incident]):
         id joins it); one whose findings all cleared is resolved. On a restored ledger's first
         sweep, the open incidents none of whose findings is open lost them to the restart
         (``monitor_restarted``): they are resolved only ``horizon`` later, unless the restarted
-        monitor confirms the same fault again meanwhile (it joins them)."""
+        monitor confirms the same fault again meanwhile (it joins them). One an earlier restart
+        held keeps its deadline: a monitor restarting more often than ``horizon`` would
+        otherwise never resolve it."""
         open_ids = {fid for fid in map(as_int, (f.get("id") for f in findings))
                     if fid is not None}
         if not self.swept:
             self.swept = True
-            self.held = {i.id for i in self.open() if i.finding_ids and i.resolved_at is None
-                         and not open_ids.intersection(i.finding_ids)}
-            self.held_until = now + horizon
+            new = [i.id for i in self.open() if i.finding_ids and i.resolved_at is None
+                   and i.id not in self.held and not open_ids.intersection(i.finding_ids)]
+            self.held.update(dict.fromkeys(new, now + horizon))
+            self.dirty.update(new)  # saved soon: a restart before the next save holds them anew
         for f in findings:
             fid = as_int(f.get("id"))
             if fid is None:
@@ -64,7 +66,7 @@ class Incidents(dict[int, Incident]):
             if same:
                 same[-1].finding_ids.append(fid)
                 same[-1].resolved_at = None
-                self.held.discard(same[-1].id)
+                self.held.pop(same[-1].id, None)
                 self.dirty.add(same[-1].id)
                 continue
             job = self._explained(f)
@@ -73,8 +75,9 @@ class Incidents(dict[int, Incident]):
                 continue
             self._open(f, fid, view, now, since)
         self.open_findings = len(open_ids)
-        if now >= self.held_until:
-            self.held.clear()
+        if self.held:
+            self.held = {i: until for i, until in self.held.items()
+                         if now < until and i in self and self[i].open}
         for inc in self.values():
             if inc.finding_ids and inc.resolved_at is None and inc.open \
                     and inc.id not in self.held and not open_ids.intersection(inc.finding_ids):

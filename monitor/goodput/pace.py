@@ -10,7 +10,8 @@ from .model import JOB_RESTART_STEPS, GoodputConfig, Incident
 
 
 def pace_of(history: deque, window: float, b: float | None) -> float | None:
-    """Steps in the trailing window of ``(t, steps)`` x b / its length; None without data."""
+    """Steps in the trailing window of ``(t, steps)`` x b / its length; None without data or
+    over less than ``2 x b`` (a step more or less would swing it by half or more)."""
     if b is None or len(history) < 2:
         return None
     t_end, v_end = history[-1]
@@ -21,7 +22,7 @@ def pace_of(history: deque, window: float, b: float | None) -> float | None:
         else:
             break
     span = t_end - start[0]
-    if span <= 0:
+    if span <= 0 or span < 2 * b:
         return None
     return max(0, v_end - start[1]) * b / span
 
@@ -46,6 +47,8 @@ class JobPace:
         self.slow_since: float | None = None  # below pace, unexplained, since
         self.ratio: float | None = None
         self.steady: tuple[float, int] | None = None  # see track_steady
+        # the incarnations in the quorum when it last reached ``step`` (None: not known)
+        self.rids: set[str] | None = None
 
     @property
     def window(self) -> float:
@@ -55,10 +58,13 @@ class JobPace:
     def horizon(self) -> float:
         return max(self.cfg.horizon_s, self.cfg.horizon_steps * (self.baseline or 0.0))
 
-    def ingest(self, steps: list[int], now: float, step_at: float | None = None) -> bool:
+    def ingest(self, steps: list[int], now: float, step_at: float | None = None,
+               rids: list[str | None] | None = None) -> bool:
         """True if the in-quorum groups' steps moved the job on. ``step_at``: when the newest
         step committed by the ranks' clock; the history dates a move from it, not from the
-        sweep that saw it (kept between the last entry and ``now``: clocks differ)."""
+        sweep that saw it (kept between the last entry and ``now``: clocks differ). ``rids``:
+        the in-quorum groups' incarnations; all new ones behind the job's step: it was
+        relaunched (from a checkpoint), however few steps back."""
         moved, at = False, now
         if steps:
             s = max(steps)
@@ -66,16 +72,22 @@ class JobPace:
                 moved = True
                 if step_at is not None and self.history:
                     at = min(now, max(self.history[-1][0], step_at))
-            if self.step is not None and s < self.step - JOB_RESTART_STEPS:
+            if self.step is not None and s < self.step and (
+                    s < self.step - JOB_RESTART_STEPS or self._relaunched(rids)):
                 self.history.clear()  # started over (e.g. from a checkpoint)
-            if self.step is None or s > self.step or not self.history:
+            if self.step is None or s >= self.step or not self.history:
                 self.step = s
+                self.rids = set(rids).difference((None,)) if rids else None
         if self.step is not None:
             self.history.append((at, self.step))
             # no baseline yet: W's 3 s floor holds no 3 steps of over a second (a LocalSGD
             # sync), so the window stretches to 3 steps and startup ends
             trim(self.history, now, self.window, 3 if self.baseline is None else 0)
         return moved
+
+    def _relaunched(self, rids: list[str | None] | None) -> bool:
+        return bool(rids) and self.rids is not None and all(
+            r is not None and r not in self.rids for r in rids)
 
     def frozen(self, now: float, incident: int | None) -> str | None:
         """Why the baseline takes no samples now (None: it does); ``incident``: the newest open

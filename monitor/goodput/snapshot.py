@@ -37,6 +37,7 @@ class GoodputSnapshot:
             # the whole trailing window (trimmed to it): a restart just after the job resumed
             # still dates its return to pace from the commits before it
             "job_step": job.step, "job_history": list(job.history),
+            "job_rids": None if job.rids is None else sorted(job.rids),
             "baseline_samples": list(job.samples), "baseline": job.baseline,
             "pace": job.ratio, "slow_since": job.slow_since,
             "last_commit_at": self.last_commit_at,
@@ -49,22 +50,29 @@ class GoodputSnapshot:
                 for f in INTERVAL_FIELDS}},
             "next_incident": self.incidents.next_id, "first_incident": self.first_incident,
             "seen_evictions": sorted(self.incidents.seen_evictions)[-1000:],
+            "held": sorted(map(list, self.incidents.held.items())),
         }
 
     def _groups_snapshot(self) -> dict[str, Any]:
         """``history_cum``: each group's count at the history sample ``history_t`` (None: its
-        history starts after)."""
+        history starts after); ``window``: every sample of the pace window (a group's counts
+        from its ``born`` sample on; 0 before), so a restarted monitor judges pace over the
+        same window as without the restart; ``carry``: the credit each group holds."""
         S, hist = self.slots, self.hist
         n = len(S)
         last_in = S.last_in_quorum_at[1:]
         newest = hist.cum[-1][1:n] if hist.cum else np.zeros(0, np.int64)
         sampled = S.born[1:1 + len(newest)] < hist.next
+        rows = [np.pad(c[1:n], (0, max(0, n - len(c)))).tolist() for c in hist.cum]
         return {
             "gid": S.gids[1:], "replica_id": S.rid[1:], "commits": S.commits[1:].tolist(),
             "cum": S.cum[1:].tolist(), "gpus": S.gpus[1:].tolist(),
             "last_in_quorum_at": with_none(last_in, np.isnan(last_in)),
             "history_t": hist.t[-1] if hist.t else None,
             "history_cum": with_none(newest, ~sampled) + [None] * (n - 1 - len(newest)),
+            "window": {"t": list(hist.t), "cum": rows,
+                       "born": np.maximum(0, S.born[1:] - hist.first).tolist()},
+            "carry": S.carry[1:].tolist(),
         }
 
     def unsaved(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -97,8 +105,15 @@ class GoodputSnapshot:
         for name in ("commits", "cum", "gpus"):
             getattr(S, name)[1:] = g[name]
         S.last_in_quorum_at[1:] = [np.nan if t is None else t for t in g["last_in_quorum_at"]]
+        if "carry" in g:  # an older snapshot's groups hold none
+            S.carry[1:] = g["carry"]
         sampled = np.array([c is not None for c in g["history_cum"]], bool)
-        if sampled.any():  # the groups without it start their history at the next sweep
+        if "window" in g:
+            window = g["window"]
+            hist.t.extend(window["t"])
+            hist.cum.extend(np.array([0, *row], np.int64) for row in window["cum"])
+            S.born[1:] = window["born"]
+        elif sampled.any():  # the groups without it start their history at the next sweep
             hist.t.append(g["history_t"])
             hist.cum.append(np.zeros(len(S), np.int64))
             hist.cum[0][1:][sampled] = [c for c in g["history_cum"] if c is not None]
@@ -106,6 +121,8 @@ class GoodputSnapshot:
         job.step, job.baseline, job.slow_since, job.ratio, led.last_commit_at = map(
             state.get, ("job_step", "baseline", "slow_since", "pace", "last_commit_at"))
         job.history.extend(tuple(x) for x in state["job_history"])
+        rids = state.get("job_rids")  # an older snapshot's: not known
+        job.rids = None if rids is None else set(rids)
         job.samples.extend(state["baseline_samples"])
         steady = state["steady"]
         job.steady = (float(steady[0]), int(steady[1])) if steady else None
@@ -129,6 +146,8 @@ class GoodputSnapshot:
             iv["key"], *(iv[f] for f in INTERVAL_FIELDS), strict=True)}
         led.incidents.next_id = state["next_incident"]
         led.incidents.seen_evictions = set(state["seen_evictions"])
+        # an older snapshot's: none (its restart holds every incident a restart closed)
+        led.incidents.held = {int(i): float(until) for i, until in state.get("held", ())}
         for d in filter(lambda d: d["id"] >= led.first_incident, incidents):
             inc = Incident.from_store(d)
             led.incidents[inc.id] = inc

@@ -142,6 +142,7 @@ class GoodputLedger:
         self.groups: dict[int, _Group] = {}
         self.job_step: int | None = None
         self.job_history: deque = deque()  # (t, job step)
+        self.job_rids: set[str] | None = None  # the in-quorum incarnations at job_step
         self.baseline_samples: deque = deque(maxlen=self.cfg.baseline_samples)
         self.baseline: float | None = None
         self.slow_since: float | None = None  # pace below threshold, unexplained, since
@@ -173,8 +174,8 @@ class GoodputLedger:
         self._dirty_incidents: set[int] = set()
         self._closed_intervals: list[Interval] = []
         self._swept = False  # findings ingested (a restored ledger: not yet)
-        self._held: set[int] = set()  # findings closed by a restart: wait for them again
-        self._held_until = 0.0
+        # findings closed by a restart: wait for them again until (saved, as monitor/goodput does)
+        self._held: dict[int, float] = {}
 
     # --- derived settings ------------------------------------------------------------
     @property
@@ -303,10 +304,16 @@ class GoodputLedger:
                                if g in in_quorum and gv.step == s)
                 if step_at is not None and self.job_history:
                     at = min(now, max(self.job_history[-1][0], step_at))
-            if self.job_step is not None and s < self.job_step - JOB_RESTART_STEPS:
+            # every in-quorum group a new incarnation: relaunched, however few steps back
+            rids = [gv.replica_id for g, gv in view.groups.items() if g in in_quorum]
+            relaunched = bool(rids) and self.job_rids is not None and all(
+                r is not None and r not in self.job_rids for r in rids)
+            if self.job_step is not None and s < self.job_step and (
+                    s < self.job_step - JOB_RESTART_STEPS or relaunched):
                 self.job_history.clear()  # the job started over (e.g. from a checkpoint)
-            if self.job_step is None or s > self.job_step or not self.job_history:
+            if self.job_step is None or s >= self.job_step or not self.job_history:
                 self.job_step = s
+                self.job_rids = set(rids).difference((None,)) if rids else None
         if self.job_step is not None:
             self.job_history.append((at, self.job_step))
             _trim(self.job_history, now, self.window, 3 if self.baseline is None else 0)
@@ -320,9 +327,10 @@ class GoodputLedger:
         if not self._swept:
             self._swept = True
             now_open = {_int(f.get("id")) for f in findings}
-            self._held = {i.id for i in self._open_incidents() if i.finding_ids
-                          and i.resolved_at is None and not now_open.intersection(i.finding_ids)}
-            self._held_until = now + self.horizon
+            new = [i.id for i in self._open_incidents() if i.finding_ids and i.id not in self._held
+                   and i.resolved_at is None and not now_open.intersection(i.finding_ids)]
+            self._held.update(dict.fromkeys(new, now + self.horizon))
+            self._dirty_incidents.update(new)
         for f in findings:
             fid = _int(f.get("id"))
             if fid is None:
@@ -340,12 +348,12 @@ class GoodputLedger:
             if same:
                 same[-1].finding_ids.append(fid)
                 same[-1].resolved_at = None
-                self._held.discard(same[-1].id)
+                self._held.pop(same[-1].id, None)
                 self._dirty_incidents.add(same[-1].id)
                 continue
             self._open_incident(f, fid, view, now)
-        if now >= self._held_until:
-            self._held.clear()
+        self._held = {i: until for i, until in self._held.items()
+                      if now < until and i in self.incidents and self.incidents[i].open}
         for inc in self.incidents.values():
             if inc.finding_ids and inc.resolved_at is None and inc.open \
                     and inc.id not in self._held and not open_ids.intersection(inc.finding_ids):
@@ -978,9 +986,11 @@ class GoodputLedger:
             "groups": {str(g): {"replica_id": grp.replica_id, "commits": grp.commits,
                                 "cum": grp.cum, "gpus": grp.gpus,
                                 "last_in_quorum_at": grp.last_in_quorum_at,
-                                "history": list(grp.history)[-1:]}
+                                "history": list(grp.history),  # the window, as monitor/goodput saves it
+                                "carry": grp.carry}
                        for g, grp in self.groups.items()},
             "job_step": self.job_step, "job_history": list(self.job_history),  # the window, as monitor/goodput saves it
+            "job_rids": None if self.job_rids is None else sorted(self.job_rids),
             "baseline_samples": list(self.baseline_samples), "baseline": self.baseline,
             "pace": self.pace, "slow_since": self.slow_since, "last_commit_at": self.last_commit_at,
             "steady": list(self.steady) if self.steady else None,
@@ -994,6 +1004,7 @@ class GoodputLedger:
             "open_intervals": {k: dict(vars(v)) for k, v in self.open_intervals.items()},
             "next_incident": self.next_incident,
             "seen_evictions": sorted(self.seen_evictions)[-1000:],
+            "held": sorted(map(list, self._held.items())),
         }
 
     def unsaved(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -1030,9 +1041,11 @@ class GoodputLedger:
             grp = _Group(int(g), d.get("replica_id"), d.get("commits"), int(d.get("cum") or 0),
                          d.get("gpus"), d.get("last_in_quorum_at"))
             grp.history.extend(tuple(x) for x in d.get("history") or [])
+            grp.carry = float(d.get("carry") or 0.0)
             led.groups[int(g)] = grp
         led.job_step = state.get("job_step")
         led.job_history.extend(tuple(x) for x in state.get("job_history") or [])
+        led.job_rids = None if state.get("job_rids") is None else set(state["job_rids"])
         led.baseline_samples.extend(state.get("baseline_samples") or [])
         led.baseline = state.get("baseline")
         led.slow_since = state.get("slow_since")
@@ -1054,6 +1067,7 @@ class GoodputLedger:
                               (state.get("open_intervals") or {}).items()}
         led.next_incident = int(state.get("next_incident") or 1)
         led.seen_evictions = set(state.get("seen_evictions") or [])
+        led._held = {int(i): float(until) for i, until in state.get("held") or []}
         for d in incidents:
             inc = Incident.from_store(d)
             led.incidents[inc.id] = inc
