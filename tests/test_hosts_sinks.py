@@ -162,6 +162,19 @@ def test_a_hooks_error_and_a_webhooks_answer_show_no_token(tmp_path):
     assert '"secret\\": \\"***\\"' in answer.detail, answer.detail  # quoted: still JSON-ish
 
 
+@pytest.mark.parametrize("said", ["token" * 819, "a" * 4096, "ab" * 2048, "token " * 682])
+def test_redacting_a_long_hook_error_never_stalls_the_monitor(said):
+    """The redaction runs on up to 4 KiB of a hook's stderr under the GIL: unbounded repeats
+    backtracked for minutes on a long word ("token" x 819: ~150 s), stopping every thread of
+    the monitor. The bound is a hang guard, not a speed target (it runs in ~1 ms)."""
+    from monitor.act.sinks.hooks import redact_shown
+
+    started = time.monotonic()
+    redact_shown(said + " token=tok-z9")
+    assert time.monotonic() - started < 2.0
+    assert "tok-z9" not in redact_shown(said[:100] + " token=tok-z9")
+
+
 def _alive(pid: int) -> bool:
     """Running (a zombie was killed, only not reaped yet)."""
     try:
@@ -301,6 +314,10 @@ def test_slurm_drain_and_resume_commands(tmp_path, monkeypatch):
 @pytest.mark.parametrize("state,reason,drained", [
     ("DOWN+NOT_RESPONDING", "Not responding [slurm@2026-11-28T09:00:00]", True),
     ("DOWN", "bad PSU [root@2026-11-28T09:00:00]", False),
+    # the operator's DOWN kept when Slurm marks the powered-off node not responding too
+    ("DOWN+NOT_RESPONDING", "RMA 4711: bad DIMM [root@2026-11-28T09:00:00]", False),
+    ("DOWN*", "RMA 4711: bad DIMM [root@2026-11-28T09:00:00]", False),
+    ("DOWN*", "Not responding [slurm@2026-11-28T09:00:00]", True),
     ("IDLE+FAIL", "RMA 1234 [root@2026-11-28T09:00:00]", False),
     ("IDLE+POWERED_DOWN", "", True),
 ])

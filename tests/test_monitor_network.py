@@ -875,7 +875,9 @@ def test_the_verdict_names_only_the_host_common_to_every_bad_link(hosts, link, m
     (lambda s, d: SLOW if "c" in (s, d) else {}, {"c": {"mbit_s": 15.0}}, [],
      "no culprit: not c: its rank serves itself at 15.0 Mbit/s"),
     # stuck: it cannot serve itself either
-    (lambda s, d: CUT if "c" in (s, d) else {}, {"c": CUT}, [], "cannot serve itself either"),
+    (lambda s, d: CUT if "c" in (s, d) else {},
+     {"c": {**CUT, "error": "transfer: timed out (2 s) after 0 of 262144 bytes"}}, [],
+     "cannot serve itself either"),
     # serving itself slower than its peers but far faster than its links: the network
     (lambda s, d: SLOW if "c" in (s, d) else {}, {"c": {"mbit_s": 300.0}}, ["c"],
      "every link of c"),
@@ -883,6 +885,10 @@ def test_the_verdict_names_only_the_host_common_to_every_bad_link(hosts, link, m
     # one busy host spared, another's network named
     (lambda s, d: SLOW if {s, d} & {"b", "e"} else {}, {"e": {"mbit_s": 9.0}}, ["b"],
      "not e: its rank serves itself"),
+    # a control that could not connect fails for the network (an iptables drop, its name
+    # resolved through DNS): a cut-off host is named
+    (lambda s, d: CUT if "c" in (s, d) else {},
+     {"c": {**CUT, "error": "connect: timed out (2 s)"}}, ["c"], "every link of c failed"),
 ])
 def test_a_host_whose_rank_is_as_slow_serving_itself_is_not_named(link, control, culprits,
                                                                    says):
@@ -892,6 +898,52 @@ def test_a_host_whose_rank_is_as_slow_serving_itself_is_not_named(link, control,
 
     v = place(a_round(list("abcdef"), link, control=lambda h: control.get(h, {})), 0.25)
     assert v.hosts == culprits and says in v.text, v.text
+
+
+@pytest.mark.parametrize("raw", [{}, {"ok": "yes"}, {"ok": None}, {"ok": True}, "fast", None])
+def test_a_control_of_a_shape_not_known_spares_no_host(raw):
+    """A control that says neither "worked, at a rate" nor "failed, because": none kept, so a
+    cut-off host is named on its links as before."""
+    from monitor.detect.network import place
+    from monitor.evidence.probes import control_row
+
+    rnd = a_round(list("abcd"), lambda s, d: CUT if "c" in (s, d) else {},
+                  control=lambda h: {})
+    rnd.probes["c"].control = control_row(raw)
+    assert rnd.probes["c"].control is None
+    assert place(rnd, 0.25).hosts == ["c"]
+
+
+def test_a_spared_hosts_open_finding_stays_and_its_rounds_wait(tmp_path, job):
+    """A network finding open on h2 (its eviction held: a dry run); then h2's rank turns as slow
+    serving itself: those rounds spare h2, but its links are no better, so the finding is not
+    closed as ``links_good``."""
+    clock = Clock()
+    job.sim.probe_token = TOKEN
+    job.sim.links = links(job)
+    d = Driver(monitor(tmp_path, job, clock, rank_exit_token=TOKEN,
+                       rails=RailsConfig(min_replicas=1, cooldown_s=0, dry_run=True)),
+               Training(job), clock)
+    try:
+        _spared_finding_stays(d, job)
+    finally:
+        d.mon.stop()
+
+
+def _spared_finding_stays(d, job) -> None:
+    d.sweeps(BASELINE_SWEEPS)
+    job.sim.links = links(job, "h2", THROTTLED)
+    (f,) = d.until(lambda: network_findings(d), "network finding", **NETWORK_SLOW)
+    host_of = {r.url: r.state["host"] for r in job.sim.ranks}
+    job.sim.control = lambda url: THROTTLED if host_of[url] == "h2" else {}
+    rounds = d.mon.probes.rounds
+    while d.mon.probes.rounds < rounds + 3:
+        d.sweep(**NETWORK_SLOW)
+        d.mon.probes.wait(10)
+    d.sweep(**NETWORK_SLOW)
+    assert [x.evidence["host"] for x in network_findings(d)] == ["h2"]
+    assert not [x for x in d.mon.store.findings() if x["kind"] == "network"
+                and x.get("resolution") == "links_good"]
 
 
 def test_a_busy_ranks_host_is_never_named_over_rounds(probing):

@@ -162,7 +162,7 @@ def create_app(
         except ValueError as e:
             raise BadParameter(str(e)) from None
         ident = state.identity
-        results, control = probe_peers(req, state.worker_url)
+        results, control = probe_peers(req, state.control_url or state.worker_url)
         return jsonify({"from": {"worker_url": state.worker_url, "host": ident.host,
                                  "node": ident.host, "hostname": state.hostname,
                                  "rank": ident.rank, "replica_group": ident.replica_group},

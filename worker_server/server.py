@@ -152,6 +152,10 @@ class WorkerServer:
                                               name="lightkeeper-worker-http")
         self.host, self.port, self.url = host, self._http.port, self._http.url
         state.worker_url = self.url
+        # a wildcard bind is reached by itself on loopback: its advertised name may resolve
+        # through the network (DNS) and would put the network back into the probe's control
+        wild = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "[::1]"}.get(host)
+        state.control_url = f"http://{wild}:{self.port}" if wild else self.url
         self._stop = threading.Event()
         self._register_thread: threading.Thread | None = None
         self.autostarted = False  # started by lightkeeper run's hook, not by the job's code

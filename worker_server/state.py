@@ -138,6 +138,7 @@ class RankState:
         self._lock = threading.Lock()
         self.started_at = time.time()
         self.worker_url: str | None = None
+        self.control_url: str | None = None  # this server reached by itself (probe control)
         self.hostname = socket.gethostname()
         self._device: dict | None = None  # rank_device(), looked up on first snapshot
         self.replica_id: str | None = None

@@ -46,6 +46,7 @@ class Verdict:
     lines: dict[str, str] = field(default_factory=dict)  # culprit host -> why (usually one)
     bad: dict[str, list[str]] = field(default_factory=dict)  # culprit -> its links, described
     links: dict[str, list[Link]] = field(default_factory=dict)  # culprit -> its bad links
+    spared: list[str] = field(default_factory=list)  # hosts whose own process explains them
     reference_mbit_s: float | None = None  # the other hosts' median link, the culprits judged by
 
     @property
@@ -98,6 +99,7 @@ def place(rnd: ProbeRound, ratio: float, rates: bool = True) -> Verdict:
     for h in busy:
         for d in (out.lines, out.bad, out.links):
             d.pop(h)
+    out.spared = list(busy)
     spared = "; ".join(f"not {h}: {why}" for h, why in busy.items())
     out.text = "; ".join([*out.lines.values(), spared]) if out.lines else f"no culprit: {spared}"
     return out
@@ -114,8 +116,12 @@ def _busy(h: str, rnd: ProbeRound, bad: list[Link], ratio: float) -> str | None:
         return None
     ref = statistics.median(others)
     if not mine["ok"]:
-        return (f"its rank cannot serve itself either ({mine['error'] or 'failed'}) while the "
-                f"others do at a median {ref:.1f} Mbit/s: its process is stuck or busy")
+        # the kernel completes a connect without the process: only a transfer that failed
+        # points at the process; a connect that failed points at the network
+        if not str(mine.get("error") or "").startswith("transfer:"):
+            return None
+        return (f"its rank cannot serve itself either ({mine['error']}) while the others do "
+                f"at a median {ref:.1f} Mbit/s: its process is stuck or busy")
     rate = mine["mbit_s"]
     best = max((x.mbit_s for x in bad if x.ok and x.mbit_s), default=None)
     if rate is None or best is None or rate >= ratio * ref or rate >= EXPLAINS * best:
@@ -222,10 +228,14 @@ class Network:
                         for h in verdict.hosts}
         if not rates:  # a heal's round judged no rate: a slow host's streak waits, not ends
             self._streak = {**was, **self._streak}
+        # a host spared for its own process is not judged this round: its streak waits and its
+        # finding stays (its links are no better)
+        self._streak.update({h: was[h] for h in verdict.spared if h in was})
         if not rnd.missing() and rates:  # a full round that measured a host, naming it no more
             for key, f in list(findings.open.items()):
-                if key[0] == "network" and f.evidence.get("host") in rnd.probes \
-                        and f.evidence.get("host") not in verdict.hosts:
+                host = f.evidence.get("host")
+                if key[0] == "network" and host in rnd.probes and host not in verdict.hosts \
+                        and host not in verdict.spared:
                     findings.resolve(key, "links_good", now)
         new = []
         for h in verdict.hosts:

@@ -87,6 +87,18 @@ def link_row(row: dict[str, Any]) -> dict[str, Any]:
             "error": str(err)[:200] if err is not None else None}
 
 
+def control_row(raw: Any) -> dict[str, Any] | None:
+    """A rank's transfer from itself as the monitor keeps it, when it says one thing: worked
+    (with a rate) or failed (with why); None otherwise (an older WorkerServer sends none, and
+    a shape this monitor does not know must not spare a host)."""
+    if not isinstance(raw, dict):
+        return None
+    row = link_row(raw)
+    worked = raw.get("ok") is True and row["mbit_s"] is not None
+    failed = raw.get("ok") is False and isinstance(raw.get("error"), str)
+    return row if worked or failed else None
+
+
 def plan(ranks: dict[str, RankView], peers: int) -> dict[str, list[str]]:
     """host -> the hosts its rank probes: every other one up to ``peers + 1`` hosts, else the
     next ``peers`` in a ring of the sorted hosts."""
@@ -248,8 +260,7 @@ class ProbeMesh:
                 p.results[host_of[row["peer"]]] = link_row(row)
         for h in p.peers:  # a peer the rank left out: not measured, so not good
             p.results.setdefault(h, link_row({"error": "not in the rank's answer"}))
-        if isinstance(doc.get("control"), dict):  # an older WorkerServer sends none
-            p.control = link_row(doc["control"])
+        p.control = control_row(doc.get("control"))
 
     def _warn_missing(self, rnd: ProbeRound) -> None:
         missing = rnd.missing()

@@ -52,10 +52,14 @@ def signature_matches(secret: str, body: bytes, header: str | None) -> bool:
 # header's credential, ``token=...``, ``"password": "..."``
 _BEARER = re.compile(r"\b(Bearer)(\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
 # (a JSON answer's own text may quote one again: ``{"error": "{\\"token\\": \\"...\\"}"}``)
+# Every repeat bounded and the name anchored: unbounded ones backtrack quadratically or worse
+# on a long word ("token" x 400: 19 s), holding the GIL, so the whole monitor stopped.
 _SECRET_FIELD = re.compile(
-    r"""((?:\\?["'])?[\w.-]*(?:token|secret|passw(?:or)?d|api[_-]?key|authorization)[\w.-]*"""
-    r"""(?:\\?["'])?\s*[:=]\s*)((?:Bearer|Basic|Token)\s+)?"""
-    r"""(\\"(?:(?!\\").)*(?:\\"|$)|"[^"]*(?:"|$)|'[^']*(?:'|$)|[^\s"',;&}\\]+)""",
+    r"""((?:\\?["'])?(?<![\w.-])[\w.-]{0,64}?"""
+    r"""(?:token|secret|passw(?:or)?d|api[_-]?key|authorization)[\w.-]{0,64}"""
+    r"""(?:\\?["'])?\s{0,16}[:=]\s{0,16})((?:Bearer|Basic|Token)\s+)?"""
+    r"""(\\"(?:(?!\\").){0,1024}(?:\\"|$)|"[^"]{0,1024}(?:"|$)|'[^']{0,1024}(?:'|$)"""
+    r"""|[^\s"',;&}\\]{1,1024})""",
     re.IGNORECASE)  # a value cut short (an answer's first 200 bytes) ends at the end
 
 
@@ -190,12 +194,15 @@ class SlurmSink:
             # IDLE+DRAIN, DOWN+DRAIN+NOT_RESPONDING, FAIL, MIXED+FAIL, DRAINING: word by word,
             # as POWERED_DOWN (a cloud node asleep) is no DOWN
             flags = "".join(out.partition("State=")[2].split(maxsplit=1)[:1]).split("+")
-            # a node DOWN because slurmd stopped answering is Slurm's doing, not an operator's:
-            # drained, it stays out when it answers again (ReturnToService would take it back)
+            reason = out.partition("Reason=")[2].split("\n")[0].rsplit(" [", 1)[0].strip()
+            # a node DOWN with no reason, or Slurm's own "Not responding", is no one's: drained,
+            # it stays out when it answers again (ReturnToService would take it back); an
+            # operator's reason is kept when Slurm marks the node not responding too
+            down = any(f.rstrip("*") == "DOWN" for f in flags) and not (
+                not reason or reason.startswith("Not responding") or DRAINED_BY.fullmatch(reason))
             held = ("failed" if any(f.startswith("FAIL") for f in flags) else
                     "drained" if any(f.startswith("DRAIN") for f in flags) else
-                    "down" if "DOWN" in flags and "NOT_RESPONDING" not in flags else None)
-            reason = out.partition("Reason=")[2].split("\n")[0].rsplit(" [", 1)[0].strip()
+                    "down" if down else None)
             return name, held, reason if held else None
         return node, None, None
 
