@@ -109,6 +109,10 @@ def test_an_unconfirmed_kill_leaves_its_replica_to_the_dead_detector(tmp_path):
         r = client.post("/v1/evict", json={"replica_group": 1, "reason": "test"},
                         headers={"Authorization": f"Bearer {TOKEN}"})
         assert r.get_json()["sent"] is True, r.get_data(as_text=True)
+        # the answer's reason is the audit row's, and the operator's why is in its detail
+        (row,) = client.get("/v1/evictions").get_json()
+        assert r.get_json()["reason"] == row["reason"] == "manual"
+        assert "(given: test)" in row["detail"]
         skew[0] += 2.0  # past confirm_timeout_s, the group still answering
         mon.sweep_once()
         rid = job.replica_ids[1]

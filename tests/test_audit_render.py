@@ -28,7 +28,12 @@ def test_overview_groups_render_once_per_sweep(tmp_path):
 
     template_rendered.connect(count, app)
     try:
+        # the page's view is taken before the first sweep, the groups after it: none shown
+        assert app_module.overview_groups(mon, None)["groups"] == []
         mon.sweep_once()
+        assert app_module.overview_groups(mon, None) == {
+            "groups": [], "hidden_ranks": 0, "total_ranks": 0,
+            "limit": app_module.OVERVIEW_RANKS, "hidden_groups": 0}
         client = app.test_client()
         pages = []
         for _ in range(3):  # three tabs, the monitor's clock moving between their reloads

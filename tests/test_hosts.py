@@ -435,6 +435,11 @@ def test_routes_hosts_and_release(tmp_path):
                    data='{"reason": "DIMM replaced"}')
         assert r.status_code == 400 and "Content-Type: application/json" in r.get_json()["error"]
         assert m.hosts.hosts["h1"]["state"] == "quarantined"
+        # a broken JSON body (a missing brace) was read as none: released, its reason lost
+        r = c.post("/v1/hosts/h1/release", headers={"Authorization": "Bearer tok"},
+                   data='{"reason": "DIMM replaced"', content_type="application/json")
+        assert r.status_code == 400 and "not valid JSON" in r.get_json()["error"]
+        assert m.hosts.hosts["h1"]["state"] == "quarantined"
         r = c.post("/v1/hosts/h1/release", headers={"Authorization": "Bearer tok"},
                    json={"reason": "DIMM replaced"})
         assert r.status_code == 200 and r.get_json()["decision"] == "release"

@@ -297,18 +297,20 @@ class Enforcer:
         went."""
         # an eviction counted by what it was for, as its audit row says (straggler, manual, ...)
         reason = (finding or {}).get("kind", source) if d.evict else d.reason
+        given = (finding or {}).get("reason") if source == "manual" else None
+        detail = f"{d.detail} (given: {given})" if given else d.detail  # the operator's why
         did = self.store.add_decision(replica_group=replica_group, replica_id=replica_id,
-                                      decision=d.decision, reason=reason, detail=d.detail,
+                                      decision=d.decision, reason=reason, detail=detail,
                                       finding_id=finding_id, finding=finding,
                                       status="sending" if d.evict else None, source=source,
                                       at=self.clock())
         self.metrics.decisions.labels(self.cfg.job, d.decision, reason).inc()  # once recorded
         if not d.evict:
-            log.info("hold replica group %s (%s): %s", replica_group, d.reason, d.detail)
-            return {"id": did, "decision": "hold", "reason": d.reason, "detail": d.detail}
-        log.warning("evicting replica group %s (%s): %s", replica_group, replica_id, d.detail)
+            log.info("hold replica group %s (%s): %s", replica_group, d.reason, detail)
+            return {"id": did, "decision": "hold", "reason": d.reason, "detail": detail}
+        log.warning("evicting replica group %s (%s): %s", replica_group, replica_id, detail)
         bundle = self.keep_bundle(view, evidence, finding, finding_id, {
-            "id": did, "decision": "evict", "reason": reason, "detail": d.detail,
+            "id": did, "decision": "evict", "reason": reason, "detail": detail,
             "source": source, "status": "sending", "replica_group": replica_group,
             "replica_id": replica_id, "at": self.clock()})
         if bundle is not None:
@@ -322,7 +324,7 @@ class Enforcer:
         try:  # unwritten (a full disk), the store keeps the outcome and writes it later
             self.store.update_decision(did, status="sent" if result.sent else "failed",
                                        http_status=result.http_status,
-                                       detail=f"{d.detail}{note}; kill: {result.detail}")
+                                       detail=f"{detail}{note}; kill: {result.detail}")
         except sqlite3.Error as e:
             log.error("eviction %s %s, not recorded yet (%s)", did,
                       "sent" if result.sent else "failed", e)
@@ -330,7 +332,7 @@ class Enforcer:
             self.metrics.evictions.labels(self.cfg.job, str(replica_group)).inc()
             self.lh_settings.kill_sent(replica_id, self.clock())
         self.metrics.last_eviction.labels(self.cfg.job).set(self.clock())
-        return {"id": did, "decision": "evict", "reason": d.reason, "sent": result.sent,
+        return {"id": did, "decision": "evict", "reason": reason, "sent": result.sent,
                 "detail": result.detail, "bundle": bundle["id"] if bundle else None}
 
     def confirm_evictions(self, view: ClusterView, evidence: ClusterView, now: float,

@@ -30,8 +30,9 @@ def _json_body():
     application/json`` is refused saying so (a browser's cross-site form cannot send that
     type: it is kept required), not read as no body."""
     body = request.get_json(silent=True)
-    if body is None and request.get_data(cache=True) and not request.is_json:
-        raise BadTarget("the body must be JSON sent with Content-Type: application/json")
+    if body is None and request.get_data(cache=True):  # a request that says why, not none
+        raise BadTarget("the body is not valid JSON" if request.is_json else
+                        "the body must be JSON sent with Content-Type: application/json")
     return body
 
 
@@ -55,15 +56,19 @@ def _limit(name: str = "limit", default: int = 500, least: int = 1) -> int:
     try:
         n = decimal_int(raw)
     except ValueError:
-        raise BadTarget(f"{name} must be an integer, got {raw!r}") from None
+        raise BadTarget(f"{name} must be a decimal integer ({least} to 10000; more reads as "
+                        f"10000), got {raw[:40]!r}") from None
     return max(least, min(n, 10_000))
 
 
 def overview_groups(monitor: Any, view: Any) -> dict[str, Any]:
     """The overview's groups with their ranks' rows, at most OVERVIEW_RANKS of them: past that,
     the groups not all up or with an open finding first; the rest counted."""
+    if view is None:  # before the first sweep (cluster_json would take a view published since)
+        return {"groups": [], "hidden_ranks": 0, "total_ranks": 0, "limit": OVERVIEW_RANKS,
+                "hidden_groups": 0}
     groups = monitor.cluster_json(ranks=False, view=view)["groups"]
-    total = sum(len(gv.ranks) for gv in view.groups.values()) if view is not None else 0
+    total = sum(len(gv.ranks) for gv in view.groups.values())
     if total > OVERVIEW_RANKS:
         groups.sort(key=lambda g: g["status"] == "up" and not g["open_findings"])
     left, now = OVERVIEW_RANKS, monitor.clock()
@@ -76,7 +81,7 @@ def overview_groups(monitor: Any, view: Any) -> dict[str, Any]:
         g["more_ranks"], left = len(ranks) - len(g["ranks"]), left - len(g["ranks"])
     return {"groups": groups, "hidden_ranks": total - (OVERVIEW_RANKS - left),
             "total_ranks": total, "limit": OVERVIEW_RANKS,
-            "hidden_groups": len(view.groups) - len(groups) if view is not None else 0}
+            "hidden_groups": len(view.groups) - len(groups)}
 
 
 def create_app(monitor: Any) -> Flask:
