@@ -19,6 +19,21 @@ class Sampling:
 
         return get_json(self.http, url + "/v1/state", 1.0)
 
+    def states(self, urls: list[str]) -> dict[str, tuple[float, dict | None]]:
+        """Each rank's state and when it came (seconds since the start), all asked at once: a
+        rank that does not answer (its host offline) holds up no other's look, and each look is
+        dated by its answer, not by the tick."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def ask(url: str) -> tuple[float, dict | None]:
+            got = self.state(url)
+            return self.now(), got
+
+        if not urls:
+            return {}
+        with ThreadPoolExecutor(min(len(urls), 32), thread_name_prefix="demo-sample") as pool:
+            return dict(zip(urls, pool.map(ask, urls), strict=True))
+
     def monitor_get(self, path: str) -> list | None:
         from .processes import get_json
 
@@ -26,19 +41,23 @@ class Sampling:
                                                               2.0)
 
     def sample_ranks(self, t: float) -> None:
-        """Every rank's state at ``t``: the latest per group, a sample each, the faults they
-        say struck (with the group's incarnation), and the job's step in ``ticks``."""
+        """Every rank's state (:meth:`states`): the latest per group, a sample each (dated by
+        its answer), the faults they say struck (with the group's incarnation), and the job's
+        step at the tick ``t`` in ``ticks``."""
         from .cluster import WORKER_URL_RE
 
         job_step = -1
+        asked: dict[int, list[str]] = {}
         for g, grp in sorted(self.cluster.groups.items()):
             if grp.alive() and len(grp.worker_urls) < self.args.ranks_per_group:
                 grp.worker_urls = {int(r): u for r, u in WORKER_URL_RE.findall(grp.log())}
-            states = [s for s in (self.state(u) for u in grp.worker_urls.values())
-                      if s] if grp.alive() else []
-            self.latest[g] = states
+            asked[g] = list(grp.worker_urls.values()) if grp.alive() else []
+        answers = self.states([u for urls in asked.values() for u in urls])
+        for g, urls in asked.items():
+            states = [(at, s) for at, s in (answers[u] for u in urls) if s]
+            self.latest[g] = [s for _, s in states]
             incarnation = self.restarts.get(g, 0)
-            for s in states:
+            for at, s in states:
                 for spec, at in (s.get("faults_struck_at") or {}).items():
                     key = (g, incarnation, s["group_rank"], spec)
                     if key not in self.strikes:
@@ -48,7 +67,7 @@ class Sampling:
                 self.rank_pids.add(int(s["pid"]))
                 job_step = max(job_step, s["step"])
                 self.samples.append({
-                    "t": t, "replica_group": g, "rank": s["rank"], "step": s["step"],
+                    "t": at, "replica_group": g, "rank": s["rank"], "step": s["step"],
                     "participating": s["participating"],
                     "num_participants": s["num_participants"], "phase": s["phase"],
                     "last_step_seconds": s["last_step_seconds"],

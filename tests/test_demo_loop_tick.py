@@ -74,3 +74,28 @@ def test_a_tick_past_the_duration_stops_the_run(tmp_path, monkeypatch):
     with pytest.raises(Stop, match="--duration 1s reached"):
         demo.tick()
     assert demo.samples == [] and demo.latest == {0: [], 1: []}
+
+
+def test_a_rank_that_does_not_answer_holds_up_no_others_look(tmp_path, monkeypatch):
+    """Rank 0's host is offline (its look waits out the 1 s timeout): the other ranks are asked
+    at the same time, and each sample is dated by its answer, not by the tick's start."""
+    import threading
+
+    demo = _demo(tmp_path, monkeypatch)
+    released = threading.Event()
+    others_asked = threading.Barrier(4, timeout=5)  # all four asked before any is answered
+
+    def state(url: str) -> dict | None:
+        g, r = int(url[8]), int(url[10])
+        others_asked.wait()
+        if (g, r) == (0, 0):
+            released.wait(5)  # answers nothing, as a rank past its timeout
+            return None
+        if (g, r) == (1, 1):
+            released.set()  # the last asked: rank 0 gives up after the others answered
+        return _state(g, r, 6, {})
+
+    demo.state = state
+    demo.tick()
+    assert [(s["replica_group"], s["rank"]) for s in demo.samples] == [(0, 1), (1, 2), (1, 3)]
+    assert all(s["t"] >= demo.ticks[-1][0] for s in demo.samples)
