@@ -208,17 +208,22 @@ def merge_goodput(old: dict | None, new: dict | None) -> dict | None:
 
 def ledger_incident(fault: dict, goodput: dict | None, t0_unix: float) -> dict | None:
     """The monitor's incident for ``fault``: same replica group, detected within 1.5 s of the
-    fault's detection (else the first whose onset lies between the strike and the rejoin)."""
-    if not goodput or fault.get("detected_at_s") is None:
+    fault's detection (else the first whose onset lies between the strike and the rejoin: a
+    crash the story saw no detection of still has its ``dead`` incident)."""
+    start = fault.get("struck_at_s")
+    if start is None:
+        start = fault.get("detected_at_s")
+    if not goodput or start is None:
         return None
     incs = [i for i in goodput.get("incidents") or [] if i.get("replica_group")
             == fault["replica_group"] and i.get("kind") != "manual"]
-    det = t0_unix + fault["detected_at_s"]
-    close = [i for i in incs if i.get("detected_at") is not None
-             and abs(i["detected_at"] - det) <= 1.5]
-    if close:
-        return min(close, key=lambda i: abs(i["detected_at"] - det))
-    lo = t0_unix + (fault.get("struck_at_s") or fault["detected_at_s"]) - 2.0
+    if fault.get("detected_at_s") is not None:
+        det = t0_unix + fault["detected_at_s"]
+        close = [i for i in incs if i.get("detected_at") is not None
+                 and abs(i["detected_at"] - det) <= 1.5]
+        if close:
+            return min(close, key=lambda i: abs(i["detected_at"] - det))
+    lo = t0_unix + start - 2.0
     hi = t0_unix + (fault.get("rejoined_at_s") or 1e18)
     inside = [i for i in incs if i.get("onset_at") is not None and lo <= i["onset_at"] <= hi]
     return min(inside, key=lambda i: i["onset_at"]) if inside else None

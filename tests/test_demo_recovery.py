@@ -116,6 +116,11 @@ def test_ledger_incident_is_matched_by_group_and_detection():
     assert cost["job_steps"] == 15.0 and cost["back_to_pace_s"] == 12.7
     assert recovery.ledger_incident(HANG, {"incidents": []}, T0) is None
     assert recovery.ledger_incident(HANG, None, T0) is None
+    # a crash the story saw no detection of: its dead incident is found by its onset
+    crash = dict(HANG, spec="crash:at_step=50", detected_at_s=None)
+    dead = {"id": 3, "kind": "dead", "replica_group": 2, "detected_at": T0 + 14.0,
+            "onset_at": T0 + 10.2}
+    assert recovery.ledger_incident(crash, {"incidents": [dead]}, T0)["id"] == 3
 
 
 DEMO = {"pg_timeout_s": 20.0, "quorum_timeout_s": 60.0, "join_timeout_ms": 1000}
