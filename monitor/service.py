@@ -359,7 +359,9 @@ class Monitor:
                         self.store.told_to_go_replica_ids() if wanted else set())
         self.polling.after_decisions(view)
         # 5. account
-        self.goodput.account(evidence, self.enforcer.open_findings(), now)
+        # a standby shard's slice is exported by the monitor it stands by for: counted once
+        standby = self.shard is not None and self.shard.holds is False
+        self.goodput.account(evidence, self.enforcer.open_findings(), now, publish=not standby)
         # 6. publish
         view.sweep_seconds = evidence.sweep_seconds = time.perf_counter() - t0
         self.view = view

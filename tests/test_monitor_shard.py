@@ -318,6 +318,17 @@ def test_a_shard_restarted_with_its_state_finds_a_dead_rank_again(tmp_path, etcd
         job.stop()
 
 
+def _accounted_seconds(mon) -> float:
+    """The replica-seconds a monitor's goodput series have counted, goodput and badput."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = generate_latest(mon.metrics.registry).decode()
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name in ("lightkeeper_monitor_goodput_seconds_total",
+                             "lightkeeper_monitor_badput_seconds_total"))
+
+
 def test_a_second_monitor_with_the_same_shard_stands_by_until_the_first_goes(tmp_path, etcd):
     """Two monitors started with the same --shard 0/2 (a copy-paste, or a rolling update): the
     second neither overwrites the first's report nor proposes; it stands by, says so in
@@ -345,6 +356,8 @@ def test_a_second_monitor_with_the_same_shard_stands_by_until_the_first_goes(tmp
         assert _proposer(etcd, key) == first.url
         assert second.cluster_json()["shard"]["proposals_made"] == 0
         assert keys(etcd, prefix)[report]["value"]["monitor"] == first.url
+        # the slice's goodput is the first's to export: summed across shards, once
+        assert _accounted_seconds(first) > 0 and _accounted_seconds(second) == 0
         first.stop()  # its lease revoked: the standby reports and proposes from now
         first = None
         wait_until(lambda: not second.cluster_json()["shard"]["standby"], 20,

@@ -48,15 +48,18 @@ class GoodputAccount:
         self._save_s = 0.0  # the last save's seconds (snapshot and write)
         self._writer = GoodputWriter(store)
 
-    def account(self, evidence: ClusterView, findings: list[dict[str, Any]], now: float) -> None:
-        """Split this sweep's wall time; never raises."""
+    def account(self, evidence: ClusterView, findings: list[dict[str, Any]], now: float,
+                publish: bool = True) -> None:
+        """Split this sweep's wall time; never raises. Without ``publish`` (a standby shard:
+        another monitor exports the same slice) the metrics are left as they are."""
         try:
             with self._lock:
                 acct = self.ledger.update(evidence, findings,
                                           self.store.decisions(limit=100, decision="evict"),
                                           now)
                 self._save(now)
-            self.metrics.add_goodput(acct)
+            if publish:
+                self.metrics.add_goodput(acct)
             self.error = None
         except Exception as e:  # the ledger must never end monitoring
             error = f"{type(e).__name__}: {e}"
