@@ -170,6 +170,7 @@ def snapshot_rows(state: dict) -> dict:
                       for k, *row in zip(iv["key"], *(iv[f] for f in INTERVAL_FIELDS),
                                          strict=True)}
     state.pop("first_incident")  # where an older ledger's stored incidents end: not the reference's
+    state.pop("quorum_top")  # a clamp of step-counted groups, which the reference has not
     return {**state, "version": 1, "groups": groups, "open_intervals": open_intervals,
             "totals": totals_rows(state["totals"]), "gpu_totals": totals_rows(state["gpu_totals"])}
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from monitor.goodput import GoodputLedger
 from tests.test_goodput import STEP, ModelJob, check_counted
+from tests.test_goodput_restart import restarted
 
 
 class TorchOnlyJob(ModelJob):
@@ -58,3 +59,18 @@ def test_a_new_incarnation_counts_no_step_reached_before_it():
     before = {g: gain(led, g, {}) for g in (0, 1)}
     job.run(led, 8, pace=0.5)
     assert 2 < gain(led, 1, before) and abs(gain(led, 1, before) - gain(led, 0, before)) < 0.5
+
+
+def test_a_restart_before_a_group_heals_credits_none_of_its_jump():
+    """Out of the quorum for a minute (the job's step runs ~300 ahead of it), the monitor
+    restarts, then the group heals to the job's step: its first sweep back counts the
+    quorum's rise only, as without the restart."""
+    job, led = TorchOnlyJob(3), GoodputLedger()
+    job.run(led, 30)
+    job.groups[2]["in"] = False
+    job.run(led, 60)
+    led = restarted(led)
+    job.groups[2]["in"] = True
+    before = {g: gain(led, g, {}) for g in (0, 2)}
+    job.run(led, 40, pace=0.5)
+    assert abs(gain(led, 2, before) - gain(led, 0, before)) < 0.5

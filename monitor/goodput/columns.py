@@ -222,8 +222,11 @@ class CommitReader:
         self._last: tuple | None = None  # what the last read saw
         self.quorum_steps: list[int] = []  # the last read's in-quorum groups' steps
         self.step_at: float | None = None  # the newest of them committed at (the rank's clock)
-        self._top: int | None = None  # the newest of quorum_steps
+        # the newest of quorum_steps (kept where none is): a step-counted group's rise is
+        # clamped by its rise (a snapshot keeps it: a restart must not credit a heal's jump)
+        self.top: int | None = None
         self.quorum_rids: list[str | None] = []
+        self.rids: list[str | None] = []  # every group's in the view
 
     def read(self, view: ClusterView, in_quorum: set[int], S: Slots, born: int, now: float,
              first: bool) -> np.ndarray:
@@ -242,13 +245,14 @@ class CommitReader:
         rows = list(map(_READ, groups.values()))
         rids, reaches, steps = zip(*rows, strict=True) if rows else ((), (), ())
         rids, lens = list(rids), list(map(len, reaches))
+        self.rids = rids
         inq = list(map(in_quorum.__contains__, keys))
         self.quorum_steps = list(filter(partial(is_not, None), compress(steps, inq)))
         self.quorum_rids = list(compress(rids, inq))  # their incarnations (and stepless ones')
         self.step_at = None  # when the furthest in-quorum group committed its newest step
         top = max(self.quorum_steps) if self.quorum_steps else None
-        rise = None if top is None or self._top is None else max(0, top - self._top)
-        self._top = top if top is not None else self._top
+        rise = None if top is None or self.top is None else max(0, top - self.top)
+        self.top = top if top is not None else self.top
         if top is not None:
             self.step_at = next((gv.step_at for gv, s, q in zip(groups.values(), steps, inq,
                                                                   strict=True)

@@ -76,7 +76,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.incidents.ingest_evictions(evictions, now, self.since)
         self._judge_kills(evictions)
         job_moved = self.job.ingest(self.reader.quorum_steps, now, self.reader.step_at,
-                                    self.reader.quorum_rids)
+                                    self.reader.quorum_rids, self.reader.rids)
         if self.since is None:
             self.since = self.last_at = now
             self._revised.clear()

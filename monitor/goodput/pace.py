@@ -59,12 +59,14 @@ class JobPace:
         return max(self.cfg.horizon_s, self.cfg.horizon_steps * (self.baseline or 0.0))
 
     def ingest(self, steps: list[int], now: float, step_at: float | None = None,
-               rids: list[str | None] | None = None) -> bool:
+               rids: list[str | None] | None = None,
+               seen: list[str | None] | None = None) -> bool:
         """True if the in-quorum groups' steps moved the job on. ``step_at``: when the newest
         step committed by the ranks' clock; the history dates a move from it, not from the
         sweep that saw it (kept between the last entry and ``now``: clocks differ). ``rids``:
-        the in-quorum groups' incarnations; all new ones behind the job's step: it was
-        relaunched (from a checkpoint), however few steps back."""
+        the in-quorum groups' incarnations, ``seen``: every group's in the view; all new ones
+        behind the job's step, none of the old left: it was relaunched (from a checkpoint),
+        however few steps back."""
         moved, at = False, now
         if steps:
             s = max(steps)
@@ -73,11 +75,11 @@ class JobPace:
                 if step_at is not None and self.history:
                     at = min(now, max(self.history[-1][0], step_at))
             if self.step is not None and s < self.step and (
-                    s < self.step - JOB_RESTART_STEPS or self._relaunched(rids)):
+                    s < self.step - JOB_RESTART_STEPS or self._relaunched(rids, seen)):
                 self.history.clear()  # started over (e.g. from a checkpoint)
             if self.step is None or s >= self.step or not self.history:
                 self.step = s
-                self.rids = set(rids).difference((None,)) if rids else None
+                self.rids = set(rids or ()).difference((None,)) or None
         if self.step is not None:
             self.history.append((at, self.step))
             # no baseline yet: W's 3 s floor holds no 3 steps of over a second (a LocalSGD
@@ -85,9 +87,13 @@ class JobPace:
             trim(self.history, now, self.window, 3 if self.baseline is None else 0)
         return moved
 
-    def _relaunched(self, rids: list[str | None] | None) -> bool:
-        return bool(rids) and self.rids is not None and all(
-            r is not None and r not in self.rids for r in rids)
+    def _relaunched(self, rids: list[str | None] | None, seen: list[str | None] | None
+                    ) -> bool:
+        # a new incarnation alone in the quorum for a sweep (the others' answers late at a
+        # quorum change) is no relaunch while a group of the view still reports an old one
+        return bool(rids) and bool(self.rids) and all(
+            r is not None and r not in self.rids for r in rids) and (
+            seen is None or self.rids.isdisjoint(seen))
 
     def frozen(self, now: float, incident: int | None) -> str | None:
         """Why the baseline takes no samples now (None: it does); ``incident``: the newest open

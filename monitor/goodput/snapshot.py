@@ -24,6 +24,23 @@ from .model import (
 COUNTS = ("expected_groups", "unobserved_s", "gap_s", "gaps", "skipped_sweeps", "goodput_debt")
 
 
+def thinned(ts: list[float], b: float | None, first: int = 0) -> list[int]:
+    """The samples of ``ts`` (times, ascending) from ``first`` on that a snapshot keeps: the
+    first and the last, and between them the newest ones at least ``b`` apart (all of them
+    before a baseline). Pace is counted in whole steps over at least ``2 x b``, so a window
+    start up to ``b`` early moves it by a step at most; at ``W = 20 x b`` that is ~21 rows
+    whatever the sweep interval."""
+    if not ts:
+        return []
+    keep = [len(ts) - 1]
+    for i in range(len(ts) - 2, first, -1):
+        if not b or ts[keep[-1]] - ts[i] >= b:
+            keep.append(i)
+    if first < keep[-1]:
+        keep.append(first)
+    return keep[::-1]
+
+
 class GoodputSnapshot:
     """The persistence half of :class:`monitor.goodput.ledger.GoodputLedger` (mixed into it)."""
 
@@ -38,6 +55,7 @@ class GoodputSnapshot:
             # still dates its return to pace from the commits before it
             "job_step": job.step, "job_history": list(job.history),
             "job_rids": None if job.rids is None else sorted(job.rids),
+            "quorum_top": self.reader.top,
             "baseline_samples": list(job.samples), "baseline": job.baseline,
             "pace": job.ratio, "slow_since": job.slow_since,
             "last_commit_at": self.last_commit_at,
@@ -55,23 +73,30 @@ class GoodputSnapshot:
 
     def _groups_snapshot(self) -> dict[str, Any]:
         """``history_cum``: each group's count at the history sample ``history_t`` (None: its
-        history starts after); ``window``: every sample of the pace window (a group's counts
-        from its ``born`` sample on; 0 before), so a restarted monitor judges pace over the
-        same window as without the restart; ``carry``: the credit each group holds."""
+        history starts after); ``window``: samples of the pace window a step apart
+        (:func:`thinned`; a group's counts from its ``born`` sample on, 0 before), so a
+        restarted monitor judges pace over the same window as without the restart, within a
+        step; ``carry``: the credit each group holds."""
         S, hist = self.slots, self.hist
         n = len(S)
         last_in = S.last_in_quorum_at[1:]
         newest = hist.cum[-1][1:n] if hist.cum else np.zeros(0, np.int64)
         sampled = S.born[1:1 + len(newest)] < hist.next
-        rows = [np.pad(c[1:n], (0, max(0, n - len(c)))).tolist() for c in hist.cum]
+        born = np.maximum(0, S.born[1:] - hist.first)
+        keep = thinned(list(hist.t), self.job.baseline, int(born.min()) if n > 1 else 0)
+        rows = np.zeros((len(keep), n - 1), np.int64)
+        for j, i in enumerate(keep):
+            c = hist.cum[i][1:n]
+            rows[j, :len(c)] = c
         return {
             "gid": S.gids[1:], "replica_id": S.rid[1:], "commits": S.commits[1:].tolist(),
             "cum": S.cum[1:].tolist(), "gpus": S.gpus[1:].tolist(),
             "last_in_quorum_at": with_none(last_in, np.isnan(last_in)),
             "history_t": hist.t[-1] if hist.t else None,
             "history_cum": with_none(newest, ~sampled) + [None] * (n - 1 - len(newest)),
-            "window": {"t": list(hist.t), "cum": rows,
-                       "born": np.maximum(0, S.born[1:] - hist.first).tolist()},
+            # a group born at a sample left out starts at the next one kept
+            "window": {"t": [hist.t[i] for i in keep], "cum": rows.tolist(),
+                       "born": np.searchsorted(keep, born).tolist()},
             "carry": S.carry[1:].tolist(),
         }
 
@@ -121,8 +146,9 @@ class GoodputSnapshot:
         job.step, job.baseline, job.slow_since, job.ratio, led.last_commit_at = map(
             state.get, ("job_step", "baseline", "slow_since", "pace", "last_commit_at"))
         job.history.extend(tuple(x) for x in state["job_history"])
-        rids = state.get("job_rids")  # an older snapshot's: not known
-        job.rids = None if rids is None else set(rids)
+        job.rids = set(state.get("job_rids") or ()) or None  # an older snapshot's: not known
+        # an older snapshot's: the job's step (the quorum's newest when it last moved on)
+        led.reader.top = state.get("quorum_top", job.step)
         job.samples.extend(state["baseline_samples"])
         steady = state["steady"]
         job.steady = (float(steady[0]), int(steady[1])) if steady else None

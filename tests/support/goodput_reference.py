@@ -39,6 +39,7 @@ from monitor.goodput.model import as_int as _int
 from monitor.goodput.model import as_ints as _ints
 from monitor.goodput.pace import pace_of as _pace
 from monitor.goodput.pace import trim as _trim
+from monitor.goodput.snapshot import thinned
 
 __all__ = ["CAUSES", "GoodputConfig", "GoodputLedger", "SweepAccount"]
 
@@ -304,16 +305,18 @@ class GoodputLedger:
                                if g in in_quorum and gv.step == s)
                 if step_at is not None and self.job_history:
                     at = min(now, max(self.job_history[-1][0], step_at))
-            # every in-quorum group a new incarnation: relaunched, however few steps back
+            # every in-quorum group a new incarnation, and no group of the view an old one:
+            # relaunched, however few steps back
             rids = [gv.replica_id for g, gv in view.groups.items() if g in in_quorum]
-            relaunched = bool(rids) and self.job_rids is not None and all(
-                r is not None and r not in self.job_rids for r in rids)
+            relaunched = bool(rids) and bool(self.job_rids) and all(
+                r is not None and r not in self.job_rids for r in rids) and not any(
+                gv.replica_id in self.job_rids for gv in view.groups.values())
             if self.job_step is not None and s < self.job_step and (
                     s < self.job_step - JOB_RESTART_STEPS or relaunched):
                 self.job_history.clear()  # the job started over (e.g. from a checkpoint)
             if self.job_step is None or s >= self.job_step or not self.job_history:
                 self.job_step = s
-                self.job_rids = set(rids).difference((None,)) if rids else None
+                self.job_rids = set(rids).difference((None,)) or None
         if self.job_step is not None:
             self.job_history.append((at, self.job_step))
             _trim(self.job_history, now, self.window, 3 if self.baseline is None else 0)
@@ -981,12 +984,15 @@ class GoodputLedger:
     def snapshot(self) -> dict[str, Any]:
         """The state a restarted monitor resumes from (incidents and settled intervals are
         stored apart, see :meth:`unsaved`)."""
+        # the window thinned to samples a step apart, as monitor/goodput saves it
+        times = max((grp.history for grp in self.groups.values()), key=len, default=())
+        kept = {times[i][0] for i in thinned([t for t, _ in times], self.baseline)}
         return {
             "version": SNAPSHOT_VERSION, "since": self.since, "last_at": self.last_at,
             "groups": {str(g): {"replica_id": grp.replica_id, "commits": grp.commits,
                                 "cum": grp.cum, "gpus": grp.gpus,
                                 "last_in_quorum_at": grp.last_in_quorum_at,
-                                "history": list(grp.history),  # the window, as monitor/goodput saves it
+                                "history": [h for h in grp.history if h[0] in kept],
                                 "carry": grp.carry}
                        for g, grp in self.groups.items()},
             "job_step": self.job_step, "job_history": list(self.job_history),  # the window, as monitor/goodput saves it
