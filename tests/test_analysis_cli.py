@@ -191,7 +191,7 @@ def test_nothing_loadable_exits_2(tmp_path, capsys, content):
     assert report["ranks"] == [] and report["findings"] == []
     (error,) = report["errors"]  # why, in the JSON a script reads too
     assert error["error"] == ("no dump file here" if content is None
-                              else "ValueError: neither JSON nor a pickle")
+                              else "neither JSON nor a pickle")
 
 
 def test_a_path_that_is_no_regular_file_is_said_not_waited_on(tmp_path, capsys):

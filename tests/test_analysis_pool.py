@@ -145,6 +145,28 @@ def test_jobs_must_be_positive(tmp_path, capsys):
         load_paths([tmp_path], jobs=0)
 
 
+def test_a_huge_jobs_starts_at_most_a_few_workers_per_core(tmp_path, monkeypatch, capsys):
+    """``--jobs 100000`` on many files started one interpreter per file. Each worker answers
+    with its pid (a task on PYTHONPATH, which ``python -S`` keeps): the pids are the workers."""
+    (tmp_path / "pidtask.py").write_text("import os\n\ndef pid(path):\n    return os.getpid(), None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(REPO)]))
+    monkeypatch.setattr(pool, "available_cores", lambda: 1)
+    assert pool.max_workers() == pool.JOBS_PER_CORE
+    files = [tmp_path / f"f{i}" for i in range(4 * pool.JOBS_PER_CORE)]
+    for f in files:
+        f.write_text("x")
+    pids = {pid for pid, _ in in_time(pool.run_pool, files, 100_000, "pidtask:pid")}
+    assert len(pids) == pool.max_workers()
+    # the command line says so once, in the report's notes
+    write_scenario("hang", tmp_path / "dumps")
+    code, out = report(capsys, str(tmp_path / "dumps"), "--jobs", "100000")
+    notes = json.loads(out)["notes"]
+    assert code == 1 and [n for n in notes if n.startswith("--jobs")] == [
+        f"--jobs 100000: at most {pool.max_workers()} worker processes start "
+        f"({pool.JOBS_PER_CORE} per available core, of 1)"]
+
+
 def big_dumps(directory: Path, ranks: int = 24, entries: int = 2000) -> list[Path]:
     """Files that take a worker milliseconds each, so that one can be killed mid-load."""
     dumps = {r: plain_dump(r, ranks, entries) for r in range(ranks)}

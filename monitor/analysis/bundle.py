@@ -123,7 +123,8 @@ def open_bundle(path: str | Path) -> OpenedBundle:
                     raise
                 cut = f"archive broken after its manifest, the rest not read: {e}"
         if manifest is None:
-            raise BundleError(f"no {MANIFEST} in the archive")
+            raise BundleError(f"not an incident bundle (no {MANIFEST} in the archive): unpack it "
+                              "and give the folder")
         return OpenedBundle(manifest, tmp.name, finding, str(p), cut, tmp)
     except (*_BROKEN, ValueError) as e:
         tmp.cleanup()

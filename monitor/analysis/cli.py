@@ -2,7 +2,7 @@
 A PATH may also be a monitor's incident bundle (monitor/analysis/bundle.py: its dumps are read,
 and what the monitor named is said beside the findings) or torchft's per-quorum dump folders
 (monitor/analysis/torchft_dumps.py: one quorum's). Exit status: 0 no findings, 1 findings, 2
-nothing loadable or a bad flag.
+nothing loadable, nothing recorded to compare, or a bad flag.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, TextIO
 from http_serving import printable
 
 from .bundle import FR_DIR, BundleError, OpenedBundle, is_bundle, monitor_verdict, open_bundle
-from .torchft_dumps import pick, quorum_folders
+from .torchft_dumps import SeveralJobs, pick, quorum_folders
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,13 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix", default=None,
                         help="of a directory's files, read those whose names start with PREFIX (needed where it holds several jobs' dumps)")
     parser.add_argument("--jobs", type=int, default=None, metavar="N",
-                        help="worker processes loading the dumps (default: the cores available; 1: none). "
-                        "Small inputs are loaded without workers anyway")
+                        help="worker processes loading the dumps (default: the cores available; 1: none; at most 2 per "
+                        "core). Small inputs are loaded without workers anyway")
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
-    from .engine import analyze
+    from .engine import analyze, nothing_recorded
     from .loader import load_paths
+    from .pool import JOBS_PER_CORE, available_cores, max_workers
 
     out = out or sys.stdout
     for flag, value in (("--world-size", args.world_size), ("--jobs", args.jobs)):
@@ -54,6 +55,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
             print(f"lightkeeper analyze: {len(inputs.bundles)} incident bundles given; analyze "
                   "one at a time", file=sys.stderr)
             return 2
+        if inputs.bundles and len(args.paths) > 1:  # other dumps' ranks would mix with its own
+            print(f"lightkeeper analyze: an incident bundle is analyzed alone: {inputs.bundles[0].source} "
+                  f"given with {len(args.paths) - 1} other PATH(s)", file=sys.stderr)
+            return 2
         loaded = load_paths(inputs.paths, jobs=args.jobs, prefix=args.prefix)
     finally:
         for b in inputs.bundles:
@@ -64,8 +69,18 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         for e in loaded.errors:  # a dump's error names it in the bundle, not a deleted folder
             if Path(e.get("path", "")).parent == Path(b.fr_dir):
                 e["path"] = f"{b.source}: {FR_DIR}/{Path(e['path']).name}"
+            e["error"] = e["error"].replace(str(Path(b.fr_dir)) + "/", f"{b.source}: {FR_DIR}/")
     result = analyze(loaded.traces, blame_missing=args.blame_missing, same_host=args.same_host, world_size=args.world_size)
     result.errors = inputs.errors + loaded.errors + result.errors
+    notes = list(loaded.notes)
+    if args.jobs is not None and args.jobs > max_workers():  # more only add start-up and memory
+        notes.append(f"--jobs {args.jobs}: at most {max_workers()} worker processes start "
+                     f"({JOBS_PER_CORE} per available core, of {available_cores()})")
+    if result.unknown_ranks and not args.blame_missing and not any(f.kind == "hang" for f in result.findings):
+        # the rank that never arrived may be the one whose dump is missing: no hang shows then
+        notes.append("ranks without a dump are not blamed, yet a rank that never arrived may be "
+                     "one: --blame-missing counts them as not having arrived")
+    result.notes = notes + result.notes
     report = result.to_dict()
     report["pickle_reader"] = loaded.pickle_reader
     if inputs.quorums:
@@ -78,9 +93,10 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         out.write("\n")
     else:
         out.write(format_text(report))
-    if not result.ranks:
+    if not result.ranks or nothing_recorded(loaded.traces):  # nothing compared: not "healthy"
         if args.format == "text":
-            print("lightkeeper analyze: no usable dump", file=sys.stderr)
+            print(f"lightkeeper analyze: {'no usable dump' if not result.ranks else 'no collective recorded in any dump'}",
+                  file=sys.stderr)
         return 2
     return 1 if result.findings else 0
 
@@ -123,7 +139,11 @@ def _expand(raw: str, quorum: int | None, out: Inputs) -> None:
         if b.error:
             out.errors.append({"path": raw, "error": b.error})
         return
-    folders = quorum_folders(raw) if not Path(raw).is_file() else {}
+    try:
+        folders = quorum_folders(raw) if not Path(raw).is_file() else {}
+    except SeveralJobs as e:  # read as one, jobA's quorum 2 would be jobB's
+        out.errors.append({"path": raw, "error": str(e)})
+        return
     if not folders:
         if quorum is not None:  # read as given, but --quorum picked nothing here
             out.errors.append({"path": raw, "error": f"--quorum {quorum}: no torchft quorum folders here"})
@@ -180,7 +200,11 @@ def format_text(report: dict[str, Any]) -> str:
         lines.append(f"note: {note}")
     findings = report["findings"]
     if report["ranks"]:
-        lines.append(f"{len(findings)} finding(s)" if findings else "no findings")
+        from .engine import NOTHING_RECORDED
+
+        # "no findings" would read as a healthy job
+        empty = "nothing compared" if NOTHING_RECORDED in report.get("notes", []) else "no findings"
+        lines.append(f"{len(findings)} finding(s)" if findings else empty)
     for f in findings:
         lines.append("")
         where = f"group {f['pg']!r}"

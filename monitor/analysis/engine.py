@@ -20,6 +20,10 @@ UNCHECKED = {
     "own_hosts": "every rank is on a host of its own and the dumps carry no NCCL durations "
                  "(TORCH_NCCL_ENABLE_TIMING), so no two ranks' clocks can be compared",
 }
+# Dumps that loaded but hold no entry (Flight Recorder's buffer size 0: older torch's default).
+NOTHING_RECORDED = ("no collective recorded in any dump: Flight Recorder off? set TORCH_FR_BUFFER_SIZE "
+                    "(older torch: TORCH_NCCL_TRACE_BUFFER_SIZE) to the entries to keep, e.g. 2000; "
+                    "nothing was compared")
 # A gloo collective younger than this when its rank was dumped is in flight, not hung.
 MIN_PENDING_S = 1.0
 
@@ -59,7 +63,7 @@ def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing
     findings.extend(stragglers)
     findings.sort(key=lambda f: f.sort_key())
     lags.sort(key=lambda f: f.sort_key())
-    notes = []
+    notes = [NOTHING_RECORDED] if nothing_recorded(traces) else []
     for why, groups in evidence.unchecked.items():
         if groups:
             groups = sorted(groups, key=GroupKey.order)
@@ -67,6 +71,11 @@ def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing
                          f"{', ...' if len(groups) > 5 else ''}): " + UNCHECKED[why])
     return AnalysisResult(ranks=sorted(traces), unknown_ranks=sorted(unknown), findings=findings,
                           errors=errors, last_seq=last_seq, lags=lags, notes=notes)
+
+
+def nothing_recorded(traces: Mapping[int, RankTrace]) -> bool:
+    """Traces there are, and not one entry in any of them: nothing to compare."""
+    return bool(traces) and all(t.last_entry is None for t in traces.values())
 
 
 def normalize_dumps(dumps: Mapping[int, Mapping[str, Any] | RankTrace]) -> tuple[dict[int, RankTrace], list[dict[str, Any]]]:

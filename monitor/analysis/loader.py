@@ -42,6 +42,7 @@ class LoadResult:
     traces: dict[int, RankTrace] = field(default_factory=dict)
     paths: dict[int, str] = field(default_factory=dict)
     errors: list[dict[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # how the inputs were read, where it is not plain
     pickle_reader: str = "python"  # which reader read the pickles: pickle_reader()
 
 
@@ -51,8 +52,9 @@ class _DataOnlyUnpickler(pickle.Unpickler):
 
 
 def read_dump(path: str | Path) -> Any:
-    """The decoded dump file (JSON or pickle); raises ``ValueError``, ``pickle.UnpicklingError``,
-    ``EOFError`` or ``OSError`` when it cannot be decoded."""
+    """The decoded dump file (JSON or pickle); raises ``ValueError`` (:class:`DumpFormatError`
+    when it is neither), ``pickle.UnpicklingError``, ``EOFError`` or ``OSError`` when it cannot
+    be decoded."""
     with open(path, "rb") as f:
         if f.peek(1)[:1] == b"\x80":
             # from the buffered file: protocol 2 has no frames, a BytesIO is read opcode by opcode
@@ -60,7 +62,18 @@ def read_dump(path: str | Path) -> Any:
         data = f.read()
     if data.lstrip()[:1] in (b"{", b"["):
         return json.loads(data)
-    raise ValueError("neither JSON nor a pickle" if data else "an empty file")
+    raise DumpFormatError(_what_else(data))
+
+
+def _what_else(data: bytes) -> str:
+    """What a file that is neither JSON nor a pickle is, where that says what to do."""
+    if not data:
+        return "an empty file"
+    if data[:2] == b"\x1f\x8b":  # not unpacked here: a small file can unpack to gigabytes
+        return "gzip-compressed: gunzip it first"
+    if data[257:262] == b"ustar":
+        return "a tar archive, not an incident bundle: unpack it and give the folder"
+    return "neither JSON nor a pickle"
 
 
 def rank_from_name(path: str | Path) -> int | None:
@@ -69,7 +82,8 @@ def rank_from_name(path: str | Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _candidates(paths: Iterable[str | Path], errors: list[dict[str, str]], prefix: str | None) -> list[Path]:
+def _candidates(paths: Iterable[str | Path], errors: list[dict[str, str]], notes: list[str],
+                prefix: str | None) -> list[Path]:
     files: list[Path] = []
     for raw in paths:
         path = Path(raw)
@@ -86,11 +100,16 @@ def _candidates(paths: Iterable[str | Path], errors: list[dict[str, str]], prefi
                 errors.append({"path": str(path), "error": "no dump file here" + (
                     f" named {prefix}*" if prefix is not None else "")})
                 continue
-            elif len(jobs := _prefixes(found)) > 1:  # two jobs' rank 0s: neither is "the" rank 0
-                named = ", ".join(f"{name!r} ({n} files)" for name, n in jobs.items())
-                errors.append({"path": str(path), "error": f"dumps of {len(jobs)} jobs by their "
-                               f"file names: {named}; pick one with --prefix"})
-                continue
+            elif len(jobs := _prefixes(found)) > 1:
+                if _overlap(jobs):  # two jobs' rank 0s: neither is "the" rank 0
+                    named = ", ".join(f"{name!r} ({len(ranks)} files)" for name, ranks in jobs.items())
+                    errors.append({"path": str(path), "error": f"dumps of {len(jobs)} jobs by their "
+                                   f"file names: {named}; pick one with --prefix"})
+                    continue
+                # no rank under two names: one job's dumps named per host (node-a_..., node-b_...)
+                named = ", ".join(f"{name!r} (ranks {_span(ranks)})" for name, ranks in jobs.items())
+                notes.append(f"{path}: dumps under {len(jobs)} file name prefixes, no rank under two: "
+                             f"read as one job: {named} (--prefix to read one)")
             files.extend(found)
         elif path.is_file():
             files.append(path)
@@ -107,16 +126,31 @@ def unreadable(path: str | Path, exc: OSError) -> dict[str, str]:
     return {"path": str(path), "error": f"{what}: {exc.strerror or type(exc).__name__}"}
 
 
-def _prefixes(files: list[Path]) -> dict[str, int]:
-    """How many files share each name before their rank digits (``nccl_trace_rank_``: 8), for
-    names two or more files share: torch names a job's dumps ``<TORCH_FR_DUMP_TEMP_FILE><rank>``."""
-    found: dict[str, int] = {}
+def _prefixes(files: list[Path]) -> dict[str, list[int]]:
+    """The rank digits of the files sharing each name before them (``nccl_trace_rank_``: 0..7),
+    for names two or more files share: torch names a job's dumps ``<TORCH_FR_DUMP_TEMP_FILE><rank>``."""
+    found: dict[str, list[int]] = {}
     for p in files:
         match = _TRAILING_DIGITS.search(p.name)
         if match:
-            name = p.name[:match.start()]
-            found[name] = found.get(name, 0) + 1
-    return {name: n for name, n in found.items() if n > 1}
+            found.setdefault(p.name[:match.start()], []).append(int(match.group(1)))
+    return {name: ranks for name, ranks in found.items() if len(ranks) > 1}
+
+
+def _overlap(jobs: dict[str, list[int]]) -> bool:
+    """Some rank number under two of the names."""
+    seen: set[int] = set()
+    for ranks in jobs.values():
+        if seen.intersection(ranks):
+            return True
+        seen.update(ranks)
+    return False
+
+
+def _span(ranks: list[int]) -> str:
+    ranks = sorted(set(ranks))
+    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 2 and ranks[-1] - ranks[0] == len(ranks) - 1 else \
+        ", ".join(map(str, ranks))
 
 
 def pickle_reader() -> str:
@@ -176,9 +210,10 @@ def load_paths(paths: Iterable[str | Path], jobs: int | None = None, prefix: str
     """Every dump under ``paths``, failures as ``errors``; ``jobs``: worker processes (default:
     the cores available; 1: none). ``ValueError`` when ``jobs`` < 1. A directory's files are
     those named ``prefix``... when given; without it, a directory whose file names show two
-    jobs' dumps is an error (which job's would be a guess)."""
+    jobs' dumps (two name prefixes with a rank number in common) is an error (which job's would
+    be a guess); prefixes without one are read as one job, said in ``notes``."""
     result = LoadResult(pickle_reader=pickle_reader())
-    files = _candidates(paths, result.errors, prefix)
+    files = _candidates(paths, result.errors, result.notes, prefix)
     jobs = available_cores() if jobs is None else jobs
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")

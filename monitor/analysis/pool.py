@@ -21,6 +21,9 @@ from typing import Any, BinaryIO
 Outcome = tuple[Any, str | None]  # (value or None, error message or None) for one file
 
 IN_FLIGHT = 2  # files handed to a worker ahead of its answers
+# workers per available core at most: more only add start-up and memory (--jobs 100000 on 1024
+# files would start 1024 interpreters)
+JOBS_PER_CORE = 2
 _HEADER = 8
 _ROOT = str(Path(__file__).resolve().parents[2])  # holds the `monitor` package
 _BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from monitor.analysis.pool import _serve; _serve(sys.argv[2])"
@@ -34,6 +37,11 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def max_workers() -> int:
+    """The most worker processes a pool starts, whatever ``jobs`` it is asked for."""
+    return JOBS_PER_CORE * available_cores()
+
+
 def file_size(path: str | os.PathLike[str]) -> int:
     """Its size in bytes; 0 when it cannot be read (it will fail to load, and say why)."""
     try:
@@ -43,7 +51,8 @@ def file_size(path: str | os.PathLike[str]) -> int:
 
 
 def run_pool(paths: Sequence[str | os.PathLike[str]], jobs: int, task: str) -> list[Outcome]:
-    """One outcome per path, in order; ``ValueError`` when ``task`` names no importable function."""
+    """One outcome per path, in order; ``ValueError`` when ``task`` names no importable function.
+    ``jobs`` workers at most, and no more than :func:`max_workers`."""
     resolve(task)  # a bad name fails here, not as one error per file
     return _Pool([str(p) for p in paths], max(1, jobs), task).run()
 
@@ -149,7 +158,7 @@ class _Worker:
 class _Pool:
     def __init__(self, paths: list[str], jobs: int, task: str) -> None:
         self.paths = paths
-        self.jobs = min(jobs, len(paths))
+        self.jobs = min(jobs, len(paths), max_workers())
         self.task = task
         self.outcomes: list[Outcome | None] = [None] * len(paths)
         self.left = len(paths)

@@ -16,28 +16,46 @@ from pathlib import Path
 _QUORUM = re.compile(r"^(?P<prefix>.*)_quorum_(?P<quorum>-?\d+)$")
 
 
+class SeveralJobs(ValueError):
+    """A folder holding ``*_quorum_<id>`` folders of more than one prefix: several jobs' (or
+    runs') quorums, whose ids say nothing about each other."""
+
+    def __init__(self, parent: Path, found: dict[str, dict[int, Path]]) -> None:
+        named = ", ".join(f"{p!r} ({len(q)} quorum{'s' if len(q) > 1 else ''})" for p, q in sorted(found.items()))
+        super().__init__(f"torchft quorum folders of {len(found)} prefixes: {named}; which job's "
+                         f"quorum is the newest would be a guess: give one prefix: {parent / min(found)}")
+
+
 def quorum_folders(path: str | Path) -> dict[int, Path]:
     """quorum id -> folder, for ``path`` a folder holding ``*_quorum_<id>`` folders, or the
     prefix itself (the value of ``TORCH_FR_DUMP_TEMP_FILE``) beside which they lie; {} else.
-    ``OSError`` when the folder to look in cannot be listed."""
+    ``OSError`` when the folder to look in cannot be listed; :class:`SeveralJobs` when ``path``
+    holds quorum folders of several prefixes."""
     p = Path(path)
     if not p.is_dir():
         return _folders(p.parent, p.name) if p.name and p.parent.is_dir() else {}
-    inside = _folders(p, None)
+    inside = _by_prefix(p)
+    if len(inside) > 1:
+        raise SeveralJobs(p, inside)
     try:
-        return inside or (_folders(p.parent, p.name) if p.name else {})
+        return next(iter(inside.values()), None) or (_folders(p.parent, p.name) if p.name else {})
     except OSError:  # a folder of dumps inside one this user may not list: read as given
         return {}
 
 
-def _folders(parent: Path, prefix: str | None) -> dict[int, Path]:
-    """quorum id -> folder, of ``parent``'s ``<prefix>_quorum_<id>`` folders (any prefix: None)."""
-    out = {}
+def _by_prefix(parent: Path) -> dict[str, dict[int, Path]]:
+    """prefix -> quorum id -> folder, of ``parent``'s ``<prefix>_quorum_<id>`` folders."""
+    out: dict[str, dict[int, Path]] = {}
     for c in parent.iterdir():
         m = _QUORUM.match(c.name)
-        if c.is_dir() and m and prefix in (None, m.group("prefix")):
-            out[int(m.group("quorum"))] = c
+        if m and c.is_dir():
+            out.setdefault(m.group("prefix"), {})[int(m.group("quorum"))] = c
     return out
+
+
+def _folders(parent: Path, prefix: str) -> dict[int, Path]:
+    """quorum id -> folder, of ``parent``'s ``<prefix>_quorum_<id>`` folders."""
+    return _by_prefix(parent).get(prefix, {})
 
 
 def pick(folders: dict[int, Path], quorum: int | None) -> tuple[int, Path] | None:
