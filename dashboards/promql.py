@@ -11,10 +11,10 @@ from __future__ import annotations
 # The WorkerServer's phases (worker_server.state.PHASES), in order; the phase timeline encodes
 # the current phase as its 1-based position here. A test keeps the two lists in step.
 PHASES = ("starting", "quorum", "forward", "backward", "allreduce", "commit", "optimizer",
-          "healing", "stopped", "checkpoint")
+          "healing", "stopped", "checkpoint", "busy")
 PHASE_COLORS = {"starting": "blue", "quorum": "purple", "forward": "green", "backward": "green",
                 "allreduce": "orange", "commit": "yellow", "optimizer": "green",
-                "healing": "red", "stopped": "text", "checkpoint": "blue"}
+                "healing": "red", "stopped": "text", "checkpoint": "blue", "busy": "blue"}
 
 J = 'job="$job"'
 G = f'{J}, replica_group=~"$replica_group"'

@@ -69,10 +69,12 @@ class DetectorConfig:
     hang_factor: float = flag(3.0, "--hang-factor",
                               "... or this many median step times if longer")
     checkpoint_timeout_s: float = flag(1800.0, "--checkpoint-timeout", "seconds a group whose "
-                                       "ranks say phase checkpoint is not hung (0: never)")
+                                       "ranks say phase checkpoint or busy is not hung (0: "
+                                       "never)")
     dead_sweeps: int = flag(3, "--dead-sweeps", "unreachable sweeps before a rank is dead")
     starting_timeout_s: float = flag(300.0, "--starting-timeout", "seconds a rank may answer "
-                                     "without a first quorum before it is stuck_starting")
+                                     "without a first quorum before it is stuck_starting, and "
+                                     "a group on its first step is waited for before a hang")
     fr_interval_s: float = flag(15.0, "--fr-interval", "fetch Flight Recorder from every rank "
                                 "at least this often, seconds (mismatch)")
     # job_slow: the healthy baseline is the median of the job's first healthy windows

@@ -9,6 +9,10 @@ plan): the upload that torch runs on its ``AsyncCheckpointExecutor`` thread leav
 alone, since the loop goes on meanwhile. A save made another way is marked with
 :func:`checkpointing` or ``state.set_phase("checkpoint")``. A torch whose saver looks different
 costs one line on stderr; the job never fails because of this.
+
+:func:`busy` marks other work a group does on its own outside the training step's collectives
+(an eval, a data loader restarted at an epoch's end): phase ``busy``, which a monitor holds as it
+holds a save, where the other groups waiting for it would otherwise read as a hang.
 """
 
 from __future__ import annotations
@@ -69,18 +73,33 @@ def checkpointing() -> Iterator[None]:
     if threading.current_thread().name.startswith("AsyncCheckpointExecutor"):
         yield  # async_save's upload: the training thread is elsewhere
         return
+    with _phase("checkpoint"):
+        yield
+
+
+@contextlib.contextmanager
+def busy() -> Iterator[None]:
+    """Phase ``busy`` on this process's WorkerServers for the block, then the one before: work
+    of this group alone, outside the step's collectives, that the others may wait for (an eval
+    between steps). Call it from the training loop's thread."""
+    with _phase("busy"):
+        yield
+
+
+@contextlib.contextmanager
+def _phase(phase: str) -> Iterator[None]:
     before = []
     try:
         from .server import serving
 
         for server in serving():
             before.append((server.state, server.state.phase))
-            server.state.set_phase("checkpoint")
-    except Exception as e:  # bookkeeping: never the save's failure
-        say(f"phase checkpoint not set ({type(e).__name__}: {e})")
+            server.state.set_phase(phase)
+    except Exception as e:  # bookkeeping: never the work's failure
+        say(f"phase {phase} not set ({type(e).__name__}: {e})")
     try:
         yield
     finally:
-        for state, phase in before:
-            if state.phase == "checkpoint":
-                state.set_phase(phase)
+        for state, was in before:
+            if state.phase == phase:
+                state.set_phase(was)

@@ -34,8 +34,9 @@ PHASES = (
     "optimizer",
     "healing",
     "stopped",
-    "checkpoint",  # writing a checkpoint (worker_server.checkpoint); last: dashboards count on order
-)
+    "checkpoint",  # writing a checkpoint (worker_server.checkpoint)
+    "busy",  # the group's own work outside the collectives (worker_server.checkpoint.busy)
+)  # a new phase goes last: the dashboards encode one by its position
 RECENT_STEPS = 64
 
 

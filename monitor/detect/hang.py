@@ -1,5 +1,7 @@
 """``hang``: the job stopped inside a collective, and who never entered it. A culprit is never
-itself waiting in the collective it is blamed for.
+itself waiting in the collective it is blamed for, nor in its own quorum call; a group that said
+it works outside the collectives on purpose (phase ``checkpoint`` or ``busy``) is held, and one
+that has not timed a step yet (its first step compiles) is judged at --starting-timeout.
 """
 
 from __future__ import annotations
@@ -10,12 +12,17 @@ from typing import Any
 
 from monitor.analysis import normalize_dumps
 from monitor.config import DetectorConfig
-from monitor.evidence.view import ClusterView
+from monitor.evidence.view import ClusterView, GroupView
+from monitor.poll.torch_target import is_torch
 
 from .findings import Finding, Findings, engine_findings
 from .rank_state import SeenGroups, collective_wait, current_wait, phases, rank_groups
 
 log = logging.getLogger(__name__)
+
+# the phases a loop says it works outside the collectives on purpose (worker_server.checkpoint):
+# a group in one is not hung while the others wait for it, up to --checkpoint-timeout
+HELD_PHASES = ("checkpoint", "busy")
 
 
 def _wait(view: ClusterView, rank: int, fresh: bool = False) -> tuple[str | None, float]:
@@ -24,6 +31,14 @@ def _wait(view: ClusterView, rank: int, fresh: bool = False) -> tuple[str | None
     if r is None or not r.reachable or (fresh and not r.fresh):
         return None, 0.0
     return collective_wait(r.state)
+
+
+def _untimed(gv: GroupView) -> bool:
+    """No rank of the group has timed a step yet (a rank on torch's debug server never does)."""
+    ranks = gv.reachable
+    return bool(ranks) and not any(
+        is_torch(r.url) or isinstance(r.state.get("last_step_seconds"), (int, float))
+        or r.recent_steps() for r in ranks)
 
 
 def _inner(analysis: list[dict]) -> dict[int, dict]:
@@ -52,9 +67,32 @@ class Hang:
         # group -> {rank: (its phase_since, the monitor's time it first saw that save)}: a save
         # is aged on the monitor's clock, never against a rank's wall clock
         self._saves: dict[int, dict[int, tuple[float, float]]] = {}
+        self._first_held: dict[int, frozenset] = {}  # group -> its replica ids when last said
 
     def threshold(self, view: ClusterView) -> float:
         return max(self.cfg.hang_floor_s, self.cfg.hang_factor * (view.median_step_seconds() or 0))
+
+    def group_threshold(self, view: ClusterView, gv: GroupView) -> float:
+        """The hang threshold for naming ``gv``: at least --starting-timeout while none of its
+        ranks has timed a step, since a first step compiles (torch.compile: minutes) while the
+        groups done with theirs wait for it in the all_reduce."""
+        threshold = self.threshold(view)
+        return max(threshold, self.cfg.starting_timeout_s) if _untimed(gv) else threshold
+
+    def _first_step(self, view: ClusterView, gv: GroupView, ranks: list[int],
+                    longest: float) -> bool:
+        """Whether ``gv``, waited for ``longest`` s (past the hang threshold), is held as on its
+        first step: under its :meth:`group_threshold` (said once an incarnation)."""
+        threshold = self.group_threshold(view, gv)
+        if longest >= threshold:
+            return False
+        ids = gv.reported_replica_ids
+        if self._first_held.get(gv.replica_group) != ids:
+            self._first_held[gv.replica_group] = ids
+            log.warning("hang held: replica group %d rank(s) %s have not finished a step yet (a "
+                        "first step compiles); the others have waited %.0fs, judged at %.0fs "
+                        "(--starting-timeout)", gv.replica_group, ranks, longest, threshold)
+        return True
 
     def note_progress(self, view: ClusterView, now: float) -> None:
         """Count the sweeps since an in-quorum group's step moved (once per ``now``)."""
@@ -88,15 +126,15 @@ class Hang:
 
     def _note_saves(self, view: ClusterView, changed: list[int], gone: set[int],
                     now: float) -> None:
-        """When the monitor first saw each rank of the changed groups in phase ``checkpoint``
-        (a new ``phase_since``: a new save)."""
+        """When the monitor first saw each rank of the changed groups in a held phase (a new
+        ``phase_since``: a new save or busy spell)."""
         for g in gone:
             self._saves.pop(g, None)
         for g in changed:
             was, now_saving = self._saves.get(g, {}), {}
             for r in view.groups[g].ranks:
                 st = r.state
-                if r.rank is None or not st or st.get("phase") != "checkpoint":
+                if r.rank is None or not st or st.get("phase") not in HELD_PHASES:
                     continue
                 since = st.get("phase_since")
                 seen = was.get(r.rank)
@@ -190,8 +228,9 @@ class Hang:
                 if inner_peers:
                     level, ranks, found = "in_group", list(h_in["culprits"]), [h_in]
                     waiting, waits = inner_peers, {**blocked, **waits}
-            if self._checkpointing(view, g, ranks, now):
+            if self._held(view, g, ranks, now) or self._first_step(view, gv, ranks, longest):
                 continue
+            threshold = self.group_threshold(view, gv)
             pending = found[0]["raw"]
             ev = {"summary": f"rank(s) {ranks} never entered {pending.get('op')} (seq "
                              f"{pending.get('seq')}, {level.replace('_', '-')}) that rank(s) "
@@ -242,9 +281,10 @@ class Hang:
         out = []
         for gv in idle:
             ranks = sorted(r.rank for r in gv.ranks if r.rank is not None)
-            if gv.replica_group in named or self._checkpointing(view, gv.replica_group, ranks,
-                                                                now):
+            if gv.replica_group in named or self._held(view, gv.replica_group, ranks, now) \
+                    or self._first_step(view, gv, ranks, longest):
                 continue
+            threshold = self.group_threshold(view, gv)
             ev = {"summary": f"rank(s) {ranks} never asked for the quorum of step "
                              f"{gv.step + 1 if gv.step is not None else '?'} that replica "
                              f"group(s) {sorted(waited)} have waited for, across groups, for "
@@ -286,26 +326,38 @@ class Hang:
             return blocked
         return []
 
-    def _checkpointing(self, view: ClusterView, g: int, ranks: list[int], now: float) -> bool:
-        """Every culprit answers now in phase ``checkpoint``, first seen so by the monitor under
-        --checkpoint-timeout ago (its own clock: a rank's may be off by any amount): a group
-        writing a checkpoint while the others wait is not hung (said once a save)."""
-        saves, seen = self._saves.get(g, {}), []
+    def _held(self, view: ClusterView, g: int, ranks: list[int], now: float) -> bool:
+        """Every culprit answers now in a held phase (``checkpoint``, ``busy``), first seen so by
+        the monitor under --checkpoint-timeout ago (its own clock: a rank's may be off by any
+        amount): a group writing a checkpoint, or running its own work it marked (an eval),
+        while the others wait is not hung (said once a spell)."""
+        saves, seen, said = self._saves.get(g, {}), [], set()
         for r in ranks:
             rv = view.rank_view(r)
-            if rv and rv.reachable and rv.fresh and rv.state.get("phase") == "checkpoint":
+            if rv and rv.reachable and rv.fresh and (p := rv.state.get("phase")) in HELD_PHASES:
                 got = saves.get(r)
                 seen.append(got[1] if got and got[0] == rv.state.get("phase_since") else now)
+                said.add(p)
         since = min(seen, default=now)
         if len(seen) < len(ranks) or now - since >= self.cfg.checkpoint_timeout_s:
             return False
         if self._saving.get(g) != since:
             self._saving[g] = since
-            log.warning("hang held: replica group %d rank(s) %s write a checkpoint (%.0fs of "
-                        "--checkpoint-timeout %.0fs), the others wait for it", g, ranks,
+            what = "write a checkpoint" if said == {"checkpoint"} else \
+                "are busy outside the step (phase busy)" if said == {"busy"} else \
+                "write a checkpoint or are busy outside the step"
+            log.warning("hang held: replica group %d rank(s) %s %s (%.0fs of "
+                        "--checkpoint-timeout %.0fs), the others wait for it", g, ranks, what,
                         now - since, self.cfg.checkpoint_timeout_s)
         return True
 
     @staticmethod
     def _not_waiting(view: ClusterView, ranks: list[int], scope: str) -> bool:
-        return not any(_wait(view, rank)[0] == scope for rank in ranks)
+        """None of ``ranks`` is blocked in ``scope``: for ``cross`` in any call, its own quorum's
+        too (a group healing from a peer of the same quorum receives the checkpoint inside its
+        quorum call while the others wait in the all_reduce: recovery, not a culprit)."""
+        for rank in ranks:
+            rv = view.rank_view(rank)
+            if rv is not None and rv.reachable and current_wait(rv.state)[0] == scope:
+                return False
+        return True
