@@ -222,6 +222,21 @@ def test_one_group_not_in_the_collective_is_no_job_stall(driver):
     assert "job_stall" not in d.open_kinds()
 
 
+def test_a_group_healing_from_a_peer_inside_a_synchronous_quorum_is_no_job_stall(driver):
+    """With a synchronous quorum a restarted group heals inside start_quorum: its ranks show
+    phase ``quorum``, waiting across, their quorum not known yet, while every other group
+    waits for it in the all_reduce. torchft's recovery: no job stall, no probe round."""
+    d = driver
+    d.sweeps(4)
+    d.train.stall(4.0, d.clock.t)
+    for r in d.train.job.sim.group(3):
+        r.update(quorum_id=-1, step=0, phase="quorum")
+    d.sweeps(3, steps=0)
+    assert d.open_kinds() == []
+    assert not d.mon.detectors.probes_wanted() and not round_started(d)
+    assert d.mon.store.decisions() == []
+
+
 def test_the_whole_job_slowed_in_its_collectives_is_job_slow(driver):
     d = driver
     d.sweeps(BASELINE_SWEEPS)

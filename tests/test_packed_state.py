@@ -163,11 +163,11 @@ def test_a_worker_server_asked_as_the_monitor_asks_is_kept_as_its_lists_packed()
         assert got.ok and plain.ok
         assert got.data.pop("packed") == 1
         assert type(got.data["timing"]["recent"]) is bytes
-        assert len(got.data["timing"]["recent"]) == 16 * TIMING_ROW.size
+        assert len(got.data["timing"]["recent"]) == 24 * TIMING_ROW.size  # all 24: it keeps 32
         for doc in (got.data, plain.data):
             doc.pop("phase_since")
         assert got.data == plain.data  # both packed: the served bytes and the monitor's own
-        assert [s for s, _ in unpack_rows(got.data["timing"]["recent"])] == list(range(9, 25))
+        assert [s for s, _ in unpack_rows(got.data["timing"]["recent"])] == list(range(1, 25))
     finally:
         poller.close()
         srv.stop()

@@ -4,11 +4,13 @@ exact; the server is real (waitress on an ephemeral port)."""
 
 from __future__ import annotations
 
+import base64
 import threading
 
 import pytest
 import requests
 
+from rank_wire import TIMING_ROW
 from tests.support.clock import ManualClock as Clock
 from worker_server import RankIdentity, RankState, WorkerServer
 from worker_server.timing import StepTimer
@@ -144,6 +146,27 @@ def test_state_and_metrics_serve_the_timing():
                         labels_key({**cross, "le": "0.025"}))] == 3
         assert samples[("lightkeeper_collective_wait_seconds_bucket",
                         labels_key({**group, "le": "0.5"}))] == 0
+    finally:
+        srv.stop()
+
+
+def test_a_rank_serves_its_last_32_steps_and_their_newest_16s_median():
+    """The monitor keeps 32 rows a rank (monitor/detect/straggler.py's STEP_MEMORY): with steps
+    of ms, ranks answering a few steps apart still share the straggler's window."""
+    state = RankState(RankIdentity(job="unit", replica_group=0, group_rank=0, group_world_size=1))
+    clock = Clock()
+    state.timing = StepTimer(clock=clock)
+    srv = WorkerServer(state).serve()
+    try:
+        for step in range(40):
+            run_step(state.timing, clock, step, compute=0.3 if step < 24 else 0.1, cross=0.02,
+                     group=0.05)
+        timing = requests.get(srv.url + "/v1/state", timeout=5).json()["timing"]
+        assert [r["step"] for r in timing["recent"]] == list(range(8, 40))
+        assert timing["window"]["steps"] == 16
+        assert timing["window"]["compute_s"] == pytest.approx(0.1)  # steps 24-39 only
+        packed = requests.get(srv.url + "/v1/state?packed=1&since=20", timeout=5).json()
+        assert len(base64.b64decode(packed["timing"]["recent"])) == 19 * TIMING_ROW.size
     finally:
         srv.stop()
 

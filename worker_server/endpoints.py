@@ -81,7 +81,7 @@ MAX_RECENT = 1 << 20  # ``recent`` bound: more than any rank keeps
 def state_since(doc: dict[str, Any], since: int) -> dict[str, Any]:
     """``/v1/state?since=N``: ``timing.recent`` holds only the rows of steps after N, and
     ``timing.since`` says it was cut (N). A monitor that folded this rank's rows up to step N
-    asks for the rest only: at 100,000 ranks a leader's answer is then one or two rows, not 16,
+    asks for the rest only: at 100,000 ranks a leader's answer is then one or two rows, not 32,
     and the rows are most of what the monitor parses (docs/scaling.md). Everything else in the
     document is as ``/v1/state`` serves it (``last_step`` and ``window`` too)."""
     timing = doc.get("timing")

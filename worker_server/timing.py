@@ -63,6 +63,9 @@ from dataclasses import asdict, dataclass
 
 SCOPES = ("cross", "group")
 TIMING_WINDOW = 16  # steps in the served median
+# per-step rows served (``recent``), as many as the monitor keeps per rank (its STEP_MEMORY): with
+# steps of ms, ranks polled a few steps apart still share the straggler's window
+TIMING_ROWS = 32
 CUDA_TIMING_ENV = "LIGHTKEEPER_CUDA_TIMING"
 CUDA_TIMING_MODES = ("auto", "off")
 
@@ -127,7 +130,8 @@ def _cuda_in_use() -> bool:
 
 
 class StepTimer:
-    """Adds up one rank's waits inside collectives per step; keeps the last ``window`` steps.
+    """Adds up one rank's waits inside collectives per step; keeps the last ``max(window, rows)``
+    steps and serves their medians over the last ``window``.
 
     Writers (``waiting``, ``begin_step``, ``end_step``) run on the training thread. A wait that
     starts inside another (``Manager.allreduce`` calls ``wait_quorum``) is counted once, by the
@@ -141,8 +145,9 @@ class StepTimer:
     """
 
     def __init__(self, window: int = TIMING_WINDOW, clock: Callable[[], float] = time.monotonic,
-                 device: object = None):
+                 device: object = None, rows: int = TIMING_ROWS):
         self._clock = clock
+        self._window = window
         if device is None:
             self._device_mode = cuda_timing_mode()
             self._device = None
@@ -158,7 +163,7 @@ class StepTimer:
         # in a collective shows how long it has been blocked there.
         self._current: tuple[str, float] | None = None
         self._wait = dict.fromkeys(SCOPES, 0.0)
-        self._recent: deque[StepTiming] = deque(maxlen=window)
+        self._recent: deque[StepTiming] = deque(maxlen=max(window, rows))
         self._listeners: list[Callable[[StepTiming], None]] = []
 
     # --- training thread ---------------------------------------------------------------
@@ -233,8 +238,8 @@ class StepTimer:
     # --- readers -----------------------------------------------------------------------
     def snapshot(self) -> dict:
         """The ``timing`` object of ``/v1/state`` (docs/CONTRACTS.md): ``last_step``, ``window``
-        (medians over the last steps) and ``waiting`` (the wait in progress), each None when
-        there is none, and ``recent``: the window's steps, oldest first (the monitor compares
+        (medians over the last ``window`` steps) and ``waiting`` (the wait in progress), each None
+        when there is none, and ``recent``: every step kept, oldest first (the monitor compares
         ranks step by step, by step number, so it needs each step, not only the last)."""
         current = self._current  # one read: the training thread may replace it meanwhile
         now = self._clock()
@@ -245,9 +250,10 @@ class StepTimer:
         if not recent:
             return {"last_step": None, "window": None, "waiting": waiting, "recent": [],
                     "clock": self.clock}
-        window: dict[str, float | int] = {"steps": len(recent)}
+        last = recent[-self._window:]
+        window: dict[str, float | int] = {"steps": len(last)}
         for key in ("step_s", "compute_s", "wait_cross_s", "wait_group_s"):
-            window[key] = statistics.median(getattr(t, key) for t in recent)
+            window[key] = statistics.median(getattr(t, key) for t in last)
         return {"last_step": asdict(recent[-1]), "window": window, "waiting": waiting,
                 "recent": [asdict(t) for t in recent], "clock": self.clock}
 

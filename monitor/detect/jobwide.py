@@ -15,7 +15,7 @@ from monitor.evidence.view import ClusterView
 
 from .findings import Finding, Findings
 from .hang import Hang
-from .rank_state import collective_wait
+from .rank_state import collective_wait, current_wait
 from .straggler import Straggler, Window, late_for
 
 # findings that name a group: while one is open for a group of the quorum it explains the job
@@ -96,10 +96,12 @@ def _stall_shape(groups: list, waits: dict[int, tuple]) -> tuple[dict, set, list
 
 def _joining(view: ClusterView, groups: list) -> bool:
     """A group outside the newest quorum still in its own (joining, or healing: torchft receives
-    the peer's checkpoint before its allreduce goes on) holds the others: recovery, no stall."""
+    the peer's checkpoint before its allreduce goes on) holds the others: recovery, no stall.
+    Its raw wait, any phase: with a synchronous quorum the healing ranks wait across inside
+    start_quorum (phase ``quorum``), which collective_wait leaves out."""
     in_q = {gv.replica_group for gv in groups}
     return any(r.fresh and r.state.get("quorum_id") != view.quorum_id
-               and collective_wait(r.state)[0] == "cross"
+               and current_wait(r.state)[0] == "cross"
                for gv in view.groups.values() if gv.replica_group not in in_q for r in gv.ranks)
 
 

@@ -46,6 +46,12 @@ class StepMemory:
             & (cand > self._newest[slots][:, None] - self.depth)
         return cand[present.all(axis=0)].tolist()
 
+    def held(self, slots: np.ndarray) -> np.ndarray:
+        """Per slot, how many of its newest ``depth`` steps it holds."""
+        newest = self._newest[slots]
+        steps = self._steps[slots]
+        return ((steps != NONE) & (steps > newest[:, None] - self.depth)).sum(axis=1)
+
     def seconds(self, slots: np.ndarray, steps: list[int]) -> np.ndarray:
         """slots x steps x TIMING_KEYS (``steps``: from :meth:`common_steps`)."""
         at = np.asarray(steps, np.int64) % self.depth

@@ -4,6 +4,7 @@ Each rank's own clock only; the rule and its thresholds: docs/monitor.md.
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from collections.abc import Container, Iterable
@@ -24,8 +25,11 @@ from .step_memory import StepMemory
 STATE_ASK = f"recent={STEP_TIMES_READ}&packed=1"
 EVERY_ROW_QUERY = f"?{STATE_ASK}"
 WINDOW_SLACK_STEPS = 2  # a new rank is asked for its group's window and this (groups a step apart)
-STEP_MEMORY = 32  # per-step timings kept per rank (ranks serve their last 16)
+# per-step timings kept per rank, as many as ranks serve (worker_server.timing.TIMING_ROWS)
+STEP_MEMORY = 32
 STEP_S, COMPUTE_S, WAIT_CROSS_S, WAIT_GROUP_S = range(len(TIMING_KEYS))
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -134,6 +138,7 @@ class Straggler:
         self.last_lags: dict[int, float] = {}  # replica_group -> how long the others waited
         self.last_window: Window | None = None  # the job's last full window
         self.lag_floor = cfg.straggler_min_lag_s  # of the last window (lag_floor)
+        self.apart_since: float | None = None  # since when the ranks' rows share no window
 
     def state_queries(self, urls: Iterable[str], kept: Container[str] | None,
                       view: ClusterView | None) -> list[str]:
@@ -220,7 +225,14 @@ class Straggler:
         slots = np.asarray(slots, np.int64)
         window = self.memory.common_steps(slots)[-self.cfg.straggler_steps:]
         if len(window) < self.cfg.straggler_steps:
+            # no window: the arrival lags served must not be an old one's
+            self.last_lags, self.last_window = {}, None
+            self._apart(slots, now)
             return []
+        if self.apart_since is not None:
+            log.info("straggler: the replica groups' timing rows share a window again (steps "
+                     "%d-%d); stragglers are judged", window[0], window[-1])
+            self.apart_since = None
         timings = self.memory.seconds(slots, window)  # polled rank x window x TIMING_KEYS
         cross = np.maximum.reduceat(timings[:, :, WAIT_CROSS_S], starts, axis=0)
         med_step = float(np.median(timings[:, :, STEP_S]))
@@ -293,6 +305,19 @@ class Straggler:
             if mem is not None:
                 mem.straggler_newest = newest
         return [f for f in new if f]
+
+    def _apart(self, slots: np.ndarray, now: float) -> None:
+        """Every rank holds a window of its own, but the ranks' rows share none (answered too
+        many steps apart: steps of ms): stragglers go unjudged, said once until they share one."""
+        need = self.cfg.straggler_steps
+        if self.apart_since is not None or len(slots) == 0 \
+                or int(self.memory.held(slots).min()) < need:
+            return  # said already, or too few steps yet (a start, a heal): not apart
+        newest = self.memory.newest_of(slots.tolist())
+        log.warning("straggler: the replica groups' timing rows share no %d steps (their newest "
+                    "steps %d-%d, %d kept per rank: answered too far apart): stragglers are not "
+                    "judged until they do", need, min(newest), max(newest), STEP_MEMORY)
+        self.apart_since = now
 
     def members(self, view: ClusterView, groups: dict[int, GroupView]
                 ) -> dict[int, list[tuple[RankView, int, Any]]] | None:
