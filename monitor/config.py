@@ -90,6 +90,10 @@ class DetectorConfig:
                   "hang_factor", "fr_interval_s", "starting_timeout_s", strict=True)
         _at_least(self, 1, "straggler_steps", "straggler_windows", "dead_sweeps",
                   "job_slow_windows", "job_baseline_windows")
+        if self.straggler_steps > STRAGGLER_MAX_STEPS:  # never a window: never judged, unsaid
+            raise ConfigError(f"--straggler-steps must be at most {STRAGGLER_MAX_STEPS} (the "
+                              f"steps a rank serves and the monitor keeps), got "
+                              f"{self.straggler_steps}")
         _at_least(self, 0, "checkpoint_timeout_s")
         _at_least(self, 1, "job_slow_factor", strict=True)
 
@@ -119,6 +123,8 @@ class RailsConfig:
 
 
 # a rank's POST /v1/probe bounds (worker_server/probe.py; the monitor does not import it)
+# the timing rows a rank serves and the monitor keeps (worker_server.timing.TIMING_ROWS)
+STRAGGLER_MAX_STEPS = 32
 PROBE_MAX_BYTES, PROBE_MAX_TIMEOUT_S, PROBE_MAX_PEERS = 4 * 1024 * 1024, 10.0, 64
 
 

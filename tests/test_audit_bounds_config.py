@@ -42,6 +42,13 @@ def test_a_forget_after_not_above_zero_is_refused(value):
         MonitorConfig(forget_after_s=float(value)).validate()
 
 
+def test_a_straggler_window_longer_than_the_rows_ranks_serve_is_refused():
+    """40 steps to a window, 32 served and kept: never a window, stragglers never judged."""
+    with pytest.raises(ConfigError, match="--straggler-steps must be at most 32"):
+        config_from_args(parse("--straggler-steps", "40"))
+    assert config_from_args(parse("--straggler-steps", "32")).detectors.straggler_steps == 32
+
+
 def test_a_forget_after_shorter_than_finding_a_rank_dead_is_warned_of():
     """Forgotten first, a dead self-registered rank is never found ``dead``."""
     short = config_from_args(parse("--forget-after", "2", "--interval", "1", "--dead-sweeps", "3"))

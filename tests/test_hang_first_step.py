@@ -55,3 +55,17 @@ def test_the_first_step_hold_is_said_once(caplog):
         compiling_group_1(job, det, [float(t) for t in range(1, 8)])
     held = [r.getMessage() for r in caplog.records if "hang held" in r.getMessage()]
     assert len(held) == 1 and "have not finished a step yet" in held[0], held
+
+
+def test_a_group_restarted_into_a_running_job_is_judged_at_the_usual_threshold():
+    """The hold is the job's start only: a restarted group that hangs on its first step while
+    the others know their step time is named at the usual threshold. Held 300 s, it would
+    outlast the others' process-group timeout and leave the quorum unnamed."""
+    job = Job(groups=3, ranks=2, step_s=1.0)
+    det = Detectors(DetectorConfig())
+    for r in range(job.world):  # group 1's new incarnation: no step of its own timed yet
+        if job.group_of(r) == 1:
+            job.states[r]["recent_step_seconds"], job.states[r]["last_step_seconds"] = [], None
+    found = compiling_group_1(job, det, [float(t) for t in range(1, 6)])
+    assert [(f.kind, f.replica_group) for _, f in found] == [("hang", 1)]
+    assert found[0][0] < 10.0

@@ -237,6 +237,19 @@ def test_a_group_healing_from_a_peer_inside_a_synchronous_quorum_is_no_job_stall
     assert d.mon.store.decisions() == []
 
 
+def test_a_group_asking_to_join_since_long_before_hides_no_job_stall(driver):
+    """A group that cannot start (re-asking the Lighthouse for minutes: a pod Pending, a crash
+    loop) waits across in its quorum call too; it holds nobody, so the in-quorum groups' stall
+    is still a job_stall and the probe mesh is wanted."""
+    d = driver
+    d.sweeps(4)
+    d.train.stall(4.0, d.clock.t)
+    for r in d.train.job.sim.group(3):
+        r.update(quorum_id=-1, step=0, phase="quorum", phase_since=d.clock.t - 200.0,
+                 timing={**r.state["timing"], "waiting": {"scope": "cross", "seconds": 200.0}})
+    d.until(lambda: "job_stall" in d.open_kinds(), "a job stall", steps=0)
+
+
 def test_the_whole_job_slowed_in_its_collectives_is_job_slow(driver):
     d = driver
     d.sweeps(BASELINE_SWEEPS)

@@ -94,15 +94,29 @@ def _stall_shape(groups: list, waits: dict[int, tuple]) -> tuple[dict, set, list
     return per_group, steps, through
 
 
+JOIN_SLACK_S = 5.0  # a joiner's wait may have begun this much before the others' collective
+
+
 def _joining(view: ClusterView, groups: list) -> bool:
     """A group outside the newest quorum still in its own (joining, or healing: torchft receives
     the peer's checkpoint before its allreduce goes on) holds the others: recovery, no stall.
     Its raw wait, any phase: with a synchronous quorum the healing ranks wait across inside
-    start_quorum (phase ``quorum``), which collective_wait leaves out."""
+    start_quorum (phase ``quorum``), which collective_wait leaves out. Only a wait that began
+    with the others' (within a few steps' compute): one asking since before them (a group that
+    cannot start, re-asking) holds nobody, and must not hide a stall."""
     in_q = {gv.replica_group for gv in groups}
-    return any(r.fresh and r.state.get("quorum_id") != view.quorum_id
-               and current_wait(r.state)[0] == "cross"
-               for gv in view.groups.values() if gv.replica_group not in in_q for r in gv.ranks)
+    longest = max((collective_wait(r.state)[1] for gv in groups for r in gv.ranks if r.fresh),
+                  default=0.0)
+    slack = max(JOIN_SLACK_S, 3 * (view.median_step_seconds() or 0.0))
+    for gv in view.groups.values():
+        if gv.replica_group in in_q:
+            continue
+        for r in gv.ranks:
+            scope, waited = current_wait(r.state) if r.fresh else (None, None)
+            if scope == "cross" and r.state.get("quorum_id") != view.quorum_id \
+                    and waited is not None and waited <= longest + slack:
+                return True
+    return False
 
 
 class JobWide:
