@@ -58,16 +58,16 @@ class Sampling:
             self.latest[g] = [s for _, s in states]
             incarnation = self.restarts.get(g, 0)
             for at, s in states:
-                for spec, at in (s.get("faults_struck_at") or {}).items():
+                for spec, struck in (s.get("faults_struck_at") or {}).items():
                     key = (g, incarnation, s["group_rank"], spec)
                     if key not in self.strikes:
                         self.strikes[key] = Strike(g, incarnation, s["group_rank"], s["rank"],
                                                    printable(str(s.get("host") or "?")), spec,
-                                                   float(at))
+                                                   float(struck))
                 self.rank_pids.add(int(s["pid"]))
                 job_step = max(job_step, s["step"])
                 self.samples.append({
-                    "t": at, "replica_group": g, "rank": s["rank"], "step": s["step"],
+                    "t": at, "tick": t, "replica_group": g, "rank": s["rank"], "step": s["step"],
                     "participating": s["participating"],
                     "num_participants": s["num_participants"], "phase": s["phase"],
                     "last_step_seconds": s["last_step_seconds"],

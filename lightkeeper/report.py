@@ -123,14 +123,16 @@ def bundle_file(report_dir: Path, bundle_id: str | None) -> str | None:
 
 
 def final_steps(samples: list[dict]) -> dict[str, int]:
-    """Each group's furthest rank at its last sample (a group that finished its --steps has no
-    live rank to ask any more)."""
+    """Each group's furthest rank at its last look (a group that finished its --steps has no
+    live rank to ask any more); a look is a tick (``tick``), its ranks answering at their own
+    times (``t``)."""
     last: dict[int, tuple[float, int]] = {}
     for s in samples:
         t, step = last.get(s["replica_group"], (-1.0, -1))
-        if s["t"] > t:
-            last[s["replica_group"]] = (s["t"], s["step"])
-        elif s["t"] == t:
+        look = s.get("tick", s["t"])  # an older timeline's samples share their tick's t
+        if look > t:
+            last[s["replica_group"]] = (look, s["step"])
+        elif look == t:
             last[s["replica_group"]] = (t, max(step, s["step"]))
     return {str(g): step for g, (_, step) in sorted(last.items())}
 

@@ -65,6 +65,9 @@ def test_a_tick_samples_every_rank_and_tells_the_strike_a_rank_reports(tmp_path,
     assert demo.faults[0]["struck_at_s"] == 1.5 and demo.faults[0]["host"] == "node-1"
     assert [(e["kind"], e["replica_group"]) for e in demo.events] == [("struck", 1)]
     assert demo.pids() == [os.getpid()]
+    # each sample dated by its answer, in seconds since the start (not a strike's unix time)
+    assert all(demo.ticks[-1][0] <= s["t"] < demo.ticks[-1][0] + 5 for s in demo.samples)
+    assert {s["tick"] for s in demo.samples} == {demo.ticks[-1][0]}
 
 
 def test_a_tick_past_the_duration_stops_the_run(tmp_path, monkeypatch):

@@ -87,3 +87,15 @@ def test_a_report_without_its_picture_says_why_and_names_no_png(tmp_path, monkey
     assert "No timeline picture: ImportError: No module named 'matplotlib'" in md
     assert "timeline.png" not in md and not (tmp_path / "timeline.png").exists()
     assert "matplotlib" in (tmp_path / "timeline.error.txt").read_text()
+
+
+def test_final_steps_takes_a_groups_furthest_rank_at_its_last_look():
+    """The ranks of one look answer at their own times: the furthest of the last look counts,
+    not whichever answered last."""
+    from lightkeeper.report import final_steps
+
+    samples = [{"replica_group": 0, "tick": 9.5, "t": 9.51, "step": 97},
+               {"replica_group": 0, "tick": 10.0, "t": 10.001, "step": 100},
+               {"replica_group": 0, "tick": 10.0, "t": 10.002, "step": 99},
+               {"replica_group": 1, "t": 10.0, "step": 98}]  # an older timeline: no tick
+    assert final_steps(samples) == {"0": 100, "1": 98}

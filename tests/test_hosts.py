@@ -455,6 +455,33 @@ def test_routes_hosts_and_release(tmp_path):
         m.stop()
 
 
+def test_a_release_with_a_null_body_or_a_long_reason(tmp_path):
+    """``null`` is JSON (no reason: the default one); a reason is kept as one printable line of
+    at most 500 characters (it goes into the log and the audit row)."""
+    from monitor.api.app import create_app
+    from monitor.service import Monitor
+    clock = Clock()
+    cfg = MonitorConfig(state_path=str(tmp_path / "m.sqlite"), token="tok", port=0,
+                        rails=RailsConfig(min_replicas=1))
+    m = Monitor(cfg, clock=clock)
+    try:
+        for h in ("h1", "h2"):
+            m.hosts.record([finding("hang", h, 1)], clock())
+        m.hosts.decide(clock(), None, 100)  # of 100 hosts: both within the quarantine cap
+        c = create_app(m).test_client()
+        auth = {"Authorization": "Bearer tok"}
+        r = c.post("/v1/hosts/h1/release", headers=auth, data="null",
+                   content_type="application/json")
+        assert r.status_code == 200 and r.get_json()["decision"] == "release", r.get_json()
+        r = c.post("/v1/hosts/h2/release", headers=auth, json={"reason": "a\nb" * 1000})
+        assert r.status_code == 200
+        (h2,) = [h for h in c.get("/v1/hosts").get_json()["hosts"] if h["host"] == "h2"]
+        why = h2["release_reason"]
+        assert "\n" not in why and "a\\nb" in why and len(why) <= 600, why
+    finally:
+        m.stop()
+
+
 def test_an_episode_confirmed_again_after_a_monitor_restart_is_not_a_second_offence(tmp_path):
     clock = Clock()
     led = ledger(tmp_path, clock)

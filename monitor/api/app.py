@@ -15,13 +15,14 @@ from markupsafe import Markup
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException
 
-from http_serving import bearer_token_matches, decimal_int
+from http_serving import bearer_token_matches, decimal_int, printable
 from monitor.api import views
 from monitor.config import MonitorConfig
 from monitor.poll.admission import NotAllowed, ResolverBusy, Unauthorized
 from monitor.poll.discovery import BadTarget, OtherJob, TooManyTargets
 
 MAX_BODY = 64 * 1024  # a request is a few hundred bytes
+REASON_MAX = 500  # an operator's reason, as the audit log keeps it
 OVERVIEW_RANKS = 1000  # the overview's rank rows: more are unreadable and cost the sweeps' GIL
 
 
@@ -30,7 +31,8 @@ def _json_body():
     application/json`` is refused saying so (a browser's cross-site form cannot send that
     type: it is kept required), not read as no body."""
     body = request.get_json(silent=True)
-    if body is None and request.get_data(cache=True):  # a request that says why, not none
+    raw = request.get_data(cache=True)
+    if body is None and raw and raw.strip() != b"null":  # a request that says why, not none
         raise BadTarget("the body is not valid JSON" if request.is_json else
                         "the body must be JSON sent with Content-Type: application/json")
     return body
@@ -198,7 +200,9 @@ def create_app(monitor: Any) -> Flask:
         g = body.get("replica_group") if isinstance(body, dict) else None
         if type(g) is not int or not 0 <= g < 1 << 63:  # not a bool; fits SQLite's INTEGER
             raise BadTarget('body must be {"replica_group": <int >= 0>, "reason": "..."}')
-        result = monitor.evict_manual(g, str(body.get("reason") or "manual"))
+        # one printable line, bounded: it goes into the log and the audit row's detail
+        reason = printable(str(body.get("reason") or "manual"))[:REASON_MAX]
+        result = monitor.evict_manual(g, reason)
         # 202: a shard's proposal, which the leader carries out (docs/scaling.md)
         return jsonify(result), (200 if result["decision"] == "evict"
                                  else 202 if result["decision"] == "proposed" else 409)
@@ -214,9 +218,9 @@ def create_app(monitor: Any) -> Flask:
         body = _json_body()
         if body is not None and not isinstance(body, dict):
             raise BadTarget('body must be {"reason": "..."} or empty')
-        reason = str((body or {}).get("reason") or "released by hand")
+        reason = printable(str((body or {}).get("reason") or "released by hand"))[:REASON_MAX]
         try:
-            return jsonify(monitor.enforcer.release_host(host, reason[:500]))
+            return jsonify(monitor.enforcer.release_host(host, reason))
         except KeyError:
             return jsonify(error=f"no host {host!r} in the ledger", status=404), 404
         except ValueError as e:

@@ -73,14 +73,13 @@ class Hang:
         return max(self.cfg.hang_floor_s, self.cfg.hang_factor * (view.median_step_seconds() or 0))
 
     def group_threshold(self, view: ClusterView, gv: GroupView) -> float:
-        """The hang threshold for naming ``gv``: at least --starting-timeout while no rank of
-        the job has timed a step (its start: a first step compiles, torch.compile takes minutes,
-        while the groups done with theirs wait for it in the all_reduce). A group restarted into
-        a running job is judged as any: held that long, a hang past the others' process-group
-        timeout would leave the quorum unnamed."""
+        """The hang threshold for naming ``gv``: at least --starting-timeout while none of its
+        ranks has timed a step, since a first step compiles (torch.compile: minutes) while the
+        groups done with theirs wait for it in the all_reduce; a restarted group too (evicted
+        while it compiles, its replacement would compile again: a restart loop). A first step
+        that hangs past the others' process-group timeout leaves the quorum unnamed."""
         threshold = self.threshold(view)
-        warming = view.median_step_seconds() is None and _untimed(gv)
-        return max(threshold, self.cfg.starting_timeout_s) if warming else threshold
+        return max(threshold, self.cfg.starting_timeout_s) if _untimed(gv) else threshold
 
     def _first_step(self, view: ClusterView, gv: GroupView, ranks: list[int],
                     longest: float) -> bool:
