@@ -400,16 +400,21 @@ class Monitor:
             read = rv is not None and rv.state is not None
             job_end_said = self._end_said_at is not None and self._end_said_at \
                 >= unreachable.get(url, now) - END_SAID_SLACK_S
-            lost = not stopped and (others_up or (read and not job_end_said
-                                                  and self._lighthouse_lost(rv)))
+            # re-adopted from --sd-out and never read: stopped while no monitor polled it (a
+            # drain takes the monitor's pod too), so unsaid; lost only if its group is not back
+            back = not read and rv is not None and rv.replica_group is not None and any(
+                o.reachable and o.replica_group == rv.replica_group for o in view.ranks.values())
+            lost = not stopped and not back and (others_up or (
+                read and not job_end_said and self._lighthouse_lost(rv)))
             if url in ended:
                 by = (rv.state or {}).get("stopped_by")
                 log.info("forgot %s: %s", url, f"stopped by {by}" if by else
                          "its training finished")
             else:
                 log.info("forgot %s: unreachable for %.0fs%s", url, self.cfg.forget_after_s,
-                         "" if not lost else " (lost while the job goes on)" if others_up
-                         else " (lost: no rank answers, none said the job ended)")
+                         " (re-adopted, never answered this run; its group answers again)"
+                         if back else "" if not lost else " (lost while the job goes on)"
+                         if others_up else " (lost: no rank answers, none said the job ended)")
             if lost:
                 self.metrics.ranks_lost.labels(self.cfg.job).inc()
         return sum(1 for u in ended if not view.ranks[u].superseded)  # as view.counts counts

@@ -311,6 +311,41 @@ def test_a_rank_forgotten_while_the_job_goes_on_is_counted_lost(tmp_path):
         sim.stop()
 
 
+def test_a_rank_stopped_while_no_monitor_ran_is_lost_only_if_its_group_is_not_back(tmp_path):
+    """A node drain takes the monitor's pod with a group's: that rank stops unsaid. The
+    restarted monitor re-adopts its URL (--sd-out) and never reads it: with its group back
+    (a new incarnation elsewhere) it is not lost; a group that never comes back still is."""
+    sim = SimRanks.start(3)  # groups 0, 1, 2
+    back = None
+    mon = make_monitor(tmp_path, sim, register=True, forget_after_s=0.6)
+
+    def register(r) -> None:  # as a WorkerServer registers
+        requests.post(mon.url + "/v1/targets", timeout=5, json={
+            "url": r.url, "job": "sim", "replica_group": r.state["replica_group"],
+            "rank": r.state["rank"]})
+    try:
+        for r in sim.ranks:
+            register(r)
+        wait_until(lambda: sum(r["reachable"] for r in _ranks(mon).values()) == 3, 10,
+                   what="3 registered ranks up")
+    finally:
+        mon.stop()
+    sim.ranks[0].set_mode("down")  # group 0 drained, restarted elsewhere
+    sim.ranks[1].set_mode("down")  # group 1 gone for good
+    back = SimRanks.start(1)  # group 0's new incarnation, another address
+    mon = make_monitor(tmp_path, sim, register=True, forget_after_s=0.6)
+    try:
+        register(back.ranks[0])
+        gone = {sim.ranks[0].url, sim.ranks[1].url}
+        wait_until(lambda: _lost(mon) > 0 or not gone & set(_ranks(mon)) and mon.sweeps > 10,
+                   15, what="both re-adopted URLs forgotten")
+        assert _lost(mon) == 1
+    finally:
+        mon.stop()
+        sim.stop()
+        back.stop()
+
+
 @pytest.mark.parametrize("lighthouse_hears_them", [False, True])
 def test_a_whole_job_gone_without_a_word_is_counted_lost(tmp_path, lighthouse_hears_them):
     """Every rank of the job goes at once and none said the job ended (host loss, an OOM kill,
