@@ -20,19 +20,15 @@ class Sampling:
         return get_json(self.http, url + "/v1/state", 1.0)
 
     def states(self, urls: list[str]) -> dict[str, tuple[float, dict | None]]:
-        """Each rank's state and when it came (seconds since the start), all asked at once: a
-        rank that does not answer (its host offline) holds up no other's look, and each look is
-        dated by its answer, not by the tick."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        def ask(url: str) -> tuple[float, dict | None]:
+        """Each rank's state and when it came (seconds since the start): each look dated by
+        its answer, not by the tick (a rank that does not answer, its host offline, takes its
+        timeout and the looks after it come that much later). Asked one after another: the
+        loop's HTTP session is not shared across threads."""
+        out = {}
+        for url in urls:
             got = self.state(url)
-            return self.now(), got
-
-        if not urls:
-            return {}
-        with ThreadPoolExecutor(min(len(urls), 32), thread_name_prefix="demo-sample") as pool:
-            return dict(zip(urls, pool.map(ask, urls), strict=True))
+            out[url] = (self.now(), got)
+        return out
 
     def monitor_get(self, path: str) -> list | None:
         from .processes import get_json
