@@ -393,6 +393,7 @@ class Monitor:
         if any(url in ended or (view.ranks[url].state or {}).get("phase") == "stopped"
                for url in forgotten if url in view.ranks):
             self._end_said_at = now
+        told = self.store.told_to_go_replica_ids() if forgotten else set()
         for url in forgotten:
             rv = view.ranks.get(url)
             stopped = rv is not None and (rv.state or {}).get("phase") == "stopped"
@@ -404,7 +405,9 @@ class Monitor:
             # drain takes the monitor's pod too), so unsaid; lost only if its group is not back
             back = not read and rv is not None and rv.replica_group is not None and any(
                 o.reachable and o.replica_group == rv.replica_group for o in view.ranks.values())
-            lost = not stopped and not back and (others_up or (
+            # a replica this monitor evicted went because it was told to: not lost
+            evicted = rv is not None and bool(rv.replica_id) and rv.replica_id in told
+            lost = not stopped and not back and not evicted and (others_up or (
                 read and not job_end_said and self._lighthouse_lost(rv)))
             if url in ended:
                 by = (rv.state or {}).get("stopped_by")
@@ -413,7 +416,8 @@ class Monitor:
             else:
                 log.info("forgot %s: unreachable for %.0fs%s", url, self.cfg.forget_after_s,
                          " (re-adopted, never answered this run; its group answers again)"
-                         if back else "" if not lost else " (lost while the job goes on)"
+                         if back else " (its replica was evicted)" if evicted
+                         else "" if not lost else " (lost while the job goes on)"
                          if others_up else " (lost: no rank answers, none said the job ended)")
             if lost:
                 self.metrics.ranks_lost.labels(self.cfg.job).inc()

@@ -370,6 +370,30 @@ def test_a_whole_job_gone_without_a_word_is_counted_lost(tmp_path, lighthouse_he
         job.stop()
 
 
+def test_the_ranks_of_an_evicted_replica_are_not_lost(tmp_path):
+    """The monitor's own eviction ends a group's ranks without their saying so: they went
+    because they were told to, not lost (LightkeeperRanksLost does not page for each kill)."""
+    job = SimJob(3)
+    mon = make_monitor(tmp_path, job.sim, job, register=True, forget_after_s=0.6, token="tok")
+    try:
+        for r in job.sim.ranks:
+            requests.post(mon.url + "/v1/targets", json={"url": r.url}, timeout=5,
+                          headers={"Authorization": "Bearer tok"})
+        wait_until(lambda: sum((r["verification"] or {}).get("state") == "verified"
+                               for r in _ranks(mon).values()) == 3, 15,
+                   what="3 registered ranks verified")
+        r = requests.post(mon.url + "/v1/evict", json={"replica_group": 1}, timeout=10,
+                          headers={"Authorization": "Bearer tok"})
+        assert r.status_code == 200 and r.json()["sent"] is True, r.text
+        job.alive.discard(1)
+        job.sim.group(1)[0].set_mode("down")
+        wait_until(lambda: len(_ranks(mon)) == 2, 15, what="the evicted rank forgotten")
+        assert _lost(mon) == 0
+    finally:
+        mon.stop()
+        job.stop()
+
+
 def _ranks(mon) -> dict[str, dict]:
     return {r["url"]: r for r in get(mon, "/v1/ranks").json()}
 
