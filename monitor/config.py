@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from http_serving import is_http_url, redact_url
+from rank_wire import TIMING_ROWS
 
 EVICTABLE_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead", "stuck_starting",
                    "network", "quarantined_host")
@@ -123,8 +124,7 @@ class RailsConfig:
 
 
 # a rank's POST /v1/probe bounds (worker_server/probe.py; the monitor does not import it)
-# the timing rows a rank serves and the monitor keeps (worker_server.timing.TIMING_ROWS)
-STRAGGLER_MAX_STEPS = 32
+STRAGGLER_MAX_STEPS = TIMING_ROWS  # the timing rows a rank serves and the monitor keeps
 PROBE_MAX_BYTES, PROBE_MAX_TIMEOUT_S, PROBE_MAX_PEERS = 4 * 1024 * 1024, 10.0, 64
 
 

@@ -33,6 +33,9 @@ PACKED_FORMAT = 1  # the value of an answer's "packed" key
 MONITOR_AGENT = "lightkeeper-monitor"
 TIMING_KEYS = ("step_s", "compute_s", "wait_cross_s", "wait_group_s")
 TIMING_ROW = struct.Struct("<q4d")  # the step, then TIMING_KEYS' seconds
+# per-step rows a rank serves (``recent``) and the monitor keeps per rank: with steps of ms,
+# ranks polled a few steps apart still share the straggler's window
+TIMING_ROWS = 32
 SECONDS_SIZE = 8  # one float64 step time
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 _INF, _FLOAT_MAX = math.inf, sys.float_info.max

@@ -61,11 +61,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from rank_wire import TIMING_ROWS
+
 SCOPES = ("cross", "group")
 TIMING_WINDOW = 16  # steps in the served median
-# per-step rows served (``recent``), as many as the monitor keeps per rank (its STEP_MEMORY): with
-# steps of ms, ranks polled a few steps apart still share the straggler's window
-TIMING_ROWS = 32
 CUDA_TIMING_ENV = "LIGHTKEEPER_CUDA_TIMING"
 CUDA_TIMING_MODES = ("auto", "off")
 

@@ -81,20 +81,21 @@ class Hang:
         threshold = self.threshold(view)
         return max(threshold, self.cfg.starting_timeout_s) if _untimed(gv) else threshold
 
-    def _first_step(self, view: ClusterView, gv: GroupView, ranks: list[int],
-                    longest: float) -> bool:
-        """Whether ``gv``, waited for ``longest`` s (past the hang threshold), is held as on its
-        first step: under its :meth:`group_threshold` (said once an incarnation)."""
+    def _judged_at(self, view: ClusterView, gv: GroupView, ranks: list[int],
+                   longest: float) -> float | None:
+        """``gv``'s :meth:`group_threshold` when the others' wait of ``longest`` s (past the
+        hang threshold) reaches it; None while it is held as on its first step (said once an
+        incarnation)."""
         threshold = self.group_threshold(view, gv)
         if longest >= threshold:
-            return False
+            return threshold
         ids = gv.reported_replica_ids
         if self._first_held.get(gv.replica_group) != ids:
             self._first_held[gv.replica_group] = ids
             log.warning("hang held: replica group %d rank(s) %s have not finished a step yet (a "
                         "first step compiles); the others have waited %.0fs, judged at %.0fs "
                         "(--starting-timeout)", gv.replica_group, ranks, longest, threshold)
-        return True
+        return None
 
     def note_progress(self, view: ClusterView, now: float) -> None:
         """Count the sweeps since an in-quorum group's step moved (once per ``now``)."""
@@ -230,9 +231,11 @@ class Hang:
                 if inner_peers:
                     level, ranks, found = "in_group", list(h_in["culprits"]), [h_in]
                     waiting, waits = inner_peers, {**blocked, **waits}
-            if self._held(view, g, ranks, now) or self._first_step(view, gv, ranks, longest):
+            if self._held(view, g, ranks, now):
                 continue
-            threshold = self.group_threshold(view, gv)
+            threshold = self._judged_at(view, gv, ranks, longest)
+            if threshold is None:
+                continue
             pending = found[0]["raw"]
             ev = {"summary": f"rank(s) {ranks} never entered {pending.get('op')} (seq "
                              f"{pending.get('seq')}, {level.replace('_', '-')}) that rank(s) "
@@ -283,10 +286,11 @@ class Hang:
         out = []
         for gv in idle:
             ranks = sorted(r.rank for r in gv.ranks if r.rank is not None)
-            if gv.replica_group in named or self._held(view, gv.replica_group, ranks, now) \
-                    or self._first_step(view, gv, ranks, longest):
+            if gv.replica_group in named or self._held(view, gv.replica_group, ranks, now):
                 continue
-            threshold = self.group_threshold(view, gv)
+            threshold = self._judged_at(view, gv, ranks, longest)
+            if threshold is None:
+                continue
             ev = {"summary": f"rank(s) {ranks} never asked for the quorum of step "
                              f"{gv.step + 1 if gv.step is not None else '?'} that replica "
                              f"group(s) {sorted(waited)} have waited for, across groups, for "

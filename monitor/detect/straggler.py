@@ -16,7 +16,7 @@ import numpy as np
 from monitor.config import DetectorConfig
 from monitor.evidence.group import rank_order
 from monitor.evidence.view import STEP_TIMES_READ, ClusterView, GroupView, RankView
-from rank_wire import TIMING_KEYS
+from rank_wire import TIMING_KEYS, TIMING_ROWS
 
 from .findings import Finding, Findings
 from .rank_state import phases
@@ -25,8 +25,7 @@ from .step_memory import StepMemory
 STATE_ASK = f"recent={STEP_TIMES_READ}&packed=1"
 EVERY_ROW_QUERY = f"?{STATE_ASK}"
 WINDOW_SLACK_STEPS = 2  # a new rank is asked for its group's window and this (groups a step apart)
-# per-step timings kept per rank, as many as ranks serve (worker_server.timing.TIMING_ROWS)
-STEP_MEMORY = 32
+STEP_MEMORY = TIMING_ROWS  # per-step timings kept per rank, as many as ranks serve
 STEP_S, COMPUTE_S, WAIT_CROSS_S, WAIT_GROUP_S = range(len(TIMING_KEYS))
 
 log = logging.getLogger(__name__)
