@@ -394,6 +394,7 @@ class Monitor:
                for url in forgotten if url in view.ranks):
             self._end_said_at = now
         told = self.store.told_to_go_replica_ids() if forgotten else set()
+        answering: set | None = None  # the replica groups a reachable rank answers for
         for url in forgotten:
             rv = view.ranks.get(url)
             stopped = rv is not None and (rv.state or {}).get("phase") == "stopped"
@@ -403,8 +404,10 @@ class Monitor:
                 >= unreachable.get(url, now) - END_SAID_SLACK_S
             # re-adopted from --sd-out and never read: stopped while no monitor polled it (a
             # drain takes the monitor's pod too), so unsaid; lost only if its group is not back
-            back = not read and rv is not None and rv.replica_group is not None and any(
-                o.reachable and o.replica_group == rv.replica_group for o in view.ranks.values())
+            if not read and answering is None:  # once per sweep: every rank of a large job
+                answering = {o.replica_group for o in view.ranks.values() if o.reachable}
+            back = not read and rv is not None and rv.replica_group is not None \
+                and rv.replica_group in answering
             # a replica this monitor evicted went because it was told to: not lost
             evicted = rv is not None and bool(rv.replica_id) and rv.replica_id in told
             lost = not stopped and not back and not evicted and (others_up or (
