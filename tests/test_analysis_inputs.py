@@ -145,6 +145,11 @@ def test_compressed_dumps_and_archives_say_what_to_do(tmp_path, capsys):
         [error] = report["errors"]
         assert "not an incident bundle" in error["error"], error
         assert error["error"].endswith("unpack it and give the folder"), error
+    # one gzipped dump given by itself (not a tar: no bundle) is told to be gunzipped too
+    [one] = sorted(folder.iterdir())[:1]
+    code, report = run_json(capsys, one)
+    assert code == 2
+    assert [e["error"] for e in report["errors"]] == ["gzip-compressed: gunzip it first"]
 
 
 def test_a_missing_ranks_dump_hints_at_blame_missing(tmp_path, capsys):

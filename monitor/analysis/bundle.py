@@ -6,6 +6,7 @@ and the ranks' ``fr/rank<N>.json`` dumps this module hands to the analysis, amon
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import tarfile
@@ -75,10 +76,11 @@ def is_bundle(path: str | Path) -> bool:
         return False
     if p.name.endswith(SUFFIX):
         return True
-    try:  # saved under another name (curl -O names it "bundle"): a dump is never gzip
-        with open(p, "rb") as f:
-            return f.read(2) == b"\x1f\x8b"
-    except OSError:
+    try:  # saved under another name (curl -O names it "bundle"): a gzipped tar, not a
+        # gzipped dump (the loader says to gunzip that one)
+        with gzip.open(p, "rb") as f:
+            return f.read(512)[257:262] == b"ustar"
+    except (OSError, EOFError, zlib.error):
         return False
 
 
