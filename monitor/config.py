@@ -74,8 +74,10 @@ class DetectorConfig:
                                        "never)")
     dead_sweeps: int = flag(3, "--dead-sweeps", "unreachable sweeps before a rank is dead")
     starting_timeout_s: float = flag(300.0, "--starting-timeout", "seconds a rank may answer "
-                                     "without a first quorum before it is stuck_starting, and "
-                                     "a group on its first step is waited for before a hang")
+                                     "without a first quorum (or a group stays out of the "
+                                     "quorum, its step unmoved, while the others step) before "
+                                     "it is stuck_starting, and a group on its first step is "
+                                     "waited for before a hang")
     fr_interval_s: float = flag(15.0, "--fr-interval", "fetch Flight Recorder from every rank "
                                 "at least this often, seconds (mismatch)")
     # job_slow: the healthy baseline is the median of the job's first healthy windows

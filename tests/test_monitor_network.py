@@ -250,6 +250,33 @@ def test_a_group_asking_to_join_since_long_before_hides_no_job_stall(driver):
     d.until(lambda: "job_stall" in d.open_kinds(), "a job stall", steps=0)
 
 
+def test_a_group_the_lighthouse_left_out_of_the_quorum_holds_nobody(driver):
+    """A group re-asking for a quorum whose wait happens to begin with the others' (long steps
+    make the slack wide) holds nobody when the Lighthouse's quorum of the others does not
+    include it: their stall is still a job_stall. (A joiner the Lighthouse let in holds them:
+    the healing test above.)"""
+    d = driver
+    d.sweeps(4)
+    job = d.train.job
+    job.alive.discard(3)  # the others form a quorum without it; it heartbeats again after
+    try:
+        q = job.requorum()
+    finally:
+        job.alive.add(3)
+    # its heartbeat lapsed while the others formed their quorum: verified again once heard
+    d.until(lambda: d.mon.lighthouse_status.quorum_id == q
+            and d.mon.lighthouse_status.heartbeating(job.replica_ids[3]), "group 3 heard",
+            sweeps=100, pause=0.05)
+    d.train.stall(4.0, d.clock.t)
+    for r in job.sim.group(3):
+        r.update(quorum_id=-1, step=0, phase="quorum", phase_since=d.clock.t - 8.0,
+                 timing={**r.state["timing"], "waiting": {"scope": "cross", "seconds": 8.0}})
+    d.until(lambda: "job_stall" in d.open_kinds(), "a job stall", steps=0)
+    assert d.mon.lighthouse_status.quorum_id == q
+    assert 3 in d.mon.view.evidence().groups  # judged, verified: not left out of the view
+    assert job.replica_ids[3] not in d.mon.lighthouse_status.members
+
+
 def test_the_whole_job_slowed_in_its_collectives_is_job_slow(driver):
     d = driver
     d.sweeps(BASELINE_SWEEPS)

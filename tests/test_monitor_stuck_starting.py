@@ -1,4 +1,6 @@
-"""A rank that never reaches its first quorum is reported as ``stuck_starting``, not evicted.
+"""A rank that never reaches its first quorum is reported as ``stuck_starting``, not evicted;
+so is a verified group the job's quorums go on without (its step unmoved for --starting-timeout
+while the others commit steps), on synthetic views.
 
 Real parts: a torchft Lighthouse the monitor verifies against, and a real trainer rank whose own
 Lighthouse address is unreachable (torchft's Manager sits in its connect, for up to
@@ -18,10 +20,12 @@ import pytest
 from lightkeeper.cluster import LocalCluster
 from lightkeeper.processes import stop_process, wait_until
 from monitor.config import DetectorConfig, MonitorConfig
+from monitor.detect import Detectors
 from monitor.service import Monitor
+from tests.test_monitor_detectors import T0, Job
 from worker_server.state import node_name
 
-pytestmark = pytest.mark.e2e
+TIMEOUT = 30.0
 
 
 def closed_port() -> int:
@@ -30,6 +34,7 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.e2e
 def test_rank_without_a_reachable_lighthouse_is_stuck_starting(tmp_path):
     cluster = LocalCluster(tmp_path / "cluster", num_groups=1)
     log = tmp_path / "rank.log"
@@ -67,3 +72,167 @@ def test_rank_without_a_reachable_lighthouse_is_stuck_starting(tmp_path):
         if proc is not None:
             stop_process(proc, grace=0)
         cluster.stop()
+
+
+def left_out_job() -> tuple[Job, Detectors]:
+    """A 3 x 2 job at step 0 of quorum 3 (group 1: ranks 2 and 3)."""
+    return Job(groups=3, ranks=2), Detectors(DetectorConfig(starting_timeout_s=TIMEOUT))
+
+
+def sweep(det: Detectors, job: Job, t: float, others_step: bool = True, quorum: int = 4,
+          **group_1) -> list:
+    """Groups 0 and 2 in ``quorum``, each committing a step (``others_step``); group 1's ranks'
+    states updated with ``group_1``. The stuck_starting findings newly confirmed at T0 + t."""
+    for r, s in enumerate(job.states):
+        if job.group_of(r) == 1:
+            s.update(group_1)
+        else:
+            s.update(quorum_id=quorum, step=s["step"] + others_step, last_step_at=T0 + t)
+    found = det.update(job.view(T0 + t), None, T0 + t)
+    assert det.last_error is None
+    return [f for f in found if f.kind == "stuck_starting"]
+
+
+def named(det: Detectors) -> list[tuple]:
+    return [(f.replica_group, f.ranks, f.replica_id) for f in det.open_findings()
+            if f.kind == "stuck_starting"]
+
+
+def test_a_group_hung_on_its_first_step_the_others_went_on_without_is_stuck_starting():
+    """Its old quorum's id, it answers, it never trains again: the others' process-group timeout
+    ended their wait long before the hang detector's first-step hold would have."""
+    job, det = left_out_job()
+    for t in range(0, 30, 5):
+        assert sweep(det, job, t) == []
+    found = sweep(det, job, 30)
+    assert [(f.replica_group, f.ranks, f.replica_id) for f in found] == [
+        (1, [2, 3], "replica_group_1:sim")]
+    ev = found[0].evidence
+    assert ev["summary"] == ("rank(s) [2, 3] out of the job's quorums since step 0: the others "
+                             "committed 6 steps in the last 30s (its quorum 3, the newest 4)")
+    assert (ev["shape"], ev["step"], ev["job_steps"], ev["quorum_id"], ev["newest_quorum_id"]) \
+        == ("left_out", 0, 6, 3, 4)
+    assert {r: v["phase"] for r, v in ev["ranks"].items()} == {"2": "forward", "3": "forward"}
+    assert ev["why"].startswith("the others' quorums go on without it")
+    assert ev["culprit_hosts"] == ["host-g1", "host-g1"]
+    assert found[0].first_seen == T0  # the monitor's clock: when it first saw it at step 0
+    assert sweep(det, job, 35) == [] and named(det) == [(1, [2, 3], "replica_group_1:sim")]
+
+
+def test_a_restarted_group_hung_on_its_first_step_is_judged_from_its_incarnation():
+    """Named, then restarted: the old incarnation's finding closes ``replaced``; the new one is
+    let into a quorum, healed to the others' step, hangs in its first forward pass and the others
+    go on without it (sync quorum: it reports that quorum's id), its clock from its incarnation."""
+    job, det = left_out_job()
+    for t in range(0, 35, 5):
+        sweep(det, job, t)
+    assert named(det) == [(1, [2, 3], "replica_group_1:sim")]
+    new = {"replica_id": "replica_group_1:new", "step": 7, "quorum_id": 5, "phase": "forward"}
+    for t in range(35, 65, 5):
+        assert sweep(det, job, t, quorum=6, **new) == [], t
+    assert named(det) == []
+    f = det.resolved_findings()[-1]
+    assert (f.kind, f.replica_id, f.resolution) == ("stuck_starting", "replica_group_1:sim",
+                                                     "replaced")
+    found = sweep(det, job, 65, quorum=6, **new)
+    assert [(f.replica_group, f.ranks, f.replica_id) for f in found] == [
+        (1, [2, 3], "replica_group_1:new")]
+    ev = found[0].evidence
+    assert ev["summary"].startswith("rank(s) [2, 3] out of the job's quorums since step 7: ")
+    assert (ev["quorum_id"], ev["newest_quorum_id"]) == (5, 6)
+    assert ev["why"].startswith("the others' quorums go on without it")
+    assert found[0].first_seen == T0 + 35
+
+
+def test_a_left_out_group_stays_named_through_a_sweep_its_ranks_do_not_answer():
+    """A blip (or the monitor's own network) is no step: the finding stays open, its clock too."""
+    job, det = left_out_job()
+    for t in range(0, 35, 5):
+        sweep(det, job, t)
+    assert named(det) == [(1, [2, 3], "replica_group_1:sim")]
+    job.down = set(job.members(1))
+    assert sweep(det, job, 35) == []
+    assert named(det) == [(1, [2, 3], "replica_group_1:sim")]
+    job.down = set()
+    assert sweep(det, job, 40) == []
+    assert [(f.replica_group, f.first_seen) for f in det.open_findings()
+            if f.kind == "stuck_starting"] == [(1, T0)]
+    assert [f for f in det.resolved_findings() if f.kind == "stuck_starting"] == []
+
+
+def test_a_left_out_group_is_held_only_while_every_rank_saves_under_the_checkpoint_timeout():
+    job = Job(groups=3, ranks=2)
+    det = Detectors(DetectorConfig(starting_timeout_s=TIMEOUT, checkpoint_timeout_s=40.0))
+    for t in range(0, 40, 5):  # its save first seen at T0: held until T0 + 40
+        assert sweep(det, job, t, phase="checkpoint") == [], t
+    assert [f.replica_group for f in sweep(det, job, 40, phase="checkpoint")] == [1]
+    assert named(det)[0][:2] == (1, [2, 3])
+
+
+def test_a_left_out_group_with_one_rank_busy_and_one_in_forward_is_not_held():
+    job, det = left_out_job()
+    job.states[2]["phase"] = "busy"
+    for t in range(0, 30, 5):
+        assert sweep(det, job, t) == [], t
+    found = sweep(det, job, 30)
+    assert [f.replica_group for f in found] == [1]
+    assert {r: v["phase"] for r, v in found[0].evidence["ranks"].items()} == {
+        "2": "busy", "3": "forward"}
+
+
+@pytest.mark.parametrize("phase", ["forward", "quorum"])
+def test_a_group_without_a_first_quorum_in_its_forward_pass_is_not_blamed_on_the_lighthouse(
+        phase):
+    """Async quorum: a group hanging in its first forward pass reports quorum id -1 (it has
+    asked, its first collective would wait for the answer); one in phase quorum waits for it."""
+    job, det = left_out_job()
+    for t in range(0, 30, 5):
+        assert sweep(det, job, t, quorum_id=-1, phase=phase) == [], t
+    found = sweep(det, job, 30, quorum_id=-1, phase=phase)
+    assert [(f.replica_group, f.evidence["shape"]) for f in found] == [(1, "no_first_quorum")]
+    whys = {v["why"] for v in found[0].evidence["ranks"].values()}
+    if phase == "forward":
+        assert whys == {"asked for its quorum asynchronously and has not reached its first "
+                        "collective (its first step hangs, or compiles past --starting-timeout)"}
+    else:
+        assert whys == {"the Manager exists but no quorum was formed (Lighthouse unreachable, "
+                        "or the group's other ranks never asked)"}
+
+
+@pytest.mark.parametrize("case", ["short", "stalled", "one_step", "new_incarnation", "held"])
+def test_a_group_out_of_the_quorum_is_not_named(case):
+    """Out for less than the timeout; the whole job stalled (job_stall's business) or moving
+    by one step only; a new incarnation (its clock afresh); a group writing a checkpoint."""
+    job, det = left_out_job()
+    for t in range(0, 55, 5):
+        kw: dict = {}
+        if case == "short":  # group 1 trained with the others until 25 s, then left out
+            kw["quorum"] = 4 if t <= 25 else 5
+            if t <= 25:
+                kw.update(quorum_id=4, step=job.states[0]["step"] + 1)
+        if case == "new_incarnation" and t >= 25:
+            kw["replica_id"] = "replica_group_1:new"
+        if case == "held" and t >= 25:
+            kw["phase"] = "checkpoint"
+        others = case not in ("stalled", "one_step") or (case == "one_step" and t == 10)
+        assert sweep(det, job, t, others_step=others, **kw) == [], t
+    assert named(det) == []
+    if case in ("short", "new_incarnation"):  # its own timeout still names it
+        assert [f.replica_group for f in sweep(det, job, 55, quorum=5)] == [1]
+
+
+@pytest.mark.parametrize("how", ["steps", "takes_part"])
+def test_a_left_out_group_is_named_until_it_steps_or_takes_part_again(how):
+    job, det = left_out_job()
+    for t in range(0, 35, 5):
+        sweep(det, job, t)
+    assert named(det) == [(1, [2, 3], "replica_group_1:sim")]
+    # the others stall, then it writes a checkpoint: not judged, still named
+    assert sweep(det, job, 40, others_step=False) == []
+    assert sweep(det, job, 45, phase="checkpoint") == []
+    assert named(det) == [(1, [2, 3], "replica_group_1:sim")]
+    back = {"step": 1} if how == "steps" else {"quorum_id": 4, "phase": "forward"}
+    assert sweep(det, job, 50, **back) == []
+    assert named(det) == []
+    f = det.resolved_findings()[-1]
+    assert (f.kind, f.replica_group, f.resolution) == ("stuck_starting", 1, "started")

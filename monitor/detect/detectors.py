@@ -19,6 +19,7 @@ from monitor.detect.liveness import Liveness
 from monitor.detect.network import Network
 from monitor.detect.rank_state import SeenGroups
 from monitor.detect.straggler import GroupMemory, Straggler, from_flight_recorder
+from monitor.evidence.lighthouse_status import LighthouseStatus
 from monitor.evidence.probes import ProbeRound
 from monitor.evidence.view import ClusterView
 
@@ -163,9 +164,11 @@ class Detectors:
 
     def update(self, view: ClusterView, dumps: Mapping[int, dict] | None = None,
                now: float | None = None, full_view: ClusterView | None = None,
-               evicted: Container[str] = ()) -> list[Finding]:
+               evicted: Container[str] = (),
+               lighthouse: LighthouseStatus | None = None) -> list[Finding]:
         """The findings newly confirmed by one sweep and its dumps. ``view``: the evidence ranks;
-        ``full_view``: every rank polled (stuck_starting); ``evicted``: replica ids killed."""
+        ``full_view``: every rank polled (stuck_starting); ``evicted``: replica ids killed;
+        ``lighthouse``: its status read this sweep (None: unread or unreadable)."""
         now = self.clock() if now is None else now
         full, dumps = full_view or view, dumps or {}
         self._remember_groups(view)
@@ -191,9 +194,10 @@ class Detectors:
             ("mismatch", lambda: mismatch.judge(view, dumps, traces, analysis, now,
                                                 self.findings)),
             ("stuck_starting", lambda: self.liveness.stuck_starting(
-                full, now, self._starting_urls(full), self._groups)),
+                full, now, self._starting_urls(full), self._groups, view)),
             # after the per-group detectors: a group they name explains the job
-            ("job", lambda: self.jobwide.judge(view, now, self.hang, self.straggler, evicted)))
+            ("job", lambda: self.jobwide.judge(view, now, self.hang, self.straggler, evicted,
+                                               lighthouse)))
         new = [f for name, step in steps for f in self._guarded(name, step)]
         self.findings.resolve_gone(view, full, now)
         self._note_commit_failures(view)

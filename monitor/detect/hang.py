@@ -77,7 +77,8 @@ class Hang:
         ranks has timed a step, since a first step compiles (torch.compile: minutes) while the
         groups done with theirs wait for it in the all_reduce; a restarted group too (evicted
         while it compiles, its replacement would compile again: a restart loop). A first step
-        that hangs past the others' process-group timeout leaves the quorum unnamed."""
+        that hangs past the others' process-group timeout leaves the quorum: stuck_starting's
+        (monitor.detect.left_out)."""
         threshold = self.threshold(view)
         return max(threshold, self.cfg.starting_timeout_s) if _untimed(gv) else threshold
 

@@ -11,6 +11,7 @@ from collections.abc import Container
 from typing import Any
 
 from monitor.config import DetectorConfig
+from monitor.evidence.lighthouse_status import LighthouseStatus
 from monitor.evidence.view import ClusterView
 
 from .findings import Finding, Findings
@@ -97,19 +98,23 @@ def _stall_shape(groups: list, waits: dict[int, tuple]) -> tuple[dict, set, list
 JOIN_SLACK_S = 5.0  # a joiner's wait may have begun this much before the others' collective
 
 
-def _joining(view: ClusterView, groups: list) -> bool:
+def _joining(view: ClusterView, groups: list, lighthouse: LighthouseStatus | None = None) -> bool:
     """A group outside the newest quorum still in its own (joining, or healing: torchft receives
     the peer's checkpoint before its allreduce goes on) holds the others: recovery, no stall.
     Its raw wait, any phase: with a synchronous quorum the healing ranks wait across inside
     start_quorum (phase ``quorum``), which collective_wait leaves out. Only a wait that began
     with the others' (within a few steps' compute): one asking since before them (a group that
-    cannot start, re-asking) holds nobody, and must not hide a stall."""
+    cannot start, re-asking) holds nobody, and must not hide a stall. With the Lighthouse's
+    status of the others' quorum, also only a group it let into that quorum: a group re-asking
+    every quorum timeout can read as begun with the others' when steps are long."""
     in_q = {gv.replica_group for gv in groups}
+    members = lighthouse.members if lighthouse is not None and lighthouse.quorum_id is not None \
+        and lighthouse.quorum_id == view.quorum_id else None
     longest = max((collective_wait(r.state)[1] for gv in groups for r in gv.ranks if r.fresh),
                   default=0.0)
     slack = max(JOIN_SLACK_S, 3 * (view.median_step_seconds() or 0.0))
     for gv in view.groups.values():
-        if gv.replica_group in in_q:
+        if gv.replica_group in in_q or (members is not None and gv.replica_id not in members):
             continue
         for r in gv.ranks:
             scope, waited = current_wait(r.state) if r.fresh else (None, None)
@@ -133,7 +138,8 @@ class JobWide:
         self._changed_at: int | None = None  # the newest step when they last changed
 
     def judge(self, view: ClusterView, now: float, hang: Hang, straggler: Straggler,
-              evicted: Container[str] = ()) -> list[Finding]:
+              evicted: Container[str] = (),
+              lighthouse: LighthouseStatus | None = None) -> list[Finding]:
         groups = view.in_quorum()
         in_q = {gv.replica_group for gv in groups}
         q = view.quorum_id
@@ -155,7 +161,7 @@ class JobWide:
             self._members = members
             self._changed_at = max((gv.step for gv in groups if gv.step is not None),
                                    default=None)
-        out = [self.stall(view, groups, now, hang, blamed or killed),
+        out = [self.stall(view, groups, now, hang, blamed or killed, lighthouse),
                self.slow(view, groups, now, straggler.last_window, blamed)]
         return [f for f in out if f]
 
@@ -183,7 +189,7 @@ class JobWide:
 
     # --- job_stall --------------------------------------------------------------------------
     def stall(self, view: ClusterView, groups: list, now: float, hang: Hang,
-              blamed: list[int]) -> Finding | None:
+              blamed: list[int], lighthouse: LighthouseStatus | None = None) -> Finding | None:
         self._stall_suspected = False
         key = ("job_stall", None, None)
         was = self.findings.open.get(key)
@@ -194,7 +200,7 @@ class JobWide:
         if blamed:
             self._explained(key, now)
             return None
-        if hang.stalled_sweeps < 1 or len(groups) < 2 or _joining(view, groups):
+        if hang.stalled_sweeps < 1 or len(groups) < 2 or _joining(view, groups, lighthouse):
             return None
         stalled, longest, threshold, waits = hang.stall(view, now)
         shape = _stall_shape(groups, waits) if stalled else None

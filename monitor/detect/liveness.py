@@ -14,15 +14,29 @@ from monitor.config import DetectorConfig
 from monitor.evidence.view import ClusterView, GroupView, RankView
 
 from .findings import Finding, Findings
+from .left_out import LeftOut
 from .rank_state import collective_wait
 
 DEAD_KINDS = ("dead", "dead_rank")
+# past start_quorum, before the first collective: a synchronous quorum call returns with the
+# quorum's id, so a rank here without one asked asynchronously (its allreduce waits for it)
+FIRST_STEP_PHASES = ("forward", "backward")
 
 
 def _unreachable(ranks: list[RankView]) -> dict[str, Any]:
     return {str(r.rank): {"url": r.url, "reason": r.reason, "error": r.error,
                           "sweeps": r.failures, "since": r.unreachable_since}
             for r in ranks}
+
+
+def _no_quorum_why(r: RankView) -> str:
+    if not r.replica_id:
+        return "no torchft Manager yet (waiting for the group's store or rank 0)"
+    if r.state.get("phase") in FIRST_STEP_PHASES:
+        return ("asked for its quorum asynchronously and has not reached its first collective "
+                "(its first step hangs, or compiles past --starting-timeout)")
+    return ("the Manager exists but no quorum was formed (Lighthouse unreachable, or the "
+            "group's other ranks never asked)")
 
 
 def _process(r: RankView) -> tuple:
@@ -43,6 +57,7 @@ class Liveness:
         # incarnation's last view there, until the process answering there now is judged
         self._stepped: dict[int, tuple[int, float]] = {}  # group -> its Manager's step and
         # when first seen at it: how long a group with a rank down has committed nothing
+        self._left_out = LeftOut(cfg)  # stuck_starting's other shape: out of the job's quorums
 
     def dead(self, view: ClusterView, now: float, evicted: Container[str] = ()) -> list[Finding]:
         findings, new = self.findings, []
@@ -244,9 +259,11 @@ class Liveness:
         return out
 
     def stuck_starting(self, full: ClusterView, now: float, starting_urls: list[str] | None,
-                       groups: Mapping[int, Any]) -> list[Finding]:
+                       groups: Mapping[int, Any], view: ClusterView | None = None
+                       ) -> list[Finding]:
         """``starting_urls``: the ranks without a quorum (None: read here); ``groups``: each
-        verified group's memory."""
+        verified group's memory; ``view``: the evidence, whose groups the job's quorums go on
+        without are named too (monitor.detect.left_out; None: not judged)."""
         starting = {}
         polled = full.polled_ranks if starting_urls is None else \
             [full.ranks[u] for u in starting_urls]
@@ -270,9 +287,23 @@ class Liveness:
         for ident in [i for i in self._starting if i not in seen]:
             del self._starting[ident]
         findings, new = self.findings, []
-        for key in [k for k in findings.open if k[0] == "stuck_starting"
-                    and k[1] in full.groups and k[1] not in stuck]:
-            findings.resolve(key, "started", now)
+        left, still = self._left_out.judge(view, now, set(stuck)) if view is not None \
+            else ({}, set())
+        # one left out stays named until it steps or takes part again, whether judged this
+        # sweep or not (held, the others stalled, its ranks not answering); a new incarnation
+        # replaces it (its clock starts afresh)
+        for key, f in [(k, f) for k, f in findings.open.items() if k[0] == "stuck_starting"
+                       and k[1] in full.groups]:
+            g, left_out = key[1], f.evidence.get("shape") == "left_out"
+            gv = view.groups.get(g) if view is not None else None
+            if left_out and gv is not None and gv.replica_id not in (None, key[2]):
+                findings.resolve(key, "replaced", now)
+            elif g not in stuck and not (left_out and g in still):
+                findings.resolve(key, "started", now)
+        for lo in left.values():
+            new.append(findings.confirm(
+                "stuck_starting", lo.gv, sorted(r.rank for r in lo.gv.ranks if r.rank is not None),
+                lo.evidence, lo.first_seen, now, view))
         for g, ranks in stuck.items():
             gv = full.groups.get(g)
             if gv is None:
@@ -286,15 +317,12 @@ class Liveness:
             ev = {"summary": f"rank(s) {sorted(r.rank for r in ranks if r.rank is not None)} "
                              f"without a quorum for {now - first:.0f}s (timeout "
                              f"{self.cfg.starting_timeout_s:g}s)",
-                  "starting_timeout_s": self.cfg.starting_timeout_s,
+                  "shape": "no_first_quorum", "starting_timeout_s": self.cfg.starting_timeout_s,
                   "for_s": round(now - first, 1),
                   "ranks": {str(r.rank): {
                       "phase": r.state.get("phase"), "replica_id": r.replica_id,
                       "verified": r.trust is None or r.trust.evidence,
-                      "why": "no torchft Manager yet (waiting for the group's store or rank 0)"
-                      if not r.replica_id else "the Manager exists but no quorum was formed "
-                      "(Lighthouse unreachable, or the group's other ranks never asked)"}
-                      for r in ranks}}
+                      "why": _no_quorum_why(r)} for r in ranks}}
             new.append(findings.confirm(
                 "stuck_starting", gv, sorted(r.rank for r in ranks if r.rank is not None), ev,
                 first, now, full, replica_id=rid))

@@ -1,0 +1,125 @@
+"""The second shape of ``stuck_starting``: a verified, answering group the job's quorums go on
+without. A group whose step hangs past the others' process-group timeout (its first: the hang
+detector holds an untimed group to --starting-timeout, torchft drops it sooner) answers and
+heartbeats at its old quorum id but never trains again; nothing else names it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from monitor.config import DetectorConfig
+from monitor.evidence.view import ClusterView, GroupView
+
+from .hang import HELD_PHASES
+
+MIN_JOB_STEPS = 2  # the others' progress over the span: a whole job stalled is job_stall's
+
+
+@dataclass
+class LeftOutGroup:
+    gv: GroupView
+    evidence: dict[str, Any]
+    first_seen: float
+
+
+class LeftOut:
+    def __init__(self, cfg: DetectorConfig) -> None:
+        self.cfg = cfg
+        # group -> (replica id, step, when the monitor first saw it there): its own clock, as a
+        # rank's wall clock may be off by any amount
+        self._at: dict[int, tuple[str | None, int, float]] = {}
+        # (when, the newest quorum's step) each time that step changed, back to the last one
+        # at or before now - --starting-timeout
+        self._job: deque[tuple[float, int]] = deque()
+        # group -> url -> (a held phase's phase_since, when the monitor first saw it): a save is
+        # aged on the monitor's clock, as the hang detector ages one
+        self._saves: dict[int, dict[str, tuple[Any, float]]] = {}
+
+    def judge(self, view: ClusterView, now: float, skip: set[int]
+              ) -> tuple[dict[int, LeftOutGroup], set[int]]:
+        """(group -> what names it, the groups whose step has not moved and that take no part
+        in the newest quorum, or that no rank of answers now: one named stays so, judged or not
+        this sweep) of ``view``'s verified groups; ``skip``: groups the never-had-a-quorum shape
+        names."""
+        timeout = self.cfg.starting_timeout_s
+        top = max((gv.step for gv in view.in_quorum() if gv.step is not None), default=None)
+        job = self._job
+        if top is not None and (not job or job[-1][1] != top):
+            job.append((now, top))
+        while len(job) > 1 and job[1][0] <= now - timeout:
+            job.popleft()
+        done = top - job[0][1] if top is not None and job else 0
+        at = self._at
+        # kept while a group is away from the view or none of its ranks answers (a blip, the
+        # monitor's own network): only a new step or replica id restarts its clock
+        named, still = {}, {g for g in at if g not in view.groups}
+        q = view.quorum_id
+        for g, gv in view.groups.items():
+            was = at.get(g)
+            step, rid = gv.step, gv.replica_id or (was[0] if was else None)
+            if step is None or q is None:
+                if was is not None:
+                    still.add(g)
+                continue
+            if was is None or was[:2] != (rid, step):  # it committed, or a new incarnation
+                at[g] = was = (rid, step, now)
+            since = was[2]
+            held = self._held(gv, now)
+            if q in gv.taking_part:
+                continue
+            if since < now:
+                still.add(g)
+            if now - since < timeout or g in skip or done < MIN_JOB_STEPS \
+                    or not self._answering(gv) or held:
+                continue
+            named[g] = LeftOutGroup(gv, self._evidence(gv, q, step, now - since, done), since)
+        return named, still
+
+    def _held(self, gv: GroupView, now: float) -> bool:
+        """Every reachable rank in a held phase (``checkpoint``, ``busy``: working outside the
+        collectives on purpose), that save first seen under --checkpoint-timeout ago."""
+        was, saving = self._saves.get(gv.replica_group, {}), {}
+        for r in gv.reachable:
+            if r.state and r.state.get("phase") in HELD_PHASES:
+                since = r.state.get("phase_since")
+                seen = was.get(r.url)
+                saving[r.url] = seen if seen and seen[0] == since else (since, now)
+        if saving:
+            self._saves[gv.replica_group] = saving
+        else:
+            self._saves.pop(gv.replica_group, None)
+        return bool(saving) and len(saving) == len(gv.reachable) and \
+            now - min(s[1] for s in saving.values()) < self.cfg.checkpoint_timeout_s
+
+    @staticmethod
+    def _answering(gv: GroupView) -> bool:
+        """Every rank answers with a quorum, none said it stopped or ended (a planned stop); a
+        rank without a first quorum is the other shape's, one down the dead detectors'."""
+        return len(gv.reachable) == len(gv.ranks) and all(
+            r.state and r.state["quorum_id"] >= 0 and r.state.get("finished") is not True
+            and r.state.get("phase") != "stopped" for r in gv.ranks)
+
+    def _evidence(self, gv: GroupView, newest: int, step: int, for_s: float,
+                  done: int) -> dict[str, Any]:
+        timeout = self.cfg.starting_timeout_s
+        ranks = sorted(r.rank for r in gv.ranks if r.rank is not None)
+        joined = newest in gv.quorums
+        return {
+            "summary": f"rank(s) {ranks} out of the job's quorums since step {step}: the others "
+                       f"committed {done} steps in the last {timeout:g}s (its quorum "
+                       f"{gv.quorum_id}, the newest {newest})",
+            "shape": "left_out", "step": step, "job_steps": done, "window_s": timeout,
+            "starting_timeout_s": timeout, "for_s": round(for_s, 1),
+            "quorum_id": gv.quorum_id, "newest_quorum_id": newest,
+            "why": "in the newest quorum but not taking part in it (participating false) "
+                   "while the others commit" if joined else
+                   "the others' quorums go on without it: a step that hung past their process-"
+                   "group timeout (its first step, held as compiling?)",
+            "ranks": {str(r.rank): {
+                "phase": r.state.get("phase"), "replica_id": r.replica_id, "step": r.state["step"],
+                "quorum_id": r.state["quorum_id"],
+                "participating": r.state.get("participating", True)}
+                for r in gv.ranks if r.rank is not None}}
