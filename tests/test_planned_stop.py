@@ -150,3 +150,15 @@ def test_the_jobs_own_sigterm_handler_still_runs_after_the_stop_is_said(rank):
     assert r.sigterm() == 0  # its handler's sys.exit(0)
     assert r.answers[-1]["stopped_by"] == "SIGTERM", r.answers[-1]
     assert "handled" in r.proc.stdout.read()
+
+
+def test_a_stop_while_the_server_module_still_imports_says_nothing(monkeypatch):
+    """torchrun may SIGTERM a rank within its first second, while worker_server.server is
+    still being imported (in sys.modules, without its names yet): nothing serves, so nothing
+    is said, and no AttributeError line reads like a crash of Lightkeeper's."""
+    import types
+
+    from worker_server import stop_signal
+
+    monkeypatch.setitem(sys.modules, "worker_server.server", types.ModuleType("partial"))
+    stop_signal._servers_stopped()  # raised AttributeError before

@@ -85,7 +85,9 @@ def watch_sigterm(on_stop: Callable[[], object] | None = None) -> str | None:
 
 def _servers_stopped() -> None:
     server = sys.modules.get("worker_server.server")  # not imported (a child): nothing serves
-    for s in server.serving() if server else ():
+    # still importing (a stop within the first second): nothing serves yet either
+    serving = getattr(server, "serving", None)
+    for s in serving() if serving else ():
         s.stopped()
 
 
