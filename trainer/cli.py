@@ -14,7 +14,13 @@ from http_serving import is_http_url, redact_url
 from worker_server.state import env_local_rank
 
 from .config import ModelConfig, TrainConfig
-from .faults import FaultSpecError, check_fits_group, check_process_fault, parse_fault
+from .faults import (
+    FaultSpecError,
+    check_fits_group,
+    check_process_fault,
+    check_reached,
+    parse_fault,
+)
 from .store import is_loopback, is_wildcard, uses_agent_store
 
 
@@ -133,12 +139,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         try:
             fault = parse_fault(spec)
             check_fits_group(fault, group_world_size)
+            check_reached(fault, args.steps)  # the injector checks a live post the same way
         except FaultSpecError as e:
             raise SystemExit(f"lightkeeper train: --inject: {e}") from None
-        if fault.at_step >= args.steps:  # a rank stops once step --steps - 1 commits
-            raise SystemExit(f"lightkeeper train: --inject {spec!r}: at_step {fault.at_step} is "
-                             f"never reached: the job trains steps 0 to {args.steps - 1} "
-                             f"(--steps {args.steps})")
     return TrainConfig(
         replica_group=replica_group, num_replica_groups=num_groups, lighthouse=lighthouse,
         group_rank=group_rank, group_world_size=group_world_size,

@@ -52,7 +52,8 @@ reaches the step; the trainer refuses them (a process cannot degrade its own hos
     What torchft 0.2.0 then does (one rank of a group crashed or hung, the others alive) is
     measured in the README's Trainer section.
 
-Steps are torchft's committed step numbers (``manager.current_step()``). A bad spec raises
+Steps are torchft's committed step numbers (``manager.current_step()``); a ``delay`` is at most
+MAX_DELAY_S (one day), and a ``factor``'s sleep is capped there. A bad spec raises
 :class:`FaultSpecError` with a message that names the problem; what can only be checked against
 the replica group (``rank`` out of range, ``where=group`` in a one-rank group) is checked by
 :class:`FaultInjector`, which knows the group. Nothing is injected by default.
@@ -69,6 +70,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 WHERE = ("cross", "group")
+# The longest delay a spec may ask for, and the cap on a factor's sleep: a "slow" fault must
+# slow the rank, not crash it (time.sleep raises OverflowError past threading.TIMEOUT_MAX).
+MAX_DELAY_S = 86400.0
 
 # kind -> {param: (type, required)}. A one-of pair (slow_compute's factor/delay) is checked below.
 KINDS: dict[str, dict[str, tuple[type, bool]]] = {
@@ -170,6 +174,9 @@ def parse_fault(spec: str) -> Fault:
             )
     if "delay" in values and not values["delay"] > 0:  # a fault that does nothing, "struck"
         raise FaultSpecError(f"delay in {spec!r} must be > 0 seconds, got {values['delay']:g}")
+    if "delay" in values and values["delay"] > MAX_DELAY_S:
+        raise FaultSpecError(f"delay in {spec!r} must be at most {MAX_DELAY_S:g} seconds (one "
+                             f"day), got {values['delay']:g}")
     if kind == "slow_link" and values["mbit"] <= 0:
         raise FaultSpecError(f"mbit in {spec!r} must be > 0 (the link's rate in Mbit/s); a "
                              f"link that carries nothing is host_offline")
@@ -209,6 +216,14 @@ def check_fits_group(fault: Fault, group_world_size: int) -> None:
         )
 
 
+def check_reached(fault: Fault, steps: int) -> None:
+    """Raise FaultSpecError when a one-off ``fault`` is at or past the run's ``steps``: a rank
+    stops once step ``steps - 1`` commits, so it would be accepted and never strike."""
+    if fault.at_step >= steps:
+        raise FaultSpecError(f"{fault.spec!r}: at_step {fault.at_step} is never reached: the job "
+                             f"trains steps 0 to {steps - 1} (--steps {steps})")
+
+
 def check_process_fault(fault: Fault) -> None:
     """Raise FaultSpecError for a network fault: the job's runner applies it to the host."""
     if fault.network:
@@ -224,14 +239,21 @@ class FaultInjector:
     Every rank of a group is given the same specs (torchrun passes the same ``--inject`` to all);
     each rank acts only on those whose ``rank`` is unset or its own ``group_rank``.
     The hooks run on the training thread and may sleep, block forever or exit the process.
+    ``steps`` (the run's ``--steps``; None: unbounded) refuses a one-off fault never reached.
+    A fault cannot be removed, nor posted again (``inject``) once given: equal faults share
+    one strike, so a repeated one-off would never act and a repeated ``slow`` would stack.
     """
 
-    def __init__(self, faults: list[Fault], group_rank: int = 0, group_world_size: int = 1) -> None:
+    def __init__(self, faults: list[Fault], group_rank: int = 0, group_world_size: int = 1,
+                 steps: int | None = None) -> None:
         self.group_rank = group_rank
         self.group_world_size = group_world_size
+        self.steps = steps
+        self._given: set[Fault] = set()  # every fault this process was given, for any rank
+        self._lock = threading.Lock()  # POST /v1/faults runs on the server's threads
         for fault in faults:
-            check_process_fault(fault)
-            check_fits_group(fault, group_world_size)
+            self._check(fault)
+            self._given.add(fault)
         self.faults = [f for f in faults if f.targets(group_rank)]
         self._hang_forever = threading.Event()  # never set: a hang lasts until the process dies
         # Told once per fault, on the training thread, the first time it acts (before a hang
@@ -260,12 +282,23 @@ class FaultInjector:
 
         Returns the fault; it acts only when ``fault.targets(group_rank)``."""
         fault = parse_fault(spec)
+        with self._lock:
+            self._check(fault)
+            if fault in self._given:  # a second slow would stack, a second one-off never strike
+                raise FaultSpecError(f"already injected: {fault.spec} (faults cannot be removed; "
+                                     f"restart the process to clear them)")
+            self._given.add(fault)
+            if fault.targets(self.group_rank):
+                self._live.add(fault)
+                # one assignment: the training thread never sees half
+                self.faults = [*self.faults, fault]
+        return fault
+
+    def _check(self, fault: Fault) -> None:
         check_process_fault(fault)
         check_fits_group(fault, self.group_world_size)
-        if fault.targets(self.group_rank):
-            self._live.add(fault)
-            self.faults = [*self.faults, fault]  # one assignment: the training thread never sees half
-        return fault
+        if self.steps is not None:
+            check_reached(fault, self.steps)
 
     @property
     def specs(self) -> list[str]:
@@ -314,6 +347,7 @@ class FaultInjector:
             self._strike(fault)
         extra = sum(f.delay if f.delay else (f.factor - 1.0) * max(0.0, compute_s)
                     for f in active)
+        extra = min(extra, MAX_DELAY_S)  # a huge factor (or inf from it) would overflow sleep
         if extra > 0:
             self.stretch(extra)
         return extra

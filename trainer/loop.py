@@ -27,10 +27,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .config import TrainConfig
 from .faults import FaultInjector, gpu_stall, parse_fault
+
+if TYPE_CHECKING:
+    from worker_server import RankState
 
 log = logging.getLogger("lightkeeper.trainer")
 
@@ -73,6 +76,17 @@ def pick_device(local_rank: int, gpus: int) -> str:
                          f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}): "
                          f"start at most {gpus} ranks on this host, or give each its own GPU")
     return f"cuda:{local_rank}"
+
+
+def inject_live(injector: FaultInjector, state: RankState, spec: str) -> str:
+    """``POST /v1/faults``: inject ``spec`` (FaultSpecError, a ValueError, when refused) and list
+    it in ``state.faults`` when it strikes this rank. Listed and returned as the fault's own
+    spec (stripped), the key of ``faults_struck_at``, not as posted."""
+    # Every rank of the group may be given the spec; only its target rank lists and applies it.
+    fault = injector.inject(spec)
+    if fault.targets(injector.group_rank):
+        state.faults.append(fault.spec)
+    return fault.spec
 
 
 def train(cfg: TrainConfig) -> int:
@@ -131,7 +145,8 @@ def train(cfg: TrainConfig) -> int:
     )
 
     group_rank, group_world_size = cfg.group_rank, cfg.group_world_size
-    injector = FaultInjector([parse_fault(s) for s in cfg.faults], group_rank, group_world_size)
+    injector = FaultInjector([parse_fault(s) for s in cfg.faults], group_rank, group_world_size,
+                             steps=cfg.steps)
     torch.set_num_threads(cfg.torch_threads)
     torch.manual_seed(cfg.seed)  # identical init in every group
 
@@ -165,11 +180,6 @@ def train(cfg: TrainConfig) -> int:
         dist.init_process_group("nccl" if use_cuda else "gloo", store=gstore.store,
                                 rank=group_rank, world_size=group_world_size)
 
-    def inject_live(spec: str) -> None:
-        # Every rank of the group may be given the spec; only its target rank lists and applies it.
-        if injector.inject(spec).targets(group_rank):
-            state.faults.append(spec)
-
     # Faults can also be injected while training runs (POST /v1/faults), but only when
     # LIGHTKEEPER_FAULT_TOKEN is set: the demo does that, a real job does not.
     server = None
@@ -179,7 +189,8 @@ def train(cfg: TrainConfig) -> int:
                 replica_group=cfg.replica_group, group_rank=group_rank,
                 group_world_size=group_world_size, job=cfg.job, lighthouse=cfg.lighthouse,
                 host=cfg.worker_host, port=cfg.worker_port + group_rank if cfg.worker_port else 0,
-                faults=injector.specs, fault_handler=inject_live,
+                faults=injector.specs,
+                fault_handler=lambda spec: inject_live(injector, state, spec),  # the server's state
             )
         except OSError as e:  # its port taken: one line naming it, not a traceback
             sys.stderr.write(f"lightkeeper train: error: WorkerServer: {e}\n")

@@ -1,0 +1,121 @@
+"""Faults given to a running rank: a slow fault never crashes it, a fault is given once, a
+one-off past --steps is refused, and what /v1/state lists matches what it says struck."""
+
+import threading
+import time
+
+import pytest
+import requests
+
+from trainer.faults import MAX_DELAY_S, FaultInjector, FaultSpecError, parse_fault
+from trainer.loop import inject_live
+
+
+@pytest.mark.parametrize("spec", ["slow:delay=1e308", "slow:delay=86401",
+                                  "slow_compute:delay=1e10,rank=1"])
+def test_a_delay_past_one_day_is_refused_naming_the_bound(spec):
+    with pytest.raises(FaultSpecError, match="must be at most 86400 seconds"):
+        parse_fault(spec)
+    assert parse_fault("slow:delay=86400").delay == MAX_DELAY_S
+
+
+@pytest.mark.parametrize("compute_s", [1.0, 1e300])
+def test_a_huge_factor_sleeps_at_most_one_day_instead_of_overflowing(compute_s):
+    """(factor - 1) x compute time past threading.TIMEOUT_MAX made time.sleep raise
+    OverflowError on the training thread: a slow fault became a crash."""
+    spent: list[float] = []
+    injector = FaultInjector([parse_fault("slow_compute:factor=1e308")])
+    injector.stretch = spent.append
+    assert injector.throttle(0, compute_s) == MAX_DELAY_S
+    assert spent == [MAX_DELAY_S] and MAX_DELAY_S < threading.TIMEOUT_MAX
+
+
+def test_a_fault_posted_again_is_refused_and_the_first_acts_once():
+    """Equal faults shared one strike: a repeated slow stacked its sleeps, a one-off posted
+    again after the first struck was listed and never struck."""
+    struck = []
+    injector = FaultInjector([parse_fault("crash:at_step=90")], group_world_size=2)
+    injector.on_strike = struck.append
+    assert injector.inject("mismatch:at_step=3") and injector.mismatch_at(3)
+    for spec in (" mismatch:at_step=3", "crash:at_step=90"):  # after a strike; an --inject one
+        with pytest.raises(FaultSpecError, match=r"already injected: \S+ \(faults cannot be "
+                                                 r"removed; restart the process to clear them\)"):
+            injector.inject(spec)
+    assert [s for s in range(6) if injector.mismatch_at(s)] == [3]
+    assert [f.spec for f in struck] == ["mismatch:at_step=3"]
+    spent: list[float] = []
+    injector.stretch = spent.append
+    injector.inject("slow_compute:delay=0.25")
+    with pytest.raises(FaultSpecError, match="already injected"):
+        injector.inject("slow_compute:delay=0.25")
+    assert injector.throttle(0, 1.0) == pytest.approx(0.25) and spent == [pytest.approx(0.25)]
+    other_rank = "hang:at_step=7,rank=1"  # not this rank's, but given to this process all the same
+    injector.inject(other_rank)
+    with pytest.raises(FaultSpecError, match="already injected"):
+        injector.inject(other_rank)
+
+
+def test_a_live_one_off_at_or_past_steps_is_refused_as_the_cli_refuses_it():
+    injector = FaultInjector([], steps=10)
+    for spec in ("crash:at_step=10", "hang:at_step=12,where=cross"):
+        with pytest.raises(FaultSpecError, match="is never reached: the job trains steps 0 to 9 "
+                                                 r"\(--steps 10\)"):
+            injector.inject(spec)
+    assert injector.specs == []
+    injector.inject("crash:at_step=9")
+    injector.inject("slow:delay=0.1,from_step=50")  # a repeating fault: no step to reach
+    assert injector.specs == ["crash:at_step=9", "slow:delay=0.1,from_step=50"]
+    with pytest.raises(FaultSpecError, match="never reached"):
+        FaultInjector([parse_fault("mismatch:at_step=10")], steps=10)
+
+
+def test_the_route_lists_a_posted_spec_as_it_strikes_and_refuses_it_again():
+    """A real WorkerServer with the trainer's handler: " slow..." was listed with its blank
+    while faults_struck_at keyed it without, so nothing matched the two by spec."""
+    from worker_server import RankIdentity, RankState, WorkerServer
+
+    injector = FaultInjector([], group_rank=0, group_world_size=2, steps=100)
+    state = RankState(RankIdentity(group_rank=0, group_world_size=2))
+    injector.on_strike = lambda fault: state.fault_struck(fault.spec)
+    srv = WorkerServer(state, fault_handler=lambda spec: inject_live(injector, state, spec),
+                       fault_token="t0k").serve()
+    try:
+        auth = {"Authorization": "Bearer t0k"}
+        url = srv.url + "/v1/faults"
+        r = requests.post(url, json={"spec": " slow:delay=0.01 "}, headers=auth, timeout=5)
+        assert r.status_code == 200 and r.json()["faults"] == ["slow:delay=0.01"], r.text
+        for spec, words in [("slow:delay=0.01", "already injected: slow:delay=0.01"),
+                            ("crash:at_step=100", "at_step 100 is never reached"),
+                            ("slow:delay=1e308", "must be at most 86400 seconds")]:
+            r = requests.post(url, json={"spec": spec}, headers=auth, timeout=5)
+            assert r.status_code == 400 and words in r.json()["error"], (spec, r.text)
+        started = time.monotonic()
+        injector.before_allreduce(0)
+        assert time.monotonic() - started < 0.5  # one 0.01 s sleep, not stacked
+        body = requests.get(srv.url + "/v1/state", timeout=5).json()
+        assert body["faults"] == ["slow:delay=0.01"]
+        assert list(body["faults_struck_at"]) == body["faults"]
+    finally:
+        srv.stop()
+
+
+def test_the_demo_counts_a_spec_a_rank_already_took_as_injected():
+    """The demo posts again when one try's answer was lost or one rank of the group failed:
+    a rank that took the spec the first time refuses it now, and the demo must count it
+    injected, not give the fault's story up."""
+    from types import SimpleNamespace
+
+    from lightkeeper.demo_stories import Stories
+    from worker_server import RankIdentity, RankState, WorkerServer
+
+    injector = FaultInjector([], group_rank=0, group_world_size=1, steps=100)
+    state = RankState(RankIdentity(group_rank=0, group_world_size=1))
+    srv = WorkerServer(state, fault_handler=lambda spec: inject_live(injector, state, spec),
+                       fault_token="t0k").serve()
+    try:
+        demo = SimpleNamespace(http=requests.Session(), token="t0k")
+        assert Stories.post_fault(demo, [srv.url], "slow:delay=0.01")
+        assert Stories.post_fault(demo, [srv.url], "slow:delay=0.01")  # taken the first time
+        assert not Stories.post_fault(demo, [srv.url], "slow:delay=1e308")  # a real refusal
+    finally:
+        srv.stop()
