@@ -21,6 +21,7 @@ from lightkeeper.cluster import LocalCluster
 from lightkeeper.processes import stop_process, wait_until
 from monitor.config import DetectorConfig, MonitorConfig
 from monitor.detect import Detectors
+from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
 from monitor.service import Monitor
 from tests.test_monitor_detectors import T0, Job
 from worker_server.state import node_name
@@ -80,7 +81,7 @@ def left_out_job() -> tuple[Job, Detectors]:
 
 
 def sweep(det: Detectors, job: Job, t: float, others_step: bool = True, quorum: int = 4,
-          **group_1) -> list:
+          lighthouse: LighthouseStatus | None = None, **group_1) -> list:
     """Groups 0 and 2 in ``quorum``, each committing a step (``others_step``); group 1's ranks'
     states updated with ``group_1``. The stuck_starting findings newly confirmed at T0 + t."""
     for r, s in enumerate(job.states):
@@ -88,7 +89,7 @@ def sweep(det: Detectors, job: Job, t: float, others_step: bool = True, quorum: 
             s.update(group_1)
         else:
             s.update(quorum_id=quorum, step=s["step"] + others_step, last_step_at=T0 + t)
-    found = det.update(job.view(T0 + t), None, T0 + t)
+    found = det.update(job.view(T0 + t), None, T0 + t, lighthouse=lighthouse)
     assert det.last_error is None
     return [f for f in found if f.kind == "stuck_starting"]
 
@@ -236,3 +237,130 @@ def test_a_left_out_group_is_named_until_it_steps_or_takes_part_again(how):
     assert named(det) == []
     f = det.resolved_findings()[-1]
     assert (f.kind, f.replica_group, f.resolution) == ("stuck_starting", 1, "started")
+
+
+def status(quorum: int, **steps: int) -> LighthouseStatus:
+    """The Lighthouse's newest quorum ``quorum`` of the groups ``g<N>=step``."""
+    members = {f"replica_group_{g[1:]}:sim": QuorumMember(f"replica_group_{g[1:]}:sim", step,
+                                                         "", 2) for g, step in steps.items()}
+    return LighthouseStatus(quorum, members, {rid: 0.1 for rid in members})
+
+
+def test_a_group_back_from_a_long_save_is_judged_from_when_the_save_ended():
+    """Its step stood still through the save, which is no time out of the quorums: back at its
+    old step (asking for its quorum, then healing), its clock starts when the save ended."""
+    job = Job(groups=3, ranks=2)
+    det = Detectors(DetectorConfig(starting_timeout_s=TIMEOUT, checkpoint_timeout_s=1800.0))
+    for t in range(0, 45, 5):  # saving T0 .. T0 + 40, longer than --starting-timeout
+        assert sweep(det, job, t, phase="checkpoint", phase_since=T0) == [], t
+    for t in range(45, 70, 5):  # asking for its quorum at its old step
+        assert sweep(det, job, t, phase="quorum", phase_since=T0 + t) == [], t
+    assert named(det) == []
+    found = sweep(det, job, 70, phase="quorum")  # out 30 s since the save ended
+    assert [(f.replica_group, f.first_seen) for f in found] == [(1, T0 + 40)]
+    assert found[0].evidence["for_s"] == 30.0
+
+
+@pytest.mark.parametrize("lighthouse", [False, True])
+def test_a_left_out_group_stays_named_through_a_sweep_the_others_ranks_miss(lighthouse):
+    """The newest quorum id is no lower because the groups carrying it missed a poll: the left
+    out group does not take part again (no `started`, no second confirmation)."""
+    job = Job(groups=2, ranks=1)
+    det = Detectors(DetectorConfig(starting_timeout_s=TIMEOUT))
+
+    def lh(t):
+        return status(4, g0=t // 5) if lighthouse else None
+
+    for t in range(0, 35, 5):
+        sweep(det, job, t, lighthouse=lh(t))
+    assert named(det) == [(1, [1], "replica_group_1:sim")]
+    job.down = {0}
+    assert sweep(det, job, 35, lighthouse=lh(35)) == []
+    assert named(det) == [(1, [1], "replica_group_1:sim")]
+    job.down = set()
+    assert sweep(det, job, 40, lighthouse=lh(40)) == []
+    assert [(f.replica_group, f.first_seen) for f in det.open_findings()
+            if f.kind == "stuck_starting"] == [(1, T0)]
+    assert [f for f in det.resolved_findings() if f.kind == "stuck_starting"] == []
+    # the others' progress over the window: no low entry from the sweep they missed
+    for t in range(45, 70, 5):
+        assert sweep(det, job, t, lighthouse=lh(t)) == [], t
+    ev = next(f for f in det.open_findings() if f.kind == "stuck_starting").evidence
+    assert ev["job_steps"] == 7  # steps 7 (T0 + 30) to 14
+
+
+def test_a_left_out_group_takes_part_again_once_the_lighthouse_restarted_without_the_others():
+    """A Lighthouse restart resets the ids: a lower one counts once the groups that carried the
+    higher one report lower ones."""
+    job, det = left_out_job()
+    for t in range(0, 35, 5):
+        sweep(det, job, t)
+    assert named(det) == [(1, [2, 3], "replica_group_1:sim")]
+    assert sweep(det, job, 40, quorum=1, quorum_id=1, phase="forward") == []
+    assert named(det) == []
+    f = det.resolved_findings()[-1]
+    assert (f.kind, f.replica_group, f.resolution) == ("stuck_starting", 1, "started")
+
+
+def test_with_the_lighthouse_status_only_its_members_take_part():
+    """The group reports the newest quorum id but the Lighthouse's quorum of that id does not
+    hold it (it re-asks at its old step): named; let into the next one, it takes part."""
+    job, det = left_out_job()
+    for t in range(0, 30, 5):
+        assert sweep(det, job, t, quorum_id=4, lighthouse=status(4, g0=t, g2=t)) == [], t
+    found = sweep(det, job, 30, quorum_id=4, lighthouse=status(4, g0=30, g2=30))
+    assert [(f.replica_group, f.evidence["newest_quorum_id"]) for f in found] == [(1, 4)]
+    # let in, healing: its ranks not yet told the new quorum
+    assert sweep(det, job, 35, quorum=5, lighthouse=status(5, g0=35, g1=0, g2=35)) == []
+    assert named(det) == []
+    f = det.resolved_findings()[-1]
+    assert (f.kind, f.replica_group, f.resolution) == ("stuck_starting", 1, "started")
+
+
+def test_a_group_in_a_quorum_newer_than_the_lighthouse_status_read_takes_part():
+    """The status was read before the ranks answered: a quorum newer than it that the others
+    take part in too holds the group (it rejoined)."""
+    job, det = left_out_job()
+    for t in range(0, 30, 5):
+        assert sweep(det, job, t, lighthouse=status(4, g0=t, g2=t)) == [], t
+    assert sweep(det, job, 30, quorum=5, quorum_id=5, lighthouse=status(4, g0=30, g2=30)) == []
+    assert named(det) == []
+
+
+def test_a_shard_without_the_newest_quorums_groups_names_a_left_out_group():
+    """A --shard slice holding only the left-out group: the Lighthouse's status tells the newest
+    quorum and, by its members' steps, the others' progress."""
+    job, det = left_out_job()
+    job.targets, job.states = job.targets[2:4], job.states[2:4]  # group 1 only
+    found = []
+    for t in range(0, 35, 5):
+        view = job.view(T0 + t)
+        found += det.update(view, None, T0 + t, lighthouse=status(4, g0=t // 5, g2=t // 5))
+        assert det.last_error is None
+    assert [(f.kind, f.replica_group, f.first_seen) for f in found] == [("stuck_starting", 1, T0)]
+    ev = found[0].evidence
+    assert (ev["shape"], ev["job_steps"], ev["quorum_id"], ev["newest_quorum_id"]) == (
+        "left_out", 6, 3, 4)
+
+
+def test_a_torch_only_group_out_of_the_newest_quorum_is_not_blamed_on_the_lighthouse():
+    """torch's debug server: a rank out of the Lighthouse's newest quorum reports quorum id -1
+    and step -1, so such a group is always the `no_first_quorum` shape."""
+    job, det = left_out_job()
+    polled = job.vb.update
+
+    def torch_only(targets, polls, **kw):  # as monitor.evidence.torch_rank answers for them
+        for url in job.targets[2].url, job.targets[3].url:
+            polls[url].data["torch_only"] = {"store": "", "handlers": [],
+                                             "flight_recorder": "none", "cannot_show": []}
+        return polled(targets, polls, **kw)
+
+    job.vb.update = torch_only
+    torch = {"quorum_id": -1, "step": -1, "phase": "unknown", "participating": False}
+    for t in range(0, 30, 5):
+        assert sweep(det, job, t, **torch) == [], t
+    found = sweep(det, job, 30, **torch)
+    assert [(f.replica_group, f.evidence["shape"]) for f in found] == [(1, "no_first_quorum")]
+    assert {v["why"] for v in found[0].evidence["ranks"].values()} == {
+        "not in the Lighthouse's newest quorum (torch's debug server: its ranks tell no quorum "
+        "of their own)"}

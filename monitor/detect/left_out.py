@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from monitor.config import DetectorConfig
+from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
 from monitor.evidence.view import ClusterView, GroupView
 
 from .hang import HELD_PHASES
@@ -37,17 +38,32 @@ class LeftOut:
         # group -> url -> (a held phase's phase_since, when the monitor first saw it): a save is
         # aged on the monitor's clock, as the hang detector ages one
         self._saves: dict[int, dict[str, tuple[Any, float]]] = {}
+        # group -> the last sweep it was held (saving or busy): its clock starts again there, as
+        # a group back from a long save asks for its quorum or heals at its old step
+        self._held_at: dict[int, float] = {}
+        # group -> the quorum id its reachable ranks last reported: torchft's ids only grow
+        # while the Lighthouse lives, so a sweep the others' ranks miss lowers nothing
+        self._reported: dict[int, int] = {}
+        self._newest_q: int | None = None
 
-    def judge(self, view: ClusterView, now: float, skip: set[int]
+    def judge(self, view: ClusterView, now: float, skip: set[int],
+              lighthouse: LighthouseStatus | None = None
               ) -> tuple[dict[int, LeftOutGroup], set[int]]:
         """(group -> what names it, the groups whose step has not moved and that take no part
         in the newest quorum, or that no rank of answers now: one named stays so, judged or not
         this sweep) of ``view``'s verified groups; ``skip``: groups the never-had-a-quorum shape
-        names."""
+        names; ``lighthouse``: its status this sweep (None: the newest quorum the ranks told)."""
         timeout = self.cfg.starting_timeout_s
-        top = max((gv.step for gv in view.in_quorum() if gv.step is not None), default=None)
+        q, members, fell = self._newest(view, lighthouse)
+        newer = self._newer(view, q) if members is not None else frozenset()
+        part = {g for g, gv in view.groups.items() if _takes_part(gv, q, members, newer)}
+        steps = [view.groups[g].step for g in part if view.groups[g].step is not None]
+        # a shard may hold no group of the newest quorum: its members' steps tell the others'
+        # progress (each as of its last quorum request: a step behind at most)
+        steps += [m.step for m in (members or {}).values()]
+        top = max(steps, default=None)
         job = self._job
-        if top is not None and (not job or job[-1][1] != top):
+        if top is not None and not fell and (not job or job[-1][1] != top):
             job.append((now, top))
         while len(job) > 1 and job[1][0] <= now - timeout:
             job.popleft()
@@ -56,7 +72,6 @@ class LeftOut:
         # kept while a group is away from the view or none of its ranks answers (a blip, the
         # monitor's own network): only a new step or replica id restarts its clock
         named, still = {}, {g for g in at if g not in view.groups}
-        q = view.quorum_id
         for g, gv in view.groups.items():
             was = at.get(g)
             step, rid = gv.step, gv.replica_id or (was[0] if was else None)
@@ -68,19 +83,59 @@ class LeftOut:
                 at[g] = was = (rid, step, now)
             since = was[2]
             held = self._held(gv, now)
-            if q in gv.taking_part:
+            if held:
+                self._held_at[g] = now
+            elif held is not None:  # a save past --checkpoint-timeout excuses nothing
+                self._held_at.pop(g, None)
+            if g in part:
                 continue
             if since < now:
                 still.add(g)
-            if now - since < timeout or g in skip or done < MIN_JOB_STEPS \
+            start = max(since, self._held_at.get(g, since))
+            if now - start < timeout or g in skip or done < MIN_JOB_STEPS \
                     or not self._answering(gv) or held:
                 continue
-            named[g] = LeftOutGroup(gv, self._evidence(gv, q, step, now - since, done), since)
+            named[g] = LeftOutGroup(gv, self._evidence(gv, q, step, now - start, done), start)
         return named, still
 
-    def _held(self, gv: GroupView, now: float) -> bool:
+    def _newest(self, view: ClusterView, lighthouse: LighthouseStatus | None
+                ) -> tuple[int | None, dict[str, QuorumMember] | None, bool]:
+        """(the newest quorum id, its members by replica id where the Lighthouse's status
+        tells them (else None), whether that id went down since the last sweep). Without the
+        status, the highest id each verified group last reported: a lower one is taken only
+        once the groups that carried the higher one are gone or report lower (a Lighthouse
+        restart), never because their ranks missed a sweep."""
+        reported = self._reported
+        for g in [g for g in reported if g not in view.groups]:
+            del reported[g]
+        for g, gv in view.groups.items():
+            if gv.quorum_id is not None:
+                reported[g] = gv.quorum_id
+        if lighthouse is not None and lighthouse.quorum_id is not None:
+            q, members = lighthouse.quorum_id, lighthouse.members
+        else:
+            q, members = max(reported.values(), default=None), None
+        fell = q is not None and self._newest_q is not None and q < self._newest_q
+        if q is not None:
+            self._newest_q = q
+        return q, members, fell
+
+    @staticmethod
+    def _newer(view: ClusterView, q: int | None) -> frozenset[int]:
+        """Quorum ids past the Lighthouse's that two or more groups take part in: the status
+        was read before their ranks answered (one group alone at a higher id is one left
+        behind by a Lighthouse restart)."""
+        seen: dict[int, int] = {}
+        for gv in view.groups.values():
+            for p in gv.taking_part:
+                if q is not None and p > q:
+                    seen[p] = seen.get(p, 0) + 1
+        return frozenset(p for p, n in seen.items() if n > 1)
+
+    def _held(self, gv: GroupView, now: float) -> bool | None:
         """Every reachable rank in a held phase (``checkpoint``, ``busy``: working outside the
-        collectives on purpose), that save first seen under --checkpoint-timeout ago."""
+        collectives on purpose): True while that save was first seen under --checkpoint-timeout
+        ago, False past it; None: not so."""
         was, saving = self._saves.get(gv.replica_group, {}), {}
         for r in gv.reachable:
             if r.state and r.state.get("phase") in HELD_PHASES:
@@ -91,8 +146,9 @@ class LeftOut:
             self._saves[gv.replica_group] = saving
         else:
             self._saves.pop(gv.replica_group, None)
-        return bool(saving) and len(saving) == len(gv.reachable) and \
-            now - min(s[1] for s in saving.values()) < self.cfg.checkpoint_timeout_s
+        if not saving or len(saving) != len(gv.reachable):
+            return None
+        return now - min(s[1] for s in saving.values()) < self.cfg.checkpoint_timeout_s
 
     @staticmethod
     def _answering(gv: GroupView) -> bool:
@@ -123,3 +179,15 @@ class LeftOut:
                 "quorum_id": r.state["quorum_id"],
                 "participating": r.state.get("participating", True)}
                 for r in gv.ranks if r.rank is not None}}
+
+
+def _takes_part(gv: GroupView, q: int | None, members: dict[str, QuorumMember] | None,
+                newer: frozenset[int]) -> bool:
+    """``gv`` takes part in quorum ``q``: with the Lighthouse's ``members``, one it let in
+    (unless its ranks say they do not take part in it) or one in a ``newer`` quorum than the
+    status read; without, one whose reachable ranks take part in ``q``."""
+    if members is None:
+        return q in gv.taking_part
+    if q in gv.quorums and q not in gv.taking_part:
+        return False
+    return gv.replica_id in members or bool(gv.taking_part & newer)

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from monitor.config import DetectorConfig
+from monitor.evidence.lighthouse_status import LighthouseStatus
 from monitor.evidence.view import ClusterView, GroupView, RankView
 
 from .findings import Finding, Findings
@@ -30,6 +31,9 @@ def _unreachable(ranks: list[RankView]) -> dict[str, Any]:
 
 
 def _no_quorum_why(r: RankView) -> str:
+    if "torch_only" in r.state:  # quorum id -1: out of the Lighthouse's newest quorum
+        return ("not in the Lighthouse's newest quorum (torch's debug server: its ranks tell "
+                "no quorum of their own)")
     if not r.replica_id:
         return "no torchft Manager yet (waiting for the group's store or rank 0)"
     if r.state.get("phase") in FIRST_STEP_PHASES:
@@ -259,11 +263,12 @@ class Liveness:
         return out
 
     def stuck_starting(self, full: ClusterView, now: float, starting_urls: list[str] | None,
-                       groups: Mapping[int, Any], view: ClusterView | None = None
-                       ) -> list[Finding]:
+                       groups: Mapping[int, Any], view: ClusterView | None = None,
+                       lighthouse: LighthouseStatus | None = None) -> list[Finding]:
         """``starting_urls``: the ranks without a quorum (None: read here); ``groups``: each
         verified group's memory; ``view``: the evidence, whose groups the job's quorums go on
-        without are named too (monitor.detect.left_out; None: not judged)."""
+        without are named too (monitor.detect.left_out; None: not judged); ``lighthouse``: its
+        status this sweep, whose newest quorum and members it prefers to the ranks' word."""
         starting = {}
         polled = full.polled_ranks if starting_urls is None else \
             [full.ranks[u] for u in starting_urls]
@@ -287,7 +292,7 @@ class Liveness:
         for ident in [i for i in self._starting if i not in seen]:
             del self._starting[ident]
         findings, new = self.findings, []
-        left, still = self._left_out.judge(view, now, set(stuck)) if view is not None \
+        left, still = self._left_out.judge(view, now, set(stuck), lighthouse) if view is not None \
             else ({}, set())
         # one left out stays named until it steps or takes part again, whether judged this
         # sweep or not (held, the others stalled, its ranks not answering); a new incarnation
