@@ -6,7 +6,7 @@ binds 127.0.0.1, except a group started on a :class:`Host` with an address of it
 ranks' WorkerServers bind 127.0.0.x; :class:`HostPool` places groups on hosts as a scheduler
 honouring a quarantine would). Logs go to files in ``log_dir``.
 
-A group of several ranks is launched with torchrun (``launcher="torchrun"``: its agent hosts the
+A group of several ranks is launched with torchrun (``launcher="torchrun"``: its agent relays the
 group's store and tears the whole group down when one rank exits) or as bare processes, one per
 rank, with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/``MASTER_PORT`` set, as a
 Kubernetes operator runs pods (``launcher="bare"``: group rank 0 hosts the store; a rank that

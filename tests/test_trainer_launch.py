@@ -75,6 +75,63 @@ def test_under_torchrun_rank0_connects_to_the_agents_store_instead_of_hosting():
                                                TORCHELASTIC_USE_AGENT_STORE="True"))
 
 
+def _agent(restart_count: int, port: int) -> dict[str, str]:
+    """The variables torchrun's agent gives a worker of attempt ``restart_count``."""
+    return env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, TORCHELASTIC_USE_AGENT_STORE="True",
+               TORCHELASTIC_RESTART_COUNT=restart_count)
+
+
+def _group_of_two(e: dict[str, str]):
+    """Group ranks 0 and 1 of one attempt, started together as torchrun does."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        ranks = [pool.submit(group_store, r, 2, timeout_s=5, env=e) for r in (1, 0)]
+        return ranks[1].result(), ranks[0].result()
+
+
+def test_under_torchrun_each_attempt_gets_a_fresh_store_not_the_agents():
+    """torchrun's agent keeps one store, keys and all, across its restarts: a restarted group
+    must not see the previous attempt's keys (rendezvous addresses, Manager address, replica
+    id)."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    agent = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                     timeout=timedelta(seconds=5))
+    rank0, rank1 = _group_of_two(_agent(0, agent.port))
+    assert rank0.hosted and not rank1.hosted and rank0.address == rank1.address
+    assert rank0.port != agent.port
+    rank0.store.set("replica_id", "evicted")
+    assert rank1.store.get("replica_id") == b"evicted"
+
+    # attempt 1: rank 0 publishes before rank 1 looks, then rank 1 alone
+    new0 = group_store(0, 2, timeout_s=5, env=_agent(1, agent.port))
+    new1 = group_store(1, 2, timeout_s=5, env=_agent(1, agent.port))
+    assert new1.address == new0.address != rank0.address
+    assert not new1.store.check(["replica_id"])
+    new0.store.set("replica_id", "fresh")
+    assert new1.store.get("replica_id") == b"fresh"
+    assert not agent.check(["replica_id"])  # nothing of the group's own lands in the agent's
+
+
+def test_under_torchrun_rank1_without_rank0_fails_within_the_bound_naming_the_key():
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    agent = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                     timeout=timedelta(seconds=5))
+    group_store(0, 2, timeout_s=5, env=_agent(0, agent.port))  # attempt 0's is no answer
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable, match=(
+            f"'lightkeeper/attempt_1/store' in torchrun's agent store at 127.0.0.1:{agent.port}"
+            r"\) within 0.5s")):
+        group_store(1, 2, timeout_s=0.5, env=_agent(1, agent.port))
+    assert time.monotonic() - started < 1.5
+
+
 @pytest.mark.parametrize("e, words", [
     ({}, "a replica group of 2 ranks needs MASTER_ADDR and MASTER_PORT"),
     ({"MASTER_ADDR": "127.0.0.1"}, "MASTER_PORT='' is not a port number"),

@@ -169,14 +169,17 @@ def train(cfg: TrainConfig) -> int:
     bind = "" if is_wildcard(cfg.worker_host) else advertise
     if bind and is_loopback(bind):  # gloo's device: else its host name's address, maybe not loopback
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    # The group's TCPStore: torchrun's agent hosts it, else group rank 0 (torch's env://
-    # convention), else a lone rank hosts its own. Waiting for it is bounded.
+    # The group's TCPStore: under torchrun group rank 0 hosts one per attempt (the agent's
+    # outlives restarts), else group rank 0 (torch's env:// convention), else a lone rank hosts
+    # its own. Waiting for it is bounded.
     try:
         gstore = group_store(group_rank, group_world_size, cfg.connect_timeout_s, bind=bind)
     except StoreUnavailable as e:
         sys.stderr.write(f"lightkeeper train: error: {e}\n")
         return 1
     if group_world_size > 1:
+        # torch's default timeout: it is also every in-group collective's, which must outlast a
+        # peer compiling its first step (the per-attempt store keeps the rendezvous fresh)
         dist.init_process_group("nccl" if use_cuda else "gloo", store=gstore.store,
                                 rank=group_rank, world_size=group_world_size)
 
