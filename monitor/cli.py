@@ -26,6 +26,7 @@ from http_serving import host_for_url, http_url, on_command_line, printable, red
 from .config import (
     EVICTABLE_KINDS,
     QUARANTINE_AFTER,
+    RANK_AUTH,
     BundleConfig,
     ConfigError,
     DetectorConfig,
@@ -152,8 +153,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="poll each group's rank 0 every sweep, the others every --member-interval"
                         f" (auto: from {c.leader_polling_min_ranks:,} targets; docs/scaling.md)")
     p.add_argument("--rank-exit-token",
-                   help="the ranks' bearer token (env LIGHTKEEPER_EXIT_TOKEN): an evicted group's "
+                   help="the ranks' token (env LIGHTKEEPER_EXIT_TOKEN): an evicted group's "
                         "other ranks are told to exit, survivors to abort; without it, reported")
+    p.add_argument("--rank-auth", choices=RANK_AUTH, default=c.rank_auth,
+                   help="how calls to ranks carry that token: hmac signs each for the one rank "
+                        "it is for, the token never sent; bearer sends the token itself "
+                        "(deprecated: for ranks of an older Lightkeeper, mid-upgrade) "
+                        "(%(default)s)")
     p.add_argument("--lighthouse-heartbeat-timeout-ms", type=_positive_int,
                    help="the Lighthouse's heartbeat_timeout_ms, if known (docs/lighthouse.md)")
     p.add_argument("--lighthouse-join-timeout-ms", type=_positive_int,

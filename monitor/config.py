@@ -26,6 +26,18 @@ QUARANTINE_KINDS = EVICTABLE_KINDS[:-1]  # not quarantined_host
 LABEL_VALUE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?")  # Kubernetes'
 
 
+RANK_AUTH = ("hmac", "bearer")  # --rank-auth: how the monitor's calls to ranks carry their token
+# a rank answered 401 to a signed call: said once per rank URL and identity, and on the outcome
+REFUSED_SIGNATURE = ("the rank's identity changed since the monitor's last read (e.g. its "
+                     "group restarted at the same port with a new replica id: nothing to do, "
+                     "the signature binds the rank's slot and its group's incarnation, so the "
+                     "new group refuses a call meant for the old one), or its "
+                     "LIGHTKEEPER_EXIT_TOKEN differs, or it runs an older Lightkeeper that takes "
+                     "only the bearer token (restart it on this version); --rank-auth bearer "
+                     "only as a last resort: it sends the token to every rank called and ends "
+                     "whatever process answers at the URL")
+
+
 class ConfigError(ValueError):
     """A configuration value the monitor cannot run with."""
 
@@ -349,6 +361,7 @@ class MonitorConfig:
     # the kill reaches group rank 0 only: the rest of the group is told to exit (POST /v1/exit)
     # ``orphan_grace_s`` later with this token, else reported
     rank_exit_token: str | None = None
+    rank_auth: str = "hmac"  # --rank-auth (RANK_AUTH): signed calls, or the deprecated bearer
     orphan_grace_s: float = flag(3.0, "--orphan-grace", "seconds after a kill before the "
                                  "group's remaining ranks are told to exit or reported")
     # with that token too (monitor/act/survivors.py)
@@ -390,6 +403,9 @@ class MonitorConfig:
                   "gc_freeze_min_targets", "orphan_grace_s")
         if not 0 <= self.port <= 65535:
             raise ConfigError(f"--port must be in [0, 65535], got {self.port}")
+        if self.rank_auth not in RANK_AUTH:
+            raise ConfigError(f"--rank-auth must be one of {', '.join(RANK_AUTH)}, got "
+                              f"{self.rank_auth!r}")
         if self.leader_polling not in ("auto", "on", "off"):
             raise ConfigError(f"leader_polling must be auto, on or off, got "
                               f"{self.leader_polling!r}")

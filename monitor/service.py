@@ -171,7 +171,7 @@ class Monitor:
         self.metrics.dry_run.labels(cfg.job).set(1 if cfg.rails.dry_run else 0)
         self.metrics.start_time.labels(cfg.job).set(clock())
         self.detectors = Detectors(cfg.detectors, clock=clock, probes=cfg.probes)
-        self.probes = ProbeMesh(cfg.probes, cfg.rank_exit_token, clock)
+        self.probes = ProbeMesh(cfg.probes, cfg.rank_exit_token, clock, cfg.rank_auth)
         self.schedule = LeaderSchedule(cfg.leader_polling, cfg.leader_polling_min_ranks,
                                        cfg.member_interval_s, cfg.interval_s)
         # ranks on torch's own debug server: found in the groups' stores, read as rank states
@@ -355,13 +355,14 @@ class Monitor:
         # holds the others in their collective until its timeout: they are told to abort it
         self.enforcer.release_survivors(view, evidence, now, self.lighthouse_status, self.shard)
         # the next probe round, once this sweep's evictions are known: not of their ranks
+        # a standby shard's slice is probed (and exported) by the monitor it stands by for
+        standby = self.shard is not None and self.shard.holds is False
         wanted = self.detectors.probes_wanted()
         self.probes.ask(evidence, wanted, blind, now,
-                        self.store.told_to_go_replica_ids() if wanted else set())
+                        self.store.told_to_go_replica_ids() if wanted else set(), known=view,
+                        standby=standby)
         self.polling.after_decisions(view)
         # 5. account
-        # a standby shard's slice is exported by the monitor it stands by for: counted once
-        standby = self.shard is not None and self.shard.holds is False
         self.goodput.account(evidence, self.enforcer.open_findings(), now, publish=not standby)
         # 6. publish
         view.sweep_seconds = evidence.sweep_seconds = time.perf_counter() - t0

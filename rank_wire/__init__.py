@@ -1,7 +1,8 @@
 """The wire form of a rank's per-step numbers: one spec for the WorkerServer that writes them
 (worker_server/packed.py) and the monitor that reads them (monitor/poll/packed_state.py), which
-never import each other. Imports no project package. :mod:`rank_wire.recorders` is the other
-shape both sides share: a rank's two Flight Recorders read as one dump.
+never import each other. Imports no project package. :mod:`rank_wire.recorders` is another
+shape both sides share: a rank's two Flight Recorders read as one dump; :mod:`rank_wire.auth`
+how the monitor signs its calls to one rank.
 
 ``/v1/state`` carries two lists of numbers a monitor reads only in bulk: ``timing.recent`` (an
 object per step: the step and its four seconds) and ``recent_step_seconds``. Asked

@@ -8,6 +8,7 @@ import json
 import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
 import pytest
 import requests
@@ -16,6 +17,7 @@ from monitor.act.actions import RankCalls
 from monitor.cli import add_arguments, config_from_args, warn_about_tokens
 from monitor.config import ConfigError, DetectorConfig, MonitorConfig, ProbeConfig
 from monitor.evidence.probes import ProbeMesh
+from rank_wire import auth
 from worker_server.server import registration_token
 
 SECRETS = ("LIGHTKEEPER_TOKEN", "LIGHTKEEPER_REGISTER_TOKEN", "LIGHTKEEPER_EXIT_TOKEN",
@@ -117,17 +119,24 @@ def test_the_exit_token_the_monitor_sends_is_stripped():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Rank)
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
-    calls = RankCalls("tok\n", timeout_s=5)
+    rank = SimpleNamespace(url=url, state={"replica_group": 0, "group_rank": 0})
+    calls = RankCalls("tok\n", timeout_s=5, auth="bearer")
+    signed = RankCalls("tok\n", timeout_s=5)
     try:
         _Rank.seen = []
-        assert calls.exit(url, "evicted").sent
-        assert calls.abort(url, "evicted", 1).sent
+        assert calls.exit(rank, "evicted").sent
+        assert calls.abort(rank, "evicted", 1).sent
         assert _Rank.seen == ["Bearer tok", "Bearer tok"]
+        _Rank.seen = []
+        assert signed.exit(rank, "evicted").sent
+        body = b'{"reason": "evicted"}'
+        assert _Rank.seen == [auth.header("tok", "POST", "/v1/exit", "0/0/", body)]
     finally:
         calls.close()
+        signed.close()
         server.shutdown()
         server.server_close()
-    assert RankCalls(" \n").exit(url, "x").detail == "no --rank-exit-token"
+    assert RankCalls(" \n").exit(rank, "x").detail == "no --rank-exit-token"
     assert ProbeMesh(ProbeConfig(), " \n").to_json()["enabled"] is False
     assert ProbeMesh(ProbeConfig(), "tok\n").to_json()["enabled"] is True
 

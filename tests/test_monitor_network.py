@@ -606,7 +606,7 @@ def test_ranks_without_the_probe_route_or_token_name_nobody(probing, caplog):
     with caplog.at_level(logging.WARNING, logger="monitor.evidence.probes"):
         d.sweeps(8, **NETWORK_SLOW)
     lines = [r.getMessage() for r in caplog.records if "network probes" in r.getMessage()]
-    assert len(lines) == 1 and "refused the token (HTTP 401" in lines[0]
+    assert len(lines) == 1 and "refused the signature (HTTP 401" in lines[0]
     assert network_findings(d) == [] and d.mon.store.decisions() == []
     assert d.mon.sweeps > 0 and d.mon.last_sweep_error is None
 

@@ -43,6 +43,7 @@ import sys
 from worker_server import RankIdentity, RankState, WorkerServer
 g, addr, token = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 state = RankState(RankIdentity(job="net", replica_group=g, group_rank=0, group_world_size=1))
+state.replica_id = f"replica_group_{g}:fabric"  # as view_of says: probes are signed for it
 srv = WorkerServer(state, host=addr, exit_token=token).serve()
 print(srv.url, flush=True)
 sys.stdin.read()

@@ -74,9 +74,11 @@ def hung_rank(tmp_path):
 
 def test_a_hung_rank_exits_when_told(hung_rank):
     proc, url, log = hung_rank
-    assert RankCalls("wrong").exit(url, "x").http_status == 401
+    rank = FakeRank(url, 3)  # group 1, group rank 1: as the hung rank serves itself
+    assert RankCalls("wrong").exit(rank, "x").http_status == 401
+    assert RankCalls(TOKEN).exit(FakeRank(url, 2), "x").http_status == 401  # another rank's
     assert proc.poll() is None
-    res = RankCalls(TOKEN).exit(url, "replica r was evicted")
+    res = RankCalls(TOKEN).exit(rank, "replica r was evicted")
     assert res.sent and res.http_status == 202
     wait_until(lambda: proc.poll() is not None, 10, what="the hung rank to exit")
     assert proc.returncode == 1
@@ -88,7 +90,8 @@ def test_a_hung_rank_exits_when_told(hung_rank):
 class FakeRank:
     def __init__(self, url: str, rank: int) -> None:
         self.url, self.rank = url, rank
-        self.state = {"group_rank": rank % 2, "host": "node-a", "pid": 100 + rank}
+        self.state = {"replica_group": rank // 2, "group_rank": rank % 2, "replica_id": None,
+                      "host": "node-a", "pid": 100 + rank}
 
 
 def test_orphans_reported_without_a_token_after_the_grace():

@@ -18,6 +18,7 @@ import time
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -666,7 +667,7 @@ def test_target_spelling_and_discovery(tmp_path):
 
 def test_no_state_changing_call_to_a_torch_server():
     calls = RankCalls("token", timeout_s=0.5)
-    out = calls.exit("torch+http://127.0.0.1:1", "evicted")
+    out = calls.exit(SimpleNamespace(url="torch+http://127.0.0.1:1", state=None), "evicted")
     assert not out.sent and "torch's debug server" in out.detail
 
 

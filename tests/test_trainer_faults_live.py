@@ -84,6 +84,7 @@ def test_the_route_lists_a_posted_spec_as_it_strikes_and_refuses_it_again():
         url = srv.url + "/v1/faults"
         r = requests.post(url, json={"spec": " slow:delay=0.01 "}, headers=auth, timeout=5)
         assert r.status_code == 200 and r.json()["faults"] == ["slow:delay=0.01"], r.text
+        assert r.json()["injected"] == "slow:delay=0.01"
         for spec, words in [("slow:delay=0.01", "already injected: slow:delay=0.01"),
                             ("crash:at_step=100", "at_step 100 is never reached"),
                             ("slow:delay=1e308", "must be at most 86400 seconds")]:

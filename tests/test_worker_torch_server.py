@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 import requests
@@ -113,7 +114,8 @@ def test_the_monitor_polls_a_torch_target_as_an_http_one(servers, tmp_path):
         assert (missing.ok, missing.reason, missing.status) == (False, "http_status", 404)
     finally:
         poller.close()
-    assert not RankCalls("token").exit(torch.url, "test").sent  # no /v1/exit there
+    # no /v1/exit there
+    assert not RankCalls("token").exit(SimpleNamespace(url=torch.url, state=None), "test").sent
 
 
 def test_without_register_handler_flask_serves_and_says_so(monkeypatch, capfd):

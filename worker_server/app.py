@@ -9,6 +9,7 @@ an endpoint that fails inside answers 500 with the reason, and the server keeps 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ from werkzeug.exceptions import HTTPException, ServiceUnavailable
 
 from http_serving import bearer_token_matches
 from rank_wire import MONITOR_AGENT
+from rank_wire import auth as rank_auth
 
 from .abort import MAX_REASON, NothingToAbort, abort_request
 from .endpoints import (  # noqa: F401 (filter_fr_dump, state_since, state_recent: re-exported)
@@ -41,9 +43,54 @@ from .probe import DEFAULT_BYTES, MAX_BYTES, payload, probe_peers, probe_request
 from .state import RankState
 
 MAX_BODY = 16 * 1024
+UNAUTHORIZED = ("missing or wrong signature or bearer token (a signature is for one rank: its "
+                "replica group, group rank and replica id)")
+EXIT_AUTH = ("any", "hmac")  # LIGHTKEEPER_EXIT_AUTH: what a monitor's call may carry
+BEARER_OFF = ("the bearer token is not taken on this rank (LIGHTKEEPER_EXIT_AUTH=hmac): the "
+              "monitor must sign its calls (an older monitor, or one run with --rank-auth "
+              "bearer, is refused)")
+BEARER_TAKEN = ("a monitor called with the bearer token (deprecated: it sends the token to every "
+                "rank it calls): set LIGHTKEEPER_EXIT_AUTH=hmac once the monitor signs its "
+                "calls, and rotate LIGHTKEEPER_EXIT_TOKEN if an older monitor ever ran")
+PROBE_BUSY = "another probe is running on this rank: one at a time"
+# required on purpose: a browser cannot send this type to another site without a preflight
+NOT_JSON_TYPED = ("the body must be sent with the header Content-Type: application/json "
+                  "(required: a browser cannot send it cross-site without a preflight)")
+
+
 def bearer_matches(token: str) -> bool:
     """The request carries ``Authorization: Bearer <token>`` (compared in constant time)."""
     return bearer_token_matches(request.headers.get("Authorization"), token)
+
+
+def json_body() -> Any:
+    """The request's JSON body (None: none, or not JSON); a body sent without ``Content-Type:
+    application/json`` is a 400 naming that header, not "not JSON" (a plain ``curl -d``)."""
+    if not request.is_json and request.get_data(cache=True).strip():
+        raise BadParameter(NOT_JSON_TYPED)
+    return request.get_json(silent=True)
+
+
+def monitor_call_refusal(state: RankState, token: str, exit_auth: str = "any") -> str | None:
+    """Why the request may not act on this rank (401), or None: it is signed with ``token``
+    for this very rank (rank_wire.auth) or, from a monitor older than signatures (deprecated),
+    carries the token as a bearer, unless ``exit_auth`` is ``hmac``."""
+    authorization = request.headers.get("Authorization")
+    signature = rank_auth.signature_of(authorization)
+    if signature is None:
+        if exit_auth == "hmac":
+            return BEARER_OFF
+        return None if bearer_token_matches(authorization, token) else UNAUTHORIZED
+    ident = state.identity
+    query = request.query_string.decode("latin-1")
+    # the route's path: werkzeug's request.path leaves out SCRIPT_NAME, the prefix a proxy in
+    # front of the rank strips, as the monitor signs it (docs/CONTRACTS.md, Signed calls)
+    signed = rank_auth.verify(token, request.method,
+                              request.path + (f"?{query}" if query else ""),
+                              rank_auth.identity(ident.replica_group, ident.group_rank,
+                                                 state.replica_id),
+                              request.get_data(cache=True), signature)
+    return None if signed else UNAUTHORIZED
 
 
 def create_app(
@@ -56,16 +103,33 @@ def create_app(
     exit_handler: Callable[[str], Any] | None = None,
     exit_token: str | None = None,
     abort_handler: Callable[[str, int | None, int | None], dict] | None = None,
+    exit_auth: str = "any",
 ) -> Flask:
     """The WorkerServer's routes. ``fault_handler`` + ``fault_token`` opt in to ``POST
     /v1/faults`` (fault injection for tests and the demo), ``exit_handler`` + ``exit_token`` to
     ``POST /v1/exit`` (the process ends: a monitor finishing an eviction), ``abort_handler`` +
     ``exit_token`` to ``POST /v1/abort`` (the cross-group process group is aborted, the process
     goes on) and ``exit_token`` alone to ``POST /v1/probe``; without them a route answers 403.
-    ``GET /v1/probe/payload`` is read-only and always served."""
+    ``exit_auth`` (``LIGHTKEEPER_EXIT_AUTH``, :data:`EXIT_AUTH`): ``hmac`` refuses the
+    deprecated bearer token. ``GET /v1/probe/payload`` is read-only and always served."""
+    if exit_auth not in EXIT_AUTH:
+        raise ValueError(f"exit_auth {exit_auth!r}: one of {', '.join(EXIT_AUTH)}")
     app = Flask("lightkeeper.worker_server")
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY  # 413 beyond it (a fault spec is a short line)
     metrics = metrics or WorkerMetrics(state)
+    bearer_said = threading.Event()  # the deprecated bearer's line: once per process
+    probing = threading.Lock()  # one probe at a time: a replayed call cannot pile them up
+
+    def call_refusal():
+        """401 unless the monitor's call is allowed (:func:`monitor_call_refusal`); None."""
+        why = monitor_call_refusal(state, exit_token, exit_auth)
+        if why:
+            return jsonify(error=why, status=401), 401
+        if rank_auth.signature_of(request.headers.get("Authorization")) is None \
+                and not bearer_said.is_set():
+            bearer_said.set()
+            app.logger.warning("%s", BEARER_TAKEN)
+        return None
 
     @app.get("/healthz")
     def healthz():
@@ -103,15 +167,16 @@ def create_app(
                                  "with LIGHTKEEPER_FAULT_TOKEN set to enable it)", status=403), 403
         if not bearer_matches(fault_token):
             return jsonify(error="missing or wrong bearer token", status=401), 401
-        body = request.get_json(silent=True)
+        body = json_body()
         spec = body.get("spec") if isinstance(body, dict) else None
         if not isinstance(spec, str):
             raise BadParameter('body must be JSON {"spec": "KIND:KEY=VALUE,..."}')
         try:
-            fault_handler(spec)
+            taken = fault_handler(spec)
         except ValueError as e:
             raise BadParameter(str(e)) from None
-        return jsonify(injected=spec, faults=state.faults)
+        # the spec as the handler listed it (the trainer's: stripped), as /v1/state shows it
+        return jsonify(injected=taken if isinstance(taken, str) else spec, faults=state.faults)
 
     @app.post("/v1/exit")
     def v1_exit():
@@ -119,8 +184,9 @@ def create_app(
             return jsonify(error="exit is disabled on this rank (start it with "
                                  "LIGHTKEEPER_EXIT_TOKEN set to let a monitor end it)",
                            status=403), 403
-        if not bearer_matches(exit_token):
-            return jsonify(error="missing or wrong bearer token", status=401), 401
+        refused = call_refusal()
+        if refused:
+            return refused
         body = request.get_json(silent=True)
         reason = body.get("reason") if isinstance(body, dict) else None
         # the reason goes to the job's log: one line, as long as an abort's at most
@@ -129,14 +195,13 @@ def create_app(
         return jsonify(exiting=True, pid=state.identity.pid, rank=state.identity.rank), 202
 
     def token_refusal(what: str, handler_ok: bool = True):
-        """403 while the route is off, 401 without the exit token; None when allowed."""
+        """403 while the route is off, 401 without a call signed with the exit token for this
+        rank (or the token as a bearer); None when allowed."""
         if not handler_ok or not exit_token:
             return jsonify(error=f"{what} is disabled on this rank (start it with "
                                  "LIGHTKEEPER_EXIT_TOKEN set to let a monitor use it)",
                            status=403), 403
-        if not bearer_matches(exit_token):
-            return jsonify(error="missing or wrong bearer token", status=401), 401
-        return None
+        return call_refusal()
 
     @app.post("/v1/abort")
     def v1_abort():
@@ -144,7 +209,7 @@ def create_app(
         if refused:
             return refused
         try:
-            reason, decision, quorum_id = abort_request(request.get_json(silent=True))
+            reason, decision, quorum_id = abort_request(json_body())
         except ValueError as e:
             raise BadParameter(str(e)) from None
         try:
@@ -158,11 +223,17 @@ def create_app(
         if refused:
             return refused
         try:
-            req = probe_request(request.get_json(silent=True))
+            req = probe_request(json_body())
         except ValueError as e:
             raise BadParameter(str(e)) from None
         ident = state.identity
-        results, control = probe_peers(req, state.control_url or state.worker_url)
+        # a signed probe replayed without limit must not tie up the rank's few threads
+        if not probing.acquire(blocking=False):
+            return jsonify(error=PROBE_BUSY, status=429), 429
+        try:
+            results, control = probe_peers(req, state.control_url or state.worker_url)
+        finally:
+            probing.release()
         return jsonify({"from": {"worker_url": state.worker_url, "host": ident.host,
                                  "node": ident.host, "hostname": state.hostname,
                                  "rank": ident.rank, "replica_group": ident.replica_group},

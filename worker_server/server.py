@@ -128,7 +128,8 @@ class WorkerServer:
     def __init__(self, state: RankState, tracker: IncarnationTracker | None = None,
                  host: str = "127.0.0.1", port: int = 0, threads: int = 4,
                  fr_dumper=fr_dump, fault_handler=None, fault_token: str | None = None,
-                 exit_token: str | None = None, server: str = "flask") -> None:
+                 exit_token: str | None = None, server: str = "flask",
+                 exit_auth: str = "any") -> None:
         if server not in SERVERS:
             raise ValueError(f"server {server!r}: one of {', '.join(SERVERS)}")
         self.state = state
@@ -138,7 +139,8 @@ class WorkerServer:
                               fault_handler=fault_handler, fault_token=fault_token,
                               exit_handler=exit_process if exit_token else None,
                               exit_token=exit_token,
-                              abort_handler=self.abort if exit_token else None)
+                              abort_handler=self.abort if exit_token else None,
+                              exit_auth=exit_auth)
         self._http: BackgroundWSGIServer | TorchServer | None = None
         if server == "torch":
             self._http = self._torch_server(host, port, fr_dumper,
@@ -191,7 +193,9 @@ class WorkerServer:
         Unset arguments come from the environment torchft users already have:
         ``REPLICA_GROUP_ID``, ``RANK``, ``WORLD_SIZE``, ``TORCHFT_LIGHTHOUSE``, ``LIGHTKEEPER_JOB``.
         ``fault_handler(spec)`` with ``LIGHTKEEPER_FAULT_TOKEN`` set enables ``POST /v1/faults``;
-        ``LIGHTKEEPER_EXIT_TOKEN`` enables ``POST /v1/exit`` (:func:`exit_process`).
+        ``LIGHTKEEPER_EXIT_TOKEN`` enables ``POST /v1/exit`` (:func:`exit_process`);
+        ``LIGHTKEEPER_EXIT_AUTH=hmac`` refuses the monitor's deprecated bearer token there
+        (another value than ``hmac`` or ``any``: ValueError).
         ``server`` (else ``LIGHTKEEPER_WORKER_SERVER``, else ``"flask"``): ``"torch"`` serves the
         read-only endpoints as handlers on torch's server (:mod:`worker_server.torch_server`),
         Flask where this torch cannot. Raises ValueError for another value, ``OSError`` when the port cannot be bound. A ``manager`` that already has a
@@ -222,6 +226,8 @@ class WorkerServer:
             fault_handler=fault_handler,
             fault_token=(env.get("LIGHTKEEPER_FAULT_TOKEN") or "").strip() or None,
             exit_token=(env.get("LIGHTKEEPER_EXIT_TOKEN") or "").strip() or None,
+            # the deprecated bearer is taken until the operator sets hmac (docs/worker_server.md)
+            exit_auth=(env.get("LIGHTKEEPER_EXIT_AUTH") or "").strip().lower() or "any",
             server=server_kind(server, env),
         )
         if manager is not None:

@@ -8,6 +8,7 @@ Eviction and safety rails).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,18 +18,23 @@ from urllib.parse import quote
 import requests
 
 from http_serving import redact_url
+from monitor.config import REFUSED_SIGNATURE
+from monitor.evidence.probes import Claims
 from monitor.poll.torch_target import is_torch
+from rank_wire import auth
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Outcome:
-    """How a kill or exit request went; ``sent``: the target was asked."""
+    """How a kill or exit request went; ``sent``: the target was asked; ``skipped``: not
+    asked on purpose (no failed try: :meth:`RankCalls.claimed_elsewhere`)."""
 
     sent: bool
     http_status: int | None
     detail: str
+    skipped: bool = False
 
 
 class Lighthouse:
@@ -65,44 +71,79 @@ class Lighthouse:
 
 class RankCalls:
     """The ranks' token-guarded endpoints, ``POST /v1/exit`` and ``/v1/abort`` (a rank started
-    without a matching ``LIGHTKEEPER_EXIT_TOKEN`` refuses them). Never raises."""
+    without a matching ``LIGHTKEEPER_EXIT_TOKEN`` refuses them). Each call is signed for the one
+    rank it is for (rank_wire.auth; ``auth="bearer"``: the token itself, for ranks older than
+    signatures), never for an identity another known target claims (:class:`Claims`: the call
+    is skipped). Never raises."""
 
-    def __init__(self, token: str | None, timeout_s: float = 2.0) -> None:
+    def __init__(self, token: str | None, timeout_s: float = 2.0, auth: str = "hmac") -> None:
         self.token = (token or "").strip() or None  # a final newline: no header value
         self.timeout_s = timeout_s
+        self.auth = auth
         self._session = requests.Session()
+        self.claims = Claims(log)
+        # (rank URL, identity signed for) that refused a signature, said once: a later refusal
+        # at that URL for another identity (a restarted rank) is news
+        self._said_refused: set[tuple[str, str]] = set()
 
-    def _post(self, url: str, path: str, body: dict, ok: tuple[int, ...],
-              said: Callable[[requests.Response], str]) -> Outcome:
+    def _post(self, rank: Any, path: str, body: dict, ok: tuple[int, ...],
+              said: Callable[[requests.Response], str], known: Any = None) -> Outcome:
+        url = rank.url
         if not self.token:
             return Outcome(False, None, "no --rank-exit-token")
         if is_torch(url):
             return Outcome(False, None, "a rank on torch's debug server: no /v1/exit or "
                            "/v1/abort there (nothing that changes state is served)")
+        ident = auth.identity_of(getattr(rank, "state", None))
+        other = self.claims.elsewhere(known, rank)
+        if other is not None:
+            return Outcome(False, None, f"not sent: {redact_url(other)} claims the same rank "
+                           f"({ident}), a call signed for it would be valid there too",
+                           skipped=True)
+        full = f"{url.rstrip('/')}{path}"
+        data = json.dumps(body).encode()
         try:
-            r = self._session.post(f"{url.rstrip('/')}{path}", json=body,
-                                   headers={"Authorization": f"Bearer {self.token}"},
-                                   timeout=self.timeout_s)
+            # signed for the route the rank serves, not the target URL's prefix
+            authorization = auth.authorization(self.token, self.auth, path, data, ident)
+            r = self._session.post(full, data=data, timeout=self.timeout_s,
+                                   headers={"Authorization": authorization,
+                                            "Content-Type": "application/json"})
         except (requests.RequestException, ValueError) as e:  # ValueError: as in kill()
             return Outcome(False, None, f"unreachable: {type(e).__name__}")
         if r.status_code not in ok:
-            return Outcome(False, r.status_code, f"HTTP {r.status_code}: {r.text[:120]}")
+            detail = f"HTTP {r.status_code}: {r.text[:120]}"
+            if r.status_code == 401 and self.auth == "hmac":
+                detail += f" ({REFUSED_SIGNATURE})"
+                if (url, ident) not in self._said_refused:
+                    self._said_refused.add((url, ident))
+                    log.warning("%s refused a signed %s (HTTP 401): %s", redact_url(url), path,
+                                REFUSED_SIGNATURE)
+            return Outcome(False, r.status_code, detail)
         return Outcome(True, r.status_code, said(r))
 
-    def exit(self, url: str, reason: str) -> Outcome:
-        return self._post(url, "/v1/exit", {"reason": reason}, (200, 202), lambda r: "exiting")
+    def claimed_elsewhere(self, rank: Any, known: Any) -> str | None:
+        """Another target of ``known`` (the sweep's whole view) claiming ``rank``'s identity:
+        no call to ``rank`` is signed while it does (said once, :class:`Claims`); None."""
+        return self.claims.elsewhere(known, rank)
 
-    def abort(self, url: str, reason: str, decision: int | None,
-              quorum_id: int | None = None) -> Outcome:
+    def exit(self, rank: Any, reason: str, known: Any = None) -> Outcome:
+        """``rank``: the RankView told (its URL, and its identity from its last state);
+        ``known``: the sweep's whole view (every known target: :class:`Claims`)."""
+        return self._post(rank, "/v1/exit", {"reason": reason}, (200, 202), lambda r: "exiting",
+                          known)
+
+    def abort(self, rank: Any, reason: str, decision: int | None,
+              quorum_id: int | None = None, known: Any = None) -> Outcome:
         """Sent: the rank's 202 names how it aborts (its ``mechanism``); ``quorum_id``: the
-        quorum whose collective is to fail (a rank that moved on answers 409)."""
+        quorum whose collective is to fail (a rank that moved on answers 409); ``known``: as
+        :meth:`exit`."""
         def mechanism(r: requests.Response) -> str:
             if not r.headers.get("content-type", "").startswith("application/json"):
                 return "aborted"
             return r.json().get("mechanism", "aborted")
 
-        return self._post(url, "/v1/abort", {"reason": reason, "decision": decision,
-                                             "quorum_id": quorum_id}, (202,), mechanism)
+        return self._post(rank, "/v1/abort", {"reason": reason, "decision": decision,
+                                              "quorum_id": quorum_id}, (202,), mechanism, known)
 
     def close(self) -> None:
         self._session.close()
@@ -128,9 +169,10 @@ class Orphans:
         self._said = {d: n for d, n in self._said.items() if d in decision_ids}
 
     def follow(self, decision_id: int, replica_id: str, ranks: list[Any],
-               since_kill_s: float) -> str | None:
+               since_kill_s: float, known: Any = None) -> str | None:
         """``grace_s`` after the kill, tell each of ``ranks`` to exit (again every RETELL_S) or,
-        without the token, name them; returns the eviction's new detail note, if it changed."""
+        without the token, name them; returns the eviction's new detail note, if it changed.
+        ``known``: the sweep's whole view (:meth:`RankCalls.exit`)."""
         if not ranks or since_kill_s < self.grace_s:
             return None
         names = ", ".join(rank_name(r) for r in ranks)
@@ -145,7 +187,8 @@ class Orphans:
                 told_at = self._told.get((decision_id, r.url))
                 if told_at is not None and since_kill_s - told_at < self.RETELL_S:
                     continue
-                res = self.exits.exit(r.url, f"replica {replica_id} was evicted by the monitor")
+                res = self.exits.exit(r, f"replica {replica_id} was evicted by the monitor",
+                                      known)
                 self._told[decision_id, r.url] = since_kill_s
                 log.warning("told %s of evicted %s to exit: %s", rank_name(r), replica_id,
                             res.detail)

@@ -58,8 +58,8 @@ class Enforcer:
         self.bundles = bundles
         self._bundled: set[int] = set()  # findings whose kill this sweep took a bundle
         self.lighthouse, self.lh_settings = lighthouse, lh_settings
-        self.orphans = Orphans(RankCalls(cfg.rank_exit_token, cfg.kill_timeout_s),
-                               cfg.orphan_grace_s)
+        self.orphans = Orphans(RankCalls(cfg.rank_exit_token, cfg.kill_timeout_s,
+                                         cfg.rank_auth), cfg.orphan_grace_s)
         self.metrics, self.blind, self.clock = metrics, blind, clock
         self.hosts_error: str | None = None
         self._finding_ids: dict[tuple, int] = {}
@@ -71,7 +71,7 @@ class Enforcer:
         self.dead = DeadGroups()
         self._vouched: dict[str, Any] = {}  # replica id -> its GroupView as last verified
         self.survivors = Survivors(RankCalls(cfg.rank_exit_token if cfg.abort_survivors
-                                              else None, cfg.kill_timeout_s),
+                                              else None, cfg.kill_timeout_s, cfg.rank_auth),
                                    store, metrics, cfg.job, cfg.rails.dry_run)
 
     def finding_id(self, key: tuple) -> int | None:
@@ -368,7 +368,7 @@ class Enforcer:
             urls = {r.url for r in groups[rid].ranks} \
                 if rid in groups and not self.cfg.rails.dry_run else ()
             note = self.orphans.follow(d["id"], rid, [r for r in still if r.url in urls],
-                                       now - d["at"])
+                                       now - d["at"], view)
             if note:
                 d["detail"] = f"{d['detail']}; {note}"
                 self.store.update_decision(d["id"], detail=d["detail"])

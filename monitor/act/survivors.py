@@ -114,17 +114,20 @@ class Survivors:
             return []
         made = []
         for gone in gone_groups(view, status, evicted, elsewhere):
+            # a rank whose identity another target claims is not called (said once): no try
+            # counted, no decision, asked again once the claim is gone
             ranks = [r for r in blocked_survivors(evidence, gone)
-                     if (gone.replica_id, r.url) not in self._told]
+                     if (gone.replica_id, r.url) not in self._told
+                     and self.aborts.claimed_elsewhere(r, view) is None]
             if not ranks:
                 continue
-            made.append(self._abort(gone, ranks, now))
+            made.append(self._abort(gone, ranks, now, view))
         live = set(status.members)
         self._told = {k for k in self._told if k[0] in live}
         self._failed = {k: n for k, n in self._failed.items() if k[0] in live}
         return made
 
-    def _abort(self, gone: Gone, ranks: list[RankView], now: float) -> dict:
+    def _abort(self, gone: Gone, ranks: list[RankView], now: float, view: ClusterView) -> dict:
         reason = (f"replica group {gone.replica_group} ({gone.replica_id}) is gone from quorum "
                   f"{gone.quorum_id}: {gone.why}")
         did = self.store.add_decision(
@@ -140,8 +143,8 @@ class Survivors:
                 continue
             # the quorum: a rank that moved on to the next one (its group rebuilt, or being
             # built) answers 409 and keeps its healthy step
-            res = self.aborts.abort(r.url, reason, did, gone.quorum_id)
-            failed = 0 if res.sent else self._failed.get(key, 0) + 1
+            res = self.aborts.abort(r, reason, did, gone.quorum_id, view)
+            failed = 0 if res.sent else self._failed.get(key, 0) + (not res.skipped)
             if res.sent or failed >= ABORT_TRIES or res.http_status == 409:
                 self._told.add(key)
                 self._failed.pop(key, None)

@@ -34,7 +34,8 @@ def _json_body():
     raw = request.get_data(cache=True)
     if body is None and raw and raw.strip() != b"null":  # a request that says why, not none
         raise BadTarget("the body is not valid JSON" if request.is_json else
-                        "the body must be JSON sent with Content-Type: application/json")
+                        "the body must be sent with the header Content-Type: application/json "
+                        "(required: a browser cannot send it cross-site without a preflight)")
     return body
 
 

@@ -1,6 +1,7 @@
-"""The probe mesh: one verified rank per host asked (``POST <rank>/v1/probe``, the ranks' token) to
-time a transfer from its peers (docs/monitor.md, The probe mesh). A round runs on its own thread,
-one at a time; a rank that gives no results is named in one warning, nothing raises into the sweep.
+"""The probe mesh: one verified rank per host asked (``POST <rank>/v1/probe``, signed with the
+ranks' token for that rank: rank_wire.auth) to time a transfer from its peers (docs/monitor.md, The
+probe mesh). A round runs on its own thread, one at a time; a rank that gives no results is named
+in one warning, nothing raises into the sweep.
 """
 
 from __future__ import annotations
@@ -8,17 +9,21 @@ from __future__ import annotations
 import json
 import logging
 import math
+import socket
 import threading
 import time
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
-from monitor.config import ProbeConfig
+from http_serving import redact_url
+from monitor.config import REFUSED_SIGNATURE, ProbeConfig
 from monitor.poll.torch_target import is_torch
+from rank_wire import auth
 
 from .view import ClusterView, RankView
 
@@ -26,8 +31,13 @@ log = logging.getLogger(__name__)
 
 MAX_ANSWER_BYTES = 1 << 20  # a probe answer: a few hundred bytes per peer
 _REFUSED = {404: "no /v1/probe route (an older WorkerServer)",
-            401: "refused the token (HTTP 401: LIGHTKEEPER_EXIT_TOKEN differs)",
-            403: "probes off on the rank (HTTP 403: no LIGHTKEEPER_EXIT_TOKEN)"}
+            401: "refused the token (HTTP 401: LIGHTKEEPER_EXIT_TOKEN differs, or the rank "
+                 "takes only signed calls: LIGHTKEEPER_EXIT_AUTH=hmac)",
+            403: "probes off on the rank (HTTP 403: no LIGHTKEEPER_EXIT_TOKEN)",
+            429: "busy: another probe was running on the rank (HTTP 429)"}
+_REFUSED_SIGNED = f"refused the signature (HTTP 401: {REFUSED_SIGNATURE})"  # --rank-auth hmac
+BUSY_RETRIES = 2  # a 429 (another monitor probing the rank) is asked again this often at most
+RESOLVED_S = 30.0  # a claimed URL's addresses (Claims) are resolved again after this long
 
 
 @dataclass
@@ -38,6 +48,8 @@ class HostProbe:
     url: str
     rank: int | None
     peers: dict[str, str]  # peer host -> the URL it was asked to reach
+    # the rank's last /v1/state: the identity a call to it is signed for
+    state: dict[str, Any] | None = field(default=None, repr=False)
     status: int | None = None  # the HTTP answer; None: none came
     error: str | None = None  # why there are no results
     results: dict[str, dict[str, Any]] = field(default_factory=dict)  # peer host -> its link
@@ -79,6 +91,19 @@ def _number(v: Any) -> float | None:
     return None
 
 
+def _answer_text(raw: bytes) -> str:
+    """A refusal's words as the rank gave them (its JSON ``error``, else the body): one line,
+    at most 120 characters."""
+    text = raw[:4096].decode("utf-8", "replace")
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and isinstance(doc.get("error"), str):
+        text = doc["error"]
+    return " ".join(text.split())[:120] or "(no text)"
+
+
 def link_row(row: dict[str, Any]) -> dict[str, Any]:
     """One result as the monitor keeps it: typed, the rest dropped."""
     err = row.get("error")
@@ -99,6 +124,83 @@ def control_row(raw: Any) -> dict[str, Any] | None:
     return row if worked or failed else None
 
 
+class Claims:
+    """Whether the monitor may sign a call for a rank: not when another known target (any
+    polled URL, reachable or not, superseded included) claims the same identity
+    (rank_wire.auth) in its last state, unless that URL names the same listener (it resolves
+    to the same addresses and port, with the same path: a listed ``http://node7:9400`` and the
+    rank's registered ``http://10.0.0.7:9400``). Verification may take a stranger copying an
+    unreachable rank's public /v1/state in that rank's place; a call signed for it would be
+    valid at the real rank too. Each pair of URLs is said once, on ``logger``."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.log = logger
+        self._said: set[tuple[str, frozenset[str]]] = set()
+        # (host, port) -> (when to resolve again, monotonic; its addresses): resolved only for
+        # a claimed identity (rare), and not every sweep while the claim lasts
+        self._resolved: dict[tuple[str, int], tuple[float, frozenset[tuple[str, int]]]] = {}
+
+    def _listener(self, url: str) -> tuple[frozenset[tuple[str, int]], str] | None:
+        """The addresses ``url`` reaches and its path; None: it does not resolve."""
+        try:
+            parts = urlsplit(url)
+            host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:  # a port out of range
+            return None
+        if not host:
+            return None
+        now = time.monotonic()
+        hit = self._resolved.get((host, port))
+        if hit is None or hit[0] <= now:
+            try:
+                addrs = frozenset((info[4][0], info[4][1]) for info in socket.getaddrinfo(
+                    host, port, type=socket.SOCK_STREAM))
+            except (OSError, UnicodeError, ValueError):  # not resolved: a stranger, as before
+                addrs = frozenset()
+            if len(self._resolved) >= 1024:
+                self._resolved = {k: v for k, v in self._resolved.items() if v[0] > now}
+            hit = self._resolved[(host, port)] = (now + RESOLVED_S, addrs)
+        return (hit[1], parts.path.rstrip("/")) if hit[1] else None
+
+    def _same_listener(self, a: str, b: str) -> bool:
+        """``a`` and ``b`` reach one listener: a call signed for one can reach no other process
+        (every address alike; a path behind one port may be another rank behind a proxy)."""
+        la = self._listener(a)
+        return la is not None and la == self._listener(b)
+
+    @staticmethod
+    def of(known: ClusterView) -> dict[str, list[str]]:
+        """identity -> the URLs of ``known``'s targets whose last state claims it (computed
+        once per view: a view never changes once built)."""
+        cached = known.__dict__.get("_claims")
+        if cached is None:
+            cached = {}
+            for url, r in known.ranks.items():
+                if r.state is not None:
+                    cached.setdefault(auth.identity_of(r.state), []).append(url)
+            known.__dict__["_claims"] = cached
+        return cached
+
+    def elsewhere(self, known: ClusterView | None, rank: Any) -> str | None:
+        """Another URL of ``known`` claiming ``rank``'s identity (the call is not to be
+        signed), or None; ``known``: the sweep's whole view (None: no target known)."""
+        if known is None:
+            return None
+        ident = auth.identity_of(getattr(rank, "state", None))
+        others = [u for u in self.of(known).get(ident, ())
+                  if u != rank.url and not self._same_listener(u, rank.url)]
+        if not others:
+            return None
+        key = (ident, frozenset((rank.url, others[0])))
+        if key not in self._said:
+            self._said.add(key)
+            self.log.warning("no call signed for %s (replica group/group rank/replica id %s): "
+                             "%s claims the same rank in its last state, and a signature for "
+                             "one would be valid at the other; skipped while both are known",
+                             redact_url(rank.url), ident, redact_url(others[0]))
+        return others[0]
+
+
 def plan(ranks: dict[str, RankView], peers: int) -> dict[str, list[str]]:
     """host -> the hosts its rank probes: every other one up to ``peers + 1`` hosts, else the
     next ``peers`` in a ring of the sorted hosts."""
@@ -108,14 +210,15 @@ def plan(ranks: dict[str, RankView], peers: int) -> dict[str, list[str]]:
     return {h: [hosts[(i + j) % n] for j in range(1, k + 1)] for i, h in enumerate(hosts)}
 
 
-def pick(view: ClusterView, evicted: Collection[str] = ()) -> dict[str, RankView]:
+def pick(view: ClusterView, evicted: Collection[str] = (),
+         skip: Callable[[RankView], bool] | None = None) -> dict[str, RankView]:
     """One rank per host: of the groups in the newest quorum, the lowest rank polled this sweep
     that answered (``view``: the evidence, so verified ranks only), none of a replica id in
-    ``evicted`` (a kill was sent for it: its ranks are ending)."""
+    ``evicted`` (a kill was sent for it: its ranks are ending) nor one ``skip`` names."""
     out: dict[str, RankView] = {}
     for gv in view.in_quorum():
         for r in gv.reachable:
-            if r.replica_id in evicted:
+            if r.replica_id in evicted or (skip is not None and skip(r)):
                 continue
             host = (r.state or {}).get("host")
             if not r.fresh or not host or r.rank is None or is_torch(r.url):
@@ -133,12 +236,16 @@ def peer_url(r: RankView) -> str:
 
 
 class ProbeMesh:
-    """Rounds of probes. ``clock``: the monitor's (the rate limit's); ``token``: the ranks'."""
+    """Rounds of probes. ``clock``: the monitor's (the rate limit's); ``token``: the ranks';
+    ``auth``: how a call carries it (``hmac``: signed for the rank asked; ``bearer``: the token
+    itself, for ranks older than signatures)."""
 
     def __init__(self, cfg: ProbeConfig, token: str | None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, auth: str = "hmac") -> None:
         # a secret file's final newline is no header value (requests refuses it)
         self.cfg, self.token, self.clock = cfg, (token or "").strip() or None, clock
+        self.auth = auth
+        self.claims = Claims(log)
         self._thread: threading.Thread | None = None
         self._finished: ProbeRound | None = None
         self._lock = threading.Lock()
@@ -155,10 +262,14 @@ class ProbeMesh:
         return done
 
     def ask(self, view: ClusterView, wanted: bool, blind: str | None, now: float,
-            evicted: Collection[str] = ()) -> None:
+            evicted: Collection[str] = (), known: ClusterView | None = None,
+            standby: bool = False) -> None:
         """Start a round if ``wanted`` and due, of one rank per host (:func:`pick`, none of the
-        replica ids ``evicted``); none while ``blind`` (why the monitor cannot trust what it
-        sees)."""
+        replica ids ``evicted`` nor one whose identity another of ``known``'s targets claims:
+        :class:`Claims`); none while ``blind`` (why the monitor cannot trust what it sees) nor
+        on a ``standby`` shard (another monitor runs it and probes these ranks: two monitors'
+        rounds find the ranks busy, 429). ``known``: the sweep's whole view (``view`` is its
+        evidence)."""
         if not wanted:
             self.note = None
             return
@@ -171,9 +282,14 @@ class ProbeMesh:
                                        "fault's host is not looked for")
         if blind:
             return self._hold("blind", f"network probes held: {blind}")
+        if standby:
+            return self._hold("standby", "network probes held: this monitor stands by for its "
+                                         "shard (another monitor started with the same --shard "
+                                         "runs it and probes its ranks)")
+        self._said.pop("standby", None)
         if self.running() or now - self._started_at < self.cfg.interval_s:
             return
-        ranks = pick(view, evicted)
+        ranks = pick(view, evicted, lambda r: self.claims.elsewhere(known, r) is not None)
         if len(ranks) < 2:
             return self._hold("hosts", f"network probes need two hosts or more, the job runs "
                                        f"on {len(ranks)}")
@@ -212,10 +328,14 @@ class ProbeMesh:
         try:
             mesh = plan(ranks, self.cfg.peers)
             probes = {h: HostProbe(h, ranks[h].url, ranks[h].rank,
-                                   {p: peer_url(ranks[p]) for p in mesh[h]}) for h in mesh}
+                                   {p: peer_url(ranks[p]) for p in mesh[h]}, ranks[h].state)
+                      for h in mesh}
+            # the longest one ask takes (connect, then its most peers one after another): a
+            # rank busy with another monitor's probe is asked again within it
+            deadline = time.monotonic() + self.cfg.timeout_s * (self.cfg.peers + 2) + 1.0
             with ThreadPoolExecutor(max_workers=min(self.cfg.workers, len(probes)),
                                     thread_name_prefix="lightkeeper-probe") as ex:
-                list(ex.map(self._ask, probes.values()))
+                list(ex.map(lambda p: self._ask(p, deadline), probes.values()))
             rnd = ProbeRound(started, self.clock(), probes)
             self._warn_missing(rnd)
         except Exception:  # a bug here must not end monitoring: no round
@@ -225,23 +345,43 @@ class ProbeMesh:
             self._finished = self.last = rnd
             self.rounds += 1
 
-    def _ask(self, p: HostProbe) -> None:
-        """Fill ``p`` from its rank's answer; never raises."""
+    def _ask(self, p: HostProbe, deadline: float = math.inf) -> None:
+        """Fill ``p`` from its rank's answer; a rank busy with another probe (429: another
+        monitor of the job probing it, a standby or one mid rolling update) is asked again,
+        :data:`BUSY_RETRIES` times at most, within ``deadline`` (monotonic): one missing row
+        names no culprit. Never raises."""
         body = {"peers": list(p.peers.values()), "bytes": self.cfg.size_bytes,
                 "timeout_s": self.cfg.timeout_s}
         # the rank may probe its peers one after another, each up to timeout_s
         read_s = self.cfg.timeout_s * (len(p.peers) + 1) + 1.0
-        try:
-            with requests.post(f"{p.url.rstrip('/')}/v1/probe", json=body, stream=True,
-                               headers={"Authorization": f"Bearer {self.token}"},
-                               timeout=(self.cfg.timeout_s, read_s)) as r:
-                p.status = r.status_code
-                raw = r.raw.read(MAX_ANSWER_BYTES + 1, decode_content=True)
-        except requests.RequestException as e:
-            p.error = f"no answer: {type(e).__name__}"
-            return
+        url, data = f"{p.url.rstrip('/')}/v1/probe", json.dumps(body).encode()
+        for retry in range(BUSY_RETRIES + 1):
+            if retry:
+                # another probe takes about timeout_s (a rank probes 16 peers at once)
+                left = deadline - time.monotonic() - self.cfg.timeout_s
+                if left < self.cfg.timeout_s:
+                    break  # no time left for an answer
+                time.sleep(self.cfg.timeout_s)
+                read_s = min(read_s, left)
+            try:
+                authorization = auth.authorization(self.token or "", self.auth, "/v1/probe",
+                                                   data, auth.identity_of(p.state))
+                with requests.post(url, data=data, stream=True,
+                                   headers={"Authorization": authorization,
+                                            "Content-Type": "application/json"},
+                                   timeout=(self.cfg.timeout_s, read_s)) as r:
+                    p.status = r.status_code
+                    raw = r.raw.read(MAX_ANSWER_BYTES + 1, decode_content=True)
+            except (requests.RequestException, ValueError) as e:  # ValueError: a bad URL
+                p.status, p.error = None, f"no answer: {type(e).__name__}"
+                return
+            if p.status != 429:
+                break
         if p.status != 200:
-            p.error = _REFUSED.get(p.status, f"HTTP {p.status}")
+            p.error = _REFUSED_SIGNED if p.status == 401 and self.auth == "hmac" \
+                else _REFUSED.get(p.status, f"HTTP {p.status}")
+            if p.status == 401 and self.auth == "bearer":  # the rank's why (it holds no secret)
+                p.error += f": {_answer_text(raw)}"
             return
         try:
             if len(raw) > MAX_ANSWER_BYTES:

@@ -17,7 +17,8 @@ an array nested 30,000 deep.
 it measures nothing and answers from the test's link matrix, ``SimRanks.links(from_url,
 to_url) -> {"ok", "mbit_s", ...}`` (None: the route does not exist, 404, as on an older rank;
 ``SimRank.probe_route = False`` for one rank alone), with ``SimRanks.probe_token`` required
-(401 without it), and counts the requests in ``SimRank.probes``. Its ``control`` (the rank's
+(401 without it: a call signed with it for the rank, as a real rank checks, or it as a bearer),
+and counts the requests in ``SimRank.probes``. Its ``control`` (the rank's
 transfer from itself) is fast unless ``SimRanks.control(url) -> {...}`` says otherwise.
 
 :class:`SimJob` puts simulated groups into a real torchft Lighthouse's quorum, so that the
@@ -43,6 +44,8 @@ import uuid
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from rank_wire import auth
 
 
 def raise_fd_limit() -> int:
@@ -147,9 +150,9 @@ class SimRank:
                     await HOSTILE[mode](writer)
                     break
                 if method == "POST" and path.split("?")[0] == "/v1/probe":
-                    status, ctype, out = self.probe(headers, body)
+                    status, ctype, out = self.probe(path, headers, body)
                 elif method == "POST" and path.split("?")[0] == "/v1/abort":
-                    status, ctype, out = self.abort(headers, body)
+                    status, ctype, out = self.abort(path, headers, body)
                 else:
                     status, ctype, out = self.respond(path, mode)
                 self.fr_answered += path.startswith("/v1/fr_trace") and status.startswith("200")
@@ -162,13 +165,23 @@ class SimRank:
             self.writers.discard(writer)
             writer.close()
 
-    def probe(self, headers: dict[str, str], body: bytes) -> tuple[str, str, bytes]:
+    def authorized(self, path: str, headers: dict[str, str], body: bytes) -> bool:
+        """As a real rank (worker_server/app.py): a POST signed with ``SimRanks.probe_token`` for
+        the identity this rank serves, or that token as a bearer."""
+        authorization = headers.get("authorization")
+        signature = auth.signature_of(authorization)
+        if signature is None:
+            return authorization == f"Bearer {self.sim.probe_token}"
+        return auth.verify(self.sim.probe_token, "POST", path, auth.identity_of(self.state),
+                           body, signature)
+
+    def probe(self, path: str, headers: dict[str, str], body: bytes) -> tuple[str, str, bytes]:
         """The fake ``POST /v1/probe`` (module docstring): the test's link matrix, no transfer."""
         self.probes += 1
         links = self.sim.links
         if links is None or not self.probe_route:
             return "404 Not Found", "application/json", b'{"error": "not found"}'
-        if headers.get("authorization") != f"Bearer {self.sim.probe_token}":
+        if not self.authorized(path, headers, body):
             return "401 Unauthorized", "application/json", b'{"error": "bad token"}'
         peers = json.loads(body)["peers"]
         fine = {"ok": True, "connect_s": 0.001, "transfer_s": 0.002, "mbit_s": 1000.0,
@@ -179,9 +192,9 @@ class SimRank:
         return "200 OK", "application/json", json.dumps(
             {"from": self.url, "results": results, "control": control}).encode()
 
-    def abort(self, headers: dict[str, str], body: bytes) -> tuple[str, str, bytes]:
+    def abort(self, path: str, headers: dict[str, str], body: bytes) -> tuple[str, str, bytes]:
         """The fake ``POST /v1/abort``: recorded, nothing to abort (the same token as probes)."""
-        if headers.get("authorization") != f"Bearer {self.sim.probe_token}":
+        if not self.authorized(path, headers, body):
             return "401 Unauthorized", "application/json", b'{"error": "bad token"}'
         if self.abort_failures > 0:  # its server busy, say
             self.abort_failures -= 1

@@ -1,0 +1,285 @@
+"""The signed calls' edges (rank_wire.auth): a probe round completes though a rank is busy with
+another monitor's probe (429), a standby shard asks no round, a rank known under two URLs of one
+listener is still called, a skipped abort is no failed try, a bearer refusal says the rank's
+words, and a POST without its JSON content type is told which header is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from monitor.act.actions import RankCalls
+from monitor.act.survivors import ABORT_TRIES, Survivors
+from monitor.api.metrics import MonitorMetrics
+from monitor.config import ProbeConfig
+from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
+from monitor.evidence.probes import ProbeMesh
+from monitor.evidence.view import ViewBuilder
+from monitor.poll.discovery import Target
+from monitor.poll.packed_state import pack_state
+from monitor.poll.poller import RankPoll
+from monitor.store import Store
+from worker_server.app import create_app
+from worker_server.state import RankIdentity, RankState
+
+TOKEN = "s3cret-exit-token"
+
+
+class FakeRank(BaseHTTPRequestHandler):
+    """A fake of a rank's WorkerServer: records each POST's path; answers with the server's
+    ``answers`` queue (status, body) first, then as a rank that took the call."""
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.server.seen.append(self.path)
+        if self.server.answers:
+            status, out = self.server.answers.pop(0)
+        elif self.path == "/v1/probe":
+            status, out = 200, {"results": [], "control": None}
+        else:
+            status, out = 202, {"exiting": True, "mechanism": "fake"}
+        data = json.dumps(out).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def fakes():
+    """Two fake ranks, each its own server (a probe round needs two hosts)."""
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), FakeRank) for _ in range(2)]
+    for s in servers:
+        s.seen, s.answers = [], []
+        threading.Thread(target=s.serve_forever, args=(0.05,), daemon=True).start()
+    yield servers
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+def url_of(server) -> str:
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def state_of(url: str, g: int, **more) -> dict:
+    """Group ``g``'s rank 0 on host h<g>, in quorum 1."""
+    s = RankState(RankIdentity(job="auth", replica_group=g, group_rank=0, group_world_size=1,
+                               host=f"h{g}")).snapshot()
+    s.update(replica_id=f"replica_group_{g}:auth", worker_url=url, quorum_id=1,
+             participating=True, num_participants=2, **more)
+    return s
+
+
+def view_of(answering: dict[str, dict], unreachable: dict[str, dict] | None = None):
+    """A sweep's view: ``answering`` (URL -> state) answered; ``unreachable``'s answered the
+    sweep before (their last state is known) and not this one."""
+    unreachable = unreachable or {}
+    targets = [Target(u, "static") for u in (*answering, *unreachable)]
+    polls = {u: RankPoll(u, True, data=pack_state(s)) for u, s in answering.items()}
+    b = ViewBuilder()
+    b.update(targets, {**polls, **{u: RankPoll(u, True, data=pack_state(s))
+                                   for u, s in unreachable.items()}}, now=time.time() - 5)
+    return b.update(targets, {**polls, **{u: RankPoll(u, False, error="refused")
+                                          for u in unreachable}}, now=time.time())
+
+
+# --- 1. a probe round with a rank busy with another monitor's probe ---------------------------
+
+def test_a_rank_busy_with_another_probe_is_asked_again_and_the_round_is_whole(fakes):
+    """Two monitors of one job probing the same ranks (a standby, a rolling update): the rank
+    answers the second 429; asked again within the round, its row is there (a missing row names
+    no network culprit)."""
+    fakes[0].answers = [(429, {"error": "another probe is running on this rank"})]
+    urls = [url_of(s) for s in fakes]
+    mesh = ProbeMesh(ProbeConfig(timeout_s=0.1), TOKEN)
+    view = view_of({u: state_of(u, g) for g, u in enumerate(urls)})
+    mesh.ask(view, True, None, time.time())
+    assert mesh.wait(10)
+    rnd = mesh.take()
+    assert rnd is not None and rnd.missing() == {}
+    assert fakes[0].seen == ["/v1/probe"] * 2 and fakes[1].seen == ["/v1/probe"]
+    # busy on every try: asked BUSY_RETRIES times more, then named busy
+    fakes[0].answers = [(429, {"error": "busy"})] * 5
+    mesh.ask(view, True, None, time.time() + 10)  # past --probe-interval
+    assert mesh.wait(10)
+    assert "busy" in mesh.take().missing()["h0"] and len(fakes[0].seen) == 2 + 3
+
+
+def test_a_bearer_refusal_says_the_ranks_words(fakes):
+    """--rank-auth bearer against a rank with LIGHTKEEPER_EXIT_AUTH=hmac: not only "the token
+    differs"."""
+    refusal = ("the bearer token is not taken on this rank (LIGHTKEEPER_EXIT_AUTH=hmac): the "
+               "monitor must sign its calls")
+    fakes[0].answers = [(401, {"error": refusal, "status": 401})]
+    urls = [url_of(s) for s in fakes]
+    mesh = ProbeMesh(ProbeConfig(timeout_s=0.1), TOKEN, auth="bearer")
+    mesh.ask(view_of({u: state_of(u, g) for g, u in enumerate(urls)}), True, None, time.time())
+    assert mesh.wait(10)
+    why = mesh.take().missing()["h0"]
+    assert "signed calls" in why and refusal[:100] in why and TOKEN not in why
+
+
+# --- 1b. a standby shard asks no probe round -------------------------------------------------
+
+class StandbyShard:
+    """A fake of monitor.shard.Shards (no etcd) whose ``--shard`` another monitor holds: it
+    keeps the targets, proposes nothing, hears nothing of the other shards."""
+
+    holds = False
+    sent_kills: set = set()
+
+    def own_targets(self, targets, poller, now, version):
+        return targets
+
+    def after_sweep(self, view, evidence, now):
+        pass
+
+    def reported_elsewhere(self):
+        return set(), False
+
+    def to_json(self):
+        return {"standby": not self.holds}
+
+    def start(self):
+        pass
+
+    def stop(self):
+        pass
+
+
+def test_a_standby_shard_asks_no_probe_round(tmp_path):
+    from tests.support.monitor_sim import SimJob
+    from tests.test_monitor_network import TOKEN as SIM_TOKEN
+    from tests.test_monitor_network import (
+        Clock,
+        Driver,
+        Training,
+        links,
+        monitor,
+        probes_asked,
+        round_started,
+    )
+
+    job = SimJob(4, ranks_per_group=2, heartbeat_timeout_ms=1000)
+    mon = None
+    try:
+        job.sim.probe_token, job.sim.links = SIM_TOKEN, links(job)
+        clock = Clock()
+        mon = monitor(tmp_path, job, clock, rank_exit_token=SIM_TOKEN)
+        mon.shard = shard = StandbyShard()
+        d = Driver(mon, Training(job), clock)
+        d.sweeps(4)
+        d.train.stall(0.6, d.clock.t)  # half way to a job stall: a round is wanted
+        d.sweeps(3, steps=0)
+        assert probes_asked(job) == 0 and not round_started(d)
+        assert "stands by" in mon.probes.to_json()["note"]
+        shard.holds = True  # the other monitor's lease ended: this one probes
+        d.until(lambda: round_started(d), "a probe round", steps=0)
+        assert mon.probes.wait(10) and probes_asked(job) > 0
+    finally:
+        if mon is not None:
+            mon.stop()
+        job.stop()
+
+
+# --- 2. a rank known under two URLs of one listener; a skipped abort -------------------------
+
+@pytest.fixture
+def node7(monkeypatch):
+    """A fake resolver: node7.test resolves to 127.0.0.1 (a listed host name for a rank that
+    registered by its address), nowhere.test to nothing; counts node7's look-ups."""
+    real = socket.getaddrinfo
+    looked: list[str] = []
+
+    def getaddrinfo(host, port, *args, **kw):
+        if host == "nowhere.test":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        if host == "node7.test":
+            looked.append(host)
+            host = "127.0.0.1"
+        return real(host, port, *args, **kw)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return looked
+
+
+def test_a_rank_listed_by_name_and_registered_by_address_is_called(fakes, node7):
+    """file_sd lists http://node7:PORT, the rank registered http://127.0.0.1:PORT: one process,
+    both URLs claim its identity (the listed one unreachable, superseded). A signed call can
+    only reach that one listener: it is sent. A URL of another port or path is still a
+    stranger."""
+    live = url_of(fakes[0])
+    port = fakes[0].server_address[1]
+    listed = f"http://node7.test:{port}"
+    calls = RankCalls(TOKEN, timeout_s=5)
+    try:
+        view = view_of({live: state_of(live, 0)}, {listed: state_of(listed, 0)})
+        assert calls.exit(view.ranks[live], "evicted", view).sent
+        assert calls.abort(view.ranks[live], "gone", 1, 1, view).sent
+        assert node7 == ["node7.test"]  # resolved once, kept a while
+        for other in (f"http://127.0.0.1:{port + 1 if port < 65535 else port - 1}",
+                      f"{live}/rank5", f"http://nowhere.test:{port}"):
+            view = view_of({live: state_of(live, 0)}, {other: state_of(other, 0)})
+            res = calls.exit(view.ranks[live], "evicted", view)
+            assert not res.sent and "claims the same rank" in res.detail
+    finally:
+        calls.close()
+    assert fakes[0].seen == ["/v1/exit", "/v1/abort"]
+
+
+def test_an_abort_skipped_for_a_claimed_identity_is_no_failed_try(fakes, tmp_path):
+    """A survivor whose identity another target claims is not called, ABORT_TRIES sweeps and
+    more: no decision is written, it is not given up on, and is told once the claim is gone."""
+    live, stranger = url_of(fakes[0]), "http://127.0.0.1:9"
+    blocked = {"phase": "allreduce",
+               "timing": {"waiting": {"scope": "cross", "seconds": 5.0}}}
+    gone = "replica_group_1:auth"
+    status = LighthouseStatus(
+        quorum_id=1, members={r: QuorumMember(r, 10, "store", 1)
+                              for r in ("replica_group_0:auth", gone)},
+        heartbeats={"replica_group_0:auth": 0.1, gone: 30.0}, stale=frozenset({gone}))
+    store = Store(str(tmp_path / "state.sqlite"))
+    survivors = Survivors(RankCalls(TOKEN, timeout_s=5), store, MonitorMetrics("auth"), "auth")
+    try:
+        claimed = view_of({live: state_of(live, 0, **blocked)},
+                          {stranger: state_of(stranger, 0, **blocked)})
+        for _ in range(ABORT_TRIES + 1):
+            assert survivors.release(claimed, claimed, status, None, set(), time.time()) == []
+        assert store.decisions(decision="abort") == [] and fakes[0].seen == []
+        alone = view_of({live: state_of(live, 0, **blocked)})
+        (made,) = survivors.release(alone, alone, status, None, set(), time.time())
+        assert fakes[0].seen == ["/v1/abort"]
+        assert [d["status"] for d in store.decisions(decision="abort")] == ["sent"]
+        assert made["replica_id"] == gone
+    finally:
+        survivors.close()
+        store.close()
+
+
+# --- 6. a POST without its JSON content type -------------------------------------------------
+
+def test_a_post_without_the_json_content_type_is_told_the_header():
+    """A plain ``curl -d`` sends valid JSON as a form: "body must be JSON" misled."""
+    state = RankState(RankIdentity(replica_group=2, group_rank=1, group_world_size=2))
+    aborts = []
+    c = create_app(state, exit_token=TOKEN, fault_handler=lambda spec: None, fault_token="f",
+                   abort_handler=lambda *a: aborts.append(a) or {}).test_client()
+    for path, body, token in (("/v1/abort", {"reason": "x"}, TOKEN),
+                              ("/v1/probe", {"peers": ["http://127.0.0.1:9"]}, TOKEN),
+                              ("/v1/faults", {"spec": "hang:step=1"}, "f")):
+        r = c.post(path, data=json.dumps(body), headers={"Authorization": f"Bearer {token}"},
+                   content_type="application/x-www-form-urlencoded")
+        assert r.status_code == 400, (path, r.get_json())
+        assert "Content-Type: application/json" in r.get_json()["error"], path
+    assert aborts == []
