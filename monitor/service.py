@@ -171,7 +171,6 @@ class Monitor:
         self.metrics.dry_run.labels(cfg.job).set(1 if cfg.rails.dry_run else 0)
         self.metrics.start_time.labels(cfg.job).set(clock())
         self.detectors = Detectors(cfg.detectors, clock=clock, probes=cfg.probes)
-        self.probes = ProbeMesh(cfg.probes, cfg.rank_exit_token, clock, cfg.rank_auth)
         self.schedule = LeaderSchedule(cfg.leader_polling, cfg.leader_polling_min_ranks,
                                        cfg.member_interval_s, cfg.interval_s)
         # ranks on torch's own debug server: found in the groups' stores, read as rank states
@@ -208,8 +207,9 @@ class Monitor:
         self.enforcer = Enforcer(cfg, self.store, self.detectors, self.hosts, self.lighthouse,
                                  self.lh_settings, self.metrics, self.blind_reason, clock,
                                  self.bundles)
-        self.goodput = GoodputAccount(self.store, cfg.expected_groups, cfg.interval_s,
-                                      self.metrics)
+        self.probes = ProbeMesh(cfg.probes, cfg.rank_exit_token, clock, cfg.rank_auth,
+                                self.enforcer.claims)  # one Claims for every call to a rank
+        self.goodput = GoodputAccount(self.store, cfg.expected_groups, cfg.interval_s, self.metrics)
         # every rank: what the monitor shows; its evidence_view (the ranks whose answers count:
         # what it acts on) published with it, so no reader pairs one sweep's with another's
         self.view: ClusterView | None = None

@@ -237,7 +237,7 @@ def test_an_older_rank_refusing_the_signature_is_said_once(fake_ranks, caplog):
     calls = RankCalls(TOKEN, timeout_s=5)
     rank = verified(fake_ranks[0], 0)
     try:
-        with caplog.at_level(logging.WARNING, logger="monitor.act.actions"):
+        with caplog.at_level(logging.WARNING):
             first = calls.exit(rank, "evicted")
             again = calls.exit(rank, "evicted")
     finally:
@@ -348,7 +348,7 @@ def test_the_401_advice_names_a_restart_and_is_said_per_identity(fake_ranks, cap
     old = verified(fake_ranks[0], 0)
     new = RankView(old.url, True, {**old.state, "replica_id": "replica_group_0:new"})
     try:
-        with caplog.at_level(logging.WARNING, logger="monitor.act.actions"):
+        with caplog.at_level(logging.WARNING):
             first = calls.exit(old, "evicted")
             calls.exit(old, "evicted")
             calls.exit(new, "evicted")
@@ -410,7 +410,7 @@ def test_no_call_is_signed_for_an_identity_two_targets_claim(fake_ranks, caplog)
     view = stranger_view(urls)
     calls = RankCalls(TOKEN, timeout_s=5)
     try:
-        with caplog.at_level(logging.WARNING, logger="monitor.act.actions"):
+        with caplog.at_level(logging.WARNING):
             outcomes = [calls.exit(view.ranks[urls[0]], "evicted", view),
                         calls.abort(view.ranks[urls[0]], "gone", 1, 1, view),
                         calls.exit(view.ranks[urls[0]], "evicted", view)]
@@ -420,8 +420,8 @@ def test_no_call_is_signed_for_an_identity_two_targets_claim(fake_ranks, caplog)
     assert [o.sent for o in outcomes] == [False] * 3
     assert all(urls[2] in o.detail for o in outcomes)
     assert other.sent and [p for p, _, _ in FakeRank.seen] == ["/v1/exit"]
-    lines = [rec.getMessage() for rec in caplog.records if rec.name == "monitor.act.actions"]
-    assert len(lines) == 1 and urls[0] in lines[0] and urls[2] in lines[0]
+    lines = [rec.getMessage() for rec in caplog.records if urls[2] in rec.getMessage()]
+    assert len(lines) == 1 and urls[0] in lines[0]
     # an eviction's orphans, as the enforcer follows them with the sweep's view
     orphans = Orphans(RankCalls(TOKEN, timeout_s=5), grace_s=0)
     note = orphans.follow(1, "replica_group_0:auth", [view.ranks[urls[0]]], 1.0, view)
@@ -433,7 +433,7 @@ def test_no_probe_is_signed_for_an_identity_two_targets_claim(fake_ranks, caplog
     urls = [*fake_ranks, "http://127.0.0.1:9"]
     view = stranger_view(urls)
     mesh = ProbeMesh(ProbeConfig(), TOKEN)
-    with caplog.at_level(logging.WARNING, logger="monitor.evidence.probes"):
+    with caplog.at_level(logging.WARNING, logger="monitor.evidence.claims"):
         mesh.ask(view, True, None, time.time(), known=view)
     assert mesh.wait(10) and mesh.take() is None  # one host left: no round
     assert FakeRank.seen == [] and "two hosts" in mesh.note
@@ -442,3 +442,44 @@ def test_no_probe_is_signed_for_an_identity_two_targets_claim(fake_ranks, caplog
     # without the real rank known, the same view probes both
     rnd = probe_round(ProbeMesh(ProbeConfig(), TOKEN), fake_ranks)
     assert rnd is not None and len(FakeRank.seen) == 2
+
+
+def test_an_orphan_not_told_is_said_once_in_its_own_words(fake_ranks, caplog):
+    """An orphan whose identity another target claims: no "told ... to exit" every 5 s, one
+    line saying it was not told and why; told once the claim is gone."""
+    urls = [*fake_ranks, "http://127.0.0.1:9"]
+    view = stranger_view(urls)
+    orphans = Orphans(RankCalls(TOKEN, timeout_s=5), grace_s=0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="monitor.act.actions"):
+            notes = [orphans.follow(1, "replica_group_0:auth", [view.ranks[urls[0]]], t, view)
+                     for t in (1.0, 7.0, 13.0)]
+        lines = [r.getMessage() for r in caplog.records if r.name == "monitor.act.actions"]
+        assert len(lines) == 1 and lines[0].startswith("did not tell") and urls[2] in lines[0]
+        assert notes[0].startswith("not told to exit yet") and notes[1:] == [None, None]
+        assert FakeRank.seen == []
+        alone = ViewBuilder().update([Target(urls[0], "static")], {urls[0]: RankPoll(
+            urls[0], True, data=pack_state(state_of(urls[0], 0)))}, now=time.time())
+        note = orphans.follow(1, "replica_group_0:auth", [alone.ranks[urls[0]]], 14.0, alone)
+        assert note.startswith("told rank(s)") and [p for p, _, _ in FakeRank.seen] == [
+            "/v1/exit"]
+    finally:
+        orphans.exits.close()
+
+
+def test_a_refusal_said_is_forgotten_once_its_url_leaves_the_view(fake_ranks, caplog):
+    FakeRank.bearer_only = True
+    url = fake_ranks[0]
+    calls = RankCalls(TOKEN, timeout_s=5)
+    with_it = ViewBuilder().update([Target(url, "static")], {url: RankPoll(
+        url, True, data=pack_state(state_of(url, 0)))}, now=time.time())
+    without = ViewBuilder().update([], {}, now=time.time())
+    try:
+        with caplog.at_level(logging.WARNING, logger="monitor.act.actions"):
+            for view in (with_it, with_it, without, with_it):
+                calls.keep(view)  # what the enforcer does each sweep
+                calls.exit(with_it.ranks[url], "evicted")
+    finally:
+        calls.close()
+    lines = [r.getMessage() for r in caplog.records if "refused a signed" in r.getMessage()]
+    assert len(lines) == 2  # said again once the URL came back

@@ -7,6 +7,7 @@ words, and a POST without its JSON content type is told which header is missing.
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 import time
@@ -18,6 +19,7 @@ from monitor.act.actions import RankCalls
 from monitor.act.survivors import ABORT_TRIES, Survivors
 from monitor.api.metrics import MonitorMetrics
 from monitor.config import ProbeConfig
+from monitor.evidence.claims import MAX_NAMES, Claims, Resolver
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
 from monitor.evidence.probes import ProbeMesh
 from monitor.evidence.view import ViewBuilder
@@ -225,14 +227,25 @@ def test_a_rank_listed_by_name_and_registered_by_address_is_called(fakes, node7)
     calls = RankCalls(TOKEN, timeout_s=5)
     try:
         view = view_of({live: state_of(live, 0)}, {listed: state_of(listed, 0)})
+        # looked up off the caller's thread: this sweep's call waits for the answer
+        res = calls.exit(view.ranks[live], "evicted", view)
+        assert not res.sent and res.skipped and "could not resolve node7.test yet" in res.detail
+        assert calls.claims.resolver.settle(5)
         assert calls.exit(view.ranks[live], "evicted", view).sent
         assert calls.abort(view.ranks[live], "gone", 1, 1, view).sent
         assert node7 == ["node7.test"]  # resolved once, kept a while
         for other in (f"http://127.0.0.1:{port + 1 if port < 65535 else port - 1}",
-                      f"{live}/rank5", f"http://nowhere.test:{port}"):
+                      f"{live}/rank5"):
             view = view_of({live: state_of(live, 0)}, {other: state_of(other, 0)})
             res = calls.exit(view.ranks[live], "evicted", view)
             assert not res.sent and "claims the same rank" in res.detail
+        # a name that does not resolve is no proof of one listener, nor blamed on a claim
+        nowhere = f"http://nowhere.test:{port}"
+        view = view_of({live: state_of(live, 0)}, {nowhere: state_of(nowhere, 0)})
+        calls.exit(view.ranks[live], "evicted", view)
+        assert calls.claims.resolver.settle(5)
+        res = calls.exit(view.ranks[live], "evicted", view)
+        assert not res.sent and "could not resolve nowhere.test yet" in res.detail
     finally:
         calls.close()
     assert fakes[0].seen == ["/v1/exit", "/v1/abort"]
@@ -240,7 +253,8 @@ def test_a_rank_listed_by_name_and_registered_by_address_is_called(fakes, node7)
 
 def test_an_abort_skipped_for_a_claimed_identity_is_no_failed_try(fakes, tmp_path):
     """A survivor whose identity another target claims is not called, ABORT_TRIES sweeps and
-    more: no decision is written, it is not given up on, and is told once the claim is gone."""
+    more: one decision says so (status skipped), it is not given up on, and is told once the
+    claim is gone."""
     live, stranger = url_of(fakes[0]), "http://127.0.0.1:9"
     blocked = {"phase": "allreduce",
                "timing": {"waiting": {"scope": "cross", "seconds": 5.0}}}
@@ -254,13 +268,17 @@ def test_an_abort_skipped_for_a_claimed_identity_is_no_failed_try(fakes, tmp_pat
     try:
         claimed = view_of({live: state_of(live, 0, **blocked)},
                           {stranger: state_of(stranger, 0, **blocked)})
-        for _ in range(ABORT_TRIES + 1):
+        (skip,) = survivors.release(claimed, claimed, status, None, set(), time.time())
+        for _ in range(ABORT_TRIES):
             assert survivors.release(claimed, claimed, status, None, set(), time.time()) == []
-        assert store.decisions(decision="abort") == [] and fakes[0].seen == []
+        assert skip["ranks"] == [] and skip["skipped"] == [0] and live in skip["detail"]
+        assert [d["status"] for d in store.decisions(decision="abort")] == ["skipped"]
+        assert fakes[0].seen == []
         alone = view_of({live: state_of(live, 0, **blocked)})
         (made,) = survivors.release(alone, alone, status, None, set(), time.time())
         assert fakes[0].seen == ["/v1/abort"]
-        assert [d["status"] for d in store.decisions(decision="abort")] == ["sent"]
+        assert sorted(d["status"] for d in store.decisions(decision="abort")) == [
+            "sent", "skipped"]
         assert made["replica_id"] == gone
     finally:
         survivors.close()
@@ -283,3 +301,208 @@ def test_a_post_without_the_json_content_type_is_told_the_header():
         assert r.status_code == 400, (path, r.get_json())
         assert "Content-Type: application/json" in r.get_json()["error"], path
     assert aborts == []
+
+
+# --- 7. host names looked up off the sweep, once per name, bounded ----------------------------
+
+@pytest.fixture
+def slow_dns(monkeypatch):
+    """A resolver that takes up to 1 s per name (until ``gate`` is set): node<N>.test resolves
+    to 127.0.0.1; ``looked`` counts the look-ups by name."""
+    real = socket.getaddrinfo
+    gate, looked = threading.Event(), []
+
+    def getaddrinfo(host, port, *args, **kw):
+        if host.endswith(".test"):
+            looked.append(host)
+            gate.wait(1.0)
+            host = "127.0.0.1"
+        return real(host, port, *args, **kw)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return gate, looked
+
+
+@pytest.fixture
+def many_fakes():
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), FakeRank) for _ in range(16)]
+    for s in servers:
+        s.seen, s.answers = [], []
+        threading.Thread(target=s.serve_forever, args=(0.05,), daemon=True).start()
+    yield servers
+    for s in servers:
+        s.shutdown()
+        s.server_close()
+
+
+def test_a_slow_resolver_holds_no_sweep_and_each_name_is_looked_up_once(many_fakes, slow_dns):
+    """16 ranks on 2 hosts, each known at its address (verified) and listed by its host's name
+    (unreachable now): while the names are looked up, a probe round and the survivors' aborts
+    return at once and wait for a later sweep; each name is looked up once, for every caller
+    (one Claims); once known, the calls go through."""
+    gate, looked = slow_dns
+    blocked = {"phase": "allreduce", "timing": {"waiting": {"scope": "cross", "seconds": 5.0}}}
+    answering, listed = {}, {}
+    for g, s in enumerate(many_fakes):
+        port, host = s.server_address[1], f"h{g % 2}"
+        answering[url_of(s)] = state_of(url_of(s), g, host=host, **blocked)
+        name = f"http://node{g % 2}.test:{port}"
+        listed[name] = state_of(name, g, host=host, **blocked)
+    view = view_of(answering, listed)
+    gone = "replica_group_99:auth"
+    status = LighthouseStatus(
+        quorum_id=1, members={r: QuorumMember(r, 10, "store", 1) for r in
+                              (*(s["replica_id"] for s in answering.values()), gone)},
+        heartbeats={**{s["replica_id"]: 0.1 for s in answering.values()}, gone: 30.0},
+        stale=frozenset({gone}))
+    claims = Claims()
+    mesh = ProbeMesh(ProbeConfig(timeout_s=0.1), TOKEN, claims=claims)
+    store = Store(":memory:")
+    survivors = Survivors(RankCalls(TOKEN, timeout_s=5, claims=claims), store,
+                          MonitorMetrics("auth"), "auth")
+    try:
+        t0 = time.monotonic()
+        mesh.ask(view, True, None, time.time(), known=view)
+        (skip,) = survivors.release(view, view, status, None, set(), time.time())
+        assert time.monotonic() - t0 < 0.5
+        assert not mesh.running() and "two hosts" in mesh.note
+        assert skip["ranks"] == [] and len(skip["skipped"]) == 16
+        assert "could not resolve node0.test yet" in skip["detail"]
+        gate.set()
+        assert claims.resolver.settle(5)
+        assert sorted(looked) == ["node0.test", "node1.test"]
+        mesh.ask(view, True, None, time.time() + 10, known=view)
+        assert mesh.wait(10) and mesh.take().missing() == {}
+        (made,) = survivors.release(view, view, status, None, set(), time.time())
+        assert len(made["ranks"]) == 16 and made["skipped"] == []
+        assert all("/v1/abort" in s.seen for s in many_fakes)
+        assert sorted(looked) == ["node0.test", "node1.test"]
+    finally:
+        survivors.close()
+        store.close()
+        claims.close()
+
+
+def test_a_failed_lookup_is_asked_again_after_5s_in_its_own_words(fakes, monkeypatch, caplog):
+    """A resolver failing once (the network in trouble): the call waits, said once as a
+    name not resolved (not a claim), and goes through once the name is asked again 5 s on."""
+    real, looked = socket.getaddrinfo, []
+
+    def getaddrinfo(host, port, *args, **kw):
+        if host == "node7.test":
+            looked.append(host)
+            if len(looked) == 1:
+                raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+            host = "127.0.0.1"
+        return real(host, port, *args, **kw)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    now = [1000.0]
+    claims = Claims(clock=lambda: now[0])
+    calls = RankCalls(TOKEN, timeout_s=5, claims=claims)
+    live = url_of(fakes[0])
+    listed = f"http://node7.test:{fakes[0].server_address[1]}"
+    view = view_of({live: state_of(live, 0)}, {listed: state_of(listed, 0)})
+    try:
+        with caplog.at_level(logging.WARNING):
+            for step in (0.0, 4.9):
+                now[0] += step
+                res = calls.exit(view.ranks[live], "evicted", view)
+                assert claims.resolver.settle(5)
+                assert not res.sent and "could not resolve node7.test yet" in res.detail
+            assert looked == ["node7.test"]  # the failure kept 5 s, not asked every sweep
+            now[0] += 0.2
+            calls.exit(view.ranks[live], "evicted", view)  # asked again
+            assert claims.resolver.settle(5)
+            assert calls.exit(view.ranks[live], "evicted", view).sent
+    finally:
+        calls.close()
+        claims.close()
+    lines = [r.getMessage() for r in caplog.records if "node7.test" in r.getMessage()]
+    assert lines == ["could not resolve node7.test yet: not signed"]
+    assert fakes[0].seen == ["/v1/exit"]
+
+
+def test_the_names_kept_are_bounded(monkeypatch):
+    monkeypatch.setattr(socket, "getaddrinfo",
+                        lambda host, port, *a, **kw: [(socket.AF_INET, socket.SOCK_STREAM, 6,
+                                                       "", ("10.0.0.7", 0))])
+    resolver = Resolver()
+    try:
+        for i in range(5000):
+            resolver.addresses(f"n{i}.test")
+        assert resolver.settle(10)
+        assert len(resolver) <= MAX_NAMES == 4096
+        assert resolver.addresses("n4999.test") == frozenset({"10.0.0.7"})
+        assert resolver.addresses("10.0.0.8") == frozenset({"10.0.0.8"})  # no look-up
+    finally:
+        resolver.close()
+
+
+def test_a_dual_stack_name_and_its_ipv4_address_are_one_listener(fakes, monkeypatch):
+    """One process listens on one address and port: a name resolving to {v4, v6} and the
+    rank's v4 address are one listener."""
+    port, real = fakes[0].server_address[1], socket.getaddrinfo
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, p, *a, **kw: [
+        (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("fd00::7", 0, 0, 0)),
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", 0))]
+        if host == "node7.test" else real(host, p, *a, **kw))
+    live, listed = url_of(fakes[0]), f"http://node7.test:{port}"
+    view = view_of({live: state_of(live, 0)}, {listed: state_of(listed, 0)})
+    calls = RankCalls(TOKEN, timeout_s=5)
+    try:
+        calls.exit(view.ranks[live], "evicted", view)
+        assert calls.claims.resolver.settle(5)
+        assert calls.exit(view.ranks[live], "evicted", view).sent
+    finally:
+        calls.close()
+        calls.claims.close()
+
+
+# --- 8. a skipped abort is said per gone group, a partial one names whom it left out ---------
+
+def quorum_status(gone: str, live: tuple[str, ...]) -> LighthouseStatus:
+    return LighthouseStatus(
+        quorum_id=1, members={r: QuorumMember(r, 10, "store", 1) for r in (*live, gone)},
+        heartbeats={**{r: 0.1 for r in live}, gone: 30.0}, stale=frozenset({gone}))
+
+
+def test_a_skipped_abort_is_said_again_for_a_new_gone_group(fakes, caplog):
+    live, other, stranger = url_of(fakes[0]), url_of(fakes[1]), "http://127.0.0.1:9"
+    blocked = {"phase": "allreduce", "timing": {"waiting": {"scope": "cross", "seconds": 5.0}}}
+    claims = Claims()
+    store = Store(":memory:")
+    survivors = Survivors(RankCalls(TOKEN, timeout_s=5, claims=claims), store,
+                          MonitorMetrics("auth"), "auth")
+    claimed = view_of({live: state_of(live, 0, **blocked)},
+                      {stranger: state_of(stranger, 0, **blocked)})
+    alone = view_of({live: state_of(live, 0, **blocked)})
+    first, second = quorum_status("replica_group_1:auth", ("replica_group_0:auth",)), \
+        quorum_status("replica_group_2:auth", ("replica_group_0:auth",))
+    try:
+        with caplog.at_level(logging.WARNING):
+            for view, status in ((claimed, first), (alone, first), (claimed, second)):
+                claims.keep(view)  # what the enforcer does each sweep
+                survivors.release(view, view, status, None, set(), time.time())
+        said = [r.getMessage() for r in caplog.records if r.name == "monitor.evidence.claims"]
+        assert len(said) == 2 and all(live in m and stranger in m for m in said)
+        rows = sorted(store.decisions(decision="abort"), key=lambda d: d["id"])
+        assert [(d["replica_id"], d["status"]) for d in rows] == [
+            ("replica_group_1:auth", "skipped"), ("replica_group_1:auth", "sent"),
+            ("replica_group_2:auth", "skipped")]
+        assert live in rows[2]["detail"] and "not told" in rows[2]["detail"]
+        # a partial skip: the decision for the rank told names the one left out, and why
+        both = view_of({live: state_of(live, 0, **blocked), other: state_of(other, 3, **blocked)},
+                       {stranger: state_of(stranger, 0, **blocked)})
+        third = quorum_status("replica_group_4:auth",
+                              ("replica_group_0:auth", "replica_group_3:auth"))
+        (made,) = survivors.release(both, both, third, None, set(), time.time())
+        assert made["ranks"] == [3] and made["skipped"] == [0]
+        assert f"{live})" in made["detail"] and "claims the same rank" in made["detail"]
+        assert {d["id"]: d["status"] for d in store.decisions(decision="abort")}[made["id"]] \
+            == "sent"
+        assert survivors.release(both, both, third, None, set(), time.time()) == []
+    finally:
+        survivors.close()
+        store.close()
+        claims.close()

@@ -19,7 +19,7 @@ import requests
 
 from http_serving import redact_url
 from monitor.config import REFUSED_SIGNATURE
-from monitor.evidence.probes import Claims
+from monitor.evidence.claims import Claims
 from monitor.poll.torch_target import is_torch
 from rank_wire import auth
 
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class Outcome:
     """How a kill or exit request went; ``sent``: the target was asked; ``skipped``: not
-    asked on purpose (no failed try: :meth:`RankCalls.claimed_elsewhere`)."""
+    asked on purpose (no failed try: :meth:`RankCalls.why_not`)."""
 
     sent: bool
     http_status: int | None
@@ -73,15 +73,16 @@ class RankCalls:
     """The ranks' token-guarded endpoints, ``POST /v1/exit`` and ``/v1/abort`` (a rank started
     without a matching ``LIGHTKEEPER_EXIT_TOKEN`` refuses them). Each call is signed for the one
     rank it is for (rank_wire.auth; ``auth="bearer"``: the token itself, for ranks older than
-    signatures), never for an identity another known target claims (:class:`Claims`: the call
-    is skipped). Never raises."""
+    signatures), never for an identity another known target claims (:class:`Claims`, the
+    monitor's one, shared with its probes: the call is skipped). Never raises."""
 
-    def __init__(self, token: str | None, timeout_s: float = 2.0, auth: str = "hmac") -> None:
+    def __init__(self, token: str | None, timeout_s: float = 2.0, auth: str = "hmac",
+                 claims: Claims | None = None) -> None:
         self.token = (token or "").strip() or None  # a final newline: no header value
         self.timeout_s = timeout_s
         self.auth = auth
         self._session = requests.Session()
-        self.claims = Claims(log)
+        self.claims = claims or Claims()
         # (rank URL, identity signed for) that refused a signature, said once: a later refusal
         # at that URL for another identity (a restarted rank) is news
         self._said_refused: set[tuple[str, str]] = set()
@@ -95,11 +96,9 @@ class RankCalls:
             return Outcome(False, None, "a rank on torch's debug server: no /v1/exit or "
                            "/v1/abort there (nothing that changes state is served)")
         ident = auth.identity_of(getattr(rank, "state", None))
-        other = self.claims.elsewhere(known, rank)
-        if other is not None:
-            return Outcome(False, None, f"not sent: {redact_url(other)} claims the same rank "
-                           f"({ident}), a call signed for it would be valid there too",
-                           skipped=True)
+        why = self.claims.why_not(known, rank)
+        if why is not None:
+            return Outcome(False, None, f"not sent: {why}", skipped=True)
         full = f"{url.rstrip('/')}{path}"
         data = json.dumps(body).encode()
         try:
@@ -121,10 +120,15 @@ class RankCalls:
             return Outcome(False, r.status_code, detail)
         return Outcome(True, r.status_code, said(r))
 
-    def claimed_elsewhere(self, rank: Any, known: Any) -> str | None:
-        """Another target of ``known`` (the sweep's whole view) claiming ``rank``'s identity:
-        no call to ``rank`` is signed while it does (said once, :class:`Claims`); None."""
-        return self.claims.elsewhere(known, rank)
+    def why_not(self, rank: Any, known: Any) -> str | None:
+        """Why no call to ``rank`` is signed this sweep (another target of ``known``, the
+        sweep's whole view, claims its identity, or a name not resolved yet: :class:`Claims`),
+        or None."""
+        return self.claims.why_not(known, rank)
+
+    def keep(self, known: Any) -> None:
+        """Forget the refusals said of URLs ``known`` (the sweep's whole view) no longer has."""
+        self._said_refused = {k for k in self._said_refused if k[0] in known.ranks}
 
     def exit(self, rank: Any, reason: str, known: Any = None) -> Outcome:
         """``rank``: the RankView told (its URL, and its identity from its last state);
@@ -162,11 +166,13 @@ class Orphans:
         # rank may be back at an earlier orphan's URL
         self._told: dict[tuple[int, str], float] = {}
         self._said: dict[int, str] = {}  # decision id -> the last sentence returned
+        self._skipped: set[tuple[int, str]] = set()  # (decision id, rank URL) not told, said
 
     def keep(self, decision_ids: set[int]) -> None:
         """Forget the evictions no longer followed."""
         self._told = {k: t for k, t in self._told.items() if k[0] in decision_ids}
         self._said = {d: n for d, n in self._said.items() if d in decision_ids}
+        self._skipped = {k for k in self._skipped if k[0] in decision_ids}
 
     def follow(self, decision_id: int, replica_id: str, ranks: list[Any],
                since_kill_s: float, known: Any = None) -> str | None:
@@ -182,21 +188,33 @@ class Orphans:
                     "group (or run ranks with LIGHTKEEPER_EXIT_TOKEN and the monitor with "
                     "--rank-exit-token)")
         else:
-            outcomes = []
+            outcomes, skipped = [], []
             for r in ranks:
-                told_at = self._told.get((decision_id, r.url))
+                key = (decision_id, r.url)
+                told_at = self._told.get(key)
                 if told_at is not None and since_kill_s - told_at < self.RETELL_S:
                     continue
                 res = self.exits.exit(r, f"replica {replica_id} was evicted by the monitor",
                                       known)
-                self._told[decision_id, r.url] = since_kill_s
+                if res.skipped:  # no call made: checked again next sweep, said once
+                    skipped.append(f"{rank_name(r)}: {res.detail}")
+                    if key not in self._skipped:
+                        self._skipped.add(key)
+                        log.warning("did not tell %s of evicted %s to exit yet (checked again "
+                                    "each sweep): %s", rank_name(r), replica_id, res.detail)
+                    continue
+                self._skipped.discard(key)
+                self._told[key] = since_kill_s
                 log.warning("told %s of evicted %s to exit: %s", rank_name(r), replica_id,
                             res.detail)
                 outcomes.append(f"{rank_name(r)}: {res.detail}")
-            if not outcomes:
+            if not outcomes and not skipped:
                 return None
-            note = "told rank(s) the Lighthouse's kill does not reach to exit (POST /v1/exit): " \
-                   + "; ".join(outcomes)
+            note = "; ".join(
+                ([f"told rank(s) the Lighthouse's kill does not reach to exit (POST /v1/exit): "
+                  f"{'; '.join(outcomes)}"] if outcomes else [])
+                + ([f"not told to exit yet (checked again each sweep): {'; '.join(skipped)}"]
+                   if skipped else []))
         if self._said.get(decision_id) == note:
             return None
         self._said[decision_id] = note

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..config import MonitorConfig
 from ..detect import Detectors, Finding
+from ..evidence.claims import Claims
 from ..evidence.lighthouse_settings import LighthouseSettingsWatch
 from ..evidence.lighthouse_status import LighthouseStatus
 from ..evidence.view import ClusterView
@@ -58,8 +59,11 @@ class Enforcer:
         self.bundles = bundles
         self._bundled: set[int] = set()  # findings whose kill this sweep took a bundle
         self.lighthouse, self.lh_settings = lighthouse, lh_settings
+        # whether a call to a rank may be signed: one for the monitor's exits, aborts and
+        # probes (monitor.service hands it to its ProbeMesh), so each name is looked up once
+        self.claims = Claims()
         self.orphans = Orphans(RankCalls(cfg.rank_exit_token, cfg.kill_timeout_s,
-                                         cfg.rank_auth), cfg.orphan_grace_s)
+                                         cfg.rank_auth, self.claims), cfg.orphan_grace_s)
         self.metrics, self.blind, self.clock = metrics, blind, clock
         self.hosts_error: str | None = None
         self._finding_ids: dict[tuple, int] = {}
@@ -71,7 +75,8 @@ class Enforcer:
         self.dead = DeadGroups()
         self._vouched: dict[str, Any] = {}  # replica id -> its GroupView as last verified
         self.survivors = Survivors(RankCalls(cfg.rank_exit_token if cfg.abort_survivors
-                                              else None, cfg.kill_timeout_s, cfg.rank_auth),
+                                              else None, cfg.kill_timeout_s, cfg.rank_auth,
+                                              self.claims),
                                    store, metrics, cfg.job, cfg.rails.dry_run)
 
     def finding_id(self, key: tuple) -> int | None:
@@ -194,6 +199,11 @@ class Enforcer:
         """Ranks blocked in a collective with a group that is gone are told to abort it
         (monitor.act.survivors); nothing while blind. ``shard``: on a shard (monitor.shard),
         the job's kills the leader sent and what the other shards' ranks report."""
+        # every sweep: what was said of claims, names and refusals gone from the view is
+        # forgotten, so each is said again when it comes back
+        self.claims.keep(view)
+        self.orphans.exits.keep(view)
+        self.survivors.aborts.keep(view)
         evicted = self.store.evicted_replica_ids()
         if shard is not None:
             evicted = evicted | shard.sent_kills
@@ -235,6 +245,7 @@ class Enforcer:
         self.bundles.close()
         self.survivors.close()
         self.orphans.exits.close()
+        self.claims.close()
         if self._host_actions is not None:
             self._host_actions.join(timeout=self.cfg.quarantine.action_timeout_s + 5)
 

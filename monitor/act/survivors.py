@@ -104,6 +104,9 @@ class Survivors:
         self.dry_run = dry_run
         self._told: set[tuple[str, str]] = set()  # (gone replica id, survivor url)
         self._failed: dict[tuple[str, str], int] = {}  # the failed requests of one not told
+        # gone replica id -> the survivors last named as not called (Claims), so a skip is
+        # written once per gone group while it stays the same
+        self._skipped: dict[str, frozenset[str]] = {}
 
     def release(self, view: ClusterView, evidence: ClusterView,
                 status: LighthouseStatus | None, blind: str | None, evicted: set[str],
@@ -114,26 +117,37 @@ class Survivors:
             return []
         made = []
         for gone in gone_groups(view, status, evicted, elsewhere):
-            # a rank whose identity another target claims is not called (said once): no try
-            # counted, no decision, asked again once the claim is gone
-            ranks = [r for r in blocked_survivors(evidence, gone)
-                     if (gone.replica_id, r.url) not in self._told
-                     and self.aborts.claimed_elsewhere(r, view) is None]
-            if not ranks:
+            ranks, skipped = [], []
+            for r in blocked_survivors(evidence, gone):
+                if (gone.replica_id, r.url) in self._told:
+                    continue
+                # not signed for (Claims): no try counted, checked again next sweep
+                why = self.aborts.why_not(r, view)
+                if why is None:
+                    ranks.append(r)
+                else:
+                    skipped.append((r, why))
+            urls = frozenset(r.url for r, _ in skipped)
+            if not ranks and (not skipped or self._skipped.get(gone.replica_id) == urls):
                 continue
-            made.append(self._abort(gone, ranks, now, view))
+            self._skipped[gone.replica_id] = urls
+            made.append(self._abort(gone, ranks, now, view, skipped))
         live = set(status.members)
         self._told = {k for k in self._told if k[0] in live}
         self._failed = {k: n for k, n in self._failed.items() if k[0] in live}
+        self._skipped = {k: u for k, u in self._skipped.items() if k in live}
         return made
 
-    def _abort(self, gone: Gone, ranks: list[RankView], now: float, view: ClusterView) -> dict:
+    def _abort(self, gone: Gone, ranks: list[RankView], now: float, view: ClusterView,
+               skipped: list[tuple[RankView, str]]) -> dict:
+        """One decision: ``ranks`` told (or, in a dry run, not), ``skipped`` named with why no
+        call was signed for them (status ``skipped`` when no rank is left to tell)."""
         reason = (f"replica group {gone.replica_group} ({gone.replica_id}) is gone from quorum "
                   f"{gone.quorum_id}: {gone.why}")
         did = self.store.add_decision(
             replica_group=gone.replica_group, replica_id=gone.replica_id, decision="abort",
-            reason="peer_gone", detail=reason, status="dry_run" if self.dry_run else "sending",
-            at=now)
+            reason="peer_gone", detail=reason,
+            status="dry_run" if self.dry_run else "sending" if ranks else "skipped", at=now)
         outcomes, sent, moved = [], 0, 0
         for r in ranks:
             key = (gone.replica_id, r.url)
@@ -155,16 +169,22 @@ class Survivors:
             outcomes.append(f"{rank_name(r)}: {res.detail}" + (
                 f" (asked again next sweep, try {failed} of {ABORT_TRIES})"
                 if key not in self._told else ""))
-        detail = f"{reason}; survivors blocked in the cross-group collective told to abort " \
-                 f"it (POST /v1/abort): " + "; ".join(outcomes)
+        detail = reason
+        if outcomes:
+            detail += "; survivors blocked in the cross-group collective told to abort it " \
+                      "(POST /v1/abort): " + "; ".join(outcomes)
+        if skipped:
+            detail += "; not told (no call signed; checked again each sweep): " + "; ".join(
+                f"{rank_name(r)}: {why}" for r, why in skipped)
         # 409: in another quorum by now (or no Manager): nothing left to abort there
-        status = {} if self.dry_run else {
+        status = {} if self.dry_run or not ranks else {
             "status": "sent" if sent else "moved_on" if moved == len(ranks) else "failed"}
         self.store.update_decision(did, detail=detail, **status)
         self.metrics.decisions.labels(self.job, "abort", "peer_gone").inc()
         log.warning("%s", detail)
         return {"id": did, "replica_group": gone.replica_group, "replica_id": gone.replica_id,
-                "ranks": [r.rank for r in ranks], "detail": detail}
+                "ranks": [r.rank for r in ranks], "skipped": [r.rank for r, _ in skipped],
+                "detail": detail}
 
     def close(self) -> None:
         self.aborts.close()

@@ -9,22 +9,20 @@ from __future__ import annotations
 import json
 import logging
 import math
-import socket
 import threading
 import time
 from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import requests
 
-from http_serving import redact_url
 from monitor.config import REFUSED_SIGNATURE, ProbeConfig
 from monitor.poll.torch_target import is_torch
 from rank_wire import auth
 
+from .claims import Claims
 from .view import ClusterView, RankView
 
 log = logging.getLogger(__name__)
@@ -37,7 +35,6 @@ _REFUSED = {404: "no /v1/probe route (an older WorkerServer)",
             429: "busy: another probe was running on the rank (HTTP 429)"}
 _REFUSED_SIGNED = f"refused the signature (HTTP 401: {REFUSED_SIGNATURE})"  # --rank-auth hmac
 BUSY_RETRIES = 2  # a 429 (another monitor probing the rank) is asked again this often at most
-RESOLVED_S = 30.0  # a claimed URL's addresses (Claims) are resolved again after this long
 
 
 @dataclass
@@ -124,83 +121,6 @@ def control_row(raw: Any) -> dict[str, Any] | None:
     return row if worked or failed else None
 
 
-class Claims:
-    """Whether the monitor may sign a call for a rank: not when another known target (any
-    polled URL, reachable or not, superseded included) claims the same identity
-    (rank_wire.auth) in its last state, unless that URL names the same listener (it resolves
-    to the same addresses and port, with the same path: a listed ``http://node7:9400`` and the
-    rank's registered ``http://10.0.0.7:9400``). Verification may take a stranger copying an
-    unreachable rank's public /v1/state in that rank's place; a call signed for it would be
-    valid at the real rank too. Each pair of URLs is said once, on ``logger``."""
-
-    def __init__(self, logger: logging.Logger) -> None:
-        self.log = logger
-        self._said: set[tuple[str, frozenset[str]]] = set()
-        # (host, port) -> (when to resolve again, monotonic; its addresses): resolved only for
-        # a claimed identity (rare), and not every sweep while the claim lasts
-        self._resolved: dict[tuple[str, int], tuple[float, frozenset[tuple[str, int]]]] = {}
-
-    def _listener(self, url: str) -> tuple[frozenset[tuple[str, int]], str] | None:
-        """The addresses ``url`` reaches and its path; None: it does not resolve."""
-        try:
-            parts = urlsplit(url)
-            host, port = parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError:  # a port out of range
-            return None
-        if not host:
-            return None
-        now = time.monotonic()
-        hit = self._resolved.get((host, port))
-        if hit is None or hit[0] <= now:
-            try:
-                addrs = frozenset((info[4][0], info[4][1]) for info in socket.getaddrinfo(
-                    host, port, type=socket.SOCK_STREAM))
-            except (OSError, UnicodeError, ValueError):  # not resolved: a stranger, as before
-                addrs = frozenset()
-            if len(self._resolved) >= 1024:
-                self._resolved = {k: v for k, v in self._resolved.items() if v[0] > now}
-            hit = self._resolved[(host, port)] = (now + RESOLVED_S, addrs)
-        return (hit[1], parts.path.rstrip("/")) if hit[1] else None
-
-    def _same_listener(self, a: str, b: str) -> bool:
-        """``a`` and ``b`` reach one listener: a call signed for one can reach no other process
-        (every address alike; a path behind one port may be another rank behind a proxy)."""
-        la = self._listener(a)
-        return la is not None and la == self._listener(b)
-
-    @staticmethod
-    def of(known: ClusterView) -> dict[str, list[str]]:
-        """identity -> the URLs of ``known``'s targets whose last state claims it (computed
-        once per view: a view never changes once built)."""
-        cached = known.__dict__.get("_claims")
-        if cached is None:
-            cached = {}
-            for url, r in known.ranks.items():
-                if r.state is not None:
-                    cached.setdefault(auth.identity_of(r.state), []).append(url)
-            known.__dict__["_claims"] = cached
-        return cached
-
-    def elsewhere(self, known: ClusterView | None, rank: Any) -> str | None:
-        """Another URL of ``known`` claiming ``rank``'s identity (the call is not to be
-        signed), or None; ``known``: the sweep's whole view (None: no target known)."""
-        if known is None:
-            return None
-        ident = auth.identity_of(getattr(rank, "state", None))
-        others = [u for u in self.of(known).get(ident, ())
-                  if u != rank.url and not self._same_listener(u, rank.url)]
-        if not others:
-            return None
-        key = (ident, frozenset((rank.url, others[0])))
-        if key not in self._said:
-            self._said.add(key)
-            self.log.warning("no call signed for %s (replica group/group rank/replica id %s): "
-                             "%s claims the same rank in its last state, and a signature for "
-                             "one would be valid at the other; skipped while both are known",
-                             redact_url(rank.url), ident, redact_url(others[0]))
-        return others[0]
-
-
 def plan(ranks: dict[str, RankView], peers: int) -> dict[str, list[str]]:
     """host -> the hosts its rank probes: every other one up to ``peers + 1`` hosts, else the
     next ``peers`` in a ring of the sorted hosts."""
@@ -214,18 +134,22 @@ def pick(view: ClusterView, evicted: Collection[str] = (),
          skip: Callable[[RankView], bool] | None = None) -> dict[str, RankView]:
     """One rank per host: of the groups in the newest quorum, the lowest rank polled this sweep
     that answered (``view``: the evidence, so verified ranks only), none of a replica id in
-    ``evicted`` (a kill was sent for it: its ranks are ending) nor one ``skip`` names."""
-    out: dict[str, RankView] = {}
+    ``evicted`` (a kill was sent for it: its ranks are ending) nor one ``skip`` names (asked
+    last, of the rank about to be picked only)."""
+    by_host: dict[str, list[RankView]] = {}
     for gv in view.in_quorum():
         for r in gv.reachable:
-            if r.replica_id in evicted or (skip is not None and skip(r)):
-                continue
             host = (r.state or {}).get("host")
-            if not r.fresh or not host or r.rank is None or is_torch(r.url):
-                continue  # torch's debug server serves no /v1/probe
-            have = out.get(host)
-            if have is None or (r.rank, r.url) < (have.rank, have.url):
+            if r.replica_id in evicted or not r.fresh or not host or r.rank is None \
+                    or is_torch(r.url):  # torch's debug server serves no /v1/probe
+                continue
+            by_host.setdefault(host, []).append(r)
+    out: dict[str, RankView] = {}
+    for host, ranks in by_host.items():
+        for r in sorted(ranks, key=lambda r: (r.rank, r.url)):
+            if skip is None or not skip(r):
                 out[host] = r
+                break
     return out
 
 
@@ -241,11 +165,12 @@ class ProbeMesh:
     itself, for ranks older than signatures)."""
 
     def __init__(self, cfg: ProbeConfig, token: str | None,
-                 clock: Callable[[], float] = time.time, auth: str = "hmac") -> None:
+                 clock: Callable[[], float] = time.time, auth: str = "hmac",
+                 claims: Claims | None = None) -> None:
         # a secret file's final newline is no header value (requests refuses it)
         self.cfg, self.token, self.clock = cfg, (token or "").strip() or None, clock
         self.auth = auth
-        self.claims = Claims(log)
+        self.claims = claims or Claims()  # the monitor's, shared with its calls to ranks
         self._thread: threading.Thread | None = None
         self._finished: ProbeRound | None = None
         self._lock = threading.Lock()
@@ -289,7 +214,7 @@ class ProbeMesh:
         self._said.pop("standby", None)
         if self.running() or now - self._started_at < self.cfg.interval_s:
             return
-        ranks = pick(view, evicted, lambda r: self.claims.elsewhere(known, r) is not None)
+        ranks = pick(view, evicted, lambda r: self.claims.why_not(known, r) is not None)
         if len(ranks) < 2:
             return self._hold("hosts", f"network probes need two hosts or more, the job runs "
                                        f"on {len(ranks)}")
