@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,7 +18,7 @@ from monitor.act.actions import RankCalls
 from monitor.act.survivors import ABORT_TRIES, Survivors
 from monitor.api.metrics import MonitorMetrics
 from monitor.config import ProbeConfig
-from monitor.evidence.claims import MAX_NAMES, Claims, Resolver
+from monitor.evidence.claims import Claims
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
 from monitor.evidence.probes import ProbeMesh
 from monitor.evidence.view import ViewBuilder
@@ -197,55 +196,23 @@ def test_a_standby_shard_asks_no_probe_round(tmp_path):
 
 # --- 2. a rank known under two URLs of one listener; a skipped abort -------------------------
 
-@pytest.fixture
-def node7(monkeypatch):
-    """A fake resolver: node7.test resolves to 127.0.0.1 (a listed host name for a rank that
-    registered by its address), nowhere.test to nothing; counts node7's look-ups."""
-    real = socket.getaddrinfo
-    looked: list[str] = []
-
-    def getaddrinfo(host, port, *args, **kw):
-        if host == "nowhere.test":
-            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
-        if host == "node7.test":
-            looked.append(host)
-            host = "127.0.0.1"
-        return real(host, port, *args, **kw)
-
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    return looked
-
-
-def test_a_rank_listed_by_name_and_registered_by_address_is_called(fakes, node7):
-    """file_sd lists http://node7:PORT, the rank registered http://127.0.0.1:PORT: one process,
-    both URLs claim its identity (the listed one unreachable, superseded). A signed call can
-    only reach that one listener: it is sent. A URL of another port or path is still a
-    stranger."""
+def test_one_listener_spelled_alike_is_called_and_any_other_url_is_a_stranger(fakes):
+    """A rank known twice by one listener (the same host, port and path, an address spelled
+    two ways) is called; a URL of another port or path, or a name for its address (no name is
+    looked up: no DNS on the monitor's sweep), claiming its identity is a stranger: skipped."""
     live = url_of(fakes[0])
     port = fakes[0].server_address[1]
-    listed = f"http://node7.test:{port}"
     calls = RankCalls(TOKEN, timeout_s=5)
     try:
-        view = view_of({live: state_of(live, 0)}, {listed: state_of(listed, 0)})
-        # looked up off the caller's thread: this sweep's call waits for the answer
-        res = calls.exit(view.ranks[live], "evicted", view)
-        assert not res.sent and res.skipped and "could not resolve node7.test yet" in res.detail
-        assert calls.claims.resolver.settle(5)
+        same = f"http://127.0.0.1:{port}/"
+        view = view_of({live: state_of(live, 0)}, {same: state_of(same, 0)})
         assert calls.exit(view.ranks[live], "evicted", view).sent
         assert calls.abort(view.ranks[live], "gone", 1, 1, view).sent
-        assert node7 == ["node7.test"]  # resolved once, kept a while
         for other in (f"http://127.0.0.1:{port + 1 if port < 65535 else port - 1}",
-                      f"{live}/rank5"):
+                      f"{live}/rank5", f"http://localhost:{port}"):
             view = view_of({live: state_of(live, 0)}, {other: state_of(other, 0)})
             res = calls.exit(view.ranks[live], "evicted", view)
-            assert not res.sent and "claims the same rank" in res.detail
-        # a name that does not resolve is no proof of one listener, nor blamed on a claim
-        nowhere = f"http://nowhere.test:{port}"
-        view = view_of({live: state_of(live, 0)}, {nowhere: state_of(nowhere, 0)})
-        calls.exit(view.ranks[live], "evicted", view)
-        assert calls.claims.resolver.settle(5)
-        res = calls.exit(view.ranks[live], "evicted", view)
-        assert not res.sent and "could not resolve nowhere.test yet" in res.detail
+            assert not res.sent and res.skipped and "claims the same rank" in res.detail
     finally:
         calls.close()
     assert fakes[0].seen == ["/v1/exit", "/v1/abort"]
@@ -305,162 +272,6 @@ def test_a_post_without_the_json_content_type_is_told_the_header():
 
 # --- 7. host names looked up off the sweep, once per name, bounded ----------------------------
 
-@pytest.fixture
-def slow_dns(monkeypatch):
-    """A resolver that takes up to 1 s per name (until ``gate`` is set): node<N>.test resolves
-    to 127.0.0.1; ``looked`` counts the look-ups by name."""
-    real = socket.getaddrinfo
-    gate, looked = threading.Event(), []
-
-    def getaddrinfo(host, port, *args, **kw):
-        if host.endswith(".test"):
-            looked.append(host)
-            gate.wait(1.0)
-            host = "127.0.0.1"
-        return real(host, port, *args, **kw)
-
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    return gate, looked
-
-
-@pytest.fixture
-def many_fakes():
-    servers = [ThreadingHTTPServer(("127.0.0.1", 0), FakeRank) for _ in range(16)]
-    for s in servers:
-        s.seen, s.answers = [], []
-        threading.Thread(target=s.serve_forever, args=(0.05,), daemon=True).start()
-    yield servers
-    for s in servers:
-        s.shutdown()
-        s.server_close()
-
-
-def test_a_slow_resolver_holds_no_sweep_and_each_name_is_looked_up_once(many_fakes, slow_dns):
-    """16 ranks on 2 hosts, each known at its address (verified) and listed by its host's name
-    (unreachable now): while the names are looked up, a probe round and the survivors' aborts
-    return at once and wait for a later sweep; each name is looked up once, for every caller
-    (one Claims); once known, the calls go through."""
-    gate, looked = slow_dns
-    blocked = {"phase": "allreduce", "timing": {"waiting": {"scope": "cross", "seconds": 5.0}}}
-    answering, listed = {}, {}
-    for g, s in enumerate(many_fakes):
-        port, host = s.server_address[1], f"h{g % 2}"
-        answering[url_of(s)] = state_of(url_of(s), g, host=host, **blocked)
-        name = f"http://node{g % 2}.test:{port}"
-        listed[name] = state_of(name, g, host=host, **blocked)
-    view = view_of(answering, listed)
-    gone = "replica_group_99:auth"
-    status = LighthouseStatus(
-        quorum_id=1, members={r: QuorumMember(r, 10, "store", 1) for r in
-                              (*(s["replica_id"] for s in answering.values()), gone)},
-        heartbeats={**{s["replica_id"]: 0.1 for s in answering.values()}, gone: 30.0},
-        stale=frozenset({gone}))
-    claims = Claims()
-    mesh = ProbeMesh(ProbeConfig(timeout_s=0.1), TOKEN, claims=claims)
-    store = Store(":memory:")
-    survivors = Survivors(RankCalls(TOKEN, timeout_s=5, claims=claims), store,
-                          MonitorMetrics("auth"), "auth")
-    try:
-        t0 = time.monotonic()
-        mesh.ask(view, True, None, time.time(), known=view)
-        (skip,) = survivors.release(view, view, status, None, set(), time.time())
-        assert time.monotonic() - t0 < 0.5
-        assert not mesh.running() and "two hosts" in mesh.note
-        assert skip["ranks"] == [] and len(skip["skipped"]) == 16
-        assert "could not resolve node0.test yet" in skip["detail"]
-        gate.set()
-        assert claims.resolver.settle(5)
-        assert sorted(looked) == ["node0.test", "node1.test"]
-        mesh.ask(view, True, None, time.time() + 10, known=view)
-        assert mesh.wait(10) and mesh.take().missing() == {}
-        (made,) = survivors.release(view, view, status, None, set(), time.time())
-        assert len(made["ranks"]) == 16 and made["skipped"] == []
-        assert all("/v1/abort" in s.seen for s in many_fakes)
-        assert sorted(looked) == ["node0.test", "node1.test"]
-    finally:
-        survivors.close()
-        store.close()
-        claims.close()
-
-
-def test_a_failed_lookup_is_asked_again_after_5s_in_its_own_words(fakes, monkeypatch, caplog):
-    """A resolver failing once (the network in trouble): the call waits, said once as a
-    name not resolved (not a claim), and goes through once the name is asked again 5 s on."""
-    real, looked = socket.getaddrinfo, []
-
-    def getaddrinfo(host, port, *args, **kw):
-        if host == "node7.test":
-            looked.append(host)
-            if len(looked) == 1:
-                raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
-            host = "127.0.0.1"
-        return real(host, port, *args, **kw)
-
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    now = [1000.0]
-    claims = Claims(clock=lambda: now[0])
-    calls = RankCalls(TOKEN, timeout_s=5, claims=claims)
-    live = url_of(fakes[0])
-    listed = f"http://node7.test:{fakes[0].server_address[1]}"
-    view = view_of({live: state_of(live, 0)}, {listed: state_of(listed, 0)})
-    try:
-        with caplog.at_level(logging.WARNING):
-            for step in (0.0, 4.9):
-                now[0] += step
-                res = calls.exit(view.ranks[live], "evicted", view)
-                assert claims.resolver.settle(5)
-                assert not res.sent and "could not resolve node7.test yet" in res.detail
-            assert looked == ["node7.test"]  # the failure kept 5 s, not asked every sweep
-            now[0] += 0.2
-            calls.exit(view.ranks[live], "evicted", view)  # asked again
-            assert claims.resolver.settle(5)
-            assert calls.exit(view.ranks[live], "evicted", view).sent
-    finally:
-        calls.close()
-        claims.close()
-    lines = [r.getMessage() for r in caplog.records if "node7.test" in r.getMessage()]
-    assert lines == ["could not resolve node7.test yet: not signed"]
-    assert fakes[0].seen == ["/v1/exit"]
-
-
-def test_the_names_kept_are_bounded(monkeypatch):
-    monkeypatch.setattr(socket, "getaddrinfo",
-                        lambda host, port, *a, **kw: [(socket.AF_INET, socket.SOCK_STREAM, 6,
-                                                       "", ("10.0.0.7", 0))])
-    resolver = Resolver()
-    try:
-        for i in range(5000):
-            resolver.addresses(f"n{i}.test")
-        assert resolver.settle(10)
-        assert len(resolver) <= MAX_NAMES == 4096
-        assert resolver.addresses("n4999.test") == frozenset({"10.0.0.7"})
-        assert resolver.addresses("10.0.0.8") == frozenset({"10.0.0.8"})  # no look-up
-    finally:
-        resolver.close()
-
-
-def test_a_dual_stack_name_and_its_ipv4_address_are_one_listener(fakes, monkeypatch):
-    """One process listens on one address and port: a name resolving to {v4, v6} and the
-    rank's v4 address are one listener."""
-    port, real = fakes[0].server_address[1], socket.getaddrinfo
-    monkeypatch.setattr(socket, "getaddrinfo", lambda host, p, *a, **kw: [
-        (socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("fd00::7", 0, 0, 0)),
-        (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", 0))]
-        if host == "node7.test" else real(host, p, *a, **kw))
-    live, listed = url_of(fakes[0]), f"http://node7.test:{port}"
-    view = view_of({live: state_of(live, 0)}, {listed: state_of(listed, 0)})
-    calls = RankCalls(TOKEN, timeout_s=5)
-    try:
-        calls.exit(view.ranks[live], "evicted", view)
-        assert calls.claims.resolver.settle(5)
-        assert calls.exit(view.ranks[live], "evicted", view).sent
-    finally:
-        calls.close()
-        calls.claims.close()
-
-
-# --- 8. a skipped abort is said per gone group, a partial one names whom it left out ---------
-
 def quorum_status(gone: str, live: tuple[str, ...]) -> LighthouseStatus:
     return LighthouseStatus(
         quorum_id=1, members={r: QuorumMember(r, 10, "store", 1) for r in (*live, gone)},
@@ -505,4 +316,25 @@ def test_a_skipped_abort_is_said_again_for_a_new_gone_group(fakes, caplog):
     finally:
         survivors.close()
         store.close()
-        claims.close()
+
+
+def test_an_orphan_retold_while_another_is_skipped_adds_no_note(fakes):
+    """Orphans of one eviction: A is told (and told again every 5 s), B's identity is claimed
+    by a stranger's URL too (skipped). The eviction's note changes when an answer or the ranks
+    left out do, not at every retell: the audit row's detail does not grow every 5 s."""
+    from monitor.act.actions import Orphans
+
+    a, b = url_of(fakes[0]), url_of(fakes[1])
+    stranger = "http://127.0.0.1:9"
+    view = view_of({a: state_of(a, 0), b: {**state_of(b, 0), "group_rank": 1}},
+                   {stranger: {**state_of(stranger, 0), "group_rank": 1}})
+    orphans = Orphans(RankCalls(TOKEN, timeout_s=5), grace_s=3.0)
+    try:
+        ranks = [view.ranks[a], view.ranks[b]]
+        notes = [n for t in range(3, 61) if (n := orphans.follow(
+            1, "replica_group_0:abc", ranks, float(t), view)) is not None]
+    finally:
+        orphans.exits.close()
+    assert len(notes) == 1, notes
+    assert "exiting" in notes[0] and "not told to exit yet" in notes[0]
+    assert fakes[0].seen.count("/v1/exit") == 12 and fakes[1].seen == []  # A retold every 5 s

@@ -122,7 +122,7 @@ class RankCalls:
 
     def why_not(self, rank: Any, known: Any) -> str | None:
         """Why no call to ``rank`` is signed this sweep (another target of ``known``, the
-        sweep's whole view, claims its identity, or a name not resolved yet: :class:`Claims`),
+        sweep's whole view, claims its identity: :class:`Claims`),
         or None."""
         return self.claims.why_not(known, rank)
 
@@ -167,12 +167,14 @@ class Orphans:
         self._told: dict[tuple[int, str], float] = {}
         self._said: dict[int, str] = {}  # decision id -> the last sentence returned
         self._skipped: set[tuple[int, str]] = set()  # (decision id, rank URL) not told, said
+        self._outcome: dict[tuple[int, str], str] = {}  # (decision id, rank URL) -> last answer
 
     def keep(self, decision_ids: set[int]) -> None:
         """Forget the evictions no longer followed."""
         self._told = {k: t for k, t in self._told.items() if k[0] in decision_ids}
         self._said = {d: n for d, n in self._said.items() if d in decision_ids}
         self._skipped = {k for k in self._skipped if k[0] in decision_ids}
+        self._outcome = {k: o for k, o in self._outcome.items() if k[0] in decision_ids}
 
     def follow(self, decision_id: int, replica_id: str, ranks: list[Any],
                since_kill_s: float, known: Any = None) -> str | None:
@@ -188,7 +190,7 @@ class Orphans:
                     "group (or run ranks with LIGHTKEEPER_EXIT_TOKEN and the monitor with "
                     "--rank-exit-token)")
         else:
-            outcomes, skipped = [], []
+            skipped = []
             for r in ranks:
                 key = (decision_id, r.url)
                 told_at = self._told.get(key)
@@ -205,14 +207,17 @@ class Orphans:
                     continue
                 self._skipped.discard(key)
                 self._told[key] = since_kill_s
+                self._outcome[key] = f"{rank_name(r)}: {res.detail}"
                 log.warning("told %s of evicted %s to exit: %s", rank_name(r), replica_id,
                             res.detail)
-                outcomes.append(f"{rank_name(r)}: {res.detail}")
-            if not outcomes and not skipped:
+            # every rank told so far, not only this sweep's: the note changes only when an
+            # outcome or the ranks left out do (a retell every 5 s appends nothing)
+            told = [o for k, o in self._outcome.items() if k[0] == decision_id]
+            if not told and not skipped:
                 return None
             note = "; ".join(
                 ([f"told rank(s) the Lighthouse's kill does not reach to exit (POST /v1/exit): "
-                  f"{'; '.join(outcomes)}"] if outcomes else [])
+                  f"{'; '.join(told)}"] if told else [])
                 + ([f"not told to exit yet (checked again each sweep): {'; '.join(skipped)}"]
                    if skipped else []))
         if self._said.get(decision_id) == note:

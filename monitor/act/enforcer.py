@@ -245,7 +245,6 @@ class Enforcer:
         self.bundles.close()
         self.survivors.close()
         self.orphans.exits.close()
-        self.claims.close()
         if self._host_actions is not None:
             self._host_actions.join(timeout=self.cfg.quarantine.action_timeout_s + 5)
 
