@@ -120,3 +120,22 @@ def test_the_demo_counts_a_spec_a_rank_already_took_as_injected():
         assert not Stories.post_fault(demo, [srv.url], "slow:delay=1e308")  # a real refusal
     finally:
         srv.stop()
+
+
+def test_the_same_fault_written_another_way_is_one_fault():
+    """slow:delay=1 and slow:delay=1.0 do the same: posted after the other it is refused, and
+    given twice at start it is refused there (two would stack)."""
+    import argparse
+
+    from trainer.cli import add_arguments, config_from_args
+
+    injector = FaultInjector([parse_fault("slow:delay=1")], group_rank=0, group_world_size=1,
+                             steps=100)
+    with pytest.raises(FaultSpecError, match="already injected"):
+        injector.inject("slow:delay=1.0")
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--lighthouse", "http://127.0.0.1:1", "--inject", "slow:delay=1",
+                         "--inject", "slow:delay=1.0"])
+    with pytest.raises(SystemExit, match="given twice"):
+        config_from_args(args)

@@ -8,6 +8,7 @@ import socket
 import sys
 import traceback
 from collections.abc import Mapping
+from dataclasses import replace
 from urllib.parse import urlsplit
 
 from http_serving import is_http_url, redact_url
@@ -135,6 +136,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         env_local_rank()
     except ValueError as e:
         raise SystemExit(f"lightkeeper train: {e}") from None
+    given = set()
     for spec in args.inject:  # what the grammar alone cannot check: does it fit this group?
         try:
             fault = parse_fault(spec)
@@ -142,6 +144,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             check_reached(fault, args.steps)  # the injector checks a live post the same way
         except FaultSpecError as e:
             raise SystemExit(f"lightkeeper train: --inject: {e}") from None
+        if replace(fault, spec="") in given:  # two would stack, as a post again is refused
+            raise SystemExit(f"lightkeeper train: --inject: {spec!r} given twice")
+        given.add(replace(fault, spec=""))
     return TrainConfig(
         replica_group=replica_group, num_replica_groups=num_groups, lighthouse=lighthouse,
         group_rank=group_rank, group_world_size=group_world_size,

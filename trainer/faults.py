@@ -67,7 +67,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 WHERE = ("cross", "group")
 # The longest delay a spec may ask for, and the cap on a factor's sleep: a "slow" fault must
@@ -249,11 +249,13 @@ class FaultInjector:
         self.group_rank = group_rank
         self.group_world_size = group_world_size
         self.steps = steps
-        self._given: set[Fault] = set()  # every fault this process was given, for any rank
+        # every fault this process was given, for any rank, by what it does (not its text:
+        # slow:delay=1 and slow:delay=1.0 are one fault)
+        self._given: set[Fault] = set()
         self._lock = threading.Lock()  # POST /v1/faults runs on the server's threads
         for fault in faults:
             self._check(fault)
-            self._given.add(fault)
+            self._given.add(replace(fault, spec=""))
         self.faults = [f for f in faults if f.targets(group_rank)]
         self._hang_forever = threading.Event()  # never set: a hang lasts until the process dies
         # Told once per fault, on the training thread, the first time it acts (before a hang
@@ -284,10 +286,11 @@ class FaultInjector:
         fault = parse_fault(spec)
         with self._lock:
             self._check(fault)
-            if fault in self._given:  # a second slow would stack, a second one-off never strike
+            # a second slow would stack, a second one-off never strike
+            if replace(fault, spec="") in self._given:
                 raise FaultSpecError(f"already injected: {fault.spec} (faults cannot be removed; "
                                      f"restart the process to clear them)")
-            self._given.add(fault)
+            self._given.add(replace(fault, spec=""))
             if fault.targets(self.group_rank):
                 self._live.add(fault)
                 # one assignment: the training thread never sees half
