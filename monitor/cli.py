@@ -267,9 +267,14 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
 
 
 def warn_about_tokens(cfg: MonitorConfig) -> None:
-    """Say once, at start-up, when the ranks must hold the admin token to register."""
+    """Say once, at start-up, when the ranks must hold the admin token to register, and when
+    an eviction of a group out of the quorum could end nothing (no token to tell its ranks)."""
     if warning := token_warning(cfg.register_token, cfg.token, cfg.rank_exit_token):
         logging.getLogger(__name__).warning(warning)
+    if "stuck_starting" in cfg.rails.evict_kinds and not cfg.rank_exit_token:
+        logging.getLogger(__name__).warning(
+            "--evict-on stuck_starting without --rank-exit-token: the Lighthouse's kill cannot "
+            "reach a group out of its quorum, so such an eviction ends nothing (docs/monitor.md)")
 
 
 def start_line(url: str, cfg: MonitorConfig) -> str:

@@ -94,6 +94,10 @@ def sweep(det: Detectors, job: Job, t: float, others_step: bool = True, quorum: 
     return [f for f in found if f.kind == "stuck_starting"]
 
 
+# a group on its first step: none of its ranks has timed a step yet
+UNTIMED = {"last_step_seconds": None, "recent_step_seconds": []}
+
+
 def named(det: Detectors) -> list[tuple]:
     return [(f.replica_group, f.ranks, f.replica_id) for f in det.open_findings()
             if f.kind == "stuck_starting"]
@@ -104,8 +108,8 @@ def test_a_group_hung_on_its_first_step_the_others_went_on_without_is_stuck_star
     ended their wait long before the hang detector's first-step hold would have."""
     job, det = left_out_job()
     for t in range(0, 30, 5):
-        assert sweep(det, job, t) == []
-    found = sweep(det, job, 30)
+        assert sweep(det, job, t, **UNTIMED) == []
+    found = sweep(det, job, 30, **UNTIMED)
     assert [(f.replica_group, f.ranks, f.replica_id) for f in found] == [
         (1, [2, 3], "replica_group_1:sim")]
     ev = found[0].evidence
@@ -114,7 +118,8 @@ def test_a_group_hung_on_its_first_step_the_others_went_on_without_is_stuck_star
     assert (ev["shape"], ev["step"], ev["job_steps"], ev["quorum_id"], ev["newest_quorum_id"]) \
         == ("left_out", 0, 6, 3, 4)
     assert {r: v["phase"] for r, v in ev["ranks"].items()} == {"2": "forward", "3": "forward"}
-    assert ev["why"].startswith("the others' quorums go on without it")
+    assert ev["why"] == ("the others' quorums go on without it: a step that hung past their "
+                         "process-group timeout (its first step, held as compiling?)")
     assert ev["culprit_hosts"] == ["host-g1", "host-g1"]
     assert found[0].first_seen == T0  # the monitor's clock: when it first saw it at step 0
     assert sweep(det, job, 35) == [] and named(det) == [(1, [2, 3], "replica_group_1:sim")]
@@ -128,7 +133,8 @@ def test_a_restarted_group_hung_on_its_first_step_is_judged_from_its_incarnation
     for t in range(0, 35, 5):
         sweep(det, job, t)
     assert named(det) == [(1, [2, 3], "replica_group_1:sim")]
-    new = {"replica_id": "replica_group_1:new", "step": 7, "quorum_id": 5, "phase": "forward"}
+    new = {"replica_id": "replica_group_1:new", "step": 7, "quorum_id": 5, "phase": "forward",
+           **UNTIMED}
     for t in range(35, 65, 5):
         assert sweep(det, job, t, quorum=6, **new) == [], t
     assert named(det) == []
@@ -364,3 +370,36 @@ def test_a_torch_only_group_out_of_the_newest_quorum_is_not_blamed_on_the_lighth
     assert {v["why"] for v in found[0].evidence["ranks"].values()} == {
         "not in the Lighthouse's newest quorum (torch's debug server: its ranks tell no quorum "
         "of their own)"}
+
+
+def test_a_group_hung_mid_run_the_others_went_on_without_is_named_for_its_hang():
+    """A group that has timed steps hangs at step 608 (the hang detector names it); past the
+    others' process-group timeout they form a quorum without it (the hang resolves
+    `progress`): left_out names it, with a why that is no first step's."""
+    job, det = left_out_job()
+    for s in job.states:
+        s["step"] = 608
+    for t in range(0, 30, 5):
+        assert sweep(det, job, t) == [], t
+    found = sweep(det, job, 30)
+    assert [(f.replica_group, f.evidence["shape"]) for f in found] == [(1, "left_out")]
+    assert found[0].evidence["why"] == ("a step that hung past the others' process-group "
+                                        "timeout: the job went on without it")
+
+
+def test_a_group_is_judged_from_when_it_last_took_part_in_the_newest_quorum():
+    """It waited 20 s for its first quorum, then was in the newest quorum 20 s while the others
+    waited for it; they then formed one without it: left out from then, not from when the
+    monitor first saw it at its step."""
+    job, det = left_out_job()
+    for t in range(0, 25, 5):  # no first quorum yet
+        assert sweep(det, job, t, quorum_id=-1, phase="quorum") == [], t
+    for t in range(25, 45, 5):  # in quorum 5 with the others, who wait for it
+        assert sweep(det, job, t, others_step=False, quorum=5, quorum_id=5,
+                     phase="forward") == [], t
+    for t in range(45, 70, 5):  # quorum 6 goes on without it
+        assert sweep(det, job, t, quorum=6) == [], t
+    assert named(det) == []
+    found = sweep(det, job, 70, quorum=6)  # 30 s after the last sweep it took part
+    assert [(f.replica_group, f.first_seen) for f in found] == [(1, T0 + 40)]
+    assert found[0].evidence["for_s"] == 30.0

@@ -3,7 +3,9 @@ group's other ranks, which that kill does not reach, to exit (:class:`Orphans`).
 
 torchft 0.2.0 answers the kill with 500 (the Manager exits before replying), so any HTTP answer
 counts as *sent*; whether it worked is judged by the group leaving the quorum (docs/monitor.md,
-Eviction and safety rails).
+Eviction and safety rails). Its kill looks the replica up only in its last quorum's participants:
+a group out of it (``stuck_starting``'s) is answered 500 "failed to find replica" and nothing is
+killed (:data:`NOT_IN_QUORUM`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from rank_wire import auth
 
 log = logging.getLogger(__name__)
 
+# the kill's outcome for a replica out of the Lighthouse's last quorum: no process was asked to
+# exit, so only the ranks' own /v1/exit (or its operator) can end the group
+NOT_IN_QUORUM = "not in the Lighthouse's quorum: its kill cannot reach it"
+
 
 @dataclass
 class Outcome:
@@ -35,6 +41,7 @@ class Outcome:
     http_status: int | None
     detail: str
     skipped: bool = False
+    unreached: bool = False  # a kill the Lighthouse took but could not deliver (NOT_IN_QUORUM)
 
 
 class Lighthouse:
@@ -62,6 +69,8 @@ class Lighthouse:
         if r.status_code == 200:
             return Outcome(True, 200, "killed")
         body = r.text[:300].replace("\n", " ")
+        if r.status_code == 500 and "failed to find replica" in body:
+            return Outcome(True, 500, f"{NOT_IN_QUORUM} (HTTP 500: {body})", unreached=True)
         return Outcome(True, r.status_code, f"HTTP {r.status_code} (expected: torchft's Manager "
                                                f"exits before replying): {body}")
 
@@ -155,7 +164,8 @@ class RankCalls:
 
 class Orphans:
     """Finish an eviction: torchft 0.2.0's kill reaches only group rank 0, and without a local
-    agent the group's other ranks live on (docs/monitor.md, Eviction and safety rails)."""
+    agent the group's other ranks live on; a group out of the Lighthouse's quorum it reaches not
+    at all (docs/monitor.md, Eviction and safety rails)."""
 
     RETELL_S = 5.0
 
@@ -177,14 +187,19 @@ class Orphans:
         self._outcome = {k: o for k, o in self._outcome.items() if k[0] in decision_ids}
 
     def follow(self, decision_id: int, replica_id: str, ranks: list[Any],
-               since_kill_s: float, known: Any = None) -> str | None:
+               since_kill_s: float, known: Any = None, unreached: bool = False) -> str | None:
         """``grace_s`` after the kill, tell each of ``ranks`` to exit (again every RETELL_S) or,
         without the token, name them; returns the eviction's new detail note, if it changed.
-        ``known``: the sweep's whole view (:meth:`RankCalls.exit`)."""
-        if not ranks or since_kill_s < self.grace_s:
+        ``known``: the sweep's whole view (:meth:`RankCalls.exit`); ``unreached``: the kill
+        reached no rank (:data:`NOT_IN_QUORUM`): every rank is told at once."""
+        if not ranks or since_kill_s < (0.0 if unreached else self.grace_s):
             return None
         names = ", ".join(rank_name(r) for r in ranks)
-        if not self.exits.token:
+        if not self.exits.token and unreached:
+            note = (f"the Lighthouse's kill cannot reach a group out of its quorum and no "
+                    f"--rank-exit-token is set: nothing but its operator can end it; stop "
+                    f"rank(s) {names}")
+        elif not self.exits.token:
             note = (f"rank(s) still running {self.grace_s:g}s after the kill: {names}; the "
                     "Lighthouse's kill reaches only group rank 0: stop them before restarting the "
                     "group (or run ranks with LIGHTKEEPER_EXIT_TOKEN and the monitor with "
@@ -215,9 +230,10 @@ class Orphans:
             told = [o for k, o in self._outcome.items() if k[0] == decision_id]
             if not told and not skipped:
                 return None
+            whom = ("every rank of the group, which the Lighthouse's kill cannot reach out of its "
+                    "quorum," if unreached else "rank(s) the Lighthouse's kill does not reach")
             note = "; ".join(
-                ([f"told rank(s) the Lighthouse's kill does not reach to exit (POST /v1/exit): "
-                  f"{'; '.join(told)}"] if told else [])
+                ([f"told {whom} to exit (POST /v1/exit): {'; '.join(told)}"] if told else [])
                 + ([f"not told to exit yet (checked again each sweep): {'; '.join(skipped)}"]
                    if skipped else []))
         if self._said.get(decision_id) == note:

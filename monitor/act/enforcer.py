@@ -22,7 +22,7 @@ from ..evidence.lighthouse_settings import LighthouseSettingsWatch
 from ..evidence.lighthouse_status import LighthouseStatus
 from ..evidence.view import ClusterView
 from ..store import Store
-from .actions import Lighthouse, Orphans, RankCalls
+from .actions import NOT_IN_QUORUM, Lighthouse, Orphans, RankCalls
 from .bundles import CONFIRM_KINDS, Bundles
 from .decisions import Decision, Situation, blind_reason, decide
 from .hosts import DeadGroups, HostLedger, protected_hosts
@@ -340,6 +340,7 @@ class Enforcer:
                       "sent" if result.sent else "failed", e)
         if result.sent:
             self.metrics.evictions.labels(self.cfg.job, str(replica_group)).inc()
+        if result.sent and not result.unreached:  # one out of its quorum leaves nothing
             self.lh_settings.kill_sent(replica_id, self.clock())
         self.metrics.last_eviction.labels(self.cfg.job).set(self.clock())
         return {"id": did, "decision": "evict", "reason": reason, "sent": result.sent,
@@ -377,12 +378,18 @@ class Enforcer:
             # a dry run (perhaps restarted to stop acting) tells no rank to exit
             urls = {r.url for r in groups[rid].ranks} \
                 if rid in groups and not self.cfg.rails.dry_run else ()
+            # as the audit row says (a restarted monitor, a shard's copy of the leader's kill)
+            unreached = f"kill: {NOT_IN_QUORUM}" in (d["detail"] or "")
             note = self.orphans.follow(d["id"], rid, [r for r in still if r.url in urls],
-                                       now - d["at"], view)
+                                       now - d["at"], view, unreached)
             if note:
                 d["detail"] = f"{d['detail']}; {note}"
                 self.store.update_decision(d["id"], detail=d["detail"])
-            if not still:
+            if not still and unreached:  # out of the quorum before the kill
+                self.store.update_decision(d["id"], status="confirmed", confirmed_at=now,
+                                           detail=f"{d['detail']}; no rank reports it any more")
+                log.info("eviction of %s confirmed after %.1fs", rid, now - d["at"])
+            elif not still:
                 q = view.quorum_id
                 self.store.update_decision(d["id"], status="confirmed", confirmed_at=now,
                                            detail=f"{d['detail']}; left the quorum "

@@ -1,7 +1,8 @@
 """The second shape of ``stuck_starting``: a verified, answering group the job's quorums go on
 without. A group whose step hangs past the others' process-group timeout (its first: the hang
-detector holds an untimed group to --starting-timeout, torchft drops it sooner) answers and
-heartbeats at its old quorum id but never trains again; nothing else names it.
+detector holds an untimed group to --starting-timeout, torchft drops it sooner; a later one: the
+others' next quorum resolves the hang `progress`) answers and heartbeats at its old quorum id
+but never trains again; nothing else names it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from monitor.config import DetectorConfig
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
 from monitor.evidence.view import ClusterView, GroupView
 
-from .hang import HELD_PHASES
+from .hang import HELD_PHASES, _untimed
 
 MIN_JOB_STEPS = 2  # the others' progress over the span: a whole job stalled is job_stall's
 
@@ -41,6 +42,9 @@ class LeftOut:
         # group -> the last sweep it was held (saving or busy): its clock starts again there, as
         # a group back from a long save asks for its quorum or heals at its old step
         self._held_at: dict[int, float] = {}
+        # group -> the last sweep it took part in the newest quorum or had no quorum yet: time
+        # in the quorum (the others waiting for it) is no time left out
+        self._part_at: dict[int, float] = {}
         # group -> the quorum id its reachable ranks last reported: torchft's ids only grow
         # while the Lighthouse lives, so a sweep the others' ranks miss lowers nothing
         self._reported: dict[int, int] = {}
@@ -87,11 +91,13 @@ class LeftOut:
                 self._held_at[g] = now
             elif held is not None:  # a save past --checkpoint-timeout excuses nothing
                 self._held_at.pop(g, None)
+            if g in part or any(r.state and r.state["quorum_id"] < 0 for r in gv.reachable):
+                self._part_at[g] = now
             if g in part:
                 continue
             if since < now:
                 still.add(g)
-            start = max(since, self._held_at.get(g, since))
+            start = max(since, self._held_at.get(g, since), self._part_at.get(g, since))
             if now - start < timeout or g in skip or done < MIN_JOB_STEPS \
                     or not self._answering(gv) or held:
                 continue
@@ -172,8 +178,12 @@ class LeftOut:
             "quorum_id": gv.quorum_id, "newest_quorum_id": newest,
             "why": "in the newest quorum but not taking part in it (participating false) "
                    "while the others commit" if joined else
+                   # a timed group hung mid-run: the hang detector named it, then its
+                   # `progress` (the others' new quorum) closed that finding
                    "the others' quorums go on without it: a step that hung past their process-"
-                   "group timeout (its first step, held as compiling?)",
+                   "group timeout (its first step, held as compiling?)" if _untimed(gv) else
+                   "a step that hung past the others' process-group timeout: the job went on "
+                   "without it",
             "ranks": {str(r.rank): {
                 "phase": r.state.get("phase"), "replica_id": r.replica_id, "step": r.state["step"],
                 "quorum_id": r.state["quorum_id"],

@@ -87,6 +87,7 @@ class SimRank:
         self.probes = 0  # POST /v1/probe requests
         self.aborts: list[dict[str, Any]] = []  # POST /v1/abort bodies accepted
         self.abort_failures = 0  # the next POST /v1/abort answers 503 this many times
+        self.exits: list[dict[str, Any]] | None = None  # a list: POST /v1/exit served (bodies)
         self.probe_route = True
         self.writers: set[asyncio.StreamWriter] = set()
 
@@ -153,6 +154,8 @@ class SimRank:
                     status, ctype, out = self.probe(path, headers, body)
                 elif method == "POST" and path.split("?")[0] == "/v1/abort":
                     status, ctype, out = self.abort(path, headers, body)
+                elif method == "POST" and path == "/v1/exit" and self.exits is not None:
+                    status, ctype, out = self.exit(path, headers, body)
                 else:
                     status, ctype, out = self.respond(path, mode)
                 self.fr_answered += path.startswith("/v1/fr_trace") and status.startswith("200")
@@ -203,6 +206,14 @@ class SimRank:
         return "202 Accepted", "application/json", json.dumps(
             {"aborted": True, "pg": "sim", "mechanism": "sim", "detail": "recorded",
              "quorum_id": self.state.get("quorum_id"), "step": self.state.get("step")}).encode()
+
+    def exit(self, path: str, headers: dict[str, str], body: bytes) -> tuple[str, str, bytes]:
+        """The fake ``POST /v1/exit`` (once ``exits`` is a list): recorded, the rank stays (the
+        same token as probes)."""
+        if not self.authorized(path, headers, body):
+            return "401 Unauthorized", "application/json", b'{"error": "bad token"}'
+        self.exits.append(json.loads(body))
+        return "202 Accepted", "application/json", b'{"exiting": true}'
 
     def respond(self, path: str, mode: str) -> tuple[str, str, bytes]:
         path, _, query = path.partition("?")
