@@ -93,6 +93,9 @@ def test_without_the_exit_token_only_its_operator_can_end_the_group(tmp_path, jo
     assert f"rank 5 (group rank 1, host sim, pid 1005, {rank1.url})" in row["detail"]
     assert "reaches only group rank 0" not in row["detail"]
     assert "left the Lighthouse's quorum" not in caplog.text  # it was never in it
+    # said in the log too, once, not only in the audit row
+    said = [m for m in caplog.messages if "nothing but its operator can end it" in m]
+    assert len(said) == 1 and said[0].startswith(f"eviction of {job.replica_ids[2]}: "), said
 
 
 def test_evicting_stuck_starting_without_the_exit_token_is_warned_at_start_up(caplog):

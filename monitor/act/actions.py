@@ -239,6 +239,8 @@ class Orphans:
         if self._said.get(decision_id) == note:
             return None
         self._said[decision_id] = note
+        if not self.exits.token:  # else only the audit row would say the ranks live on
+            log.warning("eviction of %s: %s", replica_id, note)
         return note
 
 
