@@ -113,6 +113,15 @@ def test_a_taken_worker_port_is_one_line_not_a_traceback():
             f"http://127.0.0.1:{port}: Address already in use\n") in res.stderr
 
 
+def test_a_worker_server_variable_it_cannot_read_is_one_line_not_a_traceback():
+    res = lightkeeper("train", "--lighthouse", "http://127.0.0.1:1", "--num-replica-groups",
+                      "1", "--connect-timeout", "5", env={"LIGHTKEEPER_EXIT_AUTH": "sometimes"})
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert "Traceback" not in res.stderr, res.stderr[-2000:]
+    [line] = [x for x in res.stderr.splitlines() if x.startswith("lightkeeper train: error:")]
+    assert "LIGHTKEEPER_EXIT_AUTH" in line, line
+
+
 def test_an_unreachable_lighthouse_is_one_line_not_a_traceback():
     with socket.socket() as closed:  # a port nothing listens on
         closed.bind(("127.0.0.1", 0))

@@ -195,7 +195,8 @@ def train(cfg: TrainConfig) -> int:
                 faults=injector.specs,
                 fault_handler=lambda spec: inject_live(injector, state, spec),  # the server's state
             )
-        except OSError as e:  # its port taken: one line naming it, not a traceback
+        except (OSError, ValueError) as e:  # its port taken, a LIGHTKEEPER_* variable it
+            # cannot read (LIGHTKEEPER_EXIT_AUTH=...): one line naming it, not a traceback
             sys.stderr.write(f"lightkeeper train: error: WorkerServer: {e}\n")
             return 1
         state = server.state

@@ -31,7 +31,7 @@ import requests
 from http_serving import BackgroundWSGIServer, failure_reason, is_loopback_host, redact_url
 
 from .abort import GlooConnections, abort_cross_group, watch_manager
-from .app import create_app
+from .app import EXIT_AUTH, create_app
 from .autostart import say
 from .flight_recorder import IncarnationTracker, fr_dump
 from .instrument import instrument_manager
@@ -217,6 +217,11 @@ class WorkerServer:
             lighthouse=lighthouse or env.get("TORCHFT_LIGHTHOUSE"),
         )
         state = RankState(identity, faults=faults)
+        # the deprecated bearer is taken until the operator sets hmac (docs/worker_server.md)
+        exit_auth = (env.get("LIGHTKEEPER_EXIT_AUTH") or "").strip().lower() or "any"
+        if exit_auth not in EXIT_AUTH:
+            raise ValueError(f"LIGHTKEEPER_EXIT_AUTH={env.get('LIGHTKEEPER_EXIT_AUTH')!r}: one "
+                             f"of {', '.join(EXIT_AUTH)}")
         server = cls(
             state,
             host=host or env.get("LIGHTKEEPER_WORKER_HOST") or "127.0.0.1",  # set empty: unset
@@ -226,8 +231,7 @@ class WorkerServer:
             fault_handler=fault_handler,
             fault_token=(env.get("LIGHTKEEPER_FAULT_TOKEN") or "").strip() or None,
             exit_token=(env.get("LIGHTKEEPER_EXIT_TOKEN") or "").strip() or None,
-            # the deprecated bearer is taken until the operator sets hmac (docs/worker_server.md)
-            exit_auth=(env.get("LIGHTKEEPER_EXIT_AUTH") or "").strip().lower() or "any",
+            exit_auth=exit_auth,
             server=server_kind(server, env),
         )
         if manager is not None:
