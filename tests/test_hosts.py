@@ -17,7 +17,7 @@ from monitor.act.sinks import ActionResult
 from monitor.config import ConfigError, MonitorConfig, QuarantineConfig, RailsConfig
 from monitor.service import check_config
 from monitor.store import Store
-from worker_server.state import RankIdentity, RankState, rank_device
+from worker_server.state import RankIdentity, RankState, library_versions, rank_device
 
 
 class Clock:
@@ -404,6 +404,9 @@ def test_rank_device_cpu_and_cuda_from_a_stand_in_module(monkeypatch):
     """rank_device never imports torch; a stand-in torch module (a fake: no GPU here) checks
     the CUDA branch; the real one is this process's torch when imported."""
     assert rank_device(0)["type"] in ("cpu", "cuda")
+    # the versions are read once per process: read them before the stand-in (else this
+    # worker's later ranks would serve torch_version "unknown")
+    library_versions()
     props = NS(uuid="GPU-1234")
     cuda = NS(is_available=lambda: True, device_count=lambda: 2,
               get_device_properties=lambda i: props)
