@@ -60,7 +60,7 @@ class Enforcer:
         self._bundled: set[int] = set()  # findings whose kill this sweep took a bundle
         self.lighthouse, self.lh_settings = lighthouse, lh_settings
         # whether a call to a rank may be signed: one for the monitor's exits, aborts and
-        # probes (monitor.service hands it to its ProbeMesh), so each name is looked up once
+        # probes (monitor.service hands it to its ProbeMesh), so each claim is said once
         self.claims = Claims()
         self.orphans = Orphans(RankCalls(cfg.rank_exit_token, cfg.kill_timeout_s,
                                          cfg.rank_auth, self.claims), cfg.orphan_grace_s)
@@ -199,7 +199,7 @@ class Enforcer:
         """Ranks blocked in a collective with a group that is gone are told to abort it
         (monitor.act.survivors); nothing while blind. ``shard``: on a shard (monitor.shard),
         the job's kills the leader sent and what the other shards' ranks report."""
-        # every sweep: what was said of claims, names and refusals gone from the view is
+        # every sweep: what was said of claims and refusals gone from the view is
         # forgotten, so each is said again when it comes back
         self.claims.keep(view)
         self.orphans.exits.keep(view)

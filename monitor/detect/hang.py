@@ -33,7 +33,7 @@ def _wait(view: ClusterView, rank: int, fresh: bool = False) -> tuple[str | None
     return collective_wait(r.state)
 
 
-def _untimed(gv: GroupView) -> bool:
+def untimed(gv: GroupView) -> bool:
     """No rank of the group has timed a step yet (a rank on torch's debug server never does)."""
     ranks = gv.reachable
     return bool(ranks) and not any(
@@ -80,7 +80,7 @@ class Hang:
         that hangs past the others' process-group timeout leaves the quorum: stuck_starting's
         (monitor.detect.left_out)."""
         threshold = self.threshold(view)
-        return max(threshold, self.cfg.starting_timeout_s) if _untimed(gv) else threshold
+        return max(threshold, self.cfg.starting_timeout_s) if untimed(gv) else threshold
 
     def _judged_at(self, view: ClusterView, gv: GroupView, ranks: list[int],
                    longest: float) -> float | None:

@@ -15,7 +15,7 @@ from monitor.config import DetectorConfig
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
 from monitor.evidence.view import ClusterView, GroupView
 
-from .hang import HELD_PHASES, _untimed
+from .hang import HELD_PHASES, untimed
 
 MIN_JOB_STEPS = 2  # the others' progress over the span: a whole job stalled is job_stall's
 
@@ -128,9 +128,9 @@ class LeftOut:
 
     @staticmethod
     def _newer(view: ClusterView, q: int | None) -> frozenset[int]:
-        """Quorum ids past the Lighthouse's that two or more groups take part in: the status
-        was read before their ranks answered (one group alone at a higher id is one left
-        behind by a Lighthouse restart)."""
+        """Quorum ids past the Lighthouse's that two or more groups take part in: a restarted
+        Lighthouse numbers its quorums afresh while the groups train on in their old one (one
+        group alone at a higher id is one left behind)."""
         seen: dict[int, int] = {}
         for gv in view.groups.values():
             for p in gv.taking_part:
@@ -181,7 +181,7 @@ class LeftOut:
                    # a timed group hung mid-run: the hang detector named it, then its
                    # `progress` (the others' new quorum) closed that finding
                    "the others' quorums go on without it: a step that hung past their process-"
-                   "group timeout (its first step, held as compiling?)" if _untimed(gv) else
+                   "group timeout (its first step, held as compiling?)" if untimed(gv) else
                    "a step that hung past the others' process-group timeout: the job went on "
                    "without it",
             "ranks": {str(r.rank): {
