@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import pytest
@@ -18,6 +16,7 @@ from monitor.cli import add_arguments, config_from_args, warn_about_tokens
 from monitor.config import ConfigError, DetectorConfig, MonitorConfig, ProbeConfig
 from monitor.evidence.probes import ProbeMesh
 from rank_wire import auth
+from tests.support.fake_rank import FakeRank
 from worker_server.server import registration_token
 
 SECRETS = ("LIGHTKEEPER_TOKEN", "LIGHTKEEPER_REGISTER_TOKEN", "LIGHTKEEPER_EXIT_TOKEN",
@@ -97,45 +96,25 @@ def test_each_monitor_secret_is_stripped(monkeypatch):
             cfg.quarantine.webhook_secret) == ("adm", "reg", "tok", "hm4c")
 
 
-class _Rank(BaseHTTPRequestHandler):
-    seen: list[str | None] = []
-
-    def do_POST(self):  # noqa: N802 (http.server's name)
-        self.seen.append(self.headers.get("Authorization"))
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        body = json.dumps({"mechanism": "abort"}).encode()
-        self.send_response(202)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 def test_the_exit_token_the_monitor_sends_is_stripped():
     """With a final newline every exit, abort and probe call failed with InvalidHeader."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Rank)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    rank = SimpleNamespace(url=url, state={"replica_group": 0, "group_rank": 0})
+    fake = FakeRank()
+    rank = SimpleNamespace(url=fake.url, state={"replica_group": 0, "group_rank": 0})
     calls = RankCalls("tok\n", timeout_s=5, auth="bearer")
     signed = RankCalls("tok\n", timeout_s=5)
     try:
-        _Rank.seen = []
         assert calls.exit(rank, "evicted").sent
         assert calls.abort(rank, "evicted", 1).sent
-        assert _Rank.seen == ["Bearer tok", "Bearer tok"]
-        _Rank.seen = []
+        assert [p.authorization for p in fake.posts] == ["Bearer tok", "Bearer tok"]
+        fake.posts.clear()
         assert signed.exit(rank, "evicted").sent
         body = b'{"reason": "evicted"}'
-        assert _Rank.seen == [auth.header("tok", "POST", "/v1/exit", "0/0/", body)]
+        assert [p.authorization for p in fake.posts] == [
+            auth.header("tok", "POST", "/v1/exit", "0/0/", body)]
     finally:
         calls.close()
         signed.close()
-        server.shutdown()
-        server.server_close()
+        fake.stop()
     assert RankCalls(" \n").exit(rank, "x").detail == "no --rank-exit-token"
     assert ProbeMesh(ProbeConfig(), " \n").to_json()["enabled"] is False
     assert ProbeMesh(ProbeConfig(), "tok\n").to_json()["enabled"] is True

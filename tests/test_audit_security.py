@@ -3,11 +3,9 @@ allow-list and the tokens' start-up warning, over a real monitor on 127.0.0.1.""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -16,6 +14,7 @@ import requests
 from lightkeeper.processes import wait_until
 from monitor.config import MonitorConfig, RailsConfig
 from monitor.service import Monitor
+from tests.support.fake_rank import FakeRank
 
 
 def monitor_with(tmp_path, job, stranger, **extra):
@@ -82,46 +81,13 @@ def test_tokens_equal_but_for_a_newline_are_warned_about(tmp_path, env_name, sai
     assert said in err.read_text(), err.read_text()
 
 
-class Stranger:
+def claiming(state: dict) -> FakeRank:
     """A process that registered itself with the registration token and claims the replica id
     of a group about to be evicted: it serves that /v1/state and records every POST's path and
     Authorization header (what an attacker would harvest)."""
-
-    def __init__(self, state: dict) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        self.posts: list[tuple[str, str | None]] = []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
-                body = json.dumps(outer.state).encode() if self.path.startswith("/v1/state") \
-                    else b"{}"
-                self.send_response(200 if self.path.startswith("/v1/state") else 404)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_POST(self):  # noqa: N802
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                outer.posts.append((self.path, self.headers.get("Authorization")))
-                self.send_response(202)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.state = {**state, "worker_url": self.url}
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    stranger = FakeRank()
+    stranger.state = {**state, "worker_url": stranger.url}
+    return stranger
 
 
 def test_exit_token_goes_only_to_ranks_verified_with_the_evicted_replica(tmp_path):
@@ -136,7 +102,7 @@ def test_exit_token_goes_only_to_ranks_verified_with_the_evicted_replica(tmp_pat
     mon = None
     try:
         real = job.sim.group(1)
-        stranger = Stranger({**real[1].state, "rank": 301, "host": "elsewhere", "group_rank": 2,
+        stranger = claiming({**real[1].state, "rank": 301, "host": "elsewhere", "group_rank": 2,
                              "group_world_size": 3})  # unverified: no rival of the real ranks
         mon = monitor_with(tmp_path, job, stranger, rank_exit_token="exit-tok",
                            orphan_grace_s=0.3)
@@ -180,9 +146,9 @@ def test_a_bundle_fetches_no_stacks_url_a_rank_chose(tmp_path):
     job = SimJob(2, ranks_per_group=2)
     victim = stranger = mon = None
     try:
-        victim = Stranger({})
+        victim = claiming({})
         real = job.sim.group(1)
-        stranger = Stranger({**real[1].state, "rank": 301, "group_rank": 2,
+        stranger = claiming({**real[1].state, "rank": 301, "group_rank": 2,
                              "group_world_size": 3, "torch_only": {},
                              "stacks_url": victim.url + "/internal/secret"})
         mon = monitor_with(tmp_path, job, stranger)
@@ -247,25 +213,11 @@ def test_a_prefixed_target_is_scraped_and_restored_from_sd_out(tmp_path):
     ``http://host:port/prefix`` goes there as host:port with ``__metrics_path__`` (it was
     written whole, and real Prometheus refused it as "not a valid hostname"), and a restarted
     monitor re-adopts it with its prefix."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from lightkeeper import prometheus
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            ok = self.path == "/rank-0/metrics"
-            body = b"lk_prefixed 1\n" if ok else b""
-            self.send_response(200 if ok else 404)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    rank = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=rank.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{rank.server_address[1]}/rank-0"
+    rank = FakeRank(get=lambda path: (200, b"lk_prefixed 1\n") if path == "/rank-0/metrics"
+                    else (404, b""))
+    url = f"{rank.url}/rank-0"
     sd = tmp_path / "targets.json"
     cfg = dict(port=0, interval_s=0.2, state_path=str(tmp_path / "state.sqlite"),
                sd_out=str(sd), job="unit")
@@ -292,5 +244,4 @@ def test_a_prefixed_target_is_scraped_and_restored_from_sd_out(tmp_path):
             mon.stop()
         if prom is not None:
             prom.stop()
-        rank.shutdown()
-        rank.server_close()
+        rank.stop()

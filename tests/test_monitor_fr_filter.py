@@ -17,9 +17,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -28,6 +26,7 @@ from monitor.config import MonitorConfig
 from monitor.evidence.view import ViewBuilder
 from monitor.polling import FR_LAST, FR_LAST_LEADERS
 from monitor.service import Monitor
+from tests.support.fake_rank import FakeRank
 from tests.support.monitor_sim import SimRanks, rank_state
 from worker_server.app import filter_fr_dump
 
@@ -72,50 +71,27 @@ def test_the_same_verdicts_from_cut_dumps(monkeypatch, name, pg, last):
         assert cut["shorter"] > 0 and cut["bytes"] < cut["whole_bytes"]
 
 
-class _RefusesFilters(BaseHTTPRequestHandler):
-    """A rank server that answers 400 to any query (a stricter or proxied server)."""
-
-    state: dict = {}
-    dump: dict = {}
-    asked: list = []
-    whole_s = 0.0  # how long its whole dump takes to make (a big one)
-
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        self.asked.append(self.path)
-        if "?" in self.path:
-            body, code = b'{"error": "unknown parameter"}', 400
-        elif self.path == "/v1/state":
-            body, code = json.dumps(self.state).encode(), 200
-        else:
-            time.sleep(self.whole_s)
-            body, code = json.dumps(self.dump).encode(), 200
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
 def test_a_rank_that_refuses_the_filter_is_asked_for_its_whole_dump():
     """Each look: its quick 400 says nothing of how long its whole dump takes (1.3 s here, past
     the 1 s a fetch of quick answers waits): that one is given the whole ``--fr-timeout``."""
     job = scenarios.Job(groups=2, ranks=1)
     job.steps(5)
     dumps = job.dumps()
-    _RefusesFilters.state = rank_state(0, 0, participants=2)
-    _RefusesFilters.dump = dumps[0]
-    _RefusesFilters.asked = []
-    _RefusesFilters.whole_s = 1.3
-    strict = ThreadingHTTPServer(("127.0.0.1", 0), _RefusesFilters)
-    threading.Thread(target=strict.serve_forever, args=(0.05,), daemon=True).start()
+
+    def refusing(path):  # a stricter or proxied server: 400 to any query
+        if "?" in path:
+            return 400, {"error": "unknown parameter"}
+        if path != "/v1/state":
+            time.sleep(1.3)  # how long its whole dump takes to make (a big one)
+            return 200, dumps[0]
+        return None
+
+    strict = FakeRank(rank_state(0, 0, participants=2), get=refusing)
     sim = SimRanks.start(1)  # an older server: the query is ignored
     try:
         sim.ranks[0].update(**rank_state(1, 1, participants=2))
         sim.ranks[0].fr = dumps[1]
-        urls = [f"http://127.0.0.1:{strict.server_address[1]}", sim.ranks[0].url]
+        urls = [strict.url, sim.ranks[0].url]
         with tempfile.TemporaryDirectory() as d:
             mon = Monitor(MonitorConfig(port=0, targets=urls, state_path=os.path.join(d, "m.db")))
             try:
@@ -128,13 +104,12 @@ def test_a_rank_that_refuses_the_filter_is_asked_for_its_whole_dump():
             finally:
                 mon.stop()
     finally:
-        strict.shutdown()
-        strict.server_close()
+        strict.stop()
         sim.stop()
     assert sorted(first) == sorted(got) == [0, 1]
     assert len(got[0]["entries"]) == len(dumps[0]["entries"])  # the whole dump, after the 400
-    assert _RefusesFilters.asked.count("/v1/fr_trace") == 2
-    assert f"/v1/fr_trace?last={FR_LAST}" in _RefusesFilters.asked
+    assert strict.gets.count("/v1/fr_trace") == 2
+    assert f"/v1/fr_trace?last={FR_LAST}" in strict.gets
 
 
 def test_with_leader_polling_the_first_sweep_asks_leaders_only_for_flight_recorder():

@@ -11,7 +11,6 @@ import json
 import logging
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -25,6 +24,7 @@ from monitor.poll.discovery import Target
 from monitor.poll.packed_state import pack_state
 from monitor.poll.poller import RankPoll
 from rank_wire import auth
+from tests.support.fake_rank import FakeRanks
 from worker_server.app import create_app
 from worker_server.state import RankIdentity, RankState
 
@@ -102,44 +102,11 @@ def test_a_signature_on_a_rank_without_the_token_is_403():
 
 # --- the monitor's side: a fake of a rank records what it is sent -----------------------------
 
-class FakeRank(BaseHTTPRequestHandler):
-    """A fake of a rank's WorkerServer: records each POST; ``bearer_only``: an older rank that
-    refuses anything but the bearer token (401)."""
-
-    seen: list[tuple[str, str | None, bytes]] = []
-    bearer_only = False
-
-    def do_POST(self):  # noqa: N802 (http.server's name)
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        authorization = self.headers.get("Authorization")
-        self.seen.append((self.path, authorization, body))
-        status, out = 202, {"exiting": True, "mechanism": "fake"}
-        if self.path == "/v1/probe":
-            status, out = 200, {"results": [], "control": None}
-        if self.bearer_only and authorization != f"Bearer {TOKEN}":
-            status, out = 401, {"error": "missing or wrong bearer token"}
-        data = json.dumps(out).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def fake_ranks():
-    """Two fake ranks, as separate servers (a probe round needs two hosts)."""
-    servers = [ThreadingHTTPServer(("127.0.0.1", 0), FakeRank) for _ in range(2)]
-    for s in servers:
-        threading.Thread(target=s.serve_forever, args=(0.05,), daemon=True).start()
-    FakeRank.seen, FakeRank.bearer_only = [], False
-    yield [f"http://127.0.0.1:{s.server_address[1]}" for s in servers]
-    for s in servers:
-        s.shutdown()
-        s.server_close()
+    ranks = FakeRanks(2)
+    yield ranks
+    ranks.stop()
 
 
 def state_of(url: str, g: int) -> dict:
@@ -165,7 +132,7 @@ def check_signed(seen, idents: dict[str, str]) -> None:
 
 
 def test_exit_and_abort_are_signed_for_their_rank_never_the_token(fake_ranks):
-    url = fake_ranks[0]
+    url = fake_ranks.urls[0]
     calls = RankCalls(TOKEN, timeout_s=5)
     try:
         rank = verified(url, 3)
@@ -174,8 +141,8 @@ def test_exit_and_abort_are_signed_for_their_rank_never_the_token(fake_ranks):
     finally:
         calls.close()
     ident = "3/0/replica_group_3:auth"
-    check_signed(FakeRank.seen, {"/v1/exit": ident, "/v1/abort": ident})
-    assert [json.loads(b) for _, _, b in FakeRank.seen] == [
+    check_signed(fake_ranks.posts, {"/v1/exit": ident, "/v1/abort": ident})
+    assert [json.loads(b) for _, _, b in fake_ranks.posts] == [
         {"reason": "evicted"}, {"reason": "peer gone", "decision": 7, "quorum_id": 1}]
 
 
@@ -189,13 +156,13 @@ def probe_round(mesh: ProbeMesh, urls: list[str]):
 
 
 def test_probes_are_signed_for_their_rank_never_the_token(fake_ranks):
-    rnd = probe_round(ProbeMesh(ProbeConfig(), TOKEN), fake_ranks)
+    rnd = probe_round(ProbeMesh(ProbeConfig(), TOKEN), fake_ranks.urls)
     assert rnd is not None and rnd.missing() == {}
-    assert len(FakeRank.seen) == 2
+    assert len(fake_ranks.posts) == 2
     # each rank's call verifies for that rank's identity, and for no other's
-    for path, authorization, body in FakeRank.seen:
+    for path, authorization, body in fake_ranks.posts:
         url = json.loads(body)["peers"][0]  # the other host's rank
-        mine = 1 - fake_ranks.index(url)
+        mine = 1 - fake_ranks.urls.index(url)
         assert path == "/v1/probe" and TOKEN not in authorization
         sig = auth.signature_of(authorization)
         for g in (0, 1):
@@ -215,17 +182,18 @@ def test_rank_auth_bearer_sends_the_token(fake_ranks, monkeypatch):
     assert config_from_args(parse()).rank_auth == "hmac"
     cfg = config_from_args(parse("--rank-auth", "bearer"))
     assert cfg.rank_auth == "bearer"
-    FakeRank.bearer_only = True
+    fake_ranks.bearer_only(TOKEN)
     # as monitor/act/enforcer.py and monitor/service.py build them from the config
     calls = RankCalls(cfg.rank_exit_token, cfg.kill_timeout_s, cfg.rank_auth)
     try:
-        assert calls.exit(verified(fake_ranks[0], 0), "evicted").sent
-        assert calls.abort(verified(fake_ranks[0], 0), "gone", 1).sent
+        assert calls.exit(verified(fake_ranks.urls[0], 0), "evicted").sent
+        assert calls.abort(verified(fake_ranks.urls[0], 0), "gone", 1).sent
     finally:
         calls.close()
-    rnd = probe_round(ProbeMesh(cfg.probes, cfg.rank_exit_token, auth=cfg.rank_auth), fake_ranks)
+    rnd = probe_round(ProbeMesh(cfg.probes, cfg.rank_exit_token, auth=cfg.rank_auth),
+                      fake_ranks.urls)
     assert rnd is not None and rnd.missing() == {}
-    assert [a for _, a, _ in FakeRank.seen] == [f"Bearer {TOKEN}"] * 4
+    assert [a for _, a, _ in fake_ranks.posts] == [f"Bearer {TOKEN}"] * 4
     with pytest.raises(SystemExit):
         parse("--rank-auth", "basic")
     with pytest.raises(ConfigError, match="--rank-auth must be one of hmac, bearer"):
@@ -233,9 +201,9 @@ def test_rank_auth_bearer_sends_the_token(fake_ranks, monkeypatch):
 
 
 def test_an_older_rank_refusing_the_signature_is_said_once(fake_ranks, caplog):
-    FakeRank.bearer_only = True
+    fake_ranks.bearer_only(TOKEN)
     calls = RankCalls(TOKEN, timeout_s=5)
-    rank = verified(fake_ranks[0], 0)
+    rank = verified(fake_ranks.urls[0], 0)
     try:
         with caplog.at_level(logging.WARNING):
             first = calls.exit(rank, "evicted")
@@ -248,7 +216,7 @@ def test_an_older_rank_refusing_the_signature_is_said_once(fake_ranks, caplog):
     assert len(lines) == 1 and "older Lightkeeper" in lines[0] and "restart it" in lines[0]
     assert TOKEN not in lines[0] and not again.sent
     # a probe refused alike names why in its round
-    rnd = probe_round(ProbeMesh(ProbeConfig(), TOKEN), fake_ranks)
+    rnd = probe_round(ProbeMesh(ProbeConfig(), TOKEN), fake_ranks.urls)
     assert all("older Lightkeeper" in why for why in rnd.missing().values())
 
 
@@ -343,9 +311,9 @@ def test_worker_server_reads_lightkeeper_exit_auth(monkeypatch):
 def test_the_401_advice_names_a_restart_and_is_said_per_identity(fake_ranks, caplog):
     """A 401 may mean the rank at that URL restarted (a new replica id): the signature then
     spares the new process; a refusal for another identity at the same URL is said again."""
-    FakeRank.bearer_only = True
+    fake_ranks.bearer_only(TOKEN)
     calls = RankCalls(TOKEN, timeout_s=5)
-    old = verified(fake_ranks[0], 0)
+    old = verified(fake_ranks.urls[0], 0)
     new = RankView(old.url, True, {**old.state, "replica_id": "replica_group_0:new"})
     try:
         with caplog.at_level(logging.WARNING):
@@ -406,7 +374,7 @@ def stranger_view(urls: list[str]):
 def test_no_call_is_signed_for_an_identity_two_targets_claim(fake_ranks, caplog):
     """A stranger copying an unreachable rank's public /v1/state: a call signed for it would
     be valid at the real rank (replayable there), so none is sent, to either."""
-    urls = [*fake_ranks, "http://127.0.0.1:9"]
+    urls = [*fake_ranks.urls, "http://127.0.0.1:9"]
     view = stranger_view(urls)
     calls = RankCalls(TOKEN, timeout_s=5)
     try:
@@ -419,35 +387,35 @@ def test_no_call_is_signed_for_an_identity_two_targets_claim(fake_ranks, caplog)
         calls.close()
     assert [o.sent for o in outcomes] == [False] * 3
     assert all(urls[2] in o.detail for o in outcomes)
-    assert other.sent and [p for p, _, _ in FakeRank.seen] == ["/v1/exit"]
+    assert other.sent and [p for p, _, _ in fake_ranks.posts] == ["/v1/exit"]
     lines = [rec.getMessage() for rec in caplog.records if urls[2] in rec.getMessage()]
     assert len(lines) == 1 and urls[0] in lines[0]
     # an eviction's orphans, as the enforcer follows them with the sweep's view
     orphans = Orphans(RankCalls(TOKEN, timeout_s=5), grace_s=0)
     note = orphans.follow(1, "replica_group_0:auth", [view.ranks[urls[0]]], 1.0, view)
     orphans.exits.close()
-    assert "not sent" in note and urls[2] in note and len(FakeRank.seen) == 1
+    assert "not sent" in note and urls[2] in note and len(fake_ranks.posts) == 1
 
 
 def test_no_probe_is_signed_for_an_identity_two_targets_claim(fake_ranks, caplog):
-    urls = [*fake_ranks, "http://127.0.0.1:9"]
+    urls = [*fake_ranks.urls, "http://127.0.0.1:9"]
     view = stranger_view(urls)
     mesh = ProbeMesh(ProbeConfig(), TOKEN)
     with caplog.at_level(logging.WARNING, logger="monitor.evidence.claims"):
         mesh.ask(view, True, None, time.time(), known=view)
     assert mesh.wait(10) and mesh.take() is None  # one host left: no round
-    assert FakeRank.seen == [] and "two hosts" in mesh.note
+    assert fake_ranks.posts == [] and "two hosts" in mesh.note
     lines = [rec.getMessage() for rec in caplog.records if urls[2] in rec.getMessage()]
     assert len(lines) == 1 and urls[0] in lines[0]
     # without the real rank known, the same view probes both
-    rnd = probe_round(ProbeMesh(ProbeConfig(), TOKEN), fake_ranks)
-    assert rnd is not None and len(FakeRank.seen) == 2
+    rnd = probe_round(ProbeMesh(ProbeConfig(), TOKEN), fake_ranks.urls)
+    assert rnd is not None and len(fake_ranks.posts) == 2
 
 
 def test_an_orphan_not_told_is_said_once_in_its_own_words(fake_ranks, caplog):
     """An orphan whose identity another target claims: no "told ... to exit" every 5 s, one
     line saying it was not told and why; told once the claim is gone."""
-    urls = [*fake_ranks, "http://127.0.0.1:9"]
+    urls = [*fake_ranks.urls, "http://127.0.0.1:9"]
     view = stranger_view(urls)
     orphans = Orphans(RankCalls(TOKEN, timeout_s=5), grace_s=0)
     try:
@@ -457,19 +425,19 @@ def test_an_orphan_not_told_is_said_once_in_its_own_words(fake_ranks, caplog):
         lines = [r.getMessage() for r in caplog.records if r.name == "monitor.act.actions"]
         assert len(lines) == 1 and lines[0].startswith("did not tell") and urls[2] in lines[0]
         assert notes[0].startswith("not told to exit yet") and notes[1:] == [None, None]
-        assert FakeRank.seen == []
+        assert fake_ranks.posts == []
         alone = ViewBuilder().update([Target(urls[0], "static")], {urls[0]: RankPoll(
             urls[0], True, data=pack_state(state_of(urls[0], 0)))}, now=time.time())
         note = orphans.follow(1, "replica_group_0:auth", [alone.ranks[urls[0]]], 14.0, alone)
-        assert note.startswith("told rank(s)") and [p for p, _, _ in FakeRank.seen] == [
+        assert note.startswith("told rank(s)") and [p for p, _, _ in fake_ranks.posts] == [
             "/v1/exit"]
     finally:
         orphans.exits.close()
 
 
 def test_a_refusal_said_is_forgotten_once_its_url_leaves_the_view(fake_ranks, caplog):
-    FakeRank.bearer_only = True
-    url = fake_ranks[0]
+    fake_ranks.bearer_only(TOKEN)
+    url = fake_ranks.urls[0]
     calls = RankCalls(TOKEN, timeout_s=5)
     with_it = ViewBuilder().update([Target(url, "static")], {url: RankPoll(
         url, True, data=pack_state(state_of(url, 0)))}, now=time.time())

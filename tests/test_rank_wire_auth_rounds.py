@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -26,51 +24,18 @@ from monitor.poll.discovery import Target
 from monitor.poll.packed_state import pack_state
 from monitor.poll.poller import RankPoll
 from monitor.store import Store
+from tests.support.fake_rank import FakeRanks
 from worker_server.app import create_app
 from worker_server.state import RankIdentity, RankState
 
 TOKEN = "s3cret-exit-token"
 
 
-class FakeRank(BaseHTTPRequestHandler):
-    """A fake of a rank's WorkerServer: records each POST's path; answers with the server's
-    ``answers`` queue (status, body) first, then as a rank that took the call."""
-
-    def do_POST(self):  # noqa: N802 (http.server's name)
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.server.seen.append(self.path)
-        if self.server.answers:
-            status, out = self.server.answers.pop(0)
-        elif self.path == "/v1/probe":
-            status, out = 200, {"results": [], "control": None}
-        else:
-            status, out = 202, {"exiting": True, "mechanism": "fake"}
-        data = json.dumps(out).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def fakes():
-    """Two fake ranks, each its own server (a probe round needs two hosts)."""
-    servers = [ThreadingHTTPServer(("127.0.0.1", 0), FakeRank) for _ in range(2)]
-    for s in servers:
-        s.seen, s.answers = [], []
-        threading.Thread(target=s.serve_forever, args=(0.05,), daemon=True).start()
-    yield servers
-    for s in servers:
-        s.shutdown()
-        s.server_close()
-
-
-def url_of(server) -> str:
-    return f"http://127.0.0.1:{server.server_address[1]}"
+    ranks = FakeRanks(2)
+    yield ranks
+    ranks.stop()
 
 
 def state_of(url: str, g: int, **more) -> dict:
@@ -102,19 +67,19 @@ def test_a_rank_busy_with_another_probe_is_asked_again_and_the_round_is_whole(fa
     answers the second 429; asked again within the round, its row is there (a missing row names
     no network culprit)."""
     fakes[0].answers = [(429, {"error": "another probe is running on this rank"})]
-    urls = [url_of(s) for s in fakes]
+    urls = fakes.urls
     mesh = ProbeMesh(ProbeConfig(timeout_s=0.1), TOKEN)
     view = view_of({u: state_of(u, g) for g, u in enumerate(urls)})
     mesh.ask(view, True, None, time.time())
     assert mesh.wait(10)
     rnd = mesh.take()
     assert rnd is not None and rnd.missing() == {}
-    assert fakes[0].seen == ["/v1/probe"] * 2 and fakes[1].seen == ["/v1/probe"]
+    assert fakes[0].paths == ["/v1/probe"] * 2 and fakes[1].paths == ["/v1/probe"]
     # busy on every try: asked BUSY_RETRIES times more, then named busy
     fakes[0].answers = [(429, {"error": "busy"})] * 5
     mesh.ask(view, True, None, time.time() + 10)  # past --probe-interval
     assert mesh.wait(10)
-    assert "busy" in mesh.take().missing()["h0"] and len(fakes[0].seen) == 2 + 3
+    assert "busy" in mesh.take().missing()["h0"] and len(fakes[0].paths) == 2 + 3
 
 
 def test_a_bearer_refusal_says_the_ranks_words(fakes):
@@ -123,7 +88,7 @@ def test_a_bearer_refusal_says_the_ranks_words(fakes):
     refusal = ("the bearer token is not taken on this rank (LIGHTKEEPER_EXIT_AUTH=hmac): the "
                "monitor must sign its calls")
     fakes[0].answers = [(401, {"error": refusal, "status": 401})]
-    urls = [url_of(s) for s in fakes]
+    urls = fakes.urls
     mesh = ProbeMesh(ProbeConfig(timeout_s=0.1), TOKEN, auth="bearer")
     mesh.ask(view_of({u: state_of(u, g) for g, u in enumerate(urls)}), True, None, time.time())
     assert mesh.wait(10)
@@ -200,8 +165,8 @@ def test_one_listener_spelled_alike_is_called_and_any_other_url_is_a_stranger(fa
     """A rank known twice by one listener (the same host, port and path, an address spelled
     two ways) is called; a URL of another port or path, or a name for its address (no name is
     looked up: no DNS on the monitor's sweep), claiming its identity is a stranger: skipped."""
-    live = url_of(fakes[0])
-    port = fakes[0].server_address[1]
+    live = fakes[0].url
+    port = fakes[0].port
     calls = RankCalls(TOKEN, timeout_s=5)
     try:
         same = f"http://127.0.0.1:{port}/"
@@ -215,14 +180,14 @@ def test_one_listener_spelled_alike_is_called_and_any_other_url_is_a_stranger(fa
             assert not res.sent and res.skipped and "claims the same rank" in res.detail
     finally:
         calls.close()
-    assert fakes[0].seen == ["/v1/exit", "/v1/abort"]
+    assert fakes[0].paths == ["/v1/exit", "/v1/abort"]
 
 
 def test_an_abort_skipped_for_a_claimed_identity_is_no_failed_try(fakes, tmp_path):
     """A survivor whose identity another target claims is not called, ABORT_TRIES sweeps and
     more: one decision says so (status skipped), it is not given up on, and is told once the
     claim is gone."""
-    live, stranger = url_of(fakes[0]), "http://127.0.0.1:9"
+    live, stranger = fakes[0].url, "http://127.0.0.1:9"
     blocked = {"phase": "allreduce",
                "timing": {"waiting": {"scope": "cross", "seconds": 5.0}}}
     gone = "replica_group_1:auth"
@@ -240,10 +205,10 @@ def test_an_abort_skipped_for_a_claimed_identity_is_no_failed_try(fakes, tmp_pat
             assert survivors.release(claimed, claimed, status, None, set(), time.time()) == []
         assert skip["ranks"] == [] and skip["skipped"] == [0] and live in skip["detail"]
         assert [d["status"] for d in store.decisions(decision="abort")] == ["skipped"]
-        assert fakes[0].seen == []
+        assert fakes[0].paths == []
         alone = view_of({live: state_of(live, 0, **blocked)})
         (made,) = survivors.release(alone, alone, status, None, set(), time.time())
-        assert fakes[0].seen == ["/v1/abort"]
+        assert fakes[0].paths == ["/v1/abort"]
         assert sorted(d["status"] for d in store.decisions(decision="abort")) == [
             "sent", "skipped"]
         assert made["replica_id"] == gone
@@ -279,7 +244,7 @@ def quorum_status(gone: str, live: tuple[str, ...]) -> LighthouseStatus:
 
 
 def test_a_skipped_abort_is_said_again_for_a_new_gone_group(fakes, caplog):
-    live, other, stranger = url_of(fakes[0]), url_of(fakes[1]), "http://127.0.0.1:9"
+    live, other, stranger = fakes[0].url, fakes[1].url, "http://127.0.0.1:9"
     blocked = {"phase": "allreduce", "timing": {"waiting": {"scope": "cross", "seconds": 5.0}}}
     claims = Claims()
     store = Store(":memory:")
@@ -324,7 +289,7 @@ def test_an_orphan_retold_while_another_is_skipped_adds_no_note(fakes):
     left out do, not at every retell: the audit row's detail does not grow every 5 s."""
     from monitor.act.actions import Orphans
 
-    a, b = url_of(fakes[0]), url_of(fakes[1])
+    a, b = fakes[0].url, fakes[1].url
     stranger = "http://127.0.0.1:9"
     view = view_of({a: state_of(a, 0), b: {**state_of(b, 0), "group_rank": 1}},
                    {stranger: {**state_of(stranger, 0), "group_rank": 1}})
@@ -337,4 +302,4 @@ def test_an_orphan_retold_while_another_is_skipped_adds_no_note(fakes):
         orphans.exits.close()
     assert len(notes) == 1, notes
     assert "exiting" in notes[0] and "not told to exit yet" in notes[0]
-    assert fakes[0].seen.count("/v1/exit") == 12 and fakes[1].seen == []  # A retold every 5 s
+    assert fakes[0].paths.count("/v1/exit") == 12 and fakes[1].paths == []  # A retold every 5 s
