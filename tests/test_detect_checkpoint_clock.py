@@ -1,6 +1,6 @@
 """A group's checkpoint save is aged on the monitor's clock, from when the monitor first saw it
-(docs/monitor.md, hang): the rank's ``phase_since`` is its own wall clock, which may be off from
-the monitor's by any amount."""
+(docs/monitor.md, hang and stuck_starting): the rank's ``phase_since`` is its own wall clock, which
+may be off from the monitor's by any amount; a new ``phase_since`` is a new save."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import pytest
 from monitor.config import DetectorConfig
 from monitor.detect import Detectors
 from tests.test_monitor_detectors import T0, Job, sweep
+from tests.test_monitor_stuck_starting import TIMEOUT
+from tests.test_monitor_stuck_starting import sweep as left_out_sweep
 
 
 def saving_group_0(phase_since: float, timeout_s: float, until: float = 12.0) -> list:
@@ -48,3 +50,39 @@ def test_a_save_past_the_timeout_on_the_monitors_clock_is_judged_though_the_host
     assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("hang", 0, [0, 1])]
     # first seen at T0 + 1: held while younger than the timeout by the monitor's clock
     assert found[0].confirmed_at == pytest.approx(T0 + 6.0)
+
+
+def test_a_second_save_holds_a_hang_afresh_and_is_said_again(caplog):
+    """Group 0 saves from T0 + 1, then saves again from T0 + 6 (5 s timeout) while groups 1 and
+    2 wait for it in the cross-group all_reduce: judged 5 s after the second save was seen."""
+    caplog.set_level(logging.WARNING, logger="monitor.detect.hang")
+    job = Job()
+    det = Detectors(DetectorConfig(hang_floor_s=3.0, hang_factor=3.0, checkpoint_timeout_s=5.0))
+    job.steps(20, now=T0)
+    sweep(det, job, T0)
+    job.fr.ft_collective("all_reduce", [[1000]], absent=[0, 1])
+    found = []
+    for t in range(1, 14):
+        for r in (2, 3, 4, 5):
+            job.wait(r, "cross", t - 0.2, phase="allreduce")
+        for r in (0, 1):
+            job.wait(r, None)
+            # by the ranks' own clock, an hour behind the monitor's
+            job.states[r].update(phase="checkpoint", phase_since=T0 - 3600 + (1 if t < 6 else 6))
+        found += sweep(det, job, T0 + t)
+    assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("hang", 0, [0, 1])]
+    assert found[0].confirmed_at == pytest.approx(T0 + 11.0)
+    held = [r.getMessage() for r in caplog.records if "hang held" in r.getMessage()]
+    assert len(held) == 2 and all("write a checkpoint (" in m for m in held), held
+
+
+def test_a_second_save_holds_a_left_out_group_afresh():
+    """Group 1, out of the quorums, saves from T0, then again from T0 + 20 (40 s timeout): held
+    until T0 + 60, not T0 + 40."""
+    job = Job(groups=3, ranks=2)
+    det = Detectors(DetectorConfig(starting_timeout_s=TIMEOUT, checkpoint_timeout_s=40.0))
+    for t in range(0, 60, 5):
+        since = T0 - 3600 + (0 if t < 20 else 20)
+        assert left_out_sweep(det, job, t, phase="checkpoint", phase_since=since) == [], t
+    found = left_out_sweep(det, job, 60, phase="checkpoint", phase_since=T0 - 3580)
+    assert [(f.kind, f.replica_group, f.ranks) for f in found] == [("stuck_starting", 1, [2, 3])]

@@ -16,13 +16,9 @@ from monitor.evidence.view import ClusterView, GroupView
 from monitor.poll.torch_target import is_torch
 
 from .findings import Finding, Findings, engine_findings
-from .rank_state import SeenGroups, collective_wait, current_wait, phases, rank_groups
+from .rank_state import SaveClock, SeenGroups, collective_wait, current_wait, phases, rank_groups
 
 log = logging.getLogger(__name__)
-
-# the phases a loop says it works outside the collectives on purpose (worker_server.checkpoint):
-# a group in one is not hung while the others wait for it, up to --checkpoint-timeout
-HELD_PHASES = ("checkpoint", "busy")
 
 
 def _wait(view: ClusterView, rank: int, fresh: bool = False) -> tuple[str | None, float]:
@@ -64,9 +60,7 @@ class Hang:
         self._blocked: tuple | None = None
         self._longest: tuple[float, float] | None = None  # (now, seconds)
         self._saving: dict[int, float] = {}  # group -> start of the save last said held
-        # group -> {rank: (its phase_since, the monitor's time it first saw that save)}: a save
-        # is aged on the monitor's clock, never against a rank's wall clock
-        self._saves: dict[int, dict[int, tuple[float, float]]] = {}
+        self._saves = SaveClock(cfg.checkpoint_timeout_s)  # by rank, noted as its group changes
         self._first_held: dict[int, frozenset] = {}  # group -> its replica ids when last said
 
     def threshold(self, view: ClusterView) -> float:
@@ -104,7 +98,10 @@ class Hang:
             return
         self._noted_at = now
         changed, gone = self._seen.changed(view)
-        self._note_saves(view, changed, gone, now)
+        for g in gone:
+            self._saves.note(g, (), now)
+        for g in changed:
+            self._saves.note(g, [(r.rank, r.state) for r in view.groups[g].ranks], now)
         q, groups, steps = view.quorum_id, view.groups, self.progress_steps
         moved = False
         if q != self._progress_quorum:
@@ -127,26 +124,6 @@ class Hang:
             self.stalled_sweeps = 0
         else:
             self.stalled_sweeps += 1
-
-    def _note_saves(self, view: ClusterView, changed: list[int], gone: set[int],
-                    now: float) -> None:
-        """When the monitor first saw each rank of the changed groups in a held phase (a new
-        ``phase_since``: a new save or busy spell)."""
-        for g in gone:
-            self._saves.pop(g, None)
-        for g in changed:
-            was, now_saving = self._saves.get(g, {}), {}
-            for r in view.groups[g].ranks:
-                st = r.state
-                if r.rank is None or not st or st.get("phase") not in HELD_PHASES:
-                    continue
-                since = st.get("phase_since")
-                seen = was.get(r.rank)
-                now_saving[r.rank] = seen if seen and seen[0] == since else (since, now)
-            if now_saving:
-                self._saves[g] = now_saving
-            else:
-                self._saves.pop(g, None)
 
     def stall(self, view: ClusterView, now: float,
               ratio: float = 1.0) -> tuple[bool, float, float, dict[int, tuple]]:
@@ -338,16 +315,11 @@ class Hang:
         the monitor under --checkpoint-timeout ago (its own clock: a rank's may be off by any
         amount): a group writing a checkpoint, or running its own work it marked (an eval),
         while the others wait is not hung (said once a spell)."""
-        saves, seen, said = self._saves.get(g, {}), [], set()
-        for r in ranks:
-            rv = view.rank_view(r)
-            if rv and rv.reachable and rv.fresh and (p := rv.state.get("phase")) in HELD_PHASES:
-                got = saves.get(r)
-                seen.append(got[1] if got and got[0] == rv.state.get("phase_since") else now)
-                said.add(p)
-        since = min(seen, default=now)
-        if len(seen) < len(ranks) or now - since >= self.cfg.checkpoint_timeout_s:
+        states = [(r, rv.state if (rv := view.rank_view(r)) and rv.reachable and rv.fresh
+                   else None) for r in ranks]
+        if not (held := self._saves.held(g, states, now)) or not held[1]:
             return False
+        since, said = held[0], {st["phase"] for _, st in states}
         if self._saving.get(g) != since:
             self._saving[g] = since
             what = "write a checkpoint" if said == {"checkpoint"} else \

@@ -15,7 +15,8 @@ from monitor.config import DetectorConfig
 from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
 from monitor.evidence.view import ClusterView, GroupView
 
-from .hang import HELD_PHASES, untimed
+from .hang import untimed
+from .rank_state import SaveClock
 
 MIN_JOB_STEPS = 2  # the others' progress over the span: a whole job stalled is job_stall's
 
@@ -36,9 +37,7 @@ class LeftOut:
         # (when, the newest quorum's step) each time that step changed, back to the last one
         # at or before now - --starting-timeout
         self._job: deque[tuple[float, int]] = deque()
-        # group -> url -> (a held phase's phase_since, when the monitor first saw it): a save is
-        # aged on the monitor's clock, as the hang detector ages one
-        self._saves: dict[int, dict[str, tuple[Any, float]]] = {}
+        self._saves = SaveClock(cfg.checkpoint_timeout_s)  # by url, noted each sweep it is judged
         # group -> the last sweep it was held (saving or busy): its clock starts again there, as
         # a group back from a long save asks for its quorum or heals at its old step
         self._held_at: dict[int, float] = {}
@@ -139,22 +138,12 @@ class LeftOut:
         return frozenset(p for p, n in seen.items() if n > 1)
 
     def _held(self, gv: GroupView, now: float) -> bool | None:
-        """Every reachable rank in a held phase (``checkpoint``, ``busy``: working outside the
-        collectives on purpose): True while that save was first seen under --checkpoint-timeout
-        ago, False past it; None: not so."""
-        was, saving = self._saves.get(gv.replica_group, {}), {}
-        for r in gv.reachable:
-            if r.state and r.state.get("phase") in HELD_PHASES:
-                since = r.state.get("phase_since")
-                seen = was.get(r.url)
-                saving[r.url] = seen if seen and seen[0] == since else (since, now)
-        if saving:
-            self._saves[gv.replica_group] = saving
-        else:
-            self._saves.pop(gv.replica_group, None)
-        if not saving or len(saving) != len(gv.reachable):
-            return None
-        return now - min(s[1] for s in saving.values()) < self.cfg.checkpoint_timeout_s
+        """Every reachable rank in a held phase (``checkpoint``, ``busy``: on purpose outside the
+        collectives): True while seen so under --checkpoint-timeout ago, False past; else None."""
+        ranks = [(r.url, r.state) for r in gv.reachable]
+        self._saves.note(gv.replica_group, ranks, now)
+        held = self._saves.held(gv.replica_group, ranks, now) if ranks else None
+        return None if held is None else held[1]
 
     @staticmethod
     def _answering(gv: GroupView) -> bool:

@@ -4,11 +4,15 @@ a rank is, which ranks this sweep polled, which groups changed since a consumer 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 from monitor.evidence.view import ClusterView, GroupView
 from monitor.poll.torch_target import is_torch
+
+# the phases a loop says it works outside the collectives on purpose (worker_server.checkpoint):
+# a group in one is not hung while the others wait for it, up to --checkpoint-timeout
+HELD_PHASES = ("checkpoint", "busy")
 
 
 def current_wait(state: Mapping[str, Any] | None) -> tuple[str | None, float | None]:
@@ -87,3 +91,35 @@ class SeenGroups:
         gone = seen.keys() - groups.keys() if len(seen) > len(groups) - len(changed) else set()
         self.groups = groups
         return changed, gone
+
+
+class SaveClock:
+    """When the monitor first saw each rank (key, state) of a group in a held phase, kept while
+    its ``phase_since`` stays: a save is aged on the monitor's clock, a rank's may be off."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s  # --checkpoint-timeout
+        self._seen: dict[int, dict[Hashable, tuple[Any, float]]] = {}
+
+    def note(self, g: int, ranks: Iterable[tuple[Hashable, Mapping | None]], now: float) -> None:
+        """Note group ``g``'s ranks in a held phase now, forgetting its others (none given: all)."""
+        was, seen = self._seen.pop(g, {}), {}
+        for key, st in ranks:
+            if st and st.get("phase") in HELD_PHASES:
+                since, got = st.get("phase_since"), was.get(key)
+                seen[key] = got if got and got[0] == since else (since, now)
+        if seen:
+            self._seen[g] = seen
+
+    def held(self, g: int, ranks: Iterable[tuple[Hashable, Mapping | None]],
+             now: float) -> tuple[float, bool] | None:
+        """None unless every one of ``ranks`` is in a held phase; else (when the monitor first saw
+        the oldest of these spells (``now``: not noted), whether under the timeout ago)."""
+        seen, first = self._seen.get(g, {}), now
+        for key, st in ranks:
+            if not st or st.get("phase") not in HELD_PHASES:
+                return None
+            got = seen.get(key)
+            if got and got[0] == st.get("phase_since"):
+                first = min(first, got[1])
+        return first, now - first < self.timeout_s
