@@ -156,17 +156,23 @@ class SlurmSink:
             node = one_node(event)  # a hostlist or ALL would drain many nodes past the cap
         except ValueError as e:
             return ActionResult(False, str(e), retry=False)
-        node, held, reason = self._find(node)
+        found = self._find(node)
+        if isinstance(found, ActionResult):
+            return found
+        node, held, reason = found
         m = DRAINED_BY.fullmatch(reason or "")
         if held is not None and (held == "failed" or m is None):
             # an operator's drain, DOWN or FAIL is theirs to lift: neither overwritten (their
             # reason is their note) nor resumed
             return ActionResult(True, f"node {node} left {held} by someone else: "
                                       f"{reason or '(no reason given)'}")
-        job = re.sub(r"[^A-Za-z0-9_.-]", "_", str(event.get("job") or ""))
+        raw = str(event.get("job") or "")
+        job, folded = slurm_job(raw), _fold(raw)
         jobs = set(filter(None, (m[1] or "").split(","))) if m else set()
         if what is None:  # another job's quarantine of the node stays
-            jobs.discard(job)
+            # an older version wrote the fold alone (``team_a`` for ``team/a``): that entry is
+            # this job's only while its own is absent (with it, the fold is job team_a's)
+            jobs.discard(job if job in jobs else folded)
             what = m[2] if m and jobs else None
         else:
             jobs.add(job)
@@ -179,18 +185,34 @@ class SlurmSink:
             e in err for e in ("Invalid node name", "Invalid user id", "permission denied"))
         return res
 
-    def _find(self, node: str) -> tuple[str, str | None, str | None]:
+    def _find(self, node: str) -> tuple[str, str | None, str | None] | ActionResult:
         """Slurm's name of ``node`` (a host's FQDN's first label when Slurm knows only that),
         how it is held (``failed``, ``drained``, ``down``; None: in service, or unknown: the
-        update says why) and the reason it is held with."""
+        update says why) and the reason it is held with; or, where ``scontrol show node``
+        failed otherwise (slurmctld slow or away), the failed attempt: no update runs on a
+        state not read, which would lift or overwrite another job's or an operator's drain."""
         for name in dict.fromkeys((node, node.split(".")[0])):
+            argv = [SCONTROL, "show", "node", name]
             try:
-                out = subprocess.run([SCONTROL, "show", "node", name], capture_output=True,
-                                     text=True, timeout=self.timeout_s).stdout
-            except (OSError, subprocess.SubprocessError):
-                break
+                p = subprocess.run(argv, capture_output=True, text=True, errors="replace",
+                                   timeout=self.timeout_s)
+            except FileNotFoundError:
+                return ActionResult(False, f"{SCONTROL} not found", retry=False)
+            except subprocess.TimeoutExpired:
+                return ActionResult(False, f"cannot read node state: {' '.join(argv)} did not "
+                                           f"finish within {self.timeout_s:g}s (killed)")
+            except (OSError, subprocess.SubprocessError) as e:
+                return ActionResult(False, f"cannot read node state: {e}",
+                                    retry=not isinstance(e, PermissionError))
+            out = p.stdout
             if f"NodeName={name} " not in out:
-                continue
+                said = f"{out}\n{p.stderr}"  # Slurm 22.05 says "not found" on stdout
+                if p.returncode == 0 or f"Node {name} not found" in said \
+                        or "Invalid node name" in said:
+                    continue  # no such node: its first label next, or the update says why
+                err = redact_shown(p.stderr.strip() or out).strip()[-300:]
+                return ActionResult(False, f"cannot read node state: {' '.join(argv)} exited "
+                                           f"{p.returncode}: {err}")
             # IDLE+DRAIN, DOWN+DRAIN+NOT_RESPONDING, FAIL, MIXED+FAIL, DRAINING: word by word,
             # as POWERED_DOWN (a cloud node asleep) is no DOWN
             flags = "".join(out.partition("State=")[2].split(maxsplit=1)[:1]).split("+")
@@ -205,6 +227,19 @@ class SlurmSink:
                     "down" if down else None)
             return name, held, reason if held else None
         return node, None, None
+
+
+def _fold(job: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", job)
+
+
+def slurm_job(job: str) -> str:
+    """The job's name in a drain's reason, ``lightkeeper(<name>,...)``: characters other than
+    letters, digits and ``_.-`` as ``_`` and, where that changed the name (``team/a``), 8 hex
+    digits of its hash after it, so that it shares no entry with another job (``team_a``)."""
+    folded = _fold(job)
+    return folded if folded == job else \
+        f"{folded}-{hashlib.sha256(job.encode()).hexdigest()[:8]}"
 
 
 # a drain's reason as the slurm sink writes it: the jobs that drained the node, then why
