@@ -422,6 +422,9 @@ class MonitorConfig:
                               "(at most 63 of A-Z a-z 0-9 - _ ., first and last a letter or "
                               "digit), the job's pods' lightkeeper/job; or give "
                               "--k8s-pod-selector")
+        if self.torch_stores and not self.lighthouse:
+            raise ConfigError("--torch-stores needs --lighthouse: each group's TCPStore address "
+                              "is read from the Lighthouse's status page")
         if self.shard is not None:
             self.shard.validate(self.interval_s)
             if self.shard.lead and not self.lighthouse:

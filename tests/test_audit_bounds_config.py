@@ -43,6 +43,15 @@ def test_a_forget_after_not_above_zero_is_refused(value):
         MonitorConfig(forget_after_s=float(value)).validate()
 
 
+def test_torch_stores_without_a_lighthouse_is_refused():
+    """The groups' TCPStore addresses are read from the Lighthouse's status page: without it
+    --torch-stores would find no rank and never say why."""
+    with pytest.raises(ConfigError, match="--torch-stores needs --lighthouse"):
+        config_from_args(parse("--torch-stores", "--targets", "torch+http://127.0.0.1:1"))
+    assert config_from_args(parse("--torch-stores", "--lighthouse",
+                                  "http://127.0.0.1:1")).torch_stores
+
+
 def test_a_straggler_window_longer_than_the_rows_ranks_serve_is_refused():
     """40 steps to a window, 32 served and kept: never a window, stragglers never judged."""
     with pytest.raises(ConfigError, match="--straggler-steps must be at most 32"):
