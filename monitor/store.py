@@ -587,6 +587,11 @@ class Store:
     def rename_sink(self, old: str, new: str) -> None:
         self._write("UPDATE host_actions SET sink=? WHERE sink=?", (new, old))
 
+    def newest_host_actions(self) -> list[dict[str, Any]]:
+        """Each host and sink's newest action: where that sink stands."""
+        return self._dicts("SELECT * FROM host_actions WHERE id IN (SELECT MAX(id) FROM "
+                           "host_actions GROUP BY host, sink)", (), ("event",))
+
     def host_actions(self, due_at: float | None = None, limit: int = 500
                      ) -> list[dict[str, Any]]:
         """Actions newest first; with ``due_at``, only pending ones due by then, oldest first."""

@@ -244,6 +244,7 @@ def test_ttl_expiry_and_manual_release_queue_releases(tmp_path):
     led = ledger(tmp_path, clock, [sink], ttl_s=100)
     led.record([finding("hang", "h1", 1), finding("hang", "h2", 2)], clock())
     led.decide(clock(), None, 40)
+    led.run_actions(clock())  # carried out: a quarantine never attempted has nothing to undo
     assert led.release("h1", "DIMM replaced")["decision"] == "release"
     with pytest.raises(ValueError):
         led.release("h1", "again")

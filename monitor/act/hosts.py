@@ -6,25 +6,30 @@ host unless a rail holds it; a quarantine or release queues one action per sink,
 backoff. A sink that raises is a failed attempt, never a stopped monitor. See docs/quarantine.md.
 
 A ``dead`` finding counts against its host only once the Lighthouse agrees the group is gone
-(:class:`DeadGroups`): a monitor cut off from a host, or a job that ended, sees dead groups too.
+(:class:`~monitor.act.host_rails.DeadGroups`): a monitor cut off from a host, or a job that
+ended, sees dead groups too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterator
 from functools import cache
 from typing import Any
 
 from monitor.config import QuarantineConfig
 from monitor.detect import Finding
-from monitor.evidence.lighthouse_status import LighthouseStatus
-from monitor.evidence.view import ClusterView
 from monitor.store import Store
 
+from .host_rails import DeadGroups, Protection, protected_hosts
 from .sinks import ActionResult, Sink
+
+__all__ = ["DeadGroups", "HostLedger", "Protection", "culprit_hosts", "failing_actions",
+           "protected_hosts"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +37,15 @@ OK, SUSPECT, QUARANTINED, RELEASED = "ok", "suspect", "quarantined", "released"
 STATES = (OK, SUSPECT, QUARANTINED, RELEASED)
 BACKOFF_S, BACKOFF_MAX_S = 2.0, 300.0
 FAILING = ("failed", "retrying")  # a last action not carried out (alerted, kept in the ledger)
+
+
+def failing_actions(h: dict[str, Any]) -> list[dict[str, Any]]:
+    """The newest action of each of the host's sinks that failed or is retried (a host saved
+    before ``actions`` was kept: its ``last_action``)."""
+    acts = h.get("actions")
+    if acts is None:
+        acts = {"": h["last_action"]} if h.get("last_action") else {}
+    return [a for a in acts.values() if a.get("status") in FAILING]
 
 
 def culprit_hosts(finding: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -50,20 +64,6 @@ def culprit_hosts(finding: dict[str, Any]) -> dict[str, dict[str, Any]]:
         if c.get("rank") is not None:
             row["ranks"].append(c["rank"])
     return out
-
-
-def protected_hosts(view: ClusterView, min_replicas: int) -> dict[str, str]:
-    """Hosts whose quarantine would take down so many groups of the newest quorum that fewer
-    than ``min_replicas`` remain (a quarantine drains its host: the rail of an eviction holds
-    it too); host -> why."""
-    quorum = list(view.in_quorum())
-    on: dict[str, set[int]] = {}
-    for gv in quorum:
-        for host in gv.hosts:
-            on.setdefault(host, set()).add(gv.replica_group)
-    return {h: f"quarantining {h} would take down group(s) {sorted(gs)} of the quorum, leaving "
-               f"{len(quorum) - len(gs)}, fewer than --min-replicas {min_replicas}"
-            for h, gs in on.items() if len(quorum) - len(gs) < min_replicas}
 
 
 def device_label(d: Any) -> str:
@@ -96,6 +96,9 @@ class HostLedger:
         self._lock = threading.RLock()
         self.hosts: dict[str, dict[str, Any]] = store.load_hosts()
         rename_old_sinks(store, self.sinks, self.hosts)
+        for a in sorted(store.newest_host_actions(), key=lambda a: a["id"]):
+            if a["host"] in self.hosts:  # where each sink stands, as the audit log says
+                self._note(self.hosts[a["host"]], {**a, "at": a["updated_at"]})
         self._held: dict[str, str] = {}  # host -> the rail that held it last (logged once)
         self._unwritten: list[tuple] = []  # offences a failed write left, tried again first
         self._actions_running = threading.Lock()
@@ -147,9 +150,9 @@ class HostLedger:
             self._observed = view
             for host, h in list(self.hosts.items()):  # the ledger's hosts: the few that offended
                 urls = self._urls.get(host)
-                if not urls:  # nothing counts, no rank runs there, no failed action: forgotten
-                    if h["state"] == OK and (h.get("last_action") or {}).get("status") \
-                            not in FAILING:
+                if not urls:  # nothing counts, no rank runs there, every action done: forgotten
+                    if h["state"] == OK and not failing_actions(h) and all(
+                            a.get("status") != "pending" for a in h.get("actions", {}).values()):
                         del self.hosts[host]
                         self.store.delete_host(host)
                     continue
@@ -256,8 +259,10 @@ class HostLedger:
         """Expire quarantines past their TTL, then judge every suspect host; returns the
         decisions made (holds only when their rail changed). ``protected()``: host -> why its
         quarantine, which takes its groups down, would break an eviction rail (asked only once a
-        host is due, at most once)."""
+        host is due, at most once); a :class:`Protection` is asked again for each host with the
+        groups down by then (quarantined, this call's quarantines too, or sent a kill)."""
         protected = cache(protected or dict)
+        evicted = cache(self.store.evicted_replica_ids)
         out = []
         with self._lock:
             for h in list(self.hosts.values()):
@@ -286,7 +291,7 @@ class HostLedger:
                                                         if k in self.cfg.after},
                             "window_s": self.cfg.window_s,
                             "offences": [{"at": o["at"], **o["data"]} for o in offences[:20]]}
-                rail = self._rail(h["host"], blind, known, protected, now)
+                rail = self._rail(h["host"], blind, known, protected, evicted, now)
                 summary = f"{counts[kind]} {kind} finding(s) within {self.cfg.window_s:g}s " \
                           f"(--quarantine-after {kind}={self.cfg.after[kind]})"
                 if rail is not None:
@@ -310,7 +315,8 @@ class HostLedger:
         return out
 
     def _rail(self, host: str, blind: str | None, known: int,
-              protected: Callable[[], dict[str, str]], now: float) -> tuple[str, str] | None:
+              protected: Callable[[], dict[str, str]], evicted: Callable[[], set[str]],
+              now: float) -> tuple[str, str] | None:
         """(rail, detail) of the first rail that holds ``host``'s quarantine, or None. A dry
         run counts the hosts it would have quarantined (within the TTL) as quarantined, so it
         holds what a real run would."""
@@ -320,12 +326,14 @@ class HostLedger:
                 self.cfg.dry_run and x["host"] != host and would is not None
                 and now - would["at"] < self.cfg.ttl_s)
 
-        n = sum(1 for x in self.hosts.values() if out_of_service(x))
-        cap = self.cfg.cap(known)
+        down = {x["host"] for x in self.hosts.values() if out_of_service(x)}
+        n, cap = len(down), self.cfg.cap(known)
         if blind:
             return "monitor_blind", blind
-        if host in protected():
-            return "min_replicas", protected()[host]
+        p = protected()
+        why = p.why(host, down, evicted()) if isinstance(p, Protection) else p.get(host)
+        if why is not None:
+            return "min_replicas", why
         if n + 1 >= known:
             return "no_other_host", (f"quarantining {host} would leave none of the {known} "
                                      f"host(s) the monitor knows to run on ({n} quarantined "
@@ -340,22 +348,22 @@ class HostLedger:
     def _quarantine(self, h: dict[str, Any], kind: str, summary: str, evidence: dict,
                     now: float) -> dict[str, Any]:
         last = (evidence["offences"] or [{}])[0]
-        self._held.pop(h["host"], None)
-        h.pop("hold", None)
-        h.update(kind=kind, reason=summary, quarantined_at=now,
-                 expires_at=now + self.cfg.ttl_s, finding_id=last.get("finding_id"),
-                 present_replica_ids=sorted({str(o.get("replica_id")) for o in
-                                             evidence["offences"] if o.get("replica_id")}
-                                            | self._on_host(h["host"])),
-                 released_at=None, release_reason=None)
-        self._set_state(h, QUARANTINED, now)
         finding = {"id": last.get("finding_id"), "kind": kind,
                    "replica_group": last.get("replica_group"),
                    "replica_id": last.get("replica_id"), "ranks": last.get("ranks")}
-        with self.store.atomic():  # never quarantined without its sinks' actions
+        with self._kept_unless_written(h), self.store.atomic():  # never without its actions
+            h.pop("hold", None)
+            h.update(kind=kind, reason=summary, quarantined_at=now,
+                     expires_at=now + self.cfg.ttl_s, finding_id=last.get("finding_id"),
+                     present_replica_ids=sorted({str(o.get("replica_id")) for o in
+                                                 evidence["offences"] if o.get("replica_id")}
+                                                | self._on_host(h["host"])),
+                     released_at=None, release_reason=None)
+            self._set_state(h, QUARANTINED, now)
             self.store.add_host_decision(host=h["host"], decision="quarantine", reason=kind,
                                          detail=summary, evidence=evidence, at=now)
             self._queue(h, "quarantine", kind, summary, finding, now)
+        self._held.pop(h["host"], None)
         log.warning("host %s (node %s) quarantined: %s", h["host"], h["node"], summary)
         return {"host": h["host"], "decision": "quarantine", "reason": kind, "detail": summary}
 
@@ -368,17 +376,17 @@ class HostLedger:
             h = self.hosts.get(host)
             if h is None:
                 raise KeyError(host)
-            last = h.get("last_action") or {}
-            if h["state"] != QUARANTINED and not (
-                    last.get("op") == "release" and last.get("status") == "failed"):
+            if h["state"] != QUARANTINED and not any(
+                    a.get("op") == "release" and a["status"] == "failed"
+                    for a in failing_actions(h)):
                 raise ValueError(f"host {host} is {h['state']}, not quarantined")
             return self._release(h, now, "manual", reason)
 
     def _release(self, h: dict[str, Any], now: float, why: str, detail: str
                  ) -> dict[str, Any]:
-        h.update(released_at=now, release_reason=f"{why}: {detail}")
-        self._set_state(h, RELEASED, now)
-        with self.store.atomic():  # never released without its sinks' actions
+        with self._kept_unless_written(h), self.store.atomic():  # never without its actions
+            h.update(released_at=now, release_reason=f"{why}: {detail}")
+            self._set_state(h, RELEASED, now)
             self.store.add_host_decision(
                 host=h["host"], decision="release", reason=why, detail=detail,
                 evidence={"quarantined_at": h.get("quarantined_at"), "kind": h.get("kind")},
@@ -386,6 +394,19 @@ class HostLedger:
             self._queue(h, "release", h.get("kind") or "", f"{why}: {detail}", None, now)
         log.warning("host %s released (%s): %s", h["host"], why, detail)
         return {"host": h["host"], "decision": "release", "reason": why, "detail": detail}
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _kept_unless_written(h: dict[str, Any]) -> Iterator[None]:
+        """``h`` as it was if the block raises: a decision the audit log refused (a full disk)
+        changes nothing, so the next sweep or POST makes it again."""
+        before = copy.deepcopy(h)
+        try:
+            yield
+        except BaseException:
+            h.clear()
+            h.update(before)
+            raise
 
     def group_findings(self, evidence: Any, now: float) -> list[Finding]:
         """A ``quarantined_host`` finding for each group with a rank on a quarantined host that
@@ -428,9 +449,19 @@ class HostLedger:
                      "expires_at": h.get("expires_at") if op == "quarantine" else None}
             aid = self.store.add_host_action(host=h["host"], sink=sink.name, op=op,
                                              status="pending", event=event, at=now, next_at=now)
-            h["last_action"] = {"id": aid, "sink": sink.name, "op": op, "status": "pending",
-                                "attempts": 0, "detail": "", "at": now}
+            self._note(h, {"id": aid, "sink": sink.name, "op": op, "status": "pending",
+                           "attempts": 0, "detail": "", "at": now, "next_at": now})
         self._save(h, now)
+
+    @staticmethod
+    def _note(h: dict[str, Any], a: dict[str, Any]) -> None:
+        """``a``: its sink's newest action. ``last_action``: a sink's that failed or is retried
+        (never hidden by another sink's success), else the newest."""
+        acts = h.setdefault("actions", {})
+        acts[a["sink"]] = {k: a.get(k) for k in ("id", "sink", "op", "status", "attempts",
+                                                 "detail", "at", "next_at")}
+        failing = [x for x in acts.values() if x["status"] in FAILING]
+        h["last_action"] = dict(max(failing or acts.values(), key=lambda x: x["id"]))
 
     def run_actions(self, now: float | None = None) -> int:
         """Carry out every due action once; returns the attempts made (0 while another runs,
@@ -439,21 +470,26 @@ class HostLedger:
             return 0
         try:
             due = self.store.host_actions(due_at=self.clock() if now is None else now)
-            newest: dict[tuple, int] = {}
-            for a in self.store.host_actions() if due else ():
-                newest.setdefault((a["host"], a["sink"]), a["id"])
+            rows = self.store.host_actions() if due else []
+            settled: set[int] = set()  # releases found to have nothing to undo
             # first attempts before retries: a sink timing out on every retry must not hold
             # a new quarantine back for a whole round of them
             due.sort(key=lambda a: a["attempts"] > 0)
             for n, a in enumerate(due):
+                if a["id"] in settled:
+                    continue
                 if a["attempts"] and self._new_action_waits():
                     return n  # the next run takes it first; these retries stay due
-                if a["attempts"] and newest.get((a["host"], a["sink"]), 0) > a["id"]:
-                    # a retry older than the host's next action (a drain after its release)
-                    self.store.update_host_action(a["id"], status="superseded",
-                                                  attempts=a["attempts"], next_at=None,
-                                                  detail="a later action for this host "
-                                                         "overtook its retry", at=self.clock())
+                with self._lock:  # one queued since ``rows`` was read (a POST /release)
+                    known = ((self.hosts.get(a["host"]) or {}).get("actions") or {}).get(
+                        a["sink"]) or {}
+                if (known.get("id") or 0) > max((r["id"] for r in rows), default=0):
+                    rows = self.store.host_actions()
+                later = sorted((r for r in rows if r["host"] == a["host"]
+                                and r["sink"] == a["sink"] and r["id"] > a["id"]),
+                               key=lambda r: r["id"])
+                if later:  # attempted or not, never carried out after the host's next action
+                    self._supersede(a, later[0], settled)
                     continue
                 attempts = a["attempts"] + 1
                 res = self._attempt(a, attempts)
@@ -472,21 +508,42 @@ class HostLedger:
                     attempts, status, res.detail)
                 self.store.update_host_action(a["id"], status=status, attempts=attempts,
                                               next_at=next_at, detail=res.detail, at=done)
-                with self._lock:
-                    h = self.hosts.get(a["host"])
-                    last = (h or {}).get("last_action") or {}
-                    if h is not None and (status != "done" or last.get("sink") == a["sink"]
-                                          or last.get("op") != a["op"]
-                                          or last.get("status") not in FAILING):
-                        # one sink's failure stays shown over another's success of the same op
-                        h["last_action"] = {"id": a["id"], "sink": a["sink"], "op": a["op"],
-                                            "status": status, "attempts": attempts,
-                                            "detail": res.detail, "at": done,
-                                            "next_at": next_at}
-                        self._save(h, done)
+                self._noted({**a, "status": status, "attempts": attempts,
+                             "detail": res.detail, "at": done, "next_at": next_at})
             return len(due)
         finally:
             self._actions_running.release()
+
+    def _supersede(self, a: dict[str, Any], nxt: dict[str, Any], settled: set[int]) -> None:
+        """Drop ``a`` for ``nxt``, the host and sink's next action. A quarantine never attempted
+        leaves its release nothing to undo: done, not run (a hook would hear of a release of a
+        node it never drained)."""
+        at = self.clock()
+        void = not a["attempts"] and a["op"] == "quarantine" and nxt["op"] == "release" \
+            and not nxt["attempts"] and nxt["status"] in ("pending", "retrying")
+        with self.store.atomic():
+            self.store.update_host_action(a["id"], status="superseded", attempts=a["attempts"],
+                                          next_at=None, at=at, detail="a later action for this "
+                                          "host overtook it before it was carried out")
+            if void:
+                detail = "nothing carried out: the quarantine it undoes was never attempted"
+                self.store.update_host_action(nxt["id"], status="done", attempts=0,
+                                              next_at=None, detail=detail, at=at)
+        log.info("host %s: %s via %s superseded by a later %s", a["host"], a["op"], a["sink"],
+                 nxt["op"])
+        if void:
+            settled.add(nxt["id"])
+            self._noted({**nxt, "status": "done", "detail": detail, "at": at, "next_at": None})
+
+    def _noted(self, a: dict[str, Any]) -> None:
+        """``a``'s new status on its host, if it is still its sink's newest action there."""
+        with self._lock:
+            h = self.hosts.get(a["host"])
+            if h is None or (((h.get("actions") or {}).get(a["sink"]) or {}).get("id")
+                             or 0) > a["id"]:
+                return
+            self._note(h, a)
+            self._save(h, a["at"])
 
     def _new_action_waits(self) -> bool:
         return any(not a["attempts"] for a in self.store.host_actions(due_at=self.clock()))
@@ -539,46 +596,4 @@ class HostLedger:
             h["expires_in_s"] = (h["expires_at"] - now) if h["state"] == QUARANTINED \
                 and h.get("expires_at") else None
             out.append(h)
-        return out
-
-
-class DeadGroups:
-    """Dead findings waiting for the Lighthouse to agree: one counts once the Lighthouse no
-    longer hears the group and at least as many groups live on as are dead; one resolved first
-    (its group evicted: monitor.detect.liveness) never counts."""
-
-    def __init__(self) -> None:
-        self.pending: dict[tuple, Finding] = {}  # confirmed, not yet agreed
-
-    def agreed(self, new: Iterable[Finding], open_keys: Collection[tuple], view: ClusterView,
-               lighthouse: LighthouseStatus | None,
-               killed: Collection[str] = ()) -> list[Finding]:
-        """The dead findings (of ``new`` and those waiting) that now count, each with the
-        Lighthouse's word added to its evidence (``lighthouse``); none of a replica the monitor
-        sent a kill for (``killed``)."""
-        for f in new:
-            if f.kind == "dead":
-                self.pending[f.key] = f
-        if not self.pending:
-            return []
-        for key in [k for k, f in self.pending.items()
-                    if k not in open_keys or not f.replica_id or f.replica_id in killed]:
-            del self.pending[key]
-        if not self.pending or lighthouse is None:
-            return []
-        live = sorted(g for g, gv in view.groups.items() if gv.reachable and gv.replica_id
-                      and lighthouse.heartbeating(gv.replica_id))
-        dead = {k[1] for k in open_keys if k[0] == "dead"} - set(live)
-        out = []
-        for key, f in list(self.pending.items()):
-            rid: Any = f.replica_id
-            if lighthouse.heartbeating(rid) or len(live) < max(1, len(dead)):
-                continue
-            seen = lighthouse.heartbeats.get(rid)
-            f.evidence["lighthouse"] = (
-                f"the Lighthouse no longer hears {rid}"
-                + (f" (last heartbeat {seen:.1f}s ago)" if seen is not None else "")
-                + f"; {len(live)} group(s) live on, {len(dead)} dead")
-            out.append(f)
-            del self.pending[key]
         return out

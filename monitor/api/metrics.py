@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from monitor.act.hosts import FAILING
+from monitor.act.hosts import failing_actions
 from monitor.detect import KINDS, Detectors
 from monitor.evidence.lighthouse_settings import SETTINGS, LighthouseSettingsWatch
 from monitor.evidence.verification import REASONS as TRUST_REASONS
@@ -78,8 +78,9 @@ class HostSeries(Collector):
             labels=["job", "host", "node", "state"])
         offences = GaugeMetricFamily(PREFIX + "host_offences", "Offences counting towards "
                                      "quarantine, per host not ok", labels=["job", "host"])
-        failed = GaugeMetricFamily(PREFIX + "host_action_failed", "1 while a host's last "
-                                   "quarantine/release action failed or is being retried",
+        failed = GaugeMetricFamily(PREFIX + "host_action_failed", "1 per sink whose newest "
+                                   "quarantine/release action for the host failed or is being "
+                                   "retried",
                                    labels=["job", "host", "sink"])
         for h in self.hosts:
             if h["state"] != "ok":
@@ -87,9 +88,8 @@ class HostSeries(Collector):
                                   h["state"]], 1)
                 offences.add_metric([self.job, h["host"]], sum(
                     1 for o in h.get("offences") or [] if o.get("in_window")))
-            a = h.get("last_action") or {}
-            if a.get("status") in FAILING:
-                failed.add_metric([self.job, h["host"], a.get("sink", "?")], 1)
+            for a in failing_actions(h):
+                failed.add_metric([self.job, h["host"], a.get("sink") or "?"], 1)
         yield from (state, offences, failed)
 
 
@@ -213,13 +213,13 @@ class MonitorMetrics:
         self.groups.view_ref, self.groups.lags = weakref.ref(view), lags
 
     def set_hosts(self, counts: dict[str, int], hosts: list[dict]) -> None:
-        """Counts by state, and a series per host that is not ``ok`` or whose last action
-        failed."""
+        """Counts by state, and a series per host that is not ``ok`` or one of whose sinks'
+        newest action failed."""
         for state, n in counts.items():
             self.hosts.labels(self.job, state).set(n)
-        # an ok host whose last action failed (a release that left its node cordoned) too
-        self.host_series.hosts = [h for h in hosts if h.get("state") != "ok" or (
-            h.get("last_action") or {}).get("status") in FAILING]
+        # an ok host whose release failed on a sink (its node left cordoned) too
+        self.host_series.hosts = [h for h in hosts if h.get("state") != "ok"
+                                  or failing_actions(h)]
 
     def add_goodput(self, acct: SweepAccount) -> None:
         job = self.job

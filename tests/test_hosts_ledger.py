@@ -1,0 +1,222 @@
+"""The host ledger's rails and actions together (monitor/act/hosts.py): several quarantines
+against --min-replicas, several sinks each with its own outcome, an action overtaken before it
+was ever attempted, and a decision the audit log refused. A real SQLite store, a fake clock and
+fake sinks, as in test_hosts.py."""
+
+from __future__ import annotations
+
+import sqlite3
+from types import SimpleNamespace as NS
+
+import pytest
+from prometheus_client import generate_latest
+
+from monitor.act.hosts import HostLedger, protected_hosts
+from monitor.act.sinks import ActionResult
+from monitor.api.metrics import MonitorMetrics
+from monitor.config import QuarantineConfig
+from monitor.store import Store
+from tests.test_hosts import Clock, RecordingSink, finding, ledger
+
+
+class Scripted:
+    """A fake sink answering each call with the next of its scripted results."""
+
+    def __init__(self, name: str, *results: ActionResult) -> None:
+        self.name, self.results, self.calls = name, list(results), []
+
+    def _do(self, event):
+        self.calls.append((event["event"], event["host"]))
+        return self.results.pop(0) if self.results else ActionResult(True, "ok")
+
+    quarantine = release = _do
+
+
+def by_host(led: HostLedger, now: float) -> dict[str, dict]:
+    return {h["host"]: h for h in led.to_json(now)}
+
+
+def failed_series(led: HostLedger, now: float) -> list[str]:
+    metrics = MonitorMetrics("job")
+    metrics.set_hosts(led.counts(), led.to_json(now))
+    return [line for line in generate_latest(metrics.registry).decode().splitlines()
+            if line.startswith("lightkeeper_monitor_host_action_failed{")]
+
+
+def quorum_of_four():
+    from tests.test_monitor_detectors import T0, Job
+
+    job = Job(groups=4, ranks=2)  # one host per group (host-g0 ... host-g3), all in the quorum
+    job.steps(2, now=T0)
+    return job.view(T0)
+
+
+def test_two_hosts_due_together_never_take_the_quorum_below_min_replicas(tmp_path):
+    """4 groups, --min-replicas 3: each of two due hosts alone leaves 3, both together 2. The
+    first is quarantined; the second is held, in that sweep and the next."""
+    clock, view = Clock(), quorum_of_four()
+    led = ledger(tmp_path, clock, max_quarantined=4)
+    led.record([finding("hang", "host-g0", 1, group=0), finding("hang", "host-g1", 2, group=1)],
+               clock())
+    out = led.decide(clock(), None, 40, lambda: protected_hosts(view, 3))
+    assert [(d["host"], d["decision"], d["reason"]) for d in out] == [
+        ("host-g0", "quarantine", "hang"), ("host-g1", "hold", "min_replicas")]
+    assert "leaving 2, fewer than --min-replicas 3" in out[1]["detail"]
+    clock.t += 30  # host-g0's group still listed in the quorum: still held
+    assert led.decide(clock(), None, 40, lambda: protected_hosts(view, 3)) == []
+    assert led.quarantined() == ["host-g0"]
+    assert by_host(led, clock())["host-g1"]["hold"]["reason"] == "min_replicas"
+
+
+def test_a_group_sent_a_kill_counts_as_down(tmp_path):
+    clock, view = Clock(), quorum_of_four()
+    led = ledger(tmp_path, clock, max_quarantined=4)
+    led.store.add_decision(replica_group=2, replica_id=view.groups[2].replica_id,
+                           decision="evict", reason="hang", status="sent", at=clock())
+    led.record([finding("hang", "host-g0", 1, group=0)], clock())
+    out = led.decide(clock(), None, 40, lambda: protected_hosts(view, 3))
+    assert [(d["decision"], d["reason"]) for d in out] == [("hold", "min_replicas")]
+    assert led.quarantined() == []
+
+
+def test_one_sinks_permanent_failure_is_not_hidden_by_anothers_later_success(tmp_path):
+    """k8s answers 403 at once; the webhook's first attempt fails, its retry succeeds. The
+    node was never cordoned: /v1/hosts and the metric must go on saying so, for the quarantine
+    and for the release, and the host must stay in the ledger and be releasable again."""
+    clock = Clock()
+    k8s = Scripted("k8s", ActionResult(False, "HTTP 403: forbidden", retry=False),
+                   ActionResult(False, "HTTP 403: nodes is forbidden", retry=False))
+    hook = Scripted("webhook:x", ActionResult(False, "unreachable"), ActionResult(True, "200"),
+                    ActionResult(False, "unreachable"), ActionResult(True, "200"))
+    led = ledger(tmp_path, clock, [k8s, hook], window_s=100)
+    led.record([finding("hang", "h1", 1)], clock())
+    led.decide(clock(), None, 10)
+    led.run_actions(clock())
+    clock.t += 10
+    led.run_actions(clock())  # the webhook's retry: done
+    h = by_host(led, clock())["h1"]
+    assert (h["last_action"]["sink"], h["last_action"]["status"]) == ("k8s", "failed")
+    assert {s: a["status"] for s, a in h["actions"].items()} == {"k8s": "failed",
+                                                                  "webhook:x": "done"}
+    assert failed_series(led, clock()) == [
+        'lightkeeper_monitor_host_action_failed{host="h1",job="job",sink="k8s"} 1.0']
+
+    led.release("h1", "fixed")
+    led.run_actions(clock())
+    clock.t += 10
+    led.run_actions(clock())
+    h = by_host(led, clock())["h1"]
+    assert (h["last_action"]["op"], h["last_action"]["sink"], h["last_action"]["status"]) == (
+        "release", "k8s", "failed")
+    clock.t += 101  # ok again, no rank there: kept, its failed release still shown
+    led.decide(clock(), None, 10)
+    led.observe(NS(ranks={}), clock())
+    assert by_host(led, clock())["h1"]["state"] == "ok"
+    assert failed_series(led, clock()) == [
+        'lightkeeper_monitor_host_action_failed{host="h1",job="job",sink="k8s"} 1.0']
+    assert led.release("h1", "RBAC fixed")["decision"] == "release"  # the way out
+    led.run_actions(clock())
+    assert failed_series(led, clock()) == []
+    # a restarted monitor reads where each sink stands from the audit log
+    again = HostLedger(led.store, led.cfg, [k8s, hook], "job", clock)
+    assert {s: a["status"] for s, a in by_host(again, clock())["h1"]["actions"].items()} == {
+        "k8s": "done", "webhook:x": "done"}
+
+
+def test_a_quarantine_never_attempted_is_not_carried_out_after_its_release(tmp_path):
+    """Run 1 quarantines and dies before the sink is called; run 2 (--dry-run) expires the
+    TTL; run 3 acts: neither the day-old drain nor a release of it reaches the sink."""
+    clock = Clock()
+    store = Store(str(tmp_path / "m.sqlite"))
+    sink = Scripted("k8s")
+    first = HostLedger(store, QuarantineConfig(), [sink], "job", clock)
+    first.record([finding("hang", "h1", 1)], clock())
+    first.decide(clock(), None, 10)
+    clock.t += 86400 + 5
+    dry = HostLedger(store, QuarantineConfig(dry_run=True), [sink], "job", clock)
+    assert [d["decision"] for d in dry.decide(clock(), None, 10)] == ["release"]
+    acting = HostLedger(store, QuarantineConfig(), [sink], "job", clock)
+    acting.run_actions(clock())
+    assert sink.calls == []
+    acts = {a["op"]: a for a in store.host_actions()}
+    assert acts["quarantine"]["status"] == "superseded"
+    assert (acts["release"]["status"], acts["release"]["attempts"]) == ("done", 0)
+    assert "nothing carried out" in acts["release"]["detail"]
+    last = by_host(acting, clock())["h1"]["last_action"]
+    assert (last["op"], last["status"]) == ("release", "done")
+
+
+def test_a_release_queued_while_the_action_thread_is_busy_overtakes_its_quarantine(tmp_path):
+    """h1's drain is slow; meanwhile h2 is released by hand. h2's drain, read as due before the
+    release was queued, must not run."""
+    clock = Clock()
+
+    class Slow(Scripted):
+        def _do(self, event):
+            if event["host"] == "h1":
+                led.release("h2", "a false alarm")
+            return super()._do(event)
+
+        quarantine = release = _do
+
+    sink = Slow("k8s")
+    led = ledger(tmp_path, clock, [sink])
+    led.record([finding("hang", "h1", 1), finding("hang", "h2", 2, group=2, rid="g2:a")],
+               clock())
+    led.decide(clock(), None, 40)
+    led.run_actions(clock())
+    led.run_actions(clock())
+    assert sink.calls == [("quarantine", "h1")]
+    assert {(a["host"], a["op"]): a["status"] for a in led.store.host_actions()} == {
+        ("h1", "quarantine"): "done", ("h2", "quarantine"): "superseded",
+        ("h2", "release"): "done"}
+
+
+def test_a_release_the_audit_log_refused_is_made_again(tmp_path, monkeypatch):
+    """A full disk at TTL expiry or at a POST /release: nothing changes, so the next sweep
+    or POST releases the host (it stayed quarantined in memory and on disk)."""
+    clock = Clock()
+    sink = RecordingSink()
+    led = ledger(tmp_path, clock, [sink], ttl_s=100)
+    led.record([finding("hang", "h1", 1), finding("hang", "h2", 2)], clock())
+    led.decide(clock(), None, 40)
+    led.run_actions(clock())
+    write = led.store.add_host_decision
+
+    def full(**kw):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(led.store, "add_host_decision", full)
+    with pytest.raises(sqlite3.OperationalError):
+        led.release("h1", "by hand")
+    clock.t += 101
+    with pytest.raises(sqlite3.OperationalError):
+        led.decide(clock(), None, 40)
+    assert led.quarantined() == ["h1", "h2"]
+    assert {h["host"]: h["state"] for h in led.store.load_hosts().values()} == {
+        "h1": "quarantined", "h2": "quarantined"}
+    monkeypatch.setattr(led.store, "add_host_decision", write)
+    assert led.release("h1", "by hand")["decision"] == "release"
+    assert [(d["host"], d["reason"]) for d in led.decide(clock(), None, 40)] == [("h2", "ttl")]
+    led.run_actions(clock())
+    assert sorted(c["host"] for c in sink.calls if c["event"] == "release") == ["h1", "h2"]
+
+
+def test_a_quarantine_the_audit_log_refused_is_made_again(tmp_path, monkeypatch):
+    clock = Clock()
+    sink = RecordingSink()
+    led = ledger(tmp_path, clock, [sink])
+    led.record([finding("hang", "h1", 1)], clock())
+    write = led.store.add_host_decision
+
+    def full(**kw):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(led.store, "add_host_decision", full)
+    with pytest.raises(sqlite3.OperationalError):
+        led.decide(clock(), None, 10)
+    assert led.quarantined() == [] and by_host(led, clock())["h1"]["state"] == "suspect"
+    monkeypatch.setattr(led.store, "add_host_decision", write)
+    assert [d["decision"] for d in led.decide(clock(), None, 10)] == ["quarantine"]
+    led.run_actions(clock())
+    assert [c["event"] for c in sink.calls] == ["quarantine"]
