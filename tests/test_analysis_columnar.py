@@ -221,7 +221,10 @@ BAD = [
     {"version": "3.0", "entries": [{}]},
     {"version": "2.10", "entries": "nope"},
     {"version": "2.10", "entries": [{"unrelated": 1}]},
-    {"version": "2.10", "entries": [{"process_group": ["0", ""], "profiling_name": "nccl:all_reduce", "record_id": 0, "collective_seq_id": "x"}]},
+    {"version": "2.10", "entries": [{"process_group": ["0", ""], "profiling_name": "nccl:all_reduce", "record_id": 0, "collective_seq_id": "x",
+                                     "input_sizes": [], "output_sizes": [], "input_dtypes": [], "output_dtypes": []}]},
+    # no signature field: "entry 0 (record_id 0) has no 'input_sizes' field", not a size of []
+    {"version": "2.10", "entries": [{"process_group": ["0", ""], "profiling_name": "nccl:all_reduce", "record_id": 0, "collective_seq_id": 1}]},
     {"version": "2.10", "incarnations": "nope", "entries": []},
 ]
 

@@ -174,13 +174,14 @@ def monitor_verdict(manifest: dict[str, Any], findings: list[dict[str, Any]],
                     ) -> dict[str, Any]:
     """What the monitor named, as ``lightkeeper analyze`` reports it beside its own ``findings``;
     ``analysis_agrees``: some finding's culprits, or all findings' together (a cross-group hang of
-    a whole group is one finding per torchft group), equal the named ranks (None: it named none, or
+    a whole group is one finding per torchft group; a mismatch without a majority: the ranks that
+    depart from their own history), equal the named ranks (None: it named none, or
     its kind is not one a dump shows: ``flight_recorder_shows``, or no dump was ``analyzed``);
     ``summary``: the monitor's own evidence, from the bundle's finding."""
     decision = manifest.get("decision") or {}
     named = sorted(manifest.get("culprit_ranks") or [])
     shows = manifest.get("kind") in FR_KINDS
-    culprits = [set(f.get("culprit_ranks") or []) for f in findings]
+    culprits = [set(_named(f)) for f in findings]
     agrees = set(named) in [*culprits, set().union(*culprits)] if named and shows and analyzed \
         else None
     ev = (finding or {}).get("evidence")
@@ -194,3 +195,11 @@ def monitor_verdict(manifest: dict[str, Any], findings: list[dict[str, Any]],
             "left_out": manifest.get("left_out") or [], "analysis_agrees": agrees,
             "flight_recorder_shows": shows,
             "summary": summary[:500] if isinstance(summary, str) else None}
+
+
+def _named(finding: dict[str, Any]) -> list[int]:
+    """The ranks a finding singles out: a mismatch without a majority blames every participant,
+    so those departing from their own history are its pick, as they are the monitor's."""
+    if finding.get("kind") == "mismatch" and finding.get("has_majority") is False:
+        return finding.get("departs_from_history") or finding.get("culprit_ranks") or []
+    return finding.get("culprit_ranks") or []

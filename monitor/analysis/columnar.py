@@ -218,15 +218,26 @@ def _entry_columns(entries: list, with_pg_id: bool) -> tuple[list, Sequence | No
         cols = list(zip(*map(_slow_row, entries), strict=True))
         durations = [e.get("duration_ms") for e in entries]
     except (KeyError, TypeError, AttributeError) as exc:
-        raise DumpFormatError(f"malformed entry: {exc!r}") from exc
+        raise DumpFormatError(_malformed(entries, exc)) from exc
     return cols[:11], durations, cols[11]
 
 
 def _slow_row(e: Mapping[str, Any]) -> tuple:
+    # a missing signature field is an error, not []: it would be blamed as a size mismatch
     return (e["process_group"], e.get("collective_seq_id", e.get("seq_id")), e["profiling_name"],
-            e.get("input_sizes") or [], e.get("output_sizes") or [], e.get("input_dtypes") or [],
-            e.get("output_dtypes") or [], e.get("state", "scheduled"), e.get("time_created_ns") or 0,
+            e["input_sizes"] or [], e["output_sizes"] or [], e["input_dtypes"] or [],
+            e["output_dtypes"] or [], e.get("state", "scheduled"), e.get("time_created_ns") or 0,
             e["record_id"], e.get("is_p2p"), e.get("pg_id"))
+
+
+def _malformed(entries: list, exc: Exception) -> str:
+    """The error of an entry the slow path could not read: a missing field by name and entry."""
+    field = exc.args[0] if isinstance(exc, KeyError) and exc.args else None
+    for i, e in enumerate(entries):
+        if isinstance(field, str) and isinstance(e, Mapping) and field not in e:
+            rid = e.get("record_id")
+            return f"entry {i}{'' if rid is None else f' (record_id {rid!r})'} has no {field!r} field"[:300]
+    return f"malformed entry: {exc!r}"
 
 
 class _Keys(NamedTuple):

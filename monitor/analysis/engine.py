@@ -190,7 +190,7 @@ def _first_mismatch(key: GroupKey, rows: Mapping[int, GroupTrace], traces: Mappi
             f"group {key.label()} seq {seq}: ranks disagree ({kind} mismatch) and no variant has a "
             "majority: " + "; ".join(f"{_ranks(v['ranks'])}: {_describe(signatures[s])}" for v, (s, _) in zip(variants, ranked, strict=True))
         )
-        departs = _departs_from_history(key, seq, at, traces, signatures)
+        departs = _departs_from_history(key, at, bad, traces, signatures)
         if departs:
             detail += f"; rank(s) {_ranks(departs)} depart from their own history of that collective"
     return MismatchFinding(kind="mismatch", group=key, seq=seq, op=op, culprit_ranks=culprits, detail=detail,
@@ -252,10 +252,12 @@ def _distinct_rows(rows: Any) -> list[GroupTrace]:
     return out
 
 
-def _departs_from_history(key: GroupKey, seq: int, at: Mapping[int, int], traces: Mapping[int, RankTrace],
+def _departs_from_history(key: GroupKey, at: Mapping[int, int], bad: set[int], traces: Mapping[int, RankTrace],
                           signatures: list[Signature]) -> list[int]:
-    """Ranks whose collective at ``seq`` differs from the variant of that op they enqueued most
-    often in the group's other collectives (every torchft incarnation): a tie-breaker."""
+    """Ranks whose collective at the mismatch is a variant of that op they never enqueued in the
+    group's collectives its ranks agree on (every torchft incarnation), though they enqueued
+    that op: a tie-breaker. Not "the variant they enqueue most often": FSDP gathers several
+    sizes per step, so a rank's correct but rarer variant would "depart" too."""
     slot = (key.pg, key.replica_group, key.group_rank)
     out = []
     for rank, sig_id in at.items():
@@ -263,10 +265,13 @@ def _departs_from_history(key: GroupKey, seq: int, at: Mapping[int, int], traces
         for k, group in traces[rank].groups.items():
             if (k.pg, k.replica_group, k.group_rank) == slot:
                 counts.update(group.sigs)
-        counts[sig_id] -= 1  # the collective being judged is not its own history
+        row = traces[rank].groups[key]
+        for seq in bad:  # the disagreements are not its history: a culprit may repeat its fault
+            i = seq - row.first_seq
+            if 0 <= i < len(row.sigs):
+                counts[row.sigs[i]] -= 1
         op = signatures[sig_id].op
-        usual = [(s, n) for s, n in counts.most_common() if s is not None and n > 0 and signatures[s].op == op]
-        if usual and (len(usual) == 1 or usual[0][1] > usual[1][1]) and usual[0][0] != sig_id:
+        if counts[sig_id] <= 0 and any(s is not None and n > 0 and signatures[s].op == op for s, n in counts.items()):
             out.append(rank)
     return sorted(out)
 
