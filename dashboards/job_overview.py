@@ -152,18 +152,25 @@ def _goodput_panels(L: Layout) -> None:
     good = f"sum(rate(lightkeeper_monitor_goodput_seconds_total{{{J}}}[{RI}]))"
     bad = f"rate(lightkeeper_monitor_badput_seconds_total{{{J}}}[{RI}])"
     total = f"({good} + sum({bad}))"
+    # sharded monitors (--shard) each export their own slice's ledger: the job's capacity is
+    # their sum, its ratio theirs weighted by it (a standby shard's gauges are another's stale
+    # copy; a ratio is NaN before its ledger's first sweep)
+    expected = (f"(lightkeeper_monitor_expected_replica_groups{{{J}}} "
+                f"unless (lightkeeper_monitor_shard_standby{{{J}}} == 1))")
+    ratio = f"(lightkeeper_monitor_goodput_ratio{{{J}}} >= 0)"
     L.add(stat("Goodput since the ledger began",
                "Replica-seconds spent in steps committed at healthy pace / (expected replica "
                "groups x wall seconds), since the monitor's goodput ledger began (it survives "
-               "monitor restarts). GET /v1/goodput on the monitor has the incidents.",
-               [target(f"max(lightkeeper_monitor_goodput_ratio{{{J}}})", "goodput")],
+               "monitor restarts). Sharded monitors: their ratios weighted by their expected "
+               "replica groups. GET /v1/goodput on the monitor has the incidents.",
+               [target(f"sum({ratio} * {expected}) / (sum({expected} and {ratio}) > 0)",
+                       "goodput")],
                unit="percentunit", decimals=1,
                thresholds_=P.thresholds((None, "red"), (0.8, "orange"), (0.9, "green"))), 4, 8)
     L.add(stat("Expected replica groups",
                "The ledger's capacity: the monitor's --expected-groups, else the number of "
-               "replica groups it has seen.",
-               [target(f"max(lightkeeper_monitor_expected_replica_groups{{{J}}})",
-                       "expected")]), 4, 8)
+               "replica groups it has seen (sharded monitors: the sum of their slices').",
+               [target(f"sum({expected})", "expected")]), 4, 8)
     L.add(timeseries(
         "Goodput and badput by cause",
         "Per interval, the share of the job's replica-seconds that went to goodput (steps "

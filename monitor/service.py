@@ -55,7 +55,7 @@ from .poll.torch_server import StoreReader
 from .poll.torch_target import is_torch
 from .polling import Polling
 from .schedule import LeaderSchedule
-from .shard import Shards
+from .shard import Shards, shard_of
 from .store import Store, hold_state
 
 log = logging.getLogger(__name__)
@@ -209,7 +209,10 @@ class Monitor:
                                  self.bundles)
         self.probes = ProbeMesh(cfg.probes, cfg.rank_exit_token, clock, cfg.rank_auth,
                                 self.enforcer.claims)  # one Claims for every call to a rank
-        self.goodput = GoodputAccount(self.store, cfg.expected_groups, cfg.interval_s, self.metrics)
+        # --expected-groups counts the job's groups; a shard's ledger sees and expects its slice
+        expected = cfg.expected_groups if cfg.shard is None or cfg.expected_groups is None else \
+            sum(shard_of(g, cfg.shard.shards) == cfg.shard.index for g in range(cfg.expected_groups))
+        self.goodput = GoodputAccount(self.store, expected, cfg.interval_s, self.metrics)
         # every rank: what the monitor shows; its evidence_view (the ranks whose answers count:
         # what it acts on) published with it, so no reader pairs one sweep's with another's
         self.view: ClusterView | None = None

@@ -483,3 +483,41 @@ def test_event_markers_and_bars_skip_a_scrape_gap_but_count_new_series(tmp_path)
     (tmp_path / "t.yml").write_text(dump(doc))
     r = promtool("test", "rules", "t.yml", cwd=tmp_path)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+
+
+def test_job_goodput_stats_aggregate_the_shards_not_the_best_one(tmp_path):
+    """Sharded monitors each export their own slice's ledger (real MonitorMetrics fed a
+    SweepAccount each): the job's goodput is their ratios weighted by their expected groups,
+    its capacity their sum. A standby shard's stale copy and a leader candidate that owns no
+    slice (NaN, 0 groups) count for nothing."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from monitor.api.metrics import MonitorMetrics
+    from monitor.goodput.model import SweepAccount
+
+    monitors = {"shard0:19400": (0.9, 2, False), "shard1:19400": (0.5, 3, False),
+                "shard1-standby:19400": (0.1, 3, True), "leader:19400": (None, 0, False)}
+    series = []
+    for inst, (ratio, groups, standby) in monitors.items():
+        m = MonitorMetrics("train")
+        m.add_goodput(SweepAccount(accounted=ratio is not None, expected_groups=groups,
+                                   job_goodput_ratio=ratio))
+        m.shard_standby.labels("train").set(1 if standby else 0)
+        text = generate_latest(m.registry).decode()
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name not in ("lightkeeper_monitor_goodput_ratio",
+                                  "lightkeeper_monitor_expected_replica_groups",
+                                  "lightkeeper_monitor_shard_standby"):
+                    continue
+                labels = {**s.labels, "lightkeeper_component": "monitor", "instance": inst}
+                sel = ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                value = "NaN" if s.value != s.value else repr(float(s.value))
+                series.append((f"{s.name}{{{sel}}}", " ".join([value] * 20)))
+    assert len(series) == 12, series
+    promtool_test(tmp_path, "the job's goodput over its shards", series, [
+        (_query("Goodput since the ledger began"),
+         [{"labels": "{}", "value": (0.9 * 2 + 0.5 * 3) / 5}]),
+        (_query("Expected replica groups"), [{"labels": "{}", "value": 5}]),
+    ], [])

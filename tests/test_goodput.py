@@ -704,8 +704,11 @@ def test_settling_needs_a_steady_pace_and_no_open_finding():
     [inc] = led.to_json()["incidents"]
     assert inc["back_to_pace_at"] is None and inc["open"] and led.baseline == pytest.approx(
         STEP, rel=0.1)
-    # steady now, but a confirmed finding is open: not settled either
-    job.finding("straggler", 0, first_seen=job.t, confirmed_at=job.t, fid=9)
+    # steady now, but a confirmed finding is open (the killed incarnation's, joining the
+    # incident: a new incident would end the recovery instead): not settled either
+    job.findings.append({"id": 9, "kind": "dead", "replica_group": 1,
+                         "replica_id": "replica_group_1:a", "ranks": [3], "evidence": {},
+                         "first_seen": job.t, "confirmed_at": job.t})
     job.run(led, 30, pace=0.8)
     inc = next(i for i in led.to_json()["incidents"] if i["id"] == inc["id"])
     assert inc["back_to_pace_at"] is None

@@ -114,8 +114,10 @@ class Incidents(dict[int, Incident]):
 
     def ingest_evictions(self, evictions: list[dict[str, Any]], now: float,
                          since: float | None) -> None:
-        """Mark each new eviction's incident evicted (opening one if needed); a failed one, or
-        one from before this ledger, is ignored, and one sending or interrupted until judged.
+        """Mark each new eviction's incident evicted: its finding's, or (one with no finding, a
+        manual one) the incarnation's open incident not yet evicted, else a new one opened by
+        it. A failed one, or one from before this ledger, is ignored, and one sending or
+        interrupted until judged.
         One turned unconfirmed (the group still answered) is no eviction: taken back, its
         incident is open until acted on (one it opened alone: resolved). A sharded leader's own
         rows (``leader_sent`` ...) are none either: its shard's copy (``sent``) is the kill."""
@@ -140,8 +142,8 @@ class Incidents(dict[int, Incident]):
             if at < (since if since is not None else now) - self.cfg.max_gap_s:
                 continue
             fid = as_int(d.get("finding_id"))
-            inc = next((i for i in self.values() if fid is not None and fid in i.finding_ids),
-                       None)
+            inc = next((i for i in self.values() if fid in i.finding_ids), None) \
+                if fid is not None else self._unevicted(d)
             if inc is None:
                 finding = d.get("finding") if isinstance(d.get("finding"), dict) else {}
                 manual = d.get("source") == "manual" or not finding.get("first_seen")
@@ -157,6 +159,14 @@ class Incidents(dict[int, Incident]):
                 inc.evicted_at, inc.eviction_id = at, did
                 inc.back_to_pace_at = None
                 self.dirty.add(inc.id)
+
+    def _unevicted(self, d: dict[str, Any]) -> Incident | None:
+        """The open incident not yet evicted of the incarnation a decision with no finding kills
+        (``POST /v1/evict`` of a held finding's group): the kill acts on that fault."""
+        g = as_int(d.get("replica_group"))
+        return max((i for i in self.open() if g is not None and i.evicted_at is None
+                    and i.replica_group == g and i.replica_id == d.get("replica_id")),
+                   key=lambda i: (i.detected_at, i.id), default=None)
 
     def _open(self, f: dict[str, Any], fid: int | None, view: ClusterView | None, now: float,
               since: float | None) -> Incident:

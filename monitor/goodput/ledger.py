@@ -21,6 +21,10 @@ from .pace import JobPace, pace_of
 from .report import GoodputReport
 from .snapshot import GoodputSnapshot
 
+# how long after a kill a job with no rank running is still down for it, not ended: the
+# monitor's default --starting-timeout, the time a relaunched rank may take to answer
+RELAUNCH_S = 300.0
+
 
 class GoodputLedger(GoodputReport, GoodputSnapshot):
     """:meth:`update` once per sweep; read with :meth:`to_json` (report.py), save and resume
@@ -75,6 +79,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.incidents.ingest_findings(view, findings, now, self.since, self.job.horizon)
         self.incidents.ingest_evictions(evictions, now, self.since)
         self._judge_kills(evictions)
+        self._end_recoveries()
         job_moved = self.job.ingest(self.reader.quorum_steps, now, self.reader.step_at,
                                     self.reader.quorum_rids, self.reader.rids)
         if self.since is None:
@@ -88,8 +93,8 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         dt = now - self.last_at
         running = first is not None and any(r.state.get("phase") != "stopped"
                                             for r in chain((first,), live))
-        if not running:  # the job ended or cannot be reached: no split, even with an
-            self.unobserved_s += dt  # incident open (the monitor outlives the job)
+        if not running:
+            self._account_down(view, dt, now, acct)
         elif dt > self.cfg.max_gap_s:
             self._account_gap(in_quorum, deltas, dt, now, acct)
         else:
@@ -283,6 +288,59 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
                                  "startup" if startup else "capacity_lost"), None, acct)
         self.job.ratio = pace_of(self.job.history, self.job.window, b)
         self.job.slow_since = (self.job.slow_since or t0) if slow else None
+
+    def _end_recoveries(self) -> None:
+        """A fault confirmed while the job recovers from an eviction ends that recovery at its
+        detection: the slow time after it is the new fault's (its stall or drag, then its own
+        recovery), and the old eviction's back at pace is not held off by the new fault."""
+        opened = self.incidents.open()
+        for inc in opened:
+            if inc.evicted_at is None or inc.back_to_pace_at is not None:
+                continue
+            later = min((i for i in opened if i is not inc and i.detected_at > inc.evicted_at),
+                        key=attrgetter("detected_at", "id"), default=None)
+            if later is not None:
+                inc.back_to_pace_at, inc.superseded_by = later.detected_at, later.id
+                self.incidents.dirty.add(inc.id)
+
+    def _account_down(self, view: ClusterView, dt: float, now: float,
+                      acct: SweepAccount) -> None:
+        """No rank running. Within ``RELAUNCH_S`` of a kill the monitor sent whose group has not
+        rejoined, with no commit since, the kill took the job down: every slot's time is
+        ``capacity_lost`` (its group's own incident's, else the kill's). Otherwise the job ended
+        (it went on after the kill, or a rank of another incarnation says it stopped): the
+        time is unobserved."""
+        killed = [i for i in self.incidents.open() if i.evicted_at is not None
+                  and i.evicted_at < now and i.rejoined_at is None]
+        inc = max(killed, key=attrgetter("evicted_at"), default=None)
+        lost = 0.0
+        if inc is not None and dt <= self.cfg.max_gap_s and not self._ended(view, inc, killed):
+            lost = max(0.0, min(now, inc.evicted_at + max(RELAUNCH_S, self.job.horizon))
+                       - self.last_at)
+        self.unobserved_s += dt - lost
+        if lost <= 0:
+            return
+        _, outside, unseen = self._partition(set())
+        acct.accounted = True
+        t0, t1 = self.last_at, self.last_at + lost
+        self.slots.carry[outside] = 0.0
+        self._add_good(outside, np.zeros(len(outside)), lost, acct)
+        own = {i.replica_group: i for i in sorted(  # of_group's, for every group at once
+            self.incidents.open(), key=attrgetter("detected_at", "id"))}
+        for slot in outside.tolist():
+            self._book(self._run(t0, t1, np.array([slot]), [lost], "capacity_lost"),
+                       own.get(self.slots.gids[slot]) or inc, acct)
+        for _ in range(unseen):
+            self._add_good(np.zeros(1, np.int64), np.zeros(1), lost, acct)
+            self._book(self._run(t0, t1, np.zeros(1, np.int64), [lost], "capacity_lost"),
+                       inc, acct)
+
+    def _ended(self, view: ClusterView, inc: Incident, killed: list[Incident]) -> bool:
+        if self.last_commit_at is not None and self.last_commit_at > inc.evicted_at:
+            return True  # it went on without the killed group: it is not down for the kill
+        rids = {i.replica_id for i in killed}
+        return any(r.reachable and r.state and r.replica_id not in rids
+                   for r in view.ranks.values())
 
     def _pending_to_stall(self, inc: Incident | None) -> None:
         for r in self.runs:

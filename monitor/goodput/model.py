@@ -121,6 +121,7 @@ class Incident:
     # back "settled" below pace: the pace in units of the old baseline, the new step time
     settled_pace: float | None = None
     settled_step_s: float | None = None
+    superseded_by: int | None = None  # the incident whose confirmation ended its recovery
     rejoined_at: float | None = None
     closed_at: float | None = None
     gpus_per_group: int | None = None

@@ -91,6 +91,7 @@ class GoodputReport:
         return {
             **out, "open": inc.open,
             "back_to_pace": None if inc.back_to_pace_at is None
+            else "superseded" if inc.superseded_by is not None
             else "settled" if inc.settled_pace is not None else "reached",
             "detect_s": since_onset(inc.detected_at), "evict_s": since_onset(inc.evicted_at),
             "recovery_s": since_onset(inc.back_to_pace_at),

@@ -9,7 +9,10 @@ was made here too, by intent: the job's step history dated from the ranks' commi
 later ones: an incident acted on (evicted or cleared) explains no later stall or drag, a
 network or job-wide slowdown's slow commits are its drag (``_explaining``, ``_claim_unsettled``,
 ``_rejudge``), and the incidents whose findings a monitor restart closed wait a horizon for the
-same fault confirmed again (``_ingest_findings``)."""
+same fault confirmed again (``_ingest_findings``), and an eviction with no finding (manual) of
+an incarnation with an open incident not yet evicted is that incident's (``_ingest_evictions``);
+a fault confirmed during an eviction's recovery ends it (``_end_recoveries``), and a job down
+after a kill, not yet back, loses capacity on it (``_account_down``)."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from typing import Any
 
 from monitor.evidence.view import ClusterView
 from monitor.goodput.incidents import DRAG_KINDS
+from monitor.goodput.ledger import RELAUNCH_S
 from monitor.goodput.model import (  # the data and helpers the columns did not change
     CAUSES,
     JOB_RESTART_STEPS,
@@ -207,6 +211,7 @@ class GoodputLedger:
         deltas = self._ingest_groups(view, in_quorum, now)
         self._ingest_findings(view, findings, now)
         self._ingest_evictions(evictions, now)
+        self._end_recoveries()
         job_moved = self._ingest_job_step(view, in_quorum, now)
         if self.since is None:
             self.since = self.last_at = now
@@ -220,7 +225,7 @@ class GoodputLedger:
         running = first is not None and any(r.state.get("phase") != "stopped"
                                             for r in itertools.chain((first,), live))
         if not running:
-            self.unobserved_s += dt  # the job is not there (ended, or not reachable): no split
+            self._account_down(view, dt, now, acct)
         elif dt > self.cfg.max_gap_s:
             self._account_gap(in_quorum, deltas, dt, now, acct)
         else:
@@ -456,8 +461,8 @@ class GoodputLedger:
                 continue
             self.seen_evictions.add(did)
             fid = _int(d.get("finding_id"))
-            inc = next((i for i in self.incidents.values() if fid is not None
-                        and fid in i.finding_ids), None)
+            inc = next((i for i in self.incidents.values() if fid in i.finding_ids), None) \
+                if fid is not None else self._unevicted(d)
             if inc is None:
                 finding = d.get("finding") if isinstance(d.get("finding"), dict) else {}
                 manual = d.get("source") == "manual" or not finding.get("first_seen")
@@ -473,6 +478,14 @@ class GoodputLedger:
                 inc.evicted_at, inc.eviction_id = at, did
                 inc.back_to_pace_at = None  # looked for after the eviction
                 self._dirty_incidents.add(inc.id)
+
+    def _unevicted(self, d: dict[str, Any]) -> Incident | None:
+        """The open incident not yet evicted of the incarnation a decision with no finding kills
+        (as monitor/goodput does)."""
+        g = _int(d.get("replica_group"))
+        return max((i for i in self._open_incidents() if g is not None and i.evicted_at is None
+                    and i.replica_group == g and i.replica_id == d.get("replica_id")),
+                   key=lambda i: (i.detected_at, i.id), default=None)
 
     def _claim_unsettled(self, inc: Incident) -> None:
         """A new incident explains unsettled badput since its onset: a straggler the pending
@@ -630,6 +643,50 @@ class GoodputLedger:
                          self._default_gpus(), None, acct)
         self.pace = _pace(self.job_history, self.window, b)
         self.slow_since = (self.slow_since or t0) if slow else None
+
+    def _end_recoveries(self) -> None:
+        """A fault confirmed during an eviction's recovery ends that recovery at its detection
+        (as monitor/goodput does)."""
+        opened = self._open_incidents()
+        for inc in opened:
+            if inc.evicted_at is None or inc.back_to_pace_at is not None:
+                continue
+            later = sorted((i.detected_at, i.id) for i in opened
+                           if i is not inc and i.detected_at > inc.evicted_at)
+            if later:
+                inc.back_to_pace_at, inc.superseded_by = later[0]
+                self._dirty_incidents.add(inc.id)
+
+    def _account_down(self, view: ClusterView, dt: float, now: float,
+                      acct: SweepAccount) -> None:
+        """No rank running: down for a kill not yet rejoined, within RELAUNCH_S of it and no
+        commit since, every slot's capacity lost; else unobserved (as monitor/goodput does)."""
+        killed = [i for i in self._open_incidents() if i.evicted_at is not None
+                  and i.evicted_at < now and i.rejoined_at is None]
+        inc = max(killed, key=lambda i: i.evicted_at) if killed else None
+        rids = {i.replica_id for i in killed}
+        went_on = inc is not None and self.last_commit_at is not None \
+            and self.last_commit_at > inc.evicted_at
+        lost = 0.0
+        if inc is not None and dt <= self.cfg.max_gap_s and not went_on and not any(
+                r.reachable and r.state and r.replica_id not in rids
+                for r in view.ranks.values()):
+            lost = max(0.0, min(now, inc.evicted_at + max(RELAUNCH_S, self.horizon))
+                       - self.last_at)
+        self.unobserved_s += dt - lost
+        if lost <= 0:
+            return
+        _, outside, unseen = self._slots(set())
+        acct.accounted = True
+        t0, t1 = self.last_at, self.last_at + lost
+        for g in outside:
+            self.groups[g].carry = 0.0
+            self._add(g, 0.0, lost, acct)
+            self._badput(t0, t1, g, "capacity_lost", lost, self.groups[g].gpus,
+                         self._group_incident(g) or inc, acct)
+        for _ in range(unseen):
+            self._add(None, 0.0, lost, acct)
+            self._badput(t0, t1, None, "capacity_lost", lost, self._default_gpus(), inc, acct)
 
     def _pending_to_stall(self, inc: Incident | None) -> None:
         """Pending slow time since the last commit was the stall's beginning."""
@@ -899,8 +956,10 @@ class GoodputLedger:
             "detected_at": inc.detected_at, "evicted_at": inc.evicted_at,
             "resolved_at": inc.resolved_at, "back_to_pace_at": inc.back_to_pace_at,
             "back_to_pace": None if inc.back_to_pace_at is None
+            else "superseded" if inc.superseded_by is not None
             else "settled" if inc.settled_pace is not None else "reached",
             "settled_pace": inc.settled_pace, "settled_step_s": inc.settled_step_s,
+            "superseded_by": inc.superseded_by,
             "rejoined_at": inc.rejoined_at, "closed_at": inc.closed_at,
             "detect_s": since_onset(inc.detected_at), "evict_s": since_onset(inc.evicted_at),
             "recovery_s": since_onset(inc.back_to_pace_at),

@@ -1,0 +1,80 @@
+"""A fault confirmed while the job is still recovering from another fault's eviction: from its
+detection the lost time is the new fault's own (its stall or drag), not the older eviction's
+recovery, and it ends that recovery. The model job of tests/test_goodput.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_goodput import check_counted, check_invariant, healthy_ledger
+
+
+def _evicted_hang(groups: int, g: int):
+    """A hang in group ``g``, confirmed 2 s after it struck and evicted (the kill confirmed)."""
+    job, led = healthy_ledger(groups=groups, seconds=40)
+    h = job.t
+    job.run(led, 2, pace=0.0)
+    job.finding("hang", g, first_seen=h + 0.1, confirmed_at=job.t, fid=21)
+    job.evict(g, at=job.t, did=8, fid=21)
+    job.evictions[-1]["status"] = "confirmed"
+    return job, led
+
+
+def _incidents(led) -> dict[int, dict]:
+    return {i["replica_group"]: i for i in led.to_json()["incidents"]}
+
+
+def test_a_hang_held_during_a_recovery_is_its_own_stall_not_that_recovery():
+    job, led = _evicted_hang(groups=4, g=3)
+    killed_at = job.t
+    job.run(led, 2, pace=0.0)
+    job.findings.clear()
+    job.run(led, 1, pace=1.0)  # the survivors resume: not yet a whole window W at pace
+    h2 = job.t
+    job.run(led, 2, pace=0.0)  # group 2 hangs; its eviction is held (--cooldown) for 50 s
+    job.finding("hang", 2, first_seen=h2 + 0.1, confirmed_at=job.t, fid=22)
+    detected = job.t
+    job.run(led, 50, pace=0.0)
+    a, b = _incidents(led)[3], _incidents(led)[2]
+    # the three groups in the quorum stalled by B for the 50 s it was held
+    assert b["cost"]["by_cause"].get("stall", 0.0) >= 3 * 50 * 0.95, b
+    assert "recovery" not in b["cost"]["by_cause"]
+    # A's recovery ended at B's detection: no later, in time or in cost
+    assert a["back_to_pace_at"] == pytest.approx(detected)
+    # said so: the job was not back at pace, another fault took over
+    assert (a["back_to_pace"], a["superseded_by"]) == ("superseded", b["id"])
+    assert a["recovery_s"] <= detected - a["onset_at"] + 1e-6
+    assert a["cost"]["by_cause"]["recovery"] <= 3 * (detected - killed_at) + 1e-6, a
+    job.evict(2, at=job.t, did=9, fid=22)
+    job.evictions[-1]["status"] = "confirmed"
+    job.run(led, 3, pace=0.0)
+    job.findings.clear()
+    job.run(led, 30, pace=1.0)
+    a, b = _incidents(led)[3], _incidents(led)[2]
+    assert a["cost"]["by_cause"]["recovery"] <= 3 * (detected - killed_at) + 1e-6, a
+    # B's own eviction is recovered from, on its own incident
+    assert b["back_to_pace"] == "reached" and b["cost"]["by_cause"]["recovery"] > 0
+    check_invariant(led)
+    check_counted(job, led)
+
+
+def test_a_straggler_held_during_a_recovery_is_its_own_drag():
+    job, led = _evicted_hang(groups=3, g=2)
+    job.sweep(led, pace=0.0)
+    job.findings.clear()
+    s_on = job.t
+    job.groups[1]["struck"] = {"slow_compute": s_on + 0.05}
+    job.run(led, 5, pace=0.4)  # a straggler from the survivors' resume, confirmed 5 s in
+    job.finding("straggler", 1, first_seen=s_on + 0.1, confirmed_at=job.t, fid=22)
+    detected = job.t
+    job.run(led, 40, pace=0.4)  # held 40 s (--min-replicas while group 2 is out)
+    a, b = _incidents(led)[2], _incidents(led)[1]
+    # the two groups in the quorum at 0.4x pace: 0.6 of each second is the straggler's drag
+    assert b["cost"]["by_cause"].get("straggler_drag", 0.0) == pytest.approx(2 * 40 * 0.6,
+                                                                            rel=0.1), b
+    assert a["back_to_pace_at"] == pytest.approx(detected)
+    assert (a["back_to_pace"], a["superseded_by"]) == ("superseded", b["id"])
+    assert a["cost"]["by_cause"]["recovery"] <= 2 * (detected - a["evicted_at"]) + 1e-6, a
+    assert led.to_json()["job"]["badput_seconds"]["recovery"] == pytest.approx(
+        a["cost"]["by_cause"]["recovery"])
+    check_counted(job, led)
