@@ -24,6 +24,7 @@ if [ "$1" = show ]; then
   case "$(cat "$D/ctld")" in
     slow) exec sleep 5;;
     flaky) echo "slurm_load_node error: Socket timed out on send/recv operation" >&2; exit 1;;
+    private) echo "slurm_load_node error: Access/permission denied" >&2; exit 1;;
   esac
   if [ "$3" != n1 ]; then echo "Node $3 not found"; exit 1; fi
   printf 'NodeName=n1 Arch=x86_64 CoresPerSocket=1 \n   State=%s ThreadsPerCore=1\n' \
@@ -100,6 +101,17 @@ def test_a_node_state_not_read_sends_no_update(slurm, ctld, node, held):
         assert slurm.updates() == [
             "update NodeName=n1 State=DRAIN Reason=lightkeeper(jobB): hang finding 3 "
             "replica_group 1" if held[1] else "update NodeName=n1 State=UNDRAIN"]
+
+
+def test_a_node_state_slurm_will_never_show_fails_for_good(slurm):
+    """``PrivateData=nodes``: this user may not read node state. No retry mends that: the
+    attempt fails for good (as the same refusal of ``update`` does), never retried for ever."""
+    slurm.set("IDLE", ctld="private")
+    for op in (SlurmSink(timeout_s=5).quarantine, SlurmSink(timeout_s=5).release):
+        res = op(EVENT)
+        assert not res.ok and not res.retry and "Access/permission denied" in res.detail, \
+            res.detail
+    assert slurm.updates() == []
 
 
 def test_a_node_slurm_does_not_know_is_still_looked_up_by_its_first_label(slurm):

@@ -180,9 +180,7 @@ class SlurmSink:
             ["State=DRAIN", f"Reason=lightkeeper({','.join(sorted(jobs))}): {what}"]
         argv = [SCONTROL, "update", f"NodeName={node}", *args]
         res, err = run_command(argv, " ".join(argv), self.timeout_s)
-        # an unknown node stays unknown, a Slurm user not allowed to update nodes stays so
-        res.retry = res.retry and not any(
-            e in err for e in ("Invalid node name", "Invalid user id", "permission denied"))
+        res.retry = res.retry and not _for_good(err)
         return res
 
     def _find(self, node: str) -> tuple[str, str | None, str | None] | ActionResult:
@@ -212,7 +210,7 @@ class SlurmSink:
                     continue  # no such node: its first label next, or the update says why
                 err = redact_shown(p.stderr.strip() or out).strip()[-300:]
                 return ActionResult(False, f"cannot read node state: {' '.join(argv)} exited "
-                                           f"{p.returncode}: {err}")
+                                           f"{p.returncode}: {err}", retry=not _for_good(said))
             # IDLE+DRAIN, DOWN+DRAIN+NOT_RESPONDING, FAIL, MIXED+FAIL, DRAINING: word by word,
             # as POWERED_DOWN (a cloud node asleep) is no DOWN
             flags = "".join(out.partition("State=")[2].split(maxsplit=1)[:1]).split("+")
@@ -227,6 +225,13 @@ class SlurmSink:
                     "down" if down else None)
             return name, held, reason if held else None
         return node, None, None
+
+
+def _for_good(err: str) -> bool:
+    """An unknown node stays unknown, a Slurm user not allowed to read or update nodes
+    (``PrivateData=nodes``) stays so: no retry mends them."""
+    return any(e in err for e in ("Invalid node name", "Invalid user id", "permission denied",
+                                  "Access/permission denied"))
 
 
 def _fold(job: str) -> str:
