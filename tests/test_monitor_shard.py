@@ -456,7 +456,8 @@ def test_evictions_a_leader_sent_cost_a_shard_no_txn_a_sweep(tmp_path, etcd):
 # --- a leader in this process: a kill lost in flight, manual proposals -------------------------
 def test_a_kill_lost_in_flight_is_sent_again_and_manual_evictions_are_proposals(tmp_path, etcd):
     """A ``sending`` left by a leader that died before its request left (the group still
-    heartbeats) is sent again, once, only after the grace; ``POST /v1/evict`` on a shard is a
+    heartbeats) is sent again, once, only after the grace, as its (manual) proposal still stands
+    (tests/test_shard_rails.py: through the rails); ``POST /v1/evict`` on a shard is a
     proposal (202) for its own groups and a 409 for another shard's, and the leader carries it
     out. Proposals of an earlier run of a shard are never acted on: shard 0 withdraws its own
     (no open finding stands behind them), the leader holds shard 1's as ``stale_proposal``."""
@@ -479,6 +480,8 @@ def test_a_kill_lost_in_flight_is_sent_again_and_manual_evictions_are_proposals(
     for g, shard in ((mine[2], 0), (other, 1)):  # left by earlier runs of the shards
         e.put(root + f"proposals/{rid[g]}", {"replica_group": g, "replica_id": rid[g],
                                              "kind": "dead", "shard": shard, "run": "earlier"})
+    e.put(root + f"proposals/{rid[mine[1]]}", {"replica_group": mine[1], "replica_id": rid[mine[1]],
+                                               "kind": "hang", "shard": 0, "manual": True})
     lost = {"state": "sending", "replica_id": rid[mine[1]], "replica_group": mine[1],
             "kind": "hang", "attempt": 1, "leader": "dead-leader", "at": time.time()}
     e.put(root + f"evictions/{rid[mine[1]]}", lost)
