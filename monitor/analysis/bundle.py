@@ -175,7 +175,7 @@ def monitor_verdict(manifest: dict[str, Any], findings: list[dict[str, Any]],
     """What the monitor named, as ``lightkeeper analyze`` reports it beside its own ``findings``;
     ``analysis_agrees``: some finding's culprits, or all findings' together (a cross-group hang of
     a whole group is one finding per torchft group; a mismatch without a majority: the ranks that
-    depart from their own history), equal the named ranks (None: it named none, or
+    break their step pattern, else depart from their own history), equal the named ranks (None: it named none, or
     its kind is not one a dump shows: ``flight_recorder_shows``, or no dump was ``analyzed``);
     ``summary``: the monitor's own evidence, from the bundle's finding."""
     decision = manifest.get("decision") or {}
@@ -199,7 +199,9 @@ def monitor_verdict(manifest: dict[str, Any], findings: list[dict[str, Any]],
 
 def _named(finding: dict[str, Any]) -> list[int]:
     """The ranks a finding singles out: a mismatch without a majority blames every participant,
-    so those departing from their own history are its pick, as they are the monitor's."""
+    so its pick is the monitor's, in the monitor's order: those breaking their per-step pattern,
+    else those departing from their own history."""
     if finding.get("kind") == "mismatch" and finding.get("has_majority") is False:
-        return finding.get("departs_from_history") or finding.get("culprit_ranks") or []
+        return (finding.get("departs_from_step_pattern") or finding.get("departs_from_history")
+                or finding.get("culprit_ranks") or [])
     return finding.get("culprit_ranks") or []

@@ -8,9 +8,12 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 from typing import Any
 
+from rank_wire.recorders import is_torchft_pg_name
+
 from .columnar import normalize
 from .findings import AnalysisResult, Finding, HangFinding, MismatchFinding
 from .model import COMPLETED, DumpFormatError, GroupKey, GroupTrace, RankTrace, Signature
+from .steps import step_pattern_departures
 from .stragglers import StragglerConfig, StragglerEvidence
 
 # Why a group got no straggler check: no two of its ranks' clocks can be compared.
@@ -43,12 +46,16 @@ def analyze(dumps: Mapping[int, Mapping[str, Any] | RankTrace], *, blame_missing
     last_seq: dict[GroupKey, dict[int, int]] = {}
     unknown: set[int] = set()
     evidence = StragglerEvidence(traces)
+    rows_of = {key: {r: traces[r].groups[key] for r in group_members if r in traces and key in traces[r].groups}
+               for key, group_members in members.items()}
+    # every group's first: a rank's own history spans the incarnations of its group
+    disagreements = {key: _disagreements(rows.values()) for key, rows in rows_of.items() if len(rows) >= 2}
     for key in sorted(members, key=GroupKey.order):
         group_members = members[key]
-        rows = {r: traces[r].groups[key] for r in group_members if r in traces and key in traces[r].groups}
+        rows = rows_of[key]
         unknown.update(r for r in group_members if r not in traces)
         if len(rows) >= 2:
-            mismatch = _first_mismatch(key, rows, traces, signatures)
+            mismatch = _first_mismatch(key, rows, disagreements, traces, signatures)
             if mismatch is not None:
                 findings.append(mismatch)
         if key in current:
@@ -144,19 +151,27 @@ def _members(traces: Mapping[int, RankTrace], world_size: int | None) -> dict[Gr
     return {key: sorted(ranks) for key, ranks in found.items()}
 
 
+def _slot(key: GroupKey) -> tuple:
+    """What the incarnations of one torchft group share: torchft names its NCCL group per quorum
+    (``torchft_quorum_<q>_rank_<r>``), so the name does not, beyond being one of torchft's."""
+    if key.quorum_id is not None and is_torchft_pg_name(key.pg):
+        return (True, key.pg == "", key.replica_group, key.group_rank)
+    return (False, key.pg, key.replica_group, key.group_rank)
+
+
 def _current_groups(members: Mapping[GroupKey, list[int]]) -> set[GroupKey]:
     """Every group but torchft incarnations older than the latest for their group rank."""
-    latest: dict[tuple[str, int | None], int] = {}
+    latest: dict[tuple, int] = {}
     for key in members:
         if key.quorum_id is not None:
-            slot = (key.pg, key.group_rank)
+            slot = _slot(key)
             latest[slot] = max(latest.get(slot, key.quorum_id), key.quorum_id)
-    return {key for key in members if key.quorum_id is None or key.quorum_id == latest[(key.pg, key.group_rank)]}
+    return {key for key in members if key.quorum_id is None or key.quorum_id == latest[_slot(key)]}
 
 
-def _first_mismatch(key: GroupKey, rows: Mapping[int, GroupTrace], traces: Mapping[int, RankTrace],
-                    signatures: list[Signature]) -> MismatchFinding | None:
-    bad = _disagreements(rows.values())
+def _first_mismatch(key: GroupKey, rows: Mapping[int, GroupTrace], disagreements: Mapping[GroupKey, set[int]],
+                    traces: Mapping[int, RankTrace], signatures: list[Signature]) -> MismatchFinding | None:
+    bad = disagreements.get(key)
     if not bad:
         return None
     seq = min(bad)
@@ -171,6 +186,7 @@ def _first_mismatch(key: GroupKey, rows: Mapping[int, GroupTrace], traces: Mappi
     variants = [{"ranks": sorted(r for r, s in at.items() if s == sig_id), **signatures[sig_id].to_dict()}
                 for sig_id, _ in ranked]
     departs: list[int] = []
+    pattern: list[int] = []
     if has_majority:
         majority = ranked[0][0]
         culprits = sorted(r for r, s in at.items() if s != majority)
@@ -190,12 +206,16 @@ def _first_mismatch(key: GroupKey, rows: Mapping[int, GroupTrace], traces: Mappi
             f"group {key.label()} seq {seq}: ranks disagree ({kind} mismatch) and no variant has a "
             "majority: " + "; ".join(f"{_ranks(v['ranks'])}: {_describe(signatures[s])}" for v, (s, _) in zip(variants, ranked, strict=True))
         )
-        departs = _departs_from_history(key, at, bad, traces, signatures)
+        pattern = step_pattern_departures(traces, key, seq, at)
+        if pattern:
+            detail += f"; rank(s) {_ranks(pattern)} break their own per-step pattern"
+        departs = _departs_from_history(key, at, disagreements, traces, signatures)
         if departs:
             detail += f"; rank(s) {_ranks(departs)} depart from their own history of that collective"
     return MismatchFinding(kind="mismatch", group=key, seq=seq, op=op, culprit_ranks=culprits, detail=detail,
                            mismatch=kind, has_majority=has_majority, variants=variants,
-                           later_mismatches=len(bad) - 1, departs_from_history=departs)
+                           later_mismatches=len(bad) - 1, departs_from_history=departs,
+                           departs_from_step_pattern=pattern)
 
 
 def _disagreements(rows: Any) -> set[int]:
@@ -252,26 +272,31 @@ def _distinct_rows(rows: Any) -> list[GroupTrace]:
     return out
 
 
-def _departs_from_history(key: GroupKey, at: Mapping[int, int], bad: set[int], traces: Mapping[int, RankTrace],
-                          signatures: list[Signature]) -> list[int]:
+def _departs_from_history(key: GroupKey, at: Mapping[int, int], disagreements: Mapping[GroupKey, set[int]],
+                          traces: Mapping[int, RankTrace], signatures: list[Signature]) -> list[int]:
     """Ranks whose collective at the mismatch is a variant of that op they never enqueued in the
-    group's collectives its ranks agree on (every torchft incarnation), though they enqueued
-    that op: a tie-breaker. Not "the variant they enqueue most often": FSDP gathers several
-    sizes per step, so a rank's correct but rarer variant would "depart" too."""
-    slot = (key.pg, key.replica_group, key.group_rank)
+    group's collectives its ranks agree on (every torchft incarnation), though every variant of
+    that op they enqueued there they enqueued more than once: a tie-breaker. Not "the
+    variant they enqueue most often": FSDP gathers several sizes per step, so a rank's correct
+    but rarer variant would "depart" too."""
+    slot = _slot(key)
     out = []
     for rank, sig_id in at.items():
         counts: Counter[int | None] = Counter()
-        for k, group in traces[rank].groups.items():
-            if (k.pg, k.replica_group, k.group_rank) == slot:
-                counts.update(group.sigs)
-        row = traces[rank].groups[key]
-        for seq in bad:  # the disagreements are not its history: a culprit may repeat its fault
-            i = seq - row.first_seq
-            if 0 <= i < len(row.sigs):
-                counts[row.sigs[i]] -= 1
+        for k, row in traces[rank].groups.items():
+            if _slot(k) != slot:
+                continue
+            counts.update(row.sigs)
+            # each incarnation's disagreements are not its history: a culprit may repeat its fault
+            for seq in disagreements.get(k, ()):
+                i = seq - row.first_seq
+                if 0 <= i < len(row.sigs):
+                    counts[row.sigs[i]] -= 1
         op = signatures[sig_id].op
-        if counts[sig_id] <= 0 and any(s is not None and n > 0 and signatures[s].op == op for s, n in counts.items()):
+        known = [n for s, n in counts.items() if s is not None and n > 0 and signatures[s].op == op]
+        # a variant seen once may be the first of a step not yet seen whole: one or two
+        # collectives of history do not show which variants a rank issues
+        if counts[sig_id] <= 0 and known and min(known) >= 2:
             out.append(rank)
     return sorted(out)
 
@@ -321,7 +346,7 @@ def _testimony(trace: RankTrace | None, key: GroupKey) -> int | None:
             # nothing of this incarnation retained: fine if the buffer reaches back to its start
             return 0 if trace.oldest_record_id is None or trace.oldest_record_id <= first else None
         if trace.is_torchft:
-            joined = [k.quorum_id for k in trace.incarnations if k.pg == key.pg and k.group_rank == key.group_rank]
+            joined = [k.quorum_id for k in trace.incarnations if _slot(k) == _slot(key)]
             if not joined or max(joined) < key.quorum_id:  # type: ignore[operator]
                 return 0  # it has not reached this quorum yet
         return None

@@ -68,6 +68,7 @@ class MismatchFinding(Finding):
     variants: list[dict[str, Any]] = field(default_factory=list)
     later_mismatches: int = 0
     departs_from_history: list[int] = field(default_factory=list)
+    departs_from_step_pattern: list[int] = field(default_factory=list)
 
 
 @dataclass

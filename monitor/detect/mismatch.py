@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from monitor.analysis import GroupKey, RankTrace
+from monitor.analysis import RankTrace
+from monitor.analysis.steps import departs_from_step_pattern
 from monitor.evidence.view import ClusterView
 
 from .findings import Finding, Findings
@@ -101,57 +102,3 @@ def _no_longer_seen(view: ClusterView, dumps: Mapping[int, dict],
             continue
         findings.resolve(key, "no_longer_seen", now)
 
-
-def _period(sigs: list[int | None], skip: int, max_period: int = 128) -> int | None:
-    """The shortest period of a rank's collectives (one step's pattern) without position
-    ``skip``; None when none holds for 9 in 10."""
-    n = len(sigs)
-    for p in range(1, min(max_period, n // 3) + 1):
-        same = total = 0
-        allowed = 0.1 * (n - p)  # give up on this period once too many positions disagree
-        for i in range(p, n):
-            if i == skip or i - p == skip or sigs[i] is None or sigs[i - p] is None:
-                continue
-            total += 1
-            if sigs[i] == sigs[i - p]:
-                same += 1
-            elif total - same > allowed:
-                break
-        if total >= 2 * p and same >= 0.9 * total:
-            return p
-    return None
-
-
-def _expected(sigs: list[int | None], i: int, p: int) -> int | None:
-    for k in range(1, 4):
-        for j in (i - k * p, i + k * p):
-            if 0 <= j < len(sigs) and sigs[j] is not None:
-                return sigs[j]
-    return None
-
-
-def departs_from_step_pattern(traces: Mapping[int, RankTrace], raw: Mapping[str, Any]) -> list[int]:
-    """Participants of a mismatch whose collective breaks their own per-step pattern (training
-    repeats its collectives every step), when another participant's follows its pattern."""
-    key = GroupKey(raw.get("pg"), raw.get("replica_group"), raw.get("quorum_id"),
-                   raw.get("group_rank"))
-    seq = raw.get("seq")
-    if not isinstance(seq, int):
-        return []
-    departs, conforms = [], []
-    for v in raw.get("variants") or []:
-        for rank in v.get("ranks") or []:
-            t = traces.get(rank)
-            row = t.groups.get(key) if t is not None else None
-            if row is None or not row.first_seq <= seq <= row.last_seq:
-                continue
-            # the steps around it are enough to see the pattern (and keep this cheap)
-            lo = max(0, seq - row.first_seq - 600)
-            sigs = row.sigs[lo:seq - row.first_seq + 300]
-            i = seq - row.first_seq - lo
-            p = _period(sigs, i)
-            expected = None if p is None else _expected(sigs, i, p)
-            if expected is None:
-                continue
-            (conforms if expected == sigs[i] else departs).append(rank)
-    return sorted(departs) if departs and conforms else []
