@@ -167,6 +167,18 @@ class Enforcer:
         ev = view.evidence_view or view
         return blind_reason(self.blind(), ev.reachable_fraction, self.cfg.rails)
 
+    def blind_to_kills(self, view: ClusterView) -> str | None:
+        """As :meth:`blindness`, the ranks of the groups told to go left out: they stop
+        answering because of the monitor's own kills, not because it is cut off."""
+        ev = view.evidence_view or view
+        gone = self.store.told_to_go_replica_ids()
+        known, up, _ = ev.counts
+        for gv in ev.groups.values():
+            if gv.replica_id in gone:
+                known, up = known - len(gv.ranks), up - len(gv.reachable)
+        # no other rank known (none verified yet, say): nothing shows the monitor is not cut off
+        return blind_reason(self.blind(), up / known if known > 0 else 0.0, self.cfg.rails)
+
     def hosts_json(self) -> dict[str, Any]:
         """``GET /v1/hosts``."""
         q = self.cfg.quarantine
@@ -348,9 +360,10 @@ class Enforcer:
 
     def confirm_evictions(self, view: ClusterView, evidence: ClusterView, now: float,
                           lighthouse: LighthouseStatus | None = None) -> None:
-        """Confirmed once no reachable rank reports the evicted replica id; ranks the kill
-        missed are told to exit (or named); unconfirmed after ``confirm_timeout_s``.
-        ``lighthouse``: the status read this sweep, which judges a kill left interrupted."""
+        """Confirmed once no reachable rank reports the evicted replica id, in a sweep that is
+        not blind; ranks the kill missed are told to exit (or named); unconfirmed after
+        ``confirm_timeout_s``. ``lighthouse``: the status read this sweep, which judges a kill
+        left interrupted."""
         pending = self.store.pending_confirmations()
         self.orphans.keep({d["id"] for d in pending})
         # a pending eviction's group as verified before its kill: only those ranks get the exit
@@ -359,12 +372,13 @@ class Enforcer:
         groups.update((d["replica_id"], self._vouched[d["replica_id"]]) for d in pending
                       if d["replica_id"] in self._vouched)
         self._vouched = groups
+        blind = self.blind_to_kills(view) if pending else None
         for d in pending:
             rid = d["replica_id"]
             still = reporting(view, rid)
             landed = None
             if d["status"] == "interrupted":  # a previous run stopped while sending it
-                if self.blindness(view):
+                if blind:
                     continue  # judged once the ranks can be seen: unseen is not gone
                 landed = _landed(rid, still, lighthouse) if still else None
                 if landed:  # the ranks still reporting are orphans, followed as a sent kill's
@@ -385,11 +399,20 @@ class Enforcer:
             if note:
                 d["detail"] = f"{d['detail']}; {note}"
                 self.store.update_decision(d["id"], detail=d["detail"])
-            if not still and unreached:  # out of the quorum before the kill
+            if still:
+                if now - d["at"] > self.cfg.confirm_timeout_s and not landed:
+                    # not one judged landed this sweep: its orphans were told only now
+                    self.store.update_decision(d["id"], status="unconfirmed",
+                                               detail=f"{d['detail']}; still reporting after "
+                                                      f"{self.cfg.confirm_timeout_s:g}s")
+                continue
+            if blind:
+                continue  # unseen by a monitor that may be the one cut off is not gone
+            if unreached:  # out of the quorum before the kill
                 self.store.update_decision(d["id"], status="confirmed", confirmed_at=now,
                                            detail=f"{d['detail']}; no rank reports it any more")
                 log.info("eviction of %s confirmed after %.1fs", rid, now - d["at"])
-            elif not still:
+            else:
                 q = view.quorum_id
                 self.store.update_decision(d["id"], status="confirmed", confirmed_at=now,
                                            detail=f"{d['detail']}; left the quorum "
@@ -398,11 +421,6 @@ class Enforcer:
                                                   f"(the survivors last said quorum_id {q}, "
                                                   f"{view.quorum_participants()} participants)")
                 log.info("eviction of %s confirmed after %.1fs", rid, now - d["at"])
-            elif now - d["at"] > self.cfg.confirm_timeout_s and not landed:
-                # not one judged landed this sweep: its orphans were told only now
-                self.store.update_decision(d["id"], status="unconfirmed",
-                                           detail=f"{d['detail']}; still reporting after "
-                                                  f"{self.cfg.confirm_timeout_s:g}s")
 
 
 def _landed(replica_id: str, still: list, lighthouse: LighthouseStatus | None) -> str | None:

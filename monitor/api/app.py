@@ -204,6 +204,9 @@ def create_app(monitor: Any) -> Flask:
         # one printable line, bounded: it goes into the log and the audit row's detail
         reason = printable(str(body.get("reason") or "manual"))[:REASON_MAX]
         result = monitor.evict_manual(g, reason)
+        if result["decision"] == "evict" and result.get("sent") is False:
+            # decided and logged, but no kill went out: a status a script checks must say so
+            return jsonify(result), (502 if monitor.cfg.lighthouse else 503)
         # 202: a shard's proposal, which the leader carries out (docs/scaling.md)
         return jsonify(result), (200 if result["decision"] == "evict"
                                  else 202 if result["decision"] == "proposed" else 409)
