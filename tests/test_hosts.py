@@ -409,7 +409,7 @@ def test_rank_device_cpu_and_cuda_from_a_stand_in_module(monkeypatch):
     # worker's later ranks would serve torch_version "unknown")
     library_versions()
     props = NS(uuid="GPU-1234")
-    cuda = NS(is_available=lambda: True, device_count=lambda: 2,
+    cuda = NS(is_available=lambda: True, device_count=lambda: 2, is_initialized=lambda: True,
               get_device_properties=lambda i: props)
     monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
     assert rank_device(3) == {"type": "cuda", "index": 1, "uuid": "GPU-1234"}

@@ -28,7 +28,13 @@ from urllib.parse import urlsplit
 
 import requests
 
-from http_serving import BackgroundWSGIServer, failure_reason, is_loopback_host, redact_url
+from http_serving import (
+    BackgroundWSGIServer,
+    failure_reason,
+    is_http_url,
+    is_loopback_host,
+    redact_url,
+)
 
 from .abort import GlooConnections, abort_cross_group, watch_manager
 from .app import EXIT_AUTH, create_app
@@ -49,7 +55,10 @@ STOP_WAIT_S = 20.0
 POLLED_RECENTLY_S = 10.0  # finish() waits only for a reader seen this recently
 FLUSH_S = 0.1  # the server writes an answer out after its handler returns
 EXIT_STATUS = 1  # as torchft's Manager exits on the Lighthouse's kill
-_SERVING: weakref.WeakSet = weakref.WeakSet()  # servers of this process that are serving
+# servers of this process that are serving, held until stop(): a server started by a bare
+# WorkerServer.start(...) still serves, and checkpoint phases and planned stops must find it
+_SERVING: dict[WorkerServer, None] = {}
+_SERVING_LOCK = threading.Lock()
 SERVERS = ("flask", "torch")  # Lightkeeper's own (waitress), torch's _WorkerServer (handlers)
 ENV_SERVER = "LIGHTKEEPER_WORKER_SERVER"
 
@@ -76,8 +85,10 @@ def port_number(value: Any, name: str) -> int:
 
 
 def serving() -> list[WorkerServer]:
-    """The WorkerServers this process serves now (``worker_server.autostart`` asks)."""
-    return list(_SERVING)
+    """The WorkerServers this process serves now, from :meth:`WorkerServer.serve` to
+    :meth:`WorkerServer.stop`, kept or not by the code that started them."""
+    with _SERVING_LOCK:
+        return list(_SERVING)
 
 
 def exit_process(reason: str, delay_s: float = 0.2) -> None:
@@ -97,6 +108,19 @@ def server_kind(given: str | None, env) -> str:
     if kind not in SERVERS:
         raise ValueError(f"{source}={raw!r}: one of {', '.join(SERVERS)}")
     return kind
+
+
+def monitor_urls(given: str | None, env) -> list[str]:
+    """The monitors to register with: ``given``, else ``LIGHTKEEPER_MONITOR``, comma-separated
+    (sharded monitors, docs/scaling.md), blanks skipped; ValueError naming its source for an
+    entry that is no ``http(s)://host[:port]`` URL (its password not shown)."""
+    raw, source = ((given, "monitor_url") if given
+                   else (env.get("LIGHTKEEPER_MONITOR"), "LIGHTKEEPER_MONITOR"))
+    urls = [url.strip() for url in (raw or "").split(",") if url.strip()]
+    for url in urls:
+        if not is_http_url(url):
+            raise ValueError(f"{source} {redact_url(url)!r} is not an http(s)://host:port URL")
+    return urls
 
 
 def _on_this_host(host: str) -> bool | None:
@@ -198,9 +222,12 @@ class WorkerServer:
         (another value than ``hmac`` or ``any``: ValueError).
         ``server`` (else ``LIGHTKEEPER_WORKER_SERVER``, else ``"flask"``): ``"torch"`` serves the
         read-only endpoints as handlers on torch's server (:mod:`worker_server.torch_server`),
-        Flask where this torch cannot. Raises ValueError for another value, ``OSError`` when the port cannot be bound. A ``manager`` that already has a
-        server (``lightkeeper run``'s hook started one, :mod:`worker_server.autostart`) gets
-        that server back, unchanged: one WorkerServer per rank.
+        Flask where this torch cannot. Raises ValueError for another value or for a
+        ``monitor_url`` (else ``LIGHTKEEPER_MONITOR``) entry that is no URL, before anything
+        binds or registers; ``OSError`` when the port cannot be bound. A ``manager`` that
+        already has a server (``lightkeeper run``'s hook started one,
+        :mod:`worker_server.autostart`) gets that server back, unchanged: one WorkerServer per
+        rank. The server serves until :meth:`stop`, whether or not the caller keeps it.
         """
         existing = getattr(manager, "_lightkeeper_server", None) if manager is not None else None
         if existing is not None:
@@ -222,6 +249,8 @@ class WorkerServer:
         if exit_auth not in EXIT_AUTH:
             raise ValueError(f"LIGHTKEEPER_EXIT_AUTH={env.get('LIGHTKEEPER_EXIT_AUTH')!r}: one "
                              f"of {', '.join(EXIT_AUTH)}")
+        # refused here, not once it serves: its caller says "not started" of a ValueError
+        monitors = monitor_urls(monitor_url, env)
         server = cls(
             state,
             host=host or env.get("LIGHTKEEPER_WORKER_HOST") or "127.0.0.1",  # set empty: unset
@@ -237,16 +266,15 @@ class WorkerServer:
         if manager is not None:
             server.attach(manager)
         server.serve()
-        # a comma-separated list: registered with each (sharded monitors, docs/scaling.md)
-        for url in (monitor_url or env.get("LIGHTKEEPER_MONITOR") or "").split(","):
-            if url.strip():
-                server.register_with(url.strip(), token=registration_token(env))
+        for url in monitors:
+            server.register_with(url, token=registration_token(env))
         return server
 
     def serve(self) -> WorkerServer:
         """Start answering HTTP requests on a background thread; returns self."""
         self._http.start()
-        _SERVING.add(self)
+        with _SERVING_LOCK:
+            _SERVING[self] = None
         return self
 
     def attach(self, manager: Any) -> None:
@@ -288,7 +316,11 @@ class WorkerServer:
         }
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         shown = redact_url(monitor_url)
-        if token and "@" in urlsplit(monitor_url).netloc:  # requests sends its Basic auth
+        try:
+            basic = "@" in urlsplit(monitor_url).netloc  # requests sends its Basic auth
+        except ValueError:  # no URL: the loop says so
+            basic = False
+        if token and basic:
             say(f"monitor {shown}: its URL's user:password and the registration token both need "
                 "the Authorization header, and the URL's (Basic) is the one sent: the monitor "
                 "will refuse this rank (401); give the monitor's URL without them")
@@ -296,16 +328,16 @@ class WorkerServer:
         def loop() -> None:
             said: int | str | None = None  # the last trouble said (a status, "unreachable")
             while not self._stop.is_set():
-                if loopback_for_remote(self.url, monitor_url):
-                    if said != "loopback":
-                        say(f"not registering {self.url} with monitor {shown}: it runs on another "
-                            "host and cannot reach this host's loopback; bind an address it "
-                            "reaches (LIGHTKEEPER_WORKER_HOST=0.0.0.0 or this host's address, "
-                            "lightkeeper run --worker-host)")
-                    said = "loopback"
-                    self._stop.wait(REGISTER_INTERVAL_S)
-                    continue
                 try:
+                    if loopback_for_remote(self.url, monitor_url):
+                        if said != "loopback":
+                            say(f"not registering {self.url} with monitor {shown}: it runs on "
+                                "another host and cannot reach this host's loopback; bind an "
+                                "address it reaches (LIGHTKEEPER_WORKER_HOST=0.0.0.0 or this "
+                                "host's address, lightkeeper run --worker-host)")
+                        said = "loopback"
+                        self._stop.wait(REGISTER_INTERVAL_S)
+                        continue
                     r = requests.post(f"{monitor_url.rstrip('/')}/v1/targets", json=body,
                                       headers=headers, timeout=2)
                     if r.status_code != 200 and r.status_code != said:
@@ -323,6 +355,11 @@ class WorkerServer:
                         say(f"cannot register with monitor {shown} ({why}); this rank is not "
                             f"monitored until it can, tried every {REGISTER_INTERVAL_S:.0f} s")
                     said = "unreachable"
+                except ValueError:  # urlsplit's: no URL (its text may hold the password)
+                    if said != "no url":
+                        say(f"cannot register with monitor {shown}: it is not an "
+                            "http(s)://host:port URL; this rank is not monitored")
+                    said = "no url"
                 self._stop.wait(REGISTER_INTERVAL_S)
 
         self._register_thread = threading.Thread(target=loop, name="lightkeeper-register",
@@ -376,6 +413,7 @@ class WorkerServer:
 
     def stop(self) -> None:
         self._stop.set()
-        _SERVING.discard(self)
+        with _SERVING_LOCK:
+            _SERVING.pop(self, None)
         self.state.set_phase("stopped")
         self._http.stop()

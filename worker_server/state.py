@@ -22,7 +22,7 @@ from pathlib import Path
 
 from http_serving import redact_url
 
-from .timing import StepTimer
+from .timing import StepTimer, _cuda_in_use
 
 PHASES = (
     "starting",
@@ -77,16 +77,18 @@ def rank_device(local_rank: int) -> dict:
     """The accelerator this rank uses, as ``/v1/state`` ``device`` reports it.
 
     ``{"type": "cuda", "index": i, "uuid": "GPU-..."}`` when the process has imported torch and
-    CUDA is available: the index is ``local_rank`` modulo the visible devices (the usual one GPU
+    initialized CUDA: the index is ``local_rank`` modulo the visible devices (the usual one GPU
     per local rank; the current device is per thread, so an HTTP thread cannot read the training
     thread's: a trainer that maps differently calls :meth:`RankState.set_device`); the UUID is
-    ``torch.cuda.get_device_properties(i).uuid``. ``{"type": "cpu"}``
-    otherwise. torch is never imported here (a rank without it is a CPU rank); a CUDA error is
-    reported as ``{"type": "cuda", "index": i, "uuid": None, "error": "..."}``, never raised."""
+    ``torch.cuda.get_device_properties(i).uuid``. ``{"type": "cpu"}`` otherwise. torch is never
+    imported and CUDA never initialized here: a rank that has not done so itself is a CPU rank so
+    far (asking would put a CUDA context on a GPU and switch its step timing to CUDA events); a
+    CUDA error is reported as ``{"type": "cuda", "index": i, "uuid": None, "error": "..."}``,
+    never raised."""
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
     try:
-        if cuda is None or not cuda.is_available():
+        if cuda is None or not _cuda_in_use() or not cuda.is_available():
             return {"type": "cpu"}
         idx = local_rank % max(1, cuda.device_count())
     except Exception as e:  # a broken driver: say so, do not fail /v1/state
@@ -141,7 +143,8 @@ class RankState:
         self.worker_url: str | None = None
         self.control_url: str | None = None  # this server reached by itself (probe control)
         self.hostname = socket.gethostname()
-        self._device: dict | None = None  # rank_device(), looked up on first snapshot
+        self._device: dict | None = None  # rank_device(), kept once the rank initialized CUDA
+        self._device_index: int | None = None  # set_device()'s; None: local_rank's
         self.replica_id: str | None = None
         self.step = 0
         self.quorum_id = -1
@@ -270,10 +273,10 @@ class RankState:
             self._step_listeners.append(listener)
 
     def set_device(self, index: int) -> None:
-        """Report CUDA device ``index`` (when the rank does not use ``local_rank``'s GPU)."""
-        dev = rank_device(index)
+        """Report CUDA device ``index`` (when the rank does not use ``local_rank``'s GPU), looked
+        up by the next snapshot once the rank has initialized CUDA."""
         with self._lock:
-            self._device = dev
+            self._device_index, self._device = index, None
 
     # --- readers (HTTP threads) ----------------------------------------------------
     def snapshot(self) -> dict:
@@ -281,9 +284,14 @@ class RankState:
         torch_version, torchft_version = library_versions()
         ident = self.identity
         timing = self.timing.snapshot()
-        if self._device is None:  # once: torch is imported by then in a training process
-            self._device = rank_device(ident.local_rank)
         with self._lock:
+            # under the lock: a lookup must not overwrite a set_device() made meanwhile
+            device = self._device
+            if device is None:  # kept only once CUDA is initialized: a CPU rank asks again
+                final = _cuda_in_use()
+                index = self._device_index
+                device = rank_device(ident.local_rank if index is None else index)
+                self._device = device if final else None
             return {
                 "job": ident.job,
                 "replica_group": ident.replica_group,
@@ -294,7 +302,7 @@ class RankState:
                 "host": ident.host,
                 "node": ident.host,
                 "hostname": self.hostname,
-                "device": dict(self._device),
+                "device": dict(device),
                 "local_rank": ident.local_rank,
                 "pid": ident.pid,
                 "worker_url": self.worker_url,
