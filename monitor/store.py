@@ -592,6 +592,13 @@ class Store:
         return self._dicts("SELECT * FROM host_actions WHERE id IN (SELECT MAX(id) FROM "
                            "host_actions GROUP BY host, sink)", (), ("event",))
 
+    def host_action_before(self, host: str, sink: str, before: int) -> dict[str, Any] | None:
+        """The host and sink's newest action older than id ``before`` that was not superseded."""
+        rows = self._dicts("SELECT * FROM host_actions WHERE host=? AND sink=? AND id<? AND "
+                           "status!='superseded' ORDER BY id DESC LIMIT 1", (host, sink, before),
+                           ("event",))
+        return rows[0] if rows else None
+
     def host_actions(self, due_at: float | None = None, limit: int = 500
                      ) -> list[dict[str, Any]]:
         """Actions newest first; with ``due_at``, only pending ones due by then, oldest first."""

@@ -220,3 +220,150 @@ def test_a_quarantine_the_audit_log_refused_is_made_again(tmp_path, monkeypatch)
     assert [d["decision"] for d in led.decide(clock(), None, 10)] == ["quarantine"]
     led.run_actions(clock())
     assert [c["event"] for c in sink.calls] == ["quarantine"]
+
+
+def test_a_release_after_a_chain_never_attempted_still_undoes_the_quarantine_carried_out(
+        tmp_path):
+    """Q is carried out (the node cordoned); before the action thread runs again a release, a
+    re-quarantine and a second release are queued. The first two are dropped, but the sink
+    holds Q's cordon: the last release must reach it."""
+    clock = Clock()
+    sink = Scripted("k8s")
+    led = ledger(tmp_path, clock, [sink], window_s=100)
+    led.record([finding("hang", "h1", 1)], clock())
+    led.decide(clock(), None, 10)
+    led.run_actions(clock())
+    clock.t += 5
+    led.release("h1", "a false alarm")
+    clock.t += 5
+    led.record([finding("hang", "h1", 2)], clock())
+    assert [d["decision"] for d in led.decide(clock(), None, 10)] == ["quarantine"]
+    clock.t += 5
+    led.release("h1", "a false alarm again")
+    led.run_actions(clock())
+    assert sink.calls == [("quarantine", "h1"), ("release", "h1")]
+    assert [(a["op"], a["status"], a["attempts"]) for a in
+            sorted(led.store.host_actions(), key=lambda a: a["id"])] == [
+        ("quarantine", "done", 1), ("release", "superseded", 0),
+        ("quarantine", "superseded", 0), ("release", "done", 1)]
+
+
+def test_a_release_whose_earlier_release_failed_reaches_the_sink(tmp_path):
+    """Q0 done, R0 failed (the node still cordoned), Q1 never attempted, R1: R1 runs."""
+    clock = Clock()
+    sink = Scripted("k8s", ActionResult(True, "cordoned"),
+                    ActionResult(False, "HTTP 403: forbidden", retry=False))
+    led = ledger(tmp_path, clock, [sink], window_s=100)
+    led.record([finding("hang", "h1", 1)], clock())
+    led.decide(clock(), None, 10)
+    led.run_actions(clock())
+    led.release("h1", "a false alarm")
+    led.run_actions(clock())
+    clock.t += 5
+    led.record([finding("hang", "h1", 2)], clock())
+    assert [d["decision"] for d in led.decide(clock(), None, 10)] == ["quarantine"]
+    clock.t += 5
+    led.release("h1", "RBAC fixed")
+    led.run_actions(clock())
+    assert sink.calls == [("quarantine", "h1"), ("release", "h1"), ("release", "h1")]
+    assert failed_series(led, clock()) == []
+
+
+def test_a_release_after_a_quarantine_the_monitors_death_cut_short_reaches_the_sink(tmp_path):
+    """The sink is called for the quarantine and the monitor dies before the answer is written;
+    the restarted monitor's release must reach the sink (the node may be cordoned)."""
+    clock = Clock()
+    store = Store(str(tmp_path / "m.sqlite"))
+
+    class Dies(Scripted):
+        def _do(self, event):
+            super()._do(event)
+            raise KeyboardInterrupt  # the monitor stopped mid-call: nothing after it runs
+
+        quarantine = release = _do
+
+    first = HostLedger(store, QuarantineConfig(), [Dies("k8s")], "job", clock)
+    first.record([finding("hang", "h1", 1)], clock())
+    first.decide(clock(), None, 10)
+    with pytest.raises(KeyboardInterrupt):
+        first.run_actions(clock())
+    sink = Scripted("k8s")
+    again = HostLedger(store, QuarantineConfig(), [sink], "job", clock)
+    again.release("h1", "a false alarm")
+    again.run_actions(clock())
+    assert sink.calls == [("release", "h1")]
+    assert {a["op"]: a["status"] for a in store.host_actions()} == {
+        "quarantine": "superseded", "release": "done"}
+
+
+def test_a_sink_no_longer_configured_neither_alerts_nor_keeps_its_host(tmp_path):
+    """k8s and webhook A; A's quarantine fails for good. A's URL is swapped for B's (another
+    sink name) and the monitor restarted: once released and ok with no rank there, the host is
+    forgotten and no host_action_failed series stays; A's action is shown, not counted."""
+    clock = Clock()
+    store = Store(str(tmp_path / "m.sqlite"))
+    cfg = QuarantineConfig(window_s=100, ttl_s=1000)
+    k8s = Scripted("k8s")
+    a = Scripted("webhook:https://a.example...#aaaa1111",
+                 ActionResult(False, "HTTP 410: gone", retry=False))
+    led = HostLedger(store, cfg, [k8s, a], "job", clock)
+    led.record([finding("hang", "h1", 1)], clock())
+    led.decide(clock(), None, 10)
+    led.run_actions(clock())
+    assert failed_series(led, clock()) == ['lightkeeper_monitor_host_action_failed{host="h1",'
+                                           'job="job",sink="webhook:https://a.example...#aaaa1111"'
+                                           '} 1.0']
+    b = Scripted("webhook:https://b.example...#bbbb2222")
+    led = HostLedger(store, cfg, [k8s, b], "job", clock)
+    assert failed_series(led, clock()) == []
+    h = by_host(led, clock())["h1"]
+    assert h["actions"]["webhook:https://a.example...#aaaa1111"]["configured"] is False
+    assert h["last_action"]["sink"] == "k8s"
+    clock.t += 1001
+    assert [d["reason"] for d in led.decide(clock(), None, 10)] == ["ttl"]
+    led.run_actions(clock())
+    assert b.calls == [("release", "h1")]
+    clock.t += 101
+    led.decide(clock(), None, 10)
+    led.observe(NS(ranks={}), clock())
+    assert led.to_json(clock()) == [] and failed_series(led, clock()) == []
+
+
+def test_a_pending_action_of_a_sink_no_longer_configured_is_shown_never_alerted(tmp_path):
+    clock = Clock()
+    store = Store(str(tmp_path / "m.sqlite"))
+    k8s, gone = Scripted("k8s"), Scripted("exec:/bin/drain...#cccc3333")
+    first = HostLedger(store, QuarantineConfig(), [k8s, gone], "job", clock)
+    first.record([finding("hang", "h1", 1)], clock())
+    first.decide(clock(), None, 10)  # the monitor dies before either sink is called
+    led = HostLedger(store, QuarantineConfig(), [k8s], "job", clock)
+    led.run_actions(clock())
+    assert k8s.calls == [("quarantine", "h1")] and gone.calls == []
+    assert failed_series(led, clock()) == []
+    assert by_host(led, clock())["h1"]["actions"]["exec:/bin/drain...#cccc3333"][
+        "configured"] is False
+
+
+SECRET_SINK = "webhook:https://hooks.slack.com/services/T0/B0/XXXXSECRET"
+
+
+def test_an_older_versions_sink_name_never_shows_its_secret(tmp_path):
+    """An older version named a sink by its whole --action; that webhook is since removed
+    (or its secret rotated): neither /v1/hosts nor the metrics show the URL's path, whether
+    the name is in the audit log (h1) or only in a saved host (h2: its rows dropped as old)."""
+    clock = Clock()
+    store = Store(str(tmp_path / "m.sqlite"))
+    aid = store.add_host_action(host="h1", sink=SECRET_SINK, op="quarantine",
+                                status="failed", event={}, at=1, next_at=None, detail="HTTP 500")
+    done = store.add_host_action(host="h1", sink="k8s", op="quarantine", status="done",
+                                 event={}, at=2, next_at=None)
+    for host, last in (("h1", {"id": done, "sink": "k8s", "op": "quarantine", "status": "done"}),
+                       ("h2", {"id": aid, "sink": SECRET_SINK, "op": "quarantine",
+                               "status": "failed"})):
+        store.save_host(host, {"host": host, "node": host, "devices": [], "state": "quarantined",
+                               "state_since": 1, "last_action": last}, 2)
+    led = HostLedger(store, QuarantineConfig(), [], "job", clock)
+    shown = repr(led.to_json(clock())) + "\n".join(failed_series(led, clock()))
+    assert "SECRET" not in shown and "/services" not in shown
+    assert "webhook:https://hooks.slack.com...#" in shown
+    assert all("SECRET" not in a["sink"] for a in store.host_actions())

@@ -3,7 +3,8 @@
 A confirmed finding of a ``--quarantine-after`` kind is an offence against its culprits' hosts,
 kept in the monitor's SQLite file. Enough offences of one kind within the window quarantine a
 host unless a rail holds it; a quarantine or release queues one action per sink, retried with
-backoff. A sink that raises is a failed attempt, never a stopped monitor. See docs/quarantine.md.
+backoff (:class:`~monitor.act.host_actions.HostActions`). A sink that raises is a failed
+attempt, never a stopped monitor. See docs/quarantine.md.
 
 A ``dead`` finding counts against its host only once the Lighthouse agrees the group is gone
 (:class:`~monitor.act.host_rails.DeadGroups`): a monitor cut off from a host, or a job that
@@ -25,8 +26,9 @@ from monitor.config import QuarantineConfig
 from monitor.detect import Finding
 from monitor.store import Store
 
+from .host_actions import HostActions, failing_actions
 from .host_rails import DeadGroups, Protection, protected_hosts
-from .sinks import ActionResult, Sink
+from .sinks import Sink
 
 __all__ = ["DeadGroups", "HostLedger", "Protection", "culprit_hosts", "failing_actions",
            "protected_hosts"]
@@ -35,17 +37,6 @@ log = logging.getLogger(__name__)
 
 OK, SUSPECT, QUARANTINED, RELEASED = "ok", "suspect", "quarantined", "released"
 STATES = (OK, SUSPECT, QUARANTINED, RELEASED)
-BACKOFF_S, BACKOFF_MAX_S = 2.0, 300.0
-FAILING = ("failed", "retrying")  # a last action not carried out (alerted, kept in the ledger)
-
-
-def failing_actions(h: dict[str, Any]) -> list[dict[str, Any]]:
-    """The newest action of each of the host's sinks that failed or is retried (a host saved
-    before ``actions`` was kept: its ``last_action``)."""
-    acts = h.get("actions")
-    if acts is None:
-        acts = {"": h["last_action"]} if h.get("last_action") else {}
-    return [a for a in acts.values() if a.get("status") in FAILING]
 
 
 def culprit_hosts(finding: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -74,18 +65,7 @@ def device_label(d: Any) -> str:
     return str(d.get("type", "?"))
 
 
-def rename_old_sinks(store: Store, sinks: list[Sink], hosts: dict[str, dict[str, Any]]) -> None:
-    """An older version named a sink by its whole ``--action`` (secrets too): its queued
-    actions take the name shown now, so they are shown, and superseded, as this version's."""
-    for s in sinks:
-        if getattr(s, "given", s.name) != s.name:
-            store.rename_sink(s.given, s.name)
-            for h in hosts.values():
-                if (h.get("last_action") or {}).get("sink") == s.given:
-                    h["last_action"]["sink"] = s.name
-
-
-class HostLedger:
+class HostLedger(HostActions):
     def __init__(self, store: Store, cfg: QuarantineConfig, sinks: list[Sink], job: str,
                  clock) -> None:
         self.store = store
@@ -95,13 +75,9 @@ class HostLedger:
         self.clock = clock
         self._lock = threading.RLock()
         self.hosts: dict[str, dict[str, Any]] = store.load_hosts()
-        rename_old_sinks(store, self.sinks, self.hosts)
-        for a in sorted(store.newest_host_actions(), key=lambda a: a["id"]):
-            if a["host"] in self.hosts:  # where each sink stands, as the audit log says
-                self._note(self.hosts[a["host"]], {**a, "at": a["updated_at"]})
+        self._load_actions()
         self._held: dict[str, str] = {}  # host -> the rail that held it last (logged once)
         self._unwritten: list[tuple] = []  # offences a failed write left, tried again first
-        self._actions_running = threading.Lock()
         # the observed view's claims about hosts, per rank: a sweep reads only the changed ones
         self._claims: dict[str, tuple] = {}  # url -> (host, replica id, node, device, superseded)
         self._claimed_from: dict[str, tuple] = {}  # url -> the state fields of its claim
@@ -151,8 +127,7 @@ class HostLedger:
             for host, h in list(self.hosts.items()):  # the ledger's hosts: the few that offended
                 urls = self._urls.get(host)
                 if not urls:  # nothing counts, no rank runs there, every action done: forgotten
-                    if h["state"] == OK and not failing_actions(h) and all(
-                            a.get("status") != "pending" for a in h.get("actions", {}).values()):
+                    if h["state"] == OK and not self._unsettled(h):
                         del self.hosts[host]
                         self.store.delete_host(host)
                     continue
@@ -439,125 +414,6 @@ class HostLedger:
                 out.append(Finding("quarantined_host", g, rid, [r.rank for r in ranks], ev,
                                    now, now))
         return out
-
-    def _queue(self, h: dict[str, Any], op: str, kind: str, reason: str,
-               finding: dict | None, now: float) -> None:
-        for sink in self.sinks:
-            event = {"event": op, "host": h["host"], "node": h.get("node") or h["host"],
-                     "devices": list(h.get("devices", [])), "kind": kind, "reason": reason,
-                     "finding": finding, "job": self.job, "at": now,
-                     "expires_at": h.get("expires_at") if op == "quarantine" else None}
-            aid = self.store.add_host_action(host=h["host"], sink=sink.name, op=op,
-                                             status="pending", event=event, at=now, next_at=now)
-            self._note(h, {"id": aid, "sink": sink.name, "op": op, "status": "pending",
-                           "attempts": 0, "detail": "", "at": now, "next_at": now})
-        self._save(h, now)
-
-    @staticmethod
-    def _note(h: dict[str, Any], a: dict[str, Any]) -> None:
-        """``a``: its sink's newest action. ``last_action``: a sink's that failed or is retried
-        (never hidden by another sink's success), else the newest."""
-        acts = h.setdefault("actions", {})
-        acts[a["sink"]] = {k: a.get(k) for k in ("id", "sink", "op", "status", "attempts",
-                                                 "detail", "at", "next_at")}
-        failing = [x for x in acts.values() if x["status"] in FAILING]
-        h["last_action"] = dict(max(failing or acts.values(), key=lambda x: x["id"]))
-
-    def run_actions(self, now: float | None = None) -> int:
-        """Carry out every due action once; returns the attempts made (0 while another runs,
-        or in a dry run: a previous run's pending ones wait for a run that acts)."""
-        if self.cfg.dry_run or not self._actions_running.acquire(blocking=False):
-            return 0
-        try:
-            due = self.store.host_actions(due_at=self.clock() if now is None else now)
-            rows = self.store.host_actions() if due else []
-            settled: set[int] = set()  # releases found to have nothing to undo
-            # first attempts before retries: a sink timing out on every retry must not hold
-            # a new quarantine back for a whole round of them
-            due.sort(key=lambda a: a["attempts"] > 0)
-            for n, a in enumerate(due):
-                if a["id"] in settled:
-                    continue
-                if a["attempts"] and self._new_action_waits():
-                    return n  # the next run takes it first; these retries stay due
-                with self._lock:  # one queued since ``rows`` was read (a POST /release)
-                    known = ((self.hosts.get(a["host"]) or {}).get("actions") or {}).get(
-                        a["sink"]) or {}
-                if (known.get("id") or 0) > max((r["id"] for r in rows), default=0):
-                    rows = self.store.host_actions()
-                later = sorted((r for r in rows if r["host"] == a["host"]
-                                and r["sink"] == a["sink"] and r["id"] > a["id"]),
-                               key=lambda r: r["id"])
-                if later:  # attempted or not, never carried out after the host's next action
-                    self._supersede(a, later[0], settled)
-                    continue
-                attempts = a["attempts"] + 1
-                res = self._attempt(a, attempts)
-                done = self.clock()
-                if res.ok:
-                    status, next_at = "done", None
-                elif res.retry and (self.cfg.max_attempts is None
-                                    or attempts < self.cfg.max_attempts):
-                    status = "retrying"
-                    # the exponent capped: 2.0 * 2**1024 overflows (3.5 days of retries)
-                    next_at = done + min(BACKOFF_MAX_S, BACKOFF_S * 2 ** min(attempts - 1, 16))
-                else:
-                    status, next_at = "failed", None
-                (log.info if res.ok else log.warning)(
-                    "host %s: %s via %s, attempt %d: %s (%s)", a["host"], a["op"], a["sink"],
-                    attempts, status, res.detail)
-                self.store.update_host_action(a["id"], status=status, attempts=attempts,
-                                              next_at=next_at, detail=res.detail, at=done)
-                self._noted({**a, "status": status, "attempts": attempts,
-                             "detail": res.detail, "at": done, "next_at": next_at})
-            return len(due)
-        finally:
-            self._actions_running.release()
-
-    def _supersede(self, a: dict[str, Any], nxt: dict[str, Any], settled: set[int]) -> None:
-        """Drop ``a`` for ``nxt``, the host and sink's next action. A quarantine never attempted
-        leaves its release nothing to undo: done, not run (a hook would hear of a release of a
-        node it never drained)."""
-        at = self.clock()
-        void = not a["attempts"] and a["op"] == "quarantine" and nxt["op"] == "release" \
-            and not nxt["attempts"] and nxt["status"] in ("pending", "retrying")
-        with self.store.atomic():
-            self.store.update_host_action(a["id"], status="superseded", attempts=a["attempts"],
-                                          next_at=None, at=at, detail="a later action for this "
-                                          "host overtook it before it was carried out")
-            if void:
-                detail = "nothing carried out: the quarantine it undoes was never attempted"
-                self.store.update_host_action(nxt["id"], status="done", attempts=0,
-                                              next_at=None, detail=detail, at=at)
-        log.info("host %s: %s via %s superseded by a later %s", a["host"], a["op"], a["sink"],
-                 nxt["op"])
-        if void:
-            settled.add(nxt["id"])
-            self._noted({**nxt, "status": "done", "detail": detail, "at": at, "next_at": None})
-
-    def _noted(self, a: dict[str, Any]) -> None:
-        """``a``'s new status on its host, if it is still its sink's newest action there."""
-        with self._lock:
-            h = self.hosts.get(a["host"])
-            if h is None or (((h.get("actions") or {}).get(a["sink"]) or {}).get("id")
-                             or 0) > a["id"]:
-                return
-            self._note(h, a)
-            self._save(h, a["at"])
-
-    def _new_action_waits(self) -> bool:
-        return any(not a["attempts"] for a in self.store.host_actions(due_at=self.clock()))
-
-    def _attempt(self, a: dict[str, Any], attempts: int) -> ActionResult:
-        sink = next((s for s in self.sinks if s.name == a["sink"]), None)
-        if sink is None:
-            return ActionResult(False, f"sink {a['sink']} is no longer configured", retry=False)
-        try:
-            return getattr(sink, a["op"])({**a["event"], "action_id": a["id"],
-                                           "attempt": attempts})
-        except Exception as e:  # a sink bug is a failed attempt, never a crash
-            log.exception("sink %s failed", a["sink"])
-            return ActionResult(False, f"{type(e).__name__}: {e}")
 
     @staticmethod
     def _set_state(h: dict[str, Any], state: str, now: float) -> None:

@@ -1,0 +1,254 @@
+"""The host ledger's actions (monitor/act/hosts.py): one queued per sink for each quarantine or
+release, carried out by a background thread with backoff, and where each sink stands per host.
+A sink that raises is a failed attempt, never a stopped monitor. See docs/quarantine.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shlex
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+from urllib.parse import urlsplit
+
+from monitor.config import QuarantineConfig, url_host_port
+from monitor.store import Store
+
+from .sinks import ActionResult, Sink
+from .sinks.base import sink_name
+
+log = logging.getLogger(__name__)
+
+BACKOFF_S, BACKOFF_MAX_S = 2.0, 300.0
+FAILING = ("failed", "retrying")  # a last action not carried out (alerted, kept in the ledger)
+UNDONE = ("pending", *FAILING)
+HASHED = re.compile(r"(.*)\.\.\.#[0-9a-f]{8}", re.S)  # sink_name's ``public...#digest``
+
+
+def failing_actions(h: dict[str, Any]) -> list[dict[str, Any]]:
+    """The newest action of each of the host's configured sinks that failed or is retried (a
+    host saved before ``actions`` was kept: its ``last_action``)."""
+    acts = h.get("actions")
+    if acts is None:
+        acts = {"": h["last_action"]} if h.get("last_action") else {}
+    return [a for a in acts.values()
+            if a.get("status") in FAILING and a.get("configured", True)]
+
+
+def public_sink_name(name: str) -> str:
+    """A stored sink name as this version shows it. An older version stored the whole
+    ``--action`` (a webhook URL's secret path, a hook's arguments): the ``sink_name`` of that
+    spec, whether or not the sink is still configured."""
+    kind, _, arg = name.partition(":")
+    if name == "kubernetes":
+        return "k8s"
+    if kind not in ("webhook", "exec") or not arg:
+        return name
+
+    def public(given: str) -> str:
+        if kind == "webhook":
+            return f"{urlsplit(given).scheme}://{url_host_port(given)}"
+        try:
+            argv = shlex.split(given)
+        except ValueError:  # unbalanced quotes: no argument can be told from the program
+            return ""
+        return argv[0] if len(argv) > 1 else given
+
+    hashed = HASHED.fullmatch(arg)
+    if hashed and (kind == "exec" or "/" not in hashed.group(1).partition("://")[2]):
+        return name  # already ``kind:public...#digest`` (a program, a URL without a path)
+    return sink_name(kind, arg, public(arg))
+
+
+def rename_old_sinks(store: Store, keep: Iterable[str], hosts: dict[str, dict[str, Any]]
+                     ) -> None:
+    """Every stored sink name in an older version's form takes its public one, in the audit log
+    and in the saved hosts (``keep``: the configured sinks' names, never renamed)."""
+    keep = set(keep)
+
+    def new(name: str) -> str:
+        return name if name in keep else public_sink_name(name)
+
+    for old in {a["sink"] for a in store.newest_host_actions()}:
+        if new(old) != old:
+            store.rename_sink(old, new(old))
+    for h in hosts.values():
+        acts = h.get("actions")
+        if acts is None and h.get("last_action"):  # saved before ``actions``: its newest
+            acts = h["actions"] = {h["last_action"].get("sink") or "": h["last_action"]}
+        h["actions"] = {new(s): {**a, "sink": new(a.get("sink") or s)}
+                        for s, a in (acts or {}).items()}
+        if h.get("last_action"):
+            h["last_action"]["sink"] = new(h["last_action"].get("sink") or "")
+
+
+class HostActions:
+    """The action queue of :class:`~monitor.act.hosts.HostLedger`, which provides ``store``,
+    ``cfg``, ``sinks``, ``clock``, ``hosts``, ``_lock`` and ``_save``. A sink no longer
+    configured (removed from ``--action``, or a webhook given another URL, which renames it)
+    keeps its actions on the host, ``configured: false``: never retried, never alerted, and
+    they keep no host in the ledger nor make it releasable again."""
+
+    store: Store
+    cfg: QuarantineConfig
+    sinks: list[Sink]
+    job: str
+    clock: Callable[[], float]
+    hosts: dict[str, dict[str, Any]]
+    _lock: Any
+    _save: Callable[[dict[str, Any], float], None]
+
+    def _load_actions(self) -> None:
+        """Where each sink stands for each host, as the audit log says (start-up)."""
+        self._actions_running = threading.Lock()
+        self._sink_names = {s.name for s in self.sinks}
+        rename_old_sinks(self.store, self._sink_names, self.hosts)
+        for a in sorted(self.store.newest_host_actions(), key=lambda a: a["id"]):
+            if a["host"] in self.hosts:
+                self._note(self.hosts[a["host"]], {**a, "at": a["updated_at"]})
+        for h in self.hosts.values():  # and the entries only a saved host holds (rows dropped)
+            self._settle(h)
+
+    def _unsettled(self, h: dict[str, Any]) -> bool:
+        """A configured sink's newest action for ``h`` not carried out (pending, retried or
+        failed): the host stays in the ledger."""
+        return any(a.get("status") in UNDONE and a.get("configured", True)
+                   for a in (h.get("actions") or {}).values())
+
+    def _queue(self, h: dict[str, Any], op: str, kind: str, reason: str,
+               finding: dict | None, now: float) -> None:
+        for sink in self.sinks:
+            event = {"event": op, "host": h["host"], "node": h.get("node") or h["host"],
+                     "devices": list(h.get("devices", [])), "kind": kind, "reason": reason,
+                     "finding": finding, "job": self.job, "at": now,
+                     "expires_at": h.get("expires_at") if op == "quarantine" else None}
+            aid = self.store.add_host_action(host=h["host"], sink=sink.name, op=op,
+                                             status="pending", event=event, at=now, next_at=now)
+            self._note(h, {"id": aid, "sink": sink.name, "op": op, "status": "pending",
+                           "attempts": 0, "detail": "", "at": now, "next_at": now})
+        self._save(h, now)
+
+    def _note(self, h: dict[str, Any], a: dict[str, Any]) -> None:
+        """``a``: its sink's newest action. ``last_action``: a configured sink's that failed or
+        is retried (never hidden by another sink's success), else the newest (a configured
+        sink's, where there is one)."""
+        h.setdefault("actions", {})[a["sink"]] = {k: a.get(k) for k in (
+            "id", "sink", "op", "status", "attempts", "detail", "at", "next_at")}
+        self._settle(h)
+
+    def _settle(self, h: dict[str, Any]) -> None:
+        acts = h.get("actions") or {}
+        for x in acts.values():
+            x["configured"] = x.get("sink") in self._sink_names
+        mine = [x for x in acts.values() if x["configured"]]
+        failing = [x for x in mine if x.get("status") in FAILING]
+        if acts:
+            h["last_action"] = dict(max(failing or mine or acts.values(),
+                                        key=lambda x: x.get("id") or 0))
+
+    def run_actions(self, now: float | None = None) -> int:
+        """Carry out every due action once; returns the attempts made (0 while another runs,
+        or in a dry run: a previous run's pending ones wait for a run that acts)."""
+        if self.cfg.dry_run or not self._actions_running.acquire(blocking=False):
+            return 0
+        try:
+            due = self.store.host_actions(due_at=self.clock() if now is None else now)
+            rows = self.store.host_actions() if due else []
+            settled: set[int] = set()  # releases found to have nothing to undo
+            # first attempts before retries: a sink timing out on every retry must not hold
+            # a new quarantine back for a whole round of them
+            due.sort(key=lambda a: a["attempts"] > 0)
+            for n, a in enumerate(due):
+                if a["id"] in settled:
+                    continue
+                if a["attempts"] and self._new_action_waits():
+                    return n  # the next run takes it first; these retries stay due
+                with self._lock:  # one queued since ``rows`` was read (a POST /release)
+                    known = ((self.hosts.get(a["host"]) or {}).get("actions") or {}).get(
+                        a["sink"]) or {}
+                if (known.get("id") or 0) > max((r["id"] for r in rows), default=0):
+                    rows = self.store.host_actions()
+                later = sorted((r for r in rows if r["host"] == a["host"]
+                                and r["sink"] == a["sink"] and r["id"] > a["id"]),
+                               key=lambda r: r["id"])
+                if later:  # attempted or not, never carried out after the host's next action
+                    self._supersede(a, later[0], settled)
+                    continue
+                attempts = a["attempts"] + 1
+                # written before the sink is called: an attempt the monitor's death cut short
+                # still counts, so a release queued after it is never taken as nothing to undo
+                self.store.update_host_action(
+                    a["id"], status=a["status"], attempts=attempts, next_at=a["next_at"],
+                    detail=f"attempt {attempts} under way: no answer recorded", at=self.clock())
+                res = self._attempt(a, attempts)
+                done = self.clock()
+                if res.ok:
+                    status, next_at = "done", None
+                elif res.retry and (self.cfg.max_attempts is None
+                                    or attempts < self.cfg.max_attempts):
+                    status = "retrying"
+                    # the exponent capped: 2.0 * 2**1024 overflows (3.5 days of retries)
+                    next_at = done + min(BACKOFF_MAX_S, BACKOFF_S * 2 ** min(attempts - 1, 16))
+                else:
+                    status, next_at = "failed", None
+                (log.info if res.ok else log.warning)(
+                    "host %s: %s via %s, attempt %d: %s (%s)", a["host"], a["op"], a["sink"],
+                    attempts, status, res.detail)
+                self.store.update_host_action(a["id"], status=status, attempts=attempts,
+                                              next_at=next_at, detail=res.detail, at=done)
+                self._noted({**a, "status": status, "attempts": attempts,
+                             "detail": res.detail, "at": done, "next_at": next_at})
+            return len(due)
+        finally:
+            self._actions_running.release()
+
+    def _supersede(self, a: dict[str, Any], nxt: dict[str, Any], settled: set[int]) -> None:
+        """Drop ``a`` for ``nxt``, the host and sink's next action. A release that follows a
+        quarantine never attempted is not run (a hook would hear of a release of a node it
+        never drained) only where the sink holds nothing to undo: its newest earlier action
+        carried out (or tried) is none, or a release done."""
+        at = self.clock()
+        void = not a["attempts"] and a["op"] == "quarantine" and nxt["op"] == "release" \
+            and not nxt["attempts"] and nxt["status"] in ("pending", "retrying")
+        if void:
+            before = self.store.host_action_before(a["host"], a["sink"], a["id"])
+            void = before is None or (before["op"], before["status"]) == ("release", "done")
+        with self.store.atomic():
+            self.store.update_host_action(a["id"], status="superseded", attempts=a["attempts"],
+                                          next_at=None, at=at, detail="a later action for this "
+                                          "host overtook it before it was carried out")
+            if void:
+                detail = "nothing carried out: the quarantine it undoes was never attempted"
+                self.store.update_host_action(nxt["id"], status="done", attempts=0,
+                                              next_at=None, detail=detail, at=at)
+        log.info("host %s: %s via %s superseded by a later %s", a["host"], a["op"], a["sink"],
+                 nxt["op"])
+        if void:
+            settled.add(nxt["id"])
+            self._noted({**nxt, "status": "done", "detail": detail, "at": at, "next_at": None})
+
+    def _noted(self, a: dict[str, Any]) -> None:
+        """``a``'s new status on its host, if it is still its sink's newest action there."""
+        with self._lock:
+            h = self.hosts.get(a["host"])
+            if h is None or (((h.get("actions") or {}).get(a["sink"]) or {}).get("id")
+                             or 0) > a["id"]:
+                return
+            self._note(h, a)
+            self._save(h, a["at"])
+
+    def _new_action_waits(self) -> bool:
+        return any(not a["attempts"] for a in self.store.host_actions(due_at=self.clock()))
+
+    def _attempt(self, a: dict[str, Any], attempts: int) -> ActionResult:
+        sink = next((s for s in self.sinks if s.name == a["sink"]), None)
+        if sink is None:
+            return ActionResult(False, f"sink {a['sink']} is no longer configured", retry=False)
+        try:
+            return getattr(sink, a["op"])({**a["event"], "action_id": a["id"],
+                                           "attempt": attempts})
+        except Exception as e:  # a sink bug is a failed attempt, never a crash
+            log.exception("sink %s failed", a["sink"])
+            return ActionResult(False, f"{type(e).__name__}: {e}")
