@@ -317,7 +317,8 @@ def reconcile(commits: dict[int, list[float]], job_times: list[float], ledger: d
       ``onset_at`` vs the rank's ``faults_struck_at`` (``TOL_ONSET_S``); the first badput
       interval tied to that incident starts no earlier than the strike less
       ``TOL_FIRST_INTERVAL_S`` and no later than the strike plus it; its ``recovery_s`` vs
-      :func:`back_at_pace` on the ground truth from its eviction (``TOL_RECOVERY_S``).
+      :func:`back_at_pace` on the ground truth from its eviction (``TOL_RECOVERY_S``); n/a
+      (``na``, not failed) for a recovery another fault's confirmation ended (``superseded``).
     A fault without a matching incident fails its checks (the monitor missed it)."""
     checks = []
     b = ledger.get("baseline_s")
@@ -356,7 +357,12 @@ def reconcile(commits: dict[int, list[float]], job_times: list[float], ledger: d
         else:
             checks.append({"check": f"{name}: first badput interval vs the strike", "ok": False,
                            "note": "no interval tied to the incident"})
-        if inc.get("back_to_pace_at") is not None and b:
+        if inc.get("back_to_pace") == "superseded":
+            # its back_to_pace_at is the next fault's detection, not the job back at pace
+            checks.append({"check": f"{name}: onset -> back at pace", "ok": True, "na": True,
+                           "ledger": inc.get("recovery_s"),
+                           "note": f"n/a: superseded by incident {inc.get('superseded_by')}"})
+        elif inc.get("back_to_pace_at") is not None and b:
             after = inc.get("evicted_at") or inc.get("detected_at") or st["at"]
             back = back_at_pace(job_times, after, ledger["to"], b)
             if back is None:

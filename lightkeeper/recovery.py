@@ -282,6 +282,9 @@ def measured_cost(inc: dict | None, t0_unix: float, groups: int,
             "onset_s": rel(inc.get("onset_at")), "detected_s": rel(inc.get("detected_at")),
             "evicted_s": rel(inc.get("evicted_at")),
             "back_to_pace_s": rel(inc.get("back_to_pace_at")),
+            # "superseded": another fault was confirmed first, back_to_pace_s is its detection,
+            # so recovery_s is no onset -> back at pace
+            "back_to_pace": inc.get("back_to_pace"), "superseded_by": inc.get("superseded_by"),
             "recovery_s": inc.get("recovery_s"), "detect_s": inc.get("detect_s")}
 
 

@@ -157,12 +157,16 @@ def recoveries(faults: list[dict], ph: list[dict], samples: list[dict], lighthou
         st = recovery.stages(f, samples, lighthouse, evictions, healthy, end)
         inc = recovery.ledger_incident(f, goodput, t0_unix)
         cost = recovery.measured_cost(inc, t0_unix, groups, job_wide.get(k, []))
-        st["back_at_pace_ledger"] = cost["back_to_pace_s"] if cost else None
+        # a recovery another fault's confirmation cut short: its end is that detection, not
+        # the job back at pace
+        superseded = bool(cost) and cost.get("back_to_pace") == "superseded"
+        st["back_at_pace_ledger"] = cost["back_to_pace_s"] if cost and not superseded else None
         f["stages"] = st
         f["cost"] = cost
         onset = f.get("struck_at_s")
         f["recovery_s"] = cost["recovery_s"] if cost and cost.get("recovery_s") is not None \
-            else None
+            and not superseded else None
+        f["superseded_by"] = cost.get("superseded_by") if superseded else None
         f["recovery_s_ranks"] = (round(st["back_at_pace"] - onset, 2)
                                  if st["back_at_pace"] is not None and onset is not None
                                  else None)

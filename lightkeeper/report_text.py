@@ -177,7 +177,10 @@ def cost_markdown(rep: dict) -> str:
     for i, f in enumerate(rep["faults"], 1):
         c = f.get("cost")
         rec = f.get("recovery_s")
-        rec_s = (f"{rec:.1f}s (ledger)" if rec is not None else "—") + (
+        sup = f.get("superseded_by")
+        rec_s = (f"superseded by #{sup} at {_fmt((c or {}).get('back_to_pace_s'))} (ledger)"
+                 if sup is not None else f"{rec:.1f}s (ledger)" if rec is not None
+                 else "—") + (
             f", {f['recovery_s_ranks']:.1f}s (ranks)" if f.get("recovery_s_ranks") is not None
             else "")
         if c:

@@ -86,3 +86,73 @@ def test_a_job_that_went_on_after_the_kill_then_vanished_ended():
     assert out["unobserved_seconds"] == pytest.approx(10, abs=0.01)
     [inc] = out["incidents"]
     assert inc["cost"]["by_cause"]["capacity_lost"] == pytest.approx(5, abs=0.01)
+
+
+def test_steps_made_before_the_kill_landed_are_not_the_job_going_on():
+    """The kill is decided after the sweep's view; the next view still has the killed
+    straggler in the quorum, committing (before the kill landed). Then the kill takes the
+    whole job down: that is down for the kill, not a job that went on and ended."""
+    job, led = healthy_ledger(groups=3, seconds=40)
+    job.finding("straggler", 2, first_seen=job.t - 5, confirmed_at=job.t, fid=7)
+    job.evict(2, at=job.t + 0.05, did=1, fid=7)
+    job.evictions[-1]["status"] = "confirmed"
+    job.groups[2]["in"] = True  # the kill has not landed yet
+    job.sweep(led, pace=0.4)
+    for g in job.groups.values():
+        g["in"] = g["reach"] = False
+    job.run(led, 60, pace=0.0)
+    out = led.to_json()
+    [inc] = out["incidents"]
+    assert out["unobserved_seconds"] == 0
+    assert inc["cost"]["by_cause"]["capacity_lost"] == pytest.approx(3 * 60, abs=0.01)
+    check_invariant(led)
+    check_counted(job, led)
+
+
+def test_down_for_a_kill_charges_it_only_the_groups_that_ran():
+    """--expected-groups 4, two groups ever seen: down for the kill, the two slots never seen
+    lose capacity on no incident (as while running), the two groups that ran on the kill's."""
+    job, led = healthy_ledger(groups=2, seconds=40, expected_groups=4)
+    h = job.t
+    job.run(led, 3, pace=0.0)
+    job.finding("hang", 1, first_seen=h + 0.1, confirmed_at=job.t, fid=7)
+    job.evict(1, at=job.t, did=1, fid=7)
+    job.evictions[-1]["status"] = "confirmed"
+    down_at = job.t
+    for g in job.groups.values():
+        g["reach"] = False  # the survivor goes down too
+    job.run(led, 60, pace=0.0)
+    out = led.to_json()
+    [inc] = out["incidents"]
+    assert out["unobserved_seconds"] == 0
+    assert inc["cost"]["by_cause"]["capacity_lost"] == pytest.approx(2 * 60, abs=0.01)
+    unseen = [iv for iv in out["intervals"] if iv["replica_group"] is None
+              and iv["end"] > down_at + 1e-6]
+    assert unseen and all(iv["cause"] == "capacity_lost" and iv["incident"] is None
+                          for iv in unseen), unseen
+    check_invariant(led)
+    check_counted(job, led)
+
+
+def test_down_for_a_kill_a_group_never_in_the_quorum_is_still_starting():
+    """A group seen but never yet in the quorum, nothing found about it, when the kill took
+    the job down: its time is startup, as while running, not the kill's."""
+    job, led = healthy_ledger(groups=2, seconds=40)
+    job.groups[2] = {**job.groups[0], "rid": "replica_group_2:a", "commits": 0, "in": False,
+                     "struck": {}}
+    job.run(led, 2, pace=1.0)
+    h = job.t
+    job.run(led, 3, pace=0.0)
+    job.finding("hang", 1, first_seen=h + 0.1, confirmed_at=job.t, fid=7)
+    job.evict(1, at=job.t, did=1, fid=7)
+    job.evictions[-1]["status"] = "confirmed"
+    for g in job.groups.values():
+        g["reach"] = False
+    job.run(led, 10, pace=0.0)
+    out = led.to_json()
+    [inc] = out["incidents"]
+    assert inc["cost"]["by_cause"]["capacity_lost"] == pytest.approx(2 * 10, abs=0.01)
+    g2 = next(g for g in out["groups"] if g["replica_group"] == 2)
+    assert g2["badput_seconds"]["capacity_lost"] == 0
+    assert g2["badput_seconds"]["startup"] >= 10
+    check_invariant(led)

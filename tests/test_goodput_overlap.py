@@ -78,3 +78,105 @@ def test_a_straggler_held_during_a_recovery_is_its_own_drag():
     assert led.to_json()["job"]["badput_seconds"]["recovery"] == pytest.approx(
         a["cost"]["by_cause"]["recovery"])
     check_counted(job, led)
+
+
+def _slow_recovery(led, job, transient: bool, rejoin: bool) -> None:
+    """After the hang's kill: the survivors at 0.5x for 20 s (a heal, say), then at pace;
+    ``transient``: a straggler confirmed 3 s in that clears 3 s later, never evicted;
+    ``rejoin``: the killed group back in the quorum meanwhile."""
+    job.run(led, 2, pace=0.0)
+    job.findings.clear()
+    job.run(led, 3, pace=0.5)
+    f = job.finding("straggler", 1, first_seen=job.t - 2, confirmed_at=job.t, fid=30) \
+        if transient else None
+    if rejoin:
+        job.restart(3, "b")
+    job.run(led, 3, pace=0.5)
+    if f is not None:
+        job.findings.remove(f)  # caught up: resolved, never acted on
+    job.run(led, 14, pace=0.5)
+    job.run(led, 60, pace=1.0)
+
+
+@pytest.mark.parametrize("rejoin", [False, True])
+def test_a_finding_that_clears_unacted_gives_the_recovery_back(rejoin):
+    """A finding confirmed during a recovery that clears without an eviction, the job still
+    slow, does not end it: the rest of the slow time is still the eviction's recovery, not
+    unattributed, and its back at pace is the job's own (reopened if the killed group's
+    return had closed it meanwhile)."""
+    runs = {}
+    for transient in (False, True):
+        job, led = _evicted_hang(groups=4, g=3)
+        _slow_recovery(led, job, transient, rejoin)
+        runs[transient] = led
+        check_invariant(led)
+        check_counted(job, led)
+    plain, tangled = _incidents(runs[False])[3], _incidents(runs[True])[3]
+    assert (tangled["back_to_pace"], tangled["superseded_by"]) == ("reached", None)
+    window = runs[True].to_json()["pace"]["window_s"]
+    assert tangled["recovery_s"] == pytest.approx(plain["recovery_s"], abs=window)
+    job_bad = runs[True].to_json()["job"]["badput_seconds"]
+    assert job_bad["unattributed"] == 0, job_bad
+    # the straggler keeps the drag of the seconds it was open; the rest is the recovery's
+    drag = _incidents(runs[True])[1]["cost"]["by_cause"]["straggler_drag"]
+    assert tangled["cost"]["by_cause"]["recovery"] + drag == pytest.approx(
+        plain["cost"]["by_cause"]["recovery"], abs=0.01)
+
+
+def test_a_kill_taken_back_is_no_longer_superseded_and_a_new_kill_recovers_anew():
+    """A's kill (sent) is superseded by B's confirmation, then turns unconfirmed (the group
+    still answered): no eviction, so no recovery that B ended. Killed again later, A's job
+    back at pace is its own: ``reached``, superseded by nothing."""
+    job, led = healthy_ledger(groups=4, seconds=40)
+    h = job.t
+    job.run(led, 2, pace=0.0)
+    job.finding("hang", 3, first_seen=h + 0.1, confirmed_at=job.t, fid=21)
+    job.evict(3, at=job.t, did=8, fid=21)  # sent, not yet confirmed
+    job.run(led, 2, pace=0.0)
+    b = job.finding("straggler", 1, first_seen=job.t - 0.5, confirmed_at=job.t, fid=30)
+    job.run(led, 2, pace=0.0)
+    assert _incidents(led)[3]["back_to_pace"] == "superseded"
+    job.evictions[-1]["status"] = "unconfirmed"
+    job.groups[3]["in"] = True
+    job.run(led, 2, pace=0.0)
+    a = _incidents(led)[3]
+    assert a["evicted_at"] is None
+    assert (a["back_to_pace"], a["superseded_by"], a["recovery_s"]) == (None, None, None)
+    job.findings.remove(b)
+    job.run(led, 2, pace=0.0)
+    job.evict(3, at=job.t, did=10, fid=21)
+    killed_at = job.t
+    job.evictions[-1]["status"] = "confirmed"
+    job.run(led, 3, pace=0.0)
+    job.findings.clear()
+    job.run(led, 30, pace=1.0)
+    a = _incidents(led)[3]
+    assert (a["back_to_pace"], a["superseded_by"]) == ("reached", None)
+    assert a["evicted_at"] == killed_at and a["back_to_pace_at"] > killed_at
+    check_invariant(led)
+
+
+def test_a_new_kill_after_a_settled_one_was_taken_back_reads_its_own_back_at_pace():
+    """The job settled at 0.6x after A's kill (sent); the kill turns unconfirmed, and A is
+    killed again: its back at pace is looked for anew, so the old settle's level no longer
+    labels it."""
+    job, led = healthy_ledger(groups=4, seconds=40)
+    h = job.t
+    job.run(led, 2, pace=0.0)
+    job.finding("hang", 3, first_seen=h + 0.1, confirmed_at=job.t, fid=21)
+    job.evict(3, at=job.t, did=8, fid=21)
+    job.run(led, 2, pace=0.0)
+    job.findings.clear()
+    job.run(led, 90, pace=0.6)
+    assert (_incidents(led)[3]["back_to_pace"], _incidents(led)[3]["settled_pace"]) == (
+        "settled", 0.6)
+    job.evictions[-1]["status"] = "unconfirmed"  # the group answered; still out of the quorum
+    job.run(led, 2, pace=0.6)
+    job.evict(3, at=job.t, did=10, fid=21)
+    job.evictions[-1]["status"] = "confirmed"
+    job.run(led, 3, pace=0.0)
+    job.run(led, 30, pace=0.6)  # at the settled level's pace: the baseline moved there
+    a = _incidents(led)[3]
+    assert (a["back_to_pace"], a["settled_pace"], a["settled_step_s"]) == ("reached", None, None)
+    assert a["back_to_pace_at"] > a["evicted_at"]
+    check_invariant(led)

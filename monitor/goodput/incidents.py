@@ -128,6 +128,8 @@ class Incidents(dict[int, Incident]):
                 for inc in self.values():
                     if inc.eviction_id == did:
                         inc.eviction_id = inc.evicted_at = inc.rejoined_at = None
+                        if inc.superseded_by is not None:  # a recovery that never was
+                            inc.back_to_pace_at = inc.superseded_by = None
                         if not inc.finding_ids:  # opened by this kill: nothing else to act on
                             inc.resolved_at = inc.resolved_at or now
                         elif inc.resolved_at is None:
@@ -157,7 +159,9 @@ class Incidents(dict[int, Incident]):
                     inc.onset_source = "eviction"
             if inc.evicted_at is None:
                 inc.evicted_at, inc.eviction_id = at, did
-                inc.back_to_pace_at = None
+                # looked for after this eviction: what ended an earlier one says nothing now
+                inc.back_to_pace_at = inc.superseded_by = None
+                inc.settled_pace = inc.settled_step_s = None
                 self.dirty.add(inc.id)
 
     def _unevicted(self, d: dict[str, Any]) -> Incident | None:

@@ -41,6 +41,9 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.job = JobPace(self.cfg)
         self.incidents = Incidents(self.cfg, self.slots, self._explain)
         self.last_commit_at: float | None = None  # the last sweep that saw a commit
+        # the last that saw one with no killed incarnation in the quorum: the job went on
+        # without it (a commit seen after a kill may have been made before it landed)
+        self.went_on_at: float | None = None
         self.expected_groups = 0
         self.first_incident = 1  # the store's incidents below are an older ledger's
         self.unobserved_s = self.gap_s = 0.0
@@ -79,7 +82,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.incidents.ingest_findings(view, findings, now, self.since, self.job.horizon)
         self.incidents.ingest_evictions(evictions, now, self.since)
         self._judge_kills(evictions)
-        self._end_recoveries()
+        self._end_recoveries(now)
         job_moved = self.job.ingest(self.reader.quorum_steps, now, self.reader.step_at,
                                     self.reader.quorum_rids, self.reader.rids)
         if self.since is None:
@@ -222,6 +225,10 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         committed = bool(deltas[inside].any())
         if job_moved or committed:
             self.last_commit_at = now
+            killed = {i.replica_id for i in incs.open() if i.evicted_at is not None
+                      and i.rejoined_at is None and i.replica_id is not None}
+            if killed.isdisjoint(map(S.rid.__getitem__, inside.tolist())):
+                self.went_on_at = now
         window = self.job.window
         # a stall: no group committed for a whole pace window
         stall = not startup and (self.last_commit_at is None
@@ -289,15 +296,26 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.job.ratio = pace_of(self.job.history, self.job.window, b)
         self.job.slow_since = (self.job.slow_since or t0) if slow else None
 
-    def _end_recoveries(self) -> None:
-        """A fault confirmed while the job recovers from an eviction ends that recovery at its
-        detection: the slow time after it is the new fault's (its stall or drag, then its own
-        recovery), and the old eviction's back at pace is not held off by the new fault."""
-        opened = self.incidents.open()
+    def _end_recoveries(self, now: float) -> None:
+        """A fault confirmed, and still open, while the job recovers from an eviction ends that
+        recovery at its detection: the slow time after it is the new fault's (its stall or
+        drag, then its own recovery), and the old eviction's back at pace is not held off by
+        the new fault. One that clears now without being evicted, the job still below pace,
+        gives the recovery back, reopened if the supersession closed it (the time it held
+        stays its own): else the rest of the slow time would be nobody's."""
+        incs = self.incidents
+        at_pace = self.job.ratio is not None and self.job.ratio >= self.cfg.pace_threshold
+        cleared = {i.id for i in incs.open() if i.resolved_at == now and i.evicted_at is None}
+        for inc in incs.values() if cleared and not at_pace else ():
+            if inc.superseded_by in cleared:
+                inc.back_to_pace_at = inc.superseded_by = inc.closed_at = None
+                incs.dirty.add(inc.id)
+        opened = incs.open()
         for inc in opened:
             if inc.evicted_at is None or inc.back_to_pace_at is not None:
                 continue
-            later = min((i for i in opened if i is not inc and i.detected_at > inc.evicted_at),
+            later = min((i for i in opened if i is not inc and i.resolved_at is None
+                         and i.detected_at > inc.evicted_at),
                         key=attrgetter("detected_at", "id"), default=None)
             if later is not None:
                 inc.back_to_pace_at, inc.superseded_by = later.detected_at, later.id
@@ -306,10 +324,12 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
     def _account_down(self, view: ClusterView, dt: float, now: float,
                       acct: SweepAccount) -> None:
         """No rank running. Within ``RELAUNCH_S`` of a kill the monitor sent whose group has not
-        rejoined, with no commit since, the kill took the job down: every slot's time is
-        ``capacity_lost`` (its group's own incident's, else the kill's). Otherwise the job ended
-        (it went on after the kill, or a rank of another incarnation says it stopped): the
-        time is unobserved."""
+        rejoined, with no commit since seen without its incarnation in the quorum (one seen with
+        it there was made before the kill landed), the kill took the job down: a group that ran
+        loses its capacity on its own incident, else the kill's; a slot never seen loses it on
+        none, a group never yet in the quorum with nothing found is still starting.
+        Otherwise the job ended (it went on after the kill, or a rank of another incarnation
+        says it stopped): the time is unobserved."""
         killed = [i for i in self.incidents.open() if i.evicted_at is not None
                   and i.evicted_at < now and i.rejoined_at is None]
         inc = max(killed, key=attrgetter("evicted_at"), default=None)
@@ -328,15 +348,19 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         own = {i.replica_group: i for i in sorted(  # of_group's, for every group at once
             self.incidents.open(), key=attrgetter("detected_at", "id"))}
         for slot in outside.tolist():
+            mine = own.get(self.slots.gids[slot])
+            if mine is None and np.isnan(self.slots.last_in_quorum_at[slot]):
+                self._book(self._run(t0, t1, np.array([slot]), [lost], "startup"), None, acct)
+                continue
             self._book(self._run(t0, t1, np.array([slot]), [lost], "capacity_lost"),
-                       own.get(self.slots.gids[slot]) or inc, acct)
+                       mine or inc, acct)
         for _ in range(unseen):
             self._add_good(np.zeros(1, np.int64), np.zeros(1), lost, acct)
             self._book(self._run(t0, t1, np.zeros(1, np.int64), [lost], "capacity_lost"),
-                       inc, acct)
+                       None, acct)
 
     def _ended(self, view: ClusterView, inc: Incident, killed: list[Incident]) -> bool:
-        if self.last_commit_at is not None and self.last_commit_at > inc.evicted_at:
+        if self.went_on_at is not None and self.went_on_at > inc.evicted_at:
             return True  # it went on without the killed group: it is not down for the kill
         rids = {i.replica_id for i in killed}
         return any(r.reachable and r.state and r.replica_id not in rids

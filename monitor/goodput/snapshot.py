@@ -58,7 +58,7 @@ class GoodputSnapshot:
             "quorum_top": self.reader.top,
             "baseline_samples": list(job.samples), "baseline": job.baseline,
             "pace": job.ratio, "slow_since": job.slow_since,
-            "last_commit_at": self.last_commit_at,
+            "last_commit_at": self.last_commit_at, "went_on_at": self.went_on_at,
             "steady": list(job.steady) if job.steady else None,
             "totals": S.totals_columns(), "gpu_totals": S.totals_columns(1),
             **{name: getattr(self, name) for name in COUNTS},
@@ -145,6 +145,8 @@ class GoodputSnapshot:
             S.born[1:][~sampled] = hist.next
         job.step, job.baseline, job.slow_since, job.ratio, led.last_commit_at = map(
             state.get, ("job_step", "baseline", "slow_since", "pace", "last_commit_at"))
+        # an older snapshot's: its last commit, as that monitor judged "went on"
+        led.went_on_at = state.get("went_on_at", led.last_commit_at)
         job.history.extend(tuple(x) for x in state["job_history"])
         job.rids = set(state.get("job_rids") or ()) or None  # an older snapshot's: not known
         # an older snapshot's: the job's step (the quorum's newest when it last moved on)

@@ -152,6 +152,7 @@ class GoodputLedger:
         self.baseline: float | None = None
         self.slow_since: float | None = None  # pace below threshold, unexplained, since
         self.last_commit_at: float | None = None  # the last sweep that saw a commit
+        self.went_on_at: float | None = None  # ... with no killed incarnation in the quorum
         self.pace: float | None = None  # the job's pace over the last window
         self.open_findings = 0  # open confirmed findings this sweep
         # (time, job step) where the job's pace became steady, while an incident acted on
@@ -211,7 +212,7 @@ class GoodputLedger:
         deltas = self._ingest_groups(view, in_quorum, now)
         self._ingest_findings(view, findings, now)
         self._ingest_evictions(evictions, now)
-        self._end_recoveries()
+        self._end_recoveries(now)
         job_moved = self._ingest_job_step(view, in_quorum, now)
         if self.since is None:
             self.since = self.last_at = now
@@ -477,6 +478,7 @@ class GoodputLedger:
             if inc.evicted_at is None:
                 inc.evicted_at, inc.eviction_id = at, did
                 inc.back_to_pace_at = None  # looked for after the eviction
+                inc.superseded_by = inc.settled_pace = inc.settled_step_s = None
                 self._dirty_incidents.add(inc.id)
 
     def _unevicted(self, d: dict[str, Any]) -> Incident | None:
@@ -574,6 +576,10 @@ class GoodputLedger:
         startup = b is None
         if job_moved or any(deltas.get(g, 0) for g in inside):
             self.last_commit_at = now
+            killed = {i.replica_id for i in self._open_incidents() if i.evicted_at is not None
+                      and i.rejoined_at is None and i.replica_id is not None}
+            if not any(self.groups[g].replica_id in killed for g in inside):
+                self.went_on_at = now
         # a stall: no group committed for a whole pace window (shorter gaps are slow steps)
         stall = not startup and (self.last_commit_at is None
                                  or now - self.last_commit_at >= self.window)
@@ -644,15 +650,23 @@ class GoodputLedger:
         self.pace = _pace(self.job_history, self.window, b)
         self.slow_since = (self.slow_since or t0) if slow else None
 
-    def _end_recoveries(self) -> None:
-        """A fault confirmed during an eviction's recovery ends that recovery at its detection
-        (as monitor/goodput does)."""
+    def _end_recoveries(self, now: float) -> None:
+        """A fault confirmed, and still open, during an eviction's recovery ends that recovery
+        at its detection; one that clears now, never evicted, the job still below pace, gives
+        it back, reopened if it closed (as monitor/goodput does)."""
+        at_pace = self.pace is not None and self.pace >= self.cfg.pace_threshold
+        for inc in self.incidents.values():
+            by = self.incidents.get(inc.superseded_by)
+            if by is not None and by.evicted_at is None and by.resolved_at == now \
+                    and by.closed_at is None and not at_pace:
+                inc.back_to_pace_at = inc.superseded_by = inc.closed_at = None
+                self._dirty_incidents.add(inc.id)
         opened = self._open_incidents()
         for inc in opened:
             if inc.evicted_at is None or inc.back_to_pace_at is not None:
                 continue
-            later = sorted((i.detected_at, i.id) for i in opened
-                           if i is not inc and i.detected_at > inc.evicted_at)
+            later = sorted((i.detected_at, i.id) for i in opened if i is not inc
+                           and i.resolved_at is None and i.detected_at > inc.evicted_at)
             if later:
                 inc.back_to_pace_at, inc.superseded_by = later[0]
                 self._dirty_incidents.add(inc.id)
@@ -665,8 +679,8 @@ class GoodputLedger:
                   and i.evicted_at < now and i.rejoined_at is None]
         inc = max(killed, key=lambda i: i.evicted_at) if killed else None
         rids = {i.replica_id for i in killed}
-        went_on = inc is not None and self.last_commit_at is not None \
-            and self.last_commit_at > inc.evicted_at
+        went_on = inc is not None and self.went_on_at is not None \
+            and self.went_on_at > inc.evicted_at
         lost = 0.0
         if inc is not None and dt <= self.cfg.max_gap_s and not went_on and not any(
                 r.reachable and r.state and r.replica_id not in rids
@@ -682,11 +696,15 @@ class GoodputLedger:
         for g in outside:
             self.groups[g].carry = 0.0
             self._add(g, 0.0, lost, acct)
-            self._badput(t0, t1, g, "capacity_lost", lost, self.groups[g].gpus,
-                         self._group_incident(g) or inc, acct)
-        for _ in range(unseen):
+            own = self._group_incident(g)
+            if own is None and self.groups[g].last_in_quorum_at is None:  # still starting
+                self._badput(t0, t1, g, "startup", lost, self.groups[g].gpus, None, acct)
+            else:  # a group that ran: its own incident's, else the kill's
+                self._badput(t0, t1, g, "capacity_lost", lost, self.groups[g].gpus,
+                             own or inc, acct)
+        for _ in range(unseen):  # never seen: no incident's
             self._add(None, 0.0, lost, acct)
-            self._badput(t0, t1, None, "capacity_lost", lost, self._default_gpus(), inc, acct)
+            self._badput(t0, t1, None, "capacity_lost", lost, self._default_gpus(), None, acct)
 
     def _pending_to_stall(self, inc: Incident | None) -> None:
         """Pending slow time since the last commit was the stall's beginning."""
@@ -1058,6 +1076,7 @@ class GoodputLedger:
             "job_rids": None if self.job_rids is None else sorted(self.job_rids),
             "baseline_samples": list(self.baseline_samples), "baseline": self.baseline,
             "pace": self.pace, "slow_since": self.slow_since, "last_commit_at": self.last_commit_at,
+            "went_on_at": self.went_on_at,
             "steady": list(self.steady) if self.steady else None,
             "totals": self.totals, "gpu_totals": self.gpu_totals,
             "expected_groups": self.expected_groups, "unobserved_s": self.unobserved_s,
@@ -1116,6 +1135,7 @@ class GoodputLedger:
         led.slow_since = state.get("slow_since")
         led.pace = state.get("pace")
         led.last_commit_at = state.get("last_commit_at")
+        led.went_on_at = state.get("went_on_at", led.last_commit_at)
         steady = state.get("steady")
         led.steady = (float(steady[0]), int(steady[1])) if steady else None
         led.totals = state.get("totals") or {}
