@@ -25,6 +25,7 @@ from ..store import Store
 from .actions import NOT_IN_QUORUM, Lighthouse, Orphans, RankCalls
 from .bundles import CONFIRM_KINDS, Bundles
 from .decisions import Decision, Situation, blind_reason, decide
+from .host_rails import drained_groups
 from .hosts import DeadGroups, HostLedger, protected_hosts
 from .survivors import Survivors
 
@@ -261,13 +262,18 @@ class Enforcer:
             self._host_actions.join(timeout=self.cfg.quarantine.action_timeout_s + 5)
 
     def situation(self, view: ClusterView, evidence: ClusterView, now: float,
-                  in_quorum: dict[str | None, set[int]] | None = None) -> Situation:
+                  in_quorum: dict[str | None, set[int]] | None = None,
+                  drained: set[int] | None = None) -> Situation:
         """Reachability from every known rank; the quorum from verified ranks, less the groups
-        already sent a kill (counting them would let two findings go below --min-replicas)."""
+        already sent a kill and those on a quarantined host (``drained``: its drain takes them
+        down; counting either would let an eviction go below --min-replicas)."""
         evicted = self.store.evicted_replica_ids()
         if in_quorum is None:
             in_quorum = in_quorum_by_replica_id(evidence)
-        groups = set().union(*in_quorum.values())
+        if drained is None:
+            # real quarantines only: a dry run's would-be one drains nothing, its groups stay
+            drained = drained_groups(evidence, self.hosts.quarantined())
+        groups = set().union(*in_quorum.values()) - drained
         for rid in evicted:
             groups -= in_quorum.get(rid, set())
         return Situation(now=now, groups_in_quorum=groups, evicted_replica_ids=evicted,
@@ -276,14 +282,15 @@ class Enforcer:
 
     def decide(self, view: ClusterView, evidence: ClusterView, now: float) -> None:
         """Every open finding of an evictable kind, under the rails: evicted, or held."""
-        in_quorum = None  # once per sweep, only when a finding asks (most sweeps none does)
+        in_quorum = drained = None  # once per sweep, only when a finding asks (most: none)
         for f in self.detectors.open_findings():
             if f.kind not in self.cfg.rails.evict_kinds:
                 continue  # reported only (e.g. dead)
             with self._lock:
                 if in_quorum is None:
                     in_quorum = in_quorum_by_replica_id(evidence)
-                s = self.situation(view, evidence, now, in_quorum)
+                    drained = drained_groups(evidence, self.hosts.quarantined())
+                s = self.situation(view, evidence, now, in_quorum, drained)
                 d = decide(f.kind, f.replica_group, f.replica_id, s, self.cfg.rails)
                 if d.evict:
                     self._last_decision[f.key] = d.reason

@@ -1,6 +1,7 @@
 """What holds a host's offence or quarantine back, on the job's own evidence: the Lighthouse's
 word before a ``dead`` finding counts (:class:`DeadGroups`) and ``--min-replicas`` before a
-quarantine drains groups of the quorum (:func:`protected_hosts`). See docs/quarantine.md.
+quarantine drains groups of the quorum (:func:`protected_hosts`; :func:`drained_groups` for
+the eviction rail). See docs/quarantine.md.
 """
 
 from __future__ import annotations
@@ -19,6 +20,15 @@ def protected_hosts(view: ClusterView, min_replicas: int) -> Protection:
     it too); host -> why, with :meth:`Protection.why` for groups already down."""
     return Protection({gv.replica_group: (gv.replica_id, set(gv.hosts))
                        for gv in view.in_quorum()}, min_replicas)
+
+
+def drained_groups(view: ClusterView, hosts_down: Collection[str]) -> set[int]:
+    """The groups of ``view``'s newest quorum with a rank on one of ``hosts_down``
+    (quarantined): a quarantine drains its host, so the eviction rail counts them as gone, as
+    :meth:`Protection.why` does (a drained group's ranks may answer until they are gone)."""
+    down = set(hosts_down)
+    return {gv.replica_group for gv in view.in_quorum()
+            if not down.isdisjoint(gv.hosts)} if down else set()
 
 
 class Protection(dict):

@@ -1,0 +1,111 @@
+"""The eviction rail counts the groups on a quarantined host as gone (monitor/act/enforcer.py,
+Enforcer.situation; docs/monitor.md, Eviction and safety rails): a quarantine drains its host,
+so an eviction in the same sweep, or while the drained ranks still answer, must not take the
+quorum below --min-replicas.
+
+A monitor over a real torchft Lighthouse that simulated groups join (``SimJob``,
+tests/support/monitor_sim.py), one host per group; the sweep's findings are handed to the
+enforcer by hand, in the order the sweep does (record, the host ledger, then decisions).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from monitor.api.app import create_app
+from monitor.config import BundleConfig, MonitorConfig, QuarantineConfig, RailsConfig
+from monitor.detect import Finding
+from monitor.service import Monitor
+from tests.support.monitor_sim import SimJob
+
+TOKEN = "s3cret"
+
+
+@pytest.fixture
+def job():
+    j = SimJob(4)
+    for g in range(4):
+        for r in j.sim.group(g):
+            r.update(host=f"host-g{g}", node=f"host-g{g}")
+    yield j
+    j.stop()
+
+
+def monitor(tmp_path, job: SimJob, name: str, **quarantine) -> Monitor:
+    # --evict-on hang: stragglers are reported (and count against their host), not evicted
+    return Monitor(MonitorConfig(
+        port=0, state_path=str(tmp_path / f"{name}.sqlite"), targets=job.sim.urls, job="sim",
+        lighthouse=job.url, token=TOKEN, bundles=BundleConfig(enabled=False),
+        rails=RailsConfig(min_replicas=3, cooldown_s=0, evict_kinds=("hang",)),
+        quarantine=QuarantineConfig(after={"straggler": 2}, **quarantine)))
+
+
+def finding(kind: str, g: int, job: SimJob, now: float) -> Finding:
+    culprits = [{"rank": g, "host": f"host-g{g}", "node": f"host-g{g}",
+                 "device": {"type": "cpu"}}]
+    return Finding(kind, g, job.replica_ids[g], [g], {"culprits": culprits}, now, now)
+
+
+def hand_in(mon: Monitor, view, findings: list[Finding]) -> None:
+    """The sweep's step 4 (monitor.service) with these findings confirmed."""
+    now = mon.clock()
+    for f in findings:
+        mon.detectors.report(f)
+    new = mon.enforcer.record(findings, now)
+    mon.enforcer.judge_hosts(view, new, now, mon.lighthouse_status)
+    mon.enforcer.decide(view, view.evidence(), now)
+
+
+def test_an_eviction_in_the_sweep_of_a_quarantine_counts_its_groups_gone(tmp_path, job):
+    """4 groups, --min-replicas 3. host-g0's second straggler quarantines it (3 left: the host
+    rail lets it); in the same sweep a hang in group 1 would leave 2, so it is held, and so is a
+    POST /v1/evict of group 1 while group 0's drained ranks still answer. Before, both counted
+    group 0 and evicted ("3 remain")."""
+    mon = monitor(tmp_path, job, "real")
+    try:
+        view = mon.sweep_once()  # every group verified in the Lighthouse's quorum
+        assert sorted(gv.replica_group for gv in view.evidence().in_quorum()) == [0, 1, 2, 3]
+        first = finding("straggler", 0, job, mon.clock())
+        hand_in(mon, view, [first])
+        mon.detectors.resolve(first.key, "cleared", mon.clock())  # the episode ended
+        assert mon.hosts.quarantined() == []  # one straggler of the two it takes
+
+        view = mon.sweep_once()
+        hand_in(mon, view, [finding("straggler", 0, job, mon.clock()),
+                            finding("hang", 1, job, mon.clock())])
+        assert mon.hosts.quarantined() == ["host-g0"]
+        client = create_app(mon).test_client()
+        decided = client.get("/v1/evictions").get_json()
+        assert [(d["decision"], d["replica_group"], d["reason"]) for d in decided] == [
+            ("hold", 1, "min_replicas")], decided
+        assert "would leave 2 replica group(s)" in decided[0]["detail"], decided
+
+        view = mon.sweep_once()  # group 0's ranks still answer, in the quorum
+        assert 0 in {gv.replica_group for gv in view.evidence().in_quorum()}
+        r = client.post("/v1/evict", json={"replica_group": 1, "reason": "test"},
+                        headers={"Authorization": f"Bearer {TOKEN}"})
+        body = r.get_json()
+        assert r.status_code == 409 and body["reason"] == "min_replicas", body
+        assert client.get("/v1/evictions?decision=evict").get_json() == []
+        assert job.kills == []
+    finally:
+        mon.stop()
+
+
+def test_a_dry_run_quarantine_holds_no_real_eviction(tmp_path, job):
+    """--quarantine-dry-run drains nothing: host-g0's groups stay in the quorum, so the hang in
+    group 1 is evicted (3 remain) although host-g0 would have been quarantined."""
+    mon = monitor(tmp_path, job, "dry", dry_run=True)
+    try:
+        view = mon.sweep_once()
+        first = finding("straggler", 0, job, mon.clock())
+        hand_in(mon, view, [first])
+        mon.detectors.resolve(first.key, "cleared", mon.clock())
+        view = mon.sweep_once()
+        hand_in(mon, view, [finding("straggler", 0, job, mon.clock()),
+                            finding("hang", 1, job, mon.clock())])
+        (would,) = [h for h in mon.enforcer.hosts_json()["hosts"] if h["host"] == "host-g0"]
+        assert would.get("would_quarantine") and mon.hosts.quarantined() == []
+        assert job.kills == [job.replica_ids[1]]
+    finally:
+        mon.stop()
