@@ -101,6 +101,38 @@ def test_one_or_two_collectives_of_history_name_nobody():
     assert found.departs_from_step_pattern == []
 
 
+# the first step of a job: one gather size over a step's first layers, then another
+FIRST_STEPS = [FSDP_STEP[:4], [("0", "all_gather", [[100]]), ("0", "all_gather", [[200]])] * 3]
+
+
+def first_step_mismatch(first: list, steps: int = 0) -> dict[int, dict]:
+    """``steps`` whole steps of ``first`` plus the next collective, then rank 0 issues the
+    step's next collective (a size new to it) while rank 1 repeats the step's first."""
+    job = FRJob(2, seed=7)
+    step = [*first, ("0", "all_gather", [[17536]])]
+    job.repeat(steps, step)
+    for pg, op, sizes in first:
+        job.collective(pg, op, sizes)
+    job.collective("0", "all_gather", [[17536]], rank_sizes={1: first[0][2]})
+    return job.dumps()
+
+
+@pytest.mark.parametrize("first", FIRST_STEPS)
+def test_a_mismatch_inside_the_first_step_names_nobody(first):
+    # what came before repeats, but no step was seen whole: rank 0's new size may be its step's
+    # next collective, and rank 1 the one that went wrong
+    (found,) = analyze(first_step_mismatch(first)).findings
+    assert (found.has_majority, found.culprit_ranks) == (False, [0, 1])
+    assert (found.departs_from_step_pattern, found.departs_from_history) == ([], [])
+    assert "break their own" not in found.detail and "depart from" not in found.detail
+
+
+@pytest.mark.parametrize("first", FIRST_STEPS)
+def test_the_same_fault_after_three_whole_steps_names_the_rank_that_broke_the_step(first):
+    (found,) = analyze(first_step_mismatch(first, steps=3)).findings
+    assert (found.has_majority, found.departs_from_step_pattern) == (False, [1])
+
+
 # FSDP's step with its reduce-scatter: rank 1 issues another op where its peer gathers
 STEP_RS = [*FSDP_STEP, ("0", "reduce_scatter", [[24992]])]
 

@@ -529,6 +529,24 @@ def test_in_group_mismatch_of_two_ranks_is_attributed_by_the_step_pattern():
     assert ev["culprit_hosts"] == ["host-g2"]
 
 
+def test_in_group_mismatch_inside_the_first_step_evicts_nobody():
+    """The job's first step: rank 4 gathers four layers of one size and then its next (another
+    size), rank 5 a fifth of the first. Nothing before shows a whole step, so neither rank's
+    collectives are a pattern to break: the rank whose size is new may be the right one."""
+    job = Job()
+    det = Detectors(DetectorConfig(fr_interval_s=1.0))
+    for g in range(3):
+        for _ in range(4):
+            job.fr.collective("0", "all_gather", [[1000]], members=job.members(g))
+        job.fr.collective("0", "all_gather", [[300]], members=job.members(g),
+                          rank_sizes={5: [[1000]]} if g == 2 else None)
+    (found,) = analyze(job.dumps()).findings  # the engine sees it, and names nobody
+    assert (found.kind, found.culprit_ranks, found.departs_from_step_pattern,
+            found.departs_from_history) == ("mismatch", [4, 5], [], [])
+    assert [f for f in sweep(det, job, T0 + 2) if f.kind == "mismatch"] == []
+    assert det.open_findings() == []
+
+
 def test_step_pattern_names_nobody_without_a_pattern():
     assert departs_from_step_pattern({}, {"seq": 3, "pg": "0", "variants": []}) == []
     assert departs_from_step_pattern({}, {"seq": None}) == []

@@ -13,7 +13,7 @@ from rank_wire.recorders import is_torchft_pg_name
 from .columnar import normalize
 from .findings import AnalysisResult, Finding, HangFinding, MismatchFinding
 from .model import COMPLETED, DumpFormatError, GroupKey, GroupTrace, RankTrace, Signature
-from .steps import step_pattern_departures
+from .steps import has_step_pattern, step_pattern_departures
 from .stragglers import StragglerConfig, StragglerEvidence
 
 # Why a group got no straggler check: no two of its ranks' clocks can be compared.
@@ -209,7 +209,7 @@ def _first_mismatch(key: GroupKey, rows: Mapping[int, GroupTrace], disagreements
         pattern = step_pattern_departures(traces, key, seq, at)
         if pattern:
             detail += f"; rank(s) {_ranks(pattern)} break their own per-step pattern"
-        departs = _departs_from_history(key, at, disagreements, traces, signatures)
+        departs = _departs_from_history(key, seq, at, disagreements, traces, signatures)
         if departs:
             detail += f"; rank(s) {_ranks(departs)} depart from their own history of that collective"
     return MismatchFinding(kind="mismatch", group=key, seq=seq, op=op, culprit_ranks=culprits, detail=detail,
@@ -272,31 +272,36 @@ def _distinct_rows(rows: Any) -> list[GroupTrace]:
     return out
 
 
-def _departs_from_history(key: GroupKey, at: Mapping[int, int], disagreements: Mapping[GroupKey, set[int]],
+def _departs_from_history(key: GroupKey, seq: int, at: Mapping[int, int],
+                          disagreements: Mapping[GroupKey, set[int]],
                           traces: Mapping[int, RankTrace], signatures: list[Signature]) -> list[int]:
     """Ranks whose collective at the mismatch is a variant of that op they never enqueued in the
     group's collectives its ranks agree on (every torchft incarnation), though every variant of
-    that op they enqueued there they enqueued more than once: a tie-breaker. Not "the
-    variant they enqueue most often": FSDP gathers several sizes per step, so a rank's correct
-    but rarer variant would "depart" too."""
+    that op they enqueued there they enqueued more than once, in whole steps: a tie-breaker. Not
+    "the variant they enqueue most often": FSDP gathers several sizes per step, so a rank's
+    correct but rarer variant would "depart" too."""
     slot = _slot(key)
     out = []
     for rank, sig_id in at.items():
         counts: Counter[int | None] = Counter()
+        # whole steps: another incarnation (quorums change between steps) or a repeating pattern;
+        # inside a first step a variant new to the rank may be the step's next collective
+        whole = has_step_pattern(traces[rank].groups.get(key), seq)
         for k, row in traces[rank].groups.items():
             if _slot(k) != slot:
                 continue
             counts.update(row.sigs)
+            whole = whole or (k != key and any(s is not None for s in row.sigs))
             # each incarnation's disagreements are not its history: a culprit may repeat its fault
-            for seq in disagreements.get(k, ()):
-                i = seq - row.first_seq
+            for bad in disagreements.get(k, ()):
+                i = bad - row.first_seq
                 if 0 <= i < len(row.sigs):
                     counts[row.sigs[i]] -= 1
         op = signatures[sig_id].op
         known = [n for s, n in counts.items() if s is not None and n > 0 and signatures[s].op == op]
         # a variant seen once may be the first of a step not yet seen whole: one or two
         # collectives of history do not show which variants a rank issues
-        if counts[sig_id] <= 0 and known and min(known) >= 2:
+        if whole and counts[sig_id] <= 0 and known and min(known) >= 2:
             out.append(rank)
     return sorted(out)
 

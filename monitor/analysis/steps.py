@@ -1,7 +1,8 @@
 """A rank's own repeating per-step pattern of collectives: training issues the same collectives
 every step, so the participant of a majority-less mismatch whose collective breaks its pattern,
 while another's follows its own, is the likely culprit. Shared by the engine (the finding's
-``departs_from_step_pattern``) and the monitor's mismatch detector.
+``departs_from_step_pattern``, and whether a rank's own history holds whole steps) and the
+monitor's mismatch detector.
 """
 
 from __future__ import annotations
@@ -9,13 +10,20 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .model import GroupKey, RankTrace
+from .model import GroupKey, GroupTrace, RankTrace
+
+# A pattern is trusted only over this many collectives besides the one judged: inside a job's
+# (or a quorum's) first step, a few layers of one size (or two alternating) look like a short
+# period, and the step's next collective would "break" it.
+_MIN_SEEN = 8
 
 
 def _period(sigs: list[int | None], skip: int, max_period: int = 128) -> int | None:
     """The shortest period of a rank's collectives (one step's pattern) without position
-    ``skip``; None when none holds for 9 in 10."""
+    ``skip``; None when none holds for 9 in 10 over three periods and ``_MIN_SEEN`` collectives."""
     n = len(sigs)
+    if sum(1 for i, s in enumerate(sigs) if s is not None and i != skip) < _MIN_SEEN:
+        return None
     for p in range(1, min(max_period, n // 3) + 1):
         same = total = 0
         allowed = 0.1 * (n - p)  # give up on this period once too many positions disagree
@@ -50,16 +58,27 @@ def step_pattern_departures(traces: Mapping[int, RankTrace], key: GroupKey, seq:
         row = t.groups.get(key) if t is not None else None
         if row is None or not row.first_seq <= seq <= row.last_seq:
             continue
-        # the steps around it are enough to see the pattern (and keep this cheap)
-        lo = max(0, seq - row.first_seq - 600)
-        sigs = row.sigs[lo:seq - row.first_seq + 300]
-        i = seq - row.first_seq - lo
+        sigs, i = _around(row, seq)
         p = _period(sigs, i)
         expected = None if p is None else _expected(sigs, i, p)
         if expected is None:
             continue
         (conforms if expected == sigs[i] else departs).append(rank)
     return sorted(departs) if departs and conforms else []
+
+
+def has_step_pattern(row: GroupTrace | None, seq: int) -> bool:
+    """Whether ``row`` shows a repeating per-step pattern around ``seq`` (its steps seen whole)."""
+    if row is None or not row.first_seq <= seq <= row.last_seq:
+        return False
+    return _period(*_around(row, seq)) is not None
+
+
+def _around(row: GroupTrace, seq: int) -> tuple[list[int | None], int]:
+    """The row's collectives around ``seq`` and its index among them: the steps around it are
+    enough to see the pattern (and keep this cheap)."""
+    lo = max(0, seq - row.first_seq - 600)
+    return row.sigs[lo:seq - row.first_seq + 300], seq - row.first_seq - lo
 
 
 def departs_from_step_pattern(traces: Mapping[int, RankTrace], raw: Mapping[str, Any]) -> list[int]:
