@@ -8,13 +8,17 @@ still surfaces.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
 import threading
+import time
 import weakref
 
+from waitress.channel import HTTPChannel
 from waitress.server import create_server
+from waitress.task import WSGITask
 
 from .urls import http_url
 
@@ -24,6 +28,8 @@ MAX_REQUEST_BODY = 64 * 1024
 # "Task queue depth is N" under a burst of polls is waitress' own matter, not the job's log
 logging.getLogger("waitress.queue").setLevel(logging.ERROR)
 _BOUND: weakref.WeakSet = weakref.WeakSet()  # this process's servers
+# environ key: ``environ[HOLD_RESPONSE](seconds)`` sends this response only that much later
+HOLD_RESPONSE = "lightkeeper.hold_response"
 
 
 def _forked() -> None:
@@ -38,25 +44,107 @@ def _forked() -> None:
 
 os.register_at_fork(after_in_child=_forked)
 
+# an address this host does not have (::1 where IPv6 is off): the next one the name resolves to
+_NOT_HERE = (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A socket bound to the first address ``host`` resolves to that this host has. waitress
+    binds every address a name resolves to (localhost: ::1 and 127.0.0.1), each on a port of its
+    own when ``port`` is 0, and returns a server with no one port: one socket, one port."""
+    try:
+        port = int(port)
+        if not 0 <= port <= 65535:
+            raise ValueError("not a port (0-65535)")
+        # waitress' spelling of an IPv6 literal is accepted too
+        name = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        infos = socket.getaddrinfo(name, port, socket.AF_UNSPEC, socket.SOCK_STREAM,
+                                   socket.IPPROTO_TCP, socket.AI_PASSIVE)
+    except (OSError, ValueError, UnicodeError) as e:  # gaierror: not a name, nor an address
+        raise ValueError(f"cannot bind {host!r} port {port}: {e}") from None
+    error: OSError | None = None
+    for family, socktype, proto, _, address in infos:
+        try:
+            sock = socket.socket(family, socktype, proto)
+        except OSError as e:
+            error = e
+            continue
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as waitress
+            if family == socket.AF_INET6:  # as waitress: IPv6 only, the IPv4 address is another
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            return sock
+        except OSError as e:
+            sock.close()
+            error = e
+            if e.errno not in _NOT_HERE:
+                break
+    assert error is not None  # getaddrinfo answers an address or raises
+    raise OSError(error.errno, f"cannot bind {http_url(host, port)}: {error.strerror or error}")
+
+
+class _Task(WSGITask):
+    def get_environment(self):
+        environ = super().get_environment()
+        environ[HOLD_RESPONSE] = self.channel.hold
+        return environ
+
+
+class _Channel(HTTPChannel):
+    """A connection whose response can be held back without holding a thread: a client that
+    loops on a refusal (429) then asks once per hold, however fast it loops, and the thread that
+    answered it serves others meanwhile."""
+
+    task_class = _Task
+    _hold_until = 0.0
+
+    def hold(self, seconds: float) -> None:
+        self._hold_until = time.monotonic() + seconds
+        # the server's loop sees the hold end when it wakes: at the end, not up to its poll's
+        # timeout (1 s) later
+        waker = threading.Timer(seconds, self._wake)
+        waker.daemon = True
+        waker.start()
+
+    def _wake(self) -> None:
+        if self.connected:  # a server stopped since closed its connections and its trigger
+            try:
+                self.server.pull_trigger()
+            except OSError:
+                pass
+
+    def _held(self) -> bool:
+        # a connection closing anyway goes now; nothing is read from it while its answer waits
+        return not self.will_close and time.monotonic() < self._hold_until
+
+    def writable(self):
+        return not self._held() and super().writable()
+
+    def _flush_some(self, do_close=True):
+        # the task's thread flushes too, as it writes: the hold holds there as well
+        return False if self._held() else super()._flush_some(do_close=do_close)
+
 
 class BackgroundWSGIServer:
     def __init__(self, app, *, host: str = "127.0.0.1", port: int = 0, threads: int = 4,
                  name: str = "lightkeeper-http",
                  max_request_body_size: int = MAX_REQUEST_BODY) -> None:
         """Bind now (raises ``OSError`` when the address is taken, ``ValueError`` when it is no
-        address; both naming it); serve after :meth:`start`."""
+        address; both naming it); serve after :meth:`start`. A name that resolves to several
+        addresses is bound on the first of them this host has."""
+        sock = _bind(host, port)
         try:
-            self._server = create_server(app, host=host, port=port, threads=threads, ident=name,
+            self._server = create_server(app, sockets=[sock], threads=threads, ident=name,
                                          clear_untrusted_proxy_headers=True,
                                          # select() fails on a descriptor past 1023 and ends
                                          # the server: a rank's job or a monitor's pool has more
                                          asyncore_use_poll=True,
                                          max_request_body_size=max_request_body_size)
-        except OSError as e:
-            raise OSError(e.errno, f"cannot bind {http_url(host, port)}: {e.strerror or e}") \
-                from None
-        except ValueError as e:  # waitress: "Invalid host/port specified."
-            raise ValueError(f"cannot bind {host!r} port {port}: {e}") from None
+        except BaseException:
+            sock.close()
+            raise
+        self._server.channel_class = _Channel
         self.host = host
         self.port = int(self._server.effective_port)
         # every address: the name others reach it by; an IPv6 literal is bracketed

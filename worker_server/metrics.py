@@ -11,6 +11,7 @@ Every series carries ``job``, ``replica_group`` and ``rank`` (global rank) label
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -18,6 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
+from http_serving.wsgi import HOLD_RESPONSE
 from rank_wire import MONITOR_AGENT
 
 from .probe import PAYLOAD_PATH
@@ -36,6 +38,16 @@ LABELS = ("job", "replica_group", "rank", "group_rank")
 READ_SHARE = 0.02
 # ...and never longer than this: the monitor's poll times out at 0.8 s (its --poll-timeout)
 MAX_PACE_S = 0.25
+# Paced reads that may wait at once: a waiting read sleeps on one of the server's 4 threads, and
+# the monitor's polls queue behind those in waitress' FIFO; two stay free for them. Another read
+# that would wait is answered 429, made at once and sent HOLD_S later (holding no thread), so a
+# client looping on refusals costs one answer per HOLD_S.
+PACED_SLOTS = 2
+# never paced nor refused: a peer's probe payload (its time is the network's measure) and
+# /healthz (a readiness probe refused would hold a rolling update; it costs next to nothing)
+UNPACED = (PAYLOAD_PATH, "/healthz")
+RETRY_AFTER_S = 1
+HOLD_S = 1.0
 
 
 def _label_values(state: RankState) -> list[str]:
@@ -146,11 +158,15 @@ class WorkerMetrics:
         state.add_step_listener(self._on_step)
         state.timing.add_listener(self._on_timing)
 
+    def pace_s(self) -> float:
+        """How long a read now waits until the reads answered before it are paid for."""
+        with self._pace_lock:
+            return self._free_at - time.monotonic()
+
     def pace(self) -> None:
         """Before a read: wait until the reads answered before it are paid for (at most
         MAX_PACE_S), so that a client reading back to back costs training ~READ_SHARE at most."""
-        with self._pace_lock:
-            wait = self._free_at - time.monotonic()
+        wait = self.pace_s()
         if wait > 0:
             time.sleep(wait)
 
@@ -164,15 +180,28 @@ class WorkerMetrics:
                 self._free_at = min(max(self._free_at, now) + cpu_s / READ_SHARE,
                                     now + MAX_PACE_S)
 
-    def count_cpu(self, app):
+    def count_cpu(self, app, paced_slots: int = PACED_SLOTS):
         """Wrap a WSGI app so each request's CPU time (its thread's) is counted and reads (GET)
-        are paced (:meth:`pace`); the monitor's polls (its User-Agent) never wait, nor does a
-        peer's probe payload, whose time is the network's measure."""
+        are paced (:meth:`pace`), ``paced_slots`` of them waiting at once: another that would
+        wait is answered 429 with ``Retry-After`` (sent HOLD_S later, its thread freed at once).
+        The monitor's polls (its User-Agent) never wait, nor do :data:`UNPACED` paths."""
+        slots = threading.BoundedSemaphore(paced_slots)
+
         def wsgi(environ, start_response):
             read = environ.get("REQUEST_METHOD") in ("GET", "HEAD")
-            if read and environ.get("PATH_INFO") != PAYLOAD_PATH \
-                    and not environ.get("HTTP_USER_AGENT", "").startswith(MONITOR_AGENT):
-                self.pace()
+            if read and environ.get("PATH_INFO") not in UNPACED \
+                    and not environ.get("HTTP_USER_AGENT", "").startswith(MONITOR_AGENT) \
+                    and self.pace_s() > 0:
+                if not slots.acquire(blocking=False):
+                    started = time.thread_time()
+                    body = _busy(environ, start_response)
+                    # charged as a read: a client looping on refusals slows the paced readers
+                    self.served(time.thread_time() - started, read)
+                    return body
+                try:
+                    self.pace()
+                finally:
+                    slots.release()
             started = time.thread_time()
             try:
                 body = app(environ, start_response)
@@ -193,6 +222,21 @@ class WorkerMetrics:
         self.compute_seconds.observe(timing.compute_s)
         self.wait_seconds["cross"].observe(timing.wait_cross_s)
         self.wait_seconds["group"].observe(timing.wait_group_s)
+
+
+def _busy(environ, start_response) -> list[bytes]:
+    """429 for a paced read beyond the slots, in the shape of every other error."""
+    path = environ.get("PATH_INFO", "")
+    doc = {"error": "too many reads at once on this rank: ask again after Retry-After",
+           "status": 429, "path": path}
+    body = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode() + b"\n"
+    start_response("429 Too Many Requests", [("Content-Type", "application/json"),
+                                             ("Content-Length", str(len(body))),
+                                             ("Retry-After", str(RETRY_AFTER_S))])
+    hold = environ.get(HOLD_RESPONSE)
+    if hold is not None:
+        hold(HOLD_S)
+    return [body]
 
 
 class _Counted:

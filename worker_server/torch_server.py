@@ -36,6 +36,7 @@ import atexit
 import ctypes
 import json
 import logging
+import os
 import socket
 import sys
 import threading
@@ -294,6 +295,63 @@ def _stop_all() -> None:
     shared = job_debug_server()
     if shared is not None and _served_shared:  # the job has not stopped it
         _shutdown(shared, "::", int(shared.port))
+
+
+def _listening_fds(port: int) -> list[int]:
+    """This process's descriptors of listening TCP sockets on ``port`` (Linux; elsewhere none).
+    Read from /proc only: wrapping a descriptor in a Python socket could change its flags, which
+    the parent shares."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as rows:
+                next(rows, None)  # the header
+                for row in rows:
+                    f = row.split()  # sl, local address:port (hex), remote, state, ..., inode
+                    if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(f"socket:[{f[9]}]")
+        except (OSError, ValueError):
+            continue
+    found = []
+    if inodes:
+        try:
+            fds = os.listdir("/proc/self/fd")
+        except OSError:
+            return []
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}") in inodes:
+                    found.append(int(fd))
+            except OSError:  # closed since listed (the listing's own descriptor)
+                continue
+    return found
+
+
+def _forked() -> None:
+    """A fork's child (a DataLoader worker) serves none of its parent's torch servers: it closes
+    its copies of their listening sockets, else the port stays bound while it lives and a rank
+    restarted meanwhile cannot bind it. No lock is taken: one held by another thread at the fork
+    is held for good in the child."""
+    global _serving, _lock, _in_flight, _served_shared
+    owned = [server for server in _at_exit if server._own is not None]
+    _at_exit.clear()
+    # its exit stops neither those nor the job's own (start_debug_server()): a shutdown() of a
+    # copy shuts the parent's socket, and the parent's server thread aborts the rank
+    _serving, _lock, _in_flight, _served_shared = None, threading.Lock(), 0, False
+    for server in owned:
+        # the parent's C++ server must never be destroyed here (its threads are not in this
+        # process): the child keeps one reference for good
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(server._own))
+        server._own = None
+        for fd in _listening_fds(server.port):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def _handler(name: str, answer: Callable[[TorchServer, _Args], tuple[int, bytes, str]]):

@@ -1,0 +1,110 @@
+"""A bind host that resolves to several addresses (``localhost`` with ``::1`` in /etc/hosts) is
+served on one of them, one socket on one port: waitress bound each address and returned a server
+with no port, so ``WorkerServer.start(host="localhost")`` raised AttributeError (not the
+OSError/ValueError a job catches to train on unobserved) with its sockets left bound."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import requests
+
+from http_serving import BackgroundWSGIServer
+from worker_server import WorkerServer
+
+_real_getaddrinfo = socket.getaddrinfo
+
+
+def _resolving(monkeypatch, name: str, *addresses: str) -> None:
+    """``name`` resolves to ``addresses``, in that order (as a dual-stack /etc/hosts would)."""
+    def fake(host, port, *args, **kwargs):
+        if host == name:
+            return [info for address in addresses
+                    for info in _real_getaddrinfo(address, port, *args, **kwargs)]
+        return _real_getaddrinfo(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake)
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def _bindable(address: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((address, port))
+            return True
+        except OSError:
+            return False
+
+
+def _hello(environ, start_response):
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [b"hello"]
+
+
+def test_a_worker_server_on_a_dual_stack_localhost_serves_and_frees_its_port(monkeypatch):
+    for name in ("LIGHTKEEPER_MONITOR", "LIGHTKEEPER_EXIT_TOKEN", "LIGHTKEEPER_FAULT_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    _resolving(monkeypatch, "localhost", "::1", "127.0.0.1")
+    server = WorkerServer.start(replica_group=0, group_rank=0, group_world_size=1,
+                                host="localhost", port=0)
+    try:
+        assert server.url == f"http://localhost:{server.port}"
+        state = requests.get(server.url + "/v1/state", timeout=5)
+        assert state.status_code == 200 and state.json()["worker_url"] == server.url
+    finally:
+        server.stop()
+    # nothing of it holds the port once stopped, on either address
+    assert _bindable("127.0.0.1", server.port)
+    if _ipv6_loopback():
+        assert _bindable("::1", server.port)
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no ::1 on this host")
+def test_the_first_address_is_the_one_bound(monkeypatch):
+    """What a user asking for "localhost" means: the first address it resolves to."""
+    _resolving(monkeypatch, "localhost", "::1", "127.0.0.1")
+    server = BackgroundWSGIServer(_hello, host="localhost", port=0).start()
+    try:
+        with socket.create_connection(("::1", server.port), timeout=5) as s:
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            assert b"hello" in s.makefile("rb").read()
+        # one socket: the port is taken on ::1 only (waitress took another port on 127.0.0.1)
+        assert _bindable("127.0.0.1", server.port)
+    finally:
+        server.stop()
+
+
+def test_an_address_this_host_does_not_have_is_passed_over(monkeypatch):
+    """::1 where IPv6 is off (or any address not here): the next address is bound."""
+    _resolving(monkeypatch, "dual.test", "192.0.2.1", "127.0.0.1")  # TEST-NET-1: not here
+    server = BackgroundWSGIServer(_hello, host="dual.test", port=0).start()
+    try:
+        got = requests.get(f"http://127.0.0.1:{server.port}/", timeout=5)
+        assert got.text == "hello"
+        assert server.url == f"http://dual.test:{server.port}"
+    finally:
+        server.stop()
+
+
+def test_a_taken_port_is_an_oserror_and_no_address_a_valueerror():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match=f"cannot bind http://127.0.0.1:{port}"):
+            BackgroundWSGIServer(_hello, host="127.0.0.1", port=port)
+    with pytest.raises(ValueError, match="'no-such-host.invalid' port 0"):
+        BackgroundWSGIServer(_hello, host="no-such-host.invalid", port=0)
+    with pytest.raises(ValueError, match="port 70000"):
+        BackgroundWSGIServer(_hello, host="127.0.0.1", port=70000)

@@ -1,0 +1,161 @@
+"""Paced reads never hold all of the WorkerServer's threads: many clients reading back to back
+(scrapers, watch loops) filled waitress' 4 threads with sleeping requests and the monitor's poll,
+never paced itself, waited in waitress' queue behind them past its --poll-timeout (the rank read
+as dead). Now at most PACED_SLOTS paced reads wait or run at once; any other is answered 429 with
+Retry-After, sent HOLD_S later without holding a thread (real waitress, real HTTP, the clients
+threads of this process)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+
+import pytest
+
+from http_serving import BackgroundWSGIServer
+from rank_wire import MONITOR_AGENT
+from worker_server import RankIdentity, RankState, WorkerServer
+from worker_server import metrics as worker_metrics
+from worker_server.metrics import WorkerMetrics
+
+READERS = 16
+
+
+def _state() -> RankState:
+    state = RankState(RankIdentity(job="unit", replica_group=0, group_rank=0, group_world_size=1))
+    state.step_started()
+    state.step_finished(1, committed=True, loss=1.0)
+    return state
+
+
+@pytest.fixture
+def server():
+    server = WorkerServer(_state()).serve()
+    yield server
+    server.stop()
+
+
+class Readers:
+    """``n`` clients asking ``/metrics`` back to back, each on its own kept-alive connection."""
+
+    def __init__(self, port: int, n: int) -> None:
+        self.port, self.stop = port, threading.Event()
+        self.asked = threading.Semaphore(0)  # one release per request sent
+        self.statuses: list[tuple[int, str | None]] = []
+        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def _loop(self) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        try:
+            while not self.stop.is_set():
+                conn.request("GET", "/metrics")
+                self.asked.release()
+                r = conn.getresponse()
+                r.read()
+                self.statuses.append((r.status, r.getheader("Retry-After")))
+        except (OSError, http.client.HTTPException):  # the server stopped under a held answer
+            pass
+        finally:
+            conn.close()
+
+    def end(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=5)
+
+
+def _monitor_poll(port: int) -> tuple[int, float]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        t0 = time.monotonic()
+        conn.request("GET", "/v1/state?recent=16", headers={"User-Agent": MONITOR_AGENT + "/1"})
+        r = conn.getresponse()
+        r.read()
+        return r.status, time.monotonic() - t0
+    finally:
+        conn.close()
+
+
+def test_the_monitors_poll_does_not_queue_behind_many_paced_readers(server, monkeypatch):
+    # refusals come back within the test (raising=False: the same test runs on a server without)
+    monkeypatch.setattr(worker_metrics, "HOLD_S", 0.02, raising=False)
+    readers = Readers(server.port, READERS)
+    try:
+        deadline = time.monotonic() + 5
+        for _ in range(2 * READERS):  # every reader has asked, most of them twice
+            assert readers.asked.acquire(timeout=max(0.0, deadline - time.monotonic()))
+        polls = [_monitor_poll(server.port) for _ in range(3)]
+    finally:
+        readers.stop.set()
+        server.stop()  # ends the readers an answer still held waits for
+        readers.end()
+    assert [status for status, _ in polls] == [200, 200, 200]
+    # queued behind four sleeping paced reads it took ~0.8 s (the monitor's --poll-timeout)
+    assert max(took for _, took in polls) < 0.3, polls
+    refused = [s for s in readers.statuses if s[0] == 429]
+    assert refused and all(retry == str(worker_metrics.RETRY_AFTER_S) for _, retry in refused)
+    assert {s for s, _ in readers.statuses} <= {200, 429}
+
+
+def test_reads_within_the_slots_are_paced_not_refused(server):
+    """One client reading back to back is slowed, never refused (as before)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        for _ in range(5):
+            conn.request("GET", "/v1/state")
+            r = conn.getresponse()
+            r.read()
+            assert r.status == 200
+    finally:
+        conn.close()
+
+
+def test_a_read_that_would_wait_beyond_the_slots_is_refused_late(monkeypatch):
+    """No slot left (none here): a read that would wait is answered 429 only HOLD_S later, its
+    thread freed at once (a client looping on it asks once per HOLD_S), while the monitor's poll
+    and /healthz are answered at once; a read that waited gives its slot back."""
+    monkeypatch.setattr(worker_metrics, "MAX_PACE_S", 0.5)
+    monkeypatch.setattr(worker_metrics, "HOLD_S", 0.2)
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok"]
+
+    metrics = WorkerMetrics(_state())
+    none_left = BackgroundWSGIServer(metrics.count_cpu(app, paced_slots=0)).start()
+    one = BackgroundWSGIServer(metrics.count_cpu(app, paced_slots=1)).start()
+
+    def get(server, agent: str = "curl/8", path: str = "/x"
+            ) -> tuple[int, str | None, bytes, float]:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        try:
+            t0 = time.monotonic()
+            conn.request("GET", path, headers={"User-Agent": agent})
+            r = conn.getresponse()
+            return r.status, r.getheader("Retry-After"), r.read(), time.monotonic() - t0
+        finally:
+            conn.close()
+
+    try:
+        metrics.served(10.0)  # an expensive read: the next one waits MAX_PACE_S
+        status, retry, body, took = get(none_left)
+        assert (status, retry) == (429, str(worker_metrics.RETRY_AFTER_S))
+        assert json.loads(body)["status"] == 429 and json.loads(body)["path"] == "/x"
+        assert took >= 0.2
+        status, _, _, took = get(none_left, agent=MONITOR_AGENT + "/1")
+        assert status == 200 and took < 0.2
+        # a readiness probe is never paced nor refused (a rolling update would wait on it)
+        status, _, _, took = get(none_left, path="/healthz")
+        assert status == 200 and took < 0.2
+        monkeypatch.setattr(worker_metrics, "MAX_PACE_S", 0.05)
+        for _ in range(2):  # each waits in the one slot; the second finds it given back
+            metrics.served(10.0)
+            status, _, _, took = get(one)
+            assert status == 200 and took >= 0.03
+    finally:
+        none_left.stop()
+        one.stop()

@@ -1,0 +1,98 @@
+"""A rank serving on torch's server (``server="torch"``) that forks (DataLoader workers) and then
+dies while its children live: the children kept their copies of torch's listening socket, so the
+port stayed bound (polls timed out instead of being refused) and a rank restarted on its fixed
+port could not bind it; and a child that ended normally stopped its parent's server. Now a
+fork's child closes its copy at once and stops nothing of its parent's."""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+
+import pytest
+import requests
+
+from worker_server import RankIdentity, RankState, WorkerServer, torch_server
+from worker_server.torch_server import unavailable
+
+pytestmark = pytest.mark.skipif(
+    unavailable() is not None or not os.path.isdir("/proc/self/fd"),
+    reason=str(unavailable() or "no /proc (the child's copy is found there)"))
+
+
+def _read(fd: int, timeout_s: float = 10.0) -> bytes:
+    ready, _, _ = select.select([fd], [], [], timeout_s)
+    assert ready, "the rank never said its port"
+    return os.read(fd, 64)
+
+
+def test_a_dead_ranks_forked_child_does_not_keep_its_torch_port():
+    state = RankState(RankIdentity(job="unit", replica_group=0, group_rank=0, group_world_size=1))
+    port_r, port_w = os.pipe()
+    end_r, end_w = os.pipe()  # closed by the test: the grandchild (a DataLoader worker) ends
+    rank = os.fork()
+    if rank == 0:  # the rank: serves on torch's server, forks a worker, dies without stopping
+        code = 1
+        try:
+            os.close(port_r)
+            os.close(end_w)
+            server = WorkerServer(state, server="torch").serve()
+            assert server.server == "torch"
+            other = socket.socket()  # the job's own listening socket: the worker keeps it
+            other.bind(("127.0.0.1", 0))
+            other.listen()
+            ready_r, ready_w = os.pipe()
+            if os.fork() == 0:
+                os.close(port_w)
+                os.write(ready_w, b"!")  # the fork is done, its at-fork hooks too
+                os.read(end_r, 1)  # lives on after its parent, until the test is done
+                os._exit(0)
+            assert os.read(ready_r, 1) == b"!"
+            os.write(port_w, f"{server.port} {other.getsockname()[1]}".encode())
+            code = 0
+        finally:
+            os._exit(code)  # a crash, an OOM kill: torch's server is never shut down
+    os.close(port_w)
+    os.close(end_r)
+    try:
+        port, other_port = map(int, _read(port_r).split())
+        _, status = os.waitpid(rank, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        # the rank restarted by torchrun binds its fixed port while the worker still runs
+        with socket.socket() as restarted:
+            restarted.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            restarted.bind(("127.0.0.1", port))
+            restarted.listen()
+        # nothing else was closed: the job's own socket is still there in the worker
+        socket.create_connection(("127.0.0.1", other_port), timeout=5).close()
+    finally:
+        os.close(end_w)
+        os.close(port_r)
+
+
+def test_a_forked_child_that_exits_leaves_its_parents_torch_server_serving():
+    """A child ending normally ran the at-exit stop of the server it was forked with: torch's
+    shutdown() on the copy shut the parent's listening socket, and the parent (the rank) was
+    aborted by its server thread ("failed to listen", SIGABRT)."""
+    state = RankState(RankIdentity(job="unit", replica_group=0, group_rank=0, group_world_size=1))
+    rank = os.fork()
+    if rank == 0:  # the rank, in a process of its own: its end is the test's to see
+        code = 1
+        try:
+            server = WorkerServer(state, server="torch").serve()
+            child = os.fork()
+            if child == 0:
+                try:
+                    torch_server._stop_all()  # what its interpreter runs at a normal exit
+                finally:
+                    os._exit(0)
+            os.waitpid(child, 0)
+            base = server.url.replace("torch+http", "http")
+            answer = requests.post(base + "/handler/lightkeeper_state", timeout=5)
+            code = 0 if answer.status_code == 200 and answer.json()["job"] == "unit" else 2
+            server.stop()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(rank, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
