@@ -593,10 +593,11 @@ class Store:
                            "host_actions GROUP BY host, sink)", (), ("event",))
 
     def host_action_before(self, host: str, sink: str, before: int) -> dict[str, Any] | None:
-        """The host and sink's newest action older than id ``before`` that was not superseded."""
+        """The host and sink's newest action older than id ``before`` that was carried out or
+        tried: not superseded, or superseded after an attempt (the sink may hold what it did)."""
         rows = self._dicts("SELECT * FROM host_actions WHERE host=? AND sink=? AND id<? AND "
-                           "status!='superseded' ORDER BY id DESC LIMIT 1", (host, sink, before),
-                           ("event",))
+                           "(status!='superseded' OR attempts>0) ORDER BY id DESC LIMIT 1",
+                           (host, sink, before), ("event",))
         return rows[0] if rows else None
 
     def host_actions(self, due_at: float | None = None, limit: int = 500

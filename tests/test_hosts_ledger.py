@@ -367,3 +367,91 @@ def test_an_older_versions_sink_name_never_shows_its_secret(tmp_path):
     assert "SECRET" not in shown and "/services" not in shown
     assert "webhook:https://hooks.slack.com...#" in shown
     assert all("SECRET" not in a["sink"] for a in store.host_actions())
+
+
+DRAIN = "exec:/bin/drain...#cccc3333"
+
+
+def test_a_dry_run_without_the_sink_fails_its_waiting_action_so_no_later_run_carries_it_out(
+        tmp_path):
+    """Run A's drain hook fails and is retried; run B (--dry-run, no --action) fails it ("no
+    longer configured"), expires the TTL and forgets the host; run C, the hook configured
+    again, must not drain a node nothing tracks any more."""
+    clock = Clock()
+    store = Store(str(tmp_path / "m.sqlite"))
+    cfg = QuarantineConfig(window_s=100, ttl_s=1000)
+    hook = Scripted(DRAIN, ActionResult(False, "exit status 1"))
+    first = HostLedger(store, cfg, [hook], "job", clock)
+    first.record([finding("hang", "h1", 1)], clock())
+    first.decide(clock(), None, 10)
+    first.run_actions(clock())
+    assert by_host(first, clock())["h1"]["actions"][DRAIN]["status"] == "retrying"
+    dry = HostLedger(store, QuarantineConfig(window_s=100, ttl_s=1000, dry_run=True), [],
+                     "job", clock)
+    a = by_host(dry, clock())["h1"]["actions"][DRAIN]
+    assert (a["op"], a["status"], a["attempts"], a["configured"]) == (
+        "quarantine", "failed", 1, False)
+    assert "no longer configured" in a["detail"] and "exit status 1" in a["detail"]
+    assert failed_series(dry, clock()) == []
+    clock.t += 1001
+    assert [d["reason"] for d in dry.decide(clock(), None, 10)] == ["ttl"]
+    clock.t += 101
+    dry.decide(clock(), None, 10)
+    dry.observe(NS(ranks={}), clock())
+    assert dry.to_json(clock()) == []
+    acting = HostLedger(store, cfg, [hook], "job", clock)
+    acting.run_actions(clock())
+    assert hook.calls == [("quarantine", "h1")]  # run A's attempt only
+    assert [(a["op"], a["status"]) for a in store.host_actions()] == [("quarantine", "failed")]
+
+
+def test_a_released_host_whose_quarantine_a_dry_run_failed_can_be_released_on_the_sink(
+        tmp_path):
+    """As above, but the host is still in the ledger (released) when the hook is configured
+    again: its failed quarantine alerts, and a release (the way out) reaches the hook."""
+    clock = Clock()
+    store = Store(str(tmp_path / "m.sqlite"))
+    cfg = QuarantineConfig(window_s=100, ttl_s=1000)
+    hook = Scripted(DRAIN, ActionResult(False, "exit status 1"))
+    first = HostLedger(store, cfg, [hook], "job", clock)
+    first.record([finding("hang", "h1", 1)], clock())
+    first.decide(clock(), None, 10)
+    first.run_actions(clock())
+    dry = HostLedger(store, QuarantineConfig(window_s=100, ttl_s=1000, dry_run=True), [],
+                     "job", clock)
+    clock.t += 1001
+    assert [d["reason"] for d in dry.decide(clock(), None, 10)] == ["ttl"]
+    acting = HostLedger(store, cfg, [hook], "job", clock)
+    acting.run_actions(clock())
+    assert hook.calls == [("quarantine", "h1")]
+    assert failed_series(acting, clock()) == [
+        f'lightkeeper_monitor_host_action_failed{{host="h1",job="job",sink="{DRAIN}"}} 1.0']
+    assert acting.release("h1", "undo a partial drain")["decision"] == "release"
+    acting.run_actions(clock())
+    assert hook.calls == [("quarantine", "h1"), ("release", "h1")]
+    assert failed_series(acting, clock()) == []
+
+
+def test_a_release_after_a_superseded_quarantine_that_was_tried_reaches_the_sink(tmp_path):
+    """Q0 tried, then superseded; R0 superseded untried by Q1; Q1 and R1 pending. The sink may
+    hold Q0's cordon: R1 must reach it, Q1 must not."""
+    clock = Clock()
+    store = Store(str(tmp_path / "m.sqlite"))
+    ids = []
+    for op, status, attempts in (("quarantine", "superseded", 1), ("release", "superseded", 0),
+                                 ("quarantine", "pending", 0), ("release", "pending", 0)):
+        ids.append(store.add_host_action(host="h1", sink="k8s", op=op, status="pending",
+                                         event={"event": op, "host": "h1"}, at=clock(),
+                                         next_at=clock()))
+        store.update_host_action(ids[-1], status=status, attempts=attempts,
+                                 next_at=clock() if status == "pending" else None, detail="",
+                                 at=clock())
+    store.save_host("h1", {"host": "h1", "node": "h1", "devices": [], "state": "released",
+                           "state_since": clock(), "released_at": clock()}, clock())
+    sink = Scripted("k8s")
+    led = HostLedger(store, QuarantineConfig(), [sink], "job", clock)
+    led.run_actions(clock())
+    assert sink.calls == [("release", "h1")]
+    assert {a["id"]: (a["status"], a["attempts"]) for a in store.host_actions()} == {
+        ids[0]: ("superseded", 1), ids[1]: ("superseded", 0), ids[2]: ("superseded", 0),
+        ids[3]: ("done", 1)}

@@ -106,10 +106,24 @@ class HostActions:
         self._sink_names = {s.name for s in self.sinks}
         rename_old_sinks(self.store, self._sink_names, self.hosts)
         for a in sorted(self.store.newest_host_actions(), key=lambda a: a["id"]):
+            if a["status"] in ("pending", "retrying") and a["sink"] not in self._sink_names:
+                a = self._unconfigured(a)
             if a["host"] in self.hosts:
                 self._note(self.hosts[a["host"]], {**a, "at": a["updated_at"]})
         for h in self.hosts.values():  # and the entries only a saved host holds (rows dropped)
             self._settle(h)
+
+    def _unconfigured(self, a: dict[str, Any]) -> dict[str, Any]:
+        """Fail ``a``, waiting for a sink not configured now, dry run or not: a run that
+        configures that sink again must never carry out what no ledger kept track of since."""
+        at = self.clock()
+        detail = f"sink {a['sink']} is no longer configured" + (
+            f"; not carried out after {a['attempts']} attempt(s), the last: {a['detail']}"
+            if a["attempts"] else "")
+        self.store.update_host_action(a["id"], status="failed", attempts=a["attempts"],
+                                      next_at=None, detail=detail, at=at)
+        log.info("host %s: %s via %s failed: %s", a["host"], a["op"], a["sink"], detail)
+        return {**a, "status": "failed", "detail": detail, "updated_at": at, "next_at": None}
 
     def _unsettled(self, h: dict[str, Any]) -> bool:
         """A configured sink's newest action for ``h`` not carried out (pending, retried or
