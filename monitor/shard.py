@@ -148,6 +148,9 @@ class Shards:
             lease = self.session.refresh()
             # before the report: a leader that sees this run's report sees its proposals
             records = _by_rid(self.etcd, self.root + "evictions/")
+            # the read's revision as far as the leader needs it: a record written after the read
+            # is newer than every one it holds, one written before it is among them
+            records_rev = max((kv.mod_revision for kv in records.values()), default=0)
             self.sent_kills = {rid for rid, kv in records.items()
                                if isinstance(rec := kv.json(), dict) and rec.get("state") == "sent"}
             if self.holds:
@@ -159,7 +162,7 @@ class Shards:
             self._report(lease, {
                 "shard": self.cfg.index, "shards": self.cfg.shards, "at": now,
                 "monitor": mon.url, "sweeps": mon.sweeps, "blind": blind,
-                "ranks": len(view.ranks), "run": self.run,
+                "ranks": len(view.ranks), "run": self.run, "records_rev": records_rev,
                 "groups": {str(g): gv.replica_id for g, gv in evidence.groups.items()},
                 # what its ranks answer as: another shard tells a group gone by it
                 "reporting": sorted({rid for gv in view.groups.values()

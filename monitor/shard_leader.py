@@ -56,6 +56,9 @@ class Leader(threading.Thread):
         self.blind: str | None = None
         self._held: dict[str, str] = {}  # replica id -> last hold reason (logged once)
         self._sending_seen: dict[tuple[str, int], float] = {}
+        # (replica id, failed record's revision) -> the first report since, of a shard that does
+        # not say which records its sweep read
+        self._reported_after: dict[tuple[str, int], int] = {}
         hb_s = (monitor.cfg.lighthouse_heartbeat_timeout_ms or 5000) / 1000.0
         self.resend_after_s = cfg.resend_after_s if cfg.resend_after_s is not None else 3 * hb_s
         self._stopping = threading.Event()  # not _stop: threading.Thread has one
@@ -74,6 +77,7 @@ class Leader(threading.Thread):
                         self._lead_once()
                     else:
                         self._sending_seen.clear()
+                        self._reported_after.clear()
                         self._held.clear()
                     self.error = self.election.error
                     etcd_up = self.error is None
@@ -113,7 +117,7 @@ class Leader(threading.Thread):
                if isinstance(r := kv.json(), dict) and isinstance(r.get("shard"), int)
                and isinstance(r.get("groups", {}), dict)]
         reports = {r["shard"]: r for _, r in kvs}
-        reported_at = {r["shard"]: kv.mod_revision for kv, r in kvs}  # its last sweep's
+        reported_at = {r["shard"]: kv.mod_revision for kv, r in kvs}  # its last report's
         proposals = _by_rid(self.etcd, self.root + "proposals/")
         records = _by_rid(self.etcd, self.root + "evictions/")
         self.blind = blind = self._blind(reports, status, error)
@@ -156,9 +160,9 @@ class Leader(threading.Thread):
                            f"{p.get('shard')}" if report else f"shard {p.get('shard')} of the "
                            "proposal does not report")
                 continue
-            if rec is not None and not p.get("manual") \
-                    and reported_at.get(p.get("shard"), 0) < records[rid].mod_revision:
-                continue  # no sweep of its shard since the kill failed: it may withdraw it
+            if rec is not None and not p.get("manual") and not self._read_failed(
+                    rid, records[rid].mod_revision, report, reported_at[p["shard"]]):
+                continue  # its shard may withdraw it once a sweep of it reads the kill failed
             d = decide(p["kind"], p["replica_group"], rid,
                        self._situation(status, records, group_of, blind), self.mon.cfg.rails,
                        manual=p.get("manual") is True)
@@ -189,6 +193,19 @@ class Leader(threading.Thread):
             if p is None or self.etcd.delete_if([*guard, modified_at(p.key, p.mod_revision)],
                                                 p.key):
                 self.etcd.delete_if(guard, kv.key)
+
+    def _read_failed(self, rid: str, failed_rev: int, report: dict, report_rev: int) -> bool:
+        """Whether the sweep behind ``report`` read the evictions/ records at or after the
+        failed record's revision: one that read it ``sending`` or absent could not withdraw it,
+        though its report came later."""
+        seen = report.get("records_rev")
+        if isinstance(seen, int) and not isinstance(seen, bool):
+            return seen >= failed_rev
+        # a shard that does not say (an older version): the second report since the failure,
+        # whose sweep began after the first was written
+        if report_rev <= failed_rev:
+            return False
+        return report_rev > self._reported_after.setdefault((rid, failed_rev), report_rev)
 
     def _hold(self, rid: str, p: dict, reason: str, detail: str) -> None:
         """Log and record a hold once per replica id and reason."""

@@ -1,7 +1,8 @@
 """A sharded monitor's leader and shard on an in-memory etcd (monitor/shard.py,
 monitor/shard_leader.py; docs/scaling.md, "The etcd protocol"): a kill a dead leader left in
-flight goes through the rails before it is sent again, and ``POST /v1/evict`` on a shard makes
-an automatic proposal manual."""
+flight goes through the rails before it is sent again, a failed kill only once its shard swept
+on a read that saw it failed, and ``POST /v1/evict`` on a shard makes an automatic proposal
+manual."""
 
 from __future__ import annotations
 
@@ -105,10 +106,15 @@ def _tick(leader: Leader) -> None:
     leader._lead_once()
 
 
-def _report(etcd: MemEtcd, shard: int = 0, shards: int = 1) -> None:
-    """Shard ``shard``'s report of a sweep (run ``r1``), as it writes it after its proposals."""
-    etcd.put(f"{ROOT}shards/{shard}", {"shard": shard, "shards": shards, "blind": None,
-                                       "groups": {"1": RID}, "run": "r1", "ranks": 2})
+def _report(etcd: MemEtcd, shard: int = 0, shards: int = 1, records_rev: bool = True) -> None:
+    """Shard ``shard``'s report of a sweep (run ``r1``) that read the records now, as it writes
+    it after its proposals (``records_rev=False``: as a shard that does not say)."""
+    report = {"shard": shard, "shards": shards, "blind": None, "groups": {"1": RID},
+              "run": "r1", "ranks": 2}
+    if records_rev:
+        report["records_rev"] = max((kv.mod_revision for kv in
+                                     etcd.range_prefix(f"{ROOT}evictions/")), default=0)
+    etcd.put(f"{ROOT}shards/{shard}", report)
 
 
 def _in_flight(etcd: MemEtcd, manual: bool = False) -> None:
@@ -173,6 +179,30 @@ def test_a_kill_lost_in_flight_is_sent_again_when_the_rails_pass_after_the_grace
         assert lighthouse.kills == [RID]
         rec = etcd.value(f"evictions/{RID}")
         assert (rec["state"], rec["attempt"]) == ("sent", 2)
+    finally:
+        mon.store.close()
+
+
+def test_a_failed_kill_of_a_shard_that_does_not_say_what_it_read_waits_for_two_reports():
+    """A report without ``records_rev`` (an older shard) may come from a sweep that read the
+    records before the kill failed: the second report since, whose sweep began after the first
+    was written, lets the leader send attempt 2."""
+    etcd, lighthouse = MemEtcd(), _Lighthouse([RID, "a", "b"])
+    mon = _monitor(RailsConfig(min_replicas=1, cooldown_s=0), index=None)
+    leader = _leader(etcd, mon, lighthouse)
+    _report(etcd, records_rev=False)
+    _in_flight(etcd)
+    try:
+        _tick(leader)
+        assert etcd.value(f"evictions/{RID}")["state"] == "failed"
+        _report(etcd, records_rev=False)
+        _tick(leader)
+        _tick(leader)
+        assert lighthouse.kills == []
+        _report(etcd, records_rev=False)
+        _tick(leader)
+        assert lighthouse.kills == [RID]
+        assert etcd.value(f"evictions/{RID}")["attempt"] == 2
     finally:
         mon.store.close()
 
@@ -279,3 +309,54 @@ def test_a_manual_eviction_of_a_proposal_already_acted_on_says_so(state, reason)
         assert (row["decision"], row["reason"], row["source"]) == ("hold", reason, "manual")
     finally:
         mon.store.close()
+
+
+
+@pytest.mark.parametrize("in_flight", [True, False])
+def test_a_kill_failed_while_its_shard_swept_waits_for_a_sweep_that_read_it_failed(in_flight):
+    """The leader records a kill ``failed`` after the shard read the records but before its
+    report (a dead leader's kill lost, or its own kill refused): the shard saw it ``sending`` or
+    not at all, so could not withdraw the proposal though its finding resolved. That report does
+    not let the leader send it again; the next sweep withdraws the proposal, nothing is sent."""
+    etcd, lighthouse = MemEtcd(), _Lighthouse([RID, "a", "b"])
+    mon = _monitor(RailsConfig(min_replicas=1, cooldown_s=0))
+    leader_mon = _monitor(RailsConfig(min_replicas=1, cooldown_s=0), index=None)
+    s = _shard(etcd, mon)
+    leader = _leader(etcd, leader_mon, lighthouse)
+    range_prefix = etcd.range_prefix
+
+    def leader_ticks_after_the_read(prefix):
+        read = range_prefix(prefix)
+        if prefix == f"{ROOT}evictions/":
+            etcd.range_prefix = range_prefix  # once
+            _tick(leader)
+            assert etcd.value(f"evictions/{RID}")["state"] == "failed"
+        return read
+
+    try:
+        mon.find(RID)
+        s.sweep()
+        s.sweep()
+        if in_flight:  # a dead leader's, lost
+            etcd.put(f"{ROOT}evictions/{RID}", {
+                "state": "sending", "replica_id": RID, "replica_group": 1, "kind": "hang",
+                "shard": 0, "attempt": 1, "leader": "dead-leader", "at": 990.0})
+        lighthouse.down = not in_flight
+        mon.open.clear()
+        etcd.range_prefix = leader_ticks_after_the_read
+        s.sweep()
+        assert etcd.range_prefix == range_prefix
+        assert etcd.value(f"proposals/{RID}") is not None  # the record changed since read
+        lighthouse.down = False
+        sent = list(lighthouse.kills)
+        _tick(leader)
+        assert lighthouse.kills == sent  # its report came from a read before the failure
+        s.sweep()
+        assert etcd.value(f"proposals/{RID}") is None
+        _tick(leader)
+        assert lighthouse.kills == sent == ([] if in_flight else [RID])
+        assert etcd.value(f"evictions/{RID}")["state"] == "failed"
+        assert "withdrawn" in [d["decision"] for d in mon.store.decisions()]
+    finally:
+        mon.store.close()
+        leader_mon.store.close()
