@@ -12,7 +12,8 @@ network or job-wide slowdown's slow commits are its drag (``_explaining``, ``_cl
 same fault confirmed again (``_ingest_findings``), and an eviction with no finding (manual) of
 an incarnation with an open incident not yet evicted is that incident's (``_ingest_evictions``);
 a fault confirmed during an eviction's recovery ends it (``_end_recoveries``), and a job down
-after a kill, not yet back, loses capacity on it (``_account_down``)."""
+after a kill, not yet back, loses capacity on it (``_account_down``). And one of no behaviour:
+the job's sums run over its rows in slot order (``_slot_order``), as monitor/goodput's do."""
 
 from __future__ import annotations
 
@@ -924,14 +925,23 @@ class GoodputLedger:
 
     # --- reading ---------------------------------------------------------------------
     def job_ratio(self) -> float | None:
-        expected = sum(r.get("expected", 0.0) for r in self.totals.values())
-        good = sum(r.get("goodput", 0.0) for r in self.totals.values())
+        rows = self._slot_order(self.totals).values()
+        expected = sum(r.get("expected", 0.0) for r in rows)
+        good = sum(r.get("goodput", 0.0) for r in rows)
         return good / expected if expected > 0 else None
+
+    def _slot_order(self, rows: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        """``rows`` as monitor/goodput's slots hold them: never-seen groups first, then each group
+        as first seen. Not the order rows were first booked in: a float sum's last bit depends
+        on its order, and the test compares the two ledgers to the bit."""
+        out = {k: rows[k] for k in [UNSEEN, *map(self._key, self.groups)] if k in rows}
+        out.update(rows)  # any other key after
+        return out
 
     def _live_totals(self) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
         """Settled totals plus the unsettled slices (pending as its own key)."""
-        rows = {k: dict(v) for k, v in self.totals.items()}
-        gpu = {k: dict(v) for k, v in self.gpu_totals.items()}
+        rows = {k: dict(v) for k, v in self._slot_order(self.totals).items()}
+        gpu = {k: dict(v) for k, v in self._slot_order(self.gpu_totals).items()}
         for s in self.unsettled:
             key = self._key(s.replica_group)
             rows.setdefault(key, {})[s.cause] = rows.get(key, {}).get(s.cause, 0.0) + s.seconds
