@@ -261,7 +261,7 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
             # --dry-run acts on nothing: a drain, a cordon or a pod delete is an eviction too
             dry_run=args.quarantine_dry_run or args.rails_dry_run),
         bundles=_section(BundleConfig, given, "bundle_"))
-    from .service import check_config  # the loop's modules only once a monitor is built
+    from .startup import check_config  # the loop's modules only once a monitor is built
     check_config(cfg)
     return cfg
 

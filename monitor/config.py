@@ -220,7 +220,7 @@ class QuarantineConfig:
                                          and self.max_quarantined != int(self.max_quarantined)):
             raise ConfigError("--max-quarantined: a whole count >= 1 or a fraction in (0, 1), "
                               f"got {self.max_quarantined!r}")
-        for a in self.actions:  # the grammar: monitor.service.check_config
+        for a in self.actions:  # the grammar: monitor.startup.check_config
             if a.startswith("webhook:") and not self.webhook_secret:
                 raise ConfigError(f"--action {shown_action(a)}: a signing secret is required "
                                   "(--webhook-secret or LIGHTKEEPER_WEBHOOK_SECRET)")

@@ -22,17 +22,16 @@ import threading
 import time
 from typing import Any
 
-from http_serving import BackgroundWSGIServer, http_url, is_http_url, redact_url
+from http_serving import BackgroundWSGIServer, http_url, redact_url
 
 from .act.actions import Lighthouse
 from .act.bundles import Bundles
 from .act.enforcer import Enforcer
 from .act.hosts import HostLedger
-from .act.sinks import SinkConfigError, build_sink, validate_action
 from .api import views
 from .api.app import create_app
 from .api.metrics import MonitorMetrics, publish_sweep
-from .config import ConfigError, MonitorConfig
+from .config import MonitorConfig
 from .detect import Detectors
 from .evidence.lighthouse_settings import LighthouseSettingsWatch
 from .evidence.lighthouse_status import LighthouseReader, LighthouseStatus
@@ -43,19 +42,19 @@ from .evidence.verification import Verifier
 from .evidence.view import ClusterView, ViewBuilder
 from .goodput.account import GoodputAccount
 from .poll.admission import (
-    AllowList,
     NotAllowed,
     ResolverBusy,
     Unauthorized,
     registration_authorized,
     resolvable,
 )
-from .poll.discovery import BadTarget, Discovery, OtherJob, Target, TooManyTargets, normalize_url
+from .poll.discovery import BadTarget, Discovery, OtherJob, Target, TooManyTargets
 from .poll.torch_server import StoreReader
 from .poll.torch_target import is_torch
 from .polling import Polling
 from .schedule import LeaderSchedule
-from .shard import Shards, shard_of
+from .shard import Shards, expected_in_slice
+from .startup import allow_list, build_sinks, check_config, steady_clock
 from .store import Store, hold_state
 
 log = logging.getLogger(__name__)
@@ -87,62 +86,6 @@ class Trouble:
         elif not error and self.error:
             log.warning("%s", self.ended)
         self.error = error
-
-
-def allow_list(cfg: MonitorConfig) -> AllowList:
-    """Who may register without the token (raises ValueError on a bad entry)."""
-    if cfg.allow_targets is None:
-        return AllowList.default(cfg.targets)
-    return AllowList.parse(cfg.allow_targets)
-
-
-def check_config(cfg: MonitorConfig) -> None:
-    """``cfg.validate()`` and the checks of each stage's own grammar; raises ConfigError."""
-    cfg.validate()
-    if not cfg.state_path:  # SQLite's "" is a private temporary file: the audit log lost
-        raise ConfigError("--state: empty; name the audit log's file")
-    if cfg.job is not None and not cfg.job.strip():  # every rank's job refused, no job label
-        raise ConfigError("--job: empty; name the training job")
-    if cfg.sd_out:  # its atomic replace would destroy the file it names
-        sd_out = os.path.realpath(cfg.sd_out)
-        state = os.path.realpath(cfg.state_path)
-        taken = {state: "--state", **{state + x: f"--state's {x}" for x in
-                                      ("-wal", "-shm", "-journal", ".lock")}}
-        if cfg.targets_file:  # its own output read back as listed targets, never forgotten
-            taken[os.path.realpath(cfg.targets_file)] = "--targets-file"
-        if sd_out in taken:
-            raise ConfigError(f"--sd-out {cfg.sd_out} is this monitor's {taken[sd_out]}: "
-                              "name a file of its own")
-    if cfg.lighthouse and not is_http_url(cfg.lighthouse):
-        raise ConfigError(f"--lighthouse {redact_url(cfg.lighthouse)!r}: not an "
-                          "http(s)://host:port URL")
-    for t in cfg.targets:  # before the allow-list, which their hosts join
-        try:
-            normalize_url(t)  # e.g. an IPv6 literal without brackets: said here, not a crash
-        except ValueError as e:
-            raise ConfigError(f"--targets entry {redact_url(t)!r}: {e}") from None
-    try:
-        allow_list(cfg)
-        for a in cfg.quarantine.actions:
-            validate_action(a)
-    except (ValueError, SinkConfigError) as e:  # BadTarget is a ValueError
-        raise ConfigError(str(e)) from None
-
-
-def _sinks(cfg: MonitorConfig) -> list:
-    try:
-        return [build_sink(a, cfg.quarantine) for a in cfg.quarantine.actions]
-    except SinkConfigError as e:
-        raise ConfigError(str(e)) from None
-
-
-def steady_clock():
-    """Unix time that never steps: the wall clock at start plus seconds since on a clock that
-    NTP does not step (a suspended host's time counted), so a clock set back or forward while
-    the monitor runs moves none of its durations."""
-    boot = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
-    offset = time.time() - time.clock_gettime(boot)
-    return lambda: offset + time.clock_gettime(boot)
 
 
 class Monitor:
@@ -202,17 +145,15 @@ class Monitor:
         self.lh_settings = LighthouseSettingsWatch(cfg.lighthouse_heartbeat_timeout_ms,
                                                    cfg.lighthouse_join_timeout_ms, cfg.interval_s)
         self.lighthouse = Lighthouse(cfg.lighthouse, cfg.kill_timeout_s)
-        self.hosts = HostLedger(self.store, cfg.quarantine, _sinks(cfg), cfg.job, clock)
+        self.hosts = HostLedger(self.store, cfg.quarantine, build_sinks(cfg), cfg.job, clock)
         self.bundles = Bundles(cfg, self.store, clock, lambda: self.torch_ranks.dumps)
         self.enforcer = Enforcer(cfg, self.store, self.detectors, self.hosts, self.lighthouse,
                                  self.lh_settings, self.metrics, self.blind_reason, clock,
                                  self.bundles)
         self.probes = ProbeMesh(cfg.probes, cfg.rank_exit_token, clock, cfg.rank_auth,
                                 self.enforcer.claims)  # one Claims for every call to a rank
-        # --expected-groups counts the job's groups; a shard's ledger sees and expects its slice
-        expected = cfg.expected_groups if cfg.shard is None or cfg.expected_groups is None else \
-            sum(shard_of(g, cfg.shard.shards) == cfg.shard.index for g in range(cfg.expected_groups))
-        self.goodput = GoodputAccount(self.store, expected, cfg.interval_s, self.metrics)
+        self.goodput = GoodputAccount(self.store, expected_in_slice(cfg.expected_groups, cfg.shard),
+                                      cfg.interval_s, self.metrics)
         # every rank: what the monitor shows; its evidence_view (the ranks whose answers count:
         # what it acts on) published with it, so no reader pairs one sweep's with another's
         self.view: ClusterView | None = None

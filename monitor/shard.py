@@ -32,6 +32,13 @@ def shard_of(replica_group: int, shards: int) -> int:
     return int.from_bytes(digest[8:], "big") % shards
 
 
+def expected_in_slice(expected_groups: int | None, shard: Any) -> int | None:
+    """Of ``--expected-groups`` (the job's), those a shard's ledger sees and expects."""
+    if shard is None or expected_groups is None:
+        return expected_groups
+    return sum(shard_of(g, shard.shards) == shard.index for g in range(expected_groups))
+
+
 def _acted_on(record: KV | None) -> bool:
     """Whether a leader sent, or is sending, a kill on the record: a ``failed`` one is retried
     only while its proposal stands."""

@@ -43,8 +43,7 @@ def test_queued_dumps_leave_state_to_the_monitor():
     try:
         first = pool.submit(requests.get, srv.url + "/v1/fr_trace", timeout=30)
         assert entered.wait(10)
-        for _ in range(6):
-            pool.submit(ask_dumps)
+        askers = [pool.submit(ask_dumps) for _ in range(6)]
         with requests.Session() as s:
             for _ in range(5):
                 t0 = time.monotonic()
@@ -54,6 +53,8 @@ def test_queued_dumps_leave_state_to_the_monitor():
         release.set()
         assert first.result().status_code == 200
         stop.set()
+        for a in askers:  # the others' reads done (paced reads in flight take the slots)
+            a.result(timeout=30)
         assert requests.get(srv.url + "/v1/fr_trace", timeout=5).status_code == 200
     finally:
         release.set()
