@@ -281,8 +281,15 @@ def test_a_kill_goes_out_when_its_bundle_cannot_be_named_in_its_decision(tmp_pat
             clock[0] += 1
             mon.sweep_once()
         assert job.kills == [job.replica_ids[1]]
-        [row] = requests.get(mon.url + "/v1/evictions", timeout=10).json()
-        assert (row["decision"], row["status"]) == ("evict", "confirmed"), row
+
+        def confirmed() -> dict | None:  # once the Lighthouse no longer hears the replica
+            clock[0] += 1
+            mon.sweep_once()
+            [row] = requests.get(mon.url + "/v1/evictions", timeout=10).json()
+            return row if row["status"] == "confirmed" else None
+
+        row = wait_until(confirmed, 10, what="the kill confirmed")
+        assert row["decision"] == "evict", row
         [bundle] = requests.get(mon.url + "/v1/incidents", timeout=10).json()["bundles"]
         assert bundle["decision_id"] == row["id"], bundle
     finally:

@@ -13,8 +13,10 @@ import time
 
 import pytest
 
+from lightkeeper.processes import wait_until
 from monitor.api.app import create_app
 from monitor.config import BundleConfig, MonitorConfig, RailsConfig
+from monitor.evidence.lighthouse_status import LighthouseReader
 from monitor.service import Monitor
 from tests.support.monitor_sim import SimJob
 
@@ -25,7 +27,7 @@ FAIL = ("CREATE TRIGGER no_updates BEFORE UPDATE ON decisions "
 
 @pytest.fixture
 def job():
-    j = SimJob(3)
+    j = SimJob(3, heartbeat_timeout_ms=1000)  # a killed group's heartbeat old 1 s after
     yield j
     j.stop()
 
@@ -73,6 +75,13 @@ def test_a_kill_whose_outcome_cannot_be_written_is_not_left_sending(tmp_path, jo
         assert statuses() == ["sent", "sent", "failed"]
 
         other.execute("DROP TRIGGER no_updates")
+        reader = LighthouseReader(job.url)
+        try:  # a kill is confirmed once the Lighthouse no longer hears the replica
+            wait_until(lambda: (s := reader.read()[0]) is not None and not any(
+                s.heartbeating(job.replica_ids[g]) for g in (1, 2)), 10, interval=0.05,
+                what="the Lighthouse to drop the killed replicas")
+        finally:
+            reader.close()
         mon.sweep_once()  # the groups are gone: confirmed, and every outcome written
         written = other.execute("SELECT status FROM decisions ORDER BY id").fetchall()
         assert written == [("failed",), ("confirmed",), ("confirmed",)]

@@ -17,6 +17,7 @@ import requests
 
 from lightkeeper.processes import wait_until
 from monitor.config import MonitorConfig, RailsConfig
+from monitor.evidence.lighthouse_status import LighthouseReader
 from monitor.goodput import CAUSES
 from monitor.service import Monitor
 from tests.support.monitor_sim import SimJob
@@ -96,6 +97,14 @@ def test_goodput_api_metrics_overview_and_a_manual_eviction(tmp_path, job):
                           headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
         assert r.status_code == 200 and r.json()["sent"], r.text
         eviction_id = r.json()["id"]
+        # its recovery is settled once the kill is confirmed: the Lighthouse no longer hears it
+        reader = LighthouseReader(job.url)
+        try:
+            wait_until(lambda: (s := reader.read()[0]) is not None
+                       and not s.heartbeating(job.replica_ids[1]), 10, interval=0.05,
+                       what="the Lighthouse to drop the killed replica")
+        finally:
+            reader.close()
         drive(mon, job, clock, 3, steps=0)  # the survivors wait for the Lighthouse
         drive(mon, job, clock, 20)
         g = get(mon, "/v1/goodput?incidents=5&intervals=50")

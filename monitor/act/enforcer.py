@@ -168,15 +168,21 @@ class Enforcer:
         ev = view.evidence_view or view
         return blind_reason(self.blind(), ev.reachable_fraction, self.cfg.rails)
 
-    def blind_to_kills(self, view: ClusterView) -> str | None:
+    def blind_to_kills(self, view: ClusterView,
+                       lighthouse: LighthouseStatus | None = None) -> str | None:
         """As :meth:`blindness`, the ranks of the groups told to go left out: they stop
-        answering because of the monitor's own kills, not because it is cut off."""
+        answering because of the monitor's own kills, not because it is cut off. With no other
+        rank known, not blind when ``lighthouse`` (the status read this sweep) is given: its
+        word alone then says whether a replica is gone (a shard whose slice is one killed
+        group)."""
         ev = view.evidence_view or view
         gone = self.store.told_to_go_replica_ids()
         known, up, _ = ev.counts
         for gv in ev.groups.values():
             if gv.replica_id in gone:
                 known, up = known - len(gv.ranks), up - len(gv.reachable)
+        if known <= 0 and lighthouse is not None:
+            return self.blind()
         # no other rank known (none verified yet, say): nothing shows the monitor is not cut off
         return blind_reason(self.blind(), up / known if known > 0 else 0.0, self.cfg.rails)
 
@@ -367,10 +373,10 @@ class Enforcer:
 
     def confirm_evictions(self, view: ClusterView, evidence: ClusterView, now: float,
                           lighthouse: LighthouseStatus | None = None) -> None:
-        """Confirmed once no reachable rank reports the evicted replica id, in a sweep that is
-        not blind; ranks the kill missed are told to exit (or named); unconfirmed after
-        ``confirm_timeout_s``. ``lighthouse``: the status read this sweep, which judges a kill
-        left interrupted."""
+        """Confirmed once no reachable rank reports the evicted replica id and ``lighthouse``
+        (the status read this sweep, when given) no longer hears it, in a sweep that is not
+        blind; ranks the kill missed are told to exit (or named); unconfirmed after
+        ``confirm_timeout_s``."""
         pending = self.store.pending_confirmations()
         self.orphans.keep({d["id"] for d in pending})
         # a pending eviction's group as verified before its kill: only those ranks get the exit
@@ -379,7 +385,7 @@ class Enforcer:
         groups.update((d["replica_id"], self._vouched[d["replica_id"]]) for d in pending
                       if d["replica_id"] in self._vouched)
         self._vouched = groups
-        blind = self.blind_to_kills(view) if pending else None
+        blind = self.blind_to_kills(view, lighthouse) if pending else None
         for d in pending:
             rid = d["replica_id"]
             still = reporting(view, rid)
@@ -406,19 +412,22 @@ class Enforcer:
             if note:
                 d["detail"] = f"{d['detail']}; {note}"
                 self.store.update_decision(d["id"], detail=d["detail"])
-            if still:
+            # ranks the monitor cannot reach (a partition, a name only it cannot resolve) are
+            # not gone while the Lighthouse hears the replica; a killed Manager's heartbeat
+            # turns old only after the Lighthouse's heartbeat timeout: confirmed then
+            heard = lighthouse is not None and lighthouse.heartbeating(rid)
+            if still or heard:
                 if now - d["at"] > self.cfg.confirm_timeout_s and not landed:
                     # not one judged landed this sweep: its orphans were told only now
-                    self.store.update_decision(d["id"], status="unconfirmed",
-                                               detail=f"{d['detail']}; still reporting after "
-                                                      f"{self.cfg.confirm_timeout_s:g}s")
+                    self._not_gone(d, still)
                 continue
             if blind:
                 continue  # unseen by a monitor that may be the one cut off is not gone
+            lh = "" if lighthouse is None else "; the Lighthouse no longer hears it"
             if unreached:  # out of the quorum before the kill
                 self.store.update_decision(d["id"], status="confirmed", confirmed_at=now,
-                                           detail=f"{d['detail']}; no rank reports it any more")
-                log.info("eviction of %s confirmed after %.1fs", rid, now - d["at"])
+                                           detail=f"{d['detail']}; no rank reports it any "
+                                                  f"more{lh}")
             else:
                 q = view.quorum_id
                 self.store.update_decision(d["id"], status="confirmed", confirmed_at=now,
@@ -426,8 +435,22 @@ class Enforcer:
                                                   # the ranks' word: they may not be in the
                                                   # quorum that dropped it yet
                                                   f"(the survivors last said quorum_id {q}, "
-                                                  f"{view.quorum_participants()} participants)")
-                log.info("eviction of %s confirmed after %.1fs", rid, now - d["at"])
+                                                  f"{view.quorum_participants()} "
+                                                  f"participants){lh}")
+            log.info("eviction of %s confirmed after %.1fs", rid, now - d["at"])
+
+    def _not_gone(self, d: dict[str, Any], still: list) -> None:
+        """The replica still reports or heartbeats ``confirm_timeout_s`` after the kill:
+        ``unconfirmed``; an interrupted kill's never landed (``failed``: evicted again on
+        fresh evidence only)."""
+        why = "still reporting" if still else "the Lighthouse still hears it"
+        if d["status"] == "interrupted":
+            self.store.update_decision(d["id"], status="failed", detail=(
+                f"{d['detail']}; the monitor stopped while sending and {why} after "
+                f"{self.cfg.confirm_timeout_s:g}s: the kill never landed"))
+        else:
+            self.store.update_decision(d["id"], status="unconfirmed", detail=(
+                f"{d['detail']}; {why} after {self.cfg.confirm_timeout_s:g}s"))
 
 
 def _landed(replica_id: str, still: list, lighthouse: LighthouseStatus | None) -> str | None:
