@@ -369,6 +369,25 @@ def test_quarantined_host_on_a_new_incarnation_only(tmp_path):
     assert f.evidence["culprit_hosts"] == ["h1"] and "h1" in f.evidence["hosts"]
 
 
+def test_a_gpu_hosts_devices_never_keep_the_cpu_its_rank_reports_before_cuda(tmp_path):
+    """A rank reports {"type": "cpu"} until its process initializes CUDA: an offence or a poll
+    during start-up left "cpu" in a GPU host's devices for good, the host blamed on a CPU."""
+    clock = Clock()
+    led = ledger(tmp_path, clock)
+    f = finding("hang", "h1", 1)
+    f["evidence"]["culprits"][0]["device"] = {"type": "cpu"}  # confirmed before CUDA init
+    led.record([f], clock())
+
+    def rank(device):
+        state = {"host": "h1", "node": "h1", "replica_id": "g1:a", "device": device}
+        return NS(ranks={"http://h1:9500": NS(rank=0, superseded=False, state=state)})
+
+    led.observe(rank({"type": "cpu"}), clock())
+    led.observe(rank({"type": "cuda", "index": 0, "uuid": "GPU-x"}), clock())
+    (h,) = led.to_json(clock())
+    assert h["devices"] == ["cuda:0 GPU-x"]
+
+
 def test_config_validation():
     with pytest.raises(ConfigError, match="unknown kind"):
         QuarantineConfig(after={"bogus": 1}).validate()

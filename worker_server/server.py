@@ -112,14 +112,21 @@ def server_kind(given: str | None, env) -> str:
 
 def monitor_urls(given: str | None, env) -> list[str]:
     """The monitors to register with: ``given``, else ``LIGHTKEEPER_MONITOR``, comma-separated
-    (sharded monitors, docs/scaling.md), blanks skipped; ValueError naming its source for an
-    entry that is no ``http(s)://host[:port]`` URL (its password not shown)."""
+    (sharded monitors, docs/scaling.md), blanks skipped. An entry that is no
+    ``http(s)://host[:port]`` URL is left out in one line (its password not shown): a typo in a
+    monitor's address costs that registration, never the rank's server (``lightkeeper run``
+    refuses it up front)."""
     raw, source = ((given, "monitor_url") if given
                    else (env.get("LIGHTKEEPER_MONITOR"), "LIGHTKEEPER_MONITOR"))
-    urls = [url.strip() for url in (raw or "").split(",") if url.strip()]
-    for url in urls:
-        if not is_http_url(url):
-            raise ValueError(f"{source} {redact_url(url)!r} is not an http(s)://host:port URL")
+    urls = []
+    for url in (u.strip() for u in (raw or "").split(",")):
+        if url and not is_http_url(url):
+            # redact_url finds a password after "://" only: "u:pw@mon:19400" lacks the scheme
+            shown = redact_url(url) if "://" in url else redact_url("x://" + url)[len("x://"):]
+            say(f"not registering with {shown!r} ({source}): not an "
+                "http(s)://host:port URL; this rank is not registered there")
+        elif url:
+            urls.append(url)
     return urls
 
 
@@ -222,12 +229,13 @@ class WorkerServer:
         (another value than ``hmac`` or ``any``: ValueError).
         ``server`` (else ``LIGHTKEEPER_WORKER_SERVER``, else ``"flask"``): ``"torch"`` serves the
         read-only endpoints as handlers on torch's server (:mod:`worker_server.torch_server`),
-        Flask where this torch cannot. Raises ValueError for another value or for a
-        ``monitor_url`` (else ``LIGHTKEEPER_MONITOR``) entry that is no URL, before anything
-        binds or registers; ``OSError`` when the port cannot be bound. A ``manager`` that
-        already has a server (``lightkeeper run``'s hook started one,
-        :mod:`worker_server.autostart`) gets that server back, unchanged: one WorkerServer per
-        rank. The server serves until :meth:`stop`, whether or not the caller keeps it.
+        Flask where this torch cannot. Raises ValueError for another value, ``OSError`` when
+        the port cannot be bound; a ``monitor_url`` (else ``LIGHTKEEPER_MONITOR``) entry that
+        is no URL is left out in one line, and the rank still serves and registers with the
+        others (:func:`monitor_urls`). A ``manager`` that already has a server (``lightkeeper
+        run``'s hook started one, :mod:`worker_server.autostart`) gets that server back,
+        unchanged: one WorkerServer per rank. The server serves until :meth:`stop`, whether or
+        not the caller keeps it.
         """
         existing = getattr(manager, "_lightkeeper_server", None) if manager is not None else None
         if existing is not None:
@@ -249,8 +257,6 @@ class WorkerServer:
         if exit_auth not in EXIT_AUTH:
             raise ValueError(f"LIGHTKEEPER_EXIT_AUTH={env.get('LIGHTKEEPER_EXIT_AUTH')!r}: one "
                              f"of {', '.join(EXIT_AUTH)}")
-        # refused here, not once it serves: its caller says "not started" of a ValueError
-        monitors = monitor_urls(monitor_url, env)
         server = cls(
             state,
             host=host or env.get("LIGHTKEEPER_WORKER_HOST") or "127.0.0.1",  # set empty: unset
@@ -266,7 +272,7 @@ class WorkerServer:
         if manager is not None:
             server.attach(manager)
         server.serve()
-        for url in monitors:
+        for url in monitor_urls(monitor_url, env):
             server.register_with(url, token=registration_token(env))
         return server
 

@@ -136,7 +136,8 @@ class HostLedger(HostActions):
                     _, _, node, d, _ = self._claims[u]
                     if node:
                         h["node"] = node
-                    if d and d not in h["devices"]:
+                    # not "cpu": a GPU host's rank reports it until it initializes CUDA
+                    if d and d != "cpu" and d not in h["devices"]:
                         h["devices"].append(d)
 
     def _index(self, url: str, claim: tuple, sign: int) -> None:
@@ -187,7 +188,7 @@ class HostLedger(HostActions):
             for i, (host, c, f, spans, counts, at, again) in enumerate(todo):
                 h = self._host(host, at)
                 h["node"] = c["node"]
-                h["devices"] += [d for d in c["devices"] if d not in h["devices"]]
+                h["devices"] += [d for d in c["devices"] if d not in h["devices"] + ["cpu"]]
                 counts = counts and not again
                 data = {"kind": f["kind"], "finding_id": f.get("id"),
                         "replica_group": f.get("replica_group"),
