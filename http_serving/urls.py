@@ -97,6 +97,12 @@ def redact_url(text: str | None) -> str | None:
     return _QUERY_SECRET.sub(r"\1***", _USER_ONLY.sub(r"\1***@", _PASSWORD.sub(r"\1:***@", text)))
 
 
+def redact_entry(url: str) -> str:
+    """:func:`redact_url` of one URL as given, a scheme left out too (``u:pw@mon:1``): a
+    password is found after ``://`` only."""
+    return redact_url(url) if "://" in url else redact_url("x://" + url)[len("x://"):]
+
+
 def failure_reason(e: Exception) -> str | None:
     """A connection failure in a few words (``Connection refused``), or None: the text of a
     requests/urllib3 error holds object reprs and retry counts."""

@@ -17,7 +17,7 @@ import re
 import shutil
 import sys
 
-from http_serving import is_http_url, redact_url
+from http_serving import is_http_url, redact_entry, redact_url
 from worker_server.autostart import ENV_AUTOSTART, SITE_DIR, torchft_missing
 
 FR_BUFFER_DEFAULT = "2000"  # Flight Recorder entries kept per process unless the job sets its own
@@ -103,7 +103,7 @@ def bad_monitor_url(flag: str | None, env: str | None) -> str | None:
     value, name = (flag, "--monitor") if flag is not None else (env, "LIGHTKEEPER_MONITOR")
     for url in (value or "").split(","):
         if value and not is_http_url(url.strip()):
-            return f"{name} {redact_url(url.strip())!r} is not an http(s)://host:port URL"
+            return f"{name} {redact_entry(url.strip())!r} is not an http(s)://host:port URL"
     return None
 
 

@@ -242,6 +242,8 @@ def test_no_password_or_token_is_shown(tmp_path):
      "Lighthouse 'htp://lh:***@h:1' is not an http(s)://host:port URL"),
     (["run", "--monitor", f"htp://ranks:{MON_PW}@h:1", "--", "true"],
      "--monitor 'htp://ranks:***@h:1' is not an http(s)://host:port URL"),
+    (["run", "--monitor", f"ranks:{MON_PW}@h:1", "--", "true"],  # no scheme
+     "--monitor 'ranks:***@h:1' is not an http(s)://host:port URL"),
 ])
 def test_a_bad_url_is_refused_without_its_password(tmp_path, argv, said):
     res = subprocess.run([sys.executable, "-m", "lightkeeper.cli", *argv], capture_output=True,

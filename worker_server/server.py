@@ -33,6 +33,7 @@ from http_serving import (
     failure_reason,
     is_http_url,
     is_loopback_host,
+    redact_entry,
     redact_url,
 )
 
@@ -121,9 +122,7 @@ def monitor_urls(given: str | None, env) -> list[str]:
     urls = []
     for url in (u.strip() for u in (raw or "").split(",")):
         if url and not is_http_url(url):
-            # redact_url finds a password after "://" only: "u:pw@mon:19400" lacks the scheme
-            shown = redact_url(url) if "://" in url else redact_url("x://" + url)[len("x://"):]
-            say(f"not registering with {shown!r} ({source}): not an "
+            say(f"not registering with {redact_entry(url)!r} ({source}): not an "
                 "http(s)://host:port URL; this rank is not registered there")
         elif url:
             urls.append(url)
