@@ -105,7 +105,10 @@ class _Channel(HTTPChannel):
         # timeout (1 s) later
         waker = threading.Timer(seconds, self._wake)
         waker.daemon = True
-        waker.start()
+        try:
+            waker.start()
+        except RuntimeError:  # no thread left: the loop's poll timeout (1 s) ends the hold
+            pass
 
     def _wake(self) -> None:
         if self.connected:  # a server stopped since closed its connections and its trigger

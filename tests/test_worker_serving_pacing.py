@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import http.client
 import json
+import select
 import threading
 import time
 
 import pytest
 
 from http_serving import BackgroundWSGIServer
+from http_serving.wsgi import HOLD_RESPONSE
 from rank_wire import MONITOR_AGENT
 from worker_server import RankIdentity, RankState, WorkerServer
 from worker_server import metrics as worker_metrics
@@ -115,8 +117,8 @@ def test_reads_within_the_slots_are_paced_not_refused(server):
 
 
 def test_a_read_that_would_wait_beyond_the_slots_is_refused_late(monkeypatch):
-    """No slot left (none here): a read that would wait is answered 429 only HOLD_S later, its
-    thread freed at once (a client looping on it asks once per HOLD_S), while the monitor's poll
+    """No slot left (none here): a read that would wait, from a client paced or refused lately,
+    is answered 429 only HOLD_S later, its thread freed at once (a client looping on it asks once per HOLD_S), while the monitor's poll
     and /healthz are answered at once; a read that waited gives its slot back."""
     monkeypatch.setattr(worker_metrics, "MAX_PACE_S", 0.5)
     monkeypatch.setattr(worker_metrics, "HOLD_S", 0.2)
@@ -142,6 +144,10 @@ def test_a_read_that_would_wait_beyond_the_slots_is_refused_late(monkeypatch):
 
     try:
         metrics.served(10.0)  # an expensive read: the next one waits MAX_PACE_S
+        # a client not seen lately is answered at once; asking again, it reads in a loop
+        status, _, _, took = get(none_left)
+        assert status == 200 and took < 0.2
+        metrics.served(10.0)
         status, retry, body, took = get(none_left)
         assert (status, retry) == (429, str(worker_metrics.RETRY_AFTER_S))
         assert json.loads(body)["status"] == 429 and json.loads(body)["path"] == "/x"
@@ -159,3 +165,95 @@ def test_a_read_that_would_wait_beyond_the_slots_is_refused_late(monkeypatch):
     finally:
         none_left.stop()
         one.stop()
+
+
+def _get(port: int, agent: str, path: str = "/v1/state", source: str = "127.0.0.1"
+         ) -> tuple[int, float]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10, source_address=(source, 0))
+    try:
+        t0 = time.monotonic()
+        conn.request("GET", path, headers={"User-Agent": agent})
+        r = conn.getresponse()
+        r.read()
+        return r.status, time.monotonic() - t0
+    finally:
+        conn.close()
+
+
+def test_a_scrape_and_a_one_off_read_are_answered_behind_two_looping_readers(monkeypatch):
+    """Both slots held by two looping readers: a Prometheus scrape was refused (it ignores
+    Retry-After: up=0, and LightkeeperRankDown blamed a healthy rank), and so was an operator's
+    one-off curl. Both are answered at once now; a client paced or refused lately still is not."""
+    monkeypatch.setattr(worker_metrics, "MAX_PACE_S", 5.0)  # pace_s() > 0 all through the test
+    monkeypatch.setattr(worker_metrics, "HOLD_S", 0.25)
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok"]
+
+    metrics = WorkerMetrics(_state())
+    waiting, let_go = threading.Semaphore(0), threading.Event()
+
+    def pace() -> None:  # a paced read's wait, held until the test is done
+        waiting.release()
+        let_go.wait(10)
+
+    monkeypatch.setattr(metrics, "pace", pace)
+    server = BackgroundWSGIServer(metrics.count_cpu(app)).start()
+    loopers: list[tuple[int, float]] = []
+    threads = [threading.Thread(target=lambda: loopers.append(_get(server.port, "curl/8")))
+               for _ in range(worker_metrics.PACED_SLOTS)]
+    try:
+        metrics.served(10.0)
+        for t in threads:
+            t.start()
+        for _ in threads:  # both slots taken, by readers from 127.0.0.1
+            assert waiting.acquire(timeout=5)
+        status, took = _get(server.port, "Prometheus/2.53.0", "/metrics")
+        assert status == 200 and took < 0.3
+        # an operator's curl, from an address not paced nor refused lately
+        status, took = _get(server.port, "curl/8", "/v1/stacks", source="127.0.0.2")
+        assert status == 200 and took < 0.3
+        # asked again at once it reads in a loop: refused (one answer per HOLD_S, as before)
+        assert _get(server.port, "curl/8", source="127.0.0.2")[0] == 429
+    finally:
+        let_go.set()
+        for t in threads:
+            t.join(timeout=5)
+        server.stop()
+    assert [status for status, _ in loopers] == [200, 200]
+
+
+class _NoThreadLeft(threading.Timer):
+    def start(self) -> None:
+        raise RuntimeError("can't start new thread")
+
+
+def test_a_held_refusal_is_sent_when_no_thread_is_left_for_its_waker(monkeypatch):
+    """The hold's waker is a thread: out of threads, its start() raised inside the app (a 500,
+    and a traceback in the job's log). The 429 is sent all the same, once the server's loop
+    wakes after the hold (here: woken by other requests, as a busy rank's loop is)."""
+
+    def app(environ, start_response):
+        if environ["PATH_INFO"] == "/held":
+            start_response("429 Too Many Requests", [("Content-Length", "0")])
+            environ[HOLD_RESPONSE](0.05)
+        else:
+            start_response("200 OK", [("Content-Length", "0")])
+        return [b""]
+
+    server = BackgroundWSGIServer(app).start()
+    monkeypatch.setattr(threading, "Timer", _NoThreadLeft)
+    held = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    try:
+        t0 = time.monotonic()
+        held.request("GET", "/held")
+        deadline = time.monotonic() + 5
+        while not select.select([held.sock], [], [], 0.02)[0]:
+            assert time.monotonic() < deadline, "the held answer never came"
+            assert _get(server.port, "curl/8", "/other")[0] == 200
+        assert held.getresponse().status == 429
+        assert time.monotonic() - t0 >= 0.05  # held all the same
+    finally:
+        held.close()
+        server.stop()

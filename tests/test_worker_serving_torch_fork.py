@@ -6,6 +6,7 @@ fork's child closes its copy at once and stops nothing of its parent's."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import select
 import socket
@@ -96,3 +97,49 @@ def test_a_forked_child_that_exits_leaves_its_parents_torch_server_serving():
             os._exit(code)
     _, status = os.waitpid(rank, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_dead_ranks_forked_child_does_not_keep_a_connection_its_server_accepted():
+    """The monitor keeps its connection to a rank alive; a worker forked meanwhile kept its copy
+    of the connection torch's server had accepted, so when the rank died the monitor read no
+    close: its next poll waited out its timeout instead of failing at once."""
+    state = RankState(RankIdentity(job="unit", replica_group=0, group_rank=0, group_world_size=1))
+    port_r, port_w = os.pipe()
+    go_r, go_w = os.pipe()  # written by the test once its connection is open
+    end_r, end_w = os.pipe()  # closed by the test: the grandchild (a DataLoader worker) ends
+    rank = os.fork()
+    if rank == 0:  # the rank: serves, forks a worker while the connection is open, dies
+        code = 1
+        try:
+            for fd in (port_r, go_w, end_w):
+                os.close(fd)
+            server = WorkerServer(state, server="torch").serve()
+            os.write(port_w, str(server.port).encode())
+            os.read(go_r, 1)
+            ready_r, ready_w = os.pipe()
+            if os.fork() == 0:
+                os.write(ready_w, b"!")  # the fork is done, its at-fork hooks too
+                os.read(end_r, 1)
+                os._exit(0)
+            assert os.read(ready_r, 1) == b"!"
+            code = 0
+        finally:
+            os._exit(code)  # a crash: torch's server never closes the connection
+    for fd in (port_w, go_r, end_r):
+        os.close(fd)
+    try:
+        port = int(_read(port_r))
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("POST", "/handler/lightkeeper_state")  # kept alive, as the monitor's
+        answer = conn.getresponse()
+        assert answer.status == 200 and answer.getheader("Connection") != "close"
+        answer.read()
+        os.write(go_w, b"!")
+        _, status = os.waitpid(rank, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        conn.sock.settimeout(2)
+        assert conn.sock.recv(1) == b""  # the close, at once
+        conn.close()
+    finally:
+        for fd in (go_w, end_w, port_r):
+            os.close(fd)

@@ -46,6 +46,9 @@ PACED_SLOTS = 2
 # never paced nor refused: a peer's probe payload (its time is the network's measure) and
 # /healthz (a readiness probe refused would hold a rolling update; it costs next to nothing)
 UNPACED = (PAYLOAD_PATH, "/healthz")
+# User-Agents never paced nor refused: the monitor's polls, and Prometheus' scrapes (it ignores
+# Retry-After: a refused scrape reads as up=0, a rank down; its scrape interval bounds its cost)
+UNPACED_AGENTS = (MONITOR_AGENT, "Prometheus/")
 RETRY_AFTER_S = 1
 HOLD_S = 1.0
 
@@ -182,26 +185,37 @@ class WorkerMetrics:
 
     def count_cpu(self, app, paced_slots: int = PACED_SLOTS):
         """Wrap a WSGI app so each request's CPU time (its thread's) is counted and reads (GET)
-        are paced (:meth:`pace`), ``paced_slots`` of them waiting at once: another that would
-        wait is answered 429 with ``Retry-After`` (sent HOLD_S later, its thread freed at once).
-        The monitor's polls (its User-Agent) never wait, nor do :data:`UNPACED` paths."""
+        are paced (:meth:`pace`), ``paced_slots`` of them waiting at once. Another that would
+        wait is answered at once, unpaced, when its client (address) was neither paced nor
+        refused lately, else 429 with ``Retry-After`` (sent HOLD_S later, its thread freed at
+        once). :data:`UNPACED_AGENTS` and :data:`UNPACED` paths never wait."""
         slots = threading.BoundedSemaphore(paced_slots)
+        readers = _Readers()
 
         def wsgi(environ, start_response):
             read = environ.get("REQUEST_METHOD") in ("GET", "HEAD")
             if read and environ.get("PATH_INFO") not in UNPACED \
-                    and not environ.get("HTTP_USER_AGENT", "").startswith(MONITOR_AGENT) \
+                    and not environ.get("HTTP_USER_AGENT", "").startswith(UNPACED_AGENTS) \
                     and self.pace_s() > 0:
-                if not slots.acquire(blocking=False):
+                client = environ.get("REMOTE_ADDR", "")
+                now = time.monotonic()
+                if slots.acquire(blocking=False):
+                    readers.mark(client, now + max(0.0, self.pace_s()))
+                    try:
+                        self.pace()
+                    finally:
+                        slots.release()
+                elif readers.looping(client, now):
+                    readers.mark(client, now + HOLD_S)
                     started = time.thread_time()
                     body = _busy(environ, start_response)
                     # charged as a read: a client looping on refusals slows the paced readers
                     self.served(time.thread_time() - started, read)
                     return body
-                try:
-                    self.pace()
-                finally:
-                    slots.release()
+                else:
+                    # a one-off read (an operator's curl) is not refused behind looping readers:
+                    # answered now, it sleeps on no thread; asked again at once, it is refused
+                    readers.mark(client, now)
             started = time.thread_time()
             try:
                 body = app(environ, start_response)
@@ -222,6 +236,29 @@ class WorkerMetrics:
         self.compute_seconds.observe(timing.compute_s)
         self.wait_seconds["cross"].observe(timing.wait_cross_s)
         self.wait_seconds["group"].observe(timing.wait_group_s)
+
+
+class _Readers:
+    """When each client (by address) last had a read answered while reads were paced (paced,
+    refused or let through unpaced): one asking again within HOLD_S of that answer reads in a
+    loop, and is refused when no slot is free."""
+
+    KEEP = 256  # clients remembered before those no longer looping are forgotten
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._until: dict[str, float] = {}
+
+    def mark(self, client: str, answered_at: float) -> None:
+        with self._lock:
+            self._until[client] = answered_at + HOLD_S
+            if len(self._until) > self.KEEP:
+                now = time.monotonic()
+                self._until = {c: t for c, t in self._until.items() if t > now}
+
+    def looping(self, client: str, now: float) -> bool:
+        with self._lock:
+            return self._until.get(client, 0.0) > now
 
 
 def _busy(environ, start_response) -> list[bytes]:

@@ -297,18 +297,20 @@ def _stop_all() -> None:
         _shutdown(shared, "::", int(shared.port))
 
 
-def _listening_fds(port: int) -> list[int]:
-    """This process's descriptors of listening TCP sockets on ``port`` (Linux; elsewhere none).
-    Read from /proc only: wrapping a descriptor in a Python socket could change its flags, which
-    the parent shares."""
+def _server_fds(port: int) -> list[int]:
+    """This process's descriptors of TCP sockets whose local port is ``port``: the listening
+    socket and the connections it accepted (Linux; elsewhere none). Read from /proc only:
+    wrapping a descriptor in a Python socket could change its flags, which the parent shares."""
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as rows:
                 next(rows, None)  # the header
                 for row in rows:
-                    f = row.split()  # sl, local address:port (hex), remote, state, ..., inode
-                    if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                    # sl, local address:port (hex), remote, state, ..., inode; a connection this
+                    # process dialled to the port has it as its remote port, and is kept
+                    f = row.split()
+                    if len(f) > 9 and int(f[1].rsplit(":", 1)[1], 16) == port:
                         inodes.add(f"socket:[{f[9]}]")
         except (OSError, ValueError):
             continue
@@ -330,8 +332,9 @@ def _listening_fds(port: int) -> list[int]:
 def _forked() -> None:
     """A fork's child (a DataLoader worker) serves none of its parent's torch servers: it closes
     its copies of their listening sockets, else the port stays bound while it lives and a rank
-    restarted meanwhile cannot bind it. No lock is taken: one held by another thread at the fork
-    is held for good in the child."""
+    restarted meanwhile cannot bind it, and of the connections they accepted, else a dead rank's
+    client (the monitor's kept-alive poll) waits for an answer instead of reading the close. No
+    lock is taken: one held by another thread at the fork is held for good in the child."""
     global _serving, _lock, _in_flight, _served_shared
     owned = [server for server in _at_exit if server._own is not None]
     _at_exit.clear()
@@ -343,7 +346,7 @@ def _forked() -> None:
         # process): the child keeps one reference for good
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(server._own))
         server._own = None
-        for fd in _listening_fds(server.port):
+        for fd in _server_fds(server.port):
             try:
                 os.close(fd)
             except OSError:
