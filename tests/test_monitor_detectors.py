@@ -391,7 +391,9 @@ def test_dead_rank_in_a_live_group_then_the_group_dead():
     # its Manager rank goes too: the group died whole; torchft drops it (reported only)
     job.down = {2, 3}
     new = [f for t in (4, 5, 6) for f in sweep(det, job, T0 + t)]
-    assert [(f.kind, f.replica_group, f.ranks) for f in new] == [("dead", 1, [3])]
+    # confirmed for rank 3, then rank 2 unreachable for 3 sweeps too: refreshed to both
+    assert [(f.kind, f.replica_group, f.ranks) for f in new] == [("dead", 1, [2, 3])]
+    assert new[0].evidence["culprit_ranks"] == [2, 3]
     assert [f.kind for f in det.open_findings()] == ["dead"]
     assert [(f.kind, f.resolution) for f in det.resolved_findings()] == \
         [("dead_rank", "group_dead")]

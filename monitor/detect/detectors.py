@@ -199,7 +199,7 @@ class Detectors:
             ("job", lambda: self.jobwide.judge(view, now, self.hang, self.straggler, evicted,
                                                lighthouse)))
         new = [f for name, step in steps for f in self._guarded(name, step)]
-        self.findings.resolve_gone(view, full, now)
+        self.findings.resolve_gone(view, full, now, self.cfg.dead_sweeps)
         self._note_commit_failures(view)
         return new
 

@@ -73,7 +73,7 @@ class Findings:
                     c["stacks_text"] = read[c["url"]]
             if kind in JOB_KINDS and "probe" in f.evidence:
                 ev["probe"] = f.evidence["probe"]
-            f.evidence = ev
+            f.evidence, f.ranks = ev, list(ranks)
             return None
         f = self.open[key] = Finding(kind, g, rid, ranks, ev, first_seen, now)
         if gv is None:
@@ -101,9 +101,11 @@ class Findings:
                     and (group is None or k[1] == group) and k[0] not in keep]:
             self.resolve(key, how, now)
 
-    def resolve_gone(self, view: ClusterView, full: ClusterView, now: float) -> None:
-        """Resolve the findings whose group left the view (``gone``) or has no rank reachable
-        (``left_job``; but ``dead`` and ``stuck_starting``); a job-wide one is its detector's."""
+    def resolve_gone(self, view: ClusterView, full: ClusterView, now: float,
+                     dead_sweeps: int = 1) -> None:
+        """Resolve the findings whose group left the view (``gone``) or has had no rank
+        reachable for ``dead_sweeps`` sweeps (``left_job``; but ``dead`` and ``stuck_starting``);
+        a job-wide one is its detector's."""
         for key in list(self.open):
             kind, g, _rid = key
             if kind in JOB_KINDS:
@@ -111,7 +113,10 @@ class Findings:
             gv = (full if kind == "stuck_starting" else view).groups.get(g)
             if gv is None:
                 self.resolve(key, "gone", now)
-            elif kind not in ("dead", "stuck_starting") and not gv.reachable:
+            elif kind not in ("dead", "stuck_starting") and not gv.reachable and all(
+                    r.ended or r.failures >= dead_sweeps for r in gv.ranks):
+                # a sweep the monitor misses the group is no leaving: closed then, the group's
+                # next window would open the same episode again as a new finding
                 self.resolve(key, "left_job", now)
 
 

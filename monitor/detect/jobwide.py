@@ -14,10 +14,10 @@ from monitor.config import DetectorConfig
 from monitor.evidence.lighthouse_status import LighthouseStatus
 from monitor.evidence.view import ClusterView
 
-from .findings import Finding, Findings
+from .findings import JOB_KINDS, Finding, Findings
 from .hang import Hang
 from .rank_state import collective_wait, current_wait
-from .straggler import Straggler, Window, late_for
+from .straggler import Straggler, Window, late_for, quorum_size
 
 # findings that name a group: while one is open for a group of the quorum it explains the job
 GROUP_KINDS = ("straggler", "hang", "mismatch", "dead_rank", "dead")
@@ -136,6 +136,7 @@ class JobWide:
         self._members: frozenset = frozenset()  # (group, replica id) of the newest quorum
         self._stall_suspected = False  # this sweep: a job stall on its way (STALL_SUSPECT)
         self._changed_at: int | None = None  # the newest step when they last changed
+        self._unseen = 0  # sweeps in a row an open job_stall had no group of the quorum in sight
 
     def judge(self, view: ClusterView, now: float, hang: Hang, straggler: Straggler,
               evicted: Container[str] = (),
@@ -161,6 +162,13 @@ class JobWide:
             self._members = members
             self._changed_at = max((gv.step for gv in groups if gv.step is not None),
                                    default=None)
+        if len(groups) < 2 and (size := quorum_size(view)) < 2:
+            # one group left (or none with a quorum): nothing job-wide to wait for, no window
+            self._slow, self._slow_since, self._stall_suspected = [], None, False
+            self._unseen = 0
+            self.findings.resolve_where("quorum_shrunk" if size else "no_quorum", now,
+                                        JOB_KINDS)
+            return []
         out = [self.stall(view, groups, now, hang, blamed or killed, lighthouse),
                self.slow(view, groups, now, straggler.last_window, blamed)]
         return [f for f in out if f]
@@ -194,8 +202,11 @@ class JobWide:
         key = ("job_stall", None, None)
         was = self.findings.open.get(key)
         top = max((gv.step for gv in groups if gv.step is not None), default=None)
-        if was is not None and top is not None and top > was.evidence["step"]:
-            self.findings.resolve(key, "progress", now)  # a step committed, not a group gone
+        if was is None:
+            self._unseen = 0
+        over = self._stall_over(was, top) if was is not None else None
+        if over is not None:
+            self.findings.resolve(key, over, now)
             return None
         if blamed:
             self._explained(key, now)
@@ -233,20 +244,42 @@ class JobWide:
               "lighthouse_unreadable": lh_down,
               "stalled_s": round(longest, 3), "threshold_s": round(threshold, 3),
               "quorum_id": view.quorum_id, "step": top, "groups": per_group,
-              "hosts": hosts, "probe": None}
+              "hosts": hosts, "probe": None,
+              "replica_ids": {str(gv.replica_group): gv.replica_id for gv in groups}}
         return self.findings.confirm("job_stall", None, [], ev, now - longest, now, view)
+
+    def _stall_over(self, was: Finding, top: int | None) -> str | None:
+        """Why an open job_stall is over at the quorum's newest step ``top``, if it is: a step
+        committed past it (``progress``); the job started again from a checkpoint, below every
+        stalled group's step or with none of their incarnations left in the quorum
+        (``restarted``); no group of the quorum reached for ``--dead-sweeps`` sweeps
+        (``no_quorum``)."""
+        if top is None:
+            self._unseen += 1
+            return "no_quorum" if self._unseen >= self.cfg.dead_sweeps else None
+        self._unseen = 0
+        ev = was.evidence
+        if top > ev["step"]:
+            return "progress"  # a step committed, not a group gone
+        steps = [g["step"] for g in ev["groups"].values() if g.get("step") is not None]
+        stalled = {(int(g), rid) for g, rid in (ev.get("replica_ids") or {}).items()}
+        if (steps and top < min(steps)) or (stalled and not stalled & self._members):
+            return "restarted"
+        return None
 
     # --- job_slow ---------------------------------------------------------------------------
     def slow(self, view: ClusterView, groups: list, now: float, w: Window | None,
              blamed: list[int]) -> Finding | None:
         key = ("job_slow", None, None)
+        if blamed:  # a sweep with no newer window too: a group finding opened explains it
+            self._slow, self._slow_since = [], None
+            self._explained(key, now)
+            if w is not None:
+                self._newest = w.newest
+            return None
         if w is None or w.newest == self._newest:
             return None  # no newer steps: nothing new to judge
         self._newest = w.newest
-        if blamed:
-            self._slow, self._slow_since = [], None
-            self._explained(key, now)
-            return None
         if self._changed_at is not None \
                 and w.first <= self._changed_at + self.cfg.straggler_steps:
             return None  # a quorum change (a group healing) is not a slowdown, nor a baseline

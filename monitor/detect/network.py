@@ -233,29 +233,38 @@ class Network:
         self._streak.update({h: was[h] for h in verdict.spared if h in was})
         if not rnd.missing() and rates:  # a full round that measured a host, naming it no more
             for key, f in list(findings.open.items()):
-                host = f.evidence.get("host")
-                if key[0] == "network" and host in rnd.probes and host not in verdict.hosts \
-                        and host not in verdict.spared:
-                    findings.resolve(key, "links_good", now)
-        new = []
-        for h in verdict.hosts:
-            n, first = self._streak[h]
-            if n < self.cfg.rounds or not jobs:
-                continue
-            for gv in view.in_quorum():
-                ranks = sorted(r.rank for r in gv.reachable if r.rank is not None
-                               and (r.state or {}).get("host") == h)
-                if not ranks:
+                if key[0] != "network":
                     continue
-                ev = {"host": h,
-                      "summary": f"{verdict.lines[h]}: the network of host {h} is the fault "
-                                 f"({n} probe rounds in a row); replica group "
-                                 f"{gv.replica_group} runs there",
-                      "reference_mbit_s": verdict.reference_mbit_s,
-                      "slow_ratio": self.cfg.slow_ratio, "rounds": n, "links": verdict.bad[h],
-                      "job_findings": sorted(f.kind for f in jobs),
-                      "probe": {"bytes": self.cfg.size_bytes, "timeout_s": self.cfg.timeout_s,
-                                **summary}}
-                new.append(findings.confirm("network", gv, ranks, ev, first, now, view))
+                hosts = f.evidence.get("hosts") or [f.evidence.get("host")]
+                if not any(h not in rnd.probes or h in verdict.hosts or h in verdict.spared
+                           for h in hosts):
+                    findings.resolve(key, "links_good", now)
+        confirmed = [h for h in verdict.hosts if self._streak[h][0] >= self.cfg.rounds]
+        if not confirmed or not jobs:
+            return []
+        new = []
+        for gv in view.in_quorum():
+            # one finding per group, every named host's ranks in it: a group on two bad
+            # hosts is one group to evict, and each host is charged (its culprits)
+            on = {h: ranks for h in confirmed if (ranks := sorted(
+                r.rank for r in gv.reachable if r.rank is not None
+                and (r.state or {}).get("host") == h))}
+            if not on:
+                continue
+            hosts = sorted(on)
+            n = min(self._streak[h][0] for h in hosts)
+            first = min(self._streak[h][1] for h in hosts)
+            ev = {"host": hosts[0], "hosts": hosts,
+                  "summary": "; ".join(verdict.lines[h] for h in hosts)
+                  + f": the network of host{'s' if len(hosts) > 1 else ''} "
+                  f"{', '.join(hosts)} is the fault ({n} probe rounds in a row); replica "
+                  f"group {gv.replica_group} runs there",
+                  "reference_mbit_s": verdict.reference_mbit_s,
+                  "slow_ratio": self.cfg.slow_ratio, "rounds": n,
+                  "links": [x for h in hosts for x in verdict.bad[h]],
+                  "job_findings": sorted(f.kind for f in jobs),
+                  "probe": {"bytes": self.cfg.size_bytes, "timeout_s": self.cfg.timeout_s,
+                            **summary}}
+            ranks = sorted(r for h in hosts for r in on[h])
+            new.append(findings.confirm("network", gv, ranks, ev, first, now, view))
         return [f for f in new if f]
-

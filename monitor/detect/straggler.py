@@ -214,6 +214,15 @@ class Straggler:
         members = self.members(view, groups) if len(groups) >= 2 else None
         if members is None:
             self.last_lags, self.last_window = {}, None
+            if len(groups) < 2 and quorum_size(view, timed=True) < 2:
+                # nobody waits for a group alone: its finding would never see a window again
+                for mem in self.groups.values():
+                    mem.straggler_windows, mem.straggler_first_seen = 0, None
+                    mem.straggler_lags = []
+                self._streaks.clear()
+                for key, f in list(self.findings.open.items()):
+                    if key[0] == "straggler" and f.evidence.get("source") != "flight_recorder":
+                        self.findings.resolve(key, "quorum_shrunk", now)
             return []
         # a group's slots side by side: reduceat at its first rank gives its maximum
         order = list(groups)
@@ -362,6 +371,22 @@ class Straggler:
                    "no rank stands out: the whole group is late")
         info = {"verdict": verdict, "ranks": {str(k): v for k, v in sorted(per_rank.items())}}
         return sorted(late) if late else sorted(per_rank), info
+
+
+def quorum_size(view: ClusterView, timed: bool = False) -> int:
+    """The groups of the newest quorum any group's last answer names, those the monitor misses
+    this sweep included: a sweep it reaches no group shrinks no quorum, while a group dropped
+    by torchft stays behind at an older one. ``timed``: only groups with step timing (not on
+    torch's debug server only)."""
+    per_q: dict[int, int] = {}
+    for gv in view.groups.values():
+        if timed and _torch_only(gv):
+            continue
+        for q in {r.state.get("quorum_id") for r in gv.ranks
+                  if r.state and r.state.get("participating", True)}:
+            if type(q) is int and q >= 0:
+                per_q[q] = per_q.get(q, 0) + 1
+    return per_q[max(per_q)] if per_q else 0
 
 
 def _torch_only(gv: GroupView) -> bool:
