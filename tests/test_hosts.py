@@ -563,6 +563,18 @@ def test_a_finding_naming_every_host_of_a_multi_host_group_singles_out_none(tmp_
     assert [d["host"] for d in led.decide(clock(), None, 40)] == ["h3"]
 
 
+def test_a_network_finding_counts_against_every_host_it_names(tmp_path):
+    """The probe mesh measured each named host's links: a network finding naming both hosts of
+    a two-host group singles out each of them (a hang naming both singles out neither)."""
+    clock = Clock()
+    led = ledger(tmp_path, clock, max_quarantined=5)
+    f = finding("network", "h1", 1)
+    f["evidence"]["culprits"].append({"rank": 3, "host": "h2"})
+    led.record([f], clock(), group_hosts={1: {"h1", "h2"}})
+    assert {h["host"]: [o["counts"] for o in h["offences"]] for h in led.to_json(clock())} \
+        == {"h1": [True], "h2": [True]}
+
+
 def test_never_the_last_host_a_one_host_job_quarantines_nothing(tmp_path):
     """On a one-host job (the demo without NODE_NAMEs, a laptop) quarantining the host would
     only evict every restarted group again: held as no_other_host."""

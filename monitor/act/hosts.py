@@ -182,7 +182,8 @@ class HostLedger(HostActions):
                     continue  # not a kind that counts against a host
                 named = culprit_hosts(f)
                 spans = (group_hosts or {}).get(f.get("replica_group")) or set()
-                counts = not (len(spans) > 1 and set(named) >= spans)
+                # the probe mesh singles out each host a network finding names, all of a group's
+                counts = f.get("kind") == "network" or not (len(spans) > 1 and set(named) >= spans)
                 todo += [(host, c, f, spans, counts, now, self._seen_before_restart(host, f))
                          for host, c in named.items()]
             for i, (host, c, f, spans, counts, at, again) in enumerate(todo):
