@@ -36,7 +36,7 @@ from .detect import Detectors
 from .evidence.lighthouse_settings import LighthouseSettingsWatch
 from .evidence.lighthouse_status import LighthouseReader, LighthouseStatus
 from .evidence.probes import ProbeMesh
-from .evidence.rank import last_known
+from .evidence.rank import answers_other_job, last_known
 from .evidence.torch_rank import CANNOT_SHOW, TorchRanks
 from .evidence.verification import Verifier
 from .evidence.view import ClusterView, ViewBuilder
@@ -62,6 +62,9 @@ log = logging.getLogger(__name__)
 STALLED_AFTER_S = 30.0  # /healthz: no sweep ended this long (or 10 intervals): the loop is stuck
 WARN_EVERY_S = 60.0  # while a trouble lasts (an unreadable Lighthouse), said again this often
 REFUSAL_EVERY_S = 600.0  # a refused rank asks again every 5 s: said once a window this long
+# refusals said a window: anyone reaching the API may send a new URL each time, and neither the
+# set of those said nor the log may grow with them (then one line says the rest go unsaid)
+REFUSALS_SAID = 1000
 # a job's end said (a rank finished or stopped) this long before its last ranks went quiet
 # explains them: a rank not read within its finish() wait vanishes unsaid beside its peers
 END_SAID_SLACK_S = 60.0
@@ -334,6 +337,8 @@ class Monitor:
         many unreachable ranks ended."""
         unreachable = self.views.unreachable_since()
         ended = [u for u in unreachable if (rv := view.ranks.get(u)) is not None and rv.ended]
+        self.discovery.answered_other_job(  # not scraped under this job's label
+            [u for u in unreachable if answers_other_job(view.ranks.get(u))])
         forgotten = self.discovery.forget_unreachable(unreachable, now, ended)
         others_up = bool(forgotten) and any(rv.reachable for rv in view.ranks.values())
         if any(url in ended or (view.ranks[url].state or {}).get("phase") == "stopped"
@@ -479,10 +484,19 @@ class Monitor:
             window = int(self.clock() // REFUSAL_EVERY_S)
             if window != self._refused_in:  # a new window: each refusal said again
                 self._refused, self._refused_in = set(), window
-            key = (url, outcome, str(e))
+            # an unauthorized one's URL is only the caller's claim: said once a window
+            key = (outcome,) if isinstance(e, Unauthorized) else (url, outcome, str(e))
             if key not in self._refused and not isinstance(e, OtherJob):  # (said by Discovery)
-                self._refused.add(key)
-                log.info("registration of %s refused (%s): %s", url, outcome, e)
+                if len(self._refused) < REFUSALS_SAID:
+                    self._refused.add(key)
+                    log.info("registration of %s refused (%s): %s", url, outcome, e)
+                elif len(self._refused) == REFUSALS_SAID:
+                    self._refused.add(("full",))
+                    until = time.strftime("%Y-%m-%d %H:%M:%S UTC",
+                                          time.gmtime((window + 1) * REFUSAL_EVERY_S))
+                    log.warning("%d refused registrations logged within %d minutes: further "
+                                "refusals not logged until %s", REFUSALS_SAID,
+                                REFUSAL_EVERY_S // 60, until)
             raise
         self.metrics.registrations.labels(self.cfg.job, "accepted").inc()
         return target

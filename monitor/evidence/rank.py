@@ -89,22 +89,38 @@ def last_known(s: dict[str, Any]) -> dict[str, Any]:
     return {k: s[k] for k in keep if k in s}
 
 
+OTHER_JOB = "a rank of job "  # how not_state's reason for another job's rank begins
+
+
 def not_state(data: Any, last: dict[str, Any] | None, target: Target | None) -> str | None:
     """Why ``data`` is no /v1/state of the rank that ``last`` was at its address (None: it is):
-    not a /v1/state, or another process's (the dead rank's port bound again): a rank of another
+    not a /v1/state, a rank of a job other than the one ``target`` must answer for (its
+    ``expect_job``), or another process's (the dead rank's port bound again): a rank of another
     job, or of this one but not the rank registered there. Its own restart is the rank again."""
     bad = valid_state(data)
-    if bad is not None or last is None:
+    if bad is not None:
         return bad
     job, who = data.get("job"), (data["replica_group"], data["rank"])
+    want = target.expect_job if target is not None else None
+    if want is not None and job is not None and job != want:
+        return f"{OTHER_JOB}{job!r} (group {who[0]} rank {who[1]}), not this monitor's " \
+               f"--job {want!r}"
+    if last is None:
+        return None
     if job != last.get("job") and None not in (job, last.get("job")):
-        return f"a rank of job {job!r} (group {who[0]} rank {who[1]}) answers at its address"
+        return f"{OTHER_JOB}{job!r} (group {who[0]} rank {who[1]}) answers at its address"
     if who != (last["replica_group"], last["rank"]) and target is not None \
             and target.source == "registered" and target.rank is not None \
             and (target.replica_group, target.rank) != who:
         return f"group {who[0]} rank {who[1]} answers at the address group " \
                f"{target.replica_group} rank {target.rank} registered"
     return None
+
+
+def answers_other_job(rv: RankView | None) -> bool:
+    """``rv`` is unreachable because another job's rank answered at its address (not_state)."""
+    return rv is not None and not rv.reachable and rv.reason == "bad_response" \
+        and OTHER_JOB in (rv.error or "")
 
 
 _new = object.__new__

@@ -66,10 +66,13 @@ def normalize_url(address: str) -> str:
     try:
         parts = urlsplit(address)
     except ValueError as e:  # e.g. an unbalanced or invalid bracketed host
-        raise BadTarget(f"target {shown!r} is not http(s)://host:port: {e}") from None
+        raise BadTarget(f"target {shown!r} is not http://host:port: {e}") from None
+    if parts.scheme == "https":  # accepted, it would be refused at every poll: never watched
+        raise BadTarget(f"target {shown!r}: https is not supported (ranks are polled over "
+                        "plain http): give the rank's http:// address, terminate TLS elsewhere")
     # torch+http:// is a rank on torch's own server (monitor/poll/torch_target.py)
-    if parts.scheme not in ("http", "https", PREFIX + "http") or not parts.hostname:
-        raise BadTarget(f"target {shown!r} is not http(s)://host:port or "
+    if parts.scheme not in ("http", PREFIX + "http") or not parts.hostname:
+        raise BadTarget(f"target {shown!r} is not http://host:port or "
                         f"{PREFIX}http://host:port (a rank on torch's server)")
     try:
         port = parts.port
@@ -132,6 +135,10 @@ class Target:
     rank: int | None = None
     last_registered: float | None = None
     registered_as: str | None = None  # the URL as registered, when polled at a checked address
+    # the job its /v1/state must name (the monitor's --job): set on file_sd and registered
+    # targets, whose source may list other jobs' ranks (a file_sd file without job labels, a
+    # registration without a job); not on --targets, which the operator named for this monitor
+    expect_job: str | None = None
 
 
 def _identity(rank: Any) -> tuple | None:
@@ -177,6 +184,7 @@ class Discovery:
         self._sd_lock: tuple[int, tuple | None] | None = None  # --sd-out's lock: (fd, file id)
         self._written_for: list[Target] | None = None  # the known set that text is of
         self._ended: set[str] = set()  # static and file_sd ranks that said they stopped: not in sd
+        self._other_job: set[str] = set()  # answered as another job's rank: not in sd either
         # kept until a source changes: the view and the schedule tell unchanged targets by identity
         self._sorted: list[Target] | None = None
         self.version = 0  # counts the changes of the known set (or of a target's hints)
@@ -219,7 +227,8 @@ class Discovery:
             return self._annotate(url, registered_as, hints, now)
         target = Target(url, "registered", job=job, replica_group=replica_group, rank=rank,
                         last_registered=now,
-                        registered_as=registered_as if registered_as != url else None)
+                        registered_as=registered_as if registered_as != url else None,
+                        expect_job=self.job)
         # the alias read under the lock the target is added under: a sweep folding it
         # meanwhile is seen here, not undone
         with self._lock:
@@ -252,14 +261,16 @@ class Discovery:
             base = self._static.get(url) or self._file.get(url)
             if base is None:  # gone with a new file_sd content meanwhile: registered instead
                 self._registered[url] = Target(url, "registered", job, replica_group, rank, now,
-                                               registered_as if registered_as != url else None)
+                                               registered_as if registered_as != url else None,
+                                               expect_job=self.job)
                 self._invalidate()
                 return self._registered[url]
             t = Target(url, base.source, job=base.job if base.job is not None else job,
                        replica_group=base.replica_group if base.replica_group is not None
                        else replica_group,
                        rank=base.rank if base.rank is not None else rank, last_registered=now,
-                       registered_as=registered_as if registered_as != url else None)
+                       registered_as=registered_as if registered_as != url else None,
+                       expect_job=base.expect_job)
             old = self._claimed.get(url)
             if old is not None and (old.job, old.replica_group, old.rank, old.registered_as) \
                     == (t.job, t.replica_group, t.rank, t.registered_as):
@@ -393,7 +404,7 @@ class Discovery:
                     continue
                 if self._count() >= self.max_targets:
                     break
-                t.source, t.last_registered = "registered", now
+                t.source, t.last_registered, t.expect_job = "registered", now, self.job
                 self._registered[url] = t
                 self._restored[url] = now
                 self._invalidate()
@@ -439,6 +450,8 @@ class Discovery:
             log.warning("targets file %s: leaving out the targets of job(s) %s (this monitor's "
                         "--job is %r)", path, ", ".join(sorted(other)), self.job)
             parsed = {u: t for u, t in parsed.items() if t.job in (None, self.job)}
+        for t in parsed.values():  # unlabelled ones too: a generic file may list other jobs'
+            t.expect_job = self.job
         with self._lock:
             self._file = parsed
             # their hints may have changed: annotated again at their next registration
@@ -494,11 +507,20 @@ class Discovery:
                 forgotten.append(url)
         return forgotten
 
+    def answered_other_job(self, urls: Collection[str]) -> None:
+        """The targets whose last answer was another job's rank (evidence.rank.not_state): left
+        out of :meth:`write_file_sd` until they answer as this job's."""
+        other = set(urls)
+        if other != self._other_job:
+            self._other_job, self._written_for = other, None
+
     def _file_sd_of(self, targets: list[Target]) -> list[dict[str, Any]]:
         out = []
         for t in targets:
-            if t.url.startswith(PREFIX) or t.url in self._ended:
-                continue  # torch's server has no /metrics for Prometheus; an ended rank is down
+            if t.url.startswith(PREFIX) or t.url in self._ended or t.url in self._other_job:
+                # torch's server has no /metrics for Prometheus; an ended rank is down; another
+                # job's rank would be scraped under this job's label
+                continue
             labels = {"lightkeeper_source": t.source}
             job = t.job or self.job
             if job:
@@ -508,10 +530,8 @@ class Discovery:
             if t.rank is not None:
                 labels["rank"] = str(t.rank)
             # Prometheus takes host:port only ("not a valid hostname" else): the rest in labels
-            scheme, _, rest = t.url.partition("://")
+            rest = t.url.partition("://")[2]
             address, _, path = rest.partition("/")
-            if scheme == "https":
-                labels["__scheme__"] = "https"
             if path:
                 labels["__metrics_path__"] = f"/{path}/metrics"
             out.append({"targets": [address], "labels": labels})
