@@ -13,13 +13,14 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 import msgspec
 
 from .fd_budget import budget, out_of_descriptors, raise_soft_limit
 from .http11 import TARGETS, Conn, PollError, note_sweep, target
-from .packed_state import pack_state
+from .packed_state import STATE_DECODER, bounded_state, pack_state
 from .torch_target import handler_path
 
 log = logging.getLogger(__name__)
@@ -115,13 +116,23 @@ def _finite(text: str) -> float | None:
     return v if math.isfinite(v) else None
 
 
+def _state(body: bytes) -> Any:
+    """A :data:`STATE_PATH` answer: only the contract's fields, each bounded, however big or
+    odd the rest (monitor/poll/packed_state.py)."""
+    try:
+        return STATE_DECODER.decode(body)  # the usual answer: one pass, nothing else built
+    except (msgspec.DecodeError, RecursionError):  # odd types, NaN, too long, not JSON
+        data = _json(body)
+    return bounded_state(data) if type(data) is dict else data
+
+
 def judge_body(url: str, body: bytes, latency_s: float, at: float | None = None,
                state: bool = False) -> RankPoll:
     """The poll of a ``200`` answer: its JSON object, or why it is not one (never raises).
-    ``state``: a :data:`STATE_PATH` answer, kept packed."""
+    ``state``: a :data:`STATE_PATH` answer, bounded and kept packed."""
     at = time.time() if at is None else at
     try:
-        data = _json(body)
+        data = _state(body) if state else _json(body)
         if not isinstance(data, dict):
             raise PollError("bad_response", f"expected a JSON object, got {type(data).__name__}")
         if state:
@@ -134,6 +145,14 @@ def judge_body(url: str, body: bytes, latency_s: float, at: float | None = None,
     except Exception as e:  # RecursionError on deep nesting
         reason, error = "bad_response", f"{type(e).__name__}: {e}"
     return RankPoll(url, False, reason=reason, error=error, latency_s=latency_s, at=at)
+
+
+def _status_text(status: int) -> str:
+    """``HTTP 404 Not Found``: the standard phrase, not the server's."""
+    try:
+        return f"HTTP {status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"HTTP {status}"
 
 
 def rank_poll(url: str, row: tuple, state: bool) -> RankPoll:
@@ -395,7 +414,9 @@ class Poller:
         if status == 200:  # judged by the caller (rank_poll)
             sw.row((req.i, True, body, None, None, None, now - req.start, time.time()))
         else:
-            sw.row((req.i, False, None, "http_status", f"HTTP {status}: {body[:200]!r}", status,
+            # the status only: /v1/ranks shows this error to anyone, and the URL polled is
+            # whatever a registrant named
+            sw.row((req.i, False, None, "http_status", _status_text(status), status,
                     now - req.start, time.time()))
         if not conn.keep or conn.lost:
             conn.abort()
