@@ -281,6 +281,7 @@ def test_answers_framed_every_way_are_read_and_only_clean_ones_reuse_the_connect
                             ("bad_status", "bad status line")):
             got = p.sweep([f"{base}/{name}"], path="")[f"{base}/{name}"]
             assert (got.ok, got.reason) == (False, "bad_response") and words in got.error, got
+            assert "SPDY" not in got.error  # another service's greeting is never shown
         assert p.sweep([f"{base}/split"], path="")[f"{base}/split"].data == {"a": 1}
     finally:
         p.close()

@@ -220,7 +220,8 @@ class Conn(asyncio.Protocol):
         first = head[:eol] if eol >= 0 else head
         parts = first.split(None, 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
-            raise PollError("bad_response", f"bad status line {first[:100]!r}")
+            # not its text: it may be another service's greeting, shown on /v1/ranks to anyone
+            raise PollError("bad_response", "bad status line: not an HTTP/1.x answer")
         self.status = int(parts[1])
         low = head.lower()
         length = _header(low, b"\ncontent-length:")
