@@ -96,7 +96,7 @@ def test_padding_inside_the_known_fields_is_cut_to_bounded_sizes():
         assert held < 2 * MB, held
         assert set(state) <= STATE_FIELDS
     host, faults, device, steps = (kept(b.encode())[0] for b in bodies)
-    assert len(host["host"]) == len(host["node"]) == NAME_CHARS and len(host["job"]) <= 8
+    assert len(host["host"]) == len(host["node"]) == TEXT_CHARS and len(host["job"]) <= 8
     assert len(host["lighthouse"]) == TEXT_CHARS
     assert len(faults["faults"]) == MAX_FAULTS
     assert all(len(f) <= NAME_CHARS for f in faults["faults"])
@@ -107,6 +107,22 @@ def test_padding_inside_the_known_fields_is_cut_to_bounded_sizes():
     assert len(steps["recent_step_seconds"]) == 64 * 8
     # a wrong type is still named (and so no state), shortened
     assert valid_state(steps) == f"pid is {[{}] * 8!r}"
+
+
+def test_identities_are_kept_whole_and_the_newest_faults():
+    """A job name or a torchft replica id (a pod name as its prefix, then ``:uuid``) past 256
+    characters is compared whole with --job, the Lighthouse's ids and a signature's identity:
+    never cut. Over MAX_FAULTS faults, the newest are kept: a finding is timed from them."""
+    doc = json.loads(answers()[2])
+    job, rid = "j" * 300, "g" * 240 + ":0b0f6a52-6d55-4e7a-9c2e-1f6a52d0b0f6"
+    for extra in ({}, {"loss": "NaN"}):  # the typed decoder and the lenient path alike
+        state, _ = kept(json.dumps({**doc, **extra, "job": job, "replica_id": rid}).encode())
+        assert (state["job"], state["replica_id"]) == (job, rid)
+    specs = [f"slow:delay=0.1,from_step={i}" for i in range(MAX_FAULTS + 6)]
+    state, _ = kept(json.dumps({**doc, "faults": specs, "faults_struck_at": {
+        s: 1000.0 + i for i, s in enumerate(specs)}}).encode())
+    assert state["faults"] == specs[-MAX_FAULTS:]
+    assert max(state["faults_struck_at"].values()) == 1000.0 + len(specs) - 1
 
 
 def test_a_normal_answer_keeps_every_field():
@@ -136,5 +152,5 @@ def test_the_api_echoes_bounded_host_and_faults():
     poll = judge_body(t.url, json.dumps(doc).encode(), 0.0, now, state=True)
     view = ViewBuilder().update([t], {t.url: poll}, now=now, polled={t.url})
     row, = ranks_json(view, now)
-    assert row["reachable"] and row["host"] == "h" * NAME_CHARS
+    assert row["reachable"] and row["host"] == "h" * TEXT_CHARS
     assert row["faults"] == ["f" * NAME_CHARS] * MAX_FAULTS

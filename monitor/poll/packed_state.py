@@ -38,6 +38,10 @@ def _b64_chars(n: int) -> int:
 
 _Name = Annotated[str, msgspec.Meta(max_length=NAME_CHARS)]
 _Text = Annotated[str, msgspec.Meta(max_length=TEXT_CHARS)]
+# compared whole with what the monitor knows (its --job, the Lighthouse's replica ids, a
+# signature's identity): never cut short of a name torchft or a scheduler may make
+_Ident = _Text
+IDENTITY = ("job", "replica_id", "host", "node", "hostname")
 _Num = int | float
 
 
@@ -76,17 +80,17 @@ class _State(TypedDict, total=False):
     """The docs/CONTRACTS.md ``/v1/state`` table: a field added there is added here, or the
     monitor never sees it."""
 
-    job: _Name
+    job: _Ident
     replica_group: int
-    replica_id: _Name | None
+    replica_id: _Ident | None
     group_rank: int
     group_world_size: int | None
     rank: int
-    host: _Name | None
+    host: _Ident | None
     pid: int | None
     local_rank: int | None
-    node: _Name | None
-    hostname: _Name | None
+    node: _Ident | None
+    hostname: _Ident | None
     device: _Device | None
     worker_url: _Text | None
     step: int
@@ -167,14 +171,15 @@ def bounded_state(doc: dict[str, Any]) -> dict[str, Any]:
         elif key == "device":
             v = _fields(v, _DEVICE_FIELDS)
         elif key == "faults" and type(v) is list:
-            v = [x[:NAME_CHARS] if type(x) is str else _scalar(x) for x in v[:MAX_FAULTS]]
+            # the newest: the strikes a finding is timed from
+            v = [x[:NAME_CHARS] if type(x) is str else _scalar(x) for x in v[-MAX_FAULTS:]]
         elif key == "faults_struck_at" and type(v) is dict:
-            v = {k[:NAME_CHARS]: _scalar(x) for k, x in islice(v.items(), MAX_FAULTS)}
+            v = {k[:NAME_CHARS]: _scalar(x) for k, x in list(v.items())[-MAX_FAULTS:]}
         elif key == "recent_step_seconds" and type(v) is list:
             v = [_scalar(x) for x in v[-STEP_TIMES_KEPT:]]
         elif key != "recent_step_seconds":  # a packed string: pack_state keeps its newest
             v = _small(v)
-            if type(v) is str and key not in ("worker_url", "lighthouse"):
+            if type(v) is str and key not in ("worker_url", "lighthouse", *IDENTITY):
                 v = v[:NAME_CHARS]
         out[key] = v
     return out
