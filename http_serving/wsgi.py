@@ -8,6 +8,7 @@ still surfaces.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -71,7 +72,12 @@ def _bind(host: str, port: int) -> socket.socket:
             continue
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as waitress
-            if family == socket.AF_INET6:  # as waitress: IPv6 only, the IPv4 address is another
+            if family == socket.AF_INET6 and address[0] == "::":
+                # every address, IPv4 too (as 0.0.0.0 and :: together): a rank registers by its
+                # host name, which the monitor polls at its IPv4 address when it has one
+                with contextlib.suppress(OSError):  # no dual-stack here: IPv6 only, as before
+                    sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            elif family == socket.AF_INET6:  # as waitress: IPv6 only, the IPv4 one is another
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(address)
             return sock

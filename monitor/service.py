@@ -338,7 +338,7 @@ class Monitor:
         unreachable = self.views.unreachable_since()
         ended = [u for u in unreachable if (rv := view.ranks.get(u)) is not None and rv.ended]
         self.discovery.answered_other_job(  # not scraped under this job's label
-            [u for u in unreachable if answers_other_job(view.ranks.get(u))])
+            {u: job for u in unreachable if (job := answers_other_job(view.ranks.get(u)))})
         forgotten = self.discovery.forget_unreachable(unreachable, now, ended)
         others_up = bool(forgotten) and any(rv.reachable for rv in view.ranks.values())
         if any(url in ended or (view.ranks[url].state or {}).get("phase") == "stopped"
@@ -465,9 +465,11 @@ class Monitor:
         return None
 
     # --- the API's calls (monitor/api/app.py)
-    def register_target(self, body: Any, authorization: str | None) -> Target:
+    def register_target(self, body: Any, authorization: str | None,
+                        client: str | None = None) -> Target:
         """``POST /v1/targets``: with a token configured it must carry one, else the target must
-        be in ``--allow-targets``. Raises one of REFUSALS' exceptions; nothing is added then."""
+        be in ``--allow-targets``. Raises one of REFUSALS' exceptions; nothing is added then.
+        ``client``: the caller's address, which a refusal's log line names."""
         try:
             if self.cfg.token or self.cfg.register_token:
                 if not registration_authorized(authorization, self.cfg.register_token,
@@ -484,12 +486,14 @@ class Monitor:
             window = int(self.clock() // REFUSAL_EVERY_S)
             if window != self._refused_in:  # a new window: each refusal said again
                 self._refused, self._refused_in = set(), window
-            # an unauthorized one's URL is only the caller's claim: said once a window
-            key = (outcome,) if isinstance(e, Unauthorized) else (url, outcome, str(e))
+            # an unauthorized one's URL is only the caller's claim: said once a window for
+            # each address it comes from (a rank with a stale token, a scanner)
+            key = (outcome, client) if isinstance(e, Unauthorized) else (url, outcome, str(e))
             if key not in self._refused and not isinstance(e, OtherJob):  # (said by Discovery)
                 if len(self._refused) < REFUSALS_SAID:
                     self._refused.add(key)
-                    log.info("registration of %s refused (%s): %s", url, outcome, e)
+                    log.info("registration of %s%s refused (%s): %s", url,
+                             f" from {client}" if client else "", outcome, e)
                 elif len(self._refused) == REFUSALS_SAID:
                     self._refused.add(("full",))
                     until = time.strftime("%Y-%m-%d %H:%M:%S UTC",

@@ -108,3 +108,43 @@ def test_a_taken_port_is_an_oserror_and_no_address_a_valueerror():
         BackgroundWSGIServer(_hello, host="no-such-host.invalid", port=0)
     with pytest.raises(ValueError, match="port 70000"):
         BackgroundWSGIServer(_hello, host="127.0.0.1", port=70000)
+
+
+def _dual_stack_wildcard() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            s.bind(("::", 0))
+        return True
+    except OSError:
+        return False
+
+
+def _get(address: str, port: int) -> bytes:
+    with socket.create_connection((address, port), timeout=5) as s:
+        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        return s.makefile("rb").read()
+
+
+@pytest.mark.skipif(not _dual_stack_wildcard(), reason="no dual-stack IPv6 on this host")
+def test_the_ipv6_wildcard_hears_ipv4_too():
+    """``LIGHTKEEPER_WORKER_HOST=::`` registers by host name, which the monitor polls at its
+    IPv4 address: before, the socket was IPv6 only and every poll was refused."""
+    server = BackgroundWSGIServer(_hello, host="::", port=0).start()
+    try:
+        assert b"hello" in _get("127.0.0.1", server.port)
+        if _ipv6_loopback():
+            assert b"hello" in _get("::1", server.port)
+    finally:
+        server.stop()
+    assert _bindable("127.0.0.1", server.port)
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no ::1 on this host")
+def test_a_specific_ipv6_address_is_served_on_ipv6_only():
+    server = BackgroundWSGIServer(_hello, host="::1", port=0).start()
+    try:
+        assert b"hello" in _get("::1", server.port)
+        assert _bindable("127.0.0.1", server.port)  # as waitress: the IPv4 port is another's
+    finally:
+        server.stop()

@@ -191,7 +191,7 @@ def create_app(monitor: Any) -> Flask:
     @app.post("/v1/targets")
     def register():
         t = monitor.register_target(request.get_json(silent=True),  # refusals counted there
-                                    request.headers.get("Authorization"))
+                                    request.headers.get("Authorization"), request.remote_addr)
         return jsonify(url=t.url, registered=True, registered_as=t.registered_as or t.url)
 
     @app.post("/v1/evict")

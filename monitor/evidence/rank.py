@@ -5,6 +5,7 @@ An answer that is not a ``/v1/state`` document counts as unreachable (``bad_resp
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,13 +91,25 @@ def last_known(s: dict[str, Any]) -> dict[str, Any]:
 
 
 OTHER_JOB = "a rank of job "  # how not_state's reason for another job's rank begins
+_OTHER_JOB = re.compile(re.escape(OTHER_JOB) + r"(.*?) \(group -?\d+ rank -?\d+\)", re.S)
+
+
+def _monitor_job(target: Target | None) -> str | None:
+    """The monitor's --job, as the target carries it: a file_sd or registered one as the job
+    it must answer for, a --targets or TCPStore one as its job (Discovery gives them --job)."""
+    if target is None:
+        return None
+    if target.expect_job is not None:
+        return target.expect_job
+    return target.job if target.source in ("static", "torch_store") else None
 
 
 def not_state(data: Any, last: dict[str, Any] | None, target: Target | None) -> str | None:
     """Why ``data`` is no /v1/state of the rank that ``last`` was at its address (None: it is):
     not a /v1/state, a rank of a job other than the one ``target`` must answer for (its
     ``expect_job``), or another process's (the dead rank's port bound again): a rank of another
-    job, or of this one but not the rank registered there. Its own restart is the rank again."""
+    job, or of this one but not the rank registered there. Its own restart is the rank again,
+    and so is a rank now answering as the monitor's own --job (restarted with it)."""
     bad = valid_state(data)
     if bad is not None:
         return bad
@@ -107,7 +120,9 @@ def not_state(data: Any, last: dict[str, Any] | None, target: Target | None) -> 
                f"--job {want!r}"
     if last is None:
         return None
-    if job != last.get("job") and None not in (job, last.get("job")):
+    # the last job (kept in --state too) is no reason to refuse the job this monitor watches
+    if job != last.get("job") and None not in (job, last.get("job")) \
+            and job != _monitor_job(target):
         return f"{OTHER_JOB}{job!r} (group {who[0]} rank {who[1]}) answers at its address"
     if who != (last["replica_group"], last["rank"]) and target is not None \
             and target.source == "registered" and target.rank is not None \
@@ -117,10 +132,14 @@ def not_state(data: Any, last: dict[str, Any] | None, target: Target | None) -> 
     return None
 
 
-def answers_other_job(rv: RankView | None) -> bool:
-    """``rv`` is unreachable because another job's rank answered at its address (not_state)."""
-    return rv is not None and not rv.reachable and rv.reason == "bad_response" \
-        and OTHER_JOB in (rv.error or "")
+def answers_other_job(rv: RankView | None) -> str | None:
+    """The job (as not_state quotes it) of another job's rank that answered at ``rv``'s address,
+    which is unreachable for it; None when it is not that."""
+    if rv is None or rv.reachable or rv.reason != "bad_response":
+        return None
+    # at the start: a bad document's own text ("rank is '...'") may quote the words
+    found = _OTHER_JOB.match((rv.error or "").removeprefix("bad /v1/state: "))
+    return found.group(1) if found else None
 
 
 _new = object.__new__

@@ -219,8 +219,9 @@ class AllowList:
             raise NotAllowed(f"target {url} resolves to {shown}, outside --allow-targets "
                              f"({allowed or 'nothing'}); register with the monitor's token or "
                              "widen --allow-targets")
-        # IPv4 first: a WorkerServer on 0.0.0.0 hears no IPv6, and glibc sorts a dual-stack
-        # name's AAAA first; sorted, so round-robin DNS does not move a rank between two URLs
+        # IPv4 first: a WorkerServer on 0.0.0.0 hears no IPv6 (on :: both), and glibc sorts a
+        # dual-stack name's AAAA first; sorted, so round-robin DNS does not move a rank between
+        # two URLs
         addr = min(addrs, key=lambda a: (a.version, a))
         netloc = f"[{addr}]" if addr.version == 6 else str(addr)
         return f"{parts.scheme}://{netloc}:{parts.port}{parts.path}"  # a proxy's prefix too

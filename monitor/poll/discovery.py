@@ -97,33 +97,43 @@ def _opt_int(value: Any) -> int | None:
         raise BadTarget(f"expected an integer, got {value!r}") from None
 
 
-def _read_file_sd(path: str, ours: bool = False) -> dict[str, Target]:
-    """The targets of a ``file_sd`` file; raises OSError, ValueError or BadTarget. ``ours``: a
-    file this monitor wrote, whose ``lightkeeper_source`` label says where each came from."""
+def _read_file_sd(path: str, ours: bool = False) -> tuple[dict[str, Target], list[str]]:
+    """The targets of a ``file_sd`` file, and why each group or address left out was (the
+    others are read all the same); raises OSError, ValueError or BadTarget. ``ours``: a file
+    this monitor wrote, whose ``lightkeeper_source`` label says where each came from."""
     with open(path) as f:
         groups = json.load(f)
     if not isinstance(groups, list):
         raise BadTarget("file_sd content must be a JSON list of target groups")
     out: dict[str, Target] = {}
-    for g in groups:
-        if not isinstance(g, dict) or not isinstance(g.get("targets"), list):
-            raise BadTarget('each file_sd group needs a "targets" list')
-        labels = g.get("labels") or {}
-        if not isinstance(labels, dict):
-            raise BadTarget('file_sd "labels" must be an object')
+    skipped: list[str] = []
+    for i, g in enumerate(groups):
+        labels = (g.get("labels") or {}) if isinstance(g, dict) else None
+        if not isinstance(labels, dict) or not isinstance(g.get("targets"), list):
+            skipped.append(f'group {i}: not {{"targets": [...], "labels": {{...}}}}')
+            continue
         # Prometheus' spelling of a scheme and a path prefix (as write_file_sd writes them)
         scheme = labels.get("__scheme__", "http")
         path = str(labels.get("__metrics_path__", ""))
         prefix = path[:-len("/metrics")] if path.endswith("/metrics") else ""
         for address in g["targets"]:
-            if not isinstance(address, str):
-                raise BadTarget(f"target {address!r} is not a string")
-            url = normalize_url(address if "://" in address else f"{scheme}://{address}{prefix}")
-            source = str(labels.get("lightkeeper_source", "registered")) if ours else "file_sd"
-            out[url] = Target(url, source, job=labels.get("job"),
-                              replica_group=_opt_int(labels.get("replica_group")),
-                              rank=_opt_int(labels.get("rank")))
-    return out
+            try:
+                if not isinstance(address, str):
+                    raise BadTarget(f"target {address!r} is not a string")
+                url = normalize_url(address if "://" in address
+                                    else f"{scheme}://{address}{prefix}")
+                out[url] = Target(url, str(labels.get("lightkeeper_source", "registered"))
+                                  if ours else "file_sd", job=labels.get("job"),
+                                  replica_group=_opt_int(labels.get("replica_group")),
+                                  rank=_opt_int(labels.get("rank")))
+            except BadTarget as e:
+                skipped.append(f"group {i}: {e}"[:300])
+    return out, skipped
+
+
+def _skipped(skipped: list[str]) -> str:
+    """The entries _read_file_sd left out, in one line: how many, the first few and why."""
+    return f"{len(skipped)} left out: " + "; ".join(skipped[:5]) + "; ..." * (len(skipped) > 5)
 
 
 @dataclass
@@ -178,7 +188,8 @@ class Discovery:
         self.file_error: str | None = None
         self.forget_after_s = forget_after_s
         self.job = job
-        self._other_jobs: set[str] = set()
+        self._other_jobs: set[str] = set()  # registrations of these jobs refused: said
+        self._other_jobs_answered: set[str] = set()  # targets answering as these jobs: said
         self.max_targets = max_targets
         self._written: str | None = None
         self._sd_lock: tuple[int, tuple | None] | None = None  # --sd-out's lock: (fd, file id)
@@ -393,9 +404,11 @@ class Discovery:
                               "program's, or a monitor's --state?): not replaced; name another "
                               "path, or remove it") from None
         try:
-            parsed = _read_file_sd(path, ours=True)
+            parsed, skipped = _read_file_sd(path, ours=True)
         except (OSError, ValueError):  # BadTarget is a ValueError
             return
+        if skipped:  # an older version's (https): the others are restored
+            log.warning("--sd-out %s: %s (not restored; the others are)", path, _skipped(skipped))
         now = time.time()
         with self._lock:
             for url, t in parsed.items():
@@ -440,11 +453,15 @@ class Discovery:
         if sig == self._file_sig:
             return self.file_error
         try:
-            parsed = _read_file_sd(path)
+            parsed, skipped = _read_file_sd(path)
+            if skipped and not parsed:  # nothing usable: the last good targets are kept
+                raise BadTarget(_skipped(skipped))
         except (OSError, ValueError) as e:
             self.file_error = f"targets file {path}: {e}"
             self._file_sig = sig  # do not re-parse the same broken content every sweep
             return self.file_error
+        if skipped:  # once per content: the file is read again only when it changes
+            log.warning("targets file %s: %s (the others are watched)", path, _skipped(skipped))
         other = {str(t.job) for t in parsed.values() if t.job not in (None, self.job)}
         if other and self.job is not None:  # refused as their registrations are (409)
             log.warning("targets file %s: leaving out the targets of job(s) %s (this monitor's "
@@ -507,12 +524,25 @@ class Discovery:
                 forgotten.append(url)
         return forgotten
 
-    def answered_other_job(self, urls: Collection[str]) -> None:
-        """The targets whose last answer was another job's rank (evidence.rank.not_state): left
-        out of :meth:`write_file_sd` until they answer as this job's."""
-        other = set(urls)
-        if other != self._other_job:
-            self._other_job, self._written_for = other, None
+    def answered_other_job(self, jobs: Mapping[str, str]) -> None:
+        """The targets whose last answer was another job's rank, URL -> that job (quoted: rank.
+        answers_other_job): left out of :meth:`write_file_sd` until they answer as this job's.
+        A --targets-file or registered one is said once a job, for the first few jobs."""
+        other = set(jobs)
+        if other == self._other_job:
+            return
+        said = self._other_jobs_answered
+        for url in other - self._other_job:
+            job, shown = jobs[url][:MAX_LABEL], redact_url(url)
+            with self._lock:  # a --targets entry (the operator's) is not said
+                where = f"targets file {self.targets_file}: {shown}" if url in self._file \
+                    else f"registered rank {shown}" if url in self._registered else None
+            if where is not None and job not in said and len(said) < OTHER_JOBS_SAID:
+                said.add(job)
+                log.warning("%s answers as job %s, not --job %r: not watched%s", where, job,
+                            self.job, "; ranks of further jobs go unsaid"
+                            if len(said) == OTHER_JOBS_SAID else "")
+        self._other_job, self._written_for = other, None
 
     def _file_sd_of(self, targets: list[Target]) -> list[dict[str, Any]]:
         out = []
