@@ -1,6 +1,7 @@
 """When a finding closes: not on one sweep the monitor misses its group (``left_job`` waits for
---dead-sweeps), and a job-wide one when the quorum no longer has two groups (``quorum_shrunk``)
-or its stall was left behind by a restart (``restarted``, ``no_quorum``). Views are built the
+--dead-sweeps), and a job-wide one when the quorum no longer has two groups (``quorum_shrunk``,
+for --dead-sweeps: a heal or a skewed sweep is no shrink) or its stall was left behind by a
+restart (``restarted``, ``no_quorum``); none while the monitor reaches no rank at all. Views are built the
 way the service builds them (tests/test_monitor_detectors.py's Job)."""
 
 from __future__ import annotations
@@ -187,16 +188,122 @@ def test_a_job_stall_left_behind_by_a_restart_from_a_checkpoint_is_resolved(chec
     assert not det.probes_wanted()
 
 
-def test_a_job_stall_whose_groups_are_not_reached_for_dead_sweeps_is_resolved():
+def test_a_job_stall_the_monitor_reaches_no_rank_of_stays_until_its_ranks_are_forgotten():
+    """Every rank out of reach for --dead-sweeps and more: the monitor may be the one cut off
+    (a blackout), so the stall stays open; once the ranks are forgotten (no longer targets), no
+    quorum is left and it ends ``no_quorum`` after --dead-sweeps."""
     job = Job()
     det = Detectors(DetectorConfig(straggler_steps=6, hang_floor_s=1.0, dead_sweeps=3))
     now = stalled(job, det, T0, 1500)
     (f,) = det.job_findings()
     job.down = set(range(job.world))
-    for _ in range(2):
+    for _ in range(5):
         now += 1.0
         sweep(det, job, now)
-    assert det.job_findings() == [f]  # a blip: still open
+    assert det.job_findings() == [f]  # blind: still open
+    for _ in range(2):
+        now += 1.0
+        det.update(job.vb.update([], {}, now=now), None, now)  # no target left
+    assert det.job_findings() == [f]
     now += 1.0
-    sweep(det, job, now)
+    det.update(job.vb.update([], {}, now=now), None, now)
     assert f.resolution == "no_quorum" and det.job_findings() == []
+
+
+def late_straggler(job: Job, det: Detectors, g: int) -> tuple[object, float]:
+    """Group ``g`` found a straggler (whole group 0.5 s late)."""
+    job.steps(10, now=T0)
+    sweep(det, job, T0)
+    found, now = run(det, job, 5, T0, late_group={g: 0.5})
+    (f,) = [f for _, f in found if f.kind == "straggler"]
+    assert f.replica_group == g
+    return f, now
+
+
+def test_a_heal_in_a_two_group_job_keeps_the_straggler_finding():
+    """Group 0 a straggler (eviction held: --min-replicas 2). Group 1 restarts and heals into
+    quorum 4 (participating false while it does): the quorum still has both groups. Group 0,
+    late throughout, keeps its one finding: no second offence for its host."""
+    job = Job(groups=2)
+    det = Detectors(DetectorConfig(straggler_steps=6, straggler_windows=2, dead_sweeps=3))
+    f, now = late_straggler(job, det, 0)
+    for r in job.members(1):
+        s = job.states[r]
+        s.update(replica_id=s["replica_id"] + ":again", participating=False, phase="healing")
+    for s in job.states:
+        s.update(quorum_id=4)
+    found, now = run(det, job, 2, now, late_group={0: 0.5})
+    for r in job.members(1):
+        job.states[r].update(participating=True)
+    found += run(det, job, 6, now, late_group={0: 0.5})[0]
+    assert [x for _, x in found if x.kind == "straggler"] == []
+    assert f.resolved_at is None
+    assert [x for x in det.open_findings() if x.kind == "straggler"] == [f]
+
+
+def test_one_sweep_of_skewed_quorum_ids_keeps_the_straggler_finding():
+    """3 groups; for one sweep group 0 already reports the next quorum's id, the others not
+    yet: no shrink, the same finding stays."""
+    job = Job(groups=3)
+    det = Detectors(DetectorConfig(straggler_steps=6, straggler_windows=2, dead_sweeps=3))
+    f, now = late_straggler(job, det, 0)
+    for r in job.members(0):
+        job.states[r].update(quorum_id=4)
+    found, now = run(det, job, 1, now, late_group={0: 0.5})
+    for s in job.states:
+        s.update(quorum_id=4)
+    found += run(det, job, 6, now, late_group={0: 0.5})[0]
+    assert [x for _, x in found if x.kind == "straggler"] == []
+    assert f.resolved_at is None and f in det.open_findings()
+
+
+def test_a_group_dead_at_an_old_quorum_id_shrinks_no_quorum_after_a_lighthouse_restart():
+    """Group 2 died at quorum 3 (its URLs stay targets); the Lighthouse restarted and numbers
+    quorums from 1 again. Group 1 missing one sweep does not shrink the quorum to the dead
+    group's old one: group 0's straggler finding stays."""
+    job = Job(groups=3)
+    det = Detectors(DetectorConfig(straggler_steps=6, straggler_windows=2, dead_sweeps=3))
+    job.steps(10, now=T0)
+    sweep(det, job, T0)
+    job.down = set(job.members(2))
+    for r in job.members(0) + job.members(1):
+        job.states[r].update(quorum_id=1, num_participants=2)
+    found, now = run(det, job, 8, T0, late_group={0: 0.5})
+    (f,) = [x for _, x in found if x.kind == "straggler"]
+    job.down = set(job.members(2)) | set(job.members(1))  # group 1 times out one sweep
+    found, now = run(det, job, 1, now, late_group={0: 0.5})
+    job.down = set(job.members(2))
+    found += run(det, job, 6, now, late_group={0: 0.5})[0]
+    assert [x for _, x in found if x.kind == "straggler"] == []
+    assert f.resolved_at is None and f in det.open_findings()
+
+
+def test_a_blackout_of_the_monitor_closes_no_finding():
+    """The monitor's own link drops for --dead-sweeps sweeps and more (no rank answers): the
+    straggler finding is not ``left_job``; when the link is back it is the same one."""
+    job = Job(groups=3)
+    det = Detectors(DetectorConfig(straggler_steps=6, straggler_windows=2, dead_sweeps=3))
+    f, now = late_straggler(job, det, 1)
+    job.down = set(range(job.world))
+    run(det, job, 4, now, late_group={1: 0.5})
+    assert f.resolved_at is None
+    job.down = set()
+    found, now = run(det, job, 4, now + 4, late_group={1: 0.5})
+    assert [x for _, x in found if x.kind == "straggler"] == []
+    assert f.resolved_at is None and f in det.open_findings()
+
+
+def test_a_monitor_told_it_is_blind_closes_no_finding_of_the_groups_it_misses():
+    """Reaching only some ranks (under --min-reachable: ``blind``), the groups out of sight
+    have not left the job for --dead-sweeps sweeps; seen, the same rule closes them."""
+    job = Job(groups=3)
+    det = Detectors(DetectorConfig(straggler_steps=6, straggler_windows=2, dead_sweeps=2))
+    f, now = late_straggler(job, det, 1)
+    job.down = set(job.members(1)) | set(job.members(2))
+    for _ in range(3):
+        now += 1.0
+        det.update(job.view(now), None, now, blind="reaches 33% of the ranks")
+    assert f.resolved_at is None
+    now += 1.0
+    det.update(job.view(now), None, now)
+    assert f.resolution == "left_job"

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..config import MonitorConfig
 from ..detect import Detectors, Finding
+from ..detect.liveness import DEAD_KINDS
 from ..evidence.claims import Claims
 from ..evidence.lighthouse_settings import LighthouseSettingsWatch
 from ..evidence.lighthouse_status import LighthouseStatus
@@ -46,6 +47,16 @@ def reporting(view: ClusterView, replica_id: str | None) -> list:
              for r in gv.reachable if r.replica_id == replica_id]
     return sorted(found, key=lambda r: (r.target.rank if r.target is not None
                                         and r.target.rank is not None else 1 << 62, r.url))
+
+
+def out_of_sight(evidence: ClusterView, f: Finding) -> bool:
+    """No rank of the group answers this sweep: its finding waits (a blip, or a group leaving:
+    ``left_job`` after --dead-sweeps). A kill for a group nobody sees would start the cooldown
+    and hide the death that follows. A dead finding is of a group out of sight, judged so."""
+    if f.kind in DEAD_KINDS:
+        return False
+    gv = evidence.groups.get(f.replica_group)
+    return gv is None or not gv.reachable
 
 
 class Enforcer:
@@ -146,8 +157,16 @@ class Enforcer:
                 new, {f.key for f in self.detectors.open_findings()}, view, lighthouse, killed)
             group_hosts = {f.replica_group: view.groups[f.replica_group].hosts for f in counted
                            if f.replica_group in view.groups}
-            self.hosts.record([{**f.to_dict(), "id": self._finding_ids.get(f.key)}
-                               for f in counted], now, group_hosts)
+            charged = [{**f.to_dict(), "id": self._finding_ids.get(f.key)} for f in counted]
+            # a network finding a later round widened to another host: that host charged now,
+            # by its own culprits only (the hosts named before were charged at its opening)
+            for f, added in self.detectors.network_hosts_added():
+                d = f.to_dict()
+                culprits = [c for c in d["evidence"].get("culprits") or ()
+                            if c.get("host") in added]
+                charged.append({**d, "id": self._finding_ids.get(f.key),
+                                "evidence": {**d["evidence"], "culprits": culprits}})
+            self.hosts.record(charged, now, group_hosts)
             self.hosts.decide(now, self.blindness(view), len(self.hosts.known_hosts()),
                               lambda: protected_hosts(view, self.cfg.rails.min_replicas))
             if self.hosts.sinks and self.store.host_actions(due_at=now, limit=1):
@@ -167,6 +186,12 @@ class Enforcer:
         # of the verified ranks: addresses anyone may register must not hold every eviction
         ev = view.evidence_view or view
         return blind_reason(self.blind(), ev.reachable_fraction, self.cfg.rails)
+
+    def cut_off(self, view: ClusterView) -> str | None:
+        """The reach half of :meth:`blindness`: the monitor reaches no more than
+        ``--min-reachable`` of its ranks. Findings whose groups it misses then wait (detect)."""
+        ev = view.evidence_view or view
+        return blind_reason(None, ev.reachable_fraction, self.cfg.rails)
 
     def blind_to_kills(self, view: ClusterView,
                        lighthouse: LighthouseStatus | None = None) -> str | None:
@@ -287,11 +312,14 @@ class Enforcer:
                          blind_reason=self.blindness(view))
 
     def decide(self, view: ClusterView, evidence: ClusterView, now: float) -> None:
-        """Every open finding of an evictable kind, under the rails: evicted, or held."""
+        """Every open finding of an evictable kind, under the rails: evicted, or held; one of a
+        group no rank of which answers this sweep waits, no decision recorded (out_of_sight)."""
         in_quorum = drained = None  # once per sweep, only when a finding asks (most: none)
         for f in self.detectors.open_findings():
             if f.kind not in self.cfg.rails.evict_kinds:
                 continue  # reported only (e.g. dead)
+            if out_of_sight(evidence, f):
+                continue
             with self._lock:
                 if in_quorum is None:
                     in_quorum = in_quorum_by_replica_id(evidence)

@@ -88,6 +88,11 @@ class Detectors:
         return self._guarded("network", lambda: self.net.judge(
             view, rnd, now, blind, self.jobwide.suspected()))
 
+    def network_hosts_added(self) -> list[tuple[Finding, list[str]]]:
+        """Once each: open network findings whose refresh named hosts they had not charged,
+        with those hosts (Network.added_hosts)."""
+        return self.net.added_hosts()
+
     def _guarded(self, name: str, step: Callable[[], list[Finding]]) -> list[Finding]:
         try:
             return step()
@@ -165,12 +170,18 @@ class Detectors:
     def update(self, view: ClusterView, dumps: Mapping[int, dict] | None = None,
                now: float | None = None, full_view: ClusterView | None = None,
                evicted: Container[str] = (),
-               lighthouse: LighthouseStatus | None = None) -> list[Finding]:
+               lighthouse: LighthouseStatus | None = None,
+               blind: str | None = None) -> list[Finding]:
         """The findings newly confirmed by one sweep and its dumps. ``view``: the evidence ranks;
         ``full_view``: every rank polled (stuck_starting); ``evicted``: replica ids killed;
-        ``lighthouse``: its status read this sweep (None: unread or unreadable)."""
+        ``lighthouse``: its status read this sweep (None: unread or unreadable); ``blind``: why
+        the monitor may be the one cut off (monitor.act's blindness). Blind, or reaching no rank
+        of a group it knows, no finding ends because its groups are out of sight (``left_job``,
+        ``quorum_shrunk``, ``no_quorum``): when the link comes back they are the same episodes."""
         now = self.clock() if now is None else now
         full, dumps = full_view or view, dumps or {}
+        cut_off = bool(blind) or (bool(view.groups) and not any(
+            gv.reachable for gv in view.groups.values()))
         self._remember_groups(view)
         self.hang.note_progress(view, now)
         traces: dict[int, RankTrace] = {}
@@ -189,7 +200,7 @@ class Detectors:
         steps = (
             ("dead", lambda: self.liveness.dead(view, now, evicted)),
             ("hang", lambda: self.hang.judge(view, dumps, analysis, now)),
-            ("straggler", lambda: self.straggler.judge(view, now)),
+            ("straggler", lambda: self.straggler.judge(view, now, cut_off)),
             ("straggler_fr", lambda: from_flight_recorder(view, analysis, now, self.findings)),
             ("mismatch", lambda: mismatch.judge(view, dumps, traces, analysis, now,
                                                 self.findings)),
@@ -197,9 +208,9 @@ class Detectors:
                 full, now, self._starting_urls(full), self._groups, view, lighthouse)),
             # after the per-group detectors: a group they name explains the job
             ("job", lambda: self.jobwide.judge(view, now, self.hang, self.straggler, evicted,
-                                               lighthouse)))
+                                               lighthouse, cut_off)))
         new = [f for name, step in steps for f in self._guarded(name, step)]
-        self.findings.resolve_gone(view, full, now, self.cfg.dead_sweeps)
+        self.findings.resolve_gone(view, full, now, self.cfg.dead_sweeps, cut_off)
         self._note_commit_failures(view)
         return new
 

@@ -102,10 +102,11 @@ class Findings:
             self.resolve(key, how, now)
 
     def resolve_gone(self, view: ClusterView, full: ClusterView, now: float,
-                     dead_sweeps: int = 1) -> None:
+                     dead_sweeps: int = 1, blind: bool = False) -> None:
         """Resolve the findings whose group left the view (``gone``) or has had no rank
-        reachable for ``dead_sweeps`` sweeps (``left_job``; but ``dead`` and ``stuck_starting``);
-        a job-wide one is its detector's."""
+        reachable for ``dead_sweeps`` sweeps (``left_job``; but ``dead`` and ``stuck_starting``;
+        none while ``blind``: the monitor may be the one cut off); a job-wide one is its
+        detector's."""
         for key in list(self.open):
             kind, g, _rid = key
             if kind in JOB_KINDS:
@@ -113,7 +114,8 @@ class Findings:
             gv = (full if kind == "stuck_starting" else view).groups.get(g)
             if gv is None:
                 self.resolve(key, "gone", now)
-            elif kind not in ("dead", "stuck_starting") and not gv.reachable and all(
+            elif not blind and kind not in ("dead", "stuck_starting") and not gv.reachable \
+                    and all(
                     r.ended or r.failures >= dead_sweeps for r in gv.ranks):
                 # a sweep the monitor misses the group is no leaving: closed then, the group's
                 # next window would open the same episode again as a new finding

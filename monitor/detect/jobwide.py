@@ -137,10 +137,13 @@ class JobWide:
         self._stall_suspected = False  # this sweep: a job stall on its way (STALL_SUSPECT)
         self._changed_at: int | None = None  # the newest step when they last changed
         self._unseen = 0  # sweeps in a row an open job_stall had no group of the quorum in sight
+        self._shrunk = 0  # sweeps in a row the quorum had fewer than two groups
 
     def judge(self, view: ClusterView, now: float, hang: Hang, straggler: Straggler,
               evicted: Container[str] = (),
-              lighthouse: LighthouseStatus | None = None) -> list[Finding]:
+              lighthouse: LighthouseStatus | None = None, blind: bool = False) -> list[Finding]:
+        """``blind``: the monitor may be the one cut off this sweep: the groups it misses then
+        have not left the quorum."""
         groups = view.in_quorum()
         in_q = {gv.replica_group for gv in groups}
         q = view.quorum_id
@@ -162,14 +165,22 @@ class JobWide:
             self._members = members
             self._changed_at = max((gv.step for gv in groups if gv.step is not None),
                                    default=None)
-        if len(groups) < 2 and (size := quorum_size(view)) < 2:
-            # one group left (or none with a quorum): nothing job-wide to wait for, no window
-            self._slow, self._slow_since, self._stall_suspected = [], None, False
-            self._unseen = 0
-            self.findings.resolve_where("quorum_shrunk" if size else "no_quorum", now,
-                                        JOB_KINDS)
+        if len(groups) < 2 and (size := quorum_size(view, self.cfg.dead_sweeps)) < 2:
+            # one group left (or none with a quorum): nothing job-wide to wait for, no window;
+            # once it lasts --dead-sweeps (a heal's or quorum change's sweep is no shrink). The
+            # groups out of sight with findings of their own (dead) explain it even when blind
+            if blamed:
+                for kind in JOB_KINDS:
+                    self._explained((kind, None, None), now)
+            self._shrunk += not blind
+            if self._shrunk >= self.cfg.dead_sweeps:
+                self._slow, self._slow_since, self._stall_suspected = [], None, False
+                self._unseen = 0
+                self.findings.resolve_where("quorum_shrunk" if size else "no_quorum", now,
+                                            JOB_KINDS)
             return []
-        out = [self.stall(view, groups, now, hang, blamed or killed, lighthouse),
+        self._shrunk = 0
+        out = [self.stall(view, groups, now, hang, blamed or killed, lighthouse, blind),
                self.slow(view, groups, now, straggler.last_window, blamed)]
         return [f for f in out if f]
 
@@ -197,14 +208,15 @@ class JobWide:
 
     # --- job_stall --------------------------------------------------------------------------
     def stall(self, view: ClusterView, groups: list, now: float, hang: Hang,
-              blamed: list[int], lighthouse: LighthouseStatus | None = None) -> Finding | None:
+              blamed: list[int], lighthouse: LighthouseStatus | None = None,
+              blind: bool = False) -> Finding | None:
         self._stall_suspected = False
         key = ("job_stall", None, None)
         was = self.findings.open.get(key)
         top = max((gv.step for gv in groups if gv.step is not None), default=None)
         if was is None:
             self._unseen = 0
-        over = self._stall_over(was, top) if was is not None else None
+        over = self._stall_over(was, top, blind) if was is not None else None
         if over is not None:
             self.findings.resolve(key, over, now)
             return None
@@ -248,14 +260,14 @@ class JobWide:
               "replica_ids": {str(gv.replica_group): gv.replica_id for gv in groups}}
         return self.findings.confirm("job_stall", None, [], ev, now - longest, now, view)
 
-    def _stall_over(self, was: Finding, top: int | None) -> str | None:
+    def _stall_over(self, was: Finding, top: int | None, blind: bool = False) -> str | None:
         """Why an open job_stall is over at the quorum's newest step ``top``, if it is: a step
         committed past it (``progress``); the job started again from a checkpoint, below every
         stalled group's step or with none of their incarnations left in the quorum
-        (``restarted``); no group of the quorum reached for ``--dead-sweeps`` sweeps
-        (``no_quorum``)."""
+        (``restarted``); no group of the quorum reached for ``--dead-sweeps`` sweeps the
+        monitor was not ``blind`` (``no_quorum``)."""
         if top is None:
-            self._unseen += 1
+            self._unseen += not blind
             return "no_quorum" if self._unseen >= self.cfg.dead_sweeps else None
         self._unseen = 0
         ev = was.evidence

@@ -198,6 +198,8 @@ class Network:
         self.cfg, self.findings = cfg, findings
         self._streak: dict[str, tuple[int, float]] = {}  # host -> (rounds in a row, first at)
         self._heal_rounds = 0  # rounds in a row judged while a rank heals
+        # finding key -> (the open finding, hosts a refresh named that it had not charged)
+        self._added: dict[tuple, tuple[Finding, list[str]]] = {}
 
     def judge(self, view: ClusterView, rnd: ProbeRound | None, now: float,
               blind: str | None, pending: bool = False) -> list[Finding]:
@@ -265,6 +267,24 @@ class Network:
                   "job_findings": sorted(f.kind for f in jobs),
                   "probe": {"bytes": self.cfg.size_bytes, "timeout_s": self.cfg.timeout_s,
                             **summary}}
+            # the hosts charged: a host confirmed a round after its group's finding opened
+            # joins it by a refresh, never a new finding, and is charged then (added_hosts)
+            was = findings.open.get(("network", gv.replica_group, gv.replica_id))
+            charged = set(was.evidence.get("charged_hosts") or ()) if was is not None else set()
+            ev["charged_hosts"] = sorted(charged | set(hosts))
             ranks = sorted(r for h in hosts for r in on[h])
             new.append(findings.confirm("network", gv, ranks, ev, first, now, view))
+            if was is not None and (added := set(hosts) - charged):
+                kept = self._added.get(was.key)  # not yet handed on: kept with the new ones
+                if kept is not None and kept[0] is was:
+                    added |= set(kept[1])
+                self._added[was.key] = (was, sorted(added))
         return [f for f in new if f]
+
+    def added_hosts(self) -> list[tuple[Finding, list[str]]]:
+        """Once each: the open network findings a refresh added hosts to, with those hosts
+        (to be charged as the finding's opening charged its first ones)."""
+        out = [(f, hosts) for key, (f, hosts) in self._added.items()
+               if self.findings.open.get(key) is f]
+        self._added = {}
+        return out

@@ -138,6 +138,7 @@ class Straggler:
         self.last_window: Window | None = None  # the job's last full window
         self.lag_floor = cfg.straggler_min_lag_s  # of the last window (lag_floor)
         self.apart_since: float | None = None  # since when the ranks' rows share no window
+        self._shrunk = 0  # sweeps in a row the quorum had fewer than two timed groups
 
     def state_queries(self, urls: Iterable[str], kept: Container[str] | None,
                       view: ClusterView | None) -> list[str]:
@@ -207,14 +208,23 @@ class Straggler:
             self._group_newest = {g: v for g, v in group_newest.items() if g in view.groups}
         return out
 
-    def judge(self, view: ClusterView, now: float) -> list[Finding]:
+    def judge(self, view: ClusterView, now: float, blind: bool = False) -> list[Finding]:
+        """``blind``: the monitor may be the one cut off this sweep: a quorum it sees shrink
+        then has not."""
         self.answers(view)  # every sweep, judged or not
         # groups on torch's debug server only have no step timing: from_flight_recorder's
         groups = {g.replica_group: g for g in view.in_quorum() if not _torch_only(g)}
         members = self.members(view, groups) if len(groups) >= 2 else None
         if members is None:
             self.last_lags, self.last_window = {}, None
-            if len(groups) < 2 and quorum_size(view, timed=True) < 2:
+            shrunk = len(groups) < 2 and quorum_size(view, self.cfg.dead_sweeps, True) < 2
+            # one sweep of a shrunk quorum is no shrink (quorum ids skewed a sweep, a blip):
+            # closed then, the group's next window would open its episode again as a new finding
+            if not shrunk:
+                self._shrunk = 0
+            elif not blind:
+                self._shrunk += 1
+            if shrunk and self._shrunk >= self.cfg.dead_sweeps:
                 # nobody waits for a group alone: its finding would never see a window again
                 for mem in self.groups.values():
                     mem.straggler_windows, mem.straggler_first_seen = 0, None
@@ -224,6 +234,7 @@ class Straggler:
                     if key[0] == "straggler" and f.evidence.get("source") != "flight_recorder":
                         self.findings.resolve(key, "quorum_shrunk", now)
             return []
+        self._shrunk = 0
         # a group's slots side by side: reduceat at its first rank gives its maximum
         order = list(groups)
         slots, starts = [], []
@@ -373,20 +384,24 @@ class Straggler:
         return sorted(late) if late else sorted(per_rank), info
 
 
-def quorum_size(view: ClusterView, timed: bool = False) -> int:
-    """The groups of the newest quorum any group's last answer names, those the monitor misses
-    this sweep included: a sweep it reaches no group shrinks no quorum, while a group dropped
-    by torchft stays behind at an older one. ``timed``: only groups with step timing (not on
-    torch's debug server only)."""
-    per_q: dict[int, int] = {}
+def quorum_size(view: ClusterView, dead_sweeps: int, timed: bool = False) -> int:
+    """The groups at the newest quorum the reachable ranks name, each by its ranks' last
+    answers: a group the monitor misses this sweep still counts, one gone ``dead_sweeps``
+    sweeps (it left the job, maybe at a quorum id a restarted Lighthouse has not reached again)
+    or ended does not. A healing group counts (torchft's quorum has it; its ranks say
+    ``participating`` false until healed). No rank reachable: the newest id those answers name.
+    ``timed``: only groups with step timing (not on torch's debug server only)."""
+    per_group = []
     for gv in view.groups.values():
         if timed and _torch_only(gv):
             continue
-        for q in {r.state.get("quorum_id") for r in gv.ranks
-                  if r.state and r.state.get("participating", True)}:
-            if type(q) is int and q >= 0:
-                per_q[q] = per_q.get(q, 0) + 1
-    return per_q[max(per_q)] if per_q else 0
+        qs = {r.state.get("quorum_id") for r in gv.ranks if r.state and not r.ended
+              and (r.reachable or r.failures < dead_sweeps)}
+        per_group.append({q for q in qs if type(q) is int and q >= 0})
+    q = view.quorum_id
+    if q is None:
+        q = max((x for qs in per_group for x in qs), default=None)
+    return sum(q in qs for qs in per_group) if q is not None and q >= 0 else 0
 
 
 def _torch_only(gv: GroupView) -> bool:

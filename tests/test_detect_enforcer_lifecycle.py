@@ -1,0 +1,165 @@
+"""Finding lifecycles as the enforcer acts on them (monitor/act/enforcer.py): a host a network
+finding names only from its refresh on is charged then; a finding of a group no rank of which
+answers waits, however the rails stand. A real Enforcer, Store and HostLedger in process, its
+Lighthouse a recorder of kills; views built as the service builds them."""
+
+from __future__ import annotations
+
+import pytest
+
+from monitor.act.actions import Outcome
+from monitor.act.bundles import Bundles
+from monitor.act.enforcer import Enforcer
+from monitor.act.hosts import HostLedger
+from monitor.api.metrics import MonitorMetrics
+from monitor.config import BundleConfig, DetectorConfig, MonitorConfig, RailsConfig
+from monitor.detect import Detectors
+from monitor.detect.findings import Finding
+from monitor.evidence.lighthouse_settings import LighthouseSettingsWatch
+from monitor.evidence.rank import RankView
+from monitor.evidence.verification import VERIFIED, Trust
+from monitor.store import Store
+from tests.support.views import scratch_view
+from tests.test_detect_network_hosts import cut
+from tests.test_monitor_detectors import T0, Job
+
+
+class Kills:
+    """The Lighthouse: records each kill and answers as torchft does to one it delivers."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def kill(self, replica_id: str) -> Outcome:
+        self.sent.append(replica_id)
+        return Outcome(True, 200, "killed")
+
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def clock():
+    return Clock(T0)
+
+
+@pytest.fixture
+def make(tmp_path, clock):
+    stores = []
+
+    def build(detectors: Detectors, **rails) -> Enforcer:
+        cfg = MonitorConfig(state_path=str(tmp_path / "state.sqlite"), job="t",
+                            bundles=BundleConfig(enabled=False), rails=RailsConfig(**rails))
+        store = Store(cfg.state_path)
+        stores.append(store)
+        hosts = HostLedger(store, cfg.quarantine, [], cfg.job, clock)
+        return Enforcer(cfg, store, detectors, hosts, Kills(), LighthouseSettingsWatch(),
+                        MonitorMetrics(cfg.job), lambda: None, clock, Bundles(cfg, store, clock))
+
+    yield build
+    for s in stores:
+        s.close()
+
+
+# (url, replica group, rank, host): group 1 runs on b and c, no other group on c
+RANKS = [("a", 0, 0, "a"), ("b", 1, 1, "b"), ("c", 1, 2, "c"), ("d", 2, 3, "d"),
+         ("e", 3, 4, "e"), ("f", 4, 5, "f")]
+
+
+def probed_view(now: float):
+    ranks = {}
+    for name, g, rank, host in RANKS:
+        url = f"http://{name}:1"
+        ranks[url] = RankView(url, True, {
+            "replica_group": g, "rank": rank, "group_rank": rank - min(
+                r for _, gg, r, _ in RANKS if gg == g), "group_world_size": 2,
+            "replica_id": f"rg{g}:x", "quorum_id": 7, "participating": True, "step": 10,
+            "host": host}, answered_at=now)
+    view = scratch_view(now, ranks)
+    view.evidence_view = view
+    return view
+
+
+def network_offences(enf: Enforcer, host: str) -> list[dict]:
+    return [o for o in enf.store.host_offences(host) if o["kind"] == "network"]
+
+
+def test_a_host_a_network_finding_names_a_round_after_it_opened_is_charged(make, clock):
+    """Group 1 spans b and c. Round 2 confirms b (group 1's finding opens, b charged); round 3
+    confirms c: the same finding now names c too, and c is charged once, then (a round naming
+    both again charges nobody twice)."""
+    det = Detectors(DetectorConfig())  # --probe-rounds 2
+    enf = make(det)
+    view = probed_view(clock.t)
+    det.findings.confirm("job_stall", None, [], {"summary": "stalled", "probe": None,
+                                                 "step": 10}, clock.t, clock.t, view)
+
+    def round_(*hosts: str) -> None:
+        clock.t += 1.0
+        new = enf.record(det.network(view, cut(*hosts), clock.t, None), clock.t)
+        enf.judge_hosts(view, new, clock.t)
+
+    round_("b")
+    round_("b", "c")
+    assert [o["data"]["replica_group"] for o in network_offences(enf, "b")] == [1]
+    assert network_offences(enf, "c") == []
+    round_("b", "c")
+    (f,) = [x for x in det.open_findings() if x.kind == "network"]
+    assert f.evidence["hosts"] == ["b", "c"]
+    (o,) = network_offences(enf, "c")
+    assert o["data"]["counts"] and o["data"]["ranks"] == [2]
+    assert o["finding_id"] == enf.finding_id(f.key)
+    round_("b", "c")
+    assert len(network_offences(enf, "b")) == len(network_offences(enf, "c")) == 1
+
+
+def verified(job: Job, now: float):
+    """The job's view with every rank verified (its answers evidence)."""
+    return job.view(now, judge=lambda ranks, changed: {
+        u: Trust(VERIFIED, "ok", "verified", True) for u in changed})
+
+
+def held_straggler(job: Job, enf: Enforcer, clock: Clock, g: int) -> Finding:
+    """An open straggler finding of group ``g``, recorded and held by the cooldown (a manual
+    eviction of the last group just now)."""
+    view = verified(job, clock.t)
+    last = job.n - 1
+    enf.evict_manual(view, view.evidence(), last, job.states[job.members(last)[0]]["replica_id"],
+                     "test")
+    culprits = [{"rank": r, "host": f"host-g{g}"} for r in job.members(g)]
+    f = Finding("straggler", g, job.states[job.members(g)[0]]["replica_id"], job.members(g),
+                {"culprits": culprits, "summary": "late"}, clock.t, clock.t)
+    enf.detectors.report(f)
+    enf.record([f], clock.t)
+    clock.t += 1.0
+    view = verified(job, clock.t)
+    enf.decide(view, view.evidence(), clock.t)
+    assert [(d["decision"], d["reason"]) for d in enf.store.decisions(decision="hold")] == [
+        ("hold", "cooldown")]
+    return f
+
+
+def test_a_finding_of_a_group_out_of_sight_waits_while_the_cooldown_ends(make, clock):
+    """A straggler held by the cooldown; its group answers no sweep while the cooldown elapses
+    (its host down, --dead-sweeps not reached): no kill for a group nobody sees, no decision
+    said; once it answers again, it is evicted."""
+    job = Job(groups=4)
+    enf = make(Detectors(DetectorConfig()), min_replicas=2, cooldown_s=30)
+    f = held_straggler(job, enf, clock, 1)
+    kills = enf.lighthouse.sent[:]
+    job.down = set(job.members(1))
+    clock.t += 40.0  # the cooldown over
+    view = verified(job, clock.t)
+    enf.decide(view, view.evidence(), clock.t)
+    assert enf.lighthouse.sent == kills
+    assert [d["reason"] for d in enf.store.decisions()] == ["cooldown", "manual"]
+    job.down = set()
+    clock.t += 1.0
+    view = verified(job, clock.t)
+    enf.decide(view, view.evidence(), clock.t)
+    assert enf.lighthouse.sent == [*kills, f.replica_id]
