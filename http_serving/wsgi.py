@@ -77,7 +77,24 @@ def _bind(host: str, port: int) -> socket.socket:
                 # host name, which the monitor polls at its IPv4 address when it has one
                 with contextlib.suppress(OSError):  # no dual-stack here: IPv6 only, as before
                     sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            elif family == socket.AF_INET6:  # as waitress: IPv6 only, the IPv4 one is another
+                try:
+                    sock.bind(address)
+                    return sock
+                except OSError as e:
+                    if e.errno != errno.EADDRINUSE:
+                        raise
+                # the port on IPv4 is another process's (ssh -4 -L, docker-proxy): IPv6 is still
+                # served, as before dual-stack, rather than nothing
+                sock.close()
+                sock = socket.socket(family, socktype, proto)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                sock.bind(address)
+                logging.getLogger(__name__).warning(
+                    "%s: port %d on IPv4 is another process's: served on IPv6 only",
+                    http_url(host, port), port)
+                return sock
+            if family == socket.AF_INET6:  # as waitress: IPv6 only, the IPv4 one is another
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
             sock.bind(address)
             return sock

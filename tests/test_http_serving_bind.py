@@ -148,3 +148,31 @@ def test_a_specific_ipv6_address_is_served_on_ipv6_only():
         assert _bindable("127.0.0.1", server.port)  # as waitress: the IPv4 port is another's
     finally:
         server.stop()
+
+
+@pytest.mark.skipif(not (_dual_stack_wildcard() and _ipv6_loopback()),
+                    reason="no dual-stack IPv6 or no ::1 on this host")
+def test_the_ipv6_wildcard_on_a_port_another_holds_on_ipv4_is_served_on_ipv6(caplog):
+    """Before: with the port held on IPv4 only (``ssh -4 -L``, docker-proxy) the dual-stack
+    bind failed EADDRINUSE, so the rank trained unobserved and the monitor exited 1; until the
+    :: wildcard heard IPv4 too it served on IPv6."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with caplog.at_level("WARNING", logger="http_serving.wsgi"):
+            server = BackgroundWSGIServer(_hello, host="::", port=port).start()
+        try:
+            assert b"hello" in _get("::1", server.port)
+        finally:
+            server.stop()
+        lines = [r.getMessage() for r in caplog.records]
+        assert lines == [f"http://[::]:{port}: port {port} on IPv4 is another process's: "
+                         "served on IPv6 only"], lines
+        with socket.socket(socket.AF_INET6) as v6:  # IPv6 taken as well: still an OSError
+            v6.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the TIME_WAIT
+            v6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            v6.bind(("::1", port))
+            v6.listen()
+            with pytest.raises(OSError, match=rf"cannot bind http://\[::\]:{port}"):
+                BackgroundWSGIServer(_hello, host="::", port=port)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import os
 import socket
 
 import pytest
@@ -196,6 +197,47 @@ def test_a_listed_rank_restarted_under_this_monitors_own_job_is_watched(tmp_path
         sim.stop()
 
 
+def test_a_listed_rank_renamed_to_any_job_is_still_watched(tmp_path):
+    """Before: a --targets rank whose job changed to one other than --job (llama-v1 restarted
+    as llama-v2) was refused at every poll as "a rank of job 'other' ... answers at its
+    address", confirmed dead, and refused again by a monitor restarted on the same state."""
+    sim = SimRanks.start(2)  # their /v1/state: "job": "sim"
+    live, dark = sim.urls
+    mon = monitor(tmp_path, job="A", targets=[live, dark])
+    try:
+        mon.sweep_once()
+        sim.ranks[0].update(job="other")  # restarted under another name, watched meanwhile
+        for _ in range(3):
+            mon.sweep_once()
+        ranks = {r["url"]: r for r in create_app(mon).test_client().get("/v1/ranks").get_json()}
+        assert ranks[live]["reachable"] is True, ranks[live]["error"]
+        assert dead_findings(mon) == []
+        written = json.loads((tmp_path / "targets.json").read_text())
+        assert live.split("://")[1] in [g["targets"][0] for g in written]
+        sim.ranks[1].set_mode("down")  # the other goes dark as 'sim': kept so in --state
+        mon.sweep_once()
+    finally:
+        mon.stop()
+    sim.ranks[1].update(job="other")
+    sim.ranks[1].set_mode("ok")
+    mon = monitor(tmp_path, job="A", targets=[live, dark])  # restarted on the same state
+    try:
+        for _ in range(3):
+            mon.sweep_once()
+        ranks = {r["url"]: r for r in create_app(mon).test_client().get("/v1/ranks").get_json()}
+        assert all(r["reachable"] for r in ranks.values()), ranks
+        assert dead_findings(mon, open_only=True) == []
+        # another job's rank of another group on that port is a stranger (port reuse), as before
+        sim.ranks[0].update(job="beta", replica_group=7)
+        mon.sweep_once()
+        ranks = {r["url"]: r for r in create_app(mon).test_client().get("/v1/ranks").get_json()}
+        assert (ranks[live]["reachable"], ranks[live]["reason"]) == (False, "bad_response")
+        assert "a rank of job 'beta'" in ranks[live]["error"]
+    finally:
+        mon.stop()
+        sim.stop()
+
+
 def test_another_jobs_rank_in_an_unlabelled_targets_file_is_said_once_a_job(tmp_path, caplog):
     """Before: unreachable (bad_response) in /v1/ranks only, with no log line, where a labelled
     file or a registration of another job is said."""
@@ -257,6 +299,28 @@ def test_a_targets_file_with_one_https_group_keeps_its_http_targets(tmp_path, ca
     assert len(lines) == 1 and str(sd) in lines[0], lines
     assert "'https://10.0.0.9:9443': https is not supported" in lines[0]
     assert "7 is not a string" in lines[0] and "2 left out" in lines[0]
+
+
+def test_a_targets_file_rewritten_alike_says_its_unusable_entries_once(tmp_path, caplog):
+    """Before: each rewrite (a generator's timer: same content, new mtime) was read afresh and
+    its one unusable entry warned of again, forever."""
+    sd = tmp_path / "in.json"
+    d = Discovery(targets_file=str(sd), job="A")
+    groups = [{"targets": ["10.0.0.5:9500"]},
+              {"targets": ["10.0.0.9:9443"], "labels": {"__scheme__": "https"}}]
+    with caplog.at_level(logging.WARNING, logger="monitor.poll.discovery"):
+        for i in range(3):
+            sd.write_text(json.dumps(groups))
+            os.utime(sd, (1_800_000_000 + i, 1_800_000_000 + i))  # a new mtime each time
+            assert d.refresh() is None
+        assert [t.url for t in d.targets()] == ["http://10.0.0.5:9500"]
+        assert len(caplog.records) == 1, [r.getMessage() for r in caplog.records]
+        groups[1]["targets"] = ["10.0.0.8:9443"]  # another entry left out: said
+        sd.write_text(json.dumps(groups))
+        os.utime(sd, (1_800_000_010, 1_800_000_010))
+        assert d.refresh() is None
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and "https://10.0.0.8:9443" in lines[1], lines
 
 
 # --- unauthorized callers, by address ---------------------------------------------------------

@@ -109,7 +109,8 @@ def not_state(data: Any, last: dict[str, Any] | None, target: Target | None) -> 
     not a /v1/state, a rank of a job other than the one ``target`` must answer for (its
     ``expect_job``), or another process's (the dead rank's port bound again): a rank of another
     job, or of this one but not the rank registered there. Its own restart is the rank again,
-    and so is a rank now answering as the monitor's own --job (restarted with it)."""
+    and so is a rank now answering as the monitor's own --job (restarted with it) or, at a
+    --targets address, the same group and rank answering as any job."""
     bad = valid_state(data)
     if bad is not None:
         return bad
@@ -120,9 +121,13 @@ def not_state(data: Any, last: dict[str, Any] | None, target: Target | None) -> 
                f"--job {want!r}"
     if last is None:
         return None
-    # the last job (kept in --state too) is no reason to refuse the job this monitor watches
+    # the last job (kept in --state too) is no reason to refuse the job this monitor watches,
+    # nor a --targets rank restarted under another name (the same group and rank): the operator
+    # listed it, so it is polled whatever job it answers for; another rank there is a stranger
     if job != last.get("job") and None not in (job, last.get("job")) \
-            and job != _monitor_job(target):
+            and job != _monitor_job(target) and not (
+                target is not None and target.source == "static"
+                and who == (last["replica_group"], last["rank"])):
         return f"{OTHER_JOB}{job!r} (group {who[0]} rank {who[1]}) answers at its address"
     if who != (last["replica_group"], last["rank"]) and target is not None \
             and target.source == "registered" and target.rank is not None \

@@ -186,6 +186,7 @@ class Discovery:
         self.targets_file = targets_file
         self._file_sig: tuple[float, int] | None = None
         self.file_error: str | None = None
+        self._skipped_said: str | None = None  # the file's unusable entries, as last said
         self.forget_after_s = forget_after_s
         self.job = job
         self._other_jobs: set[str] = set()  # registrations of these jobs refused: said
@@ -449,8 +450,7 @@ class Discovery:
             self.file_error = f"targets file {path} does not exist"
             self._file_sig = None  # moved back unchanged (same mtime and size): read again
             return self.file_error
-        sig = (st.st_mtime, st.st_size)
-        if sig == self._file_sig:
+        if (sig := (st.st_mtime, st.st_size)) == self._file_sig:
             return self.file_error
         try:
             parsed, skipped = _read_file_sd(path)
@@ -460,8 +460,9 @@ class Discovery:
             self.file_error = f"targets file {path}: {e}"
             self._file_sig = sig  # do not re-parse the same broken content every sweep
             return self.file_error
-        if skipped:  # once per content: the file is read again only when it changes
-            log.warning("targets file %s: %s (the others are watched)", path, _skipped(skipped))
+        said, self._skipped_said = self._skipped_said, (_skipped(skipped) if skipped else None)
+        if self._skipped_said not in (None, said):  # not again each time a generator rewrites it
+            log.warning("targets file %s: %s (the others are watched)", path, self._skipped_said)
         other = {str(t.job) for t in parsed.values() if t.job not in (None, self.job)}
         if other and self.job is not None:  # refused as their registrations are (409)
             log.warning("targets file %s: leaving out the targets of job(s) %s (this monitor's "
@@ -474,8 +475,7 @@ class Discovery:
             # their hints may have changed: annotated again at their next registration
             self._claimed = {u: t for u, t in self._claimed.items() if u in self._static}
             self._invalidate()
-        self._file_sig = sig
-        self.file_error = None
+        self._file_sig, self.file_error = sig, None
         return None
 
     def targets(self) -> list[Target]:
