@@ -283,7 +283,8 @@ class Monitor:
         new = self.detectors.update(
             evidence, dumps, now, full_view=view, evicted=self.store.told_to_go_replica_ids(),
             lighthouse=None if self.lighthouse_error else self.lighthouse_status,
-            blind=self.enforcer.cut_off(view))
+            blind=self.enforcer.cut_off(
+                view, None if self.lighthouse_error else self.lighthouse_status))
         # the job stalled or slow with no group to blame: the hosts' ranks probe each other
         blind = self.enforcer.blindness(view)
         new += self.detectors.network(evidence, self.probes.take(), now, blind)

@@ -163,3 +163,45 @@ def test_a_finding_of_a_group_out_of_sight_waits_while_the_cooldown_ends(make, c
     view = verified(job, clock.t)
     enf.decide(view, view.evidence(), clock.t)
     assert enf.lighthouse.sent == [*kills, f.replica_id]
+
+
+def test_a_host_added_to_a_finding_whose_first_write_failed_is_charged_once(make, clock,
+                                                                              monkeypatch):
+    """Group 1's finding opens on b the round c is first cut (c's streak 1) and its write fails
+    (the disk full: the sweep aborts). The next round's refresh names c too, and the finding is
+    charged as new then, c by its own culprits: the widening must not charge c a second time."""
+    import sqlite3
+
+    det = Detectors(DetectorConfig())  # --probe-rounds 2
+    enf = make(det)
+    view = probed_view(clock.t)
+    det.findings.confirm("job_stall", None, [], {"summary": "stalled", "probe": None,
+                                                 "step": 10}, clock.t, clock.t, view)
+    enf.record(det.job_findings(), clock.t)
+    real = enf.store.add_finding
+    full = {"on": False}
+
+    def add_finding(f: dict):
+        if full["on"] and f["kind"] == "network":
+            raise sqlite3.OperationalError("database or disk is full")
+        return real(f)
+
+    monkeypatch.setattr(enf.store, "add_finding", add_finding)
+
+    def round_(*hosts: str) -> None:
+        clock.t += 1.0
+        new = enf.record(det.network(view, cut(*hosts), clock.t, None), clock.t)
+        enf.judge_hosts(view, new, clock.t)
+
+    round_("b")
+    full["on"] = True
+    with pytest.raises(sqlite3.OperationalError):
+        round_("b", "c")
+    full["on"] = False
+    round_("b", "c")
+    round_("b", "c")
+    (f,) = [x for x in det.open_findings() if x.kind == "network"]
+    assert f.evidence["hosts"] == ["b", "c"]
+    (o,) = network_offences(enf, "c")
+    assert o["data"]["ranks"] == [2] and o["finding_id"] == enf.finding_id(f.key)
+    assert len(network_offences(enf, "b")) == 1

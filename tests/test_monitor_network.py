@@ -635,6 +635,66 @@ def test_a_monitor_that_cannot_reach_most_ranks_blames_no_one(probing):
     assert [dd for dd in d.mon.store.decisions() if dd["decision"] == "evict"] == []
 
 
+
+LATE = {0: {"compute_s": 0.5, "wait_cross_s": 0.005}}  # group 0 a straggler (dry run: kept)
+
+
+def straggling(tmp_path, job, clock, late: dict) -> Driver:
+    """A monitor (a dry run) with ``late``'s group's straggler finding open."""
+    d = Driver(monitor(tmp_path, job, clock,
+                       rails=RailsConfig(min_replicas=1, cooldown_s=0, dry_run=True)),
+               Training(job), clock)
+    d.until(lambda: "straggler" in d.open_kinds(), "a straggler", groups=late,
+            wait_cross_s=0.36)
+    return d
+
+
+def test_groups_gone_for_good_shrink_the_quorum_though_the_monitor_misses_most_ranks(
+        tmp_path, job):
+    """Three groups of four gone (their host dead: the Lighthouse stops hearing them too):
+    the monitor reaches a quarter of the ranks, yet it is the job that shrank, not the monitor
+    that is cut off: the survivor's straggler closes ``quorum_shrunk`` within --dead-sweeps."""
+    clock = Clock()
+    d = straggling(tmp_path, job, clock, LATE)
+    try:
+        for g in (1, 2, 3):
+            for r in job.sim.group(g):
+                r.set_mode("down")
+            job.alive.discard(g)
+        status = lambda: d.mon.lighthouse_status  # noqa: E731
+        d.until(lambda: status() and not any(
+            status().heartbeating(job.replica_ids[g]) for g in (1, 2, 3)),
+            "the Lighthouse to hear groups 1-3 no more", groups=LATE, pause=0.1, sweeps=100)
+        d.until(lambda: "straggler" not in d.open_kinds(), "the straggler closed",
+                sweeps=2 + 3, groups=LATE)
+        (f,) = [x for x in d.mon.store.findings() if x["kind"] == "straggler"]
+        assert (f["replica_group"], f["resolution"]) == (0, "quorum_shrunk")
+    finally:
+        d.mon.stop()
+
+
+def test_groups_the_lighthouse_still_hears_keep_their_findings_while_out_of_sight(
+        tmp_path, job):
+    """The opposite: the monitor cut off from three hosts of four while their Managers
+    heartbeat on. The straggler of a group out of its sight is not over (no ``left_job``, no
+    ``quorum_shrunk``): when the link comes back it is the same episode."""
+    clock = Clock()
+    late = {1: LATE[0]}
+    d = straggling(tmp_path, job, clock, late)
+    try:
+        for g in (1, 2, 3):
+            for r in job.sim.group(g):
+                r.set_mode("down")
+        d.until(lambda: d.open_kinds().count("dead") == 3, "three dead findings", groups=late)
+        d.sweeps(2 + 3, groups=late)
+        assert all(d.mon.lighthouse_status.heartbeating(job.replica_ids[g]) for g in (1, 2, 3))
+        assert [(f.kind, f.replica_group) for f in d.mon.detectors.open_findings()
+                if f.kind == "straggler"] == [("straggler", 1)]
+        assert [f["resolution"] for f in d.mon.store.findings()
+                if f["kind"] == "straggler"] == [None]
+    finally:
+        d.mon.stop()
+
 def test_no_probe_and_no_culprit_while_ranks_cannot_be_verified(probing):
     d = probing
     job = d.train.job

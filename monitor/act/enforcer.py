@@ -160,7 +160,10 @@ class Enforcer:
             charged = [{**f.to_dict(), "id": self._finding_ids.get(f.key)} for f in counted]
             # a network finding a later round widened to another host: that host charged now,
             # by its own culprits only (the hosts named before were charged at its opening)
+            opened = {f.key for f in counted}  # charged from its culprits now, added ones too
             for f, added in self.detectors.network_hosts_added():
+                if f.key in opened:
+                    continue
                 d = f.to_dict()
                 culprits = [c for c in d["evidence"].get("culprits") or ()
                             if c.get("host") in added]
@@ -187,10 +190,16 @@ class Enforcer:
         ev = view.evidence_view or view
         return blind_reason(self.blind(), ev.reachable_fraction, self.cfg.rails)
 
-    def cut_off(self, view: ClusterView) -> str | None:
-        """The reach half of :meth:`blindness`: the monitor reaches no more than
-        ``--min-reachable`` of its ranks. Findings whose groups it misses then wait (detect)."""
+    def cut_off(self, view: ClusterView, lighthouse: LighthouseStatus | None) -> str | None:
+        """The reach half of :meth:`blindness`, when the Lighthouse (read this sweep) still hears
+        a group the monitor misses: the monitor, not the job, is cut off, so those groups'
+        findings wait (detect). Groups gone for good (ended, dead, scaled down) are heard by
+        no one: their findings close as they should."""
         ev = view.evidence_view or view
+        if lighthouse is None or not any(
+                gv.replica_id and not gv.reachable and lighthouse.heartbeating(gv.replica_id)
+                for gv in ev.groups.values()):
+            return None
         return blind_reason(None, ev.reachable_fraction, self.cfg.rails)
 
     def blind_to_kills(self, view: ClusterView,
