@@ -161,17 +161,18 @@ def dead_findings(mon, open_only: bool = False) -> list[dict]:
     return [f for f in got if f["kind"] in ("dead", "dead_rank") and (f["open"] or not open_only)]
 
 
-def test_a_listed_rank_restarted_under_this_monitors_own_job_is_watched(tmp_path):
+@pytest.mark.parametrize("renamed", ["A", "other"])
+def test_a_listed_rank_restarted_under_another_job_name_is_watched(tmp_path, renamed):
     """Before: its last state (kept in --state too) named the job it answered as first ('sim',
-    a rank started without LIGHTKEEPER_JOB): restarted with the monitor's --job, it was
-    refused as "a rank of job 'A'", confirmed dead and left out of --sd-out, by a restarted
-    monitor too."""
+    a rank started without LIGHTKEEPER_JOB): restarted under the monitor's --job ('A') or any
+    other name (llama-v1 as llama-v2), it was refused as "a rank of job ... answers at its
+    address", confirmed dead and left out of --sd-out, by a restarted monitor too."""
     sim = SimRanks.start(2)  # their /v1/state: "job": "sim"
     live, dark = sim.urls
     mon = monitor(tmp_path, job="A", targets=[live, dark])
     try:
         mon.sweep_once()
-        sim.ranks[0].update(job="A")  # restarted under the monitor's own job, watched meanwhile
+        sim.ranks[0].update(job=renamed)  # restarted under another name, watched meanwhile
         for _ in range(3):
             mon.sweep_once()
         ranks = {r["url"]: r for r in create_app(mon).test_client().get("/v1/ranks").get_json()}
@@ -183,42 +184,7 @@ def test_a_listed_rank_restarted_under_this_monitors_own_job_is_watched(tmp_path
         mon.sweep_once()
     finally:
         mon.stop()
-    sim.ranks[1].update(job="A")
-    sim.ranks[1].set_mode("ok")
-    mon = monitor(tmp_path, job="A", targets=[live, dark])  # restarted on the same state
-    try:
-        for _ in range(3):
-            mon.sweep_once()
-        ranks = {r["url"]: r for r in create_app(mon).test_client().get("/v1/ranks").get_json()}
-        assert all(r["reachable"] for r in ranks.values()), ranks
-        assert dead_findings(mon, open_only=True) == []
-    finally:
-        mon.stop()
-        sim.stop()
-
-
-def test_a_listed_rank_renamed_to_any_job_is_still_watched(tmp_path):
-    """Before: a --targets rank whose job changed to one other than --job (llama-v1 restarted
-    as llama-v2) was refused at every poll as "a rank of job 'other' ... answers at its
-    address", confirmed dead, and refused again by a monitor restarted on the same state."""
-    sim = SimRanks.start(2)  # their /v1/state: "job": "sim"
-    live, dark = sim.urls
-    mon = monitor(tmp_path, job="A", targets=[live, dark])
-    try:
-        mon.sweep_once()
-        sim.ranks[0].update(job="other")  # restarted under another name, watched meanwhile
-        for _ in range(3):
-            mon.sweep_once()
-        ranks = {r["url"]: r for r in create_app(mon).test_client().get("/v1/ranks").get_json()}
-        assert ranks[live]["reachable"] is True, ranks[live]["error"]
-        assert dead_findings(mon) == []
-        written = json.loads((tmp_path / "targets.json").read_text())
-        assert live.split("://")[1] in [g["targets"][0] for g in written]
-        sim.ranks[1].set_mode("down")  # the other goes dark as 'sim': kept so in --state
-        mon.sweep_once()
-    finally:
-        mon.stop()
-    sim.ranks[1].update(job="other")
+    sim.ranks[1].update(job=renamed)
     sim.ranks[1].set_mode("ok")
     mon = monitor(tmp_path, job="A", targets=[live, dark])  # restarted on the same state
     try:
