@@ -115,7 +115,6 @@ class ExecSink:
         self.argv = shlex.split(command)  # not empty: validate_action said so
         # two hooks of one program are two sinks; its arguments may hold a secret: not shown
         self.name = sink_name("exec", command, self.argv[0] if len(self.argv) > 1 else command)
-        self.given = f"exec:{command}"  # its name in an older version's queued actions
         self.timeout_s = timeout_s
 
     def run(self, event: dict[str, Any]) -> ActionResult:
@@ -259,7 +258,6 @@ class WebhookSink:
         self.url = url
         # scheme and host are shown, a path (often the secret) is not
         self.name = sink_name("webhook", url, f"{urlsplit(url).scheme}://{url_host_port(url)}")
-        self.given = f"webhook:{url}"  # its name in an older version's queued actions
         self._secret = secret
         self.timeout_s = timeout_s
         self._session = requests.Session()
