@@ -239,7 +239,7 @@ def run_floor(path: Path, task: str = "read") -> int:
     from monitor.analysis.loader import POOL_MIN_BYTES, _candidates, _total_size
     from monitor.analysis.pool import available_cores, resolve, run_pool
 
-    files = _candidates([path], [], None)
+    files = _candidates([path], [], [], None)
     jobs = available_cores()
     if jobs > 1 and len(files) > 1 and _total_size(files) >= POOL_MIN_BYTES:
         outcomes = run_pool(files, jobs, FLOOR_TASKS[task])
