@@ -39,6 +39,8 @@ from .config import (
 from .poll.admission import token_warning
 from .store import StateInUse, StateTooNew
 
+log = logging.getLogger(__name__)
+
 
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
@@ -58,8 +60,8 @@ MAX_FLOAT = 1e8  # ~3 years: a longer wait overflows the sweep loop's timed wait
 
 
 def _finite(value: str) -> float:
-    """A float flag: nan passes every bound check and inf overflows a count, so neither; nor
-    a value past MAX_FLOAT, whose timed waits overflow and end the sweep loop."""
+    """A float flag: finite (nan passes every bound check, inf overflows a count) and within
+    MAX_FLOAT."""
     try:
         if math.isfinite(v := float(value)) and abs(v) <= MAX_FLOAT:
             return v
@@ -102,7 +104,7 @@ def _shard(value: str) -> tuple[int, int]:
 
 
 def _flags(g: Any, cls: type, prefix: str = "") -> None:
-    """A flag for each of ``cls``'s fields made with config.flag; its dest is ``prefix`` and the
+    """A flag for each of ``cls``'s fields made with config.flag, its dest ``prefix`` + the
     field's name (what config_from_args reads), its default the field's, shown in the help."""
     for f in fields(cls):
         if "flag" not in f.metadata:
@@ -213,11 +215,10 @@ def _shard_config(args: argparse.Namespace) -> ShardConfig | None:
 
 
 def _said(value: str | None, name: str, what: str = "a secret flag") -> None:
-    """Say so when the secret ``value`` is on the command line, which every user of the host
-    reads (ps); one from an @FILE or a variable is not."""
+    """Warn when the secret ``value`` is on the command line (not an @FILE or a variable)."""
     if on_command_line(value):
-        logging.getLogger(__name__).warning("%s on the command line: every user of this host can "
-                                            "read it (ps); set %s instead", what, name)
+        log.warning("%s on the command line: every user of this host can read it (ps); set %s "
+                    "instead", what, name)
 
 
 def _env(value: str | None, name: str) -> str | None:
@@ -228,15 +229,13 @@ def _env(value: str | None, name: str) -> str | None:
 
 
 def _section(cls: type, given: dict[str, Any], prefix: str = "", **override: Any) -> Any:
-    """``cls`` from the flags whose dest is ``prefix`` and one of its fields, then
-    ``override``."""
+    """``cls`` from the flags whose dest is ``prefix`` + one of its fields, then ``override``."""
     return cls(**{**{f.name: given[prefix + f.name] for f in fields(cls)
                      if prefix + f.name in given}, **override})
 
 
 def config_from_args(args: argparse.Namespace) -> MonitorConfig:
-    """The config the flags describe (a flag's ``dest`` names its field); raises
-    ConfigError."""
+    """The config the flags describe (a flag's ``dest`` names its field); raises ConfigError."""
     given = vars(args)
     for flag, url, name in (("--lighthouse", args.lighthouse, "TORCHFT_LIGHTHOUSE"),
                             ("--etcd", args.etcd, "LIGHTKEEPER_ETCD")):
@@ -267,14 +266,14 @@ def config_from_args(args: argparse.Namespace) -> MonitorConfig:
 
 
 def warn_about_tokens(cfg: MonitorConfig) -> None:
-    """Say once, at start-up, when the ranks must hold the admin token to register, and when
-    an eviction of a group out of the quorum could end nothing (no token to tell its ranks)."""
+    """Warn at start-up when the ranks must hold the admin token to register, and when an
+    eviction of a group out of the quorum could end nothing (no token to tell its ranks)."""
     if warning := token_warning(cfg.register_token, cfg.token, cfg.rank_exit_token):
-        logging.getLogger(__name__).warning(warning)
+        log.warning(warning)
     if "stuck_starting" in cfg.rails.evict_kinds and not cfg.rank_exit_token:
-        logging.getLogger(__name__).warning(
-            "--evict-on stuck_starting without --rank-exit-token: the Lighthouse's kill cannot "
-            "reach a group out of its quorum, so such an eviction ends nothing (docs/monitor.md)")
+        log.warning("--evict-on stuck_starting without --rank-exit-token: the Lighthouse's kill "
+                    "cannot reach a group out of its quorum, so such an eviction ends nothing "
+                    "(docs/monitor.md)")
 
 
 def start_line(url: str, cfg: MonitorConfig) -> str:

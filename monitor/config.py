@@ -1,7 +1,5 @@
-"""The monitor's configuration: plain dataclasses, filled from ``lightkeeper monitor`` flags.
-
-A field made with :func:`flag` is set by that flag (monitor/cli.py builds it from the field).
-Each default works for the demo and for real jobs; docs/monitor.md explains each one. A value
+"""The monitor's configuration: dataclasses filled from ``lightkeeper monitor`` flags (a field
+made with :func:`flag` gets its flag in monitor/cli.py; docs/monitor.md explains each). A value
 that makes no sense raises :class:`ConfigError` at start-up, never in the middle of a run.
 """
 
@@ -24,8 +22,6 @@ QUARANTINE_AFTER = {"hang": 1, "mismatch": 1, "dead_rank": 1, "straggler": 2, "n
                     "dead": 1}
 QUARANTINE_KINDS = EVICTABLE_KINDS[:-1]  # not quarantined_host
 LABEL_VALUE = re.compile(r"([A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?)?")  # Kubernetes'
-
-
 RANK_AUTH = ("hmac", "bearer")  # --rank-auth: how the monitor's calls to ranks carry their token
 # a rank answered 401 to a signed call: said once per rank URL and identity, and on the outcome
 REFUSED_SIGNATURE = ("the rank's identity changed since the monitor's last read (e.g. its "
@@ -43,8 +39,7 @@ class ConfigError(ValueError):
 
 
 def flag(default: Any, name: str, help: str) -> Any:
-    """A field that the ``lightkeeper monitor`` flag ``name`` sets; ``help`` says what it does
-    (a bool's flag turns the default over)."""
+    """A field set by the flag ``name`` (a bool's flag turns the default over)."""
     return field(default=default, metadata={"flag": name, "help": help})
 
 
@@ -55,8 +50,8 @@ def _named(cfg: object, name: str) -> str:
 
 
 def _at_least(cfg: object, low: float, *names: str, strict: bool = False) -> None:
-    """Raise ConfigError naming (by its flag) the first of ``names`` below ``low``
-    (``strict``: not above); None is allowed."""
+    """Raise ConfigError naming (by its flag) the first of ``names`` below ``low`` (``strict``:
+    not above); None is allowed."""
     for name in names:
         value = getattr(cfg, name)
         if value is not None and (value <= low if strict else value < low):
@@ -226,7 +221,6 @@ class QuarantineConfig:
                                   "(--webhook-secret or LIGHTKEEPER_WEBHOOK_SECRET)")
 
 
-
 def url_host_port(url: str) -> str:
     """``host[:port]`` of ``url``: what a webhook's name and errors show of it after its
     scheme (its path is often its secret)."""
@@ -249,6 +243,7 @@ def shown_action(spec: str) -> str:
         words = arg.split()
         return f"exec:{words[0]}" + (" ..." if len(words) > 1 else "")
     return redact_url(spec) or spec
+
 
 @dataclass
 class BundleConfig:
@@ -384,9 +379,7 @@ class MonitorConfig:
 
     def forget_after_warning(self) -> str | None:
         """Why ``forget_after_s`` forgets a dead self-registered rank before it can be found dead,
-        else None. A warning, not an error: tests that sweep by hand set a short one. A rank
-        that stops answering is asked every sweep (leader polling drills its group), so
-        ``interval_s`` applies under leader polling too."""
+        else None; a warning, not an error (tests that sweep by hand set a short one)."""
         takes = self.detectors.dead_sweeps * self.interval_s
         if self.forget_after_s > takes:
             return None

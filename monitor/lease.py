@@ -223,8 +223,7 @@ class LeaderLease(SessionLease):
 
     def guard(self) -> dict:
         """The compare that makes a txn succeed only while this candidate holds the key."""
-        return {"key": _b64(self.key), "target": "LEASE", "result": "EQUAL",
-                "lease": str(self.lease)}
+        return leased_by(self.key, self.lease)
 
     def resign(self) -> None:
         """Give the key up at once (a clean stop): revoking the lease deletes it."""

@@ -44,7 +44,7 @@ class _Ahead:
     handles: list[PollHandle]
 
     def result(self) -> dict[str, RankPoll]:
-        polls = self.handles[0].result()
+        polls = self.handles[0].result()  # no copy: 100k entries a sweep
         for handle in self.handles[1:]:
             polls.update(handle.result())
         return polls
@@ -67,8 +67,7 @@ class Polling:
 
     def __init__(self, cfg: MonitorConfig, schedule: LeaderSchedule, detectors: Detectors,
                  targets: Callable[[], list[Target]], clock: Callable[[], float],
-                 ask_ahead: bool = True, torch_ranks: TorchRanks | None = None,
-                 has_torch: Callable[[], bool] = lambda: True) -> None:
+                 ask_ahead: bool, torch_ranks: TorchRanks, has_torch: Callable[[], bool]) -> None:
         self.cfg, self.schedule, self.detectors = cfg, schedule, detectors
         self.targets, self.clock, self.ask_ahead = targets, clock, ask_ahead
         self.poller: Poller | ProcessPoller = Poller(cfg.poll_timeout_s, cfg.max_concurrency,
@@ -76,7 +75,7 @@ class Polling:
         # ranks on torch's own debug server (torch+http://): read apart, made states in evidence
         self.torch = TorchPoller(cfg.poll_timeout_s, cfg.fr_timeout_s, cfg.max_state_bytes,
                                  cfg.max_fr_bytes)
-        self.torch_ranks = torch_ranks or TorchRanks(cfg.job)
+        self.torch_ranks = torch_ranks
         self.has_torch = has_torch  # whether any target is one: else no URL is looked at
         self.plan: Plan | None = None  # the plan of the sweep collected last
         self.fr_leaders_skipped = False  # the last fetch skipped the leaders' dumps (benchmarks)
@@ -197,9 +196,8 @@ class Polling:
 
     def _states(self, urls: list[str], view: ClusterView | None,
                 polls: dict[str, RankPoll] | None = None) -> dict[str, RankPoll]:
-        """The state answers of ``urls``: the poller's (``polls`` when asked ahead), those on
-        torch's debug server from :attr:`torch` (``lightkeeper_state``, or torch's own answers
-        made states later)."""
+        """The state answers of ``urls``: the poller's (``polls`` when asked ahead), and those
+        of ranks on torch's debug server from :attr:`torch`."""
         lk, torch = self._split(urls)
         if polls is None:
             polls = self.poller.sweep(lk, queries=self.detectors.state_queries(lk, view=view))

@@ -22,6 +22,14 @@ BLOCKED_IN_GROUP = "leader blocked in an in-group collective"
 SUSPECT = "finding or straggler candidate"  # the drill reason of the monitor's suspect groups
 
 
+def _wait(state: dict) -> tuple[str | None, float | None]:
+    """current_wait(state), sooner for the usual answer: not waiting."""
+    timing = state.get("timing")
+    if type(timing) is dict and timing.get("waiting") is None:
+        return None, None
+    return current_wait(state)
+
+
 @dataclass
 class Plan:
     """One sweep's plan: the URLs to poll, and why groups are drilled (group -> reason)."""
@@ -137,10 +145,7 @@ class LeaderSchedule:
             st = p.data
             if type(st) is not dict:
                 continue
-            timing = st.get("timing")
-            if type(timing) is dict and timing.get("waiting") is None:
-                continue  # not waiting: the usual answer, read no further
-            scope, secs = current_wait(st)
+            scope, secs = _wait(st)
             if scope != "group" or (secs or 0.0) < suspect() or st.get("replica_group") != g:
                 continue
             gv = view.groups.get(g)
@@ -192,8 +197,7 @@ class LeaderSchedule:
         """(group -> why it is drilled, those whose leader is blocked in the group, group ->
         its leader's URL or None), in one pass over the groups."""
         suspect = cache(lambda: self.suspect_s(view))
-        out: dict[int, str] = {g: SUSPECT for g in suspects
-                               if g in groups}
+        out: dict[int, str] = {g: SUSPECT for g in suspects if g in groups}
         # arrived: the leader waits in the cross-group collective at all (it is not the late one)
         cross_waiting, arrived, moving, others, newest = [], set(), 0, [], -1
         in_leaders: list[int] = []  # groups whose leader answered this sweep
@@ -220,11 +224,7 @@ class LeaderSchedule:
                 continue
             st = lead.state
             try:
-                timing = st.get("timing")
-                if type(timing) is dict and timing.get("waiting") is None:
-                    scope = secs = None  # not waiting (current_wait's answer, sooner)
-                else:
-                    scope, secs = current_wait(st)
+                scope, secs = _wait(st)
                 step = int(st["step"])
             except (TypeError, ValueError, KeyError, AttributeError):
                 out.setdefault(g, "leader state unreadable")
@@ -236,9 +236,7 @@ class LeaderSchedule:
                     blocked.add(g)
                 continue
             # how long its step has not moved, between the answers that showed it
-            at = lead.answered_at
-            if at is None:
-                at = now
+            at = now if lead.answered_at is None else lead.answered_at
             prev = last_step.get(g)
             if prev is None or prev[0] != step:
                 last_step[g] = (step, at)
@@ -246,8 +244,7 @@ class LeaderSchedule:
             elif scope != "cross" and at - prev[1] >= suspect():
                 # (one waiting in the cross-group collective arrived: it waits for another)
                 others.append((g, step, f"leader at step {step} for {at - prev[1]:.1f}s"))
-            if step > newest:
-                newest = step
+            newest = max(newest, step)
             if scope == "cross":
                 arrived.add(g)
                 if (secs or 0.0) >= suspect():

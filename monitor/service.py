@@ -1,14 +1,11 @@
-"""The monitor's loop. One sweep, top to bottom (:meth:`Monitor.sweep_once`):
+"""The monitor's loop. One sweep (:meth:`Monitor.sweep_once`), top to bottom:
 
-1. poll: whom to ask and their ``/v1/state`` answers (:mod:`monitor.polling`);
+1. poll the ranks (:mod:`monitor.polling`);
 2. evidence: the Lighthouse's status, the view, each rank verified (:mod:`monitor.evidence`);
-3. detect: on verified ranks only, with Flight Recorder dumps (:mod:`monitor.detect`), and the
-   probe round finished since the last sweep (:mod:`monitor.evidence.probes`);
-4. decide and act: findings, hosts, evictions under the rails (:mod:`monitor.act.enforcer`);
-   then, while the whole job is stalled or slow (or on its way to), the next probe round: the
-   hosts' ranks probe each other, none of a group just evicted;
-5. account: the goodput ledger (:mod:`monitor.goodput.account`);
-6. publish: the view for the API, the metrics, the file_sd.
+3. detect, on verified ranks only (:mod:`monitor.detect`), with last sweep's probe round;
+4. decide and act (:mod:`monitor.act.enforcer`), then ask the next probe round if wanted;
+5. account goodput (:mod:`monitor.goodput`);
+6. publish the view, the metrics and the file_sd.
 
 A sweep that fails is logged and shown, and the loop goes on; nothing a rank does makes it raise.
 """
@@ -279,12 +276,11 @@ class Monitor:
         if self.views.reshaped:  # a new process, replica id or quorum: its torchft may differ
             self._say_torchft(view)
         # 3. detect
+        lighthouse = None if self.lighthouse_error else self.lighthouse_status  # a good read
         dumps = self.polling.fr_dumps(evidence, now)
         new = self.detectors.update(
             evidence, dumps, now, full_view=view, evicted=self.store.told_to_go_replica_ids(),
-            lighthouse=None if self.lighthouse_error else self.lighthouse_status,
-            blind=self.enforcer.cut_off(
-                view, None if self.lighthouse_error else self.lighthouse_status))
+            lighthouse=lighthouse, blind=self.enforcer.cut_off(view, lighthouse))
         # the job stalled or slow with no group to blame: the hosts' ranks probe each other
         blind = self.enforcer.blindness(view)
         new += self.detectors.network(evidence, self.probes.take(), now, blind)
@@ -303,8 +299,8 @@ class Monitor:
         # a group gone from the quorum (its host off the network, or evicted while partitioned)
         # holds the others in their collective until its timeout: they are told to abort it
         self.enforcer.release_survivors(view, evidence, now, self.lighthouse_status, self.shard)
-        # the next probe round, once this sweep's evictions are known: not of their ranks
-        # a standby shard's slice is probed (and exported) by the monitor it stands by for
+        # the next probe round, once this sweep's evictions are known: not of their ranks; a
+        # standby shard's slice is probed (and exported) by the monitor it stands by for
         standby = self.shard is not None and self.shard.holds is False
         wanted = self.detectors.probes_wanted()
         self.probes.ask(evidence, wanted, blind, now,
@@ -317,8 +313,7 @@ class Monitor:
         view.sweep_seconds = evidence.sweep_seconds = time.perf_counter() - t0
         self.view = view
         self.sweeps += 1
-        publish_sweep(self.metrics, view, evidence, polls, self.detectors,
-                      self.lighthouse_status is not None and not self.lighthouse_error,
+        publish_sweep(self.metrics, view, evidence, polls, self.detectors, lighthouse is not None,
                       self.lh_settings, ended)
         if self.cfg.sd_out:
             try:
@@ -330,13 +325,9 @@ class Monitor:
         return view
 
     def _forget_unreachable(self, view: ClusterView, now: float) -> int:
-        """Self-registered ranks gone for --forget-after are dropped; those that said their
-        training finished (ended) at once, so Prometheus stops scraping them. One that went
-        without saying it stopped is counted lost (an alert: its group trains no more until
-        restarted): while others still answer, or with the whole job when no rank said the
-        job ended about when they went quiet and the Lighthouse no longer hears them (a
-        job-wide crash: nothing else alerts, as Prometheus stops scraping them). Returns how
-        many unreachable ranks ended."""
+        """Drop self-registered ranks gone for --forget-after (those that said they ended at
+        once). One gone unsaid counts lost while others answer, or, when none does, if no rank
+        said the job ended and the Lighthouse no longer hears it. Returns how many ended."""
         unreachable = self.views.unreachable_since()
         ended = [u for u in unreachable if (rv := view.ranks.get(u)) is not None and rv.ended]
         self.discovery.answered_other_job(  # not scraped under this job's label
@@ -380,9 +371,8 @@ class Monitor:
         return sum(1 for u in ended if not view.ranks[u].superseded)  # as view.counts counts
 
     def _lighthouse_lost(self, rv) -> bool:
-        """The Lighthouse, read now, no longer hears this rank's replica: with no rank left to
-        answer, the monitor may be the one cut off (its registrations lost too), else the job
-        is gone. Without a Lighthouse nobody can tell: not lost."""
+        """The Lighthouse, read now, no longer hears this rank's replica: the job is gone, not
+        just the monitor cut off from its ranks. Without a Lighthouse nobody can tell: False."""
         status = self.lighthouse_status
         return status is not None and not self.lighthouse_error and bool(rv.replica_id) \
             and not status.heartbeating(rv.replica_id)
@@ -399,9 +389,9 @@ class Monitor:
         self._torchft_said = said
 
     def _keep_unreachable(self, view: ClusterView) -> None:
-        """The last state of a rank that stops answering goes into the store, and out once it
-        answers or is no target: a restarted monitor still finds it dead (seed). Those of one
-        sweep in one transaction; a failed one (a full disk) is tried again next sweep."""
+        """Keep in the store the last state of ranks that stop answering (a restarted monitor
+        still finds them dead), dropped once they answer or are no target; a failed write (a
+        full disk) is tried again next sweep."""
         kept, keep = self._kept_unreachable, self._unkept
         # no target any more, or answering again
         gone = [u for u in kept if (rv := view.ranks.get(u)) is None or rv.reachable]
@@ -470,17 +460,16 @@ class Monitor:
     def register_target(self, body: Any, authorization: str | None,
                         client: str | None = None) -> Target:
         """``POST /v1/targets``: with a token configured it must carry one, else the target must
-        be in ``--allow-targets``. Raises one of REFUSALS' exceptions; nothing is added then.
-        ``client``: the caller's address, which a refusal's log line names."""
+        be in ``--allow-targets``. Raises one of REFUSALS' exceptions (nothing added), logged
+        with ``client``, the caller's address."""
+        admit = self.allow_list.admit
         try:
             if self.cfg.token or self.cfg.register_token:
                 if not registration_authorized(authorization, self.cfg.register_token,
                                                self.cfg.token):
                     raise Unauthorized("missing or wrong bearer token")
-                target = self.discovery.register(body, admit=resolvable, now=self.clock())
-            else:
-                target = self.discovery.register(body, admit=self.allow_list.admit,
-                                                 now=self.clock())
+                admit = resolvable
+            target = self.discovery.register(body, admit=admit, now=self.clock())
         except tuple(REFUSALS) as e:
             outcome = REFUSALS[type(e)]
             self.metrics.registrations.labels(self.cfg.job, outcome).inc()

@@ -104,10 +104,9 @@ class Shards:
         self.etcd.close()
 
     def own_targets(self, targets: list, poller: Any, now: float, version: Any = None) -> list:
-        """The targets of this shard's groups (by their last state, else their registration's hint);
-        one with neither is asked here, and another shard's one again every REPROBE_S.
-        ``version``: the known set's (Discovery.version); while it, the groups learned and the
-        next reprobe's time stand, the last slice is the answer."""
+        """The targets of this shard's groups (by their last state, else their registration's
+        hint); one with neither is asked here, another shard's one again every REPROBE_S. The
+        last slice is reused while ``version`` (Discovery.version) and the groups learned stand."""
         if self.cfg.index is None:
             return []
         key = (version, self._learned)
@@ -188,7 +187,7 @@ class Shards:
 
     def _back_off(self, e: EtcdError) -> None:
         """A hung etcd costs each call its timeout: asked a third of the TTL later, not every
-        sweep (an error answered at once is asked again next sweep)."""
+        sweep."""
         if e.timed_out:
             self._retry_at = time.monotonic() + self.cfg.lease_ttl_s / 3.0
 
@@ -216,9 +215,9 @@ class Shards:
         return ids, set(range(self.cfg.shards)) - {self.cfg.index} <= seen
 
     def _report(self, lease: int, report: dict[str, Any]) -> None:
-        """Write this shard's report where the key is free or already this run's. Held by
-        another run (a second monitor with the same --shard, or a SIGKILLed predecessor until its
-        lease lapses), this one stands by, said once, until that lease ends."""
+        """Write this shard's report where the key is free or already this run's; held by another
+        run (a second monitor with the same --shard, a SIGKILLed predecessor), stand by until
+        that lease ends (said once)."""
         key = f"{self.root}shards/{self.cfg.index}"
         did = self.etcd.put_if([leased_by(key, lease)], key, report, lease)[0] \
             or self.etcd.put_if([created_never(key)], key, report, lease)[0]
@@ -269,9 +268,8 @@ class Shards:
 
     def _withdraw(self, wanted: set[str], records: dict[str, KV]) -> None:
         """Delete this shard's automatic proposals that no open finding of this run stands behind
-        and no leader acted on (none sent or sending; a failed kill is retried only while its
-        proposal stands): a leader never evicts on evidence the shard no longer holds.
-        One of an earlier run goes too (the leader holds it): the next sweep proposes anew."""
+        and no leader acted on: a leader never evicts on evidence the shard no longer holds (one
+        of an earlier run goes too: the next sweep proposes anew)."""
         for rid, kv in _by_rid(self.etcd, self.root + "proposals/").items():
             p = kv.json()
             rec = records.get(rid)
@@ -292,8 +290,8 @@ class Shards:
 
     def _mirror_evictions(self, records: dict[str, KV]) -> None:
         """Copy the leader's sent kills of this shard's groups into its audit log (``sent``,
-        ``source: leader``, with the finding proposed): the shard then confirms them as a single
-        monitor does its own, and its goodput charges the kill to that finding's incident."""
+        ``source: leader``, with the finding proposed): the shard confirms them and charges them
+        to that finding's goodput incident as a single monitor does."""
         mirrored: set[str] | None = None
         for rid, kv in records.items():
             rec = kv.json()
@@ -374,10 +372,9 @@ class Shards:
 
     def _make_manual(self, replica_group: int, replica_id: str,
                      reason: str) -> dict[str, Any] | None:
-        """The proposal standing for ``replica_id`` made manual, so the leader judges it with the
-        manual rails and this shard never withdraws it, unless a kill on it is in flight or was
-        sent; the request's audit row either way. None: the keys changed since read (or the
-        proposal is gone); raises EtcdError."""
+        """The proposal standing for ``replica_id`` made manual (judged with the manual rails,
+        never withdrawn) unless a kill on it is in flight or was sent; audited either way. None:
+        the keys changed since read or the proposal is gone; raises EtcdError."""
         key, record = f"{self.root}proposals/{replica_id}", f"{self.root}evictions/{replica_id}"
         kv, rec = self.etcd.get(key), self.etcd.get(record)
         if kv is None:

@@ -1,6 +1,5 @@
 """The one leader of a sharded monitor's job (docs/scaling.md, "The etcd protocol"): it applies
-the global rails to the shards' proposals in etcd and sends the kills. Imported by monitor/shard.py
-only, never the other way round.
+the global rails to the shards' proposals in etcd and sends the kills (used by monitor/shard.py).
 """
 
 from __future__ import annotations
@@ -33,10 +32,10 @@ def _is_proposal(p: Any) -> bool:
 def _audit(mon: Any, rec: dict, rid: str, decision: str, reason: str, detail: str,
            status: str | None = None, source: str = "leader", finding_id: int | None = None,
            finding: dict | None = None) -> int:
-    return mon.store.add_decision(replica_group=rec.get("replica_group"), replica_id=rid,
-                           decision=decision, reason=reason, detail=detail,
-                           finding_id=finding_id, finding=rec if finding is None else finding,
-                           status=status, source=source, at=mon.clock())
+    return mon.store.add_decision(
+        replica_group=rec.get("replica_group"), replica_id=rid, decision=decision, reason=reason,
+        detail=detail, finding_id=finding_id, finding=rec if finding is None else finding,
+        status=status, source=source, at=mon.clock())
 
 
 class Leader(threading.Thread):
@@ -196,8 +195,7 @@ class Leader(threading.Thread):
 
     def _read_failed(self, rid: str, failed_rev: int, report: dict, report_rev: int) -> bool:
         """Whether the sweep behind ``report`` read the evictions/ records at or after the
-        failed record's revision: one that read it ``sending`` or absent could not withdraw it,
-        though its report came later."""
+        failed record's revision (before it, the shard could not yet withdraw the proposal)."""
         seen = report.get("records_rev")
         if isinstance(seen, int) and not isinstance(seen, bool):
             return seen >= failed_rev
@@ -267,9 +265,8 @@ class Leader(threading.Thread):
 
     def _resolve(self, rid: str, kv: KV, rec: dict, status: LighthouseStatus | None) -> bool:
         """A ``sending`` left by a leader that stopped mid-kill: ``sent`` once the replica left
-        the Lighthouse; ``failed`` if it still heartbeats after resend_after_s (the kill was
-        lost), so it is sent again only as any failed kill is: through the rails, while its
-        proposal stands. Whether the record was written."""
+        the Lighthouse, ``failed`` (retried as any failed kill) if it still heartbeats after
+        resend_after_s. Whether the record was written."""
         if status is None:  # cannot tell whether the kill landed: wait
             return False
         first = self._sending_seen.setdefault((rid, kv.mod_revision), time.monotonic())

@@ -291,14 +291,14 @@ class Store:
             finally:
                 self._atomic -= 1
 
-    def _write(self, sql: str, args: tuple = ()) -> int:
-        """Run one statement and commit it (at the end of an atomic() block); the new row's
-        id."""
+    def _write(self, sql: str, args: tuple | list = (), many: bool = False) -> int:
+        """Run one statement (``many``: over the rows ``args``, in one transaction: a commit is
+        a disk flush) and commit it (at the end of an atomic() block); the new row's id."""
         with self._lock:
-            self._kept()
+            self._kept()  # may open the file again: self._db only after it
             try:
                 self._pay()
-                cur = self._db.execute(sql, args)
+                cur = (self._db.executemany if many else self._db.execute)(sql, args)
                 if not self._atomic:
                     self._db.commit()
                     self._owed = {}
@@ -306,21 +306,6 @@ class Store:
                 self._db.rollback()
                 raise
             return int(cur.lastrowid or 0)
-
-    def _write_many(self, sql: str, rows: list[tuple]) -> None:
-        """:meth:`_write` of one statement over ``rows``: one transaction, however many (a
-        commit is a disk flush: one a row, thousands of ranks lost at once outlast /healthz)."""
-        with self._lock:
-            self._kept()
-            try:
-                self._pay()
-                self._db.executemany(sql, rows)
-                if not self._atomic:
-                    self._db.commit()
-                    self._owed = {}
-            except sqlite3.Error:
-                self._db.rollback()
-                raise
 
     def _pay(self) -> None:
         """Write the fields owed (update_decision) into the transaction going on."""
@@ -454,17 +439,17 @@ class Store:
         return [r for r in self._decisions(f"SELECT * FROM decisions WHERE {UNJUDGED}")
                 if r["status"] in ("sent", "interrupted")]
 
-    # --- incident bundles (monitor.act.bundles) -----------------------------------------------
+    # --- unreachable ranks (monitor.service) and incident bundles (monitor.act.bundles) -------
     def keep_unreachable(self, rows: list[tuple[str, float | None, dict[str, Any],
                                                 dict[str, Any] | None]]) -> None:
         """Ranks that stopped answering, each ``(url, since, last state, verdict)``, for a
         restarted monitor: all or none (raises sqlite3.Error)."""
-        self._write_many("INSERT OR REPLACE INTO unreachable_ranks (url, since, state, trust) "
-                         "VALUES (?,?,?,?)", [(url, since, json.dumps(state), json.dumps(trust))
-                                              for url, since, state, trust in rows])
+        self._write("INSERT OR REPLACE INTO unreachable_ranks (url, since, state, trust) "
+                    "VALUES (?,?,?,?)", [(url, since, json.dumps(state), json.dumps(trust))
+                                         for url, since, state, trust in rows], many=True)
 
     def drop_unreachable(self, urls: list[str]) -> None:
-        self._write_many("DELETE FROM unreachable_ranks WHERE url=?", [(u,) for u in urls])
+        self._write("DELETE FROM unreachable_ranks WHERE url=?", [(u,) for u in urls], many=True)
 
     def unreachable(self) -> dict[str, tuple[float | None, dict[str, Any], dict | None]]:
         """url -> (unreachable since, last state, verdict) of the ranks keep_unreachable kept."""

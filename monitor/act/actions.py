@@ -1,11 +1,9 @@
 """Actions on a replica group: the Lighthouse's kill (:class:`Lighthouse`), and telling the
 group's other ranks, which that kill does not reach, to exit (:class:`Orphans`).
 
-torchft 0.2.0 answers the kill with 500 (the Manager exits before replying), so any HTTP answer
-counts as *sent*; whether it worked is judged by the group leaving the quorum (docs/monitor.md,
-Eviction and safety rails). Its kill looks the replica up only in its last quorum's participants:
-a group out of it (``stuck_starting``'s) is answered 500 "failed to find replica" and nothing is
-killed (:data:`NOT_IN_QUORUM`).
+torchft 0.2.0 answers the kill with 500 (the Manager exits before replying), so any HTTP
+answer counts as *sent*; the group leaving the quorum says it worked. A replica out of its last
+quorum is answered 500 "failed to find replica" and nothing is killed (:data:`NOT_IN_QUORUM`).
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ NOT_IN_QUORUM = "not in the Lighthouse's quorum: its kill cannot reach it"
 @dataclass
 class Outcome:
     """How a kill or exit request went; ``sent``: the target was asked; ``skipped``: not
-    asked on purpose (no failed try: :meth:`RankCalls.why_not`)."""
+    asked on purpose (no failed try: :meth:`monitor.evidence.claims.Claims.why_not`)."""
 
     sent: bool
     http_status: int | None
@@ -79,11 +77,9 @@ class Lighthouse:
 
 
 class RankCalls:
-    """The ranks' token-guarded endpoints, ``POST /v1/exit`` and ``/v1/abort`` (a rank started
-    without a matching ``LIGHTKEEPER_EXIT_TOKEN`` refuses them). Each call is signed for the one
-    rank it is for (rank_wire.auth; ``auth="bearer"``: the token itself, for ranks older than
-    signatures), never for an identity another known target claims (:class:`Claims`, the
-    monitor's one, shared with its probes: the call is skipped). Never raises."""
+    """The ranks' token-guarded ``POST /v1/exit`` and ``/v1/abort``, each signed for the one
+    rank it is for (rank_wire.auth), and skipped for an identity another known target claims
+    (:class:`Claims`). Never raises."""
 
     def __init__(self, token: str | None, timeout_s: float = 2.0, auth: str = "hmac",
                  claims: Claims | None = None) -> None:
@@ -129,27 +125,19 @@ class RankCalls:
             return Outcome(False, r.status_code, detail)
         return Outcome(True, r.status_code, said(r))
 
-    def why_not(self, rank: Any, known: Any) -> str | None:
-        """Why no call to ``rank`` is signed this sweep (another target of ``known``, the
-        sweep's whole view, claims its identity: :class:`Claims`),
-        or None."""
-        return self.claims.why_not(known, rank)
-
     def keep(self, known: Any) -> None:
         """Forget the refusals said of URLs ``known`` (the sweep's whole view) no longer has."""
         self._said_refused = {k for k in self._said_refused if k[0] in known.ranks}
 
     def exit(self, rank: Any, reason: str, known: Any = None) -> Outcome:
-        """``rank``: the RankView told (its URL, and its identity from its last state);
-        ``known``: the sweep's whole view (every known target: :class:`Claims`)."""
+        """``known``: the sweep's whole view, for :class:`Claims`."""
         return self._post(rank, "/v1/exit", {"reason": reason}, (200, 202), lambda r: "exiting",
                           known)
 
     def abort(self, rank: Any, reason: str, decision: int | None,
               quorum_id: int | None = None, known: Any = None) -> Outcome:
         """Sent: the rank's 202 names how it aborts (its ``mechanism``); ``quorum_id``: the
-        quorum whose collective is to fail (a rank that moved on answers 409); ``known``: as
-        :meth:`exit`."""
+        quorum whose collective is to fail (a rank that moved on answers 409)."""
         def mechanism(r: requests.Response) -> str:
             if not r.headers.get("content-type", "").startswith("application/json"):
                 return "aborted"
@@ -188,10 +176,9 @@ class Orphans:
 
     def follow(self, decision_id: int, replica_id: str, ranks: list[Any],
                since_kill_s: float, known: Any = None, unreached: bool = False) -> str | None:
-        """``grace_s`` after the kill, tell each of ``ranks`` to exit (again every RETELL_S) or,
-        without the token, name them; returns the eviction's new detail note, if it changed.
-        ``known``: the sweep's whole view (:meth:`RankCalls.exit`); ``unreached``: the kill
-        reached no rank (:data:`NOT_IN_QUORUM`): every rank is told at once."""
+        """``grace_s`` after the kill (at once when ``unreached``), tell each of ``ranks`` to
+        exit (again every RETELL_S) or, without the token, name them; returns the eviction's
+        new detail note, if it changed."""
         if not ranks or since_kill_s < (0.0 if unreached else self.grace_s):
             return None
         names = ", ".join(rank_name(r) for r in ranks)

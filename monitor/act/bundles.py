@@ -1,15 +1,11 @@
 """Incident bundles: the evidence an eviction destroys, kept before the kill.
 
-An evicted group's processes die with their stacks and Flight Recorder. So before the enforcer
-sends a kill (and when a hang, a mismatch or a network fault is confirmed, on a helper thread)
-:class:`Bundles` asks the culprit's group and its peers in the same collective for ``GET
-/v1/stacks?format=json`` and ``GET /v1/fr_trace``, all at once, each answer bounded by
-``--bundle-timeout`` (2 s) on the monitor's own poller, and writes what came with the finding,
-the verified view and the decision as one ``<id>.tar.gz`` (:class:`BundleStore`), indexed in the
-audit log, capped and aged out. The kill never waits longer: a rank that does not answer in
-time, answers garbage or is over ``--bundle-ranks`` is named in the manifest, and the kill goes
-out regardless; a write that fails (disk full, no permission) is logged. Nothing here raises
-into the enforcer.
+Before a kill (and, on a helper thread, when a hang, mismatch or network fault is confirmed)
+:class:`Bundles` fetches the stacks and Flight Recorder dumps of the culprit's group and its
+collective peers, each bounded by ``--bundle-timeout``, and writes them with the finding, view and
+decision as one ``<id>.tar.gz`` indexed in the audit log. A rank that does not answer, answers
+garbage or is over ``--bundle-ranks`` is named in the manifest; a failed write is logged. Nothing
+here raises into the enforcer.
 """
 
 from __future__ import annotations
@@ -53,8 +49,8 @@ def _encode(doc: Any) -> bytes:
 
 
 def _named_ranks(ev: dict[str, Any]) -> list[int]:
-    """The ranks a finding's evidence names beside its culprits: those waiting for them, a
-    mismatch's other variants (the engine's findings under ``analysis``)."""
+    """The ranks a finding's evidence names beside its culprits (waiters, a mismatch's other
+    variants)."""
     found = list(ev.get("waiting_ranks") or [])
     analysis = ev.get("analysis")
     for a in analysis if isinstance(analysis, list) else [analysis]:
@@ -104,13 +100,10 @@ def choose_ranks(view: ClusterView, evidence: ClusterView | None, replica_group:
                  culprits: list[int], finding_evidence: dict[str, Any] | None,
                  most: int, replica_id: str | None = None
                  ) -> tuple[list[tuple[Any, str]], list[dict[str, Any]]]:
-    """(ranks to ask with their role, ranks left out over ``most``). First every rank of the
-    culprit's group, then the ranks the finding names (those waiting for it, a mismatch's
-    other variants), then, in every other group of the quorum, the ranks at the culprits'
-    group rank: torchft's group across replica groups joins those, so they hold the same
-    collective's other side (with no culprit named, a manual eviction: the whole group's).
-    Never a rank of the group that another incarnation than ``replica_id`` holds now: its
-    stacks are not the culprit's."""
+    """(ranks to ask with their role, ranks left out over ``most``): the culprit's group, the
+    ranks the finding names, then the other quorum groups' ranks at the culprits' group rank
+    (the other side of torchft's cross-group collective). Never a rank of the group that an
+    incarnation other than ``replica_id`` holds now."""
     by_rank = {r.rank: r for r in view.ranks.values() if r.rank is not None and not r.superseded}
     chosen: dict[str, tuple[Any, str]] = {}
 
@@ -143,10 +136,8 @@ def choose_ranks(view: ClusterView, evidence: ClusterView | None, replica_group:
 
 
 def _asks(ranks: list[tuple[Any, str]]) -> list[tuple[str, str, str, str, str]]:
-    """(rank URL, ``stacks``/``fr``, URL asked, query, form: ``json``/``dump``/``text``) of each
-    rank's stacks and dump (on a ``torch+http`` target the poller asks its handlers). A rank on
-    torch's server alone is asked its ``dump_traceback`` handler (when it lists one), its dump
-    being the monitor's (:func:`_torch_dump`)."""
+    """(rank URL, ``stacks``/``fr``, URL asked, query, form: ``json``/``dump``/``text``) per
+    ask. A torch-only rank is asked only its ``dump_traceback`` handler (:func:`_torch_dump`)."""
     asks = []
     for r, _ in ranks:
         if not r.reachable and r.reason == "bad_response":
@@ -202,9 +193,8 @@ class BundleStore:
         self._lock = threading.Lock()  # one write and prune at a time (the loop, its helper)
 
     def new_id(self, trigger: str, kind: str | None, replica_group: int | None) -> str:
-        """A fresh id: UTC time, trigger, kind and group (``20261125T150102Z-evict-hang-g2``),
-        suffixed when taken (also by another monitor sharing the folder); a safe file name by
-        construction (ID_RE)."""
+        """A fresh, file-safe id (``20261125T150102Z-evict-hang-g2``), suffixed when taken
+        (also by another monitor sharing the folder)."""
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(self.clock()))
         base = f"{stamp}-{trigger}-{kind or 'none'}-g{'job' if replica_group is None else replica_group}"
         base = "".join(c if c.isalnum() or c in "_.-" else "_" for c in base)[:120]
@@ -256,8 +246,8 @@ class BundleStore:
         return path
 
     def prune(self) -> list[str]:
-        """At start-up: also the partial files of writes a killed monitor left (``.<id>.*``,
-        never listed nor pruned); one written to in the last 10 minutes may be another's."""
+        """At start-up: also delete the partial files a killed monitor's writes left (one
+        touched in the last 10 minutes may be another monitor's)."""
         with self._lock:
             for e in os.scandir(self.dir):
                 with contextlib.suppress(OSError):
@@ -442,8 +432,7 @@ class Bundles:
             "job": self.cfg.job,
             "trigger": trigger, "written_before_kill": trigger == "evict",
             "created_at": started, "kind": kind, "replica_group": group,
-            "replica_id": finding.get("replica_id") or d.get("replica_id"),
-            "culprit_ranks": sorted(culprits),
+            "replica_id": rid, "culprit_ranks": sorted(culprits),
             "culprit_hosts": (finding.get("evidence") or {}).get("culprit_hosts") or [],
             "finding_id": finding_id, "decision": decision,
             "fetch": {"timeout_s": self.bc.timeout_s, "seconds": round(fetched_s, 4),
@@ -460,7 +449,7 @@ class Bundles:
                    "fetch_seconds": manifest["fetch"]["seconds"]}
         path = self.store.write(bundle_id, manifest, files, {
             "at": started, "trigger": trigger, "kind": kind, "replica_group": group,
-            "replica_id": manifest["replica_id"], "finding_id": finding_id,
+            "replica_id": rid, "finding_id": finding_id,
             "decision_id": d.get("id"), "summary": summary})
         if path is None:
             return None
@@ -471,10 +460,9 @@ class Bundles:
 
     def _fetch(self, asks: list[tuple[str, str, str, str, str]]
                ) -> dict[tuple[str, str], tuple[bytes | None, str]]:
-        """Every ask (:func:`_asks`) at once, each ended at ``--bundle-timeout``: (rank URL,
-        ``stacks``/``fr``) -> (the answer's bytes as the rank sent them, or None; ``ok`` or why
-        not). A dump is not parsed here (a megabyte each: the kill waits for it), only looked
-        at; Lightkeeper's stacks are parsed, torch's traceback (text) is kept as it came."""
+        """Every ask at once, each ended at ``--bundle-timeout``: (rank URL, ``stacks``/``fr``)
+        -> (the bytes as sent or None, ``ok`` or why not). Dumps are only sniffed, not parsed:
+        the kill waits for this."""
         if not asks:
             return {}
         # each (URL, query) asked once: two ranks can name one address

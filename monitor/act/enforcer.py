@@ -1,10 +1,8 @@
 """From confirmed findings to decisions and actions: the audit log, the host ledger, the rails.
 
-Each sweep the loop hands the :class:`Enforcer` its new findings: recorded in the audit log,
-counted by the host ledger, decided under the rails (monitor.act.decisions), kills sent and
-later confirmed. A shard (monitor/shard.py) decides through the same public calls. A host
-ledger failure is logged and shown (``hosts_error``); a failed decision or kill raises into
-the sweep, which logs it and goes on.
+Each sweep's new findings are recorded, counted by the host ledger and decided under the rails;
+kills are sent and later confirmed. A host ledger failure is logged and shown (``hosts_error``);
+a failed decision or kill raises into the sweep, which logs it and goes on.
 """
 
 from __future__ import annotations
@@ -50,9 +48,8 @@ def reporting(view: ClusterView, replica_id: str | None) -> list:
 
 
 def out_of_sight(evidence: ClusterView, f: Finding) -> bool:
-    """No rank of the group answers this sweep: its finding waits (a blip, or a group leaving:
-    ``left_job`` after --dead-sweeps). A kill for a group nobody sees would start the cooldown
-    and hide the death that follows. A dead finding is of a group out of sight, judged so."""
+    """No rank of the group answers this sweep, so its finding waits: a kill for a group
+    nobody sees would start the cooldown and hide the death that follows. Never a dead one."""
     if f.kind in DEAD_KINDS:
         return False
     gv = evidence.groups.get(f.replica_group)
@@ -71,8 +68,7 @@ class Enforcer:
         self.bundles = bundles
         self._bundled: set[int] = set()  # findings whose kill this sweep took a bundle
         self.lighthouse, self.lh_settings = lighthouse, lh_settings
-        # whether a call to a rank may be signed: one for the monitor's exits, aborts and
-        # probes (monitor.service hands it to its ProbeMesh), so each claim is said once
+        # shared by exits, aborts and probes (ProbeMesh) so each claim is said once
         self.claims = Claims()
         self.orphans = Orphans(RankCalls(cfg.rank_exit_token, cfg.kill_timeout_s,
                                          cfg.rank_auth, self.claims), cfg.orphan_grace_s)
@@ -191,10 +187,8 @@ class Enforcer:
         return blind_reason(self.blind(), ev.reachable_fraction, self.cfg.rails)
 
     def cut_off(self, view: ClusterView, lighthouse: LighthouseStatus | None) -> str | None:
-        """The reach half of :meth:`blindness`, when the Lighthouse (read this sweep) still hears
-        a group the monitor misses: the monitor, not the job, is cut off, so those groups'
-        findings wait (detect). Groups gone for good (ended, dead, scaled down) are heard by
-        no one: their findings close as they should."""
+        """The reach half of :meth:`blindness`, only while the Lighthouse still hears a group
+        the monitor misses (the monitor, not the job, is cut off)."""
         ev = view.evidence_view or view
         if lighthouse is None or not any(
                 gv.replica_id and not gv.reachable and lighthouse.heartbeating(gv.replica_id)
@@ -204,11 +198,9 @@ class Enforcer:
 
     def blind_to_kills(self, view: ClusterView,
                        lighthouse: LighthouseStatus | None = None) -> str | None:
-        """As :meth:`blindness`, the ranks of the groups told to go left out: they stop
-        answering because of the monitor's own kills, not because it is cut off. With no other
-        rank known, not blind when ``lighthouse`` (the status read this sweep) is given: its
-        word alone then says whether a replica is gone (a shard whose slice is one killed
-        group)."""
+        """As :meth:`blindness`, without the ranks of groups told to go (they stop answering
+        because of the monitor's own kills). With no other rank known, only ``blind()`` counts
+        when ``lighthouse`` is given: its word alone says whether a replica is gone."""
         ev = view.evidence_view or view
         gone = self.store.told_to_go_replica_ids()
         known, up, _ = ev.counts
@@ -249,11 +241,9 @@ class Enforcer:
     def release_survivors(self, view: ClusterView, evidence: ClusterView, now: float,
                           lighthouse: LighthouseStatus | None,
                           shard: Any = None) -> list[dict]:
-        """Ranks blocked in a collective with a group that is gone are told to abort it
-        (monitor.act.survivors); nothing while blind. ``shard``: on a shard (monitor.shard),
-        the job's kills the leader sent and what the other shards' ranks report."""
-        # every sweep: what was said of claims and refusals gone from the view is
-        # forgotten, so each is said again when it comes back
+        """Tell ranks blocked with a gone group to abort (monitor.act.survivors); nothing while
+        blind. ``shard``: adds the leader's kills and what the other shards' ranks report."""
+        # forget what was said of claims and refusals gone from the view: said again on return
         self.claims.keep(view)
         self.orphans.exits.keep(view)
         self.survivors.aborts.keep(view)
@@ -278,9 +268,8 @@ class Enforcer:
     def keep_bundle(self, view: ClusterView | None, evidence: ClusterView | None,
                     finding: dict[str, Any] | None, finding_id: int | None,
                     decision: dict[str, Any]) -> dict | None:
-        """The bundle of an eviction about to be sent (or a shard's, proposed), kept before the
-        kill; its finding is marked so this sweep's confirmation keeps none. None: none kept
-        (bundles off, no view); never raises."""
+        """The bundle of an eviction about to be sent, kept before the kill (its finding then
+        gets no confirmation bundle this sweep). None: none kept; never raises."""
         if not self.bundles.enabled or view is None:
             return None
         bundle = self.bundles.capture("evict", view, evidence, finding, finding_id, decision,
@@ -305,8 +294,7 @@ class Enforcer:
                   in_quorum: dict[str | None, set[int]] | None = None,
                   drained: set[int] | None = None) -> Situation:
         """Reachability from every known rank; the quorum from verified ranks, less the groups
-        already sent a kill and those on a quarantined host (``drained``: its drain takes them
-        down; counting either would let an eviction go below --min-replicas)."""
+        sent a kill and those on a quarantined host (``drained``), which are going down."""
         evicted = self.store.evicted_replica_ids()
         if in_quorum is None:
             in_quorum = in_quorum_by_replica_id(evidence)
@@ -321,8 +309,7 @@ class Enforcer:
                          blind_reason=self.blindness(view))
 
     def decide(self, view: ClusterView, evidence: ClusterView, now: float) -> None:
-        """Every open finding of an evictable kind, under the rails: evicted, or held; one of a
-        group no rank of which answers this sweep waits, no decision recorded (out_of_sight)."""
+        """Evict or hold every open finding of an evictable kind, except those out_of_sight."""
         in_quorum = drained = None  # once per sweep, only when a finding asks (most: none)
         for f in self.detectors.open_findings():
             if f.kind not in self.cfg.rails.evict_kinds:
@@ -364,9 +351,8 @@ class Enforcer:
               finding_id: int | None, finding: dict[str, Any] | None,
               source: str, view: ClusterView | None = None,
               evidence: ClusterView | None = None) -> dict[str, Any]:
-        """Record the decision; for an eviction keep the incident bundle (with ``view``: at
-        most ``--bundle-timeout`` spent asking the ranks), then send the kill and record how it
-        went."""
+        """Record the decision; for an eviction keep the incident bundle (with ``view``), then
+        send the kill and record how it went."""
         # an eviction counted by what it was for, as its audit row says (straggler, manual, ...)
         reason = (finding or {}).get("kind", source) if d.evict else d.reason
         given = (finding or {}).get("reason") if source == "manual" else None
@@ -411,9 +397,8 @@ class Enforcer:
     def confirm_evictions(self, view: ClusterView, evidence: ClusterView, now: float,
                           lighthouse: LighthouseStatus | None = None) -> None:
         """Confirmed once no reachable rank reports the evicted replica id and ``lighthouse``
-        (the status read this sweep, when given) no longer hears it, in a sweep that is not
-        blind; ranks the kill missed are told to exit (or named); unconfirmed after
-        ``confirm_timeout_s``."""
+        (when given) no longer hears it, in a sweep that is not blind; ranks the kill missed are
+        told to exit (or named); unconfirmed after ``confirm_timeout_s``."""
         pending = self.store.pending_confirmations()
         self.orphans.keep({d["id"] for d in pending})
         # a pending eviction's group as verified before its kill: only those ranks get the exit
@@ -449,9 +434,8 @@ class Enforcer:
             if note:
                 d["detail"] = f"{d['detail']}; {note}"
                 self.store.update_decision(d["id"], detail=d["detail"])
-            # ranks the monitor cannot reach (a partition, a name only it cannot resolve) are
-            # not gone while the Lighthouse hears the replica; a killed Manager's heartbeat
-            # turns old only after the Lighthouse's heartbeat timeout: confirmed then
+            # ranks the monitor cannot reach are not gone while the Lighthouse hears the replica
+            # (a killed Manager's heartbeat turns old after the Lighthouse's timeout)
             heard = lighthouse is not None and lighthouse.heartbeating(rid)
             if still or heard:
                 if now - d["at"] > self.cfg.confirm_timeout_s and not landed:
@@ -462,24 +446,17 @@ class Enforcer:
                 continue  # unseen by a monitor that may be the one cut off is not gone
             lh = "" if lighthouse is None else "; the Lighthouse no longer hears it"
             if unreached:  # out of the quorum before the kill
-                self.store.update_decision(d["id"], status="confirmed", confirmed_at=now,
-                                           detail=f"{d['detail']}; no rank reports it any "
-                                                  f"more{lh}")
-            else:
-                q = view.quorum_id
-                self.store.update_decision(d["id"], status="confirmed", confirmed_at=now,
-                                           detail=f"{d['detail']}; left the quorum "
-                                                  # the ranks' word: they may not be in the
-                                                  # quorum that dropped it yet
-                                                  f"(the survivors last said quorum_id {q}, "
-                                                  f"{view.quorum_participants()} "
-                                                  f"participants){lh}")
+                gone = "no rank reports it any more"
+            else:  # the ranks' word: they may not be in the quorum that dropped it yet
+                gone = (f"left the quorum (the survivors last said quorum_id {view.quorum_id}, "
+                        f"{view.quorum_participants()} participants)")
+            self.store.update_decision(d["id"], status="confirmed", confirmed_at=now,
+                                       detail=f"{d['detail']}; {gone}{lh}")
             log.info("eviction of %s confirmed after %.1fs", rid, now - d["at"])
 
     def _not_gone(self, d: dict[str, Any], still: list) -> None:
-        """The replica still reports or heartbeats ``confirm_timeout_s`` after the kill:
-        ``unconfirmed``; an interrupted kill's never landed (``failed``: evicted again on
-        fresh evidence only)."""
+        """Still reported or heard ``confirm_timeout_s`` after the kill: ``unconfirmed``, or
+        ``failed`` for an interrupted kill (it never landed)."""
         why = "still reporting" if still else "the Lighthouse still hears it"
         if d["status"] == "interrupted":
             self.store.update_decision(d["id"], status="failed", detail=(
@@ -491,10 +468,9 @@ class Enforcer:
 
 
 def _landed(replica_id: str, still: list, lighthouse: LighthouseStatus | None) -> str | None:
-    """Why a kill a stopped monitor left unrecorded landed although ``still`` report its replica
-    id, or None. The kill reaches only the group's Manager (group rank 0): the other ranks may
-    live on. It landed once that rank is gone, and the Lighthouse (when read) no longer hears
-    the replica."""
+    """Why an interrupted kill landed although ``still`` report its replica id, or None: it
+    reaches only group rank 0 (the Manager), so it landed once that rank is gone and the
+    Lighthouse (when read) no longer hears the replica."""
     if any((r.state or {}).get("group_rank") == 0 for r in still):
         return None  # the Manager's process answers: the kill never reached it
     if lighthouse is None:

@@ -1,6 +1,6 @@
-"""The host ledger's actions (monitor/act/hosts.py): one queued per sink for each quarantine or
-release, carried out by a background thread with backoff, and where each sink stands per host.
-A sink that raises is a failed attempt, never a stopped monitor. See docs/quarantine.md.
+"""The host ledger's actions: one queued per sink for each quarantine or release, carried out
+by a background thread with backoff. A sink that raises is a failed attempt. See
+docs/quarantine.md.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ HASHED = re.compile(r"(.*)\.\.\.#[0-9a-f]{8}", re.S)  # sink_name's ``public...#
 
 
 def failing_actions(h: dict[str, Any]) -> list[dict[str, Any]]:
-    """The newest action of each of the host's configured sinks that failed or is retried (a
-    host saved before ``actions`` was kept: its ``last_action``)."""
+    """The newest action of each configured sink that failed or is retried (for a host saved
+    by an older version: its ``last_action``)."""
     acts = h.get("actions")
     if acts is None:
         acts = {"": h["last_action"]} if h.get("last_action") else {}
@@ -38,9 +38,8 @@ def failing_actions(h: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def public_sink_name(name: str) -> str:
-    """A stored sink name as this version shows it. An older version stored the whole
-    ``--action`` (a webhook URL's secret path, a hook's arguments): the ``sink_name`` of that
-    spec, whether or not the sink is still configured."""
+    """A stored sink name as this version shows it: an older version stored the whole
+    ``--action`` (a webhook URL's secret path, a hook's arguments)."""
     kind, _, arg = name.partition(":")
     if name == "kubernetes":
         return "k8s"
@@ -64,8 +63,8 @@ def public_sink_name(name: str) -> str:
 
 def rename_old_sinks(store: Store, keep: Iterable[str], hosts: dict[str, dict[str, Any]]
                      ) -> None:
-    """Every stored sink name in an older version's form takes its public one, in the audit log
-    and in the saved hosts (``keep``: the configured sinks' names, never renamed)."""
+    """Rename older versions' sink names to their public form, in the audit log and the saved
+    hosts (``keep``: the configured sinks' names, never renamed)."""
     keep = set(keep)
 
     def new(name: str) -> str:
@@ -85,11 +84,9 @@ def rename_old_sinks(store: Store, keep: Iterable[str], hosts: dict[str, dict[st
 
 
 class HostActions:
-    """The action queue of :class:`~monitor.act.hosts.HostLedger`, which provides ``store``,
-    ``cfg``, ``sinks``, ``clock``, ``hosts``, ``_lock`` and ``_save``. A sink no longer
-    configured (removed from ``--action``, or a webhook given another URL, which renames it)
-    keeps its actions on the host, ``configured: false``: never retried, never alerted, and
-    they keep no host in the ledger nor make it releasable again."""
+    """The action queue of :class:`~monitor.act.hosts.HostLedger` (which provides the fields
+    below). A sink no longer configured keeps its actions on the host, ``configured: false``:
+    never retried nor alerted, and they keep no host in the ledger nor make it releasable."""
 
     store: Store
     cfg: QuarantineConfig
@@ -114,8 +111,8 @@ class HostActions:
             self._settle(h)
 
     def _unconfigured(self, a: dict[str, Any]) -> dict[str, Any]:
-        """Fail ``a``, waiting for a sink not configured now, dry run or not: a run that
-        configures that sink again must never carry out what no ledger kept track of since."""
+        """Fail ``a``, whose sink is not configured now: a later run that configures it again
+        must not carry out what no ledger tracked since."""
         at = self.clock()
         detail = f"sink {a['sink']} is no longer configured" + (
             f"; not carried out after {a['attempts']} attempt(s), the last: {a['detail']}"
@@ -145,14 +142,14 @@ class HostActions:
         self._save(h, now)
 
     def _note(self, h: dict[str, Any], a: dict[str, Any]) -> None:
-        """``a``: its sink's newest action. ``last_action``: a configured sink's that failed or
-        is retried (never hidden by another sink's success), else the newest (a configured
-        sink's, where there is one)."""
+        """``a``: its sink's newest action on ``h``."""
         h.setdefault("actions", {})[a["sink"]] = {k: a.get(k) for k in (
             "id", "sink", "op", "status", "attempts", "detail", "at", "next_at")}
         self._settle(h)
 
     def _settle(self, h: dict[str, Any]) -> None:
+        """``last_action``: a configured sink's failing one (never hidden by another sink's
+        success), else the newest (a configured sink's where there is one)."""
         acts = h.get("actions") or {}
         for x in acts.values():
             x["configured"] = x.get("sink") in self._sink_names
@@ -219,10 +216,9 @@ class HostActions:
             self._actions_running.release()
 
     def _supersede(self, a: dict[str, Any], nxt: dict[str, Any], settled: set[int]) -> None:
-        """Drop ``a`` for ``nxt``, the host and sink's next action. A release that follows a
-        quarantine never attempted is not run (a hook would hear of a release of a node it
-        never drained) only where the sink holds nothing to undo: its newest earlier action
-        carried out (or tried) is none, or a release done."""
+        """Drop ``a`` for ``nxt``, the host and sink's next action. A release right after a
+        never-attempted quarantine is marked done unrun when the sink holds nothing to undo
+        (no earlier action tried, or the last one a release done)."""
         at = self.clock()
         void = not a["attempts"] and a["op"] == "quarantine" and nxt["op"] == "release" \
             and not nxt["attempts"] and nxt["status"] in ("pending", "retrying")

@@ -15,17 +15,15 @@ from monitor.evidence.view import ClusterView
 
 
 def protected_hosts(view: ClusterView, min_replicas: int) -> Protection:
-    """Hosts whose quarantine would take down so many groups of the newest quorum that fewer
-    than ``min_replicas`` remain (a quarantine drains its host: the rail of an eviction holds
-    it too); host -> why, with :meth:`Protection.why` for groups already down."""
+    """host -> why its quarantine (which drains it) would leave fewer than ``min_replicas``
+    groups of the newest quorum; :meth:`Protection.why` also counts groups already down."""
     return Protection({gv.replica_group: (gv.replica_id, set(gv.hosts))
                        for gv in view.in_quorum()}, min_replicas)
 
 
 def drained_groups(view: ClusterView, hosts_down: Collection[str]) -> set[int]:
-    """The groups of ``view``'s newest quorum with a rank on one of ``hosts_down``
-    (quarantined): a quarantine drains its host, so the eviction rail counts them as gone, as
-    :meth:`Protection.why` does (a drained group's ranks may answer until they are gone)."""
+    """The groups of ``view``'s newest quorum with a rank on a quarantined host: the eviction
+    rail counts them as gone, since the drain takes them down."""
     down = set(hosts_down)
     return {gv.replica_group for gv in view.in_quorum()
             if not down.isdisjoint(gv.hosts)} if down else set()
@@ -49,8 +47,7 @@ class Protection(dict):
         """Why quarantining ``host`` would break the rail with the groups on ``hosts_down``
         (quarantined) and those sent a kill (``evicted`` replica ids) gone; None: it would not."""
         down = {g for g, (rid, on) in self.groups.items()
-                if rid in evicted or not on.isdisjoint(hosts_down)} \
-            if hosts_down or evicted else set()
+                if rid in evicted or not on.isdisjoint(hosts_down)}
         mine = self.on.get(host, set())
         left = len(self.groups) - len(down | mine)
         if not mine - down or left >= self.min_replicas:

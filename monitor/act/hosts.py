@@ -1,14 +1,9 @@
 """The host ledger and the quarantine policy: confirmed findings in, host decisions out.
 
-A confirmed finding of a ``--quarantine-after`` kind is an offence against its culprits' hosts,
-kept in the monitor's SQLite file. Enough offences of one kind within the window quarantine a
-host unless a rail holds it; a quarantine or release queues one action per sink, retried with
-backoff (:class:`~monitor.act.host_actions.HostActions`). A sink that raises is a failed
-attempt, never a stopped monitor. See docs/quarantine.md.
-
-A ``dead`` finding counts against its host only once the Lighthouse agrees the group is gone
-(:class:`~monitor.act.host_rails.DeadGroups`): a monitor cut off from a host, or a job that
-ended, sees dead groups too.
+A confirmed finding of a ``--quarantine-after`` kind is an offence against its culprits' hosts.
+Enough offences of one kind within the window quarantine a host unless a rail holds it; each
+quarantine or release queues one action per sink (:mod:`monitor.act.host_actions`). See
+docs/quarantine.md.
 """
 
 from __future__ import annotations
@@ -215,9 +210,8 @@ class HostLedger(HostActions):
                 self._save(h, now)
 
     def _seen_before_restart(self, host: str, f: dict[str, Any]) -> bool:
-        """The same episode confirmed again after a monitor restart: not a new offence. Only
-        the newest offence of that kind and incarnation is asked: one re-confirmation, not
-        every later episode, is the one the restart closed."""
+        """The newest offence of this kind and incarnation was closed by a monitor restart:
+        this is the same episode confirmed again, not a new offence."""
         for o in self.store.host_offences(host, limit=20):
             d = o["data"]
             if o["kind"] == f["kind"] and d.get("replica_id") == f.get("replica_id") \
@@ -235,9 +229,7 @@ class HostLedger(HostActions):
                protected: Callable[[], dict[str, str]] | None = None) -> list[dict[str, Any]]:
         """Expire quarantines past their TTL, then judge every suspect host; returns the
         decisions made (holds only when their rail changed). ``protected()``: host -> why its
-        quarantine, which takes its groups down, would break an eviction rail (asked only once a
-        host is due, at most once); a :class:`Protection` is asked again for each host with the
-        groups down by then (quarantined, this call's quarantines too, or sent a kill)."""
+        quarantine would break --min-replicas (called lazily, at most once)."""
         protected = cache(protected or dict)
         evicted = cache(self.store.evicted_replica_ids)
         out = []
@@ -295,8 +287,7 @@ class HostLedger(HostActions):
               protected: Callable[[], dict[str, str]], evicted: Callable[[], set[str]],
               now: float) -> tuple[str, str] | None:
         """(rail, detail) of the first rail that holds ``host``'s quarantine, or None. A dry
-        run counts the hosts it would have quarantined (within the TTL) as quarantined, so it
-        holds what a real run would."""
+        run counts the hosts it would have quarantined as quarantined."""
         def out_of_service(x: dict[str, Any]) -> bool:
             would = x.get("would_quarantine")
             return x["state"] == QUARANTINED or (  # as long as a real one would last
@@ -345,10 +336,8 @@ class HostLedger(HostActions):
         return {"host": h["host"], "decision": "quarantine", "reason": kind, "detail": summary}
 
     def release(self, host: str, reason: str) -> dict[str, Any]:
-        """``POST /v1/hosts/{host}/release``; KeyError: unknown host, ValueError: not quarantined.
-        A host whose release failed (its node still cordoned or drained), or whose quarantine
-        failed on a sink that a run without it released the host past, is released again: the
-        operator's way out once the sink is fixed."""
+        """``POST /v1/hosts/{host}/release`` (also of a host with a failed action, once its
+        sink is fixed); KeyError: unknown host, ValueError: nothing to release."""
         now = self.clock()
         with self._lock:
             h = self.hosts.get(host)

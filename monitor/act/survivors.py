@@ -39,12 +39,10 @@ Elsewhere = Callable[[], tuple[set[str], bool]]
 def gone_groups(view: ClusterView, status: LighthouseStatus,
                 evicted: set[str] | frozenset[str] = frozenset(),
                 elsewhere: Elsewhere | None = None) -> list[Gone]:
-    """Participants of the Lighthouse's newest quorum whose heartbeat it no longer hears and
-    that no reachable rank still reports, or that the monitor evicted itself (``evicted``: the
-    replica ids it sent a kill for; the ranks that kill does not reach answer a while longer).
-    ``elsewhere`` (a shard, which polls its slice): the replica ids the other shards' ranks
-    report, and whether every other shard said; asked only when the Lighthouse misses one.
-    Without every shard's word, a group is gone only when this view held it, or evicted."""
+    """Participants of the Lighthouse's newest quorum it no longer hears that no reachable rank
+    reports, or that the monitor sent a kill for (``evicted``). ``elsewhere`` (a shard): the
+    replica ids the other shards' ranks report, and whether every shard said; without every
+    shard's word, only a group this view held (or evicted) is gone."""
     if status.quorum_id is None:
         return []
     unheard = [rid for rid in sorted(status.members) if not status.heartbeating(rid)]
@@ -82,16 +80,10 @@ def gone_groups(view: ClusterView, status: LighthouseStatus,
 def blocked_survivors(evidence: ClusterView, gone: Gone) -> list[RankView]:
     """Verified ranks of the other groups, in ``gone``'s quorum, blocked in the cross-group
     collective now."""
-    out = []
-    for gv in evidence.groups.values():
-        if gv.replica_id == gone.replica_id:
-            continue
-        for r in gv.reachable:
-            s = r.state or {}
-            if r.fresh and s.get("quorum_id") == gone.quorum_id \
-                    and collective_wait(s)[0] == "cross":
-                out.append(r)
-    return out
+    return [r for gv in evidence.groups.values() if gv.replica_id != gone.replica_id
+            for r in gv.reachable
+            if r.fresh and (r.state or {}).get("quorum_id") == gone.quorum_id
+            and collective_wait(r.state or {})[0] == "cross"]
 
 
 class Survivors:
@@ -122,7 +114,7 @@ class Survivors:
                 if (gone.replica_id, r.url) in self._told:
                     continue
                 # not signed for (Claims): no try counted, checked again next sweep
-                why = self.aborts.why_not(r, view)
+                why = self.aborts.claims.why_not(view, r)
                 if why is None:
                     ranks.append(r)
                 else:

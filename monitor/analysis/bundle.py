@@ -22,7 +22,7 @@ MANIFEST, FINDINGS = "manifest.json", "findings.json"
 FR_DIR, STACKS_DIR = "fr", "stacks"
 SUFFIX = ".tar.gz"
 ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # also a safe file name
-_MEMBER_RE = re.compile(r"^[^/]+/(fr|stacks)/rank(\d+)\.json$")
+_DUMP_RE = re.compile(r"^[^/]+/fr/rank(\d+)\.json$")  # a rank's dump in FR_DIR
 # the members read, in all: a small archive can unpack to a thousand times its size
 MAX_READ_BYTES = 1 << 30
 _BROKEN = (OSError, tarfile.TarError, EOFError, zlib.error)  # a cut short or corrupt archive
@@ -106,9 +106,8 @@ def open_bundle(path: str | Path) -> OpenedBundle:
                 for m in tar:
                     parts = m.name.split("/")
                     top = parts[1] if len(parts) == 2 else None
-                    match = _MEMBER_RE.match(m.name)
-                    if not m.isfile() or not (top in (MANIFEST, FINDINGS) or (
-                            match and match.group(1) == FR_DIR)):
+                    match = _DUMP_RE.match(m.name)
+                    if not m.isfile() or not (top in (MANIFEST, FINDINGS) or match):
                         continue
                     read += m.size
                     if read > MAX_READ_BYTES:
@@ -118,8 +117,7 @@ def open_bundle(path: str | Path) -> OpenedBundle:
                     elif top == FINDINGS:
                         finding = _finding(_read(tar, m))
                     else:
-                        Path(tmp.name, f"rank{int(match.group(2))}.json").write_bytes(
-                            _read(tar, m))
+                        Path(tmp.name, f"rank{int(match.group(1))}.json").write_bytes(_read(tar, m))
             except (*_BROKEN, BundleError) as e:  # a download cut short: its first dumps are
                 if manifest is None:  # the culprit's
                     raise
@@ -172,12 +170,10 @@ def _finding(data: bytes) -> dict[str, Any] | None:
 def monitor_verdict(manifest: dict[str, Any], findings: list[dict[str, Any]],
                     finding: dict[str, Any] | None = None, analyzed: bool = True
                     ) -> dict[str, Any]:
-    """What the monitor named, as ``lightkeeper analyze`` reports it beside its own ``findings``;
-    ``analysis_agrees``: some finding's culprits, or all findings' together (a cross-group hang of
-    a whole group is one finding per torchft group; a mismatch without a majority: the ranks that
-    break their step pattern, else depart from their own history), equal the named ranks (None: it named none, or
-    its kind is not one a dump shows: ``flight_recorder_shows``, or no dump was ``analyzed``);
-    ``summary``: the monitor's own evidence, from the bundle's finding."""
+    """What the monitor named, as ``lightkeeper analyze`` reports it beside its own ``findings``.
+    ``analysis_agrees``: the named ranks are some finding's culprits (:func:`_named`), or all
+    findings' together (a cross-group hang is one finding per torchft group); None when none are
+    named, no dump was ``analyzed``, or the kind does not show in a dump (``flight_recorder_shows``)."""
     decision = manifest.get("decision") or {}
     named = sorted(manifest.get("culprit_ranks") or [])
     shows = manifest.get("kind") in FR_KINDS

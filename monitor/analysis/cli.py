@@ -178,7 +178,7 @@ def format_text(report: dict[str, Any]) -> str:
     for q in report.get("torchft_quorums", []):
         lines.append(f"torchft quorum {q['quorum_id']}: {q['path']}{' (read)' if q['read'] else ''}")
     for b in report.get("bundles", []):
-        named = _span(b["culprit_ranks"]) if b["culprit_ranks"] else "none"
+        named = _span(b["culprit_ranks"])
         agrees = {True: "the analysis agrees", False: "the analysis does not name them", None: ""}[b["analysis_agrees"]]
         when = {"evict": "kept before the kill", "confirm": "kept when confirmed"}.get(b["trigger"], b["trigger"])
         if not b.get("flight_recorder_shows", True):

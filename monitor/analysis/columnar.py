@@ -29,7 +29,7 @@ from .model import (
     looks_nccl,
     make_signature,
 )
-from .wire import Packed, pack_group
+from .wire import Packed, pack_group, single_type
 
 _STATE_CODES = {"scheduled": SCHEDULED, "started": STARTED, "completed": COMPLETED}
 _P2P_OPS = frozenset({"send", "recv"})
@@ -91,9 +91,7 @@ def _flavour(first: Mapping[str, Any], last: Mapping[str, Any], durations: Seque
     """``nccl`` when the first or last entry looks timed, or any entry has a duration: a rank's
     dump of both its recorders (rank_wire.recorders) may begin and end with gloo's untimed
     entries."""
-    if looks_nccl(first, last):
-        return "nccl"
-    timed = durations is not None and any(d is not None and d == d for d in durations)
+    timed = looks_nccl(first, last) or (durations is not None and any(d is not None and d == d for d in durations))
     return "nccl" if timed else "gloo"
 
 
@@ -253,54 +251,48 @@ class _Keys(NamedTuple):
         return bool(self.by_pg_id or self.ranged)
 
     def of(self, name: Any, pg_id: Any, record_id: int) -> GroupKey:
-        key = self.by_pg_id.get(pg_id)
-        if key is None:
-            for first, end, inc_pg, inc_key in self.ranged:
-                if first <= record_id < end and inc_pg == name:
-                    return inc_key
-            return GroupKey(str(name), self.scope)
-        return key
-
-
-def _entries(trace: RankTrace, cols: Sequence, durations: Sequence | None, pg_ids: Sequence | None,
-             keys: _Keys, build: Build) -> None:
-    """Fills ``trace`` from its entries' columns; any malformed value raises DumpFormatError."""
-    try:
-        _fill(trace, cols, durations, pg_ids, keys, build)
-    except DumpFormatError:
-        raise
-    except (TypeError, ValueError, AttributeError, IndexError, KeyError, OverflowError) as exc:
-        raise DumpFormatError(f"malformed entry: {exc!r}"[:300]) from exc
+        if (key := self.by_pg_id.get(pg_id)) is not None:
+            return key
+        for first, end, inc_pg, inc_key in self.ranged:
+            if first <= record_id < end and inc_pg == name:
+                return inc_key
+        return GroupKey(str(name), self.scope)
 
 
 def _op(profiling_name: str) -> str:
     return profiling_name.rpartition(":")[2].partition(" ")[0]  # "nccl:all_reduce" -> "all_reduce"
 
 
-def _fill(trace: RankTrace, cols: Sequence, durations: Sequence | None, pg_ids: Sequence | None,
-          keys: _Keys, build: Build) -> None:
-    pgs, seqs, pnames, _, _, _, _, states, _, rids, p2ps = cols
-    n = len(seqs)
-    trace.oldest_record_id = min(rids)
-    trace.last_entry = {"pg": str(pgs[-1][0]), "seq": seqs[-1], "op": _op(pnames[-1]), "state": str(states[-1])}
-    if keys.by_incarnation:
-        last_key = keys.of(pgs[-1][0], pg_ids[-1] if pg_ids else None, rids[-1])
-        if last_key.quorum_id is not None:
-            trace.last_entry["quorum_id"] = last_key.quorum_id
-    if durations is None:
-        durations, duration_kind = [NAN] * n, float
-    else:  # None -> NaN, without hashing every float
-        duration_kind = _one_type(durations)
-        if duration_kind is not float and None in durations:
-            durations = list(map(_NONE_TO_NAN.get, durations, durations))
-            duration_kind = _one_type(durations)
-    if any(p2ps) or not _groups(trace, cols, durations, duration_kind, pg_ids, keys, build):
-        # point-to-point entries are not numbered in their group's collectives: left out
-        op_of = {p: _op(p) for p in set(pnames)}
-        keep = [i for i in range(n) if not (p2ps[i] or op_of[pnames[i]] in _P2P_OPS)]
-        if keep:
-            take = _gather(keep)
-            _groups(trace, [take(c) for c in cols], take(durations), duration_kind, pg_ids and take(pg_ids), keys, build)
+def _entries(trace: RankTrace, cols: Sequence, durations: Sequence | None, pg_ids: Sequence | None,
+             keys: _Keys, build: Build) -> None:
+    """Fills ``trace`` from its entries' columns; any malformed value raises DumpFormatError."""
+    try:
+        pgs, seqs, pnames, _, _, _, _, states, _, rids, p2ps = cols
+        n = len(seqs)
+        trace.oldest_record_id = min(rids)
+        trace.last_entry = {"pg": str(pgs[-1][0]), "seq": seqs[-1], "op": _op(pnames[-1]), "state": str(states[-1])}
+        if keys.by_incarnation:
+            last_key = keys.of(pgs[-1][0], pg_ids[-1] if pg_ids else None, rids[-1])
+            if last_key.quorum_id is not None:
+                trace.last_entry["quorum_id"] = last_key.quorum_id
+        if durations is None:
+            durations, duration_kind = [NAN] * n, float
+        else:  # None -> NaN, without hashing every float
+            duration_kind = single_type(durations)
+            if duration_kind is not float and None in durations:
+                durations = list(map(_NONE_TO_NAN.get, durations, durations))
+                duration_kind = single_type(durations)
+        if any(p2ps) or not _groups(trace, cols, durations, duration_kind, pg_ids, keys, build):
+            # point-to-point entries are not numbered in their group's collectives: left out
+            op_of = {p: _op(p) for p in set(pnames)}
+            keep = [i for i in range(n) if not (p2ps[i] or op_of[pnames[i]] in _P2P_OPS)]
+            if keep:
+                take = _gather(keep)
+                _groups(trace, [take(c) for c in cols], take(durations), duration_kind, pg_ids and take(pg_ids), keys, build)
+    except DumpFormatError:
+        raise
+    except (TypeError, ValueError, AttributeError, IndexError, KeyError, OverflowError) as exc:
+        raise DumpFormatError(f"malformed entry: {exc!r}"[:300]) from exc
 
 
 def _groups(trace: RankTrace, cols: Sequence, durations: Sequence, duration_kind: type | None,
@@ -357,7 +349,7 @@ def _groups(trace: RankTrace, cols: Sequence, durations: Sequence, duration_kind
         sig_ids[key] = len(signatures)
         signatures.append(make_signature(op_of[pnames[i]], ins[i], outs[i], idts[i], odts[i]))
         hash(signatures[-1])  # sizes nested deeper than a list of lists: TypeError
-    kinds = (_one_type(created), duration_kind)
+    kinds = (single_type(created), duration_kind)
     for kind, col in zip(kinds, (created, durations), strict=True):
         if kind not in _NUMBERS and not all(type(v) in _NUMBERS for v in col):
             raise DumpFormatError("an entry's time_created_ns or duration_ms is not a number")
@@ -429,11 +421,6 @@ def _group_trace(first_seq: int, sigs: list, states: list, created: Sequence[Any
                  kinds: tuple) -> GroupTrace:
     return GroupTrace(first_seq=first_seq, sigs=sigs, states=states, created_ns=list(created),
                       duration_ms=list(durations))
-
-
-def _one_type(values: Sequence[Any]) -> type | None:
-    kinds = set(map(type, values))
-    return kinds.pop() if len(kinds) == 1 else None
 
 
 def _split(names: Sequence[Any], order: list[Any], period: int | None,

@@ -124,7 +124,7 @@ def _share_signatures(traces: Mapping[int, RankTrace]) -> list[Signature]:
     return table
 
 
-_MAX_WORLD = 1 << 20  # ranks of the default group told by rank numbers alone, at most
+_MAX_WORLD = 1 << 20  # members of "0" told by rank numbers alone, at most (a corrupt dump's 10**9)
 
 
 def _members(traces: Mapping[int, RankTrace], world_size: int | None) -> dict[GroupKey, list[int]]:
@@ -145,8 +145,7 @@ def _members(traces: Mapping[int, RankTrace], world_size: int | None) -> dict[Gr
             found[key].add(rank)
     # the default group "0" spans the world: gloo does not say so, but rank numbers do
     default = GroupKey("0")
-    if default in found and default not in declared:  # a rank number past any world (a
-        # corrupt dump's, 10**9) would make as many members
+    if default in found and default not in declared:
         found[default].update(range(min(world_size or max(traces) + 1, _MAX_WORLD)))
     return {key: sorted(ranks) for key, ranks in found.items()}
 

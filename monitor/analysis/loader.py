@@ -139,12 +139,8 @@ def _prefixes(files: list[Path]) -> dict[str, list[int]]:
 
 def _overlap(jobs: dict[str, list[int]]) -> bool:
     """Some rank number under two of the names."""
-    seen: set[int] = set()
-    for ranks in jobs.values():
-        if seen.intersection(ranks):
-            return True
-        seen.update(ranks)
-    return False
+    sets = [set(ranks) for ranks in jobs.values()]
+    return sum(map(len, sets)) > len(set().union(*sets))
 
 
 def _span(ranks: list[int]) -> str:
@@ -159,9 +155,7 @@ def pickle_reader() -> str:
 
 
 def _c_reader() -> Any:
-    if _frpickle is None or os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
-        return None
-    return _frpickle
+    return None if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0") else _frpickle
 
 
 def _load(path: str | Path, packed: bool) -> RankTrace | Packed:
@@ -207,11 +201,10 @@ def load_packed(path: str | Path) -> Outcome:
 
 
 def load_paths(paths: Iterable[str | Path], jobs: int | None = None, prefix: str | None = None) -> LoadResult:
-    """Every dump under ``paths``, failures as ``errors``; ``jobs``: worker processes (default:
-    the cores available; 1: none). ``ValueError`` when ``jobs`` < 1. A directory's files are
-    those named ``prefix``... when given; without it, a directory whose file names show two
-    jobs' dumps (two name prefixes with a rank number in common) is an error (which job's would
-    be a guess); prefixes without one are read as one job, said in ``notes``."""
+    """Every dump under ``paths``, failures as ``errors``; ``jobs``: worker processes (default: the
+    cores available; 1: none), ``ValueError`` when < 1. A directory's files are those named
+    ``prefix``... when given; else two name prefixes sharing a rank number (two jobs' dumps) are an
+    error, and prefixes without one are read as one job (said in ``notes``)."""
     result = LoadResult(pickle_reader=pickle_reader())
     files = _candidates(paths, result.errors, result.notes, prefix)
     jobs = available_cores() if jobs is None else jobs

@@ -110,10 +110,7 @@ class RankTrace:
 def looks_nccl(first: Mapping[str, Any], last: Mapping[str, Any]) -> bool:
     """From a dump's first and last entries: gloo leaves every entry "scheduled" with zero
     timestamps, NCCL fills them in."""
-    for e in (first, last):
-        if e.get("state") != "scheduled" or e.get("time_discovered_started_ns"):
-            return True
-    return False
+    return any(e.get("state") != "scheduled" or e.get("time_discovered_started_ns") for e in (first, last))
 
 
 def _sizes(raw: Any) -> tuple:

@@ -150,7 +150,6 @@ class StragglerEvidence:
         group = self.tallies.setdefault((key, sig), {})
         for i, r in enumerate(ranks):
             t = group.setdefault(r, _Tally(kind))
-            t.kind = kind
             t.observed += used
             t.expected += used * p
             t.variance += used * p * (1 - p)

@@ -1,11 +1,9 @@
 """torchft's own Flight Recorder dumps: one folder per quorum.
 
-torchft 0.2.0's Manager, when ``TORCH_FR_DUMP_TEMP_FILE`` is set, points it at
-``<TORCH_FR_DUMP_TEMP_FILE>_quorum_<quorum_id>/<global_rank>`` at every new quorum
-(``Manager._update_fr_path``), so torch's dump on a timeout, or on an abort with
-``TORCHFT_TRIGGER_FR_ON_ABORT=true`` (``ProcessGroupNCCL.abort``), lands in the folder of the
-quorum it happened in. Dumps of different quorums are different incarnations of torchft's group:
-``lightkeeper analyze`` reads one quorum's folder at a time (the newest unless told).
+torchft's Manager points ``TORCH_FR_DUMP_TEMP_FILE`` at ``<value>_quorum_<quorum_id>/<global_rank>``
+at every new quorum, so a dump lands in the folder of the quorum it happened in. Quorums are
+different incarnations of torchft's group: ``lightkeeper analyze`` reads one, the newest unless told
+(docs/analyze.md).
 """
 
 from __future__ import annotations
@@ -33,12 +31,12 @@ def quorum_folders(path: str | Path) -> dict[int, Path]:
     holds quorum folders of several prefixes."""
     p = Path(path)
     if not p.is_dir():
-        return _folders(p.parent, p.name) if p.name and p.parent.is_dir() else {}
+        return _by_prefix(p.parent).get(p.name, {}) if p.name and p.parent.is_dir() else {}
     inside = _by_prefix(p)
     if len(inside) > 1:
         raise SeveralJobs(p, inside)
     try:
-        return next(iter(inside.values()), None) or (_folders(p.parent, p.name) if p.name else {})
+        return next(iter(inside.values()), None) or (_by_prefix(p.parent).get(p.name, {}) if p.name else {})
     except OSError:  # a folder of dumps inside one this user may not list: read as given
         return {}
 
@@ -51,11 +49,6 @@ def _by_prefix(parent: Path) -> dict[str, dict[int, Path]]:
         if m and c.is_dir():
             out.setdefault(m.group("prefix"), {})[int(m.group("quorum"))] = c
     return out
-
-
-def _folders(parent: Path, prefix: str) -> dict[int, Path]:
-    """quorum id -> folder, of ``parent``'s ``<prefix>_quorum_<id>`` folders."""
-    return _by_prefix(parent).get(prefix, {})
 
 
 def pick(folders: dict[int, Path], quorum: int | None) -> tuple[int, Path] | None:

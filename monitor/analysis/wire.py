@@ -44,7 +44,7 @@ def from_bytes(blob: bytes) -> RankTrace:
 
 
 def pack_ranks(ranks: tuple[int, ...]) -> Any:
-    if ranks and _one_type(ranks, int):
+    if single_type(ranks) is int:
         try:
             return array("q", ranks).tobytes()
         except OverflowError:
@@ -59,7 +59,6 @@ def _as_ranks(packed: Any) -> tuple[int, ...]:
 @lru_cache(maxsize=4096)  # every dump repeats its groups' member lists: one shared tuple each
 def _unpack_ranks(packed: bytes) -> tuple[int, ...]:
     return tuple(array("q", packed))
-
 
 
 def pack_group(first_seq: int, sigs: list, states: list, created: Sequence[Any], durations: Sequence[Any],
@@ -79,7 +78,7 @@ def pack_column(values: Sequence[Any], one_type: type | None = None) -> Any:
     known = one_type is kind
     # first and last differ in nearly every column of enqueue times: the count is spared
     if values[-1] == values[0] and values.count(values[0]) == len(values):
-        return ("same", values[0], len(values)) if known or _one_type(values, kind) else _listed(values)
+        return ("same", values[0], len(values)) if known or single_type(values) is kind else _listed(values)
     if kind is not int and kind is not float:
         return _listed(values)
     try:
@@ -87,11 +86,13 @@ def pack_column(values: Sequence[Any], one_type: type | None = None) -> Any:
     except (TypeError, OverflowError):  # another type among them, or an int beyond 64 bits
         return _listed(values)
     # an array of ints also takes a bool, one of floats an int: the values must be of one type
-    return packed if known or _one_type(values, kind) else _listed(values)
+    return packed if known or single_type(values) is kind else _listed(values)
 
 
-def _one_type(values: Sequence[Any], kind: type) -> bool:
-    return set(map(type, values)) == {kind}
+def single_type(values: Sequence[Any]) -> type | None:
+    """The type of every value, None when they are of several (or none)."""
+    kinds = set(map(type, values))
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def _listed(values: Sequence[Any]) -> list:
@@ -108,6 +109,4 @@ def _as_list(packed: Any) -> list:
 
 
 def _as_sequence(packed: Any) -> Sequence[Any]:
-    if type(packed) is array:
-        return packed
-    return _as_list(packed)
+    return packed if type(packed) is array else _as_list(packed)

@@ -1,6 +1,5 @@
-"""The monitor's HTTP API: thin routes over what the loop last published.
-Tokens, limits and status codes: docs/monitor.md.
-"""
+"""The monitor's HTTP API: thin routes over what the loop last published (tokens, limits and
+status codes: docs/monitor.md)."""
 
 from __future__ import annotations
 

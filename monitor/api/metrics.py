@@ -1,6 +1,5 @@
 """The monitor's own Prometheus metrics (docs/CONTRACTS.md), labelled with the ``job``.
-Per-group series are made at scrape time, so a sweep does no per-group metrics work.
-"""
+Per-group series are made at scrape time, so a sweep does no per-group metrics work."""
 
 from __future__ import annotations
 
@@ -249,16 +248,12 @@ def publish_sweep(m: MonitorMetrics, view: ClusterView, evidence: ClusterView,
     m.ranks_up.labels(job).set(up)
     m.ranks_unreachable.labels(job).set(known - up - ended)
     m.ranks_finished.labels(job).set(ended)
+    m.ranks_verified.labels(job).set(sum(n for k, n in trust.items()
+                                         if k is not None and k[0] == VERIFIED))
     by_reason = dict.fromkeys(TRUST_REASONS[1:], 0)
-    verified = 0
     for k, n in trust.items():
-        if k is None:
-            continue
-        if k[0] == VERIFIED:
-            verified += n
-        else:
+        if k is not None and k[0] != VERIFIED:
             by_reason[k[1]] = by_reason.get(k[1], 0) + n
-    m.ranks_verified.labels(job).set(verified)
     for reason, n in by_reason.items():
         m.ranks_unverified.labels(job, reason).set(n)
     m.lighthouse_up.labels(job).set(1 if lighthouse_up else 0)

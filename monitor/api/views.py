@@ -49,13 +49,9 @@ def ranks_json(view: ClusterView | None, now: float) -> list[dict[str, Any]]:
     """``GET /v1/ranks``: every target polled, with the verdict on its claims."""
     if view is None:
         return []
-    out = []
-    for r in view.ranks.values():
-        row = rank_json(r, now)
-        t = r.target
-        row.update(source=t.source if t else None,
-                   registered_as=t.registered_as if t else None, superseded=r.superseded)
-        out.append(row)
+    out = [{**rank_json(r, now), "source": r.target.source if r.target else None,
+            "registered_as": r.target.registered_as if r.target else None,
+            "superseded": r.superseded} for r in view.ranks.values()]
     return sorted(out, key=lambda x: (x["rank"] is None, x["rank"] or 0, x["url"]))
 
 

@@ -50,10 +50,9 @@ class Detectors:
         self._commit_failures: dict[str, int] = {}
         self._last_fr_at = 0.0
         self._periodic_held: tuple[float, bool] | None = None  # (now, held) of that sweep
-        # seconds the newest entries a look reads span (None: not measured): see fr_interval
-        self.fr_window_s: float | None = None
-        # whether a look reads every rank's dump (not leader polling's leaders and drilled
-        # groups only): set by monitor.polling; only then does the window shorten the interval
+        self.fr_window_s: float | None = None  # what a look's entries span (None: unmeasured)
+        # a look reads every rank's dump (set by monitor.polling): only then may fr_window_s
+        # shorten fr_interval
         self.fr_window_adapts = True
         self.last_error: str | None = None
 
@@ -116,10 +115,9 @@ class Detectors:
         return self.hang.in_group_hangs(view, dumps, now)
 
     def fr_interval(self) -> float:
-        """Seconds between periodic looks: ``fr_interval_s``, or a third of the time the newest
-        entries a look reads span (monitor.polling.FR_LAST) when shorter, at least
-        FR_MIN_INTERVAL_S: a mismatch that stalls nothing is seen only there, and a look held
-        twice as long (periodic_look_held) still reads each entry before it leaves the window."""
+        """Seconds between periodic looks: ``fr_interval_s``, or a third of :attr:`fr_window_s`
+        when shorter (at least FR_MIN_INTERVAL_S), so a look held twice as long still reads each
+        entry before it leaves the window: a mismatch that stalls nothing is seen only there."""
         w = self.fr_window_s
         if w is None or not self.fr_window_adapts:
             return self.cfg.fr_interval_s
@@ -173,11 +171,9 @@ class Detectors:
                lighthouse: LighthouseStatus | None = None,
                blind: str | None = None) -> list[Finding]:
         """The findings newly confirmed by one sweep and its dumps. ``view``: the evidence ranks;
-        ``full_view``: every rank polled (stuck_starting); ``evicted``: replica ids killed;
-        ``lighthouse``: its status read this sweep (None: unread or unreadable); ``blind``: why
-        the monitor may be the one cut off (monitor.act's blindness). Blind, or reaching no rank
-        of a group it knows, no finding ends because its groups are out of sight (``left_job``,
-        ``quorum_shrunk``, ``no_quorum``): when the link comes back they are the same episodes."""
+        ``full_view``: every rank polled; ``evicted``: replica ids killed; ``lighthouse``: its
+        status (None: unread); ``blind``: why the monitor may be the one cut off. Blind, or
+        reaching no group it knows, no finding ends for its groups being out of sight."""
         now = self.clock() if now is None else now
         full, dumps = full_view or view, dumps or {}
         cut_off = bool(blind) or (bool(view.groups) and not any(
@@ -215,9 +211,8 @@ class Detectors:
         return new
 
     def _note_fr_window(self, dumps: Mapping[int, dict]) -> None:
-        """:attr:`fr_window_s`: the shortest time any rank's newest ``filter.last`` entries span,
-        by their enqueue times (a dump with fewer: scaled by their rate); dumps of one process
-        group (``filter.pg``), whole or without times are left out."""
+        """:attr:`fr_window_s`: the shortest time any rank's newest ``filter.last`` entries span
+        (a dump with fewer: scaled); dumps of one ``pg``, whole or without times left out."""
         if not self.fr_window_adapts:
             self.fr_window_s = None
             return
@@ -248,8 +243,7 @@ class Detectors:
                 self._groups[g] = GroupMemory(rid)
 
     def _starting_urls(self, full: ClusterView) -> list[str] | None:
-        """The ranks without a quorum from the pass over the evidence, when it read every rank
-        of ``full`` (the two views share their states)."""
+        """The ranks without a quorum from the pass over the evidence, if it read all of ``full``."""
         got = self.straggler.last_answers
         if got is not None and (got.view is full or (
                 full.evidence_view is got.view and len(got.view.ranks) == len(full.ranks))):

@@ -64,8 +64,7 @@ class Findings:
         key = (kind, g, rid)
         f = self.open.get(key)
         if f is not None:
-            # what was added since stays: the stacks read at confirmation (torch's server only),
-            # a job-wide finding's probe round (monitor.detect.network)
+            # kept: the stacks read at confirmation, a job-wide finding's probe round
             read = {c["url"]: c["stacks_text"] for c in f.evidence.get("culprits") or ()
                     if "stacks_text" in c}
             for c in culprits:
@@ -103,10 +102,9 @@ class Findings:
 
     def resolve_gone(self, view: ClusterView, full: ClusterView, now: float,
                      dead_sweeps: int = 1, blind: bool = False) -> None:
-        """Resolve the findings whose group left the view (``gone``) or has had no rank
-        reachable for ``dead_sweeps`` sweeps (``left_job``; but ``dead`` and ``stuck_starting``;
-        none while ``blind``: the monitor may be the one cut off); a job-wide one is its
-        detector's."""
+        """Resolve the group findings whose group left the view (``gone``) or had no rank
+        reachable for ``dead_sweeps`` sweeps (``left_job``, but ``dead`` and ``stuck_starting``;
+        none while ``blind``: the monitor may be the one cut off)."""
         for key in list(self.open):
             kind, g, _rid = key
             if kind in JOB_KINDS:
@@ -115,10 +113,8 @@ class Findings:
             if gv is None:
                 self.resolve(key, "gone", now)
             elif not blind and kind not in ("dead", "stuck_starting") and not gv.reachable \
-                    and all(
-                    r.ended or r.failures >= dead_sweeps for r in gv.ranks):
-                # a sweep the monitor misses the group is no leaving: closed then, the group's
-                # next window would open the same episode again as a new finding
+                    and all(r.ended or r.failures >= dead_sweeps for r in gv.ranks):
+                # one missed sweep is no leaving: closing then would reopen the same episode
                 self.resolve(key, "left_job", now)
 
 

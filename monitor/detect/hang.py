@@ -21,10 +21,10 @@ from .rank_state import SaveClock, SeenGroups, collective_wait, current_wait, ph
 log = logging.getLogger(__name__)
 
 
-def _wait(view: ClusterView, rank: int, fresh: bool = False) -> tuple[str | None, float]:
-    """The rank's collective wait; (None, 0.0) when unreachable (``fresh``: or not polled now)."""
+def _wait(view: ClusterView, rank: int) -> tuple[str | None, float]:
+    """The rank's collective wait; (None, 0.0) when unreachable or not polled now."""
     r = view.rank_view(rank)
-    if r is None or not r.reachable or (fresh and not r.fresh):
+    if r is None or not r.reachable or not r.fresh:
         return None, 0.0
     return collective_wait(r.state)
 
@@ -48,16 +48,13 @@ def _inner(analysis: list[dict]) -> dict[int, dict]:
 class Hang:
     def __init__(self, cfg: DetectorConfig, findings: Findings, analyzer: Callable) -> None:
         self.cfg, self.findings, self.analyzer = cfg, findings, analyzer
-        # each in-quorum group's step (of the newest quorum id)
-        self.progress_steps: dict[int, int] = {}
-        # progress_steps' quorum id (None at first: every group is new to _seen then)
-        self._progress_quorum: int | None = None
+        self.progress_steps: dict[int, int] = {}  # each in-quorum group's step
+        self._progress_quorum: int | None = None  # the quorum id of progress_steps
         self._progress_at: float | None = None
         self._noted_at: float | None = None
         self._seen = SeenGroups()
         self.stalled_sweeps = 0
-        # (view, now, {rank: (scope, seconds)} of every rank blocked in a collective)
-        self._blocked: tuple | None = None
+        self._blocked: tuple | None = None  # (view, now, {rank: (scope, seconds)} blocked)
         self._longest: tuple[float, float] | None = None  # (now, seconds)
         self._saving: dict[int, float] = {}  # group -> start of the save last said held
         self._saves = SaveClock(cfg.checkpoint_timeout_s)  # by rank, noted as its group changes
@@ -68,11 +65,8 @@ class Hang:
 
     def group_threshold(self, view: ClusterView, gv: GroupView) -> float:
         """The hang threshold for naming ``gv``: at least --starting-timeout while none of its
-        ranks has timed a step, since a first step compiles (torch.compile: minutes) while the
-        groups done with theirs wait for it in the all_reduce; a restarted group too (evicted
-        while it compiles, its replacement would compile again: a restart loop). A first step
-        that hangs past the others' process-group timeout leaves the quorum: stuck_starting's
-        (monitor.detect.left_out)."""
+        ranks has timed a step, as a first step compiles (minutes) while the others wait for it;
+        evicting it then would loop (its replacement compiles again)."""
         threshold = self.threshold(view)
         return max(threshold, self.cfg.starting_timeout_s) if untimed(gv) else threshold
 
@@ -204,7 +198,7 @@ class Hang:
                 # in the group the job waits for, the ranks that never entered the collective
                 # its others are blocked in now, however briefly (they began after the others)
                 blocked = {r: w for r in (h_in["waiting"] if h_in else ())
-                           if (w := _wait(view, r, fresh=True))[0] == "group" and w[1] > 0}
+                           if (w := _wait(view, r))[0] == "group" and w[1] > 0}
                 inner_peers = self._in_group_blocked(view, g, h_in, blocked, rank_group)
                 if inner_peers:
                     level, ranks, found = "in_group", list(h_in["culprits"]), [h_in]
@@ -311,10 +305,9 @@ class Hang:
         return []
 
     def _held(self, view: ClusterView, g: int, ranks: list[int], now: float) -> bool:
-        """Every culprit answers now in a held phase (``checkpoint``, ``busy``), first seen so by
-        the monitor under --checkpoint-timeout ago (its own clock: a rank's may be off by any
-        amount): a group writing a checkpoint, or running its own work it marked (an eval),
-        while the others wait is not hung (said once a spell)."""
+        """Every culprit answers now in a held phase (``checkpoint``, ``busy``), first seen so
+        under --checkpoint-timeout ago by the monitor's clock: a group saving or running its own
+        marked work (an eval) while the others wait is not hung (logged once a spell)."""
         states = [(r, rv.state if (rv := view.rank_view(r)) and rv.reachable and rv.fresh
                    else None) for r in ranks]
         if not (held := self._saves.held(g, states, now)) or not held[1]:
@@ -335,8 +328,5 @@ class Hang:
         """None of ``ranks`` is blocked in ``scope``: for ``cross`` in any call, its own quorum's
         too (a group healing from a peer of the same quorum receives the checkpoint inside its
         quorum call while the others wait in the all_reduce: recovery, not a culprit)."""
-        for rank in ranks:
-            rv = view.rank_view(rank)
-            if rv is not None and rv.reachable and current_wait(rv.state)[0] == scope:
-                return False
-        return True
+        return not any((rv := view.rank_view(rank)) is not None and rv.reachable
+                       and current_wait(rv.state)[0] == scope for rank in ranks)

@@ -37,23 +37,16 @@ def _hosts(groups: list) -> list[str]:
 def _host_clock_gpus(groups: list) -> list[int]:
     """CUDA ranks that time their waits on the host clock, where a GPU slow on the GPU waits
     like its peers (docs/gpu.md, 7): a job_slow may then be one of them."""
-    out = []
-    for gv in groups:
-        for r in gv.ranks:
-            s = r.state if isinstance(r.state, dict) else {}
-            device, timing = s.get("device"), s.get("timing")
-            if isinstance(device, dict) and device.get("type") == "cuda" \
-                    and isinstance(timing, dict) and timing.get("clock") == "host":
-                out.append(r.rank)
-    return sorted(out)
+    return sorted(r.rank for gv in groups for r in gv.ranks if isinstance(s := r.state, dict)
+                  and isinstance(d := s.get("device"), dict) and d.get("type") == "cuda"
+                  and isinstance(t := s.get("timing"), dict) and t.get("clock") == "host")
 
 
 def _stall_shape(groups: list, waits: dict[int, tuple]) -> tuple[dict, set, list] | None:
     """Every group blocked in the cross-group collective (a rank of each in ``waits``) or
     behind it, at most one step apart, or through it and waiting for a quorum a step ahead:
     (per group, their steps, the groups through); None otherwise."""
-    # first the cheap test that fails a hang (a group none of whose ranks waits across, and
-    # not through to the quorum either): the full one reads every rank's state
+    # first the cheap test that fails a hang: the full one reads every rank's state
     for gv in groups:
         if not any(waits.get(r.rank, _NO_WAIT)[0] == "cross" for r in gv.ranks) and not all(
                 r.state.get("phase") == "quorum" for r in gv.ranks if r.fresh):
@@ -74,9 +67,8 @@ def _stall_shape(groups: list, waits: dict[int, tuple]) -> tuple[dict, set, list
         waited = []
         for r in fresh:
             scope, secs = collective_wait(r.state)
-            # behind its own group: in an in-group collective, or in torchft's commit (its
-            # should_commit waits for every rank of the group, one maybe in the cross one;
-            # a healing step's commit says healing)
+            # behind its own group: in an in-group collective, or in torchft's commit (waits
+            # for every rank of the group; a healing step's commit says healing)
             if scope not in ("cross", "group") and r.state.get("phase") not in ("commit",
                                                                                 "healing"):
                 return None  # someone neither in the cross-group collective nor behind it
@@ -99,14 +91,10 @@ JOIN_SLACK_S = 5.0  # a joiner's wait may have begun this much before the others
 
 
 def _joining(view: ClusterView, groups: list, lighthouse: LighthouseStatus | None = None) -> bool:
-    """A group outside the newest quorum still in its own (joining, or healing: torchft receives
-    the peer's checkpoint before its allreduce goes on) holds the others: recovery, no stall.
-    Its raw wait, any phase: with a synchronous quorum the healing ranks wait across inside
-    start_quorum (phase ``quorum``), which collective_wait leaves out. Only a wait that began
-    with the others' (within a few steps' compute): one asking since before them (a group that
-    cannot start, re-asking) holds nobody, and must not hide a stall. With the Lighthouse's
-    status of the others' quorum, also only a group it let into that quorum: a group re-asking
-    every quorum timeout can read as begun with the others' when steps are long."""
+    """A group outside the newest quorum still in its own (joining, or healing) holds the others:
+    recovery, no stall. Its raw wait in any phase (a synchronous quorum heals inside
+    start_quorum), and only one that began with the others' (a group re-asking since before
+    holds nobody); with the Lighthouse's status of that quorum, only a member of it."""
     in_q = {gv.replica_group for gv in groups}
     members = lighthouse.members if lighthouse is not None and lighthouse.quorum_id is not None \
         and lighthouse.quorum_id == view.quorum_id else None
@@ -136,14 +124,13 @@ class JobWide:
         self._members: frozenset = frozenset()  # (group, replica id) of the newest quorum
         self._stall_suspected = False  # this sweep: a job stall on its way (STALL_SUSPECT)
         self._changed_at: int | None = None  # the newest step when they last changed
-        self._unseen = 0  # sweeps in a row an open job_stall had no group of the quorum in sight
+        self._unseen = 0  # sweeps in a row an open job_stall saw no group of the quorum
         self._shrunk = 0  # sweeps in a row the quorum had fewer than two groups
 
     def judge(self, view: ClusterView, now: float, hang: Hang, straggler: Straggler,
               evicted: Container[str] = (),
               lighthouse: LighthouseStatus | None = None, blind: bool = False) -> list[Finding]:
-        """``blind``: the monitor may be the one cut off this sweep: the groups it misses then
-        have not left the quorum."""
+        """``blind``: the monitor may be the one cut off: the groups it misses have not left."""
         groups = view.in_quorum()
         in_q = {gv.replica_group for gv in groups}
         q = view.quorum_id
@@ -166,9 +153,8 @@ class JobWide:
             self._changed_at = max((gv.step for gv in groups if gv.step is not None),
                                    default=None)
         if len(groups) < 2 and (size := quorum_size(view, self.cfg.dead_sweeps)) < 2:
-            # one group left (or none with a quorum): nothing job-wide to wait for, no window;
-            # once it lasts --dead-sweeps (a heal's or quorum change's sweep is no shrink). The
-            # groups out of sight with findings of their own (dead) explain it even when blind
+            # one group left (or none): nothing job-wide, once it lasts --dead-sweeps (a heal's
+            # sweep is no shrink); out-of-sight groups' own findings explain it even when blind
             if blamed:
                 for kind in JOB_KINDS:
                     self._explained((kind, None, None), now)
@@ -186,8 +172,7 @@ class JobWide:
 
     def suspected(self) -> bool:
         """A slow window seen but ``job_slow`` not yet confirmed, or a job stall past
-        ``STALL_SUSPECT`` of the hang threshold: the probe mesh starts then, so its rounds are in
-        when the finding is."""
+        ``STALL_SUSPECT`` of the hang threshold (the probe mesh starts then)."""
         return bool(self._slow) or self._stall_suspected
 
     def baseline_medians(self) -> tuple[float, float, float, float] | None:
@@ -197,9 +182,8 @@ class JobWide:
                      for i in range(4))
 
     def _explained(self, key: tuple, now: float) -> None:
-        """An open job-wide finding explained by group findings confirmed now: each names it
-        (``evidence.job_findings``), so the goodput ledger counts that fault from the job's
-        onset (monitor/goodput/incidents.py)."""
+        """Resolve a job-wide finding ``explained``; the group findings confirmed now name it
+        (``evidence.job_findings``) so the goodput ledger counts them from the job's onset."""
         if key in self.findings.open:
             for k, f in self.findings.open.items():
                 if k[0] in GROUP_KINDS and f.confirmed_at == now:
@@ -216,8 +200,7 @@ class JobWide:
         top = max((gv.step for gv in groups if gv.step is not None), default=None)
         if was is None:
             self._unseen = 0
-        over = self._stall_over(was, top, blind) if was is not None else None
-        if over is not None:
+        elif (over := self._stall_over(was, top, blind)) is not None:
             self.findings.resolve(key, over, now)
             return None
         if blamed:
@@ -261,11 +244,9 @@ class JobWide:
         return self.findings.confirm("job_stall", None, [], ev, now - longest, now, view)
 
     def _stall_over(self, was: Finding, top: int | None, blind: bool = False) -> str | None:
-        """Why an open job_stall is over at the quorum's newest step ``top``, if it is: a step
-        committed past it (``progress``); the job started again from a checkpoint, below every
-        stalled group's step or with none of their incarnations left in the quorum
-        (``restarted``); no group of the quorum reached for ``--dead-sweeps`` sweeps the
-        monitor was not ``blind`` (``no_quorum``)."""
+        """Why an open job_stall is over at the quorum's newest step ``top``, if it is:
+        ``progress`` (a step past it), ``restarted`` (below every stalled group's step, or none
+        of their incarnations left), ``no_quorum`` (none seen for --dead-sweeps unblind sweeps)."""
         if top is None:
             self._unseen += not blind
             return "no_quorum" if self._unseen >= self.cfg.dead_sweeps else None

@@ -7,7 +7,7 @@ but never trains again; nothing else names it.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,15 +31,13 @@ class LeftOutGroup:
 class LeftOut:
     def __init__(self, cfg: DetectorConfig) -> None:
         self.cfg = cfg
-        # group -> (replica id, step, when the monitor first saw it there): its own clock, as a
-        # rank's wall clock may be off by any amount
+        # group -> (replica id, step, when first seen there by the monitor's clock, not a rank's)
         self._at: dict[int, tuple[str | None, int, float]] = {}
         # (when, the newest quorum's step) each time that step changed, back to the last one
         # at or before now - --starting-timeout
         self._job: deque[tuple[float, int]] = deque()
         self._saves = SaveClock(cfg.checkpoint_timeout_s)  # by url, noted each sweep it is judged
-        # group -> the last sweep it was held (saving or busy): its clock starts again there, as
-        # a group back from a long save asks for its quorum or heals at its old step
+        # group -> the last sweep it was held (saving or busy): its clock starts again there
         self._held_at: dict[int, float] = {}
         # group -> the last sweep it took part in the newest quorum or had no quorum yet: time
         # in the quorum (the others waiting for it) is no time left out
@@ -52,10 +50,9 @@ class LeftOut:
     def judge(self, view: ClusterView, now: float, skip: set[int],
               lighthouse: LighthouseStatus | None = None
               ) -> tuple[dict[int, LeftOutGroup], set[int]]:
-        """(group -> what names it, the groups whose step has not moved and that take no part
-        in the newest quorum, or that no rank of answers now: one named stays so, judged or not
-        this sweep) of ``view``'s verified groups; ``skip``: groups the never-had-a-quorum shape
-        names; ``lighthouse``: its status this sweep (None: the newest quorum the ranks told)."""
+        """(group -> what names it, the groups still out: step unmoved and no part in the newest
+        quorum, or no rank answering) of ``view``'s verified groups; ``skip``: groups the
+        no-first-quorum shape names; ``lighthouse``: None: the newest quorum the ranks told."""
         timeout = self.cfg.starting_timeout_s
         q, members, fell = self._newest(view, lighthouse)
         newer = self._newer(view, q) if members is not None else frozenset()
@@ -105,11 +102,10 @@ class LeftOut:
 
     def _newest(self, view: ClusterView, lighthouse: LighthouseStatus | None
                 ) -> tuple[int | None, dict[str, QuorumMember] | None, bool]:
-        """(the newest quorum id, its members by replica id where the Lighthouse's status
-        tells them (else None), whether that id went down since the last sweep). Without the
-        status, the highest id each verified group last reported: a lower one is taken only
-        once the groups that carried the higher one are gone or report lower (a Lighthouse
-        restart), never because their ranks missed a sweep."""
+        """(the newest quorum id, its members by replica id from the Lighthouse's status (else
+        None), whether that id went down since the last sweep). Without the status: the highest
+        id the verified groups last reported, lower only once those that carried it are gone
+        or report lower (a Lighthouse restart), never because their ranks missed a sweep."""
         reported = self._reported
         for g in [g for g in reported if g not in view.groups]:
             del reported[g]
@@ -130,11 +126,8 @@ class LeftOut:
         """Quorum ids past the Lighthouse's that two or more groups take part in: a restarted
         Lighthouse numbers its quorums afresh while the groups train on in their old one (one
         group alone at a higher id is one left behind)."""
-        seen: dict[int, int] = {}
-        for gv in view.groups.values():
-            for p in gv.taking_part:
-                if q is not None and p > q:
-                    seen[p] = seen.get(p, 0) + 1
+        seen = Counter(p for gv in view.groups.values() for p in gv.taking_part
+                       if q is not None and p > q)
         return frozenset(p for p, n in seen.items() if n > 1)
 
     def _held(self, gv: GroupView, now: float) -> bool | None:

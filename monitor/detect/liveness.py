@@ -70,8 +70,7 @@ class Liveness:
         changed = [g for g, gv in view.groups.items() if last.get(g) is not gv]
         for url in [u for u in self._down_at if u not in view.ranks]:
             del self._down_at[url]
-        # an unchanged group with no rank down and nothing open has nothing new; one away from
-        # the view (its newcomers not verified yet) keeps what was seen of it
+        # an unchanged group with no rank down and nothing open has nothing new
         for g in sorted(self._down.union(changed, open_dead, self._left)):
             gv = view.groups.get(g)
             if gv is None:  # away (its newcomers not verified yet): what was found stays found
@@ -144,19 +143,19 @@ class Liveness:
                         continue
                     held = f.evidence.get("held")
                 findings.resolve(("dead", g, rid), "rank_dead_in_live_group", now)
-                ev = {"summary": f"rank(s) {sorted(r.rank for r in lost if r.rank is not None)} "
-                                 f"unreachable for {self.cfg.dead_sweeps}+ sweeps while the "
-                                 f"group's Manager "
-                                 f"(rank {manager_up[0].rank}) still heartbeats",
+                ranks = sorted(r.rank for r in lost if r.rank is not None)
+                ev = {"summary": f"rank(s) {ranks} unreachable for {self.cfg.dead_sweeps}+ sweeps "
+                                 f"while the group's Manager (rank {manager_up[0].rank}) still "
+                                 "heartbeats",
                       "unreachable": _unreachable(lost),
                       "alive": sorted(r.rank for r in gv.reachable if r.rank is not None),
                       "manager_rank": manager_up[0].rank, "held": held,
                       "why": "the group's Manager (group rank 0) still heartbeats, so torchft "
                              "keeps the group in the quorum and every group waits for these "
                              "ranks until its timeouts"}
-                new.append(findings.confirm(
-                    "dead_rank", gv, sorted(r.rank for r in lost if r.rank is not None), ev,
-                    min(r.unreachable_since or now for r in lost), now, view))
+                new.append(findings.confirm("dead_rank", gv, ranks, ev,
+                                            min(r.unreachable_since or now for r in lost), now,
+                                            view))
                 continue
             findings.resolve_where("group_dead" if down else "reachable", now, ("dead_rank",), g)
             if not down:
@@ -319,8 +318,8 @@ class Liveness:
                 rid = None
             first = min(self._starting[(r.url, r.state.get("pid"), r.state.get("started_at"))]
                         for r in ranks)
-            ev = {"summary": f"rank(s) {sorted(r.rank for r in ranks if r.rank is not None)} "
-                             f"without a quorum for {now - first:.0f}s (timeout "
+            numbers = sorted(r.rank for r in ranks if r.rank is not None)
+            ev = {"summary": f"rank(s) {numbers} without a quorum for {now - first:.0f}s (timeout "
                              f"{self.cfg.starting_timeout_s:g}s)",
                   "shape": "no_first_quorum", "starting_timeout_s": self.cfg.starting_timeout_s,
                   "for_s": round(now - first, 1),
@@ -328,7 +327,6 @@ class Liveness:
                       "phase": r.state.get("phase"), "replica_id": r.replica_id,
                       "verified": r.trust is None or r.trust.evidence,
                       "why": _no_quorum_why(r)} for r in ranks}}
-            new.append(findings.confirm(
-                "stuck_starting", gv, sorted(r.rank for r in ranks if r.rank is not None), ev,
-                first, now, full, replica_id=rid))
+            new.append(findings.confirm("stuck_starting", gv, numbers, ev, first, now, full,
+                                        replica_id=rid))
         return [f for f in new if f]

@@ -75,11 +75,9 @@ def _no_longer_seen(view: ClusterView, dumps: Mapping[int, dict],
                     traces: Mapping[int, RankTrace], seen: set[int], now: float,
                     findings: Findings) -> None:
     """Resolve the open mismatches this look could have seen and did not: it read whole dumps
-    of every reachable rank of the group and its culprits, and one of another rank that took
-    part and still answers (the disagreement needs both sides), no mismatch names a rank of the
-    group, and the group committed a step since it was last seen (peers that crashed on it and
-    came back empty would show nothing). A look without them says nothing, so a mismatch that
-    goes on is not closed between looks."""
+    of the group's reachable ranks and culprits and one of another participant still answering
+    (both sides), no mismatch names the group, and the group committed a step since it was
+    last seen (peers that crashed on it and came back empty would show nothing)."""
     def read(r: int, whole: bool) -> bool:
         d = dumps.get(r)
         f = d.get("filter") if isinstance(d, dict) else None

@@ -20,11 +20,9 @@ from .findings import JOB_KINDS, Finding, Findings
 WHICH = {"both": "every link of {h}", "from": "every transfer {h} fetched",
          "to": "every transfer fetched from {h}"}
 OTHERS_FINE = 0.75  # of the links among the hosts above suspicion, at least this many fine
-# a rank's transfer from itself under this many times its bad links' best rate explains them:
-# its process is as slow with no network in the way
+# a rank's transfer from itself under this many times its bad links' best rate explains them
 EXPLAINS = 2.0
-# rounds in a row whose slow links are not judged while a rank heals (its checkpoint transfer
-# fills links); past them a heal that long is judged like any traffic
+# rounds in a row whose slow links are not judged while a rank heals (its transfer fills links)
 HEAL_ROUNDS = 10
 
 
@@ -79,8 +77,7 @@ def _bad_sides(h: str, links: list[Link], ref: float | None, ratio: float) -> li
 
 
 def _name(out: Verdict, h: str, sides: list[str], links: list[Link], why: str) -> None:
-    """Name ``h`` in ``out`` for its links in ``sides``; ``why`` is said of them ({n}: how
-    many)."""
+    """Name ``h`` in ``out`` for its links in ``sides``; ``why`` is said of them ({n}: how many)."""
     shown = [x for x in links if (x.src == h and "from" in sides) or (x.dst == h and "to" in sides)]
     out.bad[h] = [_describe(x) for x in shown]
     out.links[h] = shown
@@ -89,9 +86,8 @@ def _name(out: Verdict, h: str, sides: list[str], links: list[Link], why: str) -
 
 
 def place(rnd: ProbeRound, ratio: float, rates: bool = True) -> Verdict:
-    """The verdict on one round (module docstring); without ``rates``, hosts cut off only. A
-    culprit whose rank is as slow serving itself (:func:`_busy`) is not named: its process,
-    busy or stuck, not its network, slowed its links."""
+    """The verdict on one round; without ``rates``, hosts cut off only. A culprit whose rank is
+    as slow serving itself (:func:`_busy`) is spared: its process slowed its links."""
     out = _place(rnd, ratio, rates)
     busy = {h: why for h in out.hosts if (why := _busy(h, rnd, out.links[h], ratio))}
     if not busy:
@@ -203,8 +199,8 @@ class Network:
 
     def judge(self, view: ClusterView, rnd: ProbeRound | None, now: float,
               blind: str | None, pending: bool = False) -> list[Finding]:
-        """``pending``: a job-wide finding is on its way (its first slow window seen); rounds
-        then count towards a host's streak, but only an open one confirms a host."""
+        """``pending``: a job-wide finding is on its way; rounds then count towards a host's
+        streak, but only an open one confirms a host."""
         findings = self.findings
         jobs = [f for k, f in findings.open.items() if k[0] in JOB_KINDS]
         if not jobs:
@@ -282,8 +278,7 @@ class Network:
         return [f for f in new if f]
 
     def added_hosts(self) -> list[tuple[Finding, list[str]]]:
-        """Once each: the open network findings a refresh added hosts to, with those hosts
-        (to be charged as the finding's opening charged its first ones)."""
+        """Once each: the open network findings a refresh added hosts to, with those hosts."""
         out = [(f, hosts) for key, (f, hosts) in self._added.items()
                if self.findings.open.get(key) is f]
         self._added = {}

@@ -1,5 +1,5 @@
 """What the detectors read of the ranks' answers: collective waits (each rank's own clock), who
-a rank is, which ranks this sweep polled, which groups changed since a consumer last looked."""
+a rank is and its group, which groups changed since a consumer last looked, held phases' age."""
 
 from __future__ import annotations
 

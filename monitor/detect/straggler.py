@@ -23,7 +23,6 @@ from .rank_state import phases
 from .step_memory import StepMemory
 
 STATE_ASK = f"recent={STEP_TIMES_READ}&packed=1"
-EVERY_ROW_QUERY = f"?{STATE_ASK}"
 WINDOW_SLACK_STEPS = 2  # a new rank is asked for its group's window and this (groups a step apart)
 STEP_MEMORY = TIMING_ROWS  # per-step timings kept per rank, as many as ranks serve
 STEP_S, COMPUTE_S, WAIT_CROSS_S, WAIT_GROUP_S = range(len(TIMING_KEYS))
@@ -50,9 +49,8 @@ def is_late_window(lags: np.ndarray, threshold: float, need: int) -> np.ndarray:
 
 def lag_floor(min_lag: float, own: np.ndarray) -> float:
     """The least lag of a straggler: ``min_lag``, or the median group's own work a step (``own``:
-    group x step; of two middle groups the lower, so two groups take the healthy one) when
-    shorter. A group late by that much at least halves the job's pace, and a GPU job's steps
-    of tens of ms are under 0.1 s; one group of odd timings does not move it."""
+    group x step; of two middle groups the lower) when shorter: a group late by that much at
+    least halves the job's pace, and a GPU job's steps of tens of ms are under 0.1 s."""
     typical = float(np.quantile(np.median(own, axis=1), 0.5, method="lower"))
     return typical if 0 < typical < min_lag else min_lag
 
@@ -90,8 +88,7 @@ def straggler_lags(cross: np.ndarray, threshold: float, need: int
     candidates = set(np.flatnonzero(late).tolist())
     healthy = np.flatnonzero(~late).tolist()
     if candidates and healthy:
-        rows = np.flatnonzero(late)
-        lags[rows] = cross[~late].min(axis=0) - cross[rows]
+        lags[late] = cross[~late].min(axis=0) - cross[late]
     return lags, candidates, healthy
 
 
@@ -132,8 +129,7 @@ class Straggler:
         # per group: (replica id, the newest step folded from any of its ranks)
         self._group_newest: dict[int, tuple[str | None, int]] = {}
         self.last_answers: Answers | None = None
-        # groups whose memory may hold a late streak
-        self._streaks: set[int] = set()
+        self._streaks: set[int] = set()  # groups whose memory may hold a late streak
         self.last_lags: dict[int, float] = {}  # replica_group -> how long the others waited
         self.last_window: Window | None = None  # the job's last full window
         self.lag_floor = cfg.straggler_min_lag_s  # of the last window (lag_floor)
@@ -155,7 +151,7 @@ class Straggler:
                 st = rv.state if rv is not None else None
                 got = group_newest.get(st.get("replica_group")) if st else None
                 if got is None or got[0] != st.get("replica_id"):
-                    out.append(EVERY_ROW_QUERY)
+                    out.append(f"?{STATE_ASK}")
                     continue
                 newest = got[1] - back
             out.append(f"?since={newest}&{STATE_ASK}")
@@ -209,8 +205,7 @@ class Straggler:
         return out
 
     def judge(self, view: ClusterView, now: float, blind: bool = False) -> list[Finding]:
-        """``blind``: the monitor may be the one cut off this sweep: a quorum it sees shrink
-        then has not."""
+        """``blind``: the monitor may be the one cut off: a quorum it sees shrink then has not."""
         self.answers(view)  # every sweep, judged or not
         # groups on torch's debug server only have no step timing: from_flight_recorder's
         groups = {g.replica_group: g for g in view.in_quorum() if not _torch_only(g)}
@@ -218,8 +213,8 @@ class Straggler:
         if members is None:
             self.last_lags, self.last_window = {}, None
             shrunk = len(groups) < 2 and quorum_size(view, self.cfg.dead_sweeps, True) < 2
-            # one sweep of a shrunk quorum is no shrink (quorum ids skewed a sweep, a blip):
-            # closed then, the group's next window would open its episode again as a new finding
+            # one sweep of a shrunk quorum (ids skewed a sweep, a blip) is no shrink: closing
+            # then would reopen the same episode as a new finding at the group's next window
             if not shrunk:
                 self._shrunk = 0
             elif not blind:
@@ -372,12 +367,9 @@ class Straggler:
         meds = np.median(self.memory.seconds([s for _, s in ranked], window), axis=1).tolist()
         per_rank = {rank: {k: round(med[i], 4) for k, i in keys}
                     for (rank, _), med in zip(ranked, meds, strict=True)}
-        late = []
-        if len(per_rank) >= 2:
-            for rank, m in per_rank.items():
-                others = statistics.median(v["wait_group_s"] for k, v in per_rank.items() if k != rank)
-                if others - m["wait_group_s"] >= threshold:
-                    late.append(rank)
+        waits = {rank: m["wait_group_s"] for rank, m in per_rank.items()}
+        late = [rank for rank, w in waits.items() if len(waits) >= 2
+                and statistics.median(v for k, v in waits.items() if k != rank) - w >= threshold]
         verdict = ("the rank(s) its peers wait for inside the group" if late else
                    "no rank stands out: the whole group is late")
         info = {"verdict": verdict, "ranks": {str(k): v for k, v in sorted(per_rank.items())}}
@@ -385,12 +377,9 @@ class Straggler:
 
 
 def quorum_size(view: ClusterView, dead_sweeps: int, timed: bool = False) -> int:
-    """The groups at the newest quorum the reachable ranks name, each by its ranks' last
-    answers: a group the monitor misses this sweep still counts, one gone ``dead_sweeps``
-    sweeps (it left the job, maybe at a quorum id a restarted Lighthouse has not reached again)
-    or ended does not. A healing group counts (torchft's quorum has it; its ranks say
-    ``participating`` false until healed). No rank reachable: the newest id those answers name.
-    ``timed``: only groups with step timing (not on torch's debug server only)."""
+    """The groups at the newest quorum, each by its ranks' last answers: one missed this sweep
+    or healing counts, one gone ``dead_sweeps`` sweeps or ended does not. No rank reachable:
+    the newest id those answers name. ``timed``: only groups with step timing."""
     per_group = []
     for gv in view.groups.values():
         if timed and _torch_only(gv):

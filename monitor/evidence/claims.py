@@ -43,14 +43,10 @@ class _Url:
 
 
 class Claims:
-    """Whether the monitor may sign a call for a rank: not when another known target (any
-    polled URL, reachable or not, superseded included) claims the same identity
-    (rank_wire.auth) in its last state, unless both URLs name one listener (the same host,
-    port and path, as written: no name is looked up, so a rank listed by name and registered by
-    address is not called while both are known). Verification may take a stranger copying an
-    unreachable rank's public /v1/state in that rank's place; a call signed for it would be
-    valid at the real rank too. One object for every caller (the probes, the exits, the
-    aborts); each claim is said once while it lasts (:meth:`keep`), on ``logger``."""
+    """The module's rule over every known target, superseded included; one listener: the same
+    host, port and path as written (no lookup). A stranger copying an unreachable rank's
+    /v1/state may pass verification, and a call signed for it would be valid at the real rank.
+    Each claim is logged once while it lasts (:meth:`keep`)."""
 
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self.log = logger or log

@@ -51,8 +51,7 @@ class Sums:
         for r in ungrouped:
             trust[r.verdict] = trust.get(r.verdict, 0) + 1
         view.counts = (self.known + len(ungrouped), self.up, trust)
-        qs = [q for q, n in self.quorums.items() if n]
-        view.quorum_id = max(qs) if qs else None
+        view.quorum_id = max((q for q, n in self.quorums.items() if n), default=None)
 
 
 @dataclass
@@ -81,8 +80,7 @@ class ClusterView:
 
     def quorum_participants(self) -> int | None:
         q = self.quorum_id
-        vals = [g.quorums[q] for g in self.groups.values() if q in g.quorums]
-        return max(vals) if vals else None
+        return max((g.quorums[q] for g in self.groups.values() if q in g.quorums), default=None)
 
     def in_quorum(self) -> list[GroupView]:
         """Groups with a reachable rank in the newest quorum that take part in it."""

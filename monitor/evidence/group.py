@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,7 +13,7 @@ from .rank import STEP_TIMES_READ, RankView
 
 
 class _cached:
-    """functools.cached_property without Python 3.11's lock, shared by every instance (two
+    """functools.cached_property without Python 3.11's lock, which all instances share (two
     threads computing a value get the same value)."""
 
     def __init__(self, func: Callable) -> None:
@@ -112,8 +113,7 @@ class GroupView:
 
     @_cached
     def step(self) -> int | None:
-        steps = [int(r.state["step"]) for r in self.reachable if r.state]
-        return max(steps) if steps else None
+        return max((int(r.state["step"]) for r in self.reachable if r.state), default=None)
 
     @_cached
     def step_at(self) -> float | None:
@@ -121,13 +121,11 @@ class GroupView:
         None where no rank says (e.g. torch's own server)."""
         times = [r.state.get("last_step_at") for r in self.reachable
                  if r.state and r.state.get("step") == self.step]
-        times = [t for t in times if type(t) in (int, float) and math.isfinite(t)]
-        return max(times) if times else None
+        return max((t for t in times if type(t) in (int, float) and math.isfinite(t)), default=None)
 
     @_kept
     def quorum_id(self) -> int | None:
-        q = [int(r.state["quorum_id"]) for r in self.reachable if r.state]
-        return max(q) if q else None
+        return max((int(r.state["quorum_id"]) for r in self.reachable if r.state), default=None)
 
     def median_step_seconds(self, last: int = STEP_TIMES_READ) -> float | None:
         """Median recent step time of its reachable ranks polled this sweep (else all reachable)."""
@@ -177,10 +175,7 @@ class GroupView:
     @_kept
     def trust_counts(self) -> dict[tuple[str, str] | None, int]:
         """(trust state, reason) -> ranks (None: no verdict yet), over its ranks."""
-        out: dict[tuple[str, str] | None, int] = {}
-        for r in self.ranks:
-            out[r.verdict] = out.get(r.verdict, 0) + 1
-        return out
+        return dict(Counter(r.verdict for r in self.ranks))
 
     def progressed(self, ranks: list[RankView],
                    moved: list[tuple[RankView, RankView]]) -> GroupView:

@@ -132,10 +132,9 @@ def plan(ranks: dict[str, RankView], peers: int) -> dict[str, list[str]]:
 
 def pick(view: ClusterView, evicted: Collection[str] = (),
          skip: Callable[[RankView], bool] | None = None) -> dict[str, RankView]:
-    """One rank per host: of the groups in the newest quorum, the lowest rank polled this sweep
-    that answered (``view``: the evidence, so verified ranks only), none of a replica id in
-    ``evicted`` (a kill was sent for it: its ranks are ending) nor one ``skip`` names (asked
-    last, of the rank about to be picked only)."""
+    """One rank per host: the lowest verified rank of the newest quorum that answered this
+    sweep, none of a replica id in ``evicted`` (its kill was sent) nor one ``skip`` names (asked
+    only of the rank about to be picked)."""
     by_host: dict[str, list[RankView]] = {}
     for gv in view.in_quorum():
         for r in gv.reachable:
@@ -189,12 +188,9 @@ class ProbeMesh:
     def ask(self, view: ClusterView, wanted: bool, blind: str | None, now: float,
             evicted: Collection[str] = (), known: ClusterView | None = None,
             standby: bool = False) -> None:
-        """Start a round if ``wanted`` and due, of one rank per host (:func:`pick`, none of the
-        replica ids ``evicted`` nor one whose identity another of ``known``'s targets claims:
-        :class:`Claims`); none while ``blind`` (why the monitor cannot trust what it sees) nor
-        on a ``standby`` shard (another monitor runs it and probes these ranks: two monitors'
-        rounds find the ranks busy, 429). ``known``: the sweep's whole view (``view`` is its
-        evidence)."""
+        """Start a round of one rank per host (:func:`pick`) if ``wanted`` and due; none while
+        ``blind`` nor on a ``standby`` shard (its active monitor probes: both would find ranks
+        busy, 429). ``known``: the sweep's whole view, for :class:`Claims`."""
         if not wanted:
             self.note = None
             return
@@ -271,10 +267,9 @@ class ProbeMesh:
             self.rounds += 1
 
     def _ask(self, p: HostProbe, deadline: float = math.inf) -> None:
-        """Fill ``p`` from its rank's answer; a rank busy with another probe (429: another
-        monitor of the job probing it, a standby or one mid rolling update) is asked again,
-        :data:`BUSY_RETRIES` times at most, within ``deadline`` (monotonic): one missing row
-        names no culprit. Never raises."""
+        """Fill ``p`` from its rank's answer; a busy rank (429: another monitor probing it) is
+        asked again, :data:`BUSY_RETRIES` times at most, within ``deadline`` (monotonic). Never
+        raises."""
         body = {"peers": list(p.peers.values()), "bytes": self.cfg.size_bytes,
                 "timeout_s": self.cfg.timeout_s}
         # the rank may probe its peers one after another, each up to timeout_s
@@ -332,7 +327,7 @@ class ProbeMesh:
         if not missing:
             self._said.pop("missing", None)
             return
-        kinds = sorted({e for e in missing.values()})
+        kinds = sorted(set(missing.values()))
         self._say("missing", f"network probes: {len(missing)} of {len(rnd.probes)} host(s) gave "
                              f"no results ({'; '.join(kinds)}: "
                              f"{', '.join(sorted(missing))}): no network culprit can be named "

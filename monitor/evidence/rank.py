@@ -15,7 +15,7 @@ from rank_wire import INT64_MAX, INT64_MIN, unpack_seconds
 
 _REQUIRED = {"replica_group": int, "rank": int, "group_rank": int, "step": int,
             "quorum_id": int, "phase": str, "phase_since": (int, float)}
-# read when present (grouped, hashed or counted by): a wrong type makes no /v1/state either
+# read when present: a wrong type makes no /v1/state either
 _NULL = type(None)
 _OPTIONAL = {"replica_id": (str, _NULL), "group_world_size": (int, _NULL), "num_participants": int,
              "commit_failures": (int, _NULL),
@@ -95,8 +95,8 @@ _OTHER_JOB = re.compile(re.escape(OTHER_JOB) + r"(.*?) \(group -?\d+ rank -?\d+\
 
 
 def _monitor_job(target: Target | None) -> str | None:
-    """The monitor's --job, as the target carries it: a file_sd or registered one as the job
-    it must answer for, a --targets or TCPStore one as its job (Discovery gives them --job)."""
+    """The monitor's --job as the target carries it (``expect_job``, or a --targets or
+    TCPStore target's job)."""
     if target is None:
         return None
     if target.expect_job is not None:
@@ -106,11 +106,9 @@ def _monitor_job(target: Target | None) -> str | None:
 
 def not_state(data: Any, last: dict[str, Any] | None, target: Target | None) -> str | None:
     """Why ``data`` is no /v1/state of the rank that ``last`` was at its address (None: it is):
-    not a /v1/state, a rank of a job other than the one ``target`` must answer for (its
-    ``expect_job``), or another process's (the dead rank's port bound again): a rank of another
-    job, or of this one but not the rank registered there. Its own restart is the rank again,
-    and so is a rank now answering as the monitor's own --job (restarted with it) or, at a
-    --targets address, the same group and rank answering as any job."""
+    not a /v1/state, not of the job ``target`` expects, or another process on the dead rank's
+    port (another job's rank, or not the rank registered there). A restart, a rank now of the
+    monitor's own --job, or a --targets rank with the same group and rank is the rank again."""
     bad = valid_state(data)
     if bad is not None:
         return bad
@@ -121,9 +119,8 @@ def not_state(data: Any, last: dict[str, Any] | None, target: Target | None) -> 
                f"--job {want!r}"
     if last is None:
         return None
-    # the last job (kept in --state too) is no reason to refuse the job this monitor watches,
-    # nor a --targets rank restarted under another name (the same group and rank): the operator
-    # listed it, so it is polled whatever job it answers for; another rank there is a stranger
+    # a changed job is a stranger, unless now the monitor's --job or a --targets rank with the
+    # same group and rank (the operator listed it: polled whatever job it answers for)
     if job != last.get("job") and None not in (job, last.get("job")) \
             and job != _monitor_job(target) and not (
                 target is not None and target.source == "static"
@@ -138,8 +135,8 @@ def not_state(data: Any, last: dict[str, Any] | None, target: Target | None) -> 
 
 
 def answers_other_job(rv: RankView | None) -> str | None:
-    """The job (as not_state quotes it) of another job's rank that answered at ``rv``'s address,
-    which is unreachable for it; None when it is not that."""
+    """The job of another job's rank that answered at ``rv``'s address (not_state's words);
+    None when it is not that."""
     if rv is None or rv.reachable or rv.reason != "bad_response":
         return None
     # at the start: a bad document's own text ("rank is '...'") may quote the words

@@ -1,13 +1,8 @@
 """A torch-only rank (torch's debug server, no Lightkeeper code) made a ``/v1/state`` document
-at the poll boundary, so the view, the verification and every detector read it like any rank.
-
-Who it is comes from its group's TCPStore, its step and quorum from the Lighthouse (as of the
-group's last quorum request; while the Lighthouse cannot be read, as of its last read), the
-collective it is blocked in from its Flight Recorder dump.
-What torch's server cannot show is said (:data:`CANNOT_SHOW`): its stragglers come from the
-Flight Recorder alone (monitor.detect.straggler.from_flight_recorder). Its dump is kept adapted
-for the Flight Recorder look (:attr:`TorchRanks.dumps`, docs/CONTRACTS.md). Nothing here raises
-because of what a rank answered.
+at the poll boundary, so everything downstream reads it like any rank: who it is from its
+group's TCPStore, step and quorum from the Lighthouse (its last read), the collective it is
+blocked in from its Flight Recorder dump. What it cannot show is :data:`CANNOT_SHOW`. Nothing
+here raises because of what a rank answered.
 """
 
 from __future__ import annotations
@@ -37,9 +32,7 @@ CANNOT_SHOW = ("step phase (forward, backward, commit: only whether it is blocke
                "collective)", "compute/wait split of a step (stragglers from the Flight "
                "Recorder only)", "step times", "commit counts",
                "its own step (the Lighthouse's, per quorum request)")
-# a look reads a torch-only rank's newest entries, as many as a Lightkeeper rank is asked for
-# (monitor.polling.FR_LAST): judged on the recent past, and each look's cost bounded
-FR_LAST = 256
+FR_LAST = 256  # newest entries a look reads: as many as monitor.polling.FR_LAST
 
 
 def _int(v: Any) -> int | None:
@@ -175,9 +168,8 @@ class TorchRanks:
     def __init__(self, job: str) -> None:
         self.job = job
         self.dumps: dict[str, dict[str, Any]] = {}  # URL -> adapted dump of its last answer
-        # the last status read: while the Lighthouse cannot be read, a rank's step and quorum
-        # are as of then, not "no quorum" (stuck_starting would find every group after its
-        # timeout, and the job-wide detectors lose the groups the ranks still train in)
+        # the last status read: while the Lighthouse is unreadable, "no quorum" would make
+        # stuck_starting find every group and the job-wide detectors lose them
         self._known: LighthouseStatus | None = None
 
     def adapt(self, polls: dict[str, RankPoll], identities: Mapping[str, TorchIdentity],

@@ -143,7 +143,7 @@ def verify_ranks(ranks: Mapping[str, RankView], lighthouse: LighthouseStatus | N
             counts = Counter(key(rv.state) for rv in ranks if verdict[rv.url][0] == "ok")
             if len(counts) < 2:
                 continue
-            (top, n), *rest = counts.most_common()
+            top, n = counts.most_common(1)[0]
             majority = top if n * 2 > sum(counts.values()) else None
             for rv in ranks:
                 if verdict[rv.url][0] == "ok" and key(rv.state) != majority:

@@ -1,7 +1,6 @@
 """The monitor's goodput ledger, resumed from ``--state``, accounted every sweep and saved by a
 :class:`GoodputWriter` on a thread of its own, so a sweep never waits for SQLite's fsync. A
-failure is logged once per new error and shown in ``/v1/goodput``; it never stops the sweep.
-"""
+failure is logged once per new error and shown in ``/v1/goodput``; it never stops the sweep."""
 
 from __future__ import annotations
 

@@ -22,10 +22,7 @@ def key_of(g: int | None) -> str:
 
 
 def with_none(values: np.ndarray, none: np.ndarray) -> list[Any]:
-    out = values.tolist()
-    for i in np.flatnonzero(none).tolist():
-        out[i] = None
-    return out
+    return [None if n else v for v, n in zip(values.tolist(), none.tolist(), strict=True)]
 
 
 class Slots:
@@ -212,11 +209,9 @@ _READ = attrgetter("replica_id", "reachable", "step")  # what is read of a Group
 
 class CommitReader:
     """A group's commit count is the most any reachable rank of its replica id reports, its world
-    size the one most report. A group none of whose ranks reports a count (one watched through
-    torch's debug server only: ``--torch-stores``) counts the rise of its step within its
-    incarnation (torchft's step moves by one per committed step), never more in a sweep than
-    the quorum's newest step rose (a group healing jumps to it). A hot loop: only the ranks
-    whose state is new are read."""
+    size the one most report. A group with no count (``--torch-stores``) counts its step's rise
+    in its incarnation, never more in a sweep than the quorum's newest step rose (a healing group
+    jumps to it). A hot loop: only the ranks whose state is new are read."""
 
     def __init__(self) -> None:
         self._last: tuple | None = None  # what the last read saw

@@ -38,13 +38,10 @@ class Incidents(dict[int, Incident]):
 
     def ingest_findings(self, view: ClusterView, findings: list[dict[str, Any]], now: float,
                         since: float | None, horizon: float) -> None:
-        """Open an incident per new faulty incarnation (a later finding about the same replica
-        id joins it); one whose findings all cleared is resolved. On a restored ledger's first
-        sweep, the open incidents none of whose findings is open lost them to the restart
-        (``monitor_restarted``): they are resolved only ``horizon`` later, unless the restarted
-        monitor confirms the same fault again meanwhile (it joins them). One an earlier restart
-        held keeps its deadline: a monitor restarting more often than ``horizon`` would
-        otherwise never resolve it."""
+        """Open an incident per new faulty incarnation (a later finding about it joins it); one
+        whose findings all cleared is resolved. On a restored ledger's first sweep, an incident
+        whose findings the restart closed is held ``horizon`` for the same fault to be confirmed
+        again; one held before keeps its deadline (else frequent restarts never resolve it)."""
         open_ids = {fid for fid in map(as_int, (f.get("id") for f in findings))
                     if fid is not None}
         if not self.swept:
@@ -55,9 +52,7 @@ class Incidents(dict[int, Incident]):
             self.dirty.update(new)  # saved soon: a restart before the next save holds them anew
         for f in findings:
             fid = as_int(f.get("id"))
-            if fid is None:
-                continue
-            if any(fid in i.finding_ids for i in self.values()):
+            if fid is None or any(fid in i.finding_ids for i in self.values()):
                 continue
             same = [i for i in self.values() if i.open
                     and i.replica_group == f.get("replica_group")
@@ -114,13 +109,11 @@ class Incidents(dict[int, Incident]):
 
     def ingest_evictions(self, evictions: list[dict[str, Any]], now: float,
                          since: float | None) -> None:
-        """Mark each new eviction's incident evicted: its finding's, or (one with no finding, a
-        manual one) the incarnation's open incident not yet evicted, else a new one opened by
-        it. A failed one, or one from before this ledger, is ignored, and one sending or
-        interrupted until judged.
-        One turned unconfirmed (the group still answered) is no eviction: taken back, its
-        incident is open until acted on (one it opened alone: resolved). A sharded leader's own
-        rows (``leader_sent`` ...) are none either: its shard's copy (``sent``) is the kill."""
+        """Mark each new eviction's incident evicted: its finding's, else the incarnation's open
+        one not yet evicted, else one it opens. Failed ones, ones from before this ledger and a
+        sharded leader's own rows (``leader_*``: its shard's ``sent`` is the kill) are ignored;
+        sending or interrupted ones until judged. One turned unconfirmed is taken back: its
+        incident is open until acted on again (one it opened alone: resolved)."""
         for d in sorted(evictions, key=lambda d: as_float(d.get("at")) or 0.0):
             did = as_int(d.get("id"))
             if d.get("status") == "unconfirmed" and did in self.seen_evictions:

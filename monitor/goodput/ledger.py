@@ -179,7 +179,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         missed = {d.get("id") for d in evictions if d.get("status") == "unconfirmed"}
         for r in self.runs:
             if r.cause == "recovery" and not r.counted and r.eviction_id in missed:
-                inc = self.incidents.get(r.incident) if r.incident is not None else None
+                inc = self.incidents.get(r.incident)
                 r.eviction_id = None
                 if inc is None or not inc.finding_ids:  # a kill nothing found: unexplained
                     r.cause, r.incident, r.finding_id = PENDING, None, None
@@ -192,7 +192,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         caused, so open to that fault's claim."""
         if r.cause != "straggler_drag" or not r.idle:
             return False
-        inc = self.incidents.get(r.incident) if r.incident is not None else None
+        inc = self.incidents.get(r.incident)
         return (inc is None or inc.kind == "straggler") and (
             self.last_commit_at is None or self.last_commit_at < r.t1 - 1e-9)
 
@@ -297,12 +297,10 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
         self.job.slow_since = (self.job.slow_since or t0) if slow else None
 
     def _end_recoveries(self, now: float) -> None:
-        """A fault confirmed, and still open, while the job recovers from an eviction ends that
-        recovery at its detection: the slow time after it is the new fault's (its stall or
-        drag, then its own recovery), and the old eviction's back at pace is not held off by
-        the new fault. One that clears now without being evicted, the job still below pace,
-        gives the recovery back, reopened if the supersession closed it (the time it held
-        stays its own): else the rest of the slow time would be nobody's."""
+        """A fault confirmed while the job recovers from an eviction ends that recovery at its
+        detection: the slow time after is the new fault's. One that clears unevicted, the job
+        still below pace, gives the recovery back (reopened if that closed it), else the rest
+        of the slow time would be nobody's."""
         incs = self.incidents
         at_pace = self.job.ratio is not None and self.job.ratio >= self.cfg.pace_threshold
         cleared = {i.id for i in incs.open() if i.resolved_at == now and i.evicted_at is None}
@@ -323,12 +321,10 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
 
     def _account_down(self, view: ClusterView, dt: float, now: float,
                       acct: SweepAccount) -> None:
-        """No rank running. Within ``RELAUNCH_S`` of a kill the monitor sent whose group has not
-        rejoined, with no commit since seen without its incarnation in the quorum (one seen with
-        it there was made before the kill landed), the kill took the job down: a group that ran
-        loses its capacity on its own incident, else the kill's; a slot never seen loses it on
-        none, a group never yet in the quorum with nothing found is still starting.
-        Otherwise the job ended (it went on after the kill, or a rank of another incarnation
+        """No rank running. Within ``RELAUNCH_S`` of an unrejoined kill the job did not go on
+        without, the kill took the job down: a group's capacity is lost on its own incident,
+        else the kill's (a slot never seen: on none; a group never in the quorum with nothing
+        found: startup). Otherwise the job ended (it went on, or a rank of another incarnation
         says it stopped): the time is unobserved."""
         killed = [i for i in self.incidents.open() if i.evicted_at is not None
                   and i.evicted_at < now and i.rejoined_at is None]
@@ -450,7 +446,7 @@ class GoodputLedger(GoodputReport, GoodputSnapshot):
 
     def _settle_run(self, r: Run) -> None:
         self.slots.add_bad(r.slots, r.cause, r.seconds, r.gpus)
-        inc = self.incidents.get(r.incident) if r.incident is not None else None
+        inc = self.incidents.get(r.incident)
         if inc is not None:
             inc.charge(r)
             self.incidents.dirty.add(inc.id)

@@ -61,12 +61,9 @@ class JobPace:
     def ingest(self, steps: list[int], now: float, step_at: float | None = None,
                rids: list[str | None] | None = None,
                seen: list[str | None] | None = None) -> bool:
-        """True if the in-quorum groups' steps moved the job on. ``step_at``: when the newest
-        step committed by the ranks' clock; the history dates a move from it, not from the
-        sweep that saw it (kept between the last entry and ``now``: clocks differ). ``rids``:
-        the in-quorum groups' incarnations, ``seen``: every group's in the view; all new ones
-        behind the job's step, none of the old left: it was relaunched (from a checkpoint),
-        however few steps back."""
+        """True if the in-quorum groups' steps moved the job on, dated by ``step_at`` (the ranks'
+        clock, clamped between the last entry and ``now``). The step falling far, or with only
+        new incarnations left (``rids`` in the quorum, ``seen`` in the view): a relaunch."""
         moved, at = False, now
         if steps:
             s = max(steps)

@@ -25,11 +25,9 @@ COUNTS = ("expected_groups", "unobserved_s", "gap_s", "gaps", "skipped_sweeps", 
 
 
 def thinned(ts: list[float], b: float | None, first: int = 0) -> list[int]:
-    """The samples of ``ts`` (times, ascending) from ``first`` on that a snapshot keeps: the
-    first and the last, and between them the newest ones at least ``b`` apart (all of them
-    before a baseline). Pace is counted in whole steps over at least ``2 x b``, so a window
-    start up to ``b`` early moves it by a step at most; at ``W = 20 x b`` that is ~21 rows
-    whatever the sweep interval."""
+    """The samples of ``ts`` (ascending) from ``first`` on that a snapshot keeps: the first, the
+    last, and between them the newest at least ``b`` apart (all before a baseline): a window
+    start up to ``b`` early moves pace by a step at most."""
     if not ts:
         return []
     keep = [len(ts) - 1]
@@ -72,11 +70,9 @@ class GoodputSnapshot:
         }
 
     def _groups_snapshot(self) -> dict[str, Any]:
-        """``history_cum``: each group's count at the history sample ``history_t`` (None: its
-        history starts after); ``window``: samples of the pace window a step apart
-        (:func:`thinned`; a group's counts from its ``born`` sample on, 0 before), so a
-        restarted monitor judges pace over the same window as without the restart, within a
-        step; ``carry``: the credit each group holds."""
+        """Per-group columns; ``window``: the pace window's samples a step apart (:func:`thinned`;
+        counts 0 before a group's ``born`` sample), so a restart judges pace as before within a
+        step; ``history_cum``: counts at sample ``history_t`` (None: born after)."""
         S, hist = self.slots, self.hist
         n = len(S)
         last_in = S.last_in_quorum_at[1:]

@@ -34,8 +34,7 @@ class NotAllowed(Exception):
 
 
 class ResolverBusy(Exception):
-    """Every DNS worker is still on a lookup (answered 503 with Retry-After): a registration is
-    refused at once rather than queued behind names the resolver is slow to answer."""
+    """Every DNS worker is still on a lookup (answered 503 with Retry-After), never queued."""
 
 
 class Unauthorized(Exception):
@@ -83,8 +82,7 @@ def ordinary_unicast(addr: IPAddress) -> bool:
 
 
 _pool = ThreadPoolExecutor(max_workers=MAX_LOOKUPS, thread_name_prefix="lightkeeper-dns")
-# getaddrinfo cannot be cancelled: a lookup holds its worker until the resolver answers, timed
-# out or not, so a lookup is started only on a free worker
+# getaddrinfo cannot be cancelled: a lookup is started only on a free worker
 _free = threading.BoundedSemaphore(MAX_LOOKUPS)
 
 
@@ -175,12 +173,8 @@ class AllowList:
     @classmethod
     def default(cls, static_targets: Iterable[str], **kw) -> AllowList:
         """Loopback and the hosts of the static targets (``host:port`` or URLs)."""
-        hosts = []
-        for t in static_targets:
-            parts = urlsplit(t if "://" in t else "http://" + t)
-            if parts.hostname:
-                hosts.append(parts.hostname)
-        return cls.parse([*DEFAULT_NETWORKS, *hosts], **kw)
+        hosts = [urlsplit(t if "://" in t else "http://" + t).hostname for t in static_targets]
+        return cls.parse([*DEFAULT_NETWORKS, *filter(None, hosts)], **kw)
 
     def _allowed_by_hosts(self) -> set[IPAddress]:
         now = time.monotonic()
@@ -219,9 +213,8 @@ class AllowList:
             raise NotAllowed(f"target {url} resolves to {shown}, outside --allow-targets "
                              f"({allowed or 'nothing'}); register with the monitor's token or "
                              "widen --allow-targets")
-        # IPv4 first: a WorkerServer on 0.0.0.0 hears no IPv6 (on :: both), and glibc sorts a
-        # dual-stack name's AAAA first; sorted, so round-robin DNS does not move a rank between
-        # two URLs
+        # IPv4 first (a WorkerServer on 0.0.0.0 hears no IPv6), the lowest: round-robin DNS does
+        # not move a rank between two URLs
         addr = min(addrs, key=lambda a: (a.version, a))
         netloc = f"[{addr}]" if addr.version == 6 else str(addr)
         return f"{parts.scheme}://{netloc}:{parts.port}{parts.path}"  # a proxy's prefix too

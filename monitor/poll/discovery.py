@@ -89,18 +89,17 @@ def normalize_url(address: str) -> str:
 def _opt_int(value: Any) -> int | None:
     if value is None or value == "":
         return None
-    if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
-        raise BadTarget(f"expected an integer, got {value!r}")
     try:
+        if isinstance(value, bool) or isinstance(value, float) and not value.is_integer():
+            raise ValueError
         return int(value)
     except (TypeError, ValueError):
         raise BadTarget(f"expected an integer, got {value!r}") from None
 
 
 def _read_file_sd(path: str, ours: bool = False) -> tuple[dict[str, Target], list[str]]:
-    """The targets of a ``file_sd`` file, and why each group or address left out was (the
-    others are read all the same); raises OSError, ValueError or BadTarget. ``ours``: a file
-    this monitor wrote, whose ``lightkeeper_source`` label says where each came from."""
+    """The targets of a ``file_sd`` file and why each entry left out was; raises OSError,
+    ValueError or BadTarget. ``ours``: this monitor's file, labelled with each one's source."""
     with open(path) as f:
         groups = json.load(f)
     if not isinstance(groups, list):
@@ -145,16 +144,20 @@ class Target:
     rank: int | None = None
     last_registered: float | None = None
     registered_as: str | None = None  # the URL as registered, when polled at a checked address
-    # the job its /v1/state must name (the monitor's --job): set on file_sd and registered
-    # targets, whose source may list other jobs' ranks (a file_sd file without job labels, a
-    # registration without a job); not on --targets, which the operator named for this monitor
+    # the --job its /v1/state must name: file_sd and registered sources may list other jobs'
+    # ranks; --targets are the operator's own
     expect_job: str | None = None
 
 
+def _same_claim(a: Target, b: Target) -> bool:
+    """The same registration again: the same hints under the same registered URL."""
+    return (a.job, a.replica_group, a.rank, a.registered_as) == \
+        (b.job, b.replica_group, b.rank, b.registered_as)
+
+
 def _identity(rank: Any) -> tuple | None:
-    """The process a reachable rank's /v1/state says it is, with the rank it claims (one
-    process serves one: a copy claiming another rank stays apart, shown); None without host,
-    pid or started_at (no telling two processes apart)."""
+    """The process a reachable rank's /v1/state says it is, with the rank it claims; None
+    without host, pid or started_at (no telling two processes apart)."""
     if rank is None or not rank.reachable or not rank.state:
         return None
     s = rank.state
@@ -176,12 +179,10 @@ class Discovery:
         self._registered: dict[str, Target] = {}
         self._torch: dict[str, Target] = {}  # torch-only ranks found in the groups' stores
         self._restored: dict[str, float] = {}  # registered targets adopted from --sd-out: when
-        # store-found URL -> its process's identity, while that process also answers registered
-        # (Lightkeeper's handlers on the job's own torch server): polled as registered only
+        # store-found URL -> identity of a process that also answers registered: polled as that
         self._shadowed: dict[str, tuple] = {}
         self._claimed: dict[str, Target] = {}  # static and file_sd targets that registered too
-        # a registered URL whose process answered as a listed target's: registered URL ->
-        # [listed URL, the process's identity, its newest registration] (fold_same_process)
+        # registered URL -> [listed URL, identity, newest registration] (fold_same_process)
         self._aliases: dict[str, list] = {}
         self.targets_file = targets_file
         self._file_sig: tuple[float, int] | None = None
@@ -200,7 +201,7 @@ class Discovery:
         # kept until a source changes: the view and the schedule tell unchanged targets by identity
         self._sorted: list[Target] | None = None
         self.version = 0  # counts the changes of the known set (or of a target's hints)
-        self.has_torch = False  # a target on torch's debug server among them (as of targets())
+        self.has_torch = False  # a torch+http:// target among them (as of targets())
 
     def register(self, body: Any, now: float | None = None,
                  admit: Callable[[str], str] | None = None) -> Target:
@@ -215,8 +216,7 @@ class Discovery:
         if job is not None and (not isinstance(job, str) or len(job) > MAX_LABEL):
             raise BadTarget(f"job must be a string of at most {MAX_LABEL} characters")
         if job is not None and self.job is not None and job != self.job:
-            # said here too, once a job (the rank's log is elsewhere), for the first few jobs:
-            # each registration may name another, and neither the set nor the log may grow so
+            # said once a job, for the first few: registrations must not grow the set or the log
             if job not in self._other_jobs and len(self._other_jobs) < OTHER_JOBS_SAID:
                 self._other_jobs.add(job)
                 log.warning("refusing ranks of job %r (this monitor's --job is %r), e.g. %r%s",
@@ -228,29 +228,22 @@ class Discovery:
         replica_group, rank = _opt_int(body.get("replica_group")), _opt_int(body.get("rank"))
         registered_as = normalize_url(body["url"])
         now = time.time() if now is None else now
-        # a rank already listed (--targets, file_sd) that registers too stays one target, polled
-        # as listed: two URLs of one process claim its rank twice, and neither is then verified.
-        # Matched as registered first: the monitor polls it anyway, no DNS is asked
+        # a listed rank (--targets, file_sd) that registers too stays one target, polled as
+        # listed: two URLs of one process would each claim its rank. Matched before any DNS
         hints = (job, replica_group, rank)
         if self._listed(registered_as):
             return self._annotate(registered_as, registered_as, hints, now)
         url = admit(registered_as) if admit is not None else registered_as
         if self._listed(url):
             return self._annotate(url, registered_as, hints, now)
-        target = Target(url, "registered", job=job, replica_group=replica_group, rank=rank,
-                        last_registered=now,
-                        registered_as=registered_as if registered_as != url else None,
-                        expect_job=self.job)
-        # the alias read under the lock the target is added under: a sweep folding it
-        # meanwhile is seen here, not undone
+        target = self._registration(url, registered_as, hints, now)
+        # the alias read under the lock the target is added under: a concurrent fold is not undone
         with self._lock:
             listed = self._alias_of(url, target)
             if listed is None:
                 old = self._registered.get(url)
-                if old is not None and (old.job, old.replica_group, old.rank,
-                                        old.registered_as) \
-                        == (job, replica_group, rank, target.registered_as):
-                    old.last_registered = now  # the same registration again: the same target
+                if old is not None and _same_claim(old, target):
+                    old.last_registered = now
                     return old
                 if old is None and url not in self._static and url not in self._file \
                         and self._count() >= self.max_targets:
@@ -265,16 +258,18 @@ class Discovery:
         with self._lock:
             return url in self._static or url in self._file
 
+    def _registration(self, url: str, registered_as: str, hints: tuple, now: float) -> Target:
+        job, replica_group, rank = hints
+        return Target(url, "registered", job, replica_group, rank, now,
+                      registered_as if registered_as != url else None, expect_job=self.job)
+
     def _annotate(self, url: str, registered_as: str, hints: tuple, now: float) -> Target:
-        """The registration of the listed target ``url``: its hints (where the listing gives
-        none) and registration, on that target."""
+        """Put a registration's hints (where the listing gives none) on the listed ``url``."""
         job, replica_group, rank = hints
         with self._lock:
             base = self._static.get(url) or self._file.get(url)
             if base is None:  # gone with a new file_sd content meanwhile: registered instead
-                self._registered[url] = Target(url, "registered", job, replica_group, rank, now,
-                                               registered_as if registered_as != url else None,
-                                               expect_job=self.job)
+                self._registered[url] = self._registration(url, registered_as, hints, now)
                 self._invalidate()
                 return self._registered[url]
             t = Target(url, base.source, job=base.job if base.job is not None else job,
@@ -284,8 +279,7 @@ class Discovery:
                        registered_as=registered_as if registered_as != url else None,
                        expect_job=base.expect_job)
             old = self._claimed.get(url)
-            if old is not None and (old.job, old.replica_group, old.rank, old.registered_as) \
-                    == (t.job, t.replica_group, t.rank, t.registered_as):
+            if old is not None and _same_claim(old, t):
                 old.last_registered = now
                 return old
             self._claimed[url] = t
@@ -308,13 +302,10 @@ class Discovery:
         return alias[0]
 
     def fold_same_process(self, ranks: Mapping[str, Any], now: float) -> None:
-        """Fold each registered target that answered as the same process (host, pid,
-        started_at, claiming the same rank) as a listed one into it, as a registration spelled
-        as listed is: two URLs of one process claim its rank twice, and neither is then
-        verified. ``ranks``: URL -> the sweep's RankView (its ``reachable`` and ``state``). An
-        alias ends when the listed target answers as another process or not at all, goes, or
-        stops registering; the registered URL is polled again at once when the listed one
-        missed a poll (else a live rank seen at neither would be judged dead)."""
+        """Fold each registered target that answered as the same process as a listed one into
+        it (``ranks``: URL -> the sweep's RankView). The alias ends when the listed one answers
+        as another process or not at all, goes, or the registrations stop; the registered URL
+        is polled again at once if the listed one missed a poll (else a live rank looks dead)."""
         self.shadow_torch(ranks)
         if not self._aliases and not (self._registered and (self._static or self._file)):
             return  # the usual jobs: all listed or all registered
@@ -352,10 +343,8 @@ class Discovery:
                            t.last_registered or now)
 
     def shadow_torch(self, ranks: Mapping[str, Any]) -> None:
-        """A rank found in its group's store that registered too (torch's server shared with
-        Lightkeeper's handlers, the store naming the host, the registration an address) is
-        one process under two URLs: the store's is left out while the registered one answers
-        as that process, else it is polled again."""
+        """Leave out a store-found rank while a registered URL answers as the same process
+        (torch's server carrying Lightkeeper's handlers); poll it again once that stops."""
         if not (self._torch or self._shadowed):
             return
         with self._lock:
@@ -378,8 +367,7 @@ class Discovery:
         return len(self._registered.keys() | self._file.keys() | self._static.keys())
 
     def set_torch(self, found: dict[str, tuple[int, int]]) -> None:
-        """The torch-only ranks found in the groups' TCPStores: URL -> (replica group, rank);
-        replaces the last set (a group gone from the stores is gone from the targets)."""
+        """Replace the torch-only ranks found in the groups' TCPStores: URL -> (group, rank)."""
         with self._lock:
             if {u: (t.replica_group, t.rank) for u, t in self._torch.items()} == found:
                 return
@@ -388,11 +376,9 @@ class Discovery:
             self._invalidate()
 
     def restore(self, path: str) -> None:
-        """Re-adopt as registered the targets a previous run wrote (:meth:`write_file_sd`) that
-        registered themselves; its --targets and --targets-file are this run's to give again.
-        A missing, empty or broken file restores nothing, nor another ``--job``'s ranks.
-        First it holds ``path``: raises ConfigError when another monitor writes it, or when the
-        file is not JSON (another program's file, such as a monitor's --state: never replaced)."""
+        """Re-adopt the registered targets a previous run wrote (:meth:`write_file_sd`), not
+        another ``--job``'s; a missing, empty or broken file restores nothing. Holds ``path``
+        first: raises ConfigError when another monitor writes it, or it is not JSON at all."""
         self._hold(path)
         try:
             with open(path, "rb") as f:
@@ -408,7 +394,7 @@ class Discovery:
             parsed, skipped = _read_file_sd(path, ours=True)
         except (OSError, ValueError):  # BadTarget is a ValueError
             return
-        if skipped:  # an older version's (https): the others are restored
+        if skipped:
             log.warning("--sd-out %s: %s (not restored; the others are)", path, _skipped(skipped))
         now = time.time()
         with self._lock:
@@ -424,8 +410,8 @@ class Discovery:
                 self._invalidate()
 
     def _hold(self, path: str) -> None:
-        """Lock ``<path>.lock`` for this process (a POSIX lock: the process's own later monitor
-        may take it): two monitors writing one file would each replace the other's targets."""
+        """Lock ``<path>.lock`` (POSIX: this process may take it again): two monitors writing
+        one file would each replace the other's targets."""
         lock = f"{os.path.realpath(path)}.lock"
         try:
             os.makedirs(os.path.dirname(lock), exist_ok=True)
@@ -496,10 +482,9 @@ class Discovery:
 
     def forget_unreachable(self, unreachable_since: dict[str, float],
                            now: float | None = None, ended: Collection[str] = ()) -> list[str]:
-        """Drop registered targets unreachable (URL -> since when) for ``forget_after_s``, or
-        at once when ``ended`` (they said their training finished), and not re-registered
-        since; returns their URLs. Never drops static or file_sd ones; those ``ended`` are left
-        out of :meth:`write_file_sd` (Prometheus' ``up == 0`` of a rank that ended is no alert)."""
+        """Drop and return the registered targets unreachable (URL -> since when) for
+        ``forget_after_s`` and not registered since, or at once when ``ended``. Static and
+        file_sd ones stay; those ``ended`` are left out of :meth:`write_file_sd` (no alert)."""
         now = time.time() if now is None else now
         forgotten, ended = [], set(ended)
         if ended != self._ended:
@@ -511,8 +496,7 @@ class Discovery:
                     continue
                 restored = self._restored.get(url)
                 if restored is not None and t.last_registered == restored:
-                    # adopted from --sd-out and silent since: dark (at the latest) from this
-                    # run's start, which is no registration of its own
+                    # adopted from --sd-out and silent since: dark from this run's start at most
                     since = max(since, restored)
                 elif t.last_registered is not None and t.last_registered > since:
                     continue  # it registered again after it went dark: keep trying
@@ -525,9 +509,8 @@ class Discovery:
         return forgotten
 
     def answered_other_job(self, jobs: Mapping[str, str]) -> None:
-        """The targets whose last answer was another job's rank, URL -> that job (quoted: rank.
-        answers_other_job): left out of :meth:`write_file_sd` until they answer as this job's.
-        A --targets-file or registered one is said once a job, for the first few jobs."""
+        """The targets whose last answer was another job's rank (URL -> that job): left out of
+        :meth:`write_file_sd` until they answer as this job's; logged once a job, for a few."""
         other = set(jobs)
         if other == self._other_job:
             return
@@ -547,9 +530,9 @@ class Discovery:
     def _file_sd_of(self, targets: list[Target]) -> list[dict[str, Any]]:
         out = []
         for t in targets:
+            # torch's server has no GET /metrics; an ended rank is down; another job's rank would
+            # be scraped under this job's label
             if t.url.startswith(PREFIX) or t.url in self._ended or t.url in self._other_job:
-                # torch's server has no /metrics for Prometheus; an ended rank is down; another
-                # job's rank would be scraped under this job's label
                 continue
             labels = {"lightkeeper_source": t.source}
             job = t.job or self.job
@@ -568,11 +551,8 @@ class Discovery:
         return out
 
     def write_file_sd(self, path: str) -> bool:
-        """Atomically write the known set to ``path`` as Prometheus ``file_sd`` target groups,
-        one per target, when it changed; True if written. Not the ranks on torch's server
-        (``torch+http://``): its handlers answer ``POST`` only, Prometheus scrapes with ``GET``.
-        Raises OSError when the write fails. Encoded only when the known set changed, not every
-        sweep: the encoding grows with the targets."""
+        """Atomically write the known set to ``path`` as Prometheus ``file_sd`` target groups
+        when it changed; True if written. Raises OSError when the write fails."""
         current = self._current()
         if current is self._written_for and os.path.exists(path):
             return False

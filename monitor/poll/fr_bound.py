@@ -1,9 +1,5 @@
-"""How long a sweep waits for Flight Recorder dumps: long enough for the slowest rank asked, as
-its last answers tell, and no longer. A host that goes silent in the middle of a fetch then holds
-the sweep (and with it the polls that would find the host gone) for about a second, not for the
-whole ``--fr-timeout``. A rank whose dumps stop answering while its state still does (a dump
-wedged in the rank) is left alone for a while after it ran out of the whole timeout, so that it
-does not hold every look.
+"""How long a sweep waits for Flight Recorder dumps: as long as the slowest rank asked took
+lately, so a host gone silent holds the sweep about a second, not the whole ``--fr-timeout``.
 """
 
 from __future__ import annotations
@@ -24,14 +20,10 @@ REST_MOST_S = 160.0  # twice as long after each further such miss, up to this
 
 
 class FrBound:
-    """Per rank, how long its dumps take; :meth:`wait_s` the bound of one fetch.
-
-    A rank never answered before is given the whole ``most_s``. One that runs out of its bound
-    is remembered as having taken all of it, so its next fetch waits SLACK times as long (up to
-    ``most_s``): a dump that grew is missed once, never twice in a row. One that runs out of the
-    whole ``most_s`` is not asked for REST_S (:meth:`resting`), then twice as long after each
-    further miss of it; its dumps are missing meanwhile, as they would be after the wait.
-    """
+    """Per rank, how long its dumps take; :meth:`wait_s` the bound of one fetch. A new rank gets
+    all of ``most_s``; one that runs out of its bound counts as having taken it (a grown dump is
+    missed once, not twice); one that runs out of all of ``most_s`` rests REST_S, doubling per
+    further miss, so a dump wedged in a rank does not hold every look."""
 
     def __init__(self, most_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.most_s = most_s

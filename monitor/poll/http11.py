@@ -147,9 +147,6 @@ class Conn(asyncio.Protocol):
         self.poller._answer(req, 200, data[end:end + n])
         return True
 
-    def eof_received(self) -> bool:
-        return False  # close; connection_lost says what that means for the request
-
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         req = self.req
@@ -275,7 +272,7 @@ class Conn(asyncio.Protocol):
             self.chunks.append(bytes(buf[eol + 1:eol + 1 + size]))
             del buf[:eol + 1 + size + 2]
 
-    def _body(self, body: bytes, extra: bytes | bool) -> None:
+    def _body(self, body: bytes, extra: bool) -> None:
         if extra:  # bytes past the answer: the stream is out of step
             self.keep = False
         self.buf = bytearray()

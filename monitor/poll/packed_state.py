@@ -1,11 +1,7 @@
 """A ``/v1/state`` answer as the monitor keeps it: only the fields docs/CONTRACTS.md lists, each
-bounded, and its two number lists as rank_wire bytes, the bulk of every rank's kept answer
-(docs/scaling.md). Nothing here raises.
-
-``--max-state-bytes`` bounds an answer on the wire, not what its parse holds: 1 MiB of ``{}``
-under a key nobody reads parses to tens of MB of objects. :data:`STATE_DECODER` reads an answer of the
-contract's types and sizes without building any other key (msgspec skips them); any other
-answer is parsed as JSON and cut to the same fields and sizes by :func:`bounded_state`.
+bounded, its two number lists as rank_wire bytes. Nothing here raises. :data:`STATE_DECODER`
+builds no other key (1 MiB of ``{}`` would parse to tens of MB of objects); an answer it refuses
+is parsed as JSON and cut to the same fields and sizes by :func:`bounded_state`.
 """
 
 from __future__ import annotations
@@ -156,9 +152,8 @@ def _fields(v: Any, keep: frozenset[str]) -> Any:
 
 
 def bounded_state(doc: dict[str, Any]) -> dict[str, Any]:
-    """``doc`` (an answer :data:`STATE_DECODER` refused, parsed as plain JSON) cut to the
-    contract's fields and sizes. A value of the wrong type is kept, shortened, so
-    ``valid_state`` can say what it is; the two number lists are bounded by :func:`pack_state`."""
+    """``doc`` cut to the contract's fields and sizes; a value of the wrong type is kept,
+    shortened, for ``valid_state`` to name (the number lists are :func:`pack_state`'s)."""
     out: dict[str, Any] = {}
     for key, v in doc.items():
         if key not in STATE_FIELDS:

@@ -6,6 +6,7 @@ descriptor is.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import math
@@ -51,8 +52,8 @@ def _read_frame(f: BinaryIO) -> Any | None:
 
 
 class PollHandle:
-    """One sweep sent to the child. The reader thread only queues its batches; :meth:`result`
-    parses them in the thread that asks, so a sweep asked ahead is parsed when needed."""
+    """One sweep sent to the child: the reader thread queues its batches, :meth:`result` parses
+    them in the thread that asks."""
 
     __slots__ = ("urls", "state", "results", "batches", "why", "bound_s", "child", "sent_at",
                  "finished_at")
@@ -128,12 +129,10 @@ class _Child:
         self.send(settings)
 
     def send(self, msg: Any) -> None:
-        try:
-            with self.write_lock:
-                self.proc.stdin.write(_frame(msg))
-                self.proc.stdin.flush()
-        except (OSError, ValueError):  # gone: the reader fails its sweeps at the EOF
-            pass
+        # gone: the reader fails its sweeps at the EOF
+        with contextlib.suppress(OSError, ValueError), self.write_lock:
+            self.proc.stdin.write(_frame(msg))
+            self.proc.stdin.flush()
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -200,8 +199,8 @@ class ProcessPoller:
     def start(self, urls: Iterable[str], path: str = STATE_PATH,
               timeout_s: float | None = None, max_bytes: int | None = None,
               queries: Sequence[str] | None = None) -> PollHandle:
-        """Send a sweep to the child; :meth:`PollHandle.result` gives what
-        :meth:`Poller.sweep` would have returned."""
+        """Send a sweep to the child; :meth:`PollHandle.result` is what :meth:`Poller.sweep`
+        would return."""
         urls, queries = dedup_queries(urls, queries)
         timeout = self.timeout_s if timeout_s is None else timeout_s
         limit = self.max_bytes if max_bytes is None else max_bytes
@@ -219,10 +218,9 @@ class ProcessPoller:
         child.send((rid, urls, path, timeout, limit, self.max_idle, queries))
         return handle
 
-    def sweep(self, urls: Iterable[str], path: str = STATE_PATH,
-              timeout_s: float | None = None,
-              max_bytes: int | None = None,
-              queries: Sequence[str] | None = None) -> dict[str, RankPoll]:
+    def sweep(self, urls: Iterable[str], path: str = STATE_PATH, timeout_s: float | None = None,
+              max_bytes: int | None = None, queries: Sequence[str] | None = None
+              ) -> dict[str, RankPoll]:
         """As :meth:`Poller.sweep` (never raises because of a rank)."""
         return self.start(urls, path, timeout_s, max_bytes, queries).result()
 
@@ -233,10 +231,8 @@ class ProcessPoller:
                 return
             self._closed = True
             child = self._child
-        try:
+        with contextlib.suppress(OSError):
             child.proc.stdin.close()
-        except OSError:
-            pass
         try:
             child.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

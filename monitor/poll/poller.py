@@ -5,6 +5,7 @@ A rank that fails becomes a :class:`RankPoll` with a ``reason``; a sweep never r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -99,16 +100,12 @@ _DECODE = msgspec.json.Decoder().decode  # hot: every answer of every sweep
 
 
 def _json(body: bytes) -> Any:
-    """msgspec's decoder for strict JSON; what it refuses (``NaN``) goes to ``json.loads``,
-    which reads NaN and infinities as null: served on in the API, they made it no JSON."""
+    """msgspec's strict JSON; what it refuses goes to ``json.loads``, NaN and infinities read
+    as null (the API serves them on, where they would be no JSON)."""
     try:
         return _DECODE(body)
     except (msgspec.DecodeError, RecursionError):
-        return json.loads(body, parse_constant=_null, parse_float=_finite)
-
-
-def _null(_: str) -> None:
-    return None
+        return json.loads(body, parse_constant=lambda _: None, parse_float=_finite)
 
 
 def _finite(text: str) -> float | None:
@@ -170,8 +167,7 @@ def dedup_queries(urls: Iterable[str], queries: Sequence[str] | None
     Raises ValueError unless there is one ``''`` or ``?``-led printable ASCII query per URL."""
     if queries is None:
         return list(dict.fromkeys(urls)), None
-    urls = list(urls)
-    queries = list(queries)
+    urls, queries = list(urls), list(queries)
     if len(queries) != len(urls):
         raise ValueError(f"{len(queries)} queries for {len(urls)} URLs")
     for q in set(queries):
@@ -185,16 +181,13 @@ def dedup_queries(urls: Iterable[str], queries: Sequence[str] | None
 
 
 def new_event_loop(kind: str = "asyncio") -> asyncio.AbstractEventLoop:
-    """The stdlib's loop, or ``auto``: uvloop's where importable. uvloop costs less CPU a
-    request (docs/scaling.md); the answers are the same."""
+    """The stdlib's loop, or ``auto``: uvloop's (less CPU a request) where importable."""
     if kind not in EVENT_LOOPS:
         raise ValueError(f"event loop {kind!r}: one of {', '.join(EVENT_LOOPS)}")
     if kind == "auto":
-        try:
+        with contextlib.suppress(ImportError):
             import uvloop
-        except ImportError:
-            pass
-        else:
+
             return uvloop.new_event_loop()
     return asyncio.new_event_loop()
 
@@ -210,7 +203,6 @@ class Poller:
         # requests in flight and idle connections kept under the (raised) descriptor limit
         self.fd_limit = raise_soft_limit()
         self.max_concurrency, self.idle_cap = budget(self.fd_limit, max_concurrency)
-        self._max_idle = 0
         self.max_idle = max_idle
         self._idle: OrderedDict[tuple[str, int], list[Conn]] = OrderedDict()
         self._n_idle = 0
@@ -229,14 +221,12 @@ class Poller:
     def max_idle(self, n: int) -> None:
         self._max_idle = max(0, min(n, self.idle_cap))
 
-    def sweep(self, urls: Iterable[str], path: str = STATE_PATH,
-              timeout_s: float | None = None,
-              max_bytes: int | None = None,
-              on_rows: Callable[[list[tuple]], None] | None = None,
+    def sweep(self, urls: Iterable[str], path: str = STATE_PATH, timeout_s: float | None = None,
+              max_bytes: int | None = None, on_rows: Callable[[list[tuple]], None] | None = None,
               per_batch: int = 256, queries: Sequence[str] | None = None
               ) -> dict[str, RankPoll]:
         """GET ``path`` from every URL at once; url -> RankPoll (never raises). With ``on_rows``
-        (the poller process) raw rows are handed on in batches, unparsed, and the dict is empty."""
+        raw rows are handed to it in batches, unparsed, and the dict is empty."""
         urls, queries = dedup_queries(urls, queries)
         if not urls:
             return {}
@@ -420,9 +410,9 @@ class Poller:
                     now - req.start, time.time()))
         if not conn.keep or conn.lost:
             conn.abort()
-        elif sw.next < len(sw.urls) and not sw.launching:
+        else:
             i = sw.next
-            got = TARGETS.get(sw.urls[i])
+            got = TARGETS.get(sw.urls[i]) if i < len(sw.urls) and not sw.launching else None
             if got is not None and got[0] == conn.key:
                 sw.next += 1
                 sw.active += 1
@@ -430,8 +420,6 @@ class Poller:
                 nreq.reused = True
                 conn.begin(nreq)
                 return
-            self._put(conn)
-        else:
             self._put(conn)
         self._launch(sw)
 
@@ -461,8 +449,7 @@ class Poller:
             if not conns:
                 del self._idle[key]
             if not conn.lost and not conn.transport.is_closing():
-                return conn
-            conns = self._idle.get(key)  # closed by the server while idle: skip it
+                return conn  # else closed by the server while idle: skip it
         return None
 
     def _put(self, conn: Conn) -> None:

@@ -1,18 +1,8 @@
-"""Ranks that run only torch's own debug server (``torch.distributed.debug``), read as they are.
-
-torch serves, per rank, a C++ ``_WorkerServer``: ``GET /handler/`` lists its handlers and
-``POST /handler/<name>`` calls one (``fr_trace_json``, ``dump_traceback``, ``ping``, ...).
-``start_debug_server()`` publishes every rank's address in its replica group's TCPStore as
-``debug_server/rank<RANK>``; the torchft Lighthouse names each group's TCPStore, so the monitor
-finds these ranks from the Lighthouse alone (:class:`StoreReader`).
-
-Such a target is spelled ``torch+http://host:port`` (:func:`torch_url`). :class:`TorchPoller`
-reads it each sweep: through Lightkeeper's handlers when the rank has them (its WorkerServer
-registered on torch's server), the full rank state; else torch's whole Flight Recorder dumps
-(the generic recorder's and, on CUDA builds, NCCL's), raw, under :data:`RAW_KEY`
-(monitor.evidence.torch_rank makes that a rank state). Nothing here
-raises because of a rank or a store: what cannot be read becomes a failed :class:`RankPoll` or
-one logged line.
+"""Ranks that run only torch's own debug server (``torch.distributed.debug``): ``GET /handler/``
+lists a rank's handlers, ``POST /handler/<name>`` calls one. :class:`StoreReader` finds them in
+the TCPStores the Lighthouse names (``debug_server/rank<RANK>``); :class:`TorchPoller` reads
+each ``torch+http://`` target: Lightkeeper's state where it has those handlers, else torch's raw
+Flight Recorder dumps under :data:`RAW_KEY`. Nothing here raises because of a rank or a store.
 """
 
 from __future__ import annotations
@@ -58,8 +48,7 @@ def replica_group_of(replica_id: str) -> int | None:
 
 @dataclass(frozen=True)
 class TorchIdentity:
-    """Who a torch-only rank is, from its group's TCPStore (whose ``replica_id`` the Lighthouse
-    lists): the rank itself claims nothing."""
+    """Who a torch-only rank is, from its group's TCPStore: the rank itself claims nothing."""
 
     replica_id: str
     replica_group: int
@@ -74,9 +63,8 @@ class TorchIdentity:
 
 @dataclass(frozen=True)
 class TorchAnswer:
-    """What a torch-only rank answered: its handlers and torch's Flight Recorder dumps, the
-    generic recorder's and NCCL's where it has one (or why none). Not a JSON type: no rank's
-    JSON can pass for one."""
+    """A torch-only rank's handlers and Flight Recorder dumps (or why none). Not a JSON type: no
+    rank's JSON can pass for one."""
 
     handlers: tuple[str, ...]
     dump: dict[str, Any] | None = None
@@ -85,10 +73,8 @@ class TorchAnswer:
 
 
 class TorchPoller:
-    """Reads torch-server targets through a :class:`Poller` of its own, each step of a sweep
-    (handler lists, states, dumps) one request per rank at once; :meth:`sweep` never raises.
-    Ranks with Lightkeeper's handlers have their Flight Recorder read by the monitor's poller
-    (``/v1/fr_trace`` is ``lightkeeper_fr_trace`` there: monitor/poll/torch_target.py)."""
+    """Reads torch-server targets through a :class:`Poller` of its own, one request per rank at
+    each step (handler lists, states, dumps); :meth:`sweep` never raises."""
 
     def __init__(self, timeout_s: float = 0.8, fr_timeout_s: float = 5.0,
                  max_state_bytes: int = 1 << 20, max_fr_bytes: int = 64 << 20) -> None:
@@ -160,14 +146,13 @@ class TorchPoller:
         """handler -> url -> its dump, both recorders' asked at once (a CUDA rank serves two)."""
         asks = {f"{u}/handler/{h}": (u, h) for h in (FR_HANDLER, NCCL_FR_HANDLER)
                 for u in urls if h in handlers[u]}
-        if not asks:
-            return {FR_HANDLER: {}, NCCL_FR_HANDLER: {}}
-        self.fr_bound.keep(asks)
-        got = self.fr_bound.fetch(
-            list(asks), lambda live, w: self._poller.sweep(live, "", w, self.max_fr_bytes))
         out: dict[str, dict[str, RankPoll]] = {FR_HANDLER: {}, NCCL_FR_HANDLER: {}}
-        for key, (u, h) in asks.items():
-            out[h][u] = got[key]
+        if asks:
+            self.fr_bound.keep(asks)
+            got = self.fr_bound.fetch(
+                list(asks), lambda live, w: self._poller.sweep(live, "", w, self.max_fr_bytes))
+            for key, (u, h) in asks.items():
+                out[h][u] = got[key]
         return out
 
     def stacks(self, stacks_urls: Iterable[str], limit: int = 256 << 10) -> dict[str, str]:
@@ -240,8 +225,8 @@ class _StoreRead:
 
 @dataclass(frozen=True)
 class _Got:
-    """What one store read came to: the ranks found and whether all were; ``failed``: the
-    store could not be read; ``message``: what to say about it, once per ``key``."""
+    """One store read: the ranks found, whether all were, whether it failed, and what to say
+    about it (once per ``key``)."""
 
     found: dict[str, TorchIdentity]
     complete: bool
@@ -251,9 +236,8 @@ class _Got:
 
 
 class _Reading:
-    """One store read on a thread of its own. torch's client can block without end: on a port
-    that takes connections but never answers, ``TCPStore()`` waits for its ping's reply with no
-    timeout (torch 2.13, whatever ``timeout`` says), so the sweep waits for it only so long."""
+    """One store read on a thread of its own: on a port that takes connections but never
+    answers, torch's ``TCPStore()`` waits without end whatever its ``timeout``."""
 
     def __init__(self, fetch: Callable[[], _Got]) -> None:
         self.got: _Got | None = None
@@ -269,18 +253,11 @@ class _Reading:
 
 
 class StoreReader:
-    """torch-only ranks from their groups' TCPStores: for each group the Lighthouse lists
-    (replica id, store, world size), the store's ``replica_id`` must be that id, then each
-    ``debug_server/rank<i>`` key is a rank's address. Needs torch in the monitor's Python
-    (said once, then nothing is found). Never raises.
-
-    The stores due are read at once, each on its own thread, and :meth:`read` waits for them
-    ``timeout_s`` at most; a read that ends later is taken at a later call, and its store is not
-    read again until then. A store is first connected to plainly (one connect, ``timeout_s`` at
-    most): one that is gone costs no torch call, whose client retries for its whole timeout and
-    writes some 30 lines of C++ errors to stderr a try. A store that cannot be read is said once
-    (again only after it was read) and read again STORE_RETRY_S later, then twice as long after
-    each further failure, up to STORE_RETRY_MAX_S."""
+    """torch-only ranks from the TCPStores of the groups the Lighthouse lists: a store whose
+    ``replica_id`` is the group's holds a ``debug_server/rank<i>`` address per rank. Needs torch
+    (said once). Never raises. Stores due are read at once, each on a thread, waited for
+    ``timeout_s`` at most; a late read is taken at a later call. A store that cannot be read is
+    said once and read again STORE_RETRY_S later, doubling up to STORE_RETRY_MAX_S."""
 
     def __init__(self, timeout_s: float = 1.0, forget_after_s: float = 30.0) -> None:
         self.timeout_s, self.forget_after_s = timeout_s, forget_after_s
@@ -295,9 +272,8 @@ class StoreReader:
         return {u: i for r in self._reads.values() for u, i in r.found.items()}
 
     def read(self, groups: Iterable[tuple[str, str, int]], now: float) -> dict[str, TorchIdentity]:
-        """Read the stores of ``groups`` (replica id, ``host:port``, world size) not read yet
-        (or incomplete, or failed, when due again); forget groups the Lighthouse stopped listing
-        ``forget_after_s`` ago. Blocks ``timeout_s`` at most. Returns :meth:`identities`."""
+        """Read the due stores of ``groups`` (replica id, ``host:port``, world size); forget
+        groups unlisted for ``forget_after_s``. Blocks ``timeout_s`` at most; :meth:`identities`."""
         started: list[tuple[str, str]] = []
         for rid, store, ws in groups:
             self._last_listed[rid] = now
@@ -373,7 +349,8 @@ class StoreReader:
         host, _, port = store.rpartition(":")
         host = host.strip("[]")
         try:
-            # torch's client is handed only a port something listens on
+            # a plain connect first: torch's client retries a dead port for its whole timeout,
+            # writing some 30 lines of C++ errors a try
             socket.create_connection((host, int(port)), timeout=self.timeout_s).close()
             s = tcp_store(host, int(port), is_master=False, wait_for_workers=False,
                           timeout=timedelta(seconds=self.timeout_s))

@@ -1,13 +1,7 @@
-"""A rank served on torch's own per-rank server: the target spelled ``torch+http://host:port``.
-
-A WorkerServer started with ``server="torch"`` (``lightkeeper run --worker-server torch``,
-worker_server/torch_server.py) serves its read-only endpoints as handlers on torch's
-``_WorkerServer`` and registers under that spelling. The poller asks such a target
-``POST /handler/lightkeeper_state`` where it would ``GET /v1/state`` (and so on for the paths
-below, given as the sweep's path or in the target URL itself), query arguments unchanged; the
-answers are the same bytes, so everything after the poll (verification against the Lighthouse,
-detectors, eviction) treats the rank as any other.
-A path with no handler here is asked as it is and answered 404 by torch's server.
+"""A rank on torch's own per-rank server, spelled ``torch+http://host:port``: a WorkerServer
+started with ``server="torch"`` serves its read-only endpoints as handlers there. Such a target
+is asked ``POST /handler/lightkeeper_state`` where another is asked ``GET /v1/state`` (and so on
+for :data:`HANDLERS`), with the same query and the same bytes back.
 """
 
 from __future__ import annotations

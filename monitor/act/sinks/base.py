@@ -27,10 +27,8 @@ class Sink(Protocol):
 
 
 def sink_name(kind: str, given: str, public: str) -> str:
-    """How a sink is named in /v1/hosts, the metrics, the logs and the queued actions' rows:
-    ``kind:public``, and where ``given`` holds more (a webhook URL's path is often its secret, a
-    hook's arguments may be), a digest of it in place of the rest: unique per ``given`` and the
-    same after a restart, which is how a queued action finds its sink again."""
+    """A sink's shown and stored name, ``kind:public``; where ``given`` holds more (possibly a
+    secret), a digest of it follows, stable across restarts so queued actions find their sink."""
     if public == given:
         return f"{kind}:{given}"
     return f"{kind}:{public}...#{hashlib.sha256(given.encode()).hexdigest()[:8]}"

@@ -48,12 +48,10 @@ def signature_matches(secret: str, body: bytes, header: str | None) -> bool:
     return bool(header) and hmac.compare_digest(sign(secret, body), header)
 
 
-# what a hook's stderr (curl -v, set -x) or a receiver's answer may echo: an Authorization
-# header's credential, ``token=...``, ``"password": "..."``
+# secrets a hook's stderr (curl -v, set -x) or a receiver's answer may echo, also JSON-escaped
 _BEARER = re.compile(r"\b(Bearer)(\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE)
-# (a JSON answer's own text may quote one again: ``{"error": "{\\"token\\": \\"...\\"}"}``)
-# Every repeat bounded and the name anchored: unbounded ones backtrack quadratically or worse
-# on a long word ("token" x 400: 19 s), holding the GIL, so the whole monitor stopped.
+# every repeat bounded and the name anchored: unbounded ones backtracked for seconds on a long
+# word ("token" x 400: 19 s), holding the GIL
 _SECRET_FIELD = re.compile(
     r"""((?:\\?["'])?(?<![\w.-])[\w.-]{0,64}?"""
     r"""(?:token|secret|passw(?:or)?d|api[_-]?key|authorization)[\w.-]{0,64}"""
@@ -183,11 +181,10 @@ class SlurmSink:
         return res
 
     def _find(self, node: str) -> tuple[str, str | None, str | None] | ActionResult:
-        """Slurm's name of ``node`` (a host's FQDN's first label when Slurm knows only that),
-        how it is held (``failed``, ``drained``, ``down``; None: in service, or unknown: the
-        update says why) and the reason it is held with; or, where ``scontrol show node``
-        failed otherwise (slurmctld slow or away), the failed attempt: no update runs on a
-        state not read, which would lift or overwrite another job's or an operator's drain."""
+        """(Slurm's name of ``node``, possibly its FQDN's first label; how it is held:
+        ``failed``/``drained``/``down``/None; the reason it is held with), or the failed
+        attempt when the state cannot be read: an update on an unread state could lift or
+        overwrite someone else's drain."""
         for name in dict.fromkeys((node, node.split(".")[0])):
             argv = [SCONTROL, "show", "node", name]
             try:
@@ -214,9 +211,8 @@ class SlurmSink:
             # as POWERED_DOWN (a cloud node asleep) is no DOWN
             flags = "".join(out.partition("State=")[2].split(maxsplit=1)[:1]).split("+")
             reason = out.partition("Reason=")[2].split("\n")[0].rsplit(" [", 1)[0].strip()
-            # a node DOWN with no reason, or Slurm's own "Not responding", is no one's: drained,
-            # it stays out when it answers again (ReturnToService would take it back); an
-            # operator's reason is kept when Slurm marks the node not responding too
+            # DOWN with no reason or Slurm's own "Not responding" is no one's: drained, so it
+            # stays out when it answers again; an operator's reason is still theirs
             down = any(f.rstrip("*") == "DOWN" for f in flags) and not (
                 not reason or reason.startswith("Not responding") or DRAINED_BY.fullmatch(reason))
             held = ("failed" if any(f.startswith("FAIL") for f in flags) else
@@ -238,9 +234,8 @@ def _fold(job: str) -> str:
 
 
 def slurm_job(job: str) -> str:
-    """The job's name in a drain's reason, ``lightkeeper(<name>,...)``: characters other than
-    letters, digits and ``_.-`` as ``_`` and, where that changed the name (``team/a``), 8 hex
-    digits of its hash after it, so that it shares no entry with another job (``team_a``)."""
+    """The job's name in a drain's reason, ``lightkeeper(<name>,...)``: folded to
+    ``[A-Za-z0-9_.-]`` and, where that changed it (``team/a``), suffixed with a hash."""
     folded = _fold(job)
     return folded if folded == job else \
         f"{folded}-{hashlib.sha256(job.encode()).hexdigest()[:8]}"
@@ -268,10 +263,8 @@ class WebhookSink:
                    SIGNATURE_HEADER: sign(self._secret, body)}
         deadline = time.monotonic() + self.timeout_s
         try:
-            # streamed: the answer's body is read for at most what is left of the timeout (a
-            # receiver dribbling it would hold the one action thread, every sink's)
-            # no redirect followed: requests turns a 302 into an empty GET (then "done"), and
-            # re-sends the signed body to wherever a 307 points
+            # streamed: a receiver dribbling its answer must not hold the one action thread;
+            # no redirect: a 302 would become an empty GET, a 307 re-send the signed body
             with self._session.post(self.url, data=body, headers=headers, stream=True,
                                     timeout=self.timeout_s, allow_redirects=False) as r:
                 if 200 <= r.status_code < 300:

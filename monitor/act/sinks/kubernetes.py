@@ -34,10 +34,8 @@ def taint_value(kind: str) -> str:
 
 
 def taint_key(job: str) -> str:
-    """The job's own taint key, ``lightkeeper.io/quarantined-<job>`` (a name part of at most 63
-    characters): two jobs' monitors quarantine and release a node each on its own. A job name
-    that had to change to fit (``a/b``, or past 51 characters) ends in a hash of the whole name,
-    so that it shares no key with another (``a_b``)."""
+    """The job's own taint key, ``lightkeeper.io/quarantined-<job>``, so two jobs quarantine a
+    node each on its own; a name changed to fit ends in a hash of the whole name."""
     part = taint_value(job)[:51].rstrip("_.-")
     if job and part != job:
         part = f"{part[:42]}-{hashlib.sha256(job.encode()).hexdigest()[:8]}"
