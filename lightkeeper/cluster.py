@@ -17,7 +17,9 @@ job's hot spare is: its process(es) (under torchrun the agent and every rank) im
 and the trainer, then wait, joining nothing, until :meth:`LocalCluster.start_group` hands them the
 go-ahead (a file appears). The restart then skips the interpreter start and the imports (5-12 s on
 the 2-core development VM). A spare whose parent is gone exits on its own; one that fails to come
-up is not used (the group is started cold). See docs/demo.md.
+up is not used (the group is started cold). With ``fork_ranks`` (the demo) a torchrun agent
+imports the trainer once and forks its ranks and its spare's ranks (lightkeeper/forkrank.py)
+instead of each starting an interpreter and importing it all again. See docs/demo.md.
 """
 
 from __future__ import annotations
@@ -37,9 +39,22 @@ from .processes import SAFE_PATH, ClusterError, free_port, stop_process, wait_un
 WORKER_URL_RE = re.compile(r"group_rank=(\d+) worker_server=(http://[^\s/]+:\d+)$", re.M)
 # The Lighthouse reports its URL through a file of its own, written atomically: torchft's Rust
 # logger shares the log file and can interleave with a printed line.
+#
+# The Lighthouse is torchft's Rust extension alone: loaded from its file it starts in ~0.05 s,
+# where `torchft.coordination` imports torch first (~2 s of CPU, ahead of every other process
+# the demo starts); a torchft laid out otherwise is imported as usual.
 LIGHTHOUSE_SCRIPT = r"""
 import os, sys, time
-from torchft.coordination import LighthouseServer
+try:
+    import glob, importlib.util
+    _dir = importlib.util.find_spec("torchft").submodule_search_locations[0]
+    _spec = importlib.util.spec_from_file_location(
+        "torchft._torchft", glob.glob(os.path.join(_dir, "_torchft*.so"))[0])
+    _mod = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_mod)
+    LighthouseServer = _mod.LighthouseServer
+except Exception:
+    from torchft.coordination import LighthouseServer
 addr = sys.argv[5]
 lh = LighthouseServer(bind=f"{addr}:0", min_replicas=int(sys.argv[1]),
                       join_timeout_ms=int(sys.argv[2]), heartbeat_timeout_ms=int(sys.argv[3]))
@@ -52,12 +67,17 @@ while True:
 """
 
 
+FORKRANK_PATH = str(Path(__file__).resolve().parent / "forkrank.py")
+
 # torchrun, ended as promptly as its ranks: once its agent returns (its ranks are done, or it
 # stopped them), flush and exit, skipping the interpreter's teardown of the torch modules the
 # agent imported (1.2 s from the agent's return to its exit measured on a loaded 2-core box).
 # argv: torchrun's own.
 TORCHRUN_SCRIPT = r"""
 import os, sys, traceback
+if "--run-path" in sys.argv:  # LocalCluster(fork_ranks=True): import once, fork the ranks
+    from lightkeeper.forkrank import preload
+    preload()
 from torch.distributed.run import main
 try:
     main()
@@ -253,7 +273,7 @@ class LocalCluster:
                  join_timeout_ms: int = 5000, heartbeat_timeout_ms: int = 5000,
                  pg_timeout_s: float = 20.0, quorum_timeout_s: float = 60.0,
                  step_pause_s: float = 0.0, extra_env: dict[str, str] | None = None,
-                 launcher: str = "torchrun", fabric=None) -> None:
+                 launcher: str = "torchrun", fabric=None, fork_ranks: bool = False) -> None:
         if launcher not in ("torchrun", "bare"):
             raise ValueError(f"launcher must be torchrun or bare, got {launcher!r}")
         self.log_dir = Path(log_dir)
@@ -270,6 +290,8 @@ class LocalCluster:
         self.step_pause_s = step_pause_s
         self.extra_env = dict(extra_env or {})
         self.launcher = launcher
+        # torchrun's agent imports the trainer once and forks its ranks (lightkeeper/forkrank.py)
+        self.fork_ranks = fork_ranks and launcher == "torchrun" and ranks_per_group > 1
         # Hosts as network namespaces (lightkeeper/fabric.py): the Lighthouse runs in its
         # control namespace, each group in its host's; None: everything on this machine's own
         self.fabric = fabric
@@ -413,9 +435,13 @@ class LocalCluster:
                "REPLICA_GROUP_ID": str(replica_group), "NUM_REPLICA_GROUPS": str(self.num_groups),
                "PYTHONUNBUFFERED": "1", **SAFE_PATH, **self._host_env(host)}
         addr = host.addr if host is not None and host.addr else "127.0.0.1"
-        if spare_files is not None:
-            train_cmd = [sys.executable, "-u", "-c", SPARE_SCRIPT, str(spare_files[0]),
-                         str(spare_files[1]), *train_args]
+        if spare_files is not None or self.fork_ranks:
+            if self.fork_ranks:  # the agent's forked ranks run forkrank.py (--run-path)
+                train_cmd = [FORKRANK_PATH, *(["--spare", str(spare_files[0]), str(spare_files[1])]
+                                              if spare_files is not None else []), *train_args]
+            else:
+                train_cmd = [sys.executable, "-u", "-c", SPARE_SCRIPT, str(spare_files[0]),
+                             str(spare_files[1]), *train_args]
             env["LIGHTKEEPER_SPARE_OWNER"] = str(os.getpid())
             env["PYTHONPATH"] = os.pathsep.join(
                 [str(Path(__file__).resolve().parent.parent)]
@@ -434,7 +460,8 @@ class LocalCluster:
                 # listens on every address; torch has no bind address for a TCPStore server)
                 cmd = [sys.executable, "-c", TORCHRUN_SCRIPT, "--standalone",
                        f"--local-addr={addr}", f"--nproc-per-node={self.ranks_per_group}",
-                       "--no-python", *train_cmd]
+                       *(["--run-path", "--start-method=fork"] if self.fork_ranks
+                         else ["--no-python"]), *train_cmd]
                 proc = subprocess.Popen(self._on(host, cmd), stdout=out,
                                         stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True)

@@ -66,7 +66,10 @@ class Demo(Processes, Sampling, Supervisor, Stories):
                        # the groups share this machine: on a GPU box their ranks would share
                        # GPUs, which NCCL refuses (two ranks of one communicator on a device)
                        "CUDA_VISIBLE_DEVICES": ""},
-            fabric=fabric)
+            fabric=fabric,
+            # torchrun's agent imports the trainer once and forks its ranks: 6 ranks and 6
+            # spare ranks importing torch at once on 2 cores are most of the start-up
+            fork_ranks=True)
         from .cluster import HostPool, loopback_hosts
 
         # One host per group plus spares, each with a node name and a loopback address of its

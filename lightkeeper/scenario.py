@@ -33,7 +33,9 @@ class FaultPlan:
 class Scenario:
     faults: list[FaultPlan] = field(default_factory=list)
     healthy_s: float = 8.0         # healthy phase before the first fault (the baseline rate)
-    end_s: float = 6.0             # healthy phase after the last fault
+    end_s: float = 3.0             # healthy phase after the last fault (the ledger's wait
+    #                                after it holds the run for one whole pace window after the
+    #                                last eviction; this only shows the pace, ~15 steps)
     ledger_wait_s: float = 30.0    # after a story (and the healthy end), at most this long
     #                                for the monitor's ledger to see the job back at pace
     slow_delay_s: float = 0.6      # slow_compute:delay= of the default straggler rank
