@@ -59,7 +59,8 @@ def hook_env(args: argparse.Namespace, base: dict[str, str]) -> dict[str, str]:
     """The variables ``run`` adds to ``base`` (only those)."""
     out = {ENV_AUTOSTART: "1"}
     path = base.get("PYTHONPATH", "")
-    parts = [p for p in path.split(os.pathsep) if p and p != str(SITE_DIR)]
+    # an empty entry is the current directory (":/opt/x"), kept; none given adds none
+    parts = [p for p in path.split(os.pathsep) if p != str(SITE_DIR)] if path else []
     out["PYTHONPATH"] = os.pathsep.join([str(SITE_DIR), *parts])
     for value, name in ((args.monitor, "LIGHTKEEPER_MONITOR"),
                         (args.register_token, TOKEN_ENV),
@@ -98,12 +99,12 @@ def bad_worker_host(flag: str | None, env: str | None) -> str | None:
 
 
 def bad_monitor_url(flag: str | None, env: str | None) -> str | None:
-    """Why the monitor URL(s) given (``--monitor`` or ``LIGHTKEEPER_MONITOR``, comma-separated)
-    cannot be registered with, naming where it came from; None when they can."""
+    """Why the monitor URL(s) given (``--monitor`` or ``LIGHTKEEPER_MONITOR``, comma-separated,
+    blanks skipped) cannot be registered with, naming where it came from; None when they can."""
     value, name = (flag, "--monitor") if flag is not None else (env, "LIGHTKEEPER_MONITOR")
-    for url in (value or "").split(","):
-        if value and not is_http_url(url.strip()):
-            return f"{name} {redact_entry(url.strip())!r} is not an http(s)://host:port URL"
+    for url in (u.strip() for u in (value or "").split(",")):
+        if url and not is_http_url(url):  # blanks skipped, as the ranks skip them
+            return f"{name} {redact_entry(url)!r} is not an http(s)://host:port URL"
     return None
 
 

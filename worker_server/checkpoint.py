@@ -89,10 +89,11 @@ def busy() -> Iterator[None]:
 @contextlib.contextmanager
 def _phase(phase: str) -> Iterator[None]:
     before = []
+    # a process that never started a WorkerServer has none to mark: its Flask stays unimported
+    module = sys.modules.get("worker_server.server")
+    serving = getattr(module, "serving", None)  # None too while it still imports
     try:
-        from .server import serving
-
-        for server in serving():
+        for server in serving() if serving else ():
             before.append((server.state, server.state.phase))
             server.state.set_phase(phase)
     except Exception as e:  # bookkeeping: never the work's failure

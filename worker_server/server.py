@@ -17,6 +17,7 @@ re-registering, so a restarted monitor finds it again; a monitor that is down on
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -130,19 +131,25 @@ def monitor_urls(given: str | None, env) -> list[str]:
 
 
 def _on_this_host(host: str) -> bool | None:
-    """Whether every address ``host`` resolves to is one of this host's own (it binds), None
-    when it does not resolve (the registration's own failure says so)."""
+    """Whether ``host`` is this host: a loopback name or address, or one that resolves to an
+    address of this host's own (it binds). None when it does not resolve (the registration's own
+    failure says so) or when a bind failed for another reason than "not this host's"."""
+    if is_loopback_host(host):  # localhost may also resolve to a ::1 a host without IPv6 lacks
+        return True
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):
         return None
+    unknown = False
     for family, _, _, _, addr in infos:
         try:
             with socket.socket(family, socket.SOCK_DGRAM) as s:
-                s.bind((addr[0], 0))
-        except OSError:
-            return False
-    return True
+                s.bind((addr[0], 0, *addr[2:]))  # an IPv6 address's scope kept
+                return True
+        except OSError as e:
+            # not this host's address, or a family this host lacks: another address may be
+            unknown = unknown or e.errno not in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
+    return None if unknown else False
 
 
 def loopback_for_remote(own_url: str, monitor_url: str) -> bool:

@@ -11,16 +11,17 @@ in every thread but one, which waits for it (``sigwait``): the stop is said at o
 main thread is doing, and the signal is raised again with its default action.
 
 Children get SIGTERM as without the watcher: a ``fork``'s child unblocks it, and a child started
-by ``subprocess`` or multiprocessing's spawn or forkserver starts with it unblocked (unblocked in
-the starting thread for that call: a SIGTERM in that instant ends this process unsaid); a Python
-child under ``lightkeeper run --planned-stops`` arms it again. multiprocessing's resource tracker
+by ``subprocess``, ``os.posix_spawn[p]`` or multiprocessing's spawn or forkserver starts with it
+unblocked (but for ``posix_spawn``, which sets the child's mask, unblocked in the starting thread
+for that call: a SIGTERM in that instant ends this process unsaid); a Python child under
+``lightkeeper run --planned-stops`` arms it again. multiprocessing's resource tracker
 is kept from unblocking it in the thread that starts the tracker.
 
 Limits: it must be armed before any other thread starts (threads inherit the blocked signal; one
 started earlier could take SIGTERM and end the process unmarked); a child started otherwise
-(``os.system``, ``os.posix_spawn``, a C library) inherits SIGTERM blocked. A SIGTERM handler the
-program installs runs after the stop was said, once the main thread runs Python again (a sleep or
-a blocking read there is no longer cut short by SIGTERM).
+(``os.system``, a C library) inherits SIGTERM blocked. A SIGTERM handler the program installs
+runs after the stop was said, once the main thread runs Python again (a sleep or a blocking read
+there is no longer cut short by SIGTERM).
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def _servers_stopped() -> None:
 
 def _start_children_unblocked() -> None:
     """subprocess and multiprocessing's spawn start a child with the starting thread's signal
-    mask (``_posixsubprocess.fork_exec``): unblock SIGTERM in that thread for the call."""
+    mask (``_posixsubprocess.fork_exec``): unblock SIGTERM in that thread for the call.
+    ``os.posix_spawn`` (subprocess's way when ``close_fds=False``) is given the mask instead."""
     import _posixsubprocess
 
     original = _posixsubprocess.fork_exec
@@ -111,11 +113,27 @@ def _start_children_unblocked() -> None:
     _posixsubprocess.fork_exec = fork_exec
     if getattr(sys.modules.get("subprocess"), "_fork_exec", None) is original:
         sys.modules["subprocess"]._fork_exec = fork_exec  # bound at its import
+    for name in ("posix_spawn", "posix_spawnp"):  # subprocess's too (close_fds=False)
+        spawn = getattr(os, name, None)
+        if spawn is not None and not getattr(spawn, "_lightkeeper", False):
+            setattr(os, name, _spawned_unblocked(spawn))
     tracker = sys.modules.get("multiprocessing.resource_tracker")
     if tracker is None:
         hook_import("multiprocessing.resource_tracker", _tracker_keeps_sigterm_blocked)
     else:
         _tracker_keeps_sigterm_blocked(tracker)
+
+
+def _spawned_unblocked(original):
+    """``os.posix_spawn[p]`` giving the child this thread's mask less SIGTERM, unless the
+    caller chose the child's mask itself (``setsigmask``)."""
+    def spawn(*args, **kwargs):
+        if kwargs.get("setsigmask") is None:
+            kwargs["setsigmask"] = signal.pthread_sigmask(signal.SIG_BLOCK, ()) - _SIGNALS
+        return original(*args, **kwargs)
+
+    spawn._lightkeeper = True  # type: ignore[attr-defined]
+    return spawn
 
 
 def _tracker_keeps_sigterm_blocked(module) -> None:
