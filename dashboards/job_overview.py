@@ -11,7 +11,9 @@ from .promql import (
     QUORUM_CHANGED,
     RI,
     J,
+    active_sum,
     group_steps,
+    not_standby,
     step_events,
     step_mean,
     step_quantile,
@@ -105,9 +107,10 @@ def job_overview() -> dict:
     L.add(timeseries(
         "Findings and evictions",
         "Confirmed findings by kind and eviction requests by replica group (monitor).",
-        targets((step_events("lightkeeper_monitor_findings_total", J, "kind"),
+        targets((step_events("lightkeeper_monitor_findings_total", J, "kind", standby=False),
                  "finding: {{kind}}"),
-                (step_events("lightkeeper_monitor_evictions_total", J, "replica_group"),
+                (step_events("lightkeeper_monitor_evictions_total", J, "replica_group",
+                             standby=False),
                  "eviction: group {{replica_group}}")),
         draw="bars", fill=80, min_=0), 12, 7)
 
@@ -155,8 +158,7 @@ def _goodput_panels(L: Layout) -> None:
     # sharded monitors (--shard) each export their own slice's ledger: the job's capacity is
     # their sum, its ratio theirs weighted by it (a standby shard's gauges are another's stale
     # copy; a ratio is NaN before its ledger's first sweep)
-    expected = (f"(lightkeeper_monitor_expected_replica_groups{{{J}}} "
-                f"unless (lightkeeper_monitor_shard_standby{{{J}}} == 1))")
+    expected = not_standby(f"lightkeeper_monitor_expected_replica_groups{{{J}}}")
     ratio = f"(lightkeeper_monitor_goodput_ratio{{{J}}} >= 0)"
     L.add(stat("Goodput since the ledger began",
                "Replica-seconds spent in steps committed at healthy pace / (expected replica "
@@ -207,28 +209,28 @@ def _host_panels(L: Layout) -> None:
                "when they come back there (quarantined_host findings), and the sinks "
                "(--action) cordon or drain them. GET /v1/hosts on the monitor has the evidence; "
                "POST /v1/hosts/{host}/release lifts it.",
-               [target(f'sum(lightkeeper_monitor_hosts{{{J}, state="quarantined"}})',
+               [target(active_sum(f'lightkeeper_monitor_hosts{{{J}, state="quarantined"}}'),
                        "quarantined")],
                thresholds_=P.thresholds((None, "green"), (1, "orange"))), 4, 8)
     L.add(stat("Hosts with a failing action",
                "Hosts whose last quarantine or release action (k8s, slurm, exec, webhook) "
                "failed or is being retried: a quarantine decided but not carried out.",
-               [target(f"count({failed} == 1) or vector(0)", "failing")],
+               [target(f"count(count by (host) ({failed} == 1)) or vector(0)", "failing")],
                thresholds_=P.thresholds((None, "green"), (1, "red"))), 4, 8)
     L.add(timeseries(
         "Hosts by state",
         "Hosts in the monitor's ledger by state: suspect (offences counting, not yet "
         "quarantined, or held back by a rail), quarantined, released, ok (offended once, "
         "nothing counting now). Only hosts that ever offended are in the ledger.",
-        [target(f"sum by (state) ({hosts})", "{{state}}")],
+        [target(active_sum(hosts, "state"), "{{state}}")],
         interpolation="stepAfter", fill=0, min_=0,
         overrides=[_fixed_color("quarantined", "red"), _fixed_color("suspect", "orange"),
                    _fixed_color("released", "blue"), _fixed_color("ok", "green")]), 8, 8)
     L.add(timeseries(
         "Failing host actions by sink",
-        "Hosts whose last action failed or is being retried (retries back off 2 s, 4 s, ... "
-        "up to 6 attempts), by sink.",
-        [target(f"sum by (sink) ({failed})", "{{sink}}")],
+        "Hosts whose last action failed or is being retried (retries back off 2 s, 4 s, 8 s "
+        "... then go on every 5 minutes until done), by sink.",
+        [target(active_sum(failed, "sink"), "{{sink}}")],
         interpolation="stepAfter", fill=0, min_=0), 8, 8)
     key = "job, host"
     L.add(table(

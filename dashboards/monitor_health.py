@@ -6,22 +6,22 @@ from __future__ import annotations
 from . import panels as P
 from .common import IN_QUORUM, LINKS, TAG, UID_MONITOR, job_variable
 from .panels import Layout, stat, table, target, targets, timeseries
-from .promql import RI, J, events, step_events, step_growth
+from .promql import RI, J, active_sum, events, step_events, step_growth
 
 
 def monitor_health() -> dict:
     L = Layout()
     L.row("Monitor")
     L.add(stat("Ranks known", "Ranks the monitor polls.",
-               [target(f"sum(lightkeeper_monitor_ranks_known{{{J}}})", "known")]), 4, 4)
+               [target(active_sum(f"lightkeeper_monitor_ranks_known{{{J}}}"), "known")]), 4, 4)
     L.add(stat("Ranks up", "Ranks that answered the last sweep.",
-               [target(f"sum(lightkeeper_monitor_ranks_up{{{J}}})", "up")]), 4, 4)
+               [target(active_sum(f"lightkeeper_monitor_ranks_up{{{J}}}"), "up")]), 4, 4)
     L.add(stat("Ranks unreachable", "Ranks that did not answer the last sweep (not those whose "
                "training finished).",
-               [target(f"sum(lightkeeper_monitor_ranks_unreachable{{{J}}})", "unreachable")],
+               [target(active_sum(f"lightkeeper_monitor_ranks_unreachable{{{J}}}"), "unreachable")],
                thresholds_=P.thresholds((None, "green"), (1, "red"))), 4, 4)
     L.add(stat("Open findings", "Findings the monitor currently holds open.",
-               [target(f"sum(lightkeeper_monitor_open_findings{{{J}}})", "open")],
+               [target(active_sum(f"lightkeeper_monitor_open_findings{{{J}}}"), "open")],
                thresholds_=P.thresholds((None, "green"), (1, "orange"))), 4, 4)
     L.add(stat("Mode", "Dry run: the monitor reports but never evicts.",
                [target(f"max(lightkeeper_monitor_dry_run{{{J}}})", "dry run")],
@@ -48,23 +48,23 @@ def monitor_health() -> dict:
         "What the monitor saw in each sweep; finished: gone after saying their training "
         "finished; lost: self-registered ranks it dropped after --forget-after while the job "
         "went on (LightkeeperRanksLost), per interval.",
-        targets((f"sum(lightkeeper_monitor_ranks_known{{{J}}})", "known"),
-                (f"sum(lightkeeper_monitor_ranks_up{{{J}}})", "up"),
-                (f"sum(lightkeeper_monitor_ranks_unreachable{{{J}}})", "unreachable"),
-                (f"sum(lightkeeper_monitor_ranks_finished{{{J}}})", "finished"),
-                ("sum(" + step_growth(f"lightkeeper_monitor_ranks_lost_total{{{J}}}") + ")",
-                 "lost")),
+        targets((active_sum(f"lightkeeper_monitor_ranks_known{{{J}}}"), "known"),
+                (active_sum(f"lightkeeper_monitor_ranks_up{{{J}}}"), "up"),
+                (active_sum(f"lightkeeper_monitor_ranks_unreachable{{{J}}}"), "unreachable"),
+                (active_sum(f"lightkeeper_monitor_ranks_finished{{{J}}}"), "finished"),
+                (active_sum(step_growth(f"lightkeeper_monitor_ranks_lost_total{{{J}}}")), "lost")),
         interpolation="stepAfter", fill=0, min_=0), 6, 8)
     L.add(timeseries(
         "Poll errors by reason", "Failed polls per second: timeout, connection, http_status, "
-        "bad_response.",
+        "bad_response, monitor (the monitor's own file descriptors ran out, or its poller "
+        "process died: LightkeeperMonitorOutOfFileDescriptors).",
         [target(f"sum by (reason) (rate(lightkeeper_monitor_poll_errors_total{{{J}}}[{RI}]))",
                 "{{reason}}")], unit="suffix: errors/s", min_=0), 6, 8)
     L.add(timeseries(
         "Rank registrations by outcome",
         "POST /v1/targets per interval: accepted, or refused (unauthorized, not_allowed, "
-        "bad_request, too_many_targets, other_job). Refusals mean ranks the monitor does not "
-        "poll.",
+        "bad_request, too_many_targets, other_job; resolver_busy: asked to retry shortly). "
+        "Refusals mean ranks the monitor does not poll.",
         [target(step_events("lightkeeper_monitor_registrations_total", J, "outcome"),
                 "{{outcome}}")],
         draw="bars", fill=80, min_=0), 12, 6)
@@ -72,8 +72,8 @@ def monitor_health() -> dict:
         "Ranks verified / unverified by reason",
         "Ranks whose claims the Lighthouse and their peers confirm (only their answers are "
         "evidence for a finding), and the others by reason (shown, never evidence).",
-        targets((f"sum(lightkeeper_monitor_ranks_verified{{{J}}})", "verified"),
-                (f"sum by (reason) (lightkeeper_monitor_ranks_unverified{{{J}}})",
+        targets((active_sum(f"lightkeeper_monitor_ranks_verified{{{J}}}"), "verified"),
+                (active_sum(f"lightkeeper_monitor_ranks_unverified{{{J}}}", "reason"),
                  "unverified: {{reason}}")),
         interpolation="stepAfter", fill=0, min_=0), 8, 6)
     L.add(stat("Lighthouse readable",
@@ -107,15 +107,17 @@ def monitor_health() -> dict:
     L.row("Findings, evictions and held-back decisions")
     L.add(timeseries(
         "Findings by kind", "Confirmed findings per interval, by kind.",
-        [target(step_events("lightkeeper_monitor_findings_total", J, "kind"), "{{kind}}")],
+        [target(step_events("lightkeeper_monitor_findings_total", J, "kind", standby=False),
+                "{{kind}}")],
         draw="bars", fill=80, min_=0), 8, 8)
     L.add(timeseries(
         "Open findings by kind", "Findings currently open, by kind.",
-        [target(f"sum by (kind) (lightkeeper_monitor_open_findings{{{J}}})", "{{kind}}")],
+        [target(active_sum(f"lightkeeper_monitor_open_findings{{{J}}}", "kind"), "{{kind}}")],
         interpolation="stepAfter", min_=0), 8, 8)
     L.add(timeseries(
         "Evictions by replica group", "Kill requests the monitor sent, per interval.",
-        [target(step_events("lightkeeper_monitor_evictions_total", J, "replica_group"),
+        [target(step_events("lightkeeper_monitor_evictions_total", J, "replica_group",
+                            standby=False),
                 "group {{replica_group}}")], draw="bars", fill=80, min_=0), 8, 8)
     L.add(timeseries(
         "Eviction decisions (evict / hold)",
@@ -180,7 +182,10 @@ def _lighthouse_settings_panels(L: Layout) -> None:
                "Settings that make recovery after a fault slow (a dead group would stall the "
                "survivors more than 2 s): heartbeat_timeout, eviction_drop, "
                "heartbeat_timeout_declared (LightkeeperLighthouseSlowRecovery).",
-               [target(f"sum({warnings})", "warnings")],
+               # one per setting: every monitor of the job (shards, leader) judges the same
+               # Lighthouse
+               [target(f"count(max by (setting) ({warnings}) == 1) or vector(0)",
+                       "warnings")],
                thresholds_=P.thresholds((None, "green"), (1, "orange"))), 4, 6)
     L.add(table(
         "Lighthouse settings warnings",

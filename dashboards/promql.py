@@ -44,12 +44,25 @@ def new_series(m: str, window: str, seconds: str) -> str:
             f"or ({start} unless {start} offset {window}) > time() - {seconds} - 300))")
 
 
+def not_standby(expr: str) -> str:
+    """``expr`` less the series of standby shard monitors: a second monitor on the same
+    ``--shard I/N`` exports its own copy of that slice's counts, which a sum would add twice."""
+    return (f"(({expr}) unless on (job, instance) "
+            f"(lightkeeper_monitor_shard_standby{{{J}}} == 1))")
+
+
+def active_sum(expr: str, by: str = "") -> str:
+    """The sum of monitor series ``expr`` over the job's monitors, less standby shards'."""
+    return (f"sum by ({by}) " if by else "sum") + not_standby(expr)
+
+
 def events(metric: str, sel: str, by: str) -> str:
-    """How much monitor counter ``metric`` grew within the dashboard's time range, by ``by``;
-    a series new within it counts with its whole value (:func:`new_series`)."""
+    """How many times monitor counter ``metric`` grew within the dashboard's time range, by
+    ``by``; a series new within it counts with its whole value (:func:`new_series`). Each
+    series' ``increase`` is rounded: extrapolated to a range off the scrape grid, 3 reads 3.01."""
     m = f"{metric}{{{sel}}}"
-    return (f"sum by ({by}) ({new_series(m, '$__range', '$__range_s')} "
-            f"or increase({m}[$__range]))")
+    return (f"sum by ({by}) (round({new_series(m, '$__range', '$__range_s')} "
+            f"or increase({m}[$__range])))")
 
 
 def step_growth(m: str) -> str:
@@ -61,12 +74,13 @@ def step_growth(m: str) -> str:
     return f"clamp_min({m} - {m} offset {STEP}, 0)"
 
 
-def step_events(metric: str, sel: str, by: str) -> str:
+def step_events(metric: str, sel: str, by: str, standby: bool = True) -> str:
     """How much monitor counter ``metric`` grew since the previous step, by ``by``; a series
-    new since then counts with its whole value (:func:`new_series`)."""
+    new since then counts with its whole value (:func:`new_series`). ``standby=False``: not
+    the counts of standby shard monitors (:func:`not_standby`)."""
     m = f"{metric}{{{sel}}}"
-    return (f"sum by ({by}) ({new_series(m, STEP, '$__interval_ms / 1000')} "
-            f"or {step_growth(m)})")
+    grew = f"{new_series(m, STEP, '$__interval_ms / 1000')} or {step_growth(m)}"
+    return f"sum by ({by}) ({grew if standby else not_standby(grew)})"
 
 
 def group_steps(metric: str) -> str:

@@ -4,10 +4,14 @@ value it no longer has, disappears. Real ViewBuilder, registry and text expositi
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client import generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
-from monitor.api.metrics import MonitorMetrics
+from monitor.api.metrics import MonitorMetrics, publish_sweep
+from monitor.detect import Detectors
+from monitor.evidence.lighthouse_settings import LighthouseSettingsWatch
 from monitor.evidence.view import ViewBuilder
 from monitor.goodput import SweepAccount
 from monitor.poll.discovery import Target
@@ -66,3 +70,69 @@ def test_group_series_are_the_last_sweeps_and_vanish_with_their_group():
     # the series are of the view the monitor keeps: dropped, none is shown
     del view, view2
     assert {k for k in _series(m) if k[0] != "goodput_ratio"} == set()
+
+
+def _samples(m: MonitorMetrics) -> dict[str, float]:
+    """name -> value of the unlabelled-but-job series (``lightkeeper_monitor_`` stripped)."""
+    return {s.name.removeprefix("lightkeeper_monitor_"): s.value
+            for fam in text_string_to_metric_families(generate_latest(m.registry).decode())
+            for s in fam.samples if set(s.labels) == {"job"}}
+
+
+def _remove_before_0_22(self, *labelvalues):
+    """MetricWrapperBase.remove of prometheus-client 0.20/0.21 (pyproject allows them): a label
+    set never set raises KeyError (client_python #1077 made it a no-op in 0.22)."""
+    if len(labelvalues) != len(self._labelnames):
+        raise ValueError(f"Incorrect label count (expected {len(self._labelnames)}, "
+                         f"got {labelvalues})")
+    labelvalues = tuple(str(v) for v in labelvalues)
+    with self._lock:
+        del self._metrics[labelvalues]
+
+
+def test_sweeps_without_a_quorum_publish_on_an_older_prometheus_client(monkeypatch):
+    """A fresh monitor, or one whose Lighthouse is out, has no verified quorum: its sweeps
+    publish (no quorum series) and count, on every prometheus-client the install allows."""
+    monkeypatch.setattr(MetricWrapperBase, "remove", _remove_before_0_22)
+    m, vb = MonitorMetrics("train"), ViewBuilder()
+    for i in range(2):
+        view = vb.update([], {}, now=T0 + i)
+        publish_sweep(m, view, view, {}, Detectors(), False, LighthouseSettingsWatch())
+    got = _samples(m)
+    assert got["sweeps_total"] == 2 and got["sweep_duration_seconds_count"] == 2
+    assert "quorum_id" not in got and "quorum_participants" not in got
+    # a quorum seen, then gone again: its series goes
+    view = _view(vb, {0: {"step": 7, "step_seconds": 1.0}}, T0 + 2)
+    publish_sweep(m, view, view, {}, Detectors(), True, LighthouseSettingsWatch())
+    assert _samples(m)["quorum_id"] == 4
+    view = vb.update([], {}, now=T0 + 3)
+    publish_sweep(m, view, view, {}, Detectors(), False, LighthouseSettingsWatch())
+    assert "quorum_id" not in _samples(m) and _samples(m)["sweeps_total"] == 4
+
+
+def test_a_sweep_whose_publishing_fails_is_not_counted():
+    """LightkeeperMonitorNotSweeping reads sweeps_total: a sweep that raised on the way is no
+    sweep done."""
+
+    class Broken(LighthouseSettingsWatch):
+        def publish(self, metrics, job):
+            raise OSError("disk full")
+
+    m, vb = MonitorMetrics("train"), ViewBuilder()
+    view = vb.update([], {}, now=T0)
+    with pytest.raises(OSError):
+        publish_sweep(m, view, view, {}, Detectors(), True, Broken())
+    got = _samples(m)
+    assert got.get("sweeps_total", 0) == 0 and got.get("sweep_duration_seconds_count", 0) == 0
+    publish_sweep(m, view, view, {}, Detectors(), True, LighthouseSettingsWatch())
+    assert _samples(m)["sweeps_total"] == 1
+
+
+def test_registrations_help_names_every_outcome():
+    from monitor.service import REFUSALS
+
+    (fam,) = [f for f in text_string_to_metric_families(
+        generate_latest(MonitorMetrics("train").registry).decode())
+        if f.name == "lightkeeper_monitor_registrations"]
+    for outcome in ("accepted", *REFUSALS.values()):
+        assert outcome in fam.documentation, outcome

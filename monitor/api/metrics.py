@@ -4,6 +4,7 @@ Per-group series are made at scrape time, so a sweep does no per-group metrics w
 from __future__ import annotations
 
 import collections
+import contextlib
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -146,7 +147,8 @@ class MonitorMetrics:
                                    "the last sweep (else ranks cannot be verified: no eviction)")
         self.registrations = counter("registrations",
                                      "POST /v1/targets by outcome (accepted, unauthorized, "
-                                     "not_allowed, bad_request, too_many_targets, other_job)",
+                                     "not_allowed, bad_request, too_many_targets, other_job, "
+                                     "resolver_busy)",
                                      "outcome")
         self.goodput_ratio = gauge("goodput_ratio",
                                    "Goodput / (expected replica groups x wall seconds) since the "
@@ -241,8 +243,6 @@ def publish_sweep(m: MonitorMetrics, view: ClusterView, evidence: ClusterView,
     """One sweep's series: rank counts of every known rank, the rest of verified ranks;
     ``ended``: unreachable ranks that said their training finished (not counted unreachable)."""
     job = m.job
-    m.sweeps.labels(job).inc()
-    m.sweep_duration.labels(job).observe(view.sweep_seconds)
     known, up, trust = view.counts
     m.ranks_known.labels(job).set(known)
     m.ranks_up.labels(job).set(up)
@@ -274,6 +274,11 @@ def publish_sweep(m: MonitorMetrics, view: ClusterView, evidence: ClusterView,
     for gauge, value in ((m.quorum_id, evidence.quorum_id),
                          (m.quorum_participants, evidence.quorum_participants())):
         if value is None:
-            gauge.remove(job)
+            # prometheus-client < 0.22 raises KeyError for a series never set (a fresh monitor)
+            with contextlib.suppress(KeyError):
+                gauge.remove(job)
         else:
             gauge.labels(job).set(value)
+    # last: a sweep that failed above is not counted (LightkeeperMonitorNotSweeping)
+    m.sweep_duration.labels(job).observe(view.sweep_seconds)
+    m.sweeps.labels(job).inc()

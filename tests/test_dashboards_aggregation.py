@@ -1,0 +1,154 @@
+"""Dashboard queries that add up the series of several monitors of one job (shards, a standby
+shard, a leader candidate) count each rank, finding, setting and host once, and counts over a
+range read whole events off the scrape grid; evaluated by promtool on real MonitorMetrics."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from dashboards.build import build_dashboards
+from dashboards.validate import all_queries, substitute
+from dashboards.yamlout import dump
+from monitor.api.metrics import MonitorMetrics
+from monitor.evidence.lighthouse_settings import LighthouseSettingsWatch
+from tests.test_dashboards_promtool import promtool
+
+VARS = {"$__rate_interval": "1m", "$__interval": "15s"}
+
+
+def _query(where: str, **extra: str) -> str:
+    (q,) = [q for q in all_queries(build_dashboards()) if q.where == where]
+    return substitute(q.expr, {"job": "train"}, {**VARS, **extra})
+
+
+def _series(m: MonitorMetrics, instance: str, n: int = 20) -> list[dict]:
+    """promtool input series of ``m``'s /metrics scraped from ``instance``, constant."""
+    out = []
+    for fam in text_string_to_metric_families(generate_latest(m.registry).decode()):
+        for s in fam.samples:
+            if s.name.endswith("_created"):
+                continue
+            labels = {**s.labels, "lightkeeper_component": "monitor", "instance": instance}
+            sel = ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+            value = "NaN" if s.value != s.value else repr(float(s.value))
+            out.append({"series": f"{s.name}{{{sel}}}", "values": " ".join([value] * n)})
+    return out
+
+
+def _check(tmp_path, series: list[dict], tests: list[dict], interval: str = "15s") -> None:
+    doc = {"rule_files": [], "evaluation_interval": "15s", "tests": [{
+        "name": "aggregation", "interval": interval, "input_series": series,
+        "promql_expr_test": tests}]}
+    (tmp_path / "t.yml").write_text(dump(doc))
+    r = promtool("test", "rules", "t.yml", cwd=tmp_path)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+
+
+def _one(value: float, **labels: str) -> list[dict]:
+    return [{"labels": "{" + ", ".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}",
+             "value": value}]
+
+
+def _shard(known: int, up: int, standby: bool) -> MonitorMetrics:
+    m = MonitorMetrics("train")
+    m.ranks_known.labels("train").set(known)
+    m.ranks_up.labels("train").set(up)
+    m.ranks_unreachable.labels("train").set(known - up)
+    m.ranks_finished.labels("train").set(0)
+    m.ranks_verified.labels("train").set(up)
+    m.open_findings.labels("train", "dead").set(known - up)
+    m.hosts.labels("train", "quarantined").set(1)
+    m.shard_standby.labels("train").set(1 if standby else 0)
+    return m
+
+
+def test_a_standby_shard_is_not_counted_again(tmp_path):
+    """Shard 0 (4 ranks), shard 1 (6 ranks, one dead) and a standby for shard 1 that sees
+    what shard 1 sees: the job has 10 ranks, not 16; one finding and one new finding a step,
+    not two."""
+    series = (_series(_shard(4, 4, False), "shard0:19400")
+              + _series(_shard(6, 5, False), "shard1:19400")
+              + _series(_shard(6, 5, True), "shard1-standby:19400"))
+    for inst in ("shard1:19400", "shard1-standby:19400"):  # both confirm the dead rank's finding
+        series.append({"series": f'lightkeeper_monitor_findings_total{{job="train", '
+                                 f'instance="{inst}", kind="dead", replica_group="3"}}',
+                       "values": "0 0 0 1x17"})
+    at = "45s"  # the step that sees the finding
+    tests = [{"expr": _query(where), "eval_time": at, "exp_samples": exp} for where, exp in (
+        ("panel 'Ranks known' A", _one(10)),
+        ("panel 'Ranks up' A", _one(9)),
+        ("panel 'Ranks unreachable' A", _one(1)),
+        ("panel 'Open findings' A", _one(1)),
+        ("panel 'Ranks known / up / unreachable / finished / lost' A", _one(10)),
+        ("panel 'Ranks known / up / unreachable / finished / lost' C", _one(1)),
+        ("panel 'Ranks known / up / unreachable / finished / lost' D", _one(0)),
+        ("panel 'Ranks verified / unverified by reason' A", _one(9)),
+        ("panel 'Open findings by kind' A", [
+            {"labels": f'{{kind="{k}"}}', "value": int(k == "dead")}
+            for k in ("dead", "hang", "mismatch", "straggler")]),
+        ("panel 'Findings by kind' A", _one(1, kind="dead")),
+        ("panel 'Findings and evictions' A", _one(1, kind="dead")),
+        ("panel 'Quarantined hosts' A", _one(2)),
+    )]
+    _check(tmp_path, series, tests)
+
+
+def test_a_slow_setting_and_a_failing_host_count_once_whatever_the_monitors(tmp_path):
+    """Every monitor of a sharded job (two shards and the leader) judges the one Lighthouse:
+    one slow setting reads 1, not 3. A host whose action fails on two sinks is one host."""
+    series = []
+    for inst in ("shard0:19400", "shard1:19400", "lead:19400"):
+        m = MonitorMetrics("train")
+        watch = LighthouseSettingsWatch(declared_heartbeat_ms=5000, interval_s=1.0)
+        watch.observe(None, 1000.0)
+        watch.publish(m, "train")
+        series += _series(m, inst)
+    for sink in ("k8s", "webhook:ops"):
+        series.append({"series": f'lightkeeper_monitor_host_action_failed{{job="train", '
+                                 f'instance="shard0:19400", host="h1", sink="{sink}"}}',
+                       "values": "1x20"})
+    _check(tmp_path, series, [
+        {"expr": _query("panel 'Slow Lighthouse settings' A"), "eval_time": "2m",
+         "exp_samples": _one(1)},
+        {"expr": _query("panel 'Hosts with a failing action' A"), "eval_time": "2m",
+         "exp_samples": _one(1)}])
+    # healthy: 0, not "no data"
+    healthy = [s for s in series if "config_warnings" not in s["series"]
+               and "host_action_failed" not in s["series"]]
+    _check(tmp_path, healthy, [
+        {"expr": _query("panel 'Slow Lighthouse settings' A"), "eval_time": "2m",
+         "exp_samples": _one(0)},
+        {"expr": _query("panel 'Hosts with a failing action' A"), "eval_time": "2m",
+         "exp_samples": _one(0)}])
+
+
+def test_decisions_in_the_time_range_are_whole_off_the_scrape_grid(tmp_path):
+    """3 decisions within an hour scraped every 7 s, the range not on that grid: 3, not the
+    3.01 increase() extrapolates."""
+    series = [
+        {"series": 'lightkeeper_monitor_dry_run{job="train", instance="mon:19400"}',
+         "values": "0x550"},
+        {"series": 'lightkeeper_monitor_eviction_decisions_total{job="train", '
+                   'instance="mon:19400", decision="evict", reason="confirmed"}',
+         "values": "5x250 6x100 7x100 8x100"},
+    ]
+    expr = _query("panel 'Decisions in the time range' A", **{"$__range": "1h",
+                                                                "$__range_s": "3600"})
+    _check(tmp_path, series, [{"expr": expr, "eval_time": "61m",
+                               "exp_samples": _one(3, decision="evict", reason="confirmed")}],
+           interval="7s")
+
+
+def test_panel_texts_name_every_poll_error_reason_and_registration_outcome():
+    from monitor.poll.poller import REASONS
+    from monitor.service import REFUSALS
+
+    panels = {p["title"]: p["description"] for d in build_dashboards().values()
+              for p in d["panels"] if "description" in p}
+    for reason in REASONS:
+        assert reason in panels["Poll errors by reason"], reason
+    for outcome in ("accepted", *REFUSALS.values()):
+        assert outcome in panels["Rank registrations by outcome"], outcome
+    # retried until done (QuarantineConfig.max_attempts None, no flag): no attempt cap told
+    assert "attempts" not in panels["Failing host actions by sink"]
