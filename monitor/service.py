@@ -288,11 +288,17 @@ class Monitor:
         # 4. decide and act
         new += self.enforcer.host_findings(view, evidence, now, self.views.reshaped)
         new = self.enforcer.record(new, now)
-        self.enforcer.judge_hosts(view, new, now, self.lighthouse_status)
         if self.shard is not None:  # proposals to the leader, which applies the global rails
-            self.shard.after_sweep(view, evidence, now)
+            # first: its report says whether this monitor holds its slice (the shard's own
+            # rails count no quorum, so no quarantine of this sweep need come before)
+            try:
+                self.shard.after_sweep(view, evidence, now)
+            finally:  # its audit log unwritable: this sweep's offences still reach the ledger
+                self._judge_hosts(view, new, now)
         else:
+            self._judge_hosts(view, new, now)
             self.enforcer.decide(view, evidence, now)
+        standby = self.enforcer.standby
         # the evidence of a confirmed hang, mismatch or network fault, kept even when held
         self.enforcer.bundle_confirmed(view, evidence, new)
         self.enforcer.confirm_evictions(view, evidence, now, self.lighthouse_status)
@@ -301,7 +307,6 @@ class Monitor:
         self.enforcer.release_survivors(view, evidence, now, self.lighthouse_status, self.shard)
         # the next probe round, once this sweep's evictions are known: not of their ranks; a
         # standby shard's slice is probed (and exported) by the monitor it stands by for
-        standby = self.shard is not None and self.shard.holds is False
         wanted = self.detectors.probes_wanted()
         self.probes.ask(evidence, wanted, blind, now,
                         self.store.told_to_go_replica_ids() if wanted else set(), known=view,
@@ -323,6 +328,13 @@ class Monitor:
                 self._sd_out.update(str(e), now)
         self.polling.end_sweep(len(targets), t0)
         return view
+
+    def _judge_hosts(self, view: ClusterView, new: list, now: float) -> None:
+        """The host ledger's offences, policy and sinks. A standby acts on nothing outside (no
+        offence, sink, abort, exit or bundle): the monitor holding its slice does, and it takes
+        over with its own ledger as it stands (docs/monitor.md, Several monitors)."""
+        self.enforcer.standby = self.shard is not None and self.shard.holds is False
+        self.enforcer.judge_hosts(view, new, now, self.lighthouse_status)
 
     def _forget_unreachable(self, view: ClusterView, now: float) -> int:
         """Drop self-registered ranks gone for --forget-after (those that said they ended at

@@ -74,6 +74,9 @@ class Enforcer:
                                          cfg.rank_auth, self.claims), cfg.orphan_grace_s)
         self.metrics, self.blind, self.clock = metrics, blind, clock
         self.hosts_error: str | None = None
+        # set each sweep: another monitor holds this shard's slice, so this one charges no host,
+        # runs no sink, sends no abort or exit and fetches no bundle (it does, on its own store)
+        self.standby = False
         self._finding_ids: dict[tuple, int] = {}
         self._unrecorded: list[Finding] = []  # confirmed, not in the audit log yet
         self._recorded: list[Finding] = []  # in the audit log, not yet handed on by record()
@@ -142,7 +145,9 @@ class Enforcer:
                     lighthouse: LighthouseStatus | None = None) -> None:
         """Offences (a ``dead`` one once ``lighthouse``, the status just read, agrees:
         DeadGroups), the quarantine policy, then due sink actions on a background thread
-        (a slow sink never delays a sweep). Never raises."""
+        (a slow sink never delays a sweep); nothing on a ``standby``. Never raises."""
+        if self.standby:  # the monitor holding the slice charges them: here they would count
+            return  # twice, and quarantine twice
         try:
             # a group the monitor sent a kill for ends by that kill (even one left unconfirmed,
             # its Manager gone and a bare rank still up): no host's fault
@@ -231,6 +236,8 @@ class Enforcer:
         return out
 
     def _start_host_actions(self) -> None:
+        if self.standby:  # queued: carried out once this monitor holds its slice
+            return
         t = self._host_actions
         if t is not None and t.is_alive():
             return  # one run at a time
@@ -242,11 +249,14 @@ class Enforcer:
                           lighthouse: LighthouseStatus | None,
                           shard: Any = None) -> list[dict]:
         """Tell ranks blocked with a gone group to abort (monitor.act.survivors); nothing while
-        blind. ``shard``: adds the leader's kills and what the other shards' ranks report."""
+        blind or on a standby. ``shard``: adds the leader's kills and what the other shards'
+        ranks report."""
         # forget what was said of claims and refusals gone from the view: said again on return
         self.claims.keep(view)
         self.orphans.exits.keep(view)
         self.survivors.aborts.keep(view)
+        if self.standby:  # the monitor holding the slice tells its survivors
+            return []
         evicted = self.store.evicted_replica_ids()
         if shard is not None:
             evicted = evicted | shard.sent_kills
@@ -257,8 +267,11 @@ class Enforcer:
     def bundle_confirmed(self, view: ClusterView, evidence: ClusterView,
                          new: list[Finding]) -> None:
         """A bundle for each new hang, mismatch or network finding that no kill bundled this
-        sweep (held by a rail, say), written on the bundles' helper thread."""
+        sweep (held by a rail, say), written on the bundles' helper thread; none on a standby
+        (the monitor holding the slice fetches them: a second fetch doubles the ranks' load)."""
         bundled, self._bundled = self._bundled, set()
+        if self.standby:
+            return
         for f in new:
             fid = self.finding_id(f.key)
             if f.kind in CONFIRM_KINDS and fid not in bundled:
@@ -398,7 +411,8 @@ class Enforcer:
                           lighthouse: LighthouseStatus | None = None) -> None:
         """Confirmed once no reachable rank reports the evicted replica id and ``lighthouse``
         (when given) no longer hears it, in a sweep that is not blind; ranks the kill missed are
-        told to exit (or named); unconfirmed after ``confirm_timeout_s``."""
+        told to exit (or named); unconfirmed after ``confirm_timeout_s``. A standby judges
+        none: its pending ones (the leader's kills copied) wait until it holds its slice."""
         pending = self.store.pending_confirmations()
         self.orphans.keep({d["id"] for d in pending})
         # a pending eviction's group as verified before its kill: only those ranks get the exit
@@ -406,7 +420,9 @@ class Enforcer:
         groups = {gv.replica_id: gv for gv in evidence.groups.values()}
         groups.update((d["replica_id"], self._vouched[d["replica_id"]]) for d in pending
                       if d["replica_id"] in self._vouched)
-        self._vouched = groups
+        self._vouched = groups  # kept by a standby too: the ranks it may tell once it holds
+        if self.standby:  # the monitor holding the slice confirms them and tells their orphans
+            return
         blind = self.blind_to_kills(view, lighthouse) if pending else None
         for d in pending:
             rid = d["replica_id"]

@@ -1,0 +1,156 @@
+"""A second monitor started with the same ``--shard I/N`` stands by (monitor/service.py,
+monitor/act/enforcer.py; docs/monitor.md, Several monitors): it polls and detects, but charges
+no host, runs no quarantine sink, tells no orphan to exit and no survivor to abort: the monitor
+that holds the slice does, once.
+
+Two monitors of shard 0/1 in this process on an in-memory etcd (``MemEtcd``,
+tests/test_shard_rails.py), simulated ranks (tests/support/monitor_sim.py) whose
+``POST /v1/exit`` and ``POST /v1/abort`` record what they were told, the Lighthouse's status
+faked (every group in the quorum and heard), a recording quarantine sink shared by both
+(tests/test_hosts.py); swept by hand.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+import monitor.service
+from monitor.config import BundleConfig, DetectorConfig, MonitorConfig, RailsConfig, ShardConfig
+from monitor.evidence.lighthouse_status import LighthouseStatus, QuorumMember
+from monitor.lease import SessionLease
+from monitor.service import Monitor
+from tests.support.monitor_sim import SimRanks
+from tests.test_hosts import RecordingSink
+from tests.test_shard_rails import PREFIX, ROOT, MemEtcd
+
+EXIT_TOKEN = "exit-tok"
+GROUPS = 4
+
+
+class _Reader:
+    """The Lighthouse as read: every group of the quorum, heard."""
+
+    def __init__(self) -> None:
+        rids = [f"replica_group_{g}:sim" for g in range(GROUPS)]
+        self.status = LighthouseStatus(1, {r: QuorumMember(r, 100, "store", 2) for r in rids},
+                                       dict.fromkeys(rids, 0.1))
+
+    def read(self):
+        return self.status, None
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def pair(tmp_path, monkeypatch):
+    """``holder``, ``standby``, their shared ``sink``, the ranks (``sim``: 2 per group, each on
+    its own host), ``etcd`` and the Lighthouse's ``reader``."""
+    sink = RecordingSink()
+    monkeypatch.setattr(monitor.service, "build_sinks", lambda cfg: [sink])
+    sim = SimRanks.start(2 * GROUPS, groups=GROUPS)
+    sim.probe_token = EXIT_TOKEN  # the token its POST /v1/exit checks
+    for r in sim.ranks:
+        r.update(host=f"h{r.state['rank']}", node=f"h{r.state['rank']}")
+        r.exits = []
+    etcd, reader, mons = MemEtcd(), _Reader(), []
+    try:
+        for name in ("holder", "standby"):
+            mon = Monitor(MonitorConfig(
+                port=0, state_path=str(tmp_path / f"{name}.sqlite"), targets=sim.urls, job="sim",
+                lighthouse="http://127.0.0.1:1", rank_exit_token=EXIT_TOKEN, orphan_grace_s=0.0,
+                bundles=BundleConfig(enabled=False), detectors=DetectorConfig(dead_sweeps=2),
+                rails=RailsConfig(min_replicas=1, cooldown_s=0),
+                shard=ShardConfig(shards=1, index=0, etcd="http://127.0.0.1:1",
+                                  etcd_prefix=PREFIX, lease_ttl_s=5)))
+            mons.append(mon)
+            mon.lighthouse_reader.close()
+            mon.lighthouse_reader = reader
+            mon.shard.etcd.close()
+            mon.shard.etcd, mon.shard.session = etcd, SessionLease(etcd, 5)
+        holder, standby = mons
+        holder.sweep_once()  # its report: it holds the slice
+        standby.sweep_once()
+        assert holder.cluster_json()["shard"]["standby"] is False
+        assert standby.cluster_json()["shard"]["standby"] is True
+        yield SimpleNamespace(holder=holder, standby=standby, sink=sink, sim=sim, etcd=etcd,
+                              reader=reader)
+    finally:
+        for mon in mons:
+            mon.stop()
+        sim.stop()
+
+
+def _sweep(*mons: Monitor, times: int = 1) -> None:
+    for _ in range(times):
+        for mon in mons:
+            mon.sweep_once()
+
+
+def _until(cond, what: str, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def _host(mon: Monitor, host: str) -> dict | None:
+    """``GET /v1/hosts``' row of ``host``."""
+    return next((h for h in mon.enforcer.hosts_json()["hosts"] if h["host"] == host), None)
+
+
+def test_a_dead_rank_quarantines_its_host_once_by_the_monitor_that_holds_the_slice(pair):
+    """Both monitors find the dead rank; only the holder charges its host and quarantines it,
+    so the sink (a drain, a webhook) runs once, not once per monitor."""
+    holder, standby, sink, sim = pair.holder, pair.standby, pair.sink, pair.sim
+    manager, dead = sim.group(1)  # group ranks 0 and 1 (rank 5, alone on host h5)
+    dead.set_mode("down")
+    # its Manager blocked in the group's collective: the group waits for the dead rank
+    manager.update(timing={"waiting": {"scope": "group", "seconds": 5.0}})
+    _sweep(holder, standby, times=4)
+    for mon in (holder, standby):
+        assert [(f["kind"], f["replica_group"], f["ranks"]) for f in mon.store.findings()] == \
+            [("dead_rank", 1, [5])]
+    assert holder.hosts.quarantined() == ["h5"]
+    _until(lambda: len(sink.calls) >= 1, "the holder's quarantine action")
+    _sweep(holder, standby, times=2)  # the standby's chances to act as well
+    assert standby.hosts.quarantined() == [] and _host(standby, "h5") is None
+    assert [(c["event"], c["host"]) for c in sink.calls] == [("quarantine", "h5")], sink.calls
+
+
+def test_the_standby_tells_no_orphan_of_a_leader_kill_to_exit(pair):
+    """The leader killed group 2 (its record in etcd, as both monitors copy it): its rank the
+    kill does not reach are told to exit by the holder alone (here the kill reached none)."""
+    holder, standby, sim = pair.holder, pair.standby, pair.sim
+    rid = "replica_group_2:sim"
+    pair.etcd.put(f"{ROOT}evictions/{rid}", {
+        "state": "sent", "replica_id": rid, "replica_group": 2, "kind": "hang", "shard": 0,
+        "attempt": 1, "leader": "http://leader", "at": time.time(), "detail": "killed"})
+    _sweep(holder, standby, times=2)
+    for mon in (holder, standby):  # both copied the leader's kill into their audit log
+        assert [(d["replica_id"], d["source"]) for d in mon.store.decisions(decision="evict")] \
+            == [(rid, "leader")]
+    told = [{"reason": f"replica {rid} was evicted by the monitor"}]
+    assert [r.exits for r in sim.group(2)] == [told, told]  # once each, not once per monitor
+    assert [r.exits for g in (0, 1, 3) for r in sim.group(g)] == [[]] * 6
+
+
+def test_the_standby_tells_no_survivor_to_abort(pair):
+    """Group 3's host drops off (its ranks silent, the Lighthouse no longer hears it) while the
+    others are blocked with it in the cross-group all-reduce: each survivor is told to abort it
+    once, by the holder, not once per monitor."""
+    holder, standby, sim = pair.holder, pair.standby, pair.sim
+    for r in sim.group(3):
+        r.set_mode("down")
+    for g in (0, 1, 2):
+        for r in sim.group(g):
+            r.update(phase="allreduce", timing={"waiting": {"scope": "cross", "seconds": 5.0}})
+    st = pair.reader.status
+    pair.reader.status = LighthouseStatus(st.quorum_id, st.members, {
+        rid: s for rid, s in st.heartbeats.items() if rid != "replica_group_3:sim"})
+    _sweep(holder, standby, times=2)
+    assert [len(r.aborts) for g in (0, 1, 2) for r in sim.group(g)] == [1] * 6
+    assert [d["decision"] for d in standby.store.decisions()] == []
