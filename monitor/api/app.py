@@ -10,6 +10,7 @@ from functools import partial
 from typing import Any
 
 from flask import Flask, Response, abort, jsonify, render_template, request, send_file
+from flask.json.provider import DefaultJSONProvider
 from markupsafe import Markup
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from werkzeug.exceptions import HTTPException
@@ -22,7 +23,21 @@ from monitor.poll.discovery import BadTarget, OtherJob, TooManyTargets
 
 MAX_BODY = 64 * 1024  # a request is a few hundred bytes
 REASON_MAX = 500  # an operator's reason, as the audit log keeps it
+# a shard's holds of POST /v1/evict that are no rail's (monitor/shard.py): 503, not 409
+RETRY_HOLDS = ("etcd_unreachable", "busy")
 OVERVIEW_RANKS = 1000  # the overview's rank rows: more are unreadable and cost the sweeps' GIL
+OVERVIEW_UNGROUPED = 50  # its targets in no replica group (every one: /v1/cluster's ungrouped)
+
+
+class _JSONProvider(DefaultJSONProvider):
+    """Flask's JSON, with a body nested too deeply for the parser a ValueError like any bad
+    JSON: werkzeug's silent get_json then gives None (400), not a 500 and a logged traceback."""
+
+    def loads(self, s: str | bytes, **kwargs: Any) -> Any:
+        try:
+            return super().loads(s, **kwargs)
+        except RecursionError:
+            raise ValueError("JSON nested too deeply") from None
 
 
 def _json_body():
@@ -86,9 +101,23 @@ def overview_groups(monitor: Any, view: Any) -> dict[str, Any]:
             "hidden_groups": len(view.groups) - len(groups)}
 
 
+def overview_ungrouped(monitor: Any, view: Any) -> dict[str, Any]:
+    """The overview's targets in no replica group (one that never answered: a mistyped address
+    shows with why), the first OVERVIEW_UNGROUPED as /v1/cluster's ``ungrouped`` rows, the rest
+    counted; and how many targets are known, polled or not."""
+    ranks = [r for r in view.ranks.values() if r.replica_group is None
+             and not r.superseded] if view is not None else []
+    now = monitor.clock()
+    rows = [{k: row[k] for k in views.UNGROUPED}
+            for row in (views.rank_json(r, now) for r in ranks[:OVERVIEW_UNGROUPED])]
+    return {"rows": rows, "more": len(ranks) - len(rows),
+            "targets": len(monitor.discovery.targets())}
+
+
 def create_app(monitor: Any) -> Flask:
     """The routes over ``monitor`` (a :class:`monitor.service.Monitor`)."""
     app = Flask(__name__)
+    app.json = _JSONProvider(app)
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY  # 413 beyond it
 
     @app.get("/healthz")
@@ -206,6 +235,12 @@ def create_app(monitor: Any) -> Flask:
         if result["decision"] == "evict" and result.get("sent") is False:
             # decided and logged, but no kill went out: a status a script checks must say so
             return jsonify(result), (502 if monitor.cfg.lighthouse else 503)
+        if result["decision"] == "hold" and result["reason"] in RETRY_HOLDS:
+            # no rail held it: the shard could not write its proposal (etcd unreachable, or
+            # the key kept changing); asking again may pass
+            resp = jsonify(result)
+            resp.headers["Retry-After"] = "1"
+            return resp, 503
         # 202: a shard's proposal, which the leader carries out (docs/scaling.md)
         return jsonify(result), (200 if result["decision"] == "evict"
                                  else 202 if result["decision"] == "proposed" else 409)
@@ -233,7 +268,8 @@ def create_app(monitor: Any) -> Flask:
     def overview():
         view = monitor.view
         groups_table, goodput = per_sweep(view, "overview", lambda: (
-            Markup(render_template("groups.html", c=overview_groups(monitor, view))),
+            Markup(render_template("groups.html", c=overview_groups(monitor, view),
+                                   u=overview_ungrouped(monitor, view))),
             # the last incident's figures, not its bundles (listed below)
             monitor.goodput.to_json(incidents=1, intervals=0)))
         return render_template("overview.html", c=monitor.cluster_json(ranks=False),
