@@ -78,7 +78,8 @@ def parse_inject(value: str, groups: int, ranks_per_group: int) -> FaultPlan:
 
     SPEC is the trainer's ``--inject`` (``trainer/faults.py``). ``.RANK`` places the fault on
     that group rank (the spec's ``rank=``; both may be given when they agree); without either,
-    every rank of the group. The placement is checked against ``groups`` x ``ranks_per_group``.
+    every rank of the group (``where=group`` needs one: on every rank it does nothing). The
+    placement is checked against ``groups`` x ``ranks_per_group``.
     """
     import re
 

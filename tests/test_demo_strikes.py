@@ -31,7 +31,7 @@ def test_slow_compute_strikes_once_from_its_step():
 
 
 def test_slow_crossgroup_and_mismatch_strike_at_their_hooks():
-    inj, struck = _injector("slow:delay=0.01,from_step=2", "mismatch:at_step=4,where=group",
+    inj, struck = _injector("slow:delay=0.01,from_step=2", "mismatch:at_step=4,where=group,rank=0",
                             "mismatch:at_step=5")
     for step in range(6):
         inj.before_forward(step)
@@ -40,7 +40,7 @@ def test_slow_crossgroup_and_mismatch_strike_at_their_hooks():
         inj.before_allreduce(step)
         inj.mismatch_at(step)
     assert [s for s, _ in struck] == ["slow:delay=0.01,from_step=2",
-                                      "mismatch:at_step=4,where=group", "mismatch:at_step=5"]
+                                      "mismatch:at_step=4,where=group,rank=0", "mismatch:at_step=5"]
 
 
 def test_a_fault_for_another_rank_never_strikes_here():

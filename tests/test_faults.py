@@ -185,13 +185,15 @@ def test_cli_refuses_before_torch_what_would_fail_later(monkeypatch, env, argv, 
 
 def test_a_rank_acts_only_on_faults_for_it():
     specs = ["slow_compute:delay=0.2,rank=1", "mismatch:at_step=2,where=group,rank=0",
-             "mismatch:at_step=3,where=group", "hang:at_step=9,where=group,rank=1"]
+             "mismatch:at_step=3", "hang:at_step=9,where=group,rank=1"]
     rank0 = FaultInjector([parse_fault(s) for s in specs], group_rank=0, group_world_size=2)
     rank1 = FaultInjector([parse_fault(s) for s in specs], group_rank=1, group_world_size=2)
     assert rank0.specs == [specs[1], specs[2]]
     assert rank1.specs == [specs[0], specs[2], specs[3]]
-    assert [s for s in range(5) if rank0.group_mismatch_at(s)] == [2, 3]
-    assert [s for s in range(5) if rank1.group_mismatch_at(s)] == [3]
+    assert [s for s in range(5) if rank0.group_mismatch_at(s)] == [2]
+    assert [s for s in range(5) if rank1.group_mismatch_at(s)] == []
+    assert [s for s in range(5) if rank0.mismatch_at(s)] == [3]
+    assert [s for s in range(5) if rank1.mismatch_at(s)] == [3]
     assert rank0.throttle(0, 1.0) == 0.0  # rank 1's slow_compute never sleeps here
     rank0.before_forward(9)  # rank 1's hang: returns at once on rank 0
     live = rank0.inject("crash:at_step=4,rank=1")
@@ -283,10 +285,11 @@ def test_post_faults_takes_the_same_grammar_and_checks_the_group():
         r = requests.post(url, json={"spec": "slow_compute:delay=0.5,rank=1"}, headers=auth,
                           timeout=5)
         assert r.status_code == 200 and r.json()["faults"] == []
-        r = requests.post(url, json={"spec": "hang:at_step=7,where=group"}, headers=auth, timeout=5)
-        assert r.status_code == 200 and r.json()["faults"] == ["hang:at_step=7,where=group"]
-        assert [f.spec for f in injector.faults] == ["hang:at_step=7,where=group"]
+        r = requests.post(url, json={"spec": "hang:at_step=7,where=group,rank=0"}, headers=auth,
+                          timeout=5)
+        assert r.status_code == 200 and r.json()["faults"] == ["hang:at_step=7,where=group,rank=0"]
+        assert [f.spec for f in injector.faults] == ["hang:at_step=7,where=group,rank=0"]
         assert requests.get(srv.url + "/v1/state", timeout=5).json()["faults"] == [
-            "hang:at_step=7,where=group"]
+            "hang:at_step=7,where=group,rank=0"]
     finally:
         srv.stop()

@@ -80,3 +80,24 @@ def test_a_job_across_hosts_at_a_loopback_worker_host_is_said(monkeypatch, argv,
     else:
         assert why.startswith(f"{said} is not on loopback, but this rank advertises 127.0.0.1 "
                               "to torchft") and "--worker-host 0.0.0.0" in why, why
+
+
+def test_several_local_ranks_on_the_one_gpu_they_see_is_a_clear_error(monkeypatch):
+    """torchrun's ranks all see the one GPU: each took cuda:0, and NCCL refused the group at its
+    first collective ("Duplicate GPU detected")."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with pytest.raises(ValueError, match=r"LOCAL_RANK=1 of LOCAL_WORLD_SIZE=2 ranks on this "
+                                         r"host, but this process sees 1 GPU "
+                                         r"\(CUDA_VISIBLE_DEVICES='3'\)"):
+        pick_device(1, 1, local_world_size=2)
+    with pytest.raises(ValueError, match="Duplicate GPU"):
+        pick_device(0, 1, local_world_size=2)
+    assert pick_device(0, 1, local_world_size=1) == "cuda:0"
+    assert pick_device(1, 2, local_world_size=2) == "cuda:1"
+    assert pick_device(1, 0, local_world_size=2) == "cpu"
+
+
+def test_a_bad_local_world_size_is_a_usage_error_before_torch(monkeypatch):
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "two")
+    with pytest.raises(SystemExit, match="LOCAL_WORLD_SIZE='two' is not an integer"):
+        parse([])

@@ -139,3 +139,66 @@ def test_the_same_fault_written_another_way_is_one_fault():
                          "--inject", "slow:delay=1.0"])
     with pytest.raises(SystemExit, match="given twice"):
         config_from_args(args)
+
+
+def _live_demo(url: str):
+    """The demo's injection, over one real rank (group 1, rank 1 of 2) at ``url``."""
+    from types import SimpleNamespace
+
+    from lightkeeper.demo_sampling import Sampling
+    from lightkeeper.demo_stories import Stories
+    from lightkeeper.scenario import Scenario
+
+    class Demo(Sampling, Stories):
+        def now(self) -> float:
+            return 1.0
+
+        def wait(self, pred, timeout: float) -> bool:
+            return pred()
+
+        def event(self, kind: str, group, detail: str) -> None:
+            self.events.append((kind, detail))
+
+    demo = Demo()
+    demo.http, demo.token, demo.sc = requests.Session(), "t0k", Scenario()
+    demo.args = SimpleNamespace(ranks_per_group=2)
+    demo.cluster = SimpleNamespace(groups={1: SimpleNamespace(worker_urls={1: url})})
+    demo.latest = {1: [{"step": 10, "group_rank": 0}, {"step": 10, "group_rank": 1}]}
+    demo.restarts, demo.tracks, demo.events = {}, [], []
+    return demo
+
+
+@pytest.mark.parametrize("kind", ["hang", "crash", "mismatch"])
+@pytest.mark.parametrize("answer_lost", [False, True])
+def test_the_demo_injects_one_spec_when_the_group_moves_on_during_the_post(kind, answer_lost):
+    """A posted one-off strikes at the first step at or past its own; the demo posted a second
+    spec, further on, when the group passed the first one's step during the POST: a hang's story
+    followed the one that never struck, a crash's retry found the rank gone, two mismatches."""
+    from lightkeeper.scenario import FaultPlan
+    from worker_server import RankIdentity, RankState, WorkerServer
+
+    injector = FaultInjector([], group_rank=1, group_world_size=2, steps=1000)
+    state = RankState(RankIdentity(replica_group=1, group_rank=1, group_world_size=2))
+    state.step_finished(10, True)
+    posted: list[str] = []
+
+    def handler(spec: str) -> str:
+        posted.append(spec)
+        state.step_finished(state.step + 20, True)  # the group trains on while the POST lands
+        taken = inject_live(injector, state, spec)
+        if answer_lost and len(posted) == 1:
+            raise RuntimeError("the answer is lost: taken, and the demo cannot know it")
+        return taken
+
+    srv = WorkerServer(state, fault_handler=handler, fault_token="t0k").serve()
+    try:
+        demo = _live_demo(srv.url)
+        demo.inject_live(FaultPlan(1, kind, group_rank=1))
+    finally:
+        srv.stop()
+    assert len(set(posted)) == 1 and len(posted) == 1 + answer_lost, posted
+    assert posted[0].startswith(f"{kind}:at_step=14,") and posted[0].endswith(",rank=1")
+    assert [tr.record["spec"] for tr in demo.tracks] == posted[:1]
+    assert demo.tracks[0].record["outcome"] == "pending"  # not "injection failed"
+    assert [kind for kind, _ in demo.events] == ["injected"]
+    assert state.faults == posted[:1]

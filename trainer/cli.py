@@ -8,7 +8,6 @@ import socket
 import sys
 import traceback
 from collections.abc import Mapping
-from dataclasses import replace
 from urllib.parse import urlsplit
 
 from http_serving import is_http_url, redact_url
@@ -20,8 +19,10 @@ from .faults import (
     check_fits_group,
     check_process_fault,
     check_reached,
+    fault_key,
     parse_fault,
 )
+from .loop import env_local_world_size
 from .store import is_loopback, is_wildcard, uses_agent_store
 
 
@@ -132,8 +133,9 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     if worker_port and worker_port + group_rank > 65535:
         raise SystemExit(f"lightkeeper train: --worker-port {worker_port} + group rank "
                          f"{group_rank} is past 65535 (each local rank takes port+group_rank)")
-    try:  # torch's device pick reads it, after the import this check saves
+    try:  # torch's device pick reads them, after the import this check saves
         env_local_rank()
+        env_local_world_size()
     except ValueError as e:
         raise SystemExit(f"lightkeeper train: {e}") from None
     given = set()
@@ -144,9 +146,10 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             check_reached(fault, args.steps)  # the injector checks a live post the same way
         except FaultSpecError as e:
             raise SystemExit(f"lightkeeper train: --inject: {e}") from None
-        if replace(fault, spec="") in given:  # two would stack, as a post again is refused
+        key = fault_key(fault, group_world_size)
+        if key in given:  # two would stack, as a post again is refused
             raise SystemExit(f"lightkeeper train: --inject: {spec!r} given twice")
-        given.add(replace(fault, spec=""))
+        given.add(key)
     return TrainConfig(
         replica_group=replica_group, num_replica_groups=num_groups, lighthouse=lighthouse,
         group_rank=group_rank, group_world_size=group_world_size,

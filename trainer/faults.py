@@ -44,19 +44,21 @@ reaches the step; the trainer refuses them (a process cannot degrade its own hos
     host_offline:at_step=N               the host drops off the network (kernel panic, power,
                                          NIC death): its link goes down, its processes live on
 
-    Every kind also takes rank=R: the group rank it strikes (default: every rank of the group).
+    Every kind also takes rank=R: the group rank it strikes (default: every rank of the group;
+    where=group needs one, as on every rank it does nothing).
     A process fault at step N that a rank never runs acts at the first step past N it runs when
     the rank joined the job before N (then healed past it) or was given the fault live (posted
-    after N); a process that joined past N (a late group, a restart with the same --inject)
-    says so once and never acts on it.
+    after N); a process that joined past N, or healed into the running job at N (a late group,
+    a restart with the same --inject), says so once and never acts on it.
     What torchft 0.2.0 then does (one rank of a group crashed or hung, the others alive) is
     measured in the README's Trainer section.
 
 Steps are torchft's committed step numbers (``manager.current_step()``); a ``delay`` is at most
 MAX_DELAY_S (one day), and a ``factor``'s sleep is capped there. A bad spec raises
 :class:`FaultSpecError` with a message that names the problem; what can only be checked against
-the replica group (``rank`` out of range, ``where=group`` in a one-rank group) is checked by
-:class:`FaultInjector`, which knows the group. Nothing is injected by default.
+the replica group (``rank`` out of range, ``where=group`` in a one-rank group or without
+``rank``) is checked by :class:`FaultInjector`, which knows the group. Nothing is injected by
+default.
 """
 
 from __future__ import annotations
@@ -214,6 +216,24 @@ def check_fits_group(fault: Fault, group_world_size: int) -> None:
             f"where=group in {fault.spec!r} needs a replica group of several ranks (FSDP inside "
             f"the group); this one has 1 rank, so there is no in-group collective"
         )
+    if fault.where == "group" and fault.rank is None:
+        # struck on every rank, it is no fault of one: each issues the same dtype, or each
+        # blocks before the all-gather, where no peer waits for it
+        does = ("blocks before the all-gather, so no peer waits inside it" if fault.kind == "hang"
+                else "sends the same dtype, so nothing mismatches")
+        raise FaultSpecError(
+            f"where=group in {fault.spec!r} needs rank=R, the one group rank it strikes: on "
+            f"every rank of the group it does nothing (each {does}); e.g. "
+            f"{fault.spec},rank={group_world_size - 1}"
+        )
+
+
+def fault_key(fault: Fault, group_world_size: int) -> Fault:
+    """What ``fault`` does in a group of ``group_world_size`` ranks, for telling two faults
+    apart: not its text (slow:delay=1 and slow:delay=1.0 are one fault), and in a one-rank
+    group no rank and rank=0 are one (in a bigger one, no rank strikes every rank: another)."""
+    rank = 0 if fault.rank is None and group_world_size == 1 else fault.rank
+    return replace(fault, spec="", rank=rank)
 
 
 def check_reached(fault: Fault, steps: int) -> None:
@@ -255,7 +275,7 @@ class FaultInjector:
         self._lock = threading.Lock()  # POST /v1/faults runs on the server's threads
         for fault in faults:
             self._check(fault)
-            self._given.add(replace(fault, spec=""))
+            self._given.add(fault_key(fault, group_world_size))
         self.faults = [f for f in faults if f.targets(group_rank)]
         self._hang_forever = threading.Event()  # never set: a hang lasts until the process dies
         # Told once per fault, on the training thread, the first time it acts (before a hang
@@ -264,10 +284,15 @@ class FaultInjector:
         self._struck: set[Fault] = set()
         # a one-off fault's step: its at_step, or the first step past it this process ran when
         # it joined the job before it (then healed past it) or was given it live (posted after
-        # it); a process that joined past it (a late group, a restart by torchrun or a pod's
-        # restart policy, given the same --inject) says so once and never strikes
+        # it); a process that joined past it, or healed into the job at it (a late group, a
+        # restart by torchrun or a pod's restart policy, given the same --inject) says so once
+        # and never strikes
         self._due: dict[Fault, int] = {}
         self._joined: int | None = None  # the first step this process committed
+        # the step of this process's first iteration, its first quorum done: past 0, it joined
+        # a running job by healing to it (a restart heals to the step its fault stopped the
+        # job at, and must not strike there again)
+        self._started: int | None = None
         self._live: set[Fault] = set()
         self._passed: set[Fault] = set()
         # how slow_compute spends its extra seconds: the host sleeps; on CUDA, gpu_stall's
@@ -287,10 +312,11 @@ class FaultInjector:
         with self._lock:
             self._check(fault)
             # a second slow would stack, a second one-off never strike
-            if replace(fault, spec="") in self._given:
+            key = fault_key(fault, self.group_world_size)
+            if key in self._given:
                 raise FaultSpecError(f"already injected: {fault.spec} (faults cannot be removed; "
                                      f"restart the process to clear them)")
-            self._given.add(replace(fault, spec=""))
+            self._given.add(key)
             if fault.targets(self.group_rank):
                 self._live.add(fault)
                 # one assignment: the training thread never sees half
@@ -313,19 +339,29 @@ class FaultInjector:
         if self._joined is None:
             self._joined = step
 
+    def started(self, step: int) -> None:
+        """Told at each step once its quorum is known, before any hook: ``step`` (the first
+        one counts)."""
+        if self._started is None:
+            self._started = step
+
     def _applies(self, fault: Fault, step: int) -> bool:
         if fault.at_step < 0 or step < fault.at_step:
             return fault.applies(step)
         if fault not in self._due:
-            passed = step > fault.at_step and fault not in self._live \
-                and (self._joined is None or self._joined > fault.at_step)
-            if passed:  # joined past it: struck (or passed) before this process
+            started = self._started or 0  # past 0: healed into a running job
+            if 0 < started and fault.at_step <= started:
+                at: int | None = started  # joined at (or past) its step
+            elif step > fault.at_step and (self._joined is None or self._joined > fault.at_step):
+                at = step if self._joined is None else self._joined  # joined past it
+            else:
+                at = None
+            if at is not None and fault not in self._live:  # struck (or passed) before this process
                 if fault not in self._passed:
                     self._passed.add(fault)
-                    at = self._joined if self._joined is not None else step
+                    where = "at its step" if at == fault.at_step else f"past step {fault.at_step}"
                     print(f"[lightkeeper] fault {fault.spec!r}: this process joined the job at "
-                          f"step {at}, past step {fault.at_step}: not struck", file=sys.stderr,
-                          flush=True)
+                          f"step {at}, {where}: not struck", file=sys.stderr, flush=True)
                 return False
             self._due[fault] = step
         return self._due[fault] == step

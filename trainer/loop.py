@@ -1,10 +1,11 @@
 """The training loop of one rank, top to bottom.
 
 FT-DDP across replica groups with torchft: every step asks the Lighthouse for a quorum
-(asynchronously, during the forward pass), all-reduces the flattened gradients over the quorum's
-participants through ``Manager.allreduce`` (averaged over participants), and steps the optimizer
-only when ``should_commit`` agrees. A group that (re)joins heals from a healthy peer through
-torchft's checkpoint transport and continues at the quorum's step.
+(asynchronously in a one-rank group, during the step's pause), all-reduces the flattened
+gradients over the quorum's participants through ``Manager.allreduce`` (averaged over
+participants), and steps the optimizer only when ``should_commit`` agrees. A group that
+(re)joins heals from a healthy peer through torchft's checkpoint transport and continues at the
+quorum's step.
 
 Gradients go through ``Manager.allreduce`` rather than torchft's ``DistributedDataParallel``:
 measured with torch 2.13 + torchft 0.2.0, the DDP comm hook fails with ``AssertionError`` in the
@@ -62,20 +63,36 @@ def _configure_env() -> None:
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
 
 
-def pick_device(local_rank: int, gpus: int) -> str:
+def pick_device(local_rank: int, gpus: int, local_world_size: int = 1) -> str:
     """The rank's device: ``cpu`` when the process sees no GPU; ``cuda:0`` when it sees one (a
     launcher that gives each rank its own GPU, as ``srun --gpus-per-task=1``); else
     ``cuda:LOCAL_RANK`` (torchrun's one process per GPU). ValueError when LOCAL_RANK names a
-    GPU the process does not see."""
+    GPU the process does not see, or ``local_world_size`` (torchrun's LOCAL_WORLD_SIZE) ranks
+    on this host would share the one GPU each sees (NCCL: "Duplicate GPU detected")."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if gpus == 0:
         return "cpu"
+    if gpus == 1 and local_world_size > 1:  # torchrun's ranks all see the same one
+        raise ValueError(f"LOCAL_RANK={local_rank} of LOCAL_WORLD_SIZE={local_world_size} ranks "
+                         f"on this host, but this process sees 1 GPU (CUDA_VISIBLE_DEVICES="
+                         f"{visible!r}), which they would share (NCCL refuses: Duplicate GPU "
+                         f"detected): start 1 rank on this host, or give each its own GPU")
     if gpus == 1:
         return "cuda:0"
     if not 0 <= local_rank < gpus:
         raise ValueError(f"LOCAL_RANK={local_rank}, but this process sees {gpus} GPUs "
-                         f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}): "
+                         f"(CUDA_VISIBLE_DEVICES={visible!r}): "
                          f"start at most {gpus} ranks on this host, or give each its own GPU")
     return f"cuda:{local_rank}"
+
+
+def env_local_world_size() -> int:
+    """LOCAL_WORLD_SIZE (torchrun: its ranks on this host; 1 when unset); ValueError if bad."""
+    raw = os.environ.get("LOCAL_WORLD_SIZE") or "1"
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"LOCAL_WORLD_SIZE={raw!r} is not an integer") from None
 
 
 def inject_live(injector: FaultInjector, state: RankState, spec: str) -> str:
@@ -151,7 +168,8 @@ def train(cfg: TrainConfig) -> int:
     torch.manual_seed(cfg.seed)  # identical init in every group
 
     try:
-        device = torch.device(pick_device(env_local_rank(), torch.cuda.device_count()))
+        device = torch.device(pick_device(env_local_rank(), torch.cuda.device_count(),
+                                          env_local_world_size()))
     except ValueError as e:
         sys.stderr.write(f"lightkeeper train: error: {e}\n")
         return 1
@@ -291,12 +309,15 @@ def train(cfg: TrainConfig) -> int:
         while manager.current_step() < cfg.steps:
             if state.stopped_by:  # SIGTERM'd: join no next quorum (a group about to be gone
                 threading.Event().wait()  # stalls it); the stop ends the process by SIGTERM
-            optimizer.zero_grad(set_to_none=False)  # async quorum forms during the forward pass
-            # read after the quorum starts: a synchronous one (groups of several ranks) heals
-            # inside it, and a fault at the healed step must strike at it
-            step = manager.current_step()
-            if cfg.step_pause_s:
+            optimizer.zero_grad(set_to_none=False)  # starts the quorum: async in one-rank groups
+            if cfg.step_pause_s:  # data loading, overlapping an async quorum
                 time.sleep(cfg.step_pause_s)
+            # The step once the quorum is known: a one-rank group's async quorum heals on
+            # torchft's thread (a multi-rank group's already did), and the faults, the batch and
+            # the commit check need the healed step. The forward (a few ms) no longer overlaps it.
+            manager.wait_quorum()
+            step = manager.current_step()
+            injector.started(step)  # the first one: past 0, this process healed into the job
             tokens, targets = synthetic_batch(step, cfg.replica_group * group_world_size
                                               + group_rank, m.batch_size, m.seq_len, m.vocab_size)
             tokens, targets = tokens.to(device), targets.to(device)
@@ -324,10 +345,11 @@ def train(cfg: TrainConfig) -> int:
             if flat.numel() == local_numel(params):
                 unflatten_into_grads(flat, params)
 
+            pre = manager.current_step()
             optimizer.step()
-            committed = manager.current_step() > step
+            committed = manager.current_step() > pre
             if committed:  # the step it joined the job at: a one-off fault before it is passed
-                injector.joined(manager.current_step() - 1)
+                injector.joined(pre)
             state.set_loss(loss.item())
             snap = state.snapshot()
             log.info(
