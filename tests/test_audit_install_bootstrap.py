@@ -2,7 +2,7 @@
 be built (a C compiler but no Python headers): it tries that build once, says so once, and does
 not reinstall the project on every later run (``bin/lightkeeper`` runs it before each command).
 
-Faked: .venv's ``python`` and ``pip`` are stand-ins that record their arguments (``pip`` builds
+Faked: .venv's ``python`` is a stand-in that records what ``python -m pip`` is asked (it builds
 nothing, as where the headers are missing). A real .venv takes minutes to build (torch first);
 what is checked here is bootstrap's own decision, run by bash on a copy of the files it reads.
 """
@@ -33,10 +33,11 @@ def checkout(tmp_path: Path) -> Path:
     (modules / ".package-lock.json").write_text("{}")
     bindir = root / ".venv/bin"
     bindir.mkdir(parents=True)
-    (bindir / "python").write_text("#!/bin/sh\nexit 0\n")  # torch, torchtitan: "importable"
-    (bindir / "pip").write_text(f'#!/bin/sh\necho "$*" >> "{root}/pip.log"\n')
-    for name in ("python", "pip"):
-        (bindir / name).chmod(0o755)
+    # torch, torchtitan: "importable"; `python -m pip` (how bootstrap runs pip) records its args
+    (bindir / "python").write_text(
+        f'#!/bin/sh\nif [ "$1 $2" = "-m pip" ]; then shift 2; echo "$*" >> "{root}/pip.log"; fi\n'
+        "exit 0\n")
+    (bindir / "python").chmod(0o755)
     return root
 
 

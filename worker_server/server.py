@@ -130,26 +130,55 @@ def monitor_urls(given: str | None, env) -> list[str]:
     return urls
 
 
+def _binds(family: int, addr: tuple) -> int:
+    """0 when ``addr`` binds here, else the errno (socket()'s EAFNOSUPPORT: a family absent)."""
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.bind((addr[0], 0, *addr[2:]))  # an IPv6 address's scope kept
+    except OSError as e:
+        return e.errno or -1
+    return 0
+
+
+_LOOPBACK = {socket.AF_INET: ("127.0.0.1", 0), socket.AF_INET6: ("::1", 0, 0, 0)}
+_NOT_HERE = (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT, errno.EINVAL)
+
+
+def _family_here(family: int) -> bool | None:
+    """Whether this host has ``family`` switched on: its loopback binds (IPv6 can be off with
+    the socket still made, disable_ipv6). None when the bind failed for another reason."""
+    err = _binds(family, _LOOPBACK[family]) if family in _LOOPBACK else 0
+    return None if err not in (0, *_NOT_HERE) else not err
+
+
 def _on_this_host(host: str) -> bool | None:
-    """Whether ``host`` is this host: a loopback name or address, or one that resolves to an
-    address of this host's own (it binds). None when it does not resolve (the registration's own
-    failure says so) or when a bind failed for another reason than "not this host's"."""
+    """Whether ``host`` is this host: a loopback name or address, or one whose every address is
+    this host's own (binds). An address of a family this host lacks or has switched off is
+    skipped (``localhost`` -> ``::1`` where IPv6 is off); any other one that does not bind
+    (EADDRNOTAVAIL; EINVAL: an unscoped ``fe80::``) makes it another host, also when another of
+    its addresses is on many hosts (docker0's 172.17.0.1, a VIP). None when it does not resolve
+    (the registration's own failure says so) or a bind failed otherwise (EACCES, EMFILE)."""
     if is_loopback_host(host):  # localhost may also resolve to a ::1 a host without IPv6 lacks
         return True
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):
         return None
-    unknown = False
+    here: dict[int, bool | None] = {}
+    bound = unknown = False
     for family, _, _, _, addr in infos:
-        try:
-            with socket.socket(family, socket.SOCK_DGRAM) as s:
-                s.bind((addr[0], 0, *addr[2:]))  # an IPv6 address's scope kept
-                return True
-        except OSError as e:
-            # not this host's address, or a family this host lacks: another address may be
-            unknown = unknown or e.errno not in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)
-    return None if unknown else False
+        err = _binds(family, addr)
+        if not err:
+            bound = True
+        elif err not in _NOT_HERE:
+            unknown = True
+        else:
+            if family not in here:
+                here[family] = err != errno.EAFNOSUPPORT and _family_here(family)
+            if here[family]:
+                return False  # a family this host has, an address it has not
+            unknown = unknown or here[family] is None
+    return None if unknown else bound
 
 
 def loopback_for_remote(own_url: str, monitor_url: str) -> bool:
