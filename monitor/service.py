@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from http_serving import BackgroundWSGIServer, http_url, redact_url
+from http_serving import BackgroundWSGIServer, http_url, redact_entry, redact_url
 
 from .act.actions import Lighthouse
 from .act.bundles import Bundles
@@ -330,9 +330,9 @@ class Monitor:
         return view
 
     def _judge_hosts(self, view: ClusterView, new: list, now: float) -> None:
-        """The host ledger's offences, policy and sinks. A standby acts on nothing outside (no
-        offence, sink, abort, exit or bundle): the monitor holding its slice does, and it takes
-        over with its own ledger as it stands (docs/monitor.md, Several monitors)."""
+        """The host ledger's offences, policy and sinks, on a standby too: its ledger shadows the
+        holder's, so a handover never leaves a quarantine nobody releases (the sinks' actions are
+        idempotent). A standby sends no abort or exit and fetches no bundle (docs/monitor.md)."""
         self.enforcer.standby = self.shard is not None and self.shard.holds is False
         self.enforcer.judge_hosts(view, new, now, self.lighthouse_status)
 
@@ -485,7 +485,7 @@ class Monitor:
         except tuple(REFUSALS) as e:
             outcome = REFUSALS[type(e)]
             self.metrics.registrations.labels(self.cfg.job, outcome).inc()
-            url = redact_url(str(body.get("url"))[:200]) if isinstance(body, dict) else None
+            url = redact_entry(str(body.get("url"))[:200]) if isinstance(body, dict) else None
             window = int(self.clock() // REFUSAL_EVERY_S)
             if window != self._refused_in:  # a new window: each refusal said again
                 self._refused, self._refused_in = set(), window

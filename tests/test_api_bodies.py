@@ -55,11 +55,12 @@ def test_deeply_nested_json_is_a_400_without_a_logged_traceback(mon, caplog):
     assert _bad_requests(client) == before + 1
 
 
-def test_another_jobs_rank_is_refused_without_its_urls_password_in_the_log(mon, caplog):
+@pytest.mark.parametrize("url", ["http://rank:pw-s3cret@10.0.0.7:9500",
+                                 "rank:pw-s3cret@10.0.0.7:9500"])  # scheme-less: taken too
+def test_another_jobs_rank_is_refused_without_its_urls_password_in_the_log(mon, caplog, url):
     client = create_app(mon).test_client()
     with caplog.at_level(logging.INFO):
-        r = client.post("/v1/targets", json={"url": "http://rank:pw-s3cret@10.0.0.7:9500",
-                                             "job": "other"},
+        r = client.post("/v1/targets", json={"url": url, "job": "other"},
                         headers={"Authorization": f"Bearer {REGISTER}"})
     assert r.status_code == 409
     said = [r.getMessage() for r in caplog.records]

@@ -74,8 +74,9 @@ class Enforcer:
                                          cfg.rank_auth, self.claims), cfg.orphan_grace_s)
         self.metrics, self.blind, self.clock = metrics, blind, clock
         self.hosts_error: str | None = None
-        # set each sweep: another monitor holds this shard's slice, so this one charges no host,
-        # runs no sink, sends no abort or exit and fetches no bundle (it does, on its own store)
+        # set each sweep: another monitor holds this shard's slice, so this one sends no abort
+        # or exit and fetches no bundle; it keeps its host ledger (and sinks) so that a
+        # handover never leaves a quarantine nobody releases
         self.standby = False
         self._finding_ids: dict[tuple, int] = {}
         self._unrecorded: list[Finding] = []  # confirmed, not in the audit log yet
@@ -145,9 +146,7 @@ class Enforcer:
                     lighthouse: LighthouseStatus | None = None) -> None:
         """Offences (a ``dead`` one once ``lighthouse``, the status just read, agrees:
         DeadGroups), the quarantine policy, then due sink actions on a background thread
-        (a slow sink never delays a sweep); nothing on a ``standby``. Never raises."""
-        if self.standby:  # the monitor holding the slice charges them: here they would count
-            return  # twice, and quarantine twice
+        (a slow sink never delays a sweep). Never raises."""
         try:
             # a group the monitor sent a kill for ends by that kill (even one left unconfirmed,
             # its Manager gone and a bare rank still up): no host's fault
@@ -236,8 +235,6 @@ class Enforcer:
         return out
 
     def _start_host_actions(self) -> None:
-        if self.standby:  # queued: carried out once this monitor holds its slice
-            return
         t = self._host_actions
         if t is not None and t.is_alive():
             return  # one run at a time

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from http_serving import host_for_url, redact_url
+from http_serving import host_for_url, redact_entry, redact_url
 
 from ..config import ConfigError
 from ..store import LockHeld, file_id, pid_lock
@@ -220,7 +220,7 @@ class Discovery:
             if job not in self._other_jobs and len(self._other_jobs) < OTHER_JOBS_SAID:
                 self._other_jobs.add(job)
                 log.warning("refusing ranks of job %r (this monitor's --job is %r), e.g. %r%s",
-                            job, self.job, redact_url(body["url"]),
+                            job, self.job, redact_entry(str(body["url"])),
                             "; other jobs' ranks are refused unsaid from now"
                             if len(self._other_jobs) == OTHER_JOBS_SAID else "")
             raise OtherJob(f"this monitor watches job {self.job!r} (its --job); the rank is of "
