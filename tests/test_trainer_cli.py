@@ -83,18 +83,28 @@ def test_a_job_across_hosts_at_a_loopback_worker_host_is_said(monkeypatch, argv,
 
 
 def test_several_local_ranks_on_the_one_gpu_they_see_is_a_clear_error(monkeypatch):
-    """torchrun's ranks all see the one GPU: each took cuda:0, and NCCL refused the group at its
-    first collective ("Duplicate GPU detected")."""
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    """torchrun's ranks all see the host's one GPU: each took cuda:0, and NCCL refused the group
+    at its first collective ("Duplicate GPU detected")."""
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     with pytest.raises(ValueError, match=r"LOCAL_RANK=1 of LOCAL_WORLD_SIZE=2 ranks on this "
-                                         r"host, but this process sees 1 GPU "
-                                         r"\(CUDA_VISIBLE_DEVICES='3'\)"):
+                                         r"host, but it has 1 GPU \(CUDA_VISIBLE_DEVICES unset\)"):
         pick_device(1, 1, local_world_size=2)
     with pytest.raises(ValueError, match="Duplicate GPU"):
         pick_device(0, 1, local_world_size=2)
     assert pick_device(0, 1, local_world_size=1) == "cuda:0"
     assert pick_device(1, 2, local_world_size=2) == "cuda:1"
     assert pick_device(1, 0, local_world_size=2) == "cpu"
+
+
+@pytest.mark.parametrize("visible", ["3", "GPU-5f2a", "0,1"])
+def test_a_launcher_that_sets_cuda_visible_devices_is_trusted_with_one_gpu_a_rank(
+        monkeypatch, visible):
+    """torchrun with a wrapper setting CUDA_VISIBLE_DEVICES=$LOCAL_RANK, or srun
+    --gpus-per-task=1 exporting LOCAL_WORLD_SIZE, gives each rank its own GPU: they were
+    refused, as one process cannot tell that from ranks sharing the one GPU they see."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert pick_device(1, 1, local_world_size=2) == "cuda:0"
+    assert pick_device(3, 1, local_world_size=4) == "cuda:0"
 
 
 def test_a_bad_local_world_size_is_a_usage_error_before_torch(monkeypatch):

@@ -23,12 +23,17 @@ from trainer.faults import FaultInjector, FaultSpecError, check_fits_group, pars
 
 class AsyncQuorumManager:
     """``heals``: quorum number -> the step that quorum heals this group to; ``failed``: the
-    quorum numbers whose step does not commit."""
+    quorum numbers whose step does not commit; ``errored``: the quorum numbers whose process
+    group or heal fails (torchft reports the error and returns without healing; the step does
+    not commit). ``on_wait`` is called while ``wait_quorum`` blocks for a quorum."""
 
-    def __init__(self, heals: dict[int, int], failed: tuple[int, ...] = ()) -> None:
-        self.heals, self.failed = heals, failed
+    def __init__(self, heals: dict[int, int], failed: tuple[int, ...] = (),
+                 errored: tuple[int, ...] = (), on_wait=None) -> None:
+        self.heals, self.failed, self.errored_quorums = heals, failed, errored
+        self.on_wait = on_wait
         self.quorums = 0
-        self.pending: int | None = None
+        self.pending: tuple[int | None, bool] | None = None
+        self.error: Exception | None = None
         self.step = 0
         self.allreduced: list[tuple[int, int]] = []  # (step, elements) of each all_reduce
         self.transport = None
@@ -38,12 +43,22 @@ class AsyncQuorumManager:
         return self
 
     def start_quorum(self, *args, **kwargs) -> None:
-        self.pending = self.heals.get(self.quorums)
+        self.error = None
+        self.pending = (self.heals.get(self.quorums), self.quorums in self.errored_quorums)
         self.quorums += 1
 
     def wait_quorum(self) -> None:
-        if self.pending is not None:
-            self.step, self.pending = self.pending, None
+        if self.pending is not None:  # blocks until the quorum is known (once a quorum)
+            if self.on_wait is not None:
+                self.on_wait()
+            (heal, errored), self.pending = self.pending, None
+            if errored:
+                self.error = RuntimeError("pg configure failed")
+            elif heal is not None:
+                self.step = heal
+
+    def errored(self):
+        return self.error
 
     def current_step(self) -> int:
         return self.step
@@ -55,7 +70,7 @@ class AsyncQuorumManager:
 
     def should_commit(self, timeout=None) -> bool:
         self.wait_quorum()
-        ok = self.quorums - 1 not in self.failed
+        ok = self.quorums - 1 not in self.failed and self.error is None
         self.step += ok
         return ok
 
@@ -63,7 +78,8 @@ class AsyncQuorumManager:
         self.transport.shutdown(wait=False)
 
 
-def run_train(monkeypatch, manager: AsyncQuorumManager, faults: list[str], steps: int) -> None:
+def run_train(monkeypatch, manager: AsyncQuorumManager, faults: list[str], steps: int,
+              worker_server: bool = False) -> None:
     from trainer.loop import train
 
     for name in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "RANK",
@@ -75,7 +91,7 @@ def run_train(monkeypatch, manager: AsyncQuorumManager, faults: list[str], steps
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     monkeypatch.setattr(torchft, "Manager", manager)
     cfg = TrainConfig(lighthouse="http://127.0.0.1:1", steps=steps, faults=faults,
-                      worker_server=False, torch_threads=torch.get_num_threads(),
+                      worker_server=worker_server, torch_threads=torch.get_num_threads(),
                       connect_timeout_s=5)
     assert train(cfg) == 0
 
@@ -122,6 +138,67 @@ def test_a_failed_commit_at_the_heal_step_is_logged_as_failed(monkeypatch, caplo
     logged = [re.search(r"step=(\d+) .* committed=(\w+)", r.getMessage()).groups()
               for r in caplog.records if r.name == "lightkeeper.trainer"]
     assert logged == [("1", "True"), ("5", "False"), ("6", "True"), ("7", "True")]
+
+
+def test_a_one_rank_group_waiting_for_its_quorum_shows_phase_quorum(monkeypatch):
+    """While the loop waited for a one-rank group's async quorum /v1/state said "forward" (set
+    as start_quorum returns): the monitor reads that as a quorum asked for and not yet waited
+    on, so a first quorum that never formed got the wrong stuck_starting why."""
+    import requests
+
+    from trainer.model import TinyTransformerLM
+    from worker_server import WorkerServer
+
+    servers: list = []
+    start = WorkerServer.start.__func__
+
+    def started(cls, *args, **kwargs):
+        servers.append(start(cls, *args, **kwargs))
+        return servers[-1]
+
+    def phase() -> str:
+        return requests.get(servers[0].url + "/v1/state", timeout=5).json()["phase"]
+
+    forward = TinyTransformerLM.forward
+    in_forward: list[str] = []
+
+    def timed_forward(self, tokens):
+        in_forward.append(phase())
+        return forward(self, tokens)
+
+    monkeypatch.setattr(WorkerServer, "start", classmethod(started))
+    monkeypatch.setattr(TinyTransformerLM, "forward", timed_forward)
+    in_wait: list[str] = []
+    manager = AsyncQuorumManager(heals={1: 4}, on_wait=lambda: in_wait.append(phase()))
+    run_train(monkeypatch, manager, [], steps=6, worker_server=True)
+    assert in_wait == ["quorum"] * 3 and in_forward == ["forward"] * 3
+
+
+def test_a_step_whose_quorum_errored_strikes_no_one_off_and_its_rerun_does(monkeypatch):
+    """torchft discards a step whose quorum errored (its process group or heal failed) and runs
+    it again: the fault struck in the discarded run, and again in the rerun."""
+    manager = AsyncQuorumManager(heals={}, errored=(3,))
+    run_train(monkeypatch, manager, ["mismatch:at_step=3"], steps=5)
+    usual = min(n for _, n in manager.allreduced)
+    assert manager.allreduced == [(0, usual), (1, usual), (2, usual), (3, usual),
+                                  (3, usual + 1), (4, usual)]
+
+
+@pytest.mark.parametrize("at_step, said", [
+    (3, "joined the job at step 3, at its step: not struck"),
+    (0, "joined the job at step 3, past step 0: not struck"),
+])
+def test_a_first_quorum_that_errored_is_not_the_step_the_process_started_at(
+        monkeypatch, capsys, at_step, said):
+    """A fresh process's first quorum errored (torchft returns before the heal, the step still
+    0), then the next healed it to 3: the injector took 0 as its start, so a restart with the
+    same --inject struck again at 3, and at_step=0 struck in the discarded first step."""
+    manager = AsyncQuorumManager(heals={1: 3}, errored=(0,))
+    run_train(monkeypatch, manager, [f"mismatch:at_step={at_step}"], steps=6)
+    assert [s for s, _ in manager.allreduced] == [0, 3, 4, 5]
+    assert len({n for _, n in manager.allreduced}) == 1  # no extra element, anywhere
+    err = capsys.readouterr().err
+    assert err.count("not struck") == 1 and said in err, err
 
 
 def test_a_process_that_joined_before_the_step_and_healed_past_it_still_strikes():

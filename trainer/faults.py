@@ -49,7 +49,8 @@ reaches the step; the trainer refuses them (a process cannot degrade its own hos
     A process fault at step N that a rank never runs acts at the first step past N it runs when
     the rank joined the job before N (then healed past it) or was given the fault live (posted
     after N); a process that joined past N, or healed into the running job at N (a late group,
-    a restart with the same --inject), says so once and never acts on it.
+    a restart with the same --inject), says so once and never acts on it. A step whose quorum
+    errored (torchft discards it and runs it again) strikes no one-off fault.
     What torchft 0.2.0 then does (one rank of a group crashed or hung, the others alive) is
     measured in the README's Trainer section.
 
@@ -293,6 +294,7 @@ class FaultInjector:
         # a running job by healing to it (a restart heals to the step its fault stopped the
         # job at, and must not strike there again)
         self._started: int | None = None
+        self._discarded = False  # this step's quorum errored (started())
         self._live: set[Fault] = set()
         self._passed: set[Fault] = set()
         # how slow_compute spends its extra seconds: the host sleeps; on CUDA, gpu_stall's
@@ -339,15 +341,19 @@ class FaultInjector:
         if self._joined is None:
             self._joined = step
 
-    def started(self, step: int) -> None:
+    def started(self, step: int, discarded: bool = False) -> None:
         """Told at each step once its quorum is known, before any hook: ``step`` (the first
-        one counts)."""
-        if self._started is None:
+        one not ``discarded`` counts). ``discarded``: the quorum errored, so torchft discards
+        this step and runs it again; no one-off fault strikes in it."""
+        self._discarded = discarded
+        if self._started is None and not discarded:
             self._started = step
 
     def _applies(self, fault: Fault, step: int) -> bool:
         if fault.at_step < 0 or step < fault.at_step:
             return fault.applies(step)
+        if self._discarded:  # strikes at the step's next run, which torchft keeps
+            return False
         if fault not in self._due:
             started = self._started or 0  # past 0: healed into a running job
             if 0 < started and fault.at_step <= started:

@@ -68,15 +68,17 @@ def pick_device(local_rank: int, gpus: int, local_world_size: int = 1) -> str:
     launcher that gives each rank its own GPU, as ``srun --gpus-per-task=1``); else
     ``cuda:LOCAL_RANK`` (torchrun's one process per GPU). ValueError when LOCAL_RANK names a
     GPU the process does not see, or ``local_world_size`` (torchrun's LOCAL_WORLD_SIZE) ranks
-    on this host would share the one GPU each sees (NCCL: "Duplicate GPU detected")."""
+    share the host's only GPU, no CUDA_VISIBLE_DEVICES set (NCCL: "Duplicate GPU detected")."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if gpus == 0:
         return "cpu"
-    if gpus == 1 and local_world_size > 1:  # torchrun's ranks all see the same one
+    # With CUDA_VISIBLE_DEVICES set, one process cannot tell a launcher that gave each rank its
+    # own GPU (a per-rank wrapper, srun --gpus-per-task=1) from one that gave all the same: trust it
+    if gpus == 1 and local_world_size > 1 and visible is None:
         raise ValueError(f"LOCAL_RANK={local_rank} of LOCAL_WORLD_SIZE={local_world_size} ranks "
-                         f"on this host, but this process sees 1 GPU (CUDA_VISIBLE_DEVICES="
-                         f"{visible!r}), which they would share (NCCL refuses: Duplicate GPU "
-                         f"detected): start 1 rank on this host, or give each its own GPU")
+                         f"on this host, but it has 1 GPU (CUDA_VISIBLE_DEVICES unset), which "
+                         f"they would share (NCCL refuses: Duplicate GPU detected): start 1 "
+                         f"rank on this host")
     if gpus == 1:
         return "cuda:0"
     if not 0 <= local_rank < gpus:
@@ -315,9 +317,14 @@ def train(cfg: TrainConfig) -> int:
             # The step once the quorum is known: a one-rank group's async quorum heals on
             # torchft's thread (a multi-rank group's already did), and the faults, the batch and
             # the commit check need the healed step. The forward (a few ms) no longer overlaps it.
+            state.set_phase("quorum")  # as a multi-rank group blocked in its synchronous quorum
             manager.wait_quorum()
+            state.set_phase("forward")
             step = manager.current_step()
-            injector.started(step)  # the first one: past 0, this process healed into the job
+            # A quorum that errored (its process group or the heal failed) returns with the step
+            # not healed, and torchft discards the step: no one-off fault strikes in it, and its
+            # step is not the one this process joined the job at.
+            injector.started(step, discarded=manager.errored() is not None)
             tokens, targets = synthetic_batch(step, cfg.replica_group * group_world_size
                                               + group_rank, m.batch_size, m.seq_len, m.vocab_size)
             tokens, targets = tokens.to(device), targets.to(device)
