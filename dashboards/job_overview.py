@@ -188,7 +188,8 @@ def _goodput_panels(L: Layout) -> None:
     L.add(timeseries(
         "Goodput per replica group",
         "Each replica group slot's goodput / its wall seconds since the ledger began.",
-        [target(f"lightkeeper_monitor_replica_group_goodput_ratio{{{J}}}",
+        # a former holder of a shard, standing by now, keeps its ratios frozen: not a 2nd line
+        [target(not_standby(f"lightkeeper_monitor_replica_group_goodput_ratio{{{J}}}"),
                 "group {{replica_group}}")],
         unit="percentunit", min_=0, max_=1), 8, 8)
 
@@ -201,16 +202,23 @@ HOST_STATE = P.value_mappings({"suspect": ("suspect", "orange"),
 def _host_panels(L: Layout) -> None:
     """The monitor's host ledger (docs/quarantine.md): how many hosts are quarantined, which
     hosts are not ok and why, and quarantine/release actions that fail. The per-host series
-    exist only for hosts that are not ok, so a healthy job shows "0" and an empty table."""
+    exist only for hosts that are not ok, so a healthy job shows "0" and an empty table.
+
+    Every panel counts hosts, each once over all the job's monitors: a host may be in several
+    ledgers (shards whose groups share it; a standby keeps its own, acting as the holder does),
+    so per-monitor counts would add it twice, or miss it where a standby holds it."""
     hosts = f"lightkeeper_monitor_hosts{{{J}}}"
+    ok = f'lightkeeper_monitor_hosts{{{J}, state="ok"}}'
+    state = f"lightkeeper_monitor_host_quarantine_state{{{J}}}"
     failed = f"lightkeeper_monitor_host_action_failed{{{J}}}"
     L.add(stat("Quarantined hosts",
-               "Hosts the monitor's host ledger holds quarantined: their groups are evicted "
+               "Hosts a monitor's host ledger holds quarantined (each once, whatever the "
+               "monitors of the job that hold it): their groups are evicted "
                "when they come back there (quarantined_host findings), and the sinks "
                "(--action) cordon or drain them. GET /v1/hosts on the monitor has the evidence; "
                "POST /v1/hosts/{host}/release lifts it.",
-               [target(active_sum(f'lightkeeper_monitor_hosts{{{J}, state="quarantined"}}'),
-                       "quarantined")],
+               [target(f'count(max by (host) (lightkeeper_monitor_host_quarantine_state'
+                       f'{{{J}, state="quarantined"}}) == 1) or vector(0)', "quarantined")],
                thresholds_=P.thresholds((None, "green"), (1, "orange"))), 4, 8)
     L.add(stat("Hosts with a failing action",
                "Hosts whose last quarantine or release action (k8s, slurm, exec, webhook) "
@@ -221,8 +229,13 @@ def _host_panels(L: Layout) -> None:
         "Hosts by state",
         "Hosts in the monitor's ledger by state: suspect (offences counting, not yet "
         "quarantined, or held back by a rail), quarantined, released, ok (offended once, "
-        "nothing counting now). Only hosts that ever offended are in the ledger.",
-        [target(active_sum(hosts, "state"), "{{state}}")],
+        "nothing counting now; an ok host has no series of its own, so ok adds up the "
+        "monitors' counts, a standby's left out). Only hosts that ever offended are in a "
+        "ledger.",
+        # a state no host is in reads 0, not "no data"
+        [target(f"count by (state) (max by (host, state) ({state}) == 1) "
+                f"or {active_sum(ok, 'state')} "
+                f"or 0 * max by (state) ({hosts})", "{{state}}")],
         interpolation="stepAfter", fill=0, min_=0,
         overrides=[_fixed_color("quarantined", "red"), _fixed_color("suspect", "orange"),
                    _fixed_color("released", "blue"), _fixed_color("ok", "green")]), 8, 8)
@@ -230,7 +243,7 @@ def _host_panels(L: Layout) -> None:
         "Failing host actions by sink",
         "Hosts whose last action failed or is being retried (retries back off 2 s, 4 s, 8 s "
         "... then go on every 5 minutes until done), by sink.",
-        [target(active_sum(failed, "sink"), "{{sink}}")],
+        [target(f"count by (sink) (max by (host, sink) ({failed}) == 1)", "{{sink}}")],
         interpolation="stepAfter", fill=0, min_=0), 8, 8)
     key = "job, host"
     L.add(table(

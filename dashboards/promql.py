@@ -37,9 +37,10 @@ def new_series(m: str, window: str, seconds: str) -> str:
     Prometheus restart): only one whose monitor was scraped ``window`` ago, or is itself new
     within it and started at most 5 minutes before (its first scrape can come well after its
     start, and its clock may be off), is new, so a gap shows no fake events (an increment
-    across the gap is not counted)."""
+    across the gap is not counted). A new series gone since (its monitor restarted within the
+    window) counts too: with its greatest value within the window."""
     start = f"lightkeeper_monitor_start_time_seconds{{{J}}}"
-    return (f"(({m} unless {m} offset {window}) and on (job, instance) "
+    return (f"((max_over_time({m}[{window}]) unless {m} offset {window}) and on (job, instance) "
             f"(lightkeeper_monitor_dry_run{{{J}}} offset {window} "
             f"or ({start} unless {start} offset {window}) > time() - {seconds} - 300))")
 

@@ -82,9 +82,10 @@ def grown(selector: str, window: str) -> str:
     ``increase`` misses the first increment of a labelled counter (its series appears already
     at 1), so a series that is new within the window counts with its whole value, but only if
     its monitor was already being scraped a window ago or started within it (after a Prometheus
-    restart every series looks new; a young monitor's every series is new)."""
+    restart every series looks new; a young monitor's every series is new). A new series gone
+    since (its monitor restarted within the window) counts too: its greatest value within it."""
     seconds = int(window[:-1]) * _SECONDS[window[-1]]
-    return (f"(({selector} unless {selector} offset {window})\n"
+    return (f"((max_over_time({selector}[{window}]) unless {selector} offset {window})\n"
             f"    and on (job, instance) (lightkeeper_monitor_sweeps_total offset {window}\n"
             f"      or lightkeeper_monitor_start_time_seconds > time() - {seconds}))\n"
             f"  or increase({selector}[{window}])")
@@ -286,6 +287,13 @@ ALERTS = [
                (f'lightkeeper_monitor_evictions_total{{{M}, replica_group="1"}}', "_x10 1x10 2x40"),
                (f'lightkeeper_monitor_evictions_total{{{M}, replica_group="2"}}',
                 "_x15 1x10 2x35")], "30m", [{"job": "train"}], interval="1m"),
+         Case("3 evictions, the monitor restarted 12 minutes ago, a 4th since",
+              [(f"lightkeeper_monitor_sweeps_total{{{M}}}", "0+60x40 _x3 0+60x20"),
+               (f"lightkeeper_monitor_start_time_seconds{{{M}}}", "0x40 _x3 2580x20")]
+              + [(f'lightkeeper_monitor_evictions_total{{{M}, replica_group="{g}"}}',
+                  f"_x{at} 1x{40 - at}") for g, at in ((1, 10), (2, 20), (3, 30))]
+              + [(f'lightkeeper_monitor_evictions_total{{{M}, replica_group="4"}}', "_x50 1x14")],
+              "52m", [{"job": "train"}], interval="1m"),
          Case("evictions long ago, Prometheus just restarted",
               [(f"lightkeeper_monitor_sweeps_total{{{M}}}", "1000+60x10"),
                (f"lightkeeper_monitor_start_time_seconds{{{M}}}", "-7200x10"),

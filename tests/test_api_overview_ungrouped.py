@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from monitor.api import app as app_module
 from monitor.api.app import create_app
-from monitor.config import MonitorConfig
+from monitor.config import MonitorConfig, ShardConfig
+from monitor.lease import SessionLease
 from monitor.service import Monitor
+from monitor.shard import shard_of
+from tests.support.monitor_sim import SimRanks
+from tests.test_shard_rails import PREFIX, MemEtcd
 
 
 def _overview(tmp_path, targets: list[str]) -> str:
@@ -40,3 +44,37 @@ def test_no_target_at_all_says_how_to_give_some(tmp_path):
     page = _overview(tmp_path, [])
     assert "no ranks known yet: pass --targets" in page
     assert '<table id="ungrouped">' not in page
+
+
+def _shard_overview(tmp_path, shard: ShardConfig, urls: list[str]) -> str:
+    # a leader candidate needs a Lighthouse: nothing listens on port 1, refused at once
+    mon = Monitor(MonitorConfig(port=0, targets=urls, state_path=str(tmp_path / "m.db"),
+                                job="sim", shard=shard, lighthouse="http://127.0.0.1:1"))
+    try:
+        mon.shard.etcd.close()
+        etcd = MemEtcd()
+        mon.shard.etcd, mon.shard.session = etcd, SessionLease(etcd, 5)
+        mon.sweep_once()
+        return create_app(mon).test_client().get("/").get_data(as_text=True)
+    finally:
+        mon.stop()
+
+
+def test_a_shard_whose_slice_is_empty_says_so_not_that_no_target_said_its_group(tmp_path):
+    """Every target answered, in group 0 (shard 0's of 2): shard 1's view holds none of them,
+    and a --lead candidate's none at all."""
+    sim = SimRanks.start(2, groups=1)
+    try:
+        assert shard_of(0, 2) == 0
+        page = _shard_overview(tmp_path, ShardConfig(shards=2, index=1, etcd="http://127.0.0.1:1",
+                                                     etcd_prefix=PREFIX), sim.urls)
+        assert ("no replica group of this shard's slice known yet (shard 1/2): 2 targets known, "
+                "none has said a group it owns") in page
+        assert "none has said its group" not in page
+        lead = _shard_overview(tmp_path / "lead", ShardConfig(
+            shards=2, index=None, etcd="http://127.0.0.1:1", etcd_prefix=PREFIX, lead=True),
+            sim.urls)
+        assert "a leader candidate polls no slice: 2 targets known, the shards poll them" in lead
+        assert "none has said its group" not in lead
+    finally:
+        sim.stop()

@@ -50,7 +50,7 @@ def _one(value: float, **labels: str) -> list[dict]:
              "value": value}]
 
 
-def _shard(known: int, up: int, standby: bool) -> MonitorMetrics:
+def _shard(known: int, up: int, standby: bool, host: str) -> MonitorMetrics:
     m = MonitorMetrics("train")
     m.ranks_known.labels("train").set(known)
     m.ranks_up.labels("train").set(up)
@@ -58,7 +58,7 @@ def _shard(known: int, up: int, standby: bool) -> MonitorMetrics:
     m.ranks_finished.labels("train").set(0)
     m.ranks_verified.labels("train").set(up)
     m.open_findings.labels("train", "dead").set(known - up)
-    m.hosts.labels("train", "quarantined").set(1)
+    m.set_hosts({"quarantined": 1}, [{"host": host, "state": "quarantined"}])
     m.shard_standby.labels("train").set(1 if standby else 0)
     return m
 
@@ -66,10 +66,10 @@ def _shard(known: int, up: int, standby: bool) -> MonitorMetrics:
 def test_a_standby_shard_is_not_counted_again(tmp_path):
     """Shard 0 (4 ranks), shard 1 (6 ranks, one dead) and a standby for shard 1 that sees
     what shard 1 sees: the job has 10 ranks, not 16; one finding and one new finding a step,
-    not two."""
-    series = (_series(_shard(4, 4, False), "shard0:19400")
-              + _series(_shard(6, 5, False), "shard1:19400")
-              + _series(_shard(6, 5, True), "shard1-standby:19400"))
+    not two; each shard's quarantined host once."""
+    series = (_series(_shard(4, 4, False, "h0"), "shard0:19400")
+              + _series(_shard(6, 5, False, "h1"), "shard1:19400")
+              + _series(_shard(6, 5, True, "h1"), "shard1-standby:19400"))
     for inst in ("shard1:19400", "shard1-standby:19400"):  # both confirm the dead rank's finding
         series.append({"series": f'lightkeeper_monitor_findings_total{{job="train", '
                                  f'instance="{inst}", kind="dead", replica_group="3"}}',
@@ -152,3 +152,79 @@ def test_panel_texts_name_every_poll_error_reason_and_registration_outcome():
         assert outcome in panels["Rank registrations by outcome"], outcome
     # retried until done (QuarantineConfig.max_attempts None, no flag): no attempt cap told
     assert "attempts" not in panels["Failing host actions by sink"]
+
+
+def _ledger(standby: bool, *hosts: str) -> MonitorMetrics:
+    """A monitor whose host ledger holds ``hosts`` quarantined, each's k8s cordon failing."""
+    m = MonitorMetrics("train")
+    m.shard_standby.labels("train").set(1 if standby else 0)
+    m.set_hosts({"ok": 0, "suspect": 0, "quarantined": len(hosts), "released": 0},
+                [{"host": h, "node": h, "state": "quarantined", "offences": [{"in_window": True}],
+                  "actions": {"k8s": {"sink": "k8s", "status": "failed"}}} for h in hosts])
+    return m
+
+
+def test_every_host_panel_counts_a_host_once_whatever_the_ledgers_that_hold_it(tmp_path):
+    """Host h1 quarantined, its cordon failing, in the ledgers of two shards (it runs groups of
+    both slices), or only in a demoted holder's (standing by now, it keeps its ledger and acts
+    as the holder does) beside a new holder that has not seen it: one host in every panel."""
+    shapes = {
+        "two shards": [(_ledger(False, "h1"), "shard0:19400"),
+                       (_ledger(False, "h1"), "shard1:19400")],
+        "a demoted holder": [(_ledger(True, "h1"), "old:19400"),
+                             (_ledger(False), "new:19400")],
+    }
+    j = {"job": "train"}
+    for monitors in shapes.values():
+        series = [s for m, inst in monitors for s in _series(m, inst)]
+        _check(tmp_path, series, [
+            {"expr": _query(where), "eval_time": "2m", "exp_samples": exp}
+            for where, exp in (
+                ("panel 'Quarantined hosts' A", _one(1)),
+                ("panel 'Hosts with a failing action' A", _one(1)),
+                ("panel 'Hosts by state' A", [
+                    {"labels": f'{{state="{s}"}}', "value": int(s == "quarantined")}
+                    for s in ("ok", "quarantined", "released", "suspect")]),
+                ("panel 'Failing host actions by sink' A", _one(1, sink="k8s")),
+                ("panel 'Hosts not ok' A", _one(1, **j, host="h1", node="h1",
+                                                state="quarantined")),
+                ("panel 'Hosts not ok' C", _one(1, **j, host="h1", sink="k8s")))])
+
+
+def test_goodput_per_replica_group_is_one_line_a_group_beside_a_standby(tmp_path):
+    """A former holder standing by keeps its ratios, frozen: only the holder's line shows."""
+    series = []
+    for inst, standby, ratio in (("holder:19400", 0, "0.9"), ("old:19400", 1, "0.5")):
+        series += [
+            {"series": f'lightkeeper_monitor_shard_standby{{job="train", instance="{inst}"}}',
+             "values": f"{standby}x20"},
+            {"series": f'lightkeeper_monitor_replica_group_goodput_ratio{{job="train", '
+                       f'instance="{inst}", replica_group="1"}}', "values": f"{ratio}x20"}]
+    _check(tmp_path, series, [{
+        "expr": _query("panel 'Goodput per replica group' A"), "eval_time": "2m",
+        "exp_samples": _one(0.9, __name__="lightkeeper_monitor_replica_group_goodput_ratio",
+                            job="train", instance="holder:19400", replica_group="1")}])
+
+
+def test_decisions_in_the_time_range_count_those_before_a_monitor_restart(tmp_path):
+    """3 decisions, the monitor restarted 12 minutes ago (its series gone, each at 1), a 4th
+    since: 4 in the hour, not the 1 of the series alive now."""
+    start = 'lightkeeper_monitor_start_time_seconds{job="train", instance="mon:19400"}'
+    series = [
+        {"series": 'lightkeeper_monitor_dry_run{job="train", instance="mon:19400"}',
+         "values": "0x40 _x3 0x20"},
+        {"series": start, "values": "0x40 _x3 2580x20"}]
+    for reason, at in (("confirmed", 10), ("manual", 20), ("rail", 30)):
+        series.append({"series": f'lightkeeper_monitor_eviction_decisions_total{{job="train", '
+                                 f'instance="mon:19400", decision="evict", reason="{reason}"}}',
+                       "values": f"_x{at} 1x{40 - at}"})
+    series.append({"series": 'lightkeeper_monitor_eviction_decisions_total{job="train", '
+                             'instance="mon:19400", decision="hold", reason="dry_run"}',
+                   "values": "_x50 1x14"})
+    expr = _query("panel 'Decisions in the time range' A", **{"$__range": "1h",
+                                                                "$__range_s": "3600"})
+    _check(tmp_path, series, [{"expr": expr, "eval_time": "52m", "exp_samples": [
+        {"labels": '{decision="evict", reason="confirmed"}', "value": 1},
+        {"labels": '{decision="evict", reason="manual"}', "value": 1},
+        {"labels": '{decision="evict", reason="rail"}', "value": 1},
+        {"labels": '{decision="hold", reason="dry_run"}', "value": 1}]}], interval="1m")

@@ -104,14 +104,17 @@ def overview_groups(monitor: Any, view: Any) -> dict[str, Any]:
 def overview_ungrouped(monitor: Any, view: Any) -> dict[str, Any]:
     """The overview's targets in no replica group (one that never answered: a mistyped address
     shows with why), the first OVERVIEW_UNGROUPED as /v1/cluster's ``ungrouped`` rows, the rest
-    counted; and how many targets are known, polled or not."""
+    counted; how many targets are known, polled or not; and ``shard``, the monitor's ``--shard``
+    index and count (index None: a --lead candidate only), whose view holds its slice only."""
     ranks = [r for r in view.ranks.values() if r.replica_group is None
              and not r.superseded] if view is not None else []
     now = monitor.clock()
     rows = [{k: row[k] for k in views.UNGROUPED}
             for row in (views.rank_json(r, now) for r in ranks[:OVERVIEW_UNGROUPED])]
+    shard = monitor.shard.cfg if monitor.shard is not None else None
     return {"rows": rows, "more": len(ranks) - len(rows),
-            "targets": len(monitor.discovery.targets())}
+            "targets": len(monitor.discovery.targets()),
+            "shard": {"index": shard.index, "shards": shard.shards} if shard else None}
 
 
 def create_app(monitor: Any) -> Flask:
