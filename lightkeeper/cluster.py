@@ -96,44 +96,14 @@ os._exit(code)
 # A warm spare: import what the trainer needs, say so, wait for the go-ahead file, then run
 # ``lightkeeper train`` with the arguments it was given. argv: go file, ready file, train args.
 SPARE_SCRIPT = r"""
-import os, sys, time
+import sys
 from worker_server.stop_signal import watch_sigterm
 watch_sigterm()  # before torch starts a thread, as `lightkeeper train` does: a planned stop is said
-go, ready = sys.argv[1], sys.argv[2]
-owner = int(os.environ["LIGHTKEEPER_SPARE_OWNER"])
-import torch, torch.distributed, torch.distributed.fsdp
-import torchft, torchft.checkpointing.http_transport, torchft.optim
-import worker_server, worker_server.instrument, worker_server.server
-import trainer.cli, trainer.loop, trainer.model, trainer.parallel, trainer.store
+from lightkeeper.forkrank import await_go, preload
+preload()  # the imports, and what the first training step would load lazily
+args = await_go(sys.argv[1], sys.argv[2])  # ready, then where this incarnation runs
 import lightkeeper.cli
-# What the first training step would load lazily (torch.optim pulls in torch._dynamo: ~10 s
-# of a busy 2-core box): run it once here on a throwaway parameter.
-p = torch.nn.Parameter(torch.zeros(4))
-opt = torch.optim.AdamW([p], lr=1e-3)
-(p * 2.0).sum().backward()
-opt.step()
-del p, opt
-with open(ready + f".{os.getpid()}", "w") as f:
-    f.write(str(time.time()))
-checked = time.monotonic()
-while not os.path.exists(go):
-    if time.monotonic() - checked > 0.5:
-        checked = time.monotonic()
-        try:
-            os.kill(owner, 0)
-        except ProcessLookupError:
-            sys.exit(0)  # whoever started the spare is gone: never train unsupervised
-    time.sleep(0.02)
-# The go file says where this incarnation runs (LocalCluster.start_group's host): its node name
-# and address, taken now, before the trainer reads them (a spare waits "on" no host).
-import json
-with open(go) as f:
-    placed = json.loads(f.read() or "{}")
-if placed.get("netns"):  # its host is a network namespace: move there first
-    from lightkeeper.netns import enter_host
-    enter_host(placed["netns"], placed["node"])
-os.environ.update(placed.get("env") or {})
-sys.argv = ["lightkeeper", *sys.argv[3:], *(placed.get("args") or [])]
+sys.argv = ["lightkeeper", *sys.argv[3:], *args]
 sys.exit(lightkeeper.cli.main())
 """
 

@@ -7,7 +7,7 @@ optimizer step's lazy imports once (:func:`preload`), then forks its ranks, whic
 ``lightkeeper train`` without importing any of it again. Each rank is still a process of its
 own, the agent's child, as under plain torchrun; it skips the interpreter start and the imports.
 A warm spare's rank (``--spare GO READY`` first) says it is ready at once, waits for the go file
-and takes its host from it, as ``cluster.SPARE_SCRIPT`` does.
+and takes its host from it (:func:`await_go`, which ``cluster.SPARE_SCRIPT`` runs too).
 
 torchrun's multiprocessing context needs a rank that succeeds to return (its return value ends
 the group's run), so :func:`main` returns on exit code 0 where ``lightkeeper train`` would
@@ -59,7 +59,7 @@ def _end(code: int):
     raise _Ended(code)
 
 
-def _await_go(go: str, ready: str) -> list[str]:
+def await_go(go: str, ready: str) -> list[str]:
     """A warm spare's rank: ready now, then wait for the go file (or exit when whoever started
     the spare is gone); then take the host and arguments it names."""
     import json
@@ -103,7 +103,7 @@ def main(argv: list[str]) -> int:
 
         watch_sigterm()  # as `lightkeeper train` does, before the wait
         go, ready, argv = argv[1], argv[2], argv[3:]
-        argv = [*argv, *_await_go(go, ready)]
+        argv = [*argv, *await_go(go, ready)]
     trainer.loop.end_process = _end
     sys.argv = ["lightkeeper", *argv]
     try:
