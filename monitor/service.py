@@ -485,7 +485,7 @@ class Monitor:
         except tuple(REFUSALS) as e:
             outcome = REFUSALS[type(e)]
             self.metrics.registrations.labels(self.cfg.job, outcome).inc()
-            url = redact_entry(str(body.get("url"))[:200]) if isinstance(body, dict) else None
+            url = redact_entry(str(body.get("url")))[:200] if isinstance(body, dict) else None
             window = int(self.clock() // REFUSAL_EVERY_S)
             if window != self._refused_in:  # a new window: each refusal said again
                 self._refused, self._refused_in = set(), window

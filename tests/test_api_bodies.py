@@ -67,3 +67,16 @@ def test_another_jobs_rank_is_refused_without_its_urls_password_in_the_log(mon, 
     assert any("refusing ranks of job 'other'" in m and "rank:***@10.0.0.7:9500" in m
                for m in said), said
     assert not any("pw-s3cret" in m for m in said), said
+
+
+@pytest.mark.parametrize("token", ["wrong", REGISTER])  # refused unauthorized; refused its query
+def test_a_refused_registration_with_a_long_password_logs_none_of_it(mon, caplog, token):
+    secret = "s3cret" + "x" * 300  # a JWT-sized password: past the log line's 200-character cut
+    client = create_app(mon).test_client()
+    with caplog.at_level(logging.INFO):
+        r = client.post("/v1/targets", json={"url": f"rank:{secret}@10.0.0.7:9500/?q=1"},
+                        headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code in (400, 401, 403), r.get_json()
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "10.0.0.7" in said or "rank:" in said, said  # the refusal was said
+    assert "xxxxxxxxxx" not in said, said
