@@ -13,22 +13,38 @@ from tests.test_monitor_network import Clock, Driver, Training, monitor
 
 
 @pytest.fixture
-def job():
-    j = SimJob(4, ranks_per_group=2, heartbeat_timeout_ms=1000)
+def job(request):
+    j = SimJob(4, ranks_per_group=getattr(request, "param", 2), heartbeat_timeout_ms=1000)
     yield j
     j.stop()
 
 
-def test_a_stall_while_the_lighthouse_is_down_names_the_lighthouse_not_the_network(tmp_path, job):
-    """The Lighthouse restarted: torchft's allreduce first waits for its quorum, so every rank
-    shows blocked in the cross-group collective (measured on a real 3-group job); the finding
-    must not send the operator looking for a network fault."""
+def _wait_for_quorum(job, waiting_s: float, now: float) -> None:
+    """Every rank waiting for its next quorum for ``waiting_s``: a one-rank group in its explicit
+    wait_quorum, a multi-rank group blocked in its synchronous start_quorum (phase ``quorum``,
+    the wait timed across groups)."""
+    for r in job.sim.ranks:
+        r.update(phase="quorum", phase_since=now - waiting_s,
+                 timing={**r.state["timing"], "waiting": {"scope": "cross", "seconds": waiting_s}})
+
+
+@pytest.mark.parametrize("job,phase", [(2, "allreduce"), (2, "quorum"), (1, "quorum")],
+                         indirect=["job"])
+def test_a_stall_while_the_lighthouse_is_down_names_the_lighthouse_not_the_network(tmp_path, job,
+                                                                                  phase):
+    """The Lighthouse restarted: every rank waits for its quorum, in torchft's allreduce (which
+    first waits for it: measured on a real 3-group job) or in the quorum call itself (phase
+    ``quorum``, any group size); the finding must not send the operator looking for a network
+    fault."""
     clock = Clock()
     d = Driver(monitor(tmp_path, job, clock), Training(job), clock)
     try:
         d.sweeps(4)
         job.front_down()  # the monitor cannot read the Lighthouse: the job's ranks neither
-        d.train.stall(4.0, d.clock.t)
+        if phase == "quorum":
+            _wait_for_quorum(job, 4.0, d.clock.t)
+        else:
+            d.train.stall(4.0, d.clock.t)
         d.sweeps(2, steps=0)
         (f,) = d.mon.detectors.job_findings()
         assert f.kind == "job_stall"
@@ -37,6 +53,41 @@ def test_a_stall_while_the_lighthouse_is_down_names_the_lighthouse_not_the_netwo
         assert f.evidence["lighthouse_unreadable"] is True
         job.front_up()
         d.sweep()  # a step moved: over
+        assert d.open_kinds() == []
+    finally:
+        d.mon.stop()
+
+
+def test_groups_waiting_for_their_quorum_with_the_lighthouse_readable_are_no_job_stall(
+        tmp_path, job):
+    """The Lighthouse answers: every group waiting for its quorum is torchft forming one, not a
+    job-wide stall (nor a reason to probe the network)."""
+    clock = Clock()
+    d = Driver(monitor(tmp_path, job, clock), Training(job), clock)
+    try:
+        d.sweeps(4)
+        _wait_for_quorum(job, 4.0, d.clock.t)
+        d.sweeps(3, steps=0)
+        assert d.open_kinds() == []
+        assert not d.mon.detectors.probes_wanted()
+    finally:
+        d.mon.stop()
+
+
+def test_groups_stepping_with_the_lighthouse_down_are_no_job_stall(tmp_path, job):
+    """Steps move while each sweep finds every rank in a long quorum wait (the Lighthouse out of
+    the monitor's reach only): no stall."""
+    clock = Clock()
+    d = Driver(monitor(tmp_path, job, clock), Training(job), clock)
+    try:
+        d.sweeps(4)
+        job.front_down()
+        for _ in range(3):
+            d.clock.t += 1.0
+            d.train.steps(1, d.clock.t)
+            _wait_for_quorum(job, 4.0, d.clock.t)
+            d.mon.sweep_once()
+            assert d.mon.last_sweep_error is None and d.mon.detectors.last_error is None
         assert d.open_kinds() == []
     finally:
         d.mon.stop()

@@ -87,6 +87,34 @@ def _stall_shape(groups: list, waits: dict[int, tuple]) -> tuple[dict, set, list
     return per_group, steps, through
 
 
+def _quorum_stall(groups: list, threshold: float) -> tuple[dict, set, float] | None:
+    """Every rank of every group blocked across groups for ``threshold``, in any phase (a group
+    waiting for its quorum shows phase ``quorum``), at most one step apart: (per group, their
+    steps, the longest wait); None otherwise. Read only with the Lighthouse down: with it up, a
+    group waiting for its quorum is torchft forming one, or another finding's."""
+    per_group: dict[str, Any] = {}
+    steps, longest = set(), 0.0
+    for gv in groups:
+        fresh = [r for r in gv.ranks if r.fresh]
+        if not fresh or len(gv.reachable) != len(gv.ranks):
+            return None
+        waited = []
+        for r in fresh:
+            scope, secs = current_wait(r.state)
+            if scope != "cross" or secs is None or secs < threshold:
+                return None
+            waited.append(secs)
+        steps.add(gv.step)
+        longest = max(longest, *waited)
+        per_group[str(gv.replica_group)] = {
+            "step": gv.step, "waiting_s": round(max(waited), 3),
+            "ranks": sorted(r.rank for r in fresh if r.rank is not None),
+            "hosts": sorted(gv.hosts)}
+    if not steps or None in steps or max(steps) - min(steps) > 1:
+        return None
+    return per_group, steps, longest
+
+
 JOIN_SLACK_S = 5.0  # a joiner's wait may have begun this much before the others' collective
 
 
@@ -210,10 +238,20 @@ class JobWide:
             return None
         stalled, longest, threshold, waits = hang.stall(view, now)
         shape = _stall_shape(groups, waits) if stalled else None
+        # torchft's allreduce waits for its quorum first: with the Lighthouse down (restarted)
+        # every rank shows blocked in the collective, or in its quorum call, and the network is
+        # not to blame
+        lh_down = all(r.verdict is not None and r.verdict[1] == "lighthouse_unreadable"
+                      for gv in groups for r in gv.ranks if r.fresh)
+        where = "blocked in the cross-group collective"
+        if shape is None and lh_down and (waiting := _quorum_stall(groups, threshold)):
+            shape, longest = (waiting[0], waiting[1], []), waiting[2]
+            where = "blocked across groups (in the collective or its quorum call)"
         if shape is None:  # e.g. between quorums: an open one stays open until a step moves
             if was is None:
                 early, _, _, waits = hang.stall(view, now, STALL_SUSPECT)
-                self._stall_suspected = early and _stall_shape(groups, waits) is not None
+                self._stall_suspected = (early and _stall_shape(groups, waits) is not None) or (
+                    lh_down and _quorum_stall(groups, STALL_SUSPECT * threshold) is not None)
             return None
         per_group, steps, through = shape
         for gv in through:
@@ -223,14 +261,10 @@ class JobWide:
                 "hosts": sorted(gv.hosts)}
         hosts = _hosts(groups)
         past = sorted(gv.replica_group for gv in through)
-        # torchft's allreduce waits for its quorum first: with the Lighthouse down (restarted)
-        # every rank shows blocked in the collective, and the network is not to blame
-        lh_down = all(r.verdict is not None and r.verdict[1] == "lighthouse_unreadable"
-                      for gv in groups for r in gv.ranks if r.fresh)
         cause = ("the Lighthouse does not answer the monitor either: the ranks may be waiting "
                  "for their quorum" if lh_down else "a network fault makes every group wait alike")
         ev = {"summary": f"every replica group of quorum {view.quorum_id} ({len(groups)}) is "
-                         f"blocked in the cross-group collective at step {max(steps)}"
+                         f"{where} at step {max(steps)}"
                          + (f" or, through it, waits for a quorum (group(s) {past})"
                             if past else "")
                          + f", the longest for {longest:.1f}s (threshold {threshold:.1f}s), "
