@@ -199,6 +199,23 @@ HOST_STATE = P.value_mappings({"suspect": ("suspect", "orange"),
                                 "released": ("released", "blue")})
 
 
+# most severe first: a host two ledgers disagree on (quarantined in one, suspect in another)
+# is one host, in the state that holds it hardest
+HOST_SEVERITY = ("quarantined", "suspect", "released")
+
+
+def _severest(by: str) -> str:
+    """Each host's quarantine state series (``max by (by)`` over the job's monitors), in its
+    most severe state only."""
+    terms, worse = [], []
+    for s in HOST_SEVERITY:
+        sel = f'lightkeeper_monitor_host_quarantine_state{{{J}, state="{s}"}}'
+        term = f"max by ({by}) ({sel})"
+        terms.append(f"({term} unless on (host) ({' or '.join(worse)}))" if worse else term)
+        worse.append(sel)
+    return " or ".join(terms)
+
+
 def _host_panels(L: Layout) -> None:
     """The monitor's host ledger (docs/quarantine.md): how many hosts are quarantined, which
     hosts are not ok and why, and quarantine/release actions that fail. The per-host series
@@ -209,7 +226,6 @@ def _host_panels(L: Layout) -> None:
     so per-monitor counts would add it twice, or miss it where a standby holds it."""
     hosts = f"lightkeeper_monitor_hosts{{{J}}}"
     ok = f'lightkeeper_monitor_hosts{{{J}, state="ok"}}'
-    state = f"lightkeeper_monitor_host_quarantine_state{{{J}}}"
     failed = f"lightkeeper_monitor_host_action_failed{{{J}}}"
     L.add(stat("Quarantined hosts",
                "Hosts a monitor's host ledger holds quarantined (each once, whatever the "
@@ -230,10 +246,11 @@ def _host_panels(L: Layout) -> None:
         "Hosts in the monitor's ledger by state: suspect (offences counting, not yet "
         "quarantined, or held back by a rail), quarantined, released, ok (offended once, "
         "nothing counting now; an ok host has no series of its own, so ok adds up the "
-        "monitors' counts, a standby's left out). Only hosts that ever offended are in a "
-        "ledger.",
+        "monitors' counts, a standby's left out). A host that monitors' ledgers hold in "
+        "different states counts once, in the most severe (quarantined, suspect, released). "
+        "Only hosts that ever offended are in a ledger.",
         # a state no host is in reads 0, not "no data"
-        [target(f"count by (state) (max by (host, state) ({state}) == 1) "
+        [target(f"count by (state) ({_severest('host, state')}) "
                 f"or {active_sum(ok, 'state')} "
                 f"or 0 * max by (state) ({hosts})", "{{state}}")],
         interpolation="stepAfter", fill=0, min_=0,
@@ -248,10 +265,10 @@ def _host_panels(L: Layout) -> None:
     key = "job, host"
     L.add(table(
         "Hosts not ok",
-        "One row per host that is not ok: its node, state, the offences that count now, and "
-        "the sink whose last action failed (empty when none). A healthy job has no row.",
-        targets((f"max by ({key}, node, state) "
-                 f"(lightkeeper_monitor_host_quarantine_state{{{J}}})", ""),
+        "One row per host that is not ok: its node, state (the most severe where the "
+        "monitors' ledgers differ), the offences that count now, and the sink whose last "
+        "action failed (empty when none). A healthy job has no row.",
+        targets((_severest(f"{key}, node, state"), ""),
                 (f"max by ({key}) (lightkeeper_monitor_host_offences{{{J}}})", ""),
                 (f"max by ({key}, sink) ({failed})", ""),
                 instant=True, fmt="table"),

@@ -31,18 +31,25 @@ GROUP_COMPUTE = (f"max by (job, replica_group) "
 
 def new_series(m: str, window: str, seconds: str) -> str:
     """The series of monitor counter selector ``m`` that are new within ``window`` (``seconds``
-    long): they appear already at 1, so ``increase`` cannot see their first increment.
+    long), each with how much it counts: they appear already at 1, so ``increase`` cannot see
+    their first increment.
 
     A series also looks new after a gap (a failed scrape's staleness marker, a network blip, a
     Prometheus restart): only one whose monitor was scraped ``window`` ago, or is itself new
     within it and started at most 5 minutes before (its first scrape can come well after its
-    start, and its clock may be off), is new, so a gap shows no fake events (an increment
-    across the gap is not counted). A new series gone since (its monitor restarted within the
-    window) counts too: with its greatest value within the window."""
+    start, and its clock may be off; one replaced since included), is new, so a gap shows no
+    fake events (an increment across the gap is not counted). A new series gone since (its
+    monitor restarted within the window) counts too: with its greatest value within the
+    window; one that came back after the restart (a reset) with its first value and its
+    ``increase``, which adds the value before the reset."""
     start = f"lightkeeper_monitor_start_time_seconds{{{J}}}"
-    return (f"((max_over_time({m}[{window}]) unless {m} offset {window}) and on (job, instance) "
+    # not increase() without a reset: extrapolated over a young series' few samples, 3 reads 4
+    return (f"(((max_over_time({m}[{window}]) unless resets({m}[{window}]) > 0 "
+            f"or min_over_time({m}[{window}]) + increase({m}[{window}])) "
+            f"unless {m} offset {window}) and on (job, instance) "
             f"(lightkeeper_monitor_dry_run{{{J}}} offset {window} "
-            f"or ({start} unless {start} offset {window}) > time() - {seconds} - 300))")
+            f"or (max_over_time({start}[{window}]) unless {start} offset {window}) "
+            f"> time() - {seconds} - 300))")
 
 
 def not_standby(expr: str) -> str:

@@ -82,13 +82,20 @@ def grown(selector: str, window: str) -> str:
     ``increase`` misses the first increment of a labelled counter (its series appears already
     at 1), so a series that is new within the window counts with its whole value, but only if
     its monitor was already being scraped a window ago or started within it (after a Prometheus
-    restart every series looks new; a young monitor's every series is new). A new series gone
-    since (its monitor restarted within the window) counts too: its greatest value within it."""
+    restart every series looks new; a young monitor's every series is new, one replaced since
+    included). A new series gone since (its monitor restarted within the window) counts too:
+    its greatest value within it; one that came back after the restart (a reset) counts its
+    first value and its ``increase``, which adds the value before the reset."""
     seconds = int(window[:-1]) * _SECONDS[window[-1]]
-    return (f"((max_over_time({selector}[{window}]) unless {selector} offset {window})\n"
-            f"    and on (job, instance) (lightkeeper_monitor_sweeps_total offset {window}\n"
-            f"      or lightkeeper_monitor_start_time_seconds > time() - {seconds}))\n"
-            f"  or increase({selector}[{window}])")
+    m, w = selector, window
+    # not increase() without a reset: extrapolated over a young series' few samples, 3 reads 4
+    return (f"((max_over_time({m}[{w}]) unless resets({m}[{w}]) > 0\n"
+            f"      or min_over_time({m}[{w}]) + increase({m}[{w}]))\n"
+            f"    unless {m} offset {w})\n"
+            f"    and on (job, instance) (lightkeeper_monitor_sweeps_total offset {w}\n"
+            f"      or max_over_time(lightkeeper_monitor_start_time_seconds[{w}])"
+            f" > time() - {seconds})\n"
+            f"  or increase({m}[{w}])")
 
 
 W = 'job="train", lightkeeper_component="worker"'
@@ -294,6 +301,26 @@ ALERTS = [
                   f"_x{at} 1x{40 - at}") for g, at in ((1, 10), (2, 20), (3, 30))]
               + [(f'lightkeeper_monitor_evictions_total{{{M}, replica_group="4"}}', "_x50 1x14")],
               "52m", [{"job": "train"}], interval="1m"),
+         Case("group 1 evicted 3 times, the monitor restarted (its series back), again",
+              [(f"lightkeeper_monitor_sweeps_total{{{M}}}", "0+60x40 _x3 0+60x20"),
+               (f"lightkeeper_monitor_start_time_seconds{{{M}}}", "0x40 _x3 2580x20"),
+               (f'lightkeeper_monitor_evictions_total{{{M}, replica_group="1"}}',
+                "_x5 1x9 2x9 3x14 _x8 1x14")], "60m", [{"job": "train"}], interval="1m"),
+         Case("a monitor started 20 minutes ago evicts 3, replaced (new instance), 1 more",
+              [(f"lightkeeper_monitor_sweeps_total{{{M}}}", "_x20 0+60x20"),
+               (f"lightkeeper_monitor_start_time_seconds{{{M}}}", "_x20 1200x20"),
+               (f"lightkeeper_monitor_sweeps_total{{{M2}}}", "_x43 0+60x20"),
+               (f"lightkeeper_monitor_start_time_seconds{{{M2}}}", "_x43 2580x20")]
+              + [(f'lightkeeper_monitor_evictions_total{{{M}, replica_group="{g}"}}',
+                  f"_x{at} 1x{40 - at}") for g, at in ((1, 25), (2, 28), (3, 31))]
+              + [(f'lightkeeper_monitor_evictions_total{{{M2}, replica_group="4"}}', "_x50 1x13")],
+              "55m", [{"job": "train"}], interval="1m"),
+         # increase() extrapolated over the new series' 3 samples reads 2 increments as 3
+         Case("a young monitor's 3 evictions within 2 minutes: not more than 3",
+              [(f"lightkeeper_monitor_sweeps_total{{{M}}}", "0+60x60"),
+               (f"lightkeeper_monitor_start_time_seconds{{{M}}}", "0x60"),
+               (f'lightkeeper_monitor_evictions_total{{{M}, replica_group="1"}}',
+                "_x50 1 2 3x8")], "52m", interval="1m"),
          Case("evictions long ago, Prometheus just restarted",
               [(f"lightkeeper_monitor_sweeps_total{{{M}}}", "1000+60x10"),
                (f"lightkeeper_monitor_start_time_seconds{{{M}}}", "-7200x10"),

@@ -154,12 +154,12 @@ def test_panel_texts_name_every_poll_error_reason_and_registration_outcome():
     assert "attempts" not in panels["Failing host actions by sink"]
 
 
-def _ledger(standby: bool, *hosts: str) -> MonitorMetrics:
-    """A monitor whose host ledger holds ``hosts`` quarantined, each's k8s cordon failing."""
+def _ledger(standby: bool, *hosts: str, state: str = "quarantined") -> MonitorMetrics:
+    """A monitor whose host ledger holds ``hosts`` in ``state``, each's k8s cordon failing."""
     m = MonitorMetrics("train")
     m.shard_standby.labels("train").set(1 if standby else 0)
-    m.set_hosts({"ok": 0, "suspect": 0, "quarantined": len(hosts), "released": 0},
-                [{"host": h, "node": h, "state": "quarantined", "offences": [{"in_window": True}],
+    m.set_hosts({"ok": 0, "suspect": 0, "quarantined": 0, "released": 0, state: len(hosts)},
+                [{"host": h, "node": h, "state": state, "offences": [{"in_window": True}],
                   "actions": {"k8s": {"sink": "k8s", "status": "failed"}}} for h in hosts])
     return m
 
@@ -167,12 +167,15 @@ def _ledger(standby: bool, *hosts: str) -> MonitorMetrics:
 def test_every_host_panel_counts_a_host_once_whatever_the_ledgers_that_hold_it(tmp_path):
     """Host h1 quarantined, its cordon failing, in the ledgers of two shards (it runs groups of
     both slices), or only in a demoted holder's (standing by now, it keeps its ledger and acts
-    as the holder does) beside a new holder that has not seen it: one host in every panel."""
+    as the holder does) beside a new holder that has not seen it, or quarantined in one shard's
+    ledger and only suspect in the other's: one host in every panel, quarantined."""
     shapes = {
         "two shards": [(_ledger(False, "h1"), "shard0:19400"),
                        (_ledger(False, "h1"), "shard1:19400")],
         "a demoted holder": [(_ledger(True, "h1"), "old:19400"),
                              (_ledger(False), "new:19400")],
+        "states differ": [(_ledger(False, "h1"), "shard0:19400"),
+                          (_ledger(False, "h1", state="suspect"), "shard1:19400")],
     }
     j = {"job": "train"}
     for monitors in shapes.values():
@@ -228,3 +231,31 @@ def test_decisions_in_the_time_range_count_those_before_a_monitor_restart(tmp_pa
         {"labels": '{decision="evict", reason="manual"}', "value": 1},
         {"labels": '{decision="evict", reason="rail"}', "value": 1},
         {"labels": '{decision="hold", reason="dry_run"}', "value": 1}]}], interval="1m")
+
+
+def test_decisions_in_the_time_range_count_across_restarts_and_replaced_monitors(tmp_path):
+    """A monitor evicts group 1 three times, restarts (same instance: the series comes back
+    at 1) and evicts it again: 4, not the 3 before the restart. A monitor started 20 minutes
+    in decides twice and is replaced (a new instance) that decides once more: its 2 count,
+    gone as it is."""
+    series = []
+    for inst, up in (("mon:19400", ("0x40 _x3 0x20", "0x40 _x3 2580x20")),
+                     ("old:19400", ("_x20 0x20", "_x20 1200x20")),
+                     ("new:19400", ("_x43 0x20", "_x43 2580x20"))):
+        series += [{"series": f'lightkeeper_monitor_dry_run{{job="train", instance="{inst}"}}',
+                    "values": up[0]},
+                   {"series": f'lightkeeper_monitor_start_time_seconds{{job="train", '
+                              f'instance="{inst}"}}', "values": up[1]}]
+    for inst, reason, values in (("mon:19400", "straggler", "_x5 1x9 2x9 3x14 _x8 1x14"),
+                                 ("old:19400", "confirmed", "_x25 1x15"),
+                                 ("old:19400", "rail", "_x31 1x9"),
+                                 ("new:19400", "confirmed", "_x50 1x13")):
+        series.append({"series": f'lightkeeper_monitor_eviction_decisions_total{{job="train", '
+                                 f'instance="{inst}", decision="evict", reason="{reason}"}}',
+                       "values": values})
+    expr = _query("panel 'Decisions in the time range' A", **{"$__range": "1h",
+                                                                "$__range_s": "3600"})
+    _check(tmp_path, series, [{"expr": expr, "eval_time": "60m", "exp_samples": [
+        {"labels": '{decision="evict", reason="confirmed"}', "value": 2},
+        {"labels": '{decision="evict", reason="rail"}', "value": 1},
+        {"labels": '{decision="evict", reason="straggler"}', "value": 4}]}], interval="1m")
