@@ -1,18 +1,23 @@
-"""``bin/bootstrap`` repairs a ``.venv`` it cannot install into: one ``python -m venv`` left
-half-made (a machine without python3-venv: a python, no pip; every later run exited 127 with
-".venv/bin/pip: No such file or directory"), or one an older Python made. It says so in one line
-and rebuilds it; a good one is left alone, judged by whether its python imports pip, not by a
-``bin/pip`` script: one ``ensurepip`` repaired has only ``pip3``, and a moved checkout leaves
-``bin/pip``'s shebang pointing nowhere. Rebuilding such a venv would delete torch and whatever
-the user added.
+"""``bin/bootstrap`` repairs a ``.venv`` it cannot install into. One without pip (``uv venv``,
+conda) gets it from ``ensurepip``, its site-packages kept; one whose Python has no ensurepip
+either (``python -m venv`` on a machine without python3-venv; every later run exited 127 with
+".venv/bin/pip: No such file or directory"), or one an older Python made, is rebuilt, in one
+line. A good one is left alone, judged by whether its python imports pip, not by a ``bin/pip``
+script: one ``ensurepip`` repaired has only ``pip3``, and a moved checkout leaves ``bin/pip``'s
+shebang pointing nowhere. Rebuilding such a venv would delete torch and whatever the user added.
+A moved checkout gets the project installed again: ``bin/lightkeeper``'s shebang and the
+editable install named the old path.
 
 Faked as in tests/test_audit_install_bootstrap.py: the Python bootstrap builds .venv with
 (``PYTHON``) records its arguments and makes a stand-in .venv whose ``python -m pip`` records
-what it would install, so nothing is downloaded; the half-made .venv is a real one without pip,
-the good ones real ones whose ``pip`` is a stub package that records its arguments."""
+what it would install, so nothing is downloaded; the venvs without pip are real ones, the good
+ones real ones whose ``pip`` is a stub package that records its arguments. ``ensurepip`` is a
+stand-in ahead of the stdlib's on PYTHONPATH (the real one takes seconds): it fails as Debian's
+does without python3-venv, or leaves that stub pip."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -40,9 +45,9 @@ exit 0
 """
 
 
-def bootstrap(root: Path) -> subprocess.CompletedProcess:
+def bootstrap(root: Path, **extra: str) -> subprocess.CompletedProcess:
     env = {"PATH": os.environ["PATH"], "CC": "true", "HOME": str(root),
-           "PYTHON": str(root / "stand-in-python")}
+           "PYTHON": str(root / "stand-in-python"), **extra}
     return subprocess.run(["bash", str(root / "bin/bootstrap")], cwd=root, env=env,
                           capture_output=True, text=True, timeout=60)
 
@@ -60,8 +65,8 @@ def rebuilds(root: Path) -> int:
     return log.read_text().count("-m venv --clear .venv") if log.exists() else 0
 
 
-def assert_rebuilt_once(root: Path, why: str) -> None:
-    first = bootstrap(root)
+def assert_rebuilt_once(root: Path, why: str, **extra: str) -> None:
+    first = bootstrap(root, **extra)
     assert first.returncode == 0, first.stderr
     said = [line for line in first.stderr.splitlines() if ".venv with" in line]
     assert said == [f"bootstrap: rebuilding .venv with {root / 'stand-in-python'}: {why}"], \
@@ -73,13 +78,68 @@ def assert_rebuilt_once(root: Path, why: str) -> None:
     assert ".venv with" not in second.stderr, second.stderr
 
 
-def test_a_venv_left_without_pip_is_rebuilt(tmp_path):
+def site_packages(venv: Path) -> Path:
+    return venv / f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
+
+
+def stub_pip_main(root: Path) -> str:
+    """A ``pip/__main__.py`` that logs its arguments to pip.log and installs nothing."""
+    return (f"import sys\nwith open({str(root / 'pip.log')!r}, 'a') as f:\n"
+            "    f.write(' '.join(sys.argv[1:]) + '\\n')\n")
+
+
+def stub_pip(root: Path, site: Path) -> None:
+    (site / "pip").mkdir()
+    (site / "pip/__init__.py").write_text("")
+    (site / "pip/__main__.py").write_text(stub_pip_main(root))
+
+
+def venv_without_pip(at: Path) -> Path:
+    subprocess.run(["rm", "-rf", str(at)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(at)], check=True,
+                   timeout=30)
+    return at
+
+
+def ensurepip(tmp_path: Path, body: str) -> str:
+    """A PYTHONPATH whose ``ensurepip`` runs ``body`` in the venv's python."""
+    where = tmp_path / "ensurepip-stand-in"
+    (where / "ensurepip").mkdir(parents=True)
+    (where / "ensurepip/__init__.py").write_text("")
+    (where / "ensurepip/__main__.py").write_text(body)
+    return str(where)
+
+
+def test_a_venv_without_pip_whose_python_cannot_add_it_is_rebuilt(tmp_path):
     root = prepared(tmp_path)
-    subprocess.run(["rm", "-rf", str(root / ".venv")], check=True)
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / ".venv")],
-                   check=True, timeout=30)
-    assert_rebuilt_once(root, "it has no working python or pip (python3-venv missing when it "
-                              "was made?)")
+    venv_without_pip(root / ".venv")
+    debian = ensurepip(tmp_path, "import sys\nsys.exit('ensurepip is disabled in Debian/Ubuntu "
+                                 "for the system python.')\n")
+    assert_rebuilt_once(root, "it has no pip and its Python no ensurepip (python3-venv missing "
+                              "when it was made?)", PYTHONPATH=debian)
+
+
+def test_a_venv_made_without_pip_gets_it_from_ensurepip_and_keeps_its_packages(tmp_path):
+    """``uv venv`` and conda make no pip: ensurepip adds it, offline; --clear would have deleted
+    torch and all."""
+    if importlib.util.find_spec("ensurepip") is None:
+        pytest.skip("this Python has no ensurepip (Debian's without python3-venv)")
+    root = prepared(tmp_path)
+    site = site_packages(venv_without_pip(root / ".venv"))
+    (site / "kept-by-the-user").write_text("")
+    # the stand-in leaves the stub pip where the real one leaves pip
+    adds_pip = ensurepip(tmp_path, (
+        "from pathlib import Path\n"
+        f"pip = Path({str(site)!r}) / 'pip'\n"
+        "pip.mkdir()\n"
+        "(pip / '__init__.py').write_text('')\n"
+        f"(pip / '__main__.py').write_text({stub_pip_main(root)!r})\n"))
+    done = bootstrap(root, PYTHONPATH=adds_pip)
+    assert done.returncode == 0, done.stderr
+    assert "rebuilding" not in done.stderr and rebuilds(root) == 0, done.stderr
+    assert "bootstrap: .venv had no pip: added it with ensurepip" in done.stderr.splitlines()
+    assert (site / "kept-by-the-user").exists()
+    assert "-e .[dev]" in (root / "pip.log").read_text(), done.stderr  # installed with that pip
 
 
 def test_a_venv_an_older_python_made_is_rebuilt(tmp_path):
@@ -92,15 +152,7 @@ def test_a_venv_an_older_python_made_is_rebuilt(tmp_path):
 def real_venv(root: Path, at: Path) -> Path:
     """A real venv at ``at`` whose pip is a stub that logs its arguments to pip.log, as
     ``ensurepip`` leaves it: a ``pip3`` script, no ``pip``."""
-    subprocess.run(["rm", "-rf", str(at)], check=True)
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(at)], check=True,
-                   timeout=30)
-    site = at / f"lib/python{sys.version_info[0]}.{sys.version_info[1]}/site-packages"
-    (site / "pip").mkdir()
-    (site / "pip/__init__.py").write_text("")
-    (site / "pip/__main__.py").write_text(
-        f"import sys\nwith open({str(root / 'pip.log')!r}, 'a') as f:\n"
-        "    f.write(' '.join(sys.argv[1:]) + '\\n')\n")
+    stub_pip(root, site_packages(venv_without_pip(at)))
     (at / "bin/pip3").write_text(f"#!{at}/bin/python\nimport runpy\n"
                                  "runpy.run_module('pip', run_name='__main__')\n")
     (at / "bin/pip3").chmod(0o755)
@@ -134,3 +186,17 @@ def test_a_venv_whose_pip_script_points_to_a_moved_checkout_still_installs(tmp_p
     (venv / "bin/pip").write_text("#!/old/checkout/.venv/bin/python\nimport pip\n")
     (venv / "bin/pip").chmod(0o755)
     assert_used_as_it_is(root)
+
+
+def test_a_moved_checkout_installs_the_project_again(tmp_path):
+    """``mv ~/lk ~/src/lk`` keeps mtimes, so the stamp stays newer than pyproject.toml; the
+    stamp names the checkout it was installed from."""
+    root = prepared(tmp_path)
+    (root / "monitor/analysis/_frpickle.cpython-311-x86_64-linux-gnu.so").write_text("")
+    (root / ".venv/.lightkeeper-installed").write_text("/home/user/lk\n")  # before the mv
+    done = bootstrap(root)
+    assert done.returncode == 0, done.stderr
+    assert "-e .[dev]" in (root / "pip.log").read_text(), done.stderr
+    again = bootstrap(root)  # installed here now: not again
+    assert again.returncode == 0 and "installing lightkeeper" not in again.stderr, again.stderr
+    assert (root / "pip.log").read_text().count("-e .[dev]") == 1

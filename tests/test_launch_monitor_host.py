@@ -1,8 +1,11 @@
 """A rank on loopback registers with a monitor on this host, and only refuses one it knows runs
 elsewhere (docs/run.md, Across hosts): ``localhost`` that also resolves to a ``::1`` a host
-without IPv6 cannot bind (HPC nodes) is this host.
+without IPv6 lacks (HPC nodes) is this host. An address is this host's when the kernel routes
+it locally, not when it binds: with ``ip_nonlocal_bind`` (keepalived/HAProxy VIP hosts) every
+address binds.
 
-Faked: name resolution and bind, as such a host answers them."""
+Faked: name resolution and routing (a UDP connect() and the address it is sent from), as such a
+host answers them; bind() succeeds for every address, as with ``ip_nonlocal_bind=1``."""
 
 from __future__ import annotations
 
@@ -22,20 +25,26 @@ RANK = "http://127.0.0.1:1"
 
 @pytest.fixture
 def host(monkeypatch):
-    """Resolves names to the addresses given (``fe80::5%2``: scope id 2); binds the ones given as
-    this host's (both loopbacks unless a test switches one off), fails the others with "not
-    available", an unscoped link-local with "invalid" as Linux does, a family it lacks with "not
-    supported", and an address in ``fails`` with that errno."""
+    """Resolves names to the addresses given (``fe80::5%2``: scope id 2), an address to
+    itself. Routes the addresses
+    given as this host's to themselves (both loopbacks unless a test switches one off; the rest
+    of 127.0.0.0/8 from 127.0.0.1) and any other through its default route, sent from ``via``'s
+    address of that family; a family with none: "network unreachable". An unscoped link-local
+    fails with "invalid" as Linux does, a family it lacks with "not supported", an address in
+    ``fails`` with that errno."""
     names: dict[str, list[str]] = {}
     own: set[str] = {"127.0.0.1", "::1"}
+    via: dict[int, str] = {socket.AF_INET: "10.0.0.7", socket.AF_INET6: "fd00::7"}
     lacks: set[int] = set()
     fails: dict[str, int] = {}
 
     def getaddrinfo(name, port, *a, **k):
-        if name not in names:
-            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        try:
+            listed = names[name] if name in names else [str(ipaddress.ip_address(name))]
+        except ValueError:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known") from None
         infos = []
-        for a_ in names[name]:
+        for a_ in listed:
             ip, _, scope = a_.partition("%")
             infos.append((socket.AF_INET6, socket.SOCK_STREAM, 6, "", (ip, 0, 0, int(scope or 0)))
                          if ":" in ip else (socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, 0)))
@@ -45,16 +54,31 @@ def host(monkeypatch):
         def __init__(self, family, kind):
             if family in lacks:
                 raise OSError(errno.EAFNOSUPPORT, "Address family not supported by protocol")
+            self.family, self.source = family, None
 
         def bind(self, addr):
+            pass  # ip_nonlocal_bind: every address binds
+
+        def connect(self, addr):
             scope = addr[3] if len(addr) > 3 else 0
             shown = f"{addr[0]}%{scope}" if scope else addr[0]
             if shown in fails:
                 raise OSError(fails[shown], os.strerror(fails[shown]))
-            if ipaddress.ip_address(addr[0]).is_link_local and not scope:
+            ip = ipaddress.ip_address(addr[0])
+            if ip.is_link_local and not scope:
                 raise OSError(errno.EINVAL, "Invalid argument")
-            if shown not in own:
-                raise OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address")
+            if shown in own:
+                self.source = addr[0]
+            elif ip.is_loopback and ip.version == 4 and "127.0.0.1" in own:
+                self.source = "127.0.0.1"
+            elif self.family in via:
+                self.source = via[self.family]
+            else:
+                raise OSError(errno.ENETUNREACH, "Network is unreachable")
+
+        def getsockname(self):
+            return (self.source, 40000, 0, 0) if self.family == socket.AF_INET6 \
+                else (self.source, 40000)
 
         def __enter__(self):
             return self
@@ -62,15 +86,21 @@ def host(monkeypatch):
         def __exit__(self, *exc):
             return False
 
+    def switch_off(family):
+        """disable_ipv6 on every interface: the socket is made, nothing of it is routed."""
+        own.difference_update({a for a in own if (":" in a) == (family == socket.AF_INET6)})
+        via.pop(family, None)
+
     monkeypatch.setattr(server_module, "socket", SimpleNamespace(
         getaddrinfo=getaddrinfo, socket=Socket, SOCK_STREAM=socket.SOCK_STREAM,
         SOCK_DGRAM=socket.SOCK_DGRAM))
-    return SimpleNamespace(names=names, own=own, lacks=lacks, fails=fails)
+    return SimpleNamespace(names=names, own=own, via=via, lacks=lacks, fails=fails,
+                           switch_off=switch_off)
 
 
-def test_localhost_is_this_host_where_its_ipv6_address_cannot_be_bound(host):
+def test_localhost_is_this_host_where_its_ipv6_address_is_off(host):
     host.names["localhost"] = ["::1", "127.0.0.1"]  # /etc/hosts; IPv6 disabled
-    host.own.discard("::1")
+    host.switch_off(socket.AF_INET6)
     assert loopback_for_remote(RANK, "http://localhost:19400") is False
     assert loopback_for_remote(RANK, "http://[::1]:19400") is False
 
@@ -80,6 +110,8 @@ def test_a_name_with_one_of_this_hosts_addresses_is_this_host(host):
     host.own.add("10.0.0.7")
     host.lacks.add(socket.AF_INET6)
     assert loopback_for_remote(RANK, "http://node7:19400") is False
+    host.names["deb"] = ["127.0.1.1"]  # Debian's /etc/hosts line for the host's own name
+    assert loopback_for_remote(RANK, "http://deb:19400") is False
 
 
 def test_a_monitor_on_another_host_is_still_refused(host):
@@ -95,7 +127,7 @@ def test_a_monitor_on_another_host_is_still_refused(host):
 
 
 def test_a_monitor_whose_name_also_lists_an_address_every_host_has_is_refused(host):
-    """docker0's 172.17.0.1 (a keepalived VIP, a kube-ipvs0 ClusterIP) binds on every host: the
+    """docker0's 172.17.0.1 (a keepalived VIP, a kube-ipvs0 ClusterIP) is on every host: the
     monitor's other address says it is elsewhere."""
     host.names["mon"] = ["10.0.0.5", "172.17.0.1"]
     host.own.update({"172.17.0.1", "10.0.0.7"})
@@ -110,15 +142,15 @@ def test_an_unscoped_link_local_address_is_not_this_hosts(host):
     assert loopback_for_remote(RANK, "http://mon:19400") is True
     host.names["mon"] = ["fe80::5"]
     assert loopback_for_remote(RANK, "http://mon:19400") is True
-    # with its scope id, this host's own link-local address binds
+    # with its scope id, this host's own link-local address is routed to itself
     host.names["node7"] = ["fe80::7%2", "10.0.0.7"]
     host.own.add("fe80::7%2")
     assert loopback_for_remote(RANK, "http://node7:19400") is False
 
 
 def test_ipv6_switched_off_skips_a_names_ipv6_address(host):
-    """disable_ipv6: the socket is made, but no IPv6 address binds, ::1 neither."""
-    host.own.discard("::1")
+    """disable_ipv6: the socket is made, but no IPv6 address is routed, ::1 neither."""
+    host.switch_off(socket.AF_INET6)
     host.own.add("10.0.0.7")
     host.names["node7"] = ["fd00::7", "10.0.0.7"]
     assert loopback_for_remote(RANK, "http://node7:19400") is False
@@ -128,7 +160,7 @@ def test_ipv6_switched_off_skips_a_names_ipv6_address(host):
     assert loopback_for_remote(RANK, "http://mon6:19400") is True
 
 
-def test_a_bind_that_fails_for_another_reason_leaves_the_registration_to_try(host):
+def test_routing_that_fails_for_another_reason_leaves_the_registration_to_try(host):
     """EMFILE, EACCES: whether the address is this host's is not known; refusing would cost the
     registration with a monitor that may be on this host."""
     host.own.add("10.0.0.7")
@@ -137,3 +169,30 @@ def test_a_bind_that_fails_for_another_reason_leaves_the_registration_to_try(hos
     assert loopback_for_remote(RANK, "http://node7:19400") is False
     host.fails["10.0.0.8"] = errno.EACCES
     assert loopback_for_remote(RANK, "http://node7:19400") is False
+
+
+def test_an_address_that_binds_is_not_this_hosts_unless_routed_here(host):
+    """ip_nonlocal_bind=1 (keepalived/HAProxy VIP hosts): every address binds, a remote
+    monitor's too; the kernel still sends to it out of this host."""
+    host.own.add("10.0.0.7")
+    host.names["mon"] = ["10.0.0.5"]
+    assert loopback_for_remote(RANK, "http://mon:19400") is True
+    assert loopback_for_remote(RANK, "http://10.0.0.5:19400") is True
+    host.names["node7"] = ["10.0.0.7"]
+    assert loopback_for_remote(RANK, "http://node7:19400") is False
+
+
+def test_ipv6_off_on_loopback_only_is_not_ipv6_off(host):
+    """lo.disable_ipv6=1 while eth0 has IPv6: ::1 is gone, yet a monitor's IPv6 address is
+    routed out of eth0, so a monitor named also by docker0's 172.17.0.1 is elsewhere."""
+    host.own.discard("::1")
+    host.own.update({"2001:db8::7", "10.0.0.7", "172.17.0.1"})
+    host.via[socket.AF_INET6] = "2001:db8::7"
+    host.names["mon"] = ["2001:db8::5", "172.17.0.1"]
+    assert loopback_for_remote(RANK, "http://mon:19400") is True
+    host.names["node7"] = ["2001:db8::7", "10.0.0.7"]
+    assert loopback_for_remote(RANK, "http://node7:19400") is False
+    # IPv6 on, but no route to the monitor's address: not this host's either
+    host.own.add("::1")
+    del host.via[socket.AF_INET6]
+    assert loopback_for_remote(RANK, "http://mon:19400") is True

@@ -18,6 +18,7 @@ re-registering, so a restarted monitor finds it again; a monitor that is down on
 from __future__ import annotations
 
 import errno
+import ipaddress
 import logging
 import os
 import socket
@@ -130,34 +131,49 @@ def monitor_urls(given: str | None, env) -> list[str]:
     return urls
 
 
-def _binds(family: int, addr: tuple) -> int:
-    """0 when ``addr`` binds here, else the errno (socket()'s EAFNOSUPPORT: a family absent)."""
+def _routed_from(family: int, addr: tuple) -> str | int:
+    """The address this host sends to ``addr`` from, as its kernel routes it (a UDP connect()
+    sends nothing), else the errno (socket()'s EAFNOSUPPORT: a family absent). Not bind():
+    with ip_nonlocal_bind (VIP hosts) every address binds."""
     try:
         with socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.bind((addr[0], 0, *addr[2:]))  # an IPv6 address's scope kept
+            s.connect((addr[0], _DISCARD_PORT, *addr[2:]))  # an IPv6 address's scope kept
+            return s.getsockname()[0]
     except OSError as e:
         return e.errno or -1
-    return 0
 
 
+_DISCARD_PORT = 9  # any port would do: nothing is sent
 _LOOPBACK = {socket.AF_INET: ("127.0.0.1", 0), socket.AF_INET6: ("::1", 0, 0, 0)}
-_NOT_HERE = (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT, errno.EINVAL)
+_NO_FAMILY = (errno.EAFNOSUPPORT, errno.ENETUNREACH)  # unless the family's loopback is routed
+# an unreachable route, an unscoped ``fe80::`` (EINVAL), no source address for it
+_NOT_HERE = (errno.EHOSTUNREACH, errno.EINVAL, errno.EADDRNOTAVAIL)
+
+
+def _own(routed: str, address: str) -> bool:
+    """``address`` is this host's: the kernel sends to it from itself (a local route)."""
+    ip = ipaddress.ip_address(address.partition("%")[0])
+    # the rest of 127.0.0.0/8 (Debian's 127.0.1.1 for the host's name) is sent from 127.0.0.1
+    return ip.is_loopback or ip.is_unspecified \
+        or ipaddress.ip_address(routed.partition("%")[0]) == ip
 
 
 def _family_here(family: int) -> bool | None:
-    """Whether this host has ``family`` switched on: its loopback binds (IPv6 can be off with
-    the socket still made, disable_ipv6). None when the bind failed for another reason."""
-    err = _binds(family, _LOOPBACK[family]) if family in _LOOPBACK else 0
-    return None if err not in (0, *_NOT_HERE) else not err
+    """Whether this host has ``family`` on: anything of it is routed, its loopback at least.
+    False where it has none (``disable_ipv6`` on every interface); None on another error."""
+    routed = _routed_from(family, _LOOPBACK[family]) if family in _LOOPBACK else ""
+    return None if isinstance(routed, int) and routed not in _NO_FAMILY \
+        else isinstance(routed, str)
 
 
 def _on_this_host(host: str) -> bool | None:
     """Whether ``host`` is this host: a loopback name or address, or one whose every address is
-    this host's own (binds). An address of a family this host lacks or has switched off is
-    skipped (``localhost`` -> ``::1`` where IPv6 is off); any other one that does not bind
-    (EADDRNOTAVAIL; EINVAL: an unscoped ``fe80::``) makes it another host, also when another of
-    its addresses is on many hosts (docker0's 172.17.0.1, a VIP). None when it does not resolve
-    (the registration's own failure says so) or a bind failed otherwise (EACCES, EMFILE)."""
+    this host's own (the kernel routes it locally). An address of a family this host lacks or
+    has switched off is skipped (``localhost`` -> ``::1`` where IPv6 is off); any other one
+    routed elsewhere or not at all (an unscoped ``fe80::``: EINVAL) makes it another host, also
+    when another of its addresses is on many hosts (docker0's 172.17.0.1, a VIP). None when it
+    does not resolve (the registration's own failure says so) or routing failed otherwise
+    (EMFILE, EACCES)."""
     if is_loopback_host(host):  # localhost may also resolve to a ::1 a host without IPv6 lacks
         return True
     try:
@@ -165,20 +181,24 @@ def _on_this_host(host: str) -> bool | None:
     except (OSError, UnicodeError):
         return None
     here: dict[int, bool | None] = {}
-    bound = unknown = False
+    own = unknown = False
     for family, _, _, _, addr in infos:
-        err = _binds(family, addr)
-        if not err:
-            bound = True
-        elif err not in _NOT_HERE:
-            unknown = True
-        else:
+        routed = _routed_from(family, addr)
+        if isinstance(routed, str):
+            if not _own(routed, addr[0]):
+                return False  # sent out of this host: another's address
+            own = True
+        elif routed in _NO_FAMILY:
             if family not in here:
-                here[family] = err != errno.EAFNOSUPPORT and _family_here(family)
+                here[family] = routed != errno.EAFNOSUPPORT and _family_here(family)
             if here[family]:
-                return False  # a family this host has, an address it has not
+                return False  # a family this host has, an address no route reaches
             unknown = unknown or here[family] is None
-    return None if unknown else bound
+        elif routed in _NOT_HERE:
+            return False
+        else:
+            unknown = True
+    return None if unknown else own
 
 
 def loopback_for_remote(own_url: str, monitor_url: str) -> bool:
